@@ -1,0 +1,208 @@
+"""Message layouts as Python objects, built from the generated ``_schemas`` table.
+
+``_schemas.py`` is the single source of truth (generated from Kafka's JSON
+schemas by ``tools/gen_schemas.py``). This module turns it into :class:`Field`
+trees and one Python class per message and per nested struct. A class carries
+the union of its fields over all versions; a version's codec reads and writes
+the subset that exists in that version and leaves the rest at their defaults.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+import uuid
+from typing import Any
+
+import attrs
+
+from trio_broker.protocol._schemas import MESSAGES, UNBOUNDED
+
+PRIMITIVES = frozenset(
+    {"bool", "int8", "int16", "uint16", "int32", "uint32", "int64", "float64", "string",
+     "bytes", "uuid", "records"}
+)  # fmt: skip
+
+
+def snake_case(name: str) -> str:
+    """'ThrottleTimeMs' -> 'throttle_time_ms'; 'IsrNodes' -> 'isr_nodes'."""
+    s = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name)
+    s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", s).lower()
+    return s + "_" if keyword.iskeyword(s) else s
+
+
+@attrs.frozen
+class Field:
+    """One field of a message or struct, with the versions it exists in."""
+
+    name: str  # Kafka's CamelCase name
+    attr: str  # our snake_case attribute
+    type: str  # element type for arrays ("int32", "string", or a struct name)
+    is_array: bool
+    min_version: int
+    max_version: int
+    nullable_min: int
+    nullable_max: int
+    tag: int  # -1 unless tagged
+    tagged_min: int
+    tagged_max: int
+    default: str | None
+    fields: tuple[Field, ...] | None  # for struct types
+    struct_class: type | None = attrs.field(default=None, eq=False)
+
+    def present_in(self, version: int) -> bool:
+        return self.min_version <= version <= self.max_version
+
+    def nullable_in(self, version: int) -> bool:
+        return self.nullable_min <= version <= self.nullable_max
+
+    def tagged_in(self, version: int) -> bool:
+        return self.tag >= 0 and self.tagged_min <= version <= self.tagged_max
+
+    def default_value(self) -> Any:
+        """A fresh default (Kafka's rules: arrays empty, strings empty, numbers 0)."""
+        d = self.default
+        if self.is_array:
+            return None if d == "null" else []
+        if self.fields is not None:
+            assert self.struct_class is not None
+            return self.struct_class()
+        t = self.type
+        if d == "null":
+            return None
+        if t == "bool":
+            return d == "true"
+        if t in ("int8", "int16", "uint16", "int32", "uint32", "int64"):
+            return int(d, 0) if d else 0
+        if t == "float64":
+            return float(d) if d else 0.0
+        if t == "string":
+            return d if d is not None else ""
+        if t == "uuid":
+            return uuid.UUID(int=0)
+        if t == "bytes":
+            return b""
+        return None  # records
+
+
+class Message:
+    """Base of every generated message/struct class.
+
+    Subclasses get ``__slots__`` and an ``__init__`` with keyword defaults
+    generated from the schema; equality compares every field.
+    """
+
+    __slots__ = ()
+    _fields: tuple[Field, ...] = ()
+    #: Kafka's name, e.g. "ProduceRequest" or "ProduceRequest.TopicProduceData".
+    kafka_name: str = ""
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, f.attr) == getattr(other, f.attr) for f in self._fields)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{f.attr}={getattr(self, f.attr)!r}" for f in self._fields)
+        return f"{type(self).__name__}({inner})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (nested dicts and lists), handy for tests and logs."""
+
+        def plain(value: Any) -> Any:
+            if isinstance(value, Message):
+                return value.to_dict()
+            if isinstance(value, list):
+                return [plain(v) for v in value]
+            if isinstance(value, memoryview):
+                return bytes(value)
+            return value
+
+        return {f.attr: plain(getattr(self, f.attr)) for f in self._fields}
+
+
+def _build_fields(raw_fields: tuple[Any, ...], owner: str) -> tuple[Field, ...]:
+    fields = []
+    for name, ftype, vmin, vmax, nmin, nmax, tag, tmin, tmax, default, sub in raw_fields:
+        is_array = ftype.startswith("[]")
+        elem = ftype[2:] if is_array else ftype
+        sub_fields = _build_fields(sub, f"{owner}.{elem}") if sub else None
+        field = Field(
+            name=name, attr=snake_case(name), type=elem, is_array=is_array,
+            min_version=vmin, max_version=vmax, nullable_min=nmin, nullable_max=nmax,
+            tag=tag, tagged_min=tmin, tagged_max=tmax, default=default, fields=sub_fields,
+        )  # fmt: skip
+        if sub_fields is not None:
+            field = attrs.evolve(field, struct_class=_make_class(f"{owner}.{elem}", sub_fields))
+        elif elem not in PRIMITIVES:
+            raise ValueError(f"{owner}.{name}: unknown type {ftype!r}")
+        fields.append(field)
+    return tuple(fields)
+
+
+def _make_class(kafka_name: str, fields: tuple[Field, ...]) -> type[Message]:
+    """Create a slotted class with a generated keyword ``__init__``."""
+    attrs_ = [f.attr for f in fields]
+    cls: type[Message] = type(
+        kafka_name.rsplit(".", 1)[-1],
+        (Message,),
+        {"__slots__": tuple(attrs_), "_fields": fields, "kafka_name": kafka_name},
+    )
+    # Defaults that are immutable can be keyword defaults; lists and structs
+    # are created fresh per instance.
+    params, body, namespace = [], [], {"_fields": fields}
+    for i, f in enumerate(fields):
+        params.append(f"{f.attr}=_MISSING")
+        body.append(
+            f"    self.{f.attr} = _fields[{i}].default_value() if {f.attr} is _MISSING "
+            f"else {f.attr}"
+        )
+    namespace["_MISSING"] = _MISSING
+    src = f"def __init__(self, *, {', '.join(params)}):\n" + ("\n".join(body) or "    pass")
+    if not params:
+        src = "def __init__(self):\n    pass"
+    exec(src, namespace)  # generated from the schema table, not from input
+    setattr(cls, "__init__", namespace["__init__"])  # noqa: B010 - generated method
+    for f in fields:  # nested struct classes by Kafka's name: ProduceRequest.TopicProduceData
+        if f.struct_class is not None:
+            setattr(cls, f.type, f.struct_class)
+    return cls
+
+
+_MISSING: Any = object()
+
+
+@attrs.frozen
+class MessageSchema:
+    name: str  # "ProduceRequest"
+    api_key: int
+    kind: str  # "request" | "response"
+    min_version: int
+    max_version: int
+    first_flexible: int  # -1 if never flexible
+    fields: tuple[Field, ...]
+    cls: type[Message]
+
+    def is_flexible(self, version: int) -> bool:
+        return 0 <= self.first_flexible <= version
+
+
+def _load() -> dict[str, MessageSchema]:
+    out = {}
+    for name, (api_key, kind, (vmin, vmax), flexible, raw_fields) in MESSAGES.items():
+        fields = _build_fields(raw_fields, name)
+        cls = _make_class(name, fields)
+        out[name] = MessageSchema(name, api_key, kind, vmin, vmax, flexible, fields, cls)
+    return out
+
+
+SCHEMAS: dict[str, MessageSchema] = _load()
+REQUESTS: dict[int, MessageSchema] = {s.api_key: s for s in SCHEMAS.values() if s.kind == "request"}
+RESPONSES: dict[int, MessageSchema] = {
+    s.api_key: s for s in SCHEMAS.values() if s.kind == "response"
+}
+API_NAMES: dict[int, str] = {k: s.name.removesuffix("Request") for k, s in REQUESTS.items()}
+
+__all__ = ["API_NAMES", "REQUESTS", "RESPONSES", "SCHEMAS", "UNBOUNDED", "Field", "Message"]
