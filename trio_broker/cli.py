@@ -1,0 +1,73 @@
+"""``trio-broker`` command line.
+
+``trio-broker serve`` is a stable interface: scripts and operators drive the
+broker through its flags, and it logs ``listening on HOST:PORT`` once it
+accepts connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from trio_broker.config import ConfigError, load_config, parse_host_port
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trio-broker", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the broker until SIGINT/SIGTERM")
+    serve.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:9092; port 0 picks a free port)")
+    serve.add_argument("--data-dir", metavar="DIR", type=Path, help="where logs live (default ./data)")
+    serve.add_argument("--storage", choices=["file", "memory"], help="file (durable, default) or memory (throwaway)")
+    serve.add_argument("--processing-model", choices=["serial", "pipelined"], help="serial (Kafka's one request per connection) or pipelined (default)")
+    serve.add_argument("--advertised-listener", metavar="HOST:PORT", help="address given to clients in Metadata")
+    serve.add_argument("--config", metavar="FILE", type=Path, help="TOML file with Kafka-style keys")
+    serve.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    return parser  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.command == "serve":
+        return _serve(args)
+    return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from trio_broker.server.broker import serve
+
+    overrides: dict[str, object] = {
+        "data_dir": args.data_dir,
+        "storage": args.storage,
+        "processing_model": args.processing_model,
+    }
+    try:
+        if args.listen:
+            overrides["host"], overrides["port"] = parse_host_port(args.listen, "--listen")
+        if args.advertised_listener:
+            host, port = parse_host_port(args.advertised_listener, "--advertised-listener")
+            overrides["advertised_host"], overrides["advertised_port"] = host, port
+        config = load_config(args.config, **overrides)
+    except ConfigError as exc:
+        print(f"trio-broker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        trio.run(serve, config)
+    except OSError as exc:
+        print(f"trio-broker: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Broker configuration: defaults, a TOML file with Kafka's key names, and CLI overrides.
+
+Every key that Kafka has keeps Kafka's name (``num.partitions``,
+``log.segment.bytes``, ...); keys that are ours say so in their comment.
+Unknown keys and bad values fail at start with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+import uuid
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names the key."""
+
+
+def parse_host_port(value: str, key: str = "listeners") -> tuple[str, int]:
+    """'127.0.0.1:9092' or 'PLAINTEXT://127.0.0.1:9092' -> ('127.0.0.1', 9092)."""
+    text = value.split("://", 1)[-1]
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@attrs.frozen
+class BrokerConfig:
+    host: str = "127.0.0.1"
+    port: int = 9092
+    #: Where clients are told to connect (Metadata); defaults to the bound address.
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    data_dir: Path = Path("data")
+    storage: str = "file"  # ours: "file" or "memory"
+    processing_model: str = "pipelined"  # ours: "pipelined" or "serial"
+    node_id: int = 0
+    cluster_id: str | None = None  # generated once and kept in the data dir
+    num_handlers: int = 8  # num.io.threads: request queues / handler tasks
+    max_connections: int = 10_000
+    max_in_flight_per_connection: int = 64  # ours: requests queued per connection
+    queued_max_request_bytes: int = 256 * 1024 * 1024  # broker-wide budget (MEMORY_PRESSURE)
+    socket_request_max_bytes: int = 100 * 1024 * 1024
+    auto_create_topics: bool = True
+    num_partitions: int = 1
+    segment_bytes: int = 1 << 30
+    segment_ms: int = 7 * 24 * 3600 * 1000
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    retention_bytes: int = -1
+    retention_check_interval_ms: int = 300_000
+    flush_interval_messages: int | None = None
+    flush_interval_ms: int | None = None
+    connections_max_idle_ms: int = 600_000
+    group_initial_rebalance_delay_ms: int = 3000
+    offsets_retention_minutes: int = 7 * 24 * 60
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        return (self.advertised_host or self.host, self.advertised_port or self.port)
+
+    def validate(self) -> BrokerConfig:
+        if self.storage not in ("file", "memory"):
+            raise ConfigError(f"storage: expected 'file' or 'memory', got {self.storage!r}")
+        if self.processing_model not in ("pipelined", "serial"):
+            raise ConfigError(
+                f"processing.model: expected 'pipelined' or 'serial', got {self.processing_model!r}"
+            )
+        for name in ("num_handlers", "max_connections", "max_in_flight_per_connection",
+                     "num_partitions", "segment_bytes", "socket_request_max_bytes"):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
+        return self
+
+
+#: TOML (Kafka-style) key -> BrokerConfig field.
+FIELD_FOR_KEY: dict[str, str] = {
+    "listeners": "listeners",
+    "advertised.listeners": "advertised.listeners",
+    "log.dirs": "data_dir",
+    "log.dir": "data_dir",
+    "storage": "storage",
+    "processing.model": "processing_model",
+    "node.id": "node_id",
+    "broker.id": "node_id",
+    "cluster.id": "cluster_id",
+    "num.io.threads": "num_handlers",
+    "max.connections": "max_connections",
+    "max.in.flight.requests.per.connection": "max_in_flight_per_connection",
+    "queued.max.request.bytes": "queued_max_request_bytes",
+    "socket.request.max.bytes": "socket_request_max_bytes",
+    "auto.create.topics.enable": "auto_create_topics",
+    "num.partitions": "num_partitions",
+    "log.segment.bytes": "segment_bytes",
+    "log.roll.ms": "segment_ms",
+    "log.retention.ms": "retention_ms",
+    "log.retention.bytes": "retention_bytes",
+    "log.retention.check.interval.ms": "retention_check_interval_ms",
+    "log.flush.interval.messages": "flush_interval_messages",
+    "log.flush.interval.ms": "flush_interval_ms",
+    "connections.max.idle.ms": "connections_max_idle_ms",
+    "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
+    "offsets.retention.minutes": "offsets_retention_minutes",
+}
+KEY_FOR_FIELD = {v: k for k, v in FIELD_FOR_KEY.items()}
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """TOML tables become dotted keys: [log] segment.bytes -> log.segment.bytes."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, full + "."))
+        else:
+            out[full] = value
+    return out
+
+
+def load_config(path: Path | None = None, **overrides: Any) -> BrokerConfig:
+    """Defaults, then the TOML file, then explicit overrides (CLI flags)."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        fields = attrs.fields_dict(BrokerConfig)
+        for key, value in _flatten(raw).items():
+            field = FIELD_FOR_KEY.get(key)
+            if field is None:
+                raise ConfigError(f"unknown config key {key!r}")
+            if field == "listeners":
+                first = value.split(",")[0] if isinstance(value, str) else value[0]
+                values["host"], values["port"] = parse_host_port(first, key)
+            elif field == "advertised.listeners":
+                first = value.split(",")[0] if isinstance(value, str) else value[0]
+                values["advertised_host"], values["advertised_port"] = parse_host_port(first, key)
+            else:
+                values[field] = _coerce(key, fields[field].default, value)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if "data_dir" in values:
+        values["data_dir"] = Path(values["data_dir"])
+    return BrokerConfig(**values).validate()
+
+
+def _coerce(key: str, default: Any, value: Any) -> Any:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if isinstance(default, int) or (default is None and isinstance(value, int)):
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if isinstance(default, Path):
+        return Path(value.split(",")[0] if isinstance(value, str) else value[0])
+    return value if value is None else str(value)
+
+
+def ensure_cluster_id(data_dir: Path | None, configured: str | None) -> str:
+    """Keep one cluster id per data dir (meta.properties, as Kafka does)."""
+    if configured:
+        return configured
+    if data_dir is None:
+        return _new_cluster_id()
+    meta = data_dir / "meta.properties"
+    if meta.exists():
+        for line in meta.read_text().splitlines():
+            if line.startswith("cluster.id="):
+                return line.split("=", 1)[1].strip()
+    cluster_id = _new_cluster_id()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    meta.write_text(f"cluster.id={cluster_id}\nversion=1\n")
+    return cluster_id
+
+
+def _new_cluster_id() -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")

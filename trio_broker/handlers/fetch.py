@@ -1,0 +1,94 @@
+"""Fetch: whole batches from the log, sent with sendfile; long polls wait for appends.
+
+A fetch that finds fewer than min_bytes waits (in the delayed-operations
+nursery, not in the handler) until an append wakes it or max_wait_ms passes.
+Fetch sessions (KIP-227) are not kept: session id 0 means "full fetch" and
+every client accepts it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.codec import RecordsChunks
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.storage.errors import OffsetOutOfRange, StorageError
+
+Resp = m.FetchResponse
+TopicResp = Resp.FetchableTopicResponse
+PartResp = TopicResp.PartitionData
+READ_COMMITTED = 1
+
+
+def read_partitions(ctx: RequestContext, request: Any) -> tuple[Any, int]:
+    """Build the response from the logs as they are now; return it and its record bytes."""
+    broker = ctx.broker
+    remaining = request.max_bytes if ctx.api_version >= 3 else 2**31 - 1
+    total = 0
+    topic_responses = []
+    for wanted in request.topics:
+        if ctx.api_version >= 13:
+            topic = broker.topics.by_id.get(wanted.topic_id)
+            missing = ErrorCode.UNKNOWN_TOPIC_ID
+        else:
+            topic = broker.topics.get(wanted.topic)
+            missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        partitions = []
+        for p in wanted.partitions:
+            part = PartResp(
+                partition_index=p.partition, high_watermark=-1, last_stable_offset=-1,
+                log_start_offset=-1, records=b"",
+                aborted_transactions=[] if request.isolation_level == READ_COMMITTED else None,
+            )  # fmt: skip
+            partitions.append(part)
+            if topic is None or not 0 <= p.partition < len(topic.logs):
+                part.error_code = missing
+                continue
+            log = topic.logs[p.partition]
+            high_watermark = log.log_end_offset
+            part.high_watermark = part.last_stable_offset = high_watermark
+            part.log_start_offset = log.log_start_offset
+            if remaining <= 0 and total > 0:
+                continue
+            try:
+                regions = log.read(
+                    p.fetch_offset, min(p.partition_max_bytes, max(remaining, 0)),
+                    high_watermark, min_one=(total == 0),
+                )  # fmt: skip
+            except OffsetOutOfRange:
+                part.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+                continue
+            except StorageError:
+                part.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+                continue
+            if regions:
+                chunks = RecordsChunks(regions)
+                part.records = chunks
+                total += chunks.nbytes
+                remaining -= chunks.nbytes
+        topic_responses.append(
+            TopicResp(topic=wanted.topic, topic_id=wanted.topic_id, partitions=partitions)
+        )
+    return Resp(throttle_time_ms=0, error_code=0, session_id=0, responses=topic_responses), total
+
+
+@handles(m.ApiKey.FETCH)
+async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
+    response, total = read_partitions(ctx, request)
+    if total >= request.min_bytes or request.max_wait_ms <= 0:
+        return response
+
+    async def long_poll() -> Any:
+        with trio.move_on_after(request.max_wait_ms / 1000):
+            while True:
+                await ctx.broker.wait_for_append()
+                response, total = read_partitions(ctx, request)
+                if total >= max(request.min_bytes, 1):
+                    return response
+        return read_partitions(ctx, request)[0]
+
+    return Deferred(long_poll)

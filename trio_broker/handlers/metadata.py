@@ -1,0 +1,75 @@
+"""Metadata: this node as the only broker, every partition led by it, topic ids included."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.server.topics import TopicError, validate_topic_name
+
+Resp = m.MetadataResponse
+#: All partitions are led by this node at epoch 0 (no elections on one node).
+LEADER_EPOCH = 0
+
+
+def topic_metadata(ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None) -> Any:
+    broker = ctx.broker
+    node = broker.config.node_id
+    topic = broker.topics.get(name) if name is not None else broker.topics.by_id.get(topic_id)  # type: ignore[arg-type]
+    if topic is None:
+        return Resp.MetadataResponseTopic(
+            error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if name is None or name
+            else ErrorCode.INVALID_TOPIC_EXCEPTION,
+            name=name, topic_id=topic_id or uuid.UUID(int=0), partitions=[],
+        )  # fmt: skip
+    partitions = [
+        Resp.MetadataResponseTopic.MetadataResponsePartition(
+            error_code=ErrorCode.NONE, partition_index=i, leader_id=node,
+            leader_epoch=LEADER_EPOCH, replica_nodes=[node], isr_nodes=[node], offline_replicas=[],
+        )  # fmt: skip
+        for i in range(len(topic.logs))
+    ]
+    return Resp.MetadataResponseTopic(
+        error_code=ErrorCode.NONE, name=topic.name, topic_id=topic.topic_id,
+        is_internal=False, partitions=partitions, topic_authorized_operations=-2147483648,
+    )  # fmt: skip
+
+
+@handles(m.ApiKey.METADATA)
+async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
+    broker = ctx.broker
+    topics: list[Any] = []
+    if request.topics is None or (ctx.api_version == 0 and not request.topics):
+        topics = [topic_metadata(ctx, name, None) for name in sorted(broker.topics.topics)]
+    else:
+        for wanted in request.topics:
+            name = wanted.name
+            if name is None:
+                topics.append(topic_metadata(ctx, None, wanted.topic_id))
+                continue
+            auto = request.allow_auto_topic_creation if ctx.api_version >= 4 else True
+            if broker.topics.get(name) is None and auto and broker.config.auto_create_topics:
+                try:
+                    broker.topics.create(name, broker.config.num_partitions)
+                except TopicError as exc:
+                    topics.append(Resp.MetadataResponseTopic(error_code=exc.code, name=name))
+                    continue
+            elif broker.topics.get(name) is None:
+                try:
+                    validate_topic_name(name)
+                except TopicError as exc:
+                    topics.append(Resp.MetadataResponseTopic(error_code=exc.code, name=name))
+                    continue
+            topics.append(topic_metadata(ctx, name, None))
+    host, port = broker.advertised
+    return Resp(
+        throttle_time_ms=0,
+        brokers=[Resp.MetadataResponseBroker(node_id=broker.config.node_id, host=host, port=port, rack=None)],
+        cluster_id=broker.cluster_id,
+        controller_id=broker.config.node_id,
+        topics=topics,
+        cluster_authorized_operations=-2147483648,
+    )

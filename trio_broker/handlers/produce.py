@@ -1,0 +1,140 @@
+"""Produce: validate each partition's batch, assign offsets, append; ack per acks.
+
+acks=0 sends no response, acks=1 answers once the batch is in the log (page
+cache), acks=-1 answers once the group commit covering the batch has fsynced it.
+The append happens here, in the connection's handler task, in request order;
+only the wait for the fsync is deferred, so a pipelined connection never
+reorders or double-appends a producer's batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.compression import Compression
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import ProtocolError
+from trio_broker.protocol.records import RecordBatchView, iter_batches
+from trio_broker.storage.errors import StorageError
+
+Resp = m.ProduceResponse
+TopicResp = Resp.TopicProduceResponse
+PartResp = TopicResp.PartitionProduceResponse
+
+#: Kafka's default message.max.bytes: the largest batch a partition accepts.
+DEFAULT_MAX_MESSAGE_BYTES = 1048588
+#: Produce v7 is the first that may carry zstd (KIP-110).
+FIRST_ZSTD_VERSION = 7
+
+
+class BatchRejected(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def validate_batch(records: Any, api_version: int, max_message_bytes: int) -> RecordBatchView:
+    """Kafka's rules for the records of one partition in Produce v3+; returns the batch."""
+    if records is None or len(records) == 0:
+        raise BatchRejected(ErrorCode.INVALID_RECORD, "no records")
+    try:
+        batches = list(iter_batches(records))
+    except ProtocolError as exc:
+        raise BatchRejected(ErrorCode.CORRUPT_MESSAGE, str(exc)) from None
+    if len(batches) != 1:
+        raise BatchRejected(ErrorCode.INVALID_RECORD, "Produce v3+ needs exactly one batch")
+    batch = batches[0]
+    if batch.size_in_bytes > max_message_bytes:
+        raise BatchRejected(ErrorCode.MESSAGE_TOO_LARGE, f"batch of {batch.size_in_bytes} bytes")
+    try:
+        batch.validate()
+    except ProtocolError as exc:
+        raise BatchRejected(exc.error_code, str(exc)) from None
+    try:
+        codec = Compression(batch.attributes & 0x07)
+    except ValueError:
+        raise BatchRejected(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, "unknown codec") from None
+    if codec == Compression.ZSTD and api_version < FIRST_ZSTD_VERSION:
+        raise BatchRejected(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, "zstd needs Produce v7+")
+    if batch.is_control:
+        raise BatchRejected(ErrorCode.INVALID_RECORD, "clients may not write control batches")
+    if batch.is_transactional:
+        raise BatchRejected(ErrorCode.INVALID_TXN_STATE, "transactions are not supported")
+    if batch.producer_id >= 0 and batch.base_sequence < 0:
+        raise BatchRejected(ErrorCode.INVALID_RECORD, "idempotent batch without a sequence")
+    return batch
+
+
+@handles(m.ApiKey.PRODUCE, 3, advertised_min=0)
+async def handle_produce(ctx: RequestContext, request: Any) -> Any:
+    broker = ctx.broker
+    acks = request.acks
+    now = ctx.now_ms()
+    durable_waits: list[tuple[Any, int, Any]] = []  # (log, last offset, partition response)
+    topic_responses = []
+    for topic_data in request.topic_data:
+        if ctx.api_version >= 13:
+            topic = broker.topics.by_id.get(topic_data.topic_id)
+            missing = ErrorCode.UNKNOWN_TOPIC_ID
+        else:
+            topic = broker.topics.get(topic_data.name)
+            missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        partition_responses = []
+        for data in topic_data.partition_data:
+            part = PartResp(index=data.index, base_offset=-1, log_append_time_ms=-1)
+            partition_responses.append(part)
+            if acks not in (0, 1, -1):
+                part.error_code = ErrorCode.INVALID_REQUIRED_ACKS
+                continue
+            if topic is None or not 0 <= data.index < len(topic.logs):
+                part.error_code = missing
+                continue
+            log = topic.logs[data.index]
+            configs = topic.info.configs
+            try:
+                max_bytes = int(configs.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
+                batch = validate_batch(data.records, ctx.api_version, max_bytes)
+                duplicate = broker.check_producer(topic.name, data.index, log, batch)
+            except BatchRejected as exc:
+                part.error_code, part.error_message = exc.code, str(exc)
+                continue
+            part.log_start_offset = log.log_start_offset
+            if duplicate is not None:  # a retried batch: answer with its original offsets
+                part.base_offset = duplicate
+                continue
+            log_append_time = configs.get("message.timestamp.type") == "LogAppendTime"
+            try:
+                result = log.append(batch.buf, now_ms=now, log_append_time=log_append_time)
+            except StorageError as exc:
+                part.error_code, part.error_message = ErrorCode.KAFKA_STORAGE_ERROR, str(exc)
+                continue
+            broker.record_producer_append(topic.name, data.index, batch, result)
+            part.base_offset = result.base_offset
+            if log_append_time:
+                part.log_append_time_ms = result.log_append_time
+            broker.flusher.mark_dirty(log)
+            if acks == -1:
+                durable_waits.append((log, result.last_offset, part))
+        name = topic_data.name if topic is None else topic.name
+        topic_responses.append(
+            TopicResp(name=name, topic_id=topic_data.topic_id, partition_responses=partition_responses)
+        )
+    broker.notify_append()
+    response = Resp(responses=topic_responses, throttle_time_ms=0)
+    if acks == 0:
+        return None
+    if not durable_waits:
+        return response
+
+    async def when_durable() -> Any:
+        for log, last_offset, part in durable_waits:
+            try:
+                await broker.flusher.wait_durable(log, last_offset)
+            except StorageError as exc:
+                part.error_code, part.error_message = ErrorCode.KAFKA_STORAGE_ERROR, str(exc)
+                part.base_offset = -1
+        return response
+
+    return Deferred(when_durable)

@@ -1,0 +1,230 @@
+"""The broker: shared state plus the root nursery that owns every task.
+
+Task tree (see docs/architecture.md)::
+
+    serve (root nursery)
+    ├── flusher                 group commit: one fsync for many appends
+    ├── handler pool            N handler tasks, one bounded queue each
+    ├── delayed operations      deferred responses: acks=all waits, long-poll fetches
+    ├── retention               deletes old segments periodically
+    ├── group coordinator       session and rebalance timers
+    └── acceptor (per listener) accepts; one nursery of connections
+        └── connection          reader task + writer task
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import socket as stdlib_socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from trio_broker.config import BrokerConfig, ensure_cluster_id
+from trio_broker.handlers import load_handlers
+from trio_broker.handlers.base import HANDLERS, ClientInfo, HandlerSpec
+from trio_broker.server.connection import Connection
+from trio_broker.server.flusher import Flusher
+from trio_broker.server.handler_pool import HandlerPool
+from trio_broker.server.memory_budget import MemoryBudget
+from trio_broker.server.topics import TopicManager
+from trio_broker.storage.group_commit import FlushPolicy
+from trio_broker.storage.log import LogConfig
+
+log = logging.getLogger("trio_broker")
+
+#: How long a graceful shutdown waits for in-flight requests before cancelling.
+DRAIN_TIMEOUT_S = 10.0
+#: Back-off when accept() fails for lack of file descriptors (EMFILE).
+ACCEPT_BACKOFF_S = 0.1
+
+
+@attrs.define
+class BrokerStats:
+    connections_accepted: int = 0
+    connections_rejected: int = 0
+    responses_sent: int = 0
+    bytes_out: int = 0
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, *, now_ms: Callable[[], int] = wall_clock_ms) -> None:
+        load_handlers()
+        self.config = config
+        self.now_ms = now_ms
+        data_dir = config.data_dir if config.storage == "file" else None
+        if data_dir is not None:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        self.cluster_id = ensure_cluster_id(data_dir, config.cluster_id)
+        self.log_defaults = LogConfig(
+            segment_bytes=config.segment_bytes,
+            segment_ms=config.segment_ms,
+            retention_ms=None if config.retention_ms < 0 else config.retention_ms,
+            retention_bytes=None if config.retention_bytes < 0 else config.retention_bytes,
+        )
+        self.topics = TopicManager(data_dir, self.log_defaults, now_ms)
+        self.flusher = Flusher(
+            FlushPolicy(
+                flush_messages=config.flush_interval_messages,
+                flush_ms=config.flush_interval_ms,
+            )
+        )
+        self.router: dict[int, HandlerSpec] = dict(HANDLERS)
+        self.memory = MemoryBudget(config.queued_max_request_bytes)
+        self.handler_pool = HandlerPool(self, config.num_handlers)
+        self.stats = BrokerStats()
+        self.connections: dict[int, Connection] = {}
+        self._connection_ids = itertools.count(1)
+        self._appended = trio.Event()
+        self.delayed_nursery: trio.Nursery = None  # type: ignore[assignment]  # set by run()
+        self.bound: list[tuple[str, int]] = []
+        self._root_scope: trio.CancelScope | None = None
+        self._accept_scope = trio.CancelScope()
+        #: Extra long-lived tasks (e.g. the group coordinator) register here.
+        self.services: list[Any] = []
+
+    # ------------------------------------------------------------------ idempotent producers
+
+    def check_producer(self, topic: str, partition: int, log: Any, batch: Any) -> int | None:
+        """Sequence checks for an idempotent batch before it is appended.
+
+        Returns the original base offset of a retried duplicate, None to append,
+        or raises BatchRejected with Kafka's error. (Filled in by [idempotence].)
+        """
+        return None
+
+    def record_producer_append(self, topic: str, partition: int, batch: Any, result: Any) -> None:
+        """Remember an appended idempotent batch (filled in by [idempotence])."""
+
+    # ------------------------------------------------------------------ appends / long polls
+
+    def notify_append(self) -> None:
+        """Wake long-poll fetches: new data may satisfy their min_bytes."""
+        self._appended.set()
+        self._appended = trio.Event()
+
+    async def wait_for_append(self) -> None:
+        await self._appended.wait()
+
+    # ------------------------------------------------------------------ tasks
+
+    async def run(self, task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled or :meth:`shutdown`; report the broker once listening."""
+        try:
+            with trio.CancelScope() as root_scope:
+                self._root_scope = root_scope
+                async with trio.open_nursery() as root:
+                    await root.start(self.flusher.run)
+                    await root.start(self.handler_pool.run)
+                    self.delayed_nursery = root
+                    root.start_soon(self._retention_loop, name="retention")
+                    for service in self.services:
+                        await root.start(service.run)
+                    listener = await self._open_listener()
+                    await root.start(self._accept_loop, listener, name="acceptor")
+                    task_status.started(self)
+        finally:
+            with trio.CancelScope(shield=True):
+                self.topics.close()
+                for service in self.services:
+                    close = getattr(service, "close", None)
+                    if close is not None:
+                        close()
+
+    async def _open_listener(self) -> trio.socket.SocketType:
+        cfg = self.config
+        family = stdlib_socket.AF_INET6 if ":" in cfg.host else stdlib_socket.AF_INET
+        sock = trio.socket.socket(family, stdlib_socket.SOCK_STREAM)
+        sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_REUSEADDR, 1)
+        await sock.bind((cfg.host, cfg.port))
+        sock.listen(1024)
+        host, port = sock.getsockname()[:2]
+        self.bound.append((host, port))
+        return sock
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        cfg = self.config
+        host, port = self.bound[0] if self.bound else (cfg.host, cfg.port)
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        return (cfg.advertised_host or host, cfg.advertised_port or port)
+
+    async def _accept_loop(
+        self, listener: trio.socket.SocketType, task_status: trio.TaskStatus[None]
+    ) -> None:
+        async with trio.open_nursery() as connections:
+            with self._accept_scope, listener:
+                task_status.started()
+                host, port = self.bound[-1]
+                log.info("listening on %s:%d", host, port)
+                while True:
+                    try:
+                        sock, addr = await listener.accept()
+                    except OSError as exc:
+                        if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                            log.warning("accept failed (%s); backing off", exc)
+                            await trio.sleep(ACCEPT_BACKOFF_S)
+                            continue
+                        raise
+                    if len(self.connections) >= self.config.max_connections:
+                        self.stats.connections_rejected += 1
+                        sock.close()
+                        continue
+                    sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_NODELAY, 1)
+                    conn_id = next(self._connection_ids)
+                    client = ClientInfo(conn_id, str(addr[0]), int(addr[1]))
+                    conn = Connection(self, sock, client)
+                    self.connections[conn_id] = conn
+                    self.stats.connections_accepted += 1
+                    connections.start_soon(self._run_connection, conn, name=f"conn-{conn_id}")
+
+    async def _run_connection(self, conn: Connection) -> None:
+        try:
+            await conn.run()
+        finally:
+            self.connections.pop(conn.id, None)
+
+    async def _retention_loop(self) -> None:
+        interval = self.config.retention_check_interval_ms / 1000
+        while True:
+            await trio.sleep(interval)
+            now = self.now_ms()
+            for log_ in self.topics.all_logs():
+                try:
+                    log_.apply_retention(now)
+                except OSError:
+                    log.exception("retention failed")
+
+    async def shutdown(self) -> None:
+        """Stop accepting, let in-flight requests finish (bounded), then stop everything."""
+        self._accept_scope.cancel()
+        with trio.move_on_after(DRAIN_TIMEOUT_S):
+            while any(c.sequencer.in_flight for c in self.connections.values()):
+                await trio.sleep(0.01)
+        if self._root_scope is not None:
+            self._root_scope.cancel()
+
+
+async def serve(config: BrokerConfig, *, handle_signals: bool = True) -> None:
+    """Run a broker until SIGINT/SIGTERM, then shut down gracefully."""
+    import signal
+
+    broker = Broker(config)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(broker.run)
+        if handle_signals:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    log.info("received %s; shutting down", signal.Signals(signum).name)
+                    await broker.shutdown()
+                    break

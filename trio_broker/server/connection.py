@@ -1,0 +1,280 @@
+"""One client connection: a reader task and a writer task in the connection's nursery.
+
+The reader parses frames and hands requests to the handler pool; it reads only
+while the connection's :class:`~trio_broker.state.mute.ChannelMute` has no
+reason set. The writer sends responses strictly in request order
+(:class:`~trio_broker.state.response_order.ResponseSequencer`), using
+``sendmsg`` for buffers and ``os.sendfile`` for log file regions.
+
+Serial model: the reader mutes with RESPONSE_PENDING after each request and the
+writer unmutes after sending its response — Kafka's behaviour. Pipelined model:
+the reader keeps going until a limit (in-flight cap, memory budget) mutes it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from trio_broker.handlers.base import ClientInfo
+from trio_broker.protocol.codec import part_length
+from trio_broker.protocol.errors import ProtocolError, UnsupportedVersionError
+from trio_broker.protocol.framing import FrameReader
+from trio_broker.protocol.messages import (
+    API_VERSIONS_KEY,
+    RequestHeader,
+    decode_request,
+    encode_response,
+    peek_request_ids,
+)
+from trio_broker.protocol.schema import Message
+from trio_broker.state.mute import ChannelMute, MuteEvent, MuteReason
+from trio_broker.state.response_order import ResponseSequencer
+
+if TYPE_CHECKING:
+    from trio_broker.server.broker import Broker
+
+log = logging.getLogger("trio_broker.connection")
+
+RECEIVE_SIZE = 256 * 1024
+
+
+@attrs.define
+class PendingRequest:
+    """What the writer needs to encode a response, kept per sequencer slot."""
+
+    header: RequestHeader
+    response_version: int
+    frame_size: int
+
+
+class Connection:
+    def __init__(self, broker: Broker, sock: trio.socket.SocketType, client: ClientInfo) -> None:
+        self.broker = broker
+        self.sock = sock
+        self.client = client
+        self.id = client.connection_id
+        self.mute = ChannelMute()
+        self.sequencer: ResponseSequencer[Message | None] = ResponseSequencer()
+        self.pending: dict[int, PendingRequest] = {}
+        self.frames = FrameReader(broker.config.socket_request_max_bytes)
+        self.serial = broker.config.processing_model == "serial"
+        self.max_in_flight = broker.config.max_in_flight_per_connection
+        self._unmuted = trio.Event()
+        self._responses_ready = trio.Event()
+        self.closed = False
+        self._cancel_scope: trio.CancelScope | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        try:
+            with trio.CancelScope() as scope:
+                self._cancel_scope = scope
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._read_loop)
+                    nursery.start_soon(self._write_loop)
+        finally:
+            self.closed = True
+            self._release_all_memory()
+            self.sock.close()
+
+    def close(self, reason: str) -> None:
+        """Stop both tasks and drop the socket (Kafka's answer to undecodable input)."""
+        if not self.closed:
+            log.info("closing connection %d from %s: %s", self.id, self.client.host, reason)
+        self.closed = True
+        if not self.mute.closing:
+            self.mute.handle(MuteEvent.CLOSE)
+        if self._cancel_scope is not None:
+            self._cancel_scope.cancel()
+
+    # ------------------------------------------------------------------ muting
+
+    def _mute_event(self, event: MuteEvent) -> None:
+        self.mute.handle(event)
+        if self.mute.readable:
+            self._unmuted.set()
+
+    async def _wait_readable(self) -> None:
+        while not self.mute.readable:
+            self._unmuted = trio.Event()
+            await self._unmuted.wait()
+
+    def memory_available(self) -> None:
+        """Called by the broker's memory budget when queued bytes drop below it."""
+        if MuteReason.MEMORY_PRESSURE in self.mute.reasons and not self.mute.closing:
+            self._mute_event(MuteEvent.MEMORY_AVAILABLE)
+
+    # ------------------------------------------------------------------ reading
+
+    async def _read_loop(self) -> None:
+        while True:
+            await self._wait_readable()
+            try:
+                frame = self.frames.next_frame()
+            except ProtocolError as exc:
+                self.close(f"bad frame: {exc}")
+                return
+            if frame is not None:
+                await self._on_frame(frame)
+                continue
+            target = self.frames.body_target()
+            try:
+                if target is not None:
+                    count = await self.sock.recv_into(target)
+                    self.frames.body_advance(count)
+                else:
+                    data = await self.sock.recv(RECEIVE_SIZE)
+                    count = len(data)
+                    self.frames.feed(data)
+            except OSError as exc:
+                self.close(f"receive failed: {exc}")
+                return
+            if count == 0:
+                self.close("peer closed")
+                return
+
+    async def _on_frame(self, frame: bytearray) -> None:
+        broker = self.broker
+        try:
+            header, body = decode_request(frame)
+            response_version = header.api_version
+        except UnsupportedVersionError as exc:
+            if exc.api_key != API_VERSIONS_KEY:
+                self.close(str(exc))
+                return
+            # Clients probe ApiVersions with their newest version; answer in v0
+            # with UNSUPPORTED_VERSION so they can retry (KAFKA-FACTS.md).
+            api_key, version, correlation_id = peek_request_ids(frame)
+            header = RequestHeader(api_key, version, correlation_id, None)
+            body, response_version = None, 0
+        except ProtocolError as exc:
+            self.close(f"undecodable request: {exc}")
+            return
+        spec = broker.router.get(header.api_key)
+        if spec is None or not (
+            spec.min_version <= header.api_version <= spec.max_version or body is None
+        ):
+            self.close(f"API {header.api_key} v{header.api_version} not supported")
+            return
+        size = len(frame)
+        slot = self.sequencer.register(header.correlation_id)
+        self.pending[slot] = PendingRequest(header, response_version, size)
+        if self.serial:
+            self._mute_event(MuteEvent.REQUEST_RECEIVED_SERIAL)
+        if self.sequencer.in_flight >= self.max_in_flight:
+            self._mute_event(MuteEvent.IN_FLIGHT_FULL)
+        if broker.memory.acquire(size):
+            self._mute_event(MuteEvent.MEMORY_EXHAUSTED)
+            broker.memory.wait_for_memory(self)
+        await broker.handler_pool.submit(self, slot, header, body)
+
+    # ------------------------------------------------------------------ completing
+
+    def complete(self, slot: int, response: Message | None) -> None:
+        """A handler (or a deferred task) finished the request in ``slot``."""
+        if self.closed:
+            return
+        self.sequencer.complete(slot, response)
+        self._responses_ready.set()
+
+    # ------------------------------------------------------------------ writing
+
+    async def _write_loop(self) -> None:
+        while True:
+            ready = self.sequencer.pop_ready()
+            if not ready:
+                self._responses_ready = trio.Event()
+                await self._responses_ready.wait()
+                continue
+            for slot, response in ready:
+                pending = self.pending.pop(slot)
+                if response is not None:
+                    h = pending.header
+                    parts = encode_response(
+                        h.api_key, pending.response_version, h.correlation_id, response
+                    )
+                    try:
+                        await self._send_parts(parts)
+                    except OSError as exc:
+                        self.close(f"send failed: {exc}")
+                        return
+                self.broker.memory.release(pending.frame_size)
+                self.broker.stats.responses_sent += 1
+                if self.serial:
+                    self._mute_event(MuteEvent.RESPONSE_SENT)
+                if (
+                    MuteReason.IN_FLIGHT_LIMIT in self.mute.reasons
+                    and self.sequencer.in_flight < self.max_in_flight
+                ):
+                    self._mute_event(MuteEvent.IN_FLIGHT_AVAILABLE)
+
+    async def _send_parts(self, parts: list[Any]) -> None:
+        buffers: list[Any] = []
+        for part in parts:
+            if isinstance(part, bytes | bytearray | memoryview):
+                buffers.append(part)
+                continue
+            if buffers:
+                await self._send_buffers(buffers)
+                buffers = []
+            fd = getattr(part, "fd", None)
+            if fd is None:  # a memory-log region
+                await self._send_buffers([part.read_bytes()])
+            else:
+                await self._sendfile(fd, part.position, part.length)
+        if buffers:
+            await self._send_buffers(buffers)
+
+    async def _send_buffers(self, buffers: list[Any]) -> None:
+        views = [memoryview(b).cast("B") for b in buffers]
+        while views:
+            sent = await self.sock.sendmsg(views[:512])
+            self.broker.stats.bytes_out += sent
+            while sent and views:
+                first = views[0]
+                if sent >= len(first):
+                    sent -= len(first)
+                    views.pop(0)
+                else:
+                    views[0] = first[sent:]
+                    sent = 0
+            while views and len(views[0]) == 0:
+                views.pop(0)
+
+    async def _sendfile(self, fd: int, position: int, length: int) -> None:
+        """Zero-copy: the kernel moves log bytes from the page cache to the socket."""
+        out = self.sock.fileno()
+        while length > 0:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            try:
+                sent = os.sendfile(out, fd, position, length)
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(self.sock)
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EAGAIN:
+                    await trio.lowlevel.wait_writable(self.sock)
+                    continue
+                raise
+            if sent == 0:
+                raise OSError(errno.EIO, "log file shorter than the region being sent")
+            position += sent
+            length -= sent
+            self.broker.stats.bytes_out += sent
+
+    def _release_all_memory(self) -> None:
+        for pending in self.pending.values():
+            self.broker.memory.release(pending.frame_size)
+        self.pending.clear()
+        self.broker.memory.forget(self)
+
+
+def response_size(parts: list[Any]) -> int:
+    return sum(part_length(p) for p in parts)

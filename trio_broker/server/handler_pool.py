@@ -1,0 +1,76 @@
+"""N handler tasks, each with its own bounded queue (AutoMQ's multi-queue request channel).
+
+A connection's requests always go to queue ``connection_id % N``, so one
+handler serves them in arrival order: validation and offset assignment of a
+producer's batches happen in sequence even though the connection is pipelined.
+A handler that must wait (fsync, long poll) returns a Deferred, which runs in
+the broker's delayed-operations nursery while the handler takes the next request.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from trio_broker.handlers.base import Deferred, HandlerSpec, RequestContext
+from trio_broker.protocol.messages import RequestHeader
+
+if TYPE_CHECKING:
+    from trio_broker.server.broker import Broker
+    from trio_broker.server.connection import Connection
+
+log = logging.getLogger("trio_broker.handlers")
+
+WorkItem = tuple["Connection", int, RequestHeader, Any]
+
+
+class HandlerPool:
+    def __init__(self, broker: Broker, count: int, queue_size: int = 1024) -> None:
+        self.broker = broker
+        channels = [trio.open_memory_channel[WorkItem](queue_size) for _ in range(count)]
+        self._senders = [send for send, _ in channels]
+        self._receivers = [receive for _, receive in channels]
+        self.handled = [0] * count
+
+    def queue_depths(self) -> list[int]:
+        return [s.statistics().current_buffer_used for s in self._senders]
+
+    async def submit(self, conn: Connection, slot: int, header: RequestHeader, body: Any) -> None:
+        await self._senders[conn.id % len(self._senders)].send((conn, slot, header, body))
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for index, receiver in enumerate(self._receivers):
+                nursery.start_soon(self._worker, index, receiver, name=f"handler-{index}")
+            task_status.started()
+
+    async def _worker(self, index: int, receiver: trio.MemoryReceiveChannel[WorkItem]) -> None:
+        broker = self.broker
+        async for conn, slot, header, body in receiver:
+            self.handled[index] += 1
+            if conn.closed:
+                continue
+            spec: HandlerSpec = broker.router[header.api_key]
+            ctx = RequestContext(header=header, broker=broker, client=conn.client)
+            try:
+                result = await spec.fn(ctx, body)
+            except Exception:
+                log.exception("handler for API %d v%d failed", header.api_key, header.api_version)
+                conn.close("internal error in handler")
+                continue
+            if isinstance(result, Deferred):
+                broker.delayed_nursery.start_soon(self._finish, conn, slot, header, result)
+            else:
+                conn.complete(slot, result)
+
+    @staticmethod
+    async def _finish(conn: Connection, slot: int, header: RequestHeader, deferred: Deferred) -> None:
+        try:
+            response = await deferred.finish()
+        except Exception:
+            log.exception("deferred response for API %d failed", header.api_key)
+            conn.close("internal error completing a response")
+            return
+        conn.complete(slot, response)

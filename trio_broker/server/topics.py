@@ -1,0 +1,164 @@
+"""The broker's topics and their partition logs (file or memory backed).
+
+Topic metadata lives in the storage catalogue (file mode) or in a dict
+(memory mode); each partition has one log. Kafka's naming rules for topics
+apply here once, for every API that creates topics.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.storage.catalogue import Catalogue, TopicInfo
+from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.memory import MemoryLog
+
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_TOPIC_NAME = 249
+
+#: Topic-level configs we accept and their broker-level defaults' field names.
+TOPIC_CONFIGS = {
+    "cleanup.policy", "compression.type", "retention.ms", "retention.bytes", "segment.bytes",
+    "segment.ms", "message.timestamp.type", "max.message.bytes", "min.insync.replicas",
+    "flush.messages", "flush.ms", "segment.index.bytes", "message.timestamp.difference.max.ms",
+    "unclean.leader.election.enable", "delete.retention.ms", "file.delete.delay.ms",
+    "index.interval.bytes", "min.cleanable.dirty.ratio", "preallocate",
+}  # fmt: skip
+
+
+class TopicError(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def validate_topic_name(name: str) -> None:
+    if not name or name in (".", ".."):
+        raise TopicError(ErrorCode.INVALID_TOPIC_EXCEPTION, "topic name is empty or . or ..")
+    if len(name) > MAX_TOPIC_NAME:
+        raise TopicError(ErrorCode.INVALID_TOPIC_EXCEPTION, "topic name longer than 249")
+    if not _LEGAL_TOPIC.match(name):
+        raise TopicError(
+            ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic name {name!r} has illegal characters"
+        )
+
+
+@attrs.define
+class Topic:
+    info: TopicInfo
+    logs: list[Any]  # PartitionLog | MemoryLog, one per partition
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def topic_id(self) -> uuid.UUID:
+        return self.info.topic_id
+
+
+class TopicManager:
+    """Creates, opens and deletes topics; finds a partition's log."""
+
+    def __init__(self, data_dir: Path | None, defaults: LogConfig, now_ms: Any) -> None:
+        self.data_dir = data_dir
+        self.defaults = defaults
+        self.now_ms = now_ms
+        self.catalogue = Catalogue(data_dir) if data_dir is not None else None
+        self.topics: dict[str, Topic] = {}
+        self.by_id: dict[uuid.UUID, Topic] = {}
+        if self.catalogue is not None:
+            for info in self.catalogue.topics():
+                self._open(info)
+
+    def log_config(self, configs: dict[str, str]) -> LogConfig:
+        changes: dict[str, Any] = {}
+        mapping = {"segment.bytes": "segment_bytes", "segment.ms": "segment_ms",
+                   "retention.ms": "retention_ms", "retention.bytes": "retention_bytes",
+                   "index.interval.bytes": "index_interval_bytes"}  # fmt: skip
+        for key, field in mapping.items():
+            if key in configs:
+                value = int(configs[key])
+                changes[field] = None if field.startswith("retention") and value < 0 else value
+        return attrs.evolve(self.defaults, **changes)
+
+    def _open(self, info: TopicInfo) -> Topic:
+        config = self.log_config(info.configs)
+        logs: list[Any] = []
+        for partition in range(info.partitions):
+            if self.data_dir is None:
+                logs.append(MemoryLog(config))
+            else:
+                directory = self.data_dir / f"{info.name}-{partition}"
+                logs.append(PartitionLog.open(directory, config, now_ms=self.now_ms))
+        topic = Topic(info, logs)
+        self.topics[info.name] = topic
+        self.by_id[info.topic_id] = topic
+        return topic
+
+    def get(self, name: str) -> Topic | None:
+        return self.topics.get(name)
+
+    def log(self, name: str, partition: int) -> Any | None:
+        topic = self.topics.get(name)
+        if topic is None or not 0 <= partition < len(topic.logs):
+            return None
+        return topic.logs[partition]
+
+    def check_new(self, name: str, partitions: int, configs: dict[str, str]) -> None:
+        """Raise TopicError if the topic cannot be created as asked."""
+        validate_topic_name(name)
+        if name in self.topics:
+            raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        if partitions <= 0 or partitions > 10_000:
+            raise TopicError(ErrorCode.INVALID_PARTITIONS, "partitions must be in 1..10000")
+        for key, value in configs.items():
+            if key not in TOPIC_CONFIGS:
+                raise TopicError(ErrorCode.INVALID_CONFIG, f"unknown topic config {key!r}")
+            if key in ("retention.ms", "retention.bytes", "segment.bytes", "segment.ms",
+                       "max.message.bytes", "index.interval.bytes", "flush.messages",
+                       "flush.ms"):  # fmt: skip
+                try:
+                    int(value)
+                except ValueError:
+                    raise TopicError(
+                        ErrorCode.INVALID_CONFIG, f"{key} must be an integer, got {value!r}"
+                    ) from None
+            if key == "message.timestamp.type" and value not in ("CreateTime", "LogAppendTime"):
+                raise TopicError(ErrorCode.INVALID_CONFIG, f"{key} must be CreateTime or LogAppendTime")
+
+    def create(self, name: str, partitions: int, configs: dict[str, str] | None = None) -> Topic:
+        configs = dict(configs or {})
+        self.check_new(name, partitions, configs)
+        if self.catalogue is not None:
+            info = self.catalogue.create_topic(name, partitions, configs)
+        else:
+            info = TopicInfo(name=name, topic_id=uuid.uuid4(), partitions=partitions, configs=configs)
+        return self._open(info)
+
+    def delete(self, name: str) -> None:
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            raise TopicError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name!r}")
+        self.by_id.pop(topic.topic_id, None)
+        for log in topic.logs:
+            log.close()
+        if self.catalogue is not None:
+            self.catalogue.delete_topic(name)
+        if self.data_dir is not None:
+            for partition in range(len(topic.logs)):
+                shutil.rmtree(self.data_dir / f"{name}-{partition}", ignore_errors=True)
+
+    def all_logs(self) -> list[Any]:
+        return [log for topic in self.topics.values() for log in topic.logs]
+
+    def close(self) -> None:
+        for log in self.all_logs():
+            log.close()
