@@ -1,0 +1,33 @@
+"""CrossHair finds no input that breaks the mute contracts (or the spec refinement)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("crosshair")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_crosshair_finds_no_counterexample() -> None:
+    # About 5 s per condition; the timeout only guards against a hung solver.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "crosshair",
+            "check",
+            "--per_condition_timeout=5",
+            "trio_broker/state/mute.py",
+            "spec/mute_model.py",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
