@@ -87,7 +87,8 @@ class Connection:
     def close(self, reason: str) -> None:
         """Stop both tasks and drop the socket (Kafka's answer to undecodable input)."""
         if not self.closed:
-            log.info("closing connection %d from %s: %s", self.id, self.client.host, reason)
+            level = logging.DEBUG if reason == "peer closed" else logging.INFO
+            log.log(level, "closing connection %d from %s: %s", self.id, self.client.host, reason)
         self.closed = True
         if not self.mute.closing:
             self.mute.handle(MuteEvent.CLOSE)
