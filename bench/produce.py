@@ -1,0 +1,207 @@
+"""Seed experiment: one producer, one partition, acks=all with fsync before every ack.
+
+Runs the same confluent-kafka workload against a trio-broker subprocess in the
+``serial`` model (Kafka's one request per connection) and the ``pipelined`` model,
+side by side in one run, and prints throughput, latency percentiles and the
+pipelined/serial ratios.
+
+    .venv/bin/python bench/produce.py                 # 64 KiB x 2048 records (128 MiB)
+    .venv/bin/python bench/produce.py --records 4096 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+LISTENING = re.compile(r"listening on [^\s:]+:(\d+)")
+
+
+class BrokerProcess:
+    """A `trio-broker serve` subprocess on a free port with a fresh data dir."""
+
+    def __init__(self, model: str, storage: str = "file", extra: list[str] | None = None) -> None:
+        self.data_dir = Path(tempfile.mkdtemp(prefix=f"bench-{model}-", dir=ROOT / "bench"))
+        exe = ROOT / ".venv" / "bin" / "trio-broker"
+        cmd = [str(exe) if exe.exists() else "trio-broker", "serve", "--listen", "127.0.0.1:0",
+               "--data-dir", str(self.data_dir), "--storage", storage,
+               "--processing-model", model, "--log-level", "INFO", *(extra or [])]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        self.port = self._wait_listening()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _wait_listening(self) -> int:
+        assert self.proc.stderr is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            match = LISTENING.search(line)
+            if match:
+                return int(match.group(1))
+        self.proc.kill()
+        raise RuntimeError("broker did not start")
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for _ in self.proc.stderr:
+            pass
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    def rss_mib(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def run_producer(
+    bootstrap: str, topic: str, records: int, size: int, conf: dict[str, Any]
+) -> dict[str, Any]:
+    from confluent_kafka import Producer
+
+    base = {
+        "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 1,
+        "batch.size": 1024 * 1024, "max.in.flight.requests.per.connection": 5,
+        "message.max.bytes": 1024 * 1024 + 1024, "compression.type": "none",
+        "queue.buffering.max.kbytes": 512 * 1024,
+    }  # fmt: skip
+    base.update(conf)
+    producer = Producer(base)
+    # Warm up: metadata, connection (and InitProducerId when idempotent).
+    producer.produce(topic, b"warmup")
+    producer.flush(30)
+    payload = os.urandom(size)
+    latencies: list[float] = []
+    errors = 0
+
+    def on_delivery(err: Any, msg: Any, sent_at: float) -> None:
+        nonlocal errors
+        if err is not None:
+            errors += 1
+        else:
+            latencies.append(time.perf_counter() - sent_at)
+
+    start = time.perf_counter()
+    for _ in range(records):
+        sent_at = time.perf_counter()
+        while True:
+            try:
+                producer.produce(
+                    topic, payload, on_delivery=lambda e, m, t=sent_at: on_delivery(e, m, t)
+                )
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    remaining = producer.flush(120)
+    elapsed = time.perf_counter() - start
+    latencies.sort()
+    return {
+        "records": records, "record_bytes": size, "seconds": elapsed,
+        "mb_per_s": records * size / elapsed / 1e6, "records_per_s": records / elapsed,
+        "p50_ms": percentile(latencies, 0.50) * 1000, "p99_ms": percentile(latencies, 0.99) * 1000,
+        "max_ms": (latencies[-1] * 1000) if latencies else float("nan"),
+        "errors": errors, "undelivered": remaining,
+    }  # fmt: skip
+
+
+def create_topic(bootstrap: str, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+    for future in futures.values():
+        future.result(30)
+
+
+def bench_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
+    broker = BrokerProcess(model, args.storage)
+    try:
+        topic = f"seed-{model}"
+        create_topic(broker.bootstrap, topic)
+        cpu_before = broker.cpu_seconds()
+        conf = {"enable.idempotence": True} if args.idempotent else {}
+        result = run_producer(broker.bootstrap, topic, args.records, args.record_size, conf)
+        result["broker_cpu_s"] = broker.cpu_seconds() - cpu_before
+        result["broker_peak_rss_mib"] = broker.rss_mib()
+        result["model"] = model
+        return result
+    finally:
+        broker.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=2048)
+    parser.add_argument("--record-size", type=int, default=64 * 1024)
+    parser.add_argument("--storage", default="file", choices=["file", "memory"])
+    parser.add_argument("--idempotent", action="store_true")
+    parser.add_argument("--models", default="serial,pipelined")
+    parser.add_argument("--json", type=Path, help="write results here")
+    args = parser.parse_args()
+    results = [bench_model(model, args) for model in args.models.split(",")]
+    header = f"{'model':<10} {'MB/s':>8} {'rec/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu s':>6} {'rss MiB':>8} {'err':>4}"
+    print(header)
+    for r in results:
+        print(
+            f"{r['model']:<10} {r['mb_per_s']:>8.1f} {r['records_per_s']:>9.0f} {r['p50_ms']:>8.1f} "
+            f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f} {r['broker_cpu_s']:>6.1f} "
+            f"{r['broker_peak_rss_mib']:>8.0f} {r['errors'] + r['undelivered']:>4}"
+        )
+    by_model = {r["model"]: r for r in results}
+    summary: dict[str, Any] = {"results": results}
+    if "serial" in by_model and "pipelined" in by_model:
+        s, p = by_model["serial"], by_model["pipelined"]
+        summary["throughput_ratio"] = p["mb_per_s"] / s["mb_per_s"]
+        summary["p99_ratio"] = p["p99_ms"] / s["p99_ms"]
+        print(
+            f"pipelined/serial: throughput x{summary['throughput_ratio']:.2f}, "
+            f"p99 x{summary['p99_ratio']:.2f} (target: >= 2.0 and <= 0.2)"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    sys.exit(0 if all(r["errors"] == 0 and r["undelivered"] == 0 for r in results) else 1)
+
+
+if __name__ == "__main__":
+    main()
