@@ -85,10 +85,12 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     async def long_poll() -> Any:
         with trio.move_on_after(request.max_wait_ms / 1000):
             while True:
-                await ctx.broker.wait_for_append()
+                # Look before waiting: an append between the handler's read and this
+                # task's start would otherwise be a lost wake-up (a full max_wait).
                 response, total = read_partitions(ctx, request)
                 if total >= max(request.min_bytes, 1):
                     return response
+                await ctx.broker.wait_for_append()
         return read_partitions(ctx, request)[0]
 
     return Deferred(long_poll)
