@@ -1,0 +1,150 @@
+"""Executable specification of the partition log's rules, with checkable contracts.
+
+Pure functions over plain data, written in CrossHair's PEP 316 docstring style
+(``pre:`` / ``post:``), so they can be checked symbolically::
+
+    .venv/bin/crosshair check --analysis_kind=PEP316 spec/storage_model.py
+
+and are also exercised with Hypothesis by ``tests/unit/test_index.py``.
+
+A log here is a tuple of batches ``(base_offset, last_offset, size)``, oldest
+first, with contiguous offsets. The implementation (PartitionLog, MemoryLog) is
+held to these rules by the unit tests and the stateful machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from trio_broker.storage.index import floor_entry, offset_index_is_sane
+from trio_broker.storage.segment import segments_to_delete
+
+Batch = tuple[int, int, int]  # base_offset, last_offset, size
+
+
+def is_log(batches: Sequence[Batch]) -> bool:
+    """Well-formed: each batch non-empty, positive size, offsets contiguous."""
+    return all(b[0] <= b[1] and b[2] > 0 for b in batches) and all(
+        a[1] + 1 == b[0] for a, b in itertools.pairwise(batches)
+    )
+
+
+# ------------------------------------------------------------------ index lookup
+
+
+def index_lookup(keys: list[int], target: int) -> int:
+    """The sparse-index lookup: greatest entry at or before ``target``.
+
+    pre: all(keys[i] < keys[i + 1] for i in range(len(keys) - 1))
+    post: -1 <= __return__ < len(keys)
+    post: __return__ == -1 or keys[__return__] <= target
+    post: all(k > target for k in keys[__return__ + 1 :])
+    post: __return__ != -1 or all(k > target for k in keys)
+    """
+    return floor_entry(keys, target)
+
+
+def index_is_sane(entries: list[tuple[int, int]], segment_size: int, span: int) -> bool:
+    """An offset index accepted at open never points outside its segment.
+
+    post: (not __return__) or all(0 < p < segment_size and 0 < o < span for o, p in entries)
+    post: (not __return__) or all(a[0] < b[0] and a[1] < b[1] for a, b in zip(entries, entries[1:]))
+    """
+    return offset_index_is_sane(entries, segment_size, span)
+
+
+# ------------------------------------------------------------------ reads
+
+
+def read(
+    batches: list[Batch], start: int, max_bytes: int, max_offset: int, min_one: bool
+) -> list[int]:
+    """Indices of the batches a fetch returns (Kafka semantics, KIP-74).
+
+    pre: is_log(batches)
+    post: all(j == i + 1 for i, j in zip(__return__, __return__[1:]))
+    post: all(batches[i][1] >= start and batches[i][0] < max_offset for i in __return__)
+    post: len(__return__) <= 1 or sum(batches[i][2] for i in __return__) <= max_bytes
+    post: (not __return__) or all(b[1] < start for b in batches[: __return__[0]])
+    post: (not min_one) or __return__ or all(b[1] < start or b[0] >= max_offset for b in batches)
+    """
+    chosen: list[int] = []
+    budget = max_bytes
+    for i, (base, last, size) in enumerate(batches):
+        if last < start:
+            continue
+        if base >= max_offset:
+            break
+        if size > budget and not (min_one and not chosen):
+            break
+        chosen.append(i)
+        budget -= size
+    return chosen
+
+
+# ------------------------------------------------------------------ recovery
+
+
+def recover(batches: list[Batch], valid: list[bool], durable: int) -> int:
+    """How many batches survive a crash: the longest prefix of sound ones.
+
+    ``valid[i]`` says whether batch i reached the disk intact; the first
+    ``durable`` batches were fsynced, so they are intact whatever happened.
+
+    pre: is_log(batches) and len(valid) == len(batches) and 0 <= durable <= len(batches)
+    pre: all(valid[:durable])
+    post: durable <= __return__ <= len(batches)
+    post: all(valid[:__return__])
+    post: __return__ == len(batches) or not valid[__return__]
+    """
+    kept = 0
+    while kept < len(batches) and valid[kept]:
+        kept += 1
+    return kept
+
+
+def crash_image(written: bytes, synced: int, cut: int, flips: list[int]) -> bytes:
+    """What a file may hold after a crash: the synced prefix, then any damage.
+
+    pre: 0 <= synced <= cut <= len(written)
+    pre: all(synced <= f < cut for f in flips)
+    post: __return__[:synced] == written[:synced]
+    post: len(__return__) == cut
+    """
+    image = bytearray(written[:cut])
+    for f in flips:
+        image[f] ^= 0xFF
+    return bytes(image)
+
+
+# ------------------------------------------------------------------ retention
+
+
+def retention(
+    sizes: list[int],
+    next_offsets: list[int],
+    timestamps: list[int],
+    log_start_offset: int,
+    now_ms: int,
+    retention_ms: int,
+    retention_bytes: int,
+) -> int:
+    """Segments retention deletes: a prefix, never the active (last) segment.
+
+    ``retention_ms`` / ``retention_bytes`` < 0 mean unlimited here.
+
+    pre: len(sizes) == len(next_offsets) == len(timestamps) >= 1
+    pre: all(s >= 0 for s in sizes)
+    post: 0 <= __return__ < len(sizes)
+    post: all(next_offsets[i] <= log_start_offset or (retention_ms >= 0 and now_ms - timestamps[i] > retention_ms) or (retention_bytes >= 0 and sum(sizes[i + 1 :]) >= retention_bytes) for i in range(__return__))
+    """
+    return segments_to_delete(
+        sizes,
+        next_offsets,
+        timestamps,
+        log_start_offset=log_start_offset,
+        now_ms=now_ms,
+        retention_ms=retention_ms if retention_ms >= 0 else None,
+        retention_bytes=retention_bytes if retention_bytes >= 0 else None,
+    )

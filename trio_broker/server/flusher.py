@@ -1,0 +1,180 @@
+"""The flusher task: fsyncs dirty partition logs in a worker thread (group commit).
+
+Produce handlers append on the event loop, call :meth:`Flusher.mark_dirty`, and
+for acks=all ``await flusher.wait_durable(log, last_offset)``. The flusher loop
+syncs every log that is due in one ``trio.to_thread.run_sync`` call and then
+wakes the waiters it satisfied. There is no artificial delay: appends that
+arrive while an fsync runs are covered together by the next one, so the number
+of appends per fsync grows with load by itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import attrs
+import trio
+
+from trio_broker.storage.errors import StorageError
+from trio_broker.storage.group_commit import DurabilityTracker, FlushPolicy, FlushStatistics
+
+
+class FlushableLog(Protocol):
+    """What the flusher needs from PartitionLog / MemoryLog."""
+
+    @property
+    def durable_end_offset(self) -> int: ...
+    @property
+    def log_end_offset(self) -> int: ...
+    @property
+    def offline(self) -> bool: ...
+    def flush(self) -> int: ...
+
+
+@attrs.define(eq=False)
+class _Entry:
+    log: FlushableLog
+    tracker: DurabilityTracker[trio.Event]
+    #: set when a flush of this log failed; the log is offline from then on.
+    error: StorageError | None = None
+
+
+def _trio_clock_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+def _flush_all(logs: Sequence[FlushableLog]) -> list[int | BaseException]:
+    # Runs in a worker thread. One failing log must not hide the others' results.
+    results: list[int | BaseException] = []
+    for log in logs:
+        try:
+            results.append(log.flush())
+        except Exception as exc:
+            results.append(exc)
+    return results
+
+
+class Flusher:
+    """Run with ``await nursery.start(flusher.run)``; one per broker."""
+
+    def __init__(
+        self, policy: FlushPolicy | None = None, *, clock_ms: Callable[[], int] = _trio_clock_ms
+    ) -> None:
+        self.policy = policy or FlushPolicy()
+        self._clock_ms = clock_ms
+        self._entries: dict[int, _Entry] = {}
+        self._wakeup = trio.Event()
+        self._stopped: StorageError | None = None
+
+    def _entry(self, log: FlushableLog) -> _Entry:
+        entry = self._entries.get(id(log))
+        if entry is None:
+            entry = _Entry(log, DurabilityTracker(self.policy))
+            self._entries[id(log)] = entry
+        return entry
+
+    def mark_dirty(self, log: FlushableLog, messages: int = 1) -> None:
+        """Note an append to ``log`` (``messages`` records, for flush.messages)."""
+        self._entry(log).tracker.note_append(self._clock_ms(), messages)
+        self._wakeup.set()
+
+    async def wait_durable(self, log: FlushableLog, offset: int) -> None:
+        """Return once ``log.durable_end_offset > offset``; StorageError if a flush failed."""
+        if log.durable_end_offset > offset:
+            await trio.lowlevel.checkpoint()
+            return
+        if offset >= log.log_end_offset:
+            raise ValueError(f"offset {offset} has not been appended (end {log.log_end_offset})")
+        entry = self._entry(log)
+        self._raise_if_failed(entry)
+        event = trio.Event()
+        entry.tracker.add_waiter(offset, event)
+        self._wakeup.set()
+        try:
+            await event.wait()
+        except BaseException:
+            entry.tracker.discard_waiter(event)
+            raise
+        if log.durable_end_offset > offset:
+            return
+        self._raise_if_failed(entry)
+        raise StorageError("flusher released a waiter that is not durable")  # pragma: no cover
+
+    def _raise_if_failed(self, entry: _Entry) -> None:
+        if entry.error is not None:
+            raise entry.error
+        if entry.log.offline:
+            raise StorageError("log is offline after a disk error")
+        if self._stopped is not None:
+            raise self._stopped
+
+    def forget(self, log: FlushableLog) -> None:
+        """Stop tracking ``log`` (closed or deleted); its waiters get StorageError."""
+        entry = self._entries.pop(id(log), None)
+        if entry is not None:
+            entry.error = entry.error or StorageError("log was closed")
+            for event in entry.tracker.fail():
+                event.set()
+
+    def statistics(self, log: FlushableLog | None = None) -> FlushStatistics:
+        if log is not None:
+            return self._entry(log).tracker.statistics()
+        return FlushStatistics.combine([e.tracker.statistics() for e in self._entries.values()])
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._stopped = None
+        task_status.started()
+        try:
+            while True:
+                # A fresh event before looking for work, so a mark_dirty that
+                # lands after the look still wakes the wait below.
+                self._wakeup = trio.Event()
+                now = self._clock_ms()
+                due = [e for e in self._entries.values() if e.tracker.needs_flush(now)]
+                if due:
+                    # Shielded: the thread can't be interrupted anyway, and the
+                    # waiters of a flush that ran must hear about it.
+                    with trio.CancelScope(shield=True):
+                        await self._flush(due)
+                    continue
+                deadlines = [
+                    d for e in self._entries.values() if (d := e.tracker.deadline_ms()) is not None
+                ]
+                wake_at = (
+                    trio.current_time() + max(0, min(deadlines) - now) / 1000
+                    if deadlines
+                    else math.inf
+                )
+                with trio.move_on_at(wake_at):
+                    await self._wakeup.wait()
+        finally:
+            self._stopped = StorageError("flusher stopped")
+            for entry in self._entries.values():
+                for event in entry.tracker.fail():
+                    event.set()
+
+    async def flush_all(self) -> None:
+        """Sync every dirty log now (shutdown, tests), independent of the run loop."""
+        due = [e for e in self._entries.values() if e.tracker.dirty or e.tracker.waiters]
+        if due:
+            with trio.CancelScope(shield=True):
+                await self._flush(due)
+
+    async def _flush(self, due: list[_Entry]) -> None:
+        covered = [e.tracker.begin_flush() for e in due]
+        results = await trio.to_thread.run_sync(_flush_all, [e.log for e in due])
+        for entry, count, result in zip(due, covered, results, strict=True):
+            if isinstance(result, BaseException):
+                error = (
+                    result
+                    if isinstance(result, StorageError)
+                    else StorageError(f"flush failed: {result!r}")
+                )
+                entry.error = error
+                released = entry.tracker.fail()
+            else:
+                released = entry.tracker.end_flush(result, count)
+            for event in released:
+                event.set()

@@ -1,0 +1,61 @@
+"""The storage layer's exception family.
+
+Each class names the Kafka error code a handler should answer with, so the
+mapping from a storage failure to the wire lives in one place.
+"""
+
+from __future__ import annotations
+
+from trio_broker.protocol.error_codes import ErrorCode
+
+
+class LogError(Exception):
+    """Base class of every error the storage layer raises on purpose."""
+
+    error_code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+class StorageError(LogError):
+    """The disk failed (ENOSPC, EIO, ...) or the partition is offline because it did.
+
+    Once raised for a partition, that partition stays offline until it is reopened:
+    after a failed write or fsync we can no longer tell what reached the disk.
+    """
+
+    error_code = ErrorCode.KAFKA_STORAGE_ERROR
+
+
+class OffsetOutOfRange(LogError):
+    """A fetch or DeleteRecords offset outside [log start offset, log end offset]."""
+
+    error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+    def __init__(self, offset: int, log_start_offset: int, log_end_offset: int) -> None:
+        super().__init__(f"offset {offset} is outside [{log_start_offset}, {log_end_offset}]")
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+class InvalidTopicError(LogError):
+    """A topic name that Kafka would refuse (and that must not become a directory name)."""
+
+    error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
+
+
+class TopicExistsError(LogError):
+    """CreateTopics for a name the catalogue already holds."""
+
+    error_code = ErrorCode.TOPIC_ALREADY_EXISTS
+
+
+class UnknownTopicError(LogError):
+    """A topic the catalogue does not hold."""
+
+    error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+class InvalidPartitionsError(LogError):
+    """A partition count below 1, or a CreatePartitions that would shrink a topic."""
+
+    error_code = ErrorCode.INVALID_PARTITIONS

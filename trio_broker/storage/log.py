@@ -1,0 +1,914 @@
+"""A partition's log: a directory of segments, appended with one write per batch.
+
+Layout of ``<data_dir>/<topic>-<partition>/``::
+
+    00000000000000000000.log         whole record batches, exactly as appended
+    00000000000000000000.index       sparse offset -> position index
+    00000000000000000000.timeindex   sparse timestamp -> offset index
+    00000000000000041230.log ...     the next segment, named by its base offset
+    log-start-offset.checkpoint      the log start offset (DeleteRecords, retention)
+    recovery-point.checkpoint        segments below this base offset are fully fsynced
+    .clean-shutdown                  present only between a clean close and the next open
+
+Threads: ``append``/``read`` belong to one thread (the event loop). ``flush`` runs
+in a worker thread while appends continue: it snapshots the end offset *before*
+syncing and only declares that much durable. ``apply_retention`` and
+``delete_records`` may run in either; structural changes (the segment list, the
+log start offset) happen under a short lock, and files retention removes keep
+their descriptors open for ``file_delete_delay_ms`` so an in-flight sendfile or
+fsync never hits a closed or recycled descriptor.
+
+This module never imports trio; it blocks only in plain ``os`` calls.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import attrs
+
+from trio_broker.storage import _batch
+from trio_broker.storage.errors import OffsetOutOfRange, StorageError
+from trio_broker.storage.index import (
+    INDEX_ENTRY_MIN_BYTES,
+    OffsetIndex,
+    SegmentIndexer,
+    TimeIndex,
+    quick_check,
+)
+from trio_broker.storage.recovery import scan_segment
+from trio_broker.storage.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIMEINDEX_SUFFIX,
+    Segment,
+    atomic_write,
+    fsync_dir,
+    iter_batches,
+    iter_headers,
+    parse_segment_name,
+    pread_exact,
+    segments_to_delete,
+)
+
+LOG_START_CHECKPOINT = "log-start-offset.checkpoint"
+RECOVERY_POINT_CHECKPOINT = "recovery-point.checkpoint"
+CLEAN_SHUTDOWN_MARKER = ".clean-shutdown"
+
+_WEEK_MS = 7 * 24 * 3600 * 1000
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _infinite_as_none(value: int | None) -> int | None:
+    # Kafka spells "no limit" as -1; we spell it None.
+    return None if value is None or value < 0 else value
+
+
+def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value}")
+
+
+def _segment_bytes(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    # Positions in the offset index are uint32 and a segment may exceed
+    # segment_bytes by one batch, so cap it where Kafka does (Int.MaxValue).
+    if not 0 < value <= 0x7FFFFFFF:
+        raise ValueError(f"segment_bytes must be in 1..2**31-1, got {value}")
+
+
+@attrs.frozen
+class LogConfig:
+    """Per-partition log settings (Kafka's topic-level names in the comments)."""
+
+    segment_bytes: int = attrs.field(default=1 << 30, validator=_segment_bytes)  # segment.bytes
+    segment_ms: int = attrs.field(default=_WEEK_MS, validator=_positive)  # segment.ms
+    index_interval_bytes: int = attrs.field(default=4096)  # index.interval.bytes
+    retention_ms: int | None = attrs.field(  # retention.ms
+        default=_WEEK_MS, converter=_infinite_as_none
+    )
+    retention_bytes: int | None = attrs.field(default=None, converter=_infinite_as_none)
+    file_delete_delay_ms: int = 60_000  # file.delete.delay.ms
+
+    @property
+    def max_index_entries(self) -> int:
+        """Entries a full segment can need: one per interval, at least a header apart."""
+        return self.segment_bytes // max(self.index_interval_bytes, INDEX_ENTRY_MIN_BYTES) + 1
+
+    @classmethod
+    def from_topic_configs(
+        cls, configs: Mapping[str, str], defaults: LogConfig | None = None
+    ) -> LogConfig:
+        """Overlay Kafka topic configs (string values, as CreateTopics carries them)."""
+        base = defaults or cls()
+        names = {
+            "segment.bytes": "segment_bytes",
+            "segment.ms": "segment_ms",
+            "index.interval.bytes": "index_interval_bytes",
+            "retention.ms": "retention_ms",
+            "retention.bytes": "retention_bytes",
+            "file.delete.delay.ms": "file_delete_delay_ms",
+        }
+        changes = {field: int(configs[key]) for key, field in names.items() if key in configs}
+        return attrs.evolve(base, **changes)
+
+
+def check_append_buffer(batch: bytearray | memoryview) -> tuple[memoryview, int, int]:
+    """(byte view, size, lastOffsetDelta) of a buffer ``append`` may store, else raise.
+
+    Only what storage itself relies on is checked: the header must describe
+    exactly this buffer. CRCs and record counts are the produce handler's job.
+    """
+    view = memoryview(batch)
+    if view.readonly:
+        raise TypeError("append rewrites baseOffset in place: pass a writable buffer")
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    size = len(view)
+    if size < _batch.HEADER_SIZE:
+        raise ValueError(f"{size} bytes is shorter than a batch header")
+    _, declared = _batch.base_offset_and_size(view)
+    if declared != size:
+        raise ValueError(f"batchLength says {declared} bytes but the buffer holds {size}")
+    if _batch.magic(view) != _batch.MAGIC_V2:
+        raise ValueError("only magic 2 batches can be stored")
+    delta = _batch.last_offset_delta(view)
+    if delta < 0:
+        raise ValueError(f"negative lastOffsetDelta {delta}")
+    return view, size, delta
+
+
+@attrs.frozen
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    #: the broker time stamped on the batch, -1 when it kept CreateTime.
+    log_append_time: int
+    #: where the batch starts in its segment file.
+    position: int
+    size: int
+
+
+@attrs.frozen
+class FileRegion:
+    """A byte range of a segment file for ``os.sendfile``."""
+
+    fd: int
+    position: int
+    length: int
+
+    def read_bytes(self) -> bytes:
+        return pread_exact(self.fd, self.length, self.position)
+
+
+@attrs.frozen
+class RecoveryReport:
+    """What ``open`` found; kept on the log for logs, metrics and tests."""
+
+    clean: bool
+    segments_scanned: int = 0
+    bytes_truncated: int = 0
+    segments_dropped: int = 0
+    stop_reason: str | None = None
+
+
+class PartitionLog:
+    """The on-disk log of one partition. Create with :meth:`open`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        now_ms: Callable[[], int],
+        segments: list[Segment],
+        log_start_offset: int,
+        recovery: RecoveryReport,
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self._now_ms = now_ms
+        #: oldest first; the last one is active. Replaced wholesale under _lock.
+        self._segments = segments
+        self.log_start_offset = log_start_offset
+        #: next offset to assign.
+        self.log_end_offset = segments[-1].next_offset
+        #: every offset below this is on stable storage.
+        self.durable_end_offset = self.log_end_offset
+        self.offline = False
+        self.recovery = recovery
+        self._closed = False
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._checkpoint_lock = threading.Lock()
+        self._recovery_point = segments[-1].base_offset
+        self._persisted_log_start = log_start_offset
+        #: (close-after-ms, segment) for segments retention removed.
+        self._retired: list[tuple[int, Segment]] = []
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        config: LogConfig | None = None,
+        *,
+        now_ms: Callable[[], int] = wall_clock_ms,
+    ) -> PartitionLog:
+        """Open (recovering if needed) or create the log in ``directory``."""
+        config = config or LogConfig()
+        directory = Path(directory)
+        try:
+            if not directory.is_dir():
+                directory.mkdir(parents=True)
+                fsync_dir(directory.parent)
+            return _Loader(directory, config, now_ms).load()
+        except OSError as exc:
+            raise StorageError(f"cannot open log {directory}: {exc}") from exc
+
+    # ------------------------------------------------------------------ appends
+
+    def append(
+        self, batch: bytearray | memoryview, *, now_ms: int, log_append_time: bool = False
+    ) -> AppendResult:
+        """Assign offsets to ``batch`` (rewriting its baseOffset in place) and write it.
+
+        One ``os.write`` of the caller's buffer, no copy. Not durable until a
+        ``flush`` returns a ``durable_end_offset`` beyond ``last_offset``.
+        """
+        self._check_writable()
+        view, size, delta = check_append_buffer(batch)
+        base = self.log_end_offset
+        last = base + delta
+        segment = self._segments[-1]
+        config = self.config
+        if segment.is_full(size, last, config.segment_bytes, config.max_index_entries) or (
+            segment.size > 0
+            and segment.first_batch_timestamp is not None
+            and now_ms - segment.first_batch_timestamp > config.segment_ms
+        ):
+            segment = self._roll(now_ms)
+        _batch.set_base_offset(view, base)
+        if log_append_time:
+            _batch.set_log_append_time(view, now_ms)
+        try:
+            position = segment.append(view, base, last, _batch.max_timestamp(view), now_ms)
+        except OSError as exc:
+            raise self._go_offline("append", exc) from exc
+        self.log_end_offset = last + 1
+        return AppendResult(base, last, now_ms if log_append_time else -1, position, size)
+
+    def _roll(self, now_ms: int) -> Segment:
+        old = self._segments[-1]
+        old.seal()
+        try:
+            new = Segment.create(
+                self.directory, self.log_end_offset, self.config.index_interval_bytes, now_ms
+            )
+        except OSError as exc:
+            raise self._go_offline("roll", exc) from exc
+        with self._lock:
+            self._segments = [*self._segments, new]
+        return new
+
+    def roll(self, now_ms: int | None = None) -> None:
+        """Start a new segment now (if the active one holds anything)."""
+        self._check_writable()
+        if self._segments[-1].size > 0:
+            self._roll(self._now_ms() if now_ms is None else now_ms)
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StorageError(f"log {self.directory} is closed")
+        if self.offline:
+            raise StorageError(f"log {self.directory} is offline after a disk error")
+
+    def _go_offline(self, what: str, exc: OSError) -> StorageError:
+        self.offline = True
+        return StorageError(f"{what} failed in {self.directory}: {exc}")
+
+    # ------------------------------------------------------------------ reads
+
+    def read(
+        self, start_offset: int, max_bytes: int, max_offset: int, *, min_one: bool = True
+    ) -> list[FileRegion]:
+        """File regions holding whole batches from the one containing ``start_offset``.
+
+        Batches with base offset >= ``max_offset`` (the high watermark) are left
+        out, and the total stays within ``max_bytes`` except that with
+        ``min_one`` the first batch is returned whatever its size (KIP-74).
+        The first batch may start before ``start_offset``; clients skip those records.
+        """
+        log_start, log_end = self.log_start_offset, self.log_end_offset
+        if not log_start <= start_offset <= log_end:
+            raise OffsetOutOfRange(start_offset, log_start, log_end)
+        limit = min(max_offset, log_end)
+        if start_offset >= limit:
+            return []
+        segments = self._segments
+        first = max(0, bisect.bisect_right(segments, start_offset, key=_base_of) - 1)
+        regions: list[FileRegion] = []
+        budget = max_bytes
+        taken = False
+        for segment in segments[first:]:
+            if segment.base_offset >= limit:
+                break
+            seg_end = segment.size
+            if not taken:
+                info = segment.position_of(start_offset)
+                if info is None:
+                    continue  # start is past this segment's batches
+                if info.base_offset >= limit or (info.size > budget and not min_one):
+                    break
+                start = info.position
+                end = start + info.size
+                budget -= info.size
+                taken = True
+            else:
+                start = end = 0
+            # Jump through the index over batches known to satisfy both bounds.
+            if limit < segment.next_offset:
+                offset_bound = segment.boundary_for_offset(limit)
+            else:
+                offset_bound = seg_end
+            if budget > 0:
+                jump = min(segment.boundary_at_or_before(end + budget, end), offset_bound)
+                if jump > end:
+                    budget -= jump - end
+                    end = jump
+            stopped = False
+            for info in iter_batches(segment.fd, end, seg_end):
+                if info.base_offset >= limit or info.size > budget:
+                    stopped = True
+                    break
+                budget -= info.size
+                end += info.size
+            if end > start:
+                regions.append(FileRegion(segment.fd, start, end - start))
+            if stopped or end < seg_end:
+                break
+        return regions
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, maxTimestamp) of the first batch whose maxTimestamp >= ``timestamp_ms``.
+
+        Batch granularity: the offset is the batch's base offset (or the log start
+        offset if that is later); a caller wanting the exact record decodes it.
+        """
+        log_start = self.log_start_offset
+        for segment in self._segments:
+            if segment.next_offset <= log_start or segment.max_timestamp < timestamp_ms:
+                continue
+            rel = segment.time_index.lookup_before(timestamp_ms)
+            info = segment.position_of(max(segment.base_offset + rel, log_start))
+            if info is None:
+                continue
+            for batch in iter_batches(segment.fd, info.position, segment.size):
+                if batch.max_timestamp >= timestamp_ms and batch.last_offset >= log_start:
+                    return max(batch.base_offset, log_start), batch.max_timestamp
+        return None
+
+    def iter_batch_headers(
+        self, from_offset: int | None = None
+    ) -> Iterator[tuple[int, memoryview]]:
+        """(base offset, 61-byte header) of each batch from the one holding ``from_offset``.
+
+        Reads only headers (a few KiB per pread), for rebuilding producer state.
+        """
+        start = self.log_start_offset if from_offset is None else from_offset
+        segments = self._segments
+        first = max(0, bisect.bisect_right(segments, start, key=_base_of) - 1)
+        for segment in segments[first:]:
+            info = segment.position_of(start)
+            if info is None:
+                continue
+            for _, header in iter_headers(segment.fd, info.position, segment.size):
+                yield _batch.base_offset_and_size(header)[0], header
+            start = segment.next_offset
+
+    def last_batches(self, n: int) -> list[tuple[int, bytes]]:
+        """(base offset, header) of the last ``n`` batches, oldest first.
+
+        Walks backwards one index interval at a time, so the cost is about
+        ``n`` headers, not the segment.
+        """
+        found: list[tuple[int, bytes]] = []
+        log_start = self.log_start_offset
+        for segment in reversed(self._segments):
+            if len(found) >= n or segment.next_offset <= log_start:
+                break
+            stop = segment.size
+            for start in reversed([0, *segment.offset_index.positions()]):
+                if len(found) >= n:
+                    break
+                if start >= stop:
+                    continue
+                found[:0] = [
+                    (_batch.base_offset_and_size(h)[0], bytes(h))
+                    for _, h in iter_headers(segment.fd, start, stop)
+                ]
+                stop = start
+        kept = [b for b in found if b[0] + _batch.last_offset_delta(b[1]) >= log_start]
+        return kept[-n:] if n > 0 else []
+
+    # ------------------------------------------------------------------ durability
+
+    def flush(self) -> int:
+        """fsync everything written so far; returns the new ``durable_end_offset``.
+
+        Blocking: run it in a worker thread. Appends may continue meanwhile; they
+        are covered by the next flush.
+        """
+        with self._flush_lock:
+            if self._closed:
+                return self.durable_end_offset
+            if self.offline:
+                raise StorageError(f"log {self.directory} is offline after a disk error")
+            # Snapshot the end first: every byte of offsets below it is already written.
+            end = self.log_end_offset
+            segments = self._segments
+            try:
+                self._sync_segments(segments)
+            except OSError as exc:
+                # After a failed fsync the kernel may have dropped the dirty pages:
+                # nothing past the durable end can be trusted any more.
+                raise self._go_offline("fsync", exc) from exc
+            if end > self.durable_end_offset:
+                self.durable_end_offset = end
+            return self.durable_end_offset
+
+    def _sync_segments(self, segments: list[Segment]) -> None:
+        dir_dirty = False
+        newly_sealed: list[Segment] = []
+        for segment in segments:
+            if segment.fully_synced or segment.deleted:
+                continue
+            sealed = segment.sealed  # read before syncing: then every write is in
+            size = segment.size
+            if size > segment.synced_size:
+                segment.sync_data()
+                segment.synced_size = size
+            if sealed:
+                segment.write_index_files(sync=True)
+                newly_sealed.append(segment)
+                dir_dirty = True
+            if not segment.dir_synced:
+                dir_dirty = True
+        if dir_dirty:
+            fsync_dir(self.directory)
+            for segment in segments:
+                segment.dir_synced = True
+            for segment in newly_sealed:
+                segment.fully_synced = True
+        point = next((s.base_offset for s in segments if not s.fully_synced), None)
+        if point is not None and point > self._recovery_point:
+            with self._checkpoint_lock:
+                if point > self._recovery_point:
+                    atomic_write(self.directory / RECOVERY_POINT_CHECKPOINT, b"%d\n" % point)
+                    self._recovery_point = point
+
+    def durable_state(self) -> dict[str, int]:
+        """File name -> bytes of it known to be on stable storage.
+
+        For crash simulation: a file missing here may vanish in a crash (its
+        directory entry is not durable yet); bytes past the given length may be
+        lost or garbled.
+        """
+        state: dict[str, int] = {}
+        for segment in self._segments:
+            if not segment.dir_synced:
+                continue
+            state[segment.name + LOG_SUFFIX] = segment.synced_size
+            for path in (segment.index_path, segment.timeindex_path):
+                with contextlib.suppress(FileNotFoundError):
+                    state[path.name] = path.stat().st_size if segment.fully_synced else 0
+        for name in (LOG_START_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, CLEAN_SHUTDOWN_MARKER):
+            with contextlib.suppress(FileNotFoundError):
+                state[name] = (self.directory / name).stat().st_size
+        return state
+
+    # ------------------------------------------------------------------ retention
+
+    def apply_retention(self, now_ms: int) -> int:
+        """Delete whole old segments by retention.ms / retention.bytes / log start offset.
+
+        Never deletes the active segment. Returns how many segments went.
+        """
+        self._close_retired(now_ms)
+        if self._closed:
+            return 0
+        with self._lock:
+            segments = self._segments
+            count = segments_to_delete(
+                [s.size for s in segments],
+                [s.next_offset for s in segments],
+                [s.retention_timestamp() for s in segments],
+                log_start_offset=self.log_start_offset,
+                now_ms=now_ms,
+                retention_ms=self.config.retention_ms,
+                retention_bytes=self.config.retention_bytes,
+            )
+            if count == 0:
+                return 0
+            doomed = segments[:count]
+            self._segments = segments[count:]
+            self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)
+            self._retired.extend((now_ms + self.config.file_delete_delay_ms, s) for s in doomed)
+        # The checkpoint goes first: a crash between the two steps then leaves
+        # only segments below the log start offset, which the next pass removes.
+        self._persist_log_start()
+        for segment in doomed:
+            try:
+                segment.unlink()
+            except OSError as exc:
+                raise self._go_offline("delete segment", exc) from exc
+        return count
+
+    def delete_records(self, before_offset: int) -> int:
+        """Advance the log start offset (DeleteRecords); returns the new log start offset.
+
+        Persists the offset before returning. Segments wholly below it go at the
+        next ``apply_retention``.
+        """
+        if self._closed:
+            raise StorageError(f"log {self.directory} is closed")
+        with self._lock:
+            if not 0 <= before_offset <= self.log_end_offset:
+                raise OffsetOutOfRange(before_offset, self.log_start_offset, self.log_end_offset)
+            if before_offset <= self.log_start_offset:
+                return self.log_start_offset
+            self.log_start_offset = before_offset
+        self._persist_log_start()
+        return self.log_start_offset
+
+    def _persist_log_start(self) -> None:
+        with self._checkpoint_lock:
+            value = self.log_start_offset
+            if value == self._persisted_log_start:
+                return
+            try:
+                atomic_write(self.directory / LOG_START_CHECKPOINT, b"%d\n" % value)
+            except OSError as exc:
+                raise self._go_offline("log start checkpoint", exc) from exc
+            self._persisted_log_start = value
+
+    def _close_retired(self, now_ms: int | None) -> None:
+        with self._lock:
+            keep: list[tuple[int, Segment]] = []
+            done: list[tuple[int, Segment]] = []
+            for deadline, segment in self._retired:
+                (done if now_ms is None or deadline <= now_ms else keep).append((deadline, segment))
+            self._retired = keep
+        for _, segment in done:
+            with contextlib.suppress(OSError):
+                segment.close()
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        """Flush, write the indexes and the clean-shutdown marker, release files."""
+        if self._closed:
+            return
+        try:
+            if not self.offline:
+                self.flush()
+                active = self._segments[-1]
+                try:
+                    active.indexer.checkpoint()
+                    active.write_index_files(sync=True)
+                    self._persist_log_start()
+                    marker = {
+                        "log_end_offset": self.log_end_offset,
+                        "active_segment": active.base_offset,
+                        "active_size": active.size,
+                    }
+                    atomic_write(
+                        self.directory / CLEAN_SHUTDOWN_MARKER, json.dumps(marker).encode()
+                    )
+                except OSError as exc:
+                    raise self._go_offline("close", exc) from exc
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Release every file without flushing or marking a clean shutdown.
+
+        The next ``open`` then recovers, exactly as after a crash.
+        """
+        self._closed = True
+        self._close_retired(None)
+        for segment in self._segments:
+            with contextlib.suppress(OSError):
+                segment.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    def segment_base_offsets(self) -> list[int]:
+        return [s.base_offset for s in self._segments]
+
+    def __repr__(self) -> str:
+        return (
+            f"<PartitionLog {self.directory} [{self.log_start_offset}, {self.log_end_offset})"
+            f" durable<{self.durable_end_offset} segments={len(self._segments)}>"
+        )
+
+
+def _base_of(segment: Segment) -> int:
+    return segment.base_offset
+
+
+# ---------------------------------------------------------------------- loading
+
+
+class _Loader:
+    """Builds a PartitionLog from a directory: the clean path or crash recovery."""
+
+    def __init__(self, directory: Path, config: LogConfig, now_ms: Callable[[], int]) -> None:
+        self.directory = directory
+        self.config = config
+        self.now_ms = now_ms
+        self.dir_dirty = False
+
+    def load(self) -> PartitionLog:
+        d = self.directory
+        names = {p.name for p in d.iterdir()}
+        for name in names:
+            if name.endswith(".tmp"):  # an atomic write that never got renamed
+                os.unlink(d / name)
+                self.dir_dirty = True
+        bases = sorted(b for n in names if (b := parse_segment_name(n)) is not None)
+        stems = {f"{b:020d}" for b in bases}
+        for name in names:
+            stem, _, suffix = name.partition(".")
+            if "." + suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX) and stem not in stems:
+                os.unlink(d / name)  # indexes of a segment that is gone
+                self.dir_dirty = True
+        log_start = _read_int(d / LOG_START_CHECKPOINT)
+        recovery_point = _read_int(d / RECOVERY_POINT_CHECKPOINT)
+        marker = _read_marker(d / CLEAN_SHUTDOWN_MARKER)
+        if CLEAN_SHUTDOWN_MARKER in names:
+            # Gone (durably) before anything can be appended: a stale marker
+            # after a later crash would skip a scan that is needed.
+            os.unlink(d / CLEAN_SHUTDOWN_MARKER)
+            self.dir_dirty = True
+
+        segments: list[Segment] | None = None
+        report = RecoveryReport(clean=True)
+        if marker is not None and bases and marker.get("active_segment") == bases[-1]:
+            segments = self._load_clean(bases, marker)
+        if segments is None:
+            segments, report = self._recover(bases, recovery_point)
+
+        start = max(log_start or 0, segments[0].base_offset)
+        end = segments[-1].next_offset
+        if start > end:
+            # DeleteRecords moved the start past data a crash then lost: every
+            # offset below the start is gone anyway, so begin empty at it.
+            for segment in segments:
+                segment.unlink()
+                segment.close()
+            segments = [self._new_segment(start)]
+            report = attrs.evolve(report, segments_dropped=report.segments_dropped + 1)
+        if self.dir_dirty:
+            fsync_dir(d)
+        for segment in segments:
+            segment.dir_synced = True
+        log = PartitionLog(d, self.config, self.now_ms, segments, start, report)
+        log._persisted_log_start = log_start if log_start is not None else -1
+        log._recovery_point = recovery_point if recovery_point is not None else -1
+        log._persist_log_start()
+        if not report.clean or recovery_point is None:
+            log._sync_segments(segments)  # writes the recovery point
+        return log
+
+    def _new_segment(self, base: int) -> Segment:
+        segment = Segment.create(
+            self.directory, base, self.config.index_interval_bytes, self.now_ms()
+        )
+        segment.synced_size = 0
+        os.fdatasync(segment.fd)
+        self.dir_dirty = True
+        return segment
+
+    # -- clean path: trust everything the marker vouches for
+    def _load_clean(self, bases: list[int], marker: dict[str, int]) -> list[Segment] | None:
+        segments: list[Segment] = []
+        try:
+            for i, base in enumerate(bases):
+                last = i == len(bases) - 1
+                next_base = marker["log_end_offset"] if last else bases[i + 1]
+                segment = self._load_trusted(base, next_base, active=last)
+                if segment is None:
+                    raise _Untrusted
+                segments.append(segment)
+            if segments[-1].size != marker.get("active_size"):
+                raise _Untrusted
+        except (_Untrusted, KeyError, TypeError):
+            for segment in segments:
+                segment.close()
+            return None
+        return segments
+
+    def _load_trusted(self, base: int, next_base: int, *, active: bool) -> Segment | None:
+        """A segment whose files were fully synced: read its indexes, don't scan.
+
+        None when the index files fail the sanity check (the caller scans then).
+        """
+        fd = Segment.open_file(self.directory, base)
+        try:
+            stat = os.fstat(fd)
+            size = stat.st_size
+            offset_index, time_index = self._load_indexes(base, active=active)
+            if (
+                offset_index is None
+                or time_index is None
+                or not quick_check(offset_index, time_index, size, next_base - base)
+            ):
+                raise _Untrusted
+        except (_Untrusted, OSError):
+            os.close(fd)
+            return None
+        indexer = SegmentIndexer.resume(
+            self.config.index_interval_bytes, offset_index, time_index, size
+        )
+        mtime = stat.st_mtime_ns // 1_000_000
+        first_ts = _first_batch_timestamp(fd, size, mtime) if active else None
+        segment = Segment(
+            self.directory,
+            base,
+            fd,
+            size=size,
+            next_offset=next_base,
+            indexer=indexer,
+            first_batch_timestamp=first_ts,
+        )
+        segment.last_modified_ms = mtime
+        segment.synced_size = size
+        if not active:
+            segment.sealed = True
+            segment.fully_synced = True
+            indexer.offset_index.freeze()
+            indexer.time_index.freeze()
+        return segment
+
+    def _load_indexes(
+        self, base: int, *, active: bool
+    ) -> tuple[OffsetIndex | None, TimeIndex | None]:
+        stem = self.directory / f"{base:020d}"
+        loaded: list[OffsetIndex | TimeIndex | None] = []
+        for suffix, cls in ((INDEX_SUFFIX, OffsetIndex), (TIMEINDEX_SUFFIX, TimeIndex)):
+            try:
+                fd = os.open(stem.with_suffix(suffix), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                loaded.append(None)
+                continue
+            try:
+                index = cls.load(fd, mutable=active)
+            finally:
+                os.close(fd)
+            loaded.append(index)  # type: ignore[arg-type]
+        offset_index, time_index = loaded
+        assert offset_index is None or isinstance(offset_index, OffsetIndex)
+        assert time_index is None or isinstance(time_index, TimeIndex)
+        return offset_index, time_index
+
+    # -- crash path
+    def _recover(
+        self, bases: list[int], recovery_point: int | None
+    ) -> tuple[list[Segment], RecoveryReport]:
+        segments: list[Segment] = []
+        scanned = truncated = dropped = 0
+        reason: str | None = None
+        expected: int | None = None
+        for i, base in enumerate(bases):
+            last = i == len(bases) - 1
+            if reason is not None or (expected is not None and base != expected):
+                # Everything after the first bad batch (or an offset gap) goes:
+                # keeping it would leave a hole in the offsets.
+                reason = reason or f"segment {base} does not continue at {expected}"
+                self._drop(base)
+                dropped += 1
+                continue
+            segment: Segment | None = None
+            if recovery_point is not None and base < recovery_point and not last:
+                segment = self._load_trusted(base, bases[i + 1], active=False)
+            if segment is None:
+                segment, cut, reason = self._scan(base)
+                scanned += 1
+                truncated += cut
+            segments.append(segment)
+            expected = segment.next_offset
+        # A crash can leave the newest segment files empty (created, nothing
+        # durable written); drop them so the log continues in the previous one.
+        while len(segments) > 1 and segments[-1].size == 0:
+            empty = segments.pop()
+            empty.unlink()
+            empty.close()
+            self.dir_dirty = True
+            dropped += 1
+        if not segments:
+            segments = [self._new_segment(0)]
+        active = segments[-1]
+        if active.sealed:
+            # It was trusted as sealed but is now the newest: reopen it for appends.
+            active.sealed = active.fully_synced = False
+            offset_index = OffsetIndex(bytearray(active.offset_index.raw()))
+            time_index = TimeIndex(bytearray(active.time_index.raw()))
+            active.offset_index.close()
+            active.time_index.close()
+            active.indexer = SegmentIndexer.resume(
+                self.config.index_interval_bytes, offset_index, time_index, active.size
+            )
+            active.first_batch_timestamp = _first_batch_timestamp(
+                active.fd, active.size, active.last_modified_ms
+            )
+        for segment in segments[:-1]:
+            if not segment.sealed:
+                segment.seal()  # the flush below writes and syncs its rebuilt indexes
+        return segments, RecoveryReport(
+            clean=False,
+            segments_scanned=scanned,
+            bytes_truncated=truncated,
+            segments_dropped=dropped,
+            stop_reason=reason,
+        )
+
+    def _scan(self, base: int) -> tuple[Segment, int, str | None]:
+        fd = Segment.open_file(self.directory, base)
+        stat = os.fstat(fd)
+        indexer = SegmentIndexer(self.config.index_interval_bytes)
+        result = scan_segment(fd, stat.st_size, base, indexer)
+        cut = stat.st_size - result.valid_size
+        if cut:
+            os.ftruncate(fd, result.valid_size)
+        first_ts = result.first_batch_timestamp
+        mtime = stat.st_mtime_ns // 1_000_000
+        segment = Segment(
+            self.directory,
+            base,
+            fd,
+            size=result.valid_size,
+            next_offset=result.next_offset,
+            indexer=indexer,
+            first_batch_timestamp=(first_ts if first_ts is None or first_ts >= 0 else mtime),
+        )
+        segment.last_modified_ms = mtime
+        return segment, cut, result.stop_reason
+
+    def _drop(self, base: int) -> None:
+        stem = self.directory / f"{base:020d}"
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stem.with_suffix(suffix))
+        self.dir_dirty = True
+
+
+class _Untrusted(Exception):
+    pass
+
+
+def _first_batch_timestamp(fd: int, size: int, mtime_ms: int) -> int | None:
+    """segment.ms counts from the first batch's maxTimestamp (the mtime without one)."""
+    if size < _batch.HEADER_SIZE:
+        return None
+    ts = _batch.max_timestamp(pread_exact(fd, _batch.HEADER_SIZE, 0))
+    return ts if ts >= 0 else mtime_ms
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        value = int(text.strip())
+    except ValueError:
+        return None  # a damaged checkpoint is treated as absent: recovery is safe
+    return value if value >= 0 else None
+
+
+def _read_marker(path: Path) -> dict[str, int] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    if not isinstance(data, dict) or not all(isinstance(v, int) for v in data.values()):
+        return None
+    return data
