@@ -8,7 +8,7 @@ import importlib
 MODULES = [
     "api_versions", "metadata", "produce", "fetch", "list_offsets", "create_topics",
     "delete_topics", "describe_configs", "describe_cluster", "offset_for_leader_epoch",
-    "init_producer_id", "find_coordinator", "groups", "offsets",
+    "delete_records", "init_producer_id", "find_coordinator", "groups", "offsets",
 ]  # fmt: skip
 
 

@@ -1,0 +1,159 @@
+"""CreateTopics: validate each topic as Kafka does on one node, then create it (or not).
+
+Each topic is judged on its own: one bad topic does not fail the others. The
+checks run in Kafka's order (duplicate in the request, name, existence,
+partitions and replication, configs), so clients see the same first error.
+``validate_only`` runs every check and creates nothing. There is no
+controller to wait for, so the request's timeout is not needed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.describe_configs import topic_config_values
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.server.topics import TopicError, validate_topic_name
+from trio_broker.storage.errors import LogError
+
+Resp: Any = m.CreateTopicsResponse
+Result = Resp.CreatableTopicResult
+ResultConfig = Result.CreatableTopicConfigs
+
+#: Only this node can hold a replica.
+MAX_REPLICATION_FACTOR = 1
+_COMPRESSION_TYPES = {"uncompressed", "gzip", "snappy", "lz4", "zstd", "producer"}
+_CLEANUP_POLICIES = {"delete", "compact"}
+
+
+def _partition_count(ctx: RequestContext, topic: Any) -> int:
+    """The partition count asked for, after the replication and assignment checks."""
+    node = ctx.broker.config.node_id
+    if topic.assignments:
+        if topic.num_partitions != -1 or topic.replication_factor != -1:
+            raise TopicError(
+                ErrorCode.INVALID_REQUEST,
+                "a manual assignment needs num_partitions and replication_factor of -1",
+            )
+        indexes = sorted(a.partition_index for a in topic.assignments)
+        if indexes != list(range(len(indexes))):
+            raise TopicError(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                "assigned partitions must be numbered 0..n-1 without gaps or repeats",
+            )
+        for assignment in topic.assignments:
+            if list(assignment.broker_ids) != [node]:
+                raise TopicError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    f"partition {assignment.partition_index}: replicas must be [{node}], "
+                    f"the only broker, not {list(assignment.broker_ids)}",
+                )
+        return len(indexes)
+    rf = topic.replication_factor
+    if rf == 0 or rf < -1:
+        raise TopicError(
+            ErrorCode.INVALID_REPLICATION_FACTOR, f"replication factor {rf} is not positive"
+        )
+    if rf > MAX_REPLICATION_FACTOR:
+        raise TopicError(
+            ErrorCode.INVALID_REPLICATION_FACTOR,
+            f"replication factor {rf} is larger than the 1 available broker",
+        )
+    if topic.num_partitions == -1:
+        return ctx.broker.config.num_partitions
+    if topic.num_partitions <= 0:
+        raise TopicError(ErrorCode.INVALID_PARTITIONS, f"{topic.num_partitions} partitions")
+    return int(topic.num_partitions)
+
+
+def _configs(topic: Any) -> dict[str, str]:
+    """Checks TopicManager does not do; it owns the key names and integer values."""
+    configs: dict[str, str] = {}
+    for entry in topic.configs:
+        if entry.value is None:
+            raise TopicError(ErrorCode.INVALID_CONFIG, f"config {entry.name!r} has a null value")
+        configs[entry.name] = entry.value
+    policy = configs.get("cleanup.policy")
+    if policy is not None and not {p.strip() for p in policy.split(",")} <= _CLEANUP_POLICIES:
+        raise TopicError(
+            ErrorCode.INVALID_CONFIG, f"cleanup.policy {policy!r} is not delete/compact"
+        )
+    codec = configs.get("compression.type")
+    if codec is not None and codec not in _COMPRESSION_TYPES:
+        raise TopicError(ErrorCode.INVALID_CONFIG, f"compression.type {codec!r} is unknown")
+    isr = configs.get("min.insync.replicas")
+    if isr is not None and (not isr.strip().isdigit() or int(isr) < 1):
+        raise TopicError(ErrorCode.INVALID_CONFIG, f"min.insync.replicas {isr!r} must be >= 1")
+    return configs
+
+
+def _check_collision(ctx: RequestContext, name: str) -> None:
+    # Metric names turn '.' into '_', so Kafka refuses names that differ only there.
+    key = name.replace(".", "_")
+    for existing in ctx.broker.topics.topics:
+        if existing != name and existing.replace(".", "_") == key:
+            raise TopicError(
+                ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic {name!r} collides with {existing!r}"
+            )
+
+
+def _create_one(ctx: RequestContext, topic: Any, validate_only: bool) -> Any:
+    broker = ctx.broker
+    name = topic.name
+    validate_topic_name(name)
+    if broker.topics.get(name) is not None:
+        raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+    _check_collision(ctx, name)
+    partitions = _partition_count(ctx, topic)
+    configs = _configs(topic)
+    broker.topics.check_new(name, partitions, configs)
+    topic_id = uuid.UUID(int=0)
+    if not validate_only:
+        topic_id = broker.topics.create(name, partitions, configs).topic_id
+    result = Result(
+        name=name, topic_id=topic_id, error_code=ErrorCode.NONE, error_message=None,
+        num_partitions=partitions, replication_factor=1,
+    )  # fmt: skip
+    result.configs = [
+        ResultConfig(
+            name=v.name, value=v.value, read_only=False, config_source=v.source, is_sensitive=False
+        )
+        for v in topic_config_values(broker.config, configs)
+    ]
+    return result
+
+
+@handles(m.ApiKey.CREATE_TOPICS)
+async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
+    validate_only = ctx.api_version >= 1 and request.validate_only
+    counts: dict[str, int] = {}
+    for topic in request.topics:
+        counts[topic.name] = counts.get(topic.name, 0) + 1
+    results = []
+    answered: set[str] = set()
+    for topic in request.topics:
+        if counts[topic.name] > 1:
+            # Kafka answers a repeated name once, with INVALID_REQUEST.
+            if topic.name not in answered:
+                answered.add(topic.name)
+                results.append(
+                    Result(
+                        name=topic.name, error_code=ErrorCode.INVALID_REQUEST,
+                        error_message="topic named more than once in the request", configs=[],
+                    )
+                )  # fmt: skip
+            continue
+        try:
+            results.append(_create_one(ctx, topic, validate_only))
+            continue
+        except TopicError as exc:
+            code, message = exc.code, str(exc)
+        except LogError as exc:  # the catalogue refused (it checks names and existence too)
+            code, message = exc.error_code, str(exc)
+        except OSError as exc:
+            code, message = ErrorCode.KAFKA_STORAGE_ERROR, f"cannot create the topic: {exc}"
+        results.append(Result(name=topic.name, error_code=code, error_message=message, configs=[]))
+    return Resp(throttle_time_ms=0, topics=results)

@@ -1,0 +1,64 @@
+"""DeleteRecords: move a partition's log start offset forward (records below become unreadable).
+
+Offset -1 means "up to the high watermark". An offset beyond the high watermark
+(or below -1) is OFFSET_OUT_OF_RANGE; one at or below the log start offset
+changes nothing. Kafka waits for followers to catch up before answering; with
+no followers the new low watermark is known at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.storage.errors import LogError
+
+Resp: Any = m.DeleteRecordsResponse
+TopicResult = Resp.DeleteRecordsTopicResult
+PartResult = TopicResult.DeleteRecordsPartitionResult
+#: The request's "delete everything below the high watermark".
+HIGH_WATERMARK = -1
+
+
+def _delete(topic: Any, partition: int, offset: int) -> tuple[int, ErrorCode]:
+    """(low watermark, error) for one partition."""
+    if topic is None or not 0 <= partition < len(topic.logs):
+        return -1, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    policy = topic.info.configs.get("cleanup.policy", "delete")
+    if "delete" not in (p.strip() for p in policy.split(",")):
+        # Kafka refuses to cut a compacted-only log: its records are kept by key, not by age.
+        return -1, ErrorCode.POLICY_VIOLATION
+    log = topic.logs[partition]
+    high_watermark = log.log_end_offset
+    if offset == HIGH_WATERMARK:
+        offset = high_watermark
+    if offset < 0 or offset > high_watermark:
+        return -1, ErrorCode.OFFSET_OUT_OF_RANGE
+    try:
+        if offset > log.log_start_offset:
+            log.delete_records(offset)
+    except LogError as exc:
+        return -1, exc.error_code
+    except OSError:
+        return -1, ErrorCode.KAFKA_STORAGE_ERROR
+    return log.log_start_offset, ErrorCode.NONE
+
+
+@handles(m.ApiKey.DELETE_RECORDS)
+async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
+    topics = ctx.broker.topics
+    results = []
+    for wanted in request.topics:
+        topic = topics.get(wanted.name)
+        partitions = []
+        for p in wanted.partitions:
+            low_watermark, error = _delete(topic, p.partition_index, p.offset)
+            partitions.append(
+                PartResult(
+                    partition_index=p.partition_index, low_watermark=low_watermark, error_code=error
+                )
+            )
+        results.append(TopicResult(name=wanted.name, partitions=partitions))
+    return Resp(throttle_time_ms=0, topics=results)

@@ -1,0 +1,85 @@
+"""DeleteTopics: by name (all versions) or by topic id (v6+).
+
+A deleted topic's logs are closed and its directories removed at once; there
+is no controller to wait for, so the request's timeout is not needed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.server.topics import TopicError
+from trio_broker.storage.errors import LogError
+
+Resp: Any = m.DeleteTopicsResponse
+Result = Resp.DeletableTopicResult
+ZERO_UUID = uuid.UUID(int=0)
+
+
+def _delete(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> Any:
+    topics = ctx.broker.topics
+    result = Result(name=name, topic_id=topic_id, error_code=ErrorCode.NONE, error_message=None)
+    if name is not None and topic_id != ZERO_UUID:
+        result.error_code = ErrorCode.INVALID_REQUEST
+        result.error_message = "give a topic name or a topic id, not both"
+        return result
+    if name is None:
+        if topic_id == ZERO_UUID:
+            result.error_code = ErrorCode.INVALID_REQUEST
+            result.error_message = "neither a topic name nor a topic id was given"
+            return result
+        topic = topics.by_id.get(topic_id)
+        if topic is None:
+            result.error_code = ErrorCode.UNKNOWN_TOPIC_ID
+            result.error_message = f"no topic with id {topic_id}"
+            return result
+    else:
+        topic = topics.get(name)
+        if topic is None:
+            result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            result.error_message = f"topic {name!r} does not exist"
+            return result
+    result.name, result.topic_id = topic.name, topic.topic_id
+    try:
+        topics.delete(topic.name)
+    except TopicError as exc:
+        result.error_code, result.error_message = exc.code, str(exc)
+    except LogError as exc:
+        result.error_code, result.error_message = exc.error_code, str(exc)
+    except OSError as exc:
+        result.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+        result.error_message = f"cannot delete the topic: {exc}"
+    return result
+
+
+@handles(m.ApiKey.DELETE_TOPICS)
+async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
+    if ctx.api_version >= 6:
+        wanted = [(t.name, t.topic_id) for t in request.topics]
+    else:
+        wanted = [(name, ZERO_UUID) for name in request.topic_names]
+    # A topic named (or identified) twice is answered once, with INVALID_REQUEST, as Kafka does.
+    seen: dict[object, int] = {}
+    for name, topic_id in wanted:
+        key = name if name is not None else topic_id
+        seen[key] = seen.get(key, 0) + 1
+    responses = []
+    answered: set[object] = set()
+    for name, topic_id in wanted:
+        key = name if name is not None else topic_id
+        if seen[key] > 1:
+            if key not in answered:
+                answered.add(key)
+                responses.append(
+                    Result(
+                        name=name, topic_id=topic_id, error_code=ErrorCode.INVALID_REQUEST,
+                        error_message="topic named more than once in the request",
+                    )
+                )  # fmt: skip
+            continue
+        responses.append(_delete(ctx, name, topic_id))
+    return Resp(throttle_time_ms=0, responses=responses)

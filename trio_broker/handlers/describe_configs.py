@@ -1,0 +1,223 @@
+"""DescribeConfigs: a topic's effective configs, and a few of this broker's settings.
+
+Topic configs are the ones set at creation (source TOPIC) plus defaults taken
+from the broker config. Like Kafka, an inherited value reports
+STATIC_BROKER_CONFIG when the broker's config file overrides the built-in
+default and DEFAULT_CONFIG otherwise. CreateTopics v5+ returns the same list.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from trio_broker.config import BrokerConfig
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.server.topics import TopicError, validate_topic_name
+
+Resp: Any = m.DescribeConfigsResponse
+Result = Resp.DescribeConfigsResult
+Entry = Result.DescribeConfigsResourceResult
+Synonym = Entry.DescribeConfigsSynonym
+
+# Resource types (Kafka's ConfigResource.Type).
+TOPIC_RESOURCE = 2
+BROKER_RESOURCE = 4
+
+# Config sources (Kafka's DescribeConfigsResponse.ConfigSource).
+TOPIC_CONFIG = 1
+STATIC_BROKER_CONFIG = 4
+DEFAULT_CONFIG = 5
+
+# Config types (Kafka's ConfigDef.Type as sent on the wire, v3+).
+BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
+
+#: Kafka's default message.max.bytes; the largest batch a partition accepts.
+DEFAULT_MAX_MESSAGE_BYTES = 1048588
+_BUILTIN = BrokerConfig()
+
+
+class ConfigSpec(NamedTuple):
+    type: int
+    #: The broker-level key a topic config inherits from (its synonym).
+    broker_key: str
+    #: BrokerConfig field holding the broker default, or None for a fixed default.
+    field: str | None
+    fixed_default: str
+    doc: str
+
+
+TOPIC_CONFIG_SPECS: dict[str, ConfigSpec] = {
+    "cleanup.policy": ConfigSpec(
+        LIST, "log.cleanup.policy", None, "delete",
+        "How old segments are discarded; only delete is applied by this broker.",
+    ),
+    "compression.type": ConfigSpec(
+        STRING, "compression.type", None, "producer",
+        "Codec for stored batches; producer keeps what the producer sent.",
+    ),
+    "max.message.bytes": ConfigSpec(
+        INT, "message.max.bytes", None, str(DEFAULT_MAX_MESSAGE_BYTES),
+        "Largest record batch the partition accepts.",
+    ),
+    "message.timestamp.type": ConfigSpec(
+        STRING, "log.message.timestamp.type", None, "CreateTime",
+        "CreateTime keeps the producer's timestamps; LogAppendTime stamps on append.",
+    ),
+    "min.insync.replicas": ConfigSpec(
+        INT, "min.insync.replicas", None, "1",
+        "Replicas that must acknowledge an acks=all write (always met on one node).",
+    ),
+    "retention.bytes": ConfigSpec(
+        LONG, "log.retention.bytes", "retention_bytes", "-1",
+        "Size above which the oldest segments are deleted; -1 means no limit.",
+    ),
+    "retention.ms": ConfigSpec(
+        LONG, "log.retention.ms", "retention_ms", "604800000",
+        "Age after which a segment is deleted; -1 means keep forever.",
+    ),
+    "segment.bytes": ConfigSpec(
+        INT, "log.segment.bytes", "segment_bytes", str(1 << 30),
+        "Segment file size at which the log rolls to a new segment.",
+    ),
+    "segment.ms": ConfigSpec(
+        LONG, "log.roll.ms", "segment_ms", "604800000",
+        "Age at which the active segment is rolled even if not full.",
+    ),
+}  # fmt: skip
+
+
+#: Types of the other topic configs TopicManager accepts; they appear only when set.
+_OTHER_TYPES = {
+    "delete.retention.ms": LONG, "file.delete.delay.ms": LONG, "flush.messages": LONG,
+    "flush.ms": LONG, "index.interval.bytes": INT, "message.timestamp.difference.max.ms": LONG,
+    "min.cleanable.dirty.ratio": DOUBLE, "preallocate": BOOLEAN, "segment.index.bytes": INT,
+    "unclean.leader.election.enable": BOOLEAN,
+}  # fmt: skip
+
+
+class ConfigValue(NamedTuple):
+    name: str
+    value: str | None
+    source: int
+    type: int
+    doc: str | None
+    #: (name, value, source), most specific first, as Kafka lists synonyms.
+    synonyms: list[tuple[str, str | None, int]]
+
+
+def _broker_default(config: BrokerConfig, spec: ConfigSpec) -> tuple[str, int]:
+    if spec.field is None:
+        return spec.fixed_default, DEFAULT_CONFIG
+    value = getattr(config, spec.field)
+    source = DEFAULT_CONFIG if value == getattr(_BUILTIN, spec.field) else STATIC_BROKER_CONFIG
+    return str(value), source
+
+
+def topic_config_values(config: BrokerConfig, topic_configs: dict[str, str]) -> list[ConfigValue]:
+    """Every config of a topic: its own settings first in precedence, then inherited ones."""
+    out = []
+    for name in sorted(set(TOPIC_CONFIG_SPECS) | set(topic_configs)):
+        spec = TOPIC_CONFIG_SPECS.get(name)
+        synonyms: list[tuple[str, str | None, int]] = []
+        if name in topic_configs:
+            synonyms.append((name, topic_configs[name], TOPIC_CONFIG))
+        if spec is not None:
+            default, default_source = _broker_default(config, spec)
+            synonyms.append((spec.broker_key, default, default_source))
+        value, source = synonyms[0][1], synonyms[0][2]
+        out.append(
+            ConfigValue(
+                name, value, source, spec.type if spec else _OTHER_TYPES.get(name, STRING),
+                spec.doc if spec else None, synonyms,
+            )
+        )  # fmt: skip
+    return out
+
+
+def broker_config_values(config: BrokerConfig) -> list[ConfigValue]:
+    """A handful of broker settings; enough for tools that show a broker's config."""
+    fields = {
+        "node.id": ("node_id", INT),
+        "num.partitions": ("num_partitions", INT),
+        "auto.create.topics.enable": ("auto_create_topics", BOOLEAN),
+        "log.retention.ms": ("retention_ms", LONG),
+        "log.retention.bytes": ("retention_bytes", LONG),
+        "log.segment.bytes": ("segment_bytes", INT),
+        "log.roll.ms": ("segment_ms", LONG),
+    }
+    out = []
+    for key, (field, type_) in fields.items():
+        raw = getattr(config, field)
+        value = str(raw).lower() if isinstance(raw, bool) else str(raw)
+        source = DEFAULT_CONFIG if raw == getattr(_BUILTIN, field) else STATIC_BROKER_CONFIG
+        out.append(ConfigValue(key, value, source, type_, None, [(key, value, source)]))
+    fixed = {
+        "default.replication.factor": ("1", INT),
+        "message.max.bytes": (str(DEFAULT_MAX_MESSAGE_BYTES), INT),
+        "min.insync.replicas": ("1", INT),
+        "log.cleanup.policy": ("delete", LIST),
+        "compression.type": ("producer", STRING),
+    }
+    for key, (value, type_) in fixed.items():
+        out.append(
+            ConfigValue(key, value, DEFAULT_CONFIG, type_, None, [(key, value, DEFAULT_CONFIG)])
+        )
+    return sorted(out, key=lambda c: c.name)
+
+
+def _entry(value: ConfigValue, synonyms: bool, documentation: bool) -> Any:
+    return Entry(
+        name=value.name, value=value.value, read_only=False, config_source=value.source,
+        is_default=value.source == DEFAULT_CONFIG, is_sensitive=False,
+        synonyms=[Synonym(name=n, value=v, source=s) for n, v, s in value.synonyms]
+        if synonyms else [],
+        config_type=value.type, documentation=value.doc if documentation else None,
+    )  # fmt: skip
+
+
+def _describe(ctx: RequestContext, resource: Any) -> tuple[list[ConfigValue], ErrorCode, str]:
+    broker = ctx.broker
+    name = resource.resource_name
+    if resource.resource_type == TOPIC_RESOURCE:
+        try:
+            validate_topic_name(name)
+        except TopicError as exc:
+            return [], exc.code, str(exc)
+        topic = broker.topics.get(name)
+        if topic is None:
+            return [], ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+        return topic_config_values(broker.config, topic.info.configs), ErrorCode.NONE, ""
+    if resource.resource_type == BROKER_RESOURCE:
+        if name == "":
+            # The cluster-wide dynamic defaults: we have none.
+            return [], ErrorCode.NONE, ""
+        if name != str(broker.config.node_id):
+            return (
+                [],
+                ErrorCode.INVALID_REQUEST,
+                (f"broker id {name!r} is not this broker ({broker.config.node_id})"),
+            )
+        return broker_config_values(broker.config), ErrorCode.NONE, ""
+    return [], ErrorCode.INVALID_REQUEST, f"unsupported resource type {resource.resource_type}"
+
+
+@handles(m.ApiKey.DESCRIBE_CONFIGS)
+async def handle_describe_configs(ctx: RequestContext, request: Any) -> Any:
+    synonyms = ctx.api_version >= 1 and request.include_synonyms
+    documentation = ctx.api_version >= 3 and request.include_documentation
+    results = []
+    for resource in request.resources:
+        values, error, message = _describe(ctx, resource)
+        if resource.configuration_keys is not None:
+            wanted = set(resource.configuration_keys)
+            values = [v for v in values if v.name in wanted]
+        results.append(
+            Result(
+                error_code=error, error_message=message or None,
+                resource_type=resource.resource_type, resource_name=resource.resource_name,
+                configs=[_entry(v, synonyms, documentation) for v in values],
+            )
+        )  # fmt: skip
+    return Resp(throttle_time_ms=0, results=results)

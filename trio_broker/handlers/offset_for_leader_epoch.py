@@ -1,0 +1,64 @@
+"""OffsetForLeaderEpoch: the end offset of a leader epoch, for truncation detection.
+
+Every partition has had one leader epoch, 0, since it was created, so:
+
+- the current epoch (0) ends at the log end offset, which on one node is the
+  high watermark;
+- an epoch below 0 is UNDEFINED: Kafka answers leader epoch -1, end offset -1
+  (no error) and a consumer then resets its position;
+- an epoch above 0 was never seen: Kafka's epoch cache has no entry at or after
+  it and answers the same -1/-1 (no error); an error here would make a consumer
+  retry forever instead of resetting.
+
+The request's current_leader_epoch (-1 = no check) is compared with ours
+first: older is FENCED_LEADER_EPOCH, newer is UNKNOWN_LEADER_EPOCH.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.metadata import LEADER_EPOCH
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+
+Resp: Any = m.OffsetForLeaderEpochResponse
+TopicResult = Resp.OffsetForLeaderTopicResult
+EpochEndOffset = TopicResult.EpochEndOffset
+NO_EPOCH = -1
+
+
+def check_current_leader_epoch(current: int) -> ErrorCode:
+    """Kafka's fencing rule for a client's idea of the leader epoch (-1 skips the check)."""
+    if current == NO_EPOCH:
+        return ErrorCode.NONE
+    if current < LEADER_EPOCH:
+        return ErrorCode.FENCED_LEADER_EPOCH
+    if current > LEADER_EPOCH:
+        return ErrorCode.UNKNOWN_LEADER_EPOCH
+    return ErrorCode.NONE
+
+
+@handles(m.ApiKey.OFFSET_FOR_LEADER_EPOCH)
+async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> Any:
+    topics = ctx.broker.topics
+    results = []
+    for wanted in request.topics:
+        partitions = []
+        for p in wanted.partitions:
+            out = EpochEndOffset(
+                error_code=ErrorCode.NONE, partition=p.partition, leader_epoch=NO_EPOCH,
+                end_offset=-1,
+            )  # fmt: skip
+            partitions.append(out)
+            log = topics.log(wanted.topic, p.partition)
+            if log is None:
+                out.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            out.error_code = check_current_leader_epoch(p.current_leader_epoch)
+            if out.error_code == ErrorCode.NONE and p.leader_epoch == LEADER_EPOCH:
+                out.leader_epoch = LEADER_EPOCH
+                out.end_offset = log.log_end_offset
+        results.append(TopicResult(topic=wanted.topic, partitions=partitions))
+    return Resp(throttle_time_ms=0, topics=results)
