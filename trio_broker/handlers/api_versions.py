@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from trio_broker.handlers.base import HANDLERS, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -9,7 +11,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 ApiVersionsResponse = m.ApiVersionsResponse
 
 
-def supported_api_versions() -> list[object]:
+def supported_api_versions() -> list[Any]:
     return [
         ApiVersionsResponse.ApiVersion(
             api_key=spec.api_key, min_version=spec.advertised_min, max_version=spec.max_version
@@ -19,7 +21,7 @@ def supported_api_versions() -> list[object]:
 
 
 @handles(m.ApiKey.API_VERSIONS)
-async def handle_api_versions(ctx: RequestContext, request: object | None) -> object:
+async def handle_api_versions(ctx: RequestContext, request: Any) -> Any:
     # request is None when the client asked for a version we do not know: the
     # connection encodes this answer as v0 with UNSUPPORTED_VERSION (KAFKA-FACTS.md).
     error = ErrorCode.UNSUPPORTED_VERSION if request is None else ErrorCode.NONE

@@ -184,7 +184,9 @@ def decode_response(api_key: int, version: int, frame: bytes | memoryview) -> tu
     return correlation_id, decode_body(RESPONSES[api_key], version, view[pos:])
 
 
-def __getattr__(name: str) -> type[Message]:
+def __getattr__(name: str) -> Any:
+    # Any: the classes are generated at import time, so their fields are not
+    # visible to mypy; handlers use them as plain attribute bags.
     schema = SCHEMAS.get(name)
     if schema is None:
         raise AttributeError(name)
