@@ -1,0 +1,439 @@
+"""End-to-end fixtures: a real ``trio-broker serve`` process on an ephemeral port.
+
+``broker_process`` (one broker per test) and ``shared_broker_process`` (one per
+module) start the broker CLI as a subprocess with a temporary data dir, wait
+(bounded) for its ``listening on HOST:PORT`` line and yield a
+:class:`BrokerProcess`. Both are parametrizable indirectly with a
+``(processing_model, storage)`` pair, e.g.::
+
+    @pytest.mark.parametrize("broker_process", [("serial", "memory")], indirect=True)
+
+At teardown the broker gets SIGTERM and must exit with code 0 within
+``STOP_TIMEOUT_S``; one that hangs is killed (by its PID) and the test fails.
+A thread drains the broker's stderr into a log file so the pipe never blocks;
+when a test fails, the tail of that log is attached to the report.
+
+:class:`RawConnection` is a small blocking client on our own codec for tests
+that speak the wire protocol directly (hostile input, pipelining, checks of
+what the broker stored).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.records import iter_batches
+
+#: Bounded waits (seconds).
+START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 15.0
+SOCKET_TIMEOUT_S = 10.0
+
+BROKER_EXE = Path(sys.executable).with_name("trio-broker")
+LISTENING = re.compile(r"listening on (\S+):(\d+)")
+DEFAULT_PARAMS = ("pipelined", "file")
+LOG_TAIL_LINES = 60
+
+_SIZE = struct.Struct(">i")
+
+
+# --------------------------------------------------------------------------- raw client
+
+
+class ConnectionClosed(Exception):
+    """The broker closed the connection (EOF or reset)."""
+
+
+class RawConnection:
+    """A blocking Kafka wire-protocol client built on trio_broker's codec."""
+
+    #: Raised by the receive methods when the broker closes the connection.
+    Closed = ConnectionClosed
+
+    def __init__(self, port: int, timeout: float = SOCKET_TIMEOUT_S) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._correlation = 0
+
+    def __enter__(self) -> RawConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def next_correlation_id(self) -> int:
+        self._correlation += 1
+        return self._correlation
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send_request(
+        self, api_key: int, version: int, body: Any, correlation_id: int | None = None
+    ) -> int:
+        cid = self.next_correlation_id() if correlation_id is None else correlation_id
+        self.send(m.encode_request(api_key, version, cid, "e2e-raw", body))
+        return cid
+
+    def _recv_exact(self, size: int) -> bytes:
+        chunks, have = [], 0
+        while have < size:
+            try:
+                chunk = self.sock.recv(min(size - have, 1 << 20))
+            except (ConnectionResetError, BrokenPipeError) as exc:
+                raise ConnectionClosed(str(exc)) from None
+            if not chunk:
+                raise ConnectionClosed("EOF")
+            chunks.append(chunk)
+            have += len(chunk)
+        return b"".join(chunks)
+
+    def recv_frame(self) -> bytes:
+        """One response frame without its size prefix; ConnectionClosed at EOF/reset."""
+        (size,) = _SIZE.unpack(self._recv_exact(4))
+        assert 4 <= size <= 1 << 30, f"implausible response size {size}"
+        return self._recv_exact(size)
+
+    def recv_response(self, api_key: int, version: int) -> tuple[int, Any]:
+        return m.decode_response(api_key, version, self.recv_frame())
+
+    def request(self, api_key: int, version: int, body: Any) -> Any:
+        cid = self.send_request(api_key, version, body)
+        got, response = self.recv_response(api_key, version)
+        assert got == cid, f"correlation id {got}, expected {cid}"
+        return response
+
+    def closed_by_peer(self, timeout: float = SOCKET_TIMEOUT_S) -> bool:
+        """Read until the broker closes; True if it did within ``timeout`` with no data sent."""
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(65536)
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+        assert data == b"", f"expected a disconnect, got {len(data)} bytes: {data[:64]!r}"
+        return True
+
+    # -- convenience requests ------------------------------------------------
+
+    def metadata(self, topics: list[str] | None = None, version: int = 4) -> Any:
+        wanted = (
+            None
+            if topics is None
+            else [m.MetadataRequest.MetadataRequestTopic(name=t) for t in topics]
+        )
+        body = m.MetadataRequest(topics=wanted, allow_auto_topic_creation=True)
+        return self.request(m.ApiKey.METADATA, version, body)
+
+    @staticmethod
+    def produce_body(
+        topic: str, batch: bytes, acks: int = -1, topic_id: uuid.UUID | None = None
+    ) -> Any:
+        """A ProduceRequest for one partition (name, or topic id for v13+)."""
+        Topic = m.ProduceRequest.TopicProduceData
+        data = [Topic.PartitionProduceData(index=0, records=bytes(batch))]
+        topic_data = Topic(name=topic, partition_data=data)
+        if topic_id is not None:
+            topic_data.topic_id = topic_id
+        return m.ProduceRequest(
+            transactional_id=None, acks=acks, timeout_ms=10_000, topic_data=[topic_data]
+        )
+
+    def produce(self, topic: str, batch: bytes, version: int = 9, acks: int = -1) -> Any:
+        """Send one batch; returns the partition's response."""
+        response = self.request(m.ApiKey.PRODUCE, version, self.produce_body(topic, batch, acks))
+        return response.responses[0].partition_responses[0]
+
+    def topic_id(self, topic: str) -> uuid.UUID:
+        (meta,) = self.metadata([topic], version=12).topics
+        assert meta.error_code == 0, f"Metadata error {meta.error_code} for {topic}"
+        return meta.topic_id
+
+    def end_offset(self, topic: str, partition: int = 0) -> int:
+        body = m.ListOffsetsRequest(
+            replica_id=-1,
+            topics=[
+                m.ListOffsetsRequest.ListOffsetsTopic(
+                    name=topic,
+                    partitions=[
+                        m.ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+                            partition_index=partition, timestamp=-1
+                        )
+                    ],
+                )
+            ],
+        )
+        response = self.request(m.ApiKey.LIST_OFFSETS, 1, body)
+        part = response.topics[0].partitions[0]
+        assert part.error_code == 0, f"ListOffsets error {part.error_code}"
+        return int(part.offset)
+
+    def fetch_batches(self, topic: str, partition: int = 0, max_rounds: int = 1000) -> list[Any]:
+        """Every record batch of a partition (headers only need reading), via Fetch v4."""
+        end = self.end_offset(topic, partition)
+        batches: list[Any] = []
+        offset = 0
+        for _ in range(max_rounds):
+            if offset >= end:
+                return batches
+            body = m.FetchRequest(
+                replica_id=-1,
+                max_wait_ms=0,
+                min_bytes=0,
+                max_bytes=64 << 20,
+                isolation_level=0,
+                topics=[
+                    m.FetchRequest.FetchTopic(
+                        topic=topic,
+                        partitions=[
+                            m.FetchRequest.FetchTopic.FetchPartition(
+                                partition=partition,
+                                fetch_offset=offset,
+                                partition_max_bytes=64 << 20,
+                            )
+                        ],
+                    )
+                ],
+            )
+            response = self.request(m.ApiKey.FETCH, 4, body)
+            part = response.responses[0].partitions[0]
+            assert part.error_code == 0, f"Fetch error {part.error_code}"
+            records = bytes(part.records or b"")
+            got = [b for b in iter_batches(records) if b.last_offset >= offset]
+            assert got, f"Fetch at offset {offset} (end {end}) returned no whole batch"
+            batches.extend(got)
+            offset = got[-1].next_offset
+        raise AssertionError(f"fetching {topic} did not finish in {max_rounds} rounds")
+
+
+# --------------------------------------------------------------------------- the process
+
+
+class BrokerProcess:
+    """A ``trio-broker serve`` subprocess; keeps its port and data dir across restarts."""
+
+    def __init__(self, data_dir: Path, processing_model: str, storage: str) -> None:
+        self.data_dir = data_dir
+        self.processing_model = processing_model
+        self.storage = storage
+        self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        #: True between kill9() and start(): the broker is down on purpose.
+        self.killed = False
+        self._drainer: threading.Thread | None = None
+        self._log_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<BrokerProcess {self.bootstrap} {self.processing_model}/{self.storage}>"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start on ``self.port`` (0 the first time) and wait for ``listening on``."""
+        assert self.proc is None or self.proc.poll() is not None, "broker already running"
+        self.starts += 1
+        self.killed = False
+        self._log(f"===== e2e: start #{self.starts} on port {self.port} =====\n")
+        argv = [
+            str(BROKER_EXE),
+            "serve",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--data-dir",
+            str(self.data_dir),
+            "--storage",
+            self.storage,
+            "--processing-model",
+            self.processing_model,
+        ]
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C at the terminal is not meant for it
+        )
+        self.proc = proc
+        listening = threading.Event()
+        found: list[int] = []
+        self._drainer = threading.Thread(
+            target=self._drain, args=(proc, listening, found), name="broker-stderr", daemon=True
+        )
+        self._drainer.start()
+        if not listening.wait(START_TIMEOUT_S) or not found:
+            self._kill_hard()
+            raise AssertionError(
+                f"broker did not log 'listening on' within {START_TIMEOUT_S}s "
+                f"(exit code {proc.poll()})\n{self.log_tail()}"
+            )
+        if self.port == 0:
+            self.port = found[0]
+        assert found[0] == self.port, f"restarted on port {found[0]}, wanted {self.port}"
+
+    def _drain(
+        self, proc: subprocess.Popen[bytes], listening: threading.Event, found: list[int]
+    ) -> None:
+        assert proc.stderr is not None
+        with open(self.log_path, "ab") as out:
+            for raw in iter(proc.stderr.readline, b""):
+                with self._log_lock:
+                    out.write(raw)
+                    out.flush()
+                if not listening.is_set():
+                    match = LISTENING.search(raw.decode(errors="replace"))
+                    if match:
+                        found.append(int(match.group(2)))
+                        listening.set()
+        proc.stderr.close()
+        listening.set()  # EOF: the process is gone; start() checks ``found``
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM and wait; returns the exit code. A hang is killed and fails the test."""
+        proc = self.proc
+        assert proc is not None, "broker was never started"
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._kill_hard()
+                pytest.fail(
+                    f"broker pid {proc.pid} ignored SIGTERM for {timeout}s; killed\n"
+                    f"{self.log_tail()}"
+                )
+        self._join_drainer()
+        return proc.returncode
+
+    def restart(self) -> None:
+        """Graceful stop (exit code 0 required), then start on the same port and data dir."""
+        code = self.stop()
+        assert code == 0, f"broker exited with {code} on SIGTERM\n{self.log_tail()}"
+        self.start()
+
+    def kill9(self) -> None:
+        """SIGKILL (by PID) and reap; call :meth:`start` to bring it back."""
+        assert self.proc is not None and self.proc.poll() is None, "broker is not running"
+        self._log("===== e2e: kill -9 =====\n")
+        self._kill_hard()
+        self.killed = True
+
+    def _kill_hard(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(STOP_TIMEOUT_S)
+        self._join_drainer()
+
+    def _join_drainer(self) -> None:
+        if self._drainer is not None:
+            self._drainer.join(5.0)
+            self._drainer = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # -- diagnostics -----------------------------------------------------------
+
+    def _log(self, text: str) -> None:
+        with self._log_lock, open(self.log_path, "ab") as out:
+            out.write(text.encode())
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        tail = self.log_text().splitlines()[-lines:]
+        return f"--- broker log tail ({self.log_path}) ---\n" + "\n".join(tail)
+
+    # -- clients ---------------------------------------------------------------
+
+    def connect(self, timeout: float = SOCKET_TIMEOUT_S) -> RawConnection:
+        return RawConnection(self.port, timeout)
+
+    def assert_serving(self) -> None:
+        """A well-behaved client on a new connection gets Metadata answered."""
+        assert self.running, (
+            f"broker exited with {self.proc and self.proc.poll()}\n{self.log_tail()}"
+        )
+        with self.connect() as conn:
+            response = conn.metadata(topics=None)
+        assert response.brokers and response.brokers[0].port == self.port, response
+
+
+def _params(request: pytest.FixtureRequest) -> tuple[str, str]:
+    param = getattr(request, "param", DEFAULT_PARAMS)
+    model, storage = param
+    assert model in ("serial", "pipelined") and storage in ("file", "memory"), param
+    return model, storage
+
+
+@contextlib.contextmanager
+def _running_broker(request: pytest.FixtureRequest, data_dir: Path) -> Iterator[BrokerProcess]:
+    model, storage = _params(request)
+    broker = BrokerProcess(data_dir, model, storage)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        if broker.running:
+            code = broker.stop()
+            if code != 0:
+                pytest.fail(f"broker exited with {code} on SIGTERM\n{broker.log_tail()}")
+        elif not broker.killed and broker.proc is not None:
+            broker._join_drainer()
+            pytest.fail(
+                f"broker died by itself (exit code {broker.proc.returncode})\n{broker.log_tail()}"
+            )
+
+
+@pytest.fixture
+def broker_process(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
+    with _running_broker(request, tmp_path / "data") as broker:
+        yield broker
+
+
+@pytest.fixture(scope="module")
+def shared_broker_process(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    with _running_broker(request, tmp_path_factory.mktemp("broker") / "data") as broker:
+        yield broker
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.failed:
+        funcargs = getattr(item, "funcargs", {})
+        for value in funcargs.values():
+            if isinstance(value, BrokerProcess):
+                report.sections.append((f"broker log {value!r}", value.log_tail()))
+    return report
