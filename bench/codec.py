@@ -76,31 +76,40 @@ def fetch_response(records: Any) -> Any:
     return cls(responses=[topic(topic="bench", topic_id=uuid.UUID(int=1), partitions=[partition])])
 
 
-def best_us(fn: Callable[[], object], repeat: int) -> float:
-    """Best of ``repeat`` runs, each long enough (~20 ms) to time reliably."""
-    timer = timeit.Timer(fn)
-    number, _ = timer.autorange()
-    number = max(1, number // 10)
-    return min(timer.repeat(repeat=repeat, number=number)) / number * 1e6
+def measure(cases: list[tuple[dict[str, Any], Callable[[], object]]], repeat: int) -> None:
+    """Time every case; store the best of ``repeat`` rounds as ``us_per_call``.
+
+    Rounds are interleaved (case 1, case 2, ..., then again) so that warm-up,
+    frequency scaling or a noisy neighbour does not favour one case.
+    """
+    timers = []
+    for _, fn in cases:
+        timer = timeit.Timer(fn)
+        number, _ = timer.autorange()  # ~0.2 s worth of calls
+        timers.append((timer, max(1, number // 10)))
+    best = [float("inf")] * len(cases)
+    for _ in range(repeat):
+        for i, (timer, number) in enumerate(timers):
+            best[i] = min(best[i], timer.timeit(number) / number * 1e6)
+    for (row, _), us in zip(cases, best):
+        row["us_per_call"] = us
 
 
 def run(repeat: int) -> dict[str, Any]:
-    results: list[dict[str, Any]] = []
+    cases: list[tuple[dict[str, Any], Callable[[], object]]] = []
     small, payload = make_batch(KIB)
     big, _ = make_batch(MIB)
 
-    decode: dict[tuple[int, int], float] = {}
     for version in (9, 3):
         for label, batch in (("1 KiB", small), ("1 MiB", big)):
             frame = produce_frame(version, batch)
             msg: Any = messages.decode_request(frame)[1]
             assert bytes(msg.topic_data[0].partition_data[0].records) == batch
-            us = best_us(functools.partial(messages.decode_request, frame), repeat)
-            decode[(version, len(batch))] = us
-            results.append({
+            row = {
                 "op": "decode", "message": f"ProduceRequest v{version}", "records": label,
-                "records_bytes": len(batch), "frame_bytes": len(frame), "us_per_call": us,
-            })  # fmt: skip
+                "records_bytes": len(batch), "frame_bytes": len(frame),
+            }  # fmt: skip
+            cases.append((row, functools.partial(messages.decode_request, frame)))
 
     records_1mib = os.urandom(MIB)
     chunks = RecordsChunks([records_1mib[i : i + 64 * KIB] for i in range(0, MIB, 64 * KIB)])
@@ -108,21 +117,27 @@ def run(repeat: int) -> dict[str, Any]:
         for label, records in (("1 MiB bytes", records_1mib), ("1 MiB RecordsChunks", chunks)):
             msg = fetch_response(records)
             parts = messages.encode_response(messages.ApiKey.FETCH, version, 1, msg)
-            total = sum(part_length(p) for p in parts)
+            row = {
+                "op": "encode", "message": f"FetchResponse v{version}", "records": label,
+                "records_bytes": MIB, "frame_bytes": sum(part_length(p) for p in parts),
+                "parts": len(parts),
+            }  # fmt: skip
             encode = functools.partial(
                 messages.encode_response, messages.ApiKey.FETCH, version, 1, msg
             )
-            us = best_us(encode, repeat)
-            results.append({
-                "op": "encode", "message": f"FetchResponse v{version}", "records": label,
-                "records_bytes": MIB, "frame_bytes": total, "parts": len(parts), "us_per_call": us,
-            })  # fmt: skip
+            cases.append((row, encode))
 
+    measure(cases, repeat)
+    results = [row for row, _ in cases]
+    decode = {
+        (r["message"], r["records"]): r["us_per_call"] for r in results if r["op"] == "decode"
+    }
     targets = []
     for version in (9, 3):
-        small_us, big_us = decode[(version, len(small))], decode[(version, len(big))]
+        name = f"ProduceRequest v{version}"
+        small_us, big_us = decode[(name, "1 KiB")], decode[(name, "1 MiB")]
         targets.append({
-            "message": f"ProduceRequest v{version}",
+            "message": name,
             "decode_1kib_us": small_us,
             "decode_1mib_us": big_us,
             "ratio": big_us / small_us,
