@@ -238,8 +238,8 @@ class BrokerProcess:
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
-        #: True between kill9() and start(): the broker is down on purpose.
-        self.killed = False
+        #: True between stop()/kill9() and start(): the broker is down on purpose.
+        self.down_on_purpose = False
         self._drainer: threading.Thread | None = None
         self._log_lock = threading.Lock()
 
@@ -252,11 +252,15 @@ class BrokerProcess:
 
     # -- lifecycle -----------------------------------------------------------
 
-    def start(self) -> None:
-        """Start on ``self.port`` (0 the first time) and wait for ``listening on``."""
+    def start(self, *, ready_check: bool = True) -> None:
+        """Start on ``self.port`` (0 the first time) and wait for ``listening on``.
+
+        With ``ready_check`` it then waits for one ApiVersions answer, so that the
+        broker is past its start-up (signal handlers included) when this returns.
+        """
         assert self.proc is None or self.proc.poll() is not None, "broker already running"
         self.starts += 1
-        self.killed = False
+        self.down_on_purpose = False
         self._log(f"===== e2e: start #{self.starts} on port {self.port} =====\n")
         argv = [
             str(BROKER_EXE),
@@ -290,9 +294,17 @@ class BrokerProcess:
                 f"broker did not log 'listening on' within {START_TIMEOUT_S}s "
                 f"(exit code {proc.poll()})\n{self.log_tail()}"
             )
-        if self.port == 0:
-            self.port = found[0]
-        assert found[0] == self.port, f"restarted on port {found[0]}, wanted {self.port}"
+        try:
+            if self.port == 0:
+                self.port = found[0]
+            assert found[0] == self.port, f"restarted on port {found[0]}, wanted {self.port}"
+            if ready_check:
+                with self.connect() as conn:
+                    answer = conn.request(m.ApiKey.API_VERSIONS, 0, m.ApiVersionsRequest())
+                assert answer.error_code == 0, answer
+        except BaseException:
+            self._kill_hard()  # never leave a half-started broker behind
+            raise
 
     def _drain(
         self, proc: subprocess.Popen[bytes], listening: threading.Event, found: list[int]
@@ -315,6 +327,7 @@ class BrokerProcess:
         """SIGTERM and wait; returns the exit code. A hang is killed and fails the test."""
         proc = self.proc
         assert proc is not None, "broker was never started"
+        self.down_on_purpose = True
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -339,7 +352,7 @@ class BrokerProcess:
         assert self.proc is not None and self.proc.poll() is None, "broker is not running"
         self._log("===== e2e: kill -9 =====\n")
         self._kill_hard()
-        self.killed = True
+        self.down_on_purpose = True
 
     def _kill_hard(self) -> None:
         proc = self.proc
@@ -407,7 +420,7 @@ def _running_broker(request: pytest.FixtureRequest, data_dir: Path) -> Iterator[
             code = broker.stop()
             if code != 0:
                 pytest.fail(f"broker exited with {code} on SIGTERM\n{broker.log_tail()}")
-        elif not broker.killed and broker.proc is not None:
+        elif not broker.down_on_purpose and broker.proc is not None:
             broker._join_drainer()
             pytest.fail(
                 f"broker died by itself (exit code {broker.proc.returncode})\n{broker.log_tail()}"
