@@ -33,6 +33,7 @@ from trio_broker.server.flusher import Flusher
 from trio_broker.server.handler_pool import HandlerPool
 from trio_broker.server.memory_budget import MemoryBudget
 from trio_broker.server.topics import TopicManager
+from trio_broker.state.producer import Duplicate, ProducerStateRegistry, Reject
 from trio_broker.storage.group_commit import FlushPolicy
 from trio_broker.storage.log import LogConfig
 
@@ -98,12 +99,23 @@ class Broker:
         """Sequence checks for an idempotent batch before it is appended.
 
         Returns the original base offset of a retried duplicate, None to append,
-        or raises BatchRejected with Kafka's error. (Filled in by [idempotence].)
+        or raises BatchRejected with Kafka's error (rules: trio_broker.state.producer).
         """
+        # Imported here: handlers are loaded by load_handlers, after this module.
+        from trio_broker.handlers.produce import BatchRejected
+
+        verdict = ProducerStateRegistry.attached_to(self).check(topic, partition, log, batch)
+        if isinstance(verdict, Reject):
+            raise BatchRejected(verdict.error_code, verdict.message)
+        if isinstance(verdict, Duplicate):
+            return verdict.original_base_offset
         return None
 
     def record_producer_append(self, topic: str, partition: int, batch: Any, result: Any) -> None:
-        """Remember an appended idempotent batch (filled in by [idempotence])."""
+        """Remember an appended idempotent batch: it joins its producer's duplicate window."""
+        ProducerStateRegistry.attached_to(self).record_append(
+            topic, partition, batch, result.base_offset, result.last_offset
+        )
 
     # ------------------------------------------------------------------ appends / long polls
 
@@ -135,6 +147,7 @@ class Broker:
         finally:
             with trio.CancelScope(shield=True):
                 self.topics.close()
+                ProducerStateRegistry.close_attached(self)  # after the logs are flushed
                 for service in self.services:
                     close = getattr(service, "close", None)
                     if close is not None:
