@@ -26,6 +26,7 @@ import attrs
 import trio
 
 from trio_broker.config import BrokerConfig, ensure_cluster_id
+from trio_broker.groups import GroupCoordinator
 from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS, ClientInfo, HandlerSpec
 from trio_broker.server.connection import Connection
@@ -92,6 +93,8 @@ class Broker:
         self._accept_scope = trio.CancelScope()
         #: Extra long-lived tasks (e.g. the group coordinator) register here.
         self.services: list[Any] = []
+        self.groups = GroupCoordinator(self)
+        self.services.append(self.groups)
 
     # ------------------------------------------------------------------ idempotent producers
 

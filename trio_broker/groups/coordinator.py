@@ -1,0 +1,377 @@
+"""The group coordinator: Trio shell around the pure group machines.
+
+This node is the coordinator of every group. The coordinator
+
+* owns one :class:`~trio_broker.state.group.Group` per group id and feeds it
+  requests with the monotonic Trio clock (so tests can use ``autojump_clock``);
+* parks JoinGroup/SyncGroup requests as :class:`Waiter` objects and wakes them
+  with the replies the group machine hands back;
+* runs one timer task (started by the broker's root nursery through
+  ``broker.services``) that fires due deadlines -- sessions, join and sync
+  phases, KIP-394 pending ids -- and expires old offsets of empty groups;
+* stores committed offsets durably through :class:`OffsetsStore` and answers a
+  commit only after the flusher has synced it.
+
+Group membership is not persisted: after a restart every group is Empty (with
+its offsets) and consumers rejoin, which costs one rebalance.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from trio_broker.groups.offsets_store import (
+    Entry,
+    OffsetAndMetadata,
+    OffsetKey,
+    OffsetsStore,
+    PendingWrite,
+)
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.group import (
+    Group,
+    GroupConfig,
+    GroupState,
+    GroupSummary,
+    JoinRequest,
+    JoinResult,
+    Reply,
+    SyncResult,
+)
+from trio_broker.storage.errors import StorageError
+
+log = logging.getLogger("trio_broker.groups")
+
+#: How often empty groups are checked for expired offsets and forgotten
+#: (Kafka's offsets.retention.check.interval.ms).
+CLEANUP_INTERVAL_MS = 600_000
+
+
+class Waiter:
+    """One parked JoinGroup or SyncGroup: set once by the group machine's reply."""
+
+    __slots__ = ("_event", "result")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self.result: JoinResult | SyncResult | None = None
+
+    def set(self, result: JoinResult | SyncResult) -> None:
+        if not self._event.is_set():
+            self.result = result
+            self._event.set()
+
+    async def wait(self) -> JoinResult | SyncResult:
+        await self._event.wait()
+        assert self.result is not None
+        return self.result
+
+
+@attrs.frozen
+class StableGeneration:
+    """Reported to observers each time a generation becomes Stable (tests, metrics)."""
+
+    group_id: str
+    generation_id: int
+    protocol_name: str | None
+    leader_id: str | None
+    assignments: Mapping[str, bytes]
+
+
+def trio_clock_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+class GroupCoordinator:
+    """Register with ``broker.services``; started by ``Broker.run``."""
+
+    def __init__(self, broker: Any, *, clock_ms: Callable[[], int] = trio_clock_ms) -> None:
+        self.broker = broker
+        config = broker.config
+        self.group_config = GroupConfig(
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms
+        )
+        self.offsets_retention_ms: int = config.offsets_retention_minutes * 60_000
+        #: Timers run on this monotonic clock; commit timestamps use the broker's wall clock.
+        self.clock_ms = clock_ms
+        self.groups: dict[str, Group] = {}
+        self.offsets: OffsetsStore | None = None
+        #: Called with a StableGeneration whenever a group becomes Stable.
+        self.observers: list[Callable[[StableGeneration], None]] = []
+        self._wakeup = trio.Event()
+        self._next_cleanup_ms: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _open_offsets(self) -> OffsetsStore:
+        broker = self.broker
+        data_dir = broker.config.data_dir if broker.config.storage == "file" else None
+        return OffsetsStore.open(data_dir, broker.log_defaults)
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Load offsets (clients see the coordinator only after), then run the timers."""
+        if self.offsets is None:
+            self.offsets = await trio.to_thread.run_sync(self._open_offsets)
+        for group_id in self.offsets.group_ids():
+            self._group(group_id)
+        task_status.started()
+        await self._timer_loop()
+
+    def close(self) -> None:
+        if self.offsets is not None:
+            self.offsets.close()
+            self.offsets = None
+
+    @property
+    def store(self) -> OffsetsStore:
+        if self.offsets is None:
+            raise RuntimeError("group coordinator is not running")
+        return self.offsets
+
+    # ------------------------------------------------------------------ timers
+
+    def _poke(self) -> None:
+        """A deadline may have moved earlier: let the timer task look again."""
+        self._wakeup.set()
+
+    async def _timer_loop(self) -> None:
+        now = self.clock_ms()
+        self._next_cleanup_ms = now + CLEANUP_INTERVAL_MS
+        while True:
+            # A fresh event before scanning, so a poke during the scan is not lost.
+            self._wakeup = trio.Event()
+            now = self.clock_ms()
+            self.fire_due_timers(now)
+            if self._next_cleanup_ms is not None and now >= self._next_cleanup_ms:
+                self._next_cleanup_ms = now + CLEANUP_INTERVAL_MS
+                self.cleanup(now)
+            deadlines = [d for g in self.groups.values() if (d := g.next_deadline()) is not None]
+            if self._next_cleanup_ms is not None:
+                deadlines.append(self._next_cleanup_ms)
+            # Scanning every group is O(groups) per wake-up; fine for one node's groups.
+            wake_at = (min(deadlines) - now) / 1000 + trio.current_time() if deadlines else math.inf
+            with trio.move_on_at(wake_at):
+                await self._wakeup.wait()
+
+    def fire_due_timers(self, now_ms: int) -> None:
+        for group in list(self.groups.values()):
+            deadline = group.next_deadline()
+            if deadline is not None and deadline <= now_ms:
+                before = group.state
+                self._dispatch(group, group.advance_to(now_ms), before)
+
+    def cleanup(self, now_ms: int) -> None:
+        """Expire old offsets of empty groups; forget empty groups with nothing left."""
+        store = self.store
+        wall_now = self.broker.now_ms()
+        retention = self.offsets_retention_ms
+        expired: list[Entry] = []
+        for group_id, group in list(self.groups.items()):
+            if not group.is_empty():
+                continue
+            # Consumer groups keep offsets while members are around; once empty for the
+            # retention period, or for standalone committers, by commit age (KIP-211).
+            if group.protocol_type is None or now_ms - group.state_since_ms >= retention:
+                for (topic, partition), value in store.group_offsets(group_id).items():
+                    if value.commit_timestamp_ms + retention <= wall_now:
+                        expired.append((OffsetKey(group_id, topic, partition), None))
+        if expired:
+            try:
+                write = store.append(expired, wall_now)
+            except StorageError:
+                log.exception("could not expire offsets")
+            else:
+                self.broker.flusher.mark_dirty(store.log, len(expired))
+                store.apply(write)  # expiry need not wait: a lost tombstone just expires again
+        for group_id, group in list(self.groups.items()):
+            if group.is_empty() and not group.pending_members and not store.has_offsets(group_id):
+                group.delete(now_ms)
+                del self.groups[group_id]
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _group(self, group_id: str) -> Group:
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(group_id, self.group_config)
+        return group
+
+    def _dispatch(self, group: Group, replies: Iterable[Reply], before: GroupState) -> None:
+        for reply in replies:
+            waiter = reply.waiter
+            assert isinstance(waiter, Waiter)
+            waiter.set(reply.result)
+        if group.state is GroupState.STABLE and before is not GroupState.STABLE:
+            generation = StableGeneration(
+                group.group_id, group.generation_id, group.protocol_name, group.leader_id,
+                {m.member_id: m.assignment for m in group.members.values()},
+            )  # fmt: skip
+            for observer in self.observers:
+                observer(generation)
+        self._poke()
+
+    @staticmethod
+    def _settled(waiter: Waiter, result: Any) -> Any:
+        """The immediate result, else the waiter's -- the step may have answered it already
+        (the last member to rejoin, the leader's own SyncGroup)."""
+        if result is not None:
+            return result
+        return waiter if waiter.result is None else waiter.result
+
+    @staticmethod
+    def new_member_id(client_id: str) -> str:
+        # Kafka's shape: the client id (so operators can tell members apart) and a UUID.
+        return f"{client_id or 'member'}-{uuid.uuid4()}"
+
+    # ------------------------------------------------------------------ group membership
+
+    def join_group(self, group_id: str, request: JoinRequest) -> JoinResult | Waiter:
+        """The answer now, or a waiter that gets it when the join phase ends."""
+        group = self.groups.get(group_id)
+        if group is None:
+            if request.member_id:
+                return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member_id=request.member_id)
+            group = self._group(group_id)
+        waiter = Waiter()
+        before = group.state
+        outcome = group.join(
+            request, self.clock_ms(), self.new_member_id(request.client_id), waiter
+        )
+        self._dispatch(group, outcome.replies, before)
+        return self._settled(waiter, outcome.result)
+
+    def sync_group(
+        self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int,
+        protocol_type: str | None, protocol_name: str | None, assignments: Mapping[str, bytes],
+    ) -> SyncResult | Waiter:  # fmt: skip
+        group = self.groups.get(group_id)
+        if group is None:
+            return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)
+        waiter = Waiter()
+        before = group.state
+        outcome = group.sync(
+            member_id, group_instance_id, generation_id, protocol_type, protocol_name,
+            assignments, self.clock_ms(), waiter,
+        )  # fmt: skip
+        self._dispatch(group, outcome.replies, before)
+        return self._settled(waiter, outcome.result)
+
+    def heartbeat(
+        self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int
+    ) -> ErrorCode:
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        # No poke: a heartbeat only moves a deadline later. The timer task wakes at the
+        # old one, finds nothing due and sleeps again -- cheaper than a scan per heartbeat.
+        return group.heartbeat(member_id, group_instance_id, generation_id, self.clock_ms())
+
+    def leave_group(
+        self, group_id: str, members: Sequence[tuple[str, str | None]]
+    ) -> list[ErrorCode]:
+        """One error per (member id, group instance id)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return [ErrorCode.UNKNOWN_MEMBER_ID] * len(members)
+        errors = []
+        for member_id, instance_id in members:
+            before = group.state
+            error, replies = group.leave(member_id, instance_id, self.clock_ms())
+            self._dispatch(group, replies, before)
+            errors.append(error)
+        return errors
+
+    def list_groups(self) -> list[tuple[str, str, GroupState]]:
+        """(group id, protocol type, state) of every group this node coordinates."""
+        return [(g.group_id, g.protocol_type or "", g.state) for g in self.groups.values()]
+
+    def describe_group(self, group_id: str) -> GroupSummary | None:
+        group = self.groups.get(group_id)
+        return None if group is None else group.summary()
+
+    def delete_groups(
+        self, group_ids: Sequence[str]
+    ) -> tuple[dict[str, ErrorCode], PendingWrite | None]:
+        """DeleteGroups: only Empty groups go, with their offsets (tombstones).
+
+        The groups are gone at once; the caller waits for the returned write to be
+        durable (:meth:`wait_offsets_durable`) before acknowledging.
+        """
+        results: dict[str, ErrorCode] = {}
+        tombstones: list[Entry] = []
+        store = self.store
+        now = self.clock_ms()
+        for group_id in group_ids:
+            group = self.groups.get(group_id)
+            if group is None:
+                results[group_id] = ErrorCode.GROUP_ID_NOT_FOUND
+            elif not group.is_empty():
+                results[group_id] = ErrorCode.NON_EMPTY_GROUP
+            else:
+                group.delete(now)
+                del self.groups[group_id]
+                tombstones += [(OffsetKey(group_id, topic, partition), None)
+                               for topic, partition in store.group_offsets(group_id)]  # fmt: skip
+                results[group_id] = ErrorCode.NONE
+        return results, self.append_offsets(tombstones) if tombstones else None
+
+    # ------------------------------------------------------------------ offsets
+
+    def validate_offset_commit(
+        self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int
+    ) -> ErrorCode:
+        group = self.groups.get(group_id)
+        if group is None:
+            if generation_id >= 0:
+                # A member of a group we do not know (e.g. from before a restart).
+                return ErrorCode.ILLEGAL_GENERATION
+            # A consumer that assigns partitions itself and only stores offsets here.
+            group = self._group(group_id)
+        # (A commit, like a heartbeat, only moves the member's deadline later: no poke.)
+        return group.validate_offset_commit(
+            member_id, group_instance_id, generation_id, self.clock_ms()
+        )
+
+    def append_offsets(self, entries: Sequence[Entry]) -> PendingWrite:
+        """Append now (in request order); raises StorageError."""
+        store = self.store
+        write = store.append(entries, self.broker.now_ms())
+        self.broker.flusher.mark_dirty(store.log, len(entries))
+        return write
+
+    async def wait_offsets_durable(self, write: PendingWrite) -> None:
+        """Wait for the fsync, then make the offsets visible; raises StorageError."""
+        store = self.store
+        await self.broker.flusher.wait_durable(store.log, write.last_offset)
+        store.apply(write)
+        # Cleanup may have forgotten an empty group while its first commit was on its
+        # way to disk; a group with offsets must be listed (and deletable).
+        for key, _ in write.entries:
+            if key.group_id not in self.groups and store.has_offsets(key.group_id):
+                self._group(key.group_id)
+
+    def committed(self, group_id: str, topic: str, partition: int) -> OffsetAndMetadata | None:
+        return self.store.get(group_id, topic, partition)
+
+    def committed_for_group(self, group_id: str) -> Mapping[tuple[str, int], OffsetAndMetadata]:
+        return self.store.group_offsets(group_id)
+
+    def delete_offsets_check(self, group_id: str) -> tuple[ErrorCode, set[str] | None]:
+        """OffsetDelete's group-level error and the topics the group still consumes."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.GROUP_ID_NOT_FOUND, None
+        if group.is_empty():
+            return ErrorCode.NONE, set()
+        subscribed = group.subscribed_topics()
+        if subscribed is None:
+            # Not a consumer group: we cannot tell what it uses, so only when empty.
+            return ErrorCode.NON_EMPTY_GROUP, None
+        return ErrorCode.NONE, subscribed

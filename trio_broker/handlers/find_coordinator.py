@@ -1,0 +1,50 @@
+"""FindCoordinator: this node coordinates every group; there is no transaction coordinator.
+
+v0-3 ask for one key; v4+ batch several (``coordinator_keys``) and get one
+entry each. Key type 0 is a group, 1 a transactional id (we answer
+COORDINATOR_NOT_AVAILABLE: transactions are not supported), anything else is
+an invalid request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+
+Resp: Any = m.FindCoordinatorResponse
+KEY_TYPE_GROUP = 0
+KEY_TYPE_TRANSACTION = 1
+#: v4 is the first version that batches keys (KIP-699).
+FIRST_BATCHED_VERSION = 4
+
+
+def _locate(ctx: RequestContext, key_type: int) -> tuple[ErrorCode, str | None, int, str, int]:
+    """(error, message, node id, host, port) for one key."""
+    if key_type == KEY_TYPE_GROUP:
+        host, port = ctx.broker.advertised
+        return ErrorCode.NONE, None, ctx.broker.config.node_id, host, port
+    if key_type == KEY_TYPE_TRANSACTION:
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE, "transactions are not supported", -1, "", -1
+    return ErrorCode.INVALID_REQUEST, f"unknown coordinator key type {key_type}", -1, "", -1
+
+
+@handles(m.ApiKey.FIND_COORDINATOR)
+async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
+    key_type = request.key_type if ctx.api_version >= 1 else KEY_TYPE_GROUP
+    if ctx.api_version >= FIRST_BATCHED_VERSION:
+        coordinators = []
+        for key in request.coordinator_keys:
+            error, message, node, host, port = _locate(ctx, key_type)
+            coordinators.append(
+                Resp.Coordinator(key=key, node_id=node, host=host, port=port,
+                                 error_code=error, error_message=message)
+            )  # fmt: skip
+        return Resp(throttle_time_ms=0, coordinators=coordinators)
+    error, message, node, host, port = _locate(ctx, key_type)
+    return Resp(
+        throttle_time_ms=0, error_code=error, error_message=message,
+        node_id=node, host=host, port=port,
+    )  # fmt: skip

@@ -1,0 +1,297 @@
+"""JoinGroup, SyncGroup, Heartbeat, LeaveGroup, ListGroups, DescribeGroups, DeleteGroups.
+
+The handlers translate between wire versions and the coordinator
+(``ctx.broker.groups``); the protocol's rules live in ``trio_broker.state.group``.
+JoinGroup and SyncGroup often cannot be answered at once: they return a
+:class:`Deferred` that waits for the rebalance (or the leader), while the
+connection keeps serving the client's other requests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trio_broker.groups.coordinator import GroupCoordinator, Waiter
+from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.group import GroupState, JoinRequest, JoinResult, SyncResult
+from trio_broker.storage.errors import StorageError
+
+JoinResp: Any = m.JoinGroupResponse
+SyncResp: Any = m.SyncGroupResponse
+LeaveResp: Any = m.LeaveGroupResponse
+ListResp: Any = m.ListGroupsResponse
+DescribeResp: Any = m.DescribeGroupsResponse
+DeleteResp: Any = m.DeleteGroupsResponse
+HeartbeatResp: Any = m.HeartbeatResponse
+
+#: ListGroups v5 reports the group type; every group here speaks the classic protocol.
+CLASSIC_GROUP_TYPE = "classic"
+
+
+def coordinator(ctx: RequestContext) -> GroupCoordinator:
+    groups: GroupCoordinator = ctx.broker.groups
+    return groups
+
+
+def client_host(ctx: RequestContext) -> str:
+    return f"/{ctx.client.host}"  # Kafka's spelling (an InetAddress's toString)
+
+
+# ------------------------------------------------------------------------- JoinGroup
+
+
+def join_response(version: int, result: JoinResult) -> Any:
+    protocol_name = result.protocol_name
+    if protocol_name is None and version < 7:
+        protocol_name = ""  # nullable only from v7
+    return JoinResp(
+        throttle_time_ms=0,
+        error_code=result.error,
+        generation_id=result.generation_id,
+        protocol_type=result.protocol_type,
+        protocol_name=protocol_name,
+        leader=result.leader_id,
+        skip_assignment=result.skip_assignment,
+        member_id=result.member_id,
+        members=[
+            JoinResp.JoinGroupResponseMember(
+                member_id=member_id, group_instance_id=instance_id, metadata=metadata
+            )
+            for member_id, instance_id, metadata in result.members
+        ],
+    )
+
+
+@handles(m.ApiKey.JOIN_GROUP)
+async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
+    version = ctx.api_version
+    if not request.group_id:
+        return join_response(
+            version, JoinResult(ErrorCode.INVALID_GROUP_ID, member_id=request.member_id)
+        )
+    join = JoinRequest(
+        member_id=request.member_id,
+        group_instance_id=request.group_instance_id if version >= 5 else None,
+        client_id=ctx.header.client_id or "",
+        client_host=client_host(ctx),
+        session_timeout_ms=request.session_timeout_ms,
+        # v0 has no rebalance timeout: the session timeout bounds the join phase.
+        rebalance_timeout_ms=(
+            request.rebalance_timeout_ms if version >= 1 else request.session_timeout_ms
+        ),
+        protocol_type=request.protocol_type,
+        protocols=tuple((p.name, bytes(p.metadata)) for p in request.protocols),
+        require_known_member_id=version >= 4,
+        supports_skip_assignment=version >= 9,
+    )
+    outcome = coordinator(ctx).join_group(request.group_id, join)
+    if isinstance(outcome, JoinResult):
+        return join_response(version, outcome)
+    waiter: Waiter = outcome
+
+    async def when_joined() -> Any:
+        result = await waiter.wait()
+        assert isinstance(result, JoinResult)
+        return join_response(version, result)
+
+    return Deferred(when_joined)
+
+
+# ------------------------------------------------------------------------- SyncGroup
+
+
+def sync_response(result: SyncResult) -> Any:
+    return SyncResp(
+        throttle_time_ms=0,
+        error_code=result.error,
+        protocol_type=result.protocol_type,
+        protocol_name=result.protocol_name,
+        assignment=result.assignment,
+    )
+
+
+@handles(m.ApiKey.SYNC_GROUP)
+async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
+    version = ctx.api_version
+    if not request.group_id:
+        return sync_response(SyncResult(ErrorCode.INVALID_GROUP_ID))
+    outcome = coordinator(ctx).sync_group(
+        request.group_id,
+        request.member_id,
+        request.group_instance_id if version >= 3 else None,
+        request.generation_id,
+        request.protocol_type if version >= 5 else None,
+        request.protocol_name if version >= 5 else None,
+        {a.member_id: bytes(a.assignment) for a in request.assignments},
+    )
+    if isinstance(outcome, SyncResult):
+        return sync_response(outcome)
+    waiter: Waiter = outcome
+
+    async def when_synced() -> Any:
+        result = await waiter.wait()
+        assert isinstance(result, SyncResult)
+        return sync_response(result)
+
+    return Deferred(when_synced)
+
+
+# ------------------------------------------------------------------------- Heartbeat / Leave
+
+
+@handles(m.ApiKey.HEARTBEAT)
+async def handle_heartbeat(ctx: RequestContext, request: Any) -> Any:
+    if not request.group_id:
+        error = ErrorCode.INVALID_GROUP_ID
+    else:
+        error = coordinator(ctx).heartbeat(
+            request.group_id,
+            request.member_id,
+            request.group_instance_id if ctx.api_version >= 3 else None,
+            request.generation_id,
+        )
+    return HeartbeatResp(throttle_time_ms=0, error_code=error)
+
+
+@handles(m.ApiKey.LEAVE_GROUP)
+async def handle_leave_group(ctx: RequestContext, request: Any) -> Any:
+    batched = ctx.api_version >= 3  # v3+ (KIP-345) may remove several members by instance id
+    if batched:
+        leaving = [(member.member_id, member.group_instance_id) for member in request.members]
+    else:
+        leaving = [(request.member_id, None)]
+    if not request.group_id:
+        return LeaveResp(throttle_time_ms=0, error_code=ErrorCode.INVALID_GROUP_ID, members=[])
+    errors = coordinator(ctx).leave_group(request.group_id, leaving)
+    if not batched:
+        return LeaveResp(throttle_time_ms=0, error_code=errors[0])
+    return LeaveResp(
+        throttle_time_ms=0,
+        error_code=ErrorCode.NONE,
+        members=[
+            LeaveResp.MemberResponse(
+                member_id=member_id, group_instance_id=instance_id, error_code=error
+            )
+            for (member_id, instance_id), error in zip(leaving, errors, strict=True)
+        ],
+    )
+
+
+# ------------------------------------------------------------------------- ListGroups
+
+
+@handles(m.ApiKey.LIST_GROUPS)
+async def handle_list_groups(ctx: RequestContext, request: Any) -> Any:
+    version = ctx.api_version
+    # Kafka matches state names case-insensitively; an empty filter matches all.
+    states = {s.lower() for s in request.states_filter} if version >= 4 else set()
+    types = {t.lower() for t in request.types_filter} if version >= 5 else set()
+    if types and CLASSIC_GROUP_TYPE not in types:
+        listed = []
+    else:
+        listed = [
+            ListResp.ListedGroup(
+                group_id=group_id,
+                protocol_type=protocol_type,
+                group_state=state.value,
+                group_type=CLASSIC_GROUP_TYPE,
+            )
+            for group_id, protocol_type, state in coordinator(ctx).list_groups()
+            if not states or state.value.lower() in states
+        ]
+    return ListResp(throttle_time_ms=0, error_code=ErrorCode.NONE, groups=listed)
+
+
+# ------------------------------------------------------------------------- DescribeGroups
+
+#: DescribeGroups v6 reports unknown groups as GROUP_ID_NOT_FOUND (older: state "Dead").
+FIRST_NOT_FOUND_VERSION = 6
+
+
+@handles(m.ApiKey.DESCRIBE_GROUPS)
+async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
+    described = []
+    groups = coordinator(ctx)
+    for group_id in request.groups:
+        summary = groups.describe_group(group_id) if group_id else None
+        if summary is None:
+            error = ErrorCode.INVALID_GROUP_ID if not group_id else ErrorCode.NONE
+            if group_id and ctx.api_version >= FIRST_NOT_FOUND_VERSION:
+                error = ErrorCode.GROUP_ID_NOT_FOUND
+            described.append(
+                DescribeResp.DescribedGroup(
+                    error_code=error,
+                    error_message=None if error is ErrorCode.NONE else f"group {group_id!r}",
+                    group_id=group_id,
+                    group_state=GroupState.DEAD.value,
+                    protocol_type="",
+                    protocol_data="",
+                    members=[],
+                )
+            )
+            continue
+        described.append(
+            DescribeResp.DescribedGroup(
+                error_code=ErrorCode.NONE,
+                group_id=group_id,
+                group_state=summary.state.value,
+                protocol_type=summary.protocol_type,
+                protocol_data=summary.protocol_name,
+                members=[
+                    DescribeResp.DescribedGroup.DescribedGroupMember(
+                        member_id=member.member_id,
+                        group_instance_id=member.group_instance_id,
+                        client_id=member.client_id,
+                        client_host=member.client_host,
+                        member_metadata=member.metadata,
+                        member_assignment=member.assignment,
+                    )
+                    for member in summary.members
+                ],
+            )
+        )
+    return DescribeResp(throttle_time_ms=0, groups=described)
+
+
+# ------------------------------------------------------------------------- DeleteGroups
+
+
+@handles(m.ApiKey.DELETE_GROUPS)
+async def handle_delete_groups(ctx: RequestContext, request: Any) -> Any:
+    names = list(request.groups_names)
+    groups = coordinator(ctx)
+    results: dict[str, ErrorCode] = {}
+    write = None
+    try:
+        # Deleted now, in request order; only the wait for the tombstones is deferred.
+        results, write = groups.delete_groups([name for name in names if name])
+    except StorageError:
+        results = dict.fromkeys(names, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+
+    def response() -> Any:
+        return DeleteResp(
+            throttle_time_ms=0,
+            results=[
+                DeleteResp.DeletableGroupResult(
+                    group_id=name, error_code=results.get(name, ErrorCode.INVALID_GROUP_ID)
+                )
+                for name in names
+            ],
+        )
+
+    if write is None:
+        return response()
+    pending = write
+
+    async def when_durable() -> Any:
+        try:
+            await groups.wait_offsets_durable(pending)
+        except StorageError:
+            for name, error in results.items():
+                if error is ErrorCode.NONE:
+                    results[name] = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return response()
+
+    return Deferred(when_durable)

@@ -1,0 +1,279 @@
+"""OffsetCommit, OffsetFetch, OffsetDelete.
+
+A commit is checked against the group (generation, member id, state) and
+appended to the internal offsets log in request order; the response waits until
+the flusher has made that append durable, and only then does the offset become
+visible to OffsetFetch. OffsetFetch answers -1 for partitions without a commit.
+v10 of both APIs name topics by id instead of name.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from trio_broker.groups.coordinator import GroupCoordinator
+from trio_broker.groups.offsets_store import Entry, OffsetAndMetadata, OffsetKey, PendingWrite
+from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.storage.errors import StorageError
+
+CommitResp: Any = m.OffsetCommitResponse
+FetchResp: Any = m.OffsetFetchResponse
+DeleteResp: Any = m.OffsetDeleteResponse
+
+#: offset.metadata.max.bytes: longer commit metadata is refused per partition.
+MAX_METADATA_BYTES = 4096
+#: OffsetCommit/OffsetFetch v10 identify topics by id (KIP-848 era).
+FIRST_TOPIC_ID_VERSION = 10
+#: OffsetFetch v8 batches several groups (KIP-709).
+FIRST_MULTI_GROUP_VERSION = 8
+NO_OFFSET = -1
+NO_LEADER_EPOCH = -1
+ZERO_UUID = uuid.UUID(int=0)
+
+
+def coordinator(ctx: RequestContext) -> GroupCoordinator:
+    groups: GroupCoordinator = ctx.broker.groups
+    return groups
+
+
+def resolve_topic(
+    ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None, by_id: bool
+) -> tuple[str | None, uuid.UUID, int, ErrorCode]:
+    """(name, id, partition count, error) of a topic named in a request."""
+    topics = ctx.broker.topics
+    if by_id:
+        topic = topics.by_id.get(topic_id) if topic_id is not None else None
+    else:
+        topic = topics.get(name or "")
+    if topic is None:
+        missing = ErrorCode.UNKNOWN_TOPIC_ID if by_id else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        return name, topic_id or ZERO_UUID, 0, missing
+    return topic.name, topic.topic_id, len(topic.logs), ErrorCode.NONE
+
+
+# ------------------------------------------------------------------------- OffsetCommit
+
+
+@handles(m.ApiKey.OFFSET_COMMIT)
+async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
+    version = ctx.api_version
+    by_id = version >= FIRST_TOPIC_ID_VERSION
+    groups = coordinator(ctx)
+    group_id = request.group_id
+    group_error = groups.validate_offset_commit(
+        group_id,
+        request.member_id,
+        request.group_instance_id if version >= 7 else None,
+        request.generation_id_or_member_epoch,
+    )
+    now = ctx.broker.now_ms()
+    entries: list[Entry] = []
+    waiting: list[Any] = []  # partition responses whose fate is the write's
+    topic_responses = []
+    for topic in request.topics:
+        name, topic_id, partitions, topic_error = resolve_topic(
+            ctx, topic.name, topic.topic_id if by_id else None, by_id
+        )
+        partition_responses = []
+        for p in topic.partitions:
+            part = CommitResp.OffsetCommitResponseTopic.OffsetCommitResponsePartition(
+                partition_index=p.partition_index, error_code=ErrorCode.NONE
+            )
+            partition_responses.append(part)
+            metadata = p.committed_metadata or ""
+            if topic_error is not ErrorCode.NONE or not 0 <= p.partition_index < partitions:
+                part.error_code = topic_error or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif group_error is not ErrorCode.NONE:
+                part.error_code = group_error
+            elif len(metadata.encode()) > MAX_METADATA_BYTES:
+                part.error_code = ErrorCode.OFFSET_METADATA_TOO_LARGE
+            else:
+                assert name is not None
+                epoch = p.committed_leader_epoch if version >= 6 else NO_LEADER_EPOCH
+                value = OffsetAndMetadata(p.committed_offset, epoch, metadata, now)
+                entries.append((OffsetKey(group_id, name, p.partition_index), value))
+                waiting.append(part)
+        topic_responses.append(
+            CommitResp.OffsetCommitResponseTopic(
+                name=name or "", topic_id=topic_id, partitions=partition_responses
+            )
+        )
+    response = CommitResp(throttle_time_ms=0, topics=topic_responses)
+    if not entries:
+        return response
+
+    def fail(error: ErrorCode) -> Any:
+        for part in waiting:
+            part.error_code = error
+        return response
+
+    try:
+        # Appended now, so commits on one connection land in the log in request order.
+        write: PendingWrite = groups.append_offsets(entries)
+    except StorageError:
+        return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+
+    async def when_durable() -> Any:
+        try:
+            await groups.wait_offsets_durable(write)
+        except StorageError:
+            return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)  # retriable for clients
+        return response
+
+    return Deferred(when_durable)
+
+
+# ------------------------------------------------------------------------- OffsetFetch
+
+
+def fetch_group_offsets(
+    ctx: RequestContext, group_id: str, topics: list[Any] | None, by_id: bool
+) -> list[tuple[str, uuid.UUID, list[tuple[int, int, int, str, ErrorCode]]]]:
+    """[(topic name, topic id, [(partition, offset, leader epoch, metadata, error)])]."""
+    groups = coordinator(ctx)
+    out = []
+    if topics is None:  # every partition the group has committed
+        by_topic: dict[str, list[tuple[int, int, int, str, ErrorCode]]] = {}
+        for (name, partition), stored in sorted(groups.committed_for_group(group_id).items()):
+            by_topic.setdefault(name, []).append(
+                (partition, stored.offset, stored.leader_epoch, stored.metadata, ErrorCode.NONE)
+            )
+        for name, partitions in by_topic.items():
+            topic = ctx.broker.topics.get(name)
+            if by_id and topic is None:
+                continue  # the topic is gone: there is no id to name it by
+            out.append((name, topic.topic_id if topic else ZERO_UUID, partitions))
+        return out
+    for wanted in topics:
+        topic_id = wanted.topic_id if by_id else None
+        found, resolved_id, _, error = resolve_topic(ctx, wanted.name, topic_id, by_id)
+        partitions = []
+        for index in wanted.partition_indexes:
+            value = None if found is None else groups.committed(group_id, found, index)
+            if by_id and error is not ErrorCode.NONE:
+                partitions.append((index, NO_OFFSET, NO_LEADER_EPOCH, "", error))
+            elif value is None:
+                partitions.append((index, NO_OFFSET, NO_LEADER_EPOCH, "", ErrorCode.NONE))
+            else:
+                partitions.append(
+                    (index, value.offset, value.leader_epoch, value.metadata, ErrorCode.NONE)
+                )
+        out.append((found or "", resolved_id, partitions))
+    return out
+
+
+@handles(m.ApiKey.OFFSET_FETCH)
+async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
+    version = ctx.api_version
+    by_id = version >= FIRST_TOPIC_ID_VERSION
+    # require_stable (v7+) asks for UNSTABLE_OFFSET_COMMIT while a transactional commit
+    # is pending; without transactions every visible offset is stable.
+    if version < FIRST_MULTI_GROUP_VERSION:
+        found = fetch_group_offsets(ctx, request.group_id, request.topics, by_id=False)
+        return FetchResp(
+            throttle_time_ms=0,
+            error_code=ErrorCode.NONE,
+            topics=[
+                FetchResp.OffsetFetchResponseTopic(
+                    name=name,
+                    partitions=[
+                        FetchResp.OffsetFetchResponseTopic.OffsetFetchResponsePartition(
+                            partition_index=index,
+                            committed_offset=offset,
+                            committed_leader_epoch=epoch,
+                            metadata=metadata,
+                            error_code=error,
+                        )
+                        for index, offset, epoch, metadata, error in partitions
+                    ],
+                )
+                for name, _, partitions in found
+            ],
+        )
+    group_responses = []
+    for group in request.groups:
+        found = fetch_group_offsets(ctx, group.group_id, group.topics, by_id)
+        Topics = FetchResp.OffsetFetchResponseGroup.OffsetFetchResponseTopics
+        group_responses.append(
+            FetchResp.OffsetFetchResponseGroup(
+                group_id=group.group_id,
+                error_code=ErrorCode.NONE,
+                topics=[
+                    Topics(
+                        name=name,
+                        topic_id=topic_id,
+                        partitions=[
+                            Topics.OffsetFetchResponsePartitions(
+                                partition_index=index,
+                                committed_offset=offset,
+                                committed_leader_epoch=epoch,
+                                metadata=metadata,
+                                error_code=error,
+                            )
+                            for index, offset, epoch, metadata, error in partitions
+                        ],
+                    )
+                    for name, topic_id, partitions in found
+                ],
+            )
+        )
+    return FetchResp(throttle_time_ms=0, groups=group_responses)
+
+
+# ------------------------------------------------------------------------- OffsetDelete
+
+
+@handles(m.ApiKey.OFFSET_DELETE)
+async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
+    groups = coordinator(ctx)
+    group_id = request.group_id
+    if not group_id:
+        return DeleteResp(throttle_time_ms=0, error_code=ErrorCode.INVALID_GROUP_ID, topics=[])
+    group_error, subscribed = groups.delete_offsets_check(group_id)
+    if group_error is not ErrorCode.NONE:
+        return DeleteResp(throttle_time_ms=0, error_code=group_error, topics=[])
+    tombstones: list[Entry] = []
+    deleted: list[Any] = []
+    topic_responses = []
+    for topic in request.topics:
+        _, _, partitions, topic_error = resolve_topic(ctx, topic.name, None, by_id=False)
+        partition_responses = []
+        for p in topic.partitions:
+            index = p.partition_index
+            part = DeleteResp.OffsetDeleteResponseTopic.OffsetDeleteResponsePartition(
+                partition_index=index, error_code=ErrorCode.NONE
+            )
+            partition_responses.append(part)
+            if topic_error is not ErrorCode.NONE or not 0 <= index < partitions:
+                part.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif subscribed and topic.name in subscribed:
+                # Members still consume it: they would just commit it again.
+                part.error_code = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
+            elif groups.committed(group_id, topic.name, index) is not None:
+                tombstones.append((OffsetKey(group_id, topic.name, index), None))
+                deleted.append(part)
+        topic_responses.append(
+            DeleteResp.OffsetDeleteResponseTopic(name=topic.name, partitions=partition_responses)
+        )
+    response = DeleteResp(throttle_time_ms=0, error_code=ErrorCode.NONE, topics=topic_responses)
+    if not tombstones:
+        return response
+    try:
+        write = groups.append_offsets(tombstones)
+    except StorageError:
+        return DeleteResp(
+            throttle_time_ms=0, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, topics=[]
+        )
+
+    async def when_durable() -> Any:
+        try:
+            await groups.wait_offsets_durable(write)
+        except StorageError:
+            for part in deleted:
+                part.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return response
+
+    return Deferred(when_durable)
