@@ -62,14 +62,21 @@ def read(
 ) -> list[int]:
     """Indices of the batches a fetch returns (Kafka semantics, KIP-74).
 
+    Whole batches with last offset >= ``start`` and base offset < ``max_offset``
+    (the high watermark), none at all when ``start >= max_offset``; the total
+    stays within ``max_bytes`` except for a first batch when ``min_one``.
+
     pre: is_log(batches)
     post: all(j == i + 1 for i, j in zip(__return__, __return__[1:]))
     post: all(batches[i][1] >= start and batches[i][0] < max_offset for i in __return__)
     post: len(__return__) <= 1 or sum(batches[i][2] for i in __return__) <= max_bytes
     post: (not __return__) or all(b[1] < start for b in batches[: __return__[0]])
-    post: (not min_one) or __return__ or all(b[1] < start or b[0] >= max_offset for b in batches)
+    post: start < max_offset or not __return__
+    post: (not min_one) or __return__ or start >= max_offset or all(b[1] < start or b[0] >= max_offset for b in batches)
     """
     chosen: list[int] = []
+    if start >= max_offset:
+        return chosen  # nothing at or after the start is below the bound
     budget = max_bytes
     for i, (base, last, size) in enumerate(batches):
         if last < start:

@@ -392,7 +392,7 @@ def test_corruption_in_a_middle_segment_drops_everything_after(logdir: Path) -> 
     fill(log, 30)
     bases = log.segment_base_offsets()
     log.abort()  # no flush, no recovery point: every segment is scanned
-    (logdir / RECOVERY_POINT_CHECKPOINT).unlink()
+    (logdir / RECOVERY_POINT_CHECKPOINT).unlink(missing_ok=True)
     second = logdir / f"{bases[1]:020d}.log"
     data = bytearray(second.read_bytes())
     data[_batch.parse_header(data).size + 70] ^= 0xFF  # inside its second batch
@@ -658,3 +658,73 @@ def test_enospc_while_rolling(logdir: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.undo()
     assert log.offline and log.log_end_offset == 1
     log.abort()
+
+
+def test_test_batches_decode_with_the_protocol_codec() -> None:
+    """The storage helpers and trio_broker.protocol.records agree on the format."""
+    from trio_broker.protocol.records import RecordBatchView
+
+    buf = _batch.build_batch([b"v1", None, b"v333"], keys=[b"a", b"b", None], timestamp=1234)
+    view = RecordBatchView(buf)
+    view.validate()
+    assert [(r.key, r.value) for r in view.records()] == [
+        (b"a", b"v1"),
+        (b"b", None),
+        (None, b"v333"),
+    ]
+    assert view.max_timestamp == 1234 and view.last_offset_delta == 2
+    _batch.set_log_append_time(buf, 99)
+    RecordBatchView(buf).validate()
+    assert RecordBatchView(buf).timestamp_type == 1
+
+
+def test_config_from_kafka_topic_configs() -> None:
+    config = LogConfig.from_topic_configs(
+        {
+            "segment.bytes": "1000",
+            "retention.ms": "-1",
+            "retention.bytes": "5000",
+            "cleanup.policy": "delete",
+        }
+    )
+    assert config.segment_bytes == 1000
+    assert config.retention_ms is None and config.retention_bytes == 5000
+    assert config.segment_ms == LogConfig().segment_ms
+    assert config.max_index_entries >= 1000 // 4096 + 1
+    with pytest.raises(ValueError):
+        LogConfig(segment_bytes=1 << 31)
+
+
+def test_memory_log_open_and_regions() -> None:
+    log = MemoryLog.open(None, LogConfig(retention_ms=None))
+    log.append(batch(2), now_ms=0)
+    regions = log.read(0, 10, 2)
+    assert regions[0].length == len(regions[0].read_bytes()) > 10  # KIP-74
+    assert log.flush() == log.durable_end_offset == 2
+    log.close()
+    assert log.closed
+    with pytest.raises(StorageError):
+        log.append(batch(), now_ms=0)
+
+
+def test_a_trusted_segment_that_becomes_active_again_is_scanned_later(logdir: Path) -> None:
+    config = LogConfig(segment_bytes=400, index_interval_bytes=0, retention_ms=None)
+    log = PartitionLog.open(logdir, config)
+    fill(log, 6)  # a few sealed segments
+    log.roll(0)  # an empty active segment
+    log.flush()  # recovery point = the empty active segment
+    bases = log.segment_base_offsets()
+    log.abort()
+    # crash: the empty active segment is dropped; the last sealed one is active again
+    reopened = PartitionLog.open(logdir, config)
+    assert reopened.segment_base_offsets() == bases[:-1]
+    assert int((logdir / RECOVERY_POINT_CHECKPOINT).read_text()) <= bases[-2]
+    end = reopened.log_end_offset
+    reopened.append(batch(1, 5), now_ms=0)  # lands in the reactivated segment, not synced
+    path = logdir / f"{bases[-2]:020d}.log"
+    reopened.abort()
+    with open(path, "r+b") as f:  # its unsynced tail is torn
+        f.truncate(path.stat().st_size - 3)
+    again = PartitionLog.open(logdir, config)
+    assert again.log_end_offset == end  # scanned and cut, not trusted blindly
+    again.close()

@@ -209,7 +209,8 @@ class PartitionLog:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
-        self._recovery_point = segments[-1].base_offset
+        #: base offset below which every segment is fully synced, as last persisted.
+        self._recovery_point = segments[0].base_offset
         self._persisted_log_start = log_start_offset
         #: (close-after-ms, segment) for segments retention removed.
         self._retired: list[tuple[int, Segment]] = []
@@ -407,9 +408,11 @@ class PartitionLog:
             if len(found) >= n or segment.next_offset <= log_start:
                 break
             stop = segment.size
-            for start in reversed([0, *segment.offset_index.positions()]):
-                if len(found) >= n:
-                    break
+            positions = segment.offset_index.positions()
+            k = len(positions)
+            while len(found) < n and stop > 0:
+                k -= 1
+                start = positions[k] if k >= 0 else 0
                 if start >= stop:
                     continue
                 found[:0] = [
@@ -678,24 +681,44 @@ class _Loader:
 
         start = max(log_start or 0, segments[0].base_offset)
         end = segments[-1].next_offset
-        if start > end:
-            # DeleteRecords moved the start past data a crash then lost: every
-            # offset below the start is gone anyway, so begin empty at it.
+        # The checkpoint is written before segments are deleted, so it is never
+        # below the first segment. If it is, the first segment was lost in the
+        # crash (its directory entry never made durable) and what follows can't
+        # be served: offsets would have a hole. Nothing there was durable -
+        # a flush syncs the directory before declaring anything durable.
+        hole = not report.clean and log_start is not None and segments[0].base_offset > log_start
+        if start > end or hole:
+            # Also: DeleteRecords moved the start past data a crash then lost.
+            # Every offset below the start is gone anyway, so begin empty at it.
+            start = log_start if hole and log_start is not None else start
             for segment in segments:
                 segment.unlink()
                 segment.close()
             segments = [self._new_segment(start)]
             report = attrs.evolve(report, segments_dropped=report.segments_dropped + 1)
+            self.dir_dirty = True
         if self.dir_dirty:
             fsync_dir(d)
         for segment in segments:
             segment.dir_synced = True
         log = PartitionLog(d, self.config, self.now_ms, segments, start, report)
-        log._persisted_log_start = log_start if log_start is not None else -1
-        log._recovery_point = recovery_point if recovery_point is not None else -1
+        # A missing checkpoint means "the first segment's base offset", and a
+        # recovery point at the first segment trusts nothing: neither needs a
+        # file until it says more than that (saves fsyncs when creating topics).
+        first_base = segments[0].base_offset
+        log._persisted_log_start = first_base if log_start is None else log_start
+        log._recovery_point = max(first_base, -1 if recovery_point is None else recovery_point)
+        active_base = segments[-1].base_offset
+        if log._recovery_point > active_base:
+            # Recovery dropped the segments after a trusted one, which is now
+            # active again and will change: stop vouching for it before any append.
+            atomic_write(d / RECOVERY_POINT_CHECKPOINT, b"%d\n" % active_base)
+            log._recovery_point = active_base
         log._persist_log_start()
-        if not report.clean or recovery_point is None:
-            log._sync_segments(segments)  # writes the recovery point
+        if not report.clean:
+            # The scanned data may still be only in the page cache: sync it (and
+            # the rebuilt indexes) before calling it durable.
+            log._sync_segments(segments)
         return log
 
     def _new_segment(self, base: int) -> Segment:
@@ -894,19 +917,19 @@ def _first_batch_timestamp(fd: int, size: int, mtime_ms: int) -> int | None:
 
 def _read_int(path: Path) -> int | None:
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         return None
     try:
-        value = int(text.strip())
-    except ValueError:
+        value = int(raw.decode("ascii").strip())
+    except ValueError:  # UnicodeDecodeError included
         return None  # a damaged checkpoint is treated as absent: recovery is safe
     return value if value >= 0 else None
 
 
 def _read_marker(path: Path) -> dict[str, int] | None:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes())
     except (FileNotFoundError, ValueError):
         return None
     if not isinstance(data, dict) or not all(isinstance(v, int) for v in data.values()):

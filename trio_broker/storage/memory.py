@@ -138,6 +138,8 @@ class MemoryLog:
         if not self.log_start_offset <= start_offset <= self.log_end_offset:
             raise OffsetOutOfRange(start_offset, self.log_start_offset, self.log_end_offset)
         regions: list[MemoryRegion] = []
+        if start_offset >= max_offset:
+            return regions  # nothing at or after the start is below the bound
         budget = max_bytes
         for batch in self._batches():
             if batch.last_offset < start_offset:

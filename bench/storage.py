@@ -1,0 +1,203 @@
+"""Storage benchmark: append throughput with fsync per append vs group commit.
+
+    .venv/bin/python bench/storage.py [--seconds 4] [--dir DIR] [--json FILE]
+
+Cases, each on a fresh log in DIR (default: a temp dir on the same disk as /tmp):
+
+* raw write+fdatasync/MiB - os.write of 1 MiB then fdatasync, in a loop: what
+  the disk gives a program that syncs every MiB, with no broker in the way.
+* append only            - PartitionLog.append with no fsync (page-cache speed).
+* fsync per append       - append then flush, one writer: one fsync per batch.
+* group commit x8        - 8 concurrent trio tasks each doing acks=all appends
+  (append, mark_dirty, wait_durable) through the Flusher: fsyncs are shared.
+
+Every case stops after --seconds or 512 MiB written, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trio_broker.server.flusher import Flusher
+from trio_broker.storage._batch import build_batch
+from trio_broker.storage.log import LogConfig, PartitionLog
+
+KIB = 1024
+MIB = 1024 * KIB
+SIZES = [1 * KIB, 64 * KIB, 1 * MIB]
+MAX_BYTES = 512 * MIB
+WRITERS = 8
+CONFIG = LogConfig(segment_bytes=256 * MIB, retention_ms=None)
+
+
+def make_batch(size: int) -> bytearray:
+    """One record whose batch is about ``size`` bytes (header and framing included)."""
+    return build_batch([b"x" * max(0, size - 80)], keys=[b"k"])
+
+
+def row(
+    case: str, size: int, elapsed: float, appends: int, nbytes: int, fsyncs: int
+) -> dict[str, Any]:
+    return {
+        "case": case,
+        "batch_bytes": size,
+        "seconds": round(elapsed, 3),
+        "appends": appends,
+        "mb_per_s": round(nbytes / MIB / elapsed, 2),
+        "appends_per_s": round(appends / elapsed, 1),
+        "fsyncs_per_s": round(fsyncs / elapsed, 1),
+        "appends_per_fsync": round(appends / fsyncs, 2) if fsyncs else None,
+    }
+
+
+def fresh_dir(root: Path, name: str) -> Path:
+    path = root / name
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def bench_raw(root: Path, seconds: float) -> dict[str, Any]:
+    path = fresh_dir(root, "raw")
+    path.mkdir()
+    fd = os.open(path / "data", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    block = b"r" * MIB
+    n = 0
+    start = time.perf_counter()
+    try:
+        while time.perf_counter() - start < seconds and n * MIB < MAX_BYTES:
+            os.write(fd, block)
+            os.fdatasync(fd)
+            n += 1
+    finally:
+        os.close(fd)
+    elapsed = time.perf_counter() - start
+    shutil.rmtree(path, ignore_errors=True)
+    return row("raw write+fdatasync/MiB", MIB, elapsed, n, n * MIB, n)
+
+
+def bench_sync(root: Path, size: int, seconds: float, *, fsync: bool) -> dict[str, Any]:
+    path = fresh_dir(root, f"sync-{size}-{fsync}")
+    log = PartitionLog.open(path, CONFIG)
+    batch = make_batch(size)
+    n = fsyncs = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds and n * len(batch) < MAX_BYTES:
+        log.append(batch, now_ms=0)
+        n += 1
+        if fsync:
+            log.flush()
+            fsyncs += 1
+    elapsed = time.perf_counter() - start
+    log.close()
+    shutil.rmtree(path, ignore_errors=True)
+    case = "fsync per append" if fsync else "append only (no fsync)"
+    return row(case, size, elapsed, n, n * len(batch), fsyncs)
+
+
+def bench_group(root: Path, size: int, seconds: float) -> dict[str, Any]:
+    path = fresh_dir(root, f"group-{size}")
+    log = PartitionLog.open(path, CONFIG)
+    flusher = Flusher()
+    counts = {"appends": 0, "bytes": 0}
+
+    async def writer(deadline: float) -> None:
+        batch = make_batch(size)
+        while trio.current_time() < deadline and counts["bytes"] < MAX_BYTES:
+            result = log.append(batch, now_ms=0)
+            flusher.mark_dirty(log)
+            await flusher.wait_durable(log, result.last_offset)
+            counts["appends"] += 1
+            counts["bytes"] += result.size
+
+    async def main() -> float:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(flusher.run)
+            start = trio.current_time()
+            async with trio.open_nursery() as writers:
+                for _ in range(WRITERS):
+                    writers.start_soon(writer, start + seconds)
+            elapsed = trio.current_time() - start
+            nursery.cancel_scope.cancel()
+        return elapsed
+
+    elapsed = trio.run(main)
+    stats = flusher.statistics()
+    log.close()
+    shutil.rmtree(path, ignore_errors=True)
+    result = row(
+        f"group commit x{WRITERS}", size, elapsed, counts["appends"], counts["bytes"], stats.fsyncs
+    )
+    result["appends_per_fsync_histogram"] = stats.appends_per_fsync
+    return result
+
+
+def human(size: int) -> str:
+    return f"{size // MIB} MiB" if size >= MIB else f"{size // KIB} KiB"
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    header = f"{'case':<26}{'batch':>8}{'MB/s':>10}{'appends/s':>12}{'fsyncs/s':>10}{'appends/fsync':>15}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        per = "-" if r["appends_per_fsync"] is None else f"{r['appends_per_fsync']:.2f}"
+        print(
+            f"{r['case']:<26}{human(r['batch_bytes']):>8}{r['mb_per_s']:>10.1f}"
+            f"{r['appends_per_s']:>12.1f}{r['fsyncs_per_s']:>10.1f}{per:>15}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=4.0, help="duration of each case (default 4)"
+    )
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to write (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also save the results as JSON here"
+    )
+    args = parser.parse_args(argv)
+
+    root = Path(tempfile.mkdtemp(prefix="trio-broker-bench-", dir=args.dir))
+    cases: list[Callable[[], dict[str, Any]]] = [lambda: bench_raw(root, args.seconds)]
+    for size in SIZES:
+        cases.append(lambda size=size: bench_sync(root, size, args.seconds, fsync=False))
+        cases.append(lambda size=size: bench_sync(root, size, args.seconds, fsync=True))
+        cases.append(lambda size=size: bench_group(root, size, args.seconds))
+    rows = []
+    try:
+        for case in cases:
+            rows.append(case())
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    usage = shutil.disk_usage(root.parent)
+    print(
+        f"disk: {root.parent} ({usage.total // (1 << 30)} GiB); {args.seconds:g} s per case, "
+        f"stops at {MAX_BYTES // MIB} MiB written"
+    )
+    print_table(rows)
+    if args.json is not None:
+        payload = {"seconds_per_case": args.seconds, "dir": str(root.parent), "results": rows}
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

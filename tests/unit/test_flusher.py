@@ -1,0 +1,322 @@
+"""Flusher: group commit, durability waits, flush policy, failures."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from trio_broker.server.flusher import Flusher
+from trio_broker.storage._batch import build_batch
+from trio_broker.storage.errors import StorageError
+from trio_broker.storage.group_commit import DurabilityTracker, FlushPolicy, histogram_bucket
+from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.memory import MemoryLog
+
+
+class SlowLog:
+    """A log whose flush blocks until released, to watch appends pile up."""
+
+    def __init__(self) -> None:
+        self.log_end_offset = 0
+        self.durable_end_offset = 0
+        self.offline = False
+        self.flushes = 0
+        self.fail_next = False
+        self.gate = threading.Semaphore(0)
+        self.auto = True
+        #: set once a flush has taken its snapshot and is "syncing".
+        self.syncing = threading.Event()
+
+    def append(self) -> int:
+        self.log_end_offset += 1
+        return self.log_end_offset - 1
+
+    def flush(self) -> int:
+        end = self.log_end_offset  # like PartitionLog: snapshot, then sync
+        if not self.auto:
+            self.syncing.set()
+            self.gate.acquire()
+            self.syncing.clear()
+        self.flushes += 1
+        if self.fail_next:
+            self.offline = True
+            raise StorageError("EIO")
+        self.durable_end_offset = end
+        return end
+
+
+# ------------------------------------------------------------------ sans-I/O tracker
+
+
+def test_tracker_releases_waiters_below_the_durable_end() -> None:
+    tracker: DurabilityTracker[str] = DurabilityTracker()
+    for offset, token in [(5, "a"), (1, "b"), (9, "c")]:
+        tracker.note_append(0)
+        tracker.add_waiter(offset, token)
+    covered = tracker.begin_flush()
+    assert covered == 3 and not tracker.dirty
+    assert tracker.end_flush(6, covered) == ["b", "a"]
+    assert tracker.waiters == 1
+    assert tracker.fail() == ["c"]
+    stats = tracker.statistics()
+    assert (stats.fsyncs, stats.failures, stats.appends) == (1, 1, 3)
+    assert stats.appends_per_fsync == {2: 1} and stats.max_appends_per_fsync == 3
+
+
+def test_tracker_policy() -> None:
+    eager: DurabilityTracker[object] = DurabilityTracker(FlushPolicy())
+    assert not eager.needs_flush(0)
+    eager.note_append(0)
+    assert eager.needs_flush(0)  # no limits configured: flush when free
+
+    timed: DurabilityTracker[object] = DurabilityTracker(FlushPolicy(flush_ms=100))
+    timed.note_append(1000)
+    timed.note_append(1050)
+    assert timed.deadline_ms() == 1100
+    assert not timed.needs_flush(1099) and timed.needs_flush(1100)
+    timed.add_waiter(0, object())
+    assert timed.needs_flush(1000)  # acks=all waiters never wait for flush.ms
+
+    counted: DurabilityTracker[object] = DurabilityTracker(FlushPolicy(flush_messages=10))
+    counted.note_append(0, messages=6)
+    assert not counted.needs_flush(0)
+    counted.note_append(0, messages=4)
+    assert counted.needs_flush(0)
+
+    assert FlushPolicy().requires_sync(-1) and not FlushPolicy().requires_sync(1)
+    assert not FlushPolicy(sync_acks_all=False).requires_sync(-1)
+
+
+def test_histogram_buckets() -> None:
+    assert [histogram_bucket(n) for n in (0, 1, 2, 3, 4, 7, 8, 100)] == [0, 1, 2, 2, 4, 4, 8, 64]
+
+
+# ------------------------------------------------------------------ the trio task
+
+
+async def test_wait_durable_returns_after_the_fsync(tmp_path: Path) -> None:
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig())
+    flusher = Flusher()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        result = log.append(build_batch([b"a", b"b"]), now_ms=0)
+        flusher.mark_dirty(log, messages=2)
+        assert log.durable_end_offset == 0
+        await flusher.wait_durable(log, result.last_offset)
+        assert log.durable_end_offset == 2
+        await flusher.wait_durable(log, 1)  # already durable: immediate
+        with pytest.raises(ValueError):
+            await flusher.wait_durable(log, 2)  # never appended
+        nursery.cancel_scope.cancel()
+    log.close()
+
+
+async def test_group_commit_covers_appends_made_during_an_fsync() -> None:
+    log = SlowLog()
+    log.auto = False
+    flusher = Flusher()
+    done: list[int] = []
+    first_done, all_done = trio.Event(), trio.Event()
+
+    async def writer(offset: int) -> None:
+        await flusher.wait_durable(log, offset)
+        done.append(offset)
+        first_done.set()
+        if len(done) == 21:
+            all_done.set()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        first = log.append()
+        flusher.mark_dirty(log)
+        nursery.start_soon(writer, first)
+        try:
+            await trio.to_thread.run_sync(log.syncing.wait)  # the first fsync is running
+            for _ in range(20):
+                offset = log.append()
+                flusher.mark_dirty(log)
+                nursery.start_soon(writer, offset)
+            await trio.testing.wait_all_tasks_blocked()
+            assert done == []
+            log.gate.release()  # first fsync: covers only offset 0
+            await first_done.wait()
+            await trio.to_thread.run_sync(log.syncing.wait)
+            assert done == [0]
+            log.gate.release()  # second fsync: covers all 20 that piled up
+            await all_done.wait()
+            assert log.flushes == 2
+            stats = flusher.statistics(log)
+            assert stats.fsyncs == 2 and stats.appends == 21 and stats.max_appends_per_fsync == 20
+            assert stats.appends_per_fsync == {1: 1, 16: 1}
+        finally:
+            log.auto = True
+            log.gate.release()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_failed_flush_fails_the_waiters_and_later_calls() -> None:
+    log = SlowLog()
+    log.fail_next = True
+    flusher = Flusher()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        offset = log.append()
+        flusher.mark_dirty(log)
+        with pytest.raises(StorageError):
+            await flusher.wait_durable(log, offset)
+        log.append()
+        with pytest.raises(StorageError):
+            await flusher.wait_durable(log, offset + 1)
+        assert flusher.statistics().failures == 1
+        nursery.cancel_scope.cancel()
+
+
+def _flush_started(flusher: Flusher, log: SlowLog) -> bool:
+    # Under autojump_clock virtual time races ahead of the worker thread, so
+    # look at the (synchronous) start of the flush, not its completion.
+    return flusher.statistics(log).pending_appends == 0
+
+
+async def test_flush_ms_bounds_unsynced_acks1_data(autojump_clock: trio.abc.Clock) -> None:
+    log = SlowLog()
+    flusher = Flusher(FlushPolicy(flush_ms=500))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        log.append()
+        flusher.mark_dirty(log)
+        await trio.sleep(0.499)
+        assert not _flush_started(flusher, log)  # acks=1 data waits for flush.ms
+        await trio.sleep(0.002)
+        assert _flush_started(flusher, log)
+        # an acks=all waiter is synced at once, whatever flush.ms says
+        offset = log.append()
+        flusher.mark_dirty(log)
+        before = trio.current_time()
+        await flusher.wait_durable(log, offset)
+        assert trio.current_time() - before < 0.1
+        nursery.cancel_scope.cancel()
+
+
+async def test_flush_messages(autojump_clock: trio.abc.Clock) -> None:
+    log = SlowLog()
+    flusher = Flusher(FlushPolicy(flush_messages=5, flush_ms=10_000))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        for _ in range(4):
+            log.append()
+            flusher.mark_dirty(log)
+        await trio.sleep(1)
+        assert not _flush_started(flusher, log)
+        log.append()
+        flusher.mark_dirty(log)
+        await trio.testing.wait_all_tasks_blocked()
+        assert _flush_started(flusher, log)
+        nursery.cancel_scope.cancel()
+
+
+async def test_cancelled_waiter_is_forgotten() -> None:
+    log = SlowLog()
+    log.auto = False
+    flusher = Flusher()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        offset = log.append()
+        with trio.move_on_after(0.01):
+            await flusher.wait_durable(log, offset)
+        assert flusher.statistics(log).waiters == 0
+        log.gate.release()
+        nursery.cancel_scope.cancel()
+
+
+async def test_forget_releases_waiters() -> None:
+    log = SlowLog()
+    log.auto = False
+    flusher = Flusher()
+    offset = log.append()
+    errors: list[StorageError] = []
+
+    async def waiter() -> None:
+        try:
+            await flusher.wait_durable(log, offset)
+        except StorageError as exc:
+            errors.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        flusher.forget(log)  # the log was closed while a produce waited on it
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(errors) == 1
+        log.gate.release()
+        nursery.cancel_scope.cancel()
+
+
+async def test_real_disk_error_through_the_flusher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig())
+    flusher = Flusher()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        ok = log.append(build_batch([b"a"]), now_ms=0)
+        flusher.mark_dirty(log)
+        await flusher.wait_durable(log, ok.last_offset)
+        bad = log.append(build_batch([b"b"]), now_ms=0)
+        real = os.fdatasync
+
+        def eio(fd: int) -> None:
+            raise OSError(errno.EIO, "I/O error")
+
+        monkeypatch.setattr(os, "fdatasync", eio)
+        flusher.mark_dirty(log)
+        with pytest.raises(StorageError):
+            await flusher.wait_durable(log, bad.last_offset)
+        monkeypatch.setattr(os, "fdatasync", real)
+        assert log.offline and log.durable_end_offset == 1
+        nursery.cancel_scope.cancel()
+    log.close()
+
+
+async def test_memory_log_through_the_flusher() -> None:
+    log = MemoryLog()
+    flusher = Flusher()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        results = []
+        for _ in range(10):
+            results.append(log.append(build_batch([b"x"]), now_ms=0))
+            flusher.mark_dirty(log)
+        await flusher.wait_durable(log, results[-1].last_offset)
+        assert log.durable_end_offset == 10
+        await flusher.flush_all()
+        nursery.cancel_scope.cancel()
+
+
+async def test_many_concurrent_writers_share_fsyncs(tmp_path: Path) -> None:
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig())
+    flusher = Flusher()
+
+    async def writer(n: int) -> None:
+        for _ in range(n):
+            result = log.append(build_batch([b"v" * 1000]), now_ms=0)
+            flusher.mark_dirty(log)
+            await flusher.wait_durable(log, result.last_offset)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        async with trio.open_nursery() as writers:
+            for _ in range(8):
+                writers.start_soon(writer, 25)
+        nursery.cancel_scope.cancel()
+    stats = flusher.statistics()
+    assert stats.appends == 200
+    assert stats.fsyncs < 200  # group commit happened
+    assert log.durable_end_offset == 200
+    log.close()
