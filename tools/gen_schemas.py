@@ -20,12 +20,34 @@ from typing import Any
 
 #: The APIs trio-broker declares. Add a name here and regenerate to grow the codec.
 APIS = [
-    "Produce", "Fetch", "ListOffsets", "Metadata", "OffsetCommit", "OffsetFetch",
-    "FindCoordinator", "JoinGroup", "Heartbeat", "LeaveGroup", "SyncGroup",
-    "DescribeGroups", "ListGroups", "SaslHandshake", "ApiVersions", "CreateTopics",
-    "DeleteTopics", "DeleteRecords", "InitProducerId", "OffsetForLeaderEpoch",
-    "DescribeConfigs", "AlterConfigs", "SaslAuthenticate", "CreatePartitions",
-    "DeleteGroups", "IncrementalAlterConfigs", "OffsetDelete", "DescribeCluster",
+    "Produce",
+    "Fetch",
+    "ListOffsets",
+    "Metadata",
+    "OffsetCommit",
+    "OffsetFetch",
+    "FindCoordinator",
+    "JoinGroup",
+    "Heartbeat",
+    "LeaveGroup",
+    "SyncGroup",
+    "DescribeGroups",
+    "ListGroups",
+    "SaslHandshake",
+    "ApiVersions",
+    "CreateTopics",
+    "DeleteTopics",
+    "DeleteRecords",
+    "InitProducerId",
+    "OffsetForLeaderEpoch",
+    "DescribeConfigs",
+    "AlterConfigs",
+    "SaslAuthenticate",
+    "CreatePartitions",
+    "DeleteGroups",
+    "IncrementalAlterConfigs",
+    "OffsetDelete",
+    "DescribeCluster",
     "DescribeProducers",
 ]
 
@@ -61,12 +83,21 @@ def convert_fields(fields: list[dict[str, Any]], common: dict[str, list[Any]]) -
         nullable = parse_versions(f.get("nullableVersions"))
         tagged = parse_versions(f.get("taggedVersions"))
         default = f.get("default")
-        out.append((
-            f["name"], ftype, versions[0], versions[1], nullable[0], nullable[1],
-            f.get("tag", -1), tagged[0], tagged[1],
-            None if default is None else str(default),
-            convert_fields(sub, common) if sub else None,
-        ))
+        out.append(
+            (
+                f["name"],
+                ftype,
+                versions[0],
+                versions[1],
+                nullable[0],
+                nullable[1],
+                f.get("tag", -1),
+                tagged[0],
+                tagged[1],
+                None if default is None else str(default),
+                convert_fields(sub, common) if sub else None,
+            )
+        )
     return tuple(out)
 
 
@@ -82,7 +113,10 @@ def main() -> None:
             valid = parse_versions(data["validVersions"])
             flexible = parse_versions(data.get("flexibleVersions"))[0]
             messages[data["name"]] = (
-                data["apiKey"], kind.lower(), valid, flexible,
+                data["apiKey"],
+                kind.lower(),
+                valid,
+                flexible,
                 convert_fields(data["fields"], common),
             )
     target = Path(__file__).resolve().parent.parent / "trio_broker" / "protocol" / "_schemas.py"

@@ -151,10 +151,9 @@ def _decode_value(em: _Emitter, ind: int, f: Field, target: str, version: int, f
         if f.fields is None and f.type in _ARRAY_FORMAT:
             size = _FIXED[f.type][1]
             em.emit(ind + 1, f"_need(buf, pos, n * {size})")
-            em.emit(
-                ind + 1,
-                f"{target} = list(struct.unpack_from('>%d{_ARRAY_FORMAT[f.type]}' % n, buf, pos)); pos += n * {size}",
-            )  # noqa: E501
+            fmt = f"'>%d{_ARRAY_FORMAT[f.type]}' % n"
+            em.emit(ind + 1, f"{target} = list(struct.unpack_from({fmt}, buf, pos))")
+            em.emit(ind + 1, f"pos += n * {size}")
             return
         em.emit(ind + 1, "if n > len(buf) - pos: raise _Truncated('array longer than frame')")
         em.emit(ind + 1, "items = []")

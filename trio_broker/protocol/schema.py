@@ -9,6 +9,7 @@ the subset that exists in that version and leaves the rest at their defaults.
 
 from __future__ import annotations
 
+import builtins
 import keyword
 import re
 import uuid
@@ -48,7 +49,7 @@ class Field:
     tagged_max: int
     default: str | None
     fields: tuple[Field, ...] | None  # for struct types
-    struct_class: type | None = attrs.field(default=None, eq=False)
+    struct_class: builtins.type[Message] | None = attrs.field(default=None, eq=False)
 
     def present_in(self, version: int) -> bool:
         return self.min_version <= version <= self.max_version
