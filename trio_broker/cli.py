@@ -19,12 +19,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trio-broker", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the broker until SIGINT/SIGTERM")
-    serve.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:9092; port 0 picks a free port)")
-    serve.add_argument("--data-dir", metavar="DIR", type=Path, help="where logs live (default ./data)")
-    serve.add_argument("--storage", choices=["file", "memory"], help="file (durable, default) or memory (throwaway)")
-    serve.add_argument("--processing-model", choices=["serial", "pipelined"], help="serial (Kafka's one request per connection) or pipelined (default)")
-    serve.add_argument("--advertised-listener", metavar="HOST:PORT", help="address given to clients in Metadata")
-    serve.add_argument("--config", metavar="FILE", type=Path, help="TOML file with Kafka-style keys")
+    serve.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="address to listen on (default 127.0.0.1:9092; port 0 picks a free port)",
+    )
+    serve.add_argument(
+        "--data-dir", metavar="DIR", type=Path, help="where logs live (default ./data)"
+    )
+    serve.add_argument(
+        "--storage",
+        choices=["file", "memory"],
+        help="file (durable, default) or memory (throwaway)",
+    )
+    serve.add_argument(
+        "--processing-model",
+        choices=["serial", "pipelined"],
+        help="serial (Kafka's one request per connection) or pipelined (default)",
+    )
+    serve.add_argument(
+        "--advertised-listener", metavar="HOST:PORT", help="address given to clients in Metadata"
+    )
+    serve.add_argument(
+        "--config", metavar="FILE", type=Path, help="TOML file with Kafka-style keys"
+    )
     serve.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     return parser  # fmt: skip
 

@@ -408,7 +408,7 @@ async def test_every_version_of_the_group_apis(broker: Broker, i: int) -> None:
             if v[m.ApiKey.FIND_COORDINATOR] >= 4
             else (txn.error_code)
         )
-        assert error == ErrorCode.COORDINATOR_NOT_AVAILABLE
+        assert error == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
     Join = m.JoinGroupRequest
     join = Join(

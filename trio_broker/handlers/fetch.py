@@ -88,7 +88,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
                 # Look before waiting: an append between the handler's read and this
                 # task's start would otherwise be a lost wake-up (a full max_wait).
                 response, total = read_partitions(ctx, request)
-                if total >= max(request.min_bytes, 1):
+                if total >= max(request.min_bytes, 1) or ctx.broker.shutting_down:
                     return response
                 await ctx.broker.wait_for_append()
         return read_partitions(ctx, request)[0]

@@ -2,7 +2,8 @@
 
 v0-3 ask for one key; v4+ batch several (``coordinator_keys``) and get one
 entry each. Key type 0 is a group, 1 a transactional id (we answer
-COORDINATOR_NOT_AVAILABLE: transactions are not supported), anything else is
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED: transactions are not supported, and
+that error stops clients at once instead of leaving them retrying to a timeout), anything else is
 an invalid request.
 """
 
@@ -27,7 +28,13 @@ def _locate(ctx: RequestContext, key_type: int) -> tuple[ErrorCode, str | None, 
         host, port = ctx.broker.advertised
         return ErrorCode.NONE, None, ctx.broker.config.node_id, host, port
     if key_type == KEY_TYPE_TRANSACTION:
-        return ErrorCode.COORDINATOR_NOT_AVAILABLE, "transactions are not supported", -1, "", -1
+        return (
+            ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            "transactions are not supported",
+            -1,
+            "",
+            -1,
+        )
     return ErrorCode.INVALID_REQUEST, f"unknown coordinator key type {key_type}", -1, "", -1
 
 

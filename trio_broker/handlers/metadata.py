@@ -27,9 +27,14 @@ def topic_metadata(ctx: RequestContext, name: str | None, topic_id: uuid.UUID | 
         )  # fmt: skip
     partitions = [
         Resp.MetadataResponseTopic.MetadataResponsePartition(
-            error_code=ErrorCode.NONE, partition_index=i, leader_id=node,
-            leader_epoch=LEADER_EPOCH, replica_nodes=[node], isr_nodes=[node], offline_replicas=[],
-        )  # fmt: skip
+            error_code=ErrorCode.NONE,
+            partition_index=i,
+            leader_id=node,
+            leader_epoch=LEADER_EPOCH,
+            replica_nodes=[node],
+            isr_nodes=[node],
+            offline_replicas=[],
+        )
         for i in range(len(topic.logs))
     ]
     return Resp.MetadataResponseTopic(
@@ -67,7 +72,11 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
     host, port = broker.advertised
     return Resp(
         throttle_time_ms=0,
-        brokers=[Resp.MetadataResponseBroker(node_id=broker.config.node_id, host=host, port=port, rack=None)],
+        brokers=[
+            Resp.MetadataResponseBroker(
+                node_id=broker.config.node_id, host=host, port=port, rack=None
+            )
+        ],
         cluster_id=broker.cluster_id,
         controller_id=broker.config.node_id,
         topics=topics,

@@ -103,6 +103,8 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             part.log_start_offset = log.log_start_offset
             if duplicate is not None:  # a retried batch: answer with its original offsets
                 part.base_offset = duplicate
+                if acks == -1:  # the original may still be waiting for its fsync
+                    durable_waits.append((log, duplicate, part))
                 continue
             log_append_time = configs.get("message.timestamp.type") == "LogAppendTime"
             try:
@@ -119,7 +121,9 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 durable_waits.append((log, result.last_offset, part))
         name = topic_data.name if topic is None else topic.name
         topic_responses.append(
-            TopicResp(name=name, topic_id=topic_data.topic_id, partition_responses=partition_responses)
+            TopicResp(
+                name=name, topic_id=topic_data.topic_id, partition_responses=partition_responses
+            )
         )
     broker.notify_append()
     response = Resp(responses=topic_responses, throttle_time_ms=0)

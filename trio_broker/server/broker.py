@@ -87,6 +87,8 @@ class Broker:
         self.connections: dict[int, Connection] = {}
         self._connection_ids = itertools.count(1)
         self._appended = trio.Event()
+        #: Set by shutdown(): long polls answer at once, readers stop taking requests.
+        self.shutting_down = False
         self.delayed_nursery: trio.Nursery = None  # type: ignore[assignment]  # set by run()
         self.bound: list[tuple[str, int]] = []
         self._root_scope: trio.CancelScope | None = None
@@ -148,13 +150,13 @@ class Broker:
                     await root.start(self._accept_loop, listener, name="acceptor")
                     task_status.started(self)
         finally:
-            with trio.CancelScope(shield=True):
-                self.topics.close()
-                ProducerStateRegistry.close_attached(self)  # after the logs are flushed
-                for service in self.services:
-                    close = getattr(service, "close", None)
-                    if close is not None:
-                        close()
+            # Plain synchronous calls: they run even when the scope was cancelled.
+            self.topics.close()
+            ProducerStateRegistry.close_attached(self)  # after the logs are flushed
+            for service in self.services:
+                close = getattr(service, "close", None)
+                if close is not None:
+                    close()
 
     async def _open_listener(self) -> trio.socket.SocketType:
         cfg = self.config
@@ -223,9 +225,14 @@ class Broker:
 
     async def shutdown(self) -> None:
         """Stop accepting, let in-flight requests finish (bounded), then stop everything."""
+        self.shutting_down = True
         self._accept_scope.cancel()
+        for conn in list(self.connections.values()):
+            conn.stop_reading()
+        self.notify_append()  # long-poll fetches see shutting_down and answer now
         with trio.move_on_after(DRAIN_TIMEOUT_S):
-            while any(c.sequencer.in_flight for c in self.connections.values()):
+            # A bounded poll, only during shutdown.
+            while any(c.sequencer.in_flight for c in self.connections.values()):  # noqa: ASYNC110
                 await trio.sleep(0.01)
         if self._root_scope is not None:
             self._root_scope.cancel()
@@ -236,11 +243,15 @@ async def serve(config: BrokerConfig, *, handle_signals: bool = True) -> None:
     import signal
 
     broker = Broker(config)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(broker.run)
-        if handle_signals:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for signum in signals:
-                    log.info("received %s; shutting down", signal.Signals(signum).name)
-                    await broker.shutdown()
-                    break
+    if not handle_signals:
+        await broker.run()
+        return
+    # The receiver opens before the broker listens: a signal that arrives right
+    # after "listening on" must still mean a graceful shutdown.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(broker.run)
+            async for signum in signals:
+                log.info("received %s; shutting down", signal.Signals(signum).name)
+                await broker.shutdown()
+                break

@@ -69,6 +69,7 @@ class Connection:
         self._responses_ready = trio.Event()
         self.closed = False
         self._cancel_scope: trio.CancelScope | None = None
+        self._reader_scope = trio.CancelScope()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -95,6 +96,10 @@ class Connection:
         if self._cancel_scope is not None:
             self._cancel_scope.cancel()
 
+    def stop_reading(self) -> None:
+        """Graceful shutdown: take no new requests; the writer still answers queued ones."""
+        self._reader_scope.cancel()
+
     # ------------------------------------------------------------------ muting
 
     def _mute_event(self, event: MuteEvent) -> None:
@@ -115,6 +120,10 @@ class Connection:
     # ------------------------------------------------------------------ reading
 
     async def _read_loop(self) -> None:
+        with self._reader_scope:
+            await self._read_frames()
+
+    async def _read_frames(self) -> None:
         while True:
             await self._wait_readable()
             try:
@@ -174,7 +183,10 @@ class Connection:
         if broker.memory.acquire(size):
             self._mute_event(MuteEvent.MEMORY_EXHAUSTED)
             broker.memory.wait_for_memory(self)
-        await broker.handler_pool.submit(self, slot, header, body)
+        # Shielded: a request that has a slot must reach a handler, or the
+        # writer would wait for its response forever (shutdown cancels readers).
+        with trio.CancelScope(shield=True):
+            await broker.handler_pool.submit(self, slot, header, body)
 
     # ------------------------------------------------------------------ completing
 

@@ -66,7 +66,9 @@ class HandlerPool:
                 conn.complete(slot, result)
 
     @staticmethod
-    async def _finish(conn: Connection, slot: int, header: RequestHeader, deferred: Deferred) -> None:
+    async def _finish(
+        conn: Connection, slot: int, header: RequestHeader, deferred: Deferred
+    ) -> None:
         try:
             response = await deferred.finish()
         except Exception:

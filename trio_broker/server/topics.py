@@ -39,7 +39,13 @@ class TopicError(Exception):
         self.code = code
 
 
+#: Internal topics whose directories the broker owns (committed group offsets).
+RESERVED_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+
 def validate_topic_name(name: str) -> None:
+    if name in RESERVED_TOPICS:
+        raise TopicError(ErrorCode.INVALID_TOPIC_EXCEPTION, f"{name} is an internal topic")
     if not name or name in (".", ".."):
         raise TopicError(ErrorCode.INVALID_TOPIC_EXCEPTION, "topic name is empty or . or ..")
     if len(name) > MAX_TOPIC_NAME:
@@ -132,7 +138,9 @@ class TopicManager:
                         ErrorCode.INVALID_CONFIG, f"{key} must be an integer, got {value!r}"
                     ) from None
             if key == "message.timestamp.type" and value not in ("CreateTime", "LogAppendTime"):
-                raise TopicError(ErrorCode.INVALID_CONFIG, f"{key} must be CreateTime or LogAppendTime")
+                raise TopicError(
+                    ErrorCode.INVALID_CONFIG, f"{key} must be CreateTime or LogAppendTime"
+                )
 
     def create(self, name: str, partitions: int, configs: dict[str, str] | None = None) -> Topic:
         configs = dict(configs or {})
@@ -140,7 +148,9 @@ class TopicManager:
         if self.catalogue is not None:
             info = self.catalogue.create_topic(name, partitions, configs)
         else:
-            info = TopicInfo(name=name, topic_id=uuid.uuid4(), partitions=partitions, configs=configs)
+            info = TopicInfo(
+                name=name, topic_id=uuid.uuid4(), partitions=partitions, configs=configs
+            )
         return self._open(info)
 
     def delete(self, name: str) -> None:

@@ -169,7 +169,7 @@ def next_reasons(reasons: frozenset[MuteReason], event: MuteEvent) -> frozenset[
     post: (MuteReason.CLOSING in __return__) == (event is MuteEvent.CLOSE or MuteReason.CLOSING in reasons) and (MuteReason.CLOSING not in __return__ or len(__return__) == 1)
     post: event is MuteEvent.CLOSE or (len(__return__ ^ reasons) == 1 and (event is not MuteEvent.REQUEST_RECEIVED_SERIAL or len(reasons) == 0))
     raises: IllegalMuteTransition
-    """  # noqa: E501 -- CrossHair reads each condition from a single line
+    """
     rule = RULES[event]
     if not rule.requires <= reasons or rule.forbids & reasons:
         raise IllegalMuteTransition(reasons, event)
@@ -184,7 +184,7 @@ def kafka_channel_state(reasons: frozenset[MuteReason]) -> KafkaChannelState:
 
     pre: MuteReason.CLOSING not in reasons or len(reasons) == 1
     post: (__return__ is KafkaChannelState.NOT_MUTED) == (len(reasons) == 0) and ("RESPONSE_PENDING" in __return__.name) == (MuteReason.RESPONSE_PENDING in reasons) and ("THROTTLED" in __return__.name) == (MuteReason.THROTTLED in reasons)
-    """  # noqa: E501 -- CrossHair reads each condition from a single line
+    """
     if not reasons:
         return KafkaChannelState.NOT_MUTED
     pending = MuteReason.RESPONSE_PENDING in reasons
