@@ -42,6 +42,7 @@ class BrokerConfig:
     cluster_id: str | None = None  # generated once and kept in the data dir
     num_handlers: int = 8  # num.io.threads: request queues / handler tasks
     max_connections: int = 10_000
+    max_connections_per_ip: int = 2**31 - 1  # Kafka's default: no per-IP limit
     max_in_flight_per_connection: int = 64  # ours: requests queued per connection
     queued_max_request_bytes: int = 256 * 1024 * 1024  # broker-wide budget (MEMORY_PRESSURE)
     socket_request_max_bytes: int = 100 * 1024 * 1024
@@ -57,6 +58,7 @@ class BrokerConfig:
     connections_max_idle_ms: int = 600_000
     group_initial_rebalance_delay_ms: int = 3000
     offsets_retention_minutes: int = 7 * 24 * 60
+    capture_dir: Path | None = None  # ours: write every frame to Parquet here (capture.dir)
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -69,8 +71,9 @@ class BrokerConfig:
             raise ConfigError(
                 f"processing.model: expected 'pipelined' or 'serial', got {self.processing_model!r}"
             )
-        for name in ("num_handlers", "max_connections", "max_in_flight_per_connection",
-                     "num_partitions", "segment_bytes", "socket_request_max_bytes"):  # fmt: skip
+        for name in ("num_handlers", "max_connections", "max_connections_per_ip",
+                     "max_in_flight_per_connection", "num_partitions", "segment_bytes",
+                     "socket_request_max_bytes", "connections_max_idle_ms"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
         return self
@@ -89,6 +92,7 @@ FIELD_FOR_KEY: dict[str, str] = {
     "cluster.id": "cluster_id",
     "num.io.threads": "num_handlers",
     "max.connections": "max_connections",
+    "max.connections.per.ip": "max_connections_per_ip",
     "max.in.flight.requests.per.connection": "max_in_flight_per_connection",
     "queued.max.request.bytes": "queued_max_request_bytes",
     "socket.request.max.bytes": "socket_request_max_bytes",
@@ -104,6 +108,7 @@ FIELD_FOR_KEY: dict[str, str] = {
     "connections.max.idle.ms": "connections_max_idle_ms",
     "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
     "offsets.retention.minutes": "offsets_retention_minutes",
+    "capture.dir": "capture_dir",
 }
 KEY_FOR_FIELD = {v: k for k, v in FIELD_FOR_KEY.items()}
 
@@ -144,6 +149,8 @@ def load_config(path: Path | None = None, **overrides: Any) -> BrokerConfig:
     values.update({k: v for k, v in overrides.items() if v is not None})
     if "data_dir" in values:
         values["data_dir"] = Path(values["data_dir"])
+    if values.get("capture_dir") is not None:
+        values["capture_dir"] = Path(values["capture_dir"])
     return BrokerConfig(**values).validate()
 
 

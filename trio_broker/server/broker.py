@@ -85,6 +85,8 @@ class Broker:
         self.handler_pool = HandlerPool(self, config.num_handlers)
         self.stats = BrokerStats()
         self.connections: dict[int, Connection] = {}
+        #: Open connections per client IP (max.connections.per.ip).
+        self.connections_per_ip: dict[str, int] = {}
         self._connection_ids = itertools.count(1)
         self._appended = trio.Event()
         #: Set by shutdown(): long polls answer at once, readers stop taking requests.
@@ -97,6 +99,13 @@ class Broker:
         self.services: list[Any] = []
         self.groups = GroupCoordinator(self)
         self.services.append(self.groups)
+        #: The traffic capture tap (trio_broker.capture), or None: the hot path checks this.
+        self.capture: Any = None
+        if config.capture_dir is not None:
+            from trio_broker.capture.tap import CaptureTap
+
+            self.capture = CaptureTap(config.capture_dir, config.node_id)
+            self.services.append(self.capture)
 
     # ------------------------------------------------------------------ idempotent producers
 
@@ -194,15 +203,21 @@ class Broker:
                             await trio.sleep(ACCEPT_BACKOFF_S)
                             continue
                         raise
-                    if len(self.connections) >= self.config.max_connections:
+                    host = str(addr[0])
+                    if (
+                        len(self.connections) >= self.config.max_connections
+                        or self.connections_per_ip.get(host, 0)
+                        >= self.config.max_connections_per_ip
+                    ):
                         self.stats.connections_rejected += 1
                         sock.close()
                         continue
                     sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_NODELAY, 1)
                     conn_id = next(self._connection_ids)
-                    client = ClientInfo(conn_id, str(addr[0]), int(addr[1]))
+                    client = ClientInfo(conn_id, host, int(addr[1]))
                     conn = Connection(self, sock, client)
                     self.connections[conn_id] = conn
+                    self.connections_per_ip[host] = self.connections_per_ip.get(host, 0) + 1
                     self.stats.connections_accepted += 1
                     connections.start_soon(self._run_connection, conn, name=f"conn-{conn_id}")
 
@@ -211,6 +226,12 @@ class Broker:
             await conn.run()
         finally:
             self.connections.pop(conn.id, None)
+            host = conn.client.host
+            left = self.connections_per_ip.get(host, 0) - 1
+            if left > 0:
+                self.connections_per_ip[host] = left
+            else:
+                self.connections_per_ip.pop(host, None)
 
     async def _retention_loop(self) -> None:
         interval = self.config.retention_check_interval_ms / 1000

@@ -65,11 +65,16 @@ class Connection:
         self.frames = FrameReader(broker.config.socket_request_max_bytes)
         self.serial = broker.config.processing_model == "serial"
         self.max_in_flight = broker.config.max_in_flight_per_connection
+        #: connections.max.idle.ms: close after this long with nothing in flight and
+        #: no bytes received (trio clock; refreshed on receive and on each response).
+        self.max_idle_s = broker.config.connections_max_idle_ms / 1000
+        self.last_active = trio.current_time()
         self._unmuted = trio.Event()
         self._responses_ready = trio.Event()
         self.closed = False
         self._cancel_scope: trio.CancelScope | None = None
         self._reader_scope = trio.CancelScope()
+        self.client_address = f"{client.host}:{client.port}"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -80,6 +85,7 @@ class Connection:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._read_loop)
                     nursery.start_soon(self._write_loop)
+                    nursery.start_soon(self._idle_watch)
         finally:
             self.closed = True
             self._release_all_memory()
@@ -99,6 +105,19 @@ class Connection:
     def stop_reading(self) -> None:
         """Graceful shutdown: take no new requests; the writer still answers queued ones."""
         self._reader_scope.cancel()
+
+    async def _idle_watch(self) -> None:
+        """Close the connection once idle for connections.max.idle.ms (as Kafka does)."""
+        while True:
+            await trio.sleep_until(self.last_active + self.max_idle_s)
+            now = trio.current_time()
+            if now < self.last_active + self.max_idle_s:
+                continue  # activity while we slept
+            if self.sequencer.in_flight:
+                self.last_active = now  # a request (e.g. a long poll) is still running
+                continue
+            self.close(f"idle for more than {self.max_idle_s * 1000:.0f} ms")
+            return
 
     # ------------------------------------------------------------------ muting
 
@@ -149,6 +168,7 @@ class Connection:
             if count == 0:
                 self.close("peer closed")
                 return
+            self.last_active = trio.current_time()
 
     async def _on_frame(self, frame: bytearray) -> None:
         broker = self.broker
@@ -167,6 +187,8 @@ class Connection:
         except ProtocolError as exc:
             self.close(f"undecodable request: {exc}")
             return
+        if broker.capture is not None:
+            broker.capture.request(self.id, self.client_address, header, frame)
         spec = broker.router.get(header.api_key)
         if spec is None or not (
             spec.min_version <= header.api_version <= spec.max_version or body is None
@@ -213,6 +235,10 @@ class Connection:
                     parts = encode_response(
                         h.api_key, pending.response_version, h.correlation_id, response
                     )
+                    if self.broker.capture is not None:
+                        self.broker.capture.response(
+                            self.id, self.client_address, h, pending.response_version, parts
+                        )
                     try:
                         await self._send_parts(parts)
                     except OSError as exc:
@@ -220,6 +246,7 @@ class Connection:
                         return
                 self.broker.memory.release(pending.frame_size)
                 self.broker.stats.responses_sent += 1
+                self.last_active = trio.current_time()
                 if self.serial:
                     self._mute_event(MuteEvent.RESPONSE_SENT)
                 if (

@@ -1,0 +1,156 @@
+"""Connection limits of a real broker process, each configured short to be testable.
+
+- ``connections.max.idle.ms``: a connection with nothing in flight and no bytes
+  received for that long is closed by the broker; an active one is not.
+- ``max.connections.per.ip``: connections past the limit are closed at accept;
+  closing one frees its place.
+- slow reader: a client that pipelines fetches and never reads the responses
+  does not grow the broker's memory (RSS from /proc) — the in-flight cap mutes
+  its reader and fetch responses are file regions sent with sendfile.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from tests.reliability.conftest import BrokerFactory, RawConnection, many_sockets
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.records import build_batch
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def test_idle_connection_is_closed(make_broker: BrokerFactory) -> None:
+    broker = make_broker({"connections.max.idle.ms": 1000})
+    with broker.connect() as idle, broker.connect() as busy:
+        idle.metadata(topics=None)  # one request, then silence
+        started = time.monotonic()
+        # ``busy`` sends a request every 300 ms: it must outlive ``idle``.
+        while time.monotonic() - started < 2.5:
+            busy.metadata(topics=None)
+            time.sleep(0.3)
+        assert idle.closed_by_peer(timeout=5.0), "idle connection was not closed"
+        assert time.monotonic() - started >= 0.9, "closed before connections.max.idle.ms"
+        busy.metadata(topics=None)  # still open
+    assert "idle for more than 1000 ms" in broker.log_text()
+    broker.assert_serving()
+
+
+def test_long_poll_is_not_idle(make_broker: BrokerFactory) -> None:
+    """A fetch waiting (max_wait_ms) longer than the idle limit keeps its connection."""
+    broker = make_broker({"connections.max.idle.ms": 700})
+    with broker.connect() as conn:
+        conn.metadata(["idle-poll"])  # auto-creates the topic
+        conn.produce("idle-poll", bytes(build_batch([(b"k", b"v")])))
+        end = conn.end_offset("idle-poll")
+        Fetch = m.FetchRequest
+        body = Fetch(
+            replica_id=-1,
+            max_wait_ms=1500,
+            min_bytes=1 << 20,
+            max_bytes=1 << 20,
+            isolation_level=0,
+            topics=[
+                Fetch.FetchTopic(
+                    topic="idle-poll",
+                    partitions=[
+                        Fetch.FetchTopic.FetchPartition(
+                            partition=0, fetch_offset=end, partition_max_bytes=1 << 20
+                        )
+                    ],
+                )
+            ],
+        )
+        started = time.monotonic()
+        response = conn.request(m.ApiKey.FETCH, 4, body)
+        assert time.monotonic() - started >= 1.0
+        assert response.responses[0].partitions[0].error_code == 0
+        conn.metadata(topics=None)  # not closed by the idle timer
+
+
+def test_max_connections_per_ip(make_broker: BrokerFactory) -> None:
+    broker = make_broker({"max.connections.per.ip": 5})
+    with many_sockets(broker.port, 5) as socks:
+        time.sleep(0.3)  # let the broker accept all five
+        extra = broker.connect(timeout=5.0)
+        assert extra.closed_by_peer(timeout=5.0), "sixth connection from one IP was kept"
+        extra.close()
+        # The five accepted ones work.
+        conn = RawConnection.__new__(RawConnection)
+        conn.sock, conn._correlation = socks[0], 0
+        conn.metadata(topics=None)
+        socks.pop().close()
+        time.sleep(0.3)  # the broker notices the close
+        with broker.connect() as again:
+            again.metadata(topics=None)  # a freed place can be taken again
+    broker.assert_serving()
+
+
+def _fetch_frame(conn: RawConnection, topic: str, max_bytes: int) -> bytes:
+    Fetch = m.FetchRequest
+    body = Fetch(
+        replica_id=-1,
+        max_wait_ms=0,
+        min_bytes=0,
+        max_bytes=max_bytes,
+        isolation_level=0,
+        topics=[
+            Fetch.FetchTopic(
+                topic=topic,
+                partitions=[
+                    Fetch.FetchTopic.FetchPartition(
+                        partition=0, fetch_offset=0, partition_max_bytes=max_bytes
+                    )
+                ],
+            )
+        ],
+    )
+    return bytes(m.encode_request(m.ApiKey.FETCH, 4, conn.next_correlation_id(), "slow", body))
+
+
+@pytest.mark.parametrize("storage", ["file", "memory"])
+def test_slow_reader_memory_is_bounded(make_broker: BrokerFactory, storage: str) -> None:
+    """Pipelined 4 MiB fetches that are never read: RSS grows by far less than asked for."""
+    broker = make_broker(storage=storage)
+    topic = "slow-reader"
+    value = b"x" * 100_000
+    with broker.connect() as producer:
+        producer.metadata([topic])
+        for _ in range(40):  # 4 MB in the log
+            assert producer.produce(topic, bytes(build_batch([(b"k", value)]))).error_code == 0
+    before = broker.rss()
+    asked = 0
+    slow = broker.connect()
+    slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.sock.settimeout(0.5)
+    deadline = time.monotonic() + 15.0
+    sent = 0
+    try:
+        for _ in range(2000):  # bounded in count and time
+            if time.monotonic() > deadline:
+                break
+            frame = _fetch_frame(slow, topic, 4 << 20)
+            try:
+                slow.sock.sendall(frame)
+            except TimeoutError:
+                break  # the broker stopped reading us: muted
+            sent += 1
+            asked += 4 << 20
+        time.sleep(1.0)
+        after = broker.rss()
+        # The broker still serves everybody else meanwhile.
+        broker.assert_serving()
+    finally:
+        slow.close()
+    growth = after - before
+    print(
+        f"slow reader ({storage}): {sent} fetches sent (~{asked >> 20} MiB of responses "
+        f"asked for), RSS {before >> 20} -> {after >> 20} MiB (+{growth >> 20} MiB)"
+    )
+    assert sent >= 64, "expected the reader to accept at least the in-flight cap"
+    assert growth < 64 << 20, f"RSS grew by {growth >> 20} MiB for a client that never reads"
+    time.sleep(0.5)
+    broker.assert_serving()
