@@ -1,0 +1,96 @@
+"""Disk full: the data dir on an 8 MiB tmpfs, produced to until ENOSPC.
+
+Needs root (``mount -t tmpfs``); skipped with the reason when mounting is not
+permitted. Checks: the failing produce gets KAFKA_STORAGE_ERROR (56) — never a
+success for data that was not written — every acknowledged record is still
+readable while the disk is full, the broker keeps serving other requests, and
+after space is freed and the broker restarted, produces work again with nothing
+acknowledged lost. The tmpfs is unmounted in teardown.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.conftest import ConfiguredBroker
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.records import build_batch
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+TMPFS_SIZE = "8m"
+VALUE = bytes(range(256)) * 256  # 64 KiB per record, one record per batch
+
+
+@pytest.fixture
+def tmpfs_dir(tmp_path: Path) -> Iterator[Path]:
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield mount_point
+    finally:
+        if subprocess.run(["umount", str(mount_point)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _read_all(broker: ConfiguredBroker, topic: str) -> dict[int, bytes]:
+    with broker.connect() as conn:
+        return {
+            batch.offset_of(record): bytes(record.value or b"")
+            for batch in conn.fetch_batches(topic)
+            for record in batch.records()
+        }
+
+
+def test_disk_full(tmpfs_dir: Path) -> None:
+    broker = ConfiguredBroker(tmpfs_dir / "data", config={"log.segment.bytes": 1 << 20})
+    filler = tmpfs_dir / "filler"
+    topic = "disk-full"
+    broker.start()
+    try:
+        filler.write_bytes(b"\0" * (1 << 20))  # 1 MiB to free again later
+        acked: dict[int, bytes] = {}
+        errors: list[int] = []
+        with broker.connect() as conn:
+            conn.metadata([topic])
+            for i in range(400):  # 8 MiB / 64 KiB = 128: bounded well above
+                value = b"%06d" % i + VALUE
+                part = conn.produce(topic, bytes(build_batch([(b"k", value)])))
+                if part.error_code == 0:
+                    acked[part.base_offset] = value
+                    continue
+                errors.append(part.error_code)
+                if len(errors) >= 3:
+                    break
+        print(f"disk full after {len(acked)} acknowledged 64 KiB records; errors {errors}")
+        assert errors, "the 8 MiB tmpfs never filled up"
+        assert set(errors) == {ErrorCode.KAFKA_STORAGE_ERROR}, errors
+        assert len(acked) >= 50
+        # Reads of existing data still work, and the broker serves other requests.
+        assert _read_all(broker, topic) == acked
+        broker.assert_serving()
+        # Space returns: free the filler and restart; produce works again.
+        filler.unlink()
+        broker.restart()
+        stored = _read_all(broker, topic)
+        assert {o: stored.get(o) for o in acked} == acked, "acknowledged records lost"
+        with broker.connect() as conn:
+            part = conn.produce(topic, bytes(build_batch([(b"k", b"after")])))
+            assert part.error_code == 0, f"produce after space returned: {part.error_code}"
+        stored = _read_all(broker, topic)
+        assert {o: stored.get(o) for o in acked} == acked
+        assert stored[part.base_offset] == b"after"
+    finally:
+        broker.finish()
