@@ -11,7 +11,7 @@ and Hypothesis can drive it with plain integers.
 The lifecycle is data: :data:`TRANSITIONS` maps ``(state, event)`` to the next
 state; :meth:`Group._transition` is the only place that changes the state and
 raises :class:`IllegalGroupTransition` for a pair the table lacks.
-``docs/groups.md`` draws its diagram from that table.
+``docs/consumer-groups.md`` draws its diagram from that table.
 
 Timers are deadlines in milliseconds of whatever monotonic clock the caller
 uses. :meth:`Group.advance_to` fires every due timer *at its own deadline*, in
@@ -110,7 +110,7 @@ TRANSITIONS: Mapping[tuple[GroupState, GroupEvent], GroupState] = MappingProxyTy
 def lifecycle_diagram() -> str:
     """The lifecycle as a Mermaid state diagram, drawn from :data:`TRANSITIONS`.
 
-    ``docs/groups.md`` embeds exactly this text (a unit test keeps them in step).
+    ``docs/consumer-groups.md`` embeds exactly this text (a unit test keeps them in step).
     """
     lines = ["stateDiagram-v2", f"    [*] --> {GroupState.EMPTY.value}"]
     for (before, event), after in TRANSITIONS.items():
