@@ -16,7 +16,12 @@ import time
 
 import pytest
 
-from tests.reliability.conftest import BrokerFactory, RawConnection, many_sockets
+from tests.reliability.conftest import (
+    BrokerFactory,
+    ConfiguredBroker,
+    RawConnection,
+    many_sockets,
+)
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch
 
@@ -83,10 +88,21 @@ def test_max_connections_per_ip(make_broker: BrokerFactory) -> None:
         conn.sock, conn._correlation = socks[0], 0
         conn.metadata(topics=None)
         socks.pop().close()
-        time.sleep(0.3)  # the broker notices the close
-        with broker.connect() as again:
-            again.metadata(topics=None)  # a freed place can be taken again
-    broker.assert_serving()
+        _serving_within(broker, 5.0)  # a freed place can be taken again
+    _serving_within(broker, 5.0)  # once the broker has seen the closes
+
+
+def _serving_within(broker: ConfiguredBroker, seconds: float) -> None:
+    """Metadata answered on a new connection, retried until ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            broker.assert_serving()
+            return
+        except RawConnection.Closed:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _fetch_frame(conn: RawConnection, topic: str, max_bytes: int) -> bytes:
@@ -153,4 +169,52 @@ def test_slow_reader_memory_is_bounded(make_broker: BrokerFactory, storage: str)
     assert sent >= 64, "expected the reader to accept at least the in-flight cap"
     assert growth < 64 << 20, f"RSS grew by {growth >> 20} MiB for a client that never reads"
     time.sleep(0.5)
+    broker.assert_serving()
+
+
+def test_slow_reader_does_not_hold_the_memory_budget(make_broker: BrokerFactory) -> None:
+    """A client that never reads cannot mute everybody else with MEMORY_PRESSURE.
+
+    The slow client's fetch responses fill the socket buffers, then it pipelines
+    large produce requests (far past ``queued.max.request.bytes``) whose answers
+    wait behind the stuck fetches. Their bytes leave the broker-wide budget once
+    they are handled, so a second client is still served. (Before the fix the
+    bytes were held until the response was sent: the second client hung.)
+    """
+    broker = make_broker({"queued.max.request.bytes": 2 << 20})
+    topic = "pinned-budget"
+    with broker.connect() as producer:
+        producer.metadata([topic])
+        for _ in range(20):
+            batch = bytes(build_batch([(b"k", b"x" * 100_000)]))
+            assert producer.produce(topic, batch).error_code == 0
+    slow = broker.connect()
+    slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.sock.settimeout(2.0)
+    try:
+        for _ in range(4):
+            slow.sock.sendall(_fetch_frame(slow, topic, 4 << 20))
+        big = bytes(build_batch([(b"k", b"y" * 200_000)]))
+        sent = 0
+        for _ in range(40):  # 8 MB of requests against a 2 MiB budget
+            frame = m.encode_request(
+                m.ApiKey.PRODUCE,
+                9,
+                slow.next_correlation_id(),
+                "slow",
+                slow.produce_body(topic, big, acks=1),
+            )
+            try:
+                slow.sock.sendall(frame)
+            except TimeoutError:
+                break
+            sent += 1
+        assert sent * len(big) > 2 << 20, f"only {sent} produce requests got in"
+        time.sleep(1.0)
+        with broker.connect(timeout=5.0) as other:
+            for _ in range(3):
+                batch = bytes(build_batch([(b"k", b"z" * 1000)]))
+                assert other.produce(topic, batch).error_code == 0
+    finally:
+        slow.close()
     broker.assert_serving()

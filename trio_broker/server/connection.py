@@ -216,6 +216,12 @@ class Connection:
         """A handler (or a deferred task) finished the request in ``slot``."""
         if self.closed:
             return
+        # The request's bytes leave the memory budget once it is handled, not
+        # once its response is sent: a client that never reads its responses
+        # must not hold the broker-wide budget (and so mute everyone else).
+        pending = self.pending[slot]
+        self.broker.memory.release(pending.frame_size)
+        pending.frame_size = 0
         self.sequencer.complete(slot, response)
         self._responses_ready.set()
 
@@ -244,7 +250,6 @@ class Connection:
                     except OSError as exc:
                         self.close(f"send failed: {exc}")
                         return
-                self.broker.memory.release(pending.frame_size)
                 self.broker.stats.responses_sent += 1
                 self.last_active = trio.current_time()
                 if self.serial:
