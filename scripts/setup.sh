@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install trio-broker into it (with the test extra if asked).
+# Create .venv and install trio-broker into it (with the test and verify extras if asked).
 # Usage: scripts/setup.sh [--test]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extra=""
 if [ "${1:-}" = "--test" ]; then
-  extra="[test]"
+  extra="[test,verify]"
 fi
 # Reinstall only when pyproject.toml changed since the last install.
 stamp=".venv/.installed${extra}"

@@ -11,6 +11,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from trio_broker.config import ConfigError, load_config, parse_host_port
 
@@ -44,7 +45,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", metavar="FILE", type=Path, help="TOML file with Kafka-style keys"
     )
     serve.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    serve.add_argument(
+        "--capture",
+        metavar="DIR",
+        type=Path,
+        help="write every request and response frame to Parquet files in DIR",
+    )
+    _add_verify_commands(sub)
     return parser  # fmt: skip
+
+
+def _add_verify_commands(sub: Any) -> None:
+    verify = sub.add_parser("verify", help="check captured traffic with a PySpark job")
+    verify.add_argument("capture_dir", metavar="CAPTURE_DIR", type=Path)
+    verify.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    verify.add_argument("--report", metavar="DIR", type=Path, help="write report.json/html here")
+    verify.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    capture = sub.add_parser("capture", help="capture tools")
+    capture_sub = capture.add_subparsers(dest="capture_command", required=True)
+    imp = capture_sub.add_parser("import", help="turn a tcpdump pcap into capture Parquet")
+    imp.add_argument("pcap", metavar="FILE.pcap", type=Path)
+    imp.add_argument(
+        "--port", type=int, action="append", required=True, help="Kafka port (repeatable)"
+    )
+    imp.add_argument("--out", metavar="DIR", type=Path, required=True)
+    imp.add_argument("--broker-id", type=int, default=0)
+    imp.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "serve":
         return _serve(args)
+    if args.command == "verify":
+        from trio_broker.verify.job import run_verify
+
+        return run_verify(args.capture_dir, master=args.master, report_dir=args.report)
+    if args.command == "capture" and args.capture_command == "import":
+        from trio_broker.capture.pcap import import_pcap
+
+        summary = import_pcap(args.pcap, set(args.port), args.out, broker_id=args.broker_id)
+        print(summary.describe())
+        return 0
     return 2
 
 
@@ -68,6 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
         "data_dir": args.data_dir,
         "storage": args.storage,
         "processing_model": args.processing_model,
+        "capture_dir": args.capture,
     }
     try:
         if args.listen:

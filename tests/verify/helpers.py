@@ -1,0 +1,176 @@
+"""Helpers for the verification tests: a capturing broker subprocess and capture corruptions."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trio_broker.protocol.messages import decode_response, encode_response
+from trio_broker.protocol.records import RecordBatchView, split_batches
+
+BROKER_EXE = Path(sys.executable).with_name("trio-broker")
+LISTENING = re.compile(r"listening on (\S+):(\d+)")
+START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 20.0
+
+
+class CapturingBroker:
+    """``trio-broker serve --capture DIR`` on an ephemeral port (stopped with SIGTERM)."""
+
+    def __init__(self, data_dir: Path, capture_dir: Path, extra: list[str] | None = None) -> None:
+        self.log_path = data_dir.parent / "broker.log"
+        argv = [
+            str(BROKER_EXE), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
+            "--capture", str(capture_dir), *(extra or []),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )  # fmt: skip
+        self.port = 0
+        listening = threading.Event()
+        self._drainer = threading.Thread(target=self._drain, args=(listening,), daemon=True)
+        self._drainer.start()
+        if not listening.wait(START_TIMEOUT_S) or not self.port:
+            self.proc.kill()
+            self.proc.wait(STOP_TIMEOUT_S)
+            raise AssertionError(f"broker did not start:\n{self.log()}")
+
+    def _drain(self, listening: threading.Event) -> None:
+        assert self.proc.stderr is not None
+        with open(self.log_path, "ab") as out:
+            for raw in iter(self.proc.stderr.readline, b""):
+                out.write(raw)
+                out.flush()
+                match = LISTENING.search(raw.decode(errors="replace"))
+                if match and not listening.is_set():
+                    self.port = int(match.group(2))
+                    listening.set()
+        listening.set()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(STOP_TIMEOUT_S)
+            raise AssertionError(f"broker did not stop on SIGTERM:\n{self.log()}") from None
+        self._drainer.join(STOP_TIMEOUT_S)
+        return code
+
+
+# --------------------------------------------------------------------------- corruptions
+
+#: Rewrites one fetch partition's batches (list of writable views); returns the new list.
+BatchEdit = Callable[[list[RecordBatchView]], list[RecordBatchView] | None]
+
+
+def read_capture(capture_dir: Path) -> pa.Table:
+    return pa.concat_tables(pq.read_table(p) for p in sorted(capture_dir.glob("*.parquet")))
+
+
+def rewrite_fetches(
+    source: Path, target: Path, edit: BatchEdit, *, limit: int | None = None
+) -> int:
+    """Copy a capture, applying ``edit`` to fetch response partitions; returns how many changed."""
+    table = read_capture(source)
+    frames = table.column("frame").to_pylist()
+    directions = table.column("direction").to_pylist()
+    keys = table.column("api_key").to_pylist()
+    versions = table.column("api_version").to_pylist()
+    changed = 0
+    for i, frame in enumerate(frames):
+        if directions[i] != "response" or keys[i] != 1:
+            continue
+        if limit is not None and changed >= limit:
+            break
+        corr, body = decode_response(1, versions[i], frame)
+        touched = False
+        for topic in body.responses:
+            for part in topic.partitions:
+                if part.records is None or len(part.records) == 0:
+                    continue
+                batches, _ = split_batches(bytearray(bytes(part.records)))
+                new = edit(batches)
+                if new is None:
+                    continue
+                part.records = b"".join(bytes(b.buf[: b.size_in_bytes]) for b in new)
+                touched = True
+        if touched:
+            parts = encode_response(1, versions[i], corr, body)
+            frames[i] = b"".join(bytes(p) for p in parts)[4:]
+            changed += 1
+    target.mkdir(parents=True, exist_ok=True)
+    lengths = pa.array([len(f) for f in frames], pa.int64())
+    out = table.set_column(
+        table.schema.get_field_index("frame"), "frame", pa.array(frames, pa.binary())
+    )
+    out = out.set_column(out.schema.get_field_index("frame_length"), "frame_length", lengths)
+    pq.write_table(out, target / "capture-b0-1-000000.parquet")
+    return changed
+
+
+def drop_batch(crc: int) -> BatchEdit:
+    def edit(batches: list[RecordBatchView]) -> list[RecordBatchView] | None:
+        kept = [b for b in batches if b.crc != crc]
+        return kept if len(kept) != len(batches) else None
+
+    return edit
+
+
+def duplicate_first_batch(batches: list[RecordBatchView]) -> list[RecordBatchView] | None:
+    """Append a copy of the first batch right after the last one (a new offset)."""
+    if len(batches) < 2:
+        return None
+    copy = RecordBatchView(memoryview(bytearray(bytes(batches[0].buf[: batches[0].size_in_bytes]))))
+    copy.set_base_offset(batches[-1].last_offset + 1)
+    return [*batches, copy]
+
+
+def swap_first_two(batches: list[RecordBatchView]) -> list[RecordBatchView] | None:
+    """Exchange the offsets of the first two batches, leaving them in place (a reorder)."""
+    if len(batches) < 2:
+        return None
+    a, b = batches[0], batches[1]
+    offset_a, offset_b = a.base_offset, b.base_offset
+    a.set_base_offset(offset_b)
+    b.set_base_offset(offset_a)
+    return batches
+
+
+def first_multi_batch_crc(capture_dir: Path) -> int:
+    """The CRC of the second batch in the first fetch response partition holding >= 3 batches."""
+    table = read_capture(capture_dir)
+    for row in table.to_pylist():
+        if row["direction"] != "response" or row["api_key"] != 1:
+            continue
+        _, body = decode_response(1, row["api_version"], row["frame"])
+        for topic in body.responses:
+            for part in topic.partitions:
+                if part.records is None:
+                    continue
+                batches, _ = split_batches(part.records)
+                if len(batches) >= 3:
+                    return batches[1].crc
+    raise AssertionError("no fetch response with three batches in the capture")
+
+
+def kinds(report: dict[str, Any], check: str) -> set[str]:
+    return set(report["checks"][check]["by_kind"])

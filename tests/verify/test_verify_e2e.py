@@ -1,0 +1,148 @@
+"""End to end: a capturing broker, real clients, then ``verify`` on local[2] — and on corrupted copies.
+
+One broker run and one Spark session for the module (Spark starts in ~7 s).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the verify extra (pyspark) is not installed")
+if shutil.which("java") is None:
+    pytest.skip("Spark needs a Java runtime (java not on PATH)", allow_module_level=True)
+
+from tests.verify.helpers import (
+    CapturingBroker,
+    drop_batch,
+    duplicate_first_batch,
+    first_multi_batch_crc,
+    kinds,
+    rewrite_fetches,
+    swap_first_two,
+)
+from trio_broker.verify.job import spark_session, summary_text, verify, write_report
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+MESSAGES = 12
+CONSUME_TIMEOUT_S = 40.0
+
+
+def _produce(bootstrap: str, topic: str, idempotent: bool) -> None:
+    from confluent_kafka import Producer
+
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0}
+    if idempotent:
+        conf["enable.idempotence"] = True
+    producer = Producer(conf)
+    errors: list[Any] = []
+    for i in range(MESSAGES):
+        producer.produce(
+            topic, f"{topic}-{i}".encode(), on_delivery=lambda err, _m: err and errors.append(err)
+        )
+        assert producer.flush(10) == 0  # one batch per message: several batches per fetch
+    assert not errors, errors
+
+
+def _consume(bootstrap: str, topics: list[str]) -> int:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        *topics,
+        bootstrap_servers=bootstrap,
+        group_id="verify-group",
+        auto_offset_reset="earliest",
+        enable_auto_commit=True,
+        auto_commit_interval_ms=500,
+    )
+    seen = 0
+    deadline = time.monotonic() + CONSUME_TIMEOUT_S
+    try:
+        while seen < MESSAGES * len(topics) and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                seen += len(records)
+        consumer.commit()
+    finally:
+        consumer.close()
+    return seen
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("verify")
+    capture_dir = base / "capture"
+    broker = CapturingBroker(base / "data", capture_dir)
+    try:
+        _produce(broker.bootstrap, "verify-plain", idempotent=False)
+        _produce(broker.bootstrap, "verify-idem", idempotent=True)
+        seen = _consume(broker.bootstrap, ["verify-plain", "verify-idem"])
+    finally:
+        code = broker.stop()
+    assert seen == 2 * MESSAGES, broker.log()
+    assert code == 0, broker.log()
+    assert list(capture_dir.glob("*.parquet")), broker.log()
+    return capture_dir
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = spark_session("local[2]")
+    yield session
+    session.stop()
+
+
+def test_clean_capture_passes(spark: Any, capture: Path, tmp_path: Path) -> None:
+    report = verify(spark, capture)
+    print(summary_text(report))
+    assert report["ok"], summary_text(report)
+    assert report["acknowledged_batches"] >= 2 * MESSAGES
+    assert report["facts"].get("fetch_batch", 0) >= 2 * MESSAGES
+    assert report["facts"].get("sync_assign", 0) >= 2
+    assert not report["facts"].get("undecodable")
+    write_report(report, tmp_path / "report")
+    assert (tmp_path / "report" / "report.json").exists()
+    assert "PASS" in (tmp_path / "report" / "report.html").read_text()
+
+
+def test_dropped_batch_is_reported(spark: Any, capture: Path, tmp_path: Path) -> None:
+    crc = first_multi_batch_crc(capture)
+    assert rewrite_fetches(capture, tmp_path / "c", drop_batch(crc)) >= 1
+    report = verify(spark, tmp_path / "c")
+    assert not report["ok"]
+    assert "ack_missing" in kinds(report, "acked_produce_fetched"), summary_text(report)
+    assert "fetch_gap" in kinds(report, "fetch_response_contiguous")
+    assert report["checks"]["fetched_batches_agree"]["violations"] == 0
+
+
+def test_duplicated_batch_is_reported(spark: Any, capture: Path, tmp_path: Path) -> None:
+    assert rewrite_fetches(capture, tmp_path / "c", duplicate_first_batch, limit=1) == 1
+    report = verify(spark, tmp_path / "c")
+    assert not report["ok"]
+    assert "ack_duplicated" in kinds(report, "acked_produce_fetched"), summary_text(report)
+
+
+def test_swapped_offsets_are_reported(spark: Any, capture: Path, tmp_path: Path) -> None:
+    assert rewrite_fetches(capture, tmp_path / "c", swap_first_two, limit=1) == 1
+    report = verify(spark, tmp_path / "c")
+    assert not report["ok"]
+    assert "fetch_out_of_order" in kinds(report, "fetch_response_contiguous"), summary_text(report)
+    assert "ack_moved" in kinds(report, "acked_produce_fetched")
+
+
+def test_cli_exit_codes(spark: Any, capture: Path, tmp_path: Path) -> None:
+    from trio_broker.cli import main
+
+    assert rewrite_fetches(capture, tmp_path / "bad", swap_first_two, limit=1) == 1
+    assert main(["verify", str(tmp_path / "nothing-here")]) == 2
+    # run_verify stops the shared session: this test runs last in the module.
+    assert main(["verify", str(tmp_path / "bad"), "--report", str(tmp_path / "bad-report")]) == 1
+    report = json.loads((tmp_path / "bad-report" / "report.json").read_text())
+    assert not report["ok"]
+    assert "FAIL" in (tmp_path / "bad-report" / "report.html").read_text()

@@ -1,0 +1,205 @@
+"""The broker's capture tap: frames go through a bounded channel to a background writer.
+
+The connection calls :meth:`CaptureTap.request` after decoding a request and
+:meth:`CaptureTap.response` after encoding a response. Both only copy the
+frame's buffers (log file regions are ``dup``-ed, not read) and ``send_nowait``;
+when the channel or the byte budget is full the row is dropped and counted —
+capture never blocks the broker. The writer task reads file regions with
+``os.pread`` and writes Parquet in a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from trio_broker.capture.schema import REQUEST, RESPONSE, CaptureRow, redact
+from trio_broker.capture.writer import ParquetRotator
+
+log = logging.getLogger("trio_broker.capture")
+
+#: A response piece still to be read by the writer: bytes, (fd, position, length) or a region.
+Piece = Any
+
+
+@attrs.define(slots=True)
+class _Pending:
+    row: CaptureRow
+    pieces: list[Piece]
+    size: int
+
+
+def _materialize(item: _Pending) -> CaptureRow:
+    """Resolve file regions (pread from a dup-ed fd) into the row's frame bytes."""
+    if not item.pieces:
+        return item.row
+    out = bytearray()
+    for piece in item.pieces:
+        if isinstance(piece, bytes):
+            out += piece
+        elif isinstance(piece, tuple):
+            fd, position, length = piece
+            try:
+                while length > 0:
+                    chunk = os.pread(fd, length, position)
+                    if not chunk:
+                        break
+                    out += chunk
+                    position += len(chunk)
+                    length -= len(chunk)
+            except OSError:
+                log.warning("capture: could not read a log region", exc_info=True)
+            finally:
+                os.close(fd)
+        else:
+            out += piece.read_bytes()
+    row = item.row
+    row.frame = redact(row.direction, row.api_key, bytes(out[4:]))  # drop the size prefix
+    if row.frame_length < 0:
+        row.frame_length = len(out) - 4
+    return row
+
+
+def _release(item: _Pending) -> None:
+    for piece in item.pieces:
+        if isinstance(piece, tuple):
+            os.close(piece[0])
+
+
+class CaptureTap:
+    """A broker service (``run``/``close``) that records every frame it is given."""
+
+    def __init__(
+        self,
+        directory: Path,
+        broker_id: int = 0,
+        *,
+        max_rows: int = 100_000,
+        max_bytes: int = 256 * 1024 * 1024,
+        flush_rows: int = 10_000,
+        flush_seconds: float = 1.0,
+        prefix_bytes: int | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.broker_id = broker_id
+        self.max_bytes = max_bytes
+        self.flush_rows = flush_rows
+        self.flush_seconds = flush_seconds
+        self.prefix_bytes = prefix_bytes
+        self.rotator = ParquetRotator(self.directory, broker_id)
+        self._send, self._receive = trio.open_memory_channel[_Pending](max_rows)
+        self._buffer: list[_Pending] = []
+        self.queued_bytes = 0
+        self.captured = 0
+        self.dropped = 0
+        self.closed = False
+
+    # ------------------------------------------------------------------ hot path
+
+    def _offer(self, item: _Pending) -> None:
+        if self.queued_bytes + item.size > self.max_bytes:
+            self._drop(item)
+            return
+        try:
+            self._send.send_nowait(item)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            self._drop(item)
+            return
+        self.queued_bytes += item.size
+        self.captured += 1
+
+    def _drop(self, item: _Pending) -> None:
+        self.dropped += 1
+        _release(item)
+
+    def request(self, connection_id: int, address: str, header: Any, frame: Any) -> None:
+        length = len(frame)
+        data = frame if self.prefix_bytes is None else frame[: self.prefix_bytes]
+        row = CaptureRow(
+            self.broker_id, connection_id, address, header.client_id, REQUEST,
+            time.monotonic_ns(), time.time_ns(), header.api_key, header.api_version,
+            header.correlation_id, length, redact(REQUEST, header.api_key, bytes(data)),
+        )  # fmt: skip
+        self._offer(_Pending(row, [], len(row.frame)))
+
+    def response(
+        self, connection_id: int, address: str, header: Any, version: int, parts: list[Any]
+    ) -> None:
+        pieces: list[Piece] = []
+        budget = None if self.prefix_bytes is None else self.prefix_bytes + 4
+        total = 0
+        kept = 0
+        for part in parts:
+            if isinstance(part, bytes | bytearray | memoryview):
+                n = memoryview(part).nbytes
+                if budget is None or kept < budget:
+                    take = n if budget is None else min(n, budget - kept)
+                    pieces.append(bytes(memoryview(part).cast("B")[:take]))
+                    kept += take
+                total += n
+                continue
+            n = part.length
+            if budget is None or kept < budget:
+                take = n if budget is None else min(n, budget - kept)
+                fd = getattr(part, "fd", None)
+                if fd is None:
+                    data = part.read_bytes()
+                    pieces.append(bytes(data[:take]))
+                else:
+                    try:
+                        pieces.append((os.dup(fd), part.position, take))
+                    except OSError:
+                        pieces.append(b"\0" * take)
+                kept += take
+            total += n
+        row = CaptureRow(
+            self.broker_id, connection_id, address, header.client_id, RESPONSE,
+            time.monotonic_ns(), time.time_ns(), header.api_key, version,
+            header.correlation_id, total - 4, b"",
+        )  # fmt: skip
+        self._offer(_Pending(row, pieces, kept))
+
+    # ------------------------------------------------------------------ writer task
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            with trio.move_on_after(self.flush_seconds):
+                while len(self._buffer) < self.flush_rows:
+                    self._buffer.append(await self._receive.receive())
+            if self._buffer:
+                batch, self._buffer = self._buffer, []
+                self.queued_bytes -= sum(item.size for item in batch)
+                await trio.to_thread.run_sync(self._write, batch)
+
+    def _write(self, batch: list[_Pending]) -> None:
+        try:
+            self.rotator.write(_materialize(item) for item in batch)
+        except Exception:
+            log.exception("capture: writing %d rows failed", len(batch))
+            self.dropped += len(batch)
+
+    def close(self) -> None:
+        """Write what is still queued (synchronously: the broker is stopping)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._send.close()
+        while True:
+            try:
+                self._buffer.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+        batch, self._buffer = self._buffer, []
+        self.queued_bytes = 0
+        self._write(batch)
+        self.rotator.write_stats(captured=self.captured, dropped=self.dropped)
+        if self.dropped:
+            log.warning("capture: %d frames dropped (queue full)", self.dropped)
+        log.info("capture: %d rows in %s", self.rotator.rows_written, self.directory)

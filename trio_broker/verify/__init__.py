@@ -1,0 +1,1 @@
+"""Verification of captured Kafka traffic (``trio-broker verify``); see docs/traffic-verification.md."""

@@ -1,0 +1,209 @@
+"""Frame decoding for the verification job: capture rows in, fact rows out.
+
+Everything here runs on Spark executors inside ``mapInArrow`` (so it lives in
+an importable module) and uses only our codec on the raw frame bytes — never
+the broker's own bookkeeping. One capture row yields zero or more facts, all in
+one wide schema (:data:`FACT_FIELDS`); ``kind`` says which columns are set:
+
+``produce_batch``  a batch in a Produce request (topic/partition, crc, producer fields)
+``produce_ack``    a partition in a Produce response (error, base offset)
+``fetch_part``     a partition in a Fetch response (error, high watermark in ``offset``)
+``fetch_batch``    a batch in a Fetch response (``idx`` = its position in the partition)
+``topic_id``       a (name, topic id) pair from a Metadata response
+``sync_request``   a SyncGroup request (group, generation, member)
+``sync_assign``    one (topic, partition) of a SyncGroup response's assignment
+``undecodable``    a frame our codec could not decode (``note`` says why)
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+from trio_broker.protocol.messages import decode_request, decode_response
+from trio_broker.protocol.records import split_batches
+
+PRODUCE, FETCH, METADATA, SYNC_GROUP = 0, 1, 3, 14
+
+#: (name, arrow type name, Spark SQL type)
+FACT_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("run", "string", "string"),
+    ("conn", "int64", "bigint"),
+    ("corr", "int32", "int"),
+    ("ts", "int64", "bigint"),
+    ("kind", "string", "string"),
+    ("topic", "string", "string"),
+    ("partition", "int32", "int"),
+    ("idx", "int32", "int"),
+    ("error", "int32", "int"),
+    ("offset", "int64", "bigint"),
+    ("last_offset", "int64", "bigint"),
+    ("crc", "int64", "bigint"),
+    ("record_count", "int32", "int"),
+    ("producer_id", "int64", "bigint"),
+    ("producer_epoch", "int32", "int"),
+    ("base_sequence", "int32", "int"),
+    ("group_id", "string", "string"),
+    ("generation", "int32", "int"),
+    ("member_id", "string", "string"),
+    ("note", "string", "string"),
+)
+FACT_DDL = ", ".join(f"{name} {sql}" for name, _, sql in FACT_FIELDS)
+_NAMES = tuple(name for name, _, _ in FACT_FIELDS)
+
+
+def fact_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([(name, getattr(pa, typ)()) for name, typ, _ in FACT_FIELDS])
+
+
+def topic_key(name: str | None, topic_id: Any) -> str:
+    """A topic's name, or ``id:<uuid>`` when the frame names it by id (Produce v13, Fetch v13+)."""
+    if name:
+        return name
+    return f"id:{topic_id}"
+
+
+def decode_assignment(data: bytes | memoryview) -> list[tuple[str, int]]:
+    """ConsumerProtocolAssignment (any version): [(topic, partition)]; user data ignored."""
+    view = memoryview(data)
+    pos = 2  # int16 version
+    (topics,) = struct.unpack_from(">i", view, pos)
+    pos += 4
+    out: list[tuple[str, int]] = []
+    for _ in range(max(topics, 0)):
+        (length,) = struct.unpack_from(">h", view, pos)
+        pos += 2
+        topic = bytes(view[pos : pos + length]).decode()
+        pos += length
+        (count,) = struct.unpack_from(">i", view, pos)
+        pos += 4
+        for _ in range(max(count, 0)):
+            out.append((topic, struct.unpack_from(">i", view, pos)[0]))
+            pos += 4
+    return out
+
+
+def _facts_for_row(
+    run: str, conn: int, ts: int, direction: str, api_key: int, version: int, frame: bytes
+) -> Iterator[dict[str, Any]]:
+    body: Any
+    if direction == "request":
+        if api_key not in (PRODUCE, SYNC_GROUP):
+            return
+        header, body = decode_request(frame)
+        corr = header.correlation_id
+        base = {"run": run, "conn": conn, "corr": corr, "ts": ts}
+        if api_key == PRODUCE:
+            for topic in body.topic_data:
+                key = topic_key(topic.name, topic.topic_id)
+                for part in topic.partition_data:
+                    if part.records is None:
+                        continue
+                    batches, _ = split_batches(part.records)
+                    for idx, b in enumerate(batches):
+                        yield {
+                            **base, "kind": "produce_batch", "topic": key,
+                            "partition": part.index, "idx": idx, "crc": b.crc,
+                            "record_count": b.last_offset_delta + 1,
+                            "producer_id": b.producer_id, "producer_epoch": b.producer_epoch,
+                            "base_sequence": b.base_sequence,
+                        }  # fmt: skip
+        else:
+            yield {
+                **base, "kind": "sync_request", "group_id": body.group_id,
+                "generation": body.generation_id, "member_id": body.member_id,
+            }  # fmt: skip
+        return
+    if api_key not in (PRODUCE, FETCH, METADATA, SYNC_GROUP):
+        return
+    corr, body = decode_response(api_key, version, frame)
+    base = {"run": run, "conn": conn, "corr": corr, "ts": ts}
+    if api_key == PRODUCE:
+        for topic in body.responses:
+            key = topic_key(topic.name, topic.topic_id)
+            for part in topic.partition_responses:
+                yield {
+                    **base, "kind": "produce_ack", "topic": key, "partition": part.index,
+                    "error": part.error_code, "offset": part.base_offset,
+                }  # fmt: skip
+    elif api_key == FETCH:
+        for topic in body.responses:
+            key = topic_key(topic.topic, topic.topic_id)
+            for part in topic.partitions:
+                p = part.partition_index
+                yield {
+                    **base, "kind": "fetch_part", "topic": key, "partition": p,
+                    "error": part.error_code, "offset": part.high_watermark,
+                }  # fmt: skip
+                if part.error_code != 0 or part.records is None:
+                    continue
+                batches, _ = split_batches(part.records)
+                for idx, b in enumerate(batches):
+                    yield {
+                        **base, "kind": "fetch_batch", "topic": key, "partition": p,
+                        "idx": idx, "offset": b.base_offset, "last_offset": b.last_offset,
+                        "crc": b.crc, "record_count": b.record_count,
+                        "producer_id": b.producer_id, "producer_epoch": b.producer_epoch,
+                        "base_sequence": b.base_sequence,
+                    }  # fmt: skip
+    elif api_key == METADATA:
+        for topic in body.topics:
+            if topic.name and topic.topic_id is not None and int(topic.topic_id.int) != 0:
+                yield {
+                    **base,
+                    "kind": "topic_id",
+                    "topic": topic.name,
+                    "note": f"id:{topic.topic_id}",
+                }
+    elif body.error_code == 0 and body.assignment:
+        for topic_name, partition in decode_assignment(body.assignment):
+            yield {**base, "kind": "sync_assign", "topic": topic_name, "partition": partition}
+
+
+def decode_rows(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Capture columns (plus ``run``) to fact columns."""
+    out: dict[str, list[Any]] = {name: [] for name in _NAMES}
+    n = len(columns["frame"])
+    for i in range(n):
+        run = columns["run"][i]
+        conn = columns["connection_id"][i]
+        ts = columns["monotonic_ns"][i]
+        direction = columns["direction"][i]
+        api_key = columns["api_key"][i]
+        frame = columns["frame"][i]
+        if frame is None or len(frame) < columns["frame_length"][i]:
+            continue  # a prefix-only capture: nothing to verify in this frame
+        try:
+            facts = list(
+                _facts_for_row(run, conn, ts, direction, api_key, columns["api_version"][i], frame)
+            )
+        except Exception as exc:
+            facts = [
+                {
+                    "run": run, "conn": conn, "corr": columns["correlation_id"][i], "ts": ts,
+                    "kind": "undecodable", "note": f"{direction} api {api_key}: {exc!r}"[:300],
+                }
+            ]  # fmt: skip
+        for fact in facts:
+            for name in _NAMES:
+                out[name].append(fact.get(name))
+    return out
+
+
+NEEDED_COLUMNS = (
+    "run", "connection_id", "monotonic_ns", "direction", "api_key", "api_version",
+    "correlation_id", "frame_length", "frame",
+)  # fmt: skip
+
+
+def decode_batches(batches: Iterator[Any]) -> Iterator[Any]:
+    """The ``mapInArrow`` function: Arrow record batches of capture rows to fact batches."""
+    import pyarrow as pa
+
+    schema = fact_schema()
+    for batch in batches:
+        columns = {name: batch.column(name).to_pylist() for name in NEEDED_COLUMNS}
+        yield pa.RecordBatch.from_pydict(decode_rows(columns), schema=schema)

@@ -1,0 +1,369 @@
+"""The PySpark verification job behind ``trio-broker verify``.
+
+Reads capture Parquet files, decodes frames on the executors
+(:func:`trio_broker.verify.decode.decode_batches` in ``mapInArrow``), joins
+requests to responses and runs each check once, in Spark SQL (:data:`CHECKS`).
+Exit code 0 when no check found a violation, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trio_broker.verify.decode import FACT_DDL, decode_batches
+
+#: Examples kept per violation kind in the summary and the report.
+EXAMPLES = 5
+
+#: Views built from the facts before the checks run (name -> SQL).
+VIEWS: dict[str, str] = {
+    # Topic ids (Produce v13 / Fetch v13+) resolved to names with Metadata responses.
+    "topic_names": """
+        SELECT DISTINCT note AS key, topic AS name FROM facts WHERE kind = 'topic_id'
+    """,
+    "named": """
+        SELECT f.*, coalesce(t.name, f.topic) AS tname
+        FROM facts f LEFT JOIN topic_names t ON f.topic = t.key
+    """,
+    # Acknowledged produce batches: request batch joined to its response partition.
+    "acked": """
+        SELECT b.run, b.conn, b.corr, b.tname AS topic, b.partition,
+               a.offset + b.idx AS base_offset, b.crc, b.record_count,
+               b.producer_id, b.producer_epoch, b.base_sequence, a.ts AS ack_ts
+        FROM named b JOIN named a
+          ON a.kind = 'produce_ack' AND b.kind = 'produce_batch' AND a.error = 0
+         AND a.run = b.run AND a.conn = b.conn AND a.corr = b.corr
+         AND a.topic = b.topic AND a.partition = b.partition
+    """,
+    # The log as fetches saw it: one row per distinct (partition, offset, crc).
+    "fetched": """
+        SELECT tname AS topic, partition, offset AS base_offset, last_offset, crc,
+               count(*) AS times_fetched
+        FROM named WHERE kind = 'fetch_batch'
+        GROUP BY tname, partition, offset, last_offset, crc
+    """,
+    "fetched_extent": """
+        SELECT topic, partition, max(last_offset) AS max_fetched FROM fetched
+        GROUP BY topic, partition
+    """,
+    "fetch_requests": """
+        SELECT run, conn, corr, min(ts) AS req_ts FROM named
+        WHERE kind = 'fetch_request' GROUP BY run, conn, corr
+    """,
+}
+
+#: Each check once: name -> (what a violation means, SQL returning one row per violation
+#: with a ``violation`` kind column).
+CHECKS: dict[str, tuple[str, str]] = {
+    "acked_produce_fetched": (
+        "every acknowledged produce batch is fetched at its acknowledged offset with the same "
+        "CRC, exactly once",
+        """
+        WITH m AS (
+          SELECT a.run, a.conn, a.corr, a.topic, a.partition,
+                 CASE WHEN f.crc = a.crc THEN 1 ELSE 0 END AS at_offset,
+                 CASE WHEN f.crc <> a.crc THEN 1 ELSE 0 END AS other_at_offset,
+                 0 AS elsewhere
+          FROM acked a JOIN fetched f
+            ON f.topic = a.topic AND f.partition = a.partition AND f.base_offset = a.base_offset
+          UNION ALL
+          SELECT a.run, a.conn, a.corr, a.topic, a.partition, 0, 0, 1
+          FROM acked a JOIN fetched f
+            ON f.topic = a.topic AND f.partition = a.partition AND f.crc = a.crc
+           AND f.base_offset <> a.base_offset
+        ),
+        agg AS (
+          SELECT run, conn, corr, topic, partition, sum(at_offset) AS at_offset,
+                 sum(other_at_offset) AS other_at_offset, sum(elsewhere) AS elsewhere
+          FROM m GROUP BY run, conn, corr, topic, partition
+        ),
+        j AS (
+          SELECT a.*, coalesce(g.at_offset, 0) AS at_offset,
+                 coalesce(g.other_at_offset, 0) AS other_at_offset,
+                 coalesce(g.elsewhere, 0) AS elsewhere
+          FROM acked a
+          JOIN fetched_extent e
+            ON a.topic = e.topic AND a.partition = e.partition AND e.max_fetched >= a.base_offset
+          LEFT JOIN agg g
+            ON a.run = g.run AND a.conn = g.conn AND a.corr = g.corr AND a.topic = g.topic
+           AND a.partition = g.partition
+        )
+        SELECT CASE
+                 WHEN at_offset = 0 AND other_at_offset = 0 AND elsewhere = 0 THEN 'ack_missing'
+                 WHEN at_offset = 0 AND elsewhere > 0 THEN 'ack_moved'
+                 WHEN other_at_offset > 0 THEN 'ack_crc_mismatch'
+                 ELSE 'ack_duplicated' END AS violation,
+               topic, partition, base_offset, crc, record_count, producer_id, base_sequence,
+               at_offset, other_at_offset, elsewhere
+        FROM j WHERE NOT (at_offset = 1 AND other_at_offset = 0 AND elsewhere = 0)
+        """,
+    ),
+    "fetched_batches_agree": (
+        "per partition, no two different batches were fetched at one offset",
+        """
+        SELECT 'fetch_conflict' AS violation, topic, partition, base_offset,
+               count(DISTINCT crc) AS distinct_crcs, collect_set(crc) AS crcs
+        FROM fetched GROUP BY topic, partition, base_offset HAVING count(DISTINCT crc) > 1
+        """,
+    ),
+    "fetch_response_contiguous": (
+        "within each fetch response partition, batches have increasing, contiguous offsets",
+        """
+        WITH w AS (
+          SELECT run, conn, corr, tname AS topic, partition, idx, offset AS base_offset,
+                 lag(last_offset) OVER (PARTITION BY run, conn, corr, tname, partition
+                                        ORDER BY idx) AS prev_last
+          FROM named WHERE kind = 'fetch_batch'
+        )
+        SELECT CASE WHEN base_offset <= prev_last THEN 'fetch_out_of_order'
+                    ELSE 'fetch_gap' END AS violation,
+               topic, partition, run, conn, corr, idx, prev_last, base_offset
+        FROM w WHERE prev_last IS NOT NULL AND base_offset <> prev_last + 1
+        """,
+    ),
+    "high_watermark_monotonic": (
+        "per partition, a fetch never reports a high watermark lower than one already "
+        "returned by a fetch that completed before it was sent",
+        """
+        WITH parts AS (
+          SELECT p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.offset AS hw,
+                 p.ts AS resp_ts, r.req_ts
+          FROM named p JOIN fetch_requests r
+            ON p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
+          WHERE p.kind = 'fetch_part' AND p.error = 0
+        ),
+        events AS (
+          SELECT run, topic, partition, resp_ts AS t, 1 AS ord, hw, NULL AS conn, NULL AS corr,
+                 NULL AS own_hw FROM parts
+          UNION ALL
+          SELECT run, topic, partition, req_ts AS t, 0 AS ord, NULL AS hw, conn, corr,
+                 hw AS own_hw FROM parts
+        ),
+        seen AS (
+          SELECT *, max(hw) OVER (PARTITION BY run, topic, partition ORDER BY t, ord
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS max_before
+          FROM events
+        )
+        SELECT 'high_watermark_backwards' AS violation, topic, partition, run, conn, corr,
+               own_hw AS high_watermark, max_before AS earlier_high_watermark
+        FROM seen WHERE ord = 0 AND max_before IS NOT NULL AND own_hw < max_before
+        """,
+    ),
+    "producer_sequences": (
+        "per (producer id, epoch, partition): acknowledged sequences are contiguous, and a "
+        "duplicate is answered with the original offset",
+        """
+        WITH idem AS (SELECT * FROM acked WHERE producer_id >= 0 AND base_sequence >= 0),
+        dups AS (
+          SELECT 'sequence_duplicate_other_offset' AS violation, topic, partition, producer_id,
+                 producer_epoch, base_sequence, collect_set(base_offset) AS offsets,
+                 CAST(NULL AS INT) AS expected_sequence
+          FROM idem GROUP BY topic, partition, producer_id, producer_epoch, base_sequence
+          HAVING count(DISTINCT base_offset) > 1
+        ),
+        uniq AS (
+          SELECT topic, partition, producer_id, producer_epoch, base_sequence,
+                 min(base_offset) AS base_offset, max(record_count) AS record_count
+          FROM idem GROUP BY topic, partition, producer_id, producer_epoch, base_sequence
+        ),
+        w AS (
+          SELECT *, lag(base_sequence) OVER o AS prev_seq, lag(record_count) OVER o AS prev_count,
+                 lag(base_offset) OVER o AS prev_offset
+          FROM uniq
+          WINDOW o AS (PARTITION BY topic, partition, producer_id, producer_epoch
+                       ORDER BY base_sequence)
+        )
+        SELECT * FROM dups
+        UNION ALL
+        SELECT CASE WHEN base_offset <= prev_offset THEN 'sequence_offset_order'
+                    ELSE 'sequence_gap' END AS violation,
+               topic, partition, producer_id, producer_epoch, base_sequence,
+               array(prev_offset, base_offset) AS offsets,
+               CAST(prev_seq + prev_count AS INT) AS expected_sequence
+        FROM w WHERE prev_seq IS NOT NULL
+          AND (base_sequence <> prev_seq + prev_count OR base_offset <= prev_offset)
+        """,
+    ),
+    "group_assignment_exclusive": (
+        "per group generation, no partition is assigned to two members",
+        """
+        WITH a AS (
+          SELECT r.group_id, r.generation, r.member_id, s.topic, s.partition
+          FROM named s JOIN named r
+            ON s.kind = 'sync_assign' AND r.kind = 'sync_request'
+           AND s.run = r.run AND s.conn = r.conn AND s.corr = r.corr
+        )
+        SELECT 'partition_assigned_twice' AS violation, group_id, generation, topic, partition,
+               collect_set(member_id) AS members
+        FROM a GROUP BY group_id, generation, topic, partition
+        HAVING count(DISTINCT member_id) > 1
+        """,
+    ),
+}
+
+
+def _log(message: str) -> None:
+    print(f"[verify] {message}", file=sys.stderr, flush=True)
+
+
+def spark_session(master: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    log4j = Path(__file__).with_name("log4j2.properties")
+    java_opts = f"-XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile=file:{log4j}"
+    cores = 2
+    if master.startswith("local[") and master[6:-1].isdigit():
+        cores = int(master[6:-1])
+    return (
+        SparkSession.builder.master(master)
+        .appName("trio-broker-verify")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(cores))
+        .config("spark.default.parallelism", str(cores))
+        .config("spark.sql.files.maxPartitionBytes", str(4 * 1024 * 1024))
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.driver.extraJavaOptions", java_opts)
+        .config("spark.executor.extraJavaOptions", java_opts)
+        .getOrCreate()
+    )
+
+
+def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
+    """Run every check on the capture in ``capture_dir``; return the report as a dict."""
+    from pyspark.sql import functions as F
+
+    started = time.monotonic()
+    files = sorted(str(p) for p in Path(capture_dir).glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no capture Parquet files in {capture_dir}")
+    _log(f"reading {len(files)} capture files")
+    raw = spark.read.parquet(*files).withColumn(
+        "run", F.regexp_extract(F.input_file_name(), r"([^/]+)-\d+\.parquet$", 1)
+    )
+    frames = raw.count()
+    _log(f"{frames} frames; decoding")
+    facts = raw.select(
+        "run", "connection_id", "monotonic_ns", "direction", "api_key", "api_version",
+        "correlation_id", "frame_length", "frame",
+    ).mapInArrow(decode_batches, FACT_DDL)  # fmt: skip
+    fetch_requests = raw.where("direction = 'request' AND api_key = 1").select(
+        F.col("run"),
+        F.col("connection_id").alias("conn"),
+        F.col("correlation_id").alias("corr"),
+        F.col("monotonic_ns").alias("ts"),
+        F.lit("fetch_request").alias("kind"),
+    )
+    facts = facts.unionByName(fetch_requests, allowMissingColumns=True).cache()
+    facts.createOrReplaceTempView("facts")
+    counts = {r["kind"]: r["count"] for r in facts.groupBy("kind").count().collect()}
+    _log(f"facts: {dict(sorted(counts.items()))}")
+    for name, sql in VIEWS.items():
+        spark.sql(sql).createOrReplaceTempView(name)
+    spark.table("named").cache()
+    spark.table("acked").cache()
+    spark.table("fetched").cache()
+    undecodable = [r.asDict() for r in spark.sql(
+        "SELECT run, conn, corr, note FROM facts WHERE kind = 'undecodable' LIMIT 5"
+    ).collect()]  # fmt: skip
+    results: dict[str, Any] = {}
+    for i, (name, (meaning, sql)) in enumerate(CHECKS.items(), 1):
+        _log(f"check {i}/{len(CHECKS)}: {name}")
+        df = spark.sql(sql).cache()
+        by_kind = {r["violation"]: r["count"] for r in df.groupBy("violation").count().collect()}
+        examples = [_plain(r.asDict()) for r in df.limit(EXAMPLES).collect()]
+        df.unpersist()
+        results[name] = {
+            "meaning": meaning,
+            "violations": sum(by_kind.values()),
+            "by_kind": by_kind,
+            "examples": examples,
+        }
+    acked = spark.table("acked").count()
+    return {
+        "capture_dir": str(capture_dir),
+        "frames": frames,
+        "facts": counts,
+        "acknowledged_batches": acked,
+        "undecodable_examples": [_plain(u) for u in undecodable],
+        "checks": results,
+        "ok": all(c["violations"] == 0 for c in results.values()),
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (list(v) if isinstance(v, list | tuple) else v) for k, v in row.items()}
+
+
+def summary_text(report: dict[str, Any]) -> str:
+    lines = [
+        f"capture {report['capture_dir']}: {report['frames']} frames, "
+        f"{report['acknowledged_batches']} acknowledged produce batches"
+    ]
+    if report["facts"].get("undecodable"):
+        lines.append(f"  warning: {report['facts']['undecodable']} undecodable frames")
+    for name, check in report["checks"].items():
+        status = "ok" if check["violations"] == 0 else f"{check['violations']} VIOLATIONS"
+        lines.append(f"  {name}: {status}")
+        if check["violations"]:
+            lines.append(f"    ({check['meaning']})")
+            for kind, n in sorted(check["by_kind"].items()):
+                lines.append(f"    {kind}: {n}")
+            for ex in check["examples"]:
+                lines.append(f"    e.g. {json.dumps(ex, default=str)}")
+    lines.append("PASS" if report["ok"] else "FAIL")
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    rows = []
+    for name, check in report["checks"].items():
+        status = "ok" if check["violations"] == 0 else f"{check['violations']} violations"
+        color = "#cfc" if check["violations"] == 0 else "#fcc"
+        examples = "<br>".join(html.escape(json.dumps(e, default=str)) for e in check["examples"])
+        rows.append(
+            f"<tr style='background:{color}'><td>{html.escape(name)}</td>"
+            f"<td>{html.escape(check['meaning'])}</td><td>{status}</td>"
+            f"<td>{html.escape(json.dumps(check['by_kind']))}</td><td><code>{examples}</code></td></tr>"
+        )
+    verdict = "PASS" if report["ok"] else "FAIL"
+    (directory / "report.html").write_text(
+        "<!doctype html><html><head><meta charset='utf-8'><title>trio-broker verify</title>"
+        "</head><body>"
+        f"<h1>trio-broker verify: {verdict}</h1>"
+        f"<p>{html.escape(report['capture_dir'])}: {report['frames']} frames, "
+        f"{report['acknowledged_batches']} acknowledged produce batches, "
+        f"{report['seconds']} s</p>"
+        "<table border=1 cellpadding=4><tr><th>check</th><th>meaning</th><th>result</th>"
+        "<th>by kind</th><th>examples</th></tr>" + "".join(rows) + "</table></body></html>\n"
+    )
+
+
+def run_verify(capture_dir: Path, *, master: str = "local[2]", report_dir: Path | None) -> int:
+    """``trio-broker verify``: 0 when every check holds, 1 on any violation, 2 on bad input."""
+    if not Path(capture_dir).is_dir():
+        print(f"trio-broker: {capture_dir} is not a directory", file=sys.stderr)
+        return 2
+    _log(f"starting Spark ({master})")
+    spark = spark_session(master)
+    try:
+        report = verify(spark, Path(capture_dir))
+    except FileNotFoundError as exc:
+        print(f"trio-broker: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+    print(summary_text(report))
+    if report_dir is not None:
+        write_report(report, Path(report_dir))
+    return 0 if report["ok"] else 1
