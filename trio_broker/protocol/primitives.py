@@ -35,6 +35,7 @@ def read_uvarint(buf: Buffer, pos: int, max_bytes: int = MAX_VARINT_BYTES) -> tu
     """Read an unsigned LEB128 varint.
 
     pre: 0 <= pos
+    raises: TruncatedError, InvalidValueError
     post: __return__[1] > pos
     post: __return__[0] >= 0
     """
@@ -106,6 +107,8 @@ def write_varint(value: int) -> bytes:
 def read_compact_length(buf: Buffer, pos: int) -> tuple[int, int]:
     """A compact (KIP-482) length: uvarint N+1, where 0 means null (returned as -1).
 
+    pre: 0 <= pos
+    raises: TruncatedError, InvalidValueError
     post: __return__[0] >= -1
     """
     raw, pos = read_uvarint(buf, pos)

@@ -74,6 +74,7 @@ class FlushStatistics:
 def histogram_bucket(count: int) -> int:
     """Power-of-two bucket: 0, 1, 2, 4, 8, ...
 
+    pre: count >= 0
     post: __return__ <= count < 2 * __return__ or __return__ == count == 0
     """
     return 0 if count <= 0 else 1 << (count.bit_length() - 1)
