@@ -1,0 +1,229 @@
+"""Executable specification of a single-node broker, as seen by a client over the wire.
+
+The whole broker in rules a reader can hold next to Kafka's documentation. Each rule
+names the Kafka behaviour it models; finer rules live in the per-concern models and
+are imported, not restated:
+
+* ``spec.producer_model`` - the idempotent-producer sentences (epoch, 5-batch window),
+* ``spec.storage_model.read`` - which whole batches a fetch returns (KIP-74),
+* ``spec.group_model`` sentence 13 - when an offset commit is accepted.
+
+Topics
+ T1. CreateTopics creates a topic with ``num_partitions`` empty partitions; a name in
+     use is TOPIC_ALREADY_EXISTS (36); fewer than one partition is INVALID_PARTITIONS
+     (37). (Kafka ``AdminManager.createTopics``.)
+ T2. A request for a topic or partition that does not exist is answered per partition
+     with UNKNOWN_TOPIC_OR_PARTITION (3), and changes nothing.
+
+Partition log
+ L1. A partition's log is a sequence of batches with contiguous offsets starting at the
+     log start offset (0 here: nothing deletes records in this model).
+ L2. An accepted batch of n records gets base offset = the log end offset, which then
+     grows by n. On one node every in-sync replica is the leader, so the high watermark
+     equals the log end offset once the append returns (Kafka ``Partition.appendRecordsToLeader``
+     with ISR = {leader}); the Produce answer carries the base offset.
+ L3. Fetch at offset o: OFFSET_OUT_OF_RANGE (1) unless log start <= o <= high watermark;
+     else the whole batches chosen by ``storage_model.read`` (a batch that starts before
+     o is returned whole, as Kafka does, and the client skips the early records), with
+     the high watermark and log start offset. Compressed batches come back as written.
+ L4. ListOffsets: timestamp -1 (LATEST) answers the high watermark, -2 (EARLIEST) the log
+     start offset (Kafka ``ListOffsetsRequest.LATEST_TIMESTAMP`` / ``EARLIEST_TIMESTAMP``).
+ L5. Durability: after a clean shutdown every accepted batch survives. After a crash
+     (kill -9) the log is a prefix of what was accepted that contains at least every batch
+     acknowledged with acks=-1 (all); batches acknowledged with acks=1 may be lost,
+     but only from the tail (the "recover" rule of ``storage_model``).
+
+Idempotent producers
+ P1. InitProducerId without a transactional id hands out a producer id never handed out
+     before by this broker (across restarts: ids come from persisted blocks), epoch 0.
+ P2. Every Produce of a batch with a producer id is judged by ``producer_model.verdict``:
+     append, duplicate (answered with the original batch's base offset, no error,
+     nothing appended), or refused with its error (nothing appended).
+ P3. Producer state survives a clean restart (snapshot + log replay), so duplicates
+     are still recognised afterwards.
+
+Committed offsets
+ C1. OffsetCommit with generation -1 from a simple consumer (a group with no members)
+     stores (offset, metadata) per existing partition (``group_model`` sentence 13);
+     partitions that do not exist get UNKNOWN_TOPIC_OR_PARTITION.
+ C2. OffsetFetch answers the last stored offset, or -1 for a partition never committed.
+ C3. Committed offsets are durable: they survive a clean restart and a crash once the
+     commit was answered (Kafka writes them to ``__consumer_offsets`` with acks=all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spec.producer_model import Appended, ModelPartition
+from spec.storage_model import read
+from trio_broker.protocol.error_codes import ErrorCode
+
+LATEST = -1
+EARLIEST = -2
+
+
+@dataclass(frozen=True)
+class Batch:
+    """An accepted batch as the model remembers it."""
+
+    base_offset: int
+    values: tuple[bytes, ...]
+    size: int  # bytes on the wire, for the fetch size rule
+    acks: int  # the acks it was acknowledged with (L5)
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + len(self.values) - 1
+
+
+@dataclass
+class PartitionModel:
+    batches: list[Batch] = field(default_factory=list)
+    producers: ModelPartition = field(default_factory=ModelPartition)
+    log_start_offset: int = 0  # L1
+
+    @property
+    def high_watermark(self) -> int:  # L2: HW == log end offset on one node
+        return self.batches[-1].last_offset + 1 if self.batches else self.log_start_offset
+
+
+@dataclass(frozen=True)
+class ProduceAnswer:
+    error: ErrorCode
+    base_offset: int
+
+
+@dataclass(frozen=True)
+class FetchAnswer:
+    error: ErrorCode
+    high_watermark: int
+    log_start_offset: int
+    batches: tuple[Batch, ...]
+
+
+@dataclass
+class BrokerModel:
+    topics: dict[str, list[PartitionModel]] = field(default_factory=dict)
+    committed: dict[tuple[str, str, int], tuple[int, str | None]] = field(default_factory=dict)
+    producer_ids: set[int] = field(default_factory=set)
+
+    # ------------------------------------------------------------------ topics
+
+    def create_topic(self, name: str, partitions: int) -> ErrorCode:
+        if name in self.topics:  # T1
+            return ErrorCode.TOPIC_ALREADY_EXISTS
+        if partitions < 1:
+            return ErrorCode.INVALID_PARTITIONS
+        self.topics[name] = [PartitionModel() for _ in range(partitions)]
+        return ErrorCode.NONE
+
+    def partition(self, topic: str, index: int) -> PartitionModel | None:
+        parts = self.topics.get(topic)
+        if parts is None or not 0 <= index < len(parts):
+            return None  # T2
+        return parts[index]
+
+    # ------------------------------------------------------------------ produce
+
+    def produce(
+        self,
+        topic: str,
+        index: int,
+        values: tuple[bytes, ...],
+        size: int,
+        acks: int,
+        producer: tuple[int, int, int] = (-1, -1, -1),
+    ) -> ProduceAnswer:
+        """One batch to one partition; ``producer`` is (producer id, epoch, base sequence)."""
+        part = self.partition(topic, index)
+        if part is None:
+            return ProduceAnswer(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1)  # T2
+        pid, epoch, first_seq = producer
+        last_seq = first_seq + len(values) - 1 if pid != -1 else -1
+        verdict, detail = part.producers.verdict(pid, epoch, first_seq, last_seq)  # P2
+        if verdict == "reject":
+            assert isinstance(detail, ErrorCode)
+            return ProduceAnswer(detail, -1)
+        if verdict == "duplicate":
+            assert isinstance(detail, Appended)
+            return ProduceAnswer(ErrorCode.NONE, detail.first_offset)
+        batch = Batch(part.high_watermark, values, size, acks)  # L2
+        part.batches.append(batch)
+        part.producers.appended(
+            pid, Appended(epoch, first_seq, last_seq, batch.base_offset, batch.last_offset)
+        )
+        return ProduceAnswer(ErrorCode.NONE, batch.base_offset)
+
+    # ------------------------------------------------------------------ reads
+
+    def fetch(self, topic: str, index: int, offset: int, max_bytes: int) -> FetchAnswer:
+        part = self.partition(topic, index)
+        if part is None:
+            return FetchAnswer(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1, ())  # T2
+        hw, start = part.high_watermark, part.log_start_offset
+        if not start <= offset <= hw:  # L3
+            return FetchAnswer(ErrorCode.OFFSET_OUT_OF_RANGE, hw, start, ())
+        shape = [(b.base_offset, b.last_offset, b.size) for b in part.batches]
+        chosen = read(shape, offset, max_bytes, hw, min_one=True)
+        return FetchAnswer(ErrorCode.NONE, hw, start, tuple(part.batches[i] for i in chosen))
+
+    def list_offset(self, topic: str, index: int, timestamp: int) -> tuple[ErrorCode, int]:
+        part = self.partition(topic, index)
+        if part is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1  # T2
+        if timestamp == LATEST:  # L4
+            return ErrorCode.NONE, part.high_watermark
+        assert timestamp == EARLIEST, "the model answers only LATEST and EARLIEST"
+        return ErrorCode.NONE, part.log_start_offset
+
+    # ------------------------------------------------------------------ producer ids
+
+    def producer_id_granted(self, producer_id: int, epoch: int) -> bool:
+        """P1: a fresh id at epoch 0; returns whether the grant obeys the rule."""
+        fresh = producer_id >= 0 and producer_id not in self.producer_ids and epoch == 0
+        self.producer_ids.add(producer_id)
+        return fresh
+
+    # ------------------------------------------------------------------ offsets
+
+    def commit(
+        self, group: str, topic: str, index: int, offset: int, metadata: str | None
+    ) -> ErrorCode:
+        if self.partition(topic, index) is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION  # C1 / T2
+        self.committed[(group, topic, index)] = (offset, metadata)  # C1
+        return ErrorCode.NONE
+
+    def fetch_committed(self, group: str, topic: str, index: int) -> int:
+        return self.committed.get((group, topic, index), (-1, None))[0]  # C2
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def restart_clean(self) -> None:
+        """L5, P3, C3: a clean restart changes nothing a client can observe."""
+
+    def crash_bounds(self, topic: str, index: int) -> tuple[int, int]:
+        """L5: the log end offsets a crash may leave: (every acks=all batch, everything)."""
+        part = self.topics[topic][index]
+        durable = max(
+            (b.last_offset + 1 for b in part.batches if b.acks == -1),
+            default=part.log_start_offset,
+        )
+        return durable, part.high_watermark
+
+    def crashed(self, topic: str, index: int, log_end_offset: int) -> None:
+        """L5: the log after a crash is the prefix that ends at ``log_end_offset``.
+
+        Producer state forgets the lost batches with them (Kafka rebuilds it from the
+        recovered log), so their sequences may be written again.
+        """
+        part = self.topics[topic][index]
+        low, high = self.crash_bounds(topic, index)
+        assert low <= log_end_offset <= high
+        part.batches = [b for b in part.batches if b.last_offset < log_end_offset]
+        history = part.producers.history
+        for pid in list(history):
+            history[pid] = [a for a in history[pid] if a.last_offset < log_end_offset]
+            if not history[pid]:
+                del history[pid]

@@ -1,0 +1,554 @@
+"""The whole broker against ``spec.broker_model``, over real sockets.
+
+Each Hypothesis example starts a real broker (the production ``Broker`` class, file
+storage in a fresh directory) in a background thread with its own ``trio.run``; the
+rules are client actions sent through a plain blocking socket with our own codec:
+create topics, produce (plain and idempotent, acks 1 and all, every codec), fetch,
+list offsets, commit and fetch offsets, InitProducerId (new id and epoch bump), and a
+clean restart on the same data directory. ``spec.broker_model`` predicts every answer
+(error codes, offsets assigned, high watermarks, the fetched batches and records), and
+an invariant compares every partition's high watermark and log start offset after
+every step. The same machine runs under both processing models.
+
+The CI profile is small (10 examples x 15 steps per model); the thorough profile
+(``HYPOTHESIS_PROFILE=thorough``) runs 200 x 40. The crashing variant runs the broker as
+a ``trio-broker serve`` subprocess and adds kill -9 and restart; it is slower (3 x 12 in
+CI, 50 x 40 thorough). The model allows a crash to lose an acks=1 tail, never an
+acks=all batch nor a cut inside a batch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from spec.broker_model import EARLIEST, LATEST, BrokerModel
+from trio_broker.config import BrokerConfig
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.compression import Compression
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.records import build_batch, iter_batches
+from trio_broker.server.broker import Broker
+
+pytestmark = pytest.mark.timeout(300)
+
+THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
+EXAMPLES, STEPS = (200, 40) if THOROUGH else (10, 15)
+
+TOPICS = ("alpha", "beta", "gamma")
+GROUPS = ("g1", "g2")
+_SIZE = struct.Struct(">i")
+V_PRODUCE, V_FETCH, V_LIST, V_CREATE, V_INIT, V_COMMIT, V_OFFSET_FETCH = 9, 12, 7, 7, 4, 8, 7
+
+
+# ----------------------------------------------------------------------------- broker
+
+
+class BrokerThread:
+    """A real broker in a thread of its own; ``stop()`` shuts it down cleanly."""
+
+    def __init__(self, data_dir: Path, processing_model: str) -> None:
+        self.config = BrokerConfig(
+            port=0, data_dir=data_dir, processing_model=processing_model, auto_create_topics=False
+        )
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="broker", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(20):
+            raise RuntimeError("broker did not start")
+        if self._error is not None:
+            raise self._error
+
+    def _main(self) -> None:
+        try:
+            trio.run(self._serve)
+        except BaseException as exc:  # surfaced by __init__ or stop()
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            self.broker: Broker = await nursery.start(Broker(self.config).run)
+            self.port = self.broker.bound[0][1]
+            self.token = trio.lowlevel.current_trio_token()
+            self._ready.set()
+            await self._stop.wait()
+            await self.broker.shutdown()
+
+    def stop(self) -> None:
+        trio.from_thread.run_sync(self._stop.set, trio_token=self.token)
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "broker did not stop"
+        if self._error is not None:
+            raise self._error
+
+
+class ProcessBroker:
+    """``trio-broker serve`` in a subprocess, so that ``kill()`` is a real kill -9."""
+
+    LISTENING = re.compile(rb"listening on (\S+):(\d+)")
+
+    def __init__(self, data_dir: Path, processing_model: str) -> None:
+        exe = Path(sys.executable).with_name("trio-broker")
+        self.log = (data_dir.parent / f"{data_dir.name}.log").open("ab")
+        self.proc = subprocess.Popen(
+            [str(exe), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
+             "--processing-model", processing_model],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.log.write(line)
+            found = self.LISTENING.search(line)
+            if found:
+                self.port = int(found.group(2))
+                # keep draining the output so the broker never blocks on a full pipe
+                threading.Thread(target=self._drain, daemon=True).start()
+                return
+        self.proc.kill()
+        raise RuntimeError("broker subprocess did not start")
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.write(line)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(30) == 0, "broker did not exit cleanly on SIGTERM"
+        self.log.close()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(30)
+        self.log.close()
+
+
+class Client:
+    """Blocking request/response over one socket with our codec."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        self.correlation_id = 0
+
+    def call(self, api_key: int, version: int, body: Any) -> Any:
+        self.correlation_id += 1
+        self.sock.sendall(m.encode_request(api_key, version, self.correlation_id, "spec", body))
+        (size,) = _SIZE.unpack(self._exactly(4))
+        correlation_id, response = m.decode_response(api_key, version, self._exactly(size))
+        assert correlation_id == self.correlation_id
+        return response
+
+    def _exactly(self, n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            assert chunk, "broker closed the connection"
+            out += chunk
+        return bytes(out)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# ------------------------------------------------------------------------- machine
+
+
+class BrokerMachine(RuleBasedStateMachine):
+    processing_model = "pipelined"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = BrokerModel()
+        self.data_dir = Path(tempfile.mkdtemp(prefix="broker-machine-"))
+        self.server = self.start()
+        self.client = Client(self.server.port)
+        # producer id -> current epoch; every idempotent batch sent, for retries
+        self.producers: dict[int, int] = {}
+        self.next_seq: dict[tuple[int, int, str, int], int] = {}
+        self.sent: list[tuple[int, int, str, int, int, tuple[bytes, ...]]] = []
+        self.serial = 0
+
+    def start(self) -> ProcessBroker | BrokerThread:
+        return BrokerThread(self.data_dir, self.processing_model)
+
+    def teardown(self) -> None:
+        self.client.close()
+        self.server.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.data_dir.with_name(f"{self.data_dir.name}.log").unlink(missing_ok=True)
+
+    # ---------------------------------------------------------------- helpers
+
+    def values(self, count: int) -> tuple[bytes, ...]:
+        self.serial += 1
+        return tuple(b"v%d-%d" % (self.serial, i) for i in range(count))
+
+    def send_batch(self, topic: str, index: int, batch: bytes, acks: int) -> tuple[int, int]:
+        Req = m.ProduceRequest
+        data = Req.TopicProduceData(
+            name=topic,
+            partition_data=[Req.TopicProduceData.PartitionProduceData(index=index, records=batch)],
+        )
+        body = Req(transactional_id=None, acks=acks, timeout_ms=10_000, topic_data=[data])
+        answer = self.client.call(m.ApiKey.PRODUCE, V_PRODUCE, body)
+        part = answer.responses[0].partition_responses[0]
+        return part.error_code, part.base_offset
+
+    def check_produce(
+        self,
+        topic: str,
+        index: int,
+        values: tuple[bytes, ...],
+        acks: int,
+        codec: Compression,
+        producer: tuple[int, int, int] = (-1, -1, -1),
+    ) -> int:
+        pid, epoch, seq = producer
+        batch = bytes(
+            build_batch(
+                [(None, v) for v in values],
+                compression=codec,
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=seq,
+            )
+        )
+        expected = self.model.produce(topic, index, values, len(batch), acks, producer)
+        actual = self.send_batch(topic, index, batch, acks)
+        note(f"produce {topic}[{index}] {producer} x{len(values)} -> {actual}")
+        assert actual == (expected.error, expected.base_offset), (
+            f"Produce {topic}[{index}] producer={producer} n={len(values)} acks={acks} "
+            f"{codec.name}: expected {expected}, got {actual}"
+        )
+        return int(expected.error)
+
+    # ---------------------------------------------------------------- rules
+
+    @initialize()
+    def first_topic(self) -> None:
+        self.create_topic(TOPICS[0], 2)
+
+    @rule(name=st.sampled_from(TOPICS), partitions=st.integers(0, 2))
+    def create_topic(self, name: str, partitions: int) -> None:
+        Req = m.CreateTopicsRequest
+        topic = Req.CreatableTopic(
+            name=name, num_partitions=partitions, replication_factor=1, assignments=[], configs=[]
+        )
+        answer = self.client.call(
+            m.ApiKey.CREATE_TOPICS,
+            V_CREATE,
+            Req(topics=[topic], timeout_ms=5000, validate_only=False),
+        )
+        expected = self.model.create_topic(name, partitions)
+        assert answer.topics[0].error_code == expected, (name, partitions, answer.topics[0])
+
+    @rule(
+        topic=st.sampled_from(TOPICS),
+        index=st.integers(0, 2),
+        count=st.integers(1, 4),
+        acks=st.sampled_from([1, -1]),
+        codec=st.sampled_from(Compression),
+    )
+    def produce(self, topic: str, index: int, count: int, acks: int, codec: Compression) -> None:
+        self.check_produce(topic, index, self.values(count), acks, codec)
+
+    @rule(bump=st.booleans())
+    def init_producer_id(self, bump: bool) -> None:
+        pid, epoch = (next(iter(self.producers.items()))) if bump and self.producers else (-1, -1)
+        body = m.InitProducerIdRequest(
+            transactional_id=None,
+            transaction_timeout_ms=60_000,
+            producer_id=pid,
+            producer_epoch=epoch,
+        )
+        answer = self.client.call(m.ApiKey.INIT_PRODUCER_ID, V_INIT, body)
+        assert answer.error_code == ErrorCode.NONE, answer
+        if pid == -1:  # P1: a fresh id at epoch 0
+            assert self.model.producer_id_granted(answer.producer_id, answer.producer_epoch)
+        else:  # KIP-360: same id, epoch + 1, sequences start again at 0
+            assert (answer.producer_id, answer.producer_epoch) == (pid, epoch + 1), answer
+        self.producers[answer.producer_id] = answer.producer_epoch
+
+    @precondition(lambda self: self.producers)
+    @rule(
+        data=st.data(),
+        topic=st.sampled_from(TOPICS),
+        index=st.integers(0, 1),
+        count=st.integers(1, 3),
+        shift=st.sampled_from([0, 0, 0, 1, -1]),
+        acks=st.sampled_from([1, -1]),
+        codec=st.sampled_from(Compression),
+    )
+    def produce_idempotent(
+        self,
+        data: st.DataObject,
+        topic: str,
+        index: int,
+        count: int,
+        shift: int,
+        acks: int,
+        codec: Compression,
+    ) -> None:
+        """The next sequence (mostly), or a gap / overlap one off it."""
+        pid = data.draw(st.sampled_from(sorted(self.producers)))
+        epoch = self.producers[pid]
+        key = (pid, epoch, topic, index)
+        seq = max(0, self.next_seq.get(key, 0) + shift)
+        values = self.values(count)
+        if self.check_produce(topic, index, values, acks, codec, (pid, epoch, seq)) == 0:
+            self.next_seq[key] = max(self.next_seq.get(key, 0), seq + count)
+            self.sent.append((pid, epoch, topic, index, seq, values))
+
+    @precondition(lambda self: self.sent)
+    @rule(data=st.data(), acks=st.sampled_from([1, -1]))
+    def retry_idempotent(self, data: st.DataObject, acks: int) -> None:
+        """A client resends a batch it already sent (its answer was lost): a duplicate
+        inside the 5-batch window, OUT_OF_ORDER_SEQUENCE_NUMBER beyond it."""
+        pid, epoch, topic, index, seq, values = data.draw(st.sampled_from(self.sent))
+        self.check_produce(topic, index, values, acks, Compression.NONE, (pid, epoch, seq))
+
+    @rule(topic=st.sampled_from(TOPICS), index=st.integers(0, 2), where=st.integers(-1, 3))
+    def fetch(self, topic: str, index: int, where: int) -> None:
+        part = self.model.partition(topic, index)
+        hw = part.high_watermark if part else 0
+        offset = {-1: hw + 1, 0: 0, 1: hw, 2: max(0, hw - 1), 3: hw // 2}[where]
+        expected = self.model.fetch(topic, index, offset, 1 << 20)
+        Req = m.FetchRequest
+        body = Req(
+            replica_id=-1,
+            max_wait_ms=0,
+            min_bytes=0,
+            max_bytes=1 << 20,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            topics=[
+                Req.FetchTopic(
+                    topic=topic,
+                    partitions=[
+                        Req.FetchTopic.FetchPartition(
+                            partition=index,
+                            current_leader_epoch=-1,
+                            fetch_offset=offset,
+                            last_fetched_epoch=-1,
+                            log_start_offset=-1,
+                            partition_max_bytes=1 << 20,
+                        )
+                    ],
+                )
+            ],
+            forgotten_topics_data=[],
+            rack_id="",
+        )
+        answer = self.client.call(m.ApiKey.FETCH, V_FETCH, body)
+        part_answer = answer.responses[0].partitions[0]
+        got = [
+            (view.base_offset, tuple(bytes(r.value or b"") for r in view.records()))
+            for view in iter_batches(bytearray(bytes(part_answer.records or b"")))
+        ]
+        want = [(b.base_offset, b.values) for b in expected.batches]
+        note(f"fetch {topic}[{index}]@{offset} -> {part_answer.error_code} {got}")
+        assert part_answer.error_code == expected.error, (topic, index, offset, part_answer)
+        if expected.error == ErrorCode.NONE:
+            assert part_answer.high_watermark == expected.high_watermark
+            assert part_answer.log_start_offset == expected.log_start_offset
+            assert got == want, f"Fetch {topic}[{index}]@{offset}: expected {want}, got {got}"
+
+    @rule(
+        topic=st.sampled_from(TOPICS),
+        index=st.integers(0, 2),
+        timestamp=st.sampled_from([LATEST, EARLIEST]),
+    )
+    def list_offsets(self, topic: str, index: int, timestamp: int) -> None:
+        answer = self.list_offsets_of([(topic, index)], timestamp)[0]
+        expected = self.model.list_offset(topic, index, timestamp)
+        assert (answer.error_code, answer.offset) == expected, (topic, index, timestamp, answer)
+
+    @rule(
+        group=st.sampled_from(GROUPS),
+        topic=st.sampled_from(TOPICS),
+        index=st.integers(0, 2),
+        offset=st.integers(0, 50),
+    )
+    def commit_and_fetch_offsets(self, group: str, topic: str, index: int, offset: int) -> None:
+        Commit = m.OffsetCommitRequest
+        Part = Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition
+        body = Commit(
+            group_id=group,
+            generation_id_or_member_epoch=-1,
+            member_id="",
+            group_instance_id=None,
+            retention_time_ms=-1,
+            topics=[
+                Commit.OffsetCommitRequestTopic(
+                    name=topic,
+                    partitions=[
+                        Part(partition_index=index, committed_offset=offset, committed_metadata="m")
+                    ],
+                )
+            ],
+        )
+        answer = self.client.call(m.ApiKey.OFFSET_COMMIT, V_COMMIT, body)
+        expected = self.model.commit(group, topic, index, offset, "m")
+        assert answer.topics[0].partitions[0].error_code == expected, answer
+        self.check_committed(group)
+
+    @rule()
+    def restart(self) -> None:
+        """A clean shutdown and a start on the same data directory (L5, P3, C3)."""
+        self.client.close()
+        self.server.stop()
+        self.model.restart_clean()
+        self.server = self.start()
+        self.client = Client(self.server.port)
+        for group in GROUPS:
+            self.check_committed(group)
+
+    # ---------------------------------------------------------------- checks
+
+    def list_offsets_of(self, parts: list[tuple[str, int]], timestamp: int) -> list[Any]:
+        Req = m.ListOffsetsRequest
+        P = Req.ListOffsetsTopic.ListOffsetsPartition
+        topics = [
+            Req.ListOffsetsTopic(
+                name=t,
+                partitions=[P(partition_index=i, current_leader_epoch=-1, timestamp=timestamp)],
+            )
+            for t, i in parts
+        ]
+        body = Req(replica_id=-1, isolation_level=0, topics=topics, timeout_ms=5000)
+        answer = self.client.call(m.ApiKey.LIST_OFFSETS, V_LIST, body)
+        return [t.partitions[0] for t in answer.topics]
+
+    def check_committed(self, group: str) -> None:
+        Fetch = m.OffsetFetchRequest
+        names = sorted(self.model.topics)
+        body = Fetch(
+            group_id=group,
+            require_stable=False,
+            topics=[
+                Fetch.OffsetFetchRequestTopic(
+                    name=t, partition_indexes=list(range(len(self.model.topics[t])))
+                )
+                for t in names
+            ],
+        )
+        answer = self.client.call(m.ApiKey.OFFSET_FETCH, V_OFFSET_FETCH, body)
+        assert answer.error_code == ErrorCode.NONE, answer
+        got = {
+            (t.name, p.partition_index): p.committed_offset
+            for t in answer.topics
+            for p in t.partitions
+        }
+        want = {
+            (t, i): self.model.fetch_committed(group, t, i)
+            for t in names
+            for i in range(len(self.model.topics[t]))
+        }
+        assert got == want, f"OffsetFetch {group}: expected {want}, got {got}"
+
+    @invariant()
+    def offsets_match_the_model(self) -> None:
+        parts = [(t, i) for t, ps in sorted(self.model.topics.items()) for i in range(len(ps))]
+        for timestamp in (LATEST, EARLIEST):
+            answers = self.list_offsets_of(parts, timestamp)
+            got = [(a.error_code, a.offset) for a in answers]
+            want = [self.model.list_offset(t, i, timestamp) for t, i in parts]
+            assert got == want, f"ListOffsets {timestamp} of {parts}: expected {want}, got {got}"
+
+
+class CrashingBrokerMachine(BrokerMachine):
+    """The same rules against a subprocess broker, plus kill -9 and restart (L5)."""
+
+    def start(self) -> ProcessBroker | BrokerThread:
+        return ProcessBroker(self.data_dir, self.processing_model)
+
+    @rule()
+    def kill_and_restart(self) -> None:
+        self.client.close()
+        server = self.server
+        assert isinstance(server, ProcessBroker)
+        server.kill()
+        self.server = self.start()
+        self.client = Client(self.server.port)
+        parts = [(t, i) for t, ps in sorted(self.model.topics.items()) for i in range(len(ps))]
+        answers = self.list_offsets_of(parts, LATEST)
+        for (topic, index), answer in zip(parts, answers, strict=True):
+            low, high = self.model.crash_bounds(topic, index)
+            note(f"kill -9: {topic}[{index}] log end {answer.offset}, allowed [{low}, {high}]")
+            assert answer.error_code == ErrorCode.NONE, answer
+            assert low <= answer.offset <= high, (
+                f"after kill -9, {topic}[{index}] ends at {answer.offset}: "
+                f"acks=all batches end at {low}, everything acknowledged at {high}"
+            )
+            ends = {b.last_offset + 1 for b in self.model.topics[topic][index].batches}
+            assert answer.offset in ends | {low}, f"{topic}[{index}] cut inside a batch"
+            self.model.crashed(topic, index, answer.offset)
+        for group in GROUPS:
+            self.check_committed(group)
+
+
+SETTINGS = settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None)
+
+
+class PipelinedBrokerMachine(BrokerMachine):
+    processing_model = "pipelined"
+
+
+class SerialBrokerMachine(BrokerMachine):
+    processing_model = "serial"
+
+
+TestPipelinedBroker = PipelinedBrokerMachine.TestCase
+TestPipelinedBroker.settings = SETTINGS
+TestSerialBroker = SerialBrokerMachine.TestCase
+TestSerialBroker.settings = SETTINGS
+
+
+class PipelinedCrashingMachine(CrashingBrokerMachine):
+    processing_model = "pipelined"
+
+
+class SerialCrashingMachine(CrashingBrokerMachine):
+    processing_model = "serial"
+
+
+# Subprocess brokers start in about a second: fewer, shorter examples in CI.
+CRASH_SETTINGS = settings(
+    max_examples=50 if THOROUGH else 3, stateful_step_count=STEPS if THOROUGH else 12,
+    deadline=None,
+)  # fmt: skip
+TestPipelinedCrashingBroker = PipelinedCrashingMachine.TestCase
+TestPipelinedCrashingBroker.settings = CRASH_SETTINGS
+TestSerialCrashingBroker = SerialCrashingMachine.TestCase
+TestSerialCrashingBroker.settings = CRASH_SETTINGS
