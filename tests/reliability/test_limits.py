@@ -218,3 +218,31 @@ def test_slow_reader_does_not_hold_the_memory_budget(make_broker: BrokerFactory)
     finally:
         slow.close()
     broker.assert_serving()
+
+
+def test_stalled_reader_is_closed(make_broker: BrokerFactory) -> None:
+    """A client that stops reading is closed after connections.max.idle.ms of no progress."""
+    broker = make_broker({"connections.max.idle.ms": 1000})
+    topic = "stalled-reader"
+    with broker.connect() as producer:
+        producer.metadata([topic])
+        for _ in range(20):
+            assert (
+                producer.produce(topic, bytes(build_batch([(b"k", b"x" * 100_000)]))).error_code
+                == 0
+            )
+    slow = broker.connect()
+    slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        for _ in range(4):
+            slow.sock.sendall(_fetch_frame(slow, topic, 4 << 20))
+        started = time.monotonic()
+        while "send stalled for more than 1000 ms" not in broker.log_text():
+            assert time.monotonic() - started < 10.0, "stalled connection was not closed"
+            time.sleep(0.2)
+        assert time.monotonic() - started >= 0.9
+        # (Not drained here: with a 4 KiB receive buffer the kernel trickles the
+        # bytes the broker had already queued before its close.)
+    finally:
+        slow.close()
+    broker.assert_serving()

@@ -69,6 +69,9 @@ class Connection:
         #: no bytes received (trio clock; refreshed on receive and on each response).
         self.max_idle_s = broker.config.connections_max_idle_ms / 1000
         self.last_active = trio.current_time()
+        #: When the writer's current send began or last moved bytes; None when idle.
+        #: A send stalled for connections.max.idle.ms closes the connection.
+        self.send_progress: float | None = None
         self._unmuted = trio.Event()
         self._responses_ready = trio.Event()
         self.closed = False
@@ -113,6 +116,11 @@ class Connection:
             now = trio.current_time()
             if now < self.last_active + self.max_idle_s:
                 continue  # activity while we slept
+            sending = self.send_progress
+            if sending is not None and now - sending >= self.max_idle_s:
+                # The peer has not read for that long: Kafka closes it as idle too.
+                self.close(f"send stalled for more than {self.max_idle_s * 1000:.0f} ms")
+                return
             if self.sequencer.in_flight:
                 self.last_active = now  # a request (e.g. a long poll) is still running
                 continue
@@ -245,11 +253,13 @@ class Connection:
                         self.broker.capture.response(
                             self.id, self.client_address, h, pending.response_version, parts
                         )
+                    self.send_progress = trio.current_time()
                     try:
                         await self._send_parts(parts)
                     except OSError as exc:
                         self.close(f"send failed: {exc}")
                         return
+                    self.send_progress = None
                 self.broker.stats.responses_sent += 1
                 self.last_active = trio.current_time()
                 if self.serial:
@@ -282,6 +292,7 @@ class Connection:
         while views:
             sent = await self.sock.sendmsg(views[:512])
             self.broker.stats.bytes_out += sent
+            self.send_progress = trio.current_time()
             while sent and views:
                 first = views[0]
                 if sent >= len(first):
@@ -313,6 +324,7 @@ class Connection:
             position += sent
             length -= sent
             self.broker.stats.bytes_out += sent
+            self.send_progress = trio.current_time()
 
     def _release_all_memory(self) -> None:
         for pending in self.pending.values():
