@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# System packages the tests use: kcat (librdkafka's CLI client).
+# System packages the tests use: kcat (librdkafka's CLI client), tcpdump (the pcap
+# import test) and a Java runtime (PySpark, for trio-broker verify).
 set -euo pipefail
 need=()
 command -v kcat >/dev/null 2>&1 || need+=(kcat)
+command -v tcpdump >/dev/null 2>&1 || need+=(tcpdump)
+command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"

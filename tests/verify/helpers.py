@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,9 @@ BROKER_EXE = Path(sys.executable).with_name("trio-broker")
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 20.0
+#: tcpdump stop: wait for the pcap to stop growing for SETTLE_QUIET_S (at most SETTLE_TIMEOUT_S).
+SETTLE_QUIET_S = 1.5
+SETTLE_TIMEOUT_S = 10.0
 
 
 class CapturingBroker:
@@ -174,3 +179,58 @@ def first_multi_batch_crc(capture_dir: Path) -> int:
 
 def kinds(report: dict[str, Any], check: str) -> set[str]:
     return set(report["checks"][check]["by_kind"])
+
+
+# --------------------------------------------------------------------------- tcpdump
+
+
+class Tcpdump:
+    """``tcpdump -i lo`` writing a classic pcap of one TCP port (stopped with SIGINT)."""
+
+    def __init__(self, port: int, path: Path) -> None:
+        self.path = path
+        exe = shutil.which("tcpdump")
+        if exe is None:
+            raise RuntimeError("tcpdump is not installed (scripts/install-system-deps.sh)")
+        self.proc = subprocess.Popen(
+            [exe, "-i", "lo", "-U", "-s", "0", "-Z", "root", "-w", str(path), f"tcp port {port}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )  # fmt: skip
+        self.stderr: list[str] = []
+        ready = threading.Event()
+        self._drainer = threading.Thread(target=self._drain, args=(ready,), daemon=True)
+        self._drainer.start()
+        if not ready.wait(START_TIMEOUT_S) or self.proc.poll() is not None:
+            self.stop()
+            raise RuntimeError("tcpdump could not capture: " + " ".join(self.stderr)[-500:])
+
+    def _drain(self, ready: threading.Event) -> None:
+        assert self.proc.stderr is not None
+        for raw in iter(self.proc.stderr.readline, b""):
+            line = raw.decode(errors="replace").strip()
+            self.stderr.append(line)
+            if "listening on" in line:
+                ready.set()
+        ready.set()
+
+    def stop(self) -> None:
+        # SIGINT drops what tcpdump has not read from the kernel yet: first wait (bounded)
+        # until the file has stopped growing for a while.
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        size, stable_since = -1, time.monotonic()
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            now_size = self.path.stat().st_size if self.path.exists() else 0
+            if now_size != size:
+                size, stable_since = now_size, time.monotonic()
+            elif time.monotonic() - stable_since >= SETTLE_QUIET_S:
+                break
+            time.sleep(0.1)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(STOP_TIMEOUT_S)
+        self._drainer.join(STOP_TIMEOUT_S)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 pytest.importorskip("pyspark", reason="the verify extra (pyspark) is not installed")
@@ -20,10 +21,12 @@ if shutil.which("java") is None:
 
 from tests.verify.helpers import (
     CapturingBroker,
+    Tcpdump,
     drop_batch,
     duplicate_first_batch,
     first_multi_batch_crc,
     kinds,
+    read_capture,
     rewrite_fetches,
     swap_first_two,
 )
@@ -74,21 +77,44 @@ def _consume(bootstrap: str, topics: list[str]) -> int:
     return seen
 
 
+@attrs.frozen
+class Traffic:
+    capture_dir: Path
+    port: int
+    #: The same traffic as seen by tcpdump on loopback, or why there is none.
+    pcap: Path | None
+    no_pcap_reason: str
+
+
 @pytest.fixture(scope="module")
-def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def traffic(tmp_path_factory: pytest.TempPathFactory) -> Traffic:
     base = tmp_path_factory.mktemp("verify")
     capture_dir = base / "capture"
     broker = CapturingBroker(base / "data", capture_dir)
+    tcpdump: Tcpdump | None = None
+    reason = ""
     try:
+        try:
+            tcpdump = Tcpdump(broker.port, base / "traffic.pcap")
+        except (RuntimeError, OSError) as exc:
+            reason = str(exc)
         _produce(broker.bootstrap, "verify-plain", idempotent=False)
         _produce(broker.bootstrap, "verify-idem", idempotent=True)
         seen = _consume(broker.bootstrap, ["verify-plain", "verify-idem"])
     finally:
         code = broker.stop()
+        if tcpdump is not None:
+            tcpdump.stop()
     assert seen == 2 * MESSAGES, broker.log()
     assert code == 0, broker.log()
     assert list(capture_dir.glob("*.parquet")), broker.log()
-    return capture_dir
+    pcap = tcpdump.path if tcpdump is not None else None
+    return Traffic(capture_dir, broker.port, pcap, reason)
+
+
+@pytest.fixture(scope="module")
+def capture(traffic: Traffic) -> Path:
+    return traffic.capture_dir
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +160,28 @@ def test_swapped_offsets_are_reported(spark: Any, capture: Path, tmp_path: Path)
     assert not report["ok"]
     assert "fetch_out_of_order" in kinds(report, "fetch_response_contiguous"), summary_text(report)
     assert "ack_moved" in kinds(report, "acked_produce_fetched")
+
+
+def test_pcap_import_matches_the_tap_and_verifies(
+    spark: Any, traffic: Traffic, tmp_path: Path
+) -> None:
+    """tcpdump saw the same connections: the import must yield the tap's frames, byte for byte."""
+    if traffic.pcap is None:
+        pytest.skip(f"no loopback capture in this sandbox: {traffic.no_pcap_reason}")
+    from trio_broker.capture.pcap import import_pcap
+
+    summary = import_pcap(traffic.pcap, {traffic.port}, tmp_path / "pcap")
+    assert summary.requests > 0 and summary.unpaired_responses == 0, summary.describe()
+
+    def frames(directory: Path) -> list[tuple[str, int, int, bytes]]:
+        t = read_capture(directory)
+        cols = [t.column(c).to_pylist() for c in ("direction", "api_key", "correlation_id")]
+        return sorted(zip(*cols, t.column("frame").to_pylist()))
+
+    assert frames(tmp_path / "pcap") == frames(traffic.capture_dir)
+    report = verify(spark, tmp_path / "pcap")
+    assert report["ok"], summary_text(report)
+    assert report["acknowledged_batches"] >= 2 * MESSAGES
 
 
 def test_cli_exit_codes(spark: Any, capture: Path, tmp_path: Path) -> None:
