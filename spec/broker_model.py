@@ -32,6 +32,10 @@ Partition log
      (kill -9) the log is a prefix of what was accepted that contains at least every batch
      acknowledged with acks=-1 (all); batches acknowledged with acks=1 may be lost,
      but only from the tail (the "recover" rule of ``storage_model``).
+ L6. acks=0: no response at all; the append is visible to the next request on the same
+     connection (requests of one connection are handled in order). Kafka closes the
+     connection when an acks=0 produce fails, so the client refreshes its metadata
+     (``KafkaApis.handleProduceRequest``); the model does not cover that case.
 
 Idempotent producers
  P1. InitProducerId without a transactional id hands out a producer id never handed out
