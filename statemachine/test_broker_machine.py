@@ -53,9 +53,8 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch, iter_batches
 from trio_broker.server.broker import Broker
 
-pytestmark = pytest.mark.timeout(300)
-
 THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
+pytestmark = pytest.mark.timeout(7200 if THOROUGH else 300)
 EXAMPLES, STEPS = (200, 40) if THOROUGH else (10, 15)
 
 TOPICS = ("alpha", "beta", "gamma")
@@ -143,11 +142,15 @@ class ProcessBroker:
             self.log.write(line)
 
     def stop(self) -> None:
+        if self.proc.poll() is not None:  # already stopped (a rule failed half-way)
+            return
         self.proc.send_signal(signal.SIGTERM)
         assert self.proc.wait(30) == 0, "broker did not exit cleanly on SIGTERM"
         self.log.close()
 
     def kill(self) -> None:
+        if self.proc.poll() is not None:
+            return
         self.proc.kill()
         self.proc.wait(30)
         self.log.close()
