@@ -387,12 +387,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--rate", type=float, default=200.0, help="records/s per producer")
+    parser.add_argument(
+        "--uptime", type=float, nargs=2, default=(1.0, 4.0), metavar=("MIN", "MAX"),
+        help="seconds the broker runs between kills, drawn uniformly (default 1 4)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the numbers here")
     args = parser.parse_args(argv)
     print(f"crash loop: {args.kills} kills, seed {args.seed}", flush=True)
     with tempfile.TemporaryDirectory(prefix="crash-loop-") as tmp:
         result = run_crash_loop(
             Path(tmp), kills=args.kills, seed=args.seed, rate=args.rate,
+            uptime=(args.uptime[0], args.uptime[1]),
             log=lambda s: print(s, flush=True),
         )  # fmt: skip
     print(result.summary())

@@ -28,6 +28,7 @@ half of the run, per minute) and a JSON file.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import socket
 import sys
@@ -119,7 +120,7 @@ def _producer(bootstrap: str, load: Load, rate: float) -> None:
                 TOPIC,
                 VALUE,
                 partition=seq % PARTITIONS,
-                on_delivery=lambda e, m, s=sent_at: delivered(e, m, s),
+                on_delivery=functools.partial(delivered, sent_at=sent_at),
             )
         except BufferError:
             producer.poll(0.05)

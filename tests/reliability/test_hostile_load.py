@@ -70,6 +70,7 @@ def test_slowloris_byte_at_a_time(make_broker: BrokerFactory) -> None:
             time.sleep(0.02)
         for i, sock in enumerate(socks):
             correlation_id, response = m.decode_response(m.ApiKey.METADATA, 4, _recv_frame(sock))
+            assert isinstance(response, m.MetadataResponse)
             assert correlation_id == i + 1
             assert response.brokers[0].port == broker.port
         print(f"slowloris: {clients} connections, normal-client max latency {max(latencies):.3f}s")
