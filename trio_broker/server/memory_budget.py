@@ -1,8 +1,11 @@
 """A broker-wide budget of bytes held in queued requests.
 
-When the bytes of requests received but not yet answered exceed the budget,
+When the bytes of requests received but not yet handled exceed the budget,
 connections that just read a request mute with MEMORY_PRESSURE; they are
-unmuted as responses go out and the total drops below the budget again.
+unmuted as handlers finish requests and the total drops below the budget
+again. Bytes are released when a request is handled, not when its response is
+sent, so a client that never reads its responses cannot hold the budget (it is
+closed by the stalled-send timeout instead).
 """
 
 from __future__ import annotations
