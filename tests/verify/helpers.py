@@ -91,24 +91,29 @@ def read_capture(capture_dir: Path) -> pa.Table:
     return pa.concat_tables(pq.read_table(p) for p in sorted(capture_dir.glob("*.parquet")))
 
 
-def rewrite_fetches(
-    source: Path, target: Path, edit: BatchEdit, *, limit: int | None = None
-) -> int:
-    """Copy a capture, applying ``edit`` to fetch response partitions; returns how many changed."""
+def rewrite_fetches(source: Path, target: Path, edits: dict[str, tuple[BatchEdit, bool]]) -> int:
+    """Copy a capture, editing fetch response partitions; returns how many responses changed.
+
+    ``edits`` maps a topic name to (edit, once): a ``once`` edit changes only the first
+    response partition it applies to, the others every one.
+    """
     table = read_capture(source)
     frames = table.column("frame").to_pylist()
     directions = table.column("direction").to_pylist()
     keys = table.column("api_key").to_pylist()
     versions = table.column("api_version").to_pylist()
+    done: set[str] = set()
     changed = 0
     for i, frame in enumerate(frames):
         if directions[i] != "response" or keys[i] != 1:
             continue
-        if limit is not None and changed >= limit:
-            break
         corr, body = decode_response(1, versions[i], frame)
         touched = False
         for topic in body.responses:
+            name = topic.topic or str(topic.topic_id)
+            if name not in edits or name in done:
+                continue
+            edit, once = edits[name]
             for part in topic.partitions:
                 if part.records is None or len(part.records) == 0:
                     continue
@@ -118,6 +123,9 @@ def rewrite_fetches(
                     continue
                 part.records = b"".join(bytes(b.buf[: b.size_in_bytes]) for b in new)
                 touched = True
+                if once:
+                    done.add(name)
+                    break
         if touched:
             parts = encode_response(1, versions[i], corr, body)
             frames[i] = b"".join(bytes(p) for p in parts)[4:]
@@ -136,6 +144,24 @@ def drop_batch(crc: int) -> BatchEdit:
     def edit(batches: list[RecordBatchView]) -> list[RecordBatchView] | None:
         kept = [b for b in batches if b.crc != crc]
         return kept if len(kept) != len(batches) else None
+
+    return edit
+
+
+def drop_and_duplicate(crc: int) -> BatchEdit:
+    """Drop the batch with ``crc`` (everywhere) and, once, append a copy of the first batch."""
+    dropped = drop_batch(crc)
+    duplicated = False
+
+    def edit(batches: list[RecordBatchView]) -> list[RecordBatchView] | None:
+        nonlocal duplicated
+        new = dropped(batches)
+        if not duplicated:
+            again = duplicate_first_batch(new if new is not None else batches)
+            if again is not None:
+                duplicated = True
+                return again
+        return new
 
     return edit
 
@@ -160,14 +186,16 @@ def swap_first_two(batches: list[RecordBatchView]) -> list[RecordBatchView] | No
     return batches
 
 
-def first_multi_batch_crc(capture_dir: Path) -> int:
-    """The CRC of the second batch in the first fetch response partition holding >= 3 batches."""
+def first_multi_batch_crc(capture_dir: Path, topic_name: str) -> int:
+    """The CRC of the second batch in the first fetch of ``topic_name`` holding >= 3 batches."""
     table = read_capture(capture_dir)
     for row in table.to_pylist():
         if row["direction"] != "response" or row["api_key"] != 1:
             continue
         _, body = decode_response(1, row["api_version"], row["frame"])
         for topic in body.responses:
+            if (topic.topic or str(topic.topic_id)) != topic_name:
+                continue
             for part in topic.partitions:
                 if part.records is None:
                     continue
