@@ -89,8 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "capture" and args.capture_command == "import":
         from trio_broker.capture.pcap import import_pcap
 
-        summary = import_pcap(args.pcap, set(args.port), args.out, broker_id=args.broker_id)
+        try:
+            summary = import_pcap(args.pcap, set(args.port), args.out, broker_id=args.broker_id)
+        except (OSError, ValueError) as exc:
+            print(f"trio-broker: {exc}", file=sys.stderr)
+            return 2
         print(summary.describe())
+        if not summary.requests:
+            print(f"trio-broker: no Kafka requests to port(s) {args.port}", file=sys.stderr)
+            return 1
         return 0
     return 2
 

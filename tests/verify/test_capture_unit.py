@@ -123,3 +123,29 @@ def test_pcap_reassembles_reordered_and_retransmitted_segments(
     assert {r["client_address"] for r in rows} == {"10.0.0.1:40000"}
     assert {r["client_id"] for r in rows} == {"cid"} and {r["broker_id"] for r in rows} == {4}
     assert rows[0]["wall_ns"] == 1003 * 10**9  # the packet with the request's first byte
+
+
+def test_capture_import_cli(tmp_path: Path) -> None:
+    from trio_broker.cli import main
+
+    req = _request(18, 0, 1, b"")
+    packets = [
+        _tcp(CLIENT, SERVER, 40001, 9092, 10, 0x02, b""),
+        _tcp(CLIENT, SERVER, 40001, 9092, 11, 0x18, req),
+        _tcp(SERVER, CLIENT, 9092, 40001, 20, 0x18, _response(1, b"ok")),
+    ]
+    _pcap(tmp_path / "t.pcap", 1, packets)
+    out = tmp_path / "out"
+    assert (
+        main(["capture", "import", str(tmp_path / "t.pcap"), "--port", "9092", "--out", str(out)])
+        == 0
+    )
+    assert read_capture(out).num_rows == 2
+    assert (
+        main(["capture", "import", str(tmp_path / "t.pcap"), "--port", "1", "--out", str(out)]) == 1
+    )
+    (tmp_path / "bad.pcap").write_bytes(b"\x0a\x0d\x0d\x0a" + b"\0" * 40)  # pcapng
+    assert (
+        main(["capture", "import", str(tmp_path / "bad.pcap"), "--port", "1", "--out", str(out)])
+        == 2
+    )
