@@ -132,6 +132,7 @@ def test_clean_capture_passes(spark: Any, capture: Path, tmp_path: Path) -> None
     assert report["facts"].get("fetch_batch", 0) >= 2 * MESSAGES
     assert report["facts"].get("sync_assign", 0) >= 2
     assert not report["facts"].get("undecodable")
+    assert report["frames_dropped_by_capture"] == 0
     write_report(report, tmp_path / "report")
     assert (tmp_path / "report" / "report.json").exists()
     assert "PASS" in (tmp_path / "report" / "report.html").read_text()

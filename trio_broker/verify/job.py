@@ -287,11 +287,18 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
         if len(check["examples"]) < EXAMPLES:
             check["examples"].append(json.loads(row["example"]))
     acked = spark.table("acked").count()
+    dropped = 0
+    for stats in Path(capture_dir).glob("*.stats.json"):
+        try:
+            dropped += int(json.loads(stats.read_text()).get("dropped", 0))
+        except (OSError, ValueError):
+            pass
     return {
         "capture_dir": str(capture_dir),
         "frames": frames,
         "facts": counts,
         "acknowledged_batches": acked,
+        "frames_dropped_by_capture": dropped,
         "undecodable_examples": [_plain(u) for u in undecodable],
         "checks": results,
         "ok": all(c["violations"] == 0 for c in results.values()),
@@ -322,6 +329,11 @@ def summary_text(report: dict[str, Any]) -> str:
         f"capture {report['capture_dir']}: {report['frames']} frames, "
         f"{report['acknowledged_batches']} acknowledged produce batches"
     ]
+    if report.get("frames_dropped_by_capture"):
+        lines.append(
+            f"  warning: the capture dropped {report['frames_dropped_by_capture']} frames "
+            "(queue full): violations may be the capture's, not the broker's"
+        )
     if report["facts"].get("undecodable"):
         lines.append(f"  warning: {report['facts']['undecodable']} undecodable frames")
     for name, check in report["checks"].items():
