@@ -57,9 +57,32 @@ def whole_batches(data: bytes) -> list[_batch.BatchHeader]:
     return headers
 
 
+def _no_sync(fd: int) -> None:
+    pass
+
+
+def _batch_starts(path: Path, start: int, end: int) -> list[int]:
+    """Positions of the batches that begin in ``[start, end)`` of a segment file."""
+    if not path.name.endswith(".log"):
+        return []
+    data = path.read_bytes()
+    starts, pos = [], start
+    while pos + _batch.HEADER_SIZE <= min(end, len(data)):
+        starts.append(pos)
+        size = _batch.parse_header(data, pos).size
+        if size < _batch.HEADER_SIZE:
+            break
+        pos += size
+    return starts
+
+
 class StorageMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
+        # Durability here is what durable_state() vouches for, and the crash
+        # rule enforces it; real fsyncs would only make the run slow.
+        self._real_syncs = (os.fsync, os.fdatasync)
+        os.fsync = os.fdatasync = _no_sync
         self.tmp = Path(tempfile.mkdtemp(prefix="storage-machine-"))
         self.directory = self.tmp / "topic-0"
         self.clock = 1_000_000
@@ -81,6 +104,7 @@ class StorageMachine(RuleBasedStateMachine):
         if log is not None:
             log.abort()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        os.fsync, os.fdatasync = self._real_syncs
 
     # ------------------------------------------------------------------ rules
 
@@ -212,10 +236,22 @@ class StorageMachine(RuleBasedStateMachine):
                 if cut > keep:
                     # Unsynced bytes that did survive may still be wrong.
                     damage = data.draw(
-                        st.sampled_from(["none", "none", "flip", "zeros", "garbage"]),
+                        st.sampled_from(["none", "none", "flip", "header", "zeros", "garbage"]),
                         label=f"damage {name}",
                     )
-                if damage == "flip":
+                starts = _batch_starts(path, keep, cut) if damage == "header" else []
+                if starts:
+                    # Bit rot in the header bytes the CRC does not cover (but not
+                    # partitionLeaderEpoch, which nothing can check).
+                    at = data.draw(st.sampled_from(starts)) + data.draw(
+                        st.sampled_from([*range(12), *range(16, 21)])
+                    )
+                    if at < cut:
+                        f.seek(at)
+                        old = f.read(1)[0]
+                        f.seek(at)
+                        f.write(bytes([old ^ data.draw(st.integers(1, 255))]))
+                elif damage == "flip":
                     for _ in range(data.draw(st.integers(1, 3))):
                         at = data.draw(st.integers(keep, cut - 1))
                         f.seek(at)

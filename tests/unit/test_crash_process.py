@@ -30,7 +30,8 @@ from trio_broker.storage import _batch
 from trio_broker.storage.log import LogConfig, PartitionLog
 
 KILLS = int(os.environ.get("CRASH_KILLS", "50"))
-TIME_BUDGET_S = float(os.environ.get("CRASH_TIME_BUDGET_S", "75"))
+#: A ceiling against hangs; 50 kills normally take 30-40 s.
+TIME_BUDGET_S = float(os.environ.get("CRASH_TIME_BUDGET_S", "180"))
 CONFIG = LogConfig(segment_bytes=256 * 1024, index_interval_bytes=4096, retention_ms=None)
 
 CHILD = r"""
@@ -138,7 +139,8 @@ def test_kill_minus_nine_loses_nothing_durable(tmp_path: Path) -> None:
         reader.join(10)
         child.stdout.close()
         kills += 1
-        for line in reader.data.decode().splitlines():
+        # A line cut short by the kill was never fully reported: skip it.
+        for line in reader.data.decode().split("\n")[:-1]:
             if line.startswith("d "):
                 base, last, crc = map(int, line.split()[1:])
                 durable[base] = (last, crc)

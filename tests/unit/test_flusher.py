@@ -320,3 +320,16 @@ async def test_many_concurrent_writers_share_fsyncs(tmp_path: Path) -> None:
     assert stats.fsyncs < 200  # group commit happened
     assert log.durable_end_offset == 200
     log.close()
+
+
+async def test_a_log_aborted_with_waiters_fails_them_instead_of_spinning(tmp_path: Path) -> None:
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig())
+    flusher = Flusher()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        result = log.append(build_batch([b"a"]), now_ms=0)
+        log.abort()  # e.g. the disk was pulled; nothing was synced
+        flusher.mark_dirty(log)
+        with pytest.raises(StorageError):
+            await flusher.wait_durable(log, result.last_offset)
+        nursery.cancel_scope.cancel()

@@ -433,7 +433,9 @@ class PartitionLog:
         """
         with self._flush_lock:
             if self._closed:
-                return self.durable_end_offset
+                # Not a silent no-op: a waiter for an offset that an abort left
+                # unsynced would otherwise make the flusher retry forever.
+                raise StorageError(f"log {self.directory} is closed")
             if self.offline:
                 raise StorageError(f"log {self.directory} is offline after a disk error")
             # Snapshot the end first: every byte of offsets below it is already written.
