@@ -80,6 +80,7 @@ class Broker:
                 flush_ms=config.flush_interval_ms,
             )
         )
+        self.topics.on_log_closed = self.flusher.forget
         self.router: dict[int, HandlerSpec] = dict(HANDLERS)
         self.memory = MemoryBudget(config.queued_max_request_bytes)
         self.handler_pool = HandlerPool(self, config.num_handlers)

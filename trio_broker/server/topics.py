@@ -79,6 +79,9 @@ class TopicManager:
         self.now_ms = now_ms
         self.catalogue = Catalogue(data_dir) if data_dir is not None else None
         self.topics: dict[str, Topic] = {}
+        #: Called with each log a topic deletion closes (the broker points it at
+        #: Flusher.forget, so produces waiting on that log fail instead of hanging).
+        self.on_log_closed: Any = None
         self.by_id: dict[uuid.UUID, Topic] = {}
         if self.catalogue is not None:
             for info in self.catalogue.topics():
@@ -159,6 +162,8 @@ class TopicManager:
             raise TopicError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name!r}")
         self.by_id.pop(topic.topic_id, None)
         for log in topic.logs:
+            if self.on_log_closed is not None:
+                self.on_log_closed(log)
             log.close()
         if self.catalogue is not None:
             self.catalogue.delete_topic(name)
