@@ -575,3 +575,84 @@ def test_assignment_decoder() -> None:
     raw = struct.pack(">hih", 0, 1, 1) + b"t" + struct.pack(">iii", 2, 0, 3) + struct.pack(">i", -1)
     assert list(assigned(raw)) == [("t", 0), ("t", 3)]
     assert list(assigned(b"")) == []
+
+
+#: A group member in its own process, so the test can kill -9 it: it prints each
+#: value it consumed (after committing it) and never leaves the group politely.
+KILLABLE_MEMBER = """
+import sys
+from confluent_kafka import Consumer
+consumer = Consumer({
+    "bootstrap.servers": sys.argv[1], "group.id": sys.argv[2], "auto.offset.reset": "earliest",
+    "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+})
+consumer.subscribe([sys.argv[3]])
+print("started", flush=True)
+while True:
+    for msg in consumer.consume(100, timeout=0.2):
+        if not msg.error():
+            consumer.commit(message=msg, asynchronous=False)
+            print(msg.value().decode(), flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+async def test_a_killed_member_is_expired_and_its_partitions_move(
+    broker: Broker, bootstrap: str
+) -> None:
+    """kill -9 one member: its session expires, the survivor takes over every partition."""
+    import subprocess
+    import sys
+
+    broker.topics.create(TOPIC, PARTITIONS)
+    stable: list[StableGeneration] = []
+    broker.groups.observers.append(stable.append)
+    before = [f"before-kill-{i}" for i in range(120)]
+    await in_thread(lambda: produce(bootstrap, TOPIC, before))
+    victim = await in_thread(
+        lambda: subprocess.Popen(
+            [sys.executable, "-c", KILLABLE_MEMBER, bootstrap, "killed", TOPIC],
+            stdout=subprocess.PIPE, text=True,
+        )
+    )  # fmt: skip
+    victim_values: list[str] = []
+    reader = threading.Thread(
+        target=lambda: victim_values.extend(line.strip() for line in victim.stdout or []),
+        daemon=True,
+    )
+    reader.start()
+    consumed, stop = Consumed(), threading.Event()
+    try:
+        await wait_until(lambda: bool(stable) and len(stable[-1].assignments) == 1, 30, "victim")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                in_thread, lambda: run_confluent(bootstrap, "killed", consumed, stop)
+            )
+            await wait_until(lambda: len(stable[-1].assignments) == 2, 30, "two members")
+            two_members = stable[-1]
+            victim.kill()  # no LeaveGroup: only the session timeout can notice
+            victim.wait(10)
+            await wait_until(
+                lambda: (
+                    stable[-1].generation_id > two_members.generation_id
+                    and len(stable[-1].assignments) == 1
+                ),
+                30,
+                "the killed member's session to expire",
+            )
+            after = [f"after-kill-{i}" for i in range(120)]
+            await in_thread(lambda: produce(bootstrap, TOPIC, after))
+            await wait_until(lambda: set(after) <= consumed.all(), 30, "records after the kill")
+            # Whatever the victim did not commit before dying is read by the survivor.
+            await wait_until(
+                lambda: set(before) <= consumed.all() | set(victim_values), 30, "every record"
+            )
+            stop.set()
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait(10)
+    check_generations(stable)
+    survivor = stable[-1]
+    covered = {tp for a in survivor.assignments.values() for tp in assigned(a)}
+    assert covered == {(TOPIC, p) for p in range(PARTITIONS)}
