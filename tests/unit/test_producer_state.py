@@ -163,6 +163,16 @@ def test_no_producer_id_means_no_checks() -> None:
     assert p.manager.producers == {}
 
 
+def test_producer_id_zero_is_idempotent() -> None:
+    # A fresh broker hands out id 0 first: it must be checked like any other id.
+    p = Partition()
+    assert p.produce(0, 0, 0) == 0
+    retry = p.produce(0, 0, 0)
+    assert isinstance(retry, Duplicate) and retry.original_base_offset == 0
+    assert error_of(p.produce(0, 0, 5)) == OOO
+    assert 0 in p.manager.producers
+
+
 def test_pipelined_batches_after_a_failed_one_are_out_of_order() -> None:
     # Batch 1 of a pipeline fails validation (never appended); 2-4 then fail as in Kafka.
     p = Partition()
