@@ -35,7 +35,8 @@ Partition log
  L6. acks=0: no response at all; the append is visible to the next request on the same
      connection (requests of one connection are handled in order). Kafka closes the
      connection when an acks=0 produce fails, so the client refreshes its metadata
-     (``KafkaApis.handleProduceRequest``); the model does not cover that case.
+     (``KafkaApis.handleProduceRequest``); trio-broker does the same. The machine sends
+     acks=0 only to partitions that exist, so the model need not cover the close.
 
 Idempotent producers
  P1. InitProducerId without a transactional id hands out a producer id never handed out

@@ -54,7 +54,16 @@ class Deferred:
         self.finish = finish
 
 
-Response = Message | Deferred | None
+class CloseConnection:
+    """Answer by closing the connection (Kafka's reply to a failed acks=0 produce)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+Response = Message | Deferred | CloseConnection | None
 HandlerFn = Callable[[RequestContext, Any], Awaitable[Response]]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.handlers.base import CloseConnection, Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
@@ -128,7 +128,10 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     broker.notify_append()
     response = Resp(responses=topic_responses, throttle_time_ms=0)
     if acks == 0:
-        return None
+        # No response to carry an error: like Kafka, close the connection so the
+        # client notices and refreshes its metadata.
+        failed = any(p.error_code for t in topic_responses for p in t.partition_responses)
+        return CloseConnection("acks=0 produce failed") if failed else None
     if not durable_waits:
         return response
 

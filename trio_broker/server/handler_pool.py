@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from trio_broker.handlers.base import Deferred, HandlerSpec, RequestContext
+from trio_broker.handlers.base import CloseConnection, Deferred, HandlerSpec, RequestContext
 from trio_broker.protocol.messages import RequestHeader
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ class HandlerPool:
                 continue
             if isinstance(result, Deferred):
                 broker.delayed_nursery.start_soon(self._finish, conn, slot, header, result)
+            elif isinstance(result, CloseConnection):
+                conn.close(result.reason)
             else:
                 conn.complete(slot, result)
 
