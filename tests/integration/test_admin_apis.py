@@ -11,7 +11,6 @@ Two kinds of client talk to an in-process broker (see conftest.py):
 
 from __future__ import annotations
 
-import struct
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -35,6 +34,7 @@ from kafka.errors import (
     UnknownTopicOrPartitionError,
 )
 
+from tests.integration.raw_client import RawClient as BaseRawClient
 from trio_broker.config import BrokerConfig
 from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS
@@ -67,32 +67,8 @@ async def in_thread(fn: Callable[[], T]) -> T:
 # ----------------------------------------------------------------------------- raw client
 
 
-class RawClient:
-    """One connection; sends a request with our codec and decodes the response."""
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.correlation_id = 0
-        self.buf = bytearray()
-
-    async def _read_exactly(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            chunk = await self.stream.receive_some(65536)
-            assert chunk, "broker closed the connection"
-            self.buf += chunk
-        out, self.buf = bytes(self.buf[:n]), self.buf[n:]
-        return out
-
-    async def call(self, api_key: int, version: int, request: Any) -> Any:
-        self.correlation_id += 1
-        frame = m.encode_request(api_key, version, self.correlation_id, "raw-admin-test", request)
-        await self.stream.send_all(frame)
-        with trio.fail_after(10):
-            (size,) = struct.unpack(">i", await self._read_exactly(4))
-            body = await self._read_exactly(size)
-        correlation_id, response = m.decode_response(api_key, version, body)
-        assert correlation_id == self.correlation_id
-        return response
+class RawClient(BaseRawClient):
+    """The shared raw client plus builders for the admin APIs."""
 
     # ---- request builders (fields a version lacks are ignored by the encoder)
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
+from tests.integration.raw_client import RawClient
 from trio_broker.config import BrokerConfig
 from trio_broker.groups.coordinator import StableGeneration
 from trio_broker.protocol import messages as m
@@ -338,36 +339,8 @@ async def test_static_member_restart_keeps_its_assignment(broker: Broker, bootst
 # ----------------------------------------------------------------------------- raw protocol
 
 
-class RawClient:
-    """One connection speaking our codec: every version of every group API."""
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.correlation_id = 0
-        self.buf = bytearray()
-
-    async def _read(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            chunk = await self.stream.receive_some(65536)
-            assert chunk, "broker closed the connection"
-            self.buf += chunk
-        out, self.buf = bytes(self.buf[:n]), self.buf[n:]
-        return out
-
-    async def call(self, api_key: int, version: int, request: Any) -> Any:
-        self.correlation_id += 1
-        await self.stream.send_all(
-            m.encode_request(api_key, version, self.correlation_id, "raw", request)
-        )
-        with trio.fail_after(10):
-            (size,) = struct.unpack(">i", await self._read(4))
-            correlation_id, response = m.decode_response(api_key, version, await self._read(size))
-        assert correlation_id == self.correlation_id
-        return response
-
-
 async def raw_client(broker: Broker) -> RawClient:
-    return RawClient(await trio.open_tcp_stream(*broker.bound[0]))
+    return RawClient(await trio.open_tcp_stream(*broker.bound[0]), client_id="raw")
 
 
 def version_of(api_key: int, i: int) -> int:
