@@ -252,6 +252,14 @@ class BrokerProcess:
 
     # -- lifecycle -----------------------------------------------------------
 
+    def command_line(self) -> list[str]:
+        """The ``trio-broker serve`` argv; subclasses add flags."""
+        return [
+            str(BROKER_EXE), "serve", "--listen", f"127.0.0.1:{self.port}",
+            "--data-dir", str(self.data_dir), "--storage", self.storage,
+            "--processing-model", self.processing_model,
+        ]  # fmt: skip
+
     def start(self, *, ready_check: bool = True) -> None:
         """Start on ``self.port`` (0 the first time) and wait for ``listening on``.
 
@@ -262,18 +270,7 @@ class BrokerProcess:
         self.starts += 1
         self.down_on_purpose = False
         self._log(f"===== e2e: start #{self.starts} on port {self.port} =====\n")
-        argv = [
-            str(BROKER_EXE),
-            "serve",
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--data-dir",
-            str(self.data_dir),
-            "--storage",
-            self.storage,
-            "--processing-model",
-            self.processing_model,
-        ]
+        argv = self.command_line()
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

@@ -10,8 +10,6 @@ file descriptors through ``/proc``.
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +17,10 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import (
-    BROKER_EXE,
-    START_TIMEOUT_S,
     BrokerProcess,
     RawConnection,
     pytest_runtest_makereport,  # noqa: F401  (attach broker log tails to failures)
 )
-from trio_broker.protocol import messages as m
 
 __all__ = ["ConfiguredBroker", "RawConnection", "open_fds", "rss_bytes"]
 
@@ -74,57 +69,8 @@ class ConfiguredBroker(BrokerProcess):
     def rss(self) -> int:
         return rss_bytes(self.pid)
 
-    def start(self, *, ready_check: bool = True) -> None:
-        # Same as BrokerProcess.start, with "--config FILE" added to the command line.
-        assert self.proc is None or self.proc.poll() is not None, "broker already running"
-        self.starts += 1
-        self.down_on_purpose = False
-        self._log(f"===== reliability: start #{self.starts} on port {self.port} =====\n")
-        argv = [
-            str(BROKER_EXE),
-            "serve",
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--data-dir",
-            str(self.data_dir),
-            "--storage",
-            self.storage,
-            "--processing-model",
-            self.processing_model,
-            "--config",
-            str(self.config_path),
-        ]
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        self.proc = proc
-        listening = threading.Event()
-        found: list[int] = []
-        self._drainer = threading.Thread(
-            target=self._drain, args=(proc, listening, found), name="broker-stderr", daemon=True
-        )
-        self._drainer.start()
-        if not listening.wait(START_TIMEOUT_S) or not found:
-            self._kill_hard()
-            raise AssertionError(
-                f"broker did not log 'listening on' within {START_TIMEOUT_S}s "
-                f"(exit code {proc.poll()})\n{self.log_tail()}"
-            )
-        try:
-            if self.port == 0:
-                self.port = found[0]
-            assert found[0] == self.port, f"restarted on port {found[0]}, wanted {self.port}"
-            if ready_check:
-                with self.connect() as conn:
-                    answer = conn.request(m.ApiKey.API_VERSIONS, 0, m.ApiVersionsRequest())
-                assert answer.error_code == 0, answer
-        except BaseException:
-            self._kill_hard()
-            raise
+    def command_line(self) -> list[str]:
+        return [*super().command_line(), "--config", str(self.config_path)]
 
     def finish(self) -> None:
         """Teardown: SIGTERM must give exit code 0; an unplanned death fails the test."""
