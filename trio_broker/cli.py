@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write every request and response frame to Parquet files in DIR",
     )
     _add_verify_commands(sub)
+    _add_admin_commands(sub)
     return parser  # fmt: skip
 
 
@@ -73,6 +74,13 @@ def _add_verify_commands(sub: Any) -> None:
     imp.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
+def _add_admin_commands(sub: Any) -> None:
+    """``topics``, ``groups``, ``produce``, ``consume``: see trio_broker.admin."""
+    from trio_broker.admin.commands import add_admin_commands
+
+    add_admin_commands(sub)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -86,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         from trio_broker.verify.job import run_verify
 
         return run_verify(args.capture_dir, master=args.master, report_dir=args.report)
+    if args.command in ("topics", "groups", "produce", "consume"):
+        from trio_broker.admin.commands import run_admin
+
+        return run_admin(args)
     if args.command == "capture" and args.capture_command == "import":
         from trio_broker.capture.pcap import import_pcap
 

@@ -1,0 +1,1 @@
+"""Admin CLI: a blocking client on our codec and ``trio-broker topics|groups|produce|consume``."""
