@@ -1,0 +1,166 @@
+"""Workloads W1-W5 of issue 11 against a trio-broker subprocess (see bench/run_all.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from produce import BrokerProcess, create_topic, percentile, run_producer  # noqa: E402
+
+KIB = 1024
+
+
+def w1(model: str, records: int, keep: bool = False) -> tuple[dict[str, Any], BrokerProcess | None]:
+    """1 producer, 1 partition, 64 KiB records, batch 1 MiB, linger 1 ms, 5 in flight, acks=all."""
+    broker = BrokerProcess(model)
+    try:
+        create_topic(broker.bootstrap, "w1")
+        cpu0 = broker.cpu_seconds()
+        r = run_producer(broker.bootstrap, "w1", records, 64 * KIB, {})
+        r["broker_cpu_s"] = broker.cpu_seconds() - cpu0
+        r["broker_peak_rss_mib"] = broker.rss_mib()
+        r["model"] = model
+    except BaseException:
+        broker.stop()
+        raise
+    if keep:
+        return r, broker
+    broker.stop()
+    return r, None
+
+
+def w2(records: int, idempotent: bool = False, model: str = "pipelined") -> dict[str, Any]:
+    """1 KiB records, linger 5 ms, acks=all (W4: enable.idempotence=true)."""
+    broker = BrokerProcess(model)
+    try:
+        create_topic(broker.bootstrap, "w2")
+        conf: dict[str, Any] = {"linger.ms": 5}
+        if idempotent:
+            conf["enable.idempotence"] = True
+        cpu0 = broker.cpu_seconds()
+        t0 = os.times()
+        r = run_producer(broker.bootstrap, "w2", records, KIB, conf)
+        t1 = os.times()
+        r["broker_cpu_s"] = broker.cpu_seconds() - cpu0
+        r["broker_cpu_s_per_100k"] = r["broker_cpu_s"] / records * 100_000
+        # The client process's own CPU (librdkafka threads + the Python produce loop).
+        r["client_cpu_s"] = (t1.user - t0.user) + (t1.system - t0.system)
+        r["broker_peak_rss_mib"] = broker.rss_mib()
+        return r
+    finally:
+        broker.stop()
+
+
+def w3(broker: BrokerProcess, records: int, time_limit: float = 120.0) -> dict[str, Any]:
+    """One consumer reading W1's data from offset 0."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({
+        "bootstrap.servers": broker.bootstrap, "group.id": "w3", "enable.auto.commit": False,
+        "fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 16 * 1024 * 1024,
+        "receive.message.max.bytes": 80 * 1024 * 1024,
+    })  # fmt: skip
+    consumer.assign([TopicPartition("w1", 0, 0)])
+    got = nbytes = errors = 0
+    # The warm-up record of W1 is in the log too.
+    want = records + 1
+    cpu0 = broker.cpu_seconds()
+    t0 = os.times()
+    start = time.perf_counter()
+    try:
+        # poll() returns as soon as a record is there (consume(n, t) would wait out its
+        # timeout on the last, short batch and bias the figure).
+        poll = consumer.poll
+        while got < want and time.perf_counter() - start < time_limit:
+            msg = poll(1.0)
+            if msg is None:
+                continue
+            if msg.error():
+                errors += 1
+                continue
+            got += 1
+            nbytes += len(msg.value() or b"")
+        elapsed = time.perf_counter() - start
+        cpu = broker.cpu_seconds() - cpu0
+        t1 = os.times()
+    finally:
+        consumer.close()
+    return {
+        "records": got, "bytes": nbytes, "seconds": elapsed, "mb_per_s": nbytes / elapsed / 1e6,
+        "broker_cpu_s": cpu, "broker_cpu_cores": cpu / elapsed, "errors": errors,
+        "client_cpu_cores": ((t1.user - t0.user) + (t1.system - t0.system)) / elapsed,
+        "complete": got >= want,
+    }  # fmt: skip
+
+
+def w5(producers: int, partitions: int, rate: float, seconds: float, idle: int) -> dict[str, Any]:
+    """Fan-in: N producers (one connection each) at `rate` msgs/s to P partitions + idle sockets."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    broker = BrokerProcess("pipelined")
+    idle_socks: list[socket.socket] = []
+    clients: list[Any] = []
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        for f in admin.create_topics(
+            [NewTopic("w5", num_partitions=partitions, replication_factor=1)]
+        ).values():
+            f.result(30)
+        for _ in range(idle):
+            idle_socks.append(socket.create_connection(("127.0.0.1", broker.port)))
+        latencies: list[float] = []
+        errors = 0
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            nonlocal errors
+            if err is not None:
+                errors += 1
+            else:
+                latencies.append(msg.latency())
+
+        for _ in range(producers):
+            p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 0})
+            p.produce("w5", b"warmup", partition=0)
+            clients.append(p)
+        for p in clients:
+            p.flush(30)
+        payload = os.urandom(100)
+        sent = 0
+        start = time.perf_counter()
+        tick = 1.0 / rate
+        n = 0
+        while time.perf_counter() - start < seconds:
+            for i, p in enumerate(clients):
+                p.produce("w5", payload, partition=(i + n) % partitions, on_delivery=on_delivery)
+                p.poll(0)
+                sent += 1
+            n += 1
+            # msg.latency() is read in the delivery callback, so serve callbacks every
+            # ~5 ms until the next tick: the figure carries at most ~5 ms of polling slack.
+            while time.perf_counter() < start + n * tick:
+                for p in clients:
+                    p.poll(0)
+                time.sleep(0.005)
+        elapsed = time.perf_counter() - start
+        undelivered = sum(p.flush(30) for p in clients)
+        latencies.sort()
+        return {
+            "producers": producers, "partitions": partitions, "rate_per_producer": rate,
+            "idle_connections": idle, "seconds": elapsed, "sent": sent,
+            "achieved_msgs_per_s": sent / elapsed,
+            "p50_ms": percentile(latencies, 0.5) * 1000, "p99_ms": percentile(latencies, 0.99) * 1000,
+            "max_ms": (latencies[-1] * 1000) if latencies else float("nan"),
+            "broker_peak_rss_mib": broker.rss_mib(), "errors": errors, "undelivered": undelivered,
+        }  # fmt: skip
+    finally:
+        clients.clear()
+        for s in idle_socks:
+            s.close()
+        broker.stop()
