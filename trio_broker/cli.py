@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="write every request and response frame to Parquet files in DIR",
     )
+    serve.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics and /health on HOST:PORT (port 0 picks a free port)",
+    )
     _add_verify_commands(sub)
     _add_admin_commands(sub)
     return parser  # fmt: skip
@@ -124,10 +129,13 @@ def _serve(args: argparse.Namespace) -> int:
         "storage": args.storage,
         "processing_model": args.processing_model,
         "capture_dir": args.capture,
+        "metrics_listener": args.metrics_listen,
     }
     try:
         if args.listen:
             overrides["host"], overrides["port"] = parse_host_port(args.listen, "--listen")
+        if args.metrics_listen:
+            parse_host_port(args.metrics_listen, "--metrics-listen")
         if args.advertised_listener:
             host, port = parse_host_port(args.advertised_listener, "--advertised-listener")
             overrides["advertised_host"], overrides["advertised_port"] = host, port

@@ -59,6 +59,8 @@ class BrokerConfig:
     group_initial_rebalance_delay_ms: int = 3000
     offsets_retention_minutes: int = 7 * 24 * 60
     capture_dir: Path | None = None  # ours: write every frame to Parquet here (capture.dir)
+    #: ours: HOST:PORT of the /metrics and /health responder (metrics.listener); None = off.
+    metrics_listener: str | None = None
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -76,6 +78,8 @@ class BrokerConfig:
                      "socket_request_max_bytes", "connections_max_idle_ms"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
+        if self.metrics_listener is not None:
+            parse_host_port(self.metrics_listener, "metrics.listener")
         return self
 
 
@@ -109,6 +113,7 @@ FIELD_FOR_KEY: dict[str, str] = {
     "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
     "offsets.retention.minutes": "offsets_retention_minutes",
     "capture.dir": "capture_dir",
+    "metrics.listener": "metrics_listener",
 }
 KEY_FOR_FIELD = {v: k for k, v in FIELD_FOR_KEY.items()}
 

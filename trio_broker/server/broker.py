@@ -107,6 +107,13 @@ class Broker:
 
             self.capture = CaptureTap(config.capture_dir, config.node_id)
             self.services.append(self.capture)
+        #: The Prometheus /metrics and /health responder (trio_broker.server.metrics), or None.
+        self.metrics: Any = None
+        if config.metrics_listener is not None:
+            from trio_broker.server.metrics import MetricsService
+
+            self.metrics = MetricsService(self, config.metrics_listener)
+            self.services.append(self.metrics)
 
     # ------------------------------------------------------------------ idempotent producers
 

@@ -10,12 +10,14 @@ the broker's delayed-operations nursery while the handler takes the next request
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from trio_broker.handlers.base import CloseConnection, Deferred, HandlerSpec, RequestContext
 from trio_broker.protocol.messages import RequestHeader
+from trio_broker.server.metrics import LatencyHistogram
 
 if TYPE_CHECKING:
     from trio_broker.server.broker import Broker
@@ -33,6 +35,8 @@ class HandlerPool:
         self._senders = [send for send, _ in channels]
         self._receivers = [receive for _, receive in channels]
         self.handled = [0] * count
+        #: Per API key: time from dequeue to handler return (the /metrics endpoint).
+        self.latency = LatencyHistogram()
 
     def queue_depths(self) -> list[int]:
         return [s.statistics().current_buffer_used for s in self._senders]
@@ -54,12 +58,15 @@ class HandlerPool:
                 continue
             spec: HandlerSpec = broker.router[header.api_key]
             ctx = RequestContext(header=header, broker=broker, client=conn.client)
+            started = time.perf_counter()
             try:
                 result = await spec.fn(ctx, body)
             except Exception:
+                self.latency.observe(header.api_key, time.perf_counter() - started)
                 log.exception("handler for API %d v%d failed", header.api_key, header.api_version)
                 conn.close("internal error in handler")
                 continue
+            self.latency.observe(header.api_key, time.perf_counter() - started)
             if isinstance(result, Deferred):
                 broker.delayed_nursery.start_soon(self._finish, conn, slot, header, result)
             elif isinstance(result, CloseConnection):

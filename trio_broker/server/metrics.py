@@ -1,0 +1,337 @@
+"""Prometheus ``/metrics`` and ``/health`` over a tiny HTTP/1.1 responder.
+
+Enabled by ``metrics.listener = "HOST:PORT"`` (or ``serve --metrics-listen``).
+Everything is read from the broker's existing state at scrape time; the only
+hot-path cost is :class:`LatencyHistogram.observe` in the handler pool.
+The text exposition format (version 0.0.4) is written here: no dependency.
+
+The responder answers one request per connection (``Connection: close``):
+``GET /metrics``, ``GET /health`` (200 "ok" while the broker listens, else 503);
+other paths get 404, other methods 405, malformed or oversized requests 400.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import trio
+
+from trio_broker.config import parse_host_port
+from trio_broker.protocol.messages import ApiKey
+from trio_broker.state.mute import MuteReason
+
+if TYPE_CHECKING:
+    from trio_broker.server.broker import Broker
+
+log = logging.getLogger("trio_broker.metrics")
+
+#: The largest request head (request line + headers) accepted.
+MAX_REQUEST_BYTES = 8192
+#: How long a client may take to send its request head.
+REQUEST_TIMEOUT_S = 10.0
+#: After answering: how long, and how many bytes, to read and discard before closing.
+LINGER_S = 1.0
+LINGER_BYTES = 1 << 20
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: Upper bounds (seconds) of the request latency histogram buckets.
+LATENCY_BOUNDS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+)  # fmt: skip
+
+API_NAMES: dict[int, str] = {
+    value: name.lower()
+    for name, value in vars(ApiKey).items()
+    if name.isupper() and isinstance(value, int)
+}
+
+
+class LatencyHistogram:
+    """Per API key: bucket counts (not cumulative; the last is +Inf), sum and count."""
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BOUNDS) -> None:
+        self.bounds = bounds
+        #: api key -> [bucket counts..., +Inf count]
+        self.buckets: dict[int, list[int]] = {}
+        self.sums: dict[int, float] = {}
+
+    def observe(self, api_key: int, seconds: float) -> None:
+        counts = self.buckets.get(api_key)
+        if counts is None:
+            counts = self.buckets[api_key] = [0] * (len(self.bounds) + 1)
+            self.sums[api_key] = 0.0
+        counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.sums[api_key] += seconds
+
+    def count(self, api_key: int) -> int:
+        return sum(self.buckets.get(api_key, ()))
+
+
+# ---------------------------------------------------------------------- exposition format
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _format_value(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+Sample = tuple[str, dict[str, str], float]
+
+
+class Exposition:
+    """Builds the text format: one ``# HELP`` and ``# TYPE`` per family, then its samples."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str, samples: Iterable[Sample]) -> None:
+        """``samples``: (suffix, labels, value); the suffix is appended to ``name``."""
+        escaped = help_text.replace("\\", "\\\\").replace("\n", "\\n")
+        self._lines.append(f"# HELP {name} {escaped}")
+        self._lines.append(f"# TYPE {name} {kind}")
+        for suffix, labels, value in samples:
+            if labels:
+                text = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels.items())
+                self._lines.append(f"{name}{suffix}{{{text}}} {_format_value(value)}")
+            else:
+                self._lines.append(f"{name}{suffix} {_format_value(value)}")
+
+    def gauge(self, name: str, help_text: str, value: float) -> None:
+        self.family(name, "gauge", help_text, [("", {}, value)])
+
+    def counter(self, name: str, help_text: str, value: float) -> None:
+        self.family(name, "counter", help_text, [("", {}, value)])
+
+    def render(self) -> bytes:
+        return ("\n".join(self._lines) + "\n").encode()
+
+
+def _histogram_samples(
+    labels: dict[str, str], bounds: Iterable[tuple[str, int]], total: float
+) -> list[Sample]:
+    """``bounds``: (le, non-cumulative count) in order, ending with "+Inf"."""
+    samples: list[Sample] = []
+    cumulative = 0
+    for le, count in bounds:
+        cumulative += count
+        samples.append(("_bucket", {**labels, "le": le}, cumulative))
+    samples.append(("_sum", labels, total))
+    samples.append(("_count", labels, cumulative))
+    return samples
+
+
+def render_metrics(broker: Broker) -> bytes:
+    out = Exposition()
+    p = "trio_broker_"
+    stats = broker.stats
+    out.gauge(p + "up", "1 while the broker is serving", 0 if broker.shutting_down else 1)
+    out.gauge(p + "connections_open", "open client connections", len(broker.connections))
+    out.counter(
+        p + "connections_accepted_total", "connections accepted", stats.connections_accepted
+    )
+    out.counter(
+        p + "connections_rejected_total",
+        "connections refused (max.connections / max.connections.per.ip)",
+        stats.connections_rejected,
+    )
+    out.counter(p + "responses_sent_total", "responses written to clients", stats.responses_sent)
+    out.counter(p + "bytes_out_total", "bytes written to client sockets", stats.bytes_out)
+
+    pool = broker.handler_pool
+    out.family(
+        p + "handler_requests_total",
+        "counter",
+        "requests taken from each handler queue",
+        [("", {"queue": str(i)}, n) for i, n in enumerate(pool.handled)],
+    )
+    out.family(
+        p + "handler_queue_depth",
+        "gauge",
+        "requests waiting in each handler queue",
+        [("", {"queue": str(i)}, n) for i, n in enumerate(pool.queue_depths())],
+    )
+
+    latency = pool.latency
+    keys = sorted(latency.buckets)
+    out.family(
+        p + "requests_total",
+        "counter",
+        "requests handled per API",
+        [("", _api_labels(k), latency.count(k)) for k in keys],
+    )
+    histogram: list[Sample] = []
+    for key in keys:
+        les = [_format_value(b) for b in latency.bounds] + ["+Inf"]
+        histogram += _histogram_samples(
+            _api_labels(key), zip(les, latency.buckets[key]), latency.sums[key]
+        )
+    out.family(
+        p + "request_duration_seconds",
+        "histogram",
+        "time from dequeue to handler return, per API",
+        histogram,
+    )
+
+    muted = dict.fromkeys(MuteReason, 0)
+    for conn in list(broker.connections.values()):
+        for reason in conn.mute.reasons:
+            muted[reason] += 1
+    out.family(
+        p + "muted_connections",
+        "gauge",
+        "connections not being read, by mute reason",
+        [("", {"reason": r.value}, n) for r, n in muted.items()],
+    )
+
+    memory = broker.memory
+    out.gauge(p + "memory_budget_in_use_bytes", "bytes of queued requests", memory.in_use)
+    out.gauge(p + "memory_budget_peak_bytes", "peak bytes of queued requests", memory.peak)
+    out.gauge(p + "memory_budget_limit_bytes", "queued.max.request.bytes", memory.limit)
+
+    flush = broker.flusher.statistics()
+    out.counter(p + "fsyncs_total", "group-commit fsyncs completed", flush.fsyncs)
+    out.counter(p + "fsync_failures_total", "group-commit fsyncs that failed", flush.failures)
+    out.gauge(p + "pending_appends", "appends not yet covered by a flush", flush.pending_appends)
+    out.gauge(p + "flush_waiters", "requests waiting for a flush", flush.waiters)
+    # Bucket b counts flushes covering [b, 2b) appends, i.e. <= 2b - 1 (integers).
+    buckets = {0: 0, **{1 << i: 0 for i in range(17)}}
+    for bucket, count in flush.appends_per_fsync.items():
+        buckets[bucket] = buckets.get(bucket, 0) + count
+    fsync_buckets = [(str(max(0, 2 * b - 1)), n) for b, n in sorted(buckets.items())]
+    out.family(
+        p + "appends_per_fsync",
+        "histogram",
+        "appends covered by each group-commit fsync",
+        _histogram_samples({}, [*fsync_buckets, ("+Inf", 0)], flush.appends),
+    )
+
+    sizes: list[Sample] = []
+    ends: list[Sample] = []
+    for name, topic in sorted(broker.topics.topics.items()):
+        for index, log_ in enumerate(topic.logs):
+            labels = {"topic": name, "partition": str(index)}
+            sizes.append(("", labels, log_.size_bytes))
+            ends.append(("", labels, log_.log_end_offset))
+    out.gauge(p + "topics", "topics", len(broker.topics.topics))
+    out.family(p + "partition_size_bytes", "gauge", "bytes in a partition's log", sizes)
+    out.family(p + "log_end_offset", "gauge", "next offset of a partition's log", ends)
+    out.gauge(p + "groups", "consumer groups known to the coordinator", len(broker.groups.groups))
+    return out.render()
+
+
+def _api_labels(key: int) -> dict[str, str]:
+    return {"api": API_NAMES.get(key, f"api_{key}"), "api_key": str(key)}
+
+
+# ---------------------------------------------------------------------- HTTP
+
+
+class BadRequest(Exception):
+    pass
+
+
+def parse_request_head(head: bytes) -> tuple[str, str]:
+    """Request line and headers (without the blank line) -> (method, path); BadRequest."""
+    try:
+        text = head.decode("ascii")
+    except UnicodeDecodeError:
+        raise BadRequest("not ASCII") from None
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3:
+        raise BadRequest("bad request line")
+    method, target, version = parts
+    if not method.isalpha() or not method.isupper():
+        raise BadRequest("bad method")
+    if version not in ("HTTP/1.0", "HTTP/1.1") or not target.startswith("/"):
+        raise BadRequest("bad target or version")
+    for line in lines[1:]:
+        name, sep, _ = line.partition(":")
+        if not sep or not name or name != name.strip() or " " in name:
+            raise BadRequest("bad header line")
+    return method, target.split("?", 1)[0]
+
+
+def _response(status: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> bytes:
+    head = (
+        f"HTTP/1.1 {status}\r\n"
+        f"Content-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class MetricsService:
+    """A broker service: serves /metrics and /health on its own listener."""
+
+    def __init__(self, broker: Broker, listener: str) -> None:
+        self.broker = broker
+        self.host, self.port = parse_host_port(listener, "metrics.listener")
+        self.bound: tuple[str, int] | None = None
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        host, port = listeners[0].socket.getsockname()[:2]
+        self.bound = (host, port)
+        log.info("metrics on %s:%d", host, port)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, self._handle, listeners)
+            task_status.started()
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            async with stream:
+                await stream.send_all(await self._answer(stream))
+                # Lingering close: closing with unread input would reset the
+                # connection and could discard the response before it is read.
+                await stream.send_eof()
+                with trio.move_on_after(LINGER_S):
+                    drained = 0
+                    while drained < LINGER_BYTES and (chunk := await stream.receive_some(65536)):
+                        drained += len(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+
+    async def _answer(self, stream: trio.SocketStream) -> bytes:
+        data = b""
+        with trio.move_on_after(REQUEST_TIMEOUT_S) as scope:
+            while b"\r\n\r\n" not in data:
+                if len(data) > MAX_REQUEST_BYTES:
+                    return _response("400 Bad Request", b"request too large\n")
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    return _response("400 Bad Request", b"incomplete request\n")
+                data += chunk
+        if scope.cancelled_caught:
+            return _response("408 Request Timeout", b"timeout\n")
+        head = data.split(b"\r\n\r\n", 1)[0]
+        if len(head) > MAX_REQUEST_BYTES:
+            return _response("400 Bad Request", b"request too large\n")
+        try:
+            method, path = parse_request_head(head)
+        except BadRequest as exc:
+            return _response("400 Bad Request", f"{exc}\n".encode())
+        if method != "GET":
+            return _response("405 Method Not Allowed", b"only GET\n")
+        if path == "/metrics":
+            return _response("200 OK", render_metrics(self.broker), CONTENT_TYPE)
+        if path == "/health":
+            if self.broker.bound and not self.broker.shutting_down:
+                return _response("200 OK", b"ok")
+            return _response("503 Service Unavailable", b"not serving\n")
+        return _response("404 Not Found", b"not found\n")
