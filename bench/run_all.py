@@ -19,8 +19,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import limits  # noqa: E402
-import workloads  # noqa: E402
+import limits
+import workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "performance.md"
@@ -54,7 +54,7 @@ def step(results: dict[str, Any], name: str, deadline: float, fn: Any) -> Any:
         return value
     except Timeout:
         results[name] = {"skipped": "total time bound reached while running"}
-    except Exception as exc:  # noqa: BLE001 - a failed workload is reported, the rest still run
+    except Exception as exc:
         results[name] = {"failed": f"{type(exc).__name__}: {exc}"}
         traceback.print_exc()
     finally:

@@ -11,7 +11,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from produce import BrokerProcess, create_topic, percentile, run_producer  # noqa: E402
+from produce import BrokerProcess, create_topic, percentile, run_producer
 
 KIB = 1024
 
