@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from trio_broker.server.broker import Broker
 
 
+ANONYMOUS = "User:ANONYMOUS"
+
+
 @attrs.frozen
 class ClientInfo:
     connection_id: int
@@ -35,6 +38,9 @@ class RequestContext:
     header: RequestHeader
     broker: Broker
     client: ClientInfo
+    #: Who sent the request, as Kafka writes principals ("User:alice"); set by SASL
+    #: or the TLS certificate, "User:ANONYMOUS" on an unauthenticated listener.
+    principal: str = ANONYMOUS
 
     @property
     def api_version(self) -> int:

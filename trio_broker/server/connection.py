@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from trio_broker.handlers.base import ClientInfo
+from trio_broker.handlers.base import ANONYMOUS, ClientInfo
 from trio_broker.protocol.codec import part_length
 from trio_broker.protocol.errors import ProtocolError, UnsupportedVersionError
 from trio_broker.protocol.framing import FrameReader
@@ -59,6 +59,8 @@ class Connection:
         self.sock = sock
         self.client = client
         self.id = client.connection_id
+        #: The authenticated principal; SASL or mTLS replace it (see docs/security.md).
+        self.principal = ANONYMOUS
         self.mute = ChannelMute()
         self.sequencer: ResponseSequencer[Message | None] = ResponseSequencer()
         self.pending: dict[int, PendingRequest] = {}

@@ -57,7 +57,9 @@ class HandlerPool:
             if conn.closed:
                 continue
             spec: HandlerSpec = broker.router[header.api_key]
-            ctx = RequestContext(header=header, broker=broker, client=conn.client)
+            ctx = RequestContext(
+                header=header, broker=broker, client=conn.client, principal=conn.principal
+            )
             started = time.perf_counter()
             try:
                 result = await spec.fn(ctx, body)
