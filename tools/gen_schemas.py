@@ -49,6 +49,13 @@ APIS = [
     "OffsetDelete",
     "DescribeCluster",
     "DescribeProducers",
+    "DescribeAcls",
+    "CreateAcls",
+    "DeleteAcls",
+    "DescribeClientQuotas",
+    "AlterClientQuotas",
+    "DescribeUserScramCredentials",
+    "AlterUserScramCredentials",
 ]
 
 UNBOUNDED = 32767
