@@ -24,7 +24,7 @@ FILTER="${1:-}"
 MODULES=(
   "trio_broker/state/mute.py|tests/unit/test_mute.py statemachine/test_mute_machine.py"
   "trio_broker/state/response_order.py|statemachine/test_response_order_machine.py tests/unit/test_mute.py"
-  "trio_broker/protocol/primitives.py|tests/unit/test_framing.py tests/unit/test_headers.py tests/unit/test_codec_golden.py"
+  "trio_broker/protocol/primitives.py|tests/unit/test_primitives.py tests/unit/test_framing.py tests/unit/test_headers.py tests/unit/test_codec_golden.py fuzz/test_fuzz_records.py"
   "trio_broker/state/producer.py|tests/unit/test_producer_state.py statemachine/test_producer_machine.py"
 )
 
