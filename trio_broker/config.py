@@ -35,6 +35,14 @@ class BrokerConfig:
     #: Where clients are told to connect (Metadata); defaults to the bound address.
     advertised_host: str | None = None
     advertised_port: int | None = None
+    #: listeners / advertised.listeners as written ("NAME://HOST:PORT,..."); the first
+    #: listener binds host:port above. See trio_broker/security/listeners.py.
+    listeners: str | None = None
+    advertised_listeners: str | None = None
+    listener_security_protocol_map: str = ""
+    #: ssl.*, sasl.enabled.mechanisms, connections.max.reauth.ms and their
+    #: listener.name.<name>.<key> overrides, by Kafka key (docs/security.md).
+    security: dict[str, Any] = attrs.field(factory=dict, hash=False)
     data_dir: Path = Path("data")
     storage: str = "file"  # ours: "file" or "memory"
     processing_model: str = "pipelined"  # ours: "pipelined" or "serial"
@@ -61,6 +69,10 @@ class BrokerConfig:
     capture_dir: Path | None = None  # ours: write every frame to Parquet here (capture.dir)
     #: ours: HOST:PORT of the /metrics and /health responder (metrics.listener); None = off.
     metrics_listener: str | None = None
+    #: ACLs are enforced when set (Kafka's StandardAuthorizer name, or "acl"); see docs/acls.md.
+    authorizer_class_name: str = ""
+    super_users: str = ""  # semicolon-separated principals that bypass ACLs
+    allow_everyone_if_no_acl_found: bool = False
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -80,6 +92,17 @@ class BrokerConfig:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
         if self.metrics_listener is not None:
             parse_host_port(self.metrics_listener, "metrics.listener")
+        from trio_broker.security.listeners import resolve_listeners
+
+        resolve_listeners(self)  # raises ConfigError naming the bad key
+        if self.authorizer_class_name:
+            from trio_broker.security.authorize import AUTHORIZER_NAMES
+
+            if self.authorizer_class_name not in AUTHORIZER_NAMES:
+                raise ConfigError(
+                    f"authorizer.class.name: expected one of {sorted(AUTHORIZER_NAMES)}, "
+                    f"got {self.authorizer_class_name!r}"
+                )
         return self
 
 
@@ -87,6 +110,7 @@ class BrokerConfig:
 FIELD_FOR_KEY: dict[str, str] = {
     "listeners": "listeners",
     "advertised.listeners": "advertised.listeners",
+    "listener.security.protocol.map": "listener_security_protocol_map",
     "log.dirs": "data_dir",
     "log.dir": "data_dir",
     "storage": "storage",
@@ -114,6 +138,9 @@ FIELD_FOR_KEY: dict[str, str] = {
     "offsets.retention.minutes": "offsets_retention_minutes",
     "capture.dir": "capture_dir",
     "metrics.listener": "metrics_listener",
+    "authorizer.class.name": "authorizer_class_name",
+    "super.users": "super_users",
+    "allow.everyone.if.no.acl.found": "allow_everyone_if_no_acl_found",
 }
 KEY_FOR_FIELD = {v: k for k, v in FIELD_FOR_KEY.items()}
 
@@ -141,14 +168,19 @@ def load_config(path: Path | None = None, **overrides: Any) -> BrokerConfig:
         fields = attrs.fields_dict(BrokerConfig)
         for key, value in _flatten(raw).items():
             field = FIELD_FOR_KEY.get(key)
+            if field is None and _is_security_key(key):
+                values.setdefault("security", {})[key] = value
+                continue
             if field is None:
                 raise ConfigError(f"unknown config key {key!r}")
             if field == "listeners":
                 first = value.split(",")[0] if isinstance(value, str) else value[0]
                 values["host"], values["port"] = parse_host_port(first, key)
+                values["listeners"] = value if isinstance(value, str) else ",".join(value)
             elif field == "advertised.listeners":
-                first = value.split(",")[0] if isinstance(value, str) else value[0]
-                values["advertised_host"], values["advertised_port"] = parse_host_port(first, key)
+                values["advertised_listeners"] = (
+                    value if isinstance(value, str) else ",".join(value)
+                )
             else:
                 values[field] = _coerce(key, fields[field].default, value)
     values.update({k: v for k, v in overrides.items() if v is not None})
@@ -157,6 +189,11 @@ def load_config(path: Path | None = None, **overrides: Any) -> BrokerConfig:
     if values.get("capture_dir") is not None:
         values["capture_dir"] = Path(values["capture_dir"])
     return BrokerConfig(**values).validate()
+
+
+def _is_security_key(key: str) -> bool:
+    """TLS/SASL keys live in BrokerConfig.security, checked by resolve_listeners."""
+    return key.startswith(("ssl.", "sasl.", "listener.name.")) or key == "connections.max.reauth.ms"
 
 
 def _coerce(key: str, default: Any, value: Any) -> Any:

@@ -9,6 +9,7 @@ MODULES = [
     "api_versions", "metadata", "produce", "fetch", "list_offsets", "create_topics",
     "delete_topics", "describe_configs", "describe_cluster", "offset_for_leader_epoch",
     "delete_records", "init_producer_id", "find_coordinator", "groups", "offsets",
+    "describe_acls", "create_acls", "delete_acls", "alter_configs", "incremental_alter_configs",
 ]  # fmt: skip
 
 

@@ -29,6 +29,7 @@ from trio_broker.config import BrokerConfig, ensure_cluster_id
 from trio_broker.groups import GroupCoordinator
 from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS, ClientInfo, HandlerSpec
+from trio_broker.security.authorize import Authorizer
 from trio_broker.server.connection import Connection
 from trio_broker.server.flusher import Flusher
 from trio_broker.server.handler_pool import HandlerPool
@@ -81,6 +82,8 @@ class Broker:
             )
         )
         self.topics.on_log_closed = self.flusher.forget
+        #: ACL enforcement (trio_broker.security), or None when no authorizer is configured.
+        self.authorizer = Authorizer.from_config(config, data_dir)
         self.router: dict[int, HandlerSpec] = dict(HANDLERS)
         self.memory = MemoryBudget(config.queued_max_request_bytes)
         self.handler_pool = HandlerPool(self, config.num_handlers)
@@ -102,10 +105,12 @@ class Broker:
         self.services.append(self.groups)
         #: The traffic capture tap (trio_broker.capture), or None: the hot path checks this.
         self.capture: Any = None
+        #: The tap itself, kept while capture is switched off at runtime (capture/control.py).
+        self.capture_tap: Any = None
         if config.capture_dir is not None:
             from trio_broker.capture.tap import CaptureTap
 
-            self.capture = CaptureTap(config.capture_dir, config.node_id)
+            self.capture = self.capture_tap = CaptureTap(config.capture_dir, config.node_id)
             self.services.append(self.capture)
         #: The Prometheus /metrics and /health responder (trio_broker.server.metrics), or None.
         self.metrics: Any = None
@@ -267,20 +272,28 @@ class Broker:
             self._root_scope.cancel()
 
 
-async def serve(config: BrokerConfig, *, handle_signals: bool = True) -> None:
-    """Run a broker until SIGINT/SIGTERM, then shut down gracefully."""
+async def serve(
+    config: BrokerConfig, *, handle_signals: bool = True, capture_on: bool = True
+) -> None:
+    """Run a broker until SIGINT/SIGTERM, then shut down gracefully (SIGUSR1 toggles capture)."""
     import signal
 
+    from trio_broker.capture.control import set_capture, toggle_capture
+
     broker = Broker(config)
+    set_capture(broker, capture_on)
     if not handle_signals:
         await broker.run()
         return
     # The receiver opens before the broker listens: a signal that arrives right
     # after "listening on" must still mean a graceful shutdown.
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(broker.run)
             async for signum in signals:
+                if signum == signal.SIGUSR1:
+                    log.info("received SIGUSR1: capture %s", toggle_capture(broker))
+                    continue
                 log.info("received %s; shutting down", signal.Signals(signum).name)
                 await broker.shutdown()
                 break

@@ -128,6 +128,10 @@ class TopicManager:
             raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
         if partitions <= 0 or partitions > 10_000:
             raise TopicError(ErrorCode.INVALID_PARTITIONS, "partitions must be in 1..10000")
+        self.check_configs(configs)
+
+    def check_configs(self, configs: dict[str, str]) -> None:
+        """Raise TopicError(INVALID_CONFIG) for an unknown key or a malformed value."""
         for key, value in configs.items():
             if key not in TOPIC_CONFIGS:
                 raise TopicError(ErrorCode.INVALID_CONFIG, f"unknown topic config {key!r}")
@@ -155,6 +159,22 @@ class TopicManager:
                 name=name, topic_id=uuid.uuid4(), partitions=partitions, configs=configs
             )
         return self._open(info)
+
+    def set_configs(self, name: str, configs: dict[str, str]) -> Topic:
+        """Replace a topic's config overrides (AlterConfigs): persist, then apply to its logs."""
+        topic = self.topics[name]
+        self.check_configs(configs)
+        try:
+            log_config = self.log_config(configs)
+        except ValueError as exc:  # LogConfig's own bounds (segment.bytes > 0, ...)
+            raise TopicError(ErrorCode.INVALID_CONFIG, str(exc)) from None
+        if self.catalogue is not None:
+            topic.info = self.catalogue.set_configs(name, configs)
+        else:
+            topic.info = attrs.evolve(topic.info, configs=dict(configs))
+        for log in topic.logs:
+            log.config = log_config
+        return topic
 
     def delete(self, name: str) -> None:
         topic = self.topics.pop(name, None)

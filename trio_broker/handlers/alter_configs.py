@@ -1,0 +1,148 @@
+"""AlterConfigs: replace a topic's config overrides (every key not listed is reset).
+
+Topic resources only. Values are checked before anything changes (unknown key,
+malformed or out-of-range value -> INVALID_CONFIG); with ``validate_only`` the
+check is all that happens. Accepted overrides are written to the topic
+catalogue and applied to the live partition logs (retention, segment rolling,
+max.message.bytes), and DescribeConfigs reports them with source
+DYNAMIC_TOPIC_CONFIG. Broker resources are refused with INVALID_REQUEST: this
+broker has no dynamic broker configs (docs/acls.md, "Configs").
+
+Shared with IncrementalAlterConfigs: resource checks, value checks, applying.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.acl import Operation, ResourceType
+from trio_broker.security.authorize import authorized
+from trio_broker.server.topics import TopicError
+
+Resp: Any = m.AlterConfigsResponse
+
+# Kafka's ConfigResource.Type codes.
+TOPIC_RESOURCE = 2
+BROKER_RESOURCE = 4
+BROKER_LOGGER_RESOURCE = 8
+
+#: Smallest legal value of the numeric topic configs (Kafka's ConfigDef bounds).
+MINIMUMS = {
+    "retention.ms": -1, "retention.bytes": -1, "segment.bytes": 14, "segment.ms": 1,
+    "max.message.bytes": 0, "flush.messages": 1, "flush.ms": 0, "index.interval.bytes": 0,
+    "segment.index.bytes": 4, "min.insync.replicas": 1, "delete.retention.ms": 0,
+    "file.delete.delay.ms": 0,
+}  # fmt: skip
+#: cleanup.policy values this broker applies: it deletes old segments, never compacts.
+CLEANUP_POLICIES = frozenset({"delete"})
+
+
+class ConfigRefused(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def check_values(ctx: RequestContext, configs: dict[str, str]) -> None:
+    """Raise ConfigRefused(INVALID_CONFIG) unless the topic would accept ``configs`` whole."""
+    try:
+        ctx.broker.topics.check_configs(configs)
+        ctx.broker.topics.log_config(configs)
+    except TopicError as exc:
+        raise ConfigRefused(exc.code, str(exc)) from None
+    except ValueError as exc:
+        raise ConfigRefused(ErrorCode.INVALID_CONFIG, str(exc)) from None
+    for key, minimum in MINIMUMS.items():
+        if key in configs and int(configs[key]) < minimum:
+            raise ConfigRefused(ErrorCode.INVALID_CONFIG, f"{key} must be at least {minimum}")
+    if "cleanup.policy" in configs:
+        policies = {p.strip() for p in configs["cleanup.policy"].split(",")}
+        if not policies <= CLEANUP_POLICIES:
+            raise ConfigRefused(
+                ErrorCode.INVALID_CONFIG, "cleanup.policy: only 'delete' is supported"
+            )
+
+
+def alter_resources(
+    ctx: RequestContext,
+    resources: list[Any],
+    validate_only: bool,
+    new_configs: Callable[[dict[str, str], Any], dict[str, str]],
+) -> list[tuple[ErrorCode, str | None]]:
+    """Check and (unless validate_only) apply each resource; one (error, message) each.
+
+    ``new_configs(current overrides, resource)`` computes the topic's new overrides
+    or raises ConfigRefused.
+    """
+    seen: dict[tuple[int, str], int] = {}
+    for resource in resources:
+        key = (resource.resource_type, resource.resource_name)
+        seen[key] = seen.get(key, 0) + 1
+    out: list[tuple[ErrorCode, str | None]] = []
+    for resource in resources:
+        try:
+            if seen[(resource.resource_type, resource.resource_name)] > 1:
+                raise ConfigRefused(ErrorCode.INVALID_REQUEST, "resource listed more than once")
+            _alter_one(ctx, resource, validate_only, new_configs)
+            out.append((ErrorCode.NONE, None))
+        except ConfigRefused as exc:
+            out.append((exc.code, str(exc)))
+    return out
+
+
+def _alter_one(
+    ctx: RequestContext,
+    resource: Any,
+    validate_only: bool,
+    new_configs: Callable[[dict[str, str], Any], dict[str, str]],
+) -> None:
+    name = resource.resource_name
+    if resource.resource_type in (BROKER_RESOURCE, BROKER_LOGGER_RESOURCE):
+        if not authorized(ctx, Operation.ALTER_CONFIGS, ResourceType.CLUSTER):
+            raise ConfigRefused(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "ALTER_CONFIGS refused")
+        raise ConfigRefused(
+            ErrorCode.INVALID_REQUEST, "dynamic broker configs are not supported; use --config"
+        )
+    if resource.resource_type != TOPIC_RESOURCE:
+        raise ConfigRefused(
+            ErrorCode.INVALID_REQUEST, f"unsupported resource type {resource.resource_type}"
+        )
+    if not authorized(ctx, Operation.ALTER_CONFIGS, ResourceType.TOPIC, name):
+        raise ConfigRefused(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "ALTER_CONFIGS refused")
+    topic = ctx.broker.topics.get(name)
+    if topic is None:
+        raise ConfigRefused(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+    configs = new_configs(dict(topic.info.configs), resource)
+    check_values(ctx, configs)
+    if validate_only:
+        return
+    try:
+        ctx.broker.topics.set_configs(name, configs)
+    except TopicError as exc:
+        raise ConfigRefused(exc.code, str(exc)) from None
+    except OSError as exc:
+        raise ConfigRefused(ErrorCode.KAFKA_STORAGE_ERROR, f"cannot store configs: {exc}") from None
+
+
+def _replace_all(current: dict[str, str], resource: Any) -> dict[str, str]:
+    # AlterConfigs is not incremental: the request is the topic's whole override set.
+    return {c.name: c.value for c in resource.configs if c.value is not None}
+
+
+@handles(m.ApiKey.ALTER_CONFIGS)
+async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
+    results = alter_resources(ctx, request.resources, request.validate_only, _replace_all)
+    return Resp(
+        throttle_time_ms=0,
+        responses=[
+            Resp.AlterConfigsResourceResponse(
+                error_code=code, error_message=message,
+                resource_type=r.resource_type, resource_name=r.resource_name,
+            )
+            for r, (code, message) in zip(request.resources, results, strict=True)
+        ],
+    )  # fmt: skip

@@ -1,0 +1,66 @@
+"""CreateAcls: store new bindings (ALTER on the cluster); one result per creation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.describe_acls import access_error, enum_or_unknown
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.acl import (
+    AclBinding,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+    validate_binding,
+)
+
+Resp: Any = m.CreateAclsResponse
+Result = Resp.AclCreationResult
+
+
+def binding_from_wire(wire: Any) -> AclBinding:
+    return AclBinding(
+        resource_type=enum_or_unknown(ResourceType, wire.resource_type),
+        resource_name=wire.resource_name or "",
+        pattern_type=enum_or_unknown(PatternType, wire.resource_pattern_type),
+        principal=wire.principal or "",
+        host=wire.host or "",
+        operation=enum_or_unknown(Operation, wire.operation),
+        permission=enum_or_unknown(Permission, wire.permission_type),
+    )
+
+
+@handles(m.ApiKey.CREATE_ACLS)
+async def handle_create_acls(ctx: RequestContext, request: Any) -> Any:
+    refused = access_error(ctx, Operation.ALTER)
+    if refused is not None:
+        code, message = refused
+        return Resp(
+            throttle_time_ms=0,
+            results=[Result(error_code=code, error_message=message) for _ in request.creations],
+        )
+    authorizer = ctx.broker.authorizer
+    assert authorizer is not None  # access_error said it is on
+    results: list[Any] = []
+    valid: list[AclBinding] = []
+    for creation in request.creations:
+        binding = binding_from_wire(creation)
+        problem = validate_binding(binding)
+        if problem is None:
+            valid.append(binding)
+            results.append(Result(error_code=ErrorCode.NONE, error_message=None))
+        else:
+            results.append(Result(error_code=ErrorCode.INVALID_REQUEST, error_message=problem))
+    if valid:
+        try:
+            authorizer.store.add(valid)
+        except OSError as exc:
+            # Not durable, so not created: every otherwise valid creation fails.
+            for result in results:
+                if result.error_code == ErrorCode.NONE:
+                    result.error_code = ErrorCode.UNKNOWN_SERVER_ERROR
+                    result.error_message = f"cannot store ACLs: {exc}"
+    return Resp(throttle_time_ms=0, results=results)

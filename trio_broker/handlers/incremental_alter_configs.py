@@ -1,0 +1,68 @@
+"""IncrementalAlterConfigs: SET, DELETE, APPEND or SUBTRACT single topic configs.
+
+Same checks, persistence and live application as AlterConfigs (alter_configs.py);
+only the way the new override set is computed differs. APPEND and SUBTRACT
+apply to list configs (cleanup.policy) only, as in Kafka.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trio_broker.handlers.alter_configs import ConfigRefused, alter_resources
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+
+Resp: Any = m.IncrementalAlterConfigsResponse
+
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+#: Topic configs whose value is a comma-separated list.
+LIST_CONFIGS = frozenset({"cleanup.policy"})
+#: The value a list config has when the topic does not override it.
+LIST_DEFAULTS = {"cleanup.policy": "delete"}
+
+
+def apply_operations(current: dict[str, str], resource: Any) -> dict[str, str]:
+    configs = dict(current)
+    names = [c.name for c in resource.configs]
+    if len(set(names)) != len(names):
+        raise ConfigRefused(ErrorCode.INVALID_REQUEST, "a config is listed more than once")
+    for change in resource.configs:
+        name, op, value = change.name, change.config_operation, change.value
+        if op == SET:
+            if value is None:
+                raise ConfigRefused(ErrorCode.INVALID_CONFIG, f"{name}: SET needs a value")
+            configs[name] = value
+        elif op == DELETE:
+            configs.pop(name, None)
+        elif op in (APPEND, SUBTRACT):
+            if name not in LIST_CONFIGS:
+                raise ConfigRefused(
+                    ErrorCode.INVALID_CONFIG, f"{name} is not a list; APPEND/SUBTRACT need one"
+                )
+            items = [v for v in configs.get(name, LIST_DEFAULTS[name]).split(",") if v]
+            given = [v.strip() for v in (value or "").split(",") if v.strip()]
+            if op == APPEND:
+                items += [v for v in given if v not in items]
+            else:
+                items = [v for v in items if v not in given]
+            configs[name] = ",".join(items)
+        else:
+            raise ConfigRefused(ErrorCode.INVALID_REQUEST, f"unknown config operation {op}")
+    return configs
+
+
+@handles(m.ApiKey.INCREMENTAL_ALTER_CONFIGS)
+async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) -> Any:
+    results = alter_resources(ctx, request.resources, request.validate_only, apply_operations)
+    return Resp(
+        throttle_time_ms=0,
+        responses=[
+            Resp.AlterConfigsResourceResponse(
+                error_code=code, error_message=message,
+                resource_type=r.resource_type, resource_name=r.resource_name,
+            )
+            for r, (code, message) in zip(request.resources, results, strict=True)
+        ],
+    )  # fmt: skip

@@ -1,0 +1,1 @@
+"""Authentication and authorization: ACLs (acl.py, acl_store.py, authorize.py)."""
