@@ -8,8 +8,10 @@ accepts connections.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="write every request and response frame to Parquet files in DIR",
     )
     serve.add_argument(
+        "--capture-paused",
+        action="store_true",
+        help="start with capture switched off (on: SIGUSR1 or trio-broker capture on)",
+    )
+    serve.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="serve Prometheus /metrics and /health on HOST:PORT (port 0 picks a free port)",
@@ -77,6 +84,12 @@ def _add_verify_commands(sub: Any) -> None:
     imp.add_argument("--out", metavar="DIR", type=Path, required=True)
     imp.add_argument("--broker-id", type=int, default=0)
     imp.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    for action in ("on", "off", "status"):
+        switch = capture_sub.add_parser(action, help=f"capture {action} on a running broker")
+        switch.add_argument(
+            "--metrics", metavar="HOST:PORT", required=True, help="the broker's --metrics-listen"
+        )
+        switch.add_argument("--log-level", default="WARNING", help="logging level")
 
 
 def _add_admin_commands(sub: Any) -> None:
@@ -116,6 +129,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trio-broker: no Kafka requests to port(s) {args.port}", file=sys.stderr)
             return 1
         return 0
+    if args.command == "capture":
+        from trio_broker.capture.control import request_capture
+
+        try:
+            print(json.dumps(request_capture(args.metrics, args.capture_command)))
+        except OSError as exc:
+            print(f"trio-broker: {exc}", file=sys.stderr)
+            return 1
+        return 0
     return 2
 
 
@@ -144,7 +166,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"trio-broker: {exc}", file=sys.stderr)
         return 2
     try:
-        trio.run(serve, config)
+        trio.run(partial(serve, config, capture_on=not args.capture_paused))
     except OSError as exc:
         print(f"trio-broker: {exc}", file=sys.stderr)
         return 1

@@ -21,6 +21,7 @@ from trio_broker.protocol.records import RecordBatchView, split_batches
 
 BROKER_EXE = Path(sys.executable).with_name("trio-broker")
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
+METRICS = re.compile(r"metrics on (\S+):(\d+)")
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 20.0
 #: tcpdump stop: wait for the pcap to stop growing for SETTLE_QUIET_S (at most SETTLE_TIMEOUT_S).
@@ -42,6 +43,8 @@ class CapturingBroker:
             start_new_session=True,
         )  # fmt: skip
         self.port = 0
+        #: The --metrics-listen port, once the broker logged it (0 without the flag).
+        self.metrics_port = 0
         listening = threading.Event()
         self._drainer = threading.Thread(target=self._drain, args=(listening,), daemon=True)
         self._drainer.start()
@@ -56,6 +59,9 @@ class CapturingBroker:
             for raw in iter(self.proc.stderr.readline, b""):
                 out.write(raw)
                 out.flush()
+                metrics = METRICS.search(raw.decode(errors="replace"))
+                if metrics:
+                    self.metrics_port = int(metrics.group(2))
                 match = LISTENING.search(raw.decode(errors="replace"))
                 if match and not listening.is_set():
                     self.port = int(match.group(2))

@@ -98,6 +98,8 @@ class CaptureTap:
         self.queued_bytes = 0
         self.captured = 0
         self.dropped = 0
+        #: Times capture was switched on or off at runtime (trio_broker.capture.control).
+        self.switched = 0
         self.closed = False
 
     # ------------------------------------------------------------------ hot path
@@ -199,7 +201,9 @@ class CaptureTap:
         batch, self._buffer = self._buffer, []
         self.queued_bytes = 0
         self._write(batch)
-        self.rotator.write_stats(captured=self.captured, dropped=self.dropped)
+        self.rotator.write_stats(
+            captured=self.captured, dropped=self.dropped, switched=self.switched
+        )
         if self.dropped:
             log.warning("capture: %d frames dropped (queue full)", self.dropped)
         log.info("capture: %d rows in %s", self.rotator.rows_written, self.directory)

@@ -278,10 +278,11 @@ async def serve(
     """Run a broker until SIGINT/SIGTERM, then shut down gracefully (SIGUSR1 toggles capture)."""
     import signal
 
-    from trio_broker.capture.control import set_capture, toggle_capture
+    from trio_broker.capture.control import toggle_capture
 
     broker = Broker(config)
-    set_capture(broker, capture_on)
+    if not capture_on:
+        broker.capture = None  # --capture-paused: the tap waits in broker.capture_tap
     if not handle_signals:
         await broker.run()
         return

@@ -8,6 +8,8 @@ The text exposition format (version 0.0.4) is written here: no dependency.
 The responder answers one request per connection (``Connection: close``):
 ``GET /metrics``, ``GET /health`` (200 "ok" while the broker listens, else 503);
 other paths get 404, other methods 405, malformed or oversized requests 400.
+``GET /capture`` and ``POST /capture/on|off`` switch the traffic capture
+(trio_broker/capture/control.py).
 """
 
 from __future__ import annotations
@@ -326,6 +328,11 @@ class MetricsService:
             method, path = parse_request_head(head)
         except BadRequest as exc:
             return _response("400 Bad Request", f"{exc}\n".encode())
+        if path == "/capture" or path.startswith("/capture/"):
+            from trio_broker.capture.control import http_capture
+
+            status, body = http_capture(self.broker, method, path)
+            return _response(status, body, "application/json")
         if method != "GET":
             return _response("405 Method Not Allowed", b"only GET\n")
         if path == "/metrics":
