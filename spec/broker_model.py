@@ -54,18 +54,39 @@ Committed offsets
  C2. OffsetFetch answers the last stored offset, or -1 for a partition never committed.
  C3. Committed offsets are durable: they survive a clean restart and a crash once the
      commit was answered (Kafka writes them to ``__consumer_offsets`` with acks=all).
+
+Consumer groups (this node coordinates every group)
+ G1. JoinGroup, SyncGroup, Heartbeat, LeaveGroup and a member's OffsetCommit are judged
+     by ``group_model.GroupModel`` (sentences 1-13), one per group id the coordinator
+     knows. The model's clock stands still: every timeout used is far longer than a test.
+ G2. A group id the coordinator does not know answers UNKNOWN_MEMBER_ID to a JoinGroup
+     with a member id, a SyncGroup, a Heartbeat and a LeaveGroup, and ILLEGAL_GENERATION
+     to an OffsetCommit with a generation >= 0 (Kafka's ``GroupCoordinator`` does the
+     same); a JoinGroup without a member id or a commit with generation -1 creates it
+     (Empty).
+ G3. An OffsetCommit answers a partition's error first (T2), then the group's (G1, G2);
+     only a commit with neither stores the offset.
+ G4. Group membership is not durable (a trio-broker choice, see
+     ``trio_broker/groups/coordinator.py``): after a restart or a crash the coordinator
+     knows exactly the groups with committed offsets, each Empty at generation 0;
+     consumers rejoin. Committed offsets stay (C3).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from spec.group_model import GroupModel
 from spec.producer_model import Appended, ModelPartition
 from spec.storage_model import read
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.group import JoinResult, SyncResult
 
 LATEST = -1
 EARLIEST = -2
+#: G1: the group model's clock. Sessions and rebalance timeouts are minutes long and the
+#: initial rebalance delay is 0, so nothing but a join phase's end is ever due.
+GROUP_NOW = 0
 
 
 @dataclass(frozen=True)
@@ -112,6 +133,8 @@ class BrokerModel:
     topics: dict[str, list[PartitionModel]] = field(default_factory=dict)
     committed: dict[tuple[str, str, int], tuple[int, str | None]] = field(default_factory=dict)
     producer_ids: set[int] = field(default_factory=set)
+    #: G1, G2: the groups the coordinator knows, by id.
+    groups: dict[str, GroupModel] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ topics
 
@@ -193,20 +216,112 @@ class BrokerModel:
     # ------------------------------------------------------------------ offsets
 
     def commit(
-        self, group: str, topic: str, index: int, offset: int, metadata: str | None
+        self,
+        group: str,
+        topic: str,
+        index: int,
+        offset: int,
+        metadata: str | None,
+        member_id: str = "",
+        generation: int = -1,
     ) -> ErrorCode:
+        """One partition of an OffsetCommit; generation -1 and no member: a simple consumer."""
+        group_error = self._commit_allowed(group, member_id, generation)
         if self.partition(topic, index) is None:
-            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION  # C1 / T2
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION  # C1 / T2, G3
+        if group_error != ErrorCode.NONE:
+            return group_error  # G3
         self.committed[(group, topic, index)] = (offset, metadata)  # C1
         return ErrorCode.NONE
+
+    def _commit_allowed(self, group: str, member_id: str, generation: int) -> ErrorCode:
+        model = self.groups.get(group)
+        if model is None:
+            if generation >= 0:
+                return ErrorCode.ILLEGAL_GENERATION  # G2
+            model = self.groups[group] = new_group()
+        return model.commit(member_id, None, generation, GROUP_NOW)  # G1: sentence 13
 
     def fetch_committed(self, group: str, topic: str, index: int) -> int:
         return self.committed.get((group, topic, index), (-1, None))[0]  # C2
 
+    # ------------------------------------------------------------------ groups
+
+    def join_group(
+        self,
+        group: str,
+        member_id: str,
+        new_id: str,
+        protocols: tuple[tuple[str, bytes], ...],
+        session_ms: int,
+        rebalance_ms: int,
+    ) -> JoinResult | None:
+        """G1, G2: JoinGroup (v4+, no group instance id). ``new_id`` is the member id the
+        broker chose, if it chose one (ids are random). None: the request stays parked."""
+        model = self.groups.get(group)
+        if model is None:
+            if member_id:
+                return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member_id=member_id)  # G2
+            model = self.groups[group] = new_group()
+        waiter = object()
+        result, replies = model.join(
+            member_id, None, session_ms, rebalance_ms, "consumer", protocols, GROUP_NOW,
+            new_id, waiter, client=("spec", "127.0.0.1"),
+        )  # fmt: skip
+        replies += model.advance(GROUP_NOW)  # the initial delay (0) ends the join phase
+        if result is None:
+            result = next((r for w, r in replies if w is waiter), None)
+        assert result is None or isinstance(result, JoinResult)
+        return result
+
+    def sync_group(
+        self, group: str, member_id: str, generation: int, assignments: dict[str, bytes]
+    ) -> SyncResult | None:
+        """G1, G2: SyncGroup; None: the request stays parked."""
+        model = self.groups.get(group)
+        if model is None:
+            return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)  # G2
+        waiter = object()
+        result, replies = model.sync(member_id, None, generation, assignments, GROUP_NOW, waiter)
+        if result is None:
+            result = next((r for w, r in replies if w is waiter), None)
+        assert result is None or isinstance(result, SyncResult)
+        return result
+
+    def heartbeat(self, group: str, member_id: str, generation: int) -> ErrorCode:
+        model = self.groups.get(group)
+        if model is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID  # G2
+        return model.heartbeat(member_id, None, generation, GROUP_NOW)  # G1
+
+    def leave_group(self, group: str, member_id: str) -> ErrorCode:
+        model = self.groups.get(group)
+        if model is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID  # G2
+        error, _replies = model.leave(member_id, None, GROUP_NOW)  # G1
+        return error
+
+    def describe_group(self, group: str) -> tuple[str, list[tuple[str, bytes]]]:
+        """The group's state name and (member id, assignment) in join order; Dead if unknown."""
+        model = self.groups.get(group)
+        if model is None:
+            return "Dead", []
+        return model.state, [(m.mid, m.assignment) for m in model.members.values()]
+
     # ------------------------------------------------------------------ lifecycle
 
+    def _forget_memberships(self) -> None:
+        """G4: only groups with committed offsets are known again, and they are Empty."""
+        with_offsets = {group for group, _topic, _index in self.committed}
+        self.groups = {group: new_group() for group in sorted(with_offsets)}
+
     def restart_clean(self) -> None:
-        """L5, P3, C3: a clean restart changes nothing a client can observe."""
+        """L5, P3, C3: a clean restart keeps everything a client stored; G4: not groups."""
+        self._forget_memberships()
+
+    def restarted_after_crash(self) -> None:
+        """G4 after a kill -9 (the logs are handled per partition by :meth:`crashed`)."""
+        self._forget_memberships()
 
     def crash_bounds(self, topic: str, index: int) -> tuple[int, int]:
         """L5: the log end offsets a crash may leave: (every acks=all batch, everything)."""
@@ -232,3 +347,8 @@ class BrokerModel:
             history[pid] = [a for a in history[pid] if a.last_offset < log_end_offset]
             if not history[pid]:
                 del history[pid]
+
+
+def new_group() -> GroupModel:
+    """G1: the broker under test runs with group.initial.rebalance.delay.ms = 0."""
+    return GroupModel(delay=0)

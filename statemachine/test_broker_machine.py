@@ -4,11 +4,16 @@ Each Hypothesis example starts a real broker (the production ``Broker`` class, f
 storage in a fresh directory) in a background thread with its own ``trio.run``; the
 rules are client actions sent through a plain blocking socket with our own codec:
 create topics, produce (plain and idempotent, acks 1 and all, every codec), fetch,
-list offsets, commit and fetch offsets, InitProducerId (new id and epoch bump), and a
-clean restart on the same data directory. ``spec.broker_model`` predicts every answer
-(error codes, offsets assigned, high watermarks, the fetched batches and records), and
-an invariant compares every partition's high watermark and log start offset after
-every step. The same machine runs under both processing models.
+list offsets, commit and fetch offsets, InitProducerId (new id and epoch bump),
+consumer groups (JoinGroup with the KIP-394 member id round trip, SyncGroup,
+Heartbeat, a member's OffsetCommit, LeaveGroup; current, stale and made-up member ids
+and generations), and a clean restart on the same data directory.
+``spec.broker_model`` (with ``spec.group_model`` for the groups) predicts every answer
+(error codes, offsets assigned, high watermarks, the fetched batches and records,
+generations, leaders, protocols and assignments), and invariants compare every
+partition's high watermark and log start offset, and every group's state, members and
+assignments (DescribeGroups), after every step. The same machine runs under both
+processing models.
 
 The CI profile is small (10 examples x 15 steps per model); the thorough profile
 (``HYPOTHESIS_PROFILE=thorough``) runs 200 x 40. The crashing variant runs the broker as
@@ -52,6 +57,7 @@ from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch, iter_batches
 from trio_broker.server.broker import Broker
+from trio_broker.state.group import JoinResult, SyncResult
 
 THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
 pytestmark = pytest.mark.timeout(7200 if THOROUGH else 300)
@@ -61,6 +67,17 @@ TOPICS = ("alpha", "beta", "gamma")
 GROUPS = ("g1", "g2")
 _SIZE = struct.Struct(">i")
 V_PRODUCE, V_FETCH, V_LIST, V_CREATE, V_INIT, V_COMMIT, V_OFFSET_FETCH = 9, 12, 7, 7, 4, 8, 7
+V_JOIN, V_SYNC, V_HEARTBEAT, V_LEAVE, V_DESCRIBE_GROUPS = 9, 5, 4, 5, 5
+#: Far longer than any example: no session or rebalance timer fires during a test (G1).
+SESSION_MS = REBALANCE_MS = 300_000
+#: What a consumer may offer (name, metadata); changing them makes a rebalance (rule 4).
+PROTOCOL_SETS = (
+    (("range", b"r1"),),
+    (("range", b"r2"), ("roundrobin", b"rr")),
+    (("roundrobin", b"rr"),),
+)
+#: The coordinator config the group model assumes (G1): no initial rebalance delay.
+GROUP_CONFIG = "group.initial.rebalance.delay.ms = 0\n"
 
 
 # ----------------------------------------------------------------------------- broker
@@ -71,7 +88,11 @@ class BrokerThread:
 
     def __init__(self, data_dir: Path, processing_model: str) -> None:
         self.config = BrokerConfig(
-            port=0, data_dir=data_dir, processing_model=processing_model, auto_create_topics=False
+            port=0,
+            data_dir=data_dir,
+            processing_model=processing_model,
+            auto_create_topics=False,
+            group_initial_rebalance_delay_ms=0,
         )
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -115,9 +136,11 @@ class ProcessBroker:
     def __init__(self, data_dir: Path, processing_model: str) -> None:
         exe = Path(sys.executable).with_name("trio-broker")
         self.log = (data_dir.parent / f"{data_dir.name}.log").open("ab")
+        config = data_dir.parent / f"{data_dir.name}.toml"
+        config.write_text(GROUP_CONFIG)
         self.proc = subprocess.Popen(
             [str(exe), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
-             "--processing-model", processing_model],
+             "--processing-model", processing_model, "--config", str(config)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
         assert self.proc.stdout is not None
@@ -204,6 +227,8 @@ class BrokerMachine(RuleBasedStateMachine):
         self.next_seq: dict[tuple[int, int, str, int], int] = {}
         self.sent: list[tuple[int, int, str, int, int, tuple[bytes, ...]]] = []
         self.serial = 0
+        # group -> what our consumer believes: (member id, generation, protocol name)
+        self.members: dict[str, tuple[str, int, str | None]] = {}
 
     def start(self) -> ProcessBroker | BrokerThread:
         return BrokerThread(self.data_dir, self.processing_model)
@@ -213,6 +238,7 @@ class BrokerMachine(RuleBasedStateMachine):
         self.server.stop()
         shutil.rmtree(self.data_dir, ignore_errors=True)
         self.data_dir.with_name(f"{self.data_dir.name}.log").unlink(missing_ok=True)
+        self.data_dir.with_name(f"{self.data_dir.name}.toml").unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- helpers
 
@@ -415,12 +441,18 @@ class BrokerMachine(RuleBasedStateMachine):
         offset=st.integers(0, 50),
     )
     def commit_and_fetch_offsets(self, group: str, topic: str, index: int, offset: int) -> None:
+        """A simple consumer (no member id, generation -1): C1, or refused by a live group."""
+        self.check_commit(group, topic, index, offset, "", -1)
+
+    def check_commit(
+        self, group: str, topic: str, index: int, offset: int, member_id: str, generation: int
+    ) -> None:
         Commit = m.OffsetCommitRequest
         Part = Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition
         body = Commit(
             group_id=group,
-            generation_id_or_member_epoch=-1,
-            member_id="",
+            generation_id_or_member_epoch=generation,
+            member_id=member_id,
             group_instance_id=None,
             retention_time_ms=-1,
             topics=[
@@ -433,9 +465,136 @@ class BrokerMachine(RuleBasedStateMachine):
             ],
         )
         answer = self.client.call(m.ApiKey.OFFSET_COMMIT, V_COMMIT, body)
-        expected = self.model.commit(group, topic, index, offset, "m")
+        expected = self.model.commit(group, topic, index, offset, "m", member_id, generation)
+        note(
+            f"commit {group} {member_id or '-'}@{generation} {topic}[{index}]={offset} -> {expected}"
+        )
         assert answer.topics[0].partitions[0].error_code == expected, answer
         self.check_committed(group)
+
+    # ---------------------------------------------------------------- group rules
+
+    @rule(
+        group=st.sampled_from(GROUPS),
+        protocols=st.sampled_from(PROTOCOL_SETS),
+        made_up_id=st.sampled_from([False, False, False, True]),
+        session_ms=st.sampled_from([SESSION_MS, SESSION_MS, SESSION_MS, 1000]),
+    )
+    def join_group(
+        self,
+        group: str,
+        protocols: tuple[tuple[str, bytes], ...],
+        made_up_id: bool,
+        session_ms: int,
+    ) -> None:
+        """A consumer (re)joins. Without a member id: MEMBER_ID_REQUIRED and a pending id,
+        then the rejoin with it (KIP-394); with its id (rule 4/12); or with an id the
+        group never gave (UNKNOWN_MEMBER_ID). A session below the minimum is refused."""
+        known = self.members.get(group)
+        member_id = "made-up-member" if made_up_id else known[0] if known else ""
+        if member_id == "":
+            answer = self.send_join(group, "", protocols, session_ms)
+            expected = self.model.join_group(
+                group, "", answer.member_id, protocols, session_ms, REBALANCE_MS
+            )
+            self.check_join(group, "", expected, answer)
+            if answer.error_code != ErrorCode.MEMBER_ID_REQUIRED:
+                return
+            member_id = answer.member_id
+        expected = self.model.join_group(group, member_id, "", protocols, session_ms, REBALANCE_MS)
+        assert expected is not None, "the machine never sends a JoinGroup the model parks"
+        answer = self.send_join(group, member_id, protocols, session_ms)
+        self.check_join(group, member_id, expected, answer)
+        if answer.error_code == ErrorCode.NONE:
+            self.members[group] = (answer.member_id, answer.generation_id, answer.protocol_name)
+        elif answer.error_code == ErrorCode.UNKNOWN_MEMBER_ID and not made_up_id:
+            self.members.pop(group, None)  # a client forgets its id and joins afresh
+
+    @precondition(lambda self: self.members)
+    @rule(data=st.data(), shift=st.sampled_from([0, 0, 0, -1, 1]))
+    def sync_group(self, data: st.DataObject, shift: int) -> None:
+        """The (only, hence leading) member sends the assignment; a stale or future
+        generation is ILLEGAL_GENERATION."""
+        group = data.draw(st.sampled_from(sorted(self.members)))
+        member_id, generation, protocol_name = self.members[group]
+        self.serial += 1
+        assignment = b"assignment-%d" % self.serial
+        expected = self.model.sync_group(
+            group, member_id, generation + shift, {member_id: assignment}
+        )
+        assert expected is not None, "the machine never sends a SyncGroup the model parks"
+        Req = m.SyncGroupRequest
+        body = Req(
+            group_id=group,
+            generation_id=generation + shift,
+            member_id=member_id,
+            group_instance_id=None,
+            protocol_type="consumer",
+            protocol_name=protocol_name,
+            assignments=[
+                Req.SyncGroupRequestAssignment(member_id=member_id, assignment=assignment)
+            ],
+        )
+        answer = self.client.call(m.ApiKey.SYNC_GROUP, V_SYNC, body)
+        got = SyncResult(
+            answer.error_code, answer.protocol_type, answer.protocol_name, bytes(answer.assignment)
+        )
+        note(f"sync {group} {member_id}@{generation + shift} -> {got}")
+        assert got == expected, f"SyncGroup {group}: expected {expected}, got {got}"
+        self.forget_if_unknown(group, got.error)
+
+    @precondition(lambda self: self.members)
+    @rule(data=st.data(), shift=st.sampled_from([0, 0, -1]))
+    def heartbeat(self, data: st.DataObject, shift: int) -> None:
+        group = data.draw(st.sampled_from(sorted(self.members)))
+        member_id, generation, _ = self.members[group]
+        body = m.HeartbeatRequest(
+            group_id=group,
+            generation_id=generation + shift,
+            member_id=member_id,
+            group_instance_id=None,
+        )
+        answer = self.client.call(m.ApiKey.HEARTBEAT, V_HEARTBEAT, body)
+        expected = self.model.heartbeat(group, member_id, generation + shift)
+        note(f"heartbeat {group} {member_id}@{generation + shift} -> {answer.error_code}")
+        assert answer.error_code == expected, (
+            f"Heartbeat {group}: expected {expected}, got {answer}"
+        )
+        self.forget_if_unknown(group, answer.error_code)
+
+    @precondition(lambda self: self.members)
+    @rule(
+        data=st.data(),
+        topic=st.sampled_from(TOPICS),
+        index=st.integers(0, 2),
+        offset=st.integers(0, 50),
+        shift=st.sampled_from([0, 0, 0, -1]),
+    )
+    def commit_as_member(
+        self, data: st.DataObject, topic: str, index: int, offset: int, shift: int
+    ) -> None:
+        """A group member commits with its generation (sentence 13), or a stale one."""
+        group = data.draw(st.sampled_from(sorted(self.members)))
+        member_id, generation, _ = self.members[group]
+        self.check_commit(group, topic, index, offset, member_id, generation + shift)
+
+    @rule(group=st.sampled_from(GROUPS), made_up_id=st.booleans())
+    def leave_group(self, group: str, made_up_id: bool) -> None:
+        known = self.members.get(group)
+        member_id = known[0] if known and not made_up_id else "made-up-member"
+        Req = m.LeaveGroupRequest
+        body = Req(
+            group_id=group,
+            member_id="",
+            members=[Req.MemberIdentity(member_id=member_id, group_instance_id=None, reason=None)],
+        )
+        answer = self.client.call(m.ApiKey.LEAVE_GROUP, V_LEAVE, body)
+        expected = self.model.leave_group(group, member_id)
+        note(f"leave {group} {member_id} -> {answer}")
+        assert answer.error_code == ErrorCode.NONE, answer
+        assert [(x.member_id, x.error_code) for x in answer.members] == [(member_id, expected)]
+        if member_id != "made-up-member":
+            self.members.pop(group, None)
 
     @rule()
     def restart(self) -> None:
@@ -449,6 +608,42 @@ class BrokerMachine(RuleBasedStateMachine):
             self.check_committed(group)
 
     # ---------------------------------------------------------------- checks
+
+    def send_join(
+        self, group: str, member_id: str, protocols: tuple[tuple[str, bytes], ...], session_ms: int
+    ) -> Any:
+        Req = m.JoinGroupRequest
+        body = Req(
+            group_id=group,
+            session_timeout_ms=session_ms,
+            rebalance_timeout_ms=REBALANCE_MS,
+            member_id=member_id,
+            group_instance_id=None,
+            protocol_type="consumer",
+            protocols=[Req.JoinGroupRequestProtocol(name=n, metadata=md) for n, md in protocols],
+            reason=None,
+        )
+        return self.client.call(m.ApiKey.JOIN_GROUP, V_JOIN, body)
+
+    def check_join(
+        self, group: str, member_id: str, expected: JoinResult | None, answer: Any
+    ) -> None:
+        got = JoinResult(
+            answer.error_code,
+            answer.generation_id,
+            answer.protocol_type,
+            answer.protocol_name,
+            answer.leader,
+            answer.member_id,
+            tuple((x.member_id, x.group_instance_id, bytes(x.metadata)) for x in answer.members),
+            answer.skip_assignment,
+        )
+        note(f"join {group} {member_id or '-'} -> {got}")
+        assert got == expected, f"JoinGroup {group} {member_id!r}: expected {expected}, got {got}"
+
+    def forget_if_unknown(self, group: str, error: int) -> None:
+        if error == ErrorCode.UNKNOWN_MEMBER_ID:
+            self.members.pop(group, None)  # the client's member id is gone: it joins afresh
 
     def list_offsets_of(self, parts: list[tuple[str, int]], timestamp: int) -> list[Any]:
         Req = m.ListOffsetsRequest
@@ -492,6 +687,21 @@ class BrokerMachine(RuleBasedStateMachine):
         assert got == want, f"OffsetFetch {group}: expected {want}, got {got}"
 
     @invariant()
+    def groups_match_the_model(self) -> None:
+        body = m.DescribeGroupsRequest(groups=list(GROUPS), include_authorized_operations=False)
+        answer = self.client.call(m.ApiKey.DESCRIBE_GROUPS, V_DESCRIBE_GROUPS, body)
+        got = {
+            g.group_id: (
+                g.error_code,
+                g.group_state,
+                [(x.member_id, bytes(x.member_assignment)) for x in g.members],
+            )
+            for g in answer.groups
+        }
+        want = {group: (ErrorCode.NONE, *self.model.describe_group(group)) for group in GROUPS}
+        assert got == want, f"DescribeGroups: expected {want}, got {got}"
+
+    @invariant()
     def offsets_match_the_model(self) -> None:
         parts = [(t, i) for t, ps in sorted(self.model.topics.items()) for i in range(len(ps))]
         for timestamp in (LATEST, EARLIEST):
@@ -517,6 +727,7 @@ class CrashingBrokerMachine(BrokerMachine):
         self.client = Client(self.server.port)
         parts = [(t, i) for t, ps in sorted(self.model.topics.items()) for i in range(len(ps))]
         answers = self.list_offsets_of(parts, LATEST)
+        self.model.restarted_after_crash()
         for (topic, index), answer in zip(parts, answers, strict=True):
             low, high = self.model.crash_bounds(topic, index)
             note(f"kill -9: {topic}[{index}] log end {answer.offset}, allowed [{low}, {high}]")
