@@ -333,3 +333,35 @@ async def test_a_log_aborted_with_waiters_fails_them_instead_of_spinning(tmp_pat
         with pytest.raises(StorageError):
             await flusher.wait_durable(log, result.last_offset)
         nursery.cancel_scope.cancel()
+
+
+class RendezvousLog(SlowLog):
+    """A log whose flush waits (in its worker thread) until ``parties`` flushes run at once."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        super().__init__()
+        self.barrier = barrier
+
+    def flush(self) -> int:
+        self.barrier.wait(timeout=10)  # BrokenBarrierError unless the syncs overlap
+        return super().flush()
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+async def test_many_dirty_logs_are_synced_in_parallel_threads(threads: int) -> None:
+    # Eight logs dirty at once, split over `threads` worker threads: each thread's
+    # first flush only returns once `threads` flushes are running concurrently.
+    barrier = threading.Barrier(threads)
+    logs = [RendezvousLog(barrier) for _ in range(threads)]
+    flusher = Flusher(threads=threads)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        offsets = [log.append() for log in logs]
+        for log in logs:
+            flusher.mark_dirty(log)
+        with trio.fail_after(30):
+            for log, offset in zip(logs, offsets, strict=True):
+                await flusher.wait_durable(log, offset)
+        nursery.cancel_scope.cancel()
+    assert all(log.durable_end_offset == 1 for log in logs)
+    assert not barrier.broken

@@ -41,6 +41,12 @@ class _Entry:
     error: StorageError | None = None
 
 
+#: Logs synced at once, each batch in its own worker thread. fdatasync releases
+#: the GIL and the filesystem merges concurrent syncs into one journal commit, so
+#: 50 partitions made dirty by one burst cost about one fsync's time, not 50.
+FLUSH_THREADS = 8
+
+
 def _trio_clock_ms() -> int:
     return int(trio.current_time() * 1000)
 
@@ -60,9 +66,14 @@ class Flusher:
     """Run with ``await nursery.start(flusher.run)``; one per broker."""
 
     def __init__(
-        self, policy: FlushPolicy | None = None, *, clock_ms: Callable[[], int] = _trio_clock_ms
+        self,
+        policy: FlushPolicy | None = None,
+        *,
+        clock_ms: Callable[[], int] = _trio_clock_ms,
+        threads: int = FLUSH_THREADS,
     ) -> None:
         self.policy = policy or FlushPolicy()
+        self.threads = max(1, threads)
         self._clock_ms = clock_ms
         self._entries: dict[int, _Entry] = {}
         self._wakeup = trio.Event()
@@ -137,7 +148,7 @@ class Flusher:
                     # Shielded: the thread can't be interrupted anyway, and the
                     # waiters of a flush that ran must hear about it.
                     with trio.CancelScope(shield=True):
-                        await self._flush(due)
+                        await self._flush_parallel(due)
                     continue
                 deadlines = [
                     d for e in self._entries.values() if (d := e.tracker.deadline_ms()) is not None
@@ -160,7 +171,17 @@ class Flusher:
         due = [e for e in self._entries.values() if e.tracker.dirty or e.tracker.waiters]
         if due:
             with trio.CancelScope(shield=True):
-                await self._flush(due)
+                await self._flush_parallel(due)
+
+    async def _flush_parallel(self, due: list[_Entry]) -> None:
+        """Split ``due`` over up to ``threads`` worker threads; each part wakes its own waiters."""
+        if len(due) == 1 or self.threads == 1:
+            await self._flush(due)
+            return
+        parts = [due[i :: self.threads] for i in range(min(self.threads, len(due)))]
+        async with trio.open_nursery() as nursery:
+            for part in parts:
+                nursery.start_soon(self._flush, part)
 
     async def _flush(self, due: list[_Entry]) -> None:
         covered = [e.tracker.begin_flush() for e in due]

@@ -1,0 +1,201 @@
+"""Profile the broker under W1 or W2 with py-spy: a flame graph SVG and a top-functions table.
+
+    .venv/bin/python bench/profile.py w1 [--records 2048] [--out docs/perf]
+    .venv/bin/python bench/profile.py w2 [--records 100000]
+    .venv/bin/python bench/profile.py w3  # W1's data read back by one consumer (sendfile path)
+
+py-spy launches ``trio-broker serve`` itself (attaching to a running process
+fails in this sandbox: "Failed to find python version"), samples it at
+--rate Hz while the confluent-kafka workload runs in this process, and writes
+collapsed stacks when the broker exits. ``bench/flamegraph.py`` turns them
+into ``<out>/<workload>.svg``; ``<out>/<workload>-top.txt`` lists the functions
+with the most samples on top of the stack (self) and anywhere in it (inclusive).
+Idle samples (the event loop waiting in epoll, worker threads parked) are
+dropped, so shares are of the broker's CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import flamegraph
+from produce import LISTENING, create_topic, run_producer
+
+ROOT = Path(__file__).resolve().parent.parent
+KIB = 1024
+VENV_BIN = ROOT / ".venv" / "bin"
+
+
+def tool(name: str) -> str:
+    path = VENV_BIN / name
+    return str(path) if path.exists() else name
+
+
+class ProfiledBroker:
+    """``py-spy record -- trio-broker serve`` on a free port with a fresh data dir."""
+
+    def __init__(self, stacks: Path, rate: int, model: str) -> None:
+        self.data_dir = Path(tempfile.mkdtemp(prefix="bench-profile-", dir=ROOT / "bench"))
+        cmd = [tool("py-spy"), "record", "--format", "raw", "--rate", str(rate),
+               "--output", str(stacks), "--",
+               tool("trio-broker"), "serve", "--listen", "127.0.0.1:0",
+               "--data-dir", str(self.data_dir), "--processing-model", model,
+               "--log-level", "INFO"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        self.port = self._wait_listening()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _wait_listening(self) -> int:
+        assert self.proc.stderr is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            match = LISTENING.search(line)
+            if match:
+                return int(match.group(1))
+        self.proc.kill()
+        raise RuntimeError("broker did not start under py-spy")
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for _ in self.proc.stderr:
+            pass
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def broker_pid(self) -> int:
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        return int(children.split()[0])
+
+    def stop(self) -> None:
+        """SIGTERM the broker (not py-spy): it shuts down and py-spy writes the stacks."""
+        try:
+            os.kill(self.broker_pid(), signal.SIGTERM)
+            self.proc.wait(60)
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def consume_all(bootstrap: str, topic: str, want: int, time_limit: float = 120.0) -> dict[str, Any]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": "profile", "enable.auto.commit": False,
+        "fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 16 * 1024 * 1024,
+        "receive.message.max.bytes": 80 * 1024 * 1024,
+    })  # fmt: skip
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got = nbytes = 0
+    start = time.perf_counter()
+    try:
+        while got < want and time.perf_counter() - start < time_limit:
+            msg = consumer.poll(1.0)
+            if msg is None or msg.error():
+                continue
+            got += 1
+            nbytes += len(msg.value() or b"")
+    finally:
+        consumer.close()
+    elapsed = time.perf_counter() - start
+    return {"records": got, "seconds": elapsed, "mb_per_s": nbytes / elapsed / 1e6}
+
+
+#: A trio worker thread blocked on its job lock shows this frame on top (the lock is C).
+PARKED = ("WorkerThread._work ", "get_os_thread_name_func.")
+
+
+def drop_idle(stacks: list[tuple[list[str], int]]) -> list[tuple[list[str], int]]:
+    """Keep the broker at work: drop waiting threads and start-up (imports, argument parsing)."""
+    idle = re.compile(r"^(poll|select|epoll|wait|_wait_for_tstate_lock|get_events|acquire) ")
+
+    def at_work(frames: list[str]) -> bool:
+        if not frames or idle.match(frames[-1]) or frames[-1].startswith(PARKED):
+            return False
+        # The main thread counts only inside trio's run loop (not imports at start).
+        main_thread = frames[0].startswith("<module> ")
+        return not main_thread or any(f.startswith("unrolled_run ") for f in frames)
+
+    return [(f, n) for f, n in stacks if at_work(f)]
+
+
+def top_table(stacks: list[tuple[list[str], int]], limit: int = 25) -> str:
+    total = sum(n for _, n in stacks) or 1
+    own, inclusive = flamegraph.self_and_inclusive(stacks)
+    lines = [f"{total} non-idle samples", "", "self %  function (file)"]
+    lines += [f"{100 * n / total:6.1f}  {name}" for name, n in own.most_common(limit)]
+    lines += ["", "incl %  function (file) [trio_broker only]"]
+    ours = [(k, v) for k, v in inclusive.most_common() if "trio_broker/" in k][:limit]
+    lines += [f"{100 * n / total:6.1f}  {name}" for name, n in ours]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("workload", choices=["w1", "w2", "w3"])
+    parser.add_argument("--records", type=int, default=None)
+    parser.add_argument("--rate", type=int, default=500, help="samples per second")
+    parser.add_argument("--model", default="pipelined", choices=["pipelined", "serial"])
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "perf")
+    args = parser.parse_args(argv)
+    if shutil.which(tool("py-spy")) is None:
+        print("py-spy is not installed: .venv/bin/pip install py-spy", file=sys.stderr)
+        return 2
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    stacks_path = args.out / f"{args.workload}.stacks.txt"
+    broker = ProfiledBroker(stacks_path, args.rate, args.model)
+    try:
+        if args.workload == "w2":
+            create_topic(broker.bootstrap, "w2")
+            records = args.records or 100_000
+            result = run_producer(broker.bootstrap, "w2", records, KIB, {"linger.ms": 5})
+        else:
+            create_topic(broker.bootstrap, "w1")
+            records = args.records or 4096
+            result = run_producer(broker.bootstrap, "w1", records, 64 * KIB, {})
+            if args.workload == "w3":
+                # The profile then also holds W1's produce; read it back twice so
+                # the fetch path dominates, and say so in the title.
+                result = consume_all(broker.bootstrap, "w1", records + 1)
+                result = consume_all(broker.bootstrap, "w1", records + 1)
+    finally:
+        broker.stop()
+
+    stacks = drop_idle(flamegraph.read_stacks(stacks_path))
+    title = f"trio-broker {args.workload} ({args.model}), {records} records"
+    svg = args.out / f"{args.workload}.svg"
+    svg.write_text(flamegraph.render(flamegraph.build_tree(stacks), title))
+    table = top_table(stacks)
+    (args.out / f"{args.workload}-top.txt").write_text(title + "\n" + table)
+    stacks_path.unlink(missing_ok=True)
+    print(json.dumps({k: round(v, 2) if isinstance(v, float) else v
+                      for k, v in result.items() if not isinstance(v, list)}))  # fmt: skip
+    print(f"wrote {svg}")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
