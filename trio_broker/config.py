@@ -73,6 +73,11 @@ class BrokerConfig:
     authorizer_class_name: str = ""
     super_users: str = ""  # semicolon-separated principals that bypass ACLs
     allow_everyone_if_no_acl_found: bool = False
+    #: Client quotas by entity ("client-id=bench", "user=alice", "default"), each a table
+    #: of Kafka's dynamic quota keys (producer_byte_rate, ...); see docs/reliability.md.
+    quotas: dict[str, dict[str, float]] = attrs.field(factory=dict, hash=False)
+    quota_window_num: int = 11  # samples a quota's rate is measured over
+    quota_window_size_seconds: int = 1
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -87,7 +92,8 @@ class BrokerConfig:
             )
         for name in ("num_handlers", "max_connections", "max_connections_per_ip",
                      "max_in_flight_per_connection", "num_partitions", "segment_bytes",
-                     "socket_request_max_bytes", "connections_max_idle_ms"):  # fmt: skip
+                     "socket_request_max_bytes", "connections_max_idle_ms",
+                     "quota_window_num", "quota_window_size_seconds"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
         if self.metrics_listener is not None:
@@ -103,7 +109,24 @@ class BrokerConfig:
                     f"authorizer.class.name: expected one of {sorted(AUTHORIZER_NAMES)}, "
                     f"got {self.authorizer_class_name!r}"
                 )
+        _check_quotas(self.quotas)
         return self
+
+
+def _check_quotas(quotas: dict[str, dict[str, float]]) -> None:
+    from trio_broker.state.quota import QuotaConfigError, check_quota, parse_entity
+
+    for entity, values in quotas.items():
+        try:
+            parse_entity(entity)
+            if not isinstance(values, dict):
+                raise QuotaConfigError("expected a table of quota keys")
+            for key, value in values.items():
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise QuotaConfigError(f"{key} must be a number, got {value!r}")
+                check_quota(key, float(value))
+        except QuotaConfigError as exc:
+            raise ConfigError(f"quotas.{entity}: {exc}") from None
 
 
 #: TOML (Kafka-style) key -> BrokerConfig field.
@@ -138,6 +161,8 @@ FIELD_FOR_KEY: dict[str, str] = {
     "offsets.retention.minutes": "offsets_retention_minutes",
     "capture.dir": "capture_dir",
     "metrics.listener": "metrics_listener",
+    "quota.window.num": "quota_window_num",
+    "quota.window.size.seconds": "quota_window_size_seconds",
     "authorizer.class.name": "authorizer_class_name",
     "super.users": "super_users",
     "allow.everyone.if.no.acl.found": "allow_everyone_if_no_acl_found",
@@ -166,6 +191,11 @@ def load_config(path: Path | None = None, **overrides: Any) -> BrokerConfig:
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read config {path}: {exc}") from exc
         fields = attrs.fields_dict(BrokerConfig)
+        quotas = raw.pop("quotas", None)  # entity names contain dots and '=': not flattened
+        if quotas is not None:
+            if not isinstance(quotas, dict):
+                raise ConfigError("quotas: expected a table of entities")
+            values["quotas"] = quotas
         for key, value in _flatten(raw).items():
             field = FIELD_FOR_KEY.get(key)
             if field is None and _is_security_key(key):

@@ -10,6 +10,7 @@ MODULES = [
     "delete_topics", "describe_configs", "describe_cluster", "offset_for_leader_epoch",
     "delete_records", "init_producer_id", "find_coordinator", "groups", "offsets",
     "describe_acls", "create_acls", "delete_acls", "alter_configs", "incremental_alter_configs",
+    "describe_client_quotas", "alter_client_quotas",
 ]  # fmt: skip
 
 

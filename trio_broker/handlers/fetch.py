@@ -16,6 +16,8 @@ from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.server.quotas import QuotaService
+from trio_broker.state.quota import CONSUMER_BYTE_RATE
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 
 Resp = m.FetchResponse
@@ -76,11 +78,18 @@ def read_partitions(ctx: RequestContext, request: Any) -> tuple[Any, int]:
     return Resp(throttle_time_ms=0, error_code=0, session_id=0, responses=topic_responses), total
 
 
+def throttled(ctx: RequestContext, response: Any, total: int) -> Any:
+    """Count the records sent against the consumer quota (KIP-219: answer now, mute after)."""
+    quotas = QuotaService.attached_to(ctx.broker)
+    response.throttle_time_ms = quotas.throttle(ctx, CONSUMER_BYTE_RATE, total)
+    return response
+
+
 @handles(m.ApiKey.FETCH)
 async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     response, total = read_partitions(ctx, request)
     if total >= request.min_bytes or request.max_wait_ms <= 0:
-        return response
+        return throttled(ctx, response, total)
 
     async def long_poll() -> Any:
         with trio.move_on_after(request.max_wait_ms / 1000):
@@ -89,8 +98,8 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
                 # task's start would otherwise be a lost wake-up (a full max_wait).
                 response, total = read_partitions(ctx, request)
                 if total >= max(request.min_bytes, 1) or ctx.broker.shutting_down:
-                    return response
+                    return throttled(ctx, response, total)
                 await ctx.broker.wait_for_append()
-        return read_partitions(ctx, request)[0]
+        return throttled(ctx, *read_partitions(ctx, request))
 
     return Deferred(long_poll)

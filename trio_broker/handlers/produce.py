@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 from trio_broker.handlers.base import CloseConnection, Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
+from trio_broker.server.quotas import QuotaService
+from trio_broker.state.quota import PRODUCER_BYTE_RATE
 from trio_broker.storage.errors import StorageError
 
 Resp = m.ProduceResponse
@@ -126,7 +130,10 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             )
         )
     broker.notify_append()
-    response = Resp(responses=topic_responses, throttle_time_ms=0)
+    # Quota (KIP-219): the request's record bytes count whatever the outcome.
+    produced = sum(len(d.records or b"") for t in request.topic_data for d in t.partition_data)
+    throttle_ms = QuotaService.attached_to(broker).throttle(ctx, PRODUCER_BYTE_RATE, produced)
+    response = Resp(responses=topic_responses, throttle_time_ms=throttle_ms)
     if acks == 0:
         # No response to carry an error: like Kafka, close the connection so the
         # client notices and refreshes its metadata.
@@ -135,12 +142,23 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     if not durable_waits:
         return response
 
+    # The request's timeout_ms bounds the wait for the covering fsync; past it the
+    # partition answers REQUEST_TIMED_OUT and the data stays in the log (as Kafka).
+    deadline = trio.current_time() + max(request.timeout_ms, 0) / 1000
+
     async def when_durable() -> Any:
+        with trio.move_on_at(deadline):
+            for log, last_offset, part in durable_waits:
+                try:
+                    await broker.flusher.wait_durable(log, last_offset)
+                except StorageError as exc:
+                    part.error_code, part.error_message = ErrorCode.KAFKA_STORAGE_ERROR, str(exc)
+                    part.base_offset = -1
+            return response
         for log, last_offset, part in durable_waits:
-            try:
-                await broker.flusher.wait_durable(log, last_offset)
-            except StorageError as exc:
-                part.error_code, part.error_message = ErrorCode.KAFKA_STORAGE_ERROR, str(exc)
+            if part.error_code == 0 and log.durable_end_offset <= last_offset:
+                part.error_code = ErrorCode.REQUEST_TIMED_OUT
+                part.error_message = f"not durable within timeout_ms={request.timeout_ms}"
                 part.base_offset = -1
         return response
 

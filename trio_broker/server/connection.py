@@ -76,6 +76,8 @@ class Connection:
         self.send_progress: float | None = None
         self._unmuted = trio.Event()
         self._responses_ready = trio.Event()
+        #: trio clock time until which a quota throttle mutes the reader (KIP-219).
+        self.throttled_until = 0.0
         self.closed = False
         self._cancel_scope: trio.CancelScope | None = None
         self._reader_scope = trio.CancelScope()
@@ -140,6 +142,29 @@ class Connection:
         while not self.mute.readable:
             self._unmuted = trio.Event()
             await self._unmuted.wait()
+
+    def throttle(self, delay_ms: int) -> None:
+        """A quota was exceeded: read nothing more for ``delay_ms`` (KIP-219, reason THROTTLED).
+
+        The response that carries ``throttle_time_ms`` still goes out at once; a
+        throttle already running is extended, never shortened.
+        """
+        if delay_ms <= 0 or self.closed:
+            return
+        until = trio.current_time() + delay_ms / 1000
+        if MuteReason.THROTTLED in self.mute.reasons:
+            self.throttled_until = max(self.throttled_until, until)
+            return
+        self.throttled_until = until
+        self._mute_event(MuteEvent.THROTTLE_STARTED)
+        self.broker.delayed_nursery.start_soon(self._end_throttle)
+
+    async def _end_throttle(self) -> None:
+        # Bounded: throttled_until only moves later while this runs, by at most a window.
+        while not self.closed and trio.current_time() < self.throttled_until:  # noqa: ASYNC110
+            await trio.sleep_until(self.throttled_until)
+        if not self.closed and MuteReason.THROTTLED in self.mute.reasons:
+            self._mute_event(MuteEvent.THROTTLE_ENDED)
 
     def memory_available(self) -> None:
         """Called by the broker's memory budget when queued bytes drop below it."""

@@ -1,0 +1,108 @@
+"""The broker's client quotas: the table, runtime changes kept in the data dir, throttling.
+
+Handlers call :meth:`QuotaService.throttle` with what a request cost (produce:
+record bytes in; fetch: record bytes out). The answer goes into the response's
+``throttle_time_ms`` and, as in Kafka since KIP-219, the connection is muted
+(``THROTTLED``) for that long: the response is not delayed, the client's next
+requests are. The arithmetic is sans-I/O in :mod:`trio_broker.state.quota`.
+
+Runtime changes (AlterClientQuotas) are written to ``client-quotas.json`` in the
+data dir (atomic write) and read back at start, over the config file's
+``[quotas]`` table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trio_broker.state.quota import (
+    Entity,
+    QuotaConfigError,
+    QuotaManager,
+    QuotaTable,
+    WindowConfig,
+    format_entity,
+    parse_entity,
+    user_of,
+)
+from trio_broker.storage.segment import atomic_write
+
+if TYPE_CHECKING:
+    from trio_broker.handlers.base import RequestContext
+
+log = logging.getLogger("trio_broker.quotas")
+
+STORE_NAME = "client-quotas.json"
+#: Rates of clients idle for a whole window are dropped every this many records.
+FORGET_EVERY = 10_000
+
+
+class QuotaService:
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        cfg = broker.config
+        self.store: Path | None = cfg.data_dir / STORE_NAME if cfg.storage == "file" else None
+        static = {
+            parse_entity(name): {k: float(v) for k, v in values.items()}
+            for name, values in cfg.quotas.items()
+        }
+        self.table = QuotaTable(static, self._load())
+        window = WindowConfig(cfg.quota_window_num, cfg.quota_window_size_seconds * 1000)
+        self.manager = QuotaManager(self.table, window)
+        self._records = 0
+
+    @classmethod
+    def attached_to(cls, broker: Any) -> QuotaService:
+        """The broker's quota service, created on first use (the broker has no field for it)."""
+        service: QuotaService | None = getattr(broker, "_quota_service", None)
+        if service is None:
+            service = cls(broker)
+            broker._quota_service = service
+        return service
+
+    # ------------------------------------------------------------------ persistence
+
+    def _load(self) -> dict[Entity, dict[str, float | None]]:
+        if self.store is None or not self.store.exists():
+            return {}
+        try:
+            raw = json.loads(self.store.read_text())
+            return {parse_entity(item["entity"]): dict(item["quotas"]) for item in raw["entities"]}
+        except (OSError, ValueError, KeyError, TypeError, QuotaConfigError) as exc:
+            # A broken store must not stop the broker; say so loudly.
+            log.error("ignoring unreadable %s: %s", self.store, exc)
+            return {}
+
+    def _save(self) -> None:
+        if self.store is None:
+            return
+        entities = [
+            {"entity": format_entity(entity), "quotas": values}
+            for entity, values in sorted(self.table.dynamic.items(), key=lambda i: str(i[0]))
+        ]
+        atomic_write(self.store, json.dumps({"entities": entities}, indent=1).encode())
+
+    def alter(self, changes: list[tuple[Entity, str, float | None]]) -> None:
+        """Apply every change (all validated first by the caller) and persist them."""
+        for entity, key, value in changes:
+            self.table.alter(entity, key, value)
+        self._save()
+
+    # ------------------------------------------------------------------ throttling
+
+    def throttle(self, ctx: RequestContext, key: str, amount: float) -> int:
+        """Count ``amount`` against the client's ``key`` quota; mute it if over. Returns ms."""
+        now = ctx.now_ms()
+        client_id = ctx.header.client_id or ""
+        delay = self.manager.record(key, user_of(ctx.principal), client_id, amount, now)
+        self._records += 1
+        if self._records % FORGET_EVERY == 0:
+            self.manager.forget_idle(now)
+        if delay > 0:
+            conn = self.broker.connections.get(ctx.client.connection_id)
+            if conn is not None:
+                conn.throttle(delay)
+        return delay
