@@ -26,6 +26,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import plots  # noqa: E402
+
 LISTENING = re.compile(r"listening on [^\s:]+:(\d+)")
 
 
@@ -142,6 +146,7 @@ def run_producer(
         "p50_ms": percentile(latencies, 0.50) * 1000, "p99_ms": percentile(latencies, 0.99) * 1000,
         "max_ms": (latencies[-1] * 1000) if latencies else float("nan"),
         "errors": errors, "undelivered": remaining,
+        "cdf_ms": plots.quantiles(latencies, 1000),
     }  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import limits
+import plots
 import workloads
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -201,6 +202,60 @@ def table(res: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+PERF_DIR = ROOT / "docs" / "perf"
+
+
+def write_plots(res: dict[str, Any]) -> list[str]:
+    """docs/perf/latency-cdf.svg and docs/perf/targets.svg; returns markdown image lines."""
+    series = {
+        label: res[name]["cdf_ms"]
+        for name, label in [
+            ("w1_serial", "W1 serial"),
+            ("w1_pipelined", "W1 pipelined"),
+            ("w2", "W2"),
+            ("w4", "W4 idempotent"),
+            ("w5", "W5 fan-in"),
+        ]
+        if isinstance(res.get(name), dict) and res[name].get("cdf_ms")
+    }
+    lim = res.get("limits", {})
+    g = lambda n, k: _get(res, n, k)  # noqa: E731
+    bars: list[tuple[str, float, float | None]] = []
+
+    def bar(name: str, value: float | None, target: float, limit: float | None = None,
+            lower_is_better: bool = False) -> None:  # fmt: skip
+        if value is None or value <= 0:
+            return
+        share = target / value if lower_is_better else value / target
+        bars.append((name, share, None if limit is None else limit / target))
+
+    bar("W1 pipelined MB/s (>= 250)", g("w1_pipelined", "mb_per_s"), 250,
+        lim.get("fdatasync_1mib_mb_per_s"))  # fmt: skip
+    s_mb, p_mb = g("w1_serial", "mb_per_s"), g("w1_pipelined", "mb_per_s")
+    if s_mb and p_mb:
+        bar("W1 pipelined/serial (>= 2x)", p_mb / s_mb, 2.0)
+    s99, p99 = g("w1_serial", "p99_ms"), g("w1_pipelined", "p99_ms")
+    if s99 and p99:
+        bar("W1 p99 pipelined/serial (<= 0.2)", p99 / s99, 0.2, lower_is_better=True)
+    bar("W2 records/s (>= 180k)", g("w2", "records_per_s"), 180_000)
+    bar("W3 MB/s (>= 600)", g("w3", "mb_per_s"), 600, lim.get("loopback_tcp_mb_per_s"))
+    bar("W4 records/s (>= 150k)", g("w4", "records_per_s"), 150_000)
+    bar("W5 p99 ms (< 50)", g("w5", "p99_ms"), 50, lower_is_better=True)
+    bar("W5 RSS MiB (< 300)", g("w5", "broker_peak_rss_mib"), 300, lower_is_better=True)
+    PERF_DIR.mkdir(parents=True, exist_ok=True)
+    (PERF_DIR / "latency-cdf.svg").write_text(
+        plots.latency_cdf_svg(series, "Produce latency CDF (librdkafka's per-message latency)")
+    )
+    (PERF_DIR / "targets.svg").write_text(
+        plots.bars_svg(bars, "Each figure as a share of its target (>= 1 is met)")
+    )
+    return [
+        "![latency CDF](perf/latency-cdf.svg)",
+        "",
+        "![targets](perf/targets.svg)",
+    ]
+
+
 def write_doc(res: dict[str, Any]) -> None:
     w5 = res.get("w5", {})
     lim = res.get("limits", {})
@@ -223,6 +278,8 @@ def write_doc(res: dict[str, Any]) -> None:
         f"{_f(lim.get('append_fsync_64kib_per_s'), '{:,.0f}')}/s.",
         "",
         table(res),
+        "",
+        *write_plots(res),
         "",
         "Raw numbers: `bench/results/run_all.json` (not committed).",
         END,

@@ -11,6 +11,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import plots
 from produce import BrokerProcess, create_topic, percentile, run_producer
 
 KIB = 1024
@@ -158,6 +159,7 @@ def w5(producers: int, partitions: int, rate: float, seconds: float, idle: int) 
             "p50_ms": percentile(latencies, 0.5) * 1000, "p99_ms": percentile(latencies, 0.99) * 1000,
             "max_ms": (latencies[-1] * 1000) if latencies else float("nan"),
             "broker_peak_rss_mib": broker.rss_mib(), "errors": errors, "undelivered": undelivered,
+            "cdf_ms": plots.quantiles(latencies, 1000),
         }  # fmt: skip
     finally:
         clients.clear()
