@@ -16,6 +16,7 @@ from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.describe_configs import topic_config_values
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.authorize import may_create_topic
 from trio_broker.server.topics import TopicError, validate_topic_name
 from trio_broker.storage.errors import LogError
 
@@ -103,6 +104,8 @@ def _check_collision(ctx: RequestContext, name: str) -> None:
 def _create_one(ctx: RequestContext, topic: Any, validate_only: bool) -> Any:
     broker = ctx.broker
     name = topic.name
+    if not may_create_topic(ctx, name):
+        raise TopicError(ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"CREATE on {name!r} refused")
     validate_topic_name(name)
     if broker.topics.get(name) is not None:
         raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")

@@ -13,6 +13,7 @@ from typing import Any
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.authorize import Operation, ResourceType, authorized
 from trio_broker.storage.errors import LogError
 
 Resp: Any = m.DeleteRecordsResponse
@@ -52,9 +53,14 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
     results = []
     for wanted in request.topics:
         topic = topics.get(wanted.name)
+        allowed = authorized(ctx, Operation.DELETE, ResourceType.TOPIC, wanted.name)
         partitions = []
         for p in wanted.partitions:
-            low_watermark, error = _delete(topic, p.partition_index, p.offset)
+            low_watermark, error = (
+                _delete(topic, p.partition_index, p.offset)
+                if allowed
+                else (-1, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+            )
             partitions.append(
                 PartResult(
                     partition_index=p.partition_index, low_watermark=low_watermark, error_code=error

@@ -12,6 +12,7 @@ from typing import Any
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.authorize import Operation, ResourceType, authorized
 from trio_broker.server.topics import TopicError
 from trio_broker.storage.errors import LogError
 
@@ -39,11 +40,20 @@ def _delete(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> Any:
             return result
     else:
         topic = topics.get(name)
+        if not authorized(ctx, Operation.DELETE, ResourceType.TOPIC, name):
+            # Refused before existence is revealed, as Kafka does.
+            result.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            result.error_message = f"DELETE on topic {name!r} refused"
+            return result
         if topic is None:
             result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             result.error_message = f"topic {name!r} does not exist"
             return result
     result.name, result.topic_id = topic.name, topic.topic_id
+    if name is None and not authorized(ctx, Operation.DELETE, ResourceType.TOPIC, topic.name):
+        result.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        result.error_message = f"DELETE on topic {topic.name!r} refused"
+        return result
     try:
         topics.delete(topic.name)
     except TopicError as exc:

@@ -7,6 +7,7 @@ from typing import Any
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.authorize import Operation, ResourceType, authorized
 
 Resp: Any = m.DescribeClusterResponse
 
@@ -32,6 +33,10 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
         cluster_authorized_operations=CLUSTER_OPERATIONS
         if request.include_cluster_authorized_operations else OPERATIONS_OMITTED,
     )  # fmt: skip
+    if not authorized(ctx, Operation.DESCRIBE, ResourceType.CLUSTER):
+        response.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        response.error_message = "DESCRIBE on the cluster refused"
+        return response
     if endpoint_type == CONTROLLER_ENDPOINT:
         # Our one listener is a broker listener; a client that wants the controller
         # quorum must be told it asked the wrong kind of endpoint.
@@ -42,7 +47,7 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
         response.error_code = ErrorCode.UNSUPPORTED_ENDPOINT_TYPE
         response.error_message = f"unknown endpoint type {endpoint_type}"
         return response
-    host, port = broker.advertised
+    host, port = broker.advertised_for(ctx.client.connection_id)
     response.brokers = [
         Resp.DescribeClusterBroker(
             broker_id=broker.config.node_id, host=host, port=port, rack=None, is_fenced=False

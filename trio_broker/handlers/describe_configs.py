@@ -14,6 +14,7 @@ from trio_broker.config import BrokerConfig
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.authorize import Operation, ResourceType, authorized
 from trio_broker.server.topics import TopicError, validate_topic_name
 
 Resp: Any = m.DescribeConfigsResponse
@@ -185,11 +186,15 @@ def _describe(ctx: RequestContext, resource: Any) -> tuple[list[ConfigValue], Er
             validate_topic_name(name)
         except TopicError as exc:
             return [], exc.code, str(exc)
+        if not authorized(ctx, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, name):
+            return [], ErrorCode.TOPIC_AUTHORIZATION_FAILED, "DESCRIBE_CONFIGS refused"
         topic = broker.topics.get(name)
         if topic is None:
             return [], ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
         return topic_config_values(broker.config, topic.info.configs), ErrorCode.NONE, ""
     if resource.resource_type == BROKER_RESOURCE:
+        if not authorized(ctx, Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER):
+            return [], ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "DESCRIBE_CONFIGS refused"
         if name == "":
             # The cluster-wide dynamic defaults: we have none.
             return [], ErrorCode.NONE, ""

@@ -16,6 +16,7 @@ from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.authorize import Operation, ResourceType, authorized
 from trio_broker.server.quotas import QuotaService
 from trio_broker.state.quota import CONSUMER_BYTE_RATE
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
@@ -40,6 +41,9 @@ def read_partitions(ctx: RequestContext, request: Any) -> tuple[Any, int]:
             topic = broker.topics.get(wanted.topic)
             missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         partitions = []
+        name = wanted.topic if topic is None else topic.name
+        # An unknown topic id has no name to authorize: it stays UNKNOWN_TOPIC_ID.
+        allowed = not name or authorized(ctx, Operation.READ, ResourceType.TOPIC, name)
         for p in wanted.partitions:
             part = PartResp(
                 partition_index=p.partition, high_watermark=-1, last_stable_offset=-1,
@@ -47,6 +51,9 @@ def read_partitions(ctx: RequestContext, request: Any) -> tuple[Any, int]:
                 aborted_transactions=[] if request.isolation_level == READ_COMMITTED else None,
             )  # fmt: skip
             partitions.append(part)
+            if not allowed:
+                part.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                continue
             if topic is None or not 0 <= p.partition < len(topic.logs):
                 part.error_code = missing
                 continue

@@ -14,6 +14,7 @@ from typing import Any
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.authorize import Operation, ResourceType, authorized
 
 Resp: Any = m.FindCoordinatorResponse
 KEY_TYPE_GROUP = 0
@@ -22,10 +23,14 @@ KEY_TYPE_TRANSACTION = 1
 FIRST_BATCHED_VERSION = 4
 
 
-def _locate(ctx: RequestContext, key_type: int) -> tuple[ErrorCode, str | None, int, str, int]:
+def _locate(
+    ctx: RequestContext, key_type: int, key: str
+) -> tuple[ErrorCode, str | None, int, str, int]:
     """(error, message, node id, host, port) for one key."""
     if key_type == KEY_TYPE_GROUP:
-        host, port = ctx.broker.advertised
+        if not authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, key):
+            return ErrorCode.GROUP_AUTHORIZATION_FAILED, f"DESCRIBE on group {key!r}", -1, "", -1
+        host, port = ctx.broker.advertised_for(ctx.client.connection_id)
         return ErrorCode.NONE, None, ctx.broker.config.node_id, host, port
     if key_type == KEY_TYPE_TRANSACTION:
         return (
@@ -44,13 +49,13 @@ async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
     if ctx.api_version >= FIRST_BATCHED_VERSION:
         coordinators = []
         for key in request.coordinator_keys:
-            error, message, node, host, port = _locate(ctx, key_type)
+            error, message, node, host, port = _locate(ctx, key_type, key)
             coordinators.append(
                 Resp.Coordinator(key=key, node_id=node, host=host, port=port,
                                  error_code=error, error_message=message)
             )  # fmt: skip
         return Resp(throttle_time_ms=0, coordinators=coordinators)
-    error, message, node, host, port = _locate(ctx, key_type)
+    error, message, node, host, port = _locate(ctx, key_type, request.key)
     return Resp(
         throttle_time_ms=0, error_code=error, error_message=message,
         node_id=node, host=host, port=port,

@@ -15,6 +15,7 @@ from trio_broker.groups.coordinator import GroupCoordinator, Waiter
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.authorize import Operation, ResourceType, authorized
 from trio_broker.state.group import GroupState, JoinRequest, JoinResult, SyncResult
 from trio_broker.storage.errors import StorageError
 
@@ -71,6 +72,10 @@ async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
         return join_response(
             version, JoinResult(ErrorCode.INVALID_GROUP_ID, member_id=request.member_id)
         )
+    if not authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
+        return join_response(
+            version, JoinResult(ErrorCode.GROUP_AUTHORIZATION_FAILED, member_id=request.member_id)
+        )
     join = JoinRequest(
         member_id=request.member_id,
         group_instance_id=request.group_instance_id if version >= 5 else None,
@@ -117,6 +122,8 @@ async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
     version = ctx.api_version
     if not request.group_id:
         return sync_response(SyncResult(ErrorCode.INVALID_GROUP_ID))
+    if not authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
+        return sync_response(SyncResult(ErrorCode.GROUP_AUTHORIZATION_FAILED))
     outcome = coordinator(ctx).sync_group(
         request.group_id,
         request.member_id,
@@ -145,6 +152,8 @@ async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
 async def handle_heartbeat(ctx: RequestContext, request: Any) -> Any:
     if not request.group_id:
         error = ErrorCode.INVALID_GROUP_ID
+    elif not authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
+        error = ErrorCode.GROUP_AUTHORIZATION_FAILED
     else:
         error = coordinator(ctx).heartbeat(
             request.group_id,
@@ -164,6 +173,10 @@ async def handle_leave_group(ctx: RequestContext, request: Any) -> Any:
         leaving = [(request.member_id, None)]
     if not request.group_id:
         return LeaveResp(throttle_time_ms=0, error_code=ErrorCode.INVALID_GROUP_ID, members=[])
+    if not authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
+        return LeaveResp(
+            throttle_time_ms=0, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, members=[]
+        )
     errors = coordinator(ctx).leave_group(request.group_id, leaving)
     if not batched:
         return LeaveResp(throttle_time_ms=0, error_code=errors[0])
@@ -188,6 +201,8 @@ async def handle_list_groups(ctx: RequestContext, request: Any) -> Any:
     # Kafka matches state names case-insensitively; an empty filter matches all.
     states = {s.lower() for s in request.states_filter} if version >= 4 else set()
     types = {t.lower() for t in request.types_filter} if version >= 5 else set()
+    # Kafka lists every group to DESCRIBE on the cluster, else the describable ones.
+    see_all = authorized(ctx, Operation.DESCRIBE, ResourceType.CLUSTER)
     if types and CLASSIC_GROUP_TYPE not in types:
         listed = []
     else:
@@ -199,7 +214,8 @@ async def handle_list_groups(ctx: RequestContext, request: Any) -> Any:
                 group_type=CLASSIC_GROUP_TYPE,
             )
             for group_id, protocol_type, state in coordinator(ctx).list_groups()
-            if not states or state.value.lower() in states
+            if (not states or state.value.lower() in states)
+            and (see_all or authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, group_id))
         ]
     return ListResp(throttle_time_ms=0, error_code=ErrorCode.NONE, groups=listed)
 
@@ -216,6 +232,15 @@ async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
     groups = coordinator(ctx)
     for group_id in request.groups:
         summary = groups.describe_group(group_id) if group_id else None
+        if group_id and not authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, group_id):
+            described.append(
+                DescribeResp.DescribedGroup(
+                    error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, error_message=f"DESCRIBE on group {group_id!r}",
+                    group_id=group_id, group_state="", protocol_type="", protocol_data="",
+                    members=[],
+                )
+            )  # fmt: skip
+            continue
         if summary is None:
             error = ErrorCode.INVALID_GROUP_ID if not group_id else ErrorCode.NONE
             if group_id and ctx.api_version >= FIRST_NOT_FOUND_VERSION:
@@ -264,11 +289,15 @@ async def handle_delete_groups(ctx: RequestContext, request: Any) -> Any:
     groups = coordinator(ctx)
     results: dict[str, ErrorCode] = {}
     write = None
+    refused = {
+        n for n in names if n and not authorized(ctx, Operation.DELETE, ResourceType.GROUP, n)
+    }
     try:
         # Deleted now, in request order; only the wait for the tombstones is deferred.
-        results, write = groups.delete_groups([name for name in names if name])
+        results, write = groups.delete_groups([n for n in names if n and n not in refused])
     except StorageError:
         results = dict.fromkeys(names, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+    results.update(dict.fromkeys(refused, ErrorCode.GROUP_AUTHORIZATION_FAILED))
 
     def response() -> Any:
         return DeleteResp(

@@ -18,6 +18,7 @@ from typing import Any
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.authorize import Operation, ResourceType, authorized, authorized_any
 from trio_broker.state.producer import (
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
@@ -41,6 +42,12 @@ async def handle_init_producer_id(ctx: RequestContext, request: Any) -> Any:
         return answer(
             ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
         )
+    # An idempotent producer needs IDEMPOTENT_WRITE on the cluster or, as Kafka 3.x
+    # accepts, WRITE on some topic.
+    if not authorized(ctx, Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER) and not (
+        authorized_any(ctx, Operation.WRITE, ResourceType.TOPIC)
+    ):
+        return answer(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, NO_PRODUCER_ID, NO_PRODUCER_EPOCH)
     allocator = ProducerStateRegistry.attached_to(ctx.broker).allocator
     try:
         # Versions before 3 have no such fields: the codec leaves their defaults, -1.

@@ -28,6 +28,7 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
+from trio_broker.security.authorize import Operation, ResourceType, authorized
 from trio_broker.storage.errors import LogError
 
 logger = logging.getLogger("trio_broker.list_offsets")
@@ -112,6 +113,7 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
     responses = []
     for wanted in request.topics:
         partitions = []
+        allowed = authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, wanted.name)
         for p in wanted.partitions:
             out = PartResp(
                 partition_index=p.partition_index, error_code=ErrorCode.NONE, timestamp=-1,
@@ -120,6 +122,9 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
             partitions.append(out)
             if seen[wanted.name, p.partition_index] > 1:
                 out.error_code = ErrorCode.INVALID_REQUEST
+                continue
+            if not allowed:
+                out.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 continue
             partition_log = topics.log(wanted.name, p.partition_index)
             if partition_log is None:

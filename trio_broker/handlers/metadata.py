@@ -8,6 +8,7 @@ from typing import Any
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.authorize import Operation, ResourceType, authorized, may_create_topic
 from trio_broker.server.topics import TopicError, validate_topic_name
 
 Resp = m.MetadataResponse
@@ -48,14 +49,40 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
     topics: list[Any] = []
     if request.topics is None or (ctx.api_version == 0 and not request.topics):
-        topics = [topic_metadata(ctx, name, None) for name in sorted(broker.topics.topics)]
+        topics = [
+            topic_metadata(ctx, name, None)
+            for name in sorted(broker.topics.topics)
+            if authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name)  # hide the rest
+        ]
     else:
         for wanted in request.topics:
             name = wanted.name
             if name is None:
+                known = broker.topics.by_id.get(wanted.topic_id)
+                if known is not None and not authorized(
+                    ctx, Operation.DESCRIBE, ResourceType.TOPIC, known.name
+                ):
+                    topics.append(
+                        Resp.MetadataResponseTopic(
+                            error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                            topic_id=wanted.topic_id,
+                        )
+                    )
+                    continue
                 topics.append(topic_metadata(ctx, None, wanted.topic_id))
                 continue
             auto = request.allow_auto_topic_creation if ctx.api_version >= 4 else True
+            exists = broker.topics.get(name) is not None
+            if not authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name) or (
+                not exists and auto and broker.config.auto_create_topics
+                and not may_create_topic(ctx, name)
+            ):  # fmt: skip
+                topics.append(
+                    Resp.MetadataResponseTopic(
+                        error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, name=name
+                    )
+                )
+                continue
             if broker.topics.get(name) is None and auto and broker.config.auto_create_topics:
                 try:
                     broker.topics.create(name, broker.config.num_partitions)
@@ -69,7 +96,7 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                     topics.append(Resp.MetadataResponseTopic(error_code=exc.code, name=name))
                     continue
             topics.append(topic_metadata(ctx, name, None))
-    host, port = broker.advertised
+    host, port = broker.advertised_for(ctx.client.connection_id)
     return Resp(
         throttle_time_ms=0,
         brokers=[

@@ -22,6 +22,7 @@ from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.metadata import LEADER_EPOCH
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.authorize import Operation, ResourceType, authorized
 
 Resp: Any = m.OffsetForLeaderEpochResponse
 TopicResult = Resp.OffsetForLeaderTopicResult
@@ -46,12 +47,16 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> A
     results = []
     for wanted in request.topics:
         partitions = []
+        allowed = authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, wanted.topic)
         for p in wanted.partitions:
             out = EpochEndOffset(
                 error_code=ErrorCode.NONE, partition=p.partition, leader_epoch=NO_EPOCH,
                 end_offset=-1,
             )  # fmt: skip
             partitions.append(out)
+            if not allowed:
+                out.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                continue
             log = topics.log(wanted.topic, p.partition)
             if log is None:
                 out.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

@@ -17,6 +17,7 @@ from trio_broker.groups.offsets_store import Entry, OffsetAndMetadata, OffsetKey
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.authorize import Operation, ResourceType, authorized
 from trio_broker.storage.errors import StorageError
 
 CommitResp: Any = m.OffsetCommitResponse
@@ -69,6 +70,7 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
         request.group_instance_id if version >= 7 else None,
         request.generation_id_or_member_epoch,
     )
+    group_allowed = authorized(ctx, Operation.READ, ResourceType.GROUP, group_id)
     now = ctx.broker.now_ms()
     entries: list[Entry] = []
     waiting: list[Any] = []  # partition responses whose fate is the write's
@@ -78,13 +80,19 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
             ctx, topic.name, topic.topic_id if by_id else None, by_id
         )
         partition_responses = []
+        # An unknown topic id has no name to authorize: it stays UNKNOWN_TOPIC_ID.
+        topic_allowed = name is None or authorized(ctx, Operation.READ, ResourceType.TOPIC, name)
         for p in topic.partitions:
             part = CommitResp.OffsetCommitResponseTopic.OffsetCommitResponsePartition(
                 partition_index=p.partition_index, error_code=ErrorCode.NONE
             )
             partition_responses.append(part)
             metadata = p.committed_metadata or ""
-            if topic_error is not ErrorCode.NONE or not 0 <= p.partition_index < partitions:
+            if not group_allowed:
+                part.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+            elif not topic_allowed:
+                part.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            elif topic_error is not ErrorCode.NONE or not 0 <= p.partition_index < partitions:
                 part.error_code = topic_error or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             elif group_error is not ErrorCode.NONE:
                 part.error_code = group_error
@@ -142,6 +150,8 @@ def fetch_group_offsets(
                 (partition, stored.offset, stored.leader_epoch, stored.metadata, ErrorCode.NONE)
             )
         for name, partitions in by_topic.items():
+            if not authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name):
+                continue  # as Kafka: offsets of undescribable topics are left out
             topic = ctx.broker.topics.get(name)
             if by_id and topic is None:
                 continue  # the topic is gone: there is no id to name it by
@@ -150,10 +160,15 @@ def fetch_group_offsets(
     for wanted in topics:
         topic_id = wanted.topic_id if by_id else None
         found, resolved_id, _, error = resolve_topic(ctx, wanted.name, topic_id, by_id)
+        allowed = found is None or authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, found)
         partitions = []
         for index in wanted.partition_indexes:
             value = None if found is None else groups.committed(group_id, found, index)
-            if by_id and error is not ErrorCode.NONE:
+            if not allowed:
+                partitions.append(
+                    (index, NO_OFFSET, NO_LEADER_EPOCH, "", ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+                )
+            elif by_id and error is not ErrorCode.NONE:
                 partitions.append((index, NO_OFFSET, NO_LEADER_EPOCH, "", error))
             elif value is None:
                 partitions.append((index, NO_OFFSET, NO_LEADER_EPOCH, "", ErrorCode.NONE))
@@ -172,6 +187,10 @@ async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
     # require_stable (v7+) asks for UNSTABLE_OFFSET_COMMIT while a transactional commit
     # is pending; without transactions every visible offset is stable.
     if version < FIRST_MULTI_GROUP_VERSION:
+        if not authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, request.group_id):
+            return FetchResp(
+                throttle_time_ms=0, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, topics=[]
+            )
         found = fetch_group_offsets(ctx, request.group_id, request.topics, by_id=False)
         return FetchResp(
             throttle_time_ms=0,
@@ -195,6 +214,13 @@ async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
         )
     group_responses = []
     for group in request.groups:
+        if not authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, group.group_id):
+            group_responses.append(
+                FetchResp.OffsetFetchResponseGroup(
+                    group_id=group.group_id, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED
+                )
+            )
+            continue
         found = fetch_group_offsets(ctx, group.group_id, group.topics, by_id)
         Topics = FetchResp.OffsetFetchResponseGroup.OffsetFetchResponseTopics
         group_responses.append(
@@ -232,6 +258,10 @@ async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
     group_id = request.group_id
     if not group_id:
         return DeleteResp(throttle_time_ms=0, error_code=ErrorCode.INVALID_GROUP_ID, topics=[])
+    if not authorized(ctx, Operation.DELETE, ResourceType.GROUP, group_id):
+        return DeleteResp(
+            throttle_time_ms=0, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, topics=[]
+        )
     group_error, subscribed = groups.delete_offsets_check(group_id)
     if group_error is not ErrorCode.NONE:
         return DeleteResp(throttle_time_ms=0, error_code=group_error, topics=[])

@@ -19,6 +19,7 @@ from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
+from trio_broker.security.authorize import Operation, ResourceType, authorized
 from trio_broker.server.quotas import QuotaService
 from trio_broker.state.quota import PRODUCER_BYTE_RATE
 from trio_broker.storage.errors import StorageError
@@ -86,11 +87,17 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             topic = broker.topics.get(topic_data.name)
             missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         partition_responses = []
+        name = topic_data.name if topic is None else topic.name
+        # An unknown topic id has no name to authorize: it stays UNKNOWN_TOPIC_ID.
+        allowed = not name or authorized(ctx, Operation.WRITE, ResourceType.TOPIC, name)
         for data in topic_data.partition_data:
             part = PartResp(index=data.index, base_offset=-1, log_append_time_ms=-1)
             partition_responses.append(part)
             if acks not in (0, 1, -1):
                 part.error_code = ErrorCode.INVALID_REQUIRED_ACKS
+                continue
+            if not allowed:
+                part.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 continue
             if topic is None or not 0 <= data.index < len(topic.logs):
                 part.error_code = missing
@@ -123,7 +130,6 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             broker.flusher.mark_dirty(log)
             if acks == -1:
                 durable_waits.append((log, result.last_offset, part))
-        name = topic_data.name if topic is None else topic.name
         topic_responses.append(
             TopicResp(
                 name=name, topic_id=topic_data.topic_id, partition_responses=partition_responses

@@ -85,3 +85,10 @@ def authorized_any(ctx: RequestContext, op: Operation, resource_type: ResourceTy
     if authorizer is None:
         return True
     return authorizer.allowed_any(ctx.principal, ctx.client.host, op, resource_type)
+
+
+def may_create_topic(ctx: RequestContext, name: str) -> bool:
+    """CreateTopics and auto-creation: CREATE on the cluster or on the topic (Kafka's rule)."""
+    return authorized(ctx, Operation.CREATE, ResourceType.CLUSTER) or authorized(
+        ctx, Operation.CREATE, ResourceType.TOPIC, name
+    )
