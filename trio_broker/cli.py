@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_verify_commands(sub)
     _add_admin_commands(sub)
+    from trio_broker.admin.users import add_users_command
+
+    add_users_command(sub)
     return parser  # fmt: skip
 
 
@@ -112,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         from trio_broker.verify.job import run_verify
 
         return run_verify(args.capture_dir, master=args.master, report_dir=args.report)
+    if args.command == "users":
+        from trio_broker.admin.users import run_users
+
+        return run_users(args)
     if args.command in ("topics", "groups", "produce", "consume"):
         from trio_broker.admin.commands import run_admin
 

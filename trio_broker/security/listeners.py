@@ -82,13 +82,12 @@ def _split(value: Any) -> list[str]:
 
 
 def _entries(spec: Any, key: str) -> list[tuple[str, str, int]]:
+    """NAME://HOST:PORT entries; a bare HOST:PORT has the name "" (the first listener's)."""
     out = []
     for entry in _split(spec):
         name, sep, _ = entry.partition("://")
-        if not sep or not name:
-            raise ConfigError(f"{key}: expected NAME://HOST:PORT, got {entry!r}")
         host, port = parse_host_port(entry, key)
-        out.append((name.upper(), host, port))
+        out.append((name.upper() if sep else "", host, port))
     return out
 
 
@@ -133,11 +132,12 @@ def resolve_listeners(config: BrokerConfig) -> list[Listener]:
     entries = _entries(config.listeners, "listeners") if config.listeners else []
     if not entries:
         entries = [("PLAINTEXT", config.host, config.port)]
+    entries = [(name or "PLAINTEXT", host, port) for name, host, port in entries]
     name0 = entries[0][0]
     entries[0] = (name0, config.host, config.port)
     protocols = _protocol_map(config.listener_security_protocol_map)
     advertised = {
-        name: (host, port)
+        name or name0: (host, port)
         for name, host, port in (
             _entries(config.advertised_listeners, "advertised.listeners")
             if config.advertised_listeners

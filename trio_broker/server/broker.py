@@ -30,6 +30,9 @@ from trio_broker.groups import GroupCoordinator
 from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS, ClientInfo, HandlerSpec
 from trio_broker.security.authorize import Authorizer
+from trio_broker.security.credentials import CredentialStore
+from trio_broker.security.listeners import Listener, resolve_listeners
+from trio_broker.security.transport import open_connection, tls_contexts
 from trio_broker.server.connection import Connection
 from trio_broker.server.flusher import Flusher
 from trio_broker.server.handler_pool import HandlerPool
@@ -97,8 +100,16 @@ class Broker:
         self.shutting_down = False
         self.delayed_nursery: trio.Nursery = None  # type: ignore[assignment]  # set by run()
         self.bound: list[tuple[str, int]] = []
+        #: Every listener (listeners config; one PLAINTEXT by default), in bind order.
+        self.listeners: list[Listener] = resolve_listeners(config)
+        #: Bound address per listener name; TLS contexts per TLS listener (built at start).
+        self.listener_bound: dict[str, tuple[str, int]] = {}
+        self.tls_contexts = tls_contexts(self.listeners)
+        #: SCRAM/PLAIN users, in the data dir (trio-broker users add|delete|list).
+        self.credentials = CredentialStore.in_data_dir(config.data_dir)
         self._root_scope: trio.CancelScope | None = None
-        self._accept_scope = trio.CancelScope()
+        #: One per acceptor (listener); shutdown cancels them all.
+        self._accept_scopes: list[trio.CancelScope] = []
         #: Extra long-lived tasks (e.g. the group coordinator) register here.
         self.services: list[Any] = []
         self.groups = GroupCoordinator(self)
@@ -168,8 +179,9 @@ class Broker:
                     root.start_soon(self._retention_loop, name="retention")
                     for service in self.services:
                         await root.start(service.run)
-                    listener = await self._open_listener()
-                    await root.start(self._accept_loop, listener, name="acceptor")
+                    for spec in self.listeners:
+                        listener = await self._open_listener(spec)
+                        await root.start(self._accept_loop, listener, spec, name="acceptor")
                     task_status.started(self)
         finally:
             # Plain synchronous calls: they run even when the scope was cancelled.
@@ -180,33 +192,46 @@ class Broker:
                 if close is not None:
                     close()
 
-    async def _open_listener(self) -> trio.socket.SocketType:
-        cfg = self.config
-        family = stdlib_socket.AF_INET6 if ":" in cfg.host else stdlib_socket.AF_INET
+    async def _open_listener(self, spec: Listener) -> trio.socket.SocketType:
+        family = stdlib_socket.AF_INET6 if ":" in spec.host else stdlib_socket.AF_INET
         sock = trio.socket.socket(family, stdlib_socket.SOCK_STREAM)
         sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_REUSEADDR, 1)
-        await sock.bind((cfg.host, cfg.port))
+        await sock.bind((spec.host, spec.port))
         sock.listen(1024)
         host, port = sock.getsockname()[:2]
         self.bound.append((host, port))
+        self.listener_bound[spec.name] = (host, port)
         return sock
 
     @property
     def advertised(self) -> tuple[str, int]:
-        cfg = self.config
-        host, port = self.bound[0] if self.bound else (cfg.host, cfg.port)
+        """The address Metadata gives for the first listener."""
+        return self.advertised_for(None)
+
+    def advertised_for(self, connection_id: int | None) -> tuple[str, int]:
+        """The address Metadata gives a client: that of the listener it connected to."""
+        conn = None if connection_id is None else self.connections.get(connection_id)
+        spec = self.listeners[0] if conn is None or conn.listener is None else conn.listener
+        if spec.advertised is not None:
+            return spec.advertised
+        host, port = self.listener_bound.get(spec.name, (spec.host, spec.port))
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1"
-        return (cfg.advertised_host or host, cfg.advertised_port or port)
+        return (host, port)
 
     async def _accept_loop(
-        self, listener: trio.socket.SocketType, task_status: trio.TaskStatus[None]
+        self, listener: trio.socket.SocketType, spec: Listener, task_status: trio.TaskStatus[None]
     ) -> None:
         async with trio.open_nursery() as connections:
-            with self._accept_scope, listener:
+            accept_scope = trio.CancelScope()
+            self._accept_scopes.append(accept_scope)
+            with accept_scope, listener:
                 task_status.started()
-                host, port = self.bound[-1]
-                log.info("listening on %s:%d", host, port)
+                host, port = self.listener_bound[spec.name]
+                if spec.protocol == "PLAINTEXT" and len(self.listeners) == 1:
+                    log.info("listening on %s:%d", host, port)
+                else:
+                    log.info("listening on %s:%d (%s, %s)", host, port, spec.name, spec.protocol)
                 while True:
                     try:
                         sock, addr = await listener.accept()
@@ -228,7 +253,7 @@ class Broker:
                     sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_NODELAY, 1)
                     conn_id = next(self._connection_ids)
                     client = ClientInfo(conn_id, host, int(addr[1]))
-                    conn = Connection(self, sock, client)
+                    conn = open_connection(self, sock, client, spec)
                     self.connections[conn_id] = conn
                     self.connections_per_ip[host] = self.connections_per_ip.get(host, 0) + 1
                     self.stats.connections_accepted += 1
@@ -260,7 +285,8 @@ class Broker:
     async def shutdown(self) -> None:
         """Stop accepting, let in-flight requests finish (bounded), then stop everything."""
         self.shutting_down = True
-        self._accept_scope.cancel()
+        for accept_scope in self._accept_scopes:
+            accept_scope.cancel()
         for conn in list(self.connections.values()):
             conn.stop_reading()
         self.notify_append()  # long-poll fetches see shutting_down and answer now

@@ -37,6 +37,8 @@ from trio_broker.state.mute import ChannelMute, MuteEvent, MuteReason
 from trio_broker.state.response_order import ResponseSequencer
 
 if TYPE_CHECKING:
+    from trio_broker.security.listeners import Listener
+    from trio_broker.security.sasl import SaslSession
     from trio_broker.server.broker import Broker
 
 log = logging.getLogger("trio_broker.connection")
@@ -61,6 +63,10 @@ class Connection:
         self.id = client.connection_id
         #: The authenticated principal; SASL or mTLS replace it (see docs/security.md).
         self.principal = ANONYMOUS
+        #: The listener it came in on (Metadata advertises its address); set on accept.
+        self.listener: Listener | None = None
+        #: On a SASL listener: the login's state; requests wait for it (see _on_frame).
+        self.sasl: SaslSession | None = None
         self.mute = ChannelMute()
         self.sequencer: ResponseSequencer[Message | None] = ResponseSequencer()
         self.pending: dict[int, PendingRequest] = {}
@@ -230,6 +236,12 @@ class Connection:
         ):
             self.close(f"API {header.api_key} v{header.api_version} not supported")
             return
+        if self.sasl is not None and not self.sasl.permits(
+            header.api_key, trio.current_time() * 1000
+        ):
+            # Kafka closes a connection that skips (or outlives) SASL authentication.
+            self.close(f"API {header.api_key} not permitted in SASL state {self.sasl.state.value}")
+            return
         size = len(frame)
         slot = self.sequencer.register(header.correlation_id)
         self.pending[slot] = PendingRequest(header, response_version, size)
@@ -287,6 +299,9 @@ class Connection:
                         self.close(f"send failed: {exc}")
                         return
                     self.send_progress = None
+                if self.sasl is not None and self.sasl.failed:
+                    self.close(f"SASL authentication failed: {self.sasl.reason}")
+                    return
                 self.broker.stats.responses_sent += 1
                 self.last_active = trio.current_time()
                 if self.serial:

@@ -1,0 +1,185 @@
+"""SCRAM credentials in the data dir: salted keys only, never a password.
+
+One JSON file, ``scram-credentials.json``, maps user -> mechanism -> salt,
+iterations, stored key and server key (RFC 5802), which is what Kafka keeps in
+its metadata log. PLAIN logins are checked against the same keys: the password
+is salted and hashed with a stored SCRAM salt and compared with the stored key,
+so a PLAIN user is any user that has a SCRAM credential.
+
+The file is written atomically (temporary file + rename) with mode 0600 and
+re-read when its modification time changes, so ``trio-broker users add`` on a
+running broker's data dir takes effect at the next login.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+from scramp import ScramMechanism
+
+CREDENTIALS_FILE = "scram-credentials.json"
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+#: Kafka's bounds for SCRAM iterations (ScramMechanism.minIterations / maxIterations).
+MIN_ITERATIONS = 4096
+MAX_ITERATIONS = 16384
+HASHES = {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}
+#: Kafka's mechanism numbers in Describe/AlterUserScramCredentials.
+MECHANISM_IDS = {"SCRAM-SHA-256": 1, "SCRAM-SHA-512": 2}
+
+
+class CredentialError(ValueError):
+    """A credential that cannot be stored (bad mechanism, iterations, empty name)."""
+
+
+@attrs.frozen
+class ScramCredential:
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+
+    def to_json(self) -> dict[str, Any]:
+        b64 = base64.b64encode
+        return {"salt": b64(self.salt).decode(), "stored_key": b64(self.stored_key).decode(),
+                "server_key": b64(self.server_key).decode(), "iterations": self.iterations}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ScramCredential:
+        b64 = base64.b64decode
+        return cls(b64(data["salt"]), b64(data["stored_key"]), b64(data["server_key"]),
+                   int(data["iterations"]))  # fmt: skip
+
+
+def credential_from_password(mechanism: str, password: str, iterations: int) -> ScramCredential:
+    check_mechanism(mechanism, iterations)
+    salt, stored_key, server_key, i = ScramMechanism(mechanism).make_auth_info(
+        password, iteration_count=iterations
+    )
+    return ScramCredential(salt, stored_key, server_key, i)
+
+
+def credential_from_salted(
+    mechanism: str, salt: bytes, salted_password: bytes, iterations: int
+) -> ScramCredential:
+    """What AlterUserScramCredentials sends: the client already salted the password."""
+    check_mechanism(mechanism, iterations)
+    digest = HASHES[mechanism]
+    client_key = hmac.new(salted_password, b"Client Key", digest).digest()
+    server_key = hmac.new(salted_password, b"Server Key", digest).digest()
+    return ScramCredential(salt, digest(client_key).digest(), server_key, iterations)
+
+
+def check_mechanism(mechanism: str, iterations: int) -> None:
+    if mechanism not in HASHES:
+        raise CredentialError(f"unknown SCRAM mechanism {mechanism!r}")
+    if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+        raise CredentialError(f"iterations must be in {MIN_ITERATIONS}..{MAX_ITERATIONS}")
+
+
+class CredentialStore:
+    """The users of one data dir; ``path`` None keeps them in memory only."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._users: dict[str, dict[str, ScramCredential]] = {}
+        self._stamp: tuple[int, int] | None = None
+        self._reload()
+
+    @classmethod
+    def in_data_dir(cls, data_dir: Path | None) -> CredentialStore:
+        return cls(None if data_dir is None else Path(data_dir) / CREDENTIALS_FILE)
+
+    def _reload(self) -> None:
+        if self.path is None:
+            return
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            self._users, self._stamp = {}, None
+            return
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp == self._stamp:
+            return
+        raw = json.loads(self.path.read_text())
+        self._users = {
+            user: {mech: ScramCredential.from_json(c) for mech, c in mechs.items()}
+            for user, mechs in raw.get("users", {}).items()
+        }
+        self._stamp = stamp
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"version": 1, "users": {
+            user: {mech: c.to_json() for mech, c in sorted(mechs.items())}
+            for user, mechs in sorted(self._users.items())
+        }}  # fmt: skip
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out, indent=1)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.path)
+        stat = os.stat(self.path)
+        self._stamp = (stat.st_mtime_ns, stat.st_size)
+
+    # ------------------------------------------------------------------ reads
+
+    def users(self) -> dict[str, dict[str, ScramCredential]]:
+        self._reload()
+        return {user: dict(mechs) for user, mechs in self._users.items()}
+
+    def lookup(self, user: str, mechanism: str) -> ScramCredential | None:
+        self._reload()
+        return self._users.get(user, {}).get(mechanism)
+
+    def verify_plain(self, user: str, password: str) -> bool:
+        """PLAIN: salt the password as the user's SCRAM credential did and compare."""
+        self._reload()
+        for mechanism, credential in sorted(self._users.get(user, {}).items()):
+            _, stored_key, _, _ = ScramMechanism(mechanism).make_auth_info(
+                password, iteration_count=credential.iterations, salt=credential.salt
+            )
+            return hmac.compare_digest(stored_key, credential.stored_key)
+        return False
+
+    # ------------------------------------------------------------------ writes
+
+    def put(self, user: str, mechanism: str, credential: ScramCredential) -> None:
+        if not user:
+            raise CredentialError("the user name must not be empty")
+        check_mechanism(mechanism, credential.iterations)
+        self._reload()
+        self._users.setdefault(user, {})[mechanism] = credential
+        self._save()
+
+    def add(
+        self, user: str, mechanism: str, password: str, iterations: int = MIN_ITERATIONS
+    ) -> None:
+        if not password:
+            raise CredentialError("the password must not be empty")
+        self.put(user, mechanism, credential_from_password(mechanism, password, iterations))
+
+    def delete(self, user: str, mechanism: str | None = None) -> bool:
+        """Remove one mechanism of a user (or all of them); False if there was none."""
+        self._reload()
+        mechs = self._users.get(user)
+        if not mechs or (mechanism is not None and mechanism not in mechs):
+            return False
+        if mechanism is None:
+            del self._users[user]
+        else:
+            del mechs[mechanism]
+            if not mechs:
+                del self._users[user]
+        self._save()
+        return True
