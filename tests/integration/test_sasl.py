@@ -1,0 +1,313 @@
+"""SASL and TLS listeners on a real in-process broker, spoken to on the wire.
+
+One broker with four listeners (PLAINTEXT, SASL_PLAINTEXT, SSL with required client
+certificates, SASL_SSL); raw requests check the exchange, the hostile inputs
+(oversized, garbage, tampered SCRAM, requests before authentication) and the
+principal each connection ends up with (read from the broker: a test hook).
+"""
+
+from __future__ import annotations
+
+import ssl
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trustme
+from scramp import ScramClient
+
+from tests.integration.raw_client import RawClient
+from trio_broker.config import BrokerConfig
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.server.broker import Broker
+
+USER, PASSWORD = "alice", "wonder land"
+MECHS = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def broker_config(tmp_path: Path, ca: trustme.CA) -> BrokerConfig:
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    server.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    from trio_broker.security.credentials import CredentialStore
+
+    data_dir = tmp_path / "data"
+    store = CredentialStore.in_data_dir(data_dir)
+    for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+        store.add(USER, mech, PASSWORD)
+    return BrokerConfig(
+        port=0,
+        data_dir=data_dir,
+        storage="memory",
+        listeners="PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,"
+        "SSL://127.0.0.1:0,SASL_SSL://127.0.0.1:0",
+        security={
+            "sasl.enabled.mechanisms": MECHS,
+            "ssl.keystore.location": str(tmp_path / "server.pem"),
+            "ssl.truststore.location": str(tmp_path / "ca.pem"),
+            "listener.name.ssl.ssl.client.auth": "required",
+            "listener.name.sasl_ssl.connections.max.reauth.ms": 60_000,
+        },
+    )
+
+
+def port_of(broker: Broker, name: str) -> int:
+    return broker.listener_bound[name][1]
+
+
+@pytest.fixture
+async def sasl(broker: Broker) -> AsyncIterator[RawClient]:
+    stream = await trio.open_tcp_stream("127.0.0.1", port_of(broker, "SASL_PLAINTEXT"))
+    async with stream:
+        yield RawClient(stream)
+
+
+def connection_of(broker: Broker, client: RawClient) -> Any:
+    """The broker's Connection for a client socket (matched by the client's port)."""
+    stream = client.stream
+    sock = stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket  # type: ignore[attr-defined]
+    local_port = sock.getsockname()[1]
+    (conn,) = [c for c in broker.connections.values() if c.client.port == local_port]
+    return conn
+
+
+async def handshake(client: RawClient, mechanism: str, version: int = 1) -> Any:
+    return await client.call(17, version, m.SaslHandshakeRequest(mechanism=mechanism))
+
+
+async def authenticate(client: RawClient, token: bytes, version: int = 2) -> Any:
+    return await client.call(36, version, m.SaslAuthenticateRequest(auth_bytes=token))
+
+
+async def assert_closed(client: RawClient) -> None:
+    """The broker closes the connection (EOF) within a bounded time."""
+    with trio.fail_after(10):
+        while True:
+            try:
+                data = await client.stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not data:
+                return
+
+
+async def scram_login(client: RawClient, mech: str, password: str = PASSWORD) -> Any:
+    assert (await handshake(client, mech)).error_code == 0
+    scram = ScramClient([mech], USER, password)
+    first = await authenticate(client, scram.get_client_first().encode())
+    assert first.error_code == 0, first
+    scram.set_server_first(first.auth_bytes.decode())
+    final = await authenticate(client, scram.get_client_final().encode())
+    if final.error_code == 0:
+        scram.set_server_final(final.auth_bytes.decode())  # checks the server's signature
+    return final
+
+
+async def metadata(client: RawClient) -> Any:
+    return await client.call(3, 9, m.MetadataRequest(topics=None, allow_auto_topic_creation=False))
+
+
+# --------------------------------------------------------------------------- logins
+
+
+@pytest.mark.parametrize("mech", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+async def test_scram_login_then_requests(broker: Broker, sasl: RawClient, mech: str) -> None:
+    versions = await sasl.call(18, 3, m.ApiVersionsRequest(client_software_name="t",
+                                                          client_software_version="1"))  # fmt: skip
+    keys = {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}
+    assert keys[17] == (0, 1) and keys[36] == (0, 2)
+    final = await scram_login(sasl, mech)
+    assert final.error_code == 0 and final.session_lifetime_ms == 0
+    assert connection_of(broker, sasl).principal == f"User:{USER}"
+    answer = await metadata(sasl)
+    # Metadata advertises the listener this client came in on.
+    assert [(b.host, b.port) for b in answer.brokers] == [
+        ("127.0.0.1", port_of(broker, "SASL_PLAINTEXT"))
+    ]
+
+
+async def test_plain_login_and_handshake_v0(broker: Broker, sasl: RawClient) -> None:
+    answer = await handshake(sasl, "PLAIN", version=0)
+    assert answer.error_code == 0 and answer.mechanisms == MECHS.split(",")
+    ok = await authenticate(sasl, f"\0{USER}\0{PASSWORD}".encode(), version=0)
+    assert ok.error_code == 0
+    assert connection_of(broker, sasl).principal == f"User:{USER}"
+    assert (await metadata(sasl)).brokers[0].port == port_of(broker, "SASL_PLAINTEXT")
+
+
+async def test_plaintext_listener_is_anonymous_and_refuses_sasl(broker: Broker) -> None:
+    async with await trio.open_tcp_stream("127.0.0.1", port_of(broker, "PLAINTEXT")) as s:
+        client = RawClient(s)
+        assert (await handshake(client, "PLAIN")).error_code == ErrorCode.ILLEGAL_SASL_STATE
+        answer = await metadata(client)
+        assert answer.brokers[0].port == port_of(broker, "PLAINTEXT") == broker.bound[0][1]
+        assert connection_of(broker, client).principal == "User:ANONYMOUS"
+
+
+async def test_sasl_ssl_session_lifetime(broker: Broker, ca: trustme.CA) -> None:
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    tcp = await trio.open_tcp_stream("127.0.0.1", port_of(broker, "SASL_SSL"))
+    async with trio.SSLStream(tcp, context, server_hostname="127.0.0.1") as stream:
+        client = RawClient(stream)
+        final = await scram_login(client, "SCRAM-SHA-512")
+        assert final.error_code == 0 and final.session_lifetime_ms == 60_000
+        assert final.session_lifetime_ms == 60_000
+        assert (await metadata(client)).brokers[0].port == port_of(broker, "SASL_SSL")
+        # KIP-368 re-authentication on the same connection, same user.
+        assert (await scram_login(client, "SCRAM-SHA-512")).error_code == 0
+        assert connection_of(broker, client).principal == f"User:{USER}"
+
+
+# --------------------------------------------------------------------------- mTLS
+
+
+async def test_mtls_principal_is_the_certificate_subject(broker: Broker, ca: trustme.CA) -> None:
+    cert = ca.issue_cert("alice@example.com", common_name="alice", organization_name="Example",
+                         organization_unit_name="eng")  # fmt: skip
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    cert.configure_cert(context)
+    tcp = await trio.open_tcp_stream("127.0.0.1", port_of(broker, "SSL"))
+    async with trio.SSLStream(tcp, context, server_hostname="127.0.0.1") as stream:
+        client = RawClient(stream)
+        answer = await metadata(client)
+        assert answer.brokers[0].port == port_of(broker, "SSL")
+        assert connection_of(broker, client).principal == "User:CN=alice,OU=eng,O=Example"
+
+
+async def test_mtls_without_client_certificate_is_refused(broker: Broker, ca: trustme.CA) -> None:
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    tcp = await trio.open_tcp_stream("127.0.0.1", port_of(broker, "SSL"))
+    stream = trio.SSLStream(tcp, context, server_hostname="127.0.0.1")
+    with pytest.raises(trio.BrokenResourceError):
+        with trio.fail_after(10):
+            # TLS 1.3: the refusal arrives after the client's side of the handshake.
+            await stream.do_handshake()
+            await RawClient(stream).call(18, 0, m.ApiVersionsRequest())
+    await tcp.aclose()
+    # The broker still serves others.
+    async with await trio.open_tcp_stream("127.0.0.1", port_of(broker, "PLAINTEXT")) as s:
+        assert (await RawClient(s).call(18, 0, m.ApiVersionsRequest())).error_code == 0
+
+
+# --------------------------------------------------------------------------- hostile input
+
+
+async def test_wrong_password_fails_and_closes(broker: Broker, sasl: RawClient) -> None:
+    final = await scram_login(sasl, "SCRAM-SHA-512", password="not it")
+    assert final.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+    assert "invalid credentials" in final.error_message
+    await assert_closed(sasl)
+    async with await trio.open_tcp_stream("127.0.0.1", port_of(broker, "SASL_PLAINTEXT")) as s:
+        assert (await scram_login(RawClient(s), "SCRAM-SHA-256")).error_code == 0
+
+
+async def test_unknown_mechanism_lists_the_enabled_ones(sasl: RawClient) -> None:
+    answer = await handshake(sasl, "GSSAPI")
+    assert answer.error_code == ErrorCode.UNSUPPORTED_SASL_MECHANISM
+    assert answer.mechanisms == MECHS.split(",")
+    await assert_closed(sasl)
+
+
+@pytest.mark.parametrize("api_key", [3, 0, 1, 10, 19])
+async def test_requests_before_authentication_disconnect(sasl: RawClient, api_key: int) -> None:
+    schema = m.request_schema(api_key)
+    frame = m.encode_request(api_key, schema.min_version if api_key else 3, 1, "x",
+                             _empty_request(api_key))  # fmt: skip
+    await sasl.stream.send_all(frame)
+    await assert_closed(sasl)
+
+
+def _empty_request(api_key: int) -> Any:
+    if api_key == 3:
+        return m.MetadataRequest(topics=None)
+    if api_key == 0:
+        return m.ProduceRequest(transactional_id=None, acks=1, timeout_ms=1000, topic_data=[])
+    if api_key == 1:
+        return m.FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, topics=[])
+    if api_key == 10:
+        return m.FindCoordinatorRequest(key="g")
+    return m.CreateTopicsRequest(topics=[], timeout_ms=1000)
+
+
+async def test_metadata_between_handshake_and_authenticate_disconnects(sasl: RawClient) -> None:
+    assert (await handshake(sasl, "SCRAM-SHA-256")).error_code == 0
+    await sasl.stream.send_all(m.encode_request(3, 9, 7, "x", m.MetadataRequest(topics=None)))
+    await assert_closed(sasl)
+
+
+@pytest.mark.parametrize(
+    ("mech", "token"),
+    [
+        ("PLAIN", b"alice-wonder land"),  # no NUL separators
+        ("PLAIN", b"alice\0wonder land"),  # one separator
+        ("PLAIN", b"\0alice\0wonder land\0"),  # three
+        ("PLAIN", b"bob\0alice\0wonder land"),  # authzid of someone else
+        ("PLAIN", b"\0alice\0\xff\xfe"),  # not UTF-8
+        ("PLAIN", b"\0nobody\0wonder land"),
+        ("PLAIN", b"\0" + b"a" * 100_000 + b"\0x"),  # oversized
+        ("SCRAM-SHA-256", b"bm9ub25jZQ=="),  # base64 garbage instead of client-first
+        ("SCRAM-SHA-256", b"\xff\x00\x01"),
+        ("SCRAM-SHA-256", b"n,,n=alice"),  # no nonce
+        ("SCRAM-SHA-256", b"p=tls-unique,,n=alice,r=abc"),  # channel binding
+        ("SCRAM-SHA-256", b"n,a=bob,n=alice,r=abc"),  # authzid of someone else
+        ("SCRAM-SHA-512", b"n,,n=nobody,r=abcdef"),  # unknown user
+        ("SCRAM-SHA-512", b"n,,n=al=ice,r=abcdef"),  # bad saslname escape
+        ("SCRAM-SHA-512", b"n,,n=alice,r=" + b"x" * 20_000),  # oversized
+    ],
+)
+async def test_bad_first_tokens_fail(sasl: RawClient, mech: str, token: bytes) -> None:
+    assert (await handshake(sasl, mech)).error_code == 0
+    answer = await authenticate(sasl, token)
+    assert answer.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+    await assert_closed(sasl)
+
+
+@pytest.mark.parametrize("tamper", ["proof", "nonce", "garbage", "channel"])
+async def test_tampered_scram_final_fails(sasl: RawClient, tamper: str) -> None:
+    mech = "SCRAM-SHA-256"
+    assert (await handshake(sasl, mech)).error_code == 0
+    scram = ScramClient([mech], USER, PASSWORD)
+    first = await authenticate(sasl, scram.get_client_first().encode())
+    assert first.error_code == 0
+    scram.set_server_first(first.auth_bytes.decode())
+    final = scram.get_client_final()
+    fields = dict(part.split("=", 1) for part in final.split(","))
+    if tamper == "proof":
+        proof = bytearray(fields["p"].encode())
+        proof[3] = ord("A") if proof[3] != ord("A") else ord("B")
+        fields["p"] = proof.decode()
+    elif tamper == "nonce":
+        # CVE-2024-56128: a final message whose nonce is not the server's must fail.
+        fields["r"] = fields["r"][:-4] + "AAAA"
+    elif tamper == "channel":
+        fields["c"] = "eSws"  # "y,," instead of "n,,"
+    token = b"c=biws,r=zz,p=!!" if tamper == "garbage" else ",".join(
+        f"{k}={v}" for k, v in fields.items()).encode()  # fmt: skip
+    answer = await authenticate(sasl, token)
+    assert answer.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+    await assert_closed(sasl)
+
+
+async def test_authenticate_without_handshake_is_illegal(sasl: RawClient) -> None:
+    answer = await authenticate(sasl, b"\0alice\0wonder land")
+    assert answer.error_code == ErrorCode.ILLEGAL_SASL_STATE
+    await assert_closed(sasl)
+
+
+async def test_oversized_frame_before_authentication_closes(sasl: RawClient) -> None:
+    # 1 MiB announced: over sasl.server.max.receive.size (512 KiB) before login.
+    await sasl.stream.send_all(struct.pack(">i", 1 << 20) + b"\0" * 64)
+    await assert_closed(sasl)
