@@ -1,0 +1,230 @@
+"""Record-batch validation before an append: ``RecordBatchView.validate`` (the batch's own
+consistency) and ``handlers.produce.validate_batch`` (Kafka's Produce v3+ rules), each
+rule at its boundary, with the error code a client sees and the message an operator
+reads. The broker-level answers are in tests/integration (real clients).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from trio_broker.handlers.produce import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    FIRST_ZSTD_VERSION,
+    BatchRejected,
+    validate_batch,
+)
+from trio_broker.protocol.compression import Compression
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    UnsupportedCompressionError,
+)
+from trio_broker.protocol.records import (
+    HEADER_SIZE,
+    LENGTH_OVERHEAD,
+    MIN_BATCH_LENGTH,
+    RecordBatchView,
+    build_batch,
+)
+
+_CRC = struct.Struct(">I")
+
+
+def sample(count: int = 3, **kwargs: object) -> bytearray:
+    kwargs.setdefault("base_timestamp", 1_700_000_000_000)
+    return build_batch([(b"k%d" % i, b"v%d" % i) for i in range(count)], **kwargs)  # type: ignore[arg-type]
+
+
+def patched(raw: bytearray, offset: int, fmt: str, value: int, fix_crc: bool = True) -> bytearray:
+    """``raw`` with one header field overwritten (and the CRC recomputed, unless told)."""
+    out = bytearray(raw)
+    struct.pack_into(fmt, out, offset, value)
+    if fix_crc:
+        import crc32c
+
+        _CRC.pack_into(out, 17, crc32c.crc32c(bytes(out[21:])))
+    return out
+
+
+def rejected(
+    raw: object, version: int = 9, limit: int = DEFAULT_MAX_MESSAGE_BYTES
+) -> tuple[int, str]:
+    with pytest.raises(BatchRejected) as info:
+        validate_batch(raw, version, limit)
+    return info.value.code, str(info.value)
+
+
+# ------------------------------------------------------------------ RecordBatchView.validate
+
+
+def test_a_sound_batch_validates() -> None:
+    for codec in Compression:
+        RecordBatchView(sample(compression=codec)).validate()
+    RecordBatchView(sample(count=1)).validate()
+
+
+def test_batch_length_must_match_the_buffer_exactly() -> None:
+    raw = sample()
+    length = len(raw) - LENGTH_OVERHEAD
+    for wrong in (length - 1, length + 1, MIN_BATCH_LENGTH - 1, -1):
+        with pytest.raises(
+            CorruptRecordError,
+            match=rf"^batch length {wrong} does not match the {len(raw)} bytes of the batch$",
+        ):
+            RecordBatchView(patched(raw, 8, ">i", wrong)).validate()
+
+
+def test_a_header_only_batch_has_the_minimum_length() -> None:
+    assert MIN_BATCH_LENGTH == HEADER_SIZE - LENGTH_OVERHEAD
+    header = patched(sample(count=1)[:HEADER_SIZE], 8, ">i", MIN_BATCH_LENGTH)
+    view = RecordBatchView(header)
+    assert view.batch_length == MIN_BATCH_LENGTH
+    with pytest.raises(CorruptRecordError, match=r"^1 records cannot fit in 0 bytes$"):
+        view.records()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="validate_batch checks the header only; Kafka's LogValidator also walks the "
+    "records, so a batch whose records do not parse is refused (CORRUPT_MESSAGE) there",
+)
+def test_a_batch_whose_records_do_not_parse_is_refused() -> None:
+    header = patched(sample(count=1)[:HEADER_SIZE], 8, ">i", MIN_BATCH_LENGTH)
+    code, _message = rejected(header)
+    assert code == ErrorCode.CORRUPT_MESSAGE
+
+
+def test_magic_other_than_2_is_invalid_record() -> None:
+    for magic in (0, 1, 3):
+        with pytest.raises(InvalidRecordError, match=rf"^unsupported record batch magic {magic}$"):
+            RecordBatchView(patched(sample(), 16, ">b", magic)).validate()
+
+
+def test_crc_mismatch_is_corrupt() -> None:
+    raw = sample()
+    with pytest.raises(CorruptRecordError, match=r"^record batch CRC mismatch$"):
+        RecordBatchView(
+            patched(raw, 17, ">I", RecordBatchView(raw).crc ^ 1, fix_crc=False)
+        ).validate()
+    flipped = bytearray(raw)
+    flipped[-1] ^= 0x40  # a record byte under the CRC
+    with pytest.raises(CorruptRecordError, match=r"^record batch CRC mismatch$"):
+        RecordBatchView(flipped).validate()
+
+
+def test_codec_ids_above_zstd_are_unsupported() -> None:
+    assert int(Compression.ZSTD) == 4
+    RecordBatchView(patched(sample(compression=Compression.ZSTD), 21, ">h", 4)).validate()
+    for codec in (5, 6, 7):
+        with pytest.raises(
+            UnsupportedCompressionError, match=rf"^unknown compression codec {codec}$"
+        ):
+            RecordBatchView(patched(sample(), 21, ">h", codec)).validate()
+
+
+def test_record_count_must_be_last_offset_delta_plus_one() -> None:
+    raw = sample(count=3)  # last offset delta 2
+    for count in (0, -1, 2, 4):
+        with pytest.raises(
+            InvalidRecordError,
+            match=rf"^record count {count} does not match last offset delta 2$",
+        ):
+            RecordBatchView(patched(raw, 57, ">i", count)).validate()
+    with pytest.raises(
+        InvalidRecordError, match=r"^record count 3 does not match last offset delta 3$"
+    ):
+        RecordBatchView(patched(raw, 23, ">i", 3)).validate()
+
+
+# ------------------------------------------------------------------ Produce v3+ rules
+
+
+def test_validate_batch_returns_the_one_batch() -> None:
+    raw = sample(producer_id=7, producer_epoch=0, base_sequence=0)
+    view = validate_batch(raw, 9, DEFAULT_MAX_MESSAGE_BYTES)
+    assert (view.record_count, view.producer_id, view.size_in_bytes) == (3, 7, len(raw))
+    assert validate_batch(memoryview(raw), 3, len(raw)).size_in_bytes == len(raw)  # at the limit
+
+
+def test_no_records_is_invalid_record() -> None:
+    assert rejected(None) == (ErrorCode.INVALID_RECORD, "no records")
+    assert rejected(b"") == (ErrorCode.INVALID_RECORD, "no records")
+
+
+def test_unparsable_records_are_corrupt_message() -> None:
+    raw = sample()
+    code, message = rejected(raw[:-1])
+    assert code == ErrorCode.CORRUPT_MESSAGE and message
+    code, message = rejected(b"\x00" * 11)
+    assert code == ErrorCode.CORRUPT_MESSAGE and message
+
+
+def test_exactly_one_batch() -> None:
+    two = sample() + sample()
+    assert rejected(two) == (ErrorCode.INVALID_RECORD, "Produce v3+ needs exactly one batch")
+
+
+def test_batch_over_max_message_bytes() -> None:
+    raw = sample()
+    assert rejected(raw, limit=len(raw) - 1) == (
+        ErrorCode.MESSAGE_TOO_LARGE,
+        f"batch of {len(raw)} bytes",
+    )
+
+
+def test_inconsistent_batch_answers_its_own_error_code() -> None:
+    raw = sample()
+    assert rejected(patched(raw, 17, ">I", 0, fix_crc=False)) == (
+        ErrorCode.CORRUPT_MESSAGE,
+        "record batch CRC mismatch",
+    )
+    assert rejected(patched(raw, 57, ">i", 9)) == (
+        ErrorCode.INVALID_RECORD,
+        "record count 9 does not match last offset delta 2",
+    )
+    assert rejected(patched(raw, 21, ">h", 6)) == (
+        ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
+        "unknown compression codec 6",
+    )
+
+
+def test_zstd_needs_produce_v7() -> None:
+    raw = sample(compression=Compression.ZSTD)
+    assert rejected(raw, version=FIRST_ZSTD_VERSION - 1) == (
+        ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
+        "zstd needs Produce v7+",
+    )
+    assert validate_batch(raw, FIRST_ZSTD_VERSION, DEFAULT_MAX_MESSAGE_BYTES).compression is (
+        Compression.ZSTD
+    )
+    validate_batch(sample(compression=Compression.LZ4), 3, DEFAULT_MAX_MESSAGE_BYTES)
+
+
+def test_control_and_transactional_batches_are_refused() -> None:
+    assert rejected(sample(is_control=True)) == (
+        ErrorCode.INVALID_RECORD,
+        "clients may not write control batches",
+    )
+    assert rejected(
+        sample(producer_id=3, producer_epoch=0, base_sequence=0, is_transactional=True)
+    ) == (
+        ErrorCode.INVALID_TXN_STATE,
+        "transactions are not supported",
+    )
+
+
+def test_idempotent_batch_needs_a_sequence() -> None:
+    # Producer id 0 is a real id (the first one a fresh broker hands out).
+    for pid in (0, 5):
+        assert rejected(sample(producer_id=pid, producer_epoch=0, base_sequence=-1)) == (
+            ErrorCode.INVALID_RECORD,
+            "idempotent batch without a sequence",
+        )
+        validate_batch(sample(producer_id=pid, producer_epoch=0, base_sequence=0), 9, 1 << 20)
+    # No producer id: no sequence needed (librdkafka sends -1, aiokafka 0).
+    validate_batch(sample(producer_id=-1, base_sequence=-1), 9, 1 << 20)
+    validate_batch(sample(producer_id=-1, base_sequence=0), 9, 1 << 20)
