@@ -122,6 +122,8 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 result = log.append(batch.buf, now_ms=now, log_append_time=log_append_time)
             except StorageError as exc:
                 part.error_code, part.error_message = ErrorCode.KAFKA_STORAGE_ERROR, str(exc)
+                # The disk may have space again: probe it in the background (1 s back-off).
+                broker.flusher.recover_soon(log, broker.delayed_nursery)
                 continue
             broker.record_producer_append(topic.name, data.index, batch, result)
             part.base_offset = result.base_offset

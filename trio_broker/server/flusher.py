@@ -10,15 +10,21 @@ of appends per fsync grows with load by itself.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
 
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.group_commit import DurabilityTracker, FlushPolicy, FlushStatistics
+
+_logger = logging.getLogger("trio_broker.flusher")
+
+#: An offline log is probed again at most this often (on produce, see recover_soon).
+RECOVERY_BACKOFF_S = 1.0
 
 
 class FlushableLog(Protocol):
@@ -51,12 +57,19 @@ def _trio_clock_ms() -> int:
     return int(trio.current_time() * 1000)
 
 
-def _flush_all(logs: Sequence[FlushableLog]) -> list[int | BaseException]:
+def flush_log(log: FlushableLog) -> int:
+    """The default way to make a log durable (``Flusher.sync``)."""
+    return log.flush()
+
+
+def _flush_all(
+    logs: Sequence[FlushableLog], sync: Callable[[FlushableLog], int]
+) -> list[int | BaseException]:
     # Runs in a worker thread. One failing log must not hide the others' results.
     results: list[int | BaseException] = []
     for log in logs:
         try:
-            results.append(log.flush())
+            results.append(sync(log))
         except Exception as exc:
             results.append(exc)
     return results
@@ -78,6 +91,11 @@ class Flusher:
         self._entries: dict[int, _Entry] = {}
         self._wakeup = trio.Event()
         self._stopped: StorageError | None = None
+        #: How a log is made durable, in the worker thread. Tests replace it to
+        #: inject slow or failing fsyncs (tests/reliability/test_fsync_faults.py).
+        self.sync: Callable[[FlushableLog], int] = flush_log
+        #: id(log) -> trio time of the next recovery probe of an offline log.
+        self._next_probe: dict[int, float] = {}
 
     def _entry(self, log: FlushableLog) -> _Entry:
         entry = self._entries.get(id(log))
@@ -128,6 +146,45 @@ class Flusher:
             entry.error = entry.error or StorageError("log was closed")
             for event in entry.tracker.fail():
                 event.set()
+
+    def recover_soon(self, log: Any, nursery: trio.Nursery) -> None:
+        """Try to bring an offline log back (disk space returned), at most once per back-off.
+
+        In the background: the produce that noticed still gets its storage error.
+        """
+        if not log.offline or getattr(log, "reload", None) is None:
+            return
+        now = trio.current_time()
+        if now < self._next_probe.get(id(log), -math.inf):
+            return
+        self._next_probe[id(log)] = now + RECOVERY_BACKOFF_S
+        nursery.start_soon(self._recover, log)
+
+    async def _recover(self, log: Any) -> None:
+        def probe() -> Any:
+            fresh = log.reload()
+            try:
+                self.sync(fresh)  # the same durability path as every flush
+            except BaseException:
+                fresh.abort()
+                raise
+            return fresh
+
+        try:
+            fresh = await trio.to_thread.run_sync(probe)
+        except (OSError, StorageError) as exc:
+            _logger.info("%s still offline: %s", getattr(log, "directory", log), exc)
+            return
+        if not log.offline or log.closed:  # recovered or deleted meanwhile
+            fresh.abort()
+            return
+        log.adopt(fresh)
+        # A fresh tracker: the failed one released its waiters and keeps its error.
+        self._entries.pop(id(log), None)
+        self._next_probe.pop(id(log), None)
+        _logger.warning(
+            "%s is back online at offset %d", getattr(log, "directory", log), log.log_end_offset
+        )
 
     def statistics(self, log: FlushableLog | None = None) -> FlushStatistics:
         if log is not None:
@@ -185,9 +242,12 @@ class Flusher:
 
     async def _flush(self, due: list[_Entry]) -> None:
         covered = [e.tracker.begin_flush() for e in due]
-        results = await trio.to_thread.run_sync(_flush_all, [e.log for e in due])
+        results = await trio.to_thread.run_sync(_flush_all, [e.log for e in due], self.sync)
         for entry, count, result in zip(due, covered, results, strict=True):
             if isinstance(result, BaseException):
+                take_offline = getattr(entry.log, "take_offline", None)
+                if take_offline is not None:
+                    take_offline()  # after a failed fsync nothing unsynced can be trusted
                 error = (
                     result
                     if isinstance(result, StorageError)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import json
 import os
 import threading
@@ -61,6 +62,10 @@ from trio_broker.storage.segment import (
 LOG_START_CHECKPOINT = "log-start-offset.checkpoint"
 RECOVERY_POINT_CHECKPOINT = "recovery-point.checkpoint"
 CLEAN_SHUTDOWN_MARKER = ".clean-shutdown"
+#: Written, fsynced and removed by :meth:`PartitionLog.reload` to test the disk (".tmp":
+#: the loader deletes a leftover one).
+DISK_PROBE = ".disk-probe.tmp"
+DISK_PROBE_BYTES = 64 * 1024
 
 _WEEK_MS = 7 * 24 * 3600 * 1000
 
@@ -296,6 +301,58 @@ class PartitionLog:
     def _go_offline(self, what: str, exc: OSError) -> StorageError:
         self.offline = True
         return StorageError(f"{what} failed in {self.directory}: {exc}")
+
+    def take_offline(self) -> None:
+        """A disk error seen outside the log (the flusher's fsync): stop taking appends."""
+        self.offline = True
+
+    # ------------------------------------------------------------------ back online
+
+    def reload(self) -> PartitionLog:
+        """For an offline log: probe the disk, then open the directory again through recovery.
+
+        Blocking (run it in a worker thread). The probe writes and fsyncs a small
+        file, so a disk that is still full or failing raises OSError here; recovery
+        then cuts any torn tail and syncs what it keeps. Returns a separate log
+        over the same files, for :meth:`adopt`.
+        """
+        if not self.offline or self._closed:
+            raise StorageError(f"log {self.directory} is not offline")
+        probe = self.directory / DISK_PROBE
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            data = bytes(DISK_PROBE_BYTES)
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, "disk probe: short write")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
+        return _Loader(self.directory, self.config, self._now_ms).load()
+
+    def adopt(self, fresh: PartitionLog) -> None:
+        """Take over ``fresh`` (from :meth:`reload`) in place and go back online.
+
+        In place, so every holder of this object sees the recovered log. The old
+        segments' descriptors stay open for ``file.delete.delay.ms``: a sendfile
+        in flight may still read from them.
+        """
+        now = self._now_ms()
+        with self._lock:
+            delay = now + self.config.file_delete_delay_ms
+            self._retired.extend((delay, segment) for segment in self._segments)
+            self._retired.extend(fresh._retired)
+            self._segments = fresh._segments
+            self.log_start_offset = fresh.log_start_offset
+            self.log_end_offset = fresh.log_end_offset
+            self.durable_end_offset = fresh.durable_end_offset
+            self._recovery_point = fresh._recovery_point
+            self._persisted_log_start = fresh._persisted_log_start
+            self.recovery = fresh.recovery
+            self.offline = False
+        # The files now belong to this log; the shell object must never close them.
+        fresh._segments, fresh._retired, fresh._closed = [], [], True
 
     # ------------------------------------------------------------------ reads
 
