@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trio_broker.admin.users import add_users_command
 
     add_users_command(sub)
+    from trio_broker.admin.acls import add_acls_command
+
+    add_acls_command(sub)
     return parser  # fmt: skip
 
 
@@ -119,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         from trio_broker.admin.users import run_users
 
         return run_users(args)
+    if args.command == "acls":
+        from trio_broker.admin.acls import run_acls
+
+        return run_acls(args)
     if args.command in ("topics", "groups", "produce", "consume"):
         from trio_broker.admin.commands import run_admin
 
