@@ -305,6 +305,17 @@ def test_expiry_runs_only_every_check_interval() -> None:
     assert produce(registry, log, batch(8, 0, 7)) == 3
 
 
+def test_the_first_expiry_check_is_an_interval_after_start(tmp_path: Path) -> None:
+    log = PartitionLog.open(tmp_path / "t-0")
+    log.append(batch(5, 0, 0), now_ms=T0)
+    clock = Clock()
+    registry = ProducerStateRegistry(None, clock, expiration_ms=1_000)
+    registry.manager("t", 0, log)  # loaded at T0: producer 5 is fresh
+    clock.now = T0 + 5_000  # silent too long, but no check is due yet
+    assert error_of(produce(registry, log, batch(5, 0, 40))) == OOO
+    log.close()
+
+
 # ------------------------------------------------------------------ snapshots on disk
 
 
