@@ -131,7 +131,7 @@ async def test_metadata_hides_undescribable_topics(broker: Broker, bootstrap: st
         finally:
             admin.close()
         # librdkafka asks topic by topic here: its all-topics Metadata v13 request is not
-        # decoded by this broker yet (a codec issue outside ACLs, noted in docs/acls.md).
+        # decoded by this broker yet (a codec issue outside ACLs, noted in docs/compatibility.md).
         confluent = AdminClient({"bootstrap.servers": bootstrap})
         errors = {
             name: confluent.list_topics(topic=name, timeout=10).topics[name].error

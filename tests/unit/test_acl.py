@@ -260,3 +260,26 @@ def test_memory_store_writes_nothing(tmp_path: Path) -> None:
     store.add([acl(Operation.READ)])
     assert len(store) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_config_keys(tmp_path: Path) -> None:
+    from trio_broker.config import BrokerConfig, ConfigError, load_config
+    from trio_broker.security.authorize import Authorizer
+
+    path = tmp_path / "broker.toml"
+    path.write_text(
+        'authorizer.class.name = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"\n'
+        'super.users = "User:admin; User:ops"\n'
+        "allow.everyone.if.no.acl.found = true\n"
+    )
+    config = load_config(path)
+    authorizer = Authorizer.from_config(config, None)
+    assert authorizer is not None
+    assert authorizer.settings == AuthorizerSettings(frozenset({"User:admin", "User:ops"}), True)
+    assert Authorizer.from_config(BrokerConfig(), None) is None  # off by default
+    try:
+        BrokerConfig(authorizer_class_name="com.example.Other").validate()
+    except ConfigError as exc:
+        assert "authorizer.class.name" in str(exc)
+    else:
+        raise AssertionError("an unknown authorizer must be refused")
