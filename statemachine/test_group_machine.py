@@ -14,6 +14,7 @@ invariants are the group protocol's promises:
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any
 
 import attrs
@@ -360,8 +361,11 @@ class GroupMachine(RuleBasedStateMachine):
             assert not g.members and g.protocol_name is None
 
 
+#: tools/mutation.sh runs this machine once per mutant and asks for fewer examples.
+EXAMPLES = int(os.environ.get("MUTATION_EXAMPLES", "300"))
+
 GroupMachine.TestCase.settings = settings(
-    max_examples=300,
+    max_examples=EXAMPLES,
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

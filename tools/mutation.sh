@@ -32,6 +32,8 @@ MODULES=(
 )
 
 "$PY" -c "import mutmut" 2>/dev/null || "$PY" -m pip install -q mutmut
+# Machines that honour it (statemachine/test_group_machine.py) run fewer examples per mutant.
+export MUTATION_EXAMPLES="${MUTATION_EXAMPLES:-60}"
 export PATH="$(dirname "$PY"):$PATH"
 
 for entry in "${MODULES[@]}"; do
