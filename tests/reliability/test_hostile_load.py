@@ -165,7 +165,7 @@ def test_5k_idle_connections(make_broker: BrokerFactory) -> None:
     with many_sockets(broker.port, count) as socks:
         assert len(socks) == count
         for _ in range(200):  # let the broker accept them all (bounded: 20 s)
-            if open_fds(broker.pid) - fds_before >= count:
+            if open_fds(broker.pid) - fds_before >= count * 0.99:
                 break
             time.sleep(0.1)
         started = time.monotonic()
