@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trio_broker.admin.acls import add_acls_command
 
     add_acls_command(sub)
+    from trio_broker.admin.quotas import add_quotas_command
+
+    add_quotas_command(sub)
     return parser  # fmt: skip
 
 
@@ -126,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         from trio_broker.admin.acls import run_acls
 
         return run_acls(args)
+    if args.command == "quotas":
+        from trio_broker.admin.quotas import run_quotas
+
+        return run_quotas(args)
     if args.command in ("topics", "groups", "produce", "consume"):
         from trio_broker.admin.commands import run_admin
 
