@@ -58,12 +58,15 @@ def test_quotas_cli_against_a_configured_broker(broker: ConfiguredBroker) -> Non
     assert done.returncode == 0, done.stderr
     done = cli(broker, "set", "--entity", "default", "--remove", "consumer_byte_rate")
     assert done.returncode == 0, done.stderr
-    # Refused with the reason, exit code 1: not enforced, so not accepted.
-    done = cli(broker, "set", "--entity", "client-id=x", "request_percentage=50")
-    assert done.returncode == 1 and "request_percentage" in done.stderr
+    # Refused with the reason, exit code 1.
+    done = cli(broker, "set", "--entity", "client-id=x", "producer_rate=50")
+    assert done.returncode == 1 and "producer_rate" in done.stderr
+    done = cli(broker, "set", "--entity", "client-id=x", "request_percentage=200")
+    assert done.returncode == 0, done.stderr
     expected = {
         ("client-id=bench", "producer_byte_rate", "1.04858e+06"),
         ("user=alice,client-id=live", "producer_byte_rate", "5000"),
+        ("client-id=x", "request_percentage", "200"),
     }
     assert rows(cli(broker, "list").stdout) == expected
     broker.restart()  # runtime changes are kept in the data dir

@@ -234,8 +234,8 @@ async def test_quota_changed_at_runtime(broker: Broker, broker_config: BrokerCon
         response = await live.call(m.ApiKey.PRODUCE, 9, produce_body("rt", value))
         assert response.throttle_time_ms > 0
         # Bad changes are refused per entry and change nothing.
-        bad = await alter(admin, [("client-id", "live")], "request_percentage", 50)
-        assert bad.entries[0].error_code == 42  # INVALID_REQUEST: not enforced, so not accepted
+        bad = await alter(admin, [("client-id", "live")], "producer_byte_rate", -5)
+        assert bad.entries[0].error_code == 42  # INVALID_REQUEST
         bad = await alter(admin, [("group", "x")], "producer_byte_rate", 5)
         assert bad.entries[0].error_code == 42
         # Kept in the data dir for the next start, then removed again.
@@ -250,3 +250,29 @@ async def test_quota_changed_at_runtime(broker: Broker, broker_config: BrokerCon
         assert await describe(admin, "bench") == {}  # removal hides the config file's value
         reloaded = QuotaService(SimpleNamespace(config=broker_config))
         assert reloaded.table.lookup("producer_byte_rate", "ANONYMOUS", "bench") is None
+
+
+async def test_request_percentage_throttles_handler_time(broker: Broker) -> None:
+    admin, busy, idle = (
+        await raw(broker, "admin"),
+        await raw(broker, "busy"),
+        await raw(broker, "idle"),
+    )
+    # 0.01 % of one handler thread: a tenth of a millisecond of handler time per second.
+    response = await alter(admin, [("client-id", "busy")], "request_percentage", 0.01)
+    assert response.entries[0].error_code == 0
+    body = m.MetadataRequest(topics=None, allow_auto_topic_creation=False)
+    throttles = []
+    with trio.fail_after(30):
+        for _ in range(50):
+            response = await busy.call(m.ApiKey.METADATA, 9, body)
+            throttles.append(response.throttle_time_ms)
+            if response.throttle_time_ms > 0:
+                break
+        assert throttles[-1] > 0, throttles
+        for _ in range(20):  # a client without the quota is never throttled
+            assert (await idle.call(m.ApiKey.METADATA, 9, body)).throttle_time_ms == 0
+        # ApiVersions is exempt, as in Kafka, even for the throttled client (after its mute).
+        versions = await busy.call(m.ApiKey.API_VERSIONS, 3, m.ApiVersionsRequest(
+            client_software_name="t", client_software_version="1"))  # fmt: skip
+        assert versions.throttle_time_ms == 0

@@ -146,17 +146,18 @@ def test_config_file_quota_tables(tmp_path: Path) -> None:
         '"quota.window.num" = 3\n'
         '[quotas."client-id=bench"]\nproducer_byte_rate = 1048576\n'
         "[quotas.default]\nconsumer_byte_rate = 2097152.5\n"
-        '[quotas."user=alice"]\nproducer_byte_rate = 1000\n'
+        '[quotas."user=alice"]\nproducer_byte_rate = 1000\nrequest_percentage = 50\n'
     )
     config = load_config(path)
     assert config.quota_window_num == 3
     assert config.quotas["client-id=bench"] == {"producer_byte_rate": 1048576}
+    assert config.quotas["user=alice"]["request_percentage"] == 50
     assert set(config.quotas) == {"client-id=bench", "default", "user=alice"}
     for body in (
         '[quotas."client=x"]\nproducer_byte_rate = 1\n',
         "[quotas.default]\nproducer_byte_rate = -1\n",
         "[quotas.default]\nproduce_rate = 1\n",
-        "[quotas.default]\nrequest_percentage = 50\n",  # not enforced: refused, not ignored
+        '[quotas.default]\nrequest_percentage = "50"\n',
     ):
         path.write_text(body)
         with pytest.raises(ConfigError, match="quotas"):

@@ -17,7 +17,6 @@ from trio_broker.security.authorize import Operation, ResourceType, authorized
 from trio_broker.server.quotas import QuotaService
 from trio_broker.state.quota import (
     QUOTA_KEYS,
-    REQUEST_PERCENTAGE,
     Entity,
     QuotaConfigError,
     check_quota,
@@ -35,7 +34,7 @@ def _changes(entry: Any) -> list[Change]:
     changes: list[Change] = []
     for op in entry.ops:
         if op.remove:
-            if op.key not in QUOTA_KEYS and op.key != REQUEST_PERCENTAGE:
+            if op.key not in QUOTA_KEYS:
                 raise QuotaConfigError(f"unknown quota key {op.key!r}")
             changes.append((entity, op.key, None))
         else:

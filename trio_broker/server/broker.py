@@ -37,6 +37,7 @@ from trio_broker.server.connection import Connection
 from trio_broker.server.flusher import Flusher
 from trio_broker.server.handler_pool import HandlerPool
 from trio_broker.server.memory_budget import MemoryBudget
+from trio_broker.server.quotas import with_request_quota
 from trio_broker.server.topics import TopicManager
 from trio_broker.state.producer import Duplicate, ProducerStateRegistry, Reject
 from trio_broker.storage.group_commit import FlushPolicy
@@ -87,7 +88,9 @@ class Broker:
         self.topics.on_log_closed = self.flusher.forget
         #: ACL enforcement (trio_broker.security), or None when no authorizer is configured.
         self.authorizer = Authorizer.from_config(config, data_dir)
-        self.router: dict[int, HandlerSpec] = dict(HANDLERS)
+        self.router: dict[int, HandlerSpec] = {
+            key: with_request_quota(spec) for key, spec in HANDLERS.items()
+        }
         self.memory = MemoryBudget(config.queued_max_request_bytes)
         self.handler_pool = HandlerPool(self, config.num_handlers)
         self.stats = BrokerStats()

@@ -15,10 +15,16 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
+from trio_broker.handlers.base import Deferred, HandlerSpec
+from trio_broker.protocol.schema import Message
 from trio_broker.state.quota import (
+    REQUEST_PERCENTAGE,
     Entity,
     QuotaConfigError,
     QuotaManager,
@@ -36,6 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("trio_broker.quotas")
 
 STORE_NAME = "client-quotas.json"
+#: Not counted against request_percentage, as in Kafka: a client must always be able to
+#: learn the versions and authenticate.
+EXEMPT_APIS = frozenset({17, 18, 36})  # SaslHandshake, ApiVersions, SaslAuthenticate
 #: Rates of clients idle for a whole window are dropped every this many records.
 FORGET_EVERY = 10_000
 
@@ -106,3 +115,43 @@ class QuotaService:
             if conn is not None:
                 conn.throttle(delay)
         return delay
+
+
+# ---------------------------------------------------------------------- request_percentage
+
+
+def _add_throttle(response: Any, delay_ms: int) -> None:
+    if isinstance(response, Message) and hasattr(response, "throttle_time_ms"):
+        response.throttle_time_ms = max(response.throttle_time_ms or 0, delay_ms)
+
+
+def with_request_quota(spec: HandlerSpec) -> HandlerSpec:
+    """Count the handler's time against ``request_percentage`` (Kafka's request quota).
+
+    The time is the handler call itself (a deferred response's wait is not work),
+    in Kafka's unit: percent of one thread, so 100 = one handler busy all the time.
+    """
+    if spec.api_key in EXEMPT_APIS:
+        return spec
+    inner = spec.fn
+
+    async def timed(ctx: RequestContext, request: Any) -> Any:
+        started = time.perf_counter_ns()
+        result = await inner(ctx, request)
+        used = (time.perf_counter_ns() - started) * 100 / 1e9
+        delay = QuotaService.attached_to(ctx.broker).throttle(ctx, REQUEST_PERCENTAGE, used)
+        if delay <= 0:
+            return result
+        if isinstance(result, Deferred):
+            finish = result.finish
+
+            async def finished() -> Any:
+                response = await finish()
+                _add_throttle(response, delay)
+                return response
+
+            return Deferred(finished)
+        _add_throttle(result, delay)
+        return result
+
+    return attrs.evolve(spec, fn=timed)

@@ -26,8 +26,8 @@ import attrs
 PRODUCER_BYTE_RATE = "producer_byte_rate"
 CONSUMER_BYTE_RATE = "consumer_byte_rate"
 REQUEST_PERCENTAGE = "request_percentage"
-#: The quota keys enforced here (request_percentage is not measured yet).
-QUOTA_KEYS = frozenset({PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE})
+#: The quota keys enforced here.
+QUOTA_KEYS = frozenset({PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE})
 USER = "user"
 CLIENT_ID = "client-id"
 ENTITY_TYPES = (USER, CLIENT_ID)
@@ -151,8 +151,6 @@ def format_entity(entity: Entity) -> str:
 
 def check_quota(key: str, value: float) -> None:
     if key not in QUOTA_KEYS:
-        if key == REQUEST_PERCENTAGE:
-            raise QuotaConfigError(f"{key} is not enforced by this broker yet")
         raise QuotaConfigError(f"unknown quota key {key!r}; expected one of {sorted(QUOTA_KEYS)}")
     if not value > 0 or math.isinf(value):
         raise QuotaConfigError(f"{key} must be a positive number, got {value!r}")
@@ -218,7 +216,7 @@ class QuotaTable:
         """Set (``value``) or remove (``None``) one quota at runtime."""
         if value is not None:
             check_quota(key, value)
-        elif key not in QUOTA_KEYS and key != REQUEST_PERCENTAGE:
+        elif key not in QUOTA_KEYS:
             raise QuotaConfigError(f"unknown quota key {key!r}")
         self.dynamic.setdefault(entity, {})[key] = value
         self._rebuild()
