@@ -144,6 +144,8 @@ async def test_confluent_incremental_and_legacy_alter(broker: Broker, bootstrap:
         entry("cleanup.policy", "compact", SET), entry("no.such.key", "1", SET),
         entry("retention.ms", "soon", SET), entry("segment.bytes", "5", SET),
         entry("retention.ms", "x", AlterConfigOpType.APPEND),
+        entry("min.insync.replicas", "many", SET), entry("preallocate", "maybe", SET),
+        entry("compression.type", "brotli", SET), entry("retention.ms", "-2", SET),
     ):  # fmt: skip
         assert await in_thread(lambda bad=bad: alter(res(bad))) == invalid, bad
     assert broker.topics.get("inc").info.configs == {"segment.ms": "120000"}  # type: ignore[union-attr]

@@ -39,6 +39,9 @@ MINIMUMS = {
 }  # fmt: skip
 #: cleanup.policy values this broker applies: it deletes old segments, never compacts.
 CLEANUP_POLICIES = frozenset({"delete"})
+COMPRESSION_TYPES = frozenset({"uncompressed", "gzip", "snappy", "lz4", "zstd", "producer"})
+BOOLEAN_CONFIGS = frozenset({"preallocate", "unclean.leader.election.enable"})
+DOUBLE_CONFIGS = frozenset({"min.cleanable.dirty.ratio"})
 
 
 class ConfigRefused(Exception):
@@ -56,9 +59,27 @@ def check_values(ctx: RequestContext, configs: dict[str, str]) -> None:
         raise ConfigRefused(exc.code, str(exc)) from None
     except ValueError as exc:
         raise ConfigRefused(ErrorCode.INVALID_CONFIG, str(exc)) from None
-    for key, minimum in MINIMUMS.items():
-        if key in configs and int(configs[key]) < minimum:
-            raise ConfigRefused(ErrorCode.INVALID_CONFIG, f"{key} must be at least {minimum}")
+    for key, value in configs.items():
+        if key in MINIMUMS:
+            try:
+                number = int(value)
+            except ValueError:
+                raise ConfigRefused(
+                    ErrorCode.INVALID_CONFIG, f"{key} must be an integer, got {value!r}"
+                ) from None
+            if number < MINIMUMS[key]:
+                raise ConfigRefused(
+                    ErrorCode.INVALID_CONFIG, f"{key} must be at least {MINIMUMS[key]}"
+                )
+        elif key in BOOLEAN_CONFIGS and value.lower() not in ("true", "false"):
+            raise ConfigRefused(ErrorCode.INVALID_CONFIG, f"{key} must be true or false")
+        elif key in DOUBLE_CONFIGS:
+            try:
+                float(value)
+            except ValueError:
+                raise ConfigRefused(ErrorCode.INVALID_CONFIG, f"{key} must be a number") from None
+    if configs.get("compression.type", "producer") not in COMPRESSION_TYPES:
+        raise ConfigRefused(ErrorCode.INVALID_CONFIG, "compression.type is not a known codec")
     if "cleanup.policy" in configs:
         policies = {p.strip() for p in configs["cleanup.policy"].split(",")}
         if not policies <= CLEANUP_POLICIES:

@@ -67,6 +67,10 @@ class AclStore:
     def bindings(self) -> list[AclBinding]:
         return list(self._bindings)
 
+    def current(self) -> Iterable[AclBinding]:
+        """The bindings without a copy: changes replace the dict, never mutate it."""
+        return self._bindings.keys()
+
     def __len__(self) -> int:
         return len(self._bindings)
 

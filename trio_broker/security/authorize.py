@@ -58,14 +58,14 @@ class Authorizer:
         self, principal: str, host: str, op: Operation, resource_type: ResourceType, name: str
     ) -> bool:
         return authorize(
-            self.store.bindings(), self.settings, principal, host, op, resource_type, name
+            self.store.current(), self.settings, principal, host, op, resource_type, name
         )
 
     def allowed_any(
         self, principal: str, host: str, op: Operation, resource_type: ResourceType
     ) -> bool:
         return authorize_any(
-            self.store.bindings(), self.settings, principal, host, op, resource_type
+            self.store.current(), self.settings, principal, host, op, resource_type
         )
 
 
