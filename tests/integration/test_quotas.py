@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, Producer
 from tests.integration.raw_client import RawClient
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
-from trio_broker.protocol.records import build_batch
+from trio_broker.protocol.records import build_batch, iter_batches
 from trio_broker.server.broker import Broker
 from trio_broker.server.quotas import STORE_NAME, QuotaService
 from trio_broker.state.mute import MuteReason
@@ -182,10 +182,15 @@ async def test_fetch_quota_slows_a_consumer(broker: Broker, bootstrap: str) -> N
             response = await reader.call(m.ApiKey.FETCH, 11, fetch_body("fq", offset))
             part = response.responses[0].partitions[0]
             assert part.error_code == 0
-            offset += 8  # 8 records of 128 KiB per MiB fetched
+            records = bytes(part.records or b"")
+            # One response never carries more than the quota allows in the window (1 s).
+            assert len(records) <= FETCH_QUOTA + (129 << 10)  # + the one batch always sent
             throttles.append(response.throttle_time_ms)
             if response.throttle_time_ms > 0:
+                # Over the quota the answer is empty (as Kafka), to be fetched again later.
+                assert records == b""
                 break
+            offset = list(iter_batches(records))[-1].next_offset
     assert throttles[-1] > 0, throttles
 
 

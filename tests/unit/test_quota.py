@@ -92,6 +92,17 @@ def test_manager_throttles_only_clients_over_their_quota() -> None:
     assert quotas.record(CONSUMER_BYTE_RATE, "ANONYMOUS", "bench", 50e6, 20) == 0
 
 
+def test_unrecord_and_the_largest_response_allowed() -> None:
+    table = QuotaTable({parse_entity("client-id=r"): {CONSUMER_BYTE_RATE: 1_000}})
+    quotas = QuotaManager(table)
+    assert quotas.max_in_window(CONSUMER_BYTE_RATE, "u", "r") == 10_000  # bound x 10 s
+    assert quotas.max_in_window(CONSUMER_BYTE_RATE, "u", "other") is None
+    assert quotas.record(CONSUMER_BYTE_RATE, "u", "r", 9_000, 0) == 0
+    assert quotas.record(CONSUMER_BYTE_RATE, "u", "r", 9_000, 1) > 0
+    quotas.unrecord(CONSUMER_BYTE_RATE, "u", "r", 9_000, 2)  # answered empty instead
+    assert quotas.record(CONSUMER_BYTE_RATE, "u", "r", 1_000, 3) == 0
+
+
 def test_kafka_precedence_most_specific_entity_wins() -> None:
     table = QuotaTable(
         {

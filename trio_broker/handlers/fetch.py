@@ -31,6 +31,9 @@ def read_partitions(ctx: RequestContext, request: Any) -> tuple[Any, int]:
     """Build the response from the logs as they are now; return it and its record bytes."""
     broker = ctx.broker
     remaining = request.max_bytes if ctx.api_version >= 3 else 2**31 - 1
+    quota_limit = QuotaService.attached_to(broker).max_bytes(ctx, CONSUMER_BYTE_RATE)
+    if quota_limit is not None:  # one response never exceeds the quota on its own
+        remaining = min(remaining, quota_limit)
     total = 0
     topic_responses = []
     for wanted in request.topics:
@@ -86,9 +89,18 @@ def read_partitions(ctx: RequestContext, request: Any) -> tuple[Any, int]:
 
 
 def throttled(ctx: RequestContext, response: Any, total: int) -> Any:
-    """Count the records sent against the consumer quota (KIP-219: answer now, mute after)."""
+    """Count the records against the consumer quota (KIP-219: answer now, mute after).
+
+    Over the quota the answer is empty, as in Kafka: the records are taken back
+    from the quota and fetched again once the throttle time has passed.
+    """
     quotas = QuotaService.attached_to(ctx.broker)
     response.throttle_time_ms = quotas.throttle(ctx, CONSUMER_BYTE_RATE, total)
+    if response.throttle_time_ms > 0 and total > 0:
+        quotas.unrecord(ctx, CONSUMER_BYTE_RATE, total)
+        for topic in response.responses:
+            for part in topic.partitions:
+                part.records = b""
     return response
 
 

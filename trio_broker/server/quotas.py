@@ -116,6 +116,16 @@ class QuotaService:
                 conn.throttle(delay)
         return delay
 
+    def unrecord(self, ctx: RequestContext, key: str, amount: float) -> None:
+        client_id = ctx.header.client_id or ""
+        self.manager.unrecord(key, user_of(ctx.principal), client_id, amount, ctx.now_ms())
+
+    def max_bytes(self, ctx: RequestContext, key: str) -> int | None:
+        """The most one response may carry under the client's ``key`` quota, or None."""
+        client_id = ctx.header.client_id or ""
+        limit = self.manager.max_in_window(key, user_of(ctx.principal), client_id)
+        return None if limit is None else max(1, int(limit))
+
 
 # ---------------------------------------------------------------------- request_percentage
 

@@ -258,6 +258,23 @@ class QuotaManager:
             rate.rate(now_ms), bound, rate.window_ms(now_ms), self.window.max_throttle_ms
         )
 
+    def unrecord(self, key: str, user: str, client_id: str, value: float, now_ms: int) -> None:
+        """Take back a recorded ``value`` (Kafka does for a throttled fetch it answers empty)."""
+        found = self.table.lookup(key, user, client_id)
+        if found is not None:
+            rate = self._rates.get((key, sensor_key(found[0], user, client_id)))
+            if rate is not None:
+                rate.record(-value, now_ms)
+
+    def max_in_window(self, key: str, user: str, client_id: str) -> float | None:
+        """The most one response may carry, or None without a quota: the bound over the
+        shortest window (Kafka's getMaxValueInQuotaWindow), so that a large fetch can never
+        exceed the quota on its own and be answered empty for ever."""
+        found = self.table.lookup(key, user, client_id)
+        if found is None:
+            return None
+        return found[1] * max(self.window.samples - 1, 1) * self.window.sample_ms / 1000
+
     def forget_idle(self, now_ms: int) -> None:
         """Drop the rates of clients that sent nothing for a whole window (bounded memory)."""
         for sensor, rate in list(self._rates.items()):
