@@ -8,6 +8,9 @@ principal each connection ends up with (read from the broker: a test hook).
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import ssl
 import struct
 from collections.abc import AsyncIterator
@@ -299,6 +302,57 @@ async def test_tampered_scram_final_fails(sasl: RawClient, tamper: str) -> None:
     answer = await authenticate(sasl, token)
     assert answer.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
     await assert_closed(sasl)
+
+
+def signed_final(mech: str, client_first_bare: str, server_first: str, nonce: str) -> bytes:
+    """A client-final with a valid proof for any nonce (RFC 5802 by hand)."""
+    fields = dict(part.split("=", 1) for part in server_first.split(","))
+    name = "sha256" if mech == "SCRAM-SHA-256" else "sha512"
+    salted = hashlib.pbkdf2_hmac(name, PASSWORD.encode(), base64.b64decode(fields["s"]),
+                                 int(fields["i"]))  # fmt: skip
+    client_key = hmac.new(salted, b"Client Key", name).digest()
+    stored_key = hashlib.new(name, client_key).digest()
+    without_proof = f"c=biws,r={nonce}"
+    auth_message = f"{client_first_bare},{server_first},{without_proof}".encode()
+    signature = hmac.new(stored_key, auth_message, name).digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+
+@pytest.mark.parametrize(
+    ("variant", "accepted"),
+    [("exact", True), ("librdkafka", True), ("changed", False), ("prefixed", False),
+     ("suffixed", False), ("client-only", False)],
+)  # fmt: skip
+async def test_scram_final_nonce_is_checked(
+    broker: Broker, sasl: RawClient, variant: str, accepted: bool
+) -> None:
+    """CVE-2024-56128: a valid proof over a wrong nonce must fail.
+
+    The one tolerated variant is librdkafka's before 2.6.1 (kcat 1.7): its own nonce
+    again in front of the full server nonce (librdkafka#4895).
+    """
+    mech = "SCRAM-SHA-256"
+    assert (await handshake(sasl, mech)).error_code == 0
+    client_nonce = "fyko+d2lbbFgONRv9qkxdawL"
+    client_first_bare = f"n={USER},r={client_nonce}"
+    first = await authenticate(sasl, f"n,,{client_first_bare}".encode())
+    assert first.error_code == 0
+    server_first = first.auth_bytes.decode()
+    server_nonce = dict(part.split("=", 1) for part in server_first.split(","))["r"]
+    assert server_nonce.startswith(client_nonce) and len(server_nonce) > len(client_nonce)
+    nonce = {
+        "exact": server_nonce, "librdkafka": client_nonce + server_nonce,
+        "changed": server_nonce[:-4] + "AAAA", "prefixed": "x" + server_nonce,
+        "suffixed": server_nonce + "x", "client-only": client_nonce,
+    }[variant]  # fmt: skip
+    final = await authenticate(sasl, signed_final(mech, client_first_bare, server_first, nonce))
+    if accepted:
+        assert final.error_code == 0, final
+        assert connection_of(broker, sasl).principal == f"User:{USER}"
+    else:
+        assert final.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+        await assert_closed(sasl)
 
 
 async def test_authenticate_without_handshake_is_illegal(sasl: RawClient) -> None:

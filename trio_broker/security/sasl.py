@@ -82,7 +82,7 @@ class SaslSession:
     reason: str = ""
     #: A PLAIN check is running in a worker thread.
     busy: bool = False
-    _scram: tuple[Any, str] | None = None
+    _scram: tuple[Any, str, str] | None = None
 
     @property
     def failed(self) -> bool:
@@ -200,15 +200,22 @@ class SaslSession:
 
         server = ScramMechanism(self.mechanism).make_server(auth_fn)
         server.set_client_first(text)
-        self._scram = (server, user)
+        self._scram = (server, user, _attribute(bare, "r"))
         self.state = SaslState.AWAIT_FINAL
         return str(server.get_server_first()).encode()
 
     def _scram_final(self, token: bytes) -> tuple[str, bytes]:
         if self._scram is None:
             raise SaslFailure("SCRAM client-final without client-first")
-        server, user = self._scram
-        server.set_client_final(token.decode("utf-8"))  # checks nonce and proof
+        server, user, client_nonce = self._scram
+        text = token.decode("utf-8")
+        if _attribute(text, "r") == client_nonce + str(server.nonce):
+            # librdkafka before 2.6.1 (kcat 1.7 on Debian) repeats its own nonce in front
+            # of the server's (librdkafka#4895); Kafka 3.8.1-3.9 accepts that. The server
+            # nonce is still there in full, so replay protection holds: accept exactly
+            # this form. The proof covers the message as sent, so it still verifies.
+            server.nonce = type(server.nonce)(client_nonce + str(server.nonce))
+        server.set_client_final(text)  # checks the nonce and the proof
         return user, str(server.get_server_final()).encode()
 
 

@@ -1,0 +1,319 @@
+"""Security end to end: real clients over SASL_PLAINTEXT, SASL_SSL and mutual TLS.
+
+One ``trio-broker serve`` process (module scope) with five listeners::
+
+    PLAINTEXT      --listen 127.0.0.1:0 (the first listener)
+    SASL_PLAINTEXT PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+    SASL_SSL       the same mechanisms over TLS
+    MTLS           an SSL listener (listener.security.protocol.map) that requires a
+                   client certificate and maps its subject with
+                   ssl.principal.mapping.rules: CN=alice,... -> User:alice-cert
+
+Users are created with ``trio-broker users add`` before the broker starts. ACLs
+(allow.everyone.if.no.acl.found = true) protect one topic, ``cert-only``, for
+User:alice-cert only: a write there proves the principal came from the certificate.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+from confluent_kafka import Consumer, KafkaError, Producer
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.errors import KafkaError as KafkaPythonError
+
+from tests.e2e.conftest import BROKER_EXE, BrokerProcess
+from trio_broker.security.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from trio_broker.security.acl_store import AclStore
+
+KCAT = "/usr/bin/kcat"
+USER, PASSWORD, BAD_PASSWORD = "alice", "s3cret-pw", "bad-pw-9x"
+CERT_PRINCIPAL = "User:alice-cert"
+PROTECTED_TOPIC = "cert-only"
+LISTENER_LINE = re.compile(r"listening on 127\.0\.0\.1:(\d+) \((\w+), (\w+)\)")
+COUNT = 20
+TIMEOUT_S = 30
+
+
+class SecureBroker(BrokerProcess):
+    def __init__(self, data_dir: Path, config: Path) -> None:
+        super().__init__(data_dir, "pipelined", "file")
+        self.config = config
+
+    def command_line(self) -> list[str]:
+        return [*super().command_line(), "--config", str(self.config)]
+
+    def ports(self) -> dict[str, int]:
+        return {name: int(port) for port, name, _ in LISTENER_LINE.findall(self.log_text())}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    paths = {name: base / f"{name}.pem" for name in
+             ("ca", "server", "alice-cert", "alice-key", "bob-cert", "bob-key")}  # fmt: skip
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(
+        str(paths["server"])
+    )
+    for who in ("alice", "bob"):
+        cert = ca.issue_cert(f"{who}@example.com", common_name=who, organization_name="Example")
+        cert.cert_chain_pems[0].write_to_path(str(paths[f"{who}-cert"]))
+        cert.private_key_pem.write_to_path(str(paths[f"{who}-key"]))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def secure_broker(
+    tmp_path_factory: pytest.TempPathFactory, pki: dict[str, Path]
+) -> Iterator[SecureBroker]:
+    base = tmp_path_factory.mktemp("secure")
+    data_dir = base / "data"
+    for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+        subprocess.run(
+            [str(BROKER_EXE), "users", "add", "--data-dir", str(data_dir), "--user", USER,
+             "--password", PASSWORD, "--mechanism", mech],
+            check=True, timeout=TIMEOUT_S, capture_output=True,
+        )  # fmt: skip
+    AclStore(data_dir).add(
+        AclBinding(ResourceType.TOPIC, PROTECTED_TOPIC, PatternType.LITERAL, CERT_PRINCIPAL, "*",
+                   op, Permission.ALLOW)
+        for op in (Operation.WRITE, Operation.DESCRIBE, Operation.CREATE)
+    )  # fmt: skip
+    config = base / "broker.toml"
+    config.write_text(f'''
+listeners = "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,SASL_SSL://127.0.0.1:0,MTLS://127.0.0.1:0"
+"listener.security.protocol.map" = "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,MTLS:SSL"
+"sasl.enabled.mechanisms" = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"
+"ssl.keystore.location" = "{pki["server"]}"
+"ssl.truststore.location" = "{pki["ca"]}"
+"listener.name.mtls.ssl.client.auth" = "required"
+"listener.name.mtls.ssl.principal.mapping.rules" = "RULE:^CN=([^,]+),.*$/$1-cert/L,DEFAULT"
+"group.initial.rebalance.delay.ms" = 0
+"authorizer.class.name" = "acl"
+"allow.everyone.if.no.acl.found" = true
+''')
+    broker = SecureBroker(data_dir, config)
+    broker.start()
+    try:
+        names = {"PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "MTLS"}
+        for _ in range(100):  # the other listeners log right after the first (bounded wait)
+            if set(broker.ports()) == names:
+                break
+            time.sleep(0.1)
+        ports = broker.ports()
+        assert set(ports) == {"PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "MTLS"}, ports
+        assert ports["PLAINTEXT"] == broker.port
+        yield broker
+    finally:
+        if broker.running:
+            assert broker.stop() == 0, broker.log_tail()
+
+
+def listener(broker: SecureBroker, name: str) -> str:
+    return f"127.0.0.1:{broker.ports()[name]}"
+
+
+def confluent_conf(broker: SecureBroker, pki: dict[str, Path], protocol: str, mech: str,
+                   password: str = PASSWORD) -> dict[str, Any]:  # fmt: skip
+    conf: dict[str, Any] = {
+        "bootstrap.servers": listener(broker, protocol), "security.protocol": protocol,
+        "sasl.mechanisms": mech, "sasl.username": USER, "sasl.password": password,
+    }  # fmt: skip
+    if protocol == "SASL_SSL":
+        conf["ssl.ca.location"] = str(pki["ca"])
+    return conf
+
+
+def confluent_roundtrip(conf: dict[str, Any], topic: str) -> list[bytes]:
+    errors: list[Any] = []
+    producer = Producer({**conf, "error_cb": errors.append})
+    for i in range(COUNT):
+        producer.produce(topic, f"{topic}-{i}".encode())
+    assert producer.flush(TIMEOUT_S) == 0, errors
+    consumer = Consumer({**conf, "group.id": f"g-{topic}", "auto.offset.reset": "earliest",
+                         "error_cb": errors.append})  # fmt: skip
+    consumer.subscribe([topic])
+    got: list[bytes] = []
+    try:
+        for _ in range(TIMEOUT_S * 2):
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value())
+            if len(got) >= COUNT:
+                break
+    finally:
+        consumer.close()
+    assert not errors, errors
+    return got
+
+
+def kafka_python_roundtrip(conf: dict[str, Any], topic: str) -> list[bytes]:
+    producer = KafkaProducer(**conf)
+    try:
+        for i in range(COUNT):
+            producer.send(topic, f"{topic}-{i}".encode())
+        producer.flush(TIMEOUT_S)
+    finally:
+        producer.close(5)
+    consumer = KafkaConsumer(topic, group_id=f"g-{topic}", auto_offset_reset="earliest",
+                             consumer_timeout_ms=10_000, **conf)  # fmt: skip
+    got: list[bytes] = []
+    try:
+        for record in consumer:
+            got.append(record.value)
+            if len(got) >= COUNT:
+                break
+    finally:
+        consumer.close()
+    return got
+
+
+def refused(conf: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """Produce one record with a client the broker refuses: (delivery error, client errors).
+
+    It waits for the client to report an error, then purges the record (which fails).
+
+    The producer is purged and dropped here; otherwise it would keep retrying in
+    the background until the test process exits.
+    """
+    errors: list[Any] = []
+    results: list[Any] = []
+    producer = Producer({**conf, "error_cb": errors.append, "message.timeout.ms": 5000})
+    producer.produce("never", b"x", on_delivery=lambda err, msg: results.append(err))
+    for _ in range(TIMEOUT_S * 10):  # until the client reports why it cannot connect
+        producer.poll(0.1)
+        if errors:
+            break
+    producer.purge()
+    producer.flush(0)
+    del producer
+    gc.collect()
+    return (results[0] if results else None), errors
+
+
+def expected(topic: str) -> list[bytes]:
+    return [f"{topic}-{i}".encode() for i in range(COUNT)]
+
+
+# --------------------------------------------------------------------------- SASL
+
+
+@pytest.mark.parametrize(
+    ("protocol", "mech"),
+    [("SASL_PLAINTEXT", "SCRAM-SHA-512"), ("SASL_PLAINTEXT", "PLAIN"),
+     ("SASL_SSL", "SCRAM-SHA-512")],
+)  # fmt: skip
+def test_confluent_kafka(secure_broker: SecureBroker, pki: dict[str, Path], protocol: str,
+                         mech: str) -> None:  # fmt: skip
+    topic = f"ck-{protocol}-{mech}".lower()
+    got = confluent_roundtrip(confluent_conf(secure_broker, pki, protocol, mech), topic)
+    assert got == expected(topic)
+
+
+@pytest.mark.parametrize(
+    ("protocol", "mech"),
+    [("SASL_PLAINTEXT", "SCRAM-SHA-512"), ("SASL_PLAINTEXT", "PLAIN"),
+     ("SASL_SSL", "SCRAM-SHA-512")],
+)  # fmt: skip
+def test_kafka_python(secure_broker: SecureBroker, pki: dict[str, Path], protocol: str,
+                      mech: str) -> None:  # fmt: skip
+    topic = f"kp-{protocol}-{mech}".lower()
+    conf: dict[str, Any] = dict(
+        bootstrap_servers=listener(secure_broker, protocol), security_protocol=protocol,
+        sasl_mechanism=mech, sasl_plain_username=USER, sasl_plain_password=PASSWORD,
+    )  # fmt: skip
+    if protocol == "SASL_SSL":
+        conf["ssl_cafile"] = str(pki["ca"])
+    assert kafka_python_roundtrip(conf, topic) == expected(topic)
+
+
+def test_kcat_sasl_ssl_scram_sha_256(secure_broker: SecureBroker, pki: dict[str, Path]) -> None:
+    topic = "kcat-sasl-ssl"
+    common = [KCAT, "-b", listener(secure_broker, "SASL_SSL"), "-t", topic,
+              "-X", "security.protocol=SASL_SSL", "-X", "sasl.mechanisms=SCRAM-SHA-256",
+              "-X", f"sasl.username={USER}", "-X", f"sasl.password={PASSWORD}",
+              "-X", f"ssl.ca.location={pki['ca']}"]  # fmt: skip
+    lines = "\n".join(f"kcat-{i}" for i in range(COUNT)) + "\n"
+    subprocess.run([*common, "-P"], input=lines.encode(), check=True, timeout=TIMEOUT_S)
+    out = subprocess.run([*common, "-C", "-o", "beginning", "-e", "-q"], check=True,
+                         capture_output=True, timeout=TIMEOUT_S)  # fmt: skip
+    assert out.stdout.decode().splitlines() == [f"kcat-{i}" for i in range(COUNT)]
+
+
+def test_wrong_password_is_rejected_and_others_are_served(
+    secure_broker: SecureBroker, pki: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    conf = confluent_conf(secure_broker, pki, "SASL_PLAINTEXT", "SCRAM-SHA-512", BAD_PASSWORD)
+    delivery, errors = refused(conf)
+    assert delivery is not None and delivery.code() == KafkaError._PURGE_QUEUE
+    assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
+    assert any("invalid credentials" in e.str() for e in errors), errors
+    caplog.set_level(logging.WARNING, logger="kafka")
+    with pytest.raises(KafkaPythonError):
+        KafkaProducer(bootstrap_servers=listener(secure_broker, "SASL_PLAINTEXT"),
+                      security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                      sasl_plain_username=USER, sasl_plain_password=BAD_PASSWORD,
+                      bootstrap_timeout_ms=3000)  # fmt: skip
+    # kafka-python retries the bootstrap; the broker's error 58 is what it logs.
+    assert "SaslAuthenticationFailedError" in caplog.text
+    assert secure_broker.running
+    topic = "after-bad-logins"
+    good = confluent_conf(secure_broker, pki, "SASL_PLAINTEXT", "SCRAM-SHA-256")
+    assert confluent_roundtrip(good, topic) == expected(topic)
+    assert "SASL authentication failed" in secure_broker.log_text()
+    assert PASSWORD not in secure_broker.log_text() and BAD_PASSWORD not in secure_broker.log_text()
+
+
+# --------------------------------------------------------------------------- mutual TLS
+
+
+def mtls_conf(broker: SecureBroker, pki: dict[str, Path], who: str) -> dict[str, Any]:
+    return {"bootstrap.servers": listener(broker, "MTLS"), "security.protocol": "SSL",
+            "ssl.ca.location": str(pki["ca"]), "ssl.certificate.location": str(pki[f"{who}-cert"]),
+            "ssl.key.location": str(pki[f"{who}-key"])}  # fmt: skip
+
+
+def deliver(conf: dict[str, Any], topic: str) -> Any:
+    """Produce one record; the delivery error (None when written)."""
+    results: list[Any] = []
+    producer = Producer({**conf, "message.send.max.retries": 0, "message.timeout.ms": 10_000})
+    producer.produce(topic, b"by-cert", on_delivery=lambda err, msg: results.append(err))
+    assert producer.flush(TIMEOUT_S) == 0
+    return results[0]
+
+
+def test_mtls_principal_from_certificate(secure_broker: SecureBroker, pki: dict[str, Path]) -> None:
+    alice = mtls_conf(secure_broker, pki, "alice")
+    # The topic's ACL names only User:alice-cert: the mapped certificate subject.
+    assert deliver(alice, PROTECTED_TOPIC) is None
+    assert f"TLS client principal {CERT_PRINCIPAL}" in secure_broker.log_text()
+    denied = deliver(mtls_conf(secure_broker, pki, "bob"), PROTECTED_TOPIC)
+    assert denied is not None and denied.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    sasl_alice = confluent_conf(secure_broker, pki, "SASL_SSL", "SCRAM-SHA-512")
+    denied = deliver(sasl_alice, PROTECTED_TOPIC)
+    assert denied is not None and denied.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # Unprotected topics work for the certificate user, consuming included.
+    topic = "mtls-open"
+    assert confluent_roundtrip(alice, topic) == expected(topic)
+
+
+def test_mtls_without_client_certificate_fails(secure_broker: SecureBroker,
+                                               pki: dict[str, Path]) -> None:  # fmt: skip
+    conf = {"bootstrap.servers": listener(secure_broker, "MTLS"), "security.protocol": "SSL",
+            "ssl.ca.location": str(pki["ca"])}  # fmt: skip
+    delivery, errors = refused(conf)
+    assert delivery is not None, "a client without a certificate got a record written"
+    assert errors, "no error reported for a refused TLS handshake"
+    assert "TLS handshake failed" in secure_broker.log_text()
+    assert secure_broker.running
