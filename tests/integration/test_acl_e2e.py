@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 import trio
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, Producer, TopicCollection
 from confluent_kafka.admin import AclBinding as CAclBinding
 from confluent_kafka.admin import AclBindingFilter as CAclBindingFilter
 from confluent_kafka.admin import AclOperation as CAclOperation
@@ -386,3 +386,26 @@ async def test_acls_with_confluent_admin_survive_restart(tmp_path: Path) -> None
         assert binding not in left and len(left) == 1
         nursery.cancel_scope.cancel()
     assert (tmp_path / "data" / "acls.json").exists()
+
+
+async def test_authorized_operations_are_reported(broker: Broker, bootstrap: str) -> None:
+    broker.topics.create("reported", 1)
+    grant(broker, RT.CLUSTER, "kafka-cluster", Operation.DESCRIBE)
+    grant(broker, RT.TOPIC, "reported", Operation.READ, Operation.ALTER_CONFIGS)
+
+    def run() -> tuple[set[Any], set[Any]]:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        [future] = admin.describe_topics(
+            TopicCollection(["reported"]), include_authorized_operations=True
+        ).values()
+        topic = future.result(timeout=10)
+        cluster = admin.describe_cluster(include_authorized_operations=True).result(timeout=10)
+        return set(topic.authorized_operations), set(cluster.authorized_operations)
+
+    topic_ops, cluster_ops = await in_thread(run)
+    # READ implies DESCRIBE, ALTER_CONFIGS implies DESCRIBE_CONFIGS.
+    assert topic_ops == {
+        CAclOperation.READ, CAclOperation.DESCRIBE, CAclOperation.ALTER_CONFIGS,
+        CAclOperation.DESCRIBE_CONFIGS,
+    }  # fmt: skip
+    assert cluster_ops == {CAclOperation.DESCRIBE}

@@ -7,7 +7,12 @@ from typing import Any
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized
+from trio_broker.security.authorize import (
+    Operation,
+    ResourceType,
+    authorized,
+    authorized_operations,
+)
 
 Resp: Any = m.DescribeClusterResponse
 
@@ -37,6 +42,8 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
         response.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
         response.error_message = "DESCRIBE on the cluster refused"
         return response
+    if broker.authorizer is not None and request.include_cluster_authorized_operations:
+        response.cluster_authorized_operations = authorized_operations(ctx, ResourceType.CLUSTER)
     if endpoint_type == CONTROLLER_ENDPOINT:
         # Our one listener is a broker listener; a client that wants the controller
         # quorum must be told it asked the wrong kind of endpoint.

@@ -8,7 +8,13 @@ from typing import Any
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized, may_create_topic
+from trio_broker.security.authorize import (
+    Operation,
+    ResourceType,
+    authorized,
+    authorized_operations,
+    may_create_topic,
+)
 from trio_broker.server.topics import TopicError, validate_topic_name
 
 Resp = m.MetadataResponse
@@ -48,6 +54,7 @@ def topic_metadata(ctx: RequestContext, name: str | None, topic_id: uuid.UUID | 
 async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
     topics: list[Any] = []
+    cluster_operations = -2147483648  # "not provided"
     if request.topics is None or (ctx.api_version == 0 and not request.topics):
         topics = [
             topic_metadata(ctx, name, None)
@@ -96,6 +103,16 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                     topics.append(Resp.MetadataResponseTopic(error_code=exc.code, name=name))
                     continue
             topics.append(topic_metadata(ctx, name, None))
+    if broker.authorizer is not None and ctx.api_version >= 8:
+        # Without an authorizer these stay "not provided", as before.
+        if request.include_topic_authorized_operations:
+            for t in topics:
+                if t.error_code == ErrorCode.NONE:
+                    t.topic_authorized_operations = authorized_operations(
+                        ctx, ResourceType.TOPIC, t.name
+                    )
+        if ctx.api_version <= 10 and request.include_cluster_authorized_operations:
+            cluster_operations = authorized_operations(ctx, ResourceType.CLUSTER)
     host, port = broker.advertised_for(ctx.client.connection_id)
     return Resp(
         throttle_time_ms=0,
@@ -107,5 +124,5 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
         cluster_id=broker.cluster_id,
         controller_id=broker.config.node_id,
         topics=topics,
-        cluster_authorized_operations=-2147483648,
+        cluster_authorized_operations=cluster_operations,
     )

@@ -92,3 +92,28 @@ def may_create_topic(ctx: RequestContext, name: str) -> bool:
     return authorized(ctx, Operation.CREATE, ResourceType.CLUSTER) or authorized(
         ctx, Operation.CREATE, ResourceType.TOPIC, name
     )
+
+
+#: The operations Kafka reports per resource type in "authorized operations" bit sets.
+_REPORTED_OPERATIONS = {
+    ResourceType.TOPIC: (
+        Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE, Operation.ALTER,
+        Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS,
+    ),
+    ResourceType.GROUP: (Operation.READ, Operation.DESCRIBE, Operation.DELETE),
+    ResourceType.CLUSTER: (
+        Operation.CREATE, Operation.ALTER, Operation.DESCRIBE, Operation.CLUSTER_ACTION,
+        Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS, Operation.IDEMPOTENT_WRITE,
+    ),
+}  # fmt: skip
+
+
+def authorized_operations(
+    ctx: RequestContext, resource_type: ResourceType, name: str = CLUSTER_NAME
+) -> int:
+    """Kafka's authorized-operations bit set (bit n = AclOperation code n) for a resource."""
+    return sum(
+        1 << op
+        for op in _REPORTED_OPERATIONS[resource_type]
+        if authorized(ctx, op, resource_type, name)
+    )
