@@ -221,6 +221,11 @@ class QuotaTable:
         self.dynamic.setdefault(entity, {})[key] = value
         self._rebuild()
 
+    @property
+    def empty(self) -> bool:
+        """No quota in force: the hot path can skip measuring altogether."""
+        return not self._effective
+
     def effective(self) -> dict[Entity, dict[str, float]]:
         return {e: dict(v) for e, v in self._effective.items()}
 
