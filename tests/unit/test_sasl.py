@@ -1,0 +1,228 @@
+"""The sans-I/O SASL session: transitions, what it permits, and the credential store."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from scramp import ScramClient
+
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.credentials import (
+    CredentialError,
+    CredentialStore,
+    credential_from_password,
+    credential_from_salted,
+)
+from trio_broker.security.sasl import (
+    API_VERSIONS,
+    SASL_AUTHENTICATE,
+    SASL_HANDSHAKE,
+    SaslSession,
+    SaslState,
+)
+
+METADATA, PRODUCE = 3, 0
+USER, PASSWORD = "alice", "pencil"
+ALL = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+@pytest.fixture(scope="module")
+def store() -> CredentialStore:
+    users = CredentialStore(None)
+    for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+        users.add(USER, mech, PASSWORD)
+    users.add("weird,na=me", "SCRAM-SHA-256", PASSWORD)
+    return users
+
+
+def session(store: CredentialStore, mechanisms: list[str] = ALL, reauth_ms: int = 0) -> SaslSession:
+    return SaslSession(list(mechanisms), store, reauth_ms)
+
+
+def scram(s: SaslSession, mech: str, user: str = USER, password: str = PASSWORD) -> int:
+    """A whole SCRAM exchange; the final error code."""
+    assert s.handshake(mech) == ErrorCode.NONE
+    client = ScramClient([mech], user, password)
+    first = s.authenticate(client.get_client_first().encode(), now_ms=0)
+    if first.error_code:
+        return first.error_code
+    assert s.state is SaslState.AWAIT_FINAL and first.principal is None
+    client.set_server_first(first.auth_bytes.decode())
+    final = s.authenticate(client.get_client_final().encode(), now_ms=0)
+    if final.error_code == 0:
+        client.set_server_final(final.auth_bytes.decode())  # the server proved its key
+    return final.error_code
+
+
+# --------------------------------------------------------------------------- transitions
+
+
+def test_before_login_only_sasl_and_api_versions_are_permitted(store: CredentialStore) -> None:
+    s = session(store)
+    assert s.state is SaslState.AWAIT_HANDSHAKE
+    for key in (API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE):
+        assert s.permits(key, 0)
+    for key in (METADATA, PRODUCE, 1, 10, 19):
+        assert not s.permits(key, 0)
+    assert s.handshake("PLAIN") == 0 and s.state is SaslState.AWAIT_AUTH
+    assert not s.permits(METADATA, 0)
+
+
+@pytest.mark.parametrize("mech", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_scram_login(store: CredentialStore, mech: str) -> None:
+    s = session(store)
+    assert scram(s, mech) == ErrorCode.NONE
+    assert s.state is SaslState.AUTHENTICATED and s.principal == "User:alice"
+    assert s.permits(METADATA, 10**12)
+
+
+def test_scram_user_names_are_saslname_decoded(store: CredentialStore) -> None:
+    s = session(store)
+    assert scram(s, "SCRAM-SHA-256", user="weird,na=me") == 0
+    assert s.principal == "User:weird,na=me"
+
+
+def test_plain_login(store: CredentialStore) -> None:
+    s = session(store)
+    assert s.handshake("PLAIN") == 0
+    step = s.authenticate(b"\0alice\0pencil", now_ms=5)
+    assert step.error_code == 0 and step.principal == "User:alice" and step.auth_bytes == b""
+    assert s.authenticated
+
+
+@pytest.mark.parametrize(
+    "token",
+    [b"\0alice\0pencils", b"\0alice\0", b"\0\0pencil", b"alice\0pencil", b"alicepencil",
+     b"\0alice\0pencil\0", b"eve\0alice\0pencil", b"\0bob\0pencil", b"\0alice\0\xc3"],
+)  # fmt: skip
+def test_plain_failures(store: CredentialStore, token: bytes) -> None:
+    s = session(store)
+    s.handshake("PLAIN")
+    step = s.authenticate(token, now_ms=0)
+    assert step.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+    assert step.principal is None and s.failed and s.principal is None
+    # The answer does not say what was wrong.
+    assert step.error_message == (
+        "Authentication failed during authentication due to invalid credentials "
+        "with SASL mechanism PLAIN"
+    )
+    assert not s.permits(API_VERSIONS, 0) and not s.permits(METADATA, 0)
+
+
+def test_wrong_scram_password_fails(store: CredentialStore) -> None:
+    s = session(store)
+    assert scram(s, "SCRAM-SHA-512", password="pencil2") == ErrorCode.SASL_AUTHENTICATION_FAILED
+    assert s.failed and s.principal is None
+
+
+def test_unknown_scram_user_fails_at_first_message(store: CredentialStore) -> None:
+    s = session(store)
+    assert scram(s, "SCRAM-SHA-512", user="bob") == ErrorCode.SASL_AUTHENTICATION_FAILED
+    assert s.failed
+
+
+def test_unsupported_and_disabled_mechanisms(store: CredentialStore) -> None:
+    s = session(store, ["SCRAM-SHA-512"])
+    assert s.handshake("PLAIN") == ErrorCode.UNSUPPORTED_SASL_MECHANISM
+    assert s.failed
+    assert session(store).handshake("GSSAPI") == ErrorCode.UNSUPPORTED_SASL_MECHANISM
+
+
+def test_out_of_order_requests_are_illegal(store: CredentialStore) -> None:
+    s = session(store)
+    assert s.authenticate(b"\0alice\0pencil", 0).error_code == ErrorCode.ILLEGAL_SASL_STATE
+    assert s.failed
+    s = session(store)
+    s.handshake("SCRAM-SHA-256")
+    assert s.handshake("SCRAM-SHA-256") == ErrorCode.ILLEGAL_SASL_STATE
+    s = session(store)
+    s.handshake("PLAIN")
+    s.authenticate(b"\0alice\0pencil", 0)
+    assert s.authenticate(b"\0alice\0pencil", 0).error_code == ErrorCode.ILLEGAL_SASL_STATE
+
+
+def test_oversized_token_fails(store: CredentialStore) -> None:
+    s = session(store)
+    s.handshake("SCRAM-SHA-256")
+    step = s.authenticate(b"n,,n=alice,r=" + b"a" * 10_000, 0)
+    assert step.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+
+
+def test_scram_final_without_first_is_not_possible(store: CredentialStore) -> None:
+    s = session(store)
+    s.handshake("SCRAM-SHA-256")
+    # A client-final as the first token is a malformed client-first.
+    step = s.authenticate(b"c=biws,r=abc,p=AAAA", 0)
+    assert step.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+
+
+# --------------------------------------------------------------------------- lifetime
+
+
+def test_session_lifetime_and_reauthentication(store: CredentialStore) -> None:
+    s = session(store, reauth_ms=1000)
+    s.handshake("PLAIN")
+    step = s.authenticate(b"\0alice\0pencil", now_ms=500)
+    assert step.session_lifetime_ms == 1000 and s.expires_at_ms == 1500
+    assert s.permits(METADATA, 1499) and not s.permits(METADATA, 1500)
+    assert s.permits(SASL_HANDSHAKE, 5000)
+    # KIP-368: a new exchange on the same connection renews the session.
+    assert s.handshake("PLAIN") == 0 and not s.permits(METADATA, 600)
+    assert s.authenticate(b"\0alice\0pencil", now_ms=6000).error_code == 0
+    assert s.permits(METADATA, 6999) and not s.permits(METADATA, 7000)
+
+
+def test_reauthentication_must_keep_user_and_mechanism(store: CredentialStore) -> None:
+    s = session(store)
+    assert scram(s, "SCRAM-SHA-256") == 0
+    assert s.handshake("SCRAM-SHA-512") == ErrorCode.ILLEGAL_SASL_STATE
+    s = session(store)
+    assert scram(s, "SCRAM-SHA-256") == 0
+    assert scram(s, "SCRAM-SHA-256", user="weird,na=me") == ErrorCode.SASL_AUTHENTICATION_FAILED
+    assert s.failed
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+def test_store_keeps_salted_keys_only(tmp_path: Path) -> None:
+    users = CredentialStore.in_data_dir(tmp_path)
+    users.add(USER, "SCRAM-SHA-512", PASSWORD, iterations=8192)
+    path = tmp_path / "scram-credentials.json"
+    text = path.read_text()
+    assert PASSWORD not in text
+    entry = json.loads(text)["users"][USER]["SCRAM-SHA-512"]
+    assert set(entry) == {"salt", "stored_key", "server_key", "iterations"}
+    assert entry["iterations"] == 8192
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    # Another process (trio-broker users) changes the file: a store sees it.
+    other = CredentialStore.in_data_dir(tmp_path)
+    other.add("bob", "SCRAM-SHA-256", "pw")
+    assert set(users.users()) == {USER, "bob"}
+    assert users.verify_plain("bob", "pw") and not users.verify_plain("bob", "pW")
+    assert users.delete("bob") and not users.delete("bob")
+    assert users.delete(USER, "SCRAM-SHA-512") and users.users() == {}
+
+
+def test_store_rejects_weak_or_unknown(tmp_path: Path) -> None:
+    users = CredentialStore.in_data_dir(tmp_path)
+    with pytest.raises(CredentialError):
+        users.add(USER, "SCRAM-SHA-512", PASSWORD, iterations=1000)
+    with pytest.raises(CredentialError):
+        users.add(USER, "SCRAM-SHA-1", PASSWORD)
+    with pytest.raises(CredentialError):
+        users.add("", "SCRAM-SHA-256", PASSWORD)
+    with pytest.raises(CredentialError):
+        users.add(USER, "SCRAM-SHA-256", "")
+
+
+def test_salted_credential_equals_password_credential() -> None:
+    """AlterUserScramCredentials sends a salted password; the keys must be the same."""
+    import hashlib
+
+    made = credential_from_password("SCRAM-SHA-256", PASSWORD, 4096)
+    salted = hashlib.pbkdf2_hmac("sha256", PASSWORD.encode(), made.salt, 4096)
+    assert credential_from_salted("SCRAM-SHA-256", made.salt, salted, 4096) == made
