@@ -409,3 +409,12 @@ async def test_authorized_operations_are_reported(broker: Broker, bootstrap: str
         CAclOperation.DESCRIBE_CONFIGS,
     }  # fmt: skip
     assert cluster_ops == {CAclOperation.DESCRIBE}
+
+    grant(broker, RT.GROUP, "g-", Operation.READ, pattern=PatternType.PREFIXED)
+    async with connect(broker) as raw:
+        described = await raw.call(
+            m.ApiKey.DESCRIBE_GROUPS, 5,
+            m.DescribeGroupsRequest(groups=["g-ops"], include_authorized_operations=True),
+        )  # fmt: skip
+    [group] = described.groups
+    assert group.authorized_operations == (1 << Operation.READ) | (1 << Operation.DESCRIBE)

@@ -15,7 +15,12 @@ from trio_broker.groups.coordinator import GroupCoordinator, Waiter
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized
+from trio_broker.security.authorize import (
+    Operation,
+    ResourceType,
+    authorized,
+    authorized_operations,
+)
 from trio_broker.state.group import GroupState, JoinRequest, JoinResult, SyncResult
 from trio_broker.storage.errors import StorageError
 
@@ -277,6 +282,14 @@ async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
                 ],
             )
         )
+    # Without an authorizer, or unasked, the field keeps its "not provided" default.
+    asked = ctx.api_version >= 3 and request.include_authorized_operations
+    if ctx.broker.authorizer is not None and asked:
+        for group in described:
+            if group.error_code == ErrorCode.NONE:
+                group.authorized_operations = authorized_operations(
+                    ctx, ResourceType.GROUP, group.group_id
+                )
     return DescribeResp(throttle_time_ms=0, groups=described)
 
 
