@@ -1,0 +1,273 @@
+"""Corners of the pure group machine the group Hypothesis machine reaches rarely or not at
+all: static members restarting mid-rebalance, rejoins during CompletingRebalance, leaves
+of pending members, what DescribeGroups reports, and the consumer subscription parser
+behind OffsetDelete. Found by mutation testing (tools/mutation.sh state/group).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.group import (
+    Group,
+    GroupConfig,
+    GroupEvent,
+    GroupState,
+    GroupSummary,
+    IllegalGroupTransition,
+    JoinRequest,
+    JoinResult,
+    MemberSummary,
+    SyncResult,
+    consumer_subscription_topics,
+    next_state,
+)
+
+S = GroupState
+PROTOCOLS = (("range", b"r"), ("roundrobin", b"rr"))
+
+
+def join_req(
+    member_id: str = "",
+    *,
+    instance: str | None = None,
+    protocols: Any = PROTOCOLS,
+    session: int = 10_000,
+    client: str = "client",
+    host: str = "/127.0.0.1",
+    v9: bool = True,
+) -> JoinRequest:
+    return JoinRequest(
+        member_id, instance, client, host, session, 30_000, "consumer", protocols,
+        require_known_member_id=True, supports_skip_assignment=v9,
+    )  # fmt: skip
+
+
+def answers(replies: Any) -> dict[Any, Any]:
+    return {r.waiter: r.result for r in replies}
+
+
+def completing(static: bool = True, protocols: Any = PROTOCOLS) -> Group:
+    """Members m0 (leader) and m1 joined at t=0: generation 1, CompletingRebalance."""
+    group = Group("g", GroupConfig(initial_rebalance_delay_ms=0))
+    for i in range(2):
+        req = join_req(instance=f"i{i}" if static else None, protocols=protocols)
+        if not static:  # KIP-394 round trip for dynamic members
+            assert group.join(req, 0, f"m{i}", f"j{i}").result is not None
+            req = join_req(f"m{i}", protocols=protocols)
+        assert group.join(req, 0, f"m{i}", f"j{i}").result is None
+    replies = answers(group.advance_to(0))
+    assert group.state is S.COMPLETING_REBALANCE and set(replies) == {"j0", "j1"}
+    return group
+
+
+def stable(static: bool = True, protocols: Any = PROTOCOLS) -> Group:
+    group = completing(static, protocols)
+    out = group.sync("m0", None, 1, None, None, {"m0": b"a0", "m1": b"a1"}, 0, "s0")
+    assert group.state is S.STABLE and answers(out.replies)["s0"].assignment == b"a0"
+    return group
+
+
+# ------------------------------------------------------------------ lifecycle
+
+
+def test_an_illegal_transition_names_state_and_event() -> None:
+    with pytest.raises(IllegalGroupTransition) as info:
+        next_state(S.DEAD, GroupEvent.PREPARE_REBALANCE)
+    assert (info.value.state, info.value.event) == (S.DEAD, GroupEvent.PREPARE_REBALANCE)
+    assert str(info.value) == "PREPARE_REBALANCE is illegal in state Dead"
+
+
+def test_delete_records_when_the_group_died() -> None:
+    group = Group("g", GroupConfig())
+    group.delete(1234)
+    assert group.state is S.DEAD and group.state_since_ms == 1234
+
+
+# ------------------------------------------------------------------ static members
+
+
+def test_static_restart_in_a_stable_group_keeps_the_generation() -> None:
+    group = stable()
+    out = group.join(join_req(instance="i0", session=7_000), 500, "m0b", "j0b")
+    assert out.result == JoinResult(
+        ErrorCode.NONE, 1, "consumer", "range", "m0b", "m0b",
+        (("m0b", "i0", b"r"), ("m1", "i1", b"r")), skip_assignment=True,
+    )  # fmt: skip
+    assert out.replies == ()
+    assert group.state is S.STABLE
+    # its session runs from the restart: m1's deadline (10 000) comes first, then m0b's
+    assert group.members["m0b"].session_deadline_ms == 7_500
+    assert group.next_deadline() == 7_500
+
+
+def test_static_leader_restart_before_v9_is_told_the_old_leader() -> None:
+    group = stable()
+    out = group.join(join_req(instance="i0", v9=False), 500, "m0b", "j0b")
+    assert out.result == JoinResult(ErrorCode.NONE, 1, "consumer", "range", "m0", "m0b")
+    assert out.replies == ()
+
+
+def test_static_restart_fences_a_parked_sync_of_the_old_id() -> None:
+    group = completing()
+    assert group.sync("m1", "i1", 1, None, None, {}, 0, "s1").result is None  # parked
+    out = group.join(join_req(instance="i1"), 10, "m1b", "j1b")
+    assert out.result is None
+    assert answers(out.replies) == {"s1": SyncResult(ErrorCode.FENCED_INSTANCE_ID)}
+    assert group.state is S.PREPARING_REBALANCE
+    assert group.sync("m1", "i1", 1, None, None, {}, 10, "s1x").result == SyncResult(
+        ErrorCode.FENCED_INSTANCE_ID
+    )
+
+
+def test_static_restart_can_complete_a_join_phase() -> None:
+    group = stable()
+    assert group.join(join_req("m0", instance="i0"), 100, "unused", "j0").result is None
+    assert group.state is S.PREPARING_REBALANCE  # the leader asked for a rebalance
+    out = group.join(join_req(instance="i1"), 200, "m1b", "j1b")
+    assert out.result is None
+    got = answers(out.replies)
+    assert set(got) == {"j0", "j1b"}
+    assert {r.generation_id for r in got.values()} == {2}
+    assert group.state is S.COMPLETING_REBALANCE
+    assert group.sync_deadline_ms == 200 + 30_000
+
+
+# ------------------------------------------------------------------ rejoins
+
+
+def test_rejoin_during_completing_rebalance_answers_the_current_generation() -> None:
+    group = completing(static=False)
+    leader = group.join(join_req("m0"), 5, "unused", "again0").result
+    assert leader == JoinResult(
+        ErrorCode.NONE, 1, "consumer", "range", "m0", "m0",
+        (("m0", None, b"r"), ("m1", None, b"r")),
+    )  # fmt: skip
+    follower = group.join(join_req("m1"), 5, "unused", "again1").result
+    assert follower == JoinResult(ErrorCode.NONE, 1, "consumer", "range", "m0", "m1")
+    assert group.state is S.COMPLETING_REBALANCE
+
+
+def test_a_rejoin_refreshes_what_describe_shows() -> None:
+    group = stable(static=False)
+    group.join(join_req("m1", client="new-client", host="/10.0.0.9", session=20_000), 7, "x", "j")
+    assert group.state is S.STABLE  # a follower with unchanged protocols: no rebalance
+    # ... and nothing changed; a leader rejoin updates the member and rebalances.
+    group.join(join_req("m0", client="lead-2", host="/10.0.0.8", session=20_000), 7, "x", "j0")
+    assert group.state is S.PREPARING_REBALANCE
+    m0 = group.summary().members[0]
+    assert (m0.client_id, m0.client_host) == ("lead-2", "/10.0.0.8")
+    assert group.members["m0"].session_deadline_ms == 7 + 20_000
+
+
+# ------------------------------------------------------------------ leaving
+
+
+def test_a_pending_member_leaving_can_complete_a_join_phase() -> None:
+    group = stable(static=False)
+    pending = group.join(join_req(), 10, "p", "jp").result
+    assert pending is not None and pending.error is ErrorCode.MEMBER_ID_REQUIRED
+    assert group.join(join_req("m0"), 20, "x", "j0").result is None
+    assert group.join(join_req("m1"), 20, "x", "j1").result is None
+    assert group.state is S.PREPARING_REBALANCE  # still waiting for "p"
+    error, replies = group.leave("p", None, 30)
+    assert error is ErrorCode.NONE
+    assert set(answers(replies)) == {"j0", "j1"}
+    assert group.state is S.COMPLETING_REBALANCE and group.sync_deadline_ms == 30 + 30_000
+
+
+def test_a_leaving_member_s_parked_sync_is_answered() -> None:
+    group = completing(static=False)
+    assert group.sync("m1", None, 1, None, None, {}, 0, "s1").result is None
+    error, replies = group.leave("m1", None, 5)
+    assert error is ErrorCode.NONE
+    assert answers(replies) == {"s1": SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)}
+    assert group.state is S.PREPARING_REBALANCE
+
+
+# ------------------------------------------------------------------ DescribeGroups
+
+
+def test_summary_of_a_stable_group() -> None:
+    group = stable()
+    assert group.summary() == GroupSummary(
+        "g", S.STABLE, "consumer", "range",
+        (
+            MemberSummary("m0", "i0", "client", "/127.0.0.1", b"r", b"a0"),
+            MemberSummary("m1", "i1", "client", "/127.0.0.1", b"r", b"a1"),
+        ),
+    )  # fmt: skip
+
+
+def test_summary_outside_stable_shows_no_protocol_data() -> None:
+    group = completing()
+    assert group.summary() == GroupSummary(
+        "g", S.COMPLETING_REBALANCE, "consumer", "",
+        (
+            MemberSummary("m0", "i0", "client", "/127.0.0.1", b"", b""),
+            MemberSummary("m1", "i1", "client", "/127.0.0.1", b"", b""),
+        ),
+    )  # fmt: skip
+    empty = Group("fresh", GroupConfig())
+    assert empty.summary() == GroupSummary("fresh", S.EMPTY, "", "", ())
+
+
+# ------------------------------------------------------------------ consumer subscriptions
+
+
+def subscription(*topics: bytes, version: int = 1, tail: bytes = b"") -> bytes:
+    out = struct.pack(">hi", version, len(topics))
+    for topic in topics:
+        out += struct.pack(">h", len(topic)) + topic
+    return out + tail
+
+
+def test_subscription_topics_parse() -> None:
+    assert consumer_subscription_topics(subscription(b"a", b"bb", tail=b"\x00\x00\x00\x00")) == {
+        "a",
+        "bb",
+    }
+    assert consumer_subscription_topics(subscription()) == set()  # no topics is valid
+    assert consumer_subscription_topics(subscription(b"")) == {""}  # an empty name too
+    assert consumer_subscription_topics(subscription(b"abc")) == {"abc"}  # ends at the end
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        (struct.pack(">hi", 1, -1), "bad topic count"),
+        (struct.pack(">hi", 1, 7), "bad topic count"),  # more topics than bytes
+        (struct.pack(">hih", 1, 8, 0x7FFF), "bad topic name"),  # count == len: names decide
+        (struct.pack(">hih", 1, 1, -1), "bad topic name"),
+        (struct.pack(">hih", 1, 1, 4) + b"abc", "bad topic name"),  # one byte short
+    ],
+)
+def test_subscription_errors(metadata: bytes, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        consumer_subscription_topics(metadata)
+    assert str(info.value) == message
+
+
+def test_truncated_subscription_reports_the_short_read() -> None:
+    with pytest.raises(ValueError) as info:
+        consumer_subscription_topics(b"\x00\x01\x00")
+    assert "unpack_from requires a buffer of at least 6 bytes" in str(info.value)
+
+
+def test_subscribed_topics_of_a_consumer_group() -> None:
+    group = Group("g", GroupConfig(initial_rebalance_delay_ms=0))
+    metas = [b"\xff", subscription(b"t1"), subscription(b"t2", b"t3")]  # m0's does not parse
+    for i, meta in enumerate(metas):
+        req = join_req(instance=f"i{i}", protocols=(("range", meta),))
+        assert group.join(req, 0, f"m{i}", f"j{i}").result is None
+    group.advance_to(0)
+    assert group.protocol_name == "range"
+    assert group.subscribed_topics() == {"t1", "t2", "t3"}
+    for i in range(3):
+        group.leave(f"m{i}", None, 1)
+    assert group.state is S.EMPTY and group.protocol_type == "consumer"
+    assert group.subscribed_topics() is None  # no protocol chosen: cannot tell
