@@ -365,3 +365,36 @@ async def test_oversized_frame_before_authentication_closes(sasl: RawClient) -> 
     # 1 MiB announced: over sasl.server.max.receive.size (512 KiB) before login.
     await sasl.stream.send_all(struct.pack(">i", 1 << 20) + b"\0" * 64)
     await assert_closed(sasl)
+
+
+# --------------------------------------------------------------------------- capture
+
+
+async def test_capture_keeps_no_secrets(broker_config: BrokerConfig, tmp_path: Path) -> None:
+    """With --capture on, SASL frames keep only their ids: no password, no proof."""
+    import attrs
+    import pyarrow.parquet as pq
+
+    capture_dir = tmp_path / "capture"
+    config = attrs.evolve(broker_config, capture_dir=capture_dir)
+    async with trio.open_nursery() as nursery:
+        broker: Broker = await nursery.start(Broker(config).run)
+        port = port_of(broker, "SASL_PLAINTEXT")
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            client = RawClient(stream)
+            assert (await handshake(client, "PLAIN")).error_code == 0
+            token = f"\0{USER}\0{PASSWORD}".encode()
+            assert (await authenticate(client, token)).error_code == 0
+            assert (await metadata(client)).brokers
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            assert (await scram_login(RawClient(stream), "SCRAM-SHA-512")).error_code == 0
+        nursery.cancel_scope.cancel()  # Broker.run's finally writes the capture
+    rows = [row for path in sorted(capture_dir.glob("*.parquet"))
+            for row in pq.read_table(path).to_pylist()]  # fmt: skip
+    sasl_rows = [row for row in rows if row["api_key"] in (17, 36)]
+    assert {row["api_key"] for row in sasl_rows} == {17, 36}
+    assert any(row["api_key"] == 3 for row in rows)  # the capture did record the rest
+    for row in sasl_rows:
+        assert len(row["frame"]) <= 8, row
+    everything = b"".join(bytes(row["frame"]) for row in rows)
+    assert PASSWORD.encode() not in everything
