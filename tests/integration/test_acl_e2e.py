@@ -418,3 +418,47 @@ async def test_authorized_operations_are_reported(broker: Broker, bootstrap: str
         )  # fmt: skip
     [group] = described.groups
     assert group.authorized_operations == (1 << Operation.READ) | (1 << Operation.DESCRIBE)
+
+
+async def test_aiokafka_and_kcat_see_a_denied_produce(broker: Broker, bootstrap: str) -> None:
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import TopicAuthorizationFailedError as AioTopicAuthorizationFailed
+
+    grant_cluster_admin(broker)
+    broker.topics.create("ok-topic", 1)
+    broker.topics.create("ro-topic", 1)
+    grant(broker, RT.TOPIC, "ok-topic", Operation.WRITE)
+    grant(broker, RT.TOPIC, "ro-topic", Operation.DESCRIBE)
+
+    def with_aiokafka() -> None:
+        import asyncio
+
+        async def main() -> None:
+            producer = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+            await producer.start()
+            try:
+                assert (await producer.send_and_wait("ok-topic", b"a")).offset == 0
+                with pytest.raises(AioTopicAuthorizationFailed):
+                    await producer.send_and_wait("ro-topic", b"a")
+            finally:
+                await producer.stop()
+
+        asyncio.run(main())
+
+    await in_thread(with_aiokafka)
+    with trio.fail_after(30):
+        results = [
+            await trio.run_process(
+                ["kcat", "-b", bootstrap, "-P", "-t", topic, "-X", "message.send.max.retries=0"],
+                stdin=b"k\n",
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+            for topic in ("ok-topic", "ro-topic")
+        ]
+    ok, denied = (r.stderr.decode() for r in results)
+    assert results[0].returncode == 0 and "failed" not in ok.lower(), ok
+    assert "Topic authorization failed" in denied or "TOPIC_AUTHORIZATION_FAILED" in denied, denied
+    assert broker.topics.log("ok-topic", 0).log_end_offset == 2
+    assert broker.topics.log("ro-topic", 0).log_end_offset == 0
