@@ -271,3 +271,23 @@ def test_subscribed_topics_of_a_consumer_group() -> None:
         group.leave(f"m{i}", None, 1)
     assert group.state is S.EMPTY and group.protocol_type == "consumer"
     assert group.subscribed_topics() is None  # no protocol chosen: cannot tell
+
+
+# ------------------------------------------------------------------ dead groups, commits
+
+
+def test_a_dead_group_answers_coordinator_not_available() -> None:
+    group = Group("g", GroupConfig())
+    group.delete(0)
+    unavailable = ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert group.sync("m0", None, 1, None, None, {}, 0, "s").result == SyncResult(unavailable)
+    assert group.heartbeat("m0", None, 1, 0) is unavailable
+    assert group.leave("m0", None, 0) == (unavailable, ())
+    assert group.validate_offset_commit("", None, -1, 0) is unavailable
+
+
+def test_only_a_negative_generation_commits_to_an_empty_group() -> None:
+    group = Group("g", GroupConfig())
+    assert group.validate_offset_commit("", None, -1, 0) is ErrorCode.NONE
+    assert group.validate_offset_commit("", None, 0, 0) is ErrorCode.UNKNOWN_MEMBER_ID
+    assert group.validate_offset_commit("m0", None, 1, 0) is ErrorCode.UNKNOWN_MEMBER_ID
