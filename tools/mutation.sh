@@ -69,6 +69,15 @@ counts = collections.Counter(status.values())
 killed = counts["killed"] + counts["timeout"]
 checked = sum(n for s, n in counts.items() if s != "not checked")
 print(f"{sys.argv[1]}: {killed}/{checked} killed ({dict(counts)})")
+# Per function (mutant names are <module>.x_<function>__mutmut_<n>, methods xǁClassǁname):
+# a module whose shell has no fast tests can still be judged function by function.
+per_function = collections.defaultdict(collections.Counter)
+for name, state in status.items():
+    function = name.rsplit("__mutmut_", 1)[0].rsplit(".", 1)[-1].removeprefix("x_")
+    per_function[function.replace("xǁ", "").replace("ǁ", ".")][state] += 1
+for function, states in sorted(per_function.items()):
+    done = states["killed"] + states["timeout"]
+    print(f"  {function}: {done}/{sum(states.values())} ({dict(states)})")
 survivors = sorted(n for n, s in status.items() if s == "survived")
 if os.environ.get("RECHECK", "1") == "0":
     survivors_unchecked, survivors = survivors, []
