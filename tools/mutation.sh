@@ -28,6 +28,7 @@ MODULES=(
   "trio_broker/protocol/primitives.py|tests/unit/test_primitives.py tests/unit/test_framing.py tests/unit/test_headers.py tests/unit/test_codec_golden.py fuzz/test_fuzz_records.py"
   "trio_broker/state/producer.py|tests/unit/test_producer_state.py tests/unit/test_producer_state_registry.py statemachine/test_producer_machine.py"
   "trio_broker/state/group.py|tests/unit/test_group_state.py tests/unit/test_group_state_edges.py statemachine/test_group_machine.py"
+  "trio_broker/state/quota.py|tests/unit/test_quota.py"
   "trio_broker/handlers/produce.py|tests/unit/test_records_validation.py"
 )
 
