@@ -283,3 +283,26 @@ def test_config_keys(tmp_path: Path) -> None:
         assert "authorizer.class.name" in str(exc)
     else:
         raise AssertionError("an unknown authorizer must be refused")
+
+
+@given(st.lists(bindings, max_size=10), st.lists(bindings, max_size=4))
+def test_store_round_trip_and_filtered_delete(
+    tmp_dir_bindings: list[AclBinding], to_delete: list[AclBinding]
+) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = AclStore(Path(tmp))
+        store.add(tmp_dir_bindings)
+        unique = list(dict.fromkeys(tmp_dir_bindings))
+        assert AclStore(Path(tmp)).bindings() == unique
+        # Exact filters (every field given) delete exactly their binding.
+        exact = [
+            AclFilter(b.resource_type, b.resource_name, b.pattern_type, b.principal, b.host,
+                      b.operation, b.permission)
+            for b in to_delete
+        ]  # fmt: skip
+        store.remove(exact)
+        expected = [b for b in unique if b not in to_delete]
+        assert store.bindings() == expected
+        assert AclStore(Path(tmp)).bindings() == expected
