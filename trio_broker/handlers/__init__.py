@@ -11,7 +11,7 @@ MODULES = [
     "delete_records", "init_producer_id", "find_coordinator", "groups", "offsets",
     "describe_acls", "create_acls", "delete_acls", "alter_configs", "incremental_alter_configs",
     "describe_client_quotas", "alter_client_quotas",
-    "sasl_handshake", "sasl_authenticate",
+    "sasl_handshake", "sasl_authenticate", "user_scram_credentials",
 ]  # fmt: skip
 
 
