@@ -15,7 +15,7 @@ REQUEST = "request"
 RESPONSE = "response"
 
 #: SaslHandshake and SaslAuthenticate: their bodies may carry secrets.
-REDACTED_API_KEYS = frozenset({17, 36})
+REDACTED_API_KEYS = frozenset({17, 36, 51})  # 51: salted SCRAM passwords (KIP-554)
 #: Bytes kept of a redacted frame: the request header ids / the correlation id.
 REDACTED_PREFIX = {REQUEST: 8, RESPONSE: 4}
 
