@@ -41,6 +41,8 @@ CERT_PRINCIPAL = "User:alice-cert"
 PROTECTED_TOPIC = "cert-only"
 LISTENER_LINE = re.compile(r"listening on 127\.0\.0\.1:(\d+) \((\w+), (\w+)\)")
 COUNT = 20
+#: connections.max.reauth.ms of the SASL_SSL listener: clients must log in again this often.
+REAUTH_MS = 1500
 TIMEOUT_S = 30
 
 
@@ -97,6 +99,7 @@ listeners = "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,SASL_SSL://127
 "sasl.enabled.mechanisms" = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"
 "ssl.keystore.location" = "{pki["server"]}"
 "ssl.truststore.location" = "{pki["ca"]}"
+"listener.name.sasl_ssl.connections.max.reauth.ms" = {REAUTH_MS}
 "listener.name.mtls.ssl.client.auth" = "required"
 "listener.name.mtls.ssl.principal.mapping.rules" = "RULE:^CN=([^,]+),.*$/$1-cert/L,DEFAULT"
 "group.initial.rebalance.delay.ms" = 0
@@ -236,6 +239,25 @@ def test_kafka_python(secure_broker: SecureBroker, pki: dict[str, Path], protoco
     if protocol == "SASL_SSL":
         conf["ssl_cafile"] = str(pki["ca"])
     assert kafka_python_roundtrip(conf, topic) == expected(topic)
+
+
+def test_librdkafka_reauthenticates_when_the_session_ends(
+    secure_broker: SecureBroker, pki: dict[str, Path]
+) -> None:
+    """KIP-368: the session lifetime makes the client log in again on the same connection."""
+    conf = confluent_conf(secure_broker, pki, "SASL_SSL", "SCRAM-SHA-512")
+    start = len(secure_broker.log_text())
+    errors: list[Any] = []
+    delivered: list[Any] = []
+    producer = Producer({**conf, "error_cb": errors.append})
+    for _ in range(4):  # spans several session lifetimes
+        producer.produce("reauth", b"x", on_delivery=lambda err, msg: delivered.append(err))
+        assert producer.flush(TIMEOUT_S) == 0
+        time.sleep(REAUTH_MS / 1000)
+    assert delivered == [None] * 4 and not errors, (delivered, errors)
+    log = secure_broker.log_text()[start:]  # this test's part of the log
+    assert log.count("authenticated as User:alice") >= 4
+    assert "not permitted in SASL state" not in log
 
 
 def test_kcat_sasl_ssl_scram_sha_256(secure_broker: SecureBroker, pki: dict[str, Path]) -> None:
