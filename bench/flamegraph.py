@@ -21,7 +21,7 @@ MIN_WIDTH_PX = 0.3  # frames narrower than this are not drawn (still counted)
 
 
 class Node:
-    __slots__ = ("name", "total", "children")
+    __slots__ = ("children", "name", "total")
 
     def __init__(self, name: str) -> None:
         self.name = name
