@@ -226,3 +226,32 @@ def test_salted_credential_equals_password_credential() -> None:
     made = credential_from_password("SCRAM-SHA-256", PASSWORD, 4096)
     salted = hashlib.pbkdf2_hmac("sha256", PASSWORD.encode(), made.salt, 4096)
     assert credential_from_salted("SCRAM-SHA-256", made.salt, salted, 4096) == made
+
+
+# --------------------------------------------------------------------------- users CLI
+
+
+def test_users_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trio_broker.cli import main
+
+    data = str(tmp_path / "data")
+    (tmp_path / "pw").write_text("from a file\n")
+    assert main(["users", "add", "--data-dir", data, "--user", "alice", "--password", "x1"]) == 0
+    assert main(["users", "add", "--data-dir", data, "--user", "bob", "--password-file",
+                 str(tmp_path / "pw"), "--mechanism", "SCRAM-SHA-512", "--iterations", "8192"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["users", "list", "--data-dir", data]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed == [
+        "alice\tSCRAM-SHA-256 (iterations=4096), SCRAM-SHA-512 (iterations=4096)",
+        "bob\tSCRAM-SHA-512 (iterations=8192)",
+    ]
+    store = CredentialStore.in_data_dir(Path(data))
+    assert store.verify_plain("bob", "from a file") and store.verify_plain("alice", "x1")
+    assert main(["users", "delete", "--data-dir", data, "--user", "alice",
+                 "--mechanism", "SCRAM-SHA-256"]) == 0  # fmt: skip
+    assert main(["users", "delete", "--data-dir", data, "--user", "carol"]) == 1
+    assert main(["users", "add", "--data-dir", data, "--user", "dave", "--password", "p",
+                 "--iterations", "100"]) == 2  # fmt: skip
+    assert set(store.users()) == {"alice", "bob"}
+    assert list(store.users()["alice"]) == ["SCRAM-SHA-512"]

@@ -152,3 +152,25 @@ def test_principal_mapping_rules(rules: str, expected: str) -> None:
 def test_bad_mapping_rules(rules: str) -> None:
     with pytest.raises(ValueError, match=r"ssl\.principal\.mapping\.rules"):
         parse_rules(rules)
+
+
+def test_the_documented_config_loads(tmp_path: Path, ca: trustme.CA) -> None:
+    """docs/security.md's complete broker.toml, with its certificate paths made real."""
+    doc = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
+    toml = doc.split("```toml\n", 1)[1].split("```", 1)[0]
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
+        str(tmp_path / "server.pem")
+    )
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    toml = toml.replace("/etc/trio-broker/", f"{tmp_path}/")
+    config = load_config(write(tmp_path, toml))
+    listeners = {listener.name: listener for listener in resolve_listeners(config)}
+    assert {name: spec.protocol for name, spec in listeners.items()} == {
+        "PLAINTEXT": "PLAINTEXT", "SASL_SSL": "SASL_SSL", "MTLS": "SSL",
+        "SASL_PLAINTEXT": "SASL_PLAINTEXT",
+    }  # fmt: skip
+    assert listeners["MTLS"].settings["ssl.client.auth"] == "required"
+    assert listeners["SASL_SSL"].settings["ssl.client.auth"] == "none"
+    assert listeners["SASL_PLAINTEXT"].mechanisms == ["SCRAM-SHA-512", "PLAIN"]
+    assert listeners["SASL_SSL"].advertised == ("kafka.example.com", 9094)
+    assert set(tls_contexts(list(listeners.values()))) == {"SASL_SSL", "MTLS"}

@@ -161,11 +161,13 @@ class TlsConnection(Connection):
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
                 await stream.do_handshake()
-        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
-            log.info("connection %d from %s: TLS handshake failed: %s",
-                     self.id, self.client.host, exc.__cause__ or exc)  # fmt: skip
+        except BaseException as exc:  # also a shutdown's Cancelled: close the socket
             self.closed = True
             self.tls_socket.close()
+            if not isinstance(exc, trio.BrokenResourceError | trio.TooSlowError):
+                raise
+            log.info("connection %d from %s: TLS handshake failed: %s",
+                     self.id, self.client.host, exc.__cause__ or exc)  # fmt: skip
             return
         if self._principal_from_certificate:
             principal = principal_for(stream.getpeercert(), self._rules)
