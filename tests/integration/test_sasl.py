@@ -474,3 +474,23 @@ async def test_user_scram_credentials_with_kafka_python_admin(broker: Broker) ->
 
     assert await trio.to_thread.run_sync(readd) == {"bob": None}
     assert await bob_logs_in() == "User:bob"
+
+
+async def test_pipelined_sasl_requests_during_a_plain_check_close(broker: Broker) -> None:
+    """PLAIN is checked in a thread; a request that would change the session meanwhile closes."""
+    for follow_up in (36, 17):
+        port = port_of(broker, "SASL_PLAINTEXT")
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            client = RawClient(stream)
+            assert (await handshake(client, "PLAIN")).error_code == 0
+            token = f"\0{USER}\0{PASSWORD}".encode()
+            second = (
+                m.SaslAuthenticateRequest(auth_bytes=token)
+                if follow_up == 36
+                else m.SaslHandshakeRequest(mechanism="PLAIN")
+            )
+            await stream.send_all(
+                m.encode_request(36, 2, 10, "x", m.SaslAuthenticateRequest(auth_bytes=token))
+                + m.encode_request(follow_up, 1, 11, "x", second)
+            )
+            await assert_closed(client)

@@ -14,7 +14,13 @@ from typing import Any
 
 import trio
 
-from trio_broker.handlers.base import Deferred, RequestContext, Response, handles
+from trio_broker.handlers.base import (
+    CloseConnection,
+    Deferred,
+    RequestContext,
+    Response,
+    handles,
+)
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.security.sasl import AuthStep, SaslSession
@@ -53,9 +59,9 @@ async def handle_sasl_authenticate(ctx: RequestContext, request: Any) -> Respons
         return _response(step)
 
     if session.busy:
-        # A pipelined token while a PLAIN check still runs: no client does this.
-        step = session.fail("SaslAuthenticate while the previous one is being checked")
-        return Deferred(lambda: finish(step))
+        # A pipelined token while a PLAIN check runs in its thread: no client does
+        # this, and the session must not change under the thread. Just close.
+        return CloseConnection("SaslAuthenticate while the previous one is being checked")
     if session.mechanism == "PLAIN" and not session.failed:
         # Slow (PBKDF2): off the handler task, in a thread.
         session.busy = True

@@ -80,7 +80,7 @@ class SaslSession:
     expires_at_ms: float | None = None
     #: Why the session failed (logged by the shell, never sent).
     reason: str = ""
-    #: A PLAIN check is running in a worker thread.
+    #: A PLAIN check is running in a worker thread: nothing else may touch the session.
     busy: bool = False
     _scram: tuple[Any, str, str] | None = None
 
@@ -107,11 +107,6 @@ class SaslSession:
         self.state = SaslState.FAILED
         self.reason = reason
         self._scram = None
-
-    def fail(self, reason: str) -> AuthStep:
-        """Fail the session from outside the exchange (e.g. a pipelined token)."""
-        self._fail(reason)
-        return AuthStep(ErrorCode.ILLEGAL_SASL_STATE, reason)
 
     # ------------------------------------------------------------------ SaslHandshake
 
