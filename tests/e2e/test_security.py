@@ -8,6 +8,9 @@ One ``trio-broker serve`` process (module scope) with five listeners::
     MTLS           an SSL listener (listener.security.protocol.map) that requires a
                    client certificate and maps its subject with
                    ssl.principal.mapping.rules: CN=alice,... -> User:alice-cert
+    REAUTH         SASL_SSL with connections.max.reauth.ms = 1.5 s (KIP-368)
+
+Clients: confluent-kafka, kafka-python, aiokafka and kcat.
 
 Users are created with ``trio-broker users add`` before the broker starts. ACLs
 (allow.everyone.if.no.acl.found = true) protect one topic, ``cert-only``, for
@@ -41,7 +44,7 @@ CERT_PRINCIPAL = "User:alice-cert"
 PROTECTED_TOPIC = "cert-only"
 LISTENER_LINE = re.compile(r"listening on 127\.0\.0\.1:(\d+) \((\w+), (\w+)\)")
 COUNT = 20
-#: connections.max.reauth.ms of the SASL_SSL listener: clients must log in again this often.
+#: connections.max.reauth.ms of the REAUTH listener: clients must log in again this often.
 REAUTH_MS = 1500
 TIMEOUT_S = 30
 
@@ -94,12 +97,12 @@ def secure_broker(
     )  # fmt: skip
     config = base / "broker.toml"
     config.write_text(f'''
-listeners = "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,SASL_SSL://127.0.0.1:0,MTLS://127.0.0.1:0"
-"listener.security.protocol.map" = "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,MTLS:SSL"
+listeners = "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,SASL_SSL://127.0.0.1:0,MTLS://127.0.0.1:0,REAUTH://127.0.0.1:0"
+"listener.security.protocol.map" = "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,MTLS:SSL,REAUTH:SASL_SSL"
 "sasl.enabled.mechanisms" = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"
 "ssl.keystore.location" = "{pki["server"]}"
 "ssl.truststore.location" = "{pki["ca"]}"
-"listener.name.sasl_ssl.connections.max.reauth.ms" = {REAUTH_MS}
+"listener.name.reauth.connections.max.reauth.ms" = {REAUTH_MS}
 "listener.name.mtls.ssl.client.auth" = "required"
 "listener.name.mtls.ssl.principal.mapping.rules" = "RULE:^CN=([^,]+),.*$/$1-cert/L,DEFAULT"
 "group.initial.rebalance.delay.ms" = 0
@@ -109,13 +112,13 @@ listeners = "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,SASL_SSL://127
     broker = SecureBroker(data_dir, config)
     broker.start()
     try:
-        names = {"PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "MTLS"}
+        names = {"PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "MTLS", "REAUTH"}
         for _ in range(100):  # the other listeners log right after the first (bounded wait)
             if set(broker.ports()) == names:
                 break
             time.sleep(0.1)
         ports = broker.ports()
-        assert set(ports) == {"PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "MTLS"}, ports
+        assert set(ports) == names, ports
         assert ports["PLAINTEXT"] == broker.port
         yield broker
     finally:
@@ -241,11 +244,55 @@ def test_kafka_python(secure_broker: SecureBroker, pki: dict[str, Path], protoco
     assert kafka_python_roundtrip(conf, topic) == expected(topic)
 
 
+@pytest.mark.parametrize(
+    ("protocol", "mech"), [("SASL_PLAINTEXT", "PLAIN"), ("SASL_SSL", "SCRAM-SHA-256")]
+)
+def test_aiokafka(secure_broker: SecureBroker, pki: dict[str, Path], protocol: str,
+                  mech: str) -> None:  # fmt: skip
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.helpers import create_ssl_context
+
+    topic = f"ak-{protocol}-{mech}".lower()
+    conf: dict[str, Any] = dict(
+        bootstrap_servers=listener(secure_broker, protocol), security_protocol=protocol,
+        sasl_mechanism=mech, sasl_plain_username=USER, sasl_plain_password=PASSWORD,
+    )  # fmt: skip
+    if protocol == "SASL_SSL":
+        conf["ssl_context"] = create_ssl_context(cafile=str(pki["ca"]))
+
+    async def roundtrip() -> list[bytes]:
+        producer = AIOKafkaProducer(**conf)
+        await producer.start()
+        try:
+            for value in expected(topic):
+                await producer.send_and_wait(topic, value)
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(topic, group_id=f"g-{topic}", auto_offset_reset="earliest",
+                                    **conf)  # fmt: skip
+        await consumer.start()
+        got: list[bytes] = []
+        try:
+            async with asyncio.timeout(TIMEOUT_S):
+                async for record in consumer:
+                    got.append(record.value)
+                    if len(got) >= COUNT:
+                        break
+        finally:
+            await consumer.stop()
+        return got
+
+    assert asyncio.run(roundtrip()) == expected(topic)
+
+
 def test_librdkafka_reauthenticates_when_the_session_ends(
     secure_broker: SecureBroker, pki: dict[str, Path]
 ) -> None:
     """KIP-368: the session lifetime makes the client log in again on the same connection."""
     conf = confluent_conf(secure_broker, pki, "SASL_SSL", "SCRAM-SHA-512")
+    conf["bootstrap.servers"] = listener(secure_broker, "REAUTH")
     start = len(secure_broker.log_text())
     errors: list[Any] = []
     delivered: list[Any] = []
