@@ -494,3 +494,13 @@ async def test_pipelined_sasl_requests_during_a_plain_check_close(broker: Broker
                 + m.encode_request(follow_up, 1, 11, "x", second)
             )
             await assert_closed(client)
+
+
+async def test_plaintext_request_on_a_tls_listener_is_dropped(broker: Broker) -> None:
+    for name in ("SSL", "SASL_SSL"):
+        async with await trio.open_tcp_stream("127.0.0.1", port_of(broker, name)) as stream:
+            client = RawClient(stream)
+            await stream.send_all(m.encode_request(18, 0, 1, "x", m.ApiVersionsRequest()))
+            await assert_closed(client)
+    async with await trio.open_tcp_stream("127.0.0.1", port_of(broker, "PLAINTEXT")) as s:
+        assert (await RawClient(s).call(18, 0, m.ApiVersionsRequest())).error_code == 0
