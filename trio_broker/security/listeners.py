@@ -68,14 +68,15 @@ class Listener:
 
     @property
     def mechanisms(self) -> list[str]:
-        return _split(self.settings["sasl.enabled.mechanisms"])
+        return split_list(self.settings["sasl.enabled.mechanisms"])
 
     @property
     def reauth_ms(self) -> int:
         return int(self.settings["connections.max.reauth.ms"])
 
 
-def _split(value: Any) -> list[str]:
+def split_list(value: Any) -> list[str]:
+    """A comma-separated string (or a TOML list) -> its non-empty, stripped items."""
     if isinstance(value, list | tuple):
         return [str(v).strip() for v in value if str(v).strip()]
     return [part.strip() for part in str(value or "").split(",") if part.strip()]
@@ -84,7 +85,7 @@ def _split(value: Any) -> list[str]:
 def _entries(spec: Any, key: str) -> list[tuple[str, str, int]]:
     """NAME://HOST:PORT entries; a bare HOST:PORT has the name "" (the first listener's)."""
     out = []
-    for entry in _split(spec):
+    for entry in split_list(spec):
         name, sep, _ = entry.partition("://")
         host, port = parse_host_port(entry, key)
         out.append((name.upper() if sep else "", host, port))
@@ -93,7 +94,7 @@ def _entries(spec: Any, key: str) -> list[tuple[str, str, int]]:
 
 def _protocol_map(spec: str) -> dict[str, str]:
     mapping: dict[str, str] = {}
-    for entry in _split(spec):
+    for entry in split_list(spec):
         name, sep, protocol = entry.partition(":")
         if not sep or protocol.upper() not in PROTOCOLS:
             raise ConfigError(
@@ -183,7 +184,7 @@ def _validate(listener: Listener) -> None:
     for key in ("ssl.keystore.type", "ssl.truststore.type"):
         if str(s[key]).upper() != "PEM":
             raise ConfigError(f"{key} ({where}): only PEM is supported")
-    for protocol in _split(s["ssl.enabled.protocols"]):
+    for protocol in split_list(s["ssl.enabled.protocols"]):
         if protocol not in ("TLSv1.2", "TLSv1.3"):
             raise ConfigError(f"ssl.enabled.protocols ({where}): {protocol} is not supported")
     try:

@@ -23,7 +23,7 @@ import attrs
 import trio
 
 from trio_broker.handlers.base import ClientInfo
-from trio_broker.security.listeners import Listener, _split
+from trio_broker.security.listeners import Listener, split_list
 from trio_broker.security.principal import Rule, parse_rules, principal_for
 from trio_broker.security.sasl import MAX_RECEIVE_SIZE, SaslSession
 from trio_broker.server.connection import Connection
@@ -53,7 +53,7 @@ def server_context(listener: Listener) -> ssl.SSLContext:
     """The SSLContext of a TLS listener from its ssl.* settings (PEM only)."""
     s = listener.settings
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    versions = sorted(_TLS_VERSIONS[p] for p in _split(s["ssl.enabled.protocols"]))
+    versions = sorted(_TLS_VERSIONS[p] for p in split_list(s["ssl.enabled.protocols"]))
     context.minimum_version, context.maximum_version = versions[0], versions[-1]
     password = s["ssl.key.password"]
     if s["ssl.keystore.location"]:
