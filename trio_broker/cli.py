@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="start with capture switched off (on: SIGUSR1 or trio-broker capture on)",
     )
     serve.add_argument(
+        "--capture-records",
+        choices=["headers", "full"],
+        default="headers",
+        help="Produce request batches: headers only (default: all verify needs) or full "
+        "(needed by trio-broker replay)",
+    )
+    serve.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="serve Prometheus /metrics and /health on HOST:PORT (port 0 picks a free port)",
@@ -99,6 +106,16 @@ def _add_verify_commands(sub: Any) -> None:
             "--metrics", metavar="HOST:PORT", required=True, help="the broker's --metrics-listen"
         )
         switch.add_argument("--log-level", default="WARNING", help="logging level")
+    replay = sub.add_parser("replay", help="re-send a capture's requests to a broker")
+    replay.add_argument("capture_dir", metavar="CAPTURE_DIR", type=Path)
+    replay.add_argument("--to", metavar="HOST:PORT", required=True, help="the target broker")
+    replay.add_argument(
+        "--speed", type=float, default=1.0, help="pace x SPEED (default 1; 0: no pauses)"
+    )
+    replay.add_argument(
+        "--capture", metavar="OUT_DIR", type=Path, help="record requests and responses here"
+    )
+    replay.add_argument("--log-level", default="WARNING", help="logging level")
 
 
 def _add_admin_commands(sub: Any) -> None:
@@ -150,6 +167,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trio-broker: no Kafka requests to port(s) {args.port}", file=sys.stderr)
             return 1
         return 0
+    if args.command == "replay":
+        from trio_broker.replay.driver import replay
+
+        try:
+            host, port = parse_host_port(args.to, "--to")
+            replayed = replay(args.capture_dir, (host, port), speed=args.speed, out_dir=args.capture)
+        except (ConfigError, OSError) as exc:
+            print(f"trio-broker: {exc}", file=sys.stderr)
+            return 2
+        print(replayed.describe())
+        return 0 if replayed.sent and not replayed.failed_connections else 1
     if args.command == "capture":
         from trio_broker.capture.control import request_capture
 
@@ -187,7 +215,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"trio-broker: {exc}", file=sys.stderr)
         return 2
     try:
-        trio.run(partial(serve, config, capture_on=not args.capture_paused))
+        capture_full = args.capture_records == "full"
+        trio.run(
+            partial(serve, config, capture_on=not args.capture_paused, capture_full=capture_full)
+        )
     except OSError as exc:
         print(f"trio-broker: {exc}", file=sys.stderr)
         return 1

@@ -16,7 +16,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trio_broker.protocol.messages import decode_response, encode_response
+from trio_broker.protocol.messages import (
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+)
 from trio_broker.protocol.records import RecordBatchView, split_batches
 
 BROKER_EXE = Path(sys.executable).with_name("trio-broker")
@@ -268,3 +273,135 @@ class Tcpdump:
                 self.proc.kill()
                 self.proc.wait(STOP_TIMEOUT_S)
         self._drainer.join(STOP_TIMEOUT_S)
+
+
+# --------------------------------------------------------------------------- row-level corruptions
+# Each takes and returns the capture as a list of row dicts (pyarrow's to_pylist()).
+
+Row = dict[str, Any]
+
+
+def write_rows(rows: list[Row], target: Path, keep_lengths: bool = False) -> None:
+    """Replace the capture in ``target`` with ``rows`` (one file, one run)."""
+    from trio_broker.capture.schema import arrow_schema
+
+    for old in target.glob("*.parquet"):
+        old.unlink()
+    target.mkdir(parents=True, exist_ok=True)
+    for row in rows:
+        if not keep_lengths:
+            row["frame_length"] = len(row["frame"])
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=arrow_schema()), target / "capture-b0-1-000000.parquet"
+    )
+
+
+def _pair(rows: list[Row], request: Row) -> Row:
+    """The response row of ``request`` (same connection and correlation id)."""
+    for row in rows:
+        if (
+            row["direction"] == "response"
+            and row["connection_id"] == request["connection_id"]
+            and row["correlation_id"] == request["correlation_id"]
+        ):
+            return row
+    raise AssertionError(f"no response to {request['api_key']}/{request['correlation_id']}")
+
+
+def _requests(rows: list[Row], api_key: int) -> list[tuple[Row, Any]]:
+    out = []
+    for row in rows:
+        if row["direction"] == "request" and row["api_key"] == api_key:
+            out.append((row, decode_request(row["frame"])[1]))
+    return out
+
+
+def _reencode(row: Row, body: Any, corr: int | None = None) -> Row:
+    header, _ = decode_request(row["frame"])
+    corr = header.correlation_id if corr is None else corr
+    frame = encode_request(header.api_key, header.api_version, corr, header.client_id, body)[4:]
+    return {**row, "frame": frame, "correlation_id": corr}
+
+
+def drop_idempotent_batch(rows: list[Row], topic: str, sequence: int) -> list[Row]:
+    """Remove the Produce request (and its response) carrying ``sequence`` for ``topic``:
+    acknowledged sequences then have a gap."""
+    for row, body in _requests(rows, 0):
+        for t in body.topic_data:
+            if t.name != topic:
+                continue
+            for part in t.partition_data:
+                batches, _ = split_batches(part.records)
+                if any(b.base_sequence == sequence for b in batches):
+                    response = _pair(rows, row)
+                    return [r for r in rows if r is not row and r is not response]
+    raise AssertionError(f"no produce request with sequence {sequence} on {topic}")
+
+
+def _later(rows: list[Row], row: Row, nanos: int) -> Row:
+    last = max(r["monotonic_ns"] for r in rows)
+    return {**row, "monotonic_ns": last + nanos, "wall_ns": row["wall_ns"] + nanos}
+
+
+def commit_backwards(rows: list[Row]) -> list[Row]:
+    """Append, after everything, a copy of an accepted offset commit with offset 0 (same
+    group, generation and member): a commit going backwards within its generation."""
+    for row, body in _requests(rows, 8):
+        parts = [p for t in body.topics for p in t.partitions if p.committed_offset > 0]
+        if not parts or body.generation_id_or_member_epoch < 0:
+            continue
+        response = _pair(rows, row)
+        for part in parts:
+            part.committed_offset = 0
+        corr = max(r["correlation_id"] for r in rows) + 1000
+        request = _later(rows, _reencode(row, body, corr), 1000)
+        answer = _later(rows, {**response, "correlation_id": corr}, 2000)
+        answer["frame"] = corr.to_bytes(4, "big") + response["frame"][4:]
+        return [*rows, request, answer]
+    raise AssertionError("no accepted offset commit in the capture")
+
+
+def assign_twice(rows: list[Row]) -> list[Row]:
+    """Copy a SyncGroup exchange that carried an assignment onto a new connection, for a
+    made-up member of the same generation: its partitions are then assigned twice."""
+    for row, body in _requests(rows, 14):
+        response = _pair(rows, row)
+        if len(response["frame"]) <= 16:  # no assignment bytes
+            continue
+        body.member_id = "intruder-" + body.member_id
+        connection = max(r["connection_id"] for r in rows) + 1
+        request = {**_reencode(row, body), "connection_id": connection}
+        return [*rows, request, {**response, "connection_id": connection}]
+    raise AssertionError("no SyncGroup exchange in the capture")
+
+
+def high_watermark_backwards(rows: list[Row], topic: str) -> list[Row]:
+    """Append, after everything, a copy of the last fetch exchange naming ``topic``, without
+    records and with that topic's high watermark lowered to 1: a later fetch going back."""
+    fetches = [r for r in rows if r["direction"] == "response" and r["api_key"] == 1]
+    for row in sorted(fetches, key=lambda r: r["monotonic_ns"], reverse=True):
+        corr, body = decode_response(1, row["api_version"], row["frame"])
+        lowered = False
+        for t in body.responses:
+            for part in t.partitions:
+                part.records = b""
+                if (t.topic or str(t.topic_id)) == topic and part.high_watermark > 1:
+                    part.high_watermark = 1
+                    lowered = True
+        if not lowered:
+            continue
+        request = next(
+            r for r in rows
+            if r["direction"] == "request" and r["connection_id"] == row["connection_id"]
+            and r["correlation_id"] == corr
+        )  # fmt: skip
+        new_corr = max(r["correlation_id"] for r in rows) + 2000
+        parts = encode_response(1, row["api_version"], new_corr, body)
+        answer = _later(rows, {**row, "correlation_id": new_corr}, 4000)
+        answer["frame"] = b"".join(bytes(p) for p in parts)[4:]
+        again = _later(rows, {**request, "correlation_id": new_corr}, 3000)
+        frame = bytearray(request["frame"])
+        frame[4:8] = new_corr.to_bytes(4, "big")  # the request header's correlation id
+        again["frame"] = bytes(frame)
+        return [*rows, again, answer]
+    raise AssertionError(f"no fetch response for {topic}")

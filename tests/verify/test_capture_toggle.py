@@ -46,7 +46,7 @@ def test_capture_toggled_at_runtime(tmp_path: Path, capsys: pytest.CaptureFixtur
     capture_dir = tmp_path / "capture"
     broker = CapturingBroker(
         tmp_path / "data", capture_dir,
-        ["--capture-paused", "--metrics-listen", "127.0.0.1:0"],
+        ["--capture-paused", "--capture-records", "full", "--metrics-listen", "127.0.0.1:0"],
     )  # fmt: skip
     try:
         metrics = f"127.0.0.1:{broker.metrics_port}"

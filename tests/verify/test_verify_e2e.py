@@ -22,12 +22,17 @@ if shutil.which("java") is None:
 from tests.verify.helpers import (
     CapturingBroker,
     Tcpdump,
+    assign_twice,
+    commit_backwards,
     drop_and_duplicate,
+    drop_idempotent_batch,
     first_multi_batch_crc,
+    high_watermark_backwards,
     kinds,
     read_capture,
     rewrite_fetches,
     swap_first_two,
+    write_rows,
 )
 from trio_broker.verify.job import spark_session, summary_text, verify, write_report
 
@@ -89,7 +94,8 @@ class Traffic:
 def traffic(tmp_path_factory: pytest.TempPathFactory) -> Traffic:
     base = tmp_path_factory.mktemp("verify")
     capture_dir = base / "capture"
-    broker = CapturingBroker(base / "data", capture_dir)
+    # Whole Produce records: the pcap comparison and replay need them.
+    broker = CapturingBroker(base / "data", capture_dir, ["--capture-records", "full"])
     tcpdump: Tcpdump | None = None
     reason = ""
     try:
@@ -133,9 +139,62 @@ def test_clean_capture_passes(spark: Any, capture: Path, tmp_path: Path) -> None
     assert report["facts"].get("sync_assign", 0) >= 2
     assert not report["facts"].get("undecodable")
     assert report["frames_dropped_by_capture"] == 0
+    assert report["facts"].get("commit_request", 0) >= 2
+    stats = report["stats"]
+    by_api = {row["api"]: row for row in stats["latency_by_api"]}
+    assert {"PRODUCE", "FETCH", "OFFSET_COMMIT", "SYNC_GROUP"} <= set(by_api)
+    for row in by_api.values():
+        assert 0 <= row["p50_ms"] <= row["p99_ms"] <= row["p999_ms"] <= row["max_ms"]
+    assert by_api["PRODUCE"]["requests"] >= 2 * MESSAGES
+    directions = read_capture(capture).column("direction").to_pylist()
+    assert sum(row["requests"] for row in stats["timeline"]) == directions.count("request")
+    produced = sum(row["produce_bytes"] for row in stats["timeline"])
+    assert produced > 2 * MESSAGES * len("verify-plain-0")
+    assert {c["client_id"] for c in stats["latency_by_client"]} >= {"rdkafka"}
     write_report(report, tmp_path / "report")
     assert (tmp_path / "report" / "report.json").exists()
-    assert "PASS" in (tmp_path / "report" / "report.html").read_text()
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "PASS" in page and page.count("<svg") >= 1 + len(by_api)
+
+
+def test_compacted_capture_verifies(spark: Any, capture: Path, tmp_path: Path) -> None:
+    """The default capture keeps only Produce batch headers: every check still has its facts."""
+    from trio_broker.capture.compact import compact_produce_request
+
+    rows = read_capture(capture).to_pylist()
+    compacted = 0
+    for row in rows:
+        if row["api_key"] == 0 and row["direction"] == "request":
+            row["frame"] = compact_produce_request(row["frame"])
+            assert len(row["frame"]) < row["frame_length"]
+            compacted += 1
+    assert compacted >= 2 * MESSAGES
+    write_rows(rows, tmp_path / "compact", keep_lengths=True)
+    full, compact = verify(spark, capture), verify(spark, tmp_path / "compact")
+    assert compact["ok"], summary_text(compact)
+    assert compact["acknowledged_batches"] == full["acknowledged_batches"]
+    assert compact["facts"] == full["facts"]
+
+
+def test_replay_into_a_fresh_broker_verifies(spark: Any, capture: Path, tmp_path: Path) -> None:
+    """Replay the run into broker B, recording client-side; the recording verifies."""
+    from trio_broker.cli import main
+
+    target = CapturingBroker(tmp_path / "data-b", tmp_path / "unused", ["--capture-paused"])
+    try:
+        code = main(
+            ["replay", str(capture), "--to", target.bootstrap, "--speed", "2",
+             "--capture", str(tmp_path / "replay")]
+        )  # fmt: skip
+    finally:
+        assert target.stop() == 0, target.log()
+    assert code == 0
+    report = verify(spark, tmp_path / "replay")
+    original = verify(spark, capture)
+    assert report["ok"], summary_text(report)
+    # The same produce traffic was acknowledged again, and fetched back.
+    assert report["acknowledged_batches"] == original["acknowledged_batches"]
+    assert report["facts"]["fetch_batch"] >= 2 * MESSAGES
 
 
 def test_pcap_import_matches_the_tap_and_verifies(
@@ -165,8 +224,11 @@ def test_corrupted_capture_reports_each_violation(
 ) -> None:
     """One corrupted copy, one corruption per topic; checked through the CLI (exit code 1).
 
-    verify-plain: an acknowledged batch dropped from every fetch response, and the first
-    batch duplicated at a new offset; verify-idem: two batches' offsets swapped in place.
+    verify-plain: an acknowledged batch dropped from every fetch response, the first
+    batch duplicated at a new offset, the last high watermark lowered; verify-idem: two
+    batches' offsets swapped in place, the Produce with sequence 5 removed (a gap); the
+    group: an accepted commit replayed later with offset 0, a SyncGroup exchange copied
+    for a made-up member of the same generation.
     """
     from trio_broker.cli import main
 
@@ -176,6 +238,12 @@ def test_corrupted_capture_reports_each_violation(
         "verify-idem": (swap_first_two, True),
     }
     assert rewrite_fetches(capture, tmp_path / "bad", edits) >= 1
+    rows = read_capture(tmp_path / "bad").to_pylist()
+    rows = drop_idempotent_batch(rows, "verify-idem", 5)
+    rows = high_watermark_backwards(rows, "verify-plain")
+    rows = commit_backwards(rows)
+    rows = assign_twice(rows)
+    write_rows(rows, tmp_path / "bad")
     assert main(["verify", str(tmp_path / "nothing-here")]) == 2
     # run_verify stops the shared session: this test runs last in the module.
     assert main(["verify", str(tmp_path / "bad"), "--report", str(tmp_path / "report")]) == 1
@@ -198,5 +266,12 @@ def test_corrupted_capture_reports_each_violation(
     assert kinds(report, contiguous) == {"fetch_gap", "fetch_out_of_order"}, text
     assert "verify-plain" in topics(contiguous, "fetch_gap"), text  # idem: after the swap
     assert topics(contiguous, "fetch_out_of_order") == {"verify-idem"}, text
-    for check in ("producer_sequences", "group_assignment_exclusive", "high_watermark_monotonic"):
-        assert report["checks"][check]["violations"] == 0, text
+    assert kinds(report, "producer_sequences") == {"sequence_gap"}, text
+    assert topics("producer_sequences", "sequence_gap") == {"verify-idem"}, text
+    assert kinds(report, "high_watermark_monotonic") == {"high_watermark_backwards"}, text
+    assert topics("high_watermark_monotonic", "high_watermark_backwards") == {"verify-plain"}
+    assert kinds(report, "committed_offsets_monotonic") == {"committed_offset_backwards"}, text
+    assert kinds(report, "group_assignment_exclusive") == {"partition_assigned_twice"}, text
+    for example in report["checks"]["group_assignment_exclusive"]["examples"]:
+        assert any(m.startswith("intruder-") for m in example["members"]), text
+    assert report["checks"]["fetched_batches_agree"]["violations"] == 0, text

@@ -7,6 +7,7 @@ with its header, a response with its correlation id), or a prefix of them;
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import attrs
@@ -48,7 +49,8 @@ class CaptureRow:
     api_version: int
     correlation_id: int
     frame_length: int
-    frame: bytes
+    #: bytes, or a view into the tap's reused buffers until the row is written
+    frame: bytes | memoryview
 
 
 def arrow_schema() -> Any:
@@ -72,18 +74,68 @@ def arrow_schema() -> Any:
     )
 
 
-def redact(direction: str, api_key: int, frame: bytes) -> bytes:
+def redact(direction: str, api_key: int, frame: Any) -> Any:
     """Keep only the ids of SASL frames; everything else as is."""
     if api_key in REDACTED_API_KEYS:
         return frame[: REDACTED_PREFIX[direction]]
     return frame
 
 
+#: Frames at least this big become their own zero-copy Arrow chunk; smaller ones are joined.
+ZERO_COPY_BYTES = 64 * 1024
+
+
+def _joined(values: list[Any]) -> Any:
+    import pyarrow as pa
+
+    offsets = array("i", [0]) * (len(values) + 1)
+    total = 0
+    for i, value in enumerate(values):
+        total += len(value)
+        offsets[i + 1] = total
+    return pa.Array.from_buffers(
+        pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))]
+    )
+
+
+def _binary_column(values: list[Any]) -> Any:
+    """The ``frame`` column without copying big frames in Python.
+
+    ``pa.array`` on megabyte frames re-grows (re-copies, page-faults) its value
+    buffer while holding the GIL, which stalls the broker's event loop; here a
+    big frame's bytes object becomes an Arrow buffer as is (one chunk), and
+    only small frames are joined (the Parquet writer copies in C++).
+    """
+    import pyarrow as pa
+
+    chunks: list[Any] = []
+    small: list[Any] = []
+    for value in values:
+        if len(value) < ZERO_COPY_BYTES:
+            small.append(value)
+            continue
+        if small:
+            chunks.append(_joined(small))
+            small = []
+        offsets = array("i", [0, len(value)])
+        chunks.append(
+            pa.Array.from_buffers(
+                pa.binary(), 1, [None, pa.py_buffer(offsets), pa.py_buffer(value)]
+            )
+        )
+    if small or not chunks:
+        chunks.append(_joined(small))
+    return pa.chunked_array(chunks, pa.binary())
+
+
 def rows_to_table(rows: list[CaptureRow]) -> Any:
     import pyarrow as pa
 
-    columns = {name: [getattr(r, name) for r in rows] for name in COLUMNS}
-    return pa.Table.from_pydict(columns, schema=arrow_schema())
+    columns = {name: [getattr(r, name) for r in rows] for name in COLUMNS if name != "frame"}
+    schema = arrow_schema()
+    arrays = [pa.array(columns[f.name], f.type) for f in schema if f.name != "frame"]
+    arrays.append(_binary_column([r.frame for r in rows]))
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 CAPTURE_SCHEMA = COLUMNS

@@ -19,7 +19,8 @@ from typing import Any
 import attrs
 import trio
 
-from trio_broker.capture.schema import REQUEST, RESPONSE, CaptureRow, redact
+from trio_broker.capture.compact import PRODUCE, compact_produce_request
+from trio_broker.capture.schema import REQUEST, RESPONSE, CaptureRow, redact, rows_to_table
 from trio_broker.capture.writer import ParquetRotator
 
 log = logging.getLogger("trio_broker.capture")
@@ -28,11 +29,74 @@ log = logging.getLogger("trio_broker.capture")
 Piece = Any
 
 
+#: Request frames are copied into reused chunks of this size (see _Arena).
+ARENA_CHUNK_BYTES = 8 * 1024 * 1024
+#: Free chunks kept for reuse (more are left to the garbage collector).
+ARENA_FREE_CHUNKS = 8
+#: Produce requests at least this big are compacted on the event loop (smaller: by the writer).
+COMPACT_ON_LOOP_BYTES = 64 * 1024
+
+
 @attrs.define(slots=True)
 class _Pending:
     row: CaptureRow
     pieces: list[Piece]
     size: int
+    #: The arena chunk holding the row's frame, released once written or dropped.
+    chunk: bytearray | None = None
+
+
+class _Arena:
+    """Reused buffers for request frame copies.
+
+    Copying a megabyte frame into a fresh ``bytes`` costs about ten times more
+    than into memory already touched (page faults), and the copy runs on the
+    broker's event loop. Frames up to a quarter chunk are copied into the
+    current chunk; a chunk goes back to the free list when every row in it has
+    been written (or dropped). Only the Trio thread calls these methods.
+    """
+
+    def __init__(self, chunk_bytes: int = ARENA_CHUNK_BYTES) -> None:
+        self.chunk_bytes = chunk_bytes
+        self.free: list[bytearray] = []
+        self.current: bytearray | None = None
+        self.position = 0
+        #: id(chunk) -> rows still pointing into it
+        self.users: dict[int, int] = {}
+
+    def copy(self, data: Any) -> tuple[Any, bytearray | None]:
+        size = len(data)
+        if size > self.chunk_bytes // 4:
+            return bytes(data), None
+        if self.current is None or self.position + size > self.chunk_bytes:
+            self._retire_current()
+            self.current = self.free.pop() if self.free else bytearray(self.chunk_bytes)
+            self.position = 0
+            self.users[id(self.current)] = 0
+        chunk = self.current
+        view = memoryview(chunk)[self.position : self.position + size]
+        view[:] = data
+        self.position += size
+        self.users[id(chunk)] += 1
+        return view, chunk
+
+    def release(self, chunk: bytearray | None) -> None:
+        if chunk is None:
+            return
+        left = self.users[id(chunk)] - 1
+        self.users[id(chunk)] = left
+        if left == 0 and chunk is not self.current:
+            self._recycle(chunk)
+
+    def _retire_current(self) -> None:
+        chunk, self.current = self.current, None
+        if chunk is not None and self.users[id(chunk)] == 0:
+            self._recycle(chunk)
+
+    def _recycle(self, chunk: bytearray) -> None:
+        del self.users[id(chunk)]
+        if len(self.free) < ARENA_FREE_CHUNKS:
+            self.free.append(chunk)
 
 
 def _materialize(item: _Pending) -> CaptureRow:
@@ -84,15 +148,28 @@ class CaptureTap:
         max_bytes: int = 256 * 1024 * 1024,
         flush_rows: int = 10_000,
         flush_seconds: float = 1.0,
+        flush_bytes: int = 32 * 1024 * 1024,
         prefix_bytes: int | None = None,
+        full_records: bool = False,
     ) -> None:
         self.directory = Path(directory)
         self.broker_id = broker_id
         self.max_bytes = max_bytes
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
+        self.flush_bytes = flush_bytes
         self.prefix_bytes = prefix_bytes
+        #: False: Produce request batches are stored as headers only (compact.py);
+        #: ``serve --capture-records full`` keeps them whole (needed by ``replay``).
+        self.full_records = full_records
         self.rotator = ParquetRotator(self.directory, broker_id)
+        # Warmed up now, not by the first flush: pyarrow's imports (hundreds of modules,
+        # ~0.5 s of CPU holding the GIL) would stall the broker's event loop mid-traffic.
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(rows_to_table([]), pa.BufferOutputStream(), compression="zstd")
+
         self._send, self._receive = trio.open_memory_channel[_Pending](max_rows)
         self._buffer: list[_Pending] = []
         self.queued_bytes = 0
@@ -101,6 +178,7 @@ class CaptureTap:
         #: Times capture was switched on or off at runtime (trio_broker.capture.control).
         self.switched = 0
         self.closed = False
+        self._arena = _Arena()
 
     # ------------------------------------------------------------------ hot path
 
@@ -119,16 +197,28 @@ class CaptureTap:
     def _drop(self, item: _Pending) -> None:
         self.dropped += 1
         _release(item)
+        self._arena.release(item.chunk)
 
     def request(self, connection_id: int, address: str, header: Any, frame: Any) -> None:
         length = len(frame)
         data = frame if self.prefix_bytes is None else frame[: self.prefix_bytes]
+        copy: Any = None
+        chunk = None
+        if header.api_key == PRODUCE and length >= COMPACT_ON_LOOP_BYTES and not self.full_records:
+            # Cutting a big Produce request to its batch headers here costs about what
+            # copying it would, and spares the copy, the writer and the disk.
+            try:
+                copy = compact_produce_request(data)
+            except Exception:
+                copy = None  # not decodable: kept whole
+        if copy is None:
+            copy, chunk = self._arena.copy(redact(REQUEST, header.api_key, data))
         row = CaptureRow(
             self.broker_id, connection_id, address, header.client_id, REQUEST,
             time.monotonic_ns(), time.time_ns(), header.api_key, header.api_version,
-            header.correlation_id, length, redact(REQUEST, header.api_key, bytes(data)),
+            header.correlation_id, length, copy,
         )  # fmt: skip
-        self._offer(_Pending(row, [], len(row.frame)))
+        self._offer(_Pending(row, [], len(copy), chunk))
 
     def response(
         self, connection_id: int, address: str, header: Any, version: int, parts: list[Any]
@@ -172,17 +262,35 @@ class CaptureTap:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
+            buffered = 0
             with trio.move_on_after(self.flush_seconds):
-                while len(self._buffer) < self.flush_rows:
-                    self._buffer.append(await self._receive.receive())
+                # Also by bytes: written rows free their arena chunks for reuse.
+                while len(self._buffer) < self.flush_rows and buffered < self.flush_bytes:
+                    item = await self._receive.receive()
+                    self._buffer.append(item)
+                    buffered += item.size
             if self._buffer:
                 batch, self._buffer = self._buffer, []
                 self.queued_bytes -= sum(item.size for item in batch)
                 await trio.to_thread.run_sync(self._write, batch)
+                for item in batch:
+                    self._arena.release(item.chunk)
+
+    def _compact(self, row: CaptureRow) -> CaptureRow:
+        """In the writer thread: cut Produce request batches to their headers (compact.py)."""
+        if self.full_records or row.api_key != PRODUCE or row.direction != REQUEST:
+            return row
+        if len(row.frame) < row.frame_length:
+            return row  # already a prefix
+        try:
+            row.frame = compact_produce_request(row.frame)
+        except Exception:
+            log.debug("capture: produce request kept whole (not decodable)", exc_info=True)
+        return row
 
     def _write(self, batch: list[_Pending]) -> None:
         try:
-            self.rotator.write(_materialize(item) for item in batch)
+            self.rotator.write(self._compact(_materialize(item)) for item in batch)
         except Exception:
             log.exception("capture: writing %d rows failed", len(batch))
             self.dropped += len(batch)

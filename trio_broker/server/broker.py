@@ -302,7 +302,11 @@ class Broker:
 
 
 async def serve(
-    config: BrokerConfig, *, handle_signals: bool = True, capture_on: bool = True
+    config: BrokerConfig,
+    *,
+    handle_signals: bool = True,
+    capture_on: bool = True,
+    capture_full: bool = False,
 ) -> None:
     """Run a broker until SIGINT/SIGTERM, then shut down gracefully (SIGUSR1 toggles capture)."""
     import signal
@@ -310,6 +314,8 @@ async def serve(
     from trio_broker.capture.control import toggle_capture
 
     broker = Broker(config)
+    if broker.capture_tap is not None:
+        broker.capture_tap.full_records = capture_full  # --capture-records full
     if not capture_on:
         broker.capture = None  # --capture-paused: the tap waits in broker.capture_tap
     if not handle_signals:

@@ -12,6 +12,8 @@ one wide schema (:data:`FACT_FIELDS`); ``kind`` says which columns are set:
 ``topic_id``       a (name, topic id) pair from a Metadata response
 ``sync_request``   a SyncGroup request (group, generation, member)
 ``sync_assign``    one (topic, partition) of a SyncGroup response's assignment
+``commit_request`` a partition in an OffsetCommit request (group, generation, member, offset)
+``commit_ack``     a partition in an OffsetCommit response (error)
 ``undecodable``    a frame our codec could not decode (``note`` says why)
 """
 
@@ -24,7 +26,7 @@ from typing import Any
 from trio_broker.protocol.messages import decode_request, decode_response
 from trio_broker.protocol.records import split_batches
 
-PRODUCE, FETCH, METADATA, SYNC_GROUP = 0, 1, 3, 14
+PRODUCE, FETCH, METADATA, OFFSET_COMMIT, SYNC_GROUP = 0, 1, 3, 8, 14
 
 #: (name, arrow type name, Spark SQL type)
 FACT_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -91,7 +93,7 @@ def _facts_for_row(
 ) -> Iterator[dict[str, Any]]:
     body: Any
     if direction == "request":
-        if api_key not in (PRODUCE, SYNC_GROUP):
+        if api_key not in (PRODUCE, OFFSET_COMMIT, SYNC_GROUP):
             return
         header, body = decode_request(frame)
         corr = header.correlation_id
@@ -111,13 +113,24 @@ def _facts_for_row(
                             "producer_id": b.producer_id, "producer_epoch": b.producer_epoch,
                             "base_sequence": b.base_sequence,
                         }  # fmt: skip
+        elif api_key == OFFSET_COMMIT:
+            for topic in body.topics:
+                key = topic_key(topic.name, getattr(topic, "topic_id", None))
+                for part in topic.partitions:
+                    yield {
+                        **base, "kind": "commit_request", "topic": key,
+                        "partition": part.partition_index, "offset": part.committed_offset,
+                        "group_id": body.group_id,
+                        "generation": body.generation_id_or_member_epoch,
+                        "member_id": body.member_id,
+                    }  # fmt: skip
         else:
             yield {
                 **base, "kind": "sync_request", "group_id": body.group_id,
                 "generation": body.generation_id, "member_id": body.member_id,
             }  # fmt: skip
         return
-    if api_key not in (PRODUCE, FETCH, METADATA, SYNC_GROUP):
+    if api_key not in (PRODUCE, FETCH, METADATA, OFFSET_COMMIT, SYNC_GROUP):
         return
     corr, body = decode_response(api_key, version, frame)
     base = {"run": run, "conn": conn, "corr": corr, "ts": ts}
@@ -149,6 +162,14 @@ def _facts_for_row(
                         "producer_id": b.producer_id, "producer_epoch": b.producer_epoch,
                         "base_sequence": b.base_sequence,
                     }  # fmt: skip
+    elif api_key == OFFSET_COMMIT:
+        for topic in body.topics:
+            key = topic_key(topic.name, getattr(topic, "topic_id", None))
+            for part in topic.partitions:
+                yield {
+                    **base, "kind": "commit_ack", "topic": key,
+                    "partition": part.partition_index, "error": part.error_code,
+                }  # fmt: skip
     elif api_key == METADATA:
         for topic in body.topics:
             if topic.name and topic.topic_id is not None and int(topic.topic_id.int) != 0:
@@ -174,13 +195,18 @@ def decode_rows(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
         direction = columns["direction"][i]
         api_key = columns["api_key"][i]
         frame = columns["frame"][i]
-        if frame is None or len(frame) < columns["frame_length"][i]:
-            continue  # a prefix-only capture: nothing to verify in this frame
+        if frame is None:
+            continue
+        # Shorter than frame_length: a compacted Produce request (capture/compact.py)
+        # decodes; a plain prefix does not, and has nothing to verify.
+        truncated = len(frame) < columns["frame_length"][i]
         try:
             facts = list(
                 _facts_for_row(run, conn, ts, direction, api_key, columns["api_version"][i], frame)
             )
         except Exception as exc:
+            if truncated:
+                continue
             facts = [
                 {
                     "run": run, "conn": conn, "corr": columns["correlation_id"][i], "ts": ts,

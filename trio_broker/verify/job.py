@@ -8,7 +8,6 @@ Exit code 0 when no check found a violation, 1 otherwise.
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import sys
@@ -17,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from trio_broker.verify.decode import FACT_DDL, decode_batches
+from trio_broker.verify.report import write_report
+from trio_broker.verify.stats import traffic_stats
+
+__all__ = ["CHECKS", "run_verify", "spark_session", "summary_text", "verify", "write_report"]
 
 #: Examples kept per violation kind in the summary and the report.
 EXAMPLES = 5
@@ -190,6 +193,32 @@ CHECKS: dict[str, tuple[str, str]] = {
           AND (base_sequence <> prev_seq + prev_count OR base_offset <= prev_offset)
         """,
     ),
+    "committed_offsets_monotonic": (
+        "per group generation and partition, an accepted offset commit never goes below one "
+        "accepted before it",
+        """
+        WITH c AS (
+          SELECT r.run, r.conn, r.corr, r.group_id, r.generation, r.member_id,
+                 r.tname AS topic, r.partition, r.offset, a.ts AS ack_ts
+          FROM named r JOIN named a
+            ON r.kind = 'commit_request' AND a.kind = 'commit_ack' AND a.error = 0
+           AND a.run = r.run AND a.conn = r.conn AND a.corr = r.corr
+           AND a.topic = r.topic AND a.partition = r.partition
+          WHERE r.generation >= 0
+        ),
+        w AS (
+          SELECT *, max(offset) OVER (PARTITION BY group_id, generation, topic, partition
+                                      ORDER BY ack_ts, run, conn, corr
+                                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                    AS max_before
+          FROM c
+        )
+        SELECT 'committed_offset_backwards' AS violation, group_id, generation, topic, partition,
+               member_id, offset AS committed_offset, max_before AS earlier_committed_offset,
+               run, conn, corr
+        FROM w WHERE max_before IS NOT NULL AND offset < max_before
+        """,
+    ),
     "group_assignment_exclusive": (
         "per group generation, no partition is assigned to two members",
         """
@@ -251,8 +280,9 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
     raw = spark.read.parquet(*files).withColumn(
         "run", F.regexp_extract(F.input_file_name(), r"([^/]+)-\d+\.parquet$", 1)
     )
+    raw.drop("frame").createOrReplaceTempView("frames")
     frames = raw.count()
-    _log(f"{frames} frames; decoding")
+    _log(f"{frames} frames; decoding ({time.monotonic() - started:.1f} s)")
     facts = raw.select(
         "run", "connection_id", "monotonic_ns", "direction", "api_key", "api_version",
         "correlation_id", "frame_length", "frame",
@@ -267,7 +297,7 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
     facts = facts.unionByName(fetch_requests, allowMissingColumns=True).cache()
     facts.createOrReplaceTempView("facts")
     counts = {r["kind"]: r["count"] for r in facts.groupBy("kind").count().collect()}
-    _log(f"facts: {dict(sorted(counts.items()))}")
+    _log(f"facts: {dict(sorted(counts.items()))} ({time.monotonic() - started:.1f} s)")
     for name, sql in VIEWS.items():
         spark.sql(sql).createOrReplaceTempView(name)
     spark.table("named").cache()
@@ -286,6 +316,8 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
             check["violations"] += row["n"]
         if len(check["examples"]) < EXAMPLES:
             check["examples"].append(json.loads(row["example"]))
+    _log(f"checks done ({time.monotonic() - started:.1f} s); latency and throughput")
+    traffic = traffic_stats(spark)
     acked = spark.table("acked").count()
     dropped = 0
     for stats in Path(capture_dir).glob("*.stats.json"):
@@ -301,6 +333,7 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
         "frames_dropped_by_capture": dropped,
         "undecodable_examples": [_plain(u) for u in undecodable],
         "checks": results,
+        "stats": traffic,
         "ok": all(c["violations"] == 0 for c in results.values()),
         "seconds": round(time.monotonic() - started, 2),
     }
@@ -347,32 +380,6 @@ def summary_text(report: dict[str, Any]) -> str:
                 lines.append(f"    e.g. {json.dumps(ex, default=str)}")
     lines.append("PASS" if report["ok"] else "FAIL")
     return "\n".join(lines)
-
-
-def write_report(report: dict[str, Any], directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    rows = []
-    for name, check in report["checks"].items():
-        status = "ok" if check["violations"] == 0 else f"{check['violations']} violations"
-        color = "#cfc" if check["violations"] == 0 else "#fcc"
-        examples = "<br>".join(html.escape(json.dumps(e, default=str)) for e in check["examples"])
-        rows.append(
-            f"<tr style='background:{color}'><td>{html.escape(name)}</td>"
-            f"<td>{html.escape(check['meaning'])}</td><td>{status}</td>"
-            f"<td>{html.escape(json.dumps(check['by_kind']))}</td><td><code>{examples}</code></td></tr>"
-        )
-    verdict = "PASS" if report["ok"] else "FAIL"
-    (directory / "report.html").write_text(
-        "<!doctype html><html><head><meta charset='utf-8'><title>trio-broker verify</title>"
-        "</head><body>"
-        f"<h1>trio-broker verify: {verdict}</h1>"
-        f"<p>{html.escape(report['capture_dir'])}: {report['frames']} frames, "
-        f"{report['acknowledged_batches']} acknowledged produce batches, "
-        f"{report['seconds']} s</p>"
-        "<table border=1 cellpadding=4><tr><th>check</th><th>meaning</th><th>result</th>"
-        "<th>by kind</th><th>examples</th></tr>" + "".join(rows) + "</table></body></html>\n"
-    )
 
 
 def run_verify(capture_dir: Path, *, master: str = "local[2]", report_dir: Path | None) -> int:

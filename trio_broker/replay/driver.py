@@ -1,0 +1,323 @@
+"""Replay captured requests against any Kafka-compatible broker, recording the exchange.
+
+``trio-broker replay CAPTURE_DIR --to HOST:PORT [--speed X] [--capture OUT_DIR]``
+
+Every captured connection becomes one TCP connection to the target, which gets
+that connection's requests in their captured order at their captured pace
+(relative to the first request of the capture's run, divided by ``speed``;
+``speed`` 0 sends as fast as the responses allow the client to read them).
+Requests keep their correlation ids, so responses are paired exactly as in the
+original. With ``--capture`` the driver records both directions itself, in the
+capture Parquet schema (``replay-…`` files), so ``trio-broker verify`` can
+check the replayed run against any broker, not only ours.
+
+Not replayed: SASL frames (the capture keeps only their ids) and frames the
+capture holds only in part (a prefix or compacted Produce batches: capture with
+``serve --capture-records full``). Topic ids (Produce v13, Fetch v13+) differ
+between clusters: they are mapped by name, from the capture's Metadata
+responses to the target's (learnt from the replayed Metadata responses).
+Server-assigned state (member ids, producer ids, fetch sessions) is not
+rewritten: a fresh target usually hands out the same producer ids in the same
+order, and group requests made with the original member ids simply fail there.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from trio_broker.capture.schema import REDACTED_API_KEYS, REQUEST, RESPONSE, CaptureRow
+from trio_broker.protocol.messages import decode_request, decode_response, encode_request
+
+log = logging.getLogger("trio_broker.replay")
+
+PRODUCE, FETCH, METADATA = 0, 1, 3
+#: How long to wait for the responses still due once every request was sent.
+DRAIN_TIMEOUT_S = 30.0
+#: Recorded rows are written in files of this many rows.
+FLUSH_ROWS = 5000
+_SIZE = struct.Struct(">i")
+
+
+@attrs.define
+class Request:
+    at_ns: int  # from the start of its run
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    frame: bytes
+
+
+@attrs.define
+class Plan:
+    run: str
+    connection_id: int
+    client_address: str
+    requests: list[Request]
+
+
+@attrs.define
+class Summary:
+    connections: int = 0
+    sent: int = 0
+    answered: int = 0
+    unanswered: int = 0
+    skipped: int = 0
+    failed_connections: int = 0
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        return (
+            f"replayed {self.sent} requests on {self.connections} connections in "
+            f"{self.seconds:.1f} s: {self.answered} answered, {self.unanswered} unanswered, "
+            f"{self.skipped} skipped (SASL or partial frames), "
+            f"{self.failed_connections} connections failed"
+        )
+
+
+def _expects_response(request: Request) -> bool:
+    """Everything is answered except a Produce with acks=0."""
+    if request.api_key != PRODUCE:
+        return True
+    body: Any = decode_request(request.frame)[1]
+    return bool(body.acks != 0)
+
+
+def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int]:
+    """Per captured connection its requests in order; the capture's topic id -> name map;
+    the number of requests skipped."""
+    import pyarrow.parquet as pq
+
+    by_conn: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    names: dict[str, str] = {}
+    for path in sorted(Path(capture_dir).glob("*.parquet")):
+        run = path.name.rsplit("-", 1)[0]
+        for row in pq.read_table(path).to_pylist():
+            if row["direction"] == REQUEST:
+                by_conn[(run, row["connection_id"])].append(row)
+            elif row["api_key"] == METADATA and len(row["frame"]) == row["frame_length"]:
+                try:
+                    body: Any = decode_response(METADATA, row["api_version"], row["frame"])[1]
+                except Exception:
+                    continue
+                for topic in body.topics:
+                    if topic.name and topic.topic_id is not None and topic.topic_id.int:
+                        names[str(topic.topic_id)] = topic.name
+    starts: dict[str, int] = {}
+    for (run, _), rows in by_conn.items():
+        first = min(r["monotonic_ns"] for r in rows)
+        starts[run] = min(starts.get(run, first), first)
+    plans: list[Plan] = []
+    skipped = 0
+    for (run, conn), rows in sorted(by_conn.items()):
+        rows.sort(key=lambda r: r["monotonic_ns"])
+        requests = []
+        for r in rows:
+            if r["api_key"] in REDACTED_API_KEYS or len(r["frame"]) < r["frame_length"]:
+                skipped += 1
+                continue
+            requests.append(
+                Request(
+                    r["monotonic_ns"] - starts[run],
+                    r["api_key"],
+                    r["api_version"],
+                    r["correlation_id"],
+                    r["client_id"],
+                    r["frame"],
+                )
+            )
+        if requests:
+            plans.append(Plan(run, conn, rows[0]["client_address"], requests))
+    return plans, names, skipped
+
+
+class Replayer:
+    def __init__(
+        self,
+        plans: list[Plan],
+        source_topic_names: dict[str, str],
+        target: tuple[str, int],
+        *,
+        speed: float = 1.0,
+        out_dir: Path | None = None,
+    ) -> None:
+        self.plans = plans
+        self.source_names = source_topic_names
+        self.target = target
+        self.speed = speed
+        #: The target's topic ids by name, from the Metadata responses it sends us.
+        self.target_ids: dict[str, uuid.UUID] = {}
+        self.rows: list[CaptureRow] = []
+        self.rotator: Any = None
+        if out_dir is not None:
+            from trio_broker.capture.writer import ParquetRotator
+
+            self.rotator = ParquetRotator(out_dir, 0, name="replay")
+        self.summary = Summary(connections=len(plans))
+
+    # ---------------------------------------------------------------- rewriting
+
+    def _frame_for_target(self, request: Request) -> bytes:
+        """The request as sent: topic ids mapped from the capture's cluster to the target's."""
+        uses_ids = (request.api_key == PRODUCE and request.api_version >= 13) or (
+            request.api_key == FETCH and request.api_version >= 13
+        )
+        if not uses_ids or not self.target_ids:
+            return request.frame
+        body: Any
+        header, body = decode_request(request.frame)
+        topics = body.topic_data if request.api_key == PRODUCE else body.topics
+        extra = getattr(body, "forgotten_topics_data", None) or []
+        for topic in [*topics, *extra]:
+            name = self.source_names.get(str(topic.topic_id))
+            if name is not None and name in self.target_ids:
+                topic.topic_id = self.target_ids[name]
+        return encode_request(
+            header.api_key, header.api_version, header.correlation_id, header.client_id, body
+        )[4:]
+
+    def _learn_topic_ids(self, version: int, frame: bytes) -> None:
+        try:
+            body: Any = decode_response(METADATA, version, frame)[1]
+        except Exception:
+            return
+        for topic in body.topics:
+            if topic.name and topic.topic_id is not None and topic.topic_id.int:
+                self.target_ids[topic.name] = topic.topic_id
+
+    # ---------------------------------------------------------------- recording
+
+    def _record(
+        self, conn: int, address: str, client_id: str | None, direction: str, request: Request,
+        frame: bytes,
+    ) -> None:  # fmt: skip
+        if self.rotator is None:
+            return
+        self.rows.append(
+            CaptureRow(
+                0,
+                conn,
+                address,
+                client_id,
+                direction,
+                time.monotonic_ns(),
+                time.time_ns(),
+                request.api_key,
+                request.api_version,
+                request.correlation_id,
+                len(frame),
+                frame,
+            )
+        )
+        if len(self.rows) >= FLUSH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.rotator is not None and self.rows:
+            rows, self.rows = self.rows, []
+            self.rotator.write(rows)
+
+    # ---------------------------------------------------------------- connections
+
+    async def run(self) -> Summary:
+        started = time.monotonic()
+        start_ns = time.monotonic_ns()
+        async with trio.open_nursery() as nursery:
+            for number, plan in enumerate(self.plans, 1):
+                nursery.start_soon(self._connection, number, plan, start_ns)
+        self._flush()
+        if self.rotator is not None:
+            self.rotator.write_stats(
+                captured=self.rotator.rows_written,
+                dropped=0,
+                replayed_from_connections=len(self.plans),
+            )
+        self.summary.seconds = time.monotonic() - started
+        return self.summary
+
+    async def _connection(self, number: int, plan: Plan, start_ns: int) -> None:
+        try:
+            stream = await trio.open_tcp_stream(*self.target)
+        except OSError as exc:
+            log.warning("replay: connection %s/%d failed: %s", plan.run, plan.connection_id, exc)
+            self.summary.failed_connections += 1
+            return
+        host, port = stream.socket.getsockname()[:2]
+        address = f"{host}:{port}"
+        pending: dict[int, Request] = {}
+        all_sent = trio.Event()
+        drained = trio.Event()
+        async with stream, trio.open_nursery() as nursery:
+            nursery.start_soon(self._receive, stream, number, address, pending, all_sent, drained)
+            for request in plan.requests:
+                if self.speed > 0:
+                    due = start_ns + request.at_ns / self.speed
+                    await trio.sleep(max(0.0, (due - time.monotonic_ns()) / 1e9))
+                frame = self._frame_for_target(request)
+                if _expects_response(request):
+                    pending[request.correlation_id] = request
+                self._record(number, address, request.client_id, REQUEST, request, frame)
+                try:
+                    await stream.send_all(_SIZE.pack(len(frame)) + frame)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    log.warning("replay: connection %d closed by the target", number)
+                    break
+                self.summary.sent += 1
+            all_sent.set()
+            with trio.move_on_after(DRAIN_TIMEOUT_S):
+                if pending:
+                    await drained.wait()
+            self.summary.unanswered += len(pending)
+            nursery.cancel_scope.cancel()
+
+    async def _receive(
+        self, stream: trio.SocketStream, number: int, address: str, pending: dict[int, Request],
+        all_sent: trio.Event, drained: trio.Event,
+    ) -> None:  # fmt: skip
+        buffer = bytearray()
+        while True:
+            try:
+                data = await stream.receive_some(1 << 20)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                drained.set()  # the target closed the connection: nothing more will come
+                return
+            buffer += data
+            while len(buffer) >= 4:
+                (size,) = _SIZE.unpack_from(buffer, 0)
+                if len(buffer) < 4 + size:
+                    break
+                frame = bytes(buffer[4 : 4 + size])
+                del buffer[: 4 + size]
+                (corr,) = _SIZE.unpack_from(frame, 0)
+                request = pending.pop(corr, None)
+                if request is None:
+                    log.warning("replay: response to unknown correlation id %d", corr)
+                    continue
+                self.summary.answered += 1
+                if request.api_key == METADATA:
+                    self._learn_topic_ids(request.api_version, frame)
+                self._record(number, address, request.client_id, RESPONSE, request, frame)
+                if all_sent.is_set() and not pending:
+                    drained.set()
+
+
+def replay(
+    capture_dir: Path, target: tuple[str, int], *, speed: float = 1.0, out_dir: Path | None = None
+) -> Summary:
+    """Blocking entry point (``trio-broker replay``)."""
+    plans, names, skipped = load_plans(capture_dir)
+    replayer = Replayer(plans, names, target, speed=speed, out_dir=out_dir)
+    summary = trio.run(replayer.run)
+    summary.skipped = skipped
+    return summary

@@ -1,0 +1,101 @@
+"""Traffic statistics for the verify report: latency percentiles and a throughput timeline.
+
+Not checks (nothing here is a violation): each is one Spark SQL query over the
+``frames`` view (capture rows without the frame bytes), pairing a request with
+its response on (run, connection, correlation id). Latency is the capture's
+view: from decoding the request to encoding its response on the broker (for a
+pcap import, first request byte to last response byte).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trio_broker.protocol.messages import ApiKey
+
+API_NAMES: dict[int, str] = {
+    value: name for name, value in vars(ApiKey).items() if name.isupper() and isinstance(value, int)
+}
+
+#: Latency histogram buckets: this many per decade of milliseconds (log scale).
+BUCKETS_PER_DECADE = 5
+#: The throughput timeline has at most this many buckets (at least one second wide).
+TIMELINE_BUCKETS = 120
+#: Rows kept of the per-client latency table.
+CLIENT_ROWS = 40
+
+LATENCY_PAIRS = """
+    SELECT q.api_key, coalesce(q.client_id, '') AS client_id,
+           CAST((p.monotonic_ns - q.monotonic_ns) / 1e6 AS DOUBLE) AS ms
+    FROM frames q JOIN frames p
+      ON q.direction = 'request' AND p.direction = 'response' AND q.run = p.run
+     AND q.connection_id = p.connection_id AND q.correlation_id = p.correlation_id
+     AND q.api_key = p.api_key
+"""
+
+_PERCENTILES = """
+    count(*) AS requests,
+    percentile_approx(ms, array(0.5, 0.99, 0.999), 10000) AS p,
+    max(ms) AS max_ms
+"""
+
+LATENCY_BY_API = f"SELECT api_key, {_PERCENTILES} FROM latency GROUP BY api_key ORDER BY api_key"
+
+LATENCY_BY_CLIENT = f"""
+    SELECT client_id, api_key, {_PERCENTILES} FROM latency
+    GROUP BY client_id, api_key ORDER BY requests DESC, client_id, api_key LIMIT {CLIENT_ROWS}
+"""
+
+LATENCY_HISTOGRAM = f"""
+    SELECT api_key, floor(log10(greatest(ms, 0.001)) * {BUCKETS_PER_DECADE}) AS bucket,
+           count(*) AS n
+    FROM latency GROUP BY 1, 2 ORDER BY 1, 2
+"""
+
+TIMELINE = f"""
+    WITH span AS (SELECT min(wall_ns) AS t0, max(wall_ns) AS t1 FROM frames),
+    w AS (SELECT t0, CAST(greatest(1, ceil((t1 - t0) / 1e9 / {TIMELINE_BUCKETS})) AS DOUBLE) AS width
+          FROM span)
+    SELECT CAST(floor((f.wall_ns - w.t0) / 1e9 / w.width) * w.width AS DOUBLE) AS second,
+           first(w.width) AS width,
+           CAST(sum(CASE WHEN f.direction = 'request' THEN 1 ELSE 0 END) AS BIGINT) AS requests,
+           sum(CASE WHEN f.api_key = 0 AND f.direction = 'request'
+                    THEN f.frame_length ELSE 0 END) AS produce_bytes,
+           sum(CASE WHEN f.api_key = 1 AND f.direction = 'response'
+                    THEN f.frame_length ELSE 0 END) AS fetch_bytes
+    FROM frames f CROSS JOIN w GROUP BY 1 ORDER BY 1
+"""
+
+
+def api_name(key: int) -> str:
+    return API_NAMES.get(key, f"api_{key}")
+
+
+def _latency_row(row: Any) -> dict[str, Any]:
+    p = row["p"] or [None, None, None]
+    out = {
+        "api_key": row["api_key"], "api": api_name(row["api_key"]), "requests": row["requests"],
+        "p50_ms": p[0], "p99_ms": p[1], "p999_ms": p[2], "max_ms": row["max_ms"],
+    }  # fmt: skip
+    if "client_id" in row.asDict():
+        out = {"client_id": row["client_id"], **out}
+    return out
+
+
+def traffic_stats(spark: Any) -> dict[str, Any]:
+    """Needs the ``frames`` view; registers ``latency``. Returns plain JSON-able data."""
+    spark.sql(LATENCY_PAIRS).createOrReplaceTempView("latency")
+    by_api = [_latency_row(r) for r in spark.sql(LATENCY_BY_API).collect()]
+    by_client = [_latency_row(r) for r in spark.sql(LATENCY_BY_CLIENT).collect()]
+    histograms: dict[str, list[list[float]]] = {}
+    for r in spark.sql(LATENCY_HISTOGRAM).collect():
+        low = 10 ** (r["bucket"] / BUCKETS_PER_DECADE)
+        histograms.setdefault(api_name(r["api_key"]), []).append([low, r["n"]])
+    timeline = [r.asDict() for r in spark.sql(TIMELINE).collect()]
+    return {
+        "latency_by_api": by_api,
+        "latency_by_client": by_client,
+        "latency_histograms_ms": histograms,
+        "histogram_buckets_per_decade": BUCKETS_PER_DECADE,
+        "timeline": timeline,
+    }
