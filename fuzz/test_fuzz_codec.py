@@ -271,8 +271,9 @@ def test_hostile_sizes_fail_fast(schema: MessageSchema, version: int) -> None:
         struct.pack(">hhih", 18, 3, 1, -1) + b"\x00" + write_uvarint(2**32 - 1) + b"\x00" * 10,
         # Tagged fields: count 2**31 in the header.
         struct.pack(">hhih", 18, 3, 1, -1) + write_uvarint(2**31) + b"\x00" * 10,
-        # Tagged field of size 2**31 in the body.
-        struct.pack(">hhih", 18, 3, 1, -1) + b"\x00\x01\x01\x01" + b"\x01\x00" + write_uvarint(2**31),
+        # Tagged field of size 2**31 in the body: no header tags, two empty compact
+        # strings, one tagged field (tag 1) whose size runs far past the frame.
+        struct.pack(">hhih", 18, 3, 1, -1) + b"\x00" + b"\x01\x01" + b"\x01\x01" + write_uvarint(2**31),
         # Fetch v4: topics 1, partitions count 2**31-1.
         struct.pack(">hhih", 1, 4, 1, -1)
         + struct.pack(">iiiib", -1, 500, 1, 1 << 20, 0)

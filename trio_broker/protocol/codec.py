@@ -368,8 +368,20 @@ def encoder_for(schema: MessageSchema, version: int) -> Encoder:
     return enc
 
 
-def decode_body(schema: MessageSchema, version: int, buf: memoryview, pos: int = 0) -> Message:
-    """Decode a whole message body; trailing bytes are an error.
+def decode_body(
+    schema: MessageSchema,
+    version: int,
+    buf: memoryview,
+    pos: int = 0,
+    *,
+    allow_trailing: bool = False,
+) -> Message:
+    """Decode a whole message body; trailing bytes are an error unless ``allow_trailing``.
+
+    Requests are decoded with ``allow_trailing=True``, as Kafka's parser does:
+    librdkafka sends some flexible-version requests with bytes left after the body
+    (a 4-byte count placeholder never shrunk to its compact form, e.g. the
+    all-topics Metadata v13 of ``AdminClient.list_topics()``).
 
     Raises only :class:`ProtocolError` subclasses, whatever the bytes.
     """
@@ -383,7 +395,7 @@ def decode_body(schema: MessageSchema, version: int, buf: memoryview, pos: int =
         raise InvalidValueError(f"{schema.name} v{version}: string is not UTF-8") from None
     except (ValueError, OverflowError, MemoryError) as exc:
         raise InvalidValueError(f"{schema.name} v{version}: {exc}") from None
-    if end != len(buf):
+    if end != len(buf) and not allow_trailing:
         raise InvalidValueError(f"{schema.name} v{version}: {len(buf) - end} trailing bytes")
     return message
 

@@ -137,7 +137,9 @@ def decode_request(frame: bytes | bytearray | memoryview) -> tuple[RequestHeader
     """Decode a whole request frame (without its size prefix)."""
     view = frame if isinstance(frame, memoryview) else memoryview(frame)
     header, pos = decode_request_header(view)
-    body = decode_body(REQUESTS[header.api_key], header.api_version, view[pos:])
+    body = decode_body(
+        REQUESTS[header.api_key], header.api_version, view[pos:], allow_trailing=True
+    )
     return header, body
 
 
