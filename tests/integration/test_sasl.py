@@ -404,11 +404,7 @@ async def test_capture_keeps_no_secrets(broker_config: BrokerConfig, tmp_path: P
 
 
 async def test_user_scram_credentials_with_kafka_python_admin(broker: Broker) -> None:
-    """AlterUserScramCredentials adds a user that can then log in; Describe lists it.
-
-    (confluent-kafka 2.16's AlterUserScramCredentials request carries one byte after
-    its body, which our codec refuses as trailing bytes: see docs/security.md.)
-    """
+    """AlterUserScramCredentials adds a user that can then log in; Describe lists it."""
     from kafka import KafkaAdminClient
     from kafka.admin import UserScramCredentialDeletion, UserScramCredentialUpsertion
 
@@ -504,3 +500,46 @@ async def test_plaintext_request_on_a_tls_listener_is_dropped(broker: Broker) ->
             await assert_closed(client)
     async with await trio.open_tcp_stream("127.0.0.1", port_of(broker, "PLAINTEXT")) as s:
         assert (await RawClient(s).call(18, 0, m.ApiVersionsRequest())).error_code == 0
+
+
+async def test_user_scram_credentials_with_confluent_admin(broker: Broker) -> None:
+    """confluent-kafka's AdminClient: upsert, describe, log in as the user, delete."""
+    from confluent_kafka.admin import (
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialDeletion,
+        UserScramCredentialUpsertion,
+    )
+
+    admin = AdminClient({
+        "bootstrap.servers": f"127.0.0.1:{port_of(broker, 'SASL_PLAINTEXT')}",
+        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "SCRAM-SHA-512",
+        "sasl.username": USER, "sasl.password": PASSWORD,
+    })  # fmt: skip
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 10_000)
+
+    def upsert_and_describe() -> list[tuple[Any, int]]:
+        upsertion = UserScramCredentialUpsertion("carol", info, b"carols password")
+        admin.alter_user_scram_credentials([upsertion])["carol"].result(20)
+        described = admin.describe_user_scram_credentials(["carol"])["carol"].result(20)
+        return [(i.mechanism, i.iterations) for i in described.scram_credential_infos]
+
+    assert await trio.to_thread.run_sync(upsert_and_describe) == [
+        (ScramMechanism.SCRAM_SHA_512, 10_000)
+    ]
+    async with await trio.open_tcp_stream("127.0.0.1", port_of(broker, "SASL_PLAINTEXT")) as s:
+        client = RawClient(s)
+        assert (await handshake(client, "SCRAM-SHA-512")).error_code == 0
+        scram = ScramClient(["SCRAM-SHA-512"], "carol", "carols password")
+        first = await authenticate(client, scram.get_client_first().encode())
+        scram.set_server_first(first.auth_bytes.decode())
+        assert (await authenticate(client, scram.get_client_final().encode())).error_code == 0
+        assert connection_of(broker, client).principal == "User:carol"
+
+    def delete() -> None:
+        deletion = UserScramCredentialDeletion("carol", ScramMechanism.SCRAM_SHA_512)
+        admin.alter_user_scram_credentials([deletion])["carol"].result(20)
+
+    await trio.to_thread.run_sync(delete)
+    assert "carol" not in broker.credentials.users()
