@@ -36,10 +36,18 @@ LISTENING = re.compile(r"listening on [^\s:]+:(\d+)")
 class BrokerProcess:
     """A `trio-broker serve` subprocess on a free port with a fresh data dir."""
 
-    def __init__(self, model: str, storage: str = "file", extra: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        storage: str = "file",
+        extra: list[str] | None = None,
+        launcher: list[str] | None = None,
+    ) -> None:
+        """``launcher``: a command that runs the broker command after it (e.g. py-spy record --)."""
         self.data_dir = Path(tempfile.mkdtemp(prefix=f"bench-{model}-", dir=ROOT / "bench"))
         exe = ROOT / ".venv" / "bin" / "trio-broker"
-        cmd = [str(exe) if exe.exists() else "trio-broker", "serve", "--listen", "127.0.0.1:0",
+        cmd = [*(launcher or []),
+               str(exe) if exe.exists() else "trio-broker", "serve", "--listen", "127.0.0.1:0",
                "--data-dir", str(self.data_dir), "--storage", storage,
                "--processing-model", model, "--log-level", "INFO", *(extra or [])]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)

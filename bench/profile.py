@@ -24,8 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flamegraph
-from produce import LISTENING, create_topic, run_producer
+from produce import BrokerProcess, create_topic, run_producer
 
 ROOT = Path(__file__).resolve().parent.parent
 KIB = 1024
@@ -45,48 +43,20 @@ def tool(name: str) -> str:
     return str(path) if path.exists() else name
 
 
-class ProfiledBroker:
-    """``py-spy record -- trio-broker serve`` on a free port with a fresh data dir."""
+class ProfiledBroker(BrokerProcess):
+    """``py-spy record -- trio-broker serve``: stopping it stops the broker, not py-spy."""
 
     def __init__(self, stacks: Path, rate: int, model: str) -> None:
-        self.data_dir = Path(tempfile.mkdtemp(prefix="bench-profile-", dir=ROOT / "bench"))
-        cmd = [tool("py-spy"), "record", "--format", "raw", "--rate", str(rate),
-               "--output", str(stacks), "--",
-               tool("trio-broker"), "serve", "--listen", "127.0.0.1:0",
-               "--data-dir", str(self.data_dir), "--processing-model", model,
-               "--log-level", "INFO"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-        self.port = self._wait_listening()
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _wait_listening(self) -> int:
-        assert self.proc.stderr is not None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            match = LISTENING.search(line)
-            if match:
-                return int(match.group(1))
-        self.proc.kill()
-        raise RuntimeError("broker did not start under py-spy")
-
-    def _drain(self) -> None:
-        assert self.proc.stderr is not None
-        for _ in self.proc.stderr:
-            pass
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        launcher = [tool("py-spy"), "record", "--format", "raw", "--rate", str(rate),
+                    "--output", str(stacks), "--"]  # fmt: skip
+        super().__init__(model, launcher=launcher)
 
     def broker_pid(self) -> int:
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
         return int(children.split()[0])
 
     def stop(self) -> None:
-        """SIGTERM the broker (not py-spy): it shuts down and py-spy writes the stacks."""
+        """SIGTERM the broker: it shuts down and py-spy, seeing it exit, writes the stacks."""
         try:
             os.kill(self.broker_pid(), signal.SIGTERM)
             self.proc.wait(60)
