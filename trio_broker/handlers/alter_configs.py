@@ -154,16 +154,21 @@ def _replace_all(current: dict[str, str], resource: Any) -> dict[str, str]:
     return {c.name: c.value for c in resource.configs if c.value is not None}
 
 
-@handles(m.ApiKey.ALTER_CONFIGS)
-async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
-    results = alter_resources(ctx, request.resources, request.validate_only, _replace_all)
-    return Resp(
+def resources_response(response_class: Any, request: Any, results: list[Any]) -> Any:
+    """One AlterConfigsResourceResponse per resource (both APIs share the layout)."""
+    return response_class(
         throttle_time_ms=0,
         responses=[
-            Resp.AlterConfigsResourceResponse(
+            response_class.AlterConfigsResourceResponse(
                 error_code=code, error_message=message,
                 resource_type=r.resource_type, resource_name=r.resource_name,
             )
             for r, (code, message) in zip(request.resources, results, strict=True)
         ],
     )  # fmt: skip
+
+
+@handles(m.ApiKey.ALTER_CONFIGS)
+async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
+    results = alter_resources(ctx, request.resources, request.validate_only, _replace_all)
+    return resources_response(Resp, request, results)

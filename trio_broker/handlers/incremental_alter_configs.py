@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trio_broker.handlers.alter_configs import ConfigRefused, alter_resources
+from trio_broker.handlers.alter_configs import ConfigRefused, alter_resources, resources_response
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -56,13 +56,4 @@ def apply_operations(current: dict[str, str], resource: Any) -> dict[str, str]:
 @handles(m.ApiKey.INCREMENTAL_ALTER_CONFIGS)
 async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) -> Any:
     results = alter_resources(ctx, request.resources, request.validate_only, apply_operations)
-    return Resp(
-        throttle_time_ms=0,
-        responses=[
-            Resp.AlterConfigsResourceResponse(
-                error_code=code, error_message=message,
-                resource_type=r.resource_type, resource_name=r.resource_name,
-            )
-            for r, (code, message) in zip(request.resources, results, strict=True)
-        ],
-    )  # fmt: skip
+    return resources_response(Resp, request, results)
