@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import ssl
 import struct
 from collections.abc import AsyncIterator
@@ -543,3 +544,34 @@ async def test_user_scram_credentials_with_confluent_admin(broker: Broker) -> No
 
     await trio.to_thread.run_sync(delete)
     assert "carol" not in broker.credentials.users()
+
+
+async def test_mtls_mapping_rules_map_or_refuse(
+    broker_config: BrokerConfig, ca: trustme.CA, caplog: pytest.LogCaptureFixture
+) -> None:
+    import attrs
+
+    caplog.set_level(logging.INFO, logger="trio_broker.tls")
+    rules = {"listener.name.ssl.ssl.principal.mapping.rules": "RULE:^CN=(bob),.*$/$1/U"}
+    config = attrs.evolve(broker_config, security={**broker_config.security, **rules})
+
+    async def connect_as(broker: Broker, who: str) -> str | None:
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+        ca.issue_cert(f"{who}@example.com", common_name=who,
+                      organization_name="Example").configure_cert(context)  # fmt: skip
+        tcp = await trio.open_tcp_stream("127.0.0.1", port_of(broker, "SSL"))
+        async with trio.SSLStream(tcp, context, server_hostname="127.0.0.1") as stream:
+            client = RawClient(stream)
+            try:
+                await metadata(client)
+            except (trio.BrokenResourceError, AssertionError):
+                return None  # refused: no rule matches
+            return str(connection_of(broker, client).principal)
+
+    async with trio.open_nursery() as nursery:
+        broker: Broker = await nursery.start(Broker(config).run)
+        assert await connect_as(broker, "bob") == "User:BOB"
+        assert await connect_as(broker, "alice") is None
+        nursery.cancel_scope.cancel()
+    assert "no ssl.principal.mapping.rules rule matches 'CN=alice," in caplog.text

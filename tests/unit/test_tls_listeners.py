@@ -10,7 +10,12 @@ import trustme
 
 from trio_broker.config import BrokerConfig, ConfigError, load_config
 from trio_broker.security.listeners import resolve_listeners
-from trio_broker.security.principal import distinguished_name, parse_rules, principal_for
+from trio_broker.security.principal import (
+    NoMatchingRule,
+    distinguished_name,
+    parse_rules,
+    principal_for,
+)
 from trio_broker.security.transport import server_context, tls_contexts
 
 
@@ -140,12 +145,16 @@ def test_default_principal_is_the_rfc2253_subject() -> None:
         ("RULE:^CN=([^,]+),OU=([^,]+),.*$/$1@$2/U", "User:ALICE@ENG"),
         ("RULE:^CN=bob,.*$/bob/, RULE:^CN=(.*?),.*$/$1-x/L, DEFAULT", "User:alice-x"),
         ("RULE:^CN=bob,.*$/bob/,DEFAULT", r"User:CN=alice,OU=eng,O=Example\, Inc.,C=DE"),
-        ("RULE:^CN=bob,.*$/bob/", r"User:CN=alice,OU=eng,O=Example\, Inc.,C=DE"),
         (r"RULE:^CN=(\w+),.*$/users\/$1/", "User:users/alice"),
     ],
 )
 def test_principal_mapping_rules(rules: str, expected: str) -> None:
     assert principal_for(PEER, parse_rules(rules)) == expected
+
+
+def test_no_matching_rule_refuses() -> None:
+    with pytest.raises(NoMatchingRule):
+        principal_for(PEER, parse_rules("RULE:^CN=bob,.*$/bob/"))
 
 
 @pytest.mark.parametrize("rules", ["RULE:^CN=.*$", "RULE:x/y", "NONSENSE"])

@@ -8,8 +8,8 @@ specific first). ``ssl.principal.mapping.rules`` rewrite that name, as in Kafka:
 
 A rule is ``RULE:pattern/replacement/`` with an optional ``L`` or ``U`` (lower or
 upper case the result); the first rule whose pattern matches the whole name wins;
-``DEFAULT`` keeps the name unchanged. No rule matching is an error (Kafka fails
-the connection): we then keep the full name.
+``DEFAULT`` keeps the name unchanged. When no rule matches, the connection is
+refused (:class:`NoMatchingRule`), as Kafka's SslPrincipalMapper does.
 """
 
 from __future__ import annotations
@@ -85,6 +85,10 @@ def parse_rules(text: str) -> list[Rule]:
     return rules
 
 
+class NoMatchingRule(ValueError):
+    """No ssl.principal.mapping.rules rule matches the certificate subject."""
+
+
 def principal_for(peer_cert: dict[str, Any] | None, rules: list[Rule]) -> str | None:
     """``User:<mapped name>`` for a client certificate, or None without one."""
     if not peer_cert:
@@ -94,4 +98,4 @@ def principal_for(peer_cert: dict[str, Any] | None, rules: list[Rule]) -> str | 
         mapped = rule.apply(name)
         if mapped is not None:
             return f"User:{mapped}"
-    return f"User:{name}"
+    raise NoMatchingRule(f"no ssl.principal.mapping.rules rule matches {name!r}")

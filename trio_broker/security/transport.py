@@ -24,7 +24,7 @@ import trio
 
 from trio_broker.handlers.base import ClientInfo
 from trio_broker.security.listeners import Listener, split_list
-from trio_broker.security.principal import Rule, parse_rules, principal_for
+from trio_broker.security.principal import NoMatchingRule, Rule, parse_rules, principal_for
 from trio_broker.security.sasl import MAX_RECEIVE_SIZE, SaslSession
 from trio_broker.server.connection import Connection
 
@@ -170,7 +170,13 @@ class TlsConnection(Connection):
                      self.id, self.client.host, exc.__cause__ or exc)  # fmt: skip
             return
         if self._principal_from_certificate:
-            principal = principal_for(stream.getpeercert(), self._rules)
+            try:
+                principal = principal_for(stream.getpeercert(), self._rules)
+            except NoMatchingRule as exc:
+                log.info("connection %d from %s: %s", self.id, self.client.host, exc)
+                self.closed = True
+                self.tls_socket.close()
+                return
             if principal is not None:
                 self.principal = principal
                 log.info("connection %d: TLS client principal %s", self.id, principal)
