@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text (default) or json: one JSON object per log line",
+    )
+    serve.add_argument(
         "--capture",
         metavar="DIR",
         type=Path,
@@ -132,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if getattr(args, "log_format", "text") == "json":
+        from trio_broker.server.logging_setup import use_json_logs
+
+        use_json_logs()
     if args.command == "serve":
         return _serve(args)
     if args.command == "verify":

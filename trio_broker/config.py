@@ -69,6 +69,8 @@ class BrokerConfig:
     capture_dir: Path | None = None  # ours: write every frame to Parquet here (capture.dir)
     #: ours: HOST:PORT of the /metrics and /health responder (metrics.listener); None = off.
     metrics_listener: str | None = None
+    #: ours: log one line per request slower than this (request.log.slow.ms); 0 = off.
+    request_log_slow_ms: int = 1000
     #: ACLs are enforced when set (Kafka's StandardAuthorizer name, or "acl"); see docs/acls.md.
     authorizer_class_name: str = ""
     super_users: str = ""  # semicolon-separated principals that bypass ACLs
@@ -98,6 +100,9 @@ class BrokerConfig:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
         if self.metrics_listener is not None:
             parse_host_port(self.metrics_listener, "metrics.listener")
+        slow_ms = self.request_log_slow_ms
+        if isinstance(slow_ms, bool) or not isinstance(slow_ms, int) or slow_ms < 0:
+            raise ConfigError(f"request.log.slow.ms: expected an integer >= 0, got {slow_ms!r}")
         from trio_broker.security.listeners import resolve_listeners
 
         resolve_listeners(self)  # raises ConfigError naming the bad key
@@ -161,6 +166,7 @@ FIELD_FOR_KEY: dict[str, str] = {
     "offsets.retention.minutes": "offsets_retention_minutes",
     "capture.dir": "capture_dir",
     "metrics.listener": "metrics_listener",
+    "request.log.slow.ms": "request_log_slow_ms",
     "quota.window.num": "quota_window_num",
     "quota.window.size.seconds": "quota_window_size_seconds",
     "authorizer.class.name": "authorizer_class_name",

@@ -101,7 +101,26 @@ def throttled(ctx: RequestContext, response: Any, total: int) -> Any:
         for topic in response.responses:
             for part in topic.partitions:
                 part.records = b""
+    elif total > 0:
+        count_bytes_out(ctx, response)
     return response
+
+
+def count_bytes_out(ctx: RequestContext, response: Any) -> None:
+    """Per-topic record bytes sent (/metrics): one dict increment per topic with data."""
+    broker = ctx.broker
+    counts = broker.stats.topic_bytes_out
+    for topic in response.responses:
+        sent = 0
+        for part in topic.partitions:
+            records = part.records
+            sent += records.nbytes if isinstance(records, RecordsChunks) else len(records or b"")
+        if sent:
+            name = topic.topic
+            if not name:  # v13+: addressed by id
+                known = broker.topics.by_id.get(topic.topic_id)
+                name = "" if known is None else known.name
+            counts[name] = counts.get(name, 0) + sent
 
 
 @handles(m.ApiKey.FETCH)

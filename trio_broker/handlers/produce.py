@@ -126,6 +126,10 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 broker.flusher.recover_soon(log, broker.delayed_nursery)
                 continue
             broker.record_producer_append(topic.name, data.index, batch, result)
+            # /metrics: two dict increments per partition, no per-record work.
+            bytes_in, messages_in = broker.stats.topic_bytes_in, broker.stats.topic_messages_in
+            bytes_in[name] = bytes_in.get(name, 0) + batch.size_in_bytes
+            messages_in[name] = messages_in.get(name, 0) + batch.record_count
             part.base_offset = result.base_offset
             if log_append_time:
                 part.log_append_time_ms = result.log_append_time

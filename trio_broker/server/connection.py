@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -53,6 +54,8 @@ class PendingRequest:
     header: RequestHeader
     response_version: int
     frame_size: int
+    #: perf_counter() when the frame was read (the slow-request log's queue/total times).
+    received: float = 0.0
 
 
 class Connection:
@@ -244,7 +247,7 @@ class Connection:
             return
         size = len(frame)
         slot = self.sequencer.register(header.correlation_id)
-        self.pending[slot] = PendingRequest(header, response_version, size)
+        self.pending[slot] = PendingRequest(header, response_version, size, time.perf_counter())
         if self.serial:
             self._mute_event(MuteEvent.REQUEST_RECEIVED_SERIAL)
         if self.sequencer.in_flight >= self.max_in_flight:
@@ -300,6 +303,9 @@ class Connection:
                         return
                     self.send_progress = None
                 if self.sasl is not None and self.sasl.failed:
+                    failures = self.broker.stats.sasl_failures
+                    mechanism = self.sasl.mechanism or "none"
+                    failures[mechanism] = failures.get(mechanism, 0) + 1
                     self.close(f"SASL authentication failed: {self.sasl.reason}")
                     return
                 self.broker.stats.responses_sent += 1

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
 import trio
 
+from trio_broker.server.metrics import FSYNC_BOUNDS, LatencyHistogram
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.group_commit import DurabilityTracker, FlushPolicy, FlushStatistics
 
@@ -63,15 +65,21 @@ def flush_log(log: FlushableLog) -> int:
 
 
 def _flush_all(
-    logs: Sequence[FlushableLog], sync: Callable[[FlushableLog], int]
+    logs: Sequence[FlushableLog],
+    sync: Callable[[FlushableLog], int],
+    durations: list[float] | None = None,
 ) -> list[int | BaseException]:
     # Runs in a worker thread. One failing log must not hide the others' results.
+    # ``durations`` gets each sync's seconds, timed here so no event-loop delay counts.
     results: list[int | BaseException] = []
     for log in logs:
+        started = time.perf_counter()
         try:
             results.append(sync(log))
         except Exception as exc:
             results.append(exc)
+        if durations is not None:
+            durations.append(time.perf_counter() - started)
     return results
 
 
@@ -96,6 +104,8 @@ class Flusher:
         self.sync: Callable[[FlushableLog], int] = flush_log
         #: id(log) -> trio time of the next recovery probe of an offline log.
         self._next_probe: dict[int, float] = {}
+        #: Seconds of each successful log sync (/metrics trio_broker_fsync_duration_seconds).
+        self.fsync_durations = LatencyHistogram(FSYNC_BOUNDS)
 
     def _entry(self, log: FlushableLog) -> _Entry:
         entry = self._entries.get(id(log))
@@ -242,8 +252,11 @@ class Flusher:
 
     async def _flush(self, due: list[_Entry]) -> None:
         covered = [e.tracker.begin_flush() for e in due]
-        results = await trio.to_thread.run_sync(_flush_all, [e.log for e in due], self.sync)
-        for entry, count, result in zip(due, covered, results, strict=True):
+        durations: list[float] = []
+        results = await trio.to_thread.run_sync(
+            _flush_all, [e.log for e in due], self.sync, durations
+        )
+        for entry, count, result, seconds in zip(due, covered, results, durations, strict=True):
             if isinstance(result, BaseException):
                 take_offline = getattr(entry.log, "take_offline", None)
                 if take_offline is not None:
@@ -257,5 +270,6 @@ class Flusher:
                 released = entry.tracker.fail()
             else:
                 released = entry.tracker.end_flush(result, count)
+                self.fsync_durations.observe(0, seconds)
             for event in released:
                 event.set()

@@ -10,6 +10,7 @@ the broker's delayed-operations nursery while the handler takes the next request
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,9 @@ import trio
 
 from trio_broker.handlers.base import CloseConnection, Deferred, HandlerSpec, RequestContext
 from trio_broker.protocol.messages import RequestHeader
-from trio_broker.server.metrics import LatencyHistogram
+from trio_broker.protocol.schema import Message
+from trio_broker.server.logging_setup import log_slow_request
+from trio_broker.server.metrics import API_NAMES, LatencyHistogram
 
 if TYPE_CHECKING:
     from trio_broker.server.broker import Broker
@@ -37,6 +40,9 @@ class HandlerPool:
         self.handled = [0] * count
         #: Per API key: time from dequeue to handler return (the /metrics endpoint).
         self.latency = LatencyHistogram()
+        #: request.log.slow.ms in seconds; infinite when 0 (off).
+        slow_ms = broker.config.request_log_slow_ms
+        self.slow_s = slow_ms / 1000 if slow_ms > 0 else math.inf
 
     def queue_depths(self) -> list[int]:
         return [s.statistics().current_buffer_used for s in self._senders]
@@ -68,22 +74,76 @@ class HandlerPool:
                 log.exception("handler for API %d v%d failed", header.api_key, header.api_version)
                 conn.close("internal error in handler")
                 continue
-            self.latency.observe(header.api_key, time.perf_counter() - started)
+            done = time.perf_counter()
+            self.latency.observe(header.api_key, done - started)
             if isinstance(result, Deferred):
-                broker.delayed_nursery.start_soon(self._finish, conn, slot, header, result)
+                broker.delayed_nursery.start_soon(
+                    self._finish, conn, slot, ctx, result, (started, done)
+                )
             elif isinstance(result, CloseConnection):
                 conn.close(result.reason)
             else:
+                pending = conn.pending.get(slot)
                 conn.complete(slot, result)
+                if pending is not None and done - pending.received >= self.slow_s:
+                    self._slow(conn, ctx, pending.received, started, done, done, result)
 
-    @staticmethod
     async def _finish(
-        conn: Connection, slot: int, header: RequestHeader, deferred: Deferred
+        self,
+        conn: Connection,
+        slot: int,
+        ctx: RequestContext,
+        deferred: Deferred,
+        times: tuple[float, float],
     ) -> None:
         try:
             response = await deferred.finish()
         except Exception:
-            log.exception("deferred response for API %d failed", header.api_key)
+            log.exception("deferred response for API %d failed", ctx.header.api_key)
             conn.close("internal error completing a response")
             return
+        pending = conn.pending.get(slot)
         conn.complete(slot, response)
+        if pending is not None:
+            now = time.perf_counter()
+            if now - pending.received >= self.slow_s:
+                self._slow(conn, ctx, pending.received, *times, now, response)
+
+    def _slow(
+        self,
+        conn: Connection,
+        ctx: RequestContext,
+        received: float,
+        started: float,
+        handled: float,
+        completed: float,
+        response: Any,
+    ) -> None:
+        """Log a request that took request.log.slow.ms or longer, frame read to response queued.
+
+        queue_ms: read to handler dequeue; handler_ms: the handler call; wait_ms: a
+        deferred response's wait (fsync, long poll); total_ms covers all three.
+        """
+        self.broker.stats.slow_requests += 1
+        header = ctx.header
+        throttle = getattr(response, "throttle_time_ms", 0) if isinstance(response, Message) else 0
+        log_slow_request(
+            {
+                "api": API_NAMES.get(header.api_key, f"api_{header.api_key}"),
+                "api_key": header.api_key,
+                "version": header.api_version,
+                "correlation_id": header.correlation_id,
+                "client_id": header.client_id or "",
+                "client": conn.client_address,
+                "principal": ctx.principal,
+                "total_ms": _ms(completed - received),
+                "queue_ms": _ms(started - received),
+                "handler_ms": _ms(handled - started),
+                "wait_ms": _ms(completed - handled),
+                "throttle_ms": throttle or 0,
+            }
+        )
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)

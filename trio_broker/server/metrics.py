@@ -46,6 +46,12 @@ LATENCY_BOUNDS: tuple[float, ...] = (
     2.5, 5.0, 10.0,
 )  # fmt: skip
 
+#: Upper bounds (seconds) of the fsync latency histogram: 100 µs to 10 s.
+FSYNC_BOUNDS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+)  # fmt: skip
+
 API_NAMES: dict[int, str] = {
     value: name.lower()
     for name, value in vars(ApiKey).items()
@@ -54,7 +60,8 @@ API_NAMES: dict[int, str] = {
 
 
 class LatencyHistogram:
-    """Per API key: bucket counts (not cumulative; the last is +Inf), sum and count."""
+    """Per key (API key; 0 when unlabelled): bucket counts (not cumulative; the last is
+    +Inf), sum and count."""
 
     def __init__(self, bounds: tuple[float, ...] = LATENCY_BOUNDS) -> None:
         self.bounds = bounds
@@ -167,6 +174,8 @@ def render_metrics(broker: Broker) -> bytes:
         [("", {"queue": str(i)}, n) for i, n in enumerate(pool.queue_depths())],
     )
 
+    _topic_families(out, broker)
+
     latency = pool.latency
     keys = sorted(latency.buckets)
     out.family(
@@ -187,6 +196,12 @@ def render_metrics(broker: Broker) -> bytes:
         "time from dequeue to handler return, per API",
         histogram,
     )
+    out.counter(
+        p + "slow_requests_total",
+        "requests slower than request.log.slow.ms (each logged by trio_broker.requests)",
+        stats.slow_requests,
+    )
+    _quota_families(out, broker)
 
     muted = dict.fromkeys(MuteReason, 0)
     for conn in list(broker.connections.values()):
@@ -220,6 +235,15 @@ def render_metrics(broker: Broker) -> bytes:
         "appends covered by each group-commit fsync",
         _histogram_samples({}, [*fsync_buckets, ("+Inf", 0)], flush.appends),
     )
+    durations = broker.flusher.fsync_durations
+    les = [_format_value(b) for b in durations.bounds] + ["+Inf"]
+    counts = durations.buckets.get(0, [0] * len(les))
+    out.family(
+        p + "fsync_duration_seconds",
+        "histogram",
+        "time of each successful partition log sync, measured in the flush thread",
+        _histogram_samples({}, zip(les, counts), durations.sums.get(0, 0.0)),
+    )
 
     sizes: list[Sample] = []
     ends: list[Sample] = []
@@ -233,6 +257,56 @@ def render_metrics(broker: Broker) -> bytes:
     out.family(p + "log_end_offset", "gauge", "next offset of a partition's log", ends)
     out.gauge(p + "groups", "consumer groups known to the coordinator", len(broker.groups.groups))
     return out.render()
+
+
+def _per_label(label: str, counts: dict[str, int]) -> list[Sample]:
+    return [("", {label: name}, n) for name, n in sorted(counts.items())]
+
+
+def _topic_families(out: Exposition, broker: Broker) -> None:
+    p = "trio_broker_topic_"
+    stats = broker.stats
+    out.family(
+        p + "bytes_in_total",
+        "counter",
+        "record-batch bytes appended by Produce, per topic",
+        _per_label("topic", stats.topic_bytes_in),
+    )
+    out.family(
+        p + "messages_in_total",
+        "counter",
+        "records appended by Produce (batch header record counts), per topic",
+        _per_label("topic", stats.topic_messages_in),
+    )
+    out.family(
+        p + "bytes_out_total",
+        "counter",
+        "record-batch bytes returned by Fetch, per topic",
+        _per_label("topic", stats.topic_bytes_out),
+    )
+
+
+def _quota_families(out: Exposition, broker: Broker) -> None:
+    p = "trio_broker_"
+    stats = broker.stats
+    out.family(
+        p + "throttled_responses_total",
+        "counter",
+        "responses with throttle_time_ms > 0, per quota",
+        _per_label("quota", stats.throttled_responses),
+    )
+    out.family(
+        p + "throttle_time_ms_total",
+        "counter",
+        "throttle milliseconds given to clients, per quota",
+        _per_label("quota", stats.throttle_ms),
+    )
+    out.family(
+        p + "sasl_failures_total",
+        "counter",
+        "failed SASL logins, per mechanism (none: failed before one was chosen)",
+        _per_label("mechanism", stats.sasl_failures),
+    )
 
 
 def _api_labels(key: int) -> dict[str, str]:

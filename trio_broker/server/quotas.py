@@ -113,6 +113,9 @@ class QuotaService:
         if self._records % FORGET_EVERY == 0:
             self.manager.forget_idle(now)
         if delay > 0:
+            stats = self.broker.stats  # /metrics: throttled responses and ms, per quota
+            stats.throttled_responses[key] = stats.throttled_responses.get(key, 0) + 1
+            stats.throttle_ms[key] = stats.throttle_ms.get(key, 0) + delay
             conn = self.broker.connections.get(ctx.client.connection_id)
             if conn is not None:
                 conn.throttle(delay)
