@@ -281,7 +281,7 @@ class Tcpdump:
 Row = dict[str, Any]
 
 
-def write_rows(rows: list[Row], target: Path, keep_lengths: bool = False) -> None:
+def write_rows(rows: list[Row], target: Path) -> None:
     """Replace the capture in ``target`` with ``rows`` (one file, one run)."""
     from trio_broker.capture.schema import arrow_schema
 
@@ -289,8 +289,7 @@ def write_rows(rows: list[Row], target: Path, keep_lengths: bool = False) -> Non
         old.unlink()
     target.mkdir(parents=True, exist_ok=True)
     for row in rows:
-        if not keep_lengths:
-            row["frame_length"] = len(row["frame"])
+        row["frame_length"] = len(row["frame"])
     pq.write_table(
         pa.Table.from_pylist(rows, schema=arrow_schema()), target / "capture-b0-1-000000.parquet"
     )

@@ -1,0 +1,355 @@
+"""Verify throughput: ``trio-broker verify`` (PySpark, local[2]) on synthetic captures.
+
+Writes valid captures of N frames quickly: a template workload (idempotent
+producers, one batch per Produce, a consumer fetching every FETCH_EVERY batches
+of a partition) encoded once with our codec, then copied with correlation ids,
+offsets, sequences and CRCs patched in place. Then, each in a subprocess with
+a time limit, runs the Spark job and a naive single-process pandas checker
+(bench-only baseline, below) on it, sampling the peak RSS of the process tree.
+Prints a table and writes JSON.
+
+    .venv/bin/python bench/verify.py --frames 100000,1000000 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PRODUCERS = 8
+PARTITIONS = 8
+FETCH_EVERY = 8
+ROWS_PER_FILE = 100_000
+TIME_LIMIT_S = 60.0
+_I32, _I64, _U32 = struct.Struct(">i"), struct.Struct(">q"), struct.Struct(">I")
+SENTINEL = 0x0123456789AB
+
+
+# ------------------------------------------------------------------ synthetic captures
+
+
+class Templates:
+    """Encoded frames with the positions of the fields to patch."""
+
+    def __init__(self) -> None:
+        import trio_broker.protocol.messages as m
+        from trio_broker.protocol.messages import encode_request, encode_response
+        from trio_broker.storage._batch import build_batch
+
+        self.batch = bytes(
+            build_batch([b"v" * 100], producer_id=7, producer_epoch=0, base_sequence=0)
+        )
+        self.produce: list[tuple[bytes, int]] = []
+        for partition in range(PARTITIONS):
+            part = m.ProduceRequest.TopicProduceData.PartitionProduceData(
+                index=partition, records=self.batch
+            )
+            body = m.ProduceRequest(
+                transactional_id=None, acks=-1, timeout_ms=1000,
+                topic_data=[m.ProduceRequest.TopicProduceData(name="bench", partition_data=[part])],
+            )  # fmt: skip
+            frame = encode_request(0, 9, 1, "bench", body)[4:]
+            self.produce.append((frame, frame.find(self.batch)))
+        P = m.ProduceResponse
+        self.ack: list[tuple[bytes, int]] = []
+        for partition in range(PARTITIONS):
+            body = P(responses=[P.TopicProduceResponse(name="bench", partition_responses=[
+                P.TopicProduceResponse.PartitionProduceResponse(
+                    index=partition, error_code=0, base_offset=SENTINEL)])])  # fmt: skip
+            frame = _join(encode_response(0, 9, 1, body))[4:]
+            self.ack.append((frame, frame.find(_I64.pack(SENTINEL))))
+        F = m.FetchResponse
+        records = self.batch * FETCH_EVERY
+        self.fetch: list[tuple[bytes, int, int]] = []
+        for partition in range(PARTITIONS):
+            part = F.FetchableTopicResponse.PartitionData(
+                partition_index=partition, error_code=0, high_watermark=SENTINEL,
+                last_stable_offset=-1, log_start_offset=0, records=records,
+            )  # fmt: skip
+            body = F(throttle_time_ms=0, error_code=0, session_id=0,
+                     responses=[F.FetchableTopicResponse(topic="bench", partitions=[part])])  # fmt: skip
+            frame = _join(encode_response(1, 12, 1, body))[4:]
+            self.fetch.append((frame, frame.find(records), frame.find(_I64.pack(SENTINEL))))
+        R = m.FetchRequest
+        body = R(
+            replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+            topics=[R.FetchTopic(topic="bench", partitions=[R.FetchTopic.FetchPartition(
+                partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])],
+        )  # fmt: skip
+        self.fetch_request = encode_request(1, 12, 1, "bench", body)[4:]
+
+
+def _join(parts: list[Any]) -> bytes:
+    return b"".join(bytes(p) for p in parts)
+
+
+def _crc(producer: int, sequence: int) -> int:
+    return (producer * 1_000_003 + sequence * 7919) & 0xFFFFFFFF
+
+
+def write_capture(frames: int, directory: Path) -> int:
+    """A capture of about ``frames`` rows in ``directory``; returns the rows written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trio_broker.capture.schema import _binary_column as binary_column
+    from trio_broker.capture.schema import arrow_schema
+
+    t = Templates()
+    schema = arrow_schema()
+    written = 0
+    files = 0
+    clock = 1_000_000_000
+    wall = time.time_ns()
+    sequences = [0] * PRODUCERS
+    next_offset = [0] * PARTITIONS
+    unfetched = [0] * PARTITIONS
+    corr = [0] * (PRODUCERS + 1)
+    bsize = len(t.batch)
+
+    rows: list[tuple[Any, ...]] = []
+
+    def add(conn: int, direction: str, key: int, version: int, c: int, frame: bytes) -> None:
+        nonlocal clock
+        clock += 10_000
+        rows.append((
+            0, conn, f"10.0.0.{conn}:4000", f"bench-{conn}", direction, clock, wall + clock,
+            key, version, c, len(frame), frame,
+        ))  # fmt: skip
+
+    def flush() -> None:
+        nonlocal files, written
+        if not rows:
+            return
+        values = list(zip(*rows, strict=True))
+        arrays = [pa.array(list(v), f.type) for v, f in zip(values[:-1], schema, strict=False)]
+        arrays.append(binary_column(list(values[-1])))
+        table = pa.Table.from_arrays(arrays, schema=schema)
+        pq.write_table(table, directory / f"capture-b0-1-{files:06d}.parquet", compression="zstd")
+        files += 1
+        written += len(rows)
+        rows.clear()
+
+    directory.mkdir(parents=True, exist_ok=True)
+    step = 0
+    while written + len(rows) < frames:
+        producer = step % PRODUCERS
+        partition = producer % PARTITIONS
+        step += 1
+        seq = sequences[producer]
+        sequences[producer] += 1
+        corr[producer] += 1
+        frame, at = t.produce[partition]
+        request = bytearray(frame)
+        _I32.pack_into(request, 4, corr[producer])
+        _I64.pack_into(request, at + 43, 1000 + producer)  # producer id
+        _I32.pack_into(request, at + 53, seq)  # base sequence
+        _U32.pack_into(request, at + 17, _crc(producer, seq))
+        add(producer + 1, "request", 0, 9, corr[producer], bytes(request))
+        frame, at = t.ack[partition]
+        response = bytearray(frame)
+        _I32.pack_into(response, 0, corr[producer])
+        _I64.pack_into(response, at, next_offset[partition])
+        add(producer + 1, "response", 0, 9, corr[producer], bytes(response))
+        next_offset[partition] += 1
+        unfetched[partition] += 1
+        if unfetched[partition] == FETCH_EVERY:
+            unfetched[partition] = 0
+            consumer = PRODUCERS + 1
+            corr[PRODUCERS] += 1
+            c = corr[PRODUCERS]
+            fetch_request = bytearray(t.fetch_request)
+            _I32.pack_into(fetch_request, 4, c)
+            add(consumer, "request", 1, 12, c, bytes(fetch_request))
+            frame, records_at, hw_at = t.fetch[partition]
+            fetch = bytearray(frame)
+            _I32.pack_into(fetch, 0, c)
+            _I64.pack_into(fetch, hw_at, next_offset[partition])
+            first = next_offset[partition] - FETCH_EVERY
+            # The batches acknowledged on this partition, in order: the producers of this
+            # partition (producer % PARTITIONS == partition) took turns in step order.
+            for i in range(FETCH_EVERY):
+                at = records_at + i * bsize
+                _I64.pack_into(fetch, at, first + i)
+                offset = first + i
+                producer_of = partition + (offset % (PRODUCERS // PARTITIONS)) * PARTITIONS
+                seq_of = offset // (PRODUCERS // PARTITIONS)
+                _I64.pack_into(fetch, at + 43, 1000 + producer_of)
+                _I32.pack_into(fetch, at + 53, seq_of)
+                _U32.pack_into(fetch, at + 17, _crc(producer_of, seq_of))
+            add(consumer, "response", 1, 12, c, bytes(fetch))
+        if len(rows) >= ROWS_PER_FILE:
+            flush()
+    flush()
+    return written
+
+
+# ------------------------------------------------------------------ the naive baseline
+# BENCH-ONLY: a single-process pandas checker, as a yardstick for the Spark job. It runs
+# the same decoder and three of the checks (acknowledged batches fetched at their offset
+# with their CRC, fetch responses contiguous, producer sequences contiguous); the real
+# checks live once, in trio_broker/verify/job.py.
+
+
+def pandas_baseline(directory: Path) -> dict[str, Any]:
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from trio_broker.verify.decode import NEEDED_COLUMNS, decode_rows
+
+    started = time.monotonic()
+    facts = []
+    for path in sorted(directory.glob("*.parquet")):
+        table = pq.read_table(path)
+        columns = {n: table.column(n).to_pylist() for n in NEEDED_COLUMNS if n != "run"}
+        columns["run"] = ["r"] * table.num_rows
+        facts.append(pd.DataFrame(decode_rows(columns)))
+    f = pd.concat(facts, ignore_index=True)
+    batches = f[f.kind == "produce_batch"]
+    acks = f[(f.kind == "produce_ack") & (f.error == 0)]
+    acked = batches.merge(acks[["conn", "corr", "topic", "partition", "offset"]],
+                          on=["conn", "corr", "topic", "partition"], suffixes=("", "_ack"))  # fmt: skip
+    acked["base_offset"] = acked["offset_ack"] + acked["idx"]
+    fetched = f[f.kind == "fetch_batch"].groupby(["topic", "partition", "offset", "crc"]).size()
+    fetched = fetched.reset_index().rename(columns={"offset": "base_offset"})
+    joined = acked.merge(fetched, on=["topic", "partition", "base_offset", "crc"], how="left")
+    extent = fetched.groupby(["topic", "partition"])["base_offset"].max().rename("extent")
+    joined = joined.join(extent, on=["topic", "partition"])
+    missing = int((joined[0].isna() & (joined["base_offset"] <= joined["extent"])).sum())
+    fb = f[f.kind == "fetch_batch"].sort_values(["conn", "corr", "topic", "partition", "idx"])
+    prev = fb.groupby(["conn", "corr", "topic", "partition"])["last_offset"].shift()
+    gaps = int(((fb["offset"] != prev + 1) & prev.notna()).sum())
+    idem = acked[acked.producer_id >= 0].sort_values(["producer_id", "partition", "base_sequence"])
+    expected = idem.groupby(["producer_id", "partition"])["base_sequence"].shift() + 1
+    seq_gaps = int(((idem["base_sequence"] != expected) & expected.notna()).sum())
+    return {
+        "violations": missing + gaps + seq_gaps,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+# ------------------------------------------------------------------ running
+
+
+def spark_verify(directory: Path) -> dict[str, Any]:
+    from trio_broker.verify.job import spark_session, verify
+
+    started = time.monotonic()
+    spark = spark_session("local[2]")
+    session_s = time.monotonic() - started
+    try:
+        report = verify(spark, directory)
+    finally:
+        spark.stop()
+    return {"violations": sum(c["violations"] for c in report["checks"].values()),
+            "seconds": report["seconds"], "session_seconds": round(session_s, 2),
+            "acknowledged_batches": report["acknowledged_batches"]}  # fmt: skip
+
+
+def _tree_rss(pid: int) -> int:
+    """RSS bytes of ``pid`` and its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            pass
+        stack.extend(children.get(p, []))
+    return total
+
+
+def measured(mode: str, directory: Path) -> dict[str, Any]:
+    """Run ``mode`` on ``directory`` in a subprocess (time-limited), sampling peak tree RSS."""
+    cmd = [sys.executable, __file__, "--run", mode, str(directory)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _tree_rss(proc.pid))
+            done.wait(0.25)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.monotonic()
+    try:
+        out, _ = proc.communicate(timeout=TIME_LIMIT_S)
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        result = {"timeout": True}
+    done.set()
+    sampler.join()
+    result["wall_seconds"] = round(time.monotonic() - started, 2)
+    result["peak_rss_mib"] = round(peak / 2**20)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", default="100000,1000000")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep", type=Path, help="write the captures here and keep them")
+    parser.add_argument("--run", nargs=2, metavar=("MODE", "DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        mode, directory = args.run
+        fn = spark_verify if mode == "spark" else pandas_baseline
+        print(json.dumps(fn(Path(directory))))
+        return
+    results = []
+    print(f"{'frames':>9} {'engine':<7} {'check s':>8} {'frames/s':>9} {'wall s':>7} "
+          f"{'peak MiB':>9} {'violations':>10}")  # fmt: skip
+    for frames in (int(x) for x in args.frames.split(",")):
+        base = args.keep or Path(tempfile.mkdtemp(prefix="bench-verify-", dir=ROOT / "bench"))
+        directory = base / f"capture-{frames}"
+        started = time.monotonic()
+        rows = write_capture(frames, directory)
+        generate_s = time.monotonic() - started
+        for mode in ("spark", "pandas"):
+            r = measured(mode, directory)
+            r.update(engine=mode, frames=rows, generate_seconds=round(generate_s, 1))
+            if not r.get("timeout"):
+                r["frames_per_s"] = round(rows / r["seconds"])
+            results.append(r)
+            rate = f"{r['frames_per_s']:>9}" if "frames_per_s" in r else f"{'timeout':>9}"
+            print(f"{rows:>9} {mode:<7} {r.get('seconds', float('nan')):>8.1f} {rate} "
+                  f"{r['wall_seconds']:>7.1f} {r['peak_rss_mib']:>9} "
+                  f"{r.get('violations', '-'):>10}", flush=True)  # fmt: skip
+        if args.keep is None:
+            shutil.rmtree(base, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps({"machine_cores": os.cpu_count(), "results": results},
+                                        indent=2) + "\n")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
