@@ -108,7 +108,28 @@ async def test_topic_traffic_counters_during_produce_and_consume(
                 assert current[(name, labels)] >= old, name
         previous = current
 
-    await trio.to_thread.run_sync(produce, bootstrap, SMALL, 4)
+    # Scrapes while a producer runs: what they see only grows, and never passes
+    # what was stored (each scrape is consistent with the logs at that moment).
+    seen: list[float] = []
+    async with trio.open_nursery() as nursery:
+        done = trio.Event()
+
+        async def produce_small() -> None:
+            await trio.to_thread.run_sync(produce, bootstrap, SMALL, 40)
+            done.set()
+
+        nursery.start_soon(produce_small)
+        for _ in range(1000):  # bounded (~30 s at most); the producer needs ~1 s
+            finished = done.is_set()  # looked at before the scrape: the last one sees all
+            during = await scrape(broker)
+            small_in = topic_value(during, "trio_broker_topic_bytes_in_total", SMALL)
+            assert small_in == partition_sum(during, "trio_broker_partition_size_bytes", SMALL)
+            seen.append(small_in)
+            if finished:
+                break
+            await trio.sleep(0.02)
+        assert finished
+    assert seen == sorted(seen) and seen[-1] > 0
     got = await trio.to_thread.run_sync(consume_all, bootstrap, BIG, ROUNDS * PER_ROUND)
     assert got == ROUNDS * PER_ROUND
     after = await scrape(broker)
@@ -116,7 +137,8 @@ async def test_topic_traffic_counters_during_produce_and_consume(
     small_in = topic_value(after, "trio_broker_topic_bytes_in_total", SMALL)
     assert big_in == topic_value(previous, "trio_broker_topic_bytes_in_total", BIG)  # unchanged
     assert small_in == partition_sum(after, "trio_broker_partition_size_bytes", SMALL) > 0
-    assert topic_value(after, "trio_broker_topic_messages_in_total", SMALL) == 4
+    assert small_in == seen[-1]  # the last scrape came after the producer's flush
+    assert topic_value(after, "trio_broker_topic_messages_in_total", SMALL) == 40
     # Every stored batch of BIG went out at least once (whole batches; refetches add more).
     assert topic_value(after, "trio_broker_topic_bytes_out_total", BIG) >= big_in
     assert topic_value(after, "trio_broker_topic_bytes_out_total", SMALL) == 0
