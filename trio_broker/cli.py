@@ -182,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             host, port = parse_host_port(args.to, "--to")
-            replayed = replay(args.capture_dir, (host, port), speed=args.speed, out_dir=args.capture)
+            replayed = replay(
+                args.capture_dir, (host, port), speed=args.speed, out_dir=args.capture
+            )
         except (ConfigError, OSError) as exc:
             print(f"trio-broker: {exc}", file=sys.stderr)
             return 2
