@@ -9,6 +9,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import attrs
 import pytest
 
 from trio_broker.protocol.error_codes import ErrorCode
@@ -25,9 +26,11 @@ from trio_broker.state.group import (
     SyncResult,
     consumer_subscription_topics,
     next_state,
+    select_protocol,
 )
 
 S = GroupState
+attrs_evolve = attrs.evolve
 PROTOCOLS = (("range", b"r"), ("roundrobin", b"rr"))
 
 
@@ -291,3 +294,111 @@ def test_only_a_negative_generation_commits_to_an_empty_group() -> None:
     assert group.validate_offset_commit("", None, -1, 0) is ErrorCode.NONE
     assert group.validate_offset_commit("", None, 0, 0) is ErrorCode.UNKNOWN_MEMBER_ID
     assert group.validate_offset_commit("m0", None, 1, 0) is ErrorCode.UNKNOWN_MEMBER_ID
+
+
+# ------------------------------------------------------------------ join refusals
+
+
+def test_join_refusals_keep_the_member_id() -> None:
+    dead = Group("g", GroupConfig())
+    dead.delete(0)
+    assert dead.join(join_req("m9"), 0, "x", "j").result == JoinResult(
+        ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id="m9"
+    )
+    group = stable()  # static members i0 -> m0, i1 -> m1
+    zombie = group.join(join_req("m0-old", instance="i0"), 5, "x", "jz")
+    assert zombie.result == JoinResult(ErrorCode.FENCED_INSTANCE_ID, member_id="m0-old")
+    # A known id with another instance id is not that member.
+    other = group.join(join_req("m0", instance="i-other"), 5, "x", "jo")
+    assert other.result == JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member_id="m0")
+    assert group.state is S.STABLE
+
+
+def test_join_needs_a_protocol_type_and_protocols() -> None:
+    group = Group("g", GroupConfig(initial_rebalance_delay_ms=0))
+    no_type = attrs_evolve(join_req(), protocol_type="")
+    assert group.join(no_type, 0, "m0", "j").result == JoinResult(
+        ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+    )
+    assert group.join(join_req(protocols=()), 0, "m0", "j").result == JoinResult(
+        ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+    )
+    assert group.state is S.EMPTY and not group.pending_members
+
+
+def test_the_largest_session_timeout_is_allowed() -> None:
+    group = Group("g", GroupConfig(initial_rebalance_delay_ms=0))
+    ok = group.join(join_req(session=1_800_000), 0, "m0", "j").result
+    assert ok is not None and ok.error is ErrorCode.MEMBER_ID_REQUIRED
+    too_long = group.join(join_req(session=1_800_001), 0, "m1", "j").result
+    assert too_long == JoinResult(ErrorCode.INVALID_SESSION_TIMEOUT)
+
+
+def test_select_protocol_errors() -> None:
+    with pytest.raises(ValueError, match=r"^no members to select a protocol for$"):
+        select_protocol([])
+    group = Group("g", GroupConfig(initial_rebalance_delay_ms=0))
+    group.join(join_req(instance="a", protocols=(("range", b""),)), 0, "m0", "j0")
+    group.members["m0"].protocols = (("sticky", b""),)  # as if it had changed its mind
+    group.join(join_req(instance="b", protocols=(("sticky", b""),)), 0, "m1", "j1")
+    group.members["m0"].protocols = (("range", b""),)
+    with pytest.raises(ValueError, match=r"^members share no protocol$"):
+        select_protocol(group.members.values())
+
+
+# ------------------------------------------------------------------ times
+
+
+def test_transitions_record_their_time() -> None:
+    group = Group("g", GroupConfig(initial_rebalance_delay_ms=0))
+    group.join(join_req(instance="i0"), 10, "m0", "j0")
+    assert group.state is S.PREPARING_REBALANCE and group.state_since_ms == 10
+    group.advance_to(10)
+    assert group.state is S.COMPLETING_REBALANCE and group.state_since_ms == 10
+    group.sync("m0", None, 1, None, None, {}, 25, "s0")
+    assert group.state is S.STABLE and group.state_since_ms == 25
+    group.join(join_req("m0", instance="i0"), 40, "x", "j0b")  # the leader rejoins
+    assert group.state is S.COMPLETING_REBALANCE and group.state_since_ms == 40
+
+
+@pytest.mark.parametrize(
+    ("rebalance", "done_at"),
+    [
+        (6_000, 6_000),  # 3 s of the initial delay left: extended once, by 3 s
+        (3_001, 3_001),  # 1 ms left: extended by 1 ms
+        (3_000, None),  # nothing left: the join phase ends at the first deadline
+    ],
+)
+def test_the_initial_delay_is_extended_within_the_rebalance_timeout(
+    rebalance: int, done_at: int | None
+) -> None:
+    group = Group("g", GroupConfig(initial_rebalance_delay_ms=3_000))
+
+    def arrive(i: int, at: int) -> None:
+        req = attrs_evolve(join_req(instance=f"i{i}"), rebalance_timeout_ms=rebalance)
+        assert group.join(req, at, f"m{i}", f"j{i}").result is None
+
+    arrive(0, 0)
+    arrive(1, 1_000)  # arrives during the delay
+    assert group.next_deadline() == 3_000
+    group.advance_to(3_000)
+    if done_at is None:
+        assert group.state is S.COMPLETING_REBALANCE and len(group.members) == 2
+        return
+    assert group.state is S.PREPARING_REBALANCE
+    arrive(2, 3_000)  # another one during the extension: no further extension
+    group.advance_to(done_at - 1)
+    assert group.state is S.PREPARING_REBALANCE
+    group.advance_to(done_at)
+    assert group.state is S.COMPLETING_REBALANCE
+    assert len(group.members) == 3
+
+
+def test_describe_hides_the_old_assignment_during_a_rebalance() -> None:
+    group = stable()
+    group.join(join_req("m0", instance="i0"), 5, "x", "j0")  # leader rejoins: rebalance
+    assert group.state is S.PREPARING_REBALANCE
+    assert [(m.member_id, m.metadata, m.assignment) for m in group.summary().members] == [
+        ("m0", b"", b""),
+        ("m1", b"", b""),
+    ]
