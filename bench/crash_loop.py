@@ -17,8 +17,20 @@ partition is read in full over the wire. The audit:
   occurrences for the plain producer, which runs with one request in flight);
 - committed offsets never go backwards across restarts.
 
+With ``--capture`` every broker incarnation also runs with ``serve --capture
+<run>/capture`` (one directory: each incarnation writes its own
+``capture-b0-<start ns>-*.parquet`` files, which verify treats as separate
+runs). The last incarnation, which serves the final full read, is stopped with
+SIGTERM so that its capture is complete; then ``trio-broker verify --master
+local[2]`` checks the capture and its verdict (exit code, violations per check
+and kind, frames) is reported next to the audit. Frames still queued in the
+capture buffer at a kill -9 are not in the capture (the verifier checks what it
+saw); a Parquet file being written at the kill is left as ``*.parquet.tmp``
+(written, then renamed) and counted as torn.
+
     .venv/bin/python bench/crash_loop.py                   # 20 kills
     .venv/bin/python bench/crash_loop.py --kills 40 --json crash.json
+    .venv/bin/python bench/crash_loop.py --capture --keep /tmp/crash-run
 
 ``tests/reliability/test_crash_loop.py`` runs the same harness with 8 kills.
 """
@@ -28,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -45,12 +58,57 @@ if str(ROOT) not in sys.path:
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition  # noqa: E402
 
+from tests.e2e.conftest import BROKER_EXE  # noqa: E402
 from tests.reliability.conftest import ConfiguredBroker  # noqa: E402
 
 TOPIC = "crash-loop"
 PARTITIONS = 3
 GROUP = "crash-loop-group"
 PRODUCERS = (("plain", False), ("idem", True))
+#: Upper bound for one ``trio-broker verify`` run (Spark start ~10 s, the job ~10-60 s).
+VERIFY_TIMEOUT_S = 600.0
+
+
+@attrs.define
+class CaptureVerdict:
+    """What the capture held and what ``trio-broker verify`` said about it."""
+
+    capture_dir: str = ""
+    #: Broker incarnations that wrote capture files (one per start).
+    incarnations: int = 0
+    #: Incarnations whose capture was closed cleanly (a ``.stats.json`` is written on close).
+    closed_cleanly: int = 0
+    parquet_files: int = 0
+    #: ``*.parquet.tmp`` files: a Parquet file was being written when kill -9 hit.
+    torn_files: int = 0
+    #: ``*.parquet`` files pyarrow cannot open (expected 0: files are renamed once complete).
+    unreadable_files: int = 0
+    exit_code: int | None = None
+    ok: bool = False
+    frames: int = 0
+    acknowledged_batches: int = 0
+    frames_dropped_by_capture: int = 0
+    undecodable_frames: int = 0
+    violations: dict[str, int] = attrs.field(factory=dict)
+    by_kind: dict[str, int] = attrs.field(factory=dict)
+    seconds: float = 0.0
+    #: The last lines of verify's output when it did not produce a report.
+    error: str = ""
+
+    def summary(self) -> str:
+        lines = [
+            f"capture: {self.incarnations} incarnations ({self.closed_cleanly} closed cleanly), "
+            f"{self.parquet_files} files, torn={self.torn_files} "
+            f"unreadable={self.unreadable_files} dropped={self.frames_dropped_by_capture}",
+            f"verify: exit={self.exit_code} {'PASS' if self.ok else 'FAIL'} "
+            f"frames={self.frames} acknowledged batches={self.acknowledged_batches} "
+            f"undecodable={self.undecodable_frames} seconds={self.seconds:.1f}",
+        ]
+        if self.by_kind:
+            lines.append(f"verify violations: {self.by_kind}")
+        if self.error:
+            lines.append(f"verify error: {self.error}")
+        return "\n".join(lines)
 
 
 @attrs.define
@@ -73,6 +131,8 @@ class CrashLoopResult:
     commit_checks: int = 0
     committed_backwards: list[str] = attrs.field(factory=list)
     final_committed: dict[int, int] = attrs.field(factory=dict)
+    #: Only with capture: the verify verdict on the broker's own capture.
+    verify: CaptureVerdict | None = None
 
     def problems(self) -> list[str]:
         out = [f"{n}: {k} lost" for n, k in self.lost.items() if k]
@@ -83,6 +143,12 @@ class CrashLoopResult:
         out += [f"{n}: {k} out of order" for n, k in self.order_violations.items() if k]
         out += [f"fatal producer error: {e}" for e in self.fatal_errors]
         out += [f"committed offset went back: {c}" for c in self.committed_backwards]
+        if self.verify is not None and not self.verify.ok:
+            out.append(
+                f"verify exit {self.verify.exit_code}: {self.verify.by_kind or self.verify.error}"
+            )
+        if self.verify is not None and self.verify.unreadable_files:
+            out.append(f"{self.verify.unreadable_files} unreadable capture files")
         return out
 
     def summary(self) -> str:
@@ -101,6 +167,8 @@ class CrashLoopResult:
                 f"order-violations={self.order_violations.get(name, 0)}"
             )
         lines.append(f"final committed offsets: {self.final_committed}")
+        if self.verify is not None:
+            lines.append(self.verify.summary())
         problems = self.problems()
         lines.append("problems: " + ("; ".join(problems) if problems else "none"))
         return "\n".join(lines)
@@ -252,6 +320,17 @@ def _committed(bootstrap: str) -> dict[int, int] | None:
     return {tp.partition: tp.offset for tp in parts if tp.error is None}
 
 
+class _CapturingBroker(ConfiguredBroker):
+    """Every incarnation runs with ``--capture`` into the same directory."""
+
+    def __init__(self, data_dir: Path, capture_dir: Path, config: dict[str, Any]) -> None:
+        super().__init__(data_dir, config=config)
+        self.capture_dir = capture_dir
+
+    def command_line(self) -> list[str]:
+        return [*super().command_line(), "--capture", str(self.capture_dir)]
+
+
 def run_crash_loop(
     work_dir: Path,
     kills: int = 20,
@@ -259,13 +338,19 @@ def run_crash_loop(
     uptime: tuple[float, float] = (1.0, 4.0),
     rate: float = 200.0,
     log: Callable[[str], None] = print,
+    capture: bool = False,
+    verify: bool = True,
 ) -> CrashLoopResult:
+    """``capture``: every incarnation captures to ``work_dir/capture``; then, with
+    ``verify``, ``trio-broker verify`` checks it (``result.verify``)."""
     rng = random.Random(seed)
     result = CrashLoopResult()
-    broker = ConfiguredBroker(
-        work_dir / "data",
-        config={"num.partitions": PARTITIONS, "group.initial.rebalance.delay.ms": 100},
-    )
+    config = {"num.partitions": PARTITIONS, "group.initial.rebalance.delay.ms": 100}
+    broker: ConfiguredBroker
+    if capture:
+        broker = _CapturingBroker(work_dir / "data", work_dir / "capture", config)
+    else:
+        broker = ConfiguredBroker(work_dir / "data", config=config)
     broker.start()
     started = time.monotonic()
     try:
@@ -313,8 +398,61 @@ def run_crash_loop(
         _audit(broker, producers, consumer, result)
     finally:
         result.seconds = time.monotonic() - started
-        broker.finish()
+        broker.finish()  # SIGTERM: the last incarnation writes out its capture
+    if isinstance(broker, _CapturingBroker) and verify:
+        log("running trio-broker verify on the capture")
+        result.verify = verify_capture(broker.capture_dir, work_dir / "verify-report")
     return result
+
+
+def inspect_capture(capture_dir: Path) -> CaptureVerdict:
+    """Count incarnations, clean closes, torn and unreadable files in a capture directory."""
+    import pyarrow.parquet as pq
+
+    verdict = CaptureVerdict(capture_dir=str(capture_dir))
+    files = sorted(capture_dir.glob("*.parquet"))
+    verdict.parquet_files = len(files)
+    verdict.incarnations = len({p.name.rsplit("-", 1)[0] for p in files})
+    verdict.closed_cleanly = len(list(capture_dir.glob("*.stats.json")))
+    verdict.torn_files = len(list(capture_dir.glob("*.parquet.tmp")))
+    for path in files:
+        try:
+            pq.read_metadata(path)
+        except Exception:  # any pyarrow error: the file cannot be read
+            verdict.unreadable_files += 1
+    return verdict
+
+
+def verify_capture(capture_dir: Path, report_dir: Path, master: str = "local[2]") -> CaptureVerdict:
+    """Run ``trio-broker verify`` (a subprocess, as a user would) and read its report."""
+    verdict = inspect_capture(capture_dir)
+    started = time.monotonic()
+    argv = [str(BROKER_EXE), "verify", str(capture_dir), "--master", master, "--report",
+            str(report_dir)]  # fmt: skip
+    try:
+        done = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=VERIFY_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        verdict.error = f"verify did not finish within {VERIFY_TIMEOUT_S:.0f} s"
+        return verdict
+    verdict.seconds = time.monotonic() - started
+    verdict.exit_code = done.returncode
+    report_path = report_dir / "report.json"
+    if not report_path.exists():
+        output = (done.stdout + done.stderr).decode(errors="replace").splitlines()
+        verdict.error = " | ".join(output[-8:])
+        return verdict
+    report = json.loads(report_path.read_text())
+    verdict.ok = done.returncode == 0 and bool(report["ok"])
+    verdict.frames = report["frames"]
+    verdict.acknowledged_batches = report["acknowledged_batches"]
+    verdict.frames_dropped_by_capture = report.get("frames_dropped_by_capture", 0)
+    verdict.undecodable_frames = report["facts"].get("undecodable", 0)
+    for name, check in report["checks"].items():
+        verdict.violations[name] = check["violations"]
+        verdict.by_kind.update(check["by_kind"])
+    return verdict
 
 
 def _audit(
@@ -392,13 +530,23 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds the broker runs between kills, drawn uniformly (default 1 4)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the numbers here")
+    parser.add_argument(
+        "--capture", action="store_true",
+        help="run every incarnation with serve --capture, then trio-broker verify the capture",
+    )  # fmt: skip
+    parser.add_argument(
+        "--keep", type=Path, metavar="DIR",
+        help="work in DIR (data, capture, verify report, broker log) and keep it",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     print(f"crash loop: {args.kills} kills, seed {args.seed}", flush=True)
     with tempfile.TemporaryDirectory(prefix="crash-loop-") as tmp:
+        work_dir = Path(tmp) if args.keep is None else args.keep
+        work_dir.mkdir(parents=True, exist_ok=True)
         result = run_crash_loop(
-            Path(tmp), kills=args.kills, seed=args.seed, rate=args.rate,
+            work_dir, kills=args.kills, seed=args.seed, rate=args.rate,
             uptime=(args.uptime[0], args.uptime[1]),
-            log=lambda s: print(s, flush=True),
+            log=lambda s: print(s, flush=True), capture=args.capture,
         )  # fmt: skip
     print(result.summary())
     if args.json:
