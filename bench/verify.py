@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# Not bench/ itself first on the path: bench/profile.py would shadow the stdlib's
+# ``profile``, which pyspark imports.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
 PRODUCERS = 8

@@ -404,6 +404,15 @@ def summary_text(report: dict[str, Any]) -> str:
                 lines.append(f"    {kind}: {n}")
             for ex in check["examples"]:
                 lines.append(f"    e.g. {json.dumps(ex, default=str)}")
+    latency = (report.get("stats") or {}).get("latency_by_api") or []
+    if latency:
+        lines.append("  latency ms (p50 / p99 / p99.9 / max), per API:")
+        for row in latency:
+            values = " / ".join(
+                f"{row[k]:.3g}" if row[k] is not None else "-"
+                for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms")
+            )
+            lines.append(f"    {row['api']}: {values} ({row['requests']} requests)")
     lines.append("PASS" if report["ok"] else "FAIL")
     return "\n".join(lines)
 
