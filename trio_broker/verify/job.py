@@ -299,7 +299,7 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     started = time.monotonic()
-    files = sorted(str(p) for p in Path(capture_dir).glob("*.parquet"))
+    files, unreadable = _readable_files(Path(capture_dir))
     if not files:
         raise FileNotFoundError(f"no capture Parquet files in {capture_dir}")
     _log(f"reading {len(files)} capture files")
@@ -357,12 +357,31 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
         "facts": counts,
         "acknowledged_batches": acked,
         "frames_dropped_by_capture": dropped,
+        "unreadable_files": unreadable,
         "undecodable_examples": [_plain(u) for u in undecodable],
         "checks": results,
         "stats": traffic,
         "ok": all(c["violations"] == 0 for c in results.values()),
         "seconds": round(time.monotonic() - started, 2),
     }
+
+
+def _readable_files(capture_dir: Path) -> tuple[list[str], list[str]]:
+    """Capture files whose Parquet footer reads, and those skipped (a file truncated by an
+    OS crash before the data reached the disk would otherwise fail the whole Spark job)."""
+    import pyarrow.parquet as pq
+
+    readable: list[str] = []
+    unreadable: list[str] = []
+    for path in sorted(capture_dir.glob("*.parquet")):
+        try:
+            pq.read_metadata(path)
+        except Exception as exc:  # any pyarrow error: not a complete Parquet file
+            _log(f"warning: skipping unreadable capture file {path.name}: {exc}")
+            unreadable.append(path.name)
+        else:
+            readable.append(str(path))
+    return readable, unreadable
 
 
 def all_checks_sql() -> str:
@@ -392,6 +411,11 @@ def summary_text(report: dict[str, Any]) -> str:
         lines.append(
             f"  warning: the capture dropped {report['frames_dropped_by_capture']} frames "
             "(queue full): violations may be the capture's, not the broker's"
+        )
+    if report.get("unreadable_files"):
+        lines.append(
+            f"  warning: {len(report['unreadable_files'])} unreadable capture files skipped: "
+            + ", ".join(report["unreadable_files"])
         )
     if report["facts"].get("undecodable"):
         lines.append(f"  warning: {report['facts']['undecodable']} undecodable frames")
