@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# Not bench/ itself first on the path: bench/profile.py would shadow the stdlib's
-# ``profile``, which pyspark imports.
+# Not bench/ itself first on the path: a script there named like a stdlib module
+# (bench/profile.py once shadowed ``profile``, which pyspark imports) would win.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 

@@ -1,8 +1,8 @@
 """Profile the broker under W1 or W2 with py-spy: a flame graph SVG and a top-functions table.
 
-    .venv/bin/python bench/profile.py w1 [--records 2048] [--out docs/perf]
-    .venv/bin/python bench/profile.py w2 [--records 100000]
-    .venv/bin/python bench/profile.py w3  # W1's data read back by one consumer (sendfile path)
+    .venv/bin/python bench/profile_broker.py w1 [--records 2048] [--out docs/perf]
+    .venv/bin/python bench/profile_broker.py w2 [--records 100000]
+    .venv/bin/python bench/profile_broker.py w3  # W1's data read back by one consumer (sendfile path)
 
 py-spy launches ``trio-broker serve`` itself (attaching to a running process
 fails in this sandbox: "Failed to find python version"), samples it at
