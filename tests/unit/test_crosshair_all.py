@@ -34,6 +34,7 @@ FAST = [
     "trio_broker/storage/group_commit.py",
     "trio_broker/storage/index.py",
     "trio_broker/storage/segment.py",
+    "trio_broker/state/quota.py",
 ]
 #: The storage spec has twenty conditions (about 90 s): its own, slow, test.
 SLOW = ["spec/storage_model.py"]

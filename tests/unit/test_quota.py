@@ -173,3 +173,9 @@ def test_config_file_quota_tables(tmp_path: Path) -> None:
         path.write_text(body)
         with pytest.raises(ConfigError, match="quotas"):
             load_config(path)
+
+
+def test_an_infinite_rate_is_throttled_for_the_whole_cap() -> None:
+    # Found by CrossHair: math.ceil(inf) raised OverflowError.
+    assert throttle_time_ms(float("inf"), 0.5, 0.5, 0) == 0
+    assert throttle_time_ms(float("inf"), 1024.0, 11_000.0, 11_000) == 11_000

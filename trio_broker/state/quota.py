@@ -106,9 +106,10 @@ def throttle_time_ms(rate: float, bound: float, window_ms: float, max_ms: int) -
     if rate <= bound:
         return 0
     delay = (rate - bound) / bound * window_ms
-    if math.isnan(delay):
+    # NaN or infinite (an infinite rate, found by CrossHair) saturate at the cap.
+    if math.isnan(delay) or delay >= max_ms:
         return max_ms
-    return min(max_ms, math.ceil(delay))
+    return math.ceil(delay)
 
 
 # ---------------------------------------------------------------------- entities
