@@ -218,8 +218,8 @@ CHECKS: dict[str, tuple[str, str]] = {
         """,
     ),
     "committed_offsets_monotonic": (
-        "per group generation and partition, an accepted offset commit never goes below one "
-        "accepted before it",
+        "per group generation and partition (per broker run: generations restart with the "
+        "broker), an accepted offset commit never goes below one accepted before it",
         """
         WITH c AS (
           SELECT r.run, r.conn, r.corr, r.group_id, r.generation, r.member_id,
@@ -231,7 +231,7 @@ CHECKS: dict[str, tuple[str, str]] = {
           WHERE r.generation >= 0
         ),
         w AS (
-          SELECT *, max(offset) OVER (PARTITION BY group_id, generation, topic, partition
+          SELECT *, max(offset) OVER (PARTITION BY run, group_id, generation, topic, partition
                                       ORDER BY ack_ts, run, conn, corr
                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
                     AS max_before
