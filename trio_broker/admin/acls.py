@@ -156,7 +156,9 @@ def _listing_filters(args: argparse.Namespace) -> list[AclFilter]:
     return [AclFilter(rtype, name, pattern)]
 
 
-def run_acls(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run_acls(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    # sys.stdout looked up per call, not at import: it may have been replaced since.
+    out = out or sys.stdout
     fn = {"add": acls_add, "remove": acls_remove, "list": acls_list}[args.acls_command]
     try:
         with BlockingClient(args.bootstrap) as client:

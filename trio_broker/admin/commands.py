@@ -81,8 +81,10 @@ def add_admin_commands(sub: Any) -> None:
 ADMIN_COMMANDS = ("topics", "groups", "produce", "consume")
 
 
-def run_admin(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run_admin(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run one admin command; errors go to stderr and give exit code 1."""
+    # sys.stdout looked up per call, not at import: it may have been replaced since.
+    out = out or sys.stdout
     try:
         with BlockingClient(args.bootstrap) as client:
             return _dispatch(client, args, out)

@@ -118,7 +118,9 @@ def quotas_list(client: BlockingClient, args: argparse.Namespace, out: TextIO) -
     return 0
 
 
-def run_quotas(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run_quotas(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    # sys.stdout looked up per call, not at import: it may have been replaced since.
+    out = out or sys.stdout
     fn = {"set": quotas_set, "list": quotas_list}[args.quotas_command]
     try:
         with BlockingClient(args.bootstrap) as client:

@@ -47,7 +47,9 @@ def add_users_command(sub: Any) -> None:
     users.add_argument("--log-level", default="WARNING", help=argparse.SUPPRESS)
 
 
-def run_users(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run_users(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    # sys.stdout looked up per call, not at import: it may have been replaced since.
+    out = out or sys.stdout
     store = CredentialStore.in_data_dir(args.data_dir)
     try:
         if args.users_command == "add":
