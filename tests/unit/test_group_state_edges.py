@@ -402,3 +402,29 @@ def test_describe_hides_the_old_assignment_during_a_rebalance() -> None:
         ("m0", b"", b""),
         ("m1", b"", b""),
     ]
+
+
+def test_a_lone_static_member_restarting_with_new_protocols_rejoins_at_once() -> None:
+    group = Group("g", GroupConfig(initial_rebalance_delay_ms=0))
+    group.join(join_req(instance="i0"), 0, "m0", "j0")
+    group.advance_to(0)
+    group.sync("m0", None, 1, None, None, {"m0": b"a"}, 0, "s0")
+    assert group.state is S.STABLE and group.protocol_name == "range"
+    restarted = join_req(instance="i0", protocols=(("roundrobin", b"rr2"),))
+    out = group.join(restarted, 5, "m0b", "j0b")
+    # The choice changes, so a rebalance; it is the only member, so it ends at once.
+    assert out.result is None
+    expected = JoinResult(
+        ErrorCode.NONE, 2, "consumer", "roundrobin", "m0b", "m0b", (("m0b", "i0", b"rr2"),)
+    )
+    assert answers(out.replies) == {"j0b": expected}
+
+
+def test_member_protocol_lookups_name_what_is_missing() -> None:
+    group = stable()
+    member = group.members["m0"]
+    with pytest.raises(KeyError) as info:
+        member.metadata_for("sticky")
+    assert info.value.args == ("sticky",)
+    with pytest.raises(ValueError, match=r"^member m0 supports none of \['a', 'b'\]$"):
+        member.vote({"b", "a"})
