@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.unit.test_producer_state import duplicate_offset, error_of
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import RecordBatchView, build_batch
@@ -78,16 +79,6 @@ def produce(
         registry.record_append(topic, part, view, result.base_offset, result.last_offset)
         return result.base_offset
     return verdict
-
-
-def error_of(verdict: Any) -> ErrorCode:
-    assert isinstance(verdict, Reject), verdict
-    return verdict.error_code
-
-
-def duplicate_offset(verdict: Any) -> int:
-    assert isinstance(verdict, Duplicate), verdict
-    return verdict.original_base_offset
 
 
 # ------------------------------------------------------------------ messages operators read
