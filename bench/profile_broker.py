@@ -50,19 +50,32 @@ class ProfiledBroker(BrokerProcess):
         launcher = [tool("py-spy"), "record", "--format", "raw", "--rate", str(rate),
                     "--output", str(stacks), "--"]  # fmt: skip
         super().__init__(model, launcher=launcher)
+        self.broker = self.broker_pid()  # py-spy's child, the real broker process
 
     def broker_pid(self) -> int:
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
         return int(children.split()[0])
 
     def stop(self) -> None:
-        """SIGTERM the broker: it shuts down and py-spy, seeing it exit, writes the stacks."""
+        """SIGTERM the broker: it shuts down and py-spy, seeing it exit, writes the stacks.
+
+        The broker's pid was taken while py-spy was surely alive (at start): if py-spy
+        died meanwhile, the broker is still stopped instead of being left orphaned.
+        """
         try:
-            os.kill(self.broker_pid(), signal.SIGTERM)
+            os.kill(self.broker, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
             self.proc.wait(60)
-        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and Path(f"/proc/{self.broker}").exists():
+            time.sleep(0.1)
+        if Path(f"/proc/{self.broker}").exists():
+            os.kill(self.broker, signal.SIGKILL)
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
