@@ -79,6 +79,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     now = ctx.now_ms()
     durable_waits: list[tuple[Any, int, Any]] = []  # (log, last offset, partition response)
     topic_responses = []
+    produced = 0  # request record bytes, for the producer byte-rate quota
     for topic_data in request.topic_data:
         if ctx.api_version >= 13:
             topic = broker.topics.by_id.get(topic_data.topic_id)
@@ -93,6 +94,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
         for data in topic_data.partition_data:
             part = PartResp(index=data.index, base_offset=-1, log_append_time_ms=-1)
             partition_responses.append(part)
+            produced += len(data.records or b"")
             if acks not in (0, 1, -1):
                 part.error_code = ErrorCode.INVALID_REQUIRED_ACKS
                 continue
@@ -142,8 +144,8 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             )
         )
     broker.notify_append()
-    # Quota (KIP-219): the request's record bytes count whatever the outcome.
-    produced = sum(len(d.records or b"") for t in request.topic_data for d in t.partition_data)
+    # Quota (KIP-219): the request's record bytes count whatever the outcome
+    # (summed in the loop above, so no second walk over the request).
     throttle_ms = QuotaService.attached_to(broker).throttle(ctx, PRODUCER_BYTE_RATE, produced)
     response = Resp(responses=topic_responses, throttle_time_ms=throttle_ms)
     if acks == 0:
