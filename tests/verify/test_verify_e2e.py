@@ -193,7 +193,7 @@ def test_replay_into_a_fresh_broker_verifies(
     target = CapturingBroker(tmp_path / "data-b", tmp_path / "unused", ["--capture-paused"])
     try:
         code = main(
-            ["replay", str(capture), "--to", target.bootstrap, "--speed", "2",
+            ["replay", str(capture), "--to", target.bootstrap, "--speed", "0",
              "--capture", str(tmp_path / "replay")]
         )  # fmt: skip
     finally:

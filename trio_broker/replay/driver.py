@@ -7,7 +7,10 @@ that connection's requests in their captured order at their captured pace
 (relative to the first request of the capture's run, divided by ``speed``;
 ``speed`` 0 sends as fast as the responses allow the client to read them).
 Requests keep their correlation ids, so responses are paired exactly as in the
-original. With ``--capture`` the driver records both directions itself, in the
+original. Causality is kept across connections: a request is sent only once
+every response the capture shows arriving before it (on any connection of its
+run) has arrived from the target too — a Produce never overtakes the Metadata
+response that created its topic, however fast the replay runs. With ``--capture`` the driver records both directions itself, in the
 capture Parquet schema (``replay-…`` files), so ``trio-broker verify`` can
 check the replayed run against any broker, not only ours.
 
@@ -23,6 +26,7 @@ order, and group requests made with the original member ids simply fail there.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import struct
 import time
@@ -42,6 +46,8 @@ log = logging.getLogger("trio_broker.replay")
 PRODUCE, FETCH, METADATA = 0, 1, 3
 #: How long to wait for the responses still due once every request was sent.
 DRAIN_TIMEOUT_S = 30.0
+#: How long a request waits for an earlier response that the target never sends.
+CAUSALITY_TIMEOUT_S = 10.0
 #: Recorded rows are written in files of this many rows.
 FLUSH_ROWS = 5000
 _SIZE = struct.Struct(">i")
@@ -55,6 +61,8 @@ class Request:
     correlation_id: int
     client_id: str | None
     frame: bytes
+    #: How many of its run's responses (in captured order) arrived before it was sent.
+    after_responses: int = 0
 
 
 @attrs.define
@@ -63,6 +71,45 @@ class Plan:
     connection_id: int
     client_address: str
     requests: list[Request]
+    #: When the capture saw each replayed request's response (correlation id -> ns
+    #: from the start of the run).
+    responses: dict[int, int] = attrs.Factory(dict)
+
+
+@attrs.define
+class Causality:
+    """The captured order of a run's responses, and how far the replay has got in it.
+
+    ``order`` maps (plan index, correlation id) to the response's place in its
+    run; ``done`` counts the leading responses the replay has received (or gave
+    up on). A request waits until ``done`` reaches its ``after_responses``.
+    """
+
+    order: dict[tuple[int, int], int] = attrs.Factory(dict)
+    received: list[bool] = attrs.Factory(list)
+    done: int = 0
+    advanced: trio.Event = attrs.Factory(trio.Event)
+
+    def arrived(self, place: int) -> None:
+        self.received[place] = True
+        start = self.done
+        while self.done < len(self.received) and self.received[self.done]:
+            self.done += 1
+        if self.done != start:
+            self.advanced.set()
+            self.advanced = trio.Event()
+
+    async def wait_for(self, count: int) -> bool:
+        """Wait until ``count`` responses arrived; False if one of them never came."""
+        count = min(count, len(self.received))
+        complete = True
+        while self.done < count:
+            with trio.move_on_after(CAUSALITY_TIMEOUT_S) as waited:
+                await self.advanced.wait()
+            if waited.cancelled_caught:
+                complete = False
+                self.arrived(self.done)  # give up on the missing one and go on
+        return complete
 
 
 @attrs.define
@@ -73,6 +120,8 @@ class Summary:
     unanswered: int = 0
     skipped: int = 0
     failed_connections: int = 0
+    #: Requests sent without an earlier response that the target never gave.
+    causality_timeouts: int = 0
     seconds: float = 0.0
 
     def describe(self) -> str:
@@ -81,6 +130,11 @@ class Summary:
             f"{self.seconds:.1f} s: {self.answered} answered, {self.unanswered} unanswered, "
             f"{self.skipped} skipped (SASL or partial frames), "
             f"{self.failed_connections} connections failed"
+            + (
+                f", {self.causality_timeouts} sent before an earlier response that never came"
+                if self.causality_timeouts
+                else ""
+            )
         )
 
 
@@ -98,13 +152,16 @@ def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int]:
     import pyarrow.parquet as pq
 
     by_conn: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    answered_at: dict[tuple[str, int, int], int] = {}
     names: dict[str, str] = {}
     for path in sorted(Path(capture_dir).glob("*.parquet")):
         run = path.name.rsplit("-", 1)[0]
         for row in pq.read_table(path).to_pylist():
             if row["direction"] == REQUEST:
                 by_conn[(run, row["connection_id"])].append(row)
-            elif row["api_key"] == METADATA and len(row["frame"]) == row["frame_length"]:
+                continue
+            answered_at[(run, row["connection_id"], row["correlation_id"])] = row["monotonic_ns"]
+            if row["api_key"] == METADATA and len(row["frame"]) == row["frame_length"]:
                 try:
                     body: Any = decode_response(METADATA, row["api_version"], row["frame"])[1]
                 except Exception:
@@ -120,24 +177,49 @@ def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int]:
     skipped = 0
     for (run, conn), rows in sorted(by_conn.items()):
         rows.sort(key=lambda r: r["monotonic_ns"])
-        requests = []
+        plan = Plan(run, conn, rows[0]["client_address"], [])
         for r in rows:
             if r["api_key"] in REDACTED_API_KEYS or len(r["frame"]) < r["frame_length"]:
                 skipped += 1
                 continue
-            requests.append(
-                Request(
-                    r["monotonic_ns"] - starts[run],
-                    r["api_key"],
-                    r["api_version"],
-                    r["correlation_id"],
-                    r["client_id"],
-                    r["frame"],
-                )
+            request = Request(
+                r["monotonic_ns"] - starts[run],
+                r["api_key"],
+                r["api_version"],
+                r["correlation_id"],
+                r["client_id"],
+                r["frame"],
             )
-        if requests:
-            plans.append(Plan(run, conn, rows[0]["client_address"], requests))
+            plan.requests.append(request)
+            answer = answered_at.get((run, conn, request.correlation_id))
+            if answer is not None and _expects_response(request):
+                plan.responses[request.correlation_id] = answer - starts[run]
+        if plan.requests:
+            plans.append(plan)
     return plans, names, skipped
+
+
+def order_responses(plans: list[Plan]) -> dict[str, Causality]:
+    """Per run, the captured order of its responses; sets each request's ``after_responses``."""
+    by_run: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for index, plan in enumerate(plans):
+        for correlation_id, at_ns in plan.responses.items():
+            by_run[plan.run].append((at_ns, index, correlation_id))
+    runs: dict[str, Causality] = {}
+    times: dict[str, list[int]] = {}
+    for run, answers in by_run.items():
+        answers.sort()
+        runs[run] = Causality(
+            order={(index, corr): place for place, (_, index, corr) in enumerate(answers)},
+            received=[False] * len(answers),
+        )
+        times[run] = [at_ns for at_ns, _, _ in answers]
+    for plan in plans:
+        for request in plan.requests:
+            # Responses seen before this request was sent (strictly: one sent
+            # in the same nanosecond was not caused by it).
+            request.after_responses = bisect.bisect_left(times.get(plan.run, []), request.at_ns)
+    return runs
 
 
 class Replayer:
@@ -163,6 +245,7 @@ class Replayer:
 
             self.rotator = ParquetRotator(out_dir, 0, name="replay")
         self.summary = Summary(connections=len(plans))
+        self.causality = order_responses(plans)
 
     # ---------------------------------------------------------------- rewriting
 
@@ -246,22 +329,38 @@ class Replayer:
 
     async def _connection(self, number: int, plan: Plan, start_ns: int) -> None:
         try:
+            await self._replay_connection(number, plan, start_ns)
+        finally:
+            # Whatever this connection did not get can no longer hold the others up.
+            causality = self.causality.get(plan.run)
+            for correlation_id in plan.responses:
+                place = causality.order[(number - 1, correlation_id)] if causality else -1
+                if causality is not None and not causality.received[place]:
+                    causality.arrived(place)
+
+    async def _replay_connection(self, number: int, plan: Plan, start_ns: int) -> None:
+        try:
             stream = await trio.open_tcp_stream(*self.target)
         except OSError as exc:
             log.warning("replay: connection %s/%d failed: %s", plan.run, plan.connection_id, exc)
             self.summary.failed_connections += 1
             return
+        causality = self.causality.get(plan.run, Causality())
         host, port = stream.socket.getsockname()[:2]
         address = f"{host}:{port}"
         pending: dict[int, Request] = {}
         all_sent = trio.Event()
         drained = trio.Event()
         async with stream, trio.open_nursery() as nursery:
-            nursery.start_soon(self._receive, stream, number, address, pending, all_sent, drained)
+            nursery.start_soon(
+                self._receive, stream, number, address, pending, all_sent, drained, causality
+            )
             for request in plan.requests:
                 if self.speed > 0:
                     due = start_ns + request.at_ns / self.speed
                     await trio.sleep(max(0.0, (due - time.monotonic_ns()) / 1e9))
+                if not await causality.wait_for(request.after_responses):
+                    self.summary.causality_timeouts += 1
                 frame = self._frame_for_target(request)
                 if _expects_response(request):
                     pending[request.correlation_id] = request
@@ -281,7 +380,7 @@ class Replayer:
 
     async def _receive(
         self, stream: trio.SocketStream, number: int, address: str, pending: dict[int, Request],
-        all_sent: trio.Event, drained: trio.Event,
+        all_sent: trio.Event, drained: trio.Event, causality: Causality,
     ) -> None:  # fmt: skip
         buffer = bytearray()
         while True:
@@ -305,6 +404,9 @@ class Replayer:
                     log.warning("replay: response to unknown correlation id %d", corr)
                     continue
                 self.summary.answered += 1
+                place = causality.order.get((number - 1, corr))
+                if place is not None:
+                    causality.arrived(place)
                 if request.api_key == METADATA:
                     self._learn_topic_ids(request.api_version, frame)
                 self._record(number, address, request.client_id, RESPONSE, request, frame)
