@@ -14,6 +14,7 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any
 
+import crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -183,6 +184,28 @@ def test_produce_with_bad_crc_gets_corrupt_message(
         accepted = conn.produce(topic, bytes(good), version=version)
         assert (accepted.error_code, accepted.base_offset) == (0, 0), accepted
         assert conn.end_offset(topic) == 5  # nothing of the corrupt batch was stored
+    bp.assert_serving()
+
+
+@pytest.mark.parametrize("codec", [Compression.NONE, Compression.LZ4])
+def test_produce_whose_records_do_not_add_up_gets_invalid_record(
+    shared_broker_process: BrokerProcess, codec: Compression
+) -> None:
+    """A sound header and CRC over records that do not match the declared count."""
+    bp = shared_broker_process
+    topic = f"bad-records-{codec.name.lower()}"
+    good = build_batch([(b"key-%d" % i, b"value-%d" % i) for i in range(5)], compression=codec)
+    bad = bytearray(good)
+    struct.pack_into(">i", bad, 23, 3)  # last offset delta: 4 records claimed ...
+    struct.pack_into(">i", bad, 57, 4)  # ... where 5 are stored
+    struct.pack_into(">I", bad, 17, crc32c.crc32c(bytes(bad[21:])))
+    with bp.connect() as conn:
+        conn.metadata([topic])
+        rejected = conn.produce(topic, bytes(bad), version=9)
+        assert rejected.error_code == ErrorCode.INVALID_RECORD == 87, rejected
+        accepted = conn.produce(topic, bytes(good), version=9)
+        assert (accepted.error_code, accepted.base_offset) == (0, 0), accepted
+        assert conn.end_offset(topic) == 5  # nothing of the refused batch was stored
     bp.assert_serving()
 
 

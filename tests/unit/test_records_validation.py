@@ -87,15 +87,53 @@ def test_a_header_only_batch_has_the_minimum_length() -> None:
         view.records()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="validate_batch checks the header only; Kafka's LogValidator also walks the "
-    "records, so a batch whose records do not parse is refused (CORRUPT_MESSAGE) there",
-)
 def test_a_batch_whose_records_do_not_parse_is_refused() -> None:
+    # Kafka's LogValidator walks the records of every produced batch: a header
+    # and CRC that are sound do not make the records inside valid (INVALID_RECORD).
     header = patched(sample(count=1)[:HEADER_SIZE], 8, ">i", MIN_BATCH_LENGTH)
-    code, _message = rejected(header)
+    code, message = rejected(header)
+    assert code == ErrorCode.INVALID_RECORD
+    assert message == "1 records cannot fit in 0 bytes"
+
+
+def _with_count(raw: bytearray, count: int) -> bytearray:
+    """The header claims ``count`` records (count and last offset delta agree)."""
+    return patched(patched(raw, 23, ">i", count - 1), 57, ">i", count)
+
+
+@pytest.mark.parametrize("codec", list(Compression))
+def test_the_record_count_must_match_the_records(codec: Compression) -> None:
+    raw = sample(count=3, compression=codec)
+    validate_batch(raw, 9, DEFAULT_MAX_MESSAGE_BYTES)
+    code, message = rejected(_with_count(raw, 2))
+    assert code == ErrorCode.INVALID_RECORD, message
+    assert message.endswith("bytes after the last of 2 records"), message
+    code, message = rejected(_with_count(raw, 4))
+    assert code == ErrorCode.INVALID_RECORD, message
+    assert message in ("record length runs past the end of the batch", "invalid record length 0")
+
+
+def test_a_record_length_past_the_batch_is_refused() -> None:
+    raw = sample(count=2)
+    # The first record's length varint sits right after the 61-byte header.
+    length_byte = HEADER_SIZE
+    for wrong in (0x7E, 0x02):  # zigzag 63 (past the end) and 1 (below the minimum)
+        bad = bytearray(raw)
+        bad[length_byte] = wrong
+        bad = patched(bad, 8, ">i", len(bad) - LENGTH_OVERHEAD)  # recompute the CRC
+        code, message = rejected(bad)
+        assert code == ErrorCode.INVALID_RECORD
+        assert message.startswith("invalid record length"), message
+
+
+def test_a_decompression_bomb_in_a_produced_batch_is_refused() -> None:
+    from trio_broker.protocol.records import DEFAULT_MAX_UNCOMPRESSED
+
+    big = build_batch([(None, bytes(DEFAULT_MAX_UNCOMPRESSED + 1))], compression=Compression.ZSTD)
+    assert len(big) < DEFAULT_MAX_MESSAGE_BYTES  # small on the wire, huge inside
+    code, message = rejected(big)
     assert code == ErrorCode.CORRUPT_MESSAGE
+    assert "exceeds the limit" in message
 
 
 def test_magic_other_than_2_is_invalid_record() -> None:

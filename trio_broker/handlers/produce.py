@@ -69,6 +69,10 @@ def validate_batch(records: Any, api_version: int, max_message_bytes: int) -> Re
         raise BatchRejected(ErrorCode.INVALID_TXN_STATE, "transactions are not supported")
     if batch.producer_id >= 0 and batch.base_sequence < 0:
         raise BatchRejected(ErrorCode.INVALID_RECORD, "idempotent batch without a sequence")
+    try:
+        batch.check_records()  # the records themselves must add up, as Kafka checks
+    except ProtocolError as exc:
+        raise BatchRejected(exc.error_code, str(exc)) from None
     return batch
 
 
