@@ -74,8 +74,10 @@ def test_slowloris_byte_at_a_time(make_broker: BrokerFactory) -> None:
             assert isinstance(response, m.MetadataResponse)
             assert correlation_id == i + 1
             assert response.brokers[0].port == broker.port
+        # Each normal request above was answered (within the client's socket
+        # timeout) while every slowloris frame was still incomplete: that is the
+        # property. Its latency is printed, not asserted (speed belongs in bench/).
         print(f"slowloris: {clients} connections, normal-client max latency {max(latencies):.3f}s")
-        assert max(latencies) < 2.0
     finally:
         for sock in socks:
             sock.close()
