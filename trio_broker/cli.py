@@ -19,7 +19,10 @@ from trio_broker.config import ConfigError, load_config, parse_host_port
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trio-broker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="trio-broker",
+        description="A Kafka-compatible broker on Trio, and the tools around it.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the broker until SIGINT/SIGTERM")
     serve.add_argument(
