@@ -1,0 +1,418 @@
+"""The vectorized verify decoder (trio_broker/verify/fastdecode.py) against the reference.
+
+Frames are built with our codec; both ``decode_rows`` (per row, the reference) and
+``decode_batches`` (the vectorized path the Spark job runs) decode them, and must
+yield the same multiset of facts. No Spark needed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+pytest.importorskip("numpy")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import trio_broker.protocol.messages as m  # noqa: E402
+from trio_broker.capture.compact import compact_produce_request  # noqa: E402
+from trio_broker.protocol.messages import encode_request, encode_response  # noqa: E402
+from trio_broker.storage._batch import build_batch  # noqa: E402
+from trio_broker.verify.decode import (  # noqa: E402
+    NEEDED_COLUMNS,
+    decode_batches,
+    decode_rows,
+    fact_schema,
+)
+from trio_broker.verify.fastdecode import decode_batch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+Row = dict[str, Any]
+
+P = m.ProduceRequest
+PR = m.ProduceResponse
+F = m.FetchResponse
+
+
+# ------------------------------------------------------------------ comparing
+
+
+def _arrow(rows: list[Row]) -> Any:
+    types = {
+        "run": pa.string(), "connection_id": pa.int64(), "monotonic_ns": pa.int64(),
+        "direction": pa.string(), "api_key": pa.int16(), "api_version": pa.int16(),
+        "correlation_id": pa.int32(), "frame_length": pa.int64(), "frame": pa.binary(),
+    }  # fmt: skip
+    return pa.RecordBatch.from_arrays(
+        [pa.array([r[n] for r in rows], types[n]) for n in NEEDED_COLUMNS], names=NEEDED_COLUMNS
+    )
+
+
+def _reference(batch: Any) -> Counter[tuple[Any, ...]]:
+    facts = decode_rows({n: batch.column(n).to_pylist() for n in NEEDED_COLUMNS})
+    names = list(facts)
+    return Counter(tuple(facts[n][i] for n in names) for i in range(len(facts["run"])))
+
+
+def _fast(batch: Any) -> Counter[tuple[Any, ...]]:
+    out: Counter[tuple[Any, ...]] = Counter()
+    for facts in decode_batches(iter([batch])):
+        out.update(tuple(row.values()) for row in facts.to_pylist())
+    return out
+
+
+def _same_facts(rows: list[Row]) -> dict[str, int]:
+    batch = _arrow(rows)
+    expected = _reference(batch)
+    assert _fast(batch) == expected
+    stats: dict[str, int] = {}
+    decode_batch(batch, stats)
+    return stats
+
+
+# ------------------------------------------------------------------ frames
+
+
+def _join(parts: list[Any]) -> bytes:
+    return b"".join(bytes(p) for p in parts)
+
+
+def _row(direction: str, key: int, version: int, frame: bytes | None, corr: int = 1) -> Row:
+    return {
+        "run": "run-1", "connection_id": 3, "monotonic_ns": 10, "direction": direction,
+        "api_key": key, "api_version": version, "correlation_id": corr,
+        "frame_length": len(frame) if frame is not None else 0, "frame": frame,
+    }  # fmt: skip
+
+
+names = st.sampled_from(["a", "orders", "t-1", "verify.x", "tøpic", ""])
+int32 = st.integers(-(2**31), 2**31 - 1)
+int64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@st.composite
+def record_blobs(draw: Any) -> bytes | None:
+    """None, or 0-3 batches, maybe cut to headers (compacted) or with a partial tail."""
+    if draw(st.integers(0, 5)) == 0:
+        return None
+    blob = b""
+    for _ in range(draw(st.integers(0, 3))):
+        batch = build_batch(
+            [b"v" * draw(st.integers(0, 30)) for _ in range(draw(st.integers(1, 3)))],
+            base_offset=draw(st.integers(0, 2**40)),
+            producer_id=draw(st.sampled_from([-1, 0, 7, 2**40])),
+            producer_epoch=draw(st.integers(-1, 5)),
+            base_sequence=draw(st.sampled_from([-1, 0, 5, 2**31 - 1])),
+        )
+        batch[17:21] = draw(st.binary(min_size=4, max_size=4))  # any crc
+        cut = draw(st.sampled_from(["whole", "whole", "header", "corrupt"]))
+        if cut == "header":  # compacted, as capture/compact.py does
+            batch = batch[:61]
+            batch[8:12] = (49).to_bytes(4, "big")
+        elif cut == "corrupt":  # a batch length below the minimum: split_batches raises
+            batch[8:12] = draw(st.sampled_from([-1, 0, 48])).to_bytes(4, "big", signed=True)
+        blob += bytes(batch)
+    tail = draw(st.sampled_from([0, 0, 0, 5, 12, 40, 70]))
+    if tail:
+        batch = build_batch([b"x" * 20])
+        blob += bytes(batch[:tail])
+    return blob
+
+
+@st.composite
+def produce_request(draw: Any, version: int) -> bytes:
+    topics = []
+    for _ in range(draw(st.integers(0, 3))):
+        parts = [
+            P.TopicProduceData.PartitionProduceData(index=draw(int32), records=draw(record_blobs()))
+            for _ in range(draw(st.integers(0, 3)))
+        ]
+        topics.append(
+            P.TopicProduceData(name=draw(names), topic_id=uuid.UUID(int=draw(st.integers(0, 2**128 - 1))),
+                               partition_data=parts)
+        )  # fmt: skip
+    body = P(
+        transactional_id=draw(st.sampled_from([None, "tx", "tx-é"])), acks=-1, timeout_ms=30000,
+        topic_data=topics,
+    )  # fmt: skip
+    client = draw(st.sampled_from([None, "rdkafka", "clïent"]))
+    return encode_request(0, version, draw(int32), client, body)[4:]
+
+
+@st.composite
+def produce_response(draw: Any, version: int) -> bytes:
+    PPR = PR.TopicProduceResponse.PartitionProduceResponse
+    topics = []
+    for _ in range(draw(st.integers(0, 3))):
+        parts = []
+        for _ in range(draw(st.integers(0, 3))):
+            part = PPR(
+                index=draw(int32), error_code=draw(st.sampled_from([0, 0, 6, -1])),
+                base_offset=draw(int64), log_append_time_ms=draw(int64),
+                log_start_offset=draw(int64),
+                error_message=draw(st.sampled_from([None, None, "bad", "ünicode"])),
+            )  # fmt: skip
+            if draw(st.integers(0, 6)) == 0:
+                part.record_errors = [PPR.BatchIndexAndErrorMessage(batch_index=0)]
+            if draw(st.integers(0, 6)) == 0:  # a tagged field (v10+)
+                part.current_leader = PPR.LeaderIdAndEpoch(leader_id=1, leader_epoch=2)
+            parts.append(part)
+        topics.append(
+            PR.TopicProduceResponse(name=draw(names), topic_id=uuid.UUID(int=draw(st.integers(0, 2**128 - 1))),
+                                    partition_responses=parts)
+        )  # fmt: skip
+    body = PR(responses=topics, throttle_time_ms=draw(st.integers(0, 100)))
+    return _join(encode_response(0, version, draw(int32), body))[4:]
+
+
+@st.composite
+def fetch_response(draw: Any, version: int) -> bytes:
+    PD = F.FetchableTopicResponse.PartitionData
+    topics = []
+    for _ in range(draw(st.integers(0, 3))):
+        parts = []
+        for _ in range(draw(st.integers(0, 3))):
+            aborted = draw(st.sampled_from([None, 0, 1, 2]))
+            part = PD(
+                partition_index=draw(int32), error_code=draw(st.sampled_from([0, 0, 0, 1])),
+                high_watermark=draw(int64), last_stable_offset=draw(int64),
+                log_start_offset=draw(int64), preferred_read_replica=draw(st.integers(-1, 3)),
+                records=draw(record_blobs()),
+                aborted_transactions=None if aborted is None else [
+                    PD.AbortedTransaction(producer_id=i, first_offset=draw(int64))
+                    for i in range(aborted)
+                ],
+            )  # fmt: skip
+            if draw(st.integers(0, 8)) == 0:  # a tagged field (v12+)
+                part.current_leader = PD.LeaderIdAndEpoch(leader_id=1, leader_epoch=2)
+            parts.append(part)
+        topics.append(
+            F.FetchableTopicResponse(topic=draw(names), topic_id=uuid.UUID(int=draw(st.integers(0, 2**128 - 1))),
+                                     partitions=parts)
+        )  # fmt: skip
+    body = F(throttle_time_ms=0, error_code=0, session_id=draw(int32), responses=topics)
+    return _join(encode_response(1, version, draw(int32), body))[4:]
+
+
+def metadata_response(version: int) -> bytes:
+    T = m.MetadataResponse.MetadataResponseTopic
+    body = m.MetadataResponse(
+        topics=[T(name="orders", topic_id=uuid.UUID(int=5)), T(name="x", topic_id=uuid.UUID(int=0))]
+    )
+    return _join(encode_response(3, version, 9, body))[4:]
+
+
+@st.composite
+def mangled(draw: Any, frame: bytes) -> tuple[bytes, int]:
+    """(frame, frame_length): whole, cut short, a byte changed, or trailing bytes."""
+    how = draw(st.sampled_from(["whole"] * 6 + ["cut", "cut-plain", "flip", "trail"]))
+    if how == "cut" and frame:  # a prefix capture: frame_length says more
+        return frame[: draw(st.integers(0, len(frame) - 1))], len(frame)
+    if how == "cut-plain" and frame:  # cut, and frame_length agrees: an undecodable row
+        cut = frame[: draw(st.integers(0, len(frame) - 1))]
+        return cut, len(cut)
+    if how == "flip" and frame:
+        at = draw(st.integers(0, len(frame) - 1))
+        value = draw(st.sampled_from([0, 0x7F, 0x80, 0xFF]))
+        changed = frame[:at] + bytes([value]) + frame[at + 1 :]
+        return changed, len(changed)
+    if how == "trail":
+        changed = frame + draw(st.binary(min_size=1, max_size=3))
+        return changed, len(changed)
+    return frame, len(frame)
+
+
+KINDS = [
+    *[("request", 0, v) for v in range(3, 14)],
+    *[("response", 0, v) for v in range(3, 14)],
+    *[("response", 1, v) for v in range(4, 19)],
+]
+
+
+@st.composite
+def captures(draw: Any) -> list[Row]:
+    """A batch of rows: a few (direction, key, version) groups of several frames each."""
+    groups = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=3))
+    rows: list[Row] = []
+    for direction, key, version in groups:
+        for _ in range(draw(st.integers(1, 5))):
+            if direction == "request":
+                frame = draw(produce_request(version))
+            elif key == 0:
+                frame = draw(produce_response(version))
+            else:
+                frame = draw(fetch_response(version))
+            frame, length = draw(mangled(frame))
+            row = _row(direction, key, version, frame)
+            row["frame_length"] = length
+            row["connection_id"] = draw(st.integers(0, 3))
+            rows.append(row)
+    extra = draw(st.sampled_from(["none", "none", "metadata", "fetch-request", "null", "noise"]))
+    if extra == "metadata":
+        rows.append(_row("response", 3, draw(st.sampled_from([10, 12])), metadata_response(12)))
+    elif extra == "fetch-request":
+        rows.append(_row("request", 1, 12, b"\x00\x01\x00\x0c"))
+    elif extra == "null":
+        rows.append(_row("response", 0, 9, None))
+    elif extra == "noise":
+        direction, key, version = draw(st.sampled_from(KINDS))
+        rows.append(_row(direction, key, version, draw(st.binary(max_size=40))))
+    return draw(st.permutations(rows))
+
+
+# ------------------------------------------------------------------ the tests
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(captures())
+def test_same_facts_as_the_reference(rows: list[Row]) -> None:
+    _same_facts(rows)
+
+
+@pytest.mark.parametrize(("direction", "key", "version"), KINDS)
+def test_plain_frames_take_the_fast_path(direction: str, key: int, version: int) -> None:
+    """Every supported version is decoded without the reference (so the equivalence
+    above is not the reference compared with itself)."""
+    batch = build_batch([b"a", b"b"], base_offset=40, producer_id=9, producer_epoch=1,
+                        base_sequence=3)  # fmt: skip
+    records = bytes(batch) * 2
+    topic_id = uuid.UUID("12345678-9abc-def0-1234-56789abcdef0")
+    if direction == "request":
+        body = P(acks=1, timeout_ms=5, topic_data=[
+            P.TopicProduceData(name="orders", topic_id=topic_id, partition_data=[
+                P.TopicProduceData.PartitionProduceData(index=i, records=records)
+                for i in range(3)])])  # fmt: skip
+        frame = encode_request(0, version, 77, "client", body)[4:]
+    elif key == 0:
+        PPR = PR.TopicProduceResponse.PartitionProduceResponse
+        body = PR(responses=[PR.TopicProduceResponse(name="orders", topic_id=topic_id,
+                  partition_responses=[PPR(index=i, base_offset=10 * i) for i in range(3)])])  # fmt: skip
+        frame = _join(encode_response(0, version, 77, body))[4:]
+    else:
+        PD = F.FetchableTopicResponse.PartitionData
+        body = F(responses=[F.FetchableTopicResponse(topic="orders", topic_id=topic_id,
+                 partitions=[PD(partition_index=i, high_watermark=99, records=records,
+                                aborted_transactions=[PD.AbortedTransaction(producer_id=1)])
+                             for i in range(3)])])  # fmt: skip
+        frame = _join(encode_response(1, version, 77, body))[4:]
+    rows = [_row(direction, key, version, frame, corr=77) for _ in range(3)]
+    stats = _same_facts(rows)
+    assert stats == {"rows": 3, "fast": 3, "reference": 0}
+    facts = [f for b in decode_batches(iter([_arrow(rows)])) for f in b.to_pylist()]
+    topic = f"id:{topic_id}" if version >= 13 else "orders"
+    assert {f["topic"] for f in facts} == {topic}
+    assert {f["corr"] for f in facts} == {77}
+    kinds = Counter(f["kind"] for f in facts)
+    if direction == "request":
+        assert kinds == {"produce_batch": 3 * 3 * 2}
+    elif key == 0:
+        assert kinds == {"produce_ack": 3 * 3}
+    else:
+        assert kinds == {"fetch_part": 3 * 3, "fetch_batch": 3 * 3 * 2}
+        assert {f["last_offset"] for f in facts if f["kind"] == "fetch_batch"} == {41}
+
+
+def test_compacted_produce_requests_decode_like_whole_ones() -> None:
+    """capture/compact.py cuts every batch to its header; frame_length stays the original."""
+    records = b"".join(
+        bytes(build_batch([b"v" * 50] * n, producer_id=5, producer_epoch=0, base_sequence=n))
+        for n in (1, 3)
+    )
+    rows, compact_rows = [], []
+    for version in (3, 9, 13):
+        body = P(acks=-1, timeout_ms=5, topic_data=[P.TopicProduceData(
+            name="t", topic_id=uuid.UUID(int=1),
+            partition_data=[P.TopicProduceData.PartitionProduceData(index=0, records=records)])])  # fmt: skip
+        frame = encode_request(0, version, version, "c", body)[4:]
+        compact = compact_produce_request(frame)
+        assert len(compact) < len(frame)
+        rows.append(_row("request", 0, version, frame, corr=version))
+        compact_rows.append(dict(rows[-1], frame=compact))
+    assert _same_facts(compact_rows)["reference"] == 0
+    assert _fast(_arrow(compact_rows)) == _fast(_arrow(rows))
+    assert sum(_fast(_arrow(rows)).values()) == 3 * 2
+
+
+def test_bench_capture_decodes_on_the_fast_path(tmp_path: Path) -> None:
+    """A capture from bench/verify.py's generator: same facts, and no row falls back."""
+    import pyarrow.parquet as pq
+
+    spec = importlib.util.spec_from_file_location("bench_verify", ROOT / "bench" / "verify.py")
+    assert spec is not None and spec.loader is not None
+    bench_verify = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_verify)
+    written = bench_verify.write_capture(3000, tmp_path)
+    table = pq.read_table(sorted(tmp_path.glob("*.parquet")))
+    table = table.append_column("run", pa.array(["capture-b0-1"] * table.num_rows))
+    batch = table.select(list(NEEDED_COLUMNS)).combine_chunks().to_batches()[0]
+    assert batch.num_rows == written
+    expected = _reference(batch)
+    assert _fast(batch) == expected
+    kinds = Counter(fact[4] for fact in expected.elements())
+    assert kinds["produce_batch"] == kinds["produce_ack"] > 1000
+    assert kinds["fetch_batch"] > 1000
+    stats: dict[str, int] = {}
+    decode_batch(batch, stats)
+    fetch_requests = batch.column("api_key").to_pylist().count(1) // 2
+    assert stats["reference"] == 0 and stats["fast"] == written - fetch_requests
+
+
+def test_rows_the_reference_must_decode() -> None:
+    """Metadata responses, unknown versions and garbage go to the reference, row by row."""
+    body = P(acks=1, timeout_ms=5, topic_data=[])
+    rows = [
+        _row("response", 3, 12, metadata_response(12)),
+        _row("request", 0, 2, encode_request(0, 3, 1, None, body)[4:]),  # column says v2
+        _row("request", 0, 9, b"\x00\x00\x00\x09garbage"),
+        _row("response", 1, 12, b"\x00"),
+        _row("response", 0, 9, None),
+    ]
+    stats = _same_facts(rows)
+    assert stats == {"rows": 5, "fast": 0, "reference": 4}
+    kinds = Counter(fact[4] for fact in _reference(_arrow(rows)).elements())
+    assert kinds == {"topic_id": 1, "undecodable": 2}
+
+
+def _flexible_produce_request(count: bytes) -> bytes:
+    """A Produce v9 request with no topics, its topic count encoded as given."""
+    header = (0).to_bytes(2, "big") + (9).to_bytes(2, "big") + (7).to_bytes(4, "big")
+    header += b"\xff\xff\x00"  # null client id, no tagged fields
+    return header + b"\x00" + bytes(6) + count + b"\x00"
+
+
+def test_varints_longer_than_five_bytes_are_the_references() -> None:
+    """The codec refuses a 6-byte varint (a non-minimal count of 0 here): undecodable,
+    while the same 0 in 1 or 5 bytes decodes (to no facts)."""
+    rows = [
+        _row("request", 0, 9, _flexible_produce_request(b"\x01")),
+        _row("request", 0, 9, _flexible_produce_request(b"\x81\x80\x80\x80\x00")),
+        _row("request", 0, 9, _flexible_produce_request(b"\x81\x80\x80\x80\x80\x00")),
+    ]
+    stats = _same_facts(rows)
+    assert stats == {"rows": 3, "fast": 2, "reference": 1}
+    kinds = Counter(fact[4] for fact in _reference(_arrow(rows)).elements())
+    assert kinds == {"undecodable": 1}
+
+
+def test_a_record_count_overflowing_int32_fails_both_paths() -> None:
+    """lastOffsetDelta = 2**31 - 1: the reference's record count does not fit the fact
+    column and building the batch raises; the fast path must not wrap it silently."""
+    batch = build_batch([b"v"], producer_id=1, producer_epoch=0, base_sequence=0)
+    batch[23:27] = (2**31 - 1).to_bytes(4, "big")
+    body = P(acks=1, timeout_ms=5, topic_data=[P.TopicProduceData(name="t", partition_data=[
+        P.TopicProduceData.PartitionProduceData(index=0, records=bytes(batch))])])  # fmt: skip
+    frame = encode_request(0, 9, 1, "c", body)[4:]
+    batch_rows = _arrow([_row("request", 0, 9, frame)])
+    facts = decode_rows({n: batch_rows.column(n).to_pylist() for n in NEEDED_COLUMNS})
+    assert facts["record_count"] == [2**31]
+    with pytest.raises((OverflowError, pa.ArrowInvalid)):  # as decode_batches did before
+        pa.RecordBatch.from_pydict(facts, schema=fact_schema())
+    with pytest.raises((OverflowError, pa.ArrowInvalid)):
+        _fast(batch_rows)
