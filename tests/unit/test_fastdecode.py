@@ -416,3 +416,16 @@ def test_a_record_count_overflowing_int32_fails_both_paths() -> None:
         pa.RecordBatch.from_pydict(facts, schema=fact_schema())
     with pytest.raises((OverflowError, pa.ArrowInvalid)):
         _fast(batch_rows)
+
+
+@pytest.mark.parametrize(("partitions", "batches"), [(40, 1), (1, 40), (3, 3)])
+def test_a_few_long_arrays_go_to_the_reference(partitions: int, batches: int) -> None:
+    """Walking 40 partitions (or batches) of two frames in lock-step costs more than the
+    reference; such frames are handed to it (the short ones stay on the fast path)."""
+    PD = F.FetchableTopicResponse.PartitionData
+    records = bytes(build_batch([b"x" * 10])) * batches
+    body = F(responses=[F.FetchableTopicResponse(topic="t", partitions=[
+        PD(partition_index=i, records=records) for i in range(partitions)])])  # fmt: skip
+    frame = _join(encode_response(1, 12, 5, body))[4:]
+    stats = _same_facts([_row("response", 1, 12, frame)] * 2)
+    assert stats["reference"] == (0 if partitions == batches else 2)

@@ -255,11 +255,25 @@ def _each(reader: _Reader, rows: Array, counts: Array) -> Any:
     active = np.flatnonzero(counts > 0)
     while active.size:
         active = active[reader.good(rows[active])]
-        if not active.size:
+        if _long_tail(reader, rows[active], k):
             return
         yield active
         k += 1
         active = active[counts[active] > k]
+
+
+#: A lock-step step costs tens of numpy calls whatever the number of entries it walks;
+#: past LONG_TAIL_STEPS, fewer than LONG_TAIL_ENTRIES entries are cheaper in the reference.
+LONG_TAIL_STEPS = 16
+LONG_TAIL_ENTRIES = 8
+
+
+def _long_tail(reader: _Reader, rows: Array, k: int) -> bool:
+    """True when nothing is left to walk; a few frames with very long arrays (say, one
+    Fetch response of 2 000 partitions) are handed to the reference instead."""
+    if k >= LONG_TAIL_STEPS and rows.size < LONG_TAIL_ENTRIES:
+        reader.bad[rows] = True
+    return not reader.good(rows).any()
 
 
 # ------------------------------------------------------------------ record batches
@@ -275,6 +289,7 @@ def _batches(
     idx = np.zeros(rows.size, np.int64)
     live = reader.good(rows) & (stop - cur >= LENGTH_OVERHEAD)
     active = np.flatnonzero(live)
+    k = 0
     while active.size:
         r, at = rows[active], cur[active]
         length = _be(reader.data[(at + 8)[:, None] + np.arange(4)], ">i4")
@@ -306,6 +321,9 @@ def _batches(
         idx[active] += 1
         active = active[stop[active] - cur[active] >= LENGTH_OVERHEAD]
         active = active[reader.good(rows[active])]
+        k += 1
+        if _long_tail(reader, rows[active], k):
+            return
 
 
 # ------------------------------------------------------------------ the three layouts
