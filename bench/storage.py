@@ -1,6 +1,7 @@
 """Storage benchmark: append throughput with fsync per append vs group commit.
 
     .venv/bin/python bench/storage.py [--seconds 4] [--dir DIR] [--json FILE]
+        [--sizes 64] [--compare]
 
 Cases, each on a fresh log in DIR (default: a temp dir on the same disk as /tmp):
 
@@ -16,6 +17,10 @@ Cases, each on a fresh log in DIR (default: a temp dir on the same disk as /tmp)
   waiting for durability, like a producer with max.in.flight=5 on one connection.
 
 Every case stops after --seconds or 512 MiB written, whichever comes first.
+``--sizes 64`` runs only the 64 KiB batches (the issue's cases) and skips the
+no-group cases; ``--compare`` also runs each group-commit case with the flusher
+as it was before appends overlapped the fsync (bench/legacy_flusher.py), in the
+same run, labelled "(old flusher)".
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from typing import Any
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from legacy_flusher import Flusher as LegacyFlusher  # bench/ is the script's directory
 
 from trio_broker.server.flusher import Flusher
 from trio_broker.storage._batch import build_batch
@@ -111,7 +118,9 @@ def bench_sync(root: Path, size: int, seconds: float, *, fsync: bool) -> dict[st
     return row(case, size, elapsed, n, n * len(batch), fsyncs)
 
 
-def bench_group(root: Path, size: int, seconds: float, in_flight: int = 1) -> dict[str, Any]:
+def bench_group(
+    root: Path, size: int, seconds: float, in_flight: int = 1, *, legacy: bool = False
+) -> dict[str, Any]:
     """WRITERS tasks doing acks=all appends through the Flusher.
 
     ``in_flight`` is how many of its appends one writer may have waiting for
@@ -119,9 +128,9 @@ def bench_group(root: Path, size: int, seconds: float, in_flight: int = 1) -> di
     5 is a Kafka producer's default max.in.flight.requests.per.connection, which
     the pipelined broker model lets a single connection use.
     """
-    path = fresh_dir(root, f"group-{size}-{in_flight}")
+    path = fresh_dir(root, f"group-{size}-{in_flight}-{legacy}")
     log = PartitionLog.open(path, CONFIG)
-    flusher = Flusher()
+    flusher: Flusher | LegacyFlusher = LegacyFlusher() if legacy else Flusher()
     counts = {"appends": 0, "bytes": 0}
 
     async def wait_ack(offset: int, nbytes: int, slots: trio.Semaphore) -> None:
@@ -158,8 +167,11 @@ def bench_group(root: Path, size: int, seconds: float, in_flight: int = 1) -> di
     log.close()
     shutil.rmtree(path, ignore_errors=True)
     case = f"group commit x{WRITERS}" + (f", {in_flight} in flight" if in_flight > 1 else "")
+    case += " (old flusher)" if legacy else ""
     result = row(case, size, elapsed, counts["appends"], counts["bytes"], stats.fsyncs)
     result["in_flight_per_writer"] = in_flight
+    # Share of the wall time a sync ran in the worker thread: 1.0 = the disk never waited.
+    result["sync_busy"] = round(flusher.fsync_durations.sums.get(0, 0.0) / elapsed, 3)
     result["appends_per_fsync_histogram"] = stats.appends_per_fsync
     return result
 
@@ -169,14 +181,15 @@ def human(size: int) -> str:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    header = f"{'case':<38}{'batch':>8}{'MB/s':>10}{'appends/s':>12}{'fsyncs/s':>10}{'appends/fsync':>15}"
+    header = f"{'case':<52}{'batch':>8}{'MB/s':>10}{'appends/s':>12}{'fsyncs/s':>10}{'appends/fsync':>15}{'sync busy':>11}"
     print(header)
     print("-" * len(header))
     for r in rows:
         per = "-" if r["appends_per_fsync"] is None else f"{r['appends_per_fsync']:.2f}"
+        busy = f"{r['sync_busy']:.0%}" if "sync_busy" in r else "-"
         print(
-            f"{r['case']:<38}{human(r['batch_bytes']):>8}{r['mb_per_s']:>10.1f}"
-            f"{r['appends_per_s']:>12.1f}{r['fsyncs_per_s']:>10.1f}{per:>15}"
+            f"{r['case']:<52}{human(r['batch_bytes']):>8}{r['mb_per_s']:>10.1f}"
+            f"{r['appends_per_s']:>12.1f}{r['fsyncs_per_s']:>10.1f}{per:>15}{busy:>11}"
         )
 
 
@@ -206,17 +219,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--json", type=Path, default=None, help="also save the results as JSON here"
     )
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="batch sizes in KiB (default 1 64 1024); a subset also skips the no-group cases",
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run the group-commit cases with the old flusher (bench/legacy_flusher.py)",
+    )
     args = parser.parse_args(argv)
+    sizes = SIZES if args.sizes is None else [k * KIB for k in args.sizes]
+    variants = [False, True] if args.compare else [False]
 
     root = Path(tempfile.mkdtemp(prefix="trio-broker-bench-", dir=args.dir))
     # The raw loop runs first and last: a virtual disk's speed drifts, and the
     # pair shows by how much during this run.
     cases: list[Callable[[], dict[str, Any]]] = [lambda: bench_raw(root, args.seconds)]
-    for size in SIZES:
-        cases.append(lambda size=size: bench_sync(root, size, args.seconds, fsync=False))
-        cases.append(lambda size=size: bench_sync(root, size, args.seconds, fsync=True))
-        cases.append(lambda size=size: bench_group(root, size, args.seconds))
-        cases.append(lambda size=size: bench_group(root, size, args.seconds, in_flight=5))
+    for size in sizes:
+        if args.sizes is None:
+            cases.append(lambda size=size: bench_sync(root, size, args.seconds, fsync=False))
+            cases.append(lambda size=size: bench_sync(root, size, args.seconds, fsync=True))
+        for in_flight in (1, 5):
+            for legacy in variants:  # old and new alternate, so both see the same disk phase
+                cases.append(
+                    lambda size=size, n=in_flight, old=legacy: bench_group(
+                        root, size, args.seconds, n, legacy=old
+                    )
+                )
     cases.append(lambda: bench_raw(root, args.seconds))
     rows = []
     try:

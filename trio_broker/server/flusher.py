@@ -1,15 +1,22 @@
-"""The flusher task: fsyncs dirty partition logs in a worker thread (group commit).
+"""The flusher: fsyncs dirty partition logs in worker threads (group commit).
 
 Produce handlers append on the event loop, call :meth:`Flusher.mark_dirty`, and
-for acks=all ``await flusher.wait_durable(log, last_offset)``. The flusher loop
-syncs every log that is due in one ``trio.to_thread.run_sync`` call and then
-wakes the waiters it satisfied. There is no artificial delay: appends that
-arrive while an fsync runs are covered together by the next one, so the number
-of appends per fsync grows with load by itself.
+for acks=all ``await flusher.wait_durable(log, last_offset)``. A log's sync
+starts in a worker thread as soon as the log is due and no sync of it is
+running - straight from ``mark_dirty``, ``wait_durable`` or the completion of
+the previous sync - so the disk keeps syncing while the event loop appends.
+Appends that land while a sync runs are covered by the next one: the number of
+appends per fsync grows with load by itself, with no artificial delay.
+
+Durability: ``log.flush()`` reads the log end *before* syncing and returns it as
+the new durable end, and a waiter is released only once its offset is below a
+durable end some sync returned - so only by a sync that began after its append
+was written.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
@@ -17,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
+import outcome
 import trio
 
 from trio_broker.server.metrics import FSYNC_BOUNDS, LatencyHistogram
@@ -47,11 +55,28 @@ class _Entry:
     tracker: DurabilityTracker[trio.Event]
     #: set when a flush of this log failed; the log is offline from then on.
     error: StorageError | None = None
+    #: syncs of this log running in worker threads (at most one, except flush_all's).
+    in_flight: int = 0
+    #: waiting in the queue for a free worker thread.
+    queued: bool = False
+    #: dropped by ``forget``: a running sync chain stops.
+    forgotten: bool = False
 
 
-#: Logs synced at once, each batch in its own worker thread. fdatasync releases
-#: the GIL and the filesystem merges concurrent syncs into one journal commit, so
-#: 50 partitions made dirty by one burst cost about one fsync's time, not 50.
+@attrs.define(eq=False)
+class _Job:
+    """One worker thread's sync of one or more logs."""
+
+    entries: list[_Entry]
+    #: appends each log had noted when the job started, for the first sync (statistics).
+    covered: list[int]
+    #: set once the results are processed (flush_all waits on it).
+    done: trio.Event | None = None
+
+
+#: Worker threads syncing at once. fdatasync releases the GIL and the filesystem
+#: merges concurrent syncs into one journal commit, so 50 partitions made dirty
+#: by one burst cost about one fsync's time, not 50.
 FLUSH_THREADS = 8
 
 
@@ -84,7 +109,11 @@ def _flush_all(
 
 
 class Flusher:
-    """Run with ``await nursery.start(flusher.run)``; one per broker."""
+    """Run with ``await nursery.start(flusher.run)``; one per broker.
+
+    Syncs start only while ``run`` runs (it also handles flush.ms deadlines and,
+    when cancelled, waits for the syncs in flight); ``flush_all`` works anyway.
+    """
 
     def __init__(
         self,
@@ -97,8 +126,15 @@ class Flusher:
         self.threads = max(1, threads)
         self._clock_ms = clock_ms
         self._entries: dict[int, _Entry] = {}
+        #: wakes ``run`` to recompute the flush.ms deadline.
         self._wakeup = trio.Event()
         self._stopped: StorageError | None = None
+        self._token: trio.lowlevel.TrioToken | None = None  # set while run() runs
+        #: due logs waiting for a free worker thread, oldest first.
+        self._queue: collections.deque[_Entry] = collections.deque()
+        self._busy = 0  # jobs in worker threads
+        self._idle = trio.Event()  # set whenever _busy == 0
+        self._idle.set()
         #: How a log is made durable, in the worker thread. Tests replace it to
         #: inject slow or failing fsyncs (tests/reliability/test_fsync_faults.py).
         self.sync: Callable[[FlushableLog], int] = flush_log
@@ -116,8 +152,12 @@ class Flusher:
 
     def mark_dirty(self, log: FlushableLog, messages: int = 1) -> None:
         """Note an append to ``log`` (``messages`` records, for flush.messages)."""
-        self._entry(log).tracker.note_append(self._clock_ms(), messages)
-        self._wakeup.set()
+        entry = self._entry(log)
+        entry.tracker.note_append(self._clock_ms(), messages)
+        if entry.in_flight or entry.queued:
+            return  # the sync's completion starts the next one
+        if not self._kick(entry) and self.policy.flush_ms is not None:
+            self._wakeup.set()  # a new flush.ms deadline for run() to sleep until
 
     async def wait_durable(self, log: FlushableLog, offset: int) -> None:
         """Return once ``log.durable_end_offset > offset``; StorageError if a flush failed."""
@@ -130,7 +170,8 @@ class Flusher:
         self._raise_if_failed(entry)
         event = trio.Event()
         entry.tracker.add_waiter(offset, event)
-        self._wakeup.set()
+        if not (entry.in_flight or entry.queued):
+            self._kick(entry)
         try:
             await event.wait()
         except BaseException:
@@ -154,6 +195,10 @@ class Flusher:
         entry = self._entries.pop(id(log), None)
         if entry is not None:
             entry.error = entry.error or StorageError("log was closed")
+            entry.forgotten = True
+            if entry.queued:
+                self._queue.remove(entry)
+                entry.queued = False
             for event in entry.tracker.fail():
                 event.set()
 
@@ -201,25 +246,180 @@ class Flusher:
             return self._entry(log).tracker.statistics()
         return FlushStatistics.combine([e.tracker.statistics() for e in self._entries.values()])
 
+    # ------------------------------------------------------------------ scheduling
+
+    def _kick(self, entry: _Entry) -> bool:
+        """Queue ``entry``'s next sync if it is due and idle; True if queued or started."""
+        if (
+            self._token is None
+            or entry.in_flight
+            or entry.queued
+            or entry.error is not None
+            or self._entries.get(id(entry.log)) is not entry  # forgotten or replaced
+            or not entry.tracker.needs_flush(self._clock_ms())
+        ):
+            return False
+        entry.queued = True
+        self._queue.append(entry)
+        self._pump()
+        return True
+
+    def _pump(self) -> None:
+        """Start queued syncs while worker threads are free."""
+        queue = self._queue
+        while queue and self._busy < self.threads:
+            # A share of the queue per thread, so a burst of dirty logs still
+            # spreads over every thread that frees up.
+            take = -(-len(queue) // self.threads)
+            part = [queue.popleft() for _ in range(take)]
+            for entry in part:
+                entry.queued = False
+            self._start(part)
+
+    def _start(self, entries: list[_Entry], done: trio.Event | None = None) -> None:
+        """Sync ``entries`` in a worker thread; results come back through :meth:`_settle`.
+
+        A job of one log keeps syncing it while new appends arrive during each
+        sync (see :meth:`_chain`), so the disk never waits for a round trip to
+        the event loop; each sync's result is still delivered as soon as it is in.
+        """
+        token = self._token or trio.lowlevel.current_trio_token()
+        job = _Job(entries, [e.tracker.begin_flush() for e in entries], done)
+        for entry in entries:
+            entry.in_flight += 1
+        if self._busy == 0:
+            self._idle = trio.Event()
+        self._busy += 1
+        logs = [e.log for e in entries]
+        sync = self.sync
+
+        def work() -> None:  # in the worker thread
+            noted: tuple[int, int] | None = None  # the first sync was counted above
+            while True:
+                durations: list[float] = []
+                results = _flush_all(logs, sync, durations)
+                more = len(entries) == 1 and self._chain(entries[0], results[0])
+                token.run_sync_soon(self._settle, job, noted, results, durations, not more)
+                if not more:
+                    return
+                # Read before the sync, so it counts no append the sync may miss.
+                noted = entries[0].tracker.noted
+
+        def deliver(result: outcome.Outcome[None]) -> None:
+            if isinstance(result, outcome.Error) and not isinstance(
+                result.error,
+                trio.RunFinishedError,  # the loop is gone, and its waiters
+            ):
+                failed: list[int | BaseException] = [result.error] * len(entries)
+                token.run_sync_soon(self._settle, job, None, failed, [0.0] * len(entries), True)
+
+        trio.lowlevel.start_thread_soon(work, deliver)
+
+    def _chain(self, entry: _Entry, result: int | BaseException) -> bool:
+        """In the worker thread: sync ``entry`` again right away?
+
+        Yes when appends landed during the sync just done and someone wants them
+        synced (an acks=all waiter beyond it, or no flush.ms / flush.messages) - unless
+        other logs wait for a thread or the flusher stops. Only reads
+        attributes, which is safe from this thread.
+        """
+        policy = self.policy
+        return (
+            isinstance(result, int)
+            and self._token is not None
+            and not self._queue
+            and not entry.forgotten
+            and entry.log.log_end_offset > result
+            and (
+                entry.tracker.max_waited_offset >= result
+                or (policy.flush_messages is None and policy.flush_ms is None)
+            )
+        )
+
+    def _settle(
+        self,
+        job: _Job,
+        noted: tuple[int, int] | None,
+        results: list[int | BaseException],
+        durations: list[float],
+        last: bool,
+    ) -> None:
+        """On the loop (a run_sync_soon callback): one sync of ``job`` is done.
+
+        ``noted``: what the worker read before a chained sync (None: the job's
+        first sync, counted when it started). ``last``: the job's thread is done.
+        """
+        # An exception here would crash the whole run: fail the waiters instead.
+        try:
+            self._release(job, noted, results, durations)
+        except Exception:  # pragma: no cover - a bug
+            _logger.exception("flusher bookkeeping failed")
+            for entry in job.entries:
+                entry.error = entry.error or StorageError("flusher bookkeeping failed")
+                for event in entry.tracker.fail():
+                    event.set()
+        if not last:
+            return
+        for entry in job.entries:
+            entry.in_flight -= 1
+        self._busy -= 1
+        if self._busy == 0:
+            self._idle.set()
+        if job.done is not None:
+            job.done.set()
+        if self._token is not None:
+            for entry in job.entries:
+                self._kick(entry)  # appends made during the last sync start the next one
+            self._pump()
+
+    def _release(
+        self,
+        job: _Job,
+        noted: tuple[int, int] | None,
+        results: list[int | BaseException],
+        durations: list[float],
+    ) -> None:
+        released: list[trio.Event] = []
+        for i, (entry, result, seconds) in enumerate(
+            zip(job.entries, results, durations, strict=True)
+        ):
+            covered = job.covered[i] if noted is None else entry.tracker.flush_started(noted)
+            if isinstance(result, BaseException):
+                take_offline = getattr(entry.log, "take_offline", None)
+                if take_offline is not None:
+                    take_offline()  # after a failed fsync nothing unsynced can be trusted
+                entry.error = entry.error or (
+                    result
+                    if isinstance(result, StorageError)
+                    else StorageError(f"flush failed: {result!r}")
+                )
+                released += entry.tracker.fail()
+            else:
+                released += entry.tracker.end_flush(result, covered)
+                self.fsync_durations.observe(0, seconds)
+        for event in released:
+            event.set()
+
+    # ------------------------------------------------------------------ the task
+
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Enable syncing; sleep until the next flush.ms deadline; on exit, drain."""
         self._stopped = None
+        self._token = trio.lowlevel.current_trio_token()
         task_status.started()
         try:
             while True:
                 # A fresh event before looking for work, so a mark_dirty that
                 # lands after the look still wakes the wait below.
                 self._wakeup = trio.Event()
-                now = self._clock_ms()
-                due = [e for e in self._entries.values() if e.tracker.needs_flush(now)]
-                if due:
-                    # Shielded: the thread can't be interrupted anyway, and the
-                    # waiters of a flush that ran must hear about it.
-                    with trio.CancelScope(shield=True):
-                        await self._flush_parallel(due)
-                    continue
+                for entry in list(self._entries.values()):
+                    self._kick(entry)
                 deadlines = [
-                    d for e in self._entries.values() if (d := e.tracker.deadline_ms()) is not None
+                    d
+                    for e in self._entries.values()
+                    if not (e.in_flight or e.queued) and (d := e.tracker.deadline_ms()) is not None
                 ]
+                now = self._clock_ms()
                 wake_at = (
                     trio.current_time() + max(0, min(deadlines) - now) / 1000
                     if deadlines
@@ -228,7 +428,15 @@ class Flusher:
                 with trio.move_on_at(wake_at):
                     await self._wakeup.wait()
         finally:
+            self._token = None  # no new syncs
             self._stopped = StorageError("flusher stopped")
+            for entry in self._queue:
+                entry.queued = False
+            self._queue.clear()
+            # The threads can't be interrupted anyway, and the waiters of a
+            # sync that ran must hear about it.
+            with trio.CancelScope(shield=True):
+                await self._idle.wait()
             for entry in self._entries.values():
                 for event in entry.tracker.fail():
                     event.set()
@@ -236,40 +444,12 @@ class Flusher:
     async def flush_all(self) -> None:
         """Sync every dirty log now (shutdown, tests), independent of the run loop."""
         due = [e for e in self._entries.values() if e.tracker.dirty or e.tracker.waiters]
-        if due:
-            with trio.CancelScope(shield=True):
-                await self._flush_parallel(due)
-
-    async def _flush_parallel(self, due: list[_Entry]) -> None:
-        """Split ``due`` over up to ``threads`` worker threads; each part wakes its own waiters."""
-        if len(due) == 1 or self.threads == 1:
-            await self._flush(due)
+        if not due:
             return
         parts = [due[i :: self.threads] for i in range(min(self.threads, len(due)))]
-        async with trio.open_nursery() as nursery:
-            for part in parts:
-                nursery.start_soon(self._flush, part)
-
-    async def _flush(self, due: list[_Entry]) -> None:
-        covered = [e.tracker.begin_flush() for e in due]
-        durations: list[float] = []
-        results = await trio.to_thread.run_sync(
-            _flush_all, [e.log for e in due], self.sync, durations
-        )
-        for entry, count, result, seconds in zip(due, covered, results, durations, strict=True):
-            if isinstance(result, BaseException):
-                take_offline = getattr(entry.log, "take_offline", None)
-                if take_offline is not None:
-                    take_offline()  # after a failed fsync nothing unsynced can be trusted
-                error = (
-                    result
-                    if isinstance(result, StorageError)
-                    else StorageError(f"flush failed: {result!r}")
-                )
-                entry.error = error
-                released = entry.tracker.fail()
-            else:
-                released = entry.tracker.end_flush(result, count)
-                self.fsync_durations.observe(0, seconds)
-            for event in released:
-                event.set()
+        events = [trio.Event() for _ in parts]
+        for part, done in zip(parts, events, strict=True):
+            self._start(part, done)
+        with trio.CancelScope(shield=True):
+            for done in events:
+                await done.wait()

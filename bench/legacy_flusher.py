@@ -1,0 +1,271 @@
+"""The flusher as it was before the overlap change (commit b3043b1), for side-by-side runs.
+
+bench/storage.py --compare runs the group-commit cases with this one and with
+trio_broker.server.flusher. Not used by the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from trio_broker.server.metrics import FSYNC_BOUNDS, LatencyHistogram
+from trio_broker.storage.errors import StorageError
+from trio_broker.storage.group_commit import DurabilityTracker, FlushPolicy, FlushStatistics
+
+_logger = logging.getLogger("trio_broker.flusher")
+
+#: An offline log is probed again at most this often (on produce, see recover_soon).
+RECOVERY_BACKOFF_S = 1.0
+
+
+class FlushableLog(Protocol):
+    """What the flusher needs from PartitionLog / MemoryLog."""
+
+    @property
+    def durable_end_offset(self) -> int: ...
+    @property
+    def log_end_offset(self) -> int: ...
+    @property
+    def offline(self) -> bool: ...
+    def flush(self) -> int: ...
+
+
+@attrs.define(eq=False)
+class _Entry:
+    log: FlushableLog
+    tracker: DurabilityTracker[trio.Event]
+    #: set when a flush of this log failed; the log is offline from then on.
+    error: StorageError | None = None
+
+
+#: Logs synced at once, each batch in its own worker thread. fdatasync releases
+#: the GIL and the filesystem merges concurrent syncs into one journal commit, so
+#: 50 partitions made dirty by one burst cost about one fsync's time, not 50.
+FLUSH_THREADS = 8
+
+
+def _trio_clock_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+def flush_log(log: FlushableLog) -> int:
+    """The default way to make a log durable (``Flusher.sync``)."""
+    return log.flush()
+
+
+def _flush_all(
+    logs: Sequence[FlushableLog],
+    sync: Callable[[FlushableLog], int],
+    durations: list[float] | None = None,
+) -> list[int | BaseException]:
+    # Runs in a worker thread. One failing log must not hide the others' results.
+    # ``durations`` gets each sync's seconds, timed here so no event-loop delay counts.
+    results: list[int | BaseException] = []
+    for log in logs:
+        started = time.perf_counter()
+        try:
+            results.append(sync(log))
+        except Exception as exc:
+            results.append(exc)
+        if durations is not None:
+            durations.append(time.perf_counter() - started)
+    return results
+
+
+class Flusher:
+    """Run with ``await nursery.start(flusher.run)``; one per broker."""
+
+    def __init__(
+        self,
+        policy: FlushPolicy | None = None,
+        *,
+        clock_ms: Callable[[], int] = _trio_clock_ms,
+        threads: int = FLUSH_THREADS,
+    ) -> None:
+        self.policy = policy or FlushPolicy()
+        self.threads = max(1, threads)
+        self._clock_ms = clock_ms
+        self._entries: dict[int, _Entry] = {}
+        self._wakeup = trio.Event()
+        self._stopped: StorageError | None = None
+        #: How a log is made durable, in the worker thread. Tests replace it to
+        #: inject slow or failing fsyncs (tests/reliability/test_fsync_faults.py).
+        self.sync: Callable[[FlushableLog], int] = flush_log
+        #: id(log) -> trio time of the next recovery probe of an offline log.
+        self._next_probe: dict[int, float] = {}
+        #: Seconds of each successful log sync (/metrics trio_broker_fsync_duration_seconds).
+        self.fsync_durations = LatencyHistogram(FSYNC_BOUNDS)
+
+    def _entry(self, log: FlushableLog) -> _Entry:
+        entry = self._entries.get(id(log))
+        if entry is None:
+            entry = _Entry(log, DurabilityTracker(self.policy))
+            self._entries[id(log)] = entry
+        return entry
+
+    def mark_dirty(self, log: FlushableLog, messages: int = 1) -> None:
+        """Note an append to ``log`` (``messages`` records, for flush.messages)."""
+        self._entry(log).tracker.note_append(self._clock_ms(), messages)
+        self._wakeup.set()
+
+    async def wait_durable(self, log: FlushableLog, offset: int) -> None:
+        """Return once ``log.durable_end_offset > offset``; StorageError if a flush failed."""
+        if log.durable_end_offset > offset:
+            await trio.lowlevel.checkpoint()
+            return
+        if offset >= log.log_end_offset:
+            raise ValueError(f"offset {offset} has not been appended (end {log.log_end_offset})")
+        entry = self._entry(log)
+        self._raise_if_failed(entry)
+        event = trio.Event()
+        entry.tracker.add_waiter(offset, event)
+        self._wakeup.set()
+        try:
+            await event.wait()
+        except BaseException:
+            entry.tracker.discard_waiter(event)
+            raise
+        if log.durable_end_offset > offset:
+            return
+        self._raise_if_failed(entry)
+        raise StorageError("flusher released a waiter that is not durable")  # pragma: no cover
+
+    def _raise_if_failed(self, entry: _Entry) -> None:
+        if entry.error is not None:
+            raise entry.error
+        if entry.log.offline:
+            raise StorageError("log is offline after a disk error")
+        if self._stopped is not None:
+            raise self._stopped
+
+    def forget(self, log: FlushableLog) -> None:
+        """Stop tracking ``log`` (closed or deleted); its waiters get StorageError."""
+        entry = self._entries.pop(id(log), None)
+        if entry is not None:
+            entry.error = entry.error or StorageError("log was closed")
+            for event in entry.tracker.fail():
+                event.set()
+
+    def recover_soon(self, log: Any, nursery: trio.Nursery) -> None:
+        """Try to bring an offline log back (disk space returned), at most once per back-off.
+
+        In the background: the produce that noticed still gets its storage error.
+        """
+        if not log.offline or getattr(log, "reload", None) is None:
+            return
+        now = trio.current_time()
+        if now < self._next_probe.get(id(log), -math.inf):
+            return
+        self._next_probe[id(log)] = now + RECOVERY_BACKOFF_S
+        nursery.start_soon(self._recover, log)
+
+    async def _recover(self, log: Any) -> None:
+        def probe() -> Any:
+            fresh = log.reload()
+            try:
+                self.sync(fresh)  # the same durability path as every flush
+            except BaseException:
+                fresh.abort()
+                raise
+            return fresh
+
+        try:
+            fresh = await trio.to_thread.run_sync(probe)
+        except (OSError, StorageError) as exc:
+            _logger.info("%s still offline: %s", getattr(log, "directory", log), exc)
+            return
+        if not log.offline or log.closed:  # recovered or deleted meanwhile
+            fresh.abort()
+            return
+        log.adopt(fresh)
+        # A fresh tracker: the failed one released its waiters and keeps its error.
+        self._entries.pop(id(log), None)
+        self._next_probe.pop(id(log), None)
+        _logger.warning(
+            "%s is back online at offset %d", getattr(log, "directory", log), log.log_end_offset
+        )
+
+    def statistics(self, log: FlushableLog | None = None) -> FlushStatistics:
+        if log is not None:
+            return self._entry(log).tracker.statistics()
+        return FlushStatistics.combine([e.tracker.statistics() for e in self._entries.values()])
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._stopped = None
+        task_status.started()
+        try:
+            while True:
+                # A fresh event before looking for work, so a mark_dirty that
+                # lands after the look still wakes the wait below.
+                self._wakeup = trio.Event()
+                now = self._clock_ms()
+                due = [e for e in self._entries.values() if e.tracker.needs_flush(now)]
+                if due:
+                    # Shielded: the thread can't be interrupted anyway, and the
+                    # waiters of a flush that ran must hear about it.
+                    with trio.CancelScope(shield=True):
+                        await self._flush_parallel(due)
+                    continue
+                deadlines = [
+                    d for e in self._entries.values() if (d := e.tracker.deadline_ms()) is not None
+                ]
+                wake_at = (
+                    trio.current_time() + max(0, min(deadlines) - now) / 1000
+                    if deadlines
+                    else math.inf
+                )
+                with trio.move_on_at(wake_at):
+                    await self._wakeup.wait()
+        finally:
+            self._stopped = StorageError("flusher stopped")
+            for entry in self._entries.values():
+                for event in entry.tracker.fail():
+                    event.set()
+
+    async def flush_all(self) -> None:
+        """Sync every dirty log now (shutdown, tests), independent of the run loop."""
+        due = [e for e in self._entries.values() if e.tracker.dirty or e.tracker.waiters]
+        if due:
+            with trio.CancelScope(shield=True):
+                await self._flush_parallel(due)
+
+    async def _flush_parallel(self, due: list[_Entry]) -> None:
+        """Split ``due`` over up to ``threads`` worker threads; each part wakes its own waiters."""
+        if len(due) == 1 or self.threads == 1:
+            await self._flush(due)
+            return
+        parts = [due[i :: self.threads] for i in range(min(self.threads, len(due)))]
+        async with trio.open_nursery() as nursery:
+            for part in parts:
+                nursery.start_soon(self._flush, part)
+
+    async def _flush(self, due: list[_Entry]) -> None:
+        covered = [e.tracker.begin_flush() for e in due]
+        durations: list[float] = []
+        results = await trio.to_thread.run_sync(
+            _flush_all, [e.log for e in due], self.sync, durations
+        )
+        for entry, count, result, seconds in zip(due, covered, results, durations, strict=True):
+            if isinstance(result, BaseException):
+                take_offline = getattr(entry.log, "take_offline", None)
+                if take_offline is not None:
+                    take_offline()  # after a failed fsync nothing unsynced can be trusted
+                error = (
+                    result
+                    if isinstance(result, StorageError)
+                    else StorageError(f"flush failed: {result!r}")
+                )
+                entry.error = error
+                released = entry.tracker.fail()
+            else:
+                released = entry.tracker.end_flush(result, count)
+                self.fsync_durations.observe(0, seconds)
+            for event in released:
+                event.set()
