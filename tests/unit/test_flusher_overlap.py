@@ -247,3 +247,23 @@ async def test_flush_all_covers_appends_made_during_a_running_sync() -> None:
         assert log.durable_end_offset == 2
         await waiters.until(lambda: waiters.outcomes == {0: "ok"})
         nursery.cancel_scope.cancel()
+
+
+async def test_acks1_appends_during_a_sync_are_synced_by_flush_ms_after_it() -> None:
+    # The sync's end, not mark_dirty (which ran while it was in flight), arms the timer.
+    log = ScriptedLog()
+    flusher = Flusher(FlushPolicy(flush_ms=100))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        waiters = Waiters(flusher, nursery)
+        waiters.append(log)
+        assert await next_start(log.starts) == ("log", 1)
+        await trio.sleep(0.2)  # any flush.ms timer armed before the sync has run out
+        log.append()  # acks=1 during the sync
+        flusher.mark_dirty(log)
+        log.verdicts.put("ok")
+        assert await next_start(log.starts) == ("log", 2)  # after flush.ms
+        log.verdicts.put("ok")
+        await waiters.until(lambda: waiters.outcomes == {0: "ok"})
+        nursery.cancel_scope.cancel()
+    assert log.durable_end_offset == 2

@@ -154,10 +154,8 @@ class Flusher:
         """Note an append to ``log`` (``messages`` records, for flush.messages)."""
         entry = self._entry(log)
         entry.tracker.note_append(self._clock_ms(), messages)
-        if entry.in_flight or entry.queued:
-            return  # the sync's completion starts the next one
-        if not self._kick(entry) and self.policy.flush_ms is not None:
-            self._wakeup.set()  # a new flush.ms deadline for run() to sleep until
+        if not (entry.in_flight or entry.queued):  # else the running sync's end sees to it
+            self._schedule(entry)
 
     async def wait_durable(self, log: FlushableLog, offset: int) -> None:
         """Return once ``log.durable_end_offset > offset``; StorageError if a flush failed."""
@@ -248,6 +246,11 @@ class Flusher:
 
     # ------------------------------------------------------------------ scheduling
 
+    def _schedule(self, entry: _Entry) -> None:
+        """Start ``entry``'s sync if due; else let run() know its flush.ms deadline."""
+        if not self._kick(entry) and entry.tracker.deadline_ms() is not None:
+            self._wakeup.set()
+
     def _kick(self, entry: _Entry) -> bool:
         """Queue ``entry``'s next sync if it is due and idle; True if queued or started."""
         if (
@@ -291,13 +294,12 @@ class Flusher:
             self._idle = trio.Event()
         self._busy += 1
         logs = [e.log for e in entries]
-        sync = self.sync
 
         def work() -> None:  # in the worker thread
             noted: tuple[int, int] | None = None  # the first sync was counted above
             while True:
                 durations: list[float] = []
-                results = _flush_all(logs, sync, durations)
+                results = _flush_all(logs, self.sync, durations)
                 more = len(entries) == 1 and self._chain(entries[0], results[0])
                 token.run_sync_soon(self._settle, job, noted, results, durations, not more)
                 if not more:
@@ -369,7 +371,7 @@ class Flusher:
             job.done.set()
         if self._token is not None:
             for entry in job.entries:
-                self._kick(entry)  # appends made during the last sync start the next one
+                self._schedule(entry)  # appends made during the last sync: next sync or timer
             self._pump()
 
     def _release(
@@ -417,7 +419,8 @@ class Flusher:
                 deadlines = [
                     d
                     for e in self._entries.values()
-                    if not (e.in_flight or e.queued) and (d := e.tracker.deadline_ms()) is not None
+                    if not (e.in_flight or e.queued or e.error)
+                    and (d := e.tracker.deadline_ms()) is not None
                 ]
                 now = self._clock_ms()
                 wake_at = (
