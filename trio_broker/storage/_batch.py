@@ -85,6 +85,17 @@ def base_offset_and_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> t
     return base, length + LOG_OVERHEAD
 
 
+#: batchLength, magic, lastOffsetDelta, maxTimestamp: what an append needs, in one unpack.
+_APPEND_FIELDS = struct.Struct(">8xi4xb6xi8xq")
+assert _APPEND_FIELDS.size == MAX_TIMESTAMP_AT + 8
+
+
+def append_fields(buf: bytes | bytearray | memoryview) -> tuple[int, int, int, int]:
+    """(whole batch size, magic, lastOffsetDelta, maxTimestamp) of the header at 0."""
+    length, magic_, delta, max_ts = _APPEND_FIELDS.unpack_from(buf)
+    return length + LOG_OVERHEAD, magic_, delta, max_ts
+
+
 def last_offset_delta(buf: bytes | bytearray | memoryview, pos: int = 0) -> int:
     return int(_I32.unpack_from(buf, pos + LAST_OFFSET_DELTA_AT)[0])
 

@@ -133,6 +133,12 @@ def check_append_buffer(batch: bytearray | memoryview) -> tuple[memoryview, int,
     Only what storage itself relies on is checked: the header must describe
     exactly this buffer. CRCs and record counts are the produce handler's job.
     """
+    view, size, delta, _ = _check_append(batch)
+    return view, size, delta
+
+
+def _check_append(batch: bytearray | memoryview) -> tuple[memoryview, int, int, int]:
+    """check_append_buffer plus the batch's maxTimestamp: one header unpack per append."""
     view = memoryview(batch)
     if view.readonly:
         raise TypeError("append rewrites baseOffset in place: pass a writable buffer")
@@ -141,15 +147,14 @@ def check_append_buffer(batch: bytearray | memoryview) -> tuple[memoryview, int,
     size = len(view)
     if size < _batch.HEADER_SIZE:
         raise ValueError(f"{size} bytes is shorter than a batch header")
-    _, declared = _batch.base_offset_and_size(view)
+    declared, magic, delta, max_timestamp = _batch.append_fields(view)
     if declared != size:
         raise ValueError(f"batchLength says {declared} bytes but the buffer holds {size}")
-    if _batch.magic(view) != _batch.MAGIC_V2:
+    if magic != _batch.MAGIC_V2:
         raise ValueError("only magic 2 batches can be stored")
-    delta = _batch.last_offset_delta(view)
     if delta < 0:
         raise ValueError(f"negative lastOffsetDelta {delta}")
-    return view, size, delta
+    return view, size, delta, max_timestamp
 
 
 @attrs.frozen
@@ -252,7 +257,7 @@ class PartitionLog:
         ``flush`` returns a ``durable_end_offset`` beyond ``last_offset``.
         """
         self._check_writable()
-        view, size, delta = check_append_buffer(batch)
+        view, size, delta, max_timestamp = _check_append(batch)
         base = self.log_end_offset
         last = base + delta
         segment = self._segments[-1]
@@ -266,8 +271,9 @@ class PartitionLog:
         _batch.set_base_offset(view, base)
         if log_append_time:
             _batch.set_log_append_time(view, now_ms)
+            max_timestamp = now_ms
         try:
-            position = segment.append(view, base, last, _batch.max_timestamp(view), now_ms)
+            position = segment.append(view, base, last, max_timestamp, now_ms)
         except OSError as exc:
             raise self._go_offline("append", exc) from exc
         self.log_end_offset = last + 1
