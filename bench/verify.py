@@ -6,9 +6,13 @@ of a partition) encoded once with our codec, then copied with correlation ids,
 offsets, sequences and CRCs patched in place. Then, each in a subprocess with
 a time limit, runs the Spark job and a naive single-process pandas checker
 (bench-only baseline, below) on it, sampling the peak RSS of the process tree.
-Prints a table and writes JSON.
+Prints a table (frames/s excludes the Spark session start) with the job's phase
+seconds, and writes JSON.
 
-    .venv/bin/python bench/verify.py --frames 100000,1000000 --json out.json
+    .venv/bin/python bench/verify.py --frames 100000,1000000,2400000 --time-limit 300 \
+        --json out.json
+    .venv/bin/python bench/verify.py --frames 10000000 --engines spark \
+        --conf spark.driver.memory=1g --time-limit 600
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ PRODUCERS = 8
 PARTITIONS = 8
 FETCH_EVERY = 8
 ROWS_PER_FILE = 100_000
+#: Row groups as small as the broker tap's files (10 000 rows): Spark splits Parquet
+#: only at row groups, so this is what lets both cores read one file.
+ROWS_PER_GROUP = 10_000
 TIME_LIMIT_S = 60.0
 _I32, _I64, _U32 = struct.Struct(">i"), struct.Struct(">q"), struct.Struct(">I")
 SENTINEL = 0x0123456789AB
@@ -141,7 +148,12 @@ def write_capture(frames: int, directory: Path) -> int:
         arrays = [pa.array(list(v), f.type) for v, f in zip(values[:-1], schema, strict=False)]
         arrays.append(binary_column(list(values[-1])))
         table = pa.Table.from_arrays(arrays, schema=schema)
-        pq.write_table(table, directory / f"capture-b0-1-{files:06d}.parquet", compression="zstd")
+        pq.write_table(
+            table,
+            directory / f"capture-b0-1-{files:06d}.parquet",
+            compression="zstd",
+            row_group_size=ROWS_PER_GROUP,
+        )
         files += 1
         written += len(rows)
         rows.clear()
@@ -247,11 +259,13 @@ def pandas_baseline(directory: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------ running
 
 
-def spark_verify(directory: Path) -> dict[str, Any]:
-    from trio_broker.verify.job import spark_session, verify
+def spark_verify(directory: Path, conf: dict[str, str]) -> dict[str, Any]:
+    from trio_broker.verify.job import read_capture_files, spark_session, verify
 
     started = time.monotonic()
-    spark = spark_session("local[2]")
+    # As ``trio-broker verify`` does: the capture's size picks the JIT.
+    frames = read_capture_files(directory, warn=False).frames
+    spark = spark_session("local[2]", conf, frames=frames)
     session_s = time.monotonic() - started
     try:
         report = verify(spark, directory)
@@ -259,6 +273,7 @@ def spark_verify(directory: Path) -> dict[str, Any]:
         spark.stop()
     return {"violations": sum(c["violations"] for c in report["checks"].values()),
             "seconds": report["seconds"], "session_seconds": round(session_s, 2),
+            "phase_seconds": report["phase_seconds"],
             "acknowledged_batches": report["acknowledged_batches"]}  # fmt: skip
 
 
@@ -286,9 +301,10 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def measured(mode: str, directory: Path) -> dict[str, Any]:
+def measured(mode: str, directory: Path, time_limit: float, conf: list[str]) -> dict[str, Any]:
     """Run ``mode`` on ``directory`` in a subprocess (time-limited), sampling peak tree RSS."""
     cmd = [sys.executable, __file__, "--run", mode, str(directory)]
+    cmd += [f"--conf={c}" for c in conf]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     peak = 0
     done = threading.Event()
@@ -303,7 +319,7 @@ def measured(mode: str, directory: Path) -> dict[str, Any]:
     sampler.start()
     started = time.monotonic()
     try:
-        out, _ = proc.communicate(timeout=TIME_LIMIT_S)
+        out, _ = proc.communicate(timeout=time_limit)
         result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     except subprocess.TimeoutExpired:
         proc.kill()
@@ -319,39 +335,51 @@ def measured(mode: str, directory: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", default="100000,1000000")
+    parser.add_argument(
+        "--time-limit", type=float, default=TIME_LIMIT_S, help="seconds per engine run"
+    )
+    parser.add_argument("--engines", default="spark,pandas", help="comma-separated")
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", type=Path, help="write the captures here and keep them")
     parser.add_argument("--run", nargs=2, metavar=("MODE", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         mode, directory = args.run
-        fn = spark_verify if mode == "spark" else pandas_baseline
-        print(json.dumps(fn(Path(directory))))
+        if mode == "spark":
+            conf = dict(c.split("=", 1) for c in args.conf)
+            print(json.dumps(spark_verify(Path(directory), conf)))
+        else:
+            print(json.dumps(pandas_baseline(Path(directory))))
         return
     results = []
     print(f"{'frames':>9} {'engine':<7} {'check s':>8} {'frames/s':>9} {'wall s':>7} "
-          f"{'peak MiB':>9} {'violations':>10}")  # fmt: skip
+          f"{'peak MiB':>9} {'violations':>10}  phases s")  # fmt: skip
     for frames in (int(x) for x in args.frames.split(",")):
         base = args.keep or Path(tempfile.mkdtemp(prefix="bench-verify-", dir=ROOT / "bench"))
         directory = base / f"capture-{frames}"
         started = time.monotonic()
         rows = write_capture(frames, directory)
         generate_s = time.monotonic() - started
-        for mode in ("spark", "pandas"):
-            r = measured(mode, directory)
+        for mode in args.engines.split(","):
+            r = measured(mode, directory, args.time_limit, args.conf)
             r.update(engine=mode, frames=rows, generate_seconds=round(generate_s, 1))
             if not r.get("timeout"):
                 r["frames_per_s"] = round(rows / r["seconds"])
             results.append(r)
             rate = f"{r['frames_per_s']:>9}" if "frames_per_s" in r else f"{'timeout':>9}"
+            phases = " ".join(f"{k} {v}" for k, v in r.get("phase_seconds", {}).items())
             print(f"{rows:>9} {mode:<7} {r.get('seconds', float('nan')):>8.1f} {rate} "
                   f"{r['wall_seconds']:>7.1f} {r['peak_rss_mib']:>9} "
-                  f"{r.get('violations', '-'):>10}", flush=True)  # fmt: skip
+                  f"{r.get('violations', '-'):>10}  {phases}", flush=True)  # fmt: skip
         if args.keep is None:
             shutil.rmtree(base, ignore_errors=True)
     if args.json:
-        args.json.write_text(json.dumps({"machine_cores": os.cpu_count(), "results": results},
-                                        indent=2) + "\n")  # fmt: skip
+        summary = {"machine_cores": os.cpu_count(), "load_average": os.getloadavg(),
+                   "spark_conf": args.conf, "results": results}  # fmt: skip
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from trio_broker.verify.decode import FACT_DDL, decode_batches
 from trio_broker.verify.report import write_report
 from trio_broker.verify.stats import traffic_stats
@@ -26,14 +28,8 @@ EXAMPLES = 5
 
 #: Views built from the facts before the checks run (name -> SQL).
 VIEWS: dict[str, str] = {
-    # Topic ids (Produce v13 / Fetch v13+) resolved to names with Metadata responses.
-    "topic_names": """
-        SELECT DISTINCT note AS key, topic AS name FROM facts WHERE kind = 'topic_id'
-    """,
-    "named": """
-        SELECT f.*, coalesce(t.name, f.topic) AS tname
-        FROM facts f LEFT JOIN topic_names t ON f.topic = t.key
-    """,
+    # ``named`` (the facts with topic ids resolved to names, ``tname``) comes first: see
+    # named_view_sql.
     # Acknowledged produce batches: request batch joined to its response partition.
     "acked": """
         SELECT b.run, b.conn, b.corr, b.tname AS topic, b.partition,
@@ -60,6 +56,9 @@ VIEWS: dict[str, str] = {
         WHERE kind = 'fetch_request' GROUP BY run, conn, corr
     """,
 }
+
+#: Views cached before the checks run (each is read by several checks).
+MATERIALIZED = ("acked", "fetched")
 
 #: Each check once: name -> (what a violation means, SQL returning one row per violation
 #: with a ``violation`` kind column).
@@ -267,16 +266,34 @@ def _log(message: str) -> None:
     print(f"[verify] {message}", file=sys.stderr, flush=True)
 
 
-def spark_session(master: str, conf: dict[str, str] | None = None) -> Any:
-    """A session tuned for quick starts on small machines; ``conf`` adds Spark settings."""
+#: From this many frames on, the JVM keeps its optimising JIT compiler (C2): Spark's
+#: generated code then runs several times faster, which outweighs the compile time. Below
+#: it, C1 only (``-XX:TieredStopAtLevel=1``) starts and finishes small captures sooner.
+C2_FROM_FRAMES = 500_000
+#: Read splits aim at this many tasks per core, so every core decodes (Parquet splits only
+#: at row groups, so small files stay one task each).
+SPLITS_PER_CORE = 4
+
+
+def _local_cores(master: str) -> int:
+    if master.startswith("local[") and master[6:-1].isdigit():
+        return int(master[6:-1])
+    return 2
+
+
+def spark_session(
+    master: str, conf: dict[str, str] | None = None, *, frames: int | None = None
+) -> Any:
+    """A session tuned for small machines; ``conf`` adds Spark settings, ``frames`` (the
+    capture's size, when known) picks the JIT (see :data:`C2_FROM_FRAMES`)."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     log4j = Path(__file__).with_name("log4j2.properties")
-    java_opts = f"-XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile=file:{log4j}"
-    cores = 2
-    if master.startswith("local[") and master[6:-1].isdigit():
-        cores = int(master[6:-1])
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
+    if frames is None or frames < C2_FROM_FRAMES:
+        java_opts = f"-XX:TieredStopAtLevel=1 {java_opts}"
+    cores = _local_cores(master)
     builder = (
         SparkSession.builder.master(master)
         .appName("trio-broker-verify")
@@ -294,21 +311,57 @@ def spark_session(master: str, conf: dict[str, str] | None = None) -> Any:
     return builder.getOrCreate()
 
 
+@attrs.frozen
+class Capture:
+    """The readable capture files of a directory, with their row count and size from the
+    Parquet footers (no Spark job needed to count the frames)."""
+
+    files: list[str]
+    unreadable: list[str]
+    frames: int
+    size: int
+
+
+def read_capture_files(capture_dir: Path, *, warn: bool = True) -> Capture:
+    """Capture files whose Parquet footer reads, and those skipped (a file truncated by an
+    OS crash before the data reached the disk would otherwise fail the whole Spark job)."""
+    import pyarrow.parquet as pq
+
+    readable: list[str] = []
+    unreadable: list[str] = []
+    frames = size = 0
+    for path in sorted(Path(capture_dir).glob("*.parquet")):
+        try:
+            meta = pq.read_metadata(path)
+        except Exception as exc:  # any pyarrow error: not a complete Parquet file
+            if warn:
+                _log(f"warning: skipping unreadable capture file {path.name}: {exc}")
+            unreadable.append(path.name)
+        else:
+            readable.append(str(path))
+            frames += meta.num_rows
+            size += path.stat().st_size
+    return Capture(readable, unreadable, frames, size)
+
+
 def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
     """Run every check on the capture in ``capture_dir``; return the report as a dict."""
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     started = time.monotonic()
-    files, unreadable = _readable_files(Path(capture_dir))
-    if not files:
+    capture = read_capture_files(Path(capture_dir))
+    if not capture.files:
         raise FileNotFoundError(f"no capture Parquet files in {capture_dir}")
-    _log(f"reading {len(files)} capture files")
-    raw = spark.read.parquet(*files).withColumn(
+    frames = capture.frames
+    _log(f"{frames} frames in {len(capture.files)} capture files; decoding")
+    cores = int(spark.sparkContext.defaultParallelism)
+    split = max(1 << 20, min(128 << 20, capture.size // max(1, cores * SPLITS_PER_CORE)))
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(split))
+    raw = spark.read.parquet(*capture.files).withColumn(
         "run", F.regexp_extract(F.input_file_name(), r"([^/]+)-\d+\.parquet$", 1)
     )
     raw.drop("frame").createOrReplaceTempView("frames")
-    frames = raw.count()
-    _log(f"{frames} frames; decoding ({time.monotonic() - started:.1f} s)")
     facts = raw.select(
         "run", "connection_id", "monotonic_ns", "direction", "api_key", "api_version",
         "correlation_id", "frame_length", "frame",
@@ -320,16 +373,48 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
         F.col("monotonic_ns").alias("ts"),
         F.lit("fetch_request").alias("kind"),
     )
-    facts = facts.unionByName(fetch_requests, allowMissingColumns=True).cache()
+    # The one cached table: every frame is decoded once, by the count below. Spills to
+    # disk rather than failing when a big capture's facts outgrow the executor memory.
+    facts = facts.unionByName(fetch_requests, allowMissingColumns=True)
+    cached = [facts.persist(StorageLevel.MEMORY_AND_DISK)]
+    try:
+        return _verify_facts(spark, cached, capture, Path(capture_dir), started)
+    finally:
+        for frame in cached:
+            frame.unpersist()
+
+
+def _verify_facts(
+    spark: Any, cached: list[Any], capture: Capture, capture_dir: Path, started: float
+) -> dict[str, Any]:
+    """The checks and statistics over the cached facts (``cached[0]``); appends what else
+    it caches to ``cached`` for the caller to release."""
+    from pyspark import StorageLevel
+
+    facts = cached[0]
     facts.createOrReplaceTempView("facts")
     counts = {r["kind"]: r["count"] for r in facts.groupBy("kind").count().collect()}
+    phases = {"decode": time.monotonic() - started}
     _log(f"facts: {dict(sorted(counts.items()))} ({time.monotonic() - started:.1f} s)")
+    topic_names: list[tuple[str, str]] = []
+    if counts.get("topic_id"):
+        topic_names = [(r["key"], r["name"]) for r in spark.sql(
+            "SELECT DISTINCT note AS key, topic AS name FROM facts WHERE kind = 'topic_id'"
+        ).collect()]  # fmt: skip
+    spark.sql(named_view_sql(topic_names)).createOrReplaceTempView("named")
+    undecodable: list[dict[str, Any]] = []
+    if counts.get("undecodable"):
+        undecodable = [r.asDict() for r in spark.sql(
+            "SELECT run, conn, corr, note FROM facts WHERE kind = 'undecodable' LIMIT 5"
+        ).collect()]  # fmt: skip
     for name, sql in VIEWS.items():
         spark.sql(sql).createOrReplaceTempView(name)
-    spark.table("named").cache()
-    undecodable = [r.asDict() for r in spark.sql(
-        "SELECT run, conn, corr, note FROM facts WHERE kind = 'undecodable' LIMIT 5"
-    ).collect()]  # fmt: skip
+    # The checks read ``acked`` five times and ``fetched`` four: cached, each is computed
+    # once (inlined, every reference was its own join or aggregation, with its shuffles).
+    for name in MATERIALIZED:
+        cached.append(spark.table(name).persist(StorageLevel.MEMORY_AND_DISK))
+    acked = cached[-2].count()
+    cached[-1].count()
     _log(f"running {len(CHECKS)} checks: {', '.join(CHECKS)}")
     results: dict[str, Any] = {
         name: {"meaning": meaning, "violations": 0, "by_kind": {}, "examples": []}
@@ -342,46 +427,51 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
             check["violations"] += row["n"]
         if len(check["examples"]) < EXAMPLES:
             check["examples"].append(json.loads(row["example"]))
+    phases["checks"] = time.monotonic() - started - sum(phases.values())
     _log(f"checks done ({time.monotonic() - started:.1f} s); latency and throughput")
     traffic = traffic_stats(spark)
-    acked = spark.table("acked").count()
+    phases["stats"] = time.monotonic() - started - sum(phases.values())
+    _log(f"statistics done ({time.monotonic() - started:.1f} s)")
     dropped = 0
-    for stats in Path(capture_dir).glob("*.stats.json"):
+    for stats in capture_dir.glob("*.stats.json"):
         try:
             dropped += int(json.loads(stats.read_text()).get("dropped", 0))
         except (OSError, ValueError):
             pass
     return {
         "capture_dir": str(capture_dir),
-        "frames": frames,
+        "frames": capture.frames,
         "facts": counts,
         "acknowledged_batches": acked,
         "frames_dropped_by_capture": dropped,
-        "unreadable_files": unreadable,
+        "unreadable_files": capture.unreadable,
         "undecodable_examples": [_plain(u) for u in undecodable],
         "checks": results,
         "stats": traffic,
         "ok": all(c["violations"] == 0 for c in results.values()),
         "seconds": round(time.monotonic() - started, 2),
+        # decode: reading and decoding every frame into the cached facts; checks: the
+        # checks query (and topic names, undecodable examples); stats: traffic_stats.
+        "phase_seconds": {name: round(seconds, 2) for name, seconds in phases.items()},
     }
 
 
-def _readable_files(capture_dir: Path) -> tuple[list[str], list[str]]:
-    """Capture files whose Parquet footer reads, and those skipped (a file truncated by an
-    OS crash before the data reached the disk would otherwise fail the whole Spark job)."""
-    import pyarrow.parquet as pq
+def named_view_sql(topic_names: list[tuple[str, str]]) -> str:
+    """The facts with ``tname``: the topic name, also for facts that name their topic by id
+    (Produce v13, Fetch v13+), looked up in the distinct (``id:…``, name) pairs of the
+    Metadata responses. The pairs are few: an inline table, broadcast, so naming the
+    facts never shuffles them; without any, a projection."""
+    if not topic_names:
+        return "SELECT *, topic AS tname FROM facts"
+    rows = ", ".join(f"({_sql_string(key)}, {_sql_string(name)})" for key, name in topic_names)
+    return f"""
+        SELECT /*+ BROADCAST(t) */ f.*, coalesce(t.name, f.topic) AS tname
+        FROM facts f LEFT JOIN (VALUES {rows}) AS t(key, name) ON f.topic = t.key
+    """
 
-    readable: list[str] = []
-    unreadable: list[str] = []
-    for path in sorted(capture_dir.glob("*.parquet")):
-        try:
-            pq.read_metadata(path)
-        except Exception as exc:  # any pyarrow error: not a complete Parquet file
-            _log(f"warning: skipping unreadable capture file {path.name}: {exc}")
-            unreadable.append(path.name)
-        else:
-            readable.append(str(path))
-    return readable, unreadable
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def all_checks_sql() -> str:
@@ -447,7 +537,8 @@ def run_verify(capture_dir: Path, *, master: str = "local[2]", report_dir: Path 
         print(f"trio-broker: {capture_dir} is not a directory", file=sys.stderr)
         return 2
     _log(f"starting Spark ({master})")
-    spark = spark_session(master)
+    frames = read_capture_files(Path(capture_dir), warn=False).frames
+    spark = spark_session(master, frames=frames)
     try:
         report = verify(spark, Path(capture_dir))
     except FileNotFoundError as exc:

@@ -1,8 +1,8 @@
 """Traffic statistics for the verify report: latency percentiles and a throughput timeline.
 
-Not checks (nothing here is a violation): each is one Spark SQL query over the
-``frames`` view (capture rows without the frame bytes), pairing a request with
-its response on (run, connection, correlation id). Latency is the capture's
+Not checks (nothing here is a violation): Spark SQL over the ``frames`` view
+(capture rows without the frame bytes), pairing a request with its response on
+(run, connection, correlation id) once, then three small queries. Latency is the capture's
 view: from decoding the request to encoding its response on the broker (for a
 pcap import, first request byte to last response byte).
 """
@@ -24,10 +24,35 @@ TIMELINE_BUCKETS = 120
 #: Rows kept of the per-client latency table.
 CLIENT_ROWS = 40
 
+#: Requests paired with their responses. One aggregation over the frames instead of a
+#: self-join (which shuffled and sorted both sides): a (run, connection, correlation id,
+#: API) key seen once in each direction is a pair; the rare keys seen more often (a reused
+#: correlation id) are paired as the join would, every request with every response, by
+#: joining only the frames of those keys.
 LATENCY_PAIRS = """
+    WITH k AS (
+      SELECT run, connection_id, correlation_id, api_key,
+             count_if(direction = 'request') AS requests,
+             count_if(direction = 'response') AS responses,
+             max(CASE WHEN direction = 'request' THEN monotonic_ns END) AS q_ns,
+             max(CASE WHEN direction = 'response' THEN monotonic_ns END) AS p_ns,
+             max(CASE WHEN direction = 'request' THEN coalesce(client_id, '') END) AS client_id
+      FROM frames GROUP BY run, connection_id, correlation_id, api_key
+    ),
+    many AS (
+      SELECT run, connection_id, correlation_id, api_key FROM k
+      WHERE requests > 0 AND responses > 0 AND (requests > 1 OR responses > 1)
+    ),
+    f AS (SELECT /*+ BROADCAST(m) */ f.* FROM frames f
+          LEFT SEMI JOIN many m
+            ON f.run = m.run AND f.connection_id = m.connection_id
+           AND f.correlation_id = m.correlation_id AND f.api_key = m.api_key)
+    SELECT api_key, client_id, CAST((p_ns - q_ns) / 1e6 AS DOUBLE) AS ms
+    FROM k WHERE requests = 1 AND responses = 1
+    UNION ALL
     SELECT q.api_key, coalesce(q.client_id, '') AS client_id,
            CAST((p.monotonic_ns - q.monotonic_ns) / 1e6 AS DOUBLE) AS ms
-    FROM frames q JOIN frames p
+    FROM f q JOIN f p
       ON q.direction = 'request' AND p.direction = 'response' AND q.run = p.run
      AND q.connection_id = p.connection_id AND q.correlation_id = p.correlation_id
      AND q.api_key = p.api_key
@@ -39,11 +64,10 @@ _PERCENTILES = """
     max(ms) AS max_ms
 """
 
-LATENCY_BY_API = f"SELECT api_key, {_PERCENTILES} FROM latency GROUP BY api_key ORDER BY api_key"
-
-LATENCY_BY_CLIENT = f"""
-    SELECT client_id, api_key, {_PERCENTILES} FROM latency
-    GROUP BY client_id, api_key ORDER BY requests DESC, client_id, api_key LIMIT {CLIENT_ROWS}
+#: Percentiles per API and per (client id, API) in one pass over the latency table.
+LATENCY_GROUPS = f"""
+    SELECT grouping(client_id) AS per_api, client_id, api_key, {_PERCENTILES}
+    FROM latency GROUP BY GROUPING SETS ((api_key), (client_id, api_key))
 """
 
 LATENCY_HISTOGRAM = f"""
@@ -71,24 +95,41 @@ def api_name(key: int) -> str:
     return API_NAMES.get(key, f"api_{key}")
 
 
-def _latency_row(row: Any) -> dict[str, Any]:
+def _latency_row(row: Any, *, per_client: bool) -> dict[str, Any]:
     p = row["p"] or [None, None, None]
     out = {
         "api_key": row["api_key"], "api": api_name(row["api_key"]), "requests": row["requests"],
         "p50_ms": p[0], "p99_ms": p[1], "p999_ms": p[2], "max_ms": row["max_ms"],
     }  # fmt: skip
-    if "client_id" in row.asDict():
+    if per_client:
         out = {"client_id": row["client_id"], **out}
     return out
 
 
 def traffic_stats(spark: Any) -> dict[str, Any]:
-    """Needs the ``frames`` view; registers ``latency``. Returns plain JSON-able data."""
-    spark.sql(LATENCY_PAIRS).createOrReplaceTempView("latency")
-    by_api = [_latency_row(r) for r in spark.sql(LATENCY_BY_API).collect()]
-    by_client = [_latency_row(r) for r in spark.sql(LATENCY_BY_CLIENT).collect()]
+    """Needs the ``frames`` view; registers ``latency``. Returns plain JSON-able data.
+
+    The request/response pairing (the one shuffle of all frames here) runs once: its
+    small result is cached for the percentile and histogram queries.
+    """
+    latency = spark.sql(LATENCY_PAIRS).cache()
+    latency.createOrReplaceTempView("latency")
+    try:
+        groups = spark.sql(LATENCY_GROUPS).collect()
+        buckets = spark.sql(LATENCY_HISTOGRAM).collect()
+    finally:
+        spark.catalog.dropTempView("latency")
+        latency.unpersist()
+    by_api = sorted(
+        (_latency_row(r, per_client=False) for r in groups if r["per_api"]),
+        key=lambda r: r["api_key"],
+    )
+    by_client = sorted(
+        (_latency_row(r, per_client=True) for r in groups if not r["per_api"]),
+        key=lambda r: (-r["requests"], r["client_id"], r["api_key"]),
+    )[:CLIENT_ROWS]
     histograms: dict[str, list[list[float]]] = {}
-    for r in spark.sql(LATENCY_HISTOGRAM).collect():
+    for r in buckets:
         low = 10 ** (r["bucket"] / BUCKETS_PER_DECADE)
         histograms.setdefault(api_name(r["api_key"]), []).append([low, r["n"]])
     timeline = [r.asDict() for r in spark.sql(TIMELINE).collect()]
