@@ -76,6 +76,17 @@ class _Reader:
             data = np.concatenate([data, np.zeros(64, np.uint8)])
         self.data = data
         self.bad = np.zeros(rows, bool)
+        self._windows: dict[int, Array] = {}
+
+    def at(self, pos: Array, width: int) -> Array:
+        """The ``width`` bytes at each of ``pos`` (all in bounds), (n, width) uint8.
+
+        Rows of a strided window view: no (n, width) index array is built."""
+        windows = self._windows.get(width)
+        if windows is None:
+            windows = np.lib.stride_tricks.sliding_window_view(self.data, width)
+            self._windows[width] = windows
+        return windows[pos]
 
     def fail(self, rows: Array, mask: Array) -> None:
         if mask.any():
@@ -88,8 +99,7 @@ class _Reader:
         """The ``width`` bytes at each cursor, (n, width) uint8."""
         short = pos + width > end
         self.fail(rows, short)
-        at = np.where(short, 0, pos)
-        return self.data[at[:, None] + np.arange(width)]
+        return self.at(np.where(short, 0, pos), width)
 
     def int(self, rows: Array, pos: Array, end: Array, dtype: str) -> tuple[Array, Array]:
         width = np.dtype(dtype).itemsize
@@ -227,7 +237,7 @@ class _Topics:
         starts = np.where(good, np.concatenate(self.starts), 0)
         sizes = np.where(good, np.concatenate(self.sizes), 0)
         if self.by_id:
-            raw = reader.data[starts[:, None] + np.arange(16)]
+            raw = reader.at(starts, 16)
             digits = np.empty((raw.shape[0], 32), np.uint8)
             digits[:, 0::2] = _HEX[raw >> 4]
             digits[:, 1::2] = _HEX[raw & 15]
@@ -283,47 +293,52 @@ def _batches(
     reader: _Reader, facts: _Facts, kind: str, rows: Array, topic: Array, part: Array,
     start: Array, size: Array,
 ) -> None:  # fmt: skip
-    """Split record blobs into batches as ``split_batches`` does (a partial tail is left)."""
+    """Split record blobs into batches as ``split_batches`` does (a partial tail is left).
+
+    The walk only follows the length chain; the headers are read afterwards, all at once.
+    """
     cur = start.copy()
     stop = start + size
-    idx = np.zeros(rows.size, np.int64)
-    live = reader.good(rows) & (stop - cur >= LENGTH_OVERHEAD)
-    active = np.flatnonzero(live)
+    active = np.flatnonzero(reader.good(rows) & (stop - cur >= LENGTH_OVERHEAD))
+    found: list[tuple[Array, Array, int]] = []  # (entries, batch positions, index)
     k = 0
     while active.size:
         r, at = rows[active], cur[active]
-        length = _be(reader.data[(at + 8)[:, None] + np.arange(4)], ">i4")
+        length = _be(reader.at(at + 8, 4), ">i4")
         reader.fail(r, length < MIN_BATCH_LENGTH)  # the reference raises
         whole = (length >= MIN_BATCH_LENGTH) & (length + LENGTH_OVERHEAD <= stop[active] - at)
-        active, r, at, length = active[whole], r[whole], at[whole], length[whole]
-        head = reader.data[at[:, None] + np.arange(BATCH_HEADER)]
-        lod = _be(head[:, 23:27], ">i4")
-        cols = {
-            "row": r, "topic": topic[active], "partition": part[active], "idx": idx[active],
-            "crc": _be(head[:, 17:21], ">u4"), "producer_id": _be(head[:, 43:51], ">i8"),
-            "producer_epoch": _be(head[:, 51:53], ">i2"),
-            "base_sequence": _be(head[:, 53:57], ">i4"),
-        }  # fmt: skip
-        if kind == "produce_batch":
-            reader.fail(r, lod == INT32_MAX)  # lastOffsetDelta + 1 overflows int32
-            cols["record_count"] = lod + 1
-        else:
-            base = _be(head[:, 0:8], ">i8")
-            overflow = ((lod > 0) & (base > INT64_MAX - lod)) | (
-                (lod < 0) & (base < INT64_MIN - lod)
-            )
-            reader.fail(r, overflow)  # the last offset would not fit int64
-            cols["offset"] = base
-            cols["last_offset"] = base + lod
-            cols["record_count"] = _be(head[:, 57:61], ">i4")
-        facts.add(kind, **cols)
+        active, at, length = active[whole], at[whole], length[whole]
+        found.append((active, at, k))
         cur[active] = at + length + LENGTH_OVERHEAD
-        idx[active] += 1
         active = active[stop[active] - cur[active] >= LENGTH_OVERHEAD]
         active = active[reader.good(rows[active])]
         k += 1
         if _long_tail(reader, rows[active], k):
-            return
+            break
+    if not found:
+        return
+    entry = np.concatenate([e for e, _, _ in found])
+    at = np.concatenate([a for _, a, _ in found])
+    idx = np.concatenate([np.full(e.size, i) for e, _, i in found])
+    head = reader.at(at, BATCH_HEADER)
+    r = rows[entry]
+    lod = _be(head[:, 23:27], ">i4")
+    cols = {
+        "row": r, "topic": topic[entry], "partition": part[entry], "idx": idx,
+        "crc": _be(head[:, 17:21], ">u4"), "producer_id": _be(head[:, 43:51], ">i8"),
+        "producer_epoch": _be(head[:, 51:53], ">i2"), "base_sequence": _be(head[:, 53:57], ">i4"),
+    }  # fmt: skip
+    if kind == "produce_batch":
+        reader.fail(r, lod == INT32_MAX)  # lastOffsetDelta + 1 overflows int32
+        cols["record_count"] = lod + 1
+    else:
+        base = _be(head[:, 0:8], ">i8")
+        overflow = ((lod > 0) & (base > INT64_MAX - lod)) | ((lod < 0) & (base < INT64_MIN - lod))
+        reader.fail(r, overflow)  # the last offset would not fit int64
+        cols["offset"] = base
+        cols["last_offset"] = base + lod
+        cols["record_count"] = _be(head[:, 57:61], ">i4")
+    facts.add(kind, **cols)
 
 
 # ------------------------------------------------------------------ the three layouts
@@ -570,7 +585,8 @@ def _fact_batches(batch: Any, facts: _Facts, corr: Array, bad: Array, schema: An
     for kind, chunks in facts.parts.items():
         cols = {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
         keep = ~bad[cols["row"]]
-        cols = {name: values[keep] for name, values in cols.items()}
+        if not keep.all():  # facts of frames that failed after them
+            cols = {name: values[keep] for name, values in cols.items()}
         rows = cols.pop("row")
         n = rows.size
         arrays: dict[str, Any] = {
