@@ -97,7 +97,8 @@ def write_mixed_capture(frames: int, directory: Path, seed: int = 7) -> int:
             v = rnd.randrange(3, 14)
             topics = [P.TopicProduceData(name=n, topic_id=t, partition_data=[
                 P.TopicProduceData.PartitionProduceData(index=j, records=records(rnd.randint(1, 3)))
-                for j in range(rnd.randint(1, 4))]) for n, t in (topic() for _ in range(rnd.randint(1, 3)))]  # fmt: skip
+                for j in range(rnd.randint(1, 4))])
+                for n, t in (topic() for _ in range(rnd.randint(1, 3)))]  # fmt: skip
             body = P(acks=-1, timeout_ms=1000, topic_data=topics)
             templates.append(("request", 0, v, encode_request(0, v, i, "mixed", body)[4:]))
         elif kind == "ack":
@@ -122,7 +123,7 @@ def write_mixed_capture(frames: int, directory: Path, seed: int = 7) -> int:
     metadata = m.MetadataResponse(
         topics=[T(name=f"topic-{j}", topic_id=uuid.UUID(int=j + 1)) for j in range(20)]
     )
-    templates += [("response", 3, 12, join(encode_response(3, 12, 0, metadata))[4:])] * 20  # fmt: skip
+    templates += [("response", 3, 12, join(encode_response(3, 12, 0, metadata))[4:])] * 20
     rows = [templates[i % len(templates)] for i in range(frames)]
     rnd.shuffle(rows)
     directory.mkdir(parents=True, exist_ok=True)

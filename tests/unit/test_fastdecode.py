@@ -135,7 +135,7 @@ def produce_request(draw: Any, version: int) -> bytes:
             for _ in range(draw(st.integers(0, 3)))
         ]
         topics.append(
-            P.TopicProduceData(name=draw(names), topic_id=uuid.UUID(int=draw(st.integers(0, 2**128 - 1))),
+            P.TopicProduceData(name=draw(names), topic_id=draw(st.uuids()),
                                partition_data=parts)
         )  # fmt: skip
     body = P(
@@ -165,7 +165,7 @@ def produce_response(draw: Any, version: int) -> bytes:
                 part.current_leader = PPR.LeaderIdAndEpoch(leader_id=1, leader_epoch=2)
             parts.append(part)
         topics.append(
-            PR.TopicProduceResponse(name=draw(names), topic_id=uuid.UUID(int=draw(st.integers(0, 2**128 - 1))),
+            PR.TopicProduceResponse(name=draw(names), topic_id=draw(st.uuids()),
                                     partition_responses=parts)
         )  # fmt: skip
     body = PR(responses=topics, throttle_time_ms=draw(st.integers(0, 100)))
@@ -194,7 +194,7 @@ def fetch_response(draw: Any, version: int) -> bytes:
                 part.current_leader = PD.LeaderIdAndEpoch(leader_id=1, leader_epoch=2)
             parts.append(part)
         topics.append(
-            F.FetchableTopicResponse(topic=draw(names), topic_id=uuid.UUID(int=draw(st.integers(0, 2**128 - 1))),
+            F.FetchableTopicResponse(topic=draw(names), topic_id=draw(st.uuids()),
                                      partitions=parts)
         )  # fmt: skip
     body = F(throttle_time_ms=0, error_code=0, session_id=draw(int32), responses=topics)
@@ -292,8 +292,9 @@ def test_plain_frames_take_the_fast_path(direction: str, key: int, version: int)
         frame = encode_request(0, version, 77, "client", body)[4:]
     elif key == 0:
         PPR = PR.TopicProduceResponse.PartitionProduceResponse
-        body = PR(responses=[PR.TopicProduceResponse(name="orders", topic_id=topic_id,
-                  partition_responses=[PPR(index=i, base_offset=10 * i) for i in range(3)])])  # fmt: skip
+        acks = [PPR(index=i, base_offset=10 * i) for i in range(3)]
+        body = PR(responses=[PR.TopicProduceResponse(
+            name="orders", topic_id=topic_id, partition_responses=acks)])  # fmt: skip
         frame = _join(encode_response(0, version, 77, body))[4:]
     else:
         PD = F.FetchableTopicResponse.PartitionData
@@ -327,9 +328,9 @@ def test_compacted_produce_requests_decode_like_whole_ones() -> None:
     )
     rows, compact_rows = [], []
     for version in (3, 9, 13):
+        part = P.TopicProduceData.PartitionProduceData(index=0, records=records)
         body = P(acks=-1, timeout_ms=5, topic_data=[P.TopicProduceData(
-            name="t", topic_id=uuid.UUID(int=1),
-            partition_data=[P.TopicProduceData.PartitionProduceData(index=0, records=records)])])  # fmt: skip
+            name="t", topic_id=uuid.UUID(int=1), partition_data=[part])])  # fmt: skip
         frame = encode_request(0, version, version, "c", body)[4:]
         compact = compact_produce_request(frame)
         assert len(compact) < len(frame)
