@@ -264,6 +264,15 @@ def captures(draw: Any) -> list[Row]:
     elif extra == "noise":
         direction, key, version = draw(st.sampled_from(KINDS))
         rows.append(_row(direction, key, version, draw(st.binary(max_size=40))))
+    for row in draw(st.lists(st.sampled_from(rows), max_size=4)):
+        # The same frame again with another correlation id (a periodic request, say).
+        frame, at = row["frame"], 4 if row["direction"] == "request" else 0
+        if frame is not None and len(frame) >= at + 4:
+            corr = draw(int32)
+            frame = frame[:at] + corr.to_bytes(4, "big", signed=True) + frame[at + 4 :]
+            rows.append(
+                dict(row, frame=frame, correlation_id=corr, connection_id=9, monotonic_ns=11)
+            )
     return draw(st.permutations(rows))
 
 
@@ -304,6 +313,17 @@ def test_plain_frames_take_the_fast_path(direction: str, key: int, version: int)
                              for i in range(3)])])  # fmt: skip
         frame = _join(encode_response(1, version, 77, body))[4:]
     rows = [_row(direction, key, version, frame, corr=77) for _ in range(3)]
+    # Without its last byte (the body's tagged fields or, in older versions, a field):
+    # a prefix capture gives nothing, a whole frame of that length is undecodable.
+    short = dict(rows[0], frame=frame[:-1])
+    _same_facts([short, dict(short, frame_length=len(frame) - 1)])
+    assert Counter(f[4] for f in _fast(_arrow([short]))) == {}
+    assert Counter(f[4] for f in _fast(_arrow([dict(short, frame_length=len(frame) - 1)]))) == {
+        "undecodable": 1
+    }
+    # Every prefix, as a prefix capture and as a whole (undecodable) frame.
+    prefixes = [dict(rows[0], frame=frame[:k]) for k in range(len(frame))]
+    _same_facts(prefixes + [dict(r, frame_length=len(r["frame"])) for r in prefixes])
     stats = _same_facts(rows)
     assert stats == {"rows": 3, "fast": 3, "reference": 0}
     facts = [f for b in decode_batches(iter([_arrow(rows)])) for f in b.to_pylist()]
@@ -386,7 +406,7 @@ def test_rows_the_reference_must_decode() -> None:
         _row("response", 0, 9, None),
     ]
     stats = _same_facts(rows)
-    assert stats == {"rows": 5, "fast": 0, "reference": 4}
+    assert stats == {"rows": 5, "fast": 0, "reference": 4, "copied": 0}
     kinds = Counter(fact[4] for fact in _reference(_arrow(rows)).elements())
     assert kinds == {"topic_id": 1, "undecodable": 2}
 
@@ -407,7 +427,7 @@ def test_varints_longer_than_five_bytes_are_the_references() -> None:
         _row("request", 0, 9, _flexible_produce_request(b"\x81\x80\x80\x80\x80\x00")),
     ]
     stats = _same_facts(rows)
-    assert stats == {"rows": 3, "fast": 2, "reference": 1}
+    assert stats == {"rows": 3, "fast": 2, "reference": 1, "copied": 0}
     kinds = Counter(fact[4] for fact in _reference(_arrow(rows)).elements())
     assert kinds == {"undecodable": 1}
 
@@ -478,6 +498,34 @@ def test_invalid_utf8_and_mismatched_headers_go_to_the_reference() -> None:
         _row("response", 0, 9, ack.replace(b"tZ", "é".encode())),  # valid UTF-8: decodes
     ]
     stats = _same_facts(rows)
-    assert stats == {"rows": 6, "fast": 0, "reference": 6}
+    assert stats == {"rows": 6, "fast": 0, "reference": 6, "copied": 0}
     kinds = Counter(fact[4] for fact in _reference(_arrow(rows)).elements())
     assert kinds == {"produce_batch": 2, "undecodable": 3, "produce_ack": 1}
+
+
+def _with_corr(row: Row, corr: int, conn: int) -> Row:
+    at = 4 if row["direction"] == "request" else 0
+    frame = row["frame"][:at] + corr.to_bytes(4, "big", signed=True) + row["frame"][at + 4 :]
+    return dict(row, frame=frame, correlation_id=corr + 1, connection_id=conn, monotonic_ns=conn)
+
+
+def test_repeated_frames_are_decoded_once_by_the_reference() -> None:
+    """Rows the reference decodes and that repeat a frame but for its correlation id
+    (Metadata refreshes, garbage) get that frame's facts with their own ids."""
+    metadata = _row("response", 3, 12, metadata_response(12))
+    garbage = _row("request", 0, 9, b"\x00\x00\x00\x09\x00\x00\x00\x01junk")
+    cut = dict(_row("response", 3, 12, metadata_response(12)[:30]), frame_length=99)
+    rows = [_with_corr(r, corr, conn) for r in (metadata, garbage, cut) for corr, conn in
+            ((1, 1), (2, 2), (2, 3))]  # fmt: skip
+    # Not copies: the frame is whole (undecodable, not a prefix); a byte after the id differs.
+    tagged = metadata["frame"][:4] + b"\x01" + metadata["frame"][5:]
+    others = [dict(rows[-1], frame_length=30), dict(rows[0], frame=tagged)]
+    assert _same_facts(others + rows) == {"rows": 11, "fast": 0, "reference": 11, "copied": 6}
+    stats = _same_facts(rows)
+    assert stats == {"rows": 9, "fast": 0, "reference": 9, "copied": 6}
+    facts = _fast(_arrow(rows))
+    assert {(f[1], f[2]) for f in facts if f[4] == "topic_id"} == {(1, 1), (2, 2), (3, 2)}
+    # An undecodable fact carries the row's correlation id, not the frame's.
+    assert {(f[1], f[2]) for f in facts if f[4] == "undecodable"} == {(1, 2), (2, 3), (3, 3)}
+    with_null = [*rows, dict(metadata, connection_id=None)]
+    assert _same_facts(with_null)["copied"] == 0  # a null id anywhere: no copies

@@ -387,6 +387,8 @@ def _produce_requests(
         if flex:
             p = reader.no_tags(r, p, e)
         pos[t] = p
+    if flex:
+        pos = reader.no_tags(rows, pos, end)
     # Trailing bytes after the body are allowed in requests (decode_request).
     ids = facts.add_topics(table.keys(reader))
     if segments:
@@ -522,8 +524,9 @@ def decode_batch(batch: Any, stats: dict[str, int] | None = None) -> list[Any]:
     """Fact record batches (:func:`~trio_broker.verify.decode.fact_schema`) for one
     record batch of capture rows (the :data:`~trio_broker.verify.decode.NEEDED_COLUMNS`).
 
-    ``stats``, if given, counts ``rows``, ``fast`` (rows decoded here) and ``reference``
-    (rows handed to ``decode_rows``).
+    ``stats``, if given, counts ``rows``, ``fast`` (rows decoded here), ``reference``
+    (rows left to the reference) and ``copied`` (of those, rows whose facts were copied
+    from an identical frame's).
     """
     schema = fact_schema()
     n = batch.num_rows
@@ -571,10 +574,72 @@ def decode_batch(batch: Any, stats: dict[str, int] | None = None) -> list[Any]:
         stats["fast"] = stats.get("fast", 0) + int((fast & ~reader.bad).sum())
         stats["reference"] = stats.get("reference", 0) + int(slow.size)
     if slow.size:
-        subset = batch.take(pa.array(slow))
-        columns = {name: _column(subset, name).to_pylist() for name in NEEDED_COLUMNS}
-        out.append(pa.RecordBatch.from_pydict(decode_rows(columns), schema=schema))
+        out.append(_reference_facts(batch.take(pa.array(slow)), schema, stats))
     return out
+
+
+def _reference_facts(subset: Any, schema: Any, stats: dict[str, int] | None) -> Any:
+    """``decode_rows`` on rows the fast path left, once per distinct frame.
+
+    Frames that differ only in their correlation id (a client's periodic Metadata
+    refreshes, say) give the same facts but for ``run``, ``conn``, ``ts`` and ``corr``:
+    the reference decodes one of them and its facts are copied for the others, with
+    their own ``corr`` (the frame's, or the row's for an ``undecodable`` fact, as in
+    ``decode_rows``). The copies are exact: nothing the codec reports depends on the
+    correlation id's value.
+    """
+    columns = {name: _column(subset, name).to_pylist() for name in NEEDED_COLUMNS}
+    if stats is not None:
+        stats.setdefault("copied", 0)
+    if any(_column(subset, name).null_count for name in NEEDED_COLUMNS):  # not copied
+        return pa.RecordBatch.from_pydict(decode_rows(columns), schema=schema)
+    n = subset.num_rows
+    first: dict[Any, int] = {}
+    source = np.arange(n)  # the row whose decoded facts each row takes
+    frame_corr = np.zeros(n, np.int64)
+    for i, frame in enumerate(columns["frame"]):
+        at = 4 if columns["direction"][i] == "request" else 0
+        if len(frame) < at + 4:
+            continue
+        key = (
+            columns["direction"][i], columns["api_key"][i], columns["api_version"][i],
+            len(frame) < columns["frame_length"][i], frame[:at], frame[at + 4 :],
+        )  # fmt: skip
+        source[i] = first.setdefault(key, i)
+        frame_corr[i] = int.from_bytes(frame[at : at + 4], "big", signed=True)
+    copies = np.flatnonzero(source != np.arange(n))
+    if stats is not None:
+        stats["copied"] = stats.get("copied", 0) + int(copies.size)
+    if not copies.size:
+        return pa.RecordBatch.from_pydict(decode_rows(columns), schema=schema)
+    decoded = np.flatnonzero(source == np.arange(n))
+    # The decoded rows' position as their connection id, to tell whose facts are whose.
+    picked = {name: [columns[name][i] for i in decoded] for name in NEEDED_COLUMNS}
+    picked["connection_id"] = decoded.tolist()
+    facts = pa.RecordBatch.from_pydict(decode_rows(picked), schema=schema)
+    owner = facts.column("conn").to_numpy()
+    order = np.argsort(owner, kind="stable")
+    per_row = np.bincount(owner, minlength=n)
+    starts = np.zeros(n, np.int64)
+    np.cumsum(per_row[:-1], out=starts[1:])
+    counts = per_row[source]
+    row = np.repeat(np.arange(n), counts)
+    nth = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    facts = facts.take(pa.array(order[np.repeat(starts[source], counts) + nth]))
+    own = source[row] == row
+    undecodable = pc.equal(facts.column("kind"), "undecodable").to_numpy(zero_copy_only=False)
+    row_corr = np.asarray(columns["correlation_id"], np.int64)[row]
+    corr = np.where(own, facts.column("corr").to_numpy(zero_copy_only=False), frame_corr[row])
+    corr = np.where(undecodable & ~own, row_corr, corr)
+    replaced = {
+        "run": _column(subset, "run").take(pa.array(row)).cast(pa.string()),
+        "conn": pa.array(np.asarray(columns["connection_id"], np.int64)[row]),
+        "ts": pa.array(np.asarray(columns["monotonic_ns"], np.int64)[row]),
+        "corr": pa.array(corr.astype(np.int32)),
+    }
+    return pa.RecordBatch.from_arrays(
+        [replaced.get(f.name, facts.column(f.name)) for f in schema], schema=schema
+    )
 
 
 def _fact_batches(batch: Any, facts: _Facts, corr: Array, bad: Array, schema: Any) -> Any:
