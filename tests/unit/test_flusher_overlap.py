@@ -68,14 +68,13 @@ async def next_start(starts: queue.Queue[tuple[str, int]]) -> tuple[str, int]:
 class Waiters:
     """acks=all waiters as tasks; ``outcomes[offset]`` is "ok" or the error.
 
-    Offsets of logs other than the first one used get the log's name as a prefix.
+    Offsets of a log not named "log" get its name as a prefix.
     """
 
     def __init__(self, flusher: Flusher, nursery: trio.Nursery) -> None:
         self.flusher = flusher
         self.nursery = nursery
         self.outcomes: dict[int | str, str] = {}
-        self._first: ScriptedLog | None = None
         self.changed = trio.Event()
 
     def append(self, log: ScriptedLog) -> int:
@@ -85,8 +84,7 @@ class Waiters:
         return offset
 
     async def _wait(self, log: ScriptedLog, offset: int) -> None:
-        self._first = self._first or log
-        key: int | str = offset if log is self._first else f"{log.name}:{offset}"
+        key: int | str = offset if log.name == "log" else f"{log.name}:{offset}"
         try:
             await self.flusher.wait_durable(log, offset)
             self.outcomes[key] = "ok"
@@ -203,7 +201,7 @@ async def test_the_chain_yields_the_thread_to_a_log_waiting_for_one() -> None:
         assert await next_start(starts) == ("hot", 2)
         hot.verdicts.put("ok")
         await waiters.until(lambda: len(waiters.outcomes) == 3)
-        assert waiters.outcomes == {0: "ok", 1: "ok", "cold:0": "ok"}
+        assert waiters.outcomes == {"hot:0": "ok", "hot:1": "ok", "cold:0": "ok"}
         nursery.cancel_scope.cancel()
     assert starts.empty()
 
@@ -267,3 +265,38 @@ async def test_acks1_appends_during_a_sync_are_synced_by_flush_ms_after_it() -> 
         await waiters.until(lambda: waiters.outcomes == {0: "ok"})
         nursery.cancel_scope.cancel()
     assert log.durable_end_offset == 2
+
+
+async def test_writers_a_sync_releases_get_their_next_appends_into_one_sync() -> None:
+    # Strict acks=all writers append again as soon as they are released: the next
+    # sync starts after all of them had their turn, not with the first one's append.
+    log = ScriptedLog()
+    flusher = Flusher()
+    rounds_done: list[int] = []
+    all_done = trio.Event()
+
+    async def writer(rounds: int) -> None:
+        for _ in range(rounds):
+            offset = log.append()
+            flusher.mark_dirty(log)
+            await flusher.wait_durable(log, offset)
+        rounds_done.append(rounds)
+        if len(rounds_done) == 3:
+            all_done.set()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        for _ in range(3):
+            nursery.start_soon(writer, 2)
+        assert await next_start(log.starts) in (("log", 1), ("log", 3))
+        if log.log_end_offset == 1:  # the sync started before the others appended
+            log.verdicts.put("ok")
+            assert await next_start(log.starts) == ("log", 3)
+        log.verdicts.put("ok")
+        # Offsets 0-2 are durable; the three released writers append 3-5, together.
+        assert await next_start(log.starts) == ("log", 6)
+        log.verdicts.put("ok")
+        with trio.fail_after(TIMEOUT):
+            await all_done.wait()
+        nursery.cancel_scope.cancel()
+    assert log.durable_end_offset == 6 and log.starts.empty()
