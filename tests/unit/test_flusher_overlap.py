@@ -300,3 +300,25 @@ async def test_writers_a_sync_releases_get_their_next_appends_into_one_sync() ->
             await all_done.wait()
         nursery.cancel_scope.cancel()
     assert log.durable_end_offset == 6 and log.starts.empty()
+
+
+class _WorkerDied(BaseException):
+    """Escapes _flush_all's per-log ``except Exception``: the worker itself fails."""
+
+
+async def test_a_worker_that_dies_fails_its_waiters() -> None:
+    log = ScriptedLog()
+    flusher = Flusher()
+
+    def die(log: object) -> int:
+        raise _WorkerDied()
+
+    flusher.sync = die
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        waiters = Waiters(flusher, nursery)
+        waiters.append(log)
+        await waiters.until(lambda: len(waiters.outcomes) == 1)
+        assert waiters.outcomes[0].startswith("flush failed: _WorkerDied")
+        assert log.offline and flusher.statistics(log).failures == 1
+        nursery.cancel_scope.cancel()

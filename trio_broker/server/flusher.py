@@ -24,6 +24,7 @@ was written.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import time
@@ -333,7 +334,8 @@ class Flusher:
                 trio.RunFinishedError,  # the loop is gone, and its waiters
             ):
                 failed: list[int | BaseException] = [result.error] * len(entries)
-                token.run_sync_soon(self._settle, job, None, failed, [0.0] * len(entries), True)
+                with contextlib.suppress(trio.RunFinishedError):
+                    token.run_sync_soon(self._settle, job, None, failed, [0.0] * len(entries), True)
 
         trio.lowlevel.start_thread_soon(work, deliver)
 
