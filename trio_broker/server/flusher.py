@@ -148,6 +148,8 @@ class Flusher:
         #: due logs waiting for a free worker thread, oldest first.
         self._queue: collections.deque[_Entry] = collections.deque()
         self._busy = 0  # jobs in worker threads
+        #: trio time run() sleeps until: the earliest flush.ms deadline it knows of.
+        self._wake_at = math.inf
         #: logs whose next sync run() starts after one scheduling round (see _settle).
         self._deferred: list[_Entry] = []
         self._idle = trio.Event()  # set whenever _busy == 0
@@ -264,9 +266,15 @@ class Flusher:
     # ------------------------------------------------------------------ scheduling
 
     def _schedule(self, entry: _Entry) -> None:
-        """Start ``entry``'s sync if due; else let run() know its flush.ms deadline."""
-        if not self._kick(entry) and entry.tracker.deadline_ms() is not None:
-            self._wakeup.set()
+        """Start ``entry``'s sync if due; else make run() wake by its flush.ms deadline."""
+        if self._kick(entry) or entry.error is not None or self._token is None:
+            return
+        deadline = entry.tracker.deadline_ms()
+        if deadline is not None:
+            at = trio.current_time() + max(0, deadline - self._clock_ms()) / 1000
+            if at < self._wake_at:  # only an earlier deadline needs run() to wake
+                self._wake_at = at
+                self._wakeup.set()
 
     def _kick(self, entry: _Entry) -> bool:
         """Queue ``entry``'s next sync if it is due and idle; True if queued or started."""
@@ -449,6 +457,7 @@ class Flusher:
         self._stopped = None
         self._token = trio.lowlevel.current_trio_token()
         task_status.started()
+        scan = True  # look at every log: at start and when a deadline is reached
         try:
             while True:
                 # A fresh event before looking for work, so a mark_dirty that
@@ -460,24 +469,16 @@ class Flusher:
                     deferred, self._deferred = self._deferred, []
                     for entry in deferred:
                         entry.deferred = False
-                for entry in list(self._entries.values()):
-                    self._kick(entry)
-                deadlines = [
-                    d
-                    for e in self._entries.values()
-                    if not (e.pending_start or e.error)
-                    and (d := e.tracker.deadline_ms()) is not None
-                ]
-                now = self._clock_ms()
-                wake_at = (
-                    trio.current_time() + max(0, min(deadlines) - now) / 1000
-                    if deadlines
-                    else math.inf
-                )
-                with trio.move_on_at(wake_at):
+                    for entry in deferred:
+                        self._schedule(entry)
+                if scan or trio.current_time() >= self._wake_at:
+                    scan = False
+                    self._wake_at = self._scan()
+                with trio.move_on_at(self._wake_at):
                     await self._wakeup.wait()
         finally:
             self._token = None  # no new syncs
+            self._wake_at = math.inf
             self._stopped = StorageError("flusher stopped")
             for entry in self._queue:
                 entry.queued = False
@@ -492,6 +493,22 @@ class Flusher:
             for entry in self._entries.values():
                 for event in entry.tracker.fail():
                     event.set()
+
+    def _scan(self) -> float:
+        """Start every due log's sync; the trio time of the next flush.ms deadline.
+
+        O(logs): run only at start and when a deadline passes, not per sync.
+        """
+        for entry in list(self._entries.values()):
+            self._kick(entry)
+        deadlines = [
+            d
+            for e in self._entries.values()
+            if not (e.pending_start or e.error) and (d := e.tracker.deadline_ms()) is not None
+        ]
+        if not deadlines:
+            return math.inf
+        return trio.current_time() + max(0, min(deadlines) - self._clock_ms()) / 1000
 
     async def flush_all(self) -> None:
         """Sync every dirty log now (shutdown, tests), independent of the run loop."""
