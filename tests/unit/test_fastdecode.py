@@ -64,6 +64,7 @@ def _reference(batch: Any) -> Counter[tuple[Any, ...]]:
 def _fast(batch: Any) -> Counter[tuple[Any, ...]]:
     out: Counter[tuple[Any, ...]] = Counter()
     for facts in decode_batches(iter([batch])):
+        assert facts.schema == fact_schema()  # what mapInArrow was promised (FACT_DDL)
         out.update(tuple(row.values()) for row in facts.to_pylist())
     return out
 
