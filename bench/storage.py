@@ -20,7 +20,8 @@ Cases, each on a fresh log in DIR (default: a temp dir on the same disk as /tmp)
 Every case stops after --seconds or 512 MiB written, whichever comes first.
 ``--sizes 64`` runs only the 64 KiB batches (the issue's cases), skips the
 no-group cases and runs the raw loop between all cases; ``--compare`` also runs each group-commit case with the flusher
-as it was before appends overlapped the fsync (bench/legacy_flusher.py), in the
+as it was before appends overlapped the fsync (``trio_broker/server/flusher.py``
+at commit b3043b1, loaded from git history: run it in a git checkout), in the
 same run, labelled "(old flusher)".
 """
 
@@ -41,11 +42,30 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from legacy_flusher import Flusher as LegacyFlusher  # bench/ is the script's directory
-
 from trio_broker.server.flusher import Flusher
 from trio_broker.storage._batch import build_batch
 from trio_broker.storage.log import LogConfig, PartitionLog
+
+#: The last commit with the flusher that did not overlap fsyncs with appends.
+OLD_FLUSHER_COMMIT = "b3043b1"
+
+
+def load_old_flusher() -> Any:
+    """The old Flusher class, compiled from git history (no frozen copy in the tree)."""
+    import subprocess
+    import types
+
+    source = subprocess.run(
+        ["git", "show", f"{OLD_FLUSHER_COMMIT}:trio_broker/server/flusher.py"],
+        cwd=Path(__file__).resolve().parents[1],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    module = types.ModuleType("old_flusher")
+    exec(compile(source, f"old_flusher@{OLD_FLUSHER_COMMIT}", "exec"), module.__dict__)
+    return module.Flusher
+
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -131,7 +151,7 @@ def bench_group(
     """
     path = fresh_dir(root, f"group-{size}-{in_flight}-{legacy}")
     log = PartitionLog.open(path, CONFIG)
-    flusher: Flusher | LegacyFlusher = LegacyFlusher() if legacy else Flusher()
+    flusher: Any = load_old_flusher()() if legacy else Flusher()
     counts = {"appends": 0, "bytes": 0}
 
     async def wait_ack(offset: int, nbytes: int, slots: trio.Semaphore) -> None:
@@ -243,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compare",
         action="store_true",
-        help="also run the group-commit cases with the old flusher (bench/legacy_flusher.py)",
+        help=f"also run the group-commit cases with the old flusher (commit {OLD_FLUSHER_COMMIT})",
     )
     args = parser.parse_args(argv)
     sizes = SIZES if args.sizes is None else [k * KIB for k in args.sizes]
