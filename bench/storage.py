@@ -1,7 +1,7 @@
 """Storage benchmark: append throughput with fsync per append vs group commit.
 
     .venv/bin/python bench/storage.py [--seconds 4] [--dir DIR] [--json FILE]
-        [--sizes 64] [--compare]
+        [--sizes 64]
 
 Cases, each on a fresh log in DIR (default: a temp dir on the same disk as /tmp):
 
@@ -19,10 +19,9 @@ Cases, each on a fresh log in DIR (default: a temp dir on the same disk as /tmp)
 
 Every case stops after --seconds or 512 MiB written, whichever comes first.
 ``--sizes 64`` runs only the 64 KiB batches (the issue's cases), skips the
-no-group cases and runs the raw loop between all cases; ``--compare`` also runs each group-commit case with the flusher
-as it was before appends overlapped the fsync (``trio_broker/server/flusher.py``
-at commit b3043b1, loaded from git history: run it in a git checkout), in the
-same run, labelled "(old flusher)".
+no-group cases and runs the raw loop between all cases. (An A/B against an
+overlapping flusher, run with the ``--compare`` mode of commit 92f3a93, is
+recorded in docs/storage.md.)
 """
 
 from __future__ import annotations
@@ -45,27 +44,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trio_broker.server.flusher import Flusher
 from trio_broker.storage._batch import build_batch
 from trio_broker.storage.log import LogConfig, PartitionLog
-
-#: The last commit with the flusher that did not overlap fsyncs with appends.
-OLD_FLUSHER_COMMIT = "b3043b1"
-
-
-def load_old_flusher() -> Any:
-    """The old Flusher class, compiled from git history (no frozen copy in the tree)."""
-    import subprocess
-    import types
-
-    source = subprocess.run(
-        ["git", "show", f"{OLD_FLUSHER_COMMIT}:trio_broker/server/flusher.py"],
-        cwd=Path(__file__).resolve().parents[1],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    module = types.ModuleType("old_flusher")
-    exec(compile(source, f"old_flusher@{OLD_FLUSHER_COMMIT}", "exec"), module.__dict__)
-    return module.Flusher
-
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -139,9 +117,7 @@ def bench_sync(root: Path, size: int, seconds: float, *, fsync: bool) -> dict[st
     return row(case, size, elapsed, n, n * len(batch), fsyncs)
 
 
-def bench_group(
-    root: Path, size: int, seconds: float, in_flight: int = 1, *, legacy: bool = False
-) -> dict[str, Any]:
+def bench_group(root: Path, size: int, seconds: float, in_flight: int = 1) -> dict[str, Any]:
     """WRITERS tasks doing acks=all appends through the Flusher.
 
     ``in_flight`` is how many of its appends one writer may have waiting for
@@ -149,9 +125,9 @@ def bench_group(
     5 is a Kafka producer's default max.in.flight.requests.per.connection, which
     the pipelined broker model lets a single connection use.
     """
-    path = fresh_dir(root, f"group-{size}-{in_flight}-{legacy}")
+    path = fresh_dir(root, f"group-{size}-{in_flight}")
     log = PartitionLog.open(path, CONFIG)
-    flusher: Any = load_old_flusher()() if legacy else Flusher()
+    flusher = Flusher()
     counts = {"appends": 0, "bytes": 0}
 
     async def wait_ack(offset: int, nbytes: int, slots: trio.Semaphore) -> None:
@@ -196,7 +172,6 @@ def bench_group(
     log.close()
     shutil.rmtree(path, ignore_errors=True)
     case = f"group commit x{WRITERS}" + (f", {in_flight} in flight" if in_flight > 1 else "")
-    case += " (old flusher)" if legacy else ""
     result = row(case, size, elapsed, counts["appends"], counts["bytes"], stats.fsyncs)
     result["in_flight_per_writer"] = in_flight
     # Share of the wall time a sync ran in the worker thread: 1.0 = the disk never waited.
@@ -260,14 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="batch sizes in KiB (default 1 64 1024); a subset also skips the no-group cases",
     )
-    parser.add_argument(
-        "--compare",
-        action="store_true",
-        help=f"also run the group-commit cases with the old flusher (commit {OLD_FLUSHER_COMMIT})",
-    )
     args = parser.parse_args(argv)
     sizes = SIZES if args.sizes is None else [k * KIB for k in args.sizes]
-    variants = [False, True] if args.compare else [False]
 
     root = Path(tempfile.mkdtemp(prefix="trio-broker-bench-", dir=args.dir))
     # The raw loop runs first and last: a virtual disk's speed drifts, and the
@@ -278,14 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             cases.append(lambda size=size: bench_sync(root, size, args.seconds, fsync=False))
             cases.append(lambda size=size: bench_sync(root, size, args.seconds, fsync=True))
         for in_flight in (1, 5):
-            for legacy in variants:  # old and new alternate, so both see the same disk phase
-                cases.append(
-                    lambda size=size, n=in_flight, old=legacy: bench_group(
-                        root, size, args.seconds, n, legacy=old
-                    )
-                )
-                if args.sizes is not None:  # short run: bracket every case with a raw run
-                    cases.append(lambda: bench_raw(root, args.seconds))
+            cases.append(lambda size=size, n=in_flight: bench_group(root, size, args.seconds, n))
+            if args.sizes is not None:  # short run: bracket every case with a raw run
+                cases.append(lambda: bench_raw(root, args.seconds))
     if args.sizes is None:
         cases.append(lambda: bench_raw(root, args.seconds))
     rows = []

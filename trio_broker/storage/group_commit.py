@@ -91,15 +91,9 @@ class DurabilityTracker(Generic[T]):
         self.policy = policy or FlushPolicy()
         self._waiters: list[tuple[int, int, T]] = []  # heap by offset
         self._seq = itertools.count()
-        # Running totals: appends (and their messages) noted, and how many of them
-        # the latest flush to start covers. The difference is what is pending.
-        self._noted = 0
-        self._noted_messages = 0
-        self._started = 0
-        self._started_messages = 0
+        self._pending_appends = 0
+        self._pending_messages = 0
         self._oldest_pending_ms: int | None = None
-        #: the highest offset any waiter asked for (cancelled ones included).
-        self.max_waited_offset = -1
         self._fsyncs = 0
         self._failures = 0
         self._appends = 0
@@ -108,20 +102,14 @@ class DurabilityTracker(Generic[T]):
 
     # -- appends and waiters
     def note_append(self, now_ms: int, messages: int = 1) -> None:
+        self._pending_appends += 1
+        self._pending_messages += messages
         if self._oldest_pending_ms is None:
             self._oldest_pending_ms = now_ms
-        self._noted += 1
-        self._noted_messages += messages
-
-    @property
-    def noted(self) -> tuple[int, int]:
-        """(appends, messages) noted so far: what a flush starting now covers."""
-        return self._noted, self._noted_messages
 
     def add_waiter(self, offset: int, token: T) -> None:
         """``token`` is released once durable_end_offset > ``offset``."""
         heapq.heappush(self._waiters, (offset, next(self._seq), token))
-        self.max_waited_offset = max(self.max_waited_offset, offset)
 
     def discard_waiter(self, token: T) -> None:
         """Forget a waiter that gave up (cancelled). O(n); cancellation is rare."""
@@ -136,11 +124,7 @@ class DurabilityTracker(Generic[T]):
 
     @property
     def dirty(self) -> bool:
-        return self._noted > self._started
-
-    @property
-    def pending_appends(self) -> int:
-        return self._noted - self._started
+        return self._pending_appends > 0
 
     # -- scheduling
     def needs_flush(self, now_ms: int) -> bool:
@@ -151,8 +135,7 @@ class DurabilityTracker(Generic[T]):
         policy = self.policy
         if policy.flush_messages is None and policy.flush_ms is None:
             return True
-        pending_messages = self._noted_messages - self._started_messages
-        if policy.flush_messages is not None and pending_messages >= policy.flush_messages:
+        if policy.flush_messages is not None and self._pending_messages >= policy.flush_messages:
             return True
         return self._due_by_time(now_ms)
 
@@ -169,20 +152,10 @@ class DurabilityTracker(Generic[T]):
     # -- a flush's life
     def begin_flush(self) -> int:
         """A flush starts: it covers the appends noted so far. Returns their count."""
-        return self.flush_started(self.noted)
-
-    def flush_started(self, noted: tuple[int, int]) -> int:
-        """A flush started that covers the appends counted in ``noted`` (a value of
-        :attr:`noted` read when it started, possibly by its worker thread: reading
-        two ints is safe there). Returns how many appends it adds."""
-        appends, messages = noted
-        covered = max(0, appends - self._started)
-        self._started = max(self._started, appends)
-        self._started_messages = max(self._started_messages, messages)
-        if self._started >= self._noted:
-            self._oldest_pending_ms = None
-        # else: appends noted after ``noted`` stay pending; the oldest timestamp
-        # kept is at least as old as theirs, so flush.ms can only come early.
+        covered = self._pending_appends
+        self._pending_appends = 0
+        self._pending_messages = 0
+        self._oldest_pending_ms = None
         return covered
 
     def end_flush(self, durable_end_offset: int, covered: int) -> list[T]:
@@ -209,7 +182,7 @@ class DurabilityTracker(Generic[T]):
             fsyncs=self._fsyncs,
             failures=self._failures,
             appends=self._appends,
-            pending_appends=self.pending_appends,
+            pending_appends=self._pending_appends,
             waiters=len(self._waiters),
             appends_per_fsync=dict(sorted(self._histogram.items())),
             max_appends_per_fsync=self._max,
