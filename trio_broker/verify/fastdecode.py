@@ -373,14 +373,10 @@ def _produce_requests(
         for j in _each(reader, r, parts):
             rj, pj, ej = r[j], p[j], e[j]
             index, pj = reader.int(rj, pj, ej, ">i4")
-            size, pj = reader.length(rj, pj, ej, flex, ">i4")
-            present = size >= 0
-            size = np.maximum(size, 0)
-            reader.fail(rj, pj + size > ej)
+            present, start, size, pj = _records_field(reader, rj, pj, ej, flex)
             segments.append(
-                (rj[present], tid[j][present], index[present], pj[present], size[present])
+                (rj[present], tid[j][present], index[present], start[present], size[present])
             )
-            pj = pj + size
             if flex:
                 pj = reader.no_tags(rj, pj, ej)
             p[j] = pj
@@ -394,6 +390,17 @@ def _produce_requests(
     if segments:
         r, tid, index, start, size = (np.concatenate(c) for c in zip(*segments, strict=True))
         _batches(reader, facts, "produce_batch", r, ids[tid], index, start, size)
+
+
+def _records_field(
+    reader: _Reader, rows: Array, pos: Array, end: Array, flex: bool
+) -> tuple[Array, Array, Array, Array]:
+    """A partition's nullable records bytes: (present, start, size, position after)."""
+    size, pos = reader.length(rows, pos, end, flex, ">i4")
+    present = size >= 0
+    size = np.maximum(size, 0)
+    reader.fail(rows, pos + size > end)
+    return present, pos, size, pos + size
 
 
 def _produce_responses(
@@ -476,13 +483,9 @@ def _fetch_responses(
             pj = pj + skip
             if version >= 11:
                 pj = pj + 4  # preferred read replica
-            size, pj = reader.length(rj, pj, ej, flex, ">i4")
-            present = size >= 0
-            size = np.maximum(size, 0)
-            reader.fail(rj, pj + size > ej)
+            present, start, size, pj = _records_field(reader, rj, pj, ej, flex)
             take = present & (error == 0)
-            segments.append((rj[take], tid[j][take], index[take], pj[take], size[take]))
-            pj = pj + size
+            segments.append((rj[take], tid[j][take], index[take], start[take], size[take]))
             if flex:
                 pj = reader.no_tags(rj, pj, ej)
             p[j] = pj
