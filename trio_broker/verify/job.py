@@ -1,8 +1,10 @@
 """The PySpark verification job behind ``trio-broker verify``.
 
 Reads capture Parquet files, decodes frames on the executors
-(:func:`trio_broker.verify.decode.decode_batches` in ``mapInArrow``), joins
+(:func:`trio_broker.verify.compact.decode_compact` in ``mapInArrow``), joins
 requests to responses and runs each check once, in Spark SQL (:data:`CHECKS`).
+Fact kinds, runs and topics are numbers in Spark (see :mod:`~trio_broker.verify.compact`):
+the SQL names kinds as ``{produce_ack}``-style placeholders, filled in by :func:`sql`.
 Exit code 0 when no check found a violation, 1 otherwise.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from trio_broker.verify.decode import FACT_DDL, decode_batches
+from trio_broker.verify.compact import COMPACT_DDL, KIND_CODE, KINDS, decode_compact, topic_hash
 from trio_broker.verify.report import write_report
 from trio_broker.verify.stats import traffic_stats
 
@@ -36,15 +39,15 @@ VIEWS: dict[str, str] = {
                a.offset + b.idx AS base_offset, b.crc, b.record_count,
                b.producer_id, b.producer_epoch, b.base_sequence, a.ts AS ack_ts
         FROM named b JOIN named a
-          ON a.kind = 'produce_ack' AND b.kind = 'produce_batch' AND a.error = 0
+          ON a.kind = {produce_ack} AND b.kind = {produce_batch} AND a.error = 0
          AND a.run = b.run AND a.conn = b.conn AND a.corr = b.corr
-         AND a.topic = b.topic AND a.partition = b.partition
+         AND a.tname = b.tname AND a.partition = b.partition
     """,
     # The log as fetches saw it: one row per distinct (partition, offset, crc).
     "fetched": """
         SELECT tname AS topic, partition, offset AS base_offset, last_offset, crc,
                count(*) AS times_fetched
-        FROM named WHERE kind = 'fetch_batch'
+        FROM named WHERE kind = {fetch_batch}
         GROUP BY tname, partition, offset, last_offset, crc
     """,
     "fetched_extent": """
@@ -53,7 +56,7 @@ VIEWS: dict[str, str] = {
     """,
     "fetch_requests": """
         SELECT run, conn, corr, min(ts) AS req_ts FROM named
-        WHERE kind = 'fetch_request' GROUP BY run, conn, corr
+        WHERE kind = {fetch_request} GROUP BY run, conn, corr
     """,
 }
 
@@ -121,7 +124,7 @@ CHECKS: dict[str, tuple[str, str]] = {
           SELECT run, conn, corr, tname AS topic, partition, idx, offset AS base_offset,
                  lag(last_offset) OVER (PARTITION BY run, conn, corr, tname, partition
                                         ORDER BY idx) AS prev_last
-          FROM named WHERE kind = 'fetch_batch'
+          FROM named WHERE kind = {fetch_batch}
         )
         SELECT CASE WHEN base_offset <= prev_last THEN 'fetch_out_of_order'
                     ELSE 'fetch_gap' END AS violation,
@@ -138,7 +141,7 @@ CHECKS: dict[str, tuple[str, str]] = {
                  p.ts AS resp_ts, r.req_ts
           FROM named p JOIN fetch_requests r
             ON p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
-          WHERE p.kind = 'fetch_part' AND p.error = 0
+          WHERE p.kind = {fetch_part} AND p.error = 0
         ),
         events AS (
           SELECT run, topic, partition, resp_ts AS t, 1 AS ord, hw, NULL AS conn, NULL AS corr,
@@ -187,7 +190,7 @@ CHECKS: dict[str, tuple[str, str]] = {
         log_seqs AS (
           SELECT DISTINCT tname AS topic, partition, producer_id, producer_epoch, base_sequence,
                  record_count
-          FROM named WHERE kind = 'fetch_batch' AND producer_id >= 0 AND base_sequence >= 0
+          FROM named WHERE kind = {fetch_batch} AND producer_id >= 0 AND base_sequence >= 0
         ),
         filled AS (
           SELECT w.topic, w.partition, w.producer_id, w.producer_epoch, w.base_sequence,
@@ -224,9 +227,9 @@ CHECKS: dict[str, tuple[str, str]] = {
           SELECT r.run, r.conn, r.corr, r.group_id, r.generation, r.member_id,
                  r.tname AS topic, r.partition, r.offset, a.ts AS ack_ts
           FROM named r JOIN named a
-            ON r.kind = 'commit_request' AND a.kind = 'commit_ack' AND a.error = 0
+            ON r.kind = {commit_request} AND a.kind = {commit_ack} AND a.error = 0
            AND a.run = r.run AND a.conn = r.conn AND a.corr = r.corr
-           AND a.topic = r.topic AND a.partition = r.partition
+           AND a.tname = r.tname AND a.partition = r.partition
           WHERE r.generation >= 0
         ),
         w AS (
@@ -248,7 +251,7 @@ CHECKS: dict[str, tuple[str, str]] = {
         WITH a AS (
           SELECT r.run, r.group_id, r.generation, r.member_id, s.topic, s.partition
           FROM named s JOIN named r
-            ON s.kind = 'sync_assign' AND r.kind = 'sync_request'
+            ON s.kind = {sync_assign} AND r.kind = {sync_request}
            AND s.run = r.run AND s.conn = r.conn AND s.corr = r.corr
         )
         -- Per run: group membership lives in the broker's memory, so generations start
@@ -303,6 +306,9 @@ def spark_session(
         .config("spark.default.parallelism", str(cores))
         .config("spark.sql.files.maxPartitionBytes", str(4 * 1024 * 1024))
         .config("spark.sql.adaptive.enabled", "true")
+        # Joins keyed by (topic, partition, ...) reuse the facts' (topic, partition)
+        # partitioning instead of shuffling both sides again (see verify).
+        .config("spark.sql.requireAllClusterKeysForCoPartition", "false")
         .config("spark.driver.extraJavaOptions", java_opts)
         .config("spark.executor.extraJavaOptions", java_opts)
     )
@@ -344,6 +350,18 @@ def read_capture_files(capture_dir: Path, *, warn: bool = True) -> Capture:
     return Capture(readable, unreadable, frames, size)
 
 
+def run_name(path: str) -> str:
+    """The broker run a capture file belongs to: its name without ``-<sequence>.parquet``."""
+    name = Path(path).name
+    match = re.match(r"(.+)-\d+\.parquet$", name)
+    return match.group(1) if match else name
+
+
+def sql(text: str) -> str:
+    """``text`` with each ``{kind}`` placeholder replaced by that fact kind's code."""
+    return text.format_map(KIND_CODE)
+
+
 def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
     """Run every check on the capture in ``capture_dir``; return the report as a dict."""
     from pyspark import StorageLevel
@@ -358,34 +376,73 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
     cores = int(spark.sparkContext.defaultParallelism)
     split = max(1 << 20, min(128 << 20, capture.size // max(1, cores * SPLITS_PER_CORE)))
     spark.conf.set("spark.sql.files.maxPartitionBytes", str(split))
-    raw = spark.read.parquet(*capture.files).withColumn(
-        "run", F.regexp_extract(F.input_file_name(), r"([^/]+)-\d+\.parquet$", 1)
-    )
+    # ``run``: the index of the file's run in sorted run names, one literal per run's
+    # files (a per-row regexp over input_file_name() cost more than the decoding).
+    runs = sorted({run_name(f) for f in capture.files})
+    raw = None
+    for index, run in enumerate(runs):
+        part = spark.read.parquet(*[f for f in capture.files if run_name(f) == run])
+        part = part.withColumn("run", F.lit(index))
+        raw = part if raw is None else raw.unionByName(part)
+    assert raw is not None
     raw.drop("frame").createOrReplaceTempView("frames")
-    facts = raw.select(
-        "run", "connection_id", "monotonic_ns", "direction", "api_key", "api_version",
-        "correlation_id", "frame_length", "frame",
-    ).mapInArrow(decode_batches, FACT_DDL)  # fmt: skip
+    decode_input = raw.select(
+        F.col("run").cast("string").alias("run"), "connection_id", "monotonic_ns",
+        "direction", "api_key", "api_version", "correlation_id", "frame_length", "frame",
+    )  # fmt: skip
+    topic_ids = _topic_ids(decode_input)
+    facts = decode_input.mapInArrow(decode_compact, COMPACT_DDL)
     fetch_requests = raw.where("direction = 'request' AND api_key = 1").select(
         F.col("run"),
         F.col("connection_id").alias("conn"),
         F.col("correlation_id").alias("corr"),
         F.col("monotonic_ns").alias("ts"),
-        F.lit("fetch_request").alias("kind"),
+        F.lit(KIND_CODE["fetch_request"]).cast("tinyint").alias("kind"),
     )
-    # The one cached table: every frame is decoded once, by the count below. Spills to
-    # disk rather than failing when a big capture's facts outgrow the executor memory.
-    facts = facts.unionByName(fetch_requests, allowMissingColumns=True)
-    cached = [facts.persist(StorageLevel.MEMORY_AND_DISK)]
+    facts.unionByName(fetch_requests, allowMissingColumns=True).createOrReplaceTempView("decoded")
+    # The one cached table: every frame is decoded once, by the count in _verify_facts.
+    # Hash-partitioned by (topic, partition) once: nearly every join, aggregation and
+    # window of the checks is keyed by (topic, partition, ...), so with
+    # spark.sql.requireAllClusterKeysForCoPartition off none of them shuffles the facts
+    # again. Spills to disk rather than failing when the facts outgrow the memory.
+    named = spark.sql(named_view_sql(topic_ids)).repartition(cores, "tname", "partition")
+    cached = [named.persist(StorageLevel.MEMORY_AND_DISK)]
     try:
-        return _verify_facts(spark, cached, capture, Path(capture_dir), started)
+        return _verify_facts(spark, cached, capture, runs, Path(capture_dir), started)
     finally:
         for frame in cached:
             frame.unpersist()
 
 
+#: Requests and responses that may name topics by id (Produce v13+, Fetch v13+,
+#: OffsetCommit v10+); only captures holding such frames need the Metadata pass.
+_BY_ID = "(api_key IN (0, 1) AND api_version >= 13) OR (api_key = 8 AND api_version >= 10)"
+
+
+def _topic_ids(decode_input: Any) -> list[tuple[int, int]]:
+    """The distinct (hash of ``id:<uuid>``, hash of the name) pairs of the capture's
+    Metadata responses, decoded in a pass of their own so the main pass can name every
+    fact's topic before partitioning by it (empty when no frame names a topic by id)."""
+    if not decode_input.where(_BY_ID).limit(1).collect():
+        return []
+    metadata = decode_input.where("direction = 'response' AND api_key = 3")
+    rows = (
+        metadata.mapInArrow(decode_compact, COMPACT_DDL)
+        .where(sql("kind = {topic_id}"))
+        .select("note", "topic")
+        .distinct()
+        .collect()
+    )
+    return sorted({(topic_hash(r["note"]), r["topic"]) for r in rows})
+
+
 def _verify_facts(
-    spark: Any, cached: list[Any], capture: Capture, capture_dir: Path, started: float
+    spark: Any,
+    cached: list[Any],
+    capture: Capture,
+    runs: list[str],
+    capture_dir: Path,
+    started: float,
 ) -> dict[str, Any]:
     """The checks and statistics over the cached facts (``cached[0]``); appends what else
     it caches to ``cached`` for the caller to release."""
@@ -393,22 +450,23 @@ def _verify_facts(
 
     facts = cached[0]
     facts.createOrReplaceTempView("facts")
-    counts = {r["kind"]: r["count"] for r in facts.groupBy("kind").count().collect()}
+    counts = {KINDS[r["kind"]]: r["count"] for r in facts.groupBy("kind").count().collect()}
+    counts.pop("topic_name", None)
     phases = {"decode": time.monotonic() - started}
     _log(f"facts: {dict(sorted(counts.items()))} ({time.monotonic() - started:.1f} s)")
-    topic_names: list[tuple[str, str]] = []
-    if counts.get("topic_id"):
-        topic_names = [(r["key"], r["name"]) for r in spark.sql(
-            "SELECT DISTINCT note AS key, topic AS name FROM facts WHERE kind = 'topic_id'"
-        ).collect()]  # fmt: skip
-    spark.sql(named_view_sql(topic_names)).createOrReplaceTempView("named")
+    # Topic hashes back to names, for the report.
+    names = {r["topic"]: r["note"] for r in spark.sql(sql(
+        "SELECT DISTINCT topic, note FROM facts WHERE kind = {topic_name}"
+    )).collect()}  # fmt: skip
+    facts.createOrReplaceTempView("named")
+    readable = Readable(names, runs)
     undecodable: list[dict[str, Any]] = []
     if counts.get("undecodable"):
-        undecodable = [r.asDict() for r in spark.sql(
-            "SELECT run, conn, corr, note FROM facts WHERE kind = 'undecodable' LIMIT 5"
-        ).collect()]  # fmt: skip
-    for name, sql in VIEWS.items():
-        spark.sql(sql).createOrReplaceTempView(name)
+        undecodable = [readable.row(r.asDict()) for r in spark.sql(sql(
+            "SELECT run, conn, corr, note FROM facts WHERE kind = {undecodable} LIMIT 5"
+        )).collect()]  # fmt: skip
+    for name, view in VIEWS.items():
+        spark.sql(sql(view)).createOrReplaceTempView(name)
     # The checks read ``acked`` five times and ``fetched`` four: cached, each is computed
     # once (inlined, every reference was its own join or aggregation, with its shuffles).
     for name in MATERIALIZED:
@@ -426,7 +484,7 @@ def _verify_facts(
             check["by_kind"][row["violation"]] = row["n"]
             check["violations"] += row["n"]
         if len(check["examples"]) < EXAMPLES:
-            check["examples"].append(json.loads(row["example"]))
+            check["examples"].append(readable.row(json.loads(row["example"])))
     phases["checks"] = time.monotonic() - started - sum(phases.values())
     _log(f"checks done ({time.monotonic() - started:.1f} s); latency and throughput")
     traffic = traffic_stats(spark)
@@ -456,34 +514,46 @@ def _verify_facts(
     }
 
 
-def named_view_sql(topic_names: list[tuple[str, str]]) -> str:
-    """The facts with ``tname``: the topic name, also for facts that name their topic by id
-    (Produce v13, Fetch v13+), looked up in the distinct (``id:…``, name) pairs of the
-    Metadata responses. The pairs are few: an inline table, broadcast, so naming the
-    facts never shuffles them; without any, a projection."""
-    if not topic_names:
-        return "SELECT *, topic AS tname FROM facts"
-    rows = ", ".join(f"({_sql_string(key)}, {_sql_string(name)})" for key, name in topic_names)
+@attrs.frozen
+class Readable:
+    """Names for the numbers in a fact row: topic hashes and run indexes."""
+
+    topics: dict[int, str]
+    runs: list[str]
+
+    def row(self, row: dict[str, Any]) -> dict[str, Any]:
+        out = dict(row)
+        if isinstance(out.get("topic"), int):
+            out["topic"] = self.topics.get(out["topic"], out["topic"])
+        if isinstance(out.get("run"), int) and 0 <= out["run"] < len(self.runs):
+            out["run"] = self.runs[out["run"]]
+        return out
+
+
+def named_view_sql(topic_ids: list[tuple[int, int]]) -> str:
+    """The decoded facts with ``tname``: the topic's hash, also for facts that name their topic
+    by id (Produce v13, Fetch v13+), looked up in the distinct (hash of ``id:…``, hash of
+    the name) pairs of the Metadata responses. The pairs are few: an inline table,
+    broadcast, so naming the facts never shuffles them; without any, a projection."""
+    if not topic_ids:
+        return "SELECT *, topic AS tname FROM decoded"
+    rows = ", ".join(f"({key}L, {name}L)" for key, name in topic_ids)
     return f"""
         SELECT /*+ BROADCAST(t) */ f.*, coalesce(t.name, f.topic) AS tname
-        FROM facts f LEFT JOIN (VALUES {rows}) AS t(key, name) ON f.topic = t.key
+        FROM decoded f LEFT JOIN (VALUES {rows}) AS t(key, name) ON f.topic = t.key
     """
-
-
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def all_checks_sql() -> str:
     """Every check in one query (one Spark job): per violation kind, its count and examples."""
     parts = []
-    for name, (_, sql) in CHECKS.items():
+    for name, (_, check) in CHECKS.items():
         parts.append(f"""
         SELECT '{name}' AS check_name, violation, n, example FROM (
           SELECT violation, to_json(struct(*)) AS example,
                  count(*) OVER (PARTITION BY violation) AS n,
                  row_number() OVER (PARTITION BY violation ORDER BY to_json(struct(*))) AS rn
-          FROM ({sql})
+          FROM ({sql(check)})
         ) WHERE rn <= {EXAMPLES}""")
     return "\nUNION ALL\n".join(parts)
 

@@ -24,19 +24,26 @@ TIMELINE_BUCKETS = 120
 #: Rows kept of the per-client latency table.
 CLIENT_ROWS = 40
 
+#: A client id as a number: aggregating a string (max) makes Spark fall back from its hash
+#: aggregation to sorting, several times slower; names come back from :data:`CLIENT_NAMES`.
+CLIENT_KEY = "xxhash64(coalesce(client_id, ''))"
+CLIENT_NAMES = (
+    f"SELECT DISTINCT {CLIENT_KEY} AS client, coalesce(client_id, '') AS name FROM frames"
+)
+
 #: Requests paired with their responses. One aggregation over the frames instead of a
 #: self-join (which shuffled and sorted both sides): a (run, connection, correlation id,
 #: API) key seen once in each direction is a pair; the rare keys seen more often (a reused
 #: correlation id) are paired as the join would, every request with every response, by
 #: joining only the frames of those keys.
-LATENCY_PAIRS = """
+LATENCY_PAIRS = f"""
     WITH k AS (
       SELECT run, connection_id, correlation_id, api_key,
              count_if(direction = 'request') AS requests,
              count_if(direction = 'response') AS responses,
              max(CASE WHEN direction = 'request' THEN monotonic_ns END) AS q_ns,
              max(CASE WHEN direction = 'response' THEN monotonic_ns END) AS p_ns,
-             max(CASE WHEN direction = 'request' THEN coalesce(client_id, '') END) AS client_id
+             max(CASE WHEN direction = 'request' THEN {CLIENT_KEY} END) AS client
       FROM frames GROUP BY run, connection_id, correlation_id, api_key
     ),
     many AS (
@@ -47,10 +54,10 @@ LATENCY_PAIRS = """
           LEFT SEMI JOIN many m
             ON f.run = m.run AND f.connection_id = m.connection_id
            AND f.correlation_id = m.correlation_id AND f.api_key = m.api_key)
-    SELECT api_key, client_id, CAST((p_ns - q_ns) / 1e6 AS DOUBLE) AS ms
+    SELECT api_key, client, CAST((p_ns - q_ns) / 1e6 AS DOUBLE) AS ms
     FROM k WHERE requests = 1 AND responses = 1
     UNION ALL
-    SELECT q.api_key, coalesce(q.client_id, '') AS client_id,
+    SELECT q.api_key, {CLIENT_KEY.replace("client_id", "q.client_id")} AS client,
            CAST((p.monotonic_ns - q.monotonic_ns) / 1e6 AS DOUBLE) AS ms
     FROM f q JOIN f p
       ON q.direction = 'request' AND p.direction = 'response' AND q.run = p.run
@@ -66,8 +73,8 @@ _PERCENTILES = """
 
 #: Percentiles per API and per (client id, API) in one pass over the latency table.
 LATENCY_GROUPS = f"""
-    SELECT grouping(client_id) AS per_api, client_id, api_key, {_PERCENTILES}
-    FROM latency GROUP BY GROUPING SETS ((api_key), (client_id, api_key))
+    SELECT grouping(client) AS per_api, client, api_key, {_PERCENTILES}
+    FROM latency GROUP BY GROUPING SETS ((api_key), (client, api_key))
 """
 
 LATENCY_HISTOGRAM = f"""
@@ -95,14 +102,14 @@ def api_name(key: int) -> str:
     return API_NAMES.get(key, f"api_{key}")
 
 
-def _latency_row(row: Any, *, per_client: bool) -> dict[str, Any]:
+def _latency_row(row: Any, clients: dict[int, str] | None = None) -> dict[str, Any]:
     p = row["p"] or [None, None, None]
     out = {
         "api_key": row["api_key"], "api": api_name(row["api_key"]), "requests": row["requests"],
         "p50_ms": p[0], "p99_ms": p[1], "p999_ms": p[2], "max_ms": row["max_ms"],
     }  # fmt: skip
-    if per_client:
-        out = {"client_id": row["client_id"], **out}
+    if clients is not None:
+        out = {"client_id": clients.get(row["client"], ""), **out}
     return out
 
 
@@ -116,16 +123,17 @@ def traffic_stats(spark: Any) -> dict[str, Any]:
     latency.createOrReplaceTempView("latency")
     try:
         groups = spark.sql(LATENCY_GROUPS).collect()
+        clients = {r["client"]: r["name"] for r in spark.sql(CLIENT_NAMES).collect()}
         buckets = spark.sql(LATENCY_HISTOGRAM).collect()
     finally:
         spark.catalog.dropTempView("latency")
         latency.unpersist()
     by_api = sorted(
-        (_latency_row(r, per_client=False) for r in groups if r["per_api"]),
+        (_latency_row(r) for r in groups if r["per_api"]),
         key=lambda r: r["api_key"],
     )
     by_client = sorted(
-        (_latency_row(r, per_client=True) for r in groups if not r["per_api"]),
+        (_latency_row(r, clients) for r in groups if not r["per_api"]),
         key=lambda r: (-r["requests"], r["client_id"], r["api_key"]),
     )[:CLIENT_ROWS]
     histograms: dict[str, list[list[float]]] = {}
