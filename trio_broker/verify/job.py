@@ -273,6 +273,9 @@ def _log(message: str) -> None:
 #: generated code then runs several times faster, which outweighs the compile time. Below
 #: it, C1 only (``-XX:TieredStopAtLevel=1``) starts and finishes small captures sooner.
 C2_FROM_FRAMES = 500_000
+#: The cached facts get one partition per this many frames (a multiple of the cores):
+#: big captures then sort and join in pieces that fit a small executor's memory.
+FRAMES_PER_PARTITION = 2_000_000
 #: Read splits aim at this many tasks per core, so every core decodes (Parquet splits only
 #: at row groups, so small files stay one task each).
 SPLITS_PER_CORE = 4
@@ -405,7 +408,8 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
     # window of the checks is keyed by (topic, partition, ...), so with
     # spark.sql.requireAllClusterKeysForCoPartition off none of them shuffles the facts
     # again. Spills to disk rather than failing when the facts outgrow the memory.
-    named = spark.sql(named_view_sql(topic_ids)).repartition(cores, "tname", "partition")
+    parts = cores * max(1, -(-frames // (FRAMES_PER_PARTITION * cores)))
+    named = spark.sql(named_view_sql(topic_ids)).repartition(parts, "tname", "partition")
     cached = [named.persist(StorageLevel.MEMORY_AND_DISK)]
     try:
         return _verify_facts(spark, cached, capture, runs, Path(capture_dir), started)
