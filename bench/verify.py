@@ -305,7 +305,9 @@ def measured(mode: str, directory: Path, time_limit: float, conf: list[str]) -> 
     """Run ``mode`` on ``directory`` in a subprocess (time-limited), sampling peak tree RSS."""
     cmd = [sys.executable, __file__, "--run", mode, str(directory)]
     cmd += [f"--conf={c}" for c in conf]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # stderr to a file (Spark's progress is long): its tail explains a failed run.
+    errors = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed after the run
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, text=True)
     peak = 0
     done = threading.Event()
 
@@ -318,13 +320,22 @@ def measured(mode: str, directory: Path, time_limit: float, conf: list[str]) -> 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     started = time.monotonic()
+    result: dict[str, Any]
     try:
         out, _ = proc.communicate(timeout=time_limit)
-        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        lines = out.strip().splitlines()
+        if proc.returncode == 0 and lines:
+            result = json.loads(lines[-1])
+        else:
+            errors.seek(0)
+            tail = [line for line in errors.read().splitlines() if " WARN " not in line][-15:]
+            result = {"failed": proc.returncode, "stderr_tail": tail}
+            print("\n".join(tail), file=sys.stderr)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
         result = {"timeout": True}
+    errors.close()
     done.set()
     sampler.join()
     result["wall_seconds"] = round(time.monotonic() - started, 2)
@@ -366,10 +377,11 @@ def main() -> None:
         for mode in args.engines.split(","):
             r = measured(mode, directory, args.time_limit, args.conf)
             r.update(engine=mode, frames=rows, generate_seconds=round(generate_s, 1))
-            if not r.get("timeout"):
+            if "seconds" in r:
                 r["frames_per_s"] = round(rows / r["seconds"])
             results.append(r)
-            rate = f"{r['frames_per_s']:>9}" if "frames_per_s" in r else f"{'timeout':>9}"
+            failed = "timeout" if r.get("timeout") else "failed"
+            rate = f"{r['frames_per_s']:>9}" if "frames_per_s" in r else f"{failed:>9}"
             phases = " ".join(f"{k} {v}" for k, v in r.get("phase_seconds", {}).items())
             print(f"{rows:>9} {mode:<7} {r.get('seconds', float('nan')):>8.1f} {rate} "
                   f"{r['wall_seconds']:>7.1f} {r['peak_rss_mib']:>9} "

@@ -273,9 +273,10 @@ def _log(message: str) -> None:
 #: generated code then runs several times faster, which outweighs the compile time. Below
 #: it, C1 only (``-XX:TieredStopAtLevel=1``) starts and finishes small captures sooner.
 C2_FROM_FRAMES = 500_000
-#: The cached facts get one partition per this many frames (a multiple of the cores):
-#: big captures then sort and join in pieces that fit a small executor's memory.
-FRAMES_PER_PARTITION = 2_000_000
+#: The cached facts get one partition per this many frames (rounded up to a multiple of
+#: the cores): each cached block and each sort of the checks then fits a small executor
+#: (10M frames with a 1 GiB driver ran out of memory building 2M-frame blocks).
+FRAMES_PER_PARTITION = 500_000
 #: Read splits aim at this many tasks per core, so every core decodes (Parquet splits only
 #: at row groups, so small files stay one task each).
 SPLITS_PER_CORE = 4
@@ -365,9 +366,32 @@ def sql(text: str) -> str:
     return text.format_map(KIND_CODE)
 
 
+#: Bytes a frame's facts take in Spark's columnar cache (measured: 124 MB for the 2.4M
+#: frames of bench/verify.py's capture).
+CACHE_BYTES_PER_FRAME = 52
+
+
+def cache_level(spark: Any, frames: int) -> Any:
+    """Memory (spilling to disk) while the facts take at most a quarter of the executor
+    heap, else disk only: a spilled block is read back into one heap buffer of its size,
+    and that ran a 1 GiB driver out of memory at 10M frames (the OS page cache still
+    keeps disk-only blocks in memory when the machine has room)."""
+    from pyspark import StorageLevel
+
+    context = spark.sparkContext
+    jvm = context._jvm
+    if context.master.startswith("local"):
+        heap = int(jvm.java.lang.Runtime.getRuntime().maxMemory())
+    else:
+        memory = context.getConf().get("spark.executor.memory", "1g")
+        heap = int(jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(memory))
+    if frames * CACHE_BYTES_PER_FRAME <= heap // 4:
+        return StorageLevel.MEMORY_AND_DISK
+    return StorageLevel.DISK_ONLY
+
+
 def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
     """Run every check on the capture in ``capture_dir``; return the report as a dict."""
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     started = time.monotonic()
@@ -410,7 +434,7 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
     # again. Spills to disk rather than failing when the facts outgrow the memory.
     parts = cores * max(1, -(-frames // (FRAMES_PER_PARTITION * cores)))
     named = spark.sql(named_view_sql(topic_ids)).repartition(parts, "tname", "partition")
-    cached = [named.persist(StorageLevel.MEMORY_AND_DISK)]
+    cached = [named.persist(cache_level(spark, frames))]
     try:
         return _verify_facts(spark, cached, capture, runs, Path(capture_dir), started)
     finally:
@@ -450,7 +474,6 @@ def _verify_facts(
 ) -> dict[str, Any]:
     """The checks and statistics over the cached facts (``cached[0]``); appends what else
     it caches to ``cached`` for the caller to release."""
-    from pyspark import StorageLevel
 
     facts = cached[0]
     facts.createOrReplaceTempView("facts")
@@ -474,7 +497,7 @@ def _verify_facts(
     # The checks read ``acked`` five times and ``fetched`` four: cached, each is computed
     # once (inlined, every reference was its own join or aggregation, with its shuffles).
     for name in MATERIALIZED:
-        cached.append(spark.table(name).persist(StorageLevel.MEMORY_AND_DISK))
+        cached.append(spark.table(name).persist(cache_level(spark, capture.frames)))
     acked = cached[-2].count()
     cached[-1].count()
     _log(f"running {len(CHECKS)} checks: {', '.join(CHECKS)}")
