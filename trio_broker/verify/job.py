@@ -451,7 +451,7 @@ def _topic_ids(decode_input: Any) -> list[tuple[int, int]]:
     """The distinct (hash of ``id:<uuid>``, hash of the name) pairs of the capture's
     Metadata responses, decoded in a pass of their own so the main pass can name every
     fact's topic before partitioning by it (empty when no frame names a topic by id)."""
-    if not decode_input.where(_BY_ID).limit(1).collect():
+    if not decode_input.where(_BY_ID).select("api_key").limit(1).collect():
         return []
     metadata = decode_input.where("direction = 'response' AND api_key = 3")
     rows = (
@@ -572,17 +572,21 @@ def named_view_sql(topic_ids: list[tuple[int, int]]) -> str:
 
 
 def all_checks_sql() -> str:
-    """Every check in one query (one Spark job): per violation kind, its count and examples."""
-    parts = []
-    for name, (_, check) in CHECKS.items():
-        parts.append(f"""
-        SELECT '{name}' AS check_name, violation, n, example FROM (
-          SELECT violation, to_json(struct(*)) AS example,
-                 count(*) OVER (PARTITION BY violation) AS n,
-                 row_number() OVER (PARTITION BY violation ORDER BY to_json(struct(*))) AS rn
-          FROM ({sql(check)})
-        ) WHERE rn <= {EXAMPLES}""")
-    return "\nUNION ALL\n".join(parts)
+    """Every check in one query (one Spark job): per violation kind, its count and examples
+    (the first by their JSON text). One window over the union of the checks' violations,
+    not one per check: each window is a shuffle stage, and stages cost time even empty."""
+    parts = [
+        f"SELECT '{name}' AS check_name, violation, to_json(struct(*)) AS example "
+        f"FROM ({sql(check)})"
+        for name, (_, check) in CHECKS.items()
+    ]
+    union = "\nUNION ALL\n".join(parts)
+    return f"""
+        SELECT check_name, violation, n, example FROM (
+          SELECT *, count(*) OVER (PARTITION BY check_name, violation) AS n,
+                 row_number() OVER (PARTITION BY check_name, violation ORDER BY example) AS rn
+          FROM ({union})
+        ) WHERE rn <= {EXAMPLES}"""
 
 
 def _plain(row: dict[str, Any]) -> dict[str, Any]:
