@@ -229,6 +229,78 @@ def test_pcap_import_matches_the_tap_and_verifies(
     assert report["acknowledged_batches"] >= 2 * MESSAGES
 
 
+def _by_id_capture(target: Path, *, lose_first: bool) -> None:
+    """A hand-made capture naming its topic by id (Produce v13, Fetch v16) and by name
+    (Fetch v12), with the Metadata response that pairs the two: two batches acknowledged
+    at offsets 0 and 1, each fetch returning both (or, ``lose_first``, only the second)."""
+    import uuid
+
+    import trio_broker.protocol.messages as m
+    from trio_broker.protocol.messages import encode_request, encode_response
+    from trio_broker.storage._batch import build_batch
+
+    topic_id = uuid.UUID("00000000-0000-4000-8000-00000000abcd")
+    rows: list[dict[str, Any]] = []
+
+    def add(direction: str, key: int, version: int, corr: int, frame: bytes) -> None:
+        rows.append({
+            "broker_id": 0, "connection_id": 1, "client_address": "127.0.0.1:1",
+            "client_id": "hand-made", "direction": direction, "monotonic_ns": 1000 + len(rows),
+            "wall_ns": 1000 + len(rows), "api_key": key, "api_version": version,
+            "correlation_id": corr, "frame": frame,
+        })  # fmt: skip
+
+    def response(key: int, version: int, corr: int, body: Any) -> None:
+        parts = encode_response(key, version, corr, body)
+        add("response", key, version, corr, b"".join(bytes(p) for p in parts)[4:])
+
+    M, P, R, F = m.MetadataResponse, m.ProduceRequest, m.ProduceResponse, m.FetchResponse
+    response(3, 12, 1, M(throttle_time_ms=0, brokers=[], cluster_id=None, controller_id=0,
+        cluster_authorized_operations=0, topics=[M.MetadataResponseTopic(
+            error_code=0, name="by-id", topic_id=topic_id, is_internal=False, partitions=[],
+            topic_authorized_operations=0)]))  # fmt: skip
+    stored = b""
+    for offset, value in enumerate((b"first", b"second")):
+        batch = bytes(build_batch([value]))
+        produce = P(transactional_id=None, acks=-1, timeout_ms=1000, topic_data=[
+            P.TopicProduceData(name=None, topic_id=topic_id, partition_data=[
+                P.TopicProduceData.PartitionProduceData(index=0, records=batch)])])  # fmt: skip
+        add("request", 0, 13, 2 + offset, encode_request(0, 13, 2 + offset, "x", produce)[4:])
+        response(0, 13, 2 + offset, R(throttle_time_ms=0, responses=[R.TopicProduceResponse(
+            name=None, topic_id=topic_id, partition_responses=[
+                R.TopicProduceResponse.PartitionProduceResponse(
+                    index=0, error_code=0, base_offset=offset)])]))  # fmt: skip
+        if not (lose_first and offset == 0):
+            stored += bytes(build_batch([value], base_offset=offset))
+    for corr, version, by_id in ((4, 16, True), (5, 12, False)):
+        part = F.FetchableTopicResponse.PartitionData(partition_index=0, error_code=0,
+            high_watermark=2, last_stable_offset=2, log_start_offset=0, records=stored)  # fmt: skip
+        topic = F.FetchableTopicResponse(
+            topic=None if by_id else "by-id",
+            topic_id=topic_id if by_id else None,
+            partitions=[part],
+        )
+        response(1, version, corr, F(throttle_time_ms=0, error_code=0, session_id=0,
+            responses=[topic], node_endpoints=[]))  # fmt: skip
+    write_rows(rows, target)
+
+
+def test_topics_named_by_id_are_matched_to_their_names(spark: Any, tmp_path: Path) -> None:
+    """Produce v13 and Fetch v16 name the topic by id, Fetch v12 by name: the job names
+    every fact through the Metadata response, so the batches acknowledged by id are found
+    by both fetches; a batch neither fetch returns is reported missing, under its name."""
+    _by_id_capture(tmp_path / "good", lose_first=False)
+    report = verify(spark, tmp_path / "good")
+    assert report["ok"], summary_text(report)
+    assert report["acknowledged_batches"] == 2
+    assert report["facts"]["fetch_batch"] == 4
+    _by_id_capture(tmp_path / "bad", lose_first=True)
+    report = verify(spark, tmp_path / "bad")
+    assert kinds(report, "acked_produce_fetched") == {"ack_missing"}, summary_text(report)
+    (example,) = report["checks"]["acked_produce_fetched"]["examples"]
+    assert example["topic"] == "by-id" and example["base_offset"] == 0
+
+
 def test_corrupted_capture_reports_each_violation(
     spark: Any, capture: Path, tmp_path: Path
 ) -> None:
