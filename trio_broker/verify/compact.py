@@ -69,24 +69,21 @@ def compact(facts: Any) -> list[Any]:
     keys = topics.dictionary.to_pylist()
     hashes = pa.array([topic_hash(k) for k in keys], pa.int64())
     columns["topic"] = hashes.take(topics.indices)
-    out = [
-        pa.RecordBatch.from_arrays(
-            [columns.get(f.name, facts.column(f.name)) for f in schema], schema=schema
-        )
-    ]
+    out = [_batch(schema, {f.name: facts.column(f.name) for f in schema} | columns)]
     if keys:
-        names = {
-            "run": pa.nulls(len(keys), pa.int32()),
-            "kind": pa.array([KIND_CODE["topic_name"]] * len(keys), pa.int8()),
-            "topic": hashes,
-            "note": pa.array(keys, pa.string()),
-        }
-        out.append(
-            pa.RecordBatch.from_arrays(
-                [names.get(f.name, pa.nulls(len(keys), f.type)) for f in schema], schema=schema
-            )
-        )
+        kind = pa.array([KIND_CODE["topic_name"]] * len(keys), pa.int8())
+        out.append(_batch(schema, {"kind": kind, "topic": hashes, "note": pa.array(keys)}))
     return out
+
+
+def _batch(schema: Any, columns: dict[str, Any]) -> Any:
+    """A record batch of ``schema`` from ``columns``, the missing ones all nulls."""
+    import pyarrow as pa
+
+    n = len(next(iter(columns.values())))
+    return pa.RecordBatch.from_arrays(
+        [columns.get(f.name, pa.nulls(n, f.type)) for f in schema], schema=schema
+    )
 
 
 def decode_compact(batches: Iterator[Any]) -> Iterator[Any]:

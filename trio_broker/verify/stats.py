@@ -24,11 +24,16 @@ TIMELINE_BUCKETS = 120
 #: Rows kept of the per-client latency table.
 CLIENT_ROWS = 40
 
+
 #: A client id as a number: aggregating a string (max) makes Spark fall back from its hash
 #: aggregation to sorting, several times slower; names come back from :data:`CLIENT_NAMES`.
-CLIENT_KEY = "xxhash64(coalesce(client_id, ''))"
+def client_key(column: str = "client_id") -> str:
+    """SQL for the number standing for the client id in ``column``."""
+    return f"xxhash64(coalesce({column}, ''))"
+
+
 CLIENT_NAMES = (
-    f"SELECT DISTINCT {CLIENT_KEY} AS client, coalesce(client_id, '') AS name FROM frames"
+    f"SELECT DISTINCT {client_key()} AS client, coalesce(client_id, '') AS name FROM frames"
 )
 
 #: Requests paired with their responses. One aggregation over the frames instead of a
@@ -43,7 +48,7 @@ LATENCY_PAIRS = f"""
              count_if(direction = 'response') AS responses,
              max(CASE WHEN direction = 'request' THEN monotonic_ns END) AS q_ns,
              max(CASE WHEN direction = 'response' THEN monotonic_ns END) AS p_ns,
-             max(CASE WHEN direction = 'request' THEN {CLIENT_KEY} END) AS client
+             max(CASE WHEN direction = 'request' THEN {client_key()} END) AS client
       FROM frames GROUP BY run, connection_id, correlation_id, api_key
     ),
     many AS (
@@ -57,7 +62,7 @@ LATENCY_PAIRS = f"""
     SELECT api_key, client, CAST((p_ns - q_ns) / 1e6 AS DOUBLE) AS ms
     FROM k WHERE requests = 1 AND responses = 1
     UNION ALL
-    SELECT q.api_key, {CLIENT_KEY.replace("client_id", "q.client_id")} AS client,
+    SELECT q.api_key, {client_key("q.client_id")} AS client,
            CAST((p.monotonic_ns - q.monotonic_ns) / 1e6 AS DOUBLE) AS ms
     FROM f q JOIN f p
       ON q.direction = 'request' AND p.direction = 'response' AND q.run = p.run
