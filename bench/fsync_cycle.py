@@ -60,7 +60,13 @@ def cycle(path: Path, seconds: float, writes_per_sync: int, prewritten: bool) ->
     finally:
         os.close(fd)
         path.unlink()
-    return {"mb_s": written / elapsed / 1e6, "sync_ms": statistics.median(syncs) * 1e3}
+    return {
+        "mb_s": written / elapsed / 1e6,
+        "sync_ms": statistics.median(syncs) * 1e3,
+        "bytes": written,
+        "seconds": elapsed,
+        "syncs": len(syncs),
+    }
 
 
 def main() -> None:

@@ -11,6 +11,10 @@ Cases, each on a fresh log in DIR (default: a temp dir on the same disk as /tmp)
   also between the cases).
 * append only            - PartitionLog.append with no fsync (page-cache speed).
 * fsync per append       - append then flush, one writer: one fsync per batch.
+* plain strict loop x8   - 8 x 64 KiB ``os.write`` then one ``fdatasync``, in a
+  loop with no broker (bench/fsync_cycle.py): what the strict case below could
+  reach with zero broker overhead. It syncs half as many bytes per fdatasync
+  as the raw loop, so on this disk it is itself 50-100% of the raw loop.
 * group commit x8        - 8 concurrent trio tasks each doing acks=all appends
   (append, mark_dirty, wait_durable) through the Flusher: fsyncs are shared.
   Each writer waits for one append's ack before the next append.
@@ -30,6 +34,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -40,6 +45,9 @@ from typing import Any
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fsync_cycle import cycle
 
 from trio_broker.server.flusher import Flusher
 from trio_broker.storage._batch import build_batch
@@ -96,6 +104,23 @@ def bench_raw(root: Path, seconds: float) -> dict[str, Any]:
     elapsed = time.perf_counter() - start
     shutil.rmtree(path, ignore_errors=True)
     return row("raw write+fdatasync/MiB", MIB, elapsed, n, n * MIB, n)
+
+
+def bench_plain_strict(root: Path, seconds: float) -> dict[str, Any]:
+    """The strict cycle as a bare loop: WRITERS x 64 KiB writes, one fdatasync."""
+    path = fresh_dir(root, "plain")
+    path.mkdir()
+    result = cycle(path / "data", seconds, WRITERS, prewritten=False)
+    shutil.rmtree(path, ignore_errors=True)
+    appends = int(result["syncs"]) * WRITERS
+    return row(
+        f"plain strict loop x{WRITERS} (no broker)",
+        64 * KIB,
+        result["seconds"],
+        appends,
+        int(result["bytes"]),
+        int(result["syncs"]),
+    )
 
 
 def bench_sync(root: Path, size: int, seconds: float, *, fsync: bool) -> dict[str, Any]:
@@ -197,21 +222,23 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def target_ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+def target_ratios(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
     """The issue's target: 64 KiB group commit MB/s over the raw 1 MiB loop's MB/s.
 
     The raw figure is the mean of the raw runs right before and right after the
     case (the disk's speed drifts by up to 4x within a minute).
     """
-    ratios = {}
+    ratios: dict[str, list[float]] = {}
     for i, r in enumerate(rows):
-        if not (r["case"].startswith("group commit") and r["batch_bytes"] == 64 * KIB):
+        if r["case"].startswith("raw") or r["batch_bytes"] != 64 * KIB:
             continue
         before = [x["mb_per_s"] for x in rows[:i] if x["case"].startswith("raw")][-1:]
         after = [x["mb_per_s"] for x in rows[i + 1 :] if x["case"].startswith("raw")][:1]
         raw = before + after
         if raw:
-            ratios[f"{r['case']} 64 KiB"] = r["mb_per_s"] / (sum(raw) / len(raw))
+            ratios.setdefault(f"{r['case']} 64 KiB", []).append(
+                r["mb_per_s"] / (sum(raw) / len(raw))
+            )
     return ratios
 
 
@@ -229,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         "--json", type=Path, default=None, help="also save the results as JSON here"
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with --sizes 64: run the 64 KiB cases this many times (the disk drifts)",
+    )
+    parser.add_argument(
         "--sizes",
         type=int,
         nargs="+",
@@ -242,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     # The raw loop runs first and last: a virtual disk's speed drifts, and the
     # pair shows by how much during this run.
     cases: list[Callable[[], dict[str, Any]]] = [lambda: bench_raw(root, args.seconds)]
-    for size in sizes:
+    for size in sizes * (args.rounds if args.sizes is not None else 1):
+        if size == 64 * KIB and args.sizes is not None:
+            cases.append(lambda: bench_plain_strict(root, args.seconds))
+            cases.append(lambda: bench_raw(root, args.seconds))
         if args.sizes is None:
             cases.append(lambda size=size: bench_sync(root, size, args.seconds, fsync=False))
             cases.append(lambda size=size: bench_sync(root, size, args.seconds, fsync=True))
@@ -266,8 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print_table(rows)
     ratios = target_ratios(rows)
-    for name, value in ratios.items():
-        print(f"{name}: {value:.0%} of the raw loop (the raw runs around it; target >= 70%)")
+    for name, values in ratios.items():
+        each = ", ".join(f"{v:.0%}" for v in values)
+        print(
+            f"{name}: {statistics.median(values):.0%} of the raw loop"
+            f" (median of {len(values)}: {each}; the raw runs around each; target >= 70%)"
+        )
     if args.json is not None:
         payload = {
             "seconds_per_case": args.seconds,

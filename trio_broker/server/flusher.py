@@ -2,8 +2,9 @@
 
 Produce handlers append on the event loop, call :meth:`Flusher.mark_dirty`, and
 for acks=all ``await flusher.wait_durable(log, last_offset)``. The flusher loop
-syncs every log that is due in one ``trio.to_thread.run_sync`` call and then
-wakes the waiters it satisfied. There is no artificial delay: appends that
+syncs every log that is due in one worker-thread call (``sync_thread.py``:
+it reports back through a pipe, faster than ``trio.to_thread``) and then wakes
+the waiters it satisfied. There is no artificial delay: appends that
 arrive while an fsync runs are covered together by the next one, so the number
 of appends per fsync grows with load by itself.
 """
@@ -20,6 +21,7 @@ import attrs
 import trio
 
 from trio_broker.server.metrics import FSYNC_BOUNDS, LatencyHistogram
+from trio_broker.server.sync_thread import PipeReportingThreads
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.group_commit import DurabilityTracker, FlushPolicy, FlushStatistics
 
@@ -106,6 +108,7 @@ class Flusher:
         self._next_probe: dict[int, float] = {}
         #: Seconds of each successful log sync (/metrics trio_broker_fsync_duration_seconds).
         self.fsync_durations = LatencyHistogram(FSYNC_BOUNDS)
+        self._threads = PipeReportingThreads()
 
     def _entry(self, log: FlushableLog) -> _Entry:
         entry = self._entries.get(id(log))
@@ -203,6 +206,7 @@ class Flusher:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._stopped = None
+        self._threads.reopen()
         task_status.started()
         try:
             while True:
@@ -229,6 +233,7 @@ class Flusher:
                     await self._wakeup.wait()
         finally:
             self._stopped = StorageError("flusher stopped")
+            self._threads.close()
             for entry in self._entries.values():
                 for event in entry.tracker.fail():
                     event.set()
@@ -253,7 +258,7 @@ class Flusher:
     async def _flush(self, due: list[_Entry]) -> None:
         covered = [e.tracker.begin_flush() for e in due]
         durations: list[float] = []
-        results = await trio.to_thread.run_sync(
+        results = await self._threads.run_sync(
             _flush_all, [e.log for e in due], self.sync, durations
         )
         for entry, count, result, seconds in zip(due, covered, results, durations, strict=True):
