@@ -38,6 +38,8 @@ def test_crash_loop_capture_verifies(tmp_path: Path) -> None:
     capture = tmp_path / "capture"
     files = sorted(capture.glob("*.parquet"))
     assert files, "no capture files"
+    # A kill that lands while the tap writes a file leaves a torn one of its own.
+    torn_by_kills = len(list(capture.glob("*.parquet.tmp")))
     half = files[0].read_bytes()[: files[0].stat().st_size // 2]
     # What a kill during a flush leaves behind: half a Parquet file under the temporary name.
     (capture / (files[0].name.rsplit("-", 1)[0] + "-999999.parquet.tmp")).write_bytes(half)
@@ -53,7 +55,7 @@ def test_crash_loop_capture_verifies(tmp_path: Path) -> None:
     # flush (1 s) leaves none.
     assert 3 <= verdict.incarnations <= 5, verdict.summary()
     assert verdict.closed_cleanly >= 1, "the last incarnation's capture was not closed"
-    assert verdict.torn_files == 1, verdict.summary()
+    assert verdict.torn_files == torn_by_kills + 1, verdict.summary()
     assert verdict.unreadable_files == 1 and verdict.skipped_by_verify == 1, verdict.summary()
     assert verdict.acknowledged_batches > 0 and verdict.frames > 0, verdict.summary()
     assert verdict.acked_records_captured > 0, verdict.summary()
