@@ -5,13 +5,19 @@ fsync before every ack, 64 KiB records), against a fresh broker per run;
 rounds alternate off / on so drift on a shared machine hits both sides. Prints
 each run, the medians and the throughput ratio, and writes JSON.
 
+``--workload consume`` measures the other side: the producer fills the
+partition first (captured too, not timed), then one consumer (W3's) reads it
+all from offset 0, and the consumer's MB/s is compared.
+
     .venv/bin/python bench/capture_overhead.py --records 2048 --rounds 3 --json out.json
+    .venv/bin/python bench/capture_overhead.py --workload consume --records 4096
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -22,6 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from produce import ROOT, BrokerProcess, create_topic, run_producer
+from workloads import w3
 
 #: The target from issue 7: capture may cost at most this share of throughput.
 TARGET_LOSS = 0.10
@@ -41,6 +48,13 @@ def one_run(capture: bool, args: argparse.Namespace, extra: list[str]) -> dict[s
         cpu_before = broker.cpu_seconds()
         result = run_producer(broker.bootstrap, "overhead", args.records, args.record_size, {})
         result["broker_cpu_s"] = broker.cpu_seconds() - cpu_before
+        if args.workload == "consume":
+            produced = result
+            result = w3(broker, args.records, topic="overhead")
+            result["errors"] += produced["errors"] + produced["undelivered"]
+            result["undelivered"] = (
+                0 if result["complete"] else args.records + 1 - result["records"]
+            )
         result["broker_peak_rss_mib"] = broker.rss_mib()
     finally:
         broker.stop()
@@ -59,12 +73,14 @@ def main() -> None:
     parser.add_argument("--record-size", type=int, default=64 * 1024)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--storage", default="file", choices=["file", "memory"])
+    parser.add_argument("--workload", default="produce", choices=["produce", "consume"])
     parser.add_argument(
         "--capture-flag", action="append", default=[], help="extra serve flag with --capture"
     )
     parser.add_argument("--json", type=Path, help="write results here")
     args = parser.parse_args()
     runs: list[dict[str, Any]] = []
+    nan = math.nan  # consumers report no per-record latency
     print(
         f"{'capture':<8} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'cpu s':>6} {'cap MB':>7} {'rows':>6} {'drop':>5} {'err':>4}"
     )
@@ -73,15 +89,19 @@ def main() -> None:
             r = one_run(capture, args, args.capture_flag)
             runs.append(r)
             print(
-                f"{'on' if capture else 'off':<8} {r['mb_per_s']:>8.1f} {r['p50_ms']:>8.1f} "
-                f"{r['p99_ms']:>8.1f} {r['broker_cpu_s']:>6.1f} {r['capture_bytes'] / 1e6:>7.1f} {r['capture_rows']:>6} {r['capture_dropped']:>5} "
+                f"{'on' if capture else 'off':<8} {r['mb_per_s']:>8.1f} {r.get('p50_ms', nan):>8.1f} "
+                f"{r.get('p99_ms', nan):>8.1f} {r['broker_cpu_s']:>6.1f} {r['capture_bytes'] / 1e6:>7.1f} {r['capture_rows']:>6} {r['capture_dropped']:>5} "
                 f"{r['errors'] + r['undelivered']:>4}",
                 flush=True,
             )
     off = [r["mb_per_s"] for r in runs if not r["capture"]]
     on = [r["mb_per_s"] for r in runs if r["capture"]]
     summary: dict[str, Any] = {
-        "workload": f"W1 pipelined, {args.records} x {args.record_size} B, acks=all, fsync",
+        "workload": (
+            f"W1 pipelined, {args.records} x {args.record_size} B, acks=all, fsync"
+            if args.workload == "produce"
+            else f"W3: one consumer reading {args.records} x {args.record_size} B from offset 0"
+        ),
         "runs": runs,
         "median_mb_per_s_off": statistics.median(off),
         "median_mb_per_s_on": statistics.median(on),

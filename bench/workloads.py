@@ -58,8 +58,10 @@ def w2(records: int, idempotent: bool = False, model: str = "pipelined") -> dict
         broker.stop()
 
 
-def w3(broker: BrokerProcess, records: int, time_limit: float = 120.0) -> dict[str, Any]:
-    """One consumer reading W1's data from offset 0."""
+def w3(
+    broker: BrokerProcess, records: int, time_limit: float = 120.0, topic: str = "w1"
+) -> dict[str, Any]:
+    """One consumer reading W1's data (or `topic`'s, written by run_producer) from offset 0."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({
@@ -67,7 +69,7 @@ def w3(broker: BrokerProcess, records: int, time_limit: float = 120.0) -> dict[s
         "fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 16 * 1024 * 1024,
         "receive.message.max.bytes": 80 * 1024 * 1024,
     })  # fmt: skip
-    consumer.assign([TopicPartition("w1", 0, 0)])
+    consumer.assign([TopicPartition(topic, 0, 0)])
     got = nbytes = errors = 0
     # The warm-up record of W1 is in the log too.
     want = records + 1

@@ -71,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--capture-records",
         choices=["headers", "full"],
         default="headers",
-        help="Produce request batches: headers only (default: all verify needs) or full "
-        "(needed by trio-broker replay)",
+        help="record batches of Produce requests and Fetch responses: headers only "
+        "(default: all verify needs) or full (needed by trio-broker replay)",
     )
     serve.add_argument(
         "--metrics-listen",

@@ -22,7 +22,12 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import trio_broker.protocol.messages as m  # noqa: E402
-from trio_broker.capture.compact import compact_produce_request  # noqa: E402
+from trio_broker.capture.compact import (  # noqa: E402
+    compact_fetch_response,
+    compact_produce_request,
+    fetch_records,
+)
+from trio_broker.protocol.codec import RecordsChunks  # noqa: E402
 from trio_broker.protocol.messages import encode_request, encode_response  # noqa: E402
 from trio_broker.storage._batch import build_batch  # noqa: E402
 from trio_broker.verify.decode import (  # noqa: E402
@@ -360,6 +365,44 @@ def test_compacted_produce_requests_decode_like_whole_ones() -> None:
     assert _same_facts(compact_rows)["reference"] == 0
     assert _fast(_arrow(compact_rows)) == _fast(_arrow(rows))
     assert sum(_fast(_arrow(rows)).values()) == 3 * 2
+
+
+def test_compacted_fetch_responses_decode_like_whole_ones() -> None:
+    """The tap compacts a Fetch response from its message, reading only batch headers;
+    a batch may straddle two records parts, and a partial trailing batch is left out."""
+    batches = [
+        bytes(build_batch([b"v" * 50] * n, producer_id=5, producer_epoch=0, base_sequence=n))
+        for n in (1, 3, 2)
+    ]
+    records = batches[0] + batches[1] + batches[2][:70]  # a fetch cut at its byte limit
+    split = len(batches[0]) + 30  # inside the second batch's header
+
+    def read(part: Any, position: int, n: int) -> bytes:
+        return bytes(part[position : position + n])
+
+    PD = F.FetchableTopicResponse.PartitionData
+    rows, compact_rows = [], []
+    for version in (4, 11, 12, 16):
+
+        def response(value: Any) -> Any:
+            part = PD(partition_index=0, high_watermark=9, records=value)
+            topic = F.FetchableTopicResponse(
+                topic="t", topic_id=uuid.UUID(int=1), partitions=[part, PD(partition_index=1)]
+            )
+            return F(throttle_time_ms=0, error_code=0, session_id=0, responses=[topic])
+
+        frame = _join(encode_response(1, version, version, response(records)))[4:]
+        chunks = RecordsChunks([records[:split], records[split:]])
+        message = response(chunks)
+        compact = compact_fetch_response(version, version, message, fetch_records(message), read)
+        assert message.responses[0].partitions[0].records is chunks  # not changed
+        assert len(compact) < len(frame)
+        rows.append(_row("response", 1, version, frame, corr=version))
+        compact_rows.append(dict(rows[-1], frame=compact))
+    assert _same_facts(compact_rows)["reference"] == 0
+    assert _fast(_arrow(compact_rows)) == _fast(_arrow(rows))
+    facts = decode_rows({n: [row[n] for row in rows] for n in NEEDED_COLUMNS})
+    assert facts["kind"].count("fetch_batch") == 4 * 2
 
 
 def test_bench_capture_decodes_on_the_fast_path(tmp_path: Path) -> None:

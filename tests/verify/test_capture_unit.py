@@ -14,7 +14,16 @@ pytest.importorskip("pyarrow", reason="the verify extra (pyarrow) is not install
 from tests.verify.helpers import read_capture
 from trio_broker.capture.pcap import import_pcap
 from trio_broker.capture.tap import CaptureTap
-from trio_broker.protocol.messages import RequestHeader
+from trio_broker.protocol.codec import RecordsChunks
+from trio_broker.protocol.messages import (
+    FetchResponse,
+    RequestHeader,
+    decode_response,
+    encode_response,
+)
+from trio_broker.protocol.records import split_batches
+from trio_broker.storage._batch import build_batch
+from trio_broker.storage.log import FileRegion
 
 CLIENT, SERVER = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])
 
@@ -64,6 +73,40 @@ async def test_tap_reads_file_regions_in_the_writer(tmp_path: Path) -> None:
     assert row["direction"] == "response" and row["api_version"] == 12
     assert row["frame"] == struct.pack(">i", 9) + b"abcRECORDS"
     assert row["frame_length"] == len(row["frame"])
+
+
+@pytest.mark.parametrize("full_records", [False, True])
+async def test_tap_keeps_fetch_batch_headers_only(tmp_path: Path, full_records: bool) -> None:
+    """By default a Fetch response is captured as batch headers, read from the log through
+    the tap's own descriptor; ``--capture-records full`` keeps it whole."""
+    batches = [bytes(build_batch([b"r" * 300] * n, base_offset=n)) for n in (1, 4)]
+    log = tmp_path / "log"
+    log.write_bytes(b"pad" + b"".join(batches))
+    fd = os.open(log, os.O_RDONLY)
+    PD = FetchResponse.FetchableTopicResponse.PartitionData
+    region = FileRegion(fd, 3, sum(map(len, batches)))
+    part = PD(partition_index=0, high_watermark=5, records=RecordsChunks([region]))
+    topic = FetchResponse.FetchableTopicResponse(topic="t", partitions=[part])
+    message = FetchResponse(throttle_time_ms=0, error_code=0, session_id=0, responses=[topic])
+    parts = encode_response(1, 11, 9, message)
+    whole = b"".join(region.read_bytes() if p is region else bytes(p) for p in parts)[4:]
+    tap = CaptureTap(tmp_path / "cap", 0, full_records=full_records)
+    tap.response(2, "h:1", RequestHeader(1, 11, 9, None), 11, parts, message)
+    os.close(fd)  # the tap holds its own descriptor until the writer has read the headers
+    tap.close()
+    (row,) = read_capture(tmp_path / "cap").to_pylist()
+    assert row["frame_length"] == len(whole)
+    if full_records:
+        assert row["frame"] == whole
+        return
+    assert part.records.parts == [region]  # the broker's message is left alone
+    _, compact = decode_response(1, 11, row["frame"])
+    (got,) = compact.responses[0].partitions
+    views, tail = split_batches(got.records)
+    assert not tail.nbytes and len(row["frame"]) < len(whole) - 1000
+    assert [(v.base_offset, v.crc, v.record_count) for v in views] == [
+        (v.base_offset, v.crc, v.record_count) for v in split_batches(b"".join(batches))[0]
+    ]
 
 
 def _tcp(

@@ -162,22 +162,38 @@ def test_clean_capture_passes(clean_report: dict[str, Any], capture: Path, tmp_p
 
 
 def test_compacted_capture_gives_the_same_facts(capture: Path) -> None:
-    """The default capture keeps only Produce batch headers: the verifier's decoder (what
-    the Spark job runs on each row) yields exactly the facts of the whole frames."""
-    from trio_broker.capture.compact import compact_produce_request
+    """The default capture keeps only the batch headers of Produce requests and Fetch
+    responses: the verifier's decoder (what the Spark job runs on each row) yields
+    exactly the facts of the whole frames."""
+    from trio_broker.capture.compact import (
+        compact_fetch_response,
+        compact_produce_request,
+        fetch_records,
+    )
+    from trio_broker.protocol.messages import decode_response
     from trio_broker.verify.decode import NEEDED_COLUMNS, decode_rows
+
+    def read(part: Any, position: int, n: int) -> bytes:
+        return bytes(memoryview(part)[position : position + n])
 
     table = read_capture(capture)
     columns = {n: table.column(n).to_pylist() for n in NEEDED_COLUMNS if n != "run"}
     columns["run"] = ["run"] * table.num_rows
     compacted = dict(columns, frame=list(columns["frame"]))
-    count = 0
+    count = fetches = 0
     for i, (key, direction) in enumerate(zip(columns["api_key"], columns["direction"])):
         if key == 0 and direction == "request":
             compacted["frame"][i] = compact_produce_request(columns["frame"][i])
             assert len(compacted["frame"][i]) < columns["frame_length"][i]
             count += 1
-    assert count >= 2 * MESSAGES
+        if key == 1 and direction == "response":
+            version = columns["api_version"][i]
+            corr, message = decode_response(1, version, columns["frame"][i])
+            frame = compact_fetch_response(version, corr, message, fetch_records(message), read)
+            assert len(frame) <= columns["frame_length"][i]
+            compacted["frame"][i] = frame
+            fetches += len(frame) < columns["frame_length"][i]
+    assert count >= 2 * MESSAGES and fetches >= 1
     full, compact = decode_rows(columns), decode_rows(compacted)
     assert compact == full
     assert full["kind"].count("produce_batch") >= 2 * MESSAGES

@@ -5,7 +5,8 @@ The connection calls :meth:`CaptureTap.request` after decoding a request and
 frame's buffers (log file regions are ``dup``-ed, not read) and ``send_nowait``;
 when the channel or the byte budget is full the row is dropped and counted —
 capture never blocks the broker. The writer task reads file regions with
-``os.pread`` and writes Parquet in a worker thread.
+``os.pread`` (of a Fetch response, by default only each batch's header) and
+writes Parquet in a worker thread.
 """
 
 from __future__ import annotations
@@ -19,9 +20,18 @@ from typing import Any
 import attrs
 import trio
 
-from trio_broker.capture.compact import PRODUCE, compact_produce_request
+from trio_broker.capture.compact import (
+    FETCH,
+    HEADER_BYTES,
+    PRODUCE,
+    compact_fetch_response,
+    compact_produce_request,
+    fetch_records,
+)
 from trio_broker.capture.schema import REQUEST, RESPONSE, CaptureRow, redact, rows_to_table
 from trio_broker.capture.writer import ParquetRotator
+from trio_broker.protocol.codec import RecordsChunks, part_length
+from trio_broker.storage.log import FileRegion
 
 log = logging.getLogger("trio_broker.capture")
 
@@ -44,6 +54,9 @@ class _Pending:
     size: int
     #: The arena chunk holding the row's frame, released once written or dropped.
     chunk: bytearray | None = None
+    #: A Fetch response to compact: (version, message, its partitions' records with
+    #: file regions on fds of the tap's own), see CaptureTap.response.
+    fetch: tuple[int, Any, list[Any]] | None = None
 
 
 class _Arena:
@@ -99,8 +112,65 @@ class _Arena:
             self.free.append(chunk)
 
 
+def _pread(fd: int, n: int, position: int) -> bytes:
+    """Up to ``n`` bytes at ``position``: fewer only where the file ends."""
+    out = b""
+    while len(out) < n:
+        chunk = os.pread(fd, n - len(out), position + len(out))
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _read_part(part: Any, position: int, n: int) -> bytes:
+    """``n`` bytes at ``position`` of a records part: a buffer, a file region or a
+    MemoryRegion (compact.ReadPart)."""
+    if isinstance(part, FileRegion):
+        return _pread(part.fd, n, part.position + position)
+    data = part.data if hasattr(part, "data") else part
+    return bytes(memoryview(data).cast("B")[position : position + n])
+
+
+def _own_regions(records: Any) -> Any:
+    """``records`` with each file region on a dup-ed fd, so that it stays readable
+    after the log closes the segment (retention, shutdown)."""
+    if not isinstance(records, RecordsChunks):
+        return records
+    parts = []
+    for part in records.parts:
+        fd = getattr(part, "fd", None)
+        if fd is not None:
+            try:
+                part = FileRegion(os.dup(fd), part.position, part.length)
+            except OSError:
+                part = b""
+        parts.append(part)
+    return RecordsChunks(parts)
+
+
+def _owned_fds(item: _Pending) -> list[int]:
+    if item.fetch is None:
+        return []
+    chunks = [value for value in item.fetch[2] if isinstance(value, RecordsChunks)]
+    return [part.fd for value in chunks for part in value.parts if isinstance(part, FileRegion)]
+
+
 def _materialize(item: _Pending) -> CaptureRow:
     """Resolve file regions (pread from a dup-ed fd) into the row's frame bytes."""
+    if item.fetch is not None:
+        version, message, records = item.fetch
+        row = item.row
+        try:
+            row.frame = compact_fetch_response(
+                version, row.correlation_id, message, records, _read_part
+            )
+        except Exception:
+            # Kept as an empty prefix: verify skips it, the other rows of the batch stay.
+            log.warning("capture: could not compact a fetch response", exc_info=True)
+        finally:
+            _release(item)
+        return row
     if not item.pieces:
         return item.row
     out = bytearray()
@@ -110,13 +180,7 @@ def _materialize(item: _Pending) -> CaptureRow:
         elif isinstance(piece, tuple):
             fd, position, length = piece
             try:
-                while length > 0:
-                    chunk = os.pread(fd, length, position)
-                    if not chunk:
-                        break
-                    out += chunk
-                    position += len(chunk)
-                    length -= len(chunk)
+                out += _pread(fd, length, position)
             except OSError:
                 log.warning("capture: could not read a log region", exc_info=True)
             finally:
@@ -134,6 +198,9 @@ def _release(item: _Pending) -> None:
     for piece in item.pieces:
         if isinstance(piece, tuple):
             os.close(piece[0])
+    for fd in _owned_fds(item):
+        os.close(fd)
+    item.fetch = None
 
 
 class CaptureTap:
@@ -159,8 +226,9 @@ class CaptureTap:
         self.flush_seconds = flush_seconds
         self.flush_bytes = flush_bytes
         self.prefix_bytes = prefix_bytes
-        #: False: Produce request batches are stored as headers only (compact.py);
-        #: ``serve --capture-records full`` keeps them whole (needed by ``replay``).
+        #: False: the batches of Produce requests and Fetch responses are stored as
+        #: headers only (compact.py); ``serve --capture-records full`` keeps them
+        #: whole (needed by ``replay``).
         self.full_records = full_records
         self.rotator = ParquetRotator(self.directory, broker_id)
         # Warmed up now, not by the first flush: pyarrow's imports (hundreds of modules,
@@ -221,8 +289,38 @@ class CaptureTap:
         self._offer(_Pending(row, [], len(copy), chunk))
 
     def response(
-        self, connection_id: int, address: str, header: Any, version: int, parts: list[Any]
+        self,
+        connection_id: int,
+        address: str,
+        header: Any,
+        version: int,
+        parts: list[Any],
+        message: Any = None,
     ) -> None:
+        """Record a response frame, given as the ``parts`` it is sent as.
+
+        With ``message`` (the decoded response) a Fetch response is kept as batch
+        headers only, unless the tap keeps full records or a prefix: its records are
+        not read, only each batch's header (by the writer).
+        """
+        if (
+            header.api_key == FETCH
+            and message is not None
+            and not self.full_records
+            and self.prefix_bytes is None
+        ):
+            records = [_own_regions(value) for value in fetch_records(message)]
+            row = CaptureRow(
+                self.broker_id, connection_id, address, header.client_id, RESPONSE,
+                time.monotonic_ns(), time.time_ns(), header.api_key, version,
+                header.correlation_id, sum(map(part_length, parts)) - 4, b"",
+            )  # fmt: skip
+            # What the row will take once written: a header per batch, counted roughly.
+            size = 256 + HEADER_BYTES * sum(
+                len(value.parts) for value in records if isinstance(value, RecordsChunks)
+            )
+            self._offer(_Pending(row, [], size, fetch=(version, message, records)))
+            return
         pieces: list[Piece] = []
         budget = None if self.prefix_bytes is None else self.prefix_bytes + 4
         total = 0

@@ -293,8 +293,9 @@ class Connection:
                     )
                     if self.broker.capture is not None:
                         self.broker.capture.response(
-                            self.id, self.client_address, h, pending.response_version, parts
-                        )
+                            self.id, self.client_address, h, pending.response_version, parts,
+                            response,
+                        )  # fmt: skip
                     self.send_progress = trio.current_time()
                     try:
                         await self._send_parts(parts)
