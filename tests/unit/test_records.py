@@ -308,6 +308,17 @@ def test_set_log_append_time(codec: Compression, xerial: bool) -> None:
     assert {r.timestamp_type for r in batch_cls(bytes(b))} == {1}
 
 
+def test_set_producer_keeps_the_batch_valid() -> None:
+    b = _sample(producer_id=1, producer_epoch=0, base_sequence=7)
+    v = parse_header(b)
+    v.set_producer(2**40 + 9, 3)
+    assert v.crc_is_valid()
+    v.validate()
+    assert (v.producer_id, v.producer_epoch, v.base_sequence) == (2**40 + 9, 3, 7)
+    theirs = _client_lib("aiokafka", Compression.NONE)[0](bytes(b))
+    assert theirs.validate_crc() and theirs.producer_id == 2**40 + 9
+
+
 def test_setters_need_a_writable_buffer() -> None:
     v = parse_header(bytes(_sample()))
     for setter in (v.set_base_offset, v.set_partition_leader_epoch, v.set_log_append_time):

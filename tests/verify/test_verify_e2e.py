@@ -223,6 +223,44 @@ def test_replay_into_a_fresh_broker_verifies(
     assert report["facts"]["fetch_batch"] >= 2 * MESSAGES
 
 
+def _log_end_offsets(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "log-end-offsets"})
+    try:
+        ends = {}
+        for topic in topics:
+            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            ends[topic] = sum(
+                consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in partitions
+            )
+        return ends
+    finally:
+        consumer.close()
+
+
+def test_a_second_replay_into_one_broker_appends_idempotent_batches_again(
+    capture: Path, tmp_path: Path
+) -> None:
+    """Replayed twice into one broker, the second replay's idempotent producers get new
+    producer ids from the target and their batches carry them: they are appended again,
+    not answered as duplicates of the first replay's batches under the captured ids."""
+    from trio_broker.cli import main
+
+    topics = ["verify-plain", "verify-idem"]
+    target = CapturingBroker(tmp_path / "data", tmp_path / "unused", ["--capture-paused"])
+    ends = []
+    try:
+        for _ in range(2):
+            code = main(["replay", str(capture), "--to", target.bootstrap, "--speed", "0"])
+            assert code == 0
+            ends.append(_log_end_offsets(target.bootstrap, topics))
+    finally:
+        assert target.stop() == 0, target.log()
+    assert ends == [dict.fromkeys(topics, MESSAGES), dict.fromkeys(topics, 2 * MESSAGES)]
+
+
 def test_pcap_import_matches_the_tap_and_verifies(
     spark: Any, traffic: Traffic, tmp_path: Path
 ) -> None:

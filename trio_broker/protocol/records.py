@@ -299,6 +299,14 @@ class RecordBatchView:
         # Also outside the CRC.
         _I32.pack_into(self._writable(), _OFF_LEADER_EPOCH, epoch)
 
+    def set_producer(self, producer_id: int, producer_epoch: int) -> None:
+        """Give the batch another producer id and epoch (``replay`` maps them from the
+        captured cluster to the target's); the CRC covers them, so it is recomputed."""
+        buf = self._writable()
+        _I64.pack_into(buf, _OFF_PRODUCER_ID, producer_id)
+        _I16.pack_into(buf, _OFF_PRODUCER_EPOCH, producer_epoch)
+        _U32.pack_into(buf, _OFF_CRC, _crc32c.crc32c(buf[_OFF_ATTRIBUTES : self.size_in_bytes]))
+
     def set_log_append_time(self, timestamp_ms: int) -> None:
         """Mark the batch LogAppendTime with the broker's clock, as Kafka does."""
         buf = self._writable()

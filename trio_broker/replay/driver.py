@@ -19,9 +19,13 @@ capture holds only in part (a prefix or compacted Produce batches: capture with
 ``serve --capture-records full``). Topic ids (Produce v13, Fetch v13+) differ
 between clusters: they are mapped by name, from the capture's Metadata
 responses to the target's (learnt from the replayed Metadata responses).
-Server-assigned state (member ids, producer ids, fetch sessions) is not
-rewritten: a fresh target usually hands out the same producer ids in the same
-order, and group requests made with the original member ids simply fail there.
+Producer ids and epochs are mapped the same way, from the capture's
+InitProducerId responses to the target's: a replayed record batch carries the
+id and epoch the target handed out for it (its CRC recomputed), so idempotent
+traffic is appended, not taken for a duplicate of earlier traffic under the
+same id. Other server-assigned state (group member ids and generations, fetch
+sessions) is not rewritten: group requests made with the original member ids
+fail on the target.
 """
 
 from __future__ import annotations
@@ -40,10 +44,11 @@ import trio
 
 from trio_broker.capture.schema import REDACTED_API_KEYS, REQUEST, RESPONSE, CaptureRow
 from trio_broker.protocol.messages import decode_request, decode_response, encode_request
+from trio_broker.protocol.records import split_batches
 
 log = logging.getLogger("trio_broker.replay")
 
-PRODUCE, FETCH, METADATA = 0, 1, 3
+PRODUCE, FETCH, METADATA, INIT_PRODUCER_ID = 0, 1, 3, 22
 #: How long to wait for the responses still due once every request was sent.
 DRAIN_TIMEOUT_S = 30.0
 #: How long a request waits for an earlier response that the target never sends.
@@ -74,6 +79,9 @@ class Plan:
     #: When the capture saw each replayed request's response (correlation id -> ns
     #: from the start of the run).
     responses: dict[int, int] = attrs.Factory(dict)
+    #: The producer id and epoch each captured InitProducerId response handed out
+    #: (correlation id -> (id, epoch)).
+    producers: dict[int, tuple[int, int]] = attrs.Factory(dict)
 
 
 @attrs.define
@@ -153,6 +161,7 @@ def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int]:
 
     by_conn: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     answered_at: dict[tuple[str, int, int], int] = {}
+    producers: dict[tuple[str, int, int], tuple[int, int]] = {}
     names: dict[str, str] = {}
     for path in sorted(Path(capture_dir).glob("*.parquet")):
         run = path.name.rsplit("-", 1)[0]
@@ -160,7 +169,12 @@ def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int]:
             if row["direction"] == REQUEST:
                 by_conn[(run, row["connection_id"])].append(row)
                 continue
-            answered_at[(run, row["connection_id"], row["correlation_id"])] = row["monotonic_ns"]
+            key = (run, row["connection_id"], row["correlation_id"])
+            answered_at[key] = row["monotonic_ns"]
+            if row["api_key"] == INIT_PRODUCER_ID:
+                producer = _producer_handed_out(row["api_version"], row["frame"])
+                if producer is not None:
+                    producers[key] = producer
             if row["api_key"] == METADATA and len(row["frame"]) == row["frame_length"]:
                 try:
                     body: Any = decode_response(METADATA, row["api_version"], row["frame"])[1]
@@ -194,9 +208,23 @@ def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int]:
             answer = answered_at.get((run, conn, request.correlation_id))
             if answer is not None and _expects_response(request):
                 plan.responses[request.correlation_id] = answer - starts[run]
+            producer = producers.get((run, conn, request.correlation_id))
+            if producer is not None:
+                plan.producers[request.correlation_id] = producer
         if plan.requests:
             plans.append(plan)
     return plans, names, skipped
+
+
+def _producer_handed_out(version: int, frame: bytes) -> tuple[int, int] | None:
+    """The (producer id, epoch) of a successful InitProducerId response frame."""
+    try:
+        body: Any = decode_response(INIT_PRODUCER_ID, version, frame)[1]
+    except Exception:
+        return None
+    if body.error_code != 0 or body.producer_id < 0:
+        return None
+    return int(body.producer_id), int(body.producer_epoch)
 
 
 def order_responses(plans: list[Plan]) -> dict[str, Causality]:
@@ -238,6 +266,9 @@ class Replayer:
         self.speed = speed
         #: The target's topic ids by name, from the Metadata responses it sends us.
         self.target_ids: dict[str, uuid.UUID] = {}
+        #: Captured (producer id, epoch) -> the target's, from InitProducerId responses.
+        #: Not per run: a producer keeps its id across broker restarts.
+        self.producer_ids: dict[tuple[int, int], tuple[int, int]] = {}
         self.rows: list[CaptureRow] = []
         self.rotator: Any = None
         if out_dir is not None:
@@ -250,23 +281,46 @@ class Replayer:
     # ---------------------------------------------------------------- rewriting
 
     def _frame_for_target(self, request: Request) -> bytes:
-        """The request as sent: topic ids mapped from the capture's cluster to the target's."""
-        uses_ids = (request.api_key == PRODUCE and request.api_version >= 13) or (
-            request.api_key == FETCH and request.api_version >= 13
-        )
-        if not uses_ids or not self.target_ids:
+        """The request as sent: topic ids and producer ids mapped from the capture's
+        cluster to the target's."""
+        uses_ids = request.api_key in (PRODUCE, FETCH) and request.api_version >= 13
+        map_ids = uses_ids and bool(self.target_ids)
+        map_producers = request.api_key == PRODUCE and bool(self.producer_ids)
+        if not map_ids and not map_producers:
             return request.frame
         body: Any
         header, body = decode_request(request.frame)
-        topics = body.topic_data if request.api_key == PRODUCE else body.topics
-        extra = getattr(body, "forgotten_topics_data", None) or []
-        for topic in [*topics, *extra]:
-            name = self.source_names.get(str(topic.topic_id))
-            if name is not None and name in self.target_ids:
-                topic.topic_id = self.target_ids[name]
+        if map_ids:
+            topics = body.topic_data if request.api_key == PRODUCE else body.topics
+            extra = getattr(body, "forgotten_topics_data", None) or []
+            for topic in [*topics, *extra]:
+                name = self.source_names.get(str(topic.topic_id))
+                if name is not None and name in self.target_ids:
+                    topic.topic_id = self.target_ids[name]
+        if map_producers:
+            for topic in body.topic_data:
+                for part in topic.partition_data:
+                    if part.records is not None:
+                        part.records = self._map_producers(part.records)
         return encode_request(
             header.api_key, header.api_version, header.correlation_id, header.client_id, body
         )[4:]
+
+    def _map_producers(self, records: Any) -> bytes:
+        """Records whose batches carry the target's producer id and epoch."""
+        buffer = bytearray(records)
+        batches, _tail = split_batches(buffer)
+        for batch in batches:
+            captured = (batch.producer_id, batch.producer_epoch)
+            target = self.producer_ids.get(captured)
+            if target is not None and target != captured:
+                batch.set_producer(*target)
+        return bytes(buffer)
+
+    def _learn_producer(self, captured: tuple[int, int], version: int, frame: bytes) -> None:
+        target = _producer_handed_out(version, frame)
+        if target is not None:
+            self.producer_ids[captured] = target
 
     def _learn_topic_ids(self, version: int, frame: bytes) -> None:
         try:
@@ -409,6 +463,9 @@ class Replayer:
                     causality.arrived(place)
                 if request.api_key == METADATA:
                     self._learn_topic_ids(request.api_version, frame)
+                captured = self.plans[number - 1].producers.get(corr)
+                if captured is not None:
+                    self._learn_producer(captured, request.api_version, frame)
                 self._record(number, address, request.client_id, RESPONSE, request, frame)
                 if all_sent.is_set() and not pending:
                     drained.set()
