@@ -34,6 +34,7 @@ from tests.verify.helpers import (
     swap_first_two,
     write_rows,
 )
+from trio_broker.protocol.messages import decode_response
 from trio_broker.verify.job import spark_session, summary_text, verify, write_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -221,6 +222,21 @@ def test_replay_into_a_fresh_broker_verifies(
     # The same produce traffic was acknowledged again, and fetched back.
     assert report["acknowledged_batches"] == original["acknowledged_batches"]
     assert report["facts"]["fetch_batch"] >= 2 * MESSAGES
+    # The consumer group's traffic means the same on the target: member ids and
+    # generations were mapped, so its SyncGroup and OffsetCommit requests succeed.
+    errors: dict[int, list[int]] = {8: [], 14: []}
+    for row in read_capture(tmp_path / "replay").to_pylist():
+        if row["direction"] == "response" and row["api_key"] in errors:
+            body: Any = decode_response(row["api_key"], row["api_version"], row["frame"])[1]
+            if row["api_key"] == 14:
+                errors[14].append(body.error_code)
+            else:
+                errors[8] += [p.error_code for t in body.topics for p in t.partitions]
+    assert errors[14] and errors[8], errors
+    assert set(errors[14]) == set(errors[8]) == {0}, errors
+    assert report["facts"]["commit_ack"] >= 1 and report["facts"]["sync_assign"] >= 1, report[
+        "facts"
+    ]
 
 
 def _log_end_offsets(bootstrap: str, topics: list[str]) -> dict[str, int]:

@@ -23,9 +23,11 @@ Producer ids and epochs are mapped the same way, from the capture's
 InitProducerId responses to the target's: a replayed record batch carries the
 id and epoch the target handed out for it (its CRC recomputed), so idempotent
 traffic is appended, not taken for a duplicate of earlier traffic under the
-same id. Other server-assigned state (group member ids and generations, fetch
-sessions) is not rewritten: group requests made with the original member ids
-fail on the target.
+same id. Group member ids and generations are mapped from the capture's
+JoinGroup responses to the target's, and rewritten in the group requests that
+carry them (JoinGroup, SyncGroup with its assignments, Heartbeat, OffsetCommit,
+LeaveGroup), so a consumer group's traffic means the same on the target. Fetch
+sessions are not rewritten (our broker does not keep them).
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ from trio_broker.protocol.records import split_batches
 log = logging.getLogger("trio_broker.replay")
 
 PRODUCE, FETCH, METADATA, INIT_PRODUCER_ID = 0, 1, 3, 22
+JOIN_GROUP = 11
+#: Requests that name a group member (and most a generation): OffsetCommit,
+#: JoinGroup, Heartbeat, LeaveGroup, SyncGroup.
+MEMBER_REQUESTS = frozenset({8, 11, 12, 13, 14})
 #: How long to wait for the responses still due once every request was sent.
 DRAIN_TIMEOUT_S = 30.0
 #: How long a request waits for an earlier response that the target never sends.
@@ -82,6 +88,9 @@ class Plan:
     #: The producer id and epoch each captured InitProducerId response handed out
     #: (correlation id -> (id, epoch)).
     producers: dict[int, tuple[int, int]] = attrs.Factory(dict)
+    #: The member id and generation each captured JoinGroup response handed out
+    #: (correlation id -> (member id, generation or -1 if the join failed)).
+    joins: dict[int, tuple[str, int]] = attrs.Factory(dict)
 
 
 @attrs.define
@@ -162,6 +171,7 @@ def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int]:
     by_conn: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     answered_at: dict[tuple[str, int, int], int] = {}
     producers: dict[tuple[str, int, int], tuple[int, int]] = {}
+    joins: dict[tuple[str, int, int], tuple[str, int]] = {}
     names: dict[str, str] = {}
     for path in sorted(Path(capture_dir).glob("*.parquet")):
         run = path.name.rsplit("-", 1)[0]
@@ -175,6 +185,10 @@ def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int]:
                 producer = _producer_handed_out(row["api_version"], row["frame"])
                 if producer is not None:
                     producers[key] = producer
+            if row["api_key"] == JOIN_GROUP:
+                joined = _member_handed_out(row["api_version"], row["frame"])
+                if joined is not None:
+                    joins[key] = joined
             if row["api_key"] == METADATA and len(row["frame"]) == row["frame_length"]:
                 try:
                     body: Any = decode_response(METADATA, row["api_version"], row["frame"])[1]
@@ -211,6 +225,9 @@ def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int]:
             producer = producers.get((run, conn, request.correlation_id))
             if producer is not None:
                 plan.producers[request.correlation_id] = producer
+            joined = joins.get((run, conn, request.correlation_id))
+            if joined is not None:
+                plan.joins[request.correlation_id] = joined
         if plan.requests:
             plans.append(plan)
     return plans, names, skipped
@@ -225,6 +242,18 @@ def _producer_handed_out(version: int, frame: bytes) -> tuple[int, int] | None:
     if body.error_code != 0 or body.producer_id < 0:
         return None
     return int(body.producer_id), int(body.producer_epoch)
+
+
+def _member_handed_out(version: int, frame: bytes) -> tuple[str, int] | None:
+    """The (member id, generation) of a JoinGroup response frame: the generation is
+    -1 when the join failed (such as MEMBER_ID_REQUIRED, which still names the id)."""
+    try:
+        body: Any = decode_response(JOIN_GROUP, version, frame)[1]
+    except Exception:
+        return None
+    if not body.member_id:
+        return None
+    return str(body.member_id), int(body.generation_id) if body.error_code == 0 else -1
 
 
 def order_responses(plans: list[Plan]) -> dict[str, Causality]:
@@ -269,6 +298,10 @@ class Replayer:
         #: Captured (producer id, epoch) -> the target's, from InitProducerId responses.
         #: Not per run: a producer keeps its id across broker restarts.
         self.producer_ids: dict[tuple[int, int], tuple[int, int]] = {}
+        #: Captured member id -> the target's, and (group, captured generation) -> the
+        #: target's, from JoinGroup responses.
+        self.member_ids: dict[str, str] = {}
+        self.generations: dict[tuple[str, int], int] = {}
         self.rows: list[CaptureRow] = []
         self.rotator: Any = None
         if out_dir is not None:
@@ -286,10 +319,13 @@ class Replayer:
         uses_ids = request.api_key in (PRODUCE, FETCH) and request.api_version >= 13
         map_ids = uses_ids and bool(self.target_ids)
         map_producers = request.api_key == PRODUCE and bool(self.producer_ids)
-        if not map_ids and not map_producers:
+        map_members = request.api_key in MEMBER_REQUESTS and bool(self.member_ids)
+        if not map_ids and not map_producers and not map_members:
             return request.frame
         body: Any
         header, body = decode_request(request.frame)
+        if map_members:
+            self._map_members(body)
         if map_ids:
             topics = body.topic_data if request.api_key == PRODUCE else body.topics
             extra = getattr(body, "forgotten_topics_data", None) or []
@@ -316,6 +352,28 @@ class Replayer:
             if target is not None and target != captured:
                 batch.set_producer(*target)
         return bytes(buffer)
+
+    def _map_members(self, body: Any) -> None:
+        """Member ids (the request's, a SyncGroup's assignments', a LeaveGroup's members')
+        and the generation, the target's in place of the capture's."""
+        for holder in [body, *(getattr(body, "assignments", None) or [])]:
+            holder.member_id = self.member_ids.get(holder.member_id, holder.member_id)
+        for member in getattr(body, "members", None) or []:  # LeaveGroup v3+
+            member.member_id = self.member_ids.get(member.member_id, member.member_id)
+        for field in ("generation_id", "generation_id_or_member_epoch"):
+            generation = getattr(body, field, None)
+            if generation is not None:
+                target = self.generations.get((body.group_id, generation), generation)
+                setattr(body, field, target)
+
+    def _learn_member(self, captured: tuple[str, int], request: Request, frame: bytes) -> None:
+        target = _member_handed_out(request.api_version, frame)
+        if target is None:
+            return
+        self.member_ids[captured[0]] = target[0]
+        if captured[1] >= 0 and target[1] >= 0:
+            group = decode_request(request.frame)[1].group_id  # type: ignore[attr-defined]
+            self.generations[(group, captured[1])] = target[1]
 
     def _learn_producer(self, captured: tuple[int, int], version: int, frame: bytes) -> None:
         target = _producer_handed_out(version, frame)
@@ -463,9 +521,11 @@ class Replayer:
                     causality.arrived(place)
                 if request.api_key == METADATA:
                     self._learn_topic_ids(request.api_version, frame)
-                captured = self.plans[number - 1].producers.get(corr)
-                if captured is not None:
-                    self._learn_producer(captured, request.api_version, frame)
+                plan = self.plans[number - 1]
+                if corr in plan.producers:
+                    self._learn_producer(plan.producers[corr], request.api_version, frame)
+                if corr in plan.joins:
+                    self._learn_member(plan.joins[corr], request, frame)
                 self._record(number, address, request.client_id, RESPONSE, request, frame)
                 if all_sent.is_set() and not pending:
                     drained.set()
