@@ -192,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trio-broker: {exc}", file=sys.stderr)
             return 2
         print(replayed.describe())
+        if replayed.partial:
+            print(
+                f"trio-broker: {replayed.partial} requests were captured only in part (batch "
+                "headers or a prefix) and were not sent; to replay them, capture with "
+                "`trio-broker serve --capture DIR --capture-records full`",
+                file=sys.stderr,
+            )
         return 0 if replayed.sent and not replayed.failed_connections else 1
     if args.command == "capture":
         from trio_broker.capture.control import request_capture

@@ -239,6 +239,41 @@ def test_replay_into_a_fresh_broker_verifies(
     ]
 
 
+def test_replay_says_which_requests_it_could_not_send(
+    capture: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A default capture keeps Produce batches as headers: replay skips those requests
+    and says how to capture so that they can be replayed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trio_broker.capture.compact import compact_produce_request
+    from trio_broker.capture.schema import arrow_schema
+    from trio_broker.cli import main
+
+    rows = read_capture(capture).to_pylist()
+    compacted = 0
+    for row in rows:
+        if row["api_key"] == 0 and row["direction"] == "request":
+            row["frame"] = compact_produce_request(row["frame"])
+            compacted += 1
+    assert compacted >= 2 * MESSAGES
+    headers_only = tmp_path / "headers-only"
+    headers_only.mkdir()
+    table = pa.Table.from_pylist(rows, schema=arrow_schema())
+    pq.write_table(table, headers_only / "capture-b0-1-000000.parquet")
+    target = CapturingBroker(tmp_path / "data", tmp_path / "unused", ["--capture-paused"])
+    try:
+        code = main(["replay", str(headers_only), "--to", target.bootstrap, "--speed", "0"])
+    finally:
+        assert target.stop() == 0, target.log()
+    assert code == 0
+    out, err = capsys.readouterr()
+    assert f"{compacted} skipped" in out
+    assert f"{compacted} requests were captured only in part" in err
+    assert "--capture-records full" in err
+
+
 def _log_end_offsets(bootstrap: str, topics: list[str]) -> dict[str, int]:
     from confluent_kafka import Consumer, TopicPartition
 

@@ -136,6 +136,8 @@ class Summary:
     answered: int = 0
     unanswered: int = 0
     skipped: int = 0
+    #: Of the skipped: frames the capture holds only in part (batch headers, a prefix).
+    partial: int = 0
     failed_connections: int = 0
     #: Requests sent without an earlier response that the target never gave.
     causality_timeouts: int = 0
@@ -163,9 +165,9 @@ def _expects_response(request: Request) -> bool:
     return bool(body.acks != 0)
 
 
-def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int]:
+def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int, int]:
     """Per captured connection its requests in order; the capture's topic id -> name map;
-    the number of requests skipped."""
+    the number of requests skipped, and how many of those were held only in part."""
     import pyarrow.parquet as pq
 
     by_conn: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
@@ -202,13 +204,14 @@ def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int]:
         first = min(r["monotonic_ns"] for r in rows)
         starts[run] = min(starts.get(run, first), first)
     plans: list[Plan] = []
-    skipped = 0
+    skipped = partial = 0
     for (run, conn), rows in sorted(by_conn.items()):
         rows.sort(key=lambda r: r["monotonic_ns"])
         plan = Plan(run, conn, rows[0]["client_address"], [])
         for r in rows:
             if r["api_key"] in REDACTED_API_KEYS or len(r["frame"]) < r["frame_length"]:
                 skipped += 1
+                partial += r["api_key"] not in REDACTED_API_KEYS
                 continue
             request = Request(
                 r["monotonic_ns"] - starts[run],
@@ -230,7 +233,7 @@ def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int]:
                 plan.joins[request.correlation_id] = joined
         if plan.requests:
             plans.append(plan)
-    return plans, names, skipped
+    return plans, names, skipped, partial
 
 
 def _producer_handed_out(version: int, frame: bytes) -> tuple[int, int] | None:
@@ -535,8 +538,8 @@ def replay(
     capture_dir: Path, target: tuple[str, int], *, speed: float = 1.0, out_dir: Path | None = None
 ) -> Summary:
     """Blocking entry point (``trio-broker replay``)."""
-    plans, names, skipped = load_plans(capture_dir)
+    plans, names, skipped, partial = load_plans(capture_dir)
     replayer = Replayer(plans, names, target, speed=speed, out_dir=out_dir)
     summary = trio.run(replayer.run)
-    summary.skipped = skipped
+    summary.skipped, summary.partial = skipped, partial
     return summary
