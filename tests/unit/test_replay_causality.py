@@ -3,6 +3,9 @@ responses the capture shows arriving before it was sent."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import trio
 import trio.testing
 
@@ -66,3 +69,14 @@ async def test_a_response_that_never_comes_is_given_up_after_the_timeout(
     assert not await causality.wait_for(1)
     assert trio.current_time() - start >= CAUSALITY_TIMEOUT_S
     assert causality.done == 1
+
+
+def test_replay_of_a_missing_or_empty_capture_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trio_broker.cli import main
+
+    assert main(["replay", str(tmp_path / "missing"), "--to", "127.0.0.1:1"]) == 2
+    assert "missing is not a directory" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path), "--to", "127.0.0.1:1"]) == 2
+    assert f"no capture Parquet files in {tmp_path}" in capsys.readouterr().err

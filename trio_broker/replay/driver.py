@@ -538,6 +538,10 @@ def replay(
     capture_dir: Path, target: tuple[str, int], *, speed: float = 1.0, out_dir: Path | None = None
 ) -> Summary:
     """Blocking entry point (``trio-broker replay``)."""
+    if not Path(capture_dir).is_dir():
+        raise FileNotFoundError(f"{capture_dir} is not a directory")
+    if not any(Path(capture_dir).glob("*.parquet")):
+        raise FileNotFoundError(f"no capture Parquet files in {capture_dir}")
     plans, names, skipped, partial = load_plans(capture_dir)
     replayer = Replayer(plans, names, target, speed=speed, out_dir=out_dir)
     summary = trio.run(replayer.run)
