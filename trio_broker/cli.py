@@ -119,7 +119,7 @@ def _add_verify_commands(sub: Any) -> None:
     replay.add_argument("capture_dir", metavar="CAPTURE_DIR", type=Path)
     replay.add_argument("--to", metavar="HOST:PORT", required=True, help="the target broker")
     replay.add_argument(
-        "--speed", type=float, default=1.0, help="pace x SPEED (default 1; 0: no pauses)"
+        "--speed", type=_speed, default=1.0, help="pace x SPEED (default 1; 0: no pauses)"
     )
     replay.add_argument(
         "--capture", metavar="OUT_DIR", type=Path, help="record requests and responses here"
@@ -210,6 +210,17 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     return 2
+
+
+def _speed(text: str) -> float:
+    """``replay --speed``: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
 
 
 def _serve(args: argparse.Namespace) -> int:

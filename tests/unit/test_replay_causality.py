@@ -80,3 +80,15 @@ def test_replay_of_a_missing_or_empty_capture_is_a_clear_error(
     assert "missing is not a directory" in capsys.readouterr().err
     assert main(["replay", str(tmp_path), "--to", "127.0.0.1:1"]) == 2
     assert f"no capture Parquet files in {tmp_path}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("speed", ["-1", "nan", "inf", "fast"])
+def test_replay_refuses_a_speed_that_is_not_a_number_from_zero_up(
+    speed: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trio_broker.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["replay", str(tmp_path), "--to", "127.0.0.1:1", "--speed", speed])
+    assert exited.value.code == 2
+    assert "expected a number >= 0" in capsys.readouterr().err
