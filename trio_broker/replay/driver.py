@@ -317,8 +317,8 @@ class Replayer:
     # ---------------------------------------------------------------- rewriting
 
     def _frame_for_target(self, request: Request) -> bytes:
-        """The request as sent: topic ids and producer ids mapped from the capture's
-        cluster to the target's."""
+        """The request as sent: topic ids, producer ids and epochs, member ids and
+        generations mapped from the capture's cluster to the target's."""
         uses_ids = request.api_key in (PRODUCE, FETCH) and request.api_version >= 13
         map_ids = uses_ids and bool(self.target_ids)
         map_producers = request.api_key == PRODUCE and bool(self.producer_ids)
