@@ -192,13 +192,8 @@ def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int, int]
                 if joined is not None:
                     joins[key] = joined
             if row["api_key"] == METADATA and len(row["frame"]) == row["frame_length"]:
-                try:
-                    body: Any = decode_response(METADATA, row["api_version"], row["frame"])[1]
-                except Exception:
-                    continue
-                for topic in body.topics:
-                    if topic.name and topic.topic_id is not None and topic.topic_id.int:
-                        names[str(topic.topic_id)] = topic.name
+                for name, topic_id in _named_topic_ids(row["api_version"], row["frame"]).items():
+                    names[str(topic_id)] = name
     starts: dict[str, int] = {}
     for (run, _), rows in by_conn.items():
         first = min(r["monotonic_ns"] for r in rows)
@@ -236,13 +231,30 @@ def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int, int]
     return plans, names, skipped, partial
 
 
-def _producer_handed_out(version: int, frame: bytes) -> tuple[int, int] | None:
-    """The (producer id, epoch) of a successful InitProducerId response frame."""
+def _response_body(api_key: int, version: int, frame: bytes) -> Any:
+    """A response frame's decoded body, or None if it does not decode."""
     try:
-        body: Any = decode_response(INIT_PRODUCER_ID, version, frame)[1]
+        return decode_response(api_key, version, frame)[1]
     except Exception:
         return None
-    if body.error_code != 0 or body.producer_id < 0:
+
+
+def _named_topic_ids(version: int, frame: bytes) -> dict[str, uuid.UUID]:
+    """Topic name -> topic id, from a Metadata response frame."""
+    body = _response_body(METADATA, version, frame)
+    if body is None:
+        return {}
+    return {
+        topic.name: topic.topic_id
+        for topic in body.topics
+        if topic.name and topic.topic_id is not None and topic.topic_id.int
+    }
+
+
+def _producer_handed_out(version: int, frame: bytes) -> tuple[int, int] | None:
+    """The (producer id, epoch) of a successful InitProducerId response frame."""
+    body = _response_body(INIT_PRODUCER_ID, version, frame)
+    if body is None or body.error_code != 0 or body.producer_id < 0:
         return None
     return int(body.producer_id), int(body.producer_epoch)
 
@@ -250,11 +262,8 @@ def _producer_handed_out(version: int, frame: bytes) -> tuple[int, int] | None:
 def _member_handed_out(version: int, frame: bytes) -> tuple[str, int] | None:
     """The (member id, generation) of a JoinGroup response frame: the generation is
     -1 when the join failed (such as MEMBER_ID_REQUIRED, which still names the id)."""
-    try:
-        body: Any = decode_response(JOIN_GROUP, version, frame)[1]
-    except Exception:
-        return None
-    if not body.member_id:
+    body = _response_body(JOIN_GROUP, version, frame)
+    if body is None or not body.member_id:
         return None
     return str(body.member_id), int(body.generation_id) if body.error_code == 0 else -1
 
@@ -384,13 +393,7 @@ class Replayer:
             self.producer_ids[captured] = target
 
     def _learn_topic_ids(self, version: int, frame: bytes) -> None:
-        try:
-            body: Any = decode_response(METADATA, version, frame)[1]
-        except Exception:
-            return
-        for topic in body.topics:
-            if topic.name and topic.topic_id is not None and topic.topic_id.int:
-                self.target_ids[topic.name] = topic.topic_id
+        self.target_ids.update(_named_topic_ids(version, frame))
 
     # ---------------------------------------------------------------- recording
 
