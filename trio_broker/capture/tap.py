@@ -35,8 +35,8 @@ from trio_broker.storage.log import FileRegion
 
 log = logging.getLogger("trio_broker.capture")
 
-#: A response piece still to be read by the writer: bytes, (fd, position, length) or a region.
-Piece = Any
+#: A response piece for the writer: bytes, or a FileRegion on an fd the tap dup-ed.
+Piece = bytes | FileRegion
 
 
 #: Request frames are copied into reused chunks of this size (see _Arena).
@@ -132,28 +132,36 @@ def _read_part(part: Any, position: int, n: int) -> bytes:
     return bytes(memoryview(data).cast("B")[position : position + n])
 
 
+def _own_region(region: Any, length: int) -> FileRegion | None:
+    """The first ``length`` bytes of a log file region on a dup-ed fd of the tap's own,
+    readable after the log closes the segment (retention, shutdown); None if the fd
+    could not be duplicated."""
+    try:
+        return FileRegion(os.dup(region.fd), region.position, length)
+    except OSError:
+        return None
+
+
 def _own_regions(records: Any) -> Any:
-    """``records`` with each file region on a dup-ed fd, so that it stays readable
-    after the log closes the segment (retention, shutdown)."""
+    """``records`` with each file region on a dup-ed fd (_own_region)."""
     if not isinstance(records, RecordsChunks):
         return records
     parts = []
     for part in records.parts:
-        fd = getattr(part, "fd", None)
-        if fd is not None:
-            try:
-                part = FileRegion(os.dup(fd), part.position, part.length)
-            except OSError:
-                part = b""
+        if getattr(part, "fd", None) is not None:
+            part = _own_region(part, part.length) or b""
         parts.append(part)
     return RecordsChunks(parts)
 
 
 def _owned_fds(item: _Pending) -> list[int]:
-    if item.fetch is None:
-        return []
-    chunks = [value for value in item.fetch[2] if isinstance(value, RecordsChunks)]
-    return [part.fd for value in chunks for part in value.parts if isinstance(part, FileRegion)]
+    """The fds the tap dup-ed for ``item``: its pieces' regions and its fetch records'."""
+    parts = list(item.pieces)
+    if item.fetch is not None:
+        for value in item.fetch[2]:
+            if isinstance(value, RecordsChunks):
+                parts += value.parts
+    return [part.fd for part in parts if isinstance(part, FileRegion)]
 
 
 def _materialize(item: _Pending) -> CaptureRow:
@@ -175,18 +183,15 @@ def _materialize(item: _Pending) -> CaptureRow:
         return item.row
     out = bytearray()
     for piece in item.pieces:
-        if isinstance(piece, bytes):
+        if not isinstance(piece, FileRegion):
             out += piece
-        elif isinstance(piece, tuple):
-            fd, position, length = piece
-            try:
-                out += _pread(fd, length, position)
-            except OSError:
-                log.warning("capture: could not read a log region", exc_info=True)
-            finally:
-                os.close(fd)
-        else:
-            out += piece.read_bytes()
+            continue
+        try:
+            out += _read_part(piece, 0, piece.length)
+        except OSError:
+            log.warning("capture: could not read a log region", exc_info=True)
+        finally:
+            os.close(piece.fd)
     row = item.row
     row.frame = redact(row.direction, row.api_key, bytes(out[4:]))  # drop the size prefix
     if row.frame_length < 0:
@@ -195,11 +200,9 @@ def _materialize(item: _Pending) -> CaptureRow:
 
 
 def _release(item: _Pending) -> None:
-    for piece in item.pieces:
-        if isinstance(piece, tuple):
-            os.close(piece[0])
     for fd in _owned_fds(item):
         os.close(fd)
+    item.pieces = []
     item.fetch = None
 
 
@@ -310,11 +313,9 @@ class CaptureTap:
             and self.prefix_bytes is None
         ):
             records = [_own_regions(value) for value in fetch_records(message)]
-            row = CaptureRow(
-                self.broker_id, connection_id, address, header.client_id, RESPONSE,
-                time.monotonic_ns(), time.time_ns(), header.api_key, version,
-                header.correlation_id, sum(map(part_length, parts)) - 4, b"",
-            )  # fmt: skip
+            row = self._response_row(
+                connection_id, address, header, version, sum(map(part_length, parts)) - 4
+            )
             # What the row will take once written: a header per batch, counted roughly.
             size = 256 + HEADER_BYTES * sum(
                 len(value.parts) for value in records if isinstance(value, RecordsChunks)
@@ -337,23 +338,24 @@ class CaptureTap:
             n = part.length
             if budget is None or kept < budget:
                 take = n if budget is None else min(n, budget - kept)
-                fd = getattr(part, "fd", None)
-                if fd is None:
-                    data = part.read_bytes()
-                    pieces.append(bytes(data[:take]))
+                if getattr(part, "fd", None) is None:
+                    pieces.append(bytes(part.read_bytes()[:take]))
                 else:
-                    try:
-                        pieces.append((os.dup(fd), part.position, take))
-                    except OSError:
-                        pieces.append(b"\0" * take)
+                    pieces.append(_own_region(part, take) or b"\0" * take)
                 kept += take
             total += n
-        row = CaptureRow(
+        row = self._response_row(connection_id, address, header, version, total - 4)
+        self._offer(_Pending(row, pieces, kept))
+
+    def _response_row(
+        self, connection_id: int, address: str, header: Any, version: int, frame_length: int
+    ) -> CaptureRow:
+        """A response row stamped now; its frame is filled in by the writer."""
+        return CaptureRow(
             self.broker_id, connection_id, address, header.client_id, RESPONSE,
             time.monotonic_ns(), time.time_ns(), header.api_key, version,
-            header.correlation_id, total - 4, b"",
+            header.correlation_id, frame_length, b"",
         )  # fmt: skip
-        self._offer(_Pending(row, pieces, kept))
 
     # ------------------------------------------------------------------ writer task
 
