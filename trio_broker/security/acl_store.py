@@ -1,7 +1,7 @@
 """Where ACL bindings live: ``<data_dir>/acls.json`` (file storage) or memory.
 
-The file is rewritten whole on every change with ``atomic_write`` (temp file,
-fsync, rename, fsync of the directory): a crash leaves the old or the new set,
+The file is rewritten whole on every change with ``write_file_atomically`` (temp
+file, fsync, rename, fsync of the directory): a crash leaves the old or the new set,
 never a torn one. ACL changes are rare; reads come from the in-memory list.
 """
 
@@ -20,7 +20,7 @@ from trio_broker.security.acl import (
     Permission,
     ResourceType,
 )
-from trio_broker.storage.segment import atomic_write
+from trio_broker.storage.durable import write_file_atomically
 
 ACL_FILE = "acls.json"
 _FORMAT_VERSION = 1
@@ -97,5 +97,5 @@ class AclStore:
     def _replace(self, bindings: dict[AclBinding, None]) -> None:
         if self.path is not None:
             body = {"version": _FORMAT_VERSION, "acls": [binding_to_json(b) for b in bindings]}
-            atomic_write(self.path, json.dumps(body, indent=1).encode())
+            write_file_atomically(self.path, json.dumps(body, indent=1).encode())
         self._bindings = bindings

@@ -7,8 +7,8 @@ record bytes in; fetch: record bytes out). The answer goes into the response's
 requests are. The arithmetic is sans-I/O in :mod:`trio_broker.state.quota`.
 
 Runtime changes (AlterClientQuotas) are written to ``client-quotas.json`` in the
-data dir (atomic write) and read back at start, over the config file's
-``[quotas]`` table.
+data dir (crash-safe write, :mod:`trio_broker.storage.durable`) and read back at
+start, over the config file's ``[quotas]`` table.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from trio_broker.state.quota import (
     parse_entity,
     user_of,
 )
-from trio_broker.storage.segment import atomic_write
+from trio_broker.storage.durable import write_file_atomically
 
 if TYPE_CHECKING:
     from trio_broker.handlers.base import RequestContext
@@ -92,7 +92,7 @@ class QuotaService:
             {"entity": format_entity(entity), "quotas": values}
             for entity, values in sorted(self.table.dynamic.items(), key=lambda i: str(i[0]))
         ]
-        atomic_write(self.store, json.dumps({"entities": entities}, indent=1).encode())
+        write_file_atomically(self.store, json.dumps({"entities": entities}, indent=1).encode())
 
     def alter(self, changes: list[tuple[Entity, str, float | None]]) -> None:
         """Apply every change (all validated first by the caller) and persist them."""

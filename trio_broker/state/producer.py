@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import attrs
 
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.storage.segment import atomic_write
+from trio_broker.storage.durable import write_file_atomically
 
 __all__ = [
     "BATCHES_TO_RETAIN",
@@ -445,7 +445,7 @@ class ProducerIdAllocator:
         if self._next >= self._reserved_end():
             assert self.path is not None
             end = self._next + self.block_size
-            atomic_write(self.path, json.dumps({"next_block_start": end}).encode())
+            write_file_atomically(self.path, json.dumps({"next_block_start": end}).encode())
             self._block_end = end
         pid = self._next
         self._next += 1
@@ -611,7 +611,7 @@ class ProducerStateRegistry:
             if slot.snapshot_path is None or not slot.snapshot_path.parent.is_dir():
                 continue
             try:
-                atomic_write(slot.snapshot_path, slot.manager.to_snapshot())
+                write_file_atomically(slot.snapshot_path, slot.manager.to_snapshot())
             except OSError:
                 log.exception("cannot snapshot producer state of %s-%d", topic, partition)
         self._partitions.clear()

@@ -1,15 +1,14 @@
 """The topic catalogue: which topics exist, their ids, partition counts and configs.
 
 One JSON file, ``<data_dir>/catalogue.json``, replaced atomically (temp file,
-fsync, rename, fsync of the directory) on every change, so a crash leaves the
-old or the new catalogue, never a torn one. Partition data lives beside it in
-``<data_dir>/<topic>-<partition>/`` as in Kafka.
+fsync, rename, fsync of the directory: :mod:`trio_broker.storage.durable`) on
+every change, so a crash leaves the old or the new catalogue, never a torn one.
+Partition data lives beside it in ``<data_dir>/<topic>-<partition>/`` as in Kafka.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import uuid
@@ -19,13 +18,13 @@ from typing import Any
 
 import attrs
 
+from trio_broker.storage.durable import make_dirs_durable, rename_durably, write_file_atomically
 from trio_broker.storage.errors import (
     InvalidPartitionsError,
     InvalidTopicError,
     TopicExistsError,
     UnknownTopicError,
 )
-from trio_broker.storage.segment import atomic_write, fsync_dir
 
 CATALOGUE_FILE = "catalogue.json"
 _FORMAT_VERSION = 1
@@ -77,9 +76,7 @@ class Catalogue:
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = Path(data_dir)
         self.path = self.data_dir / CATALOGUE_FILE
-        if not self.data_dir.is_dir():
-            self.data_dir.mkdir(parents=True)
-            fsync_dir(self.data_dir.parent)
+        make_dirs_durable(self.data_dir)
         self._topics: dict[str, TopicInfo] = {}
         self._load()
         self._remove_deleted_dirs()
@@ -101,7 +98,7 @@ class Catalogue:
             "version": _FORMAT_VERSION,
             "topics": [topics[name].to_json() for name in sorted(topics)],
         }
-        atomic_write(self.path, json.dumps(body, indent=1, sort_keys=True).encode())
+        write_file_atomically(self.path, json.dumps(body, indent=1, sort_keys=True).encode())
         self._topics = topics
 
     # -- queries
@@ -188,19 +185,18 @@ class Catalogue:
 
     # -- directories
     def _discard_dirs(self, name: str, partitions: range, topic_id: uuid.UUID) -> None:
-        renamed = []
+        moves = []
         for partition in partitions:
             path = self.partition_dir(name, partition)
             if path.exists():
                 # Rename first (one durable step), remove at leisure: a crash
                 # mid-removal leaves a '-delete' directory, never half a log.
-                target = path.with_name(f"{path.name}.{topic_id.hex}-delete")
-                os.replace(path, target)
-                renamed.append(target)
-        if renamed:
-            fsync_dir(self.data_dir)
-            for target in renamed:
-                shutil.rmtree(target, ignore_errors=True)
+                moves.append((path, path.with_name(f"{path.name}.{topic_id.hex}-delete")))
+        # One directory fsync for all of them; the removals need none: a '-delete'
+        # directory that comes back after a crash is removed at the next start.
+        rename_durably(moves)
+        for _, target in moves:
+            shutil.rmtree(target, ignore_errors=True)
 
     def _remove_deleted_dirs(self) -> None:
         for path in self.data_dir.iterdir():

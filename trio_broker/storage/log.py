@@ -36,6 +36,12 @@ from pathlib import Path
 import attrs
 
 from trio_broker.storage import _batch
+from trio_broker.storage.durable import (
+    TMP_SUFFIX,
+    fsync_dir,
+    make_dirs_durable,
+    write_file_atomically,
+)
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 from trio_broker.storage.index import (
     INDEX_ENTRY_MIN_BYTES,
@@ -50,8 +56,6 @@ from trio_broker.storage.segment import (
     LOG_SUFFIX,
     TIMEINDEX_SUFFIX,
     Segment,
-    atomic_write,
-    fsync_dir,
     iter_batches,
     iter_headers,
     parse_segment_name,
@@ -239,9 +243,7 @@ class PartitionLog:
         config = config or LogConfig()
         directory = Path(directory)
         try:
-            if not directory.is_dir():
-                directory.mkdir(parents=True)
-                fsync_dir(directory.parent)
+            make_dirs_durable(directory)
             return _Loader(directory, config, now_ms).load()
         except OSError as exc:
             raise StorageError(f"cannot open log {directory}: {exc}") from exc
@@ -541,7 +543,9 @@ class PartitionLog:
         if point is not None and point > self._recovery_point:
             with self._checkpoint_lock:
                 if point > self._recovery_point:
-                    atomic_write(self.directory / RECOVERY_POINT_CHECKPOINT, b"%d\n" % point)
+                    write_file_atomically(
+                        self.directory / RECOVERY_POINT_CHECKPOINT, b"%d\n" % point
+                    )
                     self._recovery_point = point
 
     def durable_state(self) -> dict[str, int]:
@@ -624,7 +628,7 @@ class PartitionLog:
             if value == self._persisted_log_start:
                 return
             try:
-                atomic_write(self.directory / LOG_START_CHECKPOINT, b"%d\n" % value)
+                write_file_atomically(self.directory / LOG_START_CHECKPOINT, b"%d\n" % value)
             except OSError as exc:
                 raise self._go_offline("log start checkpoint", exc) from exc
             self._persisted_log_start = value
@@ -659,7 +663,7 @@ class PartitionLog:
                         "active_segment": active.base_offset,
                         "active_size": active.size,
                     }
-                    atomic_write(
+                    write_file_atomically(
                         self.directory / CLEAN_SHUTDOWN_MARKER, json.dumps(marker).encode()
                     )
                 except OSError as exc:
@@ -718,7 +722,7 @@ class _Loader:
         d = self.directory
         names = {p.name for p in d.iterdir()}
         for name in names:
-            if name.endswith(".tmp"):  # an atomic write that never got renamed
+            if name.endswith(TMP_SUFFIX):  # an atomic write that never got renamed
                 os.unlink(d / name)
                 self.dir_dirty = True
         bases = sorted(b for n in names if (b := parse_segment_name(n)) is not None)
@@ -777,7 +781,7 @@ class _Loader:
         if log._recovery_point > active_base:
             # Recovery dropped the segments after a trusted one, which is now
             # active again and will change: stop vouching for it before any append.
-            atomic_write(d / RECOVERY_POINT_CHECKPOINT, b"%d\n" % active_base)
+            write_file_atomically(d / RECOVERY_POINT_CHECKPOINT, b"%d\n" % active_base)
             log._recovery_point = active_base
         log._persist_log_start()
         if not report.clean:

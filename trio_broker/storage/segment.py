@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from trio_broker.storage import _batch
+from trio_broker.storage.durable import write_all
 from trio_broker.storage.index import (
     MAX_RELATIVE_OFFSET,
     OffsetIndex,
@@ -42,43 +43,7 @@ def parse_segment_name(name: str) -> int | None:
     return None
 
 
-# --- small durable-file helpers ---------------------------------------------------------
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make renames, creations and unlinks in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:  # pragma: no cover - regular files report errors by raising
-            raise OSError(errno.EIO, "short write")
-        view = view[n:]
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` so that a crash leaves either the old or the new content.
-
-    Temp file + fsync + rename + fsync of the directory: without the file fsync a
-    crash can leave the new name pointing at empty data; without the directory
-    fsync the rename itself may be lost.
-    """
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+# --- reads ------------------------------------------------------------------------------
 
 
 def pread_exact(fd: int, size: int, position: int) -> bytes:
