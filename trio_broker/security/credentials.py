@@ -6,9 +6,10 @@ its metadata log. PLAIN logins are checked against the same keys: the password
 is salted and hashed with a stored SCRAM salt and compared with the stored key,
 so a PLAIN user is any user that has a SCRAM credential.
 
-The file is written atomically (temporary file + rename) with mode 0600 and
-re-read when its modification time changes, so ``trio-broker users add`` on a
-running broker's data dir takes effect at the next login.
+The file is written crash-safely (temporary file, fsync, rename, fsync of the
+directory: :mod:`trio_broker.storage.durable`) with mode 0600 and re-read when
+its modification time changes, so ``trio-broker users add`` on a running
+broker's data dir takes effect at the next login.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 
 import attrs
 from scramp import ScramMechanism
+
+from trio_broker.storage.durable import make_dirs_durable, write_file_atomically
 
 CREDENTIALS_FILE = "scram-credentials.json"
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -117,18 +120,12 @@ class CredentialStore:
     def _save(self) -> None:
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs_durable(self.path.parent)
         data = {"version": 1, "users": {
             user: {mech: c.to_json() for mech, c in sorted(mechs.items())}
             for user, mechs in sorted(self._users.items())
         }}  # fmt: skip
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out, indent=1)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.path)
+        write_file_atomically(self.path, json.dumps(data, indent=1).encode(), mode=0o600)
         stat = os.stat(self.path)
         self._stamp = (stat.st_mtime_ns, stat.st_size)
 
