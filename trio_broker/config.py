@@ -14,6 +14,8 @@ from typing import Any
 
 import attrs
 
+from trio_broker.storage.durable import make_dirs_durable, write_file_atomically
+
 
 class ConfigError(ValueError):
     """A configuration value that cannot be used; the message names the key."""
@@ -259,8 +261,9 @@ def ensure_cluster_id(data_dir: Path | None, configured: str | None) -> str:
             if line.startswith("cluster.id="):
                 return line.split("=", 1)[1].strip()
     cluster_id = _new_cluster_id()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    meta.write_text(f"cluster.id={cluster_id}\nversion=1\n")
+    # Durably, or a power cut brings back an empty file and the next start makes a new id.
+    make_dirs_durable(data_dir)
+    write_file_atomically(meta, f"cluster.id={cluster_id}\nversion=1\n".encode())
     return cluster_id
 
 
