@@ -40,6 +40,7 @@ from trio_broker.server.memory_budget import MemoryBudget
 from trio_broker.server.quotas import with_request_quota
 from trio_broker.server.topics import TopicManager
 from trio_broker.state.producer import Duplicate, ProducerStateRegistry, Reject
+from trio_broker.storage.durable import make_dirs_durable
 from trio_broker.storage.group_commit import FlushPolicy
 from trio_broker.storage.log import LogConfig
 
@@ -81,7 +82,9 @@ class Broker:
         self.now_ms = now_ms
         data_dir = config.data_dir if config.storage == "file" else None
         if data_dir is not None:
-            data_dir.mkdir(parents=True, exist_ok=True)
+            # Its entry in the parent must be durable too, even if an earlier run made
+            # it: everything in it (catalogue, logs, meta.properties) hangs off it.
+            make_dirs_durable(data_dir, sync_existing=True)
         self.cluster_id = ensure_cluster_id(data_dir, config.cluster_id)
         self.log_defaults = LogConfig(
             segment_bytes=config.segment_bytes,
