@@ -266,6 +266,10 @@ def test_ids_never_repeat_across_restarts(tmp_path: Path) -> None:
     more = [second.allocate() for _ in range(3)]
     assert more == [20, 21, 22]
     assert not set(ids) & set(more)
+    # The restarted allocator reserved its block before handing out 20, so a third
+    # start (after a crash, say) cannot hand 20 out again.
+    assert json.loads(path.read_text())["next_block_start"] == 30
+    assert ProducerIdAllocator(path, block_size=10).allocate() == 30
 
 
 def test_memory_mode_just_counts() -> None:

@@ -442,7 +442,9 @@ class ProducerIdAllocator:
 
     def allocate(self) -> int:
         """The next id; raises OSError or SnapshotError if its block cannot be reserved."""
-        if self._next >= self._reserved_end():
+        # Read the reserved end first: its first read also moves _next up to it.
+        end = self._reserved_end()
+        if self._next >= end:
             assert self.path is not None
             end = self._next + self.block_size
             write_file_atomically(self.path, json.dumps({"next_block_start": end}).encode())
