@@ -1,0 +1,617 @@
+"""Every file and directory the broker relies on after a restart survives a power cut.
+
+The rule checked here is LazyFS's (and POSIX's, strictly read): after a power cut
+a file holds only the data it had at its last ``fsync``/``fdatasync``, and a
+directory lists only the entries it had at its own last ``fsync``. A created,
+renamed or removed entry is therefore durable only once its parent directory was
+fsynced afterwards.
+
+:class:`PowerCut` is an independent recorder: it wraps ``os.fsync`` and
+``os.fdatasync`` and, at each call, reads back from the real file system what
+that call made durable (the file's bytes, or the directory's listing). It also
+notices inode creation (``os.open``/``open`` with a new name, ``os.mkdir``) so
+that a reused inode number is not mistaken for the old file. It knows nothing of
+the broker's helpers: what survives is computed from the calls alone. A cut is
+simulated by building, in a fresh directory, the tree that would be left; the
+code under test is then run again on that tree, as a restarted broker would.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import itertools
+import json
+import os
+import stat
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trio_broker.config import BrokerConfig, ensure_cluster_id
+from trio_broker.groups.offsets_store import (
+    OFFSETS_LOG_NAME,
+    OffsetAndMetadata,
+    OffsetKey,
+    OffsetsStore,
+)
+from trio_broker.security.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from trio_broker.security.acl_store import AclStore
+from trio_broker.security.credentials import CREDENTIALS_FILE, CredentialStore
+from trio_broker.server.broker import Broker
+from trio_broker.server.quotas import QuotaService
+from trio_broker.server.topics import TopicManager
+from trio_broker.state.producer import (
+    PRODUCER_ID_FILE,
+    SNAPSHOT_FILE,
+    ProducerIdAllocator,
+    ProducerStateRegistry,
+)
+from trio_broker.state.quota import parse_entity
+from trio_broker.storage import _batch
+from trio_broker.storage.catalogue import CATALOGUE_FILE, Catalogue
+from trio_broker.storage.errors import OffsetOutOfRange
+from trio_broker.storage.log import (
+    CLEAN_SHUTDOWN_MARKER,
+    LOG_START_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    LogConfig,
+    PartitionLog,
+)
+
+# The real calls, taken before any test patches them: the recorder reads through these.
+_open, _fsync, _fdatasync, _mkdir = os.open, os.fsync, os.fdatasync, os.mkdir
+_stat, _fstat, _listdir = os.stat, os.fstat, os.listdir
+_io_open = io.open
+
+#: (inode number, incarnation): an inode number reused by a new file gets a new key.
+Key = tuple[int, int]
+
+
+class PowerCut:
+    """Records what fsyncs made durable under ``root`` and builds the post-cut tree."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._incarnations = itertools.count(1)
+        self._generation: dict[int, int] = {}
+        self._cuts = itertools.count()
+        self._rebase(root)
+        for name, real in (("open", _open), ("mkdir", _mkdir)):
+            monkeypatch.setattr(os, name, getattr(self, f"_hook_{name}")(real))
+        monkeypatch.setattr(os, "fsync", self._hook_sync(_fsync))
+        monkeypatch.setattr(os, "fdatasync", self._hook_sync(_fdatasync))
+        monkeypatch.setattr(io, "open", self._hook_io_open(_io_open))
+        monkeypatch.setattr(builtins, "open", self._hook_io_open(_io_open))
+
+    # -- what is durable
+    def _rebase(self, root: Path) -> None:
+        """Everything now under ``root`` counts as durable (the state before the test)."""
+        _mkdir_p(root)
+        self.root = root
+        self.device = _stat(root).st_dev
+        self.root_key = self._key(_stat(root))
+        self._base_data: dict[Key, bytes] = {}
+        self._base_listing: dict[Key, dict[str, tuple[Key, bool]]] = {}
+        #: ("file" | "dir", key, bytes | listing), one per fsync/fdatasync, in order.
+        self.events: list[tuple[str, Key, Any]] = []
+        for directory, _dirs, files in os.walk(root):
+            self._base_listing[self._key(_stat(directory))] = self._listing(directory)
+            for name in files:
+                path = os.path.join(directory, name)
+                with _io_open(path, "rb") as f:
+                    self._base_data[self._key(_stat(path))] = f.read()
+
+    def _key(self, st: os.stat_result) -> Key:
+        return st.st_ino, self._generation.get(st.st_ino, 0)
+
+    def _listing(self, directory: str) -> dict[str, tuple[Key, bool]]:
+        entries = {}
+        for name in _listdir(directory):
+            st = _stat(os.path.join(directory, name), follow_symlinks=False)
+            entries[name] = (self._key(st), stat.S_ISDIR(st.st_mode))
+        return entries
+
+    def _born(self, st: os.stat_result) -> None:
+        if st.st_dev == self.device:
+            self._generation[st.st_ino] = next(self._incarnations)
+
+    def _synced(self, fd: int) -> None:
+        st = _fstat(fd)
+        proc = f"/proc/self/fd/{fd}"
+        if st.st_dev != self.device or not _is_under(os.readlink(proc), self.root):
+            return  # e.g. a tree an earlier cut left, being run on by a test
+        if stat.S_ISDIR(st.st_mode):
+            self.events.append(("dir", self._key(st), self._listing(proc)))
+        else:
+            with _io_open(proc, "rb") as f:
+                self.events.append(("file", self._key(st), f.read()))
+
+    # -- hooks
+    def _hook_sync(self, real: Callable[[Any], None]) -> Callable[[Any], None]:
+        def sync(fd: Any) -> None:
+            real(fd)
+            self._synced(fd if isinstance(fd, int) else fd.fileno())
+
+        return sync
+
+    def _hook_open(self, real: Callable[..., int]) -> Callable[..., int]:
+        def open_(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+            existed = not flags & os.O_CREAT or _exists(path, dir_fd)
+            fd = real(path, flags, mode, dir_fd=dir_fd)
+            if not existed:
+                self._born(_fstat(fd))
+            return fd
+
+        return open_
+
+    def _hook_mkdir(self, real: Callable[..., None]) -> Callable[..., None]:
+        def mkdir(path: Any, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+            real(path, mode, dir_fd=dir_fd)
+            self._born(_stat(path, dir_fd=dir_fd))
+
+        return mkdir
+
+    def _hook_io_open(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            named = isinstance(file, (str, bytes, os.PathLike))
+            existed = not named or not set(mode) & set("wxa+") or _exists(file, None)
+            f = real(file, mode, *args, **kwargs)
+            if not existed:
+                self._born(_fstat(f.fileno()))
+            return f
+
+        return open_
+
+    # -- the cut
+    def survivors(self, upto: int | None = None) -> dict[str, bytes | None]:
+        """Relative path -> bytes (None for a directory) left by a cut after ``upto`` syncs."""
+        data = dict(self._base_data)
+        listing = dict(self._base_listing)
+        for kind, key, value in self.events[:upto]:
+            (listing if kind == "dir" else data)[key] = value
+        tree: dict[str, bytes | None] = {}
+
+        def walk(key: Key, prefix: str) -> None:
+            for name, (child, is_dir) in sorted(listing.get(key, {}).items()):
+                path = prefix + name
+                if is_dir:
+                    tree[path] = None
+                    walk(child, path + "/")
+                else:
+                    tree[path] = data.get(child, b"")
+
+        walk(self.root_key, "")
+        return tree
+
+    def _materialize(self, upto: int | None) -> Path:
+        tree = self.survivors(upto)
+        target = self.root.with_name(f"{self.root.name}-cut{next(self._cuts)}")
+        _mkdir_p(target)
+        for rel, content in tree.items():  # in walk order: a directory before its entries
+            path = target / rel
+            if content is None:
+                _mkdir(path)
+            else:
+                with _io_open(path, "wb") as f:
+                    f.write(content)
+        return target
+
+    def settle(self) -> None:
+        """Count everything now under ``root`` as durable (set-up done before the test proper)."""
+        self._rebase(self.root)
+
+    def snapshot(self) -> Path:
+        """The tree a cut now would leave, while the live process goes on under ``root``."""
+        return self._materialize(None)
+
+    def power_cut(self) -> Path:
+        """The tree a cut now would leave; recording goes on there (the restarted broker)."""
+        target = self._materialize(None)
+        self._rebase(target)
+        return target
+
+    def every_cut(self, start: int = 0) -> Iterator[Path]:
+        """The tree left by a cut after each sync so far, from the ``start``-th one."""
+        for upto in range(start, len(self.events) + 1):
+            yield self._materialize(upto)
+
+
+def _is_under(path: str, root: Path) -> bool:
+    return path == str(root) or path.startswith(f"{root}/")
+
+
+def _exists(path: Any, dir_fd: int | None) -> bool:
+    try:
+        _stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _mkdir_p(path: Path) -> None:
+    if not path.is_dir():
+        _mkdir_p(path.parent)
+        _mkdir(path)
+
+
+@pytest.fixture
+def cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> PowerCut:
+    return PowerCut(tmp_path / "disk", monkeypatch)
+
+
+def batch(tag: int = 0, n: int = 2) -> bytearray:
+    return _batch.build_batch([bytes([tag]) * 30] * n, timestamp=1_000, keys=[b"k"] * n)
+
+
+def read_all(log: PartitionLog) -> bytes:
+    regions = log.read(log.log_start_offset, 1 << 20, log.log_end_offset)
+    return b"".join(r.read_bytes() for r in regions)
+
+
+# ---------------------------------------------------------------- the recorder itself
+
+
+def test_recorder_keeps_only_what_was_synced(cut: PowerCut) -> None:
+    root = cut.root
+    (root / "unsynced").write_bytes(b"lost")
+    fd = os.open(root / "synced", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"kept")
+    os.fsync(fd)
+    os.write(fd, b" and lost")
+    os.close(fd)
+    os.mkdir(root / "sub")
+    (root / "sub" / "inner").write_bytes(b"x")
+    dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(dfd)
+    os.close(dfd)
+    # The dir entries of the root are durable; "sub"'s own entry list and the
+    # unsynced file's data are not.
+    assert cut.survivors() == {"sub": None, "synced": b"kept", "unsynced": b""}
+    os.unlink(root / "synced")
+    assert cut.survivors()["synced"] == b"kept"  # the unlink is not durable yet
+    assert [len(cut.survivors(i)) for i in range(len(cut.events) + 1)] == [0, 0, 3]
+
+
+# ---------------------------------------------------------------- defect 1: the cluster id
+
+
+def test_cluster_id_survives_a_power_cut_in_a_fresh_data_dir(cut: PowerCut) -> None:
+    first = ensure_cluster_id(cut.root / "data", None)
+    after = cut.power_cut()
+    assert (after / "data" / "meta.properties").read_text().startswith(f"cluster.id={first}\n")
+    assert ensure_cluster_id(after / "data", None) == first
+
+
+def test_cluster_id_is_stable_across_many_cuts_and_never_half_written(cut: PowerCut) -> None:
+    (cut.root / "data").mkdir()
+    cut.settle()  # the data dir itself is durable: this checks the file alone
+    first = ensure_cluster_id(cut.root / "data", None)
+    for state in cut.every_cut():
+        meta = state / "data" / "meta.properties"
+        # Before the write is durable the file is absent, never there but empty.
+        assert not meta.exists() or meta.read_text().startswith(f"cluster.id={first}\n")
+    ids = set()
+    for _ in range(5):  # restart after restart, each ended by a power cut
+        ids.add(ensure_cluster_id(cut.root / "data", None))
+        cut.power_cut()
+    assert ids == {first}
+
+
+# ---------------------------------------------------------------- defect 2: a fresh data dir
+
+
+def test_fresh_broker_data_dir_and_acknowledged_records_survive_a_power_cut(
+    cut: PowerCut,
+) -> None:
+    broker = Broker(BrokerConfig(port=0, data_dir=cut.root / "data"))
+    broker.topics.create("t", 1)
+    log = broker.topics.log("t", 0)
+    log.append(batch(1), now_ms=1_000)
+    log.flush()  # what acks=all waits for (the flusher's group commit)
+    acknowledged = read_all(log)
+    for each in broker.topics.all_logs():
+        each.abort()  # the power went: nothing more reaches the disk
+
+    after = cut.power_cut()
+    assert sorted(os.listdir(after)) == ["data"]
+    assert (after / "data" / "t-0").is_dir()
+    again = Broker(BrokerConfig(port=0, data_dir=after / "data"))
+    try:
+        assert again.cluster_id == broker.cluster_id
+        recovered = again.topics.log("t", 0)
+        assert recovered is not None
+        assert recovered.log_end_offset == 2
+        assert read_all(recovered) == acknowledged
+    finally:
+        again.topics.close()
+
+
+def test_broker_makes_an_existing_but_unsynced_data_dir_durable(cut: PowerCut) -> None:
+    # An earlier run made the directory and died before syncing its parent.
+    (cut.root / "data").mkdir()
+    broker = Broker(BrokerConfig(port=0, data_dir=cut.root / "data"))
+    broker.topics.close()
+    after = cut.power_cut()
+    assert (after / "data" / "meta.properties").exists()
+    assert ensure_cluster_id(after / "data", None) == broker.cluster_id
+
+
+def test_nested_missing_directories_are_each_made_durable(cut: PowerCut) -> None:
+    log = PartitionLog.open(cut.root / "a" / "b" / "t-0")
+    log.close()
+    after = cut.power_cut()
+    assert (after / "a" / "b" / "t-0").is_dir()
+
+
+def test_make_dirs_durable_syncs_each_created_level(cut: PowerCut) -> None:
+    from trio_broker.storage.durable import make_dirs_durable
+
+    (cut.root / "x").mkdir()
+    cut.settle()
+    assert make_dirs_durable(cut.root / "x" / "y" / "z") is True
+    assert make_dirs_durable(cut.root / "x" / "y" / "z") is False
+    after = cut.power_cut()
+    assert (after / "x" / "y" / "z").is_dir()
+
+
+# ---------------------------------------------------------------- the topic catalogue
+
+
+def test_catalogue_changes_survive_a_power_cut_whole_or_not_at_all(cut: PowerCut) -> None:
+    catalogue = Catalogue(cut.root / "data")
+    created = catalogue.create_topic("t", 2, {"retention.ms": "1000"})
+    after = cut.power_cut()
+    reloaded = Catalogue(after / "data")
+    assert reloaded.get("t") == created
+
+    reloaded.set_configs("t", {"retention.ms": "2000"})
+    for state in cut.every_cut():
+        info = Catalogue(state / "data").get("t")  # never a torn file
+        assert info is not None and info.configs["retention.ms"] in ("1000", "2000")
+    assert Catalogue(cut.power_cut() / "data").get("t").configs == {"retention.ms": "2000"}  # type: ignore[union-attr]
+
+
+def test_topic_creation_and_deletion_survive_a_power_cut(cut: PowerCut) -> None:
+    topics = TopicManager(cut.root / "data", LogConfig(), lambda: 1_000)
+    topics.create("t", 2, {"retention.ms": "60000"})
+    log = topics.log("t", 0)
+    log.append(batch(1), now_ms=1_000)
+    log.flush()
+    for each in topics.all_logs():
+        each.abort()
+
+    after = cut.power_cut()
+    assert {"t-0", "t-1", CATALOGUE_FILE} <= set(os.listdir(after / "data"))
+    topics = TopicManager(after / "data", LogConfig(), lambda: 1_000)
+    assert topics.get("t").info.configs == {"retention.ms": "60000"}  # type: ignore[union-attr]
+    assert topics.log("t", 0).log_end_offset == 2
+    topics.delete("t")
+    # Wherever the cut falls, the restarted broker has the topic with its data or
+    # none at all, and a new topic of the same name starts empty.
+    for state in cut.every_cut():
+        again = TopicManager(state / "data", LogConfig(), lambda: 1_000)
+        existing = again.get("t")
+        if existing is not None:
+            assert again.log("t", 0).log_end_offset == 2
+        else:
+            assert again.create("t", 1).logs[0].log_end_offset == 0
+        again.close()
+    final = TopicManager(cut.power_cut() / "data", LogConfig(), lambda: 1_000)
+    assert final.get("t") is None
+    final.close()
+
+
+# ---------------------------------------------------------------- ACLs, credentials, quotas
+
+
+def test_acl_store_survives_a_power_cut(cut: PowerCut) -> None:
+    (cut.root / "data").mkdir()
+    cut.settle()
+    binding = AclBinding(
+        ResourceType.TOPIC, "t", PatternType.LITERAL, "User:alice", "*",
+        Operation.READ, Permission.ALLOW,
+    )  # fmt: skip
+    AclStore(cut.root / "data").add([binding])
+    for state in cut.every_cut():
+        assert AclStore(state / "data").bindings() in ([], [binding])
+    assert AclStore(cut.power_cut() / "data").bindings() == [binding]
+
+
+def test_credentials_survive_a_power_cut_with_their_mode(cut: PowerCut) -> None:
+    store = CredentialStore.in_data_dir(cut.root / "data")  # the data dir does not exist yet
+    store.add("alice", "SCRAM-SHA-256", "secret")
+    assert stat.S_IMODE(os.stat(cut.root / "data" / CREDENTIALS_FILE).st_mode) == 0o600
+    credential = store.lookup("alice", "SCRAM-SHA-256")
+    after = cut.power_cut()
+    assert CredentialStore.in_data_dir(after / "data").lookup("alice", "SCRAM-SHA-256") == (
+        credential
+    )
+    store = CredentialStore.in_data_dir(after / "data")
+    store.delete("alice")
+    for state in cut.every_cut():
+        found = CredentialStore.in_data_dir(state / "data").lookup("alice", "SCRAM-SHA-256")
+        assert found in (None, credential)
+    assert CredentialStore.in_data_dir(cut.power_cut() / "data").users() == {}
+
+
+def test_client_quotas_survive_a_power_cut(cut: PowerCut) -> None:
+    (cut.root / "data").mkdir()
+    cut.settle()
+
+    def service(data_dir: Path) -> QuotaService:
+        return QuotaService(types.SimpleNamespace(config=BrokerConfig(data_dir=data_dir)))
+
+    entity = parse_entity("client-id=bench")
+    service(cut.root / "data").alter([(entity, "producer_byte_rate", 1024.0)])
+    after = cut.power_cut()
+    assert service(after / "data").table.dynamic == {entity: {"producer_byte_rate": 1024.0}}
+
+
+# ---------------------------------------------------------------- producer state
+
+
+def test_producer_id_blocks_are_never_reissued_after_a_power_cut(cut: PowerCut) -> None:
+    (cut.root / "data").mkdir()
+    cut.settle()
+    issued = [ProducerIdAllocator(cut.root / "data" / PRODUCER_ID_FILE, 10).allocate()]
+    for _ in range(3):
+        after = cut.power_cut()
+        issued.append(ProducerIdAllocator(after / "data" / PRODUCER_ID_FILE, 10).allocate())
+    assert len(set(issued)) == len(issued), issued
+
+
+def test_producer_state_snapshot_survives_a_power_cut(cut: PowerCut) -> None:
+    data = cut.root / "data"
+    log = PartitionLog.open(data / "t-0")
+    log.append(batch(1), now_ms=1_000)
+    log.flush()
+    registry = ProducerStateRegistry(data, lambda: 1_000)
+    registry.manager("t", 0, log).append(7, 0, 0, 1, 0, 1, 1_000)
+    snapshot = registry._partitions["t", 0].manager.to_snapshot()
+    registry.close()
+    log.abort()
+    after = cut.power_cut()
+    assert (after / "data" / "t-0" / SNAPSHOT_FILE).read_bytes() == snapshot
+    recovered = PartitionLog.open(after / "data" / "t-0")
+    try:
+        manager = ProducerStateRegistry(after / "data", lambda: 1_000).manager("t", 0, recovered)
+        assert 7 in manager.producers  # only the snapshot knew producer 7
+    finally:
+        recovered.close()
+
+
+# ---------------------------------------------------------------- checkpoints and the log
+
+
+SMALL = LogConfig(segment_bytes=400, index_interval_bytes=64, retention_ms=None)
+
+
+def test_log_start_checkpoint_survives_and_retention_recovers_either_way(cut: PowerCut) -> None:
+    log = PartitionLog.open(cut.root / "t-0", SMALL)
+    for i in range(12):
+        log.append(batch(i), now_ms=1_000 + i)
+    log.flush()
+    flushed = len(cut.events)
+    assert len(log.segment_base_offsets()) > 3
+    log.delete_records(10)
+    assert log.apply_retention(2_000) > 0  # removes the segments below offset 10
+    kept = read_all(log)
+    # Retention does not sync the directory after its unlinks: whether a cut keeps
+    # the files or not, the log restarts at the checkpointed start (or at 0, with
+    # every segment, if the checkpoint did not make it either).
+    for state in cut.every_cut(flushed):
+        reopened = PartitionLog.open(state / "t-0", SMALL)
+        try:
+            assert reopened.log_start_offset in (0, 10)
+            assert reopened.log_end_offset == 24
+        finally:
+            reopened.abort()
+    after = cut.snapshot()
+    assert (after / "t-0" / LOG_START_CHECKPOINT).read_bytes() == b"10\n"
+    # Now the case where a later directory sync (any flush) made the unlinks durable.
+    dfd = os.open(cut.root / "t-0", os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(dfd)
+    os.close(dfd)
+    log.abort()
+    for state in (after, cut.power_cut()):
+        reopened = PartitionLog.open(state / "t-0", SMALL)
+        try:
+            assert reopened.log_start_offset == 10
+            with pytest.raises(OffsetOutOfRange):
+                reopened.read(9, 1 << 20, 24)
+            assert read_all(reopened) == kept
+        finally:
+            reopened.close()
+
+
+def test_recovery_point_checkpoint_survives_a_power_cut(cut: PowerCut) -> None:
+    log = PartitionLog.open(cut.root / "t-0", SMALL)
+    for i in range(12):
+        log.append(batch(i), now_ms=1_000 + i)
+    log.flush()
+    point = (cut.root / "t-0" / RECOVERY_POINT_CHECKPOINT).read_bytes()
+    assert int(point) > 0
+    log.abort()
+    after = cut.power_cut()
+    assert (after / "t-0" / RECOVERY_POINT_CHECKPOINT).read_bytes() == point
+    reopened = PartitionLog.open(after / "t-0", SMALL)
+    try:
+        assert reopened.log_end_offset == 24
+        assert reopened.recovery.segments_scanned < len(reopened.segment_base_offsets())
+    finally:
+        reopened.close()
+
+
+def test_clean_shutdown_marker_is_durable(cut: PowerCut) -> None:
+    log = PartitionLog.open(cut.root / "t-0", SMALL)
+    for i in range(12):
+        log.append(batch(i), now_ms=1_000 + i)
+    log.close()
+    marker = (cut.root / "t-0" / CLEAN_SHUTDOWN_MARKER).read_bytes()
+    after = cut.power_cut()
+    assert (after / "t-0" / CLEAN_SHUTDOWN_MARKER).read_bytes() == marker
+    reopened = PartitionLog.open(after / "t-0", SMALL)
+    try:
+        assert reopened.recovery.clean
+        assert reopened.log_end_offset == 24
+    finally:
+        reopened.close()
+
+
+# ---------------------------------------------------------------- committed offsets
+
+
+def test_committed_offsets_log_survives_a_power_cut_in_a_fresh_data_dir(cut: PowerCut) -> None:
+    store = OffsetsStore.open(cut.root / "data", LogConfig())
+    key = OffsetKey("g", "t", 0)
+    write = store.append([(key, OffsetAndMetadata(42, metadata="m"))], now_ms=1_000)
+    store.log.flush()  # OffsetCommit answers only after this (wait_offsets_durable)
+    store.apply(write)
+    store.log.abort()
+    after = cut.power_cut()
+    assert (after / "data" / OFFSETS_LOG_NAME).is_dir()
+    again = OffsetsStore.open(after / "data", LogConfig())
+    try:
+        assert again.get("g", "t", 0) == OffsetAndMetadata(42, metadata="m")
+    finally:
+        again.close()
+
+
+# ---------------------------------------------------------------- capture files
+
+
+def test_capture_files_are_published_durably(cut: PowerCut) -> None:
+    pytest.importorskip("pyarrow")
+    from trio_broker.capture.writer import ParquetRotator
+
+    rotator = ParquetRotator(cut.root / "capture" / "nested", 0)
+    rotator.write_stats(captured=1)
+    after = cut.power_cut()
+    (stats,) = list((after / "capture" / "nested").glob("*.stats.json"))
+    assert json.loads(stats.read_text()) == {"rows_written": 0, "captured": 1}
+
+
+# ---------------------------------------------------------------- one helper, used everywhere
+
+
+def test_no_module_writes_broker_state_its_own_way() -> None:
+    """Crash-safe writes go through trio_broker.storage.durable, nowhere else."""
+    package = Path(__file__).resolve().parents[2] / "trio_broker"
+    allowed = {
+        "storage/durable.py",  # the helper
+        # TLS material written to a private temp file for ssl to load, never re-read.
+        "security/transport.py",
+    }
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel in allowed or rel.startswith("verify/"):
+            continue
+        text = path.read_text()
+        for needle in ("os.replace(", "os.rename(", ".write_text(", ".write_bytes(", ".mkdir("):
+            if needle in text:
+                offenders.append(f"{rel}: {needle}")
+    assert offenders == []
