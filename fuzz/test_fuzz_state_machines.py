@@ -129,14 +129,14 @@ steps = st.lists(
 def scram_login(session: SaslSession, mechanism: str, corrupt_at: int) -> list[AuthStep]:
     """A real SCRAM exchange; ``corrupt_at`` >= 0 flips one bit of the client-final."""
     client = ScramClient([mechanism], USER, PASSWORD)
-    answers = [session.authenticate(client.get_client_first().encode(), 0)]
+    answers = [session.authenticate_blocking(client.get_client_first().encode(), 0)]
     if answers[0].error_code != ErrorCode.NONE:
         return answers
     client.set_server_first(answers[0].auth_bytes.decode())
     final = client.get_client_final().encode()
     if corrupt_at >= 0:
         final = flip(final, corrupt_at, corrupt_at % 7)
-    answers.append(session.authenticate(final, 0))
+    answers.append(session.authenticate_blocking(final, 0))
     if answers[-1].error_code == ErrorCode.NONE:
         client.set_server_final(answers[-1].auth_bytes.decode())  # the server proved itself
     return answers
@@ -160,7 +160,7 @@ def test_sasl_session_survives_any_exchange(script: list[tuple[object, ...]]) ->
             assert isinstance(token, bytes)
             if step[0] == "plain" and session.handshake("PLAIN") != ErrorCode.NONE:
                 continue
-            answers = [session.authenticate(token, 0)]
+            answers = [session.authenticate_blocking(token, 0)]
             if answers[0].error_code == ErrorCode.NONE and session.authenticated:
                 assert session.mechanism == "PLAIN" and token in GOOD_PLAIN
         else:

@@ -145,5 +145,5 @@ def test_reachable_sets_are_what_the_model_reaches() -> None:
                 seen.add(after)
                 frontier.append(after)
     assert set(REACHABLE_REASON_SETS) == seen
-    # Open states: any mix of the four non-terminal reasons except both models at once.
-    assert len(seen) == 16 - 4 + 1
+    # Open states: any mix of the five non-terminal reasons except both models at once.
+    assert len(seen) == 32 - 8 + 1

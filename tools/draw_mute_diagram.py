@@ -31,6 +31,7 @@ _ID_PART = {
     MuteReason.IN_FLIGHT_LIMIT: "inflight",
     MuteReason.MEMORY_PRESSURE: "memory",
     MuteReason.THROTTLED: "throttled",
+    MuteReason.AUTHENTICATING: "auth",
     MuteReason.CLOSING: "closing",
 }
 

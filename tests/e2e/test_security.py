@@ -24,6 +24,7 @@ import logging
 import re
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -303,7 +304,10 @@ def test_librdkafka_reauthenticates_when_the_session_ends(
         time.sleep(REAUTH_MS / 1000)
     assert delivered == [None] * 4 and not errors, (delivered, errors)
     log = secure_broker.log_text()[start:]  # this test's part of the log
-    assert log.count("authenticated as User:alice") >= 4
+    # Re-authentication happens on the same connection: some connection logged in
+    # again and again (a client that reconnected instead would show each id once).
+    logins = Counter(re.findall(r"connection (\d+) authenticated as User:alice\b", log))
+    assert logins and max(logins.values()) >= 3, logins
     assert "not permitted in SASL state" not in log
 
 

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trustme
@@ -94,15 +95,19 @@ async def authenticate(client: RawClient, token: bytes, version: int = 2) -> Any
 
 
 async def assert_closed(client: RawClient) -> None:
-    """The broker closes the connection (EOF) within a bounded time."""
+    """The broker closes the connection (EOF) within a bounded time, answering nothing
+    more: any byte that arrives first (a response the test did not read) fails it."""
+    received = bytes(client.buf)
     with trio.fail_after(10):
         while True:
             try:
                 data = await client.stream.receive_some(65536)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
+                break
             if not data:
-                return
+                break
+            received += data
+    assert received == b"", f"the broker answered {len(received)} bytes before closing"
 
 
 async def scram_login(client: RawClient, mech: str, password: str = PASSWORD) -> Any:
@@ -267,7 +272,6 @@ async def test_metadata_between_handshake_and_authenticate_disconnects(sasl: Raw
         ("SCRAM-SHA-256", b"n,,n=alice"),  # no nonce
         ("SCRAM-SHA-256", b"p=tls-unique,,n=alice,r=abc"),  # channel binding
         ("SCRAM-SHA-256", b"n,a=bob,n=alice,r=abc"),  # authzid of someone else
-        ("SCRAM-SHA-512", b"n,,n=nobody,r=abcdef"),  # unknown user
         ("SCRAM-SHA-512", b"n,,n=al=ice,r=abcdef"),  # bad saslname escape
         ("SCRAM-SHA-512", b"n,,n=alice,r=" + b"x" * 20_000),  # oversized
     ],
@@ -473,24 +477,67 @@ async def test_user_scram_credentials_with_kafka_python_admin(broker: Broker) ->
     assert await bob_logs_in() == "User:bob"
 
 
-async def test_pipelined_sasl_requests_during_a_plain_check_close(broker: Broker) -> None:
-    """PLAIN is checked in a thread; a request that would change the session meanwhile closes."""
-    for follow_up in (36, 17):
-        port = port_of(broker, "SASL_PLAINTEXT")
-        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
-            client = RawClient(stream)
-            assert (await handshake(client, "PLAIN")).error_code == 0
-            token = f"\0{USER}\0{PASSWORD}".encode()
-            second = (
-                m.SaslAuthenticateRequest(auth_bytes=token)
-                if follow_up == 36
-                else m.SaslHandshakeRequest(mechanism="PLAIN")
-            )
-            await stream.send_all(
-                m.encode_request(36, 2, 10, "x", m.SaslAuthenticateRequest(auth_bytes=token))
-                + m.encode_request(follow_up, 1, 11, "x", second)
-            )
-            await assert_closed(client)
+async def read_response(client: RawClient, api_key: int, version: int) -> Any:
+    """The next response on ``client`` (for requests sent pipelined, without ``call``)."""
+    with trio.fail_after(10):
+        (size,) = struct.unpack(">i", await client._read_exactly(4))
+        body = await client._read_exactly(size)
+    return m.decode_response(api_key, version, body)
+
+
+async def test_requests_pipelined_behind_a_plain_login_wait_for_it(broker: Broker) -> None:
+    """PLAIN is checked in a thread; what the client sent behind it is read once the
+    login is done (as Kafka's authenticator does), as the user it logged in."""
+    token = f"\0{USER}\0{PASSWORD}".encode()
+    login = m.encode_request(36, 2, 10, "x", m.SaslAuthenticateRequest(auth_bytes=token))
+    port = port_of(broker, "SASL_PLAINTEXT")
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        client = RawClient(stream)
+        assert (await handshake(client, "PLAIN")).error_code == 0
+        metadata_request = m.MetadataRequest(topics=None, allow_auto_topic_creation=False)
+        await stream.send_all(login + m.encode_request(3, 9, 11, "x", metadata_request))
+        assert (await read_response(client, 36, 2))[1].error_code == 0
+        correlation_id, answer = await read_response(client, 3, 9)
+        assert correlation_id == 11 and answer.brokers
+        assert connection_of(broker, client).principal == f"User:{USER}"
+    # A second SaslAuthenticate behind the first is out of turn once the first succeeded.
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        client = RawClient(stream)
+        assert (await handshake(client, "PLAIN")).error_code == 0
+        await stream.send_all(login + login)
+        assert (await read_response(client, 36, 2))[1].error_code == 0
+        second = (await read_response(client, 36, 2))[1]
+        assert second.error_code == ErrorCode.ILLEGAL_SASL_STATE
+        await assert_closed(client)
+    # A SaslHandshake behind it starts a re-authentication (KIP-368).
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        client = RawClient(stream)
+        assert (await handshake(client, "PLAIN")).error_code == 0
+        again = m.SaslHandshakeRequest(mechanism="PLAIN")
+        await stream.send_all(login + m.encode_request(17, 1, 11, "x", again))
+        assert (await read_response(client, 36, 2))[1].error_code == 0
+        assert (await read_response(client, 17, 1))[1].error_code == 0
+        assert (await authenticate(client, token)).error_code == 0
+        assert (await metadata(client)).brokers
+
+
+@pytest.mark.parametrize("mech", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+async def test_unknown_scram_user_gets_a_salt_and_fails_at_the_end(
+    broker: Broker, sasl: RawClient, mech: str
+) -> None:
+    """No answer tells an unknown user from a known one before the proof (RFC 5802 s. 9)."""
+    assert (await handshake(sasl, mech)).error_code == 0
+    scram = ScramClient([mech], "nobody", PASSWORD)
+    first = await authenticate(sasl, scram.get_client_first().encode())
+    assert first.error_code == 0 and b",s=" in first.auth_bytes and b",i=4096" in first.auth_bytes
+    scram.set_server_first(first.auth_bytes.decode())
+    final = await authenticate(sasl, scram.get_client_final().encode())
+    assert final.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+    assert final.error_message == (
+        "Authentication failed during authentication due to invalid credentials "
+        f"with SASL mechanism {mech}"
+    )
+    await assert_closed(sasl)
 
 
 async def test_plaintext_request_on_a_tls_listener_is_dropped(broker: Broker) -> None:
@@ -575,3 +622,28 @@ async def test_mtls_mapping_rules_map_or_refuse(
         assert await connect_as(broker, "alice") is None
         nursery.cancel_scope.cancel()
     assert "no ssl.principal.mapping.rules rule matches 'CN=alice," in caplog.text
+
+
+async def test_an_expired_session_is_closed_even_for_api_versions(
+    broker_config: BrokerConfig, nursery: trio.Nursery
+) -> None:
+    """KIP-368: past connections.max.reauth.ms only a re-login's SaslHandshake is taken."""
+    config = attrs.evolve(
+        broker_config,
+        security={**broker_config.security,
+                  "listener.name.sasl_plaintext.connections.max.reauth.ms": 300},
+    )  # fmt: skip
+    running: Broker = await nursery.start(Broker(config).run)
+    for then in ("api_versions", "handshake"):
+        port = port_of(running, "SASL_PLAINTEXT")
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            client = RawClient(stream)
+            assert (await scram_login(client, "SCRAM-SHA-256")).session_lifetime_ms == 300
+            await client.call(18, 0, m.ApiVersionsRequest())  # within the session
+            await trio.sleep(0.4)
+            if then == "handshake":  # re-authentication is still welcome
+                assert (await scram_login(client, "SCRAM-SHA-256")).error_code == 0
+                assert (await metadata(client)).brokers
+                continue
+            await stream.send_all(m.encode_request(18, 0, 99, "x", m.ApiVersionsRequest()))
+            await assert_closed(client)

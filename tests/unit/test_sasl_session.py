@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import stat
 from pathlib import Path
@@ -16,10 +17,13 @@ from trio_broker.security.credentials import (
     credential_from_password,
     credential_from_salted,
 )
+from trio_broker.security.decoy import DECOY_SALT_BYTES, decoy_credential, decoy_secret
 from trio_broker.security.sasl import (
     API_VERSIONS,
     SASL_AUTHENTICATE,
     SASL_HANDSHAKE,
+    AuthStep,
+    PasswordCheck,
     SaslSession,
     SaslState,
 )
@@ -46,12 +50,12 @@ def scram(s: SaslSession, mech: str, user: str = USER, password: str = PASSWORD)
     """A whole SCRAM exchange; the final error code."""
     assert s.handshake(mech) == ErrorCode.NONE
     client = ScramClient([mech], user, password)
-    first = s.authenticate(client.get_client_first().encode(), now_ms=0)
+    first = s.authenticate_blocking(client.get_client_first().encode(), now_ms=0)
     if first.error_code:
         return first.error_code
     assert s.state is SaslState.AWAIT_FINAL and first.principal is None
     client.set_server_first(first.auth_bytes.decode())
-    final = s.authenticate(client.get_client_final().encode(), now_ms=0)
+    final = s.authenticate_blocking(client.get_client_final().encode(), now_ms=0)
     if final.error_code == 0:
         client.set_server_final(final.auth_bytes.decode())  # the server proved its key
     return final.error_code
@@ -88,7 +92,7 @@ def test_scram_user_names_are_saslname_decoded(store: CredentialStore) -> None:
 def test_plain_login(store: CredentialStore) -> None:
     s = session(store)
     assert s.handshake("PLAIN") == 0
-    step = s.authenticate(b"\0alice\0pencil", now_ms=5)
+    step = s.authenticate_blocking(b"\0alice\0pencil", now_ms=5)
     assert step.error_code == 0 and step.principal == "User:alice" and step.auth_bytes == b""
     assert s.authenticated
 
@@ -101,7 +105,7 @@ def test_plain_login(store: CredentialStore) -> None:
 def test_plain_failures(store: CredentialStore, token: bytes) -> None:
     s = session(store)
     s.handshake("PLAIN")
-    step = s.authenticate(token, now_ms=0)
+    step = s.authenticate_blocking(token, now_ms=0)
     assert step.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
     assert step.principal is None and s.failed and s.principal is None
     # The answer does not say what was wrong.
@@ -118,10 +122,78 @@ def test_wrong_scram_password_fails(store: CredentialStore) -> None:
     assert s.failed and s.principal is None
 
 
-def test_unknown_scram_user_fails_at_first_message(store: CredentialStore) -> None:
+def server_first(s: SaslSession, mech: str, user: str) -> dict[str, str]:
+    """The attributes of the server-first message ``user`` gets (r, s, i)."""
+    assert s.handshake(mech) == ErrorCode.NONE
+    first = s.authenticate(ScramClient([mech], user, PASSWORD).get_client_first().encode(), 0)
+    assert isinstance(first, AuthStep) and first.error_code == ErrorCode.NONE
+    return dict(part.split("=", 1) for part in first.auth_bytes.decode().split(","))
+
+
+@pytest.mark.parametrize("mech", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_unknown_scram_user_looks_like_a_known_one_and_fails_at_the_end(
+    store: CredentialStore, mech: str
+) -> None:
+    # RFC 5802 section 9: the first answer must not tell who exists.
+    known = server_first(session(store), mech, USER)
+    unknown = server_first(session(store), mech, "bob")
+    assert unknown["i"] == known["i"] == "4096"
+    assert len(base64.b64decode(unknown["s"])) == len(base64.b64decode(known["s"]))
+    assert unknown["s"] != known["s"]
+    # The same salt every time, as a real user's: trying twice tells nothing either.
+    assert server_first(session(store), mech, "bob")["s"] == unknown["s"]
+    assert server_first(session(store), mech, "carol")["s"] != unknown["s"]
     s = session(store)
-    assert scram(s, "SCRAM-SHA-512", user="bob") == ErrorCode.SASL_AUTHENTICATION_FAILED
-    assert s.failed
+    assert scram(s, mech, user="bob") == ErrorCode.SASL_AUTHENTICATION_FAILED
+    assert s.failed and s.principal is None and "unknown SCRAM user" in s.reason
+
+
+def test_decoy_salts_are_as_long_as_real_ones() -> None:
+    made = credential_from_password("SCRAM-SHA-256", PASSWORD, 4096)
+    assert len(made.salt) == DECOY_SALT_BYTES
+    decoy = decoy_credential(b"secret", "bob", "SCRAM-SHA-512")
+    assert len(decoy.salt) == DECOY_SALT_BYTES and len(decoy.stored_key) == 64
+    assert decoy_credential(b"other secret", "bob", "SCRAM-SHA-512") != decoy
+
+
+def test_plain_salts_the_password_of_an_unknown_user_too(store: CredentialStore) -> None:
+    s = session(store)
+    s.handshake("PLAIN")
+    check = s.authenticate(b"\0bob\0pencil", 0)
+    # The same work as for a real user (a PBKDF2 over a decoy), then a refusal.
+    assert isinstance(check, PasswordCheck) and not check.known
+    assert check.credential.iterations == 4096 and s.state is SaslState.CHECKING
+    assert check.run() is False
+    step = s.password_checked(check, True, 0)  # even a forged "ok" cannot log in nobody
+    assert step.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED and s.principal is None
+
+
+def test_a_plain_check_changes_nothing_until_its_result_is_handed_back(
+    store: CredentialStore,
+) -> None:
+    # [auth-race]: the check runs in a worker thread; only password_checked, on the
+    # event loop, completes the login, setting state and principal together.
+    s = session(store)
+    s.handshake("PLAIN")
+    check = s.authenticate(b"\0alice\0pencil", 0)
+    assert isinstance(check, PasswordCheck)
+    assert check.run() is True
+    assert s.state is SaslState.CHECKING and s.principal is None
+    assert not any(s.permits(k, 0) for k in (METADATA, API_VERSIONS, SASL_HANDSHAKE))
+    step = s.password_checked(check, True, 0)
+    assert step.error_code == 0 and s.principal == "User:alice" and s.permits(METADATA, 0)
+
+
+def test_an_expired_session_permits_only_a_reauthentication_handshake(
+    store: CredentialStore,
+) -> None:
+    s = session(store, reauth_ms=1000)
+    s.handshake("PLAIN")
+    s.authenticate_blocking(b"\0alice\0pencil", now_ms=0)
+    assert s.permits(API_VERSIONS, 999)
+    # Kafka closes an expired connection on anything but SaslHandshake, ApiVersions too.
+    assert not s.permits(API_VERSIONS, 1000) and not s.permits(SASL_AUTHENTICATE, 1000)
+    assert s.permits(SASL_HANDSHAKE, 1000)
 
 
 def test_unsupported_and_disabled_mechanisms(store: CredentialStore) -> None:
@@ -133,21 +205,21 @@ def test_unsupported_and_disabled_mechanisms(store: CredentialStore) -> None:
 
 def test_out_of_order_requests_are_illegal(store: CredentialStore) -> None:
     s = session(store)
-    assert s.authenticate(b"\0alice\0pencil", 0).error_code == ErrorCode.ILLEGAL_SASL_STATE
+    assert s.authenticate_blocking(b"\0alice\0pencil", 0).error_code == ErrorCode.ILLEGAL_SASL_STATE
     assert s.failed
     s = session(store)
     s.handshake("SCRAM-SHA-256")
     assert s.handshake("SCRAM-SHA-256") == ErrorCode.ILLEGAL_SASL_STATE
     s = session(store)
     s.handshake("PLAIN")
-    s.authenticate(b"\0alice\0pencil", 0)
-    assert s.authenticate(b"\0alice\0pencil", 0).error_code == ErrorCode.ILLEGAL_SASL_STATE
+    s.authenticate_blocking(b"\0alice\0pencil", 0)
+    assert s.authenticate_blocking(b"\0alice\0pencil", 0).error_code == ErrorCode.ILLEGAL_SASL_STATE
 
 
 def test_oversized_token_fails(store: CredentialStore) -> None:
     s = session(store)
     s.handshake("SCRAM-SHA-256")
-    step = s.authenticate(b"n,,n=alice,r=" + b"a" * 10_000, 0)
+    step = s.authenticate_blocking(b"n,,n=alice,r=" + b"a" * 10_000, 0)
     assert step.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
 
 
@@ -155,7 +227,7 @@ def test_scram_final_without_first_is_not_possible(store: CredentialStore) -> No
     s = session(store)
     s.handshake("SCRAM-SHA-256")
     # A client-final as the first token is a malformed client-first.
-    step = s.authenticate(b"c=biws,r=abc,p=AAAA", 0)
+    step = s.authenticate_blocking(b"c=biws,r=abc,p=AAAA", 0)
     assert step.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
 
 
@@ -165,13 +237,13 @@ def test_scram_final_without_first_is_not_possible(store: CredentialStore) -> No
 def test_session_lifetime_and_reauthentication(store: CredentialStore) -> None:
     s = session(store, reauth_ms=1000)
     s.handshake("PLAIN")
-    step = s.authenticate(b"\0alice\0pencil", now_ms=500)
+    step = s.authenticate_blocking(b"\0alice\0pencil", now_ms=500)
     assert step.session_lifetime_ms == 1000 and s.expires_at_ms == 1500
     assert s.permits(METADATA, 1499) and not s.permits(METADATA, 1500)
     assert s.permits(SASL_HANDSHAKE, 5000)
     # KIP-368: a new exchange on the same connection renews the session.
     assert s.handshake("PLAIN") == 0 and not s.permits(METADATA, 600)
-    assert s.authenticate(b"\0alice\0pencil", now_ms=6000).error_code == 0
+    assert s.authenticate_blocking(b"\0alice\0pencil", now_ms=6000).error_code == 0
     assert s.permits(METADATA, 6999) and not s.permits(METADATA, 7000)
 
 
@@ -255,3 +327,14 @@ def test_users_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
                  "--iterations", "100"]) == 2  # fmt: skip
     assert set(store.users()) == {"alice", "bob"}
     assert list(store.users()["alice"]) == ["SCRAM-SHA-512"]
+
+
+def test_the_decoy_secret_survives_a_restart(tmp_path: Path) -> None:
+    # A secret made anew at each start would change unknown users' salts while
+    # real ones stay: a way to tell them apart again.
+    first = decoy_secret(tmp_path)
+    assert decoy_secret(tmp_path) == first and len(first) == 32
+    assert stat.S_IMODE((tmp_path / "sasl-decoy.secret").stat().st_mode) == 0o600
+    (tmp_path / "sasl-decoy.secret").write_bytes(b"torn")
+    assert len(decoy_secret(tmp_path)) == 32
+    assert decoy_secret(None) != decoy_secret(None)

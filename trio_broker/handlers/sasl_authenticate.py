@@ -1,10 +1,16 @@
 """SaslAuthenticate (36): one SASL token of the exchange (KIP-152 framing).
 
 The token goes to the connection's sans-I/O :class:`SaslSession`. PLAIN salts the
-password (thousands of PBKDF2 rounds), so it runs in a worker thread inside a
-Deferred rather than in the handler task that other connections share. A failed
-login is answered after ``FAILED_LOGIN_DELAY_S`` (Kafka delays too, KIP-306) from
-a Deferred, and the connection closes once the answer is sent.
+password (thousands of PBKDF2 rounds), so the session hands out a
+:class:`PasswordCheck` that runs in a worker thread inside a Deferred rather than
+in the handler task that other connections share; its result goes back to the
+session on the event loop, where the login completes in one step. A failed login
+is answered after ``FAILED_LOGIN_DELAY_S`` (Kafka delays too, KIP-306) from a
+Deferred, and the connection closes once the answer is sent.
+
+The connection reads nothing more until this request is answered (its
+AUTHENTICATING mute), so the next request is read, and authorized, as whoever
+the login made the connection.
 """
 
 from __future__ import annotations
@@ -14,16 +20,10 @@ from typing import Any
 
 import trio
 
-from trio_broker.handlers.base import (
-    CloseConnection,
-    Deferred,
-    RequestContext,
-    Response,
-    handles,
-)
+from trio_broker.handlers.base import Deferred, RequestContext, Response, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.sasl import AuthStep, SaslSession
+from trio_broker.security.sasl import AuthStep, PasswordCheck, SaslSession
 
 log = logging.getLogger("trio_broker.sasl")
 
@@ -44,11 +44,9 @@ async def handle_sasl_authenticate(ctx: RequestContext, request: Any) -> Respons
         return Resp(error_code=ErrorCode.ILLEGAL_SASL_STATE,
                     error_message="SaslAuthenticate on a listener without SASL", auth_bytes=b"")  # fmt: skip
     token = bytes(request.auth_bytes or b"")
-    now_ms = trio.current_time() * 1000
 
     async def finish(step: AuthStep) -> Any:
         if step.principal is not None:
-            conn.principal = step.principal
             conn.frames.max_frame_size = ctx.broker.config.socket_request_max_bytes
             log.info("connection %d authenticated as %s with %s",
                      conn.id, step.principal, session.mechanism)  # fmt: skip
@@ -58,23 +56,16 @@ async def handle_sasl_authenticate(ctx: RequestContext, request: Any) -> Respons
             await trio.sleep(FAILED_LOGIN_DELAY_S)
         return _response(step)
 
-    if session.busy:
-        # A pipelined token while a PLAIN check runs in its thread: no client does
-        # this, and the session must not change under the thread. Just close.
-        return CloseConnection("SaslAuthenticate while the previous one is being checked")
-    if session.mechanism == "PLAIN" and not session.failed:
-        # Slow (PBKDF2): off the handler task, in a thread.
-        session.busy = True
-        return Deferred(lambda: _plain(session, token, now_ms, finish))
-    step = session.authenticate(token, now_ms)
+    outcome = session.authenticate(token, trio.current_time() * 1000)
+    if isinstance(outcome, PasswordCheck):
+        return Deferred(lambda: _check_password(session, outcome, finish))
     if session.failed:
-        return Deferred(lambda: finish(step))
-    return await finish(step)
+        return Deferred(lambda: finish(outcome))
+    return await finish(outcome)
 
 
-async def _plain(session: SaslSession, token: bytes, now_ms: float, finish: Any) -> Any:
-    try:
-        step = await trio.to_thread.run_sync(session.authenticate, token, now_ms)
-    finally:
-        session.busy = False
-    return await finish(step)
+async def _check_password(session: SaslSession, check: PasswordCheck, finish: Any) -> Any:
+    # The thread runs only the check, which touches no session; the login completes
+    # here, on the event loop, in one call.
+    ok = await trio.to_thread.run_sync(check.run)
+    return await finish(session.password_checked(check, ok, trio.current_time() * 1000))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trio_broker.handlers.base import CloseConnection, RequestContext, Response, handles
+from trio_broker.handlers.base import RequestContext, Response, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
@@ -22,7 +22,5 @@ async def handle_sasl_handshake(ctx: RequestContext, request: Any) -> Response:
     session = None if conn is None else conn.sasl
     if session is None:
         return Resp(error_code=ErrorCode.ILLEGAL_SASL_STATE, mechanisms=[])
-    if session.busy:  # a PLAIN check is running in a thread: see sasl_authenticate
-        return CloseConnection("SaslHandshake while SaslAuthenticate is being checked")
     error = session.handshake(request.mechanism or "")
     return Resp(error_code=error, mechanisms=list(session.mechanisms))

@@ -98,7 +98,9 @@ def open_connection(
         conn = TlsConnection(broker, sock, client, tls, listener)
     conn.listener = listener
     if listener.uses_sasl:
-        conn.sasl = SaslSession(listener.mechanisms, broker.credentials, listener.reauth_ms)
+        conn.sasl = SaslSession(
+            listener.mechanisms, broker.credentials, listener.reauth_ms, broker.sasl_decoy_secret
+        )
         # Kafka's sasl.server.max.receive.size: no big frames before authentication.
         conn.frames.max_frame_size = min(MAX_RECEIVE_SIZE, conn.frames.max_frame_size)
     return conn
@@ -178,7 +180,7 @@ class TlsConnection(Connection):
                 self.tls_socket.close()
                 return
             if principal is not None:
-                self.principal = principal
+                self.transport_principal = principal
                 log.info("connection %d: TLS client principal %s", self.id, principal)
         await super().run()
 

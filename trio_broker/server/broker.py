@@ -31,6 +31,7 @@ from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS, ClientInfo, HandlerSpec
 from trio_broker.security.authorize import Authorizer
 from trio_broker.security.credentials import CredentialStore
+from trio_broker.security.decoy import decoy_secret
 from trio_broker.security.listeners import Listener, resolve_listeners
 from trio_broker.security.transport import open_connection, tls_contexts
 from trio_broker.server.connection import Connection
@@ -124,6 +125,9 @@ class Broker:
         self.tls_contexts = tls_contexts(self.listeners)
         #: SCRAM/PLAIN users, in the data dir (trio-broker users add|delete|list).
         self.credentials = CredentialStore.in_data_dir(config.data_dir)
+        #: Derives unknown users' decoy SCRAM salts (security/decoy.py).
+        uses_sasl = any(listener.uses_sasl for listener in self.listeners)
+        self.sasl_decoy_secret = decoy_secret(config.data_dir if uses_sasl else None)
         self._root_scope: trio.CancelScope | None = None
         #: One per acceptor (listener); shutdown cancels them all.
         self._accept_scopes: list[trio.CancelScope] = []

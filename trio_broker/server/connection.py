@@ -9,6 +9,11 @@ reason set. The writer sends responses strictly in request order
 Serial model: the reader mutes with RESPONSE_PENDING after each request and the
 writer unmutes after sending its response — Kafka's behaviour. Pipelined model:
 the reader keeps going until a limit (in-flight cap, memory budget) mutes it.
+
+Who a request runs as is decided when it is read (:meth:`Connection._admit`) and
+travels with it to the handler: a login step (SaslHandshake, SaslAuthenticate)
+mutes the reader with AUTHENTICATING until it is handled, so the next request is
+read, and authorized, as whoever that step made the connection.
 """
 
 from __future__ import annotations
@@ -34,8 +39,12 @@ from trio_broker.protocol.messages import (
     peek_request_ids,
 )
 from trio_broker.protocol.schema import Message
+from trio_broker.security.sasl import SASL_AUTHENTICATE, SASL_HANDSHAKE
 from trio_broker.state.mute import ChannelMute, MuteEvent, MuteReason
 from trio_broker.state.response_order import ResponseSequencer
+
+#: Requests that move a SASL login on; the reader waits for each to be handled.
+LOGIN_STEP_APIS = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
 if TYPE_CHECKING:
     from trio_broker.security.listeners import Listener
@@ -56,6 +65,10 @@ class PendingRequest:
     frame_size: int
     #: perf_counter() when the frame was read (the slow-request log's queue/total times).
     received: float = 0.0
+    #: A login step: handling it ends the reader's AUTHENTICATING mute.
+    login_step: bool = False
+    #: The login step that failed the session: close once its answer is sent.
+    failed_login: bool = False
 
 
 class Connection:
@@ -64,8 +77,9 @@ class Connection:
         self.sock = sock
         self.client = client
         self.id = client.connection_id
-        #: The authenticated principal; SASL or mTLS replace it (see docs/security.md).
-        self.principal = ANONYMOUS
+        #: Who the connection is without SASL: ANONYMOUS, or the TLS client
+        #: certificate's principal. On a SASL listener the session decides (_admit).
+        self.transport_principal = ANONYMOUS
         #: The listener it came in on (Metadata advertises its address); set on accept.
         self.listener: Listener | None = None
         #: On a SASL listener: the login's state; requests wait for it (see _on_frame).
@@ -239,15 +253,22 @@ class Connection:
         ):
             self.close(f"API {header.api_key} v{header.api_version} not supported")
             return
-        if self.sasl is not None and not self.sasl.permits(
-            header.api_key, trio.current_time() * 1000
-        ):
+        principal = self._admit(header.api_key)
+        if principal is None:
+            assert self.sasl is not None
+            if self.sasl.failed:
+                # The writer closes once the failed step's answer is out: read no more.
+                self.stop_reading()
+                return
             # Kafka closes a connection that skips (or outlives) SASL authentication.
             self.close(f"API {header.api_key} not permitted in SASL state {self.sasl.state.value}")
             return
         size = len(frame)
         slot = self.sequencer.register(header.correlation_id)
-        self.pending[slot] = PendingRequest(header, response_version, size, time.perf_counter())
+        login_step = self.sasl is not None and header.api_key in LOGIN_STEP_APIS
+        self.pending[slot] = PendingRequest(
+            header, response_version, size, time.perf_counter(), login_step
+        )
         if self.serial:
             self._mute_event(MuteEvent.REQUEST_RECEIVED_SERIAL)
         if self.sequencer.in_flight >= self.max_in_flight:
@@ -255,10 +276,31 @@ class Connection:
         if broker.memory.acquire(size):
             self._mute_event(MuteEvent.MEMORY_EXHAUSTED)
             broker.memory.wait_for_memory(self)
+        if login_step:
+            self._mute_event(MuteEvent.SASL_REQUEST_READ)
         # Shielded: a request that has a slot must reach a handler, or the
         # writer would wait for its response forever (shutdown cancels readers).
         with trio.CancelScope(shield=True):
-            await broker.handler_pool.submit(self, slot, header, body)
+            await broker.handler_pool.submit(self, slot, header, body, principal)
+
+    def _admit(self, api_key: int) -> str | None:
+        """The principal a request just read runs as, or None: refused (close).
+
+        Decided now, at read time, from state only the event loop changes: a later
+        login step cannot change who an already-read request runs as.
+        """
+        session = self.sasl
+        if session is not None and not session.permits(api_key, trio.current_time() * 1000):
+            return None
+        return self.principal
+
+    @property
+    def principal(self) -> str:
+        """Who the connection is now. Before a SASL login completes only ApiVersions
+        and the SASL requests are permitted, which authorize nothing: ANONYMOUS."""
+        if self.sasl is None:
+            return self.transport_principal
+        return self.sasl.principal or ANONYMOUS
 
     # ------------------------------------------------------------------ completing
 
@@ -274,6 +316,10 @@ class Connection:
         pending.frame_size = 0
         self.sequencer.complete(slot, response)
         self._responses_ready.set()
+        if pending.login_step:
+            # The session holds the step's outcome now: read on, as whoever it says.
+            pending.failed_login = self.sasl is not None and self.sasl.failed
+            self._mute_event(MuteEvent.SASL_REQUEST_HANDLED)
 
     # ------------------------------------------------------------------ writing
 
@@ -303,7 +349,10 @@ class Connection:
                         self.close(f"send failed: {exc}")
                         return
                     self.send_progress = None
-                if self.sasl is not None and self.sasl.failed:
+                if pending.failed_login:
+                    # The step that failed the login has its answer; the requests
+                    # answered before it went out first, in order.
+                    assert self.sasl is not None
                     failures = self.broker.stats.sasl_failures
                     mechanism = self.sasl.mechanism or "none"
                     failures[mechanism] = failures.get(mechanism, 0) + 1

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trio_broker.handlers")
 
-WorkItem = tuple["Connection", int, RequestHeader, Any]
+#: (connection, response slot, header, body, principal decided when it was read)
+WorkItem = tuple["Connection", int, RequestHeader, Any, str]
 
 
 class HandlerPool:
@@ -47,8 +48,12 @@ class HandlerPool:
     def queue_depths(self) -> list[int]:
         return [s.statistics().current_buffer_used for s in self._senders]
 
-    async def submit(self, conn: Connection, slot: int, header: RequestHeader, body: Any) -> None:
-        await self._senders[conn.id % len(self._senders)].send((conn, slot, header, body))
+    async def submit(
+        self, conn: Connection, slot: int, header: RequestHeader, body: Any, principal: str
+    ) -> None:
+        """Queue a request; it runs as ``principal``, decided by the reader when it was read."""
+        queue = self._senders[conn.id % len(self._senders)]
+        await queue.send((conn, slot, header, body, principal))
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -58,13 +63,13 @@ class HandlerPool:
 
     async def _worker(self, index: int, receiver: trio.MemoryReceiveChannel[WorkItem]) -> None:
         broker = self.broker
-        async for conn, slot, header, body in receiver:
+        async for conn, slot, header, body, principal in receiver:
             self.handled[index] += 1
             if conn.closed:
                 continue
             spec: HandlerSpec = broker.router[header.api_key]
             ctx = RequestContext(
-                header=header, broker=broker, client=conn.client, principal=conn.principal
+                header=header, broker=broker, client=conn.client, principal=principal
             )
             started = time.perf_counter()
             try:

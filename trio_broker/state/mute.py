@@ -2,7 +2,7 @@
 
 A connection is *readable* only while no mute reason is set. Each reason is set and
 cleared by its own pair of events, so independent causes (a pending response, the
-in-flight cap, the broker-wide memory budget, a quota throttle) never unmute each
+in-flight cap, the broker-wide memory budget, a quota throttle, a login step) never unmute each
 other by accident. ``CLOSING`` is terminal.
 
 The rules are data (:data:`RULES`, one per event); :func:`next_reasons` applies one and
@@ -54,6 +54,10 @@ class MuteReason(enum.Enum):
     MEMORY_PRESSURE = "memory_pressure"
     #: A quota was exceeded; the response told the client how long to back off (KIP-219).
     THROTTLED = "throttled"
+    #: A SASL request (SaslHandshake, SaslAuthenticate) is being handled: the next
+    #: request is read only once the login step is done, so it is authorized as
+    #: whoever the step made the connection (Kafka's authenticator reads one at a time).
+    AUTHENTICATING = "authenticating"
     #: The connection is being torn down; terminal.
     CLOSING = "closing"
 
@@ -69,6 +73,8 @@ class MuteEvent(enum.Enum):
     MEMORY_AVAILABLE = "memory_available"
     THROTTLE_STARTED = "throttle_started"
     THROTTLE_ENDED = "throttle_ended"
+    SASL_REQUEST_READ = "sasl_request_read"
+    SASL_REQUEST_HANDLED = "sasl_request_handled"
     CLOSE = "close"
 
 
@@ -148,6 +154,8 @@ RULES: Mapping[MuteEvent, MuteRule] = MappingProxyType(
         MuteEvent.MEMORY_AVAILABLE: _clearing(MuteReason.MEMORY_PRESSURE),
         MuteEvent.THROTTLE_STARTED: _setting(MuteReason.THROTTLED),
         MuteEvent.THROTTLE_ENDED: _clearing(MuteReason.THROTTLED),
+        MuteEvent.SASL_REQUEST_READ: _setting(MuteReason.AUTHENTICATING),
+        MuteEvent.SASL_REQUEST_HANDLED: _clearing(MuteReason.AUTHENTICATING),
         # Closing wins over everything and forgets the other reasons: nothing will
         # clear them any more, and a single terminal state keeps the table small.
         MuteEvent.CLOSE: MuteRule(
@@ -160,7 +168,7 @@ RULES: Mapping[MuteEvent, MuteRule] = MappingProxyType(
 def next_reasons(reasons: frozenset[MuteReason], event: MuteEvent) -> frozenset[MuteReason]:
     """The mute reasons after ``event``, or :class:`IllegalMuteTransition`.
 
-    Total over all 2**5 reason sets, reachable or not, so it can be checked exhaustively.
+    Total over all 2**6 reason sets, reachable or not, so it can be checked exhaustively.
     The contracts (few, because CrossHair spends its whole timeout on each one):
     CLOSING is entered only by CLOSE, never left, and never shares the set; every
     other event moves exactly one reason; the serial model takes a request only from
