@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from trio_broker.security.credentials import HASHES, MIN_ITERATIONS, ScramCredential
+from trio_broker.storage.durable import make_dirs_durable, write_file_atomically
 
 #: Bytes of a decoy salt: what scramp draws for ``trio-broker users add``.
 DECOY_SALT_BYTES = 32
@@ -54,22 +55,6 @@ def decoy_secret(data_dir: Path | None) -> bytes:
         secret = b""
     if len(secret) != SECRET_BYTES:  # missing, or torn by a crash before it was synced
         secret = os.urandom(SECRET_BYTES)
-        write_secret(path, secret)
+        make_dirs_durable(path.parent)
+        write_file_atomically(path, secret, mode=0o600)
     return secret
-
-
-def write_secret(path: Path, secret: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, secret)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
