@@ -46,6 +46,13 @@ def session(store: CredentialStore, mechanisms: list[str] = ALL, reauth_ms: int 
     return SaslSession(list(mechanisms), store, reauth_ms)
 
 
+def plain_ok(store: CredentialStore, user: str, password: str) -> bool:
+    """Does a PLAIN login with these credentials succeed?"""
+    s = session(store)
+    s.handshake("PLAIN")
+    return s.authenticate_blocking(f"\0{user}\0{password}".encode(), 0).error_code == 0
+
+
 def scram(s: SaslSession, mech: str, user: str = USER, password: str = PASSWORD) -> int:
     """A whole SCRAM exchange; the final error code."""
     assert s.handshake(mech) == ErrorCode.NONE
@@ -162,10 +169,24 @@ def test_plain_salts_the_password_of_an_unknown_user_too(store: CredentialStore)
     check = s.authenticate(b"\0bob\0pencil", 0)
     # The same work as for a real user (a PBKDF2 over a decoy), then a refusal.
     assert isinstance(check, PasswordCheck) and not check.known
-    assert check.credential.iterations == 4096 and s.state is SaslState.CHECKING
+    assert [c.iterations for _, c, _ in check.credentials] == [4096, 4096]
+    assert s.state is SaslState.CHECKING
     assert check.run() is False
     step = s.password_checked(check, True, 0)  # even a forged "ok" cannot log in nobody
     assert step.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED and s.principal is None
+
+
+def test_plain_salts_as_much_whichever_mechanisms_a_user_has(tmp_path: Path) -> None:
+    # Timing must not tell a user with one SCRAM mechanism from one with both, or none.
+    users = CredentialStore(None)
+    users.add("only512", "SCRAM-SHA-512", "pw")
+    for user in ("only512", "alice", "nobody"):
+        s = session(users)
+        s.handshake("PLAIN")
+        check = s.authenticate(f"\0{user}\0pw".encode(), 0)
+        assert isinstance(check, PasswordCheck)
+        assert [m for m, _, _ in check.credentials] == ["SCRAM-SHA-256", "SCRAM-SHA-512"]
+        assert check.run() is (user == "only512")
 
 
 def test_a_plain_check_changes_nothing_until_its_result_is_handed_back(
@@ -274,7 +295,7 @@ def test_store_keeps_salted_keys_only(tmp_path: Path) -> None:
     other = CredentialStore.in_data_dir(tmp_path)
     other.add("bob", "SCRAM-SHA-256", "pw")
     assert set(users.users()) == {USER, "bob"}
-    assert users.verify_plain("bob", "pw") and not users.verify_plain("bob", "pW")
+    assert plain_ok(users, "bob", "pw") and not plain_ok(users, "bob", "pW")
     assert users.delete("bob") and not users.delete("bob")
     assert users.delete(USER, "SCRAM-SHA-512") and users.users() == {}
 
@@ -319,7 +340,7 @@ def test_users_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "bob\tSCRAM-SHA-512 (iterations=8192)",
     ]
     store = CredentialStore.in_data_dir(Path(data))
-    assert store.verify_plain("bob", "from a file") and store.verify_plain("alice", "x1")
+    assert plain_ok(store, "bob", "from a file") and plain_ok(store, "alice", "x1")
     assert main(["users", "delete", "--data-dir", data, "--user", "alice",
                  "--mechanism", "SCRAM-SHA-256"]) == 0  # fmt: skip
     assert main(["users", "delete", "--data-dir", data, "--user", "carol"]) == 1

@@ -2,7 +2,7 @@
 
 One JSON file, ``scram-credentials.json``, maps user -> mechanism -> salt,
 iterations, stored key and server key (RFC 5802), which is what Kafka keeps in
-its metadata log. PLAIN logins are checked against the same keys: the password
+its metadata log. PLAIN logins are checked against the same keys (security/sasl.py): the password
 is salted and hashed with a stored SCRAM salt and compared with the stored key,
 so a PLAIN user is any user that has a SCRAM credential.
 
@@ -138,16 +138,6 @@ class CredentialStore:
     def lookup(self, user: str, mechanism: str) -> ScramCredential | None:
         self._reload()
         return self._users.get(user, {}).get(mechanism)
-
-    def verify_plain(self, user: str, password: str) -> bool:
-        """PLAIN: salt the password as the user's SCRAM credential did and compare."""
-        self._reload()
-        for mechanism, credential in sorted(self._users.get(user, {}).items()):
-            _, stored_key, _, _ = ScramMechanism(mechanism).make_auth_info(
-                password, iteration_count=credential.iterations, salt=credential.salt
-            )
-            return hmac.compare_digest(stored_key, credential.stored_key)
-        return False
 
     # ------------------------------------------------------------------ writes
 

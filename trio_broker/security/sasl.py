@@ -79,23 +79,37 @@ class SaslFailure(Exception):
 
 @attrs.frozen
 class PasswordCheck:
-    """A PLAIN password to compare with a stored credential: slow, so the shell runs
+    """A PLAIN password to compare with stored credentials: slow, so the shell runs
     :meth:`run` in a worker thread. Plain data: running it changes no session."""
 
     user: str
     password: str
-    mechanism: str
-    credential: ScramCredential
-    #: False when the user does not exist: the credential is a decoy, salted all the
-    #: same so that the answer takes as long, and the check always fails.
-    known: bool
+    #: One (mechanism, credential, real) per SCRAM mechanism, in a fixed order: the
+    #: user's credential where it has one, a decoy where not. All are salted, so the
+    #: time taken tells neither whether the user exists nor which mechanisms it has.
+    credentials: tuple[tuple[str, ScramCredential, bool], ...]
+
+    @property
+    def known(self) -> bool:
+        return any(real for _, _, real in self.credentials)
 
     def run(self) -> bool:
-        """Salt and hash the password as the credential was made; compare in constant time."""
-        _, stored_key, _, _ = ScramMechanism(self.mechanism).make_auth_info(
-            self.password, iteration_count=self.credential.iterations, salt=self.credential.salt
-        )
-        return hmac.compare_digest(stored_key, self.credential.stored_key) and self.known
+        """True iff the password matches the user's first real credential (constant time)."""
+        matches = [
+            hmac.compare_digest(_stored_key(mechanism, self.password, credential),
+                                credential.stored_key) and real
+            for mechanism, credential, real in self.credentials
+        ]  # fmt: skip
+        first_real = next((i for i, (_, _, real) in enumerate(self.credentials) if real), None)
+        return first_real is not None and matches[first_real]
+
+
+def _stored_key(mechanism: str, password: str, credential: ScramCredential) -> bytes:
+    """The password salted and hashed as ``credential`` was made (RFC 5802 StoredKey)."""
+    _, stored_key, _, _ = ScramMechanism(mechanism).make_auth_info(
+        password, iteration_count=credential.iterations, salt=credential.salt
+    )
+    return bytes(stored_key)
 
 
 def _failed_message(mechanism: str | None) -> str:
@@ -258,12 +272,11 @@ class SaslSession:
         if authzid and authzid != user:
             raise SaslFailure("PLAIN authorization id differs from the user")
         # A PLAIN user is checked against its first SCRAM credential (credentials.py).
-        mechanism = next(
-            (m for m in sorted(SCRAM_MECHANISMS) if self.store.lookup(user, m) is not None),
-            SCRAM_MECHANISMS[0],
+        credentials = tuple(
+            (mechanism, *self._credential(user, mechanism))
+            for mechanism in sorted(SCRAM_MECHANISMS)
         )
-        credential, known = self._credential(user, mechanism)
-        return PasswordCheck(user, password, mechanism, credential, known)
+        return PasswordCheck(user, password, credentials)
 
     def _scram_first(self, token: bytes) -> bytes:
         text = token.decode("utf-8")
