@@ -24,6 +24,11 @@ from ._common import (
 )
 from .report import CutReport
 
+DIR_SURVIVAL_HELP = (
+    "chance (0..1) that a directory's un-synced entry changes survive a cut anyway, as a "
+    "journaling filesystem may commit them on its own (default 0: always lost)"
+)
+
 
 def _mount(args: argparse.Namespace) -> int:
     from .daemon import main_mount  # imports the FUSE binding
@@ -34,6 +39,7 @@ def _mount(args: argparse.Namespace) -> int:
         args.state,
         mode=args.mode,
         seed=args.seed,
+        dir_survival=args.dir_survival,
         allow_other=args.allow_other,
         watch_parent=args.watch_parent,
         cut_timeout=args.cut_timeout,
@@ -43,7 +49,8 @@ def _mount(args: argparse.Namespace) -> int:
 
 def _cut(args: argparse.Namespace) -> int:
     state = find_state_dir(args.target)
-    answer = request(state, {"cmd": "cut", "mode": args.mode, "seed": args.seed}, timeout=300)
+    msg = {"cmd": "cut", "mode": args.mode, "seed": args.seed, "dir_survival": args.dir_survival}
+    answer = request(state, msg, timeout=300)
     if not answer.get("ok"):
         print(f"power cut failed: {answer.get('error')}", file=sys.stderr)
         return 1
@@ -104,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state", required=True, help="bookkeeping directory (outside backing)")
     p.add_argument("--mode", choices=MODES, default="drop", help="what a cut does to unsynced data")
     p.add_argument("--seed", default="0", help="seed for tear and garble")
+    p.add_argument("--dir-survival", type=float, default=0.0, help=DIR_SURVIVAL_HELP)
     p.add_argument("--allow-other", action="store_true", help="let other users use the mount")
     p.add_argument(
         "--cut-timeout",
@@ -119,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("target", help="the mountpoint or the state directory")
     p.add_argument("--mode", choices=MODES, default=None, help="override the mount's mode")
     p.add_argument("--seed", default=None, help="override the seed for this cut")
+    p.add_argument("--dir-survival", type=float, default=None, help=DIR_SURVIVAL_HELP)
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.set_defaults(func=_cut)
 

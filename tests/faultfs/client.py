@@ -69,7 +69,10 @@ class FaultFS:
     ``mode`` says what happens to un-synced file data at a cut: "drop" (back to the durable
     content), "tear" (a random prefix of it, in file order, is kept, cut at a random byte or
     512-byte boundary), "garble" (its ranges keep their length but hold random bytes).
-    ``seed`` makes tear and garble repeatable. ``timeout`` bounds the wait for the mount;
+    ``seed`` makes tear and garble repeatable. ``dir_survival`` (0 by default) is the chance
+    that a directory's un-synced entry changes (creates, renames, unlinks) survive a cut
+    anyway, as a journaling filesystem may commit them on its own: above 0 the cuts also
+    explore states such as "the rename survived, the un-synced data did not". ``timeout`` bounds the wait for the mount;
     ``cut_timeout`` is how long a cut waits for a mount that something still holds open
     before it aborts the FUSE connection.
     """
@@ -82,6 +85,7 @@ class FaultFS:
         mode: str = "drop",
         seed: int | str = 0,
         *,
+        dir_survival: float = 0.0,
         allow_other: bool = False,
         timeout: float = 30.0,
         cut_timeout: float = 10.0,
@@ -93,7 +97,10 @@ class FaultFS:
         self.mountpoint = Path(mountpoint)
         self.state_dir = Path(state_dir)
         self.mode = mode
+        if not 0.0 <= dir_survival <= 1.0:
+            raise ValueError(f"dir_survival must be between 0 and 1, not {dir_survival}")
         self.seed = seed
+        self.dir_survival = dir_survival
         self.allow_other = allow_other
         self.timeout = timeout
         self.cut_timeout = cut_timeout
@@ -146,6 +153,8 @@ class FaultFS:
             self.mode,
             "--seed",
             str(self.seed),
+            "--dir-survival",
+            repr(self.dir_survival),
             "--cut-timeout",
             str(self.cut_timeout),
             "--watch-parent",
@@ -189,18 +198,28 @@ class FaultFS:
         """The daemon's view: mounted, cuts so far, open handles, un-synced bytes and entries."""
         return request(self.state_dir, {"cmd": "status"}, timeout)
 
-    def power_cut(self, mode: str | None = None, seed: int | str | None = None) -> CutReport:
+    def power_cut(
+        self,
+        mode: str | None = None,
+        seed: int | str | None = None,
+        dir_survival: float | None = None,
+    ) -> CutReport:
         """Lose everything that is not durable, then mount again.
 
         The caller must first kill -9 every process that uses the mount (and reap it). The
         filesystem freezes (every operation fails with EIO), unmounts, rebuilds the backing
-        directory to its durable state and mounts again, so no page cache survives. ``mode``
-        and ``seed`` override the mount's for this cut."""
+        directory to its durable state and mounts again, so no page cache survives. ``mode``,
+        ``seed`` and ``dir_survival`` override the mount's for this cut."""
         if mode is not None and mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if self.process is None or self.process.poll() is not None:
             raise FaultFSError(f"the faultfs daemon is not running:\n{self.log_tail()}")
-        msg: dict[str, Any] = {"cmd": "cut", "mode": mode, "seed": seed}
+        msg: dict[str, Any] = {
+            "cmd": "cut",
+            "mode": mode,
+            "seed": seed,
+            "dir_survival": dir_survival,
+        }
         try:
             answer = request(self.state_dir, msg, timeout=120.0 + self.cut_timeout * 3)
         except OSError as e:

@@ -103,6 +103,12 @@ def _err(code: int) -> mfusepy.FuseOSError:
     return mfusepy.FuseOSError(code)
 
 
+def _check_chance(value: float) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise FaultFSError(f"dir_survival must be between 0 and 1, not {value}")
+    return value
+
+
 class Node:
     __slots__ = (
         "dsize",
@@ -937,15 +943,23 @@ class FaultOps(mfusepy.Operations):
             garbled_bytes=garbled,
         )
 
-    def rebuild(self, mode: str, seed: str, cut_number: int) -> CutReport:
+    def rebuild(
+        self, mode: str, seed: str, cut_number: int, dir_survival: float = 0.0
+    ) -> CutReport:
         """Make the backing directory what a power cut leaves (the mount is down), then take
-        that as the new durable state."""
+        that as the new durable state. ``dir_survival`` is the chance that a directory's
+        un-synced entry changes are kept anyway (as if it had been fsynced just before)."""
         started = time.monotonic()
         rng = random.Random(f"{seed}/{cut_number}")
         report = CutReport(mode=mode, seed=seed, cut_number=cut_number)
         report.open_handles = sum(1 for h in self.handles.values() if h.fd >= 0)
 
         live_dirs, live_files, live_others = self._walk(durable=False)
+        if dir_survival > 0:
+            for path, d in live_dirs:
+                if d.live != d.durable and rng.random() < dir_survival:
+                    self._commit_dir(d)
+                    report.dirs_synced_anyway.append(path or "/")
         dur_dirs, dur_files, dur_others = self._walk(durable=True)
         live_path = {nid: paths[0] for nid, paths in live_files.items()}
         handle_fd: dict[int, int] = {}
@@ -1066,10 +1080,13 @@ class _FUSE(mfusepy.FUSE):
 
 
 class _Request:
-    def __init__(self, kind: str, mode: str = "drop", seed: str = "") -> None:
+    def __init__(
+        self, kind: str, mode: str = "drop", seed: str = "", dir_survival: float = 0.0
+    ) -> None:
         self.kind = kind
         self.mode = mode
         self.seed = seed
+        self.dir_survival = dir_survival
         self.exited = threading.Event()  # the FUSE session ended
         self.done = threading.Event()  # rebuilt and mounted again (or failed)
         self.report: CutReport | None = None
@@ -1088,6 +1105,7 @@ class Daemon:
         state: str,
         mode: str = "drop",
         seed: str = "0",
+        dir_survival: float = 0.0,
         allow_other: bool = False,
         watch_parent: int | None = None,
         cut_timeout: float = 10.0,
@@ -1100,6 +1118,7 @@ class Daemon:
         self.state = os.path.realpath(state)
         self.mode = mode
         self.seed = seed
+        self.dir_survival = _check_chance(dir_survival)
         self.allow_other = allow_other
         self.watch_parent = watch_parent
         self.cut_timeout = cut_timeout
@@ -1154,7 +1173,9 @@ class Daemon:
                     try:
                         with self.ops.mutex:
                             self.cuts += 1
-                            req.report = self.ops.rebuild(req.mode, req.seed, self.cuts)
+                            req.report = self.ops.rebuild(
+                                req.mode, req.seed, self.cuts, req.dir_survival
+                            )
                             req.rebuilt = True
                             self.ops.frozen = False
                     except Exception:
@@ -1257,6 +1278,7 @@ class Daemon:
                     "cuts": self.cuts,
                     "mode": self.mode,
                     "seed": self.seed,
+                    "dir_survival": self.dir_survival,
                     "backing": self.backing,
                     "mountpoint": self.mountpoint,
                     "fatal": self.fatal,
@@ -1271,14 +1293,19 @@ class Daemon:
             if mode not in MODES:
                 return {"ok": False, "error": f"unknown mode {mode!r}"}
             seed = msg.get("seed")
-            return self._cut(mode, str(self.seed if seed is None else seed))
+            chance = msg.get("dir_survival")
+            return self._cut(
+                mode,
+                str(self.seed if seed is None else seed),
+                self.dir_survival if chance is None else _check_chance(float(chance)),
+            )
         if cmd == "stop":
             self._stop()
             return {"ok": True}
         return {"ok": False, "error": f"unknown command {cmd!r}"}
 
-    def _cut(self, mode: str, seed: str) -> dict[str, Any]:
-        req = _Request("cut", mode, seed)
+    def _cut(self, mode: str, seed: str, dir_survival: float) -> dict[str, Any]:
+        req = _Request("cut", mode, seed, dir_survival)
         with self.cond:
             if self.fatal is not None:
                 return {"ok": False, "error": f"the daemon failed earlier: {self.fatal}"}
@@ -1323,6 +1350,7 @@ def main_mount(
     state: str,
     mode: str,
     seed: str,
+    dir_survival: float,
     allow_other: bool,
     watch_parent: int | None,
     cut_timeout: float,
@@ -1339,6 +1367,7 @@ def main_mount(
         state,
         mode=mode,
         seed=seed,
+        dir_survival=dir_survival,
         allow_other=allow_other,
         watch_parent=watch_parent,
         cut_timeout=cut_timeout,

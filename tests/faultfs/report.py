@@ -32,6 +32,8 @@ class CutReport:
     files_replaced: list[str] = field(default_factory=list)  # same path, another file (rename over)
     dirs_lost: list[str] = field(default_factory=list)
     dirs_restored: list[str] = field(default_factory=list)
+    # directories whose un-synced entry changes were kept anyway (dir_survival)
+    dirs_synced_anyway: list[str] = field(default_factory=list)
     files: list[FileCut] = field(default_factory=list)
     bytes_dropped: int = 0
     bytes_kept: int = 0

@@ -428,6 +428,26 @@ def test_crash_safe_replace_pattern(make_fs: MakeFS) -> None:
     assert sorted(os.listdir(fs.mountpoint)) == ["config"]
 
 
+def test_dir_survival_keeps_unsynced_entries_but_not_unsynced_data(make_fs: MakeFS) -> None:
+    """With dir_survival=1 every directory's un-synced entries survive, as if a journaling
+    filesystem had committed them: the rename of a never-fsynced file leaves it empty (the
+    classic zero-length file after a crash)."""
+    fs = make_fs(dir_survival=1.0)
+    target = durable_file(fs, "config", b"version 1")
+    tmp = fs.mountpoint / "config.tmp"
+    write(tmp, b"version 2", sync=False)
+    os.rename(tmp, target)
+    write(fs.mountpoint / "created", b"synced data", sync=True)
+    report = fs.power_cut()
+    assert report.dirs_synced_anyway == ["/"]
+    assert target.read_bytes() == b""
+    assert (fs.mountpoint / "created").read_bytes() == b"synced data"
+
+    write(fs.mountpoint / "again", b"x", sync=True)
+    report = fs.power_cut(dir_survival=0.0)
+    assert not (fs.mountpoint / "again").exists() and report.dirs_synced_anyway == []
+
+
 def test_mkdir_and_rmdir_need_the_parent_fsync(make_fs: MakeFS) -> None:
     fs = make_fs()
     sub = fs.mountpoint / "sub"
