@@ -25,11 +25,18 @@ rename-over that no directory fsync has made durable yet), the backing file is h
 into the state directory first (copied if that is another filesystem), so the power cut can
 bring it back.
 
-A power cut (``Daemon.cut``) freezes the filesystem (every operation fails with EIO), detaches
-the mount, waits for the FUSE session to end, rebuilds the backing directory from the durable
-namespace (moving the surviving backing files aside, rolling back their un-synced bytes in
-place per the mode, wiping the rest and putting the durable tree back), rescans it as the new
-fully durable state and mounts again.
+A power cut (``Daemon._cut``, then ``FaultOps.rebuild`` in the main thread) freezes the
+filesystem (every operation fails with EIO), pulls the mount (umount2 MNT_FORCE aborts the FUSE
+connection at once; without root, a lazy unmount and, if the mount stays busy, fusectl's
+abort), waits for the FUSE session to end, then rebuilds the backing directory from the durable
+namespace: the backing file of every durable file moves into a hold directory inside the
+backing directory (same filesystem: a rename), its un-synced bytes are rolled back in place
+per the mode (restore the saved pieces, truncate to the durable size; tear keeps the un-synced
+bytes below a random cut point; garble overwrites them with random bytes), everything else is
+wiped, and the durable tree is put back (directories, files renamed into place, hard links,
+symlinks). The result is rescanned as the new, fully durable state and mounted again, so the
+kernel caches nothing from before. Cost: proportional to the un-synced bytes and the number of
+entries, not to the data size.
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ import mfusepy
 log = logging.getLogger("tests.faultfs")
 
 RENAME_NOREPLACE = 1
+FALLOC_FL_KEEP_SIZE = 1
 RENAME_EXCHANGE = 2
 UTIME_NOW = (1 << 30) - 1
 UTIME_OMIT = (1 << 30) - 2
@@ -822,6 +830,18 @@ class FaultOps(mfusepy.Operations):
             self._truncate(node, length, None, self._bpath(path))
             return 0
 
+    def fallocate(self, path: str | None, mode: int, offset: int, size: int, fh: int) -> int:
+        # posix_fallocate: plain allocation (grows the file, zero-filled) or KEEP_SIZE (a
+        # space reservation, nothing to track); hole punching and the rest: EOPNOTSUPP.
+        with self.mutex:
+            self._check()
+            handle = self._handle(fh)
+            if mode & ~FALLOC_FL_KEEP_SIZE:
+                raise _err(errno.EOPNOTSUPP)
+            if not mode & FALLOC_FL_KEEP_SIZE and offset + size > handle.node.size:
+                self._truncate(handle.node, offset + size, handle.fd, None)
+            return 0
+
     def flush(self, path: str | None, fh: int) -> int:
         return 0
 
@@ -1131,8 +1151,14 @@ class Daemon:
         self.stopping = False
         self.fatal: str | None = None
         os.makedirs(self.state, exist_ok=True)
-        if os.path.commonpath([self.state, self.backing]) == self.backing:
-            raise FaultFSError("the state directory must not be inside the backing directory")
+        for inner, outer, what in (
+            (self.state, self.backing, "the state directory must not be inside the backing"),
+            (self.state, self.mountpoint, "the state directory must not be inside the mount"),
+            (self.backing, self.mountpoint, "the backing directory must not be inside the mount"),
+            (self.mountpoint, self.backing, "the mountpoint must not be inside the backing"),
+        ):
+            if os.path.commonpath([inner, outer]) == outer:
+                raise FaultFSError(f"{what} ({inner} in {outer})")
         self.ops = FaultOps(self.backing, self.state, on_init=self._on_init)
 
     # ------------------------------------------------------------ main loop

@@ -534,6 +534,11 @@ def test_ordinary_file_operations_pass_through(make_fs: MakeFS) -> None:
     os.ftruncate(fd, 10)
     assert os.fstat(fd).st_size == 10
     os.close(fd)
+    # posix_fallocate grows the file (zero-filled); the growth is un-synced data like any other
+    fd = os.open(m / "prealloc", os.O_RDWR | os.O_CREAT, 0o644)
+    os.posix_fallocate(fd, 0, 1 << 20)
+    assert os.fstat(fd).st_size == 1 << 20 and os.pread(fd, 4, 4096) == bytes(4)
+    os.close(fd)
     # sendfile from a file on the mount
     left, right = socket.socketpair()
     with left, right, open(path, "rb") as f:
@@ -546,7 +551,7 @@ def test_ordinary_file_operations_pass_through(make_fs: MakeFS) -> None:
     assert path.stat().st_mtime_ns == 2_000_000_000
     assert os.statvfs(m).f_bsize > 0
     (m / "d").mkdir()
-    assert sorted(os.listdir(m)) == ["d", "log", "sparse"]
+    assert sorted(os.listdir(m)) == ["d", "log", "prealloc", "sparse"]
     assert [e.name for e in os.scandir(m) if e.is_dir()] == ["d"]
     # rename over an existing file, rename flags refused cleanly
     (m / "x").write_bytes(b"x")
