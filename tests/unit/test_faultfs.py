@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,14 +36,14 @@ def make_fs(tmp_path: Path) -> Iterator[MakeFS]:
     """Mount fault filesystems under tmp_path; every one is unmounted at the end."""
     made: list[FaultFS] = []
 
-    def make(mode: str = "drop", seed: int | str = 1, name: str = "fs", **kw: object) -> FaultFS:
+    def make(mode: str = "drop", seed: int | str = 1, name: str = "fs", **kw: Any) -> FaultFS:
         ok, why = fuse_available()
         if not ok:  # in the test itself, so that it counts as failed, not as an error
             pytest.fail(f"FUSE unavailable: {why}", pytrace=False)
         base = tmp_path / name
         backing = base / "backing"
         backing.mkdir(parents=True)
-        fs = FaultFS(backing, base / "mnt", base / "state", mode=mode, seed=seed, **kw)  # type: ignore[arg-type]
+        fs = FaultFS(backing, base / "mnt", base / "state", mode=mode, seed=seed, **kw)
         made.append(fs)
         fs.mount()
         return fs
@@ -294,7 +295,8 @@ def test_random_histories_against_a_reference(make_fs: MakeFS, mode: str) -> Non
         # tear: each written byte is durable or live, and the live ones that differ from the
         # durable ones all come before the reverted ones (a prefix, in file order, is kept)
         assert len(durable) <= len(got) <= max(len(durable), len(live))
-        kept, reverted = [], []
+        kept: list[int] = []
+        reverted: list[int] = []
         for i in sorted(dirty):
             d = durable[i] if i < len(durable) else None
             v = live[i]
