@@ -9,8 +9,9 @@ are imported, not restated:
 * ``spec.group_model`` sentence 13 - when an offset commit is accepted.
 
 Topics
- T1. CreateTopics creates a topic with ``num_partitions`` empty partitions; a name in
-     use is TOPIC_ALREADY_EXISTS (36); fewer than one partition is INVALID_PARTITIONS
+ T1. CreateTopics creates a topic with ``num_partitions`` empty partitions and the
+     config overrides given (DescribeConfigs shows them as DYNAMIC_TOPIC_CONFIG); a name
+     in use is TOPIC_ALREADY_EXISTS (36); fewer than one partition is INVALID_PARTITIONS
      (37). (Kafka ``AdminManager.createTopics``.)
  T2. A request for a topic or partition that does not exist is answered per partition
      with UNKNOWN_TOPIC_OR_PARTITION (3), and changes nothing.
@@ -28,15 +29,25 @@ Partition log
      the high watermark and log start offset. Compressed batches come back as written.
  L4. ListOffsets: timestamp -1 (LATEST) answers the high watermark, -2 (EARLIEST) the log
      start offset (Kafka ``ListOffsetsRequest.LATEST_TIMESTAMP`` / ``EARLIEST_TIMESTAMP``).
- L5. Durability: after a clean shutdown every accepted batch survives. After a crash
-     (kill -9) the log is a prefix of what was accepted that contains at least every batch
-     acknowledged with acks=-1 (all); batches acknowledged with acks=1 may be lost,
-     but only from the tail (the "recover" rule of ``storage_model``).
+ L5. Durability: after a clean shutdown every accepted batch survives, and is durable
+     from then on (a clean shutdown flushes every log). After a crash (kill -9) the log
+     is a prefix of what was accepted that contains at least every batch acknowledged
+     with acks=-1 (all) and everything already durable; batches acknowledged with
+     acks=1 may be lost, but only from the tail (the "recover" rule of
+     ``storage_model``).
  L6. acks=0: no response at all; the append is visible to the next request on the same
      connection (requests of one connection are handled in order). Kafka closes the
      connection when an acks=0 produce fails, so the client refreshes its metadata
      (``KafkaApis.handleProduceRequest``); trio-broker does the same. The machine sends
      acks=0 only to partitions that exist, so the model need not cover the close.
+ L7. Power cut (only what was fsynced survives, ``tests/faultfs``): the same bounds as a
+     crash (L5) for each partition's log, ending at a batch boundary; the batches that
+     remain are the accepted ones, byte for byte. What a cut leaves is durable from
+     then on. A request in flight at the cut (never answered) may or may not have taken
+     effect: a batch appended whole at the log end, a topic created with its configs,
+     an offset committed; the model adopts what the broker shows. Everything else the
+     broker answered survives: topics and their configs (T1), committed offsets (C3),
+     the cluster id.
 
 Idempotent producers
  P1. InitProducerId without a transactional id hands out a producer id never handed out
@@ -96,7 +107,7 @@ class Batch:
     base_offset: int
     values: tuple[bytes, ...]
     size: int  # bytes on the wire, for the fetch size rule
-    acks: int  # the acks it was acknowledged with (L5)
+    acks: int  # the acks it was acknowledged with (L5); 0 for a batch never answered (L7)
 
     @property
     def last_offset(self) -> int:
@@ -108,6 +119,8 @@ class PartitionModel:
     batches: list[Batch] = field(default_factory=list)
     producers: ModelPartition = field(default_factory=ModelPartition)
     log_start_offset: int = 0  # L1
+    #: L5, L7: every offset below this survives any crash or power cut.
+    durable_end: int = 0
 
     @property
     def high_watermark(self) -> int:  # L2: HW == log end offset on one node
@@ -131,6 +144,8 @@ class FetchAnswer:
 @dataclass
 class BrokerModel:
     topics: dict[str, list[PartitionModel]] = field(default_factory=dict)
+    #: T1: each topic's config overrides, as given at creation.
+    configs: dict[str, dict[str, str]] = field(default_factory=dict)
     committed: dict[tuple[str, str, int], tuple[int, str | None]] = field(default_factory=dict)
     producer_ids: set[int] = field(default_factory=set)
     #: G1, G2: the groups the coordinator knows, by id.
@@ -138,12 +153,15 @@ class BrokerModel:
 
     # ------------------------------------------------------------------ topics
 
-    def create_topic(self, name: str, partitions: int) -> ErrorCode:
+    def create_topic(
+        self, name: str, partitions: int, configs: dict[str, str] | None = None
+    ) -> ErrorCode:
         if name in self.topics:  # T1
             return ErrorCode.TOPIC_ALREADY_EXISTS
         if partitions < 1:
             return ErrorCode.INVALID_PARTITIONS
         self.topics[name] = [PartitionModel() for _ in range(partitions)]
+        self.configs[name] = dict(configs or {})
         return ErrorCode.NONE
 
     def partition(self, topic: str, index: int) -> PartitionModel | None:
@@ -316,21 +334,23 @@ class BrokerModel:
         self.groups = {group: new_group() for group in sorted(with_offsets)}
 
     def restart_clean(self) -> None:
-        """L5, P3, C3: a clean restart keeps everything a client stored; G4: not groups."""
+        """L5, P3, C3: a clean restart keeps everything a client stored, durably; G4: not
+        groups."""
         self._forget_memberships()
+        for parts in self.topics.values():
+            for part in parts:
+                part.durable_end = part.high_watermark
 
     def restarted_after_crash(self) -> None:
         """G4 after a kill -9 (the logs are handled per partition by :meth:`crashed`)."""
         self._forget_memberships()
 
     def crash_bounds(self, topic: str, index: int) -> tuple[int, int]:
-        """L5: the log end offsets a crash may leave: (every acks=all batch, everything)."""
+        """L5, L7: the log end offsets a crash or a power cut may leave: (every acks=all
+        batch and everything durable before, everything)."""
         part = self.topics[topic][index]
-        durable = max(
-            (b.last_offset + 1 for b in part.batches if b.acks == -1),
-            default=part.log_start_offset,
-        )
-        return durable, part.high_watermark
+        acks_all = [b.last_offset + 1 for b in part.batches if b.acks == -1]
+        return max([part.log_start_offset, part.durable_end, *acks_all]), part.high_watermark
 
     def crashed(self, topic: str, index: int, log_end_offset: int) -> None:
         """L5: the log after a crash is the prefix that ends at ``log_end_offset``.
@@ -347,6 +367,12 @@ class BrokerModel:
             history[pid] = [a for a in history[pid] if a.last_offset < log_end_offset]
             if not history[pid]:
                 del history[pid]
+
+    def power_cut(self, topic: str, index: int, log_end_offset: int) -> None:
+        """L7: the log after a power cut is the prefix that ends at ``log_end_offset`` (as
+        after a crash), and all of it is durable now."""
+        self.crashed(topic, index, log_end_offset)
+        self.topics[topic][index].durable_end = log_end_offset
 
 
 def new_group() -> GroupModel:
