@@ -10,15 +10,16 @@ and are also exercised with Hypothesis by ``tests/unit/test_index.py``.
 A log here is a tuple of batches ``(base_offset, last_offset, size)``, oldest
 first, with contiguous offsets. The implementation (PartitionLog, MemoryLog) is
 held to these rules by the unit tests and the stateful machine.
+
+The model decides on its own: it imports nothing from ``trio_broker``, and each
+rule is written the obvious way (a linear scan where the product searches), so a
+product bug cannot also be the model's expectation.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-
-from trio_broker.storage.index import floor_entry, offset_index_is_sane
-from trio_broker.storage.segment import segments_to_delete
 
 Batch = tuple[int, int, int]  # base_offset, last_offset, size
 
@@ -42,7 +43,11 @@ def index_lookup(keys: list[int], target: int) -> int:
     post: all(k > target for k in keys[__return__ + 1 :])
     post: __return__ != -1 or all(k > target for k in keys)
     """
-    return floor_entry(keys, target)
+    found = -1
+    for i, key in enumerate(keys):
+        if key <= target:
+            found = i
+    return found
 
 
 def index_is_sane(entries: list[tuple[int, int]], segment_size: int, span: int) -> bool:
@@ -50,8 +55,11 @@ def index_is_sane(entries: list[tuple[int, int]], segment_size: int, span: int) 
 
     post: (not __return__) or all(0 < p < segment_size and 0 < o < span for o, p in entries)
     post: (not __return__) or all(a[0] < b[0] and a[1] < b[1] for a, b in zip(entries, entries[1:]))
+    post: __return__ or not entries or any(not (0 < p < segment_size and 0 < o < span) for o, p in entries) or any(a[0] >= b[0] or a[1] >= b[1] for a, b in zip(entries, entries[1:]))
     """
-    return offset_index_is_sane(entries, segment_size, span)
+    inside = all(0 < p < segment_size and 0 < o < span for o, p in entries)
+    increasing = all(a[0] < b[0] and a[1] < b[1] for a, b in itertools.pairwise(entries))
+    return inside and increasing
 
 
 # ------------------------------------------------------------------ reads
@@ -128,6 +136,27 @@ def crash_image(written: bytes, synced: int, cut: int, flips: list[int]) -> byte
 # ------------------------------------------------------------------ retention
 
 
+def retention_allows(
+    i: int,
+    sizes: list[int],
+    next_offsets: list[int],
+    timestamps: list[int],
+    log_start_offset: int,
+    now_ms: int,
+    retention_ms: int,
+    retention_bytes: int,
+) -> bool:
+    """Whether a rule of docs/storage.md lets retention delete segment ``i`` once the
+    segments before it are gone: it lies wholly below the log start offset (DeleteRecords),
+    its largest timestamp is older than ``retention_ms``, or the log without it still holds
+    at least ``retention_bytes``. ``retention_ms`` / ``retention_bytes`` < 0: no limit.
+    """
+    below_start = next_offsets[i] <= log_start_offset
+    expired = retention_ms >= 0 and now_ms - timestamps[i] > retention_ms
+    too_big = retention_bytes >= 0 and sum(sizes[i + 1 :]) >= retention_bytes
+    return below_start or expired or too_big
+
+
 def retention(
     sizes: list[int],
     next_offsets: list[int],
@@ -137,21 +166,29 @@ def retention(
     retention_ms: int,
     retention_bytes: int,
 ) -> int:
-    """Segments retention deletes: a prefix, never the active (last) segment.
+    """How many of the oldest segments a retention pass deletes (docs/storage.md).
 
-    ``retention_ms`` / ``retention_bytes`` < 0 mean unlimited here.
+    From the oldest, never the active (last) one, while any rule allows it
+    (:func:`retention_allows`): so every segment before the first one no rule
+    allows goes, and nothing from that one on. ``timestamps[i]`` is segment i's
+    largest record timestamp; ``retention_ms`` / ``retention_bytes`` < 0 mean unlimited.
 
     pre: len(sizes) == len(next_offsets) == len(timestamps) >= 1
     pre: all(s >= 0 for s in sizes)
     post: 0 <= __return__ < len(sizes)
     post: all(next_offsets[i] <= log_start_offset or (retention_ms >= 0 and now_ms - timestamps[i] > retention_ms) or (retention_bytes >= 0 and sum(sizes[i + 1 :]) >= retention_bytes) for i in range(__return__))
+    post: __return__ == len(sizes) - 1 or not (next_offsets[__return__] <= log_start_offset or (retention_ms >= 0 and now_ms - timestamps[__return__] > retention_ms) or (retention_bytes >= 0 and sum(sizes[__return__ + 1 :]) >= retention_bytes))
     """
-    return segments_to_delete(
+    count = 0
+    while count < len(sizes) - 1 and retention_allows(
+        count,
         sizes,
         next_offsets,
         timestamps,
-        log_start_offset=log_start_offset,
-        now_ms=now_ms,
-        retention_ms=retention_ms if retention_ms >= 0 else None,
-        retention_bytes=retention_bytes if retention_bytes >= 0 else None,
-    )
+        log_start_offset,
+        now_ms,
+        retention_ms,
+        retention_bytes,
+    ):
+        count += 1
+    return count
