@@ -338,24 +338,27 @@ def segments_to_delete(
 ) -> int:
     """How many of the oldest segments retention removes (never the last, active one).
 
-    A segment goes when it lies wholly below the log start offset, when its newest
-    timestamp is older than ``retention_ms``, or while the log without it still
-    holds at least ``retention_bytes``. Each rule removes a prefix, so the result
-    is the longest of the three prefixes.
+    From the oldest, while any rule allows it (docs/storage.md): the segment lies
+    wholly below the log start offset, its newest timestamp is older than
+    ``retention_ms``, or the log without it still holds at least ``retention_bytes``.
+    The rules are checked together, segment by segment: timestamps need not grow
+    from one segment to the next, so a segment the time rule allows may follow one
+    only the size rule allows.
 
     pre: len(sizes) == len(next_offsets) == len(timestamps)
     post: 0 <= __return__ <= max(0, len(sizes) - 1)
     """
     candidates = len(sizes) - 1
+    remaining = sum(sizes)  # of the segments from ``count`` on
     count = 0
-    while count < candidates and next_offsets[count] <= log_start_offset:
+    while count < candidates:
+        without = remaining - sizes[count]
+        if not (
+            next_offsets[count] <= log_start_offset
+            or (retention_ms is not None and now_ms - timestamps[count] > retention_ms)
+            or (retention_bytes is not None and without >= retention_bytes)
+        ):
+            break
+        remaining = without
         count += 1
-    if retention_ms is not None:
-        while count < candidates and now_ms - timestamps[count] > retention_ms:
-            count += 1
-    if retention_bytes is not None:
-        remaining = sum(sizes[count:])
-        while count < candidates and remaining - sizes[count] >= retention_bytes:
-            remaining -= sizes[count]
-            count += 1
     return count
