@@ -442,7 +442,7 @@ def _acked_records(files: list[Path]) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from trio_broker.verify.decode import decode_batches
+    from trio_broker.verify.fastdecode import decode_batches
 
     columns = ["connection_id", "monotonic_ns", "direction", "api_key", "api_version",
                "correlation_id", "frame_length", "frame"]  # fmt: skip

@@ -11,5 +11,7 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 echo "== mypy"
 .venv/bin/mypy
+echo "== import contracts (docs/architecture.md)"
+.venv/bin/lint-imports
 echo "== pytest"
 .venv/bin/python -m pytest "$@"

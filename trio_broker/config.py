@@ -14,20 +14,18 @@ from typing import Any
 
 import attrs
 
+from trio_broker.config_errors import ConfigError, parse_host_port
+from trio_broker.security.listeners import resolve_listeners
 from trio_broker.storage.durable import make_dirs_durable, write_file_atomically
 
+__all__ = ["AUTHORIZER_NAMES", "BrokerConfig", "ConfigError", "parse_host_port"]
 
-class ConfigError(ValueError):
-    """A configuration value that cannot be used; the message names the key."""
-
-
-def parse_host_port(value: str, key: str = "listeners") -> tuple[str, int]:
-    """'127.0.0.1:9092' or 'PLAINTEXT://127.0.0.1:9092' -> ('127.0.0.1', 9092)."""
-    text = value.split("://", 1)[-1]
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+#: ``authorizer.class.name`` values that turn ACLs on: Kafka's KRaft and ZooKeeper
+#: authorizers (both mean the same rules here) and our short alias.
+AUTHORIZER_NAMES = frozenset(
+    {"org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+     "kafka.security.authorizer.AclAuthorizer", "acl"}
+)  # fmt: skip
 
 
 @attrs.frozen
@@ -105,17 +103,12 @@ class BrokerConfig:
         slow_ms = self.request_log_slow_ms
         if isinstance(slow_ms, bool) or not isinstance(slow_ms, int) or slow_ms < 0:
             raise ConfigError(f"request.log.slow.ms: expected an integer >= 0, got {slow_ms!r}")
-        from trio_broker.security.listeners import resolve_listeners
-
         resolve_listeners(self)  # raises ConfigError naming the bad key
-        if self.authorizer_class_name:
-            from trio_broker.security.authorize import AUTHORIZER_NAMES
-
-            if self.authorizer_class_name not in AUTHORIZER_NAMES:
-                raise ConfigError(
-                    f"authorizer.class.name: expected one of {sorted(AUTHORIZER_NAMES)}, "
-                    f"got {self.authorizer_class_name!r}"
-                )
+        if self.authorizer_class_name and self.authorizer_class_name not in AUTHORIZER_NAMES:
+            raise ConfigError(
+                f"authorizer.class.name: expected one of {sorted(AUTHORIZER_NAMES)}, "
+                f"got {self.authorizer_class_name!r}"
+            )
         _check_quotas(self.quotas)
         return self
 

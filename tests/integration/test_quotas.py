@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch, iter_batches
 from trio_broker.server.broker import Broker
-from trio_broker.server.quotas import STORE_NAME, QuotaService
+from trio_broker.services.quotas import STORE_NAME, QuotaService
 from trio_broker.state.mute import MuteReason
 
 PRODUCE_QUOTA = 1 << 20  # client-id=bench
@@ -248,12 +247,12 @@ async def test_quota_changed_at_runtime(broker: Broker, broker_config: BrokerCon
         assert json.loads(store.read_text())["entities"] == [
             {"entity": "client-id=live", "quotas": {"producer_byte_rate": 100_000}}
         ]
-        reloaded = QuotaService(SimpleNamespace(config=broker_config))
+        reloaded = QuotaService(broker_config)
         assert reloaded.table.lookup("producer_byte_rate", "ANONYMOUS", "live") is not None
         response = await alter(admin, [("client-id", "bench")], "producer_byte_rate", None)
         assert response.entries[0].error_code == 0
         assert await describe(admin, "bench") == {}  # removal hides the config file's value
-        reloaded = QuotaService(SimpleNamespace(config=broker_config))
+        reloaded = QuotaService(broker_config)
         assert reloaded.table.lookup("producer_byte_rate", "ANONYMOUS", "bench") is None
 
 

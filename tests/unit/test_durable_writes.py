@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import types
 from pathlib import Path
 
 import pytest
@@ -38,8 +37,8 @@ from trio_broker.security.acl import AclBinding, Operation, PatternType, Permiss
 from trio_broker.security.acl_store import AclStore
 from trio_broker.security.credentials import CREDENTIALS_FILE, CredentialStore
 from trio_broker.server.broker import Broker
-from trio_broker.server.quotas import QuotaService
-from trio_broker.server.topics import TopicManager
+from trio_broker.services.quotas import QuotaService
+from trio_broker.services.topics import TopicManager
 from trio_broker.state.producer import (
     PRODUCER_ID_FILE,
     SNAPSHOT_FILE,
@@ -264,7 +263,7 @@ def test_client_quotas_survive_a_power_cut(cut: PowerCut) -> None:
     cut.settle()
 
     def service(data_dir: Path) -> QuotaService:
-        return QuotaService(types.SimpleNamespace(config=BrokerConfig(data_dir=data_dir)))
+        return QuotaService(BrokerConfig(data_dir=data_dir))
 
     entity = parse_entity("client-id=bench")
     service(cut.root / "data").alter([(entity, "producer_byte_rate", 1024.0)])
@@ -425,7 +424,7 @@ def test_no_module_writes_broker_state_its_own_way() -> None:
     allowed = {
         "storage/durable.py",  # the helper
         # TLS material written to a private temp file for ssl to load, never re-read.
-        "security/transport.py",
+        "server/transport.py",
     }
     offenders = []
     for path in sorted(package.rglob("*.py")):

@@ -32,11 +32,10 @@ from trio_broker.protocol.messages import encode_request, encode_response  # noq
 from trio_broker.storage._batch import build_batch  # noqa: E402
 from trio_broker.verify.decode import (  # noqa: E402
     NEEDED_COLUMNS,
-    decode_batches,
     decode_rows,
     fact_schema,
 )
-from trio_broker.verify.fastdecode import decode_batch  # noqa: E402
+from trio_broker.verify.fastdecode import decode_batch, decode_batches  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 Row = dict[str, Any]

@@ -16,7 +16,7 @@ from trio_broker.security.principal import (
     parse_rules,
     principal_for,
 )
-from trio_broker.security.transport import server_context, tls_contexts
+from trio_broker.server.transport import server_context, tls_contexts
 
 
 def write(tmp_path: Path, text: str) -> Path:

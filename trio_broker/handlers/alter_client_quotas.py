@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized
-from trio_broker.server.quotas import QuotaService
 from trio_broker.state.quota import (
     QUOTA_KEYS,
     Entity,
@@ -67,5 +66,5 @@ async def handle_alter_client_quotas(ctx: RequestContext, request: Any) -> Any:
         except QuotaConfigError as exc:
             result.error_code, result.error_message = ErrorCode.INVALID_REQUEST, str(exc)
     if accepted and not request.validate_only:
-        QuotaService.attached_to(ctx.broker).alter(accepted)
+        ctx.services.quotas.alter(accepted)
     return Resp(throttle_time_ms=0, entries=entries)

@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from trio_broker.handlers.authorization import authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.security.acl import Operation, ResourceType
-from trio_broker.security.authorize import authorized
-from trio_broker.server.topics import TopicError
+from trio_broker.services.topics import TopicError
 
 Resp: Any = m.AlterConfigsResponse
 
@@ -53,8 +53,8 @@ class ConfigRefused(Exception):
 def check_values(ctx: RequestContext, configs: dict[str, str]) -> None:
     """Raise ConfigRefused(INVALID_CONFIG) unless the topic would accept ``configs`` whole."""
     try:
-        ctx.broker.topics.check_configs(configs)
-        ctx.broker.topics.log_config(configs)
+        ctx.services.topics.check_configs(configs)
+        ctx.services.topics.log_config(configs)
     except TopicError as exc:
         raise ConfigRefused(exc.code, str(exc)) from None
     except ValueError as exc:
@@ -134,7 +134,7 @@ def _alter_one(
         )
     if not authorized(ctx, Operation.ALTER_CONFIGS, ResourceType.TOPIC, name):
         raise ConfigRefused(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "ALTER_CONFIGS refused")
-    topic = ctx.broker.topics.get(name)
+    topic = ctx.services.topics.get(name)
     if topic is None:
         raise ConfigRefused(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
     configs = new_configs(dict(topic.info.configs), resource)
@@ -142,7 +142,7 @@ def _alter_one(
     if validate_only:
         return
     try:
-        ctx.broker.topics.set_configs(name, configs)
+        ctx.services.topics.set_configs(name, configs)
     except TopicError as exc:
         raise ConfigRefused(exc.code, str(exc)) from None
     except OSError as exc:

@@ -6,13 +6,21 @@ message, ``None`` for "no response" (Produce with acks=0), or a
 :class:`Deferred` when the answer must wait (an fsync, a long-poll fetch). The
 handler task then moves on to the connection's next request: that is the
 pipelined model. The connection still sends responses in request order.
+
+Handlers are sans-I/O: they import no trio and never see the Broker. What they
+need comes through ``ctx.services`` (the :class:`Services` protocol: topics,
+producer states, quotas, authorizer, durability, appends, clock), and waiting is
+an effect the shell performs: a :class:`Deferred` whose coroutine awaits only
+service calls, under a deadline the shell enforces (``timeout_s``).
+
+This module is a leaf of the handler layer: it imports nothing from the layers
+above it (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
@@ -20,7 +28,14 @@ from trio_broker.protocol.messages import RequestHeader
 from trio_broker.protocol.schema import REQUESTS, Message
 
 if TYPE_CHECKING:
-    from trio_broker.server.broker import Broker
+    from trio_broker.config import BrokerConfig
+    from trio_broker.groups.coordinator import GroupCoordinator
+    from trio_broker.security.authorize import Authorizer
+    from trio_broker.security.credentials import CredentialStore
+    from trio_broker.services.quotas import QuotaService
+    from trio_broker.services.stats import BrokerStats
+    from trio_broker.services.topics import TopicManager
+    from trio_broker.state.producer import ProducerStateRegistry
 
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -33,31 +48,107 @@ class ClientInfo:
     port: int
 
 
+class Durability(Protocol):
+    """Group commit (the flusher): when appended bytes are on disk."""
+
+    def mark_dirty(self, log: Any, messages: int = 1) -> None: ...
+    async def wait_durable(self, log: Any, offset: int) -> None: ...
+    def recover_soon(self, log: Any) -> None: ...
+
+
+class Appends(Protocol):
+    """Wake-ups for long-poll fetches: something was appended somewhere."""
+
+    def notify(self) -> None: ...
+    async def wait(self) -> None: ...
+
+
+class Services(Protocol):
+    """Everything a handler may use; the Broker owns each as a plain field."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+    @property
+    def cluster_id(self) -> str: ...
+    @property
+    def topics(self) -> TopicManager: ...
+    @property
+    def producers(self) -> ProducerStateRegistry: ...
+    @property
+    def quotas(self) -> QuotaService: ...
+    @property
+    def authorizer(self) -> Authorizer | None: ...
+    @property
+    def credentials(self) -> CredentialStore: ...
+    @property
+    def groups(self) -> GroupCoordinator: ...
+    @property
+    def durability(self) -> Durability: ...
+    @property
+    def appends(self) -> Appends: ...
+    @property
+    def stats(self) -> BrokerStats: ...
+    @property
+    def shutting_down(self) -> bool: ...
+    def now_ms(self) -> int:
+        """Wall-clock milliseconds: the one clock of the broker (injected, for tests)."""
+        ...
+
+    def monotonic_ms(self) -> float:
+        """The event loop's clock in ms (session lifetimes, deadlines)."""
+        ...
+
+    def advertised_for(self, connection_id: int | None) -> tuple[str, int]:
+        """The address Metadata gives a client: that of the listener it connected to."""
+        ...
+
+    async def run_off_loop(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` in a worker thread (CPU-heavy or blocking work)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
 @attrs.frozen
 class RequestContext:
     header: RequestHeader
-    broker: Broker
+    services: Services
     client: ClientInfo
-    #: Who sent the request, as Kafka writes principals ("User:alice"); set by SASL
-    #: or the TLS certificate, "User:ANONYMOUS" on an unauthenticated listener.
+    #: Who sent the request, as Kafka writes principals ("User:alice"): decided by
+    #: the connection when it read the request (SASL or the TLS certificate),
+    #: "User:ANONYMOUS" on an unauthenticated listener.
     principal: str = ANONYMOUS
+    #: On a SASL listener, the connection's login (the SASL handlers drive it).
+    sasl: Any = None
 
     @property
     def api_version(self) -> int:
         return self.header.api_version
 
-    @staticmethod
-    def now_ms() -> int:
-        return time.time_ns() // 1_000_000
+    def now_ms(self) -> int:
+        return self.services.now_ms()
 
 
 class Deferred:
-    """A response that completes later; ``finish`` runs in the broker's delayed-ops nursery."""
+    """A response that completes later: the shell awaits ``finish()`` off the handler task.
 
-    __slots__ = ("finish",)
+    ``finish`` awaits only service calls (durability, appends, run_off_loop, sleep).
+    With ``timeout_s`` the shell stops waiting after that many seconds and answers
+    ``on_timeout()`` instead (acks=all's timeout_ms, a long poll's max_wait_ms).
+    """
 
-    def __init__(self, finish: Callable[[], Awaitable[Message | None]]) -> None:
+    __slots__ = ("finish", "on_timeout", "timeout_s")
+
+    def __init__(
+        self,
+        finish: Callable[[], Awaitable[Message | None]],
+        *,
+        timeout_s: float | None = None,
+        on_timeout: Callable[[], Message | None] | None = None,
+    ) -> None:
         self.finish = finish
+        self.timeout_s = timeout_s
+        self.on_timeout = on_timeout
 
 
 class CloseConnection:

@@ -42,7 +42,7 @@ async def handle_create_acls(ctx: RequestContext, request: Any) -> Any:
             throttle_time_ms=0,
             results=[Result(error_code=code, error_message=message) for _ in request.creations],
         )
-    authorizer = ctx.broker.authorizer
+    authorizer = ctx.services.authorizer
     assert authorizer is not None  # access_error said it is on
     results: list[Any] = []
     valid: list[AclBinding] = []

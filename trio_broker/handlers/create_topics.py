@@ -12,12 +12,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from trio_broker.handlers.authorization import may_create_topic
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.describe_configs import topic_config_values
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import may_create_topic
-from trio_broker.server.topics import TopicError, validate_topic_name
+from trio_broker.services.topics import TopicError, validate_topic_name
 from trio_broker.storage.errors import LogError
 
 Resp: Any = m.CreateTopicsResponse
@@ -32,7 +32,7 @@ _CLEANUP_POLICIES = {"delete", "compact"}
 
 def _partition_count(ctx: RequestContext, topic: Any) -> int:
     """The partition count asked for, after the replication and assignment checks."""
-    node = ctx.broker.config.node_id
+    node = ctx.services.config.node_id
     if topic.assignments:
         if topic.num_partitions != -1 or topic.replication_factor != -1:
             raise TopicError(
@@ -64,7 +64,7 @@ def _partition_count(ctx: RequestContext, topic: Any) -> int:
             f"replication factor {rf} is larger than the 1 available broker",
         )
     if topic.num_partitions == -1:
-        return ctx.broker.config.num_partitions
+        return ctx.services.config.num_partitions
     if topic.num_partitions <= 0:
         raise TopicError(ErrorCode.INVALID_PARTITIONS, f"{topic.num_partitions} partitions")
     return int(topic.num_partitions)
@@ -94,7 +94,7 @@ def _configs(topic: Any) -> dict[str, str]:
 def _check_collision(ctx: RequestContext, name: str) -> None:
     # Metric names turn '.' into '_', so Kafka refuses names that differ only there.
     key = name.replace(".", "_")
-    for existing in ctx.broker.topics.topics:
+    for existing in ctx.services.topics.topics:
         if existing != name and existing.replace(".", "_") == key:
             raise TopicError(
                 ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic {name!r} collides with {existing!r}"
@@ -102,20 +102,20 @@ def _check_collision(ctx: RequestContext, name: str) -> None:
 
 
 def _create_one(ctx: RequestContext, topic: Any, validate_only: bool) -> Any:
-    broker = ctx.broker
+    services = ctx.services
     name = topic.name
     if not may_create_topic(ctx, name):
         raise TopicError(ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"CREATE on {name!r} refused")
     validate_topic_name(name)
-    if broker.topics.get(name) is not None:
+    if services.topics.get(name) is not None:
         raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
     _check_collision(ctx, name)
     partitions = _partition_count(ctx, topic)
     configs = _configs(topic)
-    broker.topics.check_new(name, partitions, configs)
+    services.topics.check_new(name, partitions, configs)
     topic_id = uuid.UUID(int=0)
     if not validate_only:
-        topic_id = broker.topics.create(name, partitions, configs).topic_id
+        topic_id = services.topics.create(name, partitions, configs).topic_id
     result = Result(
         name=name, topic_id=topic_id, error_code=ErrorCode.NONE, error_message=None,
         num_partitions=partitions, replication_factor=1,
@@ -124,7 +124,7 @@ def _create_one(ctx: RequestContext, topic: Any, validate_only: bool) -> Any:
         ResultConfig(
             name=v.name, value=v.value, read_only=False, config_source=v.source, is_sensitive=False
         )
-        for v in topic_config_values(broker.config, configs)
+        for v in topic_config_values(services.config, configs)
     ]
     return result
 

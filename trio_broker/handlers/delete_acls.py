@@ -26,7 +26,7 @@ async def handle_delete_acls(ctx: RequestContext, request: Any) -> Any:
                 FilterResult(error_code=code, error_message=message) for _ in request.filters
             ],
         )
-    authorizer = ctx.broker.authorizer
+    authorizer = ctx.services.authorizer
     assert authorizer is not None  # access_error said it is on
     filters = [filter_from_wire(wire) for wire in request.filters]
     problems = [filter_error(f) for f in filters]

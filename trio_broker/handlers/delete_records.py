@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized
 from trio_broker.storage.errors import LogError
 
 Resp: Any = m.DeleteRecordsResponse
@@ -49,7 +49,7 @@ def _delete(topic: Any, partition: int, offset: int) -> tuple[int, ErrorCode]:
 
 @handles(m.ApiKey.DELETE_RECORDS)
 async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
-    topics = ctx.broker.topics
+    topics = ctx.services.topics
     results = []
     for wanted in request.topics:
         topic = topics.get(wanted.name)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized
-from trio_broker.server.topics import TopicError
+from trio_broker.services.topics import TopicError
 from trio_broker.storage.errors import LogError
 
 Resp: Any = m.DeleteTopicsResponse
@@ -22,7 +22,7 @@ ZERO_UUID = uuid.UUID(int=0)
 
 
 def _delete(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> Any:
-    topics = ctx.broker.topics
+    topics = ctx.services.topics
     result = Result(name=name, topic_id=topic_id, error_code=ErrorCode.NONE, error_message=None)
     if name is not None and topic_id != ZERO_UUID:
         result.error_code = ErrorCode.INVALID_REQUEST

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from typing import Any, TypeVar
 
+from trio_broker.handlers.authorization import authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -21,7 +22,6 @@ from trio_broker.security.acl import (
     ResourceType,
     filter_error,
 )
-from trio_broker.security.authorize import authorized
 
 Resp: Any = m.DescribeAclsResponse
 E = TypeVar("E", bound=enum.IntEnum)
@@ -51,7 +51,7 @@ def filter_from_wire(wire: Any) -> AclFilter:
 
 def access_error(ctx: RequestContext, op: Operation) -> tuple[ErrorCode, str] | None:
     """The error every ACL API answers before looking at its input, or None."""
-    if ctx.broker.authorizer is None:
+    if ctx.services.authorizer is None:
         return ErrorCode.SECURITY_DISABLED, "no authorizer is configured (authorizer.class.name)"
     if not authorized(ctx, op, ResourceType.CLUSTER):
         return ErrorCode.CLUSTER_AUTHORIZATION_FAILED, f"{op.name} on the cluster is not allowed"
@@ -63,7 +63,7 @@ async def handle_describe_acls(ctx: RequestContext, request: Any) -> Any:
     refused = access_error(ctx, Operation.DESCRIBE)
     if refused is not None:
         return Resp(throttle_time_ms=0, error_code=refused[0], error_message=refused[1])
-    authorizer = ctx.broker.authorizer
+    authorizer = ctx.services.authorizer
     assert authorizer is not None  # access_error said it is on
     acl_filter = filter_from_wire(request)
     problem = filter_error(acl_filter)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized
-from trio_broker.server.quotas import QuotaService
 from trio_broker.state.quota import ENTITY_TYPES, Entity
 
 Resp: Any = m.DescribeClientQuotasResponse
@@ -64,7 +63,7 @@ async def handle_describe_client_quotas(ctx: RequestContext, request: Any) -> An
         response.error_code, response.error_message = ErrorCode.INVALID_REQUEST, problem
         response.entries = None
         return response
-    table = QuotaService.attached_to(ctx.broker).table
+    table = ctx.services.quotas.table
     for entity, values in sorted(table.effective().items(), key=lambda item: str(item[0])):
         if not _matches(entity, request.components, request.strict):
             continue

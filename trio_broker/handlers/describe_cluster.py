@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from trio_broker.handlers.base import RequestContext, handles
-from trio_broker.protocol import messages as m
-from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import (
+from trio_broker.handlers.authorization import (
     Operation,
     ResourceType,
     authorized,
     authorized_operations,
 )
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
 
 Resp: Any = m.DescribeClusterResponse
 
@@ -29,12 +29,12 @@ CLUSTER_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
 
 @handles(m.ApiKey.DESCRIBE_CLUSTER)
 async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
-    broker = ctx.broker
+    services = ctx.services
     endpoint_type = request.endpoint_type if ctx.api_version >= 1 else BROKER_ENDPOINT
     response = Resp(
         throttle_time_ms=0, error_code=ErrorCode.NONE, error_message=None,
-        endpoint_type=endpoint_type, cluster_id=broker.cluster_id,
-        controller_id=broker.config.node_id, brokers=[],
+        endpoint_type=endpoint_type, cluster_id=services.cluster_id,
+        controller_id=services.config.node_id, brokers=[],
         cluster_authorized_operations=CLUSTER_OPERATIONS
         if request.include_cluster_authorized_operations else OPERATIONS_OMITTED,
     )  # fmt: skip
@@ -42,7 +42,7 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
         response.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
         response.error_message = "DESCRIBE on the cluster refused"
         return response
-    if broker.authorizer is not None and request.include_cluster_authorized_operations:
+    if services.authorizer is not None and request.include_cluster_authorized_operations:
         response.cluster_authorized_operations = authorized_operations(ctx, ResourceType.CLUSTER)
     if endpoint_type == CONTROLLER_ENDPOINT:
         # Our one listener is a broker listener; a client that wants the controller
@@ -54,10 +54,10 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
         response.error_code = ErrorCode.UNSUPPORTED_ENDPOINT_TYPE
         response.error_message = f"unknown endpoint type {endpoint_type}"
         return response
-    host, port = broker.advertised_for(ctx.client.connection_id)
+    host, port = services.advertised_for(ctx.client.connection_id)
     response.brokers = [
         Resp.DescribeClusterBroker(
-            broker_id=broker.config.node_id, host=host, port=port, rack=None, is_fenced=False
+            broker_id=services.config.node_id, host=host, port=port, rack=None, is_fenced=False
         )
     ]
     return response

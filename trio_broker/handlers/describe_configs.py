@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from trio_broker.config import BrokerConfig
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized
-from trio_broker.server.topics import TopicError, validate_topic_name
+from trio_broker.services.topics import TopicError, validate_topic_name
 
 Resp: Any = m.DescribeConfigsResponse
 Result = Resp.DescribeConfigsResult
@@ -179,7 +179,7 @@ def _entry(value: ConfigValue, synonyms: bool, documentation: bool) -> Any:
 
 
 def _describe(ctx: RequestContext, resource: Any) -> tuple[list[ConfigValue], ErrorCode, str]:
-    broker = ctx.broker
+    services = ctx.services
     name = resource.resource_name
     if resource.resource_type == TOPIC_RESOURCE:
         try:
@@ -188,23 +188,23 @@ def _describe(ctx: RequestContext, resource: Any) -> tuple[list[ConfigValue], Er
             return [], exc.code, str(exc)
         if not authorized(ctx, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, name):
             return [], ErrorCode.TOPIC_AUTHORIZATION_FAILED, "DESCRIBE_CONFIGS refused"
-        topic = broker.topics.get(name)
+        topic = services.topics.get(name)
         if topic is None:
             return [], ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
-        return topic_config_values(broker.config, topic.info.configs), ErrorCode.NONE, ""
+        return topic_config_values(services.config, topic.info.configs), ErrorCode.NONE, ""
     if resource.resource_type == BROKER_RESOURCE:
         if not authorized(ctx, Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER):
             return [], ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "DESCRIBE_CONFIGS refused"
         if name == "":
             # The cluster-wide dynamic defaults: we have none.
             return [], ErrorCode.NONE, ""
-        if name != str(broker.config.node_id):
+        if name != str(services.config.node_id):
             return (
                 [],
                 ErrorCode.INVALID_REQUEST,
-                (f"broker id {name!r} is not this broker ({broker.config.node_id})"),
+                (f"broker id {name!r} is not this broker ({services.config.node_id})"),
             )
-        return broker_config_values(broker.config), ErrorCode.NONE, ""
+        return broker_config_values(services.config), ErrorCode.NONE, ""
     return [], ErrorCode.INVALID_REQUEST, f"unsupported resource type {resource.resource_type}"
 
 

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import trio
-
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized
-from trio_broker.server.quotas import QuotaService
 from trio_broker.state.quota import CONSUMER_BYTE_RATE
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 
@@ -29,19 +26,19 @@ READ_COMMITTED = 1
 
 def read_partitions(ctx: RequestContext, request: Any) -> tuple[Any, int]:
     """Build the response from the logs as they are now; return it and its record bytes."""
-    broker = ctx.broker
+    services = ctx.services
     remaining = request.max_bytes if ctx.api_version >= 3 else 2**31 - 1
-    quota_limit = QuotaService.attached_to(broker).max_bytes(ctx, CONSUMER_BYTE_RATE)
+    quota_limit = ctx.services.quotas.max_bytes(ctx, CONSUMER_BYTE_RATE)
     if quota_limit is not None:  # one response never exceeds the quota on its own
         remaining = min(remaining, quota_limit)
     total = 0
     topic_responses = []
     for wanted in request.topics:
         if ctx.api_version >= 13:
-            topic = broker.topics.by_id.get(wanted.topic_id)
+            topic = services.topics.by_id.get(wanted.topic_id)
             missing = ErrorCode.UNKNOWN_TOPIC_ID
         else:
-            topic = broker.topics.get(wanted.topic)
+            topic = services.topics.get(wanted.topic)
             missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         partitions = []
         name = wanted.topic if topic is None else topic.name
@@ -94,7 +91,7 @@ def throttled(ctx: RequestContext, response: Any, total: int) -> Any:
     Over the quota the answer is empty, as in Kafka: the records are taken back
     from the quota and fetched again once the throttle time has passed.
     """
-    quotas = QuotaService.attached_to(ctx.broker)
+    quotas = ctx.services.quotas
     response.throttle_time_ms = quotas.throttle(ctx, CONSUMER_BYTE_RATE, total)
     if response.throttle_time_ms > 0 and total > 0:
         quotas.unrecord(ctx, CONSUMER_BYTE_RATE, total)
@@ -108,8 +105,8 @@ def throttled(ctx: RequestContext, response: Any, total: int) -> Any:
 
 def count_bytes_out(ctx: RequestContext, response: Any) -> None:
     """Per-topic record bytes sent (/metrics): one dict increment per topic with data."""
-    broker = ctx.broker
-    counts = broker.stats.topic_bytes_out
+    services = ctx.services
+    counts = services.stats.topic_bytes_out
     for topic in response.responses:
         sent = 0
         for part in topic.partitions:
@@ -118,7 +115,7 @@ def count_bytes_out(ctx: RequestContext, response: Any) -> None:
         if sent:
             name = topic.topic
             if not name:  # v13+: addressed by id
-                known = broker.topics.by_id.get(topic.topic_id)
+                known = services.topics.by_id.get(topic.topic_id)
                 name = "" if known is None else known.name
             counts[name] = counts.get(name, 0) + sent
 
@@ -130,14 +127,15 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         return throttled(ctx, response, total)
 
     async def long_poll() -> Any:
-        with trio.move_on_after(request.max_wait_ms / 1000):
-            while True:
-                # Look before waiting: an append between the handler's read and this
-                # task's start would otherwise be a lost wake-up (a full max_wait).
-                response, total = read_partitions(ctx, request)
-                if total >= max(request.min_bytes, 1) or ctx.broker.shutting_down:
-                    return throttled(ctx, response, total)
-                await ctx.broker.wait_for_append()
+        while True:
+            # Look before waiting: an append between the handler's read and this
+            # task's start would otherwise be a lost wake-up (a full max_wait).
+            response, total = read_partitions(ctx, request)
+            if total >= max(request.min_bytes, 1) or ctx.services.shutting_down:
+                return throttled(ctx, response, total)
+            await ctx.services.appends.wait()
+
+    def waited_long_enough() -> Any:
         return throttled(ctx, *read_partitions(ctx, request))
 
-    return Deferred(long_poll)
+    return Deferred(long_poll, timeout_s=request.max_wait_ms / 1000, on_timeout=waited_long_enough)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized
 
 Resp: Any = m.FindCoordinatorResponse
 KEY_TYPE_GROUP = 0
@@ -30,8 +30,8 @@ def _locate(
     if key_type == KEY_TYPE_GROUP:
         if not authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, key):
             return ErrorCode.GROUP_AUTHORIZATION_FAILED, f"DESCRIBE on group {key!r}", -1, "", -1
-        host, port = ctx.broker.advertised_for(ctx.client.connection_id)
-        return ErrorCode.NONE, None, ctx.broker.config.node_id, host, port
+        host, port = ctx.services.advertised_for(ctx.client.connection_id)
+        return ErrorCode.NONE, None, ctx.services.config.node_id, host, port
     if key_type == KEY_TYPE_TRANSACTION:
         return (
             ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,

@@ -1,7 +1,7 @@
 """JoinGroup, SyncGroup, Heartbeat, LeaveGroup, ListGroups, DescribeGroups, DeleteGroups.
 
 The handlers translate between wire versions and the coordinator
-(``ctx.broker.groups``); the protocol's rules live in ``trio_broker.state.group``.
+(``ctx.services.groups``); the protocol's rules live in ``trio_broker.state.group``.
 JoinGroup and SyncGroup often cannot be answered at once: they return a
 :class:`Deferred` that waits for the rebalance (or the leader), while the
 connection keeps serving the client's other requests.
@@ -12,15 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from trio_broker.groups.coordinator import GroupCoordinator, Waiter
-from trio_broker.handlers.base import Deferred, RequestContext, handles
-from trio_broker.protocol import messages as m
-from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import (
+from trio_broker.handlers.authorization import (
     Operation,
     ResourceType,
     authorized,
     authorized_operations,
 )
+from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.group import GroupState, JoinRequest, JoinResult, SyncResult
 from trio_broker.storage.errors import StorageError
 
@@ -37,7 +37,7 @@ CLASSIC_GROUP_TYPE = "classic"
 
 
 def coordinator(ctx: RequestContext) -> GroupCoordinator:
-    groups: GroupCoordinator = ctx.broker.groups
+    groups: GroupCoordinator = ctx.services.groups
     return groups
 
 
@@ -284,7 +284,7 @@ async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
         )
     # Without an authorizer, or unasked, the field keeps its "not provided" default.
     asked = ctx.api_version >= 3 and request.include_authorized_operations
-    if ctx.broker.authorizer is not None and asked:
+    if ctx.services.authorizer is not None and asked:
         for group in described:
             if group.error_code == ErrorCode.NONE:
                 group.authorized_operations = authorized_operations(

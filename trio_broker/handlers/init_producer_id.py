@@ -15,10 +15,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized, authorized_any
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized, authorized_any
 from trio_broker.state.producer import (
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
@@ -48,7 +48,7 @@ async def handle_init_producer_id(ctx: RequestContext, request: Any) -> Any:
         authorized_any(ctx, Operation.WRITE, ResourceType.TOPIC)
     ):
         return answer(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, NO_PRODUCER_ID, NO_PRODUCER_EPOCH)
-    allocator = ProducerStateRegistry.attached_to(ctx.broker).allocator
+    allocator = ProducerStateRegistry.attached_to(ctx.services).allocator
     try:
         # Versions before 3 have no such fields: the codec leaves their defaults, -1.
         decision = decide_init_producer_id(

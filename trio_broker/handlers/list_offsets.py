@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.metadata import LEADER_EPOCH
 from trio_broker.handlers.offset_for_leader_epoch import check_current_leader_epoch
@@ -28,7 +29,6 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
-from trio_broker.security.authorize import Operation, ResourceType, authorized
 from trio_broker.storage.errors import LogError
 
 logger = logging.getLogger("trio_broker.list_offsets")
@@ -104,7 +104,7 @@ def _lookup(partition_log: Any, timestamp: int) -> tuple[int, int]:
 
 @handles(m.ApiKey.LIST_OFFSETS)
 async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
-    topics = ctx.broker.topics
+    topics = ctx.services.topics
     # Kafka answers a partition named twice with INVALID_REQUEST rather than guess.
     seen: dict[tuple[str, int], int] = {}
     for t in request.topics:

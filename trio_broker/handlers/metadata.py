@@ -5,17 +5,17 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from trio_broker.handlers.base import RequestContext, handles
-from trio_broker.protocol import messages as m
-from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import (
+from trio_broker.handlers.authorization import (
     Operation,
     ResourceType,
     authorized,
     authorized_operations,
     may_create_topic,
 )
-from trio_broker.server.topics import TopicError, validate_topic_name
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.services.topics import TopicError, validate_topic_name
 
 Resp = m.MetadataResponse
 #: All partitions are led by this node at epoch 0 (no elections on one node).
@@ -23,9 +23,9 @@ LEADER_EPOCH = 0
 
 
 def topic_metadata(ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None) -> Any:
-    broker = ctx.broker
-    node = broker.config.node_id
-    topic = broker.topics.get(name) if name is not None else broker.topics.by_id.get(topic_id)  # type: ignore[arg-type]
+    services = ctx.services
+    node = services.config.node_id
+    topic = services.topics.get(name) if name is not None else services.topics.by_id.get(topic_id)  # type: ignore[arg-type]
     if topic is None:
         return Resp.MetadataResponseTopic(
             error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if name is None or name
@@ -52,20 +52,20 @@ def topic_metadata(ctx: RequestContext, name: str | None, topic_id: uuid.UUID | 
 
 @handles(m.ApiKey.METADATA)
 async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
-    broker = ctx.broker
+    services = ctx.services
     topics: list[Any] = []
     cluster_operations = -2147483648  # "not provided"
     if request.topics is None or (ctx.api_version == 0 and not request.topics):
         topics = [
             topic_metadata(ctx, name, None)
-            for name in sorted(broker.topics.topics)
+            for name in sorted(services.topics.topics)
             if authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name)  # hide the rest
         ]
     else:
         for wanted in request.topics:
             name = wanted.name
             if name is None:
-                known = broker.topics.by_id.get(wanted.topic_id)
+                known = services.topics.by_id.get(wanted.topic_id)
                 if known is not None and not authorized(
                     ctx, Operation.DESCRIBE, ResourceType.TOPIC, known.name
                 ):
@@ -79,9 +79,9 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                 topics.append(topic_metadata(ctx, None, wanted.topic_id))
                 continue
             auto = request.allow_auto_topic_creation if ctx.api_version >= 4 else True
-            exists = broker.topics.get(name) is not None
+            exists = services.topics.get(name) is not None
             if not authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name) or (
-                not exists and auto and broker.config.auto_create_topics
+                not exists and auto and services.config.auto_create_topics
                 and not may_create_topic(ctx, name)
             ):  # fmt: skip
                 topics.append(
@@ -90,20 +90,20 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                     )
                 )
                 continue
-            if broker.topics.get(name) is None and auto and broker.config.auto_create_topics:
+            if services.topics.get(name) is None and auto and services.config.auto_create_topics:
                 try:
-                    broker.topics.create(name, broker.config.num_partitions)
+                    services.topics.create(name, services.config.num_partitions)
                 except TopicError as exc:
                     topics.append(Resp.MetadataResponseTopic(error_code=exc.code, name=name))
                     continue
-            elif broker.topics.get(name) is None:
+            elif services.topics.get(name) is None:
                 try:
                     validate_topic_name(name)
                 except TopicError as exc:
                     topics.append(Resp.MetadataResponseTopic(error_code=exc.code, name=name))
                     continue
             topics.append(topic_metadata(ctx, name, None))
-    if broker.authorizer is not None and ctx.api_version >= 8:
+    if services.authorizer is not None and ctx.api_version >= 8:
         # Without an authorizer these stay "not provided", as before.
         if request.include_topic_authorized_operations:
             for t in topics:
@@ -113,16 +113,16 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                     )
         if ctx.api_version <= 10 and request.include_cluster_authorized_operations:
             cluster_operations = authorized_operations(ctx, ResourceType.CLUSTER)
-    host, port = broker.advertised_for(ctx.client.connection_id)
+    host, port = services.advertised_for(ctx.client.connection_id)
     return Resp(
         throttle_time_ms=0,
         brokers=[
             Resp.MetadataResponseBroker(
-                node_id=broker.config.node_id, host=host, port=port, rack=None
+                node_id=services.config.node_id, host=host, port=port, rack=None
             )
         ],
-        cluster_id=broker.cluster_id,
-        controller_id=broker.config.node_id,
+        cluster_id=services.cluster_id,
+        controller_id=services.config.node_id,
         topics=topics,
         cluster_authorized_operations=cluster_operations,
     )

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.metadata import LEADER_EPOCH
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized
 
 Resp: Any = m.OffsetForLeaderEpochResponse
 TopicResult = Resp.OffsetForLeaderTopicResult
@@ -43,7 +43,7 @@ def check_current_leader_epoch(current: int) -> ErrorCode:
 
 @handles(m.ApiKey.OFFSET_FOR_LEADER_EPOCH)
 async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> Any:
-    topics = ctx.broker.topics
+    topics = ctx.services.topics
     results = []
     for wanted in request.topics:
         partitions = []

@@ -14,10 +14,10 @@ from typing import Any
 
 from trio_broker.groups.coordinator import GroupCoordinator
 from trio_broker.groups.offsets_store import Entry, OffsetAndMetadata, OffsetKey, PendingWrite
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized
 from trio_broker.storage.errors import StorageError
 
 CommitResp: Any = m.OffsetCommitResponse
@@ -36,7 +36,7 @@ ZERO_UUID = uuid.UUID(int=0)
 
 
 def coordinator(ctx: RequestContext) -> GroupCoordinator:
-    groups: GroupCoordinator = ctx.broker.groups
+    groups: GroupCoordinator = ctx.services.groups
     return groups
 
 
@@ -44,7 +44,7 @@ def resolve_topic(
     ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None, by_id: bool
 ) -> tuple[str | None, uuid.UUID, int, ErrorCode]:
     """(name, id, partition count, error) of a topic named in a request."""
-    topics = ctx.broker.topics
+    topics = ctx.services.topics
     if by_id:
         topic = topics.by_id.get(topic_id) if topic_id is not None else None
     else:
@@ -71,7 +71,7 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
         request.generation_id_or_member_epoch,
     )
     group_allowed = authorized(ctx, Operation.READ, ResourceType.GROUP, group_id)
-    now = ctx.broker.now_ms()
+    now = ctx.services.now_ms()
     entries: list[Entry] = []
     waiting: list[Any] = []  # partition responses whose fate is the write's
     topic_responses = []
@@ -152,7 +152,7 @@ def fetch_group_offsets(
         for name, partitions in by_topic.items():
             if not authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name):
                 continue  # as Kafka: offsets of undescribable topics are left out
-            topic = ctx.broker.topics.get(name)
+            topic = ctx.services.topics.get(name)
             if by_id and topic is None:
                 continue  # the topic is gone: there is no id to name it by
             out.append((name, topic.topic_id if topic else ZERO_UUID, partitions))

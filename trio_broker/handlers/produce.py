@@ -11,16 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import trio
-
-from trio_broker.handlers.base import CloseConnection, Deferred, RequestContext, handles
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
+from trio_broker.handlers.base import CloseConnection, Deferred, RequestContext, Services, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
-from trio_broker.security.authorize import Operation, ResourceType, authorized
-from trio_broker.server.quotas import QuotaService
+from trio_broker.state.producer import Duplicate, Reject
 from trio_broker.state.quota import PRODUCER_BYTE_RATE
 from trio_broker.storage.errors import StorageError
 
@@ -78,7 +76,7 @@ def validate_batch(records: Any, api_version: int, max_message_bytes: int) -> Re
 
 @handles(m.ApiKey.PRODUCE, 3, advertised_min=0)
 async def handle_produce(ctx: RequestContext, request: Any) -> Any:
-    broker = ctx.broker
+    services = ctx.services
     acks = request.acks
     now = ctx.now_ms()
     durable_waits: list[tuple[Any, int, Any]] = []  # (log, last offset, partition response)
@@ -86,10 +84,10 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     produced = 0  # request record bytes, for the producer byte-rate quota
     for topic_data in request.topic_data:
         if ctx.api_version >= 13:
-            topic = broker.topics.by_id.get(topic_data.topic_id)
+            topic = services.topics.by_id.get(topic_data.topic_id)
             missing = ErrorCode.UNKNOWN_TOPIC_ID
         else:
-            topic = broker.topics.get(topic_data.name)
+            topic = services.topics.get(topic_data.name)
             missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         partition_responses = []
         name = topic_data.name if topic is None else topic.name
@@ -113,7 +111,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             try:
                 max_bytes = int(configs.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
                 batch = validate_batch(data.records, ctx.api_version, max_bytes)
-                duplicate = broker.check_producer(topic.name, data.index, log, batch)
+                duplicate = check_producer(services, topic.name, data.index, log, batch)
             except BatchRejected as exc:
                 part.error_code, part.error_message = exc.code, str(exc)
                 continue
@@ -129,17 +127,19 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             except StorageError as exc:
                 part.error_code, part.error_message = ErrorCode.KAFKA_STORAGE_ERROR, str(exc)
                 # The disk may have space again: probe it in the background (1 s back-off).
-                broker.flusher.recover_soon(log, broker.delayed_nursery)
+                services.durability.recover_soon(log)
                 continue
-            broker.record_producer_append(topic.name, data.index, batch, result)
+            services.producers.record_append(
+                topic.name, data.index, batch, result.base_offset, result.last_offset
+            )
             # /metrics: two dict increments per partition, no per-record work.
-            bytes_in, messages_in = broker.stats.topic_bytes_in, broker.stats.topic_messages_in
+            bytes_in, messages_in = services.stats.topic_bytes_in, services.stats.topic_messages_in
             bytes_in[name] = bytes_in.get(name, 0) + batch.size_in_bytes
             messages_in[name] = messages_in.get(name, 0) + batch.record_count
             part.base_offset = result.base_offset
             if log_append_time:
                 part.log_append_time_ms = result.log_append_time
-            broker.flusher.mark_dirty(log)
+            services.durability.mark_dirty(log)
             if acks == -1:
                 durable_waits.append((log, result.last_offset, part))
         topic_responses.append(
@@ -147,10 +147,10 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 name=name, topic_id=topic_data.topic_id, partition_responses=partition_responses
             )
         )
-    broker.notify_append()
+    services.appends.notify()
     # Quota (KIP-219): the request's record bytes count whatever the outcome
     # (summed in the loop above, so no second walk over the request).
-    throttle_ms = QuotaService.attached_to(broker).throttle(ctx, PRODUCER_BYTE_RATE, produced)
+    throttle_ms = ctx.services.quotas.throttle(ctx, PRODUCER_BYTE_RATE, produced)
     response = Resp(responses=topic_responses, throttle_time_ms=throttle_ms)
     if acks == 0:
         # No response to carry an error: like Kafka, close the connection so the
@@ -162,17 +162,16 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
 
     # The request's timeout_ms bounds the wait for the covering fsync; past it the
     # partition answers REQUEST_TIMED_OUT and the data stays in the log (as Kafka).
-    deadline = trio.current_time() + max(request.timeout_ms, 0) / 1000
-
     async def when_durable() -> Any:
-        with trio.move_on_at(deadline):
-            for log, last_offset, part in durable_waits:
-                try:
-                    await broker.flusher.wait_durable(log, last_offset)
-                except StorageError as exc:
-                    part.error_code, part.error_message = ErrorCode.KAFKA_STORAGE_ERROR, str(exc)
-                    part.base_offset = -1
-            return response
+        for log, last_offset, part in durable_waits:
+            try:
+                await services.durability.wait_durable(log, last_offset)
+            except StorageError as exc:
+                part.error_code, part.error_message = ErrorCode.KAFKA_STORAGE_ERROR, str(exc)
+                part.base_offset = -1
+        return response
+
+    def timed_out() -> Any:
         for log, last_offset, part in durable_waits:
             if part.error_code == 0 and log.durable_end_offset <= last_offset:
                 part.error_code = ErrorCode.REQUEST_TIMED_OUT
@@ -180,4 +179,20 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 part.base_offset = -1
         return response
 
-    return Deferred(when_durable)
+    return Deferred(when_durable, timeout_s=max(request.timeout_ms, 0) / 1000, on_timeout=timed_out)
+
+
+def check_producer(
+    services: Services, topic: str, partition: int, log: Any, batch: Any
+) -> int | None:
+    """Sequence checks for an idempotent batch before it is appended.
+
+    Returns the original base offset of a retried duplicate, None to append,
+    or raises BatchRejected with Kafka's error (rules: trio_broker.state.producer).
+    """
+    verdict = services.producers.check(topic, partition, log, batch)
+    if isinstance(verdict, Reject):
+        raise BatchRejected(verdict.error_code, verdict.message)
+    if isinstance(verdict, Duplicate):
+        return verdict.original_base_offset
+    return None

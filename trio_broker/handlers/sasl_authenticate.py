@@ -18,8 +18,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import trio
-
 from trio_broker.handlers.base import Deferred, RequestContext, Response, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -38,34 +36,36 @@ def _response(step: AuthStep) -> Any:
 
 @handles(m.ApiKey.SASL_AUTHENTICATE)
 async def handle_sasl_authenticate(ctx: RequestContext, request: Any) -> Response:
-    conn = ctx.broker.connections.get(ctx.client.connection_id)
-    session = None if conn is None else conn.sasl
-    if conn is None or session is None:
+    session: SaslSession | None = ctx.sasl
+    if session is None:
         return Resp(error_code=ErrorCode.ILLEGAL_SASL_STATE,
                     error_message="SaslAuthenticate on a listener without SASL", auth_bytes=b"")  # fmt: skip
     token = bytes(request.auth_bytes or b"")
 
+    connection_id = ctx.client.connection_id
+
     async def finish(step: AuthStep) -> Any:
         if step.principal is not None:
-            conn.frames.max_frame_size = ctx.broker.config.socket_request_max_bytes
             log.info("connection %d authenticated as %s with %s",
-                     conn.id, step.principal, session.mechanism)  # fmt: skip
+                     connection_id, step.principal, session.mechanism)  # fmt: skip
         elif session.failed:
             log.info("connection %d from %s: SASL authentication failed (%s)",
-                     conn.id, ctx.client.host, session.reason)  # fmt: skip
-            await trio.sleep(FAILED_LOGIN_DELAY_S)
+                     connection_id, ctx.client.host, session.reason)  # fmt: skip
+            await ctx.services.sleep(FAILED_LOGIN_DELAY_S)
         return _response(step)
 
-    outcome = session.authenticate(token, trio.current_time() * 1000)
+    outcome = session.authenticate(token, ctx.services.monotonic_ms())
     if isinstance(outcome, PasswordCheck):
-        return Deferred(lambda: _check_password(session, outcome, finish))
+        return Deferred(lambda: _check_password(ctx, session, outcome, finish))
     if session.failed:
         return Deferred(lambda: finish(outcome))
     return await finish(outcome)
 
 
-async def _check_password(session: SaslSession, check: PasswordCheck, finish: Any) -> Any:
+async def _check_password(
+    ctx: RequestContext, session: SaslSession, check: PasswordCheck, finish: Any
+) -> Any:
     # The thread runs only the check, which touches no session; the login completes
     # here, on the event loop, in one call.
-    ok = await trio.to_thread.run_sync(check.run)
-    return await finish(session.password_checked(check, ok, trio.current_time() * 1000))
+    ok = await ctx.services.run_off_loop(check.run)
+    return await finish(session.password_checked(check, ok, ctx.services.monotonic_ms()))

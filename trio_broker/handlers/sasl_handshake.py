@@ -18,8 +18,7 @@ Resp: Any = m.SaslHandshakeResponse
 
 @handles(m.ApiKey.SASL_HANDSHAKE)
 async def handle_sasl_handshake(ctx: RequestContext, request: Any) -> Response:
-    conn = ctx.broker.connections.get(ctx.client.connection_id)
-    session = None if conn is None else conn.sasl
+    session = ctx.sasl
     if session is None:
         return Resp(error_code=ErrorCode.ILLEGAL_SASL_STATE, mechanisms=[])
     error = session.handshake(request.mechanism or "")

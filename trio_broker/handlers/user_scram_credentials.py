@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.security.authorize import Operation, ResourceType, authorized
 from trio_broker.security.credentials import (
     MECHANISM_IDS,
     CredentialError,
@@ -42,7 +42,7 @@ async def handle_describe(ctx: RequestContext, request: Any) -> Any:
     if not authorized(ctx, Operation.DESCRIBE, ResourceType.CLUSTER):
         return Describe(throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
                         error_message="DESCRIBE on the cluster refused", results=[])  # fmt: skip
-    users = ctx.broker.credentials.users()
+    users = ctx.services.credentials.users()
     wanted = sorted(users) if not request.users else [u.name for u in request.users]
     counts = Counter(wanted)
     results = []
@@ -72,7 +72,7 @@ async def handle_alter(ctx: RequestContext, request: Any) -> Any:
                    error_message="ALTER on the cluster refused")
             for name in dict.fromkeys(names)
         ])  # fmt: skip
-    store = ctx.broker.credentials
+    store = ctx.services.credentials
     outcome: dict[str, tuple[int, str | None]] = {}
     # Kafka: one alteration per (user, mechanism); a user altered twice for the same
     # mechanism fails as a whole.

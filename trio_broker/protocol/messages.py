@@ -78,6 +78,13 @@ class ApiKey:
     DESCRIBE_PRODUCERS = 61
 
 
+#: API key -> its name in :class:`ApiKey` ("PRODUCE"): the one table of API names
+#: (metrics labels and verify reports spell it their way from here).
+API_KEY_NAMES: dict[int, str] = {
+    value: name for name, value in vars(ApiKey).items() if name.isupper() and isinstance(value, int)
+}
+
+
 @attrs.frozen
 class RequestHeader:
     api_key: int
@@ -203,6 +210,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "API_KEY_NAMES",
     "API_NAMES",
     "REQUESTS",
     "RESPONSES",

@@ -15,14 +15,11 @@ The first listener's address is the config's ``host``/``port``, so ``--listen``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 
-from trio_broker.config import ConfigError, parse_host_port
-
-if TYPE_CHECKING:
-    from trio_broker.config import BrokerConfig
+from trio_broker.config_errors import ConfigError, parse_host_port
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -128,7 +125,28 @@ def check_security_key(key: str) -> None:
         raise ConfigError(f"unknown config key {key!r}")
 
 
-def resolve_listeners(config: BrokerConfig) -> list[Listener]:
+class ListenerConfig(Protocol):
+    """The part of the broker config that listeners come from (BrokerConfig has it)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def advertised_host(self) -> str | None: ...
+    @property
+    def advertised_port(self) -> int | None: ...
+    @property
+    def listeners(self) -> str | None: ...
+    @property
+    def advertised_listeners(self) -> str | None: ...
+    @property
+    def listener_security_protocol_map(self) -> str: ...
+    @property
+    def security(self) -> dict[str, Any]: ...
+
+
+def resolve_listeners(config: ListenerConfig) -> list[Listener]:
     """Every listener with its protocol, advertised address and settings; validated."""
     entries = _entries(config.listeners, "listeners") if config.listeners else []
     if not entries:

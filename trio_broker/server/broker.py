@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import trio
 
 from trio_broker.config import BrokerConfig, ensure_cluster_id
@@ -33,14 +32,16 @@ from trio_broker.security.authorize import Authorizer
 from trio_broker.security.credentials import CredentialStore
 from trio_broker.security.decoy import decoy_secret
 from trio_broker.security.listeners import Listener, resolve_listeners
-from trio_broker.security.transport import open_connection, tls_contexts
 from trio_broker.server.connection import Connection
 from trio_broker.server.flusher import Flusher
 from trio_broker.server.handler_pool import HandlerPool
 from trio_broker.server.memory_budget import MemoryBudget
 from trio_broker.server.quotas import with_request_quota
-from trio_broker.server.topics import TopicManager
-from trio_broker.state.producer import Duplicate, ProducerStateRegistry, Reject
+from trio_broker.server.transport import open_connection, tls_contexts
+from trio_broker.services.quotas import QuotaService
+from trio_broker.services.stats import BrokerStats
+from trio_broker.services.topics import TopicManager
+from trio_broker.state.producer import ProducerStateRegistry
 from trio_broker.storage.durable import make_dirs_durable
 from trio_broker.storage.group_commit import FlushPolicy
 from trio_broker.storage.log import LogConfig
@@ -53,27 +54,22 @@ DRAIN_TIMEOUT_S = 10.0
 ACCEPT_BACKOFF_S = 0.1
 
 
-@attrs.define
-class BrokerStats:
-    connections_accepted: int = 0
-    connections_rejected: int = 0
-    responses_sent: int = 0
-    bytes_out: int = 0
-    #: Per topic: record-batch bytes appended by Produce / returned by Fetch, records in.
-    topic_bytes_in: dict[str, int] = attrs.field(factory=dict)
-    topic_messages_in: dict[str, int] = attrs.field(factory=dict)
-    topic_bytes_out: dict[str, int] = attrs.field(factory=dict)
-    #: Per quota key (producer_byte_rate, ...): throttled responses and their throttle ms.
-    throttled_responses: dict[str, int] = attrs.field(factory=dict)
-    throttle_ms: dict[str, int] = attrs.field(factory=dict)
-    #: Per SASL mechanism: logins refused (the connection is closed after the answer).
-    sasl_failures: dict[str, int] = attrs.field(factory=dict)
-    #: Requests slower than request.log.slow.ms (each also logged).
-    slow_requests: int = 0
-
-
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+class AppendSignal:
+    """Wake-ups for long-poll fetches: something was appended somewhere."""
+
+    def __init__(self) -> None:
+        self._appended = trio.Event()
+
+    def notify(self) -> None:
+        self._appended.set()
+        self._appended = trio.Event()
+
+    async def wait(self) -> None:
+        await self._appended.wait()
 
 
 class Broker:
@@ -109,11 +105,17 @@ class Broker:
         self.memory = MemoryBudget(config.queued_max_request_bytes)
         self.handler_pool = HandlerPool(self, config.num_handlers)
         self.stats = BrokerStats()
+        #: Idempotent producers' sequence state (state/producer.py), kept in the data dir.
+        self.producers = ProducerStateRegistry(data_dir, now_ms)
+        #: Client quotas; a throttled client's connection is muted by the shell.
+        self.quotas = QuotaService(config, self.stats)
+        self.quotas.on_throttle = self._throttle_connection
         self.connections: dict[int, Connection] = {}
         #: Open connections per client IP (max.connections.per.ip).
         self.connections_per_ip: dict[str, int] = {}
         self._connection_ids = itertools.count(1)
-        self._appended = trio.Event()
+        #: Long-poll fetches wait here; Produce notifies.
+        self.appends = AppendSignal()
         #: Set by shutdown(): long polls answer at once, readers stop taking requests.
         self.shutting_down = False
         self.delayed_nursery: trio.Nursery = None  # type: ignore[assignment]  # set by run()
@@ -152,39 +154,16 @@ class Broker:
             self.metrics = MetricsService(self, config.metrics_listener)
             self.services.append(self.metrics)
 
-    # ------------------------------------------------------------------ idempotent producers
+    # ------------------------------------------------------------------ services (handlers/base.py)
 
-    def check_producer(self, topic: str, partition: int, log: Any, batch: Any) -> int | None:
-        """Sequence checks for an idempotent batch before it is appended.
+    def monotonic_ms(self) -> float:
+        return trio.current_time() * 1000
 
-        Returns the original base offset of a retried duplicate, None to append,
-        or raises BatchRejected with Kafka's error (rules: trio_broker.state.producer).
-        """
-        # Imported here: handlers are loaded by load_handlers, after this module.
-        from trio_broker.handlers.produce import BatchRejected
+    async def run_off_loop(self, fn: Callable[[], Any]) -> Any:
+        return await trio.to_thread.run_sync(fn)
 
-        verdict = ProducerStateRegistry.attached_to(self).check(topic, partition, log, batch)
-        if isinstance(verdict, Reject):
-            raise BatchRejected(verdict.error_code, verdict.message)
-        if isinstance(verdict, Duplicate):
-            return verdict.original_base_offset
-        return None
-
-    def record_producer_append(self, topic: str, partition: int, batch: Any, result: Any) -> None:
-        """Remember an appended idempotent batch: it joins its producer's duplicate window."""
-        ProducerStateRegistry.attached_to(self).record_append(
-            topic, partition, batch, result.base_offset, result.last_offset
-        )
-
-    # ------------------------------------------------------------------ appends / long polls
-
-    def notify_append(self) -> None:
-        """Wake long-poll fetches: new data may satisfy their min_bytes."""
-        self._appended.set()
-        self._appended = trio.Event()
-
-    async def wait_for_append(self) -> None:
-        await self._appended.wait()
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
 
     # ------------------------------------------------------------------ tasks
 
@@ -197,6 +176,7 @@ class Broker:
                     await root.start(self.flusher.run)
                     await root.start(self.handler_pool.run)
                     self.delayed_nursery = root
+                    self.flusher.background = root
                     root.start_soon(self._retention_loop, name="retention")
                     for service in self.services:
                         await root.start(service.run)
@@ -207,11 +187,20 @@ class Broker:
         finally:
             # Plain synchronous calls: they run even when the scope was cancelled.
             self.topics.close()
-            ProducerStateRegistry.close_attached(self)  # after the logs are flushed
+            self.producers.close()  # after the logs are flushed
             for service in self.services:
                 close = getattr(service, "close", None)
                 if close is not None:
                     close()
+
+    @property
+    def durability(self) -> Flusher:
+        return self.flusher
+
+    def _throttle_connection(self, connection_id: int, delay_ms: int) -> None:
+        conn = self.connections.get(connection_id)
+        if conn is not None:
+            conn.throttle(delay_ms)
 
     async def _open_listener(self, spec: Listener) -> trio.socket.SocketType:
         family = stdlib_socket.AF_INET6 if ":" in spec.host else stdlib_socket.AF_INET
@@ -310,7 +299,7 @@ class Broker:
             accept_scope.cancel()
         for conn in list(self.connections.values()):
             conn.stop_reading()
-        self.notify_append()  # long-poll fetches see shutting_down and answer now
+        self.appends.notify()  # long-poll fetches see shutting_down and answer now
         with trio.move_on_after(DRAIN_TIMEOUT_S):
             # A bounded poll, only during shutdown.
             while any(c.sequencer.in_flight for c in self.connections.values()):  # noqa: ASYNC110

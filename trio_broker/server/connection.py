@@ -49,7 +49,7 @@ LOGIN_STEP_APIS = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE})
 if TYPE_CHECKING:
     from trio_broker.security.listeners import Listener
     from trio_broker.security.sasl import SaslSession
-    from trio_broker.server.broker import Broker
+    from trio_broker.server.host import ConnectionHost
 
 log = logging.getLogger("trio_broker.connection")
 
@@ -72,7 +72,9 @@ class PendingRequest:
 
 
 class Connection:
-    def __init__(self, broker: Broker, sock: trio.socket.SocketType, client: ClientInfo) -> None:
+    def __init__(
+        self, broker: ConnectionHost, sock: trio.socket.SocketType, client: ClientInfo
+    ) -> None:
         self.broker = broker
         self.sock = sock
         self.client = client
@@ -318,7 +320,10 @@ class Connection:
         self._responses_ready.set()
         if pending.login_step:
             # The session holds the step's outcome now: read on, as whoever it says.
-            pending.failed_login = self.sasl is not None and self.sasl.failed
+            assert self.sasl is not None
+            pending.failed_login = self.sasl.failed
+            if self.sasl.authenticated:  # big frames only after a login
+                self.frames.max_frame_size = self.broker.config.socket_request_max_bytes
             self._mute_event(MuteEvent.SASL_REQUEST_HANDLED)
 
     # ------------------------------------------------------------------ writing

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from trio_broker.server.metrics import FSYNC_BOUNDS, LatencyHistogram
+from trio_broker.server.histogram import FSYNC_BOUNDS, LatencyHistogram
 from trio_broker.server.sync_thread import PipeReportingThreads
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.group_commit import DurabilityTracker, FlushPolicy, FlushStatistics
@@ -106,6 +106,8 @@ class Flusher:
         self.sync: Callable[[FlushableLog], int] = flush_log
         #: id(log) -> trio time of the next recovery probe of an offline log.
         self._next_probe: dict[int, float] = {}
+        #: Where recovery probes run (the broker's root nursery; set by Broker.run).
+        self.background: trio.Nursery | None = None
         #: Seconds of each successful log sync (/metrics trio_broker_fsync_duration_seconds).
         self.fsync_durations = LatencyHistogram(FSYNC_BOUNDS)
         self._threads = PipeReportingThreads()
@@ -160,7 +162,7 @@ class Flusher:
             for event in entry.tracker.fail():
                 event.set()
 
-    def recover_soon(self, log: Any, nursery: trio.Nursery) -> None:
+    def recover_soon(self, log: Any) -> None:
         """Try to bring an offline log back (disk space returned), at most once per back-off.
 
         In the background: the produce that noticed still gets its storage error.
@@ -171,7 +173,8 @@ class Flusher:
         if now < self._next_probe.get(id(log), -math.inf):
             return
         self._next_probe[id(log)] = now + RECOVERY_BACKOFF_S
-        nursery.start_soon(self._recover, log)
+        assert self.background is not None, "recover_soon before the broker runs"
+        self.background.start_soon(self._recover, log)
 
     async def _recover(self, log: Any) -> None:
         def probe() -> Any:

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from trio_broker.handlers.base import CloseConnection, Deferred, HandlerSpec, RequestContext
-from trio_broker.protocol.messages import RequestHeader
+from trio_broker.protocol.messages import API_KEY_NAMES, RequestHeader
 from trio_broker.protocol.schema import Message
+from trio_broker.server.histogram import LatencyHistogram
 from trio_broker.server.logging_setup import log_slow_request
-from trio_broker.server.metrics import API_NAMES, LatencyHistogram
 
 if TYPE_CHECKING:
-    from trio_broker.server.broker import Broker
     from trio_broker.server.connection import Connection
+    from trio_broker.server.host import PoolHost
 
 log = logging.getLogger("trio_broker.handlers")
 
@@ -33,7 +33,7 @@ WorkItem = tuple["Connection", int, RequestHeader, Any, str]
 
 
 class HandlerPool:
-    def __init__(self, broker: Broker, count: int, queue_size: int = 1024) -> None:
+    def __init__(self, broker: PoolHost, count: int, queue_size: int = 1024) -> None:
         self.broker = broker
         channels = [trio.open_memory_channel[WorkItem](queue_size) for _ in range(count)]
         self._senders = [send for send, _ in channels]
@@ -69,8 +69,9 @@ class HandlerPool:
                 continue
             spec: HandlerSpec = broker.router[header.api_key]
             ctx = RequestContext(
-                header=header, broker=broker, client=conn.client, principal=principal
-            )
+                header=header, services=broker, client=conn.client, principal=principal,
+                sasl=conn.sasl,
+            )  # fmt: skip
             started = time.perf_counter()
             try:
                 result = await spec.fn(ctx, body)
@@ -102,7 +103,7 @@ class HandlerPool:
         times: tuple[float, float],
     ) -> None:
         try:
-            response = await deferred.finish()
+            response = await _run_deferred(deferred)
         except Exception:
             log.exception("deferred response for API %d failed", ctx.header.api_key)
             conn.close("internal error completing a response")
@@ -134,7 +135,7 @@ class HandlerPool:
         throttle = getattr(response, "throttle_time_ms", 0) if isinstance(response, Message) else 0
         log_slow_request(
             {
-                "api": API_NAMES.get(header.api_key, f"api_{header.api_key}"),
+                "api": API_KEY_NAMES.get(header.api_key, f"api_{header.api_key}").lower(),
                 "api_key": header.api_key,
                 "version": header.api_version,
                 "correlation_id": header.correlation_id,
@@ -148,6 +149,16 @@ class HandlerPool:
                 "throttle_ms": throttle or 0,
             }
         )
+
+
+async def _run_deferred(deferred: Deferred) -> Any:
+    """Perform a handler's wait; past its ``timeout_s`` answer its ``on_timeout()``."""
+    if deferred.timeout_s is None:
+        return await deferred.finish()
+    with trio.move_on_after(deferred.timeout_s):
+        return await deferred.finish()
+    assert deferred.on_timeout is not None, "a Deferred with a timeout needs on_timeout"
+    return deferred.on_timeout()
 
 
 def _ms(seconds: float) -> float:

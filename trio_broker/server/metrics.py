@@ -14,20 +14,20 @@ other paths get 404, other methods 405, malformed or oversized requests 400.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import trio
 
 from trio_broker.config import parse_host_port
-from trio_broker.protocol.messages import ApiKey
+from trio_broker.protocol.messages import API_KEY_NAMES
 from trio_broker.state.mute import MuteReason
 
-if TYPE_CHECKING:
-    from trio_broker.server.broker import Broker
+#: The Broker: /metrics reads most of its state, so it is typed loosely here rather
+#: than import the module that imports this one.
+Broker = Any
 
 log = logging.getLogger("trio_broker.metrics")
 
@@ -40,45 +40,8 @@ LINGER_S = 1.0
 LINGER_BYTES = 1 << 20
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-#: Upper bounds (seconds) of the request latency histogram buckets.
-LATENCY_BOUNDS: tuple[float, ...] = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    2.5, 5.0, 10.0,
-)  # fmt: skip
-
-#: Upper bounds (seconds) of the fsync latency histogram: 100 µs to 10 s.
-FSYNC_BOUNDS: tuple[float, ...] = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    2.5, 5.0, 10.0,
-)  # fmt: skip
-
-API_NAMES: dict[int, str] = {
-    value: name.lower()
-    for name, value in vars(ApiKey).items()
-    if name.isupper() and isinstance(value, int)
-}
-
-
-class LatencyHistogram:
-    """Per key (API key; 0 when unlabelled): bucket counts (not cumulative; the last is
-    +Inf), sum and count."""
-
-    def __init__(self, bounds: tuple[float, ...] = LATENCY_BOUNDS) -> None:
-        self.bounds = bounds
-        #: api key -> [bucket counts..., +Inf count]
-        self.buckets: dict[int, list[int]] = {}
-        self.sums: dict[int, float] = {}
-
-    def observe(self, api_key: int, seconds: float) -> None:
-        counts = self.buckets.get(api_key)
-        if counts is None:
-            counts = self.buckets[api_key] = [0] * (len(self.bounds) + 1)
-            self.sums[api_key] = 0.0
-        counts[bisect.bisect_left(self.bounds, seconds)] += 1
-        self.sums[api_key] += seconds
-
-    def count(self, api_key: int) -> int:
-        return sum(self.buckets.get(api_key, ()))
+#: Prometheus label per API key ("produce", "fetch", ...), from the one table of API keys.
+API_NAMES: dict[int, str] = {key: name.lower() for key, name in API_KEY_NAMES.items()}
 
 
 # ---------------------------------------------------------------------- exposition format

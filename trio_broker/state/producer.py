@@ -620,20 +620,13 @@ class ProducerStateRegistry:
 
     @classmethod
     def attached_to(cls, broker: Any) -> ProducerStateRegistry:
-        """The broker's registry, created on first use (the broker has no field for it)."""
-        registry: ProducerStateRegistry | None = getattr(broker, "_producer_states", None)
-        if registry is None:
-            cfg = broker.config
-            data_dir = cfg.data_dir if cfg.storage == "file" else None
-            registry = cls(data_dir, broker.now_ms)
-            broker._producer_states = registry
+        """The broker's registry (its ``producers`` field)."""
+        registry: ProducerStateRegistry = broker.producers
         return registry
 
     @staticmethod
     def close_attached(broker: Any) -> None:
-        registry: ProducerStateRegistry | None = getattr(broker, "_producer_states", None)
-        if registry is not None:
-            registry.close()
+        broker.producers.close()
 
 
 def log_directory(log_: Any) -> Path | None:

@@ -223,16 +223,3 @@ NEEDED_COLUMNS = (
     "run", "connection_id", "monotonic_ns", "direction", "api_key", "api_version",
     "correlation_id", "frame_length", "frame",
 )  # fmt: skip
-
-
-def decode_batches(batches: Iterator[Any]) -> Iterator[Any]:
-    """The ``mapInArrow`` function: Arrow record batches of capture rows to fact batches.
-
-    Decodes with the vectorized :mod:`trio_broker.verify.fastdecode` (the same fact
-    multiset as :func:`decode_rows`, the reference, which it calls for the rows it
-    leaves); a batch may give several fact batches, or none.
-    """
-    from trio_broker.verify.fastdecode import decode_batch
-
-    for batch in batches:
-        yield from decode_batch(batch)

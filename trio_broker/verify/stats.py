@@ -11,11 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trio_broker.protocol.messages import ApiKey
-
-API_NAMES: dict[int, str] = {
-    value: name for name, value in vars(ApiKey).items() if name.isupper() and isinstance(value, int)
-}
+from trio_broker.protocol.messages import API_KEY_NAMES as API_NAMES
 
 #: Latency histogram buckets: this many per decade of milliseconds (log scale).
 BUCKETS_PER_DECADE = 5

@@ -29,7 +29,7 @@ from trio_broker.security.sasl import MAX_RECEIVE_SIZE, SaslSession
 from trio_broker.server.connection import Connection
 
 if TYPE_CHECKING:
-    from trio_broker.server.broker import Broker
+    from trio_broker.server.host import ConnectionHost
 
 log = logging.getLogger("trio_broker.tls")
 
@@ -88,7 +88,7 @@ def tls_contexts(listeners: list[Listener]) -> dict[str, TlsSettings]:
 
 
 def open_connection(
-    broker: Broker, sock: trio.socket.SocketType, client: ClientInfo, listener: Listener
+    broker: ConnectionHost, sock: trio.socket.SocketType, client: ClientInfo, listener: Listener
 ) -> Connection:
     """The connection object for a socket accepted on ``listener``."""
     tls = broker.tls_contexts.get(listener.name)
@@ -150,7 +150,7 @@ class TlsConnection(Connection):
     """A Connection on an SSL / SASL_SSL listener."""
 
     def __init__(
-        self, broker: Broker, sock: trio.socket.SocketType, client: ClientInfo,
+        self, broker: ConnectionHost, sock: trio.socket.SocketType, client: ClientInfo,
         tls: TlsSettings, listener: Listener,
     ) -> None:  # fmt: skip
         self.tls_socket = TlsSocket(sock, tls.context)
