@@ -641,3 +641,22 @@ async def test_delete_records_versions(raw: RawClient, broker: Broker, version: 
     assert (await delete("dr", 5, 0))[0] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     assert (await delete("compacted", 0, 0))[0] == ErrorCode.POLICY_VIOLATION
     assert broker.topics.log("dr", 0).log_start_offset == 6  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "configs",
+    [{"segment.bytes": "0"}, {"segment.ms": "-5"}, {"segment.bytes": str(1 << 31)},
+     {"compression.type": "brotli"}, {"min.insync.replicas": "0"}, {"preallocate": "maybe"},
+     {"no.such.config": "1"}],
+)  # fmt: skip
+async def test_create_topics_refuses_configs_the_log_cannot_use(
+    raw: RawClient, broker: Broker, configs: dict[str, str]
+) -> None:
+    """One table checks every topic config (storage/topic_configs.py): a value the log
+    cannot use is INVALID_CONFIG at CreateTopics, not a topic that breaks the restart."""
+    result = await raw.create_topic("bad-config", configs=configs)
+    assert result.error_code == ErrorCode.INVALID_CONFIG, result
+    assert broker.topics.get("bad-config") is None
+    ok = await raw.create_topic("good-config", configs={"segment.bytes": "1048576"})
+    assert ok.error_code == ErrorCode.NONE
+    assert (await raw.create_topic("good-config")).error_code == ErrorCode.TOPIC_ALREADY_EXISTS

@@ -55,7 +55,7 @@ def rejected(
 ) -> tuple[int, str]:
     with pytest.raises(BatchRejected) as info:
         validate_batch(raw, version, limit)
-    return info.value.code, str(info.value)
+    return info.value.error_code, str(info.value)
 
 
 # ------------------------------------------------------------------ RecordBatchView.validate

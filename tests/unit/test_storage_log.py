@@ -25,6 +25,7 @@ from trio_broker.storage.log import (
 )
 from trio_broker.storage.memory import MemoryLog
 from trio_broker.storage.recovery import valid_prefix
+from trio_broker.storage.topic_configs import log_config
 
 SMALL = LogConfig(segment_bytes=1024, index_interval_bytes=128, retention_ms=None)
 
@@ -679,7 +680,7 @@ def test_test_batches_decode_with_the_protocol_codec() -> None:
 
 
 def test_config_from_kafka_topic_configs() -> None:
-    config = LogConfig.from_topic_configs(
+    config = log_config(
         {
             "segment.bytes": "1000",
             "retention.ms": "-1",

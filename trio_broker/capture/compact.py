@@ -21,11 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 from trio_broker.protocol.codec import RecordsChunks, part_length
-from trio_broker.protocol.messages import decode_request, encode_request, encode_response
+from trio_broker.protocol.messages import ApiKey, decode_request, encode_request, encode_response
 from trio_broker.protocol.records import LENGTH_OVERHEAD, MIN_BATCH_LENGTH, split_batches
 
-PRODUCE = 0
-FETCH = 1
+PRODUCE = ApiKey.PRODUCE
+FETCH = ApiKey.FETCH
 #: A batch header: base offset and batch length (12 bytes), then MIN_BATCH_LENGTH bytes.
 HEADER_BYTES = LENGTH_OVERHEAD + MIN_BATCH_LENGTH
 _BATCH_LENGTH = struct.Struct(">i")

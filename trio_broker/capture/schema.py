@@ -12,11 +12,15 @@ from typing import Any
 
 import attrs
 
+from trio_broker.protocol.messages import ApiKey
+
 REQUEST = "request"
 RESPONSE = "response"
 
 #: SaslHandshake and SaslAuthenticate: their bodies may carry secrets.
-REDACTED_API_KEYS = frozenset({17, 36, 51})  # 51: salted SCRAM passwords (KIP-554)
+REDACTED_API_KEYS = frozenset(
+    {ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, ApiKey.ALTER_USER_SCRAM_CREDENTIALS}
+)  # the last carries salted SCRAM passwords (KIP-554)
 #: Bytes kept of a redacted frame: the request header ids / the correlation id.
 REDACTED_PREFIX = {REQUEST: 8, RESPONSE: 4}
 

@@ -18,7 +18,7 @@ from trio_broker.handlers.describe_configs import topic_config_values
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import TopicError, validate_topic_name
-from trio_broker.storage.errors import LogError
+from trio_broker.storage.errors import LogError, StorageError
 
 Resp: Any = m.CreateTopicsResponse
 Result = Resp.CreatableTopicResult
@@ -26,8 +26,6 @@ ResultConfig = Result.CreatableTopicConfigs
 
 #: Only this node can hold a replica.
 MAX_REPLICATION_FACTOR = 1
-_COMPRESSION_TYPES = {"uncompressed", "gzip", "snappy", "lz4", "zstd", "producer"}
-_CLEANUP_POLICIES = {"delete", "compact"}
 
 
 def _partition_count(ctx: RequestContext, topic: Any) -> int:
@@ -71,24 +69,13 @@ def _partition_count(ctx: RequestContext, topic: Any) -> int:
 
 
 def _configs(topic: Any) -> dict[str, str]:
-    """Checks TopicManager does not do; it owns the key names and integer values."""
+    """The topic's configs as a dict; a null value is refused here."""
     configs: dict[str, str] = {}
     for entry in topic.configs:
         if entry.value is None:
             raise TopicError(ErrorCode.INVALID_CONFIG, f"config {entry.name!r} has a null value")
         configs[entry.name] = entry.value
-    policy = configs.get("cleanup.policy")
-    if policy is not None and not {p.strip() for p in policy.split(",")} <= _CLEANUP_POLICIES:
-        raise TopicError(
-            ErrorCode.INVALID_CONFIG, f"cleanup.policy {policy!r} is not delete/compact"
-        )
-    codec = configs.get("compression.type")
-    if codec is not None and codec not in _COMPRESSION_TYPES:
-        raise TopicError(ErrorCode.INVALID_CONFIG, f"compression.type {codec!r} is unknown")
-    isr = configs.get("min.insync.replicas")
-    if isr is not None and (not isr.strip().isdigit() or int(isr) < 1):
-        raise TopicError(ErrorCode.INVALID_CONFIG, f"min.insync.replicas {isr!r} must be >= 1")
-    return configs
+    return configs  # the values are checked by TopicManager (storage/topic_configs.py)
 
 
 def _check_collision(ctx: RequestContext, name: str) -> None:
@@ -153,10 +140,10 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
             results.append(_create_one(ctx, topic, validate_only))
             continue
         except TopicError as exc:
-            code, message = exc.code, str(exc)
+            code, message = exc.error_code, str(exc)
         except LogError as exc:  # the catalogue refused (it checks names and existence too)
             code, message = exc.error_code, str(exc)
-        except OSError as exc:
-            code, message = ErrorCode.KAFKA_STORAGE_ERROR, f"cannot create the topic: {exc}"
+        except OSError as exc:  # a disk error is a storage error
+            code, message = StorageError.error_code, f"cannot create the topic: {exc}"
         results.append(Result(name=topic.name, error_code=code, error_message=message, configs=[]))
     return Resp(throttle_time_ms=0, topics=results)

@@ -14,7 +14,7 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.storage.errors import LogError
+from trio_broker.storage.errors import LogError, StorageError
 
 Resp: Any = m.DeleteRecordsResponse
 TopicResult = Resp.DeleteRecordsTopicResult
@@ -43,7 +43,7 @@ def _delete(topic: Any, partition: int, offset: int) -> tuple[int, ErrorCode]:
     except LogError as exc:
         return -1, exc.error_code
     except OSError:
-        return -1, ErrorCode.KAFKA_STORAGE_ERROR
+        return -1, StorageError.error_code  # an OSError: a storage error
     return log.log_start_offset, ErrorCode.NONE
 
 

@@ -14,7 +14,7 @@ from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import TopicError
-from trio_broker.storage.errors import LogError
+from trio_broker.storage.errors import LogError, StorageError
 
 Resp: Any = m.DeleteTopicsResponse
 Result = Resp.DeletableTopicResult
@@ -57,11 +57,11 @@ def _delete(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> Any:
     try:
         topics.delete(topic.name)
     except TopicError as exc:
-        result.error_code, result.error_message = exc.code, str(exc)
+        result.error_code, result.error_message = exc.error_code, str(exc)
     except LogError as exc:
         result.error_code, result.error_message = exc.error_code, str(exc)
     except OSError as exc:
-        result.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+        result.error_code = StorageError.error_code  # an OSError: a storage error
         result.error_message = f"cannot delete the topic: {exc}"
     return result
 

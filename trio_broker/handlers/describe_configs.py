@@ -16,6 +16,16 @@ from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import TopicError, validate_topic_name
+from trio_broker.storage.topic_configs import (
+    BOOLEAN,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    INT,
+    LIST,
+    LONG,
+    STRING,
+    TOPIC_CONFIGS,
+    TopicConfig,
+)
 
 Resp: Any = m.DescribeConfigsResponse
 Result = Resp.DescribeConfigsResult
@@ -31,71 +41,7 @@ TOPIC_CONFIG = 1
 STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
 
-# Config types (Kafka's ConfigDef.Type as sent on the wire, v3+).
-BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
-
-#: Kafka's default message.max.bytes; the largest batch a partition accepts.
-DEFAULT_MAX_MESSAGE_BYTES = 1048588
 _BUILTIN = BrokerConfig()
-
-
-class ConfigSpec(NamedTuple):
-    type: int
-    #: The broker-level key a topic config inherits from (its synonym).
-    broker_key: str
-    #: BrokerConfig field holding the broker default, or None for a fixed default.
-    field: str | None
-    fixed_default: str
-    doc: str
-
-
-TOPIC_CONFIG_SPECS: dict[str, ConfigSpec] = {
-    "cleanup.policy": ConfigSpec(
-        LIST, "log.cleanup.policy", None, "delete",
-        "How old segments are discarded; only delete is applied by this broker.",
-    ),
-    "compression.type": ConfigSpec(
-        STRING, "compression.type", None, "producer",
-        "Codec for stored batches; producer keeps what the producer sent.",
-    ),
-    "max.message.bytes": ConfigSpec(
-        INT, "message.max.bytes", None, str(DEFAULT_MAX_MESSAGE_BYTES),
-        "Largest record batch the partition accepts.",
-    ),
-    "message.timestamp.type": ConfigSpec(
-        STRING, "log.message.timestamp.type", None, "CreateTime",
-        "CreateTime keeps the producer's timestamps; LogAppendTime stamps on append.",
-    ),
-    "min.insync.replicas": ConfigSpec(
-        INT, "min.insync.replicas", None, "1",
-        "Replicas that must acknowledge an acks=all write (always met on one node).",
-    ),
-    "retention.bytes": ConfigSpec(
-        LONG, "log.retention.bytes", "retention_bytes", "-1",
-        "Size above which the oldest segments are deleted; -1 means no limit.",
-    ),
-    "retention.ms": ConfigSpec(
-        LONG, "log.retention.ms", "retention_ms", "604800000",
-        "Age after which a segment is deleted; -1 means keep forever.",
-    ),
-    "segment.bytes": ConfigSpec(
-        INT, "log.segment.bytes", "segment_bytes", str(1 << 30),
-        "Segment file size at which the log rolls to a new segment.",
-    ),
-    "segment.ms": ConfigSpec(
-        LONG, "log.roll.ms", "segment_ms", "604800000",
-        "Age at which the active segment is rolled even if not full.",
-    ),
-}  # fmt: skip
-
-
-#: Types of the other topic configs TopicManager accepts; they appear only when set.
-_OTHER_TYPES = {
-    "delete.retention.ms": LONG, "file.delete.delay.ms": LONG, "flush.messages": LONG,
-    "flush.ms": LONG, "index.interval.bytes": INT, "message.timestamp.difference.max.ms": LONG,
-    "min.cleanable.dirty.ratio": DOUBLE, "preallocate": BOOLEAN, "segment.index.bytes": INT,
-    "unclean.leader.election.enable": BOOLEAN,
-}  # fmt: skip
 
 
 class ConfigValue(NamedTuple):
@@ -108,29 +54,35 @@ class ConfigValue(NamedTuple):
     synonyms: list[tuple[str, str | None, int]]
 
 
-def _broker_default(config: BrokerConfig, spec: ConfigSpec) -> tuple[str, int]:
-    if spec.field is None:
-        return spec.fixed_default, DEFAULT_CONFIG
-    value = getattr(config, spec.field)
-    source = DEFAULT_CONFIG if value == getattr(_BUILTIN, spec.field) else STATIC_BROKER_CONFIG
+def _broker_default(config: BrokerConfig, spec: TopicConfig) -> tuple[str, int]:
+    if spec.default_field is None:
+        return str(spec.fixed_default), DEFAULT_CONFIG
+    value = getattr(config, spec.default_field)
+    field_default = getattr(_BUILTIN, spec.default_field)
+    source = DEFAULT_CONFIG if value == field_default else STATIC_BROKER_CONFIG
     return str(value), source
 
 
 def topic_config_values(config: BrokerConfig, topic_configs: dict[str, str]) -> list[ConfigValue]:
-    """Every config of a topic: its own settings first in precedence, then inherited ones."""
+    """Every config of a topic: its own settings first in precedence, then inherited ones.
+
+    From the one table (storage/topic_configs.py): configs with a broker synonym are
+    always listed; the others only when the topic sets them.
+    """
     out = []
-    for name in sorted(set(TOPIC_CONFIG_SPECS) | set(topic_configs)):
-        spec = TOPIC_CONFIG_SPECS.get(name)
+    inherited = {key for key, spec in TOPIC_CONFIGS.items() if spec.broker_key is not None}
+    for name in sorted(inherited | set(topic_configs)):
+        spec = TOPIC_CONFIGS.get(name)
         synonyms: list[tuple[str, str | None, int]] = []
         if name in topic_configs:
             synonyms.append((name, topic_configs[name], TOPIC_CONFIG))
-        if spec is not None:
+        if spec is not None and spec.broker_key is not None:
             default, default_source = _broker_default(config, spec)
             synonyms.append((spec.broker_key, default, default_source))
         value, source = synonyms[0][1], synonyms[0][2]
         out.append(
             ConfigValue(
-                name, value, source, spec.type if spec else _OTHER_TYPES.get(name, STRING),
+                name, value, source, spec.type if spec else STRING,
                 spec.doc if spec else None, synonyms,
             )
         )  # fmt: skip
@@ -185,7 +137,7 @@ def _describe(ctx: RequestContext, resource: Any) -> tuple[list[ConfigValue], Er
         try:
             validate_topic_name(name)
         except TopicError as exc:
-            return [], exc.code, str(exc)
+            return [], exc.error_code, str(exc)
         if not authorized(ctx, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, name):
             return [], ErrorCode.TOPIC_AUTHORIZATION_FAILED, "DESCRIBE_CONFIGS refused"
         topic = services.topics.get(name)

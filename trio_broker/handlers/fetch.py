@@ -15,6 +15,7 @@ from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.schema import uses_topic_ids
 from trio_broker.state.quota import CONSUMER_BYTE_RATE
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 
@@ -34,7 +35,7 @@ def read_partitions(ctx: RequestContext, request: Any) -> tuple[Any, int]:
     total = 0
     topic_responses = []
     for wanted in request.topics:
-        if ctx.api_version >= 13:
+        if uses_topic_ids(ctx.header.api_key, ctx.api_version):
             topic = services.topics.by_id.get(wanted.topic_id)
             missing = ErrorCode.UNKNOWN_TOPIC_ID
         else:
@@ -71,8 +72,8 @@ def read_partitions(ctx: RequestContext, request: Any) -> tuple[Any, int]:
             except OffsetOutOfRange:
                 part.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
                 continue
-            except StorageError:
-                part.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+            except StorageError as exc:
+                part.error_code = exc.error_code
                 continue
             if regions:
                 chunks = RecordsChunks(regions)

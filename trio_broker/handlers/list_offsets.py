@@ -29,7 +29,7 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
-from trio_broker.storage.errors import LogError
+from trio_broker.storage.errors import LogError, StorageError
 
 logger = logging.getLogger("trio_broker.list_offsets")
 
@@ -140,7 +140,7 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
                 out.error_code = exc.error_code
                 continue
             except (OSError, ProtocolError):
-                out.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+                out.error_code = StorageError.error_code  # an OSError: a storage error
                 continue
             if out.offset >= 0:
                 out.leader_epoch = LEADER_EPOCH

@@ -94,13 +94,13 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                 try:
                     services.topics.create(name, services.config.num_partitions)
                 except TopicError as exc:
-                    topics.append(Resp.MetadataResponseTopic(error_code=exc.code, name=name))
+                    topics.append(Resp.MetadataResponseTopic(error_code=exc.error_code, name=name))
                     continue
             elif services.topics.get(name) is None:
                 try:
                     validate_topic_name(name)
                 except TopicError as exc:
-                    topics.append(Resp.MetadataResponseTopic(error_code=exc.code, name=name))
+                    topics.append(Resp.MetadataResponseTopic(error_code=exc.error_code, name=name))
                     continue
             topics.append(topic_metadata(ctx, name, None))
     if services.authorizer is not None and ctx.api_version >= 8:

@@ -18,6 +18,7 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.schema import uses_topic_ids
 from trio_broker.storage.errors import StorageError
 
 CommitResp: Any = m.OffsetCommitResponse
@@ -26,8 +27,6 @@ DeleteResp: Any = m.OffsetDeleteResponse
 
 #: offset.metadata.max.bytes: longer commit metadata is refused per partition.
 MAX_METADATA_BYTES = 4096
-#: OffsetCommit/OffsetFetch v10 identify topics by id (KIP-848 era).
-FIRST_TOPIC_ID_VERSION = 10
 #: OffsetFetch v8 batches several groups (KIP-709).
 FIRST_MULTI_GROUP_VERSION = 8
 NO_OFFSET = -1
@@ -61,7 +60,7 @@ def resolve_topic(
 @handles(m.ApiKey.OFFSET_COMMIT)
 async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
     version = ctx.api_version
-    by_id = version >= FIRST_TOPIC_ID_VERSION
+    by_id = uses_topic_ids(ctx.header.api_key, version)
     groups = coordinator(ctx)
     group_id = request.group_id
     group_error = groups.validate_offset_commit(
@@ -183,7 +182,7 @@ def fetch_group_offsets(
 @handles(m.ApiKey.OFFSET_FETCH)
 async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
     version = ctx.api_version
-    by_id = version >= FIRST_TOPIC_ID_VERSION
+    by_id = uses_topic_ids(ctx.header.api_key, version)
     # require_stable (v7+) asks for UNSTABLE_OFFSET_COMMIT while a transactional commit
     # is pending; without transactions every visible offset is stable.
     if version < FIRST_MULTI_GROUP_VERSION:

@@ -16,26 +16,24 @@ from trio_broker.handlers.base import CloseConnection, Deferred, RequestContext,
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.protocol.errors import ProtocolError
+from trio_broker.protocol.errors import KafkaError, ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
+from trio_broker.protocol.schema import uses_topic_ids
 from trio_broker.state.producer import Duplicate, Reject
 from trio_broker.state.quota import PRODUCER_BYTE_RATE
 from trio_broker.storage.errors import StorageError
+from trio_broker.storage.topic_configs import DEFAULT_MAX_MESSAGE_BYTES
 
 Resp = m.ProduceResponse
 TopicResp = Resp.TopicProduceResponse
 PartResp = TopicResp.PartitionProduceResponse
 
-#: Kafka's default message.max.bytes: the largest batch a partition accepts.
-DEFAULT_MAX_MESSAGE_BYTES = 1048588
 #: Produce v7 is the first that may carry zstd (KIP-110).
 FIRST_ZSTD_VERSION = 7
 
 
-class BatchRejected(Exception):
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+class BatchRejected(KafkaError):
+    """A batch Kafka refuses: ``BatchRejected(error_code, message)``."""
 
 
 def validate_batch(records: Any, api_version: int, max_message_bytes: int) -> RecordBatchView:
@@ -83,7 +81,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     topic_responses = []
     produced = 0  # request record bytes, for the producer byte-rate quota
     for topic_data in request.topic_data:
-        if ctx.api_version >= 13:
+        if uses_topic_ids(ctx.header.api_key, ctx.api_version):
             topic = services.topics.by_id.get(topic_data.topic_id)
             missing = ErrorCode.UNKNOWN_TOPIC_ID
         else:
@@ -113,7 +111,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 batch = validate_batch(data.records, ctx.api_version, max_bytes)
                 duplicate = check_producer(services, topic.name, data.index, log, batch)
             except BatchRejected as exc:
-                part.error_code, part.error_message = exc.code, str(exc)
+                part.error_code, part.error_message = exc.error_code, str(exc)
                 continue
             part.log_start_offset = log.log_start_offset
             if duplicate is not None:  # a retried batch: answer with its original offsets
@@ -125,7 +123,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             try:
                 result = log.append(batch.buf, now_ms=now, log_append_time=log_append_time)
             except StorageError as exc:
-                part.error_code, part.error_message = ErrorCode.KAFKA_STORAGE_ERROR, str(exc)
+                part.error_code, part.error_message = exc.error_code, str(exc)
                 # The disk may have space again: probe it in the background (1 s back-off).
                 services.durability.recover_soon(log)
                 continue
@@ -167,7 +165,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             try:
                 await services.durability.wait_durable(log, last_offset)
             except StorageError as exc:
-                part.error_code, part.error_message = ErrorCode.KAFKA_STORAGE_ERROR, str(exc)
+                part.error_code, part.error_message = exc.error_code, str(exc)
                 part.base_offset = -1
         return response
 

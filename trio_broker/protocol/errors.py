@@ -10,7 +10,23 @@ from __future__ import annotations
 from trio_broker.protocol.error_codes import ErrorCode
 
 
-class ProtocolError(Exception):
+class KafkaError(Exception):
+    """An error that names the Kafka error code a handler answers with.
+
+    The one family: protocol, storage and handler errors all carry ``error_code``
+    (a class default, or set per instance by ``KafkaError(code, message)``).
+    """
+
+    error_code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 2 and isinstance(args[0], int) and isinstance(args[1], str):
+            self.error_code = ErrorCode(args[0])
+            args = (args[1],)
+        super().__init__(*args)
+
+
+class ProtocolError(KafkaError):
     """Bytes from the wire that do not form a valid Kafka message."""
 
     #: The code a broker answers with, when the request can be answered at all.

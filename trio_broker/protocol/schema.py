@@ -206,4 +206,49 @@ RESPONSES: dict[int, MessageSchema] = {
 }
 API_NAMES: dict[int, str] = {k: s.name.removesuffix("Request") for k, s in REQUESTS.items()}
 
-__all__ = ["API_NAMES", "REQUESTS", "RESPONSES", "SCHEMAS", "UNBOUNDED", "Field", "Message"]
+_TOPIC_NAME_FIELDS = frozenset({"Name", "Topic"})
+
+
+def _first_version_by_id(fields: tuple[Field, ...]) -> int | None:
+    """The first version in which a struct of ``fields`` names its topic only by id."""
+    by_id = next((f for f in fields if f.name == "TopicId"), None)
+    if by_id is not None:
+        names = [f for f in fields if f.name in _TOPIC_NAME_FIELDS]
+        # By id from TopicId's first version on, once no name field is left.
+        first = max([by_id.min_version, *(f.max_version + 1 for f in names)])
+        if first <= by_id.max_version:
+            return first
+    for field in fields:
+        if field.fields:
+            found = _first_version_by_id(field.fields)
+            if found is not None:
+                return found
+    return None
+
+
+#: API key -> the first request version that addresses topics by id only (KIP-516):
+#: Produce v13, Fetch v13, OffsetCommit v10, ... Derived from the schema table.
+TOPIC_ID_VERSIONS: dict[int, int] = {
+    key: version
+    for key, schema in REQUESTS.items()
+    if (version := _first_version_by_id(schema.fields)) is not None
+}
+
+
+def uses_topic_ids(api_key: int, version: int) -> bool:
+    """Does this request version name its topics by id (not by name)?"""
+    first = TOPIC_ID_VERSIONS.get(api_key)
+    return first is not None and version >= first
+
+
+__all__ = [
+    "API_NAMES",
+    "REQUESTS",
+    "RESPONSES",
+    "SCHEMAS",
+    "TOPIC_ID_VERSIONS",
+    "UNBOUNDED",
+    "Field",
+    "Message",
+    "uses_topic_ids",
+]

@@ -42,10 +42,12 @@ import attrs
 from scramp import ScramMechanism
 
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.messages import ApiKey
 from trio_broker.security.credentials import SCRAM_MECHANISMS, CredentialStore, ScramCredential
 from trio_broker.security.decoy import decoy_credential
 
-API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
+API_VERSIONS, SASL_HANDSHAKE = ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE
+SASL_AUTHENTICATE = ApiKey.SASL_AUTHENTICATE
 PRE_AUTH_APIS = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 #: Kafka's sasl.server.max.receive.size: the largest request before authentication.
 MAX_RECEIVE_SIZE = 524_288

@@ -18,7 +18,6 @@ import errno
 import itertools
 import logging
 import socket as stdlib_socket
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +43,7 @@ from trio_broker.services.topics import TopicManager
 from trio_broker.state.producer import ProducerStateRegistry
 from trio_broker.storage.durable import make_dirs_durable
 from trio_broker.storage.group_commit import FlushPolicy
-from trio_broker.storage.log import LogConfig
+from trio_broker.storage.log import LogConfig, wall_clock_ms
 
 log = logging.getLogger("trio_broker")
 
@@ -52,10 +51,6 @@ log = logging.getLogger("trio_broker")
 DRAIN_TIMEOUT_S = 10.0
 #: Back-off when accept() fails for lack of file descriptors (EMFILE).
 ACCEPT_BACKOFF_S = 0.1
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class AppendSignal:
@@ -118,7 +113,7 @@ class Broker:
         self.appends = AppendSignal()
         #: Set by shutdown(): long polls answer at once, readers stop taking requests.
         self.shutting_down = False
-        self.delayed_nursery: trio.Nursery = None  # type: ignore[assignment]  # set by run()
+        self.root_nursery: trio.Nursery = None  # type: ignore[assignment]  # set by run()
         self.bound: list[tuple[str, int]] = []
         #: Every listener (listeners config; one PLAINTEXT by default), in bind order.
         self.listeners: list[Listener] = resolve_listeners(config)
@@ -175,7 +170,7 @@ class Broker:
                 async with trio.open_nursery() as root:
                     await root.start(self.flusher.run)
                     await root.start(self.handler_pool.run)
-                    self.delayed_nursery = root
+                    self.root_nursery = root
                     self.flusher.background = root
                     root.start_soon(self._retention_loop, name="retention")
                     for service in self.services:

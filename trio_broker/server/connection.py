@@ -182,7 +182,7 @@ class Connection:
             return
         self.throttled_until = until
         self._mute_event(MuteEvent.THROTTLE_STARTED)
-        self.broker.delayed_nursery.start_soon(self._end_throttle)
+        self.broker.root_nursery.start_soon(self._end_throttle)
 
     async def _end_throttle(self) -> None:
         # Bounded: throttled_until only moves later while this runs, by at most a window.
@@ -277,7 +277,7 @@ class Connection:
             self._mute_event(MuteEvent.IN_FLIGHT_FULL)
         if broker.memory.acquire(size):
             self._mute_event(MuteEvent.MEMORY_EXHAUSTED)
-            broker.memory.wait_for_memory(self)
+            broker.memory.notify_when_available(self)
         if login_step:
             self._mute_event(MuteEvent.SASL_REQUEST_READ)
         # Shielded: a request that has a slot must reach a handler, or the

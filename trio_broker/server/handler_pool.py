@@ -83,7 +83,7 @@ class HandlerPool:
             done = time.perf_counter()
             self.latency.observe(header.api_key, done - started)
             if isinstance(result, Deferred):
-                broker.delayed_nursery.start_soon(
+                broker.root_nursery.start_soon(
                     self._finish, conn, slot, ctx, result, (started, done)
                 )
             elif isinstance(result, CloseConnection):

@@ -30,7 +30,8 @@ class MemoryBudget:
         self.peak = max(self.peak, self.in_use)
         return self.in_use >= self.limit
 
-    def wait_for_memory(self, waiter: _Waiter) -> None:
+    def notify_when_available(self, waiter: _Waiter) -> None:
+        """Call ``waiter.memory_available()`` once bytes are released (no waiting here)."""
         self._waiters[id(waiter)] = waiter
 
     def forget(self, waiter: _Waiter) -> None:

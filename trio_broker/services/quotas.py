@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from trio_broker.protocol.messages import ApiKey
 from trio_broker.services.stats import BrokerStats
 from trio_broker.state.quota import (
     Entity,
@@ -63,7 +64,7 @@ log = logging.getLogger("trio_broker.quotas")
 STORE_NAME = "client-quotas.json"
 #: Not counted against request_percentage, as in Kafka: a client must always be able to
 #: learn the versions and authenticate.
-EXEMPT_APIS = frozenset({17, 18, 36})  # SaslHandshake, ApiVersions, SaslAuthenticate
+EXEMPT_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.API_VERSIONS, ApiKey.SASL_AUTHENTICATE})
 #: Rates of clients idle for a whole window are dropped every this many records.
 FORGET_EVERY = 10_000
 

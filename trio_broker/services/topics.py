@@ -7,7 +7,6 @@ apply here once, for every API that creates topics.
 
 from __future__ import annotations
 
-import re
 import shutil
 import uuid
 from pathlib import Path
@@ -16,27 +15,18 @@ from typing import Any
 import attrs
 
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
 from trio_broker.storage.catalogue import Catalogue, TopicInfo
+from trio_broker.storage.catalogue import validate_topic_name as catalogue_rules
+from trio_broker.storage.errors import InvalidConfigError, InvalidTopicError
 from trio_broker.storage.log import LogConfig, PartitionLog
 from trio_broker.storage.memory import MemoryLog
-
-_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
-MAX_TOPIC_NAME = 249
-
-#: Topic-level configs we accept and their broker-level defaults' field names.
-TOPIC_CONFIGS = {
-    "cleanup.policy", "compression.type", "retention.ms", "retention.bytes", "segment.bytes",
-    "segment.ms", "message.timestamp.type", "max.message.bytes", "min.insync.replicas",
-    "flush.messages", "flush.ms", "segment.index.bytes", "message.timestamp.difference.max.ms",
-    "unclean.leader.election.enable", "delete.retention.ms", "file.delete.delay.ms",
-    "index.interval.bytes", "min.cleanable.dirty.ratio", "preallocate",
-}  # fmt: skip
+from trio_broker.storage.topic_configs import check_topic_configs
+from trio_broker.storage.topic_configs import log_config as topic_log_config
 
 
-class TopicError(Exception):
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+class TopicError(KafkaError):
+    """A topic operation Kafka refuses: ``TopicError(error_code, message)``."""
 
 
 #: Internal topics whose directories the broker owns (committed group offsets).
@@ -44,16 +34,14 @@ RESERVED_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 
 def validate_topic_name(name: str) -> None:
+    """Kafka's rules for a topic a client may create or name (storage/catalogue.py's),
+    and no internal topic."""
     if name in RESERVED_TOPICS:
         raise TopicError(ErrorCode.INVALID_TOPIC_EXCEPTION, f"{name} is an internal topic")
-    if not name or name in (".", ".."):
-        raise TopicError(ErrorCode.INVALID_TOPIC_EXCEPTION, "topic name is empty or . or ..")
-    if len(name) > MAX_TOPIC_NAME:
-        raise TopicError(ErrorCode.INVALID_TOPIC_EXCEPTION, "topic name longer than 249")
-    if not _LEGAL_TOPIC.match(name):
-        raise TopicError(
-            ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic name {name!r} has illegal characters"
-        )
+    try:
+        catalogue_rules(name)
+    except InvalidTopicError as exc:
+        raise TopicError(exc.error_code, str(exc)) from None
 
 
 @attrs.define
@@ -88,15 +76,8 @@ class TopicManager:
                 self._open(info)
 
     def log_config(self, configs: dict[str, str]) -> LogConfig:
-        changes: dict[str, Any] = {}
-        mapping = {"segment.bytes": "segment_bytes", "segment.ms": "segment_ms",
-                   "retention.ms": "retention_ms", "retention.bytes": "retention_bytes",
-                   "index.interval.bytes": "index_interval_bytes"}  # fmt: skip
-        for key, field in mapping.items():
-            if key in configs:
-                value = int(configs[key])
-                changes[field] = None if field.startswith("retention") and value < 0 else value
-        return attrs.evolve(self.defaults, **changes)
+        """The log settings of a topic with ``configs`` (storage/topic_configs.py)."""
+        return topic_log_config(configs, self.defaults)
 
     def _open(self, info: TopicInfo) -> Topic:
         config = self.log_config(info.configs)
@@ -131,23 +112,11 @@ class TopicManager:
         self.check_configs(configs)
 
     def check_configs(self, configs: dict[str, str]) -> None:
-        """Raise TopicError(INVALID_CONFIG) for an unknown key or a malformed value."""
-        for key, value in configs.items():
-            if key not in TOPIC_CONFIGS:
-                raise TopicError(ErrorCode.INVALID_CONFIG, f"unknown topic config {key!r}")
-            if key in ("retention.ms", "retention.bytes", "segment.bytes", "segment.ms",
-                       "max.message.bytes", "index.interval.bytes", "flush.messages",
-                       "flush.ms"):  # fmt: skip
-                try:
-                    int(value)
-                except ValueError:
-                    raise TopicError(
-                        ErrorCode.INVALID_CONFIG, f"{key} must be an integer, got {value!r}"
-                    ) from None
-            if key == "message.timestamp.type" and value not in ("CreateTime", "LogAppendTime"):
-                raise TopicError(
-                    ErrorCode.INVALID_CONFIG, f"{key} must be CreateTime or LogAppendTime"
-                )
+        """Raise TopicError(INVALID_CONFIG) unless a topic accepts ``configs`` whole."""
+        try:
+            check_topic_configs(configs)
+        except InvalidConfigError as exc:
+            raise TopicError(exc.error_code, str(exc)) from None
 
     def create(self, name: str, partitions: int, configs: dict[str, str] | None = None) -> Topic:
         configs = dict(configs or {})
@@ -164,10 +133,7 @@ class TopicManager:
         """Replace a topic's config overrides (AlterConfigs): persist, then apply to its logs."""
         topic = self.topics[name]
         self.check_configs(configs)
-        try:
-            log_config = self.log_config(configs)
-        except ValueError as exc:  # LogConfig's own bounds (segment.bytes > 0, ...)
-            raise TopicError(ErrorCode.INVALID_CONFIG, str(exc)) from None
+        log_config = self.log_config(configs)
         if self.catalogue is not None:
             topic.info = self.catalogue.set_configs(name, configs)
         else:

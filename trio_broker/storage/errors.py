@@ -7,9 +7,10 @@ mapping from a storage failure to the wire lives in one place.
 from __future__ import annotations
 
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
 
 
-class LogError(Exception):
+class LogError(KafkaError):
     """Base class of every error the storage layer raises on purpose."""
 
     error_code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
@@ -35,6 +36,12 @@ class OffsetOutOfRange(LogError):
         self.offset = offset
         self.log_start_offset = log_start_offset
         self.log_end_offset = log_end_offset
+
+
+class InvalidConfigError(LogError):
+    """A topic config Kafka would refuse: unknown key, malformed or out-of-range value."""
+
+    error_code = ErrorCode.INVALID_CONFIG
 
 
 class InvalidTopicError(LogError):

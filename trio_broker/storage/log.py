@@ -30,7 +30,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -112,23 +112,6 @@ class LogConfig:
     def max_index_entries(self) -> int:
         """Entries a full segment can need: one per interval, at least a header apart."""
         return self.segment_bytes // max(self.index_interval_bytes, INDEX_ENTRY_MIN_BYTES) + 1
-
-    @classmethod
-    def from_topic_configs(
-        cls, configs: Mapping[str, str], defaults: LogConfig | None = None
-    ) -> LogConfig:
-        """Overlay Kafka topic configs (string values, as CreateTopics carries them)."""
-        base = defaults or cls()
-        names = {
-            "segment.bytes": "segment_bytes",
-            "segment.ms": "segment_ms",
-            "index.interval.bytes": "index_interval_bytes",
-            "retention.ms": "retention_ms",
-            "retention.bytes": "retention_bytes",
-            "file.delete.delay.ms": "file_delete_delay_ms",
-        }
-        changes = {field: int(configs[key]) for key, field in names.items() if key in configs}
-        return attrs.evolve(base, **changes)
 
 
 def check_append_buffer(batch: bytearray | memoryview) -> tuple[memoryview, int, int]:

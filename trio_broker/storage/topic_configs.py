@@ -1,0 +1,149 @@
+"""The one table of topic configs: what each key is, its bounds, default and meaning.
+
+CreateTopics, AlterConfigs and IncrementalAlterConfigs validate with
+:func:`check_topic_configs`, DescribeConfigs reports types, synonyms, defaults and
+docs from :data:`TOPIC_CONFIGS`, and the partition logs get their settings from
+:func:`log_config`. Bounds are Kafka's (its ConfigDef for topic configs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from trio_broker.storage.errors import InvalidConfigError
+from trio_broker.storage.log import LogConfig
+
+# Kafka's ConfigDef.Type codes, as DescribeConfigs v3+ sends them.
+BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
+
+#: Kafka's default message.max.bytes: the largest batch a partition accepts.
+DEFAULT_MAX_MESSAGE_BYTES = 1048588
+COMPRESSION_TYPES = frozenset({"uncompressed", "gzip", "snappy", "lz4", "zstd", "producer"})
+
+
+@attrs.frozen
+class TopicConfig:
+    type: int
+    #: Smallest legal value of a numeric config.
+    minimum: int | None = None
+    #: The values a STRING may take, or each element of a LIST.
+    choices: frozenset[str] | None = None
+    #: The LogConfig field it sets, if the log applies it.
+    log_field: str | None = None
+    #: The broker-level key it inherits from (its synonym); None: shown only when set.
+    broker_key: str | None = None
+    #: The BrokerConfig field holding the broker default, or None for ``fixed_default``.
+    default_field: str | None = None
+    fixed_default: str | None = None
+    doc: str | None = None
+
+
+_WEEK_MS = "604800000"
+
+TOPIC_CONFIGS: Mapping[str, TopicConfig] = {
+    "cleanup.policy": TopicConfig(
+        LIST, choices=frozenset({"delete", "compact"}), broker_key="log.cleanup.policy",
+        fixed_default="delete",
+        doc="How old segments are discarded; only delete is applied by this broker.",
+    ),
+    "compression.type": TopicConfig(
+        STRING, choices=COMPRESSION_TYPES, broker_key="compression.type",
+        fixed_default="producer",
+        doc="Codec for stored batches; producer keeps what the producer sent.",
+    ),
+    "max.message.bytes": TopicConfig(
+        INT, minimum=0, broker_key="message.max.bytes",
+        fixed_default=str(DEFAULT_MAX_MESSAGE_BYTES),
+        doc="Largest record batch the partition accepts.",
+    ),
+    "message.timestamp.type": TopicConfig(
+        STRING, choices=frozenset({"CreateTime", "LogAppendTime"}),
+        broker_key="log.message.timestamp.type", fixed_default="CreateTime",
+        doc="CreateTime keeps the producer's timestamps; LogAppendTime stamps on append.",
+    ),
+    "min.insync.replicas": TopicConfig(
+        INT, minimum=1, broker_key="min.insync.replicas", fixed_default="1",
+        doc="Replicas that must acknowledge an acks=all write (always met on one node).",
+    ),
+    "retention.bytes": TopicConfig(
+        LONG, minimum=-1, log_field="retention_bytes", broker_key="log.retention.bytes",
+        default_field="retention_bytes", fixed_default="-1",
+        doc="Size above which the oldest segments are deleted; -1 means no limit.",
+    ),
+    "retention.ms": TopicConfig(
+        LONG, minimum=-1, log_field="retention_ms", broker_key="log.retention.ms",
+        default_field="retention_ms", fixed_default=_WEEK_MS,
+        doc="Age after which a segment is deleted; -1 means keep forever.",
+    ),
+    "segment.bytes": TopicConfig(
+        INT, minimum=14, log_field="segment_bytes", broker_key="log.segment.bytes",
+        default_field="segment_bytes", fixed_default=str(1 << 30),
+        doc="Segment file size at which the log rolls to a new segment.",
+    ),
+    "segment.ms": TopicConfig(
+        LONG, minimum=1, log_field="segment_ms", broker_key="log.roll.ms",
+        default_field="segment_ms", fixed_default=_WEEK_MS,
+        doc="Age at which the active segment is rolled even if not full.",
+    ),
+    "index.interval.bytes": TopicConfig(INT, minimum=0, log_field="index_interval_bytes"),
+    "file.delete.delay.ms": TopicConfig(LONG, minimum=0, log_field="file_delete_delay_ms"),
+    "flush.messages": TopicConfig(LONG, minimum=1),
+    "flush.ms": TopicConfig(LONG, minimum=0),
+    "segment.index.bytes": TopicConfig(INT, minimum=4),
+    "delete.retention.ms": TopicConfig(LONG, minimum=0),
+    "message.timestamp.difference.max.ms": TopicConfig(LONG),
+    "min.cleanable.dirty.ratio": TopicConfig(DOUBLE),
+    "preallocate": TopicConfig(BOOLEAN),
+    "unclean.leader.election.enable": TopicConfig(BOOLEAN),
+}  # fmt: skip
+
+
+def check_topic_configs(configs: Mapping[str, str]) -> None:
+    """Raise InvalidConfigError (INVALID_CONFIG) unless a topic accepts ``configs`` whole."""
+    for key, value in configs.items():
+        spec = TOPIC_CONFIGS.get(key)
+        if spec is None:
+            raise InvalidConfigError(f"unknown topic config {key!r}")
+        if value is None:
+            raise InvalidConfigError(f"config {key!r} has a null value")
+        _check_value(key, value, spec)
+    try:
+        log_config(configs)  # the log's own bounds (segment.bytes <= 2**31-1, ...)
+    except ValueError as exc:
+        raise InvalidConfigError(str(exc)) from None
+
+
+def _check_value(key: str, value: str, spec: TopicConfig) -> None:
+    if spec.type in (INT, LONG):
+        try:
+            number = int(value)
+        except ValueError:
+            raise InvalidConfigError(f"{key} must be an integer, got {value!r}") from None
+        if spec.minimum is not None and number < spec.minimum:
+            raise InvalidConfigError(f"{key} must be at least {spec.minimum}, got {number}")
+    elif spec.type == DOUBLE:
+        try:
+            float(value)
+        except ValueError:
+            raise InvalidConfigError(f"{key} must be a number, got {value!r}") from None
+    elif spec.type == BOOLEAN and value.lower() not in ("true", "false"):
+        raise InvalidConfigError(f"{key} must be true or false, got {value!r}")
+    elif spec.choices is not None:
+        values = [v.strip() for v in value.split(",")] if spec.type == LIST else [value]
+        if not set(values) <= spec.choices:
+            raise InvalidConfigError(f"{key} must be one of {sorted(spec.choices)}, got {value!r}")
+
+
+def log_config(configs: Mapping[str, str], defaults: LogConfig | None = None) -> LogConfig:
+    """The partition log settings of a topic: ``defaults`` overlaid with its configs.
+
+    Raises ValueError for a value the log cannot use (check_topic_configs first).
+    """
+    changes = {
+        spec.log_field: int(configs[key])
+        for key, spec in TOPIC_CONFIGS.items()
+        if spec.log_field is not None and key in configs
+    }
+    return attrs.evolve(defaults or LogConfig(), **changes)
