@@ -12,10 +12,10 @@ from typing import Any
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.handlers.topic_lookup import find_topic
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.protocol.schema import uses_topic_ids
 from trio_broker.state.quota import CONSUMER_BYTE_RATE
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 
@@ -27,7 +27,6 @@ READ_COMMITTED = 1
 
 def read_partitions(ctx: RequestContext, request: Any) -> tuple[Any, int]:
     """Build the response from the logs as they are now; return it and its record bytes."""
-    services = ctx.services
     remaining = request.max_bytes if ctx.api_version >= 3 else 2**31 - 1
     quota_limit = ctx.services.quotas.max_bytes(ctx, CONSUMER_BYTE_RATE)
     if quota_limit is not None:  # one response never exceeds the quota on its own
@@ -35,14 +34,8 @@ def read_partitions(ctx: RequestContext, request: Any) -> tuple[Any, int]:
     total = 0
     topic_responses = []
     for wanted in request.topics:
-        if uses_topic_ids(ctx.header.api_key, ctx.api_version):
-            topic = services.topics.by_id.get(wanted.topic_id)
-            missing = ErrorCode.UNKNOWN_TOPIC_ID
-        else:
-            topic = services.topics.get(wanted.topic)
-            missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        topic, name, missing = find_topic(ctx, wanted.topic, wanted.topic_id)
         partitions = []
-        name = wanted.topic if topic is None else topic.name
         # An unknown topic id has no name to authorize: it stays UNKNOWN_TOPIC_ID.
         allowed = not name or authorized(ctx, Operation.READ, ResourceType.TOPIC, name)
         for p in wanted.partitions:

@@ -13,12 +13,12 @@ from typing import Any
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import CloseConnection, Deferred, RequestContext, Services, handles
+from trio_broker.handlers.topic_lookup import find_topic
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError, ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
-from trio_broker.protocol.schema import uses_topic_ids
 from trio_broker.state.producer import Duplicate, Reject
 from trio_broker.state.quota import PRODUCER_BYTE_RATE
 from trio_broker.storage.errors import StorageError
@@ -81,14 +81,8 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     topic_responses = []
     produced = 0  # request record bytes, for the producer byte-rate quota
     for topic_data in request.topic_data:
-        if uses_topic_ids(ctx.header.api_key, ctx.api_version):
-            topic = services.topics.by_id.get(topic_data.topic_id)
-            missing = ErrorCode.UNKNOWN_TOPIC_ID
-        else:
-            topic = services.topics.get(topic_data.name)
-            missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        topic, name, missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
         partition_responses = []
-        name = topic_data.name if topic is None else topic.name
         # An unknown topic id has no name to authorize: it stays UNKNOWN_TOPIC_ID.
         allowed = not name or authorized(ctx, Operation.WRITE, ResourceType.TOPIC, name)
         for data in topic_data.partition_data:

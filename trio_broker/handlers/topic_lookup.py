@@ -1,0 +1,30 @@
+"""Find the topic a Produce or Fetch entry names: by id in the versions that use ids."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+from trio_broker.handlers.base import RequestContext
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.schema import uses_topic_ids
+
+if TYPE_CHECKING:
+    from trio_broker.services.topics import Topic
+
+
+def find_topic(
+    ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None
+) -> tuple[Topic | None, str, ErrorCode]:
+    """(the topic or None, its name for the answer and the ACL check, the error if missing).
+
+    An unknown topic id has no name: the name is then "" (and stays UNKNOWN_TOPIC_ID).
+    """
+    topics = ctx.services.topics
+    if uses_topic_ids(ctx.header.api_key, ctx.api_version):
+        topic = topics.by_id.get(topic_id) if topic_id is not None else None
+        missing = ErrorCode.UNKNOWN_TOPIC_ID
+    else:
+        topic = topics.get(name or "")
+        missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    return topic, (name or "") if topic is None else topic.name, missing
