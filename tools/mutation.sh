@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Mutation testing with mutmut 3 over the pure state machines, the codec primitives and the
-# record-batch validation (handlers/produce.py: only validate_batch has fast tests).
+# Mutation testing with mutmut 3 over the pure state machines (and the producer registry
+# beside them), the codec primitives and the record-batch validation (handlers/produce.py: only validate_batch has fast tests).
 #
 #   tools/mutation.sh                       # every module below, one after the other
 #   tools/mutation.sh state/mute            # only the modules whose path contains "state/mute"
@@ -27,6 +27,7 @@ MODULES=(
   "trio_broker/state/response_order.py|statemachine/test_response_order_machine.py tests/unit/test_mute.py"
   "trio_broker/protocol/primitives.py|tests/unit/test_primitives.py tests/unit/test_framing.py tests/unit/test_headers.py tests/unit/test_codec_golden.py fuzz/test_fuzz_records.py"
   "trio_broker/state/producer.py|tests/unit/test_producer_state.py tests/unit/test_producer_state_registry.py statemachine/test_producer_machine.py"
+  "trio_broker/services/producers.py|tests/unit/test_producer_state.py tests/unit/test_producer_state_registry.py"
   "trio_broker/state/group.py|tests/unit/test_group_state.py tests/unit/test_group_state_edges.py statemachine/test_group_machine.py"
   "trio_broker/state/quota.py|tests/unit/test_quota.py"
   "trio_broker/handlers/produce.py|tests/unit/test_records_validation.py"

@@ -32,7 +32,7 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import RecordBatchView, build_batch, iter_batches
 from trio_broker.server.broker import Broker
-from trio_broker.state.producer import PRODUCER_ID_FILE, SNAPSHOT_FILE, ProducerStateRegistry
+from trio_broker.services.producers import PRODUCER_ID_FILE, SNAPSHOT_FILE, ProducerStateRegistry
 
 pytestmark = pytest.mark.timeout(120)
 

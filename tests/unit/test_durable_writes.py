@@ -37,14 +37,14 @@ from trio_broker.security.acl import AclBinding, Operation, PatternType, Permiss
 from trio_broker.security.acl_store import AclStore
 from trio_broker.security.credentials import CREDENTIALS_FILE, CredentialStore
 from trio_broker.server.broker import Broker
-from trio_broker.services.quotas import QuotaService
-from trio_broker.services.topics import TopicManager
-from trio_broker.state.producer import (
+from trio_broker.services.producers import (
     PRODUCER_ID_FILE,
     SNAPSHOT_FILE,
     ProducerIdAllocator,
     ProducerStateRegistry,
 )
+from trio_broker.services.quotas import QuotaService
+from trio_broker.services.topics import TopicManager
 from trio_broker.state.quota import parse_entity
 from trio_broker.storage import _batch
 from trio_broker.storage.catalogue import CATALOGUE_FILE, Catalogue

@@ -10,19 +10,21 @@ import pytest
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import RecordBatchView, build_batch
+from trio_broker.services.producers import (
+    PRODUCER_ID_FILE,
+    SNAPSHOT_FILE,
+    ProducerIdAllocator,
+    ProducerStateRegistry,
+)
 from trio_broker.state.producer import (
     BATCHES_TO_RETAIN,
     INT32_MAX,
     MAX_PRODUCER_EPOCH,
-    PRODUCER_ID_FILE,
-    SNAPSHOT_FILE,
     Append,
     BatchMetadata,
     Duplicate,
-    ProducerIdAllocator,
     ProducerStateEntry,
     ProducerStateManager,
-    ProducerStateRegistry,
     Reject,
     SnapshotError,
     check_append,

@@ -22,25 +22,27 @@ from trio_broker.config import BrokerConfig
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import RecordBatchView, build_batch
 from trio_broker.server.broker import Broker
-from trio_broker.state.producer import (
+from trio_broker.services.producers import (
     EXPIRATION_CHECK_INTERVAL_MS,
-    MAX_PRODUCER_EPOCH,
     PRODUCER_ID_FILE,
     SNAPSHOT_FILE,
+    ProducerIdAllocator,
+    ProducerStateRegistry,
+    ProducerStateStatistics,
+    log_directory,
+    read_batch_headers,
+)
+from trio_broker.state.producer import (
+    MAX_PRODUCER_EPOCH,
     Append,
     BatchMetadata,
     Duplicate,
-    ProducerIdAllocator,
     ProducerStateEntry,
     ProducerStateManager,
-    ProducerStateRegistry,
-    ProducerStateStatistics,
     Reject,
     SnapshotError,
     check_append,
     decide_init_producer_id,
-    log_directory,
-    read_batch_headers,
 )
 from trio_broker.storage.log import PartitionLog
 from trio_broker.storage.memory import MemoryLog

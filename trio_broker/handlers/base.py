@@ -32,10 +32,10 @@ if TYPE_CHECKING:
     from trio_broker.groups.coordinator import GroupCoordinator
     from trio_broker.security.authorize import Authorizer
     from trio_broker.security.credentials import CredentialStore
+    from trio_broker.services.producers import ProducerStateRegistry
     from trio_broker.services.quotas import QuotaService
     from trio_broker.services.stats import BrokerStats
     from trio_broker.services.topics import TopicManager
-    from trio_broker.state.producer import ProducerStateRegistry
 
 
 ANONYMOUS = "User:ANONYMOUS"

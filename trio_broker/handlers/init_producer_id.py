@@ -19,10 +19,10 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.state.producer import (
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
-    ProducerStateRegistry,
     SnapshotError,
     decide_init_producer_id,
 )

@@ -37,10 +37,10 @@ from trio_broker.server.handler_pool import HandlerPool
 from trio_broker.server.memory_budget import MemoryBudget
 from trio_broker.server.quotas import with_request_quota
 from trio_broker.server.transport import open_connection, tls_contexts
+from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.quotas import QuotaService
 from trio_broker.services.stats import BrokerStats
 from trio_broker.services.topics import TopicManager
-from trio_broker.state.producer import ProducerStateRegistry
 from trio_broker.storage.durable import make_dirs_durable
 from trio_broker.storage.group_commit import FlushPolicy
 from trio_broker.storage.log import LogConfig, wall_clock_ms
@@ -100,7 +100,7 @@ class Broker:
         self.memory = MemoryBudget(config.queued_max_request_bytes)
         self.handler_pool = HandlerPool(self, config.num_handlers)
         self.stats = BrokerStats()
-        #: Idempotent producers' sequence state (state/producer.py), kept in the data dir.
+        #: Idempotent producers' sequence state (services/producers.py), kept in the data dir.
         self.producers = ProducerStateRegistry(data_dir, now_ms)
         #: Client quotas; a throttled client's connection is muted by the shell.
         self.quotas = QuotaService(config, self.stats)

@@ -1,4 +1,4 @@
-"""Idempotent producers: sequence checks per (producer id, partition) and producer ids.
+"""Idempotent producers: the sequence rules per (producer id, partition), pure.
 
 Kafka's rules, implemented once (docs/idempotence.md tells the whole story):
 
@@ -14,26 +14,24 @@ Kafka's rules, implemented once (docs/idempotence.md tells the whole story):
 
 Layers, top to bottom: the rules (:func:`check_append`, :func:`apply_append`, pure, with
 CrossHair contracts), the per-partition :class:`ProducerStateManager` (in memory,
-pure), its snapshot codec, the producer id decision for InitProducerId, and last the
-small amount of file I/O: :class:`ProducerIdAllocator` (persisted id blocks) and
-:class:`ProducerStateRegistry` (one manager per partition log, snapshots beside the
-log, rebuild from batch headers). Sync and trio-free like the rest of ``state/``.
+pure), its snapshot codec (bytes in, bytes out), and the producer id decision for
+InitProducerId. No file I/O here: the registry of partitions with its snapshot files
+and the producer id allocator with its block file are in
+:mod:`trio_broker.services.producers`. Sync and trio-free like the rest of ``state/``.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Iterable
+from typing import Any
 
 import attrs
 
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.storage.durable import write_file_atomically
 
 __all__ = [
+    "APPEND",
     "BATCHES_TO_RETAIN",
     "INT32_MAX",
     "MAX_PRODUCER_EPOCH",
@@ -43,11 +41,8 @@ __all__ = [
     "BatchMetadata",
     "Duplicate",
     "InitProducerIdDecision",
-    "ProducerIdAllocator",
     "ProducerStateEntry",
     "ProducerStateManager",
-    "ProducerStateRegistry",
-    "ProducerStateStatistics",
     "Reject",
     "SnapshotError",
     "Verdict",
@@ -56,8 +51,6 @@ __all__ = [
     "decide_init_producer_id",
     "next_sequence",
 ]
-
-log = logging.getLogger("trio_broker.producer")
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
@@ -68,15 +61,6 @@ MAX_PRODUCER_EPOCH = 2**15 - 1
 #: Kafka remembers this many batches per producer per partition for duplicate detection;
 #: clients cap max.in.flight.requests.per.connection at 5 for idempotence to match.
 BATCHES_TO_RETAIN = 5
-#: Kafka's producer.id.expiration.ms: state of a producer silent this long is dropped.
-DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
-#: Kafka's producer.id.expiration.check.interval.ms.
-EXPIRATION_CHECK_INTERVAL_MS = 600_000
-#: Producer ids reserved per write of the id block file.
-PRODUCER_ID_BLOCK_SIZE = 1000
-
-SNAPSHOT_FILE = "producer_state.json"
-PRODUCER_ID_FILE = "producer_id_block.json"
 _SNAPSHOT_VERSION = 1
 
 
@@ -395,257 +379,3 @@ def decide_init_producer_id(
     if 0 <= requested_id < issued_below and 0 <= requested_epoch < MAX_PRODUCER_EPOCH:
         return InitProducerIdDecision(ErrorCode.NONE, requested_id, requested_epoch + 1)
     return InitProducerIdDecision(ErrorCode.NONE, None, 0)
-
-
-# ---------------------------------------------------------------------------- file I/O
-
-
-class ProducerIdAllocator:
-    """Producer ids that never repeat, across restarts too.
-
-    With a file, ids are reserved a block at a time: the block's end is written
-    (atomically, fsynced) *before* any id from it is handed out, so a crash at
-    worst skips the rest of a block. Without a file (memory mode) it just counts.
-    """
-
-    def __init__(self, path: Path | None, block_size: int = PRODUCER_ID_BLOCK_SIZE) -> None:
-        self.path = path
-        self.block_size = block_size
-        self._next = 0
-        #: Ids below this are reserved on disk; None until the file was read.
-        self._block_end: int | None = None if path is not None else 2**63 - 1
-
-    def _reserved_end(self) -> int:
-        # Read lazily, so that a bad file fails InitProducerId (which can say so)
-        # rather than the produce path, which builds the registry too.
-        if self._block_end is None:
-            assert self.path is not None
-            start = 0
-            if self.path.exists():
-                try:
-                    start = int(json.loads(self.path.read_bytes())["next_block_start"])
-                except (OSError, ValueError, KeyError, TypeError) as exc:
-                    # Guessing would risk reissuing ids: the operator has to look.
-                    raise SnapshotError(
-                        f"{self.path}: unreadable producer id block: {exc}"
-                    ) from None
-                if start < 0:
-                    raise SnapshotError(f"{self.path}: negative producer id block {start}")
-            self._next = self._block_end = start
-        return self._block_end
-
-    @property
-    def issued_below(self) -> int:
-        """Every id this broker ever handed out is below this (may include unused ids)."""
-        end = self._reserved_end()
-        return end if self.path is not None else self._next
-
-    def allocate(self) -> int:
-        """The next id; raises OSError or SnapshotError if its block cannot be reserved."""
-        # Read the reserved end first: its first read also moves _next up to it.
-        end = self._reserved_end()
-        if self._next >= end:
-            assert self.path is not None
-            end = self._next + self.block_size
-            write_file_atomically(self.path, json.dumps({"next_block_start": end}).encode())
-            self._block_end = end
-        pid = self._next
-        self._next += 1
-        return pid
-
-
-class PartitionLogLike(Protocol):
-    """What the registry needs of a partition log (PartitionLog or MemoryLog)."""
-
-    @property
-    def log_start_offset(self) -> int: ...
-
-    @property
-    def log_end_offset(self) -> int: ...
-
-    def iter_batch_headers(self, from_offset: int | None = None) -> Iterator[tuple[int, Any]]: ...
-
-
-@attrs.define
-class ProducerStateStatistics:
-    """Counters since start, for operators and tests."""
-
-    appended: int = 0
-    duplicates: int = 0
-    rejected: dict[ErrorCode, int] = attrs.field(factory=dict)
-    partitions_loaded: int = 0
-
-
-@attrs.define(eq=False)
-class _PartitionSlot:
-    #: The log the state belongs to; compared by identity to notice a recreated topic.
-    log: PartitionLogLike
-    manager: ProducerStateManager
-    snapshot_path: Path | None
-    #: The log start offset the state was last truncated to.
-    log_start_offset: int
-
-
-class ProducerStateRegistry:
-    """One :class:`ProducerStateManager` per partition log, plus the producer id allocator.
-
-    Managers are created on a partition's first idempotent batch: from the snapshot
-    beside the log if it is usable, then by replaying the batch headers the log holds
-    beyond it. :meth:`close` writes the snapshots (clean shutdown).
-    """
-
-    def __init__(
-        self,
-        data_dir: Path | None,
-        now_ms: Callable[[], int],
-        *,
-        expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
-        read_headers: Callable[[PartitionLogLike, int], Iterator[Any]] | None = None,
-    ) -> None:
-        self.data_dir = data_dir
-        self.now_ms = now_ms
-        self.expiration_ms = expiration_ms
-        self.allocator = ProducerIdAllocator(
-            None if data_dir is None else data_dir / PRODUCER_ID_FILE
-        )
-        self._read_headers = read_headers or read_batch_headers
-        self._partitions: dict[tuple[str, int], _PartitionSlot] = {}
-        self._next_expiry_check = now_ms() + EXPIRATION_CHECK_INTERVAL_MS
-        self._stats = ProducerStateStatistics()
-
-    # ------------------------------------------------------------------ produce path
-
-    def check(self, topic: str, partition: int, log_: PartitionLogLike, batch: Any) -> Verdict:
-        if batch.producer_id < 0:
-            return APPEND
-        manager = self.manager(topic, partition, log_)
-        self._maybe_expire()
-        verdict = manager.check(
-            batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.last_sequence
-        )
-        if isinstance(verdict, Duplicate):
-            self._stats.duplicates += 1
-        elif isinstance(verdict, Reject):
-            rejected = self._stats.rejected
-            rejected[verdict.error_code] = rejected.get(verdict.error_code, 0) + 1
-        return verdict
-
-    def record_append(
-        self, topic: str, partition: int, batch: Any, base_offset: int, last_offset: int
-    ) -> None:
-        if batch.producer_id < 0:
-            return
-        slot = self._partitions.get((topic, partition))
-        if slot is None:  # check() always runs first; a missing manager is a broker bug
-            raise RuntimeError(f"no producer state for {topic}-{partition}")
-        self._stats.appended += 1
-        slot.manager.append(
-            batch.producer_id,
-            batch.producer_epoch,
-            batch.base_sequence,
-            batch.last_sequence,
-            base_offset,
-            last_offset,
-            batch.max_timestamp,
-        )
-
-    def manager(self, topic: str, partition: int, log_: PartitionLogLike) -> ProducerStateManager:
-        key = (topic, partition)
-        slot = self._partitions.get(key)
-        # A deleted and recreated topic has a new log object: its old state must go.
-        if slot is None or slot.log is not log_:
-            slot = self._partitions[key] = self._load(log_)
-        # Retention or DeleteRecords may have moved the log start since the last batch;
-        # comparing first keeps the common case to one attribute read.
-        start = log_.log_start_offset
-        if start != slot.log_start_offset:
-            slot.manager.truncate_head(start)
-            slot.log_start_offset = start
-        return slot.manager
-
-    # ------------------------------------------------------------------ lifecycle
-
-    def _load(self, log_: PartitionLogLike) -> _PartitionSlot:
-        directory = log_directory(log_)
-        path = None if directory is None else directory / SNAPSHOT_FILE
-        start, end = log_.log_start_offset, log_.log_end_offset
-        manager = ProducerStateManager(next_offset=start)
-        if path is not None and path.exists():
-            try:
-                loaded = ProducerStateManager.from_snapshot(path.read_bytes())
-            except (OSError, SnapshotError) as exc:
-                log.warning("%s: %s; rebuilding producer state from the log", path, exc)
-            else:
-                # A snapshot past the log's end describes batches the log lost (an
-                # unclean shutdown truncated it): useless, rebuild from scratch.
-                if loaded.next_offset <= end:
-                    manager = loaded
-        manager.truncate_head(start)
-        replay_from = manager.next_offset
-        if replay_from < end:
-            # The first header read may be a batch that straddles replay_from (the log
-            # start can sit inside a batch); one wholly below it is already counted.
-            manager.replay(
-                h
-                for h in self._read_headers(log_, replay_from)
-                if h.base_offset + h.last_offset_delta >= replay_from
-            )
-        manager.next_offset = max(manager.next_offset, end)
-        manager.remove_expired(self.now_ms(), self.expiration_ms)
-        self._stats.partitions_loaded += 1
-        return _PartitionSlot(log_, manager, path, start)
-
-    def statistics(self) -> ProducerStateStatistics:
-        return attrs.evolve(self._stats, rejected=dict(self._stats.rejected))
-
-    def _maybe_expire(self) -> None:
-        now = self.now_ms()
-        if now < self._next_expiry_check:
-            return
-        self._next_expiry_check = now + EXPIRATION_CHECK_INTERVAL_MS
-        for slot in self._partitions.values():
-            slot.manager.remove_expired(now, self.expiration_ms)
-
-    def close(self) -> None:
-        """Snapshot every partition's state (clean shutdown); errors are logged, not raised."""
-        for (topic, partition), slot in self._partitions.items():
-            # No path: memory mode. No directory: the topic was deleted meanwhile.
-            if slot.snapshot_path is None or not slot.snapshot_path.parent.is_dir():
-                continue
-            try:
-                write_file_atomically(slot.snapshot_path, slot.manager.to_snapshot())
-            except OSError:
-                log.exception("cannot snapshot producer state of %s-%d", topic, partition)
-        self._partitions.clear()
-
-    @classmethod
-    def attached_to(cls, broker: Any) -> ProducerStateRegistry:
-        """The broker's registry (its ``producers`` field)."""
-        registry: ProducerStateRegistry = broker.producers
-        return registry
-
-    @staticmethod
-    def close_attached(broker: Any) -> None:
-        broker.producers.close()
-
-
-def log_directory(log_: Any) -> Path | None:
-    """A file-backed log's directory, None for an in-memory log."""
-    for name in ("directory", "dir", "path"):
-        value = getattr(log_, name, None)
-        if isinstance(value, Path):
-            return value
-    return None
-
-
-def read_batch_headers(log_: PartitionLogLike, from_offset: int) -> Iterator[Any]:
-    """Batch headers of ``log_`` from the batch holding ``from_offset`` to the end.
-
-    Only the 61-byte headers are read: replaying producer state never needs records.
-    """
-    # Imported here: protocol.records pulls in the compression codecs, which the
-    # pure rules above (and CrossHair, which imports this module) do not need.
-    from trio_broker.protocol.records import RecordBatchView
-
-    for _base_offset, header in log_.iter_batch_headers(from_offset):
-        yield RecordBatchView(header)
