@@ -216,7 +216,7 @@ def write_capture(frames: int, directory: Path) -> int:
 # BENCH-ONLY: a single-process pandas checker, as a yardstick for the Spark job. It runs
 # the same decoder and three of the checks (acknowledged batches fetched at their offset
 # with their CRC, fetch responses contiguous, producer sequences contiguous); the real
-# checks live once, in trio_broker/verify/job.py.
+# checks live once, in trio_broker/verify/checks.py.
 
 
 def pandas_baseline(directory: Path) -> dict[str, Any]:

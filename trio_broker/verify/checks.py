@@ -1,0 +1,297 @@
+"""The checks of ``trio-broker verify``: Spark SQL over the decoded facts, nothing else.
+
+Each check runs once (:data:`CHECKS`), over views built from the facts (:data:`VIEWS`),
+all of them in one query (:func:`all_checks_sql`). Fact kinds are numbers in Spark (see
+:mod:`~trio_broker.verify.compact`): the SQL names kinds as ``{produce_ack}``-style
+placeholders, filled in by :func:`sql`. Text only: the Spark session, the decoding and
+the report are :mod:`trio_broker.verify.job`'s.
+"""
+
+from __future__ import annotations
+
+from trio_broker.verify.compact import KIND_CODE
+
+__all__ = [
+    "CHECKS",
+    "EXAMPLES",
+    "MATERIALIZED",
+    "VIEWS",
+    "all_checks_sql",
+    "named_view_sql",
+    "sql",
+]
+
+#: Examples kept per violation kind in the summary and the report.
+EXAMPLES = 5
+
+#: Views built from the facts before the checks run (name -> SQL).
+VIEWS: dict[str, str] = {
+    # ``named`` (the facts with topic ids resolved to names, ``tname``) comes first: see
+    # named_view_sql.
+    # Acknowledged produce batches: request batch joined to its response partition.
+    "acked": """
+        SELECT b.run, b.conn, b.corr, b.tname AS topic, b.partition,
+               a.offset + b.idx AS base_offset, b.crc, b.record_count,
+               b.producer_id, b.producer_epoch, b.base_sequence, a.ts AS ack_ts
+        FROM named b JOIN named a
+          ON a.kind = {produce_ack} AND b.kind = {produce_batch} AND a.error = 0
+         AND a.run = b.run AND a.conn = b.conn AND a.corr = b.corr
+         AND a.tname = b.tname AND a.partition = b.partition
+    """,
+    # The log as fetches saw it: one row per distinct (partition, offset, crc).
+    "fetched": """
+        SELECT tname AS topic, partition, offset AS base_offset, last_offset, crc,
+               count(*) AS times_fetched
+        FROM named WHERE kind = {fetch_batch}
+        GROUP BY tname, partition, offset, last_offset, crc
+    """,
+    "fetched_extent": """
+        SELECT topic, partition, max(last_offset) AS max_fetched FROM fetched
+        GROUP BY topic, partition
+    """,
+    "fetch_requests": """
+        SELECT run, conn, corr, min(ts) AS req_ts FROM named
+        WHERE kind = {fetch_request} GROUP BY run, conn, corr
+    """,
+}
+
+#: Views cached before the checks run (each is read by several checks).
+MATERIALIZED = ("acked", "fetched")
+
+#: Each check once: name -> (what a violation means, SQL returning one row per violation
+#: with a ``violation`` kind column).
+CHECKS: dict[str, tuple[str, str]] = {
+    "acked_produce_fetched": (
+        "every acknowledged produce batch is fetched at its acknowledged offset with the same "
+        "CRC, exactly once",
+        """
+        WITH m AS (
+          SELECT a.run, a.conn, a.corr, a.topic, a.partition,
+                 CASE WHEN f.crc = a.crc THEN 1 ELSE 0 END AS at_offset,
+                 CASE WHEN f.crc <> a.crc THEN 1 ELSE 0 END AS other_at_offset,
+                 0 AS elsewhere
+          FROM acked a JOIN fetched f
+            ON f.topic = a.topic AND f.partition = a.partition AND f.base_offset = a.base_offset
+          UNION ALL
+          SELECT a.run, a.conn, a.corr, a.topic, a.partition, 0, 0, 1
+          FROM acked a JOIN fetched f
+            ON f.topic = a.topic AND f.partition = a.partition AND f.crc = a.crc
+           AND f.base_offset <> a.base_offset
+        ),
+        agg AS (
+          SELECT run, conn, corr, topic, partition, sum(at_offset) AS at_offset,
+                 sum(other_at_offset) AS other_at_offset, sum(elsewhere) AS elsewhere
+          FROM m GROUP BY run, conn, corr, topic, partition
+        ),
+        j AS (
+          SELECT a.*, coalesce(g.at_offset, 0) AS at_offset,
+                 coalesce(g.other_at_offset, 0) AS other_at_offset,
+                 coalesce(g.elsewhere, 0) AS elsewhere
+          FROM acked a
+          JOIN fetched_extent e
+            ON a.topic = e.topic AND a.partition = e.partition AND e.max_fetched >= a.base_offset
+          LEFT JOIN agg g
+            ON a.run = g.run AND a.conn = g.conn AND a.corr = g.corr AND a.topic = g.topic
+           AND a.partition = g.partition
+        )
+        SELECT CASE
+                 WHEN at_offset = 0 AND other_at_offset = 0 AND elsewhere = 0 THEN 'ack_missing'
+                 WHEN at_offset = 0 AND elsewhere > 0 THEN 'ack_moved'
+                 WHEN other_at_offset > 0 THEN 'ack_crc_mismatch'
+                 ELSE 'ack_duplicated' END AS violation,
+               topic, partition, base_offset, crc, record_count, producer_id, base_sequence,
+               at_offset, other_at_offset, elsewhere
+        FROM j WHERE NOT (at_offset = 1 AND other_at_offset = 0 AND elsewhere = 0)
+        """,
+    ),
+    "fetched_batches_agree": (
+        "per partition, no two different batches were fetched at one offset",
+        """
+        SELECT 'fetch_conflict' AS violation, topic, partition, base_offset,
+               count(DISTINCT crc) AS distinct_crcs, collect_set(crc) AS crcs
+        FROM fetched GROUP BY topic, partition, base_offset HAVING count(DISTINCT crc) > 1
+        """,
+    ),
+    "fetch_response_contiguous": (
+        "within each fetch response partition, batches have increasing, contiguous offsets",
+        """
+        WITH w AS (
+          SELECT run, conn, corr, tname AS topic, partition, idx, offset AS base_offset,
+                 lag(last_offset) OVER (PARTITION BY run, conn, corr, tname, partition
+                                        ORDER BY idx) AS prev_last
+          FROM named WHERE kind = {fetch_batch}
+        )
+        SELECT CASE WHEN base_offset <= prev_last THEN 'fetch_out_of_order'
+                    ELSE 'fetch_gap' END AS violation,
+               topic, partition, run, conn, corr, idx, prev_last, base_offset
+        FROM w WHERE prev_last IS NOT NULL AND base_offset <> prev_last + 1
+        """,
+    ),
+    "high_watermark_monotonic": (
+        "per partition, a fetch never reports a high watermark lower than one already "
+        "returned by a fetch that completed before it was sent",
+        """
+        WITH parts AS (
+          SELECT p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.offset AS hw,
+                 p.ts AS resp_ts, r.req_ts
+          FROM named p JOIN fetch_requests r
+            ON p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
+          WHERE p.kind = {fetch_part} AND p.error = 0
+        ),
+        events AS (
+          SELECT run, topic, partition, resp_ts AS t, 1 AS ord, hw, NULL AS conn, NULL AS corr,
+                 NULL AS own_hw FROM parts
+          UNION ALL
+          SELECT run, topic, partition, req_ts AS t, 0 AS ord, NULL AS hw, conn, corr,
+                 hw AS own_hw FROM parts
+        ),
+        seen AS (
+          SELECT *, max(hw) OVER (PARTITION BY run, topic, partition ORDER BY t, ord
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS max_before
+          FROM events
+        )
+        SELECT 'high_watermark_backwards' AS violation, topic, partition, run, conn, corr,
+               own_hw AS high_watermark, max_before AS earlier_high_watermark
+        FROM seen WHERE ord = 0 AND max_before IS NOT NULL AND own_hw < max_before
+        """,
+    ),
+    "producer_sequences": (
+        "per (producer id, epoch, partition): acknowledged sequences are contiguous, and a "
+        "duplicate is answered with the original offset",
+        """
+        WITH idem AS (SELECT * FROM acked WHERE producer_id >= 0 AND base_sequence >= 0),
+        dups AS (
+          SELECT 'sequence_duplicate_other_offset' AS violation, topic, partition, producer_id,
+                 producer_epoch, base_sequence, collect_set(base_offset) AS offsets,
+                 CAST(NULL AS INT) AS expected_sequence
+          FROM idem GROUP BY topic, partition, producer_id, producer_epoch, base_sequence
+          HAVING count(DISTINCT base_offset) > 1
+        ),
+        uniq AS (
+          SELECT topic, partition, producer_id, producer_epoch, base_sequence,
+                 min(base_offset) AS base_offset, max(record_count) AS record_count,
+                 min(run) AS run
+          FROM idem GROUP BY topic, partition, producer_id, producer_epoch, base_sequence
+        ),
+        w AS (
+          SELECT *, lag(base_sequence) OVER o AS prev_seq, lag(record_count) OVER o AS prev_count,
+                 lag(base_offset) OVER o AS prev_offset, lag(run) OVER o AS prev_run
+          FROM uniq
+          WINDOW o AS (PARTITION BY topic, partition, producer_id, producer_epoch
+                       ORDER BY base_sequence)
+        ),
+        -- A gap across a broker restart (kill -9) may be acks still queued in the capture
+        -- tap when the broker died: excused when the fetched log holds the missing sequences.
+        log_seqs AS (
+          SELECT DISTINCT tname AS topic, partition, producer_id, producer_epoch, base_sequence,
+                 record_count
+          FROM named WHERE kind = {fetch_batch} AND producer_id >= 0 AND base_sequence >= 0
+        ),
+        filled AS (
+          SELECT w.topic, w.partition, w.producer_id, w.producer_epoch, w.base_sequence,
+                 sum(l.record_count) AS records
+          FROM w JOIN log_seqs l
+            ON l.topic = w.topic AND l.partition = w.partition
+           AND l.producer_id = w.producer_id AND l.producer_epoch = w.producer_epoch
+           AND l.base_sequence >= w.prev_seq + w.prev_count
+           AND l.base_sequence < w.base_sequence
+          WHERE w.prev_run <> w.run
+          GROUP BY w.topic, w.partition, w.producer_id, w.producer_epoch, w.base_sequence
+        )
+        SELECT * FROM dups
+        UNION ALL
+        SELECT CASE WHEN w.base_offset <= w.prev_offset THEN 'sequence_offset_order'
+                    ELSE 'sequence_gap' END AS violation,
+               w.topic, w.partition, w.producer_id, w.producer_epoch, w.base_sequence,
+               array(w.prev_offset, w.base_offset) AS offsets,
+               CAST(w.prev_seq + w.prev_count AS INT) AS expected_sequence
+        FROM w LEFT JOIN filled g
+          ON g.topic = w.topic AND g.partition = w.partition AND g.producer_id = w.producer_id
+         AND g.producer_epoch = w.producer_epoch AND g.base_sequence = w.base_sequence
+        WHERE w.prev_seq IS NOT NULL
+          AND (w.base_offset <= w.prev_offset
+               OR (w.base_sequence <> w.prev_seq + w.prev_count
+                   AND coalesce(g.records, -1) <> w.base_sequence - w.prev_seq - w.prev_count))
+        """,
+    ),
+    "committed_offsets_monotonic": (
+        "per group generation and partition (per broker run: generations restart with the "
+        "broker), an accepted offset commit never goes below one accepted before it",
+        """
+        WITH c AS (
+          SELECT r.run, r.conn, r.corr, r.group_id, r.generation, r.member_id,
+                 r.tname AS topic, r.partition, r.offset, a.ts AS ack_ts
+          FROM named r JOIN named a
+            ON r.kind = {commit_request} AND a.kind = {commit_ack} AND a.error = 0
+           AND a.run = r.run AND a.conn = r.conn AND a.corr = r.corr
+           AND a.tname = r.tname AND a.partition = r.partition
+          WHERE r.generation >= 0
+        ),
+        w AS (
+          SELECT *, max(offset) OVER (PARTITION BY run, group_id, generation, topic, partition
+                                      ORDER BY ack_ts, run, conn, corr
+                                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                    AS max_before
+          FROM c
+        )
+        SELECT 'committed_offset_backwards' AS violation, group_id, generation, topic, partition,
+               member_id, offset AS committed_offset, max_before AS earlier_committed_offset,
+               run, conn, corr
+        FROM w WHERE max_before IS NOT NULL AND offset < max_before
+        """,
+    ),
+    "group_assignment_exclusive": (
+        "per group generation, no partition is assigned to two members",
+        """
+        WITH a AS (
+          SELECT r.run, r.group_id, r.generation, r.member_id, s.topic, s.partition
+          FROM named s JOIN named r
+            ON s.kind = {sync_assign} AND r.kind = {sync_request}
+           AND s.run = r.run AND s.conn = r.conn AND s.corr = r.corr
+        )
+        -- Per run: group membership lives in the broker's memory, so generations start
+        -- again at 1 after a restart.
+        SELECT 'partition_assigned_twice' AS violation, group_id, generation, topic, partition,
+               collect_set(member_id) AS members
+        FROM a GROUP BY run, group_id, generation, topic, partition
+        HAVING count(DISTINCT member_id) > 1
+        """,
+    ),
+}
+
+
+def sql(text: str) -> str:
+    """``text`` with each ``{kind}`` placeholder replaced by that fact kind's code."""
+    return text.format_map(KIND_CODE)
+
+
+def named_view_sql(topic_ids: list[tuple[int, int]]) -> str:
+    """The decoded facts with ``tname``: the topic's hash, also for facts that name their topic
+    by id (Produce v13, Fetch v13+), looked up in the distinct (hash of ``id:…``, hash of
+    the name) pairs of the Metadata responses. The pairs are few: an inline table,
+    broadcast, so naming the facts never shuffles them; without any, a projection."""
+    if not topic_ids:
+        return "SELECT *, topic AS tname FROM decoded"
+    rows = ", ".join(f"({key}L, {name}L)" for key, name in topic_ids)
+    return f"""
+        SELECT /*+ BROADCAST(t) */ f.*, coalesce(t.name, f.topic) AS tname
+        FROM decoded f LEFT JOIN (VALUES {rows}) AS t(key, name) ON f.topic = t.key
+    """
+
+
+def all_checks_sql() -> str:
+    """Every check in one query (one Spark job): per violation kind, its count and examples
+    (the first by their JSON text). One window over the union of the checks' violations,
+    not one per check: each window is a shuffle stage, and stages cost time even empty."""
+    parts = [
+        f"SELECT '{name}' AS check_name, violation, to_json(struct(*)) AS example "
+        f"FROM ({sql(check)})"
+        for name, (_, check) in CHECKS.items()
+    ]
+    union = "\nUNION ALL\n".join(parts)
+    return f"""
+        SELECT check_name, violation, n, example FROM (
+          SELECT *, count(*) OVER (PARTITION BY check_name, violation) AS n,
+                 row_number() OVER (PARTITION BY check_name, violation ORDER BY example) AS rn
+          FROM ({union})
+        ) WHERE rn <= {EXAMPLES}"""
