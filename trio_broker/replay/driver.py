@@ -28,33 +28,31 @@ JoinGroup responses to the target's, and rewritten in the group requests that
 carry them (JoinGroup, SyncGroup with its assignments, Heartbeat, OffsetCommit,
 LeaveGroup), so a consumer group's traffic means the same on the target. Fetch
 sessions are not rewritten (our broker does not keep them).
+
+This module is the Trio shell: reading the capture files, the connections, the clock,
+the waits and the recording. What it sends and when is decided without I/O in
+:mod:`trio_broker.replay.plan` (the plans, the causality order) and
+:mod:`trio_broker.replay.ids` (the id mapping).
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import struct
 import time
-import uuid
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 
-from trio_broker.capture.schema import REDACTED_API_KEYS, REQUEST, RESPONSE, CaptureRow
-from trio_broker.protocol.messages import decode_request, decode_response, encode_request
-from trio_broker.protocol.records import split_batches
+from trio_broker.capture.schema import REQUEST, RESPONSE, CaptureRow
+from trio_broker.replay import plan as _plan
+from trio_broker.replay.ids import IdMap
+from trio_broker.replay.plan import Plan, Request, ResponseOrder, build_plans, expects_response
 
 log = logging.getLogger("trio_broker.replay")
 
-PRODUCE, FETCH, METADATA, INIT_PRODUCER_ID = 0, 1, 3, 22
-JOIN_GROUP = 11
-#: Requests that name a group member (and most a generation): OffsetCommit,
-#: JoinGroup, Heartbeat, LeaveGroup, SyncGroup.
-MEMBER_REQUESTS = frozenset({8, 11, 12, 13, 14})
 #: How long to wait for the responses still due once every request was sent.
 DRAIN_TIMEOUT_S = 30.0
 #: How long a request waits for an earlier response that the target never sends.
@@ -65,56 +63,17 @@ _SIZE = struct.Struct(">i")
 
 
 @attrs.define
-class Request:
-    at_ns: int  # from the start of its run
-    api_key: int
-    api_version: int
-    correlation_id: int
-    client_id: str | None
-    frame: bytes
-    #: How many of its run's responses (in captured order) arrived before it was sent.
-    after_responses: int = 0
+class Causality(ResponseOrder):
+    """A run's :class:`~trio_broker.replay.plan.ResponseOrder`, with a Trio wait on it."""
 
-
-@attrs.define
-class Plan:
-    run: str
-    connection_id: int
-    client_address: str
-    requests: list[Request]
-    #: When the capture saw each replayed request's response (correlation id -> ns
-    #: from the start of the run).
-    responses: dict[int, int] = attrs.Factory(dict)
-    #: The producer id and epoch each captured InitProducerId response handed out
-    #: (correlation id -> (id, epoch)).
-    producers: dict[int, tuple[int, int]] = attrs.Factory(dict)
-    #: The member id and generation each captured JoinGroup response handed out
-    #: (correlation id -> (member id, generation or -1 if the join failed)).
-    joins: dict[int, tuple[str, int]] = attrs.Factory(dict)
-
-
-@attrs.define
-class Causality:
-    """The captured order of a run's responses, and how far the replay has got in it.
-
-    ``order`` maps (plan index, correlation id) to the response's place in its
-    run; ``done`` counts the leading responses the replay has received (or gave
-    up on). A request waits until ``done`` reaches its ``after_responses``.
-    """
-
-    order: dict[tuple[int, int], int] = attrs.Factory(dict)
-    received: list[bool] = attrs.Factory(list)
-    done: int = 0
     advanced: trio.Event = attrs.Factory(trio.Event)
 
-    def arrived(self, place: int) -> None:
-        self.received[place] = True
-        start = self.done
-        while self.done < len(self.received) and self.received[self.done]:
-            self.done += 1
-        if self.done != start:
+    def arrived(self, place: int) -> bool:
+        moved = super().arrived(place)
+        if moved:
             self.advanced.set()
             self.advanced = trio.Event()
+        return moved
 
     async def wait_for(self, count: int) -> bool:
         """Wait until ``count`` responses arrived; False if one of them never came."""
@@ -157,138 +116,25 @@ class Summary:
         )
 
 
-def _expects_response(request: Request) -> bool:
-    """Everything is answered except a Produce with acks=0."""
-    if request.api_key != PRODUCE:
-        return True
-    body: Any = decode_request(request.frame)[1]
-    return bool(body.acks != 0)
-
-
 def load_plans(capture_dir: Path) -> tuple[list[Plan], dict[str, str], int, int]:
     """Per captured connection its requests in order; the capture's topic id -> name map;
-    the number of requests skipped, and how many of those were held only in part."""
+    the number of requests skipped, and how many of those were held only in part
+    (:func:`~trio_broker.replay.plan.build_plans` over the capture's Parquet files)."""
     import pyarrow.parquet as pq
 
-    by_conn: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-    answered_at: dict[tuple[str, int, int], int] = {}
-    producers: dict[tuple[str, int, int], tuple[int, int]] = {}
-    joins: dict[tuple[str, int, int], tuple[str, int]] = {}
-    names: dict[str, str] = {}
-    for path in sorted(Path(capture_dir).glob("*.parquet")):
-        run = path.name.rsplit("-", 1)[0]
-        for row in pq.read_table(path).to_pylist():
-            if row["direction"] == REQUEST:
-                by_conn[(run, row["connection_id"])].append(row)
-                continue
-            key = (run, row["connection_id"], row["correlation_id"])
-            answered_at[key] = row["monotonic_ns"]
-            if row["api_key"] == INIT_PRODUCER_ID:
-                producer = _producer_handed_out(row["api_version"], row["frame"])
-                if producer is not None:
-                    producers[key] = producer
-            if row["api_key"] == JOIN_GROUP:
-                joined = _member_handed_out(row["api_version"], row["frame"])
-                if joined is not None:
-                    joins[key] = joined
-            if row["api_key"] == METADATA and len(row["frame"]) == row["frame_length"]:
-                for name, topic_id in _named_topic_ids(row["api_version"], row["frame"]).items():
-                    names[str(topic_id)] = name
-    starts: dict[str, int] = {}
-    for (run, _), rows in by_conn.items():
-        first = min(r["monotonic_ns"] for r in rows)
-        starts[run] = min(starts.get(run, first), first)
-    plans: list[Plan] = []
-    skipped = partial = 0
-    for (run, conn), rows in sorted(by_conn.items()):
-        rows.sort(key=lambda r: r["monotonic_ns"])
-        plan = Plan(run, conn, rows[0]["client_address"], [])
-        for r in rows:
-            if r["api_key"] in REDACTED_API_KEYS or len(r["frame"]) < r["frame_length"]:
-                skipped += 1
-                partial += r["api_key"] not in REDACTED_API_KEYS
-                continue
-            request = Request(
-                r["monotonic_ns"] - starts[run],
-                r["api_key"],
-                r["api_version"],
-                r["correlation_id"],
-                r["client_id"],
-                r["frame"],
-            )
-            plan.requests.append(request)
-            answer = answered_at.get((run, conn, request.correlation_id))
-            if answer is not None and _expects_response(request):
-                plan.responses[request.correlation_id] = answer - starts[run]
-            producer = producers.get((run, conn, request.correlation_id))
-            if producer is not None:
-                plan.producers[request.correlation_id] = producer
-            joined = joins.get((run, conn, request.correlation_id))
-            if joined is not None:
-                plan.joins[request.correlation_id] = joined
-        if plan.requests:
-            plans.append(plan)
-    return plans, names, skipped, partial
-
-
-def _response_body(api_key: int, version: int, frame: bytes) -> Any:
-    """A response frame's decoded body, or None if it does not decode."""
-    try:
-        return decode_response(api_key, version, frame)[1]
-    except Exception:
-        return None
-
-
-def _named_topic_ids(version: int, frame: bytes) -> dict[str, uuid.UUID]:
-    """Topic name -> topic id, from a Metadata response frame."""
-    body = _response_body(METADATA, version, frame)
-    if body is None:
-        return {}
-    return {
-        topic.name: topic.topic_id
-        for topic in body.topics
-        if topic.name and topic.topic_id is not None and topic.topic_id.int
-    }
-
-
-def _producer_handed_out(version: int, frame: bytes) -> tuple[int, int] | None:
-    """The (producer id, epoch) of a successful InitProducerId response frame."""
-    body = _response_body(INIT_PRODUCER_ID, version, frame)
-    if body is None or body.error_code != 0 or body.producer_id < 0:
-        return None
-    return int(body.producer_id), int(body.producer_epoch)
-
-
-def _member_handed_out(version: int, frame: bytes) -> tuple[str, int] | None:
-    """The (member id, generation) of a JoinGroup response frame: the generation is
-    -1 when the join failed (such as MEMBER_ID_REQUIRED, which still names the id)."""
-    body = _response_body(JOIN_GROUP, version, frame)
-    if body is None or not body.member_id:
-        return None
-    return str(body.member_id), int(body.generation_id) if body.error_code == 0 else -1
+    return build_plans(
+        (path.name.rsplit("-", 1)[0], pq.read_table(path).to_pylist())
+        for path in sorted(Path(capture_dir).glob("*.parquet"))
+    )
 
 
 def order_responses(plans: list[Plan]) -> dict[str, Causality]:
-    """Per run, the captured order of its responses; sets each request's ``after_responses``."""
-    by_run: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-    for index, plan in enumerate(plans):
-        for correlation_id, at_ns in plan.responses.items():
-            by_run[plan.run].append((at_ns, index, correlation_id))
-    runs: dict[str, Causality] = {}
-    times: dict[str, list[int]] = {}
-    for run, answers in by_run.items():
-        answers.sort()
-        runs[run] = Causality(
-            order={(index, corr): place for place, (_, index, corr) in enumerate(answers)},
-            received=[False] * len(answers),
-        )
-        times[run] = [at_ns for at_ns, _, _ in answers]
-    for plan in plans:
-        for request in plan.requests:
-            # Responses seen before this request was sent (strictly: one sent
-            # in the same nanosecond was not caused by it).
-            request.after_responses = bisect.bisect_left(times.get(plan.run, []), request.at_ns)
-    return runs
+    """Per run, the captured order of its responses; sets each request's ``after_responses``
+    (:func:`~trio_broker.replay.plan.order_responses`, each run's order made waitable)."""
+    return {
+        run: Causality(order.order, order.received, order.done)
+        for run, order in _plan.order_responses(plans).items()
+    }
 
 
 class Replayer:
@@ -302,18 +148,11 @@ class Replayer:
         out_dir: Path | None = None,
     ) -> None:
         self.plans = plans
-        self.source_names = source_topic_names
         self.target = target
         self.speed = speed
-        #: The target's topic ids by name, from the Metadata responses it sends us.
-        self.target_ids: dict[str, uuid.UUID] = {}
-        #: Captured (producer id, epoch) -> the target's, from InitProducerId responses.
-        #: Not per run: a producer keeps its id across broker restarts.
-        self.producer_ids: dict[tuple[int, int], tuple[int, int]] = {}
-        #: Captured member id -> the target's, and (group, captured generation) -> the
-        #: target's, from JoinGroup responses.
-        self.member_ids: dict[str, str] = {}
-        self.generations: dict[tuple[str, int], int] = {}
+        #: Topic ids, producer ids and epochs, member ids and generations: the capture's
+        #: to the target's, learnt from the target's responses.
+        self.ids = IdMap(source_topic_names)
         self.rows: list[CaptureRow] = []
         self.rotator: Any = None
         if out_dir is not None:
@@ -322,78 +161,6 @@ class Replayer:
             self.rotator = ParquetRotator(out_dir, 0, name="replay")
         self.summary = Summary(connections=len(plans))
         self.causality = order_responses(plans)
-
-    # ---------------------------------------------------------------- rewriting
-
-    def _frame_for_target(self, request: Request) -> bytes:
-        """The request as sent: topic ids, producer ids and epochs, member ids and
-        generations mapped from the capture's cluster to the target's."""
-        uses_ids = request.api_key in (PRODUCE, FETCH) and request.api_version >= 13
-        map_ids = uses_ids and bool(self.target_ids)
-        map_producers = request.api_key == PRODUCE and bool(self.producer_ids)
-        map_members = request.api_key in MEMBER_REQUESTS and bool(self.member_ids)
-        if not map_ids and not map_producers and not map_members:
-            return request.frame
-        body: Any
-        header, body = decode_request(request.frame)
-        if map_members:
-            self._map_members(body)
-        if map_ids:
-            topics = body.topic_data if request.api_key == PRODUCE else body.topics
-            extra = getattr(body, "forgotten_topics_data", None) or []
-            for topic in [*topics, *extra]:
-                name = self.source_names.get(str(topic.topic_id))
-                if name is not None and name in self.target_ids:
-                    topic.topic_id = self.target_ids[name]
-        if map_producers:
-            for topic in body.topic_data:
-                for part in topic.partition_data:
-                    if part.records is not None:
-                        part.records = self._map_producers(part.records)
-        return encode_request(
-            header.api_key, header.api_version, header.correlation_id, header.client_id, body
-        )[4:]
-
-    def _map_producers(self, records: Any) -> bytes:
-        """Records whose batches carry the target's producer id and epoch."""
-        buffer = bytearray(records)
-        batches, _tail = split_batches(buffer)
-        for batch in batches:
-            captured = (batch.producer_id, batch.producer_epoch)
-            target = self.producer_ids.get(captured)
-            if target is not None and target != captured:
-                batch.set_producer(*target)
-        return bytes(buffer)
-
-    def _map_members(self, body: Any) -> None:
-        """Member ids (the request's, a SyncGroup's assignments', a LeaveGroup's members')
-        and the generation, the target's in place of the capture's."""
-        for holder in [body, *(getattr(body, "assignments", None) or [])]:
-            holder.member_id = self.member_ids.get(holder.member_id, holder.member_id)
-        for member in getattr(body, "members", None) or []:  # LeaveGroup v3+
-            member.member_id = self.member_ids.get(member.member_id, member.member_id)
-        for field in ("generation_id", "generation_id_or_member_epoch"):
-            generation = getattr(body, field, None)
-            if generation is not None:
-                target = self.generations.get((body.group_id, generation), generation)
-                setattr(body, field, target)
-
-    def _learn_member(self, captured: tuple[str, int], request: Request, frame: bytes) -> None:
-        target = _member_handed_out(request.api_version, frame)
-        if target is None:
-            return
-        self.member_ids[captured[0]] = target[0]
-        if captured[1] >= 0 and target[1] >= 0:
-            group = decode_request(request.frame)[1].group_id  # type: ignore[attr-defined]
-            self.generations[(group, captured[1])] = target[1]
-
-    def _learn_producer(self, captured: tuple[int, int], version: int, frame: bytes) -> None:
-        target = _producer_handed_out(version, frame)
-        if target is not None:
-            self.producer_ids[captured] = target
-
-    def _learn_topic_ids(self, version: int, frame: bytes) -> None:
-        self.target_ids.update(_named_topic_ids(version, frame))
 
     # ---------------------------------------------------------------- recording
 
@@ -479,8 +246,8 @@ class Replayer:
                     await trio.sleep(max(0.0, (due - time.monotonic_ns()) / 1e9))
                 if not await causality.wait_for(request.after_responses):
                     self.summary.causality_timeouts += 1
-                frame = self._frame_for_target(request)
-                if _expects_response(request):
+                frame = self.ids.frame_for_target(request)
+                if expects_response(request):
                     pending[request.correlation_id] = request
                 self._record(number, address, request.client_id, REQUEST, request, frame)
                 try:
@@ -525,13 +292,10 @@ class Replayer:
                 place = causality.order.get((number - 1, corr))
                 if place is not None:
                     causality.arrived(place)
-                if request.api_key == METADATA:
-                    self._learn_topic_ids(request.api_version, frame)
                 plan = self.plans[number - 1]
-                if corr in plan.producers:
-                    self._learn_producer(plan.producers[corr], request.api_version, frame)
-                if corr in plan.joins:
-                    self._learn_member(plan.joins[corr], request, frame)
+                self.ids.learn(
+                    request, frame, producer=plan.producers.get(corr), join=plan.joins.get(corr)
+                )
                 self._record(number, address, request.client_id, RESPONSE, request, frame)
                 if all_sent.is_set() and not pending:
                     drained.set()
