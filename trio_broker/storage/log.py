@@ -18,6 +18,10 @@ log start offset) happen under a short lock, and files retention removes keep
 their descriptors open for ``file_delete_delay_ms`` so an in-flight sendfile or
 fsync never hits a closed or recycled descriptor.
 
+Opening a directory (the clean path, or recovery after a crash: truncating torn tails,
+rebuilding indexes) is :mod:`trio_broker.storage.loader`'s; :meth:`PartitionLog.open`
+builds the log from what it found.
+
 This module never imports trio; it blocks only in plain ``os`` calls.
 """
 
@@ -36,36 +40,25 @@ from pathlib import Path
 import attrs
 
 from trio_broker.storage import _batch
-from trio_broker.storage.durable import (
-    TMP_SUFFIX,
-    fsync_dir,
-    make_dirs_durable,
-    write_file_atomically,
-)
+from trio_broker.storage.durable import fsync_dir, make_dirs_durable, write_file_atomically
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
-from trio_broker.storage.index import (
-    INDEX_ENTRY_MIN_BYTES,
-    OffsetIndex,
-    SegmentIndexer,
-    TimeIndex,
-    quick_check,
+from trio_broker.storage.index import INDEX_ENTRY_MIN_BYTES
+from trio_broker.storage.loader import (
+    CLEAN_SHUTDOWN_MARKER,
+    LOG_START_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    LogLoader,
+    RecoveryReport,
 )
-from trio_broker.storage.recovery import scan_segment
 from trio_broker.storage.segment import (
-    INDEX_SUFFIX,
     LOG_SUFFIX,
-    TIMEINDEX_SUFFIX,
     Segment,
     iter_batches,
     iter_headers,
-    parse_segment_name,
     pread_exact,
     segments_to_delete,
 )
 
-LOG_START_CHECKPOINT = "log-start-offset.checkpoint"
-RECOVERY_POINT_CHECKPOINT = "recovery-point.checkpoint"
-CLEAN_SHUTDOWN_MARKER = ".clean-shutdown"
 #: Written, fsynced and removed by :meth:`PartitionLog.reload` to test the disk (".tmp":
 #: the loader deletes a leftover one).
 DISK_PROBE = ".disk-probe.tmp"
@@ -167,17 +160,6 @@ class FileRegion:
         return pread_exact(self.fd, self.length, self.position)
 
 
-@attrs.frozen
-class RecoveryReport:
-    """What ``open`` found; kept on the log for logs, metrics and tests."""
-
-    clean: bool
-    segments_scanned: int = 0
-    bytes_truncated: int = 0
-    segments_dropped: int = 0
-    stop_reason: str | None = None
-
-
 class PartitionLog:
     """The on-disk log of one partition. Create with :meth:`open`."""
 
@@ -227,7 +209,7 @@ class PartitionLog:
         directory = Path(directory)
         try:
             make_dirs_durable(directory)
-            return _Loader(directory, config, now_ms).load()
+            return cls._load(directory, config, now_ms)
         except OSError as exc:
             raise StorageError(f"cannot open log {directory}: {exc}") from exc
 
@@ -320,7 +302,23 @@ class PartitionLog:
             os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(probe)
-        return _Loader(self.directory, self.config, self._now_ms).load()
+        return self._load(self.directory, self.config, self._now_ms)
+
+    @classmethod
+    def _load(cls, directory: Path, config: LogConfig, now_ms: Callable[[], int]) -> PartitionLog:
+        """Read the directory back (:mod:`~trio_broker.storage.loader`) and build the log."""
+        loaded = LogLoader(directory, config.index_interval_bytes, now_ms).load()
+        log = cls(
+            directory, config, now_ms, loaded.segments, loaded.log_start_offset, loaded.recovery
+        )
+        log._persisted_log_start = loaded.persisted_log_start
+        log._recovery_point = loaded.recovery_point
+        log._persist_log_start()
+        if not loaded.recovery.clean:
+            # The scanned data may still be only in the page cache: sync it (and
+            # the rebuilt indexes) before calling it durable.
+            log._sync_segments(loaded.segments)
+        return log
 
     def adopt(self, fresh: PartitionLog) -> None:
         """Take over ``fresh`` (from :meth:`reload`) in place and go back online.
@@ -687,303 +685,3 @@ class PartitionLog:
 
 def _base_of(segment: Segment) -> int:
     return segment.base_offset
-
-
-# ---------------------------------------------------------------------- loading
-
-
-class _Loader:
-    """Builds a PartitionLog from a directory: the clean path or crash recovery."""
-
-    def __init__(self, directory: Path, config: LogConfig, now_ms: Callable[[], int]) -> None:
-        self.directory = directory
-        self.config = config
-        self.now_ms = now_ms
-        self.dir_dirty = False
-
-    def load(self) -> PartitionLog:
-        d = self.directory
-        names = {p.name for p in d.iterdir()}
-        for name in names:
-            if name.endswith(TMP_SUFFIX):  # an atomic write that never got renamed
-                os.unlink(d / name)
-                self.dir_dirty = True
-        bases = sorted(b for n in names if (b := parse_segment_name(n)) is not None)
-        stems = {f"{b:020d}" for b in bases}
-        for name in names:
-            stem, _, suffix = name.partition(".")
-            if "." + suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX) and stem not in stems:
-                os.unlink(d / name)  # indexes of a segment that is gone
-                self.dir_dirty = True
-        log_start = _read_int(d / LOG_START_CHECKPOINT)
-        recovery_point = _read_int(d / RECOVERY_POINT_CHECKPOINT)
-        marker = _read_marker(d / CLEAN_SHUTDOWN_MARKER)
-        if CLEAN_SHUTDOWN_MARKER in names:
-            # Gone (durably) before anything can be appended: a stale marker
-            # after a later crash would skip a scan that is needed.
-            os.unlink(d / CLEAN_SHUTDOWN_MARKER)
-            self.dir_dirty = True
-
-        segments: list[Segment] | None = None
-        report = RecoveryReport(clean=True)
-        if marker is not None and bases and marker.get("active_segment") == bases[-1]:
-            segments = self._load_clean(bases, marker)
-        if segments is None:
-            segments, report = self._recover(bases, recovery_point)
-
-        start = max(log_start or 0, segments[0].base_offset)
-        end = segments[-1].next_offset
-        # The checkpoint is written before segments are deleted, so it is never
-        # below the first segment. If it is, the first segment was lost in the
-        # crash (its directory entry never made durable) and what follows can't
-        # be served: offsets would have a hole. Nothing there was durable -
-        # a flush syncs the directory before declaring anything durable.
-        hole = not report.clean and log_start is not None and segments[0].base_offset > log_start
-        if start > end or hole:
-            # Also: DeleteRecords moved the start past data a crash then lost.
-            # Every offset below the start is gone anyway, so begin empty at it.
-            start = log_start if hole and log_start is not None else start
-            for segment in segments:
-                segment.unlink()
-                segment.close()
-            segments = [self._new_segment(start)]
-            report = attrs.evolve(report, segments_dropped=report.segments_dropped + 1)
-            self.dir_dirty = True
-        if self.dir_dirty:
-            fsync_dir(d)
-        for segment in segments:
-            segment.dir_synced = True
-        log = PartitionLog(d, self.config, self.now_ms, segments, start, report)
-        # A missing checkpoint means "the first segment's base offset", and a
-        # recovery point at the first segment trusts nothing: neither needs a
-        # file until it says more than that (saves fsyncs when creating topics).
-        first_base = segments[0].base_offset
-        log._persisted_log_start = first_base if log_start is None else log_start
-        log._recovery_point = max(first_base, -1 if recovery_point is None else recovery_point)
-        active_base = segments[-1].base_offset
-        if log._recovery_point > active_base:
-            # Recovery dropped the segments after a trusted one, which is now
-            # active again and will change: stop vouching for it before any append.
-            write_file_atomically(d / RECOVERY_POINT_CHECKPOINT, b"%d\n" % active_base)
-            log._recovery_point = active_base
-        log._persist_log_start()
-        if not report.clean:
-            # The scanned data may still be only in the page cache: sync it (and
-            # the rebuilt indexes) before calling it durable.
-            log._sync_segments(segments)
-        return log
-
-    def _new_segment(self, base: int) -> Segment:
-        segment = Segment.create(
-            self.directory, base, self.config.index_interval_bytes, self.now_ms()
-        )
-        segment.synced_size = 0
-        os.fdatasync(segment.fd)
-        self.dir_dirty = True
-        return segment
-
-    # -- clean path: trust everything the marker vouches for
-    def _load_clean(self, bases: list[int], marker: dict[str, int]) -> list[Segment] | None:
-        segments: list[Segment] = []
-        try:
-            for i, base in enumerate(bases):
-                last = i == len(bases) - 1
-                next_base = marker["log_end_offset"] if last else bases[i + 1]
-                segment = self._load_trusted(base, next_base, active=last)
-                if segment is None:
-                    raise _Untrusted
-                segments.append(segment)
-            if segments[-1].size != marker.get("active_size"):
-                raise _Untrusted
-        except (_Untrusted, KeyError, TypeError):
-            for segment in segments:
-                segment.close()
-            return None
-        return segments
-
-    def _load_trusted(self, base: int, next_base: int, *, active: bool) -> Segment | None:
-        """A segment whose files were fully synced: read its indexes, don't scan.
-
-        None when the index files fail the sanity check (the caller scans then).
-        """
-        fd = Segment.open_file(self.directory, base)
-        try:
-            stat = os.fstat(fd)
-            size = stat.st_size
-            offset_index, time_index = self._load_indexes(base, active=active)
-            if (
-                offset_index is None
-                or time_index is None
-                or not quick_check(offset_index, time_index, size, next_base - base)
-            ):
-                raise _Untrusted
-        except (_Untrusted, OSError):
-            os.close(fd)
-            return None
-        indexer = SegmentIndexer.resume(
-            self.config.index_interval_bytes, offset_index, time_index, size
-        )
-        mtime = stat.st_mtime_ns // 1_000_000
-        first_ts = _first_batch_timestamp(fd, size, mtime) if active else None
-        segment = Segment(
-            self.directory,
-            base,
-            fd,
-            size=size,
-            next_offset=next_base,
-            indexer=indexer,
-            first_batch_timestamp=first_ts,
-        )
-        segment.last_modified_ms = mtime
-        segment.synced_size = size
-        if not active:
-            segment.sealed = True
-            segment.fully_synced = True
-            indexer.offset_index.freeze()
-            indexer.time_index.freeze()
-        return segment
-
-    def _load_indexes(
-        self, base: int, *, active: bool
-    ) -> tuple[OffsetIndex | None, TimeIndex | None]:
-        stem = self.directory / f"{base:020d}"
-        loaded: list[OffsetIndex | TimeIndex | None] = []
-        for suffix, cls in ((INDEX_SUFFIX, OffsetIndex), (TIMEINDEX_SUFFIX, TimeIndex)):
-            try:
-                fd = os.open(stem.with_suffix(suffix), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                loaded.append(None)
-                continue
-            try:
-                index = cls.load(fd, mutable=active)
-            finally:
-                os.close(fd)
-            loaded.append(index)  # type: ignore[arg-type]
-        offset_index, time_index = loaded
-        assert offset_index is None or isinstance(offset_index, OffsetIndex)
-        assert time_index is None or isinstance(time_index, TimeIndex)
-        return offset_index, time_index
-
-    # -- crash path
-    def _recover(
-        self, bases: list[int], recovery_point: int | None
-    ) -> tuple[list[Segment], RecoveryReport]:
-        segments: list[Segment] = []
-        scanned = truncated = dropped = 0
-        reason: str | None = None
-        expected: int | None = None
-        for i, base in enumerate(bases):
-            last = i == len(bases) - 1
-            if reason is not None or (expected is not None and base != expected):
-                # Everything after the first bad batch (or an offset gap) goes:
-                # keeping it would leave a hole in the offsets.
-                reason = reason or f"segment {base} does not continue at {expected}"
-                self._drop(base)
-                dropped += 1
-                continue
-            segment: Segment | None = None
-            if recovery_point is not None and base < recovery_point and not last:
-                segment = self._load_trusted(base, bases[i + 1], active=False)
-            if segment is None:
-                segment, cut, reason = self._scan(base)
-                scanned += 1
-                truncated += cut
-            segments.append(segment)
-            expected = segment.next_offset
-        # A crash can leave the newest segment files empty (created, nothing
-        # durable written); drop them so the log continues in the previous one.
-        while len(segments) > 1 and segments[-1].size == 0:
-            empty = segments.pop()
-            empty.unlink()
-            empty.close()
-            self.dir_dirty = True
-            dropped += 1
-        if not segments:
-            segments = [self._new_segment(0)]
-        active = segments[-1]
-        if active.sealed:
-            # It was trusted as sealed but is now the newest: reopen it for appends.
-            active.sealed = active.fully_synced = False
-            offset_index = OffsetIndex(bytearray(active.offset_index.raw()))
-            time_index = TimeIndex(bytearray(active.time_index.raw()))
-            active.offset_index.close()
-            active.time_index.close()
-            active.indexer = SegmentIndexer.resume(
-                self.config.index_interval_bytes, offset_index, time_index, active.size
-            )
-            active.first_batch_timestamp = _first_batch_timestamp(
-                active.fd, active.size, active.last_modified_ms
-            )
-        for segment in segments[:-1]:
-            if not segment.sealed:
-                segment.seal()  # the flush below writes and syncs its rebuilt indexes
-        return segments, RecoveryReport(
-            clean=False,
-            segments_scanned=scanned,
-            bytes_truncated=truncated,
-            segments_dropped=dropped,
-            stop_reason=reason,
-        )
-
-    def _scan(self, base: int) -> tuple[Segment, int, str | None]:
-        fd = Segment.open_file(self.directory, base)
-        stat = os.fstat(fd)
-        indexer = SegmentIndexer(self.config.index_interval_bytes)
-        result = scan_segment(fd, stat.st_size, base, indexer)
-        cut = stat.st_size - result.valid_size
-        if cut:
-            os.ftruncate(fd, result.valid_size)
-        first_ts = result.first_batch_timestamp
-        mtime = stat.st_mtime_ns // 1_000_000
-        segment = Segment(
-            self.directory,
-            base,
-            fd,
-            size=result.valid_size,
-            next_offset=result.next_offset,
-            indexer=indexer,
-            first_batch_timestamp=(first_ts if first_ts is None or first_ts >= 0 else mtime),
-        )
-        segment.last_modified_ms = mtime
-        return segment, cut, result.stop_reason
-
-    def _drop(self, base: int) -> None:
-        stem = self.directory / f"{base:020d}"
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(stem.with_suffix(suffix))
-        self.dir_dirty = True
-
-
-class _Untrusted(Exception):
-    pass
-
-
-def _first_batch_timestamp(fd: int, size: int, mtime_ms: int) -> int | None:
-    """segment.ms counts from the first batch's maxTimestamp (the mtime without one)."""
-    if size < _batch.HEADER_SIZE:
-        return None
-    ts = _batch.max_timestamp(pread_exact(fd, _batch.HEADER_SIZE, 0))
-    return ts if ts >= 0 else mtime_ms
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    try:
-        value = int(raw.decode("ascii").strip())
-    except ValueError:  # UnicodeDecodeError included
-        return None  # a damaged checkpoint is treated as absent: recovery is safe
-    return value if value >= 0 else None
-
-
-def _read_marker(path: Path) -> dict[str, int] | None:
-    try:
-        data = json.loads(path.read_bytes())
-    except (FileNotFoundError, ValueError):
-        return None
-    if not isinstance(data, dict) or not all(isinstance(v, int) for v in data.values()):
-        return None
-    return data
