@@ -24,6 +24,7 @@ import attrs
 
 from trio_broker.protocol.messages import decode_request, decode_response, encode_request
 from trio_broker.protocol.records import split_batches
+from trio_broker.protocol.schema import uses_topic_ids
 
 __all__ = [
     "FETCH",
@@ -111,7 +112,10 @@ class IdMap:
     def frame_for_target(self, request: CapturedRequest) -> bytes:
         """The request as sent: topic ids, producer ids and epochs, member ids and
         generations mapped from the capture's cluster to the target's."""
-        uses_ids = request.api_key in (PRODUCE, FETCH) and request.api_version >= 13
+        # Produce and Fetch are the requests whose topic ids are rewritten here.
+        uses_ids = request.api_key in (PRODUCE, FETCH) and uses_topic_ids(
+            request.api_key, request.api_version
+        )
         map_ids = uses_ids and bool(self.target_ids)
         map_producers = request.api_key == PRODUCE and bool(self.producer_ids)
         map_members = request.api_key in MEMBER_REQUESTS and bool(self.member_ids)

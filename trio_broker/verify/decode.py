@@ -23,10 +23,11 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from trio_broker.protocol.messages import decode_request, decode_response
+from trio_broker.protocol.messages import ApiKey, decode_request, decode_response
 from trio_broker.protocol.records import split_batches
 
-PRODUCE, FETCH, METADATA, OFFSET_COMMIT, SYNC_GROUP = 0, 1, 3, 8, 14
+PRODUCE, FETCH, METADATA = ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA
+OFFSET_COMMIT, SYNC_GROUP = ApiKey.OFFSET_COMMIT, ApiKey.SYNC_GROUP
 
 #: (name, arrow type name, Spark SQL type)
 FACT_FIELDS: tuple[tuple[str, str, str], ...] = (

@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trio_broker.protocol.schema import uses_topic_ids
 from trio_broker.verify.decode import (
     FACT_FIELDS,
     FETCH,
@@ -365,7 +366,7 @@ def _produce_requests(
     _, _, pos = reader.string(rows, pos, end, flex, nullable=True)  # transactional id
     pos = pos + 6  # acks, timeout
     topics, pos = reader.count(rows, pos, end, flex)
-    table = _Topics(by_id=version >= 13)
+    table = _Topics(by_id=uses_topic_ids(PRODUCE, version))
     segments: list[tuple[Array, ...]] = []
     for t in _each(reader, rows, topics):
         r, p, e = rows[t], pos[t], end[t]
@@ -413,7 +414,7 @@ def _produce_responses(
     if flex:
         pos = reader.no_tags(rows, pos, end)
     topics, pos = reader.count(rows, pos, end, flex)
-    table = _Topics(by_id=version >= 13)
+    table = _Topics(by_id=uses_topic_ids(PRODUCE, version))
     acks: list[tuple[Array, ...]] = []
     fixed = 30 if version >= 5 else 22  # index, error, base offset, append time, log start
     for t in _each(reader, rows, topics):
@@ -456,7 +457,7 @@ def _fetch_responses(
         pos = reader.no_tags(rows, pos, end)
     pos = pos + (10 if version >= 7 else 4)  # throttle time, error code, session id
     topics, pos = reader.count(rows, pos, end, flex)
-    table = _Topics(by_id=version >= 13)
+    table = _Topics(by_id=uses_topic_ids(FETCH, version))
     heads: list[tuple[Array, ...]] = []
     segments: list[tuple[Array, ...]] = []
     fixed = 30 if version >= 5 else 22  # index, error, high watermark, LSO, log start

@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from trio_broker.protocol.schema import TOPIC_ID_VERSIONS
 from trio_broker.verify.checks import (
     CHECKS,
     EXAMPLES,
@@ -218,8 +219,12 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
 
 
 #: Requests and responses that may name topics by id (Produce v13+, Fetch v13+,
-#: OffsetCommit v10+); only captures holding such frames need the Metadata pass.
-_BY_ID = "(api_key IN (0, 1) AND api_version >= 13) OR (api_key = 8 AND api_version >= 10)"
+#: OffsetCommit and OffsetFetch v10+, from the schema table); only captures holding
+#: such frames need the Metadata pass.
+_BY_ID = " OR ".join(
+    f"(api_key = {key} AND api_version >= {first})"
+    for key, first in sorted(TOPIC_ID_VERSIONS.items())
+)
 
 
 def _topic_ids(decode_input: Any) -> list[tuple[int, int]]:
