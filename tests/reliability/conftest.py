@@ -54,9 +54,11 @@ class ConfiguredBroker(BrokerProcess):
         processing_model: str = "pipelined",
         storage: str = "file",
         config: dict[str, Any] | None = None,
+        config_path: Path | None = None,
     ) -> None:
+        """``config_path``: where to write the TOML file (default: next to the data dir)."""
         super().__init__(data_dir, processing_model, storage)
-        self.config_path = data_dir.parent / f"{data_dir.name}-broker.toml"
+        self.config_path = config_path or data_dir.parent / f"{data_dir.name}-broker.toml"
         self.config_path.write_text(
             "".join(f'"{k}" = {_toml_value(v)}\n' for k, v in (config or {}).items())
         )
