@@ -32,9 +32,8 @@ from trio_broker.protocol.schema import (
     SCHEMAS,
     Message,
     MessageSchema,
+    snake_case,
 )
-
-API_VERSIONS_KEY = 18
 
 
 class ApiKey:
@@ -78,11 +77,11 @@ class ApiKey:
     DESCRIBE_PRODUCERS = 61
 
 
-#: API key -> its name in :class:`ApiKey` ("PRODUCE"): the one table of API names
-#: (metrics labels and verify reports spell it their way from here).
-API_KEY_NAMES: dict[int, str] = {
-    value: name for name, value in vars(ApiKey).items() if name.isupper() and isinstance(value, int)
-}
+#: API key -> its name as in :class:`ApiKey` ("PRODUCE", "LIST_OFFSETS"), derived from
+#: the schema table (metrics labels and verify reports spell it their way from here);
+#: tests/unit/test_api_names.py checks that ApiKey's constants agree with it.
+API_KEY_NAMES: dict[int, str] = {key: snake_case(name).upper() for key, name in API_NAMES.items()}
+API_VERSIONS_KEY = ApiKey.API_VERSIONS
 
 
 @attrs.frozen
