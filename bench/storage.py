@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fsync_cycle import cycle
 
+from trio_broker.protocol.records import build_batch
 from trio_broker.server.flusher import Flusher
-from trio_broker.storage._batch import build_batch
 from trio_broker.storage.log import LogConfig, PartitionLog
 
 KIB = 1024
@@ -63,7 +63,7 @@ CONFIG = LogConfig(segment_bytes=256 * MIB, retention_ms=None)
 
 def make_batch(size: int) -> bytearray:
     """One record whose batch is about ``size`` bytes (header and framing included)."""
-    return build_batch([b"x" * max(0, size - 80)], keys=[b"k"])
+    return build_batch([(b"k", b"x" * max(0, size - 80))], base_timestamp=0)
 
 
 def row(

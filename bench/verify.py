@@ -57,10 +57,16 @@ class Templates:
     def __init__(self) -> None:
         import trio_broker.protocol.messages as m
         from trio_broker.protocol.messages import encode_request, encode_response
-        from trio_broker.storage._batch import build_batch
+        from trio_broker.protocol.records import build_batch
 
         self.batch = bytes(
-            build_batch([b"v" * 100], producer_id=7, producer_epoch=0, base_sequence=0)
+            build_batch(
+                [(None, b"v" * 100)],
+                producer_id=7,
+                producer_epoch=0,
+                base_sequence=0,
+                base_timestamp=0,
+            )
         )
         self.produce: list[tuple[bytes, int]] = []
         for partition in range(PARTITIONS):

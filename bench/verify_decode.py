@@ -73,13 +73,18 @@ def write_mixed_capture(frames: int, directory: Path, seed: int = 7) -> int:
 
     import trio_broker.protocol.messages as m
     from trio_broker.protocol.messages import encode_request, encode_response
-    from trio_broker.storage._batch import build_batch
+    from trio_broker.protocol.records import build_batch
 
     rnd = random.Random(seed)
     P, R, F = m.ProduceRequest, m.ProduceResponse, m.FetchResponse
     PPR = R.TopicProduceResponse.PartitionProduceResponse
     PD = F.FetchableTopicResponse.PartitionData
-    batch = [bytes(build_batch([b"v" * 100] * n, producer_id=3, base_sequence=0)) for n in (1, 5)]
+    batch = [
+        bytes(
+            build_batch([(None, b"v" * 100)] * n, producer_id=3, base_sequence=0, base_timestamp=0)
+        )
+        for n in (1, 5)
+    ]
 
     def records(count: int) -> bytes:
         return b"".join(rnd.choice(batch) for _ in range(count))

@@ -15,10 +15,10 @@ import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trio_broker.protocol.batch_header import HEADER_SIZE
 from trio_broker.protocol.compression import Compression, compress
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import (
-    HEADER_SIZE,
     Header,
     Record,
     RecordBatchView,

@@ -6,7 +6,7 @@ append gets and the bytes it stores, where segments roll, what a read returns,
 what a timestamp lookup finds, which segments a retention pass deletes - by linear
 scans over its own list of batches, following docs/storage.md. It takes nothing
 from trio_broker but the ``LogConfig`` and ``OffsetOutOfRange`` types (the machine
-also builds its input batches with ``_batch.build_batch``). After every step the
+also builds its input batches with ``protocol.records.build_batch``). After every step the
 log's offsets, segment layout, segment files and content must be the model's, and
 a retention pass must delete every segment the model finds eligible and no other.
 
@@ -50,7 +50,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from spec import storage_model
 from tests.powerloss import PowerCut
-from trio_broker.storage import _batch
+from trio_broker.protocol.records import build_batch
 from trio_broker.storage.errors import OffsetOutOfRange
 from trio_broker.storage.log import LogConfig, PartitionLog
 
@@ -333,7 +333,9 @@ class StorageMachine(RuleBasedStateMachine):
             self.clock += advance
             self.tag += 1
             values = [bytes([self.tag % 251]) * value_size for _ in range(records)]
-            batch = _batch.build_batch(values, timestamp=max(0, self.clock + skew))
+            batch = build_batch(
+                [(None, v) for v in values], base_timestamp=max(0, self.clock + skew)
+            )
             want = self.model.append(bytes(batch), records, self.clock, log_append_time)
             got = self.log.append(batch, now_ms=self.clock, log_append_time=log_append_time)
             assert (got.base_offset, got.last_offset, got.log_append_time) == want[:3]

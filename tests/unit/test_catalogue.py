@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trio_broker.storage._batch import build_batch
+from trio_broker.protocol.records import build_batch
 from trio_broker.storage.catalogue import CATALOGUE_FILE, Catalogue, validate_topic_name
 from trio_broker.storage.errors import (
     InvalidPartitionsError,
@@ -80,7 +80,7 @@ def test_delete_removes_the_partition_directories(tmp_path: Path) -> None:
     cat.create_topic("t", 2)
     for p in range(2):
         log = PartitionLog.open(cat.partition_dir("t", p), LogConfig())
-        log.append(build_batch([b"x"]), now_ms=0)
+        log.append(build_batch([(None, b"x")], base_timestamp=0), now_ms=0)
         log.close()
     cat.delete_topic("t")
     assert sorted(os.listdir(tmp_path)) == [CATALOGUE_FILE]
@@ -91,7 +91,7 @@ def test_a_recreated_topic_does_not_inherit_stale_data(tmp_path: Path) -> None:
     cat = Catalogue(tmp_path)
     # as if a delete crashed after writing the catalogue, before removing data
     stale = PartitionLog.open(cat.partition_dir("t", 0), LogConfig())
-    stale.append(build_batch([b"old"]), now_ms=0)
+    stale.append(build_batch([(None, b"old")], base_timestamp=0), now_ms=0)
     stale.close()
     cat.create_topic("t", 1)
     fresh = PartitionLog.open(cat.partition_dir("t", 0), LogConfig())

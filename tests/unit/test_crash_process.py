@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from trio_broker.storage import _batch
+from trio_broker.protocol import batch_header
 from trio_broker.storage.log import LogConfig, PartitionLog
 
 KILLS = int(os.environ.get("CRASH_KILLS", "50"))
@@ -37,8 +37,9 @@ CONFIG = LogConfig(segment_bytes=256 * 1024, index_interval_bytes=4096, retentio
 CHILD = r"""
 import os, random, sys
 import trio
+from trio_broker.protocol import batch_header
+from trio_broker.protocol.records import build_batch
 from trio_broker.server.flusher import Flusher
-from trio_broker.storage import _batch
 from trio_broker.storage.log import LogConfig, PartitionLog
 
 directory, seed = sys.argv[1], int(sys.argv[2])
@@ -52,11 +53,11 @@ async def writer(flusher, wid):
     while True:
         size = rng.choice([100, 1000, 4000, 20000])
         values = [b"%d:%d:" % (wid, seq) + bytes([wid]) * size for _ in range(rng.randint(1, 3))]
-        batch = _batch.build_batch(values, timestamp=seq)
+        batch = build_batch([(None, v) for v in values], base_timestamp=seq)
         result = log.append(batch, now_ms=seq)
         flusher.mark_dirty(log)
         await flusher.wait_durable(log, result.last_offset)
-        os.write(1, b"d %d %d %d\n" % (result.base_offset, result.last_offset, _batch.stored_crc(batch)))
+        os.write(1, b"d %d %d %d\n" % (result.base_offset, result.last_offset, batch_header.stored_crc(batch)))
         seq += 1
 
 async def main():
@@ -98,9 +99,11 @@ def _verify(directory: Path, durable: dict[int, tuple[int, int]]) -> PartitionLo
     pos, expected = 0, 0
     stored: dict[int, tuple[int, int]] = {}
     while pos < len(data):
-        header = _batch.parse_header(data, pos)
+        header = batch_header.unpack_header(data, pos)
         assert header.base_offset == expected, "offsets are not contiguous"
-        assert _batch.crc_matches(data[pos : pos + header.size]), f"corrupt batch at {expected}"
+        assert batch_header.crc_matches(data[pos : pos + header.size]), (
+            f"corrupt batch at {expected}"
+        )
         stored[header.base_offset] = (header.last_offset, header.crc)
         expected = header.last_offset + 1
         pos += header.size

@@ -33,6 +33,7 @@ from trio_broker.groups.offsets_store import (
     OffsetKey,
     OffsetsStore,
 )
+from trio_broker.protocol.records import build_batch
 from trio_broker.security.acl import AclBinding, Operation, PatternType, Permission, ResourceType
 from trio_broker.security.acl_store import AclStore
 from trio_broker.security.credentials import CREDENTIALS_FILE, CredentialStore
@@ -46,7 +47,6 @@ from trio_broker.services.producers import (
 from trio_broker.services.quotas import QuotaService
 from trio_broker.services.topics import TopicManager
 from trio_broker.state.quota import parse_entity
-from trio_broker.storage import _batch
 from trio_broker.storage.catalogue import CATALOGUE_FILE, Catalogue
 from trio_broker.storage.errors import OffsetOutOfRange
 from trio_broker.storage.log import (
@@ -64,7 +64,7 @@ def cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> PowerCut:
 
 
 def batch(tag: int = 0, n: int = 2) -> bytearray:
-    return _batch.build_batch([bytes([tag]) * 30] * n, timestamp=1_000, keys=[b"k"] * n)
+    return build_batch([(b"k", bytes([tag]) * 30)] * n, base_timestamp=1_000)
 
 
 def read_all(log: PartitionLog) -> bytes:

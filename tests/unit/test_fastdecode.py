@@ -29,7 +29,7 @@ from trio_broker.capture.compact import (  # noqa: E402
 )
 from trio_broker.protocol.codec import RecordsChunks  # noqa: E402
 from trio_broker.protocol.messages import encode_request, encode_response  # noqa: E402
-from trio_broker.storage._batch import build_batch  # noqa: E402
+from trio_broker.protocol.records import build_batch  # noqa: E402
 from trio_broker.verify.decode import (  # noqa: E402
     NEEDED_COLUMNS,
     decode_rows,
@@ -111,7 +111,8 @@ def record_blobs(draw: Any) -> bytes | None:
     blob = b""
     for _ in range(draw(st.integers(0, 3))):
         batch = build_batch(
-            [b"v" * draw(st.integers(0, 30)) for _ in range(draw(st.integers(1, 3)))],
+            [(None, b"v" * draw(st.integers(0, 30))) for _ in range(draw(st.integers(1, 3)))],
+            base_timestamp=0,
             base_offset=draw(st.integers(0, 2**40)),
             producer_id=draw(st.sampled_from([-1, 0, 7, 2**40])),
             producer_epoch=draw(st.integers(-1, 5)),
@@ -126,7 +127,7 @@ def record_blobs(draw: Any) -> bytes | None:
         blob += bytes(batch)
     tail = draw(st.sampled_from([0, 0, 0, 5, 12, 40, 70]))
     if tail:
-        batch = build_batch([b"x" * 20])
+        batch = build_batch([(None, b"x" * 20)], base_timestamp=0)
         blob += bytes(batch[:tail])
     return blob
 
@@ -294,8 +295,8 @@ def test_same_facts_as_the_reference(rows: list[Row]) -> None:
 def test_plain_frames_take_the_fast_path(direction: str, key: int, version: int) -> None:
     """Every supported version is decoded without the reference (so the equivalence
     above is not the reference compared with itself)."""
-    batch = build_batch([b"a", b"b"], base_offset=40, producer_id=9, producer_epoch=1,
-                        base_sequence=3)  # fmt: skip
+    batch = build_batch([(None, b"a"), (None, b"b")], base_offset=40, producer_id=9,
+                        producer_epoch=1, base_sequence=3, base_timestamp=0)  # fmt: skip
     records = bytes(batch) * 2
     topic_id = uuid.UUID("12345678-9abc-def0-1234-56789abcdef0")
     if direction == "request":
@@ -348,7 +349,15 @@ def test_plain_frames_take_the_fast_path(direction: str, key: int, version: int)
 def test_compacted_produce_requests_decode_like_whole_ones() -> None:
     """capture/compact.py cuts every batch to its header; frame_length stays the original."""
     records = b"".join(
-        bytes(build_batch([b"v" * 50] * n, producer_id=5, producer_epoch=0, base_sequence=n))
+        bytes(
+            build_batch(
+                [(None, b"v" * 50)] * n,
+                producer_id=5,
+                producer_epoch=0,
+                base_sequence=n,
+                base_timestamp=0,
+            )
+        )
         for n in (1, 3)
     )
     rows, compact_rows = [], []
@@ -370,7 +379,15 @@ def test_compacted_fetch_responses_decode_like_whole_ones() -> None:
     """The tap compacts a Fetch response from its message, reading only batch headers;
     a batch may straddle two records parts, and a partial trailing batch is left out."""
     batches = [
-        bytes(build_batch([b"v" * 50] * n, producer_id=5, producer_epoch=0, base_sequence=n))
+        bytes(
+            build_batch(
+                [(None, b"v" * 50)] * n,
+                producer_id=5,
+                producer_epoch=0,
+                base_sequence=n,
+                base_timestamp=0,
+            )
+        )
         for n in (1, 3, 2)
     ]
     records = batches[0] + batches[1] + batches[2][:70]  # a fetch cut at its byte limit
@@ -478,7 +495,9 @@ def test_varints_longer_than_five_bytes_are_the_references() -> None:
 def test_a_record_count_overflowing_int32_fails_both_paths() -> None:
     """lastOffsetDelta = 2**31 - 1: the reference's record count does not fit the fact
     column and building the batch raises; the fast path must not wrap it silently."""
-    batch = build_batch([b"v"], producer_id=1, producer_epoch=0, base_sequence=0)
+    batch = build_batch(
+        [(None, b"v")], producer_id=1, producer_epoch=0, base_sequence=0, base_timestamp=0
+    )
     batch[23:27] = (2**31 - 1).to_bytes(4, "big")
     body = P(acks=1, timeout_ms=5, topic_data=[P.TopicProduceData(name="t", partition_data=[
         P.TopicProduceData.PartitionProduceData(index=0, records=bytes(batch))])])  # fmt: skip
@@ -497,7 +516,7 @@ def test_a_few_long_arrays_go_to_the_reference(partitions: int, batches: int) ->
     """Walking 40 partitions (or batches) of two frames in lock-step costs more than the
     reference; such frames are handed to it (the short ones stay on the fast path)."""
     PD = F.FetchableTopicResponse.PartitionData
-    records = bytes(build_batch([b"x" * 10])) * batches
+    records = bytes(build_batch([(None, b"x" * 10)], base_timestamp=0)) * batches
     body = F(responses=[F.FetchableTopicResponse(topic="t", partitions=[
         PD(partition_index=i, records=records) for i in range(partitions)])])  # fmt: skip
     frame = _join(encode_response(1, 12, 5, body))[4:]
@@ -519,7 +538,11 @@ def test_real_client_produce_requests(path: Path) -> None:
 def test_invalid_utf8_and_mismatched_headers_go_to_the_reference() -> None:
     """Strings that are not UTF-8 (the codec refuses them), and request frames whose own
     header disagrees with their row (decode_request trusts the frame)."""
-    records = bytes(build_batch([b"x"], producer_id=4, producer_epoch=0, base_sequence=0))
+    records = bytes(
+        build_batch(
+            [(None, b"x")], producer_id=4, producer_epoch=0, base_sequence=0, base_timestamp=0
+        )
+    )
     body = P(acks=1, timeout_ms=5, topic_data=[P.TopicProduceData(name="tZ", partition_data=[
         P.TopicProduceData.PartitionProduceData(index=0, records=records)])])  # fmt: skip
     v3 = encode_request(0, 3, 1, "c", body)[4:]

@@ -11,8 +11,8 @@ import pytest
 import trio
 import trio.testing
 
+from trio_broker.protocol.records import build_batch
 from trio_broker.server.flusher import Flusher
-from trio_broker.storage._batch import build_batch
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.group_commit import DurabilityTracker, FlushPolicy, histogram_bucket
 from trio_broker.storage.log import LogConfig, PartitionLog
@@ -105,7 +105,7 @@ async def test_wait_durable_returns_after_the_fsync(tmp_path: Path) -> None:
     flusher = Flusher()
     async with trio.open_nursery() as nursery:
         await nursery.start(flusher.run)
-        result = log.append(build_batch([b"a", b"b"]), now_ms=0)
+        result = log.append(build_batch([(None, b"a"), (None, b"b")], base_timestamp=0), now_ms=0)
         flusher.mark_dirty(log, messages=2)
         assert log.durable_end_offset == 0
         await flusher.wait_durable(log, result.last_offset)
@@ -265,10 +265,10 @@ async def test_real_disk_error_through_the_flusher(
     flusher = Flusher()
     async with trio.open_nursery() as nursery:
         await nursery.start(flusher.run)
-        ok = log.append(build_batch([b"a"]), now_ms=0)
+        ok = log.append(build_batch([(None, b"a")], base_timestamp=0), now_ms=0)
         flusher.mark_dirty(log)
         await flusher.wait_durable(log, ok.last_offset)
-        bad = log.append(build_batch([b"b"]), now_ms=0)
+        bad = log.append(build_batch([(None, b"b")], base_timestamp=0), now_ms=0)
         real = os.fdatasync
 
         def eio(fd: int) -> None:
@@ -291,7 +291,7 @@ async def test_memory_log_through_the_flusher() -> None:
         await nursery.start(flusher.run)
         results = []
         for _ in range(10):
-            results.append(log.append(build_batch([b"x"]), now_ms=0))
+            results.append(log.append(build_batch([(None, b"x")], base_timestamp=0), now_ms=0))
             flusher.mark_dirty(log)
         await flusher.wait_durable(log, results[-1].last_offset)
         assert log.durable_end_offset == 10
@@ -305,7 +305,7 @@ async def test_many_concurrent_writers_share_fsyncs(tmp_path: Path) -> None:
 
     async def writer(n: int) -> None:
         for _ in range(n):
-            result = log.append(build_batch([b"v" * 1000]), now_ms=0)
+            result = log.append(build_batch([(None, b"v" * 1000)], base_timestamp=0), now_ms=0)
             flusher.mark_dirty(log)
             await flusher.wait_durable(log, result.last_offset)
 
@@ -327,7 +327,7 @@ async def test_a_log_aborted_with_waiters_fails_them_instead_of_spinning(tmp_pat
     flusher = Flusher()
     async with trio.open_nursery() as nursery:
         await nursery.start(flusher.run)
-        result = log.append(build_batch([b"a"]), now_ms=0)
+        result = log.append(build_batch([(None, b"a")], base_timestamp=0), now_ms=0)
         log.abort()  # e.g. the disk was pulled; nothing was synced
         flusher.mark_dirty(log)
         with pytest.raises(StorageError):

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trio_broker.protocol.batch_header import HEADER_SIZE
 from trio_broker.protocol.compression import Compression, compress
 from trio_broker.protocol.errors import (
     CorruptRecordError,
@@ -22,7 +23,6 @@ from trio_broker.protocol.errors import (
     UnsupportedCompressionError,
 )
 from trio_broker.protocol.records import (
-    HEADER_SIZE,
     LOG_APPEND_TIME,
     Header,
     Record,

@@ -16,6 +16,7 @@ from trio_broker.handlers.produce import (
     BatchRejected,
     validate_batch,
 )
+from trio_broker.protocol.batch_header import HEADER_SIZE, LOG_OVERHEAD, MIN_BATCH_LENGTH
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import (
@@ -23,13 +24,7 @@ from trio_broker.protocol.errors import (
     InvalidRecordError,
     UnsupportedCompressionError,
 )
-from trio_broker.protocol.records import (
-    HEADER_SIZE,
-    LENGTH_OVERHEAD,
-    MIN_BATCH_LENGTH,
-    RecordBatchView,
-    build_batch,
-)
+from trio_broker.protocol.records import RecordBatchView, build_batch
 
 _CRC = struct.Struct(">I")
 
@@ -69,7 +64,7 @@ def test_a_sound_batch_validates() -> None:
 
 def test_batch_length_must_match_the_buffer_exactly() -> None:
     raw = sample()
-    length = len(raw) - LENGTH_OVERHEAD
+    length = len(raw) - LOG_OVERHEAD
     for wrong in (length - 1, length + 1, MIN_BATCH_LENGTH - 1, -1):
         with pytest.raises(
             CorruptRecordError,
@@ -79,7 +74,7 @@ def test_batch_length_must_match_the_buffer_exactly() -> None:
 
 
 def test_a_header_only_batch_has_the_minimum_length() -> None:
-    assert MIN_BATCH_LENGTH == HEADER_SIZE - LENGTH_OVERHEAD
+    assert MIN_BATCH_LENGTH == HEADER_SIZE - LOG_OVERHEAD
     header = patched(sample(count=1)[:HEADER_SIZE], 8, ">i", MIN_BATCH_LENGTH)
     view = RecordBatchView(header)
     assert view.batch_length == MIN_BATCH_LENGTH
@@ -120,7 +115,7 @@ def test_a_record_length_past_the_batch_is_refused() -> None:
     for wrong in (0x7E, 0x02):  # zigzag 63 (past the end) and 1 (below the minimum)
         bad = bytearray(raw)
         bad[length_byte] = wrong
-        bad = patched(bad, 8, ">i", len(bad) - LENGTH_OVERHEAD)  # recompute the CRC
+        bad = patched(bad, 8, ">i", len(bad) - LOG_OVERHEAD)  # recompute the CRC
         code, message = rejected(bad)
         assert code == ErrorCode.INVALID_RECORD
         assert message.startswith("invalid record length"), message

@@ -6,6 +6,7 @@ import errno
 import itertools
 import os
 import socket
+import struct
 import threading
 from pathlib import Path
 
@@ -13,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trio_broker.storage import _batch
+from trio_broker.protocol import batch_header
+from trio_broker.protocol.records import build_batch
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 from trio_broker.storage.log import (
     CLEAN_SHUTDOWN_MARKER,
@@ -31,20 +33,18 @@ SMALL = LogConfig(segment_bytes=1024, index_interval_bytes=128, retention_ms=Non
 
 
 def batch(n: int = 1, size: int = 10, ts: int = 1_000, tag: int = 0) -> bytearray:
-    return _batch.build_batch(
-        [bytes([tag % 256]) * size for _ in range(n)], timestamp=ts, keys=[b"k"] * n
-    )
+    return build_batch([(b"k", bytes([tag % 256]) * size) for _ in range(n)], base_timestamp=ts)
 
 
 def joined(regions: list) -> bytes:
     return b"".join(r.read_bytes() for r in regions)
 
 
-def split_batches(data: bytes) -> list[_batch.BatchHeader]:
+def split_batches(data: bytes) -> list[batch_header.BatchHeader]:
     out, pos = [], 0
     while pos < len(data):
-        header = _batch.parse_header(data, pos)
-        assert _batch.crc_matches(data[pos : pos + header.size])
+        header = batch_header.unpack_header(data, pos)
+        assert batch_header.crc_matches(data[pos : pos + header.size])
         out.append(header)
         pos += header.size
     assert pos == len(data)
@@ -74,7 +74,7 @@ def test_append_assigns_offsets_and_rewrites_the_callers_buffer(logdir: Path) ->
     assert (r1.base_offset, r1.last_offset, r1.position, r1.size) == (0, 2, 0, len(first))
     assert (r2.base_offset, r2.last_offset, r2.position) == (3, 4, len(first))
     assert r1.log_append_time == -1
-    assert _batch.parse_header(second).base_offset == 3
+    assert batch_header.unpack_header(second).base_offset == 3
     assert log.log_end_offset == 5
     assert joined(log.read(0, 1 << 20, 5)) == bytes(first) + bytes(second)
     log.close()
@@ -92,7 +92,7 @@ def test_append_rejects_inconsistent_buffers(logdir: Path) -> None:
     with pytest.raises(TypeError):
         log.append(memoryview(bytes(good)), now_ms=0)
     bad_magic = bytearray(good)
-    bad_magic[_batch.MAGIC_AT] = 1
+    bad_magic[batch_header.MAGIC_AT] = 1
     with pytest.raises(ValueError):
         log.append(bad_magic, now_ms=0)
     assert log.log_end_offset == 0
@@ -105,10 +105,10 @@ def test_log_append_time_stamps_the_header_and_keeps_the_crc_valid(logdir: Path)
     result = log.append(b, now_ms=777, log_append_time=True)
     assert result.log_append_time == 777
     stored = joined(log.read(0, 1000, 10))
-    header = _batch.parse_header(stored)
-    assert header.attributes & _batch.TIMESTAMP_TYPE_BIT
+    header = batch_header.unpack_header(stored)
+    assert header.attributes & batch_header.TIMESTAMP_TYPE_BIT
     assert header.max_timestamp == 777
-    assert _batch.crc_matches(stored)
+    assert batch_header.crc_matches(stored)
     log.close()
 
 
@@ -237,10 +237,10 @@ def test_header_helpers(logdir: Path) -> None:
     fill(log, 40, n=3)
     headers = list(log.iter_batch_headers(31))
     assert [off for off, _ in headers] == list(range(30, 120, 3))
-    assert all(len(h) == _batch.HEADER_SIZE for _, h in headers)
+    assert all(len(h) == batch_header.HEADER_SIZE for _, h in headers)
     last = log.last_batches(5)
     assert [off for off, _ in last] == list(range(105, 120, 3))
-    assert _batch.parse_header(last[-1][1]).record_count == 3
+    assert batch_header.unpack_header(last[-1][1]).record_count == 3
     assert len(log.last_batches(1000)) == 40
     log.close()
 
@@ -274,7 +274,7 @@ def test_sparse_index_entries_every_interval(logdir: Path) -> None:
     results = fill(log, 100, n=1, size=200)  # ~270 B each
     log.close()
     entries = (logdir / f"{0:020d}.index").read_bytes()
-    pairs = [_batch.struct.unpack_from(">II", entries, i) for i in range(0, len(entries), 8)]  # type: ignore[attr-defined]
+    pairs = [struct.unpack_from(">II", entries, i) for i in range(0, len(entries), 8)]
     by_pos = {r.position: r.base_offset for r in results}
     assert 20 <= len(pairs) <= 30
     for rel, pos in pairs:
@@ -396,7 +396,7 @@ def test_corruption_in_a_middle_segment_drops_everything_after(logdir: Path) -> 
     (logdir / RECOVERY_POINT_CHECKPOINT).unlink(missing_ok=True)
     second = logdir / f"{bases[1]:020d}.log"
     data = bytearray(second.read_bytes())
-    data[_batch.parse_header(data).size + 70] ^= 0xFF  # inside its second batch
+    data[batch_header.unpack_header(data).size + 70] ^= 0xFF  # inside its second batch
     second.write_bytes(data)
     reopened = PartitionLog.open(logdir, SMALL)
     assert reopened.segment_base_offsets() == bases[:2]
@@ -662,10 +662,10 @@ def test_enospc_while_rolling(logdir: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_test_batches_decode_with_the_protocol_codec() -> None:
-    """The storage helpers and trio_broker.protocol.records agree on the format."""
+    """The batch_header helpers and trio_broker.protocol.records agree on the format."""
     from trio_broker.protocol.records import RecordBatchView
 
-    buf = _batch.build_batch([b"v1", None, b"v333"], keys=[b"a", b"b", None], timestamp=1234)
+    buf = build_batch([(b"a", b"v1"), (b"b", None), (None, b"v333")], base_timestamp=1234)
     view = RecordBatchView(buf)
     view.validate()
     assert [(r.key, r.value) for r in view.records()] == [
@@ -674,7 +674,7 @@ def test_test_batches_decode_with_the_protocol_codec() -> None:
         (None, b"v333"),
     ]
     assert view.max_timestamp == 1234 and view.last_offset_delta == 2
-    _batch.set_log_append_time(buf, 99)
+    batch_header.set_log_append_time(buf, 99)
     RecordBatchView(buf).validate()
     assert RecordBatchView(buf).timestamp_type == 1
 

@@ -21,8 +21,7 @@ from trio_broker.protocol.messages import (
     decode_response,
     encode_response,
 )
-from trio_broker.protocol.records import split_batches
-from trio_broker.storage._batch import build_batch
+from trio_broker.protocol.records import build_batch, split_batches
 from trio_broker.storage.log import FileRegion
 
 CLIENT, SERVER = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])
@@ -79,7 +78,10 @@ async def test_tap_reads_file_regions_in_the_writer(tmp_path: Path) -> None:
 async def test_tap_keeps_fetch_batch_headers_only(tmp_path: Path, full_records: bool) -> None:
     """By default a Fetch response is captured as batch headers, read from the log through
     the tap's own descriptor; ``--capture-records full`` keeps it whole."""
-    batches = [bytes(build_batch([b"r" * 300] * n, base_offset=n)) for n in (1, 4)]
+    batches = [
+        bytes(build_batch([(None, b"r" * 300)] * n, base_offset=n, base_timestamp=0))
+        for n in (1, 4)
+    ]
     log = tmp_path / "log"
     log.write_bytes(b"pad" + b"".join(batches))
     fd = os.open(log, os.O_RDONLY)

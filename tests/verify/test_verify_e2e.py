@@ -342,7 +342,7 @@ def _by_id_capture(target: Path, *, lose_first: bool) -> None:
 
     import trio_broker.protocol.messages as m
     from trio_broker.protocol.messages import encode_request, encode_response
-    from trio_broker.storage._batch import build_batch
+    from trio_broker.protocol.records import build_batch
 
     topic_id = uuid.UUID("00000000-0000-4000-8000-00000000abcd")
     rows: list[dict[str, Any]] = []
@@ -366,7 +366,7 @@ def _by_id_capture(target: Path, *, lose_first: bool) -> None:
             topic_authorized_operations=0)]))  # fmt: skip
     stored = b""
     for offset, value in enumerate((b"first", b"second")):
-        batch = bytes(build_batch([value]))
+        batch = bytes(build_batch([(None, value)], base_timestamp=0))
         produce = P(transactional_id=None, acks=-1, timeout_ms=1000, topic_data=[
             P.TopicProduceData(name=None, topic_id=topic_id, partition_data=[
                 P.TopicProduceData.PartitionProduceData(index=0, records=batch)])])  # fmt: skip
@@ -376,7 +376,7 @@ def _by_id_capture(target: Path, *, lose_first: bool) -> None:
                 R.TopicProduceResponse.PartitionProduceResponse(
                     index=0, error_code=0, base_offset=offset)])]))  # fmt: skip
         if not (lose_first and offset == 0):
-            stored += bytes(build_batch([value], base_offset=offset))
+            stored += bytes(build_batch([(None, value)], base_offset=offset, base_timestamp=0))
     for corr, version, by_id in ((4, 16, True), (5, 12, False)):
         part = F.FetchableTopicResponse.PartitionData(partition_index=0, error_code=0,
             high_watermark=2, last_stable_offset=2, log_start_offset=0, records=stored)  # fmt: skip

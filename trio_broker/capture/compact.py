@@ -16,19 +16,23 @@ so capturing a consumer's traffic does not copy what it consumes.
 from __future__ import annotations
 
 import copy
-import struct
 from collections.abc import Callable
 from typing import Any
 
+from trio_broker.protocol import primitives
+from trio_broker.protocol.batch_header import (
+    BATCH_LENGTH_AT,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MIN_BATCH_LENGTH,
+)
 from trio_broker.protocol.codec import RecordsChunks, part_length
 from trio_broker.protocol.messages import ApiKey, decode_request, encode_request, encode_response
-from trio_broker.protocol.records import LENGTH_OVERHEAD, MIN_BATCH_LENGTH, split_batches
+from trio_broker.protocol.records import split_batches
 
 PRODUCE = ApiKey.PRODUCE
 FETCH = ApiKey.FETCH
-#: A batch header: base offset and batch length (12 bytes), then MIN_BATCH_LENGTH bytes.
-HEADER_BYTES = LENGTH_OVERHEAD + MIN_BATCH_LENGTH
-_BATCH_LENGTH = struct.Struct(">i")
+_BATCH_LENGTH = primitives.INT32
 
 
 def compact_produce_request(frame: Any) -> bytes:
@@ -40,7 +44,7 @@ def compact_produce_request(frame: Any) -> bytes:
             if part.records is None:
                 continue
             batches, _tail = split_batches(part.records)
-            part.records = b"".join(_cut_to_header(batch.buf[:HEADER_BYTES]) for batch in batches)
+            part.records = b"".join(_cut_to_header(batch.buf[:HEADER_SIZE]) for batch in batches)
     encoded = encode_request(
         header.api_key, header.api_version, header.correlation_id, header.client_id, body
     )
@@ -48,9 +52,9 @@ def compact_produce_request(frame: Any) -> bytes:
 
 
 def _cut_to_header(header: Any) -> bytes:
-    """A batch's first HEADER_BYTES bytes, its length field set to a header-only batch's."""
+    """A batch's first HEADER_SIZE bytes, its length field set to a header-only batch's."""
     head = bytearray(header)
-    _BATCH_LENGTH.pack_into(head, 8, MIN_BATCH_LENGTH)
+    _BATCH_LENGTH.pack_into(head, BATCH_LENGTH_AT, MIN_BATCH_LENGTH)
     return bytes(head)
 
 
@@ -81,12 +85,12 @@ def batch_headers(parts: list[Any], read: ReadPart) -> bytes:
     total = sum(lengths)
     heads = []
     position = 0
-    while position + HEADER_BYTES <= total:
-        head = read_at(position, HEADER_BYTES)
-        if len(head) < HEADER_BYTES:
+    while position + HEADER_SIZE <= total:
+        head = read_at(position, HEADER_SIZE)
+        if len(head) < HEADER_SIZE:
             break  # the file is shorter than its region said
-        size = LENGTH_OVERHEAD + _BATCH_LENGTH.unpack_from(head, 8)[0]
-        if size < HEADER_BYTES or position + size > total:
+        size = LOG_OVERHEAD + _BATCH_LENGTH.unpack_from(head, BATCH_LENGTH_AT)[0]
+        if size < HEADER_SIZE or position + size > total:
             break
         heads.append(_cut_to_header(head))
         position += size

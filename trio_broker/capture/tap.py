@@ -22,7 +22,6 @@ import trio
 
 from trio_broker.capture.compact import (
     FETCH,
-    HEADER_BYTES,
     PRODUCE,
     compact_fetch_response,
     compact_produce_request,
@@ -30,6 +29,7 @@ from trio_broker.capture.compact import (
 )
 from trio_broker.capture.schema import REQUEST, RESPONSE, CaptureRow, redact, rows_to_table
 from trio_broker.capture.writer import ParquetRotator
+from trio_broker.protocol.batch_header import HEADER_SIZE
 from trio_broker.protocol.codec import RecordsChunks, part_length
 from trio_broker.storage.log import FileRegion
 
@@ -317,7 +317,7 @@ class CaptureTap:
                 connection_id, address, header, version, sum(map(part_length, parts)) - 4
             )
             # What the row will take once written: a header per batch, counted roughly.
-            size = 256 + HEADER_BYTES * sum(
+            size = 256 + HEADER_SIZE * sum(
                 len(value.parts) for value in records if isinstance(value, RecordsChunks)
             )
             self._offer(_Pending(row, [], size, fetch=(version, message, records)))

@@ -1,33 +1,46 @@
 """Kafka record batches, message format v2 (magic 2), sans-I/O.
 
-A batch is a fixed 61-byte header followed by the (possibly compressed)
+A batch is a fixed 61-byte header (its layout:
+:mod:`trio_broker.protocol.batch_header`) followed by the (possibly compressed)
 records. :class:`RecordBatchView` reads header fields straight out of a
 memoryview, so splitting a Produce or Fetch payload into batches, checking
 CRCs and rewriting offsets never copy the payload. Decoding the records
 themselves (:meth:`RecordBatchView.records`) is the only step that copies.
-
-Header layout (big-endian)::
-
-    0 baseOffset int64        27 baseTimestamp int64
-    8 batchLength int32       35 maxTimestamp int64
-   12 partitionLeaderEpoch    43 producerId int64
-   16 magic int8             51 producerEpoch int16
-   17 crc uint32 (CRC32C of bytes 21..end)
-   21 attributes int16       53 baseSequence int32
-   23 lastOffsetDelta int32  57 recordCount int32
 
 Anything decoded from peer bytes raises only the :class:`ProtocolError` family.
 """
 
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import Iterator, Sequence
 
 import attrs
 import crc32c as _crc32c
 
+from trio_broker.protocol import batch_header, primitives
+from trio_broker.protocol.batch_header import (
+    ATTRIBUTES_AT,
+    BASE_SEQUENCE_AT,
+    BASE_TIMESTAMP_AT,
+    BATCH_LENGTH_AT,
+    CODEC_MASK,
+    CONTROL_BIT,
+    CRC_AT,
+    HEADER_SIZE,
+    LAST_OFFSET_DELTA_AT,
+    LEADER_EPOCH_AT,
+    LOG_OVERHEAD,
+    MAGIC,
+    MAGIC_AT,
+    MAX_TIMESTAMP_AT,
+    MIN_BATCH_LENGTH,
+    PRODUCER_EPOCH_AT,
+    PRODUCER_ID_AT,
+    RECORD_COUNT_AT,
+    TIMESTAMP_TYPE_BIT,
+    TRANSACTIONAL_BIT,
+)
 from trio_broker.protocol.compression import Compression, compress, decompress
 from trio_broker.protocol.errors import (
     CorruptRecordError,
@@ -38,9 +51,7 @@ from trio_broker.protocol.errors import (
 
 __all__ = [
     "CREATE_TIME",
-    "HEADER_SIZE",
     "LOG_APPEND_TIME",
-    "MAGIC",
     "Header",
     "Record",
     "RecordBatchView",
@@ -52,41 +63,14 @@ __all__ = [
 
 Buffer = bytes | bytearray | memoryview
 
-HEADER_SIZE = 61
-MAGIC = 2
-#: baseOffset and batchLength come before the bytes batchLength counts.
-LENGTH_OVERHEAD = 12
-#: The smallest legal batchLength: a header with no records.
-MIN_BATCH_LENGTH = HEADER_SIZE - LENGTH_OVERHEAD
-
 CREATE_TIME = 0
 LOG_APPEND_TIME = 1
 
-_CODEC_MASK = 0x07
-_TIMESTAMP_TYPE_BIT = 0x08
-_TRANSACTIONAL_BIT = 0x10
-_CONTROL_BIT = 0x20
-
-# Field offsets.
-_OFF_BATCH_LENGTH = 8
-_OFF_LEADER_EPOCH = 12
-_OFF_MAGIC = 16
-_OFF_CRC = 17
-_OFF_ATTRIBUTES = 21  # the CRC covers from here to the end
-_OFF_LAST_OFFSET_DELTA = 23
-_OFF_BASE_TIMESTAMP = 27
-_OFF_MAX_TIMESTAMP = 35
-_OFF_PRODUCER_ID = 43
-_OFF_PRODUCER_EPOCH = 51
-_OFF_BASE_SEQUENCE = 53
-_OFF_RECORD_COUNT = 57
-
-_HEADER = struct.Struct(">qiibIhiqqqhii")
-_I8 = struct.Struct(">b")
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
-_U32 = struct.Struct(">I")
-_I64 = struct.Struct(">q")
+# Bound by assignment, not ``from ... import``, so that method calls on them compile to
+# the fast method load (see batch_header).
+_HEADER = batch_header.HEADER
+_I8, _I16, _I32 = primitives.INT8, primitives.INT16, primitives.INT32
+_I64, _U32 = primitives.INT64, primitives.UINT32
 
 _INT32_MAX = 2**31 - 1
 # A record is at least: length varint, attributes, timestampDelta, offsetDelta,
@@ -151,57 +135,57 @@ class RecordBatchView:
 
     @property
     def batch_length(self) -> int:
-        return int(_I32.unpack_from(self.buf, _OFF_BATCH_LENGTH)[0])
+        return int(_I32.unpack_from(self.buf, BATCH_LENGTH_AT)[0])
 
     @property
     def partition_leader_epoch(self) -> int:
-        return int(_I32.unpack_from(self.buf, _OFF_LEADER_EPOCH)[0])
+        return int(_I32.unpack_from(self.buf, LEADER_EPOCH_AT)[0])
 
     @property
     def magic(self) -> int:
-        return int(_I8.unpack_from(self.buf, _OFF_MAGIC)[0])
+        return int(_I8.unpack_from(self.buf, MAGIC_AT)[0])
 
     @property
     def crc(self) -> int:
-        return int(_U32.unpack_from(self.buf, _OFF_CRC)[0])
+        return int(_U32.unpack_from(self.buf, CRC_AT)[0])
 
     @property
     def attributes(self) -> int:
-        return int(_I16.unpack_from(self.buf, _OFF_ATTRIBUTES)[0])
+        return int(_I16.unpack_from(self.buf, ATTRIBUTES_AT)[0])
 
     @property
     def last_offset_delta(self) -> int:
-        return int(_I32.unpack_from(self.buf, _OFF_LAST_OFFSET_DELTA)[0])
+        return int(_I32.unpack_from(self.buf, LAST_OFFSET_DELTA_AT)[0])
 
     @property
     def base_timestamp(self) -> int:
-        return int(_I64.unpack_from(self.buf, _OFF_BASE_TIMESTAMP)[0])
+        return int(_I64.unpack_from(self.buf, BASE_TIMESTAMP_AT)[0])
 
     @property
     def max_timestamp(self) -> int:
-        return int(_I64.unpack_from(self.buf, _OFF_MAX_TIMESTAMP)[0])
+        return int(_I64.unpack_from(self.buf, MAX_TIMESTAMP_AT)[0])
 
     @property
     def producer_id(self) -> int:
-        return int(_I64.unpack_from(self.buf, _OFF_PRODUCER_ID)[0])
+        return int(_I64.unpack_from(self.buf, PRODUCER_ID_AT)[0])
 
     @property
     def producer_epoch(self) -> int:
-        return int(_I16.unpack_from(self.buf, _OFF_PRODUCER_EPOCH)[0])
+        return int(_I16.unpack_from(self.buf, PRODUCER_EPOCH_AT)[0])
 
     @property
     def base_sequence(self) -> int:
-        return int(_I32.unpack_from(self.buf, _OFF_BASE_SEQUENCE)[0])
+        return int(_I32.unpack_from(self.buf, BASE_SEQUENCE_AT)[0])
 
     @property
     def record_count(self) -> int:
-        return int(_I32.unpack_from(self.buf, _OFF_RECORD_COUNT)[0])
+        return int(_I32.unpack_from(self.buf, RECORD_COUNT_AT)[0])
 
     # --------------------------------------------------------------- derived fields
 
     @property
     def compression(self) -> Compression:
-        codec = self.attributes & _CODEC_MASK
+        codec = self.attributes & CODEC_MASK
         try:
             return Compression(codec)
         except ValueError:
@@ -210,15 +194,15 @@ class RecordBatchView:
     @property
     def timestamp_type(self) -> int:
         """:data:`CREATE_TIME` (0) or :data:`LOG_APPEND_TIME` (1)."""
-        return LOG_APPEND_TIME if self.attributes & _TIMESTAMP_TYPE_BIT else CREATE_TIME
+        return LOG_APPEND_TIME if self.attributes & TIMESTAMP_TYPE_BIT else CREATE_TIME
 
     @property
     def is_transactional(self) -> bool:
-        return bool(self.attributes & _TRANSACTIONAL_BIT)
+        return bool(self.attributes & TRANSACTIONAL_BIT)
 
     @property
     def is_control(self) -> bool:
-        return bool(self.attributes & _CONTROL_BIT)
+        return bool(self.attributes & CONTROL_BIT)
 
     @property
     def last_offset(self) -> int:
@@ -230,7 +214,7 @@ class RecordBatchView:
 
     @property
     def size_in_bytes(self) -> int:
-        return self.batch_length + LENGTH_OVERHEAD
+        return self.batch_length + LOG_OVERHEAD
 
     @property
     def last_sequence(self) -> int:
@@ -246,7 +230,7 @@ class RecordBatchView:
 
     def timestamp_of(self, record: Record) -> int:
         # With LogAppendTime the broker's time, stored as maxTimestamp, applies to every record.
-        if self.attributes & _TIMESTAMP_TYPE_BIT:
+        if self.attributes & TIMESTAMP_TYPE_BIT:
             return self.max_timestamp
         return self.base_timestamp + record.timestamp_delta
 
@@ -256,7 +240,7 @@ class RecordBatchView:
         end = self.size_in_bytes
         if end < HEADER_SIZE:  # a nonsense length would make a negative slice bound
             return False
-        return _crc32c.crc32c(self.buf[_OFF_ATTRIBUTES:end]) == self.crc
+        return _crc32c.crc32c(self.buf[ATTRIBUTES_AT:end]) == self.crc
 
     def validate(self) -> None:
         """Check what a broker checks before appending, without decoding records.
@@ -266,7 +250,7 @@ class RecordBatchView:
         :class:`UnsupportedCompressionError` for an unknown codec.
         """
         length = self.batch_length
-        if length < MIN_BATCH_LENGTH or length + LENGTH_OVERHEAD != len(self.buf):
+        if length < MIN_BATCH_LENGTH or length + LOG_OVERHEAD != len(self.buf):
             raise CorruptRecordError(
                 f"batch length {length} does not match the {len(self.buf)} bytes of the batch"
             )
@@ -274,9 +258,9 @@ class RecordBatchView:
             raise InvalidRecordError(f"unsupported record batch magic {self.magic}")
         if not self.crc_is_valid():
             raise CorruptRecordError("record batch CRC mismatch")
-        if self.attributes & _CODEC_MASK > Compression.ZSTD:
+        if self.attributes & CODEC_MASK > Compression.ZSTD:
             raise UnsupportedCompressionError(
-                f"unknown compression codec {self.attributes & _CODEC_MASK}"
+                f"unknown compression codec {self.attributes & CODEC_MASK}"
             )
         count = self.record_count
         if count <= 0 or count != self.last_offset_delta + 1:
@@ -292,27 +276,23 @@ class RecordBatchView:
         return self.buf
 
     def set_base_offset(self, offset: int) -> None:
-        # baseOffset lies outside the CRC, so no recompute.
-        _I64.pack_into(self._writable(), 0, offset)
+        batch_header.set_base_offset(self._writable(), offset)
 
     def set_partition_leader_epoch(self, epoch: int) -> None:
         # Also outside the CRC.
-        _I32.pack_into(self._writable(), _OFF_LEADER_EPOCH, epoch)
+        _I32.pack_into(self._writable(), LEADER_EPOCH_AT, epoch)
 
     def set_producer(self, producer_id: int, producer_epoch: int) -> None:
         """Give the batch another producer id and epoch (``replay`` maps them from the
         captured cluster to the target's); the CRC covers them, so it is recomputed."""
         buf = self._writable()
-        _I64.pack_into(buf, _OFF_PRODUCER_ID, producer_id)
-        _I16.pack_into(buf, _OFF_PRODUCER_EPOCH, producer_epoch)
-        _U32.pack_into(buf, _OFF_CRC, _crc32c.crc32c(buf[_OFF_ATTRIBUTES : self.size_in_bytes]))
+        _I64.pack_into(buf, PRODUCER_ID_AT, producer_id)
+        _I16.pack_into(buf, PRODUCER_EPOCH_AT, producer_epoch)
+        _U32.pack_into(buf, CRC_AT, _crc32c.crc32c(buf[ATTRIBUTES_AT : self.size_in_bytes]))
 
     def set_log_append_time(self, timestamp_ms: int) -> None:
         """Mark the batch LogAppendTime with the broker's clock, as Kafka does."""
-        buf = self._writable()
-        _I16.pack_into(buf, _OFF_ATTRIBUTES, self.attributes | _TIMESTAMP_TYPE_BIT)
-        _I64.pack_into(buf, _OFF_MAX_TIMESTAMP, timestamp_ms)
-        _U32.pack_into(buf, _OFF_CRC, _crc32c.crc32c(buf[_OFF_ATTRIBUTES : self.size_in_bytes]))
+        batch_header.set_log_append_time(self._writable(), timestamp_ms, self.size_in_bytes)
 
     # ---------------------------------------------------------------------- records
 
@@ -365,15 +345,15 @@ def _as_view(buf: Buffer) -> memoryview:
 def _batch_size_at(mv: memoryview, offset: int) -> int | None:
     """Size of the batch at *offset*, or None if the buffer ends before it does."""
     remaining = len(mv) - offset
-    if remaining < LENGTH_OVERHEAD:
+    if remaining < LOG_OVERHEAD:
         return None
-    length = _I32.unpack_from(mv, offset + _OFF_BATCH_LENGTH)[0]
+    length = _I32.unpack_from(mv, offset + BATCH_LENGTH_AT)[0]
     if length < MIN_BATCH_LENGTH:
         # Old message formats (magic 0/1) have smaller minimum sizes; name them.
-        if remaining > _OFF_MAGIC and mv[offset + _OFF_MAGIC] != MAGIC:
-            raise InvalidRecordError(f"unsupported record batch magic {mv[offset + _OFF_MAGIC]}")
+        if remaining > MAGIC_AT and mv[offset + MAGIC_AT] != MAGIC:
+            raise InvalidRecordError(f"unsupported record batch magic {mv[offset + MAGIC_AT]}")
         raise CorruptRecordError(f"batch length {length} is below the minimum {MIN_BATCH_LENGTH}")
-    size = int(length) + LENGTH_OVERHEAD
+    size = int(length) + LOG_OVERHEAD
     return size if size <= remaining else None
 
 
@@ -675,7 +655,8 @@ def build_batch(
     *records* are :class:`Record` objects, or ``(key, value)`` pairs which get
     offset deltas 0, 1, 2... and timestamp delta 0. *base_timestamp* defaults
     to now; maxTimestamp is derived from the records. The codec is always
-    applied, even when it does not shrink the data.
+    applied, even when it does not shrink the data. The result is a fresh
+    bytearray, writable as ``PartitionLog.append`` needs (it rewrites the header).
     """
     if not records:
         raise ValueError("a record batch needs at least one record")
@@ -693,11 +674,11 @@ def build_batch(
     )
     attributes = int(codec)
     if timestamp_type == LOG_APPEND_TIME:
-        attributes |= _TIMESTAMP_TYPE_BIT
+        attributes |= TIMESTAMP_TYPE_BIT
     if is_transactional:
-        attributes |= _TRANSACTIONAL_BIT
+        attributes |= TRANSACTIONAL_BIT
     if is_control:
-        attributes |= _CONTROL_BIT
+        attributes |= CONTROL_BIT
     buf = bytearray(HEADER_SIZE)
     _HEADER.pack_into(
         buf,
@@ -717,5 +698,5 @@ def build_batch(
         len(recs),
     )
     buf += payload
-    _U32.pack_into(buf, _OFF_CRC, _crc32c.crc32c(memoryview(buf)[_OFF_ATTRIBUTES:]))
+    _U32.pack_into(buf, CRC_AT, batch_header.compute_crc(buf))
     return buf

@@ -30,12 +30,14 @@ from typing import overload
 
 import attrs
 
+from trio_broker.protocol.batch_header import HEADER_SIZE
+
 OFFSET_ENTRY = struct.Struct(">II")
 TIME_ENTRY = struct.Struct(">qI")
 MAX_RELATIVE_OFFSET = 0xFFFFFFFF
 MAX_POSITION = 0xFFFFFFFF
 #: No two index entries are closer than one batch header (61 bytes).
-INDEX_ENTRY_MIN_BYTES = 61
+INDEX_ENTRY_MIN_BYTES = HEADER_SIZE
 
 Buffer = bytes | bytearray | mmap.mmap
 

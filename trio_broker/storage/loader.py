@@ -22,7 +22,7 @@ from pathlib import Path
 
 import attrs
 
-from trio_broker.storage import _batch
+from trio_broker.protocol import batch_header
 from trio_broker.storage.durable import TMP_SUFFIX, fsync_dir, write_file_atomically
 from trio_broker.storage.index import OffsetIndex, SegmentIndexer, TimeIndex, quick_check
 from trio_broker.storage.recovery import scan_segment
@@ -342,9 +342,9 @@ class _Untrusted(Exception):
 
 def _first_batch_timestamp(fd: int, size: int, mtime_ms: int) -> int | None:
     """segment.ms counts from the first batch's maxTimestamp (the mtime without one)."""
-    if size < _batch.HEADER_SIZE:
+    if size < batch_header.HEADER_SIZE:
         return None
-    ts = _batch.max_timestamp(pread_exact(fd, _batch.HEADER_SIZE, 0))
+    ts = batch_header.max_timestamp(pread_exact(fd, batch_header.HEADER_SIZE, 0))
     return ts if ts >= 0 else mtime_ms
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import attrs
 
-from trio_broker.storage import _batch
+from trio_broker.protocol import batch_header
 from trio_broker.storage.durable import fsync_dir, make_dirs_durable, write_file_atomically
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 from trio_broker.storage.index import INDEX_ENTRY_MIN_BYTES
@@ -125,12 +125,12 @@ def _check_append(batch: bytearray | memoryview) -> tuple[memoryview, int, int, 
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     size = len(view)
-    if size < _batch.HEADER_SIZE:
+    if size < batch_header.HEADER_SIZE:
         raise ValueError(f"{size} bytes is shorter than a batch header")
-    declared, magic, delta, max_timestamp = _batch.append_fields(view)
+    declared, magic, delta, max_timestamp = batch_header.append_fields(view)
     if declared != size:
         raise ValueError(f"batchLength says {declared} bytes but the buffer holds {size}")
-    if magic != _batch.MAGIC_V2:
+    if magic != batch_header.MAGIC:
         raise ValueError("only magic 2 batches can be stored")
     if delta < 0:
         raise ValueError(f"negative lastOffsetDelta {delta}")
@@ -235,9 +235,9 @@ class PartitionLog:
             and now_ms - segment.first_batch_timestamp > config.segment_ms
         ):
             segment = self._roll(now_ms)
-        _batch.set_base_offset(view, base)
+        batch_header.set_base_offset(view, base)
         if log_append_time:
-            _batch.set_log_append_time(view, now_ms)
+            batch_header.set_log_append_time(view, now_ms)
             max_timestamp = now_ms
         try:
             position = segment.append(view, base, last, max_timestamp, now_ms)
@@ -439,7 +439,7 @@ class PartitionLog:
             if info is None:
                 continue
             for _, header in iter_headers(segment.fd, info.position, segment.size):
-                yield _batch.base_offset_and_size(header)[0], header
+                yield batch_header.base_offset_and_size(header)[0], header
             start = segment.next_offset
 
     def last_batches(self, n: int) -> list[tuple[int, bytes]]:
@@ -462,11 +462,11 @@ class PartitionLog:
                 if start >= stop:
                     continue
                 found[:0] = [
-                    (_batch.base_offset_and_size(h)[0], bytes(h))
+                    (batch_header.base_offset_and_size(h)[0], bytes(h))
                     for _, h in iter_headers(segment.fd, start, stop)
                 ]
                 stop = start
-        kept = [b for b in found if b[0] + _batch.last_offset_delta(b[1]) >= log_start]
+        kept = [b for b in found if b[0] + batch_header.last_offset_delta(b[1]) >= log_start]
         return kept[-n:] if n > 0 else []
 
     # ------------------------------------------------------------------ durability

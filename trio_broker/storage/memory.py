@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import attrs
 
-from trio_broker.storage import _batch
+from trio_broker.protocol import batch_header
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 from trio_broker.storage.index import MAX_RELATIVE_OFFSET
 from trio_broker.storage.log import AppendResult, LogConfig, check_append_buffer, wall_clock_ms
@@ -104,10 +104,10 @@ class MemoryLog:
             )
         ):
             segment = self._roll(now_ms)
-        _batch.set_base_offset(view, base)
+        batch_header.set_base_offset(view, base)
         if log_append_time:
-            _batch.set_log_append_time(view, now_ms)
-        max_ts = _batch.max_timestamp(view)
+            batch_header.set_log_append_time(view, now_ms)
+        max_ts = batch_header.max_timestamp(view)
         position = segment.size
         segment.batches.append(_Batch(base, last, bytes(view), max_ts))
         segment.size += size
@@ -164,11 +164,11 @@ class MemoryLog:
         start = self.log_start_offset if from_offset is None else from_offset
         for batch in self._batches():
             if batch.last_offset >= start:
-                yield batch.base_offset, memoryview(batch.data)[: _batch.HEADER_SIZE]
+                yield batch.base_offset, memoryview(batch.data)[: batch_header.HEADER_SIZE]
 
     def last_batches(self, n: int) -> list[tuple[int, bytes]]:
         kept = [
-            (b.base_offset, b.data[: _batch.HEADER_SIZE])
+            (b.base_offset, b.data[: batch_header.HEADER_SIZE])
             for b in self._batches()
             if b.last_offset >= self.log_start_offset
         ]

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import attrs
 import crc32c
 
-from trio_broker.storage import _batch
+from trio_broker.protocol import batch_header
 from trio_broker.storage.index import SegmentIndexer
 
 #: Read this much at a time while validating; a bigger batch is read whole.
@@ -49,21 +49,21 @@ def check_batch(
     ``available`` is how many bytes from ``pos`` exist in the file; the caller
     makes sure ``buf`` holds the whole batch once its size is known to fit.
     """
-    if available < _batch.HEADER_SIZE:
+    if available < batch_header.HEADER_SIZE:
         return "torn header"
-    base, size = _batch.base_offset_and_size(buf, pos)
-    if size < _batch.HEADER_SIZE:
-        return f"batch length {size - _batch.LOG_OVERHEAD} too small"
+    base, size = batch_header.base_offset_and_size(buf, pos)
+    if size < batch_header.HEADER_SIZE:
+        return f"batch length {size - batch_header.LOG_OVERHEAD} too small"
     if size > available:
         return "torn batch"
-    if _batch.magic(buf, pos) != _batch.MAGIC_V2:
+    if batch_header.magic(buf, pos) != batch_header.MAGIC:
         return "bad magic"
     if expected_offset is not None and base != expected_offset:
         return f"offset {base} where {expected_offset} was expected"
-    if _batch.last_offset_delta(buf, pos) < 0:
+    if batch_header.last_offset_delta(buf, pos) < 0:
         return "negative lastOffsetDelta"
-    view = memoryview(buf)[pos + _batch.ATTRIBUTES_AT : pos + size]
-    if crc32c.crc32c(view) != _batch.stored_crc(buf, pos):
+    view = memoryview(buf)[pos + batch_header.ATTRIBUTES_AT : pos + size]
+    if crc32c.crc32c(view) != batch_header.stored_crc(buf, pos):
         return "crc mismatch"
     return None
 
@@ -77,8 +77,8 @@ def valid_prefix(data: bytes, base_offset: int) -> tuple[int, int]:
     while pos < len(data):
         if check_batch(data, pos, len(data) - pos, expected) is not None:
             break
-        base, size = _batch.base_offset_and_size(data, pos)
-        expected = base + _batch.last_offset_delta(data, pos) + 1
+        base, size = batch_header.base_offset_and_size(data, pos)
+        expected = base + batch_header.last_offset_delta(data, pos) + 1
         pos += size
     return pos, expected
 
@@ -100,26 +100,26 @@ def scan_segment(
     while pos < file_size:
         available = file_size - pos
         rel = pos - buf_pos
-        if rel + _batch.HEADER_SIZE > len(buf):
+        if rel + batch_header.HEADER_SIZE > len(buf):
             buf = _read(fd, min(_CHUNK, available), pos)
             buf_pos, rel = pos, 0
             available = min(available, len(buf))
-        if available >= _batch.HEADER_SIZE:
-            _, size = _batch.base_offset_and_size(buf, rel)
-            if _batch.HEADER_SIZE <= size <= available and rel + size > len(buf):
+        if available >= batch_header.HEADER_SIZE:
+            _, size = batch_header.base_offset_and_size(buf, rel)
+            if batch_header.HEADER_SIZE <= size <= available and rel + size > len(buf):
                 buf = _read(fd, size, pos)
                 buf_pos, rel = pos, 0
                 available = min(available, len(buf))
         reason = check_batch(buf, rel, min(available, len(buf) - rel), expected)
         if reason is not None:
             break
-        base, size = _batch.base_offset_and_size(buf, rel)
-        max_ts = _batch.max_timestamp(buf, rel)
+        base, size = batch_header.base_offset_and_size(buf, rel)
+        max_ts = batch_header.max_timestamp(buf, rel)
         if first_ts is None:
             first_ts = max_ts
         if indexer is not None:
             indexer.on_batch(base - base_offset, pos, size, max_ts)
-        expected = base + _batch.last_offset_delta(buf, rel) + 1
+        expected = base + batch_header.last_offset_delta(buf, rel) + 1
         batches += 1
         pos += size
     return ScanResult(pos, expected, batches, first_ts, reason)

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from trio_broker.storage import _batch
+from trio_broker.protocol import batch_header
 from trio_broker.storage.durable import write_all
 from trio_broker.storage.index import (
     MAX_RELATIVE_OFFSET,
@@ -86,22 +86,22 @@ def iter_batches(fd: int, start: int, end: int) -> Iterator[BatchInfo]:
     chunk = _SCAN_CHUNK
     while pos < end:
         rel = pos - buf_pos
-        if rel < 0 or rel + _batch.HEADER_SIZE > len(buf):
-            want = min(max(chunk, _batch.HEADER_SIZE), end - pos)
+        if rel < 0 or rel + batch_header.HEADER_SIZE > len(buf):
+            want = min(max(chunk, batch_header.HEADER_SIZE), end - pos)
             buf = pread_exact(fd, want, pos)
             buf_pos, rel = pos, 0
-            if len(buf) < _batch.HEADER_SIZE:
+            if len(buf) < batch_header.HEADER_SIZE:
                 return
-        base, size = _batch.base_offset_and_size(buf, rel)
+        base, size = batch_header.base_offset_and_size(buf, rel)
         yield BatchInfo(
             pos,
             base,
             size,
-            base + _batch.last_offset_delta(buf, rel),
-            _batch.max_timestamp(buf, rel),
+            base + batch_header.last_offset_delta(buf, rel),
+            batch_header.max_timestamp(buf, rel),
         )
         # After a big batch the next header is far away: fetch just a header.
-        chunk = _batch.HEADER_SIZE if size >= _SCAN_CHUNK else _SCAN_CHUNK
+        chunk = batch_header.HEADER_SIZE if size >= _SCAN_CHUNK else _SCAN_CHUNK
         pos += size
 
 
@@ -112,13 +112,13 @@ def iter_headers(fd: int, start: int, end: int) -> Iterator[tuple[int, memoryvie
     pos = start
     while pos < end:
         rel = pos - buf_pos
-        if rel < 0 or rel + _batch.HEADER_SIZE > len(buf):
+        if rel < 0 or rel + batch_header.HEADER_SIZE > len(buf):
             buf = memoryview(pread_exact(fd, min(_SCAN_CHUNK, end - pos), pos))
             buf_pos, rel = pos, 0
-            if len(buf) < _batch.HEADER_SIZE:
+            if len(buf) < batch_header.HEADER_SIZE:
                 return
-        _, size = _batch.base_offset_and_size(buf, rel)
-        yield pos, buf[rel : rel + _batch.HEADER_SIZE]
+        _, size = batch_header.base_offset_and_size(buf, rel)
+        yield pos, buf[rel : rel + batch_header.HEADER_SIZE]
         pos += size
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trio_broker.protocol.batch_header import HEADER_SIZE, LOG_OVERHEAD, MIN_BATCH_LENGTH
 from trio_broker.protocol.schema import uses_topic_ids
 from trio_broker.verify.decode import (
     FACT_FIELDS,
@@ -51,9 +52,6 @@ FETCH_RESPONSE_VERSIONS = range(4, 19)
 FACT_REQUEST_KEYS = (0, 8, 14)
 FACT_RESPONSE_KEYS = (0, 1, 3, 8, 14)
 
-BATCH_HEADER = 61
-LENGTH_OVERHEAD = 12
-MIN_BATCH_LENGTH = BATCH_HEADER - LENGTH_OVERHEAD
 MAX_VARINT_BYTES = 5
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -301,18 +299,18 @@ def _batches(
     """
     cur = start.copy()
     stop = start + size
-    active = np.flatnonzero(reader.good(rows) & (stop - cur >= LENGTH_OVERHEAD))
+    active = np.flatnonzero(reader.good(rows) & (stop - cur >= LOG_OVERHEAD))
     found: list[tuple[Array, Array, int]] = []  # (entries, batch positions, index)
     k = 0
     while active.size:
         r, at = rows[active], cur[active]
         length = _be(reader.at(at + 8, 4), ">i4")
         reader.fail(r, length < MIN_BATCH_LENGTH)  # the reference raises
-        whole = (length >= MIN_BATCH_LENGTH) & (length + LENGTH_OVERHEAD <= stop[active] - at)
+        whole = (length >= MIN_BATCH_LENGTH) & (length + LOG_OVERHEAD <= stop[active] - at)
         active, at, length = active[whole], at[whole], length[whole]
         found.append((active, at, k))
-        cur[active] = at + length + LENGTH_OVERHEAD
-        active = active[stop[active] - cur[active] >= LENGTH_OVERHEAD]
+        cur[active] = at + length + LOG_OVERHEAD
+        active = active[stop[active] - cur[active] >= LOG_OVERHEAD]
         active = active[reader.good(rows[active])]
         k += 1
         if _long_tail(reader, rows[active], k):
@@ -322,7 +320,7 @@ def _batches(
     entry = np.concatenate([e for e, _, _ in found])
     at = np.concatenate([a for _, a, _ in found])
     idx = np.concatenate([np.full(e.size, i) for e, _, i in found])
-    head = reader.at(at, BATCH_HEADER)
+    head = reader.at(at, HEADER_SIZE)
     r = rows[entry]
     lod = _be(head[:, 23:27], ">i4")
     cols = {
