@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from trio_broker.protocol.messages import ApiKey
 from trio_broker.protocol.schema import TOPIC_ID_VERSIONS
 from trio_broker.verify.checks import (
     CHECKS,
@@ -195,7 +196,7 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
     )  # fmt: skip
     topic_ids = _topic_ids(decode_input)
     facts = decode_input.mapInArrow(decode_compact, COMPACT_DDL)
-    fetch_requests = raw.where("direction = 'request' AND api_key = 1").select(
+    fetch_requests = raw.where(f"direction = 'request' AND api_key = {ApiKey.FETCH}").select(
         F.col("run"),
         F.col("connection_id").alias("conn"),
         F.col("correlation_id").alias("corr"),
@@ -233,7 +234,7 @@ def _topic_ids(decode_input: Any) -> list[tuple[int, int]]:
     fact's topic before partitioning by it (empty when no frame names a topic by id)."""
     if not decode_input.where(_BY_ID).select("api_key").limit(1).collect():
         return []
-    metadata = decode_input.where("direction = 'response' AND api_key = 3")
+    metadata = decode_input.where(f"direction = 'response' AND api_key = {ApiKey.METADATA}")
     rows = (
         metadata.mapInArrow(decode_compact, COMPACT_DDL)
         .where(sql("kind = {topic_id}"))

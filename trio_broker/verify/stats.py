@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from trio_broker.protocol.messages import API_KEY_NAMES as API_NAMES
+from trio_broker.protocol.messages import ApiKey
 
 #: Latency histogram buckets: this many per decade of milliseconds (log scale).
 BUCKETS_PER_DECADE = 5
@@ -91,9 +92,9 @@ TIMELINE = f"""
     SELECT CAST(floor((f.wall_ns - w.t0) / 1e9 / w.width) * w.width AS DOUBLE) AS second,
            first(w.width) AS width,
            CAST(sum(CASE WHEN f.direction = 'request' THEN 1 ELSE 0 END) AS BIGINT) AS requests,
-           sum(CASE WHEN f.api_key = 0 AND f.direction = 'request'
+           sum(CASE WHEN f.api_key = {ApiKey.PRODUCE} AND f.direction = 'request'
                     THEN f.frame_length ELSE 0 END) AS produce_bytes,
-           sum(CASE WHEN f.api_key = 1 AND f.direction = 'response'
+           sum(CASE WHEN f.api_key = {ApiKey.FETCH} AND f.direction = 'response'
                     THEN f.frame_length ELSE 0 END) AS fetch_bytes
     FROM frames f CROSS JOIN w GROUP BY 1 ORDER BY 1
 """
