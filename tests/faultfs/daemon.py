@@ -54,6 +54,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from ctypes.util import find_library
 from pathlib import Path
 from typing import Any
@@ -570,19 +571,25 @@ class FaultOps(mfusepy.Operations):
                 self._commit_dir(node)
             return 0
 
+    def _create_entry(self, path: str, kind: str, make: Callable[[str], None]) -> Node:
+        """A new directory or symlink at ``path``: made in the backing dir by ``make``,
+        owned by the caller, and a live (not yet durable) entry of its parent."""
+        parent, name = self._parent(path)
+        if name in parent.live:
+            raise _err(errno.EEXIST)
+        bpath = self._bpath(path)
+        make(bpath)
+        self._chown_to_caller(path=bpath)
+        node = self._new_node(kind)
+        node.live_links = 1
+        parent.live[name] = node.nid
+        return node
+
     def mkdir(self, path: str, mode: int) -> int:
         with self.mutex:
             self._check()
-            parent, name = self._parent(path)
-            if name in parent.live:
-                raise _err(errno.EEXIST)
-            bpath = self._bpath(path)
-            os.mkdir(bpath, mode)
-            self._chown_to_caller(path=bpath)
-            node = self._new_node("d")
+            node = self._create_entry(path, "d", lambda bpath: os.mkdir(bpath, mode))
             node.mode = stat.S_IMODE(mode)
-            node.live_links = 1
-            parent.live[name] = node.nid
             return 0
 
     def rmdir(self, path: str) -> int:
@@ -607,16 +614,8 @@ class FaultOps(mfusepy.Operations):
         # mfusepy: ``target`` is the new link's path, ``source`` what it points to
         with self.mutex:
             self._check()
-            parent, name = self._parent(target)
-            if name in parent.live:
-                raise _err(errno.EEXIST)
-            bpath = self._bpath(target)
-            os.symlink(source, bpath)
-            self._chown_to_caller(path=bpath)
-            node = self._new_node("l")
+            node = self._create_entry(target, "l", lambda bpath: os.symlink(source, bpath))
             node.target = source
-            node.live_links = 1
-            parent.live[name] = node.nid
             return 0
 
     def link(self, target: str, source: str) -> int:
