@@ -1,0 +1,110 @@
+"""Reference model of replication: a partition's replicas as plain lists, and its sentences.
+
+A replica's log is a list of records, each written by one leader epoch. What the
+implementation keeps incrementally (the leader-epoch cache, the HW, the ISR) is
+recomputed here from those lists by brute force, and the guarantees of Kafka's
+replication are written as checks over the whole cluster:
+
+1. A write answered for acks=all is in the log of every ISR member, at its offset; and
+   every member of the ISR a leader counts on (stored or being added) holds the leader's
+   log up to the high watermark.
+2. Replicas agree below their high watermarks: each replica's log up to its HW equals
+   the leader's up to the same offset.
+3. The high watermark that clients see never goes back, across leader changes.
+4. At most one broker writes in any leader epoch.
+5. After truncation a follower's log is a prefix of its leader's, and the cut never
+   removes anything below the follower's high watermark.
+6. The leader-epoch cache answers OffsetForLeaderEpoch as a scan of the log would.
+
+``trio_broker.replication`` is checked against this by the simulation in
+``statemachine/test_replication_machine.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+UNDEFINED_EPOCH = -1
+UNDEFINED_OFFSET = -1
+
+
+@attrs.frozen
+class Record:
+    epoch: int  # the leader epoch it was written in
+    value: str
+
+
+def epoch_end_offset(
+    epochs: Sequence[int], announced: Mapping[int, int], requested: int
+) -> tuple[int, int]:
+    """OffsetForLeaderEpoch by scanning: ``epochs`` has one entry per offset.
+
+    ``announced`` maps epochs that a leader began (at its log end, then) to that offset,
+    whether or not it wrote in them: an epoch starts where its first record is, or
+    where it was announced if it has none.
+    """
+    log_end = len(epochs)
+    starts: dict[int, int] = {}
+    for offset, epoch in enumerate(epochs):
+        starts.setdefault(epoch, offset)
+    for epoch, offset in announced.items():
+        starts[epoch] = min(starts.get(epoch, offset), offset)
+    known = sorted(starts)
+    if requested == UNDEFINED_EPOCH or not known:
+        return UNDEFINED_EPOCH, UNDEFINED_OFFSET
+    if requested == known[-1]:
+        return requested, log_end
+    if requested > known[-1]:
+        return UNDEFINED_EPOCH, UNDEFINED_OFFSET
+    next_start = min(offset for epoch, offset in starts.items() if epoch > requested)
+    below = [epoch for epoch in known if epoch <= requested]
+    return (below[-1] if below else requested), next_start
+
+
+def common_prefix(a: Sequence[Record], b: Sequence[Record]) -> int:
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def acked_writes_missing(
+    acked: dict[int, Record], logs_of_isr: dict[int, Sequence[Record]]
+) -> list[str]:
+    """Sentence 1: every acknowledged write, at its offset, in every ISR member's log."""
+    problems = []
+    for broker, log in logs_of_isr.items():
+        for offset, record in sorted(acked.items()):
+            held = log[offset] if offset < len(log) else None
+            if held != record:
+                problems.append(f"broker {broker} has {held} at offset {offset}, acked {record}")
+    return problems
+
+
+def disagreements_below_hw(
+    leader_log: Sequence[Record], replicas: dict[int, tuple[Sequence[Record], int]]
+) -> list[str]:
+    """Sentence 2: each replica's log below its HW equals the leader's."""
+    problems = []
+    for broker, (log, high_watermark) in replicas.items():
+        if high_watermark > len(log) or list(log[:high_watermark]) != list(
+            leader_log[:high_watermark]
+        ):
+            problems.append(
+                f"broker {broker} disagrees with the leader below its HW {high_watermark}"
+            )
+    return problems
+
+
+def isr_members_short_of_hw(
+    leader_log: Sequence[Record], high_watermark: int, logs_of_isr: dict[int, Sequence[Record]]
+) -> list[str]:
+    """Sentence 1, second half: the HW never counts a record an ISR member lacks."""
+    expected = list(leader_log[:high_watermark])
+    return [
+        f"broker {broker} (in the ISR) lacks the leader's log below HW {high_watermark}"
+        for broker, log in logs_of_isr.items()
+        if list(log[:high_watermark]) != expected
+    ]

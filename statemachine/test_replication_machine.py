@@ -1,0 +1,442 @@
+"""One partition, three replicas, a controller: trio_broker.replication under faults.
+
+A seeded, in-memory cluster: the leader's view (``LeaderPartition``), each replica's
+leader-epoch cache and the follower truncation rounds (``plan_truncation``) are the
+real code; the logs, the network and the coordination service are plain Python. The
+controller stands in for ZooKeeper: it stores the ISR with a leader-epoch condition,
+elects leaders only from the ISR (no unclean election), and on a broker's loss drops it
+from the ISR with a new leader epoch, as Kafka's ZooKeeper controller did.
+
+Faults: kill -9 (the page cache survives), power cuts (the leader's unsynced tail is
+lost; a follower syncs before it fetches further, so it loses nothing), and a leader cut
+off from the coordination service while still serving (a zombie). The sentences of
+spec/replication_model.py are checked after every step, RF=3, min.insync.replicas=2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import attrs
+from hypothesis import event, note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from trio_broker.replication.epoch_cache import LeaderEpochCache
+from trio_broker.replication.leader import AckState, LeaderPartition
+from trio_broker.replication.truncation import plan_truncation
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from spec.replication_model import (
+    Record,
+    acked_writes_missing,
+    common_prefix,
+    disagreements_below_hw,
+    epoch_end_offset,
+    isr_members_short_of_hw,
+)
+
+BROKERS = (1, 2, 3)
+MIN_INSYNC = 2
+LAG_MAX_MS = 100
+
+
+@attrs.define
+class Replica:
+    broker_id: int
+    log: list[Record] = attrs.field(factory=list)
+    durable: int = 0  # records below this survive a power cut
+    cache: LeaderEpochCache = attrs.field(factory=LeaderEpochCache)
+    high_watermark: int = 0  # checkpointed with the log: never above ``durable``
+    alive: bool = True
+    leading: LeaderPartition | None = None  # this broker's own idea of its term
+    needs_truncation: bool = False  # follower that has not yet agreed with its leader
+
+    #: Epochs this broker began leading, at the log end of that moment: for the model.
+    announced: dict[int, int] = attrs.field(factory=dict)
+
+    def append(self, record: Record) -> None:
+        self._drop_announced_from(len(self.log), keep=record.epoch)
+        self.cache.assign(record.epoch, len(self.log))
+        self.log.append(record)
+
+    def announce(self, epoch: int) -> None:
+        self._drop_announced_from(len(self.log), keep=epoch)
+        self.cache.assign(epoch, len(self.log))
+        self.announced[epoch] = len(self.log)
+
+    def _drop_announced_from(self, offset: int, keep: int) -> None:
+        """An epoch begun here and never written in is overwritten by what comes next."""
+        for epoch, start in list(self.announced.items()):
+            if start >= offset and epoch != keep:
+                del self.announced[epoch]
+
+    def truncate(self, end_offset: int) -> None:
+        if end_offset >= len(self.log):
+            return  # as Kafka: nothing to cut, the epoch cache stays as it is
+        del self.log[end_offset:]
+        self.cache.truncate_from_end(end_offset)
+        self.announced = {e: o for e, o in self.announced.items() if o < end_offset}
+        self.durable = min(self.durable, end_offset)
+        self.high_watermark = min(self.high_watermark, end_offset)
+
+
+@attrs.define
+class Controller:
+    """ZooKeeper's partition state: leader, leader epoch, ISR, conditional updates."""
+
+    leader: int | None
+    leader_epoch: int
+    isr: frozenset[int]
+
+
+@attrs.define
+class PendingAck:
+    offset: int
+    record: Record
+    broker: int  # the leader it was appended to
+
+
+class ReplicationMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now_ms = 0
+        self.replicas = {b: Replica(b) for b in BROKERS}
+        self.controller = Controller(leader=1, leader_epoch=0, isr=frozenset(BROKERS))
+        self.acked: dict[int, Record] = {}
+        self.pending: list[PendingAck] = []
+        self.writers: dict[int, set[int]] = {}  # leader epoch -> brokers that wrote in it
+        self.visible_hw = 0  # the highest HW any client has been shown
+        self.counter = 0
+        self._start_term(1)
+        for broker in BROKERS:
+            if broker != 1:
+                self.replicas[broker].needs_truncation = True
+
+    # -- the cluster's moves -------------------------------------------------------
+
+    def _start_term(self, broker: int) -> None:
+        replica = self.replicas[broker]
+        c = self.controller
+        replica.leading = LeaderPartition.become_leader(
+            broker_id=broker,
+            leader_epoch=c.leader_epoch,
+            replicas=BROKERS,
+            isr=c.isr,
+            log_end_offset=len(replica.log),
+            high_watermark=replica.high_watermark,
+            now_ms=self.now_ms,
+            min_insync_replicas=MIN_INSYNC,
+            replica_lag_time_max_ms=LAG_MAX_MS,
+        )
+        # Kafka's leader starts its epoch at its log end (a power cut already cut it).
+        replica.durable = len(replica.log)
+        replica.announce(c.leader_epoch)
+        replica.needs_truncation = False
+        note(f"broker {broker} leads epoch {c.leader_epoch}, ISR {sorted(c.isr)}")
+
+    def _elect(self, without: int) -> None:
+        """The controller lost ``without``: new epoch, new ISR, maybe a new leader."""
+        c = self.controller
+        if len(c.isr) > 1:  # Kafka keeps the last ISR member even when it is gone
+            c.isr = c.isr - {without}
+        c.leader_epoch += 1
+        if c.leader == without or c.leader is None:
+            live = [b for b in BROKERS if b in c.isr and self.replicas[b].alive]
+            c.leader = live[0] if live else None
+        self._fail_acks(lambda ack: ack.broker == without)
+        if c.leader is not None:
+            self._start_term(c.leader)
+            for broker in BROKERS:
+                if broker != c.leader:
+                    self._follow(broker)
+        note(f"controller: epoch {c.leader_epoch}, leader {c.leader}, ISR {sorted(c.isr)}")
+
+    def _follow(self, broker: int) -> None:
+        replica = self.replicas[broker]
+        replica.leading = None
+        replica.needs_truncation = True
+
+    def _fail_acks(self, which: object) -> None:
+        self.pending = [ack for ack in self.pending if not which(ack)]  # type: ignore[operator]
+
+    def _leader(self) -> Replica | None:
+        c = self.controller
+        if c.leader is None or not self.replicas[c.leader].alive:
+            return None
+        return self.replicas[c.leader]
+
+    def _complete_acks(self) -> None:
+        still = []
+        for ack in self.pending:
+            term = self.replicas[ack.broker].leading
+            if term is None:
+                continue  # that broker stopped leading: the producer gets an error
+            state = term.ack_state(ack.offset)
+            if state is AckState.WAITING:
+                still.append(ack)
+            elif state is AckState.DONE:
+                note(f"acked offset {ack.offset} {ack.record}")
+                event("a write was acknowledged")
+                self.acked[ack.offset] = ack.record
+        self.pending = still
+
+    def _show_hw(self) -> None:
+        """What a consumer of the current leader sees. A zombie may still show an older
+        HW (a stale read, as in Kafka) until it learns it was deposed."""
+        leader = self._leader()
+        if leader is None or leader.leading is None:
+            return
+        shown = leader.leading.visible_high_watermark()
+        if shown is not None:
+            assert shown >= self.visible_hw, (
+                f"broker {leader.broker_id} shows HW {shown} after {self.visible_hw}"
+            )
+            self.visible_hw = shown
+
+    # -- rules ---------------------------------------------------------------------
+
+    @rule(to_zombie=st.booleans())
+    def produce(self, to_zombie: bool) -> None:
+        """A producer sends one acks=all record to a broker that believes it leads."""
+        leaders = [r for r in self.replicas.values() if r.alive and r.leading is not None]
+        is_current = [r.broker_id == self.controller.leader for r in leaders]
+        leaders = [
+            r for r, current in zip(leaders, is_current, strict=True) if current != to_zombie
+        ]
+        if not leaders:
+            return
+        replica = leaders[0]
+        term = replica.leading
+        assert term is not None
+        if not term.can_accept_acks_all():
+            note(f"broker {replica.broker_id}: NOT_ENOUGH_REPLICAS")
+            event("NOT_ENOUGH_REPLICAS")
+            return
+        self.counter += 1
+        record = Record(term.leader_epoch, f"v{self.counter}")
+        offset = len(replica.log)
+        replica.append(record)
+        term.leader_appended(len(replica.log))
+        self.writers.setdefault(term.leader_epoch, set()).add(replica.broker_id)
+        self.pending.append(PendingAck(offset, record, replica.broker_id))
+        note(f"broker {replica.broker_id} appends {record} at {offset}")
+
+    @rule()
+    def leader_syncs(self) -> None:
+        for replica in self.replicas.values():
+            if replica.alive and replica.leading is not None:
+                replica.durable = len(replica.log)
+                replica.leading.leader_synced(replica.durable)
+                self.every_isr_member_counted_holds_the_log_below_the_hw()
+                replica.high_watermark = replica.leading.high_watermark
+        self._complete_acks()
+
+    @rule(broker=st.sampled_from(BROKERS), max_records=st.integers(1, 3))
+    def follower_fetches(self, broker: int, max_records: int) -> None:
+        follower, leader = self.replicas[broker], self._leader()
+        if leader is None or leader is follower or not follower.alive:
+            return
+        if follower.needs_truncation or follower.leading is not None:
+            return  # a zombie believes it leads: it does not fetch
+        term = leader.leading
+        assert term is not None
+        fetch_offset = len(follower.log)  # the follower synced all it holds
+        _, proposal = term.follower_fetched(broker, fetch_offset, self.now_ms)
+        leader.high_watermark = term.high_watermark
+        # The sentence holds at every instant, also before the answer reaches the follower.
+        self.every_isr_member_counted_holds_the_log_below_the_hw()
+        for record in leader.log[fetch_offset : fetch_offset + max_records]:
+            follower.append(record)
+        follower.durable = len(follower.log)
+        follower.high_watermark = max(
+            follower.high_watermark, min(term.high_watermark, len(follower.log))
+        )
+        if proposal is not None:
+            note(f"broker {leader.broker_id} proposes ISR {sorted(proposal.isr)}")
+        self._complete_acks()
+
+    @rule(broker=st.sampled_from(BROKERS))
+    def follower_truncates(self, broker: int) -> None:
+        follower, leader = self.replicas[broker], self._leader()
+        if leader is None or leader is follower or not follower.alive:
+            return
+        if not follower.needs_truncation or follower.leading is not None:
+            return
+        before = list(follower.log)
+        epoch = follower.cache.latest_epoch
+        for _round in range(len(BROKERS) * 10):
+            answer = leader.cache.end_offset_for(epoch, len(leader.log))
+            step = plan_truncation(
+                follower.cache, len(follower.log), follower.high_watermark, *answer
+            )
+            assert step.truncate_to >= follower.high_watermark, (
+                f"broker {broker} would cut below its HW: {step} HW {follower.high_watermark}"
+            )
+            follower.truncate(step.truncate_to)
+            if step.done:
+                break
+            epoch = step.next_epoch
+        else:
+            raise AssertionError("truncation did not converge")
+        assert follower.log == leader.log[: len(follower.log)], "not a prefix of the leader's"
+        assert len(follower.log) <= common_prefix(before, leader.log)
+        follower.needs_truncation = False
+        note(f"broker {broker} truncated {len(before)} -> {len(follower.log)}")
+        if len(follower.log) < len(before):
+            event("a follower cut a divergent tail")
+
+    @rule()
+    def replication_round(self) -> None:
+        """A quiet moment: every follower catches up and the leader syncs (makes progress
+        likely among the faults)."""
+        for broker in BROKERS:
+            self.follower_truncates(broker)
+            self.follower_fetches(broker, max_records=100)
+            self.follower_fetches(broker, max_records=100)
+        self.leader_syncs()
+
+    @rule(ms=st.integers(1, 3 * LAG_MAX_MS))
+    def time_passes(self, ms: int) -> None:
+        self.now_ms += ms
+        for replica in self.replicas.values():
+            if replica.alive and replica.leading is not None:
+                proposal = replica.leading.check_lagging(self.now_ms)
+                if proposal is not None:
+                    note(f"broker {replica.broker_id} proposes ISR {sorted(proposal.isr)}")
+
+    @rule()
+    def controller_stores_isr(self) -> None:
+        """Each pending ISR change reaches ZooKeeper: stored only if its epoch is current."""
+        c = self.controller
+        for replica in self.replicas.values():
+            term = replica.leading
+            if not replica.alive or term is None or term.pending is None:
+                continue
+            proposal = term.pending
+            if replica.broker_id == c.leader and proposal.leader_epoch == c.leader_epoch:
+                c.isr = proposal.isr
+                term.isr_stored(proposal)
+                replica.high_watermark = term.high_watermark
+                note(f"stored ISR {sorted(c.isr)}")
+            else:  # a zombie: the conditional update fails and it steps down
+                term.isr_refused()
+                note(f"broker {replica.broker_id}: ISR update refused, it follows now")
+                event("a zombie leader stepped down")
+                self._fail_acks(lambda ack, b=replica.broker_id: ack.broker == b)
+                self._follow(replica.broker_id)
+        self._complete_acks()
+
+    @rule(broker=st.sampled_from(BROKERS), power_cut=st.booleans())
+    def crash(self, broker: int, power_cut: bool) -> None:
+        replica = self.replicas[broker]
+        if not replica.alive:
+            return
+        replica.alive = False
+        replica.leading = None
+        if power_cut:
+            replica.truncate(replica.durable)
+        note(f"broker {broker} {'loses power' if power_cut else 'is killed'}")
+        self._elect(without=broker)
+
+    @rule(broker=st.sampled_from(BROKERS))
+    def restart(self, broker: int) -> None:
+        replica = self.replicas[broker]
+        if replica.alive:
+            return
+        replica.alive = True
+        note(f"broker {broker} restarts")
+        c = self.controller
+        if c.leader is None and broker in c.isr:
+            c.leader, c.leader_epoch = broker, c.leader_epoch + 1
+            self._start_term(broker)
+            for other in BROKERS:
+                if other != broker:
+                    self._follow(other)
+        else:
+            self._follow(broker)
+
+    @precondition(lambda self: self.controller.leader is not None)
+    @rule()
+    def leader_cut_off_from_zookeeper(self) -> None:
+        """The leader's session expires; it keeps serving as a zombie until it learns."""
+        c = self.controller
+        old = c.leader
+        assert old is not None
+        live = [b for b in BROKERS if b in c.isr and b != old and self.replicas[b].alive]
+        if not live:
+            return
+        zombie = self.replicas[old].leading
+        c.isr, c.leader_epoch, c.leader = c.isr - {old}, c.leader_epoch + 1, live[0]
+        note(f"broker {old} is cut off; broker {live[0]} leads epoch {c.leader_epoch}")
+        self._start_term(live[0])
+        for broker in BROKERS:
+            if broker not in (live[0], old):
+                self._follow(broker)
+        self.replicas[old].leading = zombie  # still believes it leads
+
+    @rule()
+    def zombie_notices_its_session_expired(self) -> None:
+        for replica in self.replicas.values():
+            if replica.leading is not None and replica.broker_id != self.controller.leader:
+                note(f"broker {replica.broker_id} learns its session expired and follows")
+                self._fail_acks(lambda ack, b=replica.broker_id: ack.broker == b)
+                self._follow(replica.broker_id)
+
+    # -- the sentences of spec/replication_model.py --------------------------------
+
+    @invariant()
+    def acked_writes_are_on_every_isr_member(self) -> None:
+        logs = {b: self.replicas[b].log for b in self.controller.isr}
+        problems = acked_writes_missing(self.acked, logs)
+        assert not problems, problems
+
+    @invariant()
+    def every_isr_member_counted_holds_the_log_below_the_hw(self) -> None:
+        for replica in self.replicas.values():
+            term = replica.leading
+            if replica.alive and term is not None:
+                logs = {b: self.replicas[b].log for b in term.maximal_isr}
+                problems = isr_members_short_of_hw(replica.log, term.high_watermark, logs)
+                assert not problems, problems
+
+    @invariant()
+    def replicas_agree_below_their_high_watermarks(self) -> None:
+        leader = self._leader()
+        if leader is None:
+            return
+        others = {
+            b: (r.log, r.high_watermark)
+            for b, r in self.replicas.items()
+            if r is not leader and not r.needs_truncation
+        }
+        problems = disagreements_below_hw(leader.log, others)
+        assert not problems, problems
+
+    @invariant()
+    def visible_high_watermark_never_goes_back(self) -> None:
+        self._show_hw()
+
+    @invariant()
+    def one_writer_per_epoch(self) -> None:
+        for epoch, brokers in self.writers.items():
+            assert len(brokers) <= 1, f"epoch {epoch} written by {sorted(brokers)}"
+
+    @invariant()
+    def epoch_caches_answer_like_a_scan_of_the_log(self) -> None:
+        for replica in self.replicas.values():
+            epochs = [record.epoch for record in replica.log]
+            top = self.controller.leader_epoch + 1
+            for requested in range(-1, top + 1):
+                expected = epoch_end_offset(epochs, replica.announced, requested)
+                got = replica.cache.end_offset_for(requested, len(replica.log))
+                assert got == expected, (replica.broker_id, requested, got, expected)
+
+
+# Cheap steps (no I/O): many more examples than the profile's default, and more
+# under HYPOTHESIS_PROFILE=thorough. The profile's derandomize and deadline carry over.
+ReplicationMachine.TestCase.settings = settings(
+    max_examples=max(1000, settings.default.max_examples), stateful_step_count=50
+)
+TestReplication = ReplicationMachine.TestCase

@@ -1,0 +1,174 @@
+"""trio_broker.replication by example: the cases KIP-101, KIP-279 and KIP-497 were written for."""
+
+from __future__ import annotations
+
+import pytest
+
+from trio_broker.replication.epoch_cache import (
+    UNDEFINED_EPOCH,
+    UNDEFINED_OFFSET,
+    EpochOrderViolation,
+    LeaderEpochCache,
+)
+from trio_broker.replication.leader import AckState, LeaderPartition, NotAReplica
+from trio_broker.replication.truncation import TruncationStep, plan_truncation
+
+
+def cache_of(*entries: tuple[int, int]) -> LeaderEpochCache:
+    cache = LeaderEpochCache()
+    for epoch, start in entries:
+        cache.assign(epoch, start)
+    return cache
+
+
+def test_end_offsets_of_known_skipped_older_and_newer_epochs() -> None:
+    cache = cache_of((1, 0), (3, 10), (5, 20))
+    assert cache.end_offset_for(5, 25) == (5, 25)  # latest: the log end
+    assert cache.end_offset_for(3, 25) == (3, 20)  # ends where epoch 5 starts
+    assert cache.end_offset_for(4, 25) == (3, 20)  # skipped: the epoch below it
+    assert cache.end_offset_for(0, 25) == (0, 0)  # older than all: first start offset
+    assert cache.end_offset_for(6, 25) == (UNDEFINED_EPOCH, UNDEFINED_OFFSET)
+    assert cache.end_offset_for(UNDEFINED_EPOCH, 25) == (UNDEFINED_EPOCH, UNDEFINED_OFFSET)
+    assert LeaderEpochCache().end_offset_for(1, 0) == (UNDEFINED_EPOCH, UNDEFINED_OFFSET)
+
+
+def test_assign_keeps_order_and_drops_epochs_that_hold_no_record() -> None:
+    cache = cache_of((1, 0), (2, 5))
+    assert not cache.assign(2, 7)  # a later batch of the latest epoch
+    with pytest.raises(EpochOrderViolation):
+        cache.assign(1, 8)  # an older epoch after records of a newer one
+    # Epoch 3 was begun at 9 by a leader that wrote nothing; as a follower it then
+    # appends the new leader's epoch-2 records at 9: epoch 3 described no record.
+    cache.assign(3, 9)
+    cache.assign(2, 9)
+    assert [(e.epoch, e.start_offset) for e in cache.entries] == [(1, 0), (2, 5)]
+
+
+def test_truncation_from_either_end() -> None:
+    cache = cache_of((1, 0), (2, 5), (4, 9))
+    cache.truncate_from_end(9)
+    assert cache.latest_epoch == 2
+    cache.truncate_from_start(7)  # retention moved the log start into epoch 2
+    assert [(e.epoch, e.start_offset) for e in cache.entries] == [(2, 7)]
+
+
+def test_kip_101_follower_keeps_what_its_high_watermark_would_have_lost() -> None:
+    # Follower B fetched offsets 0-1 of epoch 0 but its HW is only 1; leader A died and
+    # B leads epoch 1... here B returns as follower of a leader whose epoch 0 also ends
+    # at 2: B keeps offset 1 (truncating to its HW would have dropped it).
+    follower = cache_of((0, 0))
+    leader = cache_of((0, 0), (1, 2))
+    answer = leader.end_offset_for(follower.latest_epoch, 3)
+    assert answer == (0, 2)
+    step = plan_truncation(follower, log_end_offset=2, high_watermark=1, leader_epoch=0,
+                           leader_end_offset=2)  # fmt: skip
+    assert step == TruncationStep(2, done=True)
+
+
+def test_kip_279_divergent_epochs_take_two_rounds() -> None:
+    # Follower: epoch 1 from 0, epoch 3 from 4. Leader: epoch 1 from 0, 2 from 3, 4 from 6.
+    # Round 1 asks about 3 and hears (2, 6); the follower has no epoch 2, its epoch 1
+    # ends at 4 -> cut to 4 and ask about 1. Round 2 hears (1, 3) -> cut to 3.
+    follower = cache_of((1, 0), (3, 4))
+    leader = cache_of((1, 0), (2, 3), (4, 6))
+    first = plan_truncation(follower, 6, 0, *leader.end_offset_for(3, 8))
+    assert first == TruncationStep(4, done=False, next_epoch=1)
+    follower.truncate_from_end(4)
+    second = plan_truncation(follower, 4, 0, *leader.end_offset_for(1, 8))
+    assert second == TruncationStep(3, done=True)
+
+
+def test_same_epoch_cuts_at_the_shorter_end() -> None:
+    follower = cache_of((1, 0), (2, 4))  # wrote epoch 2 at 4-5, lost by the leader
+    leader = cache_of((1, 0), (3, 3))
+    step = plan_truncation(follower, 6, 0, *leader.end_offset_for(2, 8))
+    assert step == TruncationStep(3, done=True)
+
+
+def test_unknown_answer_falls_back_to_the_high_watermark() -> None:
+    step = plan_truncation(cache_of((1, 0)), 9, 4, UNDEFINED_EPOCH, UNDEFINED_OFFSET)
+    assert step == TruncationStep(4, done=True)
+
+
+def leader(**overrides: object) -> LeaderPartition:
+    args: dict[str, object] = dict(
+        broker_id=1, leader_epoch=3, replicas=(1, 2, 3), isr=frozenset({1, 2}),
+        log_end_offset=10, high_watermark=10, now_ms=0, min_insync_replicas=2,
+        replica_lag_time_max_ms=100,
+    )  # fmt: skip
+    args.update(overrides)
+    return LeaderPartition.become_leader(**args)  # type: ignore[arg-type]
+
+
+def test_high_watermark_waits_for_the_leaders_sync_and_every_isr_member() -> None:
+    term = leader()
+    term.leader_appended(12)
+    assert term.ack_state(11) is AckState.WAITING
+    term.follower_fetched(2, 12, now_ms=5)
+    assert term.high_watermark == 10  # the leader has not synced offsets 10-11
+    assert term.leader_synced(12)
+    assert term.high_watermark == 12 and term.ack_state(11) is AckState.DONE
+    term.follower_fetched(3, 4, now_ms=5)  # not in the ISR: does not hold the HW back
+    assert term.high_watermark == 12
+
+
+def test_a_joining_follower_counts_before_its_isr_change_is_stored() -> None:
+    # KIP-497: while the change that adds broker 3 is pending, the HW must not pass it,
+    # or broker 3 would join the stored ISR without a committed record.
+    term = leader()
+    _, proposal = term.follower_fetched(3, 10, now_ms=1)
+    assert proposal is not None and proposal.isr == {1, 2, 3}
+    term.leader_appended(11)
+    term.follower_fetched(2, 11, now_ms=2)
+    term.leader_synced(11)
+    assert term.high_watermark == 10
+    assert term.isr_stored(proposal) is False
+    term.follower_fetched(3, 11, now_ms=3)
+    assert term.high_watermark == 11 and term.isr == {1, 2, 3}
+
+
+def test_a_follower_below_the_high_watermark_does_not_join() -> None:
+    term = leader()
+    assert term.follower_fetched(3, 9, now_ms=1) == (False, None)
+
+
+def test_lagging_follower_is_proposed_for_removal_and_min_isr_holds_acks() -> None:
+    term = leader()
+    term.leader_appended(11)
+    term.leader_synced(11)
+    term.follower_fetched(2, 10, now_ms=50)  # behind since the term began at t=0
+    assert term.check_lagging(now_ms=100) is None
+    proposal = term.check_lagging(now_ms=101)
+    assert proposal is not None and proposal.isr == {1}
+    assert term.high_watermark == 10  # the pending removal still counts broker 2
+    term.isr_stored(proposal)
+    assert term.high_watermark == 11
+    assert not term.can_accept_acks_all()  # NOT_ENOUGH_REPLICAS before an append
+    assert term.ack_state(10) is AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+
+
+def test_caught_up_at_the_previous_fetch_counts_as_caught_up_then() -> None:
+    term = leader()
+    term.follower_fetched(2, 10, now_ms=40)  # all there was at t=40
+    term.leader_appended(15)
+    term.follower_fetched(2, 10, now_ms=120)  # behind now, but had everything at t=40
+    assert term.followers[2].last_caught_up_ms == 40
+    assert term.check_lagging(now_ms=140) is None
+    assert term.check_lagging(now_ms=141) is not None
+
+
+def test_new_leader_hides_its_high_watermark_until_it_reaches_its_epoch_start() -> None:
+    term = leader(high_watermark=7)  # its predecessor may have shown up to 10
+    assert term.visible_high_watermark() is None  # ListOffsets: OFFSET_NOT_AVAILABLE
+    term.follower_fetched(2, 10, now_ms=1)
+    assert term.visible_high_watermark() == 10
+
+
+def test_a_refused_isr_change_is_dropped_and_strangers_cannot_fetch() -> None:
+    term = leader()
+    proposal = term.check_lagging(now_ms=1000)
+    assert proposal is not None
+    term.isr_refused()
+    assert term.pending is None and term.isr == {1, 2}
+    with pytest.raises(NotAReplica):
+        term.follower_fetched(9, 0, now_ms=1)
