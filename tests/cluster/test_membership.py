@@ -1,0 +1,183 @@
+"""Broker registration, the broker list and controller election, over ZooKeeper.
+
+Each scenario runs twice: against a real ZooKeeper server (Debian's package, started
+by conftest.py) through kazoo, and against the in-memory stand-in that the
+deterministic simulation will use, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from trio_broker.cluster.coordination import (
+    Coordination,
+    MemoryCoordination,
+    MemoryZooKeeper,
+    ZooKeeperCoordination,
+)
+from trio_broker.cluster.membership import BrokerIdInUse, run_membership
+from trio_broker.cluster.zk_layout import (
+    BROKER_IDS,
+    BrokerRegistration,
+)
+from trio_broker.services.cluster_view import BrokerInfo, ClusterView
+
+KINDS = ["zookeeper", "memory"]
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+class Clients:
+    """Makes coordination clients of one kind, all on one (real or in-memory) server."""
+
+    def __init__(self, kind: str, request: pytest.FixtureRequest) -> None:
+        self.kind = kind
+        self.hosts = request.getfixturevalue("zookeeper") if kind == "zookeeper" else ""
+        self.memory = MemoryZooKeeper()
+
+    @asynccontextmanager
+    async def client(self) -> AsyncIterator[Coordination]:
+        if self.kind == "memory":
+            memory = MemoryCoordination(self.memory)
+            try:
+                yield memory
+            finally:
+                await memory.stop()
+            return
+        coord = ZooKeeperCoordination(self.hosts, session_timeout_s=4.0)
+        await coord.start(timeout_s=30)
+        try:
+            yield coord
+        finally:
+            await coord.stop()  # closes the session: its ephemeral znodes go at once
+
+
+@pytest.fixture
+def clients(kind: str, request: pytest.FixtureRequest) -> Clients:
+    return Clients(kind, request)
+
+
+def registration(broker_id: int) -> BrokerRegistration:
+    return BrokerRegistration(broker_id, "127.0.0.1", 19000 + broker_id, rack=f"r{broker_id}")
+
+
+async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+    with trio.move_on_after(timeout_s):
+        while not condition():  # noqa: ASYNC110 - a plain-data condition, no event to wait on
+            await trio.sleep(0.02)
+        return
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+class Member:
+    """One broker's membership tasks, stoppable on their own (its session then closes)."""
+
+    def __init__(self, clients: Clients, broker_id: int) -> None:
+        self.clients, self.broker_id = clients, broker_id
+        self.view = ClusterView(broker_id)
+        self.scope = trio.CancelScope()
+        self.stopped = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with self.scope:
+                async with self.clients.client() as coord, trio.open_nursery() as nursery:
+                    reg = registration(self.broker_id)
+                    await nursery.start(run_membership, coord, reg, self.view)
+                    task_status.started()
+        finally:
+            self.stopped.set()
+
+    async def stop(self) -> None:
+        self.scope.cancel()
+        await self.stopped.wait()
+
+
+@asynccontextmanager
+async def cluster(clients: Clients, *broker_ids: int) -> AsyncIterator[dict[int, Member]]:
+    members = {b: Member(clients, b) for b in broker_ids}
+    async with trio.open_nursery() as nursery:
+        for m in members.values():  # one after another: the first is the controller
+            await nursery.start(m.run)
+            await eventually(lambda m=m: m.view.controller_id != -1, "a controller is known")
+        yield members
+        nursery.cancel_scope.cancel()
+
+
+async def test_three_brokers_see_each_other_and_agree_on_one_controller(clients: Clients) -> None:
+    async with cluster(clients, 1, 2, 3) as members:
+        views = [m.view for m in members.values()]
+        await eventually(
+            lambda: all(set(v.brokers) == {1, 2, 3} for v in views), "all list 1, 2 and 3"
+        )
+        await eventually(lambda: all(v.controller_id == 1 for v in views), "1 is controller")
+        assert [v.is_controller for v in views] == [True, False, False]
+        assert {v.controller_epoch for v in views} == {1}
+        assert members[3].view.brokers[2] == BrokerInfo(2, "127.0.0.1", 19002, "r2")
+        await members[3].stop()  # its session closes: the others drop it
+        await eventually(
+            lambda: set(views[0].brokers) == {1, 2} == set(views[1].brokers), "3 is gone"
+        )
+
+
+async def test_a_new_controller_with_a_higher_epoch_when_the_controller_goes(
+    clients: Clients,
+) -> None:
+    async with cluster(clients, 1, 2, 3) as members:
+        await eventually(lambda: members[3].view.controller_id == 1, "3 sees controller 1")
+        await members[1].stop()
+        v2, v3 = members[2].view, members[3].view
+        await eventually(
+            lambda: (
+                v2.controller_id in (2, 3)
+                and v2.controller_id == v3.controller_id
+                and v2.controller_epoch == 2 == v3.controller_epoch
+            ),
+            "2 and 3 agree on a new controller in epoch 2",
+        )
+        assert [v2.is_controller, v3.is_controller].count(True) == 1
+        assert set(v2.brokers) == {2, 3}
+
+
+async def test_a_second_broker_with_the_same_id_is_refused(clients: Clients) -> None:
+    async with cluster(clients, 1), clients.client() as coord:
+        with pytest.raises(BrokerIdInUse, match="broker id 1 is registered"):
+            await run_membership(coord, registration(1), ClusterView(1))
+
+
+async def test_an_unreadable_registration_is_skipped(clients: Clients) -> None:
+    async with cluster(clients, 1, 2) as members, clients.client() as coord:
+        await coord.create(f"{BROKER_IDS}/7", b"{not json")
+        await coord.create(f"{BROKER_IDS}/8", b'{"host": "h", "port": "x"}')
+        await coord.create(f"{BROKER_IDS}/9", registration(9).encode())
+        await eventually(lambda: set(members[1].view.brokers) == {1, 2, 9}, "9 listed")
+        await coord.delete(f"{BROKER_IDS}/9")
+        await eventually(lambda: set(members[1].view.brokers) == {1, 2}, "9 gone")
+
+
+async def test_an_expired_session_registers_again_and_gives_up_the_controller() -> None:
+    server = MemoryZooKeeper()
+    coords = {b: MemoryCoordination(server) for b in (1, 2)}
+    views = {b: ClusterView(b) for b in (1, 2)}
+    async with trio.open_nursery() as nursery:
+        for b in (1, 2):
+            await nursery.start(run_membership, coords[b], registration(b), views[b])
+            await eventually(lambda b=b: views[b].controller_id == 1, f"{b} sees controller 1")
+        coords[1].expire_session()  # ZooKeeper dropped broker 1's session
+        # Both race for the controller (broker 1 on its new session): a new election.
+        await eventually(
+            lambda: (
+                views[1].controller_epoch == 2 == views[2].controller_epoch
+                and views[1].controller_id == views[2].controller_id != -1
+            ),
+            "a controller elected in epoch 2, seen by both",
+        )
+        await eventually(lambda: set(views[2].brokers) == {1, 2}, "broker 1 registered again")
+        nursery.cancel_scope.cancel()

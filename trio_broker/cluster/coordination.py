@@ -1,0 +1,299 @@
+"""The coordination service as the broker sees it: a small async API over ZooKeeper.
+
+Only what the cluster needs: znodes with data and versions, ephemeral znodes that live
+as long as the session, conditional updates, and one-shot watches. Two implementations:
+:class:`ZooKeeperCoordination` (kazoo, its blocking calls in worker threads, its watch
+callbacks handed to the event loop with a ``TrioToken``) and :class:`MemoryCoordination`
+(one process, ZooKeeper's semantics, for tests and the deterministic simulation).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+__all__ = [
+    "BadVersion",
+    "Coordination",
+    "CoordinationError",
+    "MemoryCoordination",
+    "MemoryZooKeeper",
+    "NoNode",
+    "NodeExists",
+    "SessionLost",
+    "Znode",
+    "ZooKeeperCoordination",
+]
+
+
+class CoordinationError(Exception):
+    """The coordination service refused or could not do an operation."""
+
+
+class NodeExists(CoordinationError):
+    pass
+
+
+class NoNode(CoordinationError):
+    pass
+
+
+class BadVersion(CoordinationError):
+    """A conditional update lost: someone else changed the znode first."""
+
+
+class SessionLost(CoordinationError):
+    """The session expired: every ephemeral znode it made is gone."""
+
+
+@attrs.frozen
+class Znode:
+    data: bytes
+    version: int
+
+
+class Coordination(Protocol):
+    async def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
+        """Create ``path`` (and missing parents); NodeExists if it is there."""
+
+    async def get(self, path: str) -> Znode | None: ...
+
+    async def get_and_watch(self, path: str) -> tuple[Znode | None, trio.Event]:
+        """The znode now, and an event set on its next change (created, changed, deleted)."""
+
+    async def children_and_watch(self, path: str) -> tuple[list[str], trio.Event]:
+        """Children now (none if ``path`` is missing), and an event set when they change."""
+
+    async def set(self, path: str, data: bytes, version: int) -> int:
+        """Replace the data if the version is still ``version``; the new version."""
+
+    async def delete(self, path: str, version: int = -1) -> None: ...
+
+    def session_lost(self) -> trio.Event:
+        """Set when the current session expires (ephemerals gone); a new one follows."""
+
+    async def stop(self) -> None:
+        """Close the session for good."""
+
+
+class ZooKeeperCoordination:
+    """:class:`Coordination` over a real ZooKeeper ensemble, through kazoo."""
+
+    def __init__(self, hosts: str, session_timeout_s: float = 6.0) -> None:
+        from kazoo.client import KazooClient  # a dependency of cluster mode only
+
+        self._client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._lost = trio.Event()
+
+    async def start(self, timeout_s: float = 15.0) -> None:
+        from kazoo.protocol.states import KazooState
+
+        self._token = trio.lowlevel.current_trio_token()
+
+        def on_state(state: Any) -> None:  # kazoo's thread: hand over, never block
+            if state == KazooState.LOST:
+                self._from_kazoo(self._on_lost)
+
+        self._client.add_listener(on_state)
+        await trio.to_thread.run_sync(lambda: self._client.start(timeout=timeout_s))
+
+    def _on_lost(self) -> None:
+        self._lost.set()
+        self._lost = trio.Event()  # the next session's
+
+    async def stop(self) -> None:
+        """Close the session (its ephemeral znodes go at once); runs even when cancelled."""
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await trio.to_thread.run_sync(self._client.stop)
+            await trio.to_thread.run_sync(self._client.close)
+
+    def session_lost(self) -> trio.Event:
+        return self._lost
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from kazoo import exceptions as kz
+
+        try:
+            return await trio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+        except kz.NodeExistsError:
+            raise NodeExists(args[0]) from None
+        except kz.NoNodeError:
+            raise NoNode(args[0]) from None
+        except kz.BadVersionError:
+            raise BadVersion(args[0]) from None
+        except (kz.SessionExpiredError, kz.ConnectionLoss) as exc:
+            raise SessionLost(f"{args[0]}: {type(exc).__name__}") from None
+        except kz.KazooException as exc:
+            raise CoordinationError(f"{args[0]}: {type(exc).__name__}: {exc}") from None
+
+    def _watcher(self) -> tuple[trio.Event, Any]:
+        event = trio.Event()
+        return event, lambda _watched_event: self._from_kazoo(event.set)
+
+    def _from_kazoo(self, fn: Any) -> None:
+        """Run ``fn`` on the event loop, from one of kazoo's threads, without blocking it."""
+        assert self._token is not None, "start() first"
+        try:
+            self._token.run_sync_soon(fn)
+        except trio.RunFinishedError:
+            pass  # a watch fired after the program's event loop ended
+
+    async def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
+        await self._call(self._client.create, path, data, ephemeral=ephemeral, makepath=True)
+
+    async def get(self, path: str) -> Znode | None:
+        try:
+            data, stat = await self._call(self._client.get, path)
+        except NoNode:
+            return None
+        return Znode(data, stat.version)
+
+    async def get_and_watch(self, path: str) -> tuple[Znode | None, trio.Event]:
+        event, watch = self._watcher()
+        # exists() sets a watch whether or not the znode is there (get() would not).
+        stat = await self._call(self._client.exists, path, watch=watch)
+        if stat is None:
+            return None, event
+        try:
+            data, stat = await self._call(self._client.get, path)
+        except NoNode:
+            return None, event  # deleted in between: the watch has fired already
+        return Znode(data, stat.version), event
+
+    async def children_and_watch(self, path: str) -> tuple[list[str], trio.Event]:
+        event, watch = self._watcher()
+        try:
+            return sorted(await self._call(self._client.get_children, path, watch=watch)), event
+        except NoNode:
+            await self._call(self._client.exists, path, watch=watch)
+            return [], event
+
+    async def set(self, path: str, data: bytes, version: int) -> int:
+        stat = await self._call(self._client.set, path, data, version=version)
+        return int(stat.version)
+
+    async def delete(self, path: str, version: int = -1) -> None:
+        await self._call(self._client.delete, path, version=version)
+
+
+@attrs.define
+class _Node:
+    data: bytes
+    version: int = 0
+    owner: int | None = None  # the session of an ephemeral znode
+
+
+@attrs.define(eq=False)
+class MemoryZooKeeper:
+    """One in-memory ZooKeeper shared by several :class:`MemoryCoordination` clients."""
+
+    nodes: dict[str, _Node] = attrs.field(factory=lambda: {"/": _Node(b"")})
+    watches: dict[str, list[trio.Event]] = attrs.field(factory=dict)
+    child_watches: dict[str, list[trio.Event]] = attrs.field(factory=dict)
+    _next_session: int = 1
+
+    def open_session(self) -> int:
+        self._next_session += 1
+        return self._next_session - 1
+
+    def expire(self, session: int) -> None:
+        """The session is gone: delete its ephemerals (firing watches), as ZooKeeper does."""
+        for path in [p for p, n in self.nodes.items() if n.owner == session]:
+            self._remove(path)
+
+    def _fire(self, table: dict[str, list[trio.Event]], path: str) -> None:
+        for event in table.pop(path, []):
+            event.set()
+
+    def _remove(self, path: str) -> None:
+        del self.nodes[path]
+        self._fire(self.watches, path)
+        self._fire(self.child_watches, _parent(path))
+
+
+def _parent(path: str) -> str:
+    return path.rsplit("/", 1)[0] or "/"
+
+
+class MemoryCoordination:
+    """:class:`Coordination` against a :class:`MemoryZooKeeper`, with its own session."""
+
+    def __init__(self, server: MemoryZooKeeper) -> None:
+        self._server = server
+        self.session = server.open_session()
+        self._lost = trio.Event()
+
+    async def stop(self) -> None:
+        """Close the session: its ephemeral znodes go at once, as with a real server."""
+        self._server.expire(self.session)
+
+    def expire_session(self) -> None:
+        self._server.expire(self.session)
+        self.session = self._server.open_session()
+        self._lost.set()
+        self._lost = trio.Event()
+
+    def session_lost(self) -> trio.Event:
+        return self._lost
+
+    async def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
+        await trio.lowlevel.checkpoint()
+        nodes = self._server.nodes
+        if path in nodes:
+            raise NodeExists(path)
+        missing = []
+        parent = _parent(path)
+        while parent not in nodes:
+            missing.append(parent)
+            parent = _parent(parent)
+        for p in reversed(missing):
+            nodes[p] = _Node(b"")
+            self._server._fire(self._server.child_watches, _parent(p))
+        nodes[path] = _Node(data, owner=self.session if ephemeral else None)
+        self._server._fire(self._server.watches, path)
+        self._server._fire(self._server.child_watches, _parent(path))
+
+    async def get(self, path: str) -> Znode | None:
+        await trio.lowlevel.checkpoint()
+        node = self._server.nodes.get(path)
+        return None if node is None else Znode(node.data, node.version)
+
+    async def get_and_watch(self, path: str) -> tuple[Znode | None, trio.Event]:
+        event = trio.Event()
+        self._server.watches.setdefault(path, []).append(event)
+        return await self.get(path), event
+
+    async def children_and_watch(self, path: str) -> tuple[list[str], trio.Event]:
+        await trio.lowlevel.checkpoint()
+        event = trio.Event()
+        self._server.child_watches.setdefault(path, []).append(event)
+        prefix = path.rstrip("/") + "/"
+        names = [
+            p[len(prefix) :]
+            for p in self._server.nodes
+            if p.startswith(prefix) and "/" not in p[len(prefix) :]
+        ]
+        return sorted(names), event
+
+    async def set(self, path: str, data: bytes, version: int) -> int:
+        await trio.lowlevel.checkpoint()
+        node = self._server.nodes.get(path)
+        if node is None:
+            raise NoNode(path)
+        if version != -1 and version != node.version:
+            raise BadVersion(path)
+        node.data, node.version = data, node.version + 1
+        self._server._fire(self._server.watches, path)
+        return node.version
+
+    async def delete(self, path: str, version: int = -1) -> None:
+        await trio.lowlevel.checkpoint()
+        node = self._server.nodes.get(path)
+        if node is None:
+            raise NoNode(path)
+        if version != -1 and version != node.version:
+            raise BadVersion(path)
+        self._server._remove(path)

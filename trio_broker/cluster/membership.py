@@ -1,0 +1,193 @@
+"""A broker's membership in the cluster: its registration, the broker list, the controller.
+
+Three tasks, each a loop over ZooKeeper's one-shot watches:
+
+- **registration**: ``/brokers/ids/<id>``, ephemeral; made again after a session expires
+  (waiting, as Kafka does, until the old session's znode is gone);
+- **broker list**: the children of ``/brokers/ids``, read into :class:`ClusterView`;
+- **controller election**: whoever creates the ephemeral ``/controller`` first is the
+  controller and increments ``/controller_epoch`` conditionally; the others watch
+  ``/controller`` and try again when it goes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import trio
+
+from trio_broker.cluster.coordination import (
+    BadVersion,
+    Coordination,
+    CoordinationError,
+    NodeExists,
+)
+from trio_broker.cluster.zk_layout import (
+    BROKER_IDS,
+    CONTROLLER,
+    CONTROLLER_EPOCH,
+    BrokerRegistration,
+    ControllerClaim,
+    CoordinationDataError,
+    broker_path,
+    decode_controller_epoch,
+    encode_controller_epoch,
+)
+from trio_broker.services.cluster_view import BrokerInfo, ClusterView
+
+__all__ = ["BrokerIdInUse", "run_membership"]
+
+log = logging.getLogger(__name__)
+
+#: How long to wait before trying again after ZooKeeper refused or was unreachable.
+RETRY_S = 0.5
+
+
+class BrokerIdInUse(CoordinationError):
+    """Another live broker registered this broker id."""
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def wait_any(*events: trio.Event) -> None:
+    """Return as soon as one of ``events`` is set."""
+    async with trio.open_nursery() as nursery:
+        for event in events:
+
+            async def wait_then_stop(e: trio.Event = event) -> None:
+                await e.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(wait_then_stop)
+
+
+async def run_membership(
+    coord: Coordination,
+    registration: BrokerRegistration,
+    view: ClusterView,
+    *,
+    now_ms: Callable[[], int] = wall_clock_ms,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Register, then keep ``view`` current until cancelled.
+
+    Reports started once registered. Raises :class:`BrokerIdInUse` if a live broker
+    already holds the id at start (a configuration mistake, not something to wait out).
+    """
+    await _register(coord, registration, wait_if_taken=False)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stay_registered, coord, registration)
+        nursery.start_soon(_follow_brokers, coord, view)
+        nursery.start_soon(_elect_controller, coord, view, now_ms)
+        task_status.started()
+
+
+async def _register(
+    coord: Coordination, registration: BrokerRegistration, *, wait_if_taken: bool
+) -> None:
+    path = broker_path(registration.broker_id)
+    while True:
+        try:
+            await coord.create(path, registration.encode(), ephemeral=True)
+            log.info("registered as broker %d", registration.broker_id)
+            return
+        except NodeExists:
+            if not wait_if_taken:
+                raise BrokerIdInUse(
+                    f"broker id {registration.broker_id} is registered by a live broker "
+                    f"({path} exists in ZooKeeper)"
+                ) from None
+        except CoordinationError as exc:
+            log.warning("registering broker %d: %s", registration.broker_id, exc)
+        # After our own session expired, its znode lingers until ZooKeeper notices.
+        await trio.sleep(RETRY_S)
+
+
+async def _stay_registered(coord: Coordination, registration: BrokerRegistration) -> None:
+    while True:
+        await coord.session_lost().wait()
+        log.warning(
+            "ZooKeeper session expired: registering broker %d again", registration.broker_id
+        )
+        await _register(coord, registration, wait_if_taken=True)
+
+
+async def _follow_brokers(coord: Coordination, view: ClusterView) -> None:
+    while True:
+        lost = coord.session_lost()
+        try:
+            names, changed = await coord.children_and_watch(BROKER_IDS)
+            brokers = {}
+            for name in names:
+                if not name.isdigit():
+                    continue
+                znode = await coord.get(f"{BROKER_IDS}/{name}")
+                if znode is None:
+                    continue  # gone since we listed it; the watch will tell
+                try:
+                    reg = BrokerRegistration.decode(int(name), znode.data)
+                except CoordinationDataError as exc:
+                    log.warning("ignoring %s/%s: %s", BROKER_IDS, name, exc)
+                    continue
+                brokers[reg.broker_id] = BrokerInfo(reg.broker_id, reg.host, reg.port, reg.rack)
+        except CoordinationError as exc:
+            log.warning("reading the broker list: %s", exc)
+            await trio.sleep(RETRY_S)
+            continue
+        view.brokers = brokers
+        await wait_any(changed, lost)
+
+
+async def _elect_controller(
+    coord: Coordination, view: ClusterView, now_ms: Callable[[], int]
+) -> None:
+    me = view.broker_id
+    while True:
+        lost = coord.session_lost()
+        try:
+            try:
+                claim = ControllerClaim(me, now_ms()).encode()
+                await coord.create(CONTROLLER, claim, ephemeral=True)
+            except NodeExists:
+                pass
+            else:
+                view.controller_epoch = await _next_controller_epoch(coord)
+                log.info("broker %d is the controller, epoch %d", me, view.controller_epoch)
+            znode, changed = await coord.get_and_watch(CONTROLLER)
+            if znode is None:
+                continue  # the controller just went: try to take over at once
+            try:
+                view.controller_id = ControllerClaim.decode(znode.data).broker_id
+            except CoordinationDataError as exc:
+                log.warning("ignoring %s: %s", CONTROLLER, exc)
+                view.controller_id = -1
+            # The new controller bumps the epoch just after it wins: watch that too.
+            epoch, epoch_changed = await coord.get_and_watch(CONTROLLER_EPOCH)
+            if epoch is not None:
+                view.controller_epoch = decode_controller_epoch(epoch.data)
+        except (CoordinationError, CoordinationDataError) as exc:
+            log.warning("controller election: %s", exc)
+            await trio.sleep(RETRY_S)
+            continue
+        await wait_any(changed, epoch_changed, lost)
+        if lost.is_set() and view.controller_id == me:
+            view.controller_id = -1  # our claim died with the session
+
+
+async def _next_controller_epoch(coord: Coordination) -> int:
+    """Increment ``/controller_epoch`` with a conditional write; return the new epoch."""
+    while True:
+        znode = await coord.get(CONTROLLER_EPOCH)
+        try:
+            if znode is None:
+                await coord.create(CONTROLLER_EPOCH, encode_controller_epoch(1))
+                return 1
+            epoch = decode_controller_epoch(znode.data) + 1
+            await coord.set(CONTROLLER_EPOCH, encode_controller_epoch(epoch), znode.version)
+            return epoch
+        except (NodeExists, BadVersion):
+            continue  # another controller-to-be got there first: read again

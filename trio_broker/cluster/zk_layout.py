@@ -1,0 +1,185 @@
+"""Where the cluster's shared state lives in ZooKeeper, and what each znode holds.
+
+The layout follows the one Kafka used with ZooKeeper, so that the tree reads familiar
+to anyone who ran such a cluster (zkCli.sh ``ls /brokers/ids``). Znode contents are
+JSON; a znode that does not parse is a :class:`CoordinationDataError`, never a crash.
+Pure: no trio, no kazoo.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "BROKER_IDS",
+    "CLUSTER_ID",
+    "CONTROLLER",
+    "CONTROLLER_EPOCH",
+    "PRODUCER_ID_BLOCK",
+    "TOPICS",
+    "BrokerRegistration",
+    "ControllerClaim",
+    "CoordinationDataError",
+    "PartitionState",
+    "broker_path",
+    "partition_state_path",
+    "topic_path",
+]
+
+BROKER_IDS = "/brokers/ids"
+TOPICS = "/brokers/topics"
+CONTROLLER = "/controller"
+CONTROLLER_EPOCH = "/controller_epoch"
+CLUSTER_ID = "/cluster/id"
+PRODUCER_ID_BLOCK = "/latest_producer_id_block"
+
+
+class CoordinationDataError(ValueError):
+    """A znode holds something that is not what the layout says it holds."""
+
+
+def broker_path(broker_id: int) -> str:
+    return f"{BROKER_IDS}/{broker_id}"
+
+
+def topic_path(topic: str) -> str:
+    return f"{TOPICS}/{topic}"
+
+
+def partition_state_path(topic: str, partition: int) -> str:
+    return f"{TOPICS}/{topic}/partitions/{partition}/state"
+
+
+def _load(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CoordinationDataError(f"{what}: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CoordinationDataError(f"{what}: expected a JSON object")
+    return value
+
+
+def _int(doc: dict[str, Any], key: str, what: str) -> int:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CoordinationDataError(f"{what}: {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def _dump(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
+@attrs.frozen
+class BrokerRegistration:
+    """``/brokers/ids/<id>``: an ephemeral znode, present while the broker's session lives."""
+
+    broker_id: int
+    host: str
+    port: int
+    rack: str | None = None
+    #: "NAME://HOST:PORT" per listener; the first is the one clients are told about.
+    endpoints: tuple[str, ...] = ()
+    timestamp_ms: int = 0
+
+    def encode(self) -> bytes:
+        endpoints = list(self.endpoints) or [f"PLAINTEXT://{self.host}:{self.port}"]
+        names = [e.split("://", 1)[0] for e in endpoints]
+        return _dump({
+            "version": 5, "host": self.host, "port": self.port, "rack": self.rack,
+            "endpoints": endpoints, "jmx_port": -1, "features": {},
+            "listener_security_protocol_map": {name: name for name in names},
+            "timestamp": str(self.timestamp_ms),
+        })  # fmt: skip
+
+    @classmethod
+    def decode(cls, broker_id: int, raw: bytes) -> BrokerRegistration:
+        what = f"broker {broker_id} registration"
+        doc = _load(raw, what)
+        host, rack, endpoints = doc.get("host"), doc.get("rack"), doc.get("endpoints", [])
+        if not isinstance(host, str) or not host:
+            raise CoordinationDataError(f"{what}: no host")
+        if rack is not None and not isinstance(rack, str):
+            raise CoordinationDataError(f"{what}: rack must be a string")
+        if not isinstance(endpoints, list) or not all(isinstance(e, str) for e in endpoints):
+            raise CoordinationDataError(f"{what}: endpoints must be a list of strings")
+        try:
+            timestamp = int(doc.get("timestamp", 0))
+        except (TypeError, ValueError):
+            raise CoordinationDataError(f"{what}: bad timestamp") from None
+        return cls(broker_id, host, _int(doc, "port", what), rack, tuple(endpoints), timestamp)
+
+
+@attrs.frozen
+class ControllerClaim:
+    """``/controller``: ephemeral, held by the broker that is the controller."""
+
+    broker_id: int
+    timestamp_ms: int = 0
+
+    def encode(self) -> bytes:
+        return _dump(
+            {"version": 1, "brokerid": self.broker_id, "timestamp": str(self.timestamp_ms)}
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ControllerClaim:
+        doc = _load(raw, "controller")
+        try:
+            timestamp = int(doc.get("timestamp", 0))
+        except (TypeError, ValueError):
+            raise CoordinationDataError("controller: bad timestamp") from None
+        return cls(_int(doc, "brokerid", "controller"), timestamp)
+
+
+def encode_controller_epoch(epoch: int) -> bytes:
+    return str(epoch).encode()
+
+
+def decode_controller_epoch(raw: bytes) -> int:
+    try:
+        epoch = int(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise CoordinationDataError(f"controller epoch: not an integer: {raw[:40]!r}") from None
+    if epoch < 0:
+        raise CoordinationDataError(f"controller epoch: negative: {epoch}")
+    return epoch
+
+
+@attrs.frozen
+class PartitionState:
+    """``/brokers/topics/<t>/partitions/<p>/state``: leader, leader epoch, ISR.
+
+    Updated only with the znode version as a condition, so that a deposed controller or
+    leader cannot overwrite what its successor wrote.
+    """
+
+    leader: int  # -1: no leader (offline)
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int
+
+    def encode(self) -> bytes:
+        return _dump({
+            "version": 1, "leader": self.leader, "leader_epoch": self.leader_epoch,
+            "isr": list(self.isr), "controller_epoch": self.controller_epoch,
+        })  # fmt: skip
+
+    @classmethod
+    def decode(cls, raw: bytes, what: str = "partition state") -> PartitionState:
+        doc = _load(raw, what)
+        isr = doc.get("isr")
+        if not isinstance(isr, list) or not all(
+            isinstance(b, int) and not isinstance(b, bool) for b in isr
+        ):
+            raise CoordinationDataError(f"{what}: isr must be a list of broker ids")
+        return cls(
+            leader=_int(doc, "leader", what),
+            leader_epoch=_int(doc, "leader_epoch", what),
+            isr=tuple(isr),
+            controller_epoch=_int(doc, "controller_epoch", what),
+        )

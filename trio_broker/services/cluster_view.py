@@ -1,0 +1,39 @@
+"""What this broker knows of its cluster: the live brokers and who the controller is.
+
+Plain data, written by the cluster membership tasks (``trio_broker/cluster``) as
+ZooKeeper tells them, read by handlers (Metadata, DescribeCluster). A broker that runs
+alone has a view of one broker that is its own controller.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["BrokerInfo", "ClusterView"]
+
+
+@attrs.frozen
+class BrokerInfo:
+    broker_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+@attrs.define(eq=False)
+class ClusterView:
+    broker_id: int
+    #: Live brokers by id (this one included once it is registered).
+    brokers: dict[int, BrokerInfo] = attrs.field(factory=dict)
+    #: -1 while no broker holds the controller role.
+    controller_id: int = -1
+    #: Increases with every new controller; fences orders from a deposed one.
+    controller_epoch: int = 0
+
+    @classmethod
+    def single_node(cls, me: BrokerInfo) -> ClusterView:
+        return cls(me.broker_id, {me.broker_id: me}, controller_id=me.broker_id)
+
+    @property
+    def is_controller(self) -> bool:
+        return self.controller_id == self.broker_id
