@@ -42,6 +42,7 @@ APIS = [
     "OffsetForLeaderEpoch",
     "DescribeConfigs",
     "AlterConfigs",
+    "DescribeLogDirs",
     "SaslAuthenticate",
     "CreatePartitions",
     "DeleteGroups",

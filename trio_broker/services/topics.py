@@ -31,6 +31,8 @@ class TopicError(KafkaError):
 
 #: Internal topics whose directories the broker owns (committed group offsets).
 RESERVED_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+#: Most partitions one topic may have (CreateTopics and CreatePartitions).
+MAX_PARTITIONS = 10_000
 
 
 def validate_topic_name(name: str) -> None:
@@ -79,15 +81,15 @@ class TopicManager:
         """The log settings of a topic with ``configs`` (storage/topic_configs.py)."""
         return topic_log_config(configs, self.defaults)
 
+    def _open_log(self, name: str, partition: int, config: LogConfig) -> Any:
+        if self.data_dir is None:
+            return MemoryLog(config)
+        directory = self.data_dir / f"{name}-{partition}"
+        return PartitionLog.open(directory, config, now_ms=self.now_ms)
+
     def _open(self, info: TopicInfo) -> Topic:
         config = self.log_config(info.configs)
-        logs: list[Any] = []
-        for partition in range(info.partitions):
-            if self.data_dir is None:
-                logs.append(MemoryLog(config))
-            else:
-                directory = self.data_dir / f"{info.name}-{partition}"
-                logs.append(PartitionLog.open(directory, config, now_ms=self.now_ms))
+        logs = [self._open_log(info.name, p, config) for p in range(info.partitions)]
         topic = Topic(info, logs)
         self.topics[info.name] = topic
         self.by_id[info.topic_id] = topic
@@ -107,8 +109,10 @@ class TopicManager:
         validate_topic_name(name)
         if name in self.topics:
             raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
-        if partitions <= 0 or partitions > 10_000:
-            raise TopicError(ErrorCode.INVALID_PARTITIONS, "partitions must be in 1..10000")
+        if partitions <= 0 or partitions > MAX_PARTITIONS:
+            raise TopicError(
+                ErrorCode.INVALID_PARTITIONS, f"partitions must be in 1..{MAX_PARTITIONS}"
+            )
         self.check_configs(configs)
 
     def check_configs(self, configs: dict[str, str]) -> None:
@@ -128,6 +132,60 @@ class TopicManager:
                 name=name, topic_id=uuid.uuid4(), partitions=partitions, configs=configs
             )
         return self._open(info)
+
+    def check_new_partitions(self, name: str, total: int) -> Topic:
+        """Raise TopicError unless topic ``name`` can grow to ``total`` partitions."""
+        topic = self.topics.get(name)
+        if topic is None:
+            raise TopicError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        current = len(topic.logs)
+        if total == current:
+            raise TopicError(
+                ErrorCode.INVALID_PARTITIONS, f"topic {name!r} already has {current} partition(s)"
+            )
+        if total < current:
+            raise TopicError(
+                ErrorCode.INVALID_PARTITIONS,
+                f"topic {name!r} has {current} partition(s); {total} would not be an increase "
+                "(partitions are never removed)",
+            )
+        if total > MAX_PARTITIONS:
+            raise TopicError(
+                ErrorCode.INVALID_PARTITIONS, f"a topic has at most {MAX_PARTITIONS} partitions"
+            )
+        return topic
+
+    def add_partitions(self, name: str, total: int) -> Topic:
+        """Grow topic ``name`` to ``total`` partitions (CreatePartitions).
+
+        File mode: the new partitions' logs are created (each directory made
+        durable) before the catalogue records the new count, which commits the
+        growth (``Catalogue.add_partitions``): a crash leaves the old count or
+        the new one, and an error leaves the old count in the catalogue and here.
+        The topic's log list is replaced, not extended, so a reader holding the
+        old list never sees it change.
+        """
+        topic = self.check_new_partitions(name, total)
+        config = self.log_config(topic.info.configs)
+        opened: list[Any] = []
+
+        def open_logs(added: range) -> None:
+            for partition in added:
+                opened.append(self._open_log(name, partition, config))
+
+        try:
+            if self.catalogue is not None:
+                info = self.catalogue.add_partitions(name, total, prepare=open_logs)
+            else:
+                open_logs(range(len(topic.logs), total))
+                info = attrs.evolve(topic.info, partitions=total)
+        except BaseException:
+            for log in opened:
+                log.abort()  # empty, and maybe already discarded: nothing to flush
+            raise
+        topic.logs = [*topic.logs, *opened]
+        topic.info = info
+        return topic
 
     def set_configs(self, name: str, configs: dict[str, str]) -> Topic:
         """Replace a topic's config overrides (AlterConfigs): persist, then apply to its logs."""

@@ -8,11 +8,12 @@ Partition data lives beside it in ``<data_dir>/<topic>-<partition>/`` as in Kafk
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -158,16 +159,36 @@ class Catalogue:
         self._discard_dirs(name, range(info.partitions), info.topic_id)
         return info
 
-    def add_partitions(self, name: str, total: int) -> TopicInfo:
-        """CreatePartitions: grow a topic to ``total`` partitions (never shrink)."""
+    def add_partitions(
+        self, name: str, total: int, *, prepare: Callable[[range], None] | None = None
+    ) -> TopicInfo:
+        """CreatePartitions: grow a topic to ``total`` partitions (never shrink).
+
+        The catalogue write is the commit point. Before it, directories that
+        already carry the new partitions' names (left by an attempt that crashed
+        before its write, or by an old topic of this name) are discarded, and
+        then ``prepare(new_partitions)`` may create the new logs. A crash or an
+        error before the write leaves the old count, with at most directories
+        beyond it that nothing reads and the next attempt discards; after the
+        write, the new count (a restart creates any directory still missing).
+        """
         info = self._require(name)
         if total <= info.partitions:
             raise InvalidPartitionsError(
                 f"topic {name!r} has {info.partitions} partitions; {total} would not grow it"
             )
-        self._discard_dirs(name, range(info.partitions, total), info.topic_id)
+        added = range(info.partitions, total)
+        self._discard_dirs(name, added, info.topic_id)
         new = attrs.evolve(info, partitions=total)
-        self._save({**self._topics, name: new})
+        try:
+            if prepare is not None:
+                prepare(added)
+            self._save({**self._topics, name: new})
+        except BaseException:
+            # Not committed: leave no directory of the refused growth behind.
+            with contextlib.suppress(OSError):
+                self._discard_dirs(name, added, info.topic_id)
+            raise
         return new
 
     def set_configs(self, name: str, configs: Mapping[str, str]) -> TopicInfo:

@@ -1,0 +1,114 @@
+"""CreatePartitions: grow topics to a larger partition count, as Kafka's controller does.
+
+Each topic is judged on its own, in Kafka's (KRaft's) order: named more than
+once in the request (INVALID_REQUEST), ALTER on the topic (refused before
+existence is revealed), the deadline, existence, the new count (never a
+shrink), then the explicit assignments. ``validate_only`` runs every check and
+changes nothing.
+
+One node is the whole cluster, so an explicit assignment is accepted only if
+every new partition's replica list is exactly this broker; replication will
+put its own placement rule here. The work is short and synchronous (a few
+directories and one catalogue write), so a positive ``timeout_ms`` is always
+met; ``timeout_ms <= 0`` means the deadline has passed before the work starts,
+and KRaft then answers REQUEST_TIMED_OUT and changes nothing: so do we.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.services.topics import RESERVED_TOPICS, TopicError
+from trio_broker.storage.errors import LogError, StorageError
+
+Resp: Any = m.CreatePartitionsResponse
+Result = Resp.CreatePartitionsTopicResult
+
+
+def _check_assignments(ctx: RequestContext, topic: Any, current: int) -> None:
+    """Kafka's checks of a manual assignment, on a cluster of one broker."""
+    assignments = topic.assignments
+    if assignments is None:
+        return
+    added = topic.count - current
+    if len(assignments) != added:
+        raise TopicError(
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            f"adding {added} partition(s) needs {added} assignment(s), got {len(assignments)}",
+        )
+    node = ctx.services.config.node_id
+    for offset, assignment in enumerate(assignments):
+        replicas = list(assignment.broker_ids)
+        if replicas == [node]:
+            continue
+        unknown = sorted(set(replicas) - {node})
+        if not replicas:
+            reason = "no replicas"
+        elif unknown:
+            reason = f"unknown broker(s) {unknown}"
+        else:
+            reason = f"broker {node} listed {len(replicas)} times"
+        raise TopicError(
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            f"partition {current + offset}: {reason}; the replicas must be [{node}], "
+            "the only broker",
+        )
+
+
+def _grow(ctx: RequestContext, topic: Any, timeout_ms: int, validate_only: bool) -> None:
+    name = topic.name
+    if not authorized(ctx, Operation.ALTER, ResourceType.TOPIC, name):
+        raise TopicError(ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"ALTER on topic {name!r} refused")
+    if timeout_ms <= 0:
+        raise TopicError(
+            ErrorCode.REQUEST_TIMED_OUT,
+            f"timeout_ms {timeout_ms}: the deadline passed before the work could start",
+        )
+    if name in RESERVED_TOPICS:
+        raise TopicError(
+            ErrorCode.INVALID_TOPIC_EXCEPTION,
+            f"{name} is an internal topic; the broker owns its partition count",
+        )
+    topics = ctx.services.topics
+    current = len(topics.check_new_partitions(name, topic.count).logs)
+    _check_assignments(ctx, topic, current)
+    if not validate_only:
+        topics.add_partitions(name, topic.count)
+
+
+def _result(ctx: RequestContext, topic: Any, timeout_ms: int, validate_only: bool) -> Any:
+    try:
+        _grow(ctx, topic, timeout_ms, validate_only)
+        return Result(name=topic.name, error_code=ErrorCode.NONE, error_message=None)
+    except (TopicError, LogError) as exc:
+        code, message = exc.error_code, str(exc)
+    except OSError as exc:  # a disk error is a storage error
+        code, message = StorageError.error_code, f"cannot add partitions: {exc}"
+    return Result(name=topic.name, error_code=code, error_message=message)
+
+
+@handles(m.ApiKey.CREATE_PARTITIONS)
+async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
+    counts: dict[str, int] = {}
+    for topic in request.topics:
+        counts[topic.name] = counts.get(topic.name, 0) + 1
+    results = []
+    answered: set[str] = set()
+    for topic in request.topics:
+        if counts[topic.name] > 1:
+            # A repeated name is answered once, with INVALID_REQUEST, and not acted on.
+            if topic.name not in answered:
+                answered.add(topic.name)
+                results.append(
+                    Result(
+                        name=topic.name, error_code=ErrorCode.INVALID_REQUEST,
+                        error_message="topic named more than once in the request",
+                    )
+                )  # fmt: skip
+            continue
+        results.append(_result(ctx, topic, request.timeout_ms, request.validate_only))
+    return Resp(throttle_time_ms=0, results=results)

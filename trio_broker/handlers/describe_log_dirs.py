@@ -1,0 +1,96 @@
+"""DescribeLogDirs: the broker's one log directory, its partitions and their sizes.
+
+Every partition log lives in the data directory, so the answer has exactly one
+log dir (its absolute path, as Kafka gives it), with each asked-for partition
+the broker holds: its size (the bytes of its segment files), offset lag 0 and
+``is_future_key`` false (no replica is being moved between directories), and
+from v4 the file system's total and usable bytes. A null topic list asks for
+every partition, the internal ``__consumer_offsets`` one included, as in Kafka;
+partitions the broker does not hold are left out. DESCRIBE on the cluster is
+required: refused, the answer is empty with CLUSTER_AUTHORIZATION_FAILED at the
+top (v3+; earlier versions have no field for it and get the empty list only).
+
+With ``--storage memory`` there is no directory: the one log dir is named
+``MEMORY_LOG_DIR`` and its byte totals are -1 ("unknown" in the schema).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+
+Resp: Any = m.DescribeLogDirsResponse
+DirResult = Resp.DescribeLogDirsResult
+TopicResult = DirResult.DescribeLogDirsTopic
+PartitionResult = TopicResult.DescribeLogDirsPartition
+
+MEMORY_LOG_DIR = "(memory)"
+UNKNOWN_BYTES = -1
+#: The committed-offsets log: one partition, owned by the group coordinator.
+OFFSETS_TOPIC, OFFSETS_PARTITION = "__consumer_offsets", 0
+
+
+def _partition_logs(ctx: RequestContext) -> Iterator[tuple[str, int, Any]]:
+    """(topic, partition, log) of every partition log the broker holds."""
+    for name, topic in ctx.services.topics.topics.items():
+        for index, log in enumerate(topic.logs):
+            yield name, index, log
+    offsets = ctx.services.groups.offsets
+    if offsets is not None:
+        yield OFFSETS_TOPIC, OFFSETS_PARTITION, offsets.log
+
+
+def _topic_results(ctx: RequestContext, wanted: set[tuple[str, int]] | None) -> list[Any]:
+    by_topic: dict[str, list[Any]] = {}
+    for name, index, log in _partition_logs(ctx):
+        if wanted is not None and (name, index) not in wanted:
+            continue
+        by_topic.setdefault(name, []).append(
+            PartitionResult(
+                partition_index=index, partition_size=log.size_bytes, offset_lag=0,
+                is_future_key=False,
+            )
+        )  # fmt: skip
+    return [
+        TopicResult(name=name, partitions=sorted(parts, key=lambda p: p.partition_index))
+        for name, parts in sorted(by_topic.items())
+    ]
+
+
+def _log_dir_result(ctx: RequestContext, wanted: set[tuple[str, int]] | None) -> Any:
+    data_dir = ctx.services.topics.data_dir
+    result = DirResult(
+        error_code=ErrorCode.NONE, log_dir=MEMORY_LOG_DIR, topics=[],
+        total_bytes=UNKNOWN_BYTES, usable_bytes=UNKNOWN_BYTES, is_cordoned=False,
+    )  # fmt: skip
+    if data_dir is not None:
+        result.log_dir = os.path.abspath(data_dir)
+        try:
+            fs = os.statvfs(data_dir)
+        except OSError:
+            # A directory we cannot even stat is offline: Kafka lists no partitions then.
+            result.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+            return result
+        result.total_bytes = fs.f_blocks * fs.f_frsize
+        result.usable_bytes = fs.f_bavail * fs.f_frsize  # what a non-root writer may use
+    result.topics = _topic_results(ctx, wanted)
+    return result
+
+
+@handles(m.ApiKey.DESCRIBE_LOG_DIRS)
+async def handle_describe_log_dirs(ctx: RequestContext, request: Any) -> Any:
+    response = Resp(throttle_time_ms=0, error_code=ErrorCode.NONE, results=[])
+    if not authorized(ctx, Operation.DESCRIBE, ResourceType.CLUSTER):
+        response.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        return response
+    wanted = None
+    if request.topics is not None:
+        wanted = {(t.topic, p) for t in request.topics for p in t.partitions}
+    response.results = [_log_dir_result(ctx, wanted)]
+    return response
