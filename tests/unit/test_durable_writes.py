@@ -225,6 +225,41 @@ def test_topic_creation_and_deletion_survive_a_power_cut(cut: PowerCut) -> None:
     final.close()
 
 
+def test_partition_growth_survives_a_power_cut_as_old_or_new_count(cut: PowerCut) -> None:
+    topics = TopicManager(cut.root / "data", LogConfig(), lambda: 1_000)
+    topics.create("t", 1)
+    log = topics.log("t", 0)
+    log.append(batch(1), now_ms=1_000)
+    log.flush()
+    start = len(cut.events)
+    topics.add_partitions("t", 3)
+    new_log = topics.log("t", 2)
+    new_log.append(batch(2), now_ms=1_000)
+    new_log.flush()  # acknowledged: on disk with its directory
+    counts = set()
+    # Wherever the cut falls during the growth, the restarted broker finds the old
+    # count or the new one, every listed partition opens and takes appends, and
+    # partition 0's acknowledged records are intact.
+    for state in cut.every_cut(start):
+        again = TopicManager(state / "data", LogConfig(), lambda: 1_000)
+        topic = again.get("t")
+        assert topic is not None
+        counts.add(len(topic.logs))
+        assert len(topic.logs) in (1, 3)
+        assert read_all(again.log("t", 0)) == bytes(batch(1))
+        for each in topic.logs:
+            each.append(batch(9), now_ms=1_000)
+        if len(topic.logs) == 1:  # the growth can be asked for again and succeeds
+            again.add_partitions("t", 3)
+            assert [each.log_end_offset for each in again.get("t").logs[1:]] == [0, 0]  # type: ignore[union-attr]
+        again.close()
+    assert counts == {1, 3}
+    final = TopicManager(cut.power_cut() / "data", LogConfig(), lambda: 1_000)
+    assert len(final.get("t").logs) == 3  # type: ignore[union-attr]
+    assert final.log("t", 2).log_end_offset == 2
+    final.close()
+
+
 # ---------------------------------------------------------------- ACLs, credentials, quotas
 
 
