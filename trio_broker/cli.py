@@ -128,7 +128,7 @@ def _add_verify_commands(sub: Any) -> None:
 
 
 def _add_admin_commands(sub: Any) -> None:
-    """``topics``, ``groups``, ``produce``, ``consume``: see trio_broker.admin."""
+    """``topics``, ``groups``, ``produce``, ``consume``, ``log-dirs``: see trio_broker.admin."""
     from trio_broker.admin.commands import add_admin_commands
 
     add_admin_commands(sub)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         from trio_broker.admin.quotas import run_quotas
 
         return run_quotas(args)
-    if args.command in ("topics", "groups", "produce", "consume"):
+    if args.command in ("topics", "groups", "produce", "consume", "log-dirs"):
         from trio_broker.admin.commands import run_admin
 
         return run_admin(args)

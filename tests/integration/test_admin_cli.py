@@ -132,6 +132,30 @@ def test_round_trip(bootstrap: str) -> None:
     assert topic not in ok(cli("topics", "list", bootstrap=bootstrap))
 
 
+def test_alter_adds_partitions_and_log_dirs_shows_their_sizes(bootstrap: str) -> None:
+    topic = new_topic()
+    ok(cli("topics", "create", topic, bootstrap=bootstrap))
+    out = ok(cli("topics", "alter", topic, "--partitions", "3", bootstrap=bootstrap))
+    assert f"topic {topic} now has 3 partition(s)" in out
+    assert [topic, "3", "NONE"] in rows(ok(cli("topics", "list", bootstrap=bootstrap)))
+    ok(cli("produce", topic, "--partition", "2", bootstrap=bootstrap, stdin="x\ny\n"))
+    out = ok(cli("consume", topic, "--partition", "2", "--from-beginning", "--max", "2",
+                 bootstrap=bootstrap))  # fmt: skip
+    assert out.splitlines()[1:] == ["0\tnull\tx", "1\tnull\ty"]
+
+    shrink = cli("topics", "alter", topic, "--partitions", "2", bootstrap=bootstrap)
+    assert shrink.returncode == 1
+    assert f"alter {topic}: INVALID_PARTITIONS" in shrink.stderr
+    missing = cli("topics", "alter", new_topic(), "--partitions", "2", bootstrap=bootstrap)
+    assert missing.returncode == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in missing.stderr
+
+    out = ok(cli("log-dirs", topic, bootstrap=bootstrap))
+    assert out.startswith("Log dir: /") and "Usable bytes: " in out
+    sizes = {(row[0], row[1]): int(row[2]) for row in rows(out)[2:]}
+    assert set(sizes) == {(topic, "0"), (topic, "1"), (topic, "2")}
+    assert sizes[(topic, "0")] == sizes[(topic, "1")] == 0 < sizes[(topic, "2")]
+
+
 def _commit_with_confluent(bootstrap: str, topic: str, group: str, records: int) -> None:
     from confluent_kafka import Consumer, TopicPartition
 

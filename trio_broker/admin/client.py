@@ -110,6 +110,18 @@ class BlockingClient:
         resp = self.call(m.ApiKey.CREATE_TOPICS, 5, Req(topics=[topic], timeout_ms=10000))
         return resp.topics[0]
 
+    def create_partitions(self, name: str, total: int) -> Any:
+        Req = m.CreatePartitionsRequest
+        topic = Req.CreatePartitionsTopic(name=name, count=total, assignments=None)
+        req = Req(topics=[topic], timeout_ms=10000, validate_only=False)
+        return self.call(m.ApiKey.CREATE_PARTITIONS, 3, req).results[0]
+
+    def describe_log_dirs(self) -> Any:
+        """Every log dir of the broker with all its partitions (DescribeLogDirs v4)."""
+        resp = self.call(m.ApiKey.DESCRIBE_LOG_DIRS, 4, m.DescribeLogDirsRequest(topics=None))
+        check(resp.error_code, "DescribeLogDirs")
+        return resp.results
+
     def delete_topic(self, name: str) -> Any:
         req = m.DeleteTopicsRequest(topic_names=[name], timeout_ms=10000)
         return self.call(m.ApiKey.DELETE_TOPICS, 4, req).responses[0]

@@ -1,4 +1,4 @@
-"""``trio-broker topics|groups|produce|consume``: argument parsing and command bodies."""
+"""``trio-broker topics|groups|produce|consume|log-dirs``: argument parsing and command bodies."""
 
 from __future__ import annotations
 
@@ -53,6 +53,15 @@ def add_admin_commands(sub: Any) -> None:
     describe = tsub.add_parser("describe", help="partitions, offsets and configs of a topic")
     describe.add_argument("name", metavar="NAME")
     common(describe)
+    alter = tsub.add_parser("alter", help="add partitions to a topic")
+    alter.add_argument("name", metavar="NAME")
+    alter.add_argument("--partitions", type=int, required=True, metavar="N",
+                       help="the new total partition count (more than now)")  # fmt: skip
+    common(alter)
+
+    log_dirs = sub.add_parser("log-dirs", help="the broker's log dir and each partition's size")
+    log_dirs.add_argument("topics", metavar="TOPIC", nargs="*", help="only these topics")
+    common(log_dirs)
 
     groups = sub.add_parser("groups", help="list and describe consumer groups")
     gsub = groups.add_subparsers(dest="groups_command", required=True)
@@ -78,7 +87,7 @@ def add_admin_commands(sub: Any) -> None:
     common(consume)
 
 
-ADMIN_COMMANDS = ("topics", "groups", "produce", "consume")
+ADMIN_COMMANDS = ("topics", "groups", "produce", "consume", "log-dirs")
 
 
 def run_admin(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -96,9 +105,11 @@ def run_admin(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def _dispatch(client: BlockingClient, args: argparse.Namespace, out: TextIO) -> int:
     if args.command == "topics":
         fn = {"list": topics_list, "create": topics_create, "delete": topics_delete,
-              "describe": topics_describe}[args.topics_command]  # fmt: skip
+              "describe": topics_describe, "alter": topics_alter}[args.topics_command]  # fmt: skip
     elif args.command == "groups":
         fn = {"list": groups_list, "describe": groups_describe}[args.groups_command]
+    elif args.command == "log-dirs":
+        fn = log_dirs_describe
     elif args.command == "produce":
         fn = produce
     else:
@@ -158,6 +169,27 @@ def topics_describe(client: BlockingClient, args: argparse.Namespace, out: TextI
     rows2 = [(c.name, c.value, CONFIG_SOURCES.get(c.config_source, str(c.config_source)))
              for c in sorted(configs.configs, key=lambda c: c.name)]  # fmt: skip
     table(["CONFIG", "VALUE", "SOURCE"], rows2, out)
+    return 0
+
+
+def topics_alter(client: BlockingClient, args: argparse.Namespace, out: TextIO) -> int:
+    result = client.create_partitions(args.name, args.partitions)
+    check(result.error_code, f"alter {args.name}", result.error_message)
+    print(f"topic {args.name} now has {args.partitions} partition(s)", file=out)
+    return 0
+
+
+def log_dirs_describe(client: BlockingClient, args: argparse.Namespace, out: TextIO) -> int:
+    wanted = set(args.topics)
+    for log_dir in client.describe_log_dirs():
+        check(log_dir.error_code, f"log dir {log_dir.log_dir}")
+        total = "-" if log_dir.total_bytes < 0 else log_dir.total_bytes
+        usable = "-" if log_dir.usable_bytes < 0 else log_dir.usable_bytes
+        print(f"Log dir: {log_dir.log_dir}  Total bytes: {total}  Usable bytes: {usable}", file=out)
+        rows = [(t.name, p.partition_index, p.partition_size)
+                for t in log_dir.topics if not wanted or t.name in wanted
+                for p in t.partitions]  # fmt: skip
+        table(["TOPIC", "PARTITION", "SIZE"], rows, out)
     return 0
 
 
