@@ -16,8 +16,6 @@ and KRaft then answers REQUEST_TIMED_OUT and changes nothing: so do we.
 
 from __future__ import annotations
 
-from typing import Any
-
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
@@ -25,11 +23,13 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError
 from trio_broker.storage.errors import LogError, StorageError
 
-Resp: Any = m.CreatePartitionsResponse
+Resp = m.CreatePartitionsResponse
 Result = Resp.CreatePartitionsTopicResult
 
 
-def _check_assignments(ctx: RequestContext, topic: Any, current: int) -> None:
+def _check_assignments(
+    ctx: RequestContext, topic: m.CreatePartitionsRequest.CreatePartitionsTopic, current: int
+) -> None:
     """Kafka's checks of a manual assignment, on a cluster of one broker."""
     assignments = topic.assignments
     if assignments is None:
@@ -59,7 +59,12 @@ def _check_assignments(ctx: RequestContext, topic: Any, current: int) -> None:
         )
 
 
-def _grow(ctx: RequestContext, topic: Any, timeout_ms: int, validate_only: bool) -> None:
+def _grow(
+    ctx: RequestContext,
+    topic: m.CreatePartitionsRequest.CreatePartitionsTopic,
+    timeout_ms: int,
+    validate_only: bool,
+) -> None:
     name = topic.name
     if not authorized(ctx, Operation.ALTER, ResourceType.TOPIC, name):
         raise TopicError(ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"ALTER on topic {name!r} refused")
@@ -80,7 +85,12 @@ def _grow(ctx: RequestContext, topic: Any, timeout_ms: int, validate_only: bool)
         topics.add_partitions(name, topic.count)
 
 
-def _result(ctx: RequestContext, topic: Any, timeout_ms: int, validate_only: bool) -> Any:
+def _result(
+    ctx: RequestContext,
+    topic: m.CreatePartitionsRequest.CreatePartitionsTopic,
+    timeout_ms: int,
+    validate_only: bool,
+) -> m.CreatePartitionsResponse.CreatePartitionsTopicResult:
     try:
         _grow(ctx, topic, timeout_ms, validate_only)
         return Result(name=topic.name, error_code=ErrorCode.NONE, error_message=None)
@@ -92,11 +102,13 @@ def _result(ctx: RequestContext, topic: Any, timeout_ms: int, validate_only: boo
 
 
 @handles(m.ApiKey.CREATE_PARTITIONS)
-async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
+async def handle_create_partitions(
+    ctx: RequestContext, request: m.CreatePartitionsRequest
+) -> m.CreatePartitionsResponse:
     counts: dict[str, int] = {}
     for topic in request.topics:
         counts[topic.name] = counts.get(topic.name, 0) + 1
-    results = []
+    results: list[m.CreatePartitionsResponse.CreatePartitionsTopicResult] = []
     answered: set[str] = set()
     for topic in request.topics:
         if counts[topic.name] > 1:

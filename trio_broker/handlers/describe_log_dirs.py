@@ -25,7 +25,7 @@ from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
-Resp: Any = m.DescribeLogDirsResponse
+Resp = m.DescribeLogDirsResponse
 DirResult = Resp.DescribeLogDirsResult
 TopicResult = DirResult.DescribeLogDirsTopic
 PartitionResult = TopicResult.DescribeLogDirsPartition
@@ -46,24 +46,26 @@ def _partition_logs(ctx: RequestContext) -> Iterator[tuple[str, int, Any]]:
         yield OFFSETS_TOPIC, OFFSETS_PARTITION, offsets.log
 
 
-def _topic_results(ctx: RequestContext, wanted: set[tuple[str, int]] | None) -> list[Any]:
-    by_topic: dict[str, list[Any]] = {}
+def _topic_results(
+    ctx: RequestContext, wanted: set[tuple[str, int]] | None
+) -> list[m.DescribeLogDirsResponse.DescribeLogDirsResult.DescribeLogDirsTopic]:
+    sizes: dict[str, dict[int, int]] = {}  # topic -> partition -> bytes
     for name, index, log in _partition_logs(ctx):
-        if wanted is not None and (name, index) not in wanted:
-            continue
-        by_topic.setdefault(name, []).append(
-            PartitionResult(
-                partition_index=index, partition_size=log.size_bytes, offset_lag=0,
-                is_future_key=False,
-            )
-        )  # fmt: skip
+        if wanted is None or (name, index) in wanted:
+            sizes.setdefault(name, {})[index] = log.size_bytes
     return [
-        TopicResult(name=name, partitions=sorted(parts, key=lambda p: p.partition_index))
-        for name, parts in sorted(by_topic.items())
-    ]
+        TopicResult(name=name, partitions=[
+            PartitionResult(partition_index=index, partition_size=size, offset_lag=0,
+                            is_future_key=False)
+            for index, size in sorted(partitions.items())
+        ])
+        for name, partitions in sorted(sizes.items())
+    ]  # fmt: skip
 
 
-def _log_dir_result(ctx: RequestContext, wanted: set[tuple[str, int]] | None) -> Any:
+def _log_dir_result(
+    ctx: RequestContext, wanted: set[tuple[str, int]] | None
+) -> m.DescribeLogDirsResponse.DescribeLogDirsResult:
     data_dir = ctx.services.topics.data_dir
     result = DirResult(
         error_code=ErrorCode.NONE, log_dir=MEMORY_LOG_DIR, topics=[],
@@ -84,7 +86,9 @@ def _log_dir_result(ctx: RequestContext, wanted: set[tuple[str, int]] | None) ->
 
 
 @handles(m.ApiKey.DESCRIBE_LOG_DIRS)
-async def handle_describe_log_dirs(ctx: RequestContext, request: Any) -> Any:
+async def handle_describe_log_dirs(
+    ctx: RequestContext, request: m.DescribeLogDirsRequest
+) -> m.DescribeLogDirsResponse:
     response = Resp(throttle_time_ms=0, error_code=ErrorCode.NONE, results=[])
     if not authorized(ctx, Operation.DESCRIBE, ResourceType.CLUSTER):
         response.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
