@@ -26,7 +26,9 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch, iter_batches
 from trio_broker.security.acl import AclBinding, Operation, PatternType, Permission, ResourceType
 from trio_broker.server.broker import Broker
+from trio_broker.services import topics as topics_module
 from trio_broker.services.topics import MAX_PARTITIONS
+from trio_broker.storage import catalogue as catalogue_module
 from trio_broker.storage.log import PartitionLog
 
 load_handlers()
@@ -228,6 +230,24 @@ async def test_manual_assignments_must_name_this_broker_once(
     assert await partition_count(raw, "t") == 1
     assert (await create_partitions(raw, grow("t", 3, [[node], [node]])))["t"][0] == 0
     assert await partition_count(raw, "t") == 3
+
+
+async def test_a_disk_error_is_kafka_storage_error_and_changes_nothing(
+    broker: Broker, raw: RawClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker.topics.create("t", 1)
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    # Where the growth does its file I/O: the new logs (file mode) or the catalogue.
+    monkeypatch.setattr(catalogue_module, "write_file_atomically", full_disk)
+    monkeypatch.setattr(topics_module, "MemoryLog", full_disk)
+    code, message = (await create_partitions(raw, grow("t", 2)))["t"]
+    assert code == ErrorCode.KAFKA_STORAGE_ERROR and "No space left" in (message or "")
+    monkeypatch.undo()
+    assert await partition_count(raw, "t") == 1
+    assert (await create_partitions(raw, grow("t", 2)))["t"][0] == ErrorCode.NONE
 
 
 async def test_growth_needs_alter_on_the_topic(tmp_path: Path) -> None:
