@@ -15,6 +15,11 @@ Topics
      (37). (Kafka ``AdminManager.createTopics``.)
  T2. A request for a topic or partition that does not exist is answered per partition
      with UNKNOWN_TOPIC_OR_PARTITION (3), and changes nothing.
+ T3. CreatePartitions grows a topic to ``count`` partitions: the old ones keep their
+     logs, the new ones start empty at offset 0. An unknown topic is
+     UNKNOWN_TOPIC_OR_PARTITION (3); a count that is not larger is INVALID_PARTITIONS
+     (37); either changes nothing. (Kafka ``ReplicationControlManager.createPartitions``.)
+     The count is durable like the topic itself (L7).
 
 Partition log
  L1. A partition's log is a sequence of batches with contiguous offsets starting at the
@@ -162,6 +167,15 @@ class BrokerModel:
             return ErrorCode.INVALID_PARTITIONS
         self.topics[name] = [PartitionModel() for _ in range(partitions)]
         self.configs[name] = dict(configs or {})
+        return ErrorCode.NONE
+
+    def create_partitions(self, name: str, count: int) -> ErrorCode:
+        parts = self.topics.get(name)
+        if parts is None:  # T3
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if count <= len(parts):
+            return ErrorCode.INVALID_PARTITIONS
+        parts.extend(PartitionModel() for _ in range(count - len(parts)))
         return ErrorCode.NONE
 
     def partition(self, topic: str, index: int) -> PartitionModel | None:

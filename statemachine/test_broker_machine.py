@@ -86,7 +86,7 @@ GROUPS = ("g1", "g2")
 _SIZE = struct.Struct(">i")
 V_PRODUCE, V_FETCH, V_LIST, V_CREATE, V_INIT, V_COMMIT, V_OFFSET_FETCH = 9, 12, 7, 7, 4, 8, 7
 V_JOIN, V_SYNC, V_HEARTBEAT, V_LEAVE, V_DESCRIBE_GROUPS = 9, 5, 4, 5, 5
-V_METADATA, V_DESCRIBE_CONFIGS = 12, 4
+V_METADATA, V_DESCRIBE_CONFIGS, V_CREATE_PARTITIONS = 12, 4, 3
 DYNAMIC_TOPIC_CONFIG = 1  # DescribeConfigs config_source of a topic's own override
 #: Far longer than any example: no session or rebalance timer fires during a test (G1).
 SESSION_MS = REBALANCE_MS = 300_000
@@ -345,6 +345,20 @@ class BrokerMachine(RuleBasedStateMachine):
     @rule(name=st.sampled_from(TOPICS), partitions=st.integers(0, 2))
     def create_topic(self, name: str, partitions: int) -> None:
         self.check_create(name, partitions, {})
+
+    @rule(name=st.sampled_from(TOPICS), more=st.integers(-1, 2))
+    def create_partitions(self, name: str, more: int) -> None:
+        # T3: grow by ``more`` (0 or -1: not an increase); the new partitions are then in
+        # reach of every rule that draws a partition index.
+        count = len(self.model.topics.get(name, ())) + more
+        CP = m.CreatePartitionsRequest
+        body = CP(
+            topics=[CP.CreatePartitionsTopic(name=name, count=count, assignments=None)],
+            timeout_ms=5000, validate_only=False,
+        )  # fmt: skip
+        (result,) = self.client.call(m.ApiKey.CREATE_PARTITIONS, V_CREATE_PARTITIONS, body).results
+        expected = self.model.create_partitions(name, count)
+        assert result.error_code == expected, (name, count, result)
 
     def create_request(self, name: str, partitions: int, configs: dict[str, str]) -> Any:
         Req = m.CreateTopicsRequest
