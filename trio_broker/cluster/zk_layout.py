@@ -8,10 +8,14 @@ Pure: no trio, no kazoo.
 
 from __future__ import annotations
 
+import base64
 import json
+import uuid
 from typing import Any
 
 import attrs
+
+from trio_broker.replication.controller_rules import LeaderAndIsr
 
 __all__ = [
     "BROKER_IDS",
@@ -24,6 +28,7 @@ __all__ = [
     "ControllerClaim",
     "CoordinationDataError",
     "PartitionState",
+    "TopicAssignment",
     "broker_path",
     "partition_state_path",
     "topic_path",
@@ -163,6 +168,14 @@ class PartitionState:
     isr: tuple[int, ...]
     controller_epoch: int
 
+    @classmethod
+    def of(cls, state: LeaderAndIsr, controller_epoch: int) -> PartitionState:
+        return cls(state.leader, state.leader_epoch, state.isr, controller_epoch)
+
+    @property
+    def leader_and_isr(self) -> LeaderAndIsr:
+        return LeaderAndIsr(self.leader, self.leader_epoch, self.isr)
+
     def encode(self) -> bytes:
         return _dump({
             "version": 1, "leader": self.leader, "leader_epoch": self.leader_epoch,
@@ -183,3 +196,43 @@ class PartitionState:
             isr=tuple(isr),
             controller_epoch=_int(doc, "controller_epoch", what),
         )
+
+
+@attrs.frozen
+class TopicAssignment:
+    """``/brokers/topics/<topic>``: the topic's id and each partition's replica list."""
+
+    topic_id: uuid.UUID
+    partitions: dict[int, tuple[int, ...]]
+
+    def encode(self) -> bytes:
+        topic_id = base64.urlsafe_b64encode(self.topic_id.bytes).rstrip(b"=").decode()
+        return _dump({
+            "version": 3, "topic_id": topic_id, "adding_replicas": {}, "removing_replicas": {},
+            "partitions": {str(p): list(r) for p, r in sorted(self.partitions.items())},
+        })  # fmt: skip
+
+    @classmethod
+    def decode(cls, raw: bytes, what: str = "topic") -> TopicAssignment:
+        doc = _load(raw, what)
+        raw_id, parts = doc.get("topic_id"), doc.get("partitions")
+        if not isinstance(raw_id, str):
+            raise CoordinationDataError(f"{what}: no topic_id")
+        try:
+            topic_id = uuid.UUID(bytes=base64.urlsafe_b64decode(raw_id + "=" * (-len(raw_id) % 4)))
+        except ValueError:
+            raise CoordinationDataError(f"{what}: bad topic_id {raw_id!r}") from None
+        if not isinstance(parts, dict) or not parts:
+            raise CoordinationDataError(f"{what}: no partitions")
+        partitions: dict[int, tuple[int, ...]] = {}
+        for key, replicas in parts.items():
+            if not (isinstance(key, str) and key.isdigit()) or not isinstance(replicas, list):
+                raise CoordinationDataError(f"{what}: bad partition entry {key!r}")
+            if not replicas or not all(
+                isinstance(b, int) and not isinstance(b, bool) for b in replicas
+            ):
+                raise CoordinationDataError(f"{what}: partition {key}: bad replica list")
+            partitions[int(key)] = tuple(replicas)
+        if sorted(partitions) != list(range(len(partitions))):
+            raise CoordinationDataError(f"{what}: partitions are not numbered 0..n-1")
+        return cls(topic_id, partitions)

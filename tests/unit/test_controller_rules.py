@@ -1,0 +1,105 @@
+"""The controller's pure decisions: replica placement and leader election."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trio_broker.replication.controller_rules import (
+    NO_LEADER,
+    InvalidReplicationFactor,
+    LeaderAndIsr,
+    after_broker_loss,
+    after_broker_return,
+    assign_replicas,
+    elect_leader,
+    preferred_leader_move,
+)
+
+clusters = st.dictionaries(
+    st.integers(0, 50), st.one_of(st.none(), st.sampled_from("abc")), min_size=1, max_size=7
+)
+
+
+@given(clusters, st.integers(1, 40), st.data())
+def test_every_partition_gets_distinct_live_replicas_and_leaders_spread(
+    brokers: dict[int, str | None], partitions: int, data: st.DataObject
+) -> None:
+    rf = data.draw(st.integers(1, len(brokers)), label="replication factor")
+    start = data.draw(st.integers(0, 100), label="start index")
+    assignment = assign_replicas(partitions, rf, brokers, start_index=start)
+    assert len(assignment) == partitions
+    for replicas in assignment:
+        assert len(replicas) == rf == len(set(replicas))
+        assert set(replicas) <= set(brokers)
+    leaders = Counter(replicas[0] for replicas in assignment)
+    # Preferred leaders round-robin over the brokers: counts differ by at most one.
+    counts = [leaders.get(b, 0) for b in brokers]
+    assert max(counts) - min(counts) <= 1
+
+
+@given(clusters, st.integers(1, 20), st.data())
+def test_replicas_span_as_many_racks_as_they_can(
+    brokers: dict[int, str | None], partitions: int, data: st.DataObject
+) -> None:
+    if not all(brokers.values()):
+        brokers = {b: rack or "a" for b, rack in brokers.items()}
+    rf = data.draw(st.integers(1, len(brokers)), label="replication factor")
+    racks = Counter(brokers.values())
+    for replicas in assign_replicas(partitions, rf, brokers):
+        spanned = {brokers[b] for b in replicas}
+        # Alternating racks: a partition covers min(rf, #racks) racks when racks are even.
+        if len(set(racks.values())) == 1:
+            assert len(spanned) == min(rf, len(racks))
+
+
+def test_too_few_brokers_is_invalid_replication_factor() -> None:
+    with pytest.raises(InvalidReplicationFactor, match="larger than the 2 available"):
+        assign_replicas(3, 3, {1: None, 2: None})
+    with pytest.raises(InvalidReplicationFactor):
+        assign_replicas(3, 0, {1: None})
+
+
+def test_followers_of_consecutive_rounds_are_shifted() -> None:
+    assignment = assign_replicas(6, 2, {1: None, 2: None, 3: None})
+    assert assignment[:3] == [[1, 2], [2, 3], [3, 1]]
+    assert assignment[3:] == [[1, 3], [2, 1], [3, 2]]  # a different follower per leader
+
+
+def test_leader_is_the_first_live_in_sync_replica_and_unclean_only_when_allowed() -> None:
+    assert elect_leader([3, 1, 2], [1, 2], frozenset({1, 2, 3})) == 1
+    assert elect_leader([3, 1, 2], [1], frozenset({2, 3})) == NO_LEADER
+    assert elect_leader([3, 1, 2], [1], frozenset({2, 3}), unclean=True) == 3
+
+
+def test_losing_the_leader_elects_from_the_isr_with_a_new_epoch() -> None:
+    state = LeaderAndIsr(1, 4, (1, 2, 3))
+    after = after_broker_loss(state, [1, 2, 3], 1, frozenset({2, 3}))
+    assert after == LeaderAndIsr(2, 5, (2, 3))
+    # A follower lost: it leaves the ISR, the leader stays, the epoch still moves.
+    assert after_broker_loss(state, [1, 2, 3], 3, frozenset({1, 2})) == LeaderAndIsr(1, 5, (1, 2))
+    # Not a replica in the ISR and not the leader: nothing to do.
+    assert after_broker_loss(LeaderAndIsr(1, 4, (1, 2)), [1, 2, 3], 3, frozenset({1, 2})) is None
+
+
+def test_the_last_isr_member_stays_and_leads_again_when_it_returns() -> None:
+    state = LeaderAndIsr(1, 7, (1,))
+    offline = after_broker_loss(state, [1, 2, 3], 1, frozenset({2, 3}))
+    assert offline == LeaderAndIsr(NO_LEADER, 8, (1,))
+    assert after_broker_return(offline, [1, 2, 3], 1, frozenset({2, 3})) == LeaderAndIsr(1, 9, (1,))
+    assert after_broker_return(offline, [1, 2, 3], 2, frozenset({2, 3})) is None
+    unclean = after_broker_loss(state, [1, 2, 3], 1, frozenset({2, 3}), unclean=True)
+    assert unclean == LeaderAndIsr(2, 8, (2,))  # data the ISR had may be lost: opt-in only
+
+
+def test_preferred_leader_returns_when_alive_and_in_sync() -> None:
+    state = LeaderAndIsr(2, 5, (2, 3))
+    assert preferred_leader_move(state, [1, 2, 3], frozenset({1, 2, 3})) is None  # 1 not in ISR
+    state = LeaderAndIsr(2, 5, (2, 3, 1))
+    assert preferred_leader_move(state, [1, 2, 3], frozenset({1, 2, 3})) == LeaderAndIsr(
+        1, 6, (2, 3, 1)
+    )
+    assert preferred_leader_move(state, [1, 2, 3], frozenset({2, 3})) is None  # 1 is down

@@ -1,0 +1,89 @@
+"""ZooKeeper znode contents: round trips, Kafka's field names, refusals of bad data."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trio_broker.cluster.zk_layout import (
+    BrokerRegistration,
+    ControllerClaim,
+    CoordinationDataError,
+    PartitionState,
+    TopicAssignment,
+    decode_controller_epoch,
+    encode_controller_epoch,
+    partition_state_path,
+)
+from trio_broker.replication.controller_rules import LeaderAndIsr
+
+ids = st.integers(0, 2**31 - 1)
+
+
+@given(ids, st.text(min_size=1), st.integers(1, 65535), st.one_of(st.none(), st.text()))
+def test_broker_registration_round_trips(
+    broker: int, host: str, port: int, rack: str | None
+) -> None:
+    reg = BrokerRegistration(broker, host, port, rack, (f"PLAINTEXT://{host}:{port}",), 17)
+    assert BrokerRegistration.decode(broker, reg.encode()) == reg
+
+
+def test_layout_uses_kafkas_names() -> None:
+    doc = json.loads(BrokerRegistration(1, "h", 9092).encode())
+    assert doc["endpoints"] == ["PLAINTEXT://h:9092"] and doc["version"] == 5
+    assert json.loads(ControllerClaim(3, 5).encode())["brokerid"] == 3
+    state = json.loads(PartitionState(2, 7, (2, 1), 4).encode())
+    assert state == {"version": 1, "leader": 2, "leader_epoch": 7, "isr": [2, 1],
+                     "controller_epoch": 4}  # fmt: skip
+    assert partition_state_path("t", 3) == "/brokers/topics/t/partitions/3/state"
+
+
+@given(ids, ids, st.lists(ids, max_size=5), ids)
+def test_partition_state_round_trips(leader: int, epoch: int, isr: list[int], ce: int) -> None:
+    state = PartitionState.of(LeaderAndIsr(leader, epoch, tuple(isr)), ce)
+    assert PartitionState.decode(state.encode()) == state
+    assert state.leader_and_isr == LeaderAndIsr(leader, epoch, tuple(isr))
+
+
+@given(st.uuids(), st.lists(st.lists(ids, min_size=1, max_size=3), min_size=1, max_size=5))
+def test_topic_assignment_round_trips(topic_id: uuid.UUID, replicas: list[list[int]]) -> None:
+    topic = TopicAssignment(topic_id, {p: tuple(r) for p, r in enumerate(replicas)})
+    assert TopicAssignment.decode(topic.encode()) == topic
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"[]", b"{", b'{"isr": [1]}', b'{"leader": "1", "leader_epoch": 0, "isr": [],'
+     b' "controller_epoch": 0}', b'{"leader": 1, "leader_epoch": 0, "isr": [true],'
+     b' "controller_epoch": 0}', b"\xff\xfe"],
+)  # fmt: skip
+def test_bad_partition_state_is_a_clear_error(raw: bytes) -> None:
+    with pytest.raises(CoordinationDataError):
+        PartitionState.decode(raw)
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [{}, {"topic_id": "x", "partitions": {"0": [1]}}, {"topic_id": "AAAAAAAAAAAAAAAAAAAAAA"},
+     {"topic_id": "AAAAAAAAAAAAAAAAAAAAAA", "partitions": {"1": [1]}},
+     {"topic_id": "AAAAAAAAAAAAAAAAAAAAAA", "partitions": {"0": []}},
+     {"topic_id": "AAAAAAAAAAAAAAAAAAAAAA", "partitions": {"a": [1]}}],
+)  # fmt: skip
+def test_bad_topic_assignment_is_a_clear_error(doc: dict[str, object]) -> None:
+    with pytest.raises(CoordinationDataError):
+        TopicAssignment.decode(json.dumps(doc).encode())
+
+
+def test_controller_epoch_and_claim_refuse_garbage() -> None:
+    assert decode_controller_epoch(encode_controller_epoch(12)) == 12
+    for raw in (b"", b"-1", b"x", b"\xff"):
+        with pytest.raises(CoordinationDataError):
+            decode_controller_epoch(raw)
+    with pytest.raises(CoordinationDataError):
+        ControllerClaim.decode(b'{"brokerid": "1"}')
+    with pytest.raises(CoordinationDataError):
+        BrokerRegistration.decode(1, b'{"host": "h", "port": 1, "endpoints": [1]}')

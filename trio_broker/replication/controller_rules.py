@@ -1,0 +1,157 @@
+"""The controller's decisions, pure: where replicas go and who leads.
+
+The controller (one broker, elected through ZooKeeper) applies these to what it reads
+from ZooKeeper and writes the results back with conditional updates. Kafka's rules:
+
+- replicas are spread round-robin from a start broker, the followers of each partition
+  shifted so that no two partitions share the same follower order; with racks, brokers
+  are interleaved rack by rack so that a partition's replicas span as many racks as
+  possible;
+- a leader is the first replica, in assignment order, that is alive and in the ISR
+  (the first one is the *preferred* leader); only with unclean leader election enabled
+  may an alive replica outside the ISR lead;
+- every leader change bumps the leader epoch; so does the controller's removal of a lost
+  broker from the ISR, so that the leader's own ISR updates of the old epoch fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+__all__ = [
+    "NO_LEADER",
+    "InvalidReplicationFactor",
+    "LeaderAndIsr",
+    "after_broker_loss",
+    "after_broker_return",
+    "assign_replicas",
+    "elect_leader",
+    "preferred_leader_move",
+]
+
+NO_LEADER = -1
+
+
+class InvalidReplicationFactor(ValueError):
+    """More replicas asked than there are live brokers (INVALID_REPLICATION_FACTOR)."""
+
+
+@attrs.frozen
+class LeaderAndIsr:
+    leader: int  # NO_LEADER: the partition is offline
+    leader_epoch: int
+    isr: tuple[int, ...]
+
+
+def _rack_alternated(brokers: Mapping[int, str | None]) -> list[int]:
+    """Brokers ordered so that consecutive ones are on different racks when possible."""
+    by_rack: dict[str, list[int]] = {}
+    for broker in sorted(brokers):
+        by_rack.setdefault(brokers[broker] or "", []).append(broker)
+    racks = sorted(by_rack)
+    ordered: list[int] = []
+    for i in range(max(len(v) for v in by_rack.values())):
+        ordered.extend(by_rack[rack][i] for rack in racks if i < len(by_rack[rack]))
+    return ordered
+
+
+def assign_replicas(
+    partitions: int,
+    replication_factor: int,
+    brokers: Mapping[int, str | None],
+    *,
+    start_index: int = 0,
+    first_partition: int = 0,
+) -> list[list[int]]:
+    """Replica lists for partitions ``first_partition`` .. ``first_partition + partitions - 1``.
+
+    ``brokers`` maps each live broker id to its rack (None: no rack). ``start_index``
+    picks the first partition's leader (Kafka picks it at random; callers may too).
+    """
+    if replication_factor < 1:
+        raise InvalidReplicationFactor("the replication factor must be at least 1")
+    if replication_factor > len(brokers):
+        raise InvalidReplicationFactor(
+            f"replication factor {replication_factor} is larger than the "
+            f"{len(brokers)} available broker(s)"
+        )
+    racked = any(rack for rack in brokers.values())
+    ordered = _rack_alternated(brokers) if racked else sorted(brokers)
+    n = len(ordered)
+    assignment = []
+    for p in range(first_partition, first_partition + partitions):
+        first = (start_index + p) % n
+        # The follower shift grows every n partitions, so that followers differ too.
+        shift = 1 + (p // n) % max(n - 1, 1)
+        replicas = [ordered[first]]
+        step = 0
+        while len(replicas) < replication_factor:
+            candidate = ordered[(first + shift + step) % n]
+            step += 1
+            if candidate not in replicas:
+                replicas.append(candidate)
+        assignment.append(replicas)
+    return assignment
+
+
+def elect_leader(
+    replicas: Sequence[int], isr: Sequence[int], live: frozenset[int], *, unclean: bool = False
+) -> int:
+    """The first replica alive and in the ISR; with ``unclean``, else the first alive one."""
+    for broker in replicas:
+        if broker in live and broker in isr:
+            return broker
+    if unclean:
+        for broker in replicas:
+            if broker in live:
+                return broker
+    return NO_LEADER
+
+
+def after_broker_loss(
+    state: LeaderAndIsr,
+    replicas: Sequence[int],
+    lost: int,
+    live: frozenset[int],
+    *,
+    unclean: bool = False,
+) -> LeaderAndIsr | None:
+    """The partition's state once ``lost`` is gone, or None if it is not affected.
+
+    The lost broker leaves the ISR, unless it is its last member (Kafka keeps the last
+    one, so that it may lead again when it returns). A new leader is elected if the lost
+    broker led; an unclean one resets the ISR to itself.
+    """
+    if lost not in state.isr and state.leader != lost:
+        return None
+    isr = tuple(b for b in state.isr if b != lost) or state.isr
+    leader = state.leader
+    if leader in (lost, NO_LEADER):
+        leader = elect_leader(replicas, isr, live - {lost})
+        if leader == NO_LEADER and unclean:
+            leader = elect_leader(replicas, (), live - {lost}, unclean=True)
+            if leader != NO_LEADER:
+                isr = (leader,)
+    return LeaderAndIsr(leader, state.leader_epoch + 1, isr)
+
+
+def after_broker_return(
+    state: LeaderAndIsr, replicas: Sequence[int], returned: int, live: frozenset[int]
+) -> LeaderAndIsr | None:
+    """An offline partition whose last ISR member came back gets it as leader again."""
+    if state.leader != NO_LEADER or returned not in state.isr:
+        return None
+    leader = elect_leader(replicas, state.isr, live | {returned})
+    return LeaderAndIsr(leader, state.leader_epoch + 1, state.isr)
+
+
+def preferred_leader_move(
+    state: LeaderAndIsr, replicas: Sequence[int], live: frozenset[int]
+) -> LeaderAndIsr | None:
+    """Leadership back to the preferred (first) replica, if it is alive and in sync."""
+    preferred = replicas[0]
+    if state.leader == preferred or preferred not in live or preferred not in state.isr:
+        return None
+    return LeaderAndIsr(preferred, state.leader_epoch + 1, state.isr)
