@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from harness import Clients
 from kazoo.client import KazooClient
 
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper, start_local_zookeeper
@@ -35,3 +36,9 @@ def zookeeper(zookeeper_server: LocalZooKeeper) -> str:
         client.stop()
         client.close()
     return zookeeper_server.hosts + chroot
+
+
+@pytest.fixture(params=["zookeeper", "memory"])
+def clients(request: pytest.FixtureRequest) -> Clients:
+    """Coordination clients on a real ZooKeeper (through kazoo) or the in-memory twin."""
+    return Clients(str(request.param), request)

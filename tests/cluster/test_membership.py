@@ -7,108 +7,19 @@ deterministic simulation will use, so the two cannot drift apart.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-
 import pytest
 import trio
+from harness import Clients, cluster, eventually, registration
 
 from trio_broker.cluster.coordination import (
-    Coordination,
     MemoryCoordination,
     MemoryZooKeeper,
-    ZooKeeperCoordination,
 )
 from trio_broker.cluster.membership import BrokerIdInUse, run_membership
 from trio_broker.cluster.zk_layout import (
     BROKER_IDS,
-    BrokerRegistration,
 )
 from trio_broker.services.cluster_view import BrokerInfo, ClusterView
-
-KINDS = ["zookeeper", "memory"]
-
-
-@pytest.fixture(params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-class Clients:
-    """Makes coordination clients of one kind, all on one (real or in-memory) server."""
-
-    def __init__(self, kind: str, request: pytest.FixtureRequest) -> None:
-        self.kind = kind
-        self.hosts = request.getfixturevalue("zookeeper") if kind == "zookeeper" else ""
-        self.memory = MemoryZooKeeper()
-
-    @asynccontextmanager
-    async def client(self) -> AsyncIterator[Coordination]:
-        if self.kind == "memory":
-            memory = MemoryCoordination(self.memory)
-            try:
-                yield memory
-            finally:
-                await memory.stop()
-            return
-        coord = ZooKeeperCoordination(self.hosts, session_timeout_s=4.0)
-        await coord.start(timeout_s=30)
-        try:
-            yield coord
-        finally:
-            await coord.stop()  # closes the session: its ephemeral znodes go at once
-
-
-@pytest.fixture
-def clients(kind: str, request: pytest.FixtureRequest) -> Clients:
-    return Clients(kind, request)
-
-
-def registration(broker_id: int) -> BrokerRegistration:
-    return BrokerRegistration(broker_id, "127.0.0.1", 19000 + broker_id, rack=f"r{broker_id}")
-
-
-async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-    with trio.move_on_after(timeout_s):
-        while not condition():  # noqa: ASYNC110 - a plain-data condition, no event to wait on
-            await trio.sleep(0.02)
-        return
-    raise AssertionError(f"not within {timeout_s} s: {what}")
-
-
-class Member:
-    """One broker's membership tasks, stoppable on their own (its session then closes)."""
-
-    def __init__(self, clients: Clients, broker_id: int) -> None:
-        self.clients, self.broker_id = clients, broker_id
-        self.view = ClusterView(broker_id)
-        self.scope = trio.CancelScope()
-        self.stopped = trio.Event()
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            with self.scope:
-                async with self.clients.client() as coord, trio.open_nursery() as nursery:
-                    reg = registration(self.broker_id)
-                    await nursery.start(run_membership, coord, reg, self.view)
-                    task_status.started()
-        finally:
-            self.stopped.set()
-
-    async def stop(self) -> None:
-        self.scope.cancel()
-        await self.stopped.wait()
-
-
-@asynccontextmanager
-async def cluster(clients: Clients, *broker_ids: int) -> AsyncIterator[dict[int, Member]]:
-    members = {b: Member(clients, b) for b in broker_ids}
-    async with trio.open_nursery() as nursery:
-        for m in members.values():  # one after another: the first is the controller
-            await nursery.start(m.run)
-            await eventually(lambda m=m: m.view.controller_id != -1, "a controller is known")
-        yield members
-        nursery.cancel_scope.cancel()
 
 
 async def test_three_brokers_see_each_other_and_agree_on_one_controller(clients: Clients) -> None:

@@ -103,3 +103,8 @@ def test_preferred_leader_returns_when_alive_and_in_sync() -> None:
         1, 6, (2, 3, 1)
     )
     assert preferred_leader_move(state, [1, 2, 3], frozenset({2, 3})) is None  # 1 is down
+
+
+def test_losing_a_broker_again_changes_nothing() -> None:
+    offline = LeaderAndIsr(NO_LEADER, 8, (1,))
+    assert after_broker_loss(offline, [1, 2, 3], 1, frozenset({2, 3})) is None

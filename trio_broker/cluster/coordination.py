@@ -71,6 +71,11 @@ class Coordination(Protocol):
 
     async def delete(self, path: str, version: int = -1) -> None: ...
 
+    async def set_fenced(self, path: str, data: bytes, version: int, fence: tuple[str, int]) -> int:
+        """``set``, in one transaction with a check that znode ``fence[0]`` is still at
+        version ``fence[1]`` (BadVersion if either moved): a deposed controller's writes
+        fail once its successor bumped ``/controller_epoch``."""
+
     def session_lost(self) -> trio.Event:
         """Set when the current session expires (ephemerals gone); a new one follows."""
 
@@ -177,6 +182,23 @@ class ZooKeeperCoordination:
 
     async def delete(self, path: str, version: int = -1) -> None:
         await self._call(self._client.delete, path, version=version)
+
+    async def set_fenced(self, path: str, data: bytes, version: int, fence: tuple[str, int]) -> int:
+        def commit() -> Any:
+            transaction = self._client.transaction()
+            transaction.check(fence[0], fence[1])
+            transaction.set_data(path, data, version=version)
+            return transaction.commit()
+
+        results = await self._call(lambda _path: commit(), path)
+        for result in results:
+            if isinstance(result, Exception):
+                from kazoo import exceptions as kz
+
+                if isinstance(result, kz.NoNodeError):
+                    raise NoNode(path)
+                raise BadVersion(f"{path} (fenced by {fence[0]})")
+        return int(results[1].version)
 
 
 @attrs.define
@@ -288,6 +310,13 @@ class MemoryCoordination:
         node.data, node.version = data, node.version + 1
         self._server._fire(self._server.watches, path)
         return node.version
+
+    async def set_fenced(self, path: str, data: bytes, version: int, fence: tuple[str, int]) -> int:
+        fence_node = self._server.nodes.get(fence[0])
+        if fence_node is None or fence_node.version != fence[1]:
+            await trio.lowlevel.checkpoint()
+            raise BadVersion(f"{path} (fenced by {fence[0]})")
+        return await self.set(path, data, version)
 
     async def delete(self, path: str, version: int = -1) -> None:
         await trio.lowlevel.checkpoint()

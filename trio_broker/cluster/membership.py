@@ -6,8 +6,9 @@ Three tasks, each a loop over ZooKeeper's one-shot watches:
   (waiting, as Kafka does, until the old session's znode is gone);
 - **broker list**: the children of ``/brokers/ids``, read into :class:`ClusterView`;
 - **controller election**: whoever creates the ephemeral ``/controller`` first is the
-  controller and increments ``/controller_epoch`` conditionally; the others watch
-  ``/controller`` and try again when it goes.
+  controller, increments ``/controller_epoch`` conditionally and runs the controller's
+  duties (``controller.py``); the others watch ``/controller`` and try again when it goes;
+- **topics**: every broker follows the topics and partition states (``topics_watch.py``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from collections.abc import Callable
 
 import trio
 
+from trio_broker.cluster.controller import NotController, run_controller
 from trio_broker.cluster.coordination import (
     BadVersion,
     Coordination,
     CoordinationError,
     NodeExists,
 )
+from trio_broker.cluster.topics_watch import follow_topics
+from trio_broker.cluster.waiting import RETRY_S, wait_any
 from trio_broker.cluster.zk_layout import (
     BROKER_IDS,
     CONTROLLER,
@@ -41,9 +45,6 @@ __all__ = ["BrokerIdInUse", "run_membership"]
 
 log = logging.getLogger(__name__)
 
-#: How long to wait before trying again after ZooKeeper refused or was unreachable.
-RETRY_S = 0.5
-
 
 class BrokerIdInUse(CoordinationError):
     """Another live broker registered this broker id."""
@@ -53,24 +54,13 @@ def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
-async def wait_any(*events: trio.Event) -> None:
-    """Return as soon as one of ``events`` is set."""
-    async with trio.open_nursery() as nursery:
-        for event in events:
-
-            async def wait_then_stop(e: trio.Event = event) -> None:
-                await e.wait()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(wait_then_stop)
-
-
 async def run_membership(
     coord: Coordination,
     registration: BrokerRegistration,
     view: ClusterView,
     *,
     now_ms: Callable[[], int] = wall_clock_ms,
+    unclean: bool = False,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Register, then keep ``view`` current until cancelled.
@@ -82,7 +72,8 @@ async def run_membership(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stay_registered, coord, registration)
         nursery.start_soon(_follow_brokers, coord, view)
-        nursery.start_soon(_elect_controller, coord, view, now_ms)
+        nursery.start_soon(_elect_controller, coord, view, now_ms, unclean)
+        nursery.start_soon(follow_topics, coord, view)
         task_status.started()
 
 
@@ -143,7 +134,7 @@ async def _follow_brokers(coord: Coordination, view: ClusterView) -> None:
 
 
 async def _elect_controller(
-    coord: Coordination, view: ClusterView, now_ms: Callable[[], int]
+    coord: Coordination, view: ClusterView, now_ms: Callable[[], int], unclean: bool
 ) -> None:
     me = view.broker_id
     while True:
@@ -173,9 +164,26 @@ async def _elect_controller(
             log.warning("controller election: %s", exc)
             await trio.sleep(RETRY_S)
             continue
-        await wait_any(changed, epoch_changed, lost)
+        if view.controller_id == me:
+            # The controller's duties last until its claim or the epoch changes hands.
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_controller_duties, coord, view, unclean, nursery.cancel_scope)
+                await wait_any(changed, epoch_changed, lost)
+                nursery.cancel_scope.cancel()
+        else:
+            await wait_any(changed, epoch_changed, lost)
         if lost.is_set() and view.controller_id == me:
             view.controller_id = -1  # our claim died with the session
+
+
+async def _controller_duties(
+    coord: Coordination, view: ClusterView, unclean: bool, done: trio.CancelScope
+) -> None:
+    try:
+        await run_controller(coord, view, unclean=unclean)
+    except NotController as exc:
+        log.warning("broker %d: %s", view.broker_id, exc)
+    done.cancel()
 
 
 async def _next_controller_epoch(coord: Coordination) -> int:

@@ -134,6 +134,8 @@ def after_broker_loss(
             leader = elect_leader(replicas, (), live - {lost}, unclean=True)
             if leader != NO_LEADER:
                 isr = (leader,)
+    if leader == state.leader and isr == state.isr:
+        return None  # already as it should be (an offline partition's last ISR member)
     return LeaderAndIsr(leader, state.leader_epoch + 1, isr)
 
 

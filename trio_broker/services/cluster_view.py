@@ -7,9 +7,11 @@ alone has a view of one broker that is its own controller.
 
 from __future__ import annotations
 
+import uuid
+
 import attrs
 
-__all__ = ["BrokerInfo", "ClusterView"]
+__all__ = ["BrokerInfo", "ClusterView", "PartitionInfo", "TopicInfo"]
 
 
 @attrs.frozen
@@ -18,6 +20,21 @@ class BrokerInfo:
     host: str
     port: int
     rack: str | None = None
+
+
+@attrs.frozen
+class PartitionInfo:
+    replicas: tuple[int, ...]
+    leader: int  # -1: offline (no live in-sync replica), or its state is not written yet
+    leader_epoch: int
+    isr: tuple[int, ...]
+
+
+@attrs.frozen
+class TopicInfo:
+    name: str
+    topic_id: uuid.UUID
+    partitions: dict[int, PartitionInfo]
 
 
 @attrs.define(eq=False)
@@ -29,6 +46,8 @@ class ClusterView:
     controller_id: int = -1
     #: Increases with every new controller; fences orders from a deposed one.
     controller_epoch: int = 0
+    #: Every topic of the cluster with its partitions' replicas, leaders and ISRs.
+    topics: dict[str, TopicInfo] = attrs.field(factory=dict)
 
     @classmethod
     def single_node(cls, me: BrokerInfo) -> ClusterView:

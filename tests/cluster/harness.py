@@ -1,0 +1,103 @@
+"""Shared pieces of the cluster tests: coordination clients of both kinds, brokers' membership."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from trio_broker.cluster.coordination import (
+    Coordination,
+    MemoryCoordination,
+    MemoryZooKeeper,
+    ZooKeeperCoordination,
+)
+from trio_broker.cluster.membership import run_membership
+from trio_broker.cluster.zk_layout import (
+    BrokerRegistration,
+)
+from trio_broker.services.cluster_view import ClusterView
+
+KINDS = ["zookeeper", "memory"]
+
+
+class Clients:
+    """Makes coordination clients of one kind, all on one (real or in-memory) server."""
+
+    def __init__(self, kind: str, request: pytest.FixtureRequest) -> None:
+        self.kind = kind
+        self.hosts = request.getfixturevalue("zookeeper") if kind == "zookeeper" else ""
+        self.memory = MemoryZooKeeper()
+
+    @asynccontextmanager
+    async def client(self) -> AsyncIterator[Coordination]:
+        if self.kind == "memory":
+            memory = MemoryCoordination(self.memory)
+            try:
+                yield memory
+            finally:
+                await memory.stop()
+            return
+        coord = ZooKeeperCoordination(self.hosts, session_timeout_s=4.0)
+        await coord.start(timeout_s=30)
+        try:
+            yield coord
+        finally:
+            await coord.stop()  # closes the session: its ephemeral znodes go at once
+
+
+def registration(broker_id: int) -> BrokerRegistration:
+    return BrokerRegistration(broker_id, "127.0.0.1", 19000 + broker_id, rack=f"r{broker_id}")
+
+
+async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+    with trio.move_on_after(timeout_s):
+        while not condition():  # noqa: ASYNC110 - a plain-data condition, no event to wait on
+            await trio.sleep(0.02)
+        return
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+class Member:
+    """One broker's membership tasks, stoppable on their own (its session then closes)."""
+
+    def __init__(self, clients: Clients, broker_id: int) -> None:
+        self.clients, self.broker_id = clients, broker_id
+        self.view = ClusterView(broker_id)
+        self.scope = trio.CancelScope()
+        self.stopped = trio.Event()
+        self.nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with self.scope:
+                async with self.clients.client() as coord, trio.open_nursery() as nursery:
+                    reg = registration(self.broker_id)
+                    await nursery.start(run_membership, coord, reg, self.view)
+                    task_status.started()
+        finally:
+            self.stopped.set()
+
+    async def stop(self) -> None:
+        self.scope.cancel()
+        await self.stopped.wait()
+
+    async def restart(self) -> None:
+        """Start again in the cluster's nursery, with a fresh session."""
+        assert self.nursery is not None and self.stopped.is_set()
+        self.scope, self.stopped = trio.CancelScope(), trio.Event()
+        await self.nursery.start(self.run)
+
+
+@asynccontextmanager
+async def cluster(clients: Clients, *broker_ids: int) -> AsyncIterator[dict[int, Member]]:
+    members = {b: Member(clients, b) for b in broker_ids}
+    async with trio.open_nursery() as nursery:
+        for m in members.values():  # one after another: the first is the controller
+            m.nursery = nursery
+            await nursery.start(m.run)
+            await eventually(lambda m=m: m.view.controller_id != -1, "a controller is known")
+        yield members
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,82 @@
+"""Every broker's copy of the cluster's topics: assignments, leaders, ISRs, from ZooKeeper.
+
+One loop: read ``/brokers/topics``, each topic's assignment and each partition's state,
+with a watch on everything read; when any of them changes, read again. Simple, and
+fine for the few hundred partitions of a test or small cluster (each change costs one
+read per partition); a znode that does not parse is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from trio_broker.cluster.coordination import Coordination, CoordinationError
+from trio_broker.cluster.waiting import RETRY_S, wait_any
+from trio_broker.cluster.zk_layout import (
+    TOPICS,
+    CoordinationDataError,
+    PartitionState,
+    TopicAssignment,
+    partition_state_path,
+    topic_path,
+)
+from trio_broker.replication.controller_rules import NO_LEADER
+from trio_broker.services.cluster_view import ClusterView, PartitionInfo, TopicInfo
+
+__all__ = ["follow_topics", "read_topics"]
+
+log = logging.getLogger(__name__)
+
+
+async def read_topics(
+    coord: Coordination,
+) -> tuple[dict[str, TopicInfo], dict[tuple[str, int], int], list[trio.Event]]:
+    """All topics as the view holds them, each partition state's znode version (-1 if
+    missing), and the watches set while reading."""
+    watches: list[trio.Event] = []
+    names, changed = await coord.children_and_watch(TOPICS)
+    watches.append(changed)
+    topics: dict[str, TopicInfo] = {}
+    versions: dict[tuple[str, int], int] = {}
+    for name in names:
+        znode, changed = await coord.get_and_watch(topic_path(name))
+        watches.append(changed)
+        if znode is None:
+            continue
+        try:
+            assignment = TopicAssignment.decode(znode.data, f"topic {name}")
+        except CoordinationDataError as exc:
+            log.warning("ignoring topic %s: %s", name, exc)
+            continue
+        partitions = {}
+        for partition, replicas in assignment.partitions.items():
+            path = partition_state_path(name, partition)
+            state_node, changed = await coord.get_and_watch(path)
+            watches.append(changed)
+            info = PartitionInfo(replicas, NO_LEADER, -1, ())
+            versions[(name, partition)] = -1
+            if state_node is not None:
+                try:
+                    state = PartitionState.decode(state_node.data, path)
+                    info = PartitionInfo(replicas, state.leader, state.leader_epoch, state.isr)
+                    versions[(name, partition)] = state_node.version
+                except CoordinationDataError as exc:
+                    log.warning("ignoring %s: %s", path, exc)
+            partitions[partition] = info
+        topics[name] = TopicInfo(name, assignment.topic_id, partitions)
+    return topics, versions, watches
+
+
+async def follow_topics(coord: Coordination, view: ClusterView) -> None:
+    """Keep ``view.topics`` equal to ZooKeeper's, until cancelled."""
+    while True:
+        lost = coord.session_lost()
+        try:
+            view.topics, _, watches = await read_topics(coord)
+        except CoordinationError as exc:
+            log.warning("reading topics: %s", exc)
+            await trio.sleep(RETRY_S)
+            continue
+        await wait_any(lost, *watches)
