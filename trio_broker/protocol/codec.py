@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 from trio_broker.protocol.errors import InvalidValueError, ProtocolError, TruncatedError
 from trio_broker.protocol.primitives import read_uvarint, write_uvarint
@@ -53,6 +53,13 @@ class RecordsChunks:
 
     def __repr__(self) -> str:
         return f"RecordsChunks({len(self.parts)} parts, {self.nbytes} bytes)"
+
+
+#: A records field as the codec decodes it (a memoryview slice of the frame) and as
+#: clients build it (bytes).
+RecordBytes: TypeAlias = bytes | bytearray | memoryview
+#: A records field the broker answers with: its bytes, or file regions to send.
+Records: TypeAlias = RecordBytes | RecordsChunks
 
 
 def part_length(part: Any) -> int:

@@ -1,8 +1,9 @@
 """The public face of the codec: headers, requests and responses by API key.
 
 Message classes are generated from the schema table; reach them as
-``messages.ProduceRequest``, ``messages.ProduceResponse`` and so on, or by API
-key with :func:`request_schema` / :func:`response_schema`.
+``messages.ProduceRequest``, ``messages.ProduceResponse`` and so on (typed for mypy
+by the generated :mod:`~trio_broker.protocol.message_types`), or by API key with
+:func:`request_schema` / :func:`response_schema`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from trio_broker.protocol.errors import (
     UnsupportedVersionError,
 )
 from trio_broker.protocol.framing import frame_size_prefix
+from trio_broker.protocol.message_types import *  # noqa: F403 - every message class, typed
 from trio_broker.protocol.primitives import (
     INT16,
     INT32,
@@ -29,7 +31,6 @@ from trio_broker.protocol.schema import (
     API_NAMES,
     REQUESTS,
     RESPONSES,
-    SCHEMAS,
     Message,
     MessageSchema,
     snake_case,
@@ -198,15 +199,6 @@ def decode_response(api_key: int, version: int, frame: bytes | memoryview) -> tu
         if count:
             raise InvalidValueError("unexpected tagged fields in response header")
     return correlation_id, decode_body(RESPONSES[api_key], version, view[pos:])
-
-
-def __getattr__(name: str) -> Any:
-    # Any: the classes are generated at import time, so their fields are not
-    # visible to mypy; handlers use them as plain attribute bags.
-    schema = SCHEMAS.get(name)
-    if schema is None:
-        raise AttributeError(name)
-    return schema.cls
 
 
 __all__ = [
