@@ -95,6 +95,7 @@ HEADERS = ["PRINCIPAL", "HOST", "OPERATION", "PERMISSION", "RESOURCE", "NAME", "
 
 def acls_add(client: BlockingClient, args: argparse.Namespace, out: TextIO) -> int:
     rtype, name = _resource(args)
+    assert name is not None  # add requires a resource (argparse)
     Creation = m.CreateAclsRequest.AclCreation
     creations = [
         Creation(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from trio_broker.handlers.base import HANDLERS, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -11,7 +9,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 ApiVersionsResponse = m.ApiVersionsResponse
 
 
-def supported_api_versions() -> list[Any]:
+def supported_api_versions() -> list[ApiVersionsResponse.ApiVersion]:
     return [
         ApiVersionsResponse.ApiVersion(
             api_key=spec.api_key, min_version=spec.advertised_min, max_version=spec.max_version
@@ -21,7 +19,9 @@ def supported_api_versions() -> list[Any]:
 
 
 @handles(m.ApiKey.API_VERSIONS)
-async def handle_api_versions(ctx: RequestContext, request: Any) -> Any:
+async def handle_api_versions(
+    ctx: RequestContext, request: m.ApiVersionsRequest | None
+) -> m.ApiVersionsResponse:
     # request is None when the client asked for a version we do not know: the
     # connection encodes this answer as v0 with UNSUPPORTED_VERSION (KAFKA-FACTS.md).
     error = ErrorCode.UNSUPPORTED_VERSION if request is None else ErrorCode.NONE

@@ -20,7 +20,7 @@ above it (docs/architecture.md).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
 
@@ -161,7 +161,11 @@ class CloseConnection:
 
 
 Response = Message | Deferred | CloseConnection | None
+#: The request is the API's message class (``m.ProduceRequest``); the registry keeps
+#: handlers of every API side by side, so here it is ``Any``.
 HandlerFn = Callable[[RequestContext, Any], Awaitable[Response]]
+#: A handler keeps its own signature through ``handles`` (its request and response types).
+AnyHandler = TypeVar("AnyHandler", bound=HandlerFn)
 
 
 @attrs.frozen
@@ -182,7 +186,7 @@ HANDLERS: dict[int, HandlerSpec] = {}
 def handles(
     api_key: int, min_version: int | None = None, max_version: int | None = None,
     *, advertised_min: int | None = None,
-) -> Callable[[HandlerFn], HandlerFn]:  # fmt: skip
+) -> Callable[[AnyHandler], AnyHandler]:  # fmt: skip
     """Register a handler; the version range defaults to everything the codec has."""
     schema = REQUESTS[api_key]
     lo = schema.min_version if min_version is None else min_version
@@ -190,7 +194,7 @@ def handles(
     if not schema.min_version <= lo <= hi <= schema.max_version:
         raise ValueError(f"{schema.name}: {lo}-{hi} outside the codec's range")
 
-    def register(fn: HandlerFn) -> HandlerFn:
+    def register(fn: AnyHandler) -> AnyHandler:
         HANDLERS[api_key] = HandlerSpec(
             api_key, lo, hi, fn, lo if advertised_min is None else advertised_min
         )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from trio_broker.handlers.authorization import (
     Operation,
     ResourceType,
@@ -14,7 +12,7 @@ from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
-Resp: Any = m.DescribeClusterResponse
+Resp = m.DescribeClusterResponse
 
 # DescribeCluster endpoint types (KIP-919).
 BROKER_ENDPOINT = 1
@@ -28,7 +26,9 @@ CLUSTER_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
 
 
 @handles(m.ApiKey.DESCRIBE_CLUSTER)
-async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
+async def handle_describe_cluster(
+    ctx: RequestContext, request: m.DescribeClusterRequest
+) -> m.DescribeClusterResponse:
     services = ctx.services
     endpoint_type = request.endpoint_type if ctx.api_version >= 1 else BROKER_ENDPOINT
     response = Resp(

@@ -8,8 +8,6 @@ every client accepts it.
 
 from __future__ import annotations
 
-from typing import Any
-
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.topic_lookup import find_topic
@@ -25,17 +23,17 @@ PartResp = TopicResp.PartitionData
 READ_COMMITTED = 1
 
 
-def read_partitions(ctx: RequestContext, request: Any) -> tuple[Any, int]:
+def read_partitions(ctx: RequestContext, request: m.FetchRequest) -> tuple[Resp, int]:
     """Build the response from the logs as they are now; return it and its record bytes."""
     remaining = request.max_bytes if ctx.api_version >= 3 else 2**31 - 1
     quota_limit = ctx.services.quotas.max_bytes(ctx, CONSUMER_BYTE_RATE)
     if quota_limit is not None:  # one response never exceeds the quota on its own
         remaining = min(remaining, quota_limit)
     total = 0
-    topic_responses = []
+    topic_responses: list[TopicResp] = []
     for wanted in request.topics:
         topic, name, missing = find_topic(ctx, wanted.topic, wanted.topic_id)
-        partitions = []
+        partitions: list[PartResp] = []
         # An unknown topic id has no name to authorize: it stays UNKNOWN_TOPIC_ID.
         allowed = not name or authorized(ctx, Operation.READ, ResourceType.TOPIC, name)
         for p in wanted.partitions:
@@ -79,7 +77,7 @@ def read_partitions(ctx: RequestContext, request: Any) -> tuple[Any, int]:
     return Resp(throttle_time_ms=0, error_code=0, session_id=0, responses=topic_responses), total
 
 
-def throttled(ctx: RequestContext, response: Any, total: int) -> Any:
+def throttled(ctx: RequestContext, response: Resp, total: int) -> Resp:
     """Count the records against the consumer quota (KIP-219: answer now, mute after).
 
     Over the quota the answer is empty, as in Kafka: the records are taken back
@@ -97,7 +95,7 @@ def throttled(ctx: RequestContext, response: Any, total: int) -> Any:
     return response
 
 
-def count_bytes_out(ctx: RequestContext, response: Any) -> None:
+def count_bytes_out(ctx: RequestContext, response: Resp) -> None:
     """Per-topic record bytes sent (/metrics): one dict increment per topic with data."""
     services = ctx.services
     counts = services.stats.topic_bytes_out
@@ -115,12 +113,12 @@ def count_bytes_out(ctx: RequestContext, response: Any) -> None:
 
 
 @handles(m.ApiKey.FETCH)
-async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
+async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchResponse | Deferred:
     response, total = read_partitions(ctx, request)
     if total >= request.min_bytes or request.max_wait_ms <= 0:
         return throttled(ctx, response, total)
 
-    async def long_poll() -> Any:
+    async def long_poll() -> m.FetchResponse:
         while True:
             # Look before waiting: an append between the handler's read and this
             # task's start would otherwise be a lost wake-up (a full max_wait).
@@ -129,7 +127,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
                 return throttled(ctx, response, total)
             await ctx.services.appends.wait()
 
-    def waited_long_enough() -> Any:
+    def waited_long_enough() -> m.FetchResponse:
         return throttled(ctx, *read_partitions(ctx, request))
 
     return Deferred(long_poll, timeout_s=request.max_wait_ms / 1000, on_timeout=waited_long_enough)

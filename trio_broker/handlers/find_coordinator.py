@@ -9,14 +9,12 @@ an invalid request.
 
 from __future__ import annotations
 
-from typing import Any
-
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
-Resp: Any = m.FindCoordinatorResponse
+Resp = m.FindCoordinatorResponse
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
 #: v4 is the first version that batches keys (KIP-699).
@@ -44,7 +42,9 @@ def _locate(
 
 
 @handles(m.ApiKey.FIND_COORDINATOR)
-async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
+async def handle_find_coordinator(
+    ctx: RequestContext, request: m.FindCoordinatorRequest
+) -> m.FindCoordinatorResponse:
     key_type = request.key_type if ctx.api_version >= 1 else KEY_TYPE_GROUP
     if ctx.api_version >= FIRST_BATCHED_VERSION:
         coordinators = []

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized, authorized_any
 from trio_broker.handlers.base import RequestContext, handles
@@ -28,12 +27,14 @@ from trio_broker.state.producer import (
 )
 
 log = logging.getLogger("trio_broker.producer")
-Resp: Any = m.InitProducerIdResponse
+Resp = m.InitProducerIdResponse
 
 
 @handles(m.ApiKey.INIT_PRODUCER_ID)
-async def handle_init_producer_id(ctx: RequestContext, request: Any) -> Any:
-    def answer(error: ErrorCode, producer_id: int, epoch: int) -> Any:
+async def handle_init_producer_id(
+    ctx: RequestContext, request: m.InitProducerIdRequest
+) -> m.InitProducerIdResponse:
+    def answer(error: ErrorCode, producer_id: int, epoch: int) -> m.InitProducerIdResponse:
         return Resp(
             throttle_time_ms=0, error_code=error, producer_id=producer_id, producer_epoch=epoch
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from trio_broker.handlers.authorization import (
     Operation,
@@ -22,7 +21,9 @@ Resp = m.MetadataResponse
 LEADER_EPOCH = 0
 
 
-def topic_metadata(ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None) -> Any:
+def topic_metadata(
+    ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None
+) -> Resp.MetadataResponseTopic:
     services = ctx.services
     node = services.config.node_id
     topic = services.topics.get(name) if name is not None else services.topics.by_id.get(topic_id)  # type: ignore[arg-type]
@@ -51,9 +52,9 @@ def topic_metadata(ctx: RequestContext, name: str | None, topic_id: uuid.UUID | 
 
 
 @handles(m.ApiKey.METADATA)
-async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
+async def handle_metadata(ctx: RequestContext, request: m.MetadataRequest) -> m.MetadataResponse:
     services = ctx.services
-    topics: list[Any] = []
+    topics: list[Resp.MetadataResponseTopic] = []
     cluster_operations = -2147483648  # "not provided"
     if request.topics is None or (ctx.api_version == 0 and not request.topics):
         topics = [
@@ -107,7 +108,7 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
         # Without an authorizer these stay "not provided", as before.
         if request.include_topic_authorized_operations:
             for t in topics:
-                if t.error_code == ErrorCode.NONE:
+                if t.error_code == ErrorCode.NONE and t.name is not None:
                     t.topic_authorized_operations = authorized_operations(
                         ctx, ResourceType.TOPIC, t.name
                     )

@@ -12,9 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
-from trio_broker.handlers.base import CloseConnection, Deferred, RequestContext, Services, handles
+from trio_broker.handlers.base import (
+    CloseConnection,
+    Deferred,
+    RequestContext,
+    Response,
+    Services,
+    handles,
+)
 from trio_broker.handlers.topic_lookup import find_topic
 from trio_broker.protocol import messages as m
+from trio_broker.protocol.codec import RecordBytes
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError, ProtocolError
@@ -36,7 +44,9 @@ class BatchRejected(KafkaError):
     """A batch Kafka refuses: ``BatchRejected(error_code, message)``."""
 
 
-def validate_batch(records: Any, api_version: int, max_message_bytes: int) -> RecordBatchView:
+def validate_batch(
+    records: RecordBytes | None, api_version: int, max_message_bytes: int
+) -> RecordBatchView:
     """Kafka's rules for the records of one partition in Produce v3+; returns the batch."""
     if records is None or len(records) == 0:
         raise BatchRejected(ErrorCode.INVALID_RECORD, "no records")
@@ -73,16 +83,16 @@ def validate_batch(records: Any, api_version: int, max_message_bytes: int) -> Re
 
 
 @handles(m.ApiKey.PRODUCE, 3, advertised_min=0)
-async def handle_produce(ctx: RequestContext, request: Any) -> Any:
+async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Response:
     services = ctx.services
     acks = request.acks
     now = ctx.now_ms()
-    durable_waits: list[tuple[Any, int, Any]] = []  # (log, last offset, partition response)
-    topic_responses = []
+    durable_waits: list[tuple[Any, int, PartResp]] = []  # (log, last offset, its answer)
+    topic_responses: list[TopicResp] = []
     produced = 0  # request record bytes, for the producer byte-rate quota
     for topic_data in request.topic_data:
         topic, name, missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
-        partition_responses = []
+        partition_responses: list[PartResp] = []
         # An unknown topic id has no name to authorize: it stays UNKNOWN_TOPIC_ID.
         allowed = not name or authorized(ctx, Operation.WRITE, ResourceType.TOPIC, name)
         for data in topic_data.partition_data:
@@ -154,7 +164,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
 
     # The request's timeout_ms bounds the wait for the covering fsync; past it the
     # partition answers REQUEST_TIMED_OUT and the data stays in the log (as Kafka).
-    async def when_durable() -> Any:
+    async def when_durable() -> m.ProduceResponse:
         for log, last_offset, part in durable_waits:
             try:
                 await services.durability.wait_durable(log, last_offset)
@@ -163,7 +173,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 part.base_offset = -1
         return response
 
-    def timed_out() -> Any:
+    def timed_out() -> m.ProduceResponse:
         for log, last_offset, part in durable_waits:
             if part.error_code == 0 and log.durable_end_offset <= last_offset:
                 part.error_code = ErrorCode.REQUEST_TIMED_OUT
@@ -175,7 +185,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
 
 
 def check_producer(
-    services: Services, topic: str, partition: int, log: Any, batch: Any
+    services: Services, topic: str, partition: int, log: Any, batch: RecordBatchView
 ) -> int | None:
     """Sequence checks for an idempotent batch before it is appended.
 

@@ -16,7 +16,7 @@ the login made the connection.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from trio_broker.handlers.base import Deferred, RequestContext, Response, handles
 from trio_broker.protocol import messages as m
@@ -25,17 +25,19 @@ from trio_broker.security.sasl import AuthStep, PasswordCheck, SaslSession
 
 log = logging.getLogger("trio_broker.sasl")
 
-Resp: Any = m.SaslAuthenticateResponse
+Resp = m.SaslAuthenticateResponse
 FAILED_LOGIN_DELAY_S = 0.1
 
 
-def _response(step: AuthStep) -> Any:
+def _response(step: AuthStep) -> m.SaslAuthenticateResponse:
     return Resp(error_code=step.error_code, error_message=step.error_message,
                 auth_bytes=step.auth_bytes, session_lifetime_ms=step.session_lifetime_ms)  # fmt: skip
 
 
 @handles(m.ApiKey.SASL_AUTHENTICATE)
-async def handle_sasl_authenticate(ctx: RequestContext, request: Any) -> Response:
+async def handle_sasl_authenticate(
+    ctx: RequestContext, request: m.SaslAuthenticateRequest
+) -> Response:
     session: SaslSession | None = ctx.sasl
     if session is None:
         return Resp(error_code=ErrorCode.ILLEGAL_SASL_STATE,
@@ -44,7 +46,7 @@ async def handle_sasl_authenticate(ctx: RequestContext, request: Any) -> Respons
 
     connection_id = ctx.client.connection_id
 
-    async def finish(step: AuthStep) -> Any:
+    async def finish(step: AuthStep) -> m.SaslAuthenticateResponse:
         if step.principal is not None:
             log.info("connection %d authenticated as %s with %s",
                      connection_id, step.principal, session.mechanism)  # fmt: skip
@@ -63,8 +65,11 @@ async def handle_sasl_authenticate(ctx: RequestContext, request: Any) -> Respons
 
 
 async def _check_password(
-    ctx: RequestContext, session: SaslSession, check: PasswordCheck, finish: Any
-) -> Any:
+    ctx: RequestContext,
+    session: SaslSession,
+    check: PasswordCheck,
+    finish: Callable[[AuthStep], Awaitable[m.SaslAuthenticateResponse]],
+) -> m.SaslAuthenticateResponse:
     # The thread runs only the check, which touches no session; the login completes
     # here, on the event loop, in one call.
     ok = await ctx.services.run_off_loop(check.run)

@@ -7,17 +7,17 @@ UNSUPPORTED_SASL_MECHANISM with the enabled list, then the connection closes.
 
 from __future__ import annotations
 
-from typing import Any
-
-from trio_broker.handlers.base import RequestContext, Response, handles
+from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
-Resp: Any = m.SaslHandshakeResponse
+Resp = m.SaslHandshakeResponse
 
 
 @handles(m.ApiKey.SASL_HANDSHAKE)
-async def handle_sasl_handshake(ctx: RequestContext, request: Any) -> Response:
+async def handle_sasl_handshake(
+    ctx: RequestContext, request: m.SaslHandshakeRequest
+) -> m.SaslHandshakeResponse:
     session = ctx.sasl
     if session is None:
         return Resp(error_code=ErrorCode.ILLEGAL_SASL_STATE, mechanisms=[])
