@@ -8,8 +8,6 @@ checks without applying. Needs ALTER_CONFIGS on the cluster, as in Kafka.
 
 from __future__ import annotations
 
-from typing import Any
-
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
@@ -22,12 +20,12 @@ from trio_broker.state.quota import (
     make_entity,
 )
 
-Resp: Any = m.AlterClientQuotasResponse
+Resp = m.AlterClientQuotasResponse
 
 Change = tuple[Entity, str, float | None]
 
 
-def _changes(entry: Any) -> list[Change]:
+def _changes(entry: m.AlterClientQuotasRequest.EntryData) -> list[Change]:
     """The entry's operations, validated; QuotaConfigError names the first problem."""
     entity = make_entity((e.entity_type, e.entity_name) for e in entry.entity)
     changes: list[Change] = []
@@ -43,10 +41,12 @@ def _changes(entry: Any) -> list[Change]:
 
 
 @handles(m.ApiKey.ALTER_CLIENT_QUOTAS)
-async def handle_alter_client_quotas(ctx: RequestContext, request: Any) -> Any:
+async def handle_alter_client_quotas(
+    ctx: RequestContext, request: m.AlterClientQuotasRequest
+) -> m.AlterClientQuotasResponse:
     allowed = authorized(ctx, Operation.ALTER_CONFIGS, ResourceType.CLUSTER)
     accepted: list[Change] = []
-    entries = []
+    entries: list[Resp.EntryData] = []
     for entry in request.entries:
         result = Resp.EntryData(
             error_code=ErrorCode.NONE,

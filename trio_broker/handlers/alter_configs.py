@@ -13,8 +13,8 @@ Shared with IncrementalAlterConfigs: resource checks, value checks, applying.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 from trio_broker.handlers.authorization import authorized
 from trio_broker.handlers.base import RequestContext, handles
@@ -25,7 +25,18 @@ from trio_broker.security.acl import Operation, ResourceType
 from trio_broker.services.topics import TopicError
 from trio_broker.storage.errors import StorageError
 
-Resp: Any = m.AlterConfigsResponse
+Resp = m.AlterConfigsResponse
+
+
+class ConfigResource(Protocol):
+    """What the resources of AlterConfigs and IncrementalAlterConfigs have in common."""
+
+    resource_type: int
+    resource_name: str
+
+
+AnyResource = TypeVar("AnyResource", bound=ConfigResource)
+AnyAnswer = TypeVar("AnyAnswer", m.AlterConfigsResponse, m.IncrementalAlterConfigsResponse)
 
 # Kafka's ConfigResource.Type codes.
 TOPIC_RESOURCE = 2
@@ -57,9 +68,9 @@ def check_values(ctx: RequestContext, configs: dict[str, str]) -> None:
 
 def alter_resources(
     ctx: RequestContext,
-    resources: list[Any],
+    resources: list[AnyResource],
     validate_only: bool,
-    new_configs: Callable[[dict[str, str], Any], dict[str, str]],
+    new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
 ) -> list[tuple[ErrorCode, str | None]]:
     """Check and (unless validate_only) apply each resource; one (error, message) each.
 
@@ -84,9 +95,9 @@ def alter_resources(
 
 def _alter_one(
     ctx: RequestContext,
-    resource: Any,
+    resource: AnyResource,
     validate_only: bool,
-    new_configs: Callable[[dict[str, str], Any], dict[str, str]],
+    new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
 ) -> None:
     name = resource.resource_name
     if resource.resource_type in (BROKER_RESOURCE, BROKER_LOGGER_RESOURCE):
@@ -116,12 +127,18 @@ def _alter_one(
         raise ConfigRefused(StorageError.error_code, f"cannot store configs: {exc}") from None
 
 
-def _replace_all(current: dict[str, str], resource: Any) -> dict[str, str]:
+def _replace_all(
+    current: dict[str, str], resource: m.AlterConfigsRequest.AlterConfigsResource
+) -> dict[str, str]:
     # AlterConfigs is not incremental: the request is the topic's whole override set.
     return {c.name: c.value for c in resource.configs if c.value is not None}
 
 
-def resources_response(response_class: Any, request: Any, results: list[Any]) -> Any:
+def resources_response(
+    response_class: type[AnyAnswer],
+    resources: Sequence[ConfigResource],
+    results: list[tuple[ErrorCode, str | None]],
+) -> AnyAnswer:
     """One AlterConfigsResourceResponse per resource (both APIs share the layout)."""
     return response_class(
         throttle_time_ms=0,
@@ -130,12 +147,14 @@ def resources_response(response_class: Any, request: Any, results: list[Any]) ->
                 error_code=code, error_message=message,
                 resource_type=r.resource_type, resource_name=r.resource_name,
             )
-            for r, (code, message) in zip(request.resources, results, strict=True)
+            for r, (code, message) in zip(resources, results, strict=True)
         ],
     )  # fmt: skip
 
 
 @handles(m.ApiKey.ALTER_CONFIGS)
-async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
+async def handle_alter_configs(
+    ctx: RequestContext, request: m.AlterConfigsRequest
+) -> m.AlterConfigsResponse:
     results = alter_resources(ctx, request.resources, request.validate_only, _replace_all)
-    return resources_response(Resp, request, results)
+    return resources_response(Resp, request.resources, results)

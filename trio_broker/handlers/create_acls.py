@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.describe_acls import access_error, enum_or_unknown
 from trio_broker.protocol import messages as m
@@ -17,11 +15,11 @@ from trio_broker.security.acl import (
     validate_binding,
 )
 
-Resp: Any = m.CreateAclsResponse
+Resp = m.CreateAclsResponse
 Result = Resp.AclCreationResult
 
 
-def binding_from_wire(wire: Any) -> AclBinding:
+def binding_from_wire(wire: m.CreateAclsRequest.AclCreation) -> AclBinding:
     return AclBinding(
         resource_type=enum_or_unknown(ResourceType, wire.resource_type),
         resource_name=wire.resource_name or "",
@@ -34,7 +32,9 @@ def binding_from_wire(wire: Any) -> AclBinding:
 
 
 @handles(m.ApiKey.CREATE_ACLS)
-async def handle_create_acls(ctx: RequestContext, request: Any) -> Any:
+async def handle_create_acls(
+    ctx: RequestContext, request: m.CreateAclsRequest
+) -> m.CreateAclsResponse:
     refused = access_error(ctx, Operation.ALTER)
     if refused is not None:
         code, message = refused
@@ -44,7 +44,7 @@ async def handle_create_acls(ctx: RequestContext, request: Any) -> Any:
         )
     authorizer = ctx.services.authorizer
     assert authorizer is not None  # access_error said it is on
-    results: list[Any] = []
+    results: list[Result] = []
     valid: list[AclBinding] = []
     for creation in request.creations:
         binding = binding_from_wire(creation)

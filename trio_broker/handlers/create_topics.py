@@ -10,7 +10,6 @@ controller to wait for, so the request's timeout is not needed.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from trio_broker.handlers.authorization import may_create_topic
 from trio_broker.handlers.base import RequestContext, handles
@@ -20,7 +19,8 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import TopicError, validate_topic_name
 from trio_broker.storage.errors import LogError, StorageError
 
-Resp: Any = m.CreateTopicsResponse
+Resp = m.CreateTopicsResponse
+RequestedTopic = m.CreateTopicsRequest.CreatableTopic
 Result = Resp.CreatableTopicResult
 ResultConfig = Result.CreatableTopicConfigs
 
@@ -28,7 +28,7 @@ ResultConfig = Result.CreatableTopicConfigs
 MAX_REPLICATION_FACTOR = 1
 
 
-def _partition_count(ctx: RequestContext, topic: Any) -> int:
+def _partition_count(ctx: RequestContext, topic: RequestedTopic) -> int:
     """The partition count asked for, after the replication and assignment checks."""
     node = ctx.services.config.node_id
     if topic.assignments:
@@ -68,7 +68,7 @@ def _partition_count(ctx: RequestContext, topic: Any) -> int:
     return int(topic.num_partitions)
 
 
-def _configs(topic: Any) -> dict[str, str]:
+def _configs(topic: RequestedTopic) -> dict[str, str]:
     """The topic's configs as a dict; a null value is refused here."""
     configs: dict[str, str] = {}
     for entry in topic.configs:
@@ -88,7 +88,7 @@ def _check_collision(ctx: RequestContext, name: str) -> None:
             )
 
 
-def _create_one(ctx: RequestContext, topic: Any, validate_only: bool) -> Any:
+def _create_one(ctx: RequestContext, topic: RequestedTopic, validate_only: bool) -> Result:
     services = ctx.services
     name = topic.name
     if not may_create_topic(ctx, name):
@@ -117,12 +117,14 @@ def _create_one(ctx: RequestContext, topic: Any, validate_only: bool) -> Any:
 
 
 @handles(m.ApiKey.CREATE_TOPICS)
-async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
+async def handle_create_topics(
+    ctx: RequestContext, request: m.CreateTopicsRequest
+) -> m.CreateTopicsResponse:
     validate_only = ctx.api_version >= 1 and request.validate_only
     counts: dict[str, int] = {}
     for topic in request.topics:
         counts[topic.name] = counts.get(topic.name, 0) + 1
-    results = []
+    results: list[Result] = []
     answered: set[str] = set()
     for topic in request.topics:
         if counts[topic.name] > 1:

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.describe_acls import access_error, filter_from_wire
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.security.acl import Operation, filter_error
 
-Resp: Any = m.DeleteAclsResponse
+Resp = m.DeleteAclsResponse
 FilterResult = Resp.DeleteAclsFilterResult
 Matching = FilterResult.DeleteAclsMatchingAcl
 
 
 @handles(m.ApiKey.DELETE_ACLS)
-async def handle_delete_acls(ctx: RequestContext, request: Any) -> Any:
+async def handle_delete_acls(
+    ctx: RequestContext, request: m.DeleteAclsRequest
+) -> m.DeleteAclsResponse:
     refused = access_error(ctx, Operation.ALTER)
     if refused is not None:
         code, message = refused
@@ -42,7 +42,7 @@ async def handle_delete_acls(ctx: RequestContext, request: Any) -> Any:
                 for _ in filters
             ],
         )
-    results = []
+    results: list[FilterResult] = []
     for problem in problems:
         if problem is not None:
             results.append(

@@ -8,7 +8,7 @@ no followers the new low watermark is known at once.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
@@ -16,14 +16,17 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.storage.errors import LogError, StorageError
 
-Resp: Any = m.DeleteRecordsResponse
+if TYPE_CHECKING:
+    from trio_broker.services.topics import Topic
+
+Resp = m.DeleteRecordsResponse
 TopicResult = Resp.DeleteRecordsTopicResult
 PartResult = TopicResult.DeleteRecordsPartitionResult
 #: The request's "delete everything below the high watermark".
 HIGH_WATERMARK = -1
 
 
-def _delete(topic: Any, partition: int, offset: int) -> tuple[int, ErrorCode]:
+def _delete(topic: Topic | None, partition: int, offset: int) -> tuple[int, ErrorCode]:
     """(low watermark, error) for one partition."""
     if topic is None or not 0 <= partition < len(topic.logs):
         return -1, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -48,13 +51,15 @@ def _delete(topic: Any, partition: int, offset: int) -> tuple[int, ErrorCode]:
 
 
 @handles(m.ApiKey.DELETE_RECORDS)
-async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
+async def handle_delete_records(
+    ctx: RequestContext, request: m.DeleteRecordsRequest
+) -> m.DeleteRecordsResponse:
     topics = ctx.services.topics
-    results = []
+    results: list[TopicResult] = []
     for wanted in request.topics:
         topic = topics.get(wanted.name)
         allowed = authorized(ctx, Operation.DELETE, ResourceType.TOPIC, wanted.name)
-        partitions = []
+        partitions: list[PartResult] = []
         for p in wanted.partitions:
             low_watermark, error = (
                 _delete(topic, p.partition_index, p.offset)

@@ -7,7 +7,6 @@ is no controller to wait for, so the request's timeout is not needed.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
@@ -16,12 +15,12 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import TopicError
 from trio_broker.storage.errors import LogError, StorageError
 
-Resp: Any = m.DeleteTopicsResponse
+Resp = m.DeleteTopicsResponse
 Result = Resp.DeletableTopicResult
 ZERO_UUID = uuid.UUID(int=0)
 
 
-def _delete(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> Any:
+def _delete(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> Result:
     topics = ctx.services.topics
     result = Result(name=name, topic_id=topic_id, error_code=ErrorCode.NONE, error_message=None)
     if name is not None and topic_id != ZERO_UUID:
@@ -67,7 +66,9 @@ def _delete(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> Any:
 
 
 @handles(m.ApiKey.DELETE_TOPICS)
-async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
+async def handle_delete_topics(
+    ctx: RequestContext, request: m.DeleteTopicsRequest
+) -> m.DeleteTopicsResponse:
     if ctx.api_version >= 6:
         wanted = [(t.name, t.topic_id) for t in request.topics]
     else:
@@ -77,7 +78,7 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
     for name, topic_id in wanted:
         key = name if name is not None else topic_id
         seen[key] = seen.get(key, 0) + 1
-    responses = []
+    responses: list[Result] = []
     answered: set[object] = set()
     for name, topic_id in wanted:
         key = name if name is not None else topic_id

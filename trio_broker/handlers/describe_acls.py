@@ -8,7 +8,7 @@ DeleteAcls shares.
 from __future__ import annotations
 
 import enum
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from trio_broker.handlers.authorization import authorized
 from trio_broker.handlers.base import RequestContext, handles
@@ -23,7 +23,7 @@ from trio_broker.security.acl import (
     filter_error,
 )
 
-Resp: Any = m.DescribeAclsResponse
+Resp = m.DescribeAclsResponse
 E = TypeVar("E", bound=enum.IntEnum)
 
 
@@ -35,7 +35,9 @@ def enum_or_unknown(kind: type[E], code: int) -> E:
         return kind(0)
 
 
-def filter_from_wire(wire: Any) -> AclFilter:
+def filter_from_wire(
+    wire: m.DescribeAclsRequest | m.DeleteAclsRequest.DeleteAclsFilter,
+) -> AclFilter:
     """DescribeAcls request / DeleteAcls filter fields -> AclFilter."""
     return AclFilter(
         resource_type=enum_or_unknown(ResourceType, wire.resource_type_filter),
@@ -59,7 +61,9 @@ def access_error(ctx: RequestContext, op: Operation) -> tuple[ErrorCode, str] | 
 
 
 @handles(m.ApiKey.DESCRIBE_ACLS)
-async def handle_describe_acls(ctx: RequestContext, request: Any) -> Any:
+async def handle_describe_acls(
+    ctx: RequestContext, request: m.DescribeAclsRequest
+) -> m.DescribeAclsResponse:
     refused = access_error(ctx, Operation.DESCRIBE)
     if refused is not None:
         return Resp(throttle_time_ms=0, error_code=refused[0], error_message=refused[1])
@@ -69,7 +73,7 @@ async def handle_describe_acls(ctx: RequestContext, request: Any) -> Any:
     problem = filter_error(acl_filter)
     if problem is not None:
         return Resp(throttle_time_ms=0, error_code=ErrorCode.INVALID_REQUEST, error_message=problem)
-    grouped: dict[tuple[int, str, int], list[Any]] = {}
+    grouped: dict[tuple[int, str, int], list[Resp.DescribeAclsResource.AclDescription]] = {}
     for binding in authorizer.bindings():
         if not acl_filter.matches(binding):
             continue

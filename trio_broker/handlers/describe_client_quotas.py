@@ -8,19 +8,18 @@ entity may have more. Needs DESCRIBE_CONFIGS on the cluster, as in Kafka.
 
 from __future__ import annotations
 
-from typing import Any
-
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.quota import ENTITY_TYPES, Entity
 
-Resp: Any = m.DescribeClientQuotasResponse
+Resp = m.DescribeClientQuotasResponse
+Component = m.DescribeClientQuotasRequest.ComponentData
 MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED = 0, 1, 2
 
 
-def _matches(entity: Entity, components: list[Any], strict: bool) -> bool:
+def _matches(entity: Entity, components: list[Component], strict: bool) -> bool:
     names = dict(entity)
     for c in components:
         if c.entity_type not in names:
@@ -35,7 +34,7 @@ def _matches(entity: Entity, components: list[Any], strict: bool) -> bool:
     return not strict or len(names) == len(components)
 
 
-def _check_filter(components: list[Any]) -> str | None:
+def _check_filter(components: list[Component]) -> str | None:
     seen: set[str] = set()
     for c in components:
         if c.entity_type not in ENTITY_TYPES:
@@ -51,7 +50,9 @@ def _check_filter(components: list[Any]) -> str | None:
 
 
 @handles(m.ApiKey.DESCRIBE_CLIENT_QUOTAS)
-async def handle_describe_client_quotas(ctx: RequestContext, request: Any) -> Any:
+async def handle_describe_client_quotas(
+    ctx: RequestContext, request: m.DescribeClientQuotasRequest
+) -> m.DescribeClientQuotasResponse:
     response = Resp(throttle_time_ms=0, error_code=ErrorCode.NONE, error_message=None, entries=[])
     if not authorized(ctx, Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER):
         response.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
@@ -64,10 +65,12 @@ async def handle_describe_client_quotas(ctx: RequestContext, request: Any) -> An
         response.entries = None
         return response
     table = ctx.services.quotas.table
+    entries: list[Resp.EntryData] = []
+    response.entries = entries
     for entity, values in sorted(table.effective().items(), key=lambda item: str(item[0])):
         if not _matches(entity, request.components, request.strict):
             continue
-        response.entries.append(
+        entries.append(
             Resp.EntryData(
                 entity=[
                     Resp.EntryData.EntityData(entity_type=kind, entity_name=name)

@@ -8,7 +8,7 @@ default and DEFAULT_CONFIG otherwise. CreateTopics v5+ returns the same list.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from trio_broker.config import BrokerConfig
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
@@ -27,7 +27,7 @@ from trio_broker.storage.topic_configs import (
     TopicConfig,
 )
 
-Resp: Any = m.DescribeConfigsResponse
+Resp = m.DescribeConfigsResponse
 Result = Resp.DescribeConfigsResult
 Entry = Result.DescribeConfigsResourceResult
 Synonym = Entry.DescribeConfigsSynonym
@@ -120,7 +120,7 @@ def broker_config_values(config: BrokerConfig) -> list[ConfigValue]:
     return sorted(out, key=lambda c: c.name)
 
 
-def _entry(value: ConfigValue, synonyms: bool, documentation: bool) -> Any:
+def _entry(value: ConfigValue, synonyms: bool, documentation: bool) -> Entry:
     return Entry(
         name=value.name, value=value.value, read_only=False, config_source=value.source,
         is_default=value.source == DEFAULT_CONFIG, is_sensitive=False,
@@ -130,7 +130,9 @@ def _entry(value: ConfigValue, synonyms: bool, documentation: bool) -> Any:
     )  # fmt: skip
 
 
-def _describe(ctx: RequestContext, resource: Any) -> tuple[list[ConfigValue], ErrorCode, str]:
+def _describe(
+    ctx: RequestContext, resource: m.DescribeConfigsRequest.DescribeConfigsResource
+) -> tuple[list[ConfigValue], ErrorCode, str]:
     services = ctx.services
     name = resource.resource_name
     if resource.resource_type == TOPIC_RESOURCE:
@@ -161,10 +163,12 @@ def _describe(ctx: RequestContext, resource: Any) -> tuple[list[ConfigValue], Er
 
 
 @handles(m.ApiKey.DESCRIBE_CONFIGS)
-async def handle_describe_configs(ctx: RequestContext, request: Any) -> Any:
+async def handle_describe_configs(
+    ctx: RequestContext, request: m.DescribeConfigsRequest
+) -> m.DescribeConfigsResponse:
     synonyms = ctx.api_version >= 1 and request.include_synonyms
     documentation = ctx.api_version >= 3 and request.include_documentation
-    results = []
+    results: list[Result] = []
     for resource in request.resources:
         values, error, message = _describe(ctx, resource)
         if resource.configuration_keys is not None:

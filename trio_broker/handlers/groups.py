@@ -9,8 +9,6 @@ connection keeps serving the client's other requests.
 
 from __future__ import annotations
 
-from typing import Any
-
 from trio_broker.groups.coordinator import GroupCoordinator, Waiter
 from trio_broker.handlers.authorization import (
     Operation,
@@ -24,13 +22,13 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.group import GroupState, JoinRequest, JoinResult, SyncResult
 from trio_broker.storage.errors import StorageError
 
-JoinResp: Any = m.JoinGroupResponse
-SyncResp: Any = m.SyncGroupResponse
-LeaveResp: Any = m.LeaveGroupResponse
-ListResp: Any = m.ListGroupsResponse
-DescribeResp: Any = m.DescribeGroupsResponse
-DeleteResp: Any = m.DeleteGroupsResponse
-HeartbeatResp: Any = m.HeartbeatResponse
+JoinResp = m.JoinGroupResponse
+SyncResp = m.SyncGroupResponse
+LeaveResp = m.LeaveGroupResponse
+ListResp = m.ListGroupsResponse
+DescribeResp = m.DescribeGroupsResponse
+DeleteResp = m.DeleteGroupsResponse
+HeartbeatResp = m.HeartbeatResponse
 
 #: ListGroups v5 reports the group type; every group here speaks the classic protocol.
 CLASSIC_GROUP_TYPE = "classic"
@@ -48,7 +46,7 @@ def client_host(ctx: RequestContext) -> str:
 # ------------------------------------------------------------------------- JoinGroup
 
 
-def join_response(version: int, result: JoinResult) -> Any:
+def join_response(version: int, result: JoinResult) -> m.JoinGroupResponse:
     protocol_name = result.protocol_name
     if protocol_name is None and version < 7:
         protocol_name = ""  # nullable only from v7
@@ -71,7 +69,9 @@ def join_response(version: int, result: JoinResult) -> Any:
 
 
 @handles(m.ApiKey.JOIN_GROUP)
-async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
+async def handle_join_group(
+    ctx: RequestContext, request: m.JoinGroupRequest
+) -> m.JoinGroupResponse | Deferred:
     version = ctx.api_version
     if not request.group_id:
         return join_response(
@@ -101,7 +101,7 @@ async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
         return join_response(version, outcome)
     waiter: Waiter = outcome
 
-    async def when_joined() -> Any:
+    async def when_joined() -> m.JoinGroupResponse:
         result = await waiter.wait()
         assert isinstance(result, JoinResult)
         return join_response(version, result)
@@ -112,7 +112,7 @@ async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
 # ------------------------------------------------------------------------- SyncGroup
 
 
-def sync_response(result: SyncResult) -> Any:
+def sync_response(result: SyncResult) -> m.SyncGroupResponse:
     return SyncResp(
         throttle_time_ms=0,
         error_code=result.error,
@@ -123,7 +123,9 @@ def sync_response(result: SyncResult) -> Any:
 
 
 @handles(m.ApiKey.SYNC_GROUP)
-async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
+async def handle_sync_group(
+    ctx: RequestContext, request: m.SyncGroupRequest
+) -> m.SyncGroupResponse | Deferred:
     version = ctx.api_version
     if not request.group_id:
         return sync_response(SyncResult(ErrorCode.INVALID_GROUP_ID))
@@ -142,7 +144,7 @@ async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
         return sync_response(outcome)
     waiter: Waiter = outcome
 
-    async def when_synced() -> Any:
+    async def when_synced() -> m.SyncGroupResponse:
         result = await waiter.wait()
         assert isinstance(result, SyncResult)
         return sync_response(result)
@@ -154,7 +156,7 @@ async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(m.ApiKey.HEARTBEAT)
-async def handle_heartbeat(ctx: RequestContext, request: Any) -> Any:
+async def handle_heartbeat(ctx: RequestContext, request: m.HeartbeatRequest) -> m.HeartbeatResponse:
     if not request.group_id:
         error = ErrorCode.INVALID_GROUP_ID
     elif not authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
@@ -170,7 +172,9 @@ async def handle_heartbeat(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(m.ApiKey.LEAVE_GROUP)
-async def handle_leave_group(ctx: RequestContext, request: Any) -> Any:
+async def handle_leave_group(
+    ctx: RequestContext, request: m.LeaveGroupRequest
+) -> m.LeaveGroupResponse:
     batched = ctx.api_version >= 3  # v3+ (KIP-345) may remove several members by instance id
     if batched:
         leaving = [(member.member_id, member.group_instance_id) for member in request.members]
@@ -201,7 +205,9 @@ async def handle_leave_group(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(m.ApiKey.LIST_GROUPS)
-async def handle_list_groups(ctx: RequestContext, request: Any) -> Any:
+async def handle_list_groups(
+    ctx: RequestContext, request: m.ListGroupsRequest
+) -> m.ListGroupsResponse:
     version = ctx.api_version
     # Kafka matches state names case-insensitively; an empty filter matches all.
     states = {s.lower() for s in request.states_filter} if version >= 4 else set()
@@ -232,8 +238,10 @@ FIRST_NOT_FOUND_VERSION = 6
 
 
 @handles(m.ApiKey.DESCRIBE_GROUPS)
-async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
-    described = []
+async def handle_describe_groups(
+    ctx: RequestContext, request: m.DescribeGroupsRequest
+) -> m.DescribeGroupsResponse:
+    described: list[DescribeResp.DescribedGroup] = []
     groups = coordinator(ctx)
     for group_id in request.groups:
         summary = groups.describe_group(group_id) if group_id else None
@@ -297,7 +305,9 @@ async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(m.ApiKey.DELETE_GROUPS)
-async def handle_delete_groups(ctx: RequestContext, request: Any) -> Any:
+async def handle_delete_groups(
+    ctx: RequestContext, request: m.DeleteGroupsRequest
+) -> m.DeleteGroupsResponse | Deferred:
     names = list(request.groups_names)
     groups = coordinator(ctx)
     results: dict[str, ErrorCode] = {}
@@ -312,7 +322,7 @@ async def handle_delete_groups(ctx: RequestContext, request: Any) -> Any:
         results = dict.fromkeys(names, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     results.update(dict.fromkeys(refused, ErrorCode.GROUP_AUTHORIZATION_FAILED))
 
-    def response() -> Any:
+    def response() -> m.DeleteGroupsResponse:
         return DeleteResp(
             throttle_time_ms=0,
             results=[
@@ -327,7 +337,7 @@ async def handle_delete_groups(ctx: RequestContext, request: Any) -> Any:
         return response()
     pending = write
 
-    async def when_durable() -> Any:
+    async def when_durable() -> m.DeleteGroupsResponse:
         try:
             await groups.wait_offsets_durable(pending)
         except StorageError:

@@ -7,14 +7,12 @@ apply to list configs (cleanup.policy) only, as in Kafka.
 
 from __future__ import annotations
 
-from typing import Any
-
 from trio_broker.handlers.alter_configs import ConfigRefused, alter_resources, resources_response
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
-Resp: Any = m.IncrementalAlterConfigsResponse
+Resp = m.IncrementalAlterConfigsResponse
 
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 #: Topic configs whose value is a comma-separated list.
@@ -23,7 +21,9 @@ LIST_CONFIGS = frozenset({"cleanup.policy"})
 LIST_DEFAULTS = {"cleanup.policy": "delete"}
 
 
-def apply_operations(current: dict[str, str], resource: Any) -> dict[str, str]:
+def apply_operations(
+    current: dict[str, str], resource: m.IncrementalAlterConfigsRequest.AlterConfigsResource
+) -> dict[str, str]:
     configs = dict(current)
     names = [c.name for c in resource.configs]
     if len(set(names)) != len(names):
@@ -54,6 +54,8 @@ def apply_operations(current: dict[str, str], resource: Any) -> dict[str, str]:
 
 
 @handles(m.ApiKey.INCREMENTAL_ALTER_CONFIGS)
-async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) -> Any:
+async def handle_incremental_alter_configs(
+    ctx: RequestContext, request: m.IncrementalAlterConfigsRequest
+) -> m.IncrementalAlterConfigsResponse:
     results = alter_resources(ctx, request.resources, request.validate_only, apply_operations)
-    return resources_response(Resp, request, results)
+    return resources_response(Resp, request.resources, results)

@@ -33,7 +33,7 @@ from trio_broker.storage.errors import LogError, StorageError
 
 logger = logging.getLogger("trio_broker.list_offsets")
 
-Resp: Any = m.ListOffsetsResponse
+Resp = m.ListOffsetsResponse
 TopicResp = Resp.ListOffsetsTopicResponse
 PartResp = TopicResp.ListOffsetsPartitionResponse
 
@@ -103,16 +103,18 @@ def _lookup(partition_log: Any, timestamp: int) -> tuple[int, int]:
 
 
 @handles(m.ApiKey.LIST_OFFSETS)
-async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
+async def handle_list_offsets(
+    ctx: RequestContext, request: m.ListOffsetsRequest
+) -> m.ListOffsetsResponse:
     topics = ctx.services.topics
     # Kafka answers a partition named twice with INVALID_REQUEST rather than guess.
     seen: dict[tuple[str, int], int] = {}
     for t in request.topics:
         for p in t.partitions:
             seen[t.name, p.partition_index] = seen.get((t.name, p.partition_index), 0) + 1
-    responses = []
+    responses: list[TopicResp] = []
     for wanted in request.topics:
-        partitions = []
+        partitions: list[PartResp] = []
         allowed = authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, wanted.name)
         for p in wanted.partitions:
             out = PartResp(

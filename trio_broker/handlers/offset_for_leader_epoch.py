@@ -16,15 +16,13 @@ first: older is FENCED_LEADER_EPOCH, newer is UNKNOWN_LEADER_EPOCH.
 
 from __future__ import annotations
 
-from typing import Any
-
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.metadata import LEADER_EPOCH
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
-Resp: Any = m.OffsetForLeaderEpochResponse
+Resp = m.OffsetForLeaderEpochResponse
 TopicResult = Resp.OffsetForLeaderTopicResult
 EpochEndOffset = TopicResult.EpochEndOffset
 NO_EPOCH = -1
@@ -42,11 +40,13 @@ def check_current_leader_epoch(current: int) -> ErrorCode:
 
 
 @handles(m.ApiKey.OFFSET_FOR_LEADER_EPOCH)
-async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> Any:
+async def handle_offset_for_leader_epoch(
+    ctx: RequestContext, request: m.OffsetForLeaderEpochRequest
+) -> m.OffsetForLeaderEpochResponse:
     topics = ctx.services.topics
-    results = []
+    results: list[TopicResult] = []
     for wanted in request.topics:
-        partitions = []
+        partitions: list[EpochEndOffset] = []
         allowed = authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, wanted.topic)
         for p in wanted.partitions:
             out = EpochEndOffset(

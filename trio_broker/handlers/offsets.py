@@ -10,7 +10,6 @@ v10 of both APIs name topics by id instead of name.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from trio_broker.groups.coordinator import GroupCoordinator
 from trio_broker.groups.offsets_store import Entry, OffsetAndMetadata, OffsetKey, PendingWrite
@@ -21,9 +20,14 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.schema import uses_topic_ids
 from trio_broker.storage.errors import StorageError
 
-CommitResp: Any = m.OffsetCommitResponse
-FetchResp: Any = m.OffsetFetchResponse
-DeleteResp: Any = m.OffsetDeleteResponse
+CommitResp = m.OffsetCommitResponse
+CommitPartResp = CommitResp.OffsetCommitResponseTopic.OffsetCommitResponsePartition
+FetchResp = m.OffsetFetchResponse
+DeleteResp = m.OffsetDeleteResponse
+DeletePartResp = DeleteResp.OffsetDeleteResponseTopic.OffsetDeleteResponsePartition
+#: The topics an OffsetFetch asks about: v0-7 for its one group, v8+ per group.
+FetchTopic = m.OffsetFetchRequest.OffsetFetchRequestTopic
+FetchGroupTopics = m.OffsetFetchRequest.OffsetFetchRequestGroup.OffsetFetchRequestTopics
 
 #: offset.metadata.max.bytes: longer commit metadata is refused per partition.
 MAX_METADATA_BYTES = 4096
@@ -58,7 +62,9 @@ def resolve_topic(
 
 
 @handles(m.ApiKey.OFFSET_COMMIT)
-async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
+async def handle_offset_commit(
+    ctx: RequestContext, request: m.OffsetCommitRequest
+) -> m.OffsetCommitResponse | Deferred:
     version = ctx.api_version
     by_id = uses_topic_ids(ctx.header.api_key, version)
     groups = coordinator(ctx)
@@ -72,19 +78,17 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
     group_allowed = authorized(ctx, Operation.READ, ResourceType.GROUP, group_id)
     now = ctx.services.now_ms()
     entries: list[Entry] = []
-    waiting: list[Any] = []  # partition responses whose fate is the write's
-    topic_responses = []
+    waiting: list[CommitPartResp] = []  # partition responses whose fate is the write's
+    topic_responses: list[CommitResp.OffsetCommitResponseTopic] = []
     for topic in request.topics:
         name, topic_id, partitions, topic_error = resolve_topic(
             ctx, topic.name, topic.topic_id if by_id else None, by_id
         )
-        partition_responses = []
+        partition_responses: list[CommitPartResp] = []
         # An unknown topic id has no name to authorize: it stays UNKNOWN_TOPIC_ID.
         topic_allowed = name is None or authorized(ctx, Operation.READ, ResourceType.TOPIC, name)
         for p in topic.partitions:
-            part = CommitResp.OffsetCommitResponseTopic.OffsetCommitResponsePartition(
-                partition_index=p.partition_index, error_code=ErrorCode.NONE
-            )
+            part = CommitPartResp(partition_index=p.partition_index, error_code=ErrorCode.NONE)
             partition_responses.append(part)
             metadata = p.committed_metadata or ""
             if not group_allowed:
@@ -112,7 +116,7 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
     if not entries:
         return response
 
-    def fail(error: ErrorCode) -> Any:
+    def fail(error: ErrorCode) -> m.OffsetCommitResponse:
         for part in waiting:
             part.error_code = error
         return response
@@ -123,7 +127,7 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
     except StorageError:
         return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
 
-    async def when_durable() -> Any:
+    async def when_durable() -> m.OffsetCommitResponse:
         try:
             await groups.wait_offsets_durable(write)
         except StorageError:
@@ -137,7 +141,10 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
 
 
 def fetch_group_offsets(
-    ctx: RequestContext, group_id: str, topics: list[Any] | None, by_id: bool
+    ctx: RequestContext,
+    group_id: str,
+    topics: list[FetchTopic] | list[FetchGroupTopics] | None,
+    by_id: bool,
 ) -> list[tuple[str, uuid.UUID, list[tuple[int, int, int, str, ErrorCode]]]]:
     """[(topic name, topic id, [(partition, offset, leader epoch, metadata, error)])]."""
     groups = coordinator(ctx)
@@ -157,7 +164,8 @@ def fetch_group_offsets(
             out.append((name, topic.topic_id if topic else ZERO_UUID, partitions))
         return out
     for wanted in topics:
-        topic_id = wanted.topic_id if by_id else None
+        # Only v10+ (a group's topics) names topics by id.
+        topic_id = wanted.topic_id if by_id and isinstance(wanted, FetchGroupTopics) else None
         found, resolved_id, _, error = resolve_topic(ctx, wanted.name, topic_id, by_id)
         allowed = found is None or authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, found)
         partitions = []
@@ -180,7 +188,9 @@ def fetch_group_offsets(
 
 
 @handles(m.ApiKey.OFFSET_FETCH)
-async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
+async def handle_offset_fetch(
+    ctx: RequestContext, request: m.OffsetFetchRequest
+) -> m.OffsetFetchResponse:
     version = ctx.api_version
     by_id = uses_topic_ids(ctx.header.api_key, version)
     # require_stable (v7+) asks for UNSTABLE_OFFSET_COMMIT while a transactional commit
@@ -211,7 +221,7 @@ async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
                 for name, _, partitions in found
             ],
         )
-    group_responses = []
+    group_responses: list[FetchResp.OffsetFetchResponseGroup] = []
     for group in request.groups:
         if not authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, group.group_id):
             group_responses.append(
@@ -252,7 +262,9 @@ async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(m.ApiKey.OFFSET_DELETE)
-async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
+async def handle_offset_delete(
+    ctx: RequestContext, request: m.OffsetDeleteRequest
+) -> m.OffsetDeleteResponse | Deferred:
     groups = coordinator(ctx)
     group_id = request.group_id
     if not group_id:
@@ -265,16 +277,14 @@ async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
     if group_error is not ErrorCode.NONE:
         return DeleteResp(throttle_time_ms=0, error_code=group_error, topics=[])
     tombstones: list[Entry] = []
-    deleted: list[Any] = []
-    topic_responses = []
+    deleted: list[DeletePartResp] = []
+    topic_responses: list[DeleteResp.OffsetDeleteResponseTopic] = []
     for topic in request.topics:
         _, _, partitions, topic_error = resolve_topic(ctx, topic.name, None, by_id=False)
-        partition_responses = []
+        partition_responses: list[DeletePartResp] = []
         for p in topic.partitions:
             index = p.partition_index
-            part = DeleteResp.OffsetDeleteResponseTopic.OffsetDeleteResponsePartition(
-                partition_index=index, error_code=ErrorCode.NONE
-            )
+            part = DeletePartResp(partition_index=index, error_code=ErrorCode.NONE)
             partition_responses.append(part)
             if topic_error is not ErrorCode.NONE or not 0 <= index < partitions:
                 part.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -297,7 +307,7 @@ async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
             throttle_time_ms=0, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, topics=[]
         )
 
-    async def when_durable() -> Any:
+    async def when_durable() -> m.OffsetDeleteResponse:
         try:
             await groups.wait_offsets_durable(write)
         except StorageError:

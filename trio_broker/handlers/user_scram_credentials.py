@@ -12,7 +12,6 @@ UNACCEPTABLE_CREDENTIAL for a bad mechanism or iteration count.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
@@ -25,19 +24,23 @@ from trio_broker.security.credentials import (
     credential_from_salted,
 )
 
-Describe: Any = m.DescribeUserScramCredentialsResponse
-Alter: Any = m.AlterUserScramCredentialsResponse
+Describe = m.DescribeUserScramCredentialsResponse
+Alter = m.AlterUserScramCredentialsResponse
 MECHANISM_NAMES = {number: name for name, number in MECHANISM_IDS.items()}
 
 
-def _info(mechanism: str, iterations: int) -> Any:
+def _info(
+    mechanism: str, iterations: int
+) -> Describe.DescribeUserScramCredentialsResult.CredentialInfo:
     return Describe.DescribeUserScramCredentialsResult.CredentialInfo(
         mechanism=MECHANISM_IDS[mechanism], iterations=iterations
     )
 
 
 @handles(m.ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS)
-async def handle_describe(ctx: RequestContext, request: Any) -> Any:
+async def handle_describe(
+    ctx: RequestContext, request: m.DescribeUserScramCredentialsRequest
+) -> m.DescribeUserScramCredentialsResponse:
     Result = Describe.DescribeUserScramCredentialsResult
     if not authorized(ctx, Operation.DESCRIBE, ResourceType.CLUSTER):
         return Describe(throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
@@ -45,7 +48,7 @@ async def handle_describe(ctx: RequestContext, request: Any) -> Any:
     users = ctx.services.credentials.users()
     wanted = sorted(users) if not request.users else [u.name for u in request.users]
     counts = Counter(wanted)
-    results = []
+    results: list[Describe.DescribeUserScramCredentialsResult] = []
     for name in dict.fromkeys(wanted):
         if counts[name] > 1:
             results.append(Result(user=name, error_code=ErrorCode.DUPLICATE_RESOURCE,
@@ -63,7 +66,9 @@ async def handle_describe(ctx: RequestContext, request: Any) -> Any:
 
 
 @handles(m.ApiKey.ALTER_USER_SCRAM_CREDENTIALS)
-async def handle_alter(ctx: RequestContext, request: Any) -> Any:
+async def handle_alter(
+    ctx: RequestContext, request: m.AlterUserScramCredentialsRequest
+) -> m.AlterUserScramCredentialsResponse:
     Result = Alter.AlterUserScramCredentialsResult
     names = [d.name for d in request.deletions] + [u.name for u in request.upsertions]
     if not authorized(ctx, Operation.ALTER, ResourceType.CLUSTER):
