@@ -30,6 +30,8 @@ from trio_broker.capture.compact import (  # noqa: E402
 from trio_broker.protocol.codec import RecordsChunks  # noqa: E402
 from trio_broker.protocol.messages import encode_request, encode_response  # noqa: E402
 from trio_broker.protocol.records import build_batch  # noqa: E402
+from trio_broker.protocol.schema import SCHEMAS, Field, uses_topic_ids  # noqa: E402
+from trio_broker.verify import fastdecode as fd  # noqa: E402
 from trio_broker.verify.decode import (  # noqa: E402
     NEEDED_COLUMNS,
     decode_rows,
@@ -236,9 +238,9 @@ def mangled(draw: Any, frame: bytes) -> tuple[bytes, int]:
 
 
 KINDS = [
-    *[("request", 0, v) for v in range(3, 14)],
-    *[("response", 0, v) for v in range(3, 14)],
-    *[("response", 1, v) for v in range(4, 19)],
+    *[("request", 0, v) for v in fd.PRODUCE_VERSIONS],
+    *[("response", 0, v) for v in fd.PRODUCE_VERSIONS],
+    *[("response", 1, v) for v in fd.FETCH_RESPONSE_VERSIONS],
 ]
 
 
@@ -595,3 +597,129 @@ def test_repeated_frames_are_decoded_once_by_the_reference() -> None:
     assert {(f[1], f[2]) for f in facts if f[4] == "undecodable"} == {(1, 2), (2, 3), (3, 3)}
     with_null = [*rows, dict(metadata, connection_id=None)]
     assert _same_facts(with_null)["copied"] == 0  # a null id anywhere: no copies
+
+
+# ------------------------------------------------------------------ layouts vs the schema table
+
+_FIXED_WIDTHS = {
+    "bool": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8,
+    "float64": 8, "uuid": 16,
+}  # fmt: skip
+#: An array whose entries the fast path does not walk (it accepts only empty ones).
+NOT_WALKED = "not walked"
+
+
+def _schema_layout(fields: tuple[Field, ...], version: int, flex: bool) -> list[Any]:
+    """A version's wire layout from the schema table, with runs of fixed-width fields
+    merged: ("fixed", width, names), ("array", nullable, entries), (type, nullable).
+    Tagged fields are left out: the fast path takes only frames without any."""
+    out: list[Any] = []
+    for f in fields:
+        if not f.present_in(version) or (flex and f.tagged_in(version)):
+            continue
+        if f.is_array:
+            entries = _schema_layout(f.fields, version, flex) if f.fields else [f.type]
+            out.append(("array", f.nullable_in(version), entries))
+        elif f.fields is None and f.type in _FIXED_WIDTHS:
+            if out and out[-1][0] == "fixed":
+                _, width, names = out.pop()
+                out.append(("fixed", width + _FIXED_WIDTHS[f.type], (*names, f.name)))
+            else:
+                out.append(("fixed", _FIXED_WIDTHS[f.type], (f.name,)))
+        else:
+            assert f.fields is None, f"{f.name}: a single struct; the fast path walks none"
+            out.append((f.type, f.nullable_in(version)))
+    return out
+
+
+def _widths_only(layout: list[Any]) -> list[Any]:
+    """The layout as the fast path sees it: fixed runs by width; unwalked entries hidden."""
+    out: list[Any] = []
+    for item in layout:
+        if item[0] == "fixed":
+            out.append(("fixed", item[1]))
+        elif item[0] == "array":
+            out.append(
+                ("array", item[1], item[2] if item[2] == NOT_WALKED else _widths_only(item[2]))
+            )
+        else:
+            out.append(item)
+    return out
+
+
+def _topic_key(api_key: int, version: int) -> tuple[Any, ...]:
+    # By id: 16 bytes; by name: a non-null string (_Topics.read).
+    return ("fixed", 16) if uses_topic_ids(api_key, version) else ("string", False)
+
+
+def _walked_produce_request(version: int) -> list[Any]:
+    partition = [("fixed", 4), ("records", True)]  # index, records (_records_field)
+    topic = [_topic_key(0, version), ("array", False, partition)]
+    return [("string", True), ("fixed", fd.PRODUCE_REQUEST_FIXED), ("array", False, topic)]
+
+
+def _walked_produce_response(version: int) -> list[Any]:
+    partition: list[Any] = [("fixed", fd.produce_ack_width(version))]
+    if version >= fd.PRODUCE_RECORD_ERRORS_VERSION:
+        partition += [("array", False, NOT_WALKED), ("string", True)]
+    topic = [_topic_key(0, version), ("array", False, partition)]
+    return [("array", False, topic), ("fixed", fd.PRODUCE_RESPONSE_TRAILER)]
+
+
+def _walked_fetch_response(version: int) -> list[Any]:
+    aborted = ("array", True, [("fixed", fd.ABORTED_TRANSACTION_SIZE)])
+    after = fd.fetch_after_aborted_width(version)
+    partition = [
+        ("fixed", fd.fetch_partition_width(version)), aborted,
+        *([("fixed", after)] if after else []), ("records", True),
+    ]  # fmt: skip
+    topic = [_topic_key(1, version), ("array", False, partition)]
+    return [("fixed", fd.fetch_header_width(version)), ("array", False, topic)]
+
+
+LAYOUTS = [
+    ("ProduceRequest", fd.PRODUCE_VERSIONS, fd.PRODUCE_FIRST_FLEXIBLE, _walked_produce_request),
+    ("ProduceResponse", fd.PRODUCE_VERSIONS, fd.PRODUCE_FIRST_FLEXIBLE, _walked_produce_response),
+    ("FetchResponse", fd.FETCH_RESPONSE_VERSIONS, fd.FETCH_FIRST_FLEXIBLE, _walked_fetch_response),
+]
+
+
+@pytest.mark.parametrize(("name", "versions", "first_flexible", "walked"), LAYOUTS,
+                         ids=[layout[0] for layout in LAYOUTS])  # fmt: skip
+def test_layouts_match_the_schema_table(
+    name: str, versions: range, first_flexible: int, walked: Any
+) -> None:
+    """fastdecode's hand-written walks agree with the schema table, version by version.
+
+    A new version in the table fails here until fastdecode is taught it (until then it
+    would go to the reference: right, but slow); a changed layout fails at its version.
+    """
+    schema = SCHEMAS[name]
+    assert versions == range(schema.min_version, schema.max_version + 1)
+    assert schema.first_flexible == first_flexible
+    for version in versions:
+        layout = _schema_layout(schema.fields, version, schema.is_flexible(version))
+        partitions = _partitions(layout)
+        if name == "ProduceResponse":  # record errors: only an empty array is accepted
+            partitions[:] = [
+                ("array", item[1], NOT_WALKED) if item[0] == "array" else item
+                for item in partitions
+            ]
+        assert _widths_only(layout) == walked(version), f"{name} v{version}"
+        # The fields the fast path reads out of a partition's fixed run, at its offsets.
+        assert partitions[0][2][: len(READ[name])] == READ[name], f"{name} v{version}"
+
+
+#: The leading fields of a partition entry that the fast path reads (by byte offset).
+READ = {
+    "ProduceRequest": ("Index",),
+    "ProduceResponse": ("Index", "ErrorCode", "BaseOffset"),
+    "FetchResponse": ("PartitionIndex", "ErrorCode", "HighWatermark"),
+}
+
+
+def _partitions(layout: list[Any]) -> list[Any]:
+    """The entries of a partition: the array inside the (first) topic array's entries."""
+    topics = next(item for item in layout if item[0] == "array")[2]
+    result: list[Any] = next(item for item in topics if item[0] == "array")[2]
+    return result

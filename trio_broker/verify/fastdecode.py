@@ -52,6 +52,41 @@ FETCH_RESPONSE_VERSIONS = range(4, 19)
 FACT_REQUEST_KEYS = (0, 8, 14)
 FACT_RESPONSE_KEYS = (0, 1, 3, 8, 14)
 
+# The layouts the walkers below assume, as numbers: tests/unit/test_fastdecode.py
+# (test_layouts_match_the_schema_table) checks each against the schema table for
+# every version in the ranges above.
+PRODUCE_FIRST_FLEXIBLE = 9
+FETCH_FIRST_FLEXIBLE = 12
+#: Produce request: acks and timeout, between the transactional id and the topics.
+PRODUCE_REQUEST_FIXED = 6
+#: Produce v8+ partition responses end with record errors and an error message.
+PRODUCE_RECORD_ERRORS_VERSION = 8
+#: Fetch response: one aborted transaction (producer id, first offset).
+ABORTED_TRANSACTION_SIZE = 16
+#: After the topics of a Produce response: the throttle time.
+PRODUCE_RESPONSE_TRAILER = 4
+
+
+def produce_ack_width(version: int) -> int:
+    """Index, error, base offset, append time and (v5+) log start offset."""
+    return 30 if version >= 5 else 22
+
+
+def fetch_header_width(version: int) -> int:
+    """Throttle time and (v7+) error code and session id, before the topics."""
+    return 10 if version >= 7 else 4
+
+
+def fetch_partition_width(version: int) -> int:
+    """Index, error, high watermark, last stable offset and (v5+) log start offset."""
+    return 30 if version >= 5 else 22
+
+
+def fetch_after_aborted_width(version: int) -> int:
+    """The preferred read replica (v11+), between aborted transactions and records."""
+    return 4 if version >= 11 else 0
+
+
 MAX_VARINT_BYTES = 5
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -347,7 +382,7 @@ def _batches(
 def _produce_requests(
     reader: _Reader, facts: _Facts, corr: Array, rows: Array, pos: Array, end: Array, version: int
 ) -> None:
-    flex = version >= 9
+    flex = version >= PRODUCE_FIRST_FLEXIBLE
     head = reader.block(rows, pos, end, 8)
     key, frame_version = _be(head[:, 0:2], ">i2"), _be(head[:, 2:4], ">i2")
     # decode_request trusts the frame's own header: anything else is the reference's.
@@ -362,7 +397,7 @@ def _produce_requests(
     if flex:
         pos = reader.no_tags(rows, pos, end)
     _, _, pos = reader.string(rows, pos, end, flex, nullable=True)  # transactional id
-    pos = pos + 6  # acks, timeout
+    pos = pos + PRODUCE_REQUEST_FIXED  # acks, timeout
     topics, pos = reader.count(rows, pos, end, flex)
     table = _Topics(by_id=uses_topic_ids(PRODUCE, version))
     segments: list[tuple[Array, ...]] = []
@@ -406,7 +441,7 @@ def _records_field(
 def _produce_responses(
     reader: _Reader, facts: _Facts, corr: Array, rows: Array, pos: Array, end: Array, version: int
 ) -> None:
-    flex = version >= 9
+    flex = version >= PRODUCE_FIRST_FLEXIBLE
     value, pos = reader.int(rows, pos, end, ">i4")
     corr[rows] = value
     if flex:
@@ -414,7 +449,7 @@ def _produce_responses(
     topics, pos = reader.count(rows, pos, end, flex)
     table = _Topics(by_id=uses_topic_ids(PRODUCE, version))
     acks: list[tuple[Array, ...]] = []
-    fixed = 30 if version >= 5 else 22  # index, error, base offset, append time, log start
+    fixed = produce_ack_width(version)
     for t in _each(reader, rows, topics):
         r, p, e = rows[t], pos[t], end[t]
         tid, p = table.read(reader, r, p, e, flex)
@@ -425,7 +460,7 @@ def _produce_responses(
             acks.append((rj, tid[j], _be(head[:, 0:4], ">i4"), _be(head[:, 4:6], ">i2"),
                          _be(head[:, 6:14], ">i8")))  # fmt: skip
             pj = pj + fixed
-            if version >= 8:
+            if version >= PRODUCE_RECORD_ERRORS_VERSION:
                 errors, pj = reader.count(rj, pj, ej, flex)
                 reader.fail(rj, errors != 0)  # per-record errors: left to the reference
                 _, _, pj = reader.string(rj, pj, ej, flex, nullable=True)  # error message
@@ -435,7 +470,7 @@ def _produce_responses(
         if flex:
             p = reader.no_tags(r, p, e)
         pos[t] = p
-    pos = pos + 4  # throttle time
+    pos = pos + PRODUCE_RESPONSE_TRAILER  # throttle time
     if flex:
         pos = reader.no_tags(rows, pos, end)
     reader.fail(rows, pos != end)  # responses allow no trailing bytes
@@ -448,18 +483,18 @@ def _produce_responses(
 def _fetch_responses(
     reader: _Reader, facts: _Facts, corr: Array, rows: Array, pos: Array, end: Array, version: int
 ) -> None:
-    flex = version >= 12
+    flex = version >= FETCH_FIRST_FLEXIBLE
     value, pos = reader.int(rows, pos, end, ">i4")
     corr[rows] = value
     if flex:
         pos = reader.no_tags(rows, pos, end)
-    pos = pos + (10 if version >= 7 else 4)  # throttle time, error code, session id
+    pos = pos + fetch_header_width(version)
     topics, pos = reader.count(rows, pos, end, flex)
     table = _Topics(by_id=uses_topic_ids(FETCH, version))
     heads: list[tuple[Array, ...]] = []
     segments: list[tuple[Array, ...]] = []
-    fixed = 30 if version >= 5 else 22  # index, error, high watermark, LSO, log start
-    aborted_size = 17 if flex else 16
+    fixed = fetch_partition_width(version)
+    aborted_size = ABORTED_TRANSACTION_SIZE + 1 if flex else ABORTED_TRANSACTION_SIZE
     for t in _each(reader, rows, topics):
         r, p, e = rows[t], pos[t], end[t]
         tid, p = table.read(reader, r, p, e, flex)
@@ -477,12 +512,11 @@ def _fetch_responses(
             if flex and aborted.any():  # each entry ends with its (empty) tagged fields
                 n = np.where(reader.good(rj), aborted, 0)
                 nth = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
-                at = np.repeat(pj + 16, n) + nth * aborted_size
+                at = np.repeat(pj + ABORTED_TRANSACTION_SIZE, n) + nth * aborted_size
                 owner = np.repeat(np.arange(rj.size), n)
                 reader.fail(rj, np.bincount(owner[reader.data[at] != 0], minlength=rj.size) > 0)
             pj = pj + skip
-            if version >= 11:
-                pj = pj + 4  # preferred read replica
+            pj = pj + fetch_after_aborted_width(version)
             present, start, size, pj = _records_field(reader, rj, pj, ej, flex)
             take = present & (error == 0)
             segments.append((rj[take], tid[j][take], index[take], start[take], size[take]))
