@@ -8,6 +8,7 @@ from typing import Any
 
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.schema import Message
 
 
 class AdminError(Exception):
@@ -71,7 +72,9 @@ class BlockingClient:
             buf += chunk
         return bytes(buf)
 
-    def call(self, api_key: int, version: int, request: Any) -> Any:
+    def call(self, api_key: int, version: int, request: Message) -> Any:
+        """Send ``request``, return the decoded response (Any: its class is the API key's;
+        the helpers below name it)."""
         self.correlation_id += 1
         frame = m.encode_request(api_key, version, self.correlation_id, self.client_id, request)
         try:
@@ -89,15 +92,18 @@ class BlockingClient:
 
     # ---------------------------------------------------------------- requests
 
-    def metadata(self, topics: list[str] | None = None) -> Any:
+    def metadata(self, topics: list[str] | None = None) -> m.MetadataResponse:
         Req = m.MetadataRequest
         req = Req(
             topics=None if topics is None else [Req.MetadataRequestTopic(name=t) for t in topics],
             allow_auto_topic_creation=False,
         )
-        return self.call(m.ApiKey.METADATA, 9, req)
+        response: m.MetadataResponse = self.call(m.ApiKey.METADATA, 9, req)
+        return response
 
-    def create_topic(self, name: str, partitions: int, configs: dict[str, str]) -> Any:
+    def create_topic(
+        self, name: str, partitions: int, configs: dict[str, str]
+    ) -> m.CreateTopicsResponse.CreatableTopicResult:
         Req = m.CreateTopicsRequest
         topic = Req.CreatableTopic(
             name=name,
@@ -107,31 +113,39 @@ class BlockingClient:
             configs=[Req.CreatableTopic.CreatableTopicConfig(name=k, value=v)
                      for k, v in configs.items()],
         )  # fmt: skip
-        resp = self.call(m.ApiKey.CREATE_TOPICS, 5, Req(topics=[topic], timeout_ms=10000))
+        resp: m.CreateTopicsResponse = self.call(
+            m.ApiKey.CREATE_TOPICS, 5, Req(topics=[topic], timeout_ms=10000)
+        )
         return resp.topics[0]
 
-    def create_partitions(self, name: str, total: int) -> Any:
+    def create_partitions(
+        self, name: str, total: int
+    ) -> m.CreatePartitionsResponse.CreatePartitionsTopicResult:
         Req = m.CreatePartitionsRequest
         topic = Req.CreatePartitionsTopic(name=name, count=total, assignments=None)
         req = Req(topics=[topic], timeout_ms=10000, validate_only=False)
-        return self.call(m.ApiKey.CREATE_PARTITIONS, 3, req).results[0]
+        resp: m.CreatePartitionsResponse = self.call(m.ApiKey.CREATE_PARTITIONS, 3, req)
+        return resp.results[0]
 
-    def describe_log_dirs(self) -> Any:
+    def describe_log_dirs(self) -> list[m.DescribeLogDirsResponse.DescribeLogDirsResult]:
         """Every log dir of the broker with all its partitions (DescribeLogDirs v4)."""
-        resp = self.call(m.ApiKey.DESCRIBE_LOG_DIRS, 4, m.DescribeLogDirsRequest(topics=None))
+        req = m.DescribeLogDirsRequest(topics=None)
+        resp: m.DescribeLogDirsResponse = self.call(m.ApiKey.DESCRIBE_LOG_DIRS, 4, req)
         check(resp.error_code, "DescribeLogDirs")
         return resp.results
 
-    def delete_topic(self, name: str) -> Any:
+    def delete_topic(self, name: str) -> m.DeleteTopicsResponse.DeletableTopicResult:
         req = m.DeleteTopicsRequest(topic_names=[name], timeout_ms=10000)
-        return self.call(m.ApiKey.DELETE_TOPICS, 4, req).responses[0]
+        resp: m.DeleteTopicsResponse = self.call(m.ApiKey.DELETE_TOPICS, 4, req)
+        return resp.responses[0]
 
-    def describe_topic_configs(self, name: str) -> Any:
+    def describe_topic_configs(self, name: str) -> m.DescribeConfigsResponse.DescribeConfigsResult:
         Req = m.DescribeConfigsRequest
         res = Req.DescribeConfigsResource(resource_type=2, resource_name=name,
                                           configuration_keys=None)  # fmt: skip
         req = Req(resources=[res], include_synonyms=False, include_documentation=False)
-        return self.call(m.ApiKey.DESCRIBE_CONFIGS, 4, req).results[0]
+        resp: m.DescribeConfigsResponse = self.call(m.ApiKey.DESCRIBE_CONFIGS, 4, req)
+        return resp.results[0]
 
     def list_offsets(self, topic: str, partitions: list[int], timestamp: int) -> dict[int, int]:
         """partition -> offset for ``timestamp`` (-2 earliest, -1 latest)."""
@@ -141,7 +155,7 @@ class BlockingClient:
             for p in partitions]  # fmt: skip
         req = Req(replica_id=-1, isolation_level=0,
                   topics=[Req.ListOffsetsTopic(name=topic, partitions=parts)])  # fmt: skip
-        resp = self.call(m.ApiKey.LIST_OFFSETS, 5, req)
+        resp: m.ListOffsetsResponse = self.call(m.ApiKey.LIST_OFFSETS, 5, req)
         out: dict[int, int] = {}
         for t in resp.topics:
             for p in t.partitions:
@@ -149,18 +163,19 @@ class BlockingClient:
                 out[p.partition_index] = int(p.offset)
         return out
 
-    def list_groups(self) -> Any:
-        resp = self.call(m.ApiKey.LIST_GROUPS, 4, m.ListGroupsRequest())
+    def list_groups(self) -> list[m.ListGroupsResponse.ListedGroup]:
+        resp: m.ListGroupsResponse = self.call(m.ApiKey.LIST_GROUPS, 4, m.ListGroupsRequest())
         check(resp.error_code, "ListGroups")
         return resp.groups
 
-    def describe_group(self, group: str) -> Any:
+    def describe_group(self, group: str) -> m.DescribeGroupsResponse.DescribedGroup:
         req = m.DescribeGroupsRequest(groups=[group], include_authorized_operations=False)
-        return self.call(m.ApiKey.DESCRIBE_GROUPS, 4, req).groups[0]
+        resp: m.DescribeGroupsResponse = self.call(m.ApiKey.DESCRIBE_GROUPS, 4, req)
+        return resp.groups[0]
 
     def offset_fetch(self, group: str) -> dict[tuple[str, int], int]:
         """(topic, partition) -> committed offset for every committed partition."""
-        resp = self.call(
+        resp: m.OffsetFetchResponse = self.call(
             m.ApiKey.OFFSET_FETCH, 7, m.OffsetFetchRequest(group_id=group, topics=None)
         )
         check(resp.error_code, f"OffsetFetch {group}")
@@ -176,11 +191,14 @@ class BlockingClient:
         data = Req.TopicProduceData(name=topic, partition_data=[
             Req.TopicProduceData.PartitionProduceData(index=partition, records=batch)])  # fmt: skip
         req = Req(transactional_id=None, acks=-1, timeout_ms=10000, topic_data=[data])
-        part = self.call(m.ApiKey.PRODUCE, 8, req).responses[0].partition_responses[0]
+        resp: m.ProduceResponse = self.call(m.ApiKey.PRODUCE, 8, req)
+        part = resp.responses[0].partition_responses[0]
         check(part.error_code, f"Produce {topic}[{partition}]", part.error_message)
         return int(part.base_offset)
 
-    def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int) -> Any:
+    def fetch(
+        self, topic: str, partition: int, offset: int, max_wait_ms: int
+    ) -> m.FetchResponse.FetchableTopicResponse.PartitionData:
         Req = m.FetchRequest
         part = Req.FetchTopic.FetchPartition(partition=partition, current_leader_epoch=-1,
                                              fetch_offset=offset, log_start_offset=-1,
@@ -189,6 +207,6 @@ class BlockingClient:
                   isolation_level=0, session_id=0, session_epoch=-1,
                   topics=[Req.FetchTopic(topic=topic, partitions=[part])],
                   forgotten_topics_data=[], rack_id="")  # fmt: skip
-        resp = self.call(m.ApiKey.FETCH, 11, req)
+        resp: m.FetchResponse = self.call(m.ApiKey.FETCH, 11, req)
         check(resp.error_code, "Fetch")
         return resp.responses[0].partitions[0]

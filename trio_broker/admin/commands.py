@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from trio_broker.admin.client import AdminError, BlockingClient, check, error_name
+from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.records import build_batch, iter_batches
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -275,7 +276,9 @@ def consume(client: BlockingClient, args: argparse.Namespace, out: TextIO) -> in
         part = client.fetch(args.topic, args.partition, offset, min(500, int(remaining * 1000)))
         check(part.error_code, f"Fetch {args.topic}[{args.partition}]")
         got = False
-        for batch in iter_batches(part.records or b""):
+        records = part.records
+        assert not isinstance(records, RecordsChunks)  # decoded: a view of the frame
+        for batch in iter_batches(records or b""):
             if batch.is_control:
                 offset = batch.next_offset
                 continue
