@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from trio_broker.protocol import primitives
 from trio_broker.protocol.batch_header import (
@@ -26,8 +26,15 @@ from trio_broker.protocol.batch_header import (
     LOG_OVERHEAD,
     MIN_BATCH_LENGTH,
 )
-from trio_broker.protocol.codec import RecordsChunks, part_length
-from trio_broker.protocol.messages import ApiKey, decode_request, encode_request, encode_response
+from trio_broker.protocol.codec import Records, RecordsChunks, part_length
+from trio_broker.protocol.messages import (
+    ApiKey,
+    FetchResponse,
+    ProduceRequest,
+    decode_request,
+    encode_request,
+    encode_response,
+)
 from trio_broker.protocol.records import split_batches
 
 PRODUCE = ApiKey.PRODUCE
@@ -37,8 +44,8 @@ _BATCH_LENGTH = primitives.INT32
 
 def compact_produce_request(frame: Any) -> bytes:
     """The Produce request ``frame`` (no size prefix) with every batch cut to its header."""
-    body: Any
-    header, body = decode_request(frame)
+    header, decoded = decode_request(frame)
+    body = cast(ProduceRequest, decoded)  # the caller passes Produce frames only
     for topic in body.topic_data:
         for part in topic.partition_data:
             if part.records is None:
@@ -97,13 +104,17 @@ def batch_headers(parts: list[Any], read: ReadPart) -> bytes:
     return b"".join(heads)
 
 
-def fetch_records(message: Any) -> list[Any]:
+def fetch_records(message: FetchResponse) -> list[Records | None]:
     """The records values of a Fetch response's partitions, in encoding order."""
     return [part.records for topic in message.responses for part in topic.partitions]
 
 
 def compact_fetch_response(
-    version: int, correlation_id: int, message: Any, records: list[Any], read: ReadPart
+    version: int,
+    correlation_id: int,
+    message: FetchResponse,
+    records: list[Records | None],
+    read: ReadPart,
 ) -> bytes:
     """The Fetch response frame (no size prefix) of ``message`` with its batches cut to headers.
 

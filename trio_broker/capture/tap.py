@@ -30,7 +30,7 @@ from trio_broker.capture.compact import (
 from trio_broker.capture.schema import REQUEST, RESPONSE, CaptureRow, redact, rows_to_table
 from trio_broker.capture.writer import ParquetRotator
 from trio_broker.protocol.batch_header import HEADER_SIZE
-from trio_broker.protocol.codec import RecordsChunks, part_length
+from trio_broker.protocol.codec import Records, RecordsChunks, part_length
 from trio_broker.storage.log import FileRegion
 
 log = logging.getLogger("trio_broker.capture")
@@ -142,7 +142,7 @@ def _own_region(region: Any, length: int) -> FileRegion | None:
         return None
 
 
-def _own_regions(records: Any) -> Any:
+def _own_regions(records: Records | None) -> Records | None:
     """``records`` with each file region on a dup-ed fd (_own_region)."""
     if not isinstance(records, RecordsChunks):
         return records
