@@ -8,7 +8,7 @@ the interpreter, binds the same name to ``SCHEMAS[name].cls``. One runtime
 implementation, real types for the checker.
 
 Run after ``tools/gen_schemas.py`` (tests/unit/test_message_types.py fails until you do):
-``PYTHONPATH=. .venv/bin/python tools/gen_message_types.py``
+``.venv/bin/python tools/gen_message_types.py``
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from trio_broker.protocol.schema import SCHEMAS, Field, MessageSchema
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's schema table, not an installed copy's
 
-TARGET = Path(__file__).resolve().parent.parent / "trio_broker" / "protocol" / "message_types.py"
-COMMAND = "PYTHONPATH=. .venv/bin/python tools/gen_message_types.py"
+from trio_broker.protocol.schema import SCHEMAS, Field, MessageSchema  # noqa: E402
+
+TARGET = ROOT / "trio_broker" / "protocol" / "message_types.py"
+COMMAND = ".venv/bin/python tools/gen_message_types.py"
 
 _SCALARS = {
     "bool": "bool", "int8": "int", "int16": "int", "uint16": "int", "int32": "int",
