@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from trio_broker.groups.coordinator import GroupCoordinator
     from trio_broker.security.authorize import Authorizer
     from trio_broker.security.credentials import CredentialStore
+    from trio_broker.security.sasl import SaslSession
     from trio_broker.services.producers import ProducerStateRegistry
     from trio_broker.services.quotas import QuotaService
     from trio_broker.services.stats import BrokerStats
@@ -119,7 +120,7 @@ class RequestContext:
     #: "User:ANONYMOUS" on an unauthenticated listener.
     principal: str = ANONYMOUS
     #: On a SASL listener, the connection's login (the SASL handlers drive it).
-    sasl: Any = None
+    sasl: SaslSession | None = None
 
     @property
     def api_version(self) -> int:

@@ -38,7 +38,7 @@ def _response(step: AuthStep) -> m.SaslAuthenticateResponse:
 async def handle_sasl_authenticate(
     ctx: RequestContext, request: m.SaslAuthenticateRequest
 ) -> Response:
-    session: SaslSession | None = ctx.sasl
+    session = ctx.sasl
     if session is None:
         return Resp(error_code=ErrorCode.ILLEGAL_SASL_STATE,
                     error_message="SaslAuthenticate on a listener without SASL", auth_bytes=b"")  # fmt: skip
