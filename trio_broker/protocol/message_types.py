@@ -1084,6 +1084,84 @@ if TYPE_CHECKING:
             groups: list[DescribedGroup] = ...,
         ) -> None: ...
 
+    class DescribeLogDirsRequest(Message):
+        class DescribableLogDirTopic(Message):
+            topic: str
+            partitions: list[int]
+
+            def __init__(
+                self,
+                *,
+                topic: str = ...,
+                partitions: list[int] = ...,
+            ) -> None: ...
+
+        topics: list[DescribableLogDirTopic] | None
+
+        def __init__(
+            self,
+            *,
+            topics: list[DescribableLogDirTopic] | None = ...,
+        ) -> None: ...
+
+    class DescribeLogDirsResponse(Message):
+        class DescribeLogDirsResult(Message):
+            class DescribeLogDirsTopic(Message):
+                class DescribeLogDirsPartition(Message):
+                    partition_index: int
+                    partition_size: int
+                    offset_lag: int
+                    is_future_key: bool
+
+                    def __init__(
+                        self,
+                        *,
+                        partition_index: int = ...,
+                        partition_size: int = ...,
+                        offset_lag: int = ...,
+                        is_future_key: bool = ...,
+                    ) -> None: ...
+
+                name: str
+                partitions: list[DescribeLogDirsPartition]
+
+                def __init__(
+                    self,
+                    *,
+                    name: str = ...,
+                    partitions: list[DescribeLogDirsPartition] = ...,
+                ) -> None: ...
+
+            error_code: int
+            log_dir: str
+            topics: list[DescribeLogDirsTopic]
+            total_bytes: int
+            usable_bytes: int
+            is_cordoned: bool
+
+            def __init__(
+                self,
+                *,
+                error_code: int = ...,
+                log_dir: str = ...,
+                topics: list[DescribeLogDirsTopic] = ...,
+                total_bytes: int = ...,
+                usable_bytes: int = ...,
+                is_cordoned: bool = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        error_code: int
+        results: list[DescribeLogDirsResult]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            results: list[DescribeLogDirsResult] = ...,
+        ) -> None: ...
+
     class DescribeProducersRequest(Message):
         class TopicRequest(Message):
             name: str
@@ -2568,6 +2646,8 @@ else:
     DescribeConfigsResponse = SCHEMAS["DescribeConfigsResponse"].cls
     DescribeGroupsRequest = SCHEMAS["DescribeGroupsRequest"].cls
     DescribeGroupsResponse = SCHEMAS["DescribeGroupsResponse"].cls
+    DescribeLogDirsRequest = SCHEMAS["DescribeLogDirsRequest"].cls
+    DescribeLogDirsResponse = SCHEMAS["DescribeLogDirsResponse"].cls
     DescribeProducersRequest = SCHEMAS["DescribeProducersRequest"].cls
     DescribeProducersResponse = SCHEMAS["DescribeProducersResponse"].cls
     DescribeUserScramCredentialsRequest = SCHEMAS["DescribeUserScramCredentialsRequest"].cls
@@ -2642,6 +2722,8 @@ __all__ = [
     "DescribeConfigsResponse",
     "DescribeGroupsRequest",
     "DescribeGroupsResponse",
+    "DescribeLogDirsRequest",
+    "DescribeLogDirsResponse",
     "DescribeProducersRequest",
     "DescribeProducersResponse",
     "DescribeUserScramCredentialsRequest",
