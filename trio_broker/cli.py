@@ -47,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--advertised-listener", metavar="HOST:PORT", help="address given to clients in Metadata"
     )
     serve.add_argument(
-        "--config", metavar="FILE", type=Path, help="TOML file with Kafka-style keys"
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help="config file: Kafka's server.properties (*.properties) or TOML, Kafka's key names",
     )
     serve.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     serve.add_argument(

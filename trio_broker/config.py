@@ -1,12 +1,15 @@
-"""Broker configuration: defaults, a TOML file with Kafka's key names, and CLI overrides.
+"""Broker configuration: defaults, a config file with Kafka's key names, and CLI overrides.
 
-Every key that Kafka has keeps Kafka's name (``num.partitions``,
-``log.segment.bytes``, ...); keys that are ours say so in their comment.
-Unknown keys and bad values fail at start with a message naming the key.
+The file is TOML or Kafka's own ``server.properties`` (Java properties syntax,
+config_properties.py). Every key is in the one table of config_keys.py: Kafka's
+broker keys keep Kafka's names and are applied or, where they have no effect
+here, accepted with a warning naming them; keys that are ours say so. Unknown keys
+and bad values fail at start with a message naming the key (docs/configuration.md).
 """
 
 from __future__ import annotations
 
+import logging
 import tomllib
 import uuid
 from pathlib import Path
@@ -15,8 +18,21 @@ from typing import Any
 import attrs
 
 from trio_broker.config_errors import ConfigError, parse_host_port
+from trio_broker.config_keys import (
+    APPLIED,
+    BROKER_KEYS,
+    INERT,
+    SECURITY,
+    SYNONYMS,
+    inert_reason,
+    listener_key,
+    lookup,
+    parse_value,
+)
+from trio_broker.config_properties import read_properties_file
 from trio_broker.security.listeners import resolve_listeners
 from trio_broker.storage.durable import make_dirs_durable, write_file_atomically
+from trio_broker.storage.topic_configs import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = ["AUTHORIZER_NAMES", "BrokerConfig", "ConfigError", "parse_host_port"]
 
@@ -65,6 +81,14 @@ class BrokerConfig:
     flush_interval_ms: int | None = None
     connections_max_idle_ms: int = 600_000
     group_initial_rebalance_delay_ms: int = 3000
+    #: JoinGroup with a session timeout outside [min, max] gets INVALID_SESSION_TIMEOUT.
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1_800_000
+    #: False: DeleteTopics answers TOPIC_DELETION_DISABLED (INVALID_REQUEST before v3).
+    delete_topic_enable: bool = True
+    #: Topic defaults of max.message.bytes and message.timestamp.type.
+    message_max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    log_message_timestamp_type: str = "CreateTime"
     offsets_retention_minutes: int = 7 * 24 * 60
     capture_dir: Path | None = None  # ours: write every frame to Parquet here (capture.dir)
     #: ours: HOST:PORT of the /metrics and /health responder (metrics.listener); None = off.
@@ -80,6 +104,14 @@ class BrokerConfig:
     quotas: dict[str, dict[str, float]] = attrs.field(factory=dict, hash=False)
     quota_window_num: int = 11  # samples a quota's rate is measured over
     quota_window_size_seconds: int = 1
+    #: Every key set at start, as written (file keys, inert ones too, and the keys of
+    #: CLI flags): DescribeConfigs reports these as STATIC_BROKER_CONFIG.
+    static_keys: dict[str, str] = attrs.field(factory=dict, hash=False)
+
+    @property
+    def queued_request_bytes_limit(self) -> int:
+        """queued.max.request.bytes as a budget: Kafka's -1 means no limit."""
+        return self.queued_max_request_bytes if self.queued_max_request_bytes > 0 else 2**63 - 1
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -98,6 +130,20 @@ class BrokerConfig:
                      "quota_window_num", "quota_window_size_seconds"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
+        if self.queued_max_request_bytes == 0 or self.queued_max_request_bytes < -1:
+            raise ConfigError("queued.max.request.bytes: must be positive, or -1 for no limit")
+        if not 0 < self.group_min_session_timeout_ms <= self.group_max_session_timeout_ms:
+            raise ConfigError(
+                "group.min.session.timeout.ms: must be positive and at most "
+                f"group.max.session.timeout.ms ({self.group_max_session_timeout_ms})"
+            )
+        if self.message_max_bytes < 0:
+            raise ConfigError("message.max.bytes: must be at least 0")
+        if self.log_message_timestamp_type not in ("CreateTime", "LogAppendTime"):
+            raise ConfigError(
+                "log.message.timestamp.type: expected CreateTime or LogAppendTime, "
+                f"got {self.log_message_timestamp_type!r}"
+            )
         if self.metrics_listener is not None:
             parse_host_port(self.metrics_listener, "metrics.listener")
         slow_ms = self.request_log_slow_ms
@@ -129,46 +175,16 @@ def _check_quotas(quotas: dict[str, dict[str, float]]) -> None:
             raise ConfigError(f"quotas.{entity}: {exc}") from None
 
 
-#: TOML (Kafka-style) key -> BrokerConfig field.
-FIELD_FOR_KEY: dict[str, str] = {
-    "listeners": "listeners",
-    "advertised.listeners": "advertised.listeners",
-    "listener.security.protocol.map": "listener_security_protocol_map",
-    "log.dirs": "data_dir",
-    "log.dir": "data_dir",
-    "storage": "storage",
-    "processing.model": "processing_model",
-    "node.id": "node_id",
-    "broker.id": "node_id",
-    "cluster.id": "cluster_id",
-    "num.io.threads": "num_handlers",
-    "max.connections": "max_connections",
-    "max.connections.per.ip": "max_connections_per_ip",
-    "max.in.flight.requests.per.connection": "max_in_flight_per_connection",
-    "queued.max.request.bytes": "queued_max_request_bytes",
-    "socket.request.max.bytes": "socket_request_max_bytes",
-    "auto.create.topics.enable": "auto_create_topics",
-    "num.partitions": "num_partitions",
-    "log.segment.bytes": "segment_bytes",
-    "log.roll.ms": "segment_ms",
-    "log.retention.ms": "retention_ms",
-    "log.retention.bytes": "retention_bytes",
-    "log.retention.check.interval.ms": "retention_check_interval_ms",
-    "log.flush.interval.messages": "flush_interval_messages",
-    "log.flush.interval.ms": "flush_interval_ms",
-    "connections.max.idle.ms": "connections_max_idle_ms",
-    "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
-    "offsets.retention.minutes": "offsets_retention_minutes",
-    "capture.dir": "capture_dir",
-    "metrics.listener": "metrics_listener",
-    "request.log.slow.ms": "request_log_slow_ms",
-    "quota.window.num": "quota_window_num",
-    "quota.window.size.seconds": "quota_window_size_seconds",
-    "authorizer.class.name": "authorizer_class_name",
-    "super.users": "super_users",
-    "allow.everyone.if.no.acl.found": "allow_everyone_if_no_acl_found",
-}
-KEY_FOR_FIELD = {v: k for k, v in FIELD_FOR_KEY.items()}
+#: BrokerConfig field -> the key that names it in messages (the first, most specific one).
+KEY_FOR_FIELD: dict[str, str] = {}
+for _spec in BROKER_KEYS.values():
+    if _spec.field not in (None, SECURITY):
+        KEY_FOR_FIELD.setdefault(str(_spec.field), _spec.name)
+# Where several keys set a field, messages (and flags) use the one Kafka's docs lead with.
+KEY_FOR_FIELD.update({"host": "listeners", "port": "listeners", "node_id": "node.id"})
+KEY_FOR_FIELD.update({str(BROKER_KEYS[group[0]].field): group[0] for group in SYNONYMS})
+
+log = logging.getLogger("trio_broker.config")
 
 
 def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -183,63 +199,168 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def load_config(path: Path | None = None, **overrides: Any) -> BrokerConfig:
-    """Defaults, then the TOML file, then explicit overrides (CLI flags)."""
-    values: dict[str, Any] = {}
-    if path is not None:
-        try:
-            raw = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+def read_config_file(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(key -> value, the TOML [quotas] table) of a TOML or Java-properties file.
+
+    ``*.properties`` is Kafka's server.properties syntax, ``*.toml`` TOML; any other
+    name is TOML if it parses as TOML, else properties.
+    """
+    path = Path(path)
+    if path.suffix == ".properties":
+        return read_properties_file(path), None
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        if path.suffix == ".toml":
             raise ConfigError(f"cannot read config {path}: {exc}") from exc
-        fields = attrs.fields_dict(BrokerConfig)
-        quotas = raw.pop("quotas", None)  # entity names contain dots and '=': not flattened
+        return read_properties_file(path), None
+    quotas = raw.pop("quotas", None)  # entity names contain dots and '=': not flattened
+    if quotas is not None and not isinstance(quotas, dict):
+        raise ConfigError("quotas: expected a table of entities")
+    return _flatten(raw), quotas
+
+
+def _as_written(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def _apply_keys(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """BrokerConfig field values and the keys as written, from a file's keys.
+
+    Every key must be in the table (config_keys.py); inert keys are logged once each.
+    """
+    values: dict[str, Any] = {}
+    security: dict[str, Any] = {}
+    static: dict[str, str] = {}
+    inert: list[str] = []
+    typed: dict[str, Any] = {}
+    for key, value in raw.items():
+        spec = listener_key(key) if key.startswith("listener.name.") else lookup(key)
+        static[key] = _as_written(value)
+        typed[key] = parse_value(spec, value, key)
+        if spec.status == INERT:
+            inert.append(key)
+        elif spec.field == SECURITY:
+            security[key] = typed[key]
+    for key in inert:
+        spec = listener_key(key) if key.startswith("listener.name.") else BROKER_KEYS[key]
+        log.warning(
+            "config key %s is accepted for Kafka compatibility but has no effect in "
+            "trio-broker: %s", key, inert_reason(spec.name),
+        )  # fmt: skip
+    if security:
+        values["security"] = security
+    # A field set by several keys takes the most specific one present (Kafka's synonyms);
+    # keys that are not synonyms (node.id and broker.id) must agree, as in Kafka.
+    chosen: dict[str, str] = {}
+    for key in typed:
+        row = BROKER_KEYS.get(key)
+        if row is None or row.status != APPLIED or row.field in (None, SECURITY):
+            continue
+        field = str(row.field)
+        other = chosen.setdefault(field, key)
+        if other == key:
+            continue
+        if _precedence(key) < _precedence(other):
+            chosen[field] = key
+        elif _precedence(key) == _precedence(other) and typed[key] != typed[other]:
+            raise ConfigError(f"{key}: {typed[key]} differs from {other} = {typed[other]}")
+    for field, key in chosen.items():
+        value = typed[key]
+        if BROKER_KEYS[key].scale != 1:
+            value = -1 if value < 0 else value * BROKER_KEYS[key].scale  # negative: no limit
+        if field == "data_dir":
+            dirs = [d.strip() for d in str(value).split(",") if d.strip()]
+            if len(dirs) > 1:
+                log.warning("config key %s: only the first directory, %s, is used", key, dirs[0])
+            value = dirs[0] if dirs else value
+        values[field] = value
+    values.update(_listeners(typed))
+    replication = typed.get("default.replication.factor", 1)
+    if replication != 1:
+        raise ConfigError(
+            f"default.replication.factor: trio-broker is a single broker, so only 1 is "
+            f"possible, got {replication}"
+        )
+    return values, static
+
+
+def _precedence(key: str) -> int:
+    """0 for the most specific key of a synonym group (log.retention.ms), then 1, 2, ..."""
+    for group in SYNONYMS:
+        if key in group:
+            return group.index(key)
+    return 0
+
+
+def _listeners(typed: dict[str, Any]) -> dict[str, Any]:
+    """listeners / advertised.listeners without the controller.listener.names entries.
+
+    A combined Kafka node's file also names its controller listener; trio-broker has
+    no controller quorum, so that listener is not opened.
+    """
+    values: dict[str, Any] = {}
+    controllers = {
+        name.strip().upper()
+        for name in str(typed.get("controller.listener.names") or "").split(",")
+        if name.strip()
+    }
+
+    def broker_entries(key: str) -> list[str]:
+        entries = [e.strip() for e in str(typed.get(key) or "").split(",") if e.strip()]
+        kept = [e for e in entries if e.partition("://")[0].upper() not in controllers]
+        for entry in entries:
+            if entry not in kept and key == "listeners":
+                log.info("listener %s is a controller listener: not opened here", entry)
+        return kept
+
+    if "listeners" in typed:
+        kept = broker_entries("listeners")
+        if not kept:
+            raise ConfigError("listeners: no broker listener (all are controller.listener.names)")
+        values["host"], values["port"] = parse_host_port(kept[0], "listeners")
+        values["listeners"] = ",".join(kept)
+    if "advertised.listeners" in typed:
+        values["advertised_listeners"] = ",".join(broker_entries("advertised.listeners")) or None
+    return values
+
+
+def load_config(path: Path | None = None, **overrides: Any) -> BrokerConfig:
+    """Defaults, then the config file (TOML or Java properties), then explicit overrides.
+
+    ``static_keys`` of the result holds every key the file set, as written, and the
+    keys of the overridden fields (CLI flags): DescribeConfigs reports them as
+    STATIC_BROKER_CONFIG.
+    """
+    values: dict[str, Any] = {}
+    static: dict[str, str] = {}
+    if path is not None:
+        raw, quotas = read_config_file(path)
         if quotas is not None:
-            if not isinstance(quotas, dict):
-                raise ConfigError("quotas: expected a table of entities")
             values["quotas"] = quotas
-        for key, value in _flatten(raw).items():
-            field = FIELD_FOR_KEY.get(key)
-            if field is None and _is_security_key(key):
-                values.setdefault("security", {})[key] = value
-                continue
-            if field is None:
-                raise ConfigError(f"unknown config key {key!r}")
-            if field == "listeners":
-                first = value.split(",")[0] if isinstance(value, str) else value[0]
-                values["host"], values["port"] = parse_host_port(first, key)
-                values["listeners"] = value if isinstance(value, str) else ",".join(value)
-            elif field == "advertised.listeners":
-                values["advertised_listeners"] = (
-                    value if isinstance(value, str) else ",".join(value)
-                )
-            else:
-                values[field] = _coerce(key, fields[field].default, value)
-    values.update({k: v for k, v in overrides.items() if v is not None})
+        file_values, static = _apply_keys(raw)
+        values.update(file_values)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    values.update(given)
+    for field, value in given.items():
+        key = KEY_FOR_FIELD.get(field)
+        if key is not None and field not in ("host", "port"):
+            static[key] = _as_written(value)
+    if "host" in given or "port" in given:
+        static.setdefault("listeners", f"PLAINTEXT://{values.get('host')}:{values.get('port')}")
     if "data_dir" in values:
         values["data_dir"] = Path(values["data_dir"])
     if values.get("capture_dir") is not None:
         values["capture_dir"] = Path(values["capture_dir"])
-    return BrokerConfig(**values).validate()
-
-
-def _is_security_key(key: str) -> bool:
-    """TLS/SASL keys live in BrokerConfig.security, checked by resolve_listeners."""
-    return key.startswith(("ssl.", "sasl.", "listener.name.")) or key == "connections.max.reauth.ms"
-
-
-def _coerce(key: str, default: Any, value: Any) -> Any:
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
-        return value
-    if isinstance(default, int) or (default is None and isinstance(value, int)):
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
-    if isinstance(default, Path):
-        return Path(value.split(",")[0] if isinstance(value, str) else value[0])
-    return value if value is None else str(value)
+    return BrokerConfig(**values, static_keys=static).validate()
 
 
 def ensure_cluster_id(data_dir: Path | None, configured: str | None) -> str:

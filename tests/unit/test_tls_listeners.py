@@ -82,7 +82,7 @@ def test_a_bare_address_still_means_plaintext(tmp_path: Path) -> None:
         ('"ssl.client.auth" = "sometimes"', "ssl.client.auth"),
         ('"ssl.keystore.type" = "JKS"', "only PEM"),
         ('"ssl.enabled.protocols" = "TLSv1.1"', "ssl.enabled.protocols"),
-        ('"ssl.cipher.suites" = "x"', "unknown config key"),
+        ('"ssl.cipher.suite" = "x"', "unknown config key 'ssl.cipher.suite' .did you mean 'ssl.cipher.suites'"),
         ('"listener.name.x.ssl.bogus" = "x"', "unknown config key"),
         ('listeners = "SSL://h:1"\n"ssl.keystore.location" = "k"\n"ssl.client.auth" = "required"',
          "truststore"),

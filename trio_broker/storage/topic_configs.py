@@ -15,8 +15,8 @@ import attrs
 from trio_broker.storage.errors import InvalidConfigError
 from trio_broker.storage.log import LogConfig
 
-# Kafka's ConfigDef.Type codes, as DescribeConfigs v3+ sends them.
-BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
+# Kafka's ConfigDef.Type codes, as DescribeConfigs v3+ sends them (broker keys use all).
+BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST, CLASS, PASSWORD = 1, 2, 3, 4, 5, 6, 7, 8, 9
 
 #: Kafka's default message.max.bytes: the largest batch a partition accepts.
 DEFAULT_MAX_MESSAGE_BYTES = 1048588
@@ -54,13 +54,14 @@ TOPIC_CONFIGS: Mapping[str, TopicConfig] = {
         doc="Codec for stored batches; producer keeps what the producer sent.",
     ),
     "max.message.bytes": TopicConfig(
-        INT, minimum=0, broker_key="message.max.bytes",
+        INT, minimum=0, broker_key="message.max.bytes", default_field="message_max_bytes",
         fixed_default=str(DEFAULT_MAX_MESSAGE_BYTES),
         doc="Largest record batch the partition accepts.",
     ),
     "message.timestamp.type": TopicConfig(
         STRING, choices=frozenset({"CreateTime", "LogAppendTime"}),
-        broker_key="log.message.timestamp.type", fixed_default="CreateTime",
+        broker_key="log.message.timestamp.type", default_field="log_message_timestamp_type",
+        fixed_default="CreateTime",
         doc="CreateTime keeps the producer's timestamps; LogAppendTime stamps on append.",
     ),
     "min.insync.replicas": TopicConfig(
