@@ -10,12 +10,7 @@ import struct
 
 import pytest
 
-from trio_broker.handlers.produce import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    FIRST_ZSTD_VERSION,
-    BatchRejected,
-    validate_batch,
-)
+from trio_broker.handlers.produce import FIRST_ZSTD_VERSION, BatchRejected, validate_batch
 from trio_broker.protocol.batch_header import HEADER_SIZE, LOG_OVERHEAD, MIN_BATCH_LENGTH
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
@@ -25,6 +20,7 @@ from trio_broker.protocol.errors import (
     UnsupportedCompressionError,
 )
 from trio_broker.protocol.records import RecordBatchView, build_batch
+from trio_broker.storage.topic_configs import DEFAULT_MAX_MESSAGE_BYTES
 
 _CRC = struct.Struct(">I")
 

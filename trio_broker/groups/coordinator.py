@@ -96,7 +96,9 @@ class GroupCoordinator:
         self.broker = broker
         config = broker.config
         self.group_config = GroupConfig(
-            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms=config.group_min_session_timeout_ms,
+            max_session_timeout_ms=config.group_max_session_timeout_ms,
         )
         self.offsets_retention_ms: int = config.offsets_retention_minutes * 60_000
         #: Timers run on this monotonic clock; commit timestamps use the broker's wall clock.

@@ -1,7 +1,10 @@
 """DeleteTopics: by name (all versions) or by topic id (v6+).
 
 A deleted topic's logs are closed and its directories removed at once; there
-is no controller to wait for, so the request's timeout is not needed.
+is no controller to wait for, so the request's timeout is not needed. With
+``delete.topic.enable=false`` every topic of the request is refused before any
+other check, as Kafka's controller does: TOPIC_DELETION_DISABLED, or
+INVALID_REQUEST for versions 0-2, which predate that error.
 """
 
 from __future__ import annotations
@@ -73,6 +76,16 @@ async def handle_delete_topics(
         wanted = [(t.name, t.topic_id) for t in request.topics]
     else:
         wanted = [(name, ZERO_UUID) for name in request.topic_names]
+    if not ctx.services.config.delete_topic_enable:
+        error = (
+            ErrorCode.TOPIC_DELETION_DISABLED if ctx.api_version >= 3 else ErrorCode.INVALID_REQUEST
+        )
+        refused = [
+            Result(name=name, topic_id=topic_id, error_code=error,
+                   error_message="topic deletion is disabled (delete.topic.enable=false)")
+            for name, topic_id in wanted
+        ]  # fmt: skip
+        return Resp(throttle_time_ms=0, responses=refused)
     # A topic named (or identified) twice is answered once, with INVALID_REQUEST, as Kafka does.
     seen: dict[object, int] = {}
     for name, topic_id in wanted:

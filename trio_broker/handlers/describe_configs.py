@@ -1,4 +1,4 @@
-"""DescribeConfigs: a topic's effective configs, and a few of this broker's settings.
+"""DescribeConfigs: a topic's effective configs, and every key of this broker's config.
 
 Topic configs are the ones set at creation (source TOPIC) plus defaults taken
 from the broker config. Like Kafka, an inherited value reports
@@ -11,17 +11,23 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from trio_broker.config import BrokerConfig
+from trio_broker.config_keys import (
+    APPLIED,
+    BROKER_KEYS,
+    INERT,
+    SECURITY,
+    SYNONYMS,
+    BrokerKey,
+    inert_reason,
+    listener_key,
+)
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.security.listeners import LISTENER_KEYS
 from trio_broker.services.topics import TopicError, validate_topic_name
 from trio_broker.storage.topic_configs import (
-    BOOLEAN,
-    DEFAULT_MAX_MESSAGE_BYTES,
-    INT,
-    LIST,
-    LONG,
     STRING,
     TOPIC_CONFIGS,
     TopicConfig,
@@ -52,15 +58,24 @@ class ConfigValue(NamedTuple):
     doc: str | None
     #: (name, value, source), most specific first, as Kafka lists synonyms.
     synonyms: list[tuple[str, str | None, int]]
+    #: A broker config: read-only (no dynamic broker configs here); passwords are sensitive.
+    sensitive: bool | None = None
+
+
+def _is_static(config: BrokerConfig, keys: tuple[str, ...], field: str | None) -> bool:
+    """Set at start: by a key of the file or a flag, or (a config built in code) by its field."""
+    if any(key in config.static_keys for key in keys):
+        return True
+    return field is not None and getattr(config, field) != getattr(_BUILTIN, field)
 
 
 def _broker_default(config: BrokerConfig, spec: TopicConfig) -> tuple[str, int]:
     if spec.default_field is None:
         return str(spec.fixed_default), DEFAULT_CONFIG
     value = getattr(config, spec.default_field)
-    field_default = getattr(_BUILTIN, spec.default_field)
-    source = DEFAULT_CONFIG if value == field_default else STATIC_BROKER_CONFIG
-    return str(value), source
+    keys = _synonym_group(spec.broker_key) if spec.broker_key else ()
+    static = _is_static(config, keys, spec.default_field)
+    return str(value), STATIC_BROKER_CONFIG if static else DEFAULT_CONFIG
 
 
 def topic_config_values(config: BrokerConfig, topic_configs: dict[str, str]) -> list[ConfigValue]:
@@ -89,41 +104,92 @@ def topic_config_values(config: BrokerConfig, topic_configs: dict[str, str]) -> 
     return out
 
 
+def _synonym_group(key: str) -> tuple[str, ...]:
+    return next((group for group in SYNONYMS if key in group), (key,))
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _default_value(spec: BrokerKey) -> str | None:
+    """What the broker uses when no key of the group is set: ours where we apply it."""
+    if spec.field == SECURITY:
+        return _text(LISTENER_KEYS.get(spec.name))
+    if spec.status == APPLIED and spec.field is not None and spec.scale == 1:
+        return _text(getattr(_BUILTIN, spec.field))
+    if spec.name == "listeners":
+        return f"PLAINTEXT://{_BUILTIN.host}:{_BUILTIN.port}"
+    return spec.kafka_default
+
+
+def _current_value(config: BrokerConfig, spec: BrokerKey) -> str | None:
+    """The value in effect: the field an applied key sets, else the key as written."""
+    if spec.field == SECURITY:
+        return _text(config.security.get(spec.name, LISTENER_KEYS.get(spec.name)))
+    if spec.status == APPLIED and spec.field is not None and spec.scale == 1:
+        return _text(getattr(config, spec.field))
+    if spec.name == "listeners":
+        return config.listeners or f"PLAINTEXT://{config.host}:{config.port}"
+    if spec.name == "advertised.listeners" and config.advertised_listeners is not None:
+        return config.advertised_listeners
+    return config.static_keys.get(spec.name, spec.kafka_default)
+
+
+def _broker_value(config: BrokerConfig, spec: BrokerKey) -> ConfigValue:
+    group = _synonym_group(spec.name)
+    primary = group[0] == spec.name
+    field = spec.field if spec.field not in (None, SECURITY) and spec.scale == 1 else None
+    static = _is_static(config, group if primary else (spec.name,), field)
+    if primary:
+        value = _current_value(config, spec)
+    else:  # log.retention.hours and the like: the key itself, as written or Kafka's default
+        value = config.static_keys.get(spec.name, spec.kafka_default)
+    synonyms: list[tuple[str, str | None, int]] = [
+        (key, config.static_keys[key], STATIC_BROKER_CONFIG)
+        for key in (group if primary else (spec.name,))
+        if key in config.static_keys
+    ]
+    if static and not synonyms:  # set in code (tests) or by a flag without a key
+        synonyms.append((spec.name, value, STATIC_BROKER_CONFIG))
+    default = _default_value(spec)
+    if default is not None:
+        synonyms.append((spec.name, default, DEFAULT_CONFIG))
+    if spec.sensitive:
+        value, synonyms = None, [(name, None, source) for name, _, source in synonyms]
+    doc = None
+    if spec.status == INERT:
+        doc = f"No effect in trio-broker ({inert_reason(spec.name)}); accepted as in Kafka."
+    source = STATIC_BROKER_CONFIG if static else DEFAULT_CONFIG
+    return ConfigValue(spec.name, value, source, spec.type, doc, synonyms, spec.sensitive)
+
+
 def broker_config_values(config: BrokerConfig) -> list[ConfigValue]:
-    """A handful of broker settings; enough for tools that show a broker's config."""
-    fields = {
-        "node.id": ("node_id", INT),
-        "num.partitions": ("num_partitions", INT),
-        "auto.create.topics.enable": ("auto_create_topics", BOOLEAN),
-        "log.retention.ms": ("retention_ms", LONG),
-        "log.retention.bytes": ("retention_bytes", LONG),
-        "log.segment.bytes": ("segment_bytes", INT),
-        "log.roll.ms": ("segment_ms", LONG),
-    }
-    out = []
-    for key, (field, type_) in fields.items():
-        raw = getattr(config, field)
-        value = str(raw).lower() if isinstance(raw, bool) else str(raw)
-        source = DEFAULT_CONFIG if raw == getattr(_BUILTIN, field) else STATIC_BROKER_CONFIG
-        out.append(ConfigValue(key, value, source, type_, None, [(key, value, source)]))
-    fixed = {
-        "default.replication.factor": ("1", INT),
-        "message.max.bytes": (str(DEFAULT_MAX_MESSAGE_BYTES), INT),
-        "min.insync.replicas": ("1", INT),
-        "log.cleanup.policy": ("delete", LIST),
-        "compression.type": ("producer", STRING),
-    }
-    for key, (value, type_) in fixed.items():
-        out.append(
-            ConfigValue(key, value, DEFAULT_CONFIG, type_, None, [(key, value, DEFAULT_CONFIG)])
-        )
+    """Every key of the broker table (config_keys.py), and the file's listener.name.* keys.
+
+    Like Kafka for static configs: STATIC_BROKER_CONFIG for keys set at start,
+    DEFAULT_CONFIG otherwise; passwords are sensitive and have no value. All are
+    read-only: this broker has no dynamic broker configs.
+    """
+    out = [_broker_value(config, spec) for spec in BROKER_KEYS.values()]
+    for key, written in config.static_keys.items():
+        if key.startswith("listener.name."):
+            spec = listener_key(key)
+            value = None if spec.sensitive else written
+            out.append(
+                ConfigValue(key, value, STATIC_BROKER_CONFIG, spec.type, None,
+                            [(key, value, STATIC_BROKER_CONFIG)], spec.sensitive)
+            )  # fmt: skip
     return sorted(out, key=lambda c: c.name)
 
 
 def _entry(value: ConfigValue, synonyms: bool, documentation: bool) -> Entry:
     return Entry(
-        name=value.name, value=value.value, read_only=False, config_source=value.source,
-        is_default=value.source == DEFAULT_CONFIG, is_sensitive=False,
+        name=value.name, value=value.value, read_only=value.sensitive is not None,
+        config_source=value.source, is_default=value.source == DEFAULT_CONFIG,
+        is_sensitive=bool(value.sensitive),
         synonyms=[Synonym(name=n, value=v, source=s) for n, v, s in value.synonyms]
         if synonyms else [],
         config_type=value.type, documentation=value.doc if documentation else None,

@@ -30,7 +30,6 @@ from trio_broker.protocol.records import RecordBatchView, iter_batches
 from trio_broker.state.producer import Duplicate, Reject
 from trio_broker.state.quota import PRODUCER_BYTE_RATE
 from trio_broker.storage.errors import StorageError
-from trio_broker.storage.topic_configs import DEFAULT_MAX_MESSAGE_BYTES
 
 Resp = m.ProduceResponse
 TopicResp = Resp.TopicProduceResponse
@@ -85,6 +84,7 @@ def validate_batch(
 @handles(m.ApiKey.PRODUCE, 3, advertised_min=0)
 async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Response:
     services = ctx.services
+    broker_config = services.config
     acks = request.acks
     now = ctx.now_ms()
     durable_waits: list[tuple[Any, int, PartResp]] = []  # (log, last offset, its answer)
@@ -111,7 +111,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             log = topic.logs[data.index]
             configs = topic.info.configs
             try:
-                max_bytes = int(configs.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
+                max_bytes = int(configs.get("max.message.bytes", broker_config.message_max_bytes))
                 batch = validate_batch(data.records, ctx.api_version, max_bytes)
                 duplicate = check_producer(services, topic.name, data.index, log, batch)
             except BatchRejected as exc:
@@ -123,7 +123,10 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
                 if acks == -1:  # the original may still be waiting for its fsync
                     durable_waits.append((log, duplicate, part))
                 continue
-            log_append_time = configs.get("message.timestamp.type") == "LogAppendTime"
+            timestamp_type = configs.get(
+                "message.timestamp.type", broker_config.log_message_timestamp_type
+            )
+            log_append_time = timestamp_type == "LogAppendTime"
             try:
                 result = log.append(batch.buf, now_ms=now, log_append_time=log_append_time)
             except StorageError as exc:

@@ -97,7 +97,7 @@ class Broker:
         self.router: dict[int, HandlerSpec] = {
             key: with_request_quota(spec) for key, spec in HANDLERS.items()
         }
-        self.memory = MemoryBudget(config.queued_max_request_bytes)
+        self.memory = MemoryBudget(config.queued_request_bytes_limit)
         self.handler_pool = HandlerPool(self, config.num_handlers)
         self.stats = BrokerStats()
         #: Idempotent producers' sequence state (services/producers.py), kept in the data dir.
