@@ -55,7 +55,9 @@ class BrokerConfig:
     #: listener binds host:port above. See trio_broker/security/listeners.py.
     listeners: str | None = None
     advertised_listeners: str | None = None
-    listener_security_protocol_map: str = ""
+    listener_security_protocol_map: str = (  # Kafka's default: each protocol names itself
+        "SASL_SSL:SASL_SSL,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT"
+    )
     #: ssl.*, sasl.enabled.mechanisms, connections.max.reauth.ms and their
     #: listener.name.<name>.<key> overrides, by Kafka key (docs/security.md).
     security: dict[str, Any] = attrs.field(factory=dict, hash=False)
