@@ -8,7 +8,7 @@ default and DEFAULT_CONFIG otherwise. CreateTopics v5+ returns the same list.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from trio_broker.config import BrokerConfig
 from trio_broker.config_keys import (
