@@ -1,46 +1,275 @@
 """The Java client (org.apache.kafka:kafka-clients 4.x) against a real trio-broker serve.
 
-The JUnit tests live in the Maven module ``tests/jvm`` (producer with the Java
-defaults: acks=all and idempotence, headers and timestamps; a consumer group;
-every compression codec; Admin describeCluster, listTopics, listOffsets,
-describeTopics). This test starts a broker process, runs ``mvn test`` against it
-with ``-Dbootstrap=HOST:PORT`` and reads the Surefire report. Maven and Java come
-from scripts/install-system-deps.sh; artifacts are cached in ~/.m2 (outside the repo).
+The JUnit tests live in the Maven module ``tests/jvm`` (see docs/compatibility.md for
+what each class covers). One broker process serves four listeners, so one ``mvn test``
+(Maven starts slowly) covers them all::
+
+    PLAINTEXT       -Dbootstrap          most tests; the client is User:ANONYMOUS
+    SASL_PLAINTEXT  -Dbootstrap.sasl     PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+    SASL_SSL        -Dbootstrap.sasl.ssl the same over TLS (CA in -Dpki.ca, PEM)
+    MTLS            -Dbootstrap.mtls     SSL requiring a client certificate (-Dpki.alice,
+                                         PKCS#8 key + certificate PEM) mapped to User:alice-cert
+
+The ACL authorizer is on with ``allow.everyone.if.no.acl.found``: resources without ACLs
+are open, and the ACL tests lock single topics and groups.
+
+Before Maven runs, a kafka-python and a librdkafka consumer join one group on a
+six-partition topic (``-Dmixed.*``); the Java consumer of ``MixedGroupTest`` joins them
+and checks the three-way assignment; this test checks the Python members' side.
+
+The test reads the Surefire report and requires exactly ``EXPECTED_TESTS`` passed tests.
+Maven and Java come from scripts/install-system-deps.sh; artifacts are cached in ~/.m2.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
+import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import trustme
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from cryptography.hazmat.primitives import serialization
+from kafka import KafkaConsumer
+from kafka.coordinator.assignors.range import RangePartitionAssignor
 
-from tests.e2e.conftest import BrokerProcess
+from tests.e2e.conftest import BROKER_EXE
+from tests.e2e.test_security import SecureBroker
 
 JVM_MODULE = Path(__file__).resolve().parents[1] / "jvm"
 #: The first run downloads kafka-clients, JUnit and the plugins from Maven Central.
 MAVEN_TIMEOUT_S = 600
-#: The JUnit tests the module holds (a report with fewer means tests were lost).
-EXPECTED_TESTS = 7
+#: The JUnit tests the module holds, parameterized cases counted one by one.
+EXPECTED_TESTS = 35
+USER, PASSWORD = "alice", "java-s3cret"
+LISTENERS = ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "MTLS")
+#: The mixed group: six partitions, this many records in each, two Python members.
+MIXED_PARTITIONS, MIXED_PER_PARTITION = 6, 25
+PYTHON_CLIENT_IDS = ("kafka-python-member", "librdkafka-member")
+WAIT_S = 30
 
 
-@pytest.mark.timeout(MAVEN_TIMEOUT_S + 60)
-def test_the_java_client_produces_consumes_and_administers(broker_process: BrokerProcess) -> None:
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A CA, the broker's certificate, and alice's client key + certificate in one PEM."""
+    base = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    paths = {name: base / f"{name}.pem" for name in ("ca", "server", "alice")}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(
+        str(paths["server"])
+    )
+    alice = ca.issue_cert("alice@example.com", common_name="alice", organization_name="Example")
+    key = serialization.load_pem_private_key(alice.private_key_pem.bytes(), password=None)
+    # Java's PEM key store reads PKCS#8 keys only ("BEGIN PRIVATE KEY").
+    pkcs8 = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    paths["alice"].write_bytes(pkcs8 + alice.cert_chain_pems[0].bytes())
+    return paths
+
+
+@pytest.fixture(scope="module")
+def java_broker(
+    tmp_path_factory: pytest.TempPathFactory, pki: dict[str, Path]
+) -> Iterator[SecureBroker]:
+    base = tmp_path_factory.mktemp("java")
+    data_dir = base / "data"
+    for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+        subprocess.run(
+            [str(BROKER_EXE), "users", "add", "--data-dir", str(data_dir), "--user", USER,
+             "--password", PASSWORD, "--mechanism", mech],
+            check=True, timeout=WAIT_S, capture_output=True,
+        )  # fmt: skip
+    config = base / "broker.toml"
+    config.write_text(f'''
+listeners = "{",".join(f"{name}://127.0.0.1:0" for name in LISTENERS)}"
+"listener.security.protocol.map" = "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL,MTLS:SSL"
+"sasl.enabled.mechanisms" = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"
+"ssl.keystore.location" = "{pki["server"]}"
+"ssl.truststore.location" = "{pki["ca"]}"
+"listener.name.mtls.ssl.client.auth" = "required"
+"listener.name.mtls.ssl.principal.mapping.rules" = "RULE:^CN=([^,]+),.*$/$1-cert/L,DEFAULT"
+"group.initial.rebalance.delay.ms" = 0
+"authorizer.class.name" = "acl"
+"allow.everyone.if.no.acl.found" = true
+''')  # fmt: skip
+    broker = SecureBroker(data_dir, config)
+    broker.start()
+    try:
+        for _ in range(100):  # the other listeners log right after the first (bounded wait)
+            if set(broker.ports()) == set(LISTENERS):
+                break
+            time.sleep(0.1)
+        assert set(broker.ports()) == set(LISTENERS), broker.ports()
+        yield broker
+    finally:
+        if broker.running:
+            assert broker.stop() == 0, broker.log_tail()
+
+
+class PythonMember:
+    """A group member polling in its own thread; keeps every assignment and record seen."""
+
+    def __init__(self, name: str, poll: Callable[[], list[tuple[int, bytes]]],
+                 assignment: Callable[[], set[int]], close: Callable[[], None]) -> None:  # fmt: skip
+        self.name = name
+        self.assignments: list[set[int]] = []
+        self.records: set[tuple[int, bytes]] = set()
+        self.error: BaseException | None = None
+        self._poll, self._assignment, self._close = poll, assignment, close
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + MAVEN_TIMEOUT_S + 60
+        try:
+            while not self._stop.is_set() and time.monotonic() < deadline:
+                self.records.update(self._poll())
+                now = self._assignment()
+                if not self.assignments or self.assignments[-1] != now:
+                    self.assignments.append(now)
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+        finally:
+            self._close()
+
+    @property
+    def current(self) -> set[int]:
+        return self.assignments[-1] if self.assignments else set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(WAIT_S)
+        assert not self._thread.is_alive(), f"{self.name} did not stop"
+        assert self.error is None, f"{self.name}: {self.error!r}"
+
+
+def kafka_python_member(bootstrap: str, topic: str, group: str) -> PythonMember:
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=group, client_id=PYTHON_CLIENT_IDS[0],
+        enable_auto_commit=False, auto_offset_reset="earliest", heartbeat_interval_ms=500,
+        session_timeout_ms=10_000, partition_assignment_strategy=[RangePartitionAssignor],
+    )  # fmt: skip
+
+    def poll() -> list[tuple[int, bytes]]:
+        batches = consumer.poll(timeout_ms=200)
+        return [(r.partition, r.value) for records in batches.values() for r in records]
+
+    return PythonMember(
+        "kafka-python",
+        poll,
+        lambda: {tp.partition for tp in consumer.assignment()},
+        lambda: consumer.close(autocommit=False),
+    )
+
+
+def librdkafka_member(bootstrap: str, topic: str, group: str) -> PythonMember:
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": group, "client.id": PYTHON_CLIENT_IDS[1],
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+        "heartbeat.interval.ms": 500, "session.timeout.ms": 10_000,
+        "partition.assignment.strategy": "range",
+    })  # fmt: skip
+    consumer.subscribe([topic])
+
+    def poll() -> list[tuple[int, bytes]]:
+        msg = consumer.poll(0.2)
+        if msg is None or msg.error() is not None:
+            return []
+        return [(msg.partition(), msg.value())]
+
+    return PythonMember(
+        "librdkafka",
+        poll,
+        lambda: {tp.partition for tp in consumer.assignment()},
+        consumer.close,
+    )
+
+
+def mixed_topic(bootstrap: str) -> str:
+    topic = "java-mixed-group"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, MIXED_PARTITIONS, 1)]).values():
+        future.result(WAIT_S)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition in range(MIXED_PARTITIONS):
+        for i in range(MIXED_PER_PARTITION):
+            producer.produce(topic, f"{partition}-{i}".encode(), partition=partition)
+    assert producer.flush(WAIT_S) == 0
+    return topic
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def run_maven(properties: dict[str, Any]) -> dict[str, int]:
+    """``mvn test`` with ``-Dkey=value`` properties; the Surefire totals."""
     mvn = shutil.which("mvn")
     assert mvn is not None, "Maven is missing: scripts/install-system-deps.sh installs it"
     reports = JVM_MODULE / "target" / "surefire-reports"
     shutil.rmtree(reports, ignore_errors=True)
     run = subprocess.run(
         [mvn, "-B", "-q", "-f", str(JVM_MODULE / "pom.xml"), "test",
-         f"-Dbootstrap={broker_process.bootstrap}"],
+         *(f"-D{key}={value}" for key, value in properties.items())],
         capture_output=True, text=True, timeout=MAVEN_TIMEOUT_S, stdin=subprocess.DEVNULL,
     )  # fmt: skip
-    assert run.returncode == 0, (run.stdout[-6000:], run.stderr[-3000:])
+    assert run.returncode == 0, (run.stdout[-8000:], run.stderr[-3000:])
     suites = [ET.parse(p).getroot() for p in reports.glob("TEST-*.xml")]
-    totals = {
+    return {
         key: sum(int(s.get(key, 0)) for s in suites)
         for key in ("tests", "failures", "errors", "skipped")
     }
+
+
+@pytest.mark.timeout(MAVEN_TIMEOUT_S + 120)
+def test_the_java_client_end_to_end(java_broker: SecureBroker, pki: dict[str, Path]) -> None:
+    ports = java_broker.ports()
+    bootstrap = java_broker.bootstrap
+    topic = mixed_topic(bootstrap)
+    group = "java-python-librdkafka"
+    members = [
+        kafka_python_member(bootstrap, topic, group),
+        librdkafka_member(bootstrap, topic, group),
+    ]
+    try:
+        half = MIXED_PARTITIONS // 2
+        wait_for(lambda: all(len(m.current) == half for m in members), "the Python members")
+        totals = run_maven({
+            "bootstrap": bootstrap,
+            "bootstrap.sasl": f"127.0.0.1:{ports['SASL_PLAINTEXT']}",
+            "bootstrap.sasl.ssl": f"127.0.0.1:{ports['SASL_SSL']}",
+            "bootstrap.mtls": f"127.0.0.1:{ports['MTLS']}",
+            "sasl.user": USER, "sasl.password": PASSWORD,
+            "pki.ca": pki["ca"], "pki.alice": pki["alice"],
+            "mixed.topic": topic, "mixed.group": group,
+            "mixed.per.partition": MIXED_PER_PARTITION,
+            "mixed.clients": ",".join(PYTHON_CLIENT_IDS),
+        })  # fmt: skip
+        # When the Java member left, the Python members took its partitions back.
+        wait_for(lambda: all(len(m.current) == half for m in members), "the group without Java")
+    finally:
+        for member in members:
+            member.stop()
     assert totals == {"tests": EXPECTED_TESTS, "failures": 0, "errors": 0, "skipped": 0}, totals
+    # While the Java member was in, each Python member had two partitions, none shared.
+    thirds = [[a for a in m.assignments if len(a) == 2] for m in members]
+    assert all(thirds), [m.assignments for m in members]
+    assert not set.intersection(*(t[0] for t in thirds)), thirds
+    everything = {(p, f"{p}-{i}".encode()) for p in range(MIXED_PARTITIONS)
+                  for i in range(MIXED_PER_PARTITION)}  # fmt: skip
+    assert set.union(*(m.records for m in members)) == everything

@@ -1,0 +1,222 @@
+package trio.broker;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static trio.broker.Clients.admin;
+import static trio.broker.Clients.bytes;
+import static trio.broker.Clients.consumer;
+import static trio.broker.Clients.createTopic;
+import static trio.broker.Clients.eventually;
+import static trio.broker.Clients.producer;
+import static trio.broker.Clients.readAll;
+import static trio.broker.Clients.uniqueName;
+
+import java.util.Collection;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Future;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AlterConfigOp;
+import org.apache.kafka.clients.admin.Config;
+import org.apache.kafka.clients.admin.ConfigEntry;
+import org.apache.kafka.clients.admin.ConsumerGroupDescription;
+import org.apache.kafka.clients.admin.ConsumerGroupListing;
+import org.apache.kafka.clients.admin.DeletedRecords;
+import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.clients.admin.OffsetSpec;
+import org.apache.kafka.clients.admin.RecordsToDelete;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.GroupState;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.config.ConfigResource;
+import org.apache.kafka.common.errors.GroupNotEmptyException;
+import org.apache.kafka.common.errors.InvalidConfigurationException;
+import org.apache.kafka.common.errors.InvalidPartitionsException;
+import org.apache.kafka.common.errors.OffsetOutOfRangeException;
+import org.apache.kafka.common.errors.TopicExistsException;
+import org.apache.kafka.common.errors.UnknownTopicOrPartitionException;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+/** The Admin client: topics, records, configs and consumer groups. */
+@Timeout(90)
+class AdminTest {
+  static Throwable cause(Future<?> future) {
+    ExecutionException e = assertThrows(ExecutionException.class, future::get);
+    return e.getCause();
+  }
+
+  static void produce(String topic, int partition, int count) throws Exception {
+    try (KafkaProducer<byte[], byte[]> producer = producer(Map.of())) {
+      for (int i = 0; i < count; i++) {
+        producer.send(new ProducerRecord<>(topic, partition, null, bytes(partition + "-" + i)));
+      }
+      producer.flush();
+    }
+  }
+
+  @Test
+  void createsAndDeletesTopics() throws Exception {
+    String topic = uniqueName("java-admin");
+    try (Admin admin = admin()) {
+      NewTopic spec = new NewTopic(topic, 3, (short) 1).configs(Map.of("retention.ms", "3600000"));
+      var created = admin.createTopics(List.of(spec));
+      created.all().get();
+      assertEquals(3, created.numPartitions(topic).get());
+      assertEquals(Set.of(topic), admin.describeTopics(List.of(topic)).allTopicNames().get().keySet());
+      assertInstanceOf(TopicExistsException.class,
+          cause(admin.createTopics(List.of(new NewTopic(topic, 1, (short) 1))).all()));
+      assertInstanceOf(InvalidPartitionsException.class, cause(admin.createTopics(
+          List.of(new NewTopic(uniqueName("java-zero"), 0, (short) 1))).all()));
+      assertTrue(admin.listTopics().names().get().contains(topic));
+      admin.deleteTopics(List.of(topic)).all().get();
+      assertFalse(admin.listTopics().names().get().contains(topic));
+      assertInstanceOf(UnknownTopicOrPartitionException.class,
+          cause(admin.describeTopics(List.of(topic)).allTopicNames()));
+      assertInstanceOf(UnknownTopicOrPartitionException.class,
+          cause(admin.deleteTopics(List.of(topic)).all()));
+    }
+  }
+
+  @Test
+  void deleteRecordsMovesTheLogStartOffset() throws Exception {
+    String topic = createTopic(1);
+    TopicPartition tp = new TopicPartition(topic, 0);
+    produce(topic, 0, 10);
+    try (Admin admin = admin()) {
+      DeletedRecords deleted =
+          admin.deleteRecords(Map.of(tp, RecordsToDelete.beforeOffset(4))).lowWatermarks().get(tp).get();
+      assertEquals(4, deleted.lowWatermark());
+      assertEquals(4, admin.listOffsets(Map.of(tp, OffsetSpec.earliest())).partitionResult(tp).get().offset());
+      assertEquals(10, admin.listOffsets(Map.of(tp, OffsetSpec.latest())).partitionResult(tp).get().offset());
+      assertInstanceOf(OffsetOutOfRangeException.class, cause(
+          admin.deleteRecords(Map.of(tp, RecordsToDelete.beforeOffset(11))).lowWatermarks().get(tp)));
+    }
+    try (KafkaConsumer<byte[], byte[]> consumer = consumer(null)) {
+      consumer.assign(List.of(tp));
+      consumer.seekToBeginning(List.of(tp));
+      var got = readAll(consumer, 6);
+      assertEquals(List.of(4L, 5L, 6L, 7L, 8L, 9L), got.stream().map(r -> r.offset()).toList());
+    }
+  }
+
+  static ConfigEntry entry(Admin admin, ConfigResource resource, String name) throws Exception {
+    Config config = admin.describeConfigs(List.of(resource)).all().get().get(resource);
+    return config.get(name);
+  }
+
+  @Test
+  void describesAndAltersTopicConfigs() throws Exception {
+    String topic = createTopic(1, Map.of("retention.ms", "3600000"));
+    ConfigResource resource = new ConfigResource(ConfigResource.Type.TOPIC, topic);
+    try (Admin admin = admin()) {
+      ConfigEntry retention = entry(admin, resource, "retention.ms");
+      assertEquals("3600000", retention.value());
+      assertEquals(ConfigEntry.ConfigSource.DYNAMIC_TOPIC_CONFIG, retention.source());
+      assertEquals(ConfigEntry.ConfigSource.DEFAULT_CONFIG,
+          entry(admin, resource, "max.message.bytes").source());
+
+      Collection<AlterConfigOp> ops = List.of(
+          new AlterConfigOp(new ConfigEntry("retention.ms", "7200000"), AlterConfigOp.OpType.SET),
+          new AlterConfigOp(new ConfigEntry("max.message.bytes", "50000"), AlterConfigOp.OpType.SET));
+      admin.incrementalAlterConfigs(Map.of(resource, ops)).all().get();
+      assertEquals("7200000", entry(admin, resource, "retention.ms").value());
+      assertEquals("50000", entry(admin, resource, "max.message.bytes").value());
+
+      admin.incrementalAlterConfigs(Map.of(resource, List.of(new AlterConfigOp(
+          new ConfigEntry("retention.ms", ""), AlterConfigOp.OpType.DELETE)))).all().get();
+      ConfigEntry reset = entry(admin, resource, "retention.ms");
+      assertEquals(ConfigEntry.ConfigSource.DEFAULT_CONFIG, reset.source());
+      assertEquals("50000", entry(admin, resource, "max.message.bytes").value(), "untouched");
+
+      assertInstanceOf(InvalidConfigurationException.class, cause(admin.incrementalAlterConfigs(
+          Map.of(resource, List.of(new AlterConfigOp(new ConfigEntry("retention.ms", "soon"),
+              AlterConfigOp.OpType.SET)))).all()));
+    }
+  }
+
+  @Test
+  void describesTheBrokerConfig() throws Exception {
+    try (Admin admin = admin()) {
+      String nodeId = Integer.toString(admin.describeCluster().controller().get().id());
+      ConfigResource broker = new ConfigResource(ConfigResource.Type.BROKER, nodeId);
+      Config config = admin.describeConfigs(List.of(broker)).all().get().get(broker);
+      assertFalse(config.entries().isEmpty());
+      ConfigEntry partitions = config.get("num.partitions");
+      assertEquals("1", partitions.value());
+    }
+  }
+
+  /** list/describe groups, list/alter/delete offsets, delete the group. */
+  @Test
+  void administersConsumerGroups() throws Exception {
+    String topic = createTopic(2);
+    String group = uniqueName("java-admin-group");
+    TopicPartition p0 = new TopicPartition(topic, 0);
+    TopicPartition p1 = new TopicPartition(topic, 1);
+    produce(topic, 0, 10);
+    produce(topic, 1, 10);
+    try (Admin admin = admin()) {
+      try (KafkaConsumer<byte[], byte[]> consumer = consumer(group)) {
+        consumer.subscribe(List.of(topic));
+        assertEquals(20, readAll(consumer, 20).size());
+        consumer.commitSync();
+        assertTrue(eventually(() -> {
+          try {
+            return admin.listConsumerGroups().all().get().stream()
+                .map(ConsumerGroupListing::groupId).anyMatch(group::equals);
+          } catch (Exception e) {
+            throw new RuntimeException(e);
+          }
+        }));
+        ConsumerGroupDescription live =
+            admin.describeConsumerGroups(List.of(group)).describedGroups().get(group).get();
+        assertEquals(GroupState.STABLE, live.groupState());
+        assertEquals("range", live.partitionAssignor());
+        assertEquals(1, live.members().size());
+        assertEquals(Set.of(p0, p1), live.members().iterator().next().assignment().topicPartitions());
+        assertInstanceOf(GroupNotEmptyException.class,
+            cause(admin.deleteConsumerGroups(List.of(group)).all()));
+      } // close: the member leaves
+      ConsumerGroupDescription empty =
+          admin.describeConsumerGroups(List.of(group)).describedGroups().get(group).get();
+      assertEquals(GroupState.EMPTY, empty.groupState());
+      assertTrue(empty.members().isEmpty());
+
+      Map<TopicPartition, OffsetAndMetadata> offsets =
+          admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get();
+      assertEquals(10, offsets.get(p0).offset());
+      assertEquals(10, offsets.get(p1).offset());
+
+      admin.alterConsumerGroupOffsets(group, Map.of(p0, new OffsetAndMetadata(3))).all().get();
+      offsets = admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get();
+      assertEquals(3, offsets.get(p0).offset());
+      assertEquals(10, offsets.get(p1).offset());
+
+      admin.deleteConsumerGroupOffsets(group, Set.of(p1)).all().get();
+      offsets = admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get();
+      assertEquals(Set.of(p0), offsets.keySet());
+
+      try (KafkaConsumer<byte[], byte[]> resumed = consumer(group)) {
+        resumed.subscribe(List.of(topic));
+        var got = readAll(resumed, 17); // p0 from the altered offset 3, p1 from the start
+        assertEquals(17, got.size());
+        assertEquals(7, got.stream().filter(r -> r.partition() == 0).count());
+        assertEquals(3, got.stream().filter(r -> r.partition() == 0).mapToLong(r -> r.offset()).min().orElse(-1));
+      }
+
+      admin.deleteConsumerGroups(List.of(group)).all().get();
+      assertFalse(admin.listConsumerGroups().all().get().stream()
+          .map(ConsumerGroupListing::groupId).anyMatch(group::equals));
+      assertTrue(admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get().isEmpty());
+    }
+  }
+}
