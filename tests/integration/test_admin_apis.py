@@ -522,6 +522,28 @@ async def test_delete_topics_versions(raw: RawClient, broker: Broker, version: i
     assert broker.topics.get("d1") is None and broker.topics.get("d2") is None
 
 
+@pytest.mark.parametrize("version", [12, 13])
+async def test_metadata_by_topic_id(raw: RawClient, broker: Broker, version: int) -> None:
+    """A non-zero id names the topic whatever the name says (the Java Admin's describeTopics
+    by id sends an empty name); an unknown id gets UNKNOWN_TOPIC_ID with the id echoed."""
+    assert (await raw.create_topic("by-id", 2)).error_code == ErrorCode.NONE
+    topic_id = broker.topics.get("by-id").topic_id  # type: ignore[union-attr]
+    unknown = uuid.uuid4()
+    Topic = m.MetadataRequest.MetadataRequestTopic
+    req = m.MetadataRequest(
+        topics=[Topic(name="", topic_id=topic_id), Topic(name=None, topic_id=topic_id),
+                Topic(name="", topic_id=unknown)],
+        allow_auto_topic_creation=False,
+    )  # fmt: skip
+    response = await raw.call(m.ApiKey.METADATA, version, req)
+    got = [(t.error_code, t.name, t.topic_id, len(t.partitions)) for t in response.topics]
+    assert got == [
+        (ErrorCode.NONE, "by-id", topic_id, 2),
+        (ErrorCode.NONE, "by-id", topic_id, 2),
+        (ErrorCode.UNKNOWN_TOPIC_ID, None, unknown, 0),
+    ]
+
+
 @pytest.mark.parametrize("version", versions(m.ApiKey.DESCRIBE_CONFIGS))
 async def test_describe_configs_versions(raw: RawClient, broker: Broker, version: int) -> None:
     await raw.create_topic("dc", configs={"retention.ms": "5000"})

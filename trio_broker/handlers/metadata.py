@@ -28,10 +28,14 @@ def topic_metadata(
     node = services.config.node_id
     topic = services.topics.get(name) if name is not None else services.topics.by_id.get(topic_id)  # type: ignore[arg-type]
     if topic is None:
+        if name is None:  # asked by id, as Kafka: UNKNOWN_TOPIC_ID, the id echoed, no name
+            return Resp.MetadataResponseTopic(
+                error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None, topic_id=topic_id, partitions=[]
+            )
         return Resp.MetadataResponseTopic(
-            error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if name is None or name
+            error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if name
             else ErrorCode.INVALID_TOPIC_EXCEPTION,
-            name=name, topic_id=topic_id or uuid.UUID(int=0), partitions=[],
+            name=name, topic_id=uuid.UUID(int=0), partitions=[],
         )  # fmt: skip
     partitions = [
         Resp.MetadataResponseTopic.MetadataResponsePartition(
@@ -65,6 +69,10 @@ async def handle_metadata(ctx: RequestContext, request: m.MetadataRequest) -> m.
     else:
         for wanted in request.topics:
             name = wanted.name
+            # A non-zero id wins over the name, as in Kafka (the Java Admin's describeTopics
+            # by id sends the id with an empty name, librdkafka with a null one).
+            if wanted.topic_id is not None and wanted.topic_id.int != 0:
+                name = None
             if name is None:
                 known = services.topics.by_id.get(wanted.topic_id)
                 if known is not None and not authorized(
