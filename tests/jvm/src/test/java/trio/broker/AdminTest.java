@@ -34,14 +34,18 @@ import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.common.GroupState;
+import org.apache.kafka.common.TopicCollection;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.config.ConfigResource;
 import org.apache.kafka.common.errors.GroupNotEmptyException;
 import org.apache.kafka.common.errors.InvalidConfigurationException;
 import org.apache.kafka.common.errors.InvalidPartitionsException;
 import org.apache.kafka.common.errors.OffsetOutOfRangeException;
 import org.apache.kafka.common.errors.TopicExistsException;
+import org.apache.kafka.common.errors.UnknownTopicIdException;
 import org.apache.kafka.common.errors.UnknownTopicOrPartitionException;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
@@ -77,6 +81,14 @@ class AdminTest {
       assertInstanceOf(InvalidPartitionsException.class, cause(admin.createTopics(
           List.of(new NewTopic(uniqueName("java-zero"), 0, (short) 1))).all()));
       assertTrue(admin.listTopics().names().get().contains(topic));
+      // By topic id (Metadata with ids): the same topic; an unknown id is refused.
+      Uuid id = admin.describeTopics(List.of(topic)).allTopicNames().get().get(topic).topicId();
+      TopicDescription byId =
+          admin.describeTopics(TopicCollection.ofTopicIds(List.of(id))).allTopicIds().get().get(id);
+      assertEquals(topic, byId.name());
+      assertEquals(3, byId.partitions().size());
+      assertInstanceOf(UnknownTopicIdException.class, cause(
+          admin.describeTopics(TopicCollection.ofTopicIds(List.of(Uuid.randomUuid()))).allTopicIds()));
       admin.deleteTopics(List.of(topic)).all().get();
       assertFalse(admin.listTopics().names().get().contains(topic));
       assertInstanceOf(UnknownTopicOrPartitionException.class,
