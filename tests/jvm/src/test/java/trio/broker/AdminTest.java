@@ -40,11 +40,14 @@ import org.apache.kafka.common.TopicCollection;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.config.ConfigResource;
+import org.apache.kafka.common.errors.GroupIdNotFoundException;
 import org.apache.kafka.common.errors.GroupNotEmptyException;
+import org.apache.kafka.common.errors.GroupSubscribedToTopicException;
 import org.apache.kafka.common.errors.InvalidConfigurationException;
 import org.apache.kafka.common.errors.InvalidPartitionsException;
 import org.apache.kafka.common.errors.OffsetOutOfRangeException;
 import org.apache.kafka.common.errors.TopicExistsException;
+import org.apache.kafka.common.errors.UnknownMemberIdException;
 import org.apache.kafka.common.errors.UnknownTopicIdException;
 import org.apache.kafka.common.errors.UnknownTopicOrPartitionException;
 import org.junit.jupiter.api.Test;
@@ -197,6 +200,11 @@ class AdminTest {
         assertEquals(Set.of(p0, p1), live.members().iterator().next().assignment().topicPartitions());
         assertInstanceOf(GroupNotEmptyException.class,
             cause(admin.deleteConsumerGroups(List.of(group)).all()));
+        // While a member is in: no offsets from outside, none deleted of a subscribed topic.
+        assertInstanceOf(UnknownMemberIdException.class, cause(admin.alterConsumerGroupOffsets(
+            group, Map.of(p0, new OffsetAndMetadata(1))).all()));
+        assertInstanceOf(GroupSubscribedToTopicException.class,
+            cause(admin.deleteConsumerGroupOffsets(group, Set.of(p0)).all()));
       } // close: the member leaves
       ConsumerGroupDescription empty =
           admin.describeConsumerGroups(List.of(group)).describedGroups().get(group).get();
@@ -229,6 +237,10 @@ class AdminTest {
       assertFalse(admin.listConsumerGroups().all().get().stream()
           .map(ConsumerGroupListing::groupId).anyMatch(group::equals));
       assertTrue(admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get().isEmpty());
+      assertInstanceOf(GroupIdNotFoundException.class,
+          cause(admin.deleteConsumerGroups(List.of(group)).all()));
+      assertInstanceOf(GroupIdNotFoundException.class,
+          cause(admin.describeConsumerGroups(List.of(group)).all()));
     }
   }
 }
