@@ -187,7 +187,9 @@ def librdkafka_member(bootstrap: str, topic: str, group: str) -> PythonMember:
         msg = consumer.poll(0.2)
         if msg is None or msg.error() is not None:
             return []
-        return [(msg.partition(), msg.value())]
+        partition, value = msg.partition(), msg.value()
+        assert partition is not None and value is not None, msg
+        return [(partition, value)]
 
     return PythonMember(
         "librdkafka",
