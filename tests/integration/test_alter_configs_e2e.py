@@ -21,7 +21,10 @@ from confluent_kafka.admin import ConfigResource as CConfigResource
 from confluent_kafka.admin import ResourceType as CResourceType
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
+from tests.integration.raw_client import RawClient
 from trio_broker.config import BrokerConfig
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.security.acl import AclBinding, Operation, PatternType, Permission, ResourceType
 from trio_broker.server.broker import Broker
 
@@ -38,10 +41,12 @@ def broker_config(request: pytest.FixtureRequest, tmp_path: Path) -> BrokerConfi
     return BrokerConfig(port=0, data_dir=tmp_path / "data", storage=request.param)
 
 
-def describe(bootstrap: str, topic: str) -> dict[str, Any]:
+def describe(bootstrap: str, topic: str, config_filter: str = "modified") -> dict[str, Any]:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        result = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+        result = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter=config_filter
+        )
     finally:
         admin.close()
     configs: dict[str, Any] = result["topic"][topic]
@@ -156,13 +161,13 @@ async def test_confluent_incremental_and_legacy_alter(broker: Broker, bootstrap:
     assert broker.topics.get("inc").info.configs == {"cleanup.policy": "delete"}  # type: ignore[union-attr]
     assert broker.topics.log("inc", 0).config.segment_ms == broker.config.segment_ms
 
-    # Unknown topic, and broker resources (no dynamic broker configs here).
+    # Unknown topic; a broker key that is not dynamic (Kafka: 42).
     missing = CConfigResource(CResourceType.TOPIC, "nope", set_config={"retention.ms": "1"})
     assert await in_thread(lambda: alter(missing, legacy=True)) == (
         KafkaError.UNKNOWN_TOPIC_OR_PART
     )
-    node = CConfigResource(CResourceType.BROKER, "0", set_config={"log.retention.ms": "1"})
-    assert await in_thread(lambda: alter(node, legacy=True)) == KafkaError.INVALID_REQUEST
+    static = CConfigResource(CResourceType.BROKER, "0", set_config={"num.partitions": "3"})
+    assert await in_thread(lambda: alter(static, legacy=True)) == KafkaError.INVALID_REQUEST
 
 
 async def test_altered_configs_survive_a_restart(tmp_path: Path) -> None:
@@ -225,4 +230,102 @@ async def test_alter_configs_needs_alter_configs_permission(tmp_path: Path) -> N
         assert "TopicAuthorizationFailed" in result["topic"]["guarded"]
         assert result["topic"]["open"] == "OK"
         assert broker.topics.get("guarded").info.configs == {}  # type: ignore[union-attr]
+        nursery.cancel_scope.cancel()
+
+
+def describe_broker(bootstrap: str, node: int) -> dict[str, Any]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        result = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.BROKER, str(node))], include_synonyms=True
+        )
+    finally:
+        admin.close()
+    configs: dict[str, Any] = result["broker"][str(node)]
+    return configs
+
+
+async def raw_alter(broker: Broker, node: str, *entries: tuple[str, str | None, int],
+                    validate_only: bool = False) -> int:  # fmt: skip
+    """IncrementalAlterConfigs v1 on a BROKER resource over our codec (the clients cannot
+    name the cluster default "" or another node); the resource's error code."""
+    Req = m.IncrementalAlterConfigsRequest
+    Res = Req.AlterConfigsResource
+    configs = [Res.AlterableConfig(name=k, config_operation=op, value=v) for k, v, op in entries]
+    request = Req(resources=[Res(resource_type=4, resource_name=node, configs=configs)],
+                  validate_only=validate_only)  # fmt: skip
+    host, port = broker.bound[0]
+    async with await trio.open_tcp_stream(host, port) as stream:
+        response = await RawClient(stream).call(m.ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, request)
+    return int(response.responses[0].error_code)
+
+
+async def test_dynamic_broker_configs(tmp_path: Path) -> None:
+    """KIP-226 for the log defaults: the cluster default ("") and this broker's value (its
+    id; it wins) become the defaults of every topic that does not set the key, live, in
+    DescribeConfigs and across a restart; DELETE goes back to the config file's value."""
+    config = BrokerConfig(port=0, data_dir=tmp_path / "data", retention_ms=86_400_000)
+    SET, DELETE = 0, 1
+    ok, invalid = ErrorCode.NONE, ErrorCode.INVALID_REQUEST
+
+    async with trio.open_nursery() as nursery:
+        broker: Broker = await nursery.start(Broker(config).run)
+        bootstrap = f"127.0.0.1:{broker.bound[0][1]}"
+        broker.topics.create("inherits", 1)
+        broker.topics.create("overrides", 1, {"retention.ms": "5000"})
+        log, own = broker.topics.log("inherits", 0), broker.topics.log("overrides", 0)
+        assert log is not None and own is not None and log.config.retention_ms == 86_400_000
+
+        assert await raw_alter(broker, "", ("log.retention.ms", "7200000", SET),
+                               ("log.segment.bytes", "1048576", SET)) == ok  # fmt: skip
+        assert (log.config.retention_ms, log.config.segment_bytes) == (7_200_000, 1_048_576)
+
+        def alter_this_broker() -> None:  # a real client (confluent-kafka) on node id 0
+            change = ConfigEntry("log.retention.ms", "3600000",
+                                 incremental_operation=AlterConfigOpType.SET)  # fmt: skip
+            node = CConfigResource(CResourceType.BROKER, "0", incremental_configs=[change])
+            admin = AdminClient({"bootstrap.servers": bootstrap})
+            [future] = admin.incremental_alter_configs([node]).values()
+            future.result(timeout=10)
+
+        await in_thread(alter_this_broker)
+        assert log.config.retention_ms == 3_600_000  # this broker's value wins
+        assert own.config.retention_ms == 5000  # the topic's own setting wins over both
+        assert broker.topics.create("new", 1).logs[0].config.retention_ms == 3_600_000
+
+        configs = await in_thread(lambda: describe_broker(bootstrap, 0))
+        retention = configs["log.retention.ms"]
+        assert (retention["value"], retention["config_source"]) == (
+            "3600000", "DYNAMIC_BROKER_CONFIG"
+        )  # fmt: skip
+        assert [(s["value"], s["source"]) for s in retention["synonyms"]] == [
+            ("3600000", "DYNAMIC_BROKER_CONFIG"), ("7200000", "DYNAMIC_DEFAULT_BROKER_CONFIG"),
+            ("86400000", "STATIC_BROKER_CONFIG"),
+        ]  # fmt: skip
+        topic = await in_thread(lambda: describe(bootstrap, "inherits", "all"))
+        assert (topic["retention.ms"]["value"], topic["retention.ms"]["config_source"]) == (
+            "3600000", "DYNAMIC_BROKER_CONFIG"
+        )  # fmt: skip
+        assert topic["segment.bytes"]["config_source"] == "DYNAMIC_DEFAULT_BROKER_CONFIG"
+
+        # Refused whole (Kafka: INVALID_REQUEST): a key that is not dynamic, bad values,
+        # another broker's id. validate_only checks only. Nothing changes.
+        for bad in ((("log.retention.ms", "1", SET), ("num.partitions", "3", SET)),
+                    (("log.segment.bytes", "5", SET),), (("log.roll.ms", "soon", SET),)):  # fmt: skip
+            assert await raw_alter(broker, "0", *bad) == invalid, bad
+        assert await raw_alter(broker, "7", ("log.retention.ms", "1", SET)) == invalid
+        assert await raw_alter(broker, "0", ("log.retention.ms", "1000", SET),
+                               validate_only=True) == ok  # fmt: skip
+        assert log.config.retention_ms == 3_600_000
+        nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        broker = await nursery.start(Broker(config).run)
+        log = broker.topics.log("inherits", 0)
+        assert log is not None and log.config.retention_ms == 3_600_000  # kept on disk
+        assert await raw_alter(broker, "0", ("log.retention.ms", None, DELETE)) == ok
+        assert log.config.retention_ms == 7_200_000  # back to the cluster default
+        assert await raw_alter(broker, "", ("log.retention.ms", None, DELETE)) == ok
+        assert log.config.retention_ms == 86_400_000  # back to the config file's value
+        assert log.config.segment_bytes == 1_048_576
         nursery.cancel_scope.cancel()

@@ -1,12 +1,15 @@
-"""AlterConfigs: replace a topic's config overrides (every key not listed is reset).
+"""AlterConfigs: replace a topic's or the broker's config overrides (every key not listed
+is reset).
 
-Topic resources only. Values are checked before anything changes (unknown key,
-malformed or out-of-range value -> INVALID_CONFIG); with ``validate_only`` the
-check is all that happens. Accepted overrides are written to the topic
-catalogue and applied to the live partition logs (retention, segment rolling,
-max.message.bytes), and DescribeConfigs reports them with source
-DYNAMIC_TOPIC_CONFIG. Broker resources are refused with INVALID_REQUEST: this
-broker has no dynamic broker configs (docs/acls.md, "Configs").
+Topic resources: values are checked before anything changes (unknown key, malformed
+or out-of-range value -> INVALID_CONFIG); with ``validate_only`` the check is all that
+happens. Accepted overrides are written to the topic catalogue and applied to the live
+partition logs (retention, segment rolling, max.message.bytes), and DescribeConfigs
+reports them with source DYNAMIC_TOPIC_CONFIG.
+
+BROKER resources: the dynamic broker configs (storage/broker_configs.py), either the
+cluster-wide default (name "") or this node's (its id). They become the log defaults
+of every topic that does not set the key itself (docs/acls.md, "Dynamic broker configs").
 
 Shared with IncrementalAlterConfigs: resource checks, value checks, applying.
 """
@@ -23,7 +26,8 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.security.acl import Operation, ResourceType
 from trio_broker.services.topics import TopicError
-from trio_broker.storage.errors import StorageError
+from trio_broker.storage.broker_configs import CLUSTER_DEFAULT, THIS_BROKER, check_broker_configs
+from trio_broker.storage.errors import InvalidConfigError, StorageError
 
 Resp = m.AlterConfigsResponse
 
@@ -103,9 +107,10 @@ def _alter_one(
     if resource.resource_type in (BROKER_RESOURCE, BROKER_LOGGER_RESOURCE):
         if not authorized(ctx, Operation.ALTER_CONFIGS, ResourceType.CLUSTER):
             raise ConfigRefused(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "ALTER_CONFIGS refused")
-        raise ConfigRefused(
-            ErrorCode.INVALID_REQUEST, "dynamic broker configs are not supported; use --config"
-        )
+        if resource.resource_type == BROKER_LOGGER_RESOURCE:
+            raise ConfigRefused(ErrorCode.INVALID_REQUEST, "broker loggers cannot be altered")
+        _alter_broker(ctx, resource, validate_only, new_configs)
+        return
     if resource.resource_type != TOPIC_RESOURCE:
         raise ConfigRefused(
             ErrorCode.INVALID_REQUEST, f"unsupported resource type {resource.resource_type}"
@@ -121,6 +126,38 @@ def _alter_one(
         return
     try:
         ctx.services.topics.set_configs(name, configs)
+    except TopicError as exc:
+        raise ConfigRefused(exc.error_code, str(exc)) from None
+    except OSError as exc:
+        raise ConfigRefused(StorageError.error_code, f"cannot store configs: {exc}") from None
+
+
+def _alter_broker(
+    ctx: RequestContext,
+    resource: AnyResource,
+    validate_only: bool,
+    new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
+) -> None:
+    """Dynamic broker configs: "" is the cluster-wide default, the node id this broker.
+
+    Kafka answers INVALID_REQUEST for a key that is not dynamic, a bad value, or
+    another broker's id; the whole resource is refused.
+    """
+    name, node = resource.resource_name, str(ctx.services.config.node_id)
+    if name not in ("", node):
+        raise ConfigRefused(
+            ErrorCode.INVALID_REQUEST,
+            f"Unexpected broker id, expected {node} or empty string, but received {name}",
+        )
+    level = CLUSTER_DEFAULT if name == "" else THIS_BROKER
+    topics = ctx.services.topics
+    configs = new_configs(topics.broker_configs.get(level), resource)
+    try:
+        check_broker_configs(configs)
+        if not validate_only:
+            topics.set_broker_configs(level, configs)
+    except InvalidConfigError as exc:
+        raise ConfigRefused(ErrorCode.INVALID_REQUEST, str(exc)) from None
     except TopicError as exc:
         raise ConfigRefused(exc.error_code, str(exc)) from None
     except OSError as exc:

@@ -111,7 +111,7 @@ def _create_one(ctx: RequestContext, topic: RequestedTopic, validate_only: bool)
         ResultConfig(
             name=v.name, value=v.value, read_only=False, config_source=v.source, is_sensitive=False
         )
-        for v in topic_config_values(services.config, configs)
+        for v in topic_config_values(services.config, configs, services.topics.broker_configs)
     ]
     return result
 

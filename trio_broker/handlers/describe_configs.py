@@ -2,8 +2,10 @@
 
 Topic configs are the ones set at creation (source TOPIC) plus defaults taken
 from the broker config. Like Kafka, an inherited value reports
-STATIC_BROKER_CONFIG when the broker's config file overrides the built-in
-default and DEFAULT_CONFIG otherwise. CreateTopics v5+ returns the same list.
+DYNAMIC_BROKER_CONFIG or DYNAMIC_DEFAULT_BROKER_CONFIG when a dynamic broker config
+sets it (storage/broker_configs.py), else STATIC_BROKER_CONFIG when the broker's
+config file overrides the built-in default and DEFAULT_CONFIG otherwise.
+CreateTopics v5+ returns the same list.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.security.listeners import LISTENER_KEYS
 from trio_broker.services.topics import TopicError, validate_topic_name
+from trio_broker.storage.broker_configs import (
+    CLUSTER_DEFAULT,
+    DYNAMIC_BROKER_KEYS,
+    THIS_BROKER,
+    BrokerConfigStore,
+)
 from trio_broker.storage.topic_configs import (
     STRING,
     TOPIC_CONFIGS,
@@ -44,6 +52,8 @@ BROKER_RESOURCE = 4
 
 # Config sources (Kafka's DescribeConfigsResponse.ConfigSource).
 TOPIC_CONFIG = 1
+DYNAMIC_BROKER_CONFIG = 2
+DYNAMIC_DEFAULT_BROKER_CONFIG = 3
 STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
 
@@ -58,8 +68,10 @@ class ConfigValue(NamedTuple):
     doc: str | None
     #: (name, value, source), most specific first, as Kafka lists synonyms.
     synonyms: list[tuple[str, str | None, int]]
-    #: A broker config: read-only (no dynamic broker configs here); passwords are sensitive.
+    #: Passwords are sensitive (broker configs only).
     sensitive: bool | None = None
+    #: Broker configs are read-only but the dynamic ones; topic configs are not.
+    read_only: bool = False
 
 
 def _is_static(config: BrokerConfig, keys: tuple[str, ...], field: str | None) -> bool:
@@ -78,8 +90,27 @@ def _broker_default(config: BrokerConfig, spec: TopicConfig) -> tuple[str, int]:
     return str(value), STATIC_BROKER_CONFIG if static else DEFAULT_CONFIG
 
 
-def topic_config_values(config: BrokerConfig, topic_configs: dict[str, str]) -> list[ConfigValue]:
-    """Every config of a topic: its own settings first in precedence, then inherited ones.
+def _broker_synonyms(
+    config: BrokerConfig, spec: TopicConfig, dynamic: BrokerConfigStore
+) -> list[tuple[str, str | None, int]]:
+    """A broker key's values, most specific first: this broker's dynamic value, the
+    cluster-wide dynamic default, then the config file's or built-in value."""
+    assert spec.broker_key is not None
+    key = spec.broker_key
+    out: list[tuple[str, str | None, int]] = []
+    for level, source in ((THIS_BROKER, DYNAMIC_BROKER_CONFIG),
+                          (CLUSTER_DEFAULT, DYNAMIC_DEFAULT_BROKER_CONFIG)):  # fmt: skip
+        if key in dynamic.levels[level]:
+            out.append((key, dynamic.levels[level][key], source))
+    value, source = _broker_default(config, spec)
+    return [*out, (key, value, source)]
+
+
+def topic_config_values(
+    config: BrokerConfig, topic_configs: dict[str, str], dynamic: BrokerConfigStore
+) -> list[ConfigValue]:
+    """Every config of a topic: its own settings first in precedence, then inherited ones
+    (``dynamic``: the dynamic broker configs, above the config file's values).
 
     From the one table (storage/topic_configs.py): configs with a broker synonym are
     always listed; the others only when the topic sets them.
@@ -92,8 +123,7 @@ def topic_config_values(config: BrokerConfig, topic_configs: dict[str, str]) -> 
         if name in topic_configs:
             synonyms.append((name, topic_configs[name], TOPIC_CONFIG))
         if spec is not None and spec.broker_key is not None:
-            default, default_source = _broker_default(config, spec)
-            synonyms.append((spec.broker_key, default, default_source))
+            synonyms.extend(_broker_synonyms(config, spec, dynamic))
         value, source = synonyms[0][1], synonyms[0][2]
         out.append(
             ConfigValue(
@@ -101,6 +131,17 @@ def topic_config_values(config: BrokerConfig, topic_configs: dict[str, str]) -> 
                 spec.doc if spec else None, synonyms,
             )
         )  # fmt: skip
+    return out
+
+
+def dynamic_config_values(dynamic: BrokerConfigStore, level: str) -> list[ConfigValue]:
+    """The dynamic broker configs set at one level (the cluster default: Kafka's BROKER
+    resource "" lists only these)."""
+    source = DYNAMIC_BROKER_CONFIG if level == THIS_BROKER else DYNAMIC_DEFAULT_BROKER_CONFIG
+    out = []
+    for key, value in sorted(dynamic.levels[level].items()):
+        spec = TOPIC_CONFIGS[DYNAMIC_BROKER_KEYS[key]]
+        out.append(ConfigValue(key, value, source, spec.type, None, [(key, value, source)]))
     return out
 
 
@@ -138,7 +179,7 @@ def _current_value(config: BrokerConfig, spec: BrokerKey) -> str | None:
     return config.static_keys.get(spec.name, spec.kafka_default)
 
 
-def _broker_value(config: BrokerConfig, spec: BrokerKey) -> ConfigValue:
+def _broker_value(config: BrokerConfig, spec: BrokerKey, dynamic: BrokerConfigStore) -> ConfigValue:
     group = _synonym_group(spec.name)
     primary = group[0] == spec.name
     field = spec.field if spec.field not in (None, SECURITY) and spec.scale == 1 else None
@@ -157,37 +198,46 @@ def _broker_value(config: BrokerConfig, spec: BrokerKey) -> ConfigValue:
     default = _default_value(spec)
     if default is not None:
         synonyms.append((spec.name, default, DEFAULT_CONFIG))
+    source = STATIC_BROKER_CONFIG if static else DEFAULT_CONFIG
+    is_dynamic = spec.name in DYNAMIC_BROKER_KEYS
+    if is_dynamic:  # a value set at runtime comes first, this broker's before the cluster's
+        for level, dynamic_source in ((CLUSTER_DEFAULT, DYNAMIC_DEFAULT_BROKER_CONFIG),
+                                      (THIS_BROKER, DYNAMIC_BROKER_CONFIG)):  # fmt: skip
+            if spec.name in dynamic.levels[level]:
+                value, source = dynamic.levels[level][spec.name], dynamic_source
+                synonyms.insert(0, (spec.name, value, source))
     if spec.sensitive:
         value, synonyms = None, [(name, None, source) for name, _, source in synonyms]
     doc = None
     if spec.status == INERT:
         doc = f"No effect in trio-broker ({inert_reason(spec.name)}); accepted as in Kafka."
-    source = STATIC_BROKER_CONFIG if static else DEFAULT_CONFIG
-    return ConfigValue(spec.name, value, source, spec.type, doc, synonyms, spec.sensitive)
+    return ConfigValue(spec.name, value, source, spec.type, doc, synonyms, spec.sensitive,
+                       read_only=not is_dynamic)  # fmt: skip
 
 
-def broker_config_values(config: BrokerConfig) -> list[ConfigValue]:
+def broker_config_values(config: BrokerConfig, dynamic: BrokerConfigStore) -> list[ConfigValue]:
     """Every key of the broker table (config_keys.py), and the file's listener.name.* keys.
 
     Like Kafka for static configs: STATIC_BROKER_CONFIG for keys set at start,
     DEFAULT_CONFIG otherwise; passwords are sensitive and have no value. All are
-    read-only: this broker has no dynamic broker configs.
+    read-only but the dynamic broker configs (``dynamic``, storage/broker_configs.py),
+    whose value in force and synonyms come first when set at runtime.
     """
-    out = [_broker_value(config, spec) for spec in BROKER_KEYS.values()]
+    out = [_broker_value(config, spec, dynamic) for spec in BROKER_KEYS.values()]
     for key, written in config.static_keys.items():
         if key.startswith("listener.name."):
             spec = listener_key(key)
             value = None if spec.sensitive else written
             out.append(
                 ConfigValue(key, value, STATIC_BROKER_CONFIG, spec.type, None,
-                            [(key, value, STATIC_BROKER_CONFIG)], spec.sensitive)
+                            [(key, value, STATIC_BROKER_CONFIG)], spec.sensitive, read_only=True)
             )  # fmt: skip
     return sorted(out, key=lambda c: c.name)
 
 
 def _entry(value: ConfigValue, synonyms: bool, documentation: bool) -> Entry:
     return Entry(
-        name=value.name, value=value.value, read_only=value.sensitive is not None,
+        name=value.name, value=value.value, read_only=value.read_only,
         config_source=value.source, is_default=value.source == DEFAULT_CONFIG,
         is_sensitive=bool(value.sensitive),
         synonyms=[Synonym(name=n, value=v, source=s) for n, v, s in value.synonyms]
@@ -211,20 +261,30 @@ def _describe(
         topic = services.topics.get(name)
         if topic is None:
             return [], ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
-        return topic_config_values(services.config, topic.info.configs), ErrorCode.NONE, ""
+        values = topic_config_values(
+            services.config, topic.info.configs, services.topics.broker_configs
+        )
+        return values, ErrorCode.NONE, ""
     if resource.resource_type == BROKER_RESOURCE:
         if not authorized(ctx, Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER):
             return [], ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "DESCRIBE_CONFIGS refused"
-        if name == "":
-            # The cluster-wide dynamic defaults: we have none.
-            return [], ErrorCode.NONE, ""
+        if name == "":  # the cluster-wide dynamic defaults
+            return (
+                dynamic_config_values(services.topics.broker_configs, CLUSTER_DEFAULT),
+                ErrorCode.NONE,
+                "",
+            )
         if name != str(services.config.node_id):
             return (
                 [],
                 ErrorCode.INVALID_REQUEST,
                 (f"broker id {name!r} is not this broker ({services.config.node_id})"),
             )
-        return broker_config_values(services.config), ErrorCode.NONE, ""
+        return (
+            broker_config_values(services.config, services.topics.broker_configs),
+            ErrorCode.NONE,
+            "",
+        )
     return [], ErrorCode.INVALID_REQUEST, f"unsupported resource type {resource.resource_type}"
 
 

@@ -26,9 +26,13 @@ def topic_metadata(
 ) -> Resp.MetadataResponseTopic:
     services = ctx.services
     node = services.config.node_id
-    topic = services.topics.get(name) if name is not None else services.topics.by_id.get(topic_id)  # type: ignore[arg-type]
+    if name is None:
+        assert topic_id is not None, "a topic is asked for by name or by id"
+        topic = services.topics.by_id.get(topic_id)
+    else:
+        topic = services.topics.get(name)
     if topic is None:
-        if name is None:  # asked by id, as Kafka: UNKNOWN_TOPIC_ID, the id echoed, no name
+        if topic_id is not None and name is None:  # by id, as Kafka: the id echoed, no name
             return Resp.MetadataResponseTopic(
                 error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None, topic_id=topic_id, partitions=[]
             )

@@ -16,6 +16,7 @@ import attrs
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
+from trio_broker.storage.broker_configs import BrokerConfigStore
 from trio_broker.storage.catalogue import Catalogue, TopicInfo
 from trio_broker.storage.catalogue import validate_topic_name as catalogue_rules
 from trio_broker.storage.errors import InvalidConfigError, InvalidTopicError
@@ -65,9 +66,12 @@ class TopicManager:
 
     def __init__(self, data_dir: Path | None, defaults: LogConfig, now_ms: Any) -> None:
         self.data_dir = data_dir
-        self.defaults = defaults
+        #: The log defaults of the broker's config file; dynamic broker configs go on top.
+        self.static_defaults = defaults
         self.now_ms = now_ms
         self.catalogue = Catalogue(data_dir) if data_dir is not None else None
+        self.broker_configs = BrokerConfigStore(data_dir)
+        self.defaults = topic_log_config(self.broker_configs.effective(), defaults)
         self.topics: dict[str, Topic] = {}
         #: Called with each log a topic deletion closes (the broker points it at
         #: Flusher.forget, so produces waiting on that log fail instead of hanging).
@@ -199,6 +203,19 @@ class TopicManager:
         for log in topic.logs:
             log.config = log_config
         return topic
+
+    def set_broker_configs(self, level: str, configs: dict[str, str]) -> None:
+        """Replace one level of dynamic broker configs: persist, then apply to every log
+        (a topic's own configs still win over the new defaults)."""
+        try:
+            self.broker_configs.set(level, configs)
+        except InvalidConfigError as exc:
+            raise TopicError(ErrorCode.INVALID_REQUEST, str(exc)) from None
+        self.defaults = topic_log_config(self.broker_configs.effective(), self.static_defaults)
+        for topic in self.topics.values():
+            log_config = self.log_config(topic.info.configs)
+            for log in topic.logs:
+                log.config = log_config
 
     def delete(self, name: str) -> None:
         topic = self.topics.pop(name, None)
