@@ -45,6 +45,7 @@ import org.apache.kafka.common.errors.GroupNotEmptyException;
 import org.apache.kafka.common.errors.GroupSubscribedToTopicException;
 import org.apache.kafka.common.errors.InvalidConfigurationException;
 import org.apache.kafka.common.errors.InvalidPartitionsException;
+import org.apache.kafka.common.errors.InvalidRequestException;
 import org.apache.kafka.common.errors.OffsetOutOfRangeException;
 import org.apache.kafka.common.errors.TopicExistsException;
 import org.apache.kafka.common.errors.UnknownMemberIdException;
@@ -167,6 +168,56 @@ class AdminTest {
       assertFalse(config.entries().isEmpty());
       ConfigEntry partitions = config.get("num.partitions");
       assertEquals("1", partitions.value());
+    }
+  }
+
+  /** Dynamic broker configs (KIP-226): the cluster default ("") and this broker (its id). */
+  @Test
+  void altersDynamicBrokerConfigs() throws Exception {
+    String topic = createTopic(1);
+    ConfigResource topicResource = new ConfigResource(ConfigResource.Type.TOPIC, topic);
+    try (Admin admin = admin()) {
+      String nodeId = Integer.toString(admin.describeCluster().controller().get().id());
+      ConfigResource broker = new ConfigResource(ConfigResource.Type.BROKER, nodeId);
+      ConfigResource clusterDefault = new ConfigResource(ConfigResource.Type.BROKER, "");
+      // Harmless values: the broker is shared with the other tests.
+      String eightDays = "691200000";
+      String halfGiB = "536870912";
+      try {
+        admin.incrementalAlterConfigs(Map.of(
+            clusterDefault, List.of(new AlterConfigOp(
+                new ConfigEntry("log.retention.ms", eightDays), AlterConfigOp.OpType.SET)),
+            broker, List.of(new AlterConfigOp(
+                new ConfigEntry("log.segment.bytes", halfGiB), AlterConfigOp.OpType.SET))))
+            .all().get();
+        ConfigEntry retention = entry(admin, broker, "log.retention.ms");
+        assertEquals(eightDays, retention.value());
+        assertEquals(ConfigEntry.ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG, retention.source());
+        ConfigEntry segment = entry(admin, broker, "log.segment.bytes");
+        assertEquals(halfGiB, segment.value());
+        assertEquals(ConfigEntry.ConfigSource.DYNAMIC_BROKER_CONFIG, segment.source());
+        assertEquals(eightDays, entry(admin, clusterDefault, "log.retention.ms").value());
+        // A topic without its own setting inherits the dynamic values.
+        ConfigEntry inherited = entry(admin, topicResource, "retention.ms");
+        assertEquals(eightDays, inherited.value());
+        assertEquals(ConfigEntry.ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG, inherited.source());
+        assertEquals(halfGiB, entry(admin, topicResource, "segment.bytes").value());
+        // Keys that are not dynamic are refused, the whole resource with them.
+        assertInstanceOf(InvalidRequestException.class, cause(admin.incrementalAlterConfigs(
+            Map.of(broker, List.of(new AlterConfigOp(new ConfigEntry("num.partitions", "3"),
+                AlterConfigOp.OpType.SET)))).all()));
+      } finally {
+        admin.incrementalAlterConfigs(Map.of(
+            clusterDefault, List.of(new AlterConfigOp(
+                new ConfigEntry("log.retention.ms", ""), AlterConfigOp.OpType.DELETE)),
+            broker, List.of(new AlterConfigOp(
+                new ConfigEntry("log.segment.bytes", ""), AlterConfigOp.OpType.DELETE))))
+            .all().get();
+      }
+      assertEquals(ConfigEntry.ConfigSource.DEFAULT_CONFIG,
+          entry(admin, broker, "log.retention.ms").source());
+      assertEquals(ConfigEntry.ConfigSource.DEFAULT_CONFIG,
+          entry(admin, topicResource, "segment.bytes").source());
     }
   }
 
