@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, Res
 
 from tests.e2e.conftest import BROKER_EXE, BrokerProcess
 from trio_broker.protocol import messages as m
+from trio_broker.storage.broker_configs import DYNAMIC_BROKER_KEYS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -217,7 +218,9 @@ def test_describe_configs_lists_the_broker_keys_with_their_sources(
     assert entry("node.id") == ("1", static)
     assert entry("ssl.keystore.password") == (None, static)
     assert configs["ssl.keystore.password"].is_sensitive
-    assert all(c.is_read_only for c in configs.values())  # no dynamic broker configs here
+    # Read-only but the dynamic broker configs (storage/broker_configs.py).
+    writable = {name for name, c in configs.items() if not c.is_read_only}
+    assert writable == set(DYNAMIC_BROKER_KEYS)
     synonyms = configs["log.retention.ms"].synonyms
     assert synonyms["log.retention.hours"].value == "1"
     assert ConfigSource(synonyms["log.retention.hours"].source) == static

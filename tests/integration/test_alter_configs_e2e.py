@@ -300,7 +300,7 @@ async def test_dynamic_broker_configs(tmp_path: Path) -> None:
         )  # fmt: skip
         assert [(s["value"], s["source"]) for s in retention["synonyms"]] == [
             ("3600000", "DYNAMIC_BROKER_CONFIG"), ("7200000", "DYNAMIC_DEFAULT_BROKER_CONFIG"),
-            ("86400000", "STATIC_BROKER_CONFIG"),
+            ("86400000", "STATIC_BROKER_CONFIG"), ("604800000", "DEFAULT_CONFIG"),
         ]  # fmt: skip
         topic = await in_thread(lambda: describe(bootstrap, "inherits", "all"))
         assert (topic["retention.ms"]["value"], topic["retention.ms"]["config_source"]) == (

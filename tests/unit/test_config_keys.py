@@ -19,6 +19,7 @@ from trio_broker.handlers.describe_configs import (
     broker_config_values,
 )
 from trio_broker.security.listeners import LISTENER_KEYS, resolve_listeners
+from trio_broker.storage.broker_configs import BrokerConfigStore
 
 #: A Kafka 4 combined-mode server.properties as Kafka ships it (trimmed), and our additions.
 KAFKA_FILE = """\
@@ -135,7 +136,7 @@ def test_listener_prefixed_keys(tmp_path: Path, caplog: pytest.LogCaptureFixture
     assert "listener.name.sasl_plaintext.plain.sasl.jaas.config" in warning.getMessage()
     (jaas,) = [
         v
-        for v in broker_config_values(config)
+        for v in broker_config_values(config, BrokerConfigStore(None))
         if v.name.startswith("listener.name.") and "jaas" in v.name
     ]
     assert (jaas.value, jaas.source, jaas.sensitive) == (None, STATIC_BROKER_CONFIG, True)
@@ -209,7 +210,10 @@ def test_the_new_applied_keys_are_in_the_table() -> None:
 
 def test_broker_describe_values_and_sources(tmp_path: Path) -> None:
     text = KAFKA_FILE.format(data=tmp_path / "data") + "ssl.keystore.password=hunter2\n"
-    values = {v.name: v for v in broker_config_values(load_config(write(tmp_path, text)))}
+    values = {
+        v.name: v
+        for v in broker_config_values(load_config(write(tmp_path, text)), BrokerConfigStore(None))
+    }
     assert set(BROKER_KEYS) <= set(values)
     assert (values["num.partitions"].value, values["num.partitions"].source) == (
         "3", STATIC_BROKER_CONFIG)  # fmt: skip
