@@ -45,7 +45,10 @@ class BrokerProcess:
     ) -> None:
         """``launcher``: a command that runs the broker command after it (e.g. py-spy record --)."""
         self.data_dir = Path(tempfile.mkdtemp(prefix=f"bench-{model}-", dir=ROOT / "bench"))
+        # The repo's venv, else the running interpreter's (a git worktree has no .venv).
         exe = ROOT / ".venv" / "bin" / "trio-broker"
+        if not exe.exists():
+            exe = Path(sys.executable).with_name("trio-broker")
         cmd = [*(launcher or []),
                str(exe) if exe.exists() else "trio-broker", "serve", "--listen", "127.0.0.1:0",
                "--data-dir", str(self.data_dir), "--storage", storage,
