@@ -1,4 +1,10 @@
-"""Workloads W1-W5 of issue 11 against a trio-broker subprocess (see bench/run_all.py)."""
+"""Workloads W1-W6 against a trio-broker subprocess or a peer broker (see bench/run_all.py).
+
+W1-W5 are issue 11's; W6 is W1 with 16 KiB records, ``batch.size=16384`` and ``linger.ms=0``:
+one small batch per request, so every acknowledgement waits for a sync. Each workload takes
+``start``, a function that starts a broker (default: ``trio-broker serve`` in the pipelined
+model); ``kafka_peer.KafkaProcess`` has the same interface.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,9 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -17,13 +24,42 @@ from produce import BrokerProcess, create_topic, percentile, run_producer
 KIB = 1024
 
 
-def w1(model: str, records: int, keep: bool = False) -> tuple[dict[str, Any], BrokerProcess | None]:
+class Broker(Protocol):
+    """What a workload needs of a broker process (produce.BrokerProcess, KafkaProcess)."""
+
+    port: int
+
+    @property
+    def bootstrap(self) -> str: ...
+
+    def cpu_seconds(self) -> float: ...
+
+    def rss_mib(self) -> float: ...
+
+    def stop(self) -> None: ...
+
+
+StartBroker = Callable[[], Broker]
+
+
+def trio_broker(model: str = "pipelined") -> StartBroker:
+    return lambda: BrokerProcess(model)
+
+
+def w1(
+    model: str,
+    records: int,
+    keep: bool = False,
+    start: StartBroker | None = None,
+    record_size: int = 64 * KIB,
+    conf: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], Broker | None]:
     """1 producer, 1 partition, 64 KiB records, batch 1 MiB, linger 1 ms, 5 in flight, acks=all."""
-    broker = BrokerProcess(model)
+    broker = (start or trio_broker(model))()
     try:
         create_topic(broker.bootstrap, "w1")
         cpu0 = broker.cpu_seconds()
-        r = run_producer(broker.bootstrap, "w1", records, 64 * KIB, {})
+        r = run_producer(broker.bootstrap, "w1", records, record_size, conf or {})
         r["broker_cpu_s"] = broker.cpu_seconds() - cpu0
         r["broker_peak_rss_mib"] = broker.rss_mib()
         r["model"] = model
@@ -36,9 +72,24 @@ def w1(model: str, records: int, keep: bool = False) -> tuple[dict[str, Any], Br
     return r, None
 
 
-def w2(records: int, idempotent: bool = False, model: str = "pipelined") -> dict[str, Any]:
+#: W6: one 16 KiB record per batch and per request (librdkafka sends a record larger than
+#: batch.size alone), no linger; acks=all and 5 in flight as W1.
+W6_CONF = {"batch.size": 16 * KIB, "linger.ms": 0}
+
+
+def w6(model: str, records: int, start: StartBroker | None = None) -> dict[str, Any]:
+    """W1 with 16 KiB records, batch.size 16384, linger 0: every ack waits for a sync."""
+    return w1(model, records, start=start, record_size=16 * KIB, conf=W6_CONF)[0]
+
+
+def w2(
+    records: int,
+    idempotent: bool = False,
+    model: str = "pipelined",
+    start: StartBroker | None = None,
+) -> dict[str, Any]:
     """1 KiB records, linger 5 ms, acks=all (W4: enable.idempotence=true)."""
-    broker = BrokerProcess(model)
+    broker = (start or trio_broker(model))()
     try:
         create_topic(broker.bootstrap, "w2")
         conf: dict[str, Any] = {"linger.ms": 5}
@@ -59,7 +110,7 @@ def w2(records: int, idempotent: bool = False, model: str = "pipelined") -> dict
 
 
 def w3(
-    broker: BrokerProcess, records: int, time_limit: float = 120.0, topic: str = "w1"
+    broker: Broker, records: int, time_limit: float = 120.0, topic: str = "w1"
 ) -> dict[str, Any]:
     """One consumer reading W1's data (or `topic`'s, written by run_producer) from offset 0."""
     from confluent_kafka import Consumer, TopicPartition
@@ -97,17 +148,25 @@ def w3(
     return {
         "records": got, "bytes": nbytes, "seconds": elapsed, "mb_per_s": nbytes / elapsed / 1e6,
         "broker_cpu_s": cpu, "broker_cpu_cores": cpu / elapsed, "errors": errors,
+        "broker_peak_rss_mib": broker.rss_mib(),
         "client_cpu_cores": ((t1.user - t0.user) + (t1.system - t0.system)) / elapsed,
         "complete": got >= want,
     }  # fmt: skip
 
 
-def w5(producers: int, partitions: int, rate: float, seconds: float, idle: int) -> dict[str, Any]:
+def w5(
+    producers: int,
+    partitions: int,
+    rate: float,
+    seconds: float,
+    idle: int,
+    start: StartBroker | None = None,
+) -> dict[str, Any]:
     """Fan-in: N producers (one connection each) at `rate` msgs/s to P partitions + idle sockets."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    broker = BrokerProcess("pipelined")
+    broker = (start or trio_broker())()
     idle_socks: list[socket.socket] = []
     clients: list[Any] = []
     try:
@@ -136,10 +195,11 @@ def w5(producers: int, partitions: int, rate: float, seconds: float, idle: int) 
             p.flush(30)
         payload = os.urandom(100)
         sent = 0
-        start = time.perf_counter()
+        cpu0 = broker.cpu_seconds()
+        began = time.perf_counter()
         tick = 1.0 / rate
         n = 0
-        while time.perf_counter() - start < seconds:
+        while time.perf_counter() - began < seconds:
             for i, p in enumerate(clients):
                 p.produce("w5", payload, partition=(i + n) % partitions, on_delivery=on_delivery)
                 p.poll(0)
@@ -147,17 +207,19 @@ def w5(producers: int, partitions: int, rate: float, seconds: float, idle: int) 
             n += 1
             # msg.latency() is read in the delivery callback, so serve callbacks every
             # ~5 ms until the next tick: the figure carries at most ~5 ms of polling slack.
-            while time.perf_counter() < start + n * tick:
+            while time.perf_counter() < began + n * tick:
                 for p in clients:
                     p.poll(0)
                 time.sleep(0.005)
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - began
         undelivered = sum(p.flush(30) for p in clients)
+        cpu = broker.cpu_seconds() - cpu0
         latencies.sort()
         return {
             "producers": producers, "partitions": partitions, "rate_per_producer": rate,
             "idle_connections": idle, "seconds": elapsed, "sent": sent,
-            "achieved_msgs_per_s": sent / elapsed,
+            "achieved_msgs_per_s": sent / elapsed, "record_bytes": len(payload),
+            "broker_cpu_s": cpu,
             "p50_ms": percentile(latencies, 0.5) * 1000, "p99_ms": percentile(latencies, 0.99) * 1000,
             "max_ms": (latencies[-1] * 1000) if latencies else float("nan"),
             "broker_peak_rss_mib": broker.rss_mib(), "errors": errors, "undelivered": undelivered,
