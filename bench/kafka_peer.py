@@ -1,0 +1,263 @@
+"""Apache Kafka 4.4 as the reference peer: resolve it from Maven Central, run a single KRaft node.
+
+The jars of ``org.apache.kafka:kafka_2.13`` and its runtime dependencies are copied by Maven
+(``dependency:copy-dependencies`` on a generated pom) into a cache outside the repo,
+``~/.cache/trio-broker/kafka-<version>/libs`` (``$TRIO_BROKER_KAFKA_CACHE`` overrides the
+parent); the first run downloads them, later runs reuse them. :class:`KafkaProcess` then
+formats a fresh storage dir (``kafka.tools.StorageTool format``, what ``bin/kafka-storage.sh``
+runs) and starts ``kafka.Kafka`` as broker and controller on 127.0.0.1 with the heap and GC
+options of Kafka's own start script. It has the interface of ``produce.BrokerProcess``
+(``bootstrap``, ``port``, ``cpu_seconds()``, ``rss_mib()``, ``stop()``), so every workload of
+``bench/workloads.py`` runs against either broker.
+
+    .venv/bin/python bench/kafka_peer.py                  # resolve, start, answer Metadata, stop
+    .venv/bin/python bench/kafka_peer.py --flush-every-message
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KAFKA_VERSION = "4.4.0"
+#: Kafka's distribution logs through SLF4J 1.x to Log4j 2; without a binding it logs nothing.
+LOG4J_VERSION = "2.25.5"
+#: bin/kafka-server-start.sh's KAFKA_HEAP_OPTS and kafka-run-class.sh's performance options.
+JVM_OPTIONS = [
+    "-Xmx1G", "-Xms1G", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent",
+    "-Djava.awt.headless=true",
+]  # fmt: skip
+RESOLVE_TIMEOUT_S = 900.0
+FORMAT_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+
+POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>trio-broker.bench</groupId>
+  <artifactId>kafka-peer</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId>
+      <artifactId>kafka_2.13</artifactId>
+      <version>{kafka}</version>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.logging.log4j</groupId>
+      <artifactId>log4j-slf4j-impl</artifactId>
+      <version>{log4j}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+#: INFO to stdout (drained into kafka.log in the node's dir), as Kafka's server.log at INFO.
+LOG4J2_PROPERTIES = """status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = out
+"""
+
+
+def cache_dir(version: str = KAFKA_VERSION) -> Path:
+    base = os.environ.get("TRIO_BROKER_KAFKA_CACHE")
+    parent = Path(base) if base else Path.home() / ".cache" / "trio-broker"
+    return parent / f"kafka-{version}"
+
+
+def resolve(version: str = KAFKA_VERSION) -> Path:
+    """The directory of Kafka's jars, copied there by Maven on first use."""
+    home = cache_dir(version)
+    libs = home / "libs"
+    done = home / "resolved"  # written last: a half-copied libs dir is redone
+    if done.exists():
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise RuntimeError("Maven is missing: scripts/install-system-deps.sh installs it")
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(libs, ignore_errors=True)
+    (home / "pom.xml").write_text(POM.format(kafka=version, log4j=LOG4J_VERSION))
+    print(f"resolving Kafka {version} into {libs} (first run: Maven downloads it)", flush=True)
+    run = subprocess.run(
+        [mvn, "-B", "-q", "-f", str(home / "pom.xml"), "dependency:copy-dependencies",
+         f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
+        capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if run.returncode != 0 or not (libs / f"kafka_2.13-{version}.jar").exists():
+        raise RuntimeError(f"mvn failed:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}")
+    done.write_text(version + "\n")
+    return libs
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+class KafkaProcess:
+    """A single-node KRaft Kafka (broker and controller) on free 127.0.0.1 ports.
+
+    ``overrides`` are extra server.properties, e.g. ``{"log.flush.interval.messages": "1"}``
+    for an fsync before every acknowledgement.
+    """
+
+    def __init__(self, overrides: dict[str, str] | None = None, label: str = "kafka") -> None:
+        libs = resolve()
+        self.label = label
+        self.data_dir = Path(tempfile.mkdtemp(prefix=f"bench-{label}-", dir=ROOT / "bench"))
+        self.port = _free_port()
+        controller_port = _free_port()
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data_dir / "logs"),
+            "metadata.log.dir": str(self.data_dir / "metadata"),
+            "offsets.topic.replication.factor": "1",
+            # One partition: the benchmark's consumer must not make Kafka create 50 of them
+            # (and their logs) while it is being measured.
+            "offsets.topic.num.partitions": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "false",
+            **(overrides or {}),
+        }
+        config = self.data_dir / "server.properties"
+        config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        log4j = self.data_dir / "log4j2.properties"
+        log4j.write_text(LOG4J2_PROPERTIES)
+        java = shutil.which("java")
+        if java is None:
+            raise RuntimeError("Java is missing: scripts/install-system-deps.sh installs it")
+        base = [java, f"-Dlog4j2.configurationFile={log4j}", "-cp", str(libs / "*")]
+        fmt = subprocess.run(
+            [*base, "kafka.tools.StorageTool", "format", "--config", str(config),
+             "--cluster-id", _cluster_id()],
+            capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        if fmt.returncode != 0:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            raise RuntimeError(f"kafka-storage format failed:\n{fmt.stdout}\n{fmt.stderr}")
+        self.log_path = self.data_dir / "kafka.log"
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [*base[:1], *JVM_OPTIONS, *base[1:], "kafka.Kafka", str(config)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop(keep_dir=True)
+            raise
+
+    def _wait_ready(self) -> None:
+        """Until Metadata lists this node (a librdkafka client, as the workloads use)."""
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        # The port first: librdkafka would log every refused connection of the JVM's start-up.
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Kafka exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                if admin.list_topics(timeout=2).brokers:
+                    return
+            except Exception:
+                time.sleep(0.5)
+        raise RuntimeError(f"Kafka did not answer Metadata: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of the JVM (every thread: network, request handlers, log flusher, GC)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mib(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self, keep_dir: bool = False) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        if not keep_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--flush-every-message", action="store_true",
+                        help="log.flush.interval.messages=1 (fsync before the ack)")  # fmt: skip
+    args = parser.parse_args()
+    overrides = {"log.flush.interval.messages": "1"} if args.flush_every_message else {}
+    t0 = time.monotonic()
+    kafka = KafkaProcess(overrides)
+    started = time.monotonic() - t0
+    try:
+        print(f"Kafka {KAFKA_VERSION} answers Metadata on {kafka.bootstrap} after {started:.1f}s "
+              f"(pid {kafka.proc.pid}, RSS {kafka.rss_mib():.0f} MiB, "
+              f"CPU {kafka.cpu_seconds():.1f} s)")  # fmt: skip
+    finally:
+        kafka.stop()
+
+
+if __name__ == "__main__":
+    main()
