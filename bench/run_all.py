@@ -1,7 +1,8 @@
-"""Run W1-W5 of issue 11 plus bench/limits.py; write JSON and the table in docs/performance.md.
+"""Run W1-W6 plus bench/limits.py; write JSON and the table in docs/performance.md.
 
 .venv/bin/python bench/run_all.py            # full sizes (W1 256 MiB, W2/W4 200k, W5 100+1000)
 .venv/bin/python bench/run_all.py --quick    # smaller sizes, a few minutes
+.venv/bin/python bench/run_all.py --quick --peer kafka   # each workload on Kafka 4.4 too
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import limits
+import peer
 import plots
 import workloads
 
@@ -27,8 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- run_all:begin -->", "<!-- run_all:end -->"
 
-FULL = {"w1_records": 4096, "w2_records": 200_000, "w5": (100, 50, 20.0, 20.0, 1000)}
-QUICK = {"w1_records": 512, "w2_records": 50_000, "w5": (30, 50, 20.0, 10.0, 300)}
+FULL: dict[str, Any] = {"w1_records": 4096, "w2_records": 200_000, "w5": (100, 50, 20.0, 20.0, 1000),
+        "w6_records": 8192}  # fmt: skip
+QUICK: dict[str, Any] = {"w1_records": 512, "w2_records": 50_000, "w5": (30, 50, 20.0, 10.0, 300),
+         "w6_records": 2048}  # fmt: skip
 
 
 class Timeout(Exception):
@@ -94,6 +98,9 @@ def run(quick: bool, time_limit: float) -> dict[str, Any]:
     step(res, "w2", deadline, lambda: workloads.w2(n2))
     step(res, "w4", deadline, lambda: workloads.w2(n2, idempotent=True))
     step(res, "w5", deadline, lambda: workloads.w5(*sizes["w5"]))
+    n6 = sizes["w6_records"]
+    step(res, "w6_serial", deadline, lambda: workloads.w6("serial", n6))
+    step(res, "w6_pipelined", deadline, lambda: workloads.w6("pipelined", n6))
     res["loadavg_after"] = os.getloadavg()
     res["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime())
     return res
@@ -184,6 +191,11 @@ def table(res: dict[str, Any]) -> str:
     offered = 0.98 * w5.get("producers", 0) * w5.get("rate_per_producer", 0) or None  # 2% slack
     row("W5 achieved msgs/s (offered load)", g("w5", "achieved_msgs_per_s"), "msg/s", offered, ">=")
     row("W5 broker peak RSS", g("w5", "broker_peak_rss_mib"), "MiB", 300, "<=")
+    row("W6 serial MB/s", g("w6_serial", "mb_per_s"), "MB/s", None, ">=")
+    row("W6 pipelined MB/s", g("w6_pipelined", "mb_per_s"), "MB/s", None, ">=")
+    s6, p6 = g("w6_serial", "mb_per_s"), g("w6_pipelined", "mb_per_s")
+    row("W6 pipelined/serial throughput", None if not (s6 and p6) else p6 / s6, "x", None, ">=")
+    row("W6 pipelined p99", g("w6_pipelined", "p99_ms"), "ms", None, "<=")
     if rate is not None and g("w1_pipelined", "records_per_s") is not None:
         row(
             "W1 pipelined records/s vs 64 KiB fsync rate",
@@ -300,17 +312,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
+        "--peer",
+        choices=["kafka"],
+        help="run each workload on trio-broker and on Apache Kafka (default and fsync)",
+    )
+    parser.add_argument(
+        "--no-warm-up", action="store_true", help="with --peer: measure cold brokers"
+    )
+    parser.add_argument(
+        "--workloads",
+        help=f"with --peer: a comma-separated subset of {','.join(peer.WORKLOADS)} (W3 runs with W1)",
+    )
+    parser.add_argument(
         "--time-limit",
         type=float,
         default=None,
         help="total seconds (default 300 quick, 1200 full)",
     )
-    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "run_all.json")
+    parser.add_argument("--json", type=Path, help="default bench/results/run_all[_peer].json")
     parser.add_argument(
         "--from-json", action="store_true", help="regenerate the doc from --json, no run"
     )
     parser.add_argument("--no-doc", action="store_true", help="do not rewrite docs/performance.md")
     args = parser.parse_args()
+    if args.peer:
+        run_peer(args)
+        return
+    args.json = args.json or ROOT / "bench" / "results" / "run_all.json"
     limit = args.time_limit or (300.0 if args.quick else 1200.0)
     if args.from_json:
         res = json.loads(args.json.read_text())
@@ -321,6 +349,23 @@ def main() -> None:
     print(table(res))
     if not args.no_doc:
         write_doc(res)
+
+
+def run_peer(args: argparse.Namespace) -> None:
+    json_path = args.json or ROOT / "bench" / "results" / "run_all_peer.json"
+    if args.from_json:
+        res = json.loads(json_path.read_text())
+    else:
+        # Three brokers per workload; --quick stays within 8 minutes.
+        limit = args.time_limit or (480.0 if args.quick else 2400.0)
+        only = args.workloads.split(",") if args.workloads else None
+        sizes = QUICK if args.quick else FULL
+        res = peer.run(sizes, args.quick, limit, step, only, warm=not args.no_warm_up)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(res, indent=2))
+    print(peer.table(res))
+    if not args.no_doc:
+        peer.write_doc(res, DOC)
 
 
 if __name__ == "__main__":
