@@ -113,8 +113,14 @@ def _free_port() -> int:
 
 
 def _cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars).
+
+    Not one starting with "-": the tool's argument parser would take it for an option.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 class KafkaProcess:
@@ -180,7 +186,7 @@ class KafkaProcess:
         try:
             self._wait_ready()
         except BaseException:
-            self.stop(keep_dir=True)
+            self.stop()  # the error carries the tail of Kafka's log
             raise
 
     def _wait_ready(self) -> None:
