@@ -9,8 +9,8 @@ workload to the next (so no broker always runs first, on a cold or a warm disk):
 
 W3 reads W1's log on the broker W1 wrote it to. Before a workload is measured, each broker
 is warmed up alike (:func:`warm_up`: a JVM compiles its hot paths in the first seconds of
-load; without it Kafka's figures of a short run would be its interpreter's). The physical limits (bench/limits.py, plus
-a 16 KiB append+fsync rate for W6) are measured in the same run.
+load; without it Kafka's figures of a short run would be its interpreter's). The physical
+limits (bench/limits.py, plus a 16 KiB append+fsync rate for W6) are measured in the same run.
 """
 
 from __future__ import annotations
@@ -88,6 +88,11 @@ Step = Callable[[dict[str, Any], str, float, Callable[[], Any]], Any]
 
 def run(sizes: dict[str, Any], quick: bool, time_limit: float, step: Step,
         only: list[str] | None = None, warm: bool = True) -> dict[str, Any]:  # fmt: skip
+    if only is not None:
+        unknown = set(only) - {*WORKLOADS, "w3"}
+        if unknown:
+            raise ValueError(f"unknown workloads {sorted(unknown)}; known: {WORKLOADS}")
+        only = [*only, "w1"] if "w3" in only else only  # W3 reads W1's log
     res: dict[str, Any] = {
         "peer": "kafka", "kafka_version": kafka_peer.KAFKA_VERSION, "quick": quick,
         "sizes": dict(sizes), "targets": {k: v[0] for k, v in TARGETS.items()},
