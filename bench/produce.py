@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import plots  # noqa: E402
 
+#: How long one produce() may wait for room in librdkafka's queue.
+FULL_QUEUE_WAIT_S = 60.0
 LISTENING = re.compile(r"listening on [^\s:]+:(\d+)")
 
 
@@ -141,11 +143,17 @@ def run_producer(
     produce, poll = producer.produce, producer.poll
     start = time.perf_counter()
     for i in range(records):
-        try:
-            produce(topic, payload, on_delivery=on_delivery)
-        except BufferError:
-            poll(0.05)
-            produce(topic, payload, on_delivery=on_delivery)
+        # librdkafka's queue is full (100k messages by default) while the broker is behind:
+        # serve callbacks until it has room, for at most FULL_QUEUE_WAIT_S per record.
+        waited_until = time.monotonic() + FULL_QUEUE_WAIT_S
+        while True:
+            try:
+                produce(topic, payload, on_delivery=on_delivery)
+                break
+            except BufferError:
+                if time.monotonic() > waited_until:
+                    raise
+                poll(0.05)
         if i % 256 == 0:
             poll(0)  # serve delivery callbacks without a call per record
     remaining = producer.flush(120)
