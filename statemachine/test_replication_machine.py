@@ -23,9 +23,9 @@ from hypothesis import event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from trio_broker.replication.epoch_cache import LeaderEpochCache
 from trio_broker.replication.leader import AckState, LeaderPartition
 from trio_broker.replication.truncation import plan_truncation
+from trio_broker.storage.epoch_cache import LeaderEpochCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from spec.replication_model import (

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from trio_broker.replication.epoch_cache import (
+from trio_broker.replication.leader import AckState, LeaderPartition, NotAReplica
+from trio_broker.replication.truncation import TruncationStep, plan_truncation
+from trio_broker.storage.epoch_cache import (
     UNDEFINED_EPOCH,
     UNDEFINED_OFFSET,
     EpochOrderViolation,
     LeaderEpochCache,
 )
-from trio_broker.replication.leader import AckState, LeaderPartition, NotAReplica
-from trio_broker.replication.truncation import TruncationStep, plan_truncation
 
 
 def cache_of(*entries: tuple[int, int]) -> LeaderEpochCache:

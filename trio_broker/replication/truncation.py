@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import attrs
 
-from trio_broker.replication.epoch_cache import (
+from trio_broker.storage.epoch_cache import (
     UNDEFINED_EPOCH,
     UNDEFINED_OFFSET,
     LeaderEpochCache,
