@@ -66,3 +66,24 @@ class InvalidPartitionsError(LogError):
     """A partition count below 1, or a CreatePartitions that would shrink a topic."""
 
     error_code = ErrorCode.INVALID_PARTITIONS
+
+
+class InvalidReplicatedBatch(LogError):
+    """A batch fetched from a leader that cannot be stored as it is: a bad header or
+    CRC, or a leader epoch older than one the log already holds."""
+
+    error_code = ErrorCode.CORRUPT_MESSAGE
+
+
+class UnexpectedAppendOffset(InvalidReplicatedBatch):
+    """A fetched batch does not start at this log's end offset: the follower and its
+    leader disagree on where the log is (truncate first, or fetch from the log end)."""
+
+    error_code = ErrorCode.UNKNOWN_SERVER_ERROR
+
+    def __init__(self, base_offset: int, log_end_offset: int) -> None:
+        super().__init__(
+            f"fetched batch starts at offset {base_offset} but the log ends at {log_end_offset}"
+        )
+        self.base_offset = base_offset
+        self.log_end_offset = log_end_offset

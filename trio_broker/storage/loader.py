@@ -37,6 +37,7 @@ from trio_broker.storage.segment import (
 
 __all__ = [
     "CLEAN_SHUTDOWN_MARKER",
+    "LEADER_EPOCH_CHECKPOINT",
     "LOG_START_CHECKPOINT",
     "RECOVERY_POINT_CHECKPOINT",
     "LoadedLog",
@@ -45,6 +46,8 @@ __all__ = [
 ]
 
 LOG_START_CHECKPOINT = "log-start-offset.checkpoint"
+#: The leader-epoch cache (PartitionLog reads and writes it; the loader only names it).
+LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 RECOVERY_POINT_CHECKPOINT = "recovery-point.checkpoint"
 CLEAN_SHUTDOWN_MARKER = ".clean-shutdown"
 
@@ -58,6 +61,8 @@ class RecoveryReport:
     bytes_truncated: int = 0
     segments_dropped: int = 0
     stop_reason: str | None = None
+    #: the leader-epoch checkpoint was damaged and the cache rebuilt from batch headers.
+    epoch_cache_rebuilt: bool = False
 
 
 @attrs.frozen

@@ -8,6 +8,7 @@ Layout of ``<data_dir>/<topic>-<partition>/``::
     00000000000000041230.log ...     the next segment, named by its base offset
     log-start-offset.checkpoint      the log start offset (DeleteRecords, retention)
     recovery-point.checkpoint        segments below this base offset are fully fsynced
+    leader-epoch-checkpoint          the leader-epoch cache (Kafka's text format)
     .clean-shutdown                  present only between a clean close and the next open
 
 Threads: ``append``/``read`` belong to one thread (the event loop). ``flush`` runs
@@ -17,6 +18,11 @@ syncing and only declares that much durable. ``apply_retention`` and
 log start offset) happen under a short lock, and files retention removes keep
 their descriptors open for ``file_delete_delay_ms`` so an in-flight sendfile or
 fsync never hits a closed or recycled descriptor.
+
+Followers store what they fetch unchanged (:meth:`PartitionLog.append_replicated`) and
+cut their log back after a leader change (:meth:`PartitionLog.truncate_to`); every log
+keeps its leader-epoch cache (:attr:`PartitionLog.epoch_cache`) on disk. See "Follower
+storage" in docs/storage.md.
 
 Opening a directory (the clean path, or recovery after a crash: truncating torn tails,
 rebuilding indexes) is :mod:`trio_broker.storage.loader`'s; :meth:`PartitionLog.open`
@@ -40,16 +46,39 @@ from pathlib import Path
 import attrs
 
 from trio_broker.protocol import batch_header
-from trio_broker.storage.durable import fsync_dir, make_dirs_durable, write_file_atomically
-from trio_broker.storage.errors import OffsetOutOfRange, StorageError
-from trio_broker.storage.index import INDEX_ENTRY_MIN_BYTES
+from trio_broker.storage.durable import (
+    TMP_SUFFIX,
+    fsync_dir,
+    make_dirs_durable,
+    rename_durably,
+    write_all,
+    write_file_atomically,
+)
+from trio_broker.storage.epoch_cache import (
+    EpochEntry,
+    EpochOrderViolation,
+    LeaderEpochCache,
+    batch_leader_epoch,
+    format_checkpoint,
+    parse_checkpoint,
+    set_batch_leader_epoch,
+)
+from trio_broker.storage.errors import (
+    InvalidReplicatedBatch,
+    OffsetOutOfRange,
+    StorageError,
+    UnexpectedAppendOffset,
+)
+from trio_broker.storage.index import INDEX_ENTRY_MIN_BYTES, SegmentIndexer
 from trio_broker.storage.loader import (
     CLEAN_SHUTDOWN_MARKER,
+    LEADER_EPOCH_CHECKPOINT,
     LOG_START_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     LogLoader,
     RecoveryReport,
 )
+from trio_broker.storage.recovery import scan_segment
 from trio_broker.storage.segment import (
     LOG_SUFFIX,
     Segment,
@@ -117,10 +146,15 @@ def check_append_buffer(batch: bytearray | memoryview) -> tuple[memoryview, int,
     return view, size, delta
 
 
-def _check_append(batch: bytearray | memoryview) -> tuple[memoryview, int, int, int]:
-    """check_append_buffer plus the batch's maxTimestamp: one header unpack per append."""
+def _check_append(
+    batch: bytes | bytearray | memoryview, writable: bool = True
+) -> tuple[memoryview, int, int, int]:
+    """check_append_buffer plus the batch's maxTimestamp: one header unpack per append.
+
+    ``writable=False`` for a batch stored unchanged (a follower's): any buffer will do.
+    """
     view = memoryview(batch)
-    if view.readonly:
+    if writable and view.readonly:
         raise TypeError("append rewrites baseOffset in place: pass a writable buffer")
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
@@ -135,6 +169,56 @@ def _check_append(batch: bytearray | memoryview) -> tuple[memoryview, int, int, 
     if delta < 0:
         raise ValueError(f"negative lastOffsetDelta {delta}")
     return view, size, delta, max_timestamp
+
+
+def check_replicated_batch(
+    batch: bytes | bytearray | memoryview, log_end_offset: int, epochs: LeaderEpochCache
+) -> tuple[memoryview, int, int, int, int]:
+    """(view, size, lastOffsetDelta, maxTimestamp, leader epoch) of a fetched batch that a
+    follower at ``log_end_offset`` may store unchanged, else raise.
+
+    The header as ``append`` checks it, then what only a copy needs: the batch starts
+    at the log end (UnexpectedAppendOffset), its CRC matches and its leader epoch
+    (if any) does not go back (InvalidReplicatedBatch). Changes nothing.
+    """
+    try:
+        view, size, delta, max_timestamp = _check_append(batch, writable=False)
+    except ValueError as exc:
+        raise InvalidReplicatedBatch(f"fetched batch: {exc}") from exc
+    base = batch_header.base_offset_and_size(view)[0]
+    if base != log_end_offset:
+        raise UnexpectedAppendOffset(base, log_end_offset)
+    if not batch_header.crc_matches(view):
+        raise InvalidReplicatedBatch(f"fetched batch at offset {base}: CRC mismatch")
+    epoch = batch_leader_epoch(view)
+    if epoch >= 0 and epoch != epochs.latest_epoch:
+        try:
+            epochs.check_assign(epoch, base)
+        except EpochOrderViolation as exc:
+            raise InvalidReplicatedBatch(f"fetched batch at offset {base}: {exc}") from exc
+    return view, size, delta, max_timestamp, epoch
+
+
+def split_fetched_batches(records: bytes | bytearray | memoryview) -> list[memoryview]:
+    """The whole batches of a fetch response's records, in order.
+
+    A partial batch at the end (a fetch's ``max_bytes`` may cut one) is left out; a
+    batch length shorter than a header is damage and raises InvalidReplicatedBatch.
+    """
+    view = memoryview(records)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    batches: list[memoryview] = []
+    pos, end = 0, len(view)
+    while end - pos >= batch_header.LOG_OVERHEAD:
+        _, size = batch_header.base_offset_and_size(view, pos)
+        if size < batch_header.HEADER_SIZE:
+            raise InvalidReplicatedBatch(f"batch length {size} at byte {pos} is too small")
+        if size > end - pos:
+            break  # the partial trailing batch
+        batches.append(view[pos : pos + size])
+        pos += size
+    return batches
 
 
 @attrs.frozen
@@ -193,6 +277,10 @@ class PartitionLog:
         self._persisted_log_start = log_start_offset
         #: (close-after-ms, segment) for segments retention removed.
         self._retired: list[tuple[int, Segment]] = []
+        #: first offset of each leader epoch in this log (persisted, see _persist_epochs).
+        self.epoch_cache = LeaderEpochCache()
+        #: the entries the checkpoint file holds; None: no file (or a damaged one).
+        self._persisted_epochs: tuple[EpochEntry, ...] | None = None
 
     # ------------------------------------------------------------------ opening
 
@@ -216,24 +304,32 @@ class PartitionLog:
     # ------------------------------------------------------------------ appends
 
     def append(
-        self, batch: bytearray | memoryview, *, now_ms: int, log_append_time: bool = False
+        self,
+        batch: bytearray | memoryview,
+        *,
+        now_ms: int,
+        log_append_time: bool = False,
+        leader_epoch: int | None = None,
     ) -> AppendResult:
         """Assign offsets to ``batch`` (rewriting its baseOffset in place) and write it.
 
         One ``os.write`` of the caller's buffer, no copy. Not durable until a
         ``flush`` returns a ``durable_end_offset`` beyond ``last_offset``.
+        ``leader_epoch`` (a replicated partition's leader) is stamped into the
+        batch's partitionLeaderEpoch and recorded in :attr:`epoch_cache`; None
+        leaves the field as the producer sent it and the cache alone.
         """
         self._check_writable()
         view, size, delta, max_timestamp = _check_append(batch)
         base = self.log_end_offset
         last = base + delta
+        if leader_epoch is not None:
+            # Before anything else changes: an epoch going back is refused here.
+            if leader_epoch != self.epoch_cache.latest_epoch:
+                self._record_epoch(leader_epoch, base)
+            set_batch_leader_epoch(view, leader_epoch)
         segment = self._segments[-1]
-        config = self.config
-        if segment.is_full(size, last, config.segment_bytes, config.max_index_entries) or (
-            segment.size > 0
-            and segment.first_batch_timestamp is not None
-            and now_ms - segment.first_batch_timestamp > config.segment_ms
-        ):
+        if self._must_roll(segment, size, last, now_ms):
             segment = self._roll(now_ms)
         batch_header.set_base_offset(view, base)
         if log_append_time:
@@ -245,6 +341,257 @@ class PartitionLog:
             raise self._go_offline("append", exc) from exc
         self.log_end_offset = last + 1
         return AppendResult(base, last, now_ms if log_append_time else -1, position, size)
+
+    def _must_roll(self, segment: Segment, size: int, last: int, now_ms: int) -> bool:
+        """Whether a batch of ``size`` bytes ending at ``last`` starts a new segment."""
+        config = self.config
+        return segment.is_full(size, last, config.segment_bytes, config.max_index_entries) or (
+            segment.size > 0
+            and segment.first_batch_timestamp is not None
+            and now_ms - segment.first_batch_timestamp > config.segment_ms
+        )
+
+    def append_replicated(
+        self, batch: bytes | bytearray | memoryview, *, now_ms: int
+    ) -> AppendResult:
+        """Store a batch fetched from the partition leader exactly as it is.
+
+        Its baseOffset must be this log's end offset (else UnexpectedAppendOffset,
+        naming both) and its CRC must match (else InvalidReplicatedBatch); nothing
+        in it is rewritten, so any buffer will do. A leader epoch new to this log is
+        recorded in :attr:`epoch_cache` (and its checkpoint) before the batch is
+        written. Segments roll and indexes grow as for :meth:`append`.
+        """
+        self._check_writable()
+        view, size, delta, max_timestamp, epoch = check_replicated_batch(
+            batch, self.log_end_offset, self.epoch_cache
+        )
+        return self._append_checked(view, size, delta, max_timestamp, epoch, now_ms)
+
+    def append_replicated_batches(
+        self, records: bytes | bytearray | memoryview, *, now_ms: int
+    ) -> list[AppendResult]:
+        """:meth:`append_replicated` for each whole batch of a fetch response's records.
+
+        Every batch is checked before the first is written, so a bad one (which
+        raises) leaves the log as it was; a partial batch at the end is ignored.
+        """
+        self._check_writable()
+        batches = split_fetched_batches(records)
+        expected = self.log_end_offset
+        epochs = LeaderEpochCache(list(self.epoch_cache.entries))
+        checked = []
+        for batch in batches:
+            fields = check_replicated_batch(batch, expected, epochs)
+            if fields[4] >= 0:
+                epochs.assign(fields[4], expected)
+            expected += fields[2] + 1
+            checked.append(fields)
+        return [self._append_checked(*fields, now_ms) for fields in checked]
+
+    def _append_checked(
+        self, view: memoryview, size: int, delta: int, max_timestamp: int, epoch: int, now_ms: int
+    ) -> AppendResult:
+        base = self.log_end_offset
+        last = base + delta
+        if epoch >= 0 and epoch != self.epoch_cache.latest_epoch:
+            self._record_epoch(epoch, base)
+        segment = self._segments[-1]
+        if self._must_roll(segment, size, last, now_ms):
+            segment = self._roll(now_ms)
+        try:
+            position = segment.append(view, base, last, max_timestamp, now_ms)
+        except OSError as exc:
+            raise self._go_offline("append", exc) from exc
+        self.log_end_offset = last + 1
+        return AppendResult(base, last, -1, position, size)
+
+    # ------------------------------------------------------------------ leader epochs
+
+    def begin_epoch(self, epoch: int) -> bool:
+        """A leader's term begins: ``epoch`` starts at the log end. True if that is news.
+
+        Persisted (the checkpoint rewritten) before returning. Blocking: one atomic
+        file write with its fsyncs.
+        """
+        self._check_writable()
+        return self._record_epoch(epoch, self.log_end_offset)
+
+    def _record_epoch(self, epoch: int, start_offset: int) -> bool:
+        # Checkpoint first, batch after: the file then names every epoch the log holds.
+        with self._lock:
+            changed = self.epoch_cache.assign(epoch, start_offset)
+        if changed:
+            self._persist_epochs()
+        return changed
+
+    def _persist_epochs(self) -> None:
+        """Rewrite ``leader-epoch-checkpoint`` if the cache changed since it was written."""
+        with self._checkpoint_lock:
+            entries = self.epoch_cache.entries
+            if entries == self._persisted_epochs:
+                return
+            try:
+                write_file_atomically(
+                    self.directory / LEADER_EPOCH_CHECKPOINT, format_checkpoint(entries)
+                )
+            except OSError as exc:
+                raise self._go_offline("leader epoch checkpoint", exc) from exc
+            self._persisted_epochs = entries
+
+    def _trim_epochs_to_start(self) -> None:
+        """The log start moved: the epoch holding it now starts there (Kafka's rule)."""
+        cache = self.epoch_cache
+        if not cache.entries or cache.entries[0].start_offset >= self.log_start_offset:
+            return
+        with self._lock:
+            changed = cache.truncate_from_start(self.log_start_offset)
+        if changed:
+            self._persist_epochs()
+
+    def _load_epochs(self) -> bool:
+        """Read the checkpoint, trimmed to the recovered log; True if it had to be rebuilt.
+
+        A damaged file is not guessed at: the cache is rebuilt from the batch headers.
+        """
+        path = self.directory / LEADER_EPOCH_CHECKPOINT
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            cache: LeaderEpochCache | None = LeaderEpochCache()
+        else:
+            cache = parse_checkpoint(data)
+            if cache is not None:
+                self._persisted_epochs = cache.entries
+        rebuilt = cache is None
+        if cache is None:
+            cache = LeaderEpochCache()
+            for base, header in self.iter_batch_headers():
+                cache.assign_from_log(batch_leader_epoch(header), base)
+        cache.truncate_from_start(self.log_start_offset)
+        cache.truncate_from_end(self.log_end_offset)
+        self.epoch_cache = cache
+        if rebuilt or self._persisted_epochs is not None or cache.entries:
+            self._persist_epochs()  # a damaged file is replaced even by an empty cache
+        return rebuilt
+
+    # ------------------------------------------------------------------ truncation
+
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log so that it ends at ``offset`` (a follower after a leader change).
+
+        Kafka's rule: the batch holding ``offset`` goes whole, so the new end is the
+        base offset of that batch (at most ``offset``); returns the new log end
+        offset. A no-op when ``offset`` >= the log end. Below the log start offset
+        (or where the cut would remove the batch holding it) it raises
+        OffsetOutOfRange: there is no "truncate fully and start at" here.
+
+        Durable when it returns: a crash at any point leaves a prefix of the old log
+        at least as long as the new end (as far as it was durable before). Segments
+        past the cut are deleted; the kept part of the segment holding the cut is
+        copied into a new file that replaces it, so in-flight reads of the old
+        bytes go on from the old descriptors (kept ``file.delete.delay.ms``).
+        Blocking (fsyncs); call it from the thread that appends, with no append
+        in between. The epoch cache is cut at the new end too.
+        """
+        self._check_writable()
+        with self._flush_lock:
+            end, start = self.log_end_offset, self.log_start_offset
+            if offset >= end:
+                return end
+            if offset < start:
+                raise OffsetOutOfRange(offset, start, end)
+            segments = self._segments
+            k = max(0, bisect.bisect_right(segments, offset, key=_base_of) - 1)
+            info = segments[k].position_of(offset)
+            if info is None:  # pragma: no cover - offset < log end is always in a batch
+                raise StorageError(f"no batch holds offset {offset} in {self.directory}")
+            if info.base_offset < start:
+                raise OffsetOutOfRange(offset, start, end)
+            try:
+                self._cut(k, info.position, info.base_offset)
+            except OSError as exc:
+                raise self._go_offline("truncate", exc) from exc
+        with self._lock:
+            changed = self.epoch_cache.truncate_from_end(self.log_end_offset)
+        if changed:
+            self._persist_epochs()
+        return self.log_end_offset
+
+    def _cut(self, k: int, position: int, new_end: int) -> None:
+        """Keep segments[:k] and the first ``position`` bytes of segments[k]; the order of
+        the steps is what makes a crash anywhere leave a prefix (docs/storage.md)."""
+        segments = self._segments
+        old = segments[k]
+        doomed = segments[k + 1 :]
+        # 1. Recovery must scan the cut segment and everything after it: a trusted
+        #    segment would vouch for bytes the cut may have removed.
+        if self._recovery_point > old.base_offset:
+            with self._checkpoint_lock:
+                write_file_atomically(
+                    self.directory / RECOVERY_POINT_CHECKPOINT, b"%d\n" % old.base_offset
+                )
+                self._recovery_point = old.base_offset
+        # 2. The kept bytes into a new file, synced (the old inode stays intact for
+        #    readers holding its descriptor).
+        tmp = old.log_path.with_name(old.log_path.name + TMP_SUFFIX)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            _copy_prefix(old.fd, fd, position)
+            os.fdatasync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.close(fd)
+        # 3. Names: later segments and the cut segment's stale indexes go, the new
+        #    file takes the old name; one directory fsync makes it all durable.
+        for segment in doomed:
+            segment.unlink()
+        for path in (old.index_path, old.timeindex_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        rename_durably([(tmp, old.log_path)])
+        fresh = self._reopen_cut(old, position, new_end)
+        now = self._now_ms()
+        with self._lock:
+            self._segments = [*segments[:k], fresh]
+            self.log_end_offset = new_end
+            self.durable_end_offset = min(self.durable_end_offset, new_end)
+            delay = now + self.config.file_delete_delay_ms
+            # The old segment object keeps the old inode's descriptor: never unlink it
+            # by name again (the name is the new file's now), only close it later.
+            self._retired.extend((delay, segment) for segment in [old, *doomed])
+
+    def _reopen_cut(self, old: Segment, size: int, new_end: int) -> Segment:
+        """The active segment over the shortened file, indexes rebuilt as recovery would."""
+        fd = Segment.open_file(self.directory, old.base_offset)
+        try:
+            indexer = SegmentIndexer(self.config.index_interval_bytes)
+            scanned = scan_segment(fd, size, old.base_offset, indexer)
+            if scanned.valid_size != size or scanned.next_offset != new_end:
+                raise OSError(
+                    errno.EIO,
+                    f"segment {old.base_offset} reads back damaged after a truncation:"
+                    f" {scanned.stop_reason}",
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        fresh = Segment(
+            self.directory,
+            old.base_offset,
+            fd,
+            size=size,
+            next_offset=new_end,
+            indexer=indexer,
+            first_batch_timestamp=old.first_batch_timestamp if size else None,
+        )
+        fresh.last_modified_ms = old.last_modified_ms
+        fresh.synced_size = size
+        fresh.dir_synced = True
+        return fresh
 
     def _roll(self, now_ms: int) -> Segment:
         old = self._segments[-1]
@@ -314,6 +661,8 @@ class PartitionLog:
         log._persisted_log_start = loaded.persisted_log_start
         log._recovery_point = loaded.recovery_point
         log._persist_log_start()
+        if log._load_epochs():
+            log.recovery = attrs.evolve(log.recovery, epoch_cache_rebuilt=True)
         if not loaded.recovery.clean:
             # The scanned data may still be only in the page cache: sync it (and
             # the rebuilt indexes) before calling it durable.
@@ -339,6 +688,8 @@ class PartitionLog:
             self._recovery_point = fresh._recovery_point
             self._persisted_log_start = fresh._persisted_log_start
             self.recovery = fresh.recovery
+            self.epoch_cache = fresh.epoch_cache
+            self._persisted_epochs = fresh._persisted_epochs
             self.offline = False
         # The files now belong to this log; the shell object must never close them.
         fresh._segments, fresh._retired, fresh._closed = [], [], True
@@ -544,7 +895,12 @@ class PartitionLog:
             for path in (segment.index_path, segment.timeindex_path):
                 with contextlib.suppress(FileNotFoundError):
                     state[path.name] = path.stat().st_size if segment.fully_synced else 0
-        for name in (LOG_START_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, CLEAN_SHUTDOWN_MARKER):
+        for name in (
+            LOG_START_CHECKPOINT,
+            RECOVERY_POINT_CHECKPOINT,
+            LEADER_EPOCH_CHECKPOINT,
+            CLEAN_SHUTDOWN_MARKER,
+        ):
             with contextlib.suppress(FileNotFoundError):
                 state[name] = (self.directory / name).stat().st_size
         return state
@@ -579,6 +935,7 @@ class PartitionLog:
         # The checkpoint goes first: a crash between the two steps then leaves
         # only segments below the log start offset, which the next pass removes.
         self._persist_log_start()
+        self._trim_epochs_to_start()
         for segment in doomed:
             try:
                 segment.unlink()
@@ -601,6 +958,7 @@ class PartitionLog:
                 return self.log_start_offset
             self.log_start_offset = before_offset
         self._persist_log_start()
+        self._trim_epochs_to_start()
         return self.log_start_offset
 
     def _persist_log_start(self) -> None:
@@ -685,3 +1043,31 @@ class PartitionLog:
 
 def _base_of(segment: Segment) -> int:
     return segment.base_offset
+
+
+_COPY_CHUNK = 1 << 20
+
+
+def _copy_prefix(source: int, target: int, length: int) -> None:
+    """Copy the first ``length`` bytes of ``source`` to ``target`` (both at offset 0).
+
+    In the kernel when it can (copy_file_range), else through a buffer.
+    """
+    copied = 0
+    while copied < length:
+        try:
+            n = os.copy_file_range(source, target, length - copied, copied, copied)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            break
+        if n == 0:
+            raise OSError(errno.EIO, f"segment shorter than the {length} bytes to keep")
+        copied += n
+    while copied < length:
+        chunk = os.pread(source, min(_COPY_CHUNK, length - copied), copied)
+        if not chunk:
+            raise OSError(errno.EIO, f"segment shorter than the {length} bytes to keep")
+        os.lseek(target, copied, os.SEEK_SET)
+        write_all(target, chunk)
+        copied += len(chunk)

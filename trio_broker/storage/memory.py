@@ -15,9 +15,17 @@ from typing import NamedTuple
 import attrs
 
 from trio_broker.protocol import batch_header
+from trio_broker.storage.epoch_cache import LeaderEpochCache, set_batch_leader_epoch
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 from trio_broker.storage.index import MAX_RELATIVE_OFFSET
-from trio_broker.storage.log import AppendResult, LogConfig, check_append_buffer, wall_clock_ms
+from trio_broker.storage.log import (
+    AppendResult,
+    LogConfig,
+    check_append_buffer,
+    check_replicated_batch,
+    split_fetched_batches,
+    wall_clock_ms,
+)
 from trio_broker.storage.segment import segments_to_delete
 
 
@@ -73,6 +81,8 @@ class MemoryLog:
         self.durable_end_offset = 0
         self.offline = False
         self._closed = False
+        #: first offset of each leader epoch (kept in memory only, like the records).
+        self.epoch_cache = LeaderEpochCache()
 
     @classmethod
     def open(
@@ -87,11 +97,61 @@ class MemoryLog:
 
     # -- appends
     def append(
-        self, batch: bytearray | memoryview, *, now_ms: int, log_append_time: bool = False
+        self,
+        batch: bytearray | memoryview,
+        *,
+        now_ms: int,
+        log_append_time: bool = False,
+        leader_epoch: int | None = None,
     ) -> AppendResult:
         if self._closed:
             raise StorageError("log is closed")
         view, size, delta = check_append_buffer(batch)
+        base = self.log_end_offset
+        if leader_epoch is not None:
+            self.epoch_cache.assign(leader_epoch, base)
+            set_batch_leader_epoch(view, leader_epoch)
+        batch_header.set_base_offset(view, base)
+        if log_append_time:
+            batch_header.set_log_append_time(view, now_ms)
+        return self._store(view, size, delta, now_ms, now_ms if log_append_time else -1)
+
+    def append_replicated(
+        self, batch: bytes | bytearray | memoryview, *, now_ms: int
+    ) -> AppendResult:
+        """Store a leader's batch unchanged (PartitionLog.append_replicated's rules)."""
+        if self._closed:
+            raise StorageError("log is closed")
+        view, size, delta, _, epoch = check_replicated_batch(
+            batch, self.log_end_offset, self.epoch_cache
+        )
+        if epoch >= 0:
+            self.epoch_cache.assign(epoch, self.log_end_offset)
+        return self._store(view, size, delta, now_ms, -1)
+
+    def append_replicated_batches(
+        self, records: bytes | bytearray | memoryview, *, now_ms: int
+    ) -> list[AppendResult]:
+        """Every whole batch of a fetch response's records, all checked before any is stored."""
+        if self._closed:
+            raise StorageError("log is closed")
+        batches = split_fetched_batches(records)
+        expected = self.log_end_offset
+        epochs = LeaderEpochCache(list(self.epoch_cache.entries))
+        for batch in batches:
+            _, _, delta, _, epoch = check_replicated_batch(batch, expected, epochs)
+            if epoch >= 0:
+                epochs.assign(epoch, expected)
+            expected += delta + 1
+        return [self.append_replicated(batch, now_ms=now_ms) for batch in batches]
+
+    def begin_epoch(self, epoch: int) -> bool:
+        """A leader's term begins at the log end (PartitionLog.begin_epoch)."""
+        return self.epoch_cache.assign(epoch, self.log_end_offset)
+
+    def _store(
+        self, view: memoryview, size: int, delta: int, now_ms: int, log_append_time: int
+    ) -> AppendResult:
         base = self.log_end_offset
         last = base + delta
         segment = self._segments[-1]
@@ -104,9 +164,6 @@ class MemoryLog:
             )
         ):
             segment = self._roll(now_ms)
-        batch_header.set_base_offset(view, base)
-        if log_append_time:
-            batch_header.set_log_append_time(view, now_ms)
         max_ts = batch_header.max_timestamp(view)
         position = segment.size
         segment.batches.append(_Batch(base, last, bytes(view), max_ts))
@@ -116,7 +173,7 @@ class MemoryLog:
         segment.max_timestamp = max(segment.max_timestamp, max_ts)
         segment.last_modified_ms = now_ms
         self.log_end_offset = last + 1
-        return AppendResult(base, last, now_ms if log_append_time else -1, position, size)
+        return AppendResult(base, last, log_append_time, position, size)
 
     def _roll(self, now_ms: int) -> _Segment:
         segment = _Segment(self.log_end_offset, last_modified_ms=now_ms)
@@ -195,37 +252,43 @@ class MemoryLog:
         if count:
             del segments[:count]
             self.log_start_offset = max(self.log_start_offset, segments[0].base_offset)
+            self.epoch_cache.truncate_from_start(self.log_start_offset)
         return count
 
     def delete_records(self, before_offset: int) -> int:
         if not 0 <= before_offset <= self.log_end_offset:
             raise OffsetOutOfRange(before_offset, self.log_start_offset, self.log_end_offset)
         self.log_start_offset = max(self.log_start_offset, before_offset)
+        self.epoch_cache.truncate_from_start(self.log_start_offset)
         return self.log_start_offset
 
-    def truncate_to(self, end_offset: int, now_ms: int = 0) -> None:
-        """Forget batches from ``end_offset`` on, as crash recovery does to a disk log.
-
-        ``end_offset`` must be a batch boundary. Trailing segments left empty go,
-        and if the log start is beyond the new end the log restarts empty there.
-        """
-        for segment in self._segments:
-            keep = [b for b in segment.batches if b.base_offset < end_offset]
-            if len(keep) != len(segment.batches):
-                if keep and keep[-1].last_offset + 1 != end_offset:
-                    raise ValueError(f"{end_offset} is inside a batch")
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log to end at ``offset``, as PartitionLog.truncate_to: the batch holding
+        it goes whole; returns the new end. A no-op at or past the end; OffsetOutOfRange
+        below the log start (or where the batch holding the start would go)."""
+        start, end = self.log_start_offset, self.log_end_offset
+        if offset >= end:
+            return end
+        if offset < start:
+            raise OffsetOutOfRange(offset, start, end)
+        for k, segment in enumerate(self._segments):
+            for i, batch in enumerate(segment.batches):
+                if batch.last_offset < offset:
+                    continue
+                if batch.base_offset < start:
+                    raise OffsetOutOfRange(offset, start, end)
+                keep = segment.batches[:i]
                 segment.batches = keep
                 segment.size = sum(len(b.data) for b in keep)
                 segment.max_timestamp = max((b.max_timestamp for b in keep), default=-1)
                 if not keep:
                     segment.first_batch_timestamp = None
-        while len(self._segments) > 1 and not self._segments[-1].batches:
-            self._segments.pop()
-        self.log_end_offset = self._segments[-1].next_offset
-        if self.log_start_offset > self.log_end_offset:
-            self._segments = [_Segment(self.log_start_offset, last_modified_ms=now_ms)]
-            self.log_end_offset = self.log_start_offset
-        self.durable_end_offset = min(self.durable_end_offset, self.log_end_offset)
+                del self._segments[k + 1 :]
+                self.log_end_offset = batch.base_offset
+                self.durable_end_offset = min(self.durable_end_offset, batch.base_offset)
+                self.epoch_cache.truncate_from_end(batch.base_offset)
+                return batch.base_offset
+        raise AssertionError(f"no batch holds offset {offset} < log end {end}")
 
     # -- lifecycle
     def close(self) -> None:
