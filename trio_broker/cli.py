@@ -78,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: all verify needs) or full (needed by trio-broker replay)",
     )
     serve.add_argument(
+        "--broker-id", metavar="N", type=int, help="this broker's id (node.id; default 0)"
+    )
+    serve.add_argument(
+        "--zookeeper",
+        metavar="HOST:PORT[/CHROOT]",
+        help="join the cluster whose metadata is in this ZooKeeper (zookeeper.connect); "
+        "without it the broker runs alone",
+    )
+    serve.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
         help="serve Prometheus /metrics and /health on HOST:PORT (port 0 picks a free port)",
@@ -93,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trio_broker.admin.quotas import add_quotas_command
 
     add_quotas_command(sub)
+    from trio_broker.admin.cluster_up import add_cluster_command
+
+    add_cluster_command(sub)
     return parser  # fmt: skip
 
 
@@ -166,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         from trio_broker.admin.quotas import run_quotas
 
         return run_quotas(args)
+    if args.command == "cluster":
+        from trio_broker.admin.cluster_up import run_cluster
+
+        return run_cluster(args)
     if args.command in ("topics", "groups", "produce", "consume", "log-dirs"):
         from trio_broker.admin.commands import run_admin
 
@@ -237,6 +253,8 @@ def _serve(args: argparse.Namespace) -> int:
         "processing_model": args.processing_model,
         "capture_dir": args.capture,
         "metrics_listener": args.metrics_listen,
+        "node_id": args.broker_id,
+        "zookeeper_connect": args.zookeeper,
     }
     try:
         if args.listen:

@@ -92,6 +92,17 @@ class BrokerConfig:
     message_max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     log_message_timestamp_type: str = "CreateTime"
     offsets_retention_minutes: int = 7 * 24 * 60
+    #: Cluster mode ([cluster], docs/cluster.md): HOST:PORT[,HOST:PORT...][/chroot] of
+    #: ZooKeeper; None runs a single broker as before.
+    zookeeper_connect: str | None = None
+    zookeeper_session_timeout_ms: int = 18_000
+    broker_rack: str | None = None
+    #: Replicas of a new topic when CreateTopics asks for the default (-1).
+    default_replication_factor: int = 1
+    #: acks=all needs this many in-sync replicas (NOT_ENOUGH_REPLICAS below it).
+    min_insync_replicas: int = 1
+    replica_lag_time_max_ms: int = 30_000
+    unclean_leader_election_enable: bool = False
     capture_dir: Path | None = None  # ours: write every frame to Parquet here (capture.dir)
     #: ours: HOST:PORT of the /metrics and /health responder (metrics.listener); None = off.
     metrics_listener: str | None = None
@@ -134,6 +145,13 @@ class BrokerConfig:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
         if self.queued_max_request_bytes == 0 or self.queued_max_request_bytes < -1:
             raise ConfigError("queued.max.request.bytes: must be positive, or -1 for no limit")
+        if self.default_replication_factor != 1 and not self.zookeeper_connect:
+            raise ConfigError(
+                "default.replication.factor: a single broker (no zookeeper.connect) keeps "
+                f"only 1 replica, got {self.default_replication_factor}"
+            )
+        if self.default_replication_factor < 1 or self.min_insync_replicas < 1:
+            raise ConfigError("default.replication.factor and min.insync.replicas: at least 1")
         if not 0 < self.group_min_session_timeout_ms <= self.group_max_session_timeout_ms:
             raise ConfigError(
                 "group.min.session.timeout.ms: must be positive and at most "
@@ -286,12 +304,6 @@ def _apply_keys(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
             value = dirs[0] if dirs else value
         values[field] = value
     values.update(_listeners(typed))
-    replication = typed.get("default.replication.factor", 1)
-    if replication != 1:
-        raise ConfigError(
-            f"default.replication.factor: trio-broker is a single broker, so only 1 is "
-            f"possible, got {replication}"
-        )
     return values, static
 
 

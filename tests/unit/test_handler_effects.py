@@ -74,6 +74,7 @@ class Services:
     appends: AppendSignal = attrs.Factory(AppendSignal)
     stats: BrokerStats = attrs.Factory(BrokerStats)
     shutting_down: bool = False
+    replication: Any = None  # alone: no cluster
 
     def now_ms(self) -> int:
         return int(trio.current_time() * 1000)

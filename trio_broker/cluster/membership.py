@@ -61,6 +61,7 @@ async def run_membership(
     *,
     now_ms: Callable[[], int] = wall_clock_ms,
     unclean: bool = False,
+    on_change: Callable[[], None] = lambda: None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Register, then keep ``view`` current until cancelled.
@@ -71,9 +72,9 @@ async def run_membership(
     await _register(coord, registration, wait_if_taken=False)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stay_registered, coord, registration)
-        nursery.start_soon(_follow_brokers, coord, view)
+        nursery.start_soon(_follow_brokers, coord, view, on_change)
         nursery.start_soon(_elect_controller, coord, view, now_ms, unclean)
-        nursery.start_soon(follow_topics, coord, view)
+        nursery.start_soon(follow_topics, coord, view, on_change)
         task_status.started()
 
 
@@ -107,7 +108,9 @@ async def _stay_registered(coord: Coordination, registration: BrokerRegistration
         await _register(coord, registration, wait_if_taken=True)
 
 
-async def _follow_brokers(coord: Coordination, view: ClusterView) -> None:
+async def _follow_brokers(
+    coord: Coordination, view: ClusterView, on_change: Callable[[], None]
+) -> None:
     while True:
         lost = coord.session_lost()
         try:
@@ -130,6 +133,7 @@ async def _follow_brokers(coord: Coordination, view: ClusterView) -> None:
             await trio.sleep(RETRY_S)
             continue
         view.brokers = brokers
+        on_change()
         await wait_any(changed, lost)
 
 

@@ -9,6 +9,7 @@ read per partition); a znode that does not parse is skipped with a warning.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import trio
 
@@ -69,8 +70,11 @@ async def read_topics(
     return topics, versions, watches
 
 
-async def follow_topics(coord: Coordination, view: ClusterView) -> None:
-    """Keep ``view.topics`` equal to ZooKeeper's, until cancelled."""
+async def follow_topics(
+    coord: Coordination, view: ClusterView, on_change: Callable[[], None] = lambda: None
+) -> None:
+    """Keep ``view.topics`` equal to ZooKeeper's, until cancelled; ``on_change`` after
+    every update."""
     while True:
         lost = coord.session_lost()
         try:
@@ -79,4 +83,5 @@ async def follow_topics(coord: Coordination, view: ClusterView) -> None:
             log.warning("reading topics: %s", exc)
             await trio.sleep(RETRY_S)
             continue
+        on_change()
         await wait_any(lost, *watches)

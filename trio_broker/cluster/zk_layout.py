@@ -31,6 +31,7 @@ __all__ = [
     "TopicAssignment",
     "broker_path",
     "partition_state_path",
+    "topic_config_path",
     "topic_path",
 ]
 
@@ -52,6 +53,10 @@ def broker_path(broker_id: int) -> str:
 
 def topic_path(topic: str) -> str:
     return f"{TOPICS}/{topic}"
+
+
+def topic_config_path(topic: str) -> str:
+    return f"/config/topics/{topic}"
 
 
 def partition_state_path(topic: str, partition: int) -> str:

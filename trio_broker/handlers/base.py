@@ -30,9 +30,11 @@ from trio_broker.protocol.schema import REQUESTS, Message
 if TYPE_CHECKING:
     from trio_broker.config import BrokerConfig
     from trio_broker.groups.coordinator import GroupCoordinator
+    from trio_broker.replication.leader import AckState, LeaderPartition
     from trio_broker.security.authorize import Authorizer
     from trio_broker.security.credentials import CredentialStore
     from trio_broker.security.sasl import SaslSession
+    from trio_broker.services.cluster_view import ClusterView, PartitionInfo
     from trio_broker.services.producers import ProducerStateRegistry
     from trio_broker.services.quotas import QuotaService
     from trio_broker.services.stats import BrokerStats
@@ -64,6 +66,43 @@ class Appends(Protocol):
     async def wait(self) -> None: ...
 
 
+class Replication(Protocol):
+    """A clustered broker's part in replication (trio_broker/cluster/replica_manager.py).
+
+    ``Services.replication`` is None for a broker that runs alone.
+    """
+
+    @property
+    def view(self) -> ClusterView: ...
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        """Replicas, leader, leader epoch and ISR as the cluster has them."""
+        ...
+
+    def leader_term(self, topic: str, partition: int) -> LeaderPartition | None:
+        """This broker's term if it leads the partition now, else None."""
+        ...
+
+    def follower_fetched(self, topic: str, partition: int, replica: int, offset: int) -> None:
+        """A follower fetched at ``offset``: it holds everything below it."""
+        ...
+
+    async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
+        """Wait until the high watermark passes ``last_offset`` (acks=all)."""
+        ...
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        configs: dict[str, str],
+        assignment: dict[int, list[int]] | None,
+    ) -> None:
+        """Create a topic in the cluster and wait until its partitions have leaders."""
+        ...
+
+
 class Services(Protocol):
     """Everything a handler may use; the Broker owns each as a plain field."""
 
@@ -89,6 +128,8 @@ class Services(Protocol):
     def appends(self) -> Appends: ...
     @property
     def stats(self) -> BrokerStats: ...
+    @property
+    def replication(self) -> Replication | None: ...
     @property
     def shutting_down(self) -> bool: ...
     def now_ms(self) -> int:

@@ -3,8 +3,12 @@
 Each topic is judged on its own: one bad topic does not fail the others. The
 checks run in Kafka's order (duplicate in the request, name, existence,
 partitions and replication, configs), so clients see the same first error.
-``validate_only`` runs every check and creates nothing. There is no
+``validate_only`` runs every check and creates nothing. Alone, there is no
 controller to wait for, so the request's timeout is not needed.
+
+In a cluster a topic is created by writing its replica assignment to ZooKeeper
+(``services.replication.create_topic``); the answer waits, within the request's
+timeout, until the controller has given every partition a leader.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import uuid
 
 from trio_broker.handlers.authorization import may_create_topic
-from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.describe_configs import topic_config_values
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -26,6 +30,106 @@ ResultConfig = Result.CreatableTopicConfigs
 
 #: Only this node can hold a replica.
 MAX_REPLICATION_FACTOR = 1
+
+
+def _cluster_plan(
+    ctx: RequestContext, topic: RequestedTopic
+) -> tuple[int, int, dict[int, list[int]] | None]:
+    """In a cluster: (partitions, replication factor, explicit assignment or None)."""
+    config = ctx.services.config
+    if topic.assignments:
+        if topic.num_partitions != -1 or topic.replication_factor != -1:
+            raise TopicError(
+                ErrorCode.INVALID_REQUEST,
+                "a manual assignment needs num_partitions and replication_factor of -1",
+            )
+        assignment = {a.partition_index: list(a.broker_ids) for a in topic.assignments}
+        if sorted(assignment) != list(range(len(assignment))):
+            raise TopicError(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                "assigned partitions must be numbered 0..n-1 without gaps or repeats",
+            )
+        return len(assignment), len(assignment[0]), assignment
+    rf = topic.replication_factor
+    if rf == -1:
+        rf = config.default_replication_factor
+    if rf <= 0:
+        raise TopicError(
+            ErrorCode.INVALID_REPLICATION_FACTOR, f"replication factor {rf} is not positive"
+        )
+    partitions = config.num_partitions if topic.num_partitions == -1 else topic.num_partitions
+    if partitions <= 0:
+        raise TopicError(ErrorCode.INVALID_PARTITIONS, f"{topic.num_partitions} partitions")
+    return partitions, rf, None
+
+
+def _create_in_cluster(
+    ctx: RequestContext, request: m.CreateTopicsRequest, validate_only: bool
+) -> Deferred:
+    services = ctx.services
+    replication = services.replication
+    assert replication is not None
+    results: list[Result] = []
+    plans = []
+    seen: dict[str, int] = {}
+    answered: set[str] = set()
+    for topic in request.topics:
+        seen[topic.name] = seen.get(topic.name, 0) + 1
+    for topic in request.topics:
+        name = topic.name
+        result = Result(name=name, error_code=ErrorCode.NONE, error_message=None, configs=[])
+        if seen[name] > 1:  # answered once, with INVALID_REQUEST, as Kafka does
+            if name not in answered:
+                answered.add(name)
+                result.error_code = ErrorCode.INVALID_REQUEST
+                result.error_message = "topic named more than once in the request"
+                results.append(result)
+            continue
+        try:
+            if not may_create_topic(ctx, name):
+                raise TopicError(
+                    ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"CREATE on {name!r} refused"
+                )
+            validate_topic_name(name)
+            if name in replication.view.topics:
+                raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+            partitions, rf, assignment = _cluster_plan(ctx, topic)
+            configs = _configs(topic)
+            services.topics.check_configs(configs)
+        except TopicError as exc:
+            result.error_code, result.error_message = exc.error_code, str(exc)
+            results.append(result)
+            continue
+        result.num_partitions, result.replication_factor = partitions, rf
+        results.append(result)
+        plans.append((result, partitions, rf, configs, assignment))
+    live = len(replication.view.brokers)
+    for result, _, rf, _, assignment in plans:
+        if assignment is None and rf > live:
+            result.error_code = ErrorCode.INVALID_REPLICATION_FACTOR
+            result.error_message = f"replication factor {rf} is larger than the {live} live brokers"
+
+    async def create() -> m.CreateTopicsResponse:
+        for result, partitions, rf, configs, assignment in plans:
+            if result.error_code or validate_only:
+                continue
+            try:
+                await replication.create_topic(result.name, partitions, rf, configs, assignment)
+                info = replication.view.topics.get(result.name)
+                if info is not None:
+                    result.topic_id = info.topic_id
+            except TopicError as exc:
+                result.error_code, result.error_message = exc.error_code, str(exc)
+        return Resp(throttle_time_ms=0, topics=results)
+
+    def timed_out() -> m.CreateTopicsResponse:
+        for result, *_ in plans:
+            if not result.error_code and result.name not in replication.view.topics:
+                result.error_code = ErrorCode.REQUEST_TIMED_OUT
+                result.error_message = "the cluster did not create the topic in time"
+        return Resp(throttle_time_ms=0, topics=results)
+
+    return Deferred(create, timeout_s=max(request.timeout_ms, 1000) / 1000, on_timeout=timed_out)
 
 
 def _partition_count(ctx: RequestContext, topic: RequestedTopic) -> int:
@@ -119,8 +223,10 @@ def _create_one(ctx: RequestContext, topic: RequestedTopic, validate_only: bool)
 @handles(m.ApiKey.CREATE_TOPICS)
 async def handle_create_topics(
     ctx: RequestContext, request: m.CreateTopicsRequest
-) -> m.CreateTopicsResponse:
+) -> m.CreateTopicsResponse | Deferred:
     validate_only = ctx.api_version >= 1 and request.validate_only
+    if ctx.services.replication is not None:
+        return _create_in_cluster(ctx, request, validate_only)
     counts: dict[str, int] = {}
     for topic in request.topics:
         counts[topic.name] = counts.get(topic.name, 0) + 1

@@ -1,4 +1,4 @@
-"""DescribeCluster: this node is the whole cluster, its only broker and its controller."""
+"""DescribeCluster: the live brokers and the controller (alone: this node is both)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,16 @@ async def handle_describe_cluster(
     if endpoint_type != BROKER_ENDPOINT:
         response.error_code = ErrorCode.UNSUPPORTED_ENDPOINT_TYPE
         response.error_message = f"unknown endpoint type {endpoint_type}"
+        return response
+    if services.replication is not None:  # a cluster: every live broker, its controller
+        view = services.replication.view
+        response.controller_id = view.controller_id
+        response.brokers = [
+            Resp.DescribeClusterBroker(
+                broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack, is_fenced=False
+            )
+            for b in sorted(view.brokers.values(), key=lambda b: b.broker_id)
+        ]
         return response
     host, port = services.advertised_for(ctx.client.connection_id)
     response.brokers = [

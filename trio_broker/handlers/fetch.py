@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.handlers.leadership import check_leader
 from trio_broker.handlers.topic_lookup import find_topic
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
@@ -31,6 +32,13 @@ def read_partitions(ctx: RequestContext, request: m.FetchRequest) -> tuple[Resp,
         remaining = min(remaining, quota_limit)
     total = 0
     topic_responses: list[TopicResp] = []
+    # A follower (replica id >= 0) reads up to the log end and reports its progress;
+    # consumers read up to the high watermark.
+    replica = request.replica_id if ctx.api_version < 15 else request.replica_state.replica_id
+    replication = ctx.services.replication
+    follower = replica >= 0 and replication is not None
+    if follower and not authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER):
+        follower = False  # treated as a consumer: no replica bookkeeping for strangers
     for wanted in request.topics:
         topic, name, missing = find_topic(ctx, wanted.topic, wanted.topic_id)
         partitions: list[PartResp] = []
@@ -50,7 +58,23 @@ def read_partitions(ctx: RequestContext, request: m.FetchRequest) -> tuple[Resp,
                 part.error_code = missing
                 continue
             log = topic.logs[p.partition]
-            high_watermark = log.log_end_offset
+            leader_error, term = check_leader(
+                ctx, topic.name, p.partition, p.current_leader_epoch if ctx.api_version >= 9 else -1
+            )
+            if leader_error:
+                part.error_code = leader_error
+                continue
+            high_watermark = read_up_to = log.log_end_offset
+            if term is not None:
+                if follower:
+                    if p.fetch_offset > log.log_end_offset:
+                        part.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+                        continue
+                    assert replication is not None
+                    replication.follower_fetched(topic.name, p.partition, replica, p.fetch_offset)
+                else:
+                    read_up_to = term.high_watermark
+                high_watermark = term.high_watermark
             part.high_watermark = part.last_stable_offset = high_watermark
             part.log_start_offset = log.log_start_offset
             if remaining <= 0 and total > 0:
@@ -58,7 +82,7 @@ def read_partitions(ctx: RequestContext, request: m.FetchRequest) -> tuple[Resp,
             try:
                 regions = log.read(
                     p.fetch_offset, min(p.partition_max_bytes, max(remaining, 0)),
-                    high_watermark, min_one=(total == 0),
+                    read_up_to, min_one=(total == 0),
                 )  # fmt: skip
             except OffsetOutOfRange:
                 part.error_code = ErrorCode.OFFSET_OUT_OF_RANGE

@@ -9,6 +9,8 @@ an invalid request.
 
 from __future__ import annotations
 
+import zlib
+
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
@@ -28,6 +30,13 @@ def _locate(
     if key_type == KEY_TYPE_GROUP:
         if not authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, key):
             return ErrorCode.GROUP_AUTHORIZATION_FAILED, f"DESCRIBE on group {key!r}", -1, "", -1
+        replication = ctx.services.replication
+        if replication is not None and replication.view.brokers:
+            # A cluster: one live broker per group, the same answer from every broker.
+            # Group state is not replicated yet ([cluster]): it moves with the broker set.
+            live = sorted(replication.view.brokers)
+            chosen = replication.view.brokers[live[zlib.crc32(key.encode()) % len(live)]]
+            return ErrorCode.NONE, None, chosen.broker_id, chosen.host, chosen.port
         host, port = ctx.services.advertised_for(ctx.client.connection_id)
         return ErrorCode.NONE, None, ctx.services.config.node_id, host, port
     if key_type == KEY_TYPE_TRANSACTION:

@@ -1,4 +1,10 @@
-"""Metadata: this node as the only broker, every partition led by it, topic ids included."""
+"""Metadata: the brokers, and each topic's partitions with their leaders, topic ids included.
+
+Alone, this node is the only broker and leads every partition. In a cluster the
+answer comes from the cluster view (ZooKeeper's state as this broker last read it):
+every live broker, each partition's leader, leader epoch, replicas, ISR and offline
+replicas, LEADER_NOT_AVAILABLE for a partition without a leader.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from trio_broker.handlers.authorization import (
     authorized_operations,
     may_create_topic,
 )
-from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import TopicError, validate_topic_name
@@ -25,6 +31,16 @@ def topic_metadata(
     ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None
 ) -> Resp.MetadataResponseTopic:
     services = ctx.services
+    if services.replication is not None:
+        known = cluster_topic_metadata(ctx, name, topic_id)
+        if known is not None:
+            return known
+        if name is not None:
+            # Not in the cluster (yet): never answer from a local leftover.
+            return Resp.MetadataResponseTopic(
+                error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name,
+                topic_id=uuid.UUID(int=0), partitions=[],
+            )  # fmt: skip
     node = services.config.node_id
     if name is None:
         assert topic_id is not None, "a topic is asked for by name or by id"
@@ -59,15 +75,105 @@ def topic_metadata(
     )  # fmt: skip
 
 
+def cluster_topic_metadata(
+    ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None
+) -> Resp.MetadataResponseTopic | None:
+    """A topic as the cluster view has it, or None if the view does not know it."""
+    replication = ctx.services.replication
+    assert replication is not None
+    view = replication.view
+    if name is None:
+        name = next((t.name for t in view.topics.values() if t.topic_id == topic_id), None)
+    info = None if name is None else view.topics.get(name)
+    if info is None:
+        return None
+    partitions = []
+    for index, state in sorted(info.partitions.items()):
+        partition = Resp.MetadataResponseTopic.MetadataResponsePartition(
+            error_code=ErrorCode.LEADER_NOT_AVAILABLE if state.leader < 0 else ErrorCode.NONE,
+            partition_index=index, leader_id=state.leader, leader_epoch=state.leader_epoch,
+            replica_nodes=list(state.replicas), isr_nodes=list(state.isr),
+            offline_replicas=[r for r in state.replicas if r not in view.brokers],
+        )  # fmt: skip
+        partitions.append(partition)
+    return Resp.MetadataResponseTopic(
+        error_code=ErrorCode.NONE, name=info.name, topic_id=info.topic_id,
+        is_internal=False, partitions=partitions, topic_authorized_operations=-2147483648,
+    )  # fmt: skip
+
+
 @handles(m.ApiKey.METADATA)
-async def handle_metadata(ctx: RequestContext, request: m.MetadataRequest) -> m.MetadataResponse:
+async def handle_metadata(
+    ctx: RequestContext, request: m.MetadataRequest
+) -> m.MetadataResponse | Deferred:
+    services = ctx.services
+    replication = services.replication
+    if replication is not None:
+        missing = _to_create_in_cluster(ctx, request)
+        if missing:  # created in the cluster first (a wait for ZooKeeper and the controller)
+
+            async def create_then_answer() -> m.MetadataResponse:
+                for name in missing:
+                    try:
+                        await replication.create_topic(
+                            name, services.config.num_partitions,
+                            services.config.default_replication_factor, {}, None,
+                        )  # fmt: skip
+                    except TopicError:
+                        pass  # created meanwhile, or refused: the answer below says which
+                return describe(ctx, request)
+
+            return Deferred(
+                create_then_answer, timeout_s=30.0, on_timeout=lambda: describe(ctx, request)
+            )
+    return describe(ctx, request)
+
+
+def _to_create_in_cluster(ctx: RequestContext, request: m.MetadataRequest) -> list[str]:
+    services = ctx.services
+    assert services.replication is not None
+    auto = request.allow_auto_topic_creation if ctx.api_version >= 4 else True
+    if not (auto and services.config.auto_create_topics) or not request.topics:
+        return []
+    known = services.replication.view.topics
+    names = []
+    for wanted in request.topics:
+        name = wanted.name
+        if not name or (wanted.topic_id is not None and wanted.topic_id.int != 0):
+            continue
+        if name in known or not may_create_topic(ctx, name):
+            continue
+        try:
+            validate_topic_name(name)
+        except TopicError:
+            continue
+        names.append(name)
+    return names
+
+
+def _known_names(ctx: RequestContext) -> list[str]:
+    replication = ctx.services.replication
+    if replication is not None:
+        return sorted(replication.view.topics)
+    return sorted(ctx.services.topics.topics)
+
+
+def _exists(ctx: RequestContext, name: str) -> bool:
+    replication = ctx.services.replication
+    if replication is not None:
+        return name in replication.view.topics
+    return ctx.services.topics.get(name) is not None
+
+
+def describe(ctx: RequestContext, request: m.MetadataRequest) -> m.MetadataResponse:
+    """The answer from what is known now (auto-creating topics alone, not in a cluster)."""
     services = ctx.services
     topics: list[Resp.MetadataResponseTopic] = []
     cluster_operations = -2147483648  # "not provided"
     if request.topics is None or (ctx.api_version == 0 and not request.topics):
         topics = [
             topic_metadata(ctx, name, None)
-            for name in sorted(services.topics.topics)
+            for name in _known_names(ctx)
             if authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name)  # hide the rest
         ]
     else:
@@ -92,7 +198,9 @@ async def handle_metadata(ctx: RequestContext, request: m.MetadataRequest) -> m.
                 topics.append(topic_metadata(ctx, None, wanted.topic_id))
                 continue
             auto = request.allow_auto_topic_creation if ctx.api_version >= 4 else True
-            exists = services.topics.get(name) is not None
+            if services.replication is not None:
+                auto = False  # done by handle_metadata before answering
+            exists = _exists(ctx, name)
             if not authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name) or (
                 not exists and auto and services.config.auto_create_topics
                 and not may_create_topic(ctx, name)
@@ -103,13 +211,13 @@ async def handle_metadata(ctx: RequestContext, request: m.MetadataRequest) -> m.
                     )
                 )
                 continue
-            if services.topics.get(name) is None and auto and services.config.auto_create_topics:
+            if not exists and auto and services.config.auto_create_topics:
                 try:
                     services.topics.create(name, services.config.num_partitions)
                 except TopicError as exc:
                     topics.append(Resp.MetadataResponseTopic(error_code=exc.error_code, name=name))
                     continue
-            elif services.topics.get(name) is None:
+            elif not exists:
                 try:
                     validate_topic_name(name)
                 except TopicError as exc:
@@ -127,15 +235,24 @@ async def handle_metadata(ctx: RequestContext, request: m.MetadataRequest) -> m.
         if ctx.api_version <= 10 and request.include_cluster_authorized_operations:
             cluster_operations = authorized_operations(ctx, ResourceType.CLUSTER)
     host, port = services.advertised_for(ctx.client.connection_id)
+    brokers = [
+        Resp.MetadataResponseBroker(
+            node_id=services.config.node_id, host=host, port=port, rack=None
+        )
+    ]
+    controller = services.config.node_id
+    if services.replication is not None:
+        view = services.replication.view
+        brokers = [
+            Resp.MetadataResponseBroker(node_id=b.broker_id, host=b.host, port=b.port, rack=b.rack)
+            for b in sorted(view.brokers.values(), key=lambda b: b.broker_id)
+        ]
+        controller = view.controller_id
     return Resp(
         throttle_time_ms=0,
-        brokers=[
-            Resp.MetadataResponseBroker(
-                node_id=services.config.node_id, host=host, port=port, rack=None
-            )
-        ],
+        brokers=brokers,
         cluster_id=services.cluster_id,
-        controller_id=services.config.node_id,
+        controller_id=controller,
         topics=topics,
         cluster_authorized_operations=cluster_operations,
     )

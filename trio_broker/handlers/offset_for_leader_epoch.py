@@ -12,12 +12,16 @@ Every partition has had one leader epoch, 0, since it was created, so:
 
 The request's current_leader_epoch (-1 = no check) is compared with ours
 first: older is FENCED_LEADER_EPOCH, newer is UNKNOWN_LEADER_EPOCH.
+
+In a cluster the leader answers from the partition's leader-epoch cache (KIP-101,
+KIP-279): where the asked epoch ends in its log. Followers use it to truncate.
 """
 
 from __future__ import annotations
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.leadership import check_leader
 from trio_broker.handlers.metadata import LEADER_EPOCH
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -60,6 +64,15 @@ async def handle_offset_for_leader_epoch(
             log = topics.log(wanted.topic, p.partition)
             if log is None:
                 out.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            if ctx.services.replication is not None:
+                out.error_code, term = check_leader(
+                    ctx, wanted.topic, p.partition, p.current_leader_epoch
+                )
+                if term is not None:
+                    out.leader_epoch, out.end_offset = log.epoch_cache.end_offset_for(
+                        p.leader_epoch, log.log_end_offset
+                    )
                 continue
             out.error_code = check_current_leader_epoch(p.current_leader_epoch)
             if out.error_code == ErrorCode.NONE and p.leader_epoch == LEADER_EPOCH:

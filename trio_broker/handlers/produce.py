@@ -20,6 +20,7 @@ from trio_broker.handlers.base import (
     Services,
     handles,
 )
+from trio_broker.handlers.leadership import check_leader
 from trio_broker.handlers.topic_lookup import find_topic
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordBytes
@@ -27,6 +28,7 @@ from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError, ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
+from trio_broker.replication.leader import AckState
 from trio_broker.state.producer import Duplicate, Reject
 from trio_broker.state.quota import PRODUCER_BYTE_RATE
 from trio_broker.storage.errors import StorageError
@@ -87,7 +89,8 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     broker_config = services.config
     acks = request.acks
     now = ctx.now_ms()
-    durable_waits: list[tuple[Any, int, PartResp]] = []  # (log, last offset, its answer)
+    # (log, last offset, its answer, (topic, partition) if replicated: wait for the HW too)
+    durable_waits: list[tuple[Any, int, PartResp, tuple[str, int] | None]] = []
     topic_responses: list[TopicResp] = []
     produced = 0  # request record bytes, for the producer byte-rate quota
     for topic_data in request.topic_data:
@@ -108,6 +111,18 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             if topic is None or not 0 <= data.index < len(topic.logs):
                 part.error_code = missing
                 continue
+            leader_error, term = check_leader(ctx, topic.name, data.index)
+            if leader_error:
+                part.error_code = leader_error
+                continue
+            if term is not None and acks == -1 and not term.can_accept_acks_all():
+                part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS
+                part.error_message = (
+                    f"the ISR has {len(term.isr)} member(s), min.insync.replicas is "
+                    f"{term.min_insync_replicas}"
+                )
+                continue
+            replicated = (topic.name, data.index) if term is not None else None
             log = topic.logs[data.index]
             configs = topic.info.configs
             try:
@@ -121,14 +136,20 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             if duplicate is not None:  # a retried batch: answer with its original offsets
                 part.base_offset = duplicate
                 if acks == -1:  # the original may still be waiting for its fsync
-                    durable_waits.append((log, duplicate, part))
+                    durable_waits.append((log, duplicate, part, replicated))
                 continue
             timestamp_type = configs.get(
                 "message.timestamp.type", broker_config.log_message_timestamp_type
             )
             log_append_time = timestamp_type == "LogAppendTime"
             try:
-                result = log.append(batch.buf, now_ms=now, log_append_time=log_append_time)
+                if term is None:
+                    result = log.append(batch.buf, now_ms=now, log_append_time=log_append_time)
+                else:  # the leader stamps its epoch on the batch (and its epoch cache)
+                    result = log.append(
+                        batch.buf, now_ms=now, log_append_time=log_append_time,
+                        leader_epoch=term.leader_epoch,
+                    )  # fmt: skip
             except StorageError as exc:
                 part.error_code, part.error_message = exc.error_code, str(exc)
                 # The disk may have space again: probe it in the background (1 s back-off).
@@ -146,7 +167,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
                 part.log_append_time_ms = result.log_append_time
             services.durability.mark_dirty(log)
             if acks == -1:
-                durable_waits.append((log, result.last_offset, part))
+                durable_waits.append((log, result.last_offset, part, replicated))
         topic_responses.append(
             TopicResp(
                 name=name, topic_id=topic_data.topic_id, partition_responses=partition_responses
@@ -167,24 +188,44 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
 
     # The request's timeout_ms bounds the wait for the covering fsync; past it the
     # partition answers REQUEST_TIMED_OUT and the data stays in the log (as Kafka).
+    # In a cluster the write then waits for the high watermark: every ISR member has it.
     async def when_durable() -> m.ProduceResponse:
-        for log, last_offset, part in durable_waits:
+        for log, last_offset, part, replicated in durable_waits:
             try:
                 await services.durability.wait_durable(log, last_offset)
             except StorageError as exc:
                 part.error_code, part.error_message = exc.error_code, str(exc)
                 part.base_offset = -1
+                continue
+            if replicated is not None and services.replication is not None:
+                state = await services.replication.wait_committed(*replicated, last_offset)
+                if state is AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+                    part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+                    part.error_message = "the ISR shrank below min.insync.replicas"
+                    part.base_offset = -1
         return response
 
     def timed_out() -> m.ProduceResponse:
-        for log, last_offset, part in durable_waits:
-            if part.error_code == 0 and log.durable_end_offset <= last_offset:
-                part.error_code = ErrorCode.REQUEST_TIMED_OUT
+        for log, last_offset, part, replicated in durable_waits:
+            if part.error_code != 0:
+                continue
+            if log.durable_end_offset <= last_offset:
                 part.error_message = f"not durable within timeout_ms={request.timeout_ms}"
-                part.base_offset = -1
+            elif replicated is not None and _not_committed(services, replicated, last_offset):
+                part.error_message = f"not replicated within timeout_ms={request.timeout_ms}"
+            else:
+                continue
+            part.error_code = ErrorCode.REQUEST_TIMED_OUT
+            part.base_offset = -1
         return response
 
     return Deferred(when_durable, timeout_s=max(request.timeout_ms, 0) / 1000, on_timeout=timed_out)
+
+
+def _not_committed(services: Services, replicated: tuple[str, int], last_offset: int) -> bool:
+    replication = services.replication
+    term = None if replication is None else replication.leader_term(*replicated)
+    return term is None or term.high_watermark <= last_offset
 
 
 def check_producer(

@@ -141,6 +141,9 @@ class Broker:
 
             self.capture = self.capture_tap = CaptureTap(config.capture_dir, config.node_id)
             self.services.append(self.capture)
+        #: Cluster mode (zookeeper.connect): this broker's replication, set once it has
+        #: joined (trio_broker/cluster); None while alone.
+        self.replication: Any = None
         #: The Prometheus /metrics and /health responder (trio_broker.server.metrics), or None.
         self.metrics: Any = None
         if config.metrics_listener is not None:
@@ -178,6 +181,9 @@ class Broker:
                     for spec in self.listeners:
                         listener = await self._open_listener(spec)
                         await root.start(self._accept_loop, listener, spec, name="acceptor")
+                    if self.config.zookeeper_connect:
+                        # After the listeners: the registration names their address.
+                        await root.start(self._run_cluster, name="cluster")
                     task_status.started(self)
         finally:
             # Plain synchronous calls: they run even when the scope was cancelled.
@@ -187,6 +193,12 @@ class Broker:
                 close = getattr(service, "close", None)
                 if close is not None:
                     close()
+
+    async def _run_cluster(self, task_status: trio.TaskStatus[None]) -> None:
+        """Join the cluster in ZooKeeper and replicate (trio_broker/cluster)."""
+        from trio_broker.cluster.broker_node import run_cluster_node
+
+        await run_cluster_node(self, task_status=task_status)
 
     @property
     def durability(self) -> Flusher:

@@ -76,6 +76,31 @@ class ProducerIdAllocator:
         self._next = 0
         #: Ids below this are reserved on disk; None until the file was read.
         self._block_end: int | None = None if path is not None else 2**63 - 1
+        #: Cluster mode: blocks come from ZooKeeper (offer_block), the next one waits here.
+        self._cluster = False
+        self._spare: tuple[int, int] | None = None
+
+    def use_cluster_blocks(self) -> None:
+        """Ids unique in the whole cluster: only from blocks that :meth:`offer_block` gives
+        (claimed in ZooKeeper's ``/latest_producer_id_block``), none from the local file."""
+        self._cluster, self.path = True, None
+        self._next = self._block_end = 0
+
+    @property
+    def needs_block(self) -> bool:
+        """Cluster mode: fewer than half a block left and none waiting."""
+        if not self._cluster or self._spare is not None:
+            return False
+        assert self._block_end is not None
+        return self._block_end - self._next < self.block_size // 2
+
+    def offer_block(self, start: int, end: int) -> None:
+        """A block of ids [start, end) this broker claimed in the cluster."""
+        assert self._cluster and self._block_end is not None
+        if self._next >= self._block_end:
+            self._next, self._block_end = start, end
+        else:
+            self._spare = (start, end)
 
     def _reserved_end(self) -> int:
         # Read lazily, so that a bad file fails InitProducerId (which can say so)
@@ -99,6 +124,9 @@ class ProducerIdAllocator:
     @property
     def issued_below(self) -> int:
         """Every id this broker ever handed out is below this (may include unused ids)."""
+        if self._cluster:
+            assert self._block_end is not None
+            return max(self._block_end, self._spare[1] if self._spare else 0)
         end = self._reserved_end()
         return end if self.path is not None else self._next
 
@@ -106,6 +134,11 @@ class ProducerIdAllocator:
         """The next id; raises OSError or SnapshotError if its block cannot be reserved."""
         # Read the reserved end first: its first read also moves _next up to it.
         end = self._reserved_end()
+        if self._cluster and self._next >= end:
+            if self._spare is None:
+                raise SnapshotError("no producer id block claimed in ZooKeeper yet")
+            (self._next, end), self._spare = self._spare, None
+            self._block_end = end
         if self._next >= end:
             assert self.path is not None
             end = self._next + self.block_size
@@ -210,6 +243,19 @@ class ProducerStateRegistry:
             last_offset,
             batch.max_timestamp,
         )
+
+    def forget(self, topic: str, partition: int) -> None:
+        """Drop a partition's state: it is rebuilt from the log when next needed (a
+        replica that becomes leader has appended batches it never checked)."""
+        self._partitions.pop((topic, partition), None)
+
+    def discard_snapshot(self, topic: str, partition: int, log_: PartitionLogLike) -> None:
+        """The log was truncated (a follower agreeing with a new leader): a snapshot may
+        describe batches that are gone, so the state is rebuilt from the log instead."""
+        self.forget(topic, partition)
+        directory = log_directory(log_)
+        if directory is not None:
+            (directory / SNAPSHOT_FILE).unlink(missing_ok=True)
 
     def manager(self, topic: str, partition: int, log_: PartitionLogLike) -> ProducerStateManager:
         key = (topic, partition)

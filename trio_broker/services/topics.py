@@ -126,15 +126,24 @@ class TopicManager:
         except InvalidConfigError as exc:
             raise TopicError(exc.error_code, str(exc)) from None
 
-    def create(self, name: str, partitions: int, configs: dict[str, str] | None = None) -> Topic:
+    def create(
+        self,
+        name: str,
+        partitions: int,
+        configs: dict[str, str] | None = None,
+        *,
+        topic_id: uuid.UUID | None = None,
+    ) -> Topic:
+        """``topic_id``: the cluster's id for a replicated topic (a new one if None)."""
         configs = dict(configs or {})
         self.check_new(name, partitions, configs)
         if self.catalogue is not None:
-            info = self.catalogue.create_topic(name, partitions, configs)
+            info = self.catalogue.create_topic(name, partitions, configs, topic_id=topic_id)
         else:
             info = TopicInfo(
-                name=name, topic_id=uuid.uuid4(), partitions=partitions, configs=configs
-            )
+                name=name, topic_id=topic_id or uuid.uuid4(), partitions=partitions,
+                configs=configs,
+            )  # fmt: skip
         return self._open(info)
 
     def check_new_partitions(self, name: str, total: int) -> Topic:

@@ -1,0 +1,159 @@
+"""Three `trio-broker serve` processes and a ZooKeeper: a replicated topic with real clients.
+
+confluent-kafka creates a topic with replication factor 3, an idempotent acks=all
+producer writes to it, the leader of a partition is killed with -9, the producer goes
+on (librdkafka follows the new leader from Metadata), and every acknowledged record is
+read back, once, from the survivors. The killed broker then returns, truncates to its
+new leader's log and rejoins every ISR.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.e2e.conftest import BrokerProcess
+from trio_broker.cluster.local_zookeeper import LocalZooKeeper
+
+pytestmark = pytest.mark.timeout(240)
+
+_chroots = itertools.count(1)
+
+
+class ClusterBroker(BrokerProcess):
+    def __init__(self, data_dir: Path, broker_id: int, zookeeper: str) -> None:
+        super().__init__(data_dir, "pipelined", "file")
+        self.broker_id, self.zookeeper = broker_id, zookeeper
+
+    def command_line(self) -> list[str]:
+        return [
+            *super().command_line(), "--broker-id", str(self.broker_id),
+            "--zookeeper", self.zookeeper,
+        ]  # fmt: skip
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, zookeeper: str) -> Iterator[dict[int, ClusterBroker]]:
+    brokers = {b: ClusterBroker(tmp_path / f"broker{b}", b, zookeeper) for b in (1, 2, 3)}
+    try:
+        for broker in brokers.values():
+            broker.start()
+        yield brokers
+    finally:
+        for broker in brokers.values():
+            broker.stop()
+
+
+def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except KafkaException:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def bootstrap(brokers: dict[int, ClusterBroker]) -> str:
+    return ",".join(b.bootstrap for b in brokers.values() if b.proc and b.proc.poll() is None)
+
+
+def partitions(admin: AdminClient, topic: str) -> dict[int, tuple[int, list[int], list[int]]]:
+    meta = admin.list_topics(topic, timeout=5).topics[topic]
+    if meta.error is not None:
+        return {}
+    return {p.id: (p.leader, list(p.replicas), list(p.isrs)) for p in meta.partitions.values()}
+
+
+def produce(servers: str, topic: str, values: range) -> set[str]:
+    """acks=all, idempotent; returns the values the brokers acknowledged."""
+    acked: set[str] = set()
+    errors: list[str] = []
+
+    def delivered(err: object, msg: object) -> None:
+        if err is None:
+            acked.add(msg.value().decode())  # type: ignore[attr-defined]
+        else:
+            errors.append(str(err))
+
+    producer = Producer({
+        "bootstrap.servers": servers, "enable.idempotence": True, "acks": "all",
+        "linger.ms": 5, "message.timeout.ms": 60000,
+    })  # fmt: skip
+    for i in values:
+        producer.produce(topic, value=str(i).encode(), key=str(i).encode(), on_delivery=delivered)
+        producer.poll(0)
+    assert producer.flush(90) == 0, "records still in flight"
+    assert not errors, errors[:5]
+    return acked
+
+
+def read_all(servers: str, topic: str, count: int, expected: int) -> list[str]:
+    consumer = Consumer({
+        "bootstrap.servers": servers, "group.id": f"check-{time.monotonic_ns()}",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+    })  # fmt: skip
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(count)])
+    values: list[str] = []
+    deadline = time.monotonic() + 60
+    while len(values) < expected and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None:
+            values.append(msg.value().decode())
+    consumer.close()
+    return values
+
+
+def test_replicated_topic_survives_its_leaders_kill_9(
+    cluster: dict[int, ClusterBroker], zookeeper_server: LocalZooKeeper
+) -> None:
+    servers = bootstrap(cluster)
+    admin = AdminClient({"bootstrap.servers": servers})
+    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers listed")
+    [future] = admin.create_topics(
+        [NewTopic("replicated", num_partitions=3, replication_factor=3)]
+    ).values()
+    future.result(timeout=30)
+    eventually(
+        lambda: (
+            len(state := partitions(admin, "replicated")) == 3
+            and all(len(isr) == 3 and leader >= 1 for leader, _, isr in state.values())
+        ),
+        "three partitions, each with three in-sync replicas",
+    )
+    first = produce(servers, "replicated", range(0, 300))
+    assert len(first) == 300
+
+    victim = partitions(admin, "replicated")[0][0]
+    cluster[victim].kill9()
+    survivors = {b: p for b, p in cluster.items() if b != victim}
+    servers = bootstrap(survivors)
+    admin = AdminClient({"bootstrap.servers": servers})
+    eventually(
+        lambda: all(
+            leader in survivors and victim not in isr
+            for leader, _, isr in partitions(admin, "replicated").values()
+        ),
+        f"new leaders without broker {victim}",
+    )
+    second = produce(servers, "replicated", range(300, 600))
+    assert len(second) == 300
+
+    values = read_all(servers, "replicated", 3, 600)
+    assert sorted(values, key=int) == sorted(first | second, key=int), "lost or doubled records"
+
+    cluster[victim].start()
+    servers = bootstrap(cluster)
+    admin = AdminClient({"bootstrap.servers": servers})
+    eventually(
+        lambda: all(len(isr) == 3 for _, _, isr in partitions(admin, "replicated").values()),
+        f"broker {victim} back in every ISR",
+    )

@@ -1,0 +1,88 @@
+"""`trio-broker cluster up`: ZooKeeper and three brokers in one command, stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.e2e.conftest import BROKER_EXE
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_cluster_up_prints_its_bootstrap_serves_and_stops_cleanly(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [str(BROKER_EXE), "cluster", "up", "--brokers", "3", "--base-port", "0",
+         "--data-dir", str(tmp_path)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        assert line.startswith("cluster ready: bootstrap "), line
+        servers = line.split()[-1]
+        assert len(servers.split(",")) == 3
+        admin = AdminClient({"bootstrap.servers": servers})
+        assert len(admin.list_topics(timeout=10).brokers) == 3
+        [future] = admin.create_topics([NewTopic("up", num_partitions=1)]).values()
+        future.result(timeout=30)  # replication factor 3: the cluster's default
+        meta = admin.list_topics("up", timeout=10).topics["up"].partitions[0]
+        assert sorted(meta.replicas) == [1, 2, 3]
+        producer = Producer({"bootstrap.servers": servers, "acks": "all"})
+        for i in range(20):
+            producer.produce("up", value=str(i).encode())
+        assert producer.flush(30) == 0
+        consumer = Consumer({"bootstrap.servers": servers, "group.id": "up"})
+        consumer.assign([TopicPartition("up", 0, 0)])
+        seen = []
+        deadline = time.monotonic() + 30
+        while len(seen) < 20 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                seen.append(int(msg.value()))
+        consumer.close()
+        assert seen == list(range(20))
+        broker_pids = _children(proc.pid)
+        assert len(broker_pids) == 4  # ZooKeeper and three brokers
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        for pid in broker_pids:
+            assert not _alive(pid), f"process {pid} outlived cluster up"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_bad_arguments_exit_2(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "trio_broker.cli", "cluster", "up", "--brokers", "2",
+         "--replication-factor", "3", "--data-dir", str(tmp_path)],
+        capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert b"replication-factor" in done.stderr
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (not yet reaped by its parent) counts as gone.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"

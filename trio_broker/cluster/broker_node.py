@@ -1,0 +1,98 @@
+"""A broker joins its cluster: ZooKeeper session, membership, replica manager.
+
+Started by the Broker once its listeners are bound (the registration names their
+address), in cluster mode only (``zookeeper.connect``). A second live broker with the
+same id, or a ZooKeeper that cannot be reached at start, stops the broker with an error.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import trio
+
+from trio_broker.cluster.coordination import NodeExists, ZooKeeperCoordination
+from trio_broker.cluster.membership import run_membership, wall_clock_ms
+from trio_broker.cluster.replica_manager import ReplicaManager
+from trio_broker.cluster.zk_layout import CLUSTER_ID, BrokerRegistration
+from trio_broker.config import BrokerConfig
+from trio_broker.services.cluster_view import ClusterView
+from trio_broker.services.topics import TopicManager
+
+__all__ = ["ClusterHost", "run_cluster_node"]
+
+log = logging.getLogger(__name__)
+
+
+class ClusterHost(Protocol):
+    """What the broker gives its cluster membership (server/broker.py's Broker)."""
+
+    config: BrokerConfig
+    topics: TopicManager
+    cluster_id: str
+    replication: Any
+    producers: Any
+
+    @property
+    def advertised(self) -> tuple[str, int]: ...
+
+    @property
+    def durability(self) -> Any: ...
+
+    @property
+    def appends(self) -> Any: ...
+
+    def now_ms(self) -> int: ...
+
+
+async def run_cluster_node(
+    host: ClusterHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    config = host.config
+    assert config.zookeeper_connect is not None
+    coord = ZooKeeperCoordination(
+        config.zookeeper_connect, session_timeout_s=config.zookeeper_session_timeout_ms / 1000
+    )
+    await coord.start()
+    try:
+        # One cluster id for all brokers: the first to start writes its own.
+        try:
+            await coord.create(CLUSTER_ID, f'{{"version":"1","id":"{host.cluster_id}"}}'.encode())
+        except NodeExists:
+            node = await coord.get(CLUSTER_ID)
+            if node is not None:
+                import json
+
+                try:
+                    host.cluster_id = str(json.loads(node.data)["id"])
+                except (ValueError, KeyError, TypeError):
+                    log.warning("ignoring an unreadable %s", CLUSTER_ID)
+        view = ClusterView(config.node_id)
+        manager = ReplicaManager(
+            view, coord, host.topics,
+            min_insync_replicas=config.min_insync_replicas,
+            replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+            now_ms=host.now_ms, durability=host.durability, on_hw_moved=host.appends.notify,
+            producers=host.producers,
+        )  # fmt: skip
+        address, port = host.advertised
+        registration = BrokerRegistration(
+            config.node_id, address, port, config.broker_rack,
+            (f"PLAINTEXT://{address}:{port}",), wall_clock_ms(),
+        )  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            await nursery.start(manager.run)
+            await nursery.start(
+                lambda task_status: run_membership(
+                    coord, registration, view,
+                    unclean=config.unclean_leader_election_enable,
+                    on_change=manager.view_changed, task_status=task_status,
+                )
+            )  # fmt: skip
+            host.replication = manager
+            log.info("broker %d joined the cluster at %s", config.node_id, config.zookeeper_connect)
+            task_status.started()
+    finally:
+        host.replication = None
+        await coord.stop()

@@ -1,0 +1,219 @@
+"""Followers copy their leaders' logs: one fetcher task per leader broker.
+
+A fetcher serves every partition this broker follows from one leader, over one
+connection:
+
+1. **Truncate** a partition whose leader changed: OffsetForLeaderEpoch rounds
+   (``replication/truncation.py``) find where this log stops agreeing with the leader's,
+   and the log is cut there (``PartitionLog.truncate_to``).
+2. **Fetch** with this broker's replica id, from each log's end. Before asking for more,
+   what was fetched is synced (the flusher's group commit): the leader counts a fetch
+   at offset X as "the follower holds everything below X", and by default that means
+   on disk (docs/cluster.md, "Durability stays explicit").
+3. **Append** the batches as they are (``append_replicated_batches``), and keep the
+   leader's high watermark.
+
+Errors that mean "the cluster moved on" (not leader, fenced or unknown epoch) wait for
+the next view change; connection errors reconnect after a pause.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from trio_broker.cluster.broker_client import BrokerClient, BrokerConnectionError
+from trio_broker.cluster.waiting import RETRY_S, wait_any
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.replication.truncation import plan_truncation
+from trio_broker.storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from trio_broker.cluster.replica_manager import FollowerRole, ReplicaManager
+
+__all__ = ["run_fetchers"]
+
+log = logging.getLogger(__name__)
+
+FETCH_VERSION = 12  # the last with replica_id at the top level, topics by name
+EPOCH_VERSION = 4
+MAX_WAIT_MS = 500
+PARTITION_MAX_BYTES = 1 << 20
+REQUEST_TIMEOUT_S = 30.0
+#: Rounds of OffsetForLeaderEpoch before giving up for now (each goes an epoch back).
+MAX_TRUNCATION_ROUNDS = 64
+
+Key = tuple[str, int]
+
+
+async def run_fetchers(manager: ReplicaManager) -> None:
+    """One fetcher per leader this broker follows something from; kept in step with roles."""
+    running: dict[int, trio.CancelScope] = {}
+    async with trio.open_nursery() as nursery:
+        while True:
+            changed = manager.roles_changed
+            leaders = {role.leader for role in manager.following.values()}
+            for leader in list(running):
+                if leader not in leaders:
+                    running.pop(leader).cancel()
+            for leader in leaders - set(running):
+                scope = trio.CancelScope()
+                running[leader] = scope
+                nursery.start_soon(_fetcher, manager, leader, scope)
+            await changed.wait()
+
+
+async def _fetcher(manager: ReplicaManager, leader: int, scope: trio.CancelScope) -> None:
+    with scope:
+        client: BrokerClient | None = None
+        try:
+            while True:
+                mine = {k: r for k, r in manager.following.items() if r.leader == leader}
+                if not mine:
+                    return
+                try:
+                    if client is None:
+                        client = await _connect(manager, leader)
+                    for key, role in mine.items():
+                        if role.needs_truncation:
+                            await _truncate(manager, client, key, role)
+                    ready = {k: r for k, r in mine.items() if not r.needs_truncation}
+                    if not ready:
+                        await wait_any(manager.roles_changed, manager._view_event())
+                        continue
+                    await _fetch_once(manager, client, ready)
+                except BrokerConnectionError as exc:
+                    log.info("fetching from broker %d: %s", leader, exc)
+                    if client is not None:
+                        await client.close()
+                    client = None
+                    await trio.sleep(RETRY_S)
+        finally:
+            if client is not None:
+                await client.close()
+
+
+async def _connect(manager: ReplicaManager, leader: int) -> BrokerClient:
+    info = manager.view.brokers.get(leader)
+    if info is None:
+        raise BrokerConnectionError(f"broker {leader} is not registered")
+    client = BrokerClient(info.host, info.port, f"replica-fetcher-{manager.view.broker_id}")
+    await client.connect()
+    return client
+
+
+async def _truncate(
+    manager: ReplicaManager, client: BrokerClient, key: Key, role: FollowerRole
+) -> None:
+    log_ = manager.topics.log(*key)
+    if log_ is None:
+        return
+    Req = m.OffsetForLeaderEpochRequest
+    epoch = log_.epoch_cache.latest_epoch
+    for _ in range(MAX_TRUNCATION_ROUNDS):
+        partition = Req.OffsetForLeaderTopic.OffsetForLeaderPartition(
+            partition=key[1], current_leader_epoch=role.leader_epoch, leader_epoch=epoch
+        )
+        request = Req(
+            replica_id=manager.view.broker_id,
+            topics=[Req.OffsetForLeaderTopic(topic=key[0], partitions=[partition])],
+        )
+        response: m.OffsetForLeaderEpochResponse = await client.call(
+            m.ApiKey.OFFSET_FOR_LEADER_EPOCH, EPOCH_VERSION, request, REQUEST_TIMEOUT_S
+        )
+        answer = response.topics[0].partitions[0]
+        if answer.error_code != ErrorCode.NONE:
+            log.info("%s-%d: OffsetForLeaderEpoch answered %s; waiting", *key,
+                     ErrorCode(answer.error_code).name)  # fmt: skip
+            await trio.sleep(RETRY_S)
+            return
+        step = plan_truncation(
+            log_.epoch_cache, log_.log_end_offset, role.high_watermark,
+            answer.leader_epoch, answer.end_offset,
+        )  # fmt: skip
+        if step.truncate_to < log_.log_end_offset:
+            before = log_.log_end_offset
+            await trio.to_thread.run_sync(log_.truncate_to, step.truncate_to)
+            if manager.producers is not None:
+                manager.producers.discard_snapshot(*key, log_)
+            log.info("%s-%d: truncated from %d to %d (leader epoch %d ends at %d)", *key,
+                     before, log_.log_end_offset, answer.leader_epoch, answer.end_offset)  # fmt: skip
+        if step.done:
+            role.needs_truncation = False
+            role.high_watermark = min(role.high_watermark, log_.log_end_offset)
+            return
+        epoch = step.next_epoch
+
+
+async def _fetch_once(
+    manager: ReplicaManager, client: BrokerClient, ready: dict[Key, FollowerRole]
+) -> None:
+    Req = m.FetchRequest
+    durability = manager.durability
+    topics: dict[str, list[m.FetchRequest.FetchTopic.FetchPartition]] = {}
+    logs = {}
+    for key, role in ready.items():
+        log_ = manager.topics.log(*key)
+        if log_ is None:
+            continue
+        # Sync what was fetched before: the next fetch offset promises it is durable.
+        if log_.durable_end_offset < log_.log_end_offset:
+            await durability.wait_durable(log_, log_.log_end_offset - 1)
+        logs[key] = log_
+        topics.setdefault(key[0], []).append(
+            Req.FetchTopic.FetchPartition(
+                partition=key[1],
+                current_leader_epoch=role.leader_epoch,
+                fetch_offset=log_.log_end_offset,
+                last_fetched_epoch=log_.epoch_cache.latest_epoch,
+                log_start_offset=log_.log_start_offset,
+                partition_max_bytes=PARTITION_MAX_BYTES,
+            )
+        )
+    if not logs:
+        await trio.sleep(RETRY_S)
+        return
+    request = Req(
+        replica_id=manager.view.broker_id, max_wait_ms=MAX_WAIT_MS, min_bytes=1,
+        max_bytes=64 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+        topics=[Req.FetchTopic(topic=name, partitions=parts) for name, parts in topics.items()],
+        forgotten_topics_data=[], rack_id="",
+    )  # fmt: skip
+    response: m.FetchResponse = await client.call(
+        m.ApiKey.FETCH, FETCH_VERSION, request, REQUEST_TIMEOUT_S + MAX_WAIT_MS / 1000
+    )
+    moved_on = False
+    for topic in response.responses:
+        for part in topic.partitions:
+            key = (topic.topic, part.partition_index)
+            fetched_for, log_ = ready.get(key), logs.get(key)
+            if fetched_for is None or log_ is None or manager.following.get(key) is not fetched_for:
+                continue  # the role changed while the fetch was out
+            role = fetched_for
+            error = part.error_code
+            if error == ErrorCode.OFFSET_OUT_OF_RANGE:
+                role.needs_truncation = True
+                continue
+            if error != ErrorCode.NONE:
+                moved_on = True
+                continue
+            records = part.records
+            if records:
+                data = records if isinstance(records, (bytes, bytearray, memoryview)) else b""
+                try:
+                    results = log_.append_replicated_batches(data, now_ms=manager.now_ms())
+                except (StorageError, ValueError) as exc:
+                    log.warning("%s-%d: fetched batches refused (%s); truncating again", *key, exc)
+                    role.needs_truncation = True
+                    continue
+                if results:
+                    durability.mark_dirty(log_, len(results))
+            role.high_watermark = max(
+                role.high_watermark, min(part.high_watermark, log_.log_end_offset)
+            )
+    if moved_on:  # not leader / fenced: the view will tell who leads now
+        with trio.move_on_after(RETRY_S):
+            await manager.roles_changed.wait()

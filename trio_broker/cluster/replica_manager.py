@@ -1,0 +1,450 @@
+"""This broker's part in replication: which partitions it leads, which it follows.
+
+The cluster's partition states live in ZooKeeper and reach :class:`ClusterView`
+through ``topics_watch``. Whenever they change, :meth:`ReplicaManager._apply` makes the
+local roles match:
+
+- a partition this broker leads gets a :class:`LeaderPartition` term (a new one for every
+  leader epoch): the epoch begins in the log (``begin_epoch``), followers' fetches feed it,
+  and acks=all produces wait on its high watermark;
+- a partition it follows is handed to the replica fetcher of its leader
+  (``replica_fetcher.py``), which truncates (KIP-279) and then copies the leader's log.
+
+ISR changes a term proposes are written to the partition's state znode with its
+version as condition; a refused write drops the proposal (the controller or another
+leader moved first) and the next view change brings the truth. Topics are created in
+the cluster by writing their assignment; each replica creates its local log when the
+topic appears in the view.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from trio_broker.cluster.coordination import (
+    BadVersion,
+    Coordination,
+    CoordinationError,
+    NodeExists,
+    NoNode,
+)
+from trio_broker.cluster.zk_layout import (
+    PRODUCER_ID_BLOCK,
+    PartitionState,
+    TopicAssignment,
+    partition_state_path,
+    topic_config_path,
+    topic_path,
+)
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.replication.controller_rules import (
+    NO_LEADER,
+    InvalidReplicationFactor,
+    assign_replicas,
+)
+from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition
+from trio_broker.services.cluster_view import ClusterView, PartitionInfo
+from trio_broker.services.topics import TopicError, TopicManager
+
+__all__ = ["FollowerRole", "ReplicaManager"]
+
+log = logging.getLogger(__name__)
+
+#: How long CreateTopics waits for the controller to give every new partition a leader.
+CREATE_WAIT_S = 15.0
+
+
+@attrs.define
+class FollowerRole:
+    """A partition this broker follows: whom, in which epoch, how far it got."""
+
+    leader: int
+    leader_epoch: int
+    #: Cut the log to agree with the leader before fetching (after every leader change).
+    needs_truncation: bool = True
+    #: The leader's high watermark as last fetched, capped at the local log end.
+    high_watermark: int = 0
+
+
+class ReplicaManager:
+    def __init__(
+        self,
+        view: ClusterView,
+        coord: Coordination,
+        topics: TopicManager,
+        *,
+        min_insync_replicas: int,
+        replica_lag_time_max_ms: int,
+        now_ms: Callable[[], int],
+        durability: Any,
+        on_hw_moved: Callable[[], None] = lambda: None,
+        producers: Any = None,
+    ) -> None:
+        self.view = view
+        self.coord = coord
+        self.topics = topics
+        self.min_insync_replicas = min_insync_replicas
+        self.replica_lag_time_max_ms = replica_lag_time_max_ms
+        self.now_ms = now_ms
+        self.durability = durability
+        #: Idempotent producers' state (services/producers.py): rebuilt from the log when a
+        #: replica becomes leader; its id allocator takes blocks from ZooKeeper.
+        self.producers = producers
+        #: Long-poll fetches wait for appends; a moved HW is news for them too.
+        self.on_hw_moved = on_hw_moved
+        #: (topic, partition) -> this broker's leader term.
+        self.terms: dict[tuple[str, int], LeaderPartition] = {}
+        #: (topic, partition) -> what this broker follows.
+        self.following: dict[tuple[str, int], FollowerRole] = {}
+        self._view_changed = trio.Event()
+        self._hw_moved: dict[tuple[str, int], trio.Event] = {}
+        #: Roles changed: fetchers re-read ``following`` (set by _apply).
+        self.roles_changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ for handlers
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        info = self.view.topics.get(topic)
+        return None if info is None else info.partitions.get(partition)
+
+    def leader_term(self, topic: str, partition: int) -> LeaderPartition | None:
+        return self.terms.get((topic, partition))
+
+    def follower_fetched(self, topic: str, partition: int, replica: int, offset: int) -> None:
+        term = self.terms.get((topic, partition))
+        if term is None:
+            return
+        refreshed = self._refresh((topic, partition), term)
+        moved, proposal = term.follower_fetched(replica, offset, self.now_ms())
+        if moved or refreshed:
+            self._wake((topic, partition))
+        if proposal is not None:
+            self._store_isr_soon(topic, partition, term, proposal)
+
+    async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
+        key = (topic, partition)
+        while True:
+            term = self.terms.get(key)
+            if term is None:
+                return AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND  # leadership moved away
+            if self._refresh(key, term):
+                self._wake(key)
+            state = term.ack_state(last_offset)
+            if state is not AckState.WAITING:
+                return state
+            await self._hw_event(key).wait()
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        configs: dict[str, str],
+        assignment: dict[int, list[int]] | None,
+    ) -> None:
+        brokers = {b.broker_id: b.rack for b in self.view.brokers.values()}
+        if assignment is None:
+            try:
+                replicas = assign_replicas(
+                    partitions, replication_factor, brokers,
+                    start_index=random.randrange(max(len(brokers), 1)),
+                )  # fmt: skip
+            except InvalidReplicationFactor as exc:
+                raise TopicError(ErrorCode.INVALID_REPLICATION_FACTOR, str(exc)) from None
+            assignment = dict(enumerate(replicas))
+        for p, reps in assignment.items():
+            unknown = [b for b in reps if b not in brokers]
+            if not reps or len(set(reps)) != len(reps) or unknown:
+                raise TopicError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    f"partition {p}: replicas {reps} must be distinct live brokers",
+                )
+        topic = TopicAssignment(uuid.uuid4(), {p: tuple(r) for p, r in assignment.items()})
+        try:
+            await self.coord.create(topic_config_path(name), encode_configs(configs))
+        except NodeExists:
+            pass  # left by a creation that failed half-way; overwritten below
+        await self.coord.set(topic_config_path(name), encode_configs(configs), -1)
+        try:
+            await self.coord.create(topic_path(name), topic.encode())
+        except NodeExists:
+            raise TopicError(
+                ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+            ) from None
+        with trio.move_on_after(CREATE_WAIT_S):
+            while not self._has_leaders(name, len(assignment)):
+                await self._view_event().wait()
+
+    # ------------------------------------------------------------------ tasks
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        from trio_broker.cluster.replica_fetcher import run_fetchers
+
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._apply_loop)
+            nursery.start_soon(self._lag_loop)
+            nursery.start_soon(run_fetchers, self)
+            if self.producers is not None:
+                self.producers.allocator.use_cluster_blocks()
+                nursery.start_soon(self._producer_id_blocks)
+            task_status.started()
+
+    def view_changed(self) -> None:
+        """Called by the ZooKeeper watch tasks whenever the view was updated."""
+        self._view_changed.set()
+        self._view_changed = trio.Event()
+
+    def _view_event(self) -> trio.Event:
+        return self._view_changed
+
+    async def _apply_loop(self) -> None:
+        while True:
+            changed = self._view_changed
+            try:
+                await self._apply()
+            except Exception:  # one bad partition must not stop the others' roles
+                log.exception("applying the cluster view")
+            await changed.wait()
+
+    async def _apply(self) -> None:
+        me = self.view.broker_id
+        roles_changed = False
+        for name, topic in list(self.view.topics.items()):
+            mine = [p for p, info in topic.partitions.items() if me in info.replicas]
+            if not mine:
+                continue
+            local = await self._ensure_local_topic(name, topic.topic_id, len(topic.partitions))
+            if local is None:
+                continue
+            for p in mine:
+                info = topic.partitions[p]
+                key = (name, p)
+                if info.leader == me:
+                    term = self.terms.get(key)
+                    if term is None or term.leader_epoch != info.leader_epoch:
+                        await self._become_leader(name, p, info)
+                        roles_changed = True
+                    elif term.isr != frozenset(info.isr) and term.pending is None:
+                        term.isr = frozenset(info.isr)  # the controller's word, same epoch
+                else:
+                    had_term = self.terms.pop(key, None) is not None
+                    if had_term:
+                        self._wake(key)  # acks=all waiters learn the leadership moved
+                    role = self.following.get(key)
+                    if info.leader == NO_LEADER:
+                        if role is not None:
+                            del self.following[key]
+                            roles_changed = True
+                    elif role is None or (role.leader, role.leader_epoch) != (
+                        info.leader,
+                        info.leader_epoch,
+                    ):
+                        hw = role.high_watermark if role is not None else 0
+                        self.following[key] = FollowerRole(info.leader, info.leader_epoch,
+                                                           high_watermark=hw)  # fmt: skip
+                        roles_changed = True
+                        log.info("following broker %d for %s-%d in epoch %d",
+                                 info.leader, name, p, info.leader_epoch)  # fmt: skip
+        if roles_changed:
+            self.roles_changed.set()
+            self.roles_changed = trio.Event()
+
+    async def _ensure_local_topic(
+        self, name: str, topic_id: uuid.UUID, partitions: int
+    ) -> Any | None:
+        local = self.topics.get(name)
+        if local is not None and local.topic_id != topic_id:
+            # Kafka's InconsistentTopicIdException: never overwrite data of another topic.
+            log.error("topic %s: the local log has id %s, the cluster's topic %s; not "
+                      "replicating it (move the local one away)", name, local.topic_id,
+                      topic_id)  # fmt: skip
+            return None
+        configs = await self._topic_configs(name)
+        if local is None:
+            try:
+                local = self.topics.create(name, partitions, configs, topic_id=topic_id)
+            except TopicError as exc:
+                log.warning("cannot create local topic %s: %s", name, exc)
+                return None
+        elif len(local.logs) < partitions:
+            local = self.topics.add_partitions(name, partitions)
+        return local
+
+    async def _topic_configs(self, name: str) -> dict[str, str]:
+        try:
+            node = await self.coord.get(topic_config_path(name))
+        except CoordinationError:
+            return {}
+        return decode_configs(node.data) if node is not None else {}
+
+    async def _become_leader(self, name: str, partition: int, info: PartitionInfo) -> None:
+        key = (name, partition)
+        log_ = self.topics.log(name, partition)
+        assert log_ is not None
+        role = self.following.pop(key, None)
+        if self.producers is not None:  # batches it appended as a follower were never checked
+            self.producers.forget(name, partition)
+        previous = self.terms.get(key)
+        hw = previous.high_watermark if previous is not None else 0
+        if role is not None:
+            hw = max(hw, role.high_watermark)
+        # The log's tail is durable before the term counts it (its HW starts there).
+        await trio.to_thread.run_sync(log_.flush)
+        await trio.to_thread.run_sync(log_.begin_epoch, info.leader_epoch)
+        self.terms[key] = LeaderPartition.become_leader(
+            broker_id=self.view.broker_id,
+            leader_epoch=info.leader_epoch,
+            replicas=info.replicas,
+            isr=frozenset(info.isr),
+            log_end_offset=log_.log_end_offset,
+            high_watermark=hw,
+            now_ms=self.now_ms(),
+            min_insync_replicas=self.min_insync_replicas,
+            replica_lag_time_max_ms=self.replica_lag_time_max_ms,
+        )
+        self._wake(key)
+        log.info("leading %s-%d in epoch %d, ISR %s", name, partition, info.leader_epoch,
+                 sorted(info.isr))  # fmt: skip
+
+    async def _lag_loop(self) -> None:
+        while True:
+            await trio.sleep(max(self.replica_lag_time_max_ms / 4000, 0.05))
+            now = self.now_ms()
+            for (name, partition), term in list(self.terms.items()):
+                if self._refresh((name, partition), term):
+                    self._wake((name, partition))
+                proposal = term.check_lagging(now)
+                if proposal is not None:
+                    self._store_isr_soon(name, partition, term, proposal)
+
+    def _store_isr_soon(
+        self, name: str, partition: int, term: LeaderPartition, proposal: IsrProposal
+    ) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._store_isr, name, partition, term, proposal)
+
+    async def _store_isr(
+        self, name: str, partition: int, term: LeaderPartition, proposal: IsrProposal
+    ) -> None:
+        path = partition_state_path(name, partition)
+        try:
+            node = await self.coord.get(path)
+            if node is None:
+                raise NoNode(path)
+            current = PartitionState.decode(node.data, path)
+            if current.leader != self.view.broker_id or current.leader_epoch != term.leader_epoch:
+                raise BadVersion(path)
+            state = PartitionState(current.leader, current.leader_epoch, tuple(sorted(proposal.isr)),
+                                   current.controller_epoch)  # fmt: skip
+            await self.coord.set(path, state.encode(), node.version)
+        except (CoordinationError, ValueError) as exc:
+            log.info("%s: ISR change %s not stored (%s)", path, sorted(proposal.isr), exc)
+            if term.pending == proposal:
+                term.isr_refused()
+            return
+        if term.pending == proposal:
+            if term.isr_stored(proposal):
+                self._wake((name, partition))
+            log.info("%s: ISR now %s", path, sorted(proposal.isr))
+
+    async def _producer_id_blocks(self) -> None:
+        """Keep the producer id allocator supplied with blocks claimed in ZooKeeper."""
+        allocator = self.producers.allocator
+        while True:
+            if allocator.needs_block:
+                try:
+                    start, end = await claim_producer_id_block(
+                        self.coord, self.view.broker_id, allocator.block_size
+                    )
+                    allocator.offer_block(start, end)
+                    log.info("producer ids %d..%d are this broker's", start, end - 1)
+                    continue
+                except CoordinationError as exc:
+                    log.warning("claiming producer ids: %s", exc)
+            await trio.sleep(0.2)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _refresh(self, key: tuple[str, int], term: LeaderPartition) -> bool:
+        """Tell the term how far the leader's log is appended and synced; True if the
+        HW moved."""
+        log_ = self.topics.log(*key)
+        if log_ is None:
+            return False
+        term.leader_appended(max(log_.log_end_offset, term.log_end_offset))
+        durable = min(max(log_.durable_end_offset, term.durable_end_offset), term.log_end_offset)
+        return term.leader_synced(durable)
+
+    def _has_leaders(self, name: str, partitions: int) -> bool:
+        topic = self.view.topics.get(name)
+        return (
+            topic is not None
+            and len(topic.partitions) == partitions
+            and all(info.leader != NO_LEADER for info in topic.partitions.values())
+        )
+
+    def _hw_event(self, key: tuple[str, int]) -> trio.Event:
+        event = self._hw_moved.get(key)
+        if event is None:
+            event = self._hw_moved[key] = trio.Event()
+        return event
+
+    def _wake(self, key: tuple[str, int]) -> None:
+        event = self._hw_moved.pop(key, None)
+        if event is not None:
+            event.set()
+        self.on_hw_moved()
+
+
+def encode_configs(configs: dict[str, str]) -> bytes:
+    import json
+
+    return json.dumps({"version": 1, "config": configs}, sort_keys=True).encode()
+
+
+def decode_configs(raw: bytes) -> dict[str, str]:
+    import json
+
+    try:
+        doc = json.loads(raw)
+        return {str(k): str(v) for k, v in doc.get("config", {}).items()}
+    except (ValueError, AttributeError):
+        log.warning("ignoring unreadable topic configs")
+        return {}
+
+
+async def claim_producer_id_block(
+    coord: Coordination, broker_id: int, size: int
+) -> tuple[int, int]:
+    """Claim the next block of producer ids, [start, end), with a conditional update of
+    ``/latest_producer_id_block`` (Kafka's layout: inclusive block_end)."""
+    import json
+
+    while True:
+        node = await coord.get(PRODUCER_ID_BLOCK)
+        start = 0
+        if node is not None:
+            try:
+                start = int(json.loads(node.data)["block_end"]) + 1
+            except (ValueError, KeyError, TypeError):
+                raise CoordinationError(f"{PRODUCER_ID_BLOCK} is unreadable") from None
+        doc = {"version": 1, "broker": broker_id, "block_start": str(start),
+               "block_end": str(start + size - 1)}  # fmt: skip
+        data = json.dumps(doc).encode()
+        try:
+            if node is None:
+                await coord.create(PRODUCER_ID_BLOCK, data)
+            else:
+                await coord.set(PRODUCER_ID_BLOCK, data, node.version)
+        except (NodeExists, BadVersion):
+            continue  # another broker claimed one meanwhile
+        return start, start + size
