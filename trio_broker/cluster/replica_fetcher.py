@@ -14,7 +14,9 @@ connection:
    leader's high watermark.
 
 Errors that mean "the cluster moved on" (not leader, fenced or unknown epoch) wait for
-the next view change; connection errors reconnect after a pause.
+the next view change, or a pause, whichever comes first: a follower often learns its role
+before its leader does and is refused until the leader catches up, which changes nothing
+the follower watches. Connection errors reconnect after a pause.
 """
 
 from __future__ import annotations
@@ -82,7 +84,11 @@ async def _fetcher(manager: ReplicaManager, leader: int, scope: trio.CancelScope
                             await _truncate(manager, client, key, role)
                     ready = {k: r for k, r in mine.items() if not r.needs_truncation}
                     if not ready:
-                        await wait_any(manager.roles_changed, manager._view_event())
+                        # Truncation was refused (often: the leader has not yet learnt it
+                        # leads). Ask again after a pause even if nothing changes: the
+                        # leader learning its role changes nothing this broker watches.
+                        with trio.move_on_after(RETRY_S):
+                            await wait_any(manager.roles_changed, manager._view_event())
                         continue
                     await _fetch_once(manager, client, ready)
                 except BrokerConnectionError as exc:

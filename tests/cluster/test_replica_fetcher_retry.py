@@ -1,0 +1,82 @@
+"""A follower whose leader does not lead yet keeps asking, without waiting for news.
+
+When the controller writes a new partition's state, every replica learns its role from
+its own ZooKeeper watch; a follower often learns first, and the leader answers its
+OffsetForLeaderEpoch with an error until it catches up. The leader catching up changes
+nothing the follower watches, so a fetcher that only waited for its view to change sat
+idle until something unrelated changed it: in a fresh three-broker cluster the Java
+client's first acks=all produce took 10 s (replica.lag.time.max.ms), until the leader
+dropped the idle followers from the ISR and that write woke them.
+
+Here two real in-process brokers stand in for the replicas: the follower's fetcher runs
+against a leader that does not have the topic at first (an error answer, like
+LEADER_NOT_AVAILABLE), and no view change ever comes. Once the leader has the topic and
+records, the follower must copy them within seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import trio
+
+from trio_broker.cluster.replica_fetcher import _fetcher
+from trio_broker.cluster.replica_manager import FollowerRole
+from trio_broker.config import BrokerConfig
+from trio_broker.protocol.records import build_batch
+from trio_broker.server.broker import Broker
+
+TOPIC = "late-leader"
+LEADER_ID, FOLLOWER_ID = 1, 2
+RECORDS = 5
+#: Far below the 10 s a fetcher waiting for a view change would take (never, here).
+CATCH_UP_S = 5.0
+
+
+async def start(nursery: trio.Nursery, data_dir: Path) -> Broker:
+    broker: Broker = await nursery.start(
+        Broker(BrokerConfig(port=0, data_dir=data_dir, storage="memory")).run
+    )
+    return broker
+
+
+async def test_a_refused_truncation_is_retried_without_a_view_change(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        leader = await start(nursery, tmp_path / "leader")
+        follower = await start(nursery, tmp_path / "follower")
+        follower.topics.create(TOPIC, 1)
+        host, port = leader.bound[0]
+        key = (TOPIC, 0)
+        no_news = trio.Event()  # the view never changes in this test
+        manager = SimpleNamespace(
+            view=SimpleNamespace(
+                broker_id=FOLLOWER_ID,
+                brokers={LEADER_ID: SimpleNamespace(host=host, port=port)},
+            ),
+            following={key: FollowerRole(LEADER_ID, leader_epoch=0)},
+            roles_changed=trio.Event(),
+            _view_event=lambda: no_news,
+            topics=follower.topics,
+            durability=follower.durability,
+            producers=None,
+            now_ms=follower.now_ms,
+        )
+        nursery.start_soon(_fetcher, manager, LEADER_ID, trio.CancelScope())
+        await trio.sleep(1.0)  # the fetcher is refused: the leader has no such topic
+        follower_log = follower.topics.log(*key)
+        assert follower_log is not None and follower_log.log_end_offset == 0
+        assert manager.following[key].needs_truncation
+
+        # The leader "learns it leads": the topic appears there, with records.
+        leader.topics.create(TOPIC, 1)
+        leader_log = leader.topics.log(*key)
+        assert leader_log is not None
+        batch = build_batch([(None, b"%d" % i) for i in range(RECORDS)])
+        leader_log.append(batch, now_ms=leader.now_ms())
+        with trio.move_on_after(CATCH_UP_S):
+            while follower_log.log_end_offset < RECORDS:  # noqa: ASYNC110 - plain data, no event
+                await trio.sleep(0.05)
+        assert follower_log.log_end_offset == RECORDS, "the follower never asked again"
+        assert not manager.following[key].needs_truncation
+        nursery.cancel_scope.cancel()
