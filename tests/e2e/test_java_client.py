@@ -10,6 +10,11 @@ what each class covers). One broker process serves four listeners, so one ``mvn 
     MTLS            -Dbootstrap.mtls     SSL requiring a client certificate (-Dpki.alice,
                                          PKCS#8 key + certificate PEM) mapped to User:alice-cert
 
+A second system, ``trio-broker cluster up --brokers 3`` (a private ZooKeeper and three
+brokers, replication factor 3, ``min.insync.replicas`` 2), is passed as
+``-Dbootstrap.cluster`` to ``ClusterTest``; after Maven it is stopped with SIGTERM and
+must exit 0.
+
 The ACL authorizer is on with ``allow.everyone.if.no.acl.found``: resources without ACLs
 are open, and the ACL tests lock single topics and groups.
 
@@ -23,7 +28,10 @@ Maven and Java come from scripts/install-system-deps.sh; artifacts are cached in
 
 from __future__ import annotations
 
+import os
+import select
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -47,13 +55,16 @@ JVM_MODULE = Path(__file__).resolve().parents[1] / "jvm"
 #: The first run downloads kafka-clients, JUnit and the plugins from Maven Central.
 MAVEN_TIMEOUT_S = 600
 #: The JUnit tests the module holds, parameterized cases counted one by one.
-EXPECTED_TESTS = 36
+EXPECTED_TESTS = 41
 USER, PASSWORD = "alice", "java-s3cret"
 LISTENERS = ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "MTLS")
 #: The mixed group: six partitions, this many records in each, two Python members.
 MIXED_PARTITIONS, MIXED_PER_PARTITION = 6, 25
 PYTHON_CLIENT_IDS = ("kafka-python-member", "librdkafka-member")
 WAIT_S = 30
+#: cluster up gives ZooKeeper and each broker 60 s to start; it then exits 1.
+CLUSTER_START_S = 120
+CLUSTER_LINE = "cluster ready: bootstrap "
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +126,61 @@ listeners = "{",".join(f"{name}://127.0.0.1:0" for name in LISTENERS)}"
     finally:
         if broker.running:
             assert broker.stop() == 0, broker.log_tail()
+
+
+class ClusterUp:
+    """``trio-broker cluster up --brokers 3`` in its own process group, stopped by its PID."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.proc = subprocess.Popen(
+            [str(BROKER_EXE), "cluster", "up", "--brokers", "3", "--base-port", "0",
+             "--data-dir", str(data_dir)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        self.data_dir = data_dir
+        self.bootstrap = self._ready_line().removeprefix(CLUSTER_LINE)
+
+    def _ready_line(self) -> str:
+        """The first stdout line, read with a deadline (its children may hold the pipe)."""
+        assert self.proc.stdout is not None
+        fd, line = self.proc.stdout.fileno(), b""
+        deadline = time.monotonic() + CLUSTER_START_S
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            assert left > 0, f"cluster up printed {line!r} in {CLUSTER_START_S} s"
+            if select.select([fd], [], [], left)[0]:
+                chunk = os.read(fd, 1)
+                assert chunk, f"cluster up exited ({self.proc.poll()}) after {line!r}"
+                line += chunk
+        text = line.decode().strip()
+        assert text.startswith(CLUSTER_LINE) and len(text.split(",")) == 3, text
+        return text
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+    def kill(self) -> None:
+        """Last resort: the whole process group (ZooKeeper and the brokers with it)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+            for log in sorted(self.data_dir.glob("broker-*.log"))
+        )
+
+
+@pytest.fixture(scope="module")
+def java_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterUp]:
+    cluster = ClusterUp(tmp_path_factory.mktemp("java-cluster"))
+    try:
+        yield cluster
+    finally:
+        cluster.kill()
 
 
 class PythonMember:
@@ -239,7 +305,9 @@ def run_maven(properties: dict[str, Any]) -> dict[str, int]:
 
 
 @pytest.mark.timeout(MAVEN_TIMEOUT_S + 120)
-def test_the_java_client_end_to_end(java_broker: SecureBroker, pki: dict[str, Path]) -> None:
+def test_the_java_client_end_to_end(
+    java_broker: SecureBroker, java_cluster: ClusterUp, pki: dict[str, Path]
+) -> None:
     ports = java_broker.ports()
     bootstrap = java_broker.bootstrap
     topic = mixed_topic(bootstrap)
@@ -256,6 +324,7 @@ def test_the_java_client_end_to_end(java_broker: SecureBroker, pki: dict[str, Pa
             "bootstrap.sasl": f"127.0.0.1:{ports['SASL_PLAINTEXT']}",
             "bootstrap.sasl.ssl": f"127.0.0.1:{ports['SASL_SSL']}",
             "bootstrap.mtls": f"127.0.0.1:{ports['MTLS']}",
+            "bootstrap.cluster": java_cluster.bootstrap,
             "sasl.user": USER, "sasl.password": PASSWORD,
             "pki.ca": pki["ca"], "pki.alice": pki["alice"],
             "mixed.topic": topic, "mixed.group": group,
@@ -267,6 +336,7 @@ def test_the_java_client_end_to_end(java_broker: SecureBroker, pki: dict[str, Pa
     finally:
         for member in members:
             member.stop()
+    assert java_cluster.stop() == 0, java_cluster.logs()
     assert totals == {"tests": EXPECTED_TESTS, "failures": 0, "errors": 0, "skipped": 0}, totals
     # While the Java member was in, each Python member had two partitions, none shared.
     thirds = [[a for a in m.assignments if len(a) == 2] for m in members]

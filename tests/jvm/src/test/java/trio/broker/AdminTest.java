@@ -3,6 +3,7 @@ package trio.broker;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertInstanceOf;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static trio.broker.Clients.admin;
@@ -12,8 +13,10 @@ import static trio.broker.Clients.createTopic;
 import static trio.broker.Clients.eventually;
 import static trio.broker.Clients.producer;
 import static trio.broker.Clients.readAll;
+import static trio.broker.Clients.text;
 import static trio.broker.Clients.uniqueName;
 
+import java.io.File;
 import java.util.Collection;
 import java.util.List;
 import java.util.Map;
@@ -22,6 +25,11 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Future;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AlterConfigOp;
+import org.apache.kafka.clients.admin.CreatePartitionsOptions;
+import org.apache.kafka.clients.admin.DescribeReplicaLogDirsResult.ReplicaLogDirInfo;
+import org.apache.kafka.clients.admin.LogDirDescription;
+import org.apache.kafka.clients.admin.NewPartitions;
+import org.apache.kafka.clients.admin.ReplicaInfo;
 import org.apache.kafka.clients.admin.Config;
 import org.apache.kafka.clients.admin.ConfigEntry;
 import org.apache.kafka.clients.admin.ConsumerGroupDescription;
@@ -38,6 +46,7 @@ import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.common.GroupState;
 import org.apache.kafka.common.TopicCollection;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.TopicPartitionReplica;
 import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.config.ConfigResource;
 import org.apache.kafka.common.errors.GroupIdNotFoundException;
@@ -292,6 +301,77 @@ class AdminTest {
           cause(admin.deleteConsumerGroups(List.of(group)).all()));
       assertInstanceOf(GroupIdNotFoundException.class,
           cause(admin.describeConsumerGroups(List.of(group)).all()));
+    }
+  }
+
+  static int partitionCount(Admin admin, String topic) throws Exception {
+    return admin.describeTopics(List.of(topic)).allTopicNames().get().get(topic).partitions().size();
+  }
+
+  /** createPartitions: validateOnly changes nothing, a shrink is refused, the new partition works. */
+  @Test
+  void createPartitionsGrowsATopic() throws Exception {
+    String topic = createTopic(2);
+    try (Admin admin = admin()) {
+      admin.createPartitions(Map.of(topic, NewPartitions.increaseTo(3)),
+          new CreatePartitionsOptions().validateOnly(true)).all().get();
+      assertEquals(2, partitionCount(admin, topic), "validateOnly changed the topic");
+      admin.createPartitions(Map.of(topic, NewPartitions.increaseTo(3))).all().get();
+      assertEquals(3, partitionCount(admin, topic));
+      assertInstanceOf(InvalidPartitionsException.class,
+          cause(admin.createPartitions(Map.of(topic, NewPartitions.increaseTo(2))).all()));
+      assertInstanceOf(InvalidPartitionsException.class,
+          cause(admin.createPartitions(Map.of(topic, NewPartitions.increaseTo(3))).all()));
+      assertInstanceOf(UnknownTopicOrPartitionException.class, cause(admin.createPartitions(
+          Map.of(uniqueName("java-missing"), NewPartitions.increaseTo(2))).all()));
+      assertEquals(3, partitionCount(admin, topic), "a refused request changed the topic");
+    }
+    produce(topic, 2, 5);
+    TopicPartition added = new TopicPartition(topic, 2);
+    try (KafkaConsumer<byte[], byte[]> consumer = consumer(null)) {
+      consumer.assign(List.of(added));
+      consumer.seekToBeginning(List.of(added));
+      var got = readAll(consumer, 5);
+      assertEquals(List.of("2-0", "2-1", "2-2", "2-3", "2-4"),
+          got.stream().map(r -> text(r.value())).toList());
+      assertTrue(got.stream().allMatch(r -> r.partition() == 2));
+    }
+  }
+
+  /** describeLogDirs and describeReplicaLogDirs: the broker's one data directory. */
+  @Test
+  void describeLogDirsShowsTheTopicsPartitions() throws Exception {
+    String topic = createTopic(2);
+    produce(topic, 0, 20);
+    produce(topic, 1, 3);
+    try (Admin admin = admin()) {
+      int node = admin.describeCluster().nodes().get().iterator().next().id();
+      Map<String, LogDirDescription> dirs =
+          admin.describeLogDirs(List.of(node)).allDescriptions().get().get(node);
+      assertEquals(1, dirs.size(), dirs.keySet().toString());
+      String path = dirs.keySet().iterator().next();
+      assertTrue(new File(path).isAbsolute() && new File(path).isDirectory(), path);
+      LogDirDescription dir = dirs.get(path);
+      assertNull(dir.error());
+      assertTrue(dir.totalBytes().orElse(-1) > 0, "total bytes");
+      assertTrue(dir.usableBytes().orElse(-1) > 0, "usable bytes");
+      assertTrue(dir.usableBytes().getAsLong() <= dir.totalBytes().getAsLong());
+      TopicPartition p0 = new TopicPartition(topic, 0);
+      TopicPartition p1 = new TopicPartition(topic, 1);
+      ReplicaInfo first = dir.replicaInfos().get(p0);
+      ReplicaInfo second = dir.replicaInfos().get(p1);
+      assertTrue(first != null && second != null, dir.replicaInfos().keySet().toString());
+      assertTrue(second.size() > 0, "partition 1's size");
+      assertTrue(first.size() > second.size(), first.size() + " <= " + second.size());
+      assertEquals(0, first.offsetLag());
+      assertFalse(first.isFuture());
+
+      TopicPartitionReplica replica = new TopicPartitionReplica(topic, 0, node);
+      ReplicaLogDirInfo info =
+          admin.describeReplicaLogDirs(List.of(replica)).all().get().get(replica);
+      assertEquals(path, info.getCurrentReplicaLogDir());
+      assertEquals(0, info.getCurrentReplicaOffsetLag());
+      assertNull(info.getFutureReplicaLogDir());
     }
   }
 }
