@@ -33,6 +33,8 @@ class ClusterHost(Protocol):
     cluster_id: str
     replication: Any
     producers: Any
+    #: Set by a graceful shutdown (SIGTERM), which then wakes ``appends``.
+    shutting_down: bool
 
     @property
     def advertised(self) -> tuple[str, int]: ...
@@ -93,6 +95,24 @@ async def run_cluster_node(
             host.replication = manager
             log.info("broker %d joined the cluster at %s", config.node_id, config.zookeeper_connect)
             task_status.started()
+            await _shutdown_begins(host)
+            # Lead nothing more (acks=all waiters answer NOT_LEADER_OR_FOLLOWER), then
+            # leave: closing the session drops the registration at once, and the
+            # controller elects in-sync followers while this broker drains its
+            # connections. Staying in the cluster meanwhile would let this leader,
+            # whose followers can no longer fetch, shrink the ISR to itself and leave
+            # its partitions offline once it exits.
+            manager.leave()
+            nursery.cancel_scope.cancel()
+        await coord.stop()
+        log.info("broker %d left the cluster", config.node_id)
+        # Handlers keep a replica manager that leads nothing until the broker stops.
+        await trio.sleep_forever()
     finally:
         host.replication = None
         await coord.stop()
+
+
+async def _shutdown_begins(host: ClusterHost) -> None:
+    while not host.shutting_down:
+        await host.appends.wait()  # the shutdown wakes it (and so does every append)

@@ -92,6 +92,7 @@ class ZooKeeperCoordination:
         self._client = KazooClient(hosts=hosts, timeout=session_timeout_s)
         self._token: trio.lowlevel.TrioToken | None = None
         self._lost = trio.Event()
+        self._stopped = False
 
     async def start(self, timeout_s: float = 15.0) -> None:
         from kazoo.protocol.states import KazooState
@@ -110,7 +111,12 @@ class ZooKeeperCoordination:
         self._lost = trio.Event()  # the next session's
 
     async def stop(self) -> None:
-        """Close the session (its ephemeral znodes go at once); runs even when cancelled."""
+        """Close the session (its ephemeral znodes go at once); runs even when cancelled.
+
+        Calling it again does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         with trio.CancelScope(shield=True), trio.move_on_after(10):
             await trio.to_thread.run_sync(self._client.stop)
             await trio.to_thread.run_sync(self._client.close)

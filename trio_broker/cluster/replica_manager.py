@@ -134,7 +134,7 @@ class ReplicaManager:
         while True:
             term = self.terms.get(key)
             if term is None:
-                return AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND  # leadership moved away
+                return AckState.LEADERSHIP_LOST
             if self._refresh(key, term):
                 self._wake(key)
             state = term.ack_state(last_offset)
@@ -182,6 +182,16 @@ class ReplicaManager:
         with trio.move_on_after(CREATE_WAIT_S):
             while not self._has_leaders(name, len(assignment)):
                 await self._view_event().wait()
+
+    def leave(self) -> None:
+        """The broker shuts down: end every term and stop following (for good: the
+        caller cancels this manager's tasks next)."""
+        for key in list(self.terms):
+            del self.terms[key]
+            self._wake(key)  # acks=all waiters: LEADERSHIP_LOST
+        self.following.clear()
+        self.roles_changed.set()
+        self.roles_changed = trio.Event()
 
     # ------------------------------------------------------------------ tasks
 

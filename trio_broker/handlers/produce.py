@@ -197,11 +197,20 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
                 part.error_code, part.error_message = exc.error_code, str(exc)
                 part.base_offset = -1
                 continue
-            if replicated is not None and services.replication is not None:
-                state = await services.replication.wait_committed(*replicated, last_offset)
+            if replicated is not None:
+                replication = services.replication
+                state = (
+                    AckState.LEADERSHIP_LOST
+                    if replication is None  # the cluster node stopped: never ack alone
+                    else await replication.wait_committed(*replicated, last_offset)
+                )
                 if state is AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
                     part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
                     part.error_message = "the ISR shrank below min.insync.replicas"
+                    part.base_offset = -1
+                elif state is AckState.LEADERSHIP_LOST:
+                    part.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    part.error_message = "leadership moved before the write was committed"
                     part.base_offset = -1
         return response
 

@@ -45,6 +45,9 @@ class AckState(enum.Enum):
     WAITING = "waiting"  # the HW has not passed the write yet
     DONE = "done"  # committed: answer the producer without error
     NOT_ENOUGH_REPLICAS_AFTER_APPEND = "not_enough_replicas_after_append"
+    #: The term ended before the write committed (another broker leads, or this one
+    #: shuts down): NOT_LEADER_OR_FOLLOWER, as Kafka answers a delayed produce then.
+    LEADERSHIP_LOST = "leadership_lost"
 
 
 @attrs.frozen
