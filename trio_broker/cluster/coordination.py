@@ -306,13 +306,18 @@ class MemoryCoordination:
         ]
         return sorted(names), event
 
-    async def set(self, path: str, data: bytes, version: int) -> int:
-        await trio.lowlevel.checkpoint()
+    def _node_at(self, path: str, version: int) -> _Node:
+        """The znode, if it exists and (unless ``version`` is -1) is at that version."""
         node = self._server.nodes.get(path)
         if node is None:
             raise NoNode(path)
         if version != -1 and version != node.version:
             raise BadVersion(path)
+        return node
+
+    async def set(self, path: str, data: bytes, version: int) -> int:
+        await trio.lowlevel.checkpoint()
+        node = self._node_at(path, version)
         node.data, node.version = data, node.version + 1
         self._server._fire(self._server.watches, path)
         return node.version
@@ -326,9 +331,5 @@ class MemoryCoordination:
 
     async def delete(self, path: str, version: int = -1) -> None:
         await trio.lowlevel.checkpoint()
-        node = self._server.nodes.get(path)
-        if node is None:
-            raise NoNode(path)
-        if version != -1 and version != node.version:
-            raise BadVersion(path)
+        self._node_at(path, version)
         self._server._remove(path)

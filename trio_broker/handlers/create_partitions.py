@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.repeated import REPEATED_MESSAGE, each_once
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError
@@ -105,22 +106,13 @@ def _result(
 async def handle_create_partitions(
     ctx: RequestContext, request: m.CreatePartitionsRequest
 ) -> m.CreatePartitionsResponse:
-    counts: dict[str, int] = {}
-    for topic in request.topics:
-        counts[topic.name] = counts.get(topic.name, 0) + 1
     results: list[m.CreatePartitionsResponse.CreatePartitionsTopicResult] = []
-    answered: set[str] = set()
-    for topic in request.topics:
-        if counts[topic.name] > 1:
-            # A repeated name is answered once, with INVALID_REQUEST, and not acted on.
-            if topic.name not in answered:
-                answered.add(topic.name)
-                results.append(
-                    Result(
-                        name=topic.name, error_code=ErrorCode.INVALID_REQUEST,
-                        error_message="topic named more than once in the request",
-                    )
-                )  # fmt: skip
+    for topic, repeated in each_once(request.topics, lambda t: t.name):
+        if repeated:  # answered once, with INVALID_REQUEST, and not acted on
+            results.append(
+                Result(name=topic.name, error_code=ErrorCode.INVALID_REQUEST,
+                       error_message=REPEATED_MESSAGE)
+            )  # fmt: skip
             continue
         results.append(_result(ctx, topic, request.timeout_ms, request.validate_only))
     return Resp(throttle_time_ms=0, results=results)

@@ -18,6 +18,7 @@ import uuid
 from trio_broker.handlers.authorization import may_create_topic
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.describe_configs import topic_config_values
+from trio_broker.handlers.repeated import REPEATED_MESSAGE, each_once
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import TopicError, validate_topic_name
@@ -71,19 +72,12 @@ def _create_in_cluster(
     assert replication is not None
     results: list[Result] = []
     plans = []
-    seen: dict[str, int] = {}
-    answered: set[str] = set()
-    for topic in request.topics:
-        seen[topic.name] = seen.get(topic.name, 0) + 1
-    for topic in request.topics:
+    for topic, repeated in each_once(request.topics, lambda t: t.name):
         name = topic.name
         result = Result(name=name, error_code=ErrorCode.NONE, error_message=None, configs=[])
-        if seen[name] > 1:  # answered once, with INVALID_REQUEST, as Kafka does
-            if name not in answered:
-                answered.add(name)
-                result.error_code = ErrorCode.INVALID_REQUEST
-                result.error_message = "topic named more than once in the request"
-                results.append(result)
+        if repeated:  # answered once, with INVALID_REQUEST, as Kafka does
+            result.error_code, result.error_message = ErrorCode.INVALID_REQUEST, REPEATED_MESSAGE
+            results.append(result)
             continue
         try:
             if not may_create_topic(ctx, name):
@@ -227,22 +221,13 @@ async def handle_create_topics(
     validate_only = ctx.api_version >= 1 and request.validate_only
     if ctx.services.replication is not None:
         return _create_in_cluster(ctx, request, validate_only)
-    counts: dict[str, int] = {}
-    for topic in request.topics:
-        counts[topic.name] = counts.get(topic.name, 0) + 1
     results: list[Result] = []
-    answered: set[str] = set()
-    for topic in request.topics:
-        if counts[topic.name] > 1:
-            # Kafka answers a repeated name once, with INVALID_REQUEST.
-            if topic.name not in answered:
-                answered.add(topic.name)
-                results.append(
-                    Result(
-                        name=topic.name, error_code=ErrorCode.INVALID_REQUEST,
-                        error_message="topic named more than once in the request", configs=[],
-                    )
-                )  # fmt: skip
+    for topic, repeated in each_once(request.topics, lambda t: t.name):
+        if repeated:  # Kafka answers a repeated name once, with INVALID_REQUEST
+            results.append(
+                Result(name=topic.name, error_code=ErrorCode.INVALID_REQUEST,
+                       error_message=REPEATED_MESSAGE, configs=[])
+            )  # fmt: skip
             continue
         try:
             results.append(_create_one(ctx, topic, validate_only))

@@ -13,6 +13,7 @@ import uuid
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.repeated import REPEATED_MESSAGE, each_once
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import TopicError
@@ -87,23 +88,15 @@ async def handle_delete_topics(
         ]  # fmt: skip
         return Resp(throttle_time_ms=0, responses=refused)
     # A topic named (or identified) twice is answered once, with INVALID_REQUEST, as Kafka does.
-    seen: dict[object, int] = {}
-    for name, topic_id in wanted:
-        key = name if name is not None else topic_id
-        seen[key] = seen.get(key, 0) + 1
     responses: list[Result] = []
-    answered: set[object] = set()
-    for name, topic_id in wanted:
-        key = name if name is not None else topic_id
-        if seen[key] > 1:
-            if key not in answered:
-                answered.add(key)
-                responses.append(
-                    Result(
-                        name=name, topic_id=topic_id, error_code=ErrorCode.INVALID_REQUEST,
-                        error_message="topic named more than once in the request",
-                    )
-                )  # fmt: skip
+    for (name, topic_id), repeated in each_once(
+        wanted, lambda w: w[0] if w[0] is not None else w[1]
+    ):
+        if repeated:
+            responses.append(
+                Result(name=name, topic_id=topic_id, error_code=ErrorCode.INVALID_REQUEST,
+                       error_message=REPEATED_MESSAGE)
+            )  # fmt: skip
             continue
         responses.append(_delete(ctx, name, topic_id))
     return Resp(throttle_time_ms=0, responses=responses)
