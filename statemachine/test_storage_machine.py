@@ -3,8 +3,10 @@
 The model (:class:`Model`, with the read and retention rules of
 ``spec/storage_model.py``) decides on its own what the log must do: the offsets an
 append gets and the bytes it stores, where segments roll, what a read returns,
-what a timestamp lookup finds, which segments a retention pass deletes - by linear
-scans over its own list of batches, following docs/storage.md. It takes nothing
+what a timestamp lookup finds, which segments a retention pass deletes, where a
+follower's truncation cuts and what its replicated appends store, and what the
+leader-epoch cache holds - by linear scans over its own list of batches, following
+docs/storage.md. It takes nothing
 from trio_broker but the ``LogConfig`` and ``OffsetOutOfRange`` types (the machine
 also builds its input batches with ``protocol.records.build_batch``). After every step the
 log's offsets, segment layout, segment files and content must be the model's, and
@@ -22,7 +24,10 @@ see docs/storage.md), and segment files whose directory entry was never synced.
 The log reopened on that tree must start at the log start offset last made
 durable, reach every offset appended before the machine's last completed flush,
 and serve from its start exactly the bytes the model stored at each offset:
-offsets past the durable point may be missing, never changed.
+offsets past the durable point may be missing, never changed. A truncation
+starts a new *timeline* (the batches below the cut, then whatever is appended
+after it): a cut in the middle of one may leave the old timeline or the new,
+never a mix, and a cut after it never brings truncated batches back.
 ``PartitionLog.durable_state()`` is only cross-checked against the recorder.
 
 Scale with STORAGE_MACHINE_EXAMPLES (default 200 runs of up to 50 steps, about 10 s);
@@ -108,10 +113,15 @@ def batch_starts(data: bytes) -> list[int]:
     return starts
 
 
-def as_stored(batch: bytes, base: int, log_append_time: int | None) -> bytes:
-    """The bytes an append must store: baseOffset set; LogAppendTime stamped if asked."""
+def as_stored(
+    batch: bytes, base: int, log_append_time: int | None, leader_epoch: int | None = None
+) -> bytes:
+    """The bytes an append must store: baseOffset set; LogAppendTime and the leader
+    epoch (partitionLeaderEpoch, outside the CRC) stamped if asked."""
     out = bytearray(batch)
     _I64.pack_into(out, 0, base)
+    if leader_epoch is not None:
+        _I32.pack_into(out, 12, leader_epoch)
     if log_append_time is not None:
         _I16.pack_into(out, 21, _I16.unpack_from(out, 21)[0] | LOG_APPEND_TIME_BIT)
         _I64.pack_into(out, 35, log_append_time)
@@ -140,6 +150,15 @@ class Stored:
     @property
     def max_timestamp(self) -> int:
         return int(_I64.unpack_from(self.data, 35)[0])
+
+    @property
+    def epoch(self) -> int:
+        return int(_I32.unpack_from(self.data, 12)[0])
+
+
+#: A timeline: base offset -> batch, for every batch appended since the last
+#: truncation (or cut) together with the batches below it.
+Timeline = dict[int, Stored]
 
 
 @dataclasses.dataclass
@@ -175,9 +194,18 @@ class Model:
         return [b for s in self.segments for b in s.batches if b.last >= self.log_start]
 
     def append(
-        self, batch: bytes, records: int, now: int, log_append_time: bool
+        self,
+        batch: bytes,
+        records: int,
+        now: int,
+        log_append_time: bool,
+        leader_epoch: int | None = None,
+        replicated: bool = False,
     ) -> tuple[int, int, int, int, int]:
-        """(base, last, log append time, position, size), as AppendResult has them."""
+        """(base, last, log append time, position, size), as AppendResult has them.
+
+        ``replicated``: a follower's append, stored exactly as given.
+        """
         base = self.log_end
         last = base + records - 1
         active = self.segments[-1]
@@ -187,7 +215,11 @@ class Model:
         ):
             active = Seg(base)
             self.segments.append(active)
-        stored = Stored(base, last, as_stored(batch, base, now if log_append_time else None))
+        if replicated:
+            stored = Stored(base, last, batch)
+        else:
+            stamp = now if log_append_time else None
+            stored = Stored(base, last, as_stored(batch, base, stamp, leader_epoch))
         # The machine makes no timestamp-less batches: the mtime fallbacks of
         # segment.ms and retention.ms are not modelled.
         assert stored.max_timestamp >= 0
@@ -246,14 +278,56 @@ class Model:
         self.log_start = max(self.log_start, before)
         return self.log_start
 
-    def after_cut(self, bases: list[int], log_start: int, log_end: int) -> None:
+    def truncate(self, target: int) -> int | None:
+        """The new log end after truncate_to(target); None: it must raise OffsetOutOfRange.
+
+        The batch holding ``target`` goes whole; the segment holding it stays (maybe
+        empty) and later ones go. A new timeline begins.
+        """
+        if target >= self.log_end:
+            return self.log_end
+        if target < self.log_start:
+            return None
+        for i, segment in enumerate(self.segments):
+            for j, b in enumerate(segment.batches):
+                if b.last < target:
+                    continue
+                if b.base < self.log_start:
+                    return None
+                segment.batches = segment.batches[:j]
+                del self.segments[i + 1 :]
+                self.log_end = b.base
+                self.durable_end = min(self.durable_end, b.base)
+                self.stored = {k: v for k, v in self.stored.items() if v.base < b.base}
+                return b.base
+        raise AssertionError(f"no batch holds {target} below {self.log_end}")
+
+    def epochs(self) -> list[tuple[int, int]]:
+        """The leader-epoch cache: where each epoch first appears among the batches below
+        the log end (-1: no epoch), the one holding the log start moved up to it (in an
+        empty log none holds it)."""
+        entries: list[tuple[int, int]] = []
+        for b in sorted(self.stored.values(), key=lambda s: s.base):
+            if (
+                b.base < self.log_end
+                and b.epoch >= 0
+                and (not entries or entries[-1][0] != b.epoch)
+            ):
+                entries.append((b.epoch, b.base))
+        older = [e for e in entries if e[1] < self.log_start]
+        kept = [e for e in entries if e[1] >= self.log_start]
+        if older and self.log_start < self.log_end and not (kept and kept[0][1] == self.log_start):
+            kept.insert(0, (older[-1][0], self.log_start))
+        return kept
+
+    def after_cut(self, bases: list[int], log_start: int, log_end: int, timeline: Timeline) -> None:
         """Take on the log a reopen recovered (already checked against this model).
 
         Batches past the recovered end are forgotten (their offsets will be
         reassigned). Segment boundaries are the log's; every segment holding an
         offset at or past the log start must be made of the batches stored there.
         """
-        self.stored = {b: s for b, s in self.stored.items() if s.last < log_end}
+        self.stored = {b: s for b, s in timeline.items() if s.last < log_end}
         ordered = sorted(self.stored.values(), key=lambda s: s.base)
         segments = []
         for base, end in zip(bases, [*bases[1:], log_end]):
@@ -283,6 +357,8 @@ class StorageMachine(RuleBasedStateMachine):
         self.log: PartitionLog | None = None
         self.clock = 1_000_000
         self.tag = 0
+        #: the leader epoch of the batches made now (it only grows, as in a cluster).
+        self.epoch = 0
 
     def now(self) -> int:
         return self.clock
@@ -296,14 +372,18 @@ class StorageMachine(RuleBasedStateMachine):
         self.log = PartitionLog.open(self.directory, self.config, now_ms=self.now)
         return self.log
 
-    @initialize(config=configs)
-    def open_logs(self, config: LogConfig) -> None:
-        note(repr(config))
+    @initialize(config=configs, replicated=st.booleans())
+    def open_logs(self, config: LogConfig, replicated: bool) -> None:
+        """``replicated``: a partition with leader epochs - every batch carries one (the
+        leader's appends are stamped, a follower's come stamped). Else a single node's:
+        no batch carries an epoch and the cache stays empty."""
+        note(f"{config!r}, replicated={replicated}")
         self.config = config
+        self.replicated = replicated
         self.model = Model(config)
-        #: (syncs recorded, log start, durable end) after each step that changed
-        #: one of them: what a cut after that many syncs must preserve.
-        self.promises = [(0, 0, 0)]
+        #: (syncs recorded, log start, durable end, timeline) after each step that
+        #: changed one of them: what a cut after that many syncs must preserve.
+        self.promises: list[tuple[int, int, int, Timeline]] = [(0, 0, 0, self.model.stored)]
         self.open_log()
 
     def teardown(self) -> None:
@@ -325,23 +405,92 @@ class StorageMachine(RuleBasedStateMachine):
             ),
             min_size=1,
             max_size=6,
-        )
+        ),
+        new_epoch=st.booleans(),
     )
-    def append(self, batches: list[tuple[int, int, int, int, bool]]) -> None:
+    def append(self, batches: list[tuple[int, int, int, int, bool]], new_epoch: bool) -> None:
         assert self.log is not None
+        epoch = None
+        if self.replicated:  # this broker leads (maybe a new term)
+            self.epoch += new_epoch
+            epoch = self.epoch
         for records, value_size, advance, skew, log_append_time in batches:
-            self.clock += advance
-            self.tag += 1
-            values = [bytes([self.tag % 251]) * value_size for _ in range(records)]
-            batch = build_batch(
-                [(None, v) for v in values], base_timestamp=max(0, self.clock + skew)
+            batch = self._new_batch(records, value_size, advance, skew)
+            want = self.model.append(bytes(batch), records, self.clock, log_append_time, epoch)
+            got = self.log.append(
+                batch, now_ms=self.clock, log_append_time=log_append_time, leader_epoch=epoch
             )
-            want = self.model.append(bytes(batch), records, self.clock, log_append_time)
-            got = self.log.append(batch, now_ms=self.clock, log_append_time=log_append_time)
             assert (got.base_offset, got.last_offset, got.log_append_time) == want[:3]
             assert (got.position, got.size) == want[3:], "not where the model put it"
             # The log rewrote the caller's buffer into what it stores.
             assert bytes(batch) == self.model.stored[want[0]].data
+
+    def _new_batch(self, records: int, value_size: int, advance: int, skew: int) -> bytearray:
+        self.clock += advance
+        self.tag += 1
+        values = [bytes([self.tag % 251]) * value_size for _ in range(records)]
+        return build_batch([(None, v) for v in values], base_timestamp=max(0, self.clock + skew))
+
+    @rule(
+        batches=st.lists(
+            st.tuples(
+                st.integers(1, 4),  # records
+                st.integers(0, 180),  # value size
+                st.integers(0, 30),  # clock advance
+                st.integers(-60, 60),  # timestamp skew from the clock
+                st.booleans(),  # a new leader epoch begins with this batch
+            ),
+            min_size=1,
+            max_size=6,
+        ),
+        one_call=st.booleans(),
+        partial_tail=st.integers(0, 70),
+    )
+    def append_replicated(
+        self, batches: list[tuple[int, int, int, int, bool]], one_call: bool, partial_tail: int
+    ) -> None:
+        """A follower stores batches as its leader sent them (offsets and epochs set; no
+        epoch, -1, from a leader of an unreplicated partition, as ours is today)."""
+        assert self.log is not None
+        made = []
+        for records, value_size, advance, skew, new_epoch in batches:
+            self.epoch += new_epoch
+            made.append((records, self.epoch, self._new_batch(records, value_size, advance, skew)))
+        blob = b""
+        wants = []
+        for records, epoch, batch in made:  # all stored at the clock of the fetch
+            _I64.pack_into(batch, 0, self.model.log_end)
+            _I32.pack_into(batch, 12, epoch if self.replicated else -1)
+            wants.append(self.model.append(bytes(batch), records, self.clock, False, None, True))
+            blob += bytes(batch)
+        if one_call:
+            # A fetch response's records, maybe ending in a batch max_bytes cut short.
+            tail = self._new_batch(1, 100, 0, 0)[:partial_tail]
+            got = self.log.append_replicated_batches(blob + tail, now_ms=self.clock)
+        else:
+            got, pos = [], 0
+            for want in wants:
+                got.append(self.log.append_replicated(blob[pos : pos + want[4]], now_ms=self.clock))
+                pos += want[4]
+        assert [
+            (r.base_offset, r.last_offset, r.log_append_time, r.position, r.size) for r in got
+        ] == wants
+
+    @rule(where=st.floats(0, 1.1), below_start=st.booleans())
+    def truncate(self, where: float, below_start: bool) -> None:
+        assert self.log is not None
+        start, end = self.model.log_start, self.model.log_end
+        target = start + int((end - start) * where)
+        if below_start and start > 0:
+            target = start - 1
+        want = self.model.truncate(target)
+        note(f"truncate_to({target}) in [{start}, {end}): {want}")
+        if want is None:
+            with pytest.raises(OffsetOutOfRange):
+                self.log.truncate_to(target)
+        else:
+            assert self.log.truncate_to(target) == want
+            event("truncation cut", want < end)
 
     @rule()
     def flush(self) -> None:
@@ -440,11 +589,12 @@ class StorageMachine(RuleBasedStateMachine):
         # What had been promised by then: the state after the last step whose syncs
         # all came before the cut; the log start of a step cut in the middle may
         # be the one from before or after it.
-        k = max(i for i, (count, _, _) in enumerate(self.promises) if count <= upto)
-        _, log_start, durable_end = self.promises[k]
-        allowed_starts = {log_start}
+        k = max(i for i, (count, *_) in enumerate(self.promises) if count <= upto)
+        candidates = [self.promises[k]]
         if k + 1 < len(self.promises) and upto > self.promises[k][0]:
-            allowed_starts.add(self.promises[k + 1][1])
+            candidates.append(self.promises[k + 1])
+        allowed_starts = {c[1] for c in candidates}
+        durable_end = min(c[2] for c in candidates)
         note(
             f"cut after {upto} of {synced} syncs: start in {allowed_starts}, durable {durable_end}"
         )
@@ -466,7 +616,8 @@ class StorageMachine(RuleBasedStateMachine):
         model = self.model
         assert start in allowed_starts, f"log start {start}, expected one of {allowed_starts}"
         assert end >= durable_end, f"lost durable data: log ends at {end}, not {durable_end}"
-        assert start <= end <= model.log_end, f"[{start}, {end}) beyond the model's {model.log_end}"
+        # (A cut within a truncation may keep the old, longer timeline: checked below.)
+        assert start <= end, f"[{start}, {end})"
         served = split_batches(read_all(log))
         if served:
             assert served[0][0] <= start <= served[0][1], "the read does not begin at the start"
@@ -475,17 +626,34 @@ class StorageMachine(RuleBasedStateMachine):
             assert start == end, f"[{start}, {end}) has no batches"
         for (_, last, _), (base2, _, _) in itertools.pairwise(served):
             assert last + 1 == base2, f"offsets jump from {last} to {base2}"
-        for base, _, chunk in served:
-            stored = model.stored.get(base)
-            assert stored is not None, f"served a batch at {base} that was never stored there"
-            assert chunk == stored.data, f"the batch at {base} changed (or is corrupt)"
+        # Every batch from one timeline (a cut within a truncation: the old or the
+        # new one), and at least as much of it as was durable there.
+        problems = []
+        for _, _, promised_end, timeline in candidates:
+            wrong = [
+                base for base, _, chunk in served
+                if timeline.get(base) is None or timeline[base].data != chunk
+            ]  # fmt: skip
+            if wrong:
+                problems.append(f"batches at {wrong} were never stored there (or are corrupt)")
+            elif end < promised_end:
+                problems.append(f"lost durable data: the log ends at {end}, not {promised_end}")
+            else:
+                matched = timeline
+                break
+        else:
+            raise AssertionError("; ".join(problems))
+        event(
+            "cut within a truncation",
+            len(candidates) > 1 and candidates[0][3] is not candidates[1][3],
+        )
         assert log.durable_end_offset == end, "recovery left part of the log undurable"
         bases = log.segment_base_offsets()
         event("cut lost undurable offsets", end < model.log_end)
         event("cut brought back deleted segments", bases[0] < model.segments[0].base)
-        model.after_cut(bases, start, end)
+        model.after_cut(bases, start, end, matched)
         # A cut during this recovery must keep what the cut before it did.
-        self.promises = [(0, start, durable_end)]
+        self.promises = [(0, start, durable_end, model.stored)]
 
     def _check_durable_state(self) -> None:
         """Secondary: the log's own durability bookkeeping claims no more than the recorder."""
@@ -564,8 +732,10 @@ class StorageMachine(RuleBasedStateMachine):
     def note_promises(self) -> None:
         if self.log is None:
             return
-        entry = (len(self.disk.events), self.model.log_start, self.model.durable_end)
-        if entry != self.promises[-1]:
+        model = self.model
+        entry = (len(self.disk.events), model.log_start, model.durable_end, model.stored)
+        last = self.promises[-1]
+        if entry[1:3] != last[1:3] or entry[3] is not last[3]:
             self.promises.append(entry)
 
     @invariant()
@@ -582,6 +752,13 @@ class StorageMachine(RuleBasedStateMachine):
         assert segment_files == {segment_file(s.base) for s in model.segments}
         stems = {n.partition(".")[0] for n in names if n.endswith((".index", ".timeindex"))}
         assert stems <= {n.removesuffix(".log") for n in segment_files}, "orphaned indexes"
+
+    @invariant()
+    def same_epoch_cache(self) -> None:
+        if self.log is None:
+            return
+        got = [(e.epoch, e.start_offset) for e in self.log.epoch_cache.entries]
+        assert got == self.model.epochs()
 
     @invariant()
     def same_content(self) -> None:

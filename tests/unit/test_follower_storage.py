@@ -80,7 +80,7 @@ def scanned_epochs(log: AnyLog) -> list[tuple[int, int]]:
     cache = LeaderEpochCache()
     for base, header in log.iter_batch_headers():
         cache.assign_from_log(batch_leader_epoch(header), base)
-    cache.truncate_from_start(log.log_start_offset)
+    cache.truncate_from_start(log.log_start_offset, log.log_end_offset)
     return [(e.epoch, e.start_offset) for e in cache.entries]
 
 
@@ -643,3 +643,59 @@ def test_a_power_cut_during_a_checkpoint_rewrite_keeps_old_or_new(cut: PowerCut)
         finally:
             reopened.abort()
     assert len(seen) == 2
+
+
+MIXED = LogConfig(segment_bytes=1200, index_interval_bytes=300, retention_ms=None)
+
+
+@pytest.mark.parametrize("survived", ["rename only", "unlinks only", "some unlinks"])
+def test_a_truncation_half_made_durable_still_leaves_a_prefix(
+    tmp_path: Path, survived: str
+) -> None:
+    """Directory changes that a cut keeps in any mix (a journal may commit some of the
+    unlinks and the rename without the directory fsync): recovery must still find a
+    prefix. The cut lands after the segment's last index entry, so that its old index
+    files would pass the open-time sanity check if the segment were trusted."""
+    directory = tmp_path / "t-0"
+    log = PartitionLog.open(directory, MIXED)
+    for i in range(40):
+        log.append(batch(tag=i), now_ms=5, leader_epoch=1 + i // 10)
+    log.flush()
+    before = read_all(log)
+    segment = log._segments[1]
+    last_entry = segment.offset_index.last_entry()
+    assert last_entry is not None and len(log.segment_base_offsets()) > 3
+    cut_at = next(info for info in _batches_of(segment) if info.position > last_entry[1])
+    old_files = {p.name: p.read_bytes() for p in directory.iterdir()}
+    new_end = log.truncate_to(cut_at.base_offset + 1)
+    assert new_end == cut_at.base_offset
+    log.abort()
+    later = [n for n in old_files if n.endswith(".log")][2:]
+    stem = f"{segment.base_offset:020d}"
+    restore: list[str] = []
+    if survived == "rename only":  # unlinks lost: later segments and old indexes back
+        restore = [n for n in old_files if n[:20] != stem or not n.endswith(".log")]
+        restore = [n for n in restore if n.endswith((".log", ".index", ".timeindex"))]
+        restore = [n for n in restore if n[:20] >= stem]
+    elif survived == "unlinks only":  # the rename lost: the old segment file back
+        restore = [f"{stem}.log"]
+    else:
+        restore = [f"{stem}.log", *later[1::2]]
+    # Cut before the directory fsync of step 3: the epoch checkpoint is not rewritten
+    # yet (step 4); the recovery point was (step 1).
+    for name in [*restore, LEADER_EPOCH_CHECKPOINT]:
+        (directory / name).write_bytes(old_files[name])
+    reopened = PartitionLog.open(directory, MIXED)
+    try:
+        got = read_all(reopened)
+        assert before.startswith(got)
+        assert reopened.log_end_offset >= new_end
+        assert epochs_of(reopened) == scanned_epochs(reopened)
+    finally:
+        reopened.close()
+
+
+def _batches_of(segment):  # type: ignore[no-untyped-def]
+    from trio_broker.storage.segment import iter_batches
+
+    return list(iter_batches(segment.fd, 0, segment.size))

@@ -182,14 +182,17 @@ class LeaderEpochCache:
             self._entries.pop()
         return len(self._entries) != before
 
-    def truncate_from_start(self, start_offset: int) -> bool:
+    def truncate_from_start(self, start_offset: int, log_end_offset: int | None = None) -> bool:
         """The log now starts at ``start_offset``: the epoch holding it starts there.
 
-        True if the entries changed.
+        Given the log end and the log empty (start == end), no epoch holds the start
+        and none is moved there: the entries before it just go. True if the entries
+        changed.
         """
         keep = [entry for entry in self._entries if entry.start_offset >= start_offset]
         older = [entry for entry in self._entries if entry.start_offset < start_offset]
-        if older and not (keep and keep[0].start_offset == start_offset):
+        empty = log_end_offset is not None and start_offset >= log_end_offset
+        if older and not empty and not (keep and keep[0].start_offset == start_offset):
             keep.insert(0, EpochEntry(older[-1].epoch, start_offset))
         changed = keep != self._entries
         self._entries = keep

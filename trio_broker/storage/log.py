@@ -445,7 +445,7 @@ class PartitionLog:
         if not cache.entries or cache.entries[0].start_offset >= self.log_start_offset:
             return
         with self._lock:
-            changed = cache.truncate_from_start(self.log_start_offset)
+            changed = cache.truncate_from_start(self.log_start_offset, self.log_end_offset)
         if changed:
             self._persist_epochs()
 
@@ -468,7 +468,7 @@ class PartitionLog:
             cache = LeaderEpochCache()
             for base, header in self.iter_batch_headers():
                 cache.assign_from_log(batch_leader_epoch(header), base)
-        cache.truncate_from_start(self.log_start_offset)
+        cache.truncate_from_start(self.log_start_offset, self.log_end_offset)
         cache.truncate_from_end(self.log_end_offset)
         self.epoch_cache = cache
         if rebuilt or self._persisted_epochs is not None or cache.entries:

@@ -252,14 +252,14 @@ class MemoryLog:
         if count:
             del segments[:count]
             self.log_start_offset = max(self.log_start_offset, segments[0].base_offset)
-            self.epoch_cache.truncate_from_start(self.log_start_offset)
+            self.epoch_cache.truncate_from_start(self.log_start_offset, self.log_end_offset)
         return count
 
     def delete_records(self, before_offset: int) -> int:
         if not 0 <= before_offset <= self.log_end_offset:
             raise OffsetOutOfRange(before_offset, self.log_start_offset, self.log_end_offset)
         self.log_start_offset = max(self.log_start_offset, before_offset)
-        self.epoch_cache.truncate_from_start(self.log_start_offset)
+        self.epoch_cache.truncate_from_start(self.log_start_offset, self.log_end_offset)
         return self.log_start_offset
 
     def truncate_to(self, offset: int) -> int:
