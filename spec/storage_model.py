@@ -192,3 +192,29 @@ def retention(
     ):
         count += 1
     return count
+
+
+# ------------------------------------------------------------------ follower truncation
+
+
+def truncate(batches: list[Batch], target: int, log_start: int) -> int | None:
+    """How many batches ``truncate_to(target)`` keeps (Kafka's rule), or None: refused.
+
+    The batch holding ``target`` goes whole, so the log ends at that batch's base
+    offset; at or past the log end nothing changes. Below the log start, or where the
+    batch holding the log start would go, the truncation is refused.
+
+    Its sentences are checked with Hypothesis (``tests/unit/test_follower_storage.py``;
+    CrossHair found no counterexample to a planted bug in them, so they are not
+    written as contracts here): the kept batches all end before ``target``, the first
+    batch dropped holds or follows it and starts at or after the log start, and a
+    refusal means ``target`` is below the log start or inside the batch holding it.
+    """
+    if batches and target > batches[-1][1]:
+        return len(batches)
+    if target < log_start:
+        return None
+    for i, (base, last, _) in enumerate(batches):
+        if last >= target:
+            return None if base < log_start else i
+    return len(batches)

@@ -286,21 +286,22 @@ class Model:
         """
         if target >= self.log_end:
             return self.log_end
-        if target < self.log_start:
+        every = [b for s in self.segments for b in s.batches]
+        kept = storage_model.truncate(
+            [(b.base, b.last, len(b.data)) for b in every], target, self.log_start
+        )
+        if kept is None:
             return None
+        cut = every[kept]
         for i, segment in enumerate(self.segments):
-            for j, b in enumerate(segment.batches):
-                if b.last < target:
-                    continue
-                if b.base < self.log_start:
-                    return None
-                segment.batches = segment.batches[:j]
+            if cut in segment.batches:
+                segment.batches = segment.batches[: segment.batches.index(cut)]
                 del self.segments[i + 1 :]
-                self.log_end = b.base
-                self.durable_end = min(self.durable_end, b.base)
-                self.stored = {k: v for k, v in self.stored.items() if v.base < b.base}
-                return b.base
-        raise AssertionError(f"no batch holds {target} below {self.log_end}")
+                break
+        self.log_end = cut.base
+        self.durable_end = min(self.durable_end, cut.base)
+        self.stored = {k: v for k, v in self.stored.items() if v.base < cut.base}
+        return cut.base
 
     def epochs(self) -> list[tuple[int, int]]:
         """The leader-epoch cache: where each epoch first appears among the batches below

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from spec import storage_model
 from tests.powerloss import PowerCut
 from trio_broker.protocol import batch_header
 from trio_broker.protocol.records import build_batch
@@ -699,3 +700,44 @@ def _batches_of(segment):  # type: ignore[no-untyped-def]
     from trio_broker.storage.segment import iter_batches
 
     return list(iter_batches(segment.fd, 0, segment.size))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 4), max_size=8),
+    target=st.integers(0, 40),
+    log_start=st.integers(0, 40),
+)
+def test_the_spec_truncation_rule(sizes: list[int], target: int, log_start: int) -> None:
+    batches, base = [], 0
+    for n in sizes:
+        batches.append((base, base + n - 1, 100))
+        base += n
+    log_start = min(log_start, base)
+    kept = storage_model.truncate(batches, target, log_start)
+    if kept is None:
+        assert target < log_start or any(
+            b <= target <= last and b < log_start for b, last, _ in batches
+        )
+        return
+    assert 0 <= kept <= len(batches)
+    assert all(last < target for _, last, _ in batches[:kept])
+    if kept < len(batches):
+        assert batches[kept][1] >= target and batches[kept][0] >= log_start
+
+
+def test_segment_ms_counts_again_in_a_reopened_segment_a_truncation_reactivates(
+    tmp_path: Path,
+) -> None:
+    config = LogConfig(segment_bytes=10_000, segment_ms=40, retention_ms=None)
+    log = PartitionLog.open(tmp_path / "t-0", config)
+    log.append(batch(ts=1_000), now_ms=1_000)
+    log.append(batch(ts=1_020), now_ms=1_020)
+    log.append(batch(ts=1_050), now_ms=1_050)  # 50 ms after the first: rolls
+    assert log.segment_base_offsets() == [0, 4]
+    log.close()
+    log = PartitionLog.open(tmp_path / "t-0", config)  # segment 0 loaded sealed
+    assert log.truncate_to(3) == 2
+    log.append(batch(ts=1_045), now_ms=1_045)  # 45 ms after segment 0's first batch
+    assert log.segment_base_offsets() == [0, 2]
+    log.close()

@@ -579,6 +579,7 @@ class PartitionLog:
         except BaseException:
             os.close(fd)
             raise
+        first_ts = scanned.first_batch_timestamp
         fresh = Segment(
             self.directory,
             old.base_offset,
@@ -586,7 +587,11 @@ class PartitionLog:
             size=size,
             next_offset=new_end,
             indexer=indexer,
-            first_batch_timestamp=old.first_batch_timestamp if size else None,
+            # From the scan: a segment loaded sealed never kept it (segment.ms counts
+            # from it again now that the segment is active).
+            first_batch_timestamp=(
+                first_ts if first_ts is None or first_ts >= 0 else old.last_modified_ms
+            ),
         )
         fresh.last_modified_ms = old.last_modified_ms
         fresh.synced_size = size
