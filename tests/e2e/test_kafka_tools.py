@@ -22,8 +22,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.conftest import BrokerProcess
-
-POM = Path(__file__).resolve().parents[1] / "kafka_tools" / "pom.xml"
+from tests.kafka_tools.classpath import kafka_tools_classpath
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -31,13 +30,7 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture(scope="module")
 def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
     """kafka-tools and its dependencies, resolved by Maven (cached in ~/.m2)."""
-    out = tmp_path_factory.mktemp("kafka-tools") / "classpath.txt"
-    subprocess.run(
-        ["mvn", "-q", "-B", "-f", str(POM), "dependency:build-classpath",
-         f"-Dmdep.outputFile={out}"],
-        check=True, timeout=600, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    return out.read_text().strip()
+    return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
 
 
 def tool(classpath: str, main: str, *args: str) -> list[str]:

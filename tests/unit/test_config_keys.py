@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import attrs
 import pytest
 
+from tests.kafka_tools.classpath import kafka_tools_classpath
 from trio_broker.config import BrokerConfig, ConfigError, load_config
 from trio_broker.config_keys import APPLIED, BROKER_KEYS, INERT, SECURITY, SYNONYMS, lookup
 from trio_broker.handlers.describe_configs import (
@@ -235,8 +234,6 @@ def test_broker_describe_values_and_sources(tmp_path: Path) -> None:
     assert values["listeners"].value == "PLAINTEXT://127.0.0.1:19092"
 
 
-KAFKA_JARS = Path.home() / ".m2" / "repository" / "org" / "apache" / "kafka"
-
 _DUMP_KEYS = r"""
 import org.apache.kafka.common.config.ConfigDef;
 public class DumpBrokerKeys {
@@ -249,17 +246,16 @@ public class DumpBrokerKeys {
 """
 
 
-@pytest.mark.skipif(
-    shutil.which("java") is None or not (KAFKA_JARS / "kafka-server" / "4.4.0").is_dir(),
-    reason="needs a JDK and Kafka 4.4.0's server jars in ~/.m2",
-)
 def test_the_kafka_rows_are_kafka_4_4s_documented_broker_keys(tmp_path: Path) -> None:
-    """Against Kafka's own ConfigDef (the source of its broker config documentation)."""
-    jars = sorted(str(p) for p in (Path.home() / ".m2" / "repository").rglob("*.jar"))
+    """Against Kafka's own ConfigDef (the source of its broker config documentation).
+
+    Kafka 4.4.0's server jars come with its tools' classpath (Maven, cached in ~/.m2);
+    the JDK and Maven are installed by scripts/install-system-deps.sh.
+    """
     source = tmp_path / "DumpBrokerKeys.java"
     source.write_text(_DUMP_KEYS)
     run = subprocess.run(
-        ["java", "-cp", os.pathsep.join(jars), str(source)],
+        ["java", "-cp", kafka_tools_classpath(tmp_path), str(source)],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     kafka = dict(line.split() for line in run.stdout.splitlines())
