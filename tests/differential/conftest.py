@@ -1,0 +1,59 @@
+"""Differential fixtures: one Apache Kafka 4.4 node and one trio-broker for a whole module.
+
+Both run with topic auto-creation off (Kafka through ``KafkaProcess`` overrides,
+trio-broker through a ``--config`` file), so that Metadata for an unknown topic has one
+right answer. Kafka comes from ``bench/kafka_peer.py`` (Maven-resolved into
+``~/.cache/trio-broker``); without Java or Maven the module is skipped, not failed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.differential.harness import Broker
+from tests.reliability.conftest import ConfiguredBroker
+
+#: trio-broker's side of the comparison: Kafka's defaults where they matter.
+TRIO_CONFIG = {"auto.create.topics.enable": False}
+
+
+def start_kafka() -> object:
+    from bench.kafka_peer import KafkaProcess
+
+    return KafkaProcess({"auto.create.topics.enable": "false"}, label="differential")
+
+
+def start_trio(tmp: Path) -> ConfiguredBroker:
+    data_dir = tmp / "trio-data"
+    data_dir.mkdir()
+    broker = ConfiguredBroker(data_dir, "pipelined", "file", config=TRIO_CONFIG)
+    broker.start()
+    return broker
+
+
+@pytest.fixture(scope="module")
+def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, Broker]]:
+    if shutil.which("java") is None or shutil.which("mvn") is None:
+        pytest.skip(
+            "Java and Maven are needed to run Apache Kafka (scripts/install-system-deps.sh)"
+        )
+    trio = start_trio(tmp_path_factory.mktemp("differential"))
+    try:
+        kafka = start_kafka()
+    except BaseException:
+        trio.stop()
+        raise
+    kafka_side = Broker("kafka", kafka.port)  # type: ignore[attr-defined]
+    trio_side = Broker("trio-broker", trio.port)
+    try:
+        yield kafka_side, trio_side
+    finally:
+        kafka_side.close()
+        trio_side.close()
+        kafka.stop()  # type: ignore[attr-defined]
+        code = trio.stop()
+        assert code == 0, f"trio-broker exited with {code}\n{trio.log_tail()}"

@@ -1,0 +1,568 @@
+"""Differential harness: the same request sequence to Apache Kafka and to trio-broker.
+
+A :class:`Session` holds one blocking raw connection (our own codec) to each broker and
+runs :class:`Op` values against both, in the same order. Each op turns the two responses
+into a *normalised* form -- plain tuples of error codes, offsets, high watermarks, log
+start offsets and the records returned -- leaving out what legitimately differs between
+two brokers: producer and topic ids (each broker's producer id is mapped to the logical
+producer that asked for it), timestamps chosen by the broker, throttle times, error
+messages. Two normalised answers that are not equal are a :class:`Difference`.
+
+Record batches are built with ``trio_broker.protocol.records.build_batch`` with fixed
+timestamps, so that ListOffsets by timestamp has one right answer on both brokers.
+
+Idempotent producers are modelled once here (:class:`ProducerModel`): the next sequence
+and the last batches sent, advanced by *Kafka's* answer -- Kafka is the reference; after a
+difference the two brokers' states may have diverged and the caller should stop the
+sequence (the test fails on the first one anyway).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.e2e.conftest import ConnectionClosed, RawConnection
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.records import build_batch, iter_batches
+
+#: Versions both brokers speak (Kafka 4 dropped the oldest ones, KIP-896).
+PRODUCE_V = 9
+FETCH_V = 12  # the last version that names topics (13+ use topic ids)
+LIST_OFFSETS_V = 7  # has MAX_TIMESTAMP (-3)
+METADATA_V = 12
+CREATE_TOPICS_V = 7
+DELETE_TOPICS_V = 5
+INIT_PRODUCER_ID_V = 4
+
+EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
+#: Batch timestamps: a fixed base plus the op's position, never "now".
+BASE_TIMESTAMP = 1_700_000_000_000
+WAIT_S = 15.0
+#: COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR.
+RETRIABLE_COORDINATOR = (14, 15, 16)
+_SIZE = struct.Struct(">i")
+
+Normalised = Any  # tuples/ints/strings: anything comparable with == and printable
+
+
+@dataclass
+class Difference:
+    kind: str  # the op's kind, e.g. "produce-idempotent"
+    op: str  # the op, printed
+    kafka: Normalised
+    trio: Normalised
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.op}\n  kafka: {self.kafka!r}\n  trio:  {self.trio!r}"
+
+
+class Broker:
+    """One side of the comparison: a name, a port and a reconnecting raw connection."""
+
+    def __init__(self, name: str, port: int) -> None:
+        self.name = name
+        self.port = port
+        self._conn: RawConnection | None = None
+        #: This broker's producer id per logical producer, and the reverse map.
+        self.producer_ids: dict[int, tuple[int, int]] = {}
+        self.logical_of: dict[int, int] = {}
+        self.requests = 0
+
+    @property
+    def conn(self) -> RawConnection:
+        if self._conn is None:
+            self._conn = RawConnection(self.port)
+        return self._conn
+
+    def reset_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def request(self, api_key: int, version: int, body: Any) -> Any:
+        self.requests += 1
+        return self.conn.request(api_key, version, body)
+
+    def close(self) -> None:
+        self.reset_connection()
+
+
+# --------------------------------------------------------------------------- ops
+
+
+@dataclass(frozen=True)
+class Op:
+    """One step of a sequence; ``run`` returns the normalised answer of one broker."""
+
+    kind: str = field(init=False, default="op")
+
+    def prepare(self, session: Session) -> Any:
+        """What both brokers must get alike (a batch, its sequence), made once per op."""
+        return None
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        raise NotImplementedError
+
+    def after(self, session: Session, kafka_answer: Normalised) -> None:
+        """Advance the session's model from Kafka's answer (the reference)."""
+
+
+@dataclass(frozen=True)
+class CreateTopic(Op):
+    topic: str
+    partitions: int
+    kind: str = field(init=False, default="create-topics")
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        C = m.CreateTopicsRequest.CreatableTopic
+        body = m.CreateTopicsRequest(
+            topics=[C(name=session.name(self.topic), num_partitions=self.partitions,
+                      replication_factor=1, assignments=[], configs=[])],
+            timeout_ms=10_000, validate_only=False,
+        )  # fmt: skip
+        (result,) = broker.request(m.ApiKey.CREATE_TOPICS, CREATE_TOPICS_V, body).topics
+        if result.error_code == 0:
+            session.wait_for_leaders(broker, session.name(self.topic), result.num_partitions)
+        return ("error", result.error_code, "partitions", result.num_partitions)
+
+
+@dataclass(frozen=True)
+class DeleteTopic(Op):
+    topic: str
+    kind: str = field(init=False, default="delete-topics")
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        name = session.name(self.topic)
+        body = m.DeleteTopicsRequest(topic_names=[name], timeout_ms=10_000)
+        (result,) = broker.request(m.ApiKey.DELETE_TOPICS, DELETE_TOPICS_V, body).responses
+        if result.error_code == 0:
+            session.wait_until_gone(broker, name)
+        return ("error", result.error_code)
+
+    def after(self, session: Session, kafka_answer: Normalised) -> None:
+        session.forget_topic(self.topic)
+
+
+@dataclass(frozen=True)
+class Metadata(Op):
+    topic: str
+    kind: str = field(init=False, default="metadata")
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        body = m.MetadataRequest(
+            topics=[m.MetadataRequest.MetadataRequestTopic(name=session.name(self.topic))],
+            allow_auto_topic_creation=True,  # off on both brokers: must not create it
+        )
+        (topic,) = broker.request(m.ApiKey.METADATA, METADATA_V, body).topics
+        partitions = sorted((p.partition_index, p.error_code) for p in topic.partitions)
+        return ("error", topic.error_code, "partitions", tuple(partitions))
+
+
+@dataclass(frozen=True)
+class Produce(Op):
+    """A plain (non-idempotent) batch of ``records`` records."""
+
+    topic: str
+    partition: int
+    records: int
+    acks: int
+    kind: str = field(init=False, default="produce")
+
+    def prepare(self, session: Session) -> bytes:
+        return session.batch(self.records)
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        batch = session.current_plan
+        part = session.produce(broker, self.topic, self.partition, self.acks, batch)
+        return ("error", part.error_code, "base_offset", part.base_offset,
+                "log_start", part.log_start_offset)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class InitProducer(Op):
+    """InitProducerId for logical producer ``producer``: a new id, or (bump) the next epoch."""
+
+    producer: int
+    bump: bool
+    kind: str = field(init=False, default="init-producer-id")
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        known = broker.producer_ids.get(self.producer)
+        pid, epoch = known if (self.bump and known) else (-1, -1)
+        body = m.InitProducerIdRequest(
+            transactional_id=None, transaction_timeout_ms=60_000,
+            producer_id=pid, producer_epoch=epoch,
+        )  # fmt: skip
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            answer = broker.request(m.ApiKey.INIT_PRODUCER_ID, INIT_PRODUCER_ID_V, body)
+            # A coordinator still loading (Kafka just after start) is timing, not semantics.
+            if answer.error_code not in RETRIABLE_COORDINATOR or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if answer.error_code == 0:
+            broker.producer_ids[self.producer] = (answer.producer_id, answer.producer_epoch)
+            broker.logical_of[answer.producer_id] = self.producer
+        same_id = known is not None and known[0] == answer.producer_id
+        return ("error", answer.error_code, "epoch", answer.producer_epoch, "same_id", same_id)
+
+    def after(self, session: Session, kafka_answer: Normalised) -> None:
+        if kafka_answer[1] == 0:
+            session.producer(self.producer).restart()
+
+
+#: How an idempotent batch's sequence and epoch relate to the producer's state.
+NEXT, DUPLICATE, GAP = "next", "duplicate", "gap"
+#: LOCAL_BUMP: epoch + 1 at sequence 0, what the Java client does itself (KIP-360) when an
+#: idempotent producer must reset its sequences; STALE_EPOCH: epoch - 1 after that.
+LOCAL_BUMP, STALE_EPOCH = "local-bump", "stale-epoch"
+
+
+@dataclass(frozen=True)
+class IdempotentProduce(Op):
+    """A batch from logical producer ``producer`` to partition 0 of ``topic``.
+
+    ``mode``: NEXT (the expected sequence), DUPLICATE (the ``back``-th last batch sent
+    again, byte for byte apart from the producer id), GAP (``back`` sequences skipped),
+    LOCAL_BUMP, STALE_EPOCH. The sequence model is shared (advanced by Kafka's answers);
+    the epoch is each broker's own.
+    """
+
+    producer: int
+    topic: str
+    records: int
+    acks: int
+    mode: str
+    back: int = 1
+    kind: str = field(init=False, default="produce-idempotent")
+
+    def prepare(self, session: Session) -> tuple[int, int, int, int] | None:
+        """(epoch delta, base sequence, records, timestamp) of the batch, from the model."""
+        if any(self.producer not in b.producer_ids for b in (session.kafka, session.trio)):
+            return None
+        if self.mode == STALE_EPOCH and any(
+            b.producer_ids[self.producer][1] == 0 for b in (session.kafka, session.trio)
+        ):
+            return None  # no earlier epoch to send
+        model = session.producer(self.producer)
+        key = session.name(self.topic)
+        sent = model.sent.get(key, [])
+        if self.mode == DUPLICATE and sent:
+            return sent[-min(self.back, len(sent))]
+        if self.mode == LOCAL_BUMP:
+            return 1, 0, self.records, session.next_timestamp()
+        seq = model.next_sequence.get(key, 0)
+        if self.mode == GAP:
+            seq += self.back
+        delta = -1 if self.mode == STALE_EPOCH else 0
+        return delta, seq, self.records, session.next_timestamp()
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        plan = session.current_plan
+        if plan is None:
+            return ("skipped",)
+        delta, seq, count, ts = plan
+        pid, epoch = broker.producer_ids[self.producer]
+        batch = build_batch(
+            [(b"k%d" % (seq + i), b"v%d" % (seq + i)) for i in range(count)],
+            producer_id=pid, producer_epoch=epoch + delta, base_sequence=seq, base_timestamp=ts,
+        )  # fmt: skip
+        part = session.produce(broker, self.topic, 0, self.acks, bytes(batch))
+        if part.error_code == 0 and self.mode == LOCAL_BUMP:
+            broker.producer_ids[self.producer] = (pid, epoch + 1)
+        return ("error", part.error_code, "base_offset", part.base_offset,
+                "log_start", part.log_start_offset)  # fmt: skip
+
+    def after(self, session: Session, kafka_answer: Normalised) -> None:
+        plan = session.current_plan
+        if plan is None or kafka_answer[1] != 0 or self.mode not in (NEXT, LOCAL_BUMP):
+            return  # a duplicate is not a new batch; a gap or stale epoch was refused
+        model = session.producer(self.producer)
+        key = session.name(self.topic)
+        if self.mode == LOCAL_BUMP:
+            model.restart()
+        _, seq, count, ts = plan
+        model.next_sequence[key] = seq + count
+        model.sent.setdefault(key, []).append((0, seq, count, ts))
+        del model.sent[key][:-5]
+
+
+@dataclass(frozen=True)
+class Fetch(Op):
+    """Fetch partition ``partition`` at an offset relative to the log: ``where`` is one of
+    "zero", "hw", "hw+1", "beyond" (HW + 1000), "negative", "middle" (HW // 2)."""
+
+    topic: str
+    partition: int
+    where: str
+    kind: str = field(init=False, default="fetch")
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        name = session.name(self.topic)
+        offset = session.resolve_offset(broker, name, self.partition, self.where)
+        P = m.FetchRequest.FetchTopic.FetchPartition
+        body = m.FetchRequest(
+            replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
+            session_id=0, session_epoch=-1,
+            topics=[m.FetchRequest.FetchTopic(topic=name, partitions=[
+                P(partition=self.partition, fetch_offset=offset, current_leader_epoch=-1,
+                  log_start_offset=-1, partition_max_bytes=1 << 20)])],
+            forgotten_topics_data=[], rack_id="",
+        )  # fmt: skip
+        answer = broker.request(m.ApiKey.FETCH, FETCH_V, body)
+        (topic,) = answer.responses
+        (part,) = topic.partitions
+        batches = []
+        for batch in iter_batches(bytes(part.records or b"")):
+            pid = batch.producer_id
+            producer = broker.logical_of.get(pid, "?") if pid >= 0 else None
+            records = tuple((batch.offset_of(r), r.key, r.value) for r in batch.records())
+            batches.append((batch.base_offset, batch.last_offset, producer,
+                            batch.producer_epoch, batch.base_sequence,
+                            batch.max_timestamp, records))  # fmt: skip
+        return ("error", part.error_code, "hw", part.high_watermark,
+                "lso", part.last_stable_offset, "log_start", part.log_start_offset,
+                "batches", tuple(batches))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ListOffsets(Op):
+    """ListOffsets for a partition: EARLIEST, LATEST, MAX_TIMESTAMP, or ``timestamp`` >= 0
+    (an offset into the timestamps this session used: BASE_TIMESTAMP + ``timestamp``)."""
+
+    topic: str
+    partition: int
+    timestamp: int
+    kind: str = field(init=False, default="list-offsets")
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        ts = self.timestamp if self.timestamp < 0 else BASE_TIMESTAMP + self.timestamp
+        error, offset, timestamp = session.list_offset(
+            broker, session.name(self.topic), self.partition, ts
+        )
+        return ("error", error, "offset", offset, "timestamp", timestamp)
+
+
+#: Outcome classes of malformed input.
+DISCONNECT, NO_ANSWER = "disconnect", "no answer"
+
+
+@dataclass(frozen=True)
+class Malformed(Op):
+    """Raw bytes on a fresh connection, compared by outcome class.
+
+    ``what``: "api-versions-v99" (ApiVersions at a version nobody has: Kafka answers
+    UNSUPPORTED_VERSION in a v0 body), "metadata-v99" (another API at an unknown
+    version), "absurd-length" (a size prefix of 2 GiB - 1), "negative-length",
+    "unknown-api-key" (key 9999).
+    """
+
+    what: str
+    kind: str = field(init=False, default="malformed")
+
+    def frame(self) -> bytes:
+        def request(api_key: int, version: int) -> bytes:
+            client_id = b"diff"
+            # Header v2 (these versions would be flexible): client id, then no tagged fields.
+            body = struct.pack(">hhih", api_key, version, 7, len(client_id)) + client_id + b"\0"
+            return _SIZE.pack(len(body)) + body
+
+        if self.what == "api-versions-v99":
+            return request(m.ApiKey.API_VERSIONS, 99)
+        if self.what == "metadata-v99":
+            return request(m.ApiKey.METADATA, 99)
+        if self.what == "unknown-api-key":
+            return request(9999, 0)
+        if self.what == "absurd-length":
+            return _SIZE.pack(0x7FFF_FFFF) + b"\0" * 16
+        if self.what == "negative-length":
+            return _SIZE.pack(-5) + b"\0" * 16
+        raise ValueError(self.what)
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        broker.requests += 1
+        with socket.create_connection(("127.0.0.1", broker.port), timeout=5.0) as sock:
+            sock.sendall(self.frame())
+            return _outcome(sock)
+
+
+def _outcome(sock: socket.socket) -> Normalised:
+    """What a broker did with the bytes: an error code in the answer, or a disconnect."""
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) >= 4 and len(data) >= 4 + _SIZE.unpack_from(data)[0]:
+                break
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    except TimeoutError:
+        if not data:
+            return (NO_ANSWER,)
+    if not data:
+        return (DISCONNECT,)
+    if len(data) >= 10:
+        # ApiVersions v0 response: correlation id, then error_code.
+        (error_code,) = struct.unpack_from(">h", data, 8)
+        return ("answer", "error", error_code)
+    return ("answer", "short", len(data))
+
+
+# --------------------------------------------------------------------------- session
+
+
+@dataclass
+class ProducerModel:
+    next_sequence: dict[str, int] = field(default_factory=dict)
+    #: The last five batches accepted, per topic: (0, base sequence, records, timestamp).
+    sent: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
+
+    def restart(self) -> None:
+        """A new producer id or epoch: every partition's sequence starts at 0 again."""
+        self.next_sequence.clear()
+        self.sent.clear()
+
+
+class Session:
+    """One op sequence against both brokers; topic names are private to the session."""
+
+    def __init__(self, kafka: Broker, trio: Broker, prefix: str) -> None:
+        self.kafka = kafka
+        self.trio = trio
+        self.prefix = prefix
+        self._producers: dict[int, ProducerModel] = {}
+        self._timestamp = 0
+        self.current_plan: Any = None
+        #: Kafka's and trio-broker's normalised answers to the last op.
+        self.last_answers: tuple[Normalised, Normalised] = ((), ())
+        self.ops = 0
+        for broker in (kafka, trio):
+            broker.producer_ids.clear()
+            broker.logical_of.clear()
+
+    # -- helpers the ops use -------------------------------------------------
+
+    def name(self, topic: str) -> str:
+        return f"{self.prefix}-{topic}"
+
+    def producer(self, index: int) -> ProducerModel:
+        return self._producers.setdefault(index, ProducerModel())
+
+    def forget_topic(self, topic: str) -> None:
+        for model in self._producers.values():
+            model.next_sequence.pop(self.name(topic), None)
+            model.sent.pop(self.name(topic), None)
+
+    def next_timestamp(self) -> int:
+        self._timestamp += 10
+        return BASE_TIMESTAMP + self._timestamp
+
+    def batch(self, records: int) -> bytes:
+        ts = self.next_timestamp()
+        return bytes(build_batch([(b"k%d" % i, b"v%d" % i) for i in range(records)],
+                                 base_timestamp=ts))  # fmt: skip
+
+    def produce(self, broker: Broker, topic: str, partition: int, acks: int, batch: bytes) -> Any:
+        Topic = m.ProduceRequest.TopicProduceData
+        body = m.ProduceRequest(
+            transactional_id=None, acks=acks, timeout_ms=10_000,
+            topic_data=[Topic(name=self.name(topic), partition_data=[
+                Topic.PartitionProduceData(index=partition, records=batch)])],
+        )  # fmt: skip
+        (topic_response,) = broker.request(m.ApiKey.PRODUCE, PRODUCE_V, body).responses
+        return topic_response.partition_responses[0]
+
+    def _metadata(self, broker: Broker, name: str) -> Any:
+        body = m.MetadataRequest(
+            topics=[m.MetadataRequest.MetadataRequestTopic(name=name)],
+            allow_auto_topic_creation=False,
+        )
+        (topic,) = broker.request(m.ApiKey.METADATA, METADATA_V, body).topics
+        return topic
+
+    def _wait(self, what: str, broker: Broker, check: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not check():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{broker.name}: {what} not within {WAIT_S}s")
+            time.sleep(0.05)
+
+    def wait_for_leaders(self, broker: Broker, name: str, partitions: int) -> None:
+        def ready() -> bool:
+            topic = self._metadata(broker, name)
+            return (
+                topic.error_code == 0
+                and len(topic.partitions) == partitions
+                and all(p.error_code == 0 and p.leader_id >= 0 for p in topic.partitions)
+            )
+
+        self._wait(f"leaders of {name}", broker, ready)
+
+        # Kafka's metadata can name a leader a moment before the partition serves.
+        def serving(partition: int) -> Callable[[], bool]:
+            return lambda: self.list_offset(broker, name, partition, LATEST)[0] == 0
+
+        for partition in range(partitions):
+            self._wait(f"{name}-{partition} serving", broker, serving(partition))
+
+    def list_offset(
+        self, broker: Broker, name: str, partition: int, ts: int
+    ) -> tuple[int, int, int]:
+        """(error code, offset, timestamp) of a ListOffsets for one partition."""
+        LP = m.ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition
+        body = m.ListOffsetsRequest(
+            replica_id=-1, isolation_level=0,
+            topics=[m.ListOffsetsRequest.ListOffsetsTopic(name=name, partitions=[
+                LP(partition_index=partition, current_leader_epoch=-1, timestamp=ts)])],
+        )  # fmt: skip
+        (topic,) = broker.request(m.ApiKey.LIST_OFFSETS, LIST_OFFSETS_V, body).topics
+        (part,) = topic.partitions
+        return part.error_code, part.offset, part.timestamp
+
+    def wait_until_gone(self, broker: Broker, name: str) -> None:
+        self._wait(f"deletion of {name}", broker,
+                   lambda: self._metadata(broker, name).error_code != 0)  # fmt: skip
+
+    def resolve_offset(self, broker: Broker, name: str, partition: int, where: str) -> int:
+        """Edge offsets from *Kafka's* high watermark, so both brokers get the same one."""
+        if where == "zero":
+            return 0
+        if where == "negative":
+            return -1
+        hw = self._kafka_hw
+        return {"hw": hw, "hw+1": hw + 1, "beyond": hw + 1000, "middle": hw // 2}[where]
+
+    _kafka_hw = 0
+
+    def _list_latest(self, broker: Broker, op: Fetch) -> int:
+        error, offset, _ = self.list_offset(broker, self.name(op.topic), op.partition, LATEST)
+        return offset if error == 0 else 0
+
+    # -- the comparison ------------------------------------------------------
+
+    def run(self, op: Op) -> Difference | None:
+        """``op`` against Kafka, then trio-broker; a Difference if the answers differ."""
+        self.ops += 1
+        self.current_plan = op.prepare(self)
+        if isinstance(op, Fetch):
+            self._kafka_hw = self._list_latest(self.kafka, op)
+        answers = []
+        for broker in (self.kafka, self.trio):
+            try:
+                answers.append(op.run(self, broker))
+            except ConnectionClosed as exc:
+                broker.reset_connection()
+                answers.append(("connection closed", str(exc)))
+        op.after(self, answers[0])
+        self.last_answers = (answers[0], answers[1])
+        if answers[0] != answers[1]:
+            return Difference(op.kind, repr(op), answers[0], answers[1])
+        return None
