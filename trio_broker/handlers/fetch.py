@@ -84,11 +84,14 @@ def read_partitions(ctx: RequestContext, request: m.FetchRequest) -> tuple[Resp,
                     p.fetch_offset, min(p.partition_max_bytes, max(remaining, 0)),
                     read_up_to, min_one=(total == 0),
                 )  # fmt: skip
-            except OffsetOutOfRange:
-                part.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
-                continue
-            except StorageError as exc:
-                part.error_code = exc.error_code
+            except (OffsetOutOfRange, StorageError) as exc:
+                # As Kafka: a partition that failed reports no offsets (-1), only its error.
+                part.error_code = (
+                    ErrorCode.OFFSET_OUT_OF_RANGE
+                    if isinstance(exc, OffsetOutOfRange)
+                    else exc.error_code
+                )
+                part.high_watermark = part.last_stable_offset = part.log_start_offset = -1
                 continue
             if regions:
                 chunks = RecordsChunks(regions)

@@ -83,6 +83,11 @@ def validate_batch(
     return batch
 
 
+#: Validation errors Kafka answers with the log start offset (its RecordValidationException
+#: path); a corrupt or too large batch gets -1 there, as here.
+_ANSWERED_WITH_LOG_START = (ErrorCode.INVALID_RECORD, ErrorCode.INVALID_TIMESTAMP)
+
+
 @handles(m.ApiKey.PRODUCE, 3, advertised_min=0)
 async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Response:
     services = ctx.services
@@ -128,9 +133,18 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             try:
                 max_bytes = int(configs.get("max.message.bytes", broker_config.message_max_bytes))
                 batch = validate_batch(data.records, ctx.api_version, max_bytes)
-                duplicate = check_producer(services, topic.name, data.index, log, batch)
             except BatchRejected as exc:
                 part.error_code, part.error_message = exc.error_code, str(exc)
+                if exc.error_code in _ANSWERED_WITH_LOG_START:
+                    part.log_start_offset = log.log_start_offset
+                continue
+            try:
+                duplicate = check_producer(services, topic.name, data.index, log, batch)
+            except BatchRejected as exc:
+                # As Kafka: a batch refused by the producer state (sequence, epoch) is
+                # answered with the partition's log start offset.
+                part.error_code, part.error_message = exc.error_code, str(exc)
+                part.log_start_offset = log.log_start_offset
                 continue
             part.log_start_offset = log.log_start_offset
             if duplicate is not None:  # a retried batch: answer with its original offsets
