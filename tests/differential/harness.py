@@ -252,8 +252,8 @@ class IdempotentProduce(Op):
         model = session.producer(self.producer)
         key = session.name(self.topic)
         sent = model.sent.get(key, [])
-        if self.mode == DUPLICATE and sent:
-            return sent[-min(self.back, len(sent))]
+        if self.mode == DUPLICATE:  # nothing sent yet: nothing to repeat
+            return sent[-min(self.back, len(sent))] if sent else None
         if self.mode == LOCAL_BUMP:
             return 1, 0, self.records, session.next_timestamp()
         seq = model.next_sequence.get(key, 0)
@@ -280,8 +280,10 @@ class IdempotentProduce(Op):
 
     def after(self, session: Session, kafka_answer: Normalised) -> None:
         plan = session.current_plan
-        if plan is None or kafka_answer[1] != 0 or self.mode not in (NEXT, LOCAL_BUMP):
-            return  # a duplicate is not a new batch; a gap or stale epoch was refused
+        if plan is None or kafka_answer[1] != 0 or self.mode == DUPLICATE:
+            return  # refused, or a retried batch (not a new one)
+        # Accepted: NEXT, LOCAL_BUMP, or a GAP that was the producer's first batch on the
+        # partition (Kafka takes any sequence from a producer it has no state for there).
         model = session.producer(self.producer)
         key = session.name(self.topic)
         if self.mode == LOCAL_BUMP:

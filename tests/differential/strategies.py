@@ -76,5 +76,27 @@ op = st.one_of(
 )  # fmt: skip
 
 
+#: One producer on one partition: long enough runs for duplicates of the last five batches,
+#: gaps against known state and stale epochs after a local bump to happen often.
+producer_focused = st.one_of(
+    st.builds(
+        IdempotentProduce,
+        producer=st.just(0),
+        topic=st.just("a"),
+        records=records,
+        acks=acks,
+        mode=st.sampled_from(
+            [NEXT, NEXT, NEXT, DUPLICATE, DUPLICATE, GAP, LOCAL_BUMP, STALE_EPOCH]
+        ),
+        back=st.integers(1, 7),
+    ),
+    st.builds(Fetch, st.just("a"), st.just(0), st.sampled_from(["zero", "middle", "hw"])),
+    st.builds(ListOffsets, st.just("a"), st.just(0), st.sampled_from([MAX_TIMESTAMP, 20, 40])),
+)
+
+
 def sequences(max_ops: int) -> st.SearchStrategy[list[Op]]:
-    return st.lists(op, min_size=1, max_size=max_ops).map(lambda ops: [*PROLOGUE, *ops])
+    """The prologue, then a mix of everything or (one in three) a producer-focused run."""
+    mixed = st.lists(op, min_size=1, max_size=max_ops)
+    focused = st.lists(producer_focused, min_size=max_ops // 2, max_size=max_ops)
+    return st.one_of(mixed, mixed, focused).map(lambda ops: [*PROLOGUE, *ops])
