@@ -103,6 +103,9 @@ class BrokerConfig:
     min_insync_replicas: int = 1
     replica_lag_time_max_ms: int = 30_000
     unclean_leader_election_enable: bool = False
+    #: The controller moves leadership back to preferred replicas every interval.
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_check_interval_seconds: int = 300
     capture_dir: Path | None = None  # ours: write every frame to Parquet here (capture.dir)
     #: ours: HOST:PORT of the /metrics and /health responder (metrics.listener); None = off.
     metrics_listener: str | None = None

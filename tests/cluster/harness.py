@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 
 import pytest
 import trio
 
+from trio_broker.cluster.controller import Rebalance
 from trio_broker.cluster.coordination import (
     Coordination,
     MemoryCoordination,
@@ -69,13 +71,16 @@ class Member:
         self.scope = trio.CancelScope()
         self.stopped = trio.Event()
         self.nursery: trio.Nursery | None = None
+        self.rebalance: Rebalance | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             with self.scope:
                 async with self.clients.client() as coord, trio.open_nursery() as nursery:
                     reg = registration(self.broker_id)
-                    await nursery.start(run_membership, coord, reg, self.view)
+                    await nursery.start(
+                        partial(run_membership, coord, reg, self.view, rebalance=self.rebalance)
+                    )
                     task_status.started()
         finally:
             self.stopped.set()
@@ -92,8 +97,12 @@ class Member:
 
 
 @asynccontextmanager
-async def cluster(clients: Clients, *broker_ids: int) -> AsyncIterator[dict[int, Member]]:
+async def cluster(
+    clients: Clients, *broker_ids: int, rebalance: Rebalance | None = None
+) -> AsyncIterator[dict[int, Member]]:
     members = {b: Member(clients, b) for b in broker_ids}
+    for member in members.values():
+        member.rebalance = rebalance
     async with trio.open_nursery() as nursery:
         for m in members.values():  # one after another: the first is the controller
             m.nursery = nursery

@@ -7,7 +7,13 @@ import uuid
 import pytest
 from harness import Clients, cluster, eventually
 
-from trio_broker.cluster.controller import NotController, decide, run_controller
+from trio_broker.cluster.controller import (
+    NotController,
+    Rebalance,
+    decide,
+    imbalanced_moves,
+    run_controller,
+)
 from trio_broker.cluster.coordination import BadVersion, MemoryCoordination, MemoryZooKeeper
 from trio_broker.cluster.zk_layout import (
     CONTROLLER_EPOCH,
@@ -102,3 +108,38 @@ async def test_a_deposed_controller_cannot_write() -> None:
         )
     with pytest.raises(NotController):
         await run_controller(coord, ClusterView(1, controller_id=1, controller_epoch=1))
+
+
+def test_leadership_moves_back_only_past_the_imbalance_percentage() -> None:
+    def partitions(led_elsewhere: int) -> dict[tuple[str, int], PartitionInfo]:
+        return {
+            ("t", p): PartitionInfo((1, 2), 2 if p < led_elsewhere else 1, 3, (1, 2))
+            for p in range(10)
+        }
+
+    assert imbalanced_moves(partitions(1), ALL, 10) == {}  # 10 %: not more than 10 %
+    moves = imbalanced_moves(partitions(2), ALL, 10)
+    assert moves == {("t", 0): LeaderAndIsr(1, 4, (1, 2)), ("t", 1): LeaderAndIsr(1, 4, (1, 2))}
+    assert imbalanced_moves(partitions(2), frozenset({2}), 10) == {}  # broker 1 is down
+
+
+async def test_the_controller_moves_leadership_back_to_the_preferred_replica(
+    clients: Clients,
+) -> None:
+    async with (
+        cluster(clients, 1, 2, 3, rebalance=Rebalance(interval_s=0.3)) as members,
+        clients.client() as admin,
+    ):
+        view = members[3].view
+        await admin.create(topic_path("pref"), topic({0: (2, 3, 1)}))
+        await eventually(lambda: leaders(view, "pref") == {0: (2, 0, (2, 3, 1))}, "2 leads")
+        await members[2].stop()
+        await eventually(lambda: leaders(view, "pref") == {0: (3, 1, (3, 1))}, "3 leads")
+        await members[2].restart()
+        # Broker 2 catches up and its leader adds it to the ISR (what a follower's fetches
+        # would do); the next check moves leadership back to it.
+        path = partition_state_path("pref", 0)
+        node = await admin.get(path)
+        assert node is not None
+        await admin.set(path, PartitionState(3, 1, (3, 1, 2), 1).encode(), node.version)
+        await eventually(lambda: leaders(view, "pref") == {0: (2, 2, (3, 1, 2))}, "2 leads again")

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import trio
 
+from trio_broker.cluster.controller import Rebalance
 from trio_broker.cluster.coordination import NodeExists, ZooKeeperCoordination
 from trio_broker.cluster.membership import run_membership, wall_clock_ms
 from trio_broker.cluster.replica_manager import ReplicaManager
@@ -78,6 +79,9 @@ async def run_cluster_node(
             now_ms=host.now_ms, durability=host.durability, on_hw_moved=host.appends.notify,
             producers=host.producers,
         )  # fmt: skip
+        rebalance = None
+        if config.auto_leader_rebalance_enable:
+            rebalance = Rebalance(interval_s=float(config.leader_imbalance_check_interval_seconds))
         address, port = host.advertised
         registration = BrokerRegistration(
             config.node_id, address, port, config.broker_rack,
@@ -88,7 +92,7 @@ async def run_cluster_node(
             await nursery.start(
                 lambda task_status: run_membership(
                     coord, registration, view,
-                    unclean=config.unclean_leader_election_enable,
+                    unclean=config.unclean_leader_election_enable, rebalance=rebalance,
                     on_change=manager.view_changed, task_status=task_status,
                 )
             )  # fmt: skip

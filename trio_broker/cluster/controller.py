@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+import attrs
 import trio
 
 from trio_broker.cluster.coordination import (
@@ -38,10 +39,11 @@ from trio_broker.replication.controller_rules import (
     after_broker_loss,
     after_broker_return,
     elect_leader,
+    preferred_leader_move,
 )
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 
-__all__ = ["NotController", "decide", "run_controller"]
+__all__ = ["NotController", "Rebalance", "decide", "imbalanced_moves", "run_controller"]
 
 log = logging.getLogger(__name__)
 
@@ -69,36 +71,92 @@ def decide(
     return None if state == LeaderAndIsr(info.leader, info.leader_epoch, info.isr) else state
 
 
-async def run_controller(coord: Coordination, view: ClusterView, *, unclean: bool = False) -> None:
-    """Reconcile until cancelled; raises :class:`NotController` once deposed."""
+@attrs.frozen
+class Rebalance:
+    """Moving leadership back to preferred replicas (auto.leader.rebalance.enable)."""
+
+    #: leader.imbalance.check.interval.seconds: how often the controller looks.
+    interval_s: float = 300.0
+    #: leader.imbalance.per.broker.percentage: a broker's share of the partitions it
+    #: prefers to lead but does not that triggers moving them back.
+    percentage: int = 10
+
+
+def imbalanced_moves(
+    partitions: dict[tuple[str, int], PartitionInfo], live: frozenset[int], percentage: int
+) -> dict[tuple[str, int], LeaderAndIsr]:
+    """Kafka's rule: per preferred broker, if more than ``percentage`` % of the partitions
+    it should lead are led by others, move back those where it is alive and in sync."""
+    by_preferred: dict[int, list[tuple[str, int]]] = {}
+    for key, info in partitions.items():
+        if info.replicas:
+            by_preferred.setdefault(info.replicas[0], []).append(key)
+    moves: dict[tuple[str, int], LeaderAndIsr] = {}
+    for keys in by_preferred.values():
+        elsewhere = [k for k in keys if partitions[k].leader != partitions[k].replicas[0]]
+        if len(elsewhere) * 100 <= percentage * len(keys):
+            continue
+        for key in elsewhere:
+            info = partitions[key]
+            state = LeaderAndIsr(info.leader, info.leader_epoch, info.isr)
+            moved = preferred_leader_move(state, info.replicas, live)
+            if moved is not None:
+                moves[key] = moved
+    return moves
+
+
+async def run_controller(
+    coord: Coordination,
+    view: ClusterView,
+    *,
+    unclean: bool = False,
+    rebalance: Rebalance | None = None,
+) -> None:
+    """Reconcile until cancelled; raises :class:`NotController` once deposed.
+
+    With ``rebalance``, every ``interval_s`` leadership also moves back to preferred
+    replicas where a broker's imbalance exceeds the percentage.
+    """
     epoch_node = await coord.get(CONTROLLER_EPOCH)
     if epoch_node is None or decode_controller_epoch(epoch_node.data) != view.controller_epoch:
         raise NotController("the controller epoch moved on before the first write")
     fence = (CONTROLLER_EPOCH, epoch_node.version)
+    next_rebalance = trio.current_time() + (rebalance.interval_s if rebalance else 0)
     while True:
         lost = coord.session_lost()
         try:
             brokers, brokers_changed = await coord.children_and_watch(BROKER_IDS)
             live = frozenset(int(b) for b in brokers if b.isdigit())
             topics, versions, watches = await read_topics(coord)
+            targets: dict[tuple[str, int], LeaderAndIsr] = {}
             for topic in topics.values():
                 for partition, info in topic.partitions.items():
                     target = decide(info, live, unclean=unclean)
-                    if target is None:
-                        continue
-                    state = PartitionState.of(target, view.controller_epoch)
-                    path = partition_state_path(topic.name, partition)
-                    version = versions[(topic.name, partition)]
-                    await _write(coord, path, state, version, fence)
-                    log.info("%s: leader %d epoch %d ISR %s", path, target.leader,
-                             target.leader_epoch, list(target.isr))  # fmt: skip
+                    if target is not None:
+                        targets[(topic.name, partition)] = target
+            if rebalance is not None and trio.current_time() >= next_rebalance:
+                next_rebalance = trio.current_time() + rebalance.interval_s
+                settled = {
+                    (t.name, p): info
+                    for t in topics.values()
+                    for p, info in t.partitions.items()
+                    if (t.name, p) not in targets and info.leader_epoch >= 0
+                }
+                targets.update(imbalanced_moves(settled, live, rebalance.percentage))
+            for (name, partition), target in targets.items():
+                state = PartitionState.of(target, view.controller_epoch)
+                path = partition_state_path(name, partition)
+                await _write(coord, path, state, versions[(name, partition)], fence)
+                log.info("%s: leader %d epoch %d ISR %s", path, target.leader,
+                         target.leader_epoch, list(target.isr))  # fmt: skip
         except NotController:
             raise
         except CoordinationError as exc:
             log.warning("controller: %s", exc)
             await trio.sleep(RETRY_S)
             continue
-        await wait_any(lost, brokers_changed, *watches)
+        with trio.move_on_at(next_rebalance if rebalance is not None else float("inf")):
+            await wait_any(lost, brokers_changed, *watches)
 
 
 async def _write(

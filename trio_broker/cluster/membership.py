@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import trio
 
-from trio_broker.cluster.controller import NotController, run_controller
+from trio_broker.cluster.controller import NotController, Rebalance, run_controller
 from trio_broker.cluster.coordination import (
     BadVersion,
     Coordination,
@@ -61,6 +61,7 @@ async def run_membership(
     *,
     now_ms: Callable[[], int] = wall_clock_ms,
     unclean: bool = False,
+    rebalance: Rebalance | None = None,
     on_change: Callable[[], None] = lambda: None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -73,7 +74,7 @@ async def run_membership(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stay_registered, coord, registration)
         nursery.start_soon(_follow_brokers, coord, view, on_change)
-        nursery.start_soon(_elect_controller, coord, view, now_ms, unclean)
+        nursery.start_soon(_elect_controller, coord, view, now_ms, unclean, rebalance)
         nursery.start_soon(follow_topics, coord, view, on_change)
         task_status.started()
 
@@ -138,7 +139,11 @@ async def _follow_brokers(
 
 
 async def _elect_controller(
-    coord: Coordination, view: ClusterView, now_ms: Callable[[], int], unclean: bool
+    coord: Coordination,
+    view: ClusterView,
+    now_ms: Callable[[], int],
+    unclean: bool,
+    rebalance: Rebalance | None,
 ) -> None:
     me = view.broker_id
     while True:
@@ -171,7 +176,9 @@ async def _elect_controller(
         if view.controller_id == me:
             # The controller's duties last until its claim or the epoch changes hands.
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_controller_duties, coord, view, unclean, nursery.cancel_scope)
+                nursery.start_soon(
+                    _controller_duties, coord, view, unclean, rebalance, nursery.cancel_scope
+                )
                 await wait_any(changed, epoch_changed, lost)
                 nursery.cancel_scope.cancel()
         else:
@@ -181,10 +188,14 @@ async def _elect_controller(
 
 
 async def _controller_duties(
-    coord: Coordination, view: ClusterView, unclean: bool, done: trio.CancelScope
+    coord: Coordination,
+    view: ClusterView,
+    unclean: bool,
+    rebalance: Rebalance | None,
+    done: trio.CancelScope,
 ) -> None:
     try:
-        await run_controller(coord, view, unclean=unclean)
+        await run_controller(coord, view, unclean=unclean, rebalance=rebalance)
     except NotController as exc:
         log.warning("broker %d: %s", view.broker_id, exc)
     done.cancel()
