@@ -10,12 +10,14 @@ Run ``.venv/bin/python tools/api_table.py`` to print the table, or with
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # doc_block, beside this file
+
+import doc_block  # noqa: E402
 
 from trio_broker.protocol.schema import REQUESTS, RESPONSES  # noqa: E402
 
@@ -48,21 +50,11 @@ def block() -> str:
 
 def extract(text: str) -> str:
     """The generated block as it currently stands in a document."""
-    start = text.index(BEGIN)
-    end = text.index(END, start) + len(END)
-    return text[start:end]
+    return doc_block.extract(text, BEGIN, END)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true", help=f"update {DOC.relative_to(ROOT)}")
-    args = parser.parse_args()
-    if not args.write:
-        print(api_table())
-        return
-    text = DOC.read_text()
-    DOC.write_text(text.replace(extract(text), block()))
-    print(f"updated {DOC}", file=sys.stderr)
+    doc_block.main(__doc__.split("\n\n")[0], DOC, BEGIN, END, block, api_table)
 
 
 if __name__ == "__main__":
