@@ -44,6 +44,36 @@ STOP_TIMEOUT_S = 15.0
 SOCKET_TIMEOUT_S = 10.0
 
 BROKER_EXE = Path(sys.executable).with_name("trio-broker")
+
+
+def add_scram_user(
+    data_dir: Path,
+    user: str,
+    password: str,
+    mechanisms: tuple[str, ...] = ("SCRAM-SHA-256", "SCRAM-SHA-512"),
+) -> None:
+    """``trio-broker users add`` for each mechanism, before the broker starts."""
+    for mechanism in mechanisms:
+        subprocess.run(
+            [
+                str(BROKER_EXE),
+                "users",
+                "add",
+                "--data-dir",
+                str(data_dir),
+                "--user",
+                user,
+                "--password",
+                password,
+                "--mechanism",
+                mechanism,
+            ],
+            check=True,
+            timeout=60,
+            capture_output=True,
+        )
+
+
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
 DEFAULT_PARAMS = ("pipelined", "file")
 LOG_TAIL_LINES = 60

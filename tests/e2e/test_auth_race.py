@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import socket
 import struct
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import BROKER_EXE, SOCKET_TIMEOUT_S
+from tests.e2e.conftest import SOCKET_TIMEOUT_S, add_scram_user
 from tests.e2e.test_security import SecureBroker
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -38,11 +37,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
     base = tmp_path_factory.mktemp("auth-race")
     data_dir = base / "data"
     for user, password in PASSWORDS.items():
-        subprocess.run(
-            [str(BROKER_EXE), "users", "add", "--data-dir", str(data_dir), "--user", user,
-             "--password", password, "--mechanism", "SCRAM-SHA-512"],
-            check=True, timeout=30, capture_output=True,
-        )  # fmt: skip
+        add_scram_user(data_dir, user, password, ("SCRAM-SHA-512",))
     config = base / "broker.toml"
     config.write_text("""
 listeners = "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0"

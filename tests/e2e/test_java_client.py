@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives import serialization
 from kafka import KafkaConsumer
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 
-from tests.e2e.conftest import BROKER_EXE
+from tests.e2e.conftest import BROKER_EXE, add_scram_user
 from tests.e2e.test_security import SecureBroker
 
 JVM_MODULE = Path(__file__).resolve().parents[1] / "jvm"
@@ -95,12 +95,7 @@ def java_broker(
 ) -> Iterator[SecureBroker]:
     base = tmp_path_factory.mktemp("java")
     data_dir = base / "data"
-    for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
-        subprocess.run(
-            [str(BROKER_EXE), "users", "add", "--data-dir", str(data_dir), "--user", USER,
-             "--password", PASSWORD, "--mechanism", mech],
-            check=True, timeout=WAIT_S, capture_output=True,
-        )  # fmt: skip
+    add_scram_user(data_dir, USER, PASSWORD)
     config = base / "broker.toml"
     config.write_text(f'''
 listeners = "{",".join(f"{name}://127.0.0.1:0" for name in LISTENERS)}"

@@ -35,7 +35,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError as KafkaPythonError
 
-from tests.e2e.conftest import BROKER_EXE, BrokerProcess
+from tests.e2e.conftest import BrokerProcess, add_scram_user
 from trio_broker.security.acl import AclBinding, Operation, PatternType, Permission, ResourceType
 from trio_broker.security.acl_store import AclStore
 
@@ -85,12 +85,7 @@ def secure_broker(
 ) -> Iterator[SecureBroker]:
     base = tmp_path_factory.mktemp("secure")
     data_dir = base / "data"
-    for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
-        subprocess.run(
-            [str(BROKER_EXE), "users", "add", "--data-dir", str(data_dir), "--user", USER,
-             "--password", PASSWORD, "--mechanism", mech],
-            check=True, timeout=TIMEOUT_S, capture_output=True,
-        )  # fmt: skip
+    add_scram_user(data_dir, USER, PASSWORD)
     AclStore(data_dir).add(
         AclBinding(ResourceType.TOPIC, PROTECTED_TOPIC, PatternType.LITERAL, CERT_PRINCIPAL, "*",
                    op, Permission.ALLOW)
