@@ -212,5 +212,8 @@ def test_follower_log_survives_power_cuts_during_truncations(tmp_path: Path) -> 
               f" {in_flight} cuts inside one")  # fmt: skip
         assert not problems, "\n".join(problems)
     assert cut >= 5, "too few cuts in the time budget"
-    assert changed >= 3, "the cuts threw nothing away"
+    # About 60% of kills find un-synced batches (24 of 40 measured), so 12 cuts give
+    # at least 2 that changed something in all but ~3 of 10,000 runs; fewer means the
+    # driver stopped leaving work for the cut (at 80% flushes, 1 of 12 happened in CI).
+    assert changed >= 2, "the cuts threw nothing away"
     assert truncations >= 10, "the driver hardly truncated"
