@@ -57,6 +57,16 @@ APIS = [
     "AlterClientQuotas",
     "DescribeUserScramCredentials",
     "AlterUserScramCredentials",
+    "AddPartitionsToTxn",
+    "AddOffsetsToTxn",
+    "EndTxn",
+    "WriteTxnMarkers",
+    "TxnOffsetCommit",
+    "DescribeTransactions",
+    "ListTransactions",
+    "ElectLeaders",
+    "AlterPartitionReassignments",
+    "ListPartitionReassignments",
 ]
 
 UNBOUNDED = 32767

@@ -19,6 +19,158 @@ if TYPE_CHECKING:
     from trio_broker.protocol.codec import RecordBytes, Records
     from trio_broker.protocol.schema import Message
 
+    class AddOffsetsToTxnRequest(Message):
+        transactional_id: str
+        producer_id: int
+        producer_epoch: int
+        group_id: str
+
+        def __init__(
+            self,
+            *,
+            transactional_id: str = ...,
+            producer_id: int = ...,
+            producer_epoch: int = ...,
+            group_id: str = ...,
+        ) -> None: ...
+
+    class AddOffsetsToTxnResponse(Message):
+        throttle_time_ms: int
+        error_code: int
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+        ) -> None: ...
+
+    class AddPartitionsToTxnRequest(Message):
+        class AddPartitionsToTxnTransaction(Message):
+            class AddPartitionsToTxnTopic(Message):
+                name: str
+                partitions: list[int]
+
+                def __init__(
+                    self,
+                    *,
+                    name: str = ...,
+                    partitions: list[int] = ...,
+                ) -> None: ...
+
+            transactional_id: str
+            producer_id: int
+            producer_epoch: int
+            verify_only: bool
+            topics: list[AddPartitionsToTxnTopic]
+
+            def __init__(
+                self,
+                *,
+                transactional_id: str = ...,
+                producer_id: int = ...,
+                producer_epoch: int = ...,
+                verify_only: bool = ...,
+                topics: list[AddPartitionsToTxnTopic] = ...,
+            ) -> None: ...
+
+        class AddPartitionsToTxnTopic(Message):
+            name: str
+            partitions: list[int]
+
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[int] = ...,
+            ) -> None: ...
+
+        transactions: list[AddPartitionsToTxnTransaction]
+        v3_and_below_transactional_id: str
+        v3_and_below_producer_id: int
+        v3_and_below_producer_epoch: int
+        v3_and_below_topics: list[AddPartitionsToTxnTopic]
+
+        def __init__(
+            self,
+            *,
+            transactions: list[AddPartitionsToTxnTransaction] = ...,
+            v3_and_below_transactional_id: str = ...,
+            v3_and_below_producer_id: int = ...,
+            v3_and_below_producer_epoch: int = ...,
+            v3_and_below_topics: list[AddPartitionsToTxnTopic] = ...,
+        ) -> None: ...
+
+    class AddPartitionsToTxnResponse(Message):
+        class AddPartitionsToTxnResult(Message):
+            class AddPartitionsToTxnTopicResult(Message):
+                class AddPartitionsToTxnPartitionResult(Message):
+                    partition_index: int
+                    partition_error_code: int
+
+                    def __init__(
+                        self,
+                        *,
+                        partition_index: int = ...,
+                        partition_error_code: int = ...,
+                    ) -> None: ...
+
+                name: str
+                results_by_partition: list[AddPartitionsToTxnPartitionResult]
+
+                def __init__(
+                    self,
+                    *,
+                    name: str = ...,
+                    results_by_partition: list[AddPartitionsToTxnPartitionResult] = ...,
+                ) -> None: ...
+
+            transactional_id: str
+            topic_results: list[AddPartitionsToTxnTopicResult]
+
+            def __init__(
+                self,
+                *,
+                transactional_id: str = ...,
+                topic_results: list[AddPartitionsToTxnTopicResult] = ...,
+            ) -> None: ...
+
+        class AddPartitionsToTxnTopicResult(Message):
+            class AddPartitionsToTxnPartitionResult(Message):
+                partition_index: int
+                partition_error_code: int
+
+                def __init__(
+                    self,
+                    *,
+                    partition_index: int = ...,
+                    partition_error_code: int = ...,
+                ) -> None: ...
+
+            name: str
+            results_by_partition: list[AddPartitionsToTxnPartitionResult]
+
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                results_by_partition: list[AddPartitionsToTxnPartitionResult] = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        error_code: int
+        results_by_transaction: list[AddPartitionsToTxnResult]
+        results_by_topic_v3_and_below: list[AddPartitionsToTxnTopicResult]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            results_by_transaction: list[AddPartitionsToTxnResult] = ...,
+            results_by_topic_v3_and_below: list[AddPartitionsToTxnTopicResult] = ...,
+        ) -> None: ...
+
     class AlterClientQuotasRequest(Message):
         class EntryData(Message):
             class EntityData(Message):
@@ -159,6 +311,82 @@ if TYPE_CHECKING:
             *,
             throttle_time_ms: int = ...,
             responses: list[AlterConfigsResourceResponse] = ...,
+        ) -> None: ...
+
+    class AlterPartitionReassignmentsRequest(Message):
+        class ReassignableTopic(Message):
+            class ReassignablePartition(Message):
+                partition_index: int
+                replicas: list[int] | None
+
+                def __init__(
+                    self,
+                    *,
+                    partition_index: int = ...,
+                    replicas: list[int] | None = ...,
+                ) -> None: ...
+
+            name: str
+            partitions: list[ReassignablePartition]
+
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[ReassignablePartition] = ...,
+            ) -> None: ...
+
+        timeout_ms: int
+        allow_replication_factor_change: bool
+        topics: list[ReassignableTopic]
+
+        def __init__(
+            self,
+            *,
+            timeout_ms: int = ...,
+            allow_replication_factor_change: bool = ...,
+            topics: list[ReassignableTopic] = ...,
+        ) -> None: ...
+
+    class AlterPartitionReassignmentsResponse(Message):
+        class ReassignableTopicResponse(Message):
+            class ReassignablePartitionResponse(Message):
+                partition_index: int
+                error_code: int
+                error_message: str | None
+
+                def __init__(
+                    self,
+                    *,
+                    partition_index: int = ...,
+                    error_code: int = ...,
+                    error_message: str | None = ...,
+                ) -> None: ...
+
+            name: str
+            partitions: list[ReassignablePartitionResponse]
+
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[ReassignablePartitionResponse] = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        allow_replication_factor_change: bool
+        error_code: int
+        error_message: str | None
+        responses: list[ReassignableTopicResponse]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            allow_replication_factor_change: bool = ...,
+            error_code: int = ...,
+            error_message: str | None = ...,
+            responses: list[ReassignableTopicResponse] = ...,
         ) -> None: ...
 
     class AlterUserScramCredentialsRequest(Message):
@@ -1238,6 +1466,60 @@ if TYPE_CHECKING:
             topics: list[TopicResponse] = ...,
         ) -> None: ...
 
+    class DescribeTransactionsRequest(Message):
+        transactional_ids: list[str]
+
+        def __init__(
+            self,
+            *,
+            transactional_ids: list[str] = ...,
+        ) -> None: ...
+
+    class DescribeTransactionsResponse(Message):
+        class TransactionState(Message):
+            class TopicData(Message):
+                topic: str
+                partitions: list[int]
+
+                def __init__(
+                    self,
+                    *,
+                    topic: str = ...,
+                    partitions: list[int] = ...,
+                ) -> None: ...
+
+            error_code: int
+            transactional_id: str
+            transaction_state: str
+            transaction_timeout_ms: int
+            transaction_start_time_ms: int
+            producer_id: int
+            producer_epoch: int
+            topics: list[TopicData]
+
+            def __init__(
+                self,
+                *,
+                error_code: int = ...,
+                transactional_id: str = ...,
+                transaction_state: str = ...,
+                transaction_timeout_ms: int = ...,
+                transaction_start_time_ms: int = ...,
+                producer_id: int = ...,
+                producer_epoch: int = ...,
+                topics: list[TopicData] = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        transaction_states: list[TransactionState]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            transaction_states: list[TransactionState] = ...,
+        ) -> None: ...
+
     class DescribeUserScramCredentialsRequest(Message):
         class UserName(Message):
             name: str
@@ -1295,6 +1577,97 @@ if TYPE_CHECKING:
             error_code: int = ...,
             error_message: str | None = ...,
             results: list[DescribeUserScramCredentialsResult] = ...,
+        ) -> None: ...
+
+    class ElectLeadersRequest(Message):
+        class TopicPartitions(Message):
+            topic: str
+            partitions: list[int]
+
+            def __init__(
+                self,
+                *,
+                topic: str = ...,
+                partitions: list[int] = ...,
+            ) -> None: ...
+
+        election_type: int
+        topic_partitions: list[TopicPartitions] | None
+        timeout_ms: int
+
+        def __init__(
+            self,
+            *,
+            election_type: int = ...,
+            topic_partitions: list[TopicPartitions] | None = ...,
+            timeout_ms: int = ...,
+        ) -> None: ...
+
+    class ElectLeadersResponse(Message):
+        class ReplicaElectionResult(Message):
+            class PartitionResult(Message):
+                partition_id: int
+                error_code: int
+                error_message: str | None
+
+                def __init__(
+                    self,
+                    *,
+                    partition_id: int = ...,
+                    error_code: int = ...,
+                    error_message: str | None = ...,
+                ) -> None: ...
+
+            topic: str
+            partition_result: list[PartitionResult]
+
+            def __init__(
+                self,
+                *,
+                topic: str = ...,
+                partition_result: list[PartitionResult] = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        error_code: int
+        replica_election_results: list[ReplicaElectionResult]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            replica_election_results: list[ReplicaElectionResult] = ...,
+        ) -> None: ...
+
+    class EndTxnRequest(Message):
+        transactional_id: str
+        producer_id: int
+        producer_epoch: int
+        committed: bool
+
+        def __init__(
+            self,
+            *,
+            transactional_id: str = ...,
+            producer_id: int = ...,
+            producer_epoch: int = ...,
+            committed: bool = ...,
+        ) -> None: ...
+
+    class EndTxnResponse(Message):
+        throttle_time_ms: int
+        error_code: int
+        producer_id: int
+        producer_epoch: int
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            producer_id: int = ...,
+            producer_epoch: int = ...,
         ) -> None: ...
 
     class FetchRequest(Message):
@@ -1929,6 +2302,112 @@ if TYPE_CHECKING:
             *,
             throttle_time_ms: int = ...,
             topics: list[ListOffsetsTopicResponse] = ...,
+        ) -> None: ...
+
+    class ListPartitionReassignmentsRequest(Message):
+        class ListPartitionReassignmentsTopics(Message):
+            name: str
+            partition_indexes: list[int]
+
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partition_indexes: list[int] = ...,
+            ) -> None: ...
+
+        timeout_ms: int
+        topics: list[ListPartitionReassignmentsTopics] | None
+
+        def __init__(
+            self,
+            *,
+            timeout_ms: int = ...,
+            topics: list[ListPartitionReassignmentsTopics] | None = ...,
+        ) -> None: ...
+
+    class ListPartitionReassignmentsResponse(Message):
+        class OngoingTopicReassignment(Message):
+            class OngoingPartitionReassignment(Message):
+                partition_index: int
+                replicas: list[int]
+                adding_replicas: list[int]
+                removing_replicas: list[int]
+
+                def __init__(
+                    self,
+                    *,
+                    partition_index: int = ...,
+                    replicas: list[int] = ...,
+                    adding_replicas: list[int] = ...,
+                    removing_replicas: list[int] = ...,
+                ) -> None: ...
+
+            name: str
+            partitions: list[OngoingPartitionReassignment]
+
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[OngoingPartitionReassignment] = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        error_code: int
+        error_message: str | None
+        topics: list[OngoingTopicReassignment]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            error_message: str | None = ...,
+            topics: list[OngoingTopicReassignment] = ...,
+        ) -> None: ...
+
+    class ListTransactionsRequest(Message):
+        state_filters: list[str]
+        producer_id_filters: list[int]
+        duration_filter: int
+        transactional_id_pattern: str | None
+
+        def __init__(
+            self,
+            *,
+            state_filters: list[str] = ...,
+            producer_id_filters: list[int] = ...,
+            duration_filter: int = ...,
+            transactional_id_pattern: str | None = ...,
+        ) -> None: ...
+
+    class ListTransactionsResponse(Message):
+        class TransactionState(Message):
+            transactional_id: str
+            producer_id: int
+            transaction_state: str
+
+            def __init__(
+                self,
+                *,
+                transactional_id: str = ...,
+                producer_id: int = ...,
+                transaction_state: str = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        error_code: int
+        unknown_state_filters: list[str]
+        transaction_states: list[TransactionState]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            unknown_state_filters: list[str] = ...,
+            transaction_states: list[TransactionState] = ...,
         ) -> None: ...
 
     class MetadataRequest(Message):
@@ -2613,11 +3092,180 @@ if TYPE_CHECKING:
             assignment: bytes = ...,
         ) -> None: ...
 
+    class TxnOffsetCommitRequest(Message):
+        class TxnOffsetCommitRequestTopic(Message):
+            class TxnOffsetCommitRequestPartition(Message):
+                partition_index: int
+                committed_offset: int
+                committed_leader_epoch: int
+                committed_metadata: str | None
+
+                def __init__(
+                    self,
+                    *,
+                    partition_index: int = ...,
+                    committed_offset: int = ...,
+                    committed_leader_epoch: int = ...,
+                    committed_metadata: str | None = ...,
+                ) -> None: ...
+
+            name: str
+            partitions: list[TxnOffsetCommitRequestPartition]
+
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[TxnOffsetCommitRequestPartition] = ...,
+            ) -> None: ...
+
+        transactional_id: str
+        group_id: str
+        producer_id: int
+        producer_epoch: int
+        generation_id: int
+        member_id: str
+        group_instance_id: str | None
+        topics: list[TxnOffsetCommitRequestTopic]
+
+        def __init__(
+            self,
+            *,
+            transactional_id: str = ...,
+            group_id: str = ...,
+            producer_id: int = ...,
+            producer_epoch: int = ...,
+            generation_id: int = ...,
+            member_id: str = ...,
+            group_instance_id: str | None = ...,
+            topics: list[TxnOffsetCommitRequestTopic] = ...,
+        ) -> None: ...
+
+    class TxnOffsetCommitResponse(Message):
+        class TxnOffsetCommitResponseTopic(Message):
+            class TxnOffsetCommitResponsePartition(Message):
+                partition_index: int
+                error_code: int
+
+                def __init__(
+                    self,
+                    *,
+                    partition_index: int = ...,
+                    error_code: int = ...,
+                ) -> None: ...
+
+            name: str
+            partitions: list[TxnOffsetCommitResponsePartition]
+
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[TxnOffsetCommitResponsePartition] = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        topics: list[TxnOffsetCommitResponseTopic]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            topics: list[TxnOffsetCommitResponseTopic] = ...,
+        ) -> None: ...
+
+    class WriteTxnMarkersRequest(Message):
+        class WritableTxnMarker(Message):
+            class WritableTxnMarkerTopic(Message):
+                name: str
+                partition_indexes: list[int]
+
+                def __init__(
+                    self,
+                    *,
+                    name: str = ...,
+                    partition_indexes: list[int] = ...,
+                ) -> None: ...
+
+            producer_id: int
+            producer_epoch: int
+            transaction_result: bool
+            topics: list[WritableTxnMarkerTopic]
+            coordinator_epoch: int
+            transaction_version: int
+
+            def __init__(
+                self,
+                *,
+                producer_id: int = ...,
+                producer_epoch: int = ...,
+                transaction_result: bool = ...,
+                topics: list[WritableTxnMarkerTopic] = ...,
+                coordinator_epoch: int = ...,
+                transaction_version: int = ...,
+            ) -> None: ...
+
+        markers: list[WritableTxnMarker]
+
+        def __init__(
+            self,
+            *,
+            markers: list[WritableTxnMarker] = ...,
+        ) -> None: ...
+
+    class WriteTxnMarkersResponse(Message):
+        class WritableTxnMarkerResult(Message):
+            class WritableTxnMarkerTopicResult(Message):
+                class WritableTxnMarkerPartitionResult(Message):
+                    partition_index: int
+                    error_code: int
+
+                    def __init__(
+                        self,
+                        *,
+                        partition_index: int = ...,
+                        error_code: int = ...,
+                    ) -> None: ...
+
+                name: str
+                partitions: list[WritableTxnMarkerPartitionResult]
+
+                def __init__(
+                    self,
+                    *,
+                    name: str = ...,
+                    partitions: list[WritableTxnMarkerPartitionResult] = ...,
+                ) -> None: ...
+
+            producer_id: int
+            topics: list[WritableTxnMarkerTopicResult]
+
+            def __init__(
+                self,
+                *,
+                producer_id: int = ...,
+                topics: list[WritableTxnMarkerTopicResult] = ...,
+            ) -> None: ...
+
+        markers: list[WritableTxnMarkerResult]
+
+        def __init__(
+            self,
+            *,
+            markers: list[WritableTxnMarkerResult] = ...,
+        ) -> None: ...
+
 else:
+    AddOffsetsToTxnRequest = SCHEMAS["AddOffsetsToTxnRequest"].cls
+    AddOffsetsToTxnResponse = SCHEMAS["AddOffsetsToTxnResponse"].cls
+    AddPartitionsToTxnRequest = SCHEMAS["AddPartitionsToTxnRequest"].cls
+    AddPartitionsToTxnResponse = SCHEMAS["AddPartitionsToTxnResponse"].cls
     AlterClientQuotasRequest = SCHEMAS["AlterClientQuotasRequest"].cls
     AlterClientQuotasResponse = SCHEMAS["AlterClientQuotasResponse"].cls
     AlterConfigsRequest = SCHEMAS["AlterConfigsRequest"].cls
     AlterConfigsResponse = SCHEMAS["AlterConfigsResponse"].cls
+    AlterPartitionReassignmentsRequest = SCHEMAS["AlterPartitionReassignmentsRequest"].cls
+    AlterPartitionReassignmentsResponse = SCHEMAS["AlterPartitionReassignmentsResponse"].cls
     AlterUserScramCredentialsRequest = SCHEMAS["AlterUserScramCredentialsRequest"].cls
     AlterUserScramCredentialsResponse = SCHEMAS["AlterUserScramCredentialsResponse"].cls
     ApiVersionsRequest = SCHEMAS["ApiVersionsRequest"].cls
@@ -2650,8 +3298,14 @@ else:
     DescribeLogDirsResponse = SCHEMAS["DescribeLogDirsResponse"].cls
     DescribeProducersRequest = SCHEMAS["DescribeProducersRequest"].cls
     DescribeProducersResponse = SCHEMAS["DescribeProducersResponse"].cls
+    DescribeTransactionsRequest = SCHEMAS["DescribeTransactionsRequest"].cls
+    DescribeTransactionsResponse = SCHEMAS["DescribeTransactionsResponse"].cls
     DescribeUserScramCredentialsRequest = SCHEMAS["DescribeUserScramCredentialsRequest"].cls
     DescribeUserScramCredentialsResponse = SCHEMAS["DescribeUserScramCredentialsResponse"].cls
+    ElectLeadersRequest = SCHEMAS["ElectLeadersRequest"].cls
+    ElectLeadersResponse = SCHEMAS["ElectLeadersResponse"].cls
+    EndTxnRequest = SCHEMAS["EndTxnRequest"].cls
+    EndTxnResponse = SCHEMAS["EndTxnResponse"].cls
     FetchRequest = SCHEMAS["FetchRequest"].cls
     FetchResponse = SCHEMAS["FetchResponse"].cls
     FindCoordinatorRequest = SCHEMAS["FindCoordinatorRequest"].cls
@@ -2670,6 +3324,10 @@ else:
     ListGroupsResponse = SCHEMAS["ListGroupsResponse"].cls
     ListOffsetsRequest = SCHEMAS["ListOffsetsRequest"].cls
     ListOffsetsResponse = SCHEMAS["ListOffsetsResponse"].cls
+    ListPartitionReassignmentsRequest = SCHEMAS["ListPartitionReassignmentsRequest"].cls
+    ListPartitionReassignmentsResponse = SCHEMAS["ListPartitionReassignmentsResponse"].cls
+    ListTransactionsRequest = SCHEMAS["ListTransactionsRequest"].cls
+    ListTransactionsResponse = SCHEMAS["ListTransactionsResponse"].cls
     MetadataRequest = SCHEMAS["MetadataRequest"].cls
     MetadataResponse = SCHEMAS["MetadataResponse"].cls
     OffsetCommitRequest = SCHEMAS["OffsetCommitRequest"].cls
@@ -2688,12 +3346,22 @@ else:
     SaslHandshakeResponse = SCHEMAS["SaslHandshakeResponse"].cls
     SyncGroupRequest = SCHEMAS["SyncGroupRequest"].cls
     SyncGroupResponse = SCHEMAS["SyncGroupResponse"].cls
+    TxnOffsetCommitRequest = SCHEMAS["TxnOffsetCommitRequest"].cls
+    TxnOffsetCommitResponse = SCHEMAS["TxnOffsetCommitResponse"].cls
+    WriteTxnMarkersRequest = SCHEMAS["WriteTxnMarkersRequest"].cls
+    WriteTxnMarkersResponse = SCHEMAS["WriteTxnMarkersResponse"].cls
 
 __all__ = [
+    "AddOffsetsToTxnRequest",
+    "AddOffsetsToTxnResponse",
+    "AddPartitionsToTxnRequest",
+    "AddPartitionsToTxnResponse",
     "AlterClientQuotasRequest",
     "AlterClientQuotasResponse",
     "AlterConfigsRequest",
     "AlterConfigsResponse",
+    "AlterPartitionReassignmentsRequest",
+    "AlterPartitionReassignmentsResponse",
     "AlterUserScramCredentialsRequest",
     "AlterUserScramCredentialsResponse",
     "ApiVersionsRequest",
@@ -2726,8 +3394,14 @@ __all__ = [
     "DescribeLogDirsResponse",
     "DescribeProducersRequest",
     "DescribeProducersResponse",
+    "DescribeTransactionsRequest",
+    "DescribeTransactionsResponse",
     "DescribeUserScramCredentialsRequest",
     "DescribeUserScramCredentialsResponse",
+    "ElectLeadersRequest",
+    "ElectLeadersResponse",
+    "EndTxnRequest",
+    "EndTxnResponse",
     "FetchRequest",
     "FetchResponse",
     "FindCoordinatorRequest",
@@ -2746,6 +3420,10 @@ __all__ = [
     "ListGroupsResponse",
     "ListOffsetsRequest",
     "ListOffsetsResponse",
+    "ListPartitionReassignmentsRequest",
+    "ListPartitionReassignmentsResponse",
+    "ListTransactionsRequest",
+    "ListTransactionsResponse",
     "MetadataRequest",
     "MetadataResponse",
     "OffsetCommitRequest",
@@ -2764,4 +3442,8 @@ __all__ = [
     "SaslHandshakeResponse",
     "SyncGroupRequest",
     "SyncGroupResponse",
+    "TxnOffsetCommitRequest",
+    "TxnOffsetCommitResponse",
+    "WriteTxnMarkersRequest",
+    "WriteTxnMarkersResponse",
 ]
