@@ -75,6 +75,7 @@ class Services:
     stats: BrokerStats = attrs.Factory(BrokerStats)
     shutting_down: bool = False
     replication: Any = None  # alone: no cluster
+    transactions: Any = None  # no transaction coordinator
 
     def now_ms(self) -> int:
         return int(trio.current_time() * 1000)

@@ -103,6 +103,24 @@ class Replication(Protocol):
         ...
 
 
+class Transactions(Protocol):
+    """The transaction coordinator, as the partition side asks it (trio_broker/transactions).
+
+    ``Services.transactions`` is None on a broker without one.
+    """
+
+    def partition_in_transaction(
+        self, producer_id: int, producer_epoch: int, topic: str, partition: int
+    ) -> int:
+        """The ErrorCode for a transactional batch of this producer to this partition.
+
+        NONE when the producer's ongoing transaction has the partition added
+        (AddPartitionsToTxn, KIP-890's verification); INVALID_PRODUCER_EPOCH when the
+        epoch is fenced; INVALID_TXN_STATE otherwise.
+        """
+        ...
+
+
 class Services(Protocol):
     """Everything a handler may use; the Broker owns each as a plain field."""
 
@@ -130,6 +148,8 @@ class Services(Protocol):
     def stats(self) -> BrokerStats: ...
     @property
     def replication(self) -> Replication | None: ...
+    @property
+    def transactions(self) -> Transactions | None: ...
     @property
     def shutting_down(self) -> bool: ...
     def now_ms(self) -> int:

@@ -12,6 +12,7 @@ Anything decoded from peer bytes raises only the :class:`ProtocolError` family.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Iterator, Sequence
 
@@ -50,14 +51,19 @@ from trio_broker.protocol.errors import (
 )
 
 __all__ = [
+    "CONTROL_ABORT",
+    "CONTROL_COMMIT",
     "CREATE_TIME",
     "LOG_APPEND_TIME",
+    "ControlMarker",
     "Header",
     "Record",
     "RecordBatchView",
     "build_batch",
+    "build_control_batch",
     "iter_batches",
     "parse_header",
+    "read_control_marker",
     "split_batches",
 ]
 
@@ -700,3 +706,62 @@ def build_batch(
     buf += payload
     _U32.pack_into(buf, CRC_AT, batch_header.compute_crc(buf))
     return buf
+
+
+# ------------------------------------------------------------------ control records
+#: A control record's key is (version int16, type int16); type 0 ends a transaction by
+#: aborting it, 1 by committing it. Its value is (version int16, coordinator epoch int32).
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+_CONTROL_KEY = struct.Struct(">hh")
+_CONTROL_VALUE = struct.Struct(">hi")
+
+
+@attrs.frozen
+class ControlMarker:
+    """What one transaction marker (the single record of a control batch) says."""
+
+    committed: bool
+    coordinator_epoch: int
+
+
+def build_control_batch(
+    producer_id: int,
+    producer_epoch: int,
+    *,
+    committed: bool,
+    coordinator_epoch: int,
+    timestamp: int,
+    partition_leader_epoch: int = -1,
+) -> bytearray:
+    """A transaction marker batch as the coordinator writes it into a partition.
+
+    Transactional and control bits set, no sequence (markers are not sequenced), one
+    record whose key says commit or abort; offsets are assigned by the log on append.
+    """
+    key = _CONTROL_KEY.pack(0, CONTROL_COMMIT if committed else CONTROL_ABORT)
+    value = _CONTROL_VALUE.pack(0, coordinator_epoch)
+    return build_batch(
+        [(key, value)],
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_timestamp=timestamp,
+        partition_leader_epoch=partition_leader_epoch,
+        is_transactional=True,
+        is_control=True,
+    )
+
+
+def read_control_marker(batch: RecordBatchView) -> ControlMarker:
+    """The marker of a control batch; InvalidRecordError if it is not one Kafka would write."""
+    if not batch.is_control:
+        raise InvalidRecordError("not a control batch")
+    records = list(batch.records())
+    if len(records) != 1 or records[0].key is None or len(records[0].key) < _CONTROL_KEY.size:
+        raise InvalidRecordError("a control batch holds one record with a 4-byte key")
+    _version, kind = _CONTROL_KEY.unpack_from(records[0].key)
+    if kind not in (CONTROL_ABORT, CONTROL_COMMIT):
+        raise InvalidRecordError(f"unknown control record type {kind}")
+    value = records[0].value or b""
+    epoch = _CONTROL_VALUE.unpack_from(value)[1] if len(value) >= _CONTROL_VALUE.size else -1
+    return ControlMarker(committed=kind == CONTROL_COMMIT, coordinator_epoch=epoch)

@@ -144,6 +144,8 @@ class Broker:
         #: Cluster mode (zookeeper.connect): this broker's replication, set once it has
         #: joined (trio_broker/cluster); None while alone.
         self.replication: Any = None
+        #: The transaction coordinator (trio_broker/transactions), or None without one.
+        self.transactions: Any = None
         #: The Prometheus /metrics and /health responder (trio_broker.server.metrics), or None.
         self.metrics: Any = None
         if config.metrics_listener is not None:
