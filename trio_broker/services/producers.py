@@ -281,7 +281,8 @@ class ProducerStateRegistry:
         self, topic: str, partition: int, log_: PartitionLogLike, high_watermark: int
     ) -> int:
         """The LSO: read_committed consumers see the partition below it."""
-        return self.manager(topic, partition, log_).txns.last_stable_offset(high_watermark)
+        manager = self.manager(topic, partition, log_)
+        return manager.txns.last_stable_offset(high_watermark, log_.log_start_offset)
 
     def aborted_between(
         self, topic: str, partition: int, log_: PartitionLogLike, from_offset: int, upper: int

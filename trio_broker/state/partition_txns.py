@@ -142,13 +142,19 @@ class PartitionTransactions:
         """The first offset of the oldest open transaction, None when none is open."""
         return min(self.ongoing.values()) if self.ongoing else None
 
-    def last_stable_offset(self, high_watermark: int) -> int:
+    def last_stable_offset(self, high_watermark: int, log_start_offset: int = 0) -> int:
         """Kafka's LSO: read_committed consumers read up to (not including) it.
 
+        An open transaction that began below the log start counts from the log start,
+        as in Kafka (its first batches are gone; the LSO never points below the log).
+
+        pre: log_start_offset <= high_watermark
         post: __return__ <= high_watermark
         """
         first = self.first_unstable_offset()
-        return high_watermark if first is None else min(first, high_watermark)
+        if first is None:
+            return high_watermark
+        return min(max(first, log_start_offset), high_watermark)
 
     def aborted_between(self, from_offset: int, upper_offset: int) -> list[AbortedTxn]:
         """Aborted transactions overlapping [from_offset, upper_offset), oldest first.
