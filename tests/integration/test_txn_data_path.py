@@ -129,7 +129,9 @@ def list_offsets_body(isolation: int) -> Any:
 
 
 async def latest(client: RawClient, isolation: int) -> int:
-    response = await client.call(m.ApiKey.LIST_OFFSETS, LIST_OFFSETS_V, list_offsets_body(isolation))
+    response = await client.call(
+        m.ApiKey.LIST_OFFSETS, LIST_OFFSETS_V, list_offsets_body(isolation)
+    )
     part = response.topics[0].partitions[0]
     assert part.error_code == 0
     return int(part.offset)

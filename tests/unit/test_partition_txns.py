@@ -47,9 +47,7 @@ def append(registry: ProducerStateRegistry, log: Any, raw: bytearray) -> int:
     return int(result.base_offset)
 
 
-def marker(
-    registry: ProducerStateRegistry, log: Any, pid: int, epoch: int, committed: bool
-) -> int:
+def marker(registry: ProducerStateRegistry, log: Any, pid: int, epoch: int, committed: bool) -> int:
     code, _ = registry.check_marker("t", 0, log, pid, epoch, 0)
     assert code == ErrorCode.NONE
     raw = build_control_batch(pid, epoch, committed=committed, coordinator_epoch=0, timestamp=T0)
@@ -111,8 +109,7 @@ def test_marker_epoch_checks() -> None:
     assert isinstance(manager.check(1, 4, 0, 0), Append)
     verdict = manager.check(1, 4, 1, 1)  # a new epoch starts at sequence 0
     assert (
-        isinstance(verdict, Reject)
-        and verdict.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        isinstance(verdict, Reject) and verdict.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
     )
 
 

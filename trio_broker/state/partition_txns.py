@@ -85,8 +85,7 @@ def check_marker(
     if last_marker is not None and coordinator_epoch < last_marker.coordinator_epoch:
         return (
             ErrorCode.TRANSACTION_COORDINATOR_FENCED,
-            f"coordinator epoch {coordinator_epoch} is older than "
-            f"{last_marker.coordinator_epoch}",
+            f"coordinator epoch {coordinator_epoch} is older than {last_marker.coordinator_epoch}",
         )
     return ErrorCode.NONE, ""
 
@@ -209,7 +208,8 @@ class PartitionTransactions:
 
         ongoing = {pid: first for pid, first in (ints(r, 2) for r in doc["ongoing"])}
         aborted = sorted(
-            AbortedTxn(last, pid, first) for pid, first, last in (ints(r, 3) for r in doc["aborted"])
+            AbortedTxn(last, pid, first)
+            for pid, first, last in (ints(r, 3) for r in doc["aborted"])
         )
         markers = {
             pid: MarkerEpochs(epoch, coord)
