@@ -313,6 +313,29 @@ async def test_read_committed_long_poll_wakes_when_a_marker_moves_the_lso(
         assert part.records is not None and len(bytes(part.records)) > 0
 
 
+async def test_describe_producers_shows_open_transactions(tmp_path: Path) -> None:
+    async with running_broker(tmp_path / "data") as (broker, client):
+        offsets = await write_mixed_transactions(broker, client)
+        Req = m.DescribeProducersRequest
+        body = Req(
+            topics=[
+                Req.TopicRequest(name=TOPIC, partition_indexes=[0, 3]),
+                Req.TopicRequest(name="nope", partition_indexes=[0]),
+            ]
+        )
+        response = await client.call(m.ApiKey.DESCRIBE_PRODUCERS, 0, body)
+        known, missing = response.topics[0].partitions
+        assert missing.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        assert response.topics[1].partitions[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        assert known.error_code == 0
+        states = {p.producer_id: p for p in known.active_producers}
+        assert sorted(states) == [100, 101, 102]
+        assert states[102].current_txn_start_offset == offsets["c_first"]
+        assert states[100].current_txn_start_offset == -1  # aborted: no open transaction
+        assert states[100].coordinator_epoch == 0 and states[102].coordinator_epoch == -1
+        assert (states[101].producer_epoch, states[101].last_sequence) == (0, 2)
+
+
 # ----------------------------------------------------------------------------- recovery
 
 
