@@ -98,6 +98,12 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     durable_waits: list[tuple[Any, int, PartResp, tuple[str, int] | None]] = []
     topic_responses: list[TopicResp] = []
     produced = 0  # request record bytes, for the producer byte-rate quota
+    # As Kafka: a transactional producer needs WRITE on its transactional id, or every
+    # partition of the request is refused.
+    txn_id = request.transactional_id if ctx.api_version >= 3 else None
+    txn_id_denied = txn_id is not None and not authorized(
+        ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id
+    )
     for topic_data in request.topic_data:
         topic, name, missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
         partition_responses: list[PartResp] = []
@@ -109,6 +115,9 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             produced += len(data.records or b"")
             if acks not in (0, 1, -1):
                 part.error_code = ErrorCode.INVALID_REQUIRED_ACKS
+                continue
+            if txn_id_denied:
+                part.error_code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
                 continue
             if not allowed:
                 part.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
