@@ -5,8 +5,9 @@ Several transactional producers write to one real on-disk partition, interleaved
 plain records; their transactions commit or abort (sometimes with an epoch bump, as a
 fencing abort does); DeleteRecords moves the log start (up to the LSO); the broker
 restarts cleanly (snapshot), crashes (rebuild from the log) or crashes with a stale
-snapshot on disk. After every step: the LSO equals the model's and never moved back,
-the aborted list equals the model's aborted transactions, and the read_committed view
+snapshot on disk; a follower-style truncation cuts the log's tail. After every step:
+the LSO equals the model's and never moved back (but on truncation), the aborted list
+equals the model's aborted transactions, and the read_committed view
 (records below the LSO, minus control batches, minus what the aborted list hides, read
 back from the log as a consumer does) equals the model's committed records.
 """
@@ -29,6 +30,7 @@ from trio_broker.services.producers import SNAPSHOT_FILE, ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
 from trio_broker.services.txn_markers import append_txn_marker
 from trio_broker.state.producer import Append
+from trio_broker.storage.errors import OffsetOutOfRange
 from trio_broker.storage.log import LogConfig
 
 # spec/ is a folder of the repository, not an installed package.
@@ -148,6 +150,37 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         note(f"delete records below {cut}")
         self.log.delete_records(cut)
         self.model.log_start = cut
+
+    @precondition(lambda self: self.model.end > self.model.log_start)
+    @rule(data=st.data())
+    def truncate(self, data: st.DataObject) -> None:
+        """A follower cuts its log (leader change): the state is rebuilt from the log."""
+        # Not the marker of a transaction that began below the log start: that would
+        # reopen it, and a rebuild cannot see where it began (docs/transactions.md).
+        start = self.model.log_start
+        lowest = max(
+            [start + 1]
+            + [end + 1 for _, first, end, _ in self.model.transactions()
+               if end is not None and first < start]
+        )  # fmt: skip
+        if lowest > self.model.end:
+            return
+        wanted = data.draw(st.integers(lowest, self.model.end))
+        try:
+            new_end = self.log.truncate_to(wanted)
+        except OffsetOutOfRange:
+            return  # the cut would remove the batch holding the log start: not allowed
+        note(f"truncate to {wanted}: new end {new_end}")
+        self.registry.discard_snapshot(TOPIC, 0, self.log)
+        self.model.entries = [e for e in self.model.entries if e.offset < new_end]
+        self.last_lso = 0  # the LSO may go back on truncation, and only then
+        self.saved_snapshot = None  # it may describe batches that are gone
+        # The producers go on from what the (new) log remembers of them.
+        manager = self.registry.manager(TOPIC, 0, self.log)
+        for p in self.producers:
+            entry = manager.producers.get(p.producer_id)
+            same_epoch = entry is not None and entry.epoch == p.epoch
+            p.next_seq = entry.last_seq + 1 if entry is not None and same_epoch else 0
 
     @rule()
     def clean_restart(self) -> None:
