@@ -8,6 +8,7 @@ Task tree (see docs/architecture.md)::
     ├── delayed operations      deferred responses: acks=all waits, long-poll fetches
     ├── retention               deletes old segments periodically
     ├── group coordinator       session and rebalance timers
+    ├── transaction timers      timed-out transactions aborted, idle ids expired
     └── acceptor (per listener) accepts; one nursery of connections
         └── connection          reader task + writer task
 """
@@ -15,6 +16,7 @@ Task tree (see docs/architecture.md)::
 from __future__ import annotations
 
 import errno
+import importlib
 import itertools
 import logging
 import socket as stdlib_socket
@@ -36,6 +38,7 @@ from trio_broker.server.flusher import Flusher
 from trio_broker.server.handler_pool import HandlerPool
 from trio_broker.server.memory_budget import MemoryBudget
 from trio_broker.server.quotas import with_request_quota
+from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.server.transport import open_connection, tls_contexts
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.quotas import QuotaService
@@ -44,8 +47,32 @@ from trio_broker.services.topics import TopicManager
 from trio_broker.storage.durable import make_dirs_durable
 from trio_broker.storage.group_commit import FlushPolicy
 from trio_broker.storage.log import LogConfig, wall_clock_ms
+from trio_broker.transactions.coordinator import MarkerWriter, TransactionCoordinator
 
 log = logging.getLogger("trio_broker")
+
+
+def _txn_marker_writer() -> MarkerWriter:
+    """The partition side's marker append (services/txn_markers.py, built alongside).
+
+    Looked up at the first marker, not at start: a broker without it still serves
+    everything but the end of a transaction.
+    """
+
+    def write_marker(
+        topics: Any, producers: Any, durability: Any, appends: Any, topic: str,
+        partition: int, producer_id: int, producer_epoch: int, committed: bool,
+        coordinator_epoch: int, now_ms: int,
+    ) -> tuple[Any, int]:  # fmt: skip
+        module = importlib.import_module("trio_broker.services.txn_markers")
+        result: tuple[Any, int] = module.append_txn_marker(
+            topics, producers, durability, appends, topic, partition, producer_id,
+            producer_epoch, committed, coordinator_epoch, now_ms,
+        )  # fmt: skip
+        return result
+
+    return write_marker
+
 
 #: How long a graceful shutdown waits for in-flight requests before cancelling.
 DRAIN_TIMEOUT_S = 10.0
@@ -144,8 +171,17 @@ class Broker:
         #: Cluster mode (zookeeper.connect): this broker's replication, set once it has
         #: joined (trio_broker/cluster); None while alone.
         self.replication: Any = None
-        #: The transaction coordinator (trio_broker/transactions), or None without one.
-        self.transactions: Any = None
+        #: The transaction coordinator (trio_broker/transactions): its table is replayed
+        #: from <data_dir>/__transaction_state-0 here; its timers are a service task.
+        self.transactions: Any = TransactionCoordinator.open(
+            data_dir, self.log_defaults, topics=self.topics, producers=self.producers,
+            durability=self.flusher, appends=self.appends, groups=self.groups,
+            allocate_producer_id=lambda: self.producers.allocator.allocate(),
+            write_marker=_txn_marker_writer(), now_ms=now_ms,
+            max_timeout_ms=config.transaction_max_timeout_ms,
+            expiration_ms=config.transactional_id_expiration_ms,
+        )  # fmt: skip
+        self.services.append(TransactionTimers(self.transactions, config))
         #: The Prometheus /metrics and /health responder (trio_broker.server.metrics), or None.
         self.metrics: Any = None
         if config.metrics_listener is not None:
