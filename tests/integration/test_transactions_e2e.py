@@ -43,10 +43,10 @@ PARTITIONS = [(topic, partition) for topic in TOPICS for partition in (0, 1)]
 ABORT_CHECK_MS = 200
 
 
-@pytest.fixture
-def broker_config(tmp_path: Path) -> BrokerConfig:
+@pytest.fixture(params=["file", "memory"])
+def broker_config(tmp_path: Path, request: pytest.FixtureRequest) -> BrokerConfig:
     return BrokerConfig(
-        port=0, data_dir=tmp_path / "data", storage="file",
+        port=0, data_dir=tmp_path / "data", storage=request.param,
         transaction_abort_timed_out_transaction_cleanup_interval_ms=ABORT_CHECK_MS,
     )  # fmt: skip
 

@@ -30,6 +30,7 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.messages import RequestHeader
 from trio_broker.protocol.records import build_control_batch, iter_batches, read_control_marker
+from trio_broker.security.acl import ResourceType
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.log import LogConfig
@@ -526,3 +527,35 @@ async def test_write_txn_markers_appends_locally(services: Services) -> None:
               for t in response.markers[0].topics for p in t.partitions}  # fmt: skip
     assert errors == {("a", 1): ErrorCode.NONE, ("zz", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
     assert markers(services, "a", 1) == [(7, 2, True)]
+
+
+class DenyTransactionalId:
+    """An authorizer that refuses every operation on one transactional id."""
+
+    def __init__(self, refused: str) -> None:
+        self.refused = refused
+
+    def allowed(self, principal: str, host: str, op: Any, resource_type: Any, name: str) -> bool:
+        return not (resource_type == ResourceType.TRANSACTIONAL_ID and name == self.refused)
+
+    def allowed_any(self, principal: str, host: str, op: Any, resource_type: Any) -> bool:
+        return True
+
+
+async def test_acls_on_the_transactional_id(services: Services) -> None:
+    producer = await init(services)
+    services.authorizer = DenyTransactionalId(TID)
+    refused = await init(services)
+    assert (refused.error_code, refused.producer_id) == (
+        ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1,
+    )  # fmt: skip
+    added = await add(services, producer.producer_id, 0, {"a": [0]})
+    assert added == {("a", 0): ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+    assert await end(services, producer.producer_id, 0, True) == (
+        ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    )
+    found = await call(services, handle_find_coordinator, m.ApiKey.FIND_COORDINATOR, 3,
+                       m.FindCoordinatorRequest(key=TID, key_type=1))  # fmt: skip
+    assert found.error_code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    assert (await init(services, "allowed")).error_code == ErrorCode.NONE
+    assert services.transactions.get(TID).producer_epoch == 0  # nothing changed
