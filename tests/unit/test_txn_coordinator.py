@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from trio_broker.config import BrokerConfig
 from trio_broker.handlers.add_offsets_to_txn import handle_add_offsets_to_txn
@@ -31,6 +32,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.messages import RequestHeader
 from trio_broker.protocol.records import build_control_batch, iter_batches, read_control_marker
 from trio_broker.security.acl import ResourceType
+from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.log import LogConfig
@@ -559,3 +561,24 @@ async def test_acls_on_the_transactional_id(services: Services) -> None:
     assert found.error_code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     assert (await init(services, "allowed")).error_code == ErrorCode.NONE
     assert services.transactions.get(TID).producer_epoch == 0  # nothing changed
+
+
+async def test_the_shell_timer_aborts_timed_out_transactions(
+    services: Services, autojump_clock: trio.testing.MockClock
+) -> None:
+    config = BrokerConfig(transaction_abort_timed_out_transaction_cleanup_interval_ms=1_000)
+    producer = await init(services, timeout_ms=3_000)
+    pid = producer.producer_id
+    await add(services, pid, 0, {"a": [1]})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(TransactionTimers(services.transactions, config).run)
+        for _ in range(3):  # the wall clock moves with the timer's checks
+            await trio.sleep(1.0)
+            services.clock[0] += 1_000
+        assert services.transactions.get(TID).state == TxnState.ONGOING
+        services.clock[0] += 1
+        await trio.sleep(1.0)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert services.transactions.get(TID).state == TxnState.COMPLETE_ABORT
+    assert markers(services, "a", 1) == [(pid, 1, False)]
