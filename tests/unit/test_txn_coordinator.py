@@ -252,6 +252,7 @@ async def test_init_hands_out_an_id_then_bumps_its_epoch(services: Services) -> 
     ("tid", "timeout_ms", "expected"),
     [
         ("", 60_000, ErrorCode.INVALID_REQUEST),
+        ("x" * 32768, 60_000, ErrorCode.INVALID_REQUEST),  # longer than the log can store
         (TID, 900_001, ErrorCode.INVALID_TRANSACTION_TIMEOUT),
         (TID, 0, ErrorCode.INVALID_TRANSACTION_TIMEOUT),
     ],
@@ -346,6 +347,11 @@ async def test_add_offsets_then_commit_completes_the_group(services: Services) -
     assert services.transactions.get(TID).groups == frozenset({"g"})
     assert await end(services, pid, 0, True) == ErrorCode.NONE
     assert services.groups.completed == [("g", pid, 0, True)]
+    huge = m.AddOffsetsToTxnRequest(transactional_id=TID, producer_id=pid, producer_epoch=0,
+                                    group_id="g" * 40_000)  # fmt: skip
+    response = await call(services, handle_add_offsets_to_txn, m.ApiKey.ADD_OFFSETS_TO_TXN, 3,
+                          huge)  # fmt: skip
+    assert response.error_code == ErrorCode.INVALID_GROUP_ID
 
 
 # ------------------------------------------------------------------ fencing

@@ -12,7 +12,7 @@ from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.transactions.coordinator import coordinator_of
-from trio_broker.transactions.state import fenced
+from trio_broker.transactions.state import fenced, fits_in_log
 
 Resp = m.AddOffsetsToTxnResponse
 FIRST_VERSION_WITH_PRODUCER_FENCED = 2
@@ -30,7 +30,7 @@ async def handle_add_offsets_to_txn(
         return answer(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     if not authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
         return answer(ErrorCode.GROUP_AUTHORIZATION_FAILED)
-    if not request.group_id:
+    if not request.group_id or not fits_in_log(request.group_id):
         return answer(ErrorCode.INVALID_GROUP_ID)
     coordinator = coordinator_of(ctx.services)
     if coordinator is None:

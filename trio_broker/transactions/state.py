@@ -71,6 +71,15 @@ class IllegalTransition(Exception):
     pass
 
 
+#: ``__transaction_state`` stores ids and group ids as int16-length strings.
+MAX_NAME_BYTES = 32767
+
+
+def fits_in_log(name: str) -> bool:
+    """Whether a transactional id or group id can be written to the transaction log."""
+    return len(name.encode()) <= MAX_NAME_BYTES
+
+
 TopicPartition = tuple[str, int]
 
 
@@ -143,7 +152,7 @@ def decide_init(
     fresh_id: Callable[[], int],
     fenced_error: ErrorCode,
 ) -> InitDecision:
-    if not transactional_id:
+    if not transactional_id or not fits_in_log(transactional_id):
         return InitDecision(ErrorCode.INVALID_REQUEST)
     if timeout_ms <= 0 or timeout_ms > max_timeout_ms:
         return InitDecision(ErrorCode.INVALID_TRANSACTION_TIMEOUT)
