@@ -16,6 +16,8 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from trio_broker.config import BrokerConfig
 from trio_broker.handlers.add_offsets_to_txn import handle_add_offsets_to_txn
@@ -588,3 +590,62 @@ async def test_the_shell_timer_aborts_timed_out_transactions(
         nursery.cancel_scope.cancel()
     assert services.transactions.get(TID).state == TxnState.COMPLETE_ABORT
     assert markers(services, "a", 1) == [(pid, 1, False)]
+
+
+# ------------------------------------------------------------------ odd input never crashes
+
+_names = st.text(min_size=0, max_size=6) | st.sampled_from(["a", "b", TID])
+_ids = st.integers(-2, 3) | st.sampled_from([2**63 - 1, -(2**63)])
+_epochs = st.integers(-2, 3) | st.sampled_from([32767, -32768])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["init", "add", "offsets", "end", "verify"]), _names, _ids, _epochs,
+            st.dictionaries(_names, st.lists(st.integers(-1, 3), max_size=3), max_size=2),
+            st.integers(-1, 1_000_000), st.booleans(),
+        ),
+        max_size=12,
+    )
+)  # fmt: skip
+def test_any_request_sequence_gets_kafka_error_codes(steps: list[Any]) -> None:
+    async def main() -> None:
+        services = Services()
+        services.topics.create("a", 2)
+        for kind, name, pid, epoch, partitions, timeout_ms, flag in steps:
+            if kind == "init":
+                answer = await init(services, name, timeout_ms=timeout_ms, pid=pid, epoch=epoch)
+                errors = {answer.error_code}
+            elif kind == "add":
+                errors = set((await add(services, pid, epoch, partitions, tid=name)).values())
+            elif kind == "end":
+                errors = {await end(services, pid, epoch, flag, tid=name)}
+            elif kind == "offsets":
+                request = m.AddOffsetsToTxnRequest(transactional_id=name, producer_id=pid,
+                                                   producer_epoch=epoch, group_id=name)  # fmt: skip
+                response = await call(services, handle_add_offsets_to_txn,
+                                      m.ApiKey.ADD_OFFSETS_TO_TXN, 3, request)  # fmt: skip
+                errors = {response.error_code}
+            else:
+                Req = m.AddPartitionsToTxnRequest
+                Txn = Req.AddPartitionsToTxnTransaction
+                request = Req(transactions=[Txn(
+                    transactional_id=name, producer_id=pid, producer_epoch=epoch,
+                    verify_only=flag,
+                    topics=[Txn.AddPartitionsToTxnTopic(name=t, partitions=p)
+                            for t, p in partitions.items()],
+                )])  # fmt: skip
+                response = await call(services, handle_add_partitions_to_txn,
+                                      m.ApiKey.ADD_PARTITIONS_TO_TXN, 5, request)  # fmt: skip
+                errors = {response.error_code} | {
+                    p.partition_error_code
+                    for t in response.results_by_transaction[0].topic_results
+                    for p in t.results_by_partition
+                }
+            for error in errors:
+                ErrorCode(error)  # a code Kafka knows
+            assert ErrorCode.UNKNOWN_SERVER_ERROR not in errors
+
+    trio.run(main)
