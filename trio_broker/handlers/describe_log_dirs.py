@@ -6,8 +6,7 @@ the broker holds: its size (the bytes of its segment files), offset lag 0 and
 ``is_future_key`` false (no replica is being moved between directories), and
 from v4 the file system's total and usable bytes. A null topic list asks for
 every partition, the internal ``__consumer_offsets`` and ``__transaction_state`` ones
-included, as in Kafka;
-partitions the broker does not hold are left out. DESCRIBE on the cluster is
+included, as in Kafka; partitions the broker does not hold are left out. DESCRIBE on the cluster is
 required: refused, the answer is empty with CLUSTER_AUTHORIZATION_FAILED at the
 top (v3+; earlier versions have no field for it and get the empty list only).
 
