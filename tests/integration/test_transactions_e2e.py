@@ -6,12 +6,15 @@
 * A second producer with the same transactional.id fences the first (fatal error
   for the first), after its open transaction is aborted.
 * A transaction left open past transaction.timeout.ms is aborted by the broker.
+* send_offsets_to_transaction: the group's offsets commit with the transaction and
+  are dropped with an abort.
 * kafka-python and aiokafka transactional producers commit and abort.
 * A broker killed (-9) mid-transaction: after the restart the producer's re-init
   aborts the open transaction, and committed data is intact.
 
 The read_committed checks need the partition side (LSO, aborted transactions in
-Fetch); the markers themselves are checked in the logs. Clients run in worker
+Fetch) and the offsets test the group side (TxnOffsetCommit); the markers themselves
+are checked in the logs. Clients run in worker
 threads so the in-process broker keeps serving.
 """
 
@@ -202,6 +205,44 @@ async def test_confluent_transaction_timeout_is_aborted_by_the_broker(
     refused = await in_thread(commit)
     assert refused is not None, "a timed-out transaction committed"
     assert control_markers(broker, "txb", 1) == [(pid, 1, False)]
+
+
+async def test_confluent_offsets_commit_and_abort_with_the_transaction(
+    broker: Broker, bootstrap: str, topics: None
+) -> None:
+    """Consume-transform-produce: the group's offsets follow the transaction's outcome."""
+
+    def run() -> tuple[int, int]:
+        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "cf-eos"})
+        consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": "eos-group",
+            "enable.auto.commit": False, "isolation.level": "read_committed",
+        })  # fmt: skip
+        try:
+            producer.init_transactions(30)
+            offsets = []
+            for position, commit in ((5, True), (9, False)):
+                producer.begin_transaction()
+                producer.produce("txb", value=b"out-%d" % position, partition=0)
+                producer.send_offsets_to_transaction(
+                    [TopicPartition("txa", 0, position)], consumer.consumer_group_metadata(), 30
+                )
+                if commit:
+                    producer.commit_transaction(30)
+                else:
+                    producer.abort_transaction(30)
+                [committed] = consumer.committed([TopicPartition("txa", 0)], 30)
+                offsets.append(committed.offset)
+            return offsets[0], offsets[1]
+        finally:
+            consumer.close()
+
+    after_commit, after_abort = await in_thread(run)
+    assert (after_commit, after_abort) == (5, 5)
+    meta = broker.transactions.get("cf-eos")
+    assert control_markers(broker, "txb", 0) == [
+        (meta.producer_id, 0, True), (meta.producer_id, 0, False),
+    ]  # fmt: skip
 
 
 # ------------------------------------------------------------------ kafka-python, aiokafka
