@@ -37,6 +37,7 @@ from trio_broker.security.acl import ResourceType
 from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
+from trio_broker.storage.errors import StorageError
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.memory import MemoryLog
 from trio_broker.transactions.coordinator import TransactionCoordinator
@@ -649,3 +650,33 @@ def test_any_request_sequence_gets_kafka_error_codes(steps: list[Any]) -> None:
             assert ErrorCode.UNKNOWN_SERVER_ERROR not in errors
 
     trio.run(main)
+
+
+async def test_a_failed_marker_append_is_retried_without_writing_twice(
+    services: Services,
+) -> None:
+    producer = await init(services)
+    pid = producer.producer_id
+    await add(services, pid, 0, {"a": [0], "b": [0]})
+    coordinator = services.transactions
+    failing = {("b", 0)}
+
+    def flaky(*args: Any) -> tuple[Any, int]:
+        topic, partition = args[4], args[5]
+        if (topic, partition) in failing:
+            raise StorageError(ErrorCode.KAFKA_STORAGE_ERROR, "disk full")
+        return append_marker(*args)
+
+    coordinator.write_marker = flaky
+    assert await end(services, pid, 0, True) == ErrorCode.COORDINATOR_NOT_AVAILABLE
+    # Decided (PrepareCommit is durable): the client's retry waits for the end.
+    assert coordinator.get(TID).state == TxnState.PREPARE_COMMIT
+    assert await end(services, pid, 0, True) == ErrorCode.CONCURRENT_TRANSACTIONS
+    assert await end(services, pid, 0, False) == ErrorCode.INVALID_TXN_STATE
+    assert await coordinator.recover() == 0  # still failing
+    failing.clear()
+    assert await coordinator.recover() == 1
+    assert coordinator.get(TID).state == TxnState.COMPLETE_COMMIT
+    assert markers(services, "a", 0) == [(pid, 0, True)]  # once, though tried three times
+    assert markers(services, "b", 0) == [(pid, 0, True)]
+    assert await end(services, pid, 0, True) == ErrorCode.NONE

@@ -49,6 +49,10 @@ TRANSACTION_LOG_NAME = "__transaction_state-0"
 #: One node, one coordinator that never moves: markers carry coordinator epoch 0.
 COORDINATOR_EPOCH = 0
 REPLAY_CHUNK_BYTES = 1 << 20
+#: A marker append refused with these needs no retry: nothing is left to close there.
+MARKER_NOT_NEEDED = frozenset(
+    {ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.INVALID_PRODUCER_EPOCH}
+)
 
 
 class MarkerWriter(Protocol):
@@ -106,6 +110,12 @@ class TransactionCoordinator:
         self._by_producer: dict[int, str] = {}
         #: Ids with a log write or marker round in flight: others get CONCURRENT_TRANSACTIONS.
         self._pending: set[str] = set()
+        #: (id, producer id, epoch) of an unfinished end -> each partition's appended
+        #: marker (log, offset), None if not needed: a retry by recover() appends no
+        #: marker twice and still waits for every one to be durable.
+        self._markers_appended: dict[
+            tuple[str, int, int], dict[TopicPartition, tuple[Any, int] | None]
+        ] = {}
 
     @classmethod
     def open(cls, data_dir: Path | None, config: LogConfig, **deps: Any) -> TransactionCoordinator:
@@ -203,7 +213,13 @@ class TransactionCoordinator:
             log.error("cannot write the transaction log: %s", exc)
             raise CoordinatorUnavailable(str(exc)) from exc
         self.durability.mark_dirty(self.log)
-        await self.durability.wait_durable(self.log, result.last_offset)
+        try:
+            await self.durability.wait_durable(self.log, result.last_offset)
+        except (KafkaError, OSError) as exc:
+            # The fsync failed: the record may or may not survive a crash, so the
+            # table keeps the old state and the client is told to retry.
+            log.error("cannot sync the transaction log: %s", exc)
+            raise CoordinatorUnavailable(str(exc)) from exc
         self._set(transactional_id, meta)
 
     # ------------------------------------------------------------------ InitProducerId
@@ -286,17 +302,6 @@ class TransactionCoordinator:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE
         return decision.error
 
-    def check_add(
-        self, transactional_id: str, producer_id: int, producer_epoch: int,
-        fenced_error: ErrorCode,
-    ) -> ErrorCode:  # fmt: skip
-        """The error an add would answer before looking at the partitions (for v0-3's all-fail)."""
-        return st.decide_add(
-            self._table.get(transactional_id), pending=transactional_id in self._pending,
-            producer_id=producer_id, producer_epoch=producer_epoch, now_ms=self.now_ms(),
-            fenced_error=fenced_error,
-        ).error  # fmt: skip
-
     async def end_transaction(
         self, transactional_id: str, producer_id: int, producer_epoch: int, committed: bool,
         fenced_error: ErrorCode,
@@ -329,40 +334,41 @@ class TransactionCoordinator:
     async def _complete(self, prepared: TxnMetadata) -> None:
         """Markers to every partition, the groups, then CompleteCommit/CompleteAbort.
 
-        Raises CoordinatorUnavailable (or the storage error) when a step cannot be
-        done now; the id stays in its Prepare state and :meth:`recover` retries.
+        Raises CoordinatorUnavailable when a step cannot be done now (a storage
+        error); the id stays in its Prepare state and :meth:`recover` retries,
+        without appending again the markers already appended.
         """
         committed = prepared.state == TxnState.PREPARE_COMMIT
-        waits = []
-        for topic, partition in sorted(prepared.partitions):
-            try:
-                waits.append(
-                    self.write_marker(
-                        self.topics,
-                        self.producers,
-                        self.durability,
-                        self.appends,
-                        topic,
-                        partition,
-                        prepared.producer_id,
-                        prepared.producer_epoch,
-                        committed,
-                        COORDINATOR_EPOCH,
-                        self.now_ms(),
-                    )
+        outcome = "commit" if committed else "abort"
+        key = (prepared.transactional_id, prepared.producer_id, prepared.producer_epoch)
+        appended = self._markers_appended.setdefault(key, {})
+        try:
+            for topic, partition in sorted(prepared.partitions - appended.keys()):
+                try:
+                    appended[topic, partition] = self.write_marker(
+                        self.topics, self.producers, self.durability, self.appends, topic,
+                        partition, prepared.producer_id, prepared.producer_epoch, committed,
+                        COORDINATOR_EPOCH, self.now_ms(),
+                    )  # fmt: skip
+                except KafkaError as exc:
+                    if exc.error_code not in MARKER_NOT_NEEDED:
+                        raise
+                    # The partition is gone (a deleted topic) or holds a newer epoch of
+                    # the producer: there is no transaction of ours left to close there.
+                    log.warning("%s: no %s marker for %s-%d: %s", prepared.transactional_id,
+                                outcome, topic, partition, exc)  # fmt: skip
+                    appended[topic, partition] = None
+            for written in appended.values():
+                if written is not None:
+                    await self.durability.wait_durable(*written)
+            for group_id in sorted(prepared.groups):
+                await self.groups.complete_transaction(
+                    group_id, prepared.producer_id, prepared.producer_epoch, committed
                 )
-            except KafkaError as exc:
-                # The partition is gone (deleted topic) or refuses the epoch (a newer
-                # producer entry): there is no transaction of ours left to close there.
-                log.warning("%s: no %s marker for %s-%d: %s", prepared.transactional_id,
-                            "commit" if committed else "abort", topic, partition, exc)  # fmt: skip
-        for marker_log, offset in waits:
-            await self.durability.wait_durable(marker_log, offset)
-        for group_id in sorted(prepared.groups):
-            await self.groups.complete_transaction(
-                group_id, prepared.producer_id, prepared.producer_epoch, committed
-            )
+        except (KafkaError, OSError) as exc:
+            raise CoordinatorUnavailable(f"{outcome} not finished: {exc}") from exc
         await self._write(prepared.transactional_id, st.complete(prepared, self.now_ms()))
+        del self._markers_appended[key]
 
     # ------------------------------------------------------------------ timers (the shell calls)
 
