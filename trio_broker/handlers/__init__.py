@@ -13,6 +13,8 @@ MODULES = [
     "describe_client_quotas", "alter_client_quotas",
     "sasl_handshake", "sasl_authenticate", "user_scram_credentials",
     "describe_producers",
+    "add_partitions_to_txn", "add_offsets_to_txn", "end_txn", "write_txn_markers",
+    "describe_transactions", "list_transactions",
 ]  # fmt: skip
 
 
