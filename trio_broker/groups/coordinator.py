@@ -10,7 +10,10 @@ This node is the coordinator of every group. The coordinator
   ``broker.services``) that fires due deadlines -- sessions, join and sync
   phases, KIP-394 pending ids -- and expires old offsets of empty groups;
 * stores committed offsets durably through :class:`OffsetsStore` and answers a
-  commit only after the flusher has synced it.
+  commit only after the flusher has synced it;
+* stages transactional offsets (TxnOffsetCommit) per producer and commits or
+  drops them when the transaction coordinator ends the transaction
+  (:meth:`GroupCoordinator.complete_transaction`).
 
 Group membership is not persisted: after a restart every group is Empty (with
 its offsets) and consumers rejoin, which costs one rebalance.
@@ -33,8 +36,13 @@ from trio_broker.groups.offsets_store import (
     OffsetKey,
     OffsetsStore,
     PendingWrite,
+    StoreRecord,
+    TxnEnd,
+    TxnOffset,
+    group_of,
 )
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
 from trio_broker.state.group import (
     Group,
     GroupConfig,
@@ -109,6 +117,9 @@ class GroupCoordinator:
         self.observers: list[Callable[[StableGeneration], None]] = []
         self._wakeup = trio.Event()
         self._next_cleanup_ms: int | None = None
+        #: (group id, producer id) -> staged transactional offsets appended but not yet
+        #: applied: a transaction's end waits for them, so it ends what the producer staged.
+        self._staging: dict[tuple[str, int], list[PendingWrite]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -182,6 +193,8 @@ class GroupCoordinator:
             # retention period, or for standalone committers, by commit age (KIP-211).
             if group.protocol_type is None or now_ms - group.state_since_ms >= retention:
                 for (topic, partition), value in store.group_offsets(group_id).items():
+                    if store.has_pending(group_id, topic, partition):
+                        continue  # an open transaction will set it (Kafka's rule)
                     if value.commit_timestamp_ms + retention <= wall_now:
                         expired.append((OffsetKey(group_id, topic, partition), None))
         if expired:
@@ -319,8 +332,10 @@ class GroupCoordinator:
             else:
                 group.delete(now)
                 del self.groups[group_id]
+                # Pending transactional offsets go too: a tombstone drops them.
+                partitions = set(store.group_offsets(group_id)) | store.pending_partitions(group_id)
                 tombstones += [(OffsetKey(group_id, topic, partition), None)
-                               for topic, partition in store.group_offsets(group_id)]  # fmt: skip
+                               for topic, partition in sorted(partitions)]  # fmt: skip
                 results[group_id] = ErrorCode.NONE
         return results, self.append_offsets(tombstones) if tombstones else None
 
@@ -341,7 +356,7 @@ class GroupCoordinator:
             member_id, group_instance_id, generation_id, self.clock_ms()
         )
 
-    def append_offsets(self, entries: Sequence[Entry]) -> PendingWrite:
+    def append_offsets(self, entries: Sequence[StoreRecord]) -> PendingWrite:
         """Append now (in request order); raises StorageError."""
         store = self.store
         write = store.append(entries, self.broker.now_ms())
@@ -351,13 +366,95 @@ class GroupCoordinator:
     async def wait_offsets_durable(self, write: PendingWrite) -> None:
         """Wait for the fsync, then make the offsets visible; raises StorageError."""
         store = self.store
-        await self.broker.flusher.wait_durable(store.log, write.last_offset)
-        store.apply(write)
+        try:
+            await self.broker.flusher.wait_durable(store.log, write.last_offset)
+            store.apply(write)
+        finally:
+            self._forget_staging(write)
         # Cleanup may have forgotten an empty group while its first commit was on its
         # way to disk; a group with offsets must be listed (and deletable).
-        for key, _ in write.entries:
-            if key.group_id not in self.groups and store.has_offsets(key.group_id):
-                self._group(key.group_id)
+        for record in write.entries:
+            group_id = group_of(record)
+            if group_id not in self.groups and store.has_offsets(group_id):
+                self._group(group_id)
+
+    # ------------------------------------------------------------------ transactions
+
+    def validate_txn_offset_commit(
+        self,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        member_id: str,
+        group_instance_id: str | None,
+        generation_id: int,
+    ) -> ErrorCode:
+        """TxnOffsetCommit's group-level check (KIP-447 fencing and the producer's epoch)."""
+        if producer_epoch < self.store.producer_epoch(producer_id):
+            return ErrorCode.INVALID_PRODUCER_EPOCH  # a zombie of a fenced producer
+        group = self.groups.get(group_id)
+        if group is None:
+            # Like Kafka, an unknown group is a new Empty one (kept only if this succeeds).
+            group = Group(group_id, self.group_config)
+        error = group.validate_txn_offset_commit(member_id, group_instance_id, generation_id)
+        if error is ErrorCode.NONE:
+            self.groups.setdefault(group_id, group)
+        return error
+
+    def stage_txn_offsets(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        entries: Sequence[tuple[OffsetKey, OffsetAndMetadata]],
+    ) -> PendingWrite:
+        """Append offsets pending in the producer's transaction; raises StorageError.
+
+        The caller waits with :meth:`wait_offsets_durable`; then the offsets are
+        pending (OffsetFetch's require_stable sees them) until the transaction ends.
+        """
+        write = self.append_offsets(
+            [TxnOffset(producer_id, producer_epoch, key, value) for key, value in entries]
+        )
+        for group_id in {key.group_id for key, _ in entries}:
+            self._staging.setdefault((group_id, producer_id), []).append(write)
+        return write
+
+    def _forget_staging(self, write: PendingWrite) -> None:
+        for record in write.entries:
+            if isinstance(record, TxnOffset):
+                waiting = self._staging.get((record.key.group_id, record.producer_id))
+                if waiting is not None and write in waiting:
+                    waiting.remove(write)
+                    if not waiting:
+                        del self._staging[record.key.group_id, record.producer_id]
+
+    async def complete_transaction(
+        self, group_id: str, producer_id: int, producer_epoch: int, committed: bool
+    ) -> None:
+        """End the producer's transaction for the group: commit or drop its staged offsets.
+
+        Called by the transaction coordinator (EndTxn, timeouts, fencing) for each
+        group the transaction added with AddOffsetsToTxn. Returns once the end is
+        durable (and visible); raises StorageError, or a KafkaError with
+        INVALID_PRODUCER_EPOCH for an epoch older than the producer's staged offsets.
+        """
+        # Offsets staged before the end belong to this transaction: let them land first.
+        while waiting := self._staging.get((group_id, producer_id)):
+            await self.wait_offsets_durable(waiting[0])
+        store = self.store
+        if producer_epoch < store.producer_epoch(producer_id):
+            raise KafkaError(
+                ErrorCode.INVALID_PRODUCER_EPOCH,
+                f"transaction end of producer {producer_id} with fenced epoch {producer_epoch}",
+            )
+        if producer_id not in store.pending_producers(group_id):
+            return  # nothing staged here: nothing to end
+        end = TxnEnd(group_id, producer_id, producer_epoch, committed)
+        await self.wait_offsets_durable(self.append_offsets([end]))
+
+    def has_pending_offset(self, group_id: str, topic: str, partition: int) -> bool:
+        """An open transaction holds an offset of this partition (require_stable)."""
+        return self.store.has_pending(group_id, topic, partition)
 
     def committed(self, group_id: str, topic: str, partition: int) -> OffsetAndMetadata | None:
         return self.store.get(group_id, topic, partition)

@@ -36,13 +36,19 @@ log = logging.getLogger("trio_broker.groups")
 #: Directory of the internal log under the data dir (Kafka's topic name, partition 0).
 OFFSETS_LOG_NAME = "__consumer_offsets-0"
 KEY_VERSION = 1
+#: Key versions of the transactional records; a broker that predates them skips them.
+TXN_OFFSET_KEY_VERSION = 2
+TXN_END_KEY_VERSION = 3
 VALUE_VERSION = 1
+TXN_END_VALUE_VERSION = 1
 #: How much of the log one read during replay asks for.
 REPLAY_CHUNK_BYTES = 1 << 20
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
 _VALUE_HEAD = struct.Struct(">hqiq")  # version, offset, leader epoch, commit timestamp
+_TXN_END_VALUE = struct.Struct(">hhb")  # version, producer epoch, committed
 
 
 @attrs.frozen
@@ -61,6 +67,38 @@ class OffsetAndMetadata:
 
 
 Entry = tuple[OffsetKey, OffsetAndMetadata | None]  # None deletes (a tombstone)
+
+
+@attrs.frozen
+class TxnOffset:
+    """An offset staged by producer ``producer_id``'s transaction (TxnOffsetCommit)."""
+
+    producer_id: int
+    producer_epoch: int
+    key: OffsetKey
+    value: OffsetAndMetadata
+
+
+@attrs.frozen
+class TxnEnd:
+    """Producer ``producer_id``'s transaction ended for ``group_id``: commit or abort."""
+
+    group_id: str
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+
+
+#: One record of the offsets log.
+StoreRecord = Entry | TxnOffset | TxnEnd
+
+
+def group_of(record: StoreRecord) -> str:
+    if isinstance(record, TxnOffset):
+        return record.key.group_id
+    if isinstance(record, TxnEnd):
+        return record.group_id
+    return record[0].group_id
 
 
 # ------------------------------------------------------------------------- record format
@@ -116,16 +154,63 @@ def decode_value(buf: bytes) -> OffsetAndMetadata:
     return OffsetAndMetadata(offset, epoch, metadata, timestamp)
 
 
+def encode_record(record: StoreRecord) -> tuple[bytes, bytes | None]:
+    if isinstance(record, TxnOffset):
+        out = bytearray(_I16.pack(TXN_OFFSET_KEY_VERSION))
+        _put_str(out, record.key.group_id, _I16)
+        _put_str(out, record.key.topic, _I16)
+        out += _I32.pack(record.key.partition)
+        out += _I64.pack(record.producer_id)
+        out += _I16.pack(record.producer_epoch)
+        return bytes(out), encode_value(record.value)
+    if isinstance(record, TxnEnd):
+        out = bytearray(_I16.pack(TXN_END_KEY_VERSION))
+        _put_str(out, record.group_id, _I16)
+        out += _I64.pack(record.producer_id)
+        end = _TXN_END_VALUE.pack(TXN_END_VALUE_VERSION, record.producer_epoch, record.committed)
+        return bytes(out), end
+    key, offset = record
+    return encode_key(key), None if offset is None else encode_value(offset)
+
+
+def decode_record(key: bytes, value: bytes | None) -> StoreRecord:
+    (version,) = _I16.unpack_from(key, 0)
+    if version == KEY_VERSION:
+        return decode_key(key), None if value is None else decode_value(value)
+    if version == TXN_OFFSET_KEY_VERSION:
+        group_id, pos = _get_str(key, 2, _I16)
+        topic, pos = _get_str(key, pos, _I16)
+        (partition,) = _I32.unpack_from(key, pos)
+        (producer_id,) = _I64.unpack_from(key, pos + _I32.size)
+        (epoch,) = _I16.unpack_from(key, pos + _I32.size + _I64.size)
+        if value is None:
+            raise ValueError("a transactional offset without a value")
+        where = OffsetKey(group_id, topic, partition)
+        return TxnOffset(producer_id, epoch, where, decode_value(value))
+    if version == TXN_END_KEY_VERSION:
+        group_id, pos = _get_str(key, 2, _I16)
+        (producer_id,) = _I64.unpack_from(key, pos)
+        if value is None:
+            raise ValueError("a transaction end without a value")
+        value_version, epoch, committed = _TXN_END_VALUE.unpack_from(value, 0)
+        if value_version < TXN_END_VALUE_VERSION:
+            raise ValueError(f"unknown transaction end value version {value_version}")
+        return TxnEnd(group_id, producer_id, epoch, bool(committed))
+    raise ValueError(f"unknown offset key version {version}")
+
+
 # ------------------------------------------------------------------------- the store
 
 
-@attrs.frozen
+@attrs.define(eq=False)
 class PendingWrite:
-    """Entries appended at ``base_offset`` .. ``last_offset``, not yet durable."""
+    """Records appended at ``base_offset`` .. ``last_offset``, not yet durable."""
 
-    entries: tuple[Entry, ...]
+    entries: tuple[StoreRecord, ...]
     base_offset: int
     last_offset: int
+    #: Set by :meth:`OffsetsStore.apply`: a write is applied once, whoever waits for it.
+    applied: bool = False
 
 
 class OffsetsStore:
@@ -135,6 +220,12 @@ class OffsetsStore:
         self._table: dict[str, dict[tuple[str, int], OffsetAndMetadata]] = {}
         #: key -> log offset of the record that last set (or deleted) it.
         self._applied_at: dict[OffsetKey, int] = {}
+        #: group -> producer id -> (topic, partition) -> (staged offset, its record's offset).
+        self._pending: dict[str, dict[int, dict[tuple[str, int], tuple[OffsetAndMetadata, int]]]]
+        self._pending = {}
+        #: producer id -> the newest epoch of its transactional records here: an older
+        #: epoch is a fenced producer (Kafka's producer-state check on __consumer_offsets).
+        self._producer_epochs: dict[int, int] = {}
 
     @classmethod
     def open(cls, data_dir: Path | None, config: LogConfig) -> OffsetsStore:
@@ -178,30 +269,83 @@ class OffsetsStore:
             if key is None:
                 continue
             try:
-                entry = (decode_key(key), None if value is None else decode_value(value))
+                record = decode_record(key, value)
             except (ValueError, UnicodeDecodeError, struct.error, ProtocolError) as exc:
                 # A record from a newer broker, or damage the CRC did not catch.
                 log.warning("skipping unreadable offset record at %d: %s", offset, exc)
                 continue
-            self._set(entry, offset)
+            self._apply_record(record, offset)
         return count
 
     # ------------------------------------------------------------------ writes
 
-    def append(self, entries: Sequence[Entry], now_ms: int) -> PendingWrite:
+    def append(self, entries: Sequence[StoreRecord], now_ms: int) -> PendingWrite:
         """Write one batch holding ``entries``; call :meth:`apply` once it is durable."""
         if not entries:
             raise ValueError("nothing to write")
-        records = [
-            (encode_key(key), None if value is None else encode_value(value))
-            for key, value in entries
-        ]
+        records = [encode_record(entry) for entry in entries]
         result = self.log.append(build_batch(records, base_timestamp=now_ms), now_ms=now_ms)
         return PendingWrite(tuple(entries), result.base_offset, result.last_offset)
 
     def apply(self, write: PendingWrite) -> None:
+        if write.applied:
+            return
+        write.applied = True
         for i, entry in enumerate(write.entries):
-            self._set(entry, write.base_offset + i)
+            self._apply_record(entry, write.base_offset + i)
+
+    def _apply_record(self, record: StoreRecord, log_offset: int) -> None:
+        if isinstance(record, TxnOffset | TxnEnd):
+            known = self._producer_epochs.get(record.producer_id, -1)
+            self._producer_epochs[record.producer_id] = max(known, record.producer_epoch)
+        if isinstance(record, TxnOffset):
+            self._stage(record, log_offset)
+        elif isinstance(record, TxnEnd):
+            self._end_transaction(record, log_offset)
+        else:
+            if record[1] is None:
+                self._drop_pending(record[0], log_offset)
+            self._set(record, log_offset)
+
+    def _stage(self, record: TxnOffset, log_offset: int) -> None:
+        key = record.key
+        deleted_later = self._applied_at.get(key, -1) > log_offset and (
+            self.get(key.group_id, key.topic, key.partition) is None
+        )
+        if deleted_later:
+            return  # a later tombstone, already applied, dropped it
+        staged = self._pending.setdefault(key.group_id, {}).setdefault(record.producer_id, {})
+        current = staged.get((key.topic, key.partition))
+        if current is None or current[1] < log_offset:
+            staged[key.topic, key.partition] = (record.value, log_offset)
+
+    def _drop_pending(self, key: OffsetKey, log_offset: int) -> None:
+        """A tombstone drops every producer's staged offset of the partition (Kafka's rule)."""
+        producers = self._pending.get(key.group_id, {})
+        for producer_id, staged in list(producers.items()):
+            current = staged.get((key.topic, key.partition))
+            if current is not None and current[1] < log_offset:
+                del staged[key.topic, key.partition]
+            if not staged:
+                del producers[producer_id]
+        if not producers:
+            self._pending.pop(key.group_id, None)
+
+    def _end_transaction(self, record: TxnEnd, log_offset: int) -> None:
+        producers = self._pending.get(record.group_id, {})
+        staged = producers.get(record.producer_id, {})
+        for (topic, partition), (value, staged_at) in list(staged.items()):
+            if staged_at > log_offset:
+                continue  # staged by the producer's next transaction
+            del staged[topic, partition]
+            if record.committed:
+                # The offset counts from its own record's place in the log: a plain
+                # commit appended after it (but before the end) still wins.
+                self._set((OffsetKey(record.group_id, topic, partition), value), staged_at)
+        if not staged:
+            producers.pop(record.producer_id, None)
+        if not producers:
+            self._pending.pop(record.group_id, None)
 
     def _set(self, entry: Entry, log_offset: int) -> None:
         key, value = entry
@@ -225,7 +369,31 @@ class OffsetsStore:
         return self._table.get(group_id, {})
 
     def group_ids(self) -> list[str]:
-        return list(self._table)
+        """Groups with committed or pending offsets."""
+        return list(self._table.keys() | self._pending.keys())
 
     def has_offsets(self, group_id: str) -> bool:
-        return bool(self._table.get(group_id))
+        """Committed or pending: either keeps the group alive."""
+        return bool(self._table.get(group_id)) or group_id in self._pending
+
+    def has_pending(self, group_id: str, topic: str, partition: int) -> bool:
+        """Does some open transaction hold an offset of this partition for the group?"""
+        return any(
+            (topic, partition) in staged for staged in self._pending.get(group_id, {}).values()
+        )
+
+    def pending_partitions(self, group_id: str) -> set[tuple[str, int]]:
+        return {tp for staged in self._pending.get(group_id, {}).values() for tp in staged}
+
+    def pending_offsets(
+        self, group_id: str, producer_id: int
+    ) -> Mapping[tuple[str, int], OffsetAndMetadata]:
+        staged = self._pending.get(group_id, {}).get(producer_id, {})
+        return {tp: value for tp, (value, _) in staged.items()}
+
+    def producer_epoch(self, producer_id: int) -> int:
+        """The newest epoch of the producer's transactional records, -1 if none."""
+        return self._producer_epochs.get(producer_id, -1)
+
+    def pending_producers(self, group_id: str) -> list[int]:
+        return list(self._pending.get(group_id, {}))

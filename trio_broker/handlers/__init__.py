@@ -14,7 +14,7 @@ MODULES = [
     "sasl_handshake", "sasl_authenticate", "user_scram_credentials",
     "describe_producers",
     "add_partitions_to_txn", "add_offsets_to_txn", "end_txn", "write_txn_markers",
-    "describe_transactions", "list_transactions",
+    "describe_transactions", "list_transactions", "txn_offset_commit",
 ]  # fmt: skip
 
 

@@ -145,15 +145,33 @@ def fetch_group_offsets(
     group_id: str,
     topics: list[FetchTopic] | list[FetchGroupTopics] | None,
     by_id: bool,
+    require_stable: bool = False,
 ) -> list[tuple[str, uuid.UUID, list[tuple[int, int, int, str, ErrorCode]]]]:
-    """[(topic name, topic id, [(partition, offset, leader epoch, metadata, error)])]."""
+    """[(topic name, topic id, [(partition, offset, leader epoch, metadata, error)])].
+
+    With ``require_stable`` (v7+, read_committed consumers) a partition that an open
+    transaction holds an offset for answers UNSTABLE_OFFSET_COMMIT and no offset:
+    the client retries until the transaction ends (KIP-447).
+    """
     groups = coordinator(ctx)
+
+    def unstable(topic: str, partition: int) -> bool:
+        return require_stable and groups.has_pending_offset(group_id, topic, partition)
+
     out = []
     if topics is None:  # every partition the group has committed
         by_topic: dict[str, list[tuple[int, int, int, str, ErrorCode]]] = {}
         for (name, partition), stored in sorted(groups.committed_for_group(group_id).items()):
             by_topic.setdefault(name, []).append(
-                (partition, stored.offset, stored.leader_epoch, stored.metadata, ErrorCode.NONE)
+                (partition, NO_OFFSET, NO_LEADER_EPOCH, "", ErrorCode.UNSTABLE_OFFSET_COMMIT)
+                if unstable(name, partition)
+                else (
+                    partition,
+                    stored.offset,
+                    stored.leader_epoch,
+                    stored.metadata,
+                    ErrorCode.NONE,
+                )
             )
         for name, partitions in by_topic.items():
             if not authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name):
@@ -177,6 +195,10 @@ def fetch_group_offsets(
                 )
             elif by_id and error is not ErrorCode.NONE:
                 partitions.append((index, NO_OFFSET, NO_LEADER_EPOCH, "", error))
+            elif found is not None and unstable(found, index):
+                partitions.append(
+                    (index, NO_OFFSET, NO_LEADER_EPOCH, "", ErrorCode.UNSTABLE_OFFSET_COMMIT)
+                )
             elif value is None:
                 partitions.append((index, NO_OFFSET, NO_LEADER_EPOCH, "", ErrorCode.NONE))
             else:
@@ -194,13 +216,16 @@ async def handle_offset_fetch(
     version = ctx.api_version
     by_id = uses_topic_ids(ctx.header.api_key, version)
     # require_stable (v7+) asks for UNSTABLE_OFFSET_COMMIT while a transactional commit
-    # is pending; without transactions every visible offset is stable.
+    # is pending (TxnOffsetCommit staged it, the transaction has not ended).
+    require_stable = version >= 7 and request.require_stable
     if version < FIRST_MULTI_GROUP_VERSION:
         if not authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, request.group_id):
             return FetchResp(
                 throttle_time_ms=0, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, topics=[]
             )
-        found = fetch_group_offsets(ctx, request.group_id, request.topics, by_id=False)
+        found = fetch_group_offsets(
+            ctx, request.group_id, request.topics, by_id=False, require_stable=require_stable
+        )
         return FetchResp(
             throttle_time_ms=0,
             error_code=ErrorCode.NONE,
@@ -230,7 +255,7 @@ async def handle_offset_fetch(
                 )
             )
             continue
-        found = fetch_group_offsets(ctx, group.group_id, group.topics, by_id)
+        found = fetch_group_offsets(ctx, group.group_id, group.topics, by_id, require_stable)
         Topics = FetchResp.OffsetFetchResponseGroup.OffsetFetchResponseTopics
         group_responses.append(
             FetchResp.OffsetFetchResponseGroup(

@@ -764,6 +764,34 @@ class Group:
         member.session_deadline_ms = now_ms + member.session_timeout_ms
         return ErrorCode.NONE
 
+    def validate_txn_offset_commit(
+        self, member_id: str, group_instance_id: str | None, generation_id: int
+    ) -> ErrorCode:
+        """May a transactional producer stage offsets for this group (TxnOffsetCommit)?
+
+        KIP-447 fencing: a producer that names a member (v3+) must name a current one
+        of the current generation. Unlike a consumer's commit it is no heartbeat, the
+        group may be rebalancing, and a request naming nobody (v0-2, or a producer
+        given only the group id) is accepted whatever the group's state.
+        """
+        if self._state is GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if generation_id < 0 and self._state is GroupState.EMPTY:
+            return ErrorCode.NONE
+        if generation_id < 0 and not member_id and group_instance_id is None:
+            return ErrorCode.NONE
+        if group_instance_id is not None:
+            holder = self.static_members.get(group_instance_id)
+            if holder is None:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            if holder != member_id:
+                return ErrorCode.FENCED_INSTANCE_ID
+        if member_id not in self.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if generation_id != self.generation_id:
+            return ErrorCode.ILLEGAL_GENERATION
+        return ErrorCode.NONE
+
     def subscribed_topics(self) -> set[str] | None:
         """Topics the consumer members subscribe to; None if not a consumer group."""
         if self.protocol_type != CONSUMER_PROTOCOL_TYPE or self.protocol_name is None:
