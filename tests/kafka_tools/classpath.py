@@ -1,6 +1,7 @@
-"""The classpath of Apache Kafka 4.4.0's tools (and, through them, its server jars).
+"""Classpaths resolved by Maven from dependency-only poms; the jars stay in ``~/.m2``.
 
-Resolved by Maven from ``pom.xml`` beside this file; the jars stay in ``~/.m2``.
+Apache Kafka 4.4.0's tools (and, through them, its server jars) from ``pom.xml``
+beside this file; Kafka Streams from ``tests/streams/pom.xml``.
 """
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ from pathlib import Path
 POM = Path(__file__).resolve().parent / "pom.xml"
 
 
-def kafka_tools_classpath(work_dir: Path) -> str:
-    out = work_dir / "kafka-tools-classpath.txt"
+def maven_classpath(pom: Path, work_dir: Path) -> str:
+    """The classpath of a dependency-only ``pom.xml``, resolved (and cached) by Maven."""
+    out = work_dir / f"{pom.parent.name}-classpath.txt"
     subprocess.run(
-        ["mvn", "-q", "-B", "-f", str(POM), "dependency:build-classpath",
+        ["mvn", "-q", "-B", "-f", str(pom), "dependency:build-classpath",
          f"-Dmdep.outputFile={out}"],
         check=True, timeout=600, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     return out.read_text().strip()
+
+
+def kafka_tools_classpath(work_dir: Path) -> str:
+    return maven_classpath(POM, work_dir)
