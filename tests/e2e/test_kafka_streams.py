@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.conftest import BrokerProcess
@@ -92,14 +92,14 @@ def produce_lines(bootstrap: str, lines: list[str]) -> None:
     assert producer.flush(120) == 0, "input not acknowledged"
 
 
-def read_counts(bootstrap: str, group: str) -> dict[str, list[int]]:
+def read_counts(bootstrap: str) -> dict[str, list[int]]:
     """Every count the output holds, per word, in log order (read_committed)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         "isolation.level": "read_committed"})  # fmt: skip
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "wc-checker",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})  # fmt: skip
     counts: dict[str, list[int]] = {}
     try:
-        consumer.subscribe([OUTPUT])
+        # Assigned, not subscribed: no group join (and its initial delay) before reading.
+        consumer.assign([TopicPartition(OUTPUT, p, OFFSET_BEGINNING) for p in (0, 1)])
         idle_since = time.monotonic()
         while time.monotonic() - idle_since < 3:
             message = consumer.poll(0.5)
@@ -140,10 +140,8 @@ def test_word_count_is_exact_across_a_broker_kill_9(broker: BrokerProcess, tmp_p
         produce_lines(broker.bootstrap, lines[half:])
 
         deadline = time.monotonic() + CATCH_UP_S
-        group = 0
         while True:
-            group += 1
-            counts = read_counts(broker.bootstrap, f"check-{group}")
+            counts = read_counts(broker.bootstrap)
             finals = {word: seen[-1] for word, seen in counts.items()}
             if finals == dict(expected) or time.monotonic() > deadline:
                 break
