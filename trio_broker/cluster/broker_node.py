@@ -93,7 +93,8 @@ async def run_cluster_node(
                 lambda task_status: run_membership(
                     coord, registration, view,
                     unclean=config.unclean_leader_election_enable, rebalance=rebalance,
-                    on_change=manager.view_changed, task_status=task_status,
+                    on_change=manager.view_changed, on_controller=manager.controller_changed,
+                    task_status=task_status,
                 )
             )  # fmt: skip
             host.replication = manager

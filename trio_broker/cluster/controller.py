@@ -13,6 +13,7 @@ version (a deposed controller, still running, cannot overwrite its successor).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -29,21 +30,33 @@ from trio_broker.cluster.waiting import RETRY_S, wait_any
 from trio_broker.cluster.zk_layout import (
     BROKER_IDS,
     CONTROLLER_EPOCH,
+    CoordinationDataError,
     PartitionState,
     decode_controller_epoch,
     partition_state_path,
 )
+from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.controller_rules import (
     NO_LEADER,
+    ElectionRefused,
+    ElectionType,
     LeaderAndIsr,
     after_broker_loss,
     after_broker_return,
     elect_leader,
     preferred_leader_move,
+    requested_election,
 )
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 
-__all__ = ["NotController", "Rebalance", "decide", "imbalanced_moves", "run_controller"]
+__all__ = [
+    "ControllerActions",
+    "NotController",
+    "Rebalance",
+    "decide",
+    "imbalanced_moves",
+    "run_controller",
+]
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +118,82 @@ def imbalanced_moves(
     return moves
 
 
+#: A partition's outcome in an administrator's request: an error code and a message.
+Outcome = tuple[ErrorCode, str | None]
+
+_REFUSALS = {
+    ElectionRefused.NOT_NEEDED: ErrorCode.ELECTION_NOT_NEEDED,
+    ElectionRefused.PREFERRED_NOT_AVAILABLE: ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+    ElectionRefused.NO_ELIGIBLE_LEADER: ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+}
+#: Conditional writes lost to a concurrent ISR change before a request gives up.
+_WRITE_ATTEMPTS = 5
+
+
+class ControllerActions:
+    """What administrators' requests ask of the controller, while this broker is it.
+
+    Handed to the replica manager by :func:`run_controller` (and taken back when it
+    stops), so that the ElectLeaders handler on this broker reaches the controller in
+    process; other brokers answer NOT_CONTROLLER and clients ask the controller that
+    Metadata names. Writes are fenced by the controller epoch like the reconciler's.
+    """
+
+    def __init__(self, coord: Coordination, view: ClusterView, fence: tuple[str, int]) -> None:
+        self.coord, self.view, self.fence = coord, view, fence
+
+    async def elect_leaders(
+        self, election_type: ElectionType, partitions: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], Outcome]:
+        """Run the elections; each partition's outcome (NONE once the new state is in
+        ZooKeeper, where every replica's watch picks it up)."""
+        outcomes: dict[tuple[str, int], Outcome] = {}
+        for topic, partition in partitions:
+            try:
+                outcomes[(topic, partition)] = await self._elect(election_type, topic, partition)
+            except NotController as exc:
+                outcomes[(topic, partition)] = (ErrorCode.NOT_CONTROLLER, str(exc))
+            except (CoordinationError, CoordinationDataError) as exc:
+                outcomes[(topic, partition)] = (ErrorCode.UNKNOWN_SERVER_ERROR, str(exc))
+        return outcomes
+
+    async def _elect(self, election_type: ElectionType, topic: str, partition: int) -> Outcome:
+        info = self.view.topics.get(topic)
+        replicas = (
+            info.partitions[partition].replicas if info and partition in info.partitions else None
+        )
+        if replicas is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist"
+        path = partition_state_path(topic, partition)
+        for _ in range(_WRITE_ATTEMPTS):
+            node = await self.coord.get(path)
+            if node is None:
+                return ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE, f"{path} is not written yet"
+            current = PartitionState.decode(node.data, path).leader_and_isr
+            target = requested_election(
+                current, replicas, frozenset(self.view.brokers), election_type
+            )
+            if isinstance(target, ElectionRefused):
+                return _REFUSALS[target], None
+            state = PartitionState.of(target, self.view.controller_epoch)
+            try:
+                await self.coord.set_fenced(path, state.encode(), node.version, self.fence)
+            except BadVersion:
+                await _check_fence(self.coord, self.fence)
+                continue  # a leader's ISR change came first: decide again on what it wrote
+            log.info("%s: %s election: leader %d epoch %d ISR %s", path, election_type.name,
+                     target.leader, target.leader_epoch, list(target.isr))  # fmt: skip
+            return ErrorCode.NONE, None
+        return ErrorCode.REQUEST_TIMED_OUT, f"{path} kept changing under the election"
+
+
 async def run_controller(
     coord: Coordination,
     view: ClusterView,
     *,
     unclean: bool = False,
     rebalance: Rebalance | None = None,
+    on_active: Callable[[ControllerActions | None], None] = lambda _: None,
 ) -> None:
     """Reconcile until cancelled; raises :class:`NotController` once deposed.
 
@@ -121,6 +204,20 @@ async def run_controller(
     if epoch_node is None or decode_controller_epoch(epoch_node.data) != view.controller_epoch:
         raise NotController("the controller epoch moved on before the first write")
     fence = (CONTROLLER_EPOCH, epoch_node.version)
+    on_active(ControllerActions(coord, view, fence))
+    try:
+        await _reconcile(coord, view, fence, unclean, rebalance)
+    finally:
+        on_active(None)
+
+
+async def _reconcile(
+    coord: Coordination,
+    view: ClusterView,
+    fence: tuple[str, int],
+    unclean: bool,
+    rebalance: Rebalance | None,
+) -> None:
     next_rebalance = trio.current_time() + (rebalance.interval_s if rebalance else 0)
     while True:
         lost = coord.session_lost()

@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 import trio
 
+from trio_broker.cluster.controller import ControllerActions
 from trio_broker.cluster.coordination import (
     BadVersion,
     Coordination,
@@ -108,6 +109,8 @@ class ReplicaManager:
         #: Roles changed: fetchers re-read ``following`` (set by _apply).
         self.roles_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
+        #: The controller's actions while this broker is the controller (admin requests).
+        self.controller: ControllerActions | None = None
 
     # ------------------------------------------------------------------ for handlers
 
@@ -182,6 +185,10 @@ class ReplicaManager:
         with trio.move_on_after(CREATE_WAIT_S):
             while not self._has_leaders(name, len(assignment)):
                 await self._view_event().wait()
+
+    def controller_changed(self, actions: ControllerActions | None) -> None:
+        """Membership's word: this broker became the controller (or stopped being it)."""
+        self.controller = actions
 
     def leave(self) -> None:
         """The broker shuts down: end every term and stop following (for good: the

@@ -12,6 +12,7 @@ MODULES = [
     "describe_acls", "create_acls", "delete_acls", "alter_configs", "incremental_alter_configs",
     "describe_client_quotas", "alter_client_quotas",
     "sasl_handshake", "sasl_authenticate", "user_scram_credentials",
+    "elect_leaders",
 ]  # fmt: skip
 
 

@@ -16,12 +16,15 @@ from ZooKeeper and writes the results back with conditional updates. Kafka's rul
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 
 import attrs
 
 __all__ = [
     "NO_LEADER",
+    "ElectionRefused",
+    "ElectionType",
     "InvalidReplicationFactor",
     "LeaderAndIsr",
     "after_broker_loss",
@@ -29,6 +32,7 @@ __all__ = [
     "assign_replicas",
     "elect_leader",
     "preferred_leader_move",
+    "requested_election",
 ]
 
 NO_LEADER = -1
@@ -157,3 +161,52 @@ def preferred_leader_move(
     if state.leader == preferred or preferred not in live or preferred not in state.isr:
         return None
     return LeaderAndIsr(preferred, state.leader_epoch + 1, state.isr)
+
+
+class ElectionType(enum.IntEnum):
+    """ElectLeaders' election types (KIP-460)."""
+
+    PREFERRED = 0
+    UNCLEAN = 1
+
+
+class ElectionRefused(enum.Enum):
+    """Why a requested election changes nothing; each is one of Kafka's error codes."""
+
+    #: Preferred: the preferred replica already leads. Unclean: a live leader leads.
+    NOT_NEEDED = "ELECTION_NOT_NEEDED"
+    #: Preferred: the preferred replica is down or out of the ISR.
+    PREFERRED_NOT_AVAILABLE = "PREFERRED_LEADER_NOT_AVAILABLE"
+    #: Unclean: no replica is alive at all.
+    NO_ELIGIBLE_LEADER = "ELIGIBLE_LEADERS_NOT_AVAILABLE"
+
+
+def requested_election(
+    state: LeaderAndIsr,
+    replicas: Sequence[int],
+    live: frozenset[int],
+    election_type: ElectionType,
+) -> LeaderAndIsr | ElectionRefused:
+    """An election an administrator asked for (ElectLeaders), as Kafka's controller
+    decides it.
+
+    Preferred: leadership to the first replica if it is alive and in the ISR.
+    Unclean: only for a partition without a live leader; an in-sync live replica is
+    still chosen first, else any live replica, which then is the whole ISR (the
+    records it lacks are lost: that is what the administrator asked for).
+    """
+    if election_type is ElectionType.PREFERRED:
+        if not replicas or state.leader == replicas[0]:
+            return ElectionRefused.NOT_NEEDED
+        moved = preferred_leader_move(state, replicas, live)
+        return ElectionRefused.PREFERRED_NOT_AVAILABLE if moved is None else moved
+    if state.leader != NO_LEADER and state.leader in live:
+        return ElectionRefused.NOT_NEEDED
+    isr = tuple(b for b in state.isr if b in live)
+    leader = elect_leader(replicas, isr, live)
+    if leader == NO_LEADER:
+        leader = elect_leader(replicas, (), live, unclean=True)
+        isr = (leader,)
+    if leader == NO_LEADER:
+        return ElectionRefused.NO_ELIGIBLE_LEADER
+    return LeaderAndIsr(leader, state.leader_epoch + 1, isr)
