@@ -15,16 +15,28 @@ names). Scenarios:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import ElectionType, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import TopicPartition as KafkaTopicPartition
 from kafka.admin import KafkaAdminClient
 
 from tests.cluster.test_cluster_e2e import eventually, partitions
-from tests.cluster.test_cluster_faults import CONFIG, ConfiguredBroker
+from tests.cluster.test_cluster_faults import (
+    CONFIG,
+    Acked,
+    BackgroundProducer,
+    ConfiguredBroker,
+    check_invariants,
+    partition_bytes,
+    producer,
+    read_partitions,
+    servers,
+)
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
@@ -33,10 +45,9 @@ pytestmark = pytest.mark.timeout(180)
 Cluster = dict[int, ConfiguredBroker]
 
 
-@pytest.fixture
-def brokers(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
+def start_cluster(tmp_path: Path, zookeeper: str, extra: str = "") -> Iterator[Cluster]:
     config = tmp_path / "broker.properties"
-    config.write_text(CONFIG)
+    config.write_text(CONFIG + extra)
     cluster = {
         b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
     }
@@ -48,6 +59,23 @@ def brokers(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
         for broker in cluster.values():
             if broker.running:
                 broker.stop()
+
+
+@pytest.fixture
+def brokers(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
+    yield from start_cluster(tmp_path, zookeeper)
+
+
+#: follower.replication.throttled.rate for the reassignment test: about 10 s to copy
+#: the 2 MB written before the move.
+THROTTLE_BYTES_PER_S = 200_000
+
+
+@pytest.fixture
+def throttled(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
+    yield from start_cluster(
+        tmp_path, zookeeper, f"follower.replication.throttled.rate={THROTTLE_BYTES_PER_S}\n"
+    )
 
 
 def admin_of(cluster: Cluster) -> AdminClient:
@@ -160,3 +188,62 @@ def test_unclean_election_on_request_only(brokers: Cluster) -> None:
         "broker 2 leads unclean-0, alone in its ISR",
     )
     assert elect(admin, ElectionType.UNCLEAN, "unclean") == ErrorCode.ELECTION_NOT_NEEDED
+
+
+def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
+    """RF=2 from brokers {1,2} to {2,3} while an acks=all producer writes and a consumer
+    reads: nothing acknowledged is lost or doubled, the move is listed while broker 3
+    catches up (throttled), then broker 1's copy goes and broker 3's log is the leader's."""
+    cluster = throttled
+    admin = admin_of(cluster)
+    create(admin, "moving", [1, 2])
+    acked = Acked()
+    # 1 KB values (the checks parse them as numbers: int() skips the padding).
+    padded = producer(servers(cluster))
+    for i in range(2000):
+        value = str(i).rjust(1000).encode()
+        padded.produce("moving", value=value, key=str(i).encode(), on_delivery=acked.delivered)
+        padded.poll(0)
+    assert padded.flush(60) == 0
+    assert len(acked.partition_of) == 2000, acked.errors
+    background = BackgroundProducer(servers(cluster), "moving", 100_000)
+    eventually(lambda: background.acked_count() > 50, "the producer is under way", 30)
+    before = read_partitions(servers(cluster), "moving", 1)
+
+    kadmin = KafkaAdminClient(bootstrap_servers=servers(cluster))
+    try:
+        tp = KafkaTopicPartition("moving", 0)
+        started = time.monotonic()
+        assert kadmin.alter_partition_reassignments({tp: [2, 3]}) == {tp: None}
+        listed = kadmin.list_partition_reassignments()
+        assert listed == {
+            tp: {"replicas": [2, 3, 1], "adding_replicas": [3], "removing_replicas": [1]}
+        }, listed
+        # Cancelling what is not moving, and moving what does not exist, are refused.
+        other = KafkaTopicPartition("moving", 5)
+        answer = kadmin.alter_partition_reassignments({other: [1, 2]})
+        assert answer[other] is not None and answer[other].errno == 3, answer
+        eventually(lambda: kadmin.list_partition_reassignments() == {}, "the move finished", 90)
+        # The throttle held: 2 MB at 200 KB/s take about 10 s (no throttle: well under 1 s).
+        assert time.monotonic() - started > 0.7 * 2_000_000 / THROTTLE_BYTES_PER_S
+        catch_up_done = background.acked_count()
+        state = partitions(admin, "moving")[0]
+        assert state[1:] == ([2, 3], [2, 3]), state
+        not_moving = kadmin.alter_partition_reassignments({tp: None})
+        assert not_moving[tp] is not None and not_moving[tp].errno == 85, not_moving
+    finally:
+        kadmin.close()
+    eventually(lambda: background.acked_count() > catch_up_done + 100, "producing goes on", 30)
+    more = background.stop()
+    acked.partition_of.update(more.partition_of)
+    assert not more.errors, more.errors
+    read = read_partitions(servers(cluster), "moving", 1)
+    check_invariants(read, acked, before)
+
+    time.sleep(1.0)  # the follower's next fetch copies what the HW says it has
+    for broker in cluster.values():
+        assert broker.stop() == 0
+    assert not (cluster[1].data_dir / "moving-0").exists(), "broker 1 kept its copy"
+    leader_log = partition_bytes(cluster[2], "moving", 0)
+    assert len(leader_log) > 2_000_000
+    assert partition_bytes(cluster[3], "moving", 0) == leader_log

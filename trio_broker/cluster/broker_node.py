@@ -78,6 +78,7 @@ async def run_cluster_node(
             replica_lag_time_max_ms=config.replica_lag_time_max_ms,
             now_ms=host.now_ms, durability=host.durability, on_hw_moved=host.appends.notify,
             producers=host.producers,
+            follower_throttle_rate=config.follower_replication_throttled_rate,
         )  # fmt: skip
         rebalance = None
         if config.auto_leader_rebalance_enable:

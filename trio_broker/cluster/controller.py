@@ -32,8 +32,10 @@ from trio_broker.cluster.zk_layout import (
     CONTROLLER_EPOCH,
     CoordinationDataError,
     PartitionState,
+    TopicAssignment,
     decode_controller_epoch,
     partition_state_path,
+    topic_path,
 )
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.controller_rules import (
@@ -41,10 +43,14 @@ from trio_broker.replication.controller_rules import (
     ElectionRefused,
     ElectionType,
     LeaderAndIsr,
+    Reassignment,
     after_broker_loss,
     after_broker_return,
     elect_leader,
+    leave_replicas,
     preferred_leader_move,
+    reassign,
+    reassignment_done,
     requested_election,
 )
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
@@ -126,6 +132,8 @@ _REFUSALS = {
     ElectionRefused.PREFERRED_NOT_AVAILABLE: ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
     ElectionRefused.NO_ELIGIBLE_LEADER: ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
 }
+#: How long an admin request waits for this broker's view to show what it wrote.
+_VIEW_WAIT_S = 5.0
 #: Conditional writes lost to a concurrent ISR change before a request gives up.
 _WRITE_ATTEMPTS = 5
 
@@ -185,6 +193,73 @@ class ControllerActions:
                      target.leader, target.leader_epoch, list(target.isr))  # fmt: skip
             return ErrorCode.NONE, None
         return ErrorCode.REQUEST_TIMED_OUT, f"{path} kept changing under the election"
+
+    async def alter_reassignments(
+        self, moves: dict[tuple[str, int], list[int] | None]
+    ) -> dict[tuple[str, int], Outcome]:
+        """Start (or replace, or with None cancel) partition reassignments (KIP-455).
+
+        Each one is written to the topic's znode (replicas = target + leaving, with
+        ``adding_replicas``/``removing_replicas``), then the partition's leader epoch is
+        bumped so that its leader starts a term that knows the joining replicas. The
+        reconciler finishes the move once they are in sync (:func:`_finish_move`).
+        """
+        outcomes: dict[tuple[str, int], Outcome] = {}
+        for (topic, partition), target in moves.items():
+            try:
+                outcome = await self._alter(topic, partition, target)
+            except NotController as exc:
+                outcome = (ErrorCode.NOT_CONTROLLER, str(exc))
+            except (CoordinationError, CoordinationDataError) as exc:
+                outcome = (ErrorCode.UNKNOWN_SERVER_ERROR, str(exc))
+            outcomes[(topic, partition)] = outcome
+        return outcomes
+
+    async def _alter(self, topic: str, partition: int, target: list[int] | None) -> Outcome:
+        info = self.view.topics.get(topic)
+        current = info.partitions.get(partition) if info is not None else None
+        if current is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist"
+        moving = _moving(current)
+        if target is None:
+            if not (moving.adding or moving.removing):
+                return ErrorCode.NO_REASSIGNMENT_IN_PROGRESS, f"{topic}-{partition} is not moving"
+        elif not target or len(set(target)) != len(target):
+            return ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"replicas {target}: empty or repeated"
+        elif unknown := sorted(set(target) - set(self.view.brokers)):
+            return ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"brokers {unknown} are not registered"
+        after = reassign(moving, target)
+        await _write_assignment(self.coord, self.fence, topic, partition, after)
+        # The leader's next term knows the new replica set; a cancelled move's joining
+        # replicas leave the ISR (and the leadership, if one of them had it).
+        path = partition_state_path(topic, partition)
+        for _ in range(_WRITE_ATTEMPTS):
+            node = await self.coord.get(path)
+            if node is None:
+                break  # a new partition: the reconciler writes its first state
+            state = PartitionState.decode(node.data, path).leader_and_isr
+            live = frozenset(self.view.brokers)
+            new = leave_replicas(state, after.replicas, live)
+            if new is None:
+                new = LeaderAndIsr(state.leader, state.leader_epoch + 1, state.isr)
+            encoded = PartitionState.of(new, self.view.controller_epoch).encode()
+            try:
+                await self.coord.set_fenced(path, encoded, node.version, self.fence)
+                break
+            except BadVersion:
+                await _check_fence(self.coord, self.fence)
+        log.info("%s-%d: reassigning to %s (adding %s, removing %s)", topic, partition,
+                 list(after.target), list(after.adding), list(after.removing))  # fmt: skip
+        # Answer once this broker's view shows it, so that a ListPartitionReassignments
+        # right after lists it (the watch brings it within milliseconds).
+        with trio.move_on_after(_VIEW_WAIT_S):
+            while (self._partition(topic, partition) or current).replicas != after.replicas:  # noqa: ASYNC110 - the view is plain data, no event to wait on
+                await trio.sleep(0.01)
+        return ErrorCode.NONE, None
+
+    def _partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        info = self.view.topics.get(topic)
+        return info.partitions.get(partition) if info is not None else None
 
 
 async def run_controller(
@@ -246,6 +321,12 @@ async def _reconcile(
                 await _write(coord, path, state, versions[(name, partition)], fence)
                 log.info("%s: leader %d epoch %d ISR %s", path, target.leader,
                          target.leader_epoch, list(target.isr))  # fmt: skip
+            for topic in topics.values():
+                for partition, info in topic.partitions.items():
+                    if (topic.name, partition) not in targets:
+                        version = versions[(topic.name, partition)]
+                        await _finish_move(coord, view, fence, live, topic.name, partition,
+                                           info, version)  # fmt: skip
         except NotController:
             raise
         except CoordinationError as exc:
@@ -254,6 +335,61 @@ async def _reconcile(
             continue
         with trio.move_on_at(next_rebalance if rebalance is not None else float("inf")):
             await wait_any(lost, brokers_changed, *watches)
+
+
+def _moving(info: PartitionInfo) -> Reassignment:
+    return Reassignment(info.replicas, info.adding_replicas, info.removing_replicas)
+
+
+async def _finish_move(
+    coord: Coordination,
+    view: ClusterView,
+    fence: tuple[str, int],
+    live: frozenset[int],
+    topic: str,
+    partition: int,
+    info: PartitionInfo,
+    version: int,
+) -> None:
+    """The end of a reassignment whose joining replicas are all in sync: the leaving
+    ones leave the ISR (leadership moves if the leader leaves), then the assignment
+    keeps the target replicas only. In this order, as Kafka's controller does, so
+    that a round interrupted between the two writes just does the second one next."""
+    moving = _moving(info)
+    state = LeaderAndIsr(info.leader, info.leader_epoch, info.isr)
+    if version < 0 or not reassignment_done(state, moving):
+        return
+    target = moving.target
+    after = leave_replicas(state, target, live)
+    if after is None and state.leader not in target:
+        return  # no target replica can lead yet: wait for one
+    path = partition_state_path(topic, partition)
+    if after is not None:
+        await coord.set_fenced(path, PartitionState.of(after, view.controller_epoch).encode(),
+                               version, fence)  # fmt: skip
+    await _write_assignment(coord, fence, topic, partition, Reassignment(target))
+    log.info("%s-%d: reassignment done, replicas %s", topic, partition, list(target))
+
+
+async def _write_assignment(
+    coord: Coordination, fence: tuple[str, int], topic: str, partition: int, moving: Reassignment
+) -> None:
+    """One partition's replicas (and adding/removing lists) in the topic's znode."""
+    path = topic_path(topic)
+    while True:
+        node = await coord.get(path)
+        if node is None:
+            raise NoNode(path)
+        current = TopicAssignment.decode(node.data, path)
+        partitions = {**current.partitions, partition: moving.replicas}
+        adding = {**current.adding, partition: moving.adding}
+        removing = {**current.removing, partition: moving.removing}
+        updated = TopicAssignment(current.topic_id, partitions, adding, removing)
+        try:
+            await coord.set_fenced(path, updated.encode(), node.version, fence)
+            return
+        except BadVersion:
+            await _check_fence(coord, fence)  # another partition's move, or a new one
 
 
 async def _write(

@@ -50,7 +50,7 @@ from trio_broker.replication.controller_rules import (
     InvalidReplicationFactor,
     assign_replicas,
 )
-from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition
+from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition, NotAReplica
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.topics import TopicError, TopicManager
 
@@ -72,6 +72,8 @@ class FollowerRole:
     needs_truncation: bool = True
     #: The leader's high watermark as last fetched, capped at the local log end.
     high_watermark: int = 0
+    #: A reassignment is adding this replica: copy it at the throttled rate.
+    throttled: bool = False
 
 
 class ReplicaManager:
@@ -87,6 +89,7 @@ class ReplicaManager:
         durability: Any,
         on_hw_moved: Callable[[], None] = lambda: None,
         producers: Any = None,
+        follower_throttle_rate: int = 2**63 - 1,
     ) -> None:
         self.view = view
         self.coord = coord
@@ -100,6 +103,8 @@ class ReplicaManager:
         self.producers = producers
         #: Long-poll fetches wait for appends; a moved HW is news for them too.
         self.on_hw_moved = on_hw_moved
+        #: follower.replication.throttled.rate: bytes/s for replicas being added.
+        self.follower_throttle_rate = max(1, follower_throttle_rate)
         #: (topic, partition) -> this broker's leader term.
         self.terms: dict[tuple[str, int], LeaderPartition] = {}
         #: (topic, partition) -> what this broker follows.
@@ -126,7 +131,10 @@ class ReplicaManager:
         if term is None:
             return
         refreshed = self._refresh((topic, partition), term)
-        moved, proposal = term.follower_fetched(replica, offset, self.now_ms())
+        try:
+            moved, proposal = term.follower_fetched(replica, offset, self.now_ms())
+        except NotAReplica:  # a replica a reassignment removed, fetching in this epoch
+            return
         if moved or refreshed:
             self._wake((topic, partition))
         if proposal is not None:
@@ -271,9 +279,37 @@ class ReplicaManager:
                         roles_changed = True
                         log.info("following broker %d for %s-%d in epoch %d",
                                  info.leader, name, p, info.leader_epoch)  # fmt: skip
+                    role = self.following.get(key)
+                    if role is not None:
+                        role.throttled = me in info.adding_replicas
+        for key in [*self.following, *self.terms]:
+            topic_info = self.view.topics.get(key[0])
+            held = topic_info.partitions.get(key[1]) if topic_info is not None else None
+            if held is None or me not in held.replicas:
+                if self.terms.pop(key, None) is not None:
+                    self._wake(key)  # acks=all waiters learn the leadership moved
+                self.following.pop(key, None)
+                roles_changed = True
+                if held is not None:  # moved away by a reassignment (not a deleted topic)
+                    await self._drop_replica(*key)
         if roles_changed:
             self.roles_changed.set()
             self.roles_changed = trio.Event()
+
+    async def _drop_replica(self, name: str, partition: int) -> None:
+        """This broker is no longer a replica of the partition: its copy goes, the whole
+        local topic if it holds no other partition of it."""
+        topic = self.view.topics.get(name)
+        me = self.view.broker_id
+        if topic is not None and not any(me in i.replicas for i in topic.partitions.values()):
+            if self.topics.get(name) is not None:
+                self.topics.delete(name)
+                log.info("no longer a replica of any partition of %s: local topic deleted", name)
+            return
+        log_ = self.topics.log(name, partition)
+        if log_ is not None:
+            await trio.to_thread.run_sync(log_.delete_records, log_.log_end_offset)
+            log.info("no longer a replica of %s-%d: its records deleted", name, partition)
 
     async def _ensure_local_topic(
         self, name: str, topic_id: uuid.UUID, partitions: int

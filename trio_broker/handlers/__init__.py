@@ -12,7 +12,7 @@ MODULES = [
     "describe_acls", "create_acls", "delete_acls", "alter_configs", "incremental_alter_configs",
     "describe_client_quotas", "alter_client_quotas",
     "sasl_handshake", "sasl_authenticate", "user_scram_credentials",
-    "elect_leaders",
+    "elect_leaders", "alter_partition_reassignments", "list_partition_reassignments",
 ]  # fmt: skip
 
 

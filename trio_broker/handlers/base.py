@@ -78,6 +78,12 @@ class ControllerRequests(Protocol):
         """ElectLeaders: each partition's error code and message."""
         ...
 
+    async def alter_reassignments(
+        self, moves: dict[tuple[str, int], list[int] | None]
+    ) -> dict[tuple[str, int], tuple[ErrorCode, str | None]]:
+        """AlterPartitionReassignments: target replicas (None: cancel) per partition."""
+        ...
+
 
 class Replication(Protocol):
     """A clustered broker's part in replication (trio_broker/cluster/replica_manager.py).

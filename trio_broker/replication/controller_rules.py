@@ -27,11 +27,15 @@ __all__ = [
     "ElectionType",
     "InvalidReplicationFactor",
     "LeaderAndIsr",
+    "Reassignment",
     "after_broker_loss",
     "after_broker_return",
     "assign_replicas",
     "elect_leader",
+    "leave_replicas",
     "preferred_leader_move",
+    "reassign",
+    "reassignment_done",
     "requested_election",
 ]
 
@@ -209,4 +213,63 @@ def requested_election(
         isr = (leader,)
     if leader == NO_LEADER:
         return ElectionRefused.NO_ELIGIBLE_LEADER
+    return LeaderAndIsr(leader, state.leader_epoch + 1, isr)
+
+
+@attrs.frozen
+class Reassignment:
+    """A partition's replicas while it moves (KIP-455): the target replicas first, then
+    those leaving; ``adding`` join, ``removing`` leave once every joining one is in sync."""
+
+    replicas: tuple[int, ...]
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
+
+    @property
+    def original(self) -> tuple[int, ...]:
+        """The replicas before the move (what a cancellation returns to)."""
+        return tuple(r for r in self.replicas if r not in self.adding)
+
+    @property
+    def target(self) -> tuple[int, ...]:
+        return tuple(r for r in self.replicas if r not in self.removing)
+
+
+def reassign(current: Reassignment, target: Sequence[int] | None) -> Reassignment:
+    """The replicas once an administrator asks to move to ``target`` (None: cancel).
+
+    A new target replaces one in progress: the move is always from the original
+    replicas, so a replica added by the abandoned target but not wanted now leaves.
+    """
+    original = current.original
+    if target is None or tuple(target) == original:
+        return Reassignment(original)
+    wanted = tuple(target)
+    return Reassignment(
+        wanted + tuple(r for r in original if r not in wanted),
+        adding=tuple(r for r in wanted if r not in original),
+        removing=tuple(r for r in original if r not in wanted),
+    )
+
+
+def reassignment_done(state: LeaderAndIsr, moving: Reassignment) -> bool:
+    """Every joining replica is in the ISR: the leaving ones may go."""
+    return bool(moving.adding or moving.removing) and all(r in state.isr for r in moving.adding)
+
+
+def leave_replicas(
+    state: LeaderAndIsr, replicas: Sequence[int], live: frozenset[int]
+) -> LeaderAndIsr | None:
+    """The partition's state once only ``replicas`` remain (the end of a move, or its
+    cancellation): the others leave the ISR, and a leader among them hands over to the
+    first live in-sync remaining replica. None if nothing changes; if no remaining
+    replica can lead yet, the state is left as it is (the caller waits)."""
+    isr = tuple(r for r in state.isr if r in replicas)
+    leader = state.leader
+    if leader not in replicas or leader not in live:
+        leader = elect_leader(replicas, isr, live)
+        if leader == NO_LEADER:
+            return None
+    if (leader, isr) == (state.leader, state.isr):
+        return None
     return LeaderAndIsr(leader, state.leader_epoch + 1, isr)
