@@ -39,6 +39,7 @@ from tests.cluster.test_cluster_faults import (
 )
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.records import build_batch
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -240,6 +241,7 @@ def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
     read = read_partitions(servers(cluster), "moving", 1)
     check_invariants(read, acked, before)
 
+    leaders_answer_moved_clients(cluster)
     time.sleep(1.0)  # the follower's next fetch copies what the HW says it has
     for broker in cluster.values():
         assert broker.stop() == 0
@@ -247,3 +249,46 @@ def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
     leader_log = partition_bytes(cluster[2], "moving", 0)
     assert len(leader_log) > 2_000_000
     assert partition_bytes(cluster[3], "moving", 0) == leader_log
+
+
+def leaders_answer_moved_clients(cluster: Cluster) -> None:
+    """After the move (leader 2, follower 3): broker 1, which holds no replica any more,
+    and broker 3, a follower, answer NOT_LEADER_OR_FOLLOWER with the leader (KIP-951)."""
+    leader_epoch = partitions_epoch(cluster[2], "moving")
+    with cluster[1].connect() as conn:
+        produced = conn.request(
+            m.ApiKey.PRODUCE, 11, conn.produce_body("moving", build_batch([(b"k", b"v")]))
+        )
+        offsets = conn.request(m.ApiKey.LIST_OFFSETS, 7, list_offsets_body("moving"))
+    [topic] = produced.responses
+    [part] = topic.partition_responses
+    assert part.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert (part.current_leader.leader_id, part.current_leader.leader_epoch) == (2, leader_epoch)
+    assert [(e.node_id, e.port) for e in produced.node_endpoints] == [(2, cluster[2].port)]
+    assert offsets.topics[0].partitions[0].error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    Req = m.FetchRequest
+    fetch = Req(
+        replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
+        session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
+        topics=[Req.FetchTopic(topic="moving", partitions=[Req.FetchTopic.FetchPartition(
+            partition=0, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
+            partition_max_bytes=1 << 20, last_fetched_epoch=-1)])],
+    )  # fmt: skip
+    with cluster[3].connect() as conn:
+        fetched = conn.request(m.ApiKey.FETCH, 12, fetch)
+    [fetched_part] = fetched.responses[0].partitions
+    assert fetched_part.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert fetched_part.current_leader.leader_id == 2
+
+
+def partitions_epoch(broker: ConfiguredBroker, topic: str) -> int:
+    with broker.connect() as conn:
+        [meta] = conn.metadata([topic], version=9).topics
+    return int(meta.partitions[0].leader_epoch)
+
+
+def list_offsets_body(topic: str) -> m.ListOffsetsRequest:
+    Req = m.ListOffsetsRequest
+    part = Req.ListOffsetsTopic.ListOffsetsPartition(partition_index=0, timestamp=-1)
+    return Req(replica_id=-1, isolation_level=0,
+               topics=[Req.ListOffsetsTopic(name=topic, partitions=[part])])  # fmt: skip
