@@ -15,13 +15,14 @@ names). Scenarios:
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import ElectionType, KafkaError, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import ElectionType, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.admin import KafkaAdminClient
 
@@ -292,3 +293,75 @@ def list_offsets_body(topic: str) -> m.ListOffsetsRequest:
     part = Req.ListOffsetsTopic.ListOffsetsPartition(partition_index=0, timestamp=-1)
     return Req(replica_id=-1, isolation_level=0,
                topics=[Req.ListOffsetsTopic(name=topic, partitions=[part])])  # fmt: skip
+
+
+def test_create_partitions_and_delete_topics_across_the_cluster(brokers: Cluster) -> None:
+    """CreatePartitions grows a topic in ZooKeeper (placed by the rule, or as asked);
+    DeleteTopics, through the controller, takes it from the cluster and every broker's
+    disk; the name can be used again."""
+    admin = admin_of(brokers)
+    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers listed")
+    [created] = admin.create_topics([NewTopic("grow", 1, 2)]).values()
+    created.result(timeout=30)
+    [grown] = admin.create_partitions([NewPartitions("grow", 3)]).values()
+    grown.result(timeout=30)
+    [placed] = admin.create_partitions(
+        [NewPartitions("grow", 4, replica_assignment=[[3, 1]])]
+    ).values()
+    placed.result(timeout=30)
+    eventually(
+        lambda: len(state := partitions(admin, "grow")) == 4
+        and all(len(replicas) == 2 and leader >= 1 and len(isr) == 2
+                for leader, replicas, isr in state.values()),
+        "four partitions, two in-sync replicas each",
+    )  # fmt: skip
+    assert partitions(admin, "grow")[3][1] == [3, 1]
+    for count, assignment, error in [
+        (2, None, ErrorCode.INVALID_PARTITIONS),
+        (5, [[9, 1]], ErrorCode.INVALID_REPLICA_ASSIGNMENT),
+        (5, [[1, 2, 3]], ErrorCode.INVALID_REPLICA_ASSIGNMENT),
+    ]:
+        asked = NewPartitions(
+            "grow", count, **({"replica_assignment": assignment} if assignment else {})
+        )
+        [refused] = admin.create_partitions([asked]).values()
+        with pytest.raises(KafkaException) as caught:
+            refused.result(timeout=30)
+        assert caught.value.args[0].code() == error, (count, assignment, caught.value)
+    # The new partitions take writes on every replica: acks=all, read back.
+    acked = Acked()
+    p = producer(servers(brokers))
+    for i in range(200):
+        p.produce("grow", value=str(i).encode(), partition=i % 4, on_delivery=acked.delivered)
+    assert p.flush(60) == 0
+    # A live producer refreshes the topic's metadata, which would create it again
+    # (auto.create.topics.enable) right after the deletion: close it first.
+    del p
+    gc.collect()
+    assert len(acked.partition_of) == 200, acked.errors
+    check_invariants(read_partitions(servers(brokers), "grow", 4), acked)
+
+    holders = {b for _, replicas, _ in partitions(admin, "grow").values() for b in replicas}
+    assert all(list(brokers[b].data_dir.glob("grow-*")) for b in holders)
+    [deleted] = admin.delete_topics(["grow"]).values()
+    deleted.result(timeout=30)
+    eventually(
+        lambda: not any(list(b.data_dir.glob("grow-*")) for b in brokers.values()),
+        "every broker deleted its copy",
+        30,
+    )
+    for broker in brokers.values():
+        asked = m.MetadataRequest(
+            topics=[m.MetadataRequest.MetadataRequestTopic(name="grow")],
+            allow_auto_topic_creation=False,
+        )
+        with broker.connect() as conn:
+            [meta] = conn.request(m.ApiKey.METADATA, 4, asked).topics
+        assert meta.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    [missing] = admin.delete_topics(["grow"]).values()
+    with pytest.raises(KafkaException) as caught:
+        missing.result(timeout=30)
+    assert caught.value.args[0].code() == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    [again] = admin.create_topics([NewTopic("grow", 2, 3)]).values()
+    again.result(timeout=30)
+    eventually(lambda: len(partitions(admin, "grow")) == 2, "grow created again")

@@ -35,6 +35,7 @@ from trio_broker.cluster.zk_layout import (
     TopicAssignment,
     decode_controller_epoch,
     partition_state_path,
+    topic_config_path,
     topic_path,
 )
 from trio_broker.protocol.error_codes import ErrorCode
@@ -149,6 +150,29 @@ class ControllerActions:
 
     def __init__(self, coord: Coordination, view: ClusterView, fence: tuple[str, int]) -> None:
         self.coord, self.view, self.fence = coord, view, fence
+        #: Held by a reconciliation round and by a topic deletion: half-deleted, a
+        #: topic's partitions would look new to the reconciler, which would recreate them.
+        self.lock = trio.Lock()
+
+    async def delete_topic(self, name: str) -> Outcome:
+        """DeleteTopics: the topic's config and its whole tree go from ZooKeeper; every
+        broker that held a replica deletes its copy when its view loses the topic."""
+        try:
+            async with self.lock:
+                if await self.coord.get(topic_path(name)) is None:
+                    return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+                await _check_fence(self.coord, self.fence)
+                await _delete_tree(self.coord, topic_path(name))
+                await _delete_tree(self.coord, topic_config_path(name))
+        except NotController as exc:
+            return ErrorCode.NOT_CONTROLLER, str(exc)
+        except CoordinationError as exc:
+            return ErrorCode.UNKNOWN_SERVER_ERROR, str(exc)
+        log.info("topic %s deleted", name)
+        with trio.move_on_after(_VIEW_WAIT_S):
+            while name in self.view.topics:  # noqa: ASYNC110 - the view is plain data
+                await trio.sleep(0.01)
+        return ErrorCode.NONE, None
 
     async def elect_leaders(
         self, election_type: ElectionType, partitions: list[tuple[str, int]]
@@ -279,9 +303,10 @@ async def run_controller(
     if epoch_node is None or decode_controller_epoch(epoch_node.data) != view.controller_epoch:
         raise NotController("the controller epoch moved on before the first write")
     fence = (CONTROLLER_EPOCH, epoch_node.version)
-    on_active(ControllerActions(coord, view, fence))
+    actions = ControllerActions(coord, view, fence)
+    on_active(actions)
     try:
-        await _reconcile(coord, view, fence, unclean, rebalance)
+        await _reconcile(coord, view, fence, unclean, rebalance, actions.lock)
     finally:
         on_active(None)
 
@@ -292,41 +317,43 @@ async def _reconcile(
     fence: tuple[str, int],
     unclean: bool,
     rebalance: Rebalance | None,
+    lock: trio.Lock,
 ) -> None:
     next_rebalance = trio.current_time() + (rebalance.interval_s if rebalance else 0)
     while True:
         lost = coord.session_lost()
         try:
-            brokers, brokers_changed = await coord.children_and_watch(BROKER_IDS)
-            live = frozenset(int(b) for b in brokers if b.isdigit())
-            topics, versions, watches = await read_topics(coord)
-            targets: dict[tuple[str, int], LeaderAndIsr] = {}
-            for topic in topics.values():
-                for partition, info in topic.partitions.items():
-                    target = decide(info, live, unclean=unclean)
-                    if target is not None:
-                        targets[(topic.name, partition)] = target
-            if rebalance is not None and trio.current_time() >= next_rebalance:
-                next_rebalance = trio.current_time() + rebalance.interval_s
-                settled = {
-                    (t.name, p): info
-                    for t in topics.values()
-                    for p, info in t.partitions.items()
-                    if (t.name, p) not in targets and info.leader_epoch >= 0
-                }
-                targets.update(imbalanced_moves(settled, live, rebalance.percentage))
-            for (name, partition), target in targets.items():
-                state = PartitionState.of(target, view.controller_epoch)
-                path = partition_state_path(name, partition)
-                await _write(coord, path, state, versions[(name, partition)], fence)
-                log.info("%s: leader %d epoch %d ISR %s", path, target.leader,
-                         target.leader_epoch, list(target.isr))  # fmt: skip
-            for topic in topics.values():
-                for partition, info in topic.partitions.items():
-                    if (topic.name, partition) not in targets:
-                        version = versions[(topic.name, partition)]
-                        await _finish_move(coord, view, fence, live, topic.name, partition,
-                                           info, version)  # fmt: skip
+            async with lock:  # not while a topic is half deleted
+                brokers, brokers_changed = await coord.children_and_watch(BROKER_IDS)
+                live = frozenset(int(b) for b in brokers if b.isdigit())
+                topics, versions, watches = await read_topics(coord)
+                targets: dict[tuple[str, int], LeaderAndIsr] = {}
+                for topic in topics.values():
+                    for partition, info in topic.partitions.items():
+                        target = decide(info, live, unclean=unclean)
+                        if target is not None:
+                            targets[(topic.name, partition)] = target
+                if rebalance is not None and trio.current_time() >= next_rebalance:
+                    next_rebalance = trio.current_time() + rebalance.interval_s
+                    settled = {
+                        (t.name, p): info
+                        for t in topics.values()
+                        for p, info in t.partitions.items()
+                        if (t.name, p) not in targets and info.leader_epoch >= 0
+                    }
+                    targets.update(imbalanced_moves(settled, live, rebalance.percentage))
+                for (name, partition), target in targets.items():
+                    state = PartitionState.of(target, view.controller_epoch)
+                    path = partition_state_path(name, partition)
+                    await _write(coord, path, state, versions[(name, partition)], fence)
+                    log.info("%s: leader %d epoch %d ISR %s", path, target.leader,
+                             target.leader_epoch, list(target.isr))  # fmt: skip
+                for topic in topics.values():
+                    for partition, info in topic.partitions.items():
+                        if (topic.name, partition) not in targets:
+                            version = versions[(topic.name, partition)]
+                            await _finish_move(coord, view, fence, live, topic.name, partition,
+                                               info, version)  # fmt: skip
         except NotController:
             raise
         except CoordinationError as exc:
@@ -390,6 +417,17 @@ async def _write_assignment(
             return
         except BadVersion:
             await _check_fence(coord, fence)  # another partition's move, or a new one
+
+
+async def _delete_tree(coord: Coordination, path: str) -> None:
+    """Delete ``path`` and everything below it (gone already: nothing to do)."""
+    children, _ = await coord.children_and_watch(path)
+    for child in children:
+        await _delete_tree(coord, f"{path}/{child}")
+    try:
+        await coord.delete(path)
+    except NoNode:
+        pass
 
 
 async def _write(

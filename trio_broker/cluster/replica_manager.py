@@ -38,6 +38,7 @@ from trio_broker.cluster.coordination import (
 )
 from trio_broker.cluster.zk_layout import (
     PRODUCER_ID_BLOCK,
+    CoordinationDataError,
     PartitionState,
     TopicAssignment,
     partition_state_path,
@@ -116,6 +117,9 @@ class ReplicaManager:
         self._nursery: trio.Nursery | None = None
         #: The controller's actions while this broker is the controller (admin requests).
         self.controller: ControllerActions | None = None
+        #: Cluster topics this broker keeps a local copy of (since it started): deleted
+        #: locally when the cluster deletes them.
+        self.local_copies: set[str] = set()
 
     # ------------------------------------------------------------------ for handlers
 
@@ -194,6 +198,82 @@ class ReplicaManager:
             while not self._has_leaders(name, len(assignment)):
                 await self._view_event().wait()
 
+    async def create_partitions(
+        self, name: str, total: int, assignment: list[list[int]] | None, validate_only: bool
+    ) -> None:
+        """Grow a cluster topic to ``total`` partitions: the new replica lists go into the
+        topic's znode (a conditional update), the controller gives them leaders, and the
+        replicas create their logs, as for a new topic. Waits for the leaders."""
+        try:
+            await self._grow_topic(name, total, assignment, validate_only)
+        except (CoordinationError, CoordinationDataError) as exc:
+            raise TopicError(ErrorCode.UNKNOWN_SERVER_ERROR, f"ZooKeeper: {exc}") from None
+        if validate_only:
+            return
+        with trio.move_on_after(CREATE_WAIT_S):
+            while not self._has_leaders(name, total):
+                await self._view_event().wait()
+
+    async def _grow_topic(
+        self, name: str, total: int, assignment: list[list[int]] | None, validate_only: bool
+    ) -> None:
+        path = topic_path(name)
+        while True:
+            node = await self.coord.get(path)
+            if node is None:
+                raise TopicError(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+                )
+            current = TopicAssignment.decode(node.data, path)
+            count = len(current.partitions)
+            self.topics.check_partition_count(name, count, total)
+            added = self._new_replicas(current, total, assignment)
+            if validate_only:
+                return
+            partitions = {**current.partitions, **added}
+            grown = TopicAssignment(current.topic_id, partitions, current.adding, current.removing)
+            try:
+                await self.coord.set(path, grown.encode(), node.version)
+                return
+            except BadVersion:
+                continue  # a move or another growth came first: decide again
+
+    def _new_replicas(
+        self, current: TopicAssignment, total: int, assignment: list[list[int]] | None
+    ) -> dict[int, tuple[int, ...]]:
+        count = len(current.partitions)
+        brokers = {b.broker_id: b.rack for b in self.view.brokers.values()}
+        factor = len(current.target(0))
+        if assignment is None:
+            try:
+                lists = assign_replicas(
+                    total - count, factor, brokers,
+                    start_index=random.randrange(max(len(brokers), 1)), first_partition=count,
+                )  # fmt: skip
+            except InvalidReplicationFactor as exc:
+                raise TopicError(ErrorCode.INVALID_REPLICATION_FACTOR, str(exc)) from None
+            return {count + i: tuple(r) for i, r in enumerate(lists)}
+        if len(assignment) != total - count:
+            raise TopicError(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                f"adding {total - count} partition(s) needs as many assignments, got "
+                f"{len(assignment)}",
+            )
+        for offset, replicas in enumerate(assignment):
+            unknown = sorted(set(replicas) - set(brokers))
+            if not replicas or len(set(replicas)) != len(replicas) or unknown:
+                raise TopicError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    f"partition {count + offset}: replicas {replicas} must be distinct live "
+                    "brokers",
+                )
+            if len(replicas) != factor:
+                raise TopicError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    f"partition {count + offset}: {len(replicas)} replicas, the topic has {factor}",
+                )
+        return {count + i: tuple(r) for i, r in enumerate(assignment)}
+
     def controller_changed(self, actions: ControllerActions | None) -> None:
         """Membership's word: this broker became the controller (or stopped being it)."""
         self.controller = actions
@@ -250,6 +330,7 @@ class ReplicaManager:
             local = await self._ensure_local_topic(name, topic.topic_id, len(topic.partitions))
             if local is None:
                 continue
+            self.local_copies.add(name)
             for p in mine:
                 info = topic.partitions[p]
                 key = (name, p)
@@ -292,9 +373,29 @@ class ReplicaManager:
                 roles_changed = True
                 if held is not None:  # moved away by a reassignment (not a deleted topic)
                     await self._drop_replica(*key)
+        for name in self.local_copies - set(self.view.topics):
+            await self._drop_deleted_topic(name)
         if roles_changed:
             self.roles_changed.set()
             self.roles_changed = trio.Event()
+
+    async def _drop_deleted_topic(self, name: str) -> None:
+        """The cluster deleted the topic: so does this broker, once ZooKeeper confirms it
+        (a topic znode that does not parse is left out of the view too, and must not cost
+        the local copy)."""
+        try:
+            if await self.coord.get(topic_path(name)) is not None:
+                return
+        except CoordinationError:
+            return  # ask again at the next view change
+        self.local_copies.discard(name)
+        for key in [k for k in [*self.following, *self.terms] if k[0] == name]:
+            if self.terms.pop(key, None) is not None:
+                self._wake(key)
+            self.following.pop(key, None)
+        if self.topics.get(name) is not None:
+            self.topics.delete(name)
+            log.info("topic %s deleted by the cluster: local copy deleted", name)
 
     async def _drop_replica(self, name: str, partition: int) -> None:
         """This broker is no longer a replica of the partition: its copy goes, the whole

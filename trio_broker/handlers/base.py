@@ -84,6 +84,10 @@ class ControllerRequests(Protocol):
         """AlterPartitionReassignments: target replicas (None: cancel) per partition."""
         ...
 
+    async def delete_topic(self, name: str) -> tuple[ErrorCode, str | None]:
+        """DeleteTopics: the topic goes from the cluster."""
+        ...
+
 
 class Replication(Protocol):
     """A clustered broker's part in replication (trio_broker/cluster/replica_manager.py).
@@ -124,6 +128,12 @@ class Replication(Protocol):
         assignment: dict[int, list[int]] | None,
     ) -> None:
         """Create a topic in the cluster and wait until its partitions have leaders."""
+        ...
+
+    async def create_partitions(
+        self, name: str, total: int, assignment: list[list[int]] | None, validate_only: bool
+    ) -> None:
+        """Grow a cluster topic (TopicError if refused); waits for the new leaders."""
         ...
 
 
