@@ -16,6 +16,7 @@ names). Scenarios:
 from __future__ import annotations
 
 import gc
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ from tests.cluster.test_cluster_faults import (
     read_partitions,
     servers,
 )
+from tests.e2e.conftest import BROKER_EXE
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
@@ -221,6 +223,10 @@ def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
         assert listed == {
             tp: {"replicas": [2, 3, 1], "adding_replicas": [3], "removing_replicas": [1]}
         }, listed
+        # `trio-broker topics describe` shows the move (asked of a broker that leads nothing).
+        [moving_row] = describe_rows(cluster[3], "moving")
+        assert moving_row[:4] == ["0", "1", "2,3,1", "1,2"], moving_row
+        assert moving_row[-2:] == ["+3", "-1"], moving_row
         # Cancelling what is not moving, and moving what does not exist, are refused.
         other = KafkaTopicPartition("moving", 5)
         answer = kadmin.alter_partition_reassignments({other: [1, 2]})
@@ -231,6 +237,8 @@ def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
         catch_up_done = background.acked_count()
         state = partitions(admin, "moving")[0]
         assert state[1:] == ([2, 3], [2, 3]), state
+        [moved_row] = describe_rows(cluster[1], "moving")
+        assert moved_row[1:4] + moved_row[-1:] == ["2", "2,3", "2,3", "-"], moved_row
         not_moving = kadmin.alter_partition_reassignments({tp: None})
         assert not_moving[tp] is not None and not_moving[tp].errno == 85, not_moving
     finally:
@@ -365,3 +373,17 @@ def test_create_partitions_and_delete_topics_across_the_cluster(brokers: Cluster
     [again] = admin.create_topics([NewTopic("grow", 2, 3)]).values()
     again.result(timeout=30)
     eventually(lambda: len(partitions(admin, "grow")) == 2, "grow created again")
+
+
+def describe_rows(broker: ConfiguredBroker, topic: str) -> list[list[str]]:
+    """The partition rows of `trio-broker topics describe` (first table, after the header)."""
+    result = subprocess.run(
+        [str(BROKER_EXE), "topics", "describe", topic, "--bootstrap", broker.bootstrap],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("\n\n")[0].splitlines()
+    assert lines[1].split() == [
+        "PARTITION", "LEADER", "REPLICAS", "ISR", "START", "END", "RECORDS", "MOVING"
+    ], lines  # fmt: skip
+    return [line.split() for line in lines[2:]]
