@@ -84,7 +84,12 @@ def throttled(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
 
 def admin_of(cluster: Cluster) -> AdminClient:
     bootstrap = ",".join(b.bootstrap for b in cluster.values() if b.running)
-    return AdminClient({"bootstrap.servers": bootstrap, "topic.metadata.refresh.interval.ms": 500})
+    return AdminClient({
+        "bootstrap.servers": bootstrap, "topic.metadata.refresh.interval.ms": 500,
+        # librdkafka's admin handle refreshes the topics it has seen, and (a producer-type
+        # handle) would create a deleted one again through Metadata's auto-creation.
+        "allow.auto.create.topics": False,
+    })  # fmt: skip
 
 
 def create(admin: AdminClient, topic: str, replicas: list[int]) -> None:
