@@ -92,6 +92,14 @@ class BrokerConfig:
     message_max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     log_message_timestamp_type: str = "CreateTime"
     offsets_retention_minutes: int = 7 * 24 * 60
+    #: Transactions (docs/transactions.md): InitProducerId with a longer
+    #: transaction.timeout.ms gets INVALID_TRANSACTION_TIMEOUT.
+    transaction_max_timeout_ms: int = 900_000
+    #: How often open transactions past their timeout are aborted.
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
+    #: An idle transactional id (no open transaction) is forgotten after this long.
+    transactional_id_expiration_ms: int = 604_800_000
+    transaction_remove_expired_transaction_cleanup_interval_ms: int = 3_600_000
     #: Cluster mode ([cluster], docs/cluster.md): HOST:PORT[,HOST:PORT...][/chroot] of
     #: ZooKeeper; None runs a single broker as before.
     zookeeper_connect: str | None = None
@@ -162,6 +170,11 @@ class BrokerConfig:
                 "group.min.session.timeout.ms: must be positive and at most "
                 f"group.max.session.timeout.ms ({self.group_max_session_timeout_ms})"
             )
+        for name in ("transaction_max_timeout_ms", "transactional_id_expiration_ms",
+                     "transaction_abort_timed_out_transaction_cleanup_interval_ms",
+                     "transaction_remove_expired_transaction_cleanup_interval_ms"):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
         if self.message_max_bytes < 0:
             raise ConfigError("message.max.bytes: must be at least 0")
         if self.log_message_timestamp_type not in ("CreateTime", "LogAppendTime"):

@@ -360,6 +360,7 @@ async def test_describe_log_dirs_reports_each_partitions_size(
         assert sizes[("t", 1)] == on_disk_size(broker.config.data_dir / "t-1")
         # Null topics: every partition, the committed-offsets log included (as Kafka).
         assert ("__consumer_offsets", 0) in sizes
+        assert ("__transaction_state", 0) in sizes
     else:
         assert log_dir.log_dir == MEMORY_LOG_DIR
     if version >= 4 and broker.config.storage == "file":

@@ -128,9 +128,17 @@ def test_snapshot_bytes_are_compact_json() -> None:
     manager.append(5, 0, 0, 2, 0, 2, 1234)
     manager.append(2, 1, 7, 7, 3, 3, 99)
     assert manager.to_snapshot() == (
-        b'{"version":1,"next_offset":4,"producers":[[2,1,[[7,7,3,3,99]]],[5,0,[[0,2,0,2,1234]]]]}'
+        b'{"version":2,"next_offset":4,"producers":[[2,1,[[7,7,3,3,99]]],[5,0,[[0,2,0,2,1234]]]],'
+        b'"txns":{"ongoing":[],"aborted":[],"markers":[]}}'
     )
     assert ProducerStateManager.from_snapshot(manager.to_snapshot()).producers == manager.producers
+
+
+def test_version_1_snapshot_still_loads_without_transactions() -> None:
+    old = b'{"version":1,"next_offset":4,"producers":[[2,1,[[7,7,3,3,99]]]]}'
+    loaded = ProducerStateManager.from_snapshot(old)
+    assert loaded.next_offset == 4 and list(loaded.producers) == [2]
+    assert loaded.txns.ongoing == {} and loaded.txns.aborted == []
 
 
 # ------------------------------------------------------------------ InitProducerId edges

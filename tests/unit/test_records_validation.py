@@ -232,17 +232,18 @@ def test_zstd_needs_produce_v7() -> None:
     validate_batch(sample(compression=Compression.LZ4), 3, DEFAULT_MAX_MESSAGE_BYTES)
 
 
-def test_control_and_transactional_batches_are_refused() -> None:
+def test_control_batches_and_transactional_ones_without_producer_are_refused() -> None:
     assert rejected(sample(is_control=True)) == (
         ErrorCode.INVALID_RECORD,
         "clients may not write control batches",
     )
-    assert rejected(
-        sample(producer_id=3, producer_epoch=0, base_sequence=0, is_transactional=True)
-    ) == (
-        ErrorCode.INVALID_TXN_STATE,
-        "transactions are not supported",
+    assert rejected(sample(producer_id=-1, is_transactional=True)) == (
+        ErrorCode.INVALID_RECORD,
+        "transactional batch without a producer id",
     )
+    # A transactional batch is valid as records; the coordinator decides (handler).
+    txn = sample(producer_id=3, producer_epoch=0, base_sequence=0, is_transactional=True)
+    assert validate_batch(txn, 9, DEFAULT_MAX_MESSAGE_BYTES).is_transactional
 
 
 def test_idempotent_batch_needs_a_sequence() -> None:

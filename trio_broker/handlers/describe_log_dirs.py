@@ -5,8 +5,8 @@ log dir (its absolute path, as Kafka gives it), with each asked-for partition
 the broker holds: its size (the bytes of its segment files), offset lag 0 and
 ``is_future_key`` false (no replica is being moved between directories), and
 from v4 the file system's total and usable bytes. A null topic list asks for
-every partition, the internal ``__consumer_offsets`` one included, as in Kafka;
-partitions the broker does not hold are left out. DESCRIBE on the cluster is
+every partition, the internal ``__consumer_offsets`` and ``__transaction_state`` ones
+included, as in Kafka; partitions the broker does not hold are left out. DESCRIBE on the cluster is
 required: refused, the answer is empty with CLUSTER_AUTHORIZATION_FAILED at the
 top (v3+; earlier versions have no field for it and get the empty list only).
 
@@ -24,6 +24,7 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.transactions.coordinator import coordinator_of
 
 Resp = m.DescribeLogDirsResponse
 DirResult = Resp.DescribeLogDirsResult
@@ -34,6 +35,8 @@ MEMORY_LOG_DIR = "(memory)"
 UNKNOWN_BYTES = -1
 #: The committed-offsets log: one partition, owned by the group coordinator.
 OFFSETS_TOPIC, OFFSETS_PARTITION = "__consumer_offsets", 0
+#: The transaction coordinator's log (trio_broker/transactions): one partition too.
+TRANSACTIONS_TOPIC = "__transaction_state"
 
 
 def _partition_logs(ctx: RequestContext) -> Iterator[tuple[str, int, Any]]:
@@ -44,6 +47,9 @@ def _partition_logs(ctx: RequestContext) -> Iterator[tuple[str, int, Any]]:
     offsets = ctx.services.groups.offsets
     if offsets is not None:
         yield OFFSETS_TOPIC, OFFSETS_PARTITION, offsets.log
+    transactions = coordinator_of(ctx.services)
+    if transactions is not None:
+        yield TRANSACTIONS_TOPIC, 0, transactions.log
 
 
 def _topic_results(

@@ -21,6 +21,7 @@ from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 Resp = m.FetchResponse
 TopicResp = Resp.FetchableTopicResponse
 PartResp = TopicResp.PartitionData
+AbortedTxnResp = PartResp.AbortedTransaction
 READ_COMMITTED = 1
 
 
@@ -75,7 +76,14 @@ def read_partitions(ctx: RequestContext, request: m.FetchRequest) -> tuple[Resp,
                 else:
                     read_up_to = term.high_watermark
                 high_watermark = term.high_watermark
-            part.high_watermark = part.last_stable_offset = high_watermark
+            # The LSO: Kafka fills it for read_uncommitted fetches too.
+            producers = ctx.services.producers
+            stable = producers.last_stable_offset(topic.name, p.partition, log, high_watermark)
+            read_committed = request.isolation_level == READ_COMMITTED and not follower
+            if read_committed:
+                # Batches at or past the LSO (the oldest open transaction) are left out.
+                read_up_to = min(read_up_to, stable)
+            part.high_watermark, part.last_stable_offset = high_watermark, stable
             part.log_start_offset = log.log_start_offset
             if remaining <= 0 and total > 0:
                 continue
@@ -93,6 +101,15 @@ def read_partitions(ctx: RequestContext, request: m.FetchRequest) -> tuple[Resp,
                 )
                 part.high_watermark = part.last_stable_offset = part.log_start_offset = -1
                 continue
+            if regions and read_committed:
+                # Every aborted transaction overlapping [fetch offset, LSO): a superset of
+                # those in the returned batches, which the consumer filters by offset.
+                part.aborted_transactions = [
+                    AbortedTxnResp(producer_id=a.producer_id, first_offset=a.first_offset)
+                    for a in producers.aborted_between(
+                        topic.name, p.partition, log, p.fetch_offset, stable
+                    )
+                ]
             if regions:
                 chunks = RecordsChunks(regions)
                 part.records = chunks

@@ -1,10 +1,8 @@
-"""FindCoordinator: this node coordinates every group; there is no transaction coordinator.
+"""FindCoordinator: this node coordinates every group and every transactional id.
 
 v0-3 ask for one key; v4+ batch several (``coordinator_keys``) and get one
-entry each. Key type 0 is a group, 1 a transactional id (we answer
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED: transactions are not supported, and
-that error stops clients at once instead of leaving them retrying to a timeout), anything else is
-an invalid request.
+entry each. Key type 0 is a group, 1 a transactional id (this broker, when it
+runs a transaction coordinator), anything else is an invalid request.
 """
 
 from __future__ import annotations
@@ -40,13 +38,13 @@ def _locate(
         host, port = ctx.services.advertised_for(ctx.client.connection_id)
         return ErrorCode.NONE, None, ctx.services.config.node_id, host, port
     if key_type == KEY_TYPE_TRANSACTION:
-        return (
-            ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-            "transactions are not supported",
-            -1,
-            "",
-            -1,
-        )
+        if not authorized(ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key):
+            return (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                    f"DESCRIBE on transactional id {key!r}", -1, "", -1)  # fmt: skip
+        if ctx.services.transactions is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, "no transaction coordinator", -1, "", -1
+        host, port = ctx.services.advertised_for(ctx.client.connection_id)
+        return ErrorCode.NONE, None, ctx.services.config.node_id, host, port
     return ErrorCode.INVALID_REQUEST, f"unknown coordinator key type {key_type}", -1, "", -1
 
 

@@ -3,8 +3,8 @@
 Special timestamps (Kafka's ListOffsetsRequest constants):
 
 - -2 earliest: the log start offset.
-- -1 latest: the high watermark; read_committed asks for the last stable
-  offset, which equals it without transactions.
+- -1 latest: the high watermark; read_committed (isolation_level 1) gets the
+  last stable offset instead: the first offset of the oldest open transaction.
 - -3 max timestamp (KIP-734, v7+): the record with the largest timestamp (the
   earliest one on a tie) and that timestamp. We find its batch from the batch
   headers, then decode that one batch for the exact record.
@@ -43,6 +43,7 @@ EARLIEST = -2
 MAX_TIMESTAMP = -3
 EARLIEST_LOCAL = -4
 LATEST_TIERED = -5
+READ_COMMITTED = 1
 
 
 def _batch_at(partition_log: Any, offset: int) -> RecordBatchView | None:
@@ -150,10 +151,18 @@ async def handle_list_offsets(
                 if visible is None:
                     out.error_code = ErrorCode.OFFSET_NOT_AVAILABLE
                     continue
+                if request.isolation_level == READ_COMMITTED:
+                    visible = ctx.services.producers.last_stable_offset(
+                        wanted.name, p.partition_index, partition_log, visible
+                    )
                 out.offset, out.timestamp, out.leader_epoch = visible, -1, term.leader_epoch
                 continue
             try:
                 out.offset, out.timestamp = _lookup(partition_log, p.timestamp)
+                if p.timestamp == LATEST and request.isolation_level == READ_COMMITTED:
+                    out.offset = ctx.services.producers.last_stable_offset(
+                        wanted.name, p.partition_index, partition_log, out.offset
+                    )
             except LogError as exc:
                 out.error_code = exc.error_code
                 continue

@@ -72,8 +72,8 @@ def validate_batch(
         raise BatchRejected(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, "zstd needs Produce v7+")
     if batch.is_control:
         raise BatchRejected(ErrorCode.INVALID_RECORD, "clients may not write control batches")
-    if batch.is_transactional:
-        raise BatchRejected(ErrorCode.INVALID_TXN_STATE, "transactions are not supported")
+    if batch.is_transactional and batch.producer_id < 0:
+        raise BatchRejected(ErrorCode.INVALID_RECORD, "transactional batch without a producer id")
     if batch.producer_id >= 0 and batch.base_sequence < 0:
         raise BatchRejected(ErrorCode.INVALID_RECORD, "idempotent batch without a sequence")
     try:
@@ -98,6 +98,12 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     durable_waits: list[tuple[Any, int, PartResp, tuple[str, int] | None]] = []
     topic_responses: list[TopicResp] = []
     produced = 0  # request record bytes, for the producer byte-rate quota
+    # As Kafka: a transactional producer needs WRITE on its transactional id, or every
+    # partition of the request is refused.
+    txn_id = request.transactional_id if ctx.api_version >= 3 else None
+    txn_id_denied = txn_id is not None and not authorized(
+        ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id
+    )
     for topic_data in request.topic_data:
         topic, name, missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
         partition_responses: list[PartResp] = []
@@ -109,6 +115,9 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             produced += len(data.records or b"")
             if acks not in (0, 1, -1):
                 part.error_code = ErrorCode.INVALID_REQUIRED_ACKS
+                continue
+            if txn_id_denied:
+                part.error_code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
                 continue
             if not allowed:
                 part.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
@@ -139,6 +148,8 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
                     part.log_start_offset = log.log_start_offset
                 continue
             try:
+                if batch.is_transactional:
+                    check_in_transaction(services, topic.name, data.index, batch)
                 duplicate = check_producer(services, topic.name, data.index, log, batch)
             except BatchRejected as exc:
                 # As Kafka: a batch refused by the producer state (sequence, epoch) is
@@ -250,6 +261,26 @@ def _not_committed(services: Services, replicated: tuple[str, int], last_offset:
     replication = services.replication
     term = None if replication is None else replication.leader_term(*replicated)
     return term is None or term.high_watermark <= last_offset
+
+
+def check_in_transaction(
+    services: Services, topic: str, partition: int, batch: RecordBatchView
+) -> None:
+    """A transactional batch goes in only while the coordinator has the partition in the
+    producer's ongoing transaction (KIP-890's verification); else its error code.
+
+    Without a coordinator there is no transaction to be in: INVALID_TXN_STATE.
+    """
+    transactions = services.transactions
+    if transactions is None:
+        raise BatchRejected(ErrorCode.INVALID_TXN_STATE, "this broker has no transactions")
+    code = transactions.partition_in_transaction(
+        batch.producer_id, batch.producer_epoch, topic, partition
+    )
+    if code != ErrorCode.NONE:
+        raise BatchRejected(
+            code, f"partition {topic}-{partition} is not in the producer's transaction"
+        )
 
 
 def check_producer(

@@ -8,6 +8,7 @@ Task tree (see docs/architecture.md)::
     ├── delayed operations      deferred responses: acks=all waits, long-poll fetches
     ├── retention               deletes old segments periodically
     ├── group coordinator       session and rebalance timers
+    ├── transaction timers      timed-out transactions aborted, idle ids expired
     └── acceptor (per listener) accepts; one nursery of connections
         └── connection          reader task + writer task
 """
@@ -36,16 +37,20 @@ from trio_broker.server.flusher import Flusher
 from trio_broker.server.handler_pool import HandlerPool
 from trio_broker.server.memory_budget import MemoryBudget
 from trio_broker.server.quotas import with_request_quota
+from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.server.transport import open_connection, tls_contexts
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.quotas import QuotaService
 from trio_broker.services.stats import BrokerStats
 from trio_broker.services.topics import TopicManager
+from trio_broker.services.txn_markers import append_txn_marker
 from trio_broker.storage.durable import make_dirs_durable
 from trio_broker.storage.group_commit import FlushPolicy
 from trio_broker.storage.log import LogConfig, wall_clock_ms
+from trio_broker.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger("trio_broker")
+
 
 #: How long a graceful shutdown waits for in-flight requests before cancelling.
 DRAIN_TIMEOUT_S = 10.0
@@ -144,8 +149,17 @@ class Broker:
         #: Cluster mode (zookeeper.connect): this broker's replication, set once it has
         #: joined (trio_broker/cluster); None while alone.
         self.replication: Any = None
-        #: The transaction coordinator (trio_broker/transactions), or None without one.
-        self.transactions: Any = None
+        #: The transaction coordinator (trio_broker/transactions): its table is replayed
+        #: from <data_dir>/__transaction_state-0 here; its timers are a service task.
+        self.transactions: Any = TransactionCoordinator.open(
+            data_dir, self.log_defaults, topics=self.topics, producers=self.producers,
+            durability=self.flusher, appends=self.appends, groups=self.groups,
+            allocate_producer_id=lambda: self.producers.allocator.allocate(),
+            write_marker=append_txn_marker, now_ms=now_ms,
+            max_timeout_ms=config.transaction_max_timeout_ms,
+            expiration_ms=config.transactional_id_expiration_ms,
+        )  # fmt: skip
+        self.services.append(TransactionTimers(self.transactions, config))
         #: The Prometheus /metrics and /health responder (trio_broker.server.metrics), or None.
         self.metrics: Any = None
         if config.metrics_listener is not None:

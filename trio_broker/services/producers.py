@@ -24,7 +24,9 @@ from typing import Any, Protocol
 import attrs
 
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.protocol.records import RecordBatchView
+from trio_broker.protocol.errors import ProtocolError
+from trio_broker.protocol.records import RecordBatchView, iter_batches, read_control_marker
+from trio_broker.state.partition_txns import AbortedTxn
 from trio_broker.state.producer import (
     APPEND,
     Duplicate,
@@ -225,14 +227,42 @@ class ProducerStateRegistry:
             rejected[verdict.error_code] = rejected.get(verdict.error_code, 0) + 1
         return verdict
 
+    def check_marker(
+        self,
+        topic: str,
+        partition: int,
+        log_: PartitionLogLike,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+    ) -> tuple[ErrorCode, str]:
+        """May a transaction marker with these epochs go into the partition?"""
+        return self.manager(topic, partition, log_).check_marker(
+            producer_id, producer_epoch, coordinator_epoch
+        )
+
     def record_append(
         self, topic: str, partition: int, batch: Any, base_offset: int, last_offset: int
     ) -> None:
+        """THE hook every appended batch passes through, data and transaction markers.
+
+        ``batch`` is the whole batch (a marker's commit/abort is in its record key).
+        """
         if batch.producer_id < 0:
             return
         slot = self._partitions.get((topic, partition))
         if slot is None:  # check() always runs first; a missing manager is a broker bug
             raise RuntimeError(f"no producer state for {topic}-{partition}")
+        if batch.is_control:
+            marker = read_control_marker(batch)  # append_txn_marker built it: it is one
+            slot.manager.append_marker(
+                batch.producer_id,
+                batch.producer_epoch,
+                marker.coordinator_epoch,
+                marker.committed,
+                base_offset,
+            )
+            return
         self._stats.appended += 1
         slot.manager.append(
             batch.producer_id,
@@ -242,7 +272,23 @@ class ProducerStateRegistry:
             base_offset,
             last_offset,
             batch.max_timestamp,
+            is_transactional=batch.is_transactional,
         )
+
+    # ------------------------------------------------------------------ fetch path
+
+    def last_stable_offset(
+        self, topic: str, partition: int, log_: PartitionLogLike, high_watermark: int
+    ) -> int:
+        """The LSO: read_committed consumers see the partition below it."""
+        manager = self.manager(topic, partition, log_)
+        return manager.txns.last_stable_offset(high_watermark, log_.log_start_offset)
+
+    def aborted_between(
+        self, topic: str, partition: int, log_: PartitionLogLike, from_offset: int, upper: int
+    ) -> list[AbortedTxn]:
+        """Aborted transactions overlapping [from_offset, upper), for a read_committed fetch."""
+        return self.manager(topic, partition, log_).txns.aborted_between(from_offset, upper)
 
     def forget(self, topic: str, partition: int) -> None:
         """Drop a partition's state: it is rebuilt from the log when next needed (a
@@ -349,7 +395,27 @@ def log_directory(log_: Any) -> Path | None:
 def read_batch_headers(log_: PartitionLogLike, from_offset: int) -> Iterator[Any]:
     """Batch headers of ``log_`` from the batch holding ``from_offset`` to the end.
 
-    Only the 61-byte headers are read: replaying producer state never needs records.
+    Only the 61-byte headers are read for data batches: replaying producer state never
+    needs their records. A control batch (a transaction marker, one small record) is
+    read whole: whether it commits or aborts is in its record key.
     """
-    for _base_offset, header in log_.iter_batch_headers(from_offset):
-        yield RecordBatchView(header)
+    for base_offset, header in log_.iter_batch_headers(from_offset):
+        view = RecordBatchView(header)
+        if view.is_control:
+            whole = read_whole_batch(log_, base_offset)
+            if whole is not None:
+                view = whole
+        yield view
+
+
+def read_whole_batch(log_: Any, base_offset: int) -> RecordBatchView | None:
+    """The complete batch starting at ``base_offset``, None if it cannot be read."""
+    try:
+        regions = log_.read(base_offset, 1, log_.log_end_offset, min_one=True)
+        data = b"".join(r.read_bytes() for r in regions)
+        for batch in iter_batches(data):
+            if batch.base_offset == base_offset:
+                return batch
+    except (OSError, ProtocolError) as exc:
+        log.warning("cannot read the control batch at offset %d: %s", base_offset, exc)
+    return None

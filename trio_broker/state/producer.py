@@ -29,6 +29,9 @@ from typing import Any
 import attrs
 
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import ProtocolError
+from trio_broker.protocol.records import read_control_marker
+from trio_broker.state.partition_txns import PartitionTransactions, check_marker
 
 __all__ = [
     "APPEND",
@@ -61,7 +64,9 @@ MAX_PRODUCER_EPOCH = 2**15 - 1
 #: Kafka remembers this many batches per producer per partition for duplicate detection;
 #: clients cap max.in.flight.requests.per.connection at 5 for idempotence to match.
 BATCHES_TO_RETAIN = 5
-_SNAPSHOT_VERSION = 1
+#: Version 2 adds the partition's transactions; version 1 snapshots still load.
+_SNAPSHOT_VERSION = 2
+_READABLE_SNAPSHOT_VERSIONS = (1, 2)
 
 
 # ----------------------------------------------------------------------------- the state
@@ -247,11 +252,33 @@ class ProducerStateManager:
     #: The state covers every batch below this offset (Kafka's map end offset):
     #: recovery replays the log from here.
     next_offset: int = 0
+    #: Open and aborted transactions, the LSO (trio_broker.state.partition_txns).
+    txns: PartitionTransactions = attrs.field(factory=PartitionTransactions)
 
     def check(self, producer_id: int, epoch: int, first_seq: int, last_seq: int) -> Verdict:
         if producer_id < 0:  # not idempotent (aiokafka even sends sequence 0 with id -1)
             return APPEND
+        marker = self.txns.markers.get(producer_id)
+        if marker is not None and epoch < marker.producer_epoch:
+            # A transaction marker already carried a newer epoch: this producer is fenced.
+            return Reject(
+                ErrorCode.INVALID_PRODUCER_EPOCH,
+                f"producer epoch {epoch} is older than the partition's epoch "
+                f"{marker.producer_epoch}",
+            )
         return check_append(self.producers.get(producer_id), epoch, first_seq, last_seq)
+
+    def check_marker(
+        self, producer_id: int, producer_epoch: int, coordinator_epoch: int
+    ) -> tuple[ErrorCode, str]:
+        """May a transaction marker with these epochs be appended (trio_broker.state.partition_txns)?"""
+        entry = self.producers.get(producer_id)
+        return check_marker(
+            None if entry is None else entry.epoch,
+            self.txns.markers.get(producer_id),
+            producer_epoch,
+            coordinator_epoch,
+        )
 
     def append(
         self,
@@ -262,18 +289,53 @@ class ProducerStateManager:
         first_offset: int,
         last_offset: int,
         timestamp: int,
+        *,
+        is_transactional: bool = False,
     ) -> None:
-        """Remember an appended batch (any producer id: -1 only moves the offset)."""
+        """Remember an appended data batch (any producer id: -1 only moves the offset)."""
         if producer_id >= 0 and first_seq >= 0:
             batch = BatchMetadata(first_seq, last_seq, first_offset, last_offset, timestamp)
             self.producers[producer_id] = apply_append(
                 self.producers.get(producer_id), epoch, batch
             )
+            self.txns.on_data(producer_id, is_transactional, first_offset)
         self.next_offset = max(self.next_offset, last_offset + 1)
 
-    def replay(self, headers: Iterable[Any]) -> None:
-        """Apply batch headers read back from the log (RecordBatchView-like), unchecked."""
-        for h in headers:
+    def append_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+        committed: bool,
+        offset: int,
+    ) -> None:
+        """Remember an appended transaction marker: it ends the producer's transaction."""
+        self.txns.on_marker(producer_id, producer_epoch, coordinator_epoch, committed, offset)
+        self.next_offset = max(self.next_offset, offset + 1)
+
+    def replay(self, batches: Iterable[Any]) -> None:
+        """Apply batches read back from the log (RecordBatchView-like), unchecked.
+
+        Data batches need only their header; control batches must be whole, as the
+        marker's commit/abort is in its record key.
+        """
+        for h in batches:
+            if h.is_control:
+                try:
+                    marker = read_control_marker(h)
+                except ProtocolError:
+                    # Not a marker Kafka would write (a log is the truth, whatever it
+                    # holds): it ends no transaction, like Kafka's unknown control types.
+                    self.next_offset = max(self.next_offset, h.base_offset + 1)
+                    continue
+                self.append_marker(
+                    h.producer_id,
+                    h.producer_epoch,
+                    marker.coordinator_epoch,
+                    marker.committed,
+                    h.base_offset,
+                )
+                continue
             self.append(
                 h.producer_id,
                 h.producer_epoch,
@@ -282,6 +344,7 @@ class ProducerStateManager:
                 h.base_offset,
                 h.base_offset + h.last_offset_delta,
                 h.max_timestamp,
+                is_transactional=h.is_transactional,
             )
 
     def truncate_head(self, log_start_offset: int) -> None:
@@ -293,12 +356,23 @@ class ProducerStateManager:
         gone = [pid for pid, e in self.producers.items() if e.last_offset < log_start_offset]
         for pid in gone:
             del self.producers[pid]
+            # Its open transaction lies wholly below the log start too: nothing to hold
+            # the LSO back for (Kafka drops evicted producers' open transactions too).
+            self.txns.ongoing.pop(pid, None)
+        self.txns.truncate_head(log_start_offset, self.producers)
         self.next_offset = max(self.next_offset, log_start_offset)
 
     def remove_expired(self, now_ms: int, expiration_ms: int) -> None:
-        """Forget producers silent for ``expiration_ms`` (by their last batch's timestamp)."""
+        """Forget producers silent for ``expiration_ms`` (by their last batch's timestamp).
+
+        A producer with an open transaction is kept, as in Kafka: its transaction
+        still holds the LSO back until a marker (or the coordinator's timeout) ends it.
+        """
+        ongoing = self.txns.ongoing
         gone = [
-            pid for pid, e in self.producers.items() if now_ms - e.last_timestamp >= expiration_ms
+            pid
+            for pid, e in self.producers.items()
+            if now_ms - e.last_timestamp >= expiration_ms and pid not in ongoing
         ]
         for pid in gone:
             del self.producers[pid]
@@ -314,6 +388,7 @@ class ProducerStateManager:
                 [pid, e.epoch, [attrs.astuple(b) for b in e.batches]]
                 for pid, e in sorted(self.producers.items())
             ],
+            "txns": self.txns.to_json(),
         }
         return json.dumps(doc, separators=(",", ":")).encode()
 
@@ -322,7 +397,7 @@ class ProducerStateManager:
         """Parse :meth:`to_snapshot` output; anything unexpected raises SnapshotError."""
         try:
             doc = json.loads(data)
-            if doc["version"] != _SNAPSHOT_VERSION:
+            if doc["version"] not in _READABLE_SNAPSHOT_VERSIONS:
                 raise SnapshotError(f"unknown snapshot version {doc['version']!r}")
             producers: dict[int, ProducerStateEntry] = {}
             for pid, epoch, batches in doc["producers"]:
@@ -335,11 +410,13 @@ class ProducerStateManager:
             next_offset = doc["next_offset"]
             if not isinstance(next_offset, int) or next_offset < 0:
                 raise SnapshotError(f"bad next offset {next_offset!r}")
+            # Version 1 predates transactions: it had none to carry.
+            txns = PartitionTransactions.from_json(doc["txns"]) if "txns" in doc else None
         except SnapshotError:
             raise
         except (ValueError, KeyError, TypeError) as exc:
             raise SnapshotError(f"unreadable producer state snapshot: {exc}") from None
-        return cls(producers, next_offset)
+        return cls(producers, next_offset, txns or PartitionTransactions())
 
 
 # --------------------------------------------------------------- InitProducerId decisions

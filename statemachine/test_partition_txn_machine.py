@@ -1,0 +1,268 @@
+"""Transactions in one partition (producer state registry + append_txn_marker) against
+the reference model in spec/partition_txn_model.py.
+
+Several transactional producers write to one real on-disk partition, interleaved with
+plain records; their transactions commit or abort (sometimes with an epoch bump, as a
+fencing abort does); DeleteRecords moves the log start (up to the LSO); the broker
+restarts cleanly (snapshot), crashes (rebuild from the log) or crashes with a stale
+snapshot on disk; a follower-style truncation cuts the log's tail. After every step:
+the LSO equals the model's and never moved back (but on truncation), the aborted list
+equals the model's aborted transactions, and the read_committed view
+(records below the LSO, minus control batches, minus what the aborted list hides, read
+back from the log as a consumer does) equals the model's committed records.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+from hypothesis import note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from trio_broker.protocol.records import RecordBatchView, build_batch, iter_batches
+from trio_broker.services.producers import SNAPSHOT_FILE, ProducerStateRegistry
+from trio_broker.services.topics import TopicManager
+from trio_broker.services.txn_markers import append_txn_marker
+from trio_broker.state.producer import Append
+from trio_broker.storage.errors import OffsetOutOfRange
+from trio_broker.storage.log import LogConfig
+
+# spec/ is a folder of the repository, not an installed package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from spec.partition_txn_model import Entry, ModelLog
+
+T0 = 1_000_000
+PRODUCERS = 3
+TOPIC = "t"
+
+
+def now() -> int:
+    return T0
+
+
+class Quiet:
+    """Durability and appends as append_txn_marker needs them (nothing waits here)."""
+
+    def mark_dirty(self, log: Any, messages: int = 1) -> None:
+        pass
+
+    def notify(self) -> None:
+        pass
+
+
+@attrs.define
+class Producer:
+    producer_id: int
+    epoch: int = 0
+    next_seq: int = 0
+    in_txn: bool = False
+
+
+class PartitionTxnMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="txn-machine-"))
+        self.topics = TopicManager(self.dir, LogConfig(), now)
+        self.topics.create(TOPIC, 1)
+        self.registry = ProducerStateRegistry(self.dir, now)
+        self.model = ModelLog()
+        self.producers = [Producer(1000 + i) for i in range(PRODUCERS)]
+        self.values = 0
+        self.last_lso = 0
+        self.saved_snapshot: bytes | None = None
+
+    def teardown(self) -> None:
+        self.topics.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def log(self) -> Any:
+        return self.topics.log(TOPIC, 0)
+
+    def _values(self, count: int) -> list[bytes]:
+        out = [b"v%d" % (self.values + i) for i in range(count)]
+        self.values += count
+        return out
+
+    def _append(self, raw: bytearray, producer_id: int, transactional: bool) -> None:
+        view = RecordBatchView(raw)
+        verdict = self.registry.check(TOPIC, 0, self.log, view)
+        assert isinstance(verdict, Append), verdict
+        result = self.log.append(raw, now_ms=T0)
+        self.registry.record_append(
+            TOPIC, 0, RecordBatchView(raw), result.base_offset, result.last_offset
+        )
+        for i, record in enumerate(view.records()):
+            assert record.value is not None
+            self.model.entries.append(
+                Entry(result.base_offset + i, producer_id, transactional, None, record.value)
+            )
+
+    # ------------------------------------------------------------------ appends
+
+    @rule(who=st.integers(0, PRODUCERS - 1), count=st.integers(1, 3))
+    def transactional_batch(self, who: int, count: int) -> None:
+        p = self.producers[who]
+        raw = build_batch(
+            [(None, v) for v in self._values(count)],
+            producer_id=p.producer_id, producer_epoch=p.epoch, base_sequence=p.next_seq,
+            base_timestamp=T0, is_transactional=True,
+        )  # fmt: skip
+        note(f"txn data from {p.producer_id} epoch {p.epoch} x{count}")
+        self._append(raw, p.producer_id, True)
+        p.next_seq += count
+        p.in_txn = True
+
+    @rule(count=st.integers(1, 3))
+    def plain_batch(self, count: int) -> None:
+        raw = build_batch([(None, v) for v in self._values(count)], base_timestamp=T0)
+        note(f"plain x{count}")
+        self._append(raw, -1, False)
+
+    @rule(who=st.integers(0, PRODUCERS - 1), commit=st.booleans(), bump=st.booleans())
+    def end_transaction(self, who: int, commit: bool, bump: bool) -> None:
+        p = self.producers[who]
+        # A fencing abort carries the bumped epoch; the producer then starts at 0.
+        epoch = p.epoch + 1 if bump and not commit else p.epoch
+        note(f"{'commit' if commit else 'abort'} {p.producer_id} epoch {epoch}")
+        _, offset = append_txn_marker(
+            self.topics, self.registry, Quiet(), Quiet(), TOPIC, 0,
+            p.producer_id, epoch, commit, 0, T0,
+        )  # fmt: skip
+        self.model.entries.append(Entry(offset, p.producer_id, True, commit, b""))
+        if epoch != p.epoch:
+            p.epoch, p.next_seq = epoch, 0
+        p.in_txn = False
+
+    # ------------------------------------------------------------------ the log moves
+
+    @precondition(lambda self: self.model.lso() > self.model.log_start)
+    @rule(data=st.data())
+    def delete_records(self, data: st.DataObject) -> None:
+        # Up to the LSO: see docs/transactions.md on retention inside an open transaction.
+        cut = data.draw(st.integers(self.model.log_start + 1, self.model.lso()))
+        note(f"delete records below {cut}")
+        self.log.delete_records(cut)
+        self.model.log_start = cut
+
+    @precondition(lambda self: self.model.end > self.model.log_start)
+    @rule(data=st.data())
+    def truncate(self, data: st.DataObject) -> None:
+        """A follower cuts its log (leader change): the state is rebuilt from the log."""
+        # Not the marker of a transaction that began below the log start: that would
+        # reopen it, and a rebuild cannot see where it began (docs/transactions.md).
+        start = self.model.log_start
+        lowest = max(
+            [start + 1]
+            + [end + 1 for _, first, end, _ in self.model.transactions()
+               if end is not None and first < start]
+        )  # fmt: skip
+        if lowest > self.model.end:
+            return
+        wanted = data.draw(st.integers(lowest, self.model.end))
+        try:
+            new_end = self.log.truncate_to(wanted)
+        except OffsetOutOfRange:
+            return  # the cut would remove the batch holding the log start: not allowed
+        note(f"truncate to {wanted}: new end {new_end}")
+        self.registry.discard_snapshot(TOPIC, 0, self.log)
+        self.model.entries = [e for e in self.model.entries if e.offset < new_end]
+        self.last_lso = 0  # the LSO may go back on truncation, and only then
+        self.saved_snapshot = None  # it may describe batches that are gone
+        # The producers go on from what the (new) log remembers of them.
+        manager = self.registry.manager(TOPIC, 0, self.log)
+        for p in self.producers:
+            entry = manager.producers.get(p.producer_id)
+            same_epoch = entry is not None and entry.epoch == p.epoch
+            p.next_seq = entry.last_seq + 1 if entry is not None and same_epoch else 0
+
+    @rule()
+    def clean_restart(self) -> None:
+        note("clean restart (snapshot)")
+        self.registry.close()
+        self.registry = ProducerStateRegistry(self.dir, now)
+
+    @rule()
+    def crash(self) -> None:
+        note("crash: no snapshot, rebuild from the log")
+        (self.dir / f"{TOPIC}-0" / SNAPSHOT_FILE).unlink(missing_ok=True)
+        self.registry = ProducerStateRegistry(self.dir, now)
+
+    @rule()
+    def remember_snapshot(self) -> None:
+        self.registry.close()
+        self.saved_snapshot = (self.dir / f"{TOPIC}-0" / SNAPSHOT_FILE).read_bytes()
+        self.registry = ProducerStateRegistry(self.dir, now)
+
+    @precondition(lambda self: self.saved_snapshot is not None)
+    @rule()
+    def crash_with_stale_snapshot(self) -> None:
+        note("crash with an older snapshot on disk")
+        assert self.saved_snapshot is not None
+        (self.dir / f"{TOPIC}-0" / SNAPSHOT_FILE).write_bytes(self.saved_snapshot)
+        self.registry = ProducerStateRegistry(self.dir, now)
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def lso_matches_and_never_goes_back(self) -> None:
+        lso = self.registry.last_stable_offset(TOPIC, 0, self.log, self.log.log_end_offset)
+        assert lso == self.model.lso()
+        assert lso >= self.last_lso
+        self.last_lso = lso
+
+    @invariant()
+    def aborted_list_matches(self) -> None:
+        listed = self.registry.aborted_between(TOPIC, 0, self.log, 0, self.log.log_end_offset)
+        # Entries whose records are all below the log start hide nothing (spec sentence 3).
+        got = [a for a in listed if self.model.has_records(a.producer_id, 0, a.last_offset)]
+        want = self.model.aborted()
+        assert [(a.producer_id, a.last_offset) for a in got] == [(p, e) for p, _, e in want]
+        start = self.model.log_start
+        for a, (_, first, _) in zip(got, want, strict=True):
+            if first >= start:
+                assert a.first_offset == first
+            else:  # began below the log start: a rebuild only sees what is left
+                assert a.first_offset <= min(
+                    (e.offset for e in self.model.entries
+                     if e.producer_id == a.producer_id and start <= e.offset < a.last_offset),
+                    default=a.last_offset,
+                )  # fmt: skip
+
+    @invariant()
+    def read_committed_view_matches(self) -> None:
+        log = self.log
+        lso = self.registry.last_stable_offset(TOPIC, 0, log, log.log_end_offset)
+        start = log.log_start_offset
+        aborted = self.registry.aborted_between(TOPIC, 0, log, start, lso)
+        seen: list[bytes] = []
+        if start < lso:
+            data = b"".join(r.read_bytes() for r in log.read(start, 1 << 24, lso))
+            for batch in iter_batches(bytearray(data)):
+                if batch.is_control:
+                    continue
+                hidden = batch.is_transactional and any(
+                    a.producer_id == batch.producer_id
+                    and a.first_offset <= batch.base_offset <= a.last_offset
+                    for a in aborted
+                )
+                if hidden:
+                    continue
+                for record in batch.records():
+                    offset = batch.offset_of(record)
+                    if start <= offset < lso:
+                        assert record.value is not None
+                        seen.append(record.value)
+        assert seen == self.model.committed_values()
+
+
+PartitionTxnMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None
+)
+test_partition_transactions = PartitionTxnMachine.TestCase

@@ -1,0 +1,240 @@
+"""The partition side of transactions: open/aborted transactions, the LSO, marker epochs,
+retention, snapshots and the rebuild from a log after a crash (real PartitionLog and
+MemoryLog), and append_txn_marker on a real TopicManager.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.records import RecordBatchView, build_batch, build_control_batch
+from trio_broker.services.producers import SNAPSHOT_FILE, ProducerStateRegistry
+from trio_broker.services.topics import TopicManager
+from trio_broker.services.txn_markers import MarkerRejected, append_txn_marker
+from trio_broker.state.partition_txns import AbortedTxn, MarkerEpochs, PartitionTransactions
+from trio_broker.state.producer import Append, ProducerStateManager, Reject
+from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.memory import MemoryLog
+
+T0 = 10_000
+
+
+def now() -> int:
+    return T0
+
+
+def data(pid: int, epoch: int, seq: int, count: int = 1, txn: bool = True) -> bytearray:
+    return build_batch(
+        [(None, b"v%d" % i) for i in range(count)],
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+        base_timestamp=T0,
+        is_transactional=txn,
+    )
+
+
+def append(registry: ProducerStateRegistry, log: Any, raw: bytearray) -> int:
+    """The produce path (check, append, record); returns the base offset."""
+    view = RecordBatchView(raw)
+    assert isinstance(registry.check("t", 0, log, view), Append)
+    result = log.append(raw, now_ms=T0)
+    registry.record_append("t", 0, RecordBatchView(raw), result.base_offset, result.last_offset)
+    return int(result.base_offset)
+
+
+def marker(registry: ProducerStateRegistry, log: Any, pid: int, epoch: int, committed: bool) -> int:
+    code, _ = registry.check_marker("t", 0, log, pid, epoch, 0)
+    assert code == ErrorCode.NONE
+    raw = build_control_batch(pid, epoch, committed=committed, coordinator_epoch=0, timestamp=T0)
+    result = log.append(raw, now_ms=T0)
+    registry.record_append("t", 0, RecordBatchView(raw), result.base_offset, result.last_offset)
+    return int(result.base_offset)
+
+
+# ------------------------------------------------------------------ the pure rules
+
+
+def test_lso_is_first_offset_of_oldest_open_transaction() -> None:
+    txns = PartitionTransactions()
+    assert txns.last_stable_offset(10) == 10
+    txns.on_data(1, True, 3)
+    txns.on_data(2, True, 5)
+    txns.on_data(1, True, 7)  # same transaction: the first offset stays
+    txns.on_data(3, False, 8)  # idempotent, not transactional: no transaction
+    assert txns.ongoing == {1: 3, 2: 5}
+    assert txns.last_stable_offset(10) == 3
+    assert txns.last_stable_offset(2) == 2  # never above the high watermark
+    assert txns.on_marker(1, 0, 0, committed=True, offset=9) is None
+    assert txns.last_stable_offset(10) == 5
+    assert txns.on_marker(2, 0, 0, committed=False, offset=10) == AbortedTxn(10, 2, 5)
+    assert txns.last_stable_offset(11) == 11
+    assert txns.aborted == [AbortedTxn(10, 2, 5)]
+
+
+def test_marker_without_open_transaction_ends_nothing() -> None:
+    txns = PartitionTransactions()
+    assert txns.on_marker(4, 0, 0, committed=False, offset=0) is None
+    assert txns.aborted == [] and txns.markers == {4: MarkerEpochs(0, 0)}
+
+
+def test_aborted_between_selects_overlapping_ranges() -> None:
+    txns = PartitionTransactions(
+        aborted=[AbortedTxn(4, 1, 0), AbortedTxn(9, 2, 6), AbortedTxn(20, 3, 12)]
+    )
+    assert txns.aborted_between(0, 100) == txns.aborted
+    assert txns.aborted_between(5, 100) == [AbortedTxn(9, 2, 6), AbortedTxn(20, 3, 12)]
+    assert txns.aborted_between(5, 12) == [AbortedTxn(9, 2, 6)]
+    assert txns.aborted_between(10, 12) == []
+    assert txns.aborted_between(9, 10) == [AbortedTxn(9, 2, 6)]  # the marker itself
+
+
+def test_marker_epoch_checks() -> None:
+    manager = ProducerStateManager()
+    manager.append(1, 3, 0, 0, 0, 0, T0, is_transactional=True)
+    code, _ = manager.check_marker(1, 2, 0)
+    assert code == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert manager.check_marker(1, 3, 5)[0] == ErrorCode.NONE
+    manager.append_marker(1, 4, 5, committed=False, offset=1)  # a newer epoch: accepted
+    assert manager.txns.aborted == [AbortedTxn(1, 1, 0)]
+    assert manager.check_marker(1, 3, 5)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert manager.check_marker(1, 4, 4)[0] == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+    # The marker's epoch fences the producer's older epoch and its data epoch moves on.
+    verdict = manager.check(1, 3, 1, 1)
+    assert isinstance(verdict, Reject) and verdict.error_code == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert isinstance(manager.check(1, 4, 0, 0), Append)
+    verdict = manager.check(1, 4, 1, 1)  # a new epoch starts at sequence 0
+    assert (
+        isinstance(verdict, Reject) and verdict.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    )
+
+
+def test_log_start_move_drops_aborted_entries_and_evicted_open_transactions() -> None:
+    manager = ProducerStateManager()
+    manager.append(1, 0, 0, 0, 0, 0, T0, is_transactional=True)
+    manager.append_marker(1, 0, 0, committed=False, offset=1)
+    manager.append(2, 0, 0, 0, 2, 2, T0, is_transactional=True)
+    manager.append(3, 0, 0, 0, 3, 3, T0, is_transactional=True)
+    manager.append(2, 0, 1, 1, 4, 4, T0, is_transactional=True)
+    manager.truncate_head(1)
+    assert manager.txns.aborted == [AbortedTxn(1, 1, 0)]  # its marker is still in the log
+    manager.truncate_head(2)
+    assert manager.txns.aborted == []
+    assert 1 not in manager.txns.markers
+    manager.truncate_head(4)  # producer 3's whole transaction is gone; 2's last batch is not
+    assert manager.txns.ongoing == {2: 2}
+
+
+def test_producers_with_open_transactions_do_not_expire() -> None:
+    manager = ProducerStateManager()
+    manager.append(1, 0, 0, 0, 0, 0, 0, is_transactional=True)
+    manager.append(2, 0, 0, 0, 1, 1, 0, is_transactional=False)
+    manager.remove_expired(now_ms=10**9, expiration_ms=1000)
+    assert list(manager.producers) == [1]
+
+
+def test_snapshot_round_trip_carries_transactions() -> None:
+    manager = ProducerStateManager()
+    manager.append(1, 0, 0, 0, 0, 0, T0, is_transactional=True)
+    manager.append(2, 0, 0, 0, 1, 1, T0, is_transactional=True)
+    manager.append_marker(1, 0, 7, committed=False, offset=2)
+    loaded = ProducerStateManager.from_snapshot(manager.to_snapshot())
+    assert loaded.txns.ongoing == {2: 1}
+    assert loaded.txns.aborted == [AbortedTxn(2, 1, 0)]
+    assert loaded.txns.markers == {1: MarkerEpochs(0, 7)}
+
+
+# ------------------------------------------------------------------ the registry on logs
+
+
+@pytest.mark.parametrize("kind", ["file", "memory"])
+def test_rebuild_from_log_without_snapshot_reads_markers(kind: str, tmp_path: Path) -> None:
+    log: Any = PartitionLog.open(tmp_path / "t-0", LogConfig()) if kind == "file" else MemoryLog()
+    registry = ProducerStateRegistry(tmp_path if kind == "file" else None, now)
+    a = append(registry, log, data(1, 0, 0, count=3))  # producer 1: aborted
+    append(registry, log, data(9, 0, 0, txn=False))  # idempotent only
+    b = append(registry, log, data(2, 0, 0))  # producer 2: stays open
+    abort_at = marker(registry, log, 1, 0, committed=False)
+    append(registry, log, data(3, 0, 0))
+    marker(registry, log, 3, 0, committed=True)
+    before = registry.manager("t", 0, log).txns
+    assert before.ongoing == {2: b}
+    assert before.aborted == [AbortedTxn(abort_at, 1, a)]
+    # A crash: no snapshot was written; a new registry replays the whole log.
+    fresh = ProducerStateRegistry(tmp_path if kind == "file" else None, now)
+    after = fresh.manager("t", 0, log).txns
+    assert after.ongoing == before.ongoing and after.aborted == before.aborted
+    assert fresh.last_stable_offset("t", 0, log, log.log_end_offset) == b
+    assert fresh.aborted_between("t", 0, log, 0, log.log_end_offset) == before.aborted
+
+
+def test_stale_snapshot_is_completed_from_the_log(tmp_path: Path) -> None:
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig())
+    registry = ProducerStateRegistry(tmp_path, now)
+    first = append(registry, log, data(1, 0, 0))
+    registry.close()  # snapshot: producer 1 open
+    snapshot = (tmp_path / "t-0" / SNAPSHOT_FILE).read_bytes()
+    registry = ProducerStateRegistry(tmp_path, now)
+    abort_at = marker(registry, log, 1, 0, committed=False)
+    second = append(registry, log, data(2, 0, 0))
+    # A crash after the snapshot: the old snapshot is on disk, the log has more.
+    (tmp_path / "t-0" / SNAPSHOT_FILE).write_bytes(snapshot)
+    fresh = ProducerStateRegistry(tmp_path, now)
+    txns = fresh.manager("t", 0, log).txns
+    assert txns.ongoing == {2: second}
+    assert txns.aborted == [AbortedTxn(abort_at, 1, first)]
+
+
+def test_truncation_rebuilds_from_the_log(tmp_path: Path) -> None:
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig())
+    registry = ProducerStateRegistry(tmp_path, now)
+    first = append(registry, log, data(1, 0, 0))
+    abort_at = marker(registry, log, 1, 0, committed=False)
+    registry.close()
+    log.truncate_to(abort_at)  # a follower drops the marker
+    registry = ProducerStateRegistry(tmp_path, now)
+    registry.discard_snapshot("t", 0, log)
+    txns = registry.manager("t", 0, log).txns
+    assert txns.ongoing == {1: first} and txns.aborted == []
+
+
+# ------------------------------------------------------------------ append_txn_marker
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def mark_dirty(self, log: Any, messages: int = 1) -> None:
+        self.calls.append("dirty")
+
+    def notify(self) -> None:
+        self.calls.append("notify")
+
+
+def test_append_txn_marker_ends_the_transaction_and_checks_epochs() -> None:
+    topics = TopicManager(None, LogConfig(), now)
+    topics.create("t", 1)
+    log = topics.log("t", 0)
+    registry = ProducerStateRegistry(None, now)
+    first = append(registry, log, data(5, 2, 0, count=2))
+    durability, appends = Recorder(), Recorder()
+    args = (topics, registry, durability, appends, "t", 0, 5)
+    with pytest.raises(MarkerRejected) as refused:
+        append_txn_marker(*args, 1, False, 0, T0)
+    assert refused.value.error_code == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert log.log_end_offset == 2  # nothing written
+    returned_log, offset = append_txn_marker(*args, 2, False, 0, T0)
+    assert returned_log is log and offset == 2
+    assert durability.calls == ["dirty"] and appends.calls == ["notify"]
+    assert registry.aborted_between("t", 0, log, 0, 3) == [AbortedTxn(2, 5, first)]
+    with pytest.raises(MarkerRejected) as unknown:
+        append_txn_marker(topics, registry, durability, appends, "t", 1, 5, 2, True, 0, T0)
+    assert unknown.value.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    with pytest.raises(MarkerRejected) as fenced:
+        append_txn_marker(*args, 2, True, -1, T0)
+    assert fenced.value.error_code == ErrorCode.TRANSACTION_COORDINATOR_FENCED

@@ -1,0 +1,67 @@
+"""ListTransactions: the transactional ids this coordinator knows (KIP-664, v0-2).
+
+Filters: states (by Kafka's names; unknown names come back in
+``unknown_state_filters``), producer ids, v1's minimum running time
+(``duration_filter`` ms, Ongoing only counts), v2's transactional id regex.
+Only ids the principal may DESCRIBE are listed.
+"""
+
+from __future__ import annotations
+
+import re
+
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.transactions.coordinator import coordinator_of
+from trio_broker.transactions.state import TxnState
+
+Resp = m.ListTransactionsResponse
+
+
+@handles(m.ApiKey.LIST_TRANSACTIONS)
+async def handle_list_transactions(
+    ctx: RequestContext, request: m.ListTransactionsRequest
+) -> m.ListTransactionsResponse:
+    coordinator = coordinator_of(ctx.services)
+    if coordinator is None:
+        return Resp(throttle_time_ms=0, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    unknown_state_filters=[], transaction_states=[])  # fmt: skip
+    wanted_states = set()
+    unknown = []
+    for name in request.state_filters:
+        state = TxnState.from_kafka_name(name)
+        if state is None:
+            unknown.append(name)
+        else:
+            wanted_states.add(state)
+    pattern = None
+    if ctx.api_version >= 2 and request.transactional_id_pattern:
+        try:
+            pattern = re.compile(request.transactional_id_pattern)
+        except re.error:
+            return Resp(throttle_time_ms=0, error_code=ErrorCode.INVALID_REQUEST,
+                        unknown_state_filters=[], transaction_states=[])  # fmt: skip
+    min_duration = request.duration_filter if ctx.api_version >= 1 else -1
+    now = ctx.now_ms()
+    listed = []
+    for meta in sorted(coordinator.all(), key=lambda meta: meta.transactional_id):
+        if request.state_filters and meta.state not in wanted_states:
+            continue
+        if request.producer_id_filters and meta.producer_id not in request.producer_id_filters:
+            continue
+        if min_duration >= 0 and (
+            meta.state != TxnState.ONGOING or now - meta.start_ms < min_duration
+        ):
+            continue
+        if pattern is not None and not pattern.fullmatch(meta.transactional_id):
+            continue
+        if not authorized(ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID,
+                          meta.transactional_id):  # fmt: skip
+            continue
+        listed.append(Resp.TransactionState(transactional_id=meta.transactional_id,
+                                            producer_id=meta.producer_id,
+                                            transaction_state=meta.state.kafka_name))  # fmt: skip
+    return Resp(throttle_time_ms=0, error_code=ErrorCode.NONE, unknown_state_filters=unknown,
+                transaction_states=listed)  # fmt: skip
