@@ -114,6 +114,8 @@ class BrokerConfig:
     #: The controller moves leadership back to preferred replicas every interval.
     auto_leader_rebalance_enable: bool = True
     leader_imbalance_check_interval_seconds: int = 300
+    #: Bytes per second a broker copies of partitions a reassignment adds to it.
+    follower_replication_throttled_rate: int = 2**63 - 1
     capture_dir: Path | None = None  # ours: write every frame to Parquet here (capture.dir)
     #: ours: HOST:PORT of the /metrics and /health responder (metrics.listener); None = off.
     metrics_listener: str | None = None

@@ -454,6 +454,10 @@ _OTHER_KEYS = [
     _key("zookeeper.connect", STRING, None, APPLIED, "zookeeper_connect", origin="ours"),
     _key("zookeeper.session.timeout.ms", INT, "18000", APPLIED,
          "zookeeper_session_timeout_ms", origin="ours"),
+    # Kafka's dynamic broker config; here static: the byte rate at which a broker copies
+    # partitions a reassignment adds to it (docs/cluster.md, "Moving partitions").
+    _key("follower.replication.throttled.rate", LONG, "9223372036854775807", APPLIED,
+         "follower_replication_throttled_rate", origin="ours"),
     _key("processing.model", STRING, None, APPLIED, "processing_model", origin="ours"),
     _key("cluster.id", STRING, None, APPLIED, "cluster_id", origin="ours"),
     _key("max.in.flight.requests.per.connection", INT, None, APPLIED,

@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 import trio
 
-from trio_broker.cluster.controller import Rebalance
+from trio_broker.cluster.controller import ControllerActions, Rebalance
 from trio_broker.cluster.coordination import (
     Coordination,
     MemoryCoordination,
@@ -72,6 +72,8 @@ class Member:
         self.stopped = trio.Event()
         self.nursery: trio.Nursery | None = None
         self.rebalance: Rebalance | None = None
+        #: The controller's actions while this member is the controller.
+        self.actions: ControllerActions | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -79,11 +81,21 @@ class Member:
                 async with self.clients.client() as coord, trio.open_nursery() as nursery:
                     reg = registration(self.broker_id)
                     await nursery.start(
-                        partial(run_membership, coord, reg, self.view, rebalance=self.rebalance)
+                        partial(
+                            run_membership,
+                            coord,
+                            reg,
+                            self.view,
+                            rebalance=self.rebalance,
+                            on_controller=self._controller_changed,
+                        )
                     )
                     task_status.started()
         finally:
             self.stopped.set()
+
+    def _controller_changed(self, actions: ControllerActions | None) -> None:
+        self.actions = actions
 
     async def stop(self) -> None:
         self.scope.cancel()

@@ -163,6 +163,17 @@ class BlockingClient:
                 out[p.partition_index] = int(p.offset)
         return out
 
+    def list_partition_reassignments(self, topic: str, partitions: list[int]) -> dict[int, Any]:
+        """partition -> its ongoing move (replicas, adding, removing); ask the controller."""
+        Req = m.ListPartitionReassignmentsRequest
+        req = Req(timeout_ms=10000, topics=[
+            Req.ListPartitionReassignmentsTopics(name=topic, partition_indexes=partitions)])  # fmt: skip
+        resp: m.ListPartitionReassignmentsResponse = self.call(
+            m.ApiKey.LIST_PARTITION_REASSIGNMENTS, 0, req
+        )
+        check(resp.error_code, f"ListPartitionReassignments {topic}", resp.error_message)
+        return {p.partition_index: p for t in resp.topics for p in t.partitions}
+
     def list_groups(self) -> list[m.ListGroupsResponse.ListedGroup]:
         resp: m.ListGroupsResponse = self.call(m.ApiKey.LIST_GROUPS, 4, m.ListGroupsRequest())
         check(resp.error_code, "ListGroups")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from trio_broker.admin.client import AdminError, BlockingClient, check, error_name
+from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.records import build_batch, iter_batches
 
@@ -158,19 +159,74 @@ def topics_describe(client: BlockingClient, args: argparse.Namespace, out: TextI
     topic = meta.topics[0]
     check(topic.error_code, f"describe {args.name}")
     parts = sorted(p.partition_index for p in topic.partitions)
-    start = client.list_offsets(args.name, parts, EARLIEST)
-    end = client.list_offsets(args.name, parts, LATEST)
-    leaders = {p.partition_index: p.leader_id for p in topic.partitions}
     print(f"Topic: {args.name}  Partitions: {len(parts)}", file=out)
-    rows = [(p, leaders[p], start[p], end[p], end[p] - start[p]) for p in parts]
-    table(["PARTITION", "LEADER", "START", "END", "RECORDS"], rows, out)
+    if len(meta.brokers) > 1:
+        _describe_cluster_partitions(meta, args.name, out)
+    else:
+        start = client.list_offsets(args.name, parts, EARLIEST)
+        end = client.list_offsets(args.name, parts, LATEST)
+        leaders = {p.partition_index: p.leader_id for p in topic.partitions}
+        rows = [(p, leaders[p], start[p], end[p], end[p] - start[p]) for p in parts]
+        table(["PARTITION", "LEADER", "START", "END", "RECORDS"], rows, out)
     configs = client.describe_topic_configs(args.name)
+    if configs.error_code and len(meta.brokers) > 1:
+        # In a cluster only brokers holding a replica know a topic's configs: ask a leader.
+        brokers = {b.node_id: f"{b.host}:{b.port}" for b in meta.brokers}
+        holder = next((p.leader_id for p in topic.partitions if p.leader_id in brokers), None)
+        if holder is not None:
+            with BlockingClient(brokers[holder]) as at_leader:
+                configs = at_leader.describe_topic_configs(args.name)
     check(configs.error_code, f"DescribeConfigs {args.name}", configs.error_message)
     print("", file=out)
     rows2 = [(c.name, c.value, CONFIG_SOURCES.get(c.config_source, str(c.config_source)))
              for c in sorted(configs.configs, key=lambda c: c.name)]  # fmt: skip
     table(["CONFIG", "VALUE", "SOURCE"], rows2, out)
     return 0
+
+
+def _describe_cluster_partitions(meta: m.MetadataResponse, name: str, out: TextIO) -> None:
+    """A cluster's partitions: leader, replicas, ISR, offsets (asked of each leader) and
+    ongoing moves (asked of the controller: "+3 -1" adds broker 3 and removes broker 1)."""
+    brokers = {b.node_id: f"{b.host}:{b.port}" for b in meta.brokers}
+    partitions = sorted(meta.topics[0].partitions, key=lambda p: p.partition_index)
+    offsets: dict[int, tuple[int, int]] = {}
+    for leader in {p.leader_id for p in partitions if p.leader_id in brokers}:
+        led = [p.partition_index for p in partitions if p.leader_id == leader]
+        try:
+            with BlockingClient(brokers[leader]) as at_leader:
+                start = at_leader.list_offsets(name, led, EARLIEST)
+                end = at_leader.list_offsets(name, led, LATEST)
+            offsets.update({p: (start[p], end[p]) for p in led})
+        except AdminError:
+            pass  # leadership moved meanwhile: shown as "-"
+    moves: dict[int, Any] = {}
+    if meta.controller_id in brokers:
+        try:
+            with BlockingClient(brokers[meta.controller_id]) as controller:
+                moves = controller.list_partition_reassignments(
+                    name, [p.partition_index for p in partitions]
+                )
+        except AdminError:
+            pass
+
+    def moving(index: int) -> str:
+        move = moves.get(index)
+        if move is None:
+            return "-"
+        return " ".join([*(f"+{b}" for b in move.adding_replicas),
+                         *(f"-{b}" for b in move.removing_replicas)])  # fmt: skip
+
+    rows = []
+    for p in partitions:
+        known = offsets.get(p.partition_index)
+        first, last, records = ("-", "-", "-") if known is None else (*known, known[1] - known[0])
+        rows.append((
+            p.partition_index, p.leader_id, ",".join(map(str, p.replica_nodes)),
+            ",".join(map(str, p.isr_nodes)), first, last, records,
+            moving(p.partition_index),
+        ))  # fmt: skip
+    headers = ["PARTITION", "LEADER", "REPLICAS", "ISR", "START", "END", "RECORDS", "MOVING"]
+    table(headers, rows, out)
 
 
 def topics_alter(client: BlockingClient, args: argparse.Namespace, out: TextIO) -> int:

@@ -78,6 +78,7 @@ async def run_cluster_node(
             replica_lag_time_max_ms=config.replica_lag_time_max_ms,
             now_ms=host.now_ms, durability=host.durability, on_hw_moved=host.appends.notify,
             producers=host.producers,
+            follower_throttle_rate=config.follower_replication_throttled_rate,
         )  # fmt: skip
         rebalance = None
         if config.auto_leader_rebalance_enable:
@@ -93,7 +94,8 @@ async def run_cluster_node(
                 lambda task_status: run_membership(
                     coord, registration, view,
                     unclean=config.unclean_leader_election_enable, rebalance=rebalance,
-                    on_change=manager.view_changed, task_status=task_status,
+                    on_change=manager.view_changed, on_controller=manager.controller_changed,
+                    task_status=task_status,
                 )
             )  # fmt: skip
             host.replication = manager

@@ -13,6 +13,7 @@ version (a deposed controller, still running, cannot overwrite its successor).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -29,21 +30,40 @@ from trio_broker.cluster.waiting import RETRY_S, wait_any
 from trio_broker.cluster.zk_layout import (
     BROKER_IDS,
     CONTROLLER_EPOCH,
+    CoordinationDataError,
     PartitionState,
+    TopicAssignment,
     decode_controller_epoch,
     partition_state_path,
+    topic_config_path,
+    topic_path,
 )
+from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.controller_rules import (
     NO_LEADER,
+    ElectionRefused,
+    ElectionType,
     LeaderAndIsr,
+    Reassignment,
     after_broker_loss,
     after_broker_return,
     elect_leader,
+    leave_replicas,
     preferred_leader_move,
+    reassign,
+    reassignment_done,
+    requested_election,
 )
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 
-__all__ = ["NotController", "Rebalance", "decide", "imbalanced_moves", "run_controller"]
+__all__ = [
+    "ControllerActions",
+    "NotController",
+    "Rebalance",
+    "decide",
+    "imbalanced_moves",
+    "run_controller",
+]
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +125,174 @@ def imbalanced_moves(
     return moves
 
 
+#: A partition's outcome in an administrator's request: an error code and a message.
+Outcome = tuple[ErrorCode, str | None]
+
+_REFUSALS = {
+    ElectionRefused.NOT_NEEDED: ErrorCode.ELECTION_NOT_NEEDED,
+    ElectionRefused.PREFERRED_NOT_AVAILABLE: ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+    ElectionRefused.NO_ELIGIBLE_LEADER: ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+}
+#: How long an admin request waits for this broker's view to show what it wrote.
+_VIEW_WAIT_S = 5.0
+#: Conditional writes lost to a concurrent ISR change before a request gives up.
+_WRITE_ATTEMPTS = 5
+
+
+class ControllerActions:
+    """What administrators' requests ask of the controller, while this broker is it.
+
+    Handed to the replica manager by :func:`run_controller` (and taken back when it
+    stops), so that the ElectLeaders handler on this broker reaches the controller in
+    process; other brokers answer NOT_CONTROLLER and clients ask the controller that
+    Metadata names. Writes are fenced by the controller epoch like the reconciler's.
+    """
+
+    def __init__(self, coord: Coordination, view: ClusterView, fence: tuple[str, int]) -> None:
+        self.coord, self.view, self.fence = coord, view, fence
+        #: Held by a reconciliation round and by a topic deletion: half-deleted, a
+        #: topic's partitions would look new to the reconciler, which would recreate them.
+        self.lock = trio.Lock()
+
+    async def delete_topic(self, name: str) -> Outcome:
+        """DeleteTopics: the topic's config and its whole tree go from ZooKeeper; every
+        broker that held a replica deletes its copy when its view loses the topic."""
+        try:
+            async with self.lock:
+                if await self.coord.get(topic_path(name)) is None:
+                    return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+                await _check_fence(self.coord, self.fence)
+                await _delete_tree(self.coord, topic_path(name))
+                await _delete_tree(self.coord, topic_config_path(name))
+        except NotController as exc:
+            return ErrorCode.NOT_CONTROLLER, str(exc)
+        except CoordinationError as exc:
+            return ErrorCode.UNKNOWN_SERVER_ERROR, str(exc)
+        log.info("topic %s deleted", name)
+        with trio.move_on_after(_VIEW_WAIT_S):
+            while name in self.view.topics:  # noqa: ASYNC110 - the view is plain data
+                await trio.sleep(0.01)
+        return ErrorCode.NONE, None
+
+    async def elect_leaders(
+        self, election_type: ElectionType, partitions: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], Outcome]:
+        """Run the elections; each partition's outcome (NONE once the new state is in
+        ZooKeeper, where every replica's watch picks it up)."""
+        outcomes: dict[tuple[str, int], Outcome] = {}
+        for topic, partition in partitions:
+            try:
+                outcomes[(topic, partition)] = await self._elect(election_type, topic, partition)
+            except NotController as exc:
+                outcomes[(topic, partition)] = (ErrorCode.NOT_CONTROLLER, str(exc))
+            except (CoordinationError, CoordinationDataError) as exc:
+                outcomes[(topic, partition)] = (ErrorCode.UNKNOWN_SERVER_ERROR, str(exc))
+        return outcomes
+
+    async def _elect(self, election_type: ElectionType, topic: str, partition: int) -> Outcome:
+        info = self.view.topics.get(topic)
+        replicas = (
+            info.partitions[partition].replicas if info and partition in info.partitions else None
+        )
+        if replicas is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist"
+        path = partition_state_path(topic, partition)
+        for _ in range(_WRITE_ATTEMPTS):
+            node = await self.coord.get(path)
+            if node is None:
+                return ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE, f"{path} is not written yet"
+            current = PartitionState.decode(node.data, path).leader_and_isr
+            target = requested_election(
+                current, replicas, frozenset(self.view.brokers), election_type
+            )
+            if isinstance(target, ElectionRefused):
+                return _REFUSALS[target], None
+            state = PartitionState.of(target, self.view.controller_epoch)
+            try:
+                await self.coord.set_fenced(path, state.encode(), node.version, self.fence)
+            except BadVersion:
+                await _check_fence(self.coord, self.fence)
+                continue  # a leader's ISR change came first: decide again on what it wrote
+            log.info("%s: %s election: leader %d epoch %d ISR %s", path, election_type.name,
+                     target.leader, target.leader_epoch, list(target.isr))  # fmt: skip
+            return ErrorCode.NONE, None
+        return ErrorCode.REQUEST_TIMED_OUT, f"{path} kept changing under the election"
+
+    async def alter_reassignments(
+        self, moves: dict[tuple[str, int], list[int] | None]
+    ) -> dict[tuple[str, int], Outcome]:
+        """Start (or replace, or with None cancel) partition reassignments (KIP-455).
+
+        Each one is written to the topic's znode (replicas = target + leaving, with
+        ``adding_replicas``/``removing_replicas``), then the partition's leader epoch is
+        bumped so that its leader starts a term that knows the joining replicas. The
+        reconciler finishes the move once they are in sync (:func:`_finish_move`).
+        """
+        outcomes: dict[tuple[str, int], Outcome] = {}
+        for (topic, partition), target in moves.items():
+            try:
+                outcome = await self._alter(topic, partition, target)
+            except NotController as exc:
+                outcome = (ErrorCode.NOT_CONTROLLER, str(exc))
+            except (CoordinationError, CoordinationDataError) as exc:
+                outcome = (ErrorCode.UNKNOWN_SERVER_ERROR, str(exc))
+            outcomes[(topic, partition)] = outcome
+        return outcomes
+
+    async def _alter(self, topic: str, partition: int, target: list[int] | None) -> Outcome:
+        info = self.view.topics.get(topic)
+        current = info.partitions.get(partition) if info is not None else None
+        if current is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist"
+        moving = _moving(current)
+        if target is None:
+            if not (moving.adding or moving.removing):
+                return ErrorCode.NO_REASSIGNMENT_IN_PROGRESS, f"{topic}-{partition} is not moving"
+        elif not target or len(set(target)) != len(target):
+            return ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"replicas {target}: empty or repeated"
+        elif unknown := sorted(set(target) - set(self.view.brokers)):
+            return ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"brokers {unknown} are not registered"
+        after = reassign(moving, target)
+        await _write_assignment(self.coord, self.fence, topic, partition, after)
+        # The leader's next term knows the new replica set; a cancelled move's joining
+        # replicas leave the ISR (and the leadership, if one of them had it).
+        path = partition_state_path(topic, partition)
+        for _ in range(_WRITE_ATTEMPTS):
+            node = await self.coord.get(path)
+            if node is None:
+                break  # a new partition: the reconciler writes its first state
+            state = PartitionState.decode(node.data, path).leader_and_isr
+            live = frozenset(self.view.brokers)
+            new = leave_replicas(state, after.replicas, live)
+            if new is None:
+                new = LeaderAndIsr(state.leader, state.leader_epoch + 1, state.isr)
+            encoded = PartitionState.of(new, self.view.controller_epoch).encode()
+            try:
+                await self.coord.set_fenced(path, encoded, node.version, self.fence)
+                break
+            except BadVersion:
+                await _check_fence(self.coord, self.fence)
+        log.info("%s-%d: reassigning to %s (adding %s, removing %s)", topic, partition,
+                 list(after.target), list(after.adding), list(after.removing))  # fmt: skip
+        # Answer once this broker's view shows it, so that a ListPartitionReassignments
+        # right after lists it (the watch brings it within milliseconds).
+        with trio.move_on_after(_VIEW_WAIT_S):
+            while (self._partition(topic, partition) or current).replicas != after.replicas:  # noqa: ASYNC110 - the view is plain data, no event to wait on
+                await trio.sleep(0.01)
+        return ErrorCode.NONE, None
+
+    def _partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        info = self.view.topics.get(topic)
+        return info.partitions.get(partition) if info is not None else None
+
+
 async def run_controller(
     coord: Coordination,
     view: ClusterView,
     *,
     unclean: bool = False,
     rebalance: Rebalance | None = None,
+    on_active: Callable[[ControllerActions | None], None] = lambda _: None,
 ) -> None:
     """Reconcile until cancelled; raises :class:`NotController` once deposed.
 
@@ -121,34 +303,57 @@ async def run_controller(
     if epoch_node is None or decode_controller_epoch(epoch_node.data) != view.controller_epoch:
         raise NotController("the controller epoch moved on before the first write")
     fence = (CONTROLLER_EPOCH, epoch_node.version)
+    actions = ControllerActions(coord, view, fence)
+    on_active(actions)
+    try:
+        await _reconcile(coord, view, fence, unclean, rebalance, actions.lock)
+    finally:
+        on_active(None)
+
+
+async def _reconcile(
+    coord: Coordination,
+    view: ClusterView,
+    fence: tuple[str, int],
+    unclean: bool,
+    rebalance: Rebalance | None,
+    lock: trio.Lock,
+) -> None:
     next_rebalance = trio.current_time() + (rebalance.interval_s if rebalance else 0)
     while True:
         lost = coord.session_lost()
         try:
-            brokers, brokers_changed = await coord.children_and_watch(BROKER_IDS)
-            live = frozenset(int(b) for b in brokers if b.isdigit())
-            topics, versions, watches = await read_topics(coord)
-            targets: dict[tuple[str, int], LeaderAndIsr] = {}
-            for topic in topics.values():
-                for partition, info in topic.partitions.items():
-                    target = decide(info, live, unclean=unclean)
-                    if target is not None:
-                        targets[(topic.name, partition)] = target
-            if rebalance is not None and trio.current_time() >= next_rebalance:
-                next_rebalance = trio.current_time() + rebalance.interval_s
-                settled = {
-                    (t.name, p): info
-                    for t in topics.values()
-                    for p, info in t.partitions.items()
-                    if (t.name, p) not in targets and info.leader_epoch >= 0
-                }
-                targets.update(imbalanced_moves(settled, live, rebalance.percentage))
-            for (name, partition), target in targets.items():
-                state = PartitionState.of(target, view.controller_epoch)
-                path = partition_state_path(name, partition)
-                await _write(coord, path, state, versions[(name, partition)], fence)
-                log.info("%s: leader %d epoch %d ISR %s", path, target.leader,
-                         target.leader_epoch, list(target.isr))  # fmt: skip
+            async with lock:  # not while a topic is half deleted
+                brokers, brokers_changed = await coord.children_and_watch(BROKER_IDS)
+                live = frozenset(int(b) for b in brokers if b.isdigit())
+                topics, versions, watches = await read_topics(coord)
+                targets: dict[tuple[str, int], LeaderAndIsr] = {}
+                for topic in topics.values():
+                    for partition, info in topic.partitions.items():
+                        target = decide(info, live, unclean=unclean)
+                        if target is not None:
+                            targets[(topic.name, partition)] = target
+                if rebalance is not None and trio.current_time() >= next_rebalance:
+                    next_rebalance = trio.current_time() + rebalance.interval_s
+                    settled = {
+                        (t.name, p): info
+                        for t in topics.values()
+                        for p, info in t.partitions.items()
+                        if (t.name, p) not in targets and info.leader_epoch >= 0
+                    }
+                    targets.update(imbalanced_moves(settled, live, rebalance.percentage))
+                for (name, partition), target in targets.items():
+                    state = PartitionState.of(target, view.controller_epoch)
+                    path = partition_state_path(name, partition)
+                    await _write(coord, path, state, versions[(name, partition)], fence)
+                    log.info("%s: leader %d epoch %d ISR %s", path, target.leader,
+                             target.leader_epoch, list(target.isr))  # fmt: skip
+                for topic in topics.values():
+                    for partition, info in topic.partitions.items():
+                        if (topic.name, partition) not in targets:
+                            version = versions[(topic.name, partition)]
+                            await _finish_move(coord, view, fence, live, topic.name, partition,
+                                               info, version)  # fmt: skip
         except NotController:
             raise
         except CoordinationError as exc:
@@ -157,6 +362,72 @@ async def run_controller(
             continue
         with trio.move_on_at(next_rebalance if rebalance is not None else float("inf")):
             await wait_any(lost, brokers_changed, *watches)
+
+
+def _moving(info: PartitionInfo) -> Reassignment:
+    return Reassignment(info.replicas, info.adding_replicas, info.removing_replicas)
+
+
+async def _finish_move(
+    coord: Coordination,
+    view: ClusterView,
+    fence: tuple[str, int],
+    live: frozenset[int],
+    topic: str,
+    partition: int,
+    info: PartitionInfo,
+    version: int,
+) -> None:
+    """The end of a reassignment whose joining replicas are all in sync: the leaving
+    ones leave the ISR (leadership moves if the leader leaves), then the assignment
+    keeps the target replicas only. In this order, as Kafka's controller does, so
+    that a round interrupted between the two writes just does the second one next."""
+    moving = _moving(info)
+    state = LeaderAndIsr(info.leader, info.leader_epoch, info.isr)
+    if version < 0 or not reassignment_done(state, moving):
+        return
+    target = moving.target
+    after = leave_replicas(state, target, live)
+    if after is None and state.leader not in target:
+        return  # no target replica can lead yet: wait for one
+    path = partition_state_path(topic, partition)
+    if after is not None:
+        await coord.set_fenced(path, PartitionState.of(after, view.controller_epoch).encode(),
+                               version, fence)  # fmt: skip
+    await _write_assignment(coord, fence, topic, partition, Reassignment(target))
+    log.info("%s-%d: reassignment done, replicas %s", topic, partition, list(target))
+
+
+async def _write_assignment(
+    coord: Coordination, fence: tuple[str, int], topic: str, partition: int, moving: Reassignment
+) -> None:
+    """One partition's replicas (and adding/removing lists) in the topic's znode."""
+    path = topic_path(topic)
+    while True:
+        node = await coord.get(path)
+        if node is None:
+            raise NoNode(path)
+        current = TopicAssignment.decode(node.data, path)
+        partitions = {**current.partitions, partition: moving.replicas}
+        adding = {**current.adding, partition: moving.adding}
+        removing = {**current.removing, partition: moving.removing}
+        updated = TopicAssignment(current.topic_id, partitions, adding, removing)
+        try:
+            await coord.set_fenced(path, updated.encode(), node.version, fence)
+            return
+        except BadVersion:
+            await _check_fence(coord, fence)  # another partition's move, or a new one
+
+
+async def _delete_tree(coord: Coordination, path: str) -> None:
+    """Delete ``path`` and everything below it (gone already: nothing to do)."""
+    children, _ = await coord.children_and_watch(path)
+    for child in children:
+        await _delete_tree(coord, f"{path}/{child}")
+    try:
+        await coord.delete(path)
+    except NoNode:
+        pass
 
 
 async def _write(

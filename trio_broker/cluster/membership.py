@@ -19,7 +19,12 @@ from collections.abc import Callable
 
 import trio
 
-from trio_broker.cluster.controller import NotController, Rebalance, run_controller
+from trio_broker.cluster.controller import (
+    ControllerActions,
+    NotController,
+    Rebalance,
+    run_controller,
+)
 from trio_broker.cluster.coordination import (
     BadVersion,
     Coordination,
@@ -63,18 +68,22 @@ async def run_membership(
     unclean: bool = False,
     rebalance: Rebalance | None = None,
     on_change: Callable[[], None] = lambda: None,
+    on_controller: Callable[[ControllerActions | None], None] = lambda _: None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Register, then keep ``view`` current until cancelled.
 
-    Reports started once registered. Raises :class:`BrokerIdInUse` if a live broker
+    Reports started once registered. ``on_controller`` gets the controller's actions
+    while this broker is the controller, and None when it stops being it. Raises :class:`BrokerIdInUse` if a live broker
     already holds the id at start (a configuration mistake, not something to wait out).
     """
     await _register(coord, registration, wait_if_taken=False)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stay_registered, coord, registration)
         nursery.start_soon(_follow_brokers, coord, view, on_change)
-        nursery.start_soon(_elect_controller, coord, view, now_ms, unclean, rebalance)
+        nursery.start_soon(
+            _elect_controller, coord, view, now_ms, unclean, rebalance, on_controller
+        )
         nursery.start_soon(follow_topics, coord, view, on_change)
         task_status.started()
 
@@ -144,6 +153,7 @@ async def _elect_controller(
     now_ms: Callable[[], int],
     unclean: bool,
     rebalance: Rebalance | None,
+    on_controller: Callable[[ControllerActions | None], None],
 ) -> None:
     me = view.broker_id
     while True:
@@ -177,8 +187,9 @@ async def _elect_controller(
             # The controller's duties last until its claim or the epoch changes hands.
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(
-                    _controller_duties, coord, view, unclean, rebalance, nursery.cancel_scope
-                )
+                    _controller_duties, coord, view, unclean, rebalance, on_controller,
+                    nursery.cancel_scope,
+                )  # fmt: skip
                 await wait_any(changed, epoch_changed, lost)
                 nursery.cancel_scope.cancel()
         else:
@@ -192,10 +203,13 @@ async def _controller_duties(
     view: ClusterView,
     unclean: bool,
     rebalance: Rebalance | None,
+    on_controller: Callable[[ControllerActions | None], None],
     done: trio.CancelScope,
 ) -> None:
     try:
-        await run_controller(coord, view, unclean=unclean, rebalance=rebalance)
+        await run_controller(
+            coord, view, unclean=unclean, rebalance=rebalance, on_active=on_controller
+        )
     except NotController as exc:
         log.warning("broker %d: %s", view.broker_id, exc)
     done.cancel()

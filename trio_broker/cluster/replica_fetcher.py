@@ -12,6 +12,11 @@ connection:
    on disk (docs/cluster.md, "Durability stays explicit").
 3. **Append** the batches as they are (``append_replicated_batches``), and keep the
    leader's high watermark.
+4. **Throttle** partitions a reassignment is adding to this broker
+   (``FollowerRole.throttled``) to ``follower.replication.throttled.rate`` bytes per
+   second: their fetch size is capped at one second's worth, and after a fetch that
+   brought them N bytes the fetcher pauses N / rate seconds (the other partitions it
+   copies from the same leader wait too, as Kafka's shared fetcher thread does).
 
 Errors that mean "the cluster moved on" (not leader, fenced or unknown epoch) wait for
 the next view change, or a pause, whichever comes first: a follower often learns its role
@@ -169,6 +174,9 @@ async def _fetch_once(
         if log_.durable_end_offset < log_.log_end_offset:
             await durability.wait_durable(log_, log_.log_end_offset - 1)
         logs[key] = log_
+        max_bytes = PARTITION_MAX_BYTES
+        if role.throttled:
+            max_bytes = max(1, min(max_bytes, manager.follower_throttle_rate))
         topics.setdefault(key[0], []).append(
             Req.FetchTopic.FetchPartition(
                 partition=key[1],
@@ -176,7 +184,7 @@ async def _fetch_once(
                 fetch_offset=log_.log_end_offset,
                 last_fetched_epoch=log_.epoch_cache.latest_epoch,
                 log_start_offset=log_.log_start_offset,
-                partition_max_bytes=PARTITION_MAX_BYTES,
+                partition_max_bytes=max_bytes,
             )
         )
     if not logs:
@@ -192,6 +200,7 @@ async def _fetch_once(
         m.ApiKey.FETCH, FETCH_VERSION, request, REQUEST_TIMEOUT_S + MAX_WAIT_MS / 1000
     )
     moved_on = False
+    throttled_bytes = 0
     for topic in response.responses:
         for part in topic.partitions:
             key = (topic.topic, part.partition_index)
@@ -217,9 +226,13 @@ async def _fetch_once(
                     continue
                 if results:
                     durability.mark_dirty(log_, len(results))
+                if role.throttled:
+                    throttled_bytes += len(data)
             role.high_watermark = max(
                 role.high_watermark, min(part.high_watermark, log_.log_end_offset)
             )
+    if throttled_bytes:
+        await trio.sleep(throttled_bytes / manager.follower_throttle_rate)
     if moved_on:  # not leader / fenced: the view will tell who leads now
         with trio.move_on_after(RETRY_S):
             await manager.roles_changed.wait()

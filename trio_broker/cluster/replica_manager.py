@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 import trio
 
+from trio_broker.cluster.controller import ControllerActions
 from trio_broker.cluster.coordination import (
     BadVersion,
     Coordination,
@@ -37,6 +38,7 @@ from trio_broker.cluster.coordination import (
 )
 from trio_broker.cluster.zk_layout import (
     PRODUCER_ID_BLOCK,
+    CoordinationDataError,
     PartitionState,
     TopicAssignment,
     partition_state_path,
@@ -49,7 +51,7 @@ from trio_broker.replication.controller_rules import (
     InvalidReplicationFactor,
     assign_replicas,
 )
-from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition
+from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition, NotAReplica
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.topics import TopicError, TopicManager
 
@@ -71,6 +73,8 @@ class FollowerRole:
     needs_truncation: bool = True
     #: The leader's high watermark as last fetched, capped at the local log end.
     high_watermark: int = 0
+    #: A reassignment is adding this replica: copy it at the throttled rate.
+    throttled: bool = False
 
 
 class ReplicaManager:
@@ -86,6 +90,7 @@ class ReplicaManager:
         durability: Any,
         on_hw_moved: Callable[[], None] = lambda: None,
         producers: Any = None,
+        follower_throttle_rate: int = 2**63 - 1,
     ) -> None:
         self.view = view
         self.coord = coord
@@ -99,6 +104,8 @@ class ReplicaManager:
         self.producers = producers
         #: Long-poll fetches wait for appends; a moved HW is news for them too.
         self.on_hw_moved = on_hw_moved
+        #: follower.replication.throttled.rate: bytes/s for replicas being added.
+        self.follower_throttle_rate = max(1, follower_throttle_rate)
         #: (topic, partition) -> this broker's leader term.
         self.terms: dict[tuple[str, int], LeaderPartition] = {}
         #: (topic, partition) -> what this broker follows.
@@ -108,6 +115,11 @@ class ReplicaManager:
         #: Roles changed: fetchers re-read ``following`` (set by _apply).
         self.roles_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
+        #: The controller's actions while this broker is the controller (admin requests).
+        self.controller: ControllerActions | None = None
+        #: Cluster topics this broker keeps a local copy of (since it started): deleted
+        #: locally when the cluster deletes them.
+        self.local_copies: set[str] = set()
 
     # ------------------------------------------------------------------ for handlers
 
@@ -123,7 +135,10 @@ class ReplicaManager:
         if term is None:
             return
         refreshed = self._refresh((topic, partition), term)
-        moved, proposal = term.follower_fetched(replica, offset, self.now_ms())
+        try:
+            moved, proposal = term.follower_fetched(replica, offset, self.now_ms())
+        except NotAReplica:  # a replica a reassignment removed, fetching in this epoch
+            return
         if moved or refreshed:
             self._wake((topic, partition))
         if proposal is not None:
@@ -183,6 +198,86 @@ class ReplicaManager:
             while not self._has_leaders(name, len(assignment)):
                 await self._view_event().wait()
 
+    async def create_partitions(
+        self, name: str, total: int, assignment: list[list[int]] | None, validate_only: bool
+    ) -> None:
+        """Grow a cluster topic to ``total`` partitions: the new replica lists go into the
+        topic's znode (a conditional update), the controller gives them leaders, and the
+        replicas create their logs, as for a new topic. Waits for the leaders."""
+        try:
+            await self._grow_topic(name, total, assignment, validate_only)
+        except (CoordinationError, CoordinationDataError) as exc:
+            raise TopicError(ErrorCode.UNKNOWN_SERVER_ERROR, f"ZooKeeper: {exc}") from None
+        if validate_only:
+            return
+        with trio.move_on_after(CREATE_WAIT_S):
+            while not self._has_leaders(name, total):
+                await self._view_event().wait()
+
+    async def _grow_topic(
+        self, name: str, total: int, assignment: list[list[int]] | None, validate_only: bool
+    ) -> None:
+        path = topic_path(name)
+        while True:
+            node = await self.coord.get(path)
+            if node is None:
+                raise TopicError(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+                )
+            current = TopicAssignment.decode(node.data, path)
+            count = len(current.partitions)
+            self.topics.check_partition_count(name, count, total)
+            added = self._new_replicas(current, total, assignment)
+            if validate_only:
+                return
+            partitions = {**current.partitions, **added}
+            grown = TopicAssignment(current.topic_id, partitions, current.adding, current.removing)
+            try:
+                await self.coord.set(path, grown.encode(), node.version)
+                return
+            except BadVersion:
+                continue  # a move or another growth came first: decide again
+
+    def _new_replicas(
+        self, current: TopicAssignment, total: int, assignment: list[list[int]] | None
+    ) -> dict[int, tuple[int, ...]]:
+        count = len(current.partitions)
+        brokers = {b.broker_id: b.rack for b in self.view.brokers.values()}
+        factor = len(current.target(0))
+        if assignment is None:
+            try:
+                lists = assign_replicas(
+                    total - count, factor, brokers,
+                    start_index=random.randrange(max(len(brokers), 1)), first_partition=count,
+                )  # fmt: skip
+            except InvalidReplicationFactor as exc:
+                raise TopicError(ErrorCode.INVALID_REPLICATION_FACTOR, str(exc)) from None
+            return {count + i: tuple(r) for i, r in enumerate(lists)}
+        if len(assignment) != total - count:
+            raise TopicError(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                f"adding {total - count} partition(s) needs as many assignments, got "
+                f"{len(assignment)}",
+            )
+        for offset, replicas in enumerate(assignment):
+            unknown = sorted(set(replicas) - set(brokers))
+            if not replicas or len(set(replicas)) != len(replicas) or unknown:
+                raise TopicError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    f"partition {count + offset}: replicas {replicas} must be distinct live "
+                    "brokers",
+                )
+            if len(replicas) != factor:
+                raise TopicError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    f"partition {count + offset}: {len(replicas)} replicas, the topic has {factor}",
+                )
+        return {count + i: tuple(r) for i, r in enumerate(assignment)}
+
+    def controller_changed(self, actions: ControllerActions | None) -> None:
+        """Membership's word: this broker became the controller (or stopped being it)."""
+        self.controller = actions
+
     def leave(self) -> None:
         """The broker shuts down: end every term and stop following (for good: the
         caller cancels this manager's tasks next)."""
@@ -235,6 +330,7 @@ class ReplicaManager:
             local = await self._ensure_local_topic(name, topic.topic_id, len(topic.partitions))
             if local is None:
                 continue
+            self.local_copies.add(name)
             for p in mine:
                 info = topic.partitions[p]
                 key = (name, p)
@@ -264,9 +360,57 @@ class ReplicaManager:
                         roles_changed = True
                         log.info("following broker %d for %s-%d in epoch %d",
                                  info.leader, name, p, info.leader_epoch)  # fmt: skip
+                    role = self.following.get(key)
+                    if role is not None:
+                        role.throttled = me in info.adding_replicas
+        for key in [*self.following, *self.terms]:
+            topic_info = self.view.topics.get(key[0])
+            held = topic_info.partitions.get(key[1]) if topic_info is not None else None
+            if held is None or me not in held.replicas:
+                if self.terms.pop(key, None) is not None:
+                    self._wake(key)  # acks=all waiters learn the leadership moved
+                self.following.pop(key, None)
+                roles_changed = True
+                if held is not None:  # moved away by a reassignment (not a deleted topic)
+                    await self._drop_replica(*key)
+        for name in self.local_copies - set(self.view.topics):
+            await self._drop_deleted_topic(name)
         if roles_changed:
             self.roles_changed.set()
             self.roles_changed = trio.Event()
+
+    async def _drop_deleted_topic(self, name: str) -> None:
+        """The cluster deleted the topic: so does this broker, once ZooKeeper confirms it
+        (a topic znode that does not parse is left out of the view too, and must not cost
+        the local copy)."""
+        try:
+            if await self.coord.get(topic_path(name)) is not None:
+                return
+        except CoordinationError:
+            return  # ask again at the next view change
+        self.local_copies.discard(name)
+        for key in [k for k in [*self.following, *self.terms] if k[0] == name]:
+            if self.terms.pop(key, None) is not None:
+                self._wake(key)
+            self.following.pop(key, None)
+        if self.topics.get(name) is not None:
+            self.topics.delete(name)
+            log.info("topic %s deleted by the cluster: local copy deleted", name)
+
+    async def _drop_replica(self, name: str, partition: int) -> None:
+        """This broker is no longer a replica of the partition: its copy goes, the whole
+        local topic if it holds no other partition of it."""
+        topic = self.view.topics.get(name)
+        me = self.view.broker_id
+        if topic is not None and not any(me in i.replicas for i in topic.partitions.values()):
+            if self.topics.get(name) is not None:
+                self.topics.delete(name)
+                log.info("no longer a replica of any partition of %s: local topic deleted", name)
+            return
+        log_ = self.topics.log(name, partition)
+        if log_ is not None:
+            await trio.to_thread.run_sync(log_.delete_records, log_.log_end_offset)
+            log.info("no longer a replica of %s-%d: its records deleted", name, partition)
 
     async def _ensure_local_topic(
         self, name: str, topic_id: uuid.UUID, partitions: int

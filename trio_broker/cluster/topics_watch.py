@@ -56,12 +56,18 @@ async def read_topics(
             path = partition_state_path(name, partition)
             state_node, changed = await coord.get_and_watch(path)
             watches.append(changed)
-            info = PartitionInfo(replicas, NO_LEADER, -1, ())
+            moving = (
+                assignment.adding.get(partition, ()),
+                assignment.removing.get(partition, ()),
+            )
+            info = PartitionInfo(replicas, NO_LEADER, -1, (), *moving)
             versions[(name, partition)] = -1
             if state_node is not None:
                 try:
                     state = PartitionState.decode(state_node.data, path)
-                    info = PartitionInfo(replicas, state.leader, state.leader_epoch, state.isr)
+                    info = PartitionInfo(
+                        replicas, state.leader, state.leader_epoch, state.isr, *moving
+                    )
                     versions[(name, partition)] = state_node.version
                 except CoordinationDataError as exc:
                     log.warning("ignoring %s: %s", path, exc)

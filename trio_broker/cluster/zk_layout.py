@@ -205,17 +205,35 @@ class PartitionState:
 
 @attrs.frozen
 class TopicAssignment:
-    """``/brokers/topics/<topic>``: the topic's id and each partition's replica list."""
+    """``/brokers/topics/<topic>``: the topic's id and each partition's replica list.
+
+    While a partition is reassigned (Kafka 2.4's layout, KIP-455) its replica list is
+    the union of the old and the target replicas, target first; ``adding`` names the
+    replicas that are joining, ``removing`` those that leave once the new ones are in
+    sync. Partitions not being moved have no entry in either.
+    """
 
     topic_id: uuid.UUID
     partitions: dict[int, tuple[int, ...]]
+    adding: dict[int, tuple[int, ...]] = attrs.field(factory=dict)
+    removing: dict[int, tuple[int, ...]] = attrs.field(factory=dict)
 
     def encode(self) -> bytes:
         topic_id = base64.urlsafe_b64encode(self.topic_id.bytes).rstrip(b"=").decode()
+
+        def as_json(by_partition: dict[int, tuple[int, ...]]) -> dict[str, list[int]]:
+            return {str(p): list(r) for p, r in sorted(by_partition.items()) if r}
+
         return _dump({
-            "version": 3, "topic_id": topic_id, "adding_replicas": {}, "removing_replicas": {},
-            "partitions": {str(p): list(r) for p, r in sorted(self.partitions.items())},
+            "version": 3, "topic_id": topic_id, "adding_replicas": as_json(self.adding),
+            "removing_replicas": as_json(self.removing),
+            "partitions": as_json(self.partitions),
         })  # fmt: skip
+
+    def target(self, partition: int) -> tuple[int, ...]:
+        """The replicas the partition will have once its reassignment completes."""
+        removing = self.removing.get(partition, ())
+        return tuple(r for r in self.partitions[partition] if r not in removing)
 
     @classmethod
     def decode(cls, raw: bytes, what: str = "topic") -> TopicAssignment:
@@ -240,4 +258,29 @@ class TopicAssignment:
             partitions[int(key)] = tuple(replicas)
         if sorted(partitions) != list(range(len(partitions))):
             raise CoordinationDataError(f"{what}: partitions are not numbered 0..n-1")
-        return cls(topic_id, partitions)
+        moving = [_replica_lists(doc, key, partitions, what) for key in _MOVING]
+        return cls(topic_id, partitions, moving[0], moving[1])
+
+
+_MOVING = ("adding_replicas", "removing_replicas")
+
+
+def _replica_lists(
+    doc: dict[str, Any], key: str, partitions: dict[int, tuple[int, ...]], what: str
+) -> dict[int, tuple[int, ...]]:
+    """``adding_replicas`` or ``removing_replicas``: partition -> brokers among its replicas."""
+    raw = doc.get(key) or {}
+    if not isinstance(raw, dict):
+        raise CoordinationDataError(f"{what}: {key} must be an object")
+    lists: dict[int, tuple[int, ...]] = {}
+    for name, brokers in raw.items():
+        if not (isinstance(name, str) and name.isdigit()) or int(name) not in partitions:
+            raise CoordinationDataError(f"{what}: {key}: unknown partition {name!r}")
+        if not isinstance(brokers, list) or not all(
+            isinstance(b, int) and not isinstance(b, bool) and b in partitions[int(name)]
+            for b in brokers
+        ):
+            raise CoordinationDataError(f"{what}: {key}: partition {name}: not among its replicas")
+        if brokers:
+            lists[int(name)] = tuple(brokers)
+    return lists

@@ -30,6 +30,8 @@ from trio_broker.protocol.schema import REQUESTS, Message
 if TYPE_CHECKING:
     from trio_broker.config import BrokerConfig
     from trio_broker.groups.coordinator import GroupCoordinator
+    from trio_broker.protocol.error_codes import ErrorCode
+    from trio_broker.replication.controller_rules import ElectionType
     from trio_broker.replication.leader import AckState, LeaderPartition
     from trio_broker.security.authorize import Authorizer
     from trio_broker.security.credentials import CredentialStore
@@ -66,6 +68,27 @@ class Appends(Protocol):
     async def wait(self) -> None: ...
 
 
+class ControllerRequests(Protocol):
+    """The controller's part in admin requests (cluster/controller.py's ControllerActions),
+    reachable on the controller's broker only."""
+
+    async def elect_leaders(
+        self, election_type: ElectionType, partitions: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[ErrorCode, str | None]]:
+        """ElectLeaders: each partition's error code and message."""
+        ...
+
+    async def alter_reassignments(
+        self, moves: dict[tuple[str, int], list[int] | None]
+    ) -> dict[tuple[str, int], tuple[ErrorCode, str | None]]:
+        """AlterPartitionReassignments: target replicas (None: cancel) per partition."""
+        ...
+
+    async def delete_topic(self, name: str) -> tuple[ErrorCode, str | None]:
+        """DeleteTopics: the topic goes from the cluster."""
+        ...
+
+
 class Replication(Protocol):
     """A clustered broker's part in replication (trio_broker/cluster/replica_manager.py).
 
@@ -74,6 +97,11 @@ class Replication(Protocol):
 
     @property
     def view(self) -> ClusterView: ...
+
+    @property
+    def controller(self) -> ControllerRequests | None:
+        """The controller's requests while this broker is the controller, else None."""
+        ...
 
     def partition(self, topic: str, partition: int) -> PartitionInfo | None:
         """Replicas, leader, leader epoch and ISR as the cluster has them."""
@@ -100,6 +128,12 @@ class Replication(Protocol):
         assignment: dict[int, list[int]] | None,
     ) -> None:
         """Create a topic in the cluster and wait until its partitions have leaders."""
+        ...
+
+    async def create_partitions(
+        self, name: str, total: int, assignment: list[list[int]] | None, validate_only: bool
+    ) -> None:
+        """Grow a cluster topic (TopicError if refused); waits for the new leaders."""
         ...
 
 

@@ -6,9 +6,11 @@ existence is revealed), the deadline, existence, the new count (never a
 shrink), then the explicit assignments. ``validate_only`` runs every check and
 changes nothing.
 
-One node is the whole cluster, so an explicit assignment is accepted only if
-every new partition's replica list is exactly this broker; replication will
-put its own placement rule here. The work is short and synchronous (a few
+A broker alone is the whole cluster, so an explicit assignment is accepted only
+if every new partition's replica list is exactly this broker. In a cluster the
+new replica lists go to ZooKeeper (``ReplicaManager.create_partitions``): the
+topic's replication factor, placed as for a new topic, or the assignment if it
+names distinct live brokers, as many as the topic's replication factor. The work is short and synchronous (a few
 directories and one catalogue write), so a positive ``timeout_ms`` is always
 met; ``timeout_ms <= 0`` means the deadline has passed before the work starts,
 and KRaft then answers REQUEST_TIMED_OUT and changes nothing: so do we.
@@ -60,11 +62,8 @@ def _check_assignments(
         )
 
 
-def _grow(
-    ctx: RequestContext,
-    topic: m.CreatePartitionsRequest.CreatePartitionsTopic,
-    timeout_ms: int,
-    validate_only: bool,
+def _check_request(
+    ctx: RequestContext, topic: m.CreatePartitionsRequest.CreatePartitionsTopic, timeout_ms: int
 ) -> None:
     name = topic.name
     if not authorized(ctx, Operation.ALTER, ResourceType.TOPIC, name):
@@ -79,6 +78,16 @@ def _grow(
             ErrorCode.INVALID_TOPIC_EXCEPTION,
             f"{name} is an internal topic; the broker owns its partition count",
         )
+
+
+def _grow(
+    ctx: RequestContext,
+    topic: m.CreatePartitionsRequest.CreatePartitionsTopic,
+    timeout_ms: int,
+    validate_only: bool,
+) -> None:
+    _check_request(ctx, topic, timeout_ms)
+    name = topic.name
     topics = ctx.services.topics
     current = len(topics.check_new_partitions(name, topic.count).logs)
     _check_assignments(ctx, topic, current)
@@ -86,14 +95,24 @@ def _grow(
         topics.add_partitions(name, topic.count)
 
 
-def _result(
+async def _result(
     ctx: RequestContext,
     topic: m.CreatePartitionsRequest.CreatePartitionsTopic,
     timeout_ms: int,
     validate_only: bool,
 ) -> m.CreatePartitionsResponse.CreatePartitionsTopicResult:
     try:
-        _grow(ctx, topic, timeout_ms, validate_only)
+        replication = ctx.services.replication
+        if replication is None:
+            _grow(ctx, topic, timeout_ms, validate_only)
+        else:  # the cluster's topic grows in ZooKeeper; every replica follows
+            _check_request(ctx, topic, timeout_ms)
+            assignment = (
+                None
+                if topic.assignments is None
+                else [list(a.broker_ids) for a in topic.assignments]
+            )
+            await replication.create_partitions(topic.name, topic.count, assignment, validate_only)
         return Result(name=topic.name, error_code=ErrorCode.NONE, error_message=None)
     except (TopicError, LogError) as exc:
         code, message = exc.error_code, str(exc)
@@ -114,5 +133,5 @@ async def handle_create_partitions(
                        error_message=REPEATED_MESSAGE)
             )  # fmt: skip
             continue
-        results.append(_result(ctx, topic, request.timeout_ms, request.validate_only))
+        results.append(await _result(ctx, topic, request.timeout_ms, request.validate_only))
     return Resp(throttle_time_ms=0, results=results)

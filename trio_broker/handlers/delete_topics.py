@@ -1,7 +1,9 @@
 """DeleteTopics: by name (all versions) or by topic id (v6+).
 
-A deleted topic's logs are closed and its directories removed at once; there
-is no controller to wait for, so the request's timeout is not needed. With
+A broker alone closes a deleted topic's logs and removes its directories at
+once; the request's timeout is not needed. In a cluster only the controller
+deletes (others: NOT_CONTROLLER): the topic's tree goes from ZooKeeper, and every
+broker holding a copy deletes it when its view loses the topic. With
 ``delete.topic.enable=false`` every topic of the request is refused before any
 other check, as Kafka's controller does: TOPIC_DELETION_DISABLED, or
 INVALID_REQUEST for versions 0-2, which predate that error.
@@ -10,6 +12,8 @@ INVALID_REQUEST for versions 0-2, which predate that error.
 from __future__ import annotations
 
 import uuid
+
+import attrs
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
@@ -24,7 +28,29 @@ Result = Resp.DeletableTopicResult
 ZERO_UUID = uuid.UUID(int=0)
 
 
-def _delete(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> Result:
+@attrs.frozen
+class _Found:
+    name: str
+    topic_id: uuid.UUID
+
+
+def _lookup(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> _Found | None:
+    """The topic by name or id: this broker's own, or in a cluster the cluster's."""
+    replication = ctx.services.replication
+    if replication is not None:
+        cluster = replication.view.topics
+        info = (
+            cluster.get(name)
+            if name is not None
+            else next((t for t in cluster.values() if t.topic_id == topic_id), None)
+        )
+        return None if info is None else _Found(info.name, info.topic_id)
+    topics = ctx.services.topics
+    local = topics.get(name) if name is not None else topics.by_id.get(topic_id)
+    return None if local is None else _Found(local.name, local.topic_id)
+
+
+async def _delete(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> Result:
     topics = ctx.services.topics
     result = Result(name=name, topic_id=topic_id, error_code=ErrorCode.NONE, error_message=None)
     if name is not None and topic_id != ZERO_UUID:
@@ -36,13 +62,13 @@ def _delete(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> Resul
             result.error_code = ErrorCode.INVALID_REQUEST
             result.error_message = "neither a topic name nor a topic id was given"
             return result
-        topic = topics.by_id.get(topic_id)
+        topic = _lookup(ctx, None, topic_id)
         if topic is None:
             result.error_code = ErrorCode.UNKNOWN_TOPIC_ID
             result.error_message = f"no topic with id {topic_id}"
             return result
     else:
-        topic = topics.get(name)
+        topic = _lookup(ctx, name, topic_id)
         if not authorized(ctx, Operation.DELETE, ResourceType.TOPIC, name):
             # Refused before existence is revealed, as Kafka does.
             result.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
@@ -56,6 +82,16 @@ def _delete(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> Resul
     if name is None and not authorized(ctx, Operation.DELETE, ResourceType.TOPIC, topic.name):
         result.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
         result.error_message = f"DELETE on topic {topic.name!r} refused"
+        return result
+    replication = ctx.services.replication
+    if replication is not None:  # the controller deletes it from ZooKeeper, then everyone
+        if replication.controller is None:
+            result.error_code = ErrorCode.NOT_CONTROLLER
+            result.error_message = "this broker is not the controller"
+            return result
+        result.error_code, result.error_message = await replication.controller.delete_topic(
+            topic.name
+        )
         return result
     try:
         topics.delete(topic.name)
@@ -98,5 +134,5 @@ async def handle_delete_topics(
                        error_message=REPEATED_MESSAGE)
             )  # fmt: skip
             continue
-        responses.append(_delete(ctx, name, topic_id))
+        responses.append(await _delete(ctx, name, topic_id))
     return Resp(throttle_time_ms=0, responses=responses)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
-from trio_broker.handlers.leadership import check_leader
+from trio_broker.handlers.leadership import check_leader, fetch_leader_hints
 from trio_broker.handlers.topic_lookup import find_topic
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
@@ -118,7 +118,9 @@ def read_partitions(ctx: RequestContext, request: m.FetchRequest) -> tuple[Resp,
         topic_responses.append(
             TopicResp(topic=wanted.topic, topic_id=wanted.topic_id, partitions=partitions)
         )
-    return Resp(throttle_time_ms=0, error_code=0, session_id=0, responses=topic_responses), total
+    response = Resp(throttle_time_ms=0, error_code=0, session_id=0, responses=topic_responses)
+    fetch_leader_hints(ctx, response)  # KIP-951
+    return response, total
 
 
 def throttled(ctx: RequestContext, response: Resp, total: int) -> Resp:

@@ -9,16 +9,23 @@ has none), and a client that names a leader epoch (KIP-320) learns whether it is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from trio_broker.handlers.base import RequestContext
+from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.controller_rules import NO_LEADER
 
 if TYPE_CHECKING:
     from trio_broker.replication.leader import LeaderPartition
 
-__all__ = ["check_leader"]
+__all__ = [
+    "check_leader",
+    "fetch_leader_hints",
+    "missing_partition_error",
+    "produce_leader_hints",
+]
 
 
 def check_leader(
@@ -40,3 +47,83 @@ def check_leader(
         if current_leader_epoch > term.leader_epoch:
             return ErrorCode.UNKNOWN_LEADER_EPOCH, None
     return ErrorCode.NONE, term
+
+
+def missing_partition_error(ctx: RequestContext, topic: str, partition: int) -> ErrorCode:
+    """The error for a partition this broker has no log of: NOT_LEADER_OR_FOLLOWER if the
+    cluster has it (another broker leads it), else UNKNOWN_TOPIC_OR_PARTITION."""
+    replication = ctx.services.replication
+    if replication is not None and replication.partition(topic, partition) is not None:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+T = TypeVar("T")
+
+# KIP-951: answers that say "not the leader" also say who is, and where to reach it, so
+# that a client moves without a Metadata round trip (Produce v10+, Fetch v12+ for the
+# leader, v16+ for its endpoint).
+PRODUCE_HINTS_FROM = 10
+FETCH_HINTS_FROM = 12
+FETCH_ENDPOINTS_FROM = 16
+
+
+def _leader_of(ctx: RequestContext, name: str, topic_id: object, partition: int) -> tuple[int, int]:
+    """(leader id, leader epoch) as this broker knows them; (-1, -1) if unknown."""
+    replication = ctx.services.replication
+    assert replication is not None
+    if not name:
+        name = next(
+            (t.name for t in replication.view.topics.values() if t.topic_id == topic_id), ""
+        )
+    info = replication.partition(name, partition)
+    if info is None or info.leader == NO_LEADER:
+        return NO_LEADER, -1
+    return info.leader, info.leader_epoch
+
+
+def _endpoints(ctx: RequestContext, leaders: set[int], endpoint: Callable[..., T]) -> list[T]:
+    replication = ctx.services.replication
+    assert replication is not None
+    brokers = replication.view.brokers
+    return [
+        endpoint(node_id=b, host=brokers[b].host, port=brokers[b].port, rack=brokers[b].rack)
+        for b in sorted(leaders)
+        if b in brokers
+    ]
+
+
+def produce_leader_hints(ctx: RequestContext, response: m.ProduceResponse) -> None:
+    """Fill KIP-951's current leader into NOT_LEADER_OR_FOLLOWER answers, with endpoints."""
+    if ctx.services.replication is None or ctx.api_version < PRODUCE_HINTS_FROM:
+        return
+    Part = m.ProduceResponse.TopicProduceResponse.PartitionProduceResponse
+    leaders: set[int] = set()
+    for topic in response.responses:
+        for part in topic.partition_responses:
+            if part.error_code != ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                continue
+            leader, epoch = _leader_of(ctx, topic.name, topic.topic_id, part.index)
+            if leader != NO_LEADER:
+                part.current_leader = Part.LeaderIdAndEpoch(leader_id=leader, leader_epoch=epoch)
+                leaders.add(leader)
+    response.node_endpoints = _endpoints(ctx, leaders, m.ProduceResponse.NodeEndpoint)
+
+
+def fetch_leader_hints(ctx: RequestContext, response: m.FetchResponse) -> None:
+    """As :func:`produce_leader_hints`, for NOT_LEADER_OR_FOLLOWER and FENCED_LEADER_EPOCH."""
+    if ctx.services.replication is None or ctx.api_version < FETCH_HINTS_FROM:
+        return
+    Part = m.FetchResponse.FetchableTopicResponse.PartitionData
+    moved = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH)
+    leaders: set[int] = set()
+    for topic in response.responses:
+        for part in topic.partitions:
+            if part.error_code not in moved:
+                continue
+            leader, epoch = _leader_of(ctx, topic.topic, topic.topic_id, part.partition_index)
+            if leader != NO_LEADER:
+                part.current_leader = Part.LeaderIdAndEpoch(leader_id=leader, leader_epoch=epoch)
+                leaders.add(leader)
+    if ctx.api_version >= FETCH_ENDPOINTS_FROM:
+        response.node_endpoints = _endpoints(ctx, leaders, m.FetchResponse.NodeEndpoint)

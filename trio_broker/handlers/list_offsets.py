@@ -23,7 +23,7 @@ from typing import Any
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
-from trio_broker.handlers.leadership import check_leader
+from trio_broker.handlers.leadership import check_leader, missing_partition_error
 from trio_broker.handlers.metadata import LEADER_EPOCH
 from trio_broker.handlers.offset_for_leader_epoch import check_current_leader_epoch
 from trio_broker.protocol import messages as m
@@ -132,7 +132,7 @@ async def handle_list_offsets(
                 continue
             partition_log = topics.log(wanted.name, p.partition_index)
             if partition_log is None:
-                out.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                out.error_code = missing_partition_error(ctx, wanted.name, p.partition_index)
                 continue
             term = None
             if ctx.services.replication is not None:  # a cluster: the leader answers

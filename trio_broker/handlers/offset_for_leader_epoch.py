@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
-from trio_broker.handlers.leadership import check_leader
+from trio_broker.handlers.leadership import check_leader, missing_partition_error
 from trio_broker.handlers.metadata import LEADER_EPOCH
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -63,7 +63,7 @@ async def handle_offset_for_leader_epoch(
                 continue
             log = topics.log(wanted.topic, p.partition)
             if log is None:
-                out.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                out.error_code = missing_partition_error(ctx, wanted.topic, p.partition)
                 continue
             if ctx.services.replication is not None:
                 out.error_code, term = check_leader(

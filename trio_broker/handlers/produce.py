@@ -20,7 +20,7 @@ from trio_broker.handlers.base import (
     Services,
     handles,
 )
-from trio_broker.handlers.leadership import check_leader
+from trio_broker.handlers.leadership import check_leader, produce_leader_hints
 from trio_broker.handlers.topic_lookup import find_topic
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordBytes
@@ -203,6 +203,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     # (summed in the loop above, so no second walk over the request).
     throttle_ms = ctx.services.quotas.throttle(ctx, PRODUCER_BYTE_RATE, produced)
     response = Resp(responses=topic_responses, throttle_time_ms=throttle_ms)
+    produce_leader_hints(ctx, response)  # KIP-951
     if acks == 0:
         # No response to carry an error: like Kafka, close the connection so the
         # client notices and refreshes its metadata.

@@ -19,12 +19,28 @@ def find_topic(
     """(the topic or None, its name for the answer and the ACL check, the error if missing).
 
     An unknown topic id has no name: the name is then "" (and stays UNKNOWN_TOPIC_ID).
+    In a cluster, a topic this broker holds no replica of is still the cluster's: its
+    partitions answer NOT_LEADER_OR_FOLLOWER (so clients refresh their metadata and go
+    to the leader), under the topic's name.
     """
     topics = ctx.services.topics
-    if uses_topic_ids(ctx.header.api_key, ctx.api_version):
+    by_id = uses_topic_ids(ctx.header.api_key, ctx.api_version)
+    if by_id:
         topic = topics.by_id.get(topic_id) if topic_id is not None else None
         missing = ErrorCode.UNKNOWN_TOPIC_ID
     else:
         topic = topics.get(name or "")
         missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-    return topic, (name or "") if topic is None else topic.name, missing
+    if topic is not None:
+        return topic, topic.name, missing
+    replication = ctx.services.replication
+    if replication is not None:
+        cluster = replication.view.topics
+        held = (
+            next((t for t in cluster.values() if t.topic_id == topic_id), None)
+            if by_id
+            else cluster.get(name or "")
+        )
+        if held is not None:
+            return None, held.name, ErrorCode.NOT_LEADER_OR_FOLLOWER
+    return None, name or "", missing

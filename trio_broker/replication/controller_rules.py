@@ -16,19 +16,27 @@ from ZooKeeper and writes the results back with conditional updates. Kafka's rul
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 
 import attrs
 
 __all__ = [
     "NO_LEADER",
+    "ElectionRefused",
+    "ElectionType",
     "InvalidReplicationFactor",
     "LeaderAndIsr",
+    "Reassignment",
     "after_broker_loss",
     "after_broker_return",
     "assign_replicas",
     "elect_leader",
+    "leave_replicas",
     "preferred_leader_move",
+    "reassign",
+    "reassignment_done",
+    "requested_election",
 ]
 
 NO_LEADER = -1
@@ -157,3 +165,111 @@ def preferred_leader_move(
     if state.leader == preferred or preferred not in live or preferred not in state.isr:
         return None
     return LeaderAndIsr(preferred, state.leader_epoch + 1, state.isr)
+
+
+class ElectionType(enum.IntEnum):
+    """ElectLeaders' election types (KIP-460)."""
+
+    PREFERRED = 0
+    UNCLEAN = 1
+
+
+class ElectionRefused(enum.Enum):
+    """Why a requested election changes nothing; each is one of Kafka's error codes."""
+
+    #: Preferred: the preferred replica already leads. Unclean: a live leader leads.
+    NOT_NEEDED = "ELECTION_NOT_NEEDED"
+    #: Preferred: the preferred replica is down or out of the ISR.
+    PREFERRED_NOT_AVAILABLE = "PREFERRED_LEADER_NOT_AVAILABLE"
+    #: Unclean: no replica is alive at all.
+    NO_ELIGIBLE_LEADER = "ELIGIBLE_LEADERS_NOT_AVAILABLE"
+
+
+def requested_election(
+    state: LeaderAndIsr,
+    replicas: Sequence[int],
+    live: frozenset[int],
+    election_type: ElectionType,
+) -> LeaderAndIsr | ElectionRefused:
+    """An election an administrator asked for (ElectLeaders), as Kafka's controller
+    decides it.
+
+    Preferred: leadership to the first replica if it is alive and in the ISR.
+    Unclean: only for a partition without a live leader; an in-sync live replica is
+    still chosen first, else any live replica, which then is the whole ISR (the
+    records it lacks are lost: that is what the administrator asked for).
+    """
+    if election_type is ElectionType.PREFERRED:
+        if not replicas or state.leader == replicas[0]:
+            return ElectionRefused.NOT_NEEDED
+        moved = preferred_leader_move(state, replicas, live)
+        return ElectionRefused.PREFERRED_NOT_AVAILABLE if moved is None else moved
+    if state.leader != NO_LEADER and state.leader in live:
+        return ElectionRefused.NOT_NEEDED
+    isr = tuple(b for b in state.isr if b in live)
+    leader = elect_leader(replicas, isr, live)
+    if leader == NO_LEADER:
+        leader = elect_leader(replicas, (), live, unclean=True)
+        isr = (leader,)
+    if leader == NO_LEADER:
+        return ElectionRefused.NO_ELIGIBLE_LEADER
+    return LeaderAndIsr(leader, state.leader_epoch + 1, isr)
+
+
+@attrs.frozen
+class Reassignment:
+    """A partition's replicas while it moves (KIP-455): the target replicas first, then
+    those leaving; ``adding`` join, ``removing`` leave once every joining one is in sync."""
+
+    replicas: tuple[int, ...]
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
+
+    @property
+    def original(self) -> tuple[int, ...]:
+        """The replicas before the move (what a cancellation returns to)."""
+        return tuple(r for r in self.replicas if r not in self.adding)
+
+    @property
+    def target(self) -> tuple[int, ...]:
+        return tuple(r for r in self.replicas if r not in self.removing)
+
+
+def reassign(current: Reassignment, target: Sequence[int] | None) -> Reassignment:
+    """The replicas once an administrator asks to move to ``target`` (None: cancel).
+
+    A new target replaces one in progress: the move is always from the original
+    replicas, so a replica added by the abandoned target but not wanted now leaves.
+    """
+    original = current.original
+    if target is None or tuple(target) == original:
+        return Reassignment(original)
+    wanted = tuple(target)
+    return Reassignment(
+        wanted + tuple(r for r in original if r not in wanted),
+        adding=tuple(r for r in wanted if r not in original),
+        removing=tuple(r for r in original if r not in wanted),
+    )
+
+
+def reassignment_done(state: LeaderAndIsr, moving: Reassignment) -> bool:
+    """Every joining replica is in the ISR: the leaving ones may go."""
+    return bool(moving.adding or moving.removing) and all(r in state.isr for r in moving.adding)
+
+
+def leave_replicas(
+    state: LeaderAndIsr, replicas: Sequence[int], live: frozenset[int]
+) -> LeaderAndIsr | None:
+    """The partition's state once only ``replicas`` remain (the end of a move, or its
+    cancellation): the others leave the ISR, and a leader among them hands over to the
+    first live in-sync remaining replica. None if nothing changes; if no remaining
+    replica can lead yet, the state is left as it is (the caller waits)."""
+    isr = tuple(r for r in state.isr if r in replicas)
+    leader = state.leader
+    if leader not in replicas or leader not in live:
+        leader = elect_leader(replicas, isr, live)
+        if leader == NO_LEADER:
+            return None
+    if (leader, isr) == (state.leader, state.isr):
+        return None
+    return LeaderAndIsr(leader, state.leader_epoch + 1, isr)

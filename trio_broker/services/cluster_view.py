@@ -28,6 +28,10 @@ class PartitionInfo:
     leader: int  # -1: offline (no live in-sync replica), or its state is not written yet
     leader_epoch: int
     isr: tuple[int, ...]
+    #: During a reassignment (KIP-455): replicas joining, and replicas leaving once the
+    #: joining ones are in sync; ``replicas`` is then the union, target replicas first.
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
 
 
 @attrs.frozen

@@ -151,7 +151,12 @@ class TopicManager:
         topic = self.topics.get(name)
         if topic is None:
             raise TopicError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
-        current = len(topic.logs)
+        self.check_partition_count(name, len(topic.logs), total)
+        return topic
+
+    @staticmethod
+    def check_partition_count(name: str, current: int, total: int) -> None:
+        """Kafka's rules for growing a topic of ``current`` partitions to ``total``."""
         if total == current:
             raise TopicError(
                 ErrorCode.INVALID_PARTITIONS, f"topic {name!r} already has {current} partition(s)"
@@ -166,7 +171,6 @@ class TopicManager:
             raise TopicError(
                 ErrorCode.INVALID_PARTITIONS, f"a topic has at most {MAX_PARTITIONS} partitions"
             )
-        return topic
 
     def add_partitions(self, name: str, total: int) -> Topic:
         """Grow topic ``name`` to ``total`` partitions (CreatePartitions).

@@ -14,6 +14,7 @@ import java.util.HashMap;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.Future;
 import java.util.stream.Collectors;
@@ -21,6 +22,7 @@ import java.util.stream.IntStream;
 import org.apache.kafka.clients.CommonClientConfigs;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.DescribeClusterResult;
+import org.apache.kafka.clients.admin.NewPartitionReassignment;
 import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
@@ -30,9 +32,11 @@ import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
+import org.apache.kafka.common.ElectionType;
 import org.apache.kafka.common.Node;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.TopicPartitionInfo;
+import org.apache.kafka.common.errors.ElectionNotNeededException;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
 
@@ -173,6 +177,41 @@ class ClusterTest {
         assertEquals(perPartition.get(tp.partition()), committed.get(tp).offset(), tp.toString());
         assertEquals(ends.get(tp), committed.get(tp).offset(), tp.toString());
       }
+    }
+  }
+
+  /**
+   * AlterPartitionReassignments, ListPartitionReassignments and ElectLeaders through the Java
+   * admin (each sent to the controller): the preferred leader already leads (election not
+   * needed); the replicas are put in another order (no broker joins or leaves, so nothing
+   * is listed as moving); a preferred election then hands leadership to the new first one.
+   */
+  @Test
+  void reorderedReplicasAndAPreferredElection() throws Exception {
+    try (Admin admin = Clients.admin(cluster())) {
+      String topic = replicatedTopic(admin);
+      TopicPartition tp = new TopicPartition(topic, 0);
+      List<Integer> replicas = partitions(admin, topic).get(0).replicas().stream()
+          .map(Node::id).toList();
+      assertTrue(eventually(() -> partitions(admin, topic).get(0).leader().id() == replicas.get(0)),
+          "the preferred replica leads a new topic");
+      Optional<Throwable> first =
+          admin.electLeaders(ElectionType.PREFERRED, Set.of(tp)).partitions().get().get(tp);
+      assertTrue(first.isPresent() && first.get() instanceof ElectionNotNeededException,
+          () -> "expected ElectionNotNeededException, got " + first);
+
+      List<Integer> rotated = List.of(replicas.get(1), replicas.get(2), replicas.get(0));
+      admin.alterPartitionReassignments(
+          Map.of(tp, Optional.of(new NewPartitionReassignment(rotated)))).all().get();
+      assertEquals(Map.of(), admin.listPartitionReassignments().reassignments().get());
+      assertTrue(eventually(() -> partitions(admin, topic).get(0).replicas().stream()
+          .map(Node::id).toList().equals(rotated)), () -> "replicas " + partitions(admin, topic));
+
+      Optional<Throwable> elected =
+          admin.electLeaders(ElectionType.PREFERRED, Set.of(tp)).partitions().get().get(tp);
+      assertTrue(elected.isEmpty(), () -> "election failed: " + elected);
+      assertTrue(eventually(() -> partitions(admin, topic).get(0).leader().id() == rotated.get(0)),
+          () -> "not led by " + rotated.get(0) + ": " + partitions(admin, topic));
     }
   }
 }

@@ -1,0 +1,95 @@
+"""The controller's admin actions (cluster/controller.py's ControllerActions) on real
+ZooKeeper and on the in-memory twin: a partition move from start to finish, a cancelled
+move, refused moves, a preferred election, a topic deletion the reconciler leaves alone.
+The leader's part (adding a caught-up replica to the ISR) is played by a conditional
+write, as a leader makes it."""
+
+from __future__ import annotations
+
+import uuid
+
+import trio
+from harness import Clients, cluster, eventually
+
+from trio_broker.cluster.controller import ControllerActions
+from trio_broker.cluster.zk_layout import (
+    PartitionState,
+    TopicAssignment,
+    partition_state_path,
+    topic_path,
+)
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.replication.controller_rules import ElectionType
+from trio_broker.services.cluster_view import ClusterView, PartitionInfo
+
+OK = (ErrorCode.NONE, None)
+
+
+def info(view: ClusterView, name: str, partition: int) -> PartitionInfo | None:
+    topic = view.topics.get(name)
+    return None if topic is None else topic.partitions.get(partition)
+
+
+def shape(view: ClusterView, name: str, partition: int) -> tuple[object, ...] | None:
+    """(replicas, adding, removing, leader, epoch, ISR) as the view holds them."""
+    i = info(view, name, partition)
+    if i is None:
+        return None
+    return (i.replicas, i.adding_replicas, i.removing_replicas, i.leader, i.leader_epoch, i.isr)
+
+
+async def test_a_move_a_cancel_an_election_and_a_deletion(clients: Clients) -> None:
+    async with cluster(clients, 1, 2, 3) as members, clients.client() as admin:
+        view = members[2].view
+        assignment = TopicAssignment(uuid.uuid4(), {0: (1, 2), 1: (1, 2)})
+        await admin.create(topic_path("t"), assignment.encode())
+        await eventually(lambda: shape(view, "t", 0) == ((1, 2), (), (), 1, 0, (1, 2)), "led")
+        await eventually(lambda: members[1].actions is not None, "the controller's actions")
+        actions = members[1].actions
+        assert isinstance(actions, ControllerActions)
+
+        # Partition 0 moves from {1, 2} to {2, 3}: started, leader epoch bumped.
+        assert await actions.alter_reassignments({("t", 0): [2, 3]}) == {("t", 0): OK}
+        await eventually(
+            lambda: shape(view, "t", 0) == ((2, 3, 1), (3,), (1,), 1, 1, (1, 2)), "moving"
+        )
+        # The leader adds broker 3 once it caught up; the controller finishes the move:
+        # 1 leaves the ISR and the leadership (to 2, first of the target), then the replicas.
+        path = partition_state_path("t", 0)
+        node = await admin.get(path)
+        assert node is not None
+        caught_up = PartitionState(1, 1, (1, 2, 3), view.controller_epoch)
+        await admin.set(path, caught_up.encode(), node.version)
+        await eventually(lambda: shape(view, "t", 0) == ((2, 3), (), (), 2, 2, (2, 3)), "moved")
+
+        # Partition 1 starts moving to {3} and is cancelled: back to {1, 2}.
+        assert await actions.alter_reassignments({("t", 1): [3]}) == {("t", 1): OK}
+        await eventually(lambda: shape(view, "t", 1) == ((3, 1, 2), (3,), (1, 2), 1, 1, (1, 2)),
+                         "moving to 3")  # fmt: skip
+        assert await actions.alter_reassignments({("t", 1): None}) == {("t", 1): OK}
+        await eventually(lambda: shape(view, "t", 1) == ((1, 2), (), (), 1, 2, (1, 2)), "back")
+
+        refused = await actions.alter_reassignments(
+            {("t", 1): None, ("t", 7): [1], ("t", 0): [9], ("u", 0): [1], ("t", 2): [2, 2]}
+        )
+        assert {k: v[0] for k, v in refused.items()} == {
+            ("t", 1): ErrorCode.NO_REASSIGNMENT_IN_PROGRESS,
+            ("t", 7): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            ("t", 0): ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            ("u", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            ("t", 2): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        }
+        elected = await actions.elect_leaders(ElectionType.PREFERRED, [("t", 0), ("t", 1)])
+        assert {k: v[0] for k, v in elected.items()} == {
+            ("t", 0): ErrorCode.ELECTION_NOT_NEEDED,
+            ("t", 1): ErrorCode.ELECTION_NOT_NEEDED,
+        }
+
+        assert await actions.delete_topic("t") == OK
+        await eventually(lambda: "t" not in view.topics, "the topic left every view")
+        await trio.sleep(0.5)  # a reconciliation round would recreate states by now
+        assert await admin.get(topic_path("t")) is None
+        assert await admin.get(partition_state_path("t", 0)) is None
+        assert await actions.delete_topic("t") == (
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "topic 't' does not exist"
+        )  # fmt: skip
