@@ -35,6 +35,7 @@ FAST = [
     "trio_broker/storage/index.py",
     "trio_broker/storage/segment.py",
     "trio_broker/state/quota.py",
+    "trio_broker/state/partition_txns.py",
 ]
 #: The storage spec has twenty conditions (about 90 s): its own, slow, test.
 SLOW = ["spec/storage_model.py"]
