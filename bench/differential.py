@@ -37,6 +37,18 @@ class TimeUp(Exception):
     pass
 
 
+def describe(op: Op) -> str:
+    """The variant of an op that coverage counts apart: its mode, codec, acks, naming..."""
+    parts = [str(getattr(op, "mode", "") or getattr(op, "what", "") or "")]
+    if getattr(op, "codec", "none") != "none":
+        parts.append(str(op.codec))  # type: ignore[attr-defined]
+    if getattr(op, "acks", None) == 0:
+        parts.append("acks=0")
+    if getattr(op, "by", "name") != "name":
+        parts.append(f"by {op.by}")  # type: ignore[attr-defined]
+    return "/".join(p for p in parts if p)
+
+
 def run(minutes: float, max_ops: int, kafka: Broker, trio: Broker) -> dict[str, Any]:
     deadline = time.monotonic() + minutes * 60
     counts: Counter[str] = Counter()
@@ -57,7 +69,7 @@ def run(minutes: float, max_ops: int, kafka: Broker, trio: Broker) -> dict[str, 
             counts["ops"] += 1
             difference = session.run(op)
             kafka_answer = session.last_answers[0]
-            mode = getattr(op, "mode", None) or getattr(op, "what", None) or ""
+            mode = describe(op)
             outcome = kafka_answer[1] if kafka_answer[:1] == ("error",) else kafka_answer[0]
             coverage[f"{op.kind}{'/' + mode if mode else ''} -> {outcome}"] += 1
             if difference is None:
