@@ -43,20 +43,11 @@ def _init_producer_bump(d: Difference) -> bool:
     )
 
 
-def _fetch_by_id_unknown_partition(d: Difference) -> bool:
-    # Fetch v13+ for a known topic id and a partition it does not have: Kafka answers
-    # UNKNOWN_TOPIC_OR_PARTITION (3), trio-broker UNKNOWN_TOPIC_ID (100).
-    return d.kind == "fetch" and d.kafka[:2] == ("error", 3) and d.trio[:2] == ("error", 100)
-
-
 KNOWN_DIFFERENCES = [
     # Diverges: Kafka's new id has no sequence state on any partition (any first sequence
     # is accepted), trio-broker's bumped epoch must start at sequence 0.
     Known("InitProducerId with the current id and epoch (idempotent producer)",
           _init_producer_bump),
-    # Same state on both: an error answer either way, no records.
-    Known("Fetch by topic id for a partition the topic does not have",
-          _fetch_by_id_unknown_partition, diverges=False),
 ]  # fmt: skip
 
 

@@ -19,11 +19,15 @@ def find_topic(
     """(the topic or None, its name for the answer and the ACL check, the error if missing).
 
     An unknown topic id has no name: the name is then "" (and stays UNKNOWN_TOPIC_ID).
+    A known topic (by id or name) without the partition asked for is
+    UNKNOWN_TOPIC_OR_PARTITION, as in Kafka: the id was found, the partition was not.
     """
     topics = ctx.services.topics
     if uses_topic_ids(ctx.header.api_key, ctx.api_version):
         topic = topics.by_id.get(topic_id) if topic_id is not None else None
-        missing = ErrorCode.UNKNOWN_TOPIC_ID
+        missing = (
+            ErrorCode.UNKNOWN_TOPIC_ID if topic is None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        )
     else:
         topic = topics.get(name or "")
         missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
