@@ -70,7 +70,8 @@ def run(minutes: float, max_ops: int, kafka: Broker, trio: Broker) -> dict[str, 
             difference = session.run(op)
             kafka_answer = session.last_answers[0]
             mode = describe(op)
-            outcome = kafka_answer[1] if kafka_answer[:1] == ("error",) else kafka_answer[0]
+            errors = kafka_answer[:1] in (("error",), ("errors",))
+            outcome = kafka_answer[1] if errors else kafka_answer[0]
             coverage[f"{op.kind}{'/' + mode if mode else ''} -> {outcome}"] += 1
             if difference is None:
                 continue
