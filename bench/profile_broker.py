@@ -123,8 +123,10 @@ def consume_all(bootstrap: str, topic: str, want: int, time_limit: float = 120.0
     return {"records": got, "seconds": elapsed, "mb_per_s": nbytes / elapsed / 1e6}
 
 
-#: Frames of the broker's start-up inside trio.run: not the workload's cost.
-STARTING = ("Broker.__init__ ", "load_handlers ")
+#: Frames of the broker's start-up and shut-down inside trio.run (building the broker,
+#: importing handlers and capture, opening and closing logs: all in ``serve`` itself, while
+#: connections and handlers run in tasks of their own): not the workload's cost.
+STARTING = ("Broker.__init__ ", "load_handlers ", "serve ")
 #: A trio worker thread blocked on its job lock shows this frame on top (the lock is C).
 PARKED = ("WorkerThread._work ", "get_os_thread_name_func.")
 
@@ -137,7 +139,7 @@ def drop_idle(stacks: list[tuple[list[str], int]]) -> list[tuple[list[str], int]
         if not frames or idle.match(frames[-1]) or frames[-1].startswith(PARKED):
             return False
         # The main thread counts only inside trio's run loop (not imports at start), and
-        # not while the broker is being built there (handlers imported, logs opened).
+        # not while the broker is being built or closed there.
         main_thread = frames[0].startswith("<module> ")
         if any(f.startswith(STARTING) for f in frames):
             return False
