@@ -266,9 +266,9 @@ class IdempotentProduce(Op):
     """A batch from logical producer ``producer`` to partition 0 of ``topic``.
 
     ``mode``: NEXT (the expected sequence), DUPLICATE (the ``back``-th last batch sent
-    again, byte for byte apart from the producer id), GAP (``back`` sequences skipped),
-    LOCAL_BUMP, STALE_EPOCH. The sequence model is shared (advanced by Kafka's answers);
-    the epoch is each broker's own.
+    again: its sequence, records and timestamp, compressed with this op's ``codec``), GAP
+    (``back`` sequences skipped), LOCAL_BUMP, STALE_EPOCH. The sequence model is shared
+    (advanced by Kafka's answers); the epoch is each broker's own.
     """
 
     producer: int
@@ -278,6 +278,7 @@ class IdempotentProduce(Op):
     mode: str
     back: int = 1
     kind: str = field(init=False, default="produce-idempotent")
+    codec: str = "none"
 
     def prepare(self, session: Session) -> tuple[int, int, int, int] | None:
         """(epoch delta, base sequence, records, timestamp) of the batch, from the model."""
@@ -309,6 +310,7 @@ class IdempotentProduce(Op):
         batch = build_batch(
             [(b"k%d" % (seq + i), b"v%d" % (seq + i)) for i in range(count)],
             producer_id=pid, producer_epoch=epoch + delta, base_sequence=seq, base_timestamp=ts,
+            compression=CODECS[self.codec],
         )  # fmt: skip
         part = session.produce(broker, self.topic, 0, self.acks, bytes(batch))
         if part.error_code == 0 and self.mode == LOCAL_BUMP:

@@ -51,6 +51,7 @@ topics = st.sampled_from(TOPICS)
 partitions = st.sampled_from([0, 0, 0, 1, 7])  # 1 exists in "b" only; 7 nowhere
 acks = st.sampled_from([-1, 1])
 records = st.integers(1, 4)
+codecs = st.sampled_from(["none", "none", "gzip", "snappy", "lz4", "zstd"])
 
 create_topic = st.builds(CreateTopic, topics, st.sampled_from([1, 2, 0, -1]))
 delete_topic = st.builds(DeleteTopic, st.sampled_from([*TOPICS, "never"]))
@@ -64,8 +65,8 @@ idempotent = st.builds(
     acks=acks,
     mode=st.sampled_from([NEXT, NEXT, NEXT, DUPLICATE, GAP, LOCAL_BUMP, STALE_EPOCH]),
     back=st.integers(1, 6),
+    codec=codecs,
 )
-codecs = st.sampled_from(["none", "none", "gzip", "snappy", "lz4", "zstd"])
 fetch = st.builds(
     Fetch, topics, partitions,
     st.sampled_from(["zero", "hw", "hw+1", "beyond", "negative", "middle"]),
