@@ -445,6 +445,20 @@ class OffsetForLeaderEpoch(Op):
                 "end_offset", part.end_offset)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Pause(Op):
+    """Nothing sent for ``seconds`` (both brokers at once): longer than the rebalance
+    timeout, so a member that joined and did not sync, or a rebalance that waits for a
+    member, times out in between -- the group timers' semantics, compared afterwards."""
+
+    seconds: float
+    kind: str = field(init=False, default="pause")
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        time.sleep(self.seconds)
+        return ("paused",)
+
+
 #: Group actions of :class:`GroupOp`.
 JOIN, SYNC, HEARTBEAT, LEAVE, COMMIT, FETCH_OFFSETS = (
     "join", "sync", "heartbeat", "leave", "commit", "fetch-offsets"

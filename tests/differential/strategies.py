@@ -27,6 +27,7 @@ from tests.differential.harness import (
     LOCAL_BUMP,
     MAX_TIMESTAMP,
     NEXT,
+    REBALANCE_TIMEOUT_MS,
     STALE_EPOCH,
     SYNC,
     CreateTopic,
@@ -41,6 +42,7 @@ from tests.differential.harness import (
     MetadataById,
     OffsetForLeaderEpoch,
     Op,
+    Pause,
     Produce,
 )
 
@@ -128,12 +130,18 @@ producer_focused = st.one_of(
 
 #: A consumer group's life: mostly member 0 (join, sync, heartbeats, commits), sometimes a
 #: second member whose join rebalances the group, stale generations, leaves.
-group_focused = st.one_of(group_op, group_op, group_op, produce, fetch)
+group_focused = st.one_of(group_op, group_op, group_op, group_op, produce, fetch)
+#: With ``pauses``, also (one op in eight) a pause of twice the rebalance timeout, so that a
+#: join without its sync times out: the group timers' semantics. Seconds each, so only the
+#: long run (bench/differential.py) has them.
+pause = st.just(Pause(2 * REBALANCE_TIMEOUT_MS / 1000))
+group_focused_with_pauses = st.one_of(*[group_op] * 5, produce, fetch, pause)
 
 
-def sequences(max_ops: int) -> st.SearchStrategy[list[Op]]:
+def sequences(max_ops: int, pauses: bool = False) -> st.SearchStrategy[list[Op]]:
     """The prologue, then a mix of everything, a producer-focused or a group-focused run."""
     mixed = st.lists(op, min_size=1, max_size=max_ops)
     focused = st.lists(producer_focused, min_size=max_ops // 2, max_size=max_ops)
-    groups = st.lists(group_focused, min_size=max_ops // 2, max_size=max_ops)
+    group_ops = group_focused_with_pauses if pauses else group_focused
+    groups = st.lists(group_ops, min_size=max_ops // 2, max_size=max_ops)
     return st.one_of(mixed, mixed, focused, groups).map(lambda ops: [*PROLOGUE, *ops])
