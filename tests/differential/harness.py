@@ -54,7 +54,7 @@ OFFSET_FETCH_V = 8
 #: Group members' timeouts: a session outlives any sequence; a rebalance that waits for a
 #: member that does not rejoin ends soon (and removes it), on both brokers alike.
 SESSION_TIMEOUT_MS = 60_000
-REBALANCE_TIMEOUT_MS = 1_000
+REBALANCE_TIMEOUT_MS = 500
 #: A topic id neither broker gave out.
 UNKNOWN_TOPIC_ID = uuid.UUID("6b1f9a0e-0000-4000-8000-00000000d1ff")
 CODECS = {"none": Compression.NONE, "gzip": Compression.GZIP, "snappy": Compression.SNAPPY,

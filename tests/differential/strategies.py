@@ -131,17 +131,25 @@ producer_focused = st.one_of(
 #: A consumer group's life: mostly member 0 (join, sync, heartbeats, commits), sometimes a
 #: second member whose join rebalances the group, stale generations, leaves.
 group_focused = st.one_of(group_op, group_op, group_op, group_op, produce, fetch)
-#: With ``pauses``, also (one op in eight) a pause of twice the rebalance timeout, so that a
-#: join without its sync times out: the group timers' semantics. Seconds each, so only the
-#: long run (bench/differential.py) has them.
-pause = st.just(Pause(2 * REBALANCE_TIMEOUT_MS / 1000))
-group_focused_with_pauses = st.one_of(*[group_op] * 5, produce, fetch, pause)
+#: With ``pauses``, a group run also gets up to one pause of twice the rebalance timeout
+#: (at drawn positions), so that a join without its sync times out: the group timers'
+#: semantics. Seconds each, so only the long run (bench/differential.py) has them.
+PAUSE = Pause(2 * REBALANCE_TIMEOUT_MS / 1000)
+
+
+def _with_pauses(drawn: tuple[list[Op], list[int]]) -> list[Op]:
+    ops, positions = drawn
+    for position in sorted(positions, reverse=True):
+        ops.insert(min(position, len(ops)), PAUSE)
+    return ops
 
 
 def sequences(max_ops: int, pauses: bool = False) -> st.SearchStrategy[list[Op]]:
     """The prologue, then a mix of everything, a producer-focused or a group-focused run."""
     mixed = st.lists(op, min_size=1, max_size=max_ops)
     focused = st.lists(producer_focused, min_size=max_ops // 2, max_size=max_ops)
-    group_ops = group_focused_with_pauses if pauses else group_focused
-    groups = st.lists(group_ops, min_size=max_ops // 2, max_size=max_ops)
+    groups = st.lists(group_focused, min_size=max_ops // 2, max_size=max_ops)
+    if pauses:
+        positions = st.lists(st.integers(0, max_ops), max_size=1)
+        groups = st.tuples(groups, positions).map(_with_pauses)
     return st.one_of(mixed, mixed, focused, groups).map(lambda ops: [*PROLOGUE, *ops])
