@@ -97,6 +97,8 @@ class Broker:
         self.generation = -1
         #: Logical members of the last JoinGroup answer that made this broker's member leader.
         self.join_members: list[int] = []
+        #: The group coordinator answered as loaded once (Session._wait_coordinator_loaded).
+        self.coordinator_ready = False
         self.requests = 0
 
     @property
@@ -745,8 +747,31 @@ class Session:
             answer = broker.request(m.ApiKey.FIND_COORDINATOR, FIND_COORDINATOR_V, body)
             (coordinator,) = answer.coordinators
             if coordinator.error_code not in RETRIABLE_COORDINATOR or time.monotonic() > deadline:
-                return int(coordinator.error_code)
+                break
             time.sleep(0.1)
+        if coordinator.error_code == 0 and not broker.coordinator_ready:
+            self._wait_coordinator_loaded(broker)
+        return int(coordinator.error_code)
+
+    def _wait_coordinator_loaded(self, broker: Broker) -> None:
+        """Once per broker: a fresh Kafka names its coordinator before it has loaded the
+        offsets partition, and meanwhile answers group calls with NOT_COORDINATOR,
+        COORDINATOR_LOAD_IN_PROGRESS or even a Heartbeat's 0 for a member it does not know.
+        Wait until an OffsetFetch for a group of its own (no side effect) is answered
+        without error twice in a row."""
+        G = m.OffsetFetchRequest.OffsetFetchRequestGroup
+        body = m.OffsetFetchRequest(require_stable=False, groups=[G(
+            group_id=f"{self.prefix}-ready", member_id=None, member_epoch=-1, topics=None)])  # fmt: skip
+        answers_as_loaded = [0]  # in a row
+
+        def loaded() -> bool:
+            answer = broker.request(m.ApiKey.OFFSET_FETCH, OFFSET_FETCH_V, body)
+            ok = answer.groups[0].error_code == 0
+            answers_as_loaded[0] = answers_as_loaded[0] + 1 if ok else 0
+            return answers_as_loaded[0] >= 2
+
+        self._wait("group coordinator loaded", broker, loaded)
+        broker.coordinator_ready = True
 
     def _metadata(self, broker: Broker, name: str) -> Any:
         body = m.MetadataRequest(
