@@ -3,8 +3,9 @@
 The ops, strategies and comparison are those of ``tests/differential`` (the short
 fixed-seed run is part of the test suite); this runs them with fresh randomness for
 ``--minutes``, starting one Apache Kafka (``bench/kafka_peer.py``) and one
-``trio-broker serve``, both with topic auto-creation off. Every difference is counted by
-kind and by signature (op kind, Kafka's answer, trio-broker's answer); those the test's
+``trio-broker serve``, both from bench/server.properties (topic auto-creation off). Group
+sequences here also pause for twice the rebalance timeout now and then (the group timers).
+Every difference is counted by kind and by signature (op kind, Kafka's answer, trio-broker's answer); those the test's
 allow-list knows (docs/compatibility.md) are counted apart. After an unknown difference
 the sequence ends, since the two brokers' states may have diverged.
 
@@ -37,6 +38,18 @@ class TimeUp(Exception):
     pass
 
 
+def describe(op: Op) -> str:
+    """The variant of an op that coverage counts apart: its mode, codec, acks, naming..."""
+    parts = [str(getattr(op, "mode", "") or getattr(op, "what", "") or "")]
+    if getattr(op, "codec", "none") != "none":
+        parts.append(str(op.codec))  # type: ignore[attr-defined]
+    if getattr(op, "acks", None) == 0:
+        parts.append("acks=0")
+    if getattr(op, "by", "name") != "name":
+        parts.append(f"by {op.by}")  # type: ignore[attr-defined]
+    return "/".join(p for p in parts if p)
+
+
 def run(minutes: float, max_ops: int, kafka: Broker, trio: Broker) -> dict[str, Any]:
     deadline = time.monotonic() + minutes * 60
     counts: Counter[str] = Counter()
@@ -47,7 +60,7 @@ def run(minutes: float, max_ops: int, kafka: Broker, trio: Broker) -> dict[str, 
     coverage: Counter[str] = Counter()
 
     @settings(max_examples=10**9, database=None, deadline=None, phases=[Phase.generate])
-    @given(ops=sequences(max_ops))
+    @given(ops=sequences(max_ops, pauses=True))
     def one_sequence(ops: list[Op]) -> None:
         if time.monotonic() > deadline:
             raise TimeUp
@@ -57,8 +70,9 @@ def run(minutes: float, max_ops: int, kafka: Broker, trio: Broker) -> dict[str, 
             counts["ops"] += 1
             difference = session.run(op)
             kafka_answer = session.last_answers[0]
-            mode = getattr(op, "mode", None) or getattr(op, "what", None) or ""
-            outcome = kafka_answer[1] if kafka_answer[:1] == ("error",) else kafka_answer[0]
+            mode = describe(op)
+            errors = kafka_answer[:1] in (("error",), ("errors",))
+            outcome = kafka_answer[1] if errors else kafka_answer[0]
             coverage[f"{op.kind}{'/' + mode if mode else ''} -> {outcome}"] += 1
             if difference is None:
                 continue
@@ -108,18 +122,26 @@ def main() -> None:
             result = run(args.minutes, args.max_ops, kafka, trio)
             kafka.close()
             trio.close()
+            report(result, args.json)  # before the brokers stop: a failed stop keeps them
         finally:
             if kafka_process is not None:
                 kafka_process.stop()
-            trio_process.stop()
+            # The broker must stop on SIGTERM like after any other run (exit code 0).
+            started = time.monotonic()
+            code = trio_process.stop()
+            print(f"trio-broker stopped with exit code {code} in "
+                  f"{time.monotonic() - started:.1f}s after SIGTERM")  # fmt: skip
+
+
+def report(result: dict[str, Any], json_path: Path | None) -> None:
     print(f"{result['sequences']} sequences, {result['ops']} ops, requests "
           f"kafka {result['requests']['kafka']} / trio-broker {result['requests']['trio-broker']}, "
           f"{result['differences']} unknown differences {result['differences_by_kind']}, "
           f"known {result['known_differences']} in {result['minutes']} min")  # fmt: skip
     for signature, sample in result["signatures"].items():
         print(f"  {sample['count']}x {signature}")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

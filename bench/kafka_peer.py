@@ -123,44 +123,90 @@ def _cluster_id() -> str:
             return cluster_id
 
 
+#: What the bench sets for a single node when no ``--config`` file is given: the replication
+#: factors a one-node cluster needs, no rebalance delay, no auto-creation.
+SINGLE_NODE_DEFAULTS = {
+    "offsets.topic.replication.factor": "1",
+    # One partition: the benchmark's consumer must not make Kafka create 50 of them
+    # (and their logs) while it is being measured.
+    "offsets.topic.num.partitions": "1",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "auto.create.topics.enable": "false",
+}
+#: The "Kafka (fsync)" variant's key: an fsync before every acknowledgement, as trio-broker.
+FSYNC_EVERY_MESSAGE = {"log.flush.interval.messages": "1"}
+OVERRIDES_HEADER = "# ---- per-node keys added by bench/kafka_peer.py (later keys win) ----\n"
+
+
+def kafka_node_keys(port: int, controller_port: int, data_dir: Path) -> dict[str, str]:
+    """The keys that must differ per Kafka node, whatever a shared server.properties says.
+
+    A single KRaft node is broker and controller at once (``process.roles``) with node id
+    1 as the only voter; it needs a controller listener of its own on a second free port;
+    its data and metadata logs go to the node's fresh directory.
+    """
+    return {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(data_dir / "logs"),
+        "metadata.log.dir": str(data_dir / "metadata"),
+    }
+
+
+def trio_node_keys(data_dir: Path) -> dict[str, str]:
+    """The keys that must differ for a trio-broker node: a free port, its own data dir."""
+    return {"listeners": "PLAINTEXT://127.0.0.1:0", "log.dirs": str(data_dir)}
+
+
+def write_properties(path: Path, source: Path | None, keys: dict[str, str]) -> Path:
+    """``source``'s text verbatim (or :data:`SINGLE_NODE_DEFAULTS`), then ``keys`` after it.
+
+    Appended, not merged: a properties file's later key replaces an earlier one, in
+    Kafka's reader and in trio-broker's alike, so the shared file stays literal above the
+    marked block.
+    """
+    if source is None:
+        text = "".join(f"{k}={v}\n" for k, v in SINGLE_NODE_DEFAULTS.items())
+    else:
+        text = source.read_text()
+        text += "" if text.endswith("\n") or not text else "\n"
+    text += OVERRIDES_HEADER + "".join(f"{k}={v}\n" for k, v in keys.items())
+    path.write_text(text)
+    return path
+
+
 class KafkaProcess:
     """A single-node KRaft Kafka (broker and controller) on free 127.0.0.1 ports.
 
-    ``overrides`` are extra server.properties, e.g. ``{"log.flush.interval.messages": "1"}``
-    for an fsync before every acknowledgement.
+    ``config``: a server.properties shared with trio-broker (``run_all.py --config``);
+    without one, :data:`SINGLE_NODE_DEFAULTS`. Then :func:`kafka_node_keys`, then
+    ``overrides``, e.g. ``{"log.flush.interval.messages": "1"}`` for an fsync before every
+    acknowledgement.
     """
 
-    def __init__(self, overrides: dict[str, str] | None = None, label: str = "kafka") -> None:
+    def __init__(
+        self,
+        overrides: dict[str, str] | None = None,
+        label: str = "kafka",
+        config: Path | None = None,
+    ) -> None:
         libs = resolve()
         self.label = label
         self.data_dir = Path(tempfile.mkdtemp(prefix=f"bench-{label}-", dir=ROOT / "bench"))
         self.port = _free_port()
         controller_port = _free_port()
-        props = {
-            "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
-            "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "log.dirs": str(self.data_dir / "logs"),
-            "metadata.log.dir": str(self.data_dir / "metadata"),
-            "offsets.topic.replication.factor": "1",
-            # One partition: the benchmark's consumer must not make Kafka create 50 of them
-            # (and their logs) while it is being measured.
-            "offsets.topic.num.partitions": "1",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
-            "group.initial.rebalance.delay.ms": "0",
-            "auto.create.topics.enable": "false",
-            **(overrides or {}),
-        }
-        config = self.data_dir / "server.properties"
-        config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        keys = {**kafka_node_keys(self.port, controller_port, self.data_dir), **(overrides or {})}
+        config_file = write_properties(self.data_dir / "server.properties", config, keys)
         log4j = self.data_dir / "log4j2.properties"
         log4j.write_text(LOG4J2_PROPERTIES)
         java = shutil.which("java")
@@ -168,7 +214,7 @@ class KafkaProcess:
             raise RuntimeError("Java is missing: scripts/install-system-deps.sh installs it")
         base = [java, f"-Dlog4j2.configurationFile={log4j}", "-cp", str(libs / "*")]
         fmt = subprocess.run(
-            [*base, "kafka.tools.StorageTool", "format", "--config", str(config),
+            [*base, "kafka.tools.StorageTool", "format", "--config", str(config_file),
              "--cluster-id", _cluster_id()],
             capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S, stdin=subprocess.DEVNULL,
         )  # fmt: skip
@@ -178,7 +224,7 @@ class KafkaProcess:
         self.log_path = self.data_dir / "kafka.log"
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            [*base[:1], *JVM_OPTIONS, *base[1:], "kafka.Kafka", str(config)],
+            [*base[:1], *JVM_OPTIONS, *base[1:], "kafka.Kafka", str(config_file)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -253,7 +299,7 @@ def main() -> None:
     parser.add_argument("--flush-every-message", action="store_true",
                         help="log.flush.interval.messages=1 (fsync before the ack)")  # fmt: skip
     args = parser.parse_args()
-    overrides = {"log.flush.interval.messages": "1"} if args.flush_every_message else {}
+    overrides = FSYNC_EVERY_MESSAGE if args.flush_every_message else {}
     t0 = time.monotonic()
     kafka = KafkaProcess(overrides)
     started = time.monotonic() - t0

@@ -31,14 +31,30 @@ from produce import BrokerProcess, create_topic, run_producer
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- run_all_peer:begin -->", "<!-- run_all_peer:end -->"
 
-TARGETS: dict[str, tuple[str, Callable[[], workloads.Broker]]] = {
-    "trio": ("trio-broker (fsync)", lambda: BrokerProcess("pipelined")),
-    "kafka": ("Kafka (page cache)", lambda: kafka_peer.KafkaProcess(label="kafka")),
-    "kafka_fsync": (
-        "Kafka (fsync)",
-        lambda: kafka_peer.KafkaProcess({"log.flush.interval.messages": "1"}, label="kafka-fsync"),
-    ),
-}
+
+def targets(config: Path | None = None) -> dict[str, tuple[str, Callable[[], workloads.Broker]]]:
+    """The three brokers; with ``config`` each starts from that one server.properties."""
+    trio_config = (
+        None
+        if config is None
+        else lambda data_dir: kafka_peer.write_properties(
+            data_dir / "server.properties", config, kafka_peer.trio_node_keys(data_dir)
+        )
+    )
+    return {
+        "trio": ("trio-broker (fsync)", lambda: BrokerProcess("pipelined", config=trio_config)),
+        "kafka": (
+            "Kafka (page cache)",
+            lambda: kafka_peer.KafkaProcess(label="kafka", config=config),
+        ),
+        "kafka_fsync": (
+            "Kafka (fsync)",
+            lambda: kafka_peer.KafkaProcess(kafka_peer.FSYNC_EVERY_MESSAGE, "kafka-fsync", config),
+        ),
+    }
+
+
+TARGETS = targets()
 WORKLOADS = ["w1", "w2", "w4", "w5", "w6"]  # W3 runs with W1
 #: Goal of the issue: trio-broker >= Kafka (fsync) everywhere, >= Kafka (page cache) on these.
 PAGE_CACHE_GOAL = {"w1", "w3", "w6"}
@@ -86,8 +102,22 @@ def warmed(start: workloads.StartBroker) -> workloads.StartBroker:
 Step = Callable[[dict[str, Any], str, float, Callable[[], Any]], Any]
 
 
+def config_overrides() -> dict[str, dict[str, str]]:
+    """What each broker gets on top of the shared file (ports and dirs shown as placeholders)."""
+    node_dir = Path("<node dir>")
+    kafka = kafka_peer.kafka_node_keys(0, 0, node_dir)
+    for key in ("controller.quorum.voters", "listeners", "advertised.listeners"):
+        kafka[key] = kafka[key].replace(":0", ":<free port>")
+    return {
+        "trio": kafka_peer.trio_node_keys(node_dir),
+        "kafka": kafka,
+        "kafka_fsync": {**kafka, **kafka_peer.FSYNC_EVERY_MESSAGE},
+    }
+
+
 def run(sizes: dict[str, Any], quick: bool, time_limit: float, step: Step,
-        only: list[str] | None = None, warm: bool = True) -> dict[str, Any]:  # fmt: skip
+        only: list[str] | None = None, warm: bool = True,
+        config: Path | None = None) -> dict[str, Any]:  # fmt: skip
     if only is not None:
         unknown = set(only) - {*WORKLOADS, "w3"}
         if unknown:
@@ -100,6 +130,12 @@ def run(sizes: dict[str, Any], quick: bool, time_limit: float, step: Step,
         "cpus": os.cpu_count(), "platform": platform.platform(),
         "loadavg_before": os.getloadavg(), "order": {}, "results": {}, "warm_up": warm,
     }  # fmt: skip
+    brokers = targets(config)
+    if config is not None:
+        res["config"] = {"file": str(config), "overrides": config_overrides()}
+        print(f"every broker starts from {config}, plus (appended to its copy):", flush=True)
+        for target, keys in res["config"]["overrides"].items():
+            print(f"  {target}: " + ", ".join(f"{k}={v}" for k, v in keys.items()), flush=True)
     # Resolving Kafka (a download on the first run) is not part of any figure nor of the bound.
     resolving = time.monotonic() + kafka_peer.RESOLVE_TIMEOUT_S
     if step(res, "kafka_libs", resolving, lambda: str(kafka_peer.resolve())) is None:
@@ -115,13 +151,13 @@ def run(sizes: dict[str, Any], quick: bool, time_limit: float, step: Step,
 
     step(res, "limits", deadline, measure_limits)
     out: dict[str, Any] = res["results"]
-    names = list(TARGETS)
+    names = list(brokers)
     chosen = [w for w in WORKLOADS if only is None or w in only]
     for i, workload in enumerate(chosen):
         order = names[i % len(names) :] + names[: i % len(names)]
         res["order"][workload] = order
         for target in order:
-            start = warmed(TARGETS[target][1]) if warm else TARGETS[target][1]
+            start = warmed(brokers[target][1]) if warm else brokers[target][1]
             if workload == "w1":
                 _w1_then_w3(sizes["w1_records"], start, target, out, deadline, step)
             else:
@@ -322,7 +358,9 @@ def write_doc(res: dict[str, Any], doc: Path) -> None:
         f"W5 {w5[0]} producers / {w5[1]} partitions / {w5[2]:g} msgs/s each / {w5[3]:g} s / "
         f"{w5[4]} idle connections; W6 {sizes['w6_records']} x 16 KiB. Warm-up before each "
         f"workload: {'yes' if res.get('warm_up') else 'no'}. Order of the brokers "
-        f"per workload: " + "; ".join(f"{w} {', '.join(o)}" for w, o in res["order"].items()) + ".",
+        f"per workload: " + "; ".join(f"{w} {', '.join(o)}" for w, o in res["order"].items()) + "."
+        + (f" Every broker from `{res['config']['file']}` plus its per-node keys."
+           if res.get("config") else ""),
         "",
         f"Physical limits (same run): loopback TCP {lim_f('loopback_tcp_mb_per_s')} MB/s; "
         f"1 MiB write+fdatasync {lim_f('fdatasync_1mib_mb_per_s')} MB/s; append+fsync "

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,15 @@ class BrokerProcess:
         storage: str = "file",
         extra: list[str] | None = None,
         launcher: list[str] | None = None,
+        config: Callable[[Path], Path] | None = None,
     ) -> None:
-        """``launcher``: a command that runs the broker command after it (e.g. py-spy record --)."""
+        """``launcher``: a command that runs the broker command after it (e.g. py-spy record --).
+
+        ``config``: writes the ``--config`` file, given the broker's fresh data dir.
+        """
         self.data_dir = Path(tempfile.mkdtemp(prefix=f"bench-{model}-", dir=ROOT / "bench"))
+        if config is not None:
+            extra = [*(extra or []), "--config", str(config(self.data_dir))]
         # The repo's venv, else the running interpreter's (a git worktree has no .venv).
         exe = ROOT / ".venv" / "bin" / "trio-broker"
         if not exe.exists():

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/profile_broker.py w1 [--records 2048] [--out docs/perf]
     .venv/bin/python bench/profile_broker.py w2 [--records 100000]
-    .venv/bin/python bench/profile_broker.py w3  # W1's data read back by one consumer (sendfile path)
+    .venv/bin/python bench/profile_broker.py w3  # W3 alone: W1's log read back by one consumer
 
 py-spy launches ``trio-broker serve`` itself (attaching to a running process
 fails in this sandbox: "Failed to find python version"), samples it at
@@ -11,7 +11,10 @@ collapsed stacks when the broker exits. ``bench/flamegraph.py`` turns them
 into ``<out>/<workload>.svg``; ``<out>/<workload>-top.txt`` lists the functions
 with the most samples on top of the stack (self) and anywhere in it (inclusive).
 Idle samples (the event loop waiting in epoll, worker threads parked) are
-dropped, so shares are of the broker's CPU time.
+dropped, so shares are of the broker's CPU time. For w3 an unprofiled broker writes
+W1's log first and the profiled one serves that data dir, so the profile holds the
+reads only: ``workloads.w3`` as run_all runs it (1 GiB: the log read again after a seek
+to 0 until then).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flamegraph
+import workloads
 from produce import BrokerProcess, create_topic, run_producer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,18 +43,34 @@ VENV_BIN = ROOT / ".venv" / "bin"
 
 
 def tool(name: str) -> str:
-    path = VENV_BIN / name
-    return str(path) if path.exists() else name
+    """The repo's venv's, else the running interpreter's (a git worktree has no .venv)."""
+    for path in (VENV_BIN / name, Path(sys.executable).with_name(name)):
+        if path.exists():
+            return str(path)
+    return name
 
 
 class ProfiledBroker(BrokerProcess):
     """``py-spy record -- trio-broker serve``: stopping it stops the broker, not py-spy."""
 
-    def __init__(self, stacks: Path, rate: int, model: str) -> None:
+    def __init__(self, stacks: Path, rate: int, model: str, extra: list[str] | None = None) -> None:
         launcher = [tool("py-spy"), "record", "--format", "raw", "--rate", str(rate),
                     "--output", str(stacks), "--"]  # fmt: skip
-        super().__init__(model, launcher=launcher)
+        super().__init__(model, extra=extra, launcher=launcher)
         self.broker = self.broker_pid()  # py-spy's child, the real broker process
+
+    def cpu_seconds(self) -> float:
+        """The broker's CPU, not py-spy's."""
+        with open(f"/proc/{self.broker}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mib(self) -> float:
+        with open(f"/proc/{self.broker}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
 
     def broker_pid(self) -> int:
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
@@ -103,6 +123,10 @@ def consume_all(bootstrap: str, topic: str, want: int, time_limit: float = 120.0
     return {"records": got, "seconds": elapsed, "mb_per_s": nbytes / elapsed / 1e6}
 
 
+#: Frames of the broker's start-up and shut-down inside trio.run (building the broker,
+#: importing handlers and capture, opening and closing logs: all in ``serve`` itself, while
+#: connections and handlers run in tasks of their own): not the workload's cost.
+STARTING = ("Broker.__init__ ", "load_handlers ", "serve ")
 #: A trio worker thread blocked on its job lock shows this frame on top (the lock is C).
 PARKED = ("WorkerThread._work ", "get_os_thread_name_func.")
 
@@ -114,8 +138,11 @@ def drop_idle(stacks: list[tuple[list[str], int]]) -> list[tuple[list[str], int]
     def at_work(frames: list[str]) -> bool:
         if not frames or idle.match(frames[-1]) or frames[-1].startswith(PARKED):
             return False
-        # The main thread counts only inside trio's run loop (not imports at start).
+        # The main thread counts only inside trio's run loop (not imports at start), and
+        # not while the broker is being built or closed there.
         main_thread = frames[0].startswith("<module> ")
+        if any(f.startswith(STARTING) for f in frames):
+            return False
         return not main_thread or any(f.startswith("unrolled_run ") for f in frames)
 
     return [(f, n) for f, n in stacks if at_work(f)]
@@ -148,24 +175,11 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     stacks_path = args.out / f"{args.workload}.stacks.txt"
-    broker = ProfiledBroker(stacks_path, args.rate, args.model)
-    try:
-        if args.workload == "w2":
-            create_topic(broker.bootstrap, "w2")
-            records = args.records or 100_000
-            result = run_producer(broker.bootstrap, "w2", records, KIB, {"linger.ms": 5})
-        else:
-            create_topic(broker.bootstrap, "w1")
-            records = args.records or 4096
-            result = run_producer(broker.bootstrap, "w1", records, 64 * KIB, {})
-            if args.workload == "w3":
-                # The profile then also holds W1's produce; read it back twice so
-                # the fetch path dominates, and say so in the title.
-                result = consume_all(broker.bootstrap, "w1", records + 1)
-                result = consume_all(broker.bootstrap, "w1", records + 1)
-    finally:
-        broker.stop()
-
+    if args.workload == "w3":
+        records = args.records or 4096
+        result = profile_w3(stacks_path, args.rate, args.model, records)
+    else:
+        result, records = profile_produce(stacks_path, args)
     stacks = drop_idle(flamegraph.read_stacks(stacks_path))
     title = f"trio-broker {args.workload} ({args.model}), {records} records"
     svg = args.out / f"{args.workload}.svg"
@@ -178,6 +192,46 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {svg}")
     print(table)
     return 0
+
+
+def profile_w3(stacks_path: Path, rate: int, model: str, records: int) -> dict[str, Any]:
+    """W1's log from an unprofiled broker, then W3 on a profiled one serving that dir."""
+    writer = BrokerProcess(model)
+    data_dir = writer.data_dir
+    try:
+        create_topic(writer.bootstrap, "w1")
+        run_producer(writer.bootstrap, "w1", 1, 64 * KIB, {})  # W1's warm-up record
+        run_producer(writer.bootstrap, "w1", records, 64 * KIB, {})
+        writer.proc.send_signal(signal.SIGTERM)
+        writer.proc.wait(60)
+        # The profiled broker's own (empty) dir is replaced by W1's: the last flag wins.
+        broker = ProfiledBroker(stacks_path, rate, model, extra=["--data-dir", str(data_dir)])
+        try:
+            passes = max(1, -(-(1024**3) // (records * 64 * KIB)))  # >= 1 GiB, as run_all
+            return workloads.w3(broker, records, passes=passes)
+        finally:
+            broker.stop()
+    finally:
+        if writer.proc.poll() is None:
+            writer.proc.kill()
+            writer.proc.wait()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def profile_produce(stacks_path: Path, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+    broker = ProfiledBroker(stacks_path, args.rate, args.model)
+    try:
+        if args.workload == "w2":
+            create_topic(broker.bootstrap, "w2")
+            records = args.records or 100_000
+            result = run_producer(broker.bootstrap, "w2", records, KIB, {"linger.ms": 5})
+        else:
+            create_topic(broker.bootstrap, "w1")
+            records = args.records or 4096
+            result = run_producer(broker.bootstrap, "w1", records, 64 * KIB, {})
+    finally:
+        broker.stop()
+    return result, records
 
 
 if __name__ == "__main__":

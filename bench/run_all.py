@@ -3,6 +3,8 @@
 .venv/bin/python bench/run_all.py            # full sizes (W1 256 MiB, W2/W4 200k, W5 100+1000)
 .venv/bin/python bench/run_all.py --quick    # smaller sizes, a few minutes
 .venv/bin/python bench/run_all.py --quick --peer kafka   # each workload on Kafka 4.4 too
+.venv/bin/python bench/run_all.py --peer kafka --config bench/server.properties
+    # both brokers from one server.properties (per-node keys appended; printed at the start)
 """
 
 from __future__ import annotations
@@ -329,12 +331,19 @@ def main() -> None:
         default=None,
         help="total seconds (default 300 quick, 1200 full)",
     )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="with --peer: one server.properties for Kafka and trio-broker (bench/server.properties)",
+    )
     parser.add_argument("--json", type=Path, help="default bench/results/run_all[_peer].json")
     parser.add_argument(
         "--from-json", action="store_true", help="regenerate the doc from --json, no run"
     )
     parser.add_argument("--no-doc", action="store_true", help="do not rewrite docs/performance.md")
     args = parser.parse_args()
+    if args.config and not args.peer:
+        parser.error("--config needs --peer kafka")
     if args.peer:
         run_peer(args)
         return
@@ -360,7 +369,8 @@ def run_peer(args: argparse.Namespace) -> None:
         limit = args.time_limit or (480.0 if args.quick else 2400.0)
         only = args.workloads.split(",") if args.workloads else None
         sizes = QUICK if args.quick else FULL
-        res = peer.run(sizes, args.quick, limit, step, only, warm=not args.no_warm_up)
+        res = peer.run(sizes, args.quick, limit, step, only, warm=not args.no_warm_up,
+                       config=args.config)  # fmt: skip
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(res, indent=2))
     print(peer.table(res))

@@ -1,8 +1,8 @@
 """Differential fixtures: one Apache Kafka 4.4 node and one trio-broker for a whole module.
 
-Both run with topic auto-creation off (Kafka through ``KafkaProcess`` overrides,
-trio-broker through a ``--config`` file), so that Metadata for an unknown topic has one
-right answer. Kafka comes from ``bench/kafka_peer.py`` (Maven-resolved into
+Both start from the one ``bench/server.properties`` the side-by-side bench uses (each
+with its per-node keys: bench/kafka_peer.py): topic auto-creation off, so that Metadata
+for an unknown topic has one right answer, and no initial rebalance delay for groups. Kafka comes from ``bench/kafka_peer.py`` (Maven-resolved into
 ``~/.cache/trio-broker``); without Java, or without Maven and that cache, the module is
 skipped, not failed.
 """
@@ -17,21 +17,24 @@ import pytest
 
 from tests.differential.harness import Broker
 from tests.reliability.conftest import ConfiguredBroker
+from trio_broker.config_properties import read_properties_file
 
-#: trio-broker's side of the comparison: Kafka's defaults where they matter.
-TRIO_CONFIG = {"auto.create.topics.enable": False}
+SHARED_CONFIG = Path(__file__).resolve().parents[2] / "bench" / "server.properties"
 
 
 def start_kafka() -> object:
     from bench.kafka_peer import KafkaProcess
 
-    return KafkaProcess({"auto.create.topics.enable": "false"}, label="differential")
+    return KafkaProcess(label="differential", config=SHARED_CONFIG)
 
 
 def start_trio(tmp: Path) -> ConfiguredBroker:
     data_dir = tmp / "trio-data"
     data_dir.mkdir()
-    broker = ConfiguredBroker(data_dir, "pipelined", "file", config=TRIO_CONFIG)
+    # The same keys, as the TOML file ConfiguredBroker writes (listener and data dir are
+    # its command line's).
+    config = read_properties_file(SHARED_CONFIG)
+    broker = ConfiguredBroker(data_dir, "pipelined", "file", config=config)
     broker.start()
     return broker
 

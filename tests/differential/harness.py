@@ -22,12 +22,15 @@ from __future__ import annotations
 import socket
 import struct
 import time
+import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from tests.e2e.conftest import ConnectionClosed, RawConnection
 from trio_broker.protocol import messages as m
+from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.records import build_batch, iter_batches
 
 #: Versions both brokers speak (Kafka 4 dropped the oldest ones, KIP-896).
@@ -38,6 +41,24 @@ METADATA_V = 12
 CREATE_TOPICS_V = 7
 DELETE_TOPICS_V = 5
 INIT_PRODUCER_ID_V = 4
+FETCH_BY_ID_V = 13  # the first version that names topics by id
+METADATA_BY_ID_V = 12  # topics named by id (name null): KIP-516
+OFFSET_FOR_LEADER_EPOCH_V = 4
+FIND_COORDINATOR_V = 4
+JOIN_GROUP_V = 9
+SYNC_GROUP_V = 5
+HEARTBEAT_V = 4
+LEAVE_GROUP_V = 5
+OFFSET_COMMIT_V = 8
+OFFSET_FETCH_V = 8
+#: Group members' timeouts: a session outlives any sequence; a rebalance that waits for a
+#: member that does not rejoin ends soon (and removes it), on both brokers alike.
+SESSION_TIMEOUT_MS = 60_000
+REBALANCE_TIMEOUT_MS = 500
+#: A topic id neither broker gave out.
+UNKNOWN_TOPIC_ID = uuid.UUID("6b1f9a0e-0000-4000-8000-00000000d1ff")
+CODECS = {"none": Compression.NONE, "gzip": Compression.GZIP, "snappy": Compression.SNAPPY,
+          "lz4": Compression.LZ4, "zstd": Compression.ZSTD}  # fmt: skip
 
 EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
 #: Batch timestamps: a fixed base plus the op's position, never "now".
@@ -71,6 +92,13 @@ class Broker:
         #: This broker's producer id per logical producer, and the reverse map.
         self.producer_ids: dict[int, tuple[int, int]] = {}
         self.logical_of: dict[int, int] = {}
+        #: Group member ids per logical member, and the generation this broker last gave.
+        self.member_ids: dict[int, str] = {}
+        self.generation = -1
+        #: Logical members of the last JoinGroup answer that made this broker's member leader.
+        self.join_members: list[int] = []
+        #: The group coordinator answered as loaded once (Session._wait_coordinator_loaded).
+        self.coordinator_ready = False
         self.requests = 0
 
     @property
@@ -165,19 +193,31 @@ class Metadata(Op):
 
 @dataclass(frozen=True)
 class Produce(Op):
-    """A plain (non-idempotent) batch of ``records`` records."""
+    """A plain (non-idempotent) batch of ``records`` records, compressed with ``codec``.
+
+    With acks=0 no answer comes; the normalised answer is then what a ListOffsets (LATEST)
+    on the same connection finds after it -- or that the broker closed the connection,
+    which is how Kafka reports an acks=0 produce it refused.
+    """
 
     topic: str
     partition: int
     records: int
     acks: int
     kind: str = field(init=False, default="produce")
+    codec: str = "none"
 
     def prepare(self, session: Session) -> bytes:
-        return session.batch(self.records)
+        return session.batch(self.records, CODECS[self.codec])
 
     def run(self, session: Session, broker: Broker) -> Normalised:
         batch = session.current_plan
+        if self.acks == 0:
+            session.produce(broker, self.topic, self.partition, 0, batch)
+            error, offset, _ = session.list_offset(
+                broker, session.name(self.topic), self.partition, LATEST
+            )
+            return ("acks=0 then latest", "error", error, "offset", offset)
         part = session.produce(broker, self.topic, self.partition, self.acks, batch)
         return ("error", part.error_code, "base_offset", part.base_offset,
                 "log_start", part.log_start_offset)  # fmt: skip
@@ -228,9 +268,9 @@ class IdempotentProduce(Op):
     """A batch from logical producer ``producer`` to partition 0 of ``topic``.
 
     ``mode``: NEXT (the expected sequence), DUPLICATE (the ``back``-th last batch sent
-    again, byte for byte apart from the producer id), GAP (``back`` sequences skipped),
-    LOCAL_BUMP, STALE_EPOCH. The sequence model is shared (advanced by Kafka's answers);
-    the epoch is each broker's own.
+    again: its sequence, records and timestamp, compressed with this op's ``codec``), GAP
+    (``back`` sequences skipped), LOCAL_BUMP, STALE_EPOCH. The sequence model is shared
+    (advanced by Kafka's answers); the epoch is each broker's own.
     """
 
     producer: int
@@ -240,6 +280,7 @@ class IdempotentProduce(Op):
     mode: str
     back: int = 1
     kind: str = field(init=False, default="produce-idempotent")
+    codec: str = "none"
 
     def prepare(self, session: Session) -> tuple[int, int, int, int] | None:
         """(epoch delta, base sequence, records, timestamp) of the batch, from the model."""
@@ -271,6 +312,7 @@ class IdempotentProduce(Op):
         batch = build_batch(
             [(b"k%d" % (seq + i), b"v%d" % (seq + i)) for i in range(count)],
             producer_id=pid, producer_epoch=epoch + delta, base_sequence=seq, base_timestamp=ts,
+            compression=CODECS[self.codec],
         )  # fmt: skip
         part = session.produce(broker, self.topic, 0, self.acks, bytes(batch))
         if part.error_code == 0 and self.mode == LOCAL_BUMP:
@@ -303,20 +345,30 @@ class Fetch(Op):
     partition: int
     where: str
     kind: str = field(init=False, default="fetch")
+    #: "name" (Fetch v12), "id" (v13: the broker's own id of the topic) or "unknown-id".
+    by: str = "name"
 
     def run(self, session: Session, broker: Broker) -> Normalised:
         name = session.name(self.topic)
         offset = session.resolve_offset(broker, name, self.partition, self.where)
         P = m.FetchRequest.FetchTopic.FetchPartition
+        partitions = [P(partition=self.partition, fetch_offset=offset, current_leader_epoch=-1,
+                        log_start_offset=-1, partition_max_bytes=1 << 20)]  # fmt: skip
+        if self.by == "name":
+            version, topic_request = (
+                FETCH_V,
+                m.FetchRequest.FetchTopic(topic=name, partitions=partitions),
+            )
+        else:
+            topic_id = session.topic_id(broker, self.topic) if self.by == "id" else UNKNOWN_TOPIC_ID
+            version = FETCH_BY_ID_V
+            topic_request = m.FetchRequest.FetchTopic(topic_id=topic_id, partitions=partitions)
         body = m.FetchRequest(
             replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
-            session_id=0, session_epoch=-1,
-            topics=[m.FetchRequest.FetchTopic(topic=name, partitions=[
-                P(partition=self.partition, fetch_offset=offset, current_leader_epoch=-1,
-                  log_start_offset=-1, partition_max_bytes=1 << 20)])],
+            session_id=0, session_epoch=-1, topics=[topic_request],
             forgotten_topics_data=[], rack_id="",
         )  # fmt: skip
-        answer = broker.request(m.ApiKey.FETCH, FETCH_V, body)
+        answer = broker.request(m.ApiKey.FETCH, version, body)
         (topic,) = answer.responses
         (part,) = topic.partitions
         batches = []
@@ -326,7 +378,7 @@ class Fetch(Op):
             records = tuple((batch.offset_of(r), r.key, r.value) for r in batch.records())
             batches.append((batch.base_offset, batch.last_offset, producer,
                             batch.producer_epoch, batch.base_sequence,
-                            batch.max_timestamp, records))  # fmt: skip
+                            batch.max_timestamp, batch.compression.name, records))  # fmt: skip
         return ("error", part.error_code, "hw", part.high_watermark,
                 "lso", part.last_stable_offset, "log_start", part.log_start_offset,
                 "batches", tuple(batches))  # fmt: skip
@@ -348,6 +400,192 @@ class ListOffsets(Op):
             broker, session.name(self.topic), self.partition, ts
         )
         return ("error", error, "offset", offset, "timestamp", timestamp)
+
+
+@dataclass(frozen=True)
+class MetadataById(Op):
+    """Metadata v12 naming the topic by id: the broker's own id of it, or an unknown one."""
+
+    topic: str
+    known: bool
+    kind: str = field(init=False, default="metadata-by-id")
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        topic_id = session.topic_id(broker, self.topic) if self.known else UNKNOWN_TOPIC_ID
+        body = m.MetadataRequest(
+            topics=[m.MetadataRequest.MetadataRequestTopic(topic_id=topic_id, name=None)],
+            allow_auto_topic_creation=False,
+        )
+        (topic,) = broker.request(m.ApiKey.METADATA, METADATA_BY_ID_V, body).topics
+        partitions = sorted((p.partition_index, p.error_code) for p in topic.partitions)
+        return ("error", topic.error_code, "name", session.topic_of(topic.name),
+                "same_id", topic.topic_id == topic_id, "partitions", tuple(partitions))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OffsetForLeaderEpoch(Op):
+    """OffsetForLeaderEpoch v4 as a consumer sends it after a leader change (KIP-320)."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    current_leader_epoch: int
+    kind: str = field(init=False, default="offset-for-leader-epoch")
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        T = m.OffsetForLeaderEpochRequest.OffsetForLeaderTopic
+        body = m.OffsetForLeaderEpochRequest(
+            replica_id=-1,
+            topics=[T(topic=session.name(self.topic), partitions=[T.OffsetForLeaderPartition(
+                partition=self.partition, current_leader_epoch=self.current_leader_epoch,
+                leader_epoch=self.leader_epoch)])],
+        )  # fmt: skip
+        answer = broker.request(m.ApiKey.OFFSET_FOR_LEADER_EPOCH, OFFSET_FOR_LEADER_EPOCH_V, body)
+        (topic,) = answer.topics
+        (part,) = topic.partitions
+        return ("error", part.error_code, "leader_epoch", part.leader_epoch,
+                "end_offset", part.end_offset)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Pause(Op):
+    """Nothing sent for ``seconds`` (both brokers at once): longer than the rebalance
+    timeout, so a member that joined and did not sync, or a rebalance that waits for a
+    member, times out in between -- the group timers' semantics, compared afterwards."""
+
+    seconds: float
+    kind: str = field(init=False, default="pause")
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        time.sleep(self.seconds)
+        return ("paused",)
+
+
+#: Group actions of :class:`GroupOp`.
+JOIN, SYNC, HEARTBEAT, LEAVE, COMMIT, FETCH_OFFSETS = (
+    "join", "sync", "heartbeat", "leave", "commit", "fetch-offsets"
+)  # fmt: skip
+#: MEMBER_ID_REQUIRED: a JoinGroup v4+ without a member id gets one and must join again.
+MEMBER_ID_REQUIRED = 79
+UNKNOWN_MEMBER_ID = 25
+
+
+@dataclass(frozen=True)
+class GroupOp(Op):
+    """One classic-protocol group call by logical member ``member`` of the session's group.
+
+    Each broker's member ids and generation are its own (:class:`Broker`), mapped to
+    logical members in the answers. ``join`` without a member id does KIP-394's two steps
+    (MEMBER_ID_REQUIRED, then the join with that id) and reports both error codes. A
+    member that joins a stable group makes the others rejoin: with one connection they
+    cannot, so the join waits out REBALANCE_TIMEOUT_MS and the others leave the group --
+    on both brokers. ``commit`` and ``fetch-offsets`` use partition 0 of topic "a";
+    ``stale`` sends the generation before the current one (and a made-up member id for a
+    member that never joined).
+    """
+
+    action: str
+    member: int
+    offset: int = 0
+    stale: bool = False
+    kind: str = field(init=False, default="group")
+
+    @property
+    def mode(self) -> str:
+        return self.action + ("/stale" if self.stale else "")
+
+    def _identity(self, broker: Broker) -> tuple[str, int]:
+        member_id = broker.member_ids.get(self.member, f"never-joined-{self.member}")
+        return member_id, broker.generation - 1 if self.stale else broker.generation
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        group = session.name("g")
+        found = session.find_coordinator(broker, group)
+        if found != 0:
+            return ("coordinator", found)
+        member_id, generation = self._identity(broker)
+        if self.action == JOIN:
+            return self._join(session, broker, group)
+        if self.action == SYNC:
+            leader = broker.join_members and broker.member_ids.get(self.member) == member_id
+            A = m.SyncGroupRequest.SyncGroupRequestAssignment
+            assignments = [
+                A(member_id=broker.member_ids[logical], assignment=b"to-%d" % logical)
+                for logical in broker.join_members if logical in broker.member_ids
+            ] if leader else []  # fmt: skip
+            body = m.SyncGroupRequest(
+                group_id=group, generation_id=generation, member_id=member_id,
+                group_instance_id=None, protocol_type="consumer", protocol_name="range",
+                assignments=assignments,
+            )  # fmt: skip
+            sync = broker.request(m.ApiKey.SYNC_GROUP, SYNC_GROUP_V, body)
+            return ("error", sync.error_code, "assignment", bytes(sync.assignment or b""))
+        if self.action == HEARTBEAT:
+            body = m.HeartbeatRequest(group_id=group, generation_id=generation,
+                                      member_id=member_id, group_instance_id=None)  # fmt: skip
+            return ("error", broker.request(m.ApiKey.HEARTBEAT, HEARTBEAT_V, body).error_code)
+        if self.action == LEAVE:
+            body = m.LeaveGroupRequest(group_id=group, members=[
+                m.LeaveGroupRequest.MemberIdentity(member_id=member_id, group_instance_id=None)
+            ])  # fmt: skip
+            left = broker.request(m.ApiKey.LEAVE_GROUP, LEAVE_GROUP_V, body)
+            if left.error_code == 0 and all(r.error_code == 0 for r in left.members):
+                broker.member_ids.pop(self.member, None)
+            return ("error", left.error_code, "members", tuple(r.error_code for r in left.members))
+        if self.action == COMMIT:
+            T = m.OffsetCommitRequest.OffsetCommitRequestTopic
+            body = m.OffsetCommitRequest(
+                group_id=group, generation_id_or_member_epoch=generation, member_id=member_id,
+                group_instance_id=None, retention_time_ms=-1,
+                topics=[T(name=session.name("a"), partitions=[T.OffsetCommitRequestPartition(
+                    partition_index=0, committed_offset=self.offset, committed_leader_epoch=-1,
+                    committed_metadata="m")])],
+            )  # fmt: skip
+            committed = broker.request(m.ApiKey.OFFSET_COMMIT, OFFSET_COMMIT_V, body)
+            return ("errors", tuple(p.error_code for t in committed.topics for p in t.partitions))
+        if self.action == FETCH_OFFSETS:
+            G = m.OffsetFetchRequest.OffsetFetchRequestGroup
+            body = m.OffsetFetchRequest(require_stable=False, groups=[G(
+                group_id=group, member_id=None, member_epoch=-1, topics=[G.OffsetFetchRequestTopics(
+                    name=session.name("a"), partition_indexes=[0])])])  # fmt: skip
+            (result,) = broker.request(m.ApiKey.OFFSET_FETCH, OFFSET_FETCH_V, body).groups
+            parts = tuple((p.partition_index, p.committed_offset, p.metadata, p.error_code)
+                          for t in result.topics for p in t.partitions)  # fmt: skip
+            return ("error", result.error_code, "partitions", parts)
+        raise ValueError(self.action)
+
+    def _join(self, session: Session, broker: Broker, group: str) -> Normalised:
+        P = m.JoinGroupRequest.JoinGroupRequestProtocol
+
+        def join(member_id: str) -> Any:
+            body = m.JoinGroupRequest(
+                group_id=group, session_timeout_ms=SESSION_TIMEOUT_MS,
+                rebalance_timeout_ms=REBALANCE_TIMEOUT_MS, member_id=member_id,
+                group_instance_id=None, protocol_type="consumer",
+                protocols=[P(name="range", metadata=b"m%d" % self.member)], reason=None,
+            )  # fmt: skip
+            return broker.request(m.ApiKey.JOIN_GROUP, JOIN_GROUP_V, body)
+
+        codes = []
+        answer = join(broker.member_ids.get(self.member, ""))
+        codes.append(answer.error_code)
+        if answer.error_code == MEMBER_ID_REQUIRED:
+            broker.member_ids[self.member] = answer.member_id
+            answer = join(answer.member_id)
+            codes.append(answer.error_code)
+        if answer.error_code == UNKNOWN_MEMBER_ID:
+            broker.member_ids.pop(self.member, None)  # a client then joins afresh
+        if answer.error_code != 0:
+            return ("errors", tuple(codes))
+        logical = {v: k for k, v in broker.member_ids.items()}
+        broker.generation = answer.generation_id
+        # Members the rebalance dropped are gone: their ids are no longer theirs.
+        broker.join_members = sorted(logical.get(j.member_id, -1) for j in answer.members)
+        leader = logical.get(answer.leader, "other")
+        metadata = tuple(sorted(bytes(j.metadata) for j in answer.members))
+        return ("errors", tuple(codes), "generation", answer.generation_id,
+                "protocol", answer.protocol_name, "leader", leader,
+                "members", tuple(broker.join_members), "metadata", metadata)  # fmt: skip
 
 
 #: Outcome classes of malformed input.
@@ -449,6 +687,9 @@ class Session:
         for broker in (kafka, trio):
             broker.producer_ids.clear()
             broker.logical_of.clear()
+            broker.member_ids.clear()
+            broker.generation = -1
+            broker.join_members = []
 
     # -- helpers the ops use -------------------------------------------------
 
@@ -467,20 +708,70 @@ class Session:
         self._timestamp += 10
         return BASE_TIMESTAMP + self._timestamp
 
-    def batch(self, records: int) -> bytes:
+    def batch(self, records: int, codec: Compression = Compression.NONE) -> bytes:
         ts = self.next_timestamp()
         return bytes(build_batch([(b"k%d" % i, b"v%d" % i) for i in range(records)],
-                                 base_timestamp=ts))  # fmt: skip
+                                 base_timestamp=ts, compression=codec))  # fmt: skip
 
     def produce(self, broker: Broker, topic: str, partition: int, acks: int, batch: bytes) -> Any:
+        """The partition's answer; None for acks=0 (sent, no answer to wait for)."""
         Topic = m.ProduceRequest.TopicProduceData
         body = m.ProduceRequest(
             transactional_id=None, acks=acks, timeout_ms=10_000,
             topic_data=[Topic(name=self.name(topic), partition_data=[
                 Topic.PartitionProduceData(index=partition, records=batch)])],
         )  # fmt: skip
+        if acks == 0:
+            broker.requests += 1
+            broker.conn.send_request(m.ApiKey.PRODUCE, PRODUCE_V, body)
+            return None
         (topic_response,) = broker.request(m.ApiKey.PRODUCE, PRODUCE_V, body).responses
         return topic_response.partition_responses[0]
+
+    def topic_id(self, broker: Broker, topic: str) -> uuid.UUID:
+        """The broker's id of the session's ``topic``; :data:`UNKNOWN_TOPIC_ID` if none."""
+        answer = self._metadata(broker, self.name(topic))
+        return answer.topic_id if answer.error_code == 0 else UNKNOWN_TOPIC_ID
+
+    def topic_of(self, name: str | None) -> str | None:
+        """A topic name as the session's short name (prefix stripped)."""
+        prefix = self.prefix + "-"
+        return name[len(prefix) :] if name and name.startswith(prefix) else name
+
+    def find_coordinator(self, broker: Broker, group: str) -> int:
+        """FindCoordinator until the coordinator is loaded (Kafka creates its offsets topic
+        on the first ask: timing, not semantics); the last error code."""
+        body = m.FindCoordinatorRequest(key_type=0, coordinator_keys=[group])
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            answer = broker.request(m.ApiKey.FIND_COORDINATOR, FIND_COORDINATOR_V, body)
+            (coordinator,) = answer.coordinators
+            if coordinator.error_code not in RETRIABLE_COORDINATOR or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if coordinator.error_code == 0 and not broker.coordinator_ready:
+            self._wait_coordinator_loaded(broker)
+        return int(coordinator.error_code)
+
+    def _wait_coordinator_loaded(self, broker: Broker) -> None:
+        """Once per broker: a fresh Kafka names its coordinator before it has loaded the
+        offsets partition, and meanwhile answers group calls with NOT_COORDINATOR,
+        COORDINATOR_LOAD_IN_PROGRESS or even a Heartbeat's 0 for a member it does not know.
+        Wait until an OffsetFetch for a group of its own (no side effect) is answered
+        without error twice in a row."""
+        G = m.OffsetFetchRequest.OffsetFetchRequestGroup
+        body = m.OffsetFetchRequest(require_stable=False, groups=[G(
+            group_id=f"{self.prefix}-ready", member_id=None, member_epoch=-1, topics=None)])  # fmt: skip
+        answers_as_loaded = [0]  # in a row
+
+        def loaded() -> bool:
+            answer = broker.request(m.ApiKey.OFFSET_FETCH, OFFSET_FETCH_V, body)
+            ok = answer.groups[0].error_code == 0
+            answers_as_loaded[0] = answers_as_loaded[0] + 1 if ok else 0
+            return answers_as_loaded[0] >= 2
+
+        self._wait("group coordinator loaded", broker, loaded)
+        broker.coordinator_ready = True
 
     def _metadata(self, broker: Broker, name: str) -> Any:
         body = m.MetadataRequest(
@@ -551,18 +842,33 @@ class Session:
     # -- the comparison ------------------------------------------------------
 
     def run(self, op: Op) -> Difference | None:
-        """``op`` against Kafka, then trio-broker; a Difference if the answers differ."""
+        """``op`` against Kafka and trio-broker at once; a Difference if the answers differ.
+
+        At once (Kafka's side in a thread), so that an op that waits -- a JoinGroup that
+        waits out a rebalance -- costs its time once, and each broker sees the same
+        intervals between ops: a broker's timers (a group's sync timeout) do not run on
+        while the other broker answers.
+        """
         self.ops += 1
         self.current_plan = op.prepare(self)
         if isinstance(op, Fetch):
             self._kafka_hw = self._list_latest(self.kafka, op)
-        answers = []
-        for broker in (self.kafka, self.trio):
+
+        def answer(broker: Broker) -> Normalised:
             try:
-                answers.append(op.run(self, broker))
-            except ConnectionClosed as exc:
+                return op.run(self, broker)
+            except ConnectionClosed:
                 broker.reset_connection()
-                answers.append(("connection closed", str(exc)))
+                # "EOF" or "connection reset": how the close reached us, not what it means.
+                return ("connection closed",)
+
+        if self.kafka is self.trio:  # one broker on both sides (tests/differential regressions)
+            answers = [answer(self.kafka), answer(self.trio)]
+        else:
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                kafka_side = pool.submit(answer, self.kafka)
+                trio_answer = answer(self.trio)
+                answers = [kafka_side.result(), trio_answer]
         op.after(self, answers[0])
         self.last_answers = (answers[0], answers[1])
         if answers[0] != answers[1]:

@@ -71,3 +71,16 @@ def test_out_of_order_sequence_carries_the_log_start_offset(trio_broker: BrokerP
         assert (part.base_offset, part.log_start_offset) == (-1, 0)
     finally:
         side.close()
+
+
+def test_fetch_by_topic_id_of_a_missing_partition(trio_broker: BrokerProcess) -> None:
+    """Fetch v13 with a known topic id and a partition it lacks: UNKNOWN_TOPIC_OR_PARTITION
+    (Kafka's answer), not UNKNOWN_TOPIC_ID; an unknown id stays UNKNOWN_TOPIC_ID."""
+    session, side = session_on(trio_broker, "fid")
+    try:
+        session.run(CreateTopic("t", 1))
+        assert Fetch("t", 0, "zero", by="id").run(session, side)[:2] == ("error", 0)
+        assert Fetch("t", 7, "zero", by="id").run(session, side)[:2] == ("error", 3)
+        assert Fetch("t", 0, "zero", by="unknown-id").run(session, side)[:2] == ("error", 100)
+    finally:
+        side.close()

@@ -19,6 +19,8 @@ def find_topic(
     """(the topic or None, its name for the answer and the ACL check, the error if missing).
 
     An unknown topic id has no name: the name is then "" (and stays UNKNOWN_TOPIC_ID).
+    A known topic (by id or name) without the partition asked for is
+    UNKNOWN_TOPIC_OR_PARTITION, as in Kafka: the id was found, the partition was not.
     In a cluster, a topic this broker holds no replica of is still the cluster's: its
     partitions answer NOT_LEADER_OR_FOLLOWER (so clients refresh their metadata and go
     to the leader), under the topic's name.
@@ -27,7 +29,9 @@ def find_topic(
     by_id = uses_topic_ids(ctx.header.api_key, ctx.api_version)
     if by_id:
         topic = topics.by_id.get(topic_id) if topic_id is not None else None
-        missing = ErrorCode.UNKNOWN_TOPIC_ID
+        missing = (
+            ErrorCode.UNKNOWN_TOPIC_ID if topic is None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        )
     else:
         topic = topics.get(name or "")
         missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
