@@ -1,0 +1,126 @@
+"""The log cleaner task: compacts the dirtiest compacted log, one pass at a time, off the loop.
+
+Every ``log.cleaner.backoff.ms`` it looks at every compacted partition log (and the
+committed-offsets log), rolls an idle active segment older than ``segment.ms`` (the
+cleaner never touches the active segment, so a quiet log would otherwise never get
+cleaned), and runs one pass (:func:`trio_broker.storage.cleaner.clean_log`) over the
+log that needs it most in a worker thread, rate-limited by
+``log.cleaner.io.max.bytes.per.second``. At shutdown the pass stops between two
+batches: the half-written ``.cleaned`` file is removed, nothing was swapped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+
+import trio
+
+from trio_broker.storage.cleaner import (
+    CleaningPlan,
+    CleaningStopped,
+    CleanResult,
+    Throttler,
+    clean_log,
+    plan_for,
+)
+from trio_broker.storage.errors import StorageError
+from trio_broker.storage.log import PartitionLog
+
+log = logging.getLogger(__name__)
+
+
+class LogCleaner:
+    """The cleaner task of the root nursery (see docs/compaction.md)."""
+
+    def __init__(
+        self,
+        logs: Callable[[], Iterable[object]],
+        now_ms: Callable[[], int],
+        *,
+        backoff_ms: int,
+        io_max_bytes_per_second: float,
+    ) -> None:
+        self._logs = logs
+        self._now_ms = now_ms
+        self.backoff_ms = backoff_ms
+        self.io_max_bytes_per_second = io_max_bytes_per_second
+        #: set at shutdown: the pass in the worker thread stops at its next batch.
+        self._stop = threading.Event()
+        #: log -> the earliest delete horizon of a tombstone a pass kept.
+        self._horizons: dict[PartitionLog, int] = {}
+        self.passes = 0
+        self.last_result: CleanResult | None = None
+        #: set after every pass (tests and the bench wait on it).
+        self.pass_done = trio.Event()
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            while True:
+                await self.clean_once()
+                await trio.sleep(self.backoff_ms / 1000)
+        finally:
+            self._stop.set()
+
+    def _candidates(self) -> list[PartitionLog]:
+        return [
+            lg
+            for lg in self._logs()
+            if isinstance(lg, PartitionLog) and lg.config.compact and not lg.closed
+        ]
+
+    async def clean_once(self) -> CleanResult | None:
+        """Roll idle segments, then one pass over the dirtiest log that is due (if any)."""
+        now = self._now_ms()
+        best: tuple[float, PartitionLog, CleaningPlan] | None = None
+        for partition_log in self._candidates():
+            if partition_log.offline:
+                continue
+            active = partition_log.active_segment()
+            first = active.first_batch_timestamp
+            idle_ms = now - first if first is not None else 0
+            if active.size > 0 and idle_ms > partition_log.config.segment_ms:
+                partition_log.roll(now)  # on the loop: rolls belong to the appending thread
+            horizon = self._horizons.get(partition_log)
+            due = horizon is not None and now >= horizon
+            plan = plan_for(partition_log, now, tombstones_due=due)
+            if plan is None:
+                continue
+            score = 2.0 if plan.forced else plan.dirty_ratio
+            if best is None or score > best[0]:
+                best = (score, partition_log, plan)
+        if best is None:
+            return None
+        _, target, chosen = best
+        throttler = Throttler(self.io_max_bytes_per_second, stop=self._stop)
+        try:
+            result = await trio.to_thread.run_sync(
+                lambda: clean_log(target, now, plan=chosen, throttler=throttler, stop=self._stop)
+            )
+        except CleaningStopped:
+            return None
+        except (OSError, StorageError):
+            log.exception("cleaning %s failed", target.directory)
+            return None
+        if result is not None:
+            self.passes += 1
+            self.last_result = result
+            if result.next_horizon is not None:
+                self._horizons[target] = result.next_horizon
+            else:
+                self._horizons.pop(target, None)
+            log.info(
+                "cleaned %s: %d segments -> %d, %d -> %d bytes, %d records dropped in %.3f s",
+                target.directory,
+                result.segments_in,
+                result.segments_out,
+                result.bytes_read,
+                result.bytes_written,
+                result.records_dropped,
+                result.seconds,
+            )
+        self.pass_done.set()
+        self.pass_done = trio.Event()
+        return result
