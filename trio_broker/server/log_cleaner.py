@@ -82,7 +82,13 @@ class LogCleaner:
             first = active.first_batch_timestamp
             idle_ms = now - first if first is not None else 0
             if active.size > 0 and idle_ms > partition_log.config.segment_ms:
-                partition_log.roll(now)  # on the loop: rolls belong to the appending thread
+                try:
+                    partition_log.roll(now)  # on the loop: rolls belong to the appending thread
+                    # Only fully synced segments are cleanable; no append will flush this one.
+                    await trio.to_thread.run_sync(partition_log.flush)
+                except (OSError, StorageError):
+                    log.exception("rolling %s for the cleaner failed", partition_log.directory)
+                    continue
             horizon = self._horizons.get(partition_log)
             due = horizon is not None and now >= horizon
             plan = plan_for(partition_log, now, tombstones_due=due)
