@@ -337,3 +337,29 @@ def test_first_pass_checkpoint_marks_the_dirty_section(tmp_path: Path) -> None:
     log.config = attrs.evolve(CONFIG, min_cleanable_dirty_ratio=0.5)
     assert plan_for(log, T0 + 2000) is None
     log.close()
+
+
+def test_committed_offsets_log_is_compacted_and_stops_growing(tmp_path: Path) -> None:
+    from trio_broker.groups.offsets_store import OffsetAndMetadata, OffsetKey, OffsetsStore
+
+    config = LogConfig(segment_bytes=2048, index_interval_bytes=256, delete_retention_ms=0)
+    store = OffsetsStore.open(tmp_path, config)
+    assert store.log.config.compact and not store.log.config.delete
+    keys = [OffsetKey("group", "topic", p) for p in range(5)]
+    sizes = []
+    for rounds in range(4):
+        for i in range(200):  # 200 commits for 5 partitions, one batch each
+            key = keys[i % 5]
+            value = None if (rounds == 3 and key.partition == 4) else OffsetAndMetadata(i)
+            store.apply(store.append([(key, value)], T0))
+        store.log.flush()
+        clean_log(store.log, T0 + 1000, plan=plan_for(store.log, T0 + 1000, tombstones_due=True))
+        sizes.append(store.log.size_bytes)
+    # The log holds about one segment of fresh commits plus the latest of each key.
+    assert max(sizes) < 2 * 2048 + 5 * 100
+    expected = {k: store.get(k.group_id, k.topic, k.partition) for k in keys}
+    store.close()
+    reopened = OffsetsStore.open(tmp_path, config)
+    assert {k: reopened.get(k.group_id, k.topic, k.partition) for k in keys} == expected
+    assert expected[keys[4]] is None
+    reopened.close()
