@@ -7,6 +7,7 @@ Task tree (see docs/architecture.md)::
     ├── handler pool            N handler tasks, one bounded queue each
     ├── delayed operations      deferred responses: acks=all waits, long-poll fetches
     ├── retention               deletes old segments periodically
+    ├── log cleaner             compacts cleanup.policy=compact logs (docs/compaction.md)
     ├── group coordinator       session and rebalance timers
     ├── transaction timers      timed-out transactions aborted, idle ids expired
     └── acceptor (per listener) accepts; one nursery of connections

@@ -111,6 +111,12 @@ class LogCleaner:
             log.exception("cleaning %s failed", target.directory)
             return None
         if result is not None:
+            # Closes the replaced segments' descriptors once file.delete.delay.ms is over
+            # (the offsets log has no retention task of its own to do it).
+            try:
+                target.apply_retention(self._now_ms())
+            except (OSError, StorageError):
+                log.exception("retention after cleaning %s failed", target.directory)
             self.passes += 1
             self.last_result = result
             if result.next_horizon is not None:
