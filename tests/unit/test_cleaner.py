@@ -363,3 +363,22 @@ def test_committed_offsets_log_is_compacted_and_stops_growing(tmp_path: Path) ->
     assert {k: reopened.get(k.group_id, k.topic, k.partition) for k in keys} == expected
     assert expected[keys[4]] is None
     reopened.close()
+
+
+def test_log_end_survives_a_crash_when_the_cleaned_tail_ends_in_a_hole(tmp_path: Path) -> None:
+    log = sealed(open_log(tmp_path))
+    write(log, [[(i % 3, b"v%d" % i)] for i in range(20)] + [[(9, None)]], Compression.NONE)
+    log.roll(T0)  # the active segment is empty; the tombstone ends the last closed one
+    log.flush()
+    end = log.log_end_offset
+    clean_log(log, T0 + 1000)
+    later = T0 + 1000 + DAY + 1
+    clean_log(log, later, plan=plan_for(log, later, tombstones_due=True))
+    assert all(row[1] != key_of(9) for row in read_all(log))
+    log.abort()
+    # Recovery scans the cleaned segment (as after a swap that recovery finished, whose
+    # indexes were never written), so its end is where its last batch ends.
+    os.unlink(tmp_path / "recovery-point.checkpoint")
+    reopened = open_log(tmp_path)
+    assert reopened.log_end_offset == end  # offsets are never handed out twice
+    reopened.close()

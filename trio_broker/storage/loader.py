@@ -298,8 +298,13 @@ class LogLoader:
             segments.append(segment)
             expected = segment.next_offset
         # A crash can leave the newest segment files empty (created, nothing
-        # durable written); drop them so the log continues in the previous one.
-        while len(segments) > 1 and segments[-1].size == 0:
+        # durable written); drop them so the log continues in the previous one -
+        # unless that one ends in a compaction hole: the log end would go back.
+        while (
+            len(segments) > 1
+            and segments[-1].size == 0
+            and segments[-1].base_offset <= segments[-2].next_offset
+        ):
             empty = segments.pop()
             empty.unlink()
             empty.close()
