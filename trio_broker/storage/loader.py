@@ -279,7 +279,7 @@ class LogLoader:
             continues = (
                 expected is None
                 or base == expected
-                or (expected < base and expected <= self.gaps_below)
+                or (expected < base and expected < self.gaps_below)
             )
             if reason is not None or not continues:
                 # Everything after the first bad batch (or an offset gap) goes:
