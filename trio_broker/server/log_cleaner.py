@@ -64,6 +64,35 @@ class LogCleaner:
         finally:
             self._stop.set()
 
+    async def _run_pass(self, work: Callable[[], CleanResult | None]) -> CleanResult | None:
+        """``work`` in a worker thread; a cancellation (shutdown) asks it to stop and waits.
+
+        The thread is never abandoned: the logs it reads are closed only after it ends.
+        """
+        finished = False
+
+        async def stop_when_cancelled() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                if not finished:
+                    self._stop.set()
+
+        result: CleanResult | None = None
+        error: Exception | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_when_cancelled)
+            try:
+                result = await trio.to_thread.run_sync(work)
+            except Exception as exc:  # raised below, outside the nursery: not in a group
+                error = exc
+            finally:
+                finished = True
+                nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        return result
+
     def _candidates(self) -> list[PartitionLog]:
         return [
             lg
@@ -102,7 +131,7 @@ class LogCleaner:
         _, target, chosen = best
         throttler = Throttler(self.io_max_bytes_per_second, stop=self._stop)
         try:
-            result = await trio.to_thread.run_sync(
+            result = await self._run_pass(
                 lambda: clean_log(target, now, plan=chosen, throttler=throttler, stop=self._stop)
             )
         except CleaningStopped:
