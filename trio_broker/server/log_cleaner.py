@@ -110,7 +110,8 @@ class LogCleaner:
             active = partition_log.active_segment()
             first = active.first_batch_timestamp
             idle_ms = now - first if first is not None else 0
-            if active.size > 0 and idle_ms > partition_log.config.segment_ms:
+            config = partition_log.config
+            if active.size > 0 and idle_ms > min(config.segment_ms, config.max_compaction_lag_ms):
                 try:
                     partition_log.roll(now)  # on the loop: rolls belong to the appending thread
                     # Only fully synced segments are cleanable; no append will flush this one.
