@@ -382,3 +382,27 @@ def test_log_end_survives_a_crash_when_the_cleaned_tail_ends_in_a_hole(tmp_path:
     reopened = open_log(tmp_path)
     assert reopened.log_end_offset == end  # offsets are never handed out twice
     reopened.close()
+
+
+def test_a_tombstone_stays_while_a_whole_kept_batch_holds_an_older_value(tmp_path: Path) -> None:
+    log = sealed(open_log(tmp_path))
+    # Producer 7's only (so last) batch sets key 5; a plain tombstone deletes it later.
+    log.append(
+        build_batch(
+            [(key_of(5), b"old")],
+            producer_id=7,
+            producer_epoch=0,
+            base_sequence=0,
+            base_timestamp=T0,
+        ),
+        now_ms=T0,
+    )
+    write(log, [[(5, None)]] + [[(i % 3, b"v%d" % i)] for i in range(20)], Compression.NONE)
+    log.flush()
+    clean_log(log, T0 + 1000)
+    later = T0 + 1000 + DAY + 1
+    result = clean_log(log, later, plan=plan_for(log, later, tombstones_due=True))
+    # Dropping the tombstone would bring b"old" back as key 5's latest value.
+    assert latest_by_key(read_all(log))[key_of(5)][1] is None
+    assert result is not None and result.next_horizon is None  # no pass is due for it
+    log.close()

@@ -173,10 +173,22 @@ def _keeps_whole(batch: RecordBatchView) -> bool:
 
 
 def build_offset_map(
-    batches: Iterable[tuple[RecordBatchView, Sequence[Record]]], offsets: dict[bytes, int]
+    batches: Iterable[tuple[RecordBatchView, Sequence[Record]]],
+    offsets: dict[bytes, int],
+    *,
+    kept_whole: set[int] | None = None,
+    pinned: set[bytes] | None = None,
 ) -> None:
-    """Record in ``offsets`` the latest offset of every key of ``batches`` (in log order)."""
+    """Record in ``offsets`` the latest offset of every key of ``batches`` (in log order).
+
+    ``pinned`` collects the keys of batches that stay whole (transactional ones, and
+    those whose base offset is in ``kept_whole``): their tombstones must stay too, or
+    the older value a whole batch keeps would come back as the latest.
+    """
     for batch, records in batches:
+        whole = _keeps_whole(batch) or (kept_whole is not None and batch.base_offset in kept_whole)
+        if whole and pinned is not None:
+            pinned.update(r.key for r in records if r.key is not None)
         if _keeps_whole(batch):
             continue
         base = batch.base_offset
@@ -217,10 +229,12 @@ def filter_batch(
     now_ms: int,
     delete_retention_ms: int,
     keep_whole: bool = False,
+    pinned: set[bytes] | frozenset[bytes] = frozenset(),
 ) -> Filtered:
     """Which records of ``batch`` survive a pass whose key map is ``offsets``.
 
-    ``keep_whole``: the batch is its producer's last one in the log.
+    ``keep_whole``: the batch is its producer's last one in the log. A tombstone of a
+    key in ``pinned`` (see :func:`build_offset_map`) outlives its horizon.
     """
     if keep_whole or _keeps_whole(batch):
         return Filtered(tuple(records), None)
@@ -234,9 +248,11 @@ def filter_batch(
             if latest is not None and base + record.offset_delta < latest:
                 continue  # a later record has this key
             if record.value is None:
-                if horizon is not None and now_ms >= horizon:
+                if horizon is None or now_ms < horizon:
+                    tombstones = True
+                elif record.key not in pinned:
                     continue  # the tombstone's grace period is over
-                tombstones = True
+                # else: past its horizon but pinned; kept, and no reason for a pass
         kept.append(record)
     if not kept:
         return Filtered((), None)
@@ -446,11 +462,14 @@ def clean_log(
     config = log.config
     result = CleanResult()
     # The key map covers the whole cleaned range, so no pass relies on an earlier one.
-    offsets: dict[bytes, int] = {}
-    for segment in segments:
-        build_offset_map(_read_batches(segment, throttler, stop), offsets)
     last_of_producer = _last_batch_of_producers(log, segments, plan.end_offset)
     keep_whole = set(last_of_producer.values())
+    offsets: dict[bytes, int] = {}
+    pinned: set[bytes] = set()
+    for segment in segments:
+        build_offset_map(
+            _read_batches(segment, throttler, stop), offsets, kept_whole=keep_whole, pinned=pinned
+        )
     step = after_step or (lambda _name: None)
     index = 0
     for size in group_segments(facts, config.segment_bytes, config.max_index_entries):
@@ -460,7 +479,7 @@ def clean_log(
         if stop is not None and stop.is_set():
             raise CleaningStopped
         written = _clean_group(
-            log, group, end, offsets, keep_whole, now_ms, result, throttler, stop, step
+            log, group, end, offsets, keep_whole, pinned, now_ms, result, throttler, stop, step
         )
         if not written:
             break
@@ -474,6 +493,7 @@ def _clean_group(
     end: int,
     offsets: dict[bytes, int],
     keep_whole: set[int],
+    pinned: set[bytes],
     now_ms: int,
     result: CleanResult,
     throttler: Throttler | None,
@@ -499,6 +519,7 @@ def _clean_group(
                     now_ms=now_ms,
                     delete_retention_ms=config.delete_retention_ms,
                     keep_whole=batch.base_offset in keep_whole,
+                    pinned=pinned,
                 )
                 if verdict.horizon is not None and (
                     result.next_horizon is None or verdict.horizon < result.next_horizon
