@@ -103,6 +103,8 @@ class LogCleaner:
     async def clean_once(self) -> CleanResult | None:
         """Roll idle segments, then one pass over the dirtiest log that is due (if any)."""
         now = self._now_ms()
+        for gone in [lg for lg in self._horizons if lg.closed]:
+            del self._horizons[gone]
         best: tuple[float, PartitionLog, CleaningPlan] | None = None
         for partition_log in self._candidates():
             if partition_log.offline:
@@ -137,7 +139,9 @@ class LogCleaner:
             )
         except CleaningStopped:
             return None
-        except (OSError, StorageError):
+        except Exception:
+            # A damaged segment, a disk error, a log deleted under the pass: log it and
+            # go on with the other logs; the broker keeps serving.
             log.exception("cleaning %s failed", target.directory)
             return None
         if result is not None:

@@ -1060,6 +1060,14 @@ class PartitionLog:
         """Flush, write the indexes and the clean-shutdown marker, release files."""
         if self._closed:
             return
+        # A cleaner's swap in progress (storage/cleaner.py) ends first; the cleaner
+        # checks ``closed`` before its next one.
+        with self.cleaning_lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._closed:
+            return
         try:
             if not self.offline:
                 self.flush()
