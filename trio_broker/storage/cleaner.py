@@ -47,7 +47,7 @@ from trio_broker.protocol.records import (
     RecordBatchView,
     build_batch,
 )
-from trio_broker.storage.durable import fsync_dir, write_all
+from trio_broker.storage.durable import fsync_dir, rename_durably, write_all
 from trio_broker.storage.index import MAX_RELATIVE_OFFSET, SegmentIndexer
 from trio_broker.storage.log import LogConfig, PartitionLog
 from trio_broker.storage.recovery import scan_segment
@@ -563,13 +563,12 @@ def _clean_group(
             write_cleaner_checkpoint(directory, end)
         step("checkpoint-written")
         swap_path = directory / swap_name(base, end)
-        os.rename(cleaned_path, swap_path)
-        fsync_dir(directory)
+        rename_durably([(cleaned_path, swap_path)])
         step("swap-committed")
         for segment in group:
             unlink_segment_files(directory, segment.base_offset)
         step("old-deleted")
-        os.rename(swap_path, directory / (group[0].name + LOG_SUFFIX))
+        rename_durably([(swap_path, directory / (group[0].name + LOG_SUFFIX))])
         step("swap-renamed")
         cleaned = _open_cleaned(log, fd, base, position, end, indexer, group, first_ts)
         cleaned.write_index_files(sync=True)

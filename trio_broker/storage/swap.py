@@ -28,7 +28,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from trio_broker.storage.durable import write_file_atomically
+from trio_broker.storage.durable import rename_durably, write_file_atomically
 from trio_broker.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, segment_name
 
 #: The first offset not yet cleaned; offset holes are legal below it (see above).
@@ -104,7 +104,7 @@ def finish_interrupted_swaps(directory: Path, names: set[str]) -> bool:
             ):
                 os.unlink(directory / other)
                 names.discard(other)
-        os.rename(directory / name, directory / (segment_name(first) + LOG_SUFFIX))
+        rename_durably([(directory / name, directory / (segment_name(first) + LOG_SUFFIX))])
         names.discard(name)
         names.add(segment_name(first) + LOG_SUFFIX)
         changed = True
