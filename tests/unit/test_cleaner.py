@@ -406,3 +406,26 @@ def test_a_tombstone_stays_while_a_whole_kept_batch_holds_an_older_value(tmp_pat
     assert latest_by_key(read_all(log))[key_of(5)][1] is None
     assert result is not None and result.next_horizon is None  # no pass is due for it
     log.close()
+
+
+@given(
+    sizes=st.lists(st.tuples(st.integers(1, 1000), st.integers(0, 10_000)), min_size=0, max_size=8),
+    first_dirty=st.integers(0, 100),
+    min_lag=st.integers(0, 5000),
+    ratio=st.floats(0, 1),
+    due=st.booleans(),
+)
+def test_plan_covers_a_prefix_of_old_enough_segments(
+    sizes, first_dirty, min_lag, ratio, due
+) -> None:
+    segs = facts(*[(i * 10, i * 10 + 10, size, ts) for i, (size, ts) in enumerate(sizes)])
+    cfg = attrs.evolve(CONFIG, min_compaction_lag_ms=min_lag, min_cleanable_dirty_ratio=ratio)
+    plan = plan_cleaning(
+        segs, first_dirty=first_dirty, now_ms=10_000, config=cfg, tombstones_due=due
+    )
+    if plan is None:
+        return
+    assert 1 <= plan.count <= len(segs)
+    assert plan.end_offset == segs[plan.count - 1].end_offset
+    assert all(10_000 - s.max_timestamp >= min_lag for s in segs[: plan.count])
+    assert plan.forced or plan.dirty_ratio >= ratio

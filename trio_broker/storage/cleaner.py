@@ -116,8 +116,8 @@ def plan_cleaning(
     and everything after it stay dirty; the pass runs when the dirty share of the
     cleanable bytes reaches ``min.cleanable.dirty.ratio``, or the oldest dirty record
     is older than ``max.compaction.lag.ms``, or (KIP-534) a tombstone is past its horizon.
-
-    post: __return__ is None or 0 < __return__.count <= len(closed)
+    The plan, when there is one, covers 1 to ``len(closed)`` segments (tested with
+    Hypothesis in tests/unit/test_cleaner.py rather than a CrossHair contract).
     """
     count = 0
     for facts in closed:
