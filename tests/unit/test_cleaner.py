@@ -100,11 +100,13 @@ updates_strategy = st.lists(
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     batches=updates_strategy,
-    codec=st.sampled_from([Compression.NONE, Compression.GZIP, Compression.LZ4, Compression.ZSTD]),
+    codec=st.sampled_from(
+        [Compression.NONE, Compression.GZIP, Compression.SNAPPY, Compression.LZ4, Compression.ZSTD]
+    ),
 )
 def test_latest_value_survives_at_its_offset(tmp_path_factory, batches, codec) -> None:
     path = tmp_path_factory.mktemp("log")
@@ -259,6 +261,24 @@ def test_stopped_swap_at_every_step_recovers_whole(tmp_path: Path) -> None:
         clean_log(reopened, T0 + 2000, plan=plan_for(reopened, T0 + 2000))
         assert latest_by_key(read_all(reopened)) == before
         reopened.close()
+
+
+@pytest.mark.parametrize("xerial", [False, True])
+def test_rewritten_snappy_batches_keep_their_framing(xerial: bool) -> None:
+    from trio_broker.protocol.compression import XERIAL_MAGIC
+
+    raw = build_batch(
+        [(b"a", b"1"), (b"a", b"2")],
+        compression=Compression.SNAPPY,
+        snappy_xerial=xerial,
+        base_timestamp=T0,
+    )
+    batch = RecordBatchView(raw)
+    verdict = filter_batch(batch, batch.records(), {b"a": 1}, now_ms=T0, delete_retention_ms=1)
+    assert verdict.rewritten is not None
+    payload = verdict.rewritten[61:69]
+    assert (payload == XERIAL_MAGIC) is xerial
+    assert [r.value for r in RecordBatchView(verdict.rewritten).records()] == [b"2"]
 
 
 def test_filter_batch_stamps_and_honours_the_delete_horizon() -> None:

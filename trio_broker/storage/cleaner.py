@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import attrs
 
 from trio_broker.protocol import batch_header
+from trio_broker.protocol.compression import XERIAL_MAGIC, Compression
 from trio_broker.protocol.records import (
     LOG_APPEND_TIME,
     Record,
@@ -282,6 +283,12 @@ def encode_retained(
         base_timestamp = stamp_horizon
     log_append = bool(batch.attributes & batch_header.TIMESTAMP_TYPE_BIT)
     codec = batch.compression
+    # Snappy keeps its framing: xerial (the Java and Python clients') or raw (librdkafka's).
+    xerial = (
+        codec is Compression.SNAPPY
+        and bytes(batch.buf[batch_header.HEADER_SIZE : batch_header.HEADER_SIZE + 8])
+        == XERIAL_MAGIC
+    )
     out = build_batch(
         records,
         base_offset=batch.base_offset,
@@ -292,6 +299,7 @@ def encode_retained(
         base_timestamp=base_timestamp,
         partition_leader_epoch=batch.partition_leader_epoch,
         timestamp_type=LOG_APPEND_TIME if log_append else 0,
+        snappy_xerial=xerial,
     )
     attributes = _I16.unpack_from(out, batch_header.ATTRIBUTES_AT)[0]
     if stamp_horizon is not None or delete_horizon(batch) is not None:
