@@ -79,6 +79,16 @@ class BrokerConfig:
     retention_ms: int = 7 * 24 * 3600 * 1000
     retention_bytes: int = -1
     retention_check_interval_ms: int = 300_000
+    #: Log compaction (docs/compaction.md): the cleaner's switch, pause, rate and the
+    #: defaults of the topics' cleanup.policy and compaction configs.
+    log_cleaner_enable: bool = True
+    log_cleaner_backoff_ms: int = 15_000
+    log_cleaner_io_max_bytes_per_second: float = float("inf")
+    log_cleanup_policy: str = "delete"
+    log_cleaner_delete_retention_ms: int = 86_400_000
+    log_cleaner_min_compaction_lag_ms: int = 0
+    log_cleaner_max_compaction_lag_ms: int = 2**63 - 1
+    log_cleaner_min_cleanable_ratio: float = 0.5
     flush_interval_messages: int | None = None
     flush_interval_ms: int | None = None
     connections_max_idle_ms: int = 600_000

@@ -143,10 +143,20 @@ async def test_confluent_incremental_and_legacy_alter(broker: Broker, bootstrap:
     ) is None  # fmt: skip
     assert broker.topics.get("inc").info.configs == {"segment.ms": "120000"}  # type: ignore[union-attr]
 
-    # Refused: compaction, unknown keys, malformed and out-of-range values; nothing changes.
+    # cleanup.policy=compact,delete is taken and reaches the logs (docs/compaction.md).
+    assert (
+        await in_thread(lambda: alter(res(entry("cleanup.policy", "compact,delete", SET)))) is None
+    )
+    assert broker.topics.log("inc", 0).config.compact
+    assert broker.topics.log("inc", 0).config.delete
+    assert await in_thread(lambda: alter(res(entry("cleanup.policy", None, DELETE)))) is None
+    assert not broker.topics.log("inc", 0).config.compact
+
+    # Refused: unknown policies and keys, malformed and out-of-range values; nothing changes.
     invalid = KafkaError.INVALID_CONFIG
     for bad in (
-        entry("cleanup.policy", "compact", SET), entry("no.such.key", "1", SET),
+        entry("cleanup.policy", "compact,shred", SET), entry("no.such.key", "1", SET),
+        entry("min.cleanable.dirty.ratio", "1.5", SET),
         entry("retention.ms", "soon", SET), entry("segment.bytes", "5", SET),
         entry("retention.ms", "x", AlterConfigOpType.APPEND),
         entry("min.insync.replicas", "many", SET), entry("preallocate", "maybe", SET),

@@ -213,6 +213,10 @@ class PendingWrite:
     applied: bool = False
 
 
+#: Kafka's offsets.topic.segment.bytes: segments roll, so the cleaner can compact them.
+OFFSETS_SEGMENT_BYTES = 100 * 1024 * 1024
+
+
 class OffsetsStore:
     def __init__(self, offsets_log: Any) -> None:
         #: PartitionLog or MemoryLog.
@@ -230,8 +234,17 @@ class OffsetsStore:
     @classmethod
     def open(cls, data_dir: Path | None, config: LogConfig) -> OffsetsStore:
         """Open the internal log (memory if ``data_dir`` is None) and replay it."""
-        # Offsets must outlive any retention setting: nothing is ever deleted by age.
-        config = attrs.evolve(config, retention_ms=None, retention_bytes=None)
+        # Offsets must outlive any retention setting: nothing is ever deleted by age. The
+        # log is compacted instead (storage/cleaner.py): the latest record per key stays,
+        # in segments of Kafka's offsets.topic.segment.bytes (100 MiB).
+        config = attrs.evolve(
+            config,
+            retention_ms=None,
+            retention_bytes=None,
+            compact=True,
+            delete=False,
+            segment_bytes=min(config.segment_bytes, OFFSETS_SEGMENT_BYTES),
+        )
         if data_dir is None:
             store = cls(MemoryLog(config))
         else:

@@ -47,9 +47,8 @@ TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
 BROKER_LOGGER_RESOURCE = 8
 
-#: cleanup.policy values AlterConfigs takes: this broker deletes old segments and does
-#: not compact yet (CreateTopics still takes compact; see issue [exactly-once]).
-CLEANUP_POLICIES = frozenset({"delete"})
+#: cleanup.policy values AlterConfigs takes (compaction: docs/compaction.md).
+CLEANUP_POLICIES = frozenset({"delete", "compact"})
 
 
 class ConfigRefused(KafkaError):
@@ -66,7 +65,8 @@ def check_values(ctx: RequestContext, configs: dict[str, str]) -> None:
         policies = {p.strip() for p in configs["cleanup.policy"].split(",")}
         if not policies <= CLEANUP_POLICIES:
             raise ConfigRefused(
-                ErrorCode.INVALID_CONFIG, "cleanup.policy: only 'delete' is supported"
+                ErrorCode.INVALID_CONFIG,
+                "cleanup.policy: only 'delete' and 'compact' are supported",
             )
 
 

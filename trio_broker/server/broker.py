@@ -7,6 +7,7 @@ Task tree (see docs/architecture.md)::
     ├── handler pool            N handler tasks, one bounded queue each
     ├── delayed operations      deferred responses: acks=all waits, long-poll fetches
     ├── retention               deletes old segments periodically
+    ├── log cleaner             compacts cleanup.policy=compact logs (docs/compaction.md)
     ├── group coordinator       session and rebalance timers
     ├── transaction timers      timed-out transactions aborted, idle ids expired
     └── acceptor (per listener) accepts; one nursery of connections
@@ -35,6 +36,7 @@ from trio_broker.security.listeners import Listener, resolve_listeners
 from trio_broker.server.connection import Connection
 from trio_broker.server.flusher import Flusher
 from trio_broker.server.handler_pool import HandlerPool
+from trio_broker.server.log_cleaner import LogCleaner
 from trio_broker.server.memory_budget import MemoryBudget
 from trio_broker.server.quotas import with_request_quota
 from trio_broker.server.transaction_timers import TransactionTimers
@@ -88,6 +90,12 @@ class Broker:
             segment_ms=config.segment_ms,
             retention_ms=None if config.retention_ms < 0 else config.retention_ms,
             retention_bytes=None if config.retention_bytes < 0 else config.retention_bytes,
+            compact="compact" in config.log_cleanup_policy.replace(" ", "").split(","),
+            delete="delete" in config.log_cleanup_policy.replace(" ", "").split(","),
+            delete_retention_ms=config.log_cleaner_delete_retention_ms,
+            min_compaction_lag_ms=config.log_cleaner_min_compaction_lag_ms,
+            max_compaction_lag_ms=config.log_cleaner_max_compaction_lag_ms,
+            min_cleanable_dirty_ratio=config.log_cleaner_min_cleanable_ratio,
         )
         self.topics = TopicManager(data_dir, self.log_defaults, now_ms)
         self.flusher = Flusher(
@@ -135,6 +143,13 @@ class Broker:
         self._accept_scopes: list[trio.CancelScope] = []
         #: Extra long-lived tasks (e.g. the group coordinator) register here.
         self.services: list[Any] = []
+        #: Log compaction (server/log_cleaner.py); run when log.cleaner.enable.
+        self.log_cleaner = LogCleaner(
+            self._compactable_logs,
+            now_ms,
+            backoff_ms=config.log_cleaner_backoff_ms,
+            io_max_bytes_per_second=config.log_cleaner_io_max_bytes_per_second,
+        )
         self.groups = GroupCoordinator(self)
         self.services.append(self.groups)
         #: The traffic capture tap (trio_broker.capture), or None: the hot path checks this.
@@ -192,6 +207,8 @@ class Broker:
                     self.root_nursery = root
                     self.flusher.background = root
                     root.start_soon(self._retention_loop, name="retention")
+                    if self.config.log_cleaner_enable:
+                        root.start_soon(self.log_cleaner.run, name="log-cleaner")
                     for service in self.services:
                         await root.start(service.run)
                     for spec in self.listeners:
@@ -303,6 +320,15 @@ class Broker:
                 self.connections_per_ip[host] = left
             else:
                 self.connections_per_ip.pop(host, None)
+
+    def _compactable_logs(self) -> list[Any]:
+        """Every partition log and the committed-offsets log (the cleaner keeps the
+        compacted ones)."""
+        logs = list(self.topics.all_logs())
+        offsets = self.groups.offsets
+        if offsets is not None:
+            logs.append(offsets.log)
+        return logs
 
     async def _retention_loop(self) -> None:
         interval = self.config.retention_check_interval_ms / 1000

@@ -34,6 +34,7 @@ from trio_broker.storage.segment import (
     parse_segment_name,
     pread_exact,
 )
+from trio_broker.storage.swap import finish_interrupted_swaps, read_cleaner_checkpoint
 
 __all__ = [
     "CLEAN_SHUTDOWN_MARKER",
@@ -96,6 +97,7 @@ class LogLoader:
         self.index_interval_bytes = index_interval_bytes
         self.now_ms = now_ms
         self.dir_dirty = False
+        self.gaps_below = 0
 
     def load(self) -> LoadedLog:
         d = self.directory
@@ -104,6 +106,13 @@ class LogLoader:
             if name.endswith(TMP_SUFFIX):  # an atomic write that never got renamed
                 os.unlink(d / name)
                 self.dir_dirty = True
+        names = {n for n in names if not n.endswith(TMP_SUFFIX)}
+        # A cleaning pass the crash interrupted (storage/swap.py): roll back before
+        # its commit point, finish after it. A finished swap rebuilds by scanning.
+        swapped = finish_interrupted_swaps(d, names)
+        self.dir_dirty |= swapped
+        #: below this offset the cleaner may have left offset holes.
+        self.gaps_below = read_cleaner_checkpoint(d)
         bases = sorted(b for n in names if (b := parse_segment_name(n)) is not None)
         stems = {f"{b:020d}" for b in bases}
         for name in names:
@@ -122,7 +131,12 @@ class LogLoader:
 
         segments: list[Segment] | None = None
         report = RecoveryReport(clean=True)
-        if marker is not None and bases and marker.get("active_segment") == bases[-1]:
+        if (
+            marker is not None
+            and not swapped
+            and bases
+            and marker.get("active_segment") == bases[-1]
+        ):
             segments = self._load_clean(bases, marker)
         if segments is None:
             segments, report = self._recover(bases, recovery_point)
@@ -260,7 +274,14 @@ class LogLoader:
         expected: int | None = None
         for i, base in enumerate(bases):
             last = i == len(bases) - 1
-            if reason is not None or (expected is not None and base != expected):
+            # A cleaned segment may end before the next one begins (holes below the
+            # cleaner checkpoint); anywhere else the offsets must continue exactly.
+            continues = (
+                expected is None
+                or base == expected
+                or (expected < base and expected < self.gaps_below)
+            )
+            if reason is not None or not continues:
                 # Everything after the first bad batch (or an offset gap) goes:
                 # keeping it would leave a hole in the offsets.
                 reason = reason or f"segment {base} does not continue at {expected}"
@@ -277,8 +298,13 @@ class LogLoader:
             segments.append(segment)
             expected = segment.next_offset
         # A crash can leave the newest segment files empty (created, nothing
-        # durable written); drop them so the log continues in the previous one.
-        while len(segments) > 1 and segments[-1].size == 0:
+        # durable written); drop them so the log continues in the previous one -
+        # unless that one ends in a compaction hole: the log end would go back.
+        while (
+            len(segments) > 1
+            and segments[-1].size == 0
+            and segments[-1].base_offset <= segments[-2].next_offset
+        ):
             empty = segments.pop()
             empty.unlink()
             empty.close()
@@ -315,7 +341,7 @@ class LogLoader:
         fd = Segment.open_file(self.directory, base)
         stat = os.fstat(fd)
         indexer = SegmentIndexer(self.index_interval_bytes)
-        result = scan_segment(fd, stat.st_size, base, indexer)
+        result = scan_segment(fd, stat.st_size, base, indexer, gaps_below=self.gaps_below)
         cut = stat.st_size - result.valid_size
         if cut:
             os.ftruncate(fd, result.valid_size)

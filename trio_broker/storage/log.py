@@ -87,6 +87,7 @@ from trio_broker.storage.segment import (
     pread_exact,
     segments_to_delete,
 )
+from trio_broker.storage.swap import read_cleaner_checkpoint
 
 #: Written, fsynced and removed by :meth:`PartitionLog.reload` to test the disk (".tmp":
 #: the loader deletes a leftover one).
@@ -129,6 +130,14 @@ class LogConfig:
     )
     retention_bytes: int | None = attrs.field(default=None, converter=_infinite_as_none)
     file_delete_delay_ms: int = 60_000  # file.delete.delay.ms
+    # cleanup.policy: "delete" removes old segments by retention; "compact" keeps the
+    # latest record per key (storage/cleaner.py); "compact,delete" does both.
+    compact: bool = False
+    delete: bool = True
+    delete_retention_ms: int = 86_400_000  # delete.retention.ms: tombstones' grace period
+    min_compaction_lag_ms: int = 0  # min.compaction.lag.ms
+    max_compaction_lag_ms: int = 2**63 - 1  # max.compaction.lag.ms
+    min_cleanable_dirty_ratio: float = 0.5  # min.cleanable.dirty.ratio
 
     @property
     def max_index_entries(self) -> int:
@@ -272,6 +281,9 @@ class PartitionLog:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
+        #: held by the cleaner while it swaps segments (storage/cleaner.py), and by
+        #: retention and truncation, which also change the oldest segments.
+        self.cleaning_lock = threading.Lock()
         #: base offset below which every segment is fully synced, as last persisted.
         self._recovery_point = segments[0].base_offset
         self._persisted_log_start = log_start_offset
@@ -495,7 +507,7 @@ class PartitionLog:
         in between. The epoch cache is cut at the new end too.
         """
         self._check_writable()
-        with self._flush_lock:
+        with self.cleaning_lock, self._flush_lock:
             end, start = self.log_end_offset, self.log_start_offset
             if offset >= end:
                 return end
@@ -569,7 +581,13 @@ class PartitionLog:
         fd = Segment.open_file(self.directory, old.base_offset)
         try:
             indexer = SegmentIndexer(self.config.index_interval_bytes)
-            scanned = scan_segment(fd, size, old.base_offset, indexer)
+            scanned = scan_segment(
+                fd,
+                size,
+                old.base_offset,
+                indexer,
+                gaps_below=read_cleaner_checkpoint(self.directory),
+            )
             if scanned.valid_size != size or scanned.next_offset != new_end:
                 raise OSError(
                     errno.EIO,
@@ -920,16 +938,28 @@ class PartitionLog:
         self._close_retired(now_ms)
         if self._closed:
             return 0
+        # Not blocking: a swap in progress only postpones retention to its next round.
+        if not self.cleaning_lock.acquire(blocking=False):
+            return 0
+        try:
+            return self._apply_retention(now_ms)
+        finally:
+            self.cleaning_lock.release()
+
+    def _apply_retention(self, now_ms: int) -> int:
         with self._lock:
             segments = self._segments
+            # Age and size retention belong to the "delete" policy; a compact-only
+            # log loses segments only below its log start offset.
+            by_policy = self.config.delete
             count = segments_to_delete(
                 [s.size for s in segments],
                 [s.next_offset for s in segments],
                 [s.retention_timestamp() for s in segments],
                 log_start_offset=self.log_start_offset,
                 now_ms=now_ms,
-                retention_ms=self.config.retention_ms,
-                retention_bytes=self.config.retention_bytes,
+                retention_ms=self.config.retention_ms if by_policy else None,
+                retention_bytes=self.config.retention_bytes if by_policy else None,
             )
             if count == 0:
                 return 0
@@ -988,10 +1018,54 @@ class PartitionLog:
             with contextlib.suppress(OSError):
                 segment.close()
 
+    # ------------------------------------------------------------------ compaction
+
+    def cleanable_segments(self) -> list[Segment]:
+        """The oldest segments the cleaner may rewrite: sealed and fully synced, never the
+        active one (a prefix of the log)."""
+        cleanable: list[Segment] = []
+        for segment in self._segments[:-1]:
+            if not (segment.sealed and segment.fully_synced) or segment.deleted:
+                break
+            cleanable.append(segment)
+        return cleanable
+
+    def active_segment(self) -> Segment:
+        return self._segments[-1]
+
+    def replace_segments(self, group: list[Segment], cleaned: Segment, now_ms: int) -> bool:
+        """Put ``cleaned`` where the consecutive segments ``group`` are (storage/cleaner.py).
+
+        False (nothing changed) unless ``group`` is still in the log as it was. The old
+        segments keep their descriptors for ``file.delete.delay.ms`` (in-flight sendfiles).
+        """
+        with self._lock:
+            segments = self._segments
+            try:
+                k = next(i for i, s in enumerate(segments) if s is group[0])
+            except StopIteration:
+                return False
+            if segments[k : k + len(group)] != group or k + len(group) >= len(segments):
+                return False
+            self._segments = [*segments[:k], cleaned, *segments[k + len(group) :]]
+            delay = now_ms + self.config.file_delete_delay_ms
+            for segment in group:
+                segment.deleted = True
+                self._retired.append((delay, segment))
+        return True
+
     # ------------------------------------------------------------------ closing
 
     def close(self) -> None:
         """Flush, write the indexes and the clean-shutdown marker, release files."""
+        if self._closed:
+            return
+        # A cleaner's swap in progress (storage/cleaner.py) ends first; the cleaner
+        # checks ``closed`` before its next one.
+        with self.cleaning_lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         try:

@@ -42,7 +42,12 @@ class ScanResult:
 
 
 def check_batch(
-    buf: bytes | memoryview, pos: int, available: int, expected_offset: int | None
+    buf: bytes | memoryview,
+    pos: int,
+    available: int,
+    expected_offset: int | None,
+    *,
+    gap_allowed: bool = False,
 ) -> str | None:
     """Why the batch at ``buf[pos:]`` is unusable, or None if it is sound.
 
@@ -58,7 +63,9 @@ def check_batch(
         return "torn batch"
     if batch_header.magic(buf, pos) != batch_header.MAGIC:
         return "bad magic"
-    if expected_offset is not None and base != expected_offset:
+    if expected_offset is not None and (
+        base < expected_offset or (base != expected_offset and not gap_allowed)
+    ):
         return f"offset {base} where {expected_offset} was expected"
     if batch_header.last_offset_delta(buf, pos) < 0:
         return "negative lastOffsetDelta"
@@ -84,9 +91,17 @@ def valid_prefix(data: bytes, base_offset: int) -> tuple[int, int]:
 
 
 def scan_segment(
-    fd: int, file_size: int, base_offset: int, indexer: SegmentIndexer | None = None
+    fd: int,
+    file_size: int,
+    base_offset: int,
+    indexer: SegmentIndexer | None = None,
+    *,
+    gaps_below: int = 0,
 ) -> ScanResult:
     """Validate every batch of a segment file, feeding ``indexer`` as it goes.
+
+    Below ``gaps_below`` (the cleaner checkpoint) a batch may start after the offset
+    the previous one ended at: compaction removes whole batches (storage/cleaner.py).
 
     Reads in 1 MiB chunks; a batch that straddles a chunk is re-read whole.
     """
@@ -110,7 +125,9 @@ def scan_segment(
                 buf = _read(fd, size, pos)
                 buf_pos, rel = pos, 0
                 available = min(available, len(buf))
-        reason = check_batch(buf, rel, min(available, len(buf) - rel), expected)
+        reason = check_batch(
+            buf, rel, min(available, len(buf) - rel), expected, gap_allowed=expected < gaps_below
+        )
         if reason is not None:
             break
         base, size = batch_header.base_offset_and_size(buf, rel)

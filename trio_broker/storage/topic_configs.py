@@ -9,6 +9,7 @@ docs from :data:`TOPIC_CONFIGS`, and the partition logs get their settings from
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -46,7 +47,8 @@ TOPIC_CONFIGS: Mapping[str, TopicConfig] = {
     "cleanup.policy": TopicConfig(
         LIST, choices=frozenset({"delete", "compact"}), broker_key="log.cleanup.policy",
         fixed_default="delete",
-        doc="How old segments are discarded; only delete is applied by this broker.",
+        doc="delete: old segments go by retention; compact: the latest record per key is"
+        " kept (docs/compaction.md); compact,delete: both.",
     ),
     "compression.type": TopicConfig(
         STRING, choices=COMPRESSION_TYPES, broker_key="compression.type",
@@ -93,9 +95,26 @@ TOPIC_CONFIGS: Mapping[str, TopicConfig] = {
     "flush.messages": TopicConfig(LONG, minimum=1),
     "flush.ms": TopicConfig(LONG, minimum=0),
     "segment.index.bytes": TopicConfig(INT, minimum=4),
-    "delete.retention.ms": TopicConfig(LONG, minimum=0),
+    "delete.retention.ms": TopicConfig(
+        LONG, minimum=0, log_field="delete_retention_ms",
+        broker_key="log.cleaner.delete.retention.ms", fixed_default="86400000",
+        doc="How long a compacted tombstone stays readable after its first cleaning.",
+    ),
+    "min.compaction.lag.ms": TopicConfig(
+        LONG, minimum=0, log_field="min_compaction_lag_ms",
+        broker_key="log.cleaner.min.compaction.lag.ms", fixed_default="0",
+        doc="A record stays uncompacted at least this long.",
+    ),
+    "max.compaction.lag.ms": TopicConfig(
+        LONG, minimum=1, log_field="max_compaction_lag_ms",
+        broker_key="log.cleaner.max.compaction.lag.ms", fixed_default=str(2**63 - 1),
+        doc="A closed segment is compacted within this long whatever its dirty ratio.",
+    ),
     "message.timestamp.difference.max.ms": TopicConfig(LONG),
-    "min.cleanable.dirty.ratio": TopicConfig(DOUBLE),
+    "min.cleanable.dirty.ratio": TopicConfig(
+        DOUBLE, broker_key="log.cleaner.min.cleanable.ratio", fixed_default="0.5",
+        doc="Share of uncleaned bytes in the closed segments that starts a cleaning pass.",
+    ),
     "preallocate": TopicConfig(BOOLEAN),
     "unclean.leader.election.enable": TopicConfig(BOOLEAN),
 }  # fmt: skip
@@ -126,9 +145,11 @@ def _check_value(key: str, value: str, spec: TopicConfig) -> None:
             raise InvalidConfigError(f"{key} must be at least {spec.minimum}, got {number}")
     elif spec.type == DOUBLE:
         try:
-            float(value)
+            number_ = float(value)
         except ValueError:
             raise InvalidConfigError(f"{key} must be a number, got {value!r}") from None
+        if key == "min.cleanable.dirty.ratio" and not 0 <= number_ <= 1:
+            raise InvalidConfigError(f"{key} must be in [0, 1], got {value!r}")
     elif spec.type == BOOLEAN and value.lower() not in ("true", "false"):
         raise InvalidConfigError(f"{key} must be true or false, got {value!r}")
     elif spec.choices is not None:
@@ -142,9 +163,15 @@ def log_config(configs: Mapping[str, str], defaults: LogConfig | None = None) ->
 
     Raises ValueError for a value the log cannot use (check_topic_configs first).
     """
-    changes = {
+    changes: dict[str, Any] = {
         spec.log_field: int(configs[key])
         for key, spec in TOPIC_CONFIGS.items()
         if spec.log_field is not None and key in configs
     }
+    if "cleanup.policy" in configs:
+        policies = {p.strip() for p in configs["cleanup.policy"].split(",")}
+        changes["compact"] = "compact" in policies
+        changes["delete"] = "delete" in policies
+    if "min.cleanable.dirty.ratio" in configs:
+        changes["min_cleanable_dirty_ratio"] = float(configs["min.cleanable.dirty.ratio"])
     return attrs.evolve(defaults or LogConfig(), **changes)
