@@ -385,6 +385,42 @@ def test_committed_offsets_log_is_compacted_and_stops_growing(tmp_path: Path) ->
     reopened.close()
 
 
+def test_transaction_log_is_compacted_and_replays_to_the_same_table(tmp_path: Path) -> None:
+    from trio_broker.protocol.records import build_batch as batch_of
+    from trio_broker.transactions.coordinator import TransactionCoordinator
+    from trio_broker.transactions.log_format import encode_key, encode_value
+    from trio_broker.transactions.state import TxnMetadata, TxnState
+
+    config = LogConfig(segment_bytes=2048, index_interval_bytes=256, delete_retention_ms=0)
+    # Replaying the log needs none of the coordinator's collaborators.
+    unused = dict.fromkeys(("topics", "producers", "durability", "appends", "groups",
+                            "allocate_producer_id", "write_marker"))  # fmt: skip
+    coordinator = TransactionCoordinator.open(tmp_path, config, now_ms=lambda: T0, **unused)
+    txn_log = coordinator.log
+    assert txn_log.config.compact and not txn_log.config.delete
+    ids = [f"txn-{n}" for n in range(4)]
+    sizes, latest = [], {}
+    for rounds in range(4):
+        for i in range(150):  # each id moves through epochs and states, one record each
+            tid = ids[i % 4]
+            meta = TxnMetadata(tid, producer_id=100 + i % 4, producer_epoch=rounds * 150 + i,
+                               state=TxnState.COMPLETE_COMMIT if i % 2 else TxnState.EMPTY)  # fmt: skip
+            value = None if (rounds == 3 and tid == ids[3]) else encode_value(meta)
+            latest[tid] = None if value is None else (meta.producer_id, meta.producer_epoch,
+                                                      meta.state)  # fmt: skip
+            txn_log.append(batch_of([(encode_key(tid), value)], base_timestamp=T0), now_ms=T0)
+        txn_log.flush()
+        clean_log(txn_log, T0 + 1000, plan=plan_for(txn_log, T0 + 1000, tombstones_due=True))
+        sizes.append(txn_log.size_bytes)
+    assert max(sizes) < 2 * 2048 + 4 * 200, sizes  # one fresh segment + the latest per id
+    txn_log.close()
+    reopened = TransactionCoordinator.open(tmp_path, config, now_ms=lambda: T0, **unused)
+    table = {m.transactional_id: (m.producer_id, m.producer_epoch, m.state) for m in reopened.all()}
+    assert table == {tid: value for tid, value in latest.items() if value is not None}
+    assert ids[3] not in table and len(table) == 3  # the tombstoned id is gone
+    reopened.log.close()
+
+
 def test_log_end_survives_a_crash_when_the_cleaned_tail_ends_in_a_hole(tmp_path: Path) -> None:
     log = sealed(open_log(tmp_path))
     write(log, [[(i % 3, b"v%d" % i)] for i in range(20)] + [[(9, None)]], Compression.NONE)

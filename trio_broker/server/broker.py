@@ -322,12 +322,14 @@ class Broker:
                 self.connections_per_ip.pop(host, None)
 
     def _compactable_logs(self) -> list[Any]:
-        """Every partition log and the committed-offsets log (the cleaner keeps the
-        compacted ones)."""
+        """Every partition log, the committed-offsets log and the transaction log (the
+        cleaner keeps the compacted ones)."""
         logs = list(self.topics.all_logs())
         offsets = self.groups.offsets
         if offsets is not None:
             logs.append(offsets.log)
+        if self.transactions is not None:
+            logs.append(self.transactions.log)
         return logs
 
     async def _retention_loop(self) -> None:

@@ -76,6 +76,10 @@ class CoordinatorUnavailable(Exception):
     """The transaction log could not be written: answer COORDINATOR_NOT_AVAILABLE."""
 
 
+#: Kafka's transaction.state.log.segment.bytes default.
+TRANSACTION_LOG_SEGMENT_BYTES = 100 * 1024 * 1024
+
+
 class TransactionCoordinator:
     def __init__(
         self,
@@ -120,7 +124,17 @@ class TransactionCoordinator:
     @classmethod
     def open(cls, data_dir: Path | None, config: LogConfig, **deps: Any) -> TransactionCoordinator:
         """Open the internal log (memory if ``data_dir`` is None) and replay it."""
-        config = attrs.evolve(config, retention_ms=None, retention_bytes=None)
+        # Like the offsets log: never deleted by age, compacted instead (the latest record
+        # per transactional id stays; an expired id's tombstone goes after
+        # delete.retention.ms), in segments of Kafka's transaction.state.log.segment.bytes.
+        config = attrs.evolve(
+            config,
+            retention_ms=None,
+            retention_bytes=None,
+            compact=True,
+            delete=False,
+            segment_bytes=min(config.segment_bytes, TRANSACTION_LOG_SEGMENT_BYTES),
+        )
         if data_dir is None:
             txn_log: Any = MemoryLog(config)
         else:
