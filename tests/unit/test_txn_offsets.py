@@ -31,8 +31,10 @@ from trio_broker.groups.offsets_store import (
 )
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
+from trio_broker.protocol.records import build_batch
 from trio_broker.state.group import Group, GroupConfig, GroupState
 from trio_broker.storage.log import LogConfig
+from trio_broker.storage.memory import MemoryLog
 
 PRODUCER = 7000
 OTHER = 7001
@@ -317,4 +319,49 @@ async def test_cleanup_and_delete_respect_open_transactions(
         assert not groups.has_pending_offset("g", "t", 0)
         await groups.complete_transaction("g", PRODUCER, 0, committed=True)
         assert groups.committed("g", "t", 0) is None
+        nursery.cancel_scope.cancel()
+
+
+# ----------------------------------------------------------------------------- compaction
+
+
+def compacted(store: OffsetsStore, *, drop_tombstones: bool) -> OffsetsStore:
+    """What a replay of the log sees once the cleaner kept the latest record per key
+    (and, past the delete horizon, dropped the tombstones too)."""
+    latest: dict[bytes, tuple[int, bytes | None]] = {}
+    for offset, key, value in store._records():
+        assert key is not None
+        latest[key] = (offset, value)
+    kept = sorted((offset, key, value) for key, (offset, value) in latest.items())
+    again = OffsetsStore(MemoryLog(LogConfig()))
+    for _, key, value in kept:
+        if value is None and drop_tombstones:
+            continue
+        again.log.append(build_batch([(key, value)], base_timestamp=1), now_ms=1)
+    again.load()
+    return again
+
+
+@pytest.mark.parametrize("drop_tombstones", [False, True])
+async def test_ended_transactions_replay_the_same_after_compaction(
+    autojump_clock: trio.testing.MockClock, drop_tombstones: bool
+) -> None:
+    """An aborted offset must not be committed by the producer's next transaction's end
+    once compaction dropped the abort (the end records share a key)."""
+    async with trio.open_nursery() as nursery:
+        groups = await start_coordinator(nursery, delay=0)
+        t0 = [(OffsetKey("g", "t", 0), fresh(100))]
+        await groups.wait_offsets_durable(groups.stage_txn_offsets(PRODUCER, 0, t0))
+        await groups.complete_transaction("g", PRODUCER, 0, committed=False)
+        t1_t2 = [(OffsetKey("g", "t", 1), fresh(200)), (OffsetKey("g", "t", 2), fresh(50))]
+        await groups.wait_offsets_durable(groups.stage_txn_offsets(PRODUCER, 0, t1_t2))
+        # A plain commit of t2 after the staged one: it wins at the end (Kafka's rule).
+        plain = groups.append_offsets([(OffsetKey("g", "t", 2), fresh(5))])
+        await groups.complete_transaction("g", PRODUCER, 0, committed=True)
+        await groups.wait_offsets_durable(plain)
+        live = [groups.committed("g", "t", p) for p in range(3)]
+        assert live == [None, fresh(200), fresh(5)]
+        replayed = compacted(groups.store, drop_tombstones=drop_tombstones)
+        assert [replayed.get("g", "t", p) for p in range(3)] == live
+        assert replayed.pending_partitions("g") == set()
         nursery.cancel_scope.cancel()

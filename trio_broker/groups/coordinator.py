@@ -37,7 +37,6 @@ from trio_broker.groups.offsets_store import (
     OffsetsStore,
     PendingWrite,
     StoreRecord,
-    TxnEnd,
     TxnOffset,
     group_of,
 )
@@ -320,7 +319,7 @@ class GroupCoordinator:
         durable (:meth:`wait_offsets_durable`) before acknowledging.
         """
         results: dict[str, ErrorCode] = {}
-        tombstones: list[Entry] = []
+        tombstones: list[StoreRecord] = []
         store = self.store
         now = self.clock_ms()
         for group_id in group_ids:
@@ -336,6 +335,9 @@ class GroupCoordinator:
                 partitions = set(store.group_offsets(group_id)) | store.pending_partitions(group_id)
                 tombstones += [(OffsetKey(group_id, topic, partition), None)
                                for topic, partition in sorted(partitions)]  # fmt: skip
+                # And the staged records themselves, so compaction may drop them.
+                tombstones += [TxnOffset(producer_id, store.producer_epoch(producer_id), key, None)
+                               for producer_id, key in store.pending_records(group_id)]  # fmt: skip
                 results[group_id] = ErrorCode.NONE
         return results, self.append_offsets(tombstones) if tombstones else None
 
@@ -449,8 +451,15 @@ class GroupCoordinator:
             )
         if producer_id not in store.pending_producers(group_id):
             return  # nothing staged here: nothing to end
-        end = TxnEnd(group_id, producer_id, producer_epoch, committed)
-        await self.wait_offsets_durable(self.append_offsets([end]))
+        # Every earlier write applied, in log order: which offset is newer is decided on all.
+        log_end = store.log.log_end_offset
+        if log_end > 0:
+            await self.broker.flusher.wait_durable(store.log, log_end - 1)
+            store.apply_through(log_end - 1)
+        if producer_id not in store.pending_producers(group_id):
+            return  # (a tombstone dropped them meanwhile)
+        end = store.end_records(group_id, producer_id, producer_epoch, committed)
+        await self.wait_offsets_durable(self.append_offsets(end))
 
     def has_pending_offset(self, group_id: str, topic: str, partition: int) -> bool:
         """An open transaction holds an offset of this partition (require_stable)."""

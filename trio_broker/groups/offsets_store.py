@@ -76,7 +76,9 @@ class TxnOffset:
     producer_id: int
     producer_epoch: int
     key: OffsetKey
-    value: OffsetAndMetadata
+    #: None: the staged offset is done with (written with the transaction's end), so
+    #: compaction of the offsets log may drop the staged record and this tombstone.
+    value: OffsetAndMetadata | None
 
 
 @attrs.frozen
@@ -162,7 +164,7 @@ def encode_record(record: StoreRecord) -> tuple[bytes, bytes | None]:
         out += _I32.pack(record.key.partition)
         out += _I64.pack(record.producer_id)
         out += _I16.pack(record.producer_epoch)
-        return bytes(out), encode_value(record.value)
+        return bytes(out), None if record.value is None else encode_value(record.value)
     if isinstance(record, TxnEnd):
         out = bytearray(_I16.pack(TXN_END_KEY_VERSION))
         _put_str(out, record.group_id, _I16)
@@ -183,10 +185,8 @@ def decode_record(key: bytes, value: bytes | None) -> StoreRecord:
         (partition,) = _I32.unpack_from(key, pos)
         (producer_id,) = _I64.unpack_from(key, pos + _I32.size)
         (epoch,) = _I16.unpack_from(key, pos + _I32.size + _I64.size)
-        if value is None:
-            raise ValueError("a transactional offset without a value")
         where = OffsetKey(group_id, topic, partition)
-        return TxnOffset(producer_id, epoch, where, decode_value(value))
+        return TxnOffset(producer_id, epoch, where, None if value is None else decode_value(value))
     if version == TXN_END_KEY_VERSION:
         group_id, pos = _get_str(key, 2, _I16)
         (producer_id,) = _I64.unpack_from(key, pos)
@@ -230,6 +230,8 @@ class OffsetsStore:
         #: producer id -> the newest epoch of its transactional records here: an older
         #: epoch is a fenced producer (Kafka's producer-state check on __consumer_offsets).
         self._producer_epochs: dict[int, int] = {}
+        #: Appended writes not applied yet, for :meth:`apply_through`.
+        self._unapplied: list[PendingWrite] = []
 
     @classmethod
     def open(cls, data_dir: Path | None, config: LogConfig) -> OffsetsStore:
@@ -298,14 +300,44 @@ class OffsetsStore:
             raise ValueError("nothing to write")
         records = [encode_record(entry) for entry in entries]
         result = self.log.append(build_batch(records, base_timestamp=now_ms), now_ms=now_ms)
-        return PendingWrite(tuple(entries), result.base_offset, result.last_offset)
+        write = PendingWrite(tuple(entries), result.base_offset, result.last_offset)
+        self._unapplied.append(write)
+        return write
 
     def apply(self, write: PendingWrite) -> None:
         if write.applied:
             return
         write.applied = True
+        if write in self._unapplied:
+            self._unapplied.remove(write)
         for i, entry in enumerate(write.entries):
             self._apply_record(entry, write.base_offset + i)
+
+    def apply_through(self, last_offset: int) -> None:
+        """Apply, in log order, every write up to ``last_offset`` (the caller knows it durable)."""
+        for write in sorted(self._unapplied, key=lambda w: w.base_offset):
+            if write.last_offset <= last_offset:
+                self.apply(write)
+
+    def end_records(
+        self, group_id: str, producer_id: int, producer_epoch: int, committed: bool
+    ) -> list[StoreRecord]:
+        """The records that end the producer's transaction for the group (one batch).
+
+        Besides the end itself, each ended staged offset gets a tombstone, and a
+        committed one that wins (no newer record of its partition, Kafka's rule) is
+        written again as a plain offset: the log then says the same thing after
+        compaction keeps only the latest record per key. Call after every earlier
+        write was applied (:meth:`apply_through`), so "newer" is decided on all of them.
+        """
+        records: list[StoreRecord] = [TxnEnd(group_id, producer_id, producer_epoch, committed)]
+        staged = self._pending.get(group_id, {}).get(producer_id, {})
+        for (topic, partition), (value, staged_at) in sorted(staged.items()):
+            key = OffsetKey(group_id, topic, partition)
+            if committed and self._applied_at.get(key, -1) <= staged_at:
+                records.append((key, value))
+            records.append(TxnOffset(producer_id, producer_epoch, key, None))
+        return records
 
     def _apply_record(self, record: StoreRecord, log_offset: int) -> None:
         if isinstance(record, TxnOffset | TxnEnd):
@@ -322,6 +354,12 @@ class OffsetsStore:
 
     def _stage(self, record: TxnOffset, log_offset: int) -> None:
         key = record.key
+        if record.value is None:  # done with: ended or deleted
+            staged = self._pending.get(key.group_id, {}).get(record.producer_id, {})
+            current = staged.get((key.topic, key.partition))
+            if current is not None and current[1] < log_offset:
+                self._unstage(key.group_id, record.producer_id, (key.topic, key.partition))
+            return
         deleted_later = self._applied_at.get(key, -1) > log_offset and (
             self.get(key.group_id, key.topic, key.partition) is None
         )
@@ -331,6 +369,15 @@ class OffsetsStore:
         current = staged.get((key.topic, key.partition))
         if current is None or current[1] < log_offset:
             staged[key.topic, key.partition] = (record.value, log_offset)
+
+    def _unstage(self, group_id: str, producer_id: int, partition: tuple[str, int]) -> None:
+        producers = self._pending.get(group_id, {})
+        staged = producers.get(producer_id, {})
+        staged.pop(partition, None)
+        if not staged:
+            producers.pop(producer_id, None)
+        if not producers:
+            self._pending.pop(group_id, None)
 
     def _drop_pending(self, key: OffsetKey, log_offset: int) -> None:
         """A tombstone drops every producer's staged offset of the partition (Kafka's rule)."""
@@ -407,6 +454,14 @@ class OffsetsStore:
     def producer_epoch(self, producer_id: int) -> int:
         """The newest epoch of the producer's transactional records, -1 if none."""
         return self._producer_epochs.get(producer_id, -1)
+
+    def pending_records(self, group_id: str) -> list[tuple[int, OffsetKey]]:
+        """(producer id, key) of every staged offset of the group."""
+        return [
+            (producer_id, OffsetKey(group_id, topic, partition))
+            for producer_id, staged in self._pending.get(group_id, {}).items()
+            for topic, partition in staged
+        ]
 
     def pending_producers(self, group_id: str) -> list[int]:
         return list(self._pending.get(group_id, {}))
