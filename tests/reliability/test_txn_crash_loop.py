@@ -25,11 +25,14 @@ is visible, an unknown one is all or nothing, no record twice, and within a
 transaction each partition's records are in produce order. A read_uncommitted read
 must contain every record that read_committed returned.
 
-No timing is asserted; every wait is bounded.
+No timing is asserted; every wait is bounded. For longer runs set
+``TXN_CRASH_KILLS`` and ``TXN_CRASH_SEED`` (defaults 6 and 20), e.g.
+``TXN_CRASH_KILLS=20 TXN_CRASH_SEED=7 pytest -s tests/reliability/test_txn_crash_loop.py``.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -49,11 +52,15 @@ TOPIC = "txn-crash-loop"
 PARTITIONS = 3
 RECORDS_PER_TXN = 20
 TRANSACTIONAL_IDS = ("txn-crash-a", "txn-crash-b")
-KILLS = 6
-SEED = 20
+KILLS = int(os.environ.get("TXN_CRASH_KILLS", "6"))
+SEED = int(os.environ.get("TXN_CRASH_SEED", "20"))
 #: Seconds the broker stays up between kills, and down after one.
 UPTIME_S = (2.0, 5.0)
 DOWNTIME_S = (0.0, 0.5)
+#: Some kills keep the broker down longer than the producers' message timeout, so
+#: that deliveries fail and the abort / new-instance paths run, not only retries.
+LONG_DOWNTIME_S = (4.0, 6.0)
+LONG_DOWNTIME_SHARE = 0.35
 #: Share of transactions the application means to commit.
 COMMIT_SHARE = 0.6
 #: Bounds on each client call (seconds) and on repeats of retriable errors.
@@ -72,8 +79,8 @@ def producer_settings(bootstrap: str, transactional_id: str) -> dict[str, Any]:
         "bootstrap.servers": bootstrap,
         "transactional.id": transactional_id,
         "transaction.timeout.ms": 20_000,
-        "message.timeout.ms": 15_000,
-        "socket.timeout.ms": 10_000,
+        "message.timeout.ms": 3_000,
+        "socket.timeout.ms": 3_000,
         "retry.backoff.ms": 50,
         "reconnect.backoff.ms": 50,
         "reconnect.backoff.max.ms": 500,
@@ -335,7 +342,8 @@ def test_transactions_survive_kill_9_loop(make_broker: BrokerFactory, tmp_path: 
     for _ in range(KILLS):
         time.sleep(rng.uniform(*UPTIME_S))
         broker.kill9()
-        time.sleep(rng.uniform(*DOWNTIME_S))
+        long_down = rng.random() < LONG_DOWNTIME_SHARE
+        time.sleep(rng.uniform(*(LONG_DOWNTIME_S if long_down else DOWNTIME_S)))
         broker.start()
     time.sleep(3.0)  # transactions after the last restart
     for thread in producers:
