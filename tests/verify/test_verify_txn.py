@@ -1,0 +1,228 @@
+"""``verify`` on transactional traffic: a capturing broker, a confluent-kafka transactional
+producer (commits and aborts) and a read_committed consumer, then ``verify`` on the capture
+(clean: exit 0, the transaction checks run) and on doctored copies (each check fails).
+
+One broker run and one Spark session for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the verify extra (pyspark) is not installed")
+if shutil.which("java") is None:
+    pytest.skip("Spark needs a Java runtime (java not on PATH)", allow_module_level=True)
+
+from tests.verify.helpers import (
+    CapturingBroker,
+    drop_batch,
+    kinds,
+    read_capture,
+    rewrite_fetches,
+    write_rows,
+)
+from trio_broker.protocol.messages import decode_request, decode_response, encode_response
+from trio_broker.protocol.records import split_batches
+from trio_broker.verify.job import spark_session, summary_text, verify
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+TOPICS = ("txn-a", "txn-b")
+#: (tag, commit?) of each transaction, in order; each writes PER_TOPIC records per topic.
+TRANSACTIONS = (("c1", True), ("a1", False), ("c2", True), ("a2", False), ("c3", True))
+PER_TOPIC = 3
+CONSUME_TIMEOUT_S = 40.0
+TXN_CHECKS = ("read_committed_no_aborted", "committed_transaction_atomic", "last_stable_offset")
+
+
+def _produce_transactions(bootstrap: str) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": "verify-txn", "linger.ms": 0}
+    )
+    producer.init_transactions(20)
+    for tag, commit in TRANSACTIONS:
+        producer.begin_transaction()
+        for topic in TOPICS:
+            for i in range(PER_TOPIC):
+                producer.produce(topic, f"{tag}-{topic}-{i}".encode())
+                producer.flush(10)  # one batch per record: several batches per transaction
+        if commit:
+            producer.commit_transaction(20)
+        else:
+            producer.abort_transaction(20)
+
+
+def _consume_committed(bootstrap: str) -> list[str]:
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap, "group.id": "verify-txn-reader",
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )  # fmt: skip
+    wanted = sum(commit for _, commit in TRANSACTIONS) * PER_TOPIC * len(TOPICS)
+    seen: list[str] = []
+    deadline = time.monotonic() + CONSUME_TIMEOUT_S
+    try:
+        consumer.subscribe(list(TOPICS))
+        while len(seen) < wanted and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                seen.append(message.value().decode())
+        # A few more polls: fetches past the last marker (the LSO reaches the end).
+        for _ in range(4):
+            consumer.poll(0.3)
+    finally:
+        consumer.close()
+    return seen
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("verify-txn")
+    capture_dir = base / "capture"
+    # Whole records: the doctored copies re-encode fetched batches.
+    broker = CapturingBroker(base / "data", capture_dir, ["--capture-records", "full"])
+    try:
+        _produce_transactions(broker.bootstrap)
+        seen = _consume_committed(broker.bootstrap)
+    finally:
+        code = broker.stop()
+    assert code == 0, broker.log()
+    committed = {tag for tag, commit in TRANSACTIONS if commit}
+    assert sorted(seen) == sorted(
+        f"{tag}-{topic}-{i}" for tag in committed for topic in TOPICS for i in range(PER_TOPIC)
+    ), broker.log()
+    return capture_dir
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = spark_session("local[2]")
+    yield session
+    session.stop()
+
+
+def test_clean_transactional_capture_passes(spark: Any, capture: Path) -> None:
+    report = verify(spark, capture)
+    text = summary_text(report)
+    assert report["ok"], text
+    facts = report["facts"]
+    assert facts.get("end_txn") == facts.get("end_txn_ack") == len(TRANSACTIONS), facts
+    assert facts.get("fetch_aborted", 0) >= 1, facts  # the aborted ranges were fetched
+    assert facts.get("fetch_isolation", 0) >= 1, facts
+    batches = len(TRANSACTIONS) * len(TOPICS) * PER_TOPIC
+    assert report["transactional_batches"] == batches, text
+    for name in TXN_CHECKS:
+        assert report["checks"][name]["violations"] == 0, text
+        assert name in text
+
+
+def _first_transactional_crc(capture: Path, topic: str) -> int:
+    """The CRC of the first transactional batch produced to ``topic`` (transaction c1)."""
+    table = read_capture(capture)
+    for row in table.to_pylist():
+        if row["direction"] != "request" or row["api_key"] != 0:
+            continue
+        _, body = decode_request(row["frame"])
+        for t in body.topic_data:
+            for part in t.partition_data:
+                if t.name != topic or part.records is None:
+                    continue
+                for batch in split_batches(bytes(part.records))[0]:
+                    if batch.is_transactional:
+                        return int(batch.crc)
+    raise AssertionError(f"no transactional batch for {topic}")
+
+
+def _doctor_fetch_responses(rows: list[dict[str, Any]], edit: Any) -> int:
+    """Apply ``edit(partition)`` to every fetch response partition; re-encode the changed."""
+    changed = 0
+    for row in rows:
+        if row["direction"] != "response" or row["api_key"] != 1:
+            continue
+        corr, body = decode_response(1, row["api_version"], row["frame"])
+        touched = False
+        for topic in body.responses:
+            for part in topic.partitions:
+                touched |= bool(edit(part))
+        if touched:
+            parts = encode_response(1, row["api_version"], corr, body)
+            row["frame"] = b"".join(bytes(p) for p in parts)[4:]
+            changed += 1
+    return changed
+
+
+def test_doctored_captures_fail_each_transaction_check(
+    spark: Any, capture: Path, tmp_path: Path
+) -> None:
+    """Three doctored copies, through the CLI's exit code and the report:
+
+    * the aborted-transaction lists removed from every fetch response: read_committed
+      consumers would have been handed the aborted records;
+    * the first committed batch of txn-a dropped from every fetch response (the consumer
+      read past it): the committed transaction was not visible all-or-nothing;
+    * the first positive last stable offset raised past its high watermark: above the
+      high watermark there, and the next responses' LSOs then go backwards.
+    """
+    from trio_broker.cli import main
+
+    # 1. Aborted lists gone.
+    rows = read_capture(capture).to_pylist()
+
+    def strip_aborted(part: Any) -> bool:
+        if part.aborted_transactions:
+            part.aborted_transactions = []
+            return True
+        return False
+
+    assert _doctor_fetch_responses(rows, strip_aborted) >= 1
+    write_rows(rows, tmp_path / "no-aborted")
+    report_dir = tmp_path / "report-no-aborted"
+    assert main(["verify", str(tmp_path / "no-aborted"), "--report", str(report_dir)]) == 1
+    report = json.loads((report_dir / "report.json").read_text())
+    text = summary_text(report)
+    assert kinds(report, "read_committed_no_aborted") == {"aborted_batch_returned"}, text
+    assert report["checks"]["committed_transaction_atomic"]["violations"] == 0, text
+    assert report["checks"]["last_stable_offset"]["violations"] == 0, text
+
+    # 2. A committed batch dropped from every fetch.
+    crc = _first_transactional_crc(capture, "txn-a")
+    assert rewrite_fetches(capture, tmp_path / "lost", {"txn-a": (drop_batch(crc), False)}) >= 1
+    report = verify(spark, tmp_path / "lost")
+    text = summary_text(report)
+    assert kinds(report, "committed_transaction_atomic") == {"committed_batch_missing"}, text
+    (example,) = report["checks"]["committed_transaction_atomic"]["examples"]
+    assert example["topic"] == "txn-a" and example["transactional_id"] == "verify-txn", text
+    assert report["checks"]["read_committed_no_aborted"]["violations"] == 0, text
+
+    # 3. LSO above the high watermark in one response, below an earlier one in another.
+    rows = read_capture(capture).to_pylist()
+    state = {"raised": False}
+
+    def lso_jump(part: Any) -> bool:
+        if part.error_code != 0 or part.last_stable_offset <= 0:
+            return False
+        if not state["raised"]:
+            state["raised"] = True
+            part.last_stable_offset = part.high_watermark + 5
+            return True
+        return False
+
+    assert _doctor_fetch_responses(rows, lso_jump) == 1
+    write_rows(rows, tmp_path / "lso")
+    report = verify(spark, tmp_path / "lso")
+    text = summary_text(report)
+    found = kinds(report, "last_stable_offset")
+    assert {"lso_above_high_watermark", "lso_backwards"} <= found, text
