@@ -165,14 +165,14 @@ def _doctor_fetch_responses(rows: list[dict[str, Any]], edit: Any) -> int:
 def test_doctored_captures_fail_each_transaction_check(
     spark: Any, capture: Path, tmp_path: Path
 ) -> None:
-    """Three doctored copies, through the CLI's exit code and the report:
+    """Three doctored copies, each failing one transaction check:
 
-    * the aborted-transaction lists removed from every fetch response: read_committed
-      consumers would have been handed the aborted records;
-    * the first committed batch of txn-a dropped from every fetch response (the consumer
-      read past it): the committed transaction was not visible all-or-nothing;
-    * the first positive last stable offset raised past its high watermark: above the
-      high watermark there, and the next responses' LSOs then go backwards.
+    1. the first committed batch of txn-a dropped from every fetch response (the consumer
+       read past it): the committed transaction was not visible all-or-nothing;
+    2. the first positive last stable offset raised past its high watermark: above the
+       high watermark there, and the next responses' LSOs then go backwards;
+    3. the aborted-transaction lists removed from every fetch response: read_committed
+       consumers would have been handed the aborted records (through the CLI: exit 1).
     """
     from trio_broker.cli import main
 
