@@ -165,13 +165,17 @@ def _doctor_fetch_responses(rows: list[dict[str, Any]], edit: Any) -> int:
 def test_doctored_captures_fail_each_transaction_check(
     spark: Any, capture: Path, tmp_path: Path
 ) -> None:
-    """Three doctored copies, each failing one transaction check:
+    """Five doctored copies, each failing one transaction check:
 
     1. the first committed batch of txn-a dropped from every fetch response (the consumer
        read past it): the committed transaction was not visible all-or-nothing;
     2. the first positive last stable offset raised past its high watermark: above the
        high watermark there, and the next responses' LSOs then go backwards;
-    3. the aborted-transaction lists removed from every fetch response: read_committed
+    3. the last EndTxn (c3's commit) moved after every fetch: the consumer's fetches saw
+       an LSO past a transaction that was, by the traffic, still open;
+    4. an aborted-transaction entry from offset 0 added to every fetch response holding
+       offset 0: the consumer would have dropped transaction c1's committed records;
+    5. the aborted-transaction lists removed from every fetch response: read_committed
        consumers would have been handed the aborted records (through the CLI: exit 1).
     """
     from trio_broker.cli import main
@@ -220,7 +224,49 @@ def test_doctored_captures_fail_each_transaction_check(
     found = kinds(report, "last_stable_offset")
     assert {"lso_above_high_watermark", "lso_backwards"} <= found, text
 
-    # 3. Aborted lists gone; through the CLI, which stops the shared session: last.
+    # 3. The last EndTxn exchange received only after everything else.
+    rows = read_capture(capture).to_pylist()
+    last = max(r["monotonic_ns"] for r in rows)
+    end = max(
+        (r for r in rows if r["api_key"] == 26 and r["direction"] == "request"),
+        key=lambda r: r["monotonic_ns"],
+    )
+    for row in rows:
+        if (row["api_key"], row["connection_id"], row["correlation_id"]) == (
+            26, end["connection_id"], end["correlation_id"]
+        ):  # fmt: skip
+            later = 1000 if row["direction"] == "request" else 2000
+            row["monotonic_ns"] = last + later
+    write_rows(rows, tmp_path / "late-end")
+    report = verify(spark, tmp_path / "late-end")
+    text = summary_text(report)
+    assert kinds(report, "last_stable_offset") == {"lso_past_open_transaction"}, text
+    for example in report["checks"]["last_stable_offset"]["examples"]:
+        assert example["topic"] in TOPICS, text
+    assert report["checks"]["read_committed_no_aborted"]["violations"] == 0, text
+    assert report["checks"]["committed_transaction_atomic"]["violations"] == 0, text
+
+    # 4. Committed c1 marked aborted in the fetch responses that returned it.
+    rows = read_capture(capture).to_pylist()
+
+    def hide_first(part: Any) -> bool:
+        if not part.records:
+            return False
+        batches, _ = split_batches(bytes(part.records))
+        if not batches or batches[0].base_offset != 0 or not batches[0].is_transactional:
+            return False
+        entry = type(part).AbortedTransaction(producer_id=batches[0].producer_id, first_offset=0)
+        part.aborted_transactions = [entry, *(part.aborted_transactions or [])]
+        return True
+
+    assert _doctor_fetch_responses(rows, hide_first) >= 1
+    write_rows(rows, tmp_path / "hidden")
+    report = verify(spark, tmp_path / "hidden")
+    text = summary_text(report)
+    assert kinds(report, "committed_transaction_atomic") == {"committed_batch_hidden"}, text
+    assert report["checks"]["read_committed_no_aborted"]["violations"] == 0, text
+
+    # 5. Aborted lists gone; through the CLI, which stops the shared session: last.
     rows = read_capture(capture).to_pylist()
 
     def strip_aborted(part: Any) -> bool:
