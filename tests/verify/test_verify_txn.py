@@ -165,7 +165,7 @@ def _doctor_fetch_responses(rows: list[dict[str, Any]], edit: Any) -> int:
 def test_doctored_captures_fail_each_transaction_check(
     spark: Any, capture: Path, tmp_path: Path
 ) -> None:
-    """Five doctored copies, each failing one transaction check:
+    """Six doctored copies, each failing one transaction check:
 
     1. the first committed batch of txn-a dropped from every fetch response (the consumer
        read past it): the committed transaction was not visible all-or-nothing;
@@ -175,7 +175,9 @@ def test_doctored_captures_fail_each_transaction_check(
        an LSO past a transaction that was, by the traffic, still open;
     4. an aborted-transaction entry from offset 0 added to every fetch response holding
        offset 0: the consumer would have dropped transaction c1's committed records;
-    5. the aborted-transaction lists removed from every fetch response: read_committed
+    5. the LSO of the first response that returned records lowered to its first batch:
+       records handed out at or past the last stable offset;
+    6. the aborted-transaction lists removed from every fetch response: read_committed
        consumers would have been handed the aborted records (through the CLI: exit 1).
     """
     from trio_broker.cli import main
@@ -266,7 +268,27 @@ def test_doctored_captures_fail_each_transaction_check(
     assert kinds(report, "committed_transaction_atomic") == {"committed_batch_hidden"}, text
     assert report["checks"]["read_committed_no_aborted"]["violations"] == 0, text
 
-    # 5. Aborted lists gone; through the CLI, which stops the shared session: last.
+    # 5. Records returned at or past the LSO.
+    rows = read_capture(capture).to_pylist()
+    lowered = {"done": False}
+
+    def lso_below_records(part: Any) -> bool:
+        if lowered["done"] or not part.records or part.error_code != 0:
+            return False
+        batches, _ = split_batches(bytes(part.records))
+        if not batches:
+            return False
+        part.last_stable_offset = batches[0].base_offset
+        lowered["done"] = True
+        return True
+
+    assert _doctor_fetch_responses(rows, lso_below_records) == 1
+    write_rows(rows, tmp_path / "past-lso")
+    report = verify(spark, tmp_path / "past-lso")
+    text = summary_text(report)
+    assert kinds(report, "read_committed_no_aborted") == {"beyond_last_stable_offset"}, text
+
+    # 6. Aborted lists gone; through the CLI, which stops the shared session: last.
     rows = read_capture(capture).to_pylist()
 
     def strip_aborted(part: Any) -> bool:
