@@ -209,6 +209,16 @@ def fetch_response(draw: Any, version: int) -> bytes:
     return _join(encode_response(1, version, draw(int32), body))[4:]
 
 
+@st.composite
+def fetch_request(draw: Any, version: int) -> bytes:
+    body = m.FetchRequest(
+        replica_id=-1, max_wait_ms=draw(int32), min_bytes=1, max_bytes=draw(int32),
+        isolation_level=draw(st.sampled_from([0, 1])), topics=[],
+    )  # fmt: skip
+    client = draw(st.sampled_from([None, "rdkafka", "clïent"]))
+    return encode_request(1, version, draw(int32), client, body)[4:]
+
+
 def metadata_response(version: int) -> bytes:
     T = m.MetadataResponse.MetadataResponseTopic
     body = m.MetadataResponse(
@@ -242,16 +252,19 @@ KINDS = [
     *[("response", 0, v) for v in fd.PRODUCE_VERSIONS],
     *[("response", 1, v) for v in fd.FETCH_RESPONSE_VERSIONS],
 ]
+FETCH_REQUESTS = [("request", 1, v) for v in fd.FETCH_REQUEST_VERSIONS]
 
 
 @st.composite
 def captures(draw: Any) -> list[Row]:
     """A batch of rows: a few (direction, key, version) groups of several frames each."""
-    groups = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=3))
+    groups = draw(st.lists(st.sampled_from(KINDS + FETCH_REQUESTS), min_size=1, max_size=3))
     rows: list[Row] = []
     for direction, key, version in groups:
         for _ in range(draw(st.integers(1, 5))):
-            if direction == "request":
+            if direction == "request" and key == 1:
+                frame = draw(fetch_request(version))
+            elif direction == "request":
                 frame = draw(produce_request(version))
             elif key == 0:
                 frame = draw(produce_response(version))
@@ -344,8 +357,9 @@ def test_plain_frames_take_the_fast_path(direction: str, key: int, version: int)
     elif key == 0:
         assert kinds == {"produce_ack": 3 * 3}
     else:
-        assert kinds == {"fetch_part": 3 * 3, "fetch_batch": 3 * 3 * 2}
+        assert kinds == {"fetch_part": 3 * 3, "fetch_batch": 3 * 3 * 2, "fetch_aborted": 3 * 3}
         assert {f["last_offset"] for f in facts if f["kind"] == "fetch_batch"} == {41}
+        assert {f["producer_id"] for f in facts if f["kind"] == "fetch_aborted"} == {1}
 
 
 def test_compacted_produce_requests_decode_like_whole_ones() -> None:
@@ -453,8 +467,7 @@ def test_bench_capture_decodes_on_the_fast_path(tmp_path: Path) -> None:
         ]
     )
     assert _fast(pa.Table.from_batches([batch]).cast(large).to_batches()[0]) == expected
-    fetch_requests = batch.column("api_key").to_pylist().count(1) // 2
-    assert stats["reference"] == 0 and stats["fast"] == written - fetch_requests
+    assert stats["reference"] == 0 and stats["fast"] == written
 
 
 def test_rows_the_reference_must_decode() -> None:
@@ -714,8 +727,31 @@ def test_layouts_match_the_schema_table(
 READ = {
     "ProduceRequest": ("Index",),
     "ProduceResponse": ("Index", "ErrorCode", "BaseOffset"),
-    "FetchResponse": ("PartitionIndex", "ErrorCode", "HighWatermark"),
+    "FetchResponse": ("PartitionIndex", "ErrorCode", "HighWatermark", "LastStableOffset"),
 }
+
+_FIXED_WIDTH = {"int8": 1, "int16": 2, "int32": 4, "int64": 8}
+
+
+@pytest.mark.parametrize("version", fd.FETCH_REQUEST_VERSIONS)
+def test_fetch_request_prefix_matches_the_schema_table(version: int) -> None:
+    """The bytes _fetch_requests skips before the isolation level: the body's untagged
+    fixed-width fields that come before it, for every version it walks."""
+    schema = SCHEMAS["FetchRequest"]
+    assert range(4, schema.max_version + 1) == fd.FETCH_REQUEST_VERSIONS
+    assert schema.first_flexible == fd.FETCH_FIRST_FLEXIBLE_REQUEST
+    skipped = 0
+    for field in schema.fields:
+        if not field.present_in(version) or field.tagged_in(version):
+            continue
+        if field.name == "IsolationLevel":
+            assert field.type == "int8"
+            break
+        assert not field.is_array and field.type in _FIXED_WIDTH, field.name
+        skipped += _FIXED_WIDTH[field.type]
+    else:
+        raise AssertionError("no IsolationLevel")
+    assert skipped == (12 if version >= fd.FETCH_NO_REPLICA_ID_VERSION else 16)
 
 
 def _partitions(layout: list[Any]) -> list[Any]:

@@ -32,7 +32,7 @@ VIEWS: dict[str, str] = {
     "acked": """
         SELECT b.run, b.conn, b.corr, b.tname AS topic, b.partition,
                a.offset + b.idx AS base_offset, b.crc, b.record_count,
-               b.producer_id, b.producer_epoch, b.base_sequence, a.ts AS ack_ts
+               b.producer_id, b.producer_epoch, b.base_sequence, a.ts AS ack_ts, b.attributes
         FROM named b JOIN named a
           ON a.kind = {produce_ack} AND b.kind = {produce_batch} AND a.error = 0
          AND a.run = b.run AND a.conn = b.conn AND a.corr = b.corr
@@ -53,10 +53,96 @@ VIEWS: dict[str, str] = {
         SELECT run, conn, corr, min(ts) AS req_ts FROM named
         WHERE kind = {fetch_request} GROUP BY run, conn, corr
     """,
+    # Transactions ended by their producer: EndTxn requests answered with error NONE.
+    "txn_ends": """
+        SELECT r.run, r.conn, r.corr, r.producer_id, r.producer_epoch, r.committed,
+               r.note AS transactional_id, r.ts AS end_ts
+        FROM named r JOIN named a
+          ON r.kind = {end_txn} AND a.kind = {end_txn_ack} AND a.error = 0
+         AND a.run = r.run AND a.conn = r.conn AND a.corr = r.corr
+    """,
+    # Acknowledged transactional batches (attribute bit 0x10), each with the transaction
+    # that ends it: the first EndTxn of its producer id and epoch received after its ack
+    # (a producer ends a transaction only once its produce requests are answered). One
+    # window over the producer's acks and ends, so long-lived producers cost no join
+    # between every ack and every end. end_ts and committed are NULL while it is open.
+    "txn_batches": """
+        WITH ev AS (
+          SELECT run, topic, partition, base_offset, producer_id, producer_epoch,
+                 ack_ts AS t, 1 AS ord,
+                 CAST(NULL AS STRUCT<ts: BIGINT, committed: INT, conn: BIGINT, corr: INT,
+                                     tid: STRING>) AS e
+          FROM acked WHERE (attributes & 16) <> 0
+          UNION ALL
+          SELECT run, CAST(NULL AS BIGINT), CAST(NULL AS INT), CAST(NULL AS BIGINT),
+                 producer_id, producer_epoch, end_ts, 0,
+                 named_struct('ts', end_ts, 'committed', committed, 'conn', conn,
+                              'corr', corr, 'tid', transactional_id)
+          FROM txn_ends
+        ),
+        nx AS (
+          SELECT *, min(e) OVER (PARTITION BY run, producer_id, producer_epoch
+                                 ORDER BY t, ord
+                                 ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS nxt
+          FROM ev
+        )
+        SELECT DISTINCT run, topic, partition, base_offset, producer_id, producer_epoch,
+               nxt.ts AS end_ts, nxt.committed AS committed, nxt.conn AS end_conn,
+               nxt.corr AS end_corr, nxt.tid AS transactional_id
+        FROM nx WHERE ord = 1
+    """,
+    # Fetch response partitions (error NONE) answering read_committed Fetch requests.
+    "rc_parts": """
+        SELECT p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.offset AS hw,
+               p.last_offset AS lso, p.ts AS resp_ts
+        FROM named p JOIN named i
+          ON p.kind = {fetch_part} AND i.kind = {fetch_isolation} AND i.isolation_level = 1
+         AND p.error = 0 AND i.run = p.run AND i.conn = p.conn AND i.corr = p.corr
+    """,
+    # The batches of those partitions; ``hidden``: the response's aborted-transaction list
+    # tells the consumer to drop it, as Kafka's consumer reads the list: the batch's
+    # producer has an entry with first offset at or below it, and no control batch
+    # (the abort marker) of that producer lies between that entry and the batch.
+    "rc_batches": """
+        WITH b AS (
+          SELECT b.run, b.conn, b.corr, b.tname AS topic, b.partition, b.offset AS base_offset,
+                 b.last_offset, b.producer_id, b.attributes, p.lso
+          FROM named b JOIN rc_parts p
+            ON b.kind = {fetch_batch} AND b.run = p.run AND b.conn = p.conn AND b.corr = p.corr
+           AND b.tname = p.topic AND b.partition = p.partition
+        ),
+        entry AS (
+          SELECT b.run, b.conn, b.corr, b.topic, b.partition, b.base_offset,
+                 max(a.offset) AS first_offset
+          FROM b JOIN named a
+            ON a.kind = {fetch_aborted} AND a.run = b.run AND a.conn = b.conn
+           AND a.corr = b.corr AND a.tname = b.topic AND a.partition = b.partition
+           AND a.producer_id = b.producer_id AND a.offset <= b.base_offset
+          WHERE (b.attributes & 32) = 0
+          GROUP BY b.run, b.conn, b.corr, b.topic, b.partition, b.base_offset
+        ),
+        ended AS (
+          SELECT e.run, e.conn, e.corr, e.topic, e.partition, e.base_offset,
+                 count(c.base_offset) AS markers
+          FROM entry e JOIN b d
+            ON d.run = e.run AND d.conn = e.conn AND d.corr = e.corr AND d.topic = e.topic
+           AND d.partition = e.partition AND d.base_offset = e.base_offset
+          LEFT JOIN b c
+            ON c.run = e.run AND c.conn = e.conn AND c.corr = e.corr AND c.topic = e.topic
+           AND c.partition = e.partition AND (c.attributes & 32) <> 0
+           AND c.producer_id = d.producer_id
+           AND c.base_offset >= e.first_offset AND c.base_offset < e.base_offset
+          GROUP BY e.run, e.conn, e.corr, e.topic, e.partition, e.base_offset
+        )
+        SELECT b.*, coalesce(x.markers = 0, false) AS hidden
+        FROM b LEFT JOIN ended x
+          ON x.run = b.run AND x.conn = b.conn AND x.corr = b.corr AND x.topic = b.topic
+         AND x.partition = b.partition AND x.base_offset = b.base_offset
+    """,
 }
 
 #: Views cached before the checks run (each is read by several checks).
-MATERIALIZED = ("acked", "fetched")
+MATERIALIZED = ("acked", "fetched", "txn_batches", "rc_batches")
 
 #: Each check once: name -> (what a violation means, SQL returning one row per violation
 #: with a ``violation`` kind column).
@@ -255,6 +341,107 @@ CHECKS: dict[str, tuple[str, str]] = {
                collect_set(member_id) AS members
         FROM a GROUP BY run, group_id, generation, topic, partition
         HAVING count(DISTINCT member_id) > 1
+        """,
+    ),
+    "read_committed_no_aborted": (
+        "a read_committed fetch never hands the consumer a record of an aborted transaction "
+        "(every such batch it returns is covered by its aborted-transaction list) nor one at "
+        "or past its last stable offset",
+        """
+        SELECT 'aborted_batch_returned' AS violation, b.topic, b.partition, b.base_offset,
+               b.producer_id, t.transactional_id, b.run, b.conn, b.corr,
+               CAST(NULL AS BIGINT) AS last_stable_offset
+        FROM rc_batches b JOIN txn_batches t
+          ON t.run = b.run AND t.topic = b.topic AND t.partition = b.partition
+         AND t.base_offset = b.base_offset AND t.producer_id = b.producer_id
+        WHERE t.committed = 0 AND NOT b.hidden
+        UNION ALL
+        SELECT 'beyond_last_stable_offset', topic, partition, base_offset, producer_id,
+               CAST(NULL AS STRING), run, conn, corr, lso
+        FROM rc_batches WHERE lso >= 0 AND last_offset >= lso
+        """,
+    ),
+    "committed_transaction_atomic": (
+        "a committed transaction is visible all-or-nothing: each of its batches, on every "
+        "partition that read_committed fetches read past it, was returned to one and not "
+        "marked aborted",
+        """
+        WITH extent AS (
+          SELECT topic, partition, max(last_offset) AS max_read FROM rc_batches
+          GROUP BY topic, partition
+        ),
+        seen AS (
+          SELECT topic, partition, base_offset, producer_id,
+                 max(CASE WHEN hidden THEN 0 ELSE 1 END) AS visible,
+                 max(CASE WHEN hidden THEN 1 ELSE 0 END) AS hidden
+          FROM rc_batches GROUP BY topic, partition, base_offset, producer_id
+        )
+        SELECT CASE WHEN s.base_offset IS NULL THEN 'committed_batch_missing'
+                    ELSE 'committed_batch_hidden' END AS violation,
+               t.topic, t.partition, t.base_offset, t.producer_id, t.producer_epoch,
+               t.transactional_id, t.end_conn, t.end_corr
+        FROM txn_batches t
+        JOIN extent e ON e.topic = t.topic AND e.partition = t.partition
+                     AND e.max_read >= t.base_offset
+        LEFT JOIN seen s
+          ON s.topic = t.topic AND s.partition = t.partition AND s.base_offset = t.base_offset
+         AND s.producer_id = t.producer_id
+        WHERE t.committed = 1 AND (s.base_offset IS NULL OR s.hidden = 1)
+        """,
+    ),
+    "last_stable_offset": (
+        "per partition, the last stable offset never exceeds the high watermark, never goes "
+        "below one returned by a fetch completed before, and never passes a transaction "
+        "still open (no EndTxn received yet, and no marker fetched below it)",
+        """
+        WITH parts AS (
+          SELECT p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.offset AS hw,
+                 p.last_offset AS lso, p.ts AS resp_ts, r.req_ts
+          FROM named p JOIN fetch_requests r
+            ON p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
+          WHERE p.kind = {fetch_part} AND p.error = 0 AND p.last_offset >= 0
+        ),
+        events AS (
+          SELECT run, topic, partition, resp_ts AS t, 1 AS ord, lso, NULL AS conn,
+                 NULL AS corr, NULL AS own_lso FROM parts
+          UNION ALL
+          SELECT run, topic, partition, req_ts AS t, 0 AS ord, NULL AS lso, conn, corr,
+                 lso AS own_lso FROM parts
+        ),
+        seen AS (
+          SELECT *, max(lso) OVER (PARTITION BY run, topic, partition ORDER BY t, ord
+                                   ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+                    AS max_before
+          FROM events
+        ),
+        markers AS (
+          SELECT DISTINCT tname AS topic, partition, producer_id, offset AS marker_offset
+          FROM named WHERE kind = {fetch_batch} AND (attributes & 32) <> 0
+        ),
+        passed AS (
+          SELECT p.run, p.conn, p.corr, p.topic, p.partition, p.lso, t.base_offset,
+                 t.producer_id, t.transactional_id, t.end_ts, p.resp_ts
+          FROM parts p JOIN txn_batches t
+            ON t.run = p.run AND t.topic = p.topic AND t.partition = p.partition
+           AND t.base_offset < p.lso AND (t.end_ts IS NULL OR t.end_ts > p.resp_ts)
+        )
+        SELECT 'lso_backwards' AS violation, topic, partition, run, conn, corr,
+               own_lso AS last_stable_offset, max_before AS earlier_last_stable_offset,
+               CAST(NULL AS BIGINT) AS open_batch_offset, CAST(NULL AS BIGINT) AS producer_id
+        FROM seen WHERE ord = 0 AND max_before IS NOT NULL AND own_lso < max_before
+        UNION ALL
+        SELECT 'lso_above_high_watermark', topic, partition, run, conn, corr, lso, hw,
+               NULL, NULL
+        FROM parts WHERE lso > hw
+        UNION ALL
+        SELECT DISTINCT 'lso_past_open_transaction', p.topic, p.partition, p.run, p.conn, p.corr,
+               p.lso, NULL, p.base_offset, p.producer_id
+        FROM passed p LEFT JOIN markers m
+          ON m.topic = p.topic AND m.partition = p.partition AND m.producer_id = p.producer_id
+         AND m.marker_offset > p.base_offset AND m.marker_offset < p.lso
+        -- An EndTxn received after the response: open then. No EndTxn in the capture (the
+        -- coordinator aborted it, or capture ended): open unless its marker was fetched.
+        WHERE p.end_ts IS NOT NULL OR m.marker_offset IS NULL
         """,
     ),
 }

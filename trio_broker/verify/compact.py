@@ -28,7 +28,8 @@ from trio_broker.verify.decode import FACT_FIELDS
 KINDS = (
     "produce_batch", "produce_ack", "fetch_part", "fetch_batch", "topic_id",
     "sync_request", "sync_assign", "commit_request", "commit_ack", "undecodable",
-    "topic_name", "fetch_request",
+    "topic_name", "fetch_request", "fetch_isolation", "fetch_aborted", "end_txn",
+    "end_txn_ack",
 )  # fmt: skip
 KIND_CODE = {name: code for code, name in enumerate(KINDS)}
 

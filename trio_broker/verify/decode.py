@@ -5,15 +5,22 @@ an importable module) and uses only our codec on the raw frame bytes — never
 the broker's own bookkeeping. One capture row yields zero or more facts, all in
 one wide schema (:data:`FACT_FIELDS`); ``kind`` says which columns are set:
 
-``produce_batch``  a batch in a Produce request (topic/partition, crc, producer fields)
+``produce_batch``  a batch in a Produce request (topic/partition, crc, producer fields,
+                   ``attributes``: transactional 0x10, control 0x20)
 ``produce_ack``    a partition in a Produce response (error, base offset)
-``fetch_part``     a partition in a Fetch response (error, high watermark in ``offset``)
+``fetch_part``     a partition in a Fetch response (error, high watermark in ``offset``, last
+                   stable offset in ``last_offset``)
 ``fetch_batch``    a batch in a Fetch response (``idx`` = its position in the partition)
 ``topic_id``       a (name, topic id) pair from a Metadata response
 ``sync_request``   a SyncGroup request (group, generation, member)
 ``sync_assign``    one (topic, partition) of a SyncGroup response's assignment
 ``commit_request`` a partition in an OffsetCommit request (group, generation, member, offset)
 ``commit_ack``     a partition in an OffsetCommit response (error)
+``fetch_isolation`` a Fetch request's ``isolation_level`` (0 read_uncommitted, 1 read_committed)
+``fetch_aborted``  one aborted transaction of a Fetch response partition (producer id, first
+                   offset in ``offset``)
+``end_txn``        an EndTxn request (producer id/epoch, ``committed``, transactional id in ``note``)
+``end_txn_ack``    an EndTxn response (error)
 ``undecodable``    a frame our codec could not decode (``note`` says why)
 """
 
@@ -28,6 +35,12 @@ from trio_broker.protocol.records import split_batches
 
 PRODUCE, FETCH, METADATA = ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA
 OFFSET_COMMIT, SYNC_GROUP = ApiKey.OFFSET_COMMIT, ApiKey.SYNC_GROUP
+END_TXN = ApiKey.END_TXN
+#: Fetch requests carry ``isolation_level`` from v4 on; older ones read uncommitted.
+FETCH_ISOLATION_VERSION = 4
+#: Fetch v15+ dropped ``replica_id`` from the body (KIP-903 moved it to a tagged field).
+FETCH_NO_REPLICA_ID_VERSION = 15
+FETCH_FIRST_FLEXIBLE_REQUEST = 12
 
 #: (name, arrow type name, Spark SQL type)
 FACT_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -51,6 +64,9 @@ FACT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("generation", "int32", "int"),
     ("member_id", "string", "string"),
     ("note", "string", "string"),
+    ("attributes", "int32", "int"),
+    ("isolation_level", "int32", "int"),
+    ("committed", "int32", "int"),
 )
 FACT_DDL = ", ".join(f"{name} {sql}" for name, _, sql in FACT_FIELDS)
 _NAMES = tuple(name for name, _, _ in FACT_FIELDS)
@@ -89,12 +105,38 @@ def decode_assignment(data: bytes | memoryview) -> list[tuple[str, int]]:
     return out
 
 
+def fetch_isolation(frame: bytes | memoryview) -> tuple[int, int]:
+    """(correlation id, isolation level) of a Fetch request frame, read from its fixed
+    prefix only: the request header, then replica id (before v15), max wait, min bytes,
+    max bytes and the isolation level (v4+; 0 before). The rest (fetch positions) is
+    not decoded: the checks need only this byte, and a consumer sends Fetch requests by
+    the million. Raises ``struct.error``/``ValueError`` on a frame too short for it."""
+    view = memoryview(frame)
+    _, version, corr, client_id_size = struct.unpack_from(">hhih", view, 0)
+    pos = 10 + max(client_id_size, 0)
+    if version >= FETCH_FIRST_FLEXIBLE_REQUEST:
+        if view[pos] != 0:  # tagged header fields: none are sent by clients we know
+            raise ValueError("fetch request header with tagged fields")
+        pos += 1
+    if version < FETCH_ISOLATION_VERSION:
+        struct.unpack_from(">iii", view, pos)
+        return corr, 0
+    pos += 12 if version >= FETCH_NO_REPLICA_ID_VERSION else 16
+    (level,) = struct.unpack_from(">b", view, pos)
+    return corr, level
+
+
 def _facts_for_row(
     run: str, conn: int, ts: int, direction: str, api_key: int, version: int, frame: bytes
 ) -> Iterator[dict[str, Any]]:
     body: Any
     if direction == "request":
-        if api_key not in (PRODUCE, OFFSET_COMMIT, SYNC_GROUP):
+        if api_key == FETCH:
+            corr, level = fetch_isolation(frame)
+            yield {"run": run, "conn": conn, "corr": corr, "ts": ts,
+                   "kind": "fetch_isolation", "isolation_level": level}  # fmt: skip
+            return
+        if api_key not in (PRODUCE, OFFSET_COMMIT, SYNC_GROUP, END_TXN):
             return
         header, body = decode_request(frame)
         corr = header.correlation_id
@@ -112,8 +154,14 @@ def _facts_for_row(
                             "partition": part.index, "idx": idx, "crc": b.crc,
                             "record_count": b.last_offset_delta + 1,
                             "producer_id": b.producer_id, "producer_epoch": b.producer_epoch,
-                            "base_sequence": b.base_sequence,
+                            "base_sequence": b.base_sequence, "attributes": b.attributes,
                         }  # fmt: skip
+        elif api_key == END_TXN:
+            yield {
+                **base, "kind": "end_txn", "producer_id": body.producer_id,
+                "producer_epoch": body.producer_epoch, "committed": int(body.committed),
+                "note": body.transactional_id,
+            }  # fmt: skip
         elif api_key == OFFSET_COMMIT:
             for topic in body.topics:
                 key = topic_key(topic.name, getattr(topic, "topic_id", None))
@@ -131,7 +179,7 @@ def _facts_for_row(
                 "generation": body.generation_id, "member_id": body.member_id,
             }  # fmt: skip
         return
-    if api_key not in (PRODUCE, FETCH, METADATA, OFFSET_COMMIT, SYNC_GROUP):
+    if api_key not in (PRODUCE, FETCH, METADATA, OFFSET_COMMIT, SYNC_GROUP, END_TXN):
         return
     corr, body = decode_response(api_key, version, frame)
     base = {"run": run, "conn": conn, "corr": corr, "ts": ts}
@@ -151,7 +199,13 @@ def _facts_for_row(
                 yield {
                     **base, "kind": "fetch_part", "topic": key, "partition": p,
                     "error": part.error_code, "offset": part.high_watermark,
+                    "last_offset": part.last_stable_offset,
                 }  # fmt: skip
+                for aborted in part.aborted_transactions or ():
+                    yield {
+                        **base, "kind": "fetch_aborted", "topic": key, "partition": p,
+                        "producer_id": aborted.producer_id, "offset": aborted.first_offset,
+                    }  # fmt: skip
                 if part.error_code != 0 or part.records is None:
                     continue
                 batches, _ = split_batches(part.records)
@@ -161,8 +215,10 @@ def _facts_for_row(
                         "idx": idx, "offset": b.base_offset, "last_offset": b.last_offset,
                         "crc": b.crc, "record_count": b.record_count,
                         "producer_id": b.producer_id, "producer_epoch": b.producer_epoch,
-                        "base_sequence": b.base_sequence,
+                        "base_sequence": b.base_sequence, "attributes": b.attributes,
                     }  # fmt: skip
+    elif api_key == END_TXN:
+        yield {**base, "kind": "end_txn_ack", "error": body.error_code}
     elif api_key == OFFSET_COMMIT:
         for topic in body.topics:
             key = topic_key(topic.name, getattr(topic, "topic_id", None))

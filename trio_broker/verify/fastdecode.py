@@ -9,8 +9,9 @@ once by gathering its bytes with fancy indexing; a nested array (topics ->
 partitions -> record batches) is walked k = 0, 1, ... over the entries that
 still have a k-th element.
 
-Covered: Produce requests and responses (v3-v13) and Fetch responses (v4-v18).
-Every other row that yields facts (OffsetCommit, SyncGroup, Metadata, versions
+Covered: Produce requests and responses (v3-v13), Fetch responses (v4-v18) and Fetch
+requests' isolation level (v4-v18). Every other row that yields facts (EndTxn,
+OffsetCommit, SyncGroup, Metadata, versions
 outside those ranges), and every frame the fast path does not fully accept
 (truncated or malformed, non-zero tagged-field counts, varints over 5 bytes,
 non-ASCII strings, empty topic names, Produce responses with record errors,
@@ -35,6 +36,9 @@ from trio_broker.protocol.schema import uses_topic_ids
 from trio_broker.verify.decode import (
     FACT_FIELDS,
     FETCH,
+    FETCH_FIRST_FLEXIBLE_REQUEST,
+    FETCH_ISOLATION_VERSION,
+    FETCH_NO_REPLICA_ID_VERSION,
     NEEDED_COLUMNS,
     PRODUCE,
     decode_rows,
@@ -48,9 +52,11 @@ Array = np.ndarray[Any, Any]
 #: Versions whose layouts are walked here (the codec's ranges for these APIs).
 PRODUCE_VERSIONS = range(3, 14)
 FETCH_RESPONSE_VERSIONS = range(4, 19)
+#: Fetch requests: only the isolation level is read (decode.fetch_isolation), v4 on.
+FETCH_REQUEST_VERSIONS = range(FETCH_ISOLATION_VERSION, 19)
 #: API keys whose rows may yield facts (see decode._facts_for_row).
-FACT_REQUEST_KEYS = (0, 8, 14)
-FACT_RESPONSE_KEYS = (0, 1, 3, 8, 14)
+FACT_REQUEST_KEYS = (0, 1, 8, 14, 26)
+FACT_RESPONSE_KEYS = (0, 1, 3, 8, 14, 26)
 
 # The layouts the walkers below assume, as numbers: tests/unit/test_fastdecode.py
 # (test_layouts_match_the_schema_table) checks each against the schema table for
@@ -362,6 +368,7 @@ def _batches(
         "row": r, "topic": topic[entry], "partition": part[entry], "idx": idx,
         "crc": _be(head[:, 17:21], ">u4"), "producer_id": _be(head[:, 43:51], ">i8"),
         "producer_epoch": _be(head[:, 51:53], ">i2"), "base_sequence": _be(head[:, 53:57], ">i4"),
+        "attributes": _be(head[:, 21:23], ">i2"),
     }  # fmt: skip
     if kind == "produce_batch":
         reader.fail(r, lod == INT32_MAX)  # lastOffsetDelta + 1 overflows int32
@@ -425,6 +432,23 @@ def _produce_requests(
     if segments:
         r, tid, index, start, size = (np.concatenate(c) for c in zip(*segments, strict=True))
         _batches(reader, facts, "produce_batch", r, ids[tid], index, start, size)
+
+
+def _fetch_requests(
+    reader: _Reader, facts: _Facts, corr: Array, rows: Array, pos: Array, end: Array, version: int
+) -> None:
+    """The fixed prefix :func:`~trio_broker.verify.decode.fetch_isolation` reads, no more."""
+    head = reader.block(rows, pos, end, 8)
+    key, frame_version = _be(head[:, 0:2], ">i2"), _be(head[:, 2:4], ">i2")
+    reader.fail(rows, (key != FETCH) | (frame_version != version))
+    corr[rows] = _be(head[:, 4:8], ">i4")
+    size, pos = reader.int(rows, pos + 8, end, ">i2")  # client id: skipped, not decoded
+    pos = pos + np.maximum(size, 0)
+    if version >= FETCH_FIRST_FLEXIBLE_REQUEST:
+        pos = reader.no_tags(rows, pos, end)
+    pos = pos + (12 if version >= FETCH_NO_REPLICA_ID_VERSION else 16)
+    level, _ = reader.int(rows, pos, end, ">i1")
+    facts.add("fetch_isolation", row=rows, isolation_level=level)
 
 
 def _records_field(
@@ -493,6 +517,7 @@ def _fetch_responses(
     table = _Topics(by_id=uses_topic_ids(FETCH, version))
     heads: list[tuple[Array, ...]] = []
     segments: list[tuple[Array, ...]] = []
+    aborts: list[tuple[Array, ...]] = []
     fixed = fetch_partition_width(version)
     aborted_size = ABORTED_TRANSACTION_SIZE + 1 if flex else ABORTED_TRANSACTION_SIZE
     for t in _each(reader, rows, topics):
@@ -503,18 +528,24 @@ def _fetch_responses(
             rj, pj, ej = r[j], p[j], e[j]
             head = reader.block(rj, pj, ej, fixed)
             index, error = _be(head[:, 0:4], ">i4"), _be(head[:, 4:6], ">i2")
-            heads.append((rj, tid[j], index, error, _be(head[:, 6:14], ">i8")))
+            hw, lso = _be(head[:, 6:14], ">i8"), _be(head[:, 14:22], ">i8")
+            heads.append((rj, tid[j], index, error, hw, lso))
             pj = pj + fixed
             aborted, pj = reader.count(rj, pj, ej, flex, nullable=True)
             aborted = np.where(reader.good(rj), aborted, 0)
             skip = aborted * aborted_size
             reader.fail(rj, pj + skip > ej)
-            if flex and aborted.any():  # each entry ends with its (empty) tagged fields
+            if aborted.any():  # one fact per (producer id, first offset) entry
                 n = np.where(reader.good(rj), aborted, 0)
                 nth = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
-                at = np.repeat(pj + ABORTED_TRANSACTION_SIZE, n) + nth * aborted_size
+                at = np.repeat(pj, n) + nth * aborted_size
                 owner = np.repeat(np.arange(rj.size), n)
-                reader.fail(rj, np.bincount(owner[reader.data[at] != 0], minlength=rj.size) > 0)
+                entry = reader.at(at, ABORTED_TRANSACTION_SIZE)
+                aborts.append((rj[owner], tid[j][owner], index[owner],
+                               _be(entry[:, 0:8], ">i8"), _be(entry[:, 8:16], ">i8")))  # fmt: skip
+                if flex:  # each entry ends with its (empty) tagged fields
+                    tags = reader.data[at + ABORTED_TRANSACTION_SIZE]
+                    reader.fail(rj, np.bincount(owner[tags != 0], minlength=rj.size) > 0)
             pj = pj + skip
             pj = pj + fetch_after_aborted_width(version)
             present, start, size, pj = _records_field(reader, rj, pj, ej, flex)
@@ -531,8 +562,17 @@ def _fetch_responses(
     reader.fail(rows, pos != end)
     ids = facts.add_topics(table.keys(reader))
     if heads:
-        r, tid, index, error, hw = (np.concatenate(c) for c in zip(*heads, strict=True))
-        facts.add("fetch_part", row=r, topic=ids[tid], partition=index, error=error, offset=hw)
+        r, tid, index, error, hw, lso = (np.concatenate(c) for c in zip(*heads, strict=True))
+        facts.add(
+            "fetch_part", row=r, topic=ids[tid], partition=index, error=error, offset=hw,
+            last_offset=lso,
+        )  # fmt: skip
+    if aborts:
+        r, tid, index, pid, first = (np.concatenate(c) for c in zip(*aborts, strict=True))
+        facts.add(
+            "fetch_aborted", row=r, topic=ids[tid], partition=index, producer_id=pid,
+            offset=first,
+        )  # fmt: skip
     if segments:
         r, tid, index, start, size = (np.concatenate(c) for c in zip(*segments, strict=True))
         _batches(reader, facts, "fetch_batch", r, ids[tid], index, start, size)
@@ -593,6 +633,7 @@ def decode_batch(batch: Any, stats: dict[str, int] | None = None) -> list[Any]:
     fast = np.zeros(n, bool)
     kinds = (
         (True, PRODUCE, PRODUCE_VERSIONS, _produce_requests),
+        (True, FETCH, FETCH_REQUEST_VERSIONS, _fetch_requests),
         (False, PRODUCE, PRODUCE_VERSIONS, _produce_responses),
         (False, FETCH, FETCH_RESPONSE_VERSIONS, _fetch_responses),
     )
@@ -697,8 +738,9 @@ def _fact_batches(batch: Any, facts: _Facts, corr: Array, bad: Array, schema: An
             "corr": pa.array(corr[rows].astype(np.int32)),
             "ts": pa.array(ts[rows].astype(np.int64)),
             "kind": pa.array([kind]).take(pa.array(np.zeros(n, np.int64))),
-            "topic": topics.take(pa.array(cols.pop("topic"))),
         }
+        if "topic" in cols:  # a Fetch request's isolation level names no topic
+            arrays["topic"] = topics.take(pa.array(cols.pop("topic")))
         for name, values in cols.items():
             arrow_type = _ARROW_TYPES[name]
             arrays[name] = pa.array(values.astype(_NUMPY_TYPES[str(arrow_type)]), arrow_type)

@@ -277,10 +277,12 @@ def _verify_facts(
         spark.sql(sql(view)).createOrReplaceTempView(name)
     # The checks read ``acked`` five times and ``fetched`` four: cached, each is computed
     # once (inlined, every reference was its own join or aggregation, with its shuffles).
+    materialized = {}
     for name in MATERIALIZED:
-        cached.append(spark.table(name).persist(cache_level(spark, capture.frames)))
-    acked = cached[-2].count()
-    cached[-1].count()
+        materialized[name] = spark.table(name).persist(cache_level(spark, capture.frames))
+        cached.append(materialized[name])
+    counted = {name: frame.count() for name, frame in materialized.items()}
+    acked = counted["acked"]
     _log(f"running {len(CHECKS)} checks: {', '.join(CHECKS)}")
     results: dict[str, Any] = {
         name: {"meaning": meaning, "violations": 0, "by_kind": {}, "examples": []}
@@ -309,6 +311,7 @@ def _verify_facts(
         "frames": capture.frames,
         "facts": counts,
         "acknowledged_batches": acked,
+        "transactional_batches": counted["txn_batches"],
         "frames_dropped_by_capture": dropped,
         "unreadable_files": capture.unreadable,
         "undecodable_examples": [_plain(u) for u in undecodable],

@@ -1,0 +1,308 @@
+"""``verify`` on transactional traffic: a capturing broker, a confluent-kafka transactional
+producer (commits and aborts) and a read_committed consumer, then ``verify`` on the capture
+(clean: exit 0, the transaction checks run) and on doctored copies (each check fails).
+
+One broker run and one Spark session for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the verify extra (pyspark) is not installed")
+if shutil.which("java") is None:
+    pytest.skip("Spark needs a Java runtime (java not on PATH)", allow_module_level=True)
+
+from tests.verify.helpers import (
+    CapturingBroker,
+    kinds,
+    read_capture,
+    write_rows,
+)
+from trio_broker.protocol.messages import decode_request, decode_response, encode_response
+from trio_broker.protocol.records import split_batches
+from trio_broker.verify.job import spark_session, summary_text, verify
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+TOPICS = ("txn-a", "txn-b")
+#: (tag, commit?) of each transaction, in order; each writes PER_TOPIC records per topic.
+TRANSACTIONS = (("c1", True), ("a1", False), ("c2", True), ("a2", False), ("c3", True))
+PER_TOPIC = 3
+CONSUME_TIMEOUT_S = 40.0
+TXN_CHECKS = ("read_committed_no_aborted", "committed_transaction_atomic", "last_stable_offset")
+
+
+def _produce_transactions(bootstrap: str) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": "verify-txn", "linger.ms": 0}
+    )
+    producer.init_transactions(20)
+    for tag, commit in TRANSACTIONS:
+        producer.begin_transaction()
+        for topic in TOPICS:
+            for i in range(PER_TOPIC):
+                producer.produce(topic, f"{tag}-{topic}-{i}".encode())
+                producer.flush(10)  # one batch per record: several batches per transaction
+        if commit:
+            producer.commit_transaction(20)
+        else:
+            producer.abort_transaction(20)
+
+
+def _consume_committed(bootstrap: str) -> list[str]:
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap, "group.id": "verify-txn-reader",
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )  # fmt: skip
+    wanted = sum(commit for _, commit in TRANSACTIONS) * PER_TOPIC * len(TOPICS)
+    seen: list[str] = []
+    deadline = time.monotonic() + CONSUME_TIMEOUT_S
+    try:
+        consumer.subscribe(list(TOPICS))
+        while len(seen) < wanted and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                seen.append(message.value().decode())
+        # A few more polls: fetches past the last marker (the LSO reaches the end).
+        for _ in range(4):
+            consumer.poll(0.3)
+    finally:
+        consumer.close()
+    return seen
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("verify-txn")
+    capture_dir = base / "capture"
+    # The default capture (batch headers only): markers keep their header, not their type.
+    broker = CapturingBroker(base / "data", capture_dir)
+    try:
+        _produce_transactions(broker.bootstrap)
+        seen = _consume_committed(broker.bootstrap)
+    finally:
+        code = broker.stop()
+    assert code == 0, broker.log()
+    committed = {tag for tag, commit in TRANSACTIONS if commit}
+    assert sorted(seen) == sorted(
+        f"{tag}-{topic}-{i}" for tag in committed for topic in TOPICS for i in range(PER_TOPIC)
+    ), broker.log()
+    return capture_dir
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = spark_session("local[2]")
+    yield session
+    session.stop()
+
+
+def test_clean_transactional_capture_passes(spark: Any, capture: Path) -> None:
+    report = verify(spark, capture)
+    text = summary_text(report)
+    assert report["ok"], text
+    facts = report["facts"]
+    assert facts.get("end_txn") == facts.get("end_txn_ack") == len(TRANSACTIONS), facts
+    assert facts.get("fetch_aborted", 0) >= 1, facts  # the aborted ranges were fetched
+    assert facts.get("fetch_isolation", 0) >= 1, facts
+    batches = len(TRANSACTIONS) * len(TOPICS) * PER_TOPIC
+    assert report["transactional_batches"] == batches, text
+    for name in TXN_CHECKS:
+        assert report["checks"][name]["violations"] == 0, text
+        assert name in text
+
+
+def _first_transactional_crc(capture: Path, topic: str) -> int:
+    """The CRC of the first transactional batch produced to ``topic`` (transaction c1)."""
+    table = read_capture(capture)
+    for row in table.to_pylist():
+        if row["direction"] != "request" or row["api_key"] != 0:
+            continue
+        _, body = decode_request(row["frame"])
+        for t in body.topic_data:
+            for part in t.partition_data:
+                if t.name != topic or part.records is None:
+                    continue
+                for batch in split_batches(bytes(part.records))[0]:
+                    if batch.is_transactional:
+                        return int(batch.crc)
+    raise AssertionError(f"no transactional batch for {topic}")
+
+
+def _doctor_fetch_responses(rows: list[dict[str, Any]], edit: Any) -> int:
+    """Apply ``edit(partition)`` to every fetch response partition; re-encode the changed."""
+    changed = 0
+    for row in rows:
+        if row["direction"] != "response" or row["api_key"] != 1:
+            continue
+        corr, body = decode_response(1, row["api_version"], row["frame"])
+        touched = False
+        for topic in body.responses:
+            for part in topic.partitions:
+                touched |= bool(edit(part))
+        if touched:
+            parts = encode_response(1, row["api_version"], corr, body)
+            row["frame"] = b"".join(bytes(p) for p in parts)[4:]
+            changed += 1
+    return changed
+
+
+def test_doctored_captures_fail_each_transaction_check(
+    spark: Any, capture: Path, tmp_path: Path
+) -> None:
+    """Six doctored copies, each failing one transaction check:
+
+    1. the first committed batch of txn-a dropped from every fetch response (the consumer
+       read past it): the committed transaction was not visible all-or-nothing;
+    2. the first positive last stable offset raised past its high watermark: above the
+       high watermark there, and the next responses' LSOs then go backwards;
+    3. the last EndTxn (c3's commit) moved after every fetch: the consumer's fetches saw
+       an LSO past a transaction that was, by the traffic, still open;
+    4. an aborted-transaction entry from offset 0 added to every fetch response holding
+       offset 0: the consumer would have dropped transaction c1's committed records;
+    5. the LSO of the first response that returned records lowered to its first batch:
+       records handed out at or past the last stable offset;
+    6. the aborted-transaction lists removed from every fetch response: read_committed
+       consumers would have been handed the aborted records (through the CLI: exit 1).
+    """
+    from trio_broker.cli import main
+
+    # 1. A committed batch dropped from every fetch.
+    crc = _first_transactional_crc(capture, "txn-a")
+    rows = read_capture(capture).to_pylist()
+
+    def drop_committed(part: Any) -> bool:
+        if not part.records:
+            return False
+        batches, _ = split_batches(bytes(part.records))
+        kept = [bytes(b.buf[: b.size_in_bytes]) for b in batches if b.crc != crc]
+        if len(kept) == len(batches):
+            return False
+        part.records = b"".join(kept)
+        return True
+
+    # By CRC: the fetches name the topic by id (Fetch v13+).
+    assert _doctor_fetch_responses(rows, drop_committed) >= 1
+    write_rows(rows, tmp_path / "lost")
+    report = verify(spark, tmp_path / "lost")
+    text = summary_text(report)
+    assert kinds(report, "committed_transaction_atomic") == {"committed_batch_missing"}, text
+    (example,) = report["checks"]["committed_transaction_atomic"]["examples"]
+    assert example["topic"] == "txn-a" and example["transactional_id"] == "verify-txn", text
+    assert report["checks"]["read_committed_no_aborted"]["violations"] == 0, text
+
+    # 2. LSO above the high watermark in one response, below an earlier one in another.
+    rows = read_capture(capture).to_pylist()
+    state = {"raised": False}
+
+    def lso_jump(part: Any) -> bool:
+        if part.error_code != 0 or part.last_stable_offset <= 0:
+            return False
+        if not state["raised"]:
+            state["raised"] = True
+            part.last_stable_offset = part.high_watermark + 5
+            return True
+        return False
+
+    assert _doctor_fetch_responses(rows, lso_jump) == 1
+    write_rows(rows, tmp_path / "lso")
+    report = verify(spark, tmp_path / "lso")
+    text = summary_text(report)
+    found = kinds(report, "last_stable_offset")
+    assert {"lso_above_high_watermark", "lso_backwards"} <= found, text
+
+    # 3. The last EndTxn exchange received only after everything else.
+    rows = read_capture(capture).to_pylist()
+    last = max(r["monotonic_ns"] for r in rows)
+    end = max(
+        (r for r in rows if r["api_key"] == 26 and r["direction"] == "request"),
+        key=lambda r: r["monotonic_ns"],
+    )
+    for row in rows:
+        if (row["api_key"], row["connection_id"], row["correlation_id"]) == (
+            26, end["connection_id"], end["correlation_id"]
+        ):  # fmt: skip
+            later = 1000 if row["direction"] == "request" else 2000
+            row["monotonic_ns"] = last + later
+    write_rows(rows, tmp_path / "late-end")
+    report = verify(spark, tmp_path / "late-end")
+    text = summary_text(report)
+    assert kinds(report, "last_stable_offset") == {"lso_past_open_transaction"}, text
+    for example in report["checks"]["last_stable_offset"]["examples"]:
+        assert example["topic"] in TOPICS, text
+    assert report["checks"]["read_committed_no_aborted"]["violations"] == 0, text
+    assert report["checks"]["committed_transaction_atomic"]["violations"] == 0, text
+
+    # 4. Committed c1 marked aborted in the fetch responses that returned it.
+    rows = read_capture(capture).to_pylist()
+
+    def hide_first(part: Any) -> bool:
+        if not part.records:
+            return False
+        batches, _ = split_batches(bytes(part.records))
+        if not batches or batches[0].base_offset != 0 or not batches[0].is_transactional:
+            return False
+        entry = type(part).AbortedTransaction(producer_id=batches[0].producer_id, first_offset=0)
+        part.aborted_transactions = [entry, *(part.aborted_transactions or [])]
+        return True
+
+    assert _doctor_fetch_responses(rows, hide_first) >= 1
+    write_rows(rows, tmp_path / "hidden")
+    report = verify(spark, tmp_path / "hidden")
+    text = summary_text(report)
+    assert kinds(report, "committed_transaction_atomic") == {"committed_batch_hidden"}, text
+    assert report["checks"]["read_committed_no_aborted"]["violations"] == 0, text
+
+    # 5. Records returned at or past the LSO.
+    rows = read_capture(capture).to_pylist()
+    lowered = {"done": False}
+
+    def lso_below_records(part: Any) -> bool:
+        if lowered["done"] or not part.records or part.error_code != 0:
+            return False
+        batches, _ = split_batches(bytes(part.records))
+        if not batches:
+            return False
+        part.last_stable_offset = batches[0].base_offset
+        lowered["done"] = True
+        return True
+
+    assert _doctor_fetch_responses(rows, lso_below_records) == 1
+    write_rows(rows, tmp_path / "past-lso")
+    report = verify(spark, tmp_path / "past-lso")
+    text = summary_text(report)
+    assert kinds(report, "read_committed_no_aborted") == {"beyond_last_stable_offset"}, text
+
+    # 6. Aborted lists gone; through the CLI, which stops the shared session: last.
+    rows = read_capture(capture).to_pylist()
+
+    def strip_aborted(part: Any) -> bool:
+        if part.aborted_transactions:
+            part.aborted_transactions = []
+            return True
+        return False
+
+    assert _doctor_fetch_responses(rows, strip_aborted) >= 1
+    write_rows(rows, tmp_path / "no-aborted")
+    report_dir = tmp_path / "report-no-aborted"
+    assert main(["verify", str(tmp_path / "no-aborted"), "--report", str(report_dir)]) == 1
+    report = json.loads((report_dir / "report.json").read_text())
+    text = summary_text(report)
+    assert kinds(report, "read_committed_no_aborted") == {"aborted_batch_returned"}, text
+    assert report["checks"]["committed_transaction_atomic"]["violations"] == 0, text
+    assert report["checks"]["last_stable_offset"]["violations"] == 0, text
