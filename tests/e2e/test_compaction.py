@@ -180,3 +180,60 @@ def test_compacted_topic_reads_back_latest_values_at_their_offsets(
     cleaner_broker.stop()
     cleaner_broker.start()
     assert sorted(read_from_start(cleaner_broker.bootstrap, topic)) == expected_live
+
+
+def read_values(bootstrap: str, topic: str, isolation: str) -> dict[bytes, list[bytes | None]]:
+    """key -> every value a consumer from offset 0 gets, in order."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"txn-{random.random()}",
+                         "enable.auto.commit": False, "isolation.level": isolation})  # fmt: skip
+    try:
+        consumer.assign([CTopicPartition(topic, 0, 0)])
+        seen: dict[bytes, list[bytes | None]] = {}
+        empty_polls = 0
+        deadline = time.monotonic() + 20
+        while empty_polls < 3 and time.monotonic() < deadline:
+            messages = consumer.consume(500, timeout=0.5)
+            empty_polls = 0 if messages else empty_polls + 1
+            for msg in messages:
+                assert msg.error() is None, msg.error()
+                seen.setdefault(msg.key(), []).append(msg.value())
+        return seen
+    finally:
+        consumer.close()
+
+
+def test_transactional_writes_to_a_compacted_topic_clean_by_kafkas_rules(
+    cleaner_broker: CleanerBroker,
+) -> None:
+    """Committed transactions compact like plain writes; aborted ones are removed."""
+    bootstrap = cleaner_broker.bootstrap
+    topic = "compacted-txn"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    configs = {"cleanup.policy": "compact", "segment.bytes": "4096", "segment.ms": "1500",
+               "min.cleanable.dirty.ratio": "0.01"}  # fmt: skip
+    for future in admin.create_topics([NewTopic(topic, 1, 1, config=configs)]).values():
+        future.result(timeout=10)
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "compacting"})
+    producer.init_transactions(30)
+    latest: dict[bytes, bytes] = {}
+    for txn in range(30):
+        committed = txn % 3 != 1  # every third transaction aborts
+        producer.begin_transaction()
+        for k in range(10):
+            producer.produce(topic, key=b"k%d" % k, value=b"t%d-k%d" % (txn, k))
+        assert producer.flush(30) == 0  # in the log before the end, so aborts leave data
+        if committed:
+            producer.commit_transaction(30)
+            latest.update({b"k%d" % k: b"t%d-k%d" % (txn, k) for k in range(10)})
+        else:
+            producer.abort_transaction(30)
+    expected = {key: [value] for key, value in latest.items()}
+    deadline = time.monotonic() + DEADLINE_S
+    # Cleaned: even a read_uncommitted consumer sees one committed value per key, since
+    # the aborted transactions' batches are gone.
+    seen = read_values(bootstrap, topic, "read_uncommitted")
+    while seen != expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+        seen = read_values(bootstrap, topic, "read_uncommitted")
+    assert seen == expected, {k: v[-3:] for k, v in seen.items()}
+    assert read_values(bootstrap, topic, "read_committed") == expected

@@ -22,6 +22,7 @@ from trio_broker.protocol.records import (
 from trio_broker.storage.cleaner import (
     DELETE_HORIZON_BIT,
     SegmentFacts,
+    TransactionFacts,
     clean_log,
     delete_horizon,
     filter_batch,
@@ -225,6 +226,57 @@ def test_transactional_and_last_producer_batches_are_kept_whole(tmp_path: Path) 
     assert b"txn" in values
     # Producer 7's last batch stays (its sequence state), the two before it go.
     assert b"idem2" in values and b"idem0" not in values and b"idem1" not in values
+    log.close()
+
+
+def test_transactional_data_is_cleaned_by_kafkas_rules_below_the_lso(tmp_path: Path) -> None:
+    """Committed transactions compact like plain data, aborted ones go, open ones wait."""
+    log = sealed(open_log(tmp_path))
+    pid_commit, pid_abort, pid_open = 11, 12, 13
+    seq = dict.fromkeys((pid_commit, pid_abort, pid_open), 0)
+
+    def txn(pid: int, key: int, value: bytes) -> None:
+        batch = build_batch([(key_of(key), value)], producer_id=pid, producer_epoch=0,
+                            base_sequence=seq[pid], base_timestamp=T0, is_transactional=True)  # fmt: skip
+        seq[pid] += 1
+        log.append(batch, now_ms=T0)
+
+    def marker(pid: int, committed: bool) -> int:
+        control = build_control_batch(pid, 0, committed=committed, coordinator_epoch=0,
+                                      timestamp=T0)  # fmt: skip
+        return log.append(control, now_ms=T0).base_offset
+
+    aborted_first = None
+    for round_ in range(6):
+        txn(pid_commit, 0, b"committed-%d" % round_)
+        marker(pid_commit, committed=True)
+        first = log.log_end_offset
+        txn(pid_abort, 0, b"aborted-%d" % round_)  # would hide key 0's committed value
+        last = marker(pid_abort, committed=False)
+        aborted_first = aborted_first or []
+        aborted_first.append((pid_abort, first, last))
+        write(log, [[(1, b"plain-%d" % round_)]], Compression.NONE)
+    lso = log.log_end_offset
+    txn(pid_open, 2, b"open")  # undecided: at the LSO
+    write(log, [[(3, b"after-%d" % i)] for i in range(12)], Compression.NONE)
+    log.flush()
+    facts = TransactionFacts(lso, tuple(aborted_first or ()))
+    clean_log(log, T0 + 1000, txns=facts)
+    rows = read_all(log)
+    values = [row[2] for row in rows]
+    below = [row for row in rows if row[0] < lso]
+    # Aborted data is gone; committed data compacts: key 0's latest committed value
+    # stays (the aborted writes after it do not hide it), its older ones go.
+    assert not any(v is not None and v.startswith(b"aborted") for v in values)
+    assert b"committed-5" in values
+    assert not any(v == b"committed-%d" % i for i in range(4) for v in values)
+    assert latest_by_key(below)[key_of(1)][1] == b"plain-5"
+    # Nothing at or above the LSO was touched: the open transaction's record stays.
+    assert b"open" in values
+    # Markers stay: every commit and abort marker of the cleaned range is still there.
+    markers = [b for r in log.read(0, 1 << 30, log.log_end_offset)
+               for b in iter_batches(r.read_bytes()) if b.is_control]  # fmt: skip
+    assert len(markers) == 12
     log.close()
 
 

@@ -46,6 +46,7 @@ from trio_broker.services.quotas import QuotaService
 from trio_broker.services.stats import BrokerStats
 from trio_broker.services.topics import TopicManager
 from trio_broker.services.txn_markers import append_txn_marker
+from trio_broker.storage.cleaner import TransactionFacts
 from trio_broker.storage.durable import make_dirs_durable
 from trio_broker.storage.group_commit import FlushPolicy
 from trio_broker.storage.log import LogConfig, wall_clock_ms
@@ -149,6 +150,7 @@ class Broker:
             now_ms,
             backoff_ms=config.log_cleaner_backoff_ms,
             io_max_bytes_per_second=config.log_cleaner_io_max_bytes_per_second,
+            transaction_facts=self._transaction_facts,
         )
         self.groups = GroupCoordinator(self)
         self.services.append(self.groups)
@@ -320,6 +322,23 @@ class Broker:
                 self.connections_per_ip[host] = left
             else:
                 self.connections_per_ip.pop(host, None)
+
+    def _transaction_facts(self, log_: Any) -> TransactionFacts | None:
+        """A topic partition's LSO and aborted transactions, for the cleaner (else None:
+        the internal logs hold no transactional batches)."""
+        for name, topic in self.topics.topics.items():
+            for partition, candidate in enumerate(topic.logs):
+                if candidate is log_:
+                    lso = self.producers.last_stable_offset(
+                        name, partition, log_, log_.log_end_offset
+                    )
+                    aborted = self.producers.aborted_between(
+                        name, partition, log_, log_.log_start_offset, lso
+                    )
+                    return TransactionFacts(
+                        lso, tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted)
+                    )
+        return None
 
     def _compactable_logs(self) -> list[Any]:
         """Every partition log, the committed-offsets log and the transaction log (the

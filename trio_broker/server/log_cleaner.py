@@ -22,6 +22,7 @@ from trio_broker.storage.cleaner import (
     CleaningStopped,
     CleanResult,
     Throttler,
+    TransactionFacts,
     clean_log,
     plan_for,
 )
@@ -41,8 +42,12 @@ class LogCleaner:
         *,
         backoff_ms: int,
         io_max_bytes_per_second: float,
+        transaction_facts: Callable[[PartitionLog], TransactionFacts | None] | None = None,
     ) -> None:
         self._logs = logs
+        #: A partition's transaction state (LSO, aborted list), read on the event loop
+        #: before a pass: transactional data is then cleaned by Kafka's rules.
+        self._transaction_facts = transaction_facts
         self._now_ms = now_ms
         self.backoff_ms = backoff_ms
         self.io_max_bytes_per_second = io_max_bytes_per_second
@@ -133,9 +138,12 @@ class LogCleaner:
             return None
         _, target, chosen = best
         throttler = Throttler(self.io_max_bytes_per_second, stop=self._stop)
+        txns = self._transaction_facts(target) if self._transaction_facts is not None else None
         try:
             result = await self._run_pass(
-                lambda: clean_log(target, now, plan=chosen, throttler=throttler, stop=self._stop)
+                lambda: clean_log(
+                    target, now, plan=chosen, throttler=throttler, stop=self._stop, txns=txns
+                )
             )
         except CleaningStopped:
             return None

@@ -15,8 +15,13 @@ What stays (docs/compaction.md):
   pass that keeps it stamps the horizon (now + ``delete.retention.ms``) into the batch,
   as Kafka does since KIP-534 (attribute bit 6, the horizon as the base timestamp;
   record timestamps are unchanged);
-- transactional and control batches, whole, and their records do not hide older
-  values (an aborted write must not remove the value it failed to replace);
+- transaction markers (control batches), whole;
+- transactional data as Kafka's cleaner treats it, when the partition's transaction
+  state is given (:class:`TransactionFacts`): only below the last stable offset (an
+  open transaction is not decided yet); a committed transaction's records are
+  compacted like any others; an aborted transaction's batches are dropped and hide
+  nothing (an aborted write must not remove the value it failed to replace). Without
+  that state (a log no broker tracks) transactional batches stay whole and hide nothing;
 - the last batch of every producer id in the log, whole, so the idempotent producer
   state rebuilt from batch headers after a restart stays right.
 
@@ -168,9 +173,26 @@ def group_segments(
 # --------------------------------------------------------------------------- filtering
 
 
-def _keeps_whole(batch: RecordBatchView) -> bool:
-    """Transactional and control batches are never filtered (see the module doc)."""
-    return batch.is_transactional or batch.is_control
+@attrs.frozen
+class TransactionFacts:
+    """A partition's transaction state, as far as cleaning needs it (Kafka's rules)."""
+
+    #: Nothing at or above it is cleaned: a transaction open there is not decided yet.
+    last_stable_offset: int
+    #: (producer id, first offset, marker offset) of every aborted transaction.
+    aborted: tuple[tuple[int, int, int], ...] = ()
+
+    def is_aborted(self, batch: RecordBatchView) -> bool:
+        """Whether ``batch`` is data of an aborted transaction."""
+        if not batch.is_transactional or batch.is_control:
+            return False
+        pid, offset = batch.producer_id, batch.base_offset
+        return any(p == pid and first <= offset <= last for p, first, last in self.aborted)
+
+
+def _keeps_whole(batch: RecordBatchView, txns: TransactionFacts | None = None) -> bool:
+    """Markers are never filtered; transactional data only when its fate is known."""
+    return batch.is_control or (batch.is_transactional and txns is None)
 
 
 def build_offset_map(
@@ -179,6 +201,7 @@ def build_offset_map(
     *,
     kept_whole: set[int] | None = None,
     pinned: set[bytes] | None = None,
+    txns: TransactionFacts | None = None,
 ) -> None:
     """Record in ``offsets`` the latest offset of every key of ``batches`` (in log order).
 
@@ -187,10 +210,13 @@ def build_offset_map(
     the older value a whole batch keeps would come back as the latest.
     """
     for batch, records in batches:
-        whole = _keeps_whole(batch) or (kept_whole is not None and batch.base_offset in kept_whole)
+        aborted = txns is not None and txns.is_aborted(batch)
+        whole = _keeps_whole(batch, txns) or (
+            kept_whole is not None and batch.base_offset in kept_whole
+        )
         if whole and pinned is not None:
             pinned.update(r.key for r in records if r.key is not None)
-        if _keeps_whole(batch):
+        if _keeps_whole(batch, txns) or aborted:
             continue
         base = batch.base_offset
         for record in records:
@@ -231,14 +257,18 @@ def filter_batch(
     delete_retention_ms: int,
     keep_whole: bool = False,
     pinned: set[bytes] | frozenset[bytes] = frozenset(),
+    txns: TransactionFacts | None = None,
 ) -> Filtered:
     """Which records of ``batch`` survive a pass whose key map is ``offsets``.
 
     ``keep_whole``: the batch is its producer's last one in the log. A tombstone of a
-    key in ``pinned`` (see :func:`build_offset_map`) outlives its horizon.
+    key in ``pinned`` (see :func:`build_offset_map`) outlives its horizon. With
+    ``txns``, an aborted transaction's batch is dropped.
     """
-    if keep_whole or _keeps_whole(batch):
+    if keep_whole or _keeps_whole(batch, txns):
         return Filtered(tuple(records), None)
+    if txns is not None and txns.is_aborted(batch):
+        return Filtered((), None)
     base = batch.base_offset
     horizon = delete_horizon(batch)
     kept: list[Record] = []
@@ -453,31 +483,38 @@ def clean_log(
     throttler: Throttler | None = None,
     stop: threading.Event | None = None,
     after_step: Callable[[str], None] | None = None,
+    txns: TransactionFacts | None = None,
 ) -> CleanResult | None:
     """One cleaning pass over ``log`` (blocking: run it in a worker thread).
 
     None when no pass is due. ``after_step(name)`` is called between the steps of
-    the swap protocol (crash tests kill the process there).
+    the swap protocol (crash tests kill the process there). ``txns``: the
+    partition's transaction state; the pass then stops below its last stable offset.
     """
     started = time.monotonic()
     plan = plan or plan_for(log, now_ms)
     if plan is None:
         return None
     segments = log.cleanable_segments()[: plan.count]
+    facts = segment_facts(log, segments)
+    if txns is not None:  # only decided transactions: segments below the LSO
+        below = sum(1 for _ in itertools.takewhile(
+            lambda f: f.end_offset <= txns.last_stable_offset, facts))  # fmt: skip
+        segments, facts = segments[:below], facts[:below]
     if not segments:
         return None
-    facts = segment_facts(log, segments)
     config = log.config
     result = CleanResult()
     # The key map covers the whole cleaned range, so no pass relies on an earlier one.
-    last_of_producer = _last_batch_of_producers(log, segments, plan.end_offset)
+    last_of_producer = _last_batch_of_producers(log, segments, facts[-1].end_offset)
     keep_whole = set(last_of_producer.values())
     offsets: dict[bytes, int] = {}
     pinned: set[bytes] = set()
     for segment in segments:
         build_offset_map(
-            _read_batches(segment, throttler, stop), offsets, kept_whole=keep_whole, pinned=pinned
-        )
+            _read_batches(segment, throttler, stop), offsets, kept_whole=keep_whole,
+            pinned=pinned, txns=txns,
+        )  # fmt: skip
     step = after_step or (lambda _name: None)
     index = 0
     for size in group_segments(facts, config.segment_bytes, config.max_index_entries):
@@ -487,8 +524,9 @@ def clean_log(
         if stop is not None and stop.is_set():
             raise CleaningStopped
         written = _clean_group(
-            log, group, end, offsets, keep_whole, pinned, now_ms, result, throttler, stop, step
-        )
+            log, group, end, offsets, keep_whole, pinned, now_ms, result, throttler, stop, step,
+            txns,
+        )  # fmt: skip
         if not written:
             break
     result.seconds = time.monotonic() - started
@@ -507,6 +545,7 @@ def _clean_group(
     throttler: Throttler | None,
     stop: threading.Event | None,
     step: Callable[[str], None],
+    txns: TransactionFacts | None = None,
 ) -> bool:
     directory = log.directory
     base = group[0].base_offset
@@ -528,6 +567,7 @@ def _clean_group(
                     delete_retention_ms=config.delete_retention_ms,
                     keep_whole=batch.base_offset in keep_whole,
                     pinned=pinned,
+                    txns=txns,
                 )
                 if verdict.horizon is not None and (
                     result.next_horizon is None or verdict.horizon < result.next_horizon
