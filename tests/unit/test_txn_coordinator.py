@@ -680,3 +680,23 @@ async def test_a_failed_marker_append_is_retried_without_writing_twice(
     assert markers(services, "a", 0) == [(pid, 0, True)]  # once, though tried three times
     assert markers(services, "b", 0) == [(pid, 0, True)]
     assert await end(services, pid, 0, True) == ErrorCode.NONE
+
+
+def test_a_cluster_broker_has_no_transaction_coordinator(tmp_path: Any) -> None:
+    """Cluster mode: no coordinator (it would write markers into partitions other
+    brokers lead); FindCoordinator answers COORDINATOR_NOT_AVAILABLE (test above)."""
+    from trio_broker.server.broker import Broker
+
+    alone = Broker(BrokerConfig(port=0, data_dir=tmp_path / "alone"))
+    clustered = Broker(
+        BrokerConfig(port=0, data_dir=tmp_path / "clustered", zookeeper_connect="127.0.0.1:1")
+    )
+    try:
+        assert alone.transactions is not None
+        assert clustered.transactions is None
+        assert not (tmp_path / "clustered" / "__transaction_state-0").exists()
+    finally:
+        for broker in (alone, clustered):
+            broker.topics.close()
+            if broker.transactions is not None:
+                broker.transactions.close()

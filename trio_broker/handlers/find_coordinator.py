@@ -41,8 +41,10 @@ def _locate(
         if not authorized(ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key):
             return (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                     f"DESCRIBE on transactional id {key!r}", -1, "", -1)  # fmt: skip
-        if ctx.services.transactions is None:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE, "no transaction coordinator", -1, "", -1
+        if ctx.services.transactions is None:  # cluster mode: not built yet (docs/cluster.md)
+            return (ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    "no transaction coordinator: transactions need a single broker for now",
+                    -1, "", -1)  # fmt: skip
         host, port = ctx.services.advertised_for(ctx.client.connection_id)
         return ErrorCode.NONE, None, ctx.services.config.node_id, host, port
     return ErrorCode.INVALID_REQUEST, f"unknown coordinator key type {key_type}", -1, "", -1

@@ -168,15 +168,19 @@ class Broker:
         self.replication: Any = None
         #: The transaction coordinator (trio_broker/transactions): its table is replayed
         #: from <data_dir>/__transaction_state-0 here; its timers are a service task.
-        self.transactions: Any = TransactionCoordinator.open(
-            data_dir, self.log_defaults, topics=self.topics, producers=self.producers,
-            durability=self.flusher, appends=self.appends, groups=self.groups,
-            allocate_producer_id=lambda: self.producers.allocator.allocate(),
-            write_marker=append_txn_marker, now_ms=now_ms,
-            max_timeout_ms=config.transaction_max_timeout_ms,
-            expiration_ms=config.transactional_id_expiration_ms,
-        )  # fmt: skip
-        self.services.append(TransactionTimers(self.transactions, config))
+        #: None in cluster mode: it would write markers into partitions it does not lead
+        #: (docs/cluster.md: transactions across a cluster are not built yet).
+        self.transactions: Any = None
+        if config.zookeeper_connect is None:
+            self.transactions = TransactionCoordinator.open(
+                data_dir, self.log_defaults, topics=self.topics, producers=self.producers,
+                durability=self.flusher, appends=self.appends, groups=self.groups,
+                allocate_producer_id=lambda: self.producers.allocator.allocate(),
+                write_marker=append_txn_marker, now_ms=now_ms,
+                max_timeout_ms=config.transaction_max_timeout_ms,
+                expiration_ms=config.transactional_id_expiration_ms,
+            )  # fmt: skip
+            self.services.append(TransactionTimers(self.transactions, config))
         #: The Prometheus /metrics and /health responder (trio_broker.server.metrics), or None.
         self.metrics: Any = None
         if config.metrics_listener is not None:
