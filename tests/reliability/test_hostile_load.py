@@ -88,11 +88,10 @@ def test_stalled_half_frame_is_closed_when_idle(make_broker: BrokerFactory) -> N
     with broker.connect() as conn:
         frame = _metadata_frame(1)
         conn.send(frame[: len(frame) // 2])  # then nothing more
-        started = time.monotonic()
+        # The half frame is dropped by the idle timeout (1 s), not at once as if it
+        # were malformed: still open a moment later, closed in the end.
+        assert not conn.closed_by_peer(timeout=0.3), "closed before connections.max.idle.ms"
         assert conn.closed_by_peer(timeout=10.0), "stalled connection kept open"
-        # Behaviour, not speed: the half frame is dropped by the idle timeout
-        # (1 s), not at once as if it were malformed.
-        assert time.monotonic() - started > 0.5
     broker.assert_serving()
 
 
