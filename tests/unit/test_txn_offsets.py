@@ -35,6 +35,7 @@ from trio_broker.protocol.records import build_batch
 from trio_broker.state.group import Group, GroupConfig, GroupState
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.memory import MemoryLog
+from trio_broker.storage.replay import iter_log_records
 
 PRODUCER = 7000
 OTHER = 7001
@@ -329,7 +330,7 @@ def compacted(store: OffsetsStore, *, drop_tombstones: bool) -> OffsetsStore:
     """What a replay of the log sees once the cleaner kept the latest record per key
     (and, past the delete horizon, dropped the tombstones too)."""
     latest: dict[bytes, tuple[int, bytes | None]] = {}
-    for offset, key, value in store._records():
+    for offset, key, value in iter_log_records(store.log):
         assert key is not None
         latest[key] = (offset, value)
     kept = sorted((offset, key, value) for key, (offset, value) in latest.items())

@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from trio_broker.protocol.errors import ProtocolError
-from trio_broker.protocol.records import build_batch, iter_batches
+from trio_broker.protocol.records import build_batch
 from trio_broker.storage.log import LogConfig, PartitionLog
 from trio_broker.storage.memory import MemoryLog
+from trio_broker.storage.replay import close_log, iter_log_records
 
 log = logging.getLogger("trio_broker.groups")
 
@@ -41,8 +42,6 @@ TXN_OFFSET_KEY_VERSION = 2
 TXN_END_KEY_VERSION = 3
 VALUE_VERSION = 1
 TXN_END_VALUE_VERSION = 1
-#: How much of the log one read during replay asks for.
-REPLAY_CHUNK_BYTES = 1 << 20
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -255,31 +254,14 @@ class OffsetsStore:
         return store
 
     def close(self) -> None:
-        close = getattr(self.log, "close", None)  # MemoryLog may have nothing to close
-        if close is not None:
-            close()
+        close_log(self.log)
 
     # ------------------------------------------------------------------ replay
-
-    def _records(self) -> Iterator[tuple[int, bytes | None, bytes | None]]:
-        position = self.log.log_start_offset
-        end = self.log.log_end_offset
-        while position < end:
-            regions = self.log.read(position, REPLAY_CHUNK_BYTES, end)
-            if not regions:
-                break
-            for region in regions:
-                for batch in iter_batches(region.read_bytes()):
-                    for record in batch.records():
-                        offset = batch.offset_of(record)
-                        if offset >= position:
-                            yield offset, record.key, record.value
-                    position = max(position, batch.last_offset + 1)
 
     def load(self) -> int:
         """Replay the log into the table; returns how many records were read."""
         count = 0
-        for offset, key, value in self._records():
+        for offset, key, value in iter_log_records(self.log):
             count += 1
             if key is None:
                 continue

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,9 +30,10 @@ import attrs
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError, ProtocolError
-from trio_broker.protocol.records import build_batch, iter_batches
+from trio_broker.protocol.records import build_batch
 from trio_broker.storage.log import LogConfig, PartitionLog
 from trio_broker.storage.memory import MemoryLog
+from trio_broker.storage.replay import close_log, iter_log_records
 from trio_broker.transactions import state as st
 from trio_broker.transactions.log_format import (
     decode_key,
@@ -48,7 +49,6 @@ log = logging.getLogger("trio_broker.transactions")
 TRANSACTION_LOG_NAME = "__transaction_state-0"
 #: One node, one coordinator that never moves: markers carry coordinator epoch 0.
 COORDINATOR_EPOCH = 0
-REPLAY_CHUNK_BYTES = 1 << 20
 #: A marker append refused with these needs no retry: nothing is left to close there.
 MARKER_NOT_NEEDED = frozenset(
     {ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.INVALID_PRODUCER_EPOCH}
@@ -144,31 +144,14 @@ class TransactionCoordinator:
         return coordinator
 
     def close(self) -> None:
-        close = getattr(self.log, "close", None)
-        if close is not None:
-            close()
+        close_log(self.log)
 
     # ------------------------------------------------------------------ replay
-
-    def _records(self) -> Iterator[tuple[int, bytes | None, bytes | None]]:
-        position = self.log.log_start_offset
-        end = self.log.log_end_offset
-        while position < end:
-            regions = self.log.read(position, REPLAY_CHUNK_BYTES, end)
-            if not regions:
-                break
-            for region in regions:
-                for batch in iter_batches(region.read_bytes()):
-                    for record in batch.records():
-                        offset = batch.offset_of(record)
-                        if offset >= position:
-                            yield offset, record.key, record.value
-                    position = max(position, batch.last_offset + 1)
 
     def load(self) -> int:
         """Replay the log into the table; returns how many records were read."""
         count = 0
-        for offset, key, value in self._records():
+        for offset, key, value in iter_log_records(self.log):
             count += 1
             if key is None:
                 continue
