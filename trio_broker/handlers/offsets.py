@@ -10,6 +10,8 @@ v10 of both APIs name topics by id instead of name.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
 
 from trio_broker.groups.coordinator import GroupCoordinator
 from trio_broker.groups.offsets_store import Entry, OffsetAndMetadata, OffsetKey, PendingWrite
@@ -17,8 +19,10 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.protocol.schema import uses_topic_ids
+from trio_broker.protocol.schema import Message, uses_topic_ids
 from trio_broker.storage.errors import StorageError
+
+R = TypeVar("R", bound=Message)
 
 CommitResp = m.OffsetCommitResponse
 CommitPartResp = CommitResp.OffsetCommitResponseTopic.OffsetCommitResponsePartition
@@ -121,17 +125,29 @@ async def handle_offset_commit(
             part.error_code = error
         return response
 
+    # Appended now, so commits on one connection land in the log in request order.
+    return answer_when_durable(groups, lambda: groups.append_offsets(entries), response, fail)
+
+
+def answer_when_durable(
+    groups: GroupCoordinator,
+    append: Callable[[], PendingWrite],
+    response: R,
+    fail: Callable[[ErrorCode], R],
+) -> R | Deferred:
+    """Append offset records now and answer once they are durable (OffsetCommit and
+    TxnOffsetCommit); a failed write or sync fails the accepted partitions with
+    COORDINATOR_NOT_AVAILABLE, which clients retry."""
     try:
-        # Appended now, so commits on one connection land in the log in request order.
-        write: PendingWrite = groups.append_offsets(entries)
+        write = append()
     except StorageError:
         return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
 
-    async def when_durable() -> m.OffsetCommitResponse:
+    async def when_durable() -> R:
         try:
             await groups.wait_offsets_durable(write)
         except StorageError:
-            return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)  # retriable for clients
+            return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         return response
 
     return Deferred(when_durable)

@@ -17,18 +17,18 @@ transaction coordinator is not asked whether the group was added.
 
 from __future__ import annotations
 
-from trio_broker.groups.offsets_store import OffsetAndMetadata, OffsetKey, PendingWrite
+from trio_broker.groups.offsets_store import OffsetAndMetadata, OffsetKey
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.offsets import (
     MAX_METADATA_BYTES,
     NO_LEADER_EPOCH,
+    answer_when_durable,
     coordinator,
     resolve_topic,
 )
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.storage.errors import StorageError
 
 Resp = m.TxnOffsetCommitResponse
 TopicResp = Resp.TxnOffsetCommitResponseTopic
@@ -108,18 +108,9 @@ async def handle_txn_offset_commit(
     )
     if group_error is not ErrorCode.NONE:
         return fail(group_error)
-    try:
-        write: PendingWrite = groups.stage_txn_offsets(
-            request.producer_id, request.producer_epoch, staged
-        )
-    except StorageError:
-        return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
-
-    async def when_durable() -> m.TxnOffsetCommitResponse:
-        try:
-            await groups.wait_offsets_durable(write)
-        except StorageError:
-            return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)  # retriable for clients
-        return response
-
-    return Deferred(when_durable)
+    return answer_when_durable(
+        groups,
+        lambda: groups.stage_txn_offsets(request.producer_id, request.producer_epoch, staged),
+        response,
+        fail,
+    )
