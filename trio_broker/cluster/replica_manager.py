@@ -53,6 +53,7 @@ from trio_broker.replication.controller_rules import (
 )
 from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition, NotAReplica
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
+from trio_broker.services.internal_topics import LeadershipListener
 from trio_broker.services.topics import TopicError, TopicManager
 
 __all__ = ["FollowerRole", "ReplicaManager"]
@@ -120,6 +121,10 @@ class ReplicaManager:
         #: Cluster topics this broker keeps a local copy of (since it started): deleted
         #: locally when the cluster deletes them.
         self.local_copies: set[str] = set()
+        #: Internal topics' owners by topic name (services/internal_topics.py): the group
+        #: and transaction coordinators learn here which of their partitions this broker
+        #: leads.
+        self.leadership_listeners: dict[str, LeadershipListener] = {}
 
     # ------------------------------------------------------------------ for handlers
 
@@ -282,8 +287,7 @@ class ReplicaManager:
         """The broker shuts down: end every term and stop following (for good: the
         caller cancels this manager's tasks next)."""
         for key in list(self.terms):
-            del self.terms[key]
-            self._wake(key)  # acks=all waiters: LEADERSHIP_LOST
+            self._end_term(key)
         self.following.clear()
         self.roles_changed.set()
         self.roles_changed = trio.Event()
@@ -342,9 +346,7 @@ class ReplicaManager:
                     elif term.isr != frozenset(info.isr) and term.pending is None:
                         term.isr = frozenset(info.isr)  # the controller's word, same epoch
                 else:
-                    had_term = self.terms.pop(key, None) is not None
-                    if had_term:
-                        self._wake(key)  # acks=all waiters learn the leadership moved
+                    self._end_term(key)
                     role = self.following.get(key)
                     if info.leader == NO_LEADER:
                         if role is not None:
@@ -367,8 +369,7 @@ class ReplicaManager:
             topic_info = self.view.topics.get(key[0])
             held = topic_info.partitions.get(key[1]) if topic_info is not None else None
             if held is None or me not in held.replicas:
-                if self.terms.pop(key, None) is not None:
-                    self._wake(key)  # acks=all waiters learn the leadership moved
+                self._end_term(key)
                 self.following.pop(key, None)
                 roles_changed = True
                 if held is not None:  # moved away by a reassignment (not a deleted topic)
@@ -390,8 +391,7 @@ class ReplicaManager:
             return  # ask again at the next view change
         self.local_copies.discard(name)
         for key in [k for k in [*self.following, *self.terms] if k[0] == name]:
-            if self.terms.pop(key, None) is not None:
-                self._wake(key)
+            self._end_term(key)
             self.following.pop(key, None)
         if self.topics.get(name) is not None:
             self.topics.delete(name)
@@ -468,6 +468,19 @@ class ReplicaManager:
         self._wake(key)
         log.info("leading %s-%d in epoch %d, ISR %s", name, partition, info.leader_epoch,
                  sorted(info.isr))  # fmt: skip
+        listener = self.leadership_listeners.get(name)
+        if listener is not None:
+            listener.elected(partition, info.leader_epoch, log_)
+
+    def _end_term(self, key: tuple[str, int]) -> None:
+        """This broker stops leading ``key`` (if it did): acks=all waiters learn it
+        (LEADERSHIP_LOST), and so does the internal topic's owner."""
+        if self.terms.pop(key, None) is None:
+            return
+        self._wake(key)
+        listener = self.leadership_listeners.get(key[0])
+        if listener is not None:
+            listener.resigned(key[1])
 
     async def _lag_loop(self) -> None:
         while True:
