@@ -54,7 +54,7 @@ from trio_broker.replication.controller_rules import (
 from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition, NotAReplica
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.internal_topics import LeadershipListener
-from trio_broker.services.topics import TopicError, TopicManager
+from trio_broker.services.topics import RESERVED_TOPICS, TopicError, TopicManager
 
 __all__ = ["FollowerRole", "ReplicaManager"]
 
@@ -202,6 +202,34 @@ class ReplicaManager:
         with trio.move_on_after(CREATE_WAIT_S):
             while not self._has_leaders(name, len(assignment)):
                 await self._view_event().wait()
+
+    async def ensure_internal_topic(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
+    ) -> bool:
+        """Create internal topic ``name`` (``__consumer_offsets``, ``__transaction_state``)
+        in the cluster unless it exists; True once every partition has a leader.
+
+        As Kafka, the topic is made on first use (FindCoordinator) with its full
+        replication factor: while fewer brokers are alive, TopicError
+        COORDINATOR_NOT_AVAILABLE, and clients retry.
+        """
+        topic = self.view.topics.get(name)
+        if topic is None:
+            if len(self.view.brokers) < replication_factor:
+                raise TopicError(
+                    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    f"{name} needs {replication_factor} live brokers, "
+                    f"{len(self.view.brokers)} are alive",
+                )
+            try:
+                await self.create_topic(name, partitions, replication_factor, configs, None)
+            except TopicError as exc:
+                if exc.error_code != ErrorCode.TOPIC_ALREADY_EXISTS:
+                    raise
+            topic = self.view.topics.get(name)
+            if topic is None:
+                return False
+        return self._has_leaders(name, len(topic.partitions))
 
     async def create_partitions(
         self, name: str, total: int, assignment: list[list[int]] | None, validate_only: bool
@@ -425,7 +453,8 @@ class ReplicaManager:
         configs = await self._topic_configs(name)
         if local is None:
             try:
-                local = self.topics.create(name, partitions, configs, topic_id=topic_id)
+                local = self.topics.create(name, partitions, configs, topic_id=topic_id,
+                                           internal=name in RESERVED_TOPICS)  # fmt: skip
             except TopicError as exc:
                 log.warning("cannot create local topic %s: %s", name, exc)
                 return None
