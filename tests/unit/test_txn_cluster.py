@@ -28,6 +28,7 @@ import trio
 from tests.unit.test_txn_coordinator import Services, append_marker, call, markers
 from trio_broker.cluster.txn_marker_channel import marker_targets, route_markers
 from trio_broker.config import BrokerConfig
+from trio_broker.handlers.describe_transactions import handle_describe_transactions
 from trio_broker.handlers.find_coordinator import handle_find_coordinator
 from trio_broker.handlers.write_txn_markers import handle_write_txn_markers
 from trio_broker.protocol import messages as m
@@ -325,3 +326,19 @@ async def test_find_coordinator_answers_the_partitions_leader(
     assert (found.error_code, found.node_id, found.port) == (ErrorCode.NONE, 3, 9003)
     view.topics[TRANSACTION_STATE].partitions[led] = PartitionInfo((1, 2, 3), -1, 1, (1, 2, 3))
     assert (await find()).error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+async def test_describe_transactions_answers_not_coordinator_elsewhere(
+    clustered: tuple[Services, Replication, Sent],
+) -> None:
+    services, replication, _ = clustered
+    [mine] = ids_in(0, 1)
+    [elsewhere] = ids_in(1, 1)
+    elect(services, replication, 0, 0)
+    services.transactions.load_pending()
+    await init(services, mine)
+    request = m.DescribeTransactionsRequest(transactional_ids=[mine, elsewhere])
+    response = await call(services, handle_describe_transactions,
+                          m.ApiKey.DESCRIBE_TRANSACTIONS, 0, request)  # fmt: skip
+    errors = [(s.transactional_id, s.error_code) for s in response.transaction_states]
+    assert errors == [(mine, ErrorCode.NONE), (elsewhere, ErrorCode.NOT_COORDINATOR)]
