@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -34,7 +35,11 @@ from tests.cluster.test_cluster_faults import (
     full_isr,
     servers,
 )
+from trio_broker.cluster.broker_client import BrokerClient
 from trio_broker.groups import GroupCoordinator
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.records import build_batch
 from trio_broker.services.internal_topics import TRANSACTION_STATE, partition_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -237,6 +242,105 @@ def test_coordinator_kill_9_between_and_during_transactions(cluster: Cluster) ->
         assert sorted(doubtful) == sorted(in_doubt)
     rest = [v for v in got if not v.startswith("d3-")]
     assert sorted(rest) == sorted(committed), "committed transactions whole, aborted ones absent"
+
+
+async def _raw_verification_check(cluster: Cluster, admin: AdminClient) -> dict[str, int]:
+    """Our own inter-broker client as a transactional producer: the answers Produce gives a
+    transactional batch before its partition is added, once added, and after the
+    abort (a late batch), at a partition leader other than the coordinator and at one
+    that is the coordinator."""
+    tid = "tx-raw"
+    clients = {
+        b: BrokerClient("127.0.0.1", int(broker.bootstrap.rsplit(":", 1)[1]), "raw-test")
+        for b, broker in cluster.items()
+    }
+    try:
+        coordinator = -1
+        with trio.fail_after(60):
+            while coordinator < 0:
+                find = await clients[1].call(m.ApiKey.FIND_COORDINATOR, 3, m.FindCoordinatorRequest(
+                    key=tid, key_type=1), 10)  # fmt: skip
+                if find.error_code == ErrorCode.NONE:
+                    coordinator = find.node_id
+                else:
+                    await trio.sleep(0.2)
+            init = m.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000,
+                                           producer_id=-1, producer_epoch=-1)  # fmt: skip
+            while True:
+                ids = await clients[coordinator].call(m.ApiKey.INIT_PRODUCER_ID, 4, init, 10)
+                if ids.error_code == ErrorCode.NONE:
+                    break
+                await trio.sleep(0.2)
+        pid, epoch = ids.producer_id, ids.producer_epoch
+        by_leader = leaders(admin, TOPIC)
+        remote = next(p for p, leader in by_leader.items() if leader != coordinator)
+        local = next((p for p, leader in by_leader.items() if leader == coordinator), None)
+        answers: dict[str, int] = {}
+        sequences: dict[int, int] = {}
+
+        async def produce(partition: int, label: str) -> None:
+            sequence = sequences.get(partition, 0)
+            batch = build_batch([(None, label.encode())], producer_id=pid,
+                                producer_epoch=epoch, base_sequence=sequence,
+                                is_transactional=True)  # fmt: skip
+            Topic = m.ProduceRequest.TopicProduceData
+            request = m.ProduceRequest(transactional_id=tid, acks=-1, timeout_ms=10_000,
+                                       topic_data=[Topic(name=TOPIC, partition_data=[
+                                           Topic.PartitionProduceData(index=partition,
+                                                                      records=bytes(batch))])])  # fmt: skip
+            response = await clients[by_leader[partition]].call(m.ApiKey.PRODUCE, 9, request, 15)
+            error = response.responses[0].partition_responses[0].error_code
+            if error == ErrorCode.NONE:
+                sequences[partition] = sequence + 1
+            answers[label] = error
+
+        async def add(partition: int) -> None:
+            Topic = m.AddPartitionsToTxnRequest.AddPartitionsToTxnTopic
+            request = m.AddPartitionsToTxnRequest(
+                v3_and_below_transactional_id=tid, v3_and_below_producer_id=pid,
+                v3_and_below_producer_epoch=epoch,
+                v3_and_below_topics=[Topic(name=TOPIC, partitions=[partition])],
+            )  # fmt: skip
+            response = await clients[coordinator].call(m.ApiKey.ADD_PARTITIONS_TO_TXN, 3,
+                                                       request, 15)  # fmt: skip
+            [result] = response.results_by_topic_v3_and_below
+            assert result.results_by_partition[0].partition_error_code == ErrorCode.NONE
+
+        targets = {"remote": remote} if local is None else {"remote": remote, "local": local}
+        for where, partition in targets.items():
+            await produce(partition, f"{where}-before-add")
+            await add(partition)
+            await produce(partition, f"{where}-added")
+            await produce(partition, f"{where}-second")
+        end = m.EndTxnRequest(transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+                              committed=False)  # fmt: skip
+        ended = await clients[coordinator].call(m.ApiKey.END_TXN, 3, end, 30)
+        assert ended.error_code == ErrorCode.NONE
+        for where, partition in targets.items():
+            await produce(partition, f"{where}-late")
+        return answers
+    finally:
+        for client in clients.values():
+            await client.close()
+
+
+def test_produce_verifies_a_transactions_first_batch_with_the_coordinator(
+    cluster: Cluster,
+) -> None:
+    """KIP-890: a partition leader asks the id's coordinator (over the inter-broker
+    client, or its own table) before a batch begins the producer's transaction there:
+    refused before AddPartitionsToTxn and after the abort (a late batch that would
+    otherwise leave a transaction hanging), accepted in between."""
+    admin = setup(cluster)
+    answers = trio.run(_raw_verification_check, cluster, admin)
+    for where in ("remote", "local"):
+        if f"{where}-added" not in answers:
+            continue  # every partition led by another broker than the coordinator
+        assert answers[f"{where}-before-add"] == ErrorCode.INVALID_TXN_STATE, answers
+        assert answers[f"{where}-added"] == ErrorCode.NONE, answers
+        assert answers[f"{where}-second"] == ErrorCode.NONE, answers
+        assert answers[f"{where}-late"] == ErrorCode.INVALID_TXN_STATE, answers
+    assert "remote-added" in answers
 
 
 @pytest.mark.skipif(

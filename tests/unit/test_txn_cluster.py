@@ -342,3 +342,47 @@ async def test_describe_transactions_answers_not_coordinator_elsewhere(
                           m.ApiKey.DESCRIBE_TRANSACTIONS, 0, request)  # fmt: skip
     errors = [(s.transactional_id, s.error_code) for s in response.transaction_states]
     assert errors == [(mine, ErrorCode.NONE), (elsewhere, ErrorCode.NOT_COORDINATOR)]
+
+
+async def test_produce_verification_asks_the_ids_coordinator(
+    clustered: tuple[Services, Replication, Sent],
+) -> None:
+    services, replication, _ = clustered
+    coordinator = services.transactions
+    [here] = ids_in(0, 1)
+    [there] = ids_in(2, 1)
+    elect(services, replication, 0, 0)
+    coordinator.load_pending()
+    producer = await init(services, here)
+    pid = producer.producer_id
+    await coordinator.add_to_transaction(here, pid, 0, [("a", 0)], [], ErrorCode.PRODUCER_FENCED)
+    # This broker's own table answers.
+    assert await coordinator.verify_batches(here, pid, 0, [("a", 0), ("a", 1)]) == {
+        ("a", 0): ErrorCode.NONE, ("a", 1): ErrorCode.INVALID_TXN_STATE,
+    }  # fmt: skip
+    assert await coordinator.verify_batches(here, pid, 1, [("a", 0)]) == {
+        ("a", 0): ErrorCode.INVALID_TXN_STATE,  # an epoch the coordinator never gave
+    }  # fmt: skip
+    # Once the end begins, a late first batch is refused (the hanging transaction KIP-890
+    # closes): the partition is no longer in an ongoing transaction.
+    assert await coordinator.end_transaction(here, pid, 0, False, ErrorCode.PRODUCER_FENCED) == (
+        ErrorCode.NONE
+    )
+    assert await coordinator.verify_batches(here, pid, 0, [("a", 0)]) == {
+        ("a", 0): ErrorCode.INVALID_TXN_STATE,
+    }  # fmt: skip
+    # Another broker's coordinator is asked (AddPartitionsToTxn verify_only); what it
+    # cannot answer now becomes NOT_ENOUGH_REPLICAS, which producers retry.
+    asked: list[tuple[str, int, int, list[tuple[str, int]], int]] = []
+
+    async def ask(tid: str, producer_id: int, epoch: int, partitions: Any, txn_partition: int
+                  ) -> dict[tuple[str, int], ErrorCode]:  # fmt: skip
+        asked.append((tid, producer_id, epoch, partitions, txn_partition))
+        return {("a", 0): ErrorCode.NONE, ("b", 0): ErrorCode.NOT_COORDINATOR,
+                ("b", 1): ErrorCode.PRODUCER_FENCED}  # fmt: skip
+
+    coordinator.ask_coordinator = ask
+    answers = await coordinator.verify_batches(there, 9, 3, [("a", 0), ("b", 0), ("b", 1)])
+    assert answers == {("a", 0): ErrorCode.NONE, ("b", 0): ErrorCode.NOT_ENOUGH_REPLICAS,
+                       ("b", 1): ErrorCode.INVALID_PRODUCER_EPOCH}  # fmt: skip
+    assert asked == [(there, 9, 3, [("a", 0), ("b", 0), ("b", 1)], 2)]

@@ -96,10 +96,12 @@ async def run_cluster_node(
             # The coordinator of a transactional id is the leader of its partition of
             # __transaction_state; markers go to the partitions' leaders.
             transactions.replication = manager
-            transactions.send_markers = TxnMarkerChannel(
+            channel = TxnMarkerChannel(
                 host, manager,
                 offsets_partitions=getattr(config, "offsets_topic_num_partitions", 50),
-            ).send  # fmt: skip
+            )  # fmt: skip
+            transactions.send_markers = channel.send
+            transactions.ask_coordinator = channel.ask_coordinator
             manager.leadership_listeners[TRANSACTION_STATE] = transactions
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)

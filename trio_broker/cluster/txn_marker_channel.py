@@ -1,5 +1,9 @@
 """Transaction markers in a cluster: each partition's leader writes the marker.
 
+(And the partition leader's question to a coordinator on another broker, KIP-890's
+verify-only AddPartitionsToTxn: :meth:`TxnMarkerChannel.ask_coordinator`, on the same
+inter-broker connections.)
+
 The coordinator (``transactions/coordinator.py``, one table per led
 ``__transaction_state`` partition) ends a transaction by calling
 :meth:`TxnMarkerChannel.send`: every partition of the transaction, and the
@@ -48,6 +52,10 @@ MARKER_ATTEMPT_S = 30.0
 RETRY_BACKOFF_S = 0.1
 #: How long one WriteTxnMarkers request may take (its markers wait for the HW).
 REQUEST_TIMEOUT_S = 15.0
+#: AddPartitionsToTxn v4: the first with verify_only (KIP-890), broker to broker.
+VERIFY_VERSION = 4
+#: A Produce waits this long at most for the coordinator's verification.
+VERIFY_TIMEOUT_S = 5.0
 #: Answers after which a partition needs no more marker: done, or nothing of this
 #: producer's transaction left to end there (a newer epoch already wrote).
 FINISHED = frozenset({ErrorCode.NONE, ErrorCode.INVALID_PRODUCER_EPOCH})
@@ -199,6 +207,51 @@ class TxnMarkerChannel:
                 for part in topic_result.partitions:
                     answers[topic_result.name, part.partition_index] = ErrorCode(part.error_code)
         return {tp: answers.get(tp, ErrorCode.UNKNOWN_SERVER_ERROR) for tp in partitions}
+
+    async def ask_coordinator(
+        self, transactional_id: str, producer_id: int, producer_epoch: int,
+        partitions: list[TopicPartition], txn_partition: int,
+    ) -> dict[TopicPartition, ErrorCode]:  # fmt: skip
+        """KIP-890's verification: AddPartitionsToTxn v4 with ``verify_only`` to the
+        leader of ``__transaction_state``-``txn_partition``; each partition's error
+        (NOT_COORDINATOR / NETWORK_EXCEPTION when that broker cannot answer now)."""
+        info = self.replication.partition(TRANSACTION_STATE, txn_partition)
+        leader = NO_LEADER if info is None else info.leader
+        if leader == NO_LEADER or leader == self.replication.view.broker_id:
+            return dict.fromkeys(partitions, ErrorCode.NOT_COORDINATOR)
+        Txn = m.AddPartitionsToTxnRequest.AddPartitionsToTxnTransaction
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in partitions:
+            by_topic.setdefault(topic, []).append(partition)
+        request = m.AddPartitionsToTxnRequest(transactions=[Txn(
+            transactional_id=transactional_id, producer_id=producer_id,
+            producer_epoch=producer_epoch, verify_only=True,
+            topics=[Txn.AddPartitionsToTxnTopic(name=t, partitions=ps)
+                    for t, ps in by_topic.items()],
+        )])  # fmt: skip
+        client = self._client(leader)
+        if client is None:
+            return dict.fromkeys(partitions, ErrorCode.NETWORK_EXCEPTION)
+        broker_client, lock = client
+        async with lock:
+            try:
+                response = await broker_client.call(
+                    m.ApiKey.ADD_PARTITIONS_TO_TXN, VERIFY_VERSION, request, VERIFY_TIMEOUT_S
+                )
+            except BrokerConnectionError as exc:
+                log.info("AddPartitionsToTxn (verify) to broker %d: %s", leader, exc)
+                self._clients.pop(leader, None)
+                return dict.fromkeys(partitions, ErrorCode.NETWORK_EXCEPTION)
+        if response.error_code != ErrorCode.NONE:
+            return dict.fromkeys(partitions, ErrorCode(response.error_code))
+        answers: dict[TopicPartition, ErrorCode] = {}
+        for result in response.results_by_transaction:
+            for topic_result in result.topic_results:
+                for part in topic_result.results_by_partition:
+                    answers[topic_result.name, part.partition_index] = ErrorCode(
+                        part.partition_error_code
+                    )
+        return {tp: answers.get(tp, ErrorCode.NETWORK_EXCEPTION) for tp in partitions}
 
     def _client(self, broker_id: int) -> tuple[BrokerClient, trio.Lock] | None:
         found = self._clients.get(broker_id)

@@ -48,6 +48,26 @@ class TableFactory(Protocol):
     ) -> TransactionCoordinator: ...  # fmt: skip
 
 
+class Verifier(Protocol):
+    """KIP-890's question to the coordinator of ``transactional_id``, which leads
+    ``__transaction_state``-``txn_partition``: each partition's error (NONE: in the
+    producer's ongoing transaction)."""
+
+    async def __call__(
+        self, transactional_id: str, producer_id: int, producer_epoch: int,
+        partitions: list[TopicPartition], txn_partition: int, /,
+    ) -> dict[TopicPartition, ErrorCode]: ...  # fmt: skip
+
+
+#: The coordinator could not answer now: Produce answers NOT_ENOUGH_REPLICAS, which
+#: every client retries (as Kafka's leader does for these).
+UNVERIFIED_RETRIABLE = frozenset({
+    ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.CONCURRENT_TRANSACTIONS,
+    ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT,
+})  # fmt: skip
+
+
 @attrs.frozen
 class _Loading:
     leader_epoch: int
@@ -65,6 +85,9 @@ class PartitionedTransactionCoordinator:
         #: manager (the tables write through it) and the marker channel's ``send``.
         self.replication: Any = None
         self.send_markers: MarkerSender | None = None
+        #: Set with them: asks another broker's coordinator (AddPartitionsToTxn v4,
+        #: verify_only) whether partitions are in a transaction.
+        self.ask_coordinator: Verifier | None = None
         #: Led partitions whose tables are loaded: partition -> table.
         self.tables: dict[int, TransactionCoordinator] = {}
         #: Led partitions waiting for :meth:`load_pending`.
@@ -141,11 +164,37 @@ class PartitionedTransactionCoordinator:
     def partition_in_transaction(
         self, producer_id: int, producer_epoch: int, topic: str, partition: int
     ) -> int:
-        """Produce's check. The partition's leader is often not the producer's
-        coordinator, and it does not ask the coordinator (KIP-890's verification is not
-        built for a cluster: Kafka's transaction.partition.verification.enable=false):
-        the batch is accepted; the partition's producer state checks its epoch."""
+        """Produce's check after :meth:`verify_batches`: a batch that begins the
+        producer's transaction in the partition was verified with the coordinator
+        already (produce.py asks first); later ones find it open in the partition's
+        producer state, which also refuses fenced epochs."""
         return int(ErrorCode.NONE)
+
+    async def verify_batches(
+        self, transactional_id: str, producer_id: int, producer_epoch: int,
+        partitions: list[TopicPartition],
+    ) -> dict[TopicPartition, ErrorCode]:  # fmt: skip
+        """KIP-890's verification for a partition leader about to append the first
+        transactional batch of a producer's transaction: the id's coordinator (this
+        broker's table, or another broker's) says whether each partition was added to
+        the ongoing transaction. Per partition: NONE; INVALID_PRODUCER_EPOCH for a fenced
+        producer; INVALID_TXN_STATE when not added; NOT_ENOUGH_REPLICAS (retriable) when
+        the coordinator cannot answer now."""
+        txn_partition = self.partition_of(transactional_id)
+        table = self.tables.get(txn_partition)
+        if table is not None:
+            answers = {
+                tp: table.verify_partition(transactional_id, producer_id, producer_epoch, tp)
+                for tp in partitions
+            }
+        elif self.ask_coordinator is None:
+            answers = dict.fromkeys(partitions, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        else:
+            answers = await self.ask_coordinator(
+                transactional_id, producer_id, producer_epoch, partitions, txn_partition
+            )
+        return {tp: _for_produce(answers.get(tp, ErrorCode.NETWORK_EXCEPTION))
+                for tp in partitions}  # fmt: skip
 
     def verify_partition(
         self, transactional_id: str, producer_id: int, producer_epoch: int, tp: TopicPartition
@@ -203,3 +252,11 @@ class PartitionedTransactionCoordinator:
         """The logs are the topic manager's: nothing to close here."""
         self.tables.clear()
         self.loading.clear()
+
+
+def _for_produce(error: ErrorCode) -> ErrorCode:
+    if error in UNVERIFIED_RETRIABLE:
+        return ErrorCode.NOT_ENOUGH_REPLICAS
+    if error == ErrorCode.PRODUCER_FENCED:  # what producers expect on Produce
+        return ErrorCode.INVALID_PRODUCER_EPOCH
+    return error
