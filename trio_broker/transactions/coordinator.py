@@ -13,6 +13,12 @@ durable -> the groups of AddOffsetsToTxn commit or drop their staged offsets ->
 CompleteCommit/CompleteAbort durable -> answer. On one node the markers are
 local appends, so answering after them costs an fsync and no network.
 
+In a cluster the same class holds the table of one ``__transaction_state`` partition
+this broker leads (``transactions/partitioned.py`` keeps one per led partition): its
+writes count once below the partition's high watermark (``append_committed``), its
+markers go to the partitions' leaders through ``send_markers`` and carry the
+partition's leader epoch as coordinator epoch.
+
 Sans-I/O like the handlers: no trio here. The async methods await only the
 durability service and the group coordinator; the shell (server/) runs the
 timer that calls :meth:`abort_timed_out`, :meth:`expire_ids` and :meth:`recover`.
