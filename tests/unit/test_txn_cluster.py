@@ -26,7 +26,7 @@ import pytest
 import trio
 
 from tests.unit.test_txn_coordinator import Services, append_marker, call, markers
-from trio_broker.cluster.txn_marker_channel import marker_targets, route_markers
+from trio_broker.cluster.txn_marker_channel import TxnMarkerChannel, marker_targets, route_markers
 from trio_broker.config import BrokerConfig
 from trio_broker.handlers.describe_transactions import handle_describe_transactions
 from trio_broker.handlers.find_coordinator import handle_find_coordinator
@@ -42,7 +42,7 @@ from trio_broker.services.internal_topics import (
     partition_for,
 )
 from trio_broker.transactions import state as st
-from trio_broker.transactions.coordinator import TransactionCoordinator
+from trio_broker.transactions.coordinator import CoordinatorUnavailable, TransactionCoordinator
 from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 from trio_broker.transactions.state import TxnMetadata, TxnState
 
@@ -386,3 +386,58 @@ async def test_produce_verification_asks_the_ids_coordinator(
     assert answers == {("a", 0): ErrorCode.NONE, ("b", 0): ErrorCode.NOT_ENOUGH_REPLICAS,
                        ("b", 1): ErrorCode.INVALID_PRODUCER_EPOCH}  # fmt: skip
     assert asked == [(there, 9, 3, [("a", 0), ("b", 0), ("b", 1)], 2)]
+
+
+def topic_led_by(name: str, leaders: list[int]) -> TopicInfo:
+    return TopicInfo(name, uuid.uuid4(), {
+        p: PartitionInfo((1, 2, 3), leader, 0, (1, 2, 3)) for p, leader in enumerate(leaders)
+    })  # fmt: skip
+
+
+async def test_the_channel_retries_until_each_leader_has_its_marker(
+    clustered: tuple[Services, Replication, Sent],
+) -> None:
+    """Partition a-1's leader is a broker that cannot be reached (nothing listens on its
+    port): the channel retries; once the view names this broker as the new leader, the
+    marker is appended here. a-0 is led here from the start; a gone partition needs no
+    marker. Each local marker carries the coordinator epoch and this leader's epoch."""
+    services, replication, _ = clustered
+    view = replication.view
+    view.brokers = {1: BrokerInfo(1, "127.0.0.1", 9001), 2: BrokerInfo(2, "127.0.0.1", 1)}
+    view.topics = {"a": topic_led_by("a", [1, 2])}
+    replication.terms[TRANSACTION_STATE, 0] = Term(4)
+    replication.terms["a", 0] = Term(7)
+    channel = TxnMarkerChannel(services, replication, offsets_partitions=3)
+    meta = TxnMetadata("t", 11, producer_epoch=0, state=TxnState.PREPARE_ABORT,
+                       partitions=frozenset({("a", 0), ("a", 1), ("gone", 0)}))  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(channel.send, meta, False, 4, 0)
+        await trio.sleep(0.5)  # a few rounds against the unreachable broker
+        assert markers(services, "a", 0) == [(11, 0, False)]
+        assert markers(services, "a", 1) == []
+        view.topics = {"a": topic_led_by("a", [1, 1])}  # broker 1 (this one) took over
+        replication.terms["a", 1] = Term(8)
+    assert markers(services, "a", 1) == [(11, 0, False)]
+    await channel.close()
+
+
+async def test_the_channel_stops_when_this_broker_stops_coordinating(
+    clustered: tuple[Services, Replication, Sent],
+) -> None:
+    services, replication, _ = clustered
+    replication.view.brokers = {1: BrokerInfo(1, "127.0.0.1", 9001)}
+    replication.view.topics = {"a": topic_led_by("a", [-1, -1])}  # no leader: rounds go on
+    replication.terms[TRANSACTION_STATE, 0] = Term(4)
+    channel = TxnMarkerChannel(services, replication, offsets_partitions=3)
+    meta = TxnMetadata("t", 11, producer_epoch=0, state=TxnState.PREPARE_COMMIT,
+                       partitions=frozenset({("a", 0)}))  # fmt: skip
+
+    async def resign_soon() -> None:
+        await trio.sleep(0.3)  # a few rounds waiting for a leader first
+        del replication.terms[TRANSACTION_STATE, 0]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(resign_soon)
+        with pytest.raises(CoordinatorUnavailable) as raised:
+            await channel.send(meta, True, 4, 0)
+    assert raised.value.error_code == ErrorCode.NOT_COORDINATOR
