@@ -110,6 +110,12 @@ class BrokerConfig:
     #: An idle transactional id (no open transaction) is forgotten after this long.
     transactional_id_expiration_ms: int = 604_800_000
     transaction_remove_expired_transaction_cleanup_interval_ms: int = 3_600_000
+    #: Cluster mode: the replicated __transaction_state topic, made on first use
+    #: (FindCoordinator for a transactional id); min.isr goes into its topic configs.
+    transaction_state_log_num_partitions: int = 50
+    transaction_state_log_replication_factor: int = 3
+    transaction_state_log_min_isr: int = 2
+    transaction_state_log_segment_bytes: int = 104_857_600
     #: Cluster mode ([cluster], docs/cluster.md): HOST:PORT[,HOST:PORT...][/chroot] of
     #: ZooKeeper; None runs a single broker as before.
     zookeeper_connect: str | None = None
@@ -182,7 +188,10 @@ class BrokerConfig:
             )
         for name in ("transaction_max_timeout_ms", "transactional_id_expiration_ms",
                      "transaction_abort_timed_out_transaction_cleanup_interval_ms",
-                     "transaction_remove_expired_transaction_cleanup_interval_ms"):  # fmt: skip
+                     "transaction_remove_expired_transaction_cleanup_interval_ms",
+                     "transaction_state_log_num_partitions",
+                     "transaction_state_log_replication_factor",
+                     "transaction_state_log_min_isr", "transaction_state_log_segment_bytes"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
         if self.message_max_bytes < 0:

@@ -16,10 +16,13 @@ from trio_broker.cluster.controller import Rebalance
 from trio_broker.cluster.coordination import NodeExists, ZooKeeperCoordination
 from trio_broker.cluster.membership import run_membership, wall_clock_ms
 from trio_broker.cluster.replica_manager import ReplicaManager
+from trio_broker.cluster.txn_marker_channel import TxnMarkerChannel
 from trio_broker.cluster.zk_layout import CLUSTER_ID, BrokerRegistration
 from trio_broker.config import BrokerConfig
 from trio_broker.services.cluster_view import ClusterView
+from trio_broker.services.internal_topics import TRANSACTION_STATE
 from trio_broker.services.topics import TopicManager
+from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 __all__ = ["ClusterHost", "run_cluster_node"]
 
@@ -88,6 +91,18 @@ async def run_cluster_node(
             config.node_id, address, port, config.broker_rack,
             (f"PLAINTEXT://{address}:{port}",), wall_clock_ms(),
         )  # fmt: skip
+        transactions = getattr(host, "transactions", None)
+        if isinstance(transactions, PartitionedTransactionCoordinator):
+            # The coordinator of a transactional id is the leader of its partition of
+            # __transaction_state; markers go to the partitions' leaders.
+            transactions.replication = manager
+            channel = TxnMarkerChannel(
+                host, manager,
+                offsets_partitions=getattr(config, "offsets_topic_num_partitions", 50),
+            )  # fmt: skip
+            transactions.send_markers = channel.send
+            transactions.ask_coordinator = channel.ask_coordinator
+            manager.leadership_listeners[TRANSACTION_STATE] = transactions
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
             await nursery.start(

@@ -125,6 +125,8 @@ class ReplicaManager:
         #: and transaction coordinators learn here which of their partitions this broker
         #: leads.
         self.leadership_listeners: dict[str, LeadershipListener] = {}
+        #: Internal topics being made by ensure_internal_topic_soon.
+        self._ensuring: set[str] = set()
 
     # ------------------------------------------------------------------ for handlers
 
@@ -230,6 +232,25 @@ class ReplicaManager:
             if topic is None:
                 return False
         return self._has_leaders(name, len(topic.partitions))
+
+    def ensure_internal_topic_soon(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
+    ) -> None:
+        """:meth:`ensure_internal_topic` in the background, for a caller that cannot wait
+        (FindCoordinator answers COORDINATOR_NOT_AVAILABLE meanwhile; clients retry)."""
+        if name in self._ensuring or self._nursery is None:
+            return
+        self._ensuring.add(name)
+
+        async def ensure() -> None:
+            try:
+                await self.ensure_internal_topic(name, partitions, replication_factor, configs)
+            except (TopicError, CoordinationError) as exc:
+                log.info("internal topic %s not made yet: %s", name, exc)
+            finally:
+                self._ensuring.discard(name)
+
+        self._nursery.start_soon(ensure)
 
     async def create_partitions(
         self, name: str, total: int, assignment: list[list[int]] | None, validate_only: bool

@@ -119,6 +119,12 @@ class Replication(Protocol):
         """Wait until the high watermark passes ``last_offset`` (acks=all)."""
         ...
 
+    def ensure_internal_topic_soon(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
+    ) -> None:
+        """Make internal topic ``name`` in the background unless it exists."""
+        ...
+
     async def create_topic(
         self,
         name: str,

@@ -51,6 +51,7 @@ from trio_broker.storage.durable import make_dirs_durable
 from trio_broker.storage.group_commit import FlushPolicy
 from trio_broker.storage.log import LogConfig, wall_clock_ms
 from trio_broker.transactions.coordinator import TransactionCoordinator
+from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 log = logging.getLogger("trio_broker")
 
@@ -168,8 +169,7 @@ class Broker:
         self.replication: Any = None
         #: The transaction coordinator (trio_broker/transactions): its table is replayed
         #: from <data_dir>/__transaction_state-0 here; its timers are a service task.
-        #: None in cluster mode: it would write markers into partitions it does not lead
-        #: (docs/cluster.md: transactions across a cluster are not built yet).
+        #: In cluster mode, one table per led __transaction_state partition instead.
         self.transactions: Any = None
         if config.zookeeper_connect is None:
             self.transactions = TransactionCoordinator.open(
@@ -180,6 +180,13 @@ class Broker:
                 max_timeout_ms=config.transaction_max_timeout_ms,
                 expiration_ms=config.transactional_id_expiration_ms,
             )  # fmt: skip
+            self.services.append(TransactionTimers(self.transactions, config))
+        else:
+            # A cluster: one table per __transaction_state partition this broker leads,
+            # loaded when the replica manager elects it (docs/transactions.md).
+            self.transactions = PartitionedTransactionCoordinator(
+                config.transaction_state_log_num_partitions, self._transaction_table
+            )
             self.services.append(TransactionTimers(self.transactions, config))
         #: The Prometheus /metrics and /health responder (trio_broker.server.metrics), or None.
         self.metrics: Any = None
@@ -327,6 +334,23 @@ class Broker:
             else:
                 self.connections_per_ip.pop(host, None)
 
+    def _transaction_table(
+        self, partition: int, leader_epoch: int, log_: Any, replication: Any,
+        send_markers: Any,
+    ) -> TransactionCoordinator:  # fmt: skip
+        """A cluster's coordinator table for one led __transaction_state partition."""
+        config = self.config
+        return TransactionCoordinator(
+            log_, topics=self.topics, producers=self.producers, durability=self.flusher,
+            appends=self.appends, groups=self.groups,
+            allocate_producer_id=lambda: self.producers.allocator.allocate(),
+            write_marker=append_txn_marker, now_ms=self.now_ms,
+            max_timeout_ms=config.transaction_max_timeout_ms,
+            expiration_ms=config.transactional_id_expiration_ms, replication=replication,
+            txn_partition=partition, coordinator_epoch=leader_epoch,
+            send_markers=send_markers, owns_log=False,
+        )  # fmt: skip
+
     def _transaction_facts(self, log_: Any) -> TransactionFacts | None:
         """A topic partition's LSO and aborted transactions, for the cleaner (else None:
         the internal logs hold no transactional batches)."""
@@ -351,7 +375,7 @@ class Broker:
         offsets = self.groups.offsets
         if offsets is not None:
             logs.append(offsets.log)
-        if self.transactions is not None:
+        if isinstance(self.transactions, TransactionCoordinator):  # a cluster's are topic logs
             logs.append(self.transactions.log)
         return logs
 
