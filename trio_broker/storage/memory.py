@@ -293,7 +293,11 @@ class MemoryLog:
                 self.durable_end_offset = min(self.durable_end_offset, new_end)
                 self.epoch_cache.truncate_from_end(new_end)
                 return new_end
-        raise AssertionError(f"no batch holds offset {offset} < log end {end}")
+        # In a hole after the last batch: the log ends at ``offset``.
+        self.log_end_offset = offset
+        self.durable_end_offset = min(self.durable_end_offset, offset)
+        self.epoch_cache.truncate_from_end(offset)
+        return offset
 
     # -- lifecycle
     def close(self) -> None:
