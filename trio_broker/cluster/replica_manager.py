@@ -455,6 +455,10 @@ class ReplicaManager:
         except ValueError:
             return self.min_insync_replicas
 
+    def _local_configs(self, name: str) -> dict[str, str]:
+        local = self.topics.get(name)
+        return dict(local.info.configs) if local is not None else {}
+
     async def set_topic_configs(self, name: str, configs: dict[str, str]) -> None:
         """Store a topic's config overrides in ZooKeeper (AlterConfigs on any broker):
         every replica's config watch (:meth:`_config_loop`) applies them."""
@@ -537,7 +541,8 @@ class ReplicaManager:
             log_end_offset=log_.log_end_offset,
             high_watermark=hw,
             now_ms=self.now_ms(),
-            min_insync_replicas=self._min_insync(await self._topic_configs(name)),
+            # The local copy's configs: the config watch keeps them (and the term) current.
+            min_insync_replicas=self._min_insync(self._local_configs(name)),
             replica_lag_time_max_ms=self.replica_lag_time_max_ms,
         )
         self._wake(key)
