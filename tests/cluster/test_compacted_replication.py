@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -75,9 +75,20 @@ def create(cluster: Cluster, topic: str, configs: dict[str, str]) -> tuple[int, 
     admin = AdminClient({"bootstrap.servers": servers(cluster)})
     eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers listed")
     new = NewTopic(topic, num_partitions=1, replica_assignment=[[1, 2, 3]], config=configs)
-    [future] = admin.create_topics([new]).values()
-    future.result(timeout=30)
+
+    def created() -> bool:
+        [future] = admin.create_topics([new]).values()
+        try:
+            future.result(timeout=30)
+        except KafkaException as exc:  # a broker that has not yet seen all three register
+            if exc.args[0].code() != KafkaError.INVALID_REPLICA_ASSIGNMENT:
+                raise
+            return False
+        return True
+
+    eventually(created, f"{topic} created", 15)
     full_isr(admin, topic, 1)
+    eventually(lambda: partitions(admin, topic)[0][0] in cluster, "a leader", 15)
     leader = partitions(admin, topic)[0][0]
     follower, other = (b for b in (3, 2, 1) if b != leader)
     return leader, follower, other
@@ -100,9 +111,7 @@ def produce_updates(bootstrap: str, values: range) -> dict[int, int]:
         "metadata.max.age.ms": 2000,
     })  # fmt: skip
     for i in values:
-        producer.produce(
-            TOPIC, key=b"k%d" % (i % KEYS), value=b"v%d" % i, on_delivery=delivered
-        )
+        producer.produce(TOPIC, key=b"k%d" % (i % KEYS), value=b"v%d" % i, on_delivery=delivered)
         producer.poll(0)
     assert producer.flush(90) == 0, "records still in flight"
     assert not errors, errors[:5]
@@ -190,13 +199,13 @@ def test_a_follower_catches_up_across_the_leaders_cleaned_holes(cluster: Cluster
 
     # A kill -9 now: recovery must keep the batches stored after holes.
     follower.kill9()
+    # Its old registration must expire first (zookeeper.session.timeout.ms).
+    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 2, "two brokers listed", 30)
     follower.start()
     full_isr(admin, TOPIC, 1, timeout_s=60)
     assert "fetched batches refused" not in follower.log_text()
     # The follower's own cleaner works on its copy (below its high watermark).
-    eventually(
-        lambda: f"cleaned {follower_dir}" in follower.log_text(), "the follower cleaned", 30
-    )
+    eventually(lambda: f"cleaned {follower_dir}" in follower.log_text(), "the follower cleaned", 30)
 
     # The follower leads once the others stop; a consumer reads the table from it.
     end = max(offsets.values()) + 1
@@ -212,9 +221,7 @@ def test_a_follower_catches_up_across_the_leaders_cleaned_holes(cluster: Cluster
         written = value_at[offset]
         assert (key, value) == (b"k%d" % (written % KEYS), b"v%d" % written), offset
     latest = {key: (offset, value) for offset, key, value in records}
-    assert latest == {
-        b"k%d" % k: (offsets[i], b"v%d" % i) for k in range(KEYS) for i in [3992 + k]
-    }
+    assert latest == {b"k%d" % k: (offsets[i], b"v%d" % i) for k in range(KEYS) for i in [3992 + k]}
     assert len(records) < 1000, f"{len(records)} records: the copy was not compacted"
 
 

@@ -197,6 +197,10 @@ class ReplicaManager:
                     f"partition {p}: replicas {reps} must be distinct live brokers",
                 )
         topic = TopicAssignment(uuid.uuid4(), {p: tuple(r) for p, r in assignment.items()})
+        # An existing topic's configs must stay: a broker whose view lags creates a topic
+        # a Metadata request names (auto-creation, with no configs) that already exists.
+        if await self.coord.get(topic_path(name)) is not None:
+            raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
         try:
             await self.coord.create(topic_config_path(name), encode_configs(configs))
         except NodeExists:
