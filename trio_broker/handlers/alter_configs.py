@@ -148,12 +148,16 @@ async def publish_topic_configs(
         return results
     out = []
     for resource, (code, message) in zip(resources, results, strict=True):
-        topic = ctx.services.topics.get(resource.resource_name)
-        if code == ErrorCode.NONE and resource.resource_type == TOPIC_RESOURCE and topic:
+        name = resource.resource_name
+        topic = ctx.services.topics.get(name)
+        if (
+            code == ErrorCode.NONE
+            and resource.resource_type == TOPIC_RESOURCE
+            and topic is not None
+            and name in replication.view.topics  # not a topic of this broker alone
+        ):
             try:
-                await replication.set_topic_configs(
-                    resource.resource_name, dict(topic.info.configs)
-                )
+                await replication.set_topic_configs(name, dict(topic.info.configs))
             except TopicError as exc:
                 code, message = exc.error_code, str(exc)
         out.append((code, message))
