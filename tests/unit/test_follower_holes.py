@@ -240,3 +240,21 @@ def test_a_follower_copies_a_cleaned_leader_byte_for_byte(tmp_path: Path) -> Non
         assert len(rows) == 5
     finally:
         follower.abort()
+
+
+def test_a_clean_shutdown_reopens_a_log_with_holes_as_it_was(tmp_path: Path) -> None:
+    log = PartitionLog.open(tmp_path / "f", SMALL)
+    bases = [0, 2, 9, 11, 30, 40, 70, 72]
+    for base in bases:
+        log.append_replicated(fetched(base, 1), now_ms=5)
+    before, segments = read_all(log), log.segment_base_offsets()
+    log.close()
+    reopened = PartitionLog.open(tmp_path / "f", SMALL)
+    try:
+        assert reopened.recovery.clean
+        assert read_all(reopened) == before
+        assert reopened.segment_base_offsets() == segments
+        assert reopened.log_end_offset == 74
+        reopened.append_replicated(fetched(80, 1), now_ms=5)  # and it goes on
+    finally:
+        reopened.abort()
