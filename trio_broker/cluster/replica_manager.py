@@ -36,6 +36,7 @@ from trio_broker.cluster.coordination import (
     NodeExists,
     NoNode,
 )
+from trio_broker.cluster.waiting import RETRY_S, wait_any
 from trio_broker.cluster.zk_layout import (
     PRODUCER_ID_BLOCK,
     CoordinationDataError,
@@ -137,6 +138,19 @@ class ReplicaManager:
     def leader_term(self, topic: str, partition: int) -> LeaderPartition | None:
         return self.terms.get((topic, partition))
 
+    def replica_high_watermark(self, topic: str, partition: int) -> int | None:
+        """This replica's high watermark of a partition it leads or follows, else None.
+
+        What every replica has below it is committed and never truncated: the log
+        cleaner cleans only below it (Kafka's rule, the LSO being at most the HW).
+        """
+        key = (topic, partition)
+        term = self.terms.get(key)
+        if term is not None:
+            return term.high_watermark
+        role = self.following.get(key)
+        return role.high_watermark if role is not None else None
+
     def follower_fetched(self, topic: str, partition: int, replica: int, offset: int) -> None:
         term = self.terms.get((topic, partition))
         if term is None:
@@ -190,6 +204,10 @@ class ReplicaManager:
                     f"partition {p}: replicas {reps} must be distinct live brokers",
                 )
         topic = TopicAssignment(uuid.uuid4(), {p: tuple(r) for p, r in assignment.items()})
+        # An existing topic's configs must stay: a broker whose view lags creates a topic
+        # a Metadata request names (auto-creation, with no configs) that already exists.
+        if await self.coord.get(topic_path(name)) is not None:
+            raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
         try:
             await self.coord.create(topic_config_path(name), encode_configs(configs))
         except NodeExists:
@@ -351,6 +369,7 @@ class ReplicaManager:
             nursery.start_soon(self._apply_loop)
             nursery.start_soon(self._lag_loop)
             nursery.start_soon(run_fetchers, self)
+            nursery.start_soon(self._config_loop)
             if self.producers is not None:
                 self.producers.allocator.use_cluster_blocks()
                 nursery.start_soon(self._producer_id_blocks)
@@ -483,6 +502,70 @@ class ReplicaManager:
             local = self.topics.add_partitions(name, partitions)
         return local
 
+    def _min_insync(self, configs: dict[str, str]) -> int:
+        """The topic's min.insync.replicas, else the broker's."""
+        try:
+            return max(1, int(configs.get("min.insync.replicas", self.min_insync_replicas)))
+        except ValueError:
+            return self.min_insync_replicas
+
+    def _local_configs(self, name: str) -> dict[str, str]:
+        local = self.topics.get(name)
+        return dict(local.info.configs) if local is not None else {}
+
+    async def set_topic_configs(self, name: str, configs: dict[str, str]) -> None:
+        """Store a topic's config overrides in ZooKeeper (AlterConfigs on any broker):
+        every replica's config watch (:meth:`_config_loop`) applies them."""
+        path = topic_config_path(name)
+        try:
+            try:
+                await self.coord.set(path, encode_configs(configs), -1)
+            except NoNode:
+                await self.coord.create(path, encode_configs(configs))
+        except CoordinationError as exc:
+            raise TopicError(
+                ErrorCode.UNKNOWN_SERVER_ERROR, f"cannot store the configs of {name}: {exc}"
+            ) from None
+
+    async def _config_loop(self) -> None:
+        """Topic configs follow their znodes: an AlterConfigs taken by any broker reaches
+        this broker's copy of the topic (its logs' settings) and its leader terms
+        (min.insync.replicas) without a restart. A znode is read again when its watch
+        fires (one watch per topic at a time); a view change brings new topics in."""
+        watching: dict[str, trio.Event] = {}
+        while True:
+            view_changed = self._view_changed
+            for name in sorted(self.local_copies):
+                if name in watching and not watching[name].is_set():
+                    continue
+                try:
+                    node, watching[name] = await self.coord.get_and_watch(topic_config_path(name))
+                except CoordinationError as exc:
+                    log.info("reading the configs of %s: %s", name, exc)
+                    watching.pop(name, None)
+                    continue
+                if node is not None:
+                    self._apply_topic_configs(name, decode_configs(node.data))
+            for gone in set(watching) - self.local_copies:
+                del watching[gone]
+            with trio.move_on_after(10 * RETRY_S):  # a failed read is tried again
+                await wait_any(view_changed, *watching.values())
+
+    def _apply_topic_configs(self, name: str, configs: dict[str, str]) -> None:
+        local = self.topics.get(name)
+        if local is not None and dict(local.info.configs) != configs:
+            try:
+                self.topics.set_configs(name, configs)
+                log.info("topic %s: configs now %s", name, configs)
+            except (TopicError, OSError) as exc:
+                log.warning("topic %s: cannot apply configs %s: %s", name, configs, exc)
+        min_insync = self._min_insync(configs)
+        for key, term in list(self.terms.items()):
+            if key[0] == name and term.min_insync_replicas != min_insync:
+                term.min_insync_replicas = min_insync
+                self._wake(key)  # acks=all waiters see the new rule
+                log.info("%s-%d: min.insync.replicas now %d", *key, min_insync)
+
     async def _topic_configs(self, name: str) -> dict[str, str]:
         try:
             node = await self.coord.get(topic_config_path(name))
@@ -512,7 +595,8 @@ class ReplicaManager:
             log_end_offset=log_.log_end_offset,
             high_watermark=hw,
             now_ms=self.now_ms(),
-            min_insync_replicas=self.min_insync_replicas,
+            # The local copy's configs: the config watch keeps them (and the term) current.
+            min_insync_replicas=self._min_insync(self._local_configs(name)),
             replica_lag_time_max_ms=self.replica_lag_time_max_ms,
         )
         self._wake(key)

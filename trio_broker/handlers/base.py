@@ -142,6 +142,10 @@ class Replication(Protocol):
         """Grow a cluster topic (TopicError if refused); waits for the new leaders."""
         ...
 
+    async def set_topic_configs(self, name: str, configs: dict[str, str]) -> None:
+        """Store a topic's config overrides for every replica (TopicError if refused)."""
+        ...
+
 
 class Transactions(Protocol):
     """The transaction coordinator, as the partition side asks it (trio_broker/transactions).

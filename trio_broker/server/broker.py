@@ -357,9 +357,15 @@ class Broker:
         for name, topic in self.topics.topics.items():
             for partition, candidate in enumerate(topic.logs):
                 if candidate is log_:
-                    lso = self.producers.last_stable_offset(
-                        name, partition, log_, log_.log_end_offset
-                    )
+                    hw = log_.log_end_offset
+                    if self.replication is not None:
+                        # A replica cleans only what is committed (below its HW), and a
+                        # follower's producer state is rebuilt from what it copied.
+                        replica_hw = self.replication.replica_high_watermark(name, partition)
+                        hw = min(hw, replica_hw if replica_hw is not None else 0)
+                        if self.replication.leader_term(name, partition) is None:
+                            self.producers.forget(name, partition)
+                    lso = self.producers.last_stable_offset(name, partition, log_, hw)
                     aborted = self.producers.aborted_between(
                         name, partition, log_, log_.log_start_offset, lso
                     )
