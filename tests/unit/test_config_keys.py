@@ -46,8 +46,8 @@ delete.topic.enable=FALSE
 
 INERT_IN_FILE = [
     "process.roles", "controller.quorum.bootstrap.servers", "inter.broker.listener.name",
-    "num.network.threads", "socket.send.buffer.bytes", "offsets.topic.replication.factor",
-]  # fmt: skip
+    "num.network.threads", "socket.send.buffer.bytes",
+]  # fmt: skip  (offsets.topic.replication.factor is applied: a cluster's __consumer_offsets)
 
 
 def write(tmp_path: Path, text: str, name: str = "server.properties") -> Path:
