@@ -45,8 +45,11 @@ delete.topic.enable=FALSE
 """
 
 INERT_IN_FILE = [
-    "process.roles", "controller.quorum.bootstrap.servers", "inter.broker.listener.name",
-    "num.network.threads", "socket.send.buffer.bytes",
+    "process.roles",
+    "controller.quorum.bootstrap.servers",
+    "inter.broker.listener.name",
+    "num.network.threads",
+    "socket.send.buffer.bytes",
 ]  # fmt: skip  (offsets.topic.replication.factor is applied: a cluster's __consumer_offsets)
 
 
