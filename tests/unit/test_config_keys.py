@@ -44,13 +44,11 @@ group.min.session.timeout.ms = 7000
 delete.topic.enable=FALSE
 """
 
+# (offsets.topic.replication.factor is applied: a cluster's __consumer_offsets has it.)
 INERT_IN_FILE = [
-    "process.roles",
-    "controller.quorum.bootstrap.servers",
-    "inter.broker.listener.name",
-    "num.network.threads",
-    "socket.send.buffer.bytes",
-]  # fmt: skip  (offsets.topic.replication.factor is applied: a cluster's __consumer_offsets)
+    "process.roles", "controller.quorum.bootstrap.servers", "inter.broker.listener.name",
+    "num.network.threads", "socket.send.buffer.bytes",
+]  # fmt: skip
 
 
 def write(tmp_path: Path, text: str, name: str = "server.properties") -> Path:
