@@ -366,3 +366,28 @@ async def test_find_coordinator_names_the_leader_of_the_groups_partition() -> No
         answer = await handle_find_coordinator(ctx, request)
         assert answer.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
         nursery.cancel_scope.cancel()
+
+
+async def test_delete_groups_writes_once_per_offsets_partition() -> None:
+    in_zero, in_two, elsewhere = group_in(0), group_in(2), group_in(1)
+    async with trio.open_nursery() as nursery:
+        broker, coordinator = await start(nursery)
+        for partition in (0, 2):
+            lead(broker, coordinator, partition, 0, MemoryLog())
+            await coordinator.led[partition].loaded.wait()
+        for group_id in (in_zero, in_two):
+            assert coordinator.validate_offset_commit(group_id, "", None, -1) is ErrorCode.NONE
+            write = coordinator.append_offsets(
+                [(OffsetKey(group_id, "t", 0), OffsetAndMetadata(1))]
+            )
+            await coordinator.wait_offsets_durable(write)
+        results, writes = coordinator.delete_groups([in_zero, in_two, elsewhere])
+        assert results == {
+            in_zero: ErrorCode.NONE, in_two: ErrorCode.NONE, elsewhere: ErrorCode.NOT_COORDINATOR
+        }  # fmt: skip
+        assert sorted(w.store.partition for w in writes if w.store is not None) == [0, 2]
+        for write in writes:
+            await coordinator.wait_offsets_durable(write)
+        assert coordinator.committed(in_zero, "t", 0) is None
+        assert coordinator.committed(in_two, "t", 0) is None
+        nursery.cancel_scope.cancel()

@@ -15,7 +15,7 @@ as Kafka); ListGroups lists the groups this broker coordinates.
 from __future__ import annotations
 
 from trio_broker.groups.coordinator import GroupCoordinator, Waiter
-from trio_broker.groups.offsets_store import PendingWrite
+from trio_broker.groups.offsets_store import PendingWrite, group_of
 from trio_broker.handlers.authorization import (
     Operation,
     ResourceType,
@@ -367,18 +367,18 @@ async def handle_delete_groups(
         return response()
 
     async def when_durable() -> m.DeleteGroupsResponse:
-        failed: ErrorCode | None = None
-        for pending in writes:
+        for pending in writes:  # one per offsets partition: a failure fails its groups
+            failed = None
             try:
                 await groups.wait_offsets_durable(pending)
             except StorageError:
                 failed = ErrorCode.COORDINATOR_NOT_AVAILABLE
             except KafkaError as exc:
                 failed = exc.error_code
-        if failed is not None:
-            for name, error in results.items():
-                if error is ErrorCode.NONE:
-                    results[name] = failed
+            if failed is not None:
+                for name in {group_of(record) for record in pending.entries}:
+                    if results.get(name) is ErrorCode.NONE:
+                        results[name] = failed
         return response()
 
     return Deferred(when_durable)
