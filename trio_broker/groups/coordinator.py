@@ -287,7 +287,9 @@ class GroupCoordinator:
         if topic is None:
             self._create_offsets_topic_soon(replication)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1
-        info = topic.partitions.get(partition_for(group_id, len(topic.partitions)))
+        # The configured count, as every broker's routing (a topic made with another
+        # count is a misconfiguration: its extra or missing partitions coordinate nothing).
+        info = topic.partitions.get(self.partition_of(group_id))
         if info is None or info.leader not in replication.view.brokers:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1
         return ErrorCode.NONE, info.leader

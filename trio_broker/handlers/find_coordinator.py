@@ -1,5 +1,4 @@
-"""FindCoordinator: this node coordinates every group and every transactional id;
-in a cluster, a group's coordinator is the leader of its ``__consumer_offsets`` partition.
+"""FindCoordinator: this node coordinates every group and every transactional id.
 
 v0-3 ask for one key; v4+ batch several (``coordinator_keys``) and get one
 entry each. Key type 0 is a group, 1 a transactional id (this broker, when it
