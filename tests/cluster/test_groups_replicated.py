@@ -18,6 +18,7 @@ from its replica of the partition:
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,6 +144,13 @@ def commit_then_lose_coordinator(cluster: Cluster, group: str, *, kill: bool) ->
     old = coordinator_of(admin, group)
     assert old == offsets_leader(admin, group)
     assert committed_by(servers(cluster), group) == {0: COMMITTED, 1: COMMITTED}
+    # Three replicas per partition, compacted (the log cleaner keeps the latest record
+    # per key, as for any compacted topic): its configs as the coordinator made it.
+    offsets_topic = admin.list_topics(CONSUMER_OFFSETS, timeout=10).topics[CONSUMER_OFFSETS]
+    assert {len(p.replicas) for p in offsets_topic.partitions.values()} == {3}
+    catalogue = json.loads((cluster[old].data_dir / "catalogue.json").read_text())
+    [made] = [t for t in catalogue["topics"] if t["name"] == CONSUMER_OFFSETS]
+    assert made["configs"]["cleanup.policy"] == "compact"
     if kill:
         cluster[old].kill9()
     else:

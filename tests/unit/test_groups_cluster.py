@@ -11,6 +11,7 @@ below the high watermark, within offsets.commit.timeout.ms.
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -390,4 +391,17 @@ async def test_delete_groups_writes_once_per_offsets_partition() -> None:
             await coordinator.wait_offsets_durable(write)
         assert coordinator.committed(in_zero, "t", 0) is None
         assert coordinator.committed(in_two, "t", 0) is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_in_a_cluster_the_single_node_offsets_log_is_not_opened(tmp_path: Path) -> None:
+    # <data_dir>/__consumer_offsets-0 is partition 0's replica in a cluster: the topic
+    # manager owns it, the coordinator only reads it once it leads the partition.
+    broker = FakeBroker(config=attrs.evolve(CONFIG, storage="file", data_dir=tmp_path))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(broker.flusher.run)
+        coordinator = GroupCoordinator(broker)
+        await nursery.start(coordinator.run)
+        assert coordinator.offsets is None and coordinator.led == {}
+        assert await trio.to_thread.run_sync(lambda: list(tmp_path.iterdir())) == []
         nursery.cancel_scope.cancel()
