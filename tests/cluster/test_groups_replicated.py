@@ -51,7 +51,11 @@ RECORDS_PER_PARTITION = 10
 @pytest.fixture
 def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
     config = tmp_path / "broker.properties"
-    config.write_text(CONFIG + f"offsets.topic.num.partitions={OFFSETS_PARTITIONS}\n")
+    config.write_text(
+        CONFIG.replace(
+            "offsets.topic.num.partitions=5", f"offsets.topic.num.partitions={OFFSETS_PARTITIONS}"
+        )
+    )
     brokers = {
         b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
     }
