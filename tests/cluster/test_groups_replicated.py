@@ -13,7 +13,8 @@ from its replica of the partition:
 - members that stay up through the kill rejoin the new coordinator, read nothing below
   the committed offsets again, and commit there;
 - kafka-python: commit, coordinator killed, the committed offset is read back from the
-  new coordinator and a new commit there counts.
+  new coordinator and a new commit there counts; aiokafka the same through a graceful
+  stop.
 """
 
 from __future__ import annotations
@@ -272,3 +273,37 @@ def test_kafka_python_commit_and_fetch_through_a_coordinator_move(cluster: Clust
         assert third.committed(tp, metadata=True).metadata == "after"
     finally:
         third.close()
+
+
+def test_aiokafka_commit_and_fetch_through_a_graceful_coordinator_move(cluster: Cluster) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import OffsetAndMetadata
+    from aiokafka.structs import TopicPartition as ATopicPartition
+
+    admin = create_topic(cluster, TOPIC, 2)
+    group = "asyncio"
+    tp = ATopicPartition(TOPIC, 0)
+
+    async def commit_then_fetch(commit: int | None) -> int | None:
+        client = AIOKafkaConsumer(
+            bootstrap_servers=servers(cluster), group_id=group, enable_auto_commit=False,
+            request_timeout_ms=30_000, retry_backoff_ms=200,
+        )  # fmt: skip
+        await client.start()
+        try:
+            client.assign([tp])
+            if commit is not None:
+                await client.commit({tp: OffsetAndMetadata(commit, "")})
+            return await asyncio.wait_for(client.committed(tp), 60)
+        finally:
+            await client.stop()
+
+    assert asyncio.run(commit_then_fetch(4)) == 4
+    old = coordinator_of(admin, group)
+    cluster[old].stop()
+    survivors = admin_of(cluster, without=(old,))
+    eventually(lambda: coordinator_of(survivors, group) != old, "a new coordinator")
+    assert asyncio.run(commit_then_fetch(None)) == 4
+    assert asyncio.run(commit_then_fetch(9)) == 9
