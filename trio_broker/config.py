@@ -102,6 +102,13 @@ class BrokerConfig:
     message_max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     log_message_timestamp_type: str = "CreateTime"
     offsets_retention_minutes: int = 7 * 24 * 60
+    #: Cluster mode: ``__consumer_offsets`` is made with these on first use (a group's
+    #: coordinator leads the partition its id hashes to); a commit not replicated within
+    #: the timeout gets COORDINATOR_NOT_AVAILABLE.
+    offsets_topic_num_partitions: int = 50
+    offsets_topic_replication_factor: int = 3
+    offsets_topic_segment_bytes: int = 104_857_600
+    offsets_commit_timeout_ms: int = 5000
     #: Transactions (docs/transactions.md): InitProducerId with a longer
     #: transaction.timeout.ms gets INVALID_TRANSACTION_TIMEOUT.
     transaction_max_timeout_ms: int = 900_000
@@ -192,6 +199,10 @@ class BrokerConfig:
                      "transaction_state_log_num_partitions",
                      "transaction_state_log_replication_factor",
                      "transaction_state_log_min_isr", "transaction_state_log_segment_bytes"):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
+        for name in ("offsets_topic_num_partitions", "offsets_topic_replication_factor",
+                     "offsets_topic_segment_bytes", "offsets_commit_timeout_ms"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
         if self.message_max_bytes < 0:

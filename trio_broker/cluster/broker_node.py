@@ -37,6 +37,8 @@ class ClusterHost(Protocol):
     cluster_id: str
     replication: Any
     producers: Any
+    #: Internal topics' owners (group and transaction coordinators), by topic name.
+    leadership_listeners: dict[str, Any]
     #: Set by a graceful shutdown (SIGTERM), which then wakes ``appends``.
     shutting_down: bool
 
@@ -83,6 +85,7 @@ async def run_cluster_node(
             producers=host.producers,
             follower_throttle_rate=config.follower_replication_throttled_rate,
         )  # fmt: skip
+        manager.leadership_listeners.update(host.leadership_listeners)
         rebalance = None
         if config.auto_leader_rebalance_enable:
             rebalance = Rebalance(interval_s=float(config.leader_imbalance_check_interval_seconds))

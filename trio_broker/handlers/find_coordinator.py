@@ -8,8 +8,6 @@ request.
 
 from __future__ import annotations
 
-import zlib
-
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
@@ -33,10 +31,12 @@ def _locate(
             return ErrorCode.GROUP_AUTHORIZATION_FAILED, f"DESCRIBE on group {key!r}", -1, "", -1
         replication = ctx.services.replication
         if replication is not None and replication.view.brokers:
-            # A cluster: one live broker per group, the same answer from every broker.
-            # Group state is not replicated yet ([cluster]): it moves with the broker set.
-            live = sorted(replication.view.brokers)
-            chosen = replication.view.brokers[live[zlib.crc32(key.encode()) % len(live)]]
+            # A cluster: the leader of the group's __consumer_offsets partition (made on
+            # first use; COORDINATOR_NOT_AVAILABLE until it and its leader are there).
+            error, leader = ctx.services.groups.find_coordinator(key)
+            if error is not ErrorCode.NONE:
+                return error, f"no coordinator for group {key!r} yet", -1, "", -1
+            chosen = replication.view.brokers[leader]
             return ErrorCode.NONE, None, chosen.broker_id, chosen.host, chosen.port
         host, port = ctx.services.advertised_for(ctx.client.connection_id)
         return ErrorCode.NONE, None, ctx.services.config.node_id, host, port

@@ -153,6 +153,9 @@ class Broker:
             io_max_bytes_per_second=config.log_cleaner_io_max_bytes_per_second,
             transaction_facts=self._transaction_facts,
         )
+        #: Owners of internal topics (services/internal_topics.py), by topic name: the
+        #: replica manager tells them about leadership once this broker joins a cluster.
+        self.leadership_listeners: dict[str, Any] = {}
         self.groups = GroupCoordinator(self)
         self.services.append(self.groups)
         #: The traffic capture tap (trio_broker.capture), or None: the hot path checks this.

@@ -33,9 +33,11 @@ from trio_broker.storage.log import AppendResult
 __all__ = [
     "LeadershipListener",
     "NotCommitted",
+    "append_as_leader",
     "append_committed",
     "java_string_hash",
     "partition_for",
+    "wait_counted",
 ]
 
 CONSUMER_OFFSETS = "__consumer_offsets"
@@ -97,6 +99,30 @@ async def append_committed(
     record may still be in the log (as with a timed-out produce), so callers apply
     their table change only after a normal return.
     """
+    result = append_as_leader(
+        log, batch, now_ms=now_ms, replication=replication, topic=topic, partition=partition
+    )
+    durability.mark_dirty(log)
+    await wait_counted(
+        log, result.last_offset, durability=durability, replication=replication,
+        topic=topic, partition=partition,
+    )  # fmt: skip
+    return result
+
+
+def append_as_leader(
+    log: Any,
+    batch: bytes,
+    *,
+    now_ms: int,
+    replication: Any = None,
+    topic: str = "",
+    partition: int = 0,
+) -> AppendResult:
+    """The first half of :func:`append_committed`, for callers that must append in
+    request order now and wait later: the append itself, with the leader epoch in a
+    cluster. Raises :class:`NotCommitted` (nothing was appended); the caller marks the
+    log dirty for the flusher and waits with :func:`wait_counted`."""
     term = None
     if replication is not None:
         term = replication.leader_term(topic, partition)
@@ -109,17 +135,32 @@ async def append_committed(
             result = log.append(batch, now_ms=now_ms, leader_epoch=term.leader_epoch)
     except (KafkaError, OSError) as exc:
         raise NotCommitted(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"append failed: {exc}") from exc
-    durability.mark_dirty(log)
+    return result
+
+
+async def wait_counted(
+    log: Any,
+    last_offset: int,
+    *,
+    durability: Any,
+    replication: Any = None,
+    topic: str = "",
+    partition: int = 0,
+) -> None:
+    """The second half of :func:`append_committed`: wait until ``log`` is synced through
+    ``last_offset`` and, in a cluster, the high watermark passed it. Raises
+    :class:`NotCommitted` (NOT_COORDINATOR once leadership moved, else
+    COORDINATOR_NOT_AVAILABLE, which Kafka's coordinators answer for a failed or timed
+    out internal write too)."""
     try:
-        await durability.wait_durable(log, result.last_offset)
+        await durability.wait_durable(log, last_offset)
     except (KafkaError, OSError) as exc:
         raise NotCommitted(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"sync failed: {exc}") from exc
     if replication is not None:
-        state = await replication.wait_committed(topic, partition, result.last_offset)
+        state = await replication.wait_committed(topic, partition, last_offset)
         if state is AckState.LEADERSHIP_LOST:
             raise NotCommitted(ErrorCode.NOT_COORDINATOR, "leadership moved before the commit")
         if state is not AckState.DONE:
             raise NotCommitted(
                 ErrorCode.COORDINATOR_NOT_AVAILABLE, f"not committed: {state.name.lower()}"
             )
-    return result
