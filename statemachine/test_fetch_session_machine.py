@@ -149,9 +149,7 @@ class FetchSessionMachine(RuleBasedStateMachine):
         def old(s: ModelSession) -> bool:
             return s.last_used - s.created > EVICT_MS
 
-        may_go = [
-            i for i, s in self.model.items() if old(s) or (privileged and not s.privileged)
-        ]
+        may_go = [i for i, s in self.model.items() if old(s) or (privileged and not s.privileged)]
         if not may_go:
             return False, None
         rank = {i: (self.model[i].privileged, len(self.model[i].asked), i) for i in may_go}

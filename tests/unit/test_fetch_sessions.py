@@ -50,15 +50,11 @@ def fetch(
     def topic_fields(name: str) -> dict[str, Any]:
         return {"topic_id": ids[name]} if ids else {"topic": name}
 
+    def part(index: int, offset: int) -> Any:
+        return Part(partition=index, fetch_offset=offset, partition_max_bytes=1 << 20)
+
     topics = [
-        Req.FetchTopic(
-            **topic_fields(name),
-            partitions=[
-                Part(partition=p, fetch_offset=offset, log_start_offset=-1,
-                     partition_max_bytes=1 << 20)
-                for p, offset in wanted
-            ],
-        )  # fmt: skip
+        Req.FetchTopic(**topic_fields(name), partitions=[part(p, o) for p, o in wanted])
         for name, wanted in partitions.items()
     ]
     forgotten_topics = [
@@ -139,6 +135,11 @@ async def test_session_errors_have_their_kafka_codes(
         services, fetch({}, session, 1, ids={"a": services.topics.get("a").topic_id}), 13
     )
     assert by_id.error_code == ErrorCode.FETCH_SESSION_TOPIC_ID
+    assert services.fetch_sessions.errors == {
+        ErrorCode.INVALID_FETCH_SESSION_EPOCH: 1,
+        ErrorCode.FETCH_SESSION_ID_NOT_FOUND: 1,
+        ErrorCode.FETCH_SESSION_TOPIC_ID: 1,
+    }
     # The errors did not move the epoch: 1 is still the next one.
     assert (await answer(services, fetch({}, session, 1))).error_code == ErrorCode.NONE
 
@@ -190,9 +191,7 @@ async def test_sessions_by_topic_id_from_v13(autojump_clock: trio.testing.MockCl
     assert full.session_id > 0 and [t.topic_id for t in full.responses] == [ids["a"], ids["b"]]
     await produce(services, "a", 0)
     await produce(services, "b", 0)
-    news = await answer(
-        services, fetch({}, full.session_id, 1, forgotten={"b": [0]}, ids=ids), 13
-    )
+    news = await answer(services, fetch({}, full.session_id, 1, forgotten={"b": [0]}, ids=ids), 13)
     assert [(t.topic_id, p.partition_index) for t in news.responses for p in t.partitions] == [
         (ids["a"], 0)
     ]
@@ -268,12 +267,14 @@ def test_a_full_cache_takes_a_stale_sessions_slot_first() -> None:
     cache: FetchSessionCache[Any, Any] = FetchSessionCache(2, rng=random.Random(1))
     idle = new_session(cache, 5, now_ms=0)
     busy = new_session(cache, 5, now_ms=0)
+    assert idle and busy
     use(cache, busy, EVICTION_MS)
     # Young sessions and equal sizes: no room for a consumer's one-partition session...
     assert new_session(cache, 1, now_ms=EVICTION_MS) == 0
     # ...until the idle one has been unused longer than EVICTION_MS.
     newcomer = new_session(cache, 1, now_ms=EVICTION_MS + 1)
     assert newcomer and set(cache.sessions) == {busy, newcomer} and cache.evictions == 1
+    assert idle not in cache.sessions
 
 
 def test_a_follower_evicts_a_consumer_at_once_a_consumer_only_a_smaller_old_one() -> None:

@@ -194,6 +194,8 @@ class FetchSessionCache(Generic[K, R]):
         self.evictions = 0
         #: Incremental requests taken (they passed the id and epoch checks).
         self.incremental_fetches = 0
+        #: Incremental requests refused, per error code.
+        self.errors: dict[ErrorCode, int] = {}
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -230,11 +232,11 @@ class FetchSessionCache(Generic[K, R]):
             return FullFetch(privileged=privileged, uses_topic_ids=uses_topic_ids)
         session = self.sessions.get(session_id)
         if session is None:
-            return SessionError(ErrorCode.FETCH_SESSION_ID_NOT_FOUND)
+            return self._refuse(ErrorCode.FETCH_SESSION_ID_NOT_FOUND)
         if session.epoch != epoch:
-            return SessionError(ErrorCode.INVALID_FETCH_SESSION_EPOCH)
+            return self._refuse(ErrorCode.INVALID_FETCH_SESSION_EPOCH)
         if session.uses_topic_ids != uses_topic_ids:
-            return SessionError(ErrorCode.FETCH_SESSION_TOPIC_ID)
+            return self._refuse(ErrorCode.FETCH_SESSION_TOPIC_ID)
         session.update(changed, forgotten)
         if not session.partitions:
             self.remove(session_id)  # forgot everything: nothing left to cache
@@ -243,6 +245,10 @@ class FetchSessionCache(Generic[K, R]):
         session.epoch = next_epoch(session.epoch)
         self.incremental_fetches += 1
         return IncrementalFetch(session, session.epoch)
+
+    def _refuse(self, error_code: ErrorCode) -> SessionError:
+        self.errors[error_code] = self.errors.get(error_code, 0) + 1
+        return SessionError(error_code)
 
     def create(
         self,
