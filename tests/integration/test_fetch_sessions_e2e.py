@@ -63,7 +63,8 @@ class Reader:
 
 async def wait_until(condition: Callable[[], Any], what: str) -> None:
     with trio.move_on_after(WAIT_S):
-        while not condition():
+        # Polling: the state lives in the client's thread and the broker, no event to wait on.
+        while not condition():  # noqa: ASYNC110
             await trio.sleep(0.05)
         return
     raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
@@ -91,7 +92,8 @@ async def test_a_lost_or_stale_session_makes_kafka_python_start_a_new_one(
             (second,) = sessions.sessions
             assert second != first
 
-            # Out of step: the session expects another epoch than the client sends.
+            # Out of step: the session expects another epoch than the client sends (or,
+            # if a long poll is under way, than the one its answer was meant to leave).
             sessions.sessions[second].epoch += 5
             taken = sessions.incremental_fetches
             produced += await in_thread(lambda: produce(bootstrap, 2 * PER_ROUND))

@@ -237,6 +237,22 @@ async def test_an_incremental_long_poll_waits_for_an_append_then_sends_only_it(
     assert services.fetch_sessions.sessions[session].epoch == 3
 
 
+async def test_a_request_taken_during_a_long_poll_makes_the_polls_answer_stale(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    services = two_topics()
+    session = (await answer(services, fetch({"a": [(0, 0)]}))).session_id
+    waiting = await handle_fetch(
+        context(services, m.ApiKey.FETCH, 12), fetch({}, session, 1, max_wait_ms=5_000)
+    )
+    assert isinstance(waiting, Deferred)
+    # The client (say, after a timeout) sends the next epoch: the session takes it.
+    assert (await answer(services, fetch({}, session, 2))).error_code == ErrorCode.NONE
+    late = await _run_deferred(waiting)
+    assert late.error_code == ErrorCode.INVALID_FETCH_SESSION_EPOCH and not late.responses
+    assert late.session_id == session
+
+
 async def test_no_slots_means_no_sessions(autojump_clock: trio.testing.MockClock) -> None:
     services = two_topics()
     services.fetch_sessions = FetchSessionCache(max_entries=0)

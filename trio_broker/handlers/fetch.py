@@ -236,7 +236,7 @@ def finish(ctx: RequestContext, plan: FetchPlan, response: Resp) -> Resp:
         response.session_id = session.id
         if session.epoch != context.epoch_after:
             # Another request for this session came in while this one polled.
-            response.error_code = ErrorCode.INVALID_FETCH_SESSION_EPOCH
+            response.error_code = sessions.refuse(ErrorCode.INVALID_FETCH_SESSION_EPOCH).error_code
             response.responses = []
         elif response.throttle_time_ms > 0:
             response.responses = []  # nothing sent: the session remembers nothing new

@@ -232,11 +232,11 @@ class FetchSessionCache(Generic[K, R]):
             return FullFetch(privileged=privileged, uses_topic_ids=uses_topic_ids)
         session = self.sessions.get(session_id)
         if session is None:
-            return self._refuse(ErrorCode.FETCH_SESSION_ID_NOT_FOUND)
+            return self.refuse(ErrorCode.FETCH_SESSION_ID_NOT_FOUND)
         if session.epoch != epoch:
-            return self._refuse(ErrorCode.INVALID_FETCH_SESSION_EPOCH)
+            return self.refuse(ErrorCode.INVALID_FETCH_SESSION_EPOCH)
         if session.uses_topic_ids != uses_topic_ids:
-            return self._refuse(ErrorCode.FETCH_SESSION_TOPIC_ID)
+            return self.refuse(ErrorCode.FETCH_SESSION_TOPIC_ID)
         session.update(changed, forgotten)
         if not session.partitions:
             self.remove(session_id)  # forgot everything: nothing left to cache
@@ -246,7 +246,8 @@ class FetchSessionCache(Generic[K, R]):
         self.incremental_fetches += 1
         return IncrementalFetch(session, session.epoch)
 
-    def _refuse(self, error_code: ErrorCode) -> SessionError:
+    def refuse(self, error_code: ErrorCode) -> SessionError:
+        """Count a refused request (for /metrics) and say so."""
         self.errors[error_code] = self.errors.get(error_code, 0) + 1
         return SessionError(error_code)
 
