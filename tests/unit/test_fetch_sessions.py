@@ -10,6 +10,7 @@ import random
 import uuid
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -19,6 +20,7 @@ from tests.unit.test_handler_effects import (
     context,
     produce_request,
 )
+from trio_broker.config import BrokerConfig, ConfigError
 from trio_broker.handlers.base import Deferred
 from trio_broker.handlers.fetch import handle_fetch
 from trio_broker.protocol import messages as m
@@ -321,3 +323,9 @@ def test_full_fetch_with_epoch_minus_one_is_sessionless() -> None:
 
 def test_epochs_wrap_to_one() -> None:
     assert next_epoch(0) == 1 and next_epoch(2**31 - 1) == 1 and next_epoch(-1) == -1
+
+
+def test_the_slots_setting_must_not_be_negative() -> None:
+    assert BrokerConfig(max_incremental_fetch_session_cache_slots=0).validate()
+    with pytest.raises(ConfigError, match=r"max\.incremental\.fetch\.session\.cache\.slots"):
+        BrokerConfig(max_incremental_fetch_session_cache_slots=-1).validate()
