@@ -34,7 +34,7 @@ from tests.verify.helpers import (
     swap_first_two,
     write_rows,
 )
-from trio_broker.protocol.messages import decode_response
+from trio_broker.protocol.messages import decode_request, decode_response
 from trio_broker.replay.ids import fetch_session_handed_out
 from trio_broker.verify.job import spark_session, summary_text, verify, write_report
 
@@ -77,6 +77,8 @@ def _consume(bootstrap: str, topics: list[str]) -> int:
         while seen < MESSAGES * len(topics) and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=500).values():
                 seen += len(records)
+        for _ in range(3):  # incremental fetches in its fetch session (nothing new to read)
+            consumer.poll(timeout_ms=200)
         consumer.commit()
     finally:
         consumer.close()
@@ -240,6 +242,12 @@ def test_replay_into_a_fresh_broker_verifies(
     ]  # fmt: skip
     assert any(fetch_session_handed_out(v, f) for v, f in fetch_heads)
     assert all(fetch_error_code(v, f) == 0 for v, f in fetch_heads)
+    incremental = [
+        body for r in replayed
+        if r["direction"] == "request" and r["api_key"] == 1
+        and (body := decode_request(r["frame"])[1]).session_epoch > 0
+    ]  # fmt: skip
+    assert incremental, "the replayed traffic has no incremental fetch"
     for row in replayed:
         if row["direction"] == "response" and row["api_key"] in errors:
             body: Any = decode_response(row["api_key"], row["api_version"], row["frame"])[1]
