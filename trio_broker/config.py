@@ -98,6 +98,8 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = 1_800_000
     #: False: DeleteTopics answers TOPIC_DELETION_DISABLED (INVALID_REQUEST before v3).
     delete_topic_enable: bool = True
+    #: Fetch sessions (KIP-227) the broker keeps; 0: every fetch is answered in full.
+    max_incremental_fetch_session_cache_slots: int = 1000
     #: Topic defaults of max.message.bytes and message.timestamp.type.
     message_max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     log_message_timestamp_type: str = "CreateTime"
@@ -181,6 +183,8 @@ class BrokerConfig:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
         if self.queued_max_request_bytes == 0 or self.queued_max_request_bytes < -1:
             raise ConfigError("queued.max.request.bytes: must be positive, or -1 for no limit")
+        if self.max_incremental_fetch_session_cache_slots < 0:
+            raise ConfigError("max.incremental.fetch.session.cache.slots: must be at least 0")
         if self.default_replication_factor != 1 and not self.zookeeper_connect:
             raise ConfigError(
                 "default.replication.factor: a single broker (no zookeeper.connect) keeps "

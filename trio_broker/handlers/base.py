@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from trio_broker.services.quotas import QuotaService
     from trio_broker.services.stats import BrokerStats
     from trio_broker.services.topics import TopicManager
+    from trio_broker.state.fetch_sessions import FetchSessionCache
 
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -190,6 +191,8 @@ class Services(Protocol):
     def appends(self) -> Appends: ...
     @property
     def stats(self) -> BrokerStats: ...
+    @property
+    def fetch_sessions(self) -> FetchSessionCache[Any, Any]: ...
     @property
     def replication(self) -> Replication | None: ...
     @property

@@ -46,6 +46,7 @@ from trio_broker.services.quotas import QuotaService
 from trio_broker.services.stats import BrokerStats
 from trio_broker.services.topics import TopicManager
 from trio_broker.services.txn_markers import append_txn_marker
+from trio_broker.state.fetch_sessions import FetchSessionCache
 from trio_broker.storage.cleaner import TransactionFacts
 from trio_broker.storage.durable import make_dirs_durable
 from trio_broker.storage.group_commit import FlushPolicy
@@ -126,6 +127,10 @@ class Broker:
         self._connection_ids = itertools.count(1)
         #: Long-poll fetches wait here; Produce notifies.
         self.appends = AppendSignal()
+        #: Incremental fetch sessions (KIP-227): handlers/fetch.py opens and uses them.
+        self.fetch_sessions: FetchSessionCache[Any, Any] = FetchSessionCache(
+            config.max_incremental_fetch_session_cache_slots
+        )
         #: Set by shutdown(): long polls answer at once, readers stop taking requests.
         self.shutting_down = False
         self.root_nursery: trio.Nursery = None  # type: ignore[assignment]  # set by run()
