@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 
 #: How long CreateTopics waits for the controller to give every new partition a leader.
 CREATE_WAIT_S = 15.0
+#: Conditional writes of a topic's config znode tried before giving up (each retry
+#: follows another broker's change of the same znode).
+CONFIG_WRITE_ATTEMPTS = 20
 
 
 @attrs.define
@@ -128,6 +131,9 @@ class ReplicaManager:
         self.leadership_listeners: dict[str, LeadershipListener] = {}
         #: Internal topics being made by ensure_internal_topic_soon.
         self._ensuring: set[str] = set()
+        #: Stray local topics (deleted, or replaced under their name, while this broker
+        #: was away) were looked for once ZooKeeper answered (:meth:`_delete_strays`).
+        self._strays_checked = False
 
     # ------------------------------------------------------------------ for handlers
 
@@ -395,6 +401,8 @@ class ReplicaManager:
     async def _apply(self) -> None:
         me = self.view.broker_id
         roles_changed = False
+        if not self._strays_checked:
+            self._strays_checked = await self._delete_strays()
         for name, topic in list(self.view.topics.items()):
             mine = [p for p, info in topic.partitions.items() if me in info.replicas]
             if not mine:
@@ -457,13 +465,52 @@ class ReplicaManager:
                 return
         except CoordinationError:
             return  # ask again at the next view change
+        self._delete_local(name, "deleted by the cluster")
+
+    async def _delete_strays(self) -> bool:
+        """Delete the local topics the cluster no longer has: deleted while this broker
+        was away, or deleted and made again under the same name (another topic id).
+        Kafka finds such stray logs by topic id when a broker returns and deletes them.
+        Each is confirmed by reading its znode first, so an empty or stale view never
+        costs data; internal topics are left to their coordinators. True once every
+        local topic was checked (False: ZooKeeper failed, ask again next view change)."""
+        checked = True
+        for name, local in list(self.topics.topics.items()):
+            cluster = self.view.topics.get(name)
+            if name in RESERVED_TOPICS or (
+                cluster is not None and cluster.topic_id == local.topic_id
+            ):
+                continue
+            try:
+                stray = await self._is_stray(name, local.topic_id)
+            except CoordinationError as exc:
+                log.info("checking local topic %s against ZooKeeper: %s", name, exc)
+                checked = False
+                continue
+            if stray:
+                self._delete_local(name, "a stray log (deleted or replaced in the cluster)")
+        return checked
+
+    async def _is_stray(self, name: str, local_id: uuid.UUID) -> bool:
+        """ZooKeeper confirms: no topic ``name``, or one with another id than the local
+        copy's. A znode that does not parse confirms nothing. Raises CoordinationError."""
+        node = await self.coord.get(topic_path(name))
+        if node is None:
+            return True
+        try:
+            return TopicAssignment.decode(node.data, topic_path(name)).topic_id != local_id
+        except CoordinationDataError:
+            return False
+
+    def _delete_local(self, name: str, why: str) -> None:
+        """Drop every role in topic ``name`` and delete the local copy."""
         self.local_copies.discard(name)
         for key in [k for k in [*self.following, *self.terms] if k[0] == name]:
             self._end_term(key)
             self.following.pop(key, None)
         if self.topics.get(name) is not None:
             self.topics.delete(name)
-            log.info("topic %s deleted by the cluster: local copy deleted", name)
+            log.info("topic %s: local copy deleted: %s", name, why)
 
     async def _drop_replica(self, name: str, partition: int) -> None:
         """This broker is no longer a replica of the partition: its copy goes, the whole
@@ -485,11 +532,19 @@ class ReplicaManager:
     ) -> Any | None:
         local = self.topics.get(name)
         if local is not None and local.topic_id != topic_id:
-            # Kafka's InconsistentTopicIdException: never overwrite data of another topic.
-            log.error("topic %s: the local log has id %s, the cluster's topic %s; not "
-                      "replicating it (move the local one away)", name, local.topic_id,
-                      topic_id)  # fmt: skip
-            return None
+            # The topic was deleted and made again under its name: the local copy is
+            # the old topic's, a stray log once ZooKeeper confirms the new id (never
+            # overwrite data of another topic on the view's word alone).
+            try:
+                stray = name not in RESERVED_TOPICS and await self._is_stray(name, local.topic_id)
+            except CoordinationError:
+                stray = False
+            if not stray:
+                log.error("topic %s: the local log has id %s, the cluster's topic %s; not "
+                          "replicating it", name, local.topic_id, topic_id)  # fmt: skip
+                return None
+            self._delete_local(name, f"replaced in the cluster by topic id {topic_id}")
+            local = None
         configs = await self._topic_configs(name)
         if local is None:
             try:
@@ -526,6 +581,53 @@ class ReplicaManager:
             raise TopicError(
                 ErrorCode.UNKNOWN_SERVER_ERROR, f"cannot store the configs of {name}: {exc}"
             ) from None
+
+    async def read_topic_configs(self, name: str) -> dict[str, str]:
+        """A cluster topic's config overrides as ZooKeeper holds them (DescribeConfigs on
+        a broker without a copy). UNKNOWN_TOPIC_OR_PARTITION if the topic is gone."""
+        configs: dict[str, str] = {}
+
+        def keep(current: dict[str, str]) -> None:
+            configs.update(current)
+
+        await self.update_topic_configs(name, keep)
+        return configs
+
+    async def update_topic_configs(
+        self, name: str, change: Callable[[dict[str, str]], dict[str, str] | None]
+    ) -> None:
+        """Read topic ``name``'s config overrides from ZooKeeper and store
+        ``change(current)`` in their place, unless it is None (nothing to write: a
+        validation, a read). The write is conditional on the znode's version, so a
+        concurrent change is never lost: ``change`` is then called again on the new
+        value. ``change`` may raise to refuse (its exception propagates). Every
+        replica's config watch applies the stored value (AlterConfigs on any broker)."""
+        path = topic_config_path(name)
+        try:
+            for _ in range(CONFIG_WRITE_ATTEMPTS):
+                if await self.coord.get(topic_path(name)) is None:
+                    raise TopicError(
+                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+                    )
+                node = await self.coord.get(path)
+                new = change(decode_configs(node.data) if node is not None else {})
+                if new is None:
+                    return
+                try:
+                    if node is None:
+                        await self.coord.create(path, encode_configs(new))
+                    else:
+                        await self.coord.set(path, encode_configs(new), node.version)
+                    return
+                except (BadVersion, NodeExists, NoNode):
+                    continue  # changed meanwhile: decide again on the new value
+        except CoordinationError as exc:
+            raise TopicError(
+                ErrorCode.UNKNOWN_SERVER_ERROR, f"ZooKeeper, configs of {name}: {exc}"
+            ) from None
+        raise TopicError(
+            ErrorCode.UNKNOWN_SERVER_ERROR, f"the configs of {name} kept changing; try again"
+        )
 
     async def _config_loop(self) -> None:
         """Topic configs follow their znodes: an AlterConfigs taken by any broker reaches

@@ -13,7 +13,9 @@ of every topic that does not set the key itself (docs/acls.md, "Dynamic broker c
 
 In a cluster, an accepted topic change is also stored in ZooKeeper (the topic's config
 znode), from where every replica's config watch applies it, min.insync.replicas included
-(docs/cluster.md, "Topic configs in a cluster").
+(docs/cluster.md, "Topic configs in a cluster"). A broker without a copy of the topic
+takes the change too: it reads the znode, checks the new overrides the same way and
+writes them back conditionally (a Deferred), and the replicas apply them.
 
 Shared with IncrementalAlterConfigs: resource checks, value checks, applying.
 """
@@ -24,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from trio_broker.handlers.authorization import authorized
-from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
@@ -59,6 +61,10 @@ class ConfigRefused(KafkaError):
     """A config change Kafka refuses: ``ConfigRefused(error_code, message)``."""
 
 
+class _HeldElsewhere(Exception):
+    """A cluster topic this broker has no copy of: altered in ZooKeeper instead."""
+
+
 def check_values(ctx: RequestContext, configs: dict[str, str]) -> None:
     """Raise ConfigRefused(INVALID_CONFIG) unless the topic would accept ``configs`` whole."""
     try:
@@ -79,11 +85,13 @@ def alter_resources(
     resources: list[AnyResource],
     validate_only: bool,
     new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
+    elsewhere: list[int] | None = None,
 ) -> list[tuple[ErrorCode, str | None]]:
     """Check and (unless validate_only) apply each resource; one (error, message) each.
 
     ``new_configs(current overrides, resource)`` computes the topic's new overrides
-    or raises ConfigRefused.
+    or raises ConfigRefused. In a cluster, the indexes of topics held by other brokers
+    only go to ``elsewhere`` (their answer is left NONE): :func:`alter_in_cluster`.
     """
     seen: dict[tuple[int, str], int] = {}
     for resource in resources:
@@ -95,6 +103,11 @@ def alter_resources(
             if seen[(resource.resource_type, resource.resource_name)] > 1:
                 raise ConfigRefused(ErrorCode.INVALID_REQUEST, "resource listed more than once")
             _alter_one(ctx, resource, validate_only, new_configs)
+            out.append((ErrorCode.NONE, None))
+        except _HeldElsewhere:
+            if elsewhere is None:
+                raise
+            elsewhere.append(len(out))
             out.append((ErrorCode.NONE, None))
         except ConfigRefused as exc:
             out.append((exc.error_code, str(exc)))
@@ -123,6 +136,9 @@ def _alter_one(
         raise ConfigRefused(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "ALTER_CONFIGS refused")
     topic = ctx.services.topics.get(name)
     if topic is None:
+        replication = ctx.services.replication
+        if replication is not None and name in replication.view.topics:
+            raise _HeldElsewhere(name)
         raise ConfigRefused(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
     configs = new_configs(dict(topic.info.configs), resource)
     check_values(ctx, configs)
@@ -162,6 +178,54 @@ async def publish_topic_configs(
                 code, message = exc.error_code, str(exc)
         out.append((code, message))
     return out
+
+
+def alter_in_cluster(
+    ctx: RequestContext,
+    resources: list[AnyResource],
+    validate_only: bool,
+    new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
+    answer: Callable[[list[tuple[ErrorCode, str | None]]], AnyAnswer],
+) -> AnyAnswer | Deferred:
+    """AlterConfigs and IncrementalAlterConfigs: the resources checked and applied here
+    (:func:`alter_resources`), then, in a cluster, a Deferred that alters the topics held
+    elsewhere in ZooKeeper and stores the local changes there too; ``answer(results)``
+    builds the response."""
+    elsewhere: list[int] = []
+    results = alter_resources(ctx, resources, validate_only, new_configs, elsewhere)
+    replication = ctx.services.replication
+    if replication is None:
+        return answer(results)
+
+    async def store_then_answer() -> AnyAnswer:
+        for index in elsewhere:
+            resource = resources[index]
+            change = _change_of(ctx, resource, validate_only, new_configs)
+            try:
+                await replication.update_topic_configs(resource.resource_name, change)
+            except (ConfigRefused, TopicError) as exc:
+                results[index] = (exc.error_code, str(exc))
+        published = await publish_topic_configs(ctx, resources, results, validate_only)
+        return answer(published)
+
+    return Deferred(store_then_answer)
+
+
+def _change_of(
+    ctx: RequestContext,
+    resource: AnyResource,
+    validate_only: bool,
+    new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
+) -> Callable[[dict[str, str]], dict[str, str] | None]:
+    """The change of one topic's stored overrides: checked as a local change is;
+    nothing to store when only validating."""
+
+    def change(current: dict[str, str]) -> dict[str, str] | None:
+        configs = new_configs(dict(current), resource)
+        check_values(ctx, configs)
+        return None if validate_only else configs
+
+    return change
 
 
 def _alter_broker(
@@ -224,7 +288,8 @@ def resources_response(
 @handles(m.ApiKey.ALTER_CONFIGS)
 async def handle_alter_configs(
     ctx: RequestContext, request: m.AlterConfigsRequest
-) -> m.AlterConfigsResponse:
-    results = alter_resources(ctx, request.resources, request.validate_only, _replace_all)
-    results = await publish_topic_configs(ctx, request.resources, results, request.validate_only)
-    return resources_response(Resp, request.resources, results)
+) -> m.AlterConfigsResponse | Deferred:
+    return alter_in_cluster(
+        ctx, request.resources, request.validate_only, _replace_all,
+        lambda results: resources_response(Resp, request.resources, results),
+    )  # fmt: skip

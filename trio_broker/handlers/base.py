@@ -147,6 +147,17 @@ class Replication(Protocol):
         """Store a topic's config overrides for every replica (TopicError if refused)."""
         ...
 
+    async def read_topic_configs(self, name: str) -> dict[str, str]:
+        """A topic's config overrides as the cluster stores them (TopicError if not)."""
+        ...
+
+    async def update_topic_configs(
+        self, name: str, change: Callable[[dict[str, str]], dict[str, str] | None]
+    ) -> None:
+        """Store ``change(current overrides)`` for every replica, unless None; a
+        concurrent change calls ``change`` again (TopicError if refused)."""
+        ...
+
 
 class Transactions(Protocol):
     """The transaction coordinator, as the partition side asks it (trio_broker/transactions).

@@ -6,6 +6,11 @@ DYNAMIC_BROKER_CONFIG or DYNAMIC_DEFAULT_BROKER_CONFIG when a dynamic broker con
 sets it (storage/broker_configs.py), else STATIC_BROKER_CONFIG when the broker's
 config file overrides the built-in default and DEFAULT_CONFIG otherwise.
 CreateTopics v5+ returns the same list.
+
+Internal topics (``__consumer_offsets``, ``__transaction_state``) are described like
+any other, as Kafka does. In a cluster, a topic this broker holds no copy of is
+described from its config znode in ZooKeeper (a Deferred reads it), so any broker
+answers for any topic.
 """
 
 from __future__ import annotations
@@ -24,11 +29,11 @@ from trio_broker.config_keys import (
     listener_key,
 )
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
-from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.security.listeners import LISTENER_KEYS
-from trio_broker.services.topics import TopicError, validate_topic_name
+from trio_broker.services.topics import RESERVED_TOPICS, TopicError, validate_topic_name
 from trio_broker.storage.broker_configs import (
     CLUSTER_DEFAULT,
     DYNAMIC_BROKER_KEYS,
@@ -246,24 +251,32 @@ def _entry(value: ConfigValue, synonyms: bool, documentation: bool) -> Entry:
     )  # fmt: skip
 
 
+#: Config overrides read from ZooKeeper for topics held elsewhere, or why they were not.
+ClusterConfigs = dict[str, dict[str, str] | TopicError]
+
+
 def _describe(
-    ctx: RequestContext, resource: m.DescribeConfigsRequest.DescribeConfigsResource
+    ctx: RequestContext,
+    resource: m.DescribeConfigsRequest.DescribeConfigsResource,
+    from_cluster: ClusterConfigs,
 ) -> tuple[list[ConfigValue], ErrorCode, str]:
     services = ctx.services
     name = resource.resource_name
     if resource.resource_type == TOPIC_RESOURCE:
-        try:
-            validate_topic_name(name)
-        except TopicError as exc:
-            return [], exc.error_code, str(exc)
+        if name not in RESERVED_TOPICS:  # internal topics have configs too
+            try:
+                validate_topic_name(name)
+            except TopicError as exc:
+                return [], exc.error_code, str(exc)
         if not authorized(ctx, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, name):
             return [], ErrorCode.TOPIC_AUTHORIZATION_FAILED, "DESCRIBE_CONFIGS refused"
         topic = services.topics.get(name)
-        if topic is None:
+        configs = topic.info.configs if topic is not None else from_cluster.get(name)
+        if isinstance(configs, TopicError):
+            return [], configs.error_code, str(configs)
+        if configs is None:
             return [], ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
-        values = topic_config_values(
-            services.config, topic.info.configs, services.topics.broker_configs
-        )
+        values = topic_config_values(services.config, configs, services.topics.broker_configs)
         return values, ErrorCode.NONE, ""
     if resource.resource_type == BROKER_RESOURCE:
         if not authorized(ctx, Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER):
@@ -288,15 +301,50 @@ def _describe(
     return [], ErrorCode.INVALID_REQUEST, f"unsupported resource type {resource.resource_type}"
 
 
+def _held_elsewhere(
+    ctx: RequestContext, resource: m.DescribeConfigsRequest.DescribeConfigsResource
+) -> bool:
+    """A cluster topic this broker has no copy of (its configs are in ZooKeeper)."""
+    replication = ctx.services.replication
+    name = resource.resource_name
+    return (
+        replication is not None
+        and resource.resource_type == TOPIC_RESOURCE
+        and ctx.services.topics.get(name) is None
+        and name in replication.view.topics
+        and authorized(ctx, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, name)
+    )
+
+
 @handles(m.ApiKey.DESCRIBE_CONFIGS)
 async def handle_describe_configs(
     ctx: RequestContext, request: m.DescribeConfigsRequest
+) -> m.DescribeConfigsResponse | Deferred:
+    replication = ctx.services.replication
+    elsewhere = sorted({r.resource_name for r in request.resources if _held_elsewhere(ctx, r)})
+    if replication is None or not elsewhere:
+        return _answer(ctx, request, {})
+
+    async def read_then_answer() -> m.DescribeConfigsResponse:
+        from_cluster: ClusterConfigs = {}
+        for name in elsewhere:
+            try:
+                from_cluster[name] = await replication.read_topic_configs(name)
+            except TopicError as exc:
+                from_cluster[name] = exc
+        return _answer(ctx, request, from_cluster)
+
+    return Deferred(read_then_answer)
+
+
+def _answer(
+    ctx: RequestContext, request: m.DescribeConfigsRequest, from_cluster: ClusterConfigs
 ) -> m.DescribeConfigsResponse:
     synonyms = ctx.api_version >= 1 and request.include_synonyms
     documentation = ctx.api_version >= 3 and request.include_documentation
     results: list[Result] = []
     for resource in request.resources:
-        values, error, message = _describe(ctx, resource)
+        values, error, message = _describe(ctx, resource, from_cluster)
         if resource.configuration_keys is not None:
             wanted = set(resource.configuration_keys)
             values = [v for v in values if v.name in wanted]

@@ -1,6 +1,7 @@
 """IncrementalAlterConfigs: SET, DELETE, APPEND or SUBTRACT single topic configs.
 
-Same checks, persistence and live application as AlterConfigs (alter_configs.py);
+Same checks, persistence and live application as AlterConfigs (alter_configs.py),
+on any broker of a cluster;
 only the way the new override set is computed differs. APPEND and SUBTRACT
 apply to list configs (cleanup.policy) only, as in Kafka.
 """
@@ -9,11 +10,10 @@ from __future__ import annotations
 
 from trio_broker.handlers.alter_configs import (
     ConfigRefused,
-    alter_resources,
-    publish_topic_configs,
+    alter_in_cluster,
     resources_response,
 )
-from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
@@ -61,7 +61,8 @@ def apply_operations(
 @handles(m.ApiKey.INCREMENTAL_ALTER_CONFIGS)
 async def handle_incremental_alter_configs(
     ctx: RequestContext, request: m.IncrementalAlterConfigsRequest
-) -> m.IncrementalAlterConfigsResponse:
-    results = alter_resources(ctx, request.resources, request.validate_only, apply_operations)
-    results = await publish_topic_configs(ctx, request.resources, results, request.validate_only)
-    return resources_response(Resp, request.resources, results)
+) -> m.IncrementalAlterConfigsResponse | Deferred:
+    return alter_in_cluster(
+        ctx, request.resources, request.validate_only, apply_operations,
+        lambda results: resources_response(Resp, request.resources, results),
+    )  # fmt: skip

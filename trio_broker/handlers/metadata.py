@@ -4,6 +4,11 @@ Alone, this node is the only broker and leads every partition. In a cluster the
 answer comes from the cluster view (ZooKeeper's state as this broker last read it):
 every live broker, each partition's leader, leader epoch, replicas, ISR and offline
 replicas, LEADER_NOT_AVAILABLE for a partition without a leader.
+
+``__consumer_offsets`` and ``__transaction_state`` are listed with ``is_internal``
+true, as Kafka does (pattern-subscribing clients skip internal topics). A broker
+alone keeps its group offsets and transaction state in private files, not topics, and
+lists neither (services/topics.py RESERVED_TOPICS).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from trio_broker.handlers.authorization import (
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.services.topics import TopicError, validate_topic_name
+from trio_broker.services.topics import RESERVED_TOPICS, TopicError, validate_topic_name
 
 Resp = m.MetadataResponse
 #: All partitions are led by this node at epoch 0 (no elections on one node).
@@ -71,7 +76,8 @@ def topic_metadata(
     ]
     return Resp.MetadataResponseTopic(
         error_code=ErrorCode.NONE, name=topic.name, topic_id=topic.topic_id,
-        is_internal=False, partitions=partitions, topic_authorized_operations=-2147483648,
+        is_internal=topic.name in RESERVED_TOPICS, partitions=partitions,
+        topic_authorized_operations=-2147483648,
     )  # fmt: skip
 
 
@@ -98,7 +104,8 @@ def cluster_topic_metadata(
         partitions.append(partition)
     return Resp.MetadataResponseTopic(
         error_code=ErrorCode.NONE, name=info.name, topic_id=info.topic_id,
-        is_internal=False, partitions=partitions, topic_authorized_operations=-2147483648,
+        is_internal=info.name in RESERVED_TOPICS, partitions=partitions,
+        topic_authorized_operations=-2147483648,
     )  # fmt: skip
 
 

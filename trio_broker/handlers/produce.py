@@ -29,6 +29,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError, ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
 from trio_broker.replication.leader import AckState
+from trio_broker.services.topics import RESERVED_TOPICS
 from trio_broker.state.producer import Duplicate, Reject
 from trio_broker.state.quota import PRODUCER_BYTE_RATE
 from trio_broker.storage.errors import StorageError
@@ -83,6 +84,10 @@ def validate_batch(
     return batch
 
 
+#: The client id Kafka lets write into internal topics (its AdminUtils.ADMIN_CLIENT_ID);
+#: every other client's Produce to one is refused with INVALID_TOPIC_EXCEPTION.
+INTERNAL_WRITER_CLIENT_ID = "__admin_client"
+
 #: Validation errors Kafka answers with the log start offset (its RecordValidationException
 #: path); a corrupt or too large batch gets -1 there, as here.
 _ANSWERED_WITH_LOG_START = (ErrorCode.INVALID_RECORD, ErrorCode.INVALID_TIMESTAMP)
@@ -115,6 +120,8 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
         partition_responses: list[PartResp] = []
         # An unknown topic id has no name to authorize: it stays UNKNOWN_TOPIC_ID.
         allowed = not name or authorized(ctx, Operation.WRITE, ResourceType.TOPIC, name)
+        # Only the coordinators write internal topics (they append to the log directly).
+        internal = name in RESERVED_TOPICS and ctx.header.client_id != INTERNAL_WRITER_CLIENT_ID
         for data in topic_data.partition_data:
             part = PartResp(index=data.index, base_offset=-1, log_append_time_ms=-1)
             partition_responses.append(part)
@@ -127,6 +134,10 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
                 continue
             if not allowed:
                 part.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                continue
+            if internal:
+                part.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
+                part.error_message = f"Cannot append to internal topic {name}"
                 continue
             if topic is None or not 0 <= data.index < len(topic.logs):
                 part.error_code = missing
