@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicCollection
+from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 
 from tests.cluster.test_cluster_admin import Cluster, admin_of, create, start_cluster
@@ -78,6 +79,12 @@ def produce(cluster: Cluster, broker: int, topic: str, value: bytes, acks: int =
     return int(answer.responses[0].partition_responses[0].error_code)
 
 
+def put(cluster: Cluster, admin: AdminClient, topic: str, value: bytes) -> bool:
+    """One record into ``topic``-0 through its leader, acks=all; True once taken."""
+    leader = partitions(admin, topic).get(0, (-1,))[0]
+    return leader in cluster and produce(cluster, leader, topic, value) == ErrorCode.NONE
+
+
 @pytest.fixture
 def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
     yield from start_cluster(tmp_path, zookeeper)
@@ -120,8 +127,7 @@ def test_stray_copies_go_when_their_broker_returns(cluster: Cluster, zookeeper: 
     admin = admin_of(cluster)
     for topic in ("doomed", "reborn"):
         create(admin, topic, [2, 3])
-        leader = partitions(admin, topic)[0][0]
-        assert produce(cluster, leader, topic, b"old-record") == ErrorCode.NONE
+        eventually(lambda topic=topic: put(cluster, admin, topic, b"old-record"), topic)
     cluster[2].stop()
     eventually(lambda: 2 not in admin.list_topics(timeout=5).brokers, "broker 2 gone")
     for future in admin.delete_topics(["doomed", "reborn"]).values():
@@ -144,7 +150,7 @@ def test_stray_copies_go_when_their_broker_returns(cluster: Cluster, zookeeper: 
     cluster[2].start()
     eventually(lambda: not (cluster[2].data_dir / "doomed-0").exists(), "doomed's copy deleted")
     eventually(lambda: partitions(admin, "reborn")[0][2] == [2, 3], "broker 2 back in the ISR")
-    assert produce(cluster, 3, "reborn", b"new-record") == ErrorCode.NONE
+    eventually(lambda: put(cluster, admin, "reborn", b"new-record"), "a record in the new reborn")
     for broker in cluster.values():
         assert broker.stop() == 0
     copy = partition_bytes(cluster[2], "reborn", 0)
