@@ -108,8 +108,9 @@ def test_internal_topics_and_configs_from_any_broker(cluster: Cluster) -> None:
 
     # "solo" lives on broker 3 alone: broker 1 answers from ZooKeeper and its change
     # reaches broker 3's copy (which answers from its own catalogue).
-    error, configs = describe_configs(cluster, 1, "solo")
-    assert error == ErrorCode.NONE and "retention.ms" in configs
+    eventually(lambda: describe_configs(cluster, 1, "solo")[0] == ErrorCode.NONE, "solo known")
+    assert "retention.ms" in describe_configs(cluster, 1, "solo")[1]
+    assert not (cluster[1].data_dir / "solo-0").exists()  # broker 1 holds no copy
     assert set_config(cluster, 1, "solo", "retention.ms", "12345") == ErrorCode.NONE
     assert describe_configs(cluster, 1, "solo")[1]["retention.ms"] == "12345"
     eventually(
