@@ -111,7 +111,9 @@ async def _connect(manager: ReplicaManager, leader: int) -> BrokerClient:
     info = manager.view.brokers.get(leader)
     if info is None:
         raise BrokerConnectionError(f"broker {leader} is not registered")
-    client = BrokerClient(info.host, info.port, f"replica-fetcher-{manager.view.broker_id}")
+    client = BrokerClient(
+        info.host, info.port, f"replica-fetcher-{manager.view.broker_id}", manager.open_stream
+    )
     await client.connect()
     return client
 

@@ -120,6 +120,8 @@ class ReplicaManager:
         #: Cluster topics this broker keeps a local copy of (since it started): deleted
         #: locally when the cluster deletes them.
         self.local_copies: set[str] = set()
+        #: How fetchers reach leaders (BrokerClient's OpenStream); None: TCP.
+        self.open_stream: Any = None
 
     # ------------------------------------------------------------------ for handlers
 
