@@ -21,6 +21,7 @@ KINDS = (
     "partition",  # two nodes cannot reach each other (both ways), then heal
     "isolate",  # a broker cut off from every other node, then heal
     "slow",  # a link gets 10-300 ms of extra latency, then recovers
+    "lossy",  # a link loses packets: some sends wait 0.2-1 s for a retransmission
     "reset",  # the connections between two nodes break
     # A broker cut off from ZooKeeper (not from the others); past the session timeout
     # its session expires and the cluster moves on without it (the zombie case).
@@ -28,7 +29,15 @@ KINDS = (
     # The leader of partition N (a = "pN") at that moment crashes (kill -9), as a
     # Jepsen nemesis aims at leaders.
     "crash_leader",
+    # Armed at ``at``: the next time a follower of partition N truncates its log, its
+    # leader crashes at that instant, before the follower fetches again (KIP-101's
+    # window: a follower that cut committed records and may be elected next).
+    "crash_leader_on_truncation",
 )
+
+
+#: Faults after which the cluster elects new leaders once the session expires.
+LOSES_A_BROKER = ("crash", "power_cut", "crash_leader", "crash_leader_on_truncation", "zk_cut")
 
 
 @attrs.frozen
@@ -53,25 +62,28 @@ def make_schedule(rng: random.Random, span_s: float, count: int) -> list[Fault]:
         # failures during a recovery, such as a new leader lost while its followers
         # truncate, are where replication bugs hide.
         draw = rng.random()
+        kind = rng.choice(KINDS)
         if faults and draw < 0.3:
             at = rng.choice(faults).at + rng.uniform(0.0, 0.6)
         elif faults and draw < 0.7:
-            at = rng.choice(faults).at + SESSION_TIMEOUT_S + rng.uniform(0.0, 0.1)
+            earlier = rng.choice(faults)
+            at = earlier.at + SESSION_TIMEOUT_S + rng.uniform(0.0, 0.1)
+            if earlier.kind in LOSES_A_BROKER and rng.random() < 0.5:
+                kind = "crash_leader"  # the leader just elected: a second failover
         else:
             at = rng.uniform(0, span_s)
         at = round(min(at, span_s), 3)
-        kind = rng.choice(KINDS)
         a = f"b{rng.choice(BROKERS)}"
         b = ""
-        if kind in ("partition", "slow", "reset"):
+        if kind in ("partition", "slow", "lossy", "reset"):
             b = rng.choice([f"b{x}" for x in BROKERS if f"b{x}" != a] + ["client"])
         duration = 0.0
-        if kind == "crash_leader":
+        if kind in ("crash_leader", "crash_leader_on_truncation"):
             a = f"p{rng.randrange(2)}"
             duration = round(rng.uniform(0.0, 4.0), 3)
         elif kind == "zk_cut":
             duration = round(rng.uniform(0.2, 5.0), 3)
-        elif kind in ("partition", "isolate", "slow"):
+        elif kind in ("partition", "isolate", "slow", "lossy"):
             duration = round(rng.uniform(0.2, 8.0), 3)
         elif kind in ("crash", "power_cut"):
             duration = round(rng.uniform(0.0, 4.0), 3)  # down this long past session expiry

@@ -9,6 +9,9 @@ duplicated inside a connection; TCP retransmits):
 - **partition**: while two nodes are cut off, nothing flows between them either way,
   and new connections time out; bytes already sent arrive once the cut heals (TCP
   retransmission), unless the connection was reset meanwhile;
+- **loss**: on a lossy link a send now and then waits for TCP's retransmission timeout
+  (200 ms to 1 s; the bytes after it wait too, as TCP delivers in order): the stalls
+  that open windows between two steps of a protocol;
 - **reset**: a connection breaks; both ends see ECONNRESET on their next read or write.
   A crashed node's connections are reset.
 
@@ -35,6 +38,9 @@ BASE_LATENCY_S = 0.0005
 JITTER_S = 0.0005
 #: A connection attempt across a partition fails after this long (SYN retries).
 CONNECT_TIMEOUT_S = 1.0
+#: On a lossy link: the share of sends that wait for a retransmission, and how long.
+LOSS_RATE = 0.2
+RTO_S = (0.2, 1.0)
 
 
 class _Pipe:
@@ -173,6 +179,7 @@ class Network:
         self.listeners: dict[str, Callable[[SimSocket, str], None]] = {}
         self.partitions: set[frozenset[str]] = set()
         self.slow: dict[frozenset[str], float] = {}  # extra latency per link
+        self.lossy: set[frozenset[str]] = set()
         self.connections: list[_Connection] = []
         self._kick = trio.Event()
         self.bytes_sent = 0
@@ -191,6 +198,7 @@ class Network:
     def heal_all(self) -> None:
         self.partitions.clear()
         self.slow.clear()
+        self.lossy.clear()
         self.kick()
 
     def reset_between(self, a: str, b: str) -> None:
@@ -204,8 +212,11 @@ class Network:
                 conn.reset()
 
     def latency(self, a: str, b: str) -> float:
-        extra = self.slow.get(frozenset((a, b)), 0.0)
-        return BASE_LATENCY_S + self.rng.random() * JITTER_S + extra * (0.5 + self.rng.random())
+        link = frozenset((a, b))
+        extra = self.slow.get(link, 0.0) * (0.5 + self.rng.random())
+        if link in self.lossy and self.rng.random() < LOSS_RATE:
+            extra += self.rng.uniform(*RTO_S)
+        return BASE_LATENCY_S + self.rng.random() * JITTER_S + extra
 
     # ---------------------------------------------------------------- connecting
     async def connect(self, src: str, dst: str) -> SimStream:

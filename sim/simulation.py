@@ -37,7 +37,7 @@ import trio.testing
 
 from sim.bugs import PLANTED_BUGS
 from sim.client import Producer
-from sim.cluster import SESSION_TIMEOUT_MS, SimBroker, run_inline
+from sim.cluster import SESSION_TIMEOUT_MS, SimBroker, inline_call_observers, run_inline
 from sim.faults import Fault, make_schedule
 from sim.network import Network
 from trio_broker.cluster.coordination import MemoryZooKeeper
@@ -52,6 +52,8 @@ FAULT_SPAN_S = 12.0
 FAULTS = 6
 CHECK_EVERY_S = 0.2
 SETTLE_LIMIT_S = 60.0
+#: How long crash_leader_on_truncation waits for a truncation before it lapses.
+ARMED_FOR_S = 8.0
 
 Key = tuple[str, int]
 
@@ -209,6 +211,27 @@ async def _apply_fault(
     fault: Fault, brokers: dict[str, SimBroker], network: Network, nursery: trio.Nursery,
     trace: Callable[[str], None], inv: Invariants,
 ) -> None:  # fmt: skip
+    if fault.kind == "crash_leader_on_truncation":
+        key = (TOPIC, int(fault.a[1:]))
+        truncated = trio.Event()
+
+        def observe(fn: Callable[..., Any], args: tuple[object, ...]) -> None:
+            if getattr(fn, "__name__", "") == "truncate_to" and any(
+                s.broker is not None and s.broker.topics.log(*key) is getattr(fn, "__self__", 0)
+                for s in brokers.values()
+            ):
+                truncated.set()
+
+        inline_call_observers.append(observe)
+        try:
+            with trio.move_on_after(ARMED_FOR_S):
+                await truncated.wait()
+        finally:
+            inline_call_observers.remove(observe)
+        if not truncated.is_set():
+            return  # no follower truncated meanwhile: the fault lapses
+        trace(f"{fault}: a follower of {key} truncated")
+        fault = attrs.evolve(fault, kind="crash_leader")
     if fault.kind == "crash_leader":
         state = inv.zk_state((TOPIC, int(fault.a[1:])))
         if state is None or state.leader < 0:
@@ -225,17 +248,20 @@ async def _apply_fault(
         await trio.sleep(fault.duration)
         await sim.start(nursery)
         trace(f"restarted {fault.a}")
-    elif fault.kind in ("partition", "slow"):
+    elif fault.kind in ("partition", "slow", "lossy"):
         trace(str(fault))
+        link = frozenset((fault.a, fault.b))
         if fault.kind == "partition":
             network.partition(fault.a, fault.b)
+        elif fault.kind == "slow":
+            network.slow[link] = 0.01 + 0.29 * (fault.duration / 8)
         else:
-            network.slow[frozenset((fault.a, fault.b))] = 0.01 + 0.29 * (fault.duration / 8)
+            network.lossy.add(link)
         await trio.sleep(fault.duration)
         if fault.kind == "partition":
             network.heal(fault.a, fault.b)
-        else:
-            network.slow.pop(frozenset((fault.a, fault.b)), None)
+        network.slow.pop(link, None)
+        network.lossy.discard(link)
         trace(f"healed {fault.a}-{fault.b}")
     elif fault.kind == "isolate":
         trace(str(fault))
@@ -266,13 +292,20 @@ async def _apply_fault(
 
 
 def simulate(
-    seed: int, *, faults: int = FAULTS, span_s: float = FAULT_SPAN_S, bug: str | None = None
+    seed: int,
+    *,
+    faults: int = FAULTS,
+    span_s: float = FAULT_SPAN_S,
+    bug: str | None = None,
+    schedule: list[Fault] | None = None,
 ) -> SimResult:
     """Run one seeded simulation to the end; the result lists any invariant violations.
 
-    ``bug`` names one of sim/bugs.py's planted bugs, patched in for this run."""
+    ``bug`` names one of sim/bugs.py's planted bugs, patched in for this run;
+    ``schedule`` replaces the seed's own (a scenario written by hand)."""
     rng = random.Random(seed)
-    result = SimResult(seed, make_schedule(rng, span_s, faults))
+    drawn = make_schedule(rng, span_s, faults)
+    result = SimResult(seed, drawn if schedule is None else schedule)
     clock = trio.testing.MockClock(autojump_threshold=0)
     planted = PLANTED_BUGS[bug]() if bug is not None else contextlib.nullcontext()
     with _deterministic(seed), planted:

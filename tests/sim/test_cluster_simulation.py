@@ -36,14 +36,27 @@ def test_a_seed_replays_event_for_event() -> None:
     assert other.schedule != first.schedule
 
 
+def first_caught(bug: str, seeds: range) -> tuple[int, list[str]]:
+    for seed in seeds:
+        result = simulate(seed, bug=bug)
+        if not result.ok:
+            return seed, result.violations
+    pytest.fail(f"{len(seeds)} schedules and the planted bug {bug!r} went unnoticed")
+
+
 def test_a_leader_that_ignores_its_followers_is_caught() -> None:
     """Planted: the HW moves to the leader's own synced end, so acks=all is answered
     before a follower has the write; a crash of that leader then loses it."""
-    for seed in range(30):
-        result = simulate(seed, bug="hw-ignores-followers")
-        if not result.ok:
-            break
-    else:
-        pytest.fail("30 schedules and the planted HW bug went unnoticed")
-    assert any("acknowledged" in v or "different batch" in v for v in result.violations)
+    seed, violations = first_caught("hw-ignores-followers", range(30))
+    assert any("acknowledged" in v or "different batch" in v for v in violations)
     assert simulate(seed).ok  # the same schedule without the bug is fine
+
+
+def test_kip_101_truncation_to_the_high_watermark_is_caught() -> None:
+    """Planted: a follower whose leader changed cuts its log at its own HW (Kafka before
+    KIP-101). Its HW lags the leader's by a fetch, so it drops committed records; the
+    nemesis that crashes a leader as soon as a follower truncates gets that follower
+    elected, and the acknowledged records are gone."""
+    seed, violations = first_caught("truncate-to-hw", range(40))
+    assert any("is lost" in v for v in violations), violations
+    assert simulate(seed).ok
