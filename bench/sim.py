@@ -22,11 +22,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def run_seed(seed: int, bug: str | None) -> tuple[int, list[str], int, float]:
+def run_seed(seed: int, bug: str | None) -> tuple[int, list[str], int, float, float]:
     from sim.simulation import simulate
 
+    cpu = time.process_time()
     result = simulate(seed, bug=bug)
-    return seed, result.violations, result.acked, result.virtual_s
+    return seed, result.violations, result.acked, result.virtual_s, time.process_time() - cpu
 
 
 def main() -> int:
@@ -42,7 +43,7 @@ def main() -> int:
     started = time.perf_counter()
     seeds = iter(range(args.first_seed, args.first_seed + args.max_seeds))
     done = failed = acked = 0
-    simulated_s = 0.0
+    simulated_s = cpu_s = 0.0
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
         running = {pool.submit(run_seed, next(seeds), args.bug) for _ in range(args.jobs)}
@@ -51,8 +52,9 @@ def main() -> int:
                 running, return_when=concurrent.futures.FIRST_COMPLETED
             )
             for future in finished:
-                seed, violations, seed_acked, seed_simulated = future.result()
+                seed, violations, seed_acked, seed_simulated, seed_cpu = future.result()
                 done += 1
+                cpu_s += seed_cpu
                 acked += seed_acked
                 simulated_s += seed_simulated
                 if violations:
@@ -71,7 +73,8 @@ def main() -> int:
         f"{done} schedules in {elapsed:.1f} s with {args.jobs} job(s): "
         f"{done / elapsed * 60:.0f} schedules/minute, {failed} failed; "
         f"{simulated_s:.0f} s of cluster time simulated ({simulated_s / elapsed:.0f}x real "
-        f"time), {acked} acknowledged values checked"
+        f"time), {acked} acknowledged values checked; {cpu_s / max(done, 1):.2f} CPU s per "
+        f"schedule ({done / cpu_s * 60 if cpu_s else 0:.0f} schedules per CPU-minute)"
     )
     return 1 if failed else 0
 

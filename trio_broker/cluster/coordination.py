@@ -254,10 +254,6 @@ class MemoryCoordination:
         self.session = server.open_session()
         self._lost = trio.Event()
 
-    async def start(self) -> None:
-        """Nothing to connect to (ZooKeeperCoordination's counterpart opens its session)."""
-        await trio.lowlevel.checkpoint()
-
     async def stop(self) -> None:
         """Close the session: its ephemeral znodes go at once, as with a real server."""
         self._server.expire(self.session)
