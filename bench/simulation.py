@@ -1,6 +1,6 @@
 """Deterministic simulation throughput: run seeds for N minutes, print schedules/minute.
 
-    python bench/sim.py --minutes 2 [--jobs 2] [--first-seed 1000] [--bug truncate-to-hw]
+    python bench/simulation.py --minutes 2 [--jobs 2] [--first-seed 1000] [--bug truncate-to-hw]
 
 Each seed is one whole-cluster run of sim/ (three brokers, a fault schedule, the
 invariants; docs/cluster.md "Deterministic simulation"). Seeds run in ``--jobs``
