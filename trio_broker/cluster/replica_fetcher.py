@@ -111,7 +111,11 @@ async def _connect(manager: ReplicaManager, leader: int) -> BrokerClient:
     info = manager.view.brokers.get(leader)
     if info is None:
         raise BrokerConnectionError(f"broker {leader} is not registered")
-    client = BrokerClient(info.host, info.port, f"replica-fetcher-{manager.view.broker_id}")
+    # getattr: stand-in managers of tests may predate the simulation's hook.
+    open_stream = getattr(manager, "open_stream", None)
+    client = BrokerClient(
+        info.host, info.port, f"replica-fetcher-{manager.view.broker_id}", open_stream
+    )
     await client.connect()
     return client
 

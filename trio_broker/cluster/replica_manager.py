@@ -128,6 +128,8 @@ class ReplicaManager:
         self.leadership_listeners: dict[str, LeadershipListener] = {}
         #: Internal topics being made by ensure_internal_topic_soon.
         self._ensuring: set[str] = set()
+        #: How fetchers reach leaders (BrokerClient's OpenStream); None: TCP.
+        self.open_stream: Any = None
 
     # ------------------------------------------------------------------ for handlers
 
