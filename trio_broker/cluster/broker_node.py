@@ -79,6 +79,7 @@ async def run_cluster_node(
             now_ms=host.now_ms, durability=host.durability, on_hw_moved=host.appends.notify,
             producers=host.producers,
             follower_throttle_rate=config.follower_replication_throttled_rate,
+            sync_before_counting=config.acks_all_fsync,
         )  # fmt: skip
         rebalance = None
         if config.auto_leader_rebalance_enable:
