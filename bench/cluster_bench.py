@@ -18,7 +18,12 @@ summed; ZooKeeper's are shown apart, Kafka's controllers live inside its brokers
 ratios trio/Kafka for like durability, and this machine's limits (bench/limits.py).
 
     PYTHONPATH=. .venv/bin/python bench/cluster_bench.py --quick       # 1-2 minutes
-    PYTHONPATH=. .venv/bin/python bench/cluster_bench.py --json out.json
+    PYTHONPATH=. .venv/bin/python bench/cluster_bench.py --json out.json   # ~5 minutes
+    PYTHONPATH=. .venv/bin/python bench/cluster_bench.py --rounds 3        # medians of 3
+
+Each workload first writes a quarter of its records to the measured topic, unmeasured
+(the JVMs compile their hot paths, connections and fetchers settle). Data dirs are
+temporary directories under ``--data-parent`` (the system's temp dir), removed after.
 """
 
 from __future__ import annotations
@@ -105,7 +110,32 @@ class Cluster(Protocol):
 
     def other_cpu_seconds(self) -> float: ...
 
+    def exited(self) -> dict[int, int | None]:
+        """Broker PID -> its exit status, for the brokers that are gone (or not ours)."""
+        ...
+
+    def log_tail(self) -> str: ...
+
     def stop(self) -> None: ...
+
+
+def _tails(paths: list[Path], lines: int = 15) -> str:
+    out = []
+    for path in paths:
+        try:
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            continue
+        out.append(f"--- {path.name}\n" + "\n".join(text))
+    return "\n".join(out)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def trio_broker_exe() -> list[str]:
@@ -174,6 +204,13 @@ class TrioCluster:
 
     def broker_cpu_seconds(self) -> float:
         return sum(_proc_cpu_seconds(pid) for pid in self.broker_pids)
+
+    def exited(self) -> dict[int, int | None]:
+        # cluster up's children: their statuses are its own to reap; a zombie is gone.
+        return {pid: None for pid in self.broker_pids if _gone(pid)}
+
+    def log_tail(self) -> str:
+        return "".join(self._stderr)[-1500:] + _tails(sorted(self.data_dir.glob("broker-*.log")))
 
     def other_cpu_seconds(self) -> float:
         return sum(_proc_cpu_seconds(pid) for pid in self.zookeeper_pids)
@@ -315,6 +352,12 @@ class KafkaCluster:
     def other_cpu_seconds(self) -> float:
         return 0.0  # the controllers run inside the broker JVMs
 
+    def exited(self) -> dict[int, int | None]:
+        return {p.pid: p.returncode for p in self.procs if p.poll() is not None}
+
+    def log_tail(self) -> str:
+        return _tails(sorted(self.data_dir.glob("node-*/kafka.log")))
+
     def stop(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
@@ -406,6 +449,12 @@ def run_mode(mode: str, records: dict[str, int], parent: Path, deadline: float) 
             print(f"  {mode} {name}: {result['mb_per_s']:.1f} MB/s, p99 "
                   f"{result['p99_ms']:.1f} ms, broker CPU {result['broker_cpu_s']:.1f} s",
                   flush=True)  # fmt: skip
+    except Exception as exc:  # recorded, with the brokers' logs; the run goes on
+        out["failed"] = f"{type(exc).__name__}: {exc}"
+        out["exited"] = cluster.exited()
+        out["log_tail"] = cluster.log_tail()
+        print(f"  {mode}: FAILED {out['failed']}; exited: {out['exited']}\n{out['log_tail']}",
+              flush=True)  # fmt: skip
     finally:
         t1 = time.monotonic()
         cluster.stop()
@@ -436,7 +485,8 @@ def table(results: dict[str, Any]) -> str:
         for mode in (m for m in MODES if m in modes):
             r = modes[mode].get(name)
             if not r or "mb_per_s" not in r:
-                why = (r or {}).get("skipped") or modes[mode].get("skipped", "not run")
+                why = ((r or {}).get("skipped") or modes[mode].get("skipped")
+                       or modes[mode].get("failed", "not run"))  # fmt: skip
                 lines.append(f"| {name.upper()} | {mode} | {why} | | | | | | | |")
                 continue
             gb = r["records"] * r["record_bytes"] / 1e9
@@ -500,6 +550,7 @@ def run(
     parent: Path,
     log: Callable[[str], None] = print,
     rounds: int = 1,
+    checkpoint: Callable[[dict[str, Any]], None] = lambda results: None,
 ) -> dict[str, Any]:
     """Every mode ``rounds`` times, the order rotating from round to round (a busy spell
     of a shared machine then falls on different modes); ``modes`` holds each mode's
@@ -527,7 +578,12 @@ def run(
                 this_round[mode] = {"skipped": "time bound reached"}
                 continue
             log(f"round {round_index + 1}/{rounds}, {mode}: starting 3 brokers")
-            this_round[mode] = run_mode(mode, records, parent, deadline)
+            try:
+                this_round[mode] = run_mode(mode, records, parent, deadline)
+            except Exception as exc:  # the cluster did not start: the other modes still run
+                this_round[mode] = {"failed": f"{type(exc).__name__}: {exc}"}
+                log(f"{mode}: FAILED to start: {exc}")
+            checkpoint(results)  # a run cut short keeps what it measured
     results["modes"] = median_rounds(results["rounds"], modes)
     if limit_seconds > 0:
         results["limits"] = limits.measure(parent, limit_seconds)
@@ -547,7 +603,10 @@ def median_rounds(rounds: list[dict[str, Any]], modes: list[str]) -> dict[str, A
         if not done:
             out[mode] = runs[0] if runs else {"skipped": "not run"}
             continue
-        merged: dict[str, Any] = {"broker_processes": done[0].get("broker_processes")}
+        merged: dict[str, Any] = {
+            "broker_processes": done[0].get("broker_processes"),
+            "failed_rounds": sum("failed" in r for r in runs),
+        }
         for name in WORKLOADS:
             measured = sorted(
                 (r[name] for r in done if "mb_per_s" in r.get(name, {})),
@@ -592,20 +651,29 @@ def main() -> None:
     limit_seconds = args.limits_seconds
     if limit_seconds is None:
         limit_seconds = 1.0 if args.quick else 3.0
+
+    def checkpoint(partial: dict[str, Any]) -> None:
+        if args.json:
+            args.json.write_text(json.dumps(partial, indent=2))
+
     results = run(
-        modes, records, args.time_limit, limit_seconds, args.data_parent, rounds=args.rounds
-    )
+        modes, records, args.time_limit, limit_seconds, args.data_parent, rounds=args.rounds,
+        checkpoint=checkpoint,
+    )  # fmt: skip
     text = table(results)
     print(text)
     results["table_markdown"] = text
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     failed = any(
-        r.get("errors", 0) + r.get("undelivered", 0)
+        "failed" in mode
+        or any(
+            r.get("errors", 0) + r.get("undelivered", 0)
+            for r in mode.values()
+            if isinstance(r, dict)
+        )
         for this_round in results["rounds"]
         for mode in this_round.values()
-        for r in mode.values()
-        if isinstance(r, dict)
     )
     sys.exit(1 if failed else 0)
 
