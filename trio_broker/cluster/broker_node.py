@@ -92,6 +92,7 @@ async def run_cluster_node(
             now_ms=host.now_ms, durability=host.durability, on_hw_moved=host.appends.notify,
             producers=host.producers,
             follower_throttle_rate=config.follower_replication_throttled_rate,
+            sync_before_counting=config.acks_all_fsync,
         )  # fmt: skip
         manager.leadership_listeners.update(host.leadership_listeners)
         manager.open_stream = host.open_stream

@@ -174,8 +174,9 @@ async def _fetch_once(
         log_ = manager.topics.log(*key)
         if log_ is None:
             continue
-        # Sync what was fetched before: the next fetch offset promises it is durable.
-        if log_.durable_end_offset < log_.log_end_offset:
+        # Sync what was fetched before: the next fetch offset promises it is durable
+        # (unless acks.all.fsync=false: then it promises what is in page cache).
+        if manager.sync_before_counting and log_.durable_end_offset < log_.log_end_offset:
             await durability.wait_durable(log_, log_.log_end_offset - 1)
         logs[key] = log_
         max_bytes = PARTITION_MAX_BYTES

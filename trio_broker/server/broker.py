@@ -105,6 +105,7 @@ class Broker:
             FlushPolicy(
                 flush_messages=config.flush_interval_messages,
                 flush_ms=config.flush_interval_ms,
+                sync_acks_all=config.acks_all_fsync,
             )
         )
         self.topics.on_log_closed = self.flusher.forget
