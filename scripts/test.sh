@@ -13,5 +13,12 @@ echo "== mypy"
 .venv/bin/mypy
 echo "== import contracts (docs/architecture.md)"
 .venv/bin/lint-imports
-echo "== pytest"
-.venv/bin/python -m pytest "$@"
+echo "== Maven dependencies (resolved once, before the parallel workers share ~/.m2)"
+for pom in tests/kafka_tools/pom.xml tests/streams/pom.xml tests/spark/pom.xml; do
+  mvn -q -B -f "$pom" dependency:build-classpath -Dmdep.outputFile=/dev/null \
+    </dev/null >/dev/null 2>&1 || echo "  (could not resolve $pom now; its tests will say why)"
+done
+echo "== pytest (${TEST_WORKERS:-2} workers)"
+# Two workers on the two cores: most end-to-end tests wait on brokers, clients and
+# timers, so their waits overlap. TEST_WORKERS=0 runs everything in one process.
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadgroup --durations=30 "$@"

@@ -91,6 +91,9 @@ class BrokerConfig:
     log_cleaner_min_cleanable_ratio: float = 0.5
     flush_interval_messages: int | None = None
     flush_interval_ms: int | None = None
+    #: ours (acks.all.fsync): acks=all waits for an fsync on the leader and, in a cluster,
+    #: on every ISR member; False relies on replication (page cache), as Kafka does.
+    acks_all_fsync: bool = True
     connections_max_idle_ms: int = 600_000
     group_initial_rebalance_delay_ms: int = 3000
     #: JoinGroup with a session timeout outside [min, max] gets INVALID_SESSION_TIMEOUT.

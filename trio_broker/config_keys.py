@@ -470,6 +470,9 @@ _OTHER_KEYS = [
     _key("capture.dir", STRING, None, APPLIED, "capture_dir", origin="ours"),
     _key("metrics.listener", STRING, None, APPLIED, "metrics_listener", origin="ours"),
     _key("request.log.slow.ms", INT, None, APPLIED, "request_log_slow_ms", origin="ours"),
+    # false: acks=all counts a write once every ISR member has it in page cache, without
+    # an fsync first (Kafka's durability); docs/cluster.md, "Durability stays explicit".
+    _key("acks.all.fsync", BOOLEAN, "true", APPLIED, "acks_all_fsync", origin="ours"),
 ]
 # fmt: on
 

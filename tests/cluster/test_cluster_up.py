@@ -73,6 +73,27 @@ def test_bad_arguments_exit_2(tmp_path: Path) -> None:
     assert b"replication-factor" in done.stderr
 
 
+def test_broker_config_reaches_every_broker(tmp_path: Path) -> None:
+    """--broker-config KEY=VALUE lands in each broker's config: a bad value stops them all."""
+    malformed = subprocess.run(
+        [sys.executable, "-m", "trio_broker.cli", "cluster", "up", "--broker-config",
+         "acks.all.fsync", "--data-dir", str(tmp_path)],
+        capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert malformed.returncode == 2, malformed.stderr
+    assert b"KEY=VALUE" in malformed.stderr
+    refused = subprocess.run(
+        [sys.executable, "-m", "trio_broker.cli", "cluster", "up", "--brokers", "2",
+         "--base-port", "0", "--broker-config", "acks.all.fsync=maybe",
+         "--data-dir", str(tmp_path)],
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 1, refused.stderr
+    for broker in (1, 2):
+        assert "acks.all.fsync=maybe\n" in (tmp_path / f"broker-{broker}.properties").read_text()
+        assert "acks.all.fsync" in (tmp_path / f"broker-{broker}.log").read_text()
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True)
     return [int(x) for x in out.stdout.split()]

@@ -48,6 +48,9 @@ def add_cluster_command(sub: Any) -> None:
     up.add_argument("--min-insync-replicas", type=int, default=None,
                     help="min.insync.replicas (default: 2 with 3+ brokers, else 1)")  # fmt: skip
     up.add_argument("--log-level", default="INFO", help="the brokers' logging level")
+    up.add_argument("--broker-config", action="append", default=[], metavar="KEY=VALUE",
+                    help="a broker config key for every broker (repeatable), e.g. "
+                    "acks.all.fsync=false")  # fmt: skip
 
 
 class _Broker:
@@ -82,6 +85,10 @@ def run_cluster(args: argparse.Namespace) -> int:
         print("trio-broker: need 1 <= min-insync-replicas <= replication-factor <= brokers",
               file=sys.stderr)  # fmt: skip
         return 2
+    extra_keys = [line.strip() for line in args.broker_config]
+    if any("=" not in line or "\n" in line for line in extra_keys):
+        print("trio-broker: --broker-config takes KEY=VALUE", file=sys.stderr)
+        return 2
     data_dir: Path = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
@@ -103,7 +110,7 @@ def run_cluster(args: argparse.Namespace) -> int:
                 ["-m", "trio_broker.cli"]), "serve", "--broker-id", str(i),
                 "--zookeeper", zookeeper.hosts, "--listen", f"127.0.0.1:{port}",
                 "--data-dir", str(data_dir / f"broker-{i}"), "--log-level", args.log_level,
-                "--config", str(_config_file(data_dir, i, rf, min_isr)),
+                "--config", str(_config_file(data_dir, i, rf, min_isr, tuple(extra_keys))),
             ]  # fmt: skip
             process = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -138,13 +145,15 @@ def run_cluster(args: argparse.Namespace) -> int:
             zookeeper.stop()
 
 
-def _config_file(data_dir: Path, broker_id: int, rf: int, min_isr: int) -> Path:
+def _config_file(
+    data_dir: Path, broker_id: int, rf: int, min_isr: int, extra_keys: tuple[str, ...] = ()
+) -> Path:
     path = data_dir / f"broker-{broker_id}.properties"
     path.write_text(
         f"default.replication.factor={rf}\nmin.insync.replicas={min_isr}\n"
         "replica.lag.time.max.ms=10000\n"
         # Consumer groups' offsets topic: no more replicas than brokers, or it is never made.
-        f"offsets.topic.replication.factor={rf}\n"
+        f"offsets.topic.replication.factor={rf}\n" + "".join(f"{line}\n" for line in extra_keys)
     )
     return path
 

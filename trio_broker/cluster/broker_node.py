@@ -39,6 +39,10 @@ class ClusterHost(Protocol):
     producers: Any
     #: Internal topics' owners (group and transaction coordinators), by topic name.
     leadership_listeners: dict[str, Any]
+    #: The deterministic simulation's in-memory ZooKeeper session and network (sim/);
+    #: None: kazoo to ``zookeeper.connect`` and TCP.
+    open_coordination: Any
+    open_stream: Any
     #: Set by a graceful shutdown (SIGTERM), which then wakes ``appends``.
     shutting_down: bool
 
@@ -59,10 +63,14 @@ async def run_cluster_node(
 ) -> None:
     config = host.config
     assert config.zookeeper_connect is not None
-    coord = ZooKeeperCoordination(
-        config.zookeeper_connect, session_timeout_s=config.zookeeper_session_timeout_ms / 1000
-    )
-    await coord.start()
+    coord: Any
+    if host.open_coordination is not None:
+        coord = host.open_coordination()
+    else:
+        coord = ZooKeeperCoordination(
+            config.zookeeper_connect, session_timeout_s=config.zookeeper_session_timeout_ms / 1000
+        )
+        await coord.start()
     try:
         # One cluster id for all brokers: the first to start writes its own.
         try:
@@ -84,8 +92,10 @@ async def run_cluster_node(
             now_ms=host.now_ms, durability=host.durability, on_hw_moved=host.appends.notify,
             producers=host.producers,
             follower_throttle_rate=config.follower_replication_throttled_rate,
+            sync_before_counting=config.acks_all_fsync,
         )  # fmt: skip
         manager.leadership_listeners.update(host.leadership_listeners)
+        manager.open_stream = host.open_stream
         rebalance = None
         if config.auto_leader_rebalance_enable:
             rebalance = Rebalance(interval_s=float(config.leader_imbalance_check_interval_seconds))

@@ -111,7 +111,11 @@ async def _connect(manager: ReplicaManager, leader: int) -> BrokerClient:
     info = manager.view.brokers.get(leader)
     if info is None:
         raise BrokerConnectionError(f"broker {leader} is not registered")
-    client = BrokerClient(info.host, info.port, f"replica-fetcher-{manager.view.broker_id}")
+    # getattr: stand-in managers of tests may predate the simulation's hook.
+    open_stream = getattr(manager, "open_stream", None)
+    client = BrokerClient(
+        info.host, info.port, f"replica-fetcher-{manager.view.broker_id}", open_stream
+    )
     await client.connect()
     return client
 
@@ -170,8 +174,9 @@ async def _fetch_once(
         log_ = manager.topics.log(*key)
         if log_ is None:
             continue
-        # Sync what was fetched before: the next fetch offset promises it is durable.
-        if log_.durable_end_offset < log_.log_end_offset:
+        # Sync what was fetched before: the next fetch offset promises it is durable
+        # (unless acks.all.fsync=false: then it promises what is in page cache).
+        if manager.sync_before_counting and log_.durable_end_offset < log_.log_end_offset:
             await durability.wait_durable(log_, log_.log_end_offset - 1)
         logs[key] = log_
         max_bytes = PARTITION_MAX_BYTES

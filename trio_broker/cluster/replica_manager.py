@@ -96,6 +96,7 @@ class ReplicaManager:
         on_hw_moved: Callable[[], None] = lambda: None,
         producers: Any = None,
         follower_throttle_rate: int = 2**63 - 1,
+        sync_before_counting: bool = True,
     ) -> None:
         self.view = view
         self.coord = coord
@@ -111,6 +112,9 @@ class ReplicaManager:
         self.on_hw_moved = on_hw_moved
         #: follower.replication.throttled.rate: bytes/s for replicas being added.
         self.follower_throttle_rate = max(1, follower_throttle_rate)
+        #: acks.all.fsync: a replica's log end counts (leader's HW, follower's next fetch
+        #: offset) only once synced; False: once appended, relying on replication as Kafka.
+        self.sync_before_counting = sync_before_counting
         #: (topic, partition) -> this broker's leader term.
         self.terms: dict[tuple[str, int], LeaderPartition] = {}
         #: (topic, partition) -> what this broker follows.
@@ -134,6 +138,8 @@ class ReplicaManager:
         #: Stray local topics (deleted, or replaced under their name, while this broker
         #: was away) were looked for once ZooKeeper answered (:meth:`_delete_strays`).
         self._strays_checked = False
+        #: How fetchers reach leaders (BrokerClient's OpenStream); None: TCP.
+        self.open_stream: Any = None
 
     # ------------------------------------------------------------------ for handlers
 
@@ -784,7 +790,8 @@ class ReplicaManager:
         if log_ is None:
             return False
         term.leader_appended(max(log_.log_end_offset, term.log_end_offset))
-        durable = min(max(log_.durable_end_offset, term.durable_end_offset), term.log_end_offset)
+        counted = log_.durable_end_offset if self.sync_before_counting else log_.log_end_offset
+        durable = min(max(counted, term.durable_end_offset), term.log_end_offset)
         return term.leader_synced(durable)
 
     def _has_leaders(self, name: str, partitions: int) -> bool:

@@ -232,10 +232,15 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     # The request's timeout_ms bounds the wait for the covering fsync; past it the
     # partition answers REQUEST_TIMED_OUT and the data stays in the log (as Kafka).
     # In a cluster the write then waits for the high watermark: every ISR member has it.
+    # acks.all.fsync=false (ours): no fsync first; a cluster's ISR holding the write
+    # (in page cache) is what counts, as in Kafka.
+    sync_first = broker_config.acks_all_fsync
+
     async def when_durable() -> m.ProduceResponse:
         for log, last_offset, part, replicated in durable_waits:
             try:
-                await services.durability.wait_durable(log, last_offset)
+                if sync_first:
+                    await services.durability.wait_durable(log, last_offset)
             except StorageError as exc:
                 part.error_code, part.error_message = exc.error_code, str(exc)
                 part.base_offset = -1
@@ -261,7 +266,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
         for log, last_offset, part, replicated in durable_waits:
             if part.error_code != 0:
                 continue
-            if log.durable_end_offset <= last_offset:
+            if sync_first and log.durable_end_offset <= last_offset:
                 part.error_message = f"not durable within timeout_ms={request.timeout_ms}"
             elif replicated is not None and _not_committed(services, replicated, last_offset):
                 part.error_message = f"not replicated within timeout_ms={request.timeout_ms}"

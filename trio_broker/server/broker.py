@@ -105,6 +105,7 @@ class Broker:
             FlushPolicy(
                 flush_messages=config.flush_interval_messages,
                 flush_ms=config.flush_interval_ms,
+                sync_acks_all=config.acks_all_fsync,
             )
         )
         self.topics.on_log_closed = self.flusher.forget
@@ -175,6 +176,10 @@ class Broker:
         #: Cluster mode (zookeeper.connect): this broker's replication, set once it has
         #: joined (trio_broker/cluster); None while alone.
         self.replication: Any = None
+        #: The deterministic simulation (sim/) runs brokers in one process and sets these
+        #: to its in-memory ZooKeeper and network; None: kazoo and TCP.
+        self.open_coordination: Callable[[], Any] | None = None
+        self.open_stream: Any = None
         #: The transaction coordinator (trio_broker/transactions): its table is replayed
         #: from <data_dir>/__transaction_state-0 here; its timers are a service task.
         #: In cluster mode, one table per led __transaction_state partition instead.
