@@ -60,10 +60,20 @@ async def test_stray_topics_are_deleted_once_zookeeper_confirms() -> None:
     assert sorted(manager.topics.topics) == ["__consumer_offsets", "kept"]
 
 
-async def test_no_copy_goes_while_zookeeper_fails() -> None:
+async def test_no_copy_goes_when_zookeeper_holds_no_topic_at_all() -> None:
     server = MemoryZooKeeper()
     manager = await _cluster(MemoryCoordination(server))
-    manager.coord = _Unreachable(server)
+    manager.topics.create("precious", 1)
+    assert await manager._delete_strays()  # a new or wiped ensemble: nothing is deleted
+    assert list(manager.topics.topics) == ["precious"]
+
+
+async def test_no_copy_goes_while_zookeeper_fails() -> None:
+    server = MemoryZooKeeper()
+    coord = MemoryCoordination(server)
+    manager = await _cluster(coord)
+    await _make_in_zookeeper(coord, "other", uuid.uuid4())
+    manager.coord = _Unreachable(server)  # lists the topics, then fails every read
     manager.topics.create("orphan", 1)
     assert not await manager._delete_strays()  # asked again at the next view change
     assert list(manager.topics.topics) == ["orphan"]

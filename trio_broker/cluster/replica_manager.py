@@ -39,6 +39,7 @@ from trio_broker.cluster.coordination import (
 from trio_broker.cluster.waiting import RETRY_S, wait_any
 from trio_broker.cluster.zk_layout import (
     PRODUCER_ID_BLOCK,
+    TOPICS,
     CoordinationDataError,
     PartitionState,
     TopicAssignment,
@@ -478,8 +479,26 @@ class ReplicaManager:
         was away, or deleted and made again under the same name (another topic id).
         Kafka finds such stray logs by topic id when a broker returns and deletes them.
         Each is confirmed by reading its znode first, so an empty or stale view never
-        costs data; internal topics are left to their coordinators. True once every
-        local topic was checked (False: ZooKeeper failed, ask again next view change)."""
+        costs data, and nothing goes when ZooKeeper holds no topic at all (pointed at a
+        new or wiped ensemble); internal topics are left to their coordinators. True once
+        every local topic was checked (False: ZooKeeper failed, ask again next view
+        change)."""
+        candidates = [name for name in self.topics.topics if name not in RESERVED_TOPICS]
+        if not candidates:
+            return True
+        try:
+            try:
+                in_cluster, _ = await self.coord.children_and_watch(TOPICS)
+            except NoNode:
+                in_cluster = []
+        except CoordinationError as exc:
+            log.info("looking for stray topics: %s", exc)
+            return False
+        if not in_cluster:  # a new or wiped ZooKeeper more likely than every topic deleted
+            log.warning("ZooKeeper holds no topic at all: keeping the %d local topic(s) "
+                        "(delete them by hand if the cluster really deleted them)",
+                        len(candidates))  # fmt: skip
+            return True
         checked = True
         for name, local in list(self.topics.topics.items()):
             cluster = self.view.topics.get(name)
