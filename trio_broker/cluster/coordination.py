@@ -28,6 +28,12 @@ __all__ = [
 ]
 
 
+#: kazoo's reconnection backoff stops growing here (seconds).
+RECONNECT_MAX_DELAY_S = 1.0
+#: At most this many ZooKeeper calls wait in worker threads at once.
+ZOOKEEPER_THREADS = 32
+
+
 class CoordinationError(Exception):
     """The coordination service refused or could not do an operation."""
 
@@ -88,8 +94,19 @@ class ZooKeeperCoordination:
 
     def __init__(self, hosts: str, session_timeout_s: float = 6.0) -> None:
         from kazoo.client import KazooClient  # a dependency of cluster mode only
+        from kazoo.retry import KazooRetry
 
-        self._client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        # Reconnect at least every second while ZooKeeper is away (as Java's client
+        # does): kazoo's default backoff grows to an hour, and a broker that comes back
+        # after its session timeout finds its session expired.
+        reconnect = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=RECONNECT_MAX_DELAY_S)
+        self._client = KazooClient(
+            hosts=hosts, timeout=session_timeout_s, connection_retry=reconnect
+        )
+        # kazoo's calls wait while ZooKeeper is away (until it returns or the session
+        # is known to be lost): their threads come from this limiter, never from the
+        # one the storage's fsyncs use, and a cancelled caller abandons its thread.
+        self._threads = trio.CapacityLimiter(ZOOKEEPER_THREADS)
         self._token: trio.lowlevel.TrioToken | None = None
         self._lost = trio.Event()
         self._stopped = False
@@ -104,7 +121,10 @@ class ZooKeeperCoordination:
                 self._from_kazoo(self._on_lost)
 
         self._client.add_listener(on_state)
-        await trio.to_thread.run_sync(lambda: self._client.start(timeout=timeout_s))
+        await self._in_thread(lambda: self._client.start(timeout=timeout_s))
+
+    async def _in_thread(self, fn: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, limiter=self._threads, abandon_on_cancel=True)
 
     def _on_lost(self) -> None:
         self._lost.set()
@@ -118,8 +138,8 @@ class ZooKeeperCoordination:
             return
         self._stopped = True
         with trio.CancelScope(shield=True), trio.move_on_after(10):
-            await trio.to_thread.run_sync(self._client.stop)
-            await trio.to_thread.run_sync(self._client.close)
+            await self._in_thread(self._client.stop)
+            await self._in_thread(self._client.close)
 
     def session_lost(self) -> trio.Event:
         return self._lost
@@ -128,7 +148,7 @@ class ZooKeeperCoordination:
         from kazoo import exceptions as kz
 
         try:
-            return await trio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+            return await self._in_thread(lambda: fn(*args, **kwargs))
         except kz.NodeExistsError:
             raise NodeExists(args[0]) from None
         except kz.NoNodeError:

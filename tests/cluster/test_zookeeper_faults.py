@@ -1,0 +1,218 @@
+"""ZooKeeper itself failing under a running three-broker cluster (real processes).
+
+Each scenario has its own private ZooKeeper (so that it can be paused, killed and
+restarted on the same port with its data directory), three ``serve`` processes
+(``min.insync.replicas=2``, ``zookeeper.session.timeout.ms=4000``, RF=3), a
+confluent-kafka idempotent acks=all producer and a consumer group. At the end: every
+acknowledged record is read back exactly once, in order within its partition; every
+broker is registered and every broker's Metadata agrees (same leaders and epochs, full
+ISRs).
+
+- ZooKeeper paused (SIGSTOP) for less than the session timeout: nothing changes; the
+  same leaders in the same epochs, no session expires, acks=all goes on.
+- ZooKeeper killed with -9 and restarted after longer than the session timeout: the
+  sessions expire, the brokers register again, a controller is elected, and producing
+  and consuming go on.
+- ZooKeeper down for good: acks=all goes on while the ISRs stay full (nothing needs
+  storing), and a broker still stops on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer
+
+from tests.cluster.test_cluster_e2e import eventually, partitions
+from tests.cluster.test_cluster_faults import (
+    CONFIG,
+    SESSION_MS,
+    Acked,
+    BackgroundProducer,
+    ConfiguredBroker,
+    check_invariants,
+    converged,
+    create_topic,
+    log_sizes,
+    read_partitions,
+    servers,
+)
+from trio_broker.cluster.local_zookeeper import LocalZooKeeper, start_local_zookeeper
+
+pytestmark = pytest.mark.timeout(150)
+
+TOPIC_PARTITIONS = 3
+
+
+class ZooKeeperCluster:
+    """A private ZooKeeper and three brokers on it."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.zk_dir = tmp_path / "zookeeper"
+        self.zookeeper: LocalZooKeeper = start_local_zookeeper(self.zk_dir)
+        config = tmp_path / "broker.properties"
+        config.write_text(CONFIG)
+        self.brokers = {
+            b: ConfiguredBroker(tmp_path / f"broker{b}", b, self.zookeeper.hosts, config)
+            for b in (1, 2, 3)
+        }
+
+    def signal_zookeeper(self, sig: signal.Signals) -> None:
+        self.zookeeper.process.send_signal(sig)
+
+    def kill_zookeeper(self) -> None:
+        self.zookeeper.process.kill()
+        self.zookeeper.process.wait(10)
+
+    def restart_zookeeper(self) -> None:
+        """On the same port, with the same data directory (its snapshot and log)."""
+        self.zookeeper = start_local_zookeeper(self.zk_dir, port=self.zookeeper.port)
+
+    def stop(self) -> None:
+        try:
+            for broker in self.brokers.values():
+                if broker.running:
+                    broker.stop()
+        finally:
+            self.signal_zookeeper(signal.SIGCONT)
+            self.zookeeper.stop()
+
+
+@pytest.fixture
+def zk_cluster(tmp_path: Path) -> Iterator[ZooKeeperCluster]:
+    cluster = ZooKeeperCluster(tmp_path)
+    try:
+        for broker in cluster.brokers.values():
+            broker.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+class GroupConsumer:
+    """A consumer group member that polls and commits in a thread (bounded in time)."""
+
+    def __init__(self, bootstrap: str, topic: str, limit_s: float = 120.0) -> None:
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": "zk-faults",
+            "auto.offset.reset": "earliest", "enable.auto.commit": True,
+            "auto.commit.interval.ms": 500, "session.timeout.ms": 10000,
+            "topic.metadata.refresh.interval.ms": 1000,
+        })  # fmt: skip
+        self.consumer.subscribe([topic])
+        self.received = 0
+        self.stopping = threading.Event()
+        self.deadline = time.monotonic() + limit_s
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.is_set() and time.monotonic() < self.deadline:
+            msg = self.consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                self.received += 1
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(10)
+        self.consumer.close()
+
+
+def leadership(cluster: ZooKeeperCluster) -> dict[int, tuple[int, int]]:
+    """Each partition's (leader, leader epoch), as broker 1 answers Metadata."""
+    with cluster.brokers[1].connect() as conn:
+        response = conn.metadata(["zk"], version=9)
+    return {p.partition_index: (p.leader_id, p.leader_epoch) for p in response.topics[0].partitions}
+
+
+def registered_everywhere(cluster: ZooKeeperCluster) -> bool:
+    for broker in cluster.brokers.values():
+        with broker.connect() as conn:
+            response = conn.metadata(["zk"], version=9)
+        if sorted(b.node_id for b in response.brokers) != [1, 2, 3]:
+            return False
+        if response.controller_id not in (1, 2, 3):
+            return False
+    return True
+
+
+def start_traffic(cluster: ZooKeeperCluster) -> tuple[BackgroundProducer, GroupConsumer]:
+    create_topic(cluster.brokers, "zk", TOPIC_PARTITIONS)  # type: ignore[arg-type]
+    bootstrap = servers(cluster.brokers)  # type: ignore[arg-type]
+    background = BackgroundProducer(bootstrap, "zk", 0)
+    group = GroupConsumer(bootstrap, "zk")
+    eventually(lambda: background.acked_count() > 100, "the producer is under way", 30)
+    eventually(lambda: group.received > 50, "the group consumes", 30)
+    return background, group
+
+
+def finish(cluster: ZooKeeperCluster, background: BackgroundProducer, group: GroupConsumer) -> Acked:
+    """Producing and consuming go on; then every broker agrees and every acknowledged
+    record is there exactly once."""
+    acked_then, received_then = background.acked_count(), group.received
+    eventually(lambda: background.acked_count() > acked_then + 200, "producing goes on", 40)
+    eventually(lambda: group.received > received_then + 100, "the group consumes again", 40)
+    acked = background.stop()
+    group.stop()
+    eventually(lambda: registered_everywhere(cluster), "every broker registered, everywhere", 30)
+    converged(cluster.brokers, "zk", TOPIC_PARTITIONS)  # type: ignore[arg-type]
+    read = read_partitions(servers(cluster.brokers), "zk", TOPIC_PARTITIONS)  # type: ignore[arg-type]
+    check_invariants(read, acked)
+    return acked
+
+
+def test_zookeeper_paused_within_the_session_changes_nothing(
+    zk_cluster: ZooKeeperCluster,
+) -> None:
+    background, group = start_traffic(zk_cluster)
+    converged(zk_cluster.brokers, "zk", TOPIC_PARTITIONS)  # type: ignore[arg-type]
+    before = leadership(zk_cluster)
+    since = log_sizes(zk_cluster.brokers)  # type: ignore[arg-type]
+    zk_cluster.signal_zookeeper(signal.SIGSTOP)
+    try:
+        acked_then = background.acked_count()
+        time.sleep(SESSION_MS / 2000)
+        # The ISRs are full and nothing needs storing: acks=all goes on meanwhile.
+        assert background.acked_count() > acked_then, "no acknowledgement while ZooKeeper slept"
+    finally:
+        zk_cluster.signal_zookeeper(signal.SIGCONT)
+    acked = finish(zk_cluster, background, group)
+    assert not acked.errors, acked.errors
+    assert leadership(zk_cluster) == before, "leadership moved"
+    for b, broker in zk_cluster.brokers.items():
+        assert "session expired" not in broker.log_text()[since[b] :], f"broker {b}"
+
+
+def test_zookeeper_killed_and_restarted_after_the_session(zk_cluster: ZooKeeperCluster) -> None:
+    background, group = start_traffic(zk_cluster)
+    since = log_sizes(zk_cluster.brokers)  # type: ignore[arg-type]
+    zk_cluster.kill_zookeeper()
+    time.sleep(SESSION_MS / 1000 + 2)
+    zk_cluster.restart_zookeeper()
+    acked = finish(zk_cluster, background, group)
+    assert not acked.errors, acked.errors
+    for b, broker in zk_cluster.brokers.items():
+        print(b, broker.log_text()[since[b] :][-3000:])
+
+
+def test_zookeeper_down_for_good(zk_cluster: ZooKeeperCluster) -> None:
+    background, group = start_traffic(zk_cluster)
+    zk_cluster.kill_zookeeper()
+    acked_then = background.acked_count()
+    time.sleep(SESSION_MS / 1000 + 2)
+    # Nothing needs storing while the ISRs stay full: acks=all goes on.
+    eventually(lambda: background.acked_count() > acked_then + 200, "acks=all without ZooKeeper", 20)
+    acked = background.stop()
+    group.stop()
+    assert not acked.errors, acked.errors
+    read = read_partitions(servers(zk_cluster.brokers), "zk", TOPIC_PARTITIONS)  # type: ignore[arg-type]
+    check_invariants(read, acked)
+    # A broker still stops cleanly (its ZooKeeper calls must not hold it).
+    started = time.monotonic()
+    assert zk_cluster.brokers[3].stop() == 0
+    print("stopped in", time.monotonic() - started)
