@@ -10,11 +10,12 @@ ISRs).
 
 - ZooKeeper paused (SIGSTOP) for less than the session timeout: nothing changes; the
   same leaders in the same epochs, no session expires, acks=all goes on.
-- ZooKeeper killed with -9 and restarted after longer than the session timeout: the
-  sessions expire, the brokers register again, a controller is elected, and producing
-  and consuming go on.
-- ZooKeeper down for good: acks=all goes on while the ISRs stay full (nothing needs
-  storing), and a broker still stops on SIGTERM.
+- ZooKeeper killed with -9 and restarted on its port and data after longer than the
+  session timeout: producing and consuming go on (ZooKeeper restores the sessions).
+- ZooKeeper paused (SIGSTOP) past the session timeout: the same end state.
+- ZooKeeper down: acks=all goes on while the ISRs stay full (nothing needs storing);
+  CreateTopics fails for the client; a broker still stops on SIGTERM; its followers'
+  leaders cannot store the smaller ISR, so acks=all waits until ZooKeeper returns.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.cluster.test_cluster_e2e import eventually, partitions
 from tests.cluster.test_cluster_faults import (
     CONFIG,
+    LAG_MS,
     SESSION_MS,
     Acked,
     BackgroundProducer,
@@ -190,29 +193,58 @@ def test_zookeeper_paused_within_the_session_changes_nothing(
 
 def test_zookeeper_killed_and_restarted_after_the_session(zk_cluster: ZooKeeperCluster) -> None:
     background, group = start_traffic(zk_cluster)
-    since = log_sizes(zk_cluster.brokers)  # type: ignore[arg-type]
     zk_cluster.kill_zookeeper()
     time.sleep(SESSION_MS / 1000 + 2)
     zk_cluster.restart_zookeeper()
+    # ZooKeeper restores the sessions from its log with a fresh timeout: brokers that
+    # reconnect within it keep them (measured: they all do, within a second); any that
+    # did not register again. Either way the end state must be the same.
     acked = finish(zk_cluster, background, group)
     assert not acked.errors, acked.errors
-    for b, broker in zk_cluster.brokers.items():
-        print(b, broker.log_text()[since[b] :][-3000:])
 
 
-def test_zookeeper_down_for_good(zk_cluster: ZooKeeperCluster) -> None:
+def test_zookeeper_paused_past_the_session(zk_cluster: ZooKeeperCluster) -> None:
     background, group = start_traffic(zk_cluster)
+    zk_cluster.signal_zookeeper(signal.SIGSTOP)
+    try:
+        time.sleep(SESSION_MS / 1000 + 3)
+    finally:
+        zk_cluster.signal_zookeeper(signal.SIGCONT)
+    acked = finish(zk_cluster, background, group)
+    assert not acked.errors, acked.errors
+
+
+def test_zookeeper_down_acks_wait_for_isr_changes(zk_cluster: ZooKeeperCluster) -> None:
+    background, group = start_traffic(zk_cluster)
+    brokers = zk_cluster.brokers
     zk_cluster.kill_zookeeper()
     acked_then = background.acked_count()
-    time.sleep(SESSION_MS / 1000 + 2)
+    time.sleep(SESSION_MS / 1000 + 1)
     # Nothing needs storing while the ISRs stay full: acks=all goes on.
     eventually(lambda: background.acked_count() > acked_then + 200, "acks=all without ZooKeeper", 20)
-    acked = background.stop()
-    group.stop()
+    # Admin requests that write to ZooKeeper fail for the client; the broker still serves.
+    admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
+    [future] = admin.create_topics([NewTopic("later", 1)], request_timeout=3).values()
+    with pytest.raises(KafkaException):
+        future.result(timeout=10)
+    with brokers[1].connect() as conn:
+        assert conn.metadata(["zk"], version=9).topics[0].error_code == 0
+
+    # A broker stops (it still can: its ZooKeeper calls do not hold it). Its partitions'
+    # leaders cannot store the smaller ISR, so acks=all waits rather than counting on
+    # two replicas that ZooKeeper does not know about.
+    assert brokers[3].stop() == 0
+    time.sleep(LAG_MS / 1000 + 1)
+    stalled_at = background.acked_count()
+    time.sleep(2)
+    assert background.acked_count() == stalled_at, "acknowledged without a stored ISR"
+
+    zk_cluster.restart_zookeeper()
+    # The ISR changes are stored, acks=all goes on with two; broker 3's old session
+    # expires (it could not close it) and it can join again.
+    eventually(lambda: background.acked_count() > stalled_at + 100, "acks=all with two", 40)
+    admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
+    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 2, "broker 3 gone", 30)
+    brokers[3].start()
+    acked = finish(zk_cluster, background, group)
     assert not acked.errors, acked.errors
-    read = read_partitions(servers(zk_cluster.brokers), "zk", TOPIC_PARTITIONS)  # type: ignore[arg-type]
-    check_invariants(read, acked)
-    # A broker still stops cleanly (its ZooKeeper calls must not hold it).
-    started = time.monotonic()
-    assert zk_cluster.brokers[3].stop() == 0
-    print("stopped in", time.monotonic() - started)
