@@ -267,28 +267,82 @@ def _parent(path: str) -> str:
 
 
 class MemoryCoordination:
-    """:class:`Coordination` against a :class:`MemoryZooKeeper`, with its own session."""
+    """:class:`Coordination` against a :class:`MemoryZooKeeper`, with its own session.
+
+    Models the client's side of ZooKeeper failures as kazoo shows them: :meth:`disconnect`
+    (kazoo's SUSPENDED) fires every watch this client set and makes operations wait;
+    :meth:`reconnect` lets them through, or, if the server expired the session meanwhile
+    (:meth:`expire_session`), fails them with :class:`SessionLost`, sets
+    :meth:`session_lost` and opens a new session (kazoo's LOST, then CONNECTED).
+    """
 
     def __init__(self, server: MemoryZooKeeper) -> None:
         self._server = server
         self.session = server.open_session()
         self._lost = trio.Event()
+        self._connected = trio.Event()
+        self._connected.set()
+        self._session_expired = False  # by the server, not yet known to this client
+        #: Watches this client set and that have not fired yet.
+        self._watches: list[trio.Event] = []
 
     async def stop(self) -> None:
         """Close the session: its ephemeral znodes go at once, as with a real server."""
         self._server.expire(self.session)
 
+    def disconnect(self) -> None:
+        """The connection to ZooKeeper broke; the session lives on the server meanwhile."""
+        if self._connected.is_set():
+            self._connected = trio.Event()
+            self._fire_own_watches()
+
+    def reconnect(self) -> None:
+        """Connected again: in the same session, or told that it expired."""
+        if self._session_expired:
+            self._learn_session_lost()
+        self._connected.set()
+
     def expire_session(self) -> None:
+        """The server expires the session (its ephemerals go); a connected client learns
+        at once, a disconnected one when it reconnects."""
         self._server.expire(self.session)
+        self._session_expired = True
+        if self._connected.is_set():
+            self._learn_session_lost()
+
+    def _learn_session_lost(self) -> None:
+        self._session_expired = False
+        self._fire_own_watches()
         self.session = self._server.open_session()
         self._lost.set()
         self._lost = trio.Event()
+
+    def _fire_own_watches(self) -> None:
+        for event in self._watches:
+            event.set()
+        self._watches.clear()
+
+    def _watch(self, table: dict[str, list[trio.Event]], path: str) -> trio.Event:
+        event = trio.Event()
+        table.setdefault(path, []).append(event)
+        self._watches = [e for e in self._watches if not e.is_set()]
+        self._watches.append(event)
+        return event
+
+    async def _connection(self) -> None:
+        """Wait while disconnected, as kazoo queues requests; SessionLost if the session
+        the caller started in expired meanwhile."""
+        session = self.session
+        await trio.lowlevel.checkpoint()
+        await self._connected.wait()
+        if self.session != session:
+            raise SessionLost("session expired while disconnected")
 
     def session_lost(self) -> trio.Event:
         return self._lost
 
     async def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
-        await trio.lowlevel.checkpoint()
+        await self._connection()
         nodes = self._server.nodes
         if path in nodes:
             raise NodeExists(path)
@@ -305,19 +359,19 @@ class MemoryCoordination:
         self._server._fire(self._server.child_watches, _parent(path))
 
     async def get(self, path: str) -> Znode | None:
-        await trio.lowlevel.checkpoint()
+        await self._connection()
         node = self._server.nodes.get(path)
         return None if node is None else Znode(node.data, node.version)
 
     async def get_and_watch(self, path: str) -> tuple[Znode | None, trio.Event]:
-        event = trio.Event()
-        self._server.watches.setdefault(path, []).append(event)
-        return await self.get(path), event
+        await self._connection()
+        event = self._watch(self._server.watches, path)
+        node = self._server.nodes.get(path)
+        return (None if node is None else Znode(node.data, node.version)), event
 
     async def children_and_watch(self, path: str) -> tuple[list[str], trio.Event]:
-        await trio.lowlevel.checkpoint()
-        event = trio.Event()
-        self._server.child_watches.setdefault(path, []).append(event)
+        await self._connection()
+        event = self._watch(self._server.child_watches, path)
         prefix = path.rstrip("/") + "/"
         names = [
             p[len(prefix) :]
@@ -336,20 +390,23 @@ class MemoryCoordination:
         return node
 
     async def set(self, path: str, data: bytes, version: int) -> int:
-        await trio.lowlevel.checkpoint()
+        await self._connection()
+        return self._set_now(path, data, version)
+
+    def _set_now(self, path: str, data: bytes, version: int) -> int:
         node = self._node_at(path, version)
         node.data, node.version = data, node.version + 1
         self._server._fire(self._server.watches, path)
         return node.version
 
     async def set_fenced(self, path: str, data: bytes, version: int, fence: tuple[str, int]) -> int:
+        await self._connection()
         fence_node = self._server.nodes.get(fence[0])
         if fence_node is None or fence_node.version != fence[1]:
-            await trio.lowlevel.checkpoint()
             raise BadVersion(f"{path} (fenced by {fence[0]})")
-        return await self.set(path, data, version)
+        return self._set_now(path, data, version)  # one transaction: no await in between
 
     async def delete(self, path: str, version: int = -1) -> None:
-        await trio.lowlevel.checkpoint()
+        await self._connection()
         self._node_at(path, version)
         self._server._remove(path)
