@@ -30,7 +30,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.cluster.test_cluster_e2e import eventually, partitions
+from tests.cluster.test_cluster_e2e import eventually
 from tests.cluster.test_cluster_faults import (
     CONFIG,
     LAG_MS,
@@ -145,8 +145,8 @@ def registered_everywhere(cluster: ZooKeeperCluster) -> bool:
 
 
 def start_traffic(cluster: ZooKeeperCluster) -> tuple[BackgroundProducer, GroupConsumer]:
-    create_topic(cluster.brokers, "zk", TOPIC_PARTITIONS)  # type: ignore[arg-type]
-    bootstrap = servers(cluster.brokers)  # type: ignore[arg-type]
+    create_topic(cluster.brokers, "zk", TOPIC_PARTITIONS)
+    bootstrap = servers(cluster.brokers)
     background = BackgroundProducer(bootstrap, "zk", 0)
     group = GroupConsumer(bootstrap, "zk")
     eventually(lambda: background.acked_count() > 100, "the producer is under way", 30)
@@ -154,7 +154,9 @@ def start_traffic(cluster: ZooKeeperCluster) -> tuple[BackgroundProducer, GroupC
     return background, group
 
 
-def finish(cluster: ZooKeeperCluster, background: BackgroundProducer, group: GroupConsumer) -> Acked:
+def finish(
+    cluster: ZooKeeperCluster, background: BackgroundProducer, group: GroupConsumer
+) -> Acked:
     """Producing and consuming go on; then every broker agrees and every acknowledged
     record is there exactly once."""
     acked_then, received_then = background.acked_count(), group.received
@@ -163,8 +165,8 @@ def finish(cluster: ZooKeeperCluster, background: BackgroundProducer, group: Gro
     acked = background.stop()
     group.stop()
     eventually(lambda: registered_everywhere(cluster), "every broker registered, everywhere", 30)
-    converged(cluster.brokers, "zk", TOPIC_PARTITIONS)  # type: ignore[arg-type]
-    read = read_partitions(servers(cluster.brokers), "zk", TOPIC_PARTITIONS)  # type: ignore[arg-type]
+    converged(cluster.brokers, "zk", TOPIC_PARTITIONS)
+    read = read_partitions(servers(cluster.brokers), "zk", TOPIC_PARTITIONS)
     check_invariants(read, acked)
     return acked
 
@@ -173,9 +175,9 @@ def test_zookeeper_paused_within_the_session_changes_nothing(
     zk_cluster: ZooKeeperCluster,
 ) -> None:
     background, group = start_traffic(zk_cluster)
-    converged(zk_cluster.brokers, "zk", TOPIC_PARTITIONS)  # type: ignore[arg-type]
+    converged(zk_cluster.brokers, "zk", TOPIC_PARTITIONS)
     before = leadership(zk_cluster)
-    since = log_sizes(zk_cluster.brokers)  # type: ignore[arg-type]
+    since = log_sizes(zk_cluster.brokers)
     zk_cluster.signal_zookeeper(signal.SIGSTOP)
     try:
         acked_then = background.acked_count()
@@ -221,7 +223,9 @@ def test_zookeeper_down_acks_wait_for_isr_changes(zk_cluster: ZooKeeperCluster) 
     acked_then = background.acked_count()
     time.sleep(SESSION_MS / 1000 + 1)
     # Nothing needs storing while the ISRs stay full: acks=all goes on.
-    eventually(lambda: background.acked_count() > acked_then + 200, "acks=all without ZooKeeper", 20)
+    eventually(
+        lambda: background.acked_count() > acked_then + 200, "acks=all without ZooKeeper", 20
+    )
     # Admin requests that write to ZooKeeper fail for the client; the broker still serves.
     admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
     [future] = admin.create_topics([NewTopic("later", 1)], request_timeout=3).values()
