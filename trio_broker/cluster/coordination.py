@@ -28,6 +28,12 @@ __all__ = [
 ]
 
 
+#: kazoo's reconnection backoff stops growing here (seconds).
+RECONNECT_MAX_DELAY_S = 1.0
+#: At most this many ZooKeeper calls wait in worker threads at once.
+ZOOKEEPER_THREADS = 32
+
+
 class CoordinationError(Exception):
     """The coordination service refused or could not do an operation."""
 
@@ -88,8 +94,19 @@ class ZooKeeperCoordination:
 
     def __init__(self, hosts: str, session_timeout_s: float = 6.0) -> None:
         from kazoo.client import KazooClient  # a dependency of cluster mode only
+        from kazoo.retry import KazooRetry
 
-        self._client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        # Reconnect at least every second while ZooKeeper is away (as Java's client
+        # does): kazoo's default backoff grows to an hour, and a broker that comes back
+        # after its session timeout finds its session expired.
+        reconnect = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=RECONNECT_MAX_DELAY_S)
+        self._client = KazooClient(
+            hosts=hosts, timeout=session_timeout_s, connection_retry=reconnect
+        )
+        # kazoo's calls wait while ZooKeeper is away (until it returns or the session
+        # is known to be lost): their threads come from this limiter, never from the
+        # one the storage's fsyncs use, and a cancelled caller abandons its thread.
+        self._threads = trio.CapacityLimiter(ZOOKEEPER_THREADS)
         self._token: trio.lowlevel.TrioToken | None = None
         self._lost = trio.Event()
         self._stopped = False
@@ -104,7 +121,10 @@ class ZooKeeperCoordination:
                 self._from_kazoo(self._on_lost)
 
         self._client.add_listener(on_state)
-        await trio.to_thread.run_sync(lambda: self._client.start(timeout=timeout_s))
+        await self._in_thread(lambda: self._client.start(timeout=timeout_s))
+
+    async def _in_thread(self, fn: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, limiter=self._threads, abandon_on_cancel=True)
 
     def _on_lost(self) -> None:
         self._lost.set()
@@ -118,8 +138,8 @@ class ZooKeeperCoordination:
             return
         self._stopped = True
         with trio.CancelScope(shield=True), trio.move_on_after(10):
-            await trio.to_thread.run_sync(self._client.stop)
-            await trio.to_thread.run_sync(self._client.close)
+            await self._in_thread(self._client.stop)
+            await self._in_thread(self._client.close)
 
     def session_lost(self) -> trio.Event:
         return self._lost
@@ -128,7 +148,7 @@ class ZooKeeperCoordination:
         from kazoo import exceptions as kz
 
         try:
-            return await trio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+            return await self._in_thread(lambda: fn(*args, **kwargs))
         except kz.NodeExistsError:
             raise NodeExists(args[0]) from None
         except kz.NoNodeError:
@@ -247,28 +267,82 @@ def _parent(path: str) -> str:
 
 
 class MemoryCoordination:
-    """:class:`Coordination` against a :class:`MemoryZooKeeper`, with its own session."""
+    """:class:`Coordination` against a :class:`MemoryZooKeeper`, with its own session.
+
+    Models the client's side of ZooKeeper failures as kazoo shows them: :meth:`disconnect`
+    (kazoo's SUSPENDED) fires every watch this client set and makes operations wait;
+    :meth:`reconnect` lets them through, or, if the server expired the session meanwhile
+    (:meth:`expire_session`), fails them with :class:`SessionLost`, sets
+    :meth:`session_lost` and opens a new session (kazoo's LOST, then CONNECTED).
+    """
 
     def __init__(self, server: MemoryZooKeeper) -> None:
         self._server = server
         self.session = server.open_session()
         self._lost = trio.Event()
+        self._connected = trio.Event()
+        self._connected.set()
+        self._session_expired = False  # by the server, not yet known to this client
+        #: Watches this client set and that have not fired yet.
+        self._watches: list[trio.Event] = []
 
     async def stop(self) -> None:
         """Close the session: its ephemeral znodes go at once, as with a real server."""
         self._server.expire(self.session)
 
+    def disconnect(self) -> None:
+        """The connection to ZooKeeper broke; the session lives on the server meanwhile."""
+        if self._connected.is_set():
+            self._connected = trio.Event()
+            self._fire_own_watches()
+
+    def reconnect(self) -> None:
+        """Connected again: in the same session, or told that it expired."""
+        if self._session_expired:
+            self._learn_session_lost()
+        self._connected.set()
+
     def expire_session(self) -> None:
+        """The server expires the session (its ephemerals go); a connected client learns
+        at once, a disconnected one when it reconnects."""
         self._server.expire(self.session)
+        self._session_expired = True
+        if self._connected.is_set():
+            self._learn_session_lost()
+
+    def _learn_session_lost(self) -> None:
+        self._session_expired = False
+        self._fire_own_watches()
         self.session = self._server.open_session()
         self._lost.set()
         self._lost = trio.Event()
+
+    def _fire_own_watches(self) -> None:
+        for event in self._watches:
+            event.set()
+        self._watches.clear()
+
+    def _watch(self, table: dict[str, list[trio.Event]], path: str) -> trio.Event:
+        event = trio.Event()
+        table.setdefault(path, []).append(event)
+        self._watches = [e for e in self._watches if not e.is_set()]
+        self._watches.append(event)
+        return event
+
+    async def _connection(self) -> None:
+        """Wait while disconnected, as kazoo queues requests; SessionLost if the session
+        the caller started in expired meanwhile."""
+        session = self.session
+        await trio.lowlevel.checkpoint()
+        await self._connected.wait()
+        if self.session != session:
+            raise SessionLost("session expired while disconnected")
 
     def session_lost(self) -> trio.Event:
         return self._lost
 
     async def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
-        await trio.lowlevel.checkpoint()
+        await self._connection()
         nodes = self._server.nodes
         if path in nodes:
             raise NodeExists(path)
@@ -285,19 +359,19 @@ class MemoryCoordination:
         self._server._fire(self._server.child_watches, _parent(path))
 
     async def get(self, path: str) -> Znode | None:
-        await trio.lowlevel.checkpoint()
+        await self._connection()
         node = self._server.nodes.get(path)
         return None if node is None else Znode(node.data, node.version)
 
     async def get_and_watch(self, path: str) -> tuple[Znode | None, trio.Event]:
-        event = trio.Event()
-        self._server.watches.setdefault(path, []).append(event)
-        return await self.get(path), event
+        await self._connection()
+        event = self._watch(self._server.watches, path)
+        node = self._server.nodes.get(path)
+        return (None if node is None else Znode(node.data, node.version)), event
 
     async def children_and_watch(self, path: str) -> tuple[list[str], trio.Event]:
-        await trio.lowlevel.checkpoint()
-        event = trio.Event()
-        self._server.child_watches.setdefault(path, []).append(event)
+        await self._connection()
+        event = self._watch(self._server.child_watches, path)
         prefix = path.rstrip("/") + "/"
         names = [
             p[len(prefix) :]
@@ -316,7 +390,7 @@ class MemoryCoordination:
         return node
 
     async def set(self, path: str, data: bytes, version: int) -> int:
-        await trio.lowlevel.checkpoint()
+        await self._connection()
         return self._set_now(path, data, version)
 
     def _set_now(self, path: str, data: bytes, version: int) -> int:
@@ -326,16 +400,13 @@ class MemoryCoordination:
         return node.version
 
     async def set_fenced(self, path: str, data: bytes, version: int, fence: tuple[str, int]) -> int:
-        # The check and the write with no checkpoint between them: one transaction, as
-        # ZooKeeper's multi. (Checking first and then awaiting ``set`` let a successor
-        # controller bump the fence in between, and a deposed controller's write land.)
-        await trio.lowlevel.checkpoint()
+        await self._connection()
         fence_node = self._server.nodes.get(fence[0])
         if fence_node is None or fence_node.version != fence[1]:
             raise BadVersion(f"{path} (fenced by {fence[0]})")
-        return self._set_now(path, data, version)
+        return self._set_now(path, data, version)  # one transaction: no await in between
 
     async def delete(self, path: str, version: int = -1) -> None:
-        await trio.lowlevel.checkpoint()
+        await self._connection()
         self._node_at(path, version)
         self._server._remove(path)
