@@ -45,8 +45,7 @@ delete.topic.enable=FALSE
 """
 
 INERT_IN_FILE = [
-    "process.roles", "controller.quorum.bootstrap.servers", "inter.broker.listener.name",
-    "num.network.threads", "socket.send.buffer.bytes", "offsets.topic.replication.factor",
+    "process.roles", "controller.quorum.bootstrap.servers", "num.network.threads", "socket.send.buffer.bytes", "offsets.topic.replication.factor",
 ]  # fmt: skip
 
 
@@ -67,6 +66,7 @@ def test_a_kafka_server_properties_is_applied(tmp_path: Path) -> None:
     assert config.group_min_session_timeout_ms == 7000
     assert config.group_max_session_timeout_ms == 1_800_000
     assert config.delete_topic_enable is False
+    assert config.inter_broker_listener_name == "PLAINTEXT"
     assert config.static_keys["log.segment.bytes"] == "1073741824"
 
 

@@ -40,6 +40,8 @@ class ClusterHost(Protocol):
     @property
     def advertised(self) -> tuple[str, int]: ...
 
+    def advertised_endpoints(self) -> list[tuple[str, str, str, int]]: ...
+
     @property
     def durability(self) -> Any: ...
 
@@ -79,14 +81,19 @@ async def run_cluster_node(
             now_ms=host.now_ms, durability=host.durability, on_hw_moved=host.appends.notify,
             producers=host.producers,
             follower_throttle_rate=config.follower_replication_throttled_rate,
+            inter_broker_listener=(config.inter_broker_listener_name or "").upper() or None,
         )  # fmt: skip
         rebalance = None
         if config.auto_leader_rebalance_enable:
             rebalance = Rebalance(interval_s=float(config.leader_imbalance_check_interval_seconds))
-        address, port = host.advertised
+        # Every listener is registered (Kafka's endpoints): followers fetch from the
+        # inter-broker one, and Metadata answers each client with its own listener's.
+        endpoints = host.advertised_endpoints()
+        _, _, address, port = endpoints[0]
         registration = BrokerRegistration(
             config.node_id, address, port, config.broker_rack,
-            (f"PLAINTEXT://{address}:{port}",), wall_clock_ms(),
+            tuple(f"{name}://{h}:{p}" for name, _, h, p in endpoints), wall_clock_ms(),
+            tuple((name, protocol) for name, protocol, _, _ in endpoints if name != protocol),
         )  # fmt: skip
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)

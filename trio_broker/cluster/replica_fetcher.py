@@ -111,7 +111,12 @@ async def _connect(manager: ReplicaManager, leader: int) -> BrokerClient:
     info = manager.view.brokers.get(leader)
     if info is None:
         raise BrokerConnectionError(f"broker {leader} is not registered")
-    client = BrokerClient(info.host, info.port, f"replica-fetcher-{manager.view.broker_id}")
+    address = info.endpoint(manager.inter_broker_listener)
+    if address is None:
+        raise BrokerConnectionError(
+            f"broker {leader} has no {manager.inter_broker_listener} listener registered"
+        )
+    client = BrokerClient(*address, f"replica-fetcher-{manager.view.broker_id}")
     await client.connect()
     return client
 

@@ -91,6 +91,7 @@ class ReplicaManager:
         on_hw_moved: Callable[[], None] = lambda: None,
         producers: Any = None,
         follower_throttle_rate: int = 2**63 - 1,
+        inter_broker_listener: str | None = None,
     ) -> None:
         self.view = view
         self.coord = coord
@@ -106,6 +107,8 @@ class ReplicaManager:
         self.on_hw_moved = on_hw_moved
         #: follower.replication.throttled.rate: bytes/s for replicas being added.
         self.follower_throttle_rate = max(1, follower_throttle_rate)
+        #: inter.broker.listener.name: whose endpoint followers fetch from (None: first).
+        self.inter_broker_listener = inter_broker_listener
         #: (topic, partition) -> this broker's leader term.
         self.terms: dict[tuple[str, int], LeaderPartition] = {}
         #: (topic, partition) -> what this broker follows.

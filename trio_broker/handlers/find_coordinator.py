@@ -34,7 +34,11 @@ def _locate(
             # Group state is not replicated yet ([cluster]): it moves with the broker set.
             live = sorted(replication.view.brokers)
             chosen = replication.view.brokers[live[zlib.crc32(key.encode()) % len(live)]]
-            return ErrorCode.NONE, None, chosen.broker_id, chosen.host, chosen.port
+            address = chosen.endpoint(ctx.services.listener_name_for(ctx.client.connection_id))
+            if address is None:  # the coordinator has no endpoint on this client's listener
+                return (ErrorCode.COORDINATOR_NOT_AVAILABLE, "the coordinator is not on this "
+                        "listener", -1, "", -1)  # fmt: skip
+            return ErrorCode.NONE, None, chosen.broker_id, *address
         host, port = ctx.services.advertised_for(ctx.client.connection_id)
         return ErrorCode.NONE, None, ctx.services.config.node_id, host, port
     if key_type == KEY_TYPE_TRANSACTION:

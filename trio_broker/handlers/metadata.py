@@ -243,9 +243,10 @@ def describe(ctx: RequestContext, request: m.MetadataRequest) -> m.MetadataRespo
     controller = services.config.node_id
     if services.replication is not None:
         view = services.replication.view
+        listener = services.listener_name_for(ctx.client.connection_id)
         brokers = [
-            Resp.MetadataResponseBroker(node_id=b.broker_id, host=b.host, port=b.port, rack=b.rack)
-            for b in sorted(view.brokers.values(), key=lambda b: b.broker_id)
+            Resp.MetadataResponseBroker(node_id=b.broker_id, host=h, port=p, rack=b.rack)
+            for b, h, p in view.brokers_on(listener)
         ]
         controller = view.controller_id
     return Resp(
