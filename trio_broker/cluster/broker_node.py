@@ -97,6 +97,8 @@ async def run_cluster_node(
         )  # fmt: skip
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
+            nursery.start_soon(_fence_while_cut_off, coord, manager,
+                               config.zookeeper_session_timeout_ms / 1000)  # fmt: skip
             await nursery.start(
                 lambda task_status: run_membership(
                     coord, registration, view,
@@ -129,3 +131,43 @@ async def run_cluster_node(
 async def _shutdown_begins(host: ClusterHost) -> None:
     while not host.shutting_down:
         await host.appends.wait()  # the shutdown wakes it (and so does every append)
+
+
+async def _fence_while_cut_off(
+    coord: ZooKeeperCoordination, manager: ReplicaManager, session_timeout_s: float
+) -> None:
+    """Lead nothing while ZooKeeper has been out of reach for a whole session timeout.
+
+    Cut off from ZooKeeper but not from clients, a leader would otherwise go on taking
+    writes (and answering Metadata as the leader) long after the controller elected
+    another broker in its place: kazoo only learns the session expired once it
+    reaches ZooKeeper again. acks=all writes are safe either way (the followers have
+    moved on); this ends the term so clients are told NOT_LEADER_OR_FOLLOWER and move
+    on too, as a Kafka broker does once the controller tells it.
+    """
+    while True:
+        changed = coord.connection_changed()
+        since = coord.disconnected_since
+        if since is None:
+            if manager.fenced:
+                await _view_settles(manager, limit_s=session_timeout_s)
+            manager.fence(False)
+            await changed.wait()
+            continue
+        with trio.move_on_at(since + session_timeout_s):
+            await changed.wait()
+            continue
+        manager.fence(True)
+        await changed.wait()
+
+
+async def _view_settles(manager: ReplicaManager, limit_s: float, quiet_s: float = 0.5) -> None:
+    """Back in touch: a session that expired meanwhile makes the membership tasks
+    re-read brokers and topics (each re-read changes the view); lead again only once
+    that is done (no change for ``quiet_s``), never from the view of before the cut."""
+    with trio.move_on_after(limit_s):
+        while True:
+            with trio.move_on_after(quiet_s):
+                await manager._view_event().wait()
+                continue
+            return
