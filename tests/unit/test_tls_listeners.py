@@ -64,12 +64,17 @@ def test_cli_listen_and_advertised_listener_set_the_first_listener(tmp_path: Pat
 
 
 def test_an_inter_broker_listener_of_its_own(tmp_path: Path) -> None:
-    config = load_config(write(tmp_path, """
+    config = load_config(
+        write(
+            tmp_path,
+            """
 listeners = "PLAINTEXT://127.0.0.1:9092,REPLICATION://127.0.0.1:19092"
 "listener.security.protocol.map" = "PLAINTEXT:PLAINTEXT,REPLICATION:PLAINTEXT"
 "advertised.listeners" = "PLAINTEXT://127.0.0.1:9092,REPLICATION://127.0.0.1:29092"
 "inter.broker.listener.name" = "REPLICATION"
-"""))
+""",
+        )
+    )
     assert config.inter_broker_listener_name == "REPLICATION"
     _, replication = resolve_listeners(config)
     assert (replication.protocol, replication.advertised) == ("PLAINTEXT", ("127.0.0.1", 29092))
