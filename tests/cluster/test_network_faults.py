@@ -69,6 +69,12 @@ class ProxiedBroker(ConfiguredBroker):
 
     replication: FaultProxy
     zookeeper_link: FaultProxy
+    #: ``--capture`` directory (the Jepsen-style run checks them with trio-broker verify).
+    capture_dir: Path | None = None
+
+    def command_line(self) -> list[str]:
+        extra = [] if self.capture_dir is None else ["--capture", str(self.capture_dir)]
+        return [*super().command_line(), *extra]
 
 
 class ProxiedCluster(dict[int, ProxiedBroker]):
@@ -89,8 +95,16 @@ def replication_config(replication_port: int, proxy_port: int) -> str:
     )
 
 
-def start_proxied_cluster(tmp_path: Path, zookeeper: str, ids: tuple[int, ...]) -> ProxiedCluster:
-    """Brokers ``ids``, each behind a replication proxy and a ZooKeeper proxy (started)."""
+def start_proxied_cluster(
+    tmp_path: Path,
+    zookeeper: str,
+    ids: tuple[int, ...],
+    *,
+    capture_root: Path | None = None,
+    extra_config: str = "",
+) -> ProxiedCluster:
+    """Brokers ``ids``, each behind a replication proxy and a ZooKeeper proxy (started);
+    with ``capture_root``, each captures its traffic into ``capture_root/broker<id>``."""
     zk_address, _, chroot = zookeeper.partition("/")
     zk_host, _, zk_port = zk_address.split(",")[0].rpartition(":")
     cluster = ProxiedCluster()
@@ -99,9 +113,11 @@ def start_proxied_cluster(tmp_path: Path, zookeeper: str, ids: tuple[int, ...]) 
         replication = FaultProxy(("127.0.0.1", replication_port), f"replication-{b}").start()
         zk_link = FaultProxy((zk_host, int(zk_port)), f"zookeeper-{b}").start()
         config = tmp_path / f"broker{b}.properties"
-        config.write_text(replication_config(replication_port, replication.port))
+        config.write_text(replication_config(replication_port, replication.port) + extra_config)
         broker = ProxiedBroker(tmp_path / f"broker{b}", b, f"{zk_link.address}/{chroot}", config)
         broker.replication, broker.zookeeper_link = replication, zk_link
+        if capture_root is not None:
+            broker.capture_dir = capture_root / f"broker{b}"
         cluster[b] = broker
     for broker in cluster.values():
         broker.start()
