@@ -78,7 +78,7 @@ def _log(line: str) -> None:
 def _leader_of_some_partition(cluster: ProxiedCluster, fallback: int) -> int:
     try:
         state = partitions(admin_of(cluster), TOPIC)
-    except Exception:  # noqa: BLE001 - a fault may make Metadata fail: pick the drawn one
+    except Exception:  # a fault may make Metadata fail: pick the drawn one
         return fallback
     leading = sorted({leader for leader, _, _ in state.values() if leader in cluster})
     return fallback if not leading else leading[fallback % len(leading)]
