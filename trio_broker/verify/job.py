@@ -79,7 +79,10 @@ def spark_session(
     # and statistics took 50-53 s with it against 56-62 s with G1, Java's default.
     java_opts = f"-XX:+UseParallelGC -Dlog4j2.configurationFile=file:{log4j}"
     if frames is None or frames < C2_FROM_FRAMES:
-        java_opts = f"-XX:TieredStopAtLevel=1 {java_opts}"
+        # C1's 48 MB default code cache filled up (and compilation stopped) on the
+        # captures of a 3-broker Jepsen-style run: one scan per broker run, each with
+        # its own generated code.
+        java_opts = f"-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m {java_opts}"
     cores = _local_cores(master)
     builder = (
         SparkSession.builder.master(master)
