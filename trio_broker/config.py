@@ -100,10 +100,19 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = 1_800_000
     #: False: DeleteTopics answers TOPIC_DELETION_DISABLED (INVALID_REQUEST before v3).
     delete_topic_enable: bool = True
+    #: Fetch sessions (KIP-227) the broker keeps; 0: every fetch is answered in full.
+    max_incremental_fetch_session_cache_slots: int = 1000
     #: Topic defaults of max.message.bytes and message.timestamp.type.
     message_max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     log_message_timestamp_type: str = "CreateTime"
     offsets_retention_minutes: int = 7 * 24 * 60
+    #: Cluster mode: ``__consumer_offsets`` is made with these on first use (a group's
+    #: coordinator leads the partition its id hashes to); a commit not replicated within
+    #: the timeout gets COORDINATOR_NOT_AVAILABLE.
+    offsets_topic_num_partitions: int = 50
+    offsets_topic_replication_factor: int = 3
+    offsets_topic_segment_bytes: int = 104_857_600
+    offsets_commit_timeout_ms: int = 5000
     #: Transactions (docs/transactions.md): InitProducerId with a longer
     #: transaction.timeout.ms gets INVALID_TRANSACTION_TIMEOUT.
     transaction_max_timeout_ms: int = 900_000
@@ -112,6 +121,12 @@ class BrokerConfig:
     #: An idle transactional id (no open transaction) is forgotten after this long.
     transactional_id_expiration_ms: int = 604_800_000
     transaction_remove_expired_transaction_cleanup_interval_ms: int = 3_600_000
+    #: Cluster mode: the replicated __transaction_state topic, made on first use
+    #: (FindCoordinator for a transactional id); min.isr goes into its topic configs.
+    transaction_state_log_num_partitions: int = 50
+    transaction_state_log_replication_factor: int = 3
+    transaction_state_log_min_isr: int = 2
+    transaction_state_log_segment_bytes: int = 104_857_600
     #: Cluster mode ([cluster], docs/cluster.md): HOST:PORT[,HOST:PORT...][/chroot] of
     #: ZooKeeper; None runs a single broker as before.
     zookeeper_connect: str | None = None
@@ -170,6 +185,8 @@ class BrokerConfig:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
         if self.queued_max_request_bytes == 0 or self.queued_max_request_bytes < -1:
             raise ConfigError("queued.max.request.bytes: must be positive, or -1 for no limit")
+        if self.max_incremental_fetch_session_cache_slots < 0:
+            raise ConfigError("max.incremental.fetch.session.cache.slots: must be at least 0")
         if self.default_replication_factor != 1 and not self.zookeeper_connect:
             raise ConfigError(
                 "default.replication.factor: a single broker (no zookeeper.connect) keeps "
@@ -184,7 +201,14 @@ class BrokerConfig:
             )
         for name in ("transaction_max_timeout_ms", "transactional_id_expiration_ms",
                      "transaction_abort_timed_out_transaction_cleanup_interval_ms",
-                     "transaction_remove_expired_transaction_cleanup_interval_ms"):  # fmt: skip
+                     "transaction_remove_expired_transaction_cleanup_interval_ms",
+                     "transaction_state_log_num_partitions",
+                     "transaction_state_log_replication_factor",
+                     "transaction_state_log_min_isr", "transaction_state_log_segment_bytes"):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
+        for name in ("offsets_topic_num_partitions", "offsets_topic_replication_factor",
+                     "offsets_topic_segment_bytes", "offsets_commit_timeout_ms"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
         if self.message_max_bytes < 0:

@@ -47,6 +47,8 @@ CONFIG = (
     f"replica.lag.time.max.ms={LAG_MS}\n"
     "default.replication.factor=3\n"
     f"zookeeper.session.timeout.ms={SESSION_MS}\n"
+    # The consumers' group ids make __consumer_offsets; a few partitions keep it light.
+    "offsets.topic.num.partitions=5\n"
 )
 
 

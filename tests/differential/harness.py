@@ -384,6 +384,79 @@ class Fetch(Op):
                 "batches", tuple(batches))  # fmt: skip
 
 
+#: SessionFetch's actions (KIP-227).
+OPEN, NEXT_FETCH, STALE_SESSION_EPOCH, UNKNOWN_SESSION, FORGET, CLOSE = (
+    "open", "next", "stale-epoch", "unknown-session", "forget", "close",
+)  # fmt: skip
+#: The session's partitions: the prologue's topics ("b" has two partitions).
+SESSION_PARTITIONS = (("a", 0), ("b", 0), ("b", 1))
+#: A session id neither broker handed out (ids are random, 1 is as unlikely as any).
+#: Not 2**31 - 1: Kafka 4.4 answers that one UNKNOWN_SERVER_ERROR (it picks a cache shard
+#: by the id, and that id's shard does not exist).
+NO_SUCH_SESSION = 1
+
+
+@dataclass(frozen=True)
+class SessionFetch(Op):
+    """A fetch session (KIP-227, Fetch v12) on the prologue's partitions, each broker
+    with its own session id: ``open`` (a full fetch, epoch 0, closing the one before),
+    ``next`` (incremental, nothing changed: only partitions with news come back),
+    ``forget`` (incremental, forgets b-1), ``stale-epoch`` (incremental, epoch + 5),
+    ``unknown-session`` and ``close`` (epoch -1: a sessionless answer). Session ids are
+    compared only as "one was given" (0 or not); fetch offsets stay 0, so a partition
+    with records is news every time."""
+
+    action: str
+    kind: str = field(init=False, default="fetch-session")
+
+    @property
+    def mode(self) -> str:
+        return self.action
+
+    def run(self, session: Session, broker: Broker) -> Normalised:
+        FT = m.FetchRequest.FetchTopic
+        session_id, epoch = session.fetch_sessions.get(broker.name, (0, -1))
+        topics: dict[str, list[Any]] = {}
+        forgotten: list[Any] = []
+        if self.action in (OPEN, CLOSE):
+            epoch = 0 if self.action == OPEN else -1
+            for topic, partition in SESSION_PARTITIONS:
+                topics.setdefault(session.name(topic), []).append(FT.FetchPartition(
+                    partition=partition, fetch_offset=0, current_leader_epoch=-1,
+                    log_start_offset=-1, partition_max_bytes=1 << 20))  # fmt: skip
+        elif self.action == STALE_SESSION_EPOCH:
+            epoch += 5
+        elif self.action == UNKNOWN_SESSION:
+            session_id, epoch = NO_SUCH_SESSION, 1
+        elif self.action == FORGET:
+            forgotten = [m.FetchRequest.ForgottenTopic(topic=session.name("b"), partitions=[1])]
+        if self.action not in (OPEN, CLOSE) and session_id == 0:
+            return ("no session",)  # nothing to continue on either broker (Kafka's answer too)
+        body = m.FetchRequest(
+            replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
+            session_id=session_id, session_epoch=epoch,
+            topics=[FT(topic=name, partitions=parts) for name, parts in topics.items()],
+            forgotten_topics_data=forgotten, rack_id="",
+        )  # fmt: skip
+        answer = broker.request(m.ApiKey.FETCH, FETCH_V, body)
+        if answer.error_code == 0:
+            if answer.session_id == 0:
+                session.fetch_sessions.pop(broker.name, None)
+            elif self.action == OPEN:
+                session.fetch_sessions[broker.name] = (answer.session_id, 1)
+            else:
+                session.fetch_sessions[broker.name] = (session_id, epoch + 1)
+        parts = sorted(
+            (t.topic.removeprefix(session.prefix + "-"), p.partition_index, p.error_code,
+             p.high_watermark, p.last_stable_offset, p.log_start_offset,
+             len(bytes(p.records or b"")) > 0)
+            for t in answer.responses
+            for p in t.partitions
+        )  # fmt: skip
+        return ("error", answer.error_code, "session", answer.session_id != 0,
+                "partitions", tuple(parts))  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ListOffsets(Op):
     """ListOffsets for a partition: EARLIEST, LATEST, MAX_TIMESTAMP, or ``timestamp`` >= 0
@@ -684,6 +757,8 @@ class Session:
         #: Kafka's and trio-broker's normalised answers to the last op.
         self.last_answers: tuple[Normalised, Normalised] = ((), ())
         self.ops = 0
+        #: Per broker name: the fetch session's id and next epoch (SessionFetch).
+        self.fetch_sessions: dict[str, tuple[int, int]] = {}
         for broker in (kafka, trio):
             broker.producer_ids.clear()
             broker.logical_of.clear()

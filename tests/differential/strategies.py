@@ -15,10 +15,12 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from tests.differential.harness import (
+    CLOSE,
     COMMIT,
     DUPLICATE,
     EARLIEST,
     FETCH_OFFSETS,
+    FORGET,
     GAP,
     HEARTBEAT,
     JOIN,
@@ -27,9 +29,13 @@ from tests.differential.harness import (
     LOCAL_BUMP,
     MAX_TIMESTAMP,
     NEXT,
+    NEXT_FETCH,
+    OPEN,
     REBALANCE_TIMEOUT_MS,
     STALE_EPOCH,
+    STALE_SESSION_EPOCH,
     SYNC,
+    UNKNOWN_SESSION,
     CreateTopic,
     DeleteTopic,
     Fetch,
@@ -44,6 +50,7 @@ from tests.differential.harness import (
     Op,
     Pause,
     Produce,
+    SessionFetch,
 )
 
 TOPICS = ["a", "b", "c"]  # "c" does not exist until a CreateTopic makes it
@@ -102,10 +109,16 @@ group_op = st.builds(
     stale=st.sampled_from([False, False, False, True]),
 )
 
+session_fetch = st.builds(
+    SessionFetch,
+    st.sampled_from([OPEN, OPEN, NEXT_FETCH, NEXT_FETCH, NEXT_FETCH, STALE_SESSION_EPOCH,
+                     UNKNOWN_SESSION, FORGET, CLOSE]),
+)  # fmt: skip
+
 op = st.one_of(
     idempotent, idempotent, produce, produce, fetch, fetch, list_offsets, list_offsets,
     init_producer, create_topic, delete_topic, metadata, malformed, metadata_by_id,
-    offset_for_leader_epoch, group_op,
+    offset_for_leader_epoch, group_op, session_fetch,
 )  # fmt: skip
 
 

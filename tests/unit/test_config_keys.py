@@ -44,8 +44,10 @@ group.min.session.timeout.ms = 7000
 delete.topic.enable=FALSE
 """
 
+# (offsets.topic.replication.factor is applied: a cluster's __consumer_offsets has it.)
 INERT_IN_FILE = [
-    "process.roles", "controller.quorum.bootstrap.servers", "num.network.threads", "socket.send.buffer.bytes", "offsets.topic.replication.factor",
+    "process.roles", "controller.quorum.bootstrap.servers", "num.network.threads",
+    "socket.send.buffer.bytes",
 ]  # fmt: skip
 
 

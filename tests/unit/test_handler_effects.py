@@ -29,6 +29,7 @@ from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.quotas import QuotaService
 from trio_broker.services.stats import BrokerStats
 from trio_broker.services.topics import TopicManager
+from trio_broker.state.fetch_sessions import FetchSessionCache
 from trio_broker.storage.log import LogConfig
 
 
@@ -73,6 +74,7 @@ class Services:
     durability: GroupCommit = attrs.Factory(GroupCommit)
     appends: AppendSignal = attrs.Factory(AppendSignal)
     stats: BrokerStats = attrs.Factory(BrokerStats)
+    fetch_sessions: FetchSessionCache[Any, Any] = attrs.Factory(FetchSessionCache)
     shutting_down: bool = False
     replication: Any = None  # alone: no cluster
     transactions: Any = None  # no transaction coordinator

@@ -685,18 +685,20 @@ async def test_a_failed_marker_append_is_retried_without_writing_twice(
     assert await end(services, pid, 0, True) == ErrorCode.NONE
 
 
-def test_a_cluster_broker_has_no_transaction_coordinator(tmp_path: Any) -> None:
-    """Cluster mode: no coordinator (it would write markers into partitions other
-    brokers lead); FindCoordinator answers COORDINATOR_NOT_AVAILABLE (test above)."""
+def test_a_cluster_broker_coordinates_per_transaction_state_partition(tmp_path: Any) -> None:
+    """Cluster mode: no <data_dir>/__transaction_state-0; the coordinator keeps one table
+    per led partition of the replicated topic (none until the replica manager elects)."""
     from trio_broker.server.broker import Broker
+    from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
     alone = Broker(BrokerConfig(port=0, data_dir=tmp_path / "alone"))
     clustered = Broker(
         BrokerConfig(port=0, data_dir=tmp_path / "clustered", zookeeper_connect="127.0.0.1:1")
     )
     try:
-        assert alone.transactions is not None
-        assert clustered.transactions is None
+        assert isinstance(alone.transactions, TransactionCoordinator)
+        assert isinstance(clustered.transactions, PartitionedTransactionCoordinator)
+        assert clustered.transactions.tables == {}
         assert not (tmp_path / "clustered" / "__transaction_state-0").exists()
     finally:
         for broker in (alone, clustered):

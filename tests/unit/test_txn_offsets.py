@@ -315,8 +315,8 @@ async def test_cleanup_and_delete_respect_open_transactions(
         assert groups.committed("g", "t", 1) is None  # expired: no transaction holds it
         # DeleteGroups removes the pending offsets along with the group.
         results, tombstones = groups.delete_groups(["g"])
-        assert results == {"g": ErrorCode.NONE} and tombstones is not None
-        await groups.wait_offsets_durable(tombstones)
+        assert results == {"g": ErrorCode.NONE} and len(tombstones) == 1
+        await groups.wait_offsets_durable(tombstones[0])
         assert not groups.has_pending_offset("g", "t", 0)
         await groups.complete_transaction("g", PRODUCER, 0, committed=True)
         assert groups.committed("g", "t", 0) is None

@@ -34,7 +34,8 @@ from tests.verify.helpers import (
     swap_first_two,
     write_rows,
 )
-from trio_broker.protocol.messages import decode_response
+from trio_broker.protocol.messages import decode_request, decode_response
+from trio_broker.replay.ids import fetch_session_handed_out
 from trio_broker.verify.job import spark_session, summary_text, verify, write_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -76,6 +77,8 @@ def _consume(bootstrap: str, topics: list[str]) -> int:
         while seen < MESSAGES * len(topics) and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=500).values():
                 seen += len(records)
+        for _ in range(3):  # incremental fetches in its fetch session (nothing new to read)
+            consumer.poll(timeout_ms=200)
         consumer.commit()
     finally:
         consumer.close()
@@ -201,6 +204,11 @@ def test_compacted_capture_gives_the_same_facts(capture: Path) -> None:
     assert "undecodable" not in full["kind"]
 
 
+def fetch_error_code(version: int, frame: bytes) -> int:
+    """A Fetch response's top-level error code, from the head of the frame (v7+)."""
+    return int.from_bytes(frame[8 + (version >= 12) : 10 + (version >= 12)], "big", signed=True)
+
+
 def test_replay_into_a_fresh_broker_verifies(
     spark: Any, capture: Path, clean_report: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -225,7 +233,22 @@ def test_replay_into_a_fresh_broker_verifies(
     # The consumer group's traffic means the same on the target: member ids and
     # generations were mapped, so its SyncGroup and OffsetCommit requests succeed.
     errors: dict[int, list[int]] = {8: [], 14: []}
-    for row in read_capture(tmp_path / "replay").to_pylist():
+    replayed = read_capture(tmp_path / "replay").to_pylist()
+    # kafka-python fetched through a session: the replayed incremental fetches name the
+    # session the target opened (mapped from the capture's), so none is refused.
+    fetch_heads = [
+        (r["api_version"], r["frame"]) for r in replayed
+        if r["direction"] == "response" and r["api_key"] == 1
+    ]  # fmt: skip
+    assert any(fetch_session_handed_out(v, f) for v, f in fetch_heads)
+    assert all(fetch_error_code(v, f) == 0 for v, f in fetch_heads)
+    incremental = [
+        body for r in replayed
+        if r["direction"] == "request" and r["api_key"] == 1
+        and (body := decode_request(r["frame"])[1]).session_epoch > 0
+    ]  # fmt: skip
+    assert incremental, "the replayed traffic has no incremental fetch"
+    for row in replayed:
         if row["direction"] == "response" and row["api_key"] in errors:
             body: Any = decode_response(row["api_key"], row["api_version"], row["frame"])[1]
             if row["api_key"] == 14:

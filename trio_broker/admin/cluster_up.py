@@ -143,6 +143,8 @@ def _config_file(data_dir: Path, broker_id: int, rf: int, min_isr: int) -> Path:
     path.write_text(
         f"default.replication.factor={rf}\nmin.insync.replicas={min_isr}\n"
         "replica.lag.time.max.ms=10000\n"
+        # Consumer groups' offsets topic: no more replicas than brokers, or it is never made.
+        f"offsets.topic.replication.factor={rf}\n"
     )
     return path
 

@@ -7,6 +7,7 @@ sends a Fetch, waits for its answer, appends and sends the next.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -15,7 +16,11 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from trio_broker.protocol.primitives import INT32
 
-__all__ = ["BrokerClient", "BrokerConnectionError"]
+__all__ = ["BrokerClient", "BrokerConnectionError", "OpenStream"]
+
+#: Opens a byte stream to (host, port): TCP by default; the deterministic simulation
+#: (sim/) passes its in-memory network's.
+OpenStream = Callable[[str, int], Awaitable[trio.abc.Stream]]
 
 
 class BrokerConnectionError(Exception):
@@ -23,16 +28,19 @@ class BrokerConnectionError(Exception):
 
 
 class BrokerClient:
-    def __init__(self, host: str, port: int, client_id: str) -> None:
+    def __init__(
+        self, host: str, port: int, client_id: str, open_stream: OpenStream | None = None
+    ) -> None:
         self.host, self.port, self.client_id = host, port, client_id
-        self._stream: trio.SocketStream | None = None
+        self._open_stream: OpenStream = open_stream or trio.open_tcp_stream
+        self._stream: trio.abc.Stream | None = None
         self._buffer = bytearray()
         self._correlation = itertools.count(1)
 
     async def connect(self, timeout_s: float = 5.0) -> None:
         try:
             with trio.fail_after(timeout_s):
-                self._stream = await trio.open_tcp_stream(self.host, self.port)
+                self._stream = await self._open_stream(self.host, self.port)
         except (OSError, trio.TooSlowError) as exc:
             raise BrokerConnectionError(f"{self.host}:{self.port}: {exc}") from None
 

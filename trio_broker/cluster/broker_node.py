@@ -16,10 +16,13 @@ from trio_broker.cluster.controller import Rebalance
 from trio_broker.cluster.coordination import NodeExists, ZooKeeperCoordination
 from trio_broker.cluster.membership import run_membership, wall_clock_ms
 from trio_broker.cluster.replica_manager import ReplicaManager
+from trio_broker.cluster.txn_marker_channel import TxnMarkerChannel
 from trio_broker.cluster.zk_layout import CLUSTER_ID, BrokerRegistration
 from trio_broker.config import BrokerConfig
 from trio_broker.services.cluster_view import ClusterView
+from trio_broker.services.internal_topics import TRANSACTION_STATE
 from trio_broker.services.topics import TopicManager
+from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 __all__ = ["ClusterHost", "run_cluster_node"]
 
@@ -34,6 +37,12 @@ class ClusterHost(Protocol):
     cluster_id: str
     replication: Any
     producers: Any
+    #: Internal topics' owners (group and transaction coordinators), by topic name.
+    leadership_listeners: dict[str, Any]
+    #: The deterministic simulation's in-memory ZooKeeper session and network (sim/);
+    #: None: kazoo to ``zookeeper.connect`` and TCP.
+    open_coordination: Any
+    open_stream: Any
     #: Set by a graceful shutdown (SIGTERM), which then wakes ``appends``.
     shutting_down: bool
 
@@ -56,10 +65,14 @@ async def run_cluster_node(
 ) -> None:
     config = host.config
     assert config.zookeeper_connect is not None
-    coord = ZooKeeperCoordination(
-        config.zookeeper_connect, session_timeout_s=config.zookeeper_session_timeout_ms / 1000
-    )
-    await coord.start()
+    coord: Any
+    if host.open_coordination is not None:
+        coord = host.open_coordination()
+    else:
+        coord = ZooKeeperCoordination(
+            config.zookeeper_connect, session_timeout_s=config.zookeeper_session_timeout_ms / 1000
+        )
+        await coord.start()
     try:
         # One cluster id for all brokers: the first to start writes its own.
         try:
@@ -83,6 +96,8 @@ async def run_cluster_node(
             follower_throttle_rate=config.follower_replication_throttled_rate,
             inter_broker_listener=(config.inter_broker_listener_name or "").upper() or None,
         )  # fmt: skip
+        manager.leadership_listeners.update(host.leadership_listeners)
+        manager.open_stream = host.open_stream
         rebalance = None
         if config.auto_leader_rebalance_enable:
             rebalance = Rebalance(interval_s=float(config.leader_imbalance_check_interval_seconds))
@@ -95,6 +110,18 @@ async def run_cluster_node(
             tuple(f"{name}://{h}:{p}" for name, _, h, p in endpoints), wall_clock_ms(),
             tuple((name, protocol) for name, protocol, _, _ in endpoints if name != protocol),
         )  # fmt: skip
+        transactions = getattr(host, "transactions", None)
+        if isinstance(transactions, PartitionedTransactionCoordinator):
+            # The coordinator of a transactional id is the leader of its partition of
+            # __transaction_state; markers go to the partitions' leaders.
+            transactions.replication = manager
+            channel = TxnMarkerChannel(
+                host, manager,
+                offsets_partitions=getattr(config, "offsets_topic_num_partitions", 50),
+            )  # fmt: skip
+            transactions.send_markers = channel.send
+            transactions.ask_coordinator = channel.ask_coordinator
+            manager.leadership_listeners[TRANSACTION_STATE] = transactions
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
             nursery.start_soon(_fence_while_cut_off, coord, manager,

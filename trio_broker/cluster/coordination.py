@@ -334,17 +334,23 @@ class MemoryCoordination:
 
     async def set(self, path: str, data: bytes, version: int) -> int:
         await trio.lowlevel.checkpoint()
+        return self._set_now(path, data, version)
+
+    def _set_now(self, path: str, data: bytes, version: int) -> int:
         node = self._node_at(path, version)
         node.data, node.version = data, node.version + 1
         self._server._fire(self._server.watches, path)
         return node.version
 
     async def set_fenced(self, path: str, data: bytes, version: int, fence: tuple[str, int]) -> int:
+        # The check and the write with no checkpoint between them: one transaction, as
+        # ZooKeeper's multi. (Checking first and then awaiting ``set`` let a successor
+        # controller bump the fence in between, and a deposed controller's write land.)
+        await trio.lowlevel.checkpoint()
         fence_node = self._server.nodes.get(fence[0])
         if fence_node is None or fence_node.version != fence[1]:
-            await trio.lowlevel.checkpoint()
             raise BadVersion(f"{path} (fenced by {fence[0]})")
-        return await self.set(path, data, version)
+        return self._set_now(path, data, version)
 
     async def delete(self, path: str, version: int = -1) -> None:
         await trio.lowlevel.checkpoint()

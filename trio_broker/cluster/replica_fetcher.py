@@ -116,7 +116,10 @@ async def _connect(manager: ReplicaManager, leader: int) -> BrokerClient:
         raise BrokerConnectionError(
             f"broker {leader} has no {manager.inter_broker_listener} listener registered"
         )
-    client = BrokerClient(*address, f"replica-fetcher-{manager.view.broker_id}")
+    # getattr: stand-in managers of tests may predate the simulation's hook.
+    open_stream = getattr(manager, "open_stream", None)
+    host, port = address
+    client = BrokerClient(host, port, f"replica-fetcher-{manager.view.broker_id}", open_stream)
     await client.connect()
     return client
 

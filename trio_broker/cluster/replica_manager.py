@@ -36,6 +36,7 @@ from trio_broker.cluster.coordination import (
     NodeExists,
     NoNode,
 )
+from trio_broker.cluster.waiting import RETRY_S, wait_any
 from trio_broker.cluster.zk_layout import (
     PRODUCER_ID_BLOCK,
     CoordinationDataError,
@@ -53,7 +54,8 @@ from trio_broker.replication.controller_rules import (
 )
 from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition, NotAReplica
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
-from trio_broker.services.topics import TopicError, TopicManager
+from trio_broker.services.internal_topics import LeadershipListener
+from trio_broker.services.topics import RESERVED_TOPICS, TopicError, TopicManager
 
 __all__ = ["FollowerRole", "ReplicaManager"]
 
@@ -125,6 +127,14 @@ class ReplicaManager:
         #: Cluster topics this broker keeps a local copy of (since it started): deleted
         #: locally when the cluster deletes them.
         self.local_copies: set[str] = set()
+        #: Internal topics' owners by topic name (services/internal_topics.py): the group
+        #: and transaction coordinators learn here which of their partitions this broker
+        #: leads.
+        self.leadership_listeners: dict[str, LeadershipListener] = {}
+        #: Internal topics being made by ensure_internal_topic_soon.
+        self._ensuring: set[str] = set()
+        #: How fetchers reach leaders (BrokerClient's OpenStream); None: TCP.
+        self.open_stream: Any = None
 
     # ------------------------------------------------------------------ for handlers
 
@@ -134,6 +144,19 @@ class ReplicaManager:
 
     def leader_term(self, topic: str, partition: int) -> LeaderPartition | None:
         return self.terms.get((topic, partition))
+
+    def replica_high_watermark(self, topic: str, partition: int) -> int | None:
+        """This replica's high watermark of a partition it leads or follows, else None.
+
+        What every replica has below it is committed and never truncated: the log
+        cleaner cleans only below it (Kafka's rule, the LSO being at most the HW).
+        """
+        key = (topic, partition)
+        term = self.terms.get(key)
+        if term is not None:
+            return term.high_watermark
+        role = self.following.get(key)
+        return role.high_watermark if role is not None else None
 
     def follower_fetched(self, topic: str, partition: int, replica: int, offset: int) -> None:
         term = self.terms.get((topic, partition))
@@ -188,6 +211,10 @@ class ReplicaManager:
                     f"partition {p}: replicas {reps} must be distinct live brokers",
                 )
         topic = TopicAssignment(uuid.uuid4(), {p: tuple(r) for p, r in assignment.items()})
+        # An existing topic's configs must stay: a broker whose view lags creates a topic
+        # a Metadata request names (auto-creation, with no configs) that already exists.
+        if await self.coord.get(topic_path(name)) is not None:
+            raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
         try:
             await self.coord.create(topic_config_path(name), encode_configs(configs))
         except NodeExists:
@@ -202,6 +229,53 @@ class ReplicaManager:
         with trio.move_on_after(CREATE_WAIT_S):
             while not self._has_leaders(name, len(assignment)):
                 await self._view_event().wait()
+
+    async def ensure_internal_topic(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
+    ) -> bool:
+        """Create internal topic ``name`` (``__consumer_offsets``, ``__transaction_state``)
+        in the cluster unless it exists; True once every partition has a leader.
+
+        As Kafka, the topic is made on first use (FindCoordinator) with its full
+        replication factor: while fewer brokers are alive, TopicError
+        COORDINATOR_NOT_AVAILABLE, and clients retry.
+        """
+        topic = self.view.topics.get(name)
+        if topic is None:
+            if len(self.view.brokers) < replication_factor:
+                raise TopicError(
+                    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    f"{name} needs {replication_factor} live brokers, "
+                    f"{len(self.view.brokers)} are alive",
+                )
+            try:
+                await self.create_topic(name, partitions, replication_factor, configs, None)
+            except TopicError as exc:
+                if exc.error_code != ErrorCode.TOPIC_ALREADY_EXISTS:
+                    raise
+            topic = self.view.topics.get(name)
+            if topic is None:
+                return False
+        return self._has_leaders(name, len(topic.partitions))
+
+    def ensure_internal_topic_soon(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
+    ) -> None:
+        """:meth:`ensure_internal_topic` in the background, for a caller that cannot wait
+        (FindCoordinator answers COORDINATOR_NOT_AVAILABLE meanwhile; clients retry)."""
+        if name in self._ensuring or self._nursery is None:
+            return
+        self._ensuring.add(name)
+
+        async def ensure() -> None:
+            try:
+                await self.ensure_internal_topic(name, partitions, replication_factor, configs)
+            except (TopicError, CoordinationError) as exc:
+                log.info("internal topic %s not made yet: %s", name, exc)
+            finally:
+                self._ensuring.discard(name)
+
+        self._nursery.start_soon(ensure)
 
     async def create_partitions(
         self, name: str, total: int, assignment: list[list[int]] | None, validate_only: bool
@@ -304,8 +378,7 @@ class ReplicaManager:
         """The broker shuts down: end every term and stop following (for good: the
         caller cancels this manager's tasks next)."""
         for key in list(self.terms):
-            del self.terms[key]
-            self._wake(key)  # acks=all waiters: LEADERSHIP_LOST
+            self._end_term(key)
         self.following.clear()
         self.roles_changed.set()
         self.roles_changed = trio.Event()
@@ -320,6 +393,7 @@ class ReplicaManager:
             nursery.start_soon(self._apply_loop)
             nursery.start_soon(self._lag_loop)
             nursery.start_soon(run_fetchers, self)
+            nursery.start_soon(self._config_loop)
             if self.producers is not None:
                 self.producers.allocator.use_cluster_blocks()
                 nursery.start_soon(self._producer_id_blocks)
@@ -366,9 +440,7 @@ class ReplicaManager:
                     elif term.isr != frozenset(info.isr) and term.pending is None:
                         term.isr = frozenset(info.isr)  # the controller's word, same epoch
                 else:
-                    had_term = self.terms.pop(key, None) is not None
-                    if had_term:
-                        self._wake(key)  # acks=all waiters learn the leadership moved
+                    self._end_term(key)
                     role = self.following.get(key)
                     if info.leader == NO_LEADER:
                         if role is not None:
@@ -391,8 +463,7 @@ class ReplicaManager:
             topic_info = self.view.topics.get(key[0])
             held = topic_info.partitions.get(key[1]) if topic_info is not None else None
             if held is None or me not in held.replicas:
-                if self.terms.pop(key, None) is not None:
-                    self._wake(key)  # acks=all waiters learn the leadership moved
+                self._end_term(key)
                 self.following.pop(key, None)
                 roles_changed = True
                 if held is not None:  # moved away by a reassignment (not a deleted topic)
@@ -414,8 +485,7 @@ class ReplicaManager:
             return  # ask again at the next view change
         self.local_copies.discard(name)
         for key in [k for k in [*self.following, *self.terms] if k[0] == name]:
-            if self.terms.pop(key, None) is not None:
-                self._wake(key)
+            self._end_term(key)
             self.following.pop(key, None)
         if self.topics.get(name) is not None:
             self.topics.delete(name)
@@ -449,13 +519,78 @@ class ReplicaManager:
         configs = await self._topic_configs(name)
         if local is None:
             try:
-                local = self.topics.create(name, partitions, configs, topic_id=topic_id)
+                local = self.topics.create(name, partitions, configs, topic_id=topic_id,
+                                           internal=name in RESERVED_TOPICS)  # fmt: skip
             except TopicError as exc:
                 log.warning("cannot create local topic %s: %s", name, exc)
                 return None
         elif len(local.logs) < partitions:
             local = self.topics.add_partitions(name, partitions)
         return local
+
+    def _min_insync(self, configs: dict[str, str]) -> int:
+        """The topic's min.insync.replicas, else the broker's."""
+        try:
+            return max(1, int(configs.get("min.insync.replicas", self.min_insync_replicas)))
+        except ValueError:
+            return self.min_insync_replicas
+
+    def _local_configs(self, name: str) -> dict[str, str]:
+        local = self.topics.get(name)
+        return dict(local.info.configs) if local is not None else {}
+
+    async def set_topic_configs(self, name: str, configs: dict[str, str]) -> None:
+        """Store a topic's config overrides in ZooKeeper (AlterConfigs on any broker):
+        every replica's config watch (:meth:`_config_loop`) applies them."""
+        path = topic_config_path(name)
+        try:
+            try:
+                await self.coord.set(path, encode_configs(configs), -1)
+            except NoNode:
+                await self.coord.create(path, encode_configs(configs))
+        except CoordinationError as exc:
+            raise TopicError(
+                ErrorCode.UNKNOWN_SERVER_ERROR, f"cannot store the configs of {name}: {exc}"
+            ) from None
+
+    async def _config_loop(self) -> None:
+        """Topic configs follow their znodes: an AlterConfigs taken by any broker reaches
+        this broker's copy of the topic (its logs' settings) and its leader terms
+        (min.insync.replicas) without a restart. A znode is read again when its watch
+        fires (one watch per topic at a time); a view change brings new topics in."""
+        watching: dict[str, trio.Event] = {}
+        while True:
+            view_changed = self._view_changed
+            for name in sorted(self.local_copies):
+                if name in watching and not watching[name].is_set():
+                    continue
+                try:
+                    node, watching[name] = await self.coord.get_and_watch(topic_config_path(name))
+                except CoordinationError as exc:
+                    log.info("reading the configs of %s: %s", name, exc)
+                    watching.pop(name, None)
+                    continue
+                if node is not None:
+                    self._apply_topic_configs(name, decode_configs(node.data))
+            for gone in set(watching) - self.local_copies:
+                del watching[gone]
+            with trio.move_on_after(10 * RETRY_S):  # a failed read is tried again
+                await wait_any(view_changed, *watching.values())
+
+    def _apply_topic_configs(self, name: str, configs: dict[str, str]) -> None:
+        local = self.topics.get(name)
+        if local is not None and dict(local.info.configs) != configs:
+            try:
+                self.topics.set_configs(name, configs)
+                log.info("topic %s: configs now %s", name, configs)
+            except (TopicError, OSError) as exc:
+                log.warning("topic %s: cannot apply configs %s: %s", name, configs, exc)
+        min_insync = self._min_insync(configs)
+        for key, term in list(self.terms.items()):
+            if key[0] == name and term.min_insync_replicas != min_insync:
+                term.min_insync_replicas = min_insync
+                self._wake(key)  # acks=all waiters see the new rule
+                log.info("%s-%d: min.insync.replicas now %d", *key, min_insync)
 
     async def _topic_configs(self, name: str) -> dict[str, str]:
         try:
@@ -486,12 +621,26 @@ class ReplicaManager:
             log_end_offset=log_.log_end_offset,
             high_watermark=hw,
             now_ms=self.now_ms(),
-            min_insync_replicas=self.min_insync_replicas,
+            # The local copy's configs: the config watch keeps them (and the term) current.
+            min_insync_replicas=self._min_insync(self._local_configs(name)),
             replica_lag_time_max_ms=self.replica_lag_time_max_ms,
         )
         self._wake(key)
         log.info("leading %s-%d in epoch %d, ISR %s", name, partition, info.leader_epoch,
                  sorted(info.isr))  # fmt: skip
+        listener = self.leadership_listeners.get(name)
+        if listener is not None:
+            listener.elected(partition, info.leader_epoch, log_)
+
+    def _end_term(self, key: tuple[str, int]) -> None:
+        """This broker stops leading ``key`` (if it did): acks=all waiters learn it
+        (LEADERSHIP_LOST), and so does the internal topic's owner."""
+        if self.terms.pop(key, None) is None:
+            return
+        self._wake(key)
+        listener = self.leadership_listeners.get(key[0])
+        if listener is not None:
+            listener.resigned(key[1])
 
     async def _lag_loop(self) -> None:
         while True:

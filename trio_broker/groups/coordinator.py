@@ -17,6 +17,13 @@ This node is the coordinator of every group. The coordinator
 
 Group membership is not persisted: after a restart every group is Empty (with
 its offsets) and consumers rejoin, which costs one rebalance.
+
+Alone, this node coordinates every group from one table (``<data_dir>/__consumer_offsets-0``).
+In a cluster (docs/cluster.md, "Consumer groups in a cluster") it coordinates the groups
+whose ``__consumer_offsets`` partition it leads: the replica manager tells it
+(:meth:`GroupCoordinator.elected` / :meth:`GroupCoordinator.resigned`), each led
+partition's table is replayed from that partition's log in the background, and its
+writes count once they are below the partition's high watermark.
 """
 
 from __future__ import annotations
@@ -42,6 +49,13 @@ from trio_broker.groups.offsets_store import (
 )
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
+from trio_broker.services.internal_topics import (
+    CONSUMER_OFFSETS,
+    NotCommitted,
+    append_as_leader,
+    partition_for,
+    wait_counted,
+)
 from trio_broker.state.group import (
     Group,
     GroupConfig,
@@ -52,7 +66,6 @@ from trio_broker.state.group import (
     Reply,
     SyncResult,
 )
-from trio_broker.storage.errors import StorageError
 
 log = logging.getLogger("trio_broker.groups")
 
@@ -96,6 +109,20 @@ def trio_clock_ms() -> int:
     return int(trio.current_time() * 1000)
 
 
+@attrs.define(eq=False)
+class LedPartition:
+    """A ``__consumer_offsets`` partition this broker leads (cluster mode)."""
+
+    partition: int
+    leader_epoch: int
+    #: The partition's log (the topic manager's replica; never closed here).
+    log: Any
+    #: None while the table loads from the log: its groups answer
+    #: COORDINATOR_LOAD_IN_PROGRESS meanwhile.
+    store: OffsetsStore | None = None
+    loaded: trio.Event = attrs.field(factory=trio.Event)
+
+
 class GroupCoordinator:
     """Register with ``broker.services``; started by ``Broker.run``."""
 
@@ -119,6 +146,19 @@ class GroupCoordinator:
         #: (group id, producer id) -> staged transactional offsets appended but not yet
         #: applied: a transaction's end waits for them, so it ends what the producer staged.
         self._staging: dict[tuple[str, int], list[PendingWrite]] = {}
+        #: Cluster mode: the groups live in the replicated ``__consumer_offsets`` topic, one
+        #: table per partition this broker leads; alone, one table in ``offsets``.
+        self.in_cluster: bool = config.zookeeper_connect is not None
+        self.offsets_partitions: int = config.offsets_topic_num_partitions
+        self.commit_timeout_s: float = config.offsets_commit_timeout_ms / 1000
+        #: partition -> its table, for each led ``__consumer_offsets`` partition.
+        self.led: dict[int, LedPartition] = {}
+        self._nursery: trio.Nursery | None = None
+        self._creating_topic = False
+        if self.in_cluster:
+            listeners = getattr(broker, "leadership_listeners", None)
+            if listeners is not None:  # the replica manager takes them when the node joins
+                listeners[CONSUMER_OFFSETS] = self
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -128,13 +168,20 @@ class GroupCoordinator:
         return OffsetsStore.open(data_dir, broker.log_defaults)
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Load offsets (clients see the coordinator only after), then run the timers."""
-        if self.offsets is None:
-            self.offsets = await trio.to_thread.run_sync(self._open_offsets)
-        for group_id in self.offsets.group_ids():
-            self._group(group_id)
-        task_status.started()
-        await self._timer_loop()
+        """Load offsets (clients see the coordinator only after), then run the timers.
+
+        In a cluster nothing is loaded here: tables come with leadership (:meth:`elected`),
+        and ``<data_dir>/__consumer_offsets-0`` is partition 0 of the replicated topic.
+        """
+        if not self.in_cluster:
+            if self.offsets is None:
+                self.offsets = await trio.to_thread.run_sync(self._open_offsets)
+            for group_id in self.offsets.group_ids():
+                self._group(group_id)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await self._timer_loop()
 
     def close(self) -> None:
         if self.offsets is not None:
@@ -146,6 +193,132 @@ class GroupCoordinator:
         if self.offsets is None:
             raise RuntimeError("group coordinator is not running")
         return self.offsets
+
+    # ------------------------------------------------------------------ cluster: which groups
+
+    def partition_of(self, group_id: str) -> int:
+        """The ``__consumer_offsets`` partition holding the group (Kafka's hash)."""
+        return partition_for(group_id, self.offsets_partitions)
+
+    def coordinator_error(self, group_id: str) -> ErrorCode:
+        """NONE when this broker coordinates the group now; else what to answer:
+        NOT_COORDINATOR (another broker leads its partition) or
+        COORDINATOR_LOAD_IN_PROGRESS (the partition's table is still loading)."""
+        if not self.in_cluster:
+            return ErrorCode.NONE
+        led = self.led.get(self.partition_of(group_id))
+        if led is None:
+            return ErrorCode.NOT_COORDINATOR
+        if led.store is None:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        return ErrorCode.NONE
+
+    def store_for(self, group_id: str) -> OffsetsStore:
+        """The table holding the group; raises KafkaError (:meth:`coordinator_error`)."""
+        if not self.in_cluster:
+            return self.store
+        led = self.led.get(self.partition_of(group_id))
+        if led is None or led.store is None:
+            error = self.coordinator_error(group_id)
+            raise KafkaError(error, f"group {group_id!r}: {error.name}")
+        return led.store
+
+    def elected(self, partition: int, leader_epoch: int, log: Any) -> None:
+        """LeadershipListener: this broker leads ``__consumer_offsets-<partition>``; its
+        table is replayed in the background (its groups answer
+        COORDINATOR_LOAD_IN_PROGRESS until then)."""
+        led = self.led.get(partition)
+        if led is not None and led.log is log:
+            led.leader_epoch = leader_epoch  # a new epoch of the same leadership
+            return
+        if led is not None:
+            self.resigned(partition)
+        led = self.led[partition] = LedPartition(partition, leader_epoch, log)
+        if self._nursery is None:
+            raise RuntimeError("group coordinator is not running")
+        self._nursery.start_soon(self._load, led, name=f"load {CONSUMER_OFFSETS}-{partition}")
+
+    async def _load(self, led: LedPartition) -> None:
+        try:
+            store = await trio.to_thread.run_sync(OffsetsStore.over, led.log, led.partition)
+        except (KafkaError, OSError):
+            log.exception("could not load %s-%d", CONSUMER_OFFSETS, led.partition)
+            if self.led.get(led.partition) is led:
+                del self.led[led.partition]  # NOT_COORDINATOR until it is led again
+            led.loaded.set()
+            return
+        if self.led.get(led.partition) is not led:
+            return  # resigned (or re-elected on another log) while loading
+        led.store = store
+        for group_id in store.group_ids():
+            self._group(group_id)
+        led.loaded.set()
+        log.info("coordinating the %d groups of %s-%d (epoch %d)", len(store.group_ids()),
+                 CONSUMER_OFFSETS, led.partition, led.leader_epoch)  # fmt: skip
+
+    def resigned(self, partition: int) -> None:
+        """LeadershipListener: another broker leads the partition now (or none). Its
+        groups are forgotten; their parked JoinGroup/SyncGroup answer NOT_COORDINATOR,
+        and the clients find the new coordinator."""
+        led = self.led.pop(partition, None)
+        if led is None:
+            return
+        led.loaded.set()  # a transaction end waiting for the load learns it here
+        for group_id in [g for g in self.groups if self.partition_of(g) == partition]:
+            group = self.groups.pop(group_id)
+            for member in group.members.values():
+                for waiter in member.join_waiters:
+                    assert isinstance(waiter, Waiter)
+                    waiter.set(JoinResult(ErrorCode.NOT_COORDINATOR, member_id=member.member_id))
+                for waiter in member.sync_waiters:
+                    assert isinstance(waiter, Waiter)
+                    waiter.set(SyncResult(ErrorCode.NOT_COORDINATOR))
+                member.join_waiters, member.sync_waiters = [], []
+        self._poke()
+        log.info("no longer coordinating the groups of %s-%d", CONSUMER_OFFSETS, partition)
+
+    def find_coordinator(self, group_id: str) -> tuple[ErrorCode, int]:
+        """FindCoordinator in a cluster: (NONE, the leader of the group's partition), or
+        COORDINATOR_NOT_AVAILABLE while ``__consumer_offsets`` or that leader is not
+        there. As Kafka, the first lookup creates the topic (in the background: the
+        client asks again)."""
+        replication = self.broker.replication
+        topic = replication.view.topics.get(CONSUMER_OFFSETS)
+        if topic is None:
+            self._create_offsets_topic_soon(replication)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1
+        # The configured count, as every broker's routing (a topic made with another
+        # count is a misconfiguration: its extra or missing partitions coordinate nothing).
+        info = topic.partitions.get(self.partition_of(group_id))
+        if info is None or info.leader not in replication.view.brokers:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1
+        return ErrorCode.NONE, info.leader
+
+    def _create_offsets_topic_soon(self, replication: Any) -> None:
+        if self._creating_topic or self._nursery is None:
+            return
+        self._creating_topic = True
+        config = self.broker.config
+        configs = {
+            "cleanup.policy": "compact",
+            "segment.bytes": str(config.offsets_topic_segment_bytes),
+            "compression.type": "producer",
+        }
+
+        async def create() -> None:
+            try:
+                await replication.ensure_internal_topic(
+                    CONSUMER_OFFSETS, self.offsets_partitions,
+                    config.offsets_topic_replication_factor, configs,
+                )  # fmt: skip
+            except KafkaError as exc:  # e.g. too few live brokers yet: the client retries
+                log.info("%s not created yet: %s", CONSUMER_OFFSETS, exc)
+            except Exception:
+                log.exception("could not create %s", CONSUMER_OFFSETS)
+            finally:
+                self._creating_topic = False
+
+        self._nursery.start_soon(create, name=f"create {CONSUMER_OFFSETS}")
 
     # ------------------------------------------------------------------ timers
 
@@ -181,13 +354,14 @@ class GroupCoordinator:
 
     def cleanup(self, now_ms: int) -> None:
         """Expire old offsets of empty groups; forget empty groups with nothing left."""
-        store = self.store
         wall_now = self.broker.now_ms()
         retention = self.offsets_retention_ms
-        expired: list[Entry] = []
+        expired_in: dict[int, list[Entry]] = {}
         for group_id, group in list(self.groups.items()):
-            if not group.is_empty():
+            if not group.is_empty() or self.coordinator_error(group_id) is not ErrorCode.NONE:
                 continue
+            store = self.store_for(group_id)
+            expired = expired_in.setdefault(store.partition, [])
             # Consumer groups keep offsets while members are around; once empty for the
             # retention period, or for standalone committers, by commit age (KIP-211).
             if group.protocol_type is None or now_ms - group.state_since_ms >= retention:
@@ -196,15 +370,21 @@ class GroupCoordinator:
                         continue  # an open transaction will set it (Kafka's rule)
                     if value.commit_timestamp_ms + retention <= wall_now:
                         expired.append((OffsetKey(group_id, topic, partition), None))
-        if expired:
+        for expired in expired_in.values():
+            if not expired:
+                continue
             try:
-                write = store.append(expired, wall_now)
-            except StorageError:
+                write = self.append_offsets(expired)
+            except KafkaError:  # StorageError, or leadership just moved
                 log.exception("could not expire offsets")
             else:
-                self.broker.flusher.mark_dirty(store.log, len(expired))
-                store.apply(write)  # expiry need not wait: a lost tombstone just expires again
+                # Expiry need not wait: a lost tombstone just expires again.
+                assert write.store is not None
+                write.store.apply(write)
         for group_id, group in list(self.groups.items()):
+            if self.coordinator_error(group_id) is not ErrorCode.NONE:
+                continue
+            store = self.store_for(group_id)
             if group.is_empty() and not group.pending_members and not store.has_offsets(group_id):
                 group.delete(now_ms)
                 del self.groups[group_id]
@@ -302,6 +482,10 @@ class GroupCoordinator:
             errors.append(error)
         return errors
 
+    def loading(self) -> bool:
+        """Is some led ``__consumer_offsets`` partition's table still loading?"""
+        return any(led.store is None for led in self.led.values())
+
     def list_groups(self) -> list[tuple[str, str, GroupState]]:
         """(group id, protocol type, state) of every group this node coordinates."""
         return [(g.group_id, g.protocol_type or "", g.state) for g in self.groups.values()]
@@ -312,34 +496,38 @@ class GroupCoordinator:
 
     def delete_groups(
         self, group_ids: Sequence[str]
-    ) -> tuple[dict[str, ErrorCode], PendingWrite | None]:
+    ) -> tuple[dict[str, ErrorCode], list[PendingWrite]]:
         """DeleteGroups: only Empty groups go, with their offsets (tombstones).
 
-        The groups are gone at once; the caller waits for the returned write to be
-        durable (:meth:`wait_offsets_durable`) before acknowledging.
+        The groups are gone at once; the caller waits for the returned writes (one per
+        offsets partition) to be durable (:meth:`wait_offsets_durable`) before
+        acknowledging. A group this broker does not coordinate gets NOT_COORDINATOR.
         """
         results: dict[str, ErrorCode] = {}
-        tombstones: list[StoreRecord] = []
-        store = self.store
+        tombstones: dict[int, list[StoreRecord]] = {}  # one write per offsets partition
         now = self.clock_ms()
         for group_id in group_ids:
             group = self.groups.get(group_id)
-            if group is None:
+            if (error := self.coordinator_error(group_id)) is not ErrorCode.NONE:
+                results[group_id] = error
+            elif group is None:
                 results[group_id] = ErrorCode.GROUP_ID_NOT_FOUND
             elif not group.is_empty():
                 results[group_id] = ErrorCode.NON_EMPTY_GROUP
             else:
                 group.delete(now)
                 del self.groups[group_id]
+                store = self.store_for(group_id)
+                out = tombstones.setdefault(store.partition, [])
                 # Pending transactional offsets go too: a tombstone drops them.
                 partitions = set(store.group_offsets(group_id)) | store.pending_partitions(group_id)
-                tombstones += [(OffsetKey(group_id, topic, partition), None)
-                               for topic, partition in sorted(partitions)]  # fmt: skip
+                out += [(OffsetKey(group_id, topic, partition), None)
+                        for topic, partition in sorted(partitions)]  # fmt: skip
                 # And the staged records themselves, so compaction may drop them.
-                tombstones += [TxnOffset(producer_id, store.producer_epoch(producer_id), key, None)
-                               for producer_id, key in store.pending_records(group_id)]  # fmt: skip
+                out += [TxnOffset(producer_id, store.producer_epoch(producer_id), key, None)
+                        for producer_id, key in store.pending_records(group_id)]  # fmt: skip
                 results[group_id] = ErrorCode.NONE
-        return results, self.append_offsets(tombstones) if tombstones else None
+        return results, [self.append_offsets(records) for records in tombstones.values() if records]
 
     # ------------------------------------------------------------------ offsets
 
@@ -359,17 +547,57 @@ class GroupCoordinator:
         )
 
     def append_offsets(self, entries: Sequence[StoreRecord]) -> PendingWrite:
-        """Append now (in request order); raises StorageError."""
-        store = self.store
-        write = store.append(entries, self.broker.now_ms())
+        """Append now (in request order); raises StorageError, or in a cluster KafkaError
+        (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE).
+        Every entry belongs to one offsets partition."""
+        store = self.store_for(group_of(entries[0]))
+        now = self.broker.now_ms()
+        if self.in_cluster:
+            replication = self._replication()
+
+            def as_leader(batch: Any) -> Any:
+                return append_as_leader(
+                    store.log, batch, now_ms=now, replication=replication,
+                    topic=CONSUMER_OFFSETS, partition=store.partition,
+                )  # fmt: skip
+
+            write = store.append(entries, now, as_leader)
+        else:
+            write = store.append(entries, now)
         self.broker.flusher.mark_dirty(store.log, len(entries))
         return write
 
+    def _replication(self) -> Any:
+        replication = self.broker.replication
+        if replication is None:  # left the cluster (shutting down): it leads nothing
+            raise NotCommitted(ErrorCode.NOT_COORDINATOR, "this broker left the cluster")
+        return replication
+
+    async def _wait_counted(self, store: OffsetsStore, last_offset: int) -> None:
+        """Synced and, in a cluster, replicated below the high watermark within
+        offsets.commit.timeout.ms (Kafka answers COORDINATOR_NOT_AVAILABLE after it)."""
+        if not self.in_cluster:
+            await self.broker.flusher.wait_durable(store.log, last_offset)
+            return
+        with trio.move_on_after(self.commit_timeout_s):
+            await wait_counted(
+                store.log, last_offset, durability=self.broker.flusher,
+                replication=self._replication(), topic=CONSUMER_OFFSETS,
+                partition=store.partition,
+            )  # fmt: skip
+            return
+        raise NotCommitted(
+            ErrorCode.COORDINATOR_NOT_AVAILABLE,
+            f"{CONSUMER_OFFSETS}-{store.partition}: not replicated within "
+            f"offsets.commit.timeout.ms",
+        )
+
     async def wait_offsets_durable(self, write: PendingWrite) -> None:
-        """Wait for the fsync, then make the offsets visible; raises StorageError."""
-        store = self.store
+        """Wait for the fsync (and in a cluster the replication), then make the offsets
+        visible; raises StorageError, or in a cluster NotCommitted (a KafkaError)."""
+        store = write.store if write.store is not None else self.store
         try:
-            await self.broker.flusher.wait_durable(store.log, write.last_offset)
+            await self._wait_counted(store, write.last_offset)
             store.apply(write)
         finally:
             self._forget_staging(write)
@@ -377,6 +605,9 @@ class GroupCoordinator:
         # way to disk; a group with offsets must be listed (and deletable).
         for record in write.entries:
             group_id = group_of(record)
+            led = self.led.get(store.partition)
+            if self.in_cluster and (led is None or led.store is not store):
+                break  # leadership moved meanwhile: the new leader has the groups
             if group_id not in self.groups and store.has_offsets(group_id):
                 self._group(group_id)
 
@@ -392,7 +623,7 @@ class GroupCoordinator:
         generation_id: int,
     ) -> ErrorCode:
         """TxnOffsetCommit's group-level check (KIP-447 fencing and the producer's epoch)."""
-        if producer_epoch < self.store.producer_epoch(producer_id):
+        if producer_epoch < self.store_for(group_id).producer_epoch(producer_id):
             return ErrorCode.INVALID_PRODUCER_EPOCH  # a zombie of a fenced producer
         group = self.groups.get(group_id)
         if group is None:
@@ -443,7 +674,7 @@ class GroupCoordinator:
         # Offsets staged before the end belong to this transaction: let them land first.
         while waiting := self._staging.get((group_id, producer_id)):
             await self.wait_offsets_durable(waiting[0])
-        store = self.store
+        store = self.store_for(group_id)
         if producer_epoch < store.producer_epoch(producer_id):
             raise KafkaError(
                 ErrorCode.INVALID_PRODUCER_EPOCH,
@@ -454,22 +685,53 @@ class GroupCoordinator:
         # Every earlier write applied, in log order: which offset is newer is decided on all.
         log_end = store.log.log_end_offset
         if log_end > 0:
-            await self.broker.flusher.wait_durable(store.log, log_end - 1)
+            await self._wait_counted(store, log_end - 1)
             store.apply_through(log_end - 1)
         if producer_id not in store.pending_producers(group_id):
             return  # (a tombstone dropped them meanwhile)
         end = store.end_records(group_id, producer_id, producer_epoch, committed)
         await self.wait_offsets_durable(self.append_offsets(end))
 
+    async def complete_transaction_in_partition(
+        self, offsets_partition: int, producer_id: int, producer_epoch: int, committed: bool
+    ) -> None:
+        """A transaction marker for ``__consumer_offsets-<offsets_partition>`` (Kafka's
+        way, sent by the transaction coordinator to the partition's leader): commit or
+        drop every offset the producer staged in the groups of that partition. Returns
+        once the end counts (synced; replicated in a cluster). Raises KafkaError
+        NOT_COORDINATOR when this broker does not lead the partition; waits for its
+        table if it is still loading. Alone, the one table holds every group.
+        """
+        if self.in_cluster:
+            led = self.led.get(offsets_partition)
+            if led is not None and led.store is None:
+                await led.loaded.wait()
+            if led is None or led.store is None or self.led.get(offsets_partition) is not led:
+                raise KafkaError(
+                    ErrorCode.NOT_COORDINATOR,
+                    f"not the leader of {CONSUMER_OFFSETS}-{offsets_partition}",
+                )
+            store = led.store
+        else:
+            store = self.store
+        groups = set(store.groups_pending_for(producer_id))
+        # And groups whose staged offsets are still on their way to counting.
+        groups |= {g for g, p in self._staging if p == producer_id and self._owns(store, g)}
+        for group_id in sorted(groups):
+            await self.complete_transaction(group_id, producer_id, producer_epoch, committed)
+
+    def _owns(self, store: OffsetsStore, group_id: str) -> bool:
+        return not self.in_cluster or self.partition_of(group_id) == store.partition
+
     def has_pending_offset(self, group_id: str, topic: str, partition: int) -> bool:
         """An open transaction holds an offset of this partition (require_stable)."""
-        return self.store.has_pending(group_id, topic, partition)
+        return self.store_for(group_id).has_pending(group_id, topic, partition)
 
     def committed(self, group_id: str, topic: str, partition: int) -> OffsetAndMetadata | None:
-        return self.store.get(group_id, topic, partition)
+        return self.store_for(group_id).get(group_id, topic, partition)
 
     def committed_for_group(self, group_id: str) -> Mapping[tuple[str, int], OffsetAndMetadata]:
-        return self.store.group_offsets(group_id)
+        return self.store_for(group_id).group_offsets(group_id)
 
     def delete_offsets_check(self, group_id: str) -> tuple[ErrorCode, set[str] | None]:
         """OffsetDelete's group-level error and the topics the group still consumes."""

@@ -1,7 +1,9 @@
 """Committed offsets: an in-memory table backed by an internal log.
 
 Every commit (and every deletion, as a tombstone) is one record in the log
-``<data_dir>/__consumer_offsets-0`` (a ``MemoryLog`` with ``--storage memory``).
+``<data_dir>/__consumer_offsets-0`` (a ``MemoryLog`` with ``--storage memory``) on a
+broker alone; in a cluster, one store per led partition of the replicated
+``__consumer_offsets`` topic, over that partition's log (:meth:`OffsetsStore.over`).
 A record's key is (group, topic, partition) and its value the offset, leader
 epoch, metadata and commit time -- in our own small binary format, versioned so
 it can grow. On startup the log is replayed into the table; the last record for
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ import attrs
 
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import build_batch
-from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.log import AppendResult, LogConfig, PartitionLog
 from trio_broker.storage.memory import MemoryLog
 from trio_broker.storage.replay import close_log, iter_log_records
 
@@ -210,6 +212,8 @@ class PendingWrite:
     last_offset: int
     #: Set by :meth:`OffsetsStore.apply`: a write is applied once, whoever waits for it.
     applied: bool = False
+    #: The store it was appended to (its log is the one to wait for).
+    store: OffsetsStore | None = attrs.field(default=None, repr=False)
 
 
 #: Kafka's offsets.topic.segment.bytes: segments roll, so the cleaner can compact them.
@@ -217,9 +221,11 @@ OFFSETS_SEGMENT_BYTES = 100 * 1024 * 1024
 
 
 class OffsetsStore:
-    def __init__(self, offsets_log: Any) -> None:
+    def __init__(self, offsets_log: Any, partition: int = 0) -> None:
         #: PartitionLog or MemoryLog.
         self.log = offsets_log
+        #: The ``__consumer_offsets`` partition this store holds (0 on a broker alone).
+        self.partition = partition
         self._table: dict[str, dict[tuple[str, int], OffsetAndMetadata]] = {}
         #: key -> log offset of the record that last set (or deleted) it.
         self._applied_at: dict[OffsetKey, int] = {}
@@ -253,6 +259,14 @@ class OffsetsStore:
         store.load()
         return store
 
+    @classmethod
+    def over(cls, partition_log: Any, partition: int) -> OffsetsStore:
+        """The table of ``__consumer_offsets-<partition>``, replayed from its log (a
+        cluster's replica, owned by the topic manager: the store never closes it)."""
+        store = cls(partition_log, partition)
+        store.load()
+        return store
+
     def close(self) -> None:
         close_log(self.log)
 
@@ -276,13 +290,25 @@ class OffsetsStore:
 
     # ------------------------------------------------------------------ writes
 
-    def append(self, entries: Sequence[StoreRecord], now_ms: int) -> PendingWrite:
-        """Write one batch holding ``entries``; call :meth:`apply` once it is durable."""
+    def append(
+        self,
+        entries: Sequence[StoreRecord],
+        now_ms: int,
+        append_batch: Callable[[Any], AppendResult] | None = None,
+    ) -> PendingWrite:
+        """Write one batch holding ``entries``; call :meth:`apply` once it is durable.
+
+        ``append_batch`` appends the encoded batch (in a cluster: as the partition's
+        leader, with its leader epoch); by default straight to the log."""
         if not entries:
             raise ValueError("nothing to write")
         records = [encode_record(entry) for entry in entries]
-        result = self.log.append(build_batch(records, base_timestamp=now_ms), now_ms=now_ms)
-        write = PendingWrite(tuple(entries), result.base_offset, result.last_offset)
+        batch = build_batch(records, base_timestamp=now_ms)
+        if append_batch is None:
+            result = self.log.append(batch, now_ms=now_ms)
+        else:
+            result = append_batch(batch)
+        write = PendingWrite(tuple(entries), result.base_offset, result.last_offset, store=self)
         self._unapplied.append(write)
         return write
 
@@ -447,3 +473,7 @@ class OffsetsStore:
 
     def pending_producers(self, group_id: str) -> list[int]:
         return list(self._pending.get(group_id, {}))
+
+    def groups_pending_for(self, producer_id: int) -> list[str]:
+        """Groups holding offsets staged by the producer's open transaction."""
+        return [group_id for group_id, staged in self._pending.items() if producer_id in staged]

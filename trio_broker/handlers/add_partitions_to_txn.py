@@ -21,12 +21,15 @@ from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.transactions.coordinator import TransactionCoordinator, coordinator_of
+from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 from trio_broker.transactions.state import fenced
 
 Req = m.AddPartitionsToTxnRequest
 Resp = m.AddPartitionsToTxnResponse
 TopicResult = Resp.AddPartitionsToTxnTopicResult
 FIRST_BATCHED_VERSION = 4
+#: One broker's table, or a cluster broker's tables by partition.
+AnyCoordinator = TransactionCoordinator | PartitionedTransactionCoordinator
 FIRST_VERSION_WITH_PRODUCER_FENCED = 2
 
 
@@ -59,7 +62,7 @@ def _refusals(
 
 
 async def _add(
-    ctx: RequestContext, coordinator: TransactionCoordinator, transactional_id: str,
+    ctx: RequestContext, coordinator: AnyCoordinator, transactional_id: str,
     producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]],
 ) -> dict[tuple[str, int], ErrorCode]:  # fmt: skip
     """One transaction's partitions, added (v0-3 and v4+ without verify_only)."""

@@ -11,6 +11,10 @@ BROKER resources: the dynamic broker configs (storage/broker_configs.py), either
 cluster-wide default (name "") or this node's (its id). They become the log defaults
 of every topic that does not set the key itself (docs/acls.md, "Dynamic broker configs").
 
+In a cluster, an accepted topic change is also stored in ZooKeeper (the topic's config
+znode), from where every replica's config watch applies it, min.insync.replicas included
+(docs/cluster.md, "Topic configs in a cluster").
+
 Shared with IncrementalAlterConfigs: resource checks, value checks, applying.
 """
 
@@ -132,6 +136,34 @@ def _alter_one(
         raise ConfigRefused(StorageError.error_code, f"cannot store configs: {exc}") from None
 
 
+async def publish_topic_configs(
+    ctx: RequestContext,
+    resources: Sequence[ConfigResource],
+    results: list[tuple[ErrorCode, str | None]],
+    validate_only: bool,
+) -> list[tuple[ErrorCode, str | None]]:
+    """In a cluster, store each topic change that was applied here in ZooKeeper."""
+    replication = ctx.services.replication
+    if replication is None or validate_only:
+        return results
+    out = []
+    for resource, (code, message) in zip(resources, results, strict=True):
+        name = resource.resource_name
+        topic = ctx.services.topics.get(name)
+        if (
+            code == ErrorCode.NONE
+            and resource.resource_type == TOPIC_RESOURCE
+            and topic is not None
+            and name in replication.view.topics  # not a topic of this broker alone
+        ):
+            try:
+                await replication.set_topic_configs(name, dict(topic.info.configs))
+            except TopicError as exc:
+                code, message = exc.error_code, str(exc)
+        out.append((code, message))
+    return out
+
+
 def _alter_broker(
     ctx: RequestContext,
     resource: AnyResource,
@@ -194,4 +226,5 @@ async def handle_alter_configs(
     ctx: RequestContext, request: m.AlterConfigsRequest
 ) -> m.AlterConfigsResponse:
     results = alter_resources(ctx, request.resources, request.validate_only, _replace_all)
+    results = await publish_topic_configs(ctx, request.resources, results, request.validate_only)
     return resources_response(Resp, request.resources, results)

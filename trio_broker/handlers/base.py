@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from trio_broker.services.quotas import QuotaService
     from trio_broker.services.stats import BrokerStats
     from trio_broker.services.topics import TopicManager
+    from trio_broker.state.fetch_sessions import FetchSessionCache
 
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -119,6 +120,12 @@ class Replication(Protocol):
         """Wait until the high watermark passes ``last_offset`` (acks=all)."""
         ...
 
+    def ensure_internal_topic_soon(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
+    ) -> None:
+        """Make internal topic ``name`` in the background unless it exists."""
+        ...
+
     async def create_topic(
         self,
         name: str,
@@ -134,6 +141,10 @@ class Replication(Protocol):
         self, name: str, total: int, assignment: list[list[int]] | None, validate_only: bool
     ) -> None:
         """Grow a cluster topic (TopicError if refused); waits for the new leaders."""
+        ...
+
+    async def set_topic_configs(self, name: str, configs: dict[str, str]) -> None:
+        """Store a topic's config overrides for every replica (TopicError if refused)."""
         ...
 
 
@@ -180,6 +191,8 @@ class Services(Protocol):
     def appends(self) -> Appends: ...
     @property
     def stats(self) -> BrokerStats: ...
+    @property
+    def fetch_sessions(self) -> FetchSessionCache[Any, Any]: ...
     @property
     def replication(self) -> Replication | None: ...
     @property

@@ -24,7 +24,7 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.transactions.coordinator import coordinator_of
+from trio_broker.transactions.coordinator import TransactionCoordinator, coordinator_of
 
 Resp = m.DescribeLogDirsResponse
 DirResult = Resp.DescribeLogDirsResult
@@ -48,7 +48,7 @@ def _partition_logs(ctx: RequestContext) -> Iterator[tuple[str, int, Any]]:
     if offsets is not None:
         yield OFFSETS_TOPIC, OFFSETS_PARTITION, offsets.log
     transactions = coordinator_of(ctx.services)
-    if transactions is not None:
+    if isinstance(transactions, TransactionCoordinator):  # a cluster's are topic logs
         yield TRANSACTIONS_TOPIC, 0, transactions.log
 
 

@@ -12,6 +12,7 @@ from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.transactions.coordinator import coordinator_of
+from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 Resp = m.DescribeTransactionsResponse
 State = Resp.TransactionState
@@ -32,6 +33,10 @@ async def handle_describe_transactions(
             described.error_code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
         elif coordinator is None:
             described.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        elif isinstance(coordinator, PartitionedTransactionCoordinator) and isinstance(
+            table := coordinator.table_for(tid), ErrorCode
+        ):  # a cluster: NOT_COORDINATOR (or loading) for an id another broker coordinates
+            described.error_code = table
         elif meta is None:
             described.error_code = ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
         else:

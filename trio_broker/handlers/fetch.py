@@ -2,11 +2,18 @@
 
 A fetch that finds fewer than min_bytes waits (in the delayed-operations
 nursery, not in the handler) until an append wakes it or max_wait_ms passes.
-Fetch sessions (KIP-227) are not kept: session id 0 means "full fetch" and
-every client accepts it.
+Fetch sessions (KIP-227, state/fetch_sessions.py): a request is matched to its
+session once, when it arrives (:func:`plan_fetch`); the partitions to read come
+from the request or the session; the answer is trimmed to the partitions with
+news and the session remembers what it told the fetcher (:func:`finish`), once,
+when the answer leaves, however long it polled.
 """
 
 from __future__ import annotations
+
+import uuid
+
+import attrs
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
@@ -15,6 +22,14 @@ from trio_broker.handlers.topic_lookup import find_topic
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.fetch_sessions import (
+    CachedPartition,
+    FetchContext,
+    FullFetch,
+    IncrementalFetch,
+    PartitionAnswer,
+    SessionError,
+)
 from trio_broker.state.quota import CONSUMER_BYTE_RATE
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 
@@ -22,11 +37,21 @@ Resp = m.FetchResponse
 TopicResp = Resp.FetchableTopicResponse
 PartResp = TopicResp.PartitionData
 AbortedTxnResp = PartResp.AbortedTransaction
+FetchTopic = m.FetchRequest.FetchTopic
+FetchPartition = FetchTopic.FetchPartition
 READ_COMMITTED = 1
+NO_TOPIC_ID = uuid.UUID(int=0)
+#: A partition in a fetch session: (topic name, index) before v13, (topic id, index) after.
+SessionKey = tuple[str | uuid.UUID, int]
 
 
-def read_partitions(ctx: RequestContext, request: m.FetchRequest) -> tuple[Resp, int]:
-    """Build the response from the logs as they are now; return it and its record bytes."""
+def read_partitions(
+    ctx: RequestContext, request: m.FetchRequest, wanted_topics: list[FetchTopic]
+) -> tuple[Resp, int]:
+    """Build the response from the logs as they are now; return it and its record bytes.
+
+    ``wanted_topics``: the request's own list, or an incremental fetch's session.
+    """
     remaining = request.max_bytes if ctx.api_version >= 3 else 2**31 - 1
     quota_limit = ctx.services.quotas.max_bytes(ctx, CONSUMER_BYTE_RATE)
     if quota_limit is not None:  # one response never exceeds the quota on its own
@@ -35,12 +60,10 @@ def read_partitions(ctx: RequestContext, request: m.FetchRequest) -> tuple[Resp,
     topic_responses: list[TopicResp] = []
     # A follower (replica id >= 0) reads up to the log end and reports its progress;
     # consumers read up to the high watermark.
-    replica = request.replica_id if ctx.api_version < 15 else request.replica_state.replica_id
+    replica = fetching_replica(ctx, request)
     replication = ctx.services.replication
-    follower = replica >= 0 and replication is not None
-    if follower and not authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER):
-        follower = False  # treated as a consumer: no replica bookkeeping for strangers
-    for wanted in request.topics:
+    follower = is_follower(ctx, request)
+    for wanted in wanted_topics:
         topic, name, missing = find_topic(ctx, wanted.topic, wanted.topic_id)
         partitions: list[PartResp] = []
         # An unknown topic id has no name to authorize: it stays UNKNOWN_TOPIC_ID.
@@ -123,6 +146,114 @@ def read_partitions(ctx: RequestContext, request: m.FetchRequest) -> tuple[Resp,
     return response, total
 
 
+def fetching_replica(ctx: RequestContext, request: m.FetchRequest) -> int:
+    return request.replica_id if ctx.api_version < 15 else request.replica_state.replica_id
+
+
+def is_follower(ctx: RequestContext, request: m.FetchRequest) -> bool:
+    """A replica's fetch (replica id >= 0) from a broker allowed to act for the cluster."""
+    if fetching_replica(ctx, request) < 0 or ctx.services.replication is None:
+        return False
+    # Anyone else is treated as a consumer: no replica bookkeeping for strangers.
+    return authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
+
+
+# ---------------------------------------------------------------------- fetch sessions
+
+
+@attrs.frozen
+class FetchPlan:
+    """What a fetch reads, and what its session (if any) makes of the answer."""
+
+    context: FetchContext[SessionKey, FetchPartition]
+    topics: list[FetchTopic]
+
+
+def topic_key(ctx: RequestContext, name: str, topic_id: uuid.UUID) -> str | uuid.UUID:
+    return topic_id if ctx.api_version >= 13 else name
+
+
+def plan_fetch(ctx: RequestContext, request: m.FetchRequest) -> FetchPlan:
+    """Match the request with its session (Fetch v7+), once: the session changes here."""
+    changed = {
+        (topic_key(ctx, t.topic, t.topic_id), p.partition): p
+        for t in request.topics
+        for p in t.partitions
+    }
+    forgotten = [
+        (topic_key(ctx, t.topic, t.topic_id), index)
+        for t in request.forgotten_topics_data
+        for index in t.partitions
+    ]
+    context = ctx.services.fetch_sessions.open(
+        request.session_id, request.session_epoch, changed, forgotten,
+        uses_topic_ids=ctx.api_version >= 13, privileged=is_follower(ctx, request),
+        now_ms=int(ctx.services.monotonic_ms()),
+    )  # fmt: skip
+    if not isinstance(context, IncrementalFetch):
+        return FetchPlan(context, request.topics)
+    # Read the whole session, topic by topic in the session's order.
+    topics: dict[str | uuid.UUID, FetchTopic] = {}
+    for (key, _), cached in context.session.partitions.items():
+        topic = topics.get(key)
+        if topic is None:
+            name, topic_id = ("", key) if isinstance(key, uuid.UUID) else (key, NO_TOPIC_ID)
+            topic = topics[key] = FetchTopic(topic=name, topic_id=topic_id, partitions=[])
+        topic.partitions.append(cached.request)
+    return FetchPlan(context, list(topics.values()))
+
+
+def answer_of(part: PartResp) -> PartitionAnswer:
+    records = part.records
+    size = records.nbytes if isinstance(records, RecordsChunks) else len(records or b"")
+    return PartitionAnswer(
+        error_code=part.error_code, high_watermark=part.high_watermark,
+        last_stable_offset=part.last_stable_offset, log_start_offset=part.log_start_offset,
+        has_records=size > 0,
+    )  # fmt: skip
+
+
+def finish(ctx: RequestContext, plan: FetchPlan, response: Resp) -> Resp:
+    """The answer as the session has it: a new session's id, or only the news."""
+    context = plan.context
+    sessions = ctx.services.fetch_sessions
+    now_ms = int(ctx.services.monotonic_ms())
+    if isinstance(context, FullFetch):
+        if response.throttle_time_ms > 0:
+            return response  # as Kafka: a throttled full fetch opens no session
+        cached: dict[SessionKey, CachedPartition[FetchPartition]] = {}
+        for wanted, topic in zip(plan.topics, response.responses, strict=True):
+            key = topic_key(ctx, wanted.topic, wanted.topic_id)
+            for asked, part in zip(wanted.partitions, topic.partitions, strict=True):
+                entry = cached[key, asked.partition] = CachedPartition(asked)
+                entry.remember(answer_of(part))
+        response.session_id = sessions.create(
+            cached, privileged=context.privileged, uses_topic_ids=context.uses_topic_ids,
+            now_ms=now_ms,
+        )  # fmt: skip
+    elif isinstance(context, IncrementalFetch):
+        session = context.session
+        response.session_id = session.id
+        if session.epoch != context.epoch_after:
+            # Another request for this session came in while this one polled.
+            response.error_code = sessions.refuse(ErrorCode.INVALID_FETCH_SESSION_EPOCH).error_code
+            response.responses = []
+        elif response.throttle_time_ms > 0:
+            response.responses = []  # nothing sent: the session remembers nothing new
+        else:
+            answers = [
+                ((topic_key(ctx, topic.topic, topic.topic_id), part.partition_index), part)
+                for topic in response.responses
+                for part in topic.partitions
+            ]
+            keep = session.select((key, answer_of(part)) for key, part in answers)
+            for topic in response.responses:
+                key = topic_key(ctx, topic.topic, topic.topic_id)
+                topic.partitions = [p for p in topic.partitions if (key, p.partition_index) in keep]
+            response.responses = [topic for topic in response.responses if topic.partitions]
+    return response
+
+
 def throttled(ctx: RequestContext, response: Resp, total: int) -> Resp:
     """Count the records against the consumer quota (KIP-219: answer now, mute after).
 
@@ -160,20 +291,27 @@ def count_bytes_out(ctx: RequestContext, response: Resp) -> None:
 
 @handles(m.ApiKey.FETCH)
 async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchResponse | Deferred:
-    response, total = read_partitions(ctx, request)
+    plan = plan_fetch(ctx, request)
+    if isinstance(plan.context, SessionError):
+        return Resp(error_code=plan.context.error_code, session_id=0, responses=[])
+
+    def answer(response: Resp, total: int) -> Resp:
+        return finish(ctx, plan, throttled(ctx, response, total))
+
+    response, total = read_partitions(ctx, request, plan.topics)
     if total >= request.min_bytes or request.max_wait_ms <= 0:
-        return throttled(ctx, response, total)
+        return answer(response, total)
 
     async def long_poll() -> m.FetchResponse:
         while True:
             # Look before waiting: an append between the handler's read and this
             # task's start would otherwise be a lost wake-up (a full max_wait).
-            response, total = read_partitions(ctx, request)
+            response, total = read_partitions(ctx, request, plan.topics)
             if total >= max(request.min_bytes, 1) or ctx.services.shutting_down:
-                return throttled(ctx, response, total)
+                return answer(response, total)
             await ctx.services.appends.wait()
 
     def waited_long_enough() -> m.FetchResponse:
-        return throttled(ctx, *read_partitions(ctx, request))
+        return answer(*read_partitions(ctx, request, plan.topics))
 
     return Deferred(long_poll, timeout_s=request.max_wait_ms / 1000, on_timeout=waited_long_enough)

@@ -1,18 +1,19 @@
 """FindCoordinator: this node coordinates every group and every transactional id.
 
 v0-3 ask for one key; v4+ batch several (``coordinator_keys``) and get one
-entry each. Key type 0 is a group, 1 a transactional id (this broker, when it
-runs a transaction coordinator), anything else is an invalid request.
+entry each. Key type 0 is a group, 1 a transactional id (this broker alone; in a cluster the
+leader of the id's ``__transaction_state`` partition), anything else is an invalid
+request.
 """
 
 from __future__ import annotations
-
-import zlib
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.services.internal_topics import TRANSACTION_STATE, partition_for
+from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 Resp = m.FindCoordinatorResponse
 KEY_TYPE_GROUP = 0
@@ -30,10 +31,12 @@ def _locate(
             return ErrorCode.GROUP_AUTHORIZATION_FAILED, f"DESCRIBE on group {key!r}", -1, "", -1
         replication = ctx.services.replication
         if replication is not None and replication.view.brokers:
-            # A cluster: one live broker per group, the same answer from every broker.
-            # Group state is not replicated yet ([cluster]): it moves with the broker set.
-            live = sorted(replication.view.brokers)
-            chosen = replication.view.brokers[live[zlib.crc32(key.encode()) % len(live)]]
+            # A cluster: the leader of the group's __consumer_offsets partition (made on
+            # first use; COORDINATOR_NOT_AVAILABLE until it and its leader are there).
+            error, leader = ctx.services.groups.find_coordinator(key)
+            if error is not ErrorCode.NONE:
+                return error, f"no coordinator for group {key!r} yet", -1, "", -1
+            chosen = replication.view.brokers[leader]
             address = chosen.endpoint(ctx.services.listener_name_for(ctx.client.connection_id))
             if address is None:  # the coordinator has no endpoint on this client's listener
                 return (ErrorCode.COORDINATOR_NOT_AVAILABLE, "the coordinator is not on this "
@@ -45,13 +48,46 @@ def _locate(
         if not authorized(ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key):
             return (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                     f"DESCRIBE on transactional id {key!r}", -1, "", -1)  # fmt: skip
-        if ctx.services.transactions is None:  # cluster mode: not built yet (docs/cluster.md)
-            return (ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                    "no transaction coordinator: transactions need a single broker for now",
+        if isinstance(ctx.services.transactions, PartitionedTransactionCoordinator):
+            return _transaction_coordinator_in_cluster(ctx, key)
+        if ctx.services.transactions is None:
+            return (ErrorCode.COORDINATOR_NOT_AVAILABLE, "no transaction coordinator",
                     -1, "", -1)  # fmt: skip
         host, port = ctx.services.advertised_for(ctx.client.connection_id)
         return ErrorCode.NONE, None, ctx.services.config.node_id, host, port
     return ErrorCode.INVALID_REQUEST, f"unknown coordinator key type {key_type}", -1, "", -1
+
+
+def _transaction_coordinator_in_cluster(
+    ctx: RequestContext, key: str
+) -> tuple[ErrorCode, str | None, int, str, int]:
+    """The leader of the id's partition of ``__transaction_state`` (made on first use);
+    COORDINATOR_NOT_AVAILABLE while the topic or that leader is not there yet."""
+    config = ctx.services.config
+    replication = ctx.services.replication
+    if replication is None:
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE, "not in the cluster yet", -1, "", -1
+    topic = replication.view.topics.get(TRANSACTION_STATE)
+    if topic is None:
+        replication.ensure_internal_topic_soon(
+            TRANSACTION_STATE, config.transaction_state_log_num_partitions,
+            config.transaction_state_log_replication_factor,
+            {"cleanup.policy": "compact", "compression.type": "uncompressed",
+             "min.insync.replicas": str(config.transaction_state_log_min_isr),
+             "segment.bytes": str(config.transaction_state_log_segment_bytes)},
+        )  # fmt: skip
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{TRANSACTION_STATE} is being made", -1, "", -1
+    partition = partition_for(key, config.transaction_state_log_num_partitions)
+    info = topic.partitions.get(partition)
+    leader = None if info is None else replication.view.brokers.get(info.leader)
+    if leader is None:
+        return (ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                f"{TRANSACTION_STATE}-{partition} has no leader now", -1, "", -1)  # fmt: skip
+    address = leader.endpoint(ctx.services.listener_name_for(ctx.client.connection_id))
+    if address is None:  # the coordinator has no endpoint on this client's listener
+        return (ErrorCode.COORDINATOR_NOT_AVAILABLE, "the coordinator is not on this listener",
+                -1, "", -1)  # fmt: skip
+    return ErrorCode.NONE, None, leader.broker_id, *address
 
 
 @handles(m.ApiKey.FIND_COORDINATOR)

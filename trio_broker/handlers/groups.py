@@ -5,11 +5,17 @@ The handlers translate between wire versions and the coordinator
 JoinGroup and SyncGroup often cannot be answered at once: they return a
 :class:`Deferred` that waits for the rebalance (or the leader), while the
 connection keeps serving the client's other requests.
+
+In a cluster a group this broker does not coordinate (another leads its
+``__consumer_offsets`` partition) gets NOT_COORDINATOR, and one whose partition's
+table is still loading COORDINATOR_LOAD_IN_PROGRESS (after the request's own checks,
+as Kafka); ListGroups lists the groups this broker coordinates.
 """
 
 from __future__ import annotations
 
 from trio_broker.groups.coordinator import GroupCoordinator, Waiter
+from trio_broker.groups.offsets_store import PendingWrite, group_of
 from trio_broker.handlers.authorization import (
     Operation,
     ResourceType,
@@ -19,6 +25,7 @@ from trio_broker.handlers.authorization import (
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
 from trio_broker.state.group import GroupState, JoinRequest, JoinResult, SyncResult
 from trio_broker.storage.errors import StorageError
 
@@ -81,6 +88,8 @@ async def handle_join_group(
         return join_response(
             version, JoinResult(ErrorCode.GROUP_AUTHORIZATION_FAILED, member_id=request.member_id)
         )
+    if (not_here := coordinator(ctx).coordinator_error(request.group_id)) is not ErrorCode.NONE:
+        return join_response(version, JoinResult(not_here, member_id=request.member_id))
     join = JoinRequest(
         member_id=request.member_id,
         group_instance_id=request.group_instance_id if version >= 5 else None,
@@ -131,6 +140,8 @@ async def handle_sync_group(
         return sync_response(SyncResult(ErrorCode.INVALID_GROUP_ID))
     if not authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
         return sync_response(SyncResult(ErrorCode.GROUP_AUTHORIZATION_FAILED))
+    if (not_here := coordinator(ctx).coordinator_error(request.group_id)) is not ErrorCode.NONE:
+        return sync_response(SyncResult(not_here))
     outcome = coordinator(ctx).sync_group(
         request.group_id,
         request.member_id,
@@ -161,6 +172,8 @@ async def handle_heartbeat(ctx: RequestContext, request: m.HeartbeatRequest) -> 
         error = ErrorCode.INVALID_GROUP_ID
     elif not authorized(ctx, Operation.READ, ResourceType.GROUP, request.group_id):
         error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    elif (not_here := coordinator(ctx).coordinator_error(request.group_id)) is not ErrorCode.NONE:
+        error = not_here
     else:
         error = coordinator(ctx).heartbeat(
             request.group_id,
@@ -186,6 +199,8 @@ async def handle_leave_group(
         return LeaveResp(
             throttle_time_ms=0, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, members=[]
         )
+    if (not_here := coordinator(ctx).coordinator_error(request.group_id)) is not ErrorCode.NONE:
+        return LeaveResp(throttle_time_ms=0, error_code=not_here, members=[])
     errors = coordinator(ctx).leave_group(request.group_id, leaving)
     if not batched:
         return LeaveResp(throttle_time_ms=0, error_code=errors[0])
@@ -228,7 +243,11 @@ async def handle_list_groups(
             if (not states or state.value.lower() in states)
             and (see_all or authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, group_id))
         ]
-    return ListResp(throttle_time_ms=0, error_code=ErrorCode.NONE, groups=listed)
+    # As Kafka: the groups known so far, and COORDINATOR_LOAD_IN_PROGRESS while a led
+    # partition's table is still loading (some groups may be missing).
+    loading = coordinator(ctx).loading()
+    error = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS if loading else ErrorCode.NONE
+    return ListResp(throttle_time_ms=0, error_code=error, groups=listed)
 
 
 # ------------------------------------------------------------------------- DescribeGroups
@@ -251,6 +270,15 @@ async def handle_describe_groups(
                     error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, error_message=f"DESCRIBE on group {group_id!r}",
                     group_id=group_id, group_state="", protocol_type="", protocol_data="",
                     members=[],
+                )
+            )  # fmt: skip
+            continue
+        not_here = groups.coordinator_error(group_id) if group_id else ErrorCode.NONE
+        if not_here is not ErrorCode.NONE:
+            described.append(
+                DescribeResp.DescribedGroup(
+                    error_code=not_here, error_message=f"group {group_id!r}", group_id=group_id,
+                    group_state="", protocol_type="", protocol_data="", members=[],
                 )
             )  # fmt: skip
             continue
@@ -311,15 +339,17 @@ async def handle_delete_groups(
     names = list(request.groups_names)
     groups = coordinator(ctx)
     results: dict[str, ErrorCode] = {}
-    write = None
+    writes: list[PendingWrite] = []
     refused = {
         n for n in names if n and not authorized(ctx, Operation.DELETE, ResourceType.GROUP, n)
     }
     try:
         # Deleted now, in request order; only the wait for the tombstones is deferred.
-        results, write = groups.delete_groups([n for n in names if n and n not in refused])
+        results, writes = groups.delete_groups([n for n in names if n and n not in refused])
     except StorageError:
         results = dict.fromkeys(names, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+    except KafkaError as exc:  # in a cluster: leadership moved under the write
+        results = dict.fromkeys(names, exc.error_code)
     results.update(dict.fromkeys(refused, ErrorCode.GROUP_AUTHORIZATION_FAILED))
 
     def response() -> m.DeleteGroupsResponse:
@@ -333,17 +363,22 @@ async def handle_delete_groups(
             ],
         )
 
-    if write is None:
+    if not writes:
         return response()
-    pending = write
 
     async def when_durable() -> m.DeleteGroupsResponse:
-        try:
-            await groups.wait_offsets_durable(pending)
-        except StorageError:
-            for name, error in results.items():
-                if error is ErrorCode.NONE:
-                    results[name] = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        for pending in writes:  # one per offsets partition: a failure fails its groups
+            failed = None
+            try:
+                await groups.wait_offsets_durable(pending)
+            except StorageError:
+                failed = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            except KafkaError as exc:
+                failed = exc.error_code
+            if failed is not None:
+                for name in {group_of(record) for record in pending.entries}:
+                    if results.get(name) is ErrorCode.NONE:
+                        results[name] = failed
         return response()
 
     return Deferred(when_durable)

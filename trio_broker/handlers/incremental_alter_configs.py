@@ -7,7 +7,12 @@ apply to list configs (cleanup.policy) only, as in Kafka.
 
 from __future__ import annotations
 
-from trio_broker.handlers.alter_configs import ConfigRefused, alter_resources, resources_response
+from trio_broker.handlers.alter_configs import (
+    ConfigRefused,
+    alter_resources,
+    publish_topic_configs,
+    resources_response,
+)
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -58,4 +63,5 @@ async def handle_incremental_alter_configs(
     ctx: RequestContext, request: m.IncrementalAlterConfigsRequest
 ) -> m.IncrementalAlterConfigsResponse:
     results = alter_resources(ctx, request.resources, request.validate_only, apply_operations)
+    results = await publish_topic_configs(ctx, request.resources, results, request.validate_only)
     return resources_response(Resp, request.resources, results)

@@ -5,13 +5,17 @@ appended to the internal offsets log in request order; the response waits until
 the flusher has made that append durable, and only then does the offset become
 visible to OffsetFetch. OffsetFetch answers -1 for partitions without a commit.
 v10 of both APIs name topics by id instead of name.
+
+In a cluster a group this broker does not coordinate gets NOT_COORDINATOR (or
+COORDINATOR_LOAD_IN_PROGRESS while its table loads), and a commit counts once it is
+replicated below the high watermark of its ``__consumer_offsets`` partition.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from trio_broker.groups.coordinator import GroupCoordinator
 from trio_broker.groups.offsets_store import Entry, OffsetAndMetadata, OffsetKey, PendingWrite
@@ -19,6 +23,7 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
 from trio_broker.protocol.schema import Message, uses_topic_ids
 from trio_broker.storage.errors import StorageError
 
@@ -57,9 +62,26 @@ def resolve_topic(
     else:
         topic = topics.get(name or "")
     if topic is None:
+        # In a cluster the group's coordinator need not hold a replica of the topic.
+        known = cluster_topic(ctx, name, topic_id, by_id)
+        if known is not None:
+            return known.name, known.topic_id, len(known.partitions), ErrorCode.NONE
         missing = ErrorCode.UNKNOWN_TOPIC_ID if by_id else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         return name, topic_id or ZERO_UUID, 0, missing
     return topic.name, topic.topic_id, len(topic.logs), ErrorCode.NONE
+
+
+def cluster_topic(
+    ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None, by_id: bool
+) -> Any:
+    """The cluster's TopicInfo of a topic (by name or id), or None (alone, or unknown)."""
+    replication = ctx.services.replication
+    if replication is None:
+        return None
+    topics = replication.view.topics
+    if not by_id:
+        return topics.get(name or "")
+    return next((t for t in topics.values() if t.topic_id == topic_id), None)
 
 
 # ------------------------------------------------------------------------- OffsetCommit
@@ -73,12 +95,14 @@ async def handle_offset_commit(
     by_id = uses_topic_ids(ctx.header.api_key, version)
     groups = coordinator(ctx)
     group_id = request.group_id
-    group_error = groups.validate_offset_commit(
-        group_id,
-        request.member_id,
-        request.group_instance_id if version >= 7 else None,
-        request.generation_id_or_member_epoch,
-    )
+    group_error = groups.coordinator_error(group_id)
+    if group_error is ErrorCode.NONE:
+        group_error = groups.validate_offset_commit(
+            group_id,
+            request.member_id,
+            request.group_instance_id if version >= 7 else None,
+            request.generation_id_or_member_epoch,
+        )
     group_allowed = authorized(ctx, Operation.READ, ResourceType.GROUP, group_id)
     now = ctx.services.now_ms()
     entries: list[Entry] = []
@@ -137,17 +161,23 @@ def answer_when_durable(
 ) -> R | Deferred:
     """Append offset records now and answer once they are durable (OffsetCommit and
     TxnOffsetCommit); a failed write or sync fails the accepted partitions with
-    COORDINATOR_NOT_AVAILABLE, which clients retry."""
+    COORDINATOR_NOT_AVAILABLE, which clients retry. In a cluster a write that did not
+    count fails them with the coordinator's error: NOT_COORDINATOR once leadership
+    moved, COORDINATOR_NOT_AVAILABLE when not replicated in offsets.commit.timeout.ms."""
     try:
         write = append()
     except StorageError:
         return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+    except KafkaError as exc:
+        return fail(exc.error_code)
 
     async def when_durable() -> R:
         try:
             await groups.wait_offsets_durable(write)
         except StorageError:
             return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        except KafkaError as exc:
+            return fail(exc.error_code)
         return response
 
     return Deferred(when_durable)
@@ -225,6 +255,29 @@ def fetch_group_offsets(
     return out
 
 
+def not_coordinator_fetch(
+    topics: list[FetchTopic] | None, error: ErrorCode
+) -> m.OffsetFetchResponse:
+    """OffsetFetch v0-7 for a group coordinated elsewhere: the error at the top (v2+)
+    and on each asked partition (v0-1 have only those)."""
+    Part = FetchResp.OffsetFetchResponseTopic.OffsetFetchResponsePartition
+    return FetchResp(
+        throttle_time_ms=0,
+        error_code=error,
+        topics=[
+            FetchResp.OffsetFetchResponseTopic(
+                name=topic.name,
+                partitions=[
+                    Part(partition_index=index, committed_offset=NO_OFFSET,
+                         committed_leader_epoch=NO_LEADER_EPOCH, metadata="", error_code=error)
+                    for index in topic.partition_indexes
+                ],
+            )
+            for topic in topics or []
+        ],
+    )  # fmt: skip
+
+
 @handles(m.ApiKey.OFFSET_FETCH)
 async def handle_offset_fetch(
     ctx: RequestContext, request: m.OffsetFetchRequest
@@ -234,11 +287,15 @@ async def handle_offset_fetch(
     # require_stable (v7+) asks for UNSTABLE_OFFSET_COMMIT while a transactional commit
     # is pending (TxnOffsetCommit staged it, the transaction has not ended).
     require_stable = version >= 7 and request.require_stable
+    groups = coordinator(ctx)
     if version < FIRST_MULTI_GROUP_VERSION:
         if not authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, request.group_id):
             return FetchResp(
                 throttle_time_ms=0, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, topics=[]
             )
+        not_here = groups.coordinator_error(request.group_id)
+        if not_here is not ErrorCode.NONE:
+            return not_coordinator_fetch(request.topics, not_here)
         found = fetch_group_offsets(
             ctx, request.group_id, request.topics, by_id=False, require_stable=require_stable
         )
@@ -269,6 +326,12 @@ async def handle_offset_fetch(
                 FetchResp.OffsetFetchResponseGroup(
                     group_id=group.group_id, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED
                 )
+            )
+            continue
+        not_here = groups.coordinator_error(group.group_id)
+        if not_here is not ErrorCode.NONE:
+            group_responses.append(
+                FetchResp.OffsetFetchResponseGroup(group_id=group.group_id, error_code=not_here)
             )
             continue
         found = fetch_group_offsets(ctx, group.group_id, group.topics, by_id, require_stable)
@@ -314,6 +377,8 @@ async def handle_offset_delete(
         return DeleteResp(
             throttle_time_ms=0, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, topics=[]
         )
+    if (not_here := groups.coordinator_error(group_id)) is not ErrorCode.NONE:
+        return DeleteResp(throttle_time_ms=0, error_code=not_here, topics=[])
     group_error, subscribed = groups.delete_offsets_check(group_id)
     if group_error is not ErrorCode.NONE:
         return DeleteResp(throttle_time_ms=0, error_code=group_error, topics=[])
@@ -347,6 +412,8 @@ async def handle_offset_delete(
         return DeleteResp(
             throttle_time_ms=0, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, topics=[]
         )
+    except KafkaError as exc:
+        return DeleteResp(throttle_time_ms=0, error_code=exc.error_code, topics=[])
 
     async def when_durable() -> m.OffsetDeleteResponse:
         try:
@@ -354,6 +421,9 @@ async def handle_offset_delete(
         except StorageError:
             for part in deleted:
                 part.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        except KafkaError as exc:
+            for part in deleted:
+                part.error_code = exc.error_code
         return response
 
     return Deferred(when_durable)

@@ -104,6 +104,12 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     txn_id_denied = txn_id is not None and not authorized(
         ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id
     )
+    # In a cluster, the first batch of a transaction in a partition is verified with the
+    # coordinator first (KIP-890). Awaited here, in the handler task, so that this
+    # connection's later batches still append after it, in order.
+    verified = {} if txn_id is None or txn_id_denied else await verify_with_coordinator(
+        ctx, request, txn_id
+    )  # fmt: skip
     for topic_data in request.topic_data:
         topic, name, missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
         partition_responses: list[PartResp] = []
@@ -149,7 +155,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
                 continue
             try:
                 if batch.is_transactional:
-                    check_in_transaction(services, topic.name, data.index, batch)
+                    check_in_transaction(services, topic.name, data.index, batch, verified)
                 duplicate = check_producer(services, topic.name, data.index, log, batch)
             except BatchRejected as exc:
                 # As Kafka: a batch refused by the producer state (sequence, epoch) is
@@ -264,13 +270,20 @@ def _not_committed(services: Services, replicated: tuple[str, int], last_offset:
 
 
 def check_in_transaction(
-    services: Services, topic: str, partition: int, batch: RecordBatchView
-) -> None:
+    services: Services, topic: str, partition: int, batch: RecordBatchView,
+    verified: dict[tuple[str, int], ErrorCode] | None = None,
+) -> None:  # fmt: skip
     """A transactional batch goes in only while the coordinator has the partition in the
     producer's ongoing transaction (KIP-890's verification); else its error code.
+    ``verified``: the coordinator's answers already asked for (in a cluster).
 
     Without a coordinator there is no transaction to be in: INVALID_TXN_STATE.
     """
+    answer = None if verified is None else verified.get((topic, partition))
+    if answer is not None and answer != ErrorCode.NONE:
+        raise BatchRejected(
+            answer, f"{topic}-{partition}: not verified in the producer's transaction"
+        )
     transactions = services.transactions
     if transactions is None:
         raise BatchRejected(ErrorCode.INVALID_TXN_STATE, "this broker has no transactions")
@@ -281,6 +294,47 @@ def check_in_transaction(
         raise BatchRejected(
             code, f"partition {topic}-{partition} is not in the producer's transaction"
         )
+
+
+async def verify_with_coordinator(
+    ctx: RequestContext, request: m.ProduceRequest, transactional_id: str
+) -> dict[tuple[str, int], ErrorCode]:
+    """In a cluster: the coordinator's answer for each partition whose transactional
+    batch would begin the producer's transaction there (later batches of the
+    transaction find it open in the partition's producer state and need no question).
+    Empty on a broker alone, whose coordinator answers ``partition_in_transaction``."""
+    services = ctx.services
+    verify = getattr(services.transactions, "verify_batches", None)
+    if verify is None or services.replication is None:
+        return {}
+    asked: dict[tuple[int, int], list[tuple[str, int]]] = {}
+    for topic_data in request.topic_data:
+        topic, _name, _missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
+        if topic is None:
+            continue
+        for data in topic_data.partition_data:
+            if not 0 <= data.index < len(topic.logs) or not data.records:
+                continue
+            if check_leader(ctx, topic.name, data.index)[0]:
+                continue
+            try:
+                batch = next(iter_batches(data.records), None)
+            except ProtocolError:
+                continue  # the append path answers it
+            if batch is None or not batch.is_transactional or batch.producer_id < 0:
+                continue
+            if services.producers.in_open_transaction(
+                topic.name, data.index, topic.logs[data.index], batch.producer_id,
+                batch.producer_epoch,
+            ):  # fmt: skip
+                continue
+            key = (batch.producer_id, batch.producer_epoch)
+            asked.setdefault(key, []).append((topic.name, data.index))
+    verified: dict[tuple[str, int], ErrorCode] = {}
+    for (producer_id, producer_epoch), partitions in asked.items():
+        answers = await verify(transactional_id, producer_id, producer_epoch, partitions)
+        verified.update(answers)
+    return verified
 
 
 def check_producer(

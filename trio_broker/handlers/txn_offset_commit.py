@@ -97,6 +97,8 @@ async def handle_txn_offset_commit(
 
     if not group_id:
         return fail(ErrorCode.INVALID_GROUP_ID)  # unlike OffsetCommit, no empty group id
+    if (not_here := groups.coordinator_error(group_id)) is not ErrorCode.NONE:
+        return fail(not_here)  # in a cluster: another broker leads the group's partition
     has_group_metadata = version >= FIRST_GROUP_METADATA_VERSION
     group_error = groups.validate_txn_offset_commit(
         group_id,

@@ -27,7 +27,8 @@ same id. Group member ids and generations are mapped from the capture's
 JoinGroup responses to the target's, and rewritten in the group requests that
 carry them (JoinGroup, SyncGroup with its assignments, Heartbeat, OffsetCommit,
 LeaveGroup), so a consumer group's traffic means the same on the target. Fetch
-sessions are not rewritten (our broker does not keep them).
+session ids (KIP-227) are mapped from the capture's Fetch responses that opened a
+session to the target's answers to the same requests.
 
 This module is the Trio shell: reading the capture files, the connections, the clock,
 the waits and the recording. What it sends and when is decided without I/O in
@@ -294,8 +295,9 @@ class Replayer:
                     causality.arrived(place)
                 plan = self.plans[number - 1]
                 self.ids.learn(
-                    request, frame, producer=plan.producers.get(corr), join=plan.joins.get(corr)
-                )
+                    request, frame, producer=plan.producers.get(corr), join=plan.joins.get(corr),
+                    fetch_session=plan.fetch_sessions.get(corr),
+                )  # fmt: skip
                 self._record(number, address, request.client_id, RESPONSE, request, frame)
                 if all_sent.is_set() and not pending:
                     drained.set()

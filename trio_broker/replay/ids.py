@@ -13,10 +13,14 @@ receives, and sends what :meth:`IdMap.frame_for_target` returns.
 * Group member ids and generations: from the capture's JoinGroup responses to the
   target's, rewritten in the group requests that carry them (JoinGroup, SyncGroup with
   its assignments, Heartbeat, OffsetCommit, LeaveGroup).
+* Fetch session ids (KIP-227): from the capture's Fetch responses that opened a session
+  to the target's answers to the same requests, rewritten in the Fetch requests that
+  name a session. The epochs need no mapping: the replay sends the same requests.
 """
 
 from __future__ import annotations
 
+import struct
 import uuid
 from typing import Any, Protocol
 
@@ -34,6 +38,7 @@ __all__ = [
     "METADATA",
     "PRODUCE",
     "IdMap",
+    "fetch_session_handed_out",
     "member_handed_out",
     "named_topic_ids",
     "producer_handed_out",
@@ -91,6 +96,29 @@ def member_handed_out(version: int, frame: bytes) -> tuple[str, int] | None:
     return str(body.member_id), int(body.generation_id) if body.error_code == 0 else -1
 
 
+def fetch_session_handed_out(version: int, frame: bytes) -> int | None:
+    """The session id a Fetch response frame hands out (v7+, no error), else None.
+
+    Read from the fixed head of the body, so that a capture holding only a prefix of a
+    large Fetch response still tells: correlation id, the flexible header's empty tag
+    section (v12+), throttle time, error code, session id.
+    """
+    if version < 7:
+        return None
+    pos = 4
+    if version >= 12:
+        if len(frame) <= pos or frame[pos] != 0:
+            return None  # tagged fields in a response header: none is defined
+        pos += 1
+    if len(frame) < pos + 10:
+        return None
+    error_code, session_id = _ERROR_AND_SESSION.unpack_from(frame, pos + 4)
+    return session_id if error_code == 0 and session_id != 0 else None
+
+
+_ERROR_AND_SESSION = struct.Struct(">hi")
+
+
 @attrs.define
 class IdMap:
     """The capture's ids -> the target's, learnt from the target's responses as they come."""
@@ -106,6 +134,8 @@ class IdMap:
     #: target's, from JoinGroup responses.
     member_ids: dict[str, str] = attrs.Factory(dict)
     generations: dict[tuple[str, int], int] = attrs.Factory(dict)
+    #: Captured fetch session id -> the target's, from Fetch responses.
+    session_ids: dict[int, int] = attrs.Factory(dict)
 
     # ---------------------------------------------------------------- rewriting
 
@@ -119,10 +149,13 @@ class IdMap:
         map_ids = uses_ids and bool(self.target_ids)
         map_producers = request.api_key == PRODUCE and bool(self.producer_ids)
         map_members = request.api_key in MEMBER_REQUESTS and bool(self.member_ids)
-        if not map_ids and not map_producers and not map_members:
+        map_session = request.api_key == FETCH and bool(self.session_ids)
+        if not map_ids and not map_producers and not map_members and not map_session:
             return request.frame
         body: Any
         header, body = decode_request(request.frame)
+        if map_session:
+            body.session_id = self.session_ids.get(body.session_id, body.session_id)
         if map_members:
             self._map_members(body)
         if map_ids:
@@ -174,12 +207,17 @@ class IdMap:
         *,
         producer: tuple[int, int] | None = None,
         join: tuple[str, int] | None = None,
+        fetch_session: int | None = None,
     ) -> None:
-        """Learn from the target's response ``frame`` to ``request``; ``producer`` and
-        ``join`` are what the capture's response to it handed out (see
-        :class:`~trio_broker.replay.plan.Plan`), if anything."""
+        """Learn from the target's response ``frame`` to ``request``; ``producer``,
+        ``join`` and ``fetch_session`` are what the capture's response to it handed out
+        (see :class:`~trio_broker.replay.plan.Plan`), if anything."""
         if request.api_key == METADATA:
             self.learn_topic_ids(request.api_version, frame)
+        if fetch_session is not None:
+            target = fetch_session_handed_out(request.api_version, frame)
+            if target is not None:
+                self.session_ids[fetch_session] = target
         if producer is not None:
             self.learn_producer(producer, request.api_version, frame)
         if join is not None:

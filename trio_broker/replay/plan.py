@@ -26,10 +26,12 @@ import attrs
 from trio_broker.capture.schema import REDACTED_API_KEYS, REQUEST
 from trio_broker.protocol.messages import decode_request
 from trio_broker.replay.ids import (
+    FETCH,
     INIT_PRODUCER_ID,
     JOIN_GROUP,
     METADATA,
     PRODUCE,
+    fetch_session_handed_out,
     member_handed_out,
     named_topic_ids,
     producer_handed_out,
@@ -72,6 +74,8 @@ class Plan:
     #: The member id and generation each captured JoinGroup response handed out
     #: (correlation id -> (member id, generation or -1 if the join failed)).
     joins: dict[int, tuple[str, int]] = attrs.Factory(dict)
+    #: The session id each captured Fetch response handed out (correlation id -> id).
+    fetch_sessions: dict[int, int] = attrs.Factory(dict)
 
 
 def expects_response(request: Request) -> bool:
@@ -95,6 +99,7 @@ def build_plans(
     answered_at: dict[tuple[str, int, int], int] = {}
     producers: dict[tuple[str, int, int], tuple[int, int]] = {}
     joins: dict[tuple[str, int, int], tuple[str, int]] = {}
+    fetch_sessions: dict[tuple[str, int, int], int] = {}
     names: dict[str, str] = {}
     for run, rows in files:
         for row in rows:
@@ -111,6 +116,10 @@ def build_plans(
                 joined = member_handed_out(row["api_version"], row["frame"])
                 if joined is not None:
                     joins[key] = joined
+            if row["api_key"] == FETCH:
+                session_id = fetch_session_handed_out(row["api_version"], row["frame"])
+                if session_id is not None:
+                    fetch_sessions[key] = session_id
             if row["api_key"] == METADATA and len(row["frame"]) == row["frame_length"]:
                 for name, topic_id in named_topic_ids(row["api_version"], row["frame"]).items():
                     names[str(topic_id)] = name
@@ -146,6 +155,9 @@ def build_plans(
             joined = joins.get((run, conn, request.correlation_id))
             if joined is not None:
                 plan.joins[request.correlation_id] = joined
+            session_id = fetch_sessions.get((run, conn, request.correlation_id))
+            if session_id is not None:
+                plan.fetch_sessions[request.correlation_id] = session_id
         if plan.requests:
             plans.append(plan)
     return plans, names, skipped, partial

@@ -46,11 +46,13 @@ from trio_broker.services.quotas import QuotaService
 from trio_broker.services.stats import BrokerStats
 from trio_broker.services.topics import TopicManager
 from trio_broker.services.txn_markers import append_txn_marker
+from trio_broker.state.fetch_sessions import FetchSessionCache
 from trio_broker.storage.cleaner import TransactionFacts
 from trio_broker.storage.durable import make_dirs_durable
 from trio_broker.storage.group_commit import FlushPolicy
 from trio_broker.storage.log import LogConfig, wall_clock_ms
 from trio_broker.transactions.coordinator import TransactionCoordinator
+from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 log = logging.getLogger("trio_broker")
 
@@ -125,6 +127,10 @@ class Broker:
         self._connection_ids = itertools.count(1)
         #: Long-poll fetches wait here; Produce notifies.
         self.appends = AppendSignal()
+        #: Incremental fetch sessions (KIP-227): handlers/fetch.py opens and uses them.
+        self.fetch_sessions: FetchSessionCache[Any, Any] = FetchSessionCache(
+            config.max_incremental_fetch_session_cache_slots
+        )
         #: Set by shutdown(): long polls answer at once, readers stop taking requests.
         self.shutting_down = False
         self.root_nursery: trio.Nursery = None  # type: ignore[assignment]  # set by run()
@@ -152,6 +158,9 @@ class Broker:
             io_max_bytes_per_second=config.log_cleaner_io_max_bytes_per_second,
             transaction_facts=self._transaction_facts,
         )
+        #: Owners of internal topics (services/internal_topics.py), by topic name: the
+        #: replica manager tells them about leadership once this broker joins a cluster.
+        self.leadership_listeners: dict[str, Any] = {}
         self.groups = GroupCoordinator(self)
         self.services.append(self.groups)
         #: The traffic capture tap (trio_broker.capture), or None: the hot path checks this.
@@ -166,10 +175,13 @@ class Broker:
         #: Cluster mode (zookeeper.connect): this broker's replication, set once it has
         #: joined (trio_broker/cluster); None while alone.
         self.replication: Any = None
+        #: The deterministic simulation (sim/) runs brokers in one process and sets these
+        #: to its in-memory ZooKeeper and network; None: kazoo and TCP.
+        self.open_coordination: Callable[[], Any] | None = None
+        self.open_stream: Any = None
         #: The transaction coordinator (trio_broker/transactions): its table is replayed
         #: from <data_dir>/__transaction_state-0 here; its timers are a service task.
-        #: None in cluster mode: it would write markers into partitions it does not lead
-        #: (docs/cluster.md: transactions across a cluster are not built yet).
+        #: In cluster mode, one table per led __transaction_state partition instead.
         self.transactions: Any = None
         if config.zookeeper_connect is None:
             self.transactions = TransactionCoordinator.open(
@@ -180,6 +192,13 @@ class Broker:
                 max_timeout_ms=config.transaction_max_timeout_ms,
                 expiration_ms=config.transactional_id_expiration_ms,
             )  # fmt: skip
+            self.services.append(TransactionTimers(self.transactions, config))
+        else:
+            # A cluster: one table per __transaction_state partition this broker leads,
+            # loaded when the replica manager elects it (docs/transactions.md).
+            self.transactions = PartitionedTransactionCoordinator(
+                config.transaction_state_log_num_partitions, self._transaction_table
+            )
             self.services.append(TransactionTimers(self.transactions, config))
         #: The Prometheus /metrics and /health responder (trio_broker.server.metrics), or None.
         self.metrics: Any = None
@@ -340,15 +359,38 @@ class Broker:
             else:
                 self.connections_per_ip.pop(host, None)
 
+    def _transaction_table(
+        self, partition: int, leader_epoch: int, log_: Any, replication: Any,
+        send_markers: Any,
+    ) -> TransactionCoordinator:  # fmt: skip
+        """A cluster's coordinator table for one led __transaction_state partition."""
+        config = self.config
+        return TransactionCoordinator(
+            log_, topics=self.topics, producers=self.producers, durability=self.flusher,
+            appends=self.appends, groups=self.groups,
+            allocate_producer_id=lambda: self.producers.allocator.allocate(),
+            write_marker=append_txn_marker, now_ms=self.now_ms,
+            max_timeout_ms=config.transaction_max_timeout_ms,
+            expiration_ms=config.transactional_id_expiration_ms, replication=replication,
+            txn_partition=partition, coordinator_epoch=leader_epoch,
+            send_markers=send_markers, owns_log=False,
+        )  # fmt: skip
+
     def _transaction_facts(self, log_: Any) -> TransactionFacts | None:
         """A topic partition's LSO and aborted transactions, for the cleaner (else None:
         the internal logs hold no transactional batches)."""
         for name, topic in self.topics.topics.items():
             for partition, candidate in enumerate(topic.logs):
                 if candidate is log_:
-                    lso = self.producers.last_stable_offset(
-                        name, partition, log_, log_.log_end_offset
-                    )
+                    hw = log_.log_end_offset
+                    if self.replication is not None:
+                        # A replica cleans only what is committed (below its HW), and a
+                        # follower's producer state is rebuilt from what it copied.
+                        replica_hw = self.replication.replica_high_watermark(name, partition)
+                        hw = min(hw, replica_hw if replica_hw is not None else 0)
+                        if self.replication.leader_term(name, partition) is None:
+                            self.producers.forget(name, partition)
+                    lso = self.producers.last_stable_offset(name, partition, log_, hw)
                     aborted = self.producers.aborted_between(
                         name, partition, log_, log_.log_start_offset, lso
                     )
@@ -364,7 +406,7 @@ class Broker:
         offsets = self.groups.offsets
         if offsets is not None:
             logs.append(offsets.log)
-        if self.transactions is not None:
+        if isinstance(self.transactions, TransactionCoordinator):  # a cluster's are topic logs
             logs.append(self.transactions.log)
         return logs
 

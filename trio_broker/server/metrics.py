@@ -164,6 +164,25 @@ def render_metrics(broker: Broker) -> bytes:
         "requests slower than request.log.slow.ms (each logged by trio_broker.requests)",
         stats.slow_requests,
     )
+    sessions = broker.fetch_sessions
+    out.gauge(p + "fetch_sessions", "incremental fetch sessions cached (KIP-227)", len(sessions))
+    out.gauge(
+        p + "fetch_session_partitions", "partitions cached in fetch sessions",
+        sessions.cached_partitions,
+    )  # fmt: skip
+    out.counter(
+        p + "fetch_session_evictions_total", "fetch sessions evicted to make room",
+        sessions.evictions,
+    )  # fmt: skip
+    out.counter(
+        p + "incremental_fetches_total", "incremental fetch requests taken by their session",
+        sessions.incremental_fetches,
+    )  # fmt: skip
+    out.family(
+        p + "fetch_session_errors_total", "counter",
+        "incremental fetches refused, per error (FETCH_SESSION_ID_NOT_FOUND, ...)",
+        [("", {"error": code.name}, n) for code, n in sorted(sessions.errors.items())],
+    )  # fmt: skip
     _quota_families(out, broker)
 
     muted = dict.fromkeys(MuteReason, 0)

@@ -7,6 +7,11 @@ transactions past their timeout (fencing their producer) and retries any
 unfinished end; every
 transaction.remove.expired.transaction.cleanup.interval.ms it forgets idle
 transactional ids (transactional.id.expiration.ms).
+
+In a cluster the coordinator keeps one table per led ``__transaction_state``
+partition; a second task loads each newly elected partition's table (and finishes
+what its previous leader left) as soon as the replica manager reports it. The timers
+act on the loaded tables only.
 """
 
 from __future__ import annotations
@@ -17,12 +22,15 @@ from typing import Any
 import trio
 
 from trio_broker.transactions.coordinator import TransactionCoordinator
+from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 log = logging.getLogger("trio_broker.transactions")
 
 
 class TransactionTimers:
-    def __init__(self, coordinator: TransactionCoordinator, config: Any) -> None:
+    def __init__(
+        self, coordinator: TransactionCoordinator | PartitionedTransactionCoordinator, config: Any
+    ) -> None:
         self.coordinator = coordinator
         self.abort_interval_s = (
             config.transaction_abort_timed_out_transaction_cleanup_interval_ms / 1000
@@ -30,9 +38,33 @@ class TransactionTimers:
         self.expire_interval_s = (
             config.transaction_remove_expired_transaction_cleanup_interval_ms / 1000
         )
+        self._elected = trio.Event()
+        self._nursery: trio.Nursery | None = None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if isinstance(self.coordinator, PartitionedTransactionCoordinator):
+                self.coordinator.on_elected = self._elected.set
+                nursery.start_soon(self._load_elected, self.coordinator)
+            task_status.started()
+            await self._timers()
+
+    async def _load_elected(self, coordinator: PartitionedTransactionCoordinator) -> None:
+        while True:
+            try:
+                loaded = coordinator.load_pending()
+            except Exception:  # one unreadable partition must not stop the others' loading
+                log.exception("loading transaction coordinator tables")
+                loaded = []
+            for table in loaded:  # in the background: markers may wait for leaders
+                assert self._nursery is not None
+                self._nursery.start_soon(table.recover)
+            await self._elected.wait()
+            self._elected = trio.Event()
+            coordinator.on_elected = self._elected.set
+
+    async def _timers(self) -> None:
         await self.coordinator.recover()
         next_expiry = trio.current_time() + self.expire_interval_s
         while True:

@@ -241,6 +241,15 @@ class ProducerStateRegistry:
             producer_id, producer_epoch, coordinator_epoch
         )
 
+    def in_open_transaction(
+        self, topic: str, partition: int, log_: PartitionLogLike, producer_id: int, epoch: int
+    ) -> bool:
+        """Has the producer, in this epoch, a transaction open in the partition already
+        (a transactional batch appended since its last marker)?"""
+        manager = self.manager(topic, partition, log_)
+        entry = manager.producers.get(producer_id)
+        return producer_id in manager.txns.ongoing and entry is not None and entry.epoch == epoch
+
     def record_append(
         self, topic: str, partition: int, batch: Any, base_offset: int, last_offset: int
     ) -> None:

@@ -133,10 +133,16 @@ class TopicManager:
         configs: dict[str, str] | None = None,
         *,
         topic_id: uuid.UUID | None = None,
+        internal: bool = False,
     ) -> Topic:
-        """``topic_id``: the cluster's id for a replicated topic (a new one if None)."""
+        """``topic_id``: the cluster's id for a replicated topic (a new one if None).
+        ``internal``: the cluster's own ``__consumer_offsets`` / ``__transaction_state``
+        (services/internal_topics.py), which clients may not create."""
         configs = dict(configs or {})
-        self.check_new(name, partitions, configs)
+        if internal and name in RESERVED_TOPICS and name not in self.topics:
+            self.check_configs(configs)
+        else:
+            self.check_new(name, partitions, configs)
         if self.catalogue is not None:
             info = self.catalogue.create_topic(name, partitions, configs, topic_id=topic_id)
         else:

@@ -18,10 +18,19 @@ from typing import Any
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.protocol.records import RecordBatchView, build_control_batch
+from trio_broker.replication.leader import AckState
+from trio_broker.services.internal_topics import CONSUMER_OFFSETS
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
 
-__all__ = ["MarkerRejected", "append_txn_marker"]
+__all__ = [
+    "MarkerRejected",
+    "append_marker_as_leader",
+    "append_txn_marker",
+    "complete_offsets_marker",
+    "marker_committed",
+    "write_marker_as_leader",
+]
 
 
 class MarkerRejected(KafkaError):
@@ -40,6 +49,7 @@ def append_txn_marker(
     committed: bool,
     coordinator_epoch: int,
     now_ms: int,
+    leader_epoch: int | None = None,
 ) -> tuple[Any, int]:
     """Append a commit or abort marker for ``producer_id``; return (log, marker offset).
 
@@ -65,7 +75,10 @@ def append_txn_marker(
         coordinator_epoch=coordinator_epoch,
         timestamp=now_ms,
     )
-    result = log.append(buf, now_ms=now_ms)
+    if leader_epoch is None:
+        result = log.append(buf, now_ms=now_ms)
+    else:  # a cluster's leader stamps its epoch, as on a produced batch
+        result = log.append(buf, now_ms=now_ms, leader_epoch=leader_epoch)
     # The log wrote the offsets into buf: the view is the batch as stored.
     producers.record_append(
         topic, partition, RecordBatchView(buf), result.base_offset, result.last_offset
@@ -73,3 +86,85 @@ def append_txn_marker(
     durability.mark_dirty(log)
     appends.notify()
     return log, result.last_offset
+
+
+def append_marker_as_leader(
+    services: Any, topic: str, partition: int, producer_id: int, producer_epoch: int,
+    committed: bool, coordinator_epoch: int, now_ms: int,
+) -> ErrorCode | tuple[Any, int]:  # fmt: skip
+    """A cluster partition leader appends a marker in its leader epoch: (log, offset), or
+    the partition's error (NOT_LEADER_OR_FOLLOWER when another broker leads it: the
+    coordinator looks the leader up again and retries). ``services`` gives ``topics``,
+    ``producers``, ``durability``, ``appends`` and ``replication``."""
+    replication = services.replication
+    term = None if replication is None else replication.leader_term(topic, partition)
+    if replication is not None and term is None:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    try:
+        return append_txn_marker(
+            services.topics, services.producers, services.durability, services.appends, topic,
+            partition, producer_id, producer_epoch, committed, coordinator_epoch, now_ms,
+            None if term is None else term.leader_epoch,
+        )  # fmt: skip
+    except KafkaError as exc:
+        return ErrorCode(exc.error_code)
+    except OSError:
+        return ErrorCode.KAFKA_STORAGE_ERROR
+
+
+async def marker_committed(
+    services: Any, topic: str, partition: int, written: tuple[Any, int]
+) -> ErrorCode:
+    """NONE once an appended marker is synced and, in a cluster, below the high
+    watermark: Kafka's leader appends markers with acks=-1."""
+    log, offset = written
+    try:
+        await services.durability.wait_durable(log, offset)
+    except KafkaError as exc:
+        return ErrorCode(exc.error_code)
+    except OSError:
+        return ErrorCode.KAFKA_STORAGE_ERROR
+    replication = services.replication
+    if replication is None:
+        return ErrorCode.NONE
+    state = await replication.wait_committed(topic, partition, offset)
+    if state is AckState.DONE:
+        return ErrorCode.NONE
+    if state is AckState.LEADERSHIP_LOST:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    return ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+
+
+async def complete_offsets_marker(
+    services: Any, partition: int, producer_id: int, producer_epoch: int, committed: bool
+) -> ErrorCode:
+    """A marker for ``__consumer_offsets``-``partition`` in a cluster: its leader's group
+    coordinator commits or drops the producer's staged offsets (replicated
+    ``__consumer_offsets``); NOT_COORDINATOR when this broker does not lead it."""
+    complete = getattr(services.groups, "complete_transaction_in_partition", None)
+    if complete is None:  # a group coordinator without replicated offsets
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    try:
+        await complete(partition, producer_id, producer_epoch, committed)
+    except KafkaError as exc:
+        return ErrorCode(exc.error_code)
+    return ErrorCode.NONE
+
+
+async def write_marker_as_leader(
+    services: Any, topic: str, partition: int, producer_id: int, producer_epoch: int,
+    committed: bool, coordinator_epoch: int, now_ms: int,
+) -> ErrorCode:  # fmt: skip
+    """One marker, written where this broker leads: appended and committed, or handed
+    to the group coordinator for ``__consumer_offsets``; the partition's error code."""
+    if topic == CONSUMER_OFFSETS:
+        return await complete_offsets_marker(
+            services, partition, producer_id, producer_epoch, committed
+        )
+    written = append_marker_as_leader(
+        services, topic, partition, producer_id, producer_epoch, committed, coordinator_epoch,
+        now_ms,
+    )  # fmt: skip
+    if isinstance(written, ErrorCode):
+        return written
+    return await marker_committed(services, topic, partition, written)

@@ -34,7 +34,7 @@ from trio_broker.storage.segment import (
     parse_segment_name,
     pread_exact,
 )
-from trio_broker.storage.swap import finish_interrupted_swaps, read_cleaner_checkpoint
+from trio_broker.storage.swap import finish_interrupted_swaps, read_gaps_below
 
 __all__ = [
     "CLEAN_SHUTDOWN_MARKER",
@@ -111,8 +111,8 @@ class LogLoader:
         # its commit point, finish after it. A finished swap rebuilds by scanning.
         swapped = finish_interrupted_swaps(d, names)
         self.dir_dirty |= swapped
-        #: below this offset the cleaner may have left offset holes.
-        self.gaps_below = read_cleaner_checkpoint(d)
+        #: below this offset the cleaner (or a follower's leader) may have left offset holes.
+        self.gaps_below = read_gaps_below(d)
         bases = sorted(b for n in names if (b := parse_segment_name(n)) is not None)
         stems = {f"{b:020d}" for b in bases}
         for name in names:

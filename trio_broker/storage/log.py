@@ -87,7 +87,12 @@ from trio_broker.storage.segment import (
     pread_exact,
     segments_to_delete,
 )
-from trio_broker.storage.swap import read_cleaner_checkpoint
+from trio_broker.storage.swap import (
+    REPLICA_GAPS_CHECKPOINT,
+    read_gaps_below,
+    read_replica_gaps_checkpoint,
+    write_replica_gaps_checkpoint,
+)
 
 #: Written, fsynced and removed by :meth:`PartitionLog.reload` to test the disk (".tmp":
 #: the loader deletes a leftover one).
@@ -182,20 +187,23 @@ def _check_append(
 
 def check_replicated_batch(
     batch: bytes | bytearray | memoryview, log_end_offset: int, epochs: LeaderEpochCache
-) -> tuple[memoryview, int, int, int, int]:
-    """(view, size, lastOffsetDelta, maxTimestamp, leader epoch) of a fetched batch that a
-    follower at ``log_end_offset`` may store unchanged, else raise.
+) -> tuple[memoryview, int, int, int, int, int]:
+    """(view, base offset, size, lastOffsetDelta, maxTimestamp, leader epoch) of a fetched
+    batch that a follower at ``log_end_offset`` may store unchanged, else raise.
 
     The header as ``append`` checks it, then what only a copy needs: the batch starts
-    at the log end (UnexpectedAppendOffset), its CRC matches and its leader epoch
-    (if any) does not go back (InvalidReplicatedBatch). Changes nothing.
+    at or after the log end (UnexpectedAppendOffset when before: an overlap), its CRC
+    matches and its leader epoch (if any) does not go back (InvalidReplicatedBatch).
+    A batch starting after the log end leaves an offset hole: the leader's cleaner
+    removed the batches between (Kafka's followers accept such holes too; the leader's
+    fetch answer is the truth). Changes nothing.
     """
     try:
         view, size, delta, max_timestamp = _check_append(batch, writable=False)
     except ValueError as exc:
         raise InvalidReplicatedBatch(f"fetched batch: {exc}") from exc
     base = batch_header.base_offset_and_size(view)[0]
-    if base != log_end_offset:
+    if base < log_end_offset:
         raise UnexpectedAppendOffset(base, log_end_offset)
     if not batch_header.crc_matches(view):
         raise InvalidReplicatedBatch(f"fetched batch at offset {base}: CRC mismatch")
@@ -205,7 +213,7 @@ def check_replicated_batch(
             epochs.check_assign(epoch, base)
         except EpochOrderViolation as exc:
             raise InvalidReplicatedBatch(f"fetched batch at offset {base}: {exc}") from exc
-    return view, size, delta, max_timestamp, epoch
+    return view, base, size, delta, max_timestamp, epoch
 
 
 def split_fetched_batches(records: bytes | bytearray | memoryview) -> list[memoryview]:
@@ -293,6 +301,8 @@ class PartitionLog:
         self.epoch_cache = LeaderEpochCache()
         #: the entries the checkpoint file holds; None: no file (or a damaged one).
         self._persisted_epochs: tuple[EpochEntry, ...] | None = None
+        #: holes from the leader's log are legal below this offset (as persisted).
+        self._replica_gaps_below = 0
 
     # ------------------------------------------------------------------ opening
 
@@ -368,17 +378,18 @@ class PartitionLog:
     ) -> AppendResult:
         """Store a batch fetched from the partition leader exactly as it is.
 
-        Its baseOffset must be this log's end offset (else UnexpectedAppendOffset,
-        naming both) and its CRC must match (else InvalidReplicatedBatch); nothing
-        in it is rewritten, so any buffer will do. A leader epoch new to this log is
-        recorded in :attr:`epoch_cache` (and its checkpoint) before the batch is
-        written. Segments roll and indexes grow as for :meth:`append`.
+        Its baseOffset must be at least this log's end offset (else
+        UnexpectedAppendOffset, naming both; a later one leaves the offset hole the
+        leader's cleaner left) and its CRC must match (else InvalidReplicatedBatch);
+        nothing in it is rewritten, so any buffer will do. A leader epoch new to this
+        log is recorded in :attr:`epoch_cache` (and its checkpoint) before the batch is
+        written, and so is a hole (``replica-gaps.checkpoint``: recovery then accepts
+        it). Segments roll and indexes grow as for :meth:`append`.
         """
         self._check_writable()
-        view, size, delta, max_timestamp, epoch = check_replicated_batch(
-            batch, self.log_end_offset, self.epoch_cache
-        )
-        return self._append_checked(view, size, delta, max_timestamp, epoch, now_ms)
+        fields = check_replicated_batch(batch, self.log_end_offset, self.epoch_cache)
+        self._allow_gaps_below(fields[1] if fields[1] > self.log_end_offset else 0)
+        return self._append_checked(*fields, now_ms)
 
     def append_replicated_batches(
         self, records: bytes | bytearray | memoryview, *, now_ms: int
@@ -393,24 +404,48 @@ class PartitionLog:
         expected = self.log_end_offset
         epochs = LeaderEpochCache(list(self.epoch_cache.entries))
         checked = []
+        gaps_below = 0
         for batch in batches:
             fields = check_replicated_batch(batch, expected, epochs)
-            if fields[4] >= 0:
-                epochs.assign(fields[4], expected)
-            expected += fields[2] + 1
+            base = fields[1]
+            if base > expected:
+                gaps_below = base
+            if fields[5] >= 0:
+                epochs.assign(fields[5], base)
+            expected = base + fields[3] + 1
             checked.append(fields)
+        self._allow_gaps_below(gaps_below)  # once per fetch answer: one checkpoint write
         return [self._append_checked(*fields, now_ms) for fields in checked]
 
+    def _allow_gaps_below(self, offset: int) -> None:
+        """Persist that offset holes are legal below ``offset`` before one is written."""
+        if offset <= self._replica_gaps_below:
+            return
+        with self._checkpoint_lock:
+            try:
+                write_replica_gaps_checkpoint(self.directory, offset)
+            except OSError as exc:
+                raise self._go_offline("replica gaps checkpoint", exc) from exc
+            self._replica_gaps_below = offset
+
     def _append_checked(
-        self, view: memoryview, size: int, delta: int, max_timestamp: int, epoch: int, now_ms: int
+        self,
+        view: memoryview,
+        base: int,
+        size: int,
+        delta: int,
+        max_timestamp: int,
+        epoch: int,
+        now_ms: int,
     ) -> AppendResult:
-        base = self.log_end_offset
         last = base + delta
         if epoch >= 0 and epoch != self.epoch_cache.latest_epoch:
             self._record_epoch(epoch, base)
         segment = self._segments[-1]
         if self._must_roll(segment, size, last, now_ms):
-            segment = self._roll(now_ms)
+            # Named after the batch (Kafka's rule): after a hole the log end may be too
+            # far below it for the segment's 32-bit relative offsets.
+            segment = self._roll(now_ms, base)
         try:
             position = segment.append(view, base, last, max_timestamp, now_ms)
         except OSError as exc:
@@ -493,8 +528,9 @@ class PartitionLog:
         """Cut the log so that it ends at ``offset`` (a follower after a leader change).
 
         Kafka's rule: the batch holding ``offset`` goes whole, so the new end is the
-        base offset of that batch (at most ``offset``); returns the new log end
-        offset. A no-op when ``offset`` >= the log end. Below the log start offset
+        base offset of that batch (at most ``offset``); an ``offset`` in an offset hole
+        (compaction's) is the new end itself, every batch after it goes. Returns the
+        new log end offset. A no-op when ``offset`` >= the log end. Below the log start offset
         (or where the cut would remove the batch holding it) it raises
         OffsetOutOfRange: there is no "truncate fully and start at" here.
 
@@ -516,12 +552,20 @@ class PartitionLog:
             segments = self._segments
             k = max(0, bisect.bisect_right(segments, offset, key=_base_of) - 1)
             info = segments[k].position_of(offset)
-            if info is None:  # pragma: no cover - offset < log end is always in a batch
-                raise StorageError(f"no batch holds offset {offset} in {self.directory}")
-            if info.base_offset < start:
-                raise OffsetOutOfRange(offset, start, end)
+            if info is None:
+                # In a hole after this segment's last batch: the segment stays whole.
+                position, new_end = segments[k].size, offset
+            else:
+                if info.base_offset < start:
+                    raise OffsetOutOfRange(offset, start, end)
+                position, new_end = info.position, min(offset, info.base_offset)
+                if position == 0 and k > 0 and segments[k].base_offset > new_end:
+                    # The hole ends where segment k begins: segment k goes, and the one
+                    # before becomes the active segment (new appends may land in the hole).
+                    k -= 1
+                    position = segments[k].size
             try:
-                self._cut(k, info.position, info.base_offset)
+                self._cut(k, position, new_end)
             except OSError as exc:
                 raise self._go_offline("truncate", exc) from exc
         with self._lock:
@@ -586,9 +630,10 @@ class PartitionLog:
                 size,
                 old.base_offset,
                 indexer,
-                gaps_below=read_cleaner_checkpoint(self.directory),
+                gaps_below=read_gaps_below(self.directory),
             )
-            if scanned.valid_size != size or scanned.next_offset != new_end:
+            # A cut into an offset hole ends after the last kept batch.
+            if scanned.valid_size != size or scanned.next_offset > new_end:
                 raise OSError(
                     errno.EIO,
                     f"segment {old.base_offset} reads back damaged after a truncation:"
@@ -616,13 +661,12 @@ class PartitionLog:
         fresh.dir_synced = True
         return fresh
 
-    def _roll(self, now_ms: int) -> Segment:
+    def _roll(self, now_ms: int, base_offset: int | None = None) -> Segment:
         old = self._segments[-1]
         old.seal()
+        base = self.log_end_offset if base_offset is None else base_offset
         try:
-            new = Segment.create(
-                self.directory, self.log_end_offset, self.config.index_interval_bytes, now_ms
-            )
+            new = Segment.create(self.directory, base, self.config.index_interval_bytes, now_ms)
         except OSError as exc:
             raise self._go_offline("roll", exc) from exc
         with self._lock:
@@ -682,6 +726,7 @@ class PartitionLog:
             directory, config, now_ms, loaded.segments, loaded.log_start_offset, loaded.recovery
         )
         log._persisted_log_start = loaded.persisted_log_start
+        log._replica_gaps_below = read_replica_gaps_checkpoint(directory)
         log._recovery_point = loaded.recovery_point
         log._persist_log_start()
         if log._load_epochs():
@@ -713,6 +758,7 @@ class PartitionLog:
             self.recovery = fresh.recovery
             self.epoch_cache = fresh.epoch_cache
             self._persisted_epochs = fresh._persisted_epochs
+            self._replica_gaps_below = fresh._replica_gaps_below
             self.offline = False
         # The files now belong to this log; the shell object must never close them.
         fresh._segments, fresh._retired, fresh._closed = [], [], True
@@ -922,6 +968,7 @@ class PartitionLog:
             LOG_START_CHECKPOINT,
             RECOVERY_POINT_CHECKPOINT,
             LEADER_EPOCH_CHECKPOINT,
+            REPLICA_GAPS_CHECKPOINT,
             CLEAN_SHUTDOWN_MARKER,
         ):
             with contextlib.suppress(FileNotFoundError):

@@ -114,7 +114,7 @@ class MemoryLog:
         batch_header.set_base_offset(view, base)
         if log_append_time:
             batch_header.set_log_append_time(view, now_ms)
-        return self._store(view, size, delta, now_ms, now_ms if log_append_time else -1)
+        return self._store(view, base, size, delta, now_ms, now_ms if log_append_time else -1)
 
     def append_replicated(
         self, batch: bytes | bytearray | memoryview, *, now_ms: int
@@ -122,12 +122,12 @@ class MemoryLog:
         """Store a leader's batch unchanged (PartitionLog.append_replicated's rules)."""
         if self._closed:
             raise StorageError("log is closed")
-        view, size, delta, _, epoch = check_replicated_batch(
+        view, base, size, delta, _, epoch = check_replicated_batch(
             batch, self.log_end_offset, self.epoch_cache
         )
         if epoch >= 0:
-            self.epoch_cache.assign(epoch, self.log_end_offset)
-        return self._store(view, size, delta, now_ms, -1)
+            self.epoch_cache.assign(epoch, base)
+        return self._store(view, base, size, delta, now_ms, -1)
 
     def append_replicated_batches(
         self, records: bytes | bytearray | memoryview, *, now_ms: int
@@ -139,10 +139,10 @@ class MemoryLog:
         expected = self.log_end_offset
         epochs = LeaderEpochCache(list(self.epoch_cache.entries))
         for batch in batches:
-            _, _, delta, _, epoch = check_replicated_batch(batch, expected, epochs)
+            _, base, _, delta, _, epoch = check_replicated_batch(batch, expected, epochs)
             if epoch >= 0:
-                epochs.assign(epoch, expected)
-            expected += delta + 1
+                epochs.assign(epoch, base)
+            expected = base + delta + 1
         return [self.append_replicated(batch, now_ms=now_ms) for batch in batches]
 
     def begin_epoch(self, epoch: int) -> bool:
@@ -150,9 +150,8 @@ class MemoryLog:
         return self.epoch_cache.assign(epoch, self.log_end_offset)
 
     def _store(
-        self, view: memoryview, size: int, delta: int, now_ms: int, log_append_time: int
+        self, view: memoryview, base: int, size: int, delta: int, now_ms: int, log_append_time: int
     ) -> AppendResult:
-        base = self.log_end_offset
         last = base + delta
         segment = self._segments[-1]
         if segment.size > 0 and (
@@ -163,7 +162,7 @@ class MemoryLog:
                 and now_ms - segment.first_batch_timestamp > self.config.segment_ms
             )
         ):
-            segment = self._roll(now_ms)
+            segment = self._roll(now_ms, base)
         max_ts = batch_header.max_timestamp(view)
         position = segment.size
         segment.batches.append(_Batch(base, last, bytes(view), max_ts))
@@ -175,8 +174,9 @@ class MemoryLog:
         self.log_end_offset = last + 1
         return AppendResult(base, last, log_append_time, position, size)
 
-    def _roll(self, now_ms: int) -> _Segment:
-        segment = _Segment(self.log_end_offset, last_modified_ms=now_ms)
+    def _roll(self, now_ms: int, base_offset: int | None = None) -> _Segment:
+        base = self.log_end_offset if base_offset is None else base_offset
+        segment = _Segment(base, last_modified_ms=now_ms)
         self._segments.append(segment)
         return segment
 
@@ -264,8 +264,9 @@ class MemoryLog:
 
     def truncate_to(self, offset: int) -> int:
         """Cut the log to end at ``offset``, as PartitionLog.truncate_to: the batch holding
-        it goes whole; returns the new end. A no-op at or past the end; OffsetOutOfRange
-        below the log start (or where the batch holding the start would go)."""
+        it goes whole (in an offset hole, ``offset`` is the new end); returns the new end.
+        A no-op at or past the end; OffsetOutOfRange below the log start (or where the
+        batch holding the start would go)."""
         start, end = self.log_start_offset, self.log_end_offset
         if offset >= end:
             return end
@@ -277,18 +278,26 @@ class MemoryLog:
                     continue
                 if batch.base_offset < start:
                     raise OffsetOutOfRange(offset, start, end)
+                new_end = min(offset, batch.base_offset)
                 keep = segment.batches[:i]
-                segment.batches = keep
-                segment.size = sum(len(b.data) for b in keep)
-                segment.max_timestamp = max((b.max_timestamp for b in keep), default=-1)
-                if not keep:
-                    segment.first_batch_timestamp = None
-                del self._segments[k + 1 :]
-                self.log_end_offset = batch.base_offset
-                self.durable_end_offset = min(self.durable_end_offset, batch.base_offset)
-                self.epoch_cache.truncate_from_end(batch.base_offset)
-                return batch.base_offset
-        raise AssertionError(f"no batch holds offset {offset} < log end {end}")
+                if not keep and k > 0 and segment.base_offset > new_end:
+                    del self._segments[k:]  # the hole ends where this segment begins
+                else:
+                    segment.batches = keep
+                    segment.size = sum(len(b.data) for b in keep)
+                    segment.max_timestamp = max((b.max_timestamp for b in keep), default=-1)
+                    if not keep:
+                        segment.first_batch_timestamp = None
+                    del self._segments[k + 1 :]
+                self.log_end_offset = new_end
+                self.durable_end_offset = min(self.durable_end_offset, new_end)
+                self.epoch_cache.truncate_from_end(new_end)
+                return new_end
+        # In a hole after the last batch: the log ends at ``offset``.
+        self.log_end_offset = offset
+        self.durable_end_offset = min(self.durable_end_offset, offset)
+        self.epoch_cache.truncate_from_end(offset)
+        return offset
 
     # -- lifecycle
     def close(self) -> None:

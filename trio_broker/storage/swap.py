@@ -70,6 +70,30 @@ def write_cleaner_checkpoint(directory: Path, offset: int) -> None:
     write_file_atomically(directory / CLEANER_CHECKPOINT, b"%d\n" % offset)
 
 
+#: A follower's log holds the holes of its leader's cleaned sections: below this offset
+#: a fetched batch may start after the previous one ended (PartitionLog.append_replicated
+#: raises it before writing a batch that leaves a hole).
+REPLICA_GAPS_CHECKPOINT = "replica-gaps.checkpoint"
+
+
+def read_replica_gaps_checkpoint(directory: Path) -> int:
+    try:
+        value = int((directory / REPLICA_GAPS_CHECKPOINT).read_bytes().decode("ascii").strip())
+    except (FileNotFoundError, ValueError):
+        return 0
+    return max(value, 0)
+
+
+def write_replica_gaps_checkpoint(directory: Path, offset: int) -> None:
+    write_file_atomically(directory / REPLICA_GAPS_CHECKPOINT, b"%d\n" % offset)
+
+
+def read_gaps_below(directory: Path) -> int:
+    """Below this offset offset holes are legal in the log: the cleaner's own (its
+    checkpoint) and a follower's copies of its leader's (the replica gaps checkpoint)."""
+    return max(read_cleaner_checkpoint(directory), read_replica_gaps_checkpoint(directory))
+
+
 def unlink_segment_files(directory: Path, base_offset: int) -> None:
     stem = segment_name(base_offset)
     for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):

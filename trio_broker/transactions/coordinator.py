@@ -13,6 +13,12 @@ durable -> the groups of AddOffsetsToTxn commit or drop their staged offsets ->
 CompleteCommit/CompleteAbort durable -> answer. On one node the markers are
 local appends, so answering after them costs an fsync and no network.
 
+In a cluster the same class holds the table of one ``__transaction_state`` partition
+this broker leads (``transactions/partitioned.py`` keeps one per led partition): its
+writes count once below the partition's high watermark (``append_committed``), its
+markers go to the partitions' leaders through ``send_markers`` and carry the
+partition's leader epoch as coordinator epoch.
+
 Sans-I/O like the handlers: no trio here. The async methods await only the
 durability service and the group coordinator; the shell (server/) runs the
 timer that calls :meth:`abort_timed_out`, :meth:`expire_ids` and :meth:`recover`.
@@ -24,13 +30,14 @@ import logging
 import struct
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError, ProtocolError
 from trio_broker.protocol.records import build_batch
+from trio_broker.services.internal_topics import TRANSACTION_STATE, NotCommitted, append_committed
 from trio_broker.storage.log import LogConfig, PartitionLog
 from trio_broker.storage.memory import MemoryLog
 from trio_broker.storage.replay import close_log, iter_log_records
@@ -42,6 +49,9 @@ from trio_broker.transactions.log_format import (
     encode_value,
 )
 from trio_broker.transactions.state import TopicPartition, TxnMetadata, TxnState
+
+if TYPE_CHECKING:
+    from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 log = logging.getLogger("trio_broker.transactions")
 
@@ -73,7 +83,25 @@ class InitResult:
 
 
 class CoordinatorUnavailable(Exception):
-    """The transaction log could not be written: answer COORDINATOR_NOT_AVAILABLE."""
+    """The transaction log could not be written: answer ``error_code``
+    (COORDINATOR_NOT_AVAILABLE; NOT_COORDINATOR once this broker stopped leading the
+    id's ``__transaction_state`` partition in a cluster)."""
+
+    def __init__(
+        self, message: str, error_code: ErrorCode = ErrorCode.COORDINATOR_NOT_AVAILABLE
+    ) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+
+
+class MarkerSender(Protocol):
+    """In a cluster (``cluster/txn_marker_channel.py``): write the markers of ``prepared``
+    to every partition's leader (the groups' ``__consumer_offsets`` partitions too) and
+    return once each is committed there, or raise CoordinatorUnavailable."""
+
+    async def __call__(
+        self, prepared: TxnMetadata, committed: bool, coordinator_epoch: int, txn_partition: int
+    ) -> None: ...
 
 
 #: Kafka's transaction.state.log.segment.bytes default.
@@ -95,6 +123,11 @@ class TransactionCoordinator:
         now_ms: Callable[[], int],
         max_timeout_ms: int = 900_000,
         expiration_ms: int = 604_800_000,
+        replication: Any = None,
+        txn_partition: int = 0,
+        coordinator_epoch: int = COORDINATOR_EPOCH,
+        send_markers: MarkerSender | None = None,
+        owns_log: bool = True,
     ) -> None:
         #: PartitionLog or MemoryLog.
         self.log = txn_log
@@ -109,6 +142,14 @@ class TransactionCoordinator:
         self.now_ms = now_ms
         self.max_timeout_ms = max_timeout_ms
         self.expiration_ms = expiration_ms
+        #: Cluster mode: the replica manager; this table is that of ``__transaction_state``
+        #: partition ``txn_partition``, whose leader epoch is the coordinator epoch markers
+        #: carry. Its log belongs to the topic manager then (``owns_log`` False).
+        self.replication = replication
+        self.txn_partition = txn_partition
+        self.coordinator_epoch = coordinator_epoch
+        self.send_markers = send_markers
+        self.owns_log = owns_log
         self._table: dict[str, TxnMetadata] = {}
         #: producer id -> transactional id, for the partition side's question.
         self._by_producer: dict[int, str] = {}
@@ -144,7 +185,8 @@ class TransactionCoordinator:
         return coordinator
 
     def close(self) -> None:
-        close_log(self.log)
+        if self.owns_log:
+            close_log(self.log)
 
     # ------------------------------------------------------------------ replay
 
@@ -200,11 +242,27 @@ class TransactionCoordinator:
             self._by_producer[meta.producer_id] = transactional_id
 
     async def _write(self, transactional_id: str, meta: TxnMetadata | None) -> None:
-        """Append one record, wait until it is durable, then make it current."""
+        """Append one record, wait until it is durable (in a cluster: committed, below
+        the partition's high watermark), then make it current."""
         now = self.now_ms()
         value = None if meta is None else encode_value(meta)
+        batch = build_batch([(encode_key(transactional_id), value)], base_timestamp=now)
+        if self.replication is not None:
+            try:
+                # The log rewrites the batch's offsets in place, so it stays a bytearray
+                # (append_committed is annotated with bytes).
+                record: Any = batch
+                await append_committed(
+                    self.log, record, now_ms=now, durability=self.durability,
+                    replication=self.replication, topic=TRANSACTION_STATE,
+                    partition=self.txn_partition,
+                )  # fmt: skip
+            except NotCommitted as exc:
+                log.warning("%s: transaction log write not committed: %s", transactional_id, exc)
+                raise CoordinatorUnavailable(str(exc), exc.error_code) from exc
+            self._set(transactional_id, meta)
+            return
         try:
-            batch = build_batch([(encode_key(transactional_id), value)], base_timestamp=now)
             result = self.log.append(batch, now_ms=now)
         except (KafkaError, OSError) as exc:
             log.error("cannot write the transaction log: %s", exc)
@@ -249,8 +307,8 @@ class TransactionCoordinator:
         target = decision.target
         try:
             await self._guarded(transactional_id, self._write(transactional_id, target))
-        except CoordinatorUnavailable:
-            return InitResult(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        except CoordinatorUnavailable as exc:
+            return InitResult(exc.error_code)
         return InitResult(ErrorCode.NONE, target.producer_id, target.producer_epoch)
 
     async def _guarded(self, transactional_id: str, work: Any) -> None:
@@ -295,8 +353,8 @@ class TransactionCoordinator:
                 await self._guarded(
                     transactional_id, self._write(transactional_id, decision.target)
                 )
-            except CoordinatorUnavailable:
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE
+            except CoordinatorUnavailable as exc:
+                return exc.error_code
         return decision.error
 
     async def end_transaction(
@@ -315,14 +373,16 @@ class TransactionCoordinator:
         try:
             try:
                 await self._write(transactional_id, prepared)
-            except CoordinatorUnavailable:
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE
+            except CoordinatorUnavailable as exc:
+                return exc.error_code
             try:
                 await self._complete(prepared)
             except (CoordinatorUnavailable, OSError) as exc:
                 # The outcome is decided and durable: recover() finishes it; the
                 # client's retry gets CONCURRENT_TRANSACTIONS until then.
                 log.warning("%s: end of transaction unfinished: %s", transactional_id, exc)
+                if isinstance(exc, CoordinatorUnavailable):
+                    return exc.error_code
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE
         finally:
             self._pending.discard(transactional_id)
@@ -337,6 +397,15 @@ class TransactionCoordinator:
         """
         committed = prepared.state == TxnState.PREPARE_COMMIT
         outcome = "commit" if committed else "abort"
+        if self.send_markers is not None:  # a cluster: the partitions' leaders write them
+            try:
+                await self.send_markers(
+                    prepared, committed, self.coordinator_epoch, self.txn_partition
+                )
+            except (KafkaError, OSError) as exc:
+                raise CoordinatorUnavailable(f"{outcome} not finished: {exc}") from exc
+            await self._write(prepared.transactional_id, st.complete(prepared, self.now_ms()))
+            return
         key = (prepared.transactional_id, prepared.producer_id, prepared.producer_epoch)
         appended = self._markers_appended.setdefault(key, {})
         try:
@@ -416,7 +485,14 @@ class TransactionCoordinator:
         return expired
 
 
-def coordinator_of(services: Any) -> TransactionCoordinator | None:
-    """The broker's coordinator as handlers use it (``Services.transactions``), or None."""
+def coordinator_of(
+    services: Any,
+) -> TransactionCoordinator | PartitionedTransactionCoordinator | None:
+    """The broker's coordinator as handlers use it (``Services.transactions``): the one
+    table of a single broker, the per-partition tables in a cluster, or None."""
+    from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
+
     coordinator = getattr(services, "transactions", None)
-    return coordinator if isinstance(coordinator, TransactionCoordinator) else None
+    if isinstance(coordinator, (TransactionCoordinator, PartitionedTransactionCoordinator)):
+        return coordinator
+    return None

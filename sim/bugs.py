@@ -1,0 +1,58 @@
+"""Bugs planted on purpose, to show that the simulation can fail (tests/sim).
+
+Each is a context manager that patches one rule of the broker for the length of a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from trio_broker.cluster import replica_fetcher
+from trio_broker.replication.leader import LeaderPartition
+from trio_broker.replication.truncation import TruncationStep
+
+__all__ = ["PLANTED_BUGS"]
+
+
+@contextmanager
+def truncate_to_high_watermark() -> Iterator[None]:
+    """KIP-101's bug: a follower whose leader changed cuts its log at its own HW, not
+    where the leader's epoch ends (Kafka before 0.11). Its HW lags the leader's by a
+    fetch, so it drops committed records; if it then leads, they are gone."""
+
+    def plan(cache: Any, log_end: int, hw: int, epoch: int, end: int) -> TruncationStep:
+        return TruncationStep(min(hw, log_end), done=True)
+
+    saved = replica_fetcher.plan_truncation
+    replica_fetcher.plan_truncation = plan  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        replica_fetcher.plan_truncation = saved
+
+
+@contextmanager
+def high_watermark_ignores_followers() -> Iterator[None]:
+    """The leader moves its HW to its own synced end, as if the ISR were itself alone:
+    acks=all is answered before any follower has the write."""
+    saved = LeaderPartition._advance_high_watermark
+
+    def advance(self: LeaderPartition) -> bool:
+        if self.durable_end_offset > self.high_watermark:
+            self.high_watermark = self.durable_end_offset
+            return True
+        return False
+
+    LeaderPartition._advance_high_watermark = advance  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        LeaderPartition._advance_high_watermark = saved  # type: ignore[method-assign]
+
+
+PLANTED_BUGS: dict[str, Callable[[], Any]] = {
+    "truncate-to-hw": truncate_to_high_watermark,
+    "hw-ignores-followers": high_watermark_ignores_followers,
+}

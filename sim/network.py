@@ -1,0 +1,252 @@
+"""An in-memory network with TCP's faults, for brokers and clients in one Trio run.
+
+Nodes are names ("b1", "b2", "b3", "client"). A connection is two ordered byte pipes.
+What TCP can do to them, and nothing else (bytes are never reordered, lost or
+duplicated inside a connection; TCP retransmits):
+
+- **delay**: every send arrives after the link's latency (a base plus seeded jitter,
+  more while the link is "slow");
+- **partition**: while two nodes are cut off, nothing flows between them either way,
+  and new connections time out; bytes already sent arrive once the cut heals (TCP
+  retransmission), unless the connection was reset meanwhile;
+- **loss**: on a lossy link a send now and then waits for TCP's retransmission timeout
+  (200 ms to 1 s; the bytes after it wait too, as TCP delivers in order): the stalls
+  that open windows between two steps of a protocol;
+- **reset**: a connection breaks; both ends see ECONNRESET on their next read or write.
+  A crashed node's connections are reset.
+
+The broker side of a connection is a socket-like object (``recv``, ``recv_into``,
+``sendmsg``, ``close``), which is what ``server/connection.py``'s ``Connection`` reads
+and writes, so requests take the broker's real path: framing, mute, handler pool,
+response order. The other side is a ``trio.abc.Stream`` (BrokerClient's and the
+simulated producer's).
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+__all__ = ["Network", "SimSocket", "SimStream"]
+
+#: Base one-way latency and jitter of every link (seconds).
+BASE_LATENCY_S = 0.0005
+JITTER_S = 0.0005
+#: A connection attempt across a partition fails after this long (SYN retries).
+CONNECT_TIMEOUT_S = 1.0
+#: On a lossy link: the share of sends that wait for a retransmission, and how long.
+LOSS_RATE = 0.2
+RTO_S = (0.2, 1.0)
+
+
+class _Pipe:
+    """One direction of a connection: bytes in order, each chunk due at its time."""
+
+    def __init__(self, network: Network, src: str, dst: str) -> None:
+        self.network, self.src, self.dst = network, src, dst
+        self.in_flight: list[tuple[float, bytes]] = []  # (due time, chunk), in send order
+        self.arrived = bytearray()
+        self.eof_sent = False  # the sender closed: EOF after the bytes in flight
+        self.reset = False
+        self.changed = trio.Event()  # something arrived, or the pipe broke
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def send(self, data: bytes) -> None:
+        if self.reset:
+            raise OSError(errno.ECONNRESET, "connection reset")
+        now = trio.current_time()
+        due = now + self.network.latency(self.src, self.dst)
+        if self.in_flight:  # TCP keeps order: never before the previous chunk
+            due = max(due, self.in_flight[-1][0])
+        self.in_flight.append((due, bytes(data)))
+        self.network.kick()
+
+    def deliver_due(self, now: float) -> float | None:
+        """Move due chunks (if the link is up); the next due time, or None."""
+        if self.reset or self.network.cut(self.src, self.dst):
+            return None
+        moved = False
+        while self.in_flight and self.in_flight[0][0] <= now:
+            self.arrived += self.in_flight.pop(0)[1]
+            moved = True
+        if moved or (self.eof_sent and not self.in_flight):
+            self.wake()
+        return self.in_flight[0][0] if self.in_flight else None
+
+    @property
+    def at_eof(self) -> bool:
+        return self.eof_sent and not self.in_flight and not self.arrived
+
+    async def receive(self, max_bytes: int) -> bytes:
+        while True:
+            if self.reset:
+                raise OSError(errno.ECONNRESET, "connection reset")
+            if self.arrived:
+                chunk = bytes(self.arrived[:max_bytes])
+                del self.arrived[:max_bytes]
+                return chunk
+            if self.at_eof:
+                return b""
+            await self.changed.wait()
+
+
+class _Connection:
+    def __init__(self, network: Network, client: str, server: str) -> None:
+        self.client, self.server = client, server
+        self.to_server = _Pipe(network, client, server)
+        self.to_client = _Pipe(network, server, client)
+
+    def reset(self) -> None:
+        for pipe in (self.to_server, self.to_client):
+            pipe.reset = True
+            pipe.in_flight.clear()
+            pipe.wake()
+
+    @property
+    def done(self) -> bool:
+        return (self.to_server.reset or self.to_server.eof_sent) and (
+            self.to_client.reset or self.to_client.eof_sent
+        )
+
+
+class SimStream(trio.abc.Stream):
+    """The connecting side: a ``trio.abc.Stream``."""
+
+    def __init__(self, connection: _Connection) -> None:
+        self._connection = connection
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.lowlevel.checkpoint()
+        try:
+            self._connection.to_server.send(bytes(data))
+        except OSError as exc:
+            raise trio.BrokenResourceError(str(exc)) from exc
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        return await self._connection.to_client.receive(max_bytes or 65536)
+
+    async def aclose(self) -> None:
+        self._connection.to_server.eof_sent = True
+        self._connection.to_server.wake()
+        await trio.lowlevel.checkpoint()
+
+
+class SimSocket:
+    """The accepting side, shaped as the few socket methods ``Connection`` calls."""
+
+    def __init__(self, connection: _Connection) -> None:
+        self._connection = connection
+
+    async def recv(self, size: int) -> bytes:
+        return await self._connection.to_server.receive(size)
+
+    async def recv_into(self, target: Any) -> int:
+        view = memoryview(target).cast("B")
+        chunk = await self._connection.to_server.receive(len(view))
+        view[: len(chunk)] = chunk
+        return len(chunk)
+
+    async def sendmsg(self, buffers: list[Any]) -> int:
+        await trio.lowlevel.checkpoint()
+        data = b"".join(bytes(b) for b in buffers)
+        self._connection.to_client.send(data)
+        return len(data)
+
+    def close(self) -> None:
+        self._connection.to_client.eof_sent = True
+        self._connection.to_client.wake()
+
+    def fileno(self) -> int:  # only sendfile asks, and memory logs never send files
+        raise OSError(errno.EBADF, "an in-memory connection has no file descriptor")
+
+
+class Network:
+    """Links between named nodes, their faults, and the task that delivers bytes."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        #: node -> accept(SimSocket, client node); absent while the node is down.
+        self.listeners: dict[str, Callable[[SimSocket, str], None]] = {}
+        self.partitions: set[frozenset[str]] = set()
+        self.slow: dict[frozenset[str], float] = {}  # extra latency per link
+        self.lossy: set[frozenset[str]] = set()
+        self.connections: list[_Connection] = []
+        self._kick = trio.Event()
+        self.bytes_sent = 0
+
+    # ---------------------------------------------------------------- faults
+    def cut(self, a: str, b: str) -> bool:
+        return frozenset((a, b)) in self.partitions
+
+    def partition(self, a: str, b: str) -> None:
+        self.partitions.add(frozenset((a, b)))
+
+    def heal(self, a: str, b: str) -> None:
+        self.partitions.discard(frozenset((a, b)))
+        self.kick()
+
+    def heal_all(self) -> None:
+        self.partitions.clear()
+        self.slow.clear()
+        self.lossy.clear()
+        self.kick()
+
+    def reset_between(self, a: str, b: str) -> None:
+        for conn in self.connections:
+            if {conn.client, conn.server} == {a, b}:
+                conn.reset()
+
+    def reset_node(self, node: str) -> None:
+        for conn in self.connections:
+            if node in (conn.client, conn.server):
+                conn.reset()
+
+    def latency(self, a: str, b: str) -> float:
+        link = frozenset((a, b))
+        extra = self.slow.get(link, 0.0) * (0.5 + self.rng.random())
+        if link in self.lossy and self.rng.random() < LOSS_RATE:
+            extra += self.rng.uniform(*RTO_S)
+        return BASE_LATENCY_S + self.rng.random() * JITTER_S + extra
+
+    # ---------------------------------------------------------------- connecting
+    async def connect(self, src: str, dst: str) -> SimStream:
+        """A connection from ``src`` to node ``dst``; OSError if it is down or cut off."""
+        if self.cut(src, dst):
+            await trio.sleep(CONNECT_TIMEOUT_S)
+            raise OSError(errno.ETIMEDOUT, f"{src} -> {dst}: connection timed out")
+        await trio.sleep(self.latency(src, dst) * 2)  # SYN, SYN-ACK
+        accept = self.listeners.get(dst)
+        if accept is None or self.cut(src, dst):
+            raise OSError(errno.ECONNREFUSED, f"{src} -> {dst}: connection refused")
+        connection = _Connection(self, src, dst)
+        self.connections.append(connection)
+        accept(SimSocket(connection), src)
+        return SimStream(connection)
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    async def run(self) -> None:
+        """Deliver bytes when they are due: one task for the whole network."""
+        while True:
+            self._kick = trio.Event()
+            now = trio.current_time()
+            next_due: float | None = None
+            for conn in self.connections:
+                for pipe in (conn.to_server, conn.to_client):
+                    due = pipe.deliver_due(now)
+                    if due is not None and (next_due is None or due < next_due):
+                        next_due = due
+            self.connections = [c for c in self.connections if not c.done]
+            with trio.move_on_at(next_due if next_due is not None else float("inf")):
+                await self._kick.wait()

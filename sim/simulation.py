@@ -1,0 +1,411 @@
+"""One seeded run: three brokers, a producer, a fault schedule, the invariants.
+
+Everything runs in one ``trio.run`` under ``MockClock(autojump_threshold=0)``: virtual
+time jumps to the next timer whenever every task waits, so 40 s of cluster life take a
+fraction of a second. Determinism: Trio's scheduler is seeded (as pytest-trio does under
+Hypothesis), worker threads are replaced by inline calls, the module-level ``random``
+is seeded, and the network's latencies come from the run's own ``random.Random``. The
+same seed gives the same run, event for event (``SimResult.trace``).
+
+Phases: start the cluster and create topic ``sim`` (2 partitions, RF=3,
+``min.insync.replicas=2``); produce acks=all while the schedule's faults happen; heal
+everything, restart what is down, wait for every replica to catch up; check.
+
+Invariants (checked every ``CHECK_EVERY_S`` and at the end):
+
+1. **no acknowledged write is lost**: at the end, every acknowledged value is in the
+   current leader's log below its HW, at the offset the acknowledgement named;
+2. **the HW never goes backwards**: the HW shown by the leader that ZooKeeper names
+   (in the epoch it names) never falls below one shown before;
+3. **one leader per epoch**: no two brokers ever hold a leader term for the same
+   partition and leader epoch;
+4. **replicas agree below the HW**: a batch below a replica's HW (a leader's HW, a
+   follower's copy of it) is the same bytes on every replica and at every check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+
+from sim.bugs import PLANTED_BUGS
+from sim.client import Producer
+from sim.cluster import SESSION_TIMEOUT_MS, SimBroker, inline_call_observers, run_inline
+from sim.faults import Fault, make_schedule
+from sim.network import Network
+from trio_broker.cluster.coordination import MemoryZooKeeper
+from trio_broker.cluster.zk_layout import PartitionState, partition_state_path
+
+__all__ = ["SimResult", "simulate"]
+
+TOPIC = "sim"
+PARTITIONS = 2
+BROKER_IDS = [1, 2, 3]
+FAULT_SPAN_S = 12.0
+FAULTS = 6
+CHECK_EVERY_S = 0.2
+SETTLE_LIMIT_S = 60.0
+#: How long crash_leader_on_truncation waits for a truncation before it lapses.
+ARMED_FOR_S = 8.0
+
+Key = tuple[str, int]
+
+
+@attrs.define
+class SimResult:
+    seed: int
+    schedule: list[Fault]
+    violations: list[str] = attrs.field(factory=list)
+    acked: int = 0
+    sent: int = 0
+    settled: bool = False
+    virtual_s: float = 0.0
+    trace: list[str] = attrs.field(factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+class Invariants:
+    def __init__(self, zk: MemoryZooKeeper, brokers: list[SimBroker], result: SimResult) -> None:
+        self.zk, self.brokers, self.result = zk, brokers, result
+        self.epoch_leader: dict[tuple[Key, int], int] = {}
+        self.max_shown_hw: dict[Key, int] = {}
+        self.committed: dict[Key, dict[int, tuple[int, bytes]]] = {}
+        self.seen: set[str] = set()
+        self.start = trio.current_time()
+
+    def violation(self, text: str) -> None:
+        if text not in self.seen:  # each once, with the time it was first seen
+            self.seen.add(text)
+            self.result.violations.append(f"t={trio.current_time() - self.start:.3f} {text}")
+
+    def zk_state(self, key: Key) -> PartitionState | None:
+        node = self.zk.nodes.get(partition_state_path(*key))
+        return None if node is None else PartitionState.decode(node.data)
+
+    def check(self) -> None:
+        for sim in self.brokers:
+            broker = sim.broker
+            manager = None if broker is None else broker.replication
+            if broker is None or manager is None:
+                continue
+            for key, term in manager.terms.items():
+                # 3. one leader per (partition, epoch)
+                holder = self.epoch_leader.setdefault((key, term.leader_epoch), sim.broker_id)
+                if holder != sim.broker_id:
+                    self.violation(
+                        f"{key}: brokers {holder} and {sim.broker_id} both lead epoch "
+                        f"{term.leader_epoch}"
+                    )
+                # 2. the HW shown by ZooKeeper's leader, in its epoch, never goes back
+                state = self.zk_state(key)
+                if (
+                    state is not None
+                    and state.leader == sim.broker_id
+                    and state.leader_epoch == term.leader_epoch
+                ):
+                    shown = term.visible_high_watermark()
+                    if shown is not None:
+                        before = self.max_shown_hw.get(key, 0)
+                        if shown < before:
+                            self.violation(
+                                f"{key}: HW went back from {before} to {shown} "
+                                f"(broker {sim.broker_id}, epoch {term.leader_epoch})"
+                            )
+                        self.max_shown_hw[key] = max(before, shown)
+                self._agree(key, broker, term.high_watermark, sim.broker_id)
+            for key, role in manager.following.items():
+                self._agree(key, broker, role.high_watermark, sim.broker_id)
+
+    def _agree(self, key: Key, broker: Any, hw: int, broker_id: int) -> None:
+        """4. batches below this replica's HW match what every replica had there."""
+        log_ = broker.topics.log(*key)
+        if log_ is None:
+            return
+        seen = self.committed.setdefault(key, {})
+        for base, last, data in log_.batches():
+            if last >= hw:
+                break
+            before = seen.setdefault(base, (last, data))
+            if before != (last, data):
+                self.violation(
+                    f"{key}: broker {broker_id} holds a different batch at offset {base} "
+                    "below its HW"
+                )
+
+    def final(self, producer: Producer) -> None:
+        """1. every acknowledged write is in the leader's log below its HW."""
+        for partition in range(PARTITIONS):
+            key = (TOPIC, partition)
+            state = self.zk_state(key)
+            leader = None
+            if state is not None and state.leader > 0:
+                leader = self.brokers[state.leader - 1].broker
+            term = None
+            if leader is not None and leader.replication is not None:
+                term = leader.replication.terms.get(key)
+            if state is None or leader is None or term is None:
+                self.violation(f"{key}: no live leader at the end")
+                continue
+            log_ = leader.topics.log(*key)
+            assert log_ is not None
+            found: dict[bytes, int] = {}
+            for base, last, data in log_.batches():
+                if last >= term.high_watermark:
+                    break
+                for offset, value in _values(base, data):
+                    found.setdefault(value, offset)
+            for ack in producer.acks:
+                if ack.partition != partition:
+                    continue
+                for i, value in enumerate(ack.values):
+                    if found.get(value) != ack.base_offset + i:
+                        self.violation(
+                            f"{key}: acknowledged {value!r} at offset {ack.base_offset + i} "
+                            f"is {'at ' + str(found[value]) if value in found else 'lost'} "
+                            f"(leader {state.leader}, HW {term.high_watermark})"
+                        )
+
+
+def _values(base: int, data: bytes) -> list[tuple[int, bytes]]:
+    from trio_broker.protocol.records import parse_header
+
+    view = parse_header(data)
+    return [(base + r.offset_delta, bytes(r.value or b"")) for r in view.records()]
+
+
+def _settled(brokers: list[SimBroker], inv: Invariants) -> bool:
+    """Every partition led, with all three in its ISR, every replica at the leader's end."""
+    for partition in range(PARTITIONS):
+        key = (TOPIC, partition)
+        state = inv.zk_state(key)
+        if state is None or state.leader < 0 or len(state.isr) != len(brokers):
+            return False
+        leader = brokers[state.leader - 1].broker
+        if leader is None or leader.replication is None:
+            return False
+        term = leader.replication.terms.get(key)
+        leader_log = leader.topics.log(*key)
+        if term is None or leader_log is None or term.leader_epoch != state.leader_epoch:
+            return False
+        if term.high_watermark != leader_log.log_end_offset:
+            return False
+        for sim in brokers:
+            other = sim.broker
+            log_ = None if other is None else other.topics.log(*key)
+            if log_ is None or log_.log_end_offset != leader_log.log_end_offset:
+                return False
+    return True
+
+
+async def _apply_fault(
+    fault: Fault, brokers: dict[str, SimBroker], network: Network, nursery: trio.Nursery,
+    trace: Callable[[str], None], inv: Invariants,
+) -> None:  # fmt: skip
+    if fault.kind == "crash_leader_on_truncation":
+        key = (TOPIC, int(fault.a[1:]))
+        truncated = trio.Event()
+
+        def observe(fn: Callable[..., Any], args: tuple[object, ...]) -> None:
+            if getattr(fn, "__name__", "") == "truncate_to" and any(
+                s.broker is not None and s.broker.topics.log(*key) is getattr(fn, "__self__", 0)
+                for s in brokers.values()
+            ):
+                truncated.set()
+
+        inline_call_observers.append(observe)
+        try:
+            with trio.move_on_after(ARMED_FOR_S):
+                await truncated.wait()
+        finally:
+            inline_call_observers.remove(observe)
+        if not truncated.is_set():
+            return  # no follower truncated meanwhile: the fault lapses
+        trace(f"{fault}: a follower of {key} truncated")
+        fault = attrs.evolve(fault, kind="crash_leader")
+    if fault.kind == "crash_leader":
+        state = inv.zk_state((TOPIC, int(fault.a[1:])))
+        if state is None or state.leader < 0:
+            return
+        fault = attrs.evolve(fault, kind="crash", a=f"b{state.leader}")
+    sim = brokers[fault.a]
+    if fault.kind in ("crash", "power_cut"):
+        if not sim.up:
+            return
+        trace(str(fault))
+        await sim.crash(power_cut=fault.kind == "power_cut")
+        await trio.sleep(SESSION_TIMEOUT_MS / 1000)
+        sim.session_expires()
+        await trio.sleep(fault.duration)
+        await sim.start(nursery)
+        trace(f"restarted {fault.a}")
+    elif fault.kind in ("partition", "slow", "lossy"):
+        trace(str(fault))
+        link = frozenset((fault.a, fault.b))
+        if fault.kind == "partition":
+            network.partition(fault.a, fault.b)
+        elif fault.kind == "slow":
+            network.slow[link] = 0.01 + 0.29 * (fault.duration / 8)
+        else:
+            network.lossy.add(link)
+        await trio.sleep(fault.duration)
+        if fault.kind == "partition":
+            network.heal(fault.a, fault.b)
+        network.slow.pop(link, None)
+        network.lossy.discard(link)
+        trace(f"healed {fault.a}-{fault.b}")
+    elif fault.kind == "isolate":
+        trace(str(fault))
+        others = [n for n in [*brokers, "client"] if n != fault.a]
+        for other in others:
+            network.partition(fault.a, other)
+        await trio.sleep(fault.duration)
+        for other in others:
+            network.heal(fault.a, other)
+        trace(f"healed {fault.a}")
+    elif fault.kind == "reset":
+        trace(str(fault))
+        network.reset_between(fault.a, fault.b)
+    elif fault.kind == "zk_cut":
+        coord = sim.coord
+        if coord is None or coord.cut_off or not sim.up:
+            return
+        trace(str(fault))
+        coord.cut_off = True
+        cut_at = trio.current_time()
+        with trio.move_on_after(fault.duration):
+            await trio.sleep(SESSION_TIMEOUT_MS / 1000)
+            coord.server_expires()
+            trace(f"{fault.a}'s session expired")
+        await trio.sleep_until(cut_at + fault.duration)
+        coord.reconnect()
+        trace(f"{fault.a} reaches ZooKeeper again")
+
+
+def simulate(
+    seed: int,
+    *,
+    faults: int = FAULTS,
+    span_s: float = FAULT_SPAN_S,
+    bug: str | None = None,
+    schedule: list[Fault] | None = None,
+) -> SimResult:
+    """Run one seeded simulation to the end; the result lists any invariant violations.
+
+    ``bug`` names one of sim/bugs.py's planted bugs, patched in for this run;
+    ``schedule`` replaces the seed's own (a scenario written by hand)."""
+    rng = random.Random(seed)
+    drawn = make_schedule(rng, span_s, faults)
+    result = SimResult(seed, drawn if schedule is None else schedule)
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    planted = PLANTED_BUGS[bug]() if bug is not None else contextlib.nullcontext()
+    with _deterministic(seed), planted:
+        trio.run(_main, rng, result, span_s, clock=clock)
+    return result
+
+
+async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
+    zk = MemoryZooKeeper()
+    network = Network(rng)
+    start = trio.current_time()
+
+    def now_ms() -> int:
+        return int((trio.current_time() - start) * 1000) + 1_700_000_000_000
+
+    def trace(text: str) -> None:
+        result.trace.append(f"{trio.current_time() - start:9.3f} {text}")
+
+    sims = [SimBroker(b, zk, network, now_ms) for b in BROKER_IDS]
+    by_node = {s.node: s for s in sims}
+    inv = Invariants(zk, sims, result)
+    producer = Producer(network, TOPIC, BROKER_IDS)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(network.run)
+        for sim in sims:
+            await sim.start(nursery)
+        first = sims[0].broker
+        assert first is not None
+        while first.replication is None or len(first.replication.view.brokers) < len(sims):  # noqa: ASYNC110
+            await trio.sleep(0.01)
+        assignment = {p: [BROKER_IDS[(p + i) % 3] for i in range(3)] for p in range(PARTITIONS)}
+        await first.replication.create_topic(TOPIC, PARTITIONS, 3, {}, assignment)
+        trace("topic created")
+
+        async def checker() -> None:
+            while True:
+                inv.check()
+                await trio.sleep(CHECK_EVERY_S)
+
+        nursery.start_soon(checker)
+        faulty_from = trio.current_time()
+        until = faulty_from + span_s + 2.0
+        async with trio.open_nursery() as work:
+            for partition in range(PARTITIONS):
+                work.start_soon(producer.run, partition, until)
+
+            async def run_fault(fault: Fault) -> None:
+                await trio.sleep_until(faulty_from + fault.at)
+                await _apply_fault(fault, by_node, network, nursery, trace, inv)
+
+            for fault in result.schedule:
+                work.start_soon(run_fault, fault)
+        trace(f"faults over; {len(producer.acks)} acknowledged")
+        # Heal: the network, and any broker still down (their faults restarted them).
+        network.heal_all()
+        with trio.move_on_after(SETTLE_LIMIT_S):
+            while not _settled(sims, inv):  # noqa: ASYNC110 - polling plain data
+                await trio.sleep(0.1)
+            result.settled = True
+        inv.check()
+        if not result.settled:
+            inv.violation("the cluster did not settle within 60 s after the faults healed")
+        inv.final(producer)
+        result.acked = sum(len(a.values) for a in producer.acks)
+        result.sent = producer.sent
+        result.virtual_s = trio.current_time() - start
+        trace(f"end: {result.acked} values acknowledged, settled={result.settled}")
+        await producer.close()
+        nursery.cancel_scope.cancel()
+
+
+class _deterministic:
+    """Seed Trio's scheduler and ``random``; run worker-thread calls inline."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.saved: list[Any] = []
+
+    def __enter__(self) -> None:
+        import trio._core._run as trio_run
+
+        self.saved = [
+            trio_run._ALLOW_DETERMINISTIC_SCHEDULING,
+            trio_run._r.getstate(),
+            random.getstate(),
+            trio.to_thread.run_sync,
+            logging.getLogger("trio_broker").level,
+        ]
+        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
+        trio_run._r.seed(self.seed)
+        random.seed(self.seed)
+        trio.to_thread.run_sync = run_inline  # type: ignore[assignment]
+        logging.getLogger("trio_broker").setLevel(logging.CRITICAL)
+
+    def __exit__(self, *exc: object) -> None:
+        import trio._core._run as trio_run
+
+        allow, state, random_state, run_sync, level = self.saved
+        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = allow  # type: ignore[misc]
+        trio_run._r.setstate(state)
+        random.setstate(random_state)
+        trio.to_thread.run_sync = run_sync
+        logging.getLogger("trio_broker").setLevel(level)

@@ -1,0 +1,309 @@
+"""Consumer groups in a three-broker cluster: committed offsets survive their coordinator.
+
+Real ``serve`` processes on a real ZooKeeper, RF=3 everywhere (``__consumer_offsets``
+too). A group's coordinator is the leader of its ``__consumer_offsets`` partition
+(Kafka's hash of the group id); when that broker goes (kill -9, or a graceful stop),
+FindCoordinator names the partition's new leader, which rebuilt the group's offsets
+from its replica of the partition:
+
+- confluent-kafka, two members: they commit offset 6 of both partitions, close, the
+  coordinator is killed with -9; OffsetFetch from the new coordinator answers 6, and
+  the group's consumers restart at exactly offset 6 of each partition;
+- the same with a graceful stop (SIGTERM) of the coordinator;
+- members that stay up through the kill rejoin the new coordinator, read nothing below
+  the committed offsets again, and commit there;
+- kafka-python: commit, coordinator killed, the committed offset is read back from the
+  new coordinator and a new commit there counts; aiokafka the same through a graceful
+  stop.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from tests.cluster.test_cluster_e2e import eventually
+from tests.cluster.test_cluster_faults import (
+    CONFIG,
+    Cluster,
+    ConfiguredBroker,
+    admin_of,
+    create_topic,
+    producer,
+    servers,
+)
+from trio_broker.services.internal_topics import CONSUMER_OFFSETS, partition_for
+
+pytestmark = pytest.mark.timeout(180)
+
+TOPIC = "events"
+#: Kafka's default partition count: groups hash exactly as on a Kafka cluster.
+OFFSETS_PARTITIONS = 50
+COMMITTED = 6
+RECORDS_PER_PARTITION = 10
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
+    config = tmp_path / "broker.properties"
+    config.write_text(
+        CONFIG.replace(
+            "offsets.topic.num.partitions=5", f"offsets.topic.num.partitions={OFFSETS_PARTITIONS}"
+        )
+    )
+    brokers = {
+        b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
+    }
+    try:
+        for broker in brokers.values():
+            broker.start()
+        yield brokers
+    finally:
+        for broker in brokers.values():
+            if broker.running:
+                broker.stop()
+
+
+def produce(bootstrap: str, partition: int, values: range) -> None:
+    """Produce ``values`` to one partition of TOPIC (acks=all), waiting for them all."""
+    p = producer(bootstrap)
+    failed: list[object] = []
+    for i in values:
+        p.produce(TOPIC, value=str(i).encode(), partition=partition,
+                  on_delivery=lambda err, _msg: failed.append(err) if err else None)  # fmt: skip
+        p.poll(0)
+    assert p.flush(90) == 0 and not failed, failed
+
+
+def coordinator_of(admin: AdminClient, group: str) -> int:
+    """The broker FindCoordinator names for the group (through DescribeGroups' lookup)."""
+    [future] = admin.describe_consumer_groups([group], request_timeout=10).values()
+    return int(future.result(timeout=15).coordinator.id)
+
+
+def offsets_leader(admin: AdminClient, group: str) -> int:
+    """The leader of the group's ``__consumer_offsets`` partition, from metadata."""
+    topic = admin.list_topics(CONSUMER_OFFSETS, timeout=10).topics[CONSUMER_OFFSETS]
+    assert len(topic.partitions) == OFFSETS_PARTITIONS
+    return int(topic.partitions[partition_for(group, OFFSETS_PARTITIONS)].leader)
+
+
+def consumer(bootstrap: str, group: str) -> Consumer:
+    return Consumer({
+        "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+        "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 500, "topic.metadata.refresh.interval.ms": 1000,
+    })  # fmt: skip
+
+
+def consume_as_group(
+    consumers: list[Consumer], until: int, timeout_s: float = 90.0
+) -> dict[int, list[int]]:
+    """Poll all members until ``until`` records were read: partition -> offsets read."""
+    read: dict[int, list[int]] = {}
+    deadline = time.monotonic() + timeout_s
+    while sum(map(len, read.values())) < until:
+        assert time.monotonic() < deadline, f"read {read} of {until} records in time"
+        for member in consumers:
+            msg = member.poll(0.2)
+            if msg is not None and msg.error() is None:
+                read.setdefault(msg.partition(), []).append(msg.offset())
+    return read
+
+
+def committed_by(bootstrap: str, group: str) -> dict[int, int]:
+    """OffsetFetch through the group's (current) coordinator."""
+    probe = consumer(bootstrap, group)
+    try:
+        found = probe.committed([TopicPartition(TOPIC, p) for p in (0, 1)], timeout=30)
+        return {tp.partition: tp.offset for tp in found}
+    finally:
+        probe.close()
+
+
+def commit_then_lose_coordinator(cluster: Cluster, group: str, *, kill: bool) -> None:
+    admin = create_topic(cluster, TOPIC, 2)
+    for partition in (0, 1):
+        produce(servers(cluster), partition, range(RECORDS_PER_PARTITION))
+    members = [consumer(servers(cluster), group) for _ in range(2)]
+    for member in members:
+        member.subscribe([TOPIC])
+    read = consume_as_group(members, 2 * RECORDS_PER_PARTITION)
+    assert {p: sorted(o) for p, o in read.items()} == {
+        p: list(range(RECORDS_PER_PARTITION)) for p in (0, 1)
+    }
+    # Both members got a partition each, and each commits offset 6 of its own.
+    assignments = [sorted(tp.partition for tp in m.assignment()) for m in members]
+    assert sorted(assignments) == [[0], [1]], assignments
+    for member, [partition] in zip(members, assignments, strict=True):
+        member.commit(offsets=[TopicPartition(TOPIC, partition, COMMITTED)], asynchronous=False)
+    for member in members:
+        member.close()
+
+    old = coordinator_of(admin, group)
+    assert old == offsets_leader(admin, group)
+    assert committed_by(servers(cluster), group) == {0: COMMITTED, 1: COMMITTED}
+    # Three replicas per partition, compacted (the log cleaner keeps the latest record
+    # per key, as for any compacted topic): its configs as the coordinator made it.
+    offsets_topic = admin.list_topics(CONSUMER_OFFSETS, timeout=10).topics[CONSUMER_OFFSETS]
+    assert {len(p.replicas) for p in offsets_topic.partitions.values()} == {3}
+    catalogue = json.loads((cluster[old].data_dir / "catalogue.json").read_text())
+    [made] = [t for t in catalogue["topics"] if t["name"] == CONSUMER_OFFSETS]
+    assert made["configs"]["cleanup.policy"] == "compact"
+    if kill:
+        cluster[old].kill9()
+    else:
+        cluster[old].stop()
+    survivors = admin_of(cluster, without=(old,))
+
+    def moved() -> bool:
+        new = coordinator_of(survivors, group)
+        return new != old and new == offsets_leader(survivors, group)
+
+    eventually(moved, "FindCoordinator names the new leader of the group's partition")
+    # OffsetFetch from the new coordinator: the offsets came with the partition.
+    assert committed_by(servers(cluster), group) == {0: COMMITTED, 1: COMMITTED}
+    # More records while the group is away; its consumers restart at exactly 6.
+    for partition in (0, 1):
+        produce(servers(cluster), partition, range(RECORDS_PER_PARTITION, 15))
+    members = [consumer(servers(cluster), group) for _ in range(2)]
+    try:
+        for member in members:
+            member.subscribe([TOPIC])
+        resumed = consume_as_group(members, 2 * (15 - COMMITTED))
+    finally:
+        for member in members:
+            member.close()
+    assert resumed == {p: list(range(COMMITTED, 15)) for p in (0, 1)}
+
+
+def test_offsets_survive_a_kill_9_of_the_coordinator(cluster: Cluster) -> None:
+    commit_then_lose_coordinator(cluster, "resumers", kill=True)
+
+
+def test_offsets_survive_a_graceful_stop_of_the_coordinator(cluster: Cluster) -> None:
+    commit_then_lose_coordinator(cluster, "stoppers", kill=False)
+
+
+def test_live_members_rejoin_the_new_coordinator_and_go_on(cluster: Cluster) -> None:
+    """The members stay up through the kill: they find the new coordinator, rejoin (it
+    knows the group's offsets, not its members), never re-read below the committed
+    offset, and their next commits count there."""
+    group = "livers"
+    admin = create_topic(cluster, TOPIC, 2)
+    for partition in (0, 1):
+        produce(servers(cluster), partition, range(RECORDS_PER_PARTITION))
+    members = [consumer(servers(cluster), group) for _ in range(2)]
+    try:
+        for member in members:
+            member.subscribe([TOPIC])
+        consume_as_group(members, 2 * RECORDS_PER_PARTITION)
+        for member in members:
+            mine = [TopicPartition(TOPIC, tp.partition, COMMITTED) for tp in member.assignment()]
+            member.commit(offsets=mine, asynchronous=False)
+        old = coordinator_of(admin, group)
+        cluster[old].kill9()
+        survivors = admin_of(cluster, without=(old,))
+        eventually(lambda: coordinator_of(survivors, group) != old, "a new coordinator")
+        for partition in (0, 1):
+            produce(servers(cluster), partition, range(RECORDS_PER_PARTITION, 15))
+        # Whether a member's fetcher got 10.. before the rebalance or not, after it the
+        # partitions restart from the committed 6: everything from 6 on arrives, and
+        # nothing below it is read again.
+        again: dict[int, list[int]] = {}
+        deadline = time.monotonic() + 90
+        while any(set(range(COMMITTED, 15)) - set(again.get(p, [])) for p in (0, 1)):
+            assert time.monotonic() < deadline, f"after the kill the group read {again}"
+            for member in members:
+                msg = member.poll(0.2)
+                if msg is not None and msg.error() is None:
+                    again.setdefault(msg.partition(), []).append(msg.offset())
+        assert min(min(offsets) for offsets in again.values()) == COMMITTED, again
+        assert {p: 6 in offsets for p, offsets in again.items()} == {0: True, 1: True}
+        for member in members:
+            done = [TopicPartition(TOPIC, tp.partition, 15) for tp in member.assignment()]
+            member.commit(offsets=done, asynchronous=False)
+    finally:
+        for member in members:
+            member.close()
+    assert committed_by(servers(cluster), group) == {0: 15, 1: 15}
+
+
+def test_kafka_python_commit_and_fetch_through_a_coordinator_move(cluster: Cluster) -> None:
+    from kafka import KafkaConsumer
+    from kafka.structs import OffsetAndMetadata
+    from kafka.structs import TopicPartition as KTopicPartition
+
+    admin = create_topic(cluster, TOPIC, 2)
+    group = "pythonic"
+    tp = KTopicPartition(TOPIC, 1)
+
+    def standalone() -> KafkaConsumer:
+        # Assigns partitions itself: commits and fetches go to the group's coordinator.
+        client = KafkaConsumer(
+            bootstrap_servers=servers(cluster).split(","), group_id=group,
+            enable_auto_commit=False, request_timeout_ms=30_000,
+        )  # fmt: skip
+        client.assign([tp])
+        return client
+
+    first = standalone()
+    first.commit({tp: OffsetAndMetadata(5, "before", -1)})
+    assert first.committed(tp) == 5
+    first.close()
+    old = coordinator_of(admin, group)
+    cluster[old].kill9()
+    survivors = admin_of(cluster, without=(old,))
+    eventually(lambda: coordinator_of(survivors, group) != old, "a new coordinator")
+    second = standalone()
+    try:
+        assert second.committed(tp) == 5
+        second.commit({tp: OffsetAndMetadata(7, "after", -1)})
+    finally:
+        second.close()
+    third = standalone()
+    try:
+        assert third.committed(tp) == 7
+        assert third.committed(tp, metadata=True).metadata == "after"
+    finally:
+        third.close()
+
+
+def test_aiokafka_commit_and_fetch_through_a_graceful_coordinator_move(cluster: Cluster) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import OffsetAndMetadata
+    from aiokafka.structs import TopicPartition as ATopicPartition
+
+    admin = create_topic(cluster, TOPIC, 2)
+    group = "asyncio"
+    tp = ATopicPartition(TOPIC, 0)
+
+    async def commit_then_fetch(commit: int | None) -> int | None:
+        client = AIOKafkaConsumer(
+            bootstrap_servers=servers(cluster), group_id=group, enable_auto_commit=False,
+            request_timeout_ms=30_000, retry_backoff_ms=200,
+        )  # fmt: skip
+        await client.start()
+        try:
+            client.assign([tp])
+            if commit is not None:
+                await client.commit({tp: OffsetAndMetadata(commit, "")})
+            return await asyncio.wait_for(client.committed(tp), 60)
+        finally:
+            await client.stop()
+
+    assert asyncio.run(commit_then_fetch(4)) == 4
+    old = coordinator_of(admin, group)
+    cluster[old].stop()
+    survivors = admin_of(cluster, without=(old,))
+    eventually(lambda: coordinator_of(survivors, group) != old, "a new coordinator")
+    assert asyncio.run(commit_then_fetch(None)) == 4
+    assert asyncio.run(commit_then_fetch(9)) == 9

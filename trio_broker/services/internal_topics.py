@@ -1,0 +1,166 @@
+"""Internal topics in a cluster: which partition holds a key, who owns it, and writes
+that count.
+
+Kafka keeps group offsets in ``__consumer_offsets`` and transaction state in
+``__transaction_state``, each a replicated topic of several partitions. The
+coordinator of a group (or transactional id) is the broker that leads the partition
+its key hashes to; when leadership moves, the new leader rebuilds the coordinator's
+table from that partition's log. Three pieces serve the group coordinator and the
+transaction coordinator alike:
+
+- :func:`partition_for`: the partition a key belongs to, with Kafka's own hash, so
+  that a group lands on the partition a Kafka broker would put it in;
+- :class:`LeadershipListener`: what an internal topic's owner is told by the replica
+  manager (``cluster/replica_manager.py``) when this broker starts or stops leading one
+  of the topic's partitions;
+- :func:`append_committed`: append one record batch as the partition's leader and wait
+  until it counts: synced here and, in a cluster, below the high watermark (every ISR
+  member has it, and ``min.insync.replicas`` held), Kafka's acks=all for its internal
+  writes. Alone (no replication), synced is enough.
+
+No trio here: the waiting is done by the durability and replication objects passed in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
+from trio_broker.replication.leader import AckState
+from trio_broker.storage.log import AppendResult
+
+__all__ = [
+    "LeadershipListener",
+    "NotCommitted",
+    "append_as_leader",
+    "append_committed",
+    "java_string_hash",
+    "partition_for",
+    "wait_counted",
+]
+
+CONSUMER_OFFSETS = "__consumer_offsets"
+TRANSACTION_STATE = "__transaction_state"
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (a signed 32-bit int over UTF-16 code units)."""
+    h = 0
+    raw = text.encode("utf-16-be")
+    for i in range(0, len(raw), 2):
+        h = (31 * h + ((raw[i] << 8) | raw[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for(key: str, partitions: int) -> int:
+    """Kafka's ``Utils.abs(key.hashCode()) % partitions`` (abs of MIN_VALUE is 0)."""
+    if partitions <= 0:
+        raise ValueError("an internal topic has at least one partition")
+    h = java_string_hash(key)
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
+class LeadershipListener(Protocol):
+    """An internal topic's owner (group or transaction coordinator), told by the replica
+    manager about this broker's leadership of the topic's partitions. Both calls are
+    synchronous and must not block: loading a partition's table from its log is the
+    listener's own (background) work."""
+
+    def elected(self, partition: int, leader_epoch: int, log: Any) -> None:
+        """This broker now leads ``partition`` in ``leader_epoch``; ``log`` is its log.
+        Called again, without :meth:`resigned` in between, when a new epoch of its
+        leadership begins (an ISR change by the controller, a reassignment)."""
+
+    def resigned(self, partition: int) -> None:
+        """This broker no longer leads ``partition`` (another leads it, or none)."""
+
+
+class NotCommitted(KafkaError):
+    """The write may be lost: the caller answers the client with ``error_code`` (usually
+    NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE, so that it looks up and retries)."""
+
+
+async def append_committed(
+    log: Any,
+    batch: bytes,
+    *,
+    now_ms: int,
+    durability: Any,
+    replication: Any = None,
+    topic: str = "",
+    partition: int = 0,
+) -> AppendResult:
+    """Append ``batch`` to ``log`` and return once the write counts (module docstring).
+
+    ``replication`` is the broker's replica manager, or None alone; with one, this broker
+    must lead ``topic``-``partition`` (NOT_COORDINATOR otherwise) and the batch carries
+    its leader epoch. Raises :class:`NotCommitted` when the write did not count; the
+    record may still be in the log (as with a timed-out produce), so callers apply
+    their table change only after a normal return.
+    """
+    result = append_as_leader(
+        log, batch, now_ms=now_ms, replication=replication, topic=topic, partition=partition
+    )
+    durability.mark_dirty(log)
+    await wait_counted(
+        log, result.last_offset, durability=durability, replication=replication,
+        topic=topic, partition=partition,
+    )  # fmt: skip
+    return result
+
+
+def append_as_leader(
+    log: Any,
+    batch: bytes,
+    *,
+    now_ms: int,
+    replication: Any = None,
+    topic: str = "",
+    partition: int = 0,
+) -> AppendResult:
+    """The first half of :func:`append_committed`, for callers that must append in
+    request order now and wait later: the append itself, with the leader epoch in a
+    cluster. Raises :class:`NotCommitted` (nothing was appended); the caller marks the
+    log dirty for the flusher and waits with :func:`wait_counted`."""
+    term = None
+    if replication is not None:
+        term = replication.leader_term(topic, partition)
+        if term is None:
+            raise NotCommitted(ErrorCode.NOT_COORDINATOR, f"not the leader of {topic}-{partition}")
+    try:
+        if term is None:
+            result: AppendResult = log.append(batch, now_ms=now_ms)
+        else:
+            result = log.append(batch, now_ms=now_ms, leader_epoch=term.leader_epoch)
+    except (KafkaError, OSError) as exc:
+        raise NotCommitted(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"append failed: {exc}") from exc
+    return result
+
+
+async def wait_counted(
+    log: Any,
+    last_offset: int,
+    *,
+    durability: Any,
+    replication: Any = None,
+    topic: str = "",
+    partition: int = 0,
+) -> None:
+    """The second half of :func:`append_committed`: wait until ``log`` is synced through
+    ``last_offset`` and, in a cluster, the high watermark passed it. Raises
+    :class:`NotCommitted` (NOT_COORDINATOR once leadership moved, else
+    COORDINATOR_NOT_AVAILABLE, which Kafka's coordinators answer for a failed or timed
+    out internal write too)."""
+    try:
+        await durability.wait_durable(log, last_offset)
+    except (KafkaError, OSError) as exc:
+        raise NotCommitted(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"sync failed: {exc}") from exc
+    if replication is not None:
+        state = await replication.wait_committed(topic, partition, last_offset)
+        if state is AckState.LEADERSHIP_LOST:
+            raise NotCommitted(ErrorCode.NOT_COORDINATOR, "leadership moved before the commit")
+        if state is not AckState.DONE:
+            raise NotCommitted(
+                ErrorCode.COORDINATOR_NOT_AVAILABLE, f"not committed: {state.name.lower()}"
+            )
