@@ -124,8 +124,9 @@ async def run_cluster_node(
             manager.leadership_listeners[TRANSACTION_STATE] = transactions
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
-            nursery.start_soon(_fence_while_cut_off, coord, manager,
-                               config.zookeeper_session_timeout_ms / 1000)  # fmt: skip
+            if isinstance(coord, ZooKeeperCoordination):  # the simulation's has no socket
+                nursery.start_soon(_fence_while_cut_off, coord, manager,
+                                   config.zookeeper_session_timeout_ms / 1000)  # fmt: skip
             await nursery.start(
                 lambda task_status: run_membership(
                     coord, registration, view,
