@@ -110,7 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_verify_commands(sub: Any) -> None:
     verify = sub.add_parser("verify", help="check captured traffic with a PySpark job")
-    verify.add_argument("capture_dir", metavar="CAPTURE_DIR", type=Path)
+    verify.add_argument(
+        "capture_dir", metavar="CAPTURE_DIR", type=Path, nargs="+",
+        help="a capture directory; several (or one holding a capture per subdirectory) are "
+        "checked together, e.g. the captures of every broker of a cluster",
+    )  # fmt: skip
     verify.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     verify.add_argument("--report", metavar="DIR", type=Path, help="write report.json/html here")
     verify.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")

@@ -55,6 +55,8 @@ class BrokerConfig:
     #: listener binds host:port above. See trio_broker/security/listeners.py.
     listeners: str | None = None
     advertised_listeners: str | None = None
+    #: The listener followers fetch from (its advertised address); None = the first.
+    inter_broker_listener_name: str | None = None
     listener_security_protocol_map: str = (  # Kafka's default: each protocol names itself
         "SASL_SSL:SASL_SSL,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT"
     )
@@ -224,7 +226,16 @@ class BrokerConfig:
         slow_ms = self.request_log_slow_ms
         if isinstance(slow_ms, bool) or not isinstance(slow_ms, int) or slow_ms < 0:
             raise ConfigError(f"request.log.slow.ms: expected an integer >= 0, got {slow_ms!r}")
-        resolve_listeners(self)  # raises ConfigError naming the bad key
+        protocol_of = {spec.name: spec.protocol for spec in resolve_listeners(self)}
+        inter_broker = self.inter_broker_listener_name
+        if inter_broker is not None and inter_broker.upper() not in protocol_of:
+            raise ConfigError(
+                f"inter.broker.listener.name: {inter_broker} is not in listeners "
+                f"({', '.join(protocol_of)})"
+            )
+        if inter_broker is not None and protocol_of[inter_broker.upper()] != "PLAINTEXT":
+            # The replica fetcher speaks plaintext only (docs/cluster.md, Not built yet).
+            raise ConfigError(f"inter.broker.listener.name: {inter_broker} must be PLAINTEXT")
         if self.authorizer_class_name and self.authorizer_class_name not in AUTHORIZER_NAMES:
             raise ConfigError(
                 f"authorizer.class.name: expected one of {sorted(AUTHORIZER_NAMES)}, "

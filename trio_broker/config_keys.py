@@ -199,7 +199,7 @@ _KAFKA_KEYS = [
     _key("group.streams.session.timeout.ms", INT, "45000"),
     _key("group.streams.topology.description.plugin.class", CLASS, None),
     _key("initial.broker.registration.timeout.ms", INT, "60000"),
-    _key("inter.broker.listener.name", STRING, None),
+    _key("inter.broker.listener.name", STRING, None, APPLIED, "inter_broker_listener_name"),
     _key("kafka.metrics.polling.interval.secs", INT, "10"),
     _key("kafka.metrics.reporters", LIST, ""),
     _key("leader.imbalance.check.interval.seconds", LONG, "300", APPLIED,

@@ -31,7 +31,9 @@ async def test_three_brokers_see_each_other_and_agree_on_one_controller(clients:
         await eventually(lambda: all(v.controller_id == 1 for v in views), "1 is controller")
         assert [v.is_controller for v in views] == [True, False, False]
         assert {v.controller_epoch for v in views} == {1}
-        assert members[3].view.brokers[2] == BrokerInfo(2, "127.0.0.1", 19002, "r2")
+        assert members[3].view.brokers[2] == BrokerInfo(
+            2, "127.0.0.1", 19002, "r2", (("PLAINTEXT", "127.0.0.1", 19002),)
+        )
         await members[3].stop()  # its session closes: the others drop it
         await eventually(
             lambda: set(views[0].brokers) == {1, 2} == set(views[1].brokers), "3 is gone"

@@ -26,6 +26,7 @@ from trio_broker.cluster.replica_manager import FollowerRole
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol.records import build_batch
 from trio_broker.server.broker import Broker
+from trio_broker.services.cluster_view import BrokerInfo
 
 TOPIC = "late-leader"
 LEADER_ID, FOLLOWER_ID = 1, 2
@@ -52,8 +53,9 @@ async def test_a_refused_truncation_is_retried_without_a_view_change(tmp_path: P
         manager = SimpleNamespace(
             view=SimpleNamespace(
                 broker_id=FOLLOWER_ID,
-                brokers={LEADER_ID: SimpleNamespace(host=host, port=port)},
+                brokers={LEADER_ID: BrokerInfo(LEADER_ID, host, port)},
             ),
+            inter_broker_listener=None,
             following={key: FollowerRole(LEADER_ID, leader_epoch=0)},
             roles_changed=trio.Event(),
             _view_event=lambda: no_news,

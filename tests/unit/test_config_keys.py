@@ -46,8 +46,8 @@ delete.topic.enable=FALSE
 
 # (offsets.topic.replication.factor is applied: a cluster's __consumer_offsets has it.)
 INERT_IN_FILE = [
-    "process.roles", "controller.quorum.bootstrap.servers", "inter.broker.listener.name",
-    "num.network.threads", "socket.send.buffer.bytes",
+    "process.roles", "controller.quorum.bootstrap.servers", "num.network.threads",
+    "socket.send.buffer.bytes",
 ]  # fmt: skip
 
 
@@ -68,6 +68,7 @@ def test_a_kafka_server_properties_is_applied(tmp_path: Path) -> None:
     assert config.group_min_session_timeout_ms == 7000
     assert config.group_max_session_timeout_ms == 1_800_000
     assert config.delete_topic_enable is False
+    assert config.inter_broker_listener_name == "PLAINTEXT"
     assert config.static_keys["log.segment.bytes"] == "1073741824"
 
 

@@ -115,6 +115,9 @@ class FakeBroker:
     def advertised_for(self, connection_id: int | None) -> tuple[str, int]:
         return ("127.0.0.1", 9092)
 
+    def listener_name_for(self, connection_id: int | None) -> str:
+        return "PLAINTEXT"
+
 
 async def start(nursery: trio.Nursery) -> tuple[FakeBroker, GroupCoordinator]:
     broker = FakeBroker()

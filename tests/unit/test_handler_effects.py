@@ -88,6 +88,9 @@ class Services:
     def advertised_for(self, connection_id: int | None) -> tuple[str, int]:
         return ("127.0.0.1", 9092)
 
+    def listener_name_for(self, connection_id: int | None) -> str:
+        return "PLAINTEXT"
+
     async def run_off_loop(self, fn: Callable[[], Any]) -> Any:
         return fn()
 

@@ -63,6 +63,23 @@ def test_cli_listen_and_advertised_listener_set_the_first_listener(tmp_path: Pat
     assert (second.protocol, second.advertised) == ("SASL_PLAINTEXT", None)
 
 
+def test_an_inter_broker_listener_of_its_own(tmp_path: Path) -> None:
+    config = load_config(
+        write(
+            tmp_path,
+            """
+listeners = "PLAINTEXT://127.0.0.1:9092,REPLICATION://127.0.0.1:19092"
+"listener.security.protocol.map" = "PLAINTEXT:PLAINTEXT,REPLICATION:PLAINTEXT"
+"advertised.listeners" = "PLAINTEXT://127.0.0.1:9092,REPLICATION://127.0.0.1:29092"
+"inter.broker.listener.name" = "REPLICATION"
+""",
+        )
+    )
+    assert config.inter_broker_listener_name == "REPLICATION"
+    _, replication = resolve_listeners(config)
+    assert (replication.protocol, replication.advertised) == ("PLAINTEXT", ("127.0.0.1", 29092))
+
+
 def test_a_bare_address_still_means_plaintext(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, 'listeners = "127.0.0.1:9999"'))
     (only,) = resolve_listeners(config)
@@ -86,6 +103,9 @@ def test_a_bare_address_still_means_plaintext(tmp_path: Path) -> None:
         ('"listener.name.x.ssl.bogus" = "x"', "unknown config key"),
         ('listeners = "SSL://h:1"\n"ssl.keystore.location" = "k"\n"ssl.client.auth" = "required"',
          "truststore"),
+        ('"inter.broker.listener.name" = "REPLICATION"', "REPLICATION is not in listeners"),
+        ('listeners = "PLAINTEXT://h:1,SASL_PLAINTEXT://h:2"\n'
+         '"inter.broker.listener.name" = "SASL_PLAINTEXT"', "must be PLAINTEXT"),
     ],
 )  # fmt: skip
 def test_bad_listener_configs_name_the_key(tmp_path: Path, toml: str, message: str) -> None:

@@ -20,6 +20,7 @@ from trio_broker.cluster.zk_layout import (
     partition_state_path,
 )
 from trio_broker.replication.controller_rules import LeaderAndIsr
+from trio_broker.services.cluster_view import BrokerInfo, ClusterView
 
 ids = st.integers(0, 2**31 - 1)
 
@@ -40,6 +41,32 @@ def test_layout_uses_kafkas_names() -> None:
     assert state == {"version": 1, "leader": 2, "leader_epoch": 7, "isr": [2, 1],
                      "controller_epoch": 4}  # fmt: skip
     assert partition_state_path("t", 3) == "/brokers/topics/t/partitions/3/state"
+
+
+def test_registration_names_every_listener_and_its_protocol() -> None:
+    reg = BrokerRegistration(
+        2, "127.0.0.1", 9092, None,
+        ("PLAINTEXT://127.0.0.1:9092", "REPLICATION://127.0.0.1:19092"), 5,
+        (("REPLICATION", "PLAINTEXT"),),
+    )  # fmt: skip
+    doc = json.loads(reg.encode())
+    assert doc["listener_security_protocol_map"] == {
+        "PLAINTEXT": "PLAINTEXT", "REPLICATION": "PLAINTEXT"
+    }  # fmt: skip
+    back = BrokerRegistration.decode(2, reg.encode())
+    assert back == reg
+    assert back.listener_addresses() == (
+        ("PLAINTEXT", "127.0.0.1", 9092), ("REPLICATION", "127.0.0.1", 19092)
+    )  # fmt: skip
+    info = BrokerInfo(2, "127.0.0.1", 9092, None, back.listener_addresses())
+    assert info.endpoint(None) == ("127.0.0.1", 9092)
+    assert info.endpoint("REPLICATION") == ("127.0.0.1", 19092)
+    assert info.endpoint("CLIENT") is None  # Kafka leaves such a broker out
+    view = ClusterView(1, {2: info, 3: BrokerInfo(3, "127.0.0.1", 9093)})
+    # Broker 3 registered no listener names: its one address serves every listener.
+    assert [(b.broker_id, h, p) for b, h, p in view.brokers_on("REPLICATION")] == [
+        (2, "127.0.0.1", 19092), (3, "127.0.0.1", 9093)
+    ]  # fmt: skip
 
 
 @given(ids, ids, st.lists(ids, max_size=5), ids)

@@ -49,6 +49,8 @@ class ClusterHost(Protocol):
     @property
     def advertised(self) -> tuple[str, int]: ...
 
+    def advertised_endpoints(self) -> list[tuple[str, str, str, int]]: ...
+
     @property
     def durability(self) -> Any: ...
 
@@ -93,16 +95,21 @@ async def run_cluster_node(
             producers=host.producers,
             follower_throttle_rate=config.follower_replication_throttled_rate,
             sync_before_counting=config.acks_all_fsync,
+            inter_broker_listener=(config.inter_broker_listener_name or "").upper() or None,
         )  # fmt: skip
         manager.leadership_listeners.update(host.leadership_listeners)
         manager.open_stream = host.open_stream
         rebalance = None
         if config.auto_leader_rebalance_enable:
             rebalance = Rebalance(interval_s=float(config.leader_imbalance_check_interval_seconds))
-        address, port = host.advertised
+        # Every listener is registered (Kafka's endpoints): followers fetch from the
+        # inter-broker one, and Metadata answers each client with its own listener's.
+        endpoints = host.advertised_endpoints()
+        _, _, address, port = endpoints[0]
         registration = BrokerRegistration(
             config.node_id, address, port, config.broker_rack,
-            (f"PLAINTEXT://{address}:{port}",), wall_clock_ms(),
+            tuple(f"{name}://{h}:{p}" for name, _, h, p in endpoints), wall_clock_ms(),
+            tuple((name, protocol) for name, protocol, _, _ in endpoints if name != protocol),
         )  # fmt: skip
         transactions = getattr(host, "transactions", None)
         if isinstance(transactions, PartitionedTransactionCoordinator):
@@ -118,6 +125,9 @@ async def run_cluster_node(
             manager.leadership_listeners[TRANSACTION_STATE] = transactions
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
+            if isinstance(coord, ZooKeeperCoordination):  # the simulation's has no socket
+                nursery.start_soon(_fence_while_cut_off, coord, manager,
+                                   config.zookeeper_session_timeout_ms / 1000)  # fmt: skip
             await nursery.start(
                 lambda task_status: run_membership(
                     coord, registration, view,
@@ -150,3 +160,43 @@ async def run_cluster_node(
 async def _shutdown_begins(host: ClusterHost) -> None:
     while not host.shutting_down:
         await host.appends.wait()  # the shutdown wakes it (and so does every append)
+
+
+async def _fence_while_cut_off(
+    coord: ZooKeeperCoordination, manager: ReplicaManager, session_timeout_s: float
+) -> None:
+    """Lead nothing while ZooKeeper has been out of reach for a whole session timeout.
+
+    Cut off from ZooKeeper but not from clients, a leader would otherwise go on taking
+    writes (and answering Metadata as the leader) long after the controller elected
+    another broker in its place: kazoo only learns the session expired once it
+    reaches ZooKeeper again. acks=all writes are safe either way (the followers have
+    moved on); this ends the term so clients are told NOT_LEADER_OR_FOLLOWER and move
+    on too, as a Kafka broker does once the controller tells it.
+    """
+    while True:
+        changed = coord.connection_changed()
+        since = coord.disconnected_since
+        if since is None:
+            if manager.fenced:
+                await _view_settles(manager, limit_s=session_timeout_s)
+            manager.fence(False)
+            await changed.wait()
+            continue
+        with trio.move_on_at(since + session_timeout_s):
+            await changed.wait()
+            continue
+        manager.fence(True)
+        await changed.wait()
+
+
+async def _view_settles(manager: ReplicaManager, limit_s: float, quiet_s: float = 0.5) -> None:
+    """Back in touch: a session that expired meanwhile makes the membership tasks
+    re-read brokers and topics (each re-read changes the view); lead again only once
+    that is done (no change for ``quiet_s``), never from the view of before the cut."""
+    with trio.move_on_after(limit_s):
+        while True:
+            with trio.move_on_after(quiet_s):
+                await manager._view_event().wait()
+                continue
+            return

@@ -110,6 +110,10 @@ class ZooKeeperCoordination:
         self._token: trio.lowlevel.TrioToken | None = None
         self._lost = trio.Event()
         self._stopped = False
+        #: trio.current_time() when the connection to ZooKeeper dropped; None while
+        #: connected. The session may still live (it expires on the server's clock).
+        self.disconnected_since: float | None = None
+        self._connection_changed = trio.Event()
 
     async def start(self, timeout_s: float = 15.0) -> None:
         from kazoo.protocol.states import KazooState
@@ -119,12 +123,25 @@ class ZooKeeperCoordination:
         def on_state(state: Any) -> None:  # kazoo's thread: hand over, never block
             if state == KazooState.LOST:
                 self._from_kazoo(self._on_lost)
+            self._from_kazoo(lambda: self._on_connection(state == KazooState.CONNECTED))
 
         self._client.add_listener(on_state)
         await self._in_thread(lambda: self._client.start(timeout=timeout_s))
 
     async def _in_thread(self, fn: Any) -> Any:
         return await trio.to_thread.run_sync(fn, limiter=self._threads, abandon_on_cancel=True)
+
+    def _on_connection(self, connected: bool) -> None:
+        if connected:
+            self.disconnected_since = None
+        elif self.disconnected_since is None:
+            self.disconnected_since = trio.current_time()
+        self._connection_changed.set()
+        self._connection_changed = trio.Event()
+
+    def connection_changed(self) -> trio.Event:
+        """Set at the next change of the connection state (see ``disconnected_since``)."""
+        return self._connection_changed
 
     def _on_lost(self) -> None:
         self._lost.set()

@@ -137,7 +137,9 @@ async def _follow_brokers(
                 except CoordinationDataError as exc:
                     log.warning("ignoring %s/%s: %s", BROKER_IDS, name, exc)
                     continue
-                brokers[reg.broker_id] = BrokerInfo(reg.broker_id, reg.host, reg.port, reg.rack)
+                brokers[reg.broker_id] = BrokerInfo(
+                    reg.broker_id, reg.host, reg.port, reg.rack, reg.listener_addresses()
+                )
         except CoordinationError as exc:
             log.warning("reading the broker list: %s", exc)
             await trio.sleep(RETRY_S)

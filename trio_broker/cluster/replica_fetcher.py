@@ -111,11 +111,15 @@ async def _connect(manager: ReplicaManager, leader: int) -> BrokerClient:
     info = manager.view.brokers.get(leader)
     if info is None:
         raise BrokerConnectionError(f"broker {leader} is not registered")
+    address = info.endpoint(manager.inter_broker_listener)
+    if address is None:
+        raise BrokerConnectionError(
+            f"broker {leader} has no {manager.inter_broker_listener} listener registered"
+        )
     # getattr: stand-in managers of tests may predate the simulation's hook.
     open_stream = getattr(manager, "open_stream", None)
-    client = BrokerClient(
-        info.host, info.port, f"replica-fetcher-{manager.view.broker_id}", open_stream
-    )
+    host, port = address
+    client = BrokerClient(host, port, f"replica-fetcher-{manager.view.broker_id}", open_stream)
     await client.connect()
     return client
 

@@ -98,6 +98,7 @@ class ReplicaManager:
         producers: Any = None,
         follower_throttle_rate: int = 2**63 - 1,
         sync_before_counting: bool = True,
+        inter_broker_listener: str | None = None,
     ) -> None:
         self.view = view
         self.coord = coord
@@ -116,6 +117,8 @@ class ReplicaManager:
         #: acks.all.fsync: a replica's log end counts (leader's HW, follower's next fetch
         #: offset) only once synced; False: once appended, relying on replication as Kafka.
         self.sync_before_counting = sync_before_counting
+        #: inter.broker.listener.name: whose endpoint followers fetch from (None: first).
+        self.inter_broker_listener = inter_broker_listener
         #: (topic, partition) -> this broker's leader term.
         self.terms: dict[tuple[str, int], LeaderPartition] = {}
         #: (topic, partition) -> what this broker follows.
@@ -125,6 +128,8 @@ class ReplicaManager:
         #: Roles changed: fetchers re-read ``following`` (set by _apply).
         self.roles_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
+        #: Set while ZooKeeper has been unreachable past the session timeout (fence()).
+        self.fenced = False
         #: The controller's actions while this broker is the controller (admin requests).
         self.controller: ControllerActions | None = None
         #: Cluster topics this broker keeps a local copy of (since it started): deleted
@@ -363,6 +368,23 @@ class ReplicaManager:
         """Membership's word: this broker became the controller (or stopped being it)."""
         self.controller = actions
 
+    def fence(self, fenced: bool) -> None:
+        """ZooKeeper unreachable for longer than the session timeout (``fenced``): the
+        session has surely expired and another broker leads in a newer epoch, so end
+        every term now (acks=all waiters answer NOT_LEADER_OR_FOLLOWER, new writes are
+        refused) and take none up again from this stale view until ZooKeeper answers
+        again (``fenced=False``: the view is applied afresh)."""
+        if fenced == self.fenced:
+            return
+        self.fenced = fenced
+        log.warning("ZooKeeper unreachable past the session timeout: leading nothing"
+                    if fenced else "ZooKeeper reachable again")  # fmt: skip
+        if fenced:
+            for key in list(self.terms):
+                del self.terms[key]
+                self._wake(key)
+        self.view_changed()
+
     def leave(self) -> None:
         """The broker shuts down: end every term and stop following (for good: the
         caller cancels this manager's tasks next)."""
@@ -421,6 +443,8 @@ class ReplicaManager:
             for p in mine:
                 info = topic.partitions[p]
                 key = (name, p)
+                if info.leader == me and self.fenced:
+                    continue  # a stale view: leading would take writes that can be lost
                 if info.leader == me:
                     term = self.terms.get(key)
                     if term is None or term.leader_epoch != info.leader_epoch:

@@ -256,15 +256,18 @@ class TxnMarkerChannel:
     def _client(self, broker_id: int) -> tuple[BrokerClient, trio.Lock] | None:
         found = self._clients.get(broker_id)
         registered = self.replication.view.brokers.get(broker_id)
-        if registered is None:
-            return None
-        if found is not None and (found[0].host, found[0].port) == (
-            registered.host, registered.port,
-        ):  # fmt: skip
-            return found
-        client = BrokerClient(
-            registered.host, registered.port, f"broker-{self.replication.view.broker_id}-txn"
+        # The other broker's inter-broker endpoint, as the replica fetchers use.
+        address = (
+            None
+            if registered is None
+            else registered.endpoint(getattr(self.replication, "inter_broker_listener", None))
         )
+        if address is None:
+            return None
+        if found is not None and (found[0].host, found[0].port) == address:
+            return found
+        host, port = address
+        client = BrokerClient(host, port, f"broker-{self.replication.view.broker_id}-txn")
         self._clients[broker_id] = (client, trio.Lock())
         return self._clients[broker_id]
 

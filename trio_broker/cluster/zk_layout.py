@@ -95,16 +95,29 @@ class BrokerRegistration:
     #: "NAME://HOST:PORT" per listener; the first is the one clients are told about.
     endpoints: tuple[str, ...] = ()
     timestamp_ms: int = 0
+    #: (listener name, security protocol) for names that are not a protocol themselves.
+    security_protocols: tuple[tuple[str, str], ...] = ()
 
     def encode(self) -> bytes:
         endpoints = list(self.endpoints) or [f"PLAINTEXT://{self.host}:{self.port}"]
         names = [e.split("://", 1)[0] for e in endpoints]
+        protocols = dict(self.security_protocols)
         return _dump({
             "version": 5, "host": self.host, "port": self.port, "rack": self.rack,
             "endpoints": endpoints, "jmx_port": -1, "features": {},
-            "listener_security_protocol_map": {name: name for name in names},
+            "listener_security_protocol_map": {n: protocols.get(n, n) for n in names},
             "timestamp": str(self.timestamp_ms),
         })  # fmt: skip
+
+    def listener_addresses(self) -> tuple[tuple[str, str, int], ...]:
+        """(name, host, port) of each readable endpoint, in registration order."""
+        out = []
+        for endpoint in self.endpoints:
+            name, sep, address = endpoint.partition("://")
+            host, colon, port = address.rpartition(":")
+            if sep and colon and host and port.isdigit():
+                out.append((name.upper(), host.strip("[]"), int(port)))
+        return tuple(out)
 
     @classmethod
     def decode(cls, broker_id: int, raw: bytes) -> BrokerRegistration:
@@ -121,7 +134,13 @@ class BrokerRegistration:
             timestamp = int(doc.get("timestamp", 0))
         except (TypeError, ValueError):
             raise CoordinationDataError(f"{what}: bad timestamp") from None
-        return cls(broker_id, host, _int(doc, "port", what), rack, tuple(endpoints), timestamp)
+        protocols = doc.get("listener_security_protocol_map") or {}
+        if not isinstance(protocols, dict):
+            raise CoordinationDataError(f"{what}: listener_security_protocol_map must be a map")
+        return cls(
+            broker_id, host, _int(doc, "port", what), rack, tuple(endpoints), timestamp,
+            tuple((str(k), str(v)) for k, v in protocols.items() if k != v),
+        )  # fmt: skip
 
 
 @attrs.frozen

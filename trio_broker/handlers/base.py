@@ -222,6 +222,11 @@ class Services(Protocol):
         """The address Metadata gives a client: that of the listener it connected to."""
         ...
 
+    def listener_name_for(self, connection_id: int | None) -> str:
+        """The name of the listener a client connected to (cluster Metadata answers with
+        every broker's endpoint on that listener)."""
+        ...
+
     async def run_off_loop(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` in a worker thread (CPU-heavy or blocking work)."""
         ...

@@ -57,11 +57,12 @@ async def handle_describe_cluster(
     if services.replication is not None:  # a cluster: every live broker, its controller
         view = services.replication.view
         response.controller_id = view.controller_id
+        listener = services.listener_name_for(ctx.client.connection_id)
         response.brokers = [
             Resp.DescribeClusterBroker(
-                broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack, is_fenced=False
+                broker_id=b.broker_id, host=h, port=p, rack=b.rack, is_fenced=False
             )
-            for b in sorted(view.brokers.values(), key=lambda b: b.broker_id)
+            for b, h, p in view.brokers_on(listener)
         ]
         return response
     host, port = services.advertised_for(ctx.client.connection_id)

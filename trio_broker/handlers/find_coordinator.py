@@ -37,7 +37,11 @@ def _locate(
             if error is not ErrorCode.NONE:
                 return error, f"no coordinator for group {key!r} yet", -1, "", -1
             chosen = replication.view.brokers[leader]
-            return ErrorCode.NONE, None, chosen.broker_id, chosen.host, chosen.port
+            address = chosen.endpoint(ctx.services.listener_name_for(ctx.client.connection_id))
+            if address is None:  # the coordinator has no endpoint on this client's listener
+                return (ErrorCode.COORDINATOR_NOT_AVAILABLE, "the coordinator is not on this "
+                        "listener", -1, "", -1)  # fmt: skip
+            return ErrorCode.NONE, None, chosen.broker_id, *address
         host, port = ctx.services.advertised_for(ctx.client.connection_id)
         return ErrorCode.NONE, None, ctx.services.config.node_id, host, port
     if key_type == KEY_TYPE_TRANSACTION:
@@ -79,7 +83,11 @@ def _transaction_coordinator_in_cluster(
     if leader is None:
         return (ErrorCode.COORDINATOR_NOT_AVAILABLE,
                 f"{TRANSACTION_STATE}-{partition} has no leader now", -1, "", -1)  # fmt: skip
-    return ErrorCode.NONE, None, leader.broker_id, leader.host, leader.port
+    address = leader.endpoint(ctx.services.listener_name_for(ctx.client.connection_id))
+    if address is None:  # the coordinator has no endpoint on this client's listener
+        return (ErrorCode.COORDINATOR_NOT_AVAILABLE, "the coordinator is not on this listener",
+                -1, "", -1)  # fmt: skip
+    return ErrorCode.NONE, None, leader.broker_id, *address
 
 
 @handles(m.ApiKey.FIND_COORDINATOR)

@@ -85,11 +85,12 @@ def _leader_of(ctx: RequestContext, name: str, topic_id: object, partition: int)
 def _endpoints(ctx: RequestContext, leaders: set[int], endpoint: Callable[..., T]) -> list[T]:
     replication = ctx.services.replication
     assert replication is not None
-    brokers = replication.view.brokers
+    # The client's own listener (Kafka's rule, as in Metadata).
+    listener = ctx.services.listener_name_for(ctx.client.connection_id)
     return [
-        endpoint(node_id=b, host=brokers[b].host, port=brokers[b].port, rack=brokers[b].rack)
-        for b in sorted(leaders)
-        if b in brokers
+        endpoint(node_id=b.broker_id, host=host, port=port, rack=b.rack)
+        for b, host, port in replication.view.brokers_on(listener)
+        if b.broker_id in leaders
     ]
 
 

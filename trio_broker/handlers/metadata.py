@@ -94,10 +94,15 @@ def cluster_topic_metadata(
     if info is None:
         return None
     partitions = []
+    # Cut off from ZooKeeper (replica_manager.fence): this broker's view is stale and
+    # another broker leads what it names itself leader of; say "no leader" so clients
+    # ask again (elsewhere) instead of coming back here.
+    stale_self = view.broker_id if getattr(replication, "fenced", False) else None
     for index, state in sorted(info.partitions.items()):
+        leader = -1 if state.leader == stale_self else state.leader
         partition = Resp.MetadataResponseTopic.MetadataResponsePartition(
-            error_code=ErrorCode.LEADER_NOT_AVAILABLE if state.leader < 0 else ErrorCode.NONE,
-            partition_index=index, leader_id=state.leader, leader_epoch=state.leader_epoch,
+            error_code=ErrorCode.LEADER_NOT_AVAILABLE if leader < 0 else ErrorCode.NONE,
+            partition_index=index, leader_id=leader, leader_epoch=state.leader_epoch,
             replica_nodes=list(state.replicas), isr_nodes=list(state.isr),
             offline_replicas=[r for r in state.replicas if r not in view.brokers],
         )  # fmt: skip
@@ -250,9 +255,14 @@ def describe(ctx: RequestContext, request: m.MetadataRequest) -> m.MetadataRespo
     controller = services.config.node_id
     if services.replication is not None:
         view = services.replication.view
+        listener = services.listener_name_for(ctx.client.connection_id)
+        # A broker cut off from ZooKeeper (fenced) leaves itself out, as the cluster
+        # already has: clients then stop asking it, and ask the others.
+        fenced_self = view.broker_id if getattr(services.replication, "fenced", False) else None
         brokers = [
-            Resp.MetadataResponseBroker(node_id=b.broker_id, host=b.host, port=b.port, rack=b.rack)
-            for b in sorted(view.brokers.values(), key=lambda b: b.broker_id)
+            Resp.MetadataResponseBroker(node_id=b.broker_id, host=h, port=p, rack=b.rack)
+            for b, h, p in view.brokers_on(listener)
+            if b.broker_id != fenced_self
         ]
         controller = view.controller_id
     return Resp(

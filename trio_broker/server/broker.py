@@ -286,8 +286,21 @@ class Broker:
 
     def advertised_for(self, connection_id: int | None) -> tuple[str, int]:
         """The address Metadata gives a client: that of the listener it connected to."""
+        return self._advertised_of(self._listener_of(connection_id))
+
+    def listener_name_for(self, connection_id: int | None) -> str:
+        """The name of the listener a client connected to (the first one if unknown)."""
+        return self._listener_of(connection_id).name
+
+    def advertised_endpoints(self) -> list[tuple[str, str, str, int]]:
+        """(name, security protocol, host, port) of every listener, as registered."""
+        return [(spec.name, spec.protocol, *self._advertised_of(spec)) for spec in self.listeners]
+
+    def _listener_of(self, connection_id: int | None) -> Listener:
         conn = None if connection_id is None else self.connections.get(connection_id)
-        spec = self.listeners[0] if conn is None or conn.listener is None else conn.listener
+        return self.listeners[0] if conn is None or conn.listener is None else conn.listener
+
+    def _advertised_of(self, spec: Listener) -> tuple[str, int]:
         if spec.advertised is not None:
             return spec.advertised
         host, port = self.listener_bound.get(spec.name, (spec.host, spec.port))

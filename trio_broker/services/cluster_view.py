@@ -17,9 +17,23 @@ __all__ = ["BrokerInfo", "ClusterView", "PartitionInfo", "TopicInfo"]
 @attrs.frozen
 class BrokerInfo:
     broker_id: int
+    #: The first listener's advertised address (the registration's host and port).
     host: str
     port: int
     rack: str | None = None
+    #: Every advertised listener as (name, host, port); empty for a registration that
+    #: names none (then host/port serve every listener).
+    endpoints: tuple[tuple[str, str, int], ...] = ()
+
+    def endpoint(self, listener: str | None) -> tuple[str, int] | None:
+        """The address of ``listener`` (None: the first), or None if the broker has no
+        such listener: Kafka then leaves the broker out of what it tells that client."""
+        if listener is None or not self.endpoints:
+            return (self.host, self.port)
+        for name, host, port in self.endpoints:
+            if name == listener:
+                return (host, port)
+        return None
 
 
 @attrs.frozen
@@ -60,3 +74,14 @@ class ClusterView:
     @property
     def is_controller(self) -> bool:
         return self.controller_id == self.broker_id
+
+    def brokers_on(self, listener: str | None) -> list[tuple[BrokerInfo, str, int]]:
+        """Live brokers by id with their address on ``listener`` (the one a client
+        connected to: Kafka answers each client with that listener's endpoints)."""
+        out = []
+        for broker_id in sorted(self.brokers):
+            info = self.brokers[broker_id]
+            address = info.endpoint(listener)
+            if address is not None:
+                out.append((info, *address))
+        return out

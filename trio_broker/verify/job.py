@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,9 @@ from trio_broker.verify.checks import (
 from trio_broker.verify.compact import COMPACT_DDL, KIND_CODE, KINDS, decode_compact, topic_hash
 from trio_broker.verify.report import write_report
 from trio_broker.verify.stats import traffic_stats
+
+#: The client id of the brokers' replica fetchers (cluster/replica_fetcher.py).
+REPLICA_FETCHER_CLIENT_ID = "replica-fetcher-"
 
 __all__ = ["CHECKS", "run_verify", "spark_session", "summary_text", "verify", "write_report"]
 
@@ -75,7 +79,10 @@ def spark_session(
     # and statistics took 50-53 s with it against 56-62 s with G1, Java's default.
     java_opts = f"-XX:+UseParallelGC -Dlog4j2.configurationFile=file:{log4j}"
     if frames is None or frames < C2_FROM_FRAMES:
-        java_opts = f"-XX:TieredStopAtLevel=1 {java_opts}"
+        # C1's 48 MB default code cache filled up (and compilation stopped) on the
+        # captures of a 3-broker Jepsen-style run: one scan per broker run, each with
+        # its own generated code.
+        java_opts = f"-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m {java_opts}"
     cores = _local_cores(master)
     builder = (
         SparkSession.builder.master(master)
@@ -108,7 +115,29 @@ class Capture:
     size: int
 
 
-def read_capture_files(capture_dir: Path, *, warn: bool = True) -> Capture:
+CaptureDirs = Path | Sequence[Path]
+
+
+def capture_dirs(spec: CaptureDirs) -> list[Path]:
+    """The capture directories to check together: those given, and for a directory with
+    no capture file of its own, its subdirectories that have some (one per broker of a
+    cluster: ``captures/broker1``, ``captures/broker2``, ...)."""
+    given = [Path(spec)] if isinstance(spec, str | Path) else [Path(d) for d in spec]
+    out: list[Path] = []
+    for directory in given:
+        if not any(directory.glob("*.parquet")):
+            subdirs = (
+                sorted(d for d in directory.iterdir() if d.is_dir()) if directory.is_dir() else []
+            )
+            with_files = [d for d in subdirs if any(d.glob("*.parquet"))]
+            if with_files:
+                out.extend(with_files)
+                continue
+        out.append(directory)
+    return out
+
+
+def read_capture_files(capture_dir: CaptureDirs, *, warn: bool = True) -> Capture:
     """Capture files whose Parquet footer reads, and those skipped (a file truncated by an
     OS crash before the data reached the disk would otherwise fail the whole Spark job)."""
     import pyarrow.parquet as pq
@@ -116,7 +145,8 @@ def read_capture_files(capture_dir: Path, *, warn: bool = True) -> Capture:
     readable: list[str] = []
     unreadable: list[str] = []
     frames = size = 0
-    for path in sorted(Path(capture_dir).glob("*.parquet")):
+    paths = [p for d in capture_dirs(capture_dir) for p in sorted(d.glob("*.parquet"))]
+    for path in paths:
         try:
             meta = pq.read_metadata(path)
         except Exception as exc:  # any pyarrow error: not a complete Parquet file
@@ -167,14 +197,23 @@ def cache_level(spark: Any, frames: int) -> Any:
     return StorageLevel.MEMORY_AND_DISK if in_memory else StorageLevel.DISK_ONLY
 
 
-def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
-    """Run every check on the capture in ``capture_dir``; return the report as a dict."""
+def verify(spark: Any, capture_dir: CaptureDirs) -> dict[str, Any]:
+    """Run every check on the capture in ``capture_dir``; return the report as a dict.
+
+    Several directories (or one whose subdirectories hold the captures) are checked as
+    one history: the captures of every broker of a cluster, each broker run a run of its
+    own. Connections of the brokers' own replica fetchers are left out: the checks are
+    about what clients were told, and a follower is shown records above the high
+    watermark that a new leader may rightly truncate."""
     from pyspark.sql import functions as F
 
     started = time.monotonic()
-    capture = read_capture_files(Path(capture_dir))
+    dirs = capture_dirs(capture_dir)
+    capture = read_capture_files(dirs)
     if not capture.files:
-        raise FileNotFoundError(f"no capture Parquet files in {capture_dir}")
+        raise FileNotFoundError(f"no capture Parquet files in {', '.join(map(str, dirs))}")
+    several = len(dirs) > 1
+    run_of = (lambda f: f"{Path(f).parent}/{run_name(f)}") if several else run_name
     frames = capture.frames
     _log(f"{frames} frames in {len(capture.files)} capture files; decoding")
     cores = int(spark.sparkContext.defaultParallelism)
@@ -182,13 +221,16 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
     spark.conf.set("spark.sql.files.maxPartitionBytes", str(split))
     # ``run``: the index of the file's run in sorted run names, one literal per run's
     # files (a per-row regexp over input_file_name() cost more than the decoding).
-    runs = sorted({run_name(f) for f in capture.files})
+    runs = sorted({run_of(f) for f in capture.files})
     raw = None
     for index, run in enumerate(runs):
-        part = spark.read.parquet(*[f for f in capture.files if run_name(f) == run])
+        part = spark.read.parquet(*[f for f in capture.files if run_of(f) == run])
         part = part.withColumn("run", F.lit(index))
         raw = part if raw is None else raw.unionByName(part)
     assert raw is not None
+    fetchers = raw.where(F.col("client_id").startswith(REPLICA_FETCHER_CLIENT_ID))
+    fetchers = fetchers.select("run", "connection_id").distinct()
+    raw = raw.join(F.broadcast(fetchers), ["run", "connection_id"], "left_anti")
     raw.drop("frame").createOrReplaceTempView("frames")
     decode_input = raw.select(
         F.col("run").cast("string").alias("run"), "connection_id", "monotonic_ns",
@@ -213,7 +255,7 @@ def verify(spark: Any, capture_dir: Path) -> dict[str, Any]:
     named = spark.sql(named_view_sql(topic_ids)).repartition(parts, "tname", "partition")
     cached = [named.persist(cache_level(spark, frames))]
     try:
-        return _verify_facts(spark, cached, capture, runs, Path(capture_dir), started)
+        return _verify_facts(spark, cached, capture, runs, dirs, started)
     finally:
         for frame in cached:
             frame.unpersist()
@@ -250,7 +292,7 @@ def _verify_facts(
     cached: list[Any],
     capture: Capture,
     runs: list[str],
-    capture_dir: Path,
+    dirs: list[Path],
     started: float,
 ) -> dict[str, Any]:
     """The checks and statistics over the cached facts (``cached[0]``); appends what else
@@ -301,13 +343,14 @@ def _verify_facts(
     phases["stats"] = time.monotonic() - started - sum(phases.values())
     _log(f"statistics done ({time.monotonic() - started:.1f} s)")
     dropped = 0
-    for stats in capture_dir.glob("*.stats.json"):
+    for stats in (s for d in dirs for s in d.glob("*.stats.json")):
         try:
             dropped += int(json.loads(stats.read_text()).get("dropped", 0))
         except (OSError, ValueError):
             pass
     return {
-        "capture_dir": str(capture_dir),
+        "capture_dir": ", ".join(map(str, dirs)),
+        "capture_dirs": [str(d) for d in dirs],
         "frames": capture.frames,
         "facts": counts,
         "acknowledged_batches": acked,
@@ -384,16 +427,20 @@ def summary_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_verify(capture_dir: Path, *, master: str = "local[2]", report_dir: Path | None) -> int:
+def run_verify(
+    capture_dir: CaptureDirs, *, master: str = "local[2]", report_dir: Path | None
+) -> int:
     """``trio-broker verify``: 0 when every check holds, 1 on any violation, 2 on bad input."""
-    if not Path(capture_dir).is_dir():
-        print(f"trio-broker: {capture_dir} is not a directory", file=sys.stderr)
-        return 2
+    given = [Path(capture_dir)] if isinstance(capture_dir, str | Path) else list(capture_dir)
+    for directory in given:
+        if not Path(directory).is_dir():
+            print(f"trio-broker: {directory} is not a directory", file=sys.stderr)
+            return 2
     _log(f"starting Spark ({master})")
-    frames = read_capture_files(Path(capture_dir), warn=False).frames
+    frames = read_capture_files(given, warn=False).frames
     spark = spark_session(master, frames=frames)
     try:
-        report = verify(spark, Path(capture_dir))
+        report = verify(spark, given)
     except FileNotFoundError as exc:
         print(f"trio-broker: {exc}", file=sys.stderr)
         return 2

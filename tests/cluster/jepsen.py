@@ -1,0 +1,266 @@
+"""A Jepsen-style run: a 3-broker cluster under random faults, checked twice.
+
+Three ``trio-broker serve`` processes (RF=3, ``min.insync.replicas=2``), each behind a
+replication proxy and a ZooKeeper proxy (tests/cluster/netproxy.py) and capturing its
+traffic (``--capture``). While idempotent acks=all confluent-kafka producers write
+unique values and a consumer group reads, a seeded nemesis injects one fault at a time
+(kill -9 and restart, SIGSTOP then SIGCONT, a leader cut off from its followers, a
+broker cut off from ZooKeeper, a follower cut off from its leader, every replication
+connection reset), each held a few seconds, then healed. The schedule is drawn from the
+seed up front and logged as it happens.
+
+Afterwards everything is healed, every acknowledged value is read back (none lost, none
+twice, per-partition ack order kept) and ``trio-broker verify`` checks the captures of
+all brokers together. Used by tests/cluster/test_jepsen.py (about 2 minutes) and
+bench/jepsen.py (``--minutes 30``).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+from confluent_kafka import Consumer
+
+from tests.cluster.netproxy import fetcher_of
+from tests.cluster.test_cluster_e2e import partitions
+from tests.cluster.test_cluster_faults import (
+    BackgroundProducer,
+    admin_of,
+    create_topic,
+    full_isr,
+    read_partitions,
+    servers,
+)
+from tests.cluster.test_network_faults import ProxiedCluster, start_proxied_cluster
+
+TOPIC = "jepsen"
+PARTITIONS = 3
+FAULTS = ("kill9", "pause", "leader_cut_from_followers", "zookeeper_cut", "follower_cut",
+          "reset_replication")  # fmt: skip
+BROKER_EXE = Path(sys.executable).with_name("trio-broker")
+
+
+@attrs.define
+class Fault:
+    at_s: float  # seconds after the start of the faults
+    kind: str
+    broker: int
+    hold_s: float
+
+
+def schedule(seed: int, duration_s: float, ids: tuple[int, ...]) -> list[Fault]:
+    """The faults of a run, drawn from ``seed``: one at a time, a quiet gap after each."""
+    rng = random.Random(seed)
+    faults, t = [], rng.uniform(2.0, 4.0)
+    while True:
+        hold = rng.uniform(3.0, 8.0)
+        if t + hold > duration_s:
+            return faults
+        faults.append(Fault(round(t, 2), rng.choice(FAULTS), rng.choice(ids), round(hold, 2)))
+        t += hold + rng.uniform(4.0, 8.0)
+
+
+def _log(line: str) -> None:
+    print(f"[jepsen {time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+def _leader_of_some_partition(cluster: ProxiedCluster, fallback: int) -> int:
+    try:
+        state = partitions(admin_of(cluster), TOPIC)
+    except Exception:  # a fault may make Metadata fail: pick the drawn one
+        return fallback
+    leading = sorted({leader for leader, _, _ in state.values() if leader in cluster})
+    return fallback if not leading else leading[fallback % len(leading)]
+
+
+def inject(cluster: ProxiedCluster, fault: Fault) -> Callable[[], None]:
+    """Start ``fault``; returns what heals it."""
+    broker = cluster[fault.broker]
+    if fault.kind == "kill9":
+        broker.kill9()
+        return broker.start
+    if fault.kind == "pause":
+        broker.signal(signal.SIGSTOP)
+        return lambda: broker.signal(signal.SIGCONT)
+    if fault.kind == "leader_cut_from_followers":
+        leader = cluster[_leader_of_some_partition(cluster, fault.broker)]
+        leader.replication.blackhole()
+        return leader.replication.heal
+    if fault.kind == "zookeeper_cut":
+        broker.zookeeper_link.blackhole()
+        return broker.zookeeper_link.heal
+    if fault.kind == "follower_cut":
+        for other in cluster.values():
+            other.replication.blackhole([fetcher_of(fault.broker)])
+        return cluster.heal
+    if fault.kind == "reset_replication":
+        for other in cluster.values():
+            other.replication.reset()
+        return lambda: None
+    raise ValueError(fault.kind)
+
+
+class GroupReader:
+    """A consumer group member reading the topic while the faults go on (bounded)."""
+
+    def __init__(self, bootstrap: str, group: str, limit: int = 2_000_000) -> None:
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+            "enable.auto.commit": True, "auto.commit.interval.ms": 1000,
+            "session.timeout.ms": 10000, "topic.metadata.refresh.interval.ms": 1000,
+        })  # fmt: skip
+        self.consumer.subscribe([TOPIC])
+        self.read = 0
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.limit = limit
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.is_set() and self.read < self.limit:
+            msg = self.consumer.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                self.errors[msg.error().name()] += 1
+            else:
+                self.read += 1
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(10)
+        self.consumer.close()
+
+
+def run(
+    work_dir: Path,
+    zookeeper: str,
+    *,
+    duration_s: float,
+    seed: int,
+    producers: int = 2,
+    verify: bool = True,
+) -> dict[str, Any]:
+    """One checked run; returns its figures (see the module docstring)."""
+    ids = (1, 2, 3)
+    faults = schedule(seed, duration_s, ids)
+    _log(f"seed {seed}: {len(faults)} faults over {duration_s:.0f} s: "
+         + ", ".join(f"{f.at_s}s {f.kind}@{f.broker} for {f.hold_s}s" for f in faults))  # fmt: skip
+    work_dir.mkdir(parents=True, exist_ok=True)
+    captures = work_dir / "captures"
+    cluster = start_proxied_cluster(work_dir, zookeeper, ids, capture_root=captures)
+    figures: dict[str, Any] = {"seed": seed, "duration_s": duration_s,
+                               "schedule": [attrs.asdict(f) for f in faults]}  # fmt: skip
+    try:
+        create_topic(cluster, TOPIC, PARTITIONS)
+        writers = [BackgroundProducer(servers(cluster), TOPIC, start=i * 10_000_000,
+                                      limit=5_000_000) for i in range(producers)]  # fmt: skip
+        reader = GroupReader(servers(cluster), f"jepsen-{seed}")
+        started = time.monotonic()
+        applied: list[dict[str, Any]] = []
+        for fault in faults:
+            time.sleep(max(0.0, started + fault.at_s - time.monotonic()))
+            _log(f"fault: {fault.kind} on broker {fault.broker} for {fault.hold_s}s")
+            heal = inject(cluster, fault)
+            applied.append({"wall_time": time.time(), **attrs.asdict(fault)})
+            time.sleep(fault.hold_s)
+            heal()
+            _log(f"healed: {fault.kind} on broker {fault.broker}")
+        time.sleep(max(0.0, started + duration_s - time.monotonic()))
+        # Every broker up, every link healed, every replica back in sync.
+        cluster.heal()
+        for broker in cluster.values():
+            if not broker.running:
+                broker.start()
+            broker.signal(signal.SIGCONT)
+        full_isr(admin_of(cluster), TOPIC, PARTITIONS, timeout_s=90)
+        acked: dict[int, int] = {}
+        errors: collections.Counter[int] = collections.Counter()
+        for writer in writers:
+            done = writer.stop()
+            acked.update(done.partition_of)
+            errors.update(done.errors)
+        reader.stop()
+        read = read_partitions(servers(cluster), TOPIC, PARTITIONS)
+        figures.update(outcome(read, acked))
+        figures.update({
+            "faults_injected": dict(collections.Counter(f.kind for f in faults)),
+            "applied": applied, "produce_errors": {str(k): v for k, v in errors.items()},
+            "group_read": reader.read, "group_errors": dict(reader.errors),
+        })  # fmt: skip
+    finally:
+        for broker in cluster.values():
+            if broker.running:
+                broker.signal(signal.SIGCONT)
+                broker.stop()
+        for proxy in cluster.proxies():
+            proxy.close()
+    if verify:
+        figures.update(run_verify(captures, work_dir / "report"))
+    _log(json.dumps({k: v for k, v in figures.items() if k not in ("schedule", "applied")}))
+    return figures
+
+
+def outcome(read: dict[int, list[int]], acked: dict[int, int]) -> dict[str, Any]:
+    """Lost, duplicated and reordered acknowledged values in the final read."""
+    everything = [v for values in read.values() for v in values]
+    counts = collections.Counter(everything)
+    where = {v: p for p, values in read.items() for v in values}
+    lost = sorted(v for v in acked if v not in where)
+    moved = sorted(v for v, p in acked.items() if v in where and where[v] != p)
+    reordered = []
+    for p, values in read.items():
+        for writer_values in _by_writer([v for v in values if v in acked]).values():
+            if writer_values != sorted(writer_values):
+                reordered.append(p)
+    return {
+        "records_acked": len(acked),
+        "records_read": len(everything),
+        "lost": len(lost), "lost_examples": lost[:10],
+        "duplicates": sum(n - 1 for n in counts.values() if n > 1),
+        "moved": len(moved), "reordered_partitions": sorted(set(reordered)),
+    }  # fmt: skip
+
+
+def _by_writer(values: list[int]) -> dict[int, list[int]]:
+    """Each producer's values (they start at multiples of 10 million), in read order:
+    one producer's acknowledged values must stay in the order it produced them."""
+    out: dict[int, list[int]] = collections.defaultdict(list)
+    for v in values:
+        out[v // 10_000_000].append(v)
+    return out
+
+
+def run_verify(captures: Path, report: Path) -> dict[str, Any]:
+    """``trio-broker verify`` over every broker's capture (a directory per broker)."""
+    dirs = sorted(d for d in captures.iterdir() if d.is_dir())
+    started = time.monotonic()
+    proc = subprocess.run(
+        [str(BROKER_EXE), "verify", *map(str, dirs), "--report", str(report)],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    _log(f"verify exit {proc.returncode} in {time.monotonic() - started:.0f} s\n{proc.stdout}")
+    result: dict[str, Any] = {"verify_exit_code": proc.returncode,
+                              "verify_summary": proc.stdout[-4000:]}  # fmt: skip
+    report_json = report / "report.json"
+    if report_json.exists():
+        doc = json.loads(report_json.read_text())
+        result["verify_violations"] = {
+            name: check["violations"] for name, check in doc["checks"].items()
+        }
+        result["verify_acknowledged_batches"] = doc.get("acknowledged_batches")
+    if proc.returncode != 0:  # 1 is also what an uncaught exception gives
+        result["verify_stderr"] = proc.stderr[-4000:]
+    return result
