@@ -23,6 +23,7 @@ as a prefix of what it reads later.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import signal
@@ -69,10 +70,12 @@ class ConfiguredBroker(ClusterBroker):
 Cluster = dict[int, ConfiguredBroker]
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
+@contextlib.contextmanager
+def three_brokers(tmp_path: Path, zookeeper: str, config_text: str) -> Iterator[Cluster]:
+    """Brokers 1-3 as ``serve`` processes sharing one config file; all stopped at the end
+    (a paused one is continued first, so that it hears SIGTERM)."""
     config = tmp_path / "broker.properties"
-    config.write_text(CONFIG)
+    config.write_text(config_text)
     brokers = {
         b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
     }
@@ -83,8 +86,14 @@ def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
     finally:
         for broker in brokers.values():
             if broker.running:
-                broker.signal(signal.SIGCONT)  # a paused one must hear SIGTERM
+                broker.signal(signal.SIGCONT)
                 broker.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
+    with three_brokers(tmp_path, zookeeper, CONFIG) as brokers:
+        yield brokers
 
 
 def servers(cluster: Cluster, *, without: tuple[int, ...] = ()) -> str:

@@ -29,7 +29,7 @@ from confluent_kafka.admin import (
 )
 
 from tests.cluster.test_cluster_e2e import eventually, partitions
-from tests.cluster.test_cluster_faults import Cluster, ConfiguredBroker, full_isr, servers
+from tests.cluster.test_cluster_faults import Cluster, full_isr, servers, three_brokers
 from trio_broker.protocol import batch_header
 from trio_broker.protocol.records import build_batch
 
@@ -55,19 +55,8 @@ TOPIC_CONFIGS = {
 
 @pytest.fixture
 def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
-    config = tmp_path / "broker.properties"
-    config.write_text(CONFIG)
-    brokers = {
-        b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
-    }
-    try:
-        for broker in brokers.values():
-            broker.start()
+    with three_brokers(tmp_path, zookeeper, CONFIG) as brokers:
         yield brokers
-    finally:
-        for broker in brokers.values():
-            if broker.running:
-                broker.stop()
 
 
 def create(cluster: Cluster, topic: str, configs: dict[str, str]) -> tuple[int, int, int]:

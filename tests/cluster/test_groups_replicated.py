@@ -32,11 +32,11 @@ from tests.cluster.test_cluster_e2e import eventually
 from tests.cluster.test_cluster_faults import (
     CONFIG,
     Cluster,
-    ConfiguredBroker,
     admin_of,
     create_topic,
     producer,
     servers,
+    three_brokers,
 )
 from tests.e2e.conftest import RawConnection
 from trio_broker.protocol import messages as m
@@ -53,23 +53,14 @@ RECORDS_PER_PARTITION = 10
 
 @pytest.fixture
 def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
-    config = tmp_path / "broker.properties"
-    config.write_text(
+    with three_brokers(
+        tmp_path,
+        zookeeper,
         CONFIG.replace(
             "offsets.topic.num.partitions=5", f"offsets.topic.num.partitions={OFFSETS_PARTITIONS}"
-        )
-    )
-    brokers = {
-        b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
-    }
-    try:
-        for broker in brokers.values():
-            broker.start()
+        ),
+    ) as brokers:
         yield brokers
-    finally:
-        for broker in brokers.values():
-            if broker.running:
-                broker.stop()
 
 
 def produce(bootstrap: str, partition: int, values: range) -> None:

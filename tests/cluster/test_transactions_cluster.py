@@ -34,6 +34,7 @@ from tests.cluster.test_cluster_faults import (
     create_topic,
     full_isr,
     servers,
+    three_brokers,
 )
 from trio_broker.cluster.broker_client import BrokerClient
 from trio_broker.groups import GroupCoordinator
@@ -64,19 +65,8 @@ Cluster = dict[int, ConfiguredBroker]
 
 @pytest.fixture
 def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
-    config = tmp_path / "broker.properties"
-    config.write_text(CONFIG)
-    brokers = {
-        b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
-    }
-    try:
-        for broker in brokers.values():
-            broker.start()
+    with three_brokers(tmp_path, zookeeper, CONFIG) as brokers:
         yield brokers
-    finally:
-        for broker in brokers.values():
-            if broker.running:
-                broker.stop()
 
 
 def transactional_producer(bootstrap: str, transactional_id: str) -> Producer:
