@@ -158,6 +158,8 @@ class GroupCoordinator:
         self.commit_timeout_s: float = config.offsets_commit_timeout_ms / 1000
         #: partition -> its table, for each led ``__consumer_offsets`` partition.
         self.led: dict[int, LedPartition] = {}
+        #: group -> its latest metadata write made without a waiter, until someone waits.
+        self._group_writes: dict[str, PendingWrite] = {}
         self._nursery: trio.Nursery | None = None
         self._creating_topic = False
         if self.in_cluster:
@@ -420,7 +422,8 @@ class GroupCoordinator:
 
     def _store_nowait(self, record: GroupMetadata) -> None:
         """Write a group's metadata without waiting (an Empty group, a tombstone): a lost
-        write only means the group loads as it was before, and its members rejoin."""
+        write only means the group loads as it was before, and its members rejoin. A
+        LeaveGroup that emptied the group waits for it (:meth:`wait_group_stored`)."""
         try:
             write = self.append_offsets([record])
         except KafkaError as exc:  # StorageError, or leadership just moved
@@ -428,6 +431,24 @@ class GroupCoordinator:
             return
         assert write.store is not None
         write.store.apply(write)
+        self._group_writes[record.group_id] = write
+
+    def group_write_pending(self, group_id: str) -> bool:
+        return group_id in self._group_writes
+
+    async def wait_group_stored(self, group_id: str) -> None:
+        """Wait until the group's last metadata write without a waiter counts (or failed)."""
+        write = self._group_writes.get(group_id)
+        if write is None:
+            return
+        assert write.store is not None
+        try:
+            await self._wait_counted(write.store, write.last_offset)
+        except KafkaError as exc:
+            log.warning("group %r not stored: %s", group_id, exc)
+        finally:
+            if self._group_writes.get(group_id) is write:
+                del self._group_writes[group_id]
 
     def _store_generation(self, group: Group, replies: Sequence[Reply]) -> None:
         """The leader's SyncGroup completed a generation: store it, and answer the
