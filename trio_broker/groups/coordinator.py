@@ -273,6 +273,7 @@ class GroupCoordinator:
         led.loaded.set()  # a transaction end waiting for the load learns it here
         for group_id in [g for g in self.groups if self.partition_of(g) == partition]:
             group = self.groups.pop(group_id)
+            self._group_writes.pop(group_id, None)
             for member in group.members.values():
                 for waiter in member.join_waiters:
                     assert isinstance(waiter, Waiter)
