@@ -6,6 +6,8 @@ coordinator that replays the log restores the group Stable, with its members.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import trio
 import trio.testing
@@ -275,3 +277,35 @@ async def test_sync_answers_coordinator_not_available_when_the_store_fails(
         # The generation was not stored: its members are asked to rejoin.
         assert coordinator.groups["g"].state is S.PREPARING_REBALANCE
         nursery.cancel_scope.cancel()
+
+
+# ------------------------------------------------------------------------- compaction
+
+
+def test_compaction_keeps_the_latest_generation_and_drops_removed_groups(tmp_path: Path) -> None:
+    """The cleaner keeps one metadata record per group (the latest); a removed group's
+    tombstone is all that is left of it, and replaying the cleaned log loads the same."""
+    from tests.unit.test_cleaner import T0, open_log, read_all, sealed
+    from trio_broker.storage.cleaner import clean_log
+
+    log = sealed(open_log(tmp_path / "offsets"))
+    store = OffsetsStore(log)
+    for generation in range(1, 30):
+        record = GroupRecord("consumer", generation, "range", "m1", MEMBERS)
+        store.apply(store.append([GroupMetadata("kept", record)], T0))
+        store.apply(store.append([GroupMetadata("removed", record)], T0))
+    store.apply(store.append([GroupMetadata("removed", None)], T0))
+    store.apply(store.append([(OffsetKey("kept", "t", 0), OffsetAndMetadata(3))], T0))
+    log.flush()
+    assert log.cleanable_segments(), "the test needs sealed segments to clean"
+    clean_log(log, T0 + 1000)
+    keys = [key for _offset, key, _value, _ts in read_all(log)]
+    kept_key = encode_record(GroupMetadata("kept", None))[0]
+    removed_key = encode_record(GroupMetadata("removed", None))[0]
+    assert keys.count(kept_key) == 1 and keys.count(removed_key) == 1
+    replayed = OffsetsStore(log)
+    replayed.load()
+    assert replayed.group_metadata("kept") == GroupRecord("consumer", 29, "range", "m1", MEMBERS)
+    assert replayed.group_metadata("removed") is None
+    assert sorted(replayed.group_ids()) == ["kept"]
+    log.close()
