@@ -82,14 +82,17 @@ Consumer groups (this node coordinates every group)
      (Empty).
  G3. An OffsetCommit answers a partition's error first (T2), then the group's (G1, G2);
      only a commit with neither stores the offset.
- G4. Group membership is not durable (a trio-broker choice, see
-     ``trio_broker/groups/coordinator.py``): after a restart or a crash the coordinator
-     knows exactly the groups with committed offsets, each Empty at generation 0;
-     consumers rejoin. Committed offsets stay (C3).
+ G4. Group membership is durable as Kafka's: a generation is stored when the leader's
+     SyncGroup makes the group Stable (answered once stored), and a group is stored
+     without members when it becomes Empty (a LeaveGroup that empties it is answered
+     once stored). After a restart or a crash the coordinator knows the stored groups,
+     each as ``GroupModel.restore`` (sentence 14) makes its last stored state, and the
+     other groups with committed offsets, Empty at generation 0. Offsets stay (C3).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from spec.group_model import GroupModel
@@ -155,6 +158,8 @@ class BrokerModel:
     producer_ids: set[int] = field(default_factory=set)
     #: G1, G2: the groups the coordinator knows, by id.
     groups: dict[str, GroupModel] = field(default_factory=dict)
+    #: G4: each group's last stored state (a copy), by id.
+    stored_groups: dict[str, GroupModel] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ topics
 
@@ -295,12 +300,14 @@ class BrokerModel:
             if member_id:
                 return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member_id=member_id)  # G2
             model = self.groups[group] = new_group()
+        before = model.state
         waiter = object()
         result, replies = model.join(
             member_id, None, session_ms, rebalance_ms, "consumer", protocols, GROUP_NOW,
             new_id, waiter, client=("spec", "127.0.0.1"),
         )  # fmt: skip
         replies += model.advance(GROUP_NOW)  # the initial delay (0) ends the join phase
+        self._remember(group, before)
         if result is None:
             result = next((r for w, r in replies if w is waiter), None)
         assert result is None or isinstance(result, JoinResult)
@@ -314,7 +321,9 @@ class BrokerModel:
         if model is None:
             return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)  # G2
         waiter = object()
+        before = model.state
         result, replies = model.sync(member_id, None, generation, assignments, GROUP_NOW, waiter)
+        self._remember(group, before)
         if result is None:
             result = next((r for w, r in replies if w is waiter), None)
         assert result is None or isinstance(result, SyncResult)
@@ -330,7 +339,9 @@ class BrokerModel:
         model = self.groups.get(group)
         if model is None:
             return ErrorCode.UNKNOWN_MEMBER_ID  # G2
+        before = model.state
         error, _replies = model.leave(member_id, None, GROUP_NOW)  # G1
+        self._remember(group, before)
         return error
 
     def describe_group(self, group: str) -> tuple[str, list[tuple[str, bytes]]]:
@@ -342,10 +353,21 @@ class BrokerModel:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def _remember(self, group: str, before: str) -> None:
+        """G4: store the group when a step made it Stable or Empty."""
+        model = self.groups.get(group)
+        if model is None or model.state == before:
+            return
+        if model.state == "Stable" or (model.state == "Empty" and before != "Empty"):
+            self.stored_groups[group] = copy.deepcopy(model)
+
     def _forget_memberships(self) -> None:
-        """G4: only groups with committed offsets are known again, and they are Empty."""
+        """G4: stored groups come back as stored; others with offsets are Empty."""
         with_offsets = {group for group, _topic, _index in self.committed}
         self.groups = {group: new_group() for group in sorted(with_offsets)}
+        for group, stored in self.stored_groups.items():
+            restored = self.groups[group] = copy.deepcopy(stored)
+            restored.restore(GROUP_NOW)
 
     def restart_clean(self) -> None:
         """L5, P3, C3: a clean restart keeps everything a client stored, durably; G4: not

@@ -43,6 +43,11 @@ Shortcuts
 Offsets
 13. A commit is accepted from a member of the current generation while the group
     is Stable or PreparingRebalance, or with generation -1 while it is Empty.
+
+Coordinator moves
+14. A new coordinator loads a Stable or Empty group as it was stored: same state,
+    generation, leader, members and assignments, but each member supports only the
+    generation's protocol; pending ids are forgotten; sessions restart at the load.
 """
 
 from __future__ import annotations
@@ -341,6 +346,16 @@ class GroupModel:
             return Err.REBALANCE_IN_PROGRESS
         m.deadline = now + m.session
         return Err.NONE
+
+    # --------------------------------------------------------------- rule 14
+
+    def restore(self, now: int) -> None:
+        assert self.state in ("Stable", "Empty")
+        self.pending = {}
+        for m in self.members.values():
+            assert self.pname is not None
+            m.protocols = ((self.pname, dict(m.protocols)[self.pname]),)
+            m.deadline = now + m.session
 
     # --------------------------------------------------------------- time (rules 10, 11)
 

@@ -20,9 +20,10 @@ from typing import Any
 import attrs
 from hypothesis import HealthCheck, event, note, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from spec.group_model import GroupModel
+from trio_broker.groups.offsets_store import GroupMetadata, decode_record, encode_record
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.group import (
     Group,
@@ -318,6 +319,17 @@ class GroupMachine(RuleBasedStateMachine):
         self._deliver(replies, m_replies)
         self._track_state(before)
         event(f"after tick: {self.group.state.value}")
+
+    @precondition(lambda self: self.group.state in (GroupState.STABLE, GroupState.EMPTY))
+    @rule()
+    def move_coordinator(self) -> None:
+        """A new coordinator loads the group from its stored record (through the bytes)."""
+        stored = decode_record(*encode_record(GroupMetadata("g", self.group.record())))
+        assert isinstance(stored, GroupMetadata) and stored.value is not None
+        note(f"t={self.now} coordinator moves: {self.group.state.value} gen {stored.value}")
+        self.group = Group.restore("g", stored.value, self.group.config, self.now)
+        self.model.restore(self.now)
+        event(f"restored {self.group.state.value}")
 
     # ------------------------------------------------------------------ invariants
 

@@ -535,13 +535,18 @@ async def test_coordinator_initial_delay(autojump_clock: trio.testing.MockClock)
 
 
 async def test_coordinator_expires_sessions(autojump_clock: trio.testing.MockClock) -> None:
+    # The leader's SyncGroup waits for the flusher's worker thread: no clock jumps meanwhile.
+    autojump_clock.autojump_threshold = 0.05
     stable: list[StableGeneration] = []
     async with trio.open_nursery() as nursery:
         coordinator = await start_coordinator(nursery, delay=0)
         coordinator.observers.append(stable.append)
         result = await join(coordinator, join_req(v4=False))
-        sync = coordinator.sync_group("g", result.member_id, None, 1, None, None,
-                                      {result.member_id: b"all"})  # fmt: skip
+        outcome = coordinator.sync_group("g", result.member_id, None, 1, None, None,
+                                         {result.member_id: b"all"})  # fmt: skip
+        # The leader's SyncGroup is answered once the generation is stored.
+        assert isinstance(outcome, Waiter)
+        sync = await outcome.wait()
         assert sync == SyncResult(ErrorCode.NONE, "consumer", "range", b"all")
         assert [s.generation_id for s in stable] == [1]
         await trio.sleep(9.9)

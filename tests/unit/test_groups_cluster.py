@@ -40,7 +40,7 @@ from trio_broker.server.flusher import Flusher
 from trio_broker.services.cluster_view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
 from trio_broker.services.internal_topics import CONSUMER_OFFSETS, NotCommitted, partition_for
 from trio_broker.services.topics import TopicManager
-from trio_broker.state.group import JoinRequest, JoinResult
+from trio_broker.state.group import GroupState, JoinRequest, JoinResult, SyncResult
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.memory import MemoryLog
 
@@ -407,4 +407,53 @@ async def test_in_a_cluster_the_single_node_offsets_log_is_not_opened(tmp_path: 
         await nursery.start(coordinator.run)
         assert coordinator.offsets is None and coordinator.led == {}
         assert await trio.to_thread.run_sync(lambda: list(tmp_path.iterdir())) == []
+        nursery.cancel_scope.cancel()
+
+
+async def stable_group_in(coordinator: GroupCoordinator, group: str) -> tuple[str, Any]:
+    """Join one member and send the leader's SyncGroup: (member id, its outcome)."""
+    joined = coordinator.join_group(group, join_req())
+    result = await joined.wait() if isinstance(joined, Waiter) else joined
+    assert isinstance(result, JoinResult) and result.error is ErrorCode.NONE
+    outcome = coordinator.sync_group(group, result.member_id, None, result.generation_id,
+                                     None, None, {result.member_id: b"p0"})  # fmt: skip
+    return result.member_id, outcome
+
+
+async def test_an_elected_partition_restores_its_stable_groups() -> None:
+    """The leader's SyncGroup is answered once the generation counts (below the HW);
+    the partition's next leader loads the group Stable, with its member."""
+    mine = group_in(2)
+    log = MemoryLog()
+    async with trio.open_nursery() as nursery:
+        broker, coordinator = await start(nursery)
+        lead(broker, coordinator, 2, 1, log)
+        await coordinator.led[2].loaded.wait()
+        member_id, outcome = await stable_group_in(coordinator, mine)
+        assert isinstance(outcome, Waiter)
+        assert await outcome.wait() == SyncResult(ErrorCode.NONE, "consumer", "range", b"p0")
+        coordinator.resigned(2)
+
+        other_broker, successor = await start(nursery)
+        lead(other_broker, successor, 2, 2, log)  # the same replica, a new leader
+        await successor.led[2].loaded.wait()
+        group = successor.groups[mine]
+        assert group.state is GroupState.STABLE and group.generation_id == 1
+        assert successor.heartbeat(mine, member_id, None, 1) is ErrorCode.NONE
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_generation_not_replicated_answers_not_coordinator_and_rebalances() -> None:
+    mine = group_in(1)
+    async with trio.open_nursery() as nursery:
+        broker, coordinator = await start(nursery)
+        lead(broker, coordinator, 1, 0, MemoryLog())
+        await coordinator.led[1].loaded.wait()
+        broker.replication.ack = AckState.LEADERSHIP_LOST
+        _member_id, outcome = await stable_group_in(coordinator, mine)
+        assert isinstance(outcome, Waiter)
+        assert await outcome.wait() == SyncResult(ErrorCode.NOT_COORDINATOR)
+        assert coordinator.groups[mine].state is GroupState.PREPARING_REBALANCE
+        assert coordinator.led[1].store is not None
+        assert coordinator.led[1].store.group_metadata(mine) is None  # never applied
         nursery.cancel_scope.cancel()

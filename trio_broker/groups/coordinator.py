@@ -15,8 +15,12 @@ This node is the coordinator of every group. The coordinator
   drops them when the transaction coordinator ends the transaction
   (:meth:`GroupCoordinator.complete_transaction`).
 
-Group membership is not persisted: after a restart every group is Empty (with
-its offsets) and consumers rejoin, which costs one rebalance.
+Group membership is stored too: when the leader's SyncGroup completes a generation,
+the group's metadata (members, assignment) is written to the group's offsets log, and
+the SyncGroup is answered once that write counts; a group that becomes Empty is stored
+without members, and a removed group gets a tombstone. A coordinator that loads the log
+(at startup, or on becoming the leader of the partition) restores each group as stored:
+Stable with its members, whose heartbeats go on without a rebalance.
 
 Alone, this node coordinates every group from one table (``<data_dir>/__consumer_offsets-0``).
 In a cluster (docs/cluster.md, "Consumer groups in a cluster") it coordinates the groups
@@ -39,6 +43,7 @@ import trio
 
 from trio_broker.groups.offsets_store import (
     Entry,
+    GroupMetadata,
     OffsetAndMetadata,
     OffsetKey,
     OffsetsStore,
@@ -153,6 +158,8 @@ class GroupCoordinator:
         self.commit_timeout_s: float = config.offsets_commit_timeout_ms / 1000
         #: partition -> its table, for each led ``__consumer_offsets`` partition.
         self.led: dict[int, LedPartition] = {}
+        #: group -> its latest metadata write made without a waiter, until someone waits.
+        self._group_writes: dict[str, PendingWrite] = {}
         self._nursery: trio.Nursery | None = None
         self._creating_topic = False
         if self.in_cluster:
@@ -177,7 +184,7 @@ class GroupCoordinator:
             if self.offsets is None:
                 self.offsets = await trio.to_thread.run_sync(self._open_offsets)
             for group_id in self.offsets.group_ids():
-                self._group(group_id)
+                self._restore(group_id, self.offsets)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
@@ -251,7 +258,7 @@ class GroupCoordinator:
             return  # resigned (or re-elected on another log) while loading
         led.store = store
         for group_id in store.group_ids():
-            self._group(group_id)
+            self._restore(group_id, store)
         led.loaded.set()
         log.info("coordinating the %d groups of %s-%d (epoch %d)", len(store.group_ids()),
                  CONSUMER_OFFSETS, led.partition, led.leader_epoch)  # fmt: skip
@@ -266,6 +273,7 @@ class GroupCoordinator:
         led.loaded.set()  # a transaction end waiting for the load learns it here
         for group_id in [g for g in self.groups if self.partition_of(g) == partition]:
             group = self.groups.pop(group_id)
+            self._group_writes.pop(group_id, None)
             for member in group.members.values():
                 for waiter in member.join_waiters:
                     assert isinstance(waiter, Waiter)
@@ -388,6 +396,8 @@ class GroupCoordinator:
             if group.is_empty() and not group.pending_members and not store.has_offsets(group_id):
                 group.delete(now_ms)
                 del self.groups[group_id]
+                if store.group_metadata(group_id) is not None:
+                    self._store_nowait(GroupMetadata(group_id, None))
 
     # ------------------------------------------------------------------ plumbing
 
@@ -397,11 +407,98 @@ class GroupCoordinator:
             group = self.groups[group_id] = Group(group_id, self.group_config)
         return group
 
+    def _restore(self, group_id: str, store: OffsetsStore) -> Group:
+        """The group as ``store`` has it: its stored generation (Stable with members,
+        sessions starting now), else a new Empty group."""
+        record = store.group_metadata(group_id)
+        if record is None or group_id in self.groups:
+            return self._group(group_id)
+        try:
+            group = Group.restore(group_id, record, self.group_config, self.clock_ms())
+        except ValueError as exc:  # damaged or contradictory: the members rejoin
+            log.warning("not restoring group %r: %s", group_id, exc)
+            return self._group(group_id)
+        self.groups[group_id] = group
+        return group
+
+    def _store_nowait(self, record: GroupMetadata) -> None:
+        """Write a group's metadata without waiting (an Empty group, a tombstone): a lost
+        write only means the group loads as it was before, and its members rejoin. A
+        LeaveGroup that emptied the group waits for it (:meth:`wait_group_stored`)."""
+        try:
+            write = self.append_offsets([record])
+        except KafkaError as exc:  # StorageError, or leadership just moved
+            log.warning("could not store group %r: %s", record.group_id, exc)
+            return
+        assert write.store is not None
+        write.store.apply(write)
+        self._group_writes[record.group_id] = write
+
+    def group_write_pending(self, group_id: str) -> bool:
+        return group_id in self._group_writes
+
+    async def wait_group_stored(self, group_id: str) -> None:
+        """Wait until the group's last metadata write without a waiter counts (or failed)."""
+        write = self._group_writes.get(group_id)
+        if write is None:
+            return
+        assert write.store is not None
+        try:
+            await self._wait_counted(write.store, write.last_offset)
+        except KafkaError as exc:
+            log.warning("group %r not stored: %s", group_id, exc)
+        finally:
+            if self._group_writes.get(group_id) is write:
+                del self._group_writes[group_id]
+
+    def _store_generation(self, group: Group, replies: Sequence[Reply]) -> None:
+        """The leader's SyncGroup completed a generation: store it, and answer the
+        parked SyncGroups once that counts (Kafka's order). If it fails they get
+        COORDINATOR_NOT_AVAILABLE or NOT_COORDINATOR and the group rebalances."""
+        try:
+            write = self.append_offsets([GroupMetadata(group.group_id, group.record())])
+        except KafkaError as exc:
+            self._generation_not_stored(group, group.generation_id, replies, exc)
+            return
+        if self._nursery is None:
+            raise RuntimeError("group coordinator is not running")
+        self._nursery.start_soon(self._answer_when_stored, group, write, replies)
+
+    async def _answer_when_stored(
+        self, group: Group, write: PendingWrite, replies: Sequence[Reply]
+    ) -> None:
+        generation = group.generation_id
+        try:
+            await self.wait_offsets_durable(write)
+        except KafkaError as exc:
+            self._generation_not_stored(group, generation, replies, exc)
+            return
+        self._dispatch(group, replies, group.state)
+
+    def _generation_not_stored(
+        self, group: Group, generation: int, replies: Sequence[Reply], exc: KafkaError
+    ) -> None:
+        log.warning("could not store generation %d of group %r: %s", generation,
+                    group.group_id, exc)  # fmt: skip
+        error = exc.error_code
+        if error not in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
+            error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        failed = [Reply(r.waiter, SyncResult(error)) for r in replies]
+        before = group.state
+        if self.groups.get(group.group_id) is group and group.generation_id == generation:
+            failed += group.rebalance(self.clock_ms())  # its members rejoin
+        self._dispatch(group, failed, before)
+
     def _dispatch(self, group: Group, replies: Iterable[Reply], before: GroupState) -> None:
         for reply in replies:
             waiter = reply.waiter
             assert isinstance(waiter, Waiter)
             waiter.set(reply.result)
+        emptied = group.state is GroupState.EMPTY and before is not GroupState.EMPTY
+        if emptied and self.groups.get(group.group_id) is group and self._owns_now(group.group_id):
+            # Everyone left: stored without members, so a new coordinator does not bring
+            # them back (and the generation goes on from here).
+            self._store_nowait(GroupMetadata(group.group_id, group.record()))
         if group.state is GroupState.STABLE and before is not GroupState.STABLE:
             generation = StableGeneration(
                 group.group_id, group.generation_id, group.protocol_name, group.leader_id,
@@ -454,6 +551,10 @@ class GroupCoordinator:
             member_id, group_instance_id, generation_id, protocol_type, protocol_name,
             assignments, self.clock_ms(), waiter,
         )  # fmt: skip
+        if before is GroupState.COMPLETING_REBALANCE and group.state is GroupState.STABLE:
+            self._dispatch(group, (), before)  # observers see the generation now
+            self._store_generation(group, outcome.replies)  # the members hear once stored
+            return self._settled(waiter, outcome.result)
         self._dispatch(group, outcome.replies, before)
         return self._settled(waiter, outcome.result)
 
@@ -526,6 +627,7 @@ class GroupCoordinator:
                 # And the staged records themselves, so compaction may drop them.
                 out += [TxnOffset(producer_id, store.producer_epoch(producer_id), key, None)
                         for producer_id, key in store.pending_records(group_id)]  # fmt: skip
+                out.append(GroupMetadata(group_id, None))
                 results[group_id] = ErrorCode.NONE
         return results, [self.append_offsets(records) for records in tombstones.values() if records]
 
@@ -719,6 +821,9 @@ class GroupCoordinator:
         groups |= {g for g, p in self._staging if p == producer_id and self._owns(store, g)}
         for group_id in sorted(groups):
             await self.complete_transaction(group_id, producer_id, producer_epoch, committed)
+
+    def _owns_now(self, group_id: str) -> bool:
+        return self.coordinator_error(group_id) is ErrorCode.NONE
 
     def _owns(self, store: OffsetsStore, group_id: str) -> bool:
         return not self.in_cluster or self.partition_of(group_id) == store.partition

@@ -6,7 +6,9 @@ broker alone; in a cluster, one store per led partition of the replicated
 ``__consumer_offsets`` topic, over that partition's log (:meth:`OffsetsStore.over`).
 A record's key is (group, topic, partition) and its value the offset, leader
 epoch, metadata and commit time -- in our own small binary format, versioned so
-it can grow. On startup the log is replayed into the table; the last record for
+it can grow. A group's completed generation (members, assignment) is one more
+record keyed by the group alone (:class:`GroupMetadata`), so a new coordinator
+restores the group without a rebalance; a broker that predates it skips it. On startup the log is replayed into the table; the last record for
 a key wins, exactly as log compaction would keep it.
 
 The table changes only when a write is *durable* (:meth:`OffsetsStore.apply`
@@ -30,6 +32,7 @@ import attrs
 
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import build_batch
+from trio_broker.state.group import GroupRecord, MemberRecord
 from trio_broker.storage.log import AppendResult, LogConfig, PartitionLog
 from trio_broker.storage.memory import MemoryLog
 from trio_broker.storage.replay import close_log, iter_log_records
@@ -42,8 +45,11 @@ KEY_VERSION = 1
 #: Key versions of the transactional records; a broker that predates them skips them.
 TXN_OFFSET_KEY_VERSION = 2
 TXN_END_KEY_VERSION = 3
+#: Key version of a group's metadata (Kafka's key version 2, numbered our own way).
+GROUP_METADATA_KEY_VERSION = 4
 VALUE_VERSION = 1
 TXN_END_VALUE_VERSION = 1
+GROUP_METADATA_VALUE_VERSION = 1
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -92,14 +98,22 @@ class TxnEnd:
     committed: bool
 
 
+@attrs.frozen
+class GroupMetadata:
+    """A group's stored generation; ``value`` None is its tombstone (group removed)."""
+
+    group_id: str
+    value: GroupRecord | None
+
+
 #: One record of the offsets log.
-StoreRecord = Entry | TxnOffset | TxnEnd
+StoreRecord = Entry | TxnOffset | TxnEnd | GroupMetadata
 
 
 def group_of(record: StoreRecord) -> str:
     if isinstance(record, TxnOffset):
         return record.key.group_id
-    if isinstance(record, TxnEnd):
+    if isinstance(record, TxnEnd | GroupMetadata):
         return record.group_id
     return record[0].group_id
 
@@ -157,7 +171,87 @@ def decode_value(buf: bytes) -> OffsetAndMetadata:
     return OffsetAndMetadata(offset, epoch, metadata, timestamp)
 
 
+def _put_nullable(out: bytearray, text: str | None) -> None:
+    if text is None:
+        out += _I16.pack(-1)
+    else:
+        _put_str(out, text, _I16)
+
+
+def _get_nullable(buf: bytes, pos: int) -> tuple[str | None, int]:
+    (size,) = _I16.unpack_from(buf, pos)
+    if size == -1:
+        return None, pos + _I16.size
+    return _get_str(buf, pos, _I16)
+
+
+def _put_bytes(out: bytearray, raw: bytes) -> None:
+    out += _I32.pack(len(raw))
+    out += raw
+
+
+def _get_bytes(buf: bytes, pos: int) -> tuple[bytes, int]:
+    (size,) = _I32.unpack_from(buf, pos)
+    pos += _I32.size
+    if size < 0 or pos + size > len(buf):
+        raise ValueError("bytes run past the record")
+    return bytes(buf[pos : pos + size]), pos + size
+
+
+def encode_group_value(value: GroupRecord) -> bytes:
+    out = bytearray(_I16.pack(GROUP_METADATA_VALUE_VERSION))
+    _put_nullable(out, value.protocol_type)
+    out += _I32.pack(value.generation_id)
+    _put_nullable(out, value.protocol_name)
+    _put_nullable(out, value.leader_id)
+    out += _I32.pack(len(value.members))
+    for member in value.members:
+        _put_str(out, member.member_id, _I16)
+        _put_nullable(out, member.group_instance_id)
+        _put_str(out, member.client_id, _I16)
+        _put_str(out, member.client_host, _I16)
+        out += _I32.pack(member.rebalance_timeout_ms)
+        out += _I32.pack(member.session_timeout_ms)
+        _put_bytes(out, member.subscription)
+        _put_bytes(out, member.assignment)
+    return bytes(out)
+
+
+def decode_group_value(buf: bytes) -> GroupRecord:
+    (version,) = _I16.unpack_from(buf, 0)
+    if version != GROUP_METADATA_VALUE_VERSION:
+        # Members are laid out one after another, so a newer layout cannot be read in
+        # part: the record is skipped and the group's members rejoin (one rebalance).
+        raise ValueError(f"unknown group metadata value version {version}")
+    protocol_type, pos = _get_nullable(buf, 2)
+    (generation,) = _I32.unpack_from(buf, pos)
+    protocol_name, pos = _get_nullable(buf, pos + _I32.size)
+    leader_id, pos = _get_nullable(buf, pos)
+    (count,) = _I32.unpack_from(buf, pos)
+    pos += _I32.size
+    if count < 0 or count > len(buf):
+        raise ValueError("bad member count")
+    members = []
+    for _ in range(count):
+        member_id, pos = _get_str(buf, pos, _I16)
+        instance_id, pos = _get_nullable(buf, pos)
+        client_id, pos = _get_str(buf, pos, _I16)
+        client_host, pos = _get_str(buf, pos, _I16)
+        rebalance_timeout, session_timeout = struct.unpack_from(">ii", buf, pos)
+        subscription, pos = _get_bytes(buf, pos + 8)
+        assignment, pos = _get_bytes(buf, pos)
+        members.append(MemberRecord(
+            member_id, instance_id, client_id, client_host, rebalance_timeout,
+            session_timeout, subscription, assignment,
+        ))  # fmt: skip
+    return GroupRecord(protocol_type, generation, protocol_name, leader_id, tuple(members))
+
+
 def encode_record(record: StoreRecord) -> tuple[bytes, bytes | None]:
+    if isinstance(record, GroupMetadata):
+        out = bytearray(_I16.pack(GROUP_METADATA_KEY_VERSION))
+        _put_str(out, record.group_id, _I16)
+        return bytes(out), None if record.value is None else encode_group_value(record.value)
     if isinstance(record, TxnOffset):
         out = bytearray(_I16.pack(TXN_OFFSET_KEY_VERSION))
         _put_str(out, record.key.group_id, _I16)
@@ -197,6 +291,9 @@ def decode_record(key: bytes, value: bytes | None) -> StoreRecord:
         if value_version < TXN_END_VALUE_VERSION:
             raise ValueError(f"unknown transaction end value version {value_version}")
         return TxnEnd(group_id, producer_id, epoch, bool(committed))
+    if version == GROUP_METADATA_KEY_VERSION:
+        group_id, _ = _get_str(key, 2, _I16)
+        return GroupMetadata(group_id, None if value is None else decode_group_value(value))
     raise ValueError(f"unknown offset key version {version}")
 
 
@@ -237,6 +334,10 @@ class OffsetsStore:
         self._producer_epochs: dict[int, int] = {}
         #: Appended writes not applied yet, for :meth:`apply_through`.
         self._unapplied: list[PendingWrite] = []
+        #: group -> (its stored generation, the log offset of that record).
+        self._metadata: dict[str, tuple[GroupRecord, int]] = {}
+        #: group -> log offset of its newest metadata record or tombstone.
+        self._metadata_at: dict[str, int] = {}
 
     @classmethod
     def open(cls, data_dir: Path | None, config: LogConfig) -> OffsetsStore:
@@ -348,6 +449,15 @@ class OffsetsStore:
         return records
 
     def _apply_record(self, record: StoreRecord, log_offset: int) -> None:
+        if isinstance(record, GroupMetadata):
+            if self._metadata_at.get(record.group_id, -1) > log_offset:
+                return  # a later record of the group is already in
+            self._metadata_at[record.group_id] = log_offset
+            if record.value is None:
+                self._metadata.pop(record.group_id, None)
+            else:
+                self._metadata[record.group_id] = (record.value, log_offset)
+            return
         if isinstance(record, TxnOffset | TxnEnd):
             known = self._producer_epochs.get(record.producer_id, -1)
             self._producer_epochs[record.producer_id] = max(known, record.producer_epoch)
@@ -437,8 +547,13 @@ class OffsetsStore:
         return self._table.get(group_id, {})
 
     def group_ids(self) -> list[str]:
-        """Groups with committed or pending offsets."""
-        return list(self._table.keys() | self._pending.keys())
+        """Groups with committed or pending offsets, or a stored generation."""
+        return list(self._table.keys() | self._pending.keys() | self._metadata.keys())
+
+    def group_metadata(self, group_id: str) -> GroupRecord | None:
+        """The group's stored generation (None: none, or removed by a tombstone)."""
+        stored = self._metadata.get(group_id)
+        return None if stored is None else stored[0]
 
     def has_offsets(self, group_id: str) -> bool:
         """Committed or pending: either keeps the group alive."""

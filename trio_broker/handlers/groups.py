@@ -187,7 +187,7 @@ async def handle_heartbeat(ctx: RequestContext, request: m.HeartbeatRequest) -> 
 @handles(m.ApiKey.LEAVE_GROUP)
 async def handle_leave_group(
     ctx: RequestContext, request: m.LeaveGroupRequest
-) -> m.LeaveGroupResponse:
+) -> m.LeaveGroupResponse | Deferred:
     batched = ctx.api_version >= 3  # v3+ (KIP-345) may remove several members by instance id
     if batched:
         leaving = [(member.member_id, member.group_instance_id) for member in request.members]
@@ -203,17 +203,28 @@ async def handle_leave_group(
         return LeaveResp(throttle_time_ms=0, error_code=not_here, members=[])
     errors = coordinator(ctx).leave_group(request.group_id, leaving)
     if not batched:
-        return LeaveResp(throttle_time_ms=0, error_code=errors[0])
-    return LeaveResp(
-        throttle_time_ms=0,
-        error_code=ErrorCode.NONE,
-        members=[
-            LeaveResp.MemberResponse(
-                member_id=member_id, group_instance_id=instance_id, error_code=error
-            )
-            for (member_id, instance_id), error in zip(leaving, errors, strict=True)
-        ],
-    )
+        response = LeaveResp(throttle_time_ms=0, error_code=errors[0])
+    else:
+        response = LeaveResp(
+            throttle_time_ms=0,
+            error_code=ErrorCode.NONE,
+            members=[
+                LeaveResp.MemberResponse(
+                    member_id=member_id, group_instance_id=instance_id, error_code=error
+                )
+                for (member_id, instance_id), error in zip(leaving, errors, strict=True)
+            ],
+        )
+    if not coordinator(ctx).group_write_pending(request.group_id):
+        return response
+
+    async def when_stored() -> m.LeaveGroupResponse:
+        # The group emptied: answer once that is stored, so a restart does not bring
+        # the members back (a failed write is logged; the members are gone anyway).
+        await coordinator(ctx).wait_group_stored(request.group_id)
+        return response
+
+    return Deferred(when_stored)
 
 
 # ------------------------------------------------------------------------- ListGroups

@@ -35,6 +35,7 @@ __all__ = [
     "Group",
     "GroupConfig",
     "GroupEvent",
+    "GroupRecord",
     "GroupState",
     "GroupSummary",
     "IllegalGroupTransition",
@@ -42,6 +43,7 @@ __all__ = [
     "JoinRequest",
     "JoinResult",
     "Member",
+    "MemberRecord",
     "MemberSummary",
     "Reply",
     "SyncOutcome",
@@ -86,6 +88,8 @@ class GroupEvent(enum.Enum):
     LEADER_SYNCED = "leader_synced"
     #: DeleteGroups, or cleanup of an empty group that has no offsets left.
     DELETE = "delete"
+    #: A new coordinator restored a generation from the offsets log (:meth:`Group.restore`).
+    LOADED = "loaded"
 
 
 S, E = GroupState, GroupEvent
@@ -103,6 +107,8 @@ TRANSITIONS: Mapping[tuple[GroupState, GroupEvent], GroupState] = MappingProxyTy
         (S.COMPLETING_REBALANCE, E.LEADER_SYNCED): S.STABLE,
         # Only an empty group may be deleted (DeleteGroups answers NON_EMPTY_GROUP).
         (S.EMPTY, E.DELETE): S.DEAD,
+        # A stored generation comes back Stable: its members go on without a rebalance.
+        (S.EMPTY, E.LOADED): S.STABLE,
     }
 )
 
@@ -236,6 +242,33 @@ class GroupSummary:
     members: tuple[MemberSummary, ...]
 
 
+@attrs.frozen
+class MemberRecord:
+    """A member as the offsets log keeps it (Kafka's MemberMetadata in GroupMetadataValue)."""
+
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    rebalance_timeout_ms: int
+    session_timeout_ms: int
+    #: Its metadata for the generation's protocol (a consumer's subscription).
+    subscription: bytes
+    assignment: bytes
+
+
+@attrs.frozen
+class GroupRecord:
+    """A completed generation as stored in the offsets log, written when the leader's
+    SyncGroup makes the group Stable and when the group becomes Empty (no members)."""
+
+    protocol_type: str | None
+    generation_id: int
+    protocol_name: str | None
+    leader_id: str | None
+    members: tuple[MemberRecord, ...]
+
+
 # ------------------------------------------------------------------------- members
 
 
@@ -348,6 +381,82 @@ class Group:
     sync_deadline_ms: int | None = attrs.field(default=None, init=False)
     #: When the group entered its current state (offset expiry of empty groups).
     state_since_ms: int = attrs.field(default=0, init=False)
+
+    # ------------------------------------------------------------------ persistence
+
+    def record(self) -> GroupRecord:
+        """The generation to store: call when Stable (members and assignment) or Empty."""
+        if self._state not in (GroupState.STABLE, GroupState.EMPTY):
+            raise ValueError(f"only a Stable or Empty group is stored, not {self._state.value}")
+        protocol = self.protocol_name
+        members = tuple(
+            MemberRecord(
+                m.member_id,
+                m.group_instance_id,
+                m.client_id,
+                m.client_host,
+                m.rebalance_timeout_ms,
+                m.session_timeout_ms,
+                m.metadata_for(protocol) if protocol is not None else b"",
+                m.assignment,
+            )
+            for m in (self.members.values() if self._state is GroupState.STABLE else ())
+        )
+        return GroupRecord(
+            self.protocol_type, self.generation_id, protocol, self.leader_id, members
+        )
+
+    @classmethod
+    def restore(cls, group_id: str, record: GroupRecord, config: GroupConfig, now_ms: int) -> Group:
+        """The group a new coordinator loads from its stored ``record``.
+
+        With members it is Stable at the stored generation, leader and assignment,
+        and every member's session starts at ``now_ms`` (the members heartbeat on,
+        no rebalance). Without members it is Empty, keeping its generation and
+        protocol type. A record that contradicts itself raises ValueError (the
+        caller starts the group afresh: its members rejoin).
+        """
+        group = cls(group_id, config)
+        group.generation_id = record.generation_id
+        group.protocol_type = record.protocol_type
+        group.state_since_ms = now_ms
+        if record.generation_id < 0:
+            raise ValueError(f"group {group_id!r}: negative generation {record.generation_id}")
+        if not record.members:
+            return group
+        ids = [m.member_id for m in record.members]
+        instances = [m.group_instance_id for m in record.members if m.group_instance_id]
+        if (
+            record.protocol_type is None
+            or record.protocol_name is None
+            or record.leader_id not in ids
+            or len(set(ids)) != len(ids)
+            or len(set(instances)) != len(instances)
+            or not all(ids)
+        ):
+            raise ValueError(f"group {group_id!r}: inconsistent stored generation")
+        group.protocol_name = record.protocol_name
+        group.leader_id = record.leader_id
+        # The leader first: join order decides who leads after it leaves.
+        for stored in sorted(record.members, key=lambda m: m.member_id != record.leader_id):
+            group.members[stored.member_id] = Member(
+                stored.member_id, stored.group_instance_id, stored.client_id,
+                stored.client_host, stored.session_timeout_ms, stored.rebalance_timeout_ms,
+                record.protocol_type, ((record.protocol_name, stored.subscription),),
+                assignment=stored.assignment,
+                session_deadline_ms=now_ms + stored.session_timeout_ms,
+            )  # fmt: skip
+            if stored.group_instance_id is not None:
+                group.static_members[stored.group_instance_id] = stored.member_id
+        group._transition(GroupEvent.LOADED, now_ms)
+        return group
+
+    def rebalance(self, now_ms: int) -> list[Reply]:
+        """Make a Stable group's members rejoin (its generation could not be stored);
+        any other state is left alone (it is rebalancing or has nobody to ask)."""
+        if self._state is not GroupState.STABLE:
+            return []
+        return self._prepare_rebalance(now_ms)
 
     # ------------------------------------------------------------------ state
 

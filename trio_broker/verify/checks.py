@@ -335,8 +335,8 @@ CHECKS: dict[str, tuple[str, str]] = {
             ON s.kind = {sync_assign} AND r.kind = {sync_request}
            AND s.run = r.run AND s.conn = r.conn AND s.corr = r.corr
         )
-        -- Per run: group membership lives in the broker's memory, so generations start
-        -- again at 1 after a restart.
+        -- Per run: written when generations started again at 1 after a restart; a
+        -- restored group now goes on from its stored generation (kept per run).
         SELECT 'partition_assigned_twice' AS violation, group_id, generation, topic, partition,
                collect_set(member_id) AS members
         FROM a GROUP BY run, group_id, generation, topic, partition
