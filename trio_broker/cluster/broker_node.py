@@ -7,6 +7,7 @@ same id, or a ZooKeeper that cannot be reached at start, stops the broker with a
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Protocol
 
@@ -60,9 +61,12 @@ class ClusterHost(Protocol):
     def now_ms(self) -> int: ...
 
 
-async def run_cluster_node(
-    host: ClusterHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-) -> None:
+async def join_coordination(host: ClusterHost) -> Any:
+    """Open this broker's ZooKeeper session and take the cluster's id (the first broker
+    to start writes its own). The broker calls this before it opens its listeners, so
+    that no client ever sees an id of its own (librdkafka warns of a client "connected to
+    multiple clusters" otherwise); :func:`run_cluster_node` does the rest once they are
+    bound. A ZooKeeper that cannot be reached stops the broker here."""
     config = host.config
     assert config.zookeeper_connect is not None
     coord: Any
@@ -74,18 +78,32 @@ async def run_cluster_node(
         )
         await coord.start()
     try:
-        # One cluster id for all brokers: the first to start writes its own.
         try:
             await coord.create(CLUSTER_ID, f'{{"version":"1","id":"{host.cluster_id}"}}'.encode())
         except NodeExists:
             node = await coord.get(CLUSTER_ID)
             if node is not None:
-                import json
-
                 try:
                     host.cluster_id = str(json.loads(node.data)["id"])
                 except (ValueError, KeyError, TypeError):
                     log.warning("ignoring an unreadable %s", CLUSTER_ID)
+    except BaseException:
+        await coord.stop()
+        raise
+    return coord
+
+
+async def run_cluster_node(
+    host: ClusterHost,
+    coord: Any = None,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Join the cluster with the session :func:`join_coordination` opened (or open one)."""
+    config = host.config
+    if coord is None:
+        coord = await join_coordination(host)
+    try:
         view = ClusterView(config.node_id)
         manager = ReplicaManager(
             view, coord, host.topics,

@@ -237,12 +237,18 @@ class Broker:
                         root.start_soon(self.log_cleaner.run, name="log-cleaner")
                     for service in self.services:
                         await root.start(service.run)
+                    coordination = None
+                    if self.config.zookeeper_connect:
+                        # The cluster's id before any client can ask (cluster/broker_node.py).
+                        from trio_broker.cluster.broker_node import join_coordination
+
+                        coordination = await join_coordination(self)
                     for spec in self.listeners:
                         listener = await self._open_listener(spec)
                         await root.start(self._accept_loop, listener, spec, name="acceptor")
                     if self.config.zookeeper_connect:
                         # After the listeners: the registration names their address.
-                        await root.start(self._run_cluster, name="cluster")
+                        await root.start(self._run_cluster, coordination, name="cluster")
                     task_status.started(self)
         finally:
             # Plain synchronous calls: they run even when the scope was cancelled.
@@ -253,11 +259,13 @@ class Broker:
                 if close is not None:
                     close()
 
-    async def _run_cluster(self, task_status: trio.TaskStatus[None]) -> None:
+    async def _run_cluster(
+        self, coordination: Any, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Join the cluster in ZooKeeper and replicate (trio_broker/cluster)."""
         from trio_broker.cluster.broker_node import run_cluster_node
 
-        await run_cluster_node(self, task_status=task_status)
+        await run_cluster_node(self, coordination, task_status=task_status)
 
     @property
     def durability(self) -> Flusher:
