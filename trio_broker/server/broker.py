@@ -157,6 +157,7 @@ class Broker:
             now_ms,
             backoff_ms=config.log_cleaner_backoff_ms,
             io_max_bytes_per_second=config.log_cleaner_io_max_bytes_per_second,
+            dedupe_buffer_size=config.log_cleaner_dedupe_buffer_size,
             transaction_facts=self._transaction_facts,
         )
         #: Owners of internal topics (services/internal_topics.py), by topic name: the
