@@ -21,6 +21,7 @@ from trio_broker.protocol.records import (
     iter_batches,
 )
 from trio_broker.services.producers import ProducerStateRegistry
+from trio_broker.state.producer import Append
 from trio_broker.storage.cleaner import (
     DELETE_HORIZON_BIT,
     CleanResult,
@@ -30,7 +31,6 @@ from trio_broker.storage.cleaner import (
     plan_for,
     verify_segment,
 )
-from trio_broker.state.producer import Append
 from trio_broker.storage.log import LogConfig, PartitionLog
 from trio_broker.storage.swap import read_cleaner_checkpoint
 

@@ -149,9 +149,14 @@ class LogCleaner:
         try:
             result = await self._run_pass(
                 lambda: clean_log(
-                    target, now, plan=chosen, throttler=throttler, stop=self._stop, txns=txns,
+                    target,
+                    now,
+                    plan=chosen,
+                    throttler=throttler,
+                    stop=self._stop,
+                    txns=txns,
                     max_keys=self.max_keys,
-                )  # fmt: skip
+                )
             )
         except CleaningStopped:
             return None
