@@ -216,17 +216,29 @@ class TransactionTracker:
     def __init__(self) -> None:
         #: producers whose current transaction had a batch in this pass.
         self._with_data: set[int] = set()
+        #: ... and a batch this pass keeps.
+        self._with_kept_data: set[int] = set()
+        #: the last marker read: its transaction had data, all of which this pass drops
+        #: (the next pass can give it a horizon, so one is due right away).
+        self.emptied = False
 
     def marker_without_data(self, batch: RecordBatchView) -> bool:
         """Note ``batch``; for a marker, whether its transaction had no data left."""
         if batch.is_control:
-            if batch.producer_id in self._with_data:
-                self._with_data.discard(batch.producer_id)
-                return False
-            return True
+            pid = batch.producer_id
+            had_data = pid in self._with_data
+            self.emptied = had_data and pid not in self._with_kept_data
+            self._with_data.discard(pid)
+            self._with_kept_data.discard(pid)
+            return not had_data
         if batch.is_transactional:
             self._with_data.add(batch.producer_id)
         return False
+
+    def data_kept(self, batch: RecordBatchView) -> None:
+        """The pass keeps (some of) ``batch``."""
+        if batch.is_transactional and not batch.is_control:
+            self._with_kept_data.add(batch.producer_id)
 
 
 def build_offset_map(
@@ -452,7 +464,8 @@ class CleanResult:
     markers_dropped: int = 0
     #: distinct keys in the key map (at most ``max_keys``, or one segment's worth).
     keys_mapped: int = 0
-    #: the earliest delete horizon of a kept tombstone or marker, if any.
+    #: when a later pass has work: the earliest delete horizon of a kept tombstone or
+    #: marker, or now when a marker's data all went in this pass (its horizon is next).
     next_horizon: int | None = None
     seconds: float = 0.0
 
@@ -639,21 +652,28 @@ def _clean_group(
                 result.bytes_read += batch.size_in_bytes
                 # Every batch goes through the tracker, in log order, before its verdict.
                 without_data = tracker is not None and tracker.marker_without_data(batch)
+                whole = batch.base_offset in keep_whole
                 verdict = filter_batch(
                     batch,
                     records,
                     offsets,
                     now_ms=now_ms,
                     delete_retention_ms=config.delete_retention_ms,
-                    keep_whole=batch.base_offset in keep_whole,
+                    keep_whole=whole,
                     pinned=pinned,
                     txns=txns,
                     marker_without_data=without_data,
                 )
-                if verdict.horizon is not None and (
-                    result.next_horizon is None or verdict.horizon < result.next_horizon
+                horizon = verdict.horizon
+                if tracker is not None:
+                    if not verdict.dropped:
+                        tracker.data_kept(batch)
+                    if batch.is_control and tracker.emptied and not whole:
+                        horizon = now_ms  # the next pass stamps this marker: due now
+                if horizon is not None and (
+                    result.next_horizon is None or horizon < result.next_horizon
                 ):
-                    result.next_horizon = verdict.horizon
+                    result.next_horizon = horizon
                 if verdict.dropped:
                     result.batches_dropped += 1
                     if batch.is_control:
