@@ -100,7 +100,10 @@ class TxnLog:
 
     def clean(self, now_ms: int, *, due: bool = False) -> CleanResult | None:
         plan = plan_for(self.log, now_ms, tombstones_due=due)
-        return clean_log(self.log, now_ms, plan=plan, txns=self.facts())
+        result = clean_log(self.log, now_ms, plan=plan, txns=self.facts())
+        if result is not None and result.aborts_without_data:  # as the cleaner task does
+            self.registry.forget_aborted("t", 0, self.log, result.aborts_without_data)
+        return result
 
     def batches(self) -> list[RecordBatchView]:
         out = []
@@ -155,6 +158,7 @@ def test_markers_go_after_their_data_and_horizon_and_reads_stay_right(tmp_path: 
     first = t.clean(t1)
     assert first is not None and first.markers_dropped == 0
     assert first.next_horizon == t1  # their data all went: the next pass is due now
+    assert first.aborts_without_data == [] and t.facts().aborted  # the marker is there
     values = [r.value for b in t.batches() if not b.is_control for r in b.records()]
     assert b"c-old" not in values and b"aborted" not in values and b"c13" in values
     markers = t.markers()
@@ -175,6 +179,10 @@ def test_markers_go_after_their_data_and_horizon_and_reads_stay_right(tmp_path: 
         (record,) = stamped.records()
         assert stamped.timestamp_of(record) == T0  # the marker's own timestamp is kept
     assert all(delete_horizon(markers[o]) is None for o in {m_live} | lasts)
+    # The aborted transaction has no data left: fetches stop naming it before its marker
+    # goes (a consumer would skip producer 12's later records looking for the marker).
+    assert second.aborts_without_data == [(12, m_abort)]
+    assert t.facts().aborted == ()
 
     # Before the horizon they stay; at it they go (the task runs this pass when due).
     third = t.clean(t2 + DAY - 1, due=True)

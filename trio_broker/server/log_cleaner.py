@@ -47,11 +47,15 @@ class LogCleaner:
         io_max_bytes_per_second: float,
         transaction_facts: Callable[[PartitionLog], TransactionFacts | None] | None = None,
         dedupe_buffer_size: int = 134_217_728,
+        forget_aborted: Callable[[PartitionLog, list[tuple[int, int]]], None] | None = None,
     ) -> None:
         self._logs = logs
         #: A partition's transaction state (LSO, aborted list), read on the event loop
         #: before a pass: transactional data is then cleaned by Kafka's rules.
         self._transaction_facts = transaction_facts
+        #: Told, on the event loop after a pass, the aborted transactions whose data is
+        #: gone, before a later pass removes their markers (the fetch path's list).
+        self._forget_aborted = forget_aborted
         self._now_ms = now_ms
         self.backoff_ms = backoff_ms
         self.io_max_bytes_per_second = io_max_bytes_per_second
@@ -172,6 +176,8 @@ class LogCleaner:
                 target.apply_retention(self._now_ms())
             except (OSError, StorageError):
                 log.exception("retention after cleaning %s failed", target.directory)
+            if result.aborts_without_data and self._forget_aborted is not None:
+                self._forget_aborted(target, result.aborts_without_data)
             self.passes += 1
             self.last_result = result
             if result.next_horizon is not None:

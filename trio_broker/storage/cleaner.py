@@ -196,6 +196,11 @@ class TransactionFacts:
         pid, offset = batch.producer_id, batch.base_offset
         return any(p == pid and first <= offset <= last for p, first, last in self.aborted)
 
+    def has_abort_marker_at(self, batch: RecordBatchView) -> bool:
+        """Whether ``batch`` is the marker of one of the aborted transactions."""
+        pid, offset = batch.producer_id, batch.base_offset
+        return any(p == pid and last == offset for p, _first, last in self.aborted)
+
 
 def _keeps_whole(batch: RecordBatchView, txns: TransactionFacts | None = None) -> bool:
     """Transactional data and markers are filtered only when the transactions' fate is known."""
@@ -221,11 +226,14 @@ class TransactionTracker:
         #: the last marker read: its transaction had data, all of which this pass drops
         #: (the next pass can give it a horizon, so one is due right away).
         self.emptied = False
+        #: the offsets of the markers this pass read.
+        self.markers_seen: set[int] = set()
 
     def marker_without_data(self, batch: RecordBatchView) -> bool:
         """Note ``batch``; for a marker, whether its transaction had no data left."""
         if batch.is_control:
             pid = batch.producer_id
+            self.markers_seen.add(batch.base_offset)
             had_data = pid in self._with_data
             self.emptied = had_data and pid not in self._with_kept_data
             self._with_data.discard(pid)
@@ -462,6 +470,10 @@ class CleanResult:
     records_dropped: int = 0
     #: markers dropped (their transaction had no data left and their horizon passed).
     markers_dropped: int = 0
+    #: (producer id, marker offset) of the aborted transactions (TransactionFacts) with no
+    #: data left: their marker got its horizon or went, or was gone already. The fetch
+    #: path's aborted list must forget them before a later pass removes the marker.
+    aborts_without_data: list[tuple[int, int]] = attrs.field(factory=list)
     #: distinct keys in the key map (at most ``max_keys``, or one segment's worth).
     keys_mapped: int = 0
     #: when a later pass has work: the earliest delete horizon of a kept tombstone or
@@ -607,6 +619,7 @@ def clean_log(
     tracker = TransactionTracker() if txns is not None else None
     step = after_step or (lambda _name: None)
     index = 0
+    cleaned_end = -1
     for size in group_segments(facts, config.segment_bytes, config.max_index_entries):
         group = segments[index : index + size]
         end = facts[index + size - 1].end_offset
@@ -619,6 +632,14 @@ def clean_log(
         )  # fmt: skip
         if not written:
             break
+        cleaned_end = end
+    if txns is not None and tracker is not None:
+        # An aborted transaction whose marker an earlier pass removed (the state that
+        # still names it came from before: a snapshot) has no data left either.
+        result.aborts_without_data.extend(
+            (pid, last) for pid, _first, last in txns.aborted
+            if last < cleaned_end and last not in tracker.markers_seen
+        )  # fmt: skip
     result.seconds = time.monotonic() - started
     return result
 
@@ -665,6 +686,8 @@ def _clean_group(
                     marker_without_data=without_data,
                 )
                 horizon = verdict.horizon
+                if without_data and txns is not None and txns.has_abort_marker_at(batch):
+                    result.aborts_without_data.append((batch.producer_id, batch.base_offset))
                 if tracker is not None:
                     if not verdict.dropped:
                         tracker.data_kept(batch)
