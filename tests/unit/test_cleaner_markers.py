@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trio_broker.config import load_config
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import (
@@ -20,6 +21,7 @@ from trio_broker.protocol.records import (
     build_control_batch,
     iter_batches,
 )
+from trio_broker.server.log_cleaner import LogCleaner
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.state.producer import Append
 from trio_broker.storage.cleaner import (
@@ -277,3 +279,35 @@ def test_truncation_lowers_the_cleaner_checkpoint(tmp_path: Path) -> None:
     # Writes after the cut land below the old checkpoint: they are dirty, not clean.
     assert read_cleaner_checkpoint(log.directory) == end <= 100
     log.close()
+
+
+def test_dedupe_buffer_size_bounds_the_cleaner_task_in_keys(tmp_path: Path) -> None:
+    properties = tmp_path / "server.properties"
+    properties.write_text("log.cleaner.dedupe.buffer.size=2400\n")
+    config = load_config(properties)
+    assert config.log_cleaner_dedupe_buffer_size == 2400
+    cleaner = LogCleaner(list, lambda: T0, backoff_ms=100, io_max_bytes_per_second=1e9,
+                         dedupe_buffer_size=config.log_cleaner_dedupe_buffer_size)  # fmt: skip
+    assert cleaner.max_keys == 100  # Kafka's 24 bytes a key
+    assert LogCleaner(list, lambda: T0, backoff_ms=1, io_max_bytes_per_second=1e9).max_keys == (
+        134_217_728 // 24
+    )
+
+
+def test_an_aborted_entry_whose_marker_is_already_gone_is_reported(tmp_path: Path) -> None:
+    """State from before a marker went (an old snapshot) names a transaction the log no
+    longer has: the next pass reports it, so fetches stop naming it."""
+    t = TxnLog(tmp_path)
+    t.txn(31, b"k0", b"v")
+    t.marker(31, committed=True)
+    t.fill()
+    gone_marker = t.log.log_start_offset + 1  # the commit marker's offset: never an abort
+    stale = TransactionFacts(t.log.log_end_offset, ((99, 0, gone_marker + 1000),))
+    result = clean_log(t.log, T0 + 1000, txns=stale)
+    assert result is not None and result.aborts_without_data == []  # beyond the range
+    t.fill()
+    cleaned_to = t.log.log_end_offset
+    stale = TransactionFacts(cleaned_to, ((99, 0, 2),))  # offset 2: a filler, no marker
+    result = clean_log(t.log, T0 + 2000, txns=stale)
+    assert result is not None and result.aborts_without_data == [(99, 2)]
+    t.log.close()
