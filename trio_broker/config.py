@@ -86,6 +86,8 @@ class BrokerConfig:
     log_cleaner_enable: bool = True
     log_cleaner_backoff_ms: int = 15_000
     log_cleaner_io_max_bytes_per_second: float = float("inf")
+    #: the key map's bound, counted as Kafka sizes it: 24 bytes a key (docs/compaction.md).
+    log_cleaner_dedupe_buffer_size: int = 134_217_728
     log_cleanup_policy: str = "delete"
     log_cleaner_delete_retention_ms: int = 86_400_000
     log_cleaner_min_compaction_lag_ms: int = 0

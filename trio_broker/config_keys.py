@@ -207,7 +207,7 @@ _KAFKA_KEYS = [
     _key("listener.security.protocol.map", STRING, "SASL_SSL:SASL_SSL,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT", APPLIED, "listener_security_protocol_map"),
     _key("listeners", LIST, "PLAINTEXT://:9092", APPLIED),
     _key("log.cleaner.backoff.ms", LONG, "15000", APPLIED, "log_cleaner_backoff_ms"),
-    _key("log.cleaner.dedupe.buffer.size", LONG, "134217728"),
+    _key("log.cleaner.dedupe.buffer.size", LONG, "134217728", APPLIED, "log_cleaner_dedupe_buffer_size"),
     _key("log.cleaner.delete.retention.ms", LONG, "86400000", APPLIED, "log_cleaner_delete_retention_ms"),
     _key("log.cleaner.enable", BOOLEAN, "true", APPLIED, "log_cleaner_enable"),
     _key("log.cleaner.io.buffer.load.factor", DOUBLE, "0.9"),

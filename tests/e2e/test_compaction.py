@@ -18,6 +18,8 @@ from confluent_kafka import TopicPartition as CTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.conftest import BrokerProcess
+from trio_broker.protocol.errors import TruncatedError
+from trio_broker.protocol.records import iter_batches
 
 KEYS = 50
 UPDATES = 1000
@@ -205,12 +207,13 @@ def read_values(bootstrap: str, topic: str, isolation: str) -> dict[bytes, list[
 def test_transactional_writes_to_a_compacted_topic_clean_by_kafkas_rules(
     cleaner_broker: CleanerBroker,
 ) -> None:
-    """Committed transactions compact like plain writes; aborted ones are removed."""
+    """Committed transactions compact like plain writes; aborted ones are removed; the
+    markers of transactions with no data left go after delete.retention.ms."""
     bootstrap = cleaner_broker.bootstrap
     topic = "compacted-txn"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     configs = {"cleanup.policy": "compact", "segment.bytes": "4096", "segment.ms": "1500",
-               "min.cleanable.dirty.ratio": "0.01"}  # fmt: skip
+               "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "1000"}  # fmt: skip
     for future in admin.create_topics([NewTopic(topic, 1, 1, config=configs)]).values():
         future.result(timeout=10)
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "compacting"})
@@ -237,3 +240,34 @@ def test_transactional_writes_to_a_compacted_topic_clean_by_kafkas_rules(
         seen = read_values(bootstrap, topic, "read_uncommitted")
     assert seen == expected, {k: v[-3:] for k, v in seen.items()}
     assert read_values(bootstrap, topic, "read_committed") == expected
+    # Then the markers go: every transaction but the last has no data left (the last one
+    # rewrote every key), so each marker gets a delete horizon in the pass after the one
+    # that removed its data, and a pass after the horizon removes it. The last marker is
+    # the producer's last batch and stays (its producer state).
+    partition_dir = cleaner_broker.data_dir / f"{topic}-0"
+    markers = count_markers(partition_dir)
+    while markers != 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        markers = count_markers(partition_dir)
+    assert markers == 1
+    assert read_values(bootstrap, topic, "read_committed") == expected
+    assert read_values(bootstrap, topic, "read_uncommitted") == expected
+    cleaner_broker.stop()
+    cleaner_broker.start()  # the producer state and LSO are rebuilt from what is left
+    assert read_values(cleaner_broker.bootstrap, topic, "read_committed") == expected
+
+
+def count_markers(partition_dir: Path) -> int:
+    """Control batches in the partition's segment files (read beside the running broker:
+    a file the cleaner swaps away meanwhile is read again)."""
+    for _ in range(10):
+        try:
+            return sum(
+                1
+                for path in sorted(partition_dir.glob("*.log"))
+                for batch in iter_batches(path.read_bytes())
+                if batch.is_control
+            )
+        except (FileNotFoundError, TruncatedError):
+            time.sleep(0.1)
+    raise AssertionError(f"no stable read of {partition_dir}")

@@ -157,6 +157,8 @@ class Broker:
             now_ms,
             backoff_ms=config.log_cleaner_backoff_ms,
             io_max_bytes_per_second=config.log_cleaner_io_max_bytes_per_second,
+            dedupe_buffer_size=config.log_cleaner_dedupe_buffer_size,
+            forget_aborted=self._forget_aborted,
             transaction_facts=self._transaction_facts,
         )
         #: Owners of internal topics (services/internal_topics.py), by topic name: the
@@ -407,6 +409,15 @@ class Broker:
                         lso, tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted)
                     )
         return None
+
+    def _forget_aborted(self, log_: Any, gone: list[tuple[int, int]]) -> None:
+        """The cleaner removed these aborted transactions' data: read_committed fetches
+        stop naming them before their markers go (docs/compaction.md)."""
+        for name, topic in self.topics.topics.items():
+            for partition, candidate in enumerate(topic.logs):
+                if candidate is log_:
+                    self.producers.forget_aborted(name, partition, log_, gone)
+                    return
 
     def _compactable_logs(self) -> list[Any]:
         """Every partition log, the committed-offsets log and the transaction log (the

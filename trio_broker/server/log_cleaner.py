@@ -31,6 +31,9 @@ from trio_broker.storage.log import PartitionLog
 
 log = logging.getLogger(__name__)
 
+#: What a key costs Kafka's key map (SkimpyOffsetMap: MD5 hash + offset).
+KEY_MAP_BYTES_PER_KEY = 24
+
 
 class LogCleaner:
     """The cleaner task of the root nursery (see docs/compaction.md)."""
@@ -43,14 +46,22 @@ class LogCleaner:
         backoff_ms: int,
         io_max_bytes_per_second: float,
         transaction_facts: Callable[[PartitionLog], TransactionFacts | None] | None = None,
+        dedupe_buffer_size: int = 134_217_728,
+        forget_aborted: Callable[[PartitionLog, list[tuple[int, int]]], None] | None = None,
     ) -> None:
         self._logs = logs
         #: A partition's transaction state (LSO, aborted list), read on the event loop
         #: before a pass: transactional data is then cleaned by Kafka's rules.
         self._transaction_facts = transaction_facts
+        #: Told, on the event loop after a pass, the aborted transactions whose data is
+        #: gone, before a later pass removes their markers (the fetch path's list).
+        self._forget_aborted = forget_aborted
         self._now_ms = now_ms
         self.backoff_ms = backoff_ms
         self.io_max_bytes_per_second = io_max_bytes_per_second
+        #: The key map's bound (log.cleaner.dedupe.buffer.size), in keys: Kafka's map
+        #: spends 24 bytes a key (a 16-byte hash and an 8-byte offset).
+        self.max_keys = max(1, dedupe_buffer_size // KEY_MAP_BYTES_PER_KEY)
         #: set at shutdown: the pass in the worker thread stops at its next batch.
         self._stop = threading.Event()
         #: log -> the earliest delete horizon of a tombstone a pass kept.
@@ -142,7 +153,13 @@ class LogCleaner:
         try:
             result = await self._run_pass(
                 lambda: clean_log(
-                    target, now, plan=chosen, throttler=throttler, stop=self._stop, txns=txns
+                    target,
+                    now,
+                    plan=chosen,
+                    throttler=throttler,
+                    stop=self._stop,
+                    txns=txns,
+                    max_keys=self.max_keys,
                 )
             )
         except CleaningStopped:
@@ -159,6 +176,8 @@ class LogCleaner:
                 target.apply_retention(self._now_ms())
             except (OSError, StorageError):
                 log.exception("retention after cleaning %s failed", target.directory)
+            if result.aborts_without_data and self._forget_aborted is not None:
+                self._forget_aborted(target, result.aborts_without_data)
             self.passes += 1
             self.last_result = result
             if result.next_horizon is not None:

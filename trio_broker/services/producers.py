@@ -299,6 +299,17 @@ class ProducerStateRegistry:
         """Aborted transactions overlapping [from_offset, upper), for a read_committed fetch."""
         return self.manager(topic, partition, log_).txns.aborted_between(from_offset, upper)
 
+    def forget_aborted(
+        self, topic: str, partition: int, log_: PartitionLogLike, gone: list[tuple[int, int]]
+    ) -> None:
+        """Drop aborted entries whose data the cleaner removed (PartitionTransactions.
+        forget_aborted). The snapshot on disk still has them: it goes, so that a restart
+        after a crash rebuilds the state from the log, which no longer has them."""
+        self.manager(topic, partition, log_).txns.forget_aborted(gone)
+        directory = log_directory(log_)
+        if directory is not None:
+            (directory / SNAPSHOT_FILE).unlink(missing_ok=True)
+
     def forget(self, topic: str, partition: int) -> None:
         """Drop a partition's state: it is rebuilt from the log when next needed (a
         replica that becomes leader has appended batches it never checked)."""

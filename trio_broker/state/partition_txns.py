@@ -166,6 +166,13 @@ class PartitionTransactions:
         start = bisect.bisect_left(self.aborted, AbortedTxn(from_offset, -1, -1))
         return [a for a in self.aborted[start:] if a.first_offset < upper_offset]
 
+    def forget_aborted(self, gone: Iterable[tuple[int, int]]) -> None:
+        """The cleaner removed these aborted transactions' data (producer id, marker
+        offset) and is about to remove their markers: a fetch must not name them, or a
+        consumer would skip the producer's later records looking for a missing marker."""
+        doomed = set(gone)
+        self.aborted = [a for a in self.aborted if (a.producer_id, a.last_offset) not in doomed]
+
     # ------------------------------------------------------------------ the log moves
 
     def truncate_head(self, log_start_offset: int, live_producers: Iterable[int]) -> None:

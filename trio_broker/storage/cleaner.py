@@ -15,7 +15,9 @@ What stays (docs/compaction.md):
   pass that keeps it stamps the horizon (now + ``delete.retention.ms``) into the batch,
   as Kafka does since KIP-534 (attribute bit 6, the horizon as the base timestamp;
   record timestamps are unchanged);
-- transaction markers (control batches), whole;
+- a transaction marker (control batch) while its transaction still has data in the
+  log (Kafka's ``CleanedTransactionMetadata``): the first pass that finds none stamps a
+  delete horizon into the marker, a pass after the horizon drops it (KIP-534);
 - transactional data as Kafka's cleaner treats it, when the partition's transaction
   state is given (:class:`TransactionFacts`): only below the last stable offset (an
   open transaction is not decided yet); a committed transaction's records are
@@ -24,6 +26,11 @@ What stays (docs/compaction.md):
   that state (a log no broker tracks) transactional batches stay whole and hide nothing;
 - the last batch of every producer id in the log, whole, so the idempotent producer
   state rebuilt from batch headers after a restart stays right.
+
+The key map covers the dirty part only (past ``cleaner-offset.checkpoint``), as in
+Kafka: an earlier pass left the clean part with one record per key. With ``max_keys``
+(``log.cleaner.dedupe.buffer.size``) it takes dirty segments while their keys fit and
+the pass stops after the last one it mapped; the next pass goes on from there.
 
 A batch that keeps some records is re-encoded with the same base offset, last offset
 delta, partition leader epoch, producer id, epoch, base sequence and codec; a batch
@@ -189,15 +196,62 @@ class TransactionFacts:
         pid, offset = batch.producer_id, batch.base_offset
         return any(p == pid and first <= offset <= last for p, first, last in self.aborted)
 
+    def has_abort_marker_at(self, batch: RecordBatchView) -> bool:
+        """Whether ``batch`` is the marker of one of the aborted transactions."""
+        pid, offset = batch.producer_id, batch.base_offset
+        return any(p == pid and last == offset for p, _first, last in self.aborted)
+
 
 def _keeps_whole(batch: RecordBatchView, txns: TransactionFacts | None = None) -> bool:
-    """Markers are never filtered; transactional data only when its fate is known."""
-    return batch.is_control or (batch.is_transactional and txns is None)
+    """Transactional data and markers are filtered only when the transactions' fate is known."""
+    return txns is None and (batch.is_control or batch.is_transactional)
+
+
+class TransactionTracker:
+    """Whether a marker's transaction still has data in the log (Kafka's
+    ``CleanedTransactionMetadata``), fed every batch of a pass in log order.
+
+    A transaction's data precedes its marker; a producer has one open transaction at a
+    time. A marker may go once a pass reaches it without having met data of its
+    transaction: the data was removed by earlier passes (compacted away, aborted) or by
+    retention. Meeting it in this pass keeps the marker, even if the pass drops that
+    data, so a marker always outlives its data by at least one pass.
+    """
+
+    def __init__(self) -> None:
+        #: producers whose current transaction had a batch in this pass.
+        self._with_data: set[int] = set()
+        #: ... and a batch this pass keeps.
+        self._with_kept_data: set[int] = set()
+        #: the last marker read: its transaction had data, all of which this pass drops
+        #: (the next pass can give it a horizon, so one is due right away).
+        self.emptied = False
+        #: the offsets of the markers this pass read.
+        self.markers_seen: set[int] = set()
+
+    def marker_without_data(self, batch: RecordBatchView) -> bool:
+        """Note ``batch``; for a marker, whether its transaction had no data left."""
+        if batch.is_control:
+            pid = batch.producer_id
+            self.markers_seen.add(batch.base_offset)
+            had_data = pid in self._with_data
+            self.emptied = had_data and pid not in self._with_kept_data
+            self._with_data.discard(pid)
+            self._with_kept_data.discard(pid)
+            return not had_data
+        if batch.is_transactional:
+            self._with_data.add(batch.producer_id)
+        return False
+
+    def data_kept(self, batch: RecordBatchView) -> None:
+        """The pass keeps (some of) ``batch``."""
+        if batch.is_transactional and not batch.is_control:
+            self._with_kept_data.add(batch.producer_id)
 
 
 def build_offset_map(
     batches: Iterable[tuple[RecordBatchView, Sequence[Record]]],
-    offsets: dict[bytes, int],
+    offsets: dict[bytes, int] | None,
     *,
     kept_whole: set[int] | None = None,
     pinned: set[bytes] | None = None,
@@ -207,16 +261,19 @@ def build_offset_map(
 
     ``pinned`` collects the keys of batches that stay whole (transactional ones, and
     those whose base offset is in ``kept_whole``): their tombstones must stay too, or
-    the older value a whole batch keeps would come back as the latest.
+    the older value a whole batch keeps would come back as the latest. ``offsets`` None:
+    only ``pinned`` is collected (the clean part of the log).
     """
     for batch, records in batches:
+        if batch.is_control:
+            continue  # a marker's record is no key of the topic
         aborted = txns is not None and txns.is_aborted(batch)
         whole = _keeps_whole(batch, txns) or (
             kept_whole is not None and batch.base_offset in kept_whole
         )
         if whole and pinned is not None:
             pinned.update(r.key for r in records if r.key is not None)
-        if _keeps_whole(batch, txns) or aborted:
+        if _keeps_whole(batch, txns) or aborted or offsets is None:
             continue
         base = batch.base_offset
         for record in records:
@@ -258,15 +315,28 @@ def filter_batch(
     keep_whole: bool = False,
     pinned: set[bytes] | frozenset[bytes] = frozenset(),
     txns: TransactionFacts | None = None,
+    marker_without_data: bool = False,
 ) -> Filtered:
     """Which records of ``batch`` survive a pass whose key map is ``offsets``.
 
     ``keep_whole``: the batch is its producer's last one in the log. A tombstone of a
     key in ``pinned`` (see :func:`build_offset_map`) outlives its horizon. With
-    ``txns``, an aborted transaction's batch is dropped.
+    ``txns``, an aborted transaction's batch is dropped, and a marker whose transaction
+    has no data left (``marker_without_data``, from :class:`TransactionTracker`) gets a
+    delete horizon, then goes once it has passed.
     """
     if keep_whole or _keeps_whole(batch, txns):
         return Filtered(tuple(records), None)
+    if batch.is_control:
+        if not marker_without_data:
+            return Filtered(tuple(records), None)
+        marker_horizon = delete_horizon(batch)
+        if marker_horizon is None:
+            stamped = now_ms + delete_retention_ms
+            return Filtered(tuple(records), encode_retained(batch, records, stamped), stamped)
+        if now_ms < marker_horizon:
+            return Filtered(tuple(records), None, marker_horizon)
+        return Filtered((), None)
     if txns is not None and txns.is_aborted(batch):
         return Filtered((), None)
     base = batch.base_offset
@@ -328,6 +398,8 @@ def encode_retained(
         base_sequence=batch.base_sequence,
         base_timestamp=base_timestamp,
         partition_leader_epoch=batch.partition_leader_epoch,
+        is_transactional=batch.is_transactional,
+        is_control=batch.is_control,
         timestamp_type=LOG_APPEND_TIME if log_append else 0,
         snappy_xerial=xerial,
     )
@@ -396,7 +468,16 @@ class CleanResult:
     batches_dropped: int = 0
     batches_rewritten: int = 0
     records_dropped: int = 0
-    #: the earliest delete horizon of a tombstone that was kept, if any.
+    #: markers dropped (their transaction had no data left and their horizon passed).
+    markers_dropped: int = 0
+    #: (producer id, marker offset) of the aborted transactions (TransactionFacts) with no
+    #: data left: their marker got its horizon or went, or was gone already. The fetch
+    #: path's aborted list must forget them before a later pass removes the marker.
+    aborts_without_data: list[tuple[int, int]] = attrs.field(factory=list)
+    #: distinct keys in the key map (at most ``max_keys``, or one segment's worth).
+    keys_mapped: int = 0
+    #: when a later pass has work: the earliest delete horizon of a kept tombstone or
+    #: marker, or now when a marker's data all went in this pass (its horizon is next).
     next_horizon: int | None = None
     seconds: float = 0.0
 
@@ -484,12 +565,15 @@ def clean_log(
     stop: threading.Event | None = None,
     after_step: Callable[[str], None] | None = None,
     txns: TransactionFacts | None = None,
+    max_keys: int | None = None,
 ) -> CleanResult | None:
     """One cleaning pass over ``log`` (blocking: run it in a worker thread).
 
     None when no pass is due. ``after_step(name)`` is called between the steps of
     the swap protocol (crash tests kill the process there). ``txns``: the
     partition's transaction state; the pass then stops below its last stable offset.
+    ``max_keys``: the key map's bound; the pass stops after the last dirty segment
+    whose keys fit (at least one), and the next pass goes on from there.
     """
     started = time.monotonic()
     plan = plan or plan_for(log, now_ms)
@@ -505,18 +589,37 @@ def clean_log(
         return None
     config = log.config
     result = CleanResult()
-    # The key map covers the whole cleaned range, so no pass relies on an earlier one.
+    # Batches kept whole: every producer's last one in the log up to the end of the dirty
+    # part (a bounded key map may end the pass earlier; keeping more is safe).
     last_of_producer = _last_batch_of_producers(log, segments, facts[-1].end_offset)
     keep_whole = set(last_of_producer.values())
-    offsets: dict[bytes, int] = {}
+    first_dirty = read_cleaner_checkpoint(log.directory)
+    clean_count = sum(1 for _ in itertools.takewhile(lambda f: f.end_offset <= first_dirty, facts))
     pinned: set[bytes] = set()
-    for segment in segments:
+    for segment in segments[:clean_count]:  # an earlier pass left one record per key here
+        build_offset_map(_read_batches(segment, throttler, stop), None, kept_whole=keep_whole,
+                         pinned=pinned, txns=txns)  # fmt: skip
+    offsets: dict[bytes, int] = {}
+    mapped = clean_count
+    for segment in segments[clean_count:]:
+        segment_offsets: dict[bytes, int] = {}
+        segment_pinned: set[bytes] = set()
         build_offset_map(
-            _read_batches(segment, throttler, stop), offsets, kept_whole=keep_whole,
-            pinned=pinned, txns=txns,
+            _read_batches(segment, throttler, stop), segment_offsets, kept_whole=keep_whole,
+            pinned=segment_pinned, txns=txns,
         )  # fmt: skip
+        new_keys = sum(1 for key in segment_offsets if key not in offsets)
+        if max_keys is not None and mapped > clean_count and len(offsets) + new_keys > max_keys:
+            break  # the map is full: this segment and the rest wait for the next pass
+        offsets.update(segment_offsets)
+        pinned |= segment_pinned
+        mapped += 1
+    segments, facts = segments[:mapped], facts[:mapped]
+    result.keys_mapped = len(offsets)
+    tracker = TransactionTracker() if txns is not None else None
     step = after_step or (lambda _name: None)
     index = 0
+    cleaned_end = -1
     for size in group_segments(facts, config.segment_bytes, config.max_index_entries):
         group = segments[index : index + size]
         end = facts[index + size - 1].end_offset
@@ -525,10 +628,18 @@ def clean_log(
             raise CleaningStopped
         written = _clean_group(
             log, group, end, offsets, keep_whole, pinned, now_ms, result, throttler, stop, step,
-            txns,
+            txns, tracker,
         )  # fmt: skip
         if not written:
             break
+        cleaned_end = end
+    if txns is not None and tracker is not None:
+        # An aborted transaction whose marker an earlier pass removed (the state that
+        # still names it came from before: a snapshot) has no data left either.
+        result.aborts_without_data.extend(
+            (pid, last) for pid, _first, last in txns.aborted
+            if last < cleaned_end and last not in tracker.markers_seen
+        )  # fmt: skip
     result.seconds = time.monotonic() - started
     return result
 
@@ -546,6 +657,7 @@ def _clean_group(
     stop: threading.Event | None,
     step: Callable[[str], None],
     txns: TransactionFacts | None = None,
+    tracker: TransactionTracker | None = None,
 ) -> bool:
     directory = log.directory
     base = group[0].base_offset
@@ -559,23 +671,38 @@ def _clean_group(
         for segment in group:
             for batch, records in _read_batches(segment, throttler, stop):
                 result.bytes_read += batch.size_in_bytes
+                # Every batch goes through the tracker, in log order, before its verdict.
+                without_data = tracker is not None and tracker.marker_without_data(batch)
+                whole = batch.base_offset in keep_whole
                 verdict = filter_batch(
                     batch,
                     records,
                     offsets,
                     now_ms=now_ms,
                     delete_retention_ms=config.delete_retention_ms,
-                    keep_whole=batch.base_offset in keep_whole,
+                    keep_whole=whole,
                     pinned=pinned,
                     txns=txns,
+                    marker_without_data=without_data,
                 )
-                if verdict.horizon is not None and (
-                    result.next_horizon is None or verdict.horizon < result.next_horizon
+                horizon = verdict.horizon
+                if without_data and txns is not None and txns.has_abort_marker_at(batch):
+                    result.aborts_without_data.append((batch.producer_id, batch.base_offset))
+                if tracker is not None:
+                    if not verdict.dropped:
+                        tracker.data_kept(batch)
+                    if batch.is_control and tracker.emptied and not whole:
+                        horizon = now_ms  # the next pass stamps this marker: due now
+                if horizon is not None and (
+                    result.next_horizon is None or horizon < result.next_horizon
                 ):
-                    result.next_horizon = verdict.horizon
+                    result.next_horizon = horizon
                 if verdict.dropped:
                     result.batches_dropped += 1
-                    result.records_dropped += len(records)
+                    if batch.is_control:
+                        result.markers_dropped += 1
+                    else:
+                        result.records_dropped += len(records)
                     continue
                 data = verdict.rewritten
                 if data is None:
@@ -673,6 +800,7 @@ __all__ = [
     "Filtered",
     "SegmentFacts",
     "Throttler",
+    "TransactionTracker",
     "build_offset_map",
     "clean_log",
     "delete_horizon",

@@ -89,8 +89,10 @@ from trio_broker.storage.segment import (
 )
 from trio_broker.storage.swap import (
     REPLICA_GAPS_CHECKPOINT,
+    read_cleaner_checkpoint,
     read_gaps_below,
     read_replica_gaps_checkpoint,
+    write_cleaner_checkpoint,
     write_replica_gaps_checkpoint,
 )
 
@@ -566,6 +568,10 @@ class PartitionLog:
                     position = segments[k].size
             try:
                 self._cut(k, position, new_end)
+                # The cleaner trusts everything below its checkpoint to hold one record
+                # per key; appends after the cut are dirty (Kafka lowers it the same way).
+                if read_cleaner_checkpoint(self.directory) > new_end:
+                    write_cleaner_checkpoint(self.directory, new_end)
             except OSError as exc:
                 raise self._go_offline("truncate", exc) from exc
         with self._lock:
