@@ -97,7 +97,7 @@ def offsets_leader(admin: AdminClient, group: str) -> int:
 def consumer(bootstrap: str, group: str) -> Consumer:
     return Consumer({
         "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-        "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+        "auto.offset.reset": "earliest", "session.timeout.ms": 10000,
         "heartbeat.interval.ms": 500, "topic.metadata.refresh.interval.ms": 1000,
     })  # fmt: skip
 
