@@ -56,6 +56,7 @@ async def test_a_refused_truncation_is_retried_without_a_view_change(tmp_path: P
                 brokers={LEADER_ID: BrokerInfo(LEADER_ID, host, port)},
             ),
             inter_broker_listener=None,
+            sync_before_counting=True,
             following={key: FollowerRole(LEADER_ID, leader_epoch=0)},
             roles_changed=trio.Event(),
             _view_event=lambda: no_news,
