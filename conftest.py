@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -36,21 +35,3 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-
-#: Test modules that build one Maven module (``tests/jvm/target``): one worker runs them
-#: all, in turn, so that two ``mvn test`` never write the same target directory.
-SHARED_MAVEN_BUILD = ("tests/e2e/test_java_client.py", "tests/e2e/test_java_fetch_sessions.py")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """For ``pytest -n N --dist loadgroup`` (scripts/test.sh): a module's tests stay on
-    one worker, so module-scoped fixtures (a broker, a Spark session) start once; the
-    modules of one Maven build share a worker. Runs before xdist reads the groups."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        module = item.nodeid.split("::", 1)[0]
-        group = "maven-tests-jvm" if module in SHARED_MAVEN_BUILD else module
-        item.add_marker(pytest.mark.xdist_group(group))

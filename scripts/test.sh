@@ -20,5 +20,7 @@ for pom in tests/kafka_tools/pom.xml tests/streams/pom.xml tests/spark/pom.xml; 
 done
 echo "== pytest (${TEST_WORKERS:-2} workers)"
 # Two workers on the two cores: most end-to-end tests wait on brokers, clients and
-# timers, so their waits overlap. TEST_WORKERS=0 runs everything in one process.
-.venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadgroup --durations=30 "$@"
+# timers, so their waits overlap. A module's tests stay on one worker (loadfile), so
+# module-scoped fixtures (a broker, a Spark session) start once. TEST_WORKERS=0 runs
+# everything in one process.
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile --durations=30 "$@"

@@ -28,6 +28,7 @@ Maven and Java come from scripts/install-system-deps.sh; artifacts are cached in
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import shutil
@@ -285,14 +286,18 @@ def run_maven(properties: dict[str, Any]) -> dict[str, int]:
     mvn = shutil.which("mvn")
     assert mvn is not None, "Maven is missing: scripts/install-system-deps.sh installs it"
     reports = JVM_MODULE / "target" / "surefire-reports"
-    shutil.rmtree(reports, ignore_errors=True)
-    run = subprocess.run(
-        [mvn, "-B", "-q", "-f", str(JVM_MODULE / "pom.xml"), "test",
-         *(f"-D{key}={value}" for key, value in properties.items())],
-        capture_output=True, text=True, timeout=MAVEN_TIMEOUT_S, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    assert run.returncode == 0, (run.stdout[-8000:], run.stderr[-3000:])
-    suites = [ET.parse(p).getroot() for p in reports.glob("TEST-*.xml")]
+    # One ``mvn test`` at a time in the module (pytest-xdist may run two test modules
+    # that build it at once): they share target/ and its reports.
+    with open(JVM_MODULE / ".build.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(reports, ignore_errors=True)
+        run = subprocess.run(
+            [mvn, "-B", "-q", "-f", str(JVM_MODULE / "pom.xml"), "test",
+             *(f"-D{key}={value}" for key, value in properties.items())],
+            capture_output=True, text=True, timeout=MAVEN_TIMEOUT_S, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert run.returncode == 0, (run.stdout[-8000:], run.stderr[-3000:])
+        suites = [ET.parse(p).getroot() for p in reports.glob("TEST-*.xml")]
     return {
         key: sum(int(s.get(key, 0)) for s in suites)
         for key in ("tests", "failures", "errors", "skipped")
