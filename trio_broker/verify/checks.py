@@ -323,16 +323,14 @@ CHECKS: dict[str, tuple[str, str]] = {
           SELECT DISTINCT tname AS topic, partition, offset AS base_offset, crc, leader_epoch
           FROM named WHERE kind = {fetch_batch} AND leader_epoch >= 0
         ),
-        -- An idempotent batch sent to two brokers may be acknowledged by the second as a
-        -- duplicate of what the first appended (stamped with the first's epoch): its
-        -- acknowledgement says nothing about whose epoch it is, so it is left out.
-        resent AS (
-          SELECT b.tname AS topic, b.partition, b.producer_id, b.producer_epoch,
-                 b.base_sequence
-          FROM named b JOIN run_brokers r ON r.run = b.run
-          WHERE b.kind = {produce_batch} AND b.producer_id >= 0 AND b.base_sequence >= 0
-          GROUP BY b.tname, b.partition, b.producer_id, b.producer_epoch, b.base_sequence
-          HAVING count(DISTINCT r.broker_id) > 1
+        -- A new leader acknowledges an idempotent producer's retry as a duplicate of what
+        -- the old leader appended, stamped with the old epoch (the first send may be lost
+        -- with a killed broker's capture): such an acknowledgement counts for its broker
+        -- only when that broker's own Metadata answers named it leader in that epoch.
+        claimed AS (
+          SELECT DISTINCT l.tname AS topic, l.partition, l.leader_epoch, l.leader_id
+          FROM named l JOIN run_brokers r ON r.run = l.run AND r.broker_id = l.leader_id
+          WHERE l.kind = {partition_leader}
         ),
         writes AS (
           SELECT a.topic, a.partition, s.leader_epoch, r.broker_id,
@@ -343,9 +341,10 @@ CHECKS: dict[str, tuple[str, str]] = {
             ON s.topic = a.topic AND s.partition = a.partition
            AND s.base_offset = a.base_offset AND s.crc = a.crc
           JOIN run_brokers r ON r.run = a.run
-          LEFT ANTI JOIN resent x
-            ON x.topic = a.topic AND x.partition = a.partition AND x.producer_id = a.producer_id
-           AND x.producer_epoch = a.producer_epoch AND x.base_sequence = a.base_sequence
+          LEFT JOIN claimed c
+            ON c.topic = a.topic AND c.partition = a.partition
+           AND c.leader_epoch = s.leader_epoch AND c.leader_id = r.broker_id
+          WHERE a.producer_id < 0 OR c.leader_id IS NOT NULL
           GROUP BY a.topic, a.partition, s.leader_epoch, r.broker_id
         ),
         named_leaders AS (

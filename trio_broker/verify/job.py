@@ -238,9 +238,14 @@ def verify(spark: Any, capture_dir: CaptureDirs) -> dict[str, Any]:
     # ``run``: the index of the file's run in sorted run names, one literal per run's
     # files (a per-row regexp over input_file_name() cost more than the decoding).
     runs = sorted({run_of(f) for f in capture.files})
-    brokers = [
-        (i, broker_id([f for f in capture.files if run_of(f) == r])) for i, r in enumerate(runs)
-    ]
+    # Broker ids date writes and fetches with leader epochs, compared across runs: only
+    # for a cluster's captures. One directory's runs stay judged apart, as before: a
+    # broker alone names leader epoch 0 in every life, which is no leader term.
+    brokers = (
+        [(i, broker_id([f for f in capture.files if run_of(f) == r])) for i, r in enumerate(runs)]
+        if several
+        else []
+    )
     spark.sql(run_brokers_view_sql(brokers)).createOrReplaceTempView("run_brokers")
     raw = None
     for index, run in enumerate(runs):
