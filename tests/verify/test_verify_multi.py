@@ -11,14 +11,18 @@ truncated) is not what clients were told and must not count as a conflicting fet
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import trio_broker.protocol.messages as m
 from tests.verify.helpers import write_rows
+from trio_broker.capture.schema import arrow_schema
 from trio_broker.protocol.messages import encode_request, encode_response
 from trio_broker.protocol.records import build_batch
 from trio_broker.verify.job import spark_session, summary_text, verify
@@ -26,18 +30,21 @@ from trio_broker.verify.job import spark_session, summary_text, verify
 pytestmark = pytest.mark.timeout(600)
 
 TOPIC = "multi"
+#: One clock for every capture of a test, as CLOCK_MONOTONIC is for brokers on one host.
+CLOCK = itertools.count(1000)
 
 
 class Rows:
-    def __init__(self) -> None:
+    def __init__(self, broker_id: int = 0) -> None:
         self.rows: list[dict[str, Any]] = []
+        self.broker_id = broker_id
 
     def add(self, conn: int, client_id: str, direction: str, key: int, version: int,
             corr: int, frame: bytes) -> None:  # fmt: skip
         self.rows.append({
-            "broker_id": 0, "connection_id": conn, "client_address": f"127.0.0.1:{conn}",
-            "client_id": client_id, "direction": direction,
-            "monotonic_ns": 1000 + len(self.rows), "wall_ns": 1000 + len(self.rows),
+            "broker_id": self.broker_id, "connection_id": conn,
+            "client_address": f"127.0.0.1:{conn}", "client_id": client_id,
+            "direction": direction, "monotonic_ns": (now := next(CLOCK)), "wall_ns": now,
             "api_key": key, "api_version": version, "correlation_id": corr, "frame": frame,
         })  # fmt: skip
 
@@ -53,15 +60,26 @@ class Rows:
         self.add(conn, client_id, "response", key, version, corr, frame)
 
 
-def batch(value: bytes, offset: int = 0) -> bytes:
-    return bytes(build_batch([(None, value)], base_offset=offset, base_timestamp=0))
+def batch(value: bytes, offset: int = 0, epoch: int = -1, producer_id: int = -1) -> bytes:
+    """A one-record batch; ``epoch``: the partitionLeaderEpoch a leader stamps on it;
+    ``producer_id``: an idempotent producer's, with producer epoch and sequence 0."""
+    idempotent = producer_id >= 0
+    return bytes(build_batch(
+        [(None, value)], base_offset=offset, base_timestamp=0, partition_leader_epoch=epoch,
+        producer_id=producer_id, producer_epoch=0 if idempotent else -1,
+        base_sequence=0 if idempotent else -1,
+    ))  # fmt: skip
 
 
-def produce(rows: Rows, corr: int, value: bytes, offset: int) -> None:
+def produce(rows: Rows, corr: int, value: bytes, offset: int | None, producer_id: int = -1) -> None:
+    """A Produce of ``value``, acknowledged at ``offset`` (None: no answer captured)."""
     P, R = m.ProduceRequest, m.ProduceResponse
+    records = batch(value, producer_id=producer_id)
     rows.request(1, "producer", 0, 9, corr, P(transactional_id=None, acks=-1, timeout_ms=1000,
         topic_data=[P.TopicProduceData(name=TOPIC, partition_data=[
-            P.TopicProduceData.PartitionProduceData(index=0, records=batch(value))])]))  # fmt: skip
+            P.TopicProduceData.PartitionProduceData(index=0, records=records)])]))  # fmt: skip
+    if offset is None:
+        return
     rows.response(1, "producer", 0, 9, corr, R(throttle_time_ms=0, responses=[
         R.TopicProduceResponse(name=TOPIC, partition_responses=[
             R.TopicProduceResponse.PartitionProduceResponse(
@@ -80,6 +98,65 @@ def fetch(rows: Rows, conn: int, client_id: str, corr: int, records: bytes, hw: 
         high_watermark=hw, last_stable_offset=hw, log_start_offset=0, records=records)  # fmt: skip
     rows.response(conn, client_id, 1, 12, corr, F(throttle_time_ms=0, error_code=0,
         session_id=0, responses=[F.FetchableTopicResponse(topic=TOPIC, partitions=[part])]))  # fmt: skip
+
+
+def metadata(rows: Rows, corr: int, leader: int, epoch: int) -> None:
+    """A Metadata answer naming ``leader`` the partition's leader in ``epoch``."""
+    Q, R = m.MetadataRequest, m.MetadataResponse
+    rows.request(3, "admin", 3, 9, corr, Q(topics=None, allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False))  # fmt: skip
+    part = R.MetadataResponseTopic.MetadataResponsePartition(error_code=0, partition_index=0,
+        leader_id=leader, leader_epoch=epoch, replica_nodes=[1, 2, 3], isr_nodes=[1, 2, 3],
+        offline_replicas=[])  # fmt: skip
+    rows.response(3, "admin", 3, 9, corr, R(throttle_time_ms=0, brokers=[], cluster_id="c",
+        controller_id=1, topics=[R.MetadataResponseTopic(error_code=0, name=TOPIC,
+            is_internal=False, partitions=[part], topic_authorized_operations=0)],
+        cluster_authorized_operations=0))  # fmt: skip
+
+
+def write_run(rows: Rows, target: Path, run: int) -> None:
+    """``rows`` as the capture of one run (``run``: its start time in the file name)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for row in rows.rows:
+        row["frame_length"] = len(row["frame"])
+    name = f"capture-b{rows.broker_id}-{run}-000000.parquet"
+    pq.write_table(pa.Table.from_pylist(rows.rows, schema=arrow_schema()), target / name)
+
+
+def failover(root: Path, *, doctored: bool) -> list[Path]:
+    """Broker 1 leads in epoch 1 (a@0, b@1), broker 2 in epoch 2 (c@3), then broker 2
+    restarts still leading in epoch 2. Each states its leadership in its own Metadata
+    answers. An idempotent batch sent to broker 1 and unanswered (killed) is resent to
+    broker 2, which acknowledges broker 1's copy at offset 2, stamped with epoch 1. Old
+    broker 1 later shows a consumer its stale high watermark 2 (an older epoch: allowed).
+
+    ``doctored``: broker 2 stamps c with epoch 1 (two brokers acknowledged writes in
+    epoch 1), names broker 3 leader in epoch 1 (two leaders named for it), first shows
+    high watermark 1 in epoch 2 (below the 2 epoch 1 showed before), and after its restart
+    shows 3 (below the 4 its first run showed in the same epoch)."""
+    one, two, two_again = Rows(1), Rows(2), Rows(2)
+    metadata(one, 1, leader=1, epoch=1)
+    produce(one, 1, b"a", 0)
+    produce(one, 2, b"b", 1)
+    log = batch(b"a", 0, epoch=1) + batch(b"b", 1, epoch=1)
+    fetch(one, 2, "consumer", 1, log, 2)
+    produce(one, 3, b"i", None, producer_id=7)
+    metadata(two, 1, leader=2, epoch=2)
+    if doctored:
+        metadata(two, 2, leader=3, epoch=1)
+        fetch(two, 2, "consumer", 1, batch(b"a", 0, epoch=1), 1)
+    produce(two, 1, b"i", 2, producer_id=7)
+    produce(two, 2, b"c", 3)
+    log += batch(b"i", 2, epoch=1, producer_id=7) + batch(b"c", 3, epoch=1 if doctored else 2)
+    fetch(two, 2, "consumer", 2, log, 4)
+    fetch(one, 2, "consumer", 3, log[: len(batch(b"a")) * 2], 2)
+    metadata(two_again, 1, leader=2, epoch=2)
+    fetch(two_again, 2, "consumer", 1, log, 3 if doctored else 4)
+    write_run(one, root / "broker1", 1)
+    write_run(two, root / "broker2", 1)
+    write_run(two_again, root / "broker2", 2)
+    return [root / "broker1", root / "broker2"]
 
 
 def two_brokers(root: Path, *, overwritten: bool) -> tuple[Path, Path]:
@@ -131,3 +208,32 @@ def test_the_cli_takes_several_directories_and_keeps_its_exit_codes(tmp_path: Pa
     # The good pair passes through verify() above; the CLI (one Spark start) must fail
     # the bad one, given as a parent directory.
     assert main(["verify", str(tmp_path / "bad"), "--report", str(tmp_path / "report")]) == 1
+
+
+def test_leaders_and_high_watermarks_are_checked_per_epoch_across_brokers(
+    spark: Any, tmp_path: Path
+) -> None:
+    report = verify(spark, failover(tmp_path / "good", doctored=False))
+    assert report["ok"], summary_text(report)
+    assert report["acknowledged_batches"] == 4
+
+    report = verify(spark, failover(tmp_path / "bad", doctored=True))
+    checks = report["checks"]
+    assert checks["one_leader_per_epoch"]["by_kind"] == {
+        "two_brokers_acked_in_epoch": 1,
+        "two_leaders_named_in_epoch": 1,
+    }, summary_text(report)
+    examples = {e["violation"]: e for e in checks["one_leader_per_epoch"]["examples"]}
+    assert examples["two_brokers_acked_in_epoch"]["brokers"] == [1, 2]
+    assert examples["two_brokers_acked_in_epoch"]["leader_epoch"] == 1
+    assert examples["two_leaders_named_in_epoch"]["brokers"] == [1, 3]
+    assert checks["high_watermark_monotonic"]["by_kind"] == {
+        "high_watermark_backwards_across_brokers": 2
+    }, summary_text(report)
+    backwards = sorted(
+        (e["leader_epoch"], e["high_watermark"], e["earlier_high_watermark"])
+        for e in checks["high_watermark_monotonic"]["examples"]
+    )
+    assert backwards == [(2, 1, 2), (2, 3, 4)]
+    others = {name for name, c in checks.items() if c["violations"]}
+    assert others == {"one_leader_per_epoch", "high_watermark_monotonic"}, summary_text(report)

@@ -18,6 +18,7 @@ __all__ = [
     "VIEWS",
     "all_checks_sql",
     "named_view_sql",
+    "run_brokers_view_sql",
     "sql",
 ]
 
@@ -215,7 +216,8 @@ CHECKS: dict[str, tuple[str, str]] = {
     ),
     "high_watermark_monotonic": (
         "per partition, a fetch never reports a high watermark lower than one already "
-        "returned by a fetch that completed before it was sent",
+        "returned by a fetch that completed before it was sent: by the same broker run, or, "
+        "across brokers and runs, in the same or an earlier leader epoch",
         """
         WITH parts AS (
           SELECT p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.offset AS hw,
@@ -235,10 +237,129 @@ CHECKS: dict[str, tuple[str, str]] = {
           SELECT *, max(hw) OVER (PARTITION BY run, topic, partition ORDER BY t, ord
                                   ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS max_before
           FROM events
+        ),
+        -- The epoch a fetch was answered in: the last one its broker's own Metadata answers
+        -- (same run) named it leader in before the request. A broker's view of its epoch
+        -- only grows within a run, so this is never above the true one.
+        terms AS (
+          SELECT l.run, l.tname AS topic, l.partition, l.ts AS t, 0 AS ord,
+                 l.leader_epoch AS epoch, NULL AS conn, NULL AS corr
+          FROM named l JOIN run_brokers b ON b.run = l.run AND b.broker_id = l.leader_id
+          WHERE l.kind = {partition_leader}
+          UNION ALL
+          SELECT run, topic, partition, t, 1 AS ord, NULL, conn, corr FROM seen WHERE ord = 0
+        ),
+        in_epoch AS (
+          SELECT run, topic, partition, conn, corr,
+                 last(epoch, true) OVER (PARTITION BY run, topic, partition ORDER BY t, ord
+                                         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+                   AS epoch, ord
+          FROM terms
+        ),
+        -- Fetches with a known epoch, each as its request (ord 0, its own HW) and its
+        -- response (ord 1, the HW it showed), across all runs of the partition.
+        dated AS (
+          SELECT s.*, e.epoch FROM seen s JOIN in_epoch e
+            ON e.ord = 1 AND s.ord = 0 AND e.run = s.run AND e.conn = s.conn
+           AND e.corr = s.corr AND e.topic = s.topic AND e.partition = s.partition
+          WHERE e.epoch IS NOT NULL
+        ),
+        across AS (
+          SELECT run, topic, partition, t, 0 AS ord, epoch, NULL AS hw, conn, corr, own_hw,
+                 max_before AS run_max
+          FROM dated
+          UNION ALL
+          SELECT d.run, d.topic, d.partition, p.resp_ts, 1, d.epoch, p.hw, NULL, NULL, NULL, NULL
+          FROM dated d JOIN parts p
+            ON p.run = d.run AND p.conn = d.conn AND p.corr = d.corr AND p.topic = d.topic
+           AND p.partition = d.partition
+        ),
+        -- In its epoch: the highest HW shown before it, by whichever run. Across epochs:
+        -- the highest HW an earlier epoch showed before the epoch's first fetch was sent
+        -- (a new leader hides its HW until it reaches that, KIP-207). Per epoch, not per
+        -- fetch, so the join is (epochs x fetches) of a partition.
+        per_epoch AS (
+          SELECT *, max(hw) OVER (PARTITION BY topic, partition, epoch ORDER BY t, ord
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS own_max
+          FROM across
+        ),
+        epoch_start AS (
+          SELECT topic, partition, epoch, min(t) AS first_request FROM across WHERE ord = 0
+          GROUP BY topic, partition, epoch
+        ),
+        floors AS (
+          SELECT s.topic, s.partition, s.epoch, max(o.hw) AS floor_hw
+          FROM epoch_start s JOIN across o
+            ON o.ord = 1 AND o.topic = s.topic AND o.partition = s.partition
+           AND o.epoch < s.epoch AND o.t < s.first_request
+          GROUP BY s.topic, s.partition, s.epoch
+        ),
+        judged AS (
+          SELECT r.run, r.conn, r.corr, r.topic, r.partition, r.epoch, r.own_hw, r.run_max,
+                 greatest(r.own_max, f.floor_hw) AS max_before
+          FROM per_epoch r LEFT JOIN floors f
+            ON f.topic = r.topic AND f.partition = r.partition AND f.epoch = r.epoch
+          WHERE r.ord = 0
         )
         SELECT 'high_watermark_backwards' AS violation, topic, partition, run, conn, corr,
-               own_hw AS high_watermark, max_before AS earlier_high_watermark
+               own_hw AS high_watermark, max_before AS earlier_high_watermark,
+               CAST(NULL AS INT) AS leader_epoch
         FROM seen WHERE ord = 0 AND max_before IS NOT NULL AND own_hw < max_before
+        UNION ALL
+        -- Only what the per-run rule above did not already report.
+        SELECT 'high_watermark_backwards_across_brokers', topic, partition, run, conn, corr,
+               own_hw, max_before, epoch
+        FROM judged
+        WHERE max_before IS NOT NULL AND own_hw < max_before
+          AND NOT coalesce(own_hw < run_max, false)
+        """,
+    ),
+    "one_leader_per_epoch": (
+        "per partition and leader epoch, at most one broker acknowledged writes (a write's "
+        "epoch is the one stamped on the batch fetched at its offset) and Metadata answers "
+        "name at most one leader",
+        """
+        WITH stamped AS (
+          SELECT DISTINCT tname AS topic, partition, offset AS base_offset, crc, leader_epoch
+          FROM named WHERE kind = {fetch_batch} AND leader_epoch >= 0
+        ),
+        -- A new leader acknowledges an idempotent producer's retry as a duplicate of what
+        -- the old leader appended, stamped with the old epoch (the first send may be lost
+        -- with a killed broker's capture): such an acknowledgement counts for its broker
+        -- only when that broker's own Metadata answers named it leader in that epoch.
+        claimed AS (
+          SELECT DISTINCT l.tname AS topic, l.partition, l.leader_epoch, l.leader_id
+          FROM named l JOIN run_brokers r ON r.run = l.run AND r.broker_id = l.leader_id
+          WHERE l.kind = {partition_leader}
+        ),
+        writes AS (
+          SELECT a.topic, a.partition, s.leader_epoch, r.broker_id,
+                 min(a.base_offset) AS first_offset, max(a.base_offset) AS last_offset,
+                 count(*) AS batches
+          FROM acked a
+          JOIN stamped s
+            ON s.topic = a.topic AND s.partition = a.partition
+           AND s.base_offset = a.base_offset AND s.crc = a.crc
+          JOIN run_brokers r ON r.run = a.run
+          LEFT JOIN claimed c
+            ON c.topic = a.topic AND c.partition = a.partition
+           AND c.leader_epoch = s.leader_epoch AND c.leader_id = r.broker_id
+          WHERE a.producer_id < 0 OR c.leader_id IS NOT NULL
+          GROUP BY a.topic, a.partition, s.leader_epoch, r.broker_id
+        ),
+        named_leaders AS (
+          SELECT DISTINCT tname AS topic, partition, leader_epoch, leader_id
+          FROM named WHERE kind = {partition_leader}
+        )
+        SELECT 'two_brokers_acked_in_epoch' AS violation, topic, partition, leader_epoch,
+               sort_array(collect_list(broker_id)) AS brokers,
+               sort_array(collect_list(named_struct('broker', broker_id, 'first_offset',
+                 first_offset, 'last_offset', last_offset, 'batches', batches))) AS writes
+        FROM writes GROUP BY topic, partition, leader_epoch HAVING count(*) > 1
+        UNION ALL
+        SELECT 'two_leaders_named_in_epoch', topic, partition, leader_epoch,
+               sort_array(collect_list(leader_id)), NULL
+        FROM named_leaders GROUP BY topic, partition, leader_epoch HAVING count(*) > 1
         """,
     ),
     "producer_sequences": (
@@ -450,6 +571,13 @@ CHECKS: dict[str, tuple[str, str]] = {
 def sql(text: str) -> str:
     """``text`` with each ``{kind}`` placeholder replaced by that fact kind's code."""
     return text.format_map(KIND_CODE)
+
+
+def run_brokers_view_sql(brokers: list[tuple[int, int]]) -> str:
+    """The ``run_brokers`` view: each run's index and the node id of the broker that
+    captured it (the capture rows' ``broker_id``)."""
+    rows = ", ".join(f"({run}, {broker})" for run, broker in brokers) or "(-1, -1)"
+    return f"SELECT * FROM (VALUES {rows}) AS t(run, broker_id)"
 
 
 def named_view_sql(topic_ids: list[tuple[int, int]]) -> str:

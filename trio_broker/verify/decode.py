@@ -10,8 +10,11 @@ one wide schema (:data:`FACT_FIELDS`); ``kind`` says which columns are set:
 ``produce_ack``    a partition in a Produce response (error, base offset)
 ``fetch_part``     a partition in a Fetch response (error, high watermark in ``offset``, last
                    stable offset in ``last_offset``)
-``fetch_batch``    a batch in a Fetch response (``idx`` = its position in the partition)
+``fetch_batch``    a batch in a Fetch response (``idx`` = its position in the partition,
+                   ``leader_epoch`` = the partitionLeaderEpoch its leader stamped on it)
 ``topic_id``       a (name, topic id) pair from a Metadata response
+``partition_leader`` a partition of a Metadata response that names a leader (``leader_id``)
+                   and its ``leader_epoch`` (v7+; none is kept without both)
 ``sync_request``   a SyncGroup request (group, generation, member)
 ``sync_assign``    one (topic, partition) of a SyncGroup response's assignment
 ``commit_request`` a partition in an OffsetCommit request (group, generation, member, offset)
@@ -67,6 +70,8 @@ FACT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("attributes", "int32", "int"),
     ("isolation_level", "int32", "int"),
     ("committed", "int32", "int"),
+    ("leader_id", "int32", "int"),
+    ("leader_epoch", "int32", "int"),
 )
 FACT_DDL = ", ".join(f"{name} {sql}" for name, _, sql in FACT_FIELDS)
 _NAMES = tuple(name for name, _, _ in FACT_FIELDS)
@@ -216,6 +221,7 @@ def _facts_for_row(
                         "crc": b.crc, "record_count": b.record_count,
                         "producer_id": b.producer_id, "producer_epoch": b.producer_epoch,
                         "base_sequence": b.base_sequence, "attributes": b.attributes,
+                        "leader_epoch": b.partition_leader_epoch,
                     }  # fmt: skip
     elif api_key == END_TXN:
         yield {**base, "kind": "end_txn_ack", "error": body.error_code}
@@ -236,6 +242,16 @@ def _facts_for_row(
                     "topic": topic.name,
                     "note": f"id:{topic.topic_id}",
                 }
+            if not topic.name:
+                continue
+            for part in topic.partitions:
+                epoch = getattr(part, "leader_epoch", -1)
+                if part.leader_id >= 0 and epoch >= 0:
+                    yield {
+                        **base, "kind": "partition_leader", "topic": topic.name,
+                        "partition": part.partition_index, "leader_id": part.leader_id,
+                        "leader_epoch": epoch,
+                    }  # fmt: skip
     elif body.error_code == 0 and body.assignment:
         for topic_name, partition in decode_assignment(body.assignment):
             yield {**base, "kind": "sync_assign", "topic": topic_name, "partition": partition}

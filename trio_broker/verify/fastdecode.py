@@ -380,6 +380,7 @@ def _batches(
         cols["offset"] = base
         cols["last_offset"] = base + lod
         cols["record_count"] = _be(head[:, 57:61], ">i4")
+        cols["leader_epoch"] = _be(head[:, 12:16], ">i4")
     facts.add(kind, **cols)
 
 

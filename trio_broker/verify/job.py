@@ -31,6 +31,7 @@ from trio_broker.verify.checks import (
     VIEWS,
     all_checks_sql,
     named_view_sql,
+    run_brokers_view_sql,
     sql,
 )
 from trio_broker.verify.compact import COMPACT_DDL, KIND_CODE, KINDS, decode_compact, topic_hash
@@ -167,6 +168,21 @@ def run_name(path: str) -> str:
     return match.group(1) if match else name
 
 
+def broker_id(files: list[str]) -> int:
+    """The node id of the broker that wrote a run's capture files (its rows' ``broker_id``,
+    the same in every row of a run): read from the first row of its first file."""
+    import pyarrow.parquet as pq
+
+    for path in files:
+        parquet = pq.ParquetFile(path)
+        if not parquet.metadata.num_row_groups:
+            continue
+        column = parquet.read_row_group(0, columns=["broker_id"]).column(0)
+        if len(column):
+            return int(column[0].as_py())
+    return -1
+
+
 #: Bytes a frame's facts take in Spark's columnar cache, uncompressed (measured: 157 MB
 #: for the 2.4M frames of bench/verify.py's capture; 124 MB compressed).
 CACHE_BYTES_PER_FRAME = 66
@@ -222,6 +238,15 @@ def verify(spark: Any, capture_dir: CaptureDirs) -> dict[str, Any]:
     # ``run``: the index of the file's run in sorted run names, one literal per run's
     # files (a per-row regexp over input_file_name() cost more than the decoding).
     runs = sorted({run_of(f) for f in capture.files})
+    # Broker ids date writes and fetches with leader epochs, compared across runs: only
+    # for a cluster's captures. One directory's runs stay judged apart, as before: a
+    # broker alone names leader epoch 0 in every life, which is no leader term.
+    brokers = (
+        [(i, broker_id([f for f in capture.files if run_of(f) == r])) for i, r in enumerate(runs)]
+        if several
+        else []
+    )
+    spark.sql(run_brokers_view_sql(brokers)).createOrReplaceTempView("run_brokers")
     raw = None
     for index, run in enumerate(runs):
         part = spark.read.parquet(*[f for f in capture.files if run_of(f) == run])
