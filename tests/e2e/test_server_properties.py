@@ -63,7 +63,7 @@ ssl.keystore.password=not-shown
 """
 
 INERT_KEYS = ("process.roles", "controller.quorum.bootstrap.servers", "num.network.threads",
-              "transaction.state.log.min.isr", "ssl.keystore.password")  # fmt: skip
+              "share.coordinator.state.topic.min.isr", "ssl.keystore.password")  # fmt: skip
 
 
 class PropertiesBroker(BrokerProcess):
