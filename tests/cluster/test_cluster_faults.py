@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, partitions
@@ -107,8 +107,20 @@ def admin_of(cluster: Cluster, *, without: tuple[int, ...] = ()) -> AdminClient:
 def create_topic(cluster: Cluster, topic: str, count: int) -> AdminClient:
     admin = admin_of(cluster)
     eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers listed")
-    [future] = admin.create_topics([NewTopic(topic, num_partitions=count)]).values()
-    future.result(timeout=30)  # replication factor 3 from default.replication.factor
+    deadline = time.monotonic() + 30
+    while True:
+        [future] = admin.create_topics([NewTopic(topic, num_partitions=count)]).values()
+        try:
+            future.result(timeout=30)  # replication factor 3 from default.replication.factor
+            break
+        except KafkaException as exc:
+            # The broker that took it may not see the third broker yet (its ZooKeeper
+            # watch lags the one that answered Metadata): Kafka's answer too. Ask again.
+            error = exc.args[0]
+            if error.code() != KafkaError.INVALID_REPLICATION_FACTOR:
+                raise
+            assert time.monotonic() < deadline, error
+            time.sleep(0.5)
     full_isr(admin, topic, count)
     return admin
 

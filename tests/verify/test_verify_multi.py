@@ -199,17 +199,6 @@ def test_captures_of_several_brokers_are_checked_together(spark: Any, tmp_path: 
     assert all(verify(spark, d)["ok"] for d in bad)
 
 
-def test_the_cli_takes_several_directories_and_keeps_its_exit_codes(tmp_path: Path) -> None:
-    from trio_broker.cli import main
-
-    good = two_brokers(tmp_path / "good", overwritten=False)
-    two_brokers(tmp_path / "bad", overwritten=True)
-    assert main(["verify", str(good[0]), str(tmp_path / "nothing-here")]) == 2
-    # The good pair passes through verify() above; the CLI (one Spark start) must fail
-    # the bad one, given as a parent directory.
-    assert main(["verify", str(tmp_path / "bad"), "--report", str(tmp_path / "report")]) == 1
-
-
 def test_leaders_and_high_watermarks_are_checked_per_epoch_across_brokers(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -237,3 +226,15 @@ def test_leaders_and_high_watermarks_are_checked_per_epoch_across_brokers(
     assert backwards == [(2, 1, 2), (2, 3, 4)]
     others = {name for name, c in checks.items() if c["violations"]}
     assert others == {"one_leader_per_epoch", "high_watermark_monotonic"}, summary_text(report)
+
+
+# Last: the CLI stops the Spark session the module shares.
+def test_the_cli_takes_several_directories_and_keeps_its_exit_codes(tmp_path: Path) -> None:
+    from trio_broker.cli import main
+
+    good = two_brokers(tmp_path / "good", overwritten=False)
+    two_brokers(tmp_path / "bad", overwritten=True)
+    assert main(["verify", str(good[0]), str(tmp_path / "nothing-here")]) == 2
+    # The good pair passes through verify() above; the CLI (one Spark start) must fail
+    # the bad one, given as a parent directory.
+    assert main(["verify", str(tmp_path / "bad"), "--report", str(tmp_path / "report")]) == 1
