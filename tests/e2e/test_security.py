@@ -332,7 +332,7 @@ def test_wrong_password_is_rejected_and_others_are_served(
         KafkaProducer(bootstrap_servers=listener(secure_broker, "SASL_PLAINTEXT"),
                       security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
                       sasl_plain_username=USER, sasl_plain_password=BAD_PASSWORD,
-                      bootstrap_timeout_ms=3000)  # fmt: skip
+                      bootstrap_timeout_ms=10_000)  # fmt: skip
     # kafka-python retries the bootstrap; the broker's error 58 is what it logs.
     assert "SaslAuthenticationFailedError" in caplog.text
     assert secure_broker.running
