@@ -88,7 +88,7 @@ class FaultFS:
         dir_survival: float = 0.0,
         allow_other: bool = False,
         timeout: float = 30.0,
-        cut_timeout: float = 10.0,
+        cut_timeout: float = 30.0,
         debug: bool = False,
     ) -> None:
         if mode not in MODES:
