@@ -237,11 +237,12 @@ def test_stalled_reader_is_closed(make_broker: BrokerFactory) -> None:
     try:
         for _ in range(4):
             slow.sock.sendall(_fetch_frame(slow, topic, 4 << 20))
-        started = time.monotonic()
+        # The broker's own log names the stall it measured (over its 1000 ms limit); the
+        # deadline only bounds the wait.
+        deadline = time.monotonic() + 10.0
         while "send stalled for more than 1000 ms" not in broker.log_text():
-            assert time.monotonic() - started < 10.0, "stalled connection was not closed"
+            assert time.monotonic() < deadline, "stalled connection was not closed"
             time.sleep(0.2)
-        assert time.monotonic() - started >= 0.9
         # (Not drained here: with a 4 KiB receive buffer the kernel trickles the
         # bytes the broker had already queued before its close.)
     finally:
