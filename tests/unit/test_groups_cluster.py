@@ -80,6 +80,13 @@ class Replication:
         assert topic == CONSUMER_OFFSETS
         return self.terms.get(partition)
 
+    def about_to_lead(self, topic: str, partition: int) -> bool:
+        """As the replica manager: the view names this broker, its term is not begun."""
+        info = self.view.topics.get(topic)
+        held = info.partitions.get(partition) if info is not None else None
+        return (held is not None and held.leader == self.view.broker_id
+                and self.leader_term(topic, partition) is None)  # fmt: skip
+
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         if self.ack is None:
             await trio.sleep_forever()
@@ -343,6 +350,32 @@ async def test_group_apis_answer_not_coordinator_for_groups_led_elsewhere() -> N
             context(broker, m.ApiKey.LIST_GROUPS, 4), m.ListGroupsRequest()
         )
         assert [g.group_id for g in listed.groups] == [mine]
+        nursery.cancel_scope.cancel()
+
+
+async def test_elected_in_the_view_but_not_yet_leading_is_load_in_progress() -> None:
+    """FindCoordinator answers from the view, which can name this broker before its
+    replica manager has begun the term: the group's APIs answer
+    COORDINATOR_LOAD_IN_PROGRESS then (clients retry here), not NOT_COORDINATOR (which
+    sends them back to FindCoordinator, to be named this broker again)."""
+    group = group_in(3)
+    async with trio.open_nursery() as nursery:
+        broker, coordinator = await start(nursery)
+        offsets = {p: PartitionInfo((1, 2, 3), 2, 0, (1, 2, 3)) for p in range(PARTITIONS)}
+        broker.replication.view.topics[CONSUMER_OFFSETS] = TopicInfo(
+            CONSUMER_OFFSETS, uuid.uuid4(), offsets
+        )
+        assert coordinator.coordinator_error(group) == ErrorCode.NOT_COORDINATOR  # 2 leads
+        offsets[3] = PartitionInfo((1, 2, 3), ME, 1, (1, 2, 3))  # the view moved first
+        assert coordinator.coordinator_error(group) == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        fetch = m.OffsetFetchRequest(groups=[
+            m.OffsetFetchRequest.OffsetFetchRequestGroup(group_id=group, topics=None)
+        ])  # fmt: skip
+        fetched = await handle_offset_fetch(context(broker, m.ApiKey.OFFSET_FETCH, 8), fetch)
+        assert [g.error_code for g in fetched.groups] == [ErrorCode.COORDINATOR_LOAD_IN_PROGRESS]
+        lead(broker, coordinator, 3, 1, MemoryLog())
+        await coordinator.led[3].loaded.wait()
+        assert coordinator.coordinator_error(group) == ErrorCode.NONE
         nursery.cancel_scope.cancel()
 
 

@@ -67,6 +67,13 @@ class Replication:
     def leader_term(self, topic: str, partition: int) -> Term | None:
         return self.terms.get((topic, partition))
 
+    def about_to_lead(self, topic: str, partition: int) -> bool:
+        """As the replica manager: the view names this broker, its term is not begun."""
+        info = self.view.topics.get(topic)
+        held = info.partitions.get(partition) if info is not None else None
+        return (held is not None and held.leader == self.view.broker_id
+                and self.leader_term(topic, partition) is None)  # fmt: skip
+
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         if self.hold is not None:
             await self.hold.wait()
@@ -172,6 +179,26 @@ async def test_ids_route_to_their_partitions_table(
     [region] = log.read(0, 1 << 20, log.log_end_offset)
     [batch] = list(iter_batches(region.read_bytes()))
     assert batch.partition_leader_epoch == 4
+
+
+async def test_named_leader_before_the_term_begins_is_load_in_progress(
+    clustered: tuple[Services, Replication, Sent],
+) -> None:
+    """The view names this broker leader of the id's partition before the replica
+    manager begins the term: COORDINATOR_LOAD_IN_PROGRESS (retried here), not
+    NOT_COORDINATOR (FindCoordinator would name this broker again)."""
+    services, replication, _ = clustered
+    [mine] = ids_in(1, 1)
+    partitions = {p: PartitionInfo((1, 2), 2, 0, (1, 2)) for p in range(PARTITIONS)}
+    replication.view.topics[TRANSACTION_STATE] = TopicInfo(
+        TRANSACTION_STATE, uuid.uuid4(), partitions
+    )
+    assert (await init(services, mine)).error == ErrorCode.NOT_COORDINATOR
+    partitions[1] = PartitionInfo((1, 2), 1, 1, (1, 2))
+    assert (await init(services, mine)).error == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+    elect(services, replication, 1, 1)
+    services.transactions.load_pending()
+    assert (await init(services, mine)).error == ErrorCode.NONE
 
 
 async def test_a_new_leader_loads_the_log_and_finishes_a_prepared_commit(

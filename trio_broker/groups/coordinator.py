@@ -213,8 +213,11 @@ class GroupCoordinator:
         COORDINATOR_LOAD_IN_PROGRESS (the partition's table is still loading)."""
         if not self.in_cluster:
             return ErrorCode.NONE
-        led = self.led.get(self.partition_of(group_id))
+        partition = self.partition_of(group_id)
+        led = self.led.get(partition)
         if led is None:
+            if self.broker.replication.about_to_lead(CONSUMER_OFFSETS, partition):
+                return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
             return ErrorCode.NOT_COORDINATOR
         if led.store is None:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import attrs
 
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.services.internal_topics import partition_for
+from trio_broker.services.internal_topics import TRANSACTION_STATE, partition_for
 from trio_broker.transactions.coordinator import InitResult, MarkerSender, TransactionCoordinator
 from trio_broker.transactions.state import TopicPartition, TxnMetadata
 
@@ -146,6 +146,10 @@ class PartitionedTransactionCoordinator:
             return table
         if partition in self.loading:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        if self.replication is not None and self.replication.about_to_lead(
+            TRANSACTION_STATE, partition
+        ):
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS  # elected, not told yet
         return ErrorCode.NOT_COORDINATOR
 
     # ------------------------------------------------------------------ the handlers' calls
