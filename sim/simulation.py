@@ -16,7 +16,9 @@ Invariants (checked every ``CHECK_EVERY_S`` and at the end):
 1. **no acknowledged write is lost**: at the end, every acknowledged value is in the
    current leader's log below its HW, at the offset the acknowledgement named;
 2. **the HW never goes backwards**: the HW shown by the leader that ZooKeeper names
-   (in the epoch it names) never falls below one shown before;
+   (in the epoch it names) never falls below one shown before; and the HW of one
+   broker's leader terms, which its Fetch answers show, never falls below what an
+   earlier term of the same broker life reached;
 3. **one leader per epoch**: no two brokers ever hold a leader term for the same
    partition and leader epoch;
 4. **replicas agree below the HW**: a batch below a replica's HW (a leader's HW, a
@@ -79,6 +81,8 @@ class Invariants:
         self.zk, self.brokers, self.result = zk, brokers, result
         self.epoch_leader: dict[tuple[Key, int], int] = {}
         self.max_shown_hw: dict[Key, int] = {}
+        #: Per (broker, life, partition): the highest HW its leader terms reached.
+        self.life_hw: dict[tuple[int, int, Key], int] = {}
         self.committed: dict[Key, dict[int, tuple[int, bytes]]] = {}
         self.seen: set[str] = set()
         self.start = trio.current_time()
@@ -122,6 +126,15 @@ class Invariants:
                                 f"(broker {sim.broker_id}, epoch {term.leader_epoch})"
                             )
                         self.max_shown_hw[key] = max(before, shown)
+                # 2b. nor does the HW one broker's Fetch answers show across its terms
+                life = (sim.broker_id, sim.lives, key)
+                before = self.life_hw.get(life, 0)
+                if term.high_watermark < before:
+                    self.violation(
+                        f"{key}: broker {sim.broker_id}'s HW went back from {before} to "
+                        f"{term.high_watermark} in its term of epoch {term.leader_epoch}"
+                    )
+                self.life_hw[life] = max(before, term.high_watermark)
                 self._agree(key, broker, term.high_watermark, sim.broker_id)
             for key, role in manager.following.items():
                 self._agree(key, broker, role.high_watermark, sim.broker_id)

@@ -125,6 +125,11 @@ class ReplicaManager:
         self.following: dict[tuple[str, int], FollowerRole] = {}
         self._view_changed = trio.Event()
         self._hw_moved: dict[tuple[str, int], trio.Event] = {}
+        #: The HW each ended term of this broker had reached. A later term starts there
+        #: at least (capped at the log end): its records were on every ISR member then,
+        #: so a clean election kept them, and a consumer of this broker never sees its HW
+        #: go back (a follower's HW, learned from its leader, can lag what it showed).
+        self._ended_term_hw: dict[tuple[str, int], int] = {}
         #: Roles changed: fetchers re-read ``following`` (set by _apply).
         self.roles_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -381,9 +386,21 @@ class ReplicaManager:
                     if fenced else "ZooKeeper reachable again")  # fmt: skip
         if fenced:
             for key in list(self.terms):
-                del self.terms[key]
+                self._remember_hw(key, self.terms.pop(key))
                 self._wake(key)
         self.view_changed()
+
+    def about_to_lead(self, name: str, partition: int) -> bool:
+        """The view names this broker leader of ``name``-``partition`` but its term has
+        not begun yet (the apply loop is on its way there). An internal topic's owner
+        answers COORDINATOR_LOAD_IN_PROGRESS then, which clients retry on this broker,
+        rather than NOT_COORDINATOR, which sends them back to FindCoordinator, whose
+        answer (the view) names this broker again."""
+        if self.fenced or (name, partition) in self.terms:
+            return False
+        topic = self.view.topics.get(name)
+        info = topic.partitions.get(partition) if topic is not None else None
+        return info is not None and info.leader == self.view.broker_id
 
     def leave(self) -> None:
         """The broker shuts down: end every term and stop following (for good: the
@@ -557,6 +574,8 @@ class ReplicaManager:
         for key in [k for k in [*self.following, *self.terms] if k[0] == name]:
             self._end_term(key)
             self.following.pop(key, None)
+        for key in [k for k in self._ended_term_hw if k[0] == name]:
+            del self._ended_term_hw[key]
         if self.topics.get(name) is not None:
             self.topics.delete(name)
             log.info("topic %s: local copy deleted: %s", name, why)
@@ -566,6 +585,7 @@ class ReplicaManager:
         local topic if it holds no other partition of it."""
         topic = self.view.topics.get(name)
         me = self.view.broker_id
+        self._ended_term_hw.pop((name, partition), None)
         if topic is not None and not any(me in i.replicas for i in topic.partitions.values()):
             if self.topics.get(name) is not None:
                 self.topics.delete(name)
@@ -735,6 +755,7 @@ class ReplicaManager:
         hw = previous.high_watermark if previous is not None else 0
         if role is not None:
             hw = max(hw, role.high_watermark)
+        hw = min(max(hw, self._ended_term_hw.get(key, 0)), log_.log_end_offset)
         # The log's tail is durable before the term counts it (its HW starts there).
         await trio.to_thread.run_sync(log_.flush)
         await trio.to_thread.run_sync(log_.begin_epoch, info.leader_epoch)
@@ -757,11 +778,16 @@ class ReplicaManager:
         if listener is not None:
             listener.elected(partition, info.leader_epoch, log_)
 
+    def _remember_hw(self, key: tuple[str, int], term: LeaderPartition) -> None:
+        self._ended_term_hw[key] = max(self._ended_term_hw.get(key, 0), term.high_watermark)
+
     def _end_term(self, key: tuple[str, int]) -> None:
         """This broker stops leading ``key`` (if it did): acks=all waiters learn it
         (LEADERSHIP_LOST), and so does the internal topic's owner."""
-        if self.terms.pop(key, None) is None:
+        term = self.terms.pop(key, None)
+        if term is None:
             return
+        self._remember_hw(key, term)
         self._wake(key)
         listener = self.leadership_listeners.get(key[0])
         if listener is not None:

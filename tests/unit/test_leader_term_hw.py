@@ -1,0 +1,87 @@
+"""A broker that leads a partition again, after a term of its own ended (fenced from
+ZooKeeper and back, or led by another in between), starts the new term at the HW its
+earlier term reached, not lower: its consumers never see the HW go back.
+
+Those records were on every ISR member when that HW was shown, so a clean election kept
+them (the new term's log holds them); a follower's HW, learned from its leader's fetch
+answers, can lag, and a fenced term used to start again at the followers' next fetches.
+Found by the 30-minute Jepsen run (``high_watermark_backwards`` on one broker run).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
+from trio_broker.cluster.replica_manager import ReplicaManager
+from trio_broker.protocol.records import build_batch
+from trio_broker.services.cluster_view import ClusterView, PartitionInfo, TopicInfo
+from trio_broker.services.topics import TopicManager
+from trio_broker.storage.log import LogConfig
+
+KEY = ("t", 0)
+
+
+async def _leading(records: int) -> ReplicaManager:
+    coord = MemoryCoordination(MemoryZooKeeper())
+    topics = TopicManager(None, LogConfig(), lambda: 0)
+    manager = ReplicaManager(
+        ClusterView(1), coord, topics, min_insync_replicas=1, replica_lag_time_max_ms=1000,
+        now_ms=lambda: 0, durability=None,
+    )  # fmt: skip
+    topic = topics.create("t", 1)
+    manager.view.topics["t"] = TopicInfo("t", topic.topic_id or uuid.uuid4(), {})
+    log = topics.log(*KEY)
+    assert log is not None
+    for i in range(records):
+        log.append(build_batch([(None, b"v%d" % i)], base_timestamp=0), now_ms=0)
+    return manager
+
+
+async def _lead(manager: ReplicaManager, epoch: int) -> None:
+    await manager._become_leader("t", 0, PartitionInfo((1, 2), 1, epoch, (1, 2)))
+
+
+def _followers_reach(manager: ReplicaManager, offset: int) -> None:
+    term = manager.terms[KEY]
+    term.leader_synced(term.log_end_offset)
+    term.follower_fetched(2, offset, now_ms=0)
+
+
+async def test_a_term_after_a_fence_starts_at_the_hw_the_fenced_term_reached() -> None:
+    manager = await _leading(10)
+    await _lead(manager, 3)
+    _followers_reach(manager, 8)
+    assert manager.terms[KEY].high_watermark == 8
+    manager.fence(True)  # ZooKeeper gone past the session timeout: every term ends
+    assert KEY not in manager.terms
+    manager.fence(False)
+    await _lead(manager, 3)  # the session held: same epoch, a new term
+    assert manager.terms[KEY].high_watermark == 8
+    # The follower's next fetch reports less than it had (it was restarted meanwhile,
+    # say): the HW stays.
+    manager.terms[KEY].follower_fetched(2, 6, now_ms=0)
+    assert manager.terms[KEY].high_watermark == 8
+
+
+async def test_a_term_after_following_starts_at_least_at_the_hw_it_reached_before() -> None:
+    manager = await _leading(10)
+    await _lead(manager, 3)
+    _followers_reach(manager, 9)
+    manager._end_term(KEY)  # broker 2 leads epoch 4; this broker follows it
+    await _lead(manager, 5)
+    assert manager.terms[KEY].high_watermark == 9
+
+
+async def test_the_floor_is_capped_at_the_log_end_and_forgotten_with_the_copy() -> None:
+    manager = await _leading(10)
+    await _lead(manager, 3)
+    _followers_reach(manager, 10)
+    manager._end_term(KEY)
+    log = manager.topics.log(*KEY)
+    assert log is not None
+    log.truncate_to(7)  # only an unclean election could cut committed records
+    await _lead(manager, 4)
+    assert manager.terms[KEY].high_watermark == 7
+    manager._delete_local("t", "deleted by the cluster")
+    assert KEY not in manager._ended_term_hw
