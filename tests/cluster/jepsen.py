@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 
 from tests.cluster.netproxy import fetcher_of
 from tests.cluster.test_cluster_e2e import partitions
@@ -46,6 +46,8 @@ from tests.cluster.test_network_faults import ProxiedCluster, start_proxied_clus
 
 TOPIC = "jepsen"
 PARTITIONS = 3
+#: How often the group member asks for its committed offsets (OffsetFetch).
+OFFSET_PROBE_S = 2.0
 FAULTS = ("kill9", "pause", "leader_cut_from_followers", "zookeeper_cut", "follower_cut",
           "reset_replication")  # fmt: skip
 BROKER_EXE = Path(sys.executable).with_name("trio-broker")
@@ -122,6 +124,7 @@ class GroupReader:
         })  # fmt: skip
         self.consumer.subscribe([TOPIC])
         self.read = 0
+        self.offset_fetches = 0
         self.errors: collections.Counter[str] = collections.Counter()
         self.limit = limit
         self.stopping = threading.Event()
@@ -129,7 +132,11 @@ class GroupReader:
         self.thread.start()
 
     def _run(self) -> None:
+        next_probe = time.monotonic() + OFFSET_PROBE_S
         while not self.stopping.is_set() and self.read < self.limit:
+            if time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + OFFSET_PROBE_S
+                self._probe_committed()
             msg = self.consumer.poll(0.2)
             if msg is None:
                 continue
@@ -137,6 +144,18 @@ class GroupReader:
                 self.errors[msg.error().name()] += 1
             else:
                 self.read += 1
+
+    def _probe_committed(self) -> None:
+        """OffsetFetch for the assigned partitions: verify checks each answer against
+        the commits accepted before it (``offset_fetch_current``)."""
+        assigned = self.consumer.assignment()
+        if not assigned:
+            return
+        try:
+            self.consumer.committed(assigned, timeout=5)
+            self.offset_fetches += 1
+        except KafkaException as exc:
+            self.errors["committed: " + exc.args[0].name()] += 1
 
     def stop(self) -> None:
         self.stopping.set()
@@ -199,6 +218,7 @@ def run(
             "faults_injected": dict(collections.Counter(f.kind for f in faults)),
             "applied": applied, "produce_errors": {str(k): v for k, v in errors.items()},
             "group_read": reader.read, "group_errors": dict(reader.errors),
+            "group_offset_fetches": reader.offset_fetches,
         })  # fmt: skip
     finally:
         for broker in cluster.values():

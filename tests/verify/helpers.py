@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trio_broker.protocol import message_types as messages
 from trio_broker.protocol.messages import (
     decode_request,
     decode_response,
@@ -342,9 +343,88 @@ def _later(rows: list[Row], row: Row, nanos: int) -> Row:
     return {**row, "monotonic_ns": last + nanos, "wall_ns": row["wall_ns"] + nanos}
 
 
+def offset_fetch_stale(rows: list[Row]) -> list[Row]:
+    """Append, after everything, an OffsetFetch exchange for the partition of an accepted
+    offset commit that answers offset 0, which no commit of that group and partition
+    asked for: a committed offset that is not the last one accepted."""
+    commits = _requests(rows, 8)
+    for row, body in commits:
+        response = _pair(rows, row)
+        _, answer = decode_response(8, response["api_version"], response["frame"])
+        accepted = {
+            (t.name, p.partition_index)
+            for t in answer.topics for p in t.partitions if p.error_code == 0
+        }  # fmt: skip
+        for topic in body.topics:
+            for part in topic.partitions:
+                if part.committed_offset <= 0 or (topic.name, part.partition_index) not in accepted:
+                    continue
+                ever = {
+                    p.committed_offset
+                    for _, other in commits if other.group_id == body.group_id
+                    for t in other.topics if t.name == topic.name
+                    for p in t.partitions if p.partition_index == part.partition_index
+                }  # fmt: skip
+                assert 0 not in ever, "offset 0 was committed: pick another planted value"
+                return [*rows, *offset_fetch_exchange(rows, row, body.group_id, topic.name,
+                                                       part.partition_index, 0)]  # fmt: skip
+    raise AssertionError("no accepted offset commit in the capture")
+
+
+def fetch_last_commit(rows: list[Row]) -> list[Row]:
+    """Append an OffsetFetch exchange answering, for the first partition of the capture's
+    last OffsetCommit request, that request's offset: correct whatever came before."""
+    row, body = _requests(rows, 8)[-1]
+    topic = body.topics[0]
+    part = topic.partitions[0]
+    return [*rows, *offset_fetch_exchange(rows, row, body.group_id, topic.name,
+                                          part.partition_index, part.committed_offset)]  # fmt: skip
+
+
+def offset_fetch_exchange(
+    rows: list[Row], template: Row, group_id: str, topic: str, partition: int, offset: int
+) -> list[Row]:
+    """An OffsetFetch v7 request and its answer (``offset`` for ``topic``-``partition``)
+    on a new connection, after every row of the capture."""
+    version = 7
+    request_type, response_type = messages.OffsetFetchRequest, messages.OffsetFetchResponse
+    request = request_type(
+        group_id=group_id,
+        topics=[request_type.OffsetFetchRequestTopic(name=topic, partition_indexes=[partition])],
+        require_stable=False,
+    )
+    answer = response_type(
+        topics=[
+            response_type.OffsetFetchResponseTopic(
+                name=topic,
+                partitions=[
+                    response_type.OffsetFetchResponseTopic.OffsetFetchResponsePartition(
+                        partition_index=partition,
+                        committed_offset=offset,
+                        committed_leader_epoch=-1,
+                        metadata="",
+                        error_code=0,
+                    )
+                ],
+            )
+        ],
+    )
+    corr = max(r["correlation_id"] for r in rows) + 1000
+    connection = max(r["connection_id"] for r in rows) + 2
+    request_frame = encode_request(9, version, corr, "planted", request)[4:]
+    response_frame = b"".join(bytes(p) for p in encode_response(9, version, corr, answer))[4:]
+    base = {**template, "connection_id": connection, "api_key": 9, "api_version": version,
+            "correlation_id": corr}  # fmt: skip
+    return [
+        _later(rows, {**base, "direction": "request", "frame": request_frame}, 1000),
+        _later(rows, {**base, "direction": "response", "frame": response_frame}, 2000),
+    ]
+
+
 def commit_backwards(rows: list[Row]) -> list[Row]:
     """Append, after everything, a copy of an accepted offset commit with offset 0 (same
-    group, generation and member): a commit going backwards within its generation."""
+    group, generation and member): a commit going backwards within its generation, which
+    Kafka allows (a client may commit any offset) and verify must not flag."""
     for row, body in _requests(rows, 8):
         parts = [p for t in body.topics for p in t.partitions if p.committed_offset > 0]
         if not parts or body.generation_id_or_member_epoch < 0:

@@ -42,9 +42,9 @@ VIEWS: dict[str, str] = {
     # The log as fetches saw it: one row per distinct (partition, offset, crc).
     "fetched": """
         SELECT tname AS topic, partition, offset AS base_offset, last_offset, crc,
-               count(*) AS times_fetched
+               producer_id, base_sequence, count(*) AS times_fetched
         FROM named WHERE kind = {fetch_batch}
-        GROUP BY tname, partition, offset, last_offset, crc
+        GROUP BY tname, partition, offset, last_offset, crc, producer_id, base_sequence
     """,
     "fetched_extent": """
         SELECT topic, partition, max(last_offset) AS max_fetched FROM fetched
@@ -161,9 +161,13 @@ CHECKS: dict[str, tuple[str, str]] = {
             ON f.topic = a.topic AND f.partition = a.partition AND f.base_offset = a.base_offset
           UNION ALL
           SELECT a.run, a.conn, a.corr, a.topic, a.partition, 0, 0, 1
+          -- The same batch elsewhere: CRC, size and producer fields all equal (a CRC alone
+          -- is 32 bits: a million batches hold about a hundred colliding pairs).
           FROM acked a JOIN fetched f
             ON f.topic = a.topic AND f.partition = a.partition AND f.crc = a.crc
            AND f.base_offset <> a.base_offset
+           AND f.last_offset - f.base_offset = a.record_count - 1
+           AND f.producer_id <=> a.producer_id AND f.base_sequence <=> a.base_sequence
         ),
         agg AS (
           SELECT run, conn, corr, topic, partition, sum(at_offset) AS at_offset,
@@ -421,30 +425,64 @@ CHECKS: dict[str, tuple[str, str]] = {
                    AND coalesce(g.records, -1) <> w.base_sequence - w.prev_seq - w.prev_count))
         """,
     ),
-    "committed_offsets_monotonic": (
-        "per group generation and partition (per broker run: generations restart with the "
-        "broker), an accepted offset commit never goes below one accepted before it",
+    "offset_fetch_current": (
+        "an OffsetFetch answer gives a partition's offset from the last commit accepted "
+        "before the request arrived, or from a commit that arrived after that one "
+        "(concurrent with the fetch); commits themselves may go down, as a client may "
+        "commit any offset (librdkafka resends queued commits after a newer one)",
         """
         WITH c AS (
-          SELECT r.run, r.conn, r.corr, r.group_id, r.generation, r.member_id,
-                 r.tname AS topic, r.partition, r.offset, a.ts AS ack_ts
-          FROM named r JOIN named a
-            ON r.kind = {commit_request} AND a.kind = {commit_ack} AND a.error = 0
-           AND a.run = r.run AND a.conn = r.conn AND a.corr = r.corr
-           AND a.tname = r.tname AND a.partition = r.partition
-          WHERE r.generation >= 0
+          SELECT r.group_id, r.tname AS topic, r.partition, r.offset, r.ts AS req_ts,
+                 a.ts AS ack_ts, a.error AS ack_error
+          FROM named r LEFT JOIN named a
+            ON a.kind = {commit_ack} AND a.run = r.run AND a.conn = r.conn
+           AND a.corr = r.corr AND a.tname = r.tname AND a.partition = r.partition
+          WHERE r.kind = {commit_request}
+        ),
+        f AS (
+          SELECT a.run, a.conn, a.corr, coalesce(a.group_id, r.group_id) AS group_id,
+                 a.tname AS topic, a.partition, a.offset, r.ts AS req_ts, a.ts AS resp_ts
+          FROM named a JOIN named r
+            ON a.kind = {offset_fetch_answer} AND r.kind = {offset_fetch_request}
+           AND r.run = a.run AND r.conn = a.conn AND r.corr = a.corr
+           AND (a.group_id IS NULL OR a.group_id = r.group_id)
+          WHERE a.error = 0 AND a.offset >= 0
+        ),
+        -- Accepted commits (at their answer) and fetches (at their arrival), in time
+        -- order per partition: each fetch sees the last commit accepted before it.
+        ev AS (
+          SELECT group_id, topic, partition, ack_ts AS t, 1 AS ord, req_ts AS commit_req,
+                 offset AS commit_offset, CAST(NULL AS BIGINT) AS run, CAST(NULL AS BIGINT)
+                 AS conn, CAST(NULL AS INT) AS corr, CAST(NULL AS BIGINT) AS offset,
+                 CAST(NULL AS BIGINT) AS resp_ts
+          FROM c WHERE ack_error = 0
+          UNION ALL
+          SELECT group_id, topic, partition, req_ts, 0, NULL, NULL, run, conn, corr, offset,
+                 resp_ts
+          FROM f
         ),
         w AS (
-          SELECT *, max(offset) OVER (PARTITION BY run, group_id, generation, topic, partition
-                                      ORDER BY ack_ts, run, conn, corr
-                                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-                    AS max_before
-          FROM c
+          SELECT *,
+                 last(commit_req, true) OVER (PARTITION BY group_id, topic, partition
+                   ORDER BY t, ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS since,
+                 last(commit_offset, true) OVER (PARTITION BY group_id, topic, partition
+                   ORDER BY t, ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                   AS last_accepted
+          FROM ev
+        ),
+        s AS (SELECT * FROM w WHERE ord = 0 AND since IS NOT NULL),
+        ok AS (
+          SELECT DISTINCT s.run, s.conn, s.corr, s.group_id, s.topic, s.partition
+          FROM s JOIN c
+            ON c.group_id = s.group_id AND c.topic = s.topic AND c.partition = s.partition
+           AND c.offset = s.offset AND c.req_ts >= s.since AND c.req_ts <= s.resp_ts
         )
-        SELECT 'committed_offset_backwards' AS violation, group_id, generation, topic, partition,
-               member_id, offset AS committed_offset, max_before AS earlier_committed_offset,
-               run, conn, corr
-        FROM w WHERE max_before IS NOT NULL AND offset < max_before
+        SELECT 'offset_fetch_stale' AS violation, s.group_id, s.topic, s.partition,
+               s.offset AS fetched_offset, s.last_accepted AS last_accepted_offset,
+               s.run, s.conn, s.corr
+        FROM s LEFT ANTI JOIN ok
+          ON ok.run = s.run AND ok.conn = s.conn AND ok.corr = s.corr
+         AND ok.group_id = s.group_id AND ok.topic = s.topic AND ok.partition = s.partition
         """,
     ),
     "group_assignment_exclusive": (

@@ -29,7 +29,7 @@ KINDS = (
     "produce_batch", "produce_ack", "fetch_part", "fetch_batch", "topic_id",
     "sync_request", "sync_assign", "commit_request", "commit_ack", "undecodable",
     "topic_name", "fetch_request", "fetch_isolation", "fetch_aborted", "end_txn",
-    "end_txn_ack", "partition_leader",
+    "end_txn_ack", "partition_leader", "offset_fetch_request", "offset_fetch_answer",
 )  # fmt: skip
 KIND_CODE = {name: code for code, name in enumerate(KINDS)}
 

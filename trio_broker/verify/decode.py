@@ -19,6 +19,9 @@ one wide schema (:data:`FACT_FIELDS`); ``kind`` says which columns are set:
 ``sync_assign``    one (topic, partition) of a SyncGroup response's assignment
 ``commit_request`` a partition in an OffsetCommit request (group, generation, member, offset)
 ``commit_ack``     a partition in an OffsetCommit response (error)
+``offset_fetch_request`` a group of an OffsetFetch request (``group_id``; v8+ asks for several)
+``offset_fetch_answer`` a partition of an OffsetFetch response (committed offset, error;
+                   ``group_id`` from v8 on, before that the request's)
 ``fetch_isolation`` a Fetch request's ``isolation_level`` (0 read_uncommitted, 1 read_committed)
 ``fetch_aborted``  one aborted transaction of a Fetch response partition (producer id, first
                    offset in ``offset``)
@@ -38,6 +41,7 @@ from trio_broker.protocol.records import split_batches
 
 PRODUCE, FETCH, METADATA = ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA
 OFFSET_COMMIT, SYNC_GROUP = ApiKey.OFFSET_COMMIT, ApiKey.SYNC_GROUP
+OFFSET_FETCH = ApiKey.OFFSET_FETCH
 END_TXN = ApiKey.END_TXN
 #: Fetch requests carry ``isolation_level`` from v4 on; older ones read uncommitted.
 FETCH_ISOLATION_VERSION = 4
@@ -141,7 +145,7 @@ def _facts_for_row(
             yield {"run": run, "conn": conn, "corr": corr, "ts": ts,
                    "kind": "fetch_isolation", "isolation_level": level}  # fmt: skip
             return
-        if api_key not in (PRODUCE, OFFSET_COMMIT, SYNC_GROUP, END_TXN):
+        if api_key not in (PRODUCE, OFFSET_COMMIT, OFFSET_FETCH, SYNC_GROUP, END_TXN):
             return
         header, body = decode_request(frame)
         corr = header.correlation_id
@@ -178,13 +182,17 @@ def _facts_for_row(
                         "generation": body.generation_id_or_member_epoch,
                         "member_id": body.member_id,
                     }  # fmt: skip
+        elif api_key == OFFSET_FETCH:
+            groups = [g.group_id for g in body.groups] if body.groups else [body.group_id]
+            for group_id in groups:
+                yield {**base, "kind": "offset_fetch_request", "group_id": group_id}
         else:
             yield {
                 **base, "kind": "sync_request", "group_id": body.group_id,
                 "generation": body.generation_id, "member_id": body.member_id,
             }  # fmt: skip
         return
-    if api_key not in (PRODUCE, FETCH, METADATA, OFFSET_COMMIT, SYNC_GROUP, END_TXN):
+    if api_key not in (PRODUCE, FETCH, METADATA, OFFSET_COMMIT, OFFSET_FETCH, SYNC_GROUP, END_TXN):
         return
     corr, body = decode_response(api_key, version, frame)
     base = {"run": run, "conn": conn, "corr": corr, "ts": ts}
@@ -233,6 +241,22 @@ def _facts_for_row(
                     **base, "kind": "commit_ack", "topic": key,
                     "partition": part.partition_index, "error": part.error_code,
                 }  # fmt: skip
+    elif api_key == OFFSET_FETCH:
+        # v8+ answers per group; older versions answer the request's one group.
+        answered = (
+            [(g.group_id, g.topics) for g in body.groups]
+            if body.groups
+            else [(None, body.topics or [])]
+        )
+        for group_id, topics in answered:
+            for topic in topics:
+                key = topic_key(topic.name, getattr(topic, "topic_id", None))
+                for part in topic.partitions:
+                    yield {
+                        **base, "kind": "offset_fetch_answer", "topic": key,
+                        "partition": part.partition_index, "offset": part.committed_offset,
+                        "error": part.error_code, "group_id": group_id,
+                    }  # fmt: skip
     elif api_key == METADATA:
         for topic in body.topics:
             if topic.name and topic.topic_id is not None and int(topic.topic_id.int) != 0:
