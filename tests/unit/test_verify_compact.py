@@ -79,3 +79,18 @@ def test_topic_hash_is_a_stable_signed_64_bit_key() -> None:
     assert len(set(hashes)) == len(keys)
     assert all(-(2**63) <= h < 2**63 for h in hashes)
     assert hashes == [topic_hash(k) for k in keys]
+
+
+def test_driver_memory_grows_with_the_capture_unless_the_caller_chose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trio_broker.verify.job import driver_memory
+
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    assert driver_memory(None, {}) is None
+    assert driver_memory(80_000, {}) == "1g"  # Spark's default, for CI-sized captures
+    chosen = driver_memory(1_300_000, {})  # a 30-minute Jepsen run's: 5g (half the RAM at most)
+    assert chosen is not None and 1 < int(chosen.rstrip("g")) <= 5
+    assert driver_memory(1_300_000, {"spark.driver.memory": "2g"}) is None
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--driver-memory 6g pyspark-shell")
+    assert driver_memory(1_300_000, {}) is None
