@@ -85,3 +85,28 @@ async def test_the_floor_is_capped_at_the_log_end_and_forgotten_with_the_copy() 
     assert manager.terms[KEY].high_watermark == 7
     manager._delete_local("t", "deleted by the cluster")
     assert KEY not in manager._ended_term_hw
+
+
+class _Listener:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def elected(self, partition: int, leader_epoch: int, log: object) -> None:
+        self.calls.append(("elected", partition))
+
+    def resigned(self, partition: int) -> None:
+        self.calls.append(("resigned", partition))
+
+
+async def test_a_fence_tells_the_internal_topics_owner_it_resigned() -> None:
+    """Else a later election on the same log looks like a new epoch of one leadership,
+    and the coordinator keeps the table it had before the fence (another broker wrote
+    on meanwhile): found as stale committed offsets by verify's offset_fetch_current."""
+    manager = await _leading(3)
+    listener = _Listener()
+    manager.leadership_listeners["t"] = listener
+    await _lead(manager, 3)
+    manager.fence(True)
+    manager.fence(False)
+    await _lead(manager, 5)
+    assert listener.calls == [("elected", 0), ("resigned", 0), ("elected", 0)]

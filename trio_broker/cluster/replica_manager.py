@@ -385,9 +385,12 @@ class ReplicaManager:
         log.warning("ZooKeeper unreachable past the session timeout: leading nothing"
                     if fenced else "ZooKeeper reachable again")  # fmt: skip
         if fenced:
+            # Through _end_term: an internal topic's owner must drop its table too, or a
+            # later election of this broker (same log: "a new epoch of the same
+            # leadership") would keep serving the state it had before the fence while
+            # another coordinator wrote on (the 30-minute Jepsen run: stale offsets).
             for key in list(self.terms):
-                self._remember_hw(key, self.terms.pop(key))
-                self._wake(key)
+                self._end_term(key)
         self.view_changed()
 
     def about_to_lead(self, name: str, partition: int) -> bool:
