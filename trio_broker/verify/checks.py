@@ -391,8 +391,19 @@ CHECKS: dict[str, tuple[str, str]] = {
           WINDOW o AS (PARTITION BY topic, partition, producer_id, producer_epoch
                        ORDER BY base_sequence)
         ),
-        -- A gap across a broker restart (kill -9) may be acks still queued in the capture
-        -- tap when the broker died: excused when the fetched log holds the missing sequences.
+        -- A gap is excused when the fetched log holds exactly the missing sequences and
+        -- their acknowledgement is missing for a reason: across a broker restart (kill -9)
+        -- it may have been queued in the tap when the broker died; within a run, the
+        -- batch was sent and answered with an error (REQUEST_TIMED_OUT while acks=all
+        -- waited for a follower: the batch stays in the log, as in Kafka) or not at all.
+        unacked AS (
+          SELECT DISTINCT b.tname AS topic, b.partition, b.producer_id, b.producer_epoch,
+                 b.base_sequence
+          FROM named b LEFT ANTI JOIN acked a
+            ON a.run = b.run AND a.conn = b.conn AND a.corr = b.corr AND a.topic = b.tname
+           AND a.partition = b.partition AND a.base_sequence = b.base_sequence
+          WHERE b.kind = {produce_batch} AND b.producer_id >= 0 AND b.base_sequence >= 0
+        ),
         log_seqs AS (
           SELECT DISTINCT tname AS topic, partition, producer_id, producer_epoch, base_sequence,
                  record_count
@@ -406,7 +417,11 @@ CHECKS: dict[str, tuple[str, str]] = {
            AND l.producer_id = w.producer_id AND l.producer_epoch = w.producer_epoch
            AND l.base_sequence >= w.prev_seq + w.prev_count
            AND l.base_sequence < w.base_sequence
-          WHERE w.prev_run <> w.run
+          LEFT JOIN unacked u
+            ON u.topic = w.topic AND u.partition = w.partition
+           AND u.producer_id = w.producer_id AND u.producer_epoch = w.producer_epoch
+           AND u.base_sequence = w.prev_seq + w.prev_count
+          WHERE w.prev_run <> w.run OR u.base_sequence IS NOT NULL
           GROUP BY w.topic, w.partition, w.producer_id, w.producer_epoch, w.base_sequence
         )
         SELECT * FROM dups
