@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Iterator
 
 from sim.bugs import PLANTED_BUGS
-from sim.simulation import simulate
+from sim.simulation import SimResult, simulate
 
 
 def main() -> int:
@@ -21,6 +24,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, help="replay one seed, printing its trace")
     parser.add_argument("--seeds", default=None, help="a range A:B of seeds to run")
     parser.add_argument("--bug", choices=sorted(PLANTED_BUGS), help="plant a bug (sim/bugs.py)")
+    parser.add_argument(
+        "--jobs", type=int, default=1,
+        help="processes running seeds side by side (each seed is still one replayable run)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.seed is not None:
         seeds, verbose = [args.seed], True
@@ -29,8 +36,7 @@ def main() -> int:
         seeds, verbose = list(range(int(first), int(last))), False
     failed = 0
     started = time.perf_counter()
-    for seed in seeds:
-        result = simulate(seed, bug=args.bug)
+    for seed, result in _results(seeds, args.bug, max(1, args.jobs)):
         if verbose:
             print(f"seed {seed}: schedule")
             for fault in result.schedule:
@@ -52,6 +58,22 @@ def main() -> int:
         f"({len(seeds) / elapsed * 60:.0f} schedules/minute)"
     )
     return 1 if failed else 0
+
+
+def _results(seeds: list[int], bug: str | None, jobs: int) -> Iterator[tuple[int, SimResult]]:
+    """Each seed's result, in seed order; with ``jobs`` > 1 from a pool of processes
+    (forked after PYTHONHASHSEED is fixed, so each run is the one ``--seed`` replays)."""
+    if jobs == 1 or len(seeds) == 1:
+        for seed in seeds:
+            yield seed, simulate(seed, bug=bug)
+        return
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        yield from zip(seeds, pool.imap(functools.partial(_simulate, bug=bug), seeds),
+                       strict=True)  # fmt: skip
+
+
+def _simulate(seed: int, bug: str | None) -> SimResult:
+    return simulate(seed, bug=bug)
 
 
 if __name__ == "__main__":
