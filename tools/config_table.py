@@ -46,8 +46,10 @@ def _code(value: object) -> str:
 def _ours(name: str) -> str:
     """trio-broker's default where it differs from Kafka's, else the same."""
     spec = BROKER_KEYS[name]
+    if name == "sasl.mechanism.inter.broker.protocol":
+        return "the inter-broker listener's first enabled mechanism"
     if spec.field == SECURITY:
-        ours: object = LISTENER_KEYS[name]
+        ours: object = LISTENER_KEYS.get(name)
     elif spec.field is not None and spec.scale == 1:
         ours = getattr(_BUILTIN, spec.field)
     elif name == "listeners":

@@ -30,6 +30,7 @@ from trio_broker.config_keys import (
     parse_value,
 )
 from trio_broker.config_properties import read_properties_file
+from trio_broker.security.inter_broker import inter_broker_listener, inter_broker_login
 from trio_broker.security.listeners import resolve_listeners
 from trio_broker.storage.durable import make_dirs_durable, write_file_atomically
 from trio_broker.storage.topic_configs import DEFAULT_MAX_MESSAGE_BYTES
@@ -228,16 +229,17 @@ class BrokerConfig:
         slow_ms = self.request_log_slow_ms
         if isinstance(slow_ms, bool) or not isinstance(slow_ms, int) or slow_ms < 0:
             raise ConfigError(f"request.log.slow.ms: expected an integer >= 0, got {slow_ms!r}")
-        protocol_of = {spec.name: spec.protocol for spec in resolve_listeners(self)}
+        listeners = resolve_listeners(self)
         inter_broker = self.inter_broker_listener_name
-        if inter_broker is not None and inter_broker.upper() not in protocol_of:
+        if inter_broker is not None and inter_broker.upper() not in {s.name for s in listeners}:
             raise ConfigError(
                 f"inter.broker.listener.name: {inter_broker} is not in listeners "
-                f"({', '.join(protocol_of)})"
+                f"({', '.join(s.name for s in listeners)})"
             )
-        if inter_broker is not None and protocol_of[inter_broker.upper()] != "PLAINTEXT":
-            # The replica fetcher speaks plaintext only (docs/cluster.md, Not built yet).
-            raise ConfigError(f"inter.broker.listener.name: {inter_broker} must be PLAINTEXT")
+        if self.zookeeper_connect is not None:
+            # The brokers' own login to each other: its credentials must be there now,
+            # not found missing at the first replica fetch.
+            inter_broker_login(inter_broker_listener(listeners, inter_broker), self.security)
         if self.authorizer_class_name and self.authorizer_class_name not in AUTHORIZER_NAMES:
             raise ConfigError(
                 f"authorizer.class.name: expected one of {sorted(AUTHORIZER_NAMES)}, "

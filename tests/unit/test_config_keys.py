@@ -17,7 +17,7 @@ from trio_broker.handlers.describe_configs import (
     STATIC_BROKER_CONFIG,
     broker_config_values,
 )
-from trio_broker.security.listeners import LISTENER_KEYS, resolve_listeners
+from trio_broker.security.listeners import INTER_BROKER_KEYS, LISTENER_KEYS, resolve_listeners
 from trio_broker.storage.broker_configs import BrokerConfigStore
 
 #: A Kafka 4 combined-mode server.properties as Kafka ships it (trimmed), and our additions.
@@ -133,8 +133,9 @@ def test_listener_prefixed_keys(tmp_path: Path, caplog: pytest.LogCaptureFixture
         config = load_config(write(tmp_path, text))
     (listener,) = resolve_listeners(config)
     assert listener.mechanisms == ["PLAIN"]
-    (warning,) = caplog.records
-    assert "listener.name.sasl_plaintext.plain.sasl.jaas.config" in warning.getMessage()
+    # Applied: the brokers' own login to each other in a cluster (security/inter_broker.py).
+    assert caplog.records == []
+    assert listener.settings["plain.sasl.jaas.config"] == "org.example.Login required;"
     (jaas,) = [
         v
         for v in broker_config_values(config, BrokerConfigStore(None))
@@ -198,7 +199,8 @@ def test_every_applied_key_sets_a_real_field() -> None:
         if spec.status == INERT:
             assert spec.field is None and spec.origin == "kafka", spec
     security = {name for name, spec in BROKER_KEYS.items() if spec.field == SECURITY}
-    assert security == set(LISTENER_KEYS)  # the TLS/SASL keys resolve_listeners applies
+    # The TLS/SASL keys resolve_listeners applies, and the brokers' own login.
+    assert security == set(LISTENER_KEYS) | set(INTER_BROKER_KEYS)
     for group in SYNONYMS:
         assert len({BROKER_KEYS[key].field for key in group}) == 1, group
 

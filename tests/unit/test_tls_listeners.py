@@ -104,8 +104,14 @@ def test_a_bare_address_still_means_plaintext(tmp_path: Path) -> None:
         ('listeners = "SSL://h:1"\n"ssl.keystore.location" = "k"\n"ssl.client.auth" = "required"',
          "truststore"),
         ('"inter.broker.listener.name" = "REPLICATION"', "REPLICATION is not in listeners"),
-        ('listeners = "PLAINTEXT://h:1,SASL_PLAINTEXT://h:2"\n'
-         '"inter.broker.listener.name" = "SASL_PLAINTEXT"', "must be PLAINTEXT"),
+        ('listeners = "PLAINTEXT://h:1,SASL_PLAINTEXT://h:2"\n"zookeeper.connect" = "z:1"\n'
+         '"inter.broker.listener.name" = "SASL_PLAINTEXT"',
+         "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config"),
+        ('listeners = "SASL_PLAINTEXT://h:2"\n"zookeeper.connect" = "z:1"\n'
+         '"sasl.mechanism.inter.broker.protocol" = "PLAIN"',
+         "PLAIN: not enabled on the inter-broker listener"),
+        ('listeners = "SASL_PLAINTEXT://h:2"\n"zookeeper.connect" = "z:1"\n'
+         '"sasl.jaas.config" = "x required username=\\"b\\";"', "password"),
     ],
 )  # fmt: skip
 def test_bad_listener_configs_name_the_key(tmp_path: Path, toml: str, message: str) -> None:

@@ -15,11 +15,18 @@ import trio
 
 from trio_broker.cluster.controller import Rebalance
 from trio_broker.cluster.coordination import NodeExists, ZooKeeperCoordination
+from trio_broker.cluster.inter_broker_stream import login_opener
 from trio_broker.cluster.membership import run_membership, wall_clock_ms
 from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.cluster.txn_marker_channel import TxnMarkerChannel
 from trio_broker.cluster.zk_layout import CLUSTER_ID, BrokerRegistration
 from trio_broker.config import BrokerConfig
+from trio_broker.security.inter_broker import (
+    InterBrokerLogin,
+    inter_broker_listener,
+    inter_broker_login,
+)
+from trio_broker.security.listeners import resolve_listeners
 from trio_broker.services.cluster_view import ClusterView
 from trio_broker.services.internal_topics import TRANSACTION_STATE
 from trio_broker.services.topics import TopicManager
@@ -93,6 +100,13 @@ async def join_coordination(host: ClusterHost) -> Any:
     return coord
 
 
+def inter_broker_login_of(config: BrokerConfig) -> InterBrokerLogin | None:
+    """How this broker logs in to the others' inter-broker listener; None: plaintext."""
+    listener = inter_broker_listener(resolve_listeners(config), config.inter_broker_listener_name)
+    login = inter_broker_login(listener, config.security)
+    return None if login.tls is None and login.sasl is None else login
+
+
 async def run_cluster_node(
     host: ClusterHost,
     coord: Any = None,
@@ -116,7 +130,19 @@ async def run_cluster_node(
             inter_broker_listener=(config.inter_broker_listener_name or "").upper() or None,
         )  # fmt: skip
         manager.leadership_listeners.update(host.leadership_listeners)
-        manager.open_stream = host.open_stream
+        # A secured inter-broker listener: streams to other brokers log in first.
+        login = inter_broker_login_of(config)
+        plain = host.open_stream or trio.open_tcp_stream
+        manager.open_stream = (
+            host.open_stream
+            if login is None
+            else login_opener(login, plain, f"replica-fetcher-{config.node_id}")
+        )
+        manager.open_marker_stream = (
+            host.open_stream
+            if login is None
+            else login_opener(login, plain, f"broker-{config.node_id}-txn")
+        )
         rebalance = None
         if config.auto_leader_rebalance_enable:
             rebalance = Rebalance(interval_s=float(config.leader_imbalance_check_interval_seconds))

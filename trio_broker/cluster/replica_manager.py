@@ -151,6 +151,8 @@ class ReplicaManager:
         self._strays_checked = False
         #: How fetchers reach leaders (BrokerClient's OpenStream); None: TCP.
         self.open_stream: Any = None
+        #: The same for the transaction marker channel (its own client id when logging in).
+        self.open_marker_stream: Any = None
 
     # ------------------------------------------------------------------ for handlers
 

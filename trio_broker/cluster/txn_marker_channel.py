@@ -267,7 +267,11 @@ class TxnMarkerChannel:
         if found is not None and (found[0].host, found[0].port) == address:
             return found
         host, port = address
-        client = BrokerClient(host, port, f"broker-{self.replication.view.broker_id}-txn")
+        client = BrokerClient(
+            host, port, f"broker-{self.replication.view.broker_id}-txn",
+            # A secured inter-broker listener: streams that log in (cluster/broker_node.py).
+            getattr(self.replication, "open_marker_stream", None),
+        )  # fmt: skip
         self._clients[broker_id] = (client, trio.Lock())
         return self._clients[broker_id]
 

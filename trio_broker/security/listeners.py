@@ -114,14 +114,22 @@ def _settings_for(name: str, security: Mapping[str, Any]) -> dict[str, Any]:
     return settings
 
 
+#: The brokers' own login to each other (security/inter_broker.py): the mechanism, and
+#: the JAAS line with the user and password (also per listener and mechanism:
+#: ``listener.name.<listener>.<mechanism>.sasl.jaas.config``).
+INTER_BROKER_KEYS = ("sasl.mechanism.inter.broker.protocol", "sasl.jaas.config")
+
+
 def check_security_key(key: str) -> None:
     """Raise ConfigError unless ``key`` is a TLS/SASL key, global or per listener."""
     if key.startswith("listener.name."):
         rest = key[len("listener.name.") :]
         name, sep, inner = rest.partition(".")
-        if not name or not sep or inner not in LISTENER_KEYS:
+        mechanism, _, mechanism_key = inner.partition(".")
+        per_mechanism = mechanism.upper() in SASL_MECHANISMS and mechanism_key == "sasl.jaas.config"
+        if not name or not sep or (inner not in LISTENER_KEYS and not per_mechanism):
             raise ConfigError(f"unknown config key {key!r}")
-    elif key not in LISTENER_KEYS:
+    elif key not in LISTENER_KEYS and key not in INTER_BROKER_KEYS:
         raise ConfigError(f"unknown config key {key!r}")
 
 
