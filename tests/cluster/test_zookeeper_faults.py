@@ -18,6 +18,9 @@ ISRs).
 - ZooKeeper down: acks=all goes on while the ISRs stay full (nothing needs storing);
   CreateTopics fails for the client; a broker still stops on SIGTERM; its followers'
   leaders cannot store the smaller ISR, so acks=all waits until ZooKeeper returns.
+- A three-server ensemble loses the server that leads it (kill -9), then a broker: the
+  quorum holds, sessions move to the other servers and live on, the controller elects
+  new leaders, and the server rejoins.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 
-from tests.cluster.test_cluster_e2e import eventually
+from tests.cluster.test_cluster_e2e import eventually, partitions
 from tests.cluster.test_cluster_faults import (
     CONFIG,
     LAG_MS,
@@ -48,7 +51,12 @@ from tests.cluster.test_cluster_faults import (
     read_partitions,
     servers,
 )
-from trio_broker.cluster.local_zookeeper import LocalZooKeeper, start_local_zookeeper
+from trio_broker.cluster.local_zookeeper import (
+    LocalZooKeeper,
+    quorum_mode,
+    start_local_ensemble,
+    start_local_zookeeper,
+)
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -280,3 +288,80 @@ def test_zookeeper_down_acks_wait_for_isr_changes(zk_cluster: ZooKeeperCluster) 
     brokers[3].start()
     acked = finish(zk_cluster, background, group)
     assert not acked.errors, acked.errors
+
+
+class EnsembleCluster:
+    """Three brokers on a three-server ZooKeeper ensemble (a quorum, as production runs
+    it); the brokers' connect string names all three servers."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.ensemble = start_local_ensemble(tmp_path / "zookeeper")
+        hosts = ",".join(server.hosts for server in self.ensemble)
+        client = KazooClient(hosts=hosts)
+        client.start(timeout=30)
+        try:
+            client.ensure_path("/ensemble")
+        finally:
+            client.stop()
+            client.close()
+        config = tmp_path / "broker.properties"
+        config.write_text(CONFIG)
+        self.brokers = {
+            b: ConfiguredBroker(tmp_path / f"broker{b}", b, hosts + "/ensemble", config)
+            for b in (1, 2, 3)
+        }
+
+    def stop(self) -> None:
+        try:
+            for broker in self.brokers.values():
+                if broker.running:
+                    broker.stop()
+        finally:
+            for server in self.ensemble:
+                server.stop()
+
+
+def test_a_zookeeper_ensemble_loses_its_leader_server(tmp_path: Path) -> None:
+    """kill -9 of the ZooKeeper server that leads the ensemble, then of a broker: the
+    other two servers keep the quorum, kazoo moves each broker's session to one of them
+    (the session lives on: no broker registers again), the controller elects leaders for
+    the killed broker's partitions, and the killed server rejoins the ensemble."""
+    cluster = EnsembleCluster(tmp_path)
+    try:
+        for broker in cluster.brokers.values():
+            broker.start()
+        background, group = start_traffic(cluster)  # type: ignore[arg-type]
+        since = log_sizes(cluster.brokers)
+        [zk_leader] = [s for s in cluster.ensemble if quorum_mode(s) == "leader"]
+        zk_leader.process.kill()
+        zk_leader.process.wait(10)
+        eventually(
+            lambda: (
+                sorted(quorum_mode(s) or "" for s in cluster.ensemble if s is not zk_leader)
+                == ["follower", "leader"]
+            ),
+            "the two other servers elect a leader",
+            30,
+        )
+        acked_then = background.acked_count()
+        eventually(lambda: background.acked_count() > acked_then + 200, "acks=all goes on", 40)
+        # The controller still works through the two servers: a broker killed with -9
+        # loses its partitions to the others.
+        victim = 3
+        cluster.brokers[victim].kill9()
+        admin = AdminClient({"bootstrap.servers": cluster.brokers[1].bootstrap})
+        eventually(
+            lambda: victim not in [leader for leader, _, _ in partitions(admin, "zk").values()],
+            "the killed broker's partitions have other leaders",
+            30,
+        )
+        zk_leader.restart()
+        assert quorum_mode(zk_leader) in ("leader", "follower")
+        cluster.brokers[victim].start()
+        acked = finish(cluster, background, group)  # type: ignore[arg-type]
+        assert not acked.errors, acked.errors
+        for b in (1, 2):
+            text = cluster.brokers[b].log_text()[since[b] :]
+            assert "session expired" not in text, f"broker {b} lost its session"
+    finally:
+        cluster.stop()

@@ -1,8 +1,10 @@
-"""A private ZooKeeper server for tests and ``trio-broker cluster up``.
+"""Private ZooKeeper servers for tests and ``trio-broker cluster up``.
 
 Runs the ZooKeeper of Debian's ``zookeeper`` package (installed by
-scripts/install-system-deps.sh) as a standalone server on 127.0.0.1, with its own data
-directory and port, and stops it by its PID. Not for production: one server, no quorum.
+scripts/install-system-deps.sh) on 127.0.0.1, each server with its own data directory
+and ports, and stops them by PID: a standalone server (:func:`start_local_zookeeper`),
+or an ensemble of several (:func:`start_local_ensemble`: a quorum, as production runs
+it, to test brokers riding out the loss of one server).
 """
 
 from __future__ import annotations
@@ -16,7 +18,16 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["ZOOKEEPER_JAR", "LocalZooKeeper", "start_local_zookeeper"]
+__all__ = [
+    "ZOOKEEPER_JAR",
+    "LocalZooKeeper",
+    "quorum_mode",
+    "start_local_ensemble",
+    "start_local_zookeeper",
+]
+
+STANDALONE = "org.apache.zookeeper.server.ZooKeeperServerMain"
+QUORUM_PEER = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 
 ZOOKEEPER_JAR = Path(os.environ.get("TRIO_BROKER_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar"))
 
@@ -33,6 +44,17 @@ class LocalZooKeeper:
     port: int
     data_dir: Path
     process: subprocess.Popen[bytes]
+    #: How to start it again (:meth:`restart`): its config and main class.
+    config: Path | None = None
+    main_class: str = STANDALONE
+
+    def restart(self, timeout_s: float = 60.0) -> None:
+        """Start it again after a stop or kill, same config, ports and data."""
+        if self.process.poll() is None:
+            raise RuntimeError("ZooKeeper is still running")
+        assert self.config is not None
+        self.process = _launch(self.config, self.main_class, self.data_dir)
+        _wait_until_serving(self, timeout_s, quorum=self.main_class == QUORUM_PEER)
 
     @property
     def hosts(self) -> str:
@@ -52,11 +74,6 @@ def start_local_zookeeper(
     data_dir: Path, port: int = 0, tick_ms: int = 500, timeout_s: float = 30.0
 ) -> LocalZooKeeper:
     """Start a server and wait until it accepts connections; its log is data_dir/zookeeper.log."""
-    if not ZOOKEEPER_JAR.is_file():
-        raise FileNotFoundError(
-            f"{ZOOKEEPER_JAR} is missing: install Debian's zookeeper package "
-            "(scripts/install-system-deps.sh does)"
-        )
     port = port or _free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     config = data_dir / "zoo.cfg"
@@ -65,21 +82,99 @@ def start_local_zookeeper(
         "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
         f"minSessionTimeout={2 * tick_ms}\nmaxSessionTimeout=60000\n"
     )
+    process = _launch(config, STANDALONE, data_dir)
+    server = LocalZooKeeper("127.0.0.1", port, data_dir, process, config, STANDALONE)
+    _wait_until_serving(server, timeout_s, quorum=False)
+    return server
+
+
+def start_local_ensemble(
+    base_dir: Path, servers: int = 3, tick_ms: int = 500, timeout_s: float = 60.0
+) -> list[LocalZooKeeper]:
+    """``servers`` ZooKeeper servers forming one ensemble (each in ``base_dir/zk<id>``);
+    returns once every one serves as leader or follower. Connect to all of them with
+    ``",".join(s.hosts for s in ensemble)``."""
+    client_ports = [_free_port() for _ in range(servers)]
+    peer_ports = [(_free_port(), _free_port()) for _ in range(servers)]
+    members = "".join(
+        f"server.{i + 1}=127.0.0.1:{quorum}:{election}\n"
+        for i, (quorum, election) in enumerate(peer_ports)
+    )
+    ensemble = []
+    try:
+        for i, port in enumerate(client_ports):
+            data_dir = base_dir / f"zk{i + 1}"
+            (data_dir / "data").mkdir(parents=True, exist_ok=True)
+            (data_dir / "data" / "myid").write_text(f"{i + 1}\n")
+            config = data_dir / "zoo.cfg"
+            config.write_text(
+                f"tickTime={tick_ms}\ninitLimit=20\nsyncLimit=10\n"
+                f"dataDir={data_dir / 'data'}\nclientPort={port}\n"
+                "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
+                "4lw.commands.whitelist=srvr\n"
+                f"minSessionTimeout={2 * tick_ms}\nmaxSessionTimeout=60000\n{members}"
+            )
+            process = _launch(config, QUORUM_PEER, data_dir)
+            ensemble.append(
+                LocalZooKeeper("127.0.0.1", port, data_dir, process, config, QUORUM_PEER)
+            )
+        for server in ensemble:
+            _wait_until_serving(server, timeout_s, quorum=True)
+    except BaseException:
+        for server in ensemble:
+            server.stop()
+        raise
+    return ensemble
+
+
+def quorum_mode(server: LocalZooKeeper) -> str | None:
+    """ "leader", "follower" or "standalone" as the server answers ``srvr``; None while it
+    does not serve (no quorum yet, or not listening)."""
+    try:
+        with socket.create_connection((server.host, server.port), timeout=1) as conn:
+            conn.sendall(b"srvr")
+            reply = b""
+            while chunk := conn.recv(4096):
+                reply += chunk
+    except OSError:
+        return None
+    for line in reply.decode(errors="replace").splitlines():
+        if line.startswith("Mode:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def _launch(config: Path, main_class: str, data_dir: Path) -> subprocess.Popen[bytes]:
+    if not ZOOKEEPER_JAR.is_file():
+        raise FileNotFoundError(
+            f"{ZOOKEEPER_JAR} is missing: install Debian's zookeeper package "
+            "(scripts/install-system-deps.sh does)"
+        )
     log = (data_dir / "zookeeper.log").open("ab")
-    process = subprocess.Popen(
-        ["java", "-Xmx256m", "-cp", str(ZOOKEEPER_JAR),
-         "org.apache.zookeeper.server.ZooKeeperServerMain", str(config)],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    server = LocalZooKeeper("127.0.0.1", port, data_dir, process)
+    with log:
+        return subprocess.Popen(
+            ["java", "-Xmx256m", "-cp", str(ZOOKEEPER_JAR), main_class, str(config)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+
+
+def _wait_until_serving(server: LocalZooKeeper, timeout_s: float, *, quorum: bool) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"ZooKeeper exited with {process.returncode}; see {log.name}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return server
-        except OSError:
-            time.sleep(0.1)
+        if server.process.poll() is not None:
+            raise RuntimeError(
+                f"ZooKeeper exited with {server.process.returncode}; "
+                f"see {server.data_dir / 'zookeeper.log'}"
+            )
+        if quorum:
+            if quorum_mode(server) in ("leader", "follower"):
+                return
+        else:
+            try:
+                with socket.create_connection((server.host, server.port), timeout=0.5):
+                    return
+            except OSError:
+                pass
+        time.sleep(0.1)
     server.stop()
-    raise TimeoutError(f"ZooKeeper did not listen on 127.0.0.1:{port} within {timeout_s} s")
+    raise TimeoutError(f"ZooKeeper did not serve on {server.hosts} within {timeout_s} s")
