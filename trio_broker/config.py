@@ -149,6 +149,7 @@ class BrokerConfig:
     leader_imbalance_check_interval_seconds: int = 300
     #: Bytes per second a broker copies of partitions a reassignment adds to it.
     follower_replication_throttled_rate: int = 2**63 - 1
+    leader_replication_throttled_rate: int = 2**63 - 1
     capture_dir: Path | None = None  # ours: write every frame to Parquet here (capture.dir)
     #: ours: HOST:PORT of the /metrics and /health responder (metrics.listener); None = off.
     metrics_listener: str | None = None

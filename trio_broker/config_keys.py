@@ -463,6 +463,9 @@ _OTHER_KEYS = [
     # partitions a reassignment adds to it (docs/cluster.md, "Moving partitions").
     _key("follower.replication.throttled.rate", LONG, "9223372036854775807", APPLIED,
          "follower_replication_throttled_rate", origin="ours"),
+    # The same on the leader's side: the byte rate at which it serves those replicas.
+    _key("leader.replication.throttled.rate", LONG, "9223372036854775807", APPLIED,
+         "leader_replication_throttled_rate", origin="ours"),
     _key("processing.model", STRING, None, APPLIED, "processing_model", origin="ours"),
     _key("cluster.id", STRING, None, APPLIED, "cluster_id", origin="ours"),
     _key("max.in.flight.requests.per.connection", INT, None, APPLIED,

@@ -70,16 +70,18 @@ def brokers(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
     yield from start_cluster(tmp_path, zookeeper)
 
 
-#: follower.replication.throttled.rate for the reassignment test: about 10 s to copy
-#: the 2 MB written before the move.
+#: The replication throttle for the reassignment test: about 10 s to copy the 2 MB
+#: written before the move.
 THROTTLE_BYTES_PER_S = 200_000
 
 
-@pytest.fixture
-def throttled(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
-    yield from start_cluster(
-        tmp_path, zookeeper, f"follower.replication.throttled.rate={THROTTLE_BYTES_PER_S}\n"
-    )
+@pytest.fixture(params=["follower", "leader"])
+def throttled(request: pytest.FixtureRequest, tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
+    """A cluster whose reassignments copy at THROTTLE_BYTES_PER_S, throttled by the
+    adding follower (follower.replication.throttled.rate) or by the leader serving it
+    (leader.replication.throttled.rate)."""
+    key = f"{request.param}.replication.throttled.rate"
+    yield from start_cluster(tmp_path, zookeeper, f"{key}={THROTTLE_BYTES_PER_S}\n")
 
 
 def admin_of(cluster: Cluster) -> AdminClient:

@@ -126,6 +126,7 @@ async def run_cluster_node(
             now_ms=host.now_ms, durability=host.durability, on_hw_moved=host.appends.notify,
             producers=host.producers,
             follower_throttle_rate=config.follower_replication_throttled_rate,
+            leader_throttle_rate=config.leader_replication_throttled_rate,
             sync_before_counting=config.acks_all_fsync,
             inter_broker_listener=(config.inter_broker_listener_name or "").upper() or None,
         )  # fmt: skip

@@ -54,6 +54,7 @@ from trio_broker.replication.controller_rules import (
     assign_replicas,
 )
 from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition, NotAReplica
+from trio_broker.replication.throttle import ByteBudget
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.internal_topics import LeadershipListener
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError, TopicManager
@@ -97,6 +98,7 @@ class ReplicaManager:
         on_hw_moved: Callable[[], None] = lambda: None,
         producers: Any = None,
         follower_throttle_rate: int = 2**63 - 1,
+        leader_throttle_rate: int = 2**63 - 1,
         sync_before_counting: bool = True,
         inter_broker_listener: str | None = None,
     ) -> None:
@@ -114,6 +116,11 @@ class ReplicaManager:
         self.on_hw_moved = on_hw_moved
         #: follower.replication.throttled.rate: bytes/s for replicas being added.
         self.follower_throttle_rate = max(1, follower_throttle_rate)
+        #: leader.replication.throttled.rate: bytes/s this leader serves to replicas being
+        #: added, all partitions together (None: no limit).
+        self.leader_throttle = (
+            None if leader_throttle_rate >= 2**63 - 1 else ByteBudget(max(1, leader_throttle_rate))
+        )
         #: acks.all.fsync: a replica's log end counts (leader's HW, follower's next fetch
         #: offset) only once synced; False: once appended, relying on replication as Kafka.
         self.sync_before_counting = sync_before_counting
@@ -394,6 +401,21 @@ class ReplicaManager:
             for key in list(self.terms):
                 self._end_term(key)
         self.view_changed()
+
+    def leader_throttle_budget(self, name: str, partition: int, replica: int) -> int | None:
+        """Bytes a fetch of ``replica`` may read from this partition now, when the leader
+        throttles it (a replica a reassignment is adding, and a rate set); else None."""
+        if self.leader_throttle is None:
+            return None
+        topic = self.view.topics.get(name)
+        info = topic.partitions.get(partition) if topic is not None else None
+        if info is None or replica not in info.adding_replicas:
+            return None
+        return self.leader_throttle.available(self.now_ms())
+
+    def leader_throttle_used(self, nbytes: int) -> None:
+        if self.leader_throttle is not None:
+            self.leader_throttle.take(nbytes, self.now_ms())
 
     def about_to_lead(self, name: str, partition: int) -> bool:
         """The view names this broker leader of ``name``-``partition`` but its term has

@@ -116,6 +116,15 @@ class Replication(Protocol):
         """A follower fetched at ``offset``: it holds everything below it."""
         ...
 
+    def leader_throttle_budget(self, topic: str, partition: int, replica: int) -> int | None:
+        """Bytes ``replica`` may fetch from the partition now (leader.replication.
+        throttled.rate, for replicas a reassignment adds); None: not throttled."""
+        ...
+
+    def leader_throttle_used(self, nbytes: int) -> None:
+        """A throttled fetch read ``nbytes``."""
+        ...
+
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         """Wait until the high watermark passes ``last_offset`` (acks=all)."""
         ...

@@ -110,11 +110,23 @@ def read_partitions(
             part.log_start_offset = log.log_start_offset
             if remaining <= 0 and total > 0:
                 continue
+            limit = min(p.partition_max_bytes, max(remaining, 0))
+            # leader.replication.throttled.rate: a replica being added gets what the
+            # leader's byte budget allows (nothing while it is spent).
+            budget = (
+                replication.leader_throttle_budget(topic.name, p.partition, replica)
+                if follower and term is not None and replication is not None
+                else None
+            )
+            if budget is not None:
+                if budget <= 0:
+                    continue
+                limit = min(limit, budget)
+            # A throttled read still takes one whole batch (a batch bigger than the
+            # budget would never fit); the budget then goes below zero for a while.
+            min_one = total == 0 or budget is not None
             try:
-                regions = log.read(
-                    p.fetch_offset, min(p.partition_max_bytes, max(remaining, 0)),
-                    read_up_to, min_one=(total == 0),
-                )  # fmt: skip
+                regions = log.read(p.fetch_offset, limit, read_up_to, min_one=min_one)
             except (OffsetOutOfRange, StorageError) as exc:
                 # As Kafka: a partition that failed reports no offsets (-1), only its error.
                 part.error_code = (
@@ -138,6 +150,8 @@ def read_partitions(
                 part.records = chunks
                 total += chunks.nbytes
                 remaining -= chunks.nbytes
+                if budget is not None and replication is not None:
+                    replication.leader_throttle_used(chunks.nbytes)
         topic_responses.append(
             TopicResp(topic=wanted.topic, topic_id=wanted.topic_id, partitions=partitions)
         )
