@@ -71,14 +71,9 @@ Cluster = dict[int, ConfiguredBroker]
 
 
 @contextlib.contextmanager
-def three_brokers(tmp_path: Path, zookeeper: str, config_text: str) -> Iterator[Cluster]:
-    """Brokers 1-3 as ``serve`` processes sharing one config file; all stopped at the end
-    (a paused one is continued first, so that it hears SIGTERM)."""
-    config = tmp_path / "broker.properties"
-    config.write_text(config_text)
-    brokers = {
-        b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
-    }
+def running(brokers: Cluster) -> Iterator[Cluster]:
+    """Start every broker; stop those still running at the end (a paused one is
+    continued first, so that it hears SIGTERM)."""
     try:
         for broker in brokers.values():
             broker.start()
@@ -88,6 +83,17 @@ def three_brokers(tmp_path: Path, zookeeper: str, config_text: str) -> Iterator[
             if broker.running:
                 broker.signal(signal.SIGCONT)
                 broker.stop()
+
+
+@contextlib.contextmanager
+def three_brokers(tmp_path: Path, zookeeper: str, config_text: str) -> Iterator[Cluster]:
+    """Brokers 1-3 as ``serve`` processes sharing one config file (:func:`running`)."""
+    config = tmp_path / "broker.properties"
+    config.write_text(config_text)
+    with running({
+        b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
+    }) as brokers:  # fmt: skip
+        yield brokers
 
 
 @pytest.fixture

@@ -106,13 +106,20 @@ class ZooKeeperCluster:
         self.zookeeper = start_local_zookeeper(self.zk_dir, port=port)
 
     def stop(self) -> None:
-        try:
-            for broker in self.brokers.values():
-                if broker.running:
-                    broker.stop()
-        finally:
-            self.signal_zookeeper(signal.SIGCONT)
-            self.zookeeper.stop()
+        stop_all(self.brokers, [self.zookeeper])
+
+
+def stop_all(brokers: dict[int, ConfiguredBroker], servers: list[LocalZooKeeper]) -> None:
+    """The brokers first (they may need ZooKeeper to stop cleanly), then the servers (a
+    paused one is continued first, so that it hears SIGTERM)."""
+    try:
+        for broker in brokers.values():
+            if broker.running:
+                broker.stop()
+    finally:
+        for server in servers:
+            server.process.send_signal(signal.SIGCONT)
+            server.stop()
 
 
 @pytest.fixture
@@ -312,13 +319,7 @@ class EnsembleCluster:
         }
 
     def stop(self) -> None:
-        try:
-            for broker in self.brokers.values():
-                if broker.running:
-                    broker.stop()
-        finally:
-            for server in self.ensemble:
-                server.stop()
+        stop_all(self.brokers, self.ensemble)
 
 
 def test_a_zookeeper_ensemble_loses_its_leader_server(tmp_path: Path) -> None:
