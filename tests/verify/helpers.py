@@ -343,32 +343,19 @@ def _later(rows: list[Row], row: Row, nanos: int) -> Row:
     return {**row, "monotonic_ns": last + nanos, "wall_ns": row["wall_ns"] + nanos}
 
 
-def offset_fetch_stale(rows: list[Row]) -> list[Row]:
-    """Append, after everything, an OffsetFetch exchange for the partition of an accepted
-    offset commit that answers offset 0, which no commit of that group and partition
-    asked for: a committed offset that is not the last one accepted."""
-    commits = _requests(rows, 8)
-    for row, body in commits:
-        response = _pair(rows, row)
-        _, answer = decode_response(8, response["api_version"], response["frame"])
-        accepted = {
-            (t.name, p.partition_index)
-            for t in answer.topics for p in t.partitions if p.error_code == 0
-        }  # fmt: skip
-        for topic in body.topics:
-            for part in topic.partitions:
-                if part.committed_offset <= 0 or (topic.name, part.partition_index) not in accepted:
-                    continue
-                ever = {
-                    p.committed_offset
-                    for _, other in commits if other.group_id == body.group_id
-                    for t in other.topics if t.name == topic.name
-                    for p in t.partitions if p.partition_index == part.partition_index
-                }  # fmt: skip
-                assert 0 not in ever, "offset 0 was committed: pick another planted value"
-                return [*rows, *offset_fetch_exchange(rows, row, body.group_id, topic.name,
-                                                       part.partition_index, 0)]  # fmt: skip
-    raise AssertionError("no accepted offset commit in the capture")
+def offset_fetch_stale(rows: list[Row], older: int = 5) -> list[Row]:
+    """Append, after everything, accepted commits of ``older`` and then of the offset the
+    capture's first accepted commit had, and an OffsetFetch answering ``older`` for that
+    commit's first partition: an offset the later accepted commit had replaced (as a
+    coordinator with a stale table would answer)."""
+    row, body = _requests(rows, 8)[0]
+    topic = body.topics[0]
+    part = topic.partitions[0]
+    latest = part.committed_offset
+    assert latest != older, "pick another planted offset"
+    rows = recommit(recommit(rows, older), latest)
+    return [*rows, *offset_fetch_exchange(rows, row, body.group_id, topic.name,
+                                          part.partition_index, older)]  # fmt: skip
 
 
 def fetch_last_commit(rows: list[Row]) -> list[Row]:
@@ -421,23 +408,29 @@ def offset_fetch_exchange(
     ]
 
 
-def commit_backwards(rows: list[Row]) -> list[Row]:
-    """Append, after everything, a copy of an accepted offset commit with offset 0 (same
-    group, generation and member): a commit going backwards within its generation, which
-    Kafka allows (a client may commit any offset) and verify must not flag."""
+def recommit(rows: list[Row], offset: int) -> list[Row]:
+    """Append, after everything, a copy of an accepted offset commit (same group,
+    generation and member) with every partition's offset set to ``offset``, and its
+    answer (accepted)."""
     for row, body in _requests(rows, 8):
         parts = [p for t in body.topics for p in t.partitions if p.committed_offset > 0]
         if not parts or body.generation_id_or_member_epoch < 0:
             continue
         response = _pair(rows, row)
         for part in parts:
-            part.committed_offset = 0
+            part.committed_offset = offset
         corr = max(r["correlation_id"] for r in rows) + 1000
         request = _later(rows, _reencode(row, body, corr), 1000)
         answer = _later(rows, {**response, "correlation_id": corr}, 2000)
         answer["frame"] = corr.to_bytes(4, "big") + response["frame"][4:]
         return [*rows, request, answer]
     raise AssertionError("no accepted offset commit in the capture")
+
+
+def commit_backwards(rows: list[Row]) -> list[Row]:
+    """An accepted commit going back to offset 0 within its generation (:func:`recommit`),
+    which Kafka allows (a client may commit any offset) and verify must not flag."""
+    return recommit(rows, 0)
 
 
 def assign_twice(rows: list[Row]) -> list[Row]:

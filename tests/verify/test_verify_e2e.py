@@ -439,7 +439,7 @@ def test_corrupted_capture_reports_each_violation(
     verify-plain: an acknowledged batch dropped from every fetch response, the first
     batch duplicated at a new offset, the last high watermark lowered; verify-idem: two
     batches' offsets swapped in place, the Produce with sequence 5 removed (a gap); the
-    group: an OffsetFetch answering an offset never committed (then a commit going
+    group: an OffsetFetch answering an offset later commits replaced (then a commit going
     backwards and an OffsetFetch answering it: Kafka allows both, verify must not flag them), a SyncGroup exchange copied
     for a made-up member of the same generation.
     """

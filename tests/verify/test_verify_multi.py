@@ -133,8 +133,9 @@ def failover(root: Path, *, doctored: bool) -> list[Path]:
 
     ``doctored``: broker 2 stamps c with epoch 1 (two brokers acknowledged writes in
     epoch 1), names broker 3 leader in epoch 1 (two leaders named for it), first shows
-    high watermark 1 in epoch 2 (below the 2 epoch 1 showed before), and after its restart
-    shows 3 (below the 4 its first run showed in the same epoch)."""
+    high watermark 1 in epoch 2 (below the 2 epoch 1 showed before: allowed, a new
+    leader's HW may lag its predecessor's, as in Kafka), and after its restart shows 3
+    (below the 4 its first run showed in the same epoch: a violation)."""
     one, two, two_again = Rows(1), Rows(2), Rows(2)
     metadata(one, 1, leader=1, epoch=1)
     produce(one, 1, b"a", 0)
@@ -217,13 +218,13 @@ def test_leaders_and_high_watermarks_are_checked_per_epoch_across_brokers(
     assert examples["two_brokers_acked_in_epoch"]["leader_epoch"] == 1
     assert examples["two_leaders_named_in_epoch"]["brokers"] == [1, 3]
     assert checks["high_watermark_monotonic"]["by_kind"] == {
-        "high_watermark_backwards_across_brokers": 2
+        "high_watermark_backwards_across_brokers": 1
     }, summary_text(report)
     backwards = sorted(
         (e["leader_epoch"], e["high_watermark"], e["earlier_high_watermark"])
         for e in checks["high_watermark_monotonic"]["examples"]
     )
-    assert backwards == [(2, 1, 2), (2, 3, 4)]
+    assert backwards == [(2, 3, 4)]
     others = {name for name, c in checks.items() if c["violations"]}
     assert others == {"one_leader_per_epoch", "high_watermark_monotonic"}, summary_text(report)
 

@@ -22,6 +22,9 @@ one wide schema (:data:`FACT_FIELDS`); ``kind`` says which columns are set:
 ``offset_fetch_request`` a group of an OffsetFetch request (``group_id``; v8+ asks for several)
 ``offset_fetch_answer`` a partition of an OffsetFetch response (committed offset, error;
                    ``group_id`` from v8 on, before that the request's)
+``coordinator_request`` a FindCoordinator request for a group (v0-3: its ``group_id``)
+``coordinator_named`` a FindCoordinator answer naming a group's coordinator (``leader_id``;
+                   ``group_id`` from v4 on, before that the request's)
 ``fetch_isolation`` a Fetch request's ``isolation_level`` (0 read_uncommitted, 1 read_committed)
 ``fetch_aborted``  one aborted transaction of a Fetch response partition (producer id, first
                    offset in ``offset``)
@@ -41,7 +44,7 @@ from trio_broker.protocol.records import split_batches
 
 PRODUCE, FETCH, METADATA = ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA
 OFFSET_COMMIT, SYNC_GROUP = ApiKey.OFFSET_COMMIT, ApiKey.SYNC_GROUP
-OFFSET_FETCH = ApiKey.OFFSET_FETCH
+OFFSET_FETCH, FIND_COORDINATOR = ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR
 END_TXN = ApiKey.END_TXN
 #: Fetch requests carry ``isolation_level`` from v4 on; older ones read uncommitted.
 FETCH_ISOLATION_VERSION = 4
@@ -145,7 +148,8 @@ def _facts_for_row(
             yield {"run": run, "conn": conn, "corr": corr, "ts": ts,
                    "kind": "fetch_isolation", "isolation_level": level}  # fmt: skip
             return
-        if api_key not in (PRODUCE, OFFSET_COMMIT, OFFSET_FETCH, SYNC_GROUP, END_TXN):
+        if api_key not in (PRODUCE, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, SYNC_GROUP,
+                           END_TXN):  # fmt: skip
             return
         header, body = decode_request(frame)
         corr = header.correlation_id
@@ -182,6 +186,9 @@ def _facts_for_row(
                         "generation": body.generation_id_or_member_epoch,
                         "member_id": body.member_id,
                     }  # fmt: skip
+        elif api_key == FIND_COORDINATOR:
+            if not body.coordinator_keys and getattr(body, "key_type", 0) == 0:  # v0-3, a group
+                yield {**base, "kind": "coordinator_request", "group_id": body.key}
         elif api_key == OFFSET_FETCH:
             groups = [g.group_id for g in body.groups] if body.groups else [body.group_id]
             for group_id in groups:
@@ -192,7 +199,10 @@ def _facts_for_row(
                 "generation": body.generation_id, "member_id": body.member_id,
             }  # fmt: skip
         return
-    if api_key not in (PRODUCE, FETCH, METADATA, OFFSET_COMMIT, OFFSET_FETCH, SYNC_GROUP, END_TXN):
+    if api_key not in (
+        PRODUCE, FETCH, METADATA, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, SYNC_GROUP,
+        END_TXN,
+    ):  # fmt: skip
         return
     corr, body = decode_response(api_key, version, frame)
     base = {"run": run, "conn": conn, "corr": corr, "ts": ts}
@@ -241,6 +251,18 @@ def _facts_for_row(
                     **base, "kind": "commit_ack", "topic": key,
                     "partition": part.partition_index, "error": part.error_code,
                 }  # fmt: skip
+    elif api_key == FIND_COORDINATOR:
+        # v4+ answers per key (a transactional id's answer has no request fact to join,
+        # and only groups' are looked up); before that one node for the request's key.
+        named = (
+            [(c.key, c.node_id, c.error_code) for c in body.coordinators]
+            if body.coordinators
+            else [(None, body.node_id, body.error_code)]
+        )
+        for group_id, node_id, error in named:
+            if error == 0 and node_id >= 0:
+                yield {**base, "kind": "coordinator_named", "group_id": group_id,
+                       "leader_id": node_id}  # fmt: skip
     elif api_key == OFFSET_FETCH:
         # v8+ answers per group; older versions answer the request's one group.
         answered = (
