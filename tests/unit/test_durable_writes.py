@@ -459,7 +459,7 @@ def test_no_module_writes_broker_state_its_own_way() -> None:
     allowed = {
         "storage/durable.py",  # the helper
         # TLS material written to a private temp file for ssl to load, never re-read.
-        "server/transport.py",
+        "security/pem.py",
         # A private ZooKeeper's zoo.cfg and data dir, written afresh at every start.
         "cluster/local_zookeeper.py",
         # trio-broker cluster up: a local test cluster's config files, rewritten at start.

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import re
 import ssl
-import tempfile
 from collections.abc import Generator, Mapping
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -33,6 +31,7 @@ from scramp import ScramClient
 
 from trio_broker.config_errors import ConfigError
 from trio_broker.security.listeners import Listener, split_list
+from trio_broker.security.pem import load_keystore, load_truststore
 
 __all__ = [
     "InterBrokerLogin",
@@ -101,22 +100,14 @@ def client_context(listener: Listener) -> ssl.SSLContext:
     """The client side of the listener's TLS: its truststore, its certificate, host names
     checked."""
     s = listener.settings
-    context = ssl.create_default_context(
-        cafile=s["ssl.truststore.location"] or None,
-        cadata=s["ssl.truststore.certificates"] or None,
-    )
+    context = ssl.create_default_context()
+    if s["ssl.truststore.location"] or s["ssl.truststore.certificates"]:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # only the listener's CAs
+        load_truststore(context, s)
     versions = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
     enabled = sorted(versions[p] for p in split_list(s["ssl.enabled.protocols"]))
     context.minimum_version, context.maximum_version = enabled[0], enabled[-1]
-    password = s["ssl.key.password"]
-    if s["ssl.keystore.location"]:
-        context.load_cert_chain(s["ssl.keystore.location"], password=password)
-    elif s["ssl.keystore.certificate.chain"]:
-        with tempfile.TemporaryDirectory() as tmp:  # load_cert_chain reads files only
-            chain, key = Path(tmp, "chain.pem"), Path(tmp, "key.pem")
-            chain.write_text(s["ssl.keystore.certificate.chain"])
-            key.write_text(s["ssl.keystore.key"])
-            context.load_cert_chain(chain, key, password=password)
+    load_keystore(context, s)
     return context
 
 

@@ -15,8 +15,6 @@ import errno
 import logging
 import os
 import ssl
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
@@ -24,6 +22,7 @@ import trio
 
 from trio_broker.handlers.base import ClientInfo
 from trio_broker.security.listeners import Listener, split_list
+from trio_broker.security.pem import load_keystore, load_truststore
 from trio_broker.security.principal import NoMatchingRule, Rule, parse_rules, principal_for
 from trio_broker.security.sasl import MAX_RECEIVE_SIZE, SaslSession
 from trio_broker.server.connection import Connection
@@ -55,20 +54,8 @@ def server_context(listener: Listener) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     versions = sorted(_TLS_VERSIONS[p] for p in split_list(s["ssl.enabled.protocols"]))
     context.minimum_version, context.maximum_version = versions[0], versions[-1]
-    password = s["ssl.key.password"]
-    if s["ssl.keystore.location"]:
-        context.load_cert_chain(s["ssl.keystore.location"], password=password)
-    else:
-        # load_cert_chain reads files only: inline PEM goes through a private temp dir.
-        with tempfile.TemporaryDirectory() as tmp:
-            chain, key = Path(tmp, "chain.pem"), Path(tmp, "key.pem")
-            chain.write_text(s["ssl.keystore.certificate.chain"])
-            key.write_text(s["ssl.keystore.key"])
-            context.load_cert_chain(chain, key, password=password)
-    if s["ssl.truststore.location"]:
-        context.load_verify_locations(cafile=s["ssl.truststore.location"])
-    if s["ssl.truststore.certificates"]:
-        context.load_verify_locations(cadata=s["ssl.truststore.certificates"])
+    load_keystore(context, s)
+    load_truststore(context, s)
     context.verify_mode = _CLIENT_AUTH[s["ssl.client.auth"]]
     return context
 
