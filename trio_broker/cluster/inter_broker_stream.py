@@ -9,6 +9,8 @@ BrokerConnectionError: the caller backs off and tries again, as for an unreachab
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 
 from trio_broker.cluster.broker_client import BrokerClient, BrokerConnectionError, OpenStream
@@ -57,26 +59,27 @@ async def _authenticate(
     # A client on the stream just opened: its framing and correlation ids. It is dropped
     # (not closed) afterwards; the server sends nothing unasked, so no bytes stay behind.
     exchange = BrokerClient(host, port, client_id, given)
-    shook = await exchange.call(
-        m.ApiKey.SASL_HANDSHAKE, HANDSHAKE_VERSION,
-        m.SaslHandshakeRequest(mechanism=mechanism), LOGIN_TIMEOUT_S,
-    )  # fmt: skip
-    if shook.error_code != ErrorCode.NONE:
-        raise LoginFailed(
-            f"{mechanism} refused ({ErrorCode(shook.error_code).name}); the broker offers "
-            f"{', '.join(shook.mechanisms or [])}"
-        )
+
+    async def ask(api_key: int, version: int, request: Any) -> Any:
+        answer = await exchange.call(api_key, version, request, LOGIN_TIMEOUT_S)
+        if answer.error_code != ErrorCode.NONE:
+            offered = getattr(answer, "mechanisms", None)
+            detail = getattr(answer, "error_message", None) or (
+                f"the broker offers {', '.join(offered)}" if offered else ""
+            )
+            raise LoginFailed(f"{mechanism}: {ErrorCode(answer.error_code).name} {detail}".strip())
+        return answer
+
+    await ask(
+        m.ApiKey.SASL_HANDSHAKE, HANDSHAKE_VERSION, m.SaslHandshakeRequest(mechanism=mechanism)
+    )
     tokens = sasl_exchange(mechanism, user, password)
     token = next(tokens)
     while True:
-        answer = await exchange.call(
+        answer = await ask(
             m.ApiKey.SASL_AUTHENTICATE, AUTHENTICATE_VERSION,
-            m.SaslAuthenticateRequest(auth_bytes=token), LOGIN_TIMEOUT_S,
+            m.SaslAuthenticateRequest(auth_bytes=token),
         )  # fmt: skip
-        if answer.error_code != ErrorCode.NONE:
-            raise LoginFailed(
-                f"{ErrorCode(answer.error_code).name}: {answer.error_message or ''}".strip()
-            )
         try:
             token = tokens.send(bytes(answer.auth_bytes or b""))
         except StopIteration:

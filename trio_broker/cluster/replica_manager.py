@@ -407,8 +407,7 @@ class ReplicaManager:
         throttles it (a replica a reassignment is adding, and a rate set); else None."""
         if self.leader_throttle is None:
             return None
-        topic = self.view.topics.get(name)
-        info = topic.partitions.get(partition) if topic is not None else None
+        info = self.partition(name, partition)
         if info is None or replica not in info.adding_replicas:
             return None
         return self.leader_throttle.available(self.now_ms())
@@ -425,8 +424,7 @@ class ReplicaManager:
         answer (the view) names this broker again."""
         if self.fenced or (name, partition) in self.terms:
             return False
-        topic = self.view.topics.get(name)
-        info = topic.partitions.get(partition) if topic is not None else None
+        info = self.partition(name, partition)
         return info is not None and info.leader == self.view.broker_id
 
     def leave(self) -> None:

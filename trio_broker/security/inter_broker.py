@@ -100,10 +100,11 @@ def client_context(listener: Listener) -> ssl.SSLContext:
     """The client side of the listener's TLS: its truststore, its certificate, host names
     checked."""
     s = listener.settings
-    context = ssl.create_default_context()
     if s["ssl.truststore.location"] or s["ssl.truststore.certificates"]:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # only the listener's CAs
         load_truststore(context, s)
+    else:
+        context = ssl.create_default_context()  # the system's CAs
     versions = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
     enabled = sorted(versions[p] for p in split_list(s["ssl.enabled.protocols"]))
     context.minimum_version, context.maximum_version = enabled[0], enabled[-1]
