@@ -18,9 +18,11 @@ from trio_broker.cluster.coordination import NodeExists, ZooKeeperCoordination
 from trio_broker.cluster.inter_broker_stream import login_opener
 from trio_broker.cluster.membership import run_membership, wall_clock_ms
 from trio_broker.cluster.replica_manager import ReplicaManager
+from trio_broker.cluster.security_store import ClusterSecurity
 from trio_broker.cluster.txn_marker_channel import TxnMarkerChannel
 from trio_broker.cluster.zk_layout import CLUSTER_ID, BrokerRegistration
 from trio_broker.config import BrokerConfig
+from trio_broker.security.credentials import CredentialStore
 from trio_broker.security.inter_broker import (
     InterBrokerLogin,
     inter_broker_listener,
@@ -53,6 +55,11 @@ class ClusterHost(Protocol):
     open_stream: Any
     #: Set by a graceful shutdown (SIGTERM), which then wakes ``appends``.
     shutting_down: bool
+    #: The ACL store's owner (None: no authorizer) and the SCRAM users, copies of
+    #: ZooKeeper's kept by ``shared_security`` (cluster/security_store.py), set here.
+    authorizer: Any
+    credentials: CredentialStore
+    shared_security: Any
 
     @property
     def advertised(self) -> tuple[str, int]: ...
@@ -94,6 +101,13 @@ async def join_coordination(host: ClusterHost) -> Any:
                     host.cluster_id = str(json.loads(node.data)["id"])
                 except (ValueError, KeyError, TypeError):
                     log.warning("ignoring an unreadable %s", CLUSTER_ID)
+        # ACLs and users before any client can log in or be authorized: ZooKeeper's,
+        # with what a single-node data dir held copied in (cluster/security_store.py).
+        security = ClusterSecurity(
+            coord, None if host.authorizer is None else host.authorizer.store, host.credentials
+        )
+        await security.load(config.data_dir if config.storage == "file" else None)
+        host.shared_security = security
     except BaseException:
         await coord.stop()
         raise
@@ -169,6 +183,8 @@ async def run_cluster_node(
             transactions.ask_coordinator = channel.ask_coordinator
             manager.leadership_listeners[TRANSACTION_STATE] = transactions
         async with trio.open_nursery() as nursery:
+            if isinstance(host.shared_security, ClusterSecurity):
+                nursery.start_soon(host.shared_security.follow)
             await nursery.start(manager.run)
             if isinstance(coord, ZooKeeperCoordination):  # the simulation's has no socket
                 nursery.start_soon(_fence_while_cut_off, coord, manager,

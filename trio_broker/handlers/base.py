@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from trio_broker.security.authorize import Authorizer
     from trio_broker.security.credentials import CredentialStore
     from trio_broker.security.sasl import SaslSession
+    from trio_broker.security.shared_store import SharedSecurity
     from trio_broker.services.cluster_view import ClusterView, PartitionInfo
     from trio_broker.services.producers import ProducerStateRegistry
     from trio_broker.services.quotas import QuotaService
@@ -203,6 +204,12 @@ class Services(Protocol):
     def authorizer(self) -> Authorizer | None: ...
     @property
     def credentials(self) -> CredentialStore: ...
+    @property
+    def shared_security(self) -> SharedSecurity | None:
+        """Where ACL and SCRAM changes go in a cluster (ZooKeeper); None: alone, the
+        authorizer's and credentials' own stores."""
+        ...
+
     @property
     def groups(self) -> GroupCoordinator: ...
     @property

@@ -1,8 +1,12 @@
-"""CreateAcls: store new bindings (ALTER on the cluster); one result per creation."""
+"""CreateAcls: store new bindings (ALTER on the cluster); one result per creation.
+
+Alone, into the authorizer's store; in a cluster, into ZooKeeper (a Deferred: the
+answer waits for the write), where every broker's copy follows.
+"""
 
 from __future__ import annotations
 
-from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.describe_acls import access_error, enum_or_unknown
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -14,6 +18,7 @@ from trio_broker.security.acl import (
     ResourceType,
     validate_binding,
 )
+from trio_broker.security.shared_store import SharedSecurity
 
 Resp = m.CreateAclsResponse
 Result = Resp.AclCreationResult
@@ -34,7 +39,7 @@ def binding_from_wire(wire: m.CreateAclsRequest.AclCreation) -> AclBinding:
 @handles(m.ApiKey.CREATE_ACLS)
 async def handle_create_acls(
     ctx: RequestContext, request: m.CreateAclsRequest
-) -> m.CreateAclsResponse:
+) -> m.CreateAclsResponse | Deferred:
     refused = access_error(ctx, Operation.ALTER)
     if refused is not None:
         code, message = refused
@@ -54,6 +59,9 @@ async def handle_create_acls(
             results.append(Result(error_code=ErrorCode.NONE, error_message=None))
         else:
             results.append(Result(error_code=ErrorCode.INVALID_REQUEST, error_message=problem))
+    shared = ctx.services.shared_security
+    if valid and shared is not None:
+        return Deferred(lambda: _store_shared(shared, valid, results))
     if valid:
         try:
             authorizer.store.add(valid)
@@ -63,4 +71,16 @@ async def handle_create_acls(
                 if result.error_code == ErrorCode.NONE:
                     result.error_code = ErrorCode.UNKNOWN_SERVER_ERROR
                     result.error_message = f"cannot store ACLs: {exc}"
+    return Resp(throttle_time_ms=0, results=results)
+
+
+async def _store_shared(
+    shared: SharedSecurity, valid: list[AclBinding], results: list[Result]
+) -> m.CreateAclsResponse:
+    """In a cluster: into ZooKeeper, where every broker's copy follows."""
+    problems = iter(await shared.add_acls(valid))
+    for result in results:
+        if result.error_code == ErrorCode.NONE and (problem := next(problems)) is not None:
+            result.error_code = ErrorCode.UNKNOWN_SERVER_ERROR
+            result.error_message = problem
     return Resp(throttle_time_ms=0, results=results)

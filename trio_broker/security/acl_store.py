@@ -1,5 +1,8 @@
 """Where ACL bindings live: ``<data_dir>/acls.json`` (file storage) or memory.
 
+In a cluster the store holds a copy of the bindings in ZooKeeper
+(``trio_broker/cluster/security_store.py`` keeps it with :meth:`AclStore.mirror`).
+
 The file is rewritten whole on every change with ``write_file_atomically`` (temp
 file, fsync, rename, fsync of the directory): a crash leaves the old or the new set,
 never a torn one. ACL changes are rare; reads come from the in-memory list.
@@ -93,6 +96,12 @@ class AclStore:
         if len(new) != len(self._bindings):
             self._replace(new)
         return removed
+
+    def mirror(self, bindings: Iterable[AclBinding]) -> None:
+        """Hold exactly ``bindings``: a cluster's copy of the ACLs in ZooKeeper
+        (cluster/security_store.py), which writes them there, never to a file."""
+        assert self.path is None, "a cluster's ACLs live in ZooKeeper, not in acls.json"
+        self._bindings = dict.fromkeys(bindings)
 
     def _replace(self, bindings: dict[AclBinding, None]) -> None:
         if self.path is not None:

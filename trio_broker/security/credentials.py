@@ -9,7 +9,9 @@ so a PLAIN user is any user that has a SCRAM credential.
 The file is written crash-safely (temporary file, fsync, rename, fsync of the
 directory: :mod:`trio_broker.storage.durable`) with mode 0600 and re-read when
 its modification time changes, so ``trio-broker users add`` on a running
-broker's data dir takes effect at the next login.
+broker's data dir takes effect at the next login. In a cluster the users live in
+ZooKeeper instead, and the store is a memory-only copy of them
+(``trio_broker/cluster/security_store.py``).
 """
 
 from __future__ import annotations
@@ -128,6 +130,12 @@ class CredentialStore:
         write_file_atomically(self.path, json.dumps(data, indent=1).encode(), mode=0o600)
         stat = os.stat(self.path)
         self._stamp = (stat.st_mtime_ns, stat.st_size)
+
+    def mirror(self, users: dict[str, dict[str, ScramCredential]]) -> None:
+        """Hold exactly ``users``: a cluster's copy of the users in ZooKeeper
+        (cluster/security_store.py), which writes them there, never to a file."""
+        assert self.path is None, "a cluster's users live in ZooKeeper, not in a file"
+        self._users = {user: dict(mechs) for user, mechs in users.items()}
 
     # ------------------------------------------------------------------ reads
 

@@ -110,7 +110,11 @@ class Broker:
         )
         self.topics.on_log_closed = self.flusher.forget
         #: ACL enforcement (trio_broker.security), or None when no authorizer is configured.
-        self.authorizer = Authorizer.from_config(config, data_dir)
+        #: In a cluster its ACLs, like the SCRAM users below, are a copy of ZooKeeper's
+        #: (cluster/security_store.py), written through ``shared_security``.
+        clustered = bool(config.zookeeper_connect)
+        self.authorizer = Authorizer.from_config(config, None if clustered else data_dir)
+        self.shared_security: Any = None
         self.router: dict[int, HandlerSpec] = {
             key: with_request_quota(spec) for key, spec in HANDLERS.items()
         }
@@ -142,7 +146,7 @@ class Broker:
         self.listener_bound: dict[str, tuple[str, int]] = {}
         self.tls_contexts = tls_contexts(self.listeners)
         #: SCRAM/PLAIN users, in the data dir (trio-broker users add|delete|list).
-        self.credentials = CredentialStore.in_data_dir(config.data_dir)
+        self.credentials = CredentialStore.in_data_dir(None if clustered else config.data_dir)
         #: Derives unknown users' decoy SCRAM salts (security/decoy.py).
         uses_sasl = any(listener.uses_sasl for listener in self.listeners)
         self.sasl_decoy_secret = decoy_secret(config.data_dir if uses_sasl else None)
