@@ -143,7 +143,8 @@ def test_malformed_user_znodes_are_a_clear_error(config: object) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["/kafka-acl/Topic", "/kafka-acl/Nothing/x", "/elsewhere/Topic/x", "/kafka-acl/Topic/%ff"]
+    "path",
+    ["/kafka-acl/Topic", "/kafka-acl/Nothing/x", "/elsewhere/Topic/x", "/kafka-acl/Topic/%ff"],
 )
 def test_paths_that_are_no_resource_are_refused(path: str) -> None:
     with pytest.raises(CoordinationDataError):
