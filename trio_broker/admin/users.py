@@ -1,8 +1,10 @@
-"""``trio-broker users add|delete|list``: SCRAM users in a data dir, offline.
+"""``trio-broker users add|delete|list``: SCRAM users in a data dir, or a cluster's.
 
 Passwords are never stored: ``add`` keeps a salt, the iteration count and the
 SCRAM stored/server keys (see trio_broker.security.credentials). A running broker
-re-reads the file at the next login, so no restart is needed.
+re-reads the file at the next login, so no restart is needed. With ``--zookeeper``
+the users are a cluster's, in ZooKeeper (``/config/users``), which every broker of it
+follows (cluster/security_store.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ def add_users_command(sub: Any) -> None:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", type=Path, default=Path("data"),
                        help="the broker's data dir (default ./data)")  # fmt: skip
+        p.add_argument("--zookeeper", metavar="HOST:PORT[/CHROOT]",
+                       help="a cluster's users, in its ZooKeeper (the brokers' "
+                            "zookeeper.connect) instead of a data dir")  # fmt: skip
 
     add = usub.add_parser("add", help="add a user or change its password")
     common(add)
@@ -50,6 +55,10 @@ def add_users_command(sub: Any) -> None:
 def run_users(args: argparse.Namespace, out: TextIO | None = None) -> int:
     # sys.stdout looked up per call, not at import: it may have been replaced since.
     out = out or sys.stdout
+    if getattr(args, "zookeeper", None):
+        from trio_broker.admin.cluster_users import run_cluster_users
+
+        return run_cluster_users(args, _password(args) if args.users_command == "add" else "", out)
     store = CredentialStore.in_data_dir(args.data_dir)
     try:
         if args.users_command == "add":

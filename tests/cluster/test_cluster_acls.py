@@ -1,0 +1,181 @@
+"""ACLs and SCRAM users a whole cluster enforces: created through one broker, kept in
+ZooKeeper, followed by every broker (cluster/security_store.py).
+
+Three ``serve`` processes with one SASL_PLAINTEXT listener (SCRAM-SHA-256) for clients
+and replication, and the ACL authorizer with ``super.users=User:admin``. The admin user
+is made before any broker starts with ``trio-broker users add --zookeeper``; broker 3's
+data dir holds a single-node user, ``carol``, which it copies into ZooKeeper when it
+joins. Through broker 1 only, the admin creates user ``alice`` (AlterUserScramCredentials)
+and her ACLs (CreateAcls); clients bootstrapped on brokers 2 and 3 then log in as alice,
+write where the ACLs allow and are refused elsewhere; DescribeAcls through broker 3
+lists the ACLs; after broker 2 is killed with -9 and restarted it enforces them still;
+an ACL deleted through broker 2 stops applying at broker 1.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+
+from tests.cluster.test_cluster_faults import Cluster, ConfiguredBroker, running
+from tests.e2e.conftest import BROKER_EXE, add_scram_user
+
+pytestmark = pytest.mark.timeout(120)
+
+ADMIN, ADMIN_PW = "admin", "admin-secret"
+ALICE, ALICE_PW = "alice", "alice-secret"
+GRANTED, FORBIDDEN = "granted-orders", "forbidden"
+JAAS = (
+    "org.apache.kafka.common.security.scram.ScramLoginModule required "
+    f'username="{ADMIN}" password="{ADMIN_PW}";'
+)
+CONFIG = (
+    "listeners=SASL_PLAINTEXT://127.0.0.1:0\n"
+    "inter.broker.listener.name=SASL_PLAINTEXT\n"
+    "sasl.enabled.mechanisms=SCRAM-SHA-256\n"
+    f"listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config={JAAS}\n"
+    "authorizer.class.name=acl\n"
+    f"super.users=User:{ADMIN}\n"
+    "default.replication.factor=3\n"
+    "min.insync.replicas=2\n"
+    "replica.lag.time.max.ms=3000\n"
+    "zookeeper.session.timeout.ms=4000\n"
+    "offsets.topic.num.partitions=1\n"
+)
+
+
+def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except KafkaException:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def sasl(broker: ConfiguredBroker, user: str, password: str) -> dict[str, object]:
+    return {
+        "bootstrap.servers": broker.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanisms": "SCRAM-SHA-256", "sasl.username": user, "sasl.password": password,
+    }  # fmt: skip
+
+
+def users_cli(*args: str) -> str:
+    done = subprocess.run([str(BROKER_EXE), "users", *args], check=True, timeout=60,
+                          capture_output=True, text=True)  # fmt: skip
+    return done.stdout
+
+
+def produce_one(broker: ConfiguredBroker, user: str, password: str, topic: str) -> str | None:
+    """One record from a client bootstrapped on ``broker`` only: None, or the error's name
+    (a login refused at ``broker`` shows as an authentication error or a timeout)."""
+    errors: list[str] = []
+    producer = Producer({**sasl(broker, user, password), "acks": "all",
+                         "message.timeout.ms": 8000, "retries": 0})  # fmt: skip
+    producer.produce(
+        topic, b"x", on_delivery=lambda err, _m: errors.append(err.name() if err else "")
+    )
+    producer.flush(15)
+    return (errors or ["no delivery report"])[0] or None
+
+
+def produces(broker: ConfiguredBroker, topic: str) -> Callable[[], bool]:
+    return lambda: produce_one(broker, ALICE, ALICE_PW, topic) is None
+
+
+def refused(broker: ConfiguredBroker, topic: str) -> Callable[[], bool]:
+    return lambda: produce_one(broker, ALICE, ALICE_PW, topic) == "TOPIC_AUTHORIZATION_FAILED"
+
+
+def acl(name: str, pattern: ResourcePatternType, op: AclOperation) -> AclBinding:
+    return AclBinding(ResourceType.TOPIC, name, pattern, f"User:{ALICE}", "*", op,
+                      AclPermissionType.ALLOW)  # fmt: skip
+
+
+ALL_ACLS = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+                            AclOperation.ANY, AclPermissionType.ANY)  # fmt: skip
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
+    users_cli("add", "--zookeeper", zookeeper, "--user", ADMIN, "--password", ADMIN_PW,
+              "--mechanism", "SCRAM-SHA-256")  # fmt: skip
+    config = tmp_path / "broker.properties"
+    config.write_text(CONFIG)
+    brokers = {
+        b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
+    }
+    add_scram_user(brokers[3].data_dir, "carol", "carol-secret", ("SCRAM-SHA-256",))
+    with running(brokers):
+        yield brokers
+
+
+def test_acls_and_users_made_through_one_broker_hold_on_every_broker(
+    cluster: Cluster, zookeeper: str
+) -> None:
+    one, two, three = cluster[1], cluster[2], cluster[3]
+    admin = AdminClient(sasl(one, ADMIN, ADMIN_PW))
+    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers")
+    for future in admin.create_topics([NewTopic(GRANTED, 1), NewTopic(FORBIDDEN, 1)]).values():
+        future.result(timeout=30)
+    # Through broker 1 only: the user and her ACLs.
+    upsert = UserScramCredentialUpsertion(
+        ALICE, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), ALICE_PW.encode()
+    )
+    admin.alter_user_scram_credentials([upsert])[ALICE].result(timeout=30)
+    granted = [
+        acl("granted-", ResourcePatternType.PREFIXED, AclOperation.WRITE),
+        acl(FORBIDDEN, ResourcePatternType.LITERAL, AclOperation.DESCRIBE),
+    ]
+    for future in admin.create_acls(granted).values():
+        future.result(timeout=30)
+    # Brokers 2 and 3 let her log in and decide as the ACLs say.
+    for broker in (two, three):
+        eventually(
+            produces(broker, GRANTED), f"alice writes {GRANTED} via broker {broker.broker_id}"
+        )
+        eventually(refused(broker, FORBIDDEN), f"alice refused {FORBIDDEN} via {broker.broker_id}")
+    admin_at_three = AdminClient(sasl(three, ADMIN, ADMIN_PW))
+    listed = admin_at_three.describe_acls(ALL_ACLS).result(timeout=30)
+    assert sorted(map(str, listed)) == sorted(map(str, granted))
+    # carol came from broker 3's single-node data dir; she logs in at broker 1 (and may
+    # not write: no ACL names her).
+    assert "carol" in users_cli("list", "--zookeeper", zookeeper)
+    assert (three.data_dir / "scram-credentials.json.migrated").exists()
+    assert produce_one(one, "carol", "carol-secret", GRANTED) == "TOPIC_AUTHORIZATION_FAILED"
+
+    # Broker 2 killed with -9: once its session is gone it restarts, and still enforces.
+    two.kill9()
+    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 2, "broker 2's session ends")
+    two.start()
+    eventually(produces(two, GRANTED), "alice writes via the restarted broker 2")
+    assert refused(two, FORBIDDEN)()
+
+    # Deleted through broker 2, the WRITE grant stops applying at broker 1.
+    write_only = AclBindingFilter(ResourceType.TOPIC, "granted-", ResourcePatternType.PREFIXED,
+                                  None, None, AclOperation.WRITE, AclPermissionType.ANY)  # fmt: skip
+    admin_at_two = AdminClient(sasl(two, ADMIN, ADMIN_PW))
+    [deleted] = admin_at_two.delete_acls([write_only]).values()
+    assert [str(b) for b in deleted.result(timeout=30)] == [str(granted[0])]
+    eventually(refused(one, GRANTED), "alice refused at broker 1 once the ACL is deleted")
