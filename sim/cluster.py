@@ -30,9 +30,11 @@ __all__ = ["SimBroker", "SimCoordination", "broker_host", "node_name"]
 log = logging.getLogger("sim")
 
 #: As Kafka's defaults (18 s and 30 s), the session times out before a replica lags:
-#: a broker that restarts quickly can find itself still in the ISR.
-SESSION_TIMEOUT_MS = 2000
-REPLICA_LAG_TIME_MAX_MS = 3000
+#: a broker that restarts quickly can find itself still in the ISR. Short, so that a
+#: schedule's faults and the cluster's reactions to them fit in a few virtual seconds
+#: (every other duration of a schedule is a multiple of the session timeout).
+SESSION_TIMEOUT_MS = 1000
+REPLICA_LAG_TIME_MAX_MS = 1500
 
 
 def node_name(broker_id: int) -> str:
@@ -94,13 +96,17 @@ class SimCoordination(MemoryCoordination):
         await self._reachable()
         return await super().get(path)
 
-    async def get_and_watch(self, path: str) -> tuple[Znode | None, trio.Event]:
+    async def get_and_watch(
+        self, path: str, *, into: trio.Event | None = None
+    ) -> tuple[Znode | None, trio.Event]:
         await self._reachable()
-        return await super().get_and_watch(path)
+        return await super().get_and_watch(path, into=into)
 
-    async def children_and_watch(self, path: str) -> tuple[list[str], trio.Event]:
+    async def children_and_watch(
+        self, path: str, *, into: trio.Event | None = None
+    ) -> tuple[list[str], trio.Event]:
         await self._reachable()
-        return await super().children_and_watch(path)
+        return await super().children_and_watch(path, into=into)
 
     async def set(self, path: str, data: bytes, version: int) -> int:
         await self._reachable()

@@ -10,11 +10,14 @@ import random
 
 import attrs
 
+from sim.cluster import SESSION_TIMEOUT_MS
+
 __all__ = ["KINDS", "Fault", "make_schedule"]
 
 BROKERS = (1, 2, 3)
-#: sim/cluster.py's zookeeper.session.timeout.ms, in seconds.
-SESSION_TIMEOUT_S = 2.0
+#: sim/cluster.py's zookeeper.session.timeout.ms, in seconds: the unit of a schedule's
+#: times (faults last from a tenth of it to a few of it).
+SESSION_TIMEOUT_S = SESSION_TIMEOUT_MS / 1000
 KINDS = (
     "crash",  # kill -9: the page cache survives; restarts once its session expired
     "power_cut",  # only synced data survives; restarts once its session expired
@@ -64,10 +67,10 @@ def make_schedule(rng: random.Random, span_s: float, count: int) -> list[Fault]:
         draw = rng.random()
         kind = rng.choice(KINDS)
         if faults and draw < 0.3:
-            at = rng.choice(faults).at + rng.uniform(0.0, 0.6)
+            at = rng.choice(faults).at + rng.uniform(0.0, 0.3) * SESSION_TIMEOUT_S
         elif faults and draw < 0.7:
             earlier = rng.choice(faults)
-            at = earlier.at + SESSION_TIMEOUT_S + rng.uniform(0.0, 0.1)
+            at = earlier.at + SESSION_TIMEOUT_S * (1 + rng.uniform(0.0, 0.05))
             if earlier.kind in LOSES_A_BROKER and rng.random() < 0.5:
                 kind = "crash_leader"  # the leader just elected: a second failover
         else:
@@ -80,12 +83,13 @@ def make_schedule(rng: random.Random, span_s: float, count: int) -> list[Fault]:
         duration = 0.0
         if kind in ("crash_leader", "crash_leader_on_truncation"):
             a = f"p{rng.randrange(2)}"
-            duration = round(rng.uniform(0.0, 4.0), 3)
+            duration = round(rng.uniform(0.0, 2.0) * SESSION_TIMEOUT_S, 3)
         elif kind == "zk_cut":
-            duration = round(rng.uniform(0.2, 5.0), 3)
+            duration = round(rng.uniform(0.1, 2.5) * SESSION_TIMEOUT_S, 3)
         elif kind in ("partition", "isolate", "slow", "lossy"):
-            duration = round(rng.uniform(0.2, 8.0), 3)
+            duration = round(rng.uniform(0.1, 4.0) * SESSION_TIMEOUT_S, 3)
         elif kind in ("crash", "power_cut"):
-            duration = round(rng.uniform(0.0, 4.0), 3)  # down this long past session expiry
+            # down this long past its session's expiry
+            duration = round(rng.uniform(0.0, 2.0) * SESSION_TIMEOUT_S, 3)
         faults.append(Fault(at, kind, a, b, duration))
     return sorted(faults, key=lambda f: f.at)

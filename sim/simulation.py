@@ -50,12 +50,12 @@ __all__ = ["SimResult", "simulate"]
 TOPIC = "sim"
 PARTITIONS = 2
 BROKER_IDS = [1, 2, 3]
-FAULT_SPAN_S = 12.0
+FAULT_SPAN_S = 6.0
 FAULTS = 6
-CHECK_EVERY_S = 0.2
+CHECK_EVERY_S = 0.1
 SETTLE_LIMIT_S = 60.0
 #: How long crash_leader_on_truncation waits for a truncation before it lapses.
-ARMED_FOR_S = 8.0
+ARMED_FOR_S = 4.0
 
 Key = tuple[str, int]
 
@@ -86,6 +86,8 @@ class Invariants:
         self.committed: dict[Key, dict[int, tuple[int, bytes]]] = {}
         self.seen: set[str] = set()
         self.start = trio.current_time()
+        #: Decoded partition states by znode path: (version, state), decoded once.
+        self._states: dict[str, tuple[int, PartitionState]] = {}
 
     def violation(self, text: str) -> None:
         if text not in self.seen:  # each once, with the time it was first seen
@@ -93,8 +95,14 @@ class Invariants:
             self.result.violations.append(f"t={trio.current_time() - self.start:.3f} {text}")
 
     def zk_state(self, key: Key) -> PartitionState | None:
-        node = self.zk.nodes.get(partition_state_path(*key))
-        return None if node is None else PartitionState.decode(node.data)
+        path = partition_state_path(*key)
+        node = self.zk.nodes.get(path)
+        if node is None:
+            return None
+        cached = self._states.get(path)
+        if cached is None or cached[0] != node.version:
+            cached = self._states[path] = (node.version, PartitionState.decode(node.data))
+        return cached[1]
 
     def check(self) -> None:
         for sim in self.brokers:
@@ -267,7 +275,7 @@ async def _apply_fault(
         if fault.kind == "partition":
             network.partition(fault.a, fault.b)
         elif fault.kind == "slow":
-            network.slow[link] = 0.01 + 0.29 * (fault.duration / 8)
+            network.slow[link] = 0.01 + 0.29 * (fault.duration / (4 * SESSION_TIMEOUT_MS / 1000))
         else:
             network.lossy.add(link)
         await trio.sleep(fault.duration)
@@ -342,7 +350,6 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
     inv = Invariants(zk, sims, result)
     producer = Producer(network, TOPIC, BROKER_IDS)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(network.run)
         for sim in sims:
             await sim.start(nursery)
         first = sims[0].broker
@@ -360,7 +367,7 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
 
         nursery.start_soon(checker)
         faulty_from = trio.current_time()
-        until = faulty_from + span_s + 2.0
+        until = faulty_from + span_s + SESSION_TIMEOUT_MS / 1000
         async with trio.open_nursery() as work:
             for partition in range(PARTITIONS):
                 work.start_soon(producer.run, partition, until)

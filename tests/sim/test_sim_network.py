@@ -15,7 +15,6 @@ async def _network_with_server(
     nursery: trio.Nursery,
 ) -> tuple[Network, list[SimSocket]]:
     network = Network(random.Random(1))
-    nursery.start_soon(network.run)
     accepted: list[SimSocket] = []
     network.listeners["b1"] = lambda sock, _client: accepted.append(sock)
     return network, accepted

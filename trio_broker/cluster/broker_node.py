@@ -53,8 +53,9 @@ class ClusterHost(Protocol):
     #: None: kazoo to ``zookeeper.connect`` and TCP.
     open_coordination: Any
     open_stream: Any
-    #: Set by a graceful shutdown (SIGTERM), which then wakes ``appends``.
+    #: Set by a graceful shutdown (SIGTERM), as is ``shutdown_begun``.
     shutting_down: bool
+    shutdown_begun: trio.Event
     #: The ACL store's owner (None: no authorizer) and the SCRAM users, copies of
     #: ZooKeeper's kept by ``shared_security`` (cluster/security_store.py), set here.
     authorizer: Any
@@ -200,7 +201,7 @@ async def run_cluster_node(
             host.replication = manager
             log.info("broker %d joined the cluster at %s", config.node_id, config.zookeeper_connect)
             task_status.started()
-            await _shutdown_begins(host)
+            await host.shutdown_begun.wait()
             # Lead nothing more (acks=all waiters answer NOT_LEADER_OR_FOLLOWER), then
             # leave: closing the session drops the registration at once, and the
             # controller elects in-sync followers while this broker drains its
@@ -216,11 +217,6 @@ async def run_cluster_node(
     finally:
         host.replication = None
         await coord.stop()
-
-
-async def _shutdown_begins(host: ClusterHost) -> None:
-    while not host.shutting_down:
-        await host.appends.wait()  # the shutdown wakes it (and so does every append)
 
 
 async def _fence_while_cut_off(

@@ -324,9 +324,10 @@ async def _reconcile(
         lost = coord.session_lost()
         try:
             async with lock:  # not while a topic is half deleted
-                brokers, brokers_changed = await coord.children_and_watch(BROKER_IDS)
+                changed = trio.Event()  # the broker list's watch and every topic's
+                brokers, _ = await coord.children_and_watch(BROKER_IDS, into=changed)
                 live = frozenset(int(b) for b in brokers if b.isdigit())
-                topics, versions, watches = await read_topics(coord)
+                topics, versions, _ = await read_topics(coord, into=changed)
                 targets: dict[tuple[str, int], LeaderAndIsr] = {}
                 for topic in topics.values():
                     for partition, info in topic.partitions.items():
@@ -361,7 +362,7 @@ async def _reconcile(
             await trio.sleep(RETRY_S)
             continue
         with trio.move_on_at(next_rebalance if rebalance is not None else float("inf")):
-            await wait_any(lost, brokers_changed, *watches)
+            await wait_any(lost, changed)
 
 
 def _moving(info: PartitionInfo) -> Reassignment:

@@ -66,11 +66,19 @@ class Coordination(Protocol):
 
     async def get(self, path: str) -> Znode | None: ...
 
-    async def get_and_watch(self, path: str) -> tuple[Znode | None, trio.Event]:
-        """The znode now, and an event set on its next change (created, changed, deleted)."""
+    async def get_and_watch(
+        self, path: str, *, into: trio.Event | None = None
+    ) -> tuple[Znode | None, trio.Event]:
+        """The znode now, and an event set on its next change (created, changed, deleted).
 
-    async def children_and_watch(self, path: str) -> tuple[list[str], trio.Event]:
-        """Children now (none if ``path`` is missing), and an event set when they change."""
+        ``into``: the event to set, instead of a new one; a task that watches many
+        znodes passes one event to all of them and waits for that one."""
+
+    async def children_and_watch(
+        self, path: str, *, into: trio.Event | None = None
+    ) -> tuple[list[str], trio.Event]:
+        """Children now (none if ``path`` is missing), and an event set when they change
+        (``into``, if given: as for :meth:`get_and_watch`)."""
 
     async def set(self, path: str, data: bytes, version: int) -> int:
         """Replace the data if the version is still ``version``; the new version."""
@@ -177,8 +185,8 @@ class ZooKeeperCoordination:
         except kz.KazooException as exc:
             raise CoordinationError(f"{args[0]}: {type(exc).__name__}: {exc}") from None
 
-    def _watcher(self) -> tuple[trio.Event, Any]:
-        event = trio.Event()
+    def _watcher(self, into: trio.Event | None) -> tuple[trio.Event, Any]:
+        event = trio.Event() if into is None else into
         return event, lambda _watched_event: self._from_kazoo(event.set)
 
     def _from_kazoo(self, fn: Any) -> None:
@@ -199,8 +207,10 @@ class ZooKeeperCoordination:
             return None
         return Znode(data, stat.version)
 
-    async def get_and_watch(self, path: str) -> tuple[Znode | None, trio.Event]:
-        event, watch = self._watcher()
+    async def get_and_watch(
+        self, path: str, *, into: trio.Event | None = None
+    ) -> tuple[Znode | None, trio.Event]:
+        event, watch = self._watcher(into)
         # exists() sets a watch whether or not the znode is there (get() would not).
         stat = await self._call(self._client.exists, path, watch=watch)
         if stat is None:
@@ -211,8 +221,10 @@ class ZooKeeperCoordination:
             return None, event  # deleted in between: the watch has fired already
         return Znode(data, stat.version), event
 
-    async def children_and_watch(self, path: str) -> tuple[list[str], trio.Event]:
-        event, watch = self._watcher()
+    async def children_and_watch(
+        self, path: str, *, into: trio.Event | None = None
+    ) -> tuple[list[str], trio.Event]:
+        event, watch = self._watcher(into)
         try:
             return sorted(await self._call(self._client.get_children, path, watch=watch)), event
         except NoNode:
@@ -339,11 +351,14 @@ class MemoryCoordination:
             event.set()
         self._watches.clear()
 
-    def _watch(self, table: dict[str, list[trio.Event]], path: str) -> trio.Event:
-        event = trio.Event()
+    def _watch(
+        self, table: dict[str, list[trio.Event]], path: str, into: trio.Event | None
+    ) -> trio.Event:
+        event = trio.Event() if into is None else into
         table.setdefault(path, []).append(event)
         self._watches = [e for e in self._watches if not e.is_set()]
-        self._watches.append(event)
+        if event not in self._watches:
+            self._watches.append(event)
         return event
 
     async def _connection(self) -> None:
@@ -351,7 +366,8 @@ class MemoryCoordination:
         the caller started in expired meanwhile."""
         session = self.session
         await trio.lowlevel.checkpoint()
-        await self._connected.wait()
+        if not self._connected.is_set():  # (a set Event's wait() would checkpoint again)
+            await self._connected.wait()
         if self.session != session:
             raise SessionLost("session expired while disconnected")
 
@@ -380,15 +396,19 @@ class MemoryCoordination:
         node = self._server.nodes.get(path)
         return None if node is None else Znode(node.data, node.version)
 
-    async def get_and_watch(self, path: str) -> tuple[Znode | None, trio.Event]:
+    async def get_and_watch(
+        self, path: str, *, into: trio.Event | None = None
+    ) -> tuple[Znode | None, trio.Event]:
         await self._connection()
-        event = self._watch(self._server.watches, path)
+        event = self._watch(self._server.watches, path, into)
         node = self._server.nodes.get(path)
         return (None if node is None else Znode(node.data, node.version)), event
 
-    async def children_and_watch(self, path: str) -> tuple[list[str], trio.Event]:
+    async def children_and_watch(
+        self, path: str, *, into: trio.Event | None = None
+    ) -> tuple[list[str], trio.Event]:
         await self._connection()
-        event = self._watch(self._server.child_watches, path)
+        event = self._watch(self._server.child_watches, path, into)
         prefix = path.rstrip("/") + "/"
         names = [
             p[len(prefix) :]

@@ -178,7 +178,7 @@ async def _elect_controller(
                 log.warning("ignoring %s: %s", CONTROLLER, exc)
                 view.controller_id = -1
             # The new controller bumps the epoch just after it wins: watch that too.
-            epoch, epoch_changed = await coord.get_and_watch(CONTROLLER_EPOCH)
+            epoch, _ = await coord.get_and_watch(CONTROLLER_EPOCH, into=changed)
             if epoch is not None:
                 view.controller_epoch = decode_controller_epoch(epoch.data)
         except (CoordinationError, CoordinationDataError) as exc:
@@ -192,10 +192,10 @@ async def _elect_controller(
                     _controller_duties, coord, view, unclean, rebalance, on_controller,
                     nursery.cancel_scope,
                 )  # fmt: skip
-                await wait_any(changed, epoch_changed, lost)
+                await wait_any(changed, lost)
                 nursery.cancel_scope.cancel()
         else:
-            await wait_any(changed, epoch_changed, lost)
+            await wait_any(changed, lost)
         if lost.is_set() and view.controller_id == me:
             view.controller_id = -1  # our claim died with the session
 

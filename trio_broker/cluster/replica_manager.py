@@ -873,7 +873,11 @@ class ReplicaManager:
                     continue
                 except CoordinationError as exc:
                     log.warning("claiming producer ids: %s", exc)
-            await trio.sleep(0.2)
+                await trio.sleep(0.2)
+                continue
+            wanted = trio.Event()
+            allocator.on_needs_block = wanted.set
+            await wanted.wait()
 
     # ------------------------------------------------------------------ helpers
 

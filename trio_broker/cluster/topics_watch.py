@@ -32,18 +32,18 @@ log = logging.getLogger(__name__)
 
 
 async def read_topics(
-    coord: Coordination,
+    coord: Coordination, *, into: trio.Event | None = None
 ) -> tuple[dict[str, TopicInfo], dict[tuple[str, int], int], list[trio.Event]]:
     """All topics as the view holds them, each partition state's znode version (-1 if
-    missing), and the watches set while reading."""
-    watches: list[trio.Event] = []
-    names, changed = await coord.children_and_watch(TOPICS)
-    watches.append(changed)
+    missing), and the watches set while reading: one event for all of them (``into``, if
+    given), as a change to any means reading again, and one event is cheaper to wait
+    for than hundreds."""
+    changed = trio.Event() if into is None else into
+    names, _ = await coord.children_and_watch(TOPICS, into=changed)
     topics: dict[str, TopicInfo] = {}
     versions: dict[tuple[str, int], int] = {}
     for name in names:
-        znode, changed = await coord.get_and_watch(topic_path(name))
-        watches.append(changed)
+        znode, _ = await coord.get_and_watch(topic_path(name), into=changed)
         if znode is None:
             continue
         try:
@@ -54,8 +54,7 @@ async def read_topics(
         partitions = {}
         for partition, replicas in assignment.partitions.items():
             path = partition_state_path(name, partition)
-            state_node, changed = await coord.get_and_watch(path)
-            watches.append(changed)
+            state_node, _ = await coord.get_and_watch(path, into=changed)
             moving = (
                 assignment.adding.get(partition, ()),
                 assignment.removing.get(partition, ()),
@@ -73,7 +72,7 @@ async def read_topics(
                     log.warning("ignoring %s: %s", path, exc)
             partitions[partition] = info
         topics[name] = TopicInfo(name, assignment.topic_id, partitions)
-    return topics, versions, watches
+    return topics, versions, [changed]
 
 
 async def follow_topics(

@@ -230,7 +230,10 @@ def compile_decoder(
     tagged: list[tuple[int, Field]] = []
     for i, f in enumerate(fields):
         if not f.present_in(version) or (flex and f.tagged_in(version)):
-            em.emit(1, f"o.{f.attr} = _fields[{i}].default_value()")
+            if f.default_is_shared:
+                em.emit(1, f"o.{f.attr} = {em.name('default', f.default_value())}")
+            else:
+                em.emit(1, f"o.{f.attr} = _fields[{i}].default_value()")
             if f.present_in(version):
                 tagged.append((i, f))
             continue

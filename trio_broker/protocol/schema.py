@@ -60,6 +60,12 @@ class Field:
     def tagged_in(self, version: int) -> bool:
         return self.tag >= 0 and self.tagged_min <= version <= self.tagged_max
 
+    @property
+    def default_is_shared(self) -> bool:
+        """The default is immutable (not a list or a struct): one object serves every
+        instance, so generated code can hold it as a constant."""
+        return not self.is_array and self.fields is None
+
     def default_value(self) -> Any:
         """A fresh default (Kafka's rules: arrays empty, strings empty, numbers 0)."""
         d = self.default
@@ -151,10 +157,15 @@ def _make_class(kafka_name: str, fields: tuple[Field, ...]) -> type[Message]:
         (Message,),
         {"__slots__": tuple(attrs_), "_fields": fields, "kafka_name": kafka_name},
     )
-    # Defaults that are immutable can be keyword defaults; lists and structs
-    # are created fresh per instance.
+    # Defaults that are immutable are keyword defaults, computed once; lists and
+    # structs are created fresh per instance.
     params, body, namespace = [], [], {"_fields": fields}
     for i, f in enumerate(fields):
+        if f.default_is_shared:
+            namespace[f"_default{i}"] = f.default_value()
+            params.append(f"{f.attr}=_default{i}")
+            body.append(f"    self.{f.attr} = {f.attr}")
+            continue
         params.append(f"{f.attr}=_MISSING")
         body.append(
             f"    self.{f.attr} = _fields[{i}].default_value() if {f.attr} is _MISSING "

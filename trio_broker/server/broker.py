@@ -138,6 +138,8 @@ class Broker:
         )
         #: Set by shutdown(): long polls answer at once, readers stop taking requests.
         self.shutting_down = False
+        #: Set with ``shutting_down``, for tasks that wait for it (the cluster node).
+        self.shutdown_begun = trio.Event()
         self.root_nursery: trio.Nursery = None  # type: ignore[assignment]  # set by run()
         self.bound: list[tuple[str, int]] = []
         #: Every listener (listeners config; one PLAINTEXT by default), in bind order.
@@ -448,6 +450,7 @@ class Broker:
     async def shutdown(self) -> None:
         """Stop accepting, let in-flight requests finish (bounded), then stop everything."""
         self.shutting_down = True
+        self.shutdown_begun.set()
         for accept_scope in self._accept_scopes:
             accept_scope.cancel()
         for conn in list(self.connections.values()):

@@ -81,6 +81,9 @@ class ProducerIdAllocator:
         #: Cluster mode: blocks come from ZooKeeper (offer_block), the next one waits here.
         self._cluster = False
         self._spare: tuple[int, int] | None = None
+        #: Cluster mode: called when ``needs_block`` turns true (the claiming task waits
+        #: for it rather than polling).
+        self.on_needs_block: Callable[[], None] = lambda: None
 
     def use_cluster_blocks(self) -> None:
         """Ids unique in the whole cluster: only from blocks that :meth:`offer_block` gives
@@ -148,6 +151,8 @@ class ProducerIdAllocator:
             self._block_end = end
         pid = self._next
         self._next += 1
+        if self._cluster and self.needs_block:
+            self.on_needs_block()
         return pid
 
 
