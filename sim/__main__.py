@@ -38,7 +38,7 @@ def main() -> int:
     started = time.perf_counter()
     for seed, result in _results(seeds, args.bug, max(1, args.jobs)):
         if verbose:
-            print(f"seed {seed}: schedule")
+            print(f"seed {seed}: schedule (faults within {result.span_s:.2f} s)")
             for fault in result.schedule:
                 print(f"  {fault}")
             print("trace:")

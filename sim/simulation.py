@@ -22,7 +22,9 @@ Invariants (checked every ``CHECK_EVERY_S`` and at the end):
 3. **one leader per epoch**: no two brokers ever hold a leader term for the same
    partition and leader epoch;
 4. **replicas agree below the HW**: a batch below a replica's HW (a leader's HW, a
-   follower's copy of it) is the same bytes on every replica and at every check.
+   follower's copy of it) is the same bytes on every replica and at every check;
+5. **liveness**: once the faults healed, the cluster settles (every replica in sync)
+   within SETTLE_LIMIT_S, and then acknowledges an acks=all write to each partition.
 """
 
 from __future__ import annotations
@@ -50,10 +52,17 @@ __all__ = ["SimResult", "simulate"]
 TOPIC = "sim"
 PARTITIONS = 2
 BROKER_IDS = [1, 2, 3]
-FAULT_SPAN_S = 6.0
+#: The faults of a schedule come within this many seconds (drawn per seed): from two
+#: session timeouts, where every fault overlaps others and the cluster's reactions to
+#: them, to five, with quieter stretches between. Denser schedules catch the planted
+#: bugs more often per schedule, and much more often per CPU-minute, than the 12 s
+#: spans this began with (docs/cluster.md, "Speed").
+FAULT_SPAN_S = (2.0, 5.0)
 FAULTS = 6
 CHECK_EVERY_S = 0.1
 SETTLE_LIMIT_S = 60.0
+#: Once settled, each partition must acknowledge a write within this long.
+AFTER_HEAL_WRITE_S = 10.0
 #: How long crash_leader_on_truncation waits for a truncation before it lapses.
 ARMED_FOR_S = 4.0
 
@@ -70,6 +79,8 @@ class SimResult:
     settled: bool = False
     virtual_s: float = 0.0
     trace: list[str] = attrs.field(factory=list)
+    #: The seconds within which the schedule's faults come.
+    span_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -197,6 +208,15 @@ class Invariants:
                         )
 
 
+async def _write_after_heal(producer: Producer, partition: int) -> bool:
+    acked = len(producer.acks)
+    with trio.move_on_after(AFTER_HEAL_WRITE_S):
+        while not any(ack.partition == partition for ack in producer.acks[acked:]):
+            await producer.produce_once(partition)
+        return True
+    return False
+
+
 def _values(base: int, data: bytes) -> list[tuple[int, bytes]]:
     from trio_broker.protocol.records import parse_header
 
@@ -316,17 +336,20 @@ def simulate(
     seed: int,
     *,
     faults: int = FAULTS,
-    span_s: float = FAULT_SPAN_S,
+    span_s: float | None = None,
     bug: str | None = None,
     schedule: list[Fault] | None = None,
 ) -> SimResult:
     """Run one seeded simulation to the end; the result lists any invariant violations.
 
     ``bug`` names one of sim/bugs.py's planted bugs, patched in for this run;
-    ``schedule`` replaces the seed's own (a scenario written by hand)."""
+    ``schedule`` replaces the seed's own (a scenario written by hand); ``span_s``
+    replaces the seed's own span (drawn from FAULT_SPAN_S)."""
     rng = random.Random(seed)
+    if span_s is None:
+        span_s = round(rng.uniform(*FAULT_SPAN_S), 3)
     drawn = make_schedule(rng, span_s, faults)
-    result = SimResult(seed, drawn if schedule is None else schedule)
+    result = SimResult(seed, drawn if schedule is None else schedule, span_s=span_s)
     clock = trio.testing.MockClock(autojump_threshold=0)
     planted = PLANTED_BUGS[bug]() if bug is not None else contextlib.nullcontext()
     with _deterministic(seed), planted:
@@ -385,9 +408,17 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
             while not _settled(sims, inv):  # noqa: ASYNC110 - polling plain data
                 await trio.sleep(0.1)
             result.settled = True
-        inv.check()
         if not result.settled:
             inv.violation("the cluster did not settle within 60 s after the faults healed")
+        else:
+            # 5. a healed cluster takes writes: one more acks=all write per partition.
+            for partition in range(PARTITIONS):
+                if not await _write_after_heal(producer, partition):
+                    inv.violation(
+                        f"{(TOPIC, partition)}: no write acknowledged within "
+                        f"{AFTER_HEAL_WRITE_S:.0f} s of a settled cluster"
+                    )
+        inv.check()
         inv.final(producer)
         result.acked = sum(len(a.values) for a in producer.acks)
         result.sent = producer.sent

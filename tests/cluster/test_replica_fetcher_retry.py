@@ -83,3 +83,54 @@ async def test_a_refused_truncation_is_retried_without_a_view_change(tmp_path: P
         assert follower_log.log_end_offset == RECORDS, "the follower never asked again"
         assert not manager.following[key].needs_truncation
         nursery.cancel_scope.cancel()
+
+
+async def test_a_fetcher_with_nothing_to_fetch_waits_for_roles_rather_than_ending(
+    tmp_path: Path,
+) -> None:
+    """run_fetchers starts one fetcher per leader and ends it only when no partition
+    follows that leader any more. Roles can leave a leader and come back to it between
+    two looks of run_fetchers (the simulation found this: a follower of a new leader,
+    which it had just stopped following for another partition, never truncated nor
+    fetched again). A fetcher that ended on its own when it had nothing to fetch left
+    those partitions unfetched for good; it must wait for the roles to change instead."""
+    async with trio.open_nursery() as nursery:
+        leader = await start(nursery, tmp_path / "leader")
+        follower = await start(nursery, tmp_path / "follower")
+        leader.topics.create(TOPIC, 1)
+        follower.topics.create(TOPIC, 1)
+        leader_log = leader.topics.log(TOPIC, 0)
+        assert leader_log is not None
+        leader_log.append(
+            build_batch([(None, b"%d" % i) for i in range(RECORDS)]), now_ms=leader.now_ms()
+        )
+        host, port = leader.bound[0]
+        key = (TOPIC, 0)
+        manager = SimpleNamespace(
+            view=SimpleNamespace(
+                broker_id=FOLLOWER_ID, brokers={LEADER_ID: BrokerInfo(LEADER_ID, host, port)}
+            ),
+            inter_broker_listener=None,
+            sync_before_counting=True,
+            following={},  # for now, nothing follows this leader
+            roles_changed=trio.Event(),
+            _view_event=trio.Event,
+            topics=follower.topics,
+            durability=follower.durability,
+            producers=None,
+            now_ms=follower.now_ms,
+        )
+        nursery.start_soon(_fetcher, manager, LEADER_ID, trio.CancelScope())
+        await trio.sleep(0.5)
+        # The partition follows this leader again; run_fetchers, which still counts
+        # the fetcher above as running, starts no other.
+        manager.following[key] = FollowerRole(LEADER_ID, leader_epoch=0)
+        changed, manager.roles_changed = manager.roles_changed, trio.Event()
+        changed.set()
+        follower_log = follower.topics.log(*key)
+        assert follower_log is not None
+        with trio.move_on_after(CATCH_UP_S):
+            while follower_log.log_end_offset < RECORDS:  # noqa: ASYNC110 - plain data, no event
+                await trio.sleep(0.05)
+        assert follower_log.log_end_offset == RECORDS, "the fetcher had ended"
+        nursery.cancel_scope.cancel()

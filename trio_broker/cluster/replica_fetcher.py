@@ -78,9 +78,15 @@ async def _fetcher(manager: ReplicaManager, leader: int, scope: trio.CancelScope
         client: BrokerClient | None = None
         try:
             while True:
+                roles_changed = manager.roles_changed
                 mine = {k: r for k, r in manager.following.items() if r.leader == leader}
                 if not mine:
-                    return
+                    # Nothing from this leader right now, but only run_fetchers ends a
+                    # fetcher: it counts this one as running, and if roles move back to
+                    # this leader before it looks (two changes, one wakeup), a fetcher
+                    # that had returned would leave those partitions unfetched for good.
+                    await roles_changed.wait()
+                    continue
                 try:
                     if client is None:
                         client = await _connect(manager, leader)
