@@ -114,7 +114,7 @@ def test_internal_topics_and_configs_from_any_broker(cluster: Cluster) -> None:
     assert set_config(cluster, 1, "solo", "retention.ms", "12345") == ErrorCode.NONE
     assert describe_configs(cluster, 1, "solo")[1]["retention.ms"] == "12345"
     eventually(
-        lambda: describe_configs(cluster, 3, "solo")[1]["retention.ms"] == "12345",
+        lambda: describe_configs(cluster, 3, "solo")[1].get("retention.ms") == "12345",
         "broker 3 applies the change broker 1 took",
     )
     assert set_config(cluster, 1, "solo", "retention.ms", "-7") == ErrorCode.INVALID_CONFIG
