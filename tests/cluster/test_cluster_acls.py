@@ -15,12 +15,11 @@ an ACL deleted through broker 2 stops applying at broker 1.
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -35,6 +34,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
+from tests.cluster.test_cluster_e2e import eventually
 from tests.cluster.test_cluster_faults import Cluster, ConfiguredBroker, running
 from tests.e2e.conftest import BROKER_EXE, add_scram_user
 
@@ -60,18 +60,6 @@ CONFIG = (
     "zookeeper.session.timeout.ms=4000\n"
     "offsets.topic.num.partitions=1\n"
 )
-
-
-def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except KafkaException:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
 def sasl(broker: ConfiguredBroker, user: str, password: str) -> dict[str, object]:
