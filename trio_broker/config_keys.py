@@ -459,11 +459,12 @@ _OTHER_KEYS = [
     _key("zookeeper.connect", STRING, None, APPLIED, "zookeeper_connect", origin="ours"),
     _key("zookeeper.session.timeout.ms", INT, "18000", APPLIED,
          "zookeeper_session_timeout_ms", origin="ours"),
-    # Kafka's dynamic broker config; here static: the byte rate at which a broker copies
-    # partitions a reassignment adds to it (docs/cluster.md, "Moving partitions").
+    # Kafka's dynamic broker config; here also static (the file's value, under a dynamic
+    # one: storage/broker_configs.py): the byte rate at which a broker copies the
+    # partitions it throttles (docs/cluster.md, "Throttled catch-up").
     _key("follower.replication.throttled.rate", LONG, "9223372036854775807", APPLIED,
          "follower_replication_throttled_rate", origin="ours"),
-    # The same on the leader's side: the byte rate at which it serves those replicas.
+    # The same on the leader's side: the byte rate at which it serves throttled replicas.
     _key("leader.replication.throttled.rate", LONG, "9223372036854775807", APPLIED,
          "leader_replication_throttled_rate", origin="ours"),
     _key("processing.model", STRING, None, APPLIED, "processing_model", origin="ours"),

@@ -64,6 +64,7 @@ async def test_a_refused_truncation_is_retried_without_a_view_change(tmp_path: P
             durability=follower.durability,
             producers=None,
             now_ms=follower.now_ms,
+            follower_throttled=lambda topic, partition: False,
         )
         nursery.start_soon(_fetcher, manager, LEADER_ID, trio.CancelScope())
         await trio.sleep(1.0)  # the fetcher is refused: the leader has no such topic
@@ -119,6 +120,7 @@ async def test_a_fetcher_with_nothing_to_fetch_waits_for_roles_rather_than_endin
             durability=follower.durability,
             producers=None,
             now_ms=follower.now_ms,
+            follower_throttled=lambda topic, partition: False,
         )
         nursery.start_soon(_fetcher, manager, LEADER_ID, trio.CancelScope())
         await trio.sleep(0.5)

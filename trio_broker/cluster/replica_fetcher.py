@@ -12,9 +12,13 @@ connection:
    on disk (docs/cluster.md, "Durability stays explicit").
 3. **Append** the batches as they are (``append_replicated_batches``), and keep the
    leader's high watermark.
-4. **Throttle** partitions a reassignment is adding to this broker
-   (``FollowerRole.throttled``) to ``follower.replication.throttled.rate`` bytes per
-   second: their fetch size is capped at one second's worth, and after a fetch that
+4. **Throttle** the partitions this broker throttles its own fetching of
+   (``ReplicaManager.follower_throttled``: the topic's
+   ``follower.replication.throttled.replicas`` names this replica and it is out of the
+   ISR, or, for a topic without throttled-replica lists, a reassignment is adding it) to
+   ``follower.replication.throttled.rate`` bytes per second, both decided afresh for
+   every fetch (topic and broker configs change at runtime): their fetch size is capped
+   at one second's worth, and after a fetch that
    brought them N bytes the fetcher pauses N / rate seconds (the other partitions it
    copies from the same leader wait too, as Kafka's shared fetcher thread does).
 
@@ -180,6 +184,7 @@ async def _fetch_once(
     durability = manager.durability
     topics: dict[str, list[m.FetchRequest.FetchTopic.FetchPartition]] = {}
     logs = {}
+    throttled: set[Key] = set()
     for key, role in ready.items():
         log_ = manager.topics.log(*key)
         if log_ is None:
@@ -190,7 +195,8 @@ async def _fetch_once(
             await durability.wait_durable(log_, log_.log_end_offset - 1)
         logs[key] = log_
         max_bytes = PARTITION_MAX_BYTES
-        if role.throttled:
+        if manager.follower_throttled(*key):
+            throttled.add(key)
             max_bytes = max(1, min(max_bytes, manager.follower_throttle_rate))
         topics.setdefault(key[0], []).append(
             Req.FetchTopic.FetchPartition(
@@ -241,7 +247,7 @@ async def _fetch_once(
                     continue
                 if results:
                     durability.mark_dirty(log_, len(results))
-                if role.throttled:
+                if key in throttled:
                     throttled_bytes += len(data)
             role.high_watermark = max(
                 role.high_watermark, min(part.high_watermark, log_.log_end_offset)

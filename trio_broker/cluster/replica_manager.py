@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -54,10 +54,11 @@ from trio_broker.replication.controller_rules import (
     assign_replicas,
 )
 from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition, NotAReplica
-from trio_broker.replication.throttle import ByteBudget
+from trio_broker.replication.throttle import ByteBudget, follower_throttles, leader_throttles
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.internal_topics import LeadershipListener
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError, TopicManager
+from trio_broker.storage.broker_configs import FOLLOWER_THROTTLED_RATE, LEADER_THROTTLED_RATE
 
 __all__ = ["FollowerRole", "ReplicaManager"]
 
@@ -68,6 +69,8 @@ CREATE_WAIT_S = 15.0
 #: Conditional writes of a topic's config znode tried before giving up (each retry
 #: follows another broker's change of the same znode).
 CONFIG_WRITE_ATTEMPTS = 20
+#: A replication throttle rate this high (Kafka's default, Long.MAX_VALUE) throttles nothing.
+UNLIMITED_RATE = 2**63 - 1
 
 
 @attrs.define
@@ -80,8 +83,6 @@ class FollowerRole:
     needs_truncation: bool = True
     #: The leader's high watermark as last fetched, capped at the local log end.
     high_watermark: int = 0
-    #: A reassignment is adding this replica: copy it at the throttled rate.
-    throttled: bool = False
 
 
 class ReplicaManager:
@@ -114,13 +115,14 @@ class ReplicaManager:
         self.producers = producers
         #: Long-poll fetches wait for appends; a moved HW is news for them too.
         self.on_hw_moved = on_hw_moved
-        #: follower.replication.throttled.rate: bytes/s for replicas being added.
-        self.follower_throttle_rate = max(1, follower_throttle_rate)
-        #: leader.replication.throttled.rate: bytes/s this leader serves to replicas being
-        #: added, all partitions together (None: no limit).
-        self.leader_throttle = (
-            None if leader_throttle_rate >= 2**63 - 1 else ByteBudget(max(1, leader_throttle_rate))
-        )
+        #: The config file's follower.replication.throttled.rate and
+        #: leader.replication.throttled.rate (bytes/s); the dynamic broker configs
+        #: (``topics.broker_configs``) override them at runtime.
+        self.static_follower_throttle_rate = follower_throttle_rate
+        self.static_leader_throttle_rate = leader_throttle_rate
+        #: The leader's byte budget for throttled fetches, all partitions together; made
+        #: again when the rate in force changes (None: no limit).
+        self._leader_budget: ByteBudget | None = None
         #: acks.all.fsync: a replica's log end counts (leader's HW, follower's next fetch
         #: offset) only once synced; False: once appended, relying on replication as Kafka.
         self.sync_before_counting = sync_before_counting
@@ -402,19 +404,67 @@ class ReplicaManager:
                 self._end_term(key)
         self.view_changed()
 
+    # ------------------------------------------------------------------ throttles
+
+    @property
+    def follower_throttle_rate(self) -> int:
+        """follower.replication.throttled.rate in force (bytes/s, at least 1)."""
+        rate = self.topics.broker_configs.throttle_rate(
+            FOLLOWER_THROTTLED_RATE, self.static_follower_throttle_rate
+        )
+        return max(1, rate)
+
+    @property
+    def leader_throttle(self) -> ByteBudget | None:
+        """The leader's budget at leader.replication.throttled.rate in force (None: no
+        limit). A new rate (AlterConfigs on the BROKER resource) starts a new budget."""
+        rate = self.topics.broker_configs.throttle_rate(
+            LEADER_THROTTLED_RATE, self.static_leader_throttle_rate
+        )
+        if rate >= UNLIMITED_RATE:
+            self._leader_budget = None
+        elif self._leader_budget is None or self._leader_budget.rate != max(1, rate):
+            self._leader_budget = ByteBudget(max(1, rate))
+        return self._leader_budget
+
+    def _topic_configs_here(self, name: str) -> Mapping[str, str]:
+        local = self.topics.get(name)
+        return local.info.configs if local is not None else {}
+
     def leader_throttle_budget(self, name: str, partition: int, replica: int) -> int | None:
-        """Bytes a fetch of ``replica`` may read from this partition now, when the leader
-        throttles it (a replica a reassignment is adding, and a rate set); else None."""
-        if self.leader_throttle is None:
+        """Bytes a fetch of ``replica`` may read from this partition now, when this leader
+        throttles it (replication/throttle.py: the topic's leader list, or a replica a
+        reassignment is adding, and a rate set); else None."""
+        budget = self.leader_throttle
+        if budget is None:
             return None
         info = self.partition(name, partition)
-        if info is None or replica not in info.adding_replicas:
+        if info is None:
             return None
-        return self.leader_throttle.available(self.now_ms())
+        term = self.terms.get((name, partition))
+        isr = term.isr if term is not None else frozenset(info.isr)
+        configs = self._topic_configs_here(name)
+        me = self.view.broker_id
+        if not leader_throttles(configs, partition, me, replica, info.adding_replicas, isr):
+            return None
+        return budget.available(self.now_ms())
 
     def leader_throttle_used(self, nbytes: int) -> None:
-        if self.leader_throttle is not None:
-            self.leader_throttle.take(nbytes, self.now_ms())
+        budget = self.leader_throttle
+        if budget is not None:
+            budget.take(nbytes, self.now_ms())
+
+    def follower_throttled(self, name: str, partition: int) -> bool:
+        """Does this broker throttle its own fetching of the partition (the topic's
+        follower list, or a replica a reassignment is adding, and a rate set)?"""
+        if self.follower_throttle_rate >= UNLIMITED_RATE:
+            return False
+        info = self.partition(name, partition)
+        if info is None:
+            return False
+        configs = self._topic_configs_here(name)
+        me = self.view.broker_id
+        return follower_throttles(configs, partition, me, info.adding_replicas, info.isr)
 
     def about_to_lead(self, name: str, partition: int) -> bool:
         """The view names this broker leader of ``name``-``partition`` but its term has
@@ -511,9 +561,6 @@ class ReplicaManager:
                         roles_changed = True
                         log.info("following broker %d for %s-%d in epoch %d",
                                  info.leader, name, p, info.leader_epoch)  # fmt: skip
-                    role = self.following.get(key)
-                    if role is not None:
-                        role.throttled = me in info.adding_replicas
         for key in [*self.following, *self.terms]:
             topic_info = self.view.topics.get(key[0])
             held = topic_info.partitions.get(key[1]) if topic_info is not None else None

@@ -119,7 +119,8 @@ class Replication(Protocol):
 
     def leader_throttle_budget(self, topic: str, partition: int, replica: int) -> int | None:
         """Bytes ``replica`` may fetch from the partition now (leader.replication.
-        throttled.rate, for replicas a reassignment adds); None: not throttled."""
+        throttled.rate, for the replicas this leader throttles: replication/throttle.py);
+        None: not throttled."""
         ...
 
     def leader_throttle_used(self, nbytes: int) -> None:

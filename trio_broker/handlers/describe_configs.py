@@ -41,6 +41,7 @@ from trio_broker.storage.broker_configs import (
     BrokerConfigStore,
 )
 from trio_broker.storage.topic_configs import (
+    LONG,
     STRING,
     TOPIC_CONFIGS,
     TopicConfig,
@@ -145,8 +146,9 @@ def dynamic_config_values(dynamic: BrokerConfigStore, level: str) -> list[Config
     source = DYNAMIC_BROKER_CONFIG if level == THIS_BROKER else DYNAMIC_DEFAULT_BROKER_CONFIG
     out = []
     for key, value in sorted(dynamic.levels[level].items()):
-        spec = TOPIC_CONFIGS[DYNAMIC_BROKER_KEYS[key]]
-        out.append(ConfigValue(key, value, source, spec.type, None, [(key, value, source)]))
+        topic_key = DYNAMIC_BROKER_KEYS.get(key)  # None: a replication throttle rate
+        kind = LONG if topic_key is None else TOPIC_CONFIGS[topic_key].type
+        out.append(ConfigValue(key, value, source, kind, None, [(key, value, source)]))
     return out
 
 

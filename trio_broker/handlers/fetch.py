@@ -111,8 +111,9 @@ def read_partitions(
             if remaining <= 0 and total > 0:
                 continue
             limit = min(p.partition_max_bytes, max(remaining, 0))
-            # leader.replication.throttled.rate: a replica being added gets what the
-            # leader's byte budget allows (nothing while it is spent).
+            # leader.replication.throttled.rate: a replica this leader throttles (the
+            # topic's leader.replication.throttled.replicas, else one a reassignment is
+            # adding) gets what the leader's byte budget allows (nothing while it is spent).
             budget = (
                 replication.leader_throttle_budget(topic.name, p.partition, replica)
                 if follower and term is not None and replication is not None

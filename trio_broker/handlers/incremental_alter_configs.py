@@ -3,7 +3,7 @@
 Same checks, persistence and live application as AlterConfigs (alter_configs.py),
 on any broker of a cluster;
 only the way the new override set is computed differs. APPEND and SUBTRACT
-apply to list configs (cleanup.policy) only, as in Kafka.
+apply to list configs (cleanup.policy, the throttled-replica lists) only, as in Kafka.
 """
 
 from __future__ import annotations
@@ -16,14 +16,23 @@ from trio_broker.handlers.alter_configs import (
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.storage.throttled_replicas import (
+    FOLLOWER_THROTTLED_REPLICAS,
+    LEADER_THROTTLED_REPLICAS,
+)
 
 Resp = m.IncrementalAlterConfigsResponse
 
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+#: The value a list config (a comma-separated topic config) has when the topic does not
+#: override it.
+LIST_DEFAULTS = {
+    "cleanup.policy": "delete",
+    LEADER_THROTTLED_REPLICAS: "",
+    FOLLOWER_THROTTLED_REPLICAS: "",
+}
 #: Topic configs whose value is a comma-separated list.
-LIST_CONFIGS = frozenset({"cleanup.policy"})
-#: The value a list config has when the topic does not override it.
-LIST_DEFAULTS = {"cleanup.policy": "delete"}
+LIST_CONFIGS = frozenset(LIST_DEFAULTS)
 
 
 def apply_operations(

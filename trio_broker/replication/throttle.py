@@ -1,8 +1,20 @@
-"""A byte budget that refills at a fixed rate: the leader's replication throttle.
+"""Replication throttles (KIP-73), pure: which replicas are throttled, and the leader's
+byte budget.
 
-``leader.replication.throttled.rate`` bytes per second, shared by every partition this
-broker leads, for the replicas a reassignment is adding (as Kafka's leader quota). A
-fetch reads at most :meth:`ByteBudget.available` bytes of a throttled partition and
+**Which replicas.** A topic's throttled-replica lists (``storage/throttled_replicas.py``)
+name ``partition:broker`` pairs, as Kafka reads them: the leader list names brokers that,
+while they *lead* the partition, throttle serving it to followers
+(:func:`leader_throttles`); the follower list names brokers that throttle their *own*
+fetching of it (:func:`follower_throttles`); ``*`` names every replica. As in Kafka, a
+replica in the ISR is never throttled (the leader serves it, and it fetches, at full
+speed), so a list naming a partition's current replicas slows only the ones catching up.
+Kafka's reassignment tool (``--throttle``) lists the existing replicas on the leader side
+and the ones a move adds on the follower side. A topic that sets neither list keeps
+this broker's own rule: the replicas a reassignment is adding are throttled, on both sides.
+
+**The leader's budget.** ``leader.replication.throttled.rate`` bytes per second, shared
+by every partition this broker leads, for the throttled fetches (as Kafka's leader
+quota). A fetch reads at most :meth:`ByteBudget.available` bytes of a throttled partition and
 reports what it read (:meth:`ByteBudget.take`); the budget may go below zero once (a
 fetch returns at least one whole batch), and the next fetches then wait for it to
 refill. Holds at most one second's worth, so an idle stretch does not store up a burst.
@@ -11,9 +23,43 @@ Pure: the caller passes the time.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 import attrs
 
-__all__ = ["ByteBudget"]
+from trio_broker.storage.throttled_replicas import throttled_replica_lists
+
+__all__ = ["ByteBudget", "follower_throttles", "leader_throttles"]
+
+
+def leader_throttles(
+    configs: Mapping[str, str],
+    partition: int,
+    leader: int,
+    replica: int,
+    adding: Collection[int],
+    isr: Collection[int],
+) -> bool:
+    """Does ``leader`` throttle serving ``replica``'s fetches of ``partition`` (a topic
+    with these ``configs``; ``adding``: the replicas a reassignment adds)?"""
+    lists = throttled_replica_lists(configs)
+    if lists is None:
+        return replica in adding
+    return replica not in isr and lists[0].names(partition, leader)
+
+
+def follower_throttles(
+    configs: Mapping[str, str],
+    partition: int,
+    follower: int,
+    adding: Collection[int],
+    isr: Collection[int],
+) -> bool:
+    """Does ``follower`` throttle its own fetching of ``partition``?"""
+    lists = throttled_replica_lists(configs)
+    if lists is None:
+        return follower in adding
+    return follower not in isr and lists[1].names(partition, follower)
 
 
 @attrs.define

@@ -1,9 +1,11 @@
 """Dynamic broker configs (KIP-226): log defaults changed at runtime through the Admin API.
 
 Two levels, as in Kafka: the cluster-wide default (the BROKER resource named "") and
-this broker (the resource named by its node id); this broker's value wins. Only the
-broker keys that are the default of a topic config the partition logs apply can be
-set (:data:`DYNAMIC_BROKER_KEYS`); values are checked with that topic config's bounds.
+this broker (the resource named by its node id); this broker's value wins. The keys
+that can be set (:data:`DYNAMIC_BROKER_KEYS`): the broker keys that are the default of a
+topic config the partition logs apply (:data:`LOG_DEFAULT_KEYS`), checked with that topic
+config's bounds, and the replication throttle rates (:data:`THROTTLE_RATE_KEYS`, bytes
+per second, at least 0 as in Kafka), which the replica manager reads when it throttles.
 
 File mode keeps them in ``<data_dir>/dynamic-broker-configs.json``, replaced
 atomically on every change (rare); memory mode keeps them in this object only.
@@ -24,13 +26,26 @@ _FORMAT_VERSION = 1
 #: The two levels: the cluster-wide default and this broker's own values.
 CLUSTER_DEFAULT, THIS_BROKER = "cluster_default", "broker"
 
-#: Dynamic broker key -> the topic config whose default it is (log.retention.ms -> retention.ms).
-DYNAMIC_BROKER_KEYS: Mapping[str, str] = {
+#: Dynamic log default -> the topic config whose default it is (log.retention.ms -> retention.ms).
+LOG_DEFAULT_KEYS: Mapping[str, str] = {
     spec.broker_key: topic_key
     for topic_key, spec in TOPIC_CONFIGS.items()
     if spec.broker_key is not None and spec.log_field is not None
     and spec.default_field is not None
 }  # fmt: skip
+
+LEADER_THROTTLED_RATE = "leader.replication.throttled.rate"
+FOLLOWER_THROTTLED_RATE = "follower.replication.throttled.rate"
+#: Dynamic keys that are no topic config's default: the replication throttles (KIP-73),
+#: as Kafka's reassignment tool sets them on each broker a move involves.
+THROTTLE_RATE_KEYS = frozenset({LEADER_THROTTLED_RATE, FOLLOWER_THROTTLED_RATE})
+#: Every broker key that can be set at runtime -> the topic config whose default it is,
+#: or None (a throttle rate).
+DYNAMIC_BROKER_KEYS: Mapping[str, str | None] = {
+    **LOG_DEFAULT_KEYS,
+    **dict.fromkeys(sorted(THROTTLE_RATE_KEYS)),
+}
+_LONG_MAX = 2**63 - 1
 
 
 def check_broker_configs(configs: Mapping[str, str]) -> None:
@@ -38,7 +53,17 @@ def check_broker_configs(configs: Mapping[str, str]) -> None:
     static = sorted(key for key in configs if key not in DYNAMIC_BROKER_KEYS)
     if static:
         raise InvalidConfigError(f"Cannot update these configs dynamically: {static}")
-    check_topic_configs({DYNAMIC_BROKER_KEYS[key]: value for key, value in configs.items()})
+    for key in THROTTLE_RATE_KEYS & set(configs):
+        try:
+            rate = int(configs[key])
+        except ValueError:
+            raise InvalidConfigError(f"{key} must be an integer, got {configs[key]!r}") from None
+        if not 0 <= rate <= _LONG_MAX:
+            raise InvalidConfigError(f"{key} must be in [0, {_LONG_MAX}], got {rate}")
+    check_topic_configs(
+        {LOG_DEFAULT_KEYS[key]: value for key, value in configs.items()
+         if key in LOG_DEFAULT_KEYS}
+    )  # fmt: skip
 
 
 class BrokerConfigStore:
@@ -67,6 +92,25 @@ class BrokerConfigStore:
         self.levels = levels
 
     def effective(self) -> dict[str, str]:
-        """Topic-config form of the values in force: this broker's over the cluster default."""
+        """Topic-config form of the log defaults in force: this broker's over the cluster
+        default (the throttle rates are no log default: :meth:`value`)."""
         merged = {**self.levels[CLUSTER_DEFAULT], **self.levels[THIS_BROKER]}
-        return {DYNAMIC_BROKER_KEYS[key]: value for key, value in merged.items()}
+        return {
+            LOG_DEFAULT_KEYS[key]: value for key, value in merged.items() if key in LOG_DEFAULT_KEYS
+        }
+
+    def value(self, key: str) -> str | None:
+        """A dynamic key's value in force (this broker's, else the cluster default's), or
+        None when neither level sets it (the config file's value applies)."""
+        for level in (THIS_BROKER, CLUSTER_DEFAULT):
+            if key in self.levels[level]:
+                return self.levels[level][key]
+        return None
+
+    def throttle_rate(self, key: str, static: int) -> int:
+        """The rate in force of one of :data:`THROTTLE_RATE_KEYS`: dynamic, else ``static``."""
+        value = self.value(key)
+        try:
+            return static if value is None else int(value)
+        except ValueError:  # checked when set; a hand-edited file is not trusted
+            return static

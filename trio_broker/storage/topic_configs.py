@@ -15,6 +15,12 @@ import attrs
 
 from trio_broker.storage.errors import InvalidConfigError
 from trio_broker.storage.log import LogConfig
+from trio_broker.storage.throttled_replicas import (
+    FOLLOWER_THROTTLED_REPLICAS,
+    LEADER_THROTTLED_REPLICAS,
+    THROTTLED_REPLICA_CONFIGS,
+    parse_throttled_replicas,
+)
 
 # Kafka's ConfigDef.Type codes, as DescribeConfigs v3+ sends them (broker keys use all).
 BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST, CLASS, PASSWORD = 1, 2, 3, 4, 5, 6, 7, 8, 9
@@ -116,6 +122,19 @@ TOPIC_CONFIGS: Mapping[str, TopicConfig] = {
         doc="Share of uncleaned bytes in the closed segments that starts a cleaning pass.",
     ),
     "preallocate": TopicConfig(BOOLEAN),
+    # KIP-73 (storage/throttled_replicas.py, docs/cluster.md "Throttled catch-up").
+    LEADER_THROTTLED_REPLICAS: TopicConfig(
+        LIST, fixed_default="",
+        doc="Replicas whose leader throttles serving this topic to out-of-sync followers"
+        " (leader.replication.throttled.rate): [partitionId]:[brokerId],... naming the"
+        " leading broker, or * for all replicas.",
+    ),
+    FOLLOWER_THROTTLED_REPLICAS: TopicConfig(
+        LIST, fixed_default="",
+        doc="Replicas that throttle their own fetching of this topic while out of sync"
+        " (follower.replication.throttled.rate): [partitionId]:[brokerId],... naming the"
+        " fetching broker, or * for all replicas.",
+    ),
     "unclean.leader.election.enable": TopicConfig(BOOLEAN),
 }  # fmt: skip
 
@@ -150,6 +169,11 @@ def _check_value(key: str, value: str, spec: TopicConfig) -> None:
             raise InvalidConfigError(f"{key} must be a number, got {value!r}") from None
         if key == "min.cleanable.dirty.ratio" and not 0 <= number_ <= 1:
             raise InvalidConfigError(f"{key} must be in [0, 1], got {value!r}")
+    elif key in THROTTLED_REPLICA_CONFIGS:
+        try:
+            parse_throttled_replicas(key, value)
+        except ValueError as exc:
+            raise InvalidConfigError(str(exc)) from None
     elif spec.type == BOOLEAN and value.lower() not in ("true", "false"):
         raise InvalidConfigError(f"{key} must be true or false, got {value!r}")
     elif spec.choices is not None:
