@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from trio_broker.cluster.membership import BrokerIdInUse
 from trio_broker.config import ConfigError, load_config, parse_host_port
 
 
@@ -280,7 +281,26 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"trio-broker: {exc}", file=sys.stderr)
         return 1
+    except (BrokerIdInUse, BaseExceptionGroup) as exc:
+        # Raised from inside the broker's nurseries: one line, not a traceback.
+        in_use = _leaf(exc, BrokerIdInUse)
+        if in_use is None:
+            raise
+        print(f"trio-broker: {in_use}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _leaf(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``exc`` if it is a ``kind``, else the first ``kind`` inside its exception groups."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _leaf(inner, kind)
+            if found is not None:
+                return found
+    return None
 
 
 if __name__ == "__main__":

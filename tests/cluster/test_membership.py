@@ -65,6 +65,41 @@ async def test_a_second_broker_with_the_same_id_is_refused(clients: Clients) -> 
             await run_membership(coord, registration(1), ClusterView(1))
 
 
+async def test_a_restart_waits_for_its_previous_runs_registration_to_go(
+    clients: Clients,
+) -> None:
+    """kill -9 leaves the broker's session alive until ZooKeeper expires it; a restart
+    within that time finds its own old registration. It waits for it to go (the CI run
+    that restarted a follower 4 s after kill -9 saw the broker exit instead), and a
+    registration that stays past the wait is still a live broker with the same id."""
+    async with clients.client() as previous_life, clients.client() as coord:
+        await previous_life.create(f"{BROKER_IDS}/1", registration(1).encode(), ephemeral=True)
+        view = ClusterView(1)
+        async with trio.open_nursery() as nursery:
+
+            async def expire_later() -> None:
+                await trio.sleep(1.0)
+                await previous_life.stop()  # as ZooKeeper expiring that session would
+
+            nursery.start_soon(expire_later)
+            started = trio.current_time()
+            await nursery.start(
+                lambda task_status: run_membership(
+                    coord, registration(1), view, stale_registration_wait_s=20.0,
+                    task_status=task_status,
+                )
+            )  # fmt: skip
+            assert trio.current_time() - started >= 1.0
+            await eventually(lambda: set(view.brokers) == {1}, "registered in the end")
+            nursery.cancel_scope.cancel()
+    async with cluster(clients, 2), clients.client() as coord:
+        started = trio.current_time()
+        with pytest.raises(BrokerIdInUse, match="broker id 2 is registered"):
+            await run_membership(coord, registration(2), ClusterView(2),
+                                 stale_registration_wait_s=1.5)  # fmt: skip
+        assert trio.current_time() - started >= 1.5
+
+
 async def test_an_unreadable_registration_is_skipped(clients: Clients) -> None:
     async with cluster(clients, 1, 2) as members, clients.client() as coord:
         await coord.create(f"{BROKER_IDS}/7", b"{not json")

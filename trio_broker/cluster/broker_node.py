@@ -195,6 +195,9 @@ async def run_cluster_node(
                     coord, registration, view,
                     unclean=config.unclean_leader_election_enable, rebalance=rebalance,
                     on_change=manager.view_changed, on_controller=manager.controller_changed,
+                    # A restart right after kill -9 finds the old session's registration:
+                    # ZooKeeper drops it within about a session timeout (checked per tick).
+                    stale_registration_wait_s=2 * config.zookeeper_session_timeout_ms / 1000,
                     task_status=task_status,
                 )
             )  # fmt: skip

@@ -69,15 +69,22 @@ async def run_membership(
     rebalance: Rebalance | None = None,
     on_change: Callable[[], None] = lambda: None,
     on_controller: Callable[[ControllerActions | None], None] = lambda _: None,
+    stale_registration_wait_s: float = 0.0,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Register, then keep ``view`` current until cancelled.
 
     Reports started once registered. ``on_controller`` gets the controller's actions
-    while this broker is the controller, and None when it stops being it. Raises :class:`BrokerIdInUse` if a live broker
-    already holds the id at start (a configuration mistake, not something to wait out).
+    while this broker is the controller, and None when it stops being it.
+
+    If the id is registered already, that may be this broker's previous life (killed
+    with -9 a moment ago: its session lives until ZooKeeper expires it), so it waits up
+    to ``stale_registration_wait_s`` for the znode to go; if it is still there then, a
+    live broker holds the id (a configuration mistake): :class:`BrokerIdInUse`.
     """
-    await _register(coord, registration, wait_if_taken=False)
+    await _register(
+        coord, registration, wait_if_taken=False, stale_wait_s=stale_registration_wait_s
+    )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stay_registered, coord, registration)
         nursery.start_soon(_follow_brokers, coord, view, on_change)
@@ -89,9 +96,15 @@ async def run_membership(
 
 
 async def _register(
-    coord: Coordination, registration: BrokerRegistration, *, wait_if_taken: bool
+    coord: Coordination,
+    registration: BrokerRegistration,
+    *,
+    wait_if_taken: bool,
+    stale_wait_s: float = 0.0,
 ) -> None:
     path = broker_path(registration.broker_id)
+    give_up_at = trio.current_time() + stale_wait_s
+    warned = False
     while True:
         try:
             await coord.create(path, registration.encode(), ephemeral=True)
@@ -99,10 +112,18 @@ async def _register(
             return
         except NodeExists:
             if not wait_if_taken:
-                raise BrokerIdInUse(
-                    f"broker id {registration.broker_id} is registered by a live broker "
-                    f"({path} exists in ZooKeeper)"
-                ) from None
+                if trio.current_time() >= give_up_at:
+                    raise BrokerIdInUse(
+                        f"broker id {registration.broker_id} is registered by a live broker "
+                        f"({path} exists in ZooKeeper)"
+                    ) from None
+                if not warned:
+                    warned = True
+                    log.warning(
+                        "%s exists: waiting up to %.0f s for ZooKeeper to expire the "
+                        "session of a previous run of broker %d", path,
+                        give_up_at - trio.current_time(), registration.broker_id,
+                    )  # fmt: skip
         except CoordinationError as exc:
             log.warning("registering broker %d: %s", registration.broker_id, exc)
         # After our own session expired, its znode lingers until ZooKeeper notices.
