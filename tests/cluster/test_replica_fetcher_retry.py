@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import trio
 
@@ -42,30 +43,36 @@ async def start(nursery: trio.Nursery, data_dir: Path) -> Broker:
     return broker
 
 
+def stand_in_manager(
+    follower: Broker, leader: Broker, following: dict[tuple[str, int], FollowerRole]
+) -> Any:
+    """What a fetcher asks of its replica manager; the view never changes here."""
+    host, port = leader.bound[0]
+    no_news = trio.Event()
+    return SimpleNamespace(
+        view=SimpleNamespace(
+            broker_id=FOLLOWER_ID, brokers={LEADER_ID: BrokerInfo(LEADER_ID, host, port)}
+        ),
+        inter_broker_listener=None,
+        sync_before_counting=True,
+        following=following,
+        roles_changed=trio.Event(),
+        _view_event=lambda: no_news,
+        topics=follower.topics,
+        durability=follower.durability,
+        producers=None,
+        now_ms=follower.now_ms,
+        follower_throttled=lambda topic, partition: False,
+    )
+
+
 async def test_a_refused_truncation_is_retried_without_a_view_change(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         leader = await start(nursery, tmp_path / "leader")
         follower = await start(nursery, tmp_path / "follower")
         follower.topics.create(TOPIC, 1)
-        host, port = leader.bound[0]
         key = (TOPIC, 0)
-        no_news = trio.Event()  # the view never changes in this test
-        manager = SimpleNamespace(
-            view=SimpleNamespace(
-                broker_id=FOLLOWER_ID,
-                brokers={LEADER_ID: BrokerInfo(LEADER_ID, host, port)},
-            ),
-            inter_broker_listener=None,
-            sync_before_counting=True,
-            following={key: FollowerRole(LEADER_ID, leader_epoch=0)},
-            roles_changed=trio.Event(),
-            _view_event=lambda: no_news,
-            topics=follower.topics,
-            durability=follower.durability,
-            producers=None,
-            now_ms=follower.now_ms,
-            follower_throttled=lambda topic, partition: False,
-        )
+        manager = stand_in_manager(follower, leader, {key: FollowerRole(LEADER_ID, leader_epoch=0)})
         nursery.start_soon(_fetcher, manager, LEADER_ID, trio.CancelScope())
         await trio.sleep(1.0)  # the fetcher is refused: the leader has no such topic
         follower_log = follower.topics.log(*key)
@@ -105,23 +112,8 @@ async def test_a_fetcher_with_nothing_to_fetch_waits_for_roles_rather_than_endin
         leader_log.append(
             build_batch([(None, b"%d" % i) for i in range(RECORDS)]), now_ms=leader.now_ms()
         )
-        host, port = leader.bound[0]
         key = (TOPIC, 0)
-        manager = SimpleNamespace(
-            view=SimpleNamespace(
-                broker_id=FOLLOWER_ID, brokers={LEADER_ID: BrokerInfo(LEADER_ID, host, port)}
-            ),
-            inter_broker_listener=None,
-            sync_before_counting=True,
-            following={},  # for now, nothing follows this leader
-            roles_changed=trio.Event(),
-            _view_event=trio.Event,
-            topics=follower.topics,
-            durability=follower.durability,
-            producers=None,
-            now_ms=follower.now_ms,
-            follower_throttled=lambda topic, partition: False,
-        )
+        manager = stand_in_manager(follower, leader, {})  # nothing follows this leader yet
         nursery.start_soon(_fetcher, manager, LEADER_ID, trio.CancelScope())
         await trio.sleep(0.5)
         # The partition follows this leader again; run_fetchers, which still counts
