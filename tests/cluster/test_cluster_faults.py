@@ -530,3 +530,50 @@ def test_leader_sigterm_producers_move_on(cluster: Cluster) -> None:
     # Its session closed with the process: the controller moves leadership at once.
     assert recovered_s < 10, recovered_s
     assert not more.errors, more.errors
+
+
+def test_a_restart_inside_the_old_session_serves_nothing_until_it_has_joined(
+    tmp_path: Path, zookeeper: str
+) -> None:
+    """A broker restarted while its previous run's ZooKeeper session still lives (kill -9,
+    then a quick restart) waits for that registration to expire. Meanwhile it must not
+    serve: without its cluster view it would answer as a single node, lead every
+    partition and acknowledge writes alone. Connections wait in the listen backlog, as
+    Kafka processes requests only once registered."""
+    from kazoo.client import KazooClient
+
+    from trio_broker.cluster.zk_layout import BrokerRegistration, broker_path
+
+    hosts, _, chroot = zookeeper.partition("/")
+    previous_run = KazooClient(hosts=hosts, timeout=SESSION_MS / 1000)
+    previous_run.start(timeout=30)
+    stale = BrokerRegistration(1, "127.0.0.1", 1, None, (), 0, ())
+    previous_run.create(f"/{chroot}{broker_path(1)}", stale.encode(), ephemeral=True,
+                        makepath=True)  # fmt: skip
+    config = tmp_path / "broker.properties"
+    config.write_text(CONFIG)
+    broker = ConfiguredBroker(tmp_path / "broker1", 1, zookeeper, config)
+    try:
+        broker.start(ready_check=False)
+        conn = broker.connect(timeout=1.5)
+        conn.sock.sendall(metadata_request())
+        conn.sock.settimeout(1.5)
+        with pytest.raises(TimeoutError):
+            conn.sock.recv(4)  # no answer while the old registration stands
+        assert "waiting up to" in broker.log_text()
+        previous_run.stop()  # its session closes: the registration goes
+        previous_run.close()
+        conn.sock.settimeout(30)
+        response = conn.recv_response(3, 4)[1]
+        assert [b.node_id for b in response.brokers] == [1]  # joined: itself, registered
+    finally:
+        previous_run.stop()
+        if broker.running:
+            broker.stop()
+
+
+def metadata_request() -> bytes:
+    from trio_broker.protocol import messages as m
+
+    request = m.MetadataRequest(topics=[], allow_auto_topic_creation=False)
+    return m.encode_request(m.ApiKey.METADATA, 4, 1, "early-client", request)

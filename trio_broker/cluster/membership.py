@@ -87,11 +87,13 @@ async def run_membership(
     )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stay_registered, coord, registration)
-        nursery.start_soon(_follow_brokers, coord, view, on_change)
+        # Started once the broker list and the topics were read: a broker that serves
+        # from then on lists the cluster's brokers and knows its topics.
+        await nursery.start(_follow_brokers, coord, view, on_change)
         nursery.start_soon(
             _elect_controller, coord, view, now_ms, unclean, rebalance, on_controller
         )
-        nursery.start_soon(follow_topics, coord, view, on_change)
+        await nursery.start(follow_topics, coord, view, on_change)
         task_status.started()
 
 
@@ -140,8 +142,12 @@ async def _stay_registered(coord: Coordination, registration: BrokerRegistration
 
 
 async def _follow_brokers(
-    coord: Coordination, view: ClusterView, on_change: Callable[[], None]
+    coord: Coordination,
+    view: ClusterView,
+    on_change: Callable[[], None],
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    first = True
     while True:
         lost = coord.session_lost()
         try:
@@ -167,6 +173,9 @@ async def _follow_brokers(
             continue
         view.brokers = brokers
         on_change()
+        if first:
+            first = False
+            task_status.started()
         await wait_any(changed, lost)
 
 

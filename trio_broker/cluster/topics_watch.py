@@ -76,10 +76,14 @@ async def read_topics(
 
 
 async def follow_topics(
-    coord: Coordination, view: ClusterView, on_change: Callable[[], None] = lambda: None
+    coord: Coordination,
+    view: ClusterView,
+    on_change: Callable[[], None] = lambda: None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Keep ``view.topics`` equal to ZooKeeper's, until cancelled; ``on_change`` after
-    every update."""
+    every update. Reports started after the first read."""
+    first = True
     while True:
         lost = coord.session_lost()
         try:
@@ -89,4 +93,7 @@ async def follow_topics(
             await trio.sleep(RETRY_S)
             continue
         on_change()
+        if first:
+            first = False
+            task_status.started()
         await wait_any(lost, *watches)

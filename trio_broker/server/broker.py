@@ -140,6 +140,12 @@ class Broker:
         self.shutting_down = False
         #: Set with ``shutting_down``, for tasks that wait for it (the cluster node).
         self.shutdown_begun = trio.Event()
+        #: Set once requests may be served: at once on a single node; in a cluster once
+        #: the broker has joined (registered, with a replica manager), as Kafka starts
+        #: processing requests only after its registration. Until then connections wait
+        #: in the listen backlog: a broker without its cluster view would answer as a
+        #: single node (lead every partition, acknowledge writes alone).
+        self.accepting = trio.Event()
         self.root_nursery: trio.Nursery = None  # type: ignore[assignment]  # set by run()
         self.bound: list[tuple[str, int]] = []
         #: Every listener (listeners config; one PLAINTEXT by default), in bind order.
@@ -257,6 +263,7 @@ class Broker:
                     if self.config.zookeeper_connect:
                         # After the listeners: the registration names their address.
                         await root.start(self._run_cluster, coordination, name="cluster")
+                    self.accepting.set()
                     task_status.started(self)
         finally:
             # Plain synchronous calls: they run even when the scope was cancelled.
@@ -337,6 +344,7 @@ class Broker:
                     log.info("listening on %s:%d", host, port)
                 else:
                     log.info("listening on %s:%d (%s, %s)", host, port, spec.name, spec.protocol)
+                await self.accepting.wait()
                 while True:
                     try:
                         sock, addr = await listener.accept()
