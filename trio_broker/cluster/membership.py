@@ -14,6 +14,7 @@ Three tasks, each a loop over ZooKeeper's one-shot watches:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -82,9 +83,7 @@ async def run_membership(
     to ``stale_registration_wait_s`` for the znode to go; if it is still there then, a
     live broker holds the id (a configuration mistake): :class:`BrokerIdInUse`.
     """
-    await _register(
-        coord, registration, wait_if_taken=False, stale_wait_s=stale_registration_wait_s
-    )
+    await _register(coord, registration, wait_if_taken_s=stale_registration_wait_s)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stay_registered, coord, registration)
         # Started once the broker list and the topics were read: a broker that serves
@@ -101,31 +100,31 @@ async def _register(
     coord: Coordination,
     registration: BrokerRegistration,
     *,
-    wait_if_taken: bool,
-    stale_wait_s: float = 0.0,
+    wait_if_taken_s: float,
 ) -> None:
+    """Create this broker's ephemeral registration; while another session holds it, try
+    again for ``wait_if_taken_s`` (inf: until it goes), then :class:`BrokerIdInUse`."""
     path = broker_path(registration.broker_id)
-    give_up_at = trio.current_time() + stale_wait_s
-    warned = False
+    give_up_at = trio.current_time() + wait_if_taken_s
+    warned = math.isinf(wait_if_taken_s)  # re-registering: no need to say so
     while True:
         try:
             await coord.create(path, registration.encode(), ephemeral=True)
             log.info("registered as broker %d", registration.broker_id)
             return
         except NodeExists:
-            if not wait_if_taken:
-                if trio.current_time() >= give_up_at:
-                    raise BrokerIdInUse(
-                        f"broker id {registration.broker_id} is registered by a live broker "
-                        f"({path} exists in ZooKeeper)"
-                    ) from None
-                if not warned:
-                    warned = True
-                    log.warning(
-                        "%s exists: waiting up to %.0f s for ZooKeeper to expire the "
-                        "session of a previous run of broker %d", path,
-                        give_up_at - trio.current_time(), registration.broker_id,
-                    )  # fmt: skip
+            if trio.current_time() >= give_up_at:
+                raise BrokerIdInUse(
+                    f"broker id {registration.broker_id} is registered by a live broker "
+                    f"({path} exists in ZooKeeper)"
+                ) from None
+            if not warned:
+                warned = True
+                log.warning(
+                    "%s exists: waiting up to %.0f s for ZooKeeper to expire the "
+                    "session of a previous run of broker %d", path,
+                    give_up_at - trio.current_time(), registration.broker_id,
+                )  # fmt: skip
         except CoordinationError as exc:
             log.warning("registering broker %d: %s", registration.broker_id, exc)
         # After our own session expired, its znode lingers until ZooKeeper notices.
@@ -138,7 +137,7 @@ async def _stay_registered(coord: Coordination, registration: BrokerRegistration
         log.warning(
             "ZooKeeper session expired: registering broker %d again", registration.broker_id
         )
-        await _register(coord, registration, wait_if_taken=True)
+        await _register(coord, registration, wait_if_taken_s=math.inf)
 
 
 async def _follow_brokers(

@@ -54,7 +54,12 @@ from trio_broker.replication.controller_rules import (
     assign_replicas,
 )
 from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition, NotAReplica
-from trio_broker.replication.throttle import ByteBudget, follower_throttles, leader_throttles
+from trio_broker.replication.throttle import (
+    UNLIMITED_RATE,
+    ByteBudget,
+    follower_throttles,
+    leader_throttles,
+)
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.internal_topics import LeadershipListener
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError, TopicManager
@@ -69,8 +74,6 @@ CREATE_WAIT_S = 15.0
 #: Conditional writes of a topic's config znode tried before giving up (each retry
 #: follows another broker's change of the same znode).
 CONFIG_WRITE_ATTEMPTS = 20
-#: A replication throttle rate this high (Kafka's default, Long.MAX_VALUE) throttles nothing.
-UNLIMITED_RATE = 2**63 - 1
 
 
 @attrs.define
@@ -98,8 +101,8 @@ class ReplicaManager:
         durability: Any,
         on_hw_moved: Callable[[], None] = lambda: None,
         producers: Any = None,
-        follower_throttle_rate: int = 2**63 - 1,
-        leader_throttle_rate: int = 2**63 - 1,
+        follower_throttle_rate: int = UNLIMITED_RATE,
+        leader_throttle_rate: int = UNLIMITED_RATE,
         sync_before_counting: bool = True,
         inter_broker_listener: str | None = None,
     ) -> None:

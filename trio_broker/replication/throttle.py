@@ -29,7 +29,10 @@ import attrs
 
 from trio_broker.storage.throttled_replicas import throttled_replica_lists
 
-__all__ = ["ByteBudget", "follower_throttles", "leader_throttles"]
+__all__ = ["UNLIMITED_RATE", "ByteBudget", "follower_throttles", "leader_throttles"]
+
+#: A replication throttle rate this high (Kafka's default, Long.MAX_VALUE) throttles nothing.
+UNLIMITED_RATE = 2**63 - 1
 
 
 def leader_throttles(
