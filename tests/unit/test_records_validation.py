@@ -10,7 +10,12 @@ import struct
 
 import pytest
 
-from trio_broker.handlers.produce import FIRST_ZSTD_VERSION, BatchRejected, validate_batch
+from trio_broker.handlers.produce import (
+    FIRST_ZSTD_VERSION,
+    BatchRejected,
+    RecordsRejected,
+    validate_batch,
+)
 from trio_broker.protocol.batch_header import HEADER_SIZE, LOG_OVERHEAD, MIN_BATCH_LENGTH
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
@@ -257,3 +262,28 @@ def test_idempotent_batch_needs_a_sequence() -> None:
     # No producer id: no sequence needed (librdkafka sends -1, aiokafka 0).
     validate_batch(sample(producer_id=-1, base_sequence=-1), 9, 1 << 20)
     validate_batch(sample(producer_id=-1, base_sequence=0), 9, 1 << 20)
+
+
+# ---------------------------------------------------------------- compacted topics need keys
+
+
+def test_a_compacted_partition_refuses_a_batch_with_keyless_records() -> None:
+    """Kafka's LogValidator: every keyless record is named (its index in the batch),
+    the whole batch is INVALID_RECORD; an empty key is a key."""
+    keyed_and_not = [(b"k0", b"v0"), (None, b"v1"), (b"", b"v2"), (None, None), (None, b"v4")]
+    for codec in (Compression.NONE, Compression.GZIP):
+        raw = build_batch(keyed_and_not, base_timestamp=1, compression=codec)
+        with pytest.raises(RecordsRejected) as info:
+            validate_batch(raw, 9, DEFAULT_MAX_MESSAGE_BYTES, compacted_partition="t-3")
+        why = "Compacted topic cannot accept message without key in topic partition t-3"
+        assert info.value.error_code == ErrorCode.INVALID_RECORD
+        assert info.value.record_errors == [(1, why), (3, why), (4, why)]
+        assert str(info.value) == (
+            "One or more records have been rejected due to 3 record errors in total, and only "
+            f"showing the first three errors at most: [RecordError(batchIndex=1, message='{why}'), "
+            f"RecordError(batchIndex=3, message='{why}'), RecordError(batchIndex=4, message='{why}')]"
+        )
+        # The same batch goes to a partition that is not compacted.
+        validate_batch(raw, 9, DEFAULT_MAX_MESSAGE_BYTES)
+    keyed = sample(count=3)
+    assert validate_batch(keyed, 9, DEFAULT_MAX_MESSAGE_BYTES, compacted_partition="t-0")

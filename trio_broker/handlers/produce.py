@@ -46,10 +46,40 @@ class BatchRejected(KafkaError):
     """A batch Kafka refuses: ``BatchRejected(error_code, message)``."""
 
 
+class RecordsRejected(BatchRejected):
+    """A batch refused for some of its records: ``record_errors`` lists them as
+    (index in the batch, why), for Produce v8+'s per-record errors."""
+
+    def __init__(self, error_code: ErrorCode, record_errors: list[tuple[int, str]]) -> None:
+        # Kafka's summary text (its LogValidator): the count and the first three errors.
+        shown = ", ".join(
+            f"RecordError(batchIndex={index}, message='{why}')" for index, why in record_errors[:3]
+        )
+        super().__init__(
+            error_code,
+            f"One or more records have been rejected due to {len(record_errors)} record errors "
+            f"in total, and only showing the first three errors at most: [{shown}]",
+        )
+        self.record_errors = record_errors
+
+
+def keyless_records(batch: RecordBatchView) -> list[int]:
+    """The indexes in ``batch`` of its records without a key (a null key; an empty one
+    is a key)."""
+    return [index for index, record in enumerate(batch.records()) if record.key is None]
+
+
 def validate_batch(
-    records: RecordBytes | None, api_version: int, max_message_bytes: int
-) -> RecordBatchView:
-    """Kafka's rules for the records of one partition in Produce v3+; returns the batch."""
+    records: RecordBytes | None, api_version: int, max_message_bytes: int,
+    compacted_partition: str | None = None,
+) -> RecordBatchView:  # fmt: skip
+    """Kafka's rules for the records of one partition in Produce v3+; returns the batch.
+
+    ``compacted_partition``: the partition's name ("topic-N") when its cleanup.policy
+    includes compact. The cleaner keeps the latest record of each key, so a record
+    without a key could never be cleaned away: as Kafka, such a batch is refused whole
+    (INVALID_RECORD, each keyless record named), nothing of it appended.
+    """
     if records is None or len(records) == 0:
         raise BatchRejected(ErrorCode.INVALID_RECORD, "no records")
     try:
@@ -79,8 +109,15 @@ def validate_batch(
         raise BatchRejected(ErrorCode.INVALID_RECORD, "idempotent batch without a sequence")
     try:
         batch.check_records()  # the records themselves must add up, as Kafka checks
+        keyless = keyless_records(batch) if compacted_partition is not None else []
     except ProtocolError as exc:
         raise BatchRejected(exc.error_code, str(exc)) from None
+    if keyless:
+        why = (
+            "Compacted topic cannot accept message without key in topic partition "
+            f"{compacted_partition}"
+        )
+        raise RecordsRejected(ErrorCode.INVALID_RECORD, [(index, why) for index in keyless])
     return batch
 
 
@@ -158,9 +195,17 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             configs = topic.info.configs
             try:
                 max_bytes = int(configs.get("max.message.bytes", broker_config.message_max_bytes))
-                batch = validate_batch(data.records, ctx.api_version, max_bytes)
+                compacted = f"{topic.name}-{data.index}" if log.config.compact else None
+                batch = validate_batch(data.records, ctx.api_version, max_bytes, compacted)
             except BatchRejected as exc:
                 part.error_code, part.error_message = exc.error_code, str(exc)
+                if isinstance(exc, RecordsRejected):
+                    part.record_errors = [
+                        PartResp.BatchIndexAndErrorMessage(
+                            batch_index=index, batch_index_error_message=why
+                        )
+                        for index, why in exc.record_errors
+                    ]
                 if exc.error_code in _ANSWERED_WITH_LOG_START:
                     part.log_start_offset = log.log_start_offset
                 continue
