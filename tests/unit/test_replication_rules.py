@@ -147,6 +147,27 @@ def test_lagging_follower_is_proposed_for_removal_and_min_isr_holds_acks() -> No
     assert term.ack_state(10) is AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND
 
 
+def test_min_insync_above_the_replica_count_means_all_replicas() -> None:
+    """Kafka's effective min ISR (3.7+): min(min.insync.replicas, replicas). A topic of one
+    replica under a broker's min.insync.replicas=2 takes acks=all writes, instead of
+    NOT_ENOUGH_REPLICAS forever; two replicas need both in the ISR."""
+    alone = leader(replicas=(1,), isr=frozenset({1}), min_insync_replicas=2)
+    assert alone.effective_min_insync_replicas == 1
+    assert alone.can_accept_acks_all()
+    alone.leader_appended(11)
+    alone.leader_synced(11)
+    assert alone.ack_state(10) is AckState.DONE
+    pair = leader(replicas=(1, 2), isr=frozenset({1}), min_insync_replicas=3)
+    assert pair.effective_min_insync_replicas == 2
+    assert not pair.can_accept_acks_all()
+    _, proposal = pair.follower_fetched(2, 10, now_ms=1)
+    assert proposal is not None
+    pair.isr_stored(proposal)
+    assert pair.can_accept_acks_all()
+    # Within the replica count the setting holds as it is.
+    assert leader(min_insync_replicas=2).effective_min_insync_replicas == 2
+
+
 def test_caught_up_at_the_previous_fetch_counts_as_caught_up_then() -> None:
     term = leader()
     term.follower_fetched(2, 10, now_ms=40)  # all there was at t=40

@@ -187,7 +187,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
                 part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS
                 part.error_message = (
                     f"the ISR has {len(term.isr)} member(s), min.insync.replicas is "
-                    f"{term.min_insync_replicas}"
+                    f"{term.effective_min_insync_replicas} (for {len(term.replicas)} replicas)"
                 )
                 continue
             replicated = (topic.name, data.index) if term is not None else None

@@ -11,8 +11,10 @@ offset X says "I have everything below X". From those and its own log end it kee
   coordination service (ZooKeeper) has stored it: until then the HW is computed over
   the larger of the two sets, so it never counts on a replica the stored ISR lacks.
 - **acks=all**: a write is answered once the HW passes it, and only while the ISR has
-  at least ``min.insync.replicas`` members (else NOT_ENOUGH_REPLICAS before the append,
-  NOT_ENOUGH_REPLICAS_AFTER_APPEND after it).
+  at least the *effective* ``min.insync.replicas`` members (else NOT_ENOUGH_REPLICAS
+  before the append, NOT_ENOUGH_REPLICAS_AFTER_APPEND after it). Effective: at most the
+  partition's replica count, as in Kafka since 3.7 (its ``effectiveMinIsr``), so that a
+  topic with fewer replicas than the setting is not refused acks=all writes forever.
 
 "Log end" for the HW is what the broker has made durable: with the default durability a
 replica counts a write only after its fsync (the leader through ``leader_synced``, a
@@ -132,15 +134,22 @@ class LeaderPartition:
         """The ISR the HW must respect: stored ISR plus any member a pending change adds."""
         return self.isr | self.pending.isr if self.pending is not None else self.isr
 
+    @property
+    def effective_min_insync_replicas(self) -> int:
+        """min.insync.replicas, capped at the replica count (Kafka's effectiveMinIsr): an
+        ISR can never be larger than the replicas, so a higher setting would refuse every
+        acks=all write; the cap makes it "all replicas" instead."""
+        return min(self.min_insync_replicas, len(self.replicas))
+
     def can_accept_acks_all(self) -> bool:
         """Before appending an acks=all write: is the ISR large enough?"""
-        return len(self.isr) >= self.min_insync_replicas
+        return len(self.isr) >= self.effective_min_insync_replicas
 
     def ack_state(self, last_offset: int) -> AckState:
         """Is an acks=all write ending at ``last_offset`` committed yet?"""
         if self.high_watermark <= last_offset:
             return AckState.WAITING
-        if len(self.isr) < self.min_insync_replicas:
+        if len(self.isr) < self.effective_min_insync_replicas:
             return AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND
         return AckState.DONE
 
