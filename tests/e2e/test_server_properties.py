@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, ResourceType
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    ResourceType,
+)
 
 from tests.e2e.conftest import BROKER_EXE, BrokerProcess
 from trio_broker.protocol import messages as m
@@ -224,6 +231,79 @@ def test_describe_configs_lists_the_broker_keys_with_their_sources(
     synonyms = configs["log.retention.ms"].synonyms
     assert synonyms["log.retention.hours"].value == "1"
     assert ConfigSource(synonyms["log.retention.hours"].source) == static
+
+
+def test_a_topic_shows_the_broker_values_in_force_with_their_sources(tmp_path: Path) -> None:
+    """A topic that sets nothing inherits the file's values: DescribeConfigs names them
+    STATIC_BROKER_CONFIG with the keys as written among the synonyms (Kafka's answer), and
+    they are the values applied (compact: a record without a key is refused). A dynamic
+    broker config then shows as DYNAMIC_BROKER_CONFIG."""
+    broker = _start(
+        tmp_path, "min.insync.replicas=2\nlog.cleanup.policy=compact\nmessage.max.bytes=500000\n"
+    )
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([_new_topic("inherits")])["inherits"].result(timeout=WAIT_S)
+
+        def described() -> dict[str, tuple[str | None, ConfigSource]]:
+            """confluent-kafka's view: value and source (its synonyms are a dict by name,
+            which keeps one of a key's levels: they are read over our codec below)."""
+            resource = ConfigResource(ResourceType.TOPIC, "inherits")
+            (future,) = admin.describe_configs([resource]).values()
+            entries = future.result(timeout=WAIT_S)
+            return {name: (e.value, ConfigSource(e.source)) for name, e in entries.items()}
+
+        def synonyms(name: str) -> list[tuple[str, str | None, ConfigSource]]:
+            Req = m.DescribeConfigsRequest
+            resource = Req.DescribeConfigsResource(
+                resource_type=2, resource_name="inherits", configuration_keys=[name]
+            )
+            request = Req(resources=[resource], include_synonyms=True)
+            with broker.connect() as conn:
+                (result,) = conn.request(m.ApiKey.DESCRIBE_CONFIGS, 4, request).results
+            (entry,) = result.configs
+            return [(s.name, s.value, ConfigSource(s.source)) for s in entry.synonyms]
+
+        static, default = ConfigSource.STATIC_BROKER_CONFIG, ConfigSource.DEFAULT_CONFIG
+        configs = described()
+        assert configs["min.insync.replicas"] == ("2", static)
+        assert synonyms("min.insync.replicas") == [
+            ("min.insync.replicas", "2", static),
+            ("min.insync.replicas", "1", default),
+        ]
+        assert configs["retention.ms"] == ("3600000", static)
+        assert synonyms("retention.ms") == [
+            ("log.retention.hours", "1", static),
+            ("log.retention.hours", "168", default),
+        ]
+        assert configs["cleanup.policy"] == ("compact", static)
+        assert configs["max.message.bytes"] == ("500000", static)
+        assert configs["delete.retention.ms"] == ("86400000", default)
+
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+        errors: list[Any] = []
+        for key in (b"k", None):  # one batch each: a keyless record refuses its batch
+            producer.produce(
+                "inherits", value=b"v", key=key, on_delivery=lambda e, _m: errors.append(e)
+            )
+            assert producer.flush(WAIT_S) == 0
+        assert errors[0] is None and errors[1] is not None, errors
+        assert errors[1].code() == KafkaError.INVALID_RECORD  # compact is in force
+
+        change = ConfigEntry(
+            "log.retention.ms", "60000", incremental_operation=AlterConfigOpType.SET
+        )
+        node = ConfigResource(ResourceType.BROKER, "1", incremental_configs=[change])
+        (future,) = admin.incremental_alter_configs([node]).values()
+        future.result(timeout=WAIT_S)
+        assert described()["retention.ms"] == ("60000", ConfigSource.DYNAMIC_BROKER_CONFIG)
+        assert synonyms("retention.ms") == [
+            ("log.retention.ms", "60000", ConfigSource.DYNAMIC_BROKER_CONFIG),
+            ("log.retention.hours", "1", static),
+            ("log.retention.hours", "168", default),
+        ]
+    finally:
+        _stop(broker)
 
 
 def test_auto_create_off_and_deletion_on(tmp_path: Path) -> None:

@@ -87,29 +87,51 @@ def _is_static(config: BrokerConfig, keys: tuple[str, ...], field: str | None) -
     return field is not None and getattr(config, field) != getattr(_BUILTIN, field)
 
 
-def _broker_default(config: BrokerConfig, spec: TopicConfig) -> tuple[str, int]:
-    if spec.default_field is None:
-        return str(spec.fixed_default), DEFAULT_CONFIG
-    value = getattr(config, spec.default_field)
-    keys = _synonym_group(spec.broker_key) if spec.broker_key else ()
-    static = _is_static(config, keys, spec.default_field)
-    return str(value), STATIC_BROKER_CONFIG if static else DEFAULT_CONFIG
-
-
-def _broker_synonyms(
+def _inherited(
     config: BrokerConfig, spec: TopicConfig, dynamic: BrokerConfigStore
-) -> list[tuple[str, str | None, int]]:
-    """A broker key's values, most specific first: this broker's dynamic value, the
-    cluster-wide dynamic default, then the config file's or built-in value."""
+) -> tuple[str | None, int, list[tuple[str, str | None, int]]]:
+    """A topic config's broker default in force: (value, source, synonyms).
+
+    As Kafka: the value the logs apply (this broker's dynamic value, else the cluster-wide
+    dynamic default, else the config file's, else the built-in one, in the topic config's
+    unit: log.retention.hours=1 is retention.ms 3600000). The synonyms are every key of
+    the broker group (log.retention.ms, .minutes, .hours) that is set at each level, most
+    specific first, then the group's defaults.
+    """
     assert spec.broker_key is not None
-    key = spec.broker_key
-    out: list[tuple[str, str | None, int]] = []
+    group = _synonym_group(spec.broker_key)
+    synonyms: list[tuple[str, str | None, int]] = []
     for level, source in ((THIS_BROKER, DYNAMIC_BROKER_CONFIG),
                           (CLUSTER_DEFAULT, DYNAMIC_DEFAULT_BROKER_CONFIG)):  # fmt: skip
-        if key in dynamic.levels[level]:
-            out.append((key, dynamic.levels[level][key], source))
-    value, source = _broker_default(config, spec)
-    return [*out, (key, value, source)]
+        synonyms += [(key, dynamic.levels[level][key], source)
+                     for key in group if key in dynamic.levels[level]]  # fmt: skip
+    # A key the broker accepts without applying it (compression.type) changes nothing: the
+    # value shown is the one in force.
+    written = [(key, config.static_keys[key], STATIC_BROKER_CONFIG) for key in group
+               if key in config.static_keys and _applied(key)]  # fmt: skip
+    applied = None if spec.default_field is None else getattr(config, spec.default_field)
+    if written:
+        synonyms += written
+    elif spec.default_field is not None and _is_static(config, group, spec.default_field):
+        # Set in code (tests) or by a flag that has no key.
+        synonyms.append((spec.broker_key, _text(applied), STATIC_BROKER_CONFIG))
+    # Kafka's own defaults (log.retention.hours=168; log.retention.ms has none), which
+    # the built-in values of these keys equal.
+    synonyms += [(key, BROKER_KEYS[key].kafka_default, DEFAULT_CONFIG) for key in group
+                 if key in BROKER_KEYS and BROKER_KEYS[key].kafka_default is not None]  # fmt: skip
+    if synonyms and synonyms[0][2] in (DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG):
+        value: str | None = synonyms[0][1]
+    elif applied is not None:  # what the broker applies
+        value = _text(applied)
+    else:  # None: unset, Kafka's default (flush.ms); or a key the broker does not apply
+        value = spec.fixed_default
+    source = synonyms[0][2] if synonyms else DEFAULT_CONFIG
+    return value, source, synonyms
+
+
+def _applied(key: str) -> bool:
+    spec = BROKER_KEYS.get(key)
+    return spec is not None and spec.status == APPLIED
 
 
 def topic_config_values(
@@ -119,18 +141,21 @@ def topic_config_values(
     (``dynamic``: the dynamic broker configs, above the config file's values).
 
     From the one table (storage/topic_configs.py): configs with a broker synonym are
-    always listed; the others only when the topic sets them.
+    always listed, with the broker's value in force when the topic does not set them;
+    the others only when the topic sets them.
     """
     out = []
     inherited = {key for key, spec in TOPIC_CONFIGS.items() if spec.broker_key is not None}
     for name in sorted(inherited | set(topic_configs)):
         spec = TOPIC_CONFIGS.get(name)
         synonyms: list[tuple[str, str | None, int]] = []
-        if name in topic_configs:
-            synonyms.append((name, topic_configs[name], TOPIC_CONFIG))
+        value: str | None = None
+        source = DEFAULT_CONFIG
         if spec is not None and spec.broker_key is not None:
-            synonyms.extend(_broker_synonyms(config, spec, dynamic))
-        value, source = synonyms[0][1], synonyms[0][2]
+            value, source, synonyms = _inherited(config, spec, dynamic)
+        if name in topic_configs:
+            value, source = topic_configs[name], TOPIC_CONFIG
+            synonyms.insert(0, (name, value, TOPIC_CONFIG))
         out.append(
             ConfigValue(
                 name, value, source, spec.type if spec else STRING,

@@ -26,13 +26,13 @@ _FORMAT_VERSION = 1
 #: The two levels: the cluster-wide default and this broker's own values.
 CLUSTER_DEFAULT, THIS_BROKER = "cluster_default", "broker"
 
+#: The topic configs whose broker default can be changed at runtime (the partition logs
+#: apply them; Kafka makes every log default dynamic, here these four).
+DYNAMIC_TOPIC_DEFAULTS = ("retention.bytes", "retention.ms", "segment.bytes", "segment.ms")
 #: Dynamic log default -> the topic config whose default it is (log.retention.ms -> retention.ms).
 LOG_DEFAULT_KEYS: Mapping[str, str] = {
-    spec.broker_key: topic_key
-    for topic_key, spec in TOPIC_CONFIGS.items()
-    if spec.broker_key is not None and spec.log_field is not None
-    and spec.default_field is not None
-}  # fmt: skip
+    str(TOPIC_CONFIGS[topic_key].broker_key): topic_key for topic_key in DYNAMIC_TOPIC_DEFAULTS
+}
 
 LEADER_THROTTLED_RATE = "leader.replication.throttled.rate"
 FOLLOWER_THROTTLED_RATE = "follower.replication.throttled.rate"

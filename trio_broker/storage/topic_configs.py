@@ -48,11 +48,12 @@ class TopicConfig:
 
 
 _WEEK_MS = "604800000"
+_LONG_MAX = str(2**63 - 1)
 
 TOPIC_CONFIGS: Mapping[str, TopicConfig] = {
     "cleanup.policy": TopicConfig(
         LIST, choices=frozenset({"delete", "compact"}), broker_key="log.cleanup.policy",
-        fixed_default="delete",
+        default_field="log_cleanup_policy", fixed_default="delete",
         doc="delete: old segments go by retention; compact: the latest record per key is"
         " kept (docs/compaction.md); compact,delete: both.",
     ),
@@ -73,7 +74,8 @@ TOPIC_CONFIGS: Mapping[str, TopicConfig] = {
         doc="CreateTime keeps the producer's timestamps; LogAppendTime stamps on append.",
     ),
     "min.insync.replicas": TopicConfig(
-        INT, minimum=1, broker_key="min.insync.replicas", fixed_default="1",
+        INT, minimum=1, broker_key="min.insync.replicas", default_field="min_insync_replicas",
+        fixed_default="1",
         doc="Replicas that must acknowledge an acks=all write (always met on one node).",
     ),
     "retention.bytes": TopicConfig(
@@ -98,27 +100,38 @@ TOPIC_CONFIGS: Mapping[str, TopicConfig] = {
     ),
     "index.interval.bytes": TopicConfig(INT, minimum=0, log_field="index_interval_bytes"),
     "file.delete.delay.ms": TopicConfig(LONG, minimum=0, log_field="file_delete_delay_ms"),
-    "flush.messages": TopicConfig(LONG, minimum=1),
-    "flush.ms": TopicConfig(LONG, minimum=0),
+    "flush.messages": TopicConfig(
+        LONG, minimum=1, broker_key="log.flush.interval.messages",
+        default_field="flush_interval_messages", fixed_default=_LONG_MAX,
+        doc="Records appended between two fsyncs of the log.",
+    ),
+    "flush.ms": TopicConfig(
+        LONG, minimum=0, broker_key="log.flush.interval.ms", default_field="flush_interval_ms",
+        fixed_default=_LONG_MAX, doc="Longest time a record stays in the log unsynced.",
+    ),
     "segment.index.bytes": TopicConfig(INT, minimum=4),
     "delete.retention.ms": TopicConfig(
         LONG, minimum=0, log_field="delete_retention_ms",
-        broker_key="log.cleaner.delete.retention.ms", fixed_default="86400000",
+        broker_key="log.cleaner.delete.retention.ms",
+        default_field="log_cleaner_delete_retention_ms", fixed_default="86400000",
         doc="How long a compacted tombstone stays readable after its first cleaning.",
     ),
     "min.compaction.lag.ms": TopicConfig(
         LONG, minimum=0, log_field="min_compaction_lag_ms",
-        broker_key="log.cleaner.min.compaction.lag.ms", fixed_default="0",
+        broker_key="log.cleaner.min.compaction.lag.ms",
+        default_field="log_cleaner_min_compaction_lag_ms", fixed_default="0",
         doc="A record stays uncompacted at least this long.",
     ),
     "max.compaction.lag.ms": TopicConfig(
         LONG, minimum=1, log_field="max_compaction_lag_ms",
-        broker_key="log.cleaner.max.compaction.lag.ms", fixed_default=str(2**63 - 1),
+        broker_key="log.cleaner.max.compaction.lag.ms",
+        default_field="log_cleaner_max_compaction_lag_ms", fixed_default=_LONG_MAX,
         doc="A closed segment is compacted within this long whatever its dirty ratio.",
     ),
     "message.timestamp.difference.max.ms": TopicConfig(LONG),
     "min.cleanable.dirty.ratio": TopicConfig(
-        DOUBLE, broker_key="log.cleaner.min.cleanable.ratio", fixed_default="0.5",
+        DOUBLE, broker_key="log.cleaner.min.cleanable.ratio",
+        default_field="log_cleaner_min_cleanable_ratio", fixed_default="0.5",
         doc="Share of uncleaned bytes in the closed segments that starts a cleaning pass.",
     ),
     "preallocate": TopicConfig(BOOLEAN),
@@ -135,7 +148,12 @@ TOPIC_CONFIGS: Mapping[str, TopicConfig] = {
         " (follower.replication.throttled.rate): [partitionId]:[brokerId],... naming the"
         " fetching broker, or * for all replicas.",
     ),
-    "unclean.leader.election.enable": TopicConfig(BOOLEAN),
+    "unclean.leader.election.enable": TopicConfig(
+        BOOLEAN, broker_key="unclean.leader.election.enable",
+        default_field="unclean_leader_election_enable", fixed_default="false",
+        doc="Whether a replica outside the ISR may be elected leader (the broker's value"
+        " applies; a topic's own is stored and shown).",
+    ),
 }  # fmt: skip
 
 
