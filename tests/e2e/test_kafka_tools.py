@@ -154,3 +154,51 @@ def test_producer_and_consumer_performance_tools(
     header, row = consumed.stdout.decode().strip().splitlines()[-2:]
     columns = dict(zip([c.strip() for c in header.split(",")], row.split(","), strict=False))
     assert int(columns["data.consumed.in.nMsg"]) == 20000, columns
+
+
+class ConfiguredBroker(BrokerProcess):
+    """A broker process with a ``--config`` file."""
+
+    def __init__(self, data_dir: Path, config: Path) -> None:
+        super().__init__(data_dir, "pipelined", "file")
+        self.config = config
+
+    def command_line(self) -> list[str]:
+        return [*super().command_line(), "--config", str(self.config)]
+
+
+def test_kafka_configs_describes_what_a_topic_inherits(
+    tmp_path: Path, tools_classpath: str
+) -> None:
+    """kafka-configs (ConfigCommand) --describe --all prints a topic's inherited values
+    with Kafka's sources and synonyms: the config file's min.insync.replicas=2 and
+    log.retention.hours=1, as a Kafka broker with the same file would."""
+    config = tmp_path / "server.properties"
+    config.write_text("min.insync.replicas=2\nlog.retention.hours=1\n")
+    process = ConfiguredBroker(tmp_path / "data", config)
+    process.start()
+    try:
+        create_topic(process.bootstrap, "described", 1)
+        described = subprocess.run(
+            tool(tools_classpath, "ConfigCommand", "--bootstrap-server", process.bootstrap,
+                 "--describe", "--entity-type", "topics", "--entity-name", "described", "--all"),
+            capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        process.stop()
+    assert described.returncode == 0, described.stderr[-2000:]
+    lines = {
+        line.strip().split("=", 1)[0]: line.strip()
+        for line in described.stdout.decode().splitlines()
+    }
+    assert lines["min.insync.replicas"] == (
+        "min.insync.replicas=2 sensitive=false synonyms={STATIC_BROKER_CONFIG:"
+        "min.insync.replicas=2, DEFAULT_CONFIG:min.insync.replicas=1}"
+    )
+    assert lines["retention.ms"] == (
+        "retention.ms=3600000 sensitive=false synonyms={STATIC_BROKER_CONFIG:"
+        "log.retention.hours=1, DEFAULT_CONFIG:log.retention.hours=168}"
+    )
+    assert lines["cleanup.policy"] == (
+        "cleanup.policy=delete sensitive=false synonyms={DEFAULT_CONFIG:log.cleanup.policy=delete}"
+    )
