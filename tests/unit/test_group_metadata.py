@@ -15,7 +15,7 @@ import trio.testing
 
 from tests.unit.test_group_state import FakeBroker, join, join_req, stable_group, start_coordinator
 from trio_broker.config import BrokerConfig
-from trio_broker.groups.coordinator import GroupCoordinator, Waiter
+from trio_broker.groups.coordinator import GroupCoordinator, Waiter, store_error
 from trio_broker.groups.offsets_store import (
     GROUP_METADATA_KEY_VERSION,
     GroupMetadata,
@@ -327,6 +327,25 @@ async def test_emptied_group_is_stored_without_members_and_delete_tombstones(
         assert coordinator.store.group_metadata("g") is None
         assert coordinator.store.group_ids() == []
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("failure", "answer"),
+    [
+        (ErrorCode.KAFKA_STORAGE_ERROR, ErrorCode.NOT_COORDINATOR),
+        (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.NOT_COORDINATOR),
+        (ErrorCode.NOT_COORDINATOR, ErrorCode.NOT_COORDINATOR),
+        (ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.COORDINATOR_NOT_AVAILABLE),
+        (ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.COORDINATOR_NOT_AVAILABLE),
+        (ErrorCode.REQUEST_TIMED_OUT, ErrorCode.REBALANCE_IN_PROGRESS),
+        (ErrorCode.RECORD_LIST_TOO_LARGE, ErrorCode.UNKNOWN_SERVER_ERROR),
+        (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE),
+    ],
+)
+def test_a_failed_generation_write_is_answered_as_kafka_does(
+    failure: ErrorCode, answer: ErrorCode
+) -> None:
+    assert store_error(failure) is answer
 
 
 async def test_sync_answers_not_coordinator_when_the_store_fails(
