@@ -83,7 +83,8 @@ Consumer groups (this node coordinates every group)
  G3. An OffsetCommit answers a partition's error first (T2), then the group's (G1, G2);
      only a commit with neither stores the offset.
  G4. Group membership is durable as Kafka's: a generation is stored when the leader's
-     SyncGroup makes the group Stable (answered once stored), and a group is stored
+     SyncGroup brings its assignment, and the group is Stable (the SyncGroups answered)
+     once that write counts -- here it always does (sentences 8, 8a); a group is stored
      without members when it becomes Empty (a LeaveGroup that empties it is answered
      once stored). After a restart or a crash the coordinator knows the stored groups,
      each as ``GroupModel.restore`` (sentence 14) makes its last stored state, and the
@@ -323,6 +324,8 @@ class BrokerModel:
         waiter = object()
         before = model.state
         result, replies = model.sync(member_id, None, generation, assignments, GROUP_NOW, waiter)
+        if model.writing is not None:  # G4: the write of the assignment counts
+            replies += model.stored(generation, ErrorCode.NONE, GROUP_NOW)
         self._remember(group, before)
         if result is None:
             result = next((r for w, r in replies if w is waiter), None)

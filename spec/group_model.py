@@ -23,8 +23,16 @@ Rebalances
     members keep arriving.
  7. The protocol is the one most members prefer among those all support; ties go to
     the leader's preference.
- 8. The leader's SyncGroup in CompletingRebalance makes the group Stable and answers
-    every parked SyncGroup with the leader's assignment for that member.
+ 8. The leader's SyncGroup in CompletingRebalance asks for its assignment to be
+    written (members it left out get an empty one); the group stays
+    CompletingRebalance, and every SyncGroup of the generation, the leader's too,
+    waits. A leader's SyncGroup sent again meanwhile only waits too.
+ 8a. When that write counts, the group is Stable with that assignment and every
+    parked SyncGroup is answered with its member's share, all in the same step; a
+    SyncGroup arriving later (Stable) is answered at once.
+ 8b. When the write fails, every parked SyncGroup is answered with the error and the
+    group rebalances. A write that ends after the group left that generation's
+    CompletingRebalance (a rebalance started meanwhile) changes nothing.
  9. A member that has not sent SyncGroup by the sync deadline (rebalance timeout
     after the join phase) is dropped and the group rebalances.
 
@@ -94,6 +102,8 @@ class GroupModel:
     delay_left: int | None = None
     arrived: bool = False
     sync_deadline: int | None = None
+    #: Rule 8: the leader's assignment while its write is on its way.
+    writing: dict[str, bytes] | None = None
 
     @property
     def leader(self) -> str | None:
@@ -122,7 +132,7 @@ class GroupModel:
                     m.deadline = now + m.session
                 out += [(w, SyncResult(Err.REBALANCE_IN_PROGRESS)) for w in m.syncs]
                 m.syncs, m.assignment = [], b""
-            self.sync_deadline = None
+            self.sync_deadline, self.writing = None, None
         timeout = max((m.rebalance for m in self.members.values()), default=0)
         if self.state == "Empty":  # rule 6
             self.state = "PreparingRebalance"
@@ -297,17 +307,31 @@ class GroupModel:
         if self.state == "Stable":
             return SyncResult(Err.NONE, self.ptype, self.pname, m.assignment), []
         m.syncs.append(waiter)
-        if mid != self.leader:
-            return None, []
-        self.state, self.sync_deadline = "Stable", None  # rule 8
+        if mid == self.leader and self.writing is None:  # rule 8
+            self.writing = {x: assignments.get(x, b"") for x in self.members}
+        return None, []
+
+    def stored(self, generation: int, error: Err, now: int) -> Replies:
+        """Rules 8a, 8b: the write the leader's SyncGroup of ``generation`` asked for ended."""
+        if self.writing is None or generation != self.generation:
+            return []
+        writing, self.writing = self.writing, None
         out: Replies = []
+        if error is not Err.NONE:
+            for x in self.members.values():
+                if x.syncs:  # rule 10
+                    x.deadline = now + x.session
+                out += [(w, SyncResult(error)) for w in x.syncs]
+                x.syncs = []
+            return out + self._rebalance(now)
+        self.state, self.sync_deadline = "Stable", None
         for x in self.members.values():
-            x.assignment = assignments.get(x.mid, b"")
+            x.assignment = writing[x.mid]
             out += [
                 (w, SyncResult(Err.NONE, self.ptype, self.pname, x.assignment)) for w in x.syncs
             ]
             x.syncs, x.deadline = [], now + x.session
-        return None, out
+        return out
 
     def heartbeat(self, mid: str, instance: str | None, generation: int, now: int) -> Err:
         if self._fenced(instance, mid):

@@ -7,6 +7,12 @@ invariants are the group protocol's promises:
 
 * at most one generation is Stable at a time, and generations only go up;
 * every Stable generation's assignment is exactly what its leader sent;
+* the write of a generation (the leader's SyncGroup hands it out; a separate step
+  completes or fails it, or completes after the generation was abandoned) comes
+  before any member learns an assignment of it, and the step that completes it
+  answers every member waiting in SyncGroup; what was written is what the Stable
+  group serves;
+* no parked request is lost: every unanswered one is parked in the group;
 * a committed offset never regresses: only members of the current generation (or
   simple consumers of an Empty group) commit, and each commits only what it owns.
 """
@@ -28,6 +34,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.group import (
     Group,
     GroupConfig,
+    GroupRecord,
     GroupState,
     JoinRequest,
     JoinResult,
@@ -73,6 +80,10 @@ class GroupMachine(RuleBasedStateMachine):
         #: generation -> the assignment its leader sent
         self.leader_assignments: dict[int, dict[str, bytes]] = {}
         self.stable_generations: list[int] = []
+        #: Writes handed out by a leader's SyncGroup and not completed yet, oldest first.
+        self.writes: list[GroupRecord] = []
+        #: generation -> the record whose write completed (made it Stable).
+        self.written: dict[int, GroupRecord] = {}
         #: partition -> (generation, offset) of the last accepted commit
         self.committed: dict[int, tuple[int, int]] = {}
 
@@ -116,9 +127,11 @@ class GroupMachine(RuleBasedStateMachine):
                 client.member_id, client.generation = "", -1
             return
         if result.error is ErrorCode.NONE:
-            # Invariant: a Stable generation hands out exactly its leader's assignment.
+            # Invariant: a Stable generation hands out exactly its leader's assignment,
+            # and only once the write of that generation completed.
             group = self.group
             assert group.state is GroupState.STABLE
+            assert group.generation_id in self.written, "assignment answered before its write"
             sent = self.leader_assignments[group.generation_id]
             assert result.assignment == sent.get(sent_as, b"")
             if sent_as != client.member_id:
@@ -135,8 +148,8 @@ class GroupMachine(RuleBasedStateMachine):
 
     def _track_state(self, before: GroupState) -> None:
         # Illegal moves raise inside the group (IllegalGroupTransition fails the run);
-        # here we only watch generations become Stable. Only a leader's SyncGroup
-        # makes a group Stable, so a step enters Stable at most once.
+        # here we only watch generations become Stable. Only a completed write (or a
+        # load) makes a group Stable, so a step enters Stable at most once.
         after = self.group.state
         if after is GroupState.STABLE and before is not GroupState.STABLE:
             assert not self.stable_generations or (
@@ -211,6 +224,7 @@ class GroupMachine(RuleBasedStateMachine):
             self.group.state is GroupState.COMPLETING_REBALANCE
             and client.member_id == self.group.leader_id
             and generation == self.group.generation_id
+            and not self.group.store_pending  # (a retry: the first assignment stands)
         ):
             self.leader_assignments[generation] = assignments
         out = self.group.sync(client.member_id, instance, generation, None, None, assignments,
@@ -219,6 +233,14 @@ class GroupMachine(RuleBasedStateMachine):
             client.member_id, instance, generation, assignments, self.now, waiter
         )
         self._compare(out.result, m_result, "SyncGroup")
+        if out.store is not None:
+            assert out.store.generation_id == self.group.generation_id
+            sent = self.leader_assignments[out.store.generation_id]
+            assert {r.member_id: r.assignment for r in out.store.members} == {
+                mid: sent.get(mid, b"") for mid in self.group.members
+            }, "the write does not carry the leader's assignment"
+            self.writes.append(out.store)
+            note(f"t={self.now} write of generation {out.store.generation_id} pending")
         if out.result is not None:
             self._observe(*self.waiter_owner.pop(waiter), out.result)
         self._deliver(out.replies, m_replies)
@@ -253,12 +275,51 @@ class GroupMachine(RuleBasedStateMachine):
 
     @rule(members=st.sets(st.sampled_from(CLIENTS), min_size=1), rounds=st.integers(1, 4))
     def cooperate(self, members: set[str], rounds: int) -> None:
-        """Some clients behave for a few rounds of 1 s (well within session timeouts)."""
+        """Some clients behave for a few rounds of 1 s (well within session timeouts);
+        the writes of the generations succeed within each round."""
         for _ in range(rounds):
             for name in CLIENTS:
                 if name in members:
                     self.behave(name, [0, 1, 2, 3])
+            while self.writes:
+                self.complete_write(0, ErrorCode.NONE)
             self.tick(1000)
+
+    @precondition(lambda self: self.writes)
+    @rule(
+        index=st.integers(0, 3),
+        error=st.sampled_from([ErrorCode.NONE, ErrorCode.NONE, ErrorCode.NOT_COORDINATOR,
+                               ErrorCode.COORDINATOR_NOT_AVAILABLE]),
+    )  # fmt: skip
+    def complete_write(self, index: int, error: ErrorCode) -> None:
+        """A pending write of a generation counts (NONE) or fails -- perhaps one of a
+        generation the group has left behind meanwhile."""
+        record = self.writes.pop(index % len(self.writes))
+        generation = record.generation_id
+        group = self.group
+        current = group.store_pending and generation == group.generation_id
+        parked = {w for m in group.members.values() for w in m.sync_waiters}
+        before = group.state
+        note(f"t={self.now} write of generation {generation} ends: {error.name}")
+        if error is ErrorCode.NONE and current:
+            self.written[generation] = record
+        replies = group.store_completed(generation, error, self.now)
+        m_replies = self.model.stored(generation, error, self.now)
+        event(f"write {'current' if current else 'stale'} {error.name}")
+        self._deliver(replies, m_replies)
+        self._track_state(before)
+        if not current:
+            assert not replies and group.state is before, "a stale write changed the group"
+            return
+        # Invariant: the step that ends the write answers everyone waiting in SyncGroup.
+        assert parked <= {r.waiter for r in replies}
+        if error is ErrorCode.NONE:
+            assert group.state is GroupState.STABLE
+            # What was written is what the group serves (and a new coordinator loads).
+            assert group.record() == record
+        else:
+            assert group.state is GroupState.PREPARING_REBALANCE
+            assert all(r.result.error is error for r in replies if r.waiter in parked)
 
     @rule(name=st.sampled_from(CLIENTS), by_instance=st.booleans())
     def leave(self, name: str, by_instance: bool) -> None:
@@ -342,6 +403,7 @@ class GroupMachine(RuleBasedStateMachine):
         self._compare(list(g.members), list(m.members), "members")
         self._compare(dict(g.pending_members), m.pending, "pending members")
         self._compare(g.protocol_name, m.pname, "protocol")
+        self._compare(g.pending_assignment, m.writing, "assignment being written")
         self._compare(
             {k: v.assignment for k, v in g.members.items()},
             {k: v.assignment for k, v in m.members.items()},
@@ -357,6 +419,12 @@ class GroupMachine(RuleBasedStateMachine):
             assert not any(m.join_waiters or m.sync_waiters for m in self.group.members.values())
 
     @invariant()
+    def no_request_lost(self) -> None:
+        parked = [w for m in self.group.members.values() for w in m.join_waiters + m.sync_waiters]
+        assert len(parked) == len(set(parked))
+        assert set(parked) == set(self.waiter_owner), "a parked request was dropped"
+
+    @invariant()
     def static_members_consistent(self) -> None:
         g = self.group
         held = {m.group_instance_id: mid for mid, m in g.members.items() if m.group_instance_id}
@@ -369,6 +437,7 @@ class GroupMachine(RuleBasedStateMachine):
         g = self.group
         assert (g.join_deadline_ms is not None) == (g.state is GroupState.PREPARING_REBALANCE)
         assert (g.sync_deadline_ms is not None) == (g.state is GroupState.COMPLETING_REBALANCE)
+        assert not g.store_pending or g.state is GroupState.COMPLETING_REBALANCE
         if g.state is GroupState.EMPTY:
             assert not g.members and g.protocol_name is None
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
 from tests.unit.test_group_state import FakeBroker, join, join_req, stable_group, start_coordinator
 from trio_broker.config import BrokerConfig
-from trio_broker.groups.coordinator import GroupCoordinator, Waiter
+from trio_broker.groups.coordinator import GroupCoordinator, Waiter, store_error
 from trio_broker.groups.offsets_store import (
     GROUP_METADATA_KEY_VERSION,
     GroupMetadata,
@@ -184,12 +185,82 @@ def test_only_stable_or_empty_groups_are_stored() -> None:
         group.record()
 
 
-def test_rebalance_after_a_failed_store() -> None:
-    group, _ = stable_group()
-    group.rebalance(1)
+def completing_with_the_leader_synced() -> Group:
+    """Generation 1 of m0 (leader) and m1, the leader's assignment written but not yet
+    stored; m1 has not sent SyncGroup."""
+    group = Group("g", GroupConfig(initial_rebalance_delay_ms=0))
+    for mid in ("m0", "m1"):
+        group.join(join_req(v4=False), 0, mid, f"j-{mid}")
+    group.advance_to(0)
+    out = group.sync("m0", None, 1, None, None, {"m0": b"a0", "m1": b"a1"}, 5, "s0")
+    assert out.result is None and not out.replies and out.store is not None
+    assert [(m.member_id, m.assignment) for m in out.store.members] == [
+        ("m0", b"a0"), ("m1", b"a1"),
+    ]  # fmt: skip
+    assert group.state is S.COMPLETING_REBALANCE and group.store_pending
+    return group
+
+
+def test_a_follower_waits_for_the_write_of_the_leaders_assignment() -> None:
+    group = completing_with_the_leader_synced()
+    # The follower comes after the leader, while the write is on its way: it waits too.
+    assert group.sync("m1", None, 1, None, None, {}, 6, "s1").result is None
+    assert group.summary().members[1].assignment == b""  # not Stable: nothing to show
+    # A leader's retry neither answers nor writes again: its first assignment stands.
+    retry = group.sync("m0", None, 1, None, None, {"m0": b"other"}, 7, "s0b")
+    assert retry.result is None and retry.store is None and not retry.replies
+    # The write counts: Stable, and everyone waiting is answered in that one step.
+    replies = {r.waiter: r.result for r in group.store_completed(1, ErrorCode.NONE, 8)}
+    ok = SyncResult(ErrorCode.NONE, "consumer", "range", b"a0")
+    assert replies == {"s0": ok, "s0b": ok, "s1": attrs.evolve(ok, assignment=b"a1")}
+    assert group.state is S.STABLE and group.state_since_ms == 8
+    assert group.record().members[1].assignment == b"a1"
+    # Sessions restart when the parked requests are answered.
+    assert [m.session_deadline_ms for m in group.members.values()] == [10_008, 10_008]
+
+
+def test_a_follower_syncing_after_the_write_is_answered_at_once() -> None:
+    group = completing_with_the_leader_synced()
+    assert [r.waiter for r in group.store_completed(1, ErrorCode.NONE, 8)] == ["s0"]
+    assert group.sync("m1", None, 1, None, None, {}, 9, "s1").result == SyncResult(
+        ErrorCode.NONE, "consumer", "range", b"a1"
+    )
+
+
+@pytest.mark.parametrize("error", [ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE])
+def test_a_failed_write_answers_everyone_the_error_and_rebalances(error: ErrorCode) -> None:
+    group = completing_with_the_leader_synced()
+    group.sync("m1", None, 1, None, None, {}, 6, "s1")
+    replies = {r.waiter: r.result for r in group.store_completed(1, error, 8)}
+    assert replies == {"s0": SyncResult(error), "s1": SyncResult(error)}
+    assert group.state is S.PREPARING_REBALANCE and not group.store_pending
+    assert all(m.assignment == b"" for m in group.members.values())
+    assert group.heartbeat("m0", None, 1, 9) is ErrorCode.REBALANCE_IN_PROGRESS
+
+
+def test_a_write_of_an_abandoned_generation_changes_nothing() -> None:
+    group = completing_with_the_leader_synced()
+    group.sync("m1", None, 1, None, None, {}, 6, "s1")
+    # m1 leaves while generation 1 is being written: the waiting leader must rejoin.
+    error, replies = group.leave("m1", None, 7)
+    assert error is ErrorCode.NONE
+    assert {r.waiter: r.result for r in replies} == {
+        "s0": SyncResult(ErrorCode.REBALANCE_IN_PROGRESS),
+        "s1": SyncResult(ErrorCode.UNKNOWN_MEMBER_ID),
+    }
+    assert group.state is S.PREPARING_REBALANCE and not group.store_pending
+    # Generation 1's write counts (or fails) later: too late, nothing happens.
+    assert group.store_completed(1, ErrorCode.NONE, 8) == []
+    assert group.store_completed(1, ErrorCode.NOT_COORDINATOR, 8) == []
     assert group.state is S.PREPARING_REBALANCE
-    assert group.heartbeat("m0", None, 1, 2) is ErrorCode.REBALANCE_IN_PROGRESS
-    assert group.rebalance(3) == []  # only a Stable group is asked to rejoin
+    # Generation 2 goes on; an old write arriving now is still ignored.
+    group.join(join_req("m0", v4=False), 9, "x", "j0")
+    assert group.state is S.COMPLETING_REBALANCE and group.generation_id == 2
+    assert group.sync("m0", None, 2, None, None, {"m0": b"b0"}, 9, "t0").store is not None
+    assert group.store_completed(1, ErrorCode.NONE, 10) == []
+    assert group.state is S.COMPLETING_REBALANCE and group.store_pending
+    assert [r.waiter for r in group.store_completed(2, ErrorCode.NONE, 11)] == ["t0"]
+    assert group.state is S.STABLE
 
 
 # ------------------------------------------------------------------------- the coordinator
@@ -258,9 +329,30 @@ async def test_emptied_group_is_stored_without_members_and_delete_tombstones(
         nursery.cancel_scope.cancel()
 
 
-async def test_sync_answers_coordinator_not_available_when_the_store_fails(
+@pytest.mark.parametrize(
+    ("failure", "answer"),
+    [
+        (ErrorCode.KAFKA_STORAGE_ERROR, ErrorCode.NOT_COORDINATOR),
+        (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.NOT_COORDINATOR),
+        (ErrorCode.NOT_COORDINATOR, ErrorCode.NOT_COORDINATOR),
+        (ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.COORDINATOR_NOT_AVAILABLE),
+        (ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.COORDINATOR_NOT_AVAILABLE),
+        (ErrorCode.REQUEST_TIMED_OUT, ErrorCode.REBALANCE_IN_PROGRESS),
+        (ErrorCode.RECORD_LIST_TOO_LARGE, ErrorCode.UNKNOWN_SERVER_ERROR),
+        (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE),
+    ],
+)
+def test_a_failed_generation_write_is_answered_as_kafka_does(
+    failure: ErrorCode, answer: ErrorCode
+) -> None:
+    assert store_error(failure) is answer
+
+
+async def test_sync_answers_not_coordinator_when_the_store_fails(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    """A storage error on the offsets log means this broker cannot coordinate the group
+    (Kafka answers a failed group metadata append's KAFKA_STORAGE_ERROR this way)."""
     from trio_broker.storage.errors import StorageError
 
     async with trio.open_nursery() as nursery:
@@ -273,7 +365,7 @@ async def test_sync_answers_coordinator_not_available_when_the_store_fails(
         coordinator.store.log.append = failing_append
         outcome = coordinator.sync_group("g", result.member_id, None, 1, None, None, {})
         answered = await outcome.wait() if isinstance(outcome, Waiter) else outcome
-        assert answered == SyncResult(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        assert answered == SyncResult(ErrorCode.NOT_COORDINATOR)
         # The generation was not stored: its members are asked to rejoin.
         assert coordinator.groups["g"].state is S.PREPARING_REBALANCE
         nursery.cancel_scope.cancel()

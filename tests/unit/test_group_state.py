@@ -36,12 +36,15 @@ from trio_broker.state.group import (
     Group,
     GroupConfig,
     GroupEvent,
+    GroupRecord,
     GroupState,
     IllegalGroupTransition,
     JoinRequest,
     JoinResult,
     Member,
+    MemberRecord,
     Reply,
+    SyncOutcome,
     SyncResult,
     consumer_subscription_topics,
     lifecycle_diagram,
@@ -81,8 +84,14 @@ def stable_group(delay: int = 0, members: int = 2) -> tuple[Group, list[str]]:
     for i, mid in enumerate(ids[1:], 1):
         assert group.sync(mid, None, 1, None, None, {}, 0, f"sync{i}").result is None
     synced = group.sync("m0", None, 1, "consumer", "range", {m: m.encode() for m in ids}, 0, "s0")
-    assert group.state is S.STABLE
-    assert answers(synced.replies) == {
+    # The leader's assignment is written first: nobody is answered until it counts.
+    assert synced == SyncOutcome(None, (), GroupRecord(
+        "consumer", 1, "range", "m0",
+        tuple(MemberRecord(m, None, "client", "/127.0.0.1", 30_000, 10_000, b"r",
+                           m.encode()) for m in ids),
+    ))  # fmt: skip
+    assert group.state is S.COMPLETING_REBALANCE and group.store_pending
+    assert answers(group.store_completed(1, ErrorCode.NONE, 0)) == {
         f"sync{i}" if i else "s0": SyncResult(ErrorCode.NONE, "consumer", "range", mid.encode())
         for i, mid in enumerate(ids)
     }
@@ -95,7 +104,7 @@ def stable_group(delay: int = 0, members: int = 2) -> tuple[Group, list[str]]:
 def test_transition_table_is_the_lifecycle() -> None:
     assert next_state(S.EMPTY, GroupEvent.PREPARE_REBALANCE) is S.PREPARING_REBALANCE
     assert next_state(S.PREPARING_REBALANCE, GroupEvent.JOIN_COMPLETED) is S.COMPLETING_REBALANCE
-    assert next_state(S.COMPLETING_REBALANCE, GroupEvent.LEADER_SYNCED) is S.STABLE
+    assert next_state(S.COMPLETING_REBALANCE, GroupEvent.ASSIGNMENT_STORED) is S.STABLE
     assert next_state(S.PREPARING_REBALANCE, GroupEvent.ALL_MEMBERS_GONE) is S.EMPTY
     assert next_state(S.EMPTY, GroupEvent.DELETE) is S.DEAD
     # Dead is terminal; every other state can be left.
@@ -352,6 +361,7 @@ def test_static_member_restart_keeps_generation_and_assignment() -> None:
     group.advance_to(0)
     group.sync("s1", "i1", 1, None, None, {}, 0, "y1")
     group.sync("s0", "i0", 1, None, None, {"s0": b"A", "s1": b"B"}, 0, "y0")
+    group.store_completed(1, ErrorCode.NONE, 0)
     assert group.state is S.STABLE
     # i1 restarts: new member id, same generation, no rebalance.
     result = group.join(join_req(instance="i1"), 100, "s1-new", "w2").result
@@ -371,6 +381,7 @@ def test_static_leader_restart_by_client_version() -> None:
     group.join(join_req(instance="i1"), 0, "s1", "w1")
     group.advance_to(0)
     group.sync("s0", "i0", 1, None, None, {}, 0, "y0")
+    group.store_completed(1, ErrorCode.NONE, 0)
     new = group.join(join_req(instance="i0", v9=True), 10, "s0-b", "w").result
     assert new is not None and new.skip_assignment and new.leader_id == "s0-b"
     assert [m[0] for m in new.members] == ["s0-b", "s1"]
@@ -409,6 +420,9 @@ def test_offset_commit_validation() -> None:
     assert group.validate_offset_commit("m0", None, 0, 0) is ErrorCode.ILLEGAL_GENERATION
     assert group.validate_offset_commit("m0", None, 1, 0) is ErrorCode.REBALANCE_IN_PROGRESS
     group.sync("m0", None, 1, None, None, {}, 0, "s")
+    # Its assignment is being written: not Stable yet.
+    assert group.validate_offset_commit("m0", None, 1, 0) is ErrorCode.REBALANCE_IN_PROGRESS
+    group.store_completed(1, ErrorCode.NONE, 0)
     assert group.validate_offset_commit("m0", None, 1, 0) is ErrorCode.NONE
     group.join(join_req(v4=False), 1, "m1", "w1")  # PreparingRebalance: old generation may commit
     assert group.validate_offset_commit("m0", None, 1, 1) is ErrorCode.NONE

@@ -71,7 +71,9 @@ def completing(static: bool = True, protocols: Any = PROTOCOLS) -> Group:
 def stable(static: bool = True, protocols: Any = PROTOCOLS) -> Group:
     group = completing(static, protocols)
     out = group.sync("m0", None, 1, None, None, {"m0": b"a0", "m1": b"a1"}, 0, "s0")
-    assert group.state is S.STABLE and answers(out.replies)["s0"].assignment == b"a0"
+    assert out.store is not None and not out.replies
+    replies = answers(group.store_completed(1, ErrorCode.NONE, 0))
+    assert group.state is S.STABLE and replies["s0"].assignment == b"a0"
     return group
 
 
@@ -356,7 +358,9 @@ def test_transitions_record_their_time() -> None:
     group.advance_to(10)
     assert group.state is S.COMPLETING_REBALANCE and group.state_since_ms == 10
     group.sync("m0", None, 1, None, None, {}, 25, "s0")
-    assert group.state is S.STABLE and group.state_since_ms == 25
+    assert group.state is S.COMPLETING_REBALANCE and group.state_since_ms == 10
+    group.store_completed(1, ErrorCode.NONE, 30)
+    assert group.state is S.STABLE and group.state_since_ms == 30
     group.join(join_req("m0", instance="i0"), 40, "x", "j0b")  # the leader rejoins
     assert group.state is S.COMPLETING_REBALANCE and group.state_since_ms == 40
 
@@ -409,6 +413,7 @@ def test_a_lone_static_member_restarting_with_new_protocols_rejoins_at_once() ->
     group.join(join_req(instance="i0"), 0, "m0", "j0")
     group.advance_to(0)
     group.sync("m0", None, 1, None, None, {"m0": b"a"}, 0, "s0")
+    group.store_completed(1, ErrorCode.NONE, 0)
     assert group.state is S.STABLE and group.protocol_name == "range"
     restarted = join_req(instance="i0", protocols=(("roundrobin", b"rr2"),))
     out = group.join(restarted, 5, "m0b", "j0b")

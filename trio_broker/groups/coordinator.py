@@ -15,12 +15,15 @@ This node is the coordinator of every group. The coordinator
   drops them when the transaction coordinator ends the transaction
   (:meth:`GroupCoordinator.complete_transaction`).
 
-Group membership is stored too: when the leader's SyncGroup completes a generation,
-the group's metadata (members, assignment) is written to the group's offsets log, and
-the SyncGroup is answered once that write counts; a group that becomes Empty is stored
-without members, and a removed group gets a tombstone. A coordinator that loads the log
-(at startup, or on becoming the leader of the partition) restores each group as stored:
-Stable with its members, whose heartbeats go on without a rebalance.
+Group membership is stored too: when the leader's SyncGroup brings a generation's
+assignment, the group's metadata (members, assignment) is written to the group's offsets
+log while the group stays CompletingRebalance; once that write counts the group is
+Stable and every parked SyncGroup, the leader's and the followers', is answered
+together (a failed write answers them with an error and the group rebalances). A group
+that becomes Empty is stored without members, and a removed group gets a tombstone. A
+coordinator that loads the log (at startup, or on becoming the leader of the partition)
+restores each group as stored: Stable with its members, whose heartbeats go on without
+a rebalance.
 
 Alone, this node coordinates every group from one table (``<data_dir>/__consumer_offsets-0``).
 In a cluster (docs/cluster.md, "Consumer groups in a cluster") it coordinates the groups
@@ -64,6 +67,7 @@ from trio_broker.services.internal_topics import (
 from trio_broker.state.group import (
     Group,
     GroupConfig,
+    GroupRecord,
     GroupState,
     GroupSummary,
     JoinRequest,
@@ -108,6 +112,21 @@ class StableGeneration:
     protocol_name: str | None
     leader_id: str | None
     assignments: Mapping[str, bytes]
+
+
+def store_error(code: ErrorCode) -> ErrorCode:
+    """What the members of a generation whose write failed are answered (Kafka's
+    mapping of a failed group metadata append). Anything else unexpected is answered
+    COORDINATOR_NOT_AVAILABLE, so that the clients look the coordinator up and retry."""
+    if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                ErrorCode.KAFKA_STORAGE_ERROR):  # fmt: skip
+        return ErrorCode.NOT_COORDINATOR
+    if code is ErrorCode.REQUEST_TIMED_OUT:
+        return ErrorCode.REBALANCE_IN_PROGRESS
+    if code in (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE,
+                ErrorCode.INVALID_FETCH_SIZE):  # fmt: skip
+        return ErrorCode.UNKNOWN_SERVER_ERROR
+    return ErrorCode.COORDINATOR_NOT_AVAILABLE
 
 
 def trio_clock_ms() -> int:
@@ -454,43 +473,37 @@ class GroupCoordinator:
             if self._group_writes.get(group_id) is write:
                 del self._group_writes[group_id]
 
-    def _store_generation(self, group: Group, replies: Sequence[Reply]) -> None:
-        """The leader's SyncGroup completed a generation: store it, and answer the
-        parked SyncGroups once that counts (Kafka's order). If it fails they get
-        COORDINATOR_NOT_AVAILABLE or NOT_COORDINATOR and the group rebalances."""
+    def _store_generation(self, group: Group, record: GroupRecord) -> None:
+        """The leader's SyncGroup brought a generation's assignment: write it, and tell
+        the group when the write counts or fails (:meth:`Group.store_completed`). Until
+        then the group stays CompletingRebalance and nobody is answered."""
+        generation = record.generation_id
         try:
-            write = self.append_offsets([GroupMetadata(group.group_id, group.record())])
+            write = self.append_offsets([GroupMetadata(group.group_id, record)])
         except KafkaError as exc:
-            self._generation_not_stored(group, group.generation_id, replies, exc)
+            self._generation_stored(group, generation, exc)
             return
         if self._nursery is None:
             raise RuntimeError("group coordinator is not running")
-        self._nursery.start_soon(self._answer_when_stored, group, write, replies)
+        self._nursery.start_soon(self._answer_when_stored, group, generation, write)
 
-    async def _answer_when_stored(
-        self, group: Group, write: PendingWrite, replies: Sequence[Reply]
-    ) -> None:
-        generation = group.generation_id
+    async def _answer_when_stored(self, group: Group, generation: int, write: PendingWrite) -> None:
         try:
             await self.wait_offsets_durable(write)
         except KafkaError as exc:
-            self._generation_not_stored(group, generation, replies, exc)
+            self._generation_stored(group, generation, exc)
             return
-        self._dispatch(group, replies, group.state)
+        self._generation_stored(group, generation, None)
 
-    def _generation_not_stored(
-        self, group: Group, generation: int, replies: Sequence[Reply], exc: KafkaError
-    ) -> None:
-        log.warning("could not store generation %d of group %r: %s", generation,
-                    group.group_id, exc)  # fmt: skip
-        error = exc.error_code
-        if error not in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
-            error = ErrorCode.COORDINATOR_NOT_AVAILABLE
-        failed = [Reply(r.waiter, SyncResult(error)) for r in replies]
+    def _generation_stored(self, group: Group, generation: int, exc: KafkaError | None) -> None:
+        if exc is not None:
+            log.warning("could not store generation %d of group %r: %s", generation,
+                        group.group_id, exc)  # fmt: skip
+        if self.groups.get(group.group_id) is not group:
+            return  # resigned or deleted meanwhile: its parked requests were answered then
+        error = ErrorCode.NONE if exc is None else store_error(exc.error_code)
         before = group.state
-        if self.groups.get(group.group_id) is group and group.generation_id == generation:
-            failed += group.rebalance(self.clock_ms())  # its members rejoin
-        self._dispatch(group, failed, before)
+        self._dispatch(group, group.store_completed(generation, error, self.clock_ms()), before)
 
     def _dispatch(self, group: Group, replies: Iterable[Reply], before: GroupState) -> None:
         for reply in replies:
@@ -554,11 +567,9 @@ class GroupCoordinator:
             member_id, group_instance_id, generation_id, protocol_type, protocol_name,
             assignments, self.clock_ms(), waiter,
         )  # fmt: skip
-        if before is GroupState.COMPLETING_REBALANCE and group.state is GroupState.STABLE:
-            self._dispatch(group, (), before)  # observers see the generation now
-            self._store_generation(group, outcome.replies)  # the members hear once stored
-            return self._settled(waiter, outcome.result)
         self._dispatch(group, outcome.replies, before)
+        if outcome.store is not None:
+            self._store_generation(group, outcome.store)  # everyone hears once it counts
         return self._settled(waiter, outcome.result)
 
     def heartbeat(

@@ -5,8 +5,16 @@ assignment, and the deadlines of its timers. The Trio coordinator
 (``trio_broker.groups.coordinator``) feeds it requests and the clock; the
 group answers with results and with :class:`Reply` objects for requests that
 were parked earlier (a JoinGroup waits for the rebalance, a SyncGroup for the
-leader). Waiters are opaque tokens to this module, so it never imports trio
-and Hypothesis can drive it with plain integers.
+leader and the write of its assignment). Waiters are opaque tokens to this module,
+so it never imports trio and Hypothesis can drive it with plain integers.
+
+Storing a generation is a step of its own: the leader's SyncGroup hands the caller
+the :class:`GroupRecord` to write (:attr:`SyncOutcome.store`) and the group stays
+CompletingRebalance; the caller reports the write's fate with
+:meth:`Group.store_completed`, and only a successful write makes the group Stable
+and answers every parked SyncGroup of the generation, the leader's and the
+followers' together (Kafka's order: no member learns an assignment that a crash
+could take back, and none learns it before the others can).
 
 The lifecycle is data: :data:`TRANSITIONS` maps ``(state, event)`` to the next
 state; :meth:`Group._transition` is the only place that changes the state and
@@ -84,8 +92,9 @@ class GroupEvent(enum.Enum):
     JOIN_COMPLETED = "join_completed"
     #: The join phase ended with nobody left: a new, empty generation.
     ALL_MEMBERS_GONE = "all_members_gone"
-    #: The leader's SyncGroup brought the assignment.
-    LEADER_SYNCED = "leader_synced"
+    #: The leader's assignment was written to the offsets log (durable; in a cluster,
+    #: replicated below the high watermark).
+    ASSIGNMENT_STORED = "assignment_stored"
     #: DeleteGroups, or cleanup of an empty group that has no offsets left.
     DELETE = "delete"
     #: A new coordinator restored a generation from the offsets log (:meth:`Group.restore`).
@@ -100,11 +109,12 @@ TRANSITIONS: Mapping[tuple[GroupState, GroupEvent], GroupState] = MappingProxyTy
     {
         (S.EMPTY, E.PREPARE_REBALANCE): S.PREPARING_REBALANCE,
         (S.STABLE, E.PREPARE_REBALANCE): S.PREPARING_REBALANCE,
-        # A member left or changed before the leader synced: start over.
+        # A member left or changed before the assignment was stored, or its write
+        # failed: start over.
         (S.COMPLETING_REBALANCE, E.PREPARE_REBALANCE): S.PREPARING_REBALANCE,
         (S.PREPARING_REBALANCE, E.JOIN_COMPLETED): S.COMPLETING_REBALANCE,
         (S.PREPARING_REBALANCE, E.ALL_MEMBERS_GONE): S.EMPTY,
-        (S.COMPLETING_REBALANCE, E.LEADER_SYNCED): S.STABLE,
+        (S.COMPLETING_REBALANCE, E.ASSIGNMENT_STORED): S.STABLE,
         # Only an empty group may be deleted (DeleteGroups answers NON_EMPTY_GROUP).
         (S.EMPTY, E.DELETE): S.DEAD,
         # A stored generation comes back Stable: its members go on without a rebalance.
@@ -219,6 +229,9 @@ class JoinOutcome:
 class SyncOutcome:
     result: SyncResult | None
     replies: tuple[Reply, ...] = ()
+    #: The leader's SyncGroup: the generation to write. Nobody is answered until the
+    #: caller reports the write with :meth:`Group.store_completed`.
+    store: GroupRecord | None = None
 
 
 @attrs.frozen
@@ -260,7 +273,8 @@ class MemberRecord:
 @attrs.frozen
 class GroupRecord:
     """A completed generation as stored in the offsets log, written when the leader's
-    SyncGroup makes the group Stable and when the group becomes Empty (no members)."""
+    SyncGroup brings the assignment (the group is Stable once it is written) and when
+    the group becomes Empty (no members)."""
 
     protocol_type: str | None
     generation_id: int
@@ -290,7 +304,8 @@ class Member:
     #: Parked JoinGroup requests; non-empty means "has rejoined this rebalance".
     #: More than one when a client retried a JoinGroup; all get the same answer.
     join_waiters: list[Hashable] = attrs.field(factory=list)
-    #: Parked SyncGroup requests (CompletingRebalance only).
+    #: Parked SyncGroup requests (CompletingRebalance only: they wait for the leader's
+    #: assignment and for its write).
     sync_waiters: list[Hashable] = attrs.field(factory=list)
 
     @property
@@ -379,6 +394,9 @@ class Group:
     new_member_added: bool = attrs.field(default=False, init=False)
     #: CompletingRebalance: members that have not sent SyncGroup by then are removed.
     sync_deadline_ms: int | None = attrs.field(default=None, init=False)
+    #: CompletingRebalance after the leader's SyncGroup: its assignment (member id ->
+    #: bytes, every member), waiting for its write (:meth:`store_completed`).
+    pending_assignment: dict[str, bytes] | None = attrs.field(default=None, init=False)
     #: When the group entered its current state (offset expiry of empty groups).
     state_since_ms: int = attrs.field(default=0, init=False)
 
@@ -388,6 +406,10 @@ class Group:
         """The generation to store: call when Stable (members and assignment) or Empty."""
         if self._state not in (GroupState.STABLE, GroupState.EMPTY):
             raise ValueError(f"only a Stable or Empty group is stored, not {self._state.value}")
+        return self._record({mid: m.assignment for mid, m in self.members.items()})
+
+    def _record(self, assignments: Mapping[str, bytes]) -> GroupRecord:
+        """The current generation, each member with its assignment in ``assignments``."""
         protocol = self.protocol_name
         members = tuple(
             MemberRecord(
@@ -398,9 +420,9 @@ class Group:
                 m.rebalance_timeout_ms,
                 m.session_timeout_ms,
                 m.metadata_for(protocol) if protocol is not None else b"",
-                m.assignment,
+                assignments[m.member_id],
             )
-            for m in (self.members.values() if self._state is GroupState.STABLE else ())
+            for m in self.members.values()
         )
         return GroupRecord(
             self.protocol_type, self.generation_id, protocol, self.leader_id, members
@@ -450,13 +472,6 @@ class Group:
                 group.static_members[stored.group_instance_id] = stored.member_id
         group._transition(GroupEvent.LOADED, now_ms)
         return group
-
-    def rebalance(self, now_ms: int) -> list[Reply]:
-        """Make a Stable group's members rejoin (its generation could not be stored);
-        any other state is left alone (it is rebalancing or has nobody to ask)."""
-        if self._state is not GroupState.STABLE:
-            return []
-        return self._prepare_rebalance(now_ms)
 
     # ------------------------------------------------------------------ state
 
@@ -690,6 +705,7 @@ class Group:
                 member.sync_waiters = []
                 member.assignment = b""
             self.sync_deadline_ms = None
+            self.pending_assignment = None  # its write, when it ends, changes nothing
         was_empty = self._state is GroupState.EMPTY
         self._transition(GroupEvent.PREPARE_REBALANCE, now_ms)
         timeout = self._rebalance_timeout_ms()
@@ -791,21 +807,54 @@ class Group:
         if state is GroupState.STABLE:
             return SyncOutcome(self._sync_result(member))
         assert state is GroupState.COMPLETING_REBALANCE
+        # Followers wait for the leader; everyone, the leader too, for the write.
         member.sync_waiters.append(waiter)
-        if member_id != self.leader_id:
-            return SyncOutcome(None)
+        if member_id != self.leader_id or self.pending_assignment is not None:
+            return SyncOutcome(None)  # (a leader's retry: its first assignment is on its way)
         # The leader's assignment: members it left out get an empty one.
-        for m in self.members.values():
-            m.assignment = bytes(assignments.get(m.member_id, b""))
-        self._transition(GroupEvent.LEADER_SYNCED, now_ms)
-        self.sync_deadline_ms = None
+        pending = {mid: bytes(assignments.get(mid, b"")) for mid in self.members}
+        self.pending_assignment = pending
+        return SyncOutcome(None, store=self._record(pending))
+
+    def store_completed(self, generation_id: int, error: ErrorCode, now_ms: int) -> list[Reply]:
+        """The write of generation ``generation_id``'s assignment ended: NONE if it counts.
+
+        Success makes the group Stable with that assignment and answers every parked
+        SyncGroup at once. A failure answers them ``error`` and starts a rebalance (the
+        members rejoin). A write of a generation the group has since left behind (a
+        member left, joined or timed out meanwhile) changes nothing.
+        """
+        pending = self.pending_assignment
+        if (
+            pending is None
+            or generation_id != self.generation_id
+            or self._state is not GroupState.COMPLETING_REBALANCE
+        ):
+            return []
+        self.pending_assignment = None
         replies: list[Reply] = []
+        if error is not ErrorCode.NONE:
+            for m in self.members.values():
+                if m.sync_waiters:
+                    m.session_deadline_ms = now_ms + m.session_timeout_ms
+                replies += [Reply(w, SyncResult(error)) for w in m.sync_waiters]
+                m.sync_waiters = []
+            return replies + self._prepare_rebalance(now_ms)
+        for m in self.members.values():
+            m.assignment = pending[m.member_id]
+        self._transition(GroupEvent.ASSIGNMENT_STORED, now_ms)
+        self.sync_deadline_ms = None
         for m in self.members.values():
             result = self._sync_result(m)
             replies += [Reply(w, result) for w in m.sync_waiters]
             m.sync_waiters = []
             m.session_deadline_ms = now_ms + m.session_timeout_ms
-        return SyncOutcome(None, tuple(replies))
+        return replies
+
+    @property
+    def store_pending(self) -> bool:
+        """The leader's assignment is in and waits for its write."""
+        return self.pending_assignment is not None
 
     def _sync_result(self, member: Member) -> SyncResult:
         return SyncResult(ErrorCode.NONE, self.protocol_type, self.protocol_name, member.assignment)
