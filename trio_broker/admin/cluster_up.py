@@ -10,6 +10,11 @@ broker is registered, prints one line::
 and runs until Ctrl-C or SIGTERM, when it stops the brokers (SIGTERM, then SIGKILL after
 a grace period) and ZooKeeper, each by its own PID. Exit status: 0 after a clean stop,
 1 if something failed to start, 2 for bad arguments.
+
+Meanwhile it supervises: a broker that exits on its own is reported (one stderr line)
+and restarted with the same id, port and data dir after a backoff, unless it keeps
+dying; the others run on. ``cluster restart|stop|status N`` reach it through files in
+the data dir (see "operating a running cluster" below).
 """
 
 from __future__ import annotations
