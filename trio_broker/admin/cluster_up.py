@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper, start_local_zookeeper
+from trio_broker.storage.durable import TMP_SUFFIX, write_file_atomically
 
 __all__ = ["add_cluster_command", "run_cluster"]
 
@@ -375,11 +376,7 @@ def _requests_dir(data_dir: Path) -> Path:
 
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` (0600) whole: by rename, so a reader never sees half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.replace(tmp, path)
+    write_file_atomically(path, text.encode(), mode=0o600)
 
 
 def _write_state(data_dir: Path, brokers: list[_Broker]) -> None:
@@ -399,6 +396,7 @@ def _write_state(data_dir: Path, brokers: list[_Broker]) -> None:
     _write_private(_state_path(data_dir), json.dumps(state, indent=1))
     requests = _requests_dir(data_dir)
     requests.mkdir(mode=0o700, exist_ok=True)
+    requests.chmod(0o700)  # a leftover of a previous run keeps its mode otherwise
 
 
 def _remove_state(data_dir: Path) -> None:
@@ -415,7 +413,8 @@ def _take_requests(data_dir: Path) -> list[tuple[int, str]]:
     requests = _requests_dir(data_dir)
     taken = []
     try:
-        names = sorted(n for n in os.listdir(requests) if not n.startswith("."))
+        # Not a request still being written (its temp file).
+        names = sorted(n for n in os.listdir(requests) if not n.endswith(TMP_SUFFIX))
     except FileNotFoundError:
         return []
     for name in names:
