@@ -42,9 +42,9 @@ LISTENING = re.compile(rb"listening on ([0-9.]+):(\d+)")
 START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 20.0
 SUPERVISE_EVERY_S = 0.5
-#: A broker that exits on its own is restarted after these delays (the first, second,
-#: later exits within the window) ...
-RESTART_BACKOFF_S = (1.0, 2.0, 5.0)
+#: A broker that exits on its own is restarted after these delays (its first, second
+#: ... exit within the window; the last one from then on) ...
+RESTART_BACKOFF_S = (1.0, 2.0)
 #: ... and given up on when it exits this many times within RESTART_WINDOW_S.
 RESTART_LIMIT = 3
 RESTART_WINDOW_S = 60.0
@@ -185,6 +185,9 @@ class _Broker:
     def asked(self, command: str, argv: Callable[[int], list[str]]) -> None:
         """``cluster restart N`` / ``cluster stop N``: the operator's word (no backoff,
         and it does not count toward giving up)."""
+        if self.then is not None and self.alive():
+            self.then = command  # stopping already: a second SIGTERM would cut that short
+            return
         if command == "restart":
             self.deaths.clear()
             if self.alive():
