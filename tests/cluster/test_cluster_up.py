@@ -1,16 +1,21 @@
-"""`trio-broker cluster up`: ZooKeeper and three brokers in one command, stopped by SIGTERM."""
+"""`trio-broker cluster up`: ZooKeeper and three brokers in one command, stopped by SIGTERM;
+a broker that dies is restarted while the others serve; `cluster restart|stop|status N`."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.conftest import BROKER_EXE
@@ -95,6 +100,189 @@ def test_broker_config_reaches_every_broker(tmp_path: Path) -> None:
     # its config: at least one log names the key.
     logs = [(tmp_path / f"broker-{b}.log").read_text() for b in (1, 2)]
     assert any("acks.all.fsync" in text for text in logs), logs
+
+
+# The restarted broker waits for its killed predecessor's ZooKeeper session to expire.
+FAST_SESSIONS = ["--broker-config", "zookeeper.session.timeout.ms=4000"]
+
+
+class _ClusterUp:
+    """A running `cluster up` (its stderr collected line by line) and its data dir."""
+
+    def __init__(self, data_dir: Path, *extra: str) -> None:
+        self.data_dir = data_dir
+        self.proc = subprocess.Popen(
+            [str(BROKER_EXE), "cluster", "up", "--brokers", "3", "--base-port", "0",
+             "--data-dir", str(data_dir), *FAST_SESSIONS, *extra],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )  # fmt: skip
+        self.stderr: list[str] = []
+        threading.Thread(target=self._collect, daemon=True).start()
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        assert line.startswith("cluster ready: bootstrap "), (line, self.stderr)
+        self.servers = line.split()[-1]
+
+    def _collect(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr.append(line.decode(errors="replace"))
+
+    def broker(self, broker_id: int) -> dict[str, Any]:
+        state = json.loads((self.data_dir / "cluster-up.json").read_text())
+        return state["brokers"][str(broker_id)]  # type: ignore[no-any-return]
+
+    def said(self, text: str) -> bool:
+        return any(text in line for line in self.stderr)
+
+    def operate(self, *args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [str(BROKER_EXE), "cluster", *args, "--data-dir", str(self.data_dir)],
+            capture_output=True, timeout=120,
+        )  # fmt: skip
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=90)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)  # polling a condition, bounded by the deadline
+
+
+def test_a_killed_leader_is_replaced_then_restarted_and_nothing_acknowledged_is_lost(
+    tmp_path: Path,
+) -> None:
+    cluster = _ClusterUp(tmp_path)
+    stop_producing = threading.Event()
+    try:
+        admin = AdminClient({"bootstrap.servers": cluster.servers})
+        [future] = admin.create_topics([NewTopic("failover", num_partitions=1)]).values()
+        future.result(timeout=30)
+
+        def partition() -> Any:
+            meta = admin.list_topics("failover", timeout=10).topics["failover"]
+            return meta.partitions[0] if meta.error is None else None
+
+        _wait_for(lambda: (p := partition()) is not None and len(p.isrs) == 3, 60, "ISR of 3")
+        acked: list[int] = []
+        errors: list[str] = []
+
+        def delivered(err: KafkaError | None, msg: Any) -> None:
+            if err is None:
+                acked.append(int(msg.value()))
+            else:
+                errors.append(str(err))
+
+        def produce() -> None:
+            producer = Producer({"bootstrap.servers": cluster.servers, "acks": "all",
+                                 "enable.idempotence": True, "linger.ms": 5})  # fmt: skip
+            sent = 0
+            while not stop_producing.is_set() and sent < 200_000:
+                for _ in range(20):
+                    producer.produce("failover", value=str(sent).encode(), on_delivery=delivered)
+                    sent += 1
+                producer.poll(0.02)  # serve delivery reports; paces the load
+            assert producer.flush(90) == 0
+
+        producing = threading.Thread(target=produce)
+        producing.start()
+        _wait_for(lambda: len(acked) >= 300, 60, "acknowledged writes before the kill")
+        leader = partition().leader
+        before = cluster.broker(leader)
+        os.kill(before["pid"], signal.SIGKILL)
+        # One line names the broker, how it ended and its log; the others keep running.
+        _wait_for(lambda: cluster.said(f"broker {leader} was killed by SIGKILL"), 30, "report")
+        line = next(x for x in cluster.stderr if f"broker {leader} was killed" in x)
+        assert before["log"] in line, line
+        assert cluster.proc.poll() is None
+        # Another in-sync broker leads, and takes writes.
+        _wait_for(lambda: (p := partition()) is not None and p.leader not in (leader, -1),
+                  60, "a new leader")  # fmt: skip
+        at_kill = len(acked)
+        _wait_for(lambda: len(acked) >= at_kill + 300, 60, "writes acknowledged by the new leader")
+        # The killed broker comes back (same id, port and data) and catches up into the ISR.
+        _wait_for(lambda: cluster.broker(leader)["starts"] == 2, 30, "the restart")
+        assert cluster.broker(leader)["address"] == before["address"]
+        _wait_for(lambda: (p := partition()) is not None and leader in p.isrs, 90,
+                  f"broker {leader} back in the ISR")  # fmt: skip
+        assert cluster.said(f"broker {leader} is back on {before['address']}")
+        stop_producing.set()
+        producing.join(120)
+        assert not producing.is_alive()
+        # Every acknowledged record is there, once (the producer is idempotent).
+        consumer = Consumer({"bootstrap.servers": cluster.servers, "group.id": "check",
+                             "enable.auto.commit": False})  # fmt: skip
+        consumer.assign([TopicPartition("failover", 0, 0)])
+        _, end = consumer.get_watermark_offsets(TopicPartition("failover", 0), timeout=10)
+        seen: list[int] = []
+        deadline = time.monotonic() + 60
+        position = 0
+        while position < end and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                seen.append(int(msg.value()))
+                position = msg.offset() + 1
+        consumer.close()
+        assert position >= end, (position, end)
+        assert not set(acked) - set(seen), sorted(set(acked) - set(seen))[:20]
+        assert len(seen) == len(set(seen)), "duplicates despite enable.idempotence"
+        assert cluster.stop() == 0
+        assert not (tmp_path / "cluster-up.json").exists()
+    finally:
+        stop_producing.set()
+        cluster.kill()
+
+
+def test_operator_stops_and_restarts_a_broker_and_one_that_keeps_dying_is_given_up(
+    tmp_path: Path,
+) -> None:
+    cluster = _ClusterUp(tmp_path)
+    try:
+        state = tmp_path / "cluster-up.json"
+        assert state.stat().st_mode & 0o777 == 0o600
+        assert cluster.operate("status").stdout.count(b": running pid") == 3
+        # stop 2: it stays down, the cluster goes on.
+        pid = cluster.broker(2)["pid"]
+        stopped = cluster.operate("stop", "2")
+        assert stopped.returncode == 0, stopped.stderr
+        assert cluster.broker(2)["state"] == "stopped"
+        assert not _alive(pid)
+        admin = AdminClient({"bootstrap.servers": cluster.servers})
+        _wait_for(lambda: len(admin.list_topics(timeout=10).brokers) == 2, 60, "2 brokers")
+        # restart 2: back on its port.
+        address = cluster.broker(2)["address"]
+        restarted = cluster.operate("restart", "2")
+        assert restarted.returncode == 0, restarted.stderr
+        assert cluster.broker(2)["address"] == address
+        _wait_for(lambda: len(admin.list_topics(timeout=10).brokers) == 3, 60, "3 brokers")
+        # A broker killed again and again is given up on; the others keep running.
+        for death in range(1, 4):
+            _wait_for(lambda: cluster.broker(3)["state"] == "running", 60, "broker 3 running")
+            os.kill(cluster.broker(3)["pid"], signal.SIGKILL)
+            _wait_for(lambda d=death: sum("broker 3 was killed" in x for x in cluster.stderr) == d,
+                      30, f"death {death} reported")  # fmt: skip
+        assert cluster.said("not restarting it")
+        assert cluster.broker(3)["state"] == "gave up"
+        assert cluster.proc.poll() is None
+        assert cluster.broker(1)["state"] == cluster.broker(2)["state"] == "running"
+        # The operator's restart brings it back.
+        assert cluster.operate("restart", "3").returncode == 0
+        assert cluster.broker(3)["state"] == "running"
+        assert cluster.stop() == 0
+        missing = cluster.operate("status")
+        assert missing.returncode == 1 and b"no `cluster up`" in missing.stderr
+    finally:
+        cluster.kill()
 
 
 def _children(pid: int) -> list[int]:

@@ -490,3 +490,17 @@ async def test_a_generation_not_replicated_answers_not_coordinator_and_rebalance
         assert coordinator.led[1].store is not None
         assert coordinator.led[1].store.group_metadata(mine) is None  # never applied
         nursery.cancel_scope.cancel()
+
+
+async def test_an_election_that_ends_after_the_coordinator_stopped_is_dropped() -> None:
+    """Shutdown cancels the coordinator and the replica manager together; the manager can
+    finish an election (its log flush runs in an uncancellable worker thread) after the
+    coordinator's nursery has closed. Before: RuntimeError "Nursery is closed to new
+    arrivals", logged as an ERROR applying the cluster view. Now: nothing to do."""
+    log = offsets_log(2, {OffsetKey(group_in(2), "t", 0): 1})
+    async with trio.open_nursery() as nursery:
+        broker, coordinator = await start(nursery)
+        nursery.cancel_scope.cancel()  # as the broker's shutdown cancels its services
+    lead(broker, coordinator, 2, 5, log)
+    assert 2 not in coordinator.led
+    assert coordinator.coordinator_error(group_in(2)) is ErrorCode.NOT_COORDINATOR

@@ -10,11 +10,17 @@ broker is registered, prints one line::
 and runs until Ctrl-C or SIGTERM, when it stops the brokers (SIGTERM, then SIGKILL after
 a grace period) and ZooKeeper, each by its own PID. Exit status: 0 after a clean stop,
 1 if something failed to start, 2 for bad arguments.
+
+Meanwhile it supervises: a broker that exits on its own is reported (one stderr line)
+and restarted with the same id, port and data dir after a backoff, unless it keeps
+dying; the others run on. ``cluster restart|stop|status N`` reach it through files in
+the data dir (see "operating a running cluster" below).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -22,16 +28,26 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper, start_local_zookeeper
+from trio_broker.storage.durable import TMP_SUFFIX, write_file_atomically
 
 __all__ = ["add_cluster_command", "run_cluster"]
 
 LISTENING = re.compile(rb"listening on ([0-9.]+):(\d+)")
 START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 20.0
+SUPERVISE_EVERY_S = 0.5
+#: A broker that exits on its own is restarted after these delays (its first, second
+#: ... exit within the window; the last one from then on) ...
+RESTART_BACKOFF_S = (1.0, 2.0)
+#: ... and given up on when it exits this many times within RESTART_WINDOW_S.
+RESTART_LIMIT = 3
+RESTART_WINDOW_S = 60.0
 
 
 def add_cluster_command(sub: Any) -> None:
@@ -51,29 +67,158 @@ def add_cluster_command(sub: Any) -> None:
     up.add_argument("--broker-config", action="append", default=[], metavar="KEY=VALUE",
                     help="a broker config key for every broker (repeatable), e.g. "
                     "acks.all.fsync=false")  # fmt: skip
+    for command, text in (
+        ("restart", "restart broker N of the running `cluster up` (or start it again)"),
+        ("stop", "stop broker N of the running `cluster up` until `cluster restart N`"),
+        ("status", "show the brokers of the running `cluster up`"),
+    ):
+        operate = csub.add_parser(command, help=text)
+        operate.set_defaults(log_level="WARNING")  # the CLI sets up logging for every command
+        if command != "status":
+            operate.add_argument("broker", type=int, metavar="N", help="the broker id")
+            operate.add_argument("--timeout", type=float, default=START_TIMEOUT_S,
+                                 help="seconds to wait for it (default %(default)g)")  # fmt: skip
+        operate.add_argument("--data-dir", type=Path, default=Path("cluster-data"),
+                             help="the data dir of that `cluster up` (default ./cluster-data)")  # fmt: skip
 
 
 class _Broker:
-    def __init__(self, broker_id: int, process: subprocess.Popen[bytes], log_path: Path) -> None:
-        self.broker_id, self.process, self.log_path = broker_id, process, log_path
+    """One broker of ``cluster up``: its current process, its log, and what the supervisor
+    does when the process exits (restart it, or leave it down)."""
+
+    def __init__(self, broker_id: int, log_path: Path, port: int) -> None:
+        self.broker_id, self.log_path, self.port = broker_id, log_path, port
+        self.process: subprocess.Popen[bytes] | None = None
         self.address: str | None = None
         self.ready = threading.Event()
+        #: starting, running, restarting (waiting out its backoff), stopping, stopped,
+        #: gave up (died too often); shown by ``cluster status``.
+        self.state = "starting"
+        self.starts = 0
+        #: When it exited unexpectedly, within RESTART_WINDOW_S.
+        self.deaths: deque[float] = deque()
+        self.restart_at: float | None = None
+        #: What to do once a process asked to stop (SIGTERM) has exited.
+        self.then: str | None = None
+        self.term_sent_at: float | None = None
 
-    def follow_stderr(self) -> None:
+    def start(self, argv: list[str]) -> None:
+        self.process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        self.ready = threading.Event()
+        self.starts += 1
+        self.state = "starting" if self.starts == 1 else "restarting"
+        self.restart_at = None
+        threading.Thread(
+            target=self.follow_stderr, args=(self.process, self.ready), daemon=True
+        ).start()
+
+    def follow_stderr(self, process: subprocess.Popen[bytes], ready: threading.Event) -> None:
         """Copy the broker's log to its file, noting its address on the way."""
-        assert self.process.stderr is not None
+        assert process.stderr is not None
         with self.log_path.open("ab") as out:
-            for line in self.process.stderr:
+            for line in process.stderr:
                 out.write(line)
                 out.flush()
                 found = LISTENING.search(line)
-                if found and self.address is None:
+                if found and not ready.is_set():
                     self.address = f"{found[1].decode()}:{found[2].decode()}"
-                    self.ready.set()
-        self.ready.set()  # exited: whoever waits must look
+                    self.port = int(found[2])  # a restart listens there again
+                    ready.set()
+        ready.set()  # exited: whoever waits must look
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def terminate(self, then: str) -> None:
+        """SIGTERM (a clean stop); :meth:`supervise` does ``then`` once it has exited."""
+        assert self.process is not None
+        self.then, self.term_sent_at, self.state = then, time.monotonic(), "stopping"
+        os.kill(self.process.pid, signal.SIGTERM)
+
+    def supervise(self, now: float, argv: Callable[[int], list[str]]) -> bool:
+        """One look at the broker; True when its state changed."""
+        process = self.process
+        if process is not None and process.poll() is not None:
+            self.process, then, self.then = None, self.then, None
+            if then == "stop":
+                self.state = "stopped"
+                _say(f"broker {self.broker_id} stopped")
+            elif then == "restart":
+                self.start(argv(self.port))
+            else:
+                self._died(now, process.returncode)
+            return True
+        if self.restart_at is not None and now >= self.restart_at:
+            self.start(argv(self.port))
+            return True
+        since = self.term_sent_at if self.then is not None else None
+        if process is not None and since is not None and now - since > STOP_GRACE_S:
+            process.kill()  # a clean stop that does not end
+            self.term_sent_at = None
+        if self.state in ("starting", "restarting") and self.ready.is_set() and self.alive():
+            if self.state == "restarting":
+                _say(f"broker {self.broker_id} is back on {self.address} "
+                     f"(pid {self.process.pid if self.process else '?'})")  # fmt: skip
+            self.state = "running"
+            return True
+        return False
+
+    def _died(self, now: float, status: int) -> None:
+        """It exited on its own: restart it after a backoff, unless it keeps dying."""
+        self.deaths.append(now)
+        while self.deaths and self.deaths[0] < now - RESTART_WINDOW_S:
+            self.deaths.popleft()
+        exited = f"broker {self.broker_id} {_exit_status(status)}"
+        if len(self.deaths) >= RESTART_LIMIT:
+            self.state = "gave up"
+            _say(f"{exited}, {len(self.deaths)} times within {RESTART_WINDOW_S:.0f} s: "
+                 f"not restarting it (the others keep running; `trio-broker cluster "
+                 f"restart {self.broker_id}` tries again); see {self.log_path}")  # fmt: skip
+            return
+        delay = RESTART_BACKOFF_S[min(len(self.deaths), len(RESTART_BACKOFF_S)) - 1]
+        self.restart_at, self.state = now + delay, "restarting"
+        _say(f"{exited}; restarting it in {delay:g} s; see {self.log_path}")
+
+    def asked(self, command: str, argv: Callable[[int], list[str]]) -> None:
+        """``cluster restart N`` / ``cluster stop N``: the operator's word (no backoff,
+        and it does not count toward giving up)."""
+        if self.then is not None and self.alive():
+            self.then = command  # stopping already: a second SIGTERM would cut that short
+            return
+        if command == "restart":
+            self.deaths.clear()
+            if self.alive():
+                self.terminate("restart")
+            else:
+                self.start(argv(self.port))
+        elif self.alive():
+            self.terminate("stop")
+        else:
+            self.restart_at, self.state = None, "stopped"
+
+
+def _broker_argv(
+    zookeeper_hosts: str, data_dir: Path, broker_id: int, port: int, log_level: str,
+    config: Path,
+) -> list[str]:  # fmt: skip
+    """The command line of broker ``broker_id`` (the same for every restart but its
+    port: 0 at first with --base-port 0, then the one it got)."""
+    exe = Path(sys.executable).with_name("trio-broker")
+    return [
+        str(exe) if exe.exists() else sys.executable, *([] if exe.exists() else
+        ["-m", "trio_broker.cli"]), "serve", "--broker-id", str(broker_id),
+        "--zookeeper", zookeeper_hosts, "--listen", f"127.0.0.1:{port}",
+        "--data-dir", str(data_dir / f"broker-{broker_id}"), "--log-level", log_level,
+        "--config", str(config),
+    ]  # fmt: skip
 
 
 def run_cluster(args: argparse.Namespace) -> int:
+    if args.cluster_command in ("restart", "stop", "status"):
+        return _operate(args)
     if args.cluster_command != "up":
         return 2
     if not 1 <= args.brokers <= 64:
@@ -102,47 +247,56 @@ def run_cluster(args: argparse.Namespace) -> int:
         except (OSError, RuntimeError, TimeoutError) as exc:
             print(f"trio-broker: ZooKeeper did not start: {exc}", file=sys.stderr)
             return 1
-        exe = Path(sys.executable).with_name("trio-broker")
+        configs = {
+            i: _config_file(data_dir, i, rf, min_isr, tuple(extra_keys))
+            for i in range(1, args.brokers + 1)
+        }
+        hosts = zookeeper.hosts
+
+        def argv_of(broker: _Broker) -> Callable[[int], list[str]]:
+            return lambda port: _broker_argv(
+                hosts, data_dir, broker.broker_id, port, args.log_level, configs[broker.broker_id]
+            )
+
         for i in range(1, args.brokers + 1):
             port = 0 if args.base_port == 0 else args.base_port + i - 1
-            argv = [
-                str(exe) if exe.exists() else sys.executable, *([] if exe.exists() else
-                ["-m", "trio_broker.cli"]), "serve", "--broker-id", str(i),
-                "--zookeeper", zookeeper.hosts, "--listen", f"127.0.0.1:{port}",
-                "--data-dir", str(data_dir / f"broker-{i}"), "--log-level", args.log_level,
-                "--config", str(_config_file(data_dir, i, rf, min_isr, tuple(extra_keys))),
-            ]  # fmt: skip
-            process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, start_new_session=True,
-            )  # fmt: skip
-            broker = _Broker(i, process, data_dir / f"broker-{i}.log")
-            threading.Thread(target=broker.follow_stderr, daemon=True).start()
+            broker = _Broker(i, data_dir / f"broker-{i}.log", port)
+            broker.start(argv_of(broker)(port))
             brokers.append(broker)
+        _write_state(data_dir, brokers)
         deadline = time.monotonic() + START_TIMEOUT_S
         for broker in brokers:
             broker.ready.wait(max(deadline - time.monotonic(), 0))
-            if broker.address is None:
+            if broker.address is None or not broker.alive():
                 print(f"trio-broker: broker {broker.broker_id} did not start; see "
                       f"{broker.log_path}", file=sys.stderr)  # fmt: skip
                 return 1
         if not _wait_registered(zookeeper, args.brokers, deadline, stop):
             print("trio-broker: the brokers did not all register in ZooKeeper", file=sys.stderr)
             return 1
+        for broker in brokers:
+            broker.state = "running"
+        _write_state(data_dir, brokers)  # before the line: whoever reads it can act
         bootstrap = ",".join(str(b.address) for b in brokers)
         print(f"cluster ready: bootstrap {bootstrap}", flush=True)
-        while not stop.wait(0.5):
+        argvs = {b.broker_id: argv_of(b) for b in brokers}
+        while not stop.wait(SUPERVISE_EVERY_S):
+            now = time.monotonic()
+            changed = False
+            for broker_id, command in _take_requests(data_dir):
+                if 1 <= broker_id <= len(brokers):
+                    brokers[broker_id - 1].asked(command, argvs[broker_id])
+                    changed = True
             for broker in brokers:
-                if broker.process.poll() is not None:
-                    print(f"trio-broker: broker {broker.broker_id} exited with "
-                          f"{broker.process.returncode}; see {broker.log_path}",
-                          file=sys.stderr)  # fmt: skip
-                    return 1
+                changed = broker.supervise(now, argvs[broker.broker_id]) or changed
+            if changed:
+                _write_state(data_dir, brokers)
         return 0
     finally:
         _stop_all(brokers)
         if zookeeper is not None:
             zookeeper.stop()
+        _remove_state(data_dir)
 
 
 def _config_file(
@@ -177,13 +331,151 @@ def _wait_registered(
 
 
 def _stop_all(brokers: list[_Broker]) -> None:
-    for broker in brokers:
-        if broker.process.poll() is None:
-            os.kill(broker.process.pid, signal.SIGTERM)
+    running = [b.process for b in brokers if b.process is not None]
+    for process in running:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
-    for broker in brokers:
+    for process in running:
         try:
-            broker.process.wait(max(deadline - time.monotonic(), 0.1))
+            process.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
-            broker.process.kill()
-            broker.process.wait()
+            process.kill()
+            process.wait()
+
+
+def _say(line: str) -> None:
+    print(f"trio-broker: {line}", file=sys.stderr, flush=True)
+
+
+def _exit_status(status: int) -> str:
+    if status < 0:
+        try:
+            return f"was killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"was killed by signal {-status}"
+    return f"exited with status {status}"
+
+
+# ---------------------------------------------------------------- operating a running cluster
+#
+# A second process finds the running ``cluster up`` through files in the data dir, both
+# readable by their owner only: ``cluster-up.json``, the state (cluster up's pid; each
+# broker's pid, address, state and starts), rewritten (whole, by rename) on every change;
+# and ``cluster-up.requests/``, where ``cluster restart|stop N`` drops one file per
+# request. The supervisor polls that directory, acts and deletes the file; the
+# requester then watches the state. No signal: a stale state file's pid may belong to
+# another process by now, and a socket path under a deep data dir can exceed the
+# 108 bytes of sun_path.
+
+
+def _state_path(data_dir: Path) -> Path:
+    return data_dir / "cluster-up.json"
+
+
+def _requests_dir(data_dir: Path) -> Path:
+    return data_dir / "cluster-up.requests"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (0600) whole: by rename, so a reader never sees half."""
+    write_file_atomically(path, text.encode(), mode=0o600)
+
+
+def _write_state(data_dir: Path, brokers: list[_Broker]) -> None:
+    state = {
+        "pid": os.getpid(),
+        "brokers": {
+            str(b.broker_id): {
+                "pid": b.process.pid if b.alive() and b.process is not None else None,
+                "address": b.address,
+                "state": b.state,
+                "starts": b.starts,
+                "log": str(b.log_path),
+            }
+            for b in brokers
+        },
+    }
+    _write_private(_state_path(data_dir), json.dumps(state, indent=1))
+    requests = _requests_dir(data_dir)
+    requests.mkdir(mode=0o700, exist_ok=True)
+    requests.chmod(0o700)  # a leftover of a previous run keeps its mode otherwise
+
+
+def _remove_state(data_dir: Path) -> None:
+    _state_path(data_dir).unlink(missing_ok=True)
+    requests = _requests_dir(data_dir)
+    if requests.is_dir():
+        for left in requests.iterdir():
+            left.unlink(missing_ok=True)
+        requests.rmdir()
+
+
+def _take_requests(data_dir: Path) -> list[tuple[int, str]]:
+    """The requests dropped since the last look, oldest first; each is taken (deleted)."""
+    requests = _requests_dir(data_dir)
+    taken = []
+    try:
+        # Not a request still being written (its temp file).
+        names = sorted(n for n in os.listdir(requests) if not n.endswith(TMP_SUFFIX))
+    except FileNotFoundError:
+        return []
+    for name in names:
+        path = requests / name
+        try:
+            command, broker_id = path.read_text().split()
+            if command in ("restart", "stop"):
+                taken.append((int(broker_id), command))
+        except (OSError, ValueError):
+            pass  # not ours: dropped with the rest
+        path.unlink(missing_ok=True)
+    return taken
+
+
+def _read_state(data_dir: Path) -> dict[str, Any] | None:
+    """The running ``cluster up``'s state, or None (none runs for this data dir)."""
+    try:
+        state: dict[str, Any] = json.loads(_state_path(data_dir).read_text())
+        cmdline = Path(f"/proc/{state['pid']}/cmdline").read_bytes()
+    except (OSError, ValueError, KeyError):
+        return None
+    return state if b"cluster\0up" in cmdline else None
+
+
+def _operate(args: argparse.Namespace) -> int:
+    """``cluster restart|stop|status``: act on the ``cluster up`` running for a data dir."""
+    data_dir: Path = args.data_dir.resolve()
+    state = _read_state(data_dir)
+    if state is None:
+        print(f"trio-broker: no `cluster up` is running for {data_dir}", file=sys.stderr)
+        return 1
+    if args.cluster_command == "status":
+        for broker_id, b in state["brokers"].items():
+            print(f"broker {broker_id}: {b['state']} pid {b['pid']} on {b['address']}, "
+                  f"started {b['starts']} time(s); log {b['log']}")  # fmt: skip
+        return 0
+    before = state["brokers"].get(str(args.broker))
+    if before is None:
+        print(f"trio-broker: the cluster has no broker {args.broker}", file=sys.stderr)
+        return 2
+    name = f"{time.time_ns()}-{os.getpid()}"
+    _write_private(_requests_dir(data_dir) / name, f"{args.cluster_command} {args.broker}\n")
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        after = (_read_state(data_dir) or {}).get("brokers", {}).get(str(args.broker))
+        if after is None:
+            break  # cluster up stopped
+        if args.cluster_command == "stop" and after["state"] == "stopped":
+            print(f"broker {args.broker} stopped")
+            return 0
+        if (
+            args.cluster_command == "restart"
+            and after["starts"] > before["starts"]
+            and after["state"] == "running"
+        ):
+            print(f"broker {args.broker} restarted: pid {after['pid']} on {after['address']}")
+            return 0
+        time.sleep(SUPERVISE_EVERY_S)  # polling a file another process rewrites
+    print(f"trio-broker: broker {args.broker} did not {args.cluster_command} within "
+          f"{args.timeout:g} s; see `trio-broker cluster status`", file=sys.stderr)  # fmt: skip
+    return 1

@@ -161,6 +161,9 @@ class ReplicaManager:
         #: Stray local topics (deleted, or replaced under their name, while this broker
         #: was away) were looked for once ZooKeeper answered (:meth:`_delete_strays`).
         self._strays_checked = False
+        #: The broker is shutting down (:meth:`leave`): no view is applied any more, and
+        #: an election still under way when it came makes no term.
+        self.left = False
         #: How fetchers reach leaders (BrokerClient's OpenStream); None: TCP.
         self.open_stream: Any = None
         #: The same for the transaction marker channel (its own client id when logging in).
@@ -483,6 +486,7 @@ class ReplicaManager:
     def leave(self) -> None:
         """The broker shuts down: end every term and stop following (for good: the
         caller cancels this manager's tasks next)."""
+        self.left = True
         for key in list(self.terms):
             self._end_term(key)
         self.following.clear()
@@ -494,16 +498,19 @@ class ReplicaManager:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         from trio_broker.cluster.replica_fetcher import run_fetchers
 
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._apply_loop)
-            nursery.start_soon(self._lag_loop)
-            nursery.start_soon(run_fetchers, self)
-            nursery.start_soon(self._config_loop)
-            if self.producers is not None:
-                self.producers.allocator.use_cluster_blocks()
-                nursery.start_soon(self._producer_id_blocks)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._apply_loop)
+                nursery.start_soon(self._lag_loop)
+                nursery.start_soon(run_fetchers, self)
+                nursery.start_soon(self._config_loop)
+                if self.producers is not None:
+                    self.producers.allocator.use_cluster_blocks()
+                    nursery.start_soon(self._producer_id_blocks)
+                task_status.started()
+        finally:
+            self._nursery = None  # closed: nothing more starts here
 
     def view_changed(self) -> None:
         """Called by the ZooKeeper watch tasks whenever the view was updated."""
@@ -514,7 +521,7 @@ class ReplicaManager:
         return self._view_changed
 
     async def _apply_loop(self) -> None:
-        while True:
+        while not self.left:
             changed = self._view_changed
             try:
                 await self._apply()
@@ -528,6 +535,8 @@ class ReplicaManager:
         if not self._strays_checked:
             self._strays_checked = await self._delete_strays()
         for name, topic in list(self.view.topics.items()):
+            if self.left:
+                return  # shutting down (leave() may have come during any await here)
             mine = [p for p, info in topic.partitions.items() if me in info.replicas]
             if not mine:
                 continue
@@ -536,6 +545,8 @@ class ReplicaManager:
                 continue
             self.local_copies.add(name)
             for p in mine:
+                if self.left:
+                    return
                 info = topic.partitions[p]
                 key = (name, p)
                 if info.leader == me and self.fenced:
@@ -834,6 +845,11 @@ class ReplicaManager:
         # The log's tail is durable before the term counts it (its HW starts there).
         await trio.to_thread.run_sync(log_.flush)
         await trio.to_thread.run_sync(log_.begin_epoch, info.leader_epoch)
+        if self.left:
+            # The broker began shutting down while the flush ran in its worker thread
+            # (which a cancel cannot interrupt): no term, and the internal topics'
+            # coordinators, maybe stopped already, are not told.
+            return
         self.terms[key] = LeaderPartition.become_leader(
             broker_id=self.view.broker_id,
             leader_epoch=info.leader_epoch,
@@ -882,7 +898,8 @@ class ReplicaManager:
     def _store_isr_soon(
         self, name: str, partition: int, term: LeaderPartition, proposal: IsrProposal
     ) -> None:
-        assert self._nursery is not None
+        if self._nursery is None:
+            return  # stopped: the term ends with the broker
         self._nursery.start_soon(self._store_isr, name, partition, term, proposal)
 
     async def _store_isr(

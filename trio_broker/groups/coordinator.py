@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -179,7 +179,10 @@ class GroupCoordinator:
         self.led: dict[int, LedPartition] = {}
         #: group -> its latest metadata write made without a waiter, until someone waits.
         self._group_writes: dict[str, PendingWrite] = {}
+        #: Open while :meth:`run` runs; None before and once it has returned (shutting
+        #: down), when work that would start a task here is dropped (:meth:`_start_soon`).
         self._nursery: trio.Nursery | None = None
+        self._stopped = False
         self._creating_topic = False
         if self.in_cluster:
             listeners = getattr(broker, "leadership_listeners", None)
@@ -204,10 +207,28 @@ class GroupCoordinator:
                 self.offsets = await trio.to_thread.run_sync(self._open_offsets)
             for group_id in self.offsets.group_ids():
                 self._restore(group_id, self.offsets)
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await self._timer_loop()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await self._timer_loop()
+        finally:
+            self._nursery, self._stopped = None, True
+
+    def _start_soon(self, fn: Callable[..., Awaitable[None]], *args: Any, name: str) -> bool:
+        """Start a task in the coordinator's nursery; False once it has stopped.
+
+        The broker's shutdown cancels every service at once: the replica manager can
+        still be finishing a leadership change (a flush in a worker thread cannot be
+        interrupted) when this coordinator's nursery has already closed. Such late work
+        is for a broker that is going away: it is dropped, not an error.
+        """
+        if self._nursery is None:
+            if self._stopped:
+                return False
+            raise RuntimeError("group coordinator is not running")
+        self._nursery.start_soon(fn, *args, name=name)
+        return True
 
     def close(self) -> None:
         if self.offsets is not None:
@@ -256,6 +277,8 @@ class GroupCoordinator:
         """LeadershipListener: this broker leads ``__consumer_offsets-<partition>``; its
         table is replayed in the background (its groups answer
         COORDINATOR_LOAD_IN_PROGRESS until then)."""
+        if self._stopped:
+            return  # shutting down (the replica manager finished a late election)
         led = self.led.get(partition)
         if led is not None and led.log is log:
             led.leader_epoch = leader_epoch  # a new epoch of the same leadership
@@ -263,9 +286,7 @@ class GroupCoordinator:
         if led is not None:
             self.resigned(partition)
         led = self.led[partition] = LedPartition(partition, leader_epoch, log)
-        if self._nursery is None:
-            raise RuntimeError("group coordinator is not running")
-        self._nursery.start_soon(self._load, led, name=f"load {CONSUMER_OFFSETS}-{partition}")
+        self._start_soon(self._load, led, name=f"load {CONSUMER_OFFSETS}-{partition}")
 
     async def _load(self, led: LedPartition) -> None:
         try:
@@ -326,7 +347,7 @@ class GroupCoordinator:
 
     def _create_offsets_topic_soon(self, replication: Any) -> None:
         if self._creating_topic or self._nursery is None:
-            return
+            return  # already under way, or not running
         self._creating_topic = True
         config = self.broker.config
         configs = {
@@ -483,9 +504,10 @@ class GroupCoordinator:
         except KafkaError as exc:
             self._generation_stored(group, generation, exc)
             return
-        if self._nursery is None:
-            raise RuntimeError("group coordinator is not running")
-        self._nursery.start_soon(self._answer_when_stored, group, generation, write)
+        if not self._start_soon(self._answer_when_stored, group, generation, write,
+                                name=f"store generation of {group.group_id}"):  # fmt: skip
+            shutting_down = KafkaError(ErrorCode.COORDINATOR_NOT_AVAILABLE, "shutting down")
+            self._generation_stored(group, generation, shutting_down)
 
     async def _answer_when_stored(self, group: Group, generation: int, write: PendingWrite) -> None:
         try:
