@@ -14,7 +14,7 @@ INVALID_REGULAR_EXPRESSION, as Kafka answers a pattern Java cannot compile.
 from __future__ import annotations
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
-from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.base import LoopBudget, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.patterns import InvalidPattern, Pattern, compile_pattern
@@ -50,7 +50,9 @@ async def handle_list_transactions(
     min_duration = request.duration_filter if ctx.api_version >= 1 else -1
     now = ctx.now_ms()
     listed = []
+    budget = LoopBudget(ctx.services)
     for meta in sorted(coordinator.all(), key=lambda meta: meta.transactional_id):
+        await budget.tick()
         if request.state_filters and meta.state not in wanted_states:
             continue
         if request.producer_id_filters and meta.producer_id not in request.producer_id_filters:

@@ -15,6 +15,7 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import (
     CloseConnection,
     Deferred,
+    LoopBudget,
     RequestContext,
     Response,
     Services,
@@ -115,6 +116,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     verified = {} if txn_id is None or txn_id_denied else await verify_with_coordinator(
         ctx, request, txn_id
     )  # fmt: skip
+    budget = LoopBudget(services)
     for topic_data in request.topic_data:
         topic, name, missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
         partition_responses: list[PartResp] = []
@@ -123,6 +125,10 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
         # Only the coordinators write internal topics (they append to the log directly).
         internal = name in RESERVED_TOPICS and ctx.header.client_id != INTERNAL_WRITER_CLIENT_ID
         for data in topic_data.partition_data:
+            # Thousands of partitions, or batches that inflate to 64 MiB each, must not
+            # hold the loop; after a pause the topic is looked up again (deleted, grown).
+            if await budget.tick():
+                topic, name, missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
             part = PartResp(index=data.index, base_offset=-1, log_append_time_ms=-1)
             partition_responses.append(part)
             produced += len(data.records or b"")
