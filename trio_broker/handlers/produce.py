@@ -27,7 +27,7 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordBytes
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.protocol.errors import KafkaError, ProtocolError
+from trio_broker.protocol.errors import DecompressionLimitError, KafkaError, ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
 from trio_broker.replication.leader import AckState
 from trio_broker.services.topics import RESERVED_TOPICS
@@ -47,10 +47,67 @@ class BatchRejected(KafkaError):
     """A batch Kafka refuses: ``BatchRejected(error_code, message)``."""
 
 
+#: A compressed batch is decompressed on the event loop up to this size. One that
+#: inflates further (up to the 64 MiB bound of protocol/compression.py) is checked in a
+#: worker thread: zstd and zlib decompression release the GIL, so a decompression bomb
+#: (a few KiB that inflate to 60 MiB, ~0.2 s each) does not hold the loop (issue 28).
+INLINE_UNCOMPRESSED = 1 << 20
+
+#: ``validate_batch``'s ``checked`` when the records were not checked beforehand.
+UNCHECKED: Any = object()
+
+
+async def check_compressed_batches(
+    services: Services, request: m.ProduceRequest
+) -> dict[int, ProtocolError | None]:
+    """Check the records of every compressed batch first, before anything else is looked
+    at (nothing can change under the handler during the worker thread's wait).
+
+    Returns the outcome per ``id(partition data)``: None when the records add up, the
+    error when not. A batch left out (not one batch, uncompressed, malformed) is
+    checked by :func:`validate_batch` as usual.
+    """
+    outcomes: dict[int, ProtocolError | None] = {}
+    budget = LoopBudget(services)
+    for topic_data in request.topic_data:
+        for data in topic_data.partition_data:
+            await budget.tick()
+            if not data.records:
+                continue
+            try:
+                batches = list(iter_batches(data.records))
+            except ProtocolError:
+                continue
+            if len(batches) != 1 or batches[0].attributes & 0x07 == Compression.NONE:
+                continue
+            batch = batches[0]
+            try:
+                batch.check_records(INLINE_UNCOMPRESSED)
+            except DecompressionLimitError:
+                try:
+                    await services.run_off_loop(batch.check_records)
+                except ProtocolError as exc:
+                    outcomes[id(data)] = exc
+                else:
+                    outcomes[id(data)] = None
+            except ProtocolError:
+                continue
+            else:
+                outcomes[id(data)] = None
+    return outcomes
+
+
 def validate_batch(
-    records: RecordBytes | None, api_version: int, max_message_bytes: int
+    records: RecordBytes | None,
+    api_version: int,
+    max_message_bytes: int,
+    checked: ProtocolError | None = UNCHECKED,
 ) -> RecordBatchView:
-    """Kafka's rules for the records of one partition in Produce v3+; returns the batch."""
+    """Kafka's rules for the records of one partition in Produce v3+; returns the batch.
+
+    ``checked``: the outcome of :func:`check_compressed_batches` for these records (None:
+    they add up), or UNCHECKED.
+    """
     if records is None or len(records) == 0:
         raise BatchRejected(ErrorCode.INVALID_RECORD, "no records")
     try:
@@ -78,6 +135,10 @@ def validate_batch(
         raise BatchRejected(ErrorCode.INVALID_RECORD, "transactional batch without a producer id")
     if batch.producer_id >= 0 and batch.base_sequence < 0:
         raise BatchRejected(ErrorCode.INVALID_RECORD, "idempotent batch without a sequence")
+    if checked is not UNCHECKED:
+        if checked is not None:
+            raise BatchRejected(checked.error_code, str(checked))
+        return batch
     try:
         batch.check_records()  # the records themselves must add up, as Kafka checks
     except ProtocolError as exc:
@@ -97,6 +158,8 @@ _ANSWERED_WITH_LOG_START = (ErrorCode.INVALID_RECORD, ErrorCode.INVALID_TIMESTAM
 @handles(m.ApiKey.PRODUCE, 3, advertised_min=0)
 async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Response:
     services = ctx.services
+    # First, while nothing is looked up yet: it may wait for a worker thread.
+    checked = await check_compressed_batches(services, request)
     broker_config = services.config
     acks = request.acks
     now = ctx.now_ms()
@@ -164,7 +227,9 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             configs = topic.info.configs
             try:
                 max_bytes = int(configs.get("max.message.bytes", broker_config.message_max_bytes))
-                batch = validate_batch(data.records, ctx.api_version, max_bytes)
+                batch = validate_batch(
+                    data.records, ctx.api_version, max_bytes, checked.get(id(data), UNCHECKED)
+                )
             except BatchRejected as exc:
                 part.error_code, part.error_message = exc.error_code, str(exc)
                 if exc.error_code in _ANSWERED_WITH_LOG_START:
