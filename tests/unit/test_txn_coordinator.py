@@ -9,6 +9,7 @@ checks), and ``Groups`` records ``complete_transaction`` calls.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -525,6 +526,35 @@ async def test_describe_and_list_transactions(services: Services) -> None:
                          Req(state_filters=["Ongoing", "Bogus"], producer_id_filters=[]))  # fmt: skip
     assert [t.transactional_id for t in ongoing.transaction_states] == [TID]
     assert ongoing.unknown_state_filters == ["Bogus"]
+
+
+async def test_list_transactions_pattern_is_linear_and_checked(services: Services) -> None:
+    """v2's transactional id pattern: RE2's full match, INVALID_REGULAR_EXPRESSION for
+    a pattern it refuses or one over 1 KiB, and no backtracking: ``(?:.*)`` sixteen times
+    then ``X`` against a 16-character id took Python's ``re`` 6 s (issue 28)."""
+    for tid in ("orders-1", "orders-2", "billing-1", "a" * 16):
+        await init(services, tid)
+    Req = m.ListTransactionsRequest
+
+    async def listed(pattern: str) -> Any:
+        request = Req(state_filters=[], producer_id_filters=[], duration_filter=-1,
+                      transactional_id_pattern=pattern)  # fmt: skip
+        return await call(services, handle_list_transactions, m.ApiKey.LIST_TRANSACTIONS, 2,
+                          request)  # fmt: skip
+
+    orders = await listed(r"orders-\d+")
+    assert [t.transactional_id for t in orders.transaction_states] == ["orders-1", "orders-2"]
+    # A full match, as Java's Matcher.matches(): "orders" alone matches nothing.
+    assert (await listed("orders")).transaction_states == []
+    for refused in ("(unclosed", r"(a)\1", "(?=a)", "a{1001}", "x" * 1025):
+        response = await listed(refused)
+        assert response.error_code == ErrorCode.INVALID_REGULAR_EXPRESSION, refused
+        assert response.transaction_states == []
+    assert (await listed("x" * 1024)).error_code == ErrorCode.NONE
+    started = time.perf_counter()
+    slow = await listed("(?:.*)" * 16 + "X")
+    assert time.perf_counter() - started < 1.0
+    assert (slow.error_code, slow.transaction_states) == (ErrorCode.NONE, [])
 
 
 async def test_write_txn_markers_appends_locally(services: Services) -> None:

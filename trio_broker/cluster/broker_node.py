@@ -246,6 +246,12 @@ async def _fence_while_cut_off(
         with trio.move_on_at(since + session_timeout_s):
             await changed.wait()
             continue
+        if coord.connected():
+            # Back in touch already: the word is still queued behind a stall of the
+            # loop, which passed this deadline. Fencing now would end every term for a
+            # connection that is up (issue 28).
+            await changed.wait()
+            continue
         manager.fence(True)
         await changed.wait()
 

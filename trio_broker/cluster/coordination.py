@@ -147,6 +147,11 @@ class ZooKeeperCoordination:
         self._connection_changed.set()
         self._connection_changed = trio.Event()
 
+    def connected(self) -> bool:
+        """kazoo's own view, read now. A change it reported reaches ``disconnected_since``
+        only when the event loop runs the hand-over, which a stalled loop delays."""
+        return bool(self._client.connected)
+
     def connection_changed(self) -> trio.Event:
         """Set at the next change of the connection state (see ``disconnected_since``)."""
         return self._connection_changed

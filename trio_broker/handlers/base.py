@@ -271,6 +271,37 @@ class RequestContext:
         return self.services.now_ms()
 
 
+#: How long (ms) a handler walking many items computes before it gives the event loop
+#: back (:class:`LoopBudget`).
+LOOP_SLICE_MS = 10.0
+
+
+class LoopBudget:
+    """Gives the event loop back every :data:`LOOP_SLICE_MS` of a handler's work.
+
+    Every client shares the broker's one event loop: a handler that walks ten thousand
+    topics, partitions or ids in one go holds every other request, timer and heartbeat
+    until it is done (issue 28). Such a handler calls ``await budget.tick()`` once per
+    item, never between a check and the change it guards. The time is the loop's clock
+    (``services.monotonic_ms``): a simulation's mock clock does not move while a handler
+    computes, so there it never yields and the run stays deterministic.
+    """
+
+    __slots__ = ("_services", "_since")
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+        self._since = services.monotonic_ms()
+
+    async def tick(self) -> bool:
+        """True when it gave the loop back: anything may have changed meanwhile."""
+        if self._services.monotonic_ms() - self._since < LOOP_SLICE_MS:
+            return False
+        await self._services.sleep(0)
+        self._since = self._services.monotonic_ms()
+        return True
+
+
 class Deferred:
     """A response that completes later: the shell awaits ``finish()`` off the handler task.
 

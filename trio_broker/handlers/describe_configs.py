@@ -29,7 +29,7 @@ from trio_broker.config_keys import (
     listener_key,
 )
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
-from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.handlers.base import Deferred, LoopBudget, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.security.listeners import LISTENER_KEYS
@@ -350,7 +350,7 @@ async def handle_describe_configs(
     replication = ctx.services.replication
     elsewhere = sorted({r.resource_name for r in request.resources if _held_elsewhere(ctx, r)})
     if replication is None or not elsewhere:
-        return _answer(ctx, request, {})
+        return await _answer(ctx, request, {})
 
     async def read_then_answer() -> m.DescribeConfigsResponse:
         from_cluster: ClusterConfigs = {}
@@ -359,18 +359,20 @@ async def handle_describe_configs(
                 from_cluster[name] = await replication.read_topic_configs(name)
             except TopicError as exc:
                 from_cluster[name] = exc
-        return _answer(ctx, request, from_cluster)
+        return await _answer(ctx, request, from_cluster)
 
     return Deferred(read_then_answer)
 
 
-def _answer(
+async def _answer(
     ctx: RequestContext, request: m.DescribeConfigsRequest, from_cluster: ClusterConfigs
 ) -> m.DescribeConfigsResponse:
     synonyms = ctx.api_version >= 1 and request.include_synonyms
     documentation = ctx.api_version >= 3 and request.include_documentation
     results: list[Result] = []
+    budget = LoopBudget(ctx.services)  # every topic and the broker: tens of ms per thousand
     for resource in request.resources:
+        await budget.tick()
         values, error, message = _describe(ctx, resource, from_cluster)
         if resource.configuration_keys is not None:
             wanted = set(resource.configuration_keys)

@@ -8,7 +8,7 @@ TRANSACTIONAL_ID_NOT_FOUND; DESCRIBE on the transactional id is required.
 from __future__ import annotations
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
-from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.base import LoopBudget, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.transactions.coordinator import coordinator_of
@@ -24,7 +24,9 @@ async def handle_describe_transactions(
 ) -> m.DescribeTransactionsResponse:
     coordinator = coordinator_of(ctx.services)
     states = []
+    budget = LoopBudget(ctx.services)  # a request may name 100,000 ids
     for tid in request.transactional_ids:
+        await budget.tick()
         described = State(transactional_id=tid, transaction_state="", transaction_timeout_ms=0,
                           transaction_start_time_ms=-1, producer_id=-1, producer_epoch=-1,
                           topics=[])  # fmt: skip

@@ -15,6 +15,7 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import (
     CloseConnection,
     Deferred,
+    LoopBudget,
     RequestContext,
     Response,
     Services,
@@ -26,7 +27,7 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordBytes
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.protocol.errors import KafkaError, ProtocolError
+from trio_broker.protocol.errors import DecompressionLimitError, KafkaError, ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
 from trio_broker.replication.leader import AckState
 from trio_broker.services.topics import RESERVED_TOPICS
@@ -69,16 +70,72 @@ def keyless_records(batch: RecordBatchView) -> list[int]:
     return [index for index, record in enumerate(batch.records()) if record.key is None]
 
 
+#: A compressed batch is decompressed on the event loop up to this size. One that
+#: inflates further (up to the 64 MiB bound of protocol/compression.py) is checked in a
+#: worker thread: zstd and zlib decompression release the GIL, so a decompression bomb
+#: (a few KiB that inflate to 60 MiB, ~0.2 s each) does not hold the loop (issue 28).
+INLINE_UNCOMPRESSED = 1 << 20
+
+#: ``validate_batch``'s ``checked`` when the records were not checked beforehand.
+UNCHECKED: Any = object()
+
+
+async def check_compressed_batches(
+    services: Services, request: m.ProduceRequest
+) -> dict[int, ProtocolError | None]:
+    """Check the records of every compressed batch first, before anything else is looked
+    at (nothing can change under the handler during the worker thread's wait).
+
+    Returns the outcome per ``id(partition data)``: None when the records add up, the
+    error when not. A batch left out (not one batch, uncompressed, malformed) is
+    checked by :func:`validate_batch` as usual.
+    """
+    outcomes: dict[int, ProtocolError | None] = {}
+    budget = LoopBudget(services)
+    for topic_data in request.topic_data:
+        for data in topic_data.partition_data:
+            await budget.tick()
+            if not data.records:
+                continue
+            try:
+                batches = list(iter_batches(data.records))
+            except ProtocolError:
+                continue
+            if len(batches) != 1 or batches[0].attributes & 0x07 == Compression.NONE:
+                continue
+            batch = batches[0]
+            try:
+                batch.check_records(INLINE_UNCOMPRESSED)
+            except DecompressionLimitError:
+                try:
+                    await services.run_off_loop(batch.check_records)
+                except ProtocolError as exc:
+                    outcomes[id(data)] = exc
+                else:
+                    outcomes[id(data)] = None
+            except ProtocolError:
+                continue
+            else:
+                outcomes[id(data)] = None
+    return outcomes
+
+
 def validate_batch(
-    records: RecordBytes | None, api_version: int, max_message_bytes: int,
+    records: RecordBytes | None,
+    api_version: int,
+    max_message_bytes: int,
     compacted_partition: str | None = None,
-) -> RecordBatchView:  # fmt: skip
+    checked: ProtocolError | None = UNCHECKED,
+) -> RecordBatchView:
     """Kafka's rules for the records of one partition in Produce v3+; returns the batch.
 
     ``compacted_partition``: the partition's name ("topic-N") when its cleanup.policy
     includes compact. The cleaner keeps the latest record of each key, so a record
     without a key could never be cleaned away: as Kafka, such a batch is refused whole
     (INVALID_RECORD, each keyless record named), nothing of it appended.
+
+    ``checked``: the outcome of :func:`check_compressed_batches` for these records (None:
+    they add up), or UNCHECKED.
     """
     if records is None or len(records) == 0:
         raise BatchRejected(ErrorCode.INVALID_RECORD, "no records")
@@ -107,8 +164,11 @@ def validate_batch(
         raise BatchRejected(ErrorCode.INVALID_RECORD, "transactional batch without a producer id")
     if batch.producer_id >= 0 and batch.base_sequence < 0:
         raise BatchRejected(ErrorCode.INVALID_RECORD, "idempotent batch without a sequence")
+    if checked is not UNCHECKED and checked is not None:
+        raise BatchRejected(checked.error_code, str(checked))
     try:
-        batch.check_records()  # the records themselves must add up, as Kafka checks
+        if checked is UNCHECKED:
+            batch.check_records()  # the records themselves must add up, as Kafka checks
         keyless = keyless_records(batch) if compacted_partition is not None else []
     except ProtocolError as exc:
         raise BatchRejected(exc.error_code, str(exc)) from None
@@ -133,6 +193,8 @@ _ANSWERED_WITH_LOG_START = (ErrorCode.INVALID_RECORD, ErrorCode.INVALID_TIMESTAM
 @handles(m.ApiKey.PRODUCE, 3, advertised_min=0)
 async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Response:
     services = ctx.services
+    # First, while nothing is looked up yet: it may wait for a worker thread.
+    checked = await check_compressed_batches(services, request)
     broker_config = services.config
     acks = request.acks
     now = ctx.now_ms()
@@ -152,6 +214,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     verified = {} if txn_id is None or txn_id_denied else await verify_with_coordinator(
         ctx, request, txn_id
     )  # fmt: skip
+    budget = LoopBudget(services)
     for topic_data in request.topic_data:
         topic, name, missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
         partition_responses: list[PartResp] = []
@@ -160,6 +223,10 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
         # Only the coordinators write internal topics (they append to the log directly).
         internal = name in RESERVED_TOPICS and ctx.header.client_id != INTERNAL_WRITER_CLIENT_ID
         for data in topic_data.partition_data:
+            # Thousands of partitions, or batches that inflate to 64 MiB each, must not
+            # hold the loop; after a pause the topic is looked up again (deleted, grown).
+            if await budget.tick():
+                topic, name, missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
             part = PartResp(index=data.index, base_offset=-1, log_append_time_ms=-1)
             partition_responses.append(part)
             produced += len(data.records or b"")
@@ -196,7 +263,10 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             try:
                 max_bytes = int(configs.get("max.message.bytes", broker_config.message_max_bytes))
                 compacted = f"{topic.name}-{data.index}" if log.config.compact else None
-                batch = validate_batch(data.records, ctx.api_version, max_bytes, compacted)
+                batch = validate_batch(
+                    data.records, ctx.api_version, max_bytes, compacted,
+                    checked.get(id(data), UNCHECKED),
+                )  # fmt: skip
             except BatchRejected as exc:
                 part.error_code, part.error_message = exc.error_code, str(exc)
                 if isinstance(exc, RecordsRejected):

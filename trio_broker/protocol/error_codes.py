@@ -137,6 +137,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_VOTER_KEY = 125
     DUPLICATE_VOTER = 126
     VOTER_NOT_FOUND = 127
+    INVALID_REGULAR_EXPRESSION = 128
 
 
 #: Codes a client may retry without changing the request.

@@ -5,6 +5,7 @@ Task tree (see docs/architecture.md)::
     serve (root nursery)
     ├── flusher                 group commit: one fsync for many appends
     ├── handler pool            N handler tasks, one bounded queue each
+    ├── loop watchdog           samples the event loop's lag, logs stalls
     ├── delayed operations      deferred responses: acks=all waits, long-poll fetches
     ├── retention               deletes old segments periodically
     ├── log cleaner             compacts cleanup.policy=compact logs (docs/compaction.md)
@@ -37,6 +38,7 @@ from trio_broker.server.connection import Connection
 from trio_broker.server.flusher import Flusher
 from trio_broker.server.handler_pool import HandlerPool
 from trio_broker.server.log_cleaner import LogCleaner
+from trio_broker.server.loop_watchdog import LoopWatchdog
 from trio_broker.server.memory_budget import MemoryBudget
 from trio_broker.server.quotas import with_request_quota
 from trio_broker.server.transaction_timers import TransactionTimers
@@ -120,6 +122,7 @@ class Broker:
         }
         self.memory = MemoryBudget(config.queued_request_bytes_limit)
         self.handler_pool = HandlerPool(self, config.num_handlers)
+        self.loop_watchdog = LoopWatchdog(self.handler_pool)
         self.stats = BrokerStats()
         #: Idempotent producers' sequence state (services/producers.py), kept in the data dir.
         self.producers = ProducerStateRegistry(data_dir, now_ms)
@@ -244,6 +247,7 @@ class Broker:
                 async with trio.open_nursery() as root:
                     await root.start(self.flusher.run)
                     await root.start(self.handler_pool.run)
+                    await root.start(self.loop_watchdog.run, name="loop-watchdog")
                     self.root_nursery = root
                     self.flusher.background = root
                     root.start_soon(self._retention_loop, name="retention")

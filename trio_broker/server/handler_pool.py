@@ -32,6 +32,26 @@ log = logging.getLogger("trio_broker.handlers")
 WorkItem = tuple["Connection", int, RequestHeader, Any, str]
 
 
+class HandlerRun:
+    """One handler call, for the loop watchdog to name who held the loop."""
+
+    __slots__ = ("api_key", "api_version", "client", "client_id", "correlation_id",
+                 "finished", "started")  # fmt: skip
+
+    def __init__(self, header: RequestHeader, client: str, started: float) -> None:
+        self.api_key = header.api_key
+        self.api_version = header.api_version
+        self.correlation_id = header.correlation_id
+        self.client_id = header.client_id or ""
+        self.client = client
+        self.started = started
+        #: perf_counter when the handler returned; None while it runs.
+        self.finished: float | None = None
+
+    def ran_for(self, now: float) -> float:
+        return (now if self.finished is None else self.finished) - self.started
+
+
 class HandlerPool:
     def __init__(self, broker: PoolHost, count: int, queue_size: int = 1024) -> None:
         self.broker = broker
@@ -44,6 +64,21 @@ class HandlerPool:
         #: request.log.slow.ms in seconds; infinite when 0 (off).
         slow_ms = broker.config.request_log_slow_ms
         self.slow_s = slow_ms / 1000 if slow_ms > 0 else math.inf
+        #: Per handler task, its last two calls (the watchdog may wake only after the
+        #: task that stalled it has taken its next request).
+        self._runs: list[tuple[HandlerRun | None, HandlerRun | None]] = [(None, None)] * count
+
+    def requests_during(self, start: float, end: float) -> list[HandlerRun]:
+        """The handler calls that ran at some point between ``start`` and ``end``
+        (perf_counter seconds)."""
+        return [
+            run
+            for pair in self._runs
+            for run in pair
+            if run is not None
+            and run.started <= end
+            and (run.finished is None or run.finished >= start)
+        ]
 
     def queue_depths(self) -> list[int]:
         return [s.statistics().current_buffer_used for s in self._senders]
@@ -73,14 +108,20 @@ class HandlerPool:
                 sasl=conn.sasl,
             )  # fmt: skip
             started = time.perf_counter()
+            run = HandlerRun(header, conn.client_address, started)
+            self._runs[index] = (self._runs[index][1], run)
             try:
                 result = await spec.fn(ctx, body)
             except Exception:
-                self.latency.observe(header.api_key, time.perf_counter() - started)
+                run.finished = time.perf_counter()
+                self.latency.observe(header.api_key, run.finished - started)
                 log.exception("handler for API %d v%d failed", header.api_key, header.api_version)
                 conn.close("internal error in handler")
                 continue
-            done = time.perf_counter()
+            except BaseException:
+                run.finished = time.perf_counter()
+                raise
+            done = run.finished = time.perf_counter()
             self.latency.observe(header.api_key, done - started)
             if isinstance(result, Deferred):
                 broker.root_nursery.start_soon(

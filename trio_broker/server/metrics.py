@@ -159,6 +159,21 @@ def render_metrics(broker: Broker) -> bytes:
         "time from dequeue to handler return, per API",
         histogram,
     )
+    watchdog = broker.loop_watchdog
+    lag = watchdog.lag
+    les = [_format_value(b) for b in lag.bounds] + ["+Inf"]
+    out.family(
+        p + "event_loop_lag_seconds",
+        "histogram",
+        "how late the loop watchdog's periodic sleep woke (time others held the event loop)",
+        _histogram_samples({}, zip(les, lag.buckets.get(0, [0] * len(les))), lag.sums.get(0, 0.0)),
+    )
+    out.counter(
+        p + "event_loop_stalls_total",
+        "wakes of the loop watchdog late by 200 ms or more (each logged by trio_broker.loop)",
+        watchdog.stalls,
+    )
+    out.gauge(p + "event_loop_lag_max_seconds", "the longest event loop lag seen", watchdog.max_lag)
     out.counter(
         p + "slow_requests_total",
         "requests slower than request.log.slow.ms (each logged by trio_broker.requests)",
