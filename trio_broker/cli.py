@@ -183,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         from trio_broker.admin.quotas import run_quotas
 
         return run_quotas(args)
+    if args.command == "cluster" and args.cluster_command == "secure-zookeeper":
+        from trio_broker.admin.cluster_zookeeper import run_secure_zookeeper
+
+        return run_secure_zookeeper(args)
     if args.command == "cluster":
         from trio_broker.admin.cluster_up import run_cluster
 

@@ -10,6 +10,14 @@ broker is registered, prints one line::
 and runs until Ctrl-C or SIGTERM, when it stops the brokers (SIGTERM, then SIGKILL after
 a grace period) and ZooKeeper, each by its own PID. Exit status: 0 after a clean stop,
 1 if something failed to start, 2 for bad arguments.
+
+Secure by default: ZooKeeper accepts the SASL login of one user, ``broker``, with a
+random password kept in ``DATA_DIR/zookeeper-client.jaas`` (made on the first run,
+reused after), and the brokers log in as it with ``zookeeper.set.acl=true``, so no other
+local process can change the cluster's znodes or read its SCRAM credentials. Everything
+under DATA_DIR is its owner's alone (directories 0700, files 0600). Admin tools that
+write to ZooKeeper take the same file: ``trio-broker users --zookeeper HOST:PORT
+--zookeeper-jaas DATA_DIR/zookeeper-client.jaas ...``.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,13 +34,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trio_broker.admin.cluster_zookeeper import add_secure_zookeeper_command
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper, start_local_zookeeper
+from trio_broker.config_errors import ConfigError
+from trio_broker.security.zookeeper_login import ZooKeeperLogin, client_jaas, read_client_login
 
 __all__ = ["add_cluster_command", "run_cluster"]
 
 LISTENING = re.compile(rb"listening on ([0-9.]+):(\d+)")
 START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 20.0
+#: The brokers' ZooKeeper login (the user their znodes' ACLs name), under DATA_DIR.
+CLIENT_JAAS = "zookeeper-client.jaas"
+ZOOKEEPER_USER = "broker"
 
 
 def add_cluster_command(sub: Any) -> None:
@@ -51,6 +66,7 @@ def add_cluster_command(sub: Any) -> None:
     up.add_argument("--broker-config", action="append", default=[], metavar="KEY=VALUE",
                     help="a broker config key for every broker (repeatable), e.g. "
                     "acks.all.fsync=false")  # fmt: skip
+    add_secure_zookeeper_command(csub)
 
 
 class _Broker:
@@ -90,7 +106,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         print("trio-broker: --broker-config takes KEY=VALUE", file=sys.stderr)
         return 2
     data_dir: Path = args.data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    _private_data_dir(data_dir)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -98,8 +114,8 @@ def run_cluster(args: argparse.Namespace) -> int:
     brokers: list[_Broker] = []
     try:
         try:
-            zookeeper = start_local_zookeeper(data_dir / "zookeeper")
-        except (OSError, RuntimeError, TimeoutError) as exc:
+            zookeeper = _start_zookeeper(data_dir)
+        except (OSError, RuntimeError, TimeoutError, ConfigError) as exc:
             print(f"trio-broker: ZooKeeper did not start: {exc}", file=sys.stderr)
             return 1
         exe = Path(sys.executable).with_name("trio-broker")
@@ -145,15 +161,46 @@ def run_cluster(args: argparse.Namespace) -> int:
             zookeeper.stop()
 
 
+def _private_data_dir(data_dir: Path) -> None:
+    """DATA_DIR and all that this process and its brokers make in it: the owner's alone
+    (JAAS files and broker configs hold passwords, ZooKeeper's snapshots SCRAM keys)."""
+    os.umask(0o077)  # the brokers inherit it
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.chmod(0o700)
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a file from an earlier run keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+def _start_zookeeper(data_dir: Path) -> LocalZooKeeper:
+    """ZooKeeper accepting the brokers' login only: the one of DATA_DIR's client JAAS
+    file, made with a random password on the first run."""
+    jaas = data_dir / CLIENT_JAAS
+    if jaas.exists():
+        login = read_client_login(jaas)
+        jaas.chmod(0o600)
+    else:
+        login = ZooKeeperLogin(ZOOKEEPER_USER, secrets.token_urlsafe(32))
+        _write_private(jaas, client_jaas(login))
+    return start_local_zookeeper(data_dir / "zookeeper", sasl_users=[login])
+
+
 def _config_file(
     data_dir: Path, broker_id: int, rf: int, min_isr: int, extra_keys: tuple[str, ...] = ()
 ) -> Path:
     path = data_dir / f"broker-{broker_id}.properties"
-    path.write_text(
+    _write_private(
+        path,
         f"default.replication.factor={rf}\nmin.insync.replicas={min_isr}\n"
         "replica.lag.time.max.ms=10000\n"
         # Consumer groups' offsets topic: no more replicas than brokers, or it is never made.
-        f"offsets.topic.replication.factor={rf}\n" + "".join(f"{line}\n" for line in extra_keys)
+        f"offsets.topic.replication.factor={rf}\n"
+        f"zookeeper.set.acl=true\nzookeeper.jaas.file={data_dir / CLIENT_JAAS}\n"
+        + "".join(f"{line}\n" for line in extra_keys),
     )
     return path
 
