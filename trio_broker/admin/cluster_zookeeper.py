@@ -48,6 +48,7 @@ def add_secure_zookeeper_command(csub: Any) -> None:
     zookeeper_login_argument(secure)
     secure.add_argument("--unsecure", action="store_true",
                         help="set ZooKeeper's open ACL instead (world:anyone:cdrwa)")  # fmt: skip
+    secure.add_argument("--log-level", default="WARNING", help=argparse.SUPPRESS)
 
 
 def run_secure_zookeeper(args: argparse.Namespace) -> int:
