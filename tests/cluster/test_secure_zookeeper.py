@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import trio
 from confluent_kafka.admin import (
     AdminClient,
     NewTopic,
@@ -28,6 +29,8 @@ from kazoo.exceptions import NoAuthError
 from tests.cluster.test_cluster_e2e import eventually, produce, read_all
 from tests.cluster.test_cluster_faults import ConfiguredBroker, running
 from tests.e2e.conftest import BROKER_EXE
+from trio_broker.cluster.coordination import ZooKeeperCoordination
+from trio_broker.cluster.local_zookeeper import start_local_zookeeper
 from trio_broker.security.zookeeper_login import ZooKeeperLogin, client_jaas
 
 pytestmark = pytest.mark.timeout(240)
@@ -148,3 +151,36 @@ def test_secure_zookeeper_needs_the_right_login(
     assert "refused" in refused_login.stderr
     assert anonymous.get("/config/users/boss")[0] == b"{}"  # untouched
     anonymous.set("/config/users/boss", b"{}")  # and still open
+
+
+async def test_the_login_is_made_again_after_zookeeper_restarts(tmp_path: Path) -> None:
+    """kazoo logs in on every connection: after a restart of ZooKeeper the same session
+    writes its locked znodes again (an unauthenticated reconnection would get NoAuth)."""
+    login = ZooKeeperLogin("broker", "restart-secret")
+    server = start_local_zookeeper(tmp_path / "zk", sasl_users=[login])
+    try:
+        coord = ZooKeeperCoordination(server.hosts, session_timeout_s=20, login=login,
+                                      set_acl=True)  # fmt: skip
+        await coord.start()
+        try:
+            await coord.create("/config/users/boss", b"1")
+            server.stop()
+            await trio.to_thread.run_sync(server.restart)
+            with trio.fail_after(30):
+                version = await coord.set("/config/users/boss", b"2", 0)
+                await coord.create("/brokers/ids/1", b"{}", ephemeral=True)
+            assert version == 1
+            node = await coord.get("/config/users/boss")
+            assert node is not None and node.data == b"2"
+        finally:
+            await coord.stop()
+        anonymous = KazooClient(hosts=server.hosts)
+        anonymous.start(timeout=30)
+        try:
+            with pytest.raises(NoAuthError):
+                anonymous.get("/config/users/boss")
+        finally:
+            anonymous.stop()
+            anonymous.close()
+    finally:
+        server.stop()
