@@ -292,8 +292,7 @@ def _serve(args: argparse.Namespace) -> int:
         fatal = _leaf(exc, BrokerIdInUse) or _leaf(exc, NotAuthorized)
         if fatal is None:
             raise
-        prefix = "ZooKeeper: " if isinstance(fatal, NotAuthorized) else ""
-        print(f"trio-broker: {prefix}{fatal}", file=sys.stderr)
+        print(f"trio-broker: {fatal}", file=sys.stderr)
         return 1
     return 0
 

@@ -184,3 +184,22 @@ async def test_the_login_is_made_again_after_zookeeper_restarts(tmp_path: Path) 
             anonymous.close()
     finally:
         server.stop()
+
+
+def test_a_broker_whose_login_zookeeper_refuses_stops_saying_so(
+    tmp_path: Path, zookeeper: str
+) -> None:
+    jaas = tmp_path / "wrong.jaas"
+    jaas.write_text(client_jaas(ZooKeeperLogin("broker", "not-the-password")))
+    config = tmp_path / "broker.properties"
+    config.write_text(f"zookeeper.set.acl=true\nzookeeper.jaas.file={jaas}\n")
+    done = subprocess.run(
+        [str(BROKER_EXE), "serve", "--broker-id", "1", "--zookeeper", zookeeper,
+         "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"),
+         "--config", str(config)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "trio-broker: ZooKeeper refused the SASL login of user broker (a wrong password or user)"
+    )

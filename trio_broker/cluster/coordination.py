@@ -173,10 +173,14 @@ class ZooKeeperCoordination:
             from kazoo import exceptions as kz
 
             if isinstance(exc, kz.AuthFailedError):
-                raise NotAuthorized("ZooKeeper refused the SASL login") from None
+                raise NotAuthorized(self._login_refused()) from None
             raise
         if self._set_acl:
             await self._lock_root()
+
+    def _login_refused(self) -> str:
+        user = "?" if self._login is None else self._login.username
+        return f"ZooKeeper refused the SASL login of user {user} (a wrong password or user)"
 
     def acl(self, path: str) -> list[Any] | None:
         """The ACL a znode at ``path`` gets (kazoo's), None for ZooKeeper's default (open).
@@ -290,8 +294,11 @@ class ZooKeeperCoordination:
             raise NoNode(args[0]) from None
         except kz.BadVersionError:
             raise BadVersion(args[0]) from None
-        except (kz.NoAuthError, kz.AuthFailedError) as exc:
-            raise NotAuthorized(f"{args[0]}: {type(exc).__name__}") from None
+        except kz.AuthFailedError:
+            raise NotAuthorized(self._login_refused()) from None
+        except kz.NoAuthError:
+            who = "no login" if self._login is None else f"user {self._login.username}"
+            raise NotAuthorized(f"{args[0]}: NoAuth (its ACL does not admit {who})") from None
         except (kz.SessionExpiredError, kz.ConnectionLoss) as exc:
             raise SessionLost(f"{args[0]}: {type(exc).__name__}") from None
         except kz.KazooException as exc:
