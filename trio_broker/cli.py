@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from trio_broker.cluster.coordination import NotAuthorized
 from trio_broker.cluster.membership import BrokerIdInUse
 from trio_broker.config import ConfigError, load_config, parse_host_port
 
@@ -183,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         from trio_broker.admin.quotas import run_quotas
 
         return run_quotas(args)
+    if args.command == "cluster" and args.cluster_command == "secure-zookeeper":
+        from trio_broker.admin.cluster_zookeeper import run_secure_zookeeper
+
+        return run_secure_zookeeper(args)
     if args.command == "cluster":
         from trio_broker.admin.cluster_up import run_cluster
 
@@ -281,12 +286,13 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"trio-broker: {exc}", file=sys.stderr)
         return 1
-    except (BrokerIdInUse, BaseExceptionGroup) as exc:
-        # Raised from inside the broker's nurseries: one line, not a traceback.
-        in_use = _leaf(exc, BrokerIdInUse)
-        if in_use is None:
+    except (BrokerIdInUse, NotAuthorized, BaseExceptionGroup) as exc:
+        # Raised from inside the broker's nurseries: one line, not a traceback. (A
+        # ZooKeeper login refused, or not the user the znodes' ACLs name, is no retry's.)
+        fatal = _leaf(exc, BrokerIdInUse) or _leaf(exc, NotAuthorized)
+        if fatal is None:
             raise
-        print(f"trio-broker: {in_use}", file=sys.stderr)
+        print(f"trio-broker: {fatal}", file=sys.stderr)
         return 1
     return 0
 

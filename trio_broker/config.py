@@ -137,6 +137,12 @@ class BrokerConfig:
     #: ZooKeeper; None runs a single broker as before.
     zookeeper_connect: str | None = None
     zookeeper_session_timeout_ms: int = 18_000
+    #: Create znodes with ACLs that only the brokers' ZooKeeper user can change
+    #: (Kafka 3's zookeeper.set.acl; docs/security.md, "Cluster mode: threat model").
+    zookeeper_set_acl: bool = False
+    #: A JAAS file whose Client section (DigestLoginModule username/password) is the
+    #: brokers' SASL DIGEST-MD5 login to ZooKeeper; None: no login.
+    zookeeper_jaas_file: str | None = None
     broker_rack: str | None = None
     #: Replicas of a new topic when CreateTopics asks for the default (-1).
     default_replication_factor: int = 1
@@ -237,6 +243,15 @@ class BrokerConfig:
                 f"inter.broker.listener.name: {inter_broker} is not in listeners "
                 f"({', '.join(s.name for s in listeners)})"
             )
+        if self.zookeeper_set_acl and not self.zookeeper_jaas_file:
+            raise ConfigError(
+                "zookeeper.set.acl: the ACLs name the brokers' ZooKeeper user; set "
+                "zookeeper.jaas.file to a JAAS file with its Client section"
+            )
+        if self.zookeeper_connect is not None and self.zookeeper_jaas_file:
+            from trio_broker.security.zookeeper_login import read_client_login
+
+            read_client_login(self.zookeeper_jaas_file)  # unreadable: fail now, not at join
         if self.zookeeper_connect is not None:
             # The brokers' own login to each other: its credentials must be there now,
             # not found missing at the first replica fetch.

@@ -459,6 +459,9 @@ _OTHER_KEYS = [
     _key("zookeeper.connect", STRING, None, APPLIED, "zookeeper_connect", origin="ours"),
     _key("zookeeper.session.timeout.ms", INT, "18000", APPLIED,
          "zookeeper_session_timeout_ms", origin="ours"),
+    _key("zookeeper.set.acl", BOOLEAN, "false", APPLIED, "zookeeper_set_acl", origin="ours"),
+    # Kafka's brokers name this file with -Djava.security.auth.login.config.
+    _key("zookeeper.jaas.file", STRING, None, APPLIED, "zookeeper_jaas_file", origin="ours"),
     # Kafka's dynamic broker config; here also static (the file's value, under a dynamic
     # one: storage/broker_configs.py): the byte rate at which a broker copies the
     # partitions it throttles (docs/cluster.md, "Throttled catch-up").

@@ -1,4 +1,9 @@
-"""A private ZooKeeper server for the cluster tests (Debian's zookeeper package)."""
+"""A private ZooKeeper server for the cluster tests (Debian's zookeeper package).
+
+It accepts the SASL login of the harness's ZooKeeper user (harness.ZOOKEEPER_LOGIN), as
+a secured cluster's ZooKeeper does: coordination clients from harness.Clients log in and
+set ACLs; broker processes do when their config names the JAAS file of the
+``zookeeper_jaas`` fixture (with ``zookeeper.set.acl=true``)."""
 
 from __future__ import annotations
 
@@ -7,17 +12,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Clients
+from harness import ZOOKEEPER_LOGIN, Clients
 from kazoo.client import KazooClient
 
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper, start_local_zookeeper
+from trio_broker.security.zookeeper_login import client_jaas
 
 _chroots = itertools.count(1)
 
 
 @pytest.fixture(scope="session")
 def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalZooKeeper]:
-    server = start_local_zookeeper(Path(tmp_path_factory.mktemp("zookeeper")))
+    server = start_local_zookeeper(
+        Path(tmp_path_factory.mktemp("zookeeper")), sasl_users=[ZOOKEEPER_LOGIN]
+    )
     try:
         yield server
     finally:
@@ -36,6 +44,15 @@ def zookeeper(zookeeper_server: LocalZooKeeper) -> str:
         client.stop()
         client.close()
     return zookeeper_server.hosts + chroot
+
+
+@pytest.fixture(scope="session")
+def zookeeper_jaas(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A JAAS file with the harness's ZooKeeper login (zookeeper.jaas.file, --zookeeper-jaas)."""
+    path = tmp_path_factory.mktemp("zookeeper-login") / "client.jaas"
+    path.write_text(client_jaas(ZOOKEEPER_LOGIN))
+    path.chmod(0o600)
+    return path
 
 
 @pytest.fixture(params=["zookeeper", "memory"])

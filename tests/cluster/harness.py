@@ -20,9 +20,12 @@ from trio_broker.cluster.membership import run_membership
 from trio_broker.cluster.zk_layout import (
     BrokerRegistration,
 )
+from trio_broker.security.zookeeper_login import ZooKeeperLogin
 from trio_broker.services.cluster_view import ClusterView
 
 KINDS = ["zookeeper", "memory"]
+#: The brokers' user in the tests' ZooKeeper (conftest.py): the ACLs name it.
+ZOOKEEPER_LOGIN = ZooKeeperLogin("broker", "test-zookeeper-secret")
 
 
 class Clients:
@@ -42,7 +45,10 @@ class Clients:
             finally:
                 await memory.stop()
             return
-        coord = ZooKeeperCoordination(self.hosts, session_timeout_s=4.0)
+        # Logged in and setting ACLs, as a secured cluster's brokers (zookeeper.set.acl).
+        coord = ZooKeeperCoordination(
+            self.hosts, session_timeout_s=4.0, login=ZOOKEEPER_LOGIN, set_acl=True
+        )
         await coord.start(timeout_s=30)
         try:
             yield coord

@@ -10,6 +10,10 @@ and her ACLs (CreateAcls); clients bootstrapped on brokers 2 and 3 then log in a
 write where the ACLs allow and are refused elsewhere; DescribeAcls through broker 3
 lists the ACLs; after broker 2 is killed with -9 and restarted it enforces them still;
 an ACL deleted through broker 2 stops applying at broker 1.
+
+The brokers and the users tool log in to ZooKeeper and set ACLs (``zookeeper.set.acl``):
+a ZooKeeper client without the login can read the cluster's layout but neither read the
+SCRAM credentials nor change anything.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from confluent_kafka.admin import (
     ScramMechanism,
     UserScramCredentialUpsertion,
 )
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+from kazoo.security import OPEN_ACL_UNSAFE
 
 from tests.cluster.test_cluster_e2e import eventually
 from tests.cluster.test_cluster_faults import Cluster, ConfiguredBroker, running
@@ -69,10 +76,9 @@ def sasl(broker: ConfiguredBroker, user: str, password: str) -> dict[str, object
     }  # fmt: skip
 
 
-def users_cli(*args: str) -> str:
-    done = subprocess.run([str(BROKER_EXE), "users", *args], check=True, timeout=60,
+def users_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BROKER_EXE), "users", *args], check=check, timeout=60,
                           capture_output=True, text=True)  # fmt: skip
-    return done.stdout
 
 
 def produce_one(broker: ConfiguredBroker, user: str, password: str, topic: str) -> str | None:
@@ -106,11 +112,11 @@ ALL_ACLS = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, Non
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
-    users_cli("add", "--zookeeper", zookeeper, "--user", ADMIN, "--password", ADMIN_PW,
-              "--mechanism", "SCRAM-SHA-256")  # fmt: skip
+def cluster(tmp_path: Path, zookeeper: str, zookeeper_jaas: Path) -> Iterator[Cluster]:
+    users_cli("add", "--zookeeper", zookeeper, "--zookeeper-jaas", str(zookeeper_jaas),
+              "--user", ADMIN, "--password", ADMIN_PW, "--mechanism", "SCRAM-SHA-256")  # fmt: skip
     config = tmp_path / "broker.properties"
-    config.write_text(CONFIG)
+    config.write_text(f"{CONFIG}zookeeper.set.acl=true\nzookeeper.jaas.file={zookeeper_jaas}\n")
     brokers = {
         b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
     }
@@ -120,7 +126,7 @@ def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
 
 
 def test_acls_and_users_made_through_one_broker_hold_on_every_broker(
-    cluster: Cluster, zookeeper: str
+    cluster: Cluster, zookeeper: str, zookeeper_jaas: Path
 ) -> None:
     one, two, three = cluster[1], cluster[2], cluster[3]
     admin = AdminClient(sasl(one, ADMIN, ADMIN_PW))
@@ -149,7 +155,10 @@ def test_acls_and_users_made_through_one_broker_hold_on_every_broker(
     assert sorted(map(str, listed)) == sorted(map(str, granted))
     # carol came from broker 3's single-node data dir; she logs in at broker 1 (and may
     # not write: no ACL names her).
-    assert "carol" in users_cli("list", "--zookeeper", zookeeper)
+    listed_users = users_cli(
+        "list", "--zookeeper", zookeeper, "--zookeeper-jaas", str(zookeeper_jaas)
+    )
+    assert "carol" in listed_users.stdout
     assert (three.data_dir / "scram-credentials.json.migrated").exists()
     assert produce_one(one, "carol", "carol-secret", GRANTED) == "TOPIC_AUTHORIZATION_FAILED"
 
@@ -167,3 +176,53 @@ def test_acls_and_users_made_through_one_broker_hold_on_every_broker(
     [deleted] = admin_at_two.delete_acls([write_only]).values()
     assert [str(b) for b in deleted.result(timeout=30)] == [str(granted[0])]
     eventually(refused(one, GRANTED), "alice refused at broker 1 once the ACL is deleted")
+
+
+def test_a_zookeeper_client_without_the_login_can_change_nothing(
+    cluster: Cluster, zookeeper: str
+) -> None:
+    """What an unprivileged local process did to a cluster whose znodes were open: read
+    the super user's SCRAM keys, add a user, register a broker, delete one's
+    registration, take over the controller. Each is now refused (NoAuth); the cluster's
+    layout stays readable, as with Kafka's ACLs. Fails on the code before ACLs: every
+    write went through."""
+    admin = AdminClient(sasl(cluster[1], ADMIN, ADMIN_PW))
+    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers")
+    admin.create_topics([NewTopic(GRANTED, 1)])[GRANTED].result(timeout=30)
+    anonymous = KazooClient(hosts=zookeeper)
+    anonymous.start(timeout=30)
+    try:
+        assert anonymous.get_children("/brokers/ids") == ["1", "2", "3"]  # readable
+        attempts: dict[str, Callable[[], object]] = {
+            "read the super user's SCRAM credential": lambda: anonymous.get(
+                f"/config/users/{ADMIN}"
+            ),
+            "list the users": lambda: anonymous.get_children("/config/users"),
+            "add a user": lambda: anonymous.create("/config/users/mallory", b"{}"),
+            "change a user": lambda: anonymous.set(f"/config/users/{ADMIN}", b"{}"),
+            "grant an ACL": lambda: anonymous.create("/kafka-acl/Topic/x", b"{}", makepath=True),
+            "register a broker": lambda: anonymous.create("/brokers/ids/9", b"{}", ephemeral=True),
+            "delete a registration": lambda: anonymous.delete("/brokers/ids/1"),
+            "delete the controller": lambda: anonymous.delete("/controller"),
+            "add a top-level znode": lambda: anonymous.create("/mallory", b""),
+            "change a topic": lambda: anonymous.set(f"/brokers/topics/{GRANTED}", b"{}"),
+            "reopen the ACL": lambda: anonymous.set_acls("/brokers/ids", OPEN_ACL_UNSAFE),
+        }
+        allowed = []
+        for what, attempt in attempts.items():
+            try:
+                attempt()
+            except NoAuthError:
+                continue
+            except Exception as exc:  # a missing znode is no refusal either
+                allowed.append(f"{what}: {type(exc).__name__}")
+                continue
+            allowed.append(what)
+        assert allowed == []
+    finally:
+        anonymous.stop()
+        anonymous.close()
+    # The users tool without the login is refused too, and says what it needs.
+    refused_tool = users_cli("list", "--zookeeper", zookeeper, check=False)
+    assert refused_tool.returncode == 2
+    assert "--zookeeper-jaas" in refused_tool.stderr

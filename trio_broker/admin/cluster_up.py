@@ -15,6 +15,14 @@ Meanwhile it supervises: a broker that exits on its own is reported (one stderr 
 and restarted with the same id, port and data dir after a backoff, unless it keeps
 dying; the others run on. ``cluster restart|stop|status N`` reach it through files in
 the data dir (see "operating a running cluster" below).
+
+Secure by default: ZooKeeper accepts the SASL login of one user, ``broker``, with a
+random password kept in ``DATA_DIR/zookeeper-client.jaas`` (made on the first run,
+reused after), and the brokers log in as it with ``zookeeper.set.acl=true``, so no other
+local process can change the cluster's znodes or read its SCRAM credentials. Everything
+under DATA_DIR is its owner's alone (directories 0700, files 0600). Admin tools that
+write to ZooKeeper take the same file: ``trio-broker users --zookeeper HOST:PORT
+--zookeeper-jaas DATA_DIR/zookeeper-client.jaas ...``.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -33,7 +42,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trio_broker.admin.cluster_zookeeper import add_secure_zookeeper_command
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper, start_local_zookeeper
+from trio_broker.config_errors import ConfigError
+from trio_broker.security.zookeeper_login import ZooKeeperLogin, client_jaas, read_client_login
 from trio_broker.storage.durable import TMP_SUFFIX, write_file_atomically
 
 __all__ = ["add_cluster_command", "run_cluster"]
@@ -48,6 +60,9 @@ RESTART_BACKOFF_S = (1.0, 2.0)
 #: ... and given up on when it exits this many times within RESTART_WINDOW_S.
 RESTART_LIMIT = 3
 RESTART_WINDOW_S = 60.0
+#: The brokers' ZooKeeper login (the user their znodes' ACLs name), under DATA_DIR.
+CLIENT_JAAS = "zookeeper-client.jaas"
+ZOOKEEPER_USER = "broker"
 
 
 def add_cluster_command(sub: Any) -> None:
@@ -80,6 +95,7 @@ def add_cluster_command(sub: Any) -> None:
                                  help="seconds to wait for it (default %(default)g)")  # fmt: skip
         operate.add_argument("--data-dir", type=Path, default=Path("cluster-data"),
                              help="the data dir of that `cluster up` (default ./cluster-data)")  # fmt: skip
+    add_secure_zookeeper_command(csub)
 
 
 class _Broker:
@@ -235,7 +251,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         print("trio-broker: --broker-config takes KEY=VALUE", file=sys.stderr)
         return 2
     data_dir: Path = args.data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    _private_data_dir(data_dir)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -243,8 +259,8 @@ def run_cluster(args: argparse.Namespace) -> int:
     brokers: list[_Broker] = []
     try:
         try:
-            zookeeper = start_local_zookeeper(data_dir / "zookeeper")
-        except (OSError, RuntimeError, TimeoutError) as exc:
+            zookeeper = _start_zookeeper(data_dir)
+        except (OSError, RuntimeError, TimeoutError, ConfigError) as exc:
             print(f"trio-broker: ZooKeeper did not start: {exc}", file=sys.stderr)
             return 1
         configs = {
@@ -299,15 +315,39 @@ def run_cluster(args: argparse.Namespace) -> int:
         _remove_state(data_dir)
 
 
+def _private_data_dir(data_dir: Path) -> None:
+    """DATA_DIR and all that this process and its brokers make in it: the owner's alone
+    (JAAS files and broker configs hold passwords, ZooKeeper's snapshots SCRAM keys)."""
+    os.umask(0o077)  # the brokers inherit it
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.chmod(0o700)
+
+
+def _start_zookeeper(data_dir: Path) -> LocalZooKeeper:
+    """ZooKeeper accepting the brokers' login only: the one of DATA_DIR's client JAAS
+    file, made with a random password on the first run."""
+    jaas = data_dir / CLIENT_JAAS
+    if jaas.exists():
+        login = read_client_login(jaas)
+        jaas.chmod(0o600)
+    else:
+        login = ZooKeeperLogin(ZOOKEEPER_USER, secrets.token_urlsafe(32))
+        _write_private(jaas, client_jaas(login))
+    return start_local_zookeeper(data_dir / "zookeeper", sasl_users=[login])
+
+
 def _config_file(
     data_dir: Path, broker_id: int, rf: int, min_isr: int, extra_keys: tuple[str, ...] = ()
 ) -> Path:
     path = data_dir / f"broker-{broker_id}.properties"
-    path.write_text(
+    _write_private(
+        path,
         f"default.replication.factor={rf}\nmin.insync.replicas={min_isr}\n"
         "replica.lag.time.max.ms=10000\n"
         # Consumer groups' offsets topic: no more replicas than brokers, or it is never made.
-        f"offsets.topic.replication.factor={rf}\n" + "".join(f"{line}\n" for line in extra_keys)
+        f"offsets.topic.replication.factor={rf}\n"
+        f"zookeeper.set.acl=true\nzookeeper.jaas.file={data_dir / CLIENT_JAAS}\n"
+        + "".join(f"{line}\n" for line in extra_keys),
     )
     return path
 

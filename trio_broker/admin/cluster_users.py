@@ -13,8 +13,13 @@ from typing import TextIO
 
 import trio
 
-from trio_broker.cluster.coordination import CoordinationError, ZooKeeperCoordination
+from trio_broker.cluster.coordination import (
+    CoordinationError,
+    NotAuthorized,
+    ZooKeeperCoordination,
+)
 from trio_broker.cluster.security_store import ClusterSecurity
+from trio_broker.config_errors import ConfigError
 from trio_broker.security.credentials import (
     SCRAM_MECHANISMS,
     CredentialError,
@@ -22,6 +27,7 @@ from trio_broker.security.credentials import (
     credential_from_password,
 )
 from trio_broker.security.shared_store import SharedStoreError
+from trio_broker.security.zookeeper_login import read_client_login
 
 #: How long to wait for ZooKeeper to answer at all.
 CONNECT_TIMEOUT_S = 15.0
@@ -30,7 +36,11 @@ CONNECT_TIMEOUT_S = 15.0
 def run_cluster_users(args: argparse.Namespace, password: str, out: TextIO) -> int:
     try:
         return trio.run(_run, args, password, out)
-    except (CoordinationError, SharedStoreError, CredentialError) as exc:
+    except NotAuthorized as exc:
+        hint = "" if args.zookeeper_jaas else " (its znodes have ACLs: pass --zookeeper-jaas)"
+        print(f"trio-broker: ZooKeeper refused: {exc}{hint}", file=sys.stderr)
+        return 2
+    except (ConfigError, CoordinationError, SharedStoreError, CredentialError) as exc:
         print(f"trio-broker: {exc}", file=sys.stderr)
         return 2
     except trio.TooSlowError:
@@ -39,7 +49,10 @@ def run_cluster_users(args: argparse.Namespace, password: str, out: TextIO) -> i
 
 
 async def _run(args: argparse.Namespace, password: str, out: TextIO) -> int:
-    coord = ZooKeeperCoordination(args.zookeeper)
+    # Logged in as the brokers, the znodes it makes get their ACLs too (as Kafka's tools
+    # set ACLs when their ZooKeeper client has a SASL login).
+    login = read_client_login(args.zookeeper_jaas) if args.zookeeper_jaas else None
+    coord = ZooKeeperCoordination(args.zookeeper, login=login, set_acl=login is not None)
     with trio.fail_after(CONNECT_TIMEOUT_S):
         await coord.start(timeout_s=CONNECT_TIMEOUT_S)
     try:

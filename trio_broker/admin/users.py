@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from trio_broker.admin.cluster_zookeeper import zookeeper_login_argument
 from trio_broker.security.credentials import (
     MIN_ITERATIONS,
     SCRAM_MECHANISMS,
@@ -33,6 +34,7 @@ def add_users_command(sub: Any) -> None:
         p.add_argument("--zookeeper", metavar="HOST:PORT[/CHROOT]",
                        help="a cluster's users, in its ZooKeeper (the brokers' "
                             "zookeeper.connect) instead of a data dir")  # fmt: skip
+        zookeeper_login_argument(p)
 
     add = usub.add_parser("add", help="add a user or change its password")
     common(add)

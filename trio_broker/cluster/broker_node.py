@@ -29,6 +29,7 @@ from trio_broker.security.inter_broker import (
     inter_broker_login,
 )
 from trio_broker.security.listeners import resolve_listeners
+from trio_broker.security.zookeeper_login import read_client_login
 from trio_broker.services.cluster_view import ClusterView
 from trio_broker.services.internal_topics import TRANSACTION_STATE
 from trio_broker.services.topics import TopicManager
@@ -88,8 +89,12 @@ async def join_coordination(host: ClusterHost) -> Any:
     if host.open_coordination is not None:
         coord = host.open_coordination()
     else:
+        jaas = config.zookeeper_jaas_file
         coord = ZooKeeperCoordination(
-            config.zookeeper_connect, session_timeout_s=config.zookeeper_session_timeout_ms / 1000
+            config.zookeeper_connect,
+            session_timeout_s=config.zookeeper_session_timeout_ms / 1000,
+            login=read_client_login(jaas) if jaas else None,
+            set_acl=config.zookeeper_set_acl,
         )
         await coord.start()
     try:

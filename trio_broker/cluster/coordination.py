@@ -5,6 +5,12 @@ as long as the session, conditional updates, and one-shot watches. Two implement
 :class:`ZooKeeperCoordination` (kazoo, its blocking calls in worker threads, its watch
 callbacks handed to the event loop with a ``TrioToken``) and :class:`MemoryCoordination`
 (one process, ZooKeeper's semantics, for tests and the deterministic simulation).
+
+Access control is the ZooKeeper client's alone: with a login and ``set_acl``
+(``zookeeper.set.acl``), :class:`ZooKeeperCoordination` creates each znode with the ACL
+zk_security.py gives its path, and locks the root of the tree (the chroot, or ``/``)
+when it starts, so that no one else can add or remove top-level znodes. The in-memory
+twin has one trusted user and no ACLs.
 """
 
 from __future__ import annotations
@@ -14,6 +20,9 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from trio_broker.cluster.zk_security import SECURE_ROOTS, sensitive_path
+from trio_broker.security.zookeeper_login import ZooKeeperLogin
+
 __all__ = [
     "BadVersion",
     "Coordination",
@@ -22,6 +31,7 @@ __all__ = [
     "MemoryZooKeeper",
     "NoNode",
     "NodeExists",
+    "NotAuthorized",
     "SessionLost",
     "Znode",
     "ZooKeeperCoordination",
@@ -46,6 +56,10 @@ class NoNode(CoordinationError):
     pass
 
 
+class NotAuthorized(CoordinationError):
+    """ZooKeeper refused the login, or the znode's ACL refuses this client (NoAuth)."""
+
+
 class BadVersion(CoordinationError):
     """A conditional update lost: someone else changed the znode first."""
 
@@ -62,7 +76,8 @@ class Znode:
 
 class Coordination(Protocol):
     async def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
-        """Create ``path`` (and missing parents); NodeExists if it is there."""
+        """Create ``path`` (and missing parents); NodeExists if it is there. Each znode
+        gets the ACL of its path, when the implementation sets ACLs."""
 
     async def get(self, path: str) -> Znode | None: ...
 
@@ -100,16 +115,34 @@ class Coordination(Protocol):
 class ZooKeeperCoordination:
     """:class:`Coordination` over a real ZooKeeper ensemble, through kazoo."""
 
-    def __init__(self, hosts: str, session_timeout_s: float = 6.0) -> None:
+    def __init__(
+        self,
+        hosts: str,
+        session_timeout_s: float = 6.0,
+        *,
+        login: ZooKeeperLogin | None = None,
+        set_acl: bool = False,
+    ) -> None:
+        """``login``: SASL DIGEST-MD5 as this user; ``set_acl``: create znodes with ACLs
+        that only that user can change (needs ``login``)."""
         from kazoo.client import KazooClient  # a dependency of cluster mode only
         from kazoo.retry import KazooRetry
+
+        if set_acl and login is None:
+            raise ValueError("ACLs name the login's user: set_acl needs a login")
+        self._login = login
+        self._set_acl = set_acl
 
         # Reconnect at least every second while ZooKeeper is away (as Java's client
         # does): kazoo's default backoff grows to an hour, and a broker that comes back
         # after its session timeout finds its session expired.
         reconnect = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=RECONNECT_MAX_DELAY_S)
+        sasl = None
+        if login is not None:
+            sasl = {"mechanism": "DIGEST-MD5", "username": login.username,
+                    "password": login.password}  # fmt: skip
         self._client = KazooClient(
-            hosts=hosts, timeout=session_timeout_s, connection_retry=reconnect
+            hosts=hosts, timeout=session_timeout_s, connection_retry=reconnect, sasl_options=sasl
         )
         # kazoo's calls wait while ZooKeeper is away (until it returns or the session
         # is known to be lost): their threads come from this limiter, never from the
@@ -134,7 +167,88 @@ class ZooKeeperCoordination:
             self._from_kazoo(lambda: self._on_connection(state == KazooState.CONNECTED))
 
         self._client.add_listener(on_state)
-        await self._in_thread(lambda: self._client.start(timeout=timeout_s))
+        try:
+            await self._in_thread(lambda: self._client.start(timeout=timeout_s))
+        except Exception as exc:
+            from kazoo import exceptions as kz
+
+            if isinstance(exc, kz.AuthFailedError):
+                raise NotAuthorized(self._login_refused()) from None
+            raise
+        if self._set_acl:
+            await self._lock_root()
+
+    def _login_refused(self) -> str:
+        user = "?" if self._login is None else self._login.username
+        return f"ZooKeeper refused the SASL login of user {user} (a wrong password or user)"
+
+    def acl(self, path: str) -> list[Any] | None:
+        """The ACL a znode at ``path`` gets (kazoo's), None for ZooKeeper's default (open).
+
+        The login's user may do anything; the world may read, except sensitive paths."""
+        if not self._set_acl:
+            return None
+        return self.secure_acl(path)
+
+    def secure_acl(self, path: str) -> list[Any]:
+        from kazoo.security import ACL, READ_ACL_UNSAFE, Id, Permissions
+
+        assert self._login is not None
+        owner = [ACL(Permissions.ALL, Id("sasl", self._login.username))]
+        return owner if sensitive_path(path) else owner + list(READ_ACL_UNSAFE)
+
+    async def _lock_root(self) -> None:
+        """Give the tree's root (the chroot, or ``/``) the brokers' ACL: an open root lets
+        anyone delete and recreate top-level znodes such as ``/controller``."""
+        try:
+            acl, _ = await self._call(self._client.get_acls, "/")
+        except NoNode:  # a chroot not made yet: its parents stay open, outside the tree
+            await self._call(lambda _path: self._make_chroot(), "/")
+            return
+        if set(acl) != set(self.secure_acl("/")):
+            await self._call(self._client.set_acls, "/", self.secure_acl("/"))
+
+    def _make_chroot(self) -> None:
+        from kazoo.exceptions import NodeExistsError
+
+        chroot = self._client.chroot
+        self._client.chroot = ""  # (kazoo's calls prefix it; no other call runs yet)
+        try:
+            self._client.ensure_path(chroot.rsplit("/", 1)[0] or "/")
+            try:
+                self._client.create(chroot, b"", acl=self.secure_acl("/"))
+            except NodeExistsError:
+                self._client.set_acls(chroot, self.secure_acl("/"))
+        finally:
+            self._client.chroot = chroot
+
+    async def set_acls_recursively(self, *, secure: bool) -> list[str]:
+        """Set the ACL of every znode of the cluster's tree (the root and SECURE_ROOTS,
+        recursively) to the brokers' (``secure``) or ZooKeeper's open one; the paths
+        changed. What ``trio-broker cluster secure-zookeeper`` runs on an existing tree."""
+        from kazoo.security import OPEN_ACL_UNSAFE
+
+        def acl_of(path: str) -> list[Any]:
+            return self.secure_acl(path) if secure else list(OPEN_ACL_UNSAFE)
+
+        changed = []
+        # Parents first: a znode is locked before its children, and a child made
+        # meanwhile under an unlocked parent is found by the walk below it.
+        pending = ["/", *SECURE_ROOTS]
+        while pending:
+            path = pending.pop(0)
+            try:
+                await self._call(self._client.set_acls, path, acl_of(path))
+            except NoNode:
+                continue
+            changed.append(path)
+            if path != "/":
+                try:
+                    children = await self._call(self._client.get_children, path)
+                except NoNode:
+                    continue
+                pending.extend(f"{path}/{child}" for child in sorted(children))
+        return changed
 
     async def _in_thread(self, fn: Any) -> Any:
         return await trio.to_thread.run_sync(fn, limiter=self._threads, abandon_on_cancel=True)
@@ -185,6 +299,11 @@ class ZooKeeperCoordination:
             raise NoNode(args[0]) from None
         except kz.BadVersionError:
             raise BadVersion(args[0]) from None
+        except kz.AuthFailedError:
+            raise NotAuthorized(self._login_refused()) from None
+        except kz.NoAuthError:
+            who = "no login" if self._login is None else f"user {self._login.username}"
+            raise NotAuthorized(f"{args[0]}: NoAuth (its ACL does not admit {who})") from None
         except (kz.SessionExpiredError, kz.ConnectionLoss) as exc:
             raise SessionLost(f"{args[0]}: {type(exc).__name__}") from None
         except kz.KazooException as exc:
@@ -203,7 +322,23 @@ class ZooKeeperCoordination:
             pass  # a watch fired after the program's event loop ended
 
     async def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
-        await self._call(self._client.create, path, data, ephemeral=ephemeral, makepath=True)
+        if not self._set_acl:
+            await self._call(self._client.create, path, data, ephemeral=ephemeral, makepath=True)
+            return
+        # kazoo's makepath would give the parents this znode's ACL: each gets its own.
+        try:
+            await self._call(self._client.create, path, data, acl=self.acl(path),
+                             ephemeral=ephemeral)  # fmt: skip
+        except NoNode:
+            parent = path.rsplit("/", 1)[0] or "/"
+            if parent == "/":
+                raise
+            try:
+                await self.create(parent, b"")
+            except NodeExists:
+                pass
+            await self._call(self._client.create, path, data, acl=self.acl(path),
+                             ephemeral=ephemeral)  # fmt: skip
 
     async def get(self, path: str) -> Znode | None:
         try:

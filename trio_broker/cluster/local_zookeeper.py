@@ -5,6 +5,11 @@ scripts/install-system-deps.sh) on 127.0.0.1, each server with its own data dire
 and ports, and stops them by PID: a standalone server (:func:`start_local_zookeeper`),
 or an ensemble of several (:func:`start_local_ensemble`: a quorum, as production runs
 it, to test brokers riding out the loss of one server).
+
+Given ``sasl_users``, a server accepts SASL DIGEST-MD5 logins of those users (a JAAS
+``Server`` section, ZooKeeper's SASL authentication provider), which the ACLs of
+``zookeeper.set.acl`` name. A server's directory is its owner's alone (0700): its
+snapshots hold every znode, SCRAM keys included, and its JAAS file the passwords.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from pathlib import Path
 
 import attrs
 
+from trio_broker.security.zookeeper_login import ZooKeeperLogin, server_jaas
+
 __all__ = [
     "ZOOKEEPER_JAR",
     "LocalZooKeeper",
@@ -27,6 +34,7 @@ __all__ = [
 ]
 
 STANDALONE = "org.apache.zookeeper.server.ZooKeeperServerMain"
+SASL_PROVIDER = "authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider\n"
 QUORUM_PEER = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 
 ZOOKEEPER_JAR = Path(os.environ.get("TRIO_BROKER_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar"))
@@ -47,13 +55,15 @@ class LocalZooKeeper:
     #: How to start it again (:meth:`restart`): its config and main class.
     config: Path | None = None
     main_class: str = STANDALONE
+    #: Its JAAS file (the SASL users it accepts); None: no SASL.
+    jaas: Path | None = None
 
     def restart(self, timeout_s: float = 60.0) -> None:
         """Start it again after a stop or kill, same config, ports and data."""
         if self.process.poll() is None:
             raise RuntimeError("ZooKeeper is still running")
         assert self.config is not None
-        self.process = _launch(self.config, self.main_class, self.data_dir)
+        self.process = _launch(self.config, self.main_class, self.data_dir, self.jaas)
         _wait_until_serving(self, timeout_s, quorum=self.main_class == QUORUM_PEER)
 
     @property
@@ -70,26 +80,63 @@ class LocalZooKeeper:
                 self.process.wait()
 
 
+def _private_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+
+
+def _private_file(path: Path, text: str) -> None:
+    """Write ``text`` to a file only its owner can read, from the first byte on."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+def _sasl_config(
+    data_dir: Path, sasl_users: list[ZooKeeperLogin] | None
+) -> tuple[str, Path | None]:
+    """The zoo.cfg lines and the JAAS file for ``sasl_users`` (none: no SASL)."""
+    if not sasl_users:
+        return "", None
+    jaas = data_dir / "jaas.conf"
+    _private_file(jaas, server_jaas(sasl_users))
+    return SASL_PROVIDER, jaas
+
+
 def start_local_zookeeper(
-    data_dir: Path, port: int = 0, tick_ms: int = 500, timeout_s: float = 30.0
+    data_dir: Path,
+    port: int = 0,
+    tick_ms: int = 500,
+    timeout_s: float = 30.0,
+    *,
+    sasl_users: list[ZooKeeperLogin] | None = None,
 ) -> LocalZooKeeper:
     """Start a server and wait until it accepts connections; its log is data_dir/zookeeper.log."""
     port = port or _free_port()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    _private_dir(data_dir)
+    _private_dir(data_dir / "data")
+    sasl, jaas = _sasl_config(data_dir, sasl_users)
     config = data_dir / "zoo.cfg"
-    config.write_text(
+    _private_file(
+        config,
         f"tickTime={tick_ms}\ndataDir={data_dir / 'data'}\nclientPort={port}\n"
         "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
-        f"minSessionTimeout={2 * tick_ms}\nmaxSessionTimeout=60000\n"
+        f"minSessionTimeout={2 * tick_ms}\nmaxSessionTimeout=60000\n{sasl}",
     )
-    process = _launch(config, STANDALONE, data_dir)
-    server = LocalZooKeeper("127.0.0.1", port, data_dir, process, config, STANDALONE)
+    process = _launch(config, STANDALONE, data_dir, jaas)
+    server = LocalZooKeeper("127.0.0.1", port, data_dir, process, config, STANDALONE, jaas)
     _wait_until_serving(server, timeout_s, quorum=False)
     return server
 
 
 def start_local_ensemble(
-    base_dir: Path, servers: int = 3, tick_ms: int = 500, timeout_s: float = 60.0
+    base_dir: Path,
+    servers: int = 3,
+    tick_ms: int = 500,
+    timeout_s: float = 60.0,
+    *,
+    sasl_users: list[ZooKeeperLogin] | None = None,
 ) -> list[LocalZooKeeper]:
     """``servers`` ZooKeeper servers forming one ensemble (each in ``base_dir/zk<id>``);
     returns once every one serves as leader or follower. Connect to all of them with
@@ -104,19 +151,22 @@ def start_local_ensemble(
     try:
         for i, port in enumerate(client_ports):
             data_dir = base_dir / f"zk{i + 1}"
-            (data_dir / "data").mkdir(parents=True, exist_ok=True)
+            _private_dir(data_dir)
+            _private_dir(data_dir / "data")
             (data_dir / "data" / "myid").write_text(f"{i + 1}\n")
+            sasl, jaas = _sasl_config(data_dir, sasl_users)
             config = data_dir / "zoo.cfg"
-            config.write_text(
+            _private_file(
+                config,
                 f"tickTime={tick_ms}\ninitLimit=20\nsyncLimit=10\n"
                 f"dataDir={data_dir / 'data'}\nclientPort={port}\n"
                 "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
                 "4lw.commands.whitelist=srvr\n"
-                f"minSessionTimeout={2 * tick_ms}\nmaxSessionTimeout=60000\n{members}"
+                f"minSessionTimeout={2 * tick_ms}\nmaxSessionTimeout=60000\n{members}{sasl}",
             )
-            process = _launch(config, QUORUM_PEER, data_dir)
+            process = _launch(config, QUORUM_PEER, data_dir, jaas)
             ensemble.append(
-                LocalZooKeeper("127.0.0.1", port, data_dir, process, config, QUORUM_PEER)
+                LocalZooKeeper("127.0.0.1", port, data_dir, process, config, QUORUM_PEER, jaas)
             )
         for server in ensemble:
             _wait_until_serving(server, timeout_s, quorum=True)
@@ -144,16 +194,19 @@ def quorum_mode(server: LocalZooKeeper) -> str | None:
     return None
 
 
-def _launch(config: Path, main_class: str, data_dir: Path) -> subprocess.Popen[bytes]:
+def _launch(
+    config: Path, main_class: str, data_dir: Path, jaas: Path | None
+) -> subprocess.Popen[bytes]:
     if not ZOOKEEPER_JAR.is_file():
         raise FileNotFoundError(
             f"{ZOOKEEPER_JAR} is missing: install Debian's zookeeper package "
             "(scripts/install-system-deps.sh does)"
         )
-    log = (data_dir / "zookeeper.log").open("ab")
-    with log:
+    jvm = [] if jaas is None else [f"-Djava.security.auth.login.config={jaas}"]
+    log_fd = os.open(data_dir / "zookeeper.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(log_fd, "ab") as log:
         return subprocess.Popen(
-            ["java", "-Xmx256m", "-cp", str(ZOOKEEPER_JAR), main_class, str(config)],
+            ["java", "-Xmx256m", *jvm, "-cp", str(ZOOKEEPER_JAR), main_class, str(config)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
 

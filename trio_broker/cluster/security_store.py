@@ -30,6 +30,7 @@ from trio_broker.cluster.coordination import (
     CoordinationError,
     NodeExists,
     NoNode,
+    NotAuthorized,
     ZooKeeperCoordination,
 )
 from trio_broker.cluster.security_znodes import (
@@ -200,6 +201,8 @@ class ClusterSecurity:
                     await self.migrate(data_dir)
                 await self._refresh(force=True)
                 return
+            except NotAuthorized:
+                raise  # the login does not match the znodes' ACLs: no retry mends that
             except CoordinationError as exc:
                 log.warning("reading ACLs and SCRAM users from ZooKeeper: %s", exc)
                 await trio.sleep(RETRY_S)
