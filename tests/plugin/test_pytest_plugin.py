@@ -27,7 +27,7 @@ LOAD = [] if REGISTERED else ["-p", PLUGIN]
 pytestmark = pytest.mark.e2e
 
 #: A user's application tests: each client library produces and consumes in a group.
-USER_TESTS = r'''
+USER_TESTS = r"""
 import asyncio
 import json
 import os
@@ -111,7 +111,7 @@ def test_aiokafka(kafka_broker, kafka_topic_factory):
 def test_topics_are_fresh(kafka_broker, kafka_topic_factory):
     names = {kafka_topic_factory() for _ in range(3)}
     assert len(names) == 3
-'''
+"""
 
 
 def run_user_suite(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
@@ -167,8 +167,7 @@ def test_one_broker_per_xdist_worker(pytester: pytest.Pytester, results: Path) -
     pytest.importorskip("xdist")
     # Several copies of the bootstrap test, spread over two workers.
     pytester.makepyfile(
-        test_app=USER_TESTS
-        + "\nimport pytest\n@pytest.mark.parametrize('n', range(6))\n"
+        test_app=USER_TESTS + "\nimport pytest\n@pytest.mark.parametrize('n', range(6))\n"
         "def test_more(kafka_broker, n):\n    test_bootstrap(kafka_broker)\n"
     )
     result = run_user_suite(pytester, "-n", "2", "--dist", "load")
