@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -81,7 +81,8 @@ def _broker_command() -> list[str]:
 
 def _die_with_parent() -> None:
     """In the child: SIGTERM it when the test process dies (even by SIGKILL), so a killed
-    pytest leaves no broker behind. Linux only; elsewhere the child outlives a kill."""
+    pytest leaves no broker behind. Linux only; elsewhere the child outlives a kill. The
+    signal comes when the forking *thread* ends, so only the main thread asks for it."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -97,12 +98,14 @@ class _LoggedProcess:
         self.log_path = log_path
         self.match: re.Match[bytes] | None = None
         self._ready = threading.Event()
+        in_main = threading.current_thread() is threading.main_thread()
+        preexec = _die_with_parent if in_main else None
         self.process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,  # only a prctl call: safe despite threads
+            preexec_fn=preexec,  # only a prctl call: safe despite threads
         )
         assert self.process.stdout is not None
         self._thread = threading.Thread(
@@ -450,12 +453,14 @@ def kafka_cluster(
 # ------------------------------------------------------------------------------- reports
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
     """A failed test that used ``kafka_broker`` gets the end of the broker's log."""
-    report = yield
+    outcome = yield  # the old-style wrapper: every pytest and pluggy version has it
+    report = outcome.get_result()
     if report.failed and "kafka_broker" in getattr(item, "fixturenames", ()):
         broker = item.config.stash.get(_BROKER_KEY, None)
         if broker is not None:
             report.sections.append((f"trio-broker log {broker.log_path}", broker.log_tail()))
-    return report
