@@ -10,7 +10,12 @@ it with ``-p``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -194,6 +199,62 @@ def test_an_unused_plugin_starts_nothing(pytester: pytest.Pytester) -> None:
         """
     )
     run_user_suite(pytester, "-p", "no:xdist", "-p", "no:trio").assert_outcomes(passed=1)
+
+
+def test_a_log_level_that_hides_the_listening_line_is_refused(pytester: pytest.Pytester) -> None:
+    """At WARNING the broker would never log "listening on": refused at once, not a
+    start-up timeout later."""
+    pytester.makeini("[pytest]\nkafka_broker_log_level = warning\n")
+    pytester.makepyfile(test_quiet="def test_quiet(kafka_broker):\n    pass\n")
+    result = run_user_suite(pytester, "-p", "no:xdist")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*kafka_broker_log_level must be INFO or DEBUG, not 'WARNING'*"])
+    refused = run_user_suite(pytester, "-p", "no:xdist", "--kafka-broker-log-level=WARNING")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def _gone(pid: int) -> bool:
+    """Exited (reaped, or a zombie waiting for its new parent to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_pytest_leaves_no_broker(pytester: pytest.Pytester) -> None:
+    """pytest killed by SIGKILL runs no teardown; the broker must not outlive it."""
+    pid_file = pytester.path / "broker.pid"
+    pytester.makepyfile(
+        test_hang=f"""
+        import threading
+        def test_hang(kafka_broker):
+            with open({str(pid_file)!r}, "w") as f:
+                f.write(str(kafka_broker.pid))
+            threading.Event().wait(600)  # until killed
+        """
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *LOAD, "-p", "no:xdist", "-p", "no:cacheprovider"],
+        cwd=pytester.path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert run.poll() is None and time.monotonic() < deadline, "the broker did not start"
+            time.sleep(0.1)
+        broker_pid = int(pid_file.read_text())
+        assert not _gone(broker_pid)
+    finally:
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+    deadline = time.monotonic() + 30
+    while not _gone(broker_pid):
+        if time.monotonic() > deadline:
+            os.kill(broker_pid, signal.SIGKILL)  # ours: do not leave it running
+            pytest.fail(f"broker {broker_pid} outlived the killed pytest by 30 s")
+        time.sleep(0.1)
 
 
 @pytest.mark.skipif(

@@ -45,6 +45,8 @@ STOP_TIMEOUT_S = 15.0
 CLUSTER_START_TIMEOUT_S = 120.0
 LOG_TAIL_LINES = 60
 
+#: The fixtures learn a broker's port from its INFO line "listening on": no quieter level.
+LOG_LEVELS = ("INFO", "DEBUG")
 LISTENING = re.compile(rb"listening on (\S+):(\d+)")
 CLUSTER_READY = re.compile(rb"cluster ready: bootstrap (\S+)")
 STATUS_LINE = re.compile(r"broker (\d+): (.+?) pid (\S+) on (\S+),")
@@ -60,13 +62,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--kafka-broker-log-level",
+        choices=LOG_LEVELS,
         default=None,
         help="logging level of the kafka_broker/kafka_cluster brokers (default INFO)",
     )
     parser.addini(
         "kafka_broker_storage", "kafka_broker storage: memory (default) or disk", default="memory"
     )
-    parser.addini("kafka_broker_log_level", "kafka_broker logging level", default="INFO")
+    parser.addini(
+        "kafka_broker_log_level", "kafka_broker logging level: INFO or DEBUG", default="INFO"
+    )
     parser.addini("kafka_cluster_brokers", "brokers in kafka_cluster (default 3)", default="3")
 
 
@@ -83,11 +88,10 @@ def _die_with_parent() -> None:
     """In the child: SIGTERM it when the test process dies (even by SIGKILL), so a killed
     pytest leaves no broker behind. Linux only; elsewhere the child outlives a kill. The
     signal comes when the forking *thread* ends, so only the main thread asks for it."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+    import ctypes
 
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class _LoggedProcess:
@@ -99,7 +103,7 @@ class _LoggedProcess:
         self.match: re.Match[bytes] | None = None
         self._ready = threading.Event()
         in_main = threading.current_thread() is threading.main_thread()
-        preexec = _die_with_parent if in_main else None
+        preexec = _die_with_parent if in_main and sys.platform.startswith("linux") else None
         self.process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -257,6 +261,13 @@ def _setting(config: pytest.Config, option: str, ini: str) -> str:
     return str(value if value is not None else config.getini(ini))
 
 
+def _log_level(config: pytest.Config) -> str:
+    level = _setting(config, "kafka_broker_log_level", "kafka_broker_log_level").upper()
+    if level not in LOG_LEVELS:
+        raise pytest.UsageError(f"kafka_broker_log_level must be INFO or DEBUG, not {level!r}")
+    return level
+
+
 @pytest.fixture(scope="session")
 def kafka_broker(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -266,7 +277,7 @@ def kafka_broker(
     storage = _setting(config, "kafka_broker_storage", "kafka_broker_storage")
     if storage not in ("memory", "disk"):
         raise pytest.UsageError(f"kafka_broker_storage must be memory or disk, not {storage!r}")
-    level = _setting(config, "kafka_broker_log_level", "kafka_broker_log_level")
+    level = _log_level(config)
     broker = start_broker(tmp_path_factory.mktemp("kafka_broker"), storage=storage, log_level=level)
     config.stash[_BROKER_KEY] = broker
     try:
@@ -426,7 +437,7 @@ def kafka_cluster(
         pytest.skip("kafka_cluster needs ZooKeeper, which needs java on PATH")
     config = request.config
     brokers = int(config.getini("kafka_cluster_brokers"))
-    level = _setting(config, "kafka_broker_log_level", "kafka_broker_log_level")
+    level = _log_level(config)
     work = tmp_path_factory.mktemp("kafka_cluster")
     data_dir = work / "data"
     argv = [*_broker_command(), "cluster", "up",
