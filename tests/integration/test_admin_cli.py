@@ -217,3 +217,39 @@ def test_connection_refused() -> None:
     assert result.returncode == 1
     assert "connection refused" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _refused_address() -> str:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_kafka_tools_spellings_of_bootstrap(bootstrap: str) -> None:
+    """Kafka's tools say ``--bootstrap-server`` and kcat says ``-b``: both work, for every
+    admin command, and so does Kafka's comma-separated list (the first broker that
+    answers is used)."""
+    topic = new_topic()
+    out = ok(cli("topics", "create", topic, "--bootstrap-server", bootstrap, bootstrap=None))
+    assert f"created topic {topic}" in out
+    ok(cli("produce", topic, "-b", bootstrap, bootstrap=None, stdin="hello\n"))
+    listed = f"{_refused_address()},{bootstrap}"
+    out = ok(cli("consume", topic, "--from-beginning", "--max", "1",
+                 "--bootstrap-server", listed, bootstrap=None))  # fmt: skip
+    assert out.splitlines()[1:] == ["0\tnull\thello"]
+    assert [topic, "1", "NONE"] in rows(ok(cli("topics", "list", "-b", bootstrap, bootstrap=None)))
+    for flag in ("--bootstrap-server", "-b"):
+        for command in (("groups", "list"), ("log-dirs",), ("quotas", "list")):
+            ok(cli(*command, flag, bootstrap, bootstrap=None))
+        # This broker has no authorizer: the answer shows the request reached it.
+        result = cli("acls", "list", flag, bootstrap, bootstrap=None)
+        assert result.returncode == 1 and "SECURITY_DISABLED" in result.stderr, result.stderr
+
+
+def test_no_broker_of_a_list_answers() -> None:
+    first, second = _refused_address(), _refused_address()
+    result = cli("topics", "list", "--bootstrap-server", f"{first},{second}", bootstrap=None)
+    assert result.returncode == 1
+    assert f"{first}: connection refused" in result.stderr
+    assert f"{second}: connection refused" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -8,8 +8,8 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from trio_broker.admin.client import AdminError, BlockingClient, check
-from trio_broker.admin.commands import DEFAULT_BOOTSTRAP, table
+from trio_broker.admin.client import AdminError, BlockingClient, add_bootstrap_argument, check
+from trio_broker.admin.commands import table
 from trio_broker.protocol import messages as m
 from trio_broker.security.acl import (
     CLUSTER_NAME,
@@ -47,7 +47,7 @@ def add_acls_command(sub: Any) -> None:
         p.add_argument("--operation", choices=OPERATIONS, action="append",
                        required=name == "add", help="repeatable")  # fmt: skip
         p.add_argument("--deny", action="store_true", help="DENY instead of ALLOW")
-        p.add_argument("--bootstrap", metavar="HOST:PORT", default=DEFAULT_BOOTSTRAP)
+        add_bootstrap_argument(p)
         p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
 
 

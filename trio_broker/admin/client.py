@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import socket
 import struct
 from typing import Any
@@ -33,24 +34,50 @@ def check(code: int, what: str, message: str | None = None) -> None:
         raise AdminError(f"{what}: {error_name(code)}{detail}", code)
 
 
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+def add_bootstrap_argument(parser: argparse.ArgumentParser) -> None:
+    """``--bootstrap``, under Kafka's tools' name ``--bootstrap-server`` and kcat's ``-b``
+    too, so their command lines carry over: HOST:PORT, or a comma-separated list of them
+    tried in order."""
+    parser.add_argument("--bootstrap", "--bootstrap-server", "-b", dest="bootstrap",
+                        metavar="HOST:PORT[,HOST:PORT...]", default=DEFAULT_BOOTSTRAP,
+                        help=f"broker address(es) (default {DEFAULT_BOOTSTRAP})")  # fmt: skip
+
+
 def parse_bootstrap(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
+    host, sep, port = text.strip().rpartition(":")
     if not sep or not host or not port.isdigit():
         raise AdminError(f"--bootstrap must be HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def parse_bootstrap_list(text: str) -> list[tuple[str, int]]:
+    """HOST:PORT[,HOST:PORT...] (Kafka's bootstrap.servers form)."""
+    addresses = [parse_bootstrap(item) for item in text.split(",") if item.strip()]
+    if not addresses:
+        raise AdminError(f"--bootstrap must be HOST:PORT, got {text!r}")
+    return addresses
 
 
 class BlockingClient:
     """One connection; :meth:`call` sends a request and returns the decoded response."""
 
     def __init__(self, bootstrap: str, *, timeout: float = 15.0, client_id: str = "trio-admin"):
-        host, port = parse_bootstrap(bootstrap)
-        try:
-            self.sock = socket.create_connection((host, port), timeout=timeout)
-        except ConnectionRefusedError:
-            raise AdminError(f"cannot connect to {host}:{port}: connection refused") from None
-        except OSError as exc:
-            raise AdminError(f"cannot connect to {host}:{port}: {exc}") from None
+        """``bootstrap``: HOST:PORT or a comma-separated list; the first that accepts the
+        connection is used."""
+        failures = []
+        for host, port in parse_bootstrap_list(bootstrap):
+            try:
+                self.sock = socket.create_connection((host, port), timeout=timeout)
+                break
+            except ConnectionRefusedError:
+                failures.append(f"{host}:{port}: connection refused")
+            except OSError as exc:
+                failures.append(f"{host}:{port}: {exc}")
+        else:
+            raise AdminError(f"cannot connect to {'; '.join(failures)}")
         self.client_id = client_id
         self.correlation_id = 0
 
@@ -102,13 +129,13 @@ class BlockingClient:
         return response
 
     def create_topic(
-        self, name: str, partitions: int, configs: dict[str, str]
+        self, name: str, partitions: int, configs: dict[str, str], replication_factor: int = 1
     ) -> m.CreateTopicsResponse.CreatableTopicResult:
         Req = m.CreateTopicsRequest
         topic = Req.CreatableTopic(
             name=name,
             num_partitions=partitions,
-            replication_factor=1,
+            replication_factor=replication_factor,
             assignments=[],
             configs=[Req.CreatableTopic.CreatableTopicConfig(name=k, value=v)
                      for k, v in configs.items()],

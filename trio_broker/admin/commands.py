@@ -8,12 +8,20 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from trio_broker.admin.client import AdminError, BlockingClient, check, error_name
+from trio_broker.admin.client import (
+    DEFAULT_BOOTSTRAP as DEFAULT_BOOTSTRAP,  # re-exported: its old home
+)
+from trio_broker.admin.client import (
+    AdminError,
+    BlockingClient,
+    add_bootstrap_argument,
+    check,
+    error_name,
+)
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.records import build_batch, iter_batches
 
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 EARLIEST, LATEST = -2, -1
 PRODUCE_CHUNK = 500  # stdin lines per Produce request
 #: DescribeConfigs ConfigSource values, as Kafka's AdminClient names them.
@@ -36,8 +44,7 @@ def add_admin_commands(sub: Any) -> None:
     """Add the admin subcommands to the top-level subparsers ``sub``."""
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--bootstrap", metavar="HOST:PORT", default=DEFAULT_BOOTSTRAP,
-                       help=f"broker address (default {DEFAULT_BOOTSTRAP})")  # fmt: skip
+        add_bootstrap_argument(p)
         p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
 
     topics = sub.add_parser("topics", help="list, create, delete and describe topics")

@@ -9,8 +9,8 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from trio_broker.admin.client import AdminError, BlockingClient, check
-from trio_broker.admin.commands import DEFAULT_BOOTSTRAP, table
+from trio_broker.admin.client import AdminError, BlockingClient, add_bootstrap_argument, check
+from trio_broker.admin.commands import table
 from trio_broker.protocol import messages as m
 from trio_broker.state.quota import (
     QuotaConfigError,
@@ -39,7 +39,7 @@ def add_quotas_command(sub: Any) -> None:
     list_ = qsub.add_parser("list", help="list the quotas in force")
     list_.add_argument("--entity", metavar="ENTITY", help="only this entity (exact match)")
     for p in (set_, list_):
-        p.add_argument("--bootstrap", metavar="HOST:PORT", default=DEFAULT_BOOTSTRAP)
+        add_bootstrap_argument(p)
         p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
 
 
