@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.conftest import BrokerProcess
+from tests.e2e.conftest import BrokerProcess, ConnectionClosed
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper
 
 pytestmark = pytest.mark.timeout(240)
@@ -76,7 +76,7 @@ def every_broker_lists(
         try:
             with broker.connect() as conn:
                 answer = conn.metadata(topics=[])
-        except OSError:
+        except (OSError, ConnectionClosed):
             return False
         return {b.node_id for b in answer.brokers} == wanted
 

@@ -37,6 +37,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, every_broker_lists, partitions
+from tests.e2e.conftest import ConnectionClosed
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch
 
@@ -283,7 +284,7 @@ def copies_alike(cluster: Mapping[int, ConfiguredBroker], topic: str, partition:
     def alike() -> bool:
         try:
             sizes = {partition_size(b, topic, partition) for b in running}
-        except OSError:
+        except (OSError, ConnectionClosed):
             return False
         return len(sizes) == 1 and sizes.pop() > 0
 
