@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -131,8 +131,22 @@ def test_acls_and_users_made_through_one_broker_hold_on_every_broker(
     one, two, three = cluster[1], cluster[2], cluster[3]
     admin = AdminClient(sasl(one, ADMIN, ADMIN_PW))
     eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers")
-    for future in admin.create_topics([NewTopic(GRANTED, 1), NewTopic(FORBIDDEN, 1)]).values():
-        future.result(timeout=30)
+    # The controller that takes the creation assigns from its own broker list, which may
+    # lag the one broker 1 answered with (INVALID_REPLICATION_FACTOR): ask until both exist.
+    missing = [GRANTED, FORBIDDEN]
+
+    def created() -> bool:
+        for name, future in admin.create_topics([NewTopic(t, 1) for t in missing]).items():
+            try:
+                future.result(timeout=30)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.INVALID_REPLICATION_FACTOR:
+                    raise AssertionError(f"{name}: {exc}") from None
+                continue
+            missing.remove(name)
+        return not missing
+
+    eventually(created, f"{GRANTED} and {FORBIDDEN} created")
     # Through broker 1 only: the user and her ACLs.
     upsert = UserScramCredentialUpsertion(
         ALICE, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), ALICE_PW.encode()

@@ -27,13 +27,14 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.admin import KafkaAdminClient
 
-from tests.cluster.test_cluster_e2e import eventually, partitions
+from tests.cluster.test_cluster_e2e import eventually, every_broker_lists, partitions
 from tests.cluster.test_cluster_faults import (
     CONFIG,
     Acked,
     BackgroundProducer,
     ConfiguredBroker,
     check_invariants,
+    copies_alike,
     partition_bytes,
     producer,
     read_partitions,
@@ -94,8 +95,8 @@ def admin_of(cluster: Cluster) -> AdminClient:
     })  # fmt: skip
 
 
-def create(admin: AdminClient, topic: str, replicas: list[int]) -> None:
-    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers listed")
+def create(cluster: Cluster, admin: AdminClient, topic: str, replicas: list[int]) -> None:
+    every_broker_lists(cluster)
     [future] = admin.create_topics(
         [NewTopic(topic, num_partitions=1, replica_assignment=[replicas])]
     ).values()
@@ -124,7 +125,7 @@ def controller_id(admin: AdminClient) -> int:
 
 def test_preferred_election_moves_leadership_back(brokers: Cluster) -> None:
     admin = admin_of(brokers)
-    create(admin, "preferred", [1, 2, 3])
+    create(brokers, admin, "preferred", [1, 2, 3])
     brokers[1].stop()  # SIGTERM, a graceful stop: leadership moves to broker 2
     brokers[1].start()
     # Back in the ISR, but not leading: the imbalance check runs every 300 s.
@@ -175,7 +176,7 @@ def test_preferred_election_moves_leadership_back(brokers: Cluster) -> None:
 
 def test_unclean_election_on_request_only(brokers: Cluster) -> None:
     admin = admin_of(brokers)
-    create(admin, "unclean", [1, 2])
+    create(brokers, admin, "unclean", [1, 2])
     brokers[2].kill9()  # the follower falls out of the ISR after replica.lag.time.max.ms
     eventually(lambda: partitions(admin, "unclean")[0][2] == [1], "ISR of unclean-0 is [1]")
     brokers[1].kill9()  # the last in-sync replica: the partition goes offline
@@ -207,7 +208,7 @@ def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
     catches up (throttled), then broker 1's copy goes and broker 3's log is the leader's."""
     cluster = throttled
     admin = admin_of(cluster)
-    create(admin, "moving", [1, 2])
+    create(cluster, admin, "moving", [1, 2])
     acked = Acked()
     # 1 KB values (the checks parse them as numbers: int() skips the padding).
     padded = producer(servers(cluster))
@@ -258,7 +259,7 @@ def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
     check_invariants(read, acked, before)
 
     leaders_answer_moved_clients(cluster)
-    time.sleep(1.0)  # the follower's next fetch copies what the HW says it has
+    copies_alike({b: cluster[b] for b in (2, 3)}, "moving")
     for broker in cluster.values():
         assert broker.stop() == 0
     assert not (cluster[1].data_dir / "moving-0").exists(), "broker 1 kept its copy"
@@ -315,7 +316,7 @@ def test_create_partitions_and_delete_topics_across_the_cluster(brokers: Cluster
     DeleteTopics, through the controller, takes it from the cluster and every broker's
     disk; the name can be used again."""
     admin = admin_of(brokers)
-    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers listed")
+    every_broker_lists(brokers)
     [created] = admin.create_topics([NewTopic("grow", 1, 2)]).values()
     created.result(timeout=30)
     [grown] = admin.create_partitions([NewPartitions("grow", 3)]).values()

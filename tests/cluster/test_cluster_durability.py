@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, produce
+from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, every_broker_lists, produce
 from tests.e2e.conftest import BrokerProcess
 
 pytestmark = pytest.mark.timeout(180)
@@ -109,7 +109,7 @@ def test_acks_all_counts_with_or_without_fsync(
     mode, brokers = cluster
     servers = ",".join(b.bootstrap for b in brokers.values())
     admin = AdminClient({"bootstrap.servers": servers})
-    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers listed")
+    every_broker_lists(brokers)
     for future in admin.create_topics([NewTopic(TOPIC, 1, replication_factor=3)]).values():
         future.result(30)
 

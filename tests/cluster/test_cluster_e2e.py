@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.conftest import BrokerProcess
+from tests.e2e.conftest import BrokerProcess, ConnectionClosed
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper
 
 pytestmark = pytest.mark.timeout(240)
@@ -60,6 +60,29 @@ def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 60.0
             pass
         time.sleep(0.2)
     raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def every_broker_lists(
+    brokers: Mapping[int, BrokerProcess], ids: set[int] | None = None, timeout_s: float = 60.0
+) -> None:
+    """Wait until every running broker's Metadata lists exactly ``ids`` (default: the
+    running brokers). A broker's list follows its ZooKeeper watch, which lags the
+    registration; the broker a CreateTopics reaches assigns replicas from its own list
+    (INVALID_REPLICATION_FACTOR or INVALID_REPLICA_ASSIGNMENT while it lacks one)."""
+    live = {b: broker for b, broker in brokers.items() if broker.running}
+    wanted = set(live) if ids is None else ids
+
+    def lists(broker: BrokerProcess) -> bool:
+        try:
+            with broker.connect() as conn:
+                answer = conn.metadata(topics=[])
+        except (OSError, ConnectionClosed):
+            return False
+        return {b.node_id for b in answer.brokers} == wanted
+
+    for b, broker in live.items():
+        eventually(lambda broker=broker: lists(broker), f"broker {b} lists {sorted(wanted)}",
+                   timeout_s)  # fmt: skip
 
 
 def bootstrap(brokers: dict[int, ClusterBroker]) -> str:
@@ -117,7 +140,7 @@ def test_replicated_topic_survives_its_leaders_kill_9(
 ) -> None:
     servers = bootstrap(cluster)
     admin = AdminClient({"bootstrap.servers": servers})
-    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers listed")
+    every_broker_lists(cluster)
     [future] = admin.create_topics(
         [NewTopic("replicated", num_partitions=3, replication_factor=3)]
     ).values()

@@ -29,14 +29,16 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, partitions
+from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, every_broker_lists, partitions
+from tests.e2e.conftest import ConnectionClosed
+from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch
 
 pytestmark = pytest.mark.timeout(150)
@@ -112,21 +114,9 @@ def admin_of(cluster: Cluster, *, without: tuple[int, ...] = ()) -> AdminClient:
 
 def create_topic(cluster: Cluster, topic: str, count: int) -> AdminClient:
     admin = admin_of(cluster)
-    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers listed")
-    deadline = time.monotonic() + 30
-    while True:
-        [future] = admin.create_topics([NewTopic(topic, num_partitions=count)]).values()
-        try:
-            future.result(timeout=30)  # replication factor 3 from default.replication.factor
-            break
-        except KafkaException as exc:
-            # The broker that took it may not see the third broker yet (its ZooKeeper
-            # watch lags the one that answered Metadata): Kafka's answer too. Ask again.
-            error = exc.args[0]
-            if error.code() != KafkaError.INVALID_REPLICATION_FACTOR:
-                raise
-            assert time.monotonic() < deadline, error
-            time.sleep(0.5)
+    every_broker_lists(cluster)
+    [future] = admin.create_topics([NewTopic(topic, num_partitions=count)]).values()
+    future.result(timeout=30)  # replication factor 3 from default.replication.factor
     full_isr(admin, topic, count)
     return admin
 
@@ -269,6 +259,38 @@ def partition_bytes(broker: ConfiguredBroker, topic: str, partition: int) -> byt
     return b"".join(path.read_bytes() for path in sorted(directory.glob("*.log")))
 
 
+def partition_size(broker: ConfiguredBroker, topic: str, partition: int) -> int:
+    """A running broker's bytes of one partition (DescribeLogDirs); -1: it holds none."""
+    Req = m.DescribeLogDirsRequest
+    body = Req(topics=[Req.DescribableLogDirTopic(topic=topic, partitions=[partition])])
+    with broker.connect() as conn:
+        answer = conn.request(m.ApiKey.DESCRIBE_LOG_DIRS, 1, body)
+    for result in answer.results:
+        for t in result.topics:
+            for p in t.partitions:
+                if t.name == topic and p.partition_index == partition:
+                    return int(p.partition_size)
+    return -1
+
+
+def copies_alike(cluster: Mapping[int, ConfiguredBroker], topic: str, partition: int = 0,
+                 timeout_s: float = 60.0) -> None:  # fmt: skip
+    """Wait until every running broker's copy of the partition has one size, with nothing
+    written meanwhile: a follower has the leader's last records only after its next fetch
+    (the one that follows the HW passing them), so an in-sync ISR alone does not say its
+    log equals the leader's byte for byte."""
+    running = [b for b in cluster.values() if b.running]
+
+    def alike() -> bool:
+        try:
+            sizes = {partition_size(b, topic, partition) for b in running}
+        except (OSError, ConnectionClosed):
+            return False
+        return len(sizes) == 1 and sizes.pop() > 0
+
+    eventually(alike, f"every copy of {topic}-{partition} has the same size", timeout_s)
+
+
 ISR_STORED = re.compile(r"/brokers/topics/(\S+)/partitions/(\d+)/state: ISR now \[([\d, ]*)\]")
 
 
@@ -401,7 +423,7 @@ def test_follower_kill_9_leaves_and_rejoins_the_isr(cluster: Cluster) -> None:
     end = len(read[0])
     eventually(lambda: all(len(isr) == 3 for _, _, isr in partitions(admin, "fk").values()),
                "still in sync")  # fmt: skip
-    time.sleep(1.0)  # the follower's next fetch copies what the HW says it has
+    copies_alike(cluster, "fk")
     for broker in cluster.values():
         assert broker.stop() == 0
     leader_log = partition_bytes(cluster[leader], "fk", 0)
@@ -502,7 +524,7 @@ def test_paused_leader_becomes_a_harmless_zombie(cluster: Cluster) -> None:
     check_invariants(read, acked, before)
     assert -7 not in read[0], "the zombie's refused write survived"
 
-    time.sleep(1.0)
+    copies_alike(cluster, "zombie")
     for broker in cluster.values():
         assert broker.stop() == 0
     assert partition_bytes(cluster[old], "zombie", 0) == partition_bytes(

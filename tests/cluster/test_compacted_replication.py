@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -28,7 +28,7 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from tests.cluster.test_cluster_e2e import eventually, partitions
+from tests.cluster.test_cluster_e2e import eventually, every_broker_lists, partitions
 from tests.cluster.test_cluster_faults import Cluster, full_isr, servers, three_brokers
 from trio_broker.protocol import batch_header
 from trio_broker.protocol.records import build_batch
@@ -62,20 +62,10 @@ def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
 def create(cluster: Cluster, topic: str, configs: dict[str, str]) -> tuple[int, int, int]:
     """One partition on all three brokers: (leader, follower to stop, the other one)."""
     admin = AdminClient({"bootstrap.servers": servers(cluster)})
-    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers listed")
+    every_broker_lists(cluster)
     new = NewTopic(topic, num_partitions=1, replica_assignment=[[1, 2, 3]], config=configs)
-
-    def created() -> bool:
-        [future] = admin.create_topics([new]).values()
-        try:
-            future.result(timeout=30)
-        except KafkaException as exc:  # a broker that has not yet seen all three register
-            if exc.args[0].code() != KafkaError.INVALID_REPLICA_ASSIGNMENT:
-                raise
-            return False
-        return True
-
-    eventually(created, f"{topic} created", 15)
+    [future] = admin.create_topics([new]).values()
+    future.result(timeout=30)
     full_isr(admin, topic, 1)
     eventually(lambda: partitions(admin, topic)[0][0] in cluster, "a leader", 15)
     leader = partitions(admin, topic)[0][0]

@@ -21,7 +21,7 @@ import trustme
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.cluster.test_cluster_e2e import eventually, partitions
+from tests.cluster.test_cluster_e2e import eventually, every_broker_lists, partitions
 from tests.cluster.test_cluster_faults import (
     Cluster,
     ConfiguredBroker,
@@ -121,7 +121,7 @@ def test_a_broker_with_the_wrong_password_cannot_follow(tmp_path: Path, zookeepe
     passwords = {1: PASSWORD, 2: PASSWORD, 3: "not-the-password"}
     with secured_cluster(tmp_path, zookeeper, passwords) as cluster:
         admin = admin_of(cluster)
-        eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers")
+        every_broker_lists(cluster)
         # Broker 1 leads; broker 3 must log in to it to follow, and cannot.
         [future] = admin.create_topics(
             [NewTopic(TOPIC, num_partitions=1, replica_assignment=[[1, 2, 3]])]

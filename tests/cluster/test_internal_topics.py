@@ -96,7 +96,7 @@ def test_internal_topics_and_configs_from_any_broker(cluster: Cluster) -> None:
     assert OFFSETS in admin.list_topics(timeout=5).topics
     [(_, future)] = admin.describe_topics(TopicCollection([OFFSETS])).items()
     assert future.result(timeout=10).is_internal
-    create(admin, "solo", [3])
+    create(cluster, admin, "solo", [3])
     [(_, plain)] = admin.describe_topics(TopicCollection(["solo"])).items()
     assert not plain.result(timeout=10).is_internal
 
@@ -127,7 +127,7 @@ def test_internal_topics_and_configs_from_any_broker(cluster: Cluster) -> None:
 def test_stray_copies_go_when_their_broker_returns(cluster: Cluster, zookeeper: str) -> None:
     admin = admin_of(cluster)
     for topic in ("doomed", "reborn"):
-        create(admin, topic, [2, 3])
+        create(cluster, admin, topic, [2, 3])
         eventually(lambda topic=topic: put(cluster, admin, topic, b"old-record"), topic)
     cluster[2].stop()
     eventually(lambda: 2 not in admin.list_topics(timeout=5).brokers, "broker 2 gone")

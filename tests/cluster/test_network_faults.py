@@ -26,7 +26,6 @@ from __future__ import annotations
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from tests.cluster.test_cluster_faults import (
     admin_of,
     check_invariants,
     converged,
+    copies_alike,
     create_topic,
     full_isr,
     leaders,
@@ -265,7 +265,7 @@ def _produce_to(broker: ProxiedBroker, value: bytes) -> object:
 def assert_logs_equal(cluster: ProxiedCluster, topic: str, read: dict[int, list[int]]) -> None:
     """Once every replica is in sync, all three logs are the same bytes."""
     converged(cluster, topic, len(read))
-    time.sleep(1.0)  # the followers' next fetch copies what the HW says they have
+    copies_alike(cluster, topic)
     for broker in cluster.values():
         assert broker.stop() == 0
     logs = {b: partition_bytes(broker, topic, 0) for b, broker in cluster.items()}

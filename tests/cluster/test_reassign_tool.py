@@ -33,7 +33,13 @@ from kafka.admin import KafkaAdminClient
 
 from tests.cluster.test_cluster_admin import Cluster, admin_of, create, start_cluster
 from tests.cluster.test_cluster_e2e import eventually, partitions
-from tests.cluster.test_cluster_faults import Acked, partition_bytes, producer, servers
+from tests.cluster.test_cluster_faults import (
+    Acked,
+    copies_alike,
+    partition_bytes,
+    producer,
+    servers,
+)
 from tests.kafka_tools.classpath import kafka_tools_classpath
 from trio_broker.protocol import messages as m
 
@@ -104,7 +110,7 @@ def test_kafka_reassign_tool_throttles_a_move_and_verify_removes_the_throttles(
 ) -> None:
     cluster = brokers
     admin = admin_of(cluster)
-    create(admin, TOPIC, [1, 2])
+    create(cluster, admin, TOPIC, [1, 2])
     acked = Acked()
     writer = producer(servers(cluster))
     for i in range(WRITTEN // 1000):
@@ -164,7 +170,7 @@ def test_kafka_reassign_tool_throttles_a_move_and_verify_removes_the_throttles(
         configs = described(admin, ResourceType.BROKER, str(broker))
         for key in (LEADER_RATE, FOLLOWER_RATE):
             assert (configs[key].value, configs[key].source) == (UNLIMITED, DEFAULT_CONFIG)
-    time.sleep(1.0)  # the follower's next fetch copies what the HW says it has
+    copies_alike({b: cluster[b] for b in (2, 3)}, TOPIC)
     leader_log = partition_bytes(cluster[2], TOPIC, 0)
     assert len(leader_log) > WRITTEN
     for broker in cluster.values():
@@ -177,7 +183,7 @@ def test_throttle_configs_through_confluent_kafka(brokers: Cluster) -> None:
     is INVALID_CONFIG, a rate on another broker's resource goes to that broker, and
     DELETE restores the static rate."""
     admin = admin_of(brokers)
-    create(admin, TOPIC, [1, 2])
+    create(brokers, admin, TOPIC, [1, 2])
 
     def alter(resource: ConfigResource) -> None:
         [future] = admin.incremental_alter_configs([resource]).values()

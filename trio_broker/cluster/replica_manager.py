@@ -723,19 +723,12 @@ class ReplicaManager:
         local = self.topics.get(name)
         return dict(local.info.configs) if local is not None else {}
 
-    async def set_topic_configs(self, name: str, configs: dict[str, str]) -> None:
-        """Store a topic's config overrides in ZooKeeper (AlterConfigs on any broker):
-        every replica's config watch (:meth:`_config_loop`) applies them."""
-        path = topic_config_path(name)
-        try:
-            try:
-                await self.coord.set(path, encode_configs(configs), -1)
-            except NoNode:
-                await self.coord.create(path, encode_configs(configs))
-        except CoordinationError as exc:
-            raise TopicError(
-                ErrorCode.UNKNOWN_SERVER_ERROR, f"cannot store the configs of {name}: {exc}"
-            ) from None
+    def topic_configs_stored(self, name: str, configs: dict[str, str]) -> None:
+        """An AlterConfigs this broker took stored ``configs`` in ZooKeeper: its copy
+        shows them at once. The config watch applies any later change (a read of an
+        older value still in flight is followed by the watch this write fired)."""
+        if name in self.local_copies:
+            self._apply_topic_configs(name, configs)
 
     async def read_topic_configs(self, name: str) -> dict[str, str]:
         """A cluster topic's config overrides as ZooKeeper holds them (DescribeConfigs on

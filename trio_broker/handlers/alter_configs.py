@@ -11,11 +11,13 @@ BROKER resources: the dynamic broker configs (storage/broker_configs.py), either
 cluster-wide default (name "") or this node's (its id). They become the log defaults
 of every topic that does not set the key itself (docs/acls.md, "Dynamic broker configs").
 
-In a cluster, an accepted topic change is also stored in ZooKeeper (the topic's config
-znode), from where every replica's config watch applies it, min.insync.replicas included
-(docs/cluster.md, "Topic configs in a cluster"). A broker without a copy of the topic
-takes the change too: it reads the znode, checks the new overrides the same way and
-writes them back conditionally (a Deferred), and the replicas apply them.
+In a cluster, a topic's change is made in ZooKeeper, by whichever broker takes it: it
+reads the topic's config znode, computes and checks the new overrides the same way and
+writes them back conditionally on the znode's version (a Deferred), from where every
+replica's config watch applies them, min.insync.replicas included (docs/cluster.md,
+"Topic configs in a cluster"); a broker holding a copy applies the stored value to it at
+once too. Never from its local copy: that may lag ZooKeeper (its watch has not applied
+the last change yet), and writing it back would undo another broker's change.
 
 Shared with IncrementalAlterConfigs: resource checks, value checks, applying.
 """
@@ -61,8 +63,8 @@ class ConfigRefused(KafkaError):
     """A config change Kafka refuses: ``ConfigRefused(error_code, message)``."""
 
 
-class _HeldElsewhere(Exception):
-    """A cluster topic this broker has no copy of: altered in ZooKeeper instead."""
+class _InCluster(Exception):
+    """A cluster topic: altered in ZooKeeper, not in a local copy first."""
 
 
 def check_values(ctx: RequestContext, configs: dict[str, str]) -> None:
@@ -90,8 +92,8 @@ def alter_resources(
     """Check and (unless validate_only) apply each resource; one (error, message) each.
 
     ``new_configs(current overrides, resource)`` computes the topic's new overrides
-    or raises ConfigRefused. In a cluster, the indexes of topics held by other brokers
-    only go to ``elsewhere`` (their answer is left NONE): :func:`alter_in_cluster`.
+    or raises ConfigRefused. In a cluster, the indexes of the cluster's topics only go
+    to ``elsewhere`` (their answer is left NONE): :func:`alter_in_cluster`.
     """
     seen: dict[tuple[int, str], int] = {}
     for resource in resources:
@@ -104,7 +106,7 @@ def alter_resources(
                 raise ConfigRefused(ErrorCode.INVALID_REQUEST, "resource listed more than once")
             _alter_one(ctx, resource, validate_only, new_configs)
             out.append((ErrorCode.NONE, None))
-        except _HeldElsewhere:
+        except _InCluster:
             if elsewhere is None:
                 raise
             elsewhere.append(len(out))
@@ -134,11 +136,11 @@ def _alter_one(
         )
     if not authorized(ctx, Operation.ALTER_CONFIGS, ResourceType.TOPIC, name):
         raise ConfigRefused(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "ALTER_CONFIGS refused")
+    replication = ctx.services.replication
+    if replication is not None and name in replication.view.topics:
+        raise _InCluster(name)
     topic = ctx.services.topics.get(name)
     if topic is None:
-        replication = ctx.services.replication
-        if replication is not None and name in replication.view.topics:
-            raise _HeldElsewhere(name)
         raise ConfigRefused(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
     configs = new_configs(dict(topic.info.configs), resource)
     check_values(ctx, configs)
@@ -152,34 +154,6 @@ def _alter_one(
         raise ConfigRefused(StorageError.error_code, f"cannot store configs: {exc}") from None
 
 
-async def publish_topic_configs(
-    ctx: RequestContext,
-    resources: Sequence[ConfigResource],
-    results: list[tuple[ErrorCode, str | None]],
-    validate_only: bool,
-) -> list[tuple[ErrorCode, str | None]]:
-    """In a cluster, store each topic change that was applied here in ZooKeeper."""
-    replication = ctx.services.replication
-    if replication is None or validate_only:
-        return results
-    out = []
-    for resource, (code, message) in zip(resources, results, strict=True):
-        name = resource.resource_name
-        topic = ctx.services.topics.get(name)
-        if (
-            code == ErrorCode.NONE
-            and resource.resource_type == TOPIC_RESOURCE
-            and topic is not None
-            and name in replication.view.topics  # not a topic of this broker alone
-        ):
-            try:
-                await replication.set_topic_configs(name, dict(topic.info.configs))
-            except TopicError as exc:
-                code, message = exc.error_code, str(exc)
-        out.append((code, message))
-    return out
-
-
 def alter_in_cluster(
     ctx: RequestContext,
     resources: list[AnyResource],
@@ -188,9 +162,8 @@ def alter_in_cluster(
     answer: Callable[[list[tuple[ErrorCode, str | None]]], AnyAnswer],
 ) -> AnyAnswer | Deferred:
     """AlterConfigs and IncrementalAlterConfigs: the resources checked and applied here
-    (:func:`alter_resources`), then, in a cluster, a Deferred that alters the topics held
-    elsewhere in ZooKeeper and stores the local changes there too; ``answer(results)``
-    builds the response."""
+    (:func:`alter_resources`), then, in a cluster, a Deferred that alters the cluster's
+    topics in ZooKeeper; ``answer(results)`` builds the response."""
     elsewhere: list[int] = []
     results = alter_resources(ctx, resources, validate_only, new_configs, elsewhere)
     replication = ctx.services.replication
@@ -200,13 +173,16 @@ def alter_in_cluster(
     async def store_then_answer() -> AnyAnswer:
         for index in elsewhere:
             resource = resources[index]
-            change = _change_of(ctx, resource, validate_only, new_configs)
+            stored: list[dict[str, str]] = []
+            change = _change_of(ctx, resource, validate_only, new_configs, stored)
             try:
                 await replication.update_topic_configs(resource.resource_name, change)
             except (ConfigRefused, TopicError) as exc:
                 results[index] = (exc.error_code, str(exc))
-        published = await publish_topic_configs(ctx, resources, results, validate_only)
-        return answer(published)
+                continue
+            if stored:  # what ZooKeeper holds now: this broker's copy shows it at once
+                replication.topic_configs_stored(resource.resource_name, stored[0])
+        return answer(results)
 
     return Deferred(store_then_answer)
 
@@ -216,14 +192,19 @@ def _change_of(
     resource: AnyResource,
     validate_only: bool,
     new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
+    stored: list[dict[str, str]],
 ) -> Callable[[dict[str, str]], dict[str, str] | None]:
     """The change of one topic's stored overrides: checked as a local change is;
-    nothing to store when only validating."""
+    nothing to store when only validating. ``stored`` keeps the last overrides it
+    returned (the ones written, once the conditional write succeeds)."""
 
     def change(current: dict[str, str]) -> dict[str, str] | None:
         configs = new_configs(dict(current), resource)
         check_values(ctx, configs)
-        return None if validate_only else configs
+        if validate_only:
+            return None
+        stored[:] = [configs]
+        return configs
 
     return change
 

@@ -154,8 +154,9 @@ class Replication(Protocol):
         """Grow a cluster topic (TopicError if refused); waits for the new leaders."""
         ...
 
-    async def set_topic_configs(self, name: str, configs: dict[str, str]) -> None:
-        """Store a topic's config overrides for every replica (TopicError if refused)."""
+    def topic_configs_stored(self, name: str, configs: dict[str, str]) -> None:
+        """``configs`` were stored as topic ``name``'s overrides: apply them to this
+        broker's copy now (its config watch would, a moment later)."""
         ...
 
     async def read_topic_configs(self, name: str) -> dict[str, str]:

@@ -29,7 +29,7 @@ from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import DecompressionLimitError, KafkaError, ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
-from trio_broker.replication.leader import AckState
+from trio_broker.replication.leader import AckState, LeaderPartition
 from trio_broker.services.topics import RESERVED_TOPICS
 from trio_broker.state.producer import Duplicate, Reject
 from trio_broker.state.quota import PRODUCER_BYTE_RATE
@@ -250,13 +250,15 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             if leader_error:
                 part.error_code = leader_error
                 continue
-            if term is not None and acks == -1 and not term.can_accept_acks_all():
-                part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS
-                part.error_message = (
-                    f"the ISR has {len(term.isr)} member(s), min.insync.replicas is "
-                    f"{term.effective_min_insync_replicas} (for {len(term.replicas)} replicas)"
-                )
-                continue
+            if term is not None and acks == -1:
+                isr = acks_all_isr(ctx, topic.name, data.index, term)
+                if len(isr) < term.effective_min_insync_replicas:
+                    part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS
+                    part.error_message = (
+                        f"the ISR has {len(isr)} member(s), min.insync.replicas is "
+                        f"{term.effective_min_insync_replicas} (for {len(term.replicas)} replicas)"
+                    )
+                    continue
             replicated = (topic.name, data.index) if term is not None else None
             log = topic.logs[data.index]
             configs = topic.info.configs
@@ -392,6 +394,23 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
         return response
 
     return Deferred(when_durable, timeout_s=max(request.timeout_ms, 0) / 1000, on_timeout=timed_out)
+
+
+def acks_all_isr(
+    ctx: RequestContext, topic: str, partition: int, term: LeaderPartition
+) -> frozenset[int]:
+    """The ISR an acks=all write is checked against before its append: the term's, or
+    the smaller one ZooKeeper holds for this broker's leadership (the cluster view, which
+    Metadata answers from). The view runs ahead of the term from the watch delivering a
+    change until the replica manager applies it (a new term after the controller shrank
+    the ISR and bumped the epoch); the old term's larger ISR would take a write that then
+    fails NOT_ENOUGH_REPLICAS_AFTER_APPEND, after Metadata already showed the small ISR."""
+    replication = ctx.services.replication
+    info = replication.partition(topic, partition) if replication is not None else None
+    if info is None or info.leader != term.broker_id or info.leader_epoch < term.leader_epoch:
+        return term.isr
+    stored = frozenset(info.isr)
+    return stored if len(stored) < len(term.isr) else term.isr
 
 
 def _not_committed(services: Services, replicated: tuple[str, int], last_offset: int) -> bool:
