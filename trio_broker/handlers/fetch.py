@@ -1,7 +1,10 @@
 """Fetch: whole batches from the log, sent with sendfile; long polls wait for appends.
 
 A fetch that finds fewer than min_bytes waits (in the delayed-operations
-nursery, not in the handler) until an append wakes it or max_wait_ms passes.
+nursery, not in the handler) until a change to one of the partitions it reads wakes it
+(an append, a moved high watermark, the end of this broker's leadership: the purgatory
+of server/fetch_waits.py) or max_wait_ms passes. A follower's fetch offsets are
+recorded once, when its request arrives, by the replica manager.
 Fetch sessions (KIP-227, state/fetch_sessions.py): a request is matched to its
 session once, when it arrives (:func:`plan_fetch`); the partitions to read come
 from the request or the session; the answer is trimmed to the partitions with
@@ -58,8 +61,8 @@ def read_partitions(
         remaining = min(remaining, quota_limit)
     total = 0
     topic_responses: list[TopicResp] = []
-    # A follower (replica id >= 0) reads up to the log end and reports its progress;
-    # consumers read up to the high watermark.
+    # A follower (replica id >= 0) reads up to the log end (its progress was recorded
+    # when the request arrived: handle_fetch); consumers read up to the high watermark.
     replica = fetching_replica(ctx, request)
     replication = ctx.services.replication
     follower = is_follower(ctx, request)
@@ -94,8 +97,6 @@ def read_partitions(
                     if p.fetch_offset > log.log_end_offset:
                         part.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
                         continue
-                    assert replication is not None
-                    replication.follower_fetched(topic.name, p.partition, replica, p.fetch_offset)
                 else:
                     read_up_to = term.high_watermark
                 high_watermark = term.high_watermark
@@ -304,11 +305,55 @@ def count_bytes_out(ctx: RequestContext, response: Resp) -> None:
             counts[name] = counts.get(name, 0) + sent
 
 
+def record_follower_fetch(ctx: RequestContext, request: m.FetchRequest, plan: FetchPlan) -> None:
+    """A follower's fetch offsets are its progress: the replica manager records them, once
+    per request (not at every read of a long poll)."""
+    replication = ctx.services.replication
+    if replication is None or not is_follower(ctx, request):
+        return
+    epochs = ctx.api_version >= 9
+    replication.follower_fetch(
+        fetching_replica(ctx, request),
+        [
+            (t.topic or t.topic_id, p.partition, p.fetch_offset,
+             p.current_leader_epoch if epochs else -1)
+            for t in plan.topics
+            for p in t.partitions
+        ],
+    )  # fmt: skip
+
+
+def watched_partitions(ctx: RequestContext, topics: list[FetchTopic]) -> set[tuple[str, int]]:
+    """The partitions a long poll reads, by name: what it waits on."""
+    by_id = ctx.services.topics.by_id
+    keys: set[tuple[str, int]] = set()
+    for wanted in topics:
+        name = wanted.topic
+        if not name:  # v13+: by id; an unknown id has no partition to wait on
+            known = by_id.get(wanted.topic_id)
+            if known is None:
+                continue
+            name = known.name
+        keys.update((name, p.partition) for p in wanted.partitions)
+    return keys
+
+
+def failed_partitions(response: Resp) -> set[tuple[int, int]]:
+    """Positions (topic, partition) of the partitions answered with an error."""
+    return {
+        (t, p)
+        for t, topic in enumerate(response.responses)
+        for p, part in enumerate(topic.partitions)
+        if part.error_code
+    }
+
+
 @handles(m.ApiKey.FETCH)
 async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchResponse | Deferred:
     plan = plan_fetch(ctx, request)
     if isinstance(plan.context, SessionError):
         return Resp(error_code=plan.context.error_code, session_id=0, responses=[])
+    record_follower_fetch(ctx, request, plan)
 
     def answer(response: Resp, total: int) -> Resp:
         return finish(ctx, plan, throttled(ctx, response, total))
@@ -316,15 +361,25 @@ async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchR
     response, total = read_partitions(ctx, request, plan.topics)
     if total >= request.min_bytes or request.max_wait_ms <= 0:
         return answer(response, total)
+    # Waits on exactly these partitions: a change elsewhere does not wake it.
+    watched = watched_partitions(ctx, plan.topics)
+    failed_before = failed_partitions(response)
 
     async def long_poll() -> m.FetchResponse:
         while True:
-            # Look before waiting: an append between the handler's read and this
-            # task's start would otherwise be a lost wake-up (a full max_wait).
-            response, total = read_partitions(ctx, request, plan.topics)
-            if total >= max(request.min_bytes, 1) or ctx.services.shutting_down:
-                return answer(response, total)
-            await ctx.services.appends.wait()
+            # Watch before reading: a change between the read and the wait wakes it (the
+            # first read here also sees what changed since the handler's read).
+            with ctx.services.appends.watch(watched) as waiter:
+                response, total = read_partitions(ctx, request, plan.topics)
+                # As Kafka's delayed fetch: done with enough bytes, or once a partition
+                # it waits on fails (its leadership moved, its topic was deleted).
+                if (
+                    total >= max(request.min_bytes, 1)
+                    or ctx.services.shutting_down
+                    or not failed_partitions(response) <= failed_before
+                ):
+                    return answer(response, total)
+                await waiter.wait()
 
     def waited_long_enough() -> m.FetchResponse:
         return answer(*read_partitions(ctx, request, plan.topics))

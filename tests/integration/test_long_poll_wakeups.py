@@ -1,0 +1,87 @@
+"""A long-poll fetch waits on its own partitions: a produce elsewhere does not wake it.
+
+A raw Fetch (max wait 20 s) waits for records in partition B of an in-process broker.
+A confluent-kafka producer writes to partition A, then to B. The fetch answers with B's
+record, having read the logs three times: in the handler, once when its long poll
+started, and once when B's append woke it. Before the purgatory keyed by partition
+(issue 29) the produce to A woke it too, and it read the logs a fourth time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import trio
+from confluent_kafka import Producer
+
+from tests.integration.raw_client import RawClient
+from trio_broker.handlers import fetch
+from trio_broker.protocol import messages as m
+from trio_broker.server.broker import Broker
+
+TOPIC, A, B = "wakeups", 0, 1
+WAIT_S = 20.0
+
+
+def fetch_b(max_wait_ms: int) -> m.FetchRequest:
+    Req = m.FetchRequest
+    part = Req.FetchTopic.FetchPartition(
+        partition=B, fetch_offset=0, log_start_offset=-1, partition_max_bytes=1 << 20
+    )
+    return Req(replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=1 << 20,
+               isolation_level=0, session_id=0, session_epoch=-1,
+               topics=[Req.FetchTopic(topic=TOPIC, partitions=[part])],
+               forgotten_topics_data=[], rack_id="")  # fmt: skip
+
+
+def produce(bootstrap: str, partition: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 0})
+    producer.produce(TOPIC, value=f"to {partition}".encode(), partition=partition)
+    assert producer.flush(WAIT_S) == 0
+
+
+async def wait_until(condition: Callable[[], bool], what: str) -> None:
+    with trio.move_on_after(WAIT_S):
+        # The count changes in the broker's tasks, which set no event a test could await.
+        while not condition():  # noqa: ASYNC110
+            await trio.sleep(0.01)
+        return
+    raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
+
+
+async def test_a_produce_to_another_partition_does_not_wake_a_long_poll(
+    broker: Broker, bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker.topics.create(TOPIC, 2)
+    reads_of_b = 0
+    read = fetch.read_partitions
+
+    def counting(ctx: Any, request: m.FetchRequest, wanted: list[Any]) -> Any:
+        nonlocal reads_of_b
+        if [p.partition for t in wanted for p in t.partitions] == [B]:
+            reads_of_b += 1
+        return read(ctx, request, wanted)
+
+    monkeypatch.setattr(fetch, "read_partitions", counting)
+    answers: list[m.FetchResponse] = []
+    host, port = broker.bound[0]
+    async with await trio.open_tcp_stream(host, port) as stream, trio.open_nursery() as nursery:
+
+        async def long_poll() -> None:
+            answers.append(await RawClient(stream).call(m.ApiKey.FETCH, 12, fetch_b(20_000)))
+
+        nursery.start_soon(long_poll)
+        # The handler's read, then the long poll's own before it waits.
+        await wait_until(lambda: reads_of_b == 2, "the fetch to wait")
+        await trio.to_thread.run_sync(produce, bootstrap, A)
+        assert not answers
+        await trio.to_thread.run_sync(produce, bootstrap, B)
+        await wait_until(lambda: bool(answers), "the fetch's answer")
+    (answer,) = answers
+    assert answer.responses[0].partitions[0].records  # B's record
+    # Woken once, by B: the produce to A did not make it read again.
+    assert reads_of_b == 3
+    # Answered: its watch is gone from the purgatory (nothing left registered).
+    assert broker.appends.statistics().waiters == 0
