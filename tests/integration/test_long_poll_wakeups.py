@@ -5,6 +5,9 @@ A confluent-kafka producer writes to partition A, then to B. The fetch answers w
 record, having read the logs three times: in the handler, once when its long poll
 started, and once when B's append woke it. Before the purgatory keyed by partition
 (issue 29) the produce to A woke it too, and it read the logs a fourth time.
+
+And, as Kafka completes a delayed fetch whose partition went away: deleting the topic
+answers a fetch waiting on it at once (UNKNOWN_TOPIC_OR_PARTITION), not at its max wait.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from typing import Any
 import pytest
 import trio
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from tests.integration.raw_client import RawClient
 from trio_broker.handlers import fetch
 from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.server.broker import Broker
 
 TOPIC, A, B = "wakeups", 0, 1
@@ -51,20 +56,25 @@ async def wait_until(condition: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
 
 
-async def test_a_produce_to_another_partition_does_not_wake_a_long_poll(
-    broker: Broker, bootstrap: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    broker.topics.create(TOPIC, 2)
-    reads_of_b = 0
+@pytest.fixture
+def reads_of_b(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How often a fetch of partition B alone read the logs (one counter in a list)."""
+    count = [0]
     read = fetch.read_partitions
 
     def counting(ctx: Any, request: m.FetchRequest, wanted: list[Any]) -> Any:
-        nonlocal reads_of_b
         if [p.partition for t in wanted for p in t.partitions] == [B]:
-            reads_of_b += 1
+            count[0] += 1
         return read(ctx, request, wanted)
 
     monkeypatch.setattr(fetch, "read_partitions", counting)
+    return count
+
+
+async def test_a_produce_to_another_partition_does_not_wake_a_long_poll(
+    broker: Broker, bootstrap: str, reads_of_b: list[int]
+) -> None:
+    broker.topics.create(TOPIC, 2)
     answers: list[m.FetchResponse] = []
     host, port = broker.bound[0]
     async with await trio.open_tcp_stream(host, port) as stream, trio.open_nursery() as nursery:
@@ -74,7 +84,7 @@ async def test_a_produce_to_another_partition_does_not_wake_a_long_poll(
 
         nursery.start_soon(long_poll)
         # The handler's read, then the long poll's own before it waits.
-        await wait_until(lambda: reads_of_b == 2, "the fetch to wait")
+        await wait_until(lambda: reads_of_b[0] == 2, "the fetch to wait")
         await trio.to_thread.run_sync(produce, bootstrap, A)
         assert not answers
         await trio.to_thread.run_sync(produce, bootstrap, B)
@@ -82,6 +92,31 @@ async def test_a_produce_to_another_partition_does_not_wake_a_long_poll(
     (answer,) = answers
     assert answer.responses[0].partitions[0].records  # B's record
     # Woken once, by B: the produce to A did not make it read again.
-    assert reads_of_b == 3
+    assert reads_of_b[0] == 3
     # Answered: its watch is gone from the purgatory (nothing left registered).
     assert broker.appends.statistics().waiters == 0
+
+
+def delete_topic(bootstrap: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics([TOPIC]).values():
+        future.result(WAIT_S)
+
+
+async def test_deleting_the_topic_answers_a_long_poll_on_it(
+    broker: Broker, bootstrap: str, reads_of_b: list[int]
+) -> None:
+    broker.topics.create(TOPIC, 2)
+    answers: list[m.FetchResponse] = []
+    host, port = broker.bound[0]
+    async with await trio.open_tcp_stream(host, port) as stream, trio.open_nursery() as nursery:
+
+        async def long_poll() -> None:
+            # A minute's wait: longer than the raw client waits for any answer (10 s).
+            answers.append(await RawClient(stream).call(m.ApiKey.FETCH, 12, fetch_b(60_000)))
+
+        nursery.start_soon(long_poll)
+        await wait_until(lambda: reads_of_b[0] == 2, "the fetch to wait")
+        await trio.to_thread.run_sync(delete_topic, bootstrap)
+    (answer,) = answers
+    assert answer.responses[0].partitions[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
