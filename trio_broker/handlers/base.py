@@ -70,12 +70,14 @@ FollowerFetchPartition = tuple[str | uuid.UUID, int, int, int]
 
 
 class FetchWait(Protocol):
-    """A long poll's watch on its partitions (a context manager): entered before the
-    read, so that a change between the read and ``wait`` is not missed."""
+    """A long poll's watch on its partitions (a context manager): entered before its
+    first read, so that no change after that read is missed."""
 
     def __enter__(self) -> FetchWait: ...
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None: ...
-    async def wait(self) -> None: ...
+    async def changed(self) -> frozenset[tuple[str, int]]:
+        """Wait for a change to a watched partition; the partitions that changed."""
+        ...
 
 
 class Appends(Protocol):

@@ -323,29 +323,43 @@ def record_follower_fetch(ctx: RequestContext, request: m.FetchRequest, plan: Fe
     )  # fmt: skip
 
 
-def watched_partitions(ctx: RequestContext, topics: list[FetchTopic]) -> set[tuple[str, int]]:
-    """The partitions a long poll reads, by name: what it waits on."""
+def resolved(ctx: RequestContext, topics: list[FetchTopic]) -> list[tuple[str, FetchTopic]]:
+    """Each wanted topic with its name ("" for a v13+ topic id this broker lacks)."""
     by_id = ctx.services.topics.by_id
-    keys: set[tuple[str, int]] = set()
+    out = []
     for wanted in topics:
         name = wanted.topic
-        if not name:  # v13+: by id; an unknown id has no partition to wait on
+        if not name:
             known = by_id.get(wanted.topic_id)
-            if known is None:
-                continue
-            name = known.name
-        keys.update((name, p.partition) for p in wanted.partitions)
-    return keys
+            name = "" if known is None else known.name
+        out.append((name, wanted))
+    return out
 
 
-def failed_partitions(response: Resp) -> set[tuple[int, int]]:
-    """Positions (topic, partition) of the partitions answered with an error."""
-    return {
-        (t, p)
-        for t, topic in enumerate(response.responses)
-        for p, part in enumerate(topic.partitions)
-        if part.error_code
-    }
+def only(
+    topics: list[tuple[str, FetchTopic]], keys: frozenset[tuple[str, int]]
+) -> list[tuple[str, FetchTopic]]:
+    """The wanted topics cut to the partitions in ``keys``."""
+    out = []
+    for name, wanted in topics:
+        parts = [p for p in wanted.partitions if (name, p.partition) in keys]
+        if parts:
+            cut = FetchTopic(topic=wanted.topic, topic_id=wanted.topic_id, partitions=parts)
+            out.append((name, cut))
+    return out
+
+
+def outcomes(
+    topics: list[tuple[str, FetchTopic]], response: Resp
+) -> dict[tuple[str, int], tuple[int, bool]]:
+    """(record bytes, failed) per partition of a read of ``topics``, by name."""
+    out = {}
+    for (name, _), topic in zip(topics, response.responses, strict=True):
+        for part in topic.partitions:
+            records = part.records
+            size = records.nbytes if isinstance(records, RecordsChunks) else len(records or b"")
+            out[name, part.partition_index] = (size, part.error_code != ErrorCode.NONE)
+    return out
 
 
 @handles(m.ApiKey.FETCH)
@@ -362,24 +376,41 @@ async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchR
     if total >= request.min_bytes or request.max_wait_ms <= 0:
         return answer(response, total)
     # Waits on exactly these partitions: a change elsewhere does not wake it.
-    watched = watched_partitions(ctx, plan.topics)
-    failed_before = failed_partitions(response)
+    topics = resolved(ctx, plan.topics)
+    watched = {(name, p.partition) for name, t in topics if name for p in t.partitions}
+    # A follower's reads count against the leader's throttle: it reads only to answer.
+    look_at_changes = not is_follower(ctx, request)
+    needed = max(request.min_bytes, 1)
 
     async def long_poll() -> m.FetchResponse:
-        while True:
-            # Watch before reading: a change between the read and the wait wakes it (the
-            # first read here also sees what changed since the handler's read).
-            with ctx.services.appends.watch(watched) as waiter:
-                response, total = read_partitions(ctx, request, plan.topics)
-                # As Kafka's delayed fetch: done with enough bytes, or once a partition
-                # it waits on fails (its leadership moved, its topic was deleted).
-                if (
-                    total >= max(request.min_bytes, 1)
-                    or ctx.services.shutting_down
-                    or not failed_partitions(response) <= failed_before
-                ):
-                    return answer(response, total)
-                await waiter.wait()
+        # Watch before reading: a change after the read wakes it (this first read sees
+        # what changed since the handler's).
+        with ctx.services.appends.watch(watched) as waiter:
+            response: Resp | None
+            response, total = read_partitions(ctx, request, plan.topics)
+            known = outcomes(topics, response)
+            failed_before = {key for key, (_, failed) in known.items() if failed}
+
+            def complete() -> bool:
+                # As Kafka's delayed fetch: enough bytes, or a partition it waits on
+                # failed since (its leadership moved, its topic was deleted).
+                return sum(size for size, _ in known.values()) >= needed or any(
+                    failed and key not in failed_before for key, (_, failed) in known.items()
+                )
+
+            while not complete() and not ctx.services.shutting_down:
+                changed = await waiter.changed()
+                if look_at_changes:  # read again only what changed
+                    again = only(topics, changed)
+                    reread = read_partitions(ctx, request, [t for _, t in again])[0]
+                    known.update(outcomes(again, reread))
+                    response = None
+                else:
+                    response, total = read_partitions(ctx, request, plan.topics)
+                    known = outcomes(topics, response)
+        if response is None:
+            response, total = read_partitions(ctx, request, plan.topics)
+        return answer(response, total)
 
     def waited_long_enough() -> m.FetchResponse:
         return answer(*read_partitions(ctx, request, plan.topics))
