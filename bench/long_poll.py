@@ -83,6 +83,9 @@ def run(idle: int, rate: float, seconds: float) -> dict[str, Any]:
             "broker_cpu_ms_per_msg": round(cpu * 1000 / max(sent, 1), 3),
             "p50_ms": round(percentile(ordered, 0.5), 2),
             "p99_ms": round(percentile(ordered, 0.99), 2),
+            "max_ms": round(ordered[-1], 2) if ordered else None,
+            # Near the 500 ms max wait: a long poll that was not woken by its append.
+            "over_400_ms": sum(1 for x in ordered if x > 400),
         }  # fmt: skip
     finally:
         stop.set()

@@ -400,7 +400,7 @@ async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchR
 
             while not complete() and not ctx.services.shutting_down:
                 changed = await waiter.changed()
-                if look_at_changes:  # read again only what changed
+                if look_at_changes and not changed >= watched:  # read only what changed
                     again = only(topics, changed)
                     reread = read_partitions(ctx, request, [t for _, t in again])[0]
                     known.update(outcomes(again, reread))
