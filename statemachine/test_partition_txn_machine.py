@@ -52,7 +52,7 @@ class Quiet:
     def mark_dirty(self, log: Any, messages: int = 1) -> None:
         pass
 
-    def notify(self) -> None:
+    def notify(self, topic: str, partition: int) -> None:
         pass
 
 

@@ -63,6 +63,7 @@ def stand_in_manager(
         producers=None,
         now_ms=follower.now_ms,
         follower_throttled=lambda topic, partition: False,
+        partition_changed=follower.appends.notify,
     )
 
 

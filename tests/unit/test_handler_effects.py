@@ -24,6 +24,7 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.messages import RequestHeader
 from trio_broker.protocol.records import build_batch
+from trio_broker.server.fetch_waits import FetchWaits
 from trio_broker.server.handler_pool import _run_deferred
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.quotas import QuotaService
@@ -49,18 +50,6 @@ class GroupCommit:
         pass
 
 
-class AppendSignal:
-    def __init__(self) -> None:
-        self.appended = trio.Event()
-
-    def notify(self) -> None:
-        self.appended.set()
-        self.appended = trio.Event()
-
-    async def wait(self) -> None:
-        await self.appended.wait()
-
-
 @attrs.define
 class Services:
     config: BrokerConfig = attrs.Factory(BrokerConfig)
@@ -72,7 +61,7 @@ class Services:
     credentials: Any = None
     groups: Any = None
     durability: GroupCommit = attrs.Factory(GroupCommit)
-    appends: AppendSignal = attrs.Factory(AppendSignal)
+    appends: FetchWaits = attrs.Factory(FetchWaits)
     stats: BrokerStats = attrs.Factory(BrokerStats)
     fetch_sessions: FetchSessionCache[Any, Any] = attrs.Factory(FetchSessionCache)
     shutting_down: bool = False

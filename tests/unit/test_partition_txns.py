@@ -212,8 +212,8 @@ class Recorder:
     def mark_dirty(self, log: Any, messages: int = 1) -> None:
         self.calls.append("dirty")
 
-    def notify(self) -> None:
-        self.calls.append("notify")
+    def notify(self, topic: str, partition: int) -> None:
+        self.calls.append(f"notify {topic}-{partition}")
 
 
 def test_append_txn_marker_ends_the_transaction_and_checks_epochs() -> None:
@@ -230,7 +230,7 @@ def test_append_txn_marker_ends_the_transaction_and_checks_epochs() -> None:
     assert log.log_end_offset == 2  # nothing written
     returned_log, offset = append_txn_marker(*args, 2, False, 0, T0)
     assert returned_log is log and offset == 2
-    assert durability.calls == ["dirty"] and appends.calls == ["notify"]
+    assert durability.calls == ["dirty"] and appends.calls == ["notify t-0"]
     assert registry.aborted_between("t", 0, log, 0, 3) == [AbortedTxn(2, 5, first)]
     with pytest.raises(MarkerRejected) as unknown:
         append_txn_marker(topics, registry, durability, appends, "t", 1, 5, 2, True, 0, T0)

@@ -35,6 +35,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.messages import RequestHeader
 from trio_broker.protocol.records import build_control_batch, iter_batches, read_control_marker
 from trio_broker.security.acl import ResourceType
+from trio_broker.server.fetch_waits import FetchWaits
 from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
@@ -63,14 +64,6 @@ class Immediate:
 
     def recover_soon(self, log: Any) -> None:
         pass
-
-
-class Appends:
-    def notify(self) -> None:
-        pass
-
-    async def wait(self) -> None:
-        await trio.sleep_forever()
 
 
 @attrs.define
@@ -110,7 +103,7 @@ class Services:
     credentials: Any = None
     groups: Groups = attrs.Factory(Groups)
     durability: Immediate = attrs.Factory(Immediate)
-    appends: Appends = attrs.Factory(Appends)
+    appends: FetchWaits = attrs.Factory(FetchWaits)
     stats: Any = None
     shutting_down: bool = False
     replication: Any = None

@@ -143,7 +143,7 @@ async def run_cluster_node(
             view, coord, host.topics,
             min_insync_replicas=config.min_insync_replicas,
             replica_lag_time_max_ms=config.replica_lag_time_max_ms,
-            now_ms=host.now_ms, durability=host.durability, on_hw_moved=host.appends.notify,
+            now_ms=host.now_ms, durability=host.durability, on_partition_changed=host.appends.notify,
             producers=host.producers,
             follower_throttle_rate=config.follower_replication_throttled_rate,
             leader_throttle_rate=config.leader_replication_throttled_rate,

@@ -249,9 +249,10 @@ async def _fetch_once(
                     durability.mark_dirty(log_, len(results))
                 if key in throttled:
                     throttled_bytes += len(data)
-            role.high_watermark = max(
-                role.high_watermark, min(part.high_watermark, log_.log_end_offset)
-            )
+            high_watermark = max(role.high_watermark, min(part.high_watermark, log_.log_end_offset))
+            moved, role.high_watermark = high_watermark != role.high_watermark, high_watermark
+            if records or moved:
+                manager.partition_changed(*key)
     if throttled_bytes:
         await trio.sleep(throttled_bytes / manager.follower_throttle_rate)
     if moved_on:  # not leader / fenced: the view will tell who leads now

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import random
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -99,7 +99,7 @@ class ReplicaManager:
         replica_lag_time_max_ms: int,
         now_ms: Callable[[], int],
         durability: Any,
-        on_hw_moved: Callable[[], None] = lambda: None,
+        on_partition_changed: Callable[[str, int], None] = lambda topic, partition: None,
         producers: Any = None,
         follower_throttle_rate: int = UNLIMITED_RATE,
         leader_throttle_rate: int = UNLIMITED_RATE,
@@ -116,8 +116,9 @@ class ReplicaManager:
         #: Idempotent producers' state (services/producers.py): rebuilt from the log when a
         #: replica becomes leader; its id allocator takes blocks from ZooKeeper.
         self.producers = producers
-        #: Long-poll fetches wait for appends; a moved HW is news for them too.
-        self.on_hw_moved = on_hw_moved
+        #: A partition's log end, HW or leadership changed: the long-poll fetches watching
+        #: it (server/fetch_waits.py) read it again.
+        self.on_partition_changed = on_partition_changed
         #: The config file's follower.replication.throttled.rate and
         #: leader.replication.throttled.rate (bytes/s); the dynamic broker configs
         #: (``topics.broker_configs``) override them at runtime.
@@ -191,19 +192,40 @@ class ReplicaManager:
         role = self.following.get(key)
         return role.high_watermark if role is not None else None
 
-    def follower_fetched(self, topic: str, partition: int, replica: int, offset: int) -> None:
-        term = self.terms.get((topic, partition))
-        if term is None:
-            return
-        refreshed = self._refresh((topic, partition), term)
-        try:
-            moved, proposal = term.follower_fetched(replica, offset, self.now_ms())
-        except NotAReplica:  # a replica a reassignment removed, fetching in this epoch
-            return
-        if moved or refreshed:
-            self._wake((topic, partition))
-        if proposal is not None:
-            self._store_isr_soon(topic, partition, term, proposal)
+    def follower_fetch(
+        self, replica: int, partitions: Iterable[tuple[str | uuid.UUID, int, int, int]]
+    ) -> None:
+        """A follower's Fetch request: it holds everything below each fetch offset.
+
+        Recorded once per request, when it arrives (a long poll's later reads record
+        nothing), as Kafka's ReplicaManager updates the follower's fetch state for the
+        partitions it reads: the follower's log end and last caught-up time, an ISR
+        expansion, a high watermark advance (which wakes that partition's waiters).
+        ``partitions``: (topic name or id, partition, fetch offset, current leader epoch
+        or -1). A partition not led here, in another epoch, or asked for past the log end
+        (answered OFFSET_OUT_OF_RANGE) records nothing."""
+        now = self.now_ms()
+        for topic, partition, offset, leader_epoch in partitions:
+            if isinstance(topic, uuid.UUID):
+                local = self.topics.by_id.get(topic)
+                if local is None:
+                    continue
+                topic = local.name
+            key = (topic, partition)
+            term = self.terms.get(key)
+            if term is None or leader_epoch not in (-1, term.leader_epoch):
+                continue
+            changed = self._refresh(key, term)
+            moved, proposal = False, None
+            if offset <= term.log_end_offset:
+                try:
+                    moved, proposal = term.follower_fetched(replica, offset, now)
+                except NotAReplica:  # a replica a reassignment removed, fetching in this epoch
+                    pass
+            if moved or changed:
+                self._wake(key)
+            if proposal is not None:
+                self._store_isr_soon(topic, partition, term, proposal)
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         key = (topic, partition)
@@ -942,15 +964,17 @@ class ReplicaManager:
     # ------------------------------------------------------------------ helpers
 
     def _refresh(self, key: tuple[str, int], term: LeaderPartition) -> bool:
-        """Tell the term how far the leader's log is appended and synced; True if the
-        HW moved."""
+        """Tell the term how far the leader's log is appended and synced; True if its log
+        end or HW moved (both news for the partition's waiting fetches: followers read up
+        to the log end, consumers up to the HW)."""
         log_ = self.topics.log(*key)
         if log_ is None:
             return False
+        appended = log_.log_end_offset > term.log_end_offset
         term.leader_appended(max(log_.log_end_offset, term.log_end_offset))
         counted = log_.durable_end_offset if self.sync_before_counting else log_.log_end_offset
         durable = min(max(counted, term.durable_end_offset), term.log_end_offset)
-        return term.leader_synced(durable)
+        return term.leader_synced(durable) or appended
 
     def _has_leaders(self, name: str, partitions: int) -> bool:
         topic = self.view.topics.get(name)
@@ -966,11 +990,16 @@ class ReplicaManager:
             event = self._hw_moved[key] = trio.Event()
         return event
 
+    def partition_changed(self, topic: str, partition: int) -> None:
+        """A replica fetcher appended to a partition this broker follows, or learned a
+        higher HW: its waiting fetches (none while only leaders answer fetches) look."""
+        self.on_partition_changed(topic, partition)
+
     def _wake(self, key: tuple[str, int]) -> None:
         event = self._hw_moved.pop(key, None)
         if event is not None:
             event.set()
-        self.on_hw_moved()
+        self.on_partition_changed(*key)
 
 
 def encode_configs(configs: dict[str, str]) -> bytes:

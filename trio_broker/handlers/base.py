@@ -19,7 +19,8 @@ above it (docs/architecture.md).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
@@ -63,11 +64,31 @@ class Durability(Protocol):
     def recover_soon(self, log: Any) -> None: ...
 
 
-class Appends(Protocol):
-    """Wake-ups for long-poll fetches: something was appended somewhere."""
+#: A partition a follower asked for: (topic name or id, partition, fetch offset, current
+#: leader epoch or -1).
+FollowerFetchPartition = tuple[str | uuid.UUID, int, int, int]
 
-    def notify(self) -> None: ...
-    async def wait(self) -> None: ...
+
+class FetchWait(Protocol):
+    """A long poll's watch on its partitions (a context manager): entered before its
+    first read, so that no change after that read is missed."""
+
+    def __enter__(self) -> FetchWait: ...
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None: ...
+    async def changed(self) -> frozenset[tuple[str, int]]:
+        """Wait for a change to a watched partition; the partitions that changed."""
+        ...
+
+
+class Appends(Protocol):
+    """Wake-ups for long-poll fetches, by partition (server/fetch_waits.py)."""
+
+    def notify(self, topic: str, partition: int) -> None:
+        """The partition changed (an append, its HW or LSO moved, its leadership ended)."""
+        ...
+
+    def notify_all(self) -> None: ...
+    def watch(self, partitions: Iterable[tuple[str, int]]) -> FetchWait: ...
 
 
 class ControllerRequests(Protocol):
@@ -113,8 +134,12 @@ class Replication(Protocol):
         """This broker's term if it leads the partition now, else None."""
         ...
 
-    def follower_fetched(self, topic: str, partition: int, replica: int, offset: int) -> None:
-        """A follower fetched at ``offset``: it holds everything below it."""
+    def follower_fetch(self, replica: int, partitions: Iterable[FollowerFetchPartition]) -> None:
+        """A follower's Fetch request arrived: it holds everything below each fetch offset.
+
+        Called once per request, before its first read (a long poll's later reads record
+        nothing): (topic name or id, partition, fetch offset, current leader epoch or -1)
+        per partition it asked for."""
         ...
 
     def leader_throttle_budget(self, topic: str, partition: int, replica: int) -> int | None:

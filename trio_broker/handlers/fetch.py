@@ -1,7 +1,10 @@
 """Fetch: whole batches from the log, sent with sendfile; long polls wait for appends.
 
 A fetch that finds fewer than min_bytes waits (in the delayed-operations
-nursery, not in the handler) until an append wakes it or max_wait_ms passes.
+nursery, not in the handler) until a change to one of the partitions it reads wakes it
+(an append, a moved high watermark, the end of this broker's leadership: the purgatory
+of server/fetch_waits.py) or max_wait_ms passes. A follower's fetch offsets are
+recorded once, when its request arrives, by the replica manager.
 Fetch sessions (KIP-227, state/fetch_sessions.py): a request is matched to its
 session once, when it arrives (:func:`plan_fetch`); the partitions to read come
 from the request or the session; the answer is trimmed to the partitions with
@@ -58,8 +61,8 @@ def read_partitions(
         remaining = min(remaining, quota_limit)
     total = 0
     topic_responses: list[TopicResp] = []
-    # A follower (replica id >= 0) reads up to the log end and reports its progress;
-    # consumers read up to the high watermark.
+    # A follower (replica id >= 0) reads up to the log end (its progress was recorded
+    # when the request arrived: handle_fetch); consumers read up to the high watermark.
     replica = fetching_replica(ctx, request)
     replication = ctx.services.replication
     follower = is_follower(ctx, request)
@@ -94,8 +97,6 @@ def read_partitions(
                     if p.fetch_offset > log.log_end_offset:
                         part.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
                         continue
-                    assert replication is not None
-                    replication.follower_fetched(topic.name, p.partition, replica, p.fetch_offset)
                 else:
                     read_up_to = term.high_watermark
                 high_watermark = term.high_watermark
@@ -304,11 +305,69 @@ def count_bytes_out(ctx: RequestContext, response: Resp) -> None:
             counts[name] = counts.get(name, 0) + sent
 
 
+def record_follower_fetch(ctx: RequestContext, request: m.FetchRequest, plan: FetchPlan) -> None:
+    """A follower's fetch offsets are its progress: the replica manager records them, once
+    per request (not at every read of a long poll)."""
+    replication = ctx.services.replication
+    if replication is None or not is_follower(ctx, request):
+        return
+    epochs = ctx.api_version >= 9
+    replication.follower_fetch(
+        fetching_replica(ctx, request),
+        [
+            (t.topic or t.topic_id, p.partition, p.fetch_offset,
+             p.current_leader_epoch if epochs else -1)
+            for t in plan.topics
+            for p in t.partitions
+        ],
+    )  # fmt: skip
+
+
+def resolved(ctx: RequestContext, topics: list[FetchTopic]) -> list[tuple[str, FetchTopic]]:
+    """Each wanted topic with its name ("" for a v13+ topic id this broker lacks)."""
+    by_id = ctx.services.topics.by_id
+    out = []
+    for wanted in topics:
+        name = wanted.topic
+        if not name:
+            known = by_id.get(wanted.topic_id)
+            name = "" if known is None else known.name
+        out.append((name, wanted))
+    return out
+
+
+def only(
+    topics: list[tuple[str, FetchTopic]], keys: frozenset[tuple[str, int]]
+) -> list[tuple[str, FetchTopic]]:
+    """The wanted topics cut to the partitions in ``keys``."""
+    out = []
+    for name, wanted in topics:
+        parts = [p for p in wanted.partitions if (name, p.partition) in keys]
+        if parts:
+            cut = FetchTopic(topic=wanted.topic, topic_id=wanted.topic_id, partitions=parts)
+            out.append((name, cut))
+    return out
+
+
+def outcomes(
+    topics: list[tuple[str, FetchTopic]], response: Resp
+) -> dict[tuple[str, int], tuple[int, bool]]:
+    """(record bytes, failed) per partition of a read of ``topics``, by name."""
+    out = {}
+    for (name, _), topic in zip(topics, response.responses, strict=True):
+        for part in topic.partitions:
+            records = part.records
+            size = records.nbytes if isinstance(records, RecordsChunks) else len(records or b"")
+            out[name, part.partition_index] = (size, part.error_code != ErrorCode.NONE)
+    return out
+
+
 @handles(m.ApiKey.FETCH)
 async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchResponse | Deferred:
     plan = plan_fetch(ctx, request)
     if isinstance(plan.context, SessionError):
         return Resp(error_code=plan.context.error_code, session_id=0, responses=[])
+    record_follower_fetch(ctx, request, plan)
 
     def answer(response: Resp, total: int) -> Resp:
         return finish(ctx, plan, throttled(ctx, response, total))
@@ -316,15 +375,42 @@ async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchR
     response, total = read_partitions(ctx, request, plan.topics)
     if total >= request.min_bytes or request.max_wait_ms <= 0:
         return answer(response, total)
+    # Waits on exactly these partitions: a change elsewhere does not wake it.
+    topics = resolved(ctx, plan.topics)
+    watched = {(name, p.partition) for name, t in topics if name for p in t.partitions}
+    # A follower's reads count against the leader's throttle: it reads only to answer.
+    look_at_changes = not is_follower(ctx, request)
+    needed = max(request.min_bytes, 1)
 
     async def long_poll() -> m.FetchResponse:
-        while True:
-            # Look before waiting: an append between the handler's read and this
-            # task's start would otherwise be a lost wake-up (a full max_wait).
+        # Watch before reading: a change after the read wakes it (this first read sees
+        # what changed since the handler's).
+        with ctx.services.appends.watch(watched) as waiter:
+            response: Resp | None
             response, total = read_partitions(ctx, request, plan.topics)
-            if total >= max(request.min_bytes, 1) or ctx.services.shutting_down:
-                return answer(response, total)
-            await ctx.services.appends.wait()
+            known = outcomes(topics, response)
+            failed_before = {key for key, (_, failed) in known.items() if failed}
+
+            def complete() -> bool:
+                # As Kafka's delayed fetch: enough bytes, or a partition it waits on
+                # failed since (its leadership moved, its topic was deleted).
+                return sum(size for size, _ in known.values()) >= needed or any(
+                    failed and key not in failed_before for key, (_, failed) in known.items()
+                )
+
+            while not complete() and not ctx.services.shutting_down:
+                changed = await waiter.changed()
+                if look_at_changes and not changed >= watched:  # read only what changed
+                    again = only(topics, changed)
+                    reread = read_partitions(ctx, request, [t for _, t in again])[0]
+                    known.update(outcomes(again, reread))
+                    response = None
+                else:
+                    response, total = read_partitions(ctx, request, plan.topics)
+                    known = outcomes(topics, response)
+        if response is None:
+            response, total = read_partitions(ctx, request, plan.topics)
+        return answer(response, total)
 
     def waited_long_enough() -> m.FetchResponse:
         return answer(*read_partitions(ctx, request, plan.topics))

@@ -325,6 +325,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             if log_append_time:
                 part.log_append_time_ms = result.log_append_time
             services.durability.mark_dirty(log)
+            services.appends.notify(topic.name, data.index)
             if acks == -1:
                 durable_waits.append((log, result.last_offset, part, replicated))
         topic_responses.append(
@@ -332,7 +333,6 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
                 name=name, topic_id=topic_data.topic_id, partition_responses=partition_responses
             )
         )
-    services.appends.notify()
     # Quota (KIP-219): the request's record bytes count whatever the outcome
     # (summed in the loop above, so no second walk over the request).
     throttle_ms = ctx.services.quotas.throttle(ctx, PRODUCER_BYTE_RATE, produced)

@@ -35,6 +35,7 @@ from trio_broker.security.credentials import CredentialStore
 from trio_broker.security.decoy import decoy_secret
 from trio_broker.security.listeners import Listener, resolve_listeners
 from trio_broker.server.connection import Connection
+from trio_broker.server.fetch_waits import FetchWaits
 from trio_broker.server.flusher import Flusher
 from trio_broker.server.handler_pool import HandlerPool
 from trio_broker.server.log_cleaner import LogCleaner
@@ -63,20 +64,6 @@ log = logging.getLogger("trio_broker")
 DRAIN_TIMEOUT_S = 10.0
 #: Back-off when accept() fails for lack of file descriptors (EMFILE).
 ACCEPT_BACKOFF_S = 0.1
-
-
-class AppendSignal:
-    """Wake-ups for long-poll fetches: something was appended somewhere."""
-
-    def __init__(self) -> None:
-        self._appended = trio.Event()
-
-    def notify(self) -> None:
-        self._appended.set()
-        self._appended = trio.Event()
-
-    async def wait(self) -> None:
-        await self._appended.wait()
 
 
 class Broker:
@@ -133,8 +120,10 @@ class Broker:
         #: Open connections per client IP (max.connections.per.ip).
         self.connections_per_ip: dict[str, int] = {}
         self._connection_ids = itertools.count(1)
-        #: Long-poll fetches wait here; Produce notifies.
-        self.appends = AppendSignal()
+        #: Long-poll fetches wait here, each on its own partitions; whatever changes a
+        #: partition (appends, its HW, its leadership) notifies that partition.
+        self.appends = FetchWaits()
+        self.topics.on_partition_deleted = self.appends.notify
         #: Incremental fetch sessions (KIP-227): handlers/fetch.py opens and uses them.
         self.fetch_sessions: FetchSessionCache[Any, Any] = FetchSessionCache(
             config.max_incremental_fetch_session_cache_slots
@@ -467,7 +456,7 @@ class Broker:
             accept_scope.cancel()
         for conn in list(self.connections.values()):
             conn.stop_reading()
-        self.appends.notify()  # long-poll fetches see shutting_down and answer now
+        self.appends.notify_all()  # long-poll fetches see shutting_down and answer now
         with trio.move_on_after(DRAIN_TIMEOUT_S):
             # A bounded poll, only during shutdown.
             while any(c.sequencer.in_flight for c in self.connections.values()):  # noqa: ASYNC110

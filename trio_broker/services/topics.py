@@ -76,6 +76,9 @@ class TopicManager:
         #: Called with each log a topic deletion closes (the broker points it at
         #: Flusher.forget, so produces waiting on that log fail instead of hanging).
         self.on_log_closed: Any = None
+        #: Called with (topic, partition) for each partition of a deleted topic (the
+        #: long polls waiting on it answer).
+        self.on_partition_deleted: Any = None
         self.by_id: dict[uuid.UUID, Topic] = {}
         if self.catalogue is not None:
             for info in self.catalogue.topics():
@@ -241,10 +244,12 @@ class TopicManager:
         if topic is None:
             raise TopicError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name!r}")
         self.by_id.pop(topic.topic_id, None)
-        for log in topic.logs:
+        for index, log in enumerate(topic.logs):
             if self.on_log_closed is not None:
                 self.on_log_closed(log)
             log.close()
+            if self.on_partition_deleted is not None:
+                self.on_partition_deleted(name, index)
         if self.catalogue is not None:
             self.catalogue.delete_topic(name)
         if self.data_dir is not None:

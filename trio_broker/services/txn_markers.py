@@ -84,7 +84,7 @@ def append_txn_marker(
         topic, partition, RecordBatchView(buf), result.base_offset, result.last_offset
     )
     durability.mark_dirty(log)
-    appends.notify()
+    appends.notify(topic, partition)
     return log, result.last_offset
 
 

@@ -1,0 +1,70 @@
+"""The Trio side of the fetch purgatory: one event per waiting fetch, woken by partition.
+
+``Broker.appends`` is a :class:`FetchWaits`. A long-polling fetch watches the partitions
+it reads for as long as it polls (:meth:`FetchWaits.watch`); whatever changes a
+partition calls :meth:`FetchWaits.notify` for it, which wakes that partition's waiters
+only, and :meth:`FetchWait.changed` tells a woken fetch which of its partitions changed
+(state/fetch_watch.py keeps who watches what, and what changed for whom).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import TracebackType
+
+import trio
+
+from trio_broker.state.fetch_watch import PartitionWatch, WatchStatistics
+
+Key = tuple[str, int]
+
+
+class FetchWait:
+    """One long poll's registration: enter before the first read, then ``changed``."""
+
+    def __init__(self, watch: PartitionWatch[Key, FetchWait], keys: frozenset[Key]) -> None:
+        self._watch = watch
+        self._keys = keys
+        self._event = trio.Event()
+
+    def __enter__(self) -> FetchWait:
+        self._watch.watch(self, self._keys)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._watch.forget(self)
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def changed(self) -> frozenset[Key]:
+        """Wait until one of the watched partitions changed; return those that did."""
+        keys = self._watch.take(self)
+        while not keys:
+            await self._event.wait()
+            self._event = trio.Event()
+            keys = self._watch.take(self)
+        return keys
+
+
+class FetchWaits:
+    def __init__(self) -> None:
+        self._watch: PartitionWatch[Key, FetchWait] = PartitionWatch()
+
+    def watch(self, partitions: Iterable[Key]) -> FetchWait:
+        return FetchWait(self._watch, frozenset(partitions))
+
+    def notify(self, topic: str, partition: int) -> None:
+        """Partition ``topic``-``partition`` changed: wake the fetches watching it."""
+        for waiter in self._watch.touch((topic, partition)):
+            waiter.wake()
+
+    def notify_all(self) -> None:
+        """Wake every waiting fetch (the broker shuts down)."""
+        for waiter in self._watch.touch_all():
+            waiter.wake()
+
+    def statistics(self) -> WatchStatistics:
+        return self._watch.statistics()
