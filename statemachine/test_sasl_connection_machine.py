@@ -567,3 +567,28 @@ def test_a_request_behind_a_plain_login_whose_thread_finished(host: BrokerHost) 
         machine.when_nothing_waits_for_a_thread_everything_expected_happened()
     finally:
         machine.teardown()
+
+
+def test_a_relogin_handshake_is_answered_before_a_refused_request_closes(
+    host: BrokerHost,
+) -> None:
+    """Found with a random seed (pipelined): after a PLAIN login, a re-login's
+    SaslHandshake and then a Metadata request that the handshake makes unpermitted.
+    The reader closed the connection on reading the Metadata request while the
+    handshake's answer could still be queued (trio runs the reader and the writer in
+    a random order), so the client never got it; Kafka answers what it read before
+    and then closes. Repeated: the old code lost the answer about one time in three."""
+    SaslConnectionMachine.host = host
+    for _ in range(20):
+        machine = SaslConnectionMachine()
+        try:
+            machine.connected()
+            machine.plain_login(user="alice", right=True)
+            machine.handshake(mechanism="PLAIN")
+            machine.metadata()
+            machine.thread_runs()
+            machine.loop_resumes()
+            machine.every_handled_request_ran_as_who_was_logged_in_when_read()
+            machine.when_nothing_waits_for_a_thread_everything_expected_happened()
+        finally:
+            machine.teardown()
