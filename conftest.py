@@ -1,27 +1,38 @@
-"""Hypothesis profiles for the whole suite (tests/, statemachine/, spec/, fuzz/).
+"""Hypothesis profiles and the run's seed for the whole suite (tests/, statemachine/, spec/, fuzz/).
 
-* ``ci`` (the default, and whenever ``CI`` is set): derandomized, so a run is
-  repeatable and a red CI run is red again on a laptop; no deadline, because two
-  shared cores make timings meaningless; modest example counts; failures print a
-  reproduction blob.
+* ``ci`` (the default, and whenever ``CI`` is set): random seeds, so every run
+  explores new sequences; no deadline, because two shared cores make timings
+  meaningless; modest example counts; failures print a reproduction blob.
 * ``thorough``: many examples, random seeds, for a long run by hand::
 
       HYPOTHESIS_PROFILE=thorough .venv/bin/pytest statemachine fuzz
 
-A test that sets its own ``@settings`` keeps them: a profile only supplies the
-defaults that a test does not override. The example database (``.hypothesis/``)
-is gitignored.
+One seed per run: unless ``--hypothesis-seed=N`` or ``HYPOTHESIS_SEED=N`` gives it,
+the controller picks one, prints it in the report header (and again in the summary
+of a run with failures), and passes it to the xdist workers in ``HYPOTHESIS_SEED``,
+so every worker uses it. Rerunning with the same seed replays the same sequences::
+
+      .venv/bin/pytest statemachine/test_txn_coordinator_machine.py --hypothesis-seed=N
+
+With a seed, Hypothesis does not consult the example database. A test that sets
+``derandomize=True`` (tests/differential/test_against_kafka.py) keeps its fixed
+sequences whatever the seed. A test that sets its own ``@settings`` keeps them: a
+profile only supplies the defaults that a test does not override. The example
+database (``.hypothesis/``) is gitignored.
 """
 
 from __future__ import annotations
 
 import os
+import random
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+SEED_ENV = "HYPOTHESIS_SEED"
 
 settings.register_profile(
     "ci",
-    derandomize=True,
     deadline=None,
     max_examples=50,
     print_blob=True,
@@ -35,3 +46,39 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def _seed(config: pytest.Config) -> str:
+    return str(config.getoption("hypothesis_seed", default=None))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Fix the run's seed before Hypothesis's plugin reads ``--hypothesis-seed``.
+
+    The controller decides; xdist workers start after this hook and inherit the
+    environment, so they read the same ``HYPOTHESIS_SEED``.
+    """
+    if config.getoption("hypothesis_seed", default=None) is None:
+        # Hypothesis's plugin turns a seed of digits into an int (as on the command line).
+        config.option.hypothesis_seed = os.environ.get(SEED_ENV) or str(
+            random.SystemRandom().randrange(1 << 32)
+        )
+    os.environ[SEED_ENV] = _seed(config)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    seed = _seed(config)
+    return f"hypothesis seed: {seed} (reproduce with --hypothesis-seed={seed} or {SEED_ENV}={seed})"
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
+    if terminalreporter.stats.get("failed") or terminalreporter.stats.get("error"):
+        seed = _seed(config)
+        terminalreporter.write_line(
+            f"hypothesis seed of this run: {seed}; to replay its sequences rerun the failed "
+            f"tests with --hypothesis-seed={seed} (or {SEED_ENV}={seed}), or use the "
+            "@reproduce_failure blob printed with a failure"
+        )

@@ -96,7 +96,8 @@ class ModelCoordinator:
         return INVALID_TXN_STATE
 
     def expire_timed_out(self, now_ms: int) -> None:
-        for txn in self.txns.values():
+        # The coordinator aborts the oldest transaction first, ties by transactional id.
+        for _, txn in sorted(self.txns.items(), key=lambda item: (item[1].started_ms, item[0])):
             if txn.status == "ongoing" and txn.started_ms + txn.timeout_ms < now_ms:
                 txn.epoch += 1
                 self._finish(txn, committed=False)

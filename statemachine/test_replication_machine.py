@@ -435,7 +435,7 @@ class ReplicationMachine(RuleBasedStateMachine):
 
 
 # Cheap steps (no I/O): many more examples than the profile's default, and more
-# under HYPOTHESIS_PROFILE=thorough. The profile's derandomize and deadline carry over.
+# under HYPOTHESIS_PROFILE=thorough. The profile's deadline (and the run's seed) carry over.
 ReplicationMachine.TestCase.settings = settings(
     max_examples=max(1000, settings.default.max_examples), stateful_step_count=50
 )

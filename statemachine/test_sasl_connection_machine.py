@@ -376,6 +376,10 @@ class SaslConnectionMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.model.ended)
     @rule(user=USERS, right=RIGHT, mechanism=st.sampled_from(MECHANISMS[1:]))
     def scram_first(self, user: str, right: bool, mechanism: str) -> None:
+        # A client computes its proof with the mechanism it handshook (the model does
+        # not know a proof made with another hash fails).
+        if self.model.mechanism in MECHANISMS[1:]:
+            mechanism = self.model.mechanism
         password = PASSWORDS.get(user, "guess") if right else "wrong"
         self.scram = ScramClient([mechanism], user, password)
         self.scram_user = user
@@ -563,6 +567,53 @@ def test_a_request_behind_a_plain_login_whose_thread_finished(host: BrokerHost) 
         machine.metadata()
         machine.every_handled_request_ran_as_who_was_logged_in_when_read()
         machine.loop_resumes()
+        machine.every_handled_request_ran_as_who_was_logged_in_when_read()
+        machine.when_nothing_waits_for_a_thread_everything_expected_happened()
+    finally:
+        machine.teardown()
+
+
+def test_a_relogin_handshake_is_answered_before_a_refused_request_closes(
+    host: BrokerHost,
+) -> None:
+    """Found with a random seed (pipelined): after a PLAIN login, a re-login's
+    SaslHandshake and then a Metadata request that the handshake makes unpermitted.
+    The reader closed the connection on reading the Metadata request while the
+    handshake's answer could still be queued (trio runs the reader and the writer in
+    a random order), so the client never got it; Kafka answers what it read before
+    and then closes. Repeated: the old code lost the answer about one time in three."""
+    SaslConnectionMachine.host = host
+    for _ in range(20):
+        machine = SaslConnectionMachine()
+        try:
+            machine.connected()
+            machine.plain_login(user="alice", right=True)
+            machine.handshake(mechanism="PLAIN")
+            machine.metadata()
+            machine.thread_runs()
+            machine.loop_resumes()
+            machine.every_handled_request_ran_as_who_was_logged_in_when_read()
+            machine.when_nothing_waits_for_a_thread_everything_expected_happened()
+        finally:
+            machine.teardown()
+
+
+def test_scram_first_uses_the_handshaked_mechanism(host: BrokerHost) -> None:
+    """Found with a random seed: a SCRAM-SHA-512 handshake, then scram_first drawn
+    with SCRAM-SHA-256. The machine's client hashed its proof with SHA-256, the broker
+    rightly refused it, and the model expected a login: the machine was wrong."""
+    SaslConnectionMachine.host = host
+    machine = SaslConnectionMachine()
+    try:
+        machine.connected()
+        machine.handshake(mechanism="SCRAM-SHA-512")
+        machine.scram_first(mechanism="SCRAM-SHA-256", right=True, user="alice")
+        machine.scram_final()
+        while machine._parked(ran=False) or machine._parked(ran=True):
+            if machine._parked(ran=False):
+                machine.thread_runs()
+            else:
+                machine.loop_resumes()
         machine.every_handled_request_ran_as_who_was_logged_in_when_read()
         machine.when_nothing_waits_for_a_thread_everything_expected_happened()
     finally:

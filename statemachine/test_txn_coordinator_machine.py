@@ -20,6 +20,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -192,3 +193,21 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
 
 TestTxnCoordinator = TxnCoordinatorMachine.TestCase
 TestTxnCoordinator.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_transactions_timing_out_together_abort_oldest_first_then_by_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found with a random seed: app-b and app-a start at the same time and time out
+    in the same tick, app-b's record written first. The coordinator aborted in table
+    order (the id written longest ago first), so ("t", 0) got app-b's marker before
+    app-a's; now the order is start time, then transactional id, in both."""
+    monkeypatch.setitem(globals(), "note", lambda _: None)  # outside Hypothesis
+    machine = TxnCoordinatorMachine()
+    machine.init(tid="app-a", timeout_ms=2_000)
+    machine.init(tid="app-b", timeout_ms=2_000)
+    machine.add(tid="app-b", which=0, partitions={("t", 0)}, group=None)
+    machine.add(tid="app-a", which=0, partitions={("t", 0)}, group=None)
+    machine.time_passes(ms=2_001)
+    machine.same_markers_and_groups()
+    machine.same_table()

@@ -112,6 +112,9 @@ class Connection:
         #: trio clock time until which a quota throttle mutes the reader (KIP-219).
         self.throttled_until = 0.0
         self.closed = False
+        #: A refused request was read: close with this reason once every request
+        #: read before it is answered.
+        self._close_when_answered: str | None = None
         self._cancel_scope: trio.CancelScope | None = None
         self._reader_scope = trio.CancelScope()
         self.client_address = f"{client.host}:{client.port}"
@@ -273,8 +276,14 @@ class Connection:
                 # The writer closes once the failed step's answer is out: read no more.
                 self.stop_reading()
                 return
-            # Kafka closes a connection that skips (or outlives) SASL authentication.
-            self.close(f"API {header.api_key} not permitted in SASL state {self.sasl.state.value}")
+            # Kafka closes a connection that skips (or outlives) SASL authentication,
+            # after answering what it read before (it reads one request at a time):
+            # the writer closes once those answers are out.
+            self.stop_reading()
+            self._close_when_answered = (
+                f"API {header.api_key} not permitted in SASL state {self.sasl.state.value}"
+            )
+            self._responses_ready.set()
             return
         size = len(frame)
         slot = self.sequencer.register(header.correlation_id)
@@ -343,6 +352,9 @@ class Connection:
         while True:
             ready = self.sequencer.pop_ready()
             if not ready:
+                if self._close_when_answered is not None and not self.sequencer.in_flight:
+                    self.close(self._close_when_answered)
+                    return
                 self._responses_ready = trio.Event()
                 await self._responses_ready.wait()
                 continue

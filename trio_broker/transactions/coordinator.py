@@ -458,7 +458,9 @@ class TransactionCoordinator:
     async def abort_timed_out(self) -> int:
         """Abort Ongoing transactions past their timeout; their producer's epoch is fenced."""
         aborted = 0
-        for meta in list(self._table.values()):
+        # Oldest first (it holds the partitions' last stable offset back longest), then
+        # by id: the order of the markers does not depend on which id was written last.
+        for meta in sorted(self._table.values(), key=lambda m: (m.start_ms, m.transactional_id)):
             tid = meta.transactional_id
             if tid in self._pending or not st.timed_out(meta, self.now_ms()):
                 continue
