@@ -119,10 +119,10 @@ FAST_SESSIONS = ["--broker-config", "zookeeper.session.timeout.ms=4000"]
 class _ClusterUp:
     """A running `cluster up` (its stderr collected line by line) and its data dir."""
 
-    def __init__(self, data_dir: Path, *extra: str) -> None:
+    def __init__(self, data_dir: Path, *extra: str, brokers: int = 3) -> None:
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
-            [str(BROKER_EXE), "cluster", "up", "--brokers", "3", "--base-port", "0",
+            [str(BROKER_EXE), "cluster", "up", "--brokers", str(brokers), "--base-port", "0",
              "--data-dir", str(data_dir), *FAST_SESSIONS, *extra],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,
@@ -316,17 +316,9 @@ def test_cluster_up_locks_zookeeper_and_its_files(tmp_path: Path) -> None:
     nor change the cluster (it could, and did, all of it before); the cluster works for
     clients meanwhile, and what holds passwords or keys is its owner's alone."""
     data_dir = tmp_path / "cluster"
-    proc = subprocess.Popen(
-        [str(BROKER_EXE), "cluster", "up", "--brokers", "2", "--base-port", "0",
-         "--data-dir", str(data_dir)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
+    cluster = _ClusterUp(data_dir, brokers=2)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().decode()
-        assert line.startswith("cluster ready: bootstrap "), line
-        servers = line.split()[-1]
+        servers = cluster.servers
         admin = AdminClient({"bootstrap.servers": servers})
         upsert = UserScramCredentialUpsertion(
             "boss", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"boss-secret"
@@ -381,9 +373,6 @@ def test_cluster_up_locks_zookeeper_and_its_files(tmp_path: Path) -> None:
             assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
         for path in private_files:
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+        assert cluster.stop() == 0
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        cluster.kill()
