@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     NewTopic,
@@ -31,6 +31,23 @@ from kazoo.exceptions import NoAuthError
 from tests.e2e.conftest import BROKER_EXE
 
 pytestmark = pytest.mark.timeout(180)
+
+
+def _create_topic(admin: AdminClient, name: str) -> None:
+    """CreateTopics with the cluster's default replication factor (3), retried while the
+    broker asked still lists fewer brokers: "cluster ready" means every broker registered
+    in ZooKeeper; each broker's own list follows its watch a moment later."""
+    deadline = time.monotonic() + 60
+    while True:
+        [future] = admin.create_topics([NewTopic(name, num_partitions=1)]).values()
+        try:
+            future.result(timeout=30)
+            return
+        except KafkaException as exc:
+            lagging = exc.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR
+            if not lagging or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)  # polling, bounded by the deadline
 
 
 def test_cluster_up_prints_its_bootstrap_serves_and_stops_cleanly(tmp_path: Path) -> None:
@@ -48,8 +65,7 @@ def test_cluster_up_prints_its_bootstrap_serves_and_stops_cleanly(tmp_path: Path
         assert len(servers.split(",")) == 3
         admin = AdminClient({"bootstrap.servers": servers})
         assert len(admin.list_topics(timeout=10).brokers) == 3
-        [future] = admin.create_topics([NewTopic("up", num_partitions=1)]).values()
-        future.result(timeout=30)  # replication factor 3: the cluster's default
+        _create_topic(admin, "up")
         meta = admin.list_topics("up", timeout=10).topics["up"].partitions[0]
         assert sorted(meta.replicas) == [1, 2, 3]
         producer = Producer({"bootstrap.servers": servers, "acks": "all"})
@@ -176,8 +192,7 @@ def test_a_killed_leader_is_replaced_then_restarted_and_nothing_acknowledged_is_
     stop_producing = threading.Event()
     try:
         admin = AdminClient({"bootstrap.servers": cluster.servers})
-        [future] = admin.create_topics([NewTopic("failover", num_partitions=1)]).values()
-        future.result(timeout=30)
+        _create_topic(admin, "failover")
 
         def partition() -> Any:
             meta = admin.list_topics("failover", timeout=10).topics["failover"]
@@ -324,8 +339,7 @@ def test_cluster_up_locks_zookeeper_and_its_files(tmp_path: Path) -> None:
             "boss", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"boss-secret"
         )
         admin.alter_user_scram_credentials([upsert])["boss"].result(timeout=30)
-        [future] = admin.create_topics([NewTopic("locked", num_partitions=1)]).values()
-        future.result(timeout=30)
+        _create_topic(admin, "locked")
         producer = Producer({"bootstrap.servers": servers, "acks": "all"})
         producer.produce("locked", value=b"still works")
         assert producer.flush(30) == 0

@@ -68,7 +68,8 @@ def create(cluster: Cluster, topic: str, replicas: list[int]) -> None:
 
     eventually(created, f"{topic} created", 30)
     eventually(
-        lambda: sorted(partitions(admin, topic)[0][2]) == sorted(replicas),
+        # .get: a broker that has not read the new topic yet answers no partitions.
+        lambda: sorted(partitions(admin, topic).get(0, (-1, [], []))[2]) == sorted(replicas),
         f"{topic}: every replica in sync",
         60,
     )
