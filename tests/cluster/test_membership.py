@@ -30,7 +30,11 @@ async def test_three_brokers_see_each_other_and_agree_on_one_controller(clients:
         )
         await eventually(lambda: all(v.controller_id == 1 for v in views), "1 is controller")
         assert [v.is_controller for v in views] == [True, False, False]
-        assert {v.controller_epoch for v in views} == {1}
+        # /controller and /controller_epoch are two znodes, read by two watches: the
+        # epoch may reach a view a moment after the controller's id.
+        await eventually(
+            lambda: {v.controller_epoch for v in views} == {1}, "every view at epoch 1"
+        )
         assert members[3].view.brokers[2] == BrokerInfo(
             2, "127.0.0.1", 19002, "r2", (("PLAINTEXT", "127.0.0.1", 19002),)
         )
