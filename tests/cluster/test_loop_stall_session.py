@@ -68,10 +68,6 @@ async def test_a_stall_of_half_the_session_timeout_costs_nothing(
             await nursery.start(broker.run)
             manager: Any = broker.replication
             await manager.create_topic(TOPIC, 1, 1, {}, None)
-            # The controller writes the partition's state after the topic: wait until this
-            # broker leads it (its term exists once the state znode was read).
-            while manager.leader_term(TOPIC, 0) is None:  # noqa: ASYNC110 (a poll, in fail_after)
-                await trio.sleep(0.05)
         client = manager.coord._client  # kazoo's, to watch its connection and session
         states: list[str] = []
         client.add_listener(states.append)  # called on kazoo's thread
@@ -83,6 +79,10 @@ async def test_a_stall_of_half_the_session_timeout_costs_nothing(
             partition, _ = client.get(state_path)
             return registration.ephemeralOwner, partition
 
+        # The controller writes the partition's state after the topic: wait for the znode.
+        with trio.fail_after(60):
+            while not await trio.to_thread.run_sync(client.exists, state_path):  # noqa: ASYNC110
+                await trio.sleep(0.05)
         owner, partition_state = await trio.to_thread.run_sync(read_znodes)
         assert owner == session[0]
 
