@@ -9,7 +9,6 @@ checks), and ``Groups`` records ``complete_transaction`` calls.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -544,9 +543,9 @@ async def test_list_transactions_pattern_is_linear_and_checked(services: Service
         assert response.error_code == ErrorCode.INVALID_REGULAR_EXPRESSION, refused
         assert response.transaction_states == []
     assert (await listed("x" * 1024)).error_code == ErrorCode.NONE
-    started = time.perf_counter()
+    # Backtracking's worst case (52 s under Python's re) is answered; how long it holds the
+    # loop is measured over sockets by tests/reliability/test_loop_stalls.py.
     slow = await listed("(?:.*)" * 16 + "X")
-    assert time.perf_counter() - started < 1.0
     assert (slow.error_code, slow.transaction_states) == (ErrorCode.NONE, [])
 
 
