@@ -76,18 +76,7 @@ def brokers(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
 THROTTLE_BYTES_PER_S = 200_000
 
 
-#: Known race (2026-11-29, 2 of 4 CI runs): the adding replica learns of the move from its
-#: ZooKeeper watch before the leader does, and its first fetches reach a leader whose view
-#: has no adding replicas yet, so they are served unthrottled (broker 3 held all 2.1 MB
-#: 160 ms after the move began). The leader-side rule needs to throttle such a fetcher;
-#: until then this case may fail and is reported, not hidden (xfail, not strict).
-LEADER_THROTTLE_RACE = pytest.mark.xfail(
-    reason="leader throttle: a new replica's fetches can outrun the leader's view of the move",
-    strict=False,
-)
-
-
-@pytest.fixture(params=["follower", pytest.param("leader", marks=LEADER_THROTTLE_RACE)])
+@pytest.fixture(params=["follower", "leader"])
 def throttled(request: pytest.FixtureRequest, tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
     """A cluster whose reassignments copy at THROTTLE_BYTES_PER_S, throttled by the
     adding follower (follower.replication.throttled.rate) or by the leader serving it

@@ -107,32 +107,44 @@ def test_incremental_append_and_subtract_work_on_the_lists() -> None:
 
 # Partition 0 moves from brokers {1, 2} to {2, 3}, led by broker 1; broker 3 is joining.
 ADDING, ISR = (3,), (1, 2)
+# The leader's view of the replicas during that move: the union, target replicas first.
+REPLICAS = (2, 3, 1)
 # What Kafka's reassignment tool sets for that move: the existing replicas on the leader
 # side, the joining one on the follower side.
 TOOL = {LEADER_LIST: "0:1,0:2", FOLLOWER_LIST: "0:3"}
 
 
 def test_without_lists_the_replicas_a_move_adds_are_throttled_on_both_sides() -> None:
-    assert leader_throttles({}, 0, 1, 3, ADDING, ISR)
-    assert not leader_throttles({}, 0, 1, 2, ADDING, ISR)
+    assert leader_throttles({}, 0, 1, 3, ADDING, ISR, REPLICAS)
+    assert not leader_throttles({}, 0, 1, 2, ADDING, ISR, REPLICAS)
     assert follower_throttles({}, 0, 3, ADDING, ISR)
     assert not follower_throttles({}, 0, 2, ADDING, ISR)
+
+
+def test_without_lists_the_leader_throttles_a_fetcher_its_view_does_not_list_yet() -> None:
+    # Broker 3 heard of the move from its own watch and fetches before the leader's view
+    # has it: no adding replicas, replicas {1, 2}. Served free, it would copy the whole
+    # log before the throttle applied (a race seen in CI); the leader throttles it.
+    assert leader_throttles({}, 0, 1, 3, (), ISR, (1, 2))
+    assert not leader_throttles({}, 0, 1, 2, (), ISR, (1, 2))
+    # With the lists set, they decide, as in Kafka: broker 1 listed, 3 out of sync.
+    assert leader_throttles(TOOL, 0, 1, 3, (), ISR, (1, 2))
 
 
 def test_the_leader_list_names_the_leading_broker_and_spares_the_isr() -> None:
     # Broker 1 leads and is listed: it throttles what it serves to the joining replica,
     # but never to an in-sync one (broker 2), as Kafka's leader quota.
-    assert leader_throttles(TOOL, 0, 1, 3, ADDING, ISR)
-    assert not leader_throttles(TOOL, 0, 1, 2, ADDING, ISR)
+    assert leader_throttles(TOOL, 0, 1, 3, ADDING, ISR, REPLICAS)
+    assert not leader_throttles(TOOL, 0, 1, 2, ADDING, ISR, REPLICAS)
     # Listed pairs name the leader, not the fetcher: 0:3 on the leader list alone does
     # not slow broker 1 serving broker 3.
-    assert not leader_throttles({LEADER_LIST: "0:3"}, 0, 1, 3, ADDING, ISR)
+    assert not leader_throttles({LEADER_LIST: "0:3"}, 0, 1, 3, ADDING, ISR, REPLICAS)
     # Another partition, or the list set empty: nothing (a move no longer throttled).
-    assert not leader_throttles(TOOL, 1, 1, 3, ADDING, ISR)
-    assert not leader_throttles({LEADER_LIST: ""}, 0, 1, 3, ADDING, ISR)
+    assert not leader_throttles(TOOL, 1, 1, 3, ADDING, ISR, REPLICAS)
+    assert not leader_throttles({LEADER_LIST: ""}, 0, 1, 3, ADDING, ISR, REPLICAS)
     # Not a move at all: a listed leader throttles any out-of-sync follower.
-    assert leader_throttles({LEADER_LIST: "*"}, 0, 1, 2, (), (1,))
-    assert not leader_throttles({LEADER_LIST: "*"}, 0, 1, 2, (), (1, 2))
+    assert leader_throttles({LEADER_LIST: "*"}, 0, 1, 2, (), (1,), REPLICAS)
+    assert not leader_throttles({LEADER_LIST: "*"}, 0, 1, 2, (), (1, 2), REPLICAS)
 
 
 def test_the_follower_list_names_the_fetching_broker() -> None:
@@ -141,7 +153,7 @@ def test_the_follower_list_names_the_fetching_broker() -> None:
     assert follower_throttles({FOLLOWER_LIST: "*"}, 0, 2, (), (1,))  # out of sync
     assert not follower_throttles({FOLLOWER_LIST: "*"}, 0, 2, (), (1, 2))  # in sync
     # One list set: the other side throttles nothing (the lists decide, not the move).
-    assert not leader_throttles({FOLLOWER_LIST: "0:3"}, 0, 1, 3, ADDING, ISR)
+    assert not leader_throttles({FOLLOWER_LIST: "0:3"}, 0, 1, 3, ADDING, ISR, REPLICAS)
     assert not follower_throttles({LEADER_LIST: "0:1,0:2"}, 0, 3, ADDING, ISR)
 
 

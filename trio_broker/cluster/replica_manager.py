@@ -462,7 +462,8 @@ class ReplicaManager:
     def leader_throttle_budget(self, name: str, partition: int, replica: int) -> int | None:
         """Bytes a fetch of ``replica`` may read from this partition now, when this leader
         throttles it (replication/throttle.py: the topic's leader list, or a replica a
-        reassignment is adding, and a rate set); else None."""
+        reassignment is adding or that this view does not list yet, and a rate set);
+        else None."""
         budget = self.leader_throttle
         if budget is None:
             return None
@@ -473,7 +474,8 @@ class ReplicaManager:
         isr = term.isr if term is not None else frozenset(info.isr)
         configs = self._topic_configs_here(name)
         me = self.view.broker_id
-        if not leader_throttles(configs, partition, me, replica, info.adding_replicas, isr):
+        adding, replicas = info.adding_replicas, info.replicas
+        if not leader_throttles(configs, partition, me, replica, adding, isr, replicas):
             return None
         return budget.available(self.now_ms())
 

@@ -11,6 +11,9 @@ speed), so a list naming a partition's current replicas slows only the ones catc
 Kafka's reassignment tool (``--throttle``) lists the existing replicas on the leader side
 and the ones a move adds on the follower side. A topic that sets neither list keeps
 this broker's own rule: the replicas a reassignment is adding are throttled, on both sides.
+On the leader's side that rule also throttles a fetcher the leader does not know as a
+replica: the joining replica learns of a move from its own ZooKeeper watch and may fetch
+before the leader's view lists it as adding, and it must not get those first bytes free.
 
 **The leader's budget.** ``leader.replication.throttled.rate`` bytes per second, shared
 by every partition this broker leads, for the throttled fetches (as Kafka's leader
@@ -42,12 +45,14 @@ def leader_throttles(
     replica: int,
     adding: Collection[int],
     isr: Collection[int],
+    replicas: Collection[int],
 ) -> bool:
     """Does ``leader`` throttle serving ``replica``'s fetches of ``partition`` (a topic
-    with these ``configs``; ``adding``: the replicas a reassignment adds)?"""
+    with these ``configs``; ``adding``: the replicas a reassignment adds; ``replicas``: the
+    partition's replicas as the leader's view has them)?"""
     lists = throttled_replica_lists(configs)
     if lists is None:
-        return replica in adding
+        return replica in adding or replica not in replicas
     return replica not in isr and lists[0].names(partition, leader)
 
 
