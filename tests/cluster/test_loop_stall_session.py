@@ -6,9 +6,10 @@ real ZooKeeper with a 4 s session, leading one partition. The test holds the loo
 
 - ``python``: a pure-Python loop. The interpreter hands the GIL to kazoo's connection
   thread every switch interval (5 ms), so its pings go on.
-- ``gil``: one C call that keeps the GIL throughout (``sum`` over a range, as Python's
-  ``re`` did in issue 28). kazoo's thread cannot run; ZooKeeper hears nothing for
-  up to a ping interval (a third of the session) plus the stall, still under 4 s.
+- ``gil``: one C call that keeps the GIL throughout (libc's ``poll`` through
+  ``ctypes.PyDLL``; Python's ``re`` held it so in issue 28). kazoo's thread cannot run;
+  ZooKeeper hears nothing for up to a ping interval (a third of the session) plus the
+  stall, still under 4 s.
 
 Then the test watches for a session timeout and a second more (an expiry, a reconnect or
 a fence would land in that window): kazoo's connection never changed state, the session
@@ -18,6 +19,7 @@ state in ZooKeeper (leader, epoch, ISR) is unchanged, and the watchdog logged th
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,12 +44,11 @@ def python_stall(seconds: float) -> None:
 
 
 def gil_stall(seconds: float) -> None:
-    # Calibrate one C call (sum over a range never checks for a GIL hand-over).
-    n = 2_000_000
-    started = time.perf_counter()
-    sum(range(n))
-    per_item = (time.perf_counter() - started) / n
-    sum(range(int(seconds / per_item)))
+    # One C call made through ctypes.PyDLL, which keeps the GIL: libc's poll() with no
+    # descriptors waits out its timeout. Unlike a CPU-bound call (``sum`` over a range,
+    # as Python's ``re`` was in issue 28), its length is wall-clock time, so a busy
+    # machine neither shortens nor stretches the stall.
+    ctypes.PyDLL(None).poll(None, 0, int(seconds * 1000))
 
 
 STALLS: dict[str, Callable[[float], None]] = {"python": python_stall, "gil": gil_stall}
