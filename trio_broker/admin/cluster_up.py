@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trio_broker.admin.client import AdminError, BlockingClient
 from trio_broker.admin.cluster_zookeeper import add_secure_zookeeper_command
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper, start_local_zookeeper
 from trio_broker.config_errors import ConfigError
@@ -290,6 +291,11 @@ def run_cluster(args: argparse.Namespace) -> int:
         if not _wait_registered(zookeeper, args.brokers, deadline, stop):
             print("trio-broker: the brokers did not all register in ZooKeeper", file=sys.stderr)
             return 1
+        short = _wait_every_broker_lists_all(brokers, deadline, stop)
+        if short:
+            print(f"trio-broker: broker(s) {', '.join(map(str, short))} did not list every "
+                  "broker in their Metadata in time", file=sys.stderr)  # fmt: skip
+            return 1
         for broker in brokers:
             broker.state = "running"
         _write_state(data_dir, brokers)  # before the line: whoever reads it can act
@@ -368,6 +374,33 @@ def _wait_registered(
     finally:
         client.stop()
         client.close()
+
+
+def _wait_every_broker_lists_all(
+    brokers: list[_Broker], deadline: float, stop: threading.Event
+) -> list[int]:
+    """Ready means a client may start anywhere: every broker's Metadata names all the
+    brokers and a controller (registration in ZooKeeper comes before each broker's view
+    has read it). Returns the ids of the brokers that did not get there in time. A
+    listener that does not answer a plain Metadata request (SASL or TLS set through
+    --broker-config) cannot be asked, and is not waited for."""
+    ids = {b.broker_id for b in brokers}
+    pending = {b.broker_id: str(b.address) for b in brokers}
+    while pending and time.monotonic() < deadline and not stop.is_set():
+        for broker_id, address in list(pending.items()):
+            try:
+                with BlockingClient(address, timeout=2.0) as client:
+                    metadata = client.metadata([])
+            except AdminError as exc:
+                if "closed the connection" in str(exc):
+                    del pending[broker_id]  # not a plaintext listener: nothing to ask
+                continue
+            listed = {b.node_id for b in metadata.brokers}
+            if ids <= listed and metadata.controller_id in ids:
+                del pending[broker_id]
+        if pending:
+            time.sleep(0.1)
+    return sorted(pending)
 
 
 def _stop_all(brokers: list[_Broker]) -> None:

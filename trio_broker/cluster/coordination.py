@@ -365,11 +365,16 @@ class ZooKeeperCoordination:
         self, path: str, *, into: trio.Event | None = None
     ) -> tuple[list[str], trio.Event]:
         event, watch = self._watcher(into)
-        try:
-            return sorted(await self._call(self._client.get_children, path, watch=watch)), event
-        except NoNode:
-            await self._call(self._client.exists, path, watch=watch)
-            return [], event
+        while True:
+            try:
+                children = await self._call(self._client.get_children, path, watch=watch)
+                return sorted(children), event
+            except NoNode:
+                # Missing: watch for its creation. If it was created since, exists() finds
+                # it and sets a data watch, which its children's changes do not fire (a
+                # controller missed a new topic so): read its children again.
+                if await self._call(self._client.exists, path, watch=watch) is None:
+                    return [], event
 
     async def set(self, path: str, data: bytes, version: int) -> int:
         stat = await self._call(self._client.set, path, data, version=version)
