@@ -39,6 +39,10 @@ from trio_broker.cluster.broker_client import BrokerClient, BrokerConnectionErro
 from trio_broker.cluster.waiting import RETRY_S, wait_any
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.replication.follower import (
+    high_watermark_after_fetch,
+    high_watermark_after_truncation,
+)
 from trio_broker.replication.truncation import plan_truncation
 from trio_broker.storage.errors import StorageError
 
@@ -172,7 +176,9 @@ async def _truncate(
                      before, log_.log_end_offset, answer.leader_epoch, answer.end_offset)  # fmt: skip
         if step.done:
             role.needs_truncation = False
-            role.high_watermark = min(role.high_watermark, log_.log_end_offset)
+            role.high_watermark = high_watermark_after_truncation(
+                role.high_watermark, log_.log_end_offset
+            )
             return
         epoch = step.next_epoch
 
@@ -249,7 +255,9 @@ async def _fetch_once(
                     durability.mark_dirty(log_, len(results))
                 if key in throttled:
                     throttled_bytes += len(data)
-            high_watermark = max(role.high_watermark, min(part.high_watermark, log_.log_end_offset))
+            high_watermark = high_watermark_after_fetch(
+                role.high_watermark, part.high_watermark, log_.log_end_offset
+            )
             moved, role.high_watermark = high_watermark != role.high_watermark, high_watermark
             if records or moved:
                 manager.partition_changed(*key)
