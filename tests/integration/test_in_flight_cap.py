@@ -80,7 +80,7 @@ async def test_the_reader_stops_at_the_cap_and_answers_everything_in_order(
                 for _ in range(REQUESTS):
                     body = await read_frame(stream, buffer)
                     correlation_id, answer = m.decode_response(m.ApiKey.FETCH, 12, body)
-                    assert answer.error_code == 0
+                    assert isinstance(answer, m.FetchResponse) and answer.error_code == 0
                     answered.append(correlation_id)
             nursery.cancel_scope.cancel()
     assert answered == list(range(1, REQUESTS + 1))
