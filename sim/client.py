@@ -1,9 +1,15 @@
-"""The simulated producer: acks=all Produce over the Kafka wire protocol, our codec both ways.
+"""The simulated clients, over the Kafka wire protocol, our codec both ways.
 
-It finds leaders with Metadata, sends one batch at a time per partition with values
-unique in the run, and records what the broker acknowledged. A timed-out or refused
-send is retried later with new values (a plain, non-idempotent producer: a retried
-write may land twice, which the checks allow; an acknowledged one must never go).
+The producer: acks=all Produce. It finds leaders with Metadata, sends one batch at a
+time per partition with values unique in the run, and records what the broker
+acknowledged. A timed-out or refused send is retried later with new values (a plain,
+non-idempotent producer: a retried write may land twice, which the checks allow; an
+acknowledged one must never go).
+
+The consumer: long-polling Fetch from each partition's leader, as a plain
+(read_uncommitted) consumer does, recording every record it is given with the high
+watermark the same answer told. What a consumer was shown is committed: it must be
+below that HW, and still in the log at that offset at the end (sim/simulation.py).
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ from sim.network import Network
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.primitives import INT32
-from trio_broker.protocol.records import build_batch
+from trio_broker.protocol.records import build_batch, split_batches
 
-__all__ = ["Ack", "Producer"]
+__all__ = ["Ack", "Consumer", "Producer", "Received"]
 
 PRODUCE_VERSION = 9
+FETCH_VERSION = 12
+FETCH_MAX_WAIT_MS = 500
 METADATA_VERSION = 9
 REQUEST_TIMEOUT_S = 5.0
 PRODUCE_TIMEOUT_MS = 2000
@@ -39,11 +47,20 @@ class Ack:
     at: float  # trio time
 
 
+@attrs.frozen
+class Received:
+    partition: int
+    offset: int
+    value: bytes
+    high_watermark: int  # the HW told by the answer that carried the record
+    leader: int
+
+
 class _Conn:
     """One connection to one broker: a request, its answer, the next."""
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
+    def __init__(self, stream: trio.abc.Stream, client_id: str) -> None:
+        self.stream, self.client_id = stream, client_id
         self.buffer = bytearray()
         self.correlation = itertools.count(1)
         self.lock = trio.Lock()
@@ -51,7 +68,7 @@ class _Conn:
     async def call(self, api_key: int, version: int, request: Any) -> Any:
         async with self.lock:
             correlation_id = next(self.correlation)
-            frame = m.encode_request(api_key, version, correlation_id, "sim-producer", request)
+            frame = m.encode_request(api_key, version, correlation_id, self.client_id, request)
             await self.stream.send_all(frame)
             while True:
                 if len(self.buffer) >= 4:
@@ -70,15 +87,17 @@ class _Conn:
             return response
 
 
-class Producer:
+class _Client:
+    """Connections to the brokers (from the network node "client") and the leaders
+    Metadata named."""
+
+    client_id = "sim-client"
+
     def __init__(self, network: Network, topic: str, broker_ids: list[int]) -> None:
         self.network, self.topic, self.broker_ids = network, topic, broker_ids
         self.leaders: dict[int, int] = {}
         self.conns: dict[int, _Conn] = {}
-        self.acks: list[Ack] = []
-        self.sent = 0
         self.errors: dict[str, int] = {}
-        self._values = itertools.count()
         self.stopped = False
 
     def _note(self, what: str) -> None:
@@ -88,7 +107,7 @@ class Producer:
         conn = self.conns.get(broker_id)
         if conn is None:
             stream = await self.network.connect("client", f"b{broker_id}")
-            conn = self.conns[broker_id] = _Conn(stream)
+            conn = self.conns[broker_id] = _Conn(stream, self.client_id)
         return conn
 
     async def _call(self, broker_id: int, api_key: int, version: int, request: Any) -> Any:
@@ -119,6 +138,21 @@ class Producer:
             for broker in response.brokers:
                 assert broker.host == broker_host(broker.node_id)
             return
+
+    async def close(self) -> None:
+        for conn in self.conns.values():
+            await conn.stream.aclose()
+        self.conns.clear()
+
+
+class Producer(_Client):
+    client_id = "sim-producer"
+
+    def __init__(self, network: Network, topic: str, broker_ids: list[int]) -> None:
+        super().__init__(network, topic, broker_ids)
+        self.acks: list[Ack] = []
+        self.sent = 0
+        self._values = itertools.count()
 
     async def produce_once(self, partition: int) -> None:
         leader = self.leaders.get(partition)
@@ -157,7 +191,58 @@ class Producer:
             await self.produce_once(partition)
             await trio.sleep(THINK_S)
 
-    async def close(self) -> None:
-        for conn in self.conns.values():
-            await conn.stream.aclose()
-        self.conns.clear()
+
+class Consumer(_Client):
+    client_id = "sim-consumer"
+
+    def __init__(self, network: Network, topic: str, broker_ids: list[int]) -> None:
+        super().__init__(network, topic, broker_ids)
+        self.positions: dict[int, int] = {}
+        self.received: list[Received] = []
+        #: Records given at or above the HW of the answer that carried them.
+        self.above_high_watermark: list[Received] = []
+
+    async def fetch_once(self, partition: int) -> None:
+        leader = self.leaders.get(partition)
+        if leader is None:
+            await self.refresh_metadata()
+            await trio.sleep(0.1)
+            return
+        position = self.positions.get(partition, 0)
+        Req = m.FetchRequest
+        wanted = Req.FetchTopic.FetchPartition(
+            partition=partition, fetch_offset=position, log_start_offset=-1,
+            partition_max_bytes=1 << 20,
+        )  # fmt: skip
+        request = Req(replica_id=-1, max_wait_ms=FETCH_MAX_WAIT_MS, min_bytes=1,
+                      max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+                      topics=[Req.FetchTopic(topic=self.topic, partitions=[wanted])],
+                      forgotten_topics_data=[], rack_id="")  # fmt: skip
+        response = await self._call(leader, m.ApiKey.FETCH, FETCH_VERSION, request)
+        if response is None:
+            self.leaders.pop(partition, None)
+            await trio.sleep(0.05)
+            return
+        answer = response.responses[0].partitions[0]
+        if answer.error_code != ErrorCode.NONE:
+            self._note(ErrorCode(answer.error_code).name)
+            self.leaders.pop(partition, None)
+            await trio.sleep(0.05)
+            return
+        for batch in split_batches(bytes(answer.records or b""))[0]:
+            for record in batch.records():
+                offset = batch.base_offset + record.offset_delta
+                if offset < position:
+                    continue  # the batch began before the position asked for
+                got = Received(partition, offset, bytes(record.value or b""),
+                               answer.high_watermark, leader)  # fmt: skip
+                self.received.append(got)
+                if offset >= answer.high_watermark:
+                    self.above_high_watermark.append(got)
+                position = offset + 1
+        self.positions[partition] = position
+
+    async def run(self, partition: int, until: float) -> None:
+        """Consume ``partition`` until trio time ``until``."""
+        while trio.current_time() < until and not self.stopped:
+            await self.fetch_once(partition)

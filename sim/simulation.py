@@ -24,7 +24,11 @@ Invariants (checked every ``CHECK_EVERY_S`` and at the end):
 4. **replicas agree below the HW**: a batch below a replica's HW (a leader's HW, a
    follower's copy of it) is the same bytes on every replica and at every check;
 5. **liveness**: once the faults healed, the cluster settles (every replica in sync)
-   within SETTLE_LIMIT_S, and then acknowledges an acks=all write to each partition.
+   within SETTLE_LIMIT_S, and then acknowledges an acks=all write to each partition;
+6. **consumers see only what is committed**: a consumer long-polls each partition's
+   leader throughout; every record it is given is below the HW told in the same
+   answer, and at the end is in the leader's log below its HW at the same offset;
+   once the cluster settled, the consumer reaches every partition's HW.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import trio
 import trio.testing
 
 from sim.bugs import PLANTED_BUGS
-from sim.client import Producer
+from sim.client import Consumer, Producer
 from sim.cluster import SESSION_TIMEOUT_MS, SimBroker, inline_call_observers, run_inline
 from sim.faults import Fault, make_schedule
 from sim.network import Network
@@ -76,6 +80,8 @@ class SimResult:
     violations: list[str] = attrs.field(factory=list)
     acked: int = 0
     sent: int = 0
+    #: Records the consumer was given.
+    consumed: int = 0
     settled: bool = False
     virtual_s: float = 0.0
     trace: list[str] = attrs.field(factory=list)
@@ -174,8 +180,17 @@ class Invariants:
                     "below its HW"
                 )
 
-    def final(self, producer: Producer) -> None:
-        """1. every acknowledged write is in the leader's log below its HW."""
+    def shown_above_high_watermark(self, consumer: Consumer) -> None:
+        """6a. a record given at or above the HW told in the same answer."""
+        for got in consumer.above_high_watermark:
+            self.violation(
+                f"{(TOPIC, got.partition)}: broker {got.leader} gave a consumer offset "
+                f"{got.offset} with HW {got.high_watermark}"
+            )
+
+    def final(self, producer: Producer, consumer: Consumer) -> None:
+        """1. every acknowledged write is in the leader's log below its HW; 6b. so is
+        every record a consumer was given, at the offset it was given at."""
         for partition in range(PARTITIONS):
             key = (TOPIC, partition)
             state = self.zk_state(key)
@@ -196,6 +211,15 @@ class Invariants:
                     break
                 for offset, value in _values(base, data):
                     found.setdefault(value, offset)
+            for got in consumer.received:
+                if got.partition == partition and found.get(got.value) != got.offset:
+                    where = found.get(got.value)
+                    self.violation(
+                        f"{key}: a consumer was given {got.value!r} at offset {got.offset} "
+                        f"(broker {got.leader}, HW {got.high_watermark}); it is "
+                        f"{'at ' + str(where) if where is not None else 'gone'} "
+                        f"(leader {state.leader}, HW {term.high_watermark})"
+                    )
             for ack in producer.acks:
                 if ack.partition != partition:
                     continue
@@ -213,6 +237,25 @@ async def _write_after_heal(producer: Producer, partition: int) -> bool:
     with trio.move_on_after(AFTER_HEAL_WRITE_S):
         while not any(ack.partition == partition for ack in producer.acks[acked:]):
             await producer.produce_once(partition)
+        return True
+    return False
+
+
+async def _consumer_catches_up(consumer: Consumer, sims: list[SimBroker], inv: Invariants) -> bool:
+    def caught_up() -> bool:
+        for partition in range(PARTITIONS):
+            key = (TOPIC, partition)
+            state = inv.zk_state(key)
+            leader = None if state is None or state.leader < 1 else sims[state.leader - 1].broker
+            term = None if leader is None or leader.replication is None else (
+                leader.replication.terms.get(key))  # fmt: skip
+            if term is None or consumer.positions.get(partition, 0) < term.high_watermark:
+                return False
+        return True
+
+    with trio.move_on_after(AFTER_HEAL_WRITE_S):
+        while not caught_up():  # noqa: ASYNC110 - polling plain data
+            await trio.sleep(0.05)
         return True
     return False
 
@@ -372,6 +415,7 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
     by_node = {s.node: s for s in sims}
     inv = Invariants(zk, sims, result)
     producer = Producer(network, TOPIC, BROKER_IDS)
+    consumer = Consumer(network, TOPIC, BROKER_IDS)
     async with trio.open_nursery() as nursery:
         for sim in sims:
             await sim.start(nursery)
@@ -386,6 +430,7 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
         async def checker() -> None:
             while True:
                 inv.check()
+                inv.shown_above_high_watermark(consumer)
                 await trio.sleep(CHECK_EVERY_S)
 
         nursery.start_soon(checker)
@@ -394,6 +439,8 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
         async with trio.open_nursery() as work:
             for partition in range(PARTITIONS):
                 work.start_soon(producer.run, partition, until)
+                # Until the final checks: it must also see the writes after the heal.
+                nursery.start_soon(consumer.run, partition, float("inf"))
 
             async def run_fault(fault: Fault) -> None:
                 await trio.sleep_until(faulty_from + fault.at)
@@ -418,13 +465,23 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
                         f"{(TOPIC, partition)}: no write acknowledged within "
                         f"{AFTER_HEAL_WRITE_S:.0f} s of a settled cluster"
                     )
+            # 6c. and its consumer reaches every partition's HW.
+            if not await _consumer_catches_up(consumer, sims, inv):
+                inv.violation(
+                    f"the consumer did not reach the HW within {AFTER_HEAL_WRITE_S:.0f} s "
+                    f"of a settled cluster (at {consumer.positions})"
+                )
+        consumer.stopped = True
         inv.check()
-        inv.final(producer)
+        inv.shown_above_high_watermark(consumer)
+        inv.final(producer, consumer)
         result.acked = sum(len(a.values) for a in producer.acks)
         result.sent = producer.sent
+        result.consumed = len(consumer.received)
         result.virtual_s = trio.current_time() - start
         trace(f"end: {result.acked} values acknowledged, settled={result.settled}")
         await producer.close()
+        await consumer.close()
         nursery.cancel_scope.cancel()
 
 

@@ -22,8 +22,9 @@ def test_seed_keeps_every_invariant(seed: int) -> None:
         f"seed {seed} broke invariants (replay: python -m sim --seed {seed}):\n"
         + "\n".join(result.violations)
     )
-    # The run did something: writes were acknowledged and the cluster healed.
+    # The run did something: writes were acknowledged and consumed, the cluster healed.
     assert result.acked > 0
+    assert result.consumed > 0
     assert result.settled
 
 
@@ -59,4 +60,13 @@ def test_kip_101_truncation_to_the_high_watermark_is_caught() -> None:
     elected, and the acknowledged records are gone."""
     seed, violations = first_caught("truncate-to-hw", range(40))
     assert any("is lost" in v for v in violations), violations
+    assert simulate(seed).ok
+
+
+def test_a_leader_that_shows_consumers_uncommitted_records_is_caught() -> None:
+    """Planted: consumers read up to the leader's log end, as followers do (an audit's
+    survivor, issue 31): the simulated consumer is given records at or above the HW the
+    same answer told."""
+    seed, violations = first_caught("consumers-past-hw", range(10))
+    assert any("gave a consumer offset" in v for v in violations), violations
     assert simulate(seed).ok

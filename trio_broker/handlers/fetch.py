@@ -93,12 +93,10 @@ def read_partitions(
                 continue
             high_watermark = read_up_to = log.log_end_offset
             if term is not None:
-                if follower:
-                    if p.fetch_offset > log.log_end_offset:
-                        part.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
-                        continue
-                else:
-                    read_up_to = term.high_watermark
+                if follower and p.fetch_offset > log.log_end_offset:
+                    part.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+                    continue
+                read_up_to = readable_end(follower, log.log_end_offset, term.high_watermark)
                 high_watermark = term.high_watermark
             # The LSO: Kafka fills it for read_uncommitted fetches too.
             producers = ctx.services.producers
@@ -164,6 +162,13 @@ def read_partitions(
 
 def fetching_replica(ctx: RequestContext, request: m.FetchRequest) -> int:
     return request.replica_id if ctx.api_version < 15 else request.replica_state.replica_id
+
+
+def readable_end(follower: bool, log_end_offset: int, high_watermark: int) -> int:
+    """Where a replicated partition's fetch stops reading: a follower copies up to the
+    log end (what is not committed yet too: its copy is what commits it), a consumer
+    sees only what is committed, below the high watermark."""
+    return log_end_offset if follower else high_watermark
 
 
 def is_follower(ctx: RequestContext, request: m.FetchRequest) -> bool:
