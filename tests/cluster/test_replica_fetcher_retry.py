@@ -22,8 +22,7 @@ from typing import Any
 
 import trio
 
-from trio_broker.cluster.replica_fetcher import _fetcher
-from trio_broker.cluster.replica_manager import FollowerRole
+from trio_broker.cluster.replica_fetcher import FollowerRole, _fetcher
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol.records import build_batch
 from trio_broker.server.broker import Broker
@@ -57,7 +56,7 @@ def stand_in_manager(
         sync_before_counting=True,
         following=following,
         roles_changed=trio.Event(),
-        _view_event=lambda: no_news,
+        view_event=lambda: no_news,
         topics=follower.topics,
         durability=follower.durability,
         producers=None,

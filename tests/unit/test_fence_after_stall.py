@@ -56,7 +56,7 @@ class Manager:
         self.fences.append(fenced)
         self.fenced = fenced
 
-    def _view_event(self) -> trio.Event:
+    def view_event(self) -> trio.Event:
         return self._view
 
 

@@ -268,6 +268,6 @@ async def _view_settles(manager: ReplicaManager, limit_s: float, quiet_s: float 
     with trio.move_on_after(limit_s):
         while True:
             with trio.move_on_after(quiet_s):
-                await manager._view_event().wait()
+                await manager.view_event().wait()
                 continue
             return

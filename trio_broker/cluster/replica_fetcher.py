@@ -13,7 +13,7 @@ connection:
 3. **Append** the batches as they are (``append_replicated_batches``), and keep the
    leader's high watermark.
 4. **Throttle** the partitions this broker throttles its own fetching of
-   (``ReplicaManager.follower_throttled``: the topic's
+   (``FetcherHost.follower_throttled``: the topic's
    ``follower.replication.throttled.replicas`` names this replica and it is out of the
    ISR, or, for a topic without throttled-replica lists, a reassignment is adding it) to
    ``follower.replication.throttled.rate`` bytes per second, both decided afresh for
@@ -31,8 +31,10 @@ the follower watches. Connection errors reconnect after a pause.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
+import attrs
 import trio
 
 from trio_broker.cluster.broker_client import BrokerClient, BrokerConnectionError
@@ -44,12 +46,11 @@ from trio_broker.replication.follower import (
     high_watermark_after_truncation,
 )
 from trio_broker.replication.truncation import plan_truncation
+from trio_broker.services.cluster_view import ClusterView
+from trio_broker.services.topics import TopicManager
 from trio_broker.storage.errors import StorageError
 
-if TYPE_CHECKING:
-    from trio_broker.cluster.replica_manager import FollowerRole, ReplicaManager
-
-__all__ = ["run_fetchers"]
+__all__ = ["FetcherHost", "FollowerRole", "run_fetchers"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,52 @@ MAX_TRUNCATION_ROUNDS = 64
 Key = tuple[str, int]
 
 
-async def run_fetchers(manager: ReplicaManager) -> None:
+@attrs.define
+class FollowerRole:
+    """A partition this broker follows: whom, in which epoch, how far it got. The
+    replica manager sets the leader and epoch; the fetcher keeps the progress."""
+
+    leader: int
+    leader_epoch: int
+    #: Cut the log to agree with the leader before fetching (after every leader change).
+    needs_truncation: bool = True
+    #: The leader's high watermark as last fetched, capped at the local log end.
+    high_watermark: int = 0
+
+
+class FetcherHost(Protocol):
+    """What the fetchers ask of their replica manager (``ReplicaManager`` is the one;
+    tests stand in for it). Declared here, so the manager depends on the fetchers it
+    starts and not the other way round."""
+
+    view: ClusterView
+    #: inter.broker.listener.name: whose endpoint followers fetch from (None: first).
+    inter_broker_listener: str | None
+    topics: TopicManager
+    #: The flusher's durability service (``wait_durable``, ``mark_dirty``).
+    durability: Any
+    #: Idempotent producers' state (``discard_snapshot`` after a truncation), or None.
+    producers: Any
+    sync_before_counting: bool
+    #: (topic, partition) -> what this broker follows, set by the manager.
+    following: dict[Key, FollowerRole]
+    #: Set (and replaced) whenever ``following`` changed.
+    roles_changed: trio.Event
+    now_ms: Callable[[], int]
+
+    @property
+    def follower_throttle_rate(self) -> int: ...
+
+    def follower_throttled(self, name: str, partition: int) -> bool: ...
+
+    def partition_changed(self, topic: str, partition: int) -> None: ...
+
+    def view_event(self) -> trio.Event:
+        """Set (and replaced) whenever the cluster view changed."""
+        ...
+
+
+async def run_fetchers(manager: FetcherHost) -> None:
     """One fetcher per leader this broker follows something from; kept in step with roles."""
     running: dict[int, trio.CancelScope] = {}
     async with trio.open_nursery() as nursery:
@@ -81,7 +127,7 @@ async def run_fetchers(manager: ReplicaManager) -> None:
             await changed.wait()
 
 
-async def _fetcher(manager: ReplicaManager, leader: int, scope: trio.CancelScope) -> None:
+async def _fetcher(manager: FetcherHost, leader: int, scope: trio.CancelScope) -> None:
     with scope:
         client: BrokerClient | None = None
         try:
@@ -107,7 +153,7 @@ async def _fetcher(manager: ReplicaManager, leader: int, scope: trio.CancelScope
                         # leads). Ask again after a pause even if nothing changes: the
                         # leader learning its role changes nothing this broker watches.
                         with trio.move_on_after(RETRY_S):
-                            await wait_any(manager.roles_changed, manager._view_event())
+                            await wait_any(manager.roles_changed, manager.view_event())
                         continue
                     await _fetch_once(manager, client, ready)
                 except BrokerConnectionError as exc:
@@ -121,7 +167,7 @@ async def _fetcher(manager: ReplicaManager, leader: int, scope: trio.CancelScope
                 await client.close()
 
 
-async def _connect(manager: ReplicaManager, leader: int) -> BrokerClient:
+async def _connect(manager: FetcherHost, leader: int) -> BrokerClient:
     info = manager.view.brokers.get(leader)
     if info is None:
         raise BrokerConnectionError(f"broker {leader} is not registered")
@@ -139,7 +185,7 @@ async def _connect(manager: ReplicaManager, leader: int) -> BrokerClient:
 
 
 async def _truncate(
-    manager: ReplicaManager, client: BrokerClient, key: Key, role: FollowerRole
+    manager: FetcherHost, client: BrokerClient, key: Key, role: FollowerRole
 ) -> None:
     log_ = manager.topics.log(*key)
     if log_ is None:
@@ -184,7 +230,7 @@ async def _truncate(
 
 
 async def _fetch_once(
-    manager: ReplicaManager, client: BrokerClient, ready: dict[Key, FollowerRole]
+    manager: FetcherHost, client: BrokerClient, ready: dict[Key, FollowerRole]
 ) -> None:
     Req = m.FetchRequest
     durability = manager.durability

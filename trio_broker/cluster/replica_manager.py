@@ -25,7 +25,6 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import attrs
 import trio
 
 from trio_broker.cluster.controller import ControllerActions
@@ -36,6 +35,7 @@ from trio_broker.cluster.coordination import (
     NodeExists,
     NoNode,
 )
+from trio_broker.cluster.replica_fetcher import FollowerRole, run_fetchers
 from trio_broker.cluster.waiting import RETRY_S, wait_any
 from trio_broker.cluster.zk_layout import (
     PRODUCER_ID_BLOCK,
@@ -65,7 +65,7 @@ from trio_broker.services.internal_topics import LeadershipListener
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError, TopicManager
 from trio_broker.storage.broker_configs import FOLLOWER_THROTTLED_RATE, LEADER_THROTTLED_RATE
 
-__all__ = ["FollowerRole", "ReplicaManager"]
+__all__ = ["ReplicaManager"]
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +74,6 @@ CREATE_WAIT_S = 15.0
 #: Conditional writes of a topic's config znode tried before giving up (each retry
 #: follows another broker's change of the same znode).
 CONFIG_WRITE_ATTEMPTS = 20
-
-
-@attrs.define
-class FollowerRole:
-    """A partition this broker follows: whom, in which epoch, how far it got."""
-
-    leader: int
-    leader_epoch: int
-    #: Cut the log to agree with the leader before fetching (after every leader change).
-    needs_truncation: bool = True
-    #: The leader's high watermark as last fetched, capped at the local log end.
-    high_watermark: int = 0
 
 
 class ReplicaManager:
@@ -283,7 +271,7 @@ class ReplicaManager:
             ) from None
         with trio.move_on_after(CREATE_WAIT_S):
             while not self._has_leaders(name, len(assignment)):
-                await self._view_event().wait()
+                await self.view_event().wait()
 
     async def ensure_internal_topic(
         self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
@@ -346,7 +334,7 @@ class ReplicaManager:
             return
         with trio.move_on_after(CREATE_WAIT_S):
             while not self._has_leaders(name, total):
-                await self._view_event().wait()
+                await self.view_event().wait()
 
     async def _grow_topic(
         self, name: str, total: int, assignment: list[list[int]] | None, validate_only: bool
@@ -520,8 +508,6 @@ class ReplicaManager:
     # ------------------------------------------------------------------ tasks
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        from trio_broker.cluster.replica_fetcher import run_fetchers
-
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -541,7 +527,7 @@ class ReplicaManager:
         self._view_changed.set()
         self._view_changed = trio.Event()
 
-    def _view_event(self) -> trio.Event:
+    def view_event(self) -> trio.Event:
         return self._view_changed
 
     async def _apply_loop(self) -> None:

@@ -20,16 +20,13 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.transactions.coordinator import TransactionCoordinator, coordinator_of
-from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
+from trio_broker.transactions.lookup import AnyCoordinator, coordinator_of
 from trio_broker.transactions.state import fenced
 
 Req = m.AddPartitionsToTxnRequest
 Resp = m.AddPartitionsToTxnResponse
 TopicResult = Resp.AddPartitionsToTxnTopicResult
 FIRST_BATCHED_VERSION = 4
-#: One broker's table, or a cluster broker's tables by partition.
-AnyCoordinator = TransactionCoordinator | PartitionedTransactionCoordinator
 FIRST_VERSION_WITH_PRODUCER_FENCED = 2
 
 

@@ -24,7 +24,8 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.transactions.coordinator import TransactionCoordinator, coordinator_of
+from trio_broker.transactions.coordinator import TransactionCoordinator
+from trio_broker.transactions.lookup import coordinator_of
 
 Resp = m.DescribeLogDirsResponse
 DirResult = Resp.DescribeLogDirsResult

@@ -11,7 +11,7 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import LoopBudget, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.transactions.coordinator import coordinator_of
+from trio_broker.transactions.lookup import coordinator_of
 from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 Resp = m.DescribeTransactionsResponse

@@ -26,7 +26,7 @@ from trio_broker.state.producer import (
     SnapshotError,
     decide_init_producer_id,
 )
-from trio_broker.transactions.coordinator import coordinator_of
+from trio_broker.transactions.lookup import coordinator_of
 from trio_broker.transactions.state import fenced
 
 log = logging.getLogger("trio_broker.producer")

@@ -18,7 +18,7 @@ from trio_broker.handlers.base import LoopBudget, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.patterns import InvalidPattern, Pattern, compile_pattern
-from trio_broker.transactions.coordinator import coordinator_of
+from trio_broker.transactions.lookup import coordinator_of
 from trio_broker.transactions.state import TxnState
 
 Resp = m.ListTransactionsResponse

@@ -30,7 +30,8 @@ from trio_broker.services.txn_markers import (
     complete_offsets_marker,
     marker_committed,
 )
-from trio_broker.transactions.coordinator import TransactionCoordinator, coordinator_of
+from trio_broker.transactions.coordinator import TransactionCoordinator
+from trio_broker.transactions.lookup import coordinator_of
 
 Resp = m.WriteTxnMarkersResponse
 MarkerResult = Resp.WritableTxnMarkerResult

@@ -30,7 +30,7 @@ import logging
 import struct
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -49,9 +49,6 @@ from trio_broker.transactions.log_format import (
     encode_value,
 )
 from trio_broker.transactions.state import TopicPartition, TxnMetadata, TxnState
-
-if TYPE_CHECKING:
-    from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 log = logging.getLogger("trio_broker.transactions")
 
@@ -485,16 +482,3 @@ class TransactionCoordinator:
             except CoordinatorUnavailable:
                 break
         return expired
-
-
-def coordinator_of(
-    services: Any,
-) -> TransactionCoordinator | PartitionedTransactionCoordinator | None:
-    """The broker's coordinator as handlers use it (``Services.transactions``): the one
-    table of a single broker, the per-partition tables in a cluster, or None."""
-    from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
-
-    coordinator = getattr(services, "transactions", None)
-    if isinstance(coordinator, (TransactionCoordinator, PartitionedTransactionCoordinator)):
-        return coordinator
-    return None
