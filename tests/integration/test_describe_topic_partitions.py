@@ -3,7 +3,8 @@
 Raw requests through our codec check Kafka's paging rules (names in order, partitions in
 order, the cursor, the page limit and its broker cap), the errors, and authorization; then
 Kafka's own kafka-topics.sh (TopicCommand, kafka-tools 4.4, the Java Admin's
-describeTopics) pages through a topic with more partitions than its page limit.
+describeTopics) pages through a topic with more partitions than its page limit, and so
+does kafka-python's describe_topic_partitions.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 import trio
+from kafka.admin import KafkaAdminClient
 
 from tests.integration.raw_client import RawClient
 from tests.kafka_tools.classpath import kafka_tools_classpath
@@ -235,3 +237,38 @@ async def test_kafka_topics_describe_pages(
     # Nine partitions, three a page: three requests, so the tool used this API (a broker
     # without it would have been asked Metadata instead).
     assert broker.handler_pool.latency.count(API) == 3
+
+
+# ------------------------------------------------------------------ kafka-python's admin
+
+
+async def test_kafka_python_describe_topic_partitions(broker: Broker, bootstrap: str) -> None:
+    """kafka-python 3's KafkaAdminClient.describe_topic_partitions, following the cursor."""
+    broker.topics.create("kp-wide", 5)
+    broker.topics.create("kp-narrow", 1)
+
+    def walk() -> tuple[list[tuple[str, int, int]], list[Any], list[Any]]:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            seen, cursors, cursor = [], [], None
+            while True:
+                answer = admin.describe_topic_partitions(
+                    ["kp-wide", "kp-narrow"], response_partition_limit=2, cursor=cursor
+                )
+                seen += [(t["name"], t["error_code"], p["partition_index"])
+                         for t in answer["topics"] for p in t["partitions"]]  # fmt: skip
+                cursor = answer["next_cursor"]
+                if cursor is None:
+                    break
+                cursors.append(cursor)
+            missing = admin.describe_topic_partitions(["kp-missing"])["topics"]
+            return seen, cursors, missing
+        finally:
+            admin.close()
+
+    seen, cursors, missing = await trio.to_thread.run_sync(walk)
+    assert seen == [("kp-narrow", 0, 0), *(("kp-wide", 0, i) for i in range(5))]
+    assert cursors == [{"topic_name": "kp-wide", "partition_index": i} for i in (1, 3)]
+    assert [(t["name"], t["error_code"]) for t in missing] == [
+        ("kp-missing", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+    ]
