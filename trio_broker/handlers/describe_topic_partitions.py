@@ -61,7 +61,7 @@ def describe(
             return _refused(request)  # the cursor must point into the named topics
     if cursor is not None and cursor.partition_index < 0:
         return _refused(request)
-    refused: list[Resp.DescribeTopicPartitionsResponseTopic] = []
+    refused: list[Topic] = []
     allowed = []
     for name in sorted(names):
         if authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name):
