@@ -67,6 +67,7 @@ APIS = [
     "ElectLeaders",
     "AlterPartitionReassignments",
     "ListPartitionReassignments",
+    "DescribeTopicPartitions",
 ]
 
 UNBOUNDED = 32767

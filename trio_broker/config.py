@@ -108,6 +108,9 @@ class BrokerConfig:
     delete_topic_enable: bool = True
     #: Fetch sessions (KIP-227) the broker keeps; 0: every fetch is answered in full.
     max_incremental_fetch_session_cache_slots: int = 1000
+    #: DescribeTopicPartitions answers at most this many partitions (and fewer if the
+    #: request asks so); the rest come by cursor.
+    max_request_partition_size_limit: int = 2000
     #: Topic defaults of max.message.bytes and message.timestamp.type.
     message_max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     log_message_timestamp_type: str = "CreateTime"
@@ -193,6 +196,7 @@ class BrokerConfig:
         for name in ("num_handlers", "max_connections", "max_connections_per_ip",
                      "max_in_flight_per_connection", "num_partitions", "segment_bytes",
                      "socket_request_max_bytes", "connections_max_idle_ms",
+                     "max_request_partition_size_limit",
                      "quota_window_num", "quota_window_size_seconds"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")

@@ -12,7 +12,7 @@ MODULES = [
     "describe_acls", "create_acls", "delete_acls", "alter_configs", "incremental_alter_configs",
     "describe_client_quotas", "alter_client_quotas",
     "sasl_handshake", "sasl_authenticate", "user_scram_credentials",
-    "describe_producers",
+    "describe_producers", "describe_topic_partitions",
     "add_partitions_to_txn", "add_offsets_to_txn", "end_txn", "write_txn_markers",
     "describe_transactions", "list_transactions", "txn_offset_commit",
     "elect_leaders", "alter_partition_reassignments", "list_partition_reassignments",

@@ -163,14 +163,14 @@ def _to_create_in_cluster(ctx: RequestContext, request: m.MetadataRequest) -> li
     return names
 
 
-def _known_names(ctx: RequestContext) -> list[str]:
+def known_topic_names(ctx: RequestContext) -> list[str]:
     replication = ctx.services.replication
     if replication is not None:
         return sorted(replication.view.topics)
     return sorted(ctx.services.topics.topics)
 
 
-def _exists(ctx: RequestContext, name: str) -> bool:
+def topic_exists(ctx: RequestContext, name: str) -> bool:
     replication = ctx.services.replication
     if replication is not None:
         return name in replication.view.topics
@@ -185,7 +185,7 @@ def describe(ctx: RequestContext, request: m.MetadataRequest) -> m.MetadataRespo
     if request.topics is None or (ctx.api_version == 0 and not request.topics):
         topics = [
             topic_metadata(ctx, name, None)
-            for name in _known_names(ctx)
+            for name in known_topic_names(ctx)
             if authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name)  # hide the rest
         ]
     else:
@@ -212,7 +212,7 @@ def describe(ctx: RequestContext, request: m.MetadataRequest) -> m.MetadataRespo
             auto = request.allow_auto_topic_creation if ctx.api_version >= 4 else True
             if services.replication is not None:
                 auto = False  # done by handle_metadata before answering
-            exists = _exists(ctx, name)
+            exists = topic_exists(ctx, name)
             if not authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name) or (
                 not exists and auto and services.config.auto_create_topics
                 and not may_create_topic(ctx, name)

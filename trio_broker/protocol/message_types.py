@@ -1466,6 +1466,107 @@ if TYPE_CHECKING:
             topics: list[TopicResponse] = ...,
         ) -> None: ...
 
+    class DescribeTopicPartitionsRequest(Message):
+        class TopicRequest(Message):
+            name: str
+
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+            ) -> None: ...
+
+        class Cursor(Message):
+            topic_name: str
+            partition_index: int
+
+            def __init__(
+                self,
+                *,
+                topic_name: str = ...,
+                partition_index: int = ...,
+            ) -> None: ...
+
+        topics: list[TopicRequest]
+        response_partition_limit: int
+        cursor: Cursor | None
+
+        def __init__(
+            self,
+            *,
+            topics: list[TopicRequest] = ...,
+            response_partition_limit: int = ...,
+            cursor: Cursor | None = ...,
+        ) -> None: ...
+
+    class DescribeTopicPartitionsResponse(Message):
+        class DescribeTopicPartitionsResponseTopic(Message):
+            class DescribeTopicPartitionsResponsePartition(Message):
+                error_code: int
+                partition_index: int
+                leader_id: int
+                leader_epoch: int
+                replica_nodes: list[int]
+                isr_nodes: list[int]
+                eligible_leader_replicas: list[int] | None
+                last_known_elr: list[int] | None
+                offline_replicas: list[int]
+
+                def __init__(
+                    self,
+                    *,
+                    error_code: int = ...,
+                    partition_index: int = ...,
+                    leader_id: int = ...,
+                    leader_epoch: int = ...,
+                    replica_nodes: list[int] = ...,
+                    isr_nodes: list[int] = ...,
+                    eligible_leader_replicas: list[int] | None = ...,
+                    last_known_elr: list[int] | None = ...,
+                    offline_replicas: list[int] = ...,
+                ) -> None: ...
+
+            error_code: int
+            name: str | None
+            topic_id: uuid.UUID
+            is_internal: bool
+            partitions: list[DescribeTopicPartitionsResponsePartition]
+            topic_authorized_operations: int
+
+            def __init__(
+                self,
+                *,
+                error_code: int = ...,
+                name: str | None = ...,
+                topic_id: uuid.UUID = ...,
+                is_internal: bool = ...,
+                partitions: list[DescribeTopicPartitionsResponsePartition] = ...,
+                topic_authorized_operations: int = ...,
+            ) -> None: ...
+
+        class Cursor(Message):
+            topic_name: str
+            partition_index: int
+
+            def __init__(
+                self,
+                *,
+                topic_name: str = ...,
+                partition_index: int = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        topics: list[DescribeTopicPartitionsResponseTopic]
+        next_cursor: Cursor | None
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            topics: list[DescribeTopicPartitionsResponseTopic] = ...,
+            next_cursor: Cursor | None = ...,
+        ) -> None: ...
+
     class DescribeTransactionsRequest(Message):
         transactional_ids: list[str]
 
@@ -3298,6 +3399,8 @@ else:
     DescribeLogDirsResponse = SCHEMAS["DescribeLogDirsResponse"].cls
     DescribeProducersRequest = SCHEMAS["DescribeProducersRequest"].cls
     DescribeProducersResponse = SCHEMAS["DescribeProducersResponse"].cls
+    DescribeTopicPartitionsRequest = SCHEMAS["DescribeTopicPartitionsRequest"].cls
+    DescribeTopicPartitionsResponse = SCHEMAS["DescribeTopicPartitionsResponse"].cls
     DescribeTransactionsRequest = SCHEMAS["DescribeTransactionsRequest"].cls
     DescribeTransactionsResponse = SCHEMAS["DescribeTransactionsResponse"].cls
     DescribeUserScramCredentialsRequest = SCHEMAS["DescribeUserScramCredentialsRequest"].cls
@@ -3394,6 +3497,8 @@ __all__ = [
     "DescribeLogDirsResponse",
     "DescribeProducersRequest",
     "DescribeProducersResponse",
+    "DescribeTopicPartitionsRequest",
+    "DescribeTopicPartitionsResponse",
     "DescribeTransactionsRequest",
     "DescribeTransactionsResponse",
     "DescribeUserScramCredentialsRequest",

@@ -88,6 +88,7 @@ class ApiKey:
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
+    DESCRIBE_TOPIC_PARTITIONS = 75
 
 
 #: API key -> its name as in :class:`ApiKey` ("PRODUCE", "LIST_OFFSETS"), derived from

@@ -73,7 +73,9 @@ class Field:
             return None if d == "null" else []
         if self.fields is not None:
             assert self.struct_class is not None
-            return self.struct_class()
+            # A nullable struct whose default is null (DescribeTopicPartitions' Cursor)
+            # is absent unless set.
+            return None if d == "null" else self.struct_class()
         t = self.type
         if d == "null":
             return None

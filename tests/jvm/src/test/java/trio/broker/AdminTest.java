@@ -23,6 +23,7 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Future;
+import java.util.stream.IntStream;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AlterConfigOp;
 import org.apache.kafka.clients.admin.CreatePartitionsOptions;
@@ -35,6 +36,7 @@ import org.apache.kafka.clients.admin.ConfigEntry;
 import org.apache.kafka.clients.admin.ConsumerGroupDescription;
 import org.apache.kafka.clients.admin.ConsumerGroupListing;
 import org.apache.kafka.clients.admin.DeletedRecords;
+import org.apache.kafka.clients.admin.DescribeTopicsOptions;
 import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.OffsetSpec;
 import org.apache.kafka.clients.admin.RecordsToDelete;
@@ -44,6 +46,10 @@ import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.common.GroupState;
+import org.apache.kafka.common.KafkaFuture;
+import org.apache.kafka.common.Node;
+import org.apache.kafka.common.TopicPartitionInfo;
+import org.apache.kafka.common.acl.AclOperation;
 import org.apache.kafka.common.TopicCollection;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.TopicPartitionReplica;
@@ -301,6 +307,40 @@ class AdminTest {
           cause(admin.deleteConsumerGroups(List.of(group)).all()));
       assertInstanceOf(GroupIdNotFoundException.class,
           cause(admin.describeConsumerGroups(List.of(group)).all()));
+    }
+  }
+
+  /**
+   * describeTopics by name with a page of 3 partitions (DescribeTopicPartitions and its
+   * cursor): a 7-partition topic comes in pieces, whole and in order, beside a 2-partition
+   * topic and an unknown one.
+   */
+  @Test
+  void describeTopicsPagesThroughPartitions() throws Exception {
+    String wide = createTopic(7);
+    String narrow = createTopic(2);
+    String missing = uniqueName("java-missing");
+    try (Admin admin = admin()) {
+      Node broker = admin.describeCluster().nodes().get().iterator().next();
+      Map<String, KafkaFuture<TopicDescription>> described = admin.describeTopics(
+          List.of(wide, narrow, missing), new DescribeTopicsOptions()
+              .partitionSizeLimitPerResponse(3).includeAuthorizedOperations(true))
+          .topicNameValues();
+      for (var expected : Map.of(wide, 7, narrow, 2).entrySet()) {
+        TopicDescription topic = described.get(expected.getKey()).get();
+        assertEquals(expected.getKey(), topic.name());
+        assertFalse(topic.isInternal());
+        assertEquals(IntStream.range(0, expected.getValue()).boxed().toList(),
+            topic.partitions().stream().map(TopicPartitionInfo::partition).toList());
+        for (TopicPartitionInfo p : topic.partitions()) {
+          assertEquals(broker, p.leader(), p.toString());
+          assertEquals(List.of(broker), p.replicas());
+          assertEquals(List.of(broker), p.isr());
+          assertEquals(List.of(), p.elr());
+        }
+        assertTrue(topic.authorizedOperations().contains(AclOperation.DESCRIBE));
+      }
+      assertInstanceOf(UnknownTopicOrPartitionException.class, cause(described.get(missing)));
     }
   }
 

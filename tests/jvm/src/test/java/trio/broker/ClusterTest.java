@@ -22,6 +22,7 @@ import java.util.stream.IntStream;
 import org.apache.kafka.clients.CommonClientConfigs;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.DescribeClusterResult;
+import org.apache.kafka.clients.admin.DescribeTopicsOptions;
 import org.apache.kafka.clients.admin.NewPartitionReassignment;
 import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.TopicDescription;
@@ -58,10 +59,14 @@ class ClusterTest {
     return conf;
   }
 
-  /** Every partition's leader, replicas and ISR, or an empty map while the topic is unknown. */
+  /**
+   * Every partition's leader, replicas and ISR, or an empty map while the topic is unknown.
+   * One partition a response: the Admin pages through DescribeTopicPartitions by cursor.
+   */
   static Map<Integer, TopicPartitionInfo> partitions(Admin admin, String topic) {
     try {
-      TopicDescription description = admin.describeTopics(List.of(topic)).allTopicNames().get().get(topic);
+      TopicDescription description = admin.describeTopics(List.of(topic),
+          new DescribeTopicsOptions().partitionSizeLimitPerResponse(1)).allTopicNames().get().get(topic);
       return description.partitions().stream()
           .collect(Collectors.toMap(TopicPartitionInfo::partition, p -> p));
     } catch (Exception e) {
@@ -177,6 +182,16 @@ class ClusterTest {
         assertEquals(perPartition.get(tp.partition()), committed.get(tp).offset(), tp.toString());
         assertEquals(ends.get(tp), committed.get(tp).offset(), tp.toString());
       }
+    }
+    // The commits made the offsets topic: described as internal, paged 7 partitions at a time.
+    try (Admin admin = Clients.admin(cluster())) {
+      TopicDescription offsets = admin.describeTopics(List.of("__consumer_offsets"),
+          new DescribeTopicsOptions().partitionSizeLimitPerResponse(7))
+          .allTopicNames().get().get("__consumer_offsets");
+      assertTrue(offsets.isInternal());
+      assertTrue(offsets.partitions().size() > 7, offsets.toString());
+      assertEquals(IntStream.range(0, offsets.partitions().size()).boxed().toList(),
+          offsets.partitions().stream().map(TopicPartitionInfo::partition).toList());
     }
   }
 
