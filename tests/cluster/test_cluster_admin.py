@@ -344,6 +344,19 @@ def test_create_partitions_and_delete_topics_across_the_cluster(brokers: Cluster
         with pytest.raises(KafkaException) as caught:
             refused.result(timeout=30)
         assert caught.value.args[0].code() == error, (count, assignment, caught.value)
+    # A manual assignment at creation (raw CreateTopics: the clients check some of this
+    # themselves): replicas distinct, registered, as many for every partition (Kafka's
+    # validateManualPartitionAssignment).
+    Req = m.CreateTopicsRequest
+    for assignment in ([[1, 2], [3]], [[1, 1]], [[9]], [[]]):
+        asked = Req.CreatableTopic(
+            name="uneven", num_partitions=-1, replication_factor=-1, configs=[],
+            assignments=[Req.CreatableTopic.CreatableReplicaAssignment(
+                partition_index=i, broker_ids=replicas) for i, replicas in enumerate(assignment)],
+        )  # fmt: skip
+        with brokers[1].connect() as conn:
+            answer = conn.request(m.ApiKey.CREATE_TOPICS, 5, Req(topics=[asked], timeout_ms=30_000))
+        assert answer.topics[0].error_code == ErrorCode.INVALID_REPLICA_ASSIGNMENT, assignment
     # The new partitions take writes on every replica: acks=all, read back.
     acked = Acked()
     p = producer(servers(brokers))

@@ -50,6 +50,12 @@ def _cluster_plan(
                 ErrorCode.INVALID_REPLICA_ASSIGNMENT,
                 "assigned partitions must be numbered 0..n-1 without gaps or repeats",
             )
+        counts = {len(replicas) for replicas in assignment.values()}
+        if len(counts) > 1:
+            raise TopicError(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                "all partitions in a manual assignment must have the same number of replicas",
+            )
         return len(assignment), len(assignment[0]), assignment
     rf = topic.replication_factor
     if rf == -1:
