@@ -139,6 +139,26 @@ class _Client:
                 assert broker.host == broker_host(broker.node_id)
             return
 
+    async def leader_of(self, partition: int) -> int | None:
+        """The partition's leader as Metadata last named it; None (after asking
+        Metadata again and a pause) while unknown."""
+        leader = self.leaders.get(partition)
+        if leader is None:
+            await self.refresh_metadata()
+            await trio.sleep(0.1)
+        return leader
+
+    async def call_leader(
+        self, partition: int, leader: int, api_key: int, version: int, request: Any
+    ) -> Any:
+        """The leader's answer, or None (the leader forgotten, after a pause) when the
+        connection failed or timed out."""
+        response = await self._call(leader, api_key, version, request)
+        if response is None:
+            self.leaders.pop(partition, None)
+            await trio.sleep(0.05)
+        return response
+
     async def close(self) -> None:
         for conn in self.conns.values():
             await conn.stream.aclose()
@@ -155,10 +175,8 @@ class Producer(_Client):
         self._values = itertools.count()
 
     async def produce_once(self, partition: int) -> None:
-        leader = self.leaders.get(partition)
+        leader = await self.leader_of(partition)
         if leader is None:
-            await self.refresh_metadata()
-            await trio.sleep(0.1)
             return
         count = 1 + next(self._values) % 3
         values = tuple(f"v{next(self._values)}".encode() for _ in range(count))
@@ -171,10 +189,10 @@ class Producer(_Client):
             ])],
         )  # fmt: skip
         self.sent += 1
-        response = await self._call(leader, m.ApiKey.PRODUCE, PRODUCE_VERSION, request)
+        response = await self.call_leader(
+            partition, leader, m.ApiKey.PRODUCE, PRODUCE_VERSION, request
+        )
         if response is None:
-            self.leaders.pop(partition, None)
-            await trio.sleep(0.05)
             return
         answer = response.responses[0].partition_responses[0]
         if answer.error_code == ErrorCode.NONE:
@@ -203,10 +221,8 @@ class Consumer(_Client):
         self.above_high_watermark: list[Received] = []
 
     async def fetch_once(self, partition: int) -> None:
-        leader = self.leaders.get(partition)
+        leader = await self.leader_of(partition)
         if leader is None:
-            await self.refresh_metadata()
-            await trio.sleep(0.1)
             return
         position = self.positions.get(partition, 0)
         Req = m.FetchRequest
@@ -218,10 +234,8 @@ class Consumer(_Client):
                       max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
                       topics=[Req.FetchTopic(topic=self.topic, partitions=[wanted])],
                       forgotten_topics_data=[], rack_id="")  # fmt: skip
-        response = await self._call(leader, m.ApiKey.FETCH, FETCH_VERSION, request)
+        response = await self.call_leader(partition, leader, m.ApiKey.FETCH, FETCH_VERSION, request)
         if response is None:
-            self.leaders.pop(partition, None)
-            await trio.sleep(0.05)
             return
         answer = response.responses[0].partitions[0]
         if answer.error_code != ErrorCode.NONE:
