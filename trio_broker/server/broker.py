@@ -51,6 +51,7 @@ from trio_broker.services.topics import TopicManager
 from trio_broker.services.txn_markers import append_txn_marker
 from trio_broker.state.fetch_sessions import FetchSessionCache
 from trio_broker.storage.cleaner import TransactionFacts
+from trio_broker.storage.data_dir_lock import lock_data_dir
 from trio_broker.storage.durable import make_dirs_durable
 from trio_broker.storage.group_commit import FlushPolicy
 from trio_broker.storage.log import LogConfig, wall_clock_ms
@@ -76,6 +77,8 @@ class Broker:
             # Its entry in the parent must be durable too, even if an earlier run made
             # it: everything in it (catalogue, logs, meta.properties) hangs off it.
             make_dirs_durable(data_dir, sync_existing=True)
+        # Before any log is opened (and recovered): one broker process per data dir.
+        self._data_dir_lock = lock_data_dir(data_dir) if data_dir is not None else None
         self.cluster_id = ensure_cluster_id(data_dir, config.cluster_id)
         self.log_defaults = LogConfig(
             segment_bytes=config.segment_bytes,
@@ -266,6 +269,8 @@ class Broker:
                 close = getattr(service, "close", None)
                 if close is not None:
                     close()
+            if self._data_dir_lock is not None:
+                self._data_dir_lock.close()  # the last: everything is closed
 
     async def _run_cluster(
         self, coordination: Any, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
