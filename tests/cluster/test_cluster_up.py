@@ -68,6 +68,16 @@ def test_cluster_up_prints_its_bootstrap_serves_and_stops_cleanly(tmp_path: Path
         _create_topic(admin, "up")
         meta = admin.list_topics("up", timeout=10).topics["up"].partitions[0]
         assert sorted(meta.replicas) == [1, 2, 3]
+        # A second `cluster up` on the same DATA_DIR would start a ZooKeeper on the same
+        # snapshots and brokers on the same logs: it exits 1 before starting anything.
+        second = subprocess.run(
+            [str(BROKER_EXE), "cluster", "up", "--brokers", "1", "--base-port", "0",
+             "--data-dir", str(tmp_path)],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+        )  # fmt: skip
+        assert second.returncode == 1, second.stderr.decode()
+        assert b"is in use by another `trio-broker cluster up`" in second.stderr
+        assert b"cluster ready" not in second.stdout
         producer = Producer({"bootstrap.servers": servers, "acks": "all"})
         for i in range(20):
             producer.produce("up", value=str(i).encode())

@@ -47,6 +47,7 @@ from trio_broker.admin.cluster_zookeeper import add_secure_zookeeper_command
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper, start_local_zookeeper
 from trio_broker.config_errors import ConfigError
 from trio_broker.security.zookeeper_login import ZooKeeperLogin, client_jaas, read_client_login
+from trio_broker.storage.data_dir_lock import DataDirInUse, lock_data_dir
 from trio_broker.storage.durable import TMP_SUFFIX, write_file_atomically
 
 __all__ = ["add_cluster_command", "run_cluster"]
@@ -253,6 +254,13 @@ def run_cluster(args: argparse.Namespace) -> int:
         return 2
     data_dir: Path = args.data_dir.resolve()
     _private_data_dir(data_dir)
+    try:
+        # One `cluster up` per DATA_DIR: a second would start a ZooKeeper on the same
+        # snapshots. Held until this process exits.
+        held = lock_data_dir(data_dir, "`trio-broker cluster up`")
+    except DataDirInUse as exc:
+        print(f"trio-broker: {exc}", file=sys.stderr)
+        return 1
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -319,6 +327,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         if zookeeper is not None:
             zookeeper.stop()
         _remove_state(data_dir)
+        held.close()  # the last: everything it guarded has stopped
 
 
 def _private_data_dir(data_dir: Path) -> None:

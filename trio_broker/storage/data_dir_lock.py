@@ -25,8 +25,10 @@ class DataDirInUse(OSError):
     """Another process holds the data directory's lock."""
 
 
-def lock_data_dir(data_dir: Path) -> BinaryIO:
-    """Lock ``data_dir`` for this process; close the returned file to release it."""
+def lock_data_dir(data_dir: Path, holder: str = "broker process") -> BinaryIO:
+    """Lock ``data_dir`` for this process; close the returned file to release it.
+    ``holder``: what the error calls the process that has it (``cluster up`` locks its
+    own data dir too, over its ZooKeeper's and brokers' dirs)."""
     path = data_dir / LOCK_FILE
     handle = open(path, "a+b")  # noqa: SIM115 - held open for the broker's lifetime
     try:
@@ -34,7 +36,7 @@ def lock_data_dir(data_dir: Path) -> BinaryIO:
     except OSError:
         handle.close()
         raise DataDirInUse(
-            f"data dir {data_dir} is in use by another broker process (it holds {path}); "
-            "stop that broker, or give this one its own --data-dir"
+            f"data dir {data_dir} is in use by another {holder} (it holds {path}); "
+            f"stop that {holder}, or give this one its own --data-dir"
         ) from None
     return handle
