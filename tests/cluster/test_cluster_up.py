@@ -278,6 +278,32 @@ def test_a_killed_leader_is_replaced_then_restarted_and_nothing_acknowledged_is_
         cluster.kill()
 
 
+def test_a_killed_zookeeper_is_restarted_and_the_cluster_serves_on(tmp_path: Path) -> None:
+    """`cluster up` supervises its ZooKeeper too: killed with -9, it is started again on
+    the same port and data, the brokers reconnect, and the cluster creates topics and
+    acknowledges acks=all writes as before."""
+    cluster = _ClusterUp(tmp_path, brokers=2)
+    try:
+        admin = AdminClient({"bootstrap.servers": cluster.servers})
+        _create_topic(admin, "before")
+        [zookeeper] = [
+            pid for pid in _children(cluster.proc.pid)
+            if b"ZooKeeperServerMain" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]  # fmt: skip
+        os.kill(zookeeper, signal.SIGKILL)
+        _wait_for(lambda: cluster.said("ZooKeeper is back"), 90, "ZooKeeper to be restarted")
+        assert cluster.said("ZooKeeper was killed by SIGKILL; restarting it"), cluster.stderr
+        _create_topic(admin, "after")  # the controller writes through ZooKeeper again
+        producer = Producer({"bootstrap.servers": cluster.servers, "acks": "all"})
+        for topic in ("before", "after"):
+            producer.produce(topic, value=b"served on")
+        assert producer.flush(60) == 0
+        assert cluster.proc.poll() is None
+        assert cluster.stop() == 0
+    finally:
+        cluster.kill()
+
+
 def test_operator_stops_and_restarts_a_broker_and_one_that_keeps_dying_is_given_up(
     tmp_path: Path,
 ) -> None:

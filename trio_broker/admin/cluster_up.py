@@ -310,8 +310,11 @@ def run_cluster(args: argparse.Namespace) -> int:
         bootstrap = ",".join(str(b.address) for b in brokers)
         print(f"cluster ready: bootstrap {bootstrap}", flush=True)
         argvs = {b.broker_id: argv_of(b) for b in brokers}
+        zookeeper_deaths: deque[float] = deque()
         while not stop.wait(SUPERVISE_EVERY_S):
             now = time.monotonic()
+            if not _supervise_zookeeper(zookeeper, zookeeper_deaths, now):
+                return 1
             changed = False
             for broker_id, command in _take_requests(data_dir):
                 if 1 <= broker_id <= len(brokers):
@@ -328,6 +331,32 @@ def run_cluster(args: argparse.Namespace) -> int:
             zookeeper.stop()
         _remove_state(data_dir)
         held.close()  # the last: everything it guarded has stopped
+
+
+def _supervise_zookeeper(zookeeper: LocalZooKeeper, deaths: deque[float], now: float) -> bool:
+    """Start ZooKeeper again (same port, data and logins) when it exited on its own:
+    the brokers' sessions survive in its data if it is back within their timeout, and
+    they reconnect by themselves. False when it keeps dying (RESTART_LIMIT exits within
+    RESTART_WINDOW_S) or does not come back: the cluster cannot run without it."""
+    status = zookeeper.process.poll()
+    if status is None:
+        return True
+    deaths.append(now)
+    while deaths and deaths[0] < now - RESTART_WINDOW_S:
+        deaths.popleft()
+    exited = f"ZooKeeper {_exit_status(status)}"
+    if len(deaths) >= RESTART_LIMIT:
+        _say(f"{exited}, {len(deaths)} times within {RESTART_WINDOW_S:.0f} s: stopping the "
+             f"cluster; see {zookeeper.data_dir}")  # fmt: skip
+        return False
+    _say(f"{exited}; restarting it on {zookeeper.hosts}")
+    try:
+        zookeeper.restart()
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        _say(f"ZooKeeper did not start again ({exc}): stopping the cluster")
+        return False
+    _say(f"ZooKeeper is back on {zookeeper.hosts} (pid {zookeeper.process.pid})")
+    return True
 
 
 def _private_data_dir(data_dir: Path) -> None:
