@@ -3,8 +3,9 @@
 A fetch that finds fewer than min_bytes waits (in the delayed-operations
 nursery, not in the handler) until a change to one of the partitions it reads wakes it
 (an append, a moved high watermark, the end of this broker's leadership: the purgatory
-of server/fetch_waits.py) or max_wait_ms passes. A follower's fetch offsets are
-recorded once, when its request arrives, by the replica manager.
+of server/fetch_waits.py) or max_wait_ms passes; as Kafka, it answers at once instead
+when one of its partitions failed to read (:func:`answers_at_once`). A follower's fetch
+offsets are recorded once, when its request arrives, by the replica manager.
 Fetch sessions (KIP-227, state/fetch_sessions.py): a request is matched to its
 session once, when it arrives (:func:`plan_fetch`); the partitions to read come
 from the request or the session; the answer is trimmed to the partitions with
@@ -46,6 +47,15 @@ READ_COMMITTED = 1
 NO_TOPIC_ID = uuid.UUID(int=0)
 #: A partition in a fetch session: (topic name, index) before v13, (topic id, index) after.
 SessionKey = tuple[str | uuid.UUID, int]
+#: A partition's errors found before reading it: its topic is not authorized, unknown by
+#: id, or has no such partition. Kafka's KafkaApis answers these itself and hands the
+#: rest to ReplicaManager.fetchMessages, so they neither answer a long poll early nor
+#: are waited on. Any other error is a read's (another leader, a leader epoch that
+#: differs, an offset out of range, a storage error).
+NOT_READ = frozenset(
+    {ErrorCode.TOPIC_AUTHORIZATION_FAILED, ErrorCode.UNKNOWN_TOPIC_ID,
+     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+)  # fmt: skip
 
 
 def read_partitions(
@@ -349,6 +359,19 @@ def only(
     return out
 
 
+def answers_at_once(response: Resp) -> bool:
+    """As Kafka's fetchMessages: no partition got as far as a read (nothing to wait
+    for), or one failed to read. (Kafka's other two reasons, a diverging epoch and a
+    preferred read replica, are not answered by this broker.)"""
+    read = [
+        p.error_code
+        for t in response.responses
+        for p in t.partitions
+        if p.error_code not in NOT_READ
+    ]
+    return not read or any(read)
+
+
 def outcomes(
     topics: list[tuple[str, FetchTopic]], response: Resp
 ) -> dict[tuple[str, int], tuple[int, bool]]:
@@ -373,11 +396,13 @@ async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchR
         return finish(ctx, plan, throttled(ctx, response, total))
 
     response, total = read_partitions(ctx, request, plan.topics)
-    if total >= request.min_bytes or request.max_wait_ms <= 0:
+    if total >= request.min_bytes or request.max_wait_ms <= 0 or answers_at_once(response):
         return answer(response, total)
-    # Waits on exactly these partitions: a change elsewhere does not wake it.
     topics = resolved(ctx, plan.topics)
-    watched = {(name, p.partition) for name, t in topics if name for p in t.partitions}
+    # Failed before any read (NOT_READ, the only failures here): not waited on.
+    erroneous = {key for key, (_, failed) in outcomes(topics, response).items() if failed}
+    # Waits on exactly the others: a change elsewhere does not wake it.
+    watched = {(name, p.partition) for name, t in topics if name for p in t.partitions} - erroneous
     # A follower's reads count against the leader's throttle: it reads only to answer.
     look_at_changes = not is_follower(ctx, request)
     needed = max(request.min_bytes, 1)
@@ -389,13 +414,12 @@ async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchR
             response: Resp | None
             response, total = read_partitions(ctx, request, plan.topics)
             known = outcomes(topics, response)
-            failed_before = {key for key, (_, failed) in known.items() if failed}
 
             def complete() -> bool:
                 # As Kafka's delayed fetch: enough bytes, or a partition it waits on
-                # failed since (its leadership moved, its topic was deleted).
+                # failed (its leadership moved, its topic was deleted).
                 return sum(size for size, _ in known.values()) >= needed or any(
-                    failed and key not in failed_before for key, (_, failed) in known.items()
+                    failed and key not in erroneous for key, (_, failed) in known.items()
                 )
 
             while not complete() and not ctx.services.shutting_down:
