@@ -1,0 +1,203 @@
+"""Fetch path costs: producers fanning in to long-polling consumers, and small produces.
+
+``fanin``: N producers (one connection each, acks=1, linger 0) write small records in
+turn to P partitions at a fixed rate each (as W5); C consumers, each assigned all P
+partitions (no group, fetch.wait.max.ms=500), long-poll them, so every record wakes
+every consumer's waiting fetch. ``single``: one producer writes one small record at a
+time to one partition, waiting for each ack, while one consumer long-polls it.
+Reported: the broker's CPU per record, ack latency (single) and produce-to-consume
+latency. The broker runs as a subprocess with the caller's PYTHONPATH, so the same
+script measures another tree's broker:
+
+    python bench/fetch_path.py                        # both, default sizes
+    python bench/fetch_path.py --only fanin --json out.json
+    PYTHONPATH=/tmp/base python bench/fetch_path.py   # a broker from another tree
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from produce import BrokerProcess, percentile
+
+#: Room for the timestamp a record carries, then padding: 100-byte records.
+PAD = b"x" * 92
+
+
+def _consumers(
+    bootstrap: str, topic: str, partitions: int, count: int
+) -> tuple[list[Any], list[float], threading.Event, list[threading.Thread]]:
+    """``count`` consumers of every partition, each polled by its own thread, timing
+    each record from its produce; the threads run until the event is set."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    conf = {"bootstrap.servers": bootstrap, "group.id": "fetch-path", "enable.auto.commit": False,
+            "fetch.wait.max.ms": 500, "auto.offset.reset": "earliest"}  # fmt: skip
+    consumers = []
+    for _ in range(count):
+        c = Consumer(conf)
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        consumers.append(c)
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def poll(c: Any) -> None:
+        while not stop.is_set():
+            msg = c.poll(0.2)
+            if msg is not None and not msg.error() and len(msg.value()) >= 8:
+                (sent,) = struct.unpack(">d", msg.value()[:8])
+                latencies.append((time.time() - sent) * 1000)
+
+    threads = [threading.Thread(target=poll, args=(c,), daemon=True) for c in consumers]
+    for t in threads:
+        t.start()
+    return consumers, latencies, stop, threads
+
+
+def _create(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(topic, num_partitions=partitions)]).values():
+        f.result(30)
+
+
+def _wait_for(latencies: list[float], want: int, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while len(latencies) < want and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _stats(ms: list[float]) -> dict[str, float]:
+    ordered = sorted(ms)
+    return {
+        "p50_ms": round(percentile(ordered, 0.5), 2),
+        "p99_ms": round(percentile(ordered, 0.99), 2),
+    }
+
+
+def fanin(
+    producers: int, partitions: int, consumers: int, rate: float, seconds: float
+) -> dict[str, Any]:
+    from confluent_kafka import Producer
+
+    broker = BrokerProcess("pipelined")
+    stop: threading.Event | None = None
+    clients: list[Any] = []
+    try:
+        _create(broker.bootstrap, "fanin", partitions)
+        clients, latencies, stop, _ = _consumers(broker.bootstrap, "fanin", partitions, consumers)
+        senders = [
+            Producer({"bootstrap.servers": broker.bootstrap, "acks": 1, "linger.ms": 0})
+            for _ in range(producers)
+        ]
+        for p in senders:
+            p.list_topics("fanin", 30)
+        time.sleep(3)  # every consumer reaches its long poll (a warm-up, not a sync)
+        cpu0 = broker.cpu_seconds()
+        began = time.perf_counter()
+        sent = n = 0
+        while time.perf_counter() - began < seconds:
+            for i, p in enumerate(senders):
+                p.produce("fanin", struct.pack(">d", time.time()) + PAD,
+                          partition=(i + n) % partitions)  # fmt: skip
+                p.poll(0)
+                sent += 1
+            n += 1
+            time.sleep(max(0.0, began + n / rate - time.perf_counter()))
+        for p in senders:
+            p.flush(30)
+        _wait_for(latencies, sent * consumers)
+        cpu = broker.cpu_seconds() - cpu0
+        senders.clear()  # their connections close before the broker stops
+        return {
+            "workload": "fanin", "producers": producers, "partitions": partitions,
+            "consumers": consumers, "rate_per_producer": rate, "sent": sent,
+            "consumed": len(latencies), "broker_cpu_s": round(cpu, 3),
+            "broker_cpu_ms_per_record": round(cpu * 1000 / max(sent, 1), 3),
+            **_stats(latencies),
+        }  # fmt: skip
+    finally:
+        if stop is not None:
+            stop.set()
+        for c in clients:
+            c.close()
+        broker.stop()
+
+
+def single(records: int) -> dict[str, Any]:
+    from confluent_kafka import Producer
+
+    broker = BrokerProcess("pipelined")
+    stop: threading.Event | None = None
+    clients: list[Any] = []
+    try:
+        _create(broker.bootstrap, "single", 1)
+        clients, latencies, stop, _ = _consumers(broker.bootstrap, "single", 1, 1)
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": 1, "linger.ms": 0})
+        producer.list_topics("single", 30)
+        time.sleep(2)  # the consumer reaches its long poll (a warm-up, not a sync)
+        acks: list[float] = []
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is None:
+                acks.append(msg.latency() * 1000)
+
+        cpu0 = broker.cpu_seconds()
+        for _ in range(records):
+            producer.produce("single", struct.pack(">d", time.time()) + PAD, partition=0,
+                             on_delivery=on_delivery)  # fmt: skip
+            producer.flush(30)  # one record in flight: each produce is a request of its own
+        _wait_for(latencies, records)
+        cpu = broker.cpu_seconds() - cpu0
+        del producer  # its connection closes before the broker stops
+        ack = _stats(acks)
+        return {
+            "workload": "single", "records": records, "consumed": len(latencies),
+            "broker_cpu_s": round(cpu, 3),
+            "broker_cpu_ms_per_record": round(cpu * 1000 / max(records, 1), 3),
+            "ack_p50_ms": ack["p50_ms"], "ack_p99_ms": ack["p99_ms"], **_stats(latencies),
+        }  # fmt: skip
+    finally:
+        if stop is not None:
+            stop.set()
+        for c in clients:
+            c.close()
+        broker.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["fanin", "single"])
+    parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument("--partitions", type=int, default=32)
+    parser.add_argument("--consumers", type=int, default=4)
+    parser.add_argument("--rate", type=float, default=50.0, help="records/s per producer")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--records", type=int, default=1000, help="single: records")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    results = []
+    if args.only in (None, "fanin"):
+        results.append(
+            fanin(args.producers, args.partitions, args.consumers, args.rate, args.seconds)
+        )
+        print(json.dumps(results[-1]), flush=True)
+    if args.only in (None, "single"):
+        results.append(single(args.records))
+        print(json.dumps(results[-1]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
