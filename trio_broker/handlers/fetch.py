@@ -386,14 +386,14 @@ class LongPoll:
             for name, wanted in topics
             for p in wanted.partitions
         }
+        read = outcomes(topics, first)
         # Failed before any read (NOT_READ, the only failures a waiting fetch starts
         # with): not waited on. It waits on exactly the others.
-        self.erroneous = {key for key, (_, failed) in outcomes(topics, first).items() if failed}
+        self.erroneous = {key for key, (_, failed) in read.items() if failed}
         self.watched = frozenset(key for key in self.by_key if key[0]) - self.erroneous
-        self.sizes: dict[tuple[str, int], int] = {}
-        self.gathered = 0
+        self.sizes = {key: size for key, (size, _) in read.items()}
+        self.gathered = sum(self.sizes.values())
         self.failed = False
-        self.update(topics, first)
 
     def read_all(self, response: Resp) -> None:
         """Take in a read of the whole fetch (what it had gathered is out of date)."""

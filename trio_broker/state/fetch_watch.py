@@ -63,8 +63,13 @@ class PartitionWatch(Generic[K, W]):
         watched = frozenset(keys)
         self._keys_of[waiter] = watched
         self._pending[waiter] = set()
+        by_key = self._by_key
         for key in watched:
-            self._by_key.setdefault(key, set()).add(waiter)
+            waiters = by_key.get(key)
+            if waiters is None:  # (setdefault would make a set per key per registration)
+                by_key[key] = {waiter}
+            else:
+                waiters.add(waiter)
         self._registered += 1
 
     def forget(self, waiter: W) -> None:
