@@ -28,12 +28,15 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.fetch_sessions import (
+    FINAL_EPOCH,
+    INVALID_SESSION_ID,
     CachedPartition,
     FetchContext,
     FullFetch,
     IncrementalFetch,
     PartitionAnswer,
     SessionError,
+    Sessionless,
 )
 from trio_broker.state.quota import CONSUMER_BYTE_RATE
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
@@ -202,6 +205,10 @@ def topic_key(ctx: RequestContext, name: str, topic_id: uuid.UUID) -> str | uuid
 
 def plan_fetch(ctx: RequestContext, request: m.FetchRequest) -> FetchPlan:
     """Match the request with its session (Fetch v7+), once: the session changes here."""
+    if request.session_id == INVALID_SESSION_ID and request.session_epoch == FINAL_EPOCH:
+        # No session named, none wanted (before v7, librdkafka): the session cache has
+        # nothing to do, and the request's partitions need no map.
+        return FetchPlan(Sessionless(), request.topics)
     changed = {
         (topic_key(ctx, t.topic, t.topic_id), p.partition): p
         for t in request.topics
