@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import socket
 import struct
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +80,39 @@ def _wait_for(latencies: list[float], want: int, seconds: float = 15.0) -> None:
         time.sleep(0.05)
 
 
+def _broker() -> tuple[BrokerProcess, str]:
+    """A broker with /metrics (on a port free a moment ago), and its metrics address."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    return BrokerProcess("pipelined", extra=["--metrics-listen", address]), address
+
+
+REQUESTS = re.compile(r'^trio_broker_requests_total\{api="(\w+)",[^}]*\} (\d+)', re.MULTILINE)
+
+
+def _requests(metrics: str) -> dict[str, int]:
+    """Requests handled so far, per API (the same series in every tree)."""
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {api: int(n) for api, n in REQUESTS.findall(text)}
+
+
+def _costs(
+    cpu: float, before: dict[str, int], after: dict[str, int], records: int
+) -> dict[str, Any]:
+    """The broker's CPU per record and per request, and the requests it took."""
+    fetches = after.get("fetch", 0) - before.get("fetch", 0)
+    produces = after.get("produce", 0) - before.get("produce", 0)
+    return {
+        "broker_cpu_s": round(cpu, 3),
+        "broker_cpu_ms_per_record": round(cpu * 1000 / max(records, 1), 3),
+        "fetch_requests": fetches, "produce_requests": produces,
+        "broker_cpu_us_per_request": round(cpu * 1e6 / max(fetches + produces, 1), 1),
+    }  # fmt: skip
+
+
 def _stats(ms: list[float]) -> dict[str, float]:
     ordered = sorted(ms)
     return {
@@ -90,7 +126,7 @@ def fanin(
 ) -> dict[str, Any]:
     from confluent_kafka import Producer
 
-    broker = BrokerProcess("pipelined")
+    broker, metrics = _broker()
     stop: threading.Event | None = None
     clients: list[Any] = []
     try:
@@ -103,7 +139,7 @@ def fanin(
         for p in senders:
             p.list_topics("fanin", 30)
         time.sleep(3)  # every consumer reaches its long poll (a warm-up, not a sync)
-        cpu0 = broker.cpu_seconds()
+        requests0, cpu0 = _requests(metrics), broker.cpu_seconds()
         began = time.perf_counter()
         sent = n = 0
         while time.perf_counter() - began < seconds:
@@ -118,13 +154,12 @@ def fanin(
             p.flush(30)
         _wait_for(latencies, sent * consumers)
         cpu = broker.cpu_seconds() - cpu0
+        costs = _costs(cpu, requests0, _requests(metrics), sent)
         senders.clear()  # their connections close before the broker stops
         return {
             "workload": "fanin", "producers": producers, "partitions": partitions,
             "consumers": consumers, "rate_per_producer": rate, "sent": sent,
-            "consumed": len(latencies), "broker_cpu_s": round(cpu, 3),
-            "broker_cpu_ms_per_record": round(cpu * 1000 / max(sent, 1), 3),
-            **_stats(latencies),
+            "consumed": len(latencies), **costs, **_stats(latencies),
         }  # fmt: skip
     finally:
         if stop is not None:
@@ -137,7 +172,7 @@ def fanin(
 def single(records: int) -> dict[str, Any]:
     from confluent_kafka import Producer
 
-    broker = BrokerProcess("pipelined")
+    broker, metrics = _broker()
     stop: threading.Event | None = None
     clients: list[Any] = []
     try:
@@ -152,19 +187,18 @@ def single(records: int) -> dict[str, Any]:
             if err is None:
                 acks.append(msg.latency() * 1000)
 
-        cpu0 = broker.cpu_seconds()
+        requests0, cpu0 = _requests(metrics), broker.cpu_seconds()
         for _ in range(records):
             producer.produce("single", struct.pack(">d", time.time()) + PAD, partition=0,
                              on_delivery=on_delivery)  # fmt: skip
             producer.flush(30)  # one record in flight: each produce is a request of its own
         _wait_for(latencies, records)
         cpu = broker.cpu_seconds() - cpu0
+        costs = _costs(cpu, requests0, _requests(metrics), records)
         del producer  # its connection closes before the broker stops
         ack = _stats(acks)
         return {
-            "workload": "single", "records": records, "consumed": len(latencies),
-            "broker_cpu_s": round(cpu, 3),
-            "broker_cpu_ms_per_record": round(cpu * 1000 / max(records, 1), 3),
+            "workload": "single", "records": records, "consumed": len(latencies), **costs,
             "ack_p50_ms": ack["p50_ms"], "ack_p99_ms": ack["p99_ms"], **_stats(latencies),
         }  # fmt: skip
     finally:
