@@ -5,12 +5,16 @@ turn to P partitions at a fixed rate each (as W5); C consumers, each assigned al
 partitions (no group, fetch.wait.max.ms=500), long-poll them, so every record wakes
 every consumer's waiting fetch. ``single``: one producer writes one small record at a
 time to one partition, waiting for each ack, while one consumer long-polls it.
-Reported: the broker's CPU per record, ack latency (single) and produce-to-consume
-latency. The broker runs as a subprocess with the caller's PYTHONPATH, so the same
-script measures another tree's broker:
+Reported: the broker's CPU per record and per request, ack latency (single) and
+produce-to-consume latency. The broker runs as a subprocess with the caller's
+PYTHONPATH, so the same script measures another tree's broker. ``cycle`` (in-process,
+a steadier number on a busy machine): a raw Fetch of P partitions long-polls, a raw
+Produce of one record to partition 0 wakes it; the process's CPU per such cycle
+(client side included, the same in both trees but for the codec).
 
-    python bench/fetch_path.py                        # both, default sizes
+    python bench/fetch_path.py                        # fanin and single, default sizes
     python bench/fetch_path.py --only fanin --json out.json
+    python bench/fetch_path.py --only cycle --partitions 128
     PYTHONPATH=/tmp/base python bench/fetch_path.py   # a broker from another tree
 """
 
@@ -209,15 +213,100 @@ def single(records: int) -> dict[str, Any]:
         broker.stop()
 
 
+async def _call(stream: Any, api_key: int, version: int, request: Any) -> Any:
+    """One request and its answer over a Trio stream (the codec of the tree measured)."""
+    from trio_broker.protocol import messages as m
+
+    await stream.send_all(m.encode_request(api_key, version, 1, "bench", request))
+    data = b""
+    while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+        chunk = await stream.receive_some(1 << 16)
+        assert chunk, "the broker closed the connection"
+        data += chunk
+    return m.decode_response(api_key, version, data[4:])[1]
+
+
+def cycle(partitions: int, cycles: int) -> dict[str, Any]:
+    import tempfile
+
+    import trio
+    import trio.testing
+
+    from trio_broker.config import BrokerConfig
+    from trio_broker.protocol import messages as m
+    from trio_broker.protocol.records import build_batch
+    from trio_broker.server.broker import Broker
+
+    Req = m.FetchRequest
+    Produce = m.ProduceRequest
+    offsets = [0] * partitions
+    record = bytes(build_batch([(b"k", PAD)]))
+
+    def fetch() -> Any:
+        parts = [
+            Req.FetchTopic.FetchPartition(
+                partition=p,
+                fetch_offset=offsets[p],
+                log_start_offset=-1,
+                partition_max_bytes=1 << 20,
+            )
+            for p in range(partitions)
+        ]
+        return Req(replica_id=-1, max_wait_ms=5000, min_bytes=1, max_bytes=1 << 20,
+                   isolation_level=0, session_id=0, session_epoch=-1,
+                   topics=[Req.FetchTopic(topic="cycle", partitions=parts)],
+                   forgotten_topics_data=[], rack_id="")  # fmt: skip
+
+    produce = Produce(acks=1, timeout_ms=10_000, topic_data=[Produce.TopicProduceData(
+        name="cycle", partition_data=[Produce.TopicProduceData.PartitionProduceData(
+            index=0, records=record)])])  # fmt: skip
+    result: dict[str, Any] = {}
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            config = BrokerConfig(port=0, data_dir=Path(tmp), storage="memory")
+            async with trio.open_nursery() as nursery:
+                broker = await nursery.start(Broker(config).run)
+                broker.topics.create("cycle", partitions)
+                host, port = broker.bound[0]
+                consumer = await trio.open_tcp_stream(host, port)
+                producer = await trio.open_tcp_stream(host, port)
+
+                async def one() -> None:
+                    async with trio.open_nursery() as inner:
+                        inner.start_soon(_call, consumer, m.ApiKey.FETCH, 12, fetch())
+                        # Produce once the fetch waits (every task blocked; no busy loop).
+                        await trio.testing.wait_all_tasks_blocked()
+                        assert broker.appends.statistics().waiters == 1
+                        await _call(producer, m.ApiKey.PRODUCE, 9, produce)
+                    offsets[0] += 1
+
+                for _ in range(min(50, cycles)):  # warm-up
+                    await one()
+                began = time.process_time()
+                for _ in range(cycles):
+                    await one()
+                cpu = time.process_time() - began
+                result.update(
+                    workload="cycle", partitions=partitions, cycles=cycles,
+                    cpu_us_per_cycle=round(cpu * 1e6 / cycles, 1),
+                )  # fmt: skip
+                nursery.cancel_scope.cancel()
+
+    trio.run(run)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["fanin", "single"])
+    parser.add_argument("--only", choices=["fanin", "single", "cycle"])
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=32)
     parser.add_argument("--consumers", type=int, default=4)
     parser.add_argument("--rate", type=float, default=50.0, help="records/s per producer")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--records", type=int, default=1000, help="single: records")
+    parser.add_argument("--cycles", type=int, default=500, help="cycle: cycles")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     results = []
@@ -228,6 +317,9 @@ def main() -> None:
         print(json.dumps(results[-1]), flush=True)
     if args.only in (None, "single"):
         results.append(single(args.records))
+        print(json.dumps(results[-1]), flush=True)
+    if args.only == "cycle":
+        results.append(cycle(args.partitions, args.cycles))
         print(json.dumps(results[-1]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
