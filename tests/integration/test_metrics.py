@@ -19,7 +19,9 @@ import pytest
 import trio
 from confluent_kafka import Producer
 
+from tests.integration.raw_client import RawClient
 from trio_broker.config import BrokerConfig, ConfigError, load_config
+from trio_broker.protocol import messages as m
 from trio_broker.server.broker import Broker
 from trio_broker.server.metrics import BadRequest, parse_request_head
 
@@ -252,3 +254,48 @@ def test_config_key_and_validation(tmp_path: Path) -> None:
     assert load_config().metrics_listener is None
     with pytest.raises(ConfigError, match=r"metrics\.listener"):
         load_config(metrics_listener="nohost")
+
+
+async def test_a_long_poll_shows_in_the_fetch_purgatory_metrics(
+    broker: Broker, bootstrap: str
+) -> None:
+    broker.topics.create(TOPIC, 3)
+    Req = m.FetchRequest
+    parts = [
+        Req.FetchTopic.FetchPartition(
+            partition=p, fetch_offset=0, log_start_offset=-1, partition_max_bytes=1 << 20
+        )
+        for p in range(3)
+    ]
+    request = Req(replica_id=-1, max_wait_ms=20_000, min_bytes=1, max_bytes=1 << 20,
+                  isolation_level=0, session_id=0, session_epoch=-1,
+                  topics=[Req.FetchTopic(topic=TOPIC, partitions=parts)],
+                  forgotten_topics_data=[], rack_id="")  # fmt: skip
+    answers: list[m.FetchResponse] = []
+    host, port = broker.bound[0]
+    async with await trio.open_tcp_stream(host, port) as stream, trio.open_nursery() as nursery:
+
+        async def long_poll() -> None:
+            answers.append(await RawClient(stream).call(m.ApiKey.FETCH, 12, request))
+
+        nursery.start_soon(long_poll)
+        with trio.fail_after(10):  # scraped over HTTP until the fetch shows as waiting
+            while value(waiting := await scrape(broker), "trio_broker_fetch_waiting") != 1:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+        assert value(waiting, "trio_broker_fetch_waiting_partitions") == 3
+        assert value(waiting, "trio_broker_fetch_waits_total") == 1
+        assert value(waiting, "trio_broker_fetch_wakeups_total") == 0
+        await trio.to_thread.run_sync(produce, bootstrap, 1)  # to partition 0
+        with trio.fail_after(10):
+            while not answers:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+    after = await scrape(broker)
+    assert value(after, "trio_broker_fetch_waiting") == 0
+    assert value(after, "trio_broker_fetch_waiting_partitions") == 0
+    assert value(after, "trio_broker_fetch_partition_changes_total") >= 1
+    # Woken once, by partition 0 alone: one look at one changed partition.
+    assert value(after, "trio_broker_fetch_wakeups_total") == 1
+    assert value(after, "trio_broker_fetch_wakeup_partitions_bucket", le="1") == 1
+    assert value(after, "trio_broker_fetch_wakeup_partitions_count") == 1
+    assert value(after, "trio_broker_fetch_wakeup_partitions_sum") == 1
+    assert answers[0].responses[0].partitions[0].records

@@ -280,3 +280,24 @@ async def test_request_percentage_throttles_handler_time(broker: Broker) -> None
         versions = await busy.call(m.ApiKey.API_VERSIONS, 3, m.ApiVersionsRequest(
             client_software_name="t", client_software_version="1"))  # fmt: skip
         assert versions.throttle_time_ms == 0
+
+
+async def test_a_long_poll_over_the_request_quota_still_ends_at_its_max_wait(
+    broker: Broker,
+) -> None:
+    # The request quota's throttle used to make a waiting fetch a Deferred without its
+    # max wait: an idle long poll then waited until data came (forever, here).
+    broker.topics.create("idle", 1)
+    admin, busy = await raw(broker, "admin"), await raw(broker, "busy")
+    response = await alter(admin, [("client-id", "busy")], "request_percentage", 0.01)
+    assert response.entries[0].error_code == 0
+    body = m.MetadataRequest(topics=None, allow_auto_topic_creation=False)
+    with trio.fail_after(30):
+        while (await busy.call(m.ApiKey.METADATA, 9, body)).throttle_time_ms == 0:
+            pass  # until the handler time is over the quota
+    long_poll = fetch_body("idle", 0)
+    long_poll.max_wait_ms, long_poll.min_bytes = 1000, 1
+    with trio.fail_after(9):  # under the raw client's own 10 s
+        answer = await busy.call(m.ApiKey.FETCH, 11, long_poll)
+    assert answer.throttle_time_ms > 0  # still over the quota: throttled, and answered
+    assert answer.responses[0].partitions[0].records in (b"", None)

@@ -33,7 +33,8 @@ def test_a_touch_concerns_exactly_the_waiters_of_its_partition(ops: list[tuple])
     watch: PartitionWatch[tuple[str, int], int] = PartitionWatch()
     keys_of: dict[int, frozenset[tuple[str, int]]] = {}
     pending: dict[int, set[tuple[str, int]]] = {}
-    wakeups = 0
+    wakeups = seen = 0
+    looks: dict[int, int] = {}  # looks by partitions changed, in power-of-two buckets
     for op in ops:
         if op[0] == "watch":
             _, waiter, keys = op
@@ -50,6 +51,11 @@ def test_a_touch_concerns_exactly_the_waiters_of_its_partition(ops: list[tuple])
                 pending[waiter].add(key)
         elif op[0] == "take":
             assert watch.take(op[1]) == frozenset(pending.get(op[1], ()))
+            if pending.get(op[1]):
+                changed = len(pending[op[1]])
+                bucket = next(b for b in (1, 2, 4, 8, 16) if changed <= b)
+                looks[bucket] = looks.get(bucket, 0) + 1
+                seen += changed
             if op[1] in pending:
                 pending[op[1]] = set()
         elif op[0] == "forget":
@@ -69,6 +75,7 @@ def test_a_touch_concerns_exactly_the_waiters_of_its_partition(ops: list[tuple])
         assert stats.waiters == len(keys_of)
         assert stats.partitions == len(set().union(*keys_of.values()))
         assert stats.woken == wakeups
+        assert stats.changed_per_look == looks and stats.changed_seen == seen
 
 
 def test_a_change_while_the_waiter_looks_is_kept_for_its_next_look() -> None:

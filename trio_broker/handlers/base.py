@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import attrs
@@ -70,12 +71,12 @@ FollowerFetchPartition = tuple[str | uuid.UUID, int, int, int]
 
 
 class FetchWait(Protocol):
-    """A long poll's watch on its partitions (a context manager): entered before its
-    first read, so that no change after that read is missed."""
+    """A long poll's watch on its partitions, from :meth:`Appends.watch` (right after
+    its first read, so that no later change is missed) until its ``with`` block ends."""
 
     def __enter__(self) -> FetchWait: ...
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None: ...
-    async def changed(self) -> frozenset[tuple[str, int]]:
+    async def changed(self) -> AbstractSet[tuple[str, int]]:
         """Wait for a change to a watched partition; the partitions that changed."""
         ...
 

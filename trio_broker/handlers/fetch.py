@@ -3,8 +3,9 @@
 A fetch that finds fewer than min_bytes waits (in the delayed-operations
 nursery, not in the handler) until a change to one of the partitions it reads wakes it
 (an append, a moved high watermark, the end of this broker's leadership: the purgatory
-of server/fetch_waits.py) or max_wait_ms passes. A follower's fetch offsets are
-recorded once, when its request arrives, by the replica manager.
+of server/fetch_waits.py) or max_wait_ms passes; as Kafka, it answers at once instead
+when one of its partitions failed to read (:func:`answers_at_once`). A follower's fetch
+offsets are recorded once, when its request arrives, by the replica manager.
 Fetch sessions (KIP-227, state/fetch_sessions.py): a request is matched to its
 session once, when it arrives (:func:`plan_fetch`); the partitions to read come
 from the request or the session; the answer is trimmed to the partitions with
@@ -15,6 +16,7 @@ when the answer leaves, however long it polled.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Set as AbstractSet
 
 import attrs
 
@@ -26,12 +28,15 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.fetch_sessions import (
+    FINAL_EPOCH,
+    INVALID_SESSION_ID,
     CachedPartition,
     FetchContext,
     FullFetch,
     IncrementalFetch,
     PartitionAnswer,
     SessionError,
+    Sessionless,
 )
 from trio_broker.state.quota import CONSUMER_BYTE_RATE
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
@@ -46,6 +51,15 @@ READ_COMMITTED = 1
 NO_TOPIC_ID = uuid.UUID(int=0)
 #: A partition in a fetch session: (topic name, index) before v13, (topic id, index) after.
 SessionKey = tuple[str | uuid.UUID, int]
+#: A partition's errors found before reading it: its topic is not authorized, unknown by
+#: id, or has no such partition. Kafka's KafkaApis answers these itself and hands the
+#: rest to ReplicaManager.fetchMessages, so they neither answer a long poll early nor
+#: are waited on. Any other error is a read's (another leader, a leader epoch that
+#: differs, an offset out of range, a storage error).
+NOT_READ = frozenset(
+    {ErrorCode.TOPIC_AUTHORIZATION_FAILED, ErrorCode.UNKNOWN_TOPIC_ID,
+     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+)  # fmt: skip
 
 
 def read_partitions(
@@ -196,6 +210,10 @@ def topic_key(ctx: RequestContext, name: str, topic_id: uuid.UUID) -> str | uuid
 
 def plan_fetch(ctx: RequestContext, request: m.FetchRequest) -> FetchPlan:
     """Match the request with its session (Fetch v7+), once: the session changes here."""
+    if request.session_id == INVALID_SESSION_ID and request.session_epoch == FINAL_EPOCH:
+        # No session named, none wanted (before v7, librdkafka): the session cache has
+        # nothing to do, and the request's partitions need no map.
+        return FetchPlan(Sessionless(), request.topics)
     changed = {
         (topic_key(ctx, t.topic, t.topic_id), p.partition): p
         for t in request.topics
@@ -341,17 +359,17 @@ def resolved(ctx: RequestContext, topics: list[FetchTopic]) -> list[tuple[str, F
     return out
 
 
-def only(
-    topics: list[tuple[str, FetchTopic]], keys: frozenset[tuple[str, int]]
-) -> list[tuple[str, FetchTopic]]:
-    """The wanted topics cut to the partitions in ``keys``."""
-    out = []
-    for name, wanted in topics:
-        parts = [p for p in wanted.partitions if (name, p.partition) in keys]
-        if parts:
-            cut = FetchTopic(topic=wanted.topic, topic_id=wanted.topic_id, partitions=parts)
-            out.append((name, cut))
-    return out
+def answers_at_once(response: Resp) -> bool:
+    """As Kafka's fetchMessages: no partition got as far as a read (nothing to wait
+    for), or one failed to read. (Kafka's other two reasons, a diverging epoch and a
+    preferred read replica, are not answered by this broker.)"""
+    read = [
+        p.error_code
+        for t in response.responses
+        for p in t.partitions
+        if p.error_code not in NOT_READ
+    ]
+    return not read or any(read)
 
 
 def outcomes(
@@ -367,6 +385,63 @@ def outcomes(
     return out
 
 
+class LongPoll:
+    """What a waiting fetch has gathered, partition by partition, since its first read,
+    as Kafka's delayed fetch accumulates it; a look at the partitions that changed
+    costs what they do, not what the whole fetch does."""
+
+    def __init__(self, topics: list[tuple[str, FetchTopic]], first: Resp, needed: int) -> None:
+        self.topics = topics
+        self.needed = needed
+        self.by_key = {
+            (name, p.partition): (name, wanted, p)
+            for name, wanted in topics
+            for p in wanted.partitions
+        }
+        read = outcomes(topics, first)
+        # Failed before any read (NOT_READ, the only failures a waiting fetch starts
+        # with): not waited on. It waits on exactly the others.
+        self.erroneous = {key for key, (_, failed) in read.items() if failed}
+        self.watched = frozenset(key for key in self.by_key if key[0]) - self.erroneous
+        self.sizes = {key: size for key, (size, _) in read.items()}
+        self.gathered = sum(self.sizes.values())
+        self.failed = False
+
+    def read_all(self, response: Resp) -> None:
+        """Take in a read of the whole fetch (what it had gathered is out of date)."""
+        self.sizes.clear()
+        self.gathered, self.failed = 0, False
+        self.update(self.topics, response)
+
+    @property
+    def complete(self) -> bool:
+        """As Kafka's delayed fetch: enough bytes, or a partition it waits on failed
+        (its leadership moved, its topic was deleted)."""
+        return self.gathered >= self.needed or self.failed
+
+    def only(self, keys: AbstractSet[tuple[str, int]]) -> list[tuple[str, FetchTopic]]:
+        """The wanted topics cut to the partitions in ``keys``."""
+        cut: dict[int, tuple[str, FetchTopic]] = {}
+        for key in keys:
+            name, wanted, part = self.by_key[key]
+            topic = cut.get(id(wanted))
+            if topic is None:
+                topic = cut[id(wanted)] = (
+                    name, FetchTopic(topic=wanted.topic, topic_id=wanted.topic_id, partitions=[])
+                )  # fmt: skip
+            topic[1].partitions.append(part)
+        return list(cut.values())
+
+    def update(self, topics: list[tuple[str, FetchTopic]], response: Resp) -> None:
+        """Take in a read of ``topics`` (some of the fetch's)."""
+        sizes = self.sizes
+        for key, (size, failed) in outcomes(topics, response).items():
+            self.gathered += size - sizes.get(key, 0)
+            sizes[key] = size
+            if failed and key not in self.erroneous:
+                self.failed = True
+
+
 @handles(m.ApiKey.FETCH)
 async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchResponse | Deferred:
     plan = plan_fetch(ctx, request)
@@ -378,41 +453,28 @@ async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchR
         return finish(ctx, plan, throttled(ctx, response, total))
 
     response, total = read_partitions(ctx, request, plan.topics)
-    if total >= request.min_bytes or request.max_wait_ms <= 0:
+    if total >= request.min_bytes or request.max_wait_ms <= 0 or answers_at_once(response):
         return answer(response, total)
-    # Waits on exactly these partitions: a change elsewhere does not wake it.
-    topics = resolved(ctx, plan.topics)
-    watched = {(name, p.partition) for name, t in topics if name for p in t.partitions}
+    poll = LongPoll(resolved(ctx, plan.topics), response, max(request.min_bytes, 1))
+    # Watched from the handler's read on, so that read is the long poll's first: a
+    # change before the long poll runs is kept for it. A change elsewhere never wakes it.
+    waiter = ctx.services.appends.watch(poll.watched)
     # A follower's reads count against the leader's throttle: it reads only to answer.
     look_at_changes = not is_follower(ctx, request)
-    needed = max(request.min_bytes, 1)
 
     async def long_poll() -> m.FetchResponse:
-        # Watch before reading: a change after the read wakes it (this first read sees
-        # what changed since the handler's).
-        with ctx.services.appends.watch(watched) as waiter:
-            response: Resp | None
-            response, total = read_partitions(ctx, request, plan.topics)
-            known = outcomes(topics, response)
-            failed_before = {key for key, (_, failed) in known.items() if failed}
-
-            def complete() -> bool:
-                # As Kafka's delayed fetch: enough bytes, or a partition it waits on
-                # failed since (its leadership moved, its topic was deleted).
-                return sum(size for size, _ in known.values()) >= needed or any(
-                    failed and key not in failed_before for key, (_, failed) in known.items()
-                )
-
-            while not complete() and not ctx.services.shutting_down:
+        response: Resp | None = None
+        total = 0
+        with waiter:
+            while not poll.complete and not ctx.services.shutting_down:
                 changed = await waiter.changed()
-                if look_at_changes and not changed >= watched:  # read only what changed
-                    again = only(topics, changed)
-                    reread = read_partitions(ctx, request, [t for _, t in again])[0]
-                    known.update(outcomes(again, reread))
+                if look_at_changes and not changed >= poll.watched:  # read only what changed
+                    again = poll.only(changed)
+                    poll.update(again, read_partitions(ctx, request, [t for _, t in again])[0])
                     response = None
                 else:
                     response, total = read_partitions(ctx, request, plan.topics)
-                    known = outcomes(topics, response)
+                    poll.read_all(response)
         if response is None:
             response, total = read_partitions(ctx, request, plan.topics)
         return answer(response, total)

@@ -160,25 +160,36 @@ def _make_class(kafka_name: str, fields: tuple[Field, ...]) -> type[Message]:
         {"__slots__": tuple(attrs_), "_fields": fields, "kafka_name": kafka_name},
     )
     # Defaults that are immutable are keyword defaults, computed once; lists and
-    # structs are created fresh per instance.
-    params, body, namespace = [], [], {"_fields": fields}
+    # structs are created fresh per instance, by a literal or the struct's class
+    # (as default_value() would: a fetch makes several per partition per read).
+    params, body, namespace = [], [], {}
     for i, f in enumerate(fields):
         if f.default_is_shared:
             namespace[f"_default{i}"] = f.default_value()
             params.append(f"{f.attr}=_default{i}")
             body.append(f"    self.{f.attr} = {f.attr}")
             continue
+        if f.is_array:
+            fresh = "None" if f.default == "null" else "[]"
+        else:
+            namespace[f"_struct{i}"] = f.struct_class
+            fresh = f"_struct{i}()"
         params.append(f"{f.attr}=_MISSING")
-        body.append(
-            f"    self.{f.attr} = _fields[{i}].default_value() if {f.attr} is _MISSING "
-            f"else {f.attr}"
-        )
+        body.append(f"    self.{f.attr} = {fresh} if {f.attr} is _MISSING else {f.attr}")
     namespace["_MISSING"] = _MISSING
     src = f"def __init__(self, *, {', '.join(params)}):\n" + ("\n".join(body) or "    pass")
     if not params:
         src = "def __init__(self):\n    pass"
+    # Equality field by field, unrolled (encoders compare tagged struct fields with
+    # their defaults for every partition of a response).
+    same = " and ".join(f"self.{a} == other.{a}" for a in attrs_) or "True"
+    src += (
+        "\ndef __eq__(self, other):\n    if type(other) is not type(self):\n"
+        f"        return NotImplemented\n    return bool({same})\n"
+    )
     exec(src, namespace)  # generated from the schema table, not from input
     setattr(cls, "__init__", namespace["__init__"])  # noqa: B010 - generated method
+    setattr(cls, "__eq__", namespace["__eq__"])  # noqa: B010 - generated method
     for f in fields:  # nested struct classes by Kafka's name: ProduceRequest.TopicProduceData
         if f.struct_class is not None:
             setattr(cls, f.type, f.struct_class)

@@ -1,15 +1,16 @@
 """The Trio side of the fetch purgatory: one event per waiting fetch, woken by partition.
 
 ``Broker.appends`` is a :class:`FetchWaits`. A long-polling fetch watches the partitions
-it reads for as long as it polls (:meth:`FetchWaits.watch`); whatever changes a
-partition calls :meth:`FetchWaits.notify` for it, which wakes that partition's waiters
-only, and :meth:`FetchWait.changed` tells a woken fetch which of its partitions changed
-(state/fetch_watch.py keeps who watches what, and what changed for whom).
+it reads from its first read until it answers (:meth:`FetchWaits.watch`); whatever
+changes a partition calls :meth:`FetchWaits.notify` for it, which wakes that
+partition's waiters only, and :meth:`FetchWait.changed` tells a woken fetch which of its
+partitions changed (state/fetch_watch.py keeps who watches what, and what changed for
+whom).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from types import TracebackType
 
 import trio
@@ -20,15 +21,15 @@ Key = tuple[str, int]
 
 
 class FetchWait:
-    """One long poll's registration: enter before the first read, then ``changed``."""
+    """One long poll's registration, from :meth:`FetchWaits.watch` (made right after the
+    fetch's first read, so that no later change is missed) to the end of its ``with``."""
 
-    def __init__(self, watch: PartitionWatch[Key, FetchWait], keys: frozenset[Key]) -> None:
+    def __init__(self, watch: PartitionWatch[Key, FetchWait], keys: Iterable[Key]) -> None:
         self._watch = watch
-        self._keys = keys
         self._event = trio.Event()
+        watch.watch(self, keys)
 
     def __enter__(self) -> FetchWait:
-        self._watch.watch(self, self._keys)
         return self
 
     def __exit__(
@@ -39,7 +40,7 @@ class FetchWait:
     def wake(self) -> None:
         self._event.set()
 
-    async def changed(self) -> frozenset[Key]:
+    async def changed(self) -> Set[Key]:
         """Wait until one of the watched partitions changed; return those that did."""
         keys = self._watch.take(self)
         while not keys:
@@ -54,7 +55,8 @@ class FetchWaits:
         self._watch: PartitionWatch[Key, FetchWait] = PartitionWatch()
 
     def watch(self, partitions: Iterable[Key]) -> FetchWait:
-        return FetchWait(self._watch, frozenset(partitions))
+        """Watch ``partitions`` from now; leave with the answer: ``with waiter: ...``."""
+        return FetchWait(self._watch, partitions)
 
     def notify(self, topic: str, partition: int) -> None:
         """Partition ``topic``-``partition`` changed: wake the fetches watching it."""

@@ -198,6 +198,7 @@ def render_metrics(broker: Broker) -> bytes:
         "incremental fetches refused, per error (FETCH_SESSION_ID_NOT_FOUND, ...)",
         [("", {"error": code.name}, n) for code, n in sorted(sessions.errors.items())],
     )  # fmt: skip
+    _fetch_wait_families(out, broker)
     _quota_families(out, broker)
 
     muted = dict.fromkeys(MuteReason, 0)
@@ -280,6 +281,46 @@ def _topic_families(out: Exposition, broker: Broker) -> None:
         "counter",
         "record-batch bytes returned by Fetch, per topic",
         _per_label("topic", stats.topic_bytes_out),
+    )
+
+
+#: Upper bounds of the partitions-changed-per-look histogram (powers of two).
+CHANGED_PER_LOOK_BOUNDS = [1 << i for i in range(11)]
+
+
+def _fetch_wait_families(out: Exposition, broker: Broker) -> None:
+    """The fetch purgatory (server/fetch_waits.py): long polls waiting, and wake-ups."""
+    p = "trio_broker_"
+    waits = broker.appends.statistics()
+    out.gauge(p + "fetch_waiting", "long-poll fetches waiting for a change", waits.waiters)
+    out.gauge(
+        p + "fetch_waiting_partitions", "partitions watched by waiting fetches", waits.partitions
+    )
+    out.counter(p + "fetch_waits_total", "fetches that waited (long polls begun)", waits.registered)
+    out.counter(
+        p + "fetch_partition_changes_total",
+        "partition changes told to the fetch purgatory (appends, HW moves, leadership ends)",
+        waits.touches,
+    )
+    out.counter(
+        p + "fetch_wakeups_total",
+        "waiting fetches woken by a change to one of their partitions",
+        waits.woken,
+    )
+    per_look = dict.fromkeys(CHANGED_PER_LOOK_BOUNDS, 0)
+    beyond = 0
+    for bucket, count in waits.changed_per_look.items():
+        if bucket in per_look:
+            per_look[bucket] += count
+        else:
+            beyond += count
+    out.family(
+        p + "fetch_wakeup_partitions",
+        "histogram",
+        "partitions changed at each look of a woken fetch (it reads only those again)",
+        _histogram_samples(
+            {}, [*((str(b), n) for b, n in per_look.items()), ("+Inf", beyond)], waits.changed_seen
+        ),
     )
 
 

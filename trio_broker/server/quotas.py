@@ -40,14 +40,24 @@ def with_request_quota(spec: HandlerSpec) -> HandlerSpec:
         if delay <= 0:
             return result
         if isinstance(result, Deferred):
-            finish = result.finish
+            finish, on_timeout = result.finish, result.on_timeout
 
             async def finished() -> Any:
                 response = await finish()
                 _add_throttle(response, delay)
                 return response
 
-            return Deferred(finished)
+            def timed_out() -> Any:
+                assert on_timeout is not None
+                response = on_timeout()
+                _add_throttle(response, delay)
+                return response
+
+            # Its wait keeps its bound (a long poll's max_wait_ms, acks=all's timeout_ms).
+            return Deferred(
+                finished, timeout_s=result.timeout_s,
+                on_timeout=None if on_timeout is None else timed_out,
+            )  # fmt: skip
         _add_throttle(result, delay)
         return result
 

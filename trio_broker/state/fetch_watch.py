@@ -16,7 +16,7 @@ shell owns the events these waiters stand for (server/fetch_waits.py).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Set
 from typing import Generic, TypeVar
 
 import attrs
@@ -37,6 +37,11 @@ class WatchStatistics:
     registered: int
     touches: int
     woken: int
+    #: Looks that found changes, by how many partitions had changed: bucket b (a power
+    #: of two) counts looks at more than b/2 and at most b partitions; and the
+    #: partitions all those looks found changed.
+    changed_per_look: dict[int, int]
+    changed_seen: int
 
 
 class PartitionWatch(Generic[K, W]):
@@ -49,6 +54,8 @@ class PartitionWatch(Generic[K, W]):
         self._registered = 0
         self._touches = 0
         self._woken = 0
+        self._changed_per_look: dict[int, int] = {}
+        self._changed_seen = 0
 
     def watch(self, waiter: W, keys: Iterable[K]) -> None:
         """``waiter`` waits for changes to ``keys`` (replacing what it watched)."""
@@ -56,8 +63,13 @@ class PartitionWatch(Generic[K, W]):
         watched = frozenset(keys)
         self._keys_of[waiter] = watched
         self._pending[waiter] = set()
+        by_key = self._by_key
         for key in watched:
-            self._by_key.setdefault(key, set()).add(waiter)
+            waiters = by_key.get(key)
+            if waiters is None:  # (setdefault would make a set per key per registration)
+                by_key[key] = {waiter}
+            else:
+                waiters.add(waiter)
         self._registered += 1
 
     def forget(self, waiter: W) -> None:
@@ -90,13 +102,17 @@ class PartitionWatch(Generic[K, W]):
         self._woken += len(woken)
         return woken
 
-    def take(self, waiter: W) -> frozenset[K]:
+    def take(self, waiter: W) -> Set[K]:
         """The partitions that changed for ``waiter`` since its last look (then none)."""
         pending = self._pending.get(waiter)
         if not pending:
             return frozenset()
-        self._pending[waiter] = set()
-        return frozenset(pending)
+        self._pending[waiter] = set()  # the taken set is the caller's now
+        changed = len(pending)
+        bucket = 1 << (changed - 1).bit_length()
+        self._changed_per_look[bucket] = self._changed_per_look.get(bucket, 0) + 1
+        self._changed_seen += changed
+        return pending
 
     def watching(self, waiter: W) -> frozenset[K]:
         return self._keys_of.get(waiter, frozenset())
@@ -108,4 +124,5 @@ class PartitionWatch(Generic[K, W]):
         return WatchStatistics(
             waiters=len(self._keys_of), partitions=len(self._by_key),
             registered=self._registered, touches=self._touches, woken=self._woken,
+            changed_per_look=dict(self._changed_per_look), changed_seen=self._changed_seen,
         )  # fmt: skip
