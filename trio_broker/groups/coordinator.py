@@ -64,6 +64,19 @@ from trio_broker.services.internal_topics import (
     partition_for,
     wait_counted,
 )
+from trio_broker.state.consumer_group import (
+    CONSUMER_PROTOCOL_TYPE,
+    JOIN_EPOCH,
+    LEAVE_EPOCH,
+    STATIC_LEAVE_EPOCH,
+    ConsumerGroup,
+    ConsumerGroupConfig,
+    Heartbeat,
+    HeartbeatResult,
+    MemberState,
+    Refused,
+    validate_heartbeat,
+)
 from trio_broker.state.group import (
     Group,
     GroupConfig,
@@ -162,6 +175,14 @@ class GroupCoordinator:
         #: Timers run on this monotonic clock; commit timestamps use the broker's wall clock.
         self.clock_ms = clock_ms
         self.groups: dict[str, Group] = {}
+        #: Groups of the consumer rebalance protocol (KIP-848), in memory only
+        #: (docs/consumer-groups.md); a group id is in one of the two tables at most.
+        self.consumer_groups: dict[str, ConsumerGroup] = {}
+        self.consumer_group_config = ConsumerGroupConfig(
+            session_timeout_ms=config.group_consumer_session_timeout_ms,
+            heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
+            assignors=tuple(config.group_consumer_assignors),
+        )
         self.offsets: OffsetsStore | None = None
         #: Called with a StableGeneration whenever a group becomes Stable.
         self.observers: list[Callable[[StableGeneration], None]] = []
@@ -389,6 +410,9 @@ class GroupCoordinator:
                 self._next_cleanup_ms = now + CLEANUP_INTERVAL_MS
                 self.cleanup(now)
             deadlines = [d for g in self.groups.values() if (d := g.next_deadline()) is not None]
+            deadlines += [
+                d for g in self.consumer_groups.values() if (d := g.next_deadline()) is not None
+            ]
             if self._next_cleanup_ms is not None:
                 deadlines.append(self._next_cleanup_ms)
             # Scanning every group is O(groups) per wake-up; fine for one node's groups.
@@ -402,6 +426,12 @@ class GroupCoordinator:
             if deadline is not None and deadline <= now_ms:
                 before = group.state
                 self._dispatch(group, group.advance_to(now_ms), before)
+        for consumer_group in list(self.consumer_groups.values()):
+            deadline = consumer_group.next_deadline()
+            if deadline is not None and deadline <= now_ms:
+                for member_id in consumer_group.advance_to(now_ms):
+                    log.info("group %r: member %s fenced (session or rebalance timeout)",
+                             consumer_group.group_id, member_id)  # fmt: skip
 
     def cleanup(self, now_ms: int) -> None:
         """Expire old offsets of empty groups; forget empty groups with nothing left."""
@@ -432,6 +462,9 @@ class GroupCoordinator:
                 # Expiry need not wait: a lost tombstone just expires again.
                 assert write.store is not None
                 write.store.apply(write)
+        for group_id, cgroup in list(self.consumer_groups.items()):
+            if cgroup.is_empty() and not self.store_for(group_id).has_offsets(group_id):
+                del self.consumer_groups[group_id]
         for group_id, group in list(self.groups.items()):
             if self.coordinator_error(group_id) is not ErrorCode.NONE:
                 continue
@@ -563,6 +596,13 @@ class GroupCoordinator:
 
     def join_group(self, group_id: str, request: JoinRequest) -> JoinResult | Waiter:
         """The answer now, or a waiter that gets it when the join phase ends."""
+        consumer_group = self.consumer_groups.get(group_id)
+        if consumer_group is not None:
+            if not consumer_group.is_empty():  # no classic members in KIP-848 groups yet
+                return JoinResult(
+                    ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=request.member_id
+                )
+            del self.consumer_groups[group_id]
         group = self.groups.get(group_id)
         if group is None:
             if request.member_id:
@@ -623,9 +663,75 @@ class GroupCoordinator:
         """Is some led ``__consumer_offsets`` partition's table still loading?"""
         return any(led.store is None for led in self.led.values())
 
-    def list_groups(self) -> list[tuple[str, str, GroupState]]:
-        """(group id, protocol type, state) of every group this node coordinates."""
-        return [(g.group_id, g.protocol_type or "", g.state) for g in self.groups.values()]
+    def list_groups(self) -> list[tuple[str, str, str, str]]:
+        """(group id, protocol type, state, group type) of every group coordinated here."""
+        listed = [
+            (g.group_id, g.protocol_type or "", g.state.value, "classic")
+            for g in self.groups.values()
+        ]
+        listed += [
+            (g.group_id, CONSUMER_PROTOCOL_TYPE, g.state.value, "consumer")
+            for g in self.consumer_groups.values()
+        ]
+        return listed
+
+    # ------------------------------------------------------------------ KIP-848 groups
+
+    def consumer_group_heartbeat(
+        self, group_id: str, request: Heartbeat, metadata: Mapping[str, int]
+    ) -> HeartbeatResult:
+        """ConsumerGroupHeartbeat: the group's answer (errors included)."""
+        try:
+            validate_heartbeat(request, group_id, self.consumer_group_config.assignors)
+        except Refused as refused:
+            log.info("group %r: heartbeat refused: %s", group_id, refused.message)
+            return HeartbeatResult(refused.code, refused.message)
+        group = self.consumer_groups.get(group_id)
+        if group is None:
+            classic = self.groups.get(group_id)
+            if classic is not None:
+                if request.member_epoch != JOIN_EPOCH or not classic.is_empty():
+                    return HeartbeatResult(
+                        ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group"
+                    )
+                # An empty classic group makes way (its committed offsets stay).
+                classic.delete(self.clock_ms())
+                del self.groups[group_id]
+            elif request.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
+                return HeartbeatResult(
+                    ErrorCode.GROUP_ID_NOT_FOUND, f"Consumer group {group_id} not found."
+                )
+            elif request.member_epoch != JOIN_EPOCH:
+                # Kafka would answer GROUP_ID_NOT_FOUND; these groups are not stored, so
+                # after a restart the members are told to rejoin instead.
+                return HeartbeatResult(
+                    ErrorCode.UNKNOWN_MEMBER_ID,
+                    f"Member {request.member_id} is not a member of group {group_id}.",
+                )
+            group = self.consumer_groups[group_id] = ConsumerGroup(
+                group_id, self.consumer_group_config
+            )
+        result = group.heartbeat(request, self.clock_ms(), metadata, str(uuid.uuid4()))
+        member = group.members.get(result.member_id or "")
+        if request.member_epoch == JOIN_EPOCH or (
+            member is not None and member.state is MemberState.UNREVOKED_PARTITIONS
+        ):
+            self._poke()  # a new session or revocation deadline may come first
+        return result
+
+    def consumer_group(self, group_id: str) -> ConsumerGroup | None:
+        return self.consumer_groups.get(group_id)
+
+    def validate_offset_fetch(self, group_id: str, member_id: str | None, epoch: int) -> ErrorCode:
+        """OffsetFetch v9+ from a member of a KIP-848 group: its epoch must be current."""
+        group = self.consumer_groups.get(group_id)
+        if group is None:
+            return ErrorCode.NONE
+        try:
+            group.validate_offset_fetch(member_id, epoch)
+        except Refused as refused:
+            return refused.code
+        return ErrorCode.NONE
 
     def describe_group(self, group_id: str) -> GroupSummary | None:
         group = self.groups.get(group_id)
@@ -645,15 +751,20 @@ class GroupCoordinator:
         now = self.clock_ms()
         for group_id in group_ids:
             group = self.groups.get(group_id)
+            consumer_group = self.consumer_groups.get(group_id)
             if (error := self.coordinator_error(group_id)) is not ErrorCode.NONE:
                 results[group_id] = error
-            elif group is None:
+            elif consumer_group is not None and not consumer_group.is_empty():
+                results[group_id] = ErrorCode.NON_EMPTY_GROUP
+            elif group is None and consumer_group is None:
                 results[group_id] = ErrorCode.GROUP_ID_NOT_FOUND
-            elif not group.is_empty():
+            elif group is not None and not group.is_empty():
                 results[group_id] = ErrorCode.NON_EMPTY_GROUP
             else:
-                group.delete(now)
-                del self.groups[group_id]
+                if group is not None:
+                    group.delete(now)
+                    del self.groups[group_id]
+                self.consumer_groups.pop(group_id, None)
                 store = self.store_for(group_id)
                 out = tombstones.setdefault(store.partition, [])
                 # Pending transactional offsets go too: a tombstone drops them.
@@ -670,8 +781,16 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ offsets
 
     def validate_offset_commit(
-        self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int
-    ) -> ErrorCode:
+        self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int,
+        api_version: int = 9,
+    ) -> ErrorCode:  # fmt: skip
+        consumer_group = self.consumer_groups.get(group_id)
+        if consumer_group is not None:
+            try:  # generation_id is the member epoch (OffsetCommit v9+)
+                consumer_group.validate_offset_commit(member_id, generation_id, api_version)
+            except Refused as refused:
+                return refused.code
+            return ErrorCode.NONE
         group = self.groups.get(group_id)
         if group is None:
             if generation_id >= 0:
