@@ -51,10 +51,17 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
     def beat(self, member_id: str, epoch: int, owned: frozenset[tuple[str, int]] | None,
              topics: tuple[str, ...] | None = None, instance: str | None = None) -> None:  # fmt: skip
         result = self.group.heartbeat(
-            Heartbeat(member_id=member_id, member_epoch=epoch, owned=owned, subscribed=topics,
-                      rebalance_timeout_ms=SESSION_MS if epoch == 0 else -1,
-                      instance_id=instance),  # fmt: skip
-            self.now, TOPICS, member_id,
+            Heartbeat(
+                member_id=member_id,
+                member_epoch=epoch,
+                owned=owned,
+                subscribed=topics,
+                rebalance_timeout_ms=SESSION_MS if epoch == 0 else -1,
+                instance_id=instance,
+            ),
+            self.now,
+            TOPICS,
+            member_id,
         )
         note(f"{member_id} epoch {epoch} owned {owned and sorted(owned)} -> {result}")
         if result.error is ErrorCode.NONE:
@@ -95,9 +102,10 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
         if member is None or member.epoch <= 0:
             return
         result = self.group.heartbeat(
-            Heartbeat(member_id=member_id, member_epoch=member.epoch + delta,
-                      owned=frozenset()),  # fmt: skip
-            self.now, TOPICS, member_id,
+            Heartbeat(member_id=member_id, member_epoch=member.epoch + delta, owned=frozenset()),
+            self.now,
+            TOPICS,
+            member_id,
         )
         assert result.error is ErrorCode.FENCED_MEMBER_EPOCH
 
@@ -176,9 +184,9 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
     @invariant()
     def given_partitions_are_targeted(self) -> None:
         for member_id, member in self.group.members.items():
-            if member.state is not MemberState.UNREVOKED_PARTITIONS and member.epoch > 0:
-                if member.epoch == self.group.assignment_epoch:
-                    assert member.assigned <= self.group.target.get(member_id, frozenset())
+            settled = member.state is not MemberState.UNREVOKED_PARTITIONS
+            if settled and 0 < member.epoch == self.group.assignment_epoch:
+                assert member.assigned <= self.group.target.get(member_id, frozenset())
 
 
 ConsumerGroupMachine.TestCase.settings = settings(
@@ -200,9 +208,16 @@ def test_members_converge_to_a_balanced_assignment() -> None:
         e = epochs.get(member_id, 0) if epoch is None else epoch
         mine = owned.get(member_id, frozenset()) if e > 0 else frozenset()
         r = group.heartbeat(
-            Heartbeat(member_id=member_id, member_epoch=e, owned=mine, subscribed=("t",),
-                      rebalance_timeout_ms=1000),  # fmt: skip
-            0, topics, member_id,
+            Heartbeat(
+                member_id=member_id,
+                member_epoch=e,
+                owned=mine,
+                subscribed=("t",),
+                rebalance_timeout_ms=1000,
+            ),
+            0,
+            topics,
+            member_id,
         )
         assert r.error is ErrorCode.NONE, r
         epochs[member_id] = r.member_epoch

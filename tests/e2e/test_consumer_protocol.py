@@ -1,0 +1,228 @@
+"""KIP-848 (group.protocol=consumer) against a real broker process.
+
+librdkafka (confluent-kafka 2.16) members share a topic through ConsumerGroupHeartbeat,
+a third joins and one leaves, with every record read once and the offsets committed;
+then raw ConsumerGroupHeartbeat / OffsetCommit / OffsetFetch / ConsumerGroupDescribe
+requests over a socket check the errors Kafka gives bad input. The Java client's side
+is ``tests/jvm/.../ConsumerProtocolTest.java`` (run by test_java_client.py).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.e2e.conftest import BrokerProcess
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+
+PARTITIONS = 4
+WAIT_S = 60
+HB = m.ConsumerGroupHeartbeatRequest
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if condition():
+            return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def make_topic(bootstrap: str, name: str, records: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(timeout=30)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(records):
+        producer.produce(name, value=f"r{i}".encode(), partition=i % PARTITIONS)
+    assert producer.flush(30) == 0
+
+
+class Member:
+    def __init__(self, bootstrap: str, group: str, topic: str, name: str) -> None:
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
+            "client.id": name, "auto.offset.reset": "earliest", "enable.auto.commit": False,
+        })  # fmt: skip
+        self.consumer.subscribe([topic])
+        self.read: list[str] = []
+
+    def step(self) -> None:
+        msg = self.consumer.poll(0.1)
+        if msg is not None:
+            assert msg.error() is None, msg.error()
+            value = msg.value()
+            assert value is not None
+            self.read.append(value.decode())
+            self.consumer.commit(message=msg, asynchronous=False)
+
+    def owned(self) -> set[int]:
+        return {tp.partition for tp in self.consumer.assignment()}
+
+
+def shared(members: list[Member], each: int) -> Callable[[], bool]:
+    def check() -> bool:
+        for member in members:
+            member.step()
+        owned = [member.owned() for member in members]
+        together = set().union(*owned)
+        no_overlap = sum(map(len, owned)) == len(together)
+        return no_overlap and all(len(o) == each for o in owned) and len(together) == PARTITIONS
+
+    return check
+
+
+def test_librdkafka_members_share_move_and_leave(broker_process: BrokerProcess) -> None:
+    bootstrap = broker_process.bootstrap
+    topic, group = f"kip848-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    make_topic(bootstrap, topic, 40)
+    a, b = Member(bootstrap, group, topic, "a"), Member(bootstrap, group, topic, "b")
+    try:
+        wait_for(shared([a, b], 2), "a and b to own two partitions each")
+        wait_for(lambda: _steps([a, b]) or len(a.read) + len(b.read) >= 40, "40 records")
+        c = Member(bootstrap, group, topic, "c")
+        wait_for(_three_way([a, b, c]), "a, b and c to share the partitions")
+        make_topic_more(bootstrap, topic, 40, 40)
+        wait_for(lambda: _steps([a, b, c]) or sum(len(x.read) for x in (a, b, c)) >= 80, "80")
+        c.consumer.close()
+        make_topic_more(bootstrap, topic, 80, 40)
+        wait_for(shared([a, b], 2), "a and b to take c's partitions")
+        wait_for(lambda: _steps([a, b]) or len(a.read) + len(b.read) + len(c.read) >= 120, "120")
+        everything = a.read + b.read + c.read
+        assert len(everything) == 120, "a record was read twice"
+        assert set(everything) == {f"r{i}" for i in range(120)}
+        committed = a.consumer.committed(
+            [TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=30
+        )
+        assert [tp.offset for tp in committed] == [30] * PARTITIONS
+    finally:
+        a.consumer.close()
+        b.consumer.close()
+
+
+def _three_way(members: list[Member]) -> Callable[[], bool]:
+    """Four partitions over three members: 2/1/1, each partition once."""
+
+    def check() -> bool:
+        _steps(members)
+        owned = [x.owned() for x in members]
+        together = set().union(*owned)
+        return (
+            sorted(map(len, owned)) == [1, 1, 2]
+            and len(together) == PARTITIONS
+            and sum(map(len, owned)) == PARTITIONS
+        )
+
+    return check
+
+
+def _steps(members: list[Member]) -> bool:
+    """Step each member; False, so that ``_steps(...) or condition`` reads the condition."""
+    for member in members:
+        member.step()
+    return False
+
+
+def make_topic_more(bootstrap: str, topic: str, start: int, count: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(start, start + count):
+        producer.produce(topic, value=f"r{i}".encode(), partition=i % PARTITIONS)
+    assert producer.flush(30) == 0
+
+
+def test_bad_heartbeats_commits_and_fetches(broker_process: BrokerProcess) -> None:
+    topic, group = f"kip848-raw-{uuid.uuid4().hex[:8]}", f"raw-{uuid.uuid4().hex[:8]}"
+    make_topic(broker_process.bootstrap, topic, 0)
+    with broker_process.connect() as conn:
+
+        def beat(version: int = 1, **fields: Any) -> m.ConsumerGroupHeartbeatResponse:
+            body: dict[str, Any] = {"group_id": group, "member_id": "", "member_epoch": 0,
+                    "rebalance_timeout_ms": 30_000, "subscribed_topic_names": [topic],
+                    "topic_partitions": []}  # fmt: skip
+            body.update(fields)
+            answer: m.ConsumerGroupHeartbeatResponse = conn.request(
+                m.ApiKey.CONSUMER_GROUP_HEARTBEAT, version, HB(**body)
+            )
+            return answer
+
+        # A heartbeat for a member nobody knows, and a stale or future epoch.
+        assert beat(member_id="ghost", member_epoch=3, topic_partitions=None).error_code == (
+            ErrorCode.UNKNOWN_MEMBER_ID
+        )
+        joined = beat(member_id="m1")
+        assert joined.error_code == ErrorCode.NONE
+        assert joined.member_id == "m1" and joined.member_epoch == 1
+        assert joined.heartbeat_interval_ms == 5000
+        assert joined.assignment is not None
+        assert sorted(joined.assignment.topic_partitions[0].partitions) == list(range(PARTITIONS))
+        other = beat(member_id="ghost", member_epoch=1, topic_partitions=None)
+        assert other.error_code == ErrorCode.UNKNOWN_MEMBER_ID
+        future = beat(member_id="m1", member_epoch=7, topic_partitions=None)
+        assert future.error_code == ErrorCode.FENCED_MEMBER_EPOCH
+        # Bad requests: an unknown assignor, a regex (not supported yet), no subscription.
+        bad = beat(member_id="m2", server_assignor="sticky")
+        assert bad.error_code == ErrorCode.UNSUPPORTED_ASSIGNOR
+        assert "uniform, range" in (bad.error_message or "")
+        regex = beat(member_id="m2", subscribed_topic_regex="kip848-.*")
+        assert regex.error_code == ErrorCode.INVALID_REQUEST
+        empty = beat(member_id="m2", subscribed_topic_names=[])
+        assert empty.error_code == ErrorCode.INVALID_REQUEST
+        assert beat(member_id="m2", member_epoch=-3).error_code == ErrorCode.INVALID_REQUEST
+
+        # Commits are fenced by the member epoch (OffsetCommit v9); fetches too (v9).
+        def commit(member_id: str, epoch: int, version: int = 9) -> int:
+            Req = m.OffsetCommitRequest
+            answer = conn.request(m.ApiKey.OFFSET_COMMIT, version, Req(
+                group_id=group, generation_id_or_member_epoch=epoch, member_id=member_id,
+                topics=[Req.OffsetCommitRequestTopic(name=topic, partitions=[
+                    Req.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                        partition_index=0, committed_offset=5)])]))  # fmt: skip
+            code: int = answer.topics[0].partitions[0].error_code
+            return code
+
+        assert commit("m1", 1) == ErrorCode.NONE
+        assert commit("m1", 0) == ErrorCode.STALE_MEMBER_EPOCH
+        assert commit("ghost", 1) == ErrorCode.UNKNOWN_MEMBER_ID
+        assert commit("m1", 1, version=8) == ErrorCode.UNSUPPORTED_VERSION
+
+        def fetch(member_id: str | None, epoch: int) -> int:
+            Req = m.OffsetFetchRequest
+            answer = conn.request(m.ApiKey.OFFSET_FETCH, 9, Req(groups=[
+                Req.OffsetFetchRequestGroup(group_id=group, member_id=member_id,
+                                            member_epoch=epoch, topics=None)]))  # fmt: skip
+            code: int = answer.groups[0].error_code
+            return code
+
+        assert fetch("m1", 1) == ErrorCode.NONE
+        assert fetch("m1", 2) == ErrorCode.STALE_MEMBER_EPOCH
+        assert fetch("ghost", 1) == ErrorCode.UNKNOWN_MEMBER_ID
+        assert fetch(None, -1) == ErrorCode.NONE  # an admin's fetch
+
+        described = conn.request(
+            m.ApiKey.CONSUMER_GROUP_DESCRIBE, 0,
+            m.ConsumerGroupDescribeRequest(group_ids=[group, "no-such-group"]),
+        )  # fmt: skip
+        mine, missing = described.groups
+        assert (mine.error_code, mine.group_state, mine.group_epoch) == (0, "Stable", 1)
+        assert mine.assignor_name == "uniform"
+        assert [x.member_id for x in mine.members] == ["m1"]
+        assert missing.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+        listed = conn.request(m.ApiKey.LIST_GROUPS, 5, m.ListGroupsRequest(
+            states_filter=[], types_filter=["consumer"]))  # fmt: skip
+        assert [(g.group_id, g.group_type, g.protocol_type) for g in listed.groups] == [
+            (group, "consumer", "consumer")
+        ]
+
+        # Leaving: the member is gone, the group Empty, a second leave is unknown.
+        left = beat(member_id="m1", member_epoch=-1, topic_partitions=None)
+        assert (left.error_code, left.member_epoch) == (ErrorCode.NONE, -1)
+        again = beat(member_id="m1", member_epoch=-1, topic_partitions=None)
+        assert again.error_code == ErrorCode.UNKNOWN_MEMBER_ID
+        assert commit("m1", 1) == ErrorCode.UNKNOWN_MEMBER_ID
+        assert commit("", -1) == ErrorCode.NONE  # an admin commit into the empty group
