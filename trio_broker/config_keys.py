@@ -542,10 +542,13 @@ _INERT_REASONS: tuple[tuple[tuple[str, ...], str], ...] = (
             "group.share.",
             "share.",
             "group.streams.",
-            "group.consumer.",
-            "group.coordinator.rebalance.protocols",
         ),
-        "only the classic consumer group protocol",
+        "no share or streams groups",
+    ),
+    (
+        ("group.consumer.", "group.coordinator.rebalance.protocols"),
+        "the classic and consumer (KIP-848) protocols are both on; KIP-848 groups have no "
+        "size or interval bounds and no migration yet (docs/consumer-groups.md)",
     ),
     (("log.cleaner.",), "one cleaner thread whose key map is a dict (docs/compaction.md)"),
     (

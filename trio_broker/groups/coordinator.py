@@ -346,6 +346,9 @@ class GroupCoordinator:
                     assert isinstance(waiter, Waiter)
                     waiter.set(SyncResult(ErrorCode.NOT_COORDINATOR))
                 member.join_waiters, member.sync_waiters = [], []
+        # KIP-848 groups are not stored: the new coordinator sees their members rejoin.
+        for group_id in [g for g in self.consumer_groups if self.partition_of(g) == partition]:
+            del self.consumer_groups[group_id]
         self._poke()
         log.info("no longer coordinating the groups of %s-%d", CONSUMER_OFFSETS, partition)
 
