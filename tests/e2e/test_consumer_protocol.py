@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -226,3 +228,182 @@ def test_bad_heartbeats_commits_and_fetches(broker_process: BrokerProcess) -> No
         assert again.error_code == ErrorCode.UNKNOWN_MEMBER_ID
         assert commit("m1", 1) == ErrorCode.UNKNOWN_MEMBER_ID
         assert commit("", -1) == ErrorCode.NONE  # an admin commit into the empty group
+
+
+# --------------------------------------------------------------------------- timers, static
+
+
+class ShortSessionBroker(BrokerProcess):
+    """Sessions of 3 s, heartbeats every second, ``range`` first among the assignors."""
+
+    def __init__(self, data_dir: Path) -> None:
+        super().__init__(data_dir, "pipelined", "file")
+        self.properties = data_dir.parent / "kip848.properties"
+        self.properties.write_text(
+            f"group.consumer.session.timeout.ms={SHORT_SESSION_MS}\n"
+            "group.consumer.heartbeat.interval.ms=1000\n"
+            "group.consumer.assignors=range,uniform\n"
+        )
+
+    def command_line(self) -> list[str]:
+        return [*super().command_line(), "--config", str(self.properties)]
+
+
+SHORT_SESSION_MS = 3000
+#: How often the tests' members heartbeat: the protocol's cadence, well inside a session.
+BEAT_S = 0.3
+
+
+@pytest.fixture
+def short_session_broker(tmp_path: Path) -> Iterator[ShortSessionBroker]:
+    broker = ShortSessionBroker(tmp_path / "data")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        if broker.running:
+            assert broker.stop() == 0, broker.log_tail()
+
+
+class RawMember:
+    """One member speaking ConsumerGroupHeartbeat v1 over a raw connection."""
+
+    def __init__(self, conn: Any, group: str, topic: str, topic_id: uuid.UUID,
+                 member_id: str, instance_id: str | None = None,
+                 rebalance_timeout_ms: int = 30_000) -> None:  # fmt: skip
+        self.conn, self.group, self.topic, self.topic_id = conn, group, topic, topic_id
+        self.member_id, self.instance_id = member_id, instance_id
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self.epoch = 0
+        self.owned: set[int] = set()
+
+    def beat(self, epoch: int | None = None) -> m.ConsumerGroupHeartbeatResponse:
+        epoch = self.epoch if epoch is None else epoch
+        joining = epoch == 0
+        answer: m.ConsumerGroupHeartbeatResponse = self.conn.request(
+            m.ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, HB(
+                group_id=self.group, member_id=self.member_id, member_epoch=epoch,
+                instance_id=self.instance_id,
+                rebalance_timeout_ms=self.rebalance_timeout_ms if joining else -1,
+                subscribed_topic_names=[self.topic] if joining else None,
+                topic_partitions=[HB.TopicPartitions(
+                    topic_id=self.topic_id, partitions=sorted(self.owned))] if not joining
+                else [],
+            ),
+        )  # fmt: skip
+        if answer.error_code == ErrorCode.NONE and epoch >= 0:
+            self.epoch = answer.member_epoch
+            if answer.assignment is not None:
+                given = {p for tp in answer.assignment.topic_partitions for p in tp.partitions}
+                # A real consumer drops what it lost and starts on what it got.
+                self.owned = given
+        return answer
+
+
+def describe(conn: Any, group: str) -> Any:
+    return conn.request(
+        m.ApiKey.CONSUMER_GROUP_DESCRIBE, 0, m.ConsumerGroupDescribeRequest(group_ids=[group])
+    ).groups[0]
+
+
+def topic_id_of(conn: Any, topic: str) -> uuid.UUID:
+    answer = conn.request(m.ApiKey.METADATA, 12, m.MetadataRequest(
+        topics=[m.MetadataRequest.MetadataRequestTopic(name=topic)],
+        allow_auto_topic_creation=False))  # fmt: skip
+    topic_id: uuid.UUID = answer.topics[0].topic_id
+    return topic_id
+
+
+def beat_until(members: list[RawMember], condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        for member in members:
+            assert member.beat().error_code == ErrorCode.NONE
+        if condition():
+            return
+        time.sleep(BEAT_S)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_revoke_before_assign_and_the_session_timeout(
+    short_session_broker: ShortSessionBroker,
+) -> None:
+    topic, group = f"kip848-t-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    make_topic(short_session_broker.bootstrap, topic, 0)
+    with short_session_broker.connect() as conn:
+        tid = topic_id_of(conn, topic)
+        a = RawMember(conn, group, topic, tid, "a")
+        first = a.beat()
+        assert (first.member_epoch, first.heartbeat_interval_ms) == (1, 1000)
+        assert a.owned == set(range(PARTITIONS))
+        b = RawMember(conn, group, topic, tid, "b")
+        joined = b.beat()
+        # b is in the target (range: b takes 2-3) but a still holds everything: nothing yet.
+        assert joined.member_epoch == 2 and b.owned == set()
+        assert describe(conn, group).assignor_name == "range"
+        # a is told to give up 2-3 and keeps its epoch until it has.
+        told = a.beat()
+        assert told.member_epoch == 1 and a.owned == {0, 1}
+        assert b.beat().assignment is None and b.owned == set()  # 2-3 not released yet
+        released = a.beat()  # reports {0, 1}: 2-3 are free
+        assert released.member_epoch == 2
+        beat_until([b], lambda: b.owned == {2, 3}, "b to get 2-3")
+        # a goes silent: after the session timeout it is fenced and b gets everything.
+        beat_until([b], lambda: b.owned == set(range(PARTITIONS)), "b to take a's partitions")
+        assert [x.member_id for x in describe(conn, group).members] == ["b"]
+        assert a.beat().error_code == ErrorCode.UNKNOWN_MEMBER_ID
+
+
+def test_a_member_that_does_not_revoke_in_time_is_fenced(
+    short_session_broker: ShortSessionBroker,
+) -> None:
+    topic, group = f"kip848-r-{uuid.uuid4().hex[:8]}", f"r-{uuid.uuid4().hex[:8]}"
+    make_topic(short_session_broker.bootstrap, topic, 0)
+    with short_session_broker.connect() as conn:
+        tid = topic_id_of(conn, topic)
+        a = RawMember(conn, group, topic, tid, "a", rebalance_timeout_ms=1000)
+        a.beat()
+        b = RawMember(conn, group, topic, tid, "b")
+        b.beat()
+        a.beat()  # told to revoke 2-3; it keeps reporting them (it never releases)
+        a.owned = set(range(PARTITIONS))
+        deadline = time.monotonic() + WAIT_S
+        while (answer := a.beat()).error_code == ErrorCode.NONE:
+            a.owned = set(range(PARTITIONS))
+            assert time.monotonic() < deadline, "a was never fenced"
+            b.beat()
+            time.sleep(BEAT_S)
+        assert answer.error_code == ErrorCode.UNKNOWN_MEMBER_ID
+        beat_until([b], lambda: b.owned == set(range(PARTITIONS)), "b to take a's partitions")
+
+
+def test_a_static_member_leaves_and_comes_back(short_session_broker: ShortSessionBroker) -> None:
+    topic, group = f"kip848-s-{uuid.uuid4().hex[:8]}", f"s-{uuid.uuid4().hex[:8]}"
+    make_topic(short_session_broker.bootstrap, topic, 0)
+    with short_session_broker.connect() as conn:
+        tid = topic_id_of(conn, topic)
+        s = RawMember(conn, group, topic, tid, "s1", instance_id="i1")
+        d = RawMember(conn, group, topic, tid, "d")
+        s.beat()
+        d.beat()
+        # range orders members by id: d takes 0-1, s1 2-3.
+        beat_until([s, d], lambda: d.owned == {0, 1} and s.owned == {2, 3}, "a 2/2 split")
+        left = s.beat(-2)
+        assert (left.error_code, left.member_epoch) == (ErrorCode.NONE, -2)
+        held = describe(conn, group)
+        assert {x.member_id: x.member_epoch for x in held.members}["s1"] == -2
+        # The instance keeps 2-3 while away: d does not get them.
+        for _ in range(3):
+            d.beat()
+        assert d.owned == {0, 1}
+        # Another process with the same instance id and a new member id takes s1's place.
+        again = RawMember(conn, group, topic, tid, "s2", instance_id="i1")
+        back = again.beat()
+        assert back.error_code == ErrorCode.NONE
+        beat_until([again, d], lambda: again.owned == {2, 3}, "s2 to get s1's partitions")
+        assert sorted(x.member_id for x in describe(conn, group).members) == ["d", "s2"]
+        # A third one with the instance id while s2 is alive is refused.
+        third = RawMember(conn, group, topic, tid, "s3", instance_id="i1").beat()
+        assert third.error_code == ErrorCode.UNRELEASED_INSTANCE_ID
+        # And the old member id is fenced by the new one.
+        assert s.beat(s.epoch).error_code == ErrorCode.FENCED_INSTANCE_ID
