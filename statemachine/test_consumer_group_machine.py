@@ -11,7 +11,8 @@ After every step:
    is never ahead of the assignment epoch;
 3. a partition a member was given is one of the target's partitions for it;
 4. a commit with a member epoch other than the member's current one is refused
-   (STALE_MEMBER_EPOCH), and one from a removed member too (UNKNOWN_MEMBER_ID).
+   (STALE_MEMBER_EPOCH), and one from a removed member too (UNKNOWN_MEMBER_ID);
+5. the group's stored snapshot decodes to the same group.
 """
 
 from __future__ import annotations
@@ -165,6 +166,14 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
                 seen[tp] = member.member_id
             assert not member.assigned & member.pending_revocation
         assert seen == self.group.owners
+
+    @invariant()
+    def the_stored_snapshot_restores_the_group(self) -> None:
+        raw = self.group.encode()
+        back = ConsumerGroup.decode("g", raw, self.group.config, self.now)
+        assert back.encode() == raw
+        assert back.owners == self.group.owners
+        assert back.state is self.group.state
 
     @invariant()
     def epochs_never_go_back(self) -> None:

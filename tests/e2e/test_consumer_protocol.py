@@ -407,3 +407,35 @@ def test_a_static_member_leaves_and_comes_back(short_session_broker: ShortSessio
         assert third.error_code == ErrorCode.UNRELEASED_INSTANCE_ID
         # And the old member id is fenced by the new one.
         assert s.beat(s.epoch).error_code == ErrorCode.FENCED_INSTANCE_ID
+
+
+def test_the_group_survives_a_restart(short_session_broker: ShortSessionBroker) -> None:
+    """The group's snapshot is in ``__consumer_offsets``: after a restart the members go
+    on with their epochs and partitions, no rejoin."""
+    topic, group = f"kip848-p-{uuid.uuid4().hex[:8]}", f"p-{uuid.uuid4().hex[:8]}"
+    make_topic(short_session_broker.bootstrap, topic, 0)
+    with short_session_broker.connect() as conn:
+        tid = topic_id_of(conn, topic)
+        a = RawMember(conn, group, topic, tid, "a")
+        b = RawMember(conn, group, topic, tid, "b", instance_id="ib")
+        a.beat()
+        b.beat()
+        beat_until([a, b], lambda: a.owned == {0, 1} and b.owned == {2, 3}, "a 2/2 split")
+        before = describe(conn, group)
+    assert short_session_broker.stop() == 0
+    short_session_broker.start()
+    with short_session_broker.connect() as conn:
+        a.conn = b.conn = conn
+        after = describe(conn, group)
+        assert (after.group_epoch, after.assignment_epoch) == (
+            before.group_epoch,
+            before.assignment_epoch,
+        )
+        assert sorted((x.member_id, x.member_epoch) for x in after.members) == sorted(
+            (x.member_id, x.member_epoch) for x in before.members
+        )
+        epochs = (a.epoch, b.epoch)
+        assert a.beat().error_code == ErrorCode.NONE
+        assert b.beat().error_code == ErrorCode.NONE
+        assert (a.epoch, b.epoch) == epochs
+        assert (a.owned, b.owned) == ({0, 1}, {2, 3})

@@ -45,6 +45,7 @@ import attrs
 import trio
 
 from trio_broker.groups.offsets_store import (
+    ConsumerGroupSnapshot,
     Entry,
     GroupMetadata,
     OffsetAndMetadata,
@@ -175,9 +176,11 @@ class GroupCoordinator:
         #: Timers run on this monotonic clock; commit timestamps use the broker's wall clock.
         self.clock_ms = clock_ms
         self.groups: dict[str, Group] = {}
-        #: Groups of the consumer rebalance protocol (KIP-848), in memory only
-        #: (docs/consumer-groups.md); a group id is in one of the two tables at most.
+        #: Groups of the consumer rebalance protocol (KIP-848), stored as one snapshot
+        #: record each (docs/consumer-groups.md); a group id is in one table at most.
         self.consumer_groups: dict[str, ConsumerGroup] = {}
+        #: group -> the snapshot last written for it (unchanged groups are not rewritten).
+        self._stored_snapshots: dict[str, bytes] = {}
         self.consumer_group_config = ConsumerGroupConfig(
             session_timeout_ms=config.group_consumer_session_timeout_ms,
             heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
@@ -228,6 +231,7 @@ class GroupCoordinator:
                 self.offsets = await trio.to_thread.run_sync(self._open_offsets)
             for group_id in self.offsets.group_ids():
                 self._restore(group_id, self.offsets)
+                self._restore_consumer_group(group_id, self.offsets)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -323,6 +327,7 @@ class GroupCoordinator:
         led.store = store
         for group_id in store.group_ids():
             self._restore(group_id, store)
+            self._restore_consumer_group(group_id, store)
         led.loaded.set()
         log.info("coordinating the %d groups of %s-%d (epoch %d)", len(store.group_ids()),
                  CONSUMER_OFFSETS, led.partition, led.leader_epoch)  # fmt: skip
@@ -346,9 +351,10 @@ class GroupCoordinator:
                     assert isinstance(waiter, Waiter)
                     waiter.set(SyncResult(ErrorCode.NOT_COORDINATOR))
                 member.join_waiters, member.sync_waiters = [], []
-        # KIP-848 groups are not stored: the new coordinator sees their members rejoin.
+        # KIP-848 groups too: the new coordinator loads them from the partition's log.
         for group_id in [g for g in self.consumer_groups if self.partition_of(g) == partition]:
             del self.consumer_groups[group_id]
+            self._stored_snapshots.pop(group_id, None)
         self._poke()
         log.info("no longer coordinating the groups of %s-%d", CONSUMER_OFFSETS, partition)
 
@@ -435,6 +441,8 @@ class GroupCoordinator:
                 for member_id in consumer_group.advance_to(now_ms):
                     log.info("group %r: member %s fenced (session or rebalance timeout)",
                              consumer_group.group_id, member_id)  # fmt: skip
+                if self.coordinator_error(consumer_group.group_id) is ErrorCode.NONE:
+                    self._store_consumer_group(consumer_group)
 
     def cleanup(self, now_ms: int) -> None:
         """Expire old offsets of empty groups; forget empty groups with nothing left."""
@@ -466,8 +474,10 @@ class GroupCoordinator:
                 assert write.store is not None
                 write.store.apply(write)
         for group_id, cgroup in list(self.consumer_groups.items()):
+            if self.coordinator_error(group_id) is not ErrorCode.NONE:
+                continue
             if cgroup.is_empty() and not self.store_for(group_id).has_offsets(group_id):
-                del self.consumer_groups[group_id]
+                self._forget_consumer_group(group_id)
         for group_id, group in list(self.groups.items()):
             if self.coordinator_error(group_id) is not ErrorCode.NONE:
                 continue
@@ -500,7 +510,36 @@ class GroupCoordinator:
         self.groups[group_id] = group
         return group
 
-    def _store_nowait(self, record: GroupMetadata) -> None:
+    def _restore_consumer_group(self, group_id: str, store: OffsetsStore) -> None:
+        """A stored KIP-848 group back, members' sessions starting now."""
+        raw = store.consumer_group_snapshot(group_id)
+        if raw is None:
+            return
+        try:
+            group = ConsumerGroup.decode(group_id, raw, self.consumer_group_config, self.clock_ms())
+        except ValueError as exc:  # damaged: its members rejoin
+            log.warning("not restoring consumer group %r: %s", group_id, exc)
+            return
+        # A classic group of the same id was written before (the last write wins).
+        self.groups.pop(group_id, None)
+        self.consumer_groups[group_id] = group
+        self._stored_snapshots[group_id] = raw
+
+    def _store_consumer_group(self, group: ConsumerGroup) -> None:
+        """Write the group's snapshot if it changed (a heartbeat's answer waits for it:
+        :meth:`wait_group_stored`)."""
+        raw = group.encode()
+        if self._stored_snapshots.get(group.group_id) == raw:
+            return
+        self._stored_snapshots[group.group_id] = raw
+        self._store_nowait(ConsumerGroupSnapshot(group.group_id, raw))
+
+    def _forget_consumer_group(self, group_id: str) -> None:
+        del self.consumer_groups[group_id]
+        if self._stored_snapshots.pop(group_id, None) is not None:
+            self._store_nowait(ConsumerGroupSnapshot(group_id, None))
+
+    def _store_nowait(self, record: GroupMetadata | ConsumerGroupSnapshot) -> None:
         """Write a group's metadata without waiting (an Empty group, a tombstone): a lost
         write only means the group loads as it was before, and its members rejoin. A
         LeaveGroup that emptied the group waits for it (:meth:`wait_group_stored`)."""
@@ -605,7 +644,7 @@ class GroupCoordinator:
                 return JoinResult(
                     ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=request.member_id
                 )
-            del self.consumer_groups[group_id]
+            self._forget_consumer_group(group_id)
         group = self.groups.get(group_id)
         if group is None:
             if request.member_id:
@@ -715,6 +754,7 @@ class GroupCoordinator:
                 group_id, self.consumer_group_config
             )
         result = group.heartbeat(request, self.clock_ms(), metadata, str(uuid.uuid4()))
+        self._store_consumer_group(group)
         member = group.members.get(result.member_id or "")
         if request.member_epoch == JOIN_EPOCH or (
             member is not None and member.state is MemberState.UNREVOKED_PARTITIONS
@@ -767,7 +807,9 @@ class GroupCoordinator:
                 if group is not None:
                     group.delete(now)
                     del self.groups[group_id]
-                self.consumer_groups.pop(group_id, None)
+                if consumer_group is not None:
+                    del self.consumer_groups[group_id]
+                    self._stored_snapshots.pop(group_id, None)
                 store = self.store_for(group_id)
                 out = tombstones.setdefault(store.partition, [])
                 # Pending transactional offsets go too: a tombstone drops them.
@@ -778,6 +820,8 @@ class GroupCoordinator:
                 out += [TxnOffset(producer_id, store.producer_epoch(producer_id), key, None)
                         for producer_id, key in store.pending_records(group_id)]  # fmt: skip
                 out.append(GroupMetadata(group_id, None))
+                if consumer_group is not None:
+                    out.append(ConsumerGroupSnapshot(group_id, None))
                 results[group_id] = ErrorCode.NONE
         return results, [self.append_offsets(records) for records in tombstones.values() if records]
 

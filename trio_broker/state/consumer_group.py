@@ -24,6 +24,7 @@ group epoch. Topics are handled by name; the handler maps Kafka's topic ids.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -38,6 +39,9 @@ EMPTY: Assignment = frozenset()
 JOIN_EPOCH = 0
 LEAVE_EPOCH = -1
 STATIC_LEAVE_EPOCH = -2
+
+#: Version of :meth:`ConsumerGroup.encode`'s snapshot.
+SNAPSHOT_VERSION = 1
 
 #: ListGroups/DescribeGroups call these groups "consumer", like Kafka.
 CONSUMER_PROTOCOL_TYPE = "consumer"
@@ -544,6 +548,84 @@ class ConsumerGroup:
         for member_id in fenced:
             self.remove_member(member_id)
         return fenced
+
+    # -------------------------------------------------------------- stored form
+
+    def encode(self) -> bytes:
+        """The whole group as stored in ``__consumer_offsets`` (our format: JSON)."""
+
+        def tps(assignment: Assignment) -> list[list[str | int]]:
+            return [[t, p] for t, p in sorted(assignment)]
+
+        return json.dumps(
+            {
+                "v": SNAPSHOT_VERSION,
+                "group_epoch": self.group_epoch,
+                "assignment_epoch": self.assignment_epoch,
+                "assignor": self.assignor_name,
+                "metadata": self.subscription_metadata,
+                "target": {m: tps(a) for m, a in sorted(self.target.items())},
+                "members": [
+                    {
+                        "id": m.member_id,
+                        "instance": m.instance_id,
+                        "rack": m.rack_id,
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        "rebalance_timeout_ms": m.rebalance_timeout_ms,
+                        "subscribed": list(m.subscribed),
+                        "assignor": m.server_assignor,
+                        "epoch": m.epoch,
+                        "previous_epoch": m.previous_epoch,
+                        "state": m.state.value,
+                        "assigned": tps(m.assigned),
+                        "revoking": tps(m.pending_revocation),
+                    }
+                    for m in self.members.values()
+                ],
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(
+        cls, group_id: str, raw: bytes, config: ConsumerGroupConfig, now_ms: int
+    ) -> ConsumerGroup:
+        """A stored group back; sessions start now. Raises ValueError if it is damaged
+        or contradicts itself (two holders of one partition)."""
+        try:
+            data = json.loads(raw)
+            if data["v"] != SNAPSHOT_VERSION:
+                raise ValueError(f"snapshot version {data['v']}")
+
+            def tps(items: list[list[str | int]]) -> Assignment:
+                return frozenset((str(t), int(p)) for t, p in items)
+
+            group = cls(
+                group_id, config, group_epoch=int(data["group_epoch"]),
+                assignment_epoch=int(data["assignment_epoch"]),
+                subscription_metadata={str(t): int(n) for t, n in data["metadata"].items()},
+                target={str(m): tps(a) for m, a in data["target"].items()},
+                assignor_name=str(data["assignor"]),
+            )  # fmt: skip
+            for d in data["members"]:
+                member = Member(
+                    str(d["id"]), d["instance"], d["rack"], str(d["client_id"]),
+                    str(d["client_host"]), int(d["rebalance_timeout_ms"]),
+                    tuple(d["subscribed"]), d["assignor"], int(d["epoch"]),
+                    int(d["previous_epoch"]), MemberState(d["state"]),
+                    session_deadline_ms=now_ms + config.session_timeout_ms,
+                )  # fmt: skip
+                holds = tps(d["assigned"]) | tps(d["revoking"])
+                if member.member_id in group.members or holds & group.owners.keys():
+                    raise ValueError(f"member {member.member_id} contradicts the others")
+                group.members[member.member_id] = member
+                group._set_holdings(member, tps(d["assigned"]), tps(d["revoking"]))
+                if member.state is MemberState.UNREVOKED_PARTITIONS:
+                    member.rebalance_deadline_ms = now_ms + member.rebalance_timeout_ms
+        except (KeyError, TypeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"unreadable consumer group snapshot: {exc!r}") from exc
+        return group
 
     # -------------------------------------------------------------- offsets
 
