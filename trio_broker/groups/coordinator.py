@@ -929,6 +929,15 @@ class GroupCoordinator:
         """TxnOffsetCommit's group-level check (KIP-447 fencing and the producer's epoch)."""
         if producer_epoch < self.store_for(group_id).producer_epoch(producer_id):
             return ErrorCode.INVALID_PRODUCER_EPOCH  # a zombie of a fenced producer
+        consumer_group = self.consumer_groups.get(group_id)
+        if consumer_group is not None:
+            try:  # any TxnOffsetCommit version; a stale epoch is ILLEGAL_GENERATION here
+                consumer_group.validate_offset_commit(member_id, generation_id, 9)
+            except Refused as refused:
+                if refused.code is ErrorCode.STALE_MEMBER_EPOCH:
+                    return ErrorCode.ILLEGAL_GENERATION
+                return refused.code
+            return ErrorCode.NONE
         group = self.groups.get(group_id)
         if group is None:
             # Like Kafka, an unknown group is a new Empty one (kept only if this succeeds).

@@ -180,6 +180,37 @@ class ConsumerProtocolTest {
   }
 
   @Test
+  void sendOffsetsToTransactionWithTheMembersEpoch() throws Exception {
+    String input = createTopic(1);
+    String output = createTopic(1);
+    TopicPartition in = new TopicPartition(input, 0);
+    produce(input, 0, 1); // partition 0 of a one-partition topic (i % PARTITIONS == 0)
+    try (KafkaProducer<byte[], byte[]> plain = producer(Map.of())) {
+      for (int i = 1; i < 4; i++) {
+        plain.send(new ProducerRecord<>(input, 0, null, bytes("r" + i))).get();
+      }
+    }
+    String group = uniqueName("kip848-txn");
+    try (KafkaConsumer<byte[], byte[]> consumer = member(group, "txn-member",
+            Map.of(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed"));
+        KafkaProducer<byte[], byte[]> producer = TransactionTest.transactional(uniqueName("ctp"))) {
+      producer.initTransactions();
+      consumer.subscribe(List.of(input));
+      List<ConsumerRecord<byte[], byte[]>> batch = TransactionTest.pollAtLeast(consumer, 4);
+      assertTrue(consumer.groupMetadata().generationId() > 0, "member epoch in groupMetadata");
+      producer.beginTransaction();
+      for (ConsumerRecord<byte[], byte[]> r : batch) {
+        producer.send(new ProducerRecord<>(output, bytes("out-" + text(r.value()))));
+      }
+      // TxnOffsetCommit carries the member id and epoch: the group checks them.
+      producer.sendOffsetsToTransaction(
+          Map.of(in, new OffsetAndMetadata(4)), consumer.groupMetadata());
+      producer.commitTransaction();
+      assertEquals(4L, TransactionTest.committedOffset(group, in));
+    }
+  }
+
+  @Test
   void anUnknownServerAssignorIsRefused() throws Exception {
     String topic = createTopic(1);
     try (KafkaConsumer<byte[], byte[]> consumer =
