@@ -10,8 +10,9 @@ After every step:
 2. the group epoch and every live member's epoch never go back, and a member's epoch
    is never ahead of the assignment epoch;
 3. a partition a member was given is one of the target's partitions for it;
-4. a commit with a member epoch other than the member's current one is refused
-   (STALE_MEMBER_EPOCH), and one from a removed member too (UNKNOWN_MEMBER_ID);
+4. a commit with a member epoch above the member's is refused (STALE_MEMBER_EPOCH), an
+   older one is accepted only for partitions held since that epoch (KIP-1251), and one
+   from a removed member is refused too (UNKNOWN_MEMBER_ID);
 5. the group's stored snapshot decodes to the same group.
 """
 
@@ -136,13 +137,21 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
         member_id = data.draw(st.sampled_from(sorted(self.group.members)))
         member = self.group.members[member_id]
         epoch = data.draw(st.integers(-1, member.epoch + 2))
+        tp = data.draw(st.sampled_from([(t, p) for t, n in TOPICS.items() for p in range(n)]))
         try:
             self.group.validate_offset_commit(member_id, epoch, 9)
         except Refused as refused:
-            assert epoch != member.epoch
+            assert epoch > member.epoch
             assert refused.code is ErrorCode.STALE_MEMBER_EPOCH
+            return
+        error = self.group.commit_partition_error(member_id, epoch, tp)
+        if epoch == member.epoch:
+            assert error is ErrorCode.NONE
+        elif error is ErrorCode.NONE:
+            # KIP-1251: an older epoch only for a partition held since then.
+            assert tp in member.assigned and member.assigned_at[tp] <= epoch
         else:
-            assert epoch == member.epoch
+            assert error is ErrorCode.STALE_MEMBER_EPOCH
 
     @precondition(lambda self: bool(self.gone))
     @rule(data=st.data())
@@ -165,6 +174,9 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
                 assert tp not in seen, f"{tp} held by {seen.get(tp)} and {member.member_id}"
                 seen[tp] = member.member_id
             assert not member.assigned & member.pending_revocation
+            assert member.assigned_at.keys() == member.assigned
+            if member.epoch >= 0:  # a static member away (-2) keeps its partitions
+                assert all(e <= member.epoch for e in member.assigned_at.values())
         assert seen == self.group.owners
 
     @invariant()

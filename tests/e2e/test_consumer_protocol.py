@@ -314,6 +314,21 @@ def topic_id_of(conn: Any, topic: str) -> uuid.UUID:
     return topic_id
 
 
+STALE = ErrorCode.STALE_MEMBER_EPOCH
+
+
+def commit_errors(
+    conn: Any, group: str, topic: str, member_id: str, epoch: int, partitions: list[int]
+) -> list[int]:
+    Req = m.OffsetCommitRequest
+    Part = Req.OffsetCommitRequestTopic.OffsetCommitRequestPartition
+    answer = conn.request(m.ApiKey.OFFSET_COMMIT, 9, Req(
+        group_id=group, generation_id_or_member_epoch=epoch, member_id=member_id,
+        topics=[Req.OffsetCommitRequestTopic(name=topic, partitions=[
+            Part(partition_index=p, committed_offset=0) for p in partitions])]))  # fmt: skip
+    return [p.error_code for p in answer.topics[0].partitions]
+
+
 def beat_until(members: list[RawMember], condition: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
@@ -347,6 +362,10 @@ def test_revoke_before_assign_and_the_session_timeout(
         assert b.beat().assignment is None and b.owned == set()  # 2-3 not released yet
         released = a.beat()  # reports {0, 1}: 2-3 are free
         assert released.member_epoch == 2
+        # KIP-1251: a commit still carrying epoch 1 is fine for 0 (a's since epoch 1), not
+        # for 2 (gone); epoch 3 is ahead of a's.
+        assert commit_errors(conn, group, topic, "a", 1, [0, 2]) == [0, STALE]
+        assert commit_errors(conn, group, topic, "a", 3, [0]) == [STALE]
         beat_until([b], lambda: b.owned == {2, 3}, "b to get 2-3")
         # a goes silent: after the session timeout it is fenced and b gets everything.
         beat_until([b], lambda: b.owned == set(range(PARTITIONS)), "b to take a's partitions")

@@ -765,6 +765,15 @@ class GroupCoordinator:
     def consumer_group(self, group_id: str) -> ConsumerGroup | None:
         return self.consumer_groups.get(group_id)
 
+    def commit_partition_error(
+        self, group_id: str, member_id: str, epoch: int, topic: str, partition: int
+    ) -> ErrorCode:
+        """The per-partition part of a KIP-848 member's commit check (KIP-1251)."""
+        group = self.consumer_groups.get(group_id)
+        if group is None:
+            return ErrorCode.NONE
+        return group.commit_partition_error(member_id, epoch, (topic, partition))
+
     def validate_offset_fetch(self, group_id: str, member_id: str | None, epoch: int) -> ErrorCode:
         """OffsetFetch v9+ from a member of a KIP-848 group: its epoch must be current."""
         group = self.consumer_groups.get(group_id)

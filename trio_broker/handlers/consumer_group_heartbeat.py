@@ -5,7 +5,7 @@ owns and gets its assignment back, all through this one request; the rules live 
 ``trio_broker.state.consumer_group``. Topics travel as ids: the handler maps them to
 names for the group and back. Partitions of a topic id this broker does not know are
 left out of the member's report (the topic is gone). A heartbeat that changed the
-group writes the group's snapshot to ``__consumer_offsets`` (without waiting for it).
+group is answered once the group's new snapshot is stored in ``__consumer_offsets``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from trio_broker.groups.coordinator import GroupCoordinator
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
-from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.consumer_group import Assignment, Heartbeat, HeartbeatResult
@@ -86,7 +86,7 @@ def response(result: HeartbeatResult, table: dict[str, tuple[uuid.UUID, int]]) -
 @handles(m.ApiKey.CONSUMER_GROUP_HEARTBEAT)
 async def handle_consumer_group_heartbeat(
     ctx: RequestContext, request: m.ConsumerGroupHeartbeatRequest
-) -> Resp:
+) -> Resp | Deferred:
     group_id = request.group_id
     if not authorized(ctx, Operation.READ, ResourceType.GROUP, group_id):
         return response(HeartbeatResult(ErrorCode.GROUP_AUTHORIZATION_FAILED), {})
@@ -109,9 +109,14 @@ async def handle_consumer_group_heartbeat(
         client_host=f"/{ctx.client.host}",
     )
     metadata = {name: count for name, (_, count) in table.items()}
-    # Answered at once, the group's snapshot being written meanwhile. Kafka answers once
-    # its records are committed; here that wait (an fsync) let the member's commits,
-    # still carrying its previous epoch, meet the new one and fail STALE_MEMBER_EPOCH
-    # (the Java client's commitSync does not retry it). A crash before the write
-    # restores the previous snapshot: members ahead of it are fenced and rejoin.
-    return response(groups.consumer_group_heartbeat(group_id, heartbeat, metadata), table)
+    result = groups.consumer_group_heartbeat(group_id, heartbeat, metadata)
+    if not groups.group_write_pending(group_id):
+        return response(result, table)
+
+    async def when_stored() -> Resp:
+        # As Kafka: a member hears of a new epoch or assignment once it is stored, so it
+        # never acts on a state a crash could take back.
+        await groups.wait_group_stored(group_id)
+        return response(result, table)
+
+    return Deferred(when_stored)

@@ -132,6 +132,16 @@ async def handle_offset_commit(
                 part.error_code = topic_error or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             elif group_error is not ErrorCode.NONE:
                 part.error_code = group_error
+            elif (
+                stale := groups.commit_partition_error(
+                    group_id,
+                    request.member_id,
+                    request.generation_id_or_member_epoch,
+                    name or "",
+                    p.partition_index,
+                )
+            ) is not ErrorCode.NONE:
+                part.error_code = stale
             elif len(metadata.encode()) > MAX_METADATA_BYTES:
                 part.error_code = ErrorCode.OFFSET_METADATA_TOO_LARGE
             else:

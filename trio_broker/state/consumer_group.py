@@ -126,6 +126,9 @@ class Member:
     assigned: Assignment = EMPTY
     #: Partitions it must give up and is not yet known to have released.
     pending_revocation: Assignment = EMPTY
+    #: The member epoch each assigned partition was given at (KIP-1251): a commit with
+    #: an older epoch is still fine for a partition the member had then.
+    assigned_at: dict[TopicPartition, int] = attrs.Factory(dict)
     session_deadline_ms: int = 0
     #: Set while the member owes a revocation: fenced if it has not released by then.
     rebalance_deadline_ms: int | None = None
@@ -468,6 +471,7 @@ class ConsumerGroup:
             new_state = MemberState.UNRELEASED_PARTITIONS if unreleased else MemberState.STABLE
             epoch, assigned, pending = self.assignment_epoch, keep | free, EMPTY
         self._set_holdings(member, assigned, pending)
+        member.assigned_at = {tp: member.assigned_at.get(tp, epoch) for tp in assigned}
         if epoch != member.epoch:
             member.previous_epoch, member.epoch = member.epoch, epoch
         if new_state is MemberState.UNREVOKED_PARTITIONS:
@@ -579,6 +583,7 @@ class ConsumerGroup:
                         "previous_epoch": m.previous_epoch,
                         "state": m.state.value,
                         "assigned": tps(m.assigned),
+                        "assigned_at": [[t, p, e] for (t, p), e in sorted(m.assigned_at.items())],
                         "revoking": tps(m.pending_revocation),
                     }
                     for m in self.members.values()
@@ -621,6 +626,9 @@ class ConsumerGroup:
                     raise ValueError(f"member {member.member_id} contradicts the others")
                 group.members[member.member_id] = member
                 group._set_holdings(member, tps(d["assigned"]), tps(d["revoking"]))
+                member.assigned_at = {(str(t), int(p)): int(e) for t, p, e in d["assigned_at"]}
+                if member.assigned_at.keys() != member.assigned:
+                    raise ValueError(f"member {member.member_id}: assignment epochs differ")
                 if member.state is MemberState.UNREVOKED_PARTITIONS:
                     member.rebalance_deadline_ms = now_ms + member.rebalance_timeout_ms
         except (KeyError, TypeError, json.JSONDecodeError) as exc:
@@ -645,7 +653,23 @@ class ConsumerGroup:
                 "OffsetCommit version 9 or above must be used by members using the modern "
                 "group protocol",
             )
-        _check_member_epoch(member_epoch, member.epoch)
+        if member_epoch > member.epoch:
+            _check_member_epoch(member_epoch, member.epoch)
+        # An older epoch is checked partition by partition (commit_partition_error).
+
+    def commit_partition_error(
+        self, member_id: str, member_epoch: int, partition: TopicPartition
+    ) -> ErrorCode:
+        """KIP-1251: a commit whose epoch is behind the member's (the heartbeat that bumped
+        it crossed the commit) is fine for a partition the member has held since that
+        epoch; otherwise STALE_MEMBER_EPOCH. Call after :meth:`validate_offset_commit`."""
+        member = self.members.get(member_id)
+        if member is None or member_epoch >= member.epoch:
+            return ErrorCode.NONE  # checked as a whole already
+        given_at = member.assigned_at.get(partition)
+        if given_at is not None and given_at <= member_epoch:
+            return ErrorCode.NONE
+        return ErrorCode.STALE_MEMBER_EPOCH
 
     def validate_offset_fetch(self, member_id: str | None, member_epoch: int) -> None:
         if member_id is None and member_epoch < 0:
