@@ -221,6 +221,15 @@ def test_bad_heartbeats_commits_and_fetches(broker_process: BrokerProcess) -> No
             (group, "consumer", "consumer")
         ]
 
+        # OffsetDelete: a topic the members subscribe to keeps its offsets.
+        Del = m.OffsetDeleteRequest
+        deleted = conn.request(m.ApiKey.OFFSET_DELETE, 0, Del(group_id=group, topics=[
+            Del.OffsetDeleteRequestTopic(name=topic, partitions=[
+                Del.OffsetDeleteRequestTopic.OffsetDeleteRequestPartition(
+                    partition_index=0)])]))  # fmt: skip
+        assert deleted.error_code == ErrorCode.NONE
+        assert deleted.topics[0].partitions[0].error_code == ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
+
         # Leaving: the member is gone, the group Empty, a second leave is unknown.
         left = beat(member_id="m1", member_epoch=-1, topic_partitions=None)
         assert (left.error_code, left.member_epoch) == (ErrorCode.NONE, -1)

@@ -1060,6 +1060,11 @@ class GroupCoordinator:
 
     def delete_offsets_check(self, group_id: str) -> tuple[ErrorCode, set[str] | None]:
         """OffsetDelete's group-level error and the topics the group still consumes."""
+        consumer_group = self.consumer_groups.get(group_id)
+        if consumer_group is not None:  # its members' subscriptions are known
+            return ErrorCode.NONE, {
+                t for m in consumer_group.members.values() for t in m.subscribed
+            }
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.GROUP_ID_NOT_FOUND, None
