@@ -170,8 +170,8 @@ def test_bad_heartbeats_commits_and_fetches(broker_process: BrokerProcess) -> No
         bad = beat(member_id="m2", server_assignor="sticky")
         assert bad.error_code == ErrorCode.UNSUPPORTED_ASSIGNOR
         assert "uniform, range" in (bad.error_message or "")
-        regex = beat(member_id="m2", subscribed_topic_regex="kip848-.*")
-        assert regex.error_code == ErrorCode.INVALID_REQUEST
+        regex = beat(member_id="m2", subscribed_topic_regex="kip848-(")
+        assert regex.error_code == ErrorCode.INVALID_REGULAR_EXPRESSION
         empty = beat(member_id="m2", subscribed_topic_names=[])
         assert empty.error_code == ErrorCode.INVALID_REQUEST
         assert beat(member_id="m2", member_epoch=-3).error_code == ErrorCode.INVALID_REQUEST
@@ -237,6 +237,25 @@ def test_bad_heartbeats_commits_and_fetches(broker_process: BrokerProcess) -> No
         assert again.error_code == ErrorCode.UNKNOWN_MEMBER_ID
         assert commit("m1", 1) == ErrorCode.UNKNOWN_MEMBER_ID
         assert commit("", -1) == ErrorCode.NONE  # an admin commit into the empty group
+
+
+def test_librdkafka_subscribes_by_regex(broker_process: BrokerProcess) -> None:
+    """librdkafka sends a "^..." subscription as SubscribedTopicRegex: the broker resolves
+    it, and a matching topic created later joins the subscription."""
+    bootstrap = broker_process.bootstrap
+    prefix = f"kip848-re-{uuid.uuid4().hex[:6]}"
+    make_topic(bootstrap, f"{prefix}-one", 8)
+    make_topic(bootstrap, f"other-{prefix}", 4)  # does not match
+    member = Member(bootstrap, f"re-{prefix}", f"^{prefix}-.*", "regex")
+    try:
+        wait_for(lambda: _steps([member]) or len(member.read) >= 8, "the first topic's records")
+        make_topic(bootstrap, f"{prefix}-two", 8)
+        wait_for(lambda: _steps([member]) or len(member.read) >= 16, "the second topic's too")
+        assert len(member.read) == 16
+        topics = {tp.topic for tp in member.consumer.assignment()}
+        assert topics == {f"{prefix}-one", f"{prefix}-two"}
+    finally:
+        member.consumer.close()
 
 
 # --------------------------------------------------------------------------- timers, static

@@ -1062,9 +1062,7 @@ class GroupCoordinator:
         """OffsetDelete's group-level error and the topics the group still consumes."""
         consumer_group = self.consumer_groups.get(group_id)
         if consumer_group is not None:  # its members' subscriptions are known
-            return ErrorCode.NONE, {
-                t for m in consumer_group.members.values() for t in m.subscribed
-            }
+            return ErrorCode.NONE, {t for m in consumer_group.members.values() for t in m.topics()}
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.GROUP_ID_NOT_FOUND, None

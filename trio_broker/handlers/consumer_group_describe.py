@@ -80,7 +80,7 @@ async def handle_consumer_group_describe(
                 client_id=member.client_id,
                 client_host=member.client_host,
                 subscribed_topic_names=list(member.subscribed),
-                subscribed_topic_regex=None,
+                subscribed_topic_regex=member.regex,
                 assignment=assignment(member.assigned),
                 target_assignment=assignment(group.target.get(member.member_id, frozenset())),
             )

@@ -18,13 +18,15 @@ at once: ``owners`` maps each held partition to its only holder.
 
 Time comes in as milliseconds from the caller (no clock here, no I/O, no trio): session
 and rebalance deadlines fence a silent member, which frees its partitions and bumps the
-group epoch. Topics are handled by name; the handler maps Kafka's topic ids.
+group epoch. Topics are handled by name; the handler maps Kafka's topic ids. A member
+may subscribe by regular expression too, matched here against the topics it is given.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -46,6 +48,8 @@ SNAPSHOT_VERSION = 1
 #: ListGroups/DescribeGroups call these groups "consumer", like Kafka.
 CONSUMER_PROTOCOL_TYPE = "consumer"
 UNIFORM, RANGE = "uniform", "range"
+#: Never matched by a subscription regex.
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 
 class MemberState(enum.Enum):
@@ -132,6 +136,16 @@ class Member:
     session_deadline_ms: int = 0
     #: Set while the member owes a revocation: fenced if it has not released by then.
     rebalance_deadline_ms: int | None = None
+    #: A subscription by regular expression (a full match of the topic name), and the
+    #: topics it matched at the group's last heartbeat.
+    regex: str | None = None
+    resolved: tuple[str, ...] = ()
+
+    def topics(self) -> tuple[str, ...]:
+        """The topics the member subscribes to: by name, and by its regex."""
+        if not self.resolved:
+            return self.subscribed
+        return tuple(sorted(set(self.subscribed) | set(self.resolved)))
 
     def holds(self) -> Assignment:
         return self.assigned | self.pending_revocation
@@ -147,7 +161,13 @@ def validate_heartbeat(request: Heartbeat, group_id: str, assignors: Sequence[st
     if request.rack_id is not None and not request.rack_id:
         raise Refused(invalid, "RackId can't be empty.")
     if request.regex:  # librdkafka sends "" for "no regex"
-        raise Refused(invalid, "SubscribedTopicRegex is not supported yet.")
+        try:
+            re.compile(request.regex)
+        except re.error as exc:
+            raise Refused(
+                ErrorCode.INVALID_REGULAR_EXPRESSION,
+                f"SubscribedTopicRegex `{request.regex}` is not a valid regular expression: {exc}.",
+            ) from exc
     epoch = request.member_epoch
     if epoch > 0 or epoch == LEAVE_EPOCH:
         if not request.member_id:
@@ -157,8 +177,11 @@ def validate_heartbeat(request: Heartbeat, group_id: str, assignors: Sequence[st
             raise Refused(invalid, "RebalanceTimeoutMs must be provided in first request.")
         if request.owned is None or request.owned:
             raise Refused(invalid, "TopicPartitions must be empty when (re-)joining.")
-        if not request.subscribed:
-            raise Refused(invalid, "SubscribedTopicNames must be set in first request.")
+        if not request.subscribed and not request.regex:
+            raise Refused(
+                invalid,
+                "SubscribedTopicNames or SubscribedTopicRegex must be set in first request.",
+            )
     elif epoch == STATIC_LEAVE_EPOCH:
         if not request.member_id:
             raise Refused(invalid, "MemberId can't be empty.")
@@ -323,10 +346,14 @@ class ConsumerGroup:
         member_id = request.member_id or new_member_id
         member = self._member_for(request, member_id, joining)
         is_new = member.member_id not in self.members
-        before = (member.subscribed, member.assigned)
+        before = (member.subscribed, member.assigned, member.regex)
 
         if request.subscribed is not None:
             member.subscribed = tuple(sorted(set(request.subscribed)))
+        if request.regex is not None:
+            member.regex = request.regex or None  # "" clears it
+            if member.regex is None:
+                member.resolved = ()
         if request.server_assignor is not None:
             member.server_assignor = request.server_assignor
         if request.rebalance_timeout_ms != -1:
@@ -338,8 +365,19 @@ class ConsumerGroup:
         member.client_id, member.client_host = request.client_id, request.client_host
         self.members[member.member_id] = member
 
-        bump = is_new or member.subscribed != before[0]
-        wanted = {t for m in self.members.values() for t in m.subscribed}
+        bump = is_new or member.subscribed != before[0] or member.regex != before[2]
+        # Regexes are matched against the topics as they are now: a new topic that
+        # matches joins the subscription at the next heartbeat of any member.
+        for other in self.members.values():
+            if other.regex is not None:
+                pattern = re.compile(other.regex)
+                matched = tuple(
+                    sorted(t for t in metadata if t not in INTERNAL_TOPICS and pattern.fullmatch(t))
+                )
+                if matched != other.resolved:
+                    other.resolved = matched
+                    bump = True
+        wanted = {t for m in self.members.values() for t in m.topics()}
         fresh = {t: n for t in sorted(wanted) if (n := metadata.get(t, 0)) > 0}
         if fresh != self.subscription_metadata:
             self.subscription_metadata = fresh
@@ -440,7 +478,7 @@ class ConsumerGroup:
     def _compute_target(self) -> None:
         name = self.preferred_assignor()
         assign = ASSIGNORS.get(name, assign_uniform)
-        subscriptions = {m.member_id: m.subscribed for m in self.members.values()}
+        subscriptions = {m.member_id: m.topics() for m in self.members.values()}
         self.target = assign(subscriptions, self.subscription_metadata, self.target)
         self.assignor_name = name
         self.assignment_epoch = self.group_epoch
@@ -535,7 +573,7 @@ class ConsumerGroup:
             if self.owners.get(tp) == member_id:
                 del self.owners[tp]
         self.target.pop(member_id, None)
-        wanted = {t for m in self.members.values() for t in m.subscribed}
+        wanted = {t for m in self.members.values() for t in m.topics()}
         self.subscription_metadata = {
             t: n for t, n in self.subscription_metadata.items() if t in wanted
         }
@@ -578,6 +616,8 @@ class ConsumerGroup:
                         "client_host": m.client_host,
                         "rebalance_timeout_ms": m.rebalance_timeout_ms,
                         "subscribed": list(m.subscribed),
+                        "regex": m.regex,
+                        "resolved": list(m.resolved),
                         "assignor": m.server_assignor,
                         "epoch": m.epoch,
                         "previous_epoch": m.previous_epoch,
@@ -620,6 +660,7 @@ class ConsumerGroup:
                     tuple(d["subscribed"]), d["assignor"], int(d["epoch"]),
                     int(d["previous_epoch"]), MemberState(d["state"]),
                     session_deadline_ms=now_ms + config.session_timeout_ms,
+                    regex=d.get("regex"), resolved=tuple(d.get("resolved", ())),
                 )  # fmt: skip
                 holds = tps(d["assigned"]) | tps(d["revoking"])
                 if member.member_id in group.members or holds & group.owners.keys():

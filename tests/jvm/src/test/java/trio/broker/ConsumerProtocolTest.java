@@ -211,6 +211,36 @@ class ConsumerProtocolTest {
   }
 
   @Test
+  void aSubscriptionPatternIsResolvedByTheBroker() throws Exception {
+    String prefix = uniqueName("kip848re");
+    try (Admin admin = admin()) {
+      admin.createTopics(List.of(
+          new org.apache.kafka.clients.admin.NewTopic(prefix + "-a", 2, (short) 1),
+          new org.apache.kafka.clients.admin.NewTopic(prefix + "-b", 2, (short) 1),
+          new org.apache.kafka.clients.admin.NewTopic("x" + prefix, 2, (short) 1))).all().get();
+    }
+    try (KafkaProducer<byte[], byte[]> producer = producer(Map.of())) {
+      for (String t : List.of(prefix + "-a", prefix + "-b", "x" + prefix)) {
+        for (int i = 0; i < 4; i++) {
+          producer.send(new ProducerRecord<>(t, i % 2, null, bytes(t + "/" + i))).get();
+        }
+      }
+    }
+    try (KafkaConsumer<byte[], byte[]> consumer =
+        member(uniqueName("kip848-re"), "pattern-member", Map.of())) {
+      // Server-side resolution (SubscribedTopicRegex): the broker matches the topics.
+      consumer.subscribe(new org.apache.kafka.clients.consumer.SubscriptionPattern(prefix + "-.*"));
+      List<String> read = new ArrayList<>();
+      assertTrue(eventually(() -> {
+        consumer.poll(Duration.ofMillis(100)).forEach(r -> read.add(text(r.value())));
+        return read.size() >= 8;
+      }), "read " + read);
+      assertEquals(8, read.size());
+      assertTrue(read.stream().allMatch(v -> v.startsWith(prefix + "-")), read.toString());
+    }
+  }
+
+  @Test
   void anUnknownServerAssignorIsRefused() throws Exception {
     String topic = createTopic(1);
     try (KafkaConsumer<byte[], byte[]> consumer =
