@@ -151,7 +151,8 @@ def _build_fields(raw_fields: tuple[Any, ...], owner: str) -> tuple[Field, ...]:
                 made[elem] = _make_class(f"{owner}.{elem}", sub_fields)
             elif made[elem]._fields != sub_fields:
                 raise ValueError(f"{owner}.{name}: two different structs named {elem}")
-            field = attrs.evolve(field, struct_class=made[elem])
+            # Its fields too: their nested classes are the shared class's.
+            field = attrs.evolve(field, struct_class=made[elem], fields=made[elem]._fields)
         elif elem not in PRIMITIVES:
             raise ValueError(f"{owner}.{name}: unknown type {ftype!r}")
         fields.append(field)
