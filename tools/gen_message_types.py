@@ -58,11 +58,13 @@ def emit_class(
     pad = "    " * depth
     lines.append(f"{pad}class {name}(Message):")
     inner = pad + "    "
+    emitted: set[str] = set()  # two fields may share a struct (a common struct)
     for field in fields:
-        if field.fields is not None:
+        if field.fields is not None and field.type not in emitted:
             if field.type in _RESERVED:
                 raise SystemExit(f"{name}.{field.type}: struct name shadows a type name")
             emit_class(lines, field.type, field.fields, kind, depth + 1)
+            emitted.add(field.type)
     for field in fields:
         lines.append(f"{inner}{field.attr}: {annotation(field, kind)}")
     if fields:

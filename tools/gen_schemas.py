@@ -6,6 +6,9 @@ exist in which versions. kafka-python's wheel ships copies under
 writes only the field layouts (names, types, version ranges, tags, defaults) as
 compact Python literals. No prose is carried over.
 
+Schemas kafka-python does not ship (the KIP-848 APIs) are read from
+``tools/message_json/``: the field layouts of Kafka's files with the prose left out.
+
 Run: ``.venv/bin/python tools/gen_schemas.py`` (needs kafka-python installed).
 """
 
@@ -68,7 +71,12 @@ APIS = [
     "AlterPartitionReassignments",
     "ListPartitionReassignments",
     "DescribeTopicPartitions",
+    "ConsumerGroupHeartbeat",
+    "ConsumerGroupDescribe",
 ]
+
+#: Layouts kafka-python's wheel lacks, taken from apache/kafka's message JSON (fields only).
+EXTRA_RESOURCES = Path(__file__).resolve().parent / "message_json"
 
 UNBOUNDED = 32767
 
@@ -127,7 +135,10 @@ def main() -> None:
     messages: dict[str, Any] = {}
     for api in APIS:
         for kind in ("Request", "Response"):
-            data = load(resources / f"{api}{kind}.json")
+            path = resources / f"{api}{kind}.json"
+            if not path.exists():
+                path = EXTRA_RESOURCES / path.name
+            data = load(path)
             common = {c["name"]: c["fields"] for c in data.get("commonStructs", [])}
             valid = parse_versions(data["validVersions"])
             flexible = parse_versions(data.get("flexibleVersions"))[0]

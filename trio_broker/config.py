@@ -104,6 +104,11 @@ class BrokerConfig:
     #: JoinGroup with a session timeout outside [min, max] gets INVALID_SESSION_TIMEOUT.
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1_800_000
+    #: KIP-848 groups (group.protocol=consumer): the session a member's heartbeats keep,
+    #: the interval told to members, and the server-side assignors (the first is default).
+    group_consumer_session_timeout_ms: int = 45_000
+    group_consumer_heartbeat_interval_ms: int = 5_000
+    group_consumer_assignors: tuple[str, ...] = ("uniform", "range")
     #: False: DeleteTopics answers TOPIC_DELETION_DISABLED (INVALID_REQUEST before v3).
     delete_topic_enable: bool = True
     #: Fetch sessions (KIP-227) the broker keeps; 0: every fetch is answered in full.
@@ -392,9 +397,21 @@ def _apply_keys(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
             if len(dirs) > 1:
                 log.warning("config key %s: only the first directory, %s, is used", key, dirs[0])
             value = dirs[0] if dirs else value
+        if field == "group_consumer_assignors":
+            value = _assignors(key, value)
         values[field] = value
     values.update(_listeners(typed))
     return values, static
+
+
+def _assignors(key: str, value: Any) -> tuple[str, ...]:
+    """group.consumer.assignors: Kafka's short names (its class names are not ours)."""
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else list(value)
+    names = [n for n in names if n]
+    unknown = [n for n in names if n not in ("uniform", "range")]
+    if not names or unknown:
+        raise ConfigError(f"{key}: {value!r}: the assignors are uniform and range")
+    return tuple(names)
 
 
 def _precedence(key: str) -> int:

@@ -97,8 +97,12 @@ REQUIRED = {
 }  # fmt: skip
 
 #: APIs kafka-python cannot check, with the reason. Empty today: kafka-python
-#: 3.0.12 implements every API in our schema table.
-SKIPPED: dict[str, str] = {}
+#: 3.0.12 implements every API in our schema table but the KIP-848 pair, whose layouts
+#: come from Kafka's JSON directly (tools/message_json); the roundtrip tests cover them.
+SKIPPED: dict[str, str] = {
+    "ConsumerGroupHeartbeat": "not in kafka-python 3.0.12",
+    "ConsumerGroupDescribe": "not in kafka-python 3.0.12",
+}
 
 
 def _cases() -> list[Any]:
@@ -130,6 +134,8 @@ def test_required_apis_are_cross_checked() -> None:
     }
     assert checked >= REQUIRED
     for key, schema in REQUESTS.items():
+        if messages.API_NAMES[key] in SKIPPED:
+            continue
         kcls = KP[(key, "request")]
         assert kcls.max_version == schema.max_version, schema.name
         assert kcls.flexible_version_q(schema.max_version) == schema.is_flexible(schema.max_version)

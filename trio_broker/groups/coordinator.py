@@ -45,6 +45,7 @@ import attrs
 import trio
 
 from trio_broker.groups.offsets_store import (
+    ConsumerGroupSnapshot,
     Entry,
     GroupMetadata,
     OffsetAndMetadata,
@@ -63,6 +64,19 @@ from trio_broker.services.internal_topics import (
     append_as_leader,
     partition_for,
     wait_counted,
+)
+from trio_broker.state.consumer_group import (
+    CONSUMER_PROTOCOL_TYPE,
+    JOIN_EPOCH,
+    LEAVE_EPOCH,
+    STATIC_LEAVE_EPOCH,
+    ConsumerGroup,
+    ConsumerGroupConfig,
+    Heartbeat,
+    HeartbeatResult,
+    MemberState,
+    Refused,
+    validate_heartbeat,
 )
 from trio_broker.state.group import (
     Group,
@@ -162,6 +176,16 @@ class GroupCoordinator:
         #: Timers run on this monotonic clock; commit timestamps use the broker's wall clock.
         self.clock_ms = clock_ms
         self.groups: dict[str, Group] = {}
+        #: Groups of the consumer rebalance protocol (KIP-848), stored as one snapshot
+        #: record each (docs/consumer-groups.md); a group id is in one table at most.
+        self.consumer_groups: dict[str, ConsumerGroup] = {}
+        #: group -> the snapshot last written for it (unchanged groups are not rewritten).
+        self._stored_snapshots: dict[str, bytes] = {}
+        self.consumer_group_config = ConsumerGroupConfig(
+            session_timeout_ms=config.group_consumer_session_timeout_ms,
+            heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
+            assignors=tuple(config.group_consumer_assignors),
+        )
         self.offsets: OffsetsStore | None = None
         #: Called with a StableGeneration whenever a group becomes Stable.
         self.observers: list[Callable[[StableGeneration], None]] = []
@@ -207,6 +231,7 @@ class GroupCoordinator:
                 self.offsets = await trio.to_thread.run_sync(self._open_offsets)
             for group_id in self.offsets.group_ids():
                 self._restore(group_id, self.offsets)
+                self._restore_consumer_group(group_id, self.offsets)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -302,6 +327,7 @@ class GroupCoordinator:
         led.store = store
         for group_id in store.group_ids():
             self._restore(group_id, store)
+            self._restore_consumer_group(group_id, store)
         led.loaded.set()
         log.info("coordinating the %d groups of %s-%d (epoch %d)", len(store.group_ids()),
                  CONSUMER_OFFSETS, led.partition, led.leader_epoch)  # fmt: skip
@@ -325,6 +351,10 @@ class GroupCoordinator:
                     assert isinstance(waiter, Waiter)
                     waiter.set(SyncResult(ErrorCode.NOT_COORDINATOR))
                 member.join_waiters, member.sync_waiters = [], []
+        # KIP-848 groups too: the new coordinator loads them from the partition's log.
+        for group_id in [g for g in self.consumer_groups if self.partition_of(g) == partition]:
+            del self.consumer_groups[group_id]
+            self._stored_snapshots.pop(group_id, None)
         self._poke()
         log.info("no longer coordinating the groups of %s-%d", CONSUMER_OFFSETS, partition)
 
@@ -389,6 +419,9 @@ class GroupCoordinator:
                 self._next_cleanup_ms = now + CLEANUP_INTERVAL_MS
                 self.cleanup(now)
             deadlines = [d for g in self.groups.values() if (d := g.next_deadline()) is not None]
+            deadlines += [
+                d for g in self.consumer_groups.values() if (d := g.next_deadline()) is not None
+            ]
             if self._next_cleanup_ms is not None:
                 deadlines.append(self._next_cleanup_ms)
             # Scanning every group is O(groups) per wake-up; fine for one node's groups.
@@ -402,6 +435,14 @@ class GroupCoordinator:
             if deadline is not None and deadline <= now_ms:
                 before = group.state
                 self._dispatch(group, group.advance_to(now_ms), before)
+        for consumer_group in list(self.consumer_groups.values()):
+            deadline = consumer_group.next_deadline()
+            if deadline is not None and deadline <= now_ms:
+                for member_id in consumer_group.advance_to(now_ms):
+                    log.info("group %r: member %s fenced (session or rebalance timeout)",
+                             consumer_group.group_id, member_id)  # fmt: skip
+                if self.coordinator_error(consumer_group.group_id) is ErrorCode.NONE:
+                    self._store_consumer_group(consumer_group)
 
     def cleanup(self, now_ms: int) -> None:
         """Expire old offsets of empty groups; forget empty groups with nothing left."""
@@ -432,6 +473,11 @@ class GroupCoordinator:
                 # Expiry need not wait: a lost tombstone just expires again.
                 assert write.store is not None
                 write.store.apply(write)
+        for group_id, cgroup in list(self.consumer_groups.items()):
+            if self.coordinator_error(group_id) is not ErrorCode.NONE:
+                continue
+            if cgroup.is_empty() and not self.store_for(group_id).has_offsets(group_id):
+                self._forget_consumer_group(group_id)
         for group_id, group in list(self.groups.items()):
             if self.coordinator_error(group_id) is not ErrorCode.NONE:
                 continue
@@ -464,7 +510,36 @@ class GroupCoordinator:
         self.groups[group_id] = group
         return group
 
-    def _store_nowait(self, record: GroupMetadata) -> None:
+    def _restore_consumer_group(self, group_id: str, store: OffsetsStore) -> None:
+        """A stored KIP-848 group back, members' sessions starting now."""
+        raw = store.consumer_group_snapshot(group_id)
+        if raw is None:
+            return
+        try:
+            group = ConsumerGroup.decode(group_id, raw, self.consumer_group_config, self.clock_ms())
+        except ValueError as exc:  # damaged: its members rejoin
+            log.warning("not restoring consumer group %r: %s", group_id, exc)
+            return
+        # A classic group of the same id was written before (the last write wins).
+        self.groups.pop(group_id, None)
+        self.consumer_groups[group_id] = group
+        self._stored_snapshots[group_id] = raw
+
+    def _store_consumer_group(self, group: ConsumerGroup) -> None:
+        """Write the group's snapshot if it changed (a heartbeat's answer waits for it:
+        :meth:`wait_group_stored`)."""
+        raw = group.encode()
+        if self._stored_snapshots.get(group.group_id) == raw:
+            return
+        self._stored_snapshots[group.group_id] = raw
+        self._store_nowait(ConsumerGroupSnapshot(group.group_id, raw))
+
+    def _forget_consumer_group(self, group_id: str) -> None:
+        del self.consumer_groups[group_id]
+        if self._stored_snapshots.pop(group_id, None) is not None:
+            self._store_nowait(ConsumerGroupSnapshot(group_id, None))
+
+    def _store_nowait(self, record: GroupMetadata | ConsumerGroupSnapshot) -> None:
         """Write a group's metadata without waiting (an Empty group, a tombstone): a lost
         write only means the group loads as it was before, and its members rejoin. A
         LeaveGroup that emptied the group waits for it (:meth:`wait_group_stored`)."""
@@ -563,6 +638,13 @@ class GroupCoordinator:
 
     def join_group(self, group_id: str, request: JoinRequest) -> JoinResult | Waiter:
         """The answer now, or a waiter that gets it when the join phase ends."""
+        consumer_group = self.consumer_groups.get(group_id)
+        if consumer_group is not None:
+            if not consumer_group.is_empty():  # no classic members in KIP-848 groups yet
+                return JoinResult(
+                    ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=request.member_id
+                )
+            self._forget_consumer_group(group_id)
         group = self.groups.get(group_id)
         if group is None:
             if request.member_id:
@@ -623,9 +705,85 @@ class GroupCoordinator:
         """Is some led ``__consumer_offsets`` partition's table still loading?"""
         return any(led.store is None for led in self.led.values())
 
-    def list_groups(self) -> list[tuple[str, str, GroupState]]:
-        """(group id, protocol type, state) of every group this node coordinates."""
-        return [(g.group_id, g.protocol_type or "", g.state) for g in self.groups.values()]
+    def list_groups(self) -> list[tuple[str, str, str, str]]:
+        """(group id, protocol type, state, group type) of every group coordinated here."""
+        listed = [
+            (g.group_id, g.protocol_type or "", g.state.value, "classic")
+            for g in self.groups.values()
+        ]
+        listed += [
+            (g.group_id, CONSUMER_PROTOCOL_TYPE, g.state.value, "consumer")
+            for g in self.consumer_groups.values()
+        ]
+        return listed
+
+    # ------------------------------------------------------------------ KIP-848 groups
+
+    def consumer_group_heartbeat(
+        self, group_id: str, request: Heartbeat, metadata: Mapping[str, int]
+    ) -> HeartbeatResult:
+        """ConsumerGroupHeartbeat: the group's answer (errors included)."""
+        try:
+            validate_heartbeat(request, group_id, self.consumer_group_config.assignors)
+        except Refused as refused:
+            log.info("group %r: heartbeat refused: %s", group_id, refused.message)
+            return HeartbeatResult(refused.code, refused.message)
+        group = self.consumer_groups.get(group_id)
+        if group is None:
+            classic = self.groups.get(group_id)
+            if classic is not None:
+                if request.member_epoch != JOIN_EPOCH or not classic.is_empty():
+                    return HeartbeatResult(
+                        ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group"
+                    )
+                # An empty classic group makes way (its committed offsets stay).
+                classic.delete(self.clock_ms())
+                del self.groups[group_id]
+            elif request.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
+                return HeartbeatResult(
+                    ErrorCode.GROUP_ID_NOT_FOUND, f"Consumer group {group_id} not found."
+                )
+            elif request.member_epoch != JOIN_EPOCH:
+                # Kafka would answer GROUP_ID_NOT_FOUND; these groups are not stored, so
+                # after a restart the members are told to rejoin instead.
+                return HeartbeatResult(
+                    ErrorCode.UNKNOWN_MEMBER_ID,
+                    f"Member {request.member_id} is not a member of group {group_id}.",
+                )
+            group = self.consumer_groups[group_id] = ConsumerGroup(
+                group_id, self.consumer_group_config
+            )
+        result = group.heartbeat(request, self.clock_ms(), metadata, str(uuid.uuid4()))
+        self._store_consumer_group(group)
+        member = group.members.get(result.member_id or "")
+        if request.member_epoch == JOIN_EPOCH or (
+            member is not None and member.state is MemberState.UNREVOKED_PARTITIONS
+        ):
+            self._poke()  # a new session or revocation deadline may come first
+        return result
+
+    def consumer_group(self, group_id: str) -> ConsumerGroup | None:
+        return self.consumer_groups.get(group_id)
+
+    def commit_partition_error(
+        self, group_id: str, member_id: str, epoch: int, topic: str, partition: int
+    ) -> ErrorCode:
+        """The per-partition part of a KIP-848 member's commit check (KIP-1251)."""
+        group = self.consumer_groups.get(group_id)
+        if group is None:
+            return ErrorCode.NONE
+        return group.commit_partition_error(member_id, epoch, (topic, partition))
+
+    def validate_offset_fetch(self, group_id: str, member_id: str | None, epoch: int) -> ErrorCode:
+        """OffsetFetch v9+ from a member of a KIP-848 group: its epoch must be current."""
+        group = self.consumer_groups.get(group_id)
+        if group is None:
+            return ErrorCode.NONE
+        try:
+            group.validate_offset_fetch(member_id, epoch)
+        except Refused as refused:
+            return refused.code
+        return ErrorCode.NONE
 
     def describe_group(self, group_id: str) -> GroupSummary | None:
         group = self.groups.get(group_id)
@@ -645,15 +803,22 @@ class GroupCoordinator:
         now = self.clock_ms()
         for group_id in group_ids:
             group = self.groups.get(group_id)
+            consumer_group = self.consumer_groups.get(group_id)
             if (error := self.coordinator_error(group_id)) is not ErrorCode.NONE:
                 results[group_id] = error
-            elif group is None:
+            elif consumer_group is not None and not consumer_group.is_empty():
+                results[group_id] = ErrorCode.NON_EMPTY_GROUP
+            elif group is None and consumer_group is None:
                 results[group_id] = ErrorCode.GROUP_ID_NOT_FOUND
-            elif not group.is_empty():
+            elif group is not None and not group.is_empty():
                 results[group_id] = ErrorCode.NON_EMPTY_GROUP
             else:
-                group.delete(now)
-                del self.groups[group_id]
+                if group is not None:
+                    group.delete(now)
+                    del self.groups[group_id]
+                if consumer_group is not None:
+                    del self.consumer_groups[group_id]
+                    self._stored_snapshots.pop(group_id, None)
                 store = self.store_for(group_id)
                 out = tombstones.setdefault(store.partition, [])
                 # Pending transactional offsets go too: a tombstone drops them.
@@ -664,14 +829,24 @@ class GroupCoordinator:
                 out += [TxnOffset(producer_id, store.producer_epoch(producer_id), key, None)
                         for producer_id, key in store.pending_records(group_id)]  # fmt: skip
                 out.append(GroupMetadata(group_id, None))
+                if consumer_group is not None:
+                    out.append(ConsumerGroupSnapshot(group_id, None))
                 results[group_id] = ErrorCode.NONE
         return results, [self.append_offsets(records) for records in tombstones.values() if records]
 
     # ------------------------------------------------------------------ offsets
 
     def validate_offset_commit(
-        self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int
-    ) -> ErrorCode:
+        self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int,
+        api_version: int = 9,
+    ) -> ErrorCode:  # fmt: skip
+        consumer_group = self.consumer_groups.get(group_id)
+        if consumer_group is not None:
+            try:  # generation_id is the member epoch (OffsetCommit v9+)
+                consumer_group.validate_offset_commit(member_id, generation_id, api_version)
+            except Refused as refused:
+                return refused.code
+            return ErrorCode.NONE
         group = self.groups.get(group_id)
         if group is None:
             if generation_id >= 0:
@@ -763,6 +938,15 @@ class GroupCoordinator:
         """TxnOffsetCommit's group-level check (KIP-447 fencing and the producer's epoch)."""
         if producer_epoch < self.store_for(group_id).producer_epoch(producer_id):
             return ErrorCode.INVALID_PRODUCER_EPOCH  # a zombie of a fenced producer
+        consumer_group = self.consumer_groups.get(group_id)
+        if consumer_group is not None:
+            try:  # any TxnOffsetCommit version; a stale epoch is ILLEGAL_GENERATION here
+                consumer_group.validate_offset_commit(member_id, generation_id, 9)
+            except Refused as refused:
+                if refused.code is ErrorCode.STALE_MEMBER_EPOCH:
+                    return ErrorCode.ILLEGAL_GENERATION
+                return refused.code
+            return ErrorCode.NONE
         group = self.groups.get(group_id)
         if group is None:
             # Like Kafka, an unknown group is a new Empty one (kept only if this succeeds).
@@ -876,6 +1060,9 @@ class GroupCoordinator:
 
     def delete_offsets_check(self, group_id: str) -> tuple[ErrorCode, set[str] | None]:
         """OffsetDelete's group-level error and the topics the group still consumes."""
+        consumer_group = self.consumer_groups.get(group_id)
+        if consumer_group is not None:  # its members' subscriptions are known
+            return ErrorCode.NONE, {t for m in consumer_group.members.values() for t in m.topics()}
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.GROUP_ID_NOT_FOUND, None

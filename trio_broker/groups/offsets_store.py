@@ -47,6 +47,8 @@ TXN_OFFSET_KEY_VERSION = 2
 TXN_END_KEY_VERSION = 3
 #: Key version of a group's metadata (Kafka's key version 2, numbered our own way).
 GROUP_METADATA_KEY_VERSION = 4
+#: Key version of a KIP-848 group's snapshot (state/consumer_group.py encodes the value).
+CONSUMER_GROUP_KEY_VERSION = 5
 VALUE_VERSION = 1
 TXN_END_VALUE_VERSION = 1
 GROUP_METADATA_VALUE_VERSION = 1
@@ -106,14 +108,24 @@ class GroupMetadata:
     value: GroupRecord | None
 
 
+@attrs.frozen
+class ConsumerGroupSnapshot:
+    """A KIP-848 group as a whole (epochs, target, members); None is its tombstone.
+    Kafka writes one record per member and per target; one snapshot per change is
+    simpler, and these groups are small."""
+
+    group_id: str
+    value: bytes | None
+
+
 #: One record of the offsets log.
-StoreRecord = Entry | TxnOffset | TxnEnd | GroupMetadata
+StoreRecord = Entry | TxnOffset | TxnEnd | GroupMetadata | ConsumerGroupSnapshot
 
 
 def group_of(record: StoreRecord) -> str:
     if isinstance(record, TxnOffset):
         return record.key.group_id
-    if isinstance(record, TxnEnd | GroupMetadata):
+    if isinstance(record, TxnEnd | GroupMetadata | ConsumerGroupSnapshot):
         return record.group_id
     return record[0].group_id
 
@@ -248,6 +260,10 @@ def decode_group_value(buf: bytes) -> GroupRecord:
 
 
 def encode_record(record: StoreRecord) -> tuple[bytes, bytes | None]:
+    if isinstance(record, ConsumerGroupSnapshot):
+        out = bytearray(_I16.pack(CONSUMER_GROUP_KEY_VERSION))
+        _put_str(out, record.group_id, _I16)
+        return bytes(out), record.value
     if isinstance(record, GroupMetadata):
         out = bytearray(_I16.pack(GROUP_METADATA_KEY_VERSION))
         _put_str(out, record.group_id, _I16)
@@ -294,6 +310,9 @@ def decode_record(key: bytes, value: bytes | None) -> StoreRecord:
     if version == GROUP_METADATA_KEY_VERSION:
         group_id, _ = _get_str(key, 2, _I16)
         return GroupMetadata(group_id, None if value is None else decode_group_value(value))
+    if version == CONSUMER_GROUP_KEY_VERSION:
+        group_id, _ = _get_str(key, 2, _I16)
+        return ConsumerGroupSnapshot(group_id, None if value is None else bytes(value))
     raise ValueError(f"unknown offset key version {version}")
 
 
@@ -338,6 +357,9 @@ class OffsetsStore:
         self._metadata: dict[str, tuple[GroupRecord, int]] = {}
         #: group -> log offset of its newest metadata record or tombstone.
         self._metadata_at: dict[str, int] = {}
+        #: KIP-848 groups: group -> its latest snapshot, and the log offset it came from.
+        self._snapshots: dict[str, bytes] = {}
+        self._snapshots_at: dict[str, int] = {}
 
     @classmethod
     def open(cls, data_dir: Path | None, config: LogConfig) -> OffsetsStore:
@@ -449,6 +471,15 @@ class OffsetsStore:
         return records
 
     def _apply_record(self, record: StoreRecord, log_offset: int) -> None:
+        if isinstance(record, ConsumerGroupSnapshot):
+            if self._snapshots_at.get(record.group_id, -1) > log_offset:
+                return
+            self._snapshots_at[record.group_id] = log_offset
+            if record.value is None:
+                self._snapshots.pop(record.group_id, None)
+            else:
+                self._snapshots[record.group_id] = record.value
+            return
         if isinstance(record, GroupMetadata):
             if self._metadata_at.get(record.group_id, -1) > log_offset:
                 return  # a later record of the group is already in
@@ -548,7 +579,14 @@ class OffsetsStore:
 
     def group_ids(self) -> list[str]:
         """Groups with committed or pending offsets, or a stored generation."""
-        return list(self._table.keys() | self._pending.keys() | self._metadata.keys())
+        return list(
+            self._table.keys() | self._pending.keys() | self._metadata.keys()
+            | self._snapshots.keys()
+        )  # fmt: skip
+
+    def consumer_group_snapshot(self, group_id: str) -> bytes | None:
+        """The KIP-848 group's stored snapshot (None: none, or removed)."""
+        return self._snapshots.get(group_id)
 
     def group_metadata(self, group_id: str) -> GroupRecord | None:
         """The group's stored generation (None: none, or removed by a tombstone)."""

@@ -13,6 +13,7 @@ MODULES = [
     "describe_client_quotas", "alter_client_quotas",
     "sasl_handshake", "sasl_authenticate", "user_scram_credentials",
     "describe_producers", "describe_topic_partitions",
+    "consumer_group_heartbeat", "consumer_group_describe",
     "add_partitions_to_txn", "add_offsets_to_txn", "end_txn", "write_txn_markers",
     "describe_transactions", "list_transactions", "txn_offset_commit",
     "elect_leaders", "alter_partition_reassignments", "list_partition_reassignments",

@@ -37,9 +37,6 @@ DescribeResp = m.DescribeGroupsResponse
 DeleteResp = m.DeleteGroupsResponse
 HeartbeatResp = m.HeartbeatResponse
 
-#: ListGroups v5 reports the group type; every group here speaks the classic protocol.
-CLASSIC_GROUP_TYPE = "classic"
-
 
 def coordinator(ctx: RequestContext) -> GroupCoordinator:
     groups: GroupCoordinator = ctx.services.groups
@@ -240,20 +237,18 @@ async def handle_list_groups(
     types = {t.lower() for t in request.types_filter} if version >= 5 else set()
     # Kafka lists every group to DESCRIBE on the cluster, else the describable ones.
     see_all = authorized(ctx, Operation.DESCRIBE, ResourceType.CLUSTER)
-    if types and CLASSIC_GROUP_TYPE not in types:
-        listed = []
-    else:
-        listed = [
-            ListResp.ListedGroup(
-                group_id=group_id,
-                protocol_type=protocol_type,
-                group_state=state.value,
-                group_type=CLASSIC_GROUP_TYPE,
-            )
-            for group_id, protocol_type, state in coordinator(ctx).list_groups()
-            if (not states or state.value.lower() in states)
-            and (see_all or authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, group_id))
-        ]
+    listed = [
+        ListResp.ListedGroup(
+            group_id=group_id,
+            protocol_type=protocol_type,
+            group_state=state,
+            group_type=group_type,
+        )
+        for group_id, protocol_type, state, group_type in coordinator(ctx).list_groups()
+        if (not states or state.lower() in states)
+        and (not types or group_type in types)
+        and (see_all or authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, group_id))
+    ]
     # As Kafka: the groups known so far, and COORDINATOR_LOAD_IN_PROGRESS while a led
     # partition's table is still loading (some groups may be missing).
     loading = coordinator(ctx).loading()

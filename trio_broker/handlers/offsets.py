@@ -87,6 +87,10 @@ def cluster_topic(
 # ------------------------------------------------------------------------- OffsetCommit
 
 
+#: OffsetFetch v9 carries the member id and epoch of a consumer-protocol member.
+FIRST_MEMBER_EPOCH_FETCH_VERSION = 9
+
+
 @handles(m.ApiKey.OFFSET_COMMIT)
 async def handle_offset_commit(
     ctx: RequestContext, request: m.OffsetCommitRequest
@@ -102,6 +106,7 @@ async def handle_offset_commit(
             request.member_id,
             request.group_instance_id if version >= 7 else None,
             request.generation_id_or_member_epoch,
+            version,
         )
     group_allowed = authorized(ctx, Operation.READ, ResourceType.GROUP, group_id)
     now = ctx.services.now_ms()
@@ -127,6 +132,16 @@ async def handle_offset_commit(
                 part.error_code = topic_error or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             elif group_error is not ErrorCode.NONE:
                 part.error_code = group_error
+            elif (
+                stale := groups.commit_partition_error(
+                    group_id,
+                    request.member_id,
+                    request.generation_id_or_member_epoch,
+                    name or "",
+                    p.partition_index,
+                )
+            ) is not ErrorCode.NONE:
+                part.error_code = stale
             elif len(metadata.encode()) > MAX_METADATA_BYTES:
                 part.error_code = ErrorCode.OFFSET_METADATA_TOO_LARGE
             else:
@@ -329,6 +344,11 @@ async def handle_offset_fetch(
             )
             continue
         not_here = groups.coordinator_error(group.group_id)
+        if not_here is ErrorCode.NONE and version >= FIRST_MEMBER_EPOCH_FETCH_VERSION:
+            # A member of a KIP-848 group reads its offsets with its current epoch.
+            not_here = groups.validate_offset_fetch(
+                group.group_id, group.member_id, group.member_epoch
+            )
         if not_here is not ErrorCode.NONE:
             group_responses.append(
                 FetchResp.OffsetFetchResponseGroup(group_id=group.group_id, error_code=not_here)

@@ -523,6 +523,181 @@ if TYPE_CHECKING:
             zk_migration_ready: bool = ...,
         ) -> None: ...
 
+    class ConsumerGroupDescribeRequest(Message):
+        group_ids: list[str]
+        include_authorized_operations: bool
+
+        def __init__(
+            self,
+            *,
+            group_ids: list[str] = ...,
+            include_authorized_operations: bool = ...,
+        ) -> None: ...
+
+    class ConsumerGroupDescribeResponse(Message):
+        class DescribedGroup(Message):
+            class Member(Message):
+                class Assignment(Message):
+                    class TopicPartitions(Message):
+                        topic_id: uuid.UUID
+                        topic_name: str
+                        partitions: list[int]
+
+                        def __init__(
+                            self,
+                            *,
+                            topic_id: uuid.UUID = ...,
+                            topic_name: str = ...,
+                            partitions: list[int] = ...,
+                        ) -> None: ...
+
+                    topic_partitions: list[TopicPartitions]
+
+                    def __init__(
+                        self,
+                        *,
+                        topic_partitions: list[TopicPartitions] = ...,
+                    ) -> None: ...
+
+                member_id: str
+                instance_id: str | None
+                rack_id: str | None
+                member_epoch: int
+                client_id: str
+                client_host: str
+                subscribed_topic_names: list[str]
+                subscribed_topic_regex: str | None
+                assignment: Assignment
+                target_assignment: Assignment
+
+                def __init__(
+                    self,
+                    *,
+                    member_id: str = ...,
+                    instance_id: str | None = ...,
+                    rack_id: str | None = ...,
+                    member_epoch: int = ...,
+                    client_id: str = ...,
+                    client_host: str = ...,
+                    subscribed_topic_names: list[str] = ...,
+                    subscribed_topic_regex: str | None = ...,
+                    assignment: Assignment = ...,
+                    target_assignment: Assignment = ...,
+                ) -> None: ...
+
+            error_code: int
+            error_message: str | None
+            group_id: str
+            group_state: str
+            group_epoch: int
+            assignment_epoch: int
+            assignor_name: str
+            members: list[Member]
+            authorized_operations: int
+
+            def __init__(
+                self,
+                *,
+                error_code: int = ...,
+                error_message: str | None = ...,
+                group_id: str = ...,
+                group_state: str = ...,
+                group_epoch: int = ...,
+                assignment_epoch: int = ...,
+                assignor_name: str = ...,
+                members: list[Member] = ...,
+                authorized_operations: int = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        groups: list[DescribedGroup]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            groups: list[DescribedGroup] = ...,
+        ) -> None: ...
+
+    class ConsumerGroupHeartbeatRequest(Message):
+        class TopicPartitions(Message):
+            topic_id: uuid.UUID
+            partitions: list[int]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[int] = ...,
+            ) -> None: ...
+
+        group_id: str
+        member_id: str
+        member_epoch: int
+        instance_id: str | None
+        rack_id: str | None
+        rebalance_timeout_ms: int
+        subscribed_topic_names: list[str] | None
+        subscribed_topic_regex: str | None
+        server_assignor: str | None
+        topic_partitions: list[TopicPartitions] | None
+
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+            member_id: str = ...,
+            member_epoch: int = ...,
+            instance_id: str | None = ...,
+            rack_id: str | None = ...,
+            rebalance_timeout_ms: int = ...,
+            subscribed_topic_names: list[str] | None = ...,
+            subscribed_topic_regex: str | None = ...,
+            server_assignor: str | None = ...,
+            topic_partitions: list[TopicPartitions] | None = ...,
+        ) -> None: ...
+
+    class ConsumerGroupHeartbeatResponse(Message):
+        class Assignment(Message):
+            class TopicPartitions(Message):
+                topic_id: uuid.UUID
+                partitions: list[int]
+
+                def __init__(
+                    self,
+                    *,
+                    topic_id: uuid.UUID = ...,
+                    partitions: list[int] = ...,
+                ) -> None: ...
+
+            topic_partitions: list[TopicPartitions]
+
+            def __init__(
+                self,
+                *,
+                topic_partitions: list[TopicPartitions] = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        error_code: int
+        error_message: str | None
+        member_id: str | None
+        member_epoch: int
+        heartbeat_interval_ms: int
+        assignment: Assignment | None
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            error_message: str | None = ...,
+            member_id: str | None = ...,
+            member_epoch: int = ...,
+            heartbeat_interval_ms: int = ...,
+            assignment: Assignment | None = ...,
+        ) -> None: ...
+
     class CreateAclsRequest(Message):
         class AclCreation(Message):
             resource_type: int
@@ -3371,6 +3546,10 @@ else:
     AlterUserScramCredentialsResponse = SCHEMAS["AlterUserScramCredentialsResponse"].cls
     ApiVersionsRequest = SCHEMAS["ApiVersionsRequest"].cls
     ApiVersionsResponse = SCHEMAS["ApiVersionsResponse"].cls
+    ConsumerGroupDescribeRequest = SCHEMAS["ConsumerGroupDescribeRequest"].cls
+    ConsumerGroupDescribeResponse = SCHEMAS["ConsumerGroupDescribeResponse"].cls
+    ConsumerGroupHeartbeatRequest = SCHEMAS["ConsumerGroupHeartbeatRequest"].cls
+    ConsumerGroupHeartbeatResponse = SCHEMAS["ConsumerGroupHeartbeatResponse"].cls
     CreateAclsRequest = SCHEMAS["CreateAclsRequest"].cls
     CreateAclsResponse = SCHEMAS["CreateAclsResponse"].cls
     CreatePartitionsRequest = SCHEMAS["CreatePartitionsRequest"].cls
@@ -3469,6 +3648,10 @@ __all__ = [
     "AlterUserScramCredentialsResponse",
     "ApiVersionsRequest",
     "ApiVersionsResponse",
+    "ConsumerGroupDescribeRequest",
+    "ConsumerGroupDescribeResponse",
+    "ConsumerGroupHeartbeatRequest",
+    "ConsumerGroupHeartbeatResponse",
     "CreateAclsRequest",
     "CreateAclsResponse",
     "CreatePartitionsRequest",

@@ -134,6 +134,9 @@ class Message:
 
 def _build_fields(raw_fields: tuple[Any, ...], owner: str) -> tuple[Field, ...]:
     fields = []
+    #: Two fields of one struct type (a common struct, e.g. ConsumerGroupDescribe's
+    #: Assignment and TargetAssignment) share one class, the one ``owner.elem`` names.
+    made: dict[str, type[Message]] = {}
     for name, ftype, vmin, vmax, nmin, nmax, tag, tmin, tmax, default, sub in raw_fields:
         is_array = ftype.startswith("[]")
         elem = ftype[2:] if is_array else ftype
@@ -144,7 +147,12 @@ def _build_fields(raw_fields: tuple[Any, ...], owner: str) -> tuple[Field, ...]:
             tag=tag, tagged_min=tmin, tagged_max=tmax, default=default, fields=sub_fields,
         )  # fmt: skip
         if sub_fields is not None:
-            field = attrs.evolve(field, struct_class=_make_class(f"{owner}.{elem}", sub_fields))
+            if elem not in made:
+                made[elem] = _make_class(f"{owner}.{elem}", sub_fields)
+            elif made[elem]._fields != sub_fields:
+                raise ValueError(f"{owner}.{name}: two different structs named {elem}")
+            # Its fields too: their nested classes are the shared class's.
+            field = attrs.evolve(field, struct_class=made[elem], fields=made[elem]._fields)
         elif elem not in PRIMITIVES:
             raise ValueError(f"{owner}.{name}: unknown type {ftype!r}")
         fields.append(field)

@@ -253,7 +253,8 @@ def render_metrics(broker: Broker) -> bytes:
     out.gauge(p + "topics", "topics", len(broker.topics.topics))
     out.family(p + "partition_size_bytes", "gauge", "bytes in a partition's log", sizes)
     out.family(p + "log_end_offset", "gauge", "next offset of a partition's log", ends)
-    out.gauge(p + "groups", "consumer groups known to the coordinator", len(broker.groups.groups))
+    groups = len(broker.groups.groups) + len(broker.groups.consumer_groups)  # classic + KIP-848
+    out.gauge(p + "groups", "consumer groups known to the coordinator", groups)
     return out.render()
 
 

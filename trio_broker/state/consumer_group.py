@@ -1,0 +1,740 @@
+"""Consumer groups of the consumer rebalance protocol (KIP-848): the pure state.
+
+A member speaks to its group only through ConsumerGroupHeartbeat. The group keeps
+
+* a **group epoch**, bumped when the membership or a subscription changes (or a
+  subscribed topic grows);
+* a **target assignment** (member -> partitions) computed by a server-side assignor
+  for one group epoch, the **assignment epoch**;
+* per member its **current assignment**, its **member epoch**, and the partitions it
+  was asked to give up but still holds (**pending revocation**).
+
+Each heartbeat reconciles the member towards the target (Kafka's CurrentAssignmentBuilder):
+partitions leave it first (UNREVOKED_PARTITIONS, the member keeps its epoch until its
+next heartbeat shows them released); a partition still held by another member is held
+back (UNRELEASED_PARTITIONS) and handed over on a later heartbeat, once free. So a
+partition is never in two members' current assignments (assigned or pending revocation)
+at once: ``owners`` maps each held partition to its only holder.
+
+Time comes in as milliseconds from the caller (no clock here, no I/O, no trio): session
+and rebalance deadlines fence a silent member, which frees its partitions and bumps the
+group epoch. Topics are handled by name; the handler maps Kafka's topic ids. A member
+may subscribe by regular expression too, matched here against the topics it is given.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from trio_broker.protocol.error_codes import ErrorCode
+
+TopicPartition = tuple[str, int]
+Assignment = frozenset[TopicPartition]
+EMPTY: Assignment = frozenset()
+
+#: MemberEpoch values with a meaning of their own in a heartbeat.
+JOIN_EPOCH = 0
+LEAVE_EPOCH = -1
+STATIC_LEAVE_EPOCH = -2
+
+#: Version of :meth:`ConsumerGroup.encode`'s snapshot.
+SNAPSHOT_VERSION = 1
+
+#: ListGroups/DescribeGroups call these groups "consumer", like Kafka.
+CONSUMER_PROTOCOL_TYPE = "consumer"
+UNIFORM, RANGE = "uniform", "range"
+#: Never matched by a subscription regex.
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+
+class MemberState(enum.Enum):
+    STABLE = "stable"
+    UNREVOKED_PARTITIONS = "unrevoked_partitions"
+    UNRELEASED_PARTITIONS = "unreleased_partitions"
+
+
+class ConsumerGroupState(enum.Enum):
+    """Kafka's ConsumerGroupState, as ListGroups and ConsumerGroupDescribe spell it."""
+
+    EMPTY = "Empty"
+    ASSIGNING = "Assigning"
+    RECONCILING = "Reconciling"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+@attrs.frozen
+class ConsumerGroupConfig:
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 5_000
+    #: Server-side assignors by name; the first is the default.
+    assignors: tuple[str, ...] = (UNIFORM, RANGE)
+
+
+class Refused(Exception):
+    """A heartbeat (or commit) refused with a Kafka error and its message."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@attrs.frozen
+class Heartbeat:
+    """One ConsumerGroupHeartbeat, topics by name. None means "unchanged"."""
+
+    member_id: str
+    member_epoch: int
+    instance_id: str | None = None
+    rack_id: str | None = None
+    rebalance_timeout_ms: int = -1
+    subscribed: tuple[str, ...] | None = None
+    regex: str | None = None
+    server_assignor: str | None = None
+    owned: Assignment | None = None
+    client_id: str = ""
+    client_host: str = ""
+
+
+@attrs.frozen
+class HeartbeatResult:
+    error: ErrorCode = ErrorCode.NONE
+    message: str | None = None
+    member_id: str | None = None
+    member_epoch: int = 0
+    heartbeat_interval_ms: int = 0
+    #: The member's assignment (what it may consume now); None: not sent this time.
+    assignment: Assignment | None = None
+
+
+@attrs.define(eq=False)
+class Member:
+    member_id: str
+    instance_id: str | None = None
+    rack_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    rebalance_timeout_ms: int = 300_000
+    subscribed: tuple[str, ...] = ()
+    server_assignor: str | None = None
+    epoch: int = 0
+    previous_epoch: int = 0
+    state: MemberState = MemberState.STABLE
+    #: Partitions the member may consume (its current assignment).
+    assigned: Assignment = EMPTY
+    #: Partitions it must give up and is not yet known to have released.
+    pending_revocation: Assignment = EMPTY
+    #: The member epoch each assigned partition was given at (KIP-1251): a commit with
+    #: an older epoch is still fine for a partition the member had then.
+    assigned_at: dict[TopicPartition, int] = attrs.Factory(dict)
+    session_deadline_ms: int = 0
+    #: Set while the member owes a revocation: fenced if it has not released by then.
+    rebalance_deadline_ms: int | None = None
+    #: A subscription by regular expression (a full match of the topic name), and the
+    #: topics it matched at the group's last heartbeat.
+    regex: str | None = None
+    resolved: tuple[str, ...] = ()
+
+    def topics(self) -> tuple[str, ...]:
+        """The topics the member subscribes to: by name, and by its regex."""
+        if not self.resolved:
+            return self.subscribed
+        return tuple(sorted(set(self.subscribed) | set(self.resolved)))
+
+    def holds(self) -> Assignment:
+        return self.assigned | self.pending_revocation
+
+
+def validate_heartbeat(request: Heartbeat, group_id: str, assignors: Sequence[str]) -> None:
+    """Kafka's request checks, before the group is looked at; raises :class:`Refused`."""
+    invalid = ErrorCode.INVALID_REQUEST
+    if not group_id:
+        raise Refused(invalid, "GroupId can't be empty.")
+    if request.instance_id is not None and not request.instance_id:
+        raise Refused(invalid, "InstanceId can't be empty.")
+    if request.rack_id is not None and not request.rack_id:
+        raise Refused(invalid, "RackId can't be empty.")
+    if request.regex:  # librdkafka sends "" for "no regex"
+        try:
+            re.compile(request.regex)
+        except re.error as exc:
+            raise Refused(
+                ErrorCode.INVALID_REGULAR_EXPRESSION,
+                f"SubscribedTopicRegex `{request.regex}` is not a valid regular expression: {exc}.",
+            ) from exc
+    epoch = request.member_epoch
+    if epoch > 0 or epoch == LEAVE_EPOCH:
+        if not request.member_id:
+            raise Refused(invalid, "MemberId can't be empty.")
+    elif epoch == JOIN_EPOCH:
+        if request.rebalance_timeout_ms == -1:
+            raise Refused(invalid, "RebalanceTimeoutMs must be provided in first request.")
+        if request.owned is None or request.owned:
+            raise Refused(invalid, "TopicPartitions must be empty when (re-)joining.")
+        if not request.subscribed and not request.regex:
+            raise Refused(
+                invalid,
+                "SubscribedTopicNames or SubscribedTopicRegex must be set in first request.",
+            )
+    elif epoch == STATIC_LEAVE_EPOCH:
+        if not request.member_id:
+            raise Refused(invalid, "MemberId can't be empty.")
+        if request.instance_id is None:
+            raise Refused(invalid, "InstanceId can't be null.")
+    else:
+        raise Refused(invalid, "MemberEpoch is invalid.")
+    if request.server_assignor is not None and request.server_assignor not in assignors:
+        raise Refused(
+            ErrorCode.UNSUPPORTED_ASSIGNOR,
+            f"ServerAssignor {request.server_assignor} is not supported. "
+            f"Supported assignors: {', '.join(assignors)}.",
+        )
+
+
+# ------------------------------------------------------------------------- assignors
+
+
+def _eligible(
+    subscriptions: Mapping[str, Sequence[str]], partitions: Mapping[str, int]
+) -> dict[TopicPartition, list[str]]:
+    """Each partition of a subscribed topic -> its subscribers, sorted."""
+    out: dict[TopicPartition, list[str]] = {}
+    for member_id in sorted(subscriptions):
+        for topic in subscriptions[member_id]:
+            for p in range(partitions.get(topic, 0)):
+                out.setdefault((topic, p), []).append(member_id)
+    return out
+
+
+def assign_uniform(
+    subscriptions: Mapping[str, Sequence[str]],
+    partitions: Mapping[str, int],
+    previous: Mapping[str, Assignment],
+) -> dict[str, Assignment]:
+    """Balanced and sticky: a member keeps up to its fair share of what it had; the
+    rest goes, partition by partition, to the least loaded subscriber. With one
+    subscription for all, counts differ by at most one."""
+    eligible = _eligible(subscriptions, partitions)
+    share: dict[str, float] = dict.fromkeys(subscriptions, 0.0)
+    for subscribers in eligible.values():
+        for m in subscribers:
+            share[m] += 1 / len(subscribers)
+    out: dict[str, set[TopicPartition]] = {m: set() for m in subscriptions}
+    taken: set[TopicPartition] = set()
+    for m in sorted(subscriptions):
+        keep = int(share[m] + 1e-9)
+        for tp in sorted(previous.get(m, EMPTY)):
+            if len(out[m]) >= keep:
+                break
+            if tp not in taken and m in eligible.get(tp, ()):
+                out[m].add(tp)
+                taken.add(tp)
+    # The least-subscribed partitions first, so that narrow members get theirs.
+    for tp in sorted(eligible, key=lambda tp: (len(eligible[tp]), tp)):
+        if tp not in taken:
+            m = min(eligible[tp], key=lambda m: (len(out[m]), m))
+            out[m].add(tp)
+    return {m: frozenset(tps) for m, tps in out.items()}
+
+
+def assign_range(
+    subscriptions: Mapping[str, Sequence[str]],
+    partitions: Mapping[str, int],
+    previous: Mapping[str, Assignment],
+) -> dict[str, Assignment]:
+    """Per topic, its subscribers (sorted by member id) take contiguous ranges; the
+    first ``count % subscribers`` take one more."""
+    del previous  # range is not sticky
+    out: dict[str, set[TopicPartition]] = {m: set() for m in subscriptions}
+    topics = sorted({t for ts in subscriptions.values() for t in ts})
+    for topic in topics:
+        members = sorted(m for m, ts in subscriptions.items() if topic in ts)
+        count = partitions.get(topic, 0)
+        quota, extra = divmod(count, len(members))
+        start = 0
+        for i, m in enumerate(members):
+            n = quota + (1 if i < extra else 0)
+            out[m].update((topic, p) for p in range(start, start + n))
+            start += n
+    return {m: frozenset(tps) for m, tps in out.items()}
+
+
+ASSIGNORS = {UNIFORM: assign_uniform, RANGE: assign_range}
+
+
+# ------------------------------------------------------------------------- the group
+
+
+@attrs.define(eq=False)
+class ConsumerGroup:
+    group_id: str
+    config: ConsumerGroupConfig = attrs.Factory(ConsumerGroupConfig)
+    group_epoch: int = 0
+    assignment_epoch: int = 0
+    members: dict[str, Member] = attrs.Factory(dict)
+    #: member id -> its partitions in the target assignment of ``assignment_epoch``.
+    target: dict[str, Assignment] = attrs.Factory(dict)
+    #: partition -> the one member holding it (assigned or pending revocation).
+    owners: dict[TopicPartition, str] = attrs.Factory(dict)
+    #: Partition counts of the subscribed topics that exist, as of the last heartbeat.
+    subscription_metadata: dict[str, int] = attrs.Factory(dict)
+    #: The assignor of the last target assignment.
+    assignor_name: str = UNIFORM
+
+    # -------------------------------------------------------------- views
+
+    @property
+    def state(self) -> ConsumerGroupState:
+        if not self.members:
+            return ConsumerGroupState.EMPTY
+        if self.group_epoch > self.assignment_epoch:
+            return ConsumerGroupState.ASSIGNING
+        for member in self.members.values():
+            if member.state is not MemberState.STABLE or member.epoch != self.assignment_epoch:
+                return ConsumerGroupState.RECONCILING
+        return ConsumerGroupState.STABLE
+
+    def is_empty(self) -> bool:
+        return not self.members
+
+    def static_member(self, instance_id: str) -> Member | None:
+        return next((m for m in self.members.values() if m.instance_id == instance_id), None)
+
+    def preferred_assignor(self) -> str:
+        """The assignor most members ask for; else the broker's first."""
+        counts: dict[str, int] = {}
+        for member in self.members.values():
+            if member.server_assignor is not None:
+                counts[member.server_assignor] = counts.get(member.server_assignor, 0) + 1
+        if not counts:
+            return self.config.assignors[0]
+        return max(sorted(counts), key=lambda name: counts[name])
+
+    def next_deadline(self) -> int | None:
+        deadlines = [m.session_deadline_ms for m in self.members.values()]
+        deadlines += [
+            m.rebalance_deadline_ms
+            for m in self.members.values()
+            if m.rebalance_deadline_ms is not None
+        ]
+        return min(deadlines, default=None)
+
+    # -------------------------------------------------------------- heartbeat
+
+    def heartbeat(
+        self, request: Heartbeat, now_ms: int, metadata: Mapping[str, int], new_member_id: str
+    ) -> HeartbeatResult:
+        """One validated heartbeat (:func:`validate_heartbeat`); ``metadata`` gives the
+        partition count of every existing topic the group may subscribe to."""
+        try:
+            if request.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
+                return self._leave(request, now_ms)
+            return self._heartbeat(request, now_ms, metadata, new_member_id)
+        except Refused as refused:
+            return HeartbeatResult(refused.code, refused.message)
+
+    def _heartbeat(
+        self, request: Heartbeat, now_ms: int, metadata: Mapping[str, int], new_member_id: str
+    ) -> HeartbeatResult:
+        joining = request.member_epoch == JOIN_EPOCH
+        member_id = request.member_id or new_member_id
+        member = self._member_for(request, member_id, joining)
+        is_new = member.member_id not in self.members
+        before = (member.subscribed, member.assigned, member.regex)
+
+        if request.subscribed is not None:
+            member.subscribed = tuple(sorted(set(request.subscribed)))
+        if request.regex is not None:
+            member.regex = request.regex or None  # "" clears it
+            if member.regex is None:
+                member.resolved = ()
+        if request.server_assignor is not None:
+            member.server_assignor = request.server_assignor
+        if request.rebalance_timeout_ms != -1:
+            member.rebalance_timeout_ms = request.rebalance_timeout_ms
+        if request.rack_id is not None:
+            member.rack_id = request.rack_id
+        if request.instance_id is not None:
+            member.instance_id = request.instance_id
+        member.client_id, member.client_host = request.client_id, request.client_host
+        self.members[member.member_id] = member
+
+        bump = is_new or member.subscribed != before[0] or member.regex != before[2]
+        # Regexes are matched against the topics as they are now: a new topic that
+        # matches joins the subscription at the next heartbeat of any member.
+        for other in self.members.values():
+            if other.regex is not None:
+                pattern = re.compile(other.regex)
+                matched = tuple(
+                    sorted(t for t in metadata if t not in INTERNAL_TOPICS and pattern.fullmatch(t))
+                )
+                if matched != other.resolved:
+                    other.resolved = matched
+                    bump = True
+        wanted = {t for m in self.members.values() for t in m.topics()}
+        fresh = {t: n for t in sorted(wanted) if (n := metadata.get(t, 0)) > 0}
+        if fresh != self.subscription_metadata:
+            self.subscription_metadata = fresh
+            bump = True
+        if bump:
+            self.group_epoch += 1
+        if self.group_epoch > self.assignment_epoch:
+            self._compute_target()
+
+        self._reconcile(member, request.owned, now_ms)
+        member.session_deadline_ms = now_ms + self.config.session_timeout_ms
+
+        full = joining or (
+            request.rebalance_timeout_ms != -1
+            and request.subscribed is not None
+            and request.owned is not None
+        )
+        return HeartbeatResult(
+            member_id=member.member_id,
+            member_epoch=member.epoch,
+            heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+            assignment=member.assigned if full or member.assigned != before[1] else None,
+        )
+
+    def _member_for(self, request: Heartbeat, member_id: str, joining: bool) -> Member:
+        """The member the heartbeat is from (new when joining); raises Refused."""
+        instance_id = request.instance_id
+        if instance_id is None:
+            member = self.members.get(member_id)
+            if member is None:
+                if not joining:
+                    raise Refused(
+                        ErrorCode.UNKNOWN_MEMBER_ID,
+                        f"Member {member_id} is not a member of group {self.group_id}.",
+                    )
+                return Member(member_id)
+            self._check_epoch(member, request)
+            return member
+        static = self.static_member(instance_id)
+        if joining:
+            if static is None:
+                return self.members.get(member_id) or Member(member_id, instance_id)
+            if static.member_id == member_id:
+                return static
+            if static.epoch != STATIC_LEAVE_EPOCH:
+                raise Refused(
+                    ErrorCode.UNRELEASED_INSTANCE_ID,
+                    f"Static member {member_id} with instance id {instance_id} cannot join the "
+                    f"group because the instance id is owned by {static.member_id} member.",
+                )
+            return self._replace(static, member_id)
+        if static is None:
+            raise Refused(ErrorCode.UNKNOWN_MEMBER_ID, f"Instance id {instance_id} is unknown.")
+        if static.member_id != member_id:
+            raise Refused(
+                ErrorCode.FENCED_INSTANCE_ID,
+                f"Static member {member_id} with instance id {instance_id} was fenced by "
+                f"member {static.member_id}.",
+            )
+        self._check_epoch(static, request)
+        return static
+
+    @staticmethod
+    def _check_epoch(member: Member, request: Heartbeat) -> None:
+        received = request.member_epoch
+        if received == JOIN_EPOCH:
+            return  # a known member rejoining: it gets its assignment again in full
+        if received > member.epoch:
+            raise Refused(
+                ErrorCode.FENCED_MEMBER_EPOCH,
+                f"The consumer group member has a greater member epoch ({received}) than the "
+                f"one known by the group coordinator ({member.epoch}). The member must abandon "
+                "all its partitions and rejoin.",
+            )
+        if received < member.epoch:
+            # The answer that bumped the epoch may have been lost: the previous epoch is
+            # fine as long as the member claims nothing beyond its assignment.
+            owned = request.owned
+            if received != member.previous_epoch or owned is None or not owned <= member.assigned:
+                raise Refused(
+                    ErrorCode.FENCED_MEMBER_EPOCH,
+                    f"The consumer group member has a smaller member epoch ({received}) than "
+                    f"the one known by the group coordinator ({member.epoch}). The member must "
+                    "abandon all its partitions and rejoin.",
+                )
+
+    def _replace(self, old: Member, member_id: str) -> Member:
+        """A static member back under a new member id takes the old one's place."""
+        new = attrs.evolve(old, member_id=member_id, epoch=0, previous_epoch=0)
+        del self.members[old.member_id]
+        for tp in new.holds():
+            self.owners[tp] = member_id
+        if old.member_id in self.target:
+            self.target[member_id] = self.target.pop(old.member_id)
+        self.members[member_id] = new
+        return new
+
+    def _compute_target(self) -> None:
+        name = self.preferred_assignor()
+        assign = ASSIGNORS.get(name, assign_uniform)
+        subscriptions = {m.member_id: m.topics() for m in self.members.values()}
+        self.target = assign(subscriptions, self.subscription_metadata, self.target)
+        self.assignor_name = name
+        self.assignment_epoch = self.group_epoch
+
+    # -------------------------------------------------------------- reconciliation
+
+    def _reconcile(self, member: Member, owned: Assignment | None, now_ms: int) -> None:
+        """Move the member one step towards its target (Kafka's CurrentAssignmentBuilder)."""
+        if member.state is MemberState.STABLE and member.epoch == self.assignment_epoch:
+            return
+        if member.state is MemberState.UNREVOKED_PARTITIONS and _still_owns(
+            owned, member.pending_revocation
+        ):
+            return
+        self._next_assignment(member, owned, now_ms)
+
+    def _next_assignment(self, member: Member, owned: Assignment | None, now_ms: int) -> None:
+        target = self.target.get(member.member_id, EMPTY)
+        keep = member.assigned & target
+        revoke = member.assigned - keep
+        wanted = target - keep
+        unreleased = {tp for tp in wanted if tp in self.owners}
+        free = wanted - unreleased
+        if revoke and _still_owns(owned, revoke):
+            new_state, epoch = MemberState.UNREVOKED_PARTITIONS, member.epoch
+            assigned, pending = keep, revoke
+        else:
+            new_state = MemberState.UNRELEASED_PARTITIONS if unreleased else MemberState.STABLE
+            epoch, assigned, pending = self.assignment_epoch, keep | free, EMPTY
+        self._set_holdings(member, assigned, pending)
+        member.assigned_at = {tp: member.assigned_at.get(tp, epoch) for tp in assigned}
+        if epoch != member.epoch:
+            member.previous_epoch, member.epoch = member.epoch, epoch
+        if new_state is MemberState.UNREVOKED_PARTITIONS:
+            if member.state is not MemberState.UNREVOKED_PARTITIONS:
+                member.rebalance_deadline_ms = now_ms + member.rebalance_timeout_ms
+        else:
+            member.rebalance_deadline_ms = None
+        member.state = new_state
+
+    def _set_holdings(self, member: Member, assigned: Assignment, pending: Assignment) -> None:
+        for tp in member.holds():
+            if self.owners.get(tp) == member.member_id:
+                del self.owners[tp]
+        for tp in assigned | pending:
+            holder = self.owners.setdefault(tp, member.member_id)
+            assert holder == member.member_id, f"{tp} given to {member.member_id}, held by {holder}"
+        member.assigned, member.pending_revocation = assigned, pending
+
+    # -------------------------------------------------------------- leaving, fencing
+
+    def _leave(self, request: Heartbeat, now_ms: int) -> HeartbeatResult:
+        member = self.members.get(request.member_id)
+        if request.instance_id is not None:
+            static = self.static_member(request.instance_id)
+            if static is None:
+                raise Refused(
+                    ErrorCode.UNKNOWN_MEMBER_ID, f"Instance id {request.instance_id} is unknown."
+                )
+            if static.member_id != request.member_id:
+                raise Refused(
+                    ErrorCode.FENCED_INSTANCE_ID,
+                    f"Static member {request.member_id} with instance id "
+                    f"{request.instance_id} was fenced by member {static.member_id}.",
+                )
+            member = static
+        if member is None:
+            raise Refused(
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                f"Member {request.member_id} is not a member of group {self.group_id}.",
+            )
+        if request.member_epoch == STATIC_LEAVE_EPOCH:
+            # The instance will be back: it keeps its partitions (nobody else gets them)
+            # until it rejoins or its session runs out.
+            member.previous_epoch, member.epoch = member.epoch, STATIC_LEAVE_EPOCH
+            member.rebalance_deadline_ms = None
+        else:
+            self.remove_member(member.member_id)
+        return HeartbeatResult(
+            member_id=member.member_id,
+            member_epoch=request.member_epoch,
+            heartbeat_interval_ms=0,
+        )
+
+    def remove_member(self, member_id: str) -> None:
+        """The member is gone (left, or fenced): its partitions are free and the group
+        epoch moves on, so the next heartbeat computes a new target."""
+        member = self.members.pop(member_id, None)
+        if member is None:
+            return
+        for tp in member.holds():
+            if self.owners.get(tp) == member_id:
+                del self.owners[tp]
+        self.target.pop(member_id, None)
+        wanted = {t for m in self.members.values() for t in m.topics()}
+        self.subscription_metadata = {
+            t: n for t, n in self.subscription_metadata.items() if t in wanted
+        }
+        self.group_epoch += 1
+
+    def advance_to(self, now_ms: int) -> list[str]:
+        """Fence the members whose session or revocation deadline passed; their ids."""
+        fenced = [
+            m.member_id
+            for m in self.members.values()
+            if m.session_deadline_ms <= now_ms
+            or (m.rebalance_deadline_ms is not None and m.rebalance_deadline_ms <= now_ms)
+        ]
+        for member_id in fenced:
+            self.remove_member(member_id)
+        return fenced
+
+    # -------------------------------------------------------------- stored form
+
+    def encode(self) -> bytes:
+        """The whole group as stored in ``__consumer_offsets`` (our format: JSON)."""
+
+        def tps(assignment: Assignment) -> list[list[str | int]]:
+            return [[t, p] for t, p in sorted(assignment)]
+
+        return json.dumps(
+            {
+                "v": SNAPSHOT_VERSION,
+                "group_epoch": self.group_epoch,
+                "assignment_epoch": self.assignment_epoch,
+                "assignor": self.assignor_name,
+                "metadata": self.subscription_metadata,
+                "target": {m: tps(a) for m, a in sorted(self.target.items())},
+                "members": [
+                    {
+                        "id": m.member_id,
+                        "instance": m.instance_id,
+                        "rack": m.rack_id,
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        "rebalance_timeout_ms": m.rebalance_timeout_ms,
+                        "subscribed": list(m.subscribed),
+                        "regex": m.regex,
+                        "resolved": list(m.resolved),
+                        "assignor": m.server_assignor,
+                        "epoch": m.epoch,
+                        "previous_epoch": m.previous_epoch,
+                        "state": m.state.value,
+                        "assigned": tps(m.assigned),
+                        "assigned_at": [[t, p, e] for (t, p), e in sorted(m.assigned_at.items())],
+                        "revoking": tps(m.pending_revocation),
+                    }
+                    for m in self.members.values()
+                ],
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(
+        cls, group_id: str, raw: bytes, config: ConsumerGroupConfig, now_ms: int
+    ) -> ConsumerGroup:
+        """A stored group back; sessions start now. Raises ValueError if it is damaged
+        or contradicts itself (two holders of one partition)."""
+        try:
+            data = json.loads(raw)
+            if data["v"] != SNAPSHOT_VERSION:
+                raise ValueError(f"snapshot version {data['v']}")
+
+            def tps(items: list[list[str | int]]) -> Assignment:
+                return frozenset((str(t), int(p)) for t, p in items)
+
+            group = cls(
+                group_id, config, group_epoch=int(data["group_epoch"]),
+                assignment_epoch=int(data["assignment_epoch"]),
+                subscription_metadata={str(t): int(n) for t, n in data["metadata"].items()},
+                target={str(m): tps(a) for m, a in data["target"].items()},
+                assignor_name=str(data["assignor"]),
+            )  # fmt: skip
+            for d in data["members"]:
+                member = Member(
+                    str(d["id"]), d["instance"], d["rack"], str(d["client_id"]),
+                    str(d["client_host"]), int(d["rebalance_timeout_ms"]),
+                    tuple(d["subscribed"]), d["assignor"], int(d["epoch"]),
+                    int(d["previous_epoch"]), MemberState(d["state"]),
+                    session_deadline_ms=now_ms + config.session_timeout_ms,
+                    regex=d.get("regex"), resolved=tuple(d.get("resolved", ())),
+                )  # fmt: skip
+                holds = tps(d["assigned"]) | tps(d["revoking"])
+                if member.member_id in group.members or holds & group.owners.keys():
+                    raise ValueError(f"member {member.member_id} contradicts the others")
+                group.members[member.member_id] = member
+                group._set_holdings(member, tps(d["assigned"]), tps(d["revoking"]))
+                member.assigned_at = {(str(t), int(p)): int(e) for t, p, e in d["assigned_at"]}
+                if member.assigned_at.keys() != member.assigned:
+                    raise ValueError(f"member {member.member_id}: assignment epochs differ")
+                if member.state is MemberState.UNREVOKED_PARTITIONS:
+                    member.rebalance_deadline_ms = now_ms + member.rebalance_timeout_ms
+        except (KeyError, TypeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"unreadable consumer group snapshot: {exc!r}") from exc
+        return group
+
+    # -------------------------------------------------------------- offsets
+
+    def validate_offset_commit(self, member_id: str, member_epoch: int, api_version: int) -> None:
+        """Kafka's rule for a commit into this group; raises Refused."""
+        if member_epoch < 0 and not self.members:
+            return  # an admin or a consumer assigning partitions itself, group empty
+        member = self.members.get(member_id)
+        if member is None:
+            raise Refused(
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                f"Member {member_id} is not a member of group {self.group_id}.",
+            )
+        if api_version < 9:
+            raise Refused(
+                ErrorCode.UNSUPPORTED_VERSION,
+                "OffsetCommit version 9 or above must be used by members using the modern "
+                "group protocol",
+            )
+        if member_epoch > member.epoch:
+            _check_member_epoch(member_epoch, member.epoch)
+        # An older epoch is checked partition by partition (commit_partition_error).
+
+    def commit_partition_error(
+        self, member_id: str, member_epoch: int, partition: TopicPartition
+    ) -> ErrorCode:
+        """KIP-1251: a commit whose epoch is behind the member's (the heartbeat that bumped
+        it crossed the commit) is fine for a partition the member has held since that
+        epoch; otherwise STALE_MEMBER_EPOCH. Call after :meth:`validate_offset_commit`."""
+        member = self.members.get(member_id)
+        if member is None or member_epoch >= member.epoch:
+            return ErrorCode.NONE  # checked as a whole already
+        given_at = member.assigned_at.get(partition)
+        if given_at is not None and given_at <= member_epoch:
+            return ErrorCode.NONE
+        return ErrorCode.STALE_MEMBER_EPOCH
+
+    def validate_offset_fetch(self, member_id: str | None, member_epoch: int) -> None:
+        if member_id is None and member_epoch < 0:
+            return
+        member = self.members.get(member_id or "")
+        if member is None:
+            raise Refused(
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                f"Member {member_id} is not a member of group {self.group_id}.",
+            )
+        _check_member_epoch(member_epoch, member.epoch)
+
+
+def _check_member_epoch(received: int, expected: int) -> None:
+    if received != expected:
+        raise Refused(
+            ErrorCode.STALE_MEMBER_EPOCH,
+            f"The received member epoch {received} does not match the expected member "
+            f"epoch {expected}.",
+        )
+
+
+def _still_owns(owned: Iterable[TopicPartition] | None, revoking: Assignment) -> bool:
+    """Does the member's report still hold one of ``revoking``? No report: assume so."""
+    if owned is None:
+        return True
+    return any(tp in revoking for tp in owned)
