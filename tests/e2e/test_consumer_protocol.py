@@ -166,12 +166,17 @@ def test_bad_heartbeats_commits_and_fetches(broker_process: BrokerProcess) -> No
         assert other.error_code == ErrorCode.UNKNOWN_MEMBER_ID
         future = beat(member_id="m1", member_epoch=7, topic_partitions=None)
         assert future.error_code == ErrorCode.FENCED_MEMBER_EPOCH
-        # Bad requests: an unknown assignor, a regex (not supported yet), no subscription.
+        # Bad requests: an unknown assignor, a bad regex, no subscription.
         bad = beat(member_id="m2", server_assignor="sticky")
         assert bad.error_code == ErrorCode.UNSUPPORTED_ASSIGNOR
         assert "uniform, range" in (bad.error_message or "")
         regex = beat(member_id="m2", subscribed_topic_regex="kip848-(")
         assert regex.error_code == ErrorCode.INVALID_REGULAR_EXPRESSION
+        # Matched with RE2, as Kafka's RE2/J: what needs backtracking (a back-reference,
+        # which Python's re would run) is refused, and so is a pattern over 1 KiB.
+        for refused in (r"(kip848)\1", "a" * 1025):
+            regex = beat(member_id="m2", subscribed_topic_regex=refused)
+            assert regex.error_code == ErrorCode.INVALID_REGULAR_EXPRESSION, refused
         empty = beat(member_id="m2", subscribed_topic_names=[])
         assert empty.error_code == ErrorCode.INVALID_REQUEST
         assert beat(member_id="m2", member_epoch=-3).error_code == ErrorCode.INVALID_REQUEST

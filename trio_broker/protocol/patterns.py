@@ -7,8 +7,8 @@ matches in time linear in the text for a bounded pattern, and refuses what needs
 backtracking (back-references, lookaround) as a syntax error. Its syntax is
 otherwise close to Java's, which Kafka uses for these fields.
 
-Used by ListTransactions v2's ``transactional_id_pattern``; KIP-848's regex
-subscriptions are meant to use it too.
+Used by ListTransactions v2's ``transactional_id_pattern`` and by KIP-848's regex
+subscriptions (``state/consumer_group.py``).
 """
 
 from __future__ import annotations

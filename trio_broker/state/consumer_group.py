@@ -25,13 +25,14 @@ may subscribe by regular expression too, matched here against the topics it is g
 from __future__ import annotations
 
 import enum
+import functools
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.patterns import InvalidPattern, Pattern, compile_pattern
 
 TopicPartition = tuple[str, int]
 Assignment = frozenset[TopicPartition]
@@ -50,6 +51,15 @@ CONSUMER_PROTOCOL_TYPE = "consumer"
 UNIFORM, RANGE = "uniform", "range"
 #: Never matched by a subscription regex.
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+
+@functools.lru_cache(maxsize=64)  # bounded: compiled programs are up to 8 MiB
+def _pattern(regex: str) -> Pattern:
+    """A subscription regex compiled with RE2 (protocol/patterns.py: linear-time
+    matching, as Kafka's RE2/J; Python's backtracking ``re`` would let one member's
+    pattern stall the broker at every heartbeat). Cached: it is matched again against
+    the topics at each heartbeat of any member."""
+    return compile_pattern(regex)
 
 
 class MemberState(enum.Enum):
@@ -162,8 +172,8 @@ def validate_heartbeat(request: Heartbeat, group_id: str, assignors: Sequence[st
         raise Refused(invalid, "RackId can't be empty.")
     if request.regex:  # librdkafka sends "" for "no regex"
         try:
-            re.compile(request.regex)
-        except re.error as exc:
+            _pattern(request.regex)
+        except InvalidPattern as exc:
             raise Refused(
                 ErrorCode.INVALID_REGULAR_EXPRESSION,
                 f"SubscribedTopicRegex `{request.regex}` is not a valid regular expression: {exc}.",
@@ -370,7 +380,7 @@ class ConsumerGroup:
         # matches joins the subscription at the next heartbeat of any member.
         for other in self.members.values():
             if other.regex is not None:
-                pattern = re.compile(other.regex)
+                pattern = _pattern(other.regex)
                 matched = tuple(
                     sorted(t for t in metadata if t not in INTERNAL_TOPICS and pattern.fullmatch(t))
                 )
