@@ -61,15 +61,23 @@ class Fault:
     hold_s: float
 
 
-def schedule(seed: int, duration_s: float, ids: tuple[int, ...]) -> list[Fault]:
-    """The faults of a run, drawn from ``seed``: one at a time, a quiet gap after each."""
+def schedule(
+    seed: int, duration_s: float, ids: tuple[int, ...], *, every_kind: bool = False
+) -> list[Fault]:
+    """The faults of a run, drawn from ``seed``: one at a time, a quiet gap after each.
+
+    ``every_kind``: the first faults are each kind of :data:`FAULTS` once, in a seeded
+    order, even past ``duration_s`` (a short run then covers them all; random draws
+    alone left one out of a 2-minute run); random kinds follow while time remains."""
     rng = random.Random(seed)
+    first = rng.sample(FAULTS, len(FAULTS)) if every_kind else []
     faults, t = [], rng.uniform(2.0, 4.0)
     while True:
         hold = rng.uniform(3.0, 8.0)
-        if t + hold > duration_s:
+        if t + hold > duration_s and len(faults) >= len(first):
             return faults
-        faults.append(Fault(round(t, 2), rng.choice(FAULTS), rng.choice(ids), round(hold, 2)))
+        kind = first[len(faults)] if len(faults) < len(first) else rng.choice(FAULTS)
+        faults.append(Fault(round(t, 2), kind, rng.choice(ids), round(hold, 2)))
         t += hold + rng.uniform(4.0, 8.0)
 
 
@@ -171,10 +179,14 @@ def run(
     seed: int,
     producers: int = 2,
     verify: bool = True,
+    every_kind: bool = False,
 ) -> dict[str, Any]:
-    """One checked run; returns its figures (see the module docstring)."""
+    """One checked run; returns its figures (see the module docstring). ``every_kind``:
+    see :func:`schedule` (the faults may then outlast ``duration_s``)."""
     ids = (1, 2, 3)
-    faults = schedule(seed, duration_s, ids)
+    faults = schedule(seed, duration_s, ids, every_kind=every_kind)
+    if faults:
+        duration_s = max(duration_s, faults[-1].at_s + faults[-1].hold_s)
     _log(f"seed {seed}: {len(faults)} faults over {duration_s:.0f} s: "
          + ", ".join(f"{f.at_s}s {f.kind}@{f.broker} for {f.hold_s}s" for f in faults))  # fmt: skip
     work_dir.mkdir(parents=True, exist_ok=True)

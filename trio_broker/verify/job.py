@@ -203,6 +203,10 @@ def broker_id(files: list[str]) -> int:
     return -1
 
 
+#: Below this many frames the cached facts and views are local checkpoints, not persisted
+#: DataFrames (see :func:`keep`).
+LINEAGE_CUT_BELOW_FRAMES = 100_000
+
 #: Bytes a frame's facts take in Spark's columnar cache, uncompressed (measured: 157 MB
 #: for the 2.4M frames of bench/verify.py's capture; 124 MB compressed).
 CACHE_BYTES_PER_FRAME = 66
@@ -231,6 +235,32 @@ def cache_level(spark: Any, frames: int) -> Any:
     compressed = "false" if in_memory else "true"
     spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", compressed)
     return StorageLevel.MEMORY_AND_DISK if in_memory else StorageLevel.DISK_ONLY
+
+
+def keep(frame: Any, spark: Any, frames: int) -> Any:
+    """``frame`` computed once and kept (at :func:`cache_level`) for the queries after it.
+
+    A small capture's are local checkpoints: tables without lineage, so the checks query,
+    which refers to the facts and views many times, is analysed and optimised over a few
+    leaves instead of every view's plan inlined again (on a 40-frame capture the analysis
+    took 9-13 s of the query's 30, and each verify() about 26 s of CPU against 14 s). A
+    checkpoint forgets the facts' (topic, partition) partitioning, so the joins shuffle
+    again: negligible for a small capture, not for millions of frames, which stay
+    persisted DataFrames. (Being local, a checkpoint cannot be recomputed if an executor
+    is lost: only with ``--master`` on a cluster, for a small capture.)"""
+    level = cache_level(spark, frames)
+    if frames < LINEAGE_CUT_BELOW_FRAMES:
+        return frame.localCheckpoint(eager=True, storageLevel=level)
+    return frame.persist(level)
+
+
+def release(frame: Any, frames: int) -> None:
+    """Free what :func:`keep` kept."""
+    if frames < LINEAGE_CUT_BELOW_FRAMES:
+        # The checkpoint's blocks belong to the RDD its plan reads (no DataFrame API).
+        frame._jdf.queryExecution().analyzed().rdd().unpersist(False)
+    else:
+        frame.unpersist()
 
 
 def verify(spark: Any, capture_dir: CaptureDirs) -> dict[str, Any]:
@@ -291,19 +321,20 @@ def verify(spark: Any, capture_dir: CaptureDirs) -> dict[str, Any]:
         F.lit(KIND_CODE["fetch_request"]).cast("tinyint").alias("kind"),
     )
     facts.unionByName(fetch_requests, allowMissingColumns=True).createOrReplaceTempView("decoded")
-    # The one cached table: every frame is decoded once, by the count in _verify_facts.
+    # The one cached table: every frame is decoded once, by the count in _verify_facts
+    # (for a small capture, by the checkpoint of keep()).
     # Hash-partitioned by (topic, partition) once: nearly every join, aggregation and
     # window of the checks is keyed by (topic, partition, ...), so with
     # spark.sql.requireAllClusterKeysForCoPartition off none of them shuffles the facts
     # again. Spills to disk rather than failing when the facts outgrow the memory.
     parts = cores * max(1, -(-frames // (FRAMES_PER_PARTITION * cores)))
     named = spark.sql(named_view_sql(topic_ids)).repartition(parts, "tname", "partition")
-    cached = [named.persist(cache_level(spark, frames))]
+    cached = [keep(named, spark, frames)]
     try:
         return _verify_facts(spark, cached, capture, runs, dirs, started)
     finally:
         for frame in cached:
-            frame.unpersist()
+            release(frame, frames)
 
 
 #: Requests and responses that may name topics by id (Produce v13+, Fetch v13+,
@@ -366,7 +397,8 @@ def _verify_facts(
     # once (inlined, every reference was its own join or aggregation, with its shuffles).
     materialized = {}
     for name in MATERIALIZED:
-        materialized[name] = spark.table(name).persist(cache_level(spark, capture.frames))
+        materialized[name] = keep(spark.table(name), spark, capture.frames)
+        materialized[name].createOrReplaceTempView(name)  # the checkpoint, when one
         cached.append(materialized[name])
     counted = {name: frame.count() for name, frame in materialized.items()}
     acked = counted["acked"]
