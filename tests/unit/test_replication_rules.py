@@ -193,3 +193,31 @@ def test_a_refused_isr_change_is_dropped_and_strangers_cannot_fetch() -> None:
     assert term.pending is None and term.isr == {1, 2}
     with pytest.raises(NotAReplica):
         term.follower_fetched(9, 0, now_ms=1)
+
+
+# Edges found by mutation testing (issue 31): the branches the KIP cases above do not
+# reach, and the rule that a cut never goes past the follower's own log end.
+
+
+def test_an_answer_without_an_epoch_cuts_at_the_leaders_offset_within_the_own_log() -> None:
+    # OffsetForLeaderEpoch v0 answers an offset and no epoch: cut there, never past the
+    # follower's own end.
+    follower = cache_of((1, 0), (2, 4))
+    assert plan_truncation(follower, 9, 2, UNDEFINED_EPOCH, 6) == TruncationStep(6, done=True)
+    assert plan_truncation(follower, 5, 2, UNDEFINED_EPOCH, 6) == TruncationStep(5, done=True)
+
+
+def test_a_follower_without_epochs_cuts_at_the_leaders_end_within_the_own_log() -> None:
+    empty = LeaderEpochCache()
+    assert plan_truncation(empty, 8, 0, 3, 5) == TruncationStep(5, done=True)
+    assert plan_truncation(empty, 4, 0, 3, 5) == TruncationStep(4, done=True)
+
+
+def test_an_older_epoch_both_hold_cuts_where_it_ends_here_not_at_the_log_end() -> None:
+    # Follower: epoch 1 from 0, epoch 3 from 6 (it led epoch 3 and wrote 6-8 alone).
+    # Leader: epoch 1 from 0, epoch 4 from 8. Asked about 3, the leader answers (1, 8);
+    # the follower's epoch 1 ends at 6: offsets 6-8 are epoch 3's and must go.
+    follower = cache_of((1, 0), (3, 6))
+    leader = cache_of((1, 0), (4, 8))
+    step = plan_truncation(follower, 9, 0, *leader.end_offset_for(3, 10))
+    assert step == TruncationStep(6, done=True)
