@@ -11,6 +11,8 @@ from trio_broker.storage.epoch_cache import (
     UNDEFINED_OFFSET,
     EpochOrderViolation,
     LeaderEpochCache,
+    format_checkpoint,
+    parse_checkpoint,
 )
 
 
@@ -221,3 +223,59 @@ def test_an_older_epoch_both_hold_cuts_where_it_ends_here_not_at_the_log_end() -
     leader = cache_of((1, 0), (4, 8))
     step = plan_truncation(follower, 9, 0, *leader.end_offset_for(3, 10))
     assert step == TruncationStep(6, done=True)
+
+
+def epochs_of(cache: LeaderEpochCache) -> list[tuple[int, int]]:
+    return [(e.epoch, e.start_offset) for e in cache.entries]
+
+
+def test_rebuilding_from_disk_keeps_epoch_0_and_lets_older_epochs_replace_newer() -> None:
+    cache = LeaderEpochCache()
+    cache.assign_from_log(-1, 0)  # a client's batch without an epoch counts for nothing
+    cache.assign_from_log(0, 0)  # the first leader epoch is an epoch
+    cache.assign_from_log(0, 3)
+    cache.assign_from_log(2, 5)
+    assert epochs_of(cache) == [(0, 0), (2, 5)]
+    # On disk an older epoch follows at a later offset: the disk is the truth, epoch 2's
+    # entry is contradicted and goes (the cache stays ordered).
+    cache.assign_from_log(1, 7)
+    assert epochs_of(cache) == [(0, 0), (1, 7)]
+    # An epoch that begins where the previous one began held no record: replaced.
+    cache.assign_from_log(3, 7)
+    assert epochs_of(cache) == [(0, 0), (3, 7)]
+    assert cache.end_offset_for(1, 9) == (0, 7)
+
+
+def test_truncations_report_whether_the_checkpoint_must_be_rewritten() -> None:
+    # The log rewrites leader-epoch-checkpoint only when a truncation says it changed.
+    cache = cache_of((1, 0), (2, 5))
+    assert not cache.truncate_from_end(7)
+    assert cache.truncate_from_end(5)
+    assert epochs_of(cache) == [(1, 0)]
+    cache = cache_of((1, 0), (2, 5))
+    assert not cache.truncate_from_start(0, 9)
+    assert cache.truncate_from_start(6, 9)
+    assert epochs_of(cache) == [(2, 6)]
+    assert not cache.truncate_from_start(6, 9)
+
+
+def test_a_log_emptied_from_the_start_keeps_no_epoch_at_its_start() -> None:
+    # Retention removed every record (start == end): no epoch holds the start offset.
+    cache = cache_of((1, 0), (2, 5))
+    assert cache.truncate_from_start(9, 9)
+    assert epochs_of(cache) == []
+    # Without the log end the epoch holding the start is moved there.
+    cache = cache_of((1, 0), (2, 5))
+    cache.truncate_from_start(9)
+    assert epochs_of(cache) == [(2, 9)]
+
+
+def test_a_checkpoint_is_read_back_and_damage_is_refused() -> None:
+    entries = cache_of((1, 0), (4, 7)).entries
+    assert format_checkpoint(entries) == b"0\n2\n1 0\n4 7\n"
+    parsed = parse_checkpoint(format_checkpoint(entries))
+    assert parsed is not None and parsed.entries == entries
+    # A repeated epoch, or fields not separated by exactly one space: damage.
+    assert parse_checkpoint(b"0\n2\n1 0\n1 7\n") is None
+    assert parse_checkpoint(b"0\n1\n1  0\n") is None
+    assert parse_checkpoint(b"0\n1\n1\t0\n") is None
