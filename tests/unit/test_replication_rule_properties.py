@@ -19,6 +19,8 @@ The leader machine's invariants, after every step:
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -135,7 +137,9 @@ class LeaderTermMachine(RuleBasedStateMachine):
                 )
 
 
-LeaderTermMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40)
+#: tools/mutation.sh runs this machine once per mutant and asks for fewer examples.
+EXAMPLES = int(os.environ.get("MUTATION_EXAMPLES", "300"))
+LeaderTermMachine.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=40)
 test_leader_term = LeaderTermMachine.TestCase
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from trio_broker.replication.leader import AckState, LeaderPartition, NotAReplica
 from trio_broker.replication.truncation import TruncationStep, plan_truncation
+from trio_broker.state.mute import StateMachineError
 from trio_broker.storage.epoch_cache import (
     UNDEFINED_EPOCH,
     UNDEFINED_OFFSET,
@@ -279,3 +280,18 @@ def test_a_checkpoint_is_read_back_and_damage_is_refused() -> None:
     assert parse_checkpoint(b"0\n2\n1 0\n1 7\n") is None
     assert parse_checkpoint(b"0\n1\n1  0\n") is None
     assert parse_checkpoint(b"0\n1\n1\t0\n") is None
+
+
+def test_a_term_refuses_a_leader_outside_the_isr_and_a_log_end_that_goes_back() -> None:
+    # A broker outside the ISR may hold less than was committed: it must not lead.
+    with pytest.raises(StateMachineError):
+        LeaderPartition.become_leader(1, 3, (1, 2), frozenset({2}), 10, 10, 0)
+    with pytest.raises(StateMachineError):
+        LeaderPartition.become_leader(1, 3, (2, 3), frozenset({1, 2}), 10, 10, 0)
+    term = leader()
+    # The replica manager reports the log end on every refresh, moved or not.
+    term.leader_appended(10)
+    term.leader_appended(12)
+    with pytest.raises(StateMachineError):
+        term.leader_appended(11)
+    assert term.log_end_offset == 12
