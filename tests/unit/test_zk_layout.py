@@ -155,3 +155,34 @@ def test_listener_addresses_read_ipv6_and_skip_what_they_cannot_read() -> None:
         ("PLAINTEXT", "::1", 9092), ("SSL", "host", 9093), ("CLIENT", "a://b", 9094),
         ("EXT", "XENON", 9097),
     )  # fmt: skip
+
+
+def test_registration_and_topic_znodes_carry_every_field_kafka_writes() -> None:
+    reg = BrokerRegistration(1, "h", 9092, "r1", ("PLAINTEXT://h:9092",), 17)
+    assert json.loads(reg.encode()) == {
+        "version": 5, "host": "h", "port": 9092, "rack": "r1", "jmx_port": -1,
+        "endpoints": ["PLAINTEXT://h:9092"], "features": {}, "timestamp": "17",
+        "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
+    }  # fmt: skip
+    topic = TopicAssignment(uuid.UUID(int=1), {0: (1, 2)})
+    # Kafka's Uuid.toString: URL-safe base64 of the 16 bytes, no padding.
+    assert json.loads(topic.encode()) == {
+        "version": 3, "topic_id": "AAAAAAAAAAAAAAAAAAAAAQ", "partitions": {"0": [1, 2]},
+        "adding_replicas": {}, "removing_replicas": {},
+    }  # fmt: skip
+
+
+def test_an_old_registration_without_endpoints_or_timestamp_reads() -> None:
+    reg = BrokerRegistration.decode(4, b'{"version":1,"host":"h","port":9092}')
+    assert (reg.host, reg.port, reg.endpoints, reg.timestamp_ms) == ("h", 9092, (), 0)
+
+
+def test_damaged_registrations_and_replica_lists_are_refused() -> None:
+    for doc in ({"host": "", "port": 1}, {"host": 5, "port": 1}):
+        with pytest.raises(CoordinationDataError):
+            BrokerRegistration.decode(4, json.dumps(doc).encode())
+    topic_id = "AAAAAAAAAAAAAAAAAAAAAQ"
+    for partitions in ({}, [[1]], {"0": [True]}, {"0": ["1"]}):
+        doc = {"version": 3, "topic_id": topic_id, "partitions": partitions}
+        with pytest.raises(CoordinationDataError):
+            TopicAssignment.decode("t", json.dumps(doc).encode())
