@@ -181,8 +181,9 @@ def test_damaged_registrations_and_replica_lists_are_refused() -> None:
     for doc in ({"host": "", "port": 1}, {"host": 5, "port": 1}):
         with pytest.raises(CoordinationDataError):
             BrokerRegistration.decode(4, json.dumps(doc).encode())
-    topic_id = "AAAAAAAAAAAAAAAAAAAAAQ"
+    good = {"version": 3, "topic_id": "AAAAAAAAAAAAAAAAAAAAAQ", "partitions": {"0": [1]}}
+    assert TopicAssignment.decode(json.dumps(good).encode()).partitions == {0: (1,)}
     for partitions in ({}, [[1]], {"0": [True]}, {"0": ["1"]}):
-        doc = {"version": 3, "topic_id": topic_id, "partitions": partitions}
+        bad = {**good, "partitions": partitions}
         with pytest.raises(CoordinationDataError):
-            TopicAssignment.decode("t", json.dumps(doc).encode())
+            TopicAssignment.decode(json.dumps(bad).encode())
