@@ -160,3 +160,15 @@ def test_losing_a_broker_outside_the_isr_leaves_an_offline_partition_alone() -> 
     # Only a returning ISR member may bring an offline partition back (clean election).
     offline = LeaderAndIsr(NO_LEADER, 7, (1,))
     assert after_broker_loss(offline, [1, 2, 3], 3, frozenset({2})) is None
+
+
+def test_leaders_alternate_racks_and_brokers_without_a_rack_form_one() -> None:
+    # Kafka's rack-alternated broker list: a1, b1, c1, a2, ... so that consecutive
+    # partitions' leaders (and a topic of few partitions) land on different racks.
+    brokers = {0: "r1", 1: "r1", 2: "r1", 3: "r2", 4: "r2", 5: "r2", 6: "r3", 7: "r3", 8: "r3"}
+    leaders = [replicas[0] for replicas in assign_replicas(9, 1, brokers)]
+    assert leaders == [0, 3, 6, 1, 4, 7, 2, 5, 8]
+    # Brokers without a rack count as one rack of their own: a replica of each group.
+    mixed = {1: None, 2: None, 3: "b"}
+    for replicas in assign_replicas(6, 2, mixed):
+        assert {mixed[b] for b in replicas} == {None, "b"}, replicas
