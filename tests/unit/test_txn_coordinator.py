@@ -745,6 +745,8 @@ def test_a_value_kafka_wrote_reads_with_no_previous_producer() -> None:
     assert (meta.producer_id, meta.producer_epoch) == (7, 2)
     assert (meta.last_producer_id, meta.last_producer_epoch) == (-1, -1)
     assert meta.partitions == frozenset() and meta.groups == frozenset()
+    # A null (-1) partition array, as the nullable field allows for an Empty id: none.
+    assert decode_value("tx", _kafka_value(partitions=struct.pack(">i", -1))) == meta
 
 
 def test_unknown_or_flexible_versions_and_bad_lengths_are_refused() -> None:
