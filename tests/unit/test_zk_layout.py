@@ -187,3 +187,8 @@ def test_damaged_registrations_and_replica_lists_are_refused() -> None:
         bad = {**good, "partitions": partitions}
         with pytest.raises(CoordinationDataError):
             TopicAssignment.decode(json.dumps(bad).encode())
+    # A move naming a partition that is not a number, or not one of the topic's.
+    for moving in ({"x": [1]}, {"5": [1]}):
+        bad = {**good, "adding_replicas": moving}
+        with pytest.raises(CoordinationDataError):
+            TopicAssignment.decode(json.dumps(bad).encode())
