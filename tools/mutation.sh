@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Mutation testing with mutmut 3 over the pure state machines (and the producer registry
-# beside them), the codec primitives and the record-batch validation (handlers/produce.py: only validate_batch has fast tests).
+# beside them), the codec primitives, the record-batch validation (handlers/produce.py: only
+# validate_batch has fast tests) and the pure rule modules of replication, the epoch cache,
+# transactions and the ZooKeeper layout.
 #
 #   tools/mutation.sh                       # every module below, one after the other
 #   tools/mutation.sh state/mute            # only the modules whose path contains "state/mute"
@@ -31,6 +33,16 @@ MODULES=(
   "trio_broker/state/group.py|tests/unit/test_group_state.py tests/unit/test_group_state_edges.py statemachine/test_group_machine.py"
   "trio_broker/state/quota.py|tests/unit/test_quota.py"
   "trio_broker/handlers/produce.py|tests/unit/test_records_validation.py"
+  "trio_broker/replication/leader.py|tests/unit/test_replication_rules.py tests/unit/test_replication_rule_properties.py"
+  "trio_broker/replication/follower.py|tests/unit/test_replication_rule_properties.py tests/unit/test_replication_rules.py"
+  "trio_broker/replication/truncation.py|tests/unit/test_replication_rules.py"
+  "trio_broker/replication/controller_rules.py|tests/unit/test_controller_rules.py tests/unit/test_reassignment_rules.py tests/unit/test_requested_election.py"
+  "trio_broker/replication/throttle.py|tests/unit/test_throttled_replicas.py tests/unit/test_byte_budget.py"
+  "trio_broker/storage/epoch_cache.py|tests/unit/test_replication_rules.py tests/unit/test_follower_storage.py"
+  "trio_broker/state/partition_txns.py|tests/unit/test_partition_txns.py statemachine/test_partition_txn_machine.py"
+  "trio_broker/transactions/state.py|tests/unit/test_txn_coordinator.py statemachine/test_txn_coordinator_machine.py"
+  "trio_broker/transactions/log_format.py|tests/unit/test_txn_coordinator.py"
+  "trio_broker/cluster/zk_layout.py|tests/unit/test_zk_layout.py tests/unit/test_zk_layout_security.py tests/unit/test_reassignment_rules.py"
 )
 
 "$PY" -c "import mutmut" 2>/dev/null || "$PY" -m pip install -q mutmut

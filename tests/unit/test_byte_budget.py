@@ -33,3 +33,15 @@ def test_never_more_than_the_rate_allows_over_time(steps: list[tuple[int, int]])
         budget.take(read, now)
         taken += read
     assert taken <= 2000 + now * 2000 // 1000 + 1
+
+
+def test_an_older_clock_reading_refills_nothing_twice() -> None:
+    # Two fetches that read the clock before either reached the budget report out of
+    # order: the late one's older time must not make the same milliseconds count again.
+    budget = ByteBudget(1000)
+    budget.take(1000, 0)
+    assert budget.available(500) == 500
+    budget.take(500, 500)
+    assert budget.available(300) == 0  # an older reading: nothing new
+    assert budget.available(500) == 0  # the same 500 ms were already counted
+    assert budget.available(600) == 100

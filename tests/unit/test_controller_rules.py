@@ -51,9 +51,9 @@ def test_replicas_span_as_many_racks_as_they_can(
     racks = Counter(brokers.values())
     for replicas in assign_replicas(partitions, rf, brokers):
         spanned = {brokers[b] for b in replicas}
-        # Alternating racks: a partition covers min(rf, #racks) racks when racks are even.
-        if len(set(racks.values())) == 1:
-            assert len(spanned) == min(rf, len(racks))
+        # Every partition covers min(rf, #racks) racks, in every round of the follower
+        # shift and whether the racks are even or not (Kafka's rack-aware rule).
+        assert len(spanned) == min(rf, len(racks)), replicas
 
 
 def test_too_few_brokers_is_invalid_replication_factor() -> None:
@@ -108,3 +108,67 @@ def test_preferred_leader_returns_when_alive_and_in_sync() -> None:
 def test_losing_a_broker_again_changes_nothing() -> None:
     offline = LeaderAndIsr(NO_LEADER, 8, (1,))
     assert after_broker_loss(offline, [1, 2, 3], 1, frozenset({2, 3})) is None
+
+
+# Edges found by mutation testing (issue 31).
+
+
+def test_placement_without_racks_is_kafkas_documented_layout() -> None:
+    # The table in Kafka's AdminUtils.assignReplicasToBrokers (5 brokers, 10 partitions,
+    # 3 replicas, start index 0): broker b leads p_b and p_b+5; followers are shifted by
+    # one more broker in the second round.
+    assignment = assign_replicas(10, 3, {b: None for b in range(5)})
+    assert assignment == [
+        [0, 1, 2], [1, 2, 3], [2, 3, 4], [3, 4, 0], [4, 0, 1],
+        [0, 2, 3], [1, 3, 4], [2, 4, 0], [3, 0, 1], [4, 1, 2],
+    ]  # fmt: skip
+
+
+@given(st.integers(2, 6), st.integers(1, 4))
+def test_followers_pair_with_every_other_broker_equally_often(brokers: int, rounds: int) -> None:
+    # Over n(n-1) partitions per round each (leader, first follower) pair appears once
+    # per round, so a broker's followers (and the load a failure moves) spread evenly.
+    n = brokers
+    assignment = assign_replicas(n * (n - 1) * rounds, 2, {b: None for b in range(n)})
+    pairs = Counter((replicas[0], replicas[1]) for replicas in assignment)
+    assert set(pairs.values()) == {rounds}
+    assert len(pairs) == n * (n - 1)
+
+
+def test_new_partitions_continue_the_layout_of_the_first_ones() -> None:
+    brokers = {b: None for b in range(4)}
+    whole = assign_replicas(9, 2, brokers, start_index=1)
+    assert assign_replicas(4, 2, brokers, start_index=1, first_partition=5) == whole[5:]
+
+
+def test_replicas_are_on_different_racks_in_every_round() -> None:
+    # A bug found by mutation testing: from the second round (partition n on) the grown
+    # follower shift put both replicas in one rack, here [1, 2] for partition 4.
+    brokers = {1: "a", 2: "a", 3: "b", 4: "b"}
+    for replicas in assign_replicas(8, 2, brokers):
+        assert {brokers[b] for b in replicas} == {"a", "b"}, replicas
+
+
+def test_a_replication_factor_below_one_says_so() -> None:
+    # The message is what CreateTopics returns to the admin client.
+    with pytest.raises(InvalidReplicationFactor) as refused:
+        assign_replicas(3, 0, {1: None})
+    assert str(refused.value) == "the replication factor must be at least 1"
+
+
+def test_losing_a_broker_outside_the_isr_leaves_an_offline_partition_alone() -> None:
+    # Only a returning ISR member may bring an offline partition back (clean election).
+    offline = LeaderAndIsr(NO_LEADER, 7, (1,))
+    assert after_broker_loss(offline, [1, 2, 3], 3, frozenset({2})) is None
+
+
+def test_leaders_alternate_racks_and_brokers_without_a_rack_form_one() -> None:
+    # Kafka's rack-alternated broker list: a1, b1, c1, a2, ... so that consecutive
+    # partitions' leaders (and a topic of few partitions) land on different racks.
+    brokers = {0: "r1", 1: "r1", 2: "r1", 3: "r2", 4: "r2", 5: "r2", 6: "r3", 7: "r3", 8: "r3"}
+    leaders = [replicas[0] for replicas in assign_replicas(9, 1, brokers)]
+    assert leaders == [0, 3, 6, 1, 4, 7, 2, 5, 8]
+    # Brokers without a rack count as one rack of their own: a replica of each group.
+    mixed = {1: None, 2: None, 3: "b"}
+    for replicas in assign_replicas(6, 2, mixed):
+        assert {mixed[b] for b in replicas} == {None, "b"}, replicas

@@ -73,3 +73,26 @@ def test_bad_moving_lists_are_a_clear_error(moving: dict[str, object]) -> None:
     doc = {"topic_id": "AAAAAAAAAAAAAAAAAAAAAA", "partitions": {"0": [1, 2]}, **moving}
     with pytest.raises(CoordinationDataError):
         TopicAssignment.decode(json.dumps(doc).encode())
+
+
+# Edges found by mutation testing (issue 31).
+
+
+def test_a_move_that_only_adds_or_only_removes_replicas_completes() -> None:
+    # Raising the replication factor: only joining replicas; done once they are in sync.
+    growing = reassign(Reassignment((1, 2)), [1, 2, 3])
+    assert growing.adding == (3,) and growing.removing == ()
+    assert not reassignment_done(LeaderAndIsr(1, 5, (1, 2)), growing)
+    assert reassignment_done(LeaderAndIsr(1, 5, (1, 2, 3)), growing)
+    # Lowering it: nothing joins, the leaving replica may go at once.
+    shrinking = reassign(Reassignment((1, 2, 3)), [1, 2])
+    assert shrinking.adding == () and shrinking.removing == (3,)
+    assert reassignment_done(LeaderAndIsr(1, 5, (1, 2)), shrinking)
+
+
+def test_a_remaining_leader_keeps_leading_unless_it_is_down() -> None:
+    # Leader 3 is not the first remaining replica: it stays leader, no needless election.
+    state = LeaderAndIsr(3, 5, (1, 2, 3))
+    assert leave_replicas(state, (2, 3), LIVE) == LeaderAndIsr(3, 6, (2, 3))
+    # A remaining leader that is down hands over to the first live in-sync one.
+    assert leave_replicas(state, (3, 2), LIVE - {3}) == LeaderAndIsr(2, 6, (2, 3))

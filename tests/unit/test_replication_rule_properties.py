@@ -1,6 +1,7 @@
 """Direct property tests of the replication rules (issue 31): the leader's term
 (``replication/leader.py``) driven by generated event sequences, and the follower's
-high watermark (``replication/follower.py``), each checked against the sentences of
+high watermark (``replication/follower.py``) and the follower's truncation rounds
+(``replication/truncation.py``), each checked against the sentences of
 their docstrings rather than against a second implementation.
 
 The leader machine's invariants, after every step:
@@ -18,6 +19,8 @@ The leader machine's invariants, after every step:
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -27,6 +30,8 @@ from trio_broker.replication.follower import (
     high_watermark_after_truncation,
 )
 from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition
+from trio_broker.replication.truncation import plan_truncation
+from trio_broker.storage.epoch_cache import LeaderEpochCache
 
 LEADER = 1
 LAG_MS = 1_000
@@ -132,7 +137,9 @@ class LeaderTermMachine(RuleBasedStateMachine):
                 )
 
 
-LeaderTermMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40)
+#: tools/mutation.sh runs this machine once per mutant and asks for fewer examples.
+EXAMPLES = int(os.environ.get("MUTATION_EXAMPLES", "300"))
+LeaderTermMachine.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=40)
 test_leader_term = LeaderTermMachine.TestCase
 
 
@@ -164,3 +171,69 @@ def test_a_followers_hw_is_capped_by_its_log_end_and_never_goes_back(
 def test_truncation_cuts_the_hw_to_the_log_end(current: int, log_end: int) -> None:
     hw = high_watermark_after_truncation(current, log_end)
     assert hw == min(current, log_end)
+
+
+# -- KIP-279 truncation as a whole: rounds of plan_truncation end at the divergence ----
+
+
+@st.composite
+def diverged_logs(draw: st.DrawFn) -> tuple[list[int], list[int], list[int]]:
+    """(common prefix, follower suffix, leader suffix), as the epoch of each offset.
+
+    Both logs hold the common prefix. After it, one of them may hold more records of the
+    prefix's last epoch (its leader wrote them; the other replica missed them); then each
+    continues with epochs of its own, never the other's (one leader per epoch, so the
+    same epoch at the same offset is the same record). The leader holds the newest epoch.
+    """
+
+    def run(epochs: list[int]) -> list[int]:
+        return [e for e in epochs for _ in range(draw(st.integers(1, 3)))]
+
+    common_epochs = sorted(draw(st.sets(st.integers(0, 6), max_size=3)))
+    common = run(common_epochs)
+    top = common_epochs[-1] if common_epochs else -1
+    later = sorted(draw(st.sets(st.integers(top + 1, top + 12), max_size=6)))
+    mine = draw(st.lists(st.booleans(), min_size=len(later), max_size=len(later)))
+    follower = run([e for e, m in zip(later, mine, strict=True) if m])
+    leader = run([e for e, m in zip(later, mine, strict=True) if not m])
+    if not leader or (follower and max(follower) > max(leader)):
+        leader.append(top + 13)  # the current leader's epoch is the newest
+    extra = [top] * draw(st.integers(0, 2)) if common else []
+    if draw(st.booleans()):
+        leader = extra + leader
+    else:
+        follower = extra + follower
+    return common, follower, leader
+
+
+def cache_for(epochs: list[int]) -> LeaderEpochCache:
+    cache = LeaderEpochCache()
+    for offset, epoch in enumerate(epochs):
+        if offset == 0 or epochs[offset - 1] != epoch:
+            cache.assign(epoch, offset)
+    return cache
+
+
+@given(logs=diverged_logs(), data=st.data())
+def test_truncation_rounds_cut_the_follower_to_the_common_prefix(
+    logs: tuple[list[int], list[int], list[int]], data: st.DataObject
+) -> None:
+    common, follower_suffix, leader_suffix = logs
+    follower_log = common + follower_suffix
+    leader_log = common + leader_suffix
+    follower, leader = cache_for(follower_log), cache_for(leader_log)
+    end = len(follower_log)
+    hw = data.draw(st.integers(0, len(common)))  # a HW only counts records both hold
+    asked = follower.latest_epoch
+    for _ in range(20):
+        step = plan_truncation(follower, end, hw, *leader.end_offset_for(asked, len(leader_log)))
+        assert step.truncate_to <= end, "a cut past the follower's own log end"
+        end = step.truncate_to
+        follower.truncate_from_end(end)
+        if step.done:
+            break
+        asked = step.next_epoch
+    else:
+        raise AssertionError("truncation did not converge")
+    # Everything the two logs share stays, everything after the divergence goes.
+    assert end == len(common)

@@ -6,11 +6,14 @@ import pytest
 
 from trio_broker.replication.leader import AckState, LeaderPartition, NotAReplica
 from trio_broker.replication.truncation import TruncationStep, plan_truncation
+from trio_broker.state.mute import StateMachineError
 from trio_broker.storage.epoch_cache import (
     UNDEFINED_EPOCH,
     UNDEFINED_OFFSET,
     EpochOrderViolation,
     LeaderEpochCache,
+    format_checkpoint,
+    parse_checkpoint,
 )
 
 
@@ -193,3 +196,102 @@ def test_a_refused_isr_change_is_dropped_and_strangers_cannot_fetch() -> None:
     assert term.pending is None and term.isr == {1, 2}
     with pytest.raises(NotAReplica):
         term.follower_fetched(9, 0, now_ms=1)
+
+
+# Edges found by mutation testing (issue 31): the branches the KIP cases above do not
+# reach, and the rule that a cut never goes past the follower's own log end.
+
+
+def test_an_answer_without_an_epoch_cuts_at_the_leaders_offset_within_the_own_log() -> None:
+    # OffsetForLeaderEpoch v0 answers an offset and no epoch: cut there, never past the
+    # follower's own end.
+    follower = cache_of((1, 0), (2, 4))
+    assert plan_truncation(follower, 9, 2, UNDEFINED_EPOCH, 6) == TruncationStep(6, done=True)
+    assert plan_truncation(follower, 5, 2, UNDEFINED_EPOCH, 6) == TruncationStep(5, done=True)
+
+
+def test_a_follower_without_epochs_cuts_at_the_leaders_end_within_the_own_log() -> None:
+    empty = LeaderEpochCache()
+    assert plan_truncation(empty, 8, 0, 3, 5) == TruncationStep(5, done=True)
+    assert plan_truncation(empty, 4, 0, 3, 5) == TruncationStep(4, done=True)
+
+
+def test_an_older_epoch_both_hold_cuts_where_it_ends_here_not_at_the_log_end() -> None:
+    # Follower: epoch 1 from 0, epoch 3 from 6 (it led epoch 3 and wrote 6-8 alone).
+    # Leader: epoch 1 from 0, epoch 4 from 8. Asked about 3, the leader answers (1, 8);
+    # the follower's epoch 1 ends at 6: offsets 6-8 are epoch 3's and must go.
+    follower = cache_of((1, 0), (3, 6))
+    leader = cache_of((1, 0), (4, 8))
+    step = plan_truncation(follower, 9, 0, *leader.end_offset_for(3, 10))
+    assert step == TruncationStep(6, done=True)
+
+
+def epochs_of(cache: LeaderEpochCache) -> list[tuple[int, int]]:
+    return [(e.epoch, e.start_offset) for e in cache.entries]
+
+
+def test_rebuilding_from_disk_keeps_epoch_0_and_lets_older_epochs_replace_newer() -> None:
+    cache = LeaderEpochCache()
+    cache.assign_from_log(-1, 0)  # a client's batch without an epoch counts for nothing
+    cache.assign_from_log(0, 0)  # the first leader epoch is an epoch
+    cache.assign_from_log(0, 3)
+    cache.assign_from_log(2, 5)
+    assert epochs_of(cache) == [(0, 0), (2, 5)]
+    # On disk an older epoch follows at a later offset: the disk is the truth, epoch 2's
+    # entry is contradicted and goes (the cache stays ordered).
+    cache.assign_from_log(1, 7)
+    assert epochs_of(cache) == [(0, 0), (1, 7)]
+    # An epoch that begins where the previous one began held no record: replaced.
+    cache.assign_from_log(3, 7)
+    assert epochs_of(cache) == [(0, 0), (3, 7)]
+    assert cache.end_offset_for(1, 9) == (0, 7)
+
+
+def test_truncations_report_whether_the_checkpoint_must_be_rewritten() -> None:
+    # The log rewrites leader-epoch-checkpoint only when a truncation says it changed.
+    cache = cache_of((1, 0), (2, 5))
+    assert not cache.truncate_from_end(7)
+    assert cache.truncate_from_end(5)
+    assert epochs_of(cache) == [(1, 0)]
+    cache = cache_of((1, 0), (2, 5))
+    assert not cache.truncate_from_start(0, 9)
+    assert cache.truncate_from_start(6, 9)
+    assert epochs_of(cache) == [(2, 6)]
+    assert not cache.truncate_from_start(6, 9)
+
+
+def test_a_log_emptied_from_the_start_keeps_no_epoch_at_its_start() -> None:
+    # Retention removed every record (start == end): no epoch holds the start offset.
+    cache = cache_of((1, 0), (2, 5))
+    assert cache.truncate_from_start(9, 9)
+    assert epochs_of(cache) == []
+    # Without the log end the epoch holding the start is moved there.
+    cache = cache_of((1, 0), (2, 5))
+    cache.truncate_from_start(9)
+    assert epochs_of(cache) == [(2, 9)]
+
+
+def test_a_checkpoint_is_read_back_and_damage_is_refused() -> None:
+    entries = cache_of((1, 0), (4, 7)).entries
+    assert format_checkpoint(entries) == b"0\n2\n1 0\n4 7\n"
+    parsed = parse_checkpoint(format_checkpoint(entries))
+    assert parsed is not None and parsed.entries == entries
+    # A repeated epoch, or fields not separated by exactly one space: damage.
+    assert parse_checkpoint(b"0\n2\n1 0\n1 7\n") is None
+    assert parse_checkpoint(b"0\n1\n1  0\n") is None
+    assert parse_checkpoint(b"0\n1\n1\t0\n") is None
+
+
+def test_a_term_refuses_a_leader_outside_the_isr_and_a_log_end_that_goes_back() -> None:
+    # A broker outside the ISR may hold less than was committed: it must not lead.
+    with pytest.raises(StateMachineError):
+        LeaderPartition.become_leader(1, 3, (1, 2), frozenset({2}), 10, 10, 0)
+    with pytest.raises(StateMachineError):
+        LeaderPartition.become_leader(1, 3, (2, 3), frozenset({1, 2}), 10, 10, 0)
+    term = leader()
+    # The replica manager reports the log end on every refresh, moved or not.
+    term.leader_appended(10)
+    term.leader_appended(12)
+    with pytest.raises(StateMachineError):
+        term.leader_appended(11)
+    assert term.log_end_offset == 12

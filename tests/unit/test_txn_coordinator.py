@@ -9,6 +9,7 @@ checks), and ``Groups`` records ``complete_transaction`` calls.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -727,3 +728,52 @@ def test_a_cluster_broker_coordinates_per_transaction_state_partition(tmp_path: 
             broker.topics.close()
             if broker.transactions is not None:
                 broker.transactions.close()
+
+
+# Edges of the transaction log format found by mutation testing (issue 31). The
+# coordinator skips a record decode_value refuses, so damage must raise, not misread.
+
+
+def _kafka_value(version: int = 0, partitions: bytes = b"\x00\x00\x00\x00") -> bytes:
+    # Kafka's TransactionLogValue v0 as Kafka writes it: no trio-broker trailing fields.
+    head = struct.pack(">hqhib", version, 7, 2, 60_000, TxnState.EMPTY.value)
+    return head + partitions + struct.pack(">qq", 5, -1)
+
+
+def test_a_value_kafka_wrote_reads_with_no_previous_producer() -> None:
+    meta = decode_value("tx", _kafka_value())
+    assert (meta.producer_id, meta.producer_epoch) == (7, 2)
+    assert (meta.last_producer_id, meta.last_producer_epoch) == (-1, -1)
+    assert meta.partitions == frozenset() and meta.groups == frozenset()
+    # A null (-1) partition array, as the nullable field allows for an Empty id: none.
+    assert decode_value("tx", _kafka_value(partitions=struct.pack(">i", -1))) == meta
+
+
+def test_unknown_or_flexible_versions_and_bad_lengths_are_refused() -> None:
+    for version in (1, 2, -1):
+        with pytest.raises(ValueError):
+            decode_value("tx", _kafka_value(version))
+    with pytest.raises(ValueError):
+        decode_key(b"\x00\x01\x00\x02tx")
+    # An array length below -1, a negative (null) topic name, a name past the end.
+    for partitions in (
+        struct.pack(">i", -2),
+        struct.pack(">ih", 1, -1),
+        struct.pack(">ih", 1, 200) + b"t",
+    ):
+        with pytest.raises(ValueError):
+            decode_value("tx", _kafka_value(partitions=partitions))
+
+
+def test_empty_names_are_names() -> None:
+    # The empty group id is a valid group id; a string of length 0 must read as "".
+    meta = TxnMetadata("", 1, groups=frozenset({""}), partitions=frozenset({("t", 0)}))
+    assert decode_key(encode_key("")) == ""
+    assert decode_value("", encode_value(meta)) == meta
+
+
+def test_a_last_group_name_running_past_the_record_is_refused() -> None:
+    value = encode_value(TxnMetadata("tx", 1, groups=frozenset({"g1"})))
+    assert value.endswith(b"\x00\x02g1")
+    with pytest.raises(ValueError):
+        decode_value("tx", value[:-4] + b"\x00\x05g1")

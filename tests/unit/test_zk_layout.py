@@ -114,3 +114,81 @@ def test_controller_epoch_and_claim_refuse_garbage() -> None:
         ControllerClaim.decode(b'{"brokerid": "1"}')
     with pytest.raises(CoordinationDataError):
         BrokerRegistration.decode(1, b'{"host": "h", "port": 1, "endpoints": [1]}')
+
+
+# Edges found by mutation testing (issue 31).
+
+
+def test_the_controller_znode_is_kafkas_json_both_ways() -> None:
+    # What Kafka's KafkaZkClient writes to /controller, and reads back.
+    assert json.loads(ControllerClaim(3, 5).encode()) == {
+        "version": 1, "brokerid": 3, "timestamp": "5"
+    }  # fmt: skip
+    kafka = b'{"version":1,"brokerid":2,"timestamp":"1732870000000"}'
+    assert ControllerClaim.decode(kafka) == ControllerClaim(2, 1732870000000)
+    assert ControllerClaim.decode(b'{"version":1,"brokerid":2}') == ControllerClaim(2, 0)
+    for bad in (b'{"brokerid":2,"timestamp":"soon"}', b'{"timestamp":"1"}', b"[2]"):
+        with pytest.raises(CoordinationDataError):
+            ControllerClaim.decode(bad)
+
+
+def test_controller_epoch_zero_is_an_epoch() -> None:
+    assert decode_controller_epoch(encode_controller_epoch(0)) == 0
+    assert decode_controller_epoch(b"17") == 17
+    for bad in (b"-1", b"x", b"\xff"):
+        with pytest.raises(CoordinationDataError):
+            decode_controller_epoch(bad)
+
+
+def test_listener_addresses_read_ipv6_and_skip_what_they_cannot_read() -> None:
+    reg = BrokerRegistration(
+        1, "::1", 9092, None,
+        (
+            "PLAINTEXT://[::1]:9092",  # IPv6: the port follows the last colon
+            "ssl://host:9093",  # names are case-insensitive: upper-cased
+            "CLIENT://a://b:9094",  # only the first "://" separates the name
+            "EXT://XENON:9097",  # only IPv6 brackets are stripped from a host
+            "BROKEN:9095", "NOPORT://host:", "NOHOST://:9096", "BADPORT://host:x",
+        ),
+    )  # fmt: skip
+    assert reg.listener_addresses() == (
+        ("PLAINTEXT", "::1", 9092), ("SSL", "host", 9093), ("CLIENT", "a://b", 9094),
+        ("EXT", "XENON", 9097),
+    )  # fmt: skip
+
+
+def test_registration_and_topic_znodes_carry_every_field_kafka_writes() -> None:
+    reg = BrokerRegistration(1, "h", 9092, "r1", ("PLAINTEXT://h:9092",), 17)
+    assert json.loads(reg.encode()) == {
+        "version": 5, "host": "h", "port": 9092, "rack": "r1", "jmx_port": -1,
+        "endpoints": ["PLAINTEXT://h:9092"], "features": {}, "timestamp": "17",
+        "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
+    }  # fmt: skip
+    topic = TopicAssignment(uuid.UUID(int=1), {0: (1, 2)})
+    # Kafka's Uuid.toString: URL-safe base64 of the 16 bytes, no padding.
+    assert json.loads(topic.encode()) == {
+        "version": 3, "topic_id": "AAAAAAAAAAAAAAAAAAAAAQ", "partitions": {"0": [1, 2]},
+        "adding_replicas": {}, "removing_replicas": {},
+    }  # fmt: skip
+
+
+def test_an_old_registration_without_endpoints_or_timestamp_reads() -> None:
+    reg = BrokerRegistration.decode(4, b'{"version":1,"host":"h","port":9092}')
+    assert (reg.host, reg.port, reg.endpoints, reg.timestamp_ms) == ("h", 9092, (), 0)
+
+
+def test_damaged_registrations_and_replica_lists_are_refused() -> None:
+    for doc in ({"host": "", "port": 1}, {"host": 5, "port": 1}):
+        with pytest.raises(CoordinationDataError):
+            BrokerRegistration.decode(4, json.dumps(doc).encode())
+    good = {"version": 3, "topic_id": "AAAAAAAAAAAAAAAAAAAAAQ", "partitions": {"0": [1]}}
+    assert TopicAssignment.decode(json.dumps(good).encode()).partitions == {0: (1,)}
+    for partitions in ({}, [[1]], {"0": [True]}, {"0": ["1"]}):
+        bad = {**good, "partitions": partitions}
+        with pytest.raises(CoordinationDataError):
+            TopicAssignment.decode(json.dumps(bad).encode())
+    # A move naming a partition that is not a number, or not one of the topic's.
+    for moving in ({"x": [1]}, {"5": [1]}):
+        bad = {**good, "adding_replicas": moving}
+        with pytest.raises(CoordinationDataError):
+            TopicAssignment.decode(json.dumps(bad).encode())

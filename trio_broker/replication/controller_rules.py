@@ -88,18 +88,25 @@ def assign_replicas(
     racked = any(rack for rack in brokers.values())
     ordered = _rack_alternated(brokers) if racked else sorted(brokers)
     n = len(ordered)
+    all_racks = len({brokers[b] or "" for b in ordered})
     assignment = []
     for p in range(first_partition, first_partition + partitions):
         first = (start_index + p) % n
         # The follower shift grows every n partitions, so that followers differ too.
         shift = 1 + (p // n) % max(n - 1, 1)
         replicas = [ordered[first]]
+        used_racks = {brokers[ordered[first]] or ""}
         step = 0
         while len(replicas) < replication_factor:
             candidate = ordered[(first + shift + step) % n]
             step += 1
-            if candidate not in replicas:
-                replicas.append(candidate)
+            rack = brokers[candidate] or ""
+            # As Kafka: skip a broker whose rack holds a replica while a rack holds none
+            # (the shift alone can land two replicas in one rack from the second round on).
+            if candidate in replicas or (rack in used_racks and len(used_racks) < all_racks):
+                continue
+            replicas.append(candidate)
+            used_racks.add(rack)
         assignment.append(replicas)
     return assignment
 
