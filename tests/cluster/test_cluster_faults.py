@@ -37,7 +37,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, every_broker_lists, partitions
-from tests.e2e.conftest import ConnectionClosed
+from tests.e2e.conftest import ConnectionClosed, stop_all
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch
 
@@ -81,10 +81,7 @@ def running(brokers: Cluster) -> Iterator[Cluster]:
             broker.start()
         yield brokers
     finally:
-        for broker in brokers.values():
-            if broker.running:
-                broker.signal(signal.SIGCONT)
-                broker.stop()
+        stop_all(brokers.values())
 
 
 @contextlib.contextmanager
@@ -589,9 +586,10 @@ def test_a_restart_inside_the_old_session_serves_nothing_until_it_has_joined(
         response = conn.recv_response(3, 4)[1]
         assert [b.node_id for b in response.brokers] == [1]  # joined: itself, registered
     finally:
-        previous_run.stop()
-        if broker.running:
-            broker.stop()
+        try:
+            stop_all([broker])
+        finally:
+            previous_run.stop()
 
 
 def metadata_request() -> bytes:

@@ -29,12 +29,13 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from trio_broker.cluster.child_process import die_with_parent
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import iter_batches
 
@@ -307,6 +308,7 @@ class BrokerProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,  # a Ctrl-C at the terminal is not meant for it
+            preexec_fn=die_with_parent(),  # nor does it outlive a killed pytest
         )
         self.proc = proc
         listening = threading.Event()
@@ -315,13 +317,12 @@ class BrokerProcess:
             target=self._drain, args=(proc, listening, found), name="broker-stderr", daemon=True
         )
         self._drainer.start()
-        if not listening.wait(START_TIMEOUT_S) or not found:
-            self._kill_hard()
-            raise AssertionError(
-                f"broker did not log 'listening on' within {START_TIMEOUT_S}s "
-                f"(exit code {proc.poll()})\n{self.log_tail()}"
-            )
         try:
+            if not listening.wait(START_TIMEOUT_S) or not found:
+                raise AssertionError(
+                    f"broker did not log 'listening on' within {START_TIMEOUT_S}s "
+                    f"(exit code {proc.poll()})\n{self.log_tail()}"
+                )
             if self.port == 0:
                 self.port = found[0]
             assert found[0] == self.port, f"restarted on port {found[0]}, wanted {self.port}"
@@ -365,6 +366,9 @@ class BrokerProcess:
                     f"broker pid {proc.pid} ignored SIGTERM for {timeout}s; killed\n"
                     f"{self.log_tail()}"
                 )
+            except BaseException:  # an interrupted wait (Ctrl-C, a test timeout)
+                self._kill_hard()
+                raise
         self._join_drainer()
         return proc.returncode
 
@@ -387,6 +391,23 @@ class BrokerProcess:
             proc.kill()
             proc.wait(STOP_TIMEOUT_S)
         self._join_drainer()
+
+
+def stop_all(brokers: Iterable[BrokerProcess]) -> None:
+    """Stop every running broker (continued if paused; SIGTERM, a hang killed), even when
+    stopping one fails; then raise the first failure. A loop of ``stop()`` calls leaves the rest running when
+    one raises."""
+    errors: list[BaseException] = []
+    for broker in brokers:
+        try:
+            if broker.running:
+                assert broker.proc is not None
+                broker.proc.send_signal(signal.SIGCONT)  # a paused one must hear SIGTERM
+                broker.stop()
+        except BaseException as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
     def _join_drainer(self) -> None:
         if self._drainer is not None:
