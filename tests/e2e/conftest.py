@@ -28,6 +28,8 @@ import struct
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -76,6 +78,7 @@ def add_scram_user(
 
 
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
+METRICS_LINE = re.compile(r"metrics on 127\.0\.0\.1:(\d+)")
 DEFAULT_PARAMS = ("pipelined", "file")
 LOG_TAIL_LINES = 60
 
@@ -392,23 +395,6 @@ class BrokerProcess:
             proc.wait(STOP_TIMEOUT_S)
         self._join_drainer()
 
-
-def stop_all(brokers: Iterable[BrokerProcess]) -> None:
-    """Stop every running broker (continued if paused; SIGTERM, a hang killed), even when
-    stopping one fails; then raise the first failure. A loop of ``stop()`` calls leaves the rest running when
-    one raises."""
-    errors: list[BaseException] = []
-    for broker in brokers:
-        try:
-            if broker.running:
-                assert broker.proc is not None
-                broker.proc.send_signal(signal.SIGCONT)  # a paused one must hear SIGTERM
-                broker.stop()
-        except BaseException as exc:
-            errors.append(exc)
-    if errors:
-        raise errors[0]
-
     def _join_drainer(self) -> None:
         if self._drainer is not None:
             self._drainer.join(5.0)
@@ -430,6 +416,33 @@ def stop_all(brokers: Iterable[BrokerProcess]) -> None:
         except FileNotFoundError:
             return ""
 
+    def current_log(self) -> str:
+        """The log since the last start (each start is marked in it)."""
+        return self.log_text().rsplit("===== e2e: start #", 1)[-1]
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """One sample of the running process's /metrics (0 when the family has no such
+        sample); the broker must serve them (``--metrics-listen``, ``metrics.listener``)."""
+        wanted = f"{name}{{{labels}}}" if labels else name
+        return sum(value for sample, value in self._samples() if sample == wanted)
+
+    def metric_sum(self, name: str) -> float:
+        """The sum of a family's samples, whatever their labels."""
+        return sum(value for sample, value in self._samples() if sample.split("{")[0] == name)
+
+    def _samples(self) -> list[tuple[str, float]]:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (port := METRICS_LINE.findall(self.current_log())):
+            assert time.monotonic() < deadline, f"no metrics listener\n{self.log_tail()}"
+            time.sleep(0.05)  # polling its log, bounded by the deadline
+        url = f"http://127.0.0.1:{port[-1]}/metrics"
+        with urllib.request.urlopen(url, timeout=SOCKET_TIMEOUT_S) as page:
+            text = page.read().decode()
+        lines = (
+            line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#")
+        )
+        return [(sample, float(value)) for sample, value in lines]
+
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         tail = self.log_text().splitlines()[-lines:]
         return f"--- broker log tail ({self.log_path}) ---\n" + "\n".join(tail)
@@ -447,6 +460,23 @@ def stop_all(brokers: Iterable[BrokerProcess]) -> None:
         with self.connect() as conn:
             response = conn.metadata(topics=None)
         assert response.brokers and response.brokers[0].port == self.port, response
+
+
+def stop_all(brokers: Iterable[BrokerProcess]) -> None:
+    """Stop every running broker (continued if paused; SIGTERM, a hang killed), even when
+    stopping one fails; then raise the first failure. A loop of ``stop()`` calls leaves the rest running when
+    one raises."""
+    errors: list[BaseException] = []
+    for broker in brokers:
+        try:
+            if broker.running:
+                assert broker.proc is not None
+                broker.proc.send_signal(signal.SIGCONT)  # a paused one must hear SIGTERM
+                broker.stop()
+        except BaseException as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 def _params(request: pytest.FixtureRequest) -> tuple[str, str]:
