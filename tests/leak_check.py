@@ -13,7 +13,8 @@ each pytest process (each xdist worker), by two marks that survive whatever the 
   so a descendant whose parent dies (the brokers of a ``cluster up`` killed with
   SIGKILL) becomes pytest's child instead of init's, and is still found below it.
 
-Survivors get a grace period (a child told to stop by a death signal may be on its way
+pyspark's gateway JVM is exempt: it lives exactly as long as the Python process that
+started it, by pyspark's design. Survivors get a grace period (a child told to stop by a death signal may be on its way
 out), then each is killed by its PID and the session fails at the last teardown,
 naming each survivor's command line and the test that started it (the
 ``PYTEST_CURRENT_TEST`` it inherited). Linux only (/proc); elsewhere it does nothing.
@@ -110,6 +111,20 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
 
 
+def _meant_to_live_with_us() -> set[int]:
+    """Processes that live exactly as long as this one by design: pyspark's gateway JVM
+    (``trio-broker verify`` in-process), which ``SparkSession.stop()`` leaves running for
+    the next session and which exits when this process does (its stdin pipe closes)."""
+    exempt: set[int] = set()
+    for module in ("pyspark.core.context", "pyspark.context"):
+        context = sys.modules.get(module)
+        gateway = getattr(getattr(context, "SparkContext", None), "_gateway", None)
+        proc = getattr(gateway, "proc", None)
+        if proc is not None and proc.poll() is None:
+            exempt.update([proc.pid, *descendants(proc.pid)])
+    return exempt
+
+
 def survivors(run: str) -> list[Survivor]:
     """The live processes of this pytest process's run, other than itself: those that
     inherited ``RUN_ENV=run`` and those below it in the process tree."""
@@ -126,7 +141,7 @@ def survivors(run: str) -> list[Survivor]:
         ):
             pids.add(p)
     found = []
-    for p in sorted(pids):
+    for p in sorted(pids - _meant_to_live_with_us()):
         env = _environ(p)
         started_by = env.get(b"PYTEST_CURRENT_TEST", b"?").decode(errors="replace")
         found.append(Survivor(p, _cmdline(p), started_by))
