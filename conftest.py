@@ -19,6 +19,9 @@ With a seed, Hypothesis does not consult the example database. A test that sets
 sequences whatever the seed. A test that sets its own ``@settings`` keeps them: a
 profile only supplies the defaults that a test does not override. The example
 database (``.hypothesis/``) is gitignored.
+
+It also loads tests/leak_check.py: a session whose tests leave a process running (a
+broker, ZooKeeper) fails at its end, naming the process and the test that started it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 SEED_ENV = "HYPOTHESIS_SEED"
+
+pytest_plugins = ["tests.leak_check"]
 
 settings.register_profile(
     "ci",

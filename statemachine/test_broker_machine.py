@@ -69,6 +69,7 @@ from hypothesis.stateful import (
 
 from spec.broker_model import EARLIEST, LATEST, BrokerModel
 from tests.faultfs import MODES, FaultFS, fuse_available
+from trio_broker.cluster.child_process import die_with_parent
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.compression import Compression
@@ -169,23 +170,26 @@ class ProcessBroker:
         self.proc = subprocess.Popen(
             [str(exe), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
              "--processing-model", processing_model, "--config", str(config)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(),
         )  # fmt: skip
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.log.write(line)
-            found = self.LISTENING.search(line)
-            if found:
-                self.port = int(found.group(2))
-                # keep draining the output so the broker never blocks on a full pipe
-                threading.Thread(target=self._drain, daemon=True).start()
-                return
-        self.proc.kill()
-        raise RuntimeError("broker subprocess did not start")
+        try:
+            while time.monotonic() < deadline:
+                line = self.proc.stdout.readline()
+                if not line:
+                    break
+                self.log.write(line)
+                found = self.LISTENING.search(line)
+                if found:
+                    self.port = int(found.group(2))
+                    # keep draining the output so the broker never blocks on a full pipe
+                    threading.Thread(target=self._drain, daemon=True).start()
+                    return
+            raise RuntimeError("broker subprocess did not start")
+        except BaseException:  # that too, or an interrupted read: no broker left behind
+            self.kill()
+            raise
 
     def _drain(self) -> None:
         assert self.proc.stdout is not None
@@ -196,14 +200,16 @@ class ProcessBroker:
         if self.proc.poll() is not None:  # already stopped (a rule failed half-way)
             return
         self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(30) == 0, "broker did not exit cleanly on SIGTERM"
-        self.log.close()
+        try:
+            code = self.proc.wait(30)
+        finally:  # a hang (TimeoutExpired), or an interrupted wait
+            self.kill()
+        assert code == 0, "broker did not exit cleanly on SIGTERM"
 
     def kill(self) -> None:
-        if self.proc.poll() is not None:
-            return
-        self.proc.kill()
-        self.proc.wait(30)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
         self.log.close()
 
 

@@ -42,7 +42,7 @@ from tests.cluster.test_cluster_faults import (
     read_partitions,
     servers,
 )
-from tests.cluster.test_network_faults import ProxiedCluster, start_proxied_cluster
+from tests.cluster.test_network_faults import ProxiedCluster, start_proxied_cluster, stop_cluster
 
 TOPIC = "jepsen"
 PARTITIONS = 3
@@ -233,12 +233,7 @@ def run(
             "group_offset_fetches": reader.offset_fetches,
         })  # fmt: skip
     finally:
-        for broker in cluster.values():
-            if broker.running:
-                broker.signal(signal.SIGCONT)
-                broker.stop()
-        for proxy in cluster.proxies():
-            proxy.close()
+        stop_cluster(cluster)
     if verify:
         figures.update(run_verify(captures, work_dir / "report"))
     _log(json.dumps({k: v for k, v in figures.items() if k not in ("schedule", "applied")}))

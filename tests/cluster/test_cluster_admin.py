@@ -40,7 +40,7 @@ from tests.cluster.test_cluster_faults import (
     read_partitions,
     servers,
 )
-from tests.e2e.conftest import BROKER_EXE
+from tests.e2e.conftest import BROKER_EXE, stop_all
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
@@ -61,9 +61,7 @@ def start_cluster(tmp_path: Path, zookeeper: str, extra: str = "") -> Iterator[C
             broker.start()
         yield cluster
     finally:
-        for broker in cluster.values():
-            if broker.running:
-                broker.stop()
+        stop_all(cluster.values())
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, every_broker_lists, produce
-from tests.e2e.conftest import BrokerProcess
+from tests.e2e.conftest import BrokerProcess, stop_all
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -79,8 +79,7 @@ def cluster(
             broker.start()
         yield mode, brokers
     finally:
-        for broker in brokers.values():
-            broker.stop()
+        stop_all(brokers.values())
 
 
 def _read_from(broker: BrokerProcess, expected: int) -> list[str]:

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.conftest import BrokerProcess, ConnectionClosed
+from tests.e2e.conftest import BrokerProcess, ConnectionClosed, stop_all
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper
 
 pytestmark = pytest.mark.timeout(240)
@@ -46,8 +46,7 @@ def cluster(tmp_path: Path, zookeeper: str) -> Iterator[dict[int, ClusterBroker]
             broker.start()
         yield brokers
     finally:
-        for broker in brokers.values():
-            broker.stop()
+        stop_all(brokers.values())
 
 
 def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:

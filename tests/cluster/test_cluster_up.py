@@ -29,6 +29,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
 from tests.e2e.conftest import BROKER_EXE
+from tests.leak_check import descendants, kill_tree
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -100,7 +101,7 @@ def test_cluster_up_prints_its_bootstrap_serves_and_stops_cleanly(tmp_path: Path
             assert not _alive(pid), f"process {pid} outlived cluster up"
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)  # its brokers run in sessions of their own
             proc.wait()
 
 
@@ -155,9 +156,13 @@ class _ClusterUp:
         )  # fmt: skip
         self.stderr: list[str] = []
         threading.Thread(target=self._collect, daemon=True).start()
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode()
-        assert line.startswith("cluster ready: bootstrap "), (line, self.stderr)
+        try:
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline().decode()
+            assert line.startswith("cluster ready: bootstrap "), (line, self.stderr)
+        except BaseException:  # the caller's try has not begun: no cluster left behind
+            self.kill()
+            raise
         self.servers = line.split()[-1]
 
     def _collect(self) -> None:
@@ -183,8 +188,10 @@ class _ClusterUp:
         return self.proc.wait(timeout=90)
 
     def kill(self) -> None:
+        """SIGKILL to it and every process below it: the brokers run in sessions of their
+        own, which killing its process group misses."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_tree(self.proc.pid)
             self.proc.wait()
 
 
@@ -344,6 +351,27 @@ def test_operator_stops_and_restarts_a_broker_and_one_that_keeps_dying_is_given_
         assert missing.returncode == 1 and b"no `cluster up`" in missing.stderr
     finally:
         cluster.kill()
+
+
+def test_a_killed_cluster_up_takes_its_brokers_and_zookeeper_with_it(tmp_path: Path) -> None:
+    """SIGKILL to `cluster up` alone gives it no chance to stop its children; each asked
+    for SIGTERM at its parent's death (PR_SET_PDEATHSIG), so none outlives it. Before,
+    the broker (in a session of its own) and ZooKeeper ran on, orphaned, after every such
+    kill: the processes a test run left behind."""
+    cluster = _ClusterUp(tmp_path, brokers=1)
+    children: list[int] = []
+    try:
+        children = _children(cluster.proc.pid)
+        assert len(children) == 2, children  # ZooKeeper and the broker
+        assert set(children) == set(descendants(cluster.proc.pid))
+        os.kill(cluster.proc.pid, signal.SIGKILL)
+        cluster.proc.wait()
+        _wait_for(lambda: not any(_alive(p) for p in children), 60, "its children to exit")
+    finally:
+        cluster.kill()
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)  # ours: never leave them running
 
 
 def _children(pid: int) -> list[int]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 
-import trio
 from harness import Clients, cluster, eventually
 
 from trio_broker.cluster.controller import ControllerActions
@@ -87,7 +86,15 @@ async def test_a_move_a_cancel_an_election_and_a_deletion(clients: Clients) -> N
 
         assert await actions.delete_topic("t") == OK
         await eventually(lambda: "t" not in view.topics, "the topic left every view")
-        await trio.sleep(0.5)  # a reconciliation round would recreate states by now
+        # Rounds that began after the deletion have run their course: the round that
+        # leads a topic made after another one was led began after that round ended. One
+        # that took "t" for new would have recreated its states by then.
+        for name in ("later", "later-still"):
+            await admin.create(
+                topic_path(name), TopicAssignment(uuid.uuid4(), {0: (1, 2)}).encode()
+            )
+            await eventually(lambda name=name: shape(view, name, 0) == ((1, 2), (), (), 1, 0, (1, 2)),
+                             f"a later round led {name}")  # fmt: skip
         assert await admin.get(topic_path("t")) is None
         assert await admin.get(partition_state_path("t", 0)) is None
         assert await actions.delete_topic("t") == (

@@ -23,7 +23,6 @@ acknowledged record read back exactly once, in order, nothing read earlier chang
 
 from __future__ import annotations
 
-import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -51,6 +50,7 @@ from tests.cluster.test_cluster_faults import (
     read_partitions,
     servers,
 )
+from tests.e2e.conftest import stop_all
 from trio_broker.protocol.records import build_batch
 
 pytestmark = pytest.mark.timeout(150)
@@ -119,9 +119,22 @@ def start_proxied_cluster(
         if capture_root is not None:
             broker.capture_dir = capture_root / f"broker{b}"
         cluster[b] = broker
-    for broker in cluster.values():
-        broker.start()
+    try:
+        for broker in cluster.values():
+            broker.start()
+    except BaseException:
+        stop_cluster(cluster)  # those started before the failure, and every proxy
+        raise
     return cluster
+
+
+def stop_cluster(cluster: ProxiedCluster) -> None:
+    """Stop every broker still running (a paused one continued), then close the proxies."""
+    try:
+        stop_all(cluster.values())
+    finally:
+        for proxy in cluster.proxies():
+            proxy.close()
 
 
 @pytest.fixture
@@ -130,12 +143,7 @@ def cluster(tmp_path: Path, zookeeper: str) -> Iterator[ProxiedCluster]:
     try:
         yield brokers
     finally:
-        for broker in brokers.values():
-            if broker.running:
-                broker.signal(signal.SIGCONT)
-                broker.stop()
-        for proxy in brokers.proxies():
-            proxy.close()
+        stop_cluster(brokers)
 
 
 def test_clients_see_the_client_listener_followers_the_replication_one(

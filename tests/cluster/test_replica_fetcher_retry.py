@@ -16,11 +16,14 @@ records, the follower must copy them within seconds.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import trio
+from harness import eventually
 
 from trio_broker.cluster.replica_fetcher import FollowerRole, _fetcher
 from trio_broker.config import BrokerConfig
@@ -66,7 +69,10 @@ def stand_in_manager(
     )
 
 
-async def test_a_refused_truncation_is_retried_without_a_view_change(tmp_path: Path) -> None:
+async def test_a_refused_truncation_is_retried_without_a_view_change(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trio_broker.cluster.replica_fetcher")
     async with trio.open_nursery() as nursery:
         leader = await start(nursery, tmp_path / "leader")
         follower = await start(nursery, tmp_path / "follower")
@@ -74,7 +80,9 @@ async def test_a_refused_truncation_is_retried_without_a_view_change(tmp_path: P
         key = (TOPIC, 0)
         manager = stand_in_manager(follower, leader, {key: FollowerRole(LEADER_ID, leader_epoch=0)})
         nursery.start_soon(_fetcher, manager, LEADER_ID, trio.CancelScope())
-        await trio.sleep(1.0)  # the fetcher is refused: the leader has no such topic
+        # The fetcher is refused: the leader has no such topic.
+        refused = f"{TOPIC}-0: OffsetForLeaderEpoch answered"
+        await eventually(lambda: any(refused in r.getMessage() for r in caplog.records), refused)
         follower_log = follower.topics.log(*key)
         assert follower_log is not None and follower_log.log_end_offset == 0
         assert manager.following[key].needs_truncation

@@ -28,13 +28,16 @@ import struct
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from trio_broker.cluster.child_process import die_with_parent
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import iter_batches
 
@@ -75,6 +78,7 @@ def add_scram_user(
 
 
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
+METRICS_LINE = re.compile(r"metrics on 127\.0\.0\.1:(\d+)")
 DEFAULT_PARAMS = ("pipelined", "file")
 LOG_TAIL_LINES = 60
 
@@ -307,6 +311,7 @@ class BrokerProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,  # a Ctrl-C at the terminal is not meant for it
+            preexec_fn=die_with_parent(),  # nor does it outlive a killed pytest
         )
         self.proc = proc
         listening = threading.Event()
@@ -315,13 +320,12 @@ class BrokerProcess:
             target=self._drain, args=(proc, listening, found), name="broker-stderr", daemon=True
         )
         self._drainer.start()
-        if not listening.wait(START_TIMEOUT_S) or not found:
-            self._kill_hard()
-            raise AssertionError(
-                f"broker did not log 'listening on' within {START_TIMEOUT_S}s "
-                f"(exit code {proc.poll()})\n{self.log_tail()}"
-            )
         try:
+            if not listening.wait(START_TIMEOUT_S) or not found:
+                raise AssertionError(
+                    f"broker did not log 'listening on' within {START_TIMEOUT_S}s "
+                    f"(exit code {proc.poll()})\n{self.log_tail()}"
+                )
             if self.port == 0:
                 self.port = found[0]
             assert found[0] == self.port, f"restarted on port {found[0]}, wanted {self.port}"
@@ -365,6 +369,9 @@ class BrokerProcess:
                     f"broker pid {proc.pid} ignored SIGTERM for {timeout}s; killed\n"
                     f"{self.log_tail()}"
                 )
+            except BaseException:  # an interrupted wait (Ctrl-C, a test timeout)
+                self._kill_hard()
+                raise
         self._join_drainer()
         return proc.returncode
 
@@ -409,6 +416,33 @@ class BrokerProcess:
         except FileNotFoundError:
             return ""
 
+    def current_log(self) -> str:
+        """The log since the last start (each start is marked in it)."""
+        return self.log_text().rsplit("===== e2e: start #", 1)[-1]
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """One sample of the running process's /metrics (0 when the family has no such
+        sample); the broker must serve them (``--metrics-listen``, ``metrics.listener``)."""
+        wanted = f"{name}{{{labels}}}" if labels else name
+        return sum(value for sample, value in self._samples() if sample == wanted)
+
+    def metric_sum(self, name: str) -> float:
+        """The sum of a family's samples, whatever their labels."""
+        return sum(value for sample, value in self._samples() if sample.split("{")[0] == name)
+
+    def _samples(self) -> list[tuple[str, float]]:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (port := METRICS_LINE.findall(self.current_log())):
+            assert time.monotonic() < deadline, f"no metrics listener\n{self.log_tail()}"
+            time.sleep(0.05)  # polling its log, bounded by the deadline
+        url = f"http://127.0.0.1:{port[-1]}/metrics"
+        with urllib.request.urlopen(url, timeout=SOCKET_TIMEOUT_S) as page:
+            text = page.read().decode()
+        lines = (
+            line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#")
+        )
+        return [(sample, float(value)) for sample, value in lines]
+
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         tail = self.log_text().splitlines()[-lines:]
         return f"--- broker log tail ({self.log_path}) ---\n" + "\n".join(tail)
@@ -426,6 +460,23 @@ class BrokerProcess:
         with self.connect() as conn:
             response = conn.metadata(topics=None)
         assert response.brokers and response.brokers[0].port == self.port, response
+
+
+def stop_all(brokers: Iterable[BrokerProcess]) -> None:
+    """Stop every running broker (continued if paused; SIGTERM, a hang killed), even when
+    stopping one fails; then raise the first failure. A loop of ``stop()`` calls leaves the rest running when
+    one raises."""
+    errors: list[BaseException] = []
+    for broker in brokers:
+        try:
+            if broker.running:
+                assert broker.proc is not None
+                broker.proc.send_signal(signal.SIGCONT)  # a paused one must hear SIGTERM
+                broker.stop()
+        except BaseException as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 def _params(request: pytest.FixtureRequest) -> tuple[str, str]:

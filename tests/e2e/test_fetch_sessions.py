@@ -10,10 +10,8 @@ restart (SIGTERM, same port and data dir); every record is read exactly once.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,6 @@ from tests.e2e.test_clients import create_topic
 TOPIC, PARTITIONS, GROUP = "sessions", 4, "session-readers"
 PER_ROUND = 120
 WAIT_S = 60.0
-METRICS_LINE = re.compile(r"metrics on 127\.0\.0\.1:(\d+)")
 
 
 class MetricsBroker(BrokerProcess):
@@ -41,21 +38,6 @@ class MetricsBroker(BrokerProcess):
     def command_line(self) -> list[str]:
         return [*super().command_line(), "--config", str(self.config),
                 "--metrics-listen", "127.0.0.1:0"]  # fmt: skip
-
-    def metric(self, name: str, labels: str = "") -> float:
-        """One sample of the running process (0 when the family has no such sample)."""
-        port = wait_until(lambda: METRICS_LINE.findall(self.current_log()), 10, "metrics port")
-        with urllib.request.urlopen(f"http://127.0.0.1:{port[-1]}/metrics", timeout=10) as page:
-            text = page.read().decode()
-        wanted = f"{name}{{{labels}}}" if labels else name
-        for line in text.splitlines():
-            if line.startswith(wanted + " "):
-                return float(line.split()[-1])
-        return 0.0
-
-    def current_log(self) -> str:
-        """The log since the last start (the e2e log marks each start)."""
-        return self.log_text().rsplit("===== e2e: start #", 1)[-1]
 
 
 def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -51,6 +51,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 
 from tests.e2e.conftest import BROKER_EXE, add_scram_user
 from tests.e2e.test_security import SecureBroker
+from tests.leak_check import kill_tree
 
 JVM_MODULE = Path(__file__).resolve().parents[1] / "jvm"
 #: The first run downloads kafka-clients, JUnit and the plugins from Maven Central.
@@ -135,7 +136,11 @@ class ClusterUp:
             start_new_session=True,
         )  # fmt: skip
         self.data_dir = data_dir
-        self.bootstrap = self._ready_line().removeprefix(CLUSTER_LINE)
+        try:
+            self.bootstrap = self._ready_line().removeprefix(CLUSTER_LINE)
+        except BaseException:  # the fixture's try has not begun: no cluster left behind
+            self.kill()
+            raise
 
     def _ready_line(self) -> str:
         """The first stdout line, read with a deadline (its children may hold the pipe)."""
@@ -158,9 +163,10 @@ class ClusterUp:
         return self.proc.wait(timeout=60)
 
     def kill(self) -> None:
-        """Last resort: the whole process group (ZooKeeper and the brokers with it)."""
+        """Last resort: SIGKILL to it and every process below it (its brokers run in
+        sessions of their own: killing its process group would miss them)."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_tree(self.proc.pid)
             self.proc.wait()
 
     def logs(self) -> str:

@@ -113,6 +113,20 @@ def read_counts(bootstrap: str) -> dict[str, list[int]]:
     return counts
 
 
+def wait_for_committed_output(bootstrap: str, app: StreamsApp, timeout_s: float = 60) -> None:
+    """Until a read_committed consumer sees a first count: a transaction has committed."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "wc-probe",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})  # fmt: skip
+    try:
+        consumer.assign([TopicPartition(OUTPUT, p, OFFSET_BEGINNING) for p in (0, 1)])
+        deadline = time.monotonic() + timeout_s
+        while (message := consumer.poll(0.5)) is None or message.error():
+            assert app.proc.poll() is None, f"the application exited:\n{app.tail()}"
+            assert time.monotonic() < deadline, f"no committed output:\n{app.tail()}"
+    finally:
+        consumer.close()
+
+
 def test_word_count_is_exact_across_a_broker_kill_9(broker: BrokerProcess, tmp_path: Path) -> None:
     classpath = maven_classpath(STREAMS_DIR / "pom.xml", tmp_path)
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
@@ -133,9 +147,11 @@ def test_word_count_is_exact_across_a_broker_kill_9(broker: BrokerProcess, tmp_p
             assert app.proc.poll() is None, f"the application exited:\n{app.tail()}"
             assert time.monotonic() < deadline, f"the application never ran:\n{app.tail()}"
             time.sleep(0.2)
-        time.sleep(3)  # a few commit intervals: some transactions done, one likely open
+        # Some transactions done (their output visible to read_committed), the next one
+        # likely open: the kill lands mid-stream.
+        wait_for_committed_output(broker.bootstrap, app)
         broker.kill9()
-        time.sleep(1)
+        time.sleep(1)  # the outage (a fault's shape, not a wait for a condition)
         broker.start()
         produce_lines(broker.bootstrap, lines[half:])
 

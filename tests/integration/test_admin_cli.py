@@ -16,6 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from trio_broker.cluster.child_process import die_with_parent
+
 LISTENING = re.compile(r"listening on ([0-9.]+):(\d+)")
 CLI = [sys.executable, "-m", "trio_broker.cli"]
 
@@ -30,6 +32,7 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=die_with_parent(),
     )
     found: list[str] = []
     ready = threading.Event()
@@ -56,8 +59,11 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             try:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                pass
+            finally:  # a hang, or an interrupted wait
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
         drainer.join(5)
 
 

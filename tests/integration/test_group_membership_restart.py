@@ -19,6 +19,7 @@ import trio
 
 from tests.integration.test_groups_e2e import TOPIC, Consumed, in_thread, produce, wait_until
 from trio_broker.config import BrokerConfig
+from trio_broker.protocol import messages as m
 from trio_broker.server.broker import Broker
 from trio_broker.state.group import GroupState
 
@@ -129,7 +130,16 @@ async def test_members_keep_their_generation_across_a_restart(tmp_path: Path) ->
                 await wait_until(
                     lambda: committed_total(broker) == len(first) + len(second), 20, "the commits"
                 )
-                await trio.sleep(2)  # a few more heartbeats (300 ms apart) on the restored group
+                # A few more heartbeats (300 ms apart) from every member on the restored group.
+                beats = broker.handler_pool.latency.count(m.ApiKey.HEARTBEAT)
+                await wait_until(
+                    lambda: (
+                        broker.handler_pool.latency.count(m.ApiKey.HEARTBEAT)
+                        >= beats + 3 * len(member_ids)
+                    ),
+                    20,
+                    "more heartbeats",
+                )
                 group = broker.groups.groups[GROUP]
                 assert group.state is GroupState.STABLE and group.generation_id == generation
                 assert set(group.members) == member_ids

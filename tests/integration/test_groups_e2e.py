@@ -310,9 +310,14 @@ async def test_static_member_restart_keeps_its_assignment(broker: Broker, bootst
     stop_a, stop_b = threading.Event(), threading.Event()
     static_a = {"group.instance.id": "instance-a", "session.timeout.ms": 6000}
     static_b = {"group.instance.id": "instance-b", "session.timeout.ms": 6000}
+    a_closed = trio.Event()
+
+    async def member_a() -> None:
+        await in_thread(lambda: run_confluent(bootstrap, "static", consumed, stop_a, static_a, "a"))
+        a_closed.set()
+
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(in_thread, lambda: run_confluent(
-            bootstrap, "static", consumed, stop_a, static_a, "a"))  # fmt: skip
+        nursery.start_soon(member_a)
         nursery.start_soon(in_thread, lambda: run_confluent(
             bootstrap, "static", consumed, stop_b, static_b, "b"))  # fmt: skip
         await wait_until(
@@ -323,7 +328,8 @@ async def test_static_member_restart_keeps_its_assignment(broker: Broker, bootst
         old_id = group.static_members["instance-a"]
         old_assignment = group.members[old_id].assignment
         stop_a.set()  # a static member closes without leaving the group...
-        await trio.sleep(1)
+        with trio.fail_after(30):
+            await a_closed.wait()
         restarted = threading.Event()
         nursery.start_soon(in_thread, lambda: run_confluent(
             bootstrap, "static", consumed, restarted, static_a, "a2"))  # fmt: skip

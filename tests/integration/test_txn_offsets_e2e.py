@@ -236,9 +236,12 @@ async def test_read_committed_consumer_waits_for_the_transaction_to_end(
             await in_thread(lambda: confluent_committed(bootstrap, group, "read_committed", 20.0))
         )
 
+    fetches = broker.handler_pool.latency.count(m.ApiKey.OFFSET_FETCH)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ask)
-        await trio.sleep(1.5)
+        with trio.fail_after(15):  # it asked, was told UNSTABLE_OFFSET_COMMIT, asked again
+            while broker.handler_pool.latency.count(m.ApiKey.OFFSET_FETCH) < fetches + 2:  # noqa: ASYNC110
+                await trio.sleep(0.02)
         assert not result  # still retrying
         await broker.groups.complete_transaction(group, pid, epoch, committed=True)
     assert result == [[(7, None), (8, None)]]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -26,6 +27,9 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+#: /metrics on a free port: the tests wait for what it shows, not for a fixed time.
+METRICS = {"metrics.listener": "127.0.0.1:0"}
 
 
 def test_idle_connection_is_closed(make_broker: BrokerFactory) -> None:
@@ -80,14 +84,14 @@ def test_long_poll_is_not_idle(make_broker: BrokerFactory) -> None:
 def test_max_connections_per_ip(make_broker: BrokerFactory) -> None:
     broker = make_broker({"max.connections.per.ip": 5})
     with many_sockets(broker.port, 5) as socks:
-        time.sleep(0.3)  # let the broker accept all five
+        # The five are accepted and work: each is answered, so the broker counts it.
+        for sock in socks:
+            conn = RawConnection.__new__(RawConnection)
+            conn.sock, conn._correlation = sock, 0
+            conn.metadata(topics=None)
         extra = broker.connect(timeout=5.0)
         assert extra.closed_by_peer(timeout=5.0), "sixth connection from one IP was kept"
         extra.close()
-        # The five accepted ones work.
-        conn = RawConnection.__new__(RawConnection)
-        conn.sock, conn._correlation = socks[0], 0
-        conn.metadata(topics=None)
         socks.pop().close()
         _serving_within(broker, 5.0)  # a freed place can be taken again
     _serving_within(broker, 5.0)  # once the broker has seen the closes
@@ -104,6 +108,27 @@ def _serving_within(broker: ConfiguredBroker, seconds: float) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def _wait(condition: Callable[[], bool], what: str, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.05)  # polling the broker's metrics, bounded by the deadline
+
+
+def _settled(broker: ConfiguredBroker, api: str, sent: int) -> None:
+    """Until the broker has read all it will of the ``sent`` requests (all of them, or
+    it muted the slow client) and handled them (its handler queues are empty): what it
+    holds for that client is all there."""
+    key = {"produce": 0, "fetch": 1}[api]
+
+    def settled() -> bool:
+        handled = broker.metric("trio_broker_requests_total", f'api="{api}",api_key="{key}"')
+        read_all = handled >= sent or broker.metric_sum("trio_broker_muted_connections") >= 1
+        return read_all and broker.metric_sum("trio_broker_handler_queue_depth") == 0
+
+    _wait(settled, f"the slow client's {api} requests read (or it muted) and handled")
 
 
 def _fetch_frame(conn: RawConnection, topic: str, max_bytes: int) -> bytes:
@@ -131,7 +156,7 @@ def _fetch_frame(conn: RawConnection, topic: str, max_bytes: int) -> bytes:
 @pytest.mark.parametrize("storage", ["file", "memory"])
 def test_slow_reader_memory_is_bounded(make_broker: BrokerFactory, storage: str) -> None:
     """Pipelined 4 MiB fetches that are never read: RSS grows by far less than asked for."""
-    broker = make_broker(storage=storage)
+    broker = make_broker(METRICS, storage=storage)
     topic = "slow-reader"
     value = b"x" * 100_000
     with broker.connect() as producer:
@@ -156,7 +181,7 @@ def test_slow_reader_memory_is_bounded(make_broker: BrokerFactory, storage: str)
                 break  # the broker stopped reading us: muted
             sent += 1
             asked += 4 << 20
-        time.sleep(1.0)
+        _settled(broker, "fetch", sent)
         after = broker.rss()
         # The broker still serves everybody else meanwhile.
         broker.assert_serving()
@@ -169,7 +194,8 @@ def test_slow_reader_memory_is_bounded(make_broker: BrokerFactory, storage: str)
     )
     assert sent >= 64, "expected the reader to accept at least the in-flight cap"
     assert growth < 64 << 20, f"RSS grew by {growth >> 20} MiB for a client that never reads"
-    time.sleep(0.5)
+    # The broker has seen the slow reader go (its close, with responses still queued).
+    _wait(lambda: broker.metric("trio_broker_connections_open") == 0, "the close is seen")
     broker.assert_serving()
 
 
@@ -182,7 +208,7 @@ def test_slow_reader_does_not_hold_the_memory_budget(make_broker: BrokerFactory)
     they are handled, so a second client is still served. (Before the fix the
     bytes were held until the response was sent: the second client hung.)
     """
-    broker = make_broker({"queued.max.request.bytes": 2 << 20})
+    broker = make_broker({"queued.max.request.bytes": 2 << 20, **METRICS})
     topic = "pinned-budget"
     with broker.connect() as producer:
         producer.metadata([topic])
@@ -211,7 +237,7 @@ def test_slow_reader_does_not_hold_the_memory_budget(make_broker: BrokerFactory)
                 break
             sent += 1
         assert sent * len(big) > 2 << 20, f"only {sent} produce requests got in"
-        time.sleep(1.0)
+        _settled(broker, "produce", 20 + sent)
         with broker.connect(timeout=5.0) as other:
             for _ in range(3):
                 batch = bytes(build_batch([(b"k", b"z" * 1000)]))

@@ -127,6 +127,10 @@ class TxnProducerThread(threading.Thread):
         self.gave_up: str | None = None
         self.producer: Producer | None = None
 
+    def finished(self) -> int:
+        """Transactions that ended: committed, or their abort returned."""
+        return sum(1 for txn in list(self.txns) if txn.outcome == "committed" or txn.abort_returned)
+
     # -- librdkafka's error handling -------------------------------------------
 
     def _note(self, where: str, exc: KafkaException) -> KafkaError:
@@ -345,7 +349,15 @@ def test_transactions_survive_kill_9_loop(make_broker: BrokerFactory, tmp_path: 
         long_down = rng.random() < LONG_DOWNTIME_SHARE
         time.sleep(rng.uniform(*(LONG_DOWNTIME_S if long_down else DOWNTIME_S)))
         broker.start()
-    time.sleep(3.0)  # transactions after the last restart
+    # Transactions after the last restart: every producer finishes a few more.
+    after_restart = [thread.finished() for thread in producers]
+    deadline = time.monotonic() + 120
+    while not all(
+        t.finished() >= n + 3 or t.gave_up or not t.is_alive()
+        for t, n in zip(producers, after_restart, strict=True)
+    ):
+        assert time.monotonic() < deadline, "no transactions after the last restart"
+        time.sleep(0.1)  # polling the producer threads, bounded by the deadline
     for thread in producers:
         thread.stop.set()
     for thread in producers:

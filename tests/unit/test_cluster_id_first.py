@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio.testing
 
 from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
 from trio_broker.cluster.zk_layout import CLUSTER_ID
@@ -21,9 +22,11 @@ class HeldCoordination(MemoryCoordination):
     def __init__(self, server: MemoryZooKeeper, go: trio.Event) -> None:
         super().__init__(server)
         self.go = go
+        self.asked = trio.Event()
 
     async def create(self, path: str, data: bytes, *args: Any, **kwargs: Any) -> Any:
         if path == CLUSTER_ID:
+            self.asked.set()
             await self.go.wait()
         return await super().create(path, data, *args, **kwargs)
 
@@ -38,11 +41,14 @@ async def test_the_cluster_id_is_known_before_the_listeners_open(tmp_path: Path)
     )  # fmt: skip
     broker = Broker(config)
     go = trio.Event()
-    broker.open_coordination = lambda: HeldCoordination(server, go)
+    held = HeldCoordination(server, go)
+    broker.open_coordination = lambda: held
     async with trio.open_nursery() as nursery:
 
         async def look_then_let_zookeeper_answer() -> None:
-            await trio.sleep(0.3)
+            # The broker asked, and got as far as it can without an answer.
+            await held.asked.wait()
+            await trio.testing.wait_all_tasks_blocked()
             # ZooKeeper has not answered yet: nothing listens, so nobody can ask.
             assert broker.bound == [] and broker.cluster_id == "this-brokers-own-id"
             go.set()

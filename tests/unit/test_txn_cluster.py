@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from tests.unit.test_txn_coordinator import Services, append_marker, call, markers
 from trio_broker.cluster.txn_marker_channel import TxnMarkerChannel, marker_targets, route_markers
@@ -439,7 +440,10 @@ async def test_the_channel_retries_until_each_leader_has_its_marker(
                        partitions=frozenset({("a", 0), ("a", 1), ("gone", 0)}))  # fmt: skip
     async with trio.open_nursery() as nursery:
         nursery.start_soon(channel.send, meta, False, 4, 0)
-        await trio.sleep(0.5)  # a few rounds against the unreachable broker
+        with trio.fail_after(10):  # a first round: the local marker, the unreachable broker
+            while markers(services, "a", 0) == []:  # noqa: ASYNC110 - plain data
+                await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()
         assert markers(services, "a", 0) == [(11, 0, False)]
         assert markers(services, "a", 1) == []
         view.topics = {"a": topic_led_by("a", [1, 1])}  # broker 1 (this one) took over
@@ -460,7 +464,8 @@ async def test_the_channel_stops_when_this_broker_stops_coordinating(
                        partitions=frozenset({("a", 0)}))  # fmt: skip
 
     async def resign_soon() -> None:
-        await trio.sleep(0.3)  # a few rounds waiting for a leader first
+        await trio.testing.wait_all_tasks_blocked()  # a first round waits for a leader
+
         del replication.terms[TRANSACTION_STATE, 0]
 
     async with trio.open_nursery() as nursery:

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trio_broker.cluster.child_process import die_with_parent
 from trio_broker.protocol import message_types as messages
 from trio_broker.protocol.messages import (
     decode_request,
@@ -46,7 +47,7 @@ class CapturingBroker:
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=die_with_parent(),
         )  # fmt: skip
         self.port = 0
         #: The --metrics-listen port, once the broker logged it (0 without the flag).
@@ -54,10 +55,17 @@ class CapturingBroker:
         listening = threading.Event()
         self._drainer = threading.Thread(target=self._drain, args=(listening,), daemon=True)
         self._drainer.start()
-        if not listening.wait(START_TIMEOUT_S) or not self.port:
+        try:
+            if not listening.wait(START_TIMEOUT_S) or not self.port:
+                raise AssertionError(f"broker did not start:\n{self.log()}")
+        except BaseException:  # that too, or an interrupted wait: no broker left behind
+            self._kill()
+            raise
+
+    def _kill(self) -> None:
+        if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(STOP_TIMEOUT_S)
-            raise AssertionError(f"broker did not start:\n{self.log()}")
 
     def _drain(self, listening: threading.Event) -> None:
         assert self.proc.stderr is not None
@@ -86,9 +94,11 @@ class CapturingBroker:
         try:
             code = self.proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(STOP_TIMEOUT_S)
+            self._kill()
             raise AssertionError(f"broker did not stop on SIGTERM:\n{self.log()}") from None
+        except BaseException:  # an interrupted wait
+            self._kill()
+            raise
         self._drainer.join(STOP_TIMEOUT_S)
         return code
 

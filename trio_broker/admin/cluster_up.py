@@ -9,7 +9,12 @@ broker is registered, prints one line::
 
 and runs until Ctrl-C or SIGTERM, when it stops the brokers (SIGTERM, then SIGKILL after
 a grace period) and ZooKeeper, each by its own PID. Exit status: 0 after a clean stop,
-1 if something failed to start, 2 for bad arguments.
+1 if something failed to start, 2 for bad arguments. Killed itself (SIGKILL), it cannot
+stop them, so each child asks the kernel for SIGTERM when its parent dies
+(``PR_SET_PDEATHSIG``, cluster/child_process.py): no broker or ZooKeeper outlives it.
+The brokers run in sessions of their own (a Ctrl-C at the terminal is for this process,
+which stops them in order), so killing this process's group does not reach them; the
+death signal does.
 
 Meanwhile it supervises: a broker that exits on its own is reported (one stderr line)
 and restarted with the same id, port and data dir after a backoff, unless it keeps
@@ -44,6 +49,7 @@ from typing import Any
 
 from trio_broker.admin.client import AdminError, BlockingClient
 from trio_broker.admin.cluster_zookeeper import add_secure_zookeeper_command
+from trio_broker.cluster.child_process import die_with_parent
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper, start_local_zookeeper
 from trio_broker.config_errors import ConfigError
 from trio_broker.security.zookeeper_login import ZooKeeperLogin, client_jaas, read_client_login
@@ -123,7 +129,7 @@ class _Broker:
     def start(self, argv: list[str]) -> None:
         self.process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, start_new_session=True,
+            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent(),
         )  # fmt: skip
         self.ready = threading.Event()
         self.starts += 1
@@ -326,11 +332,13 @@ def run_cluster(args: argparse.Namespace) -> int:
                 _write_state(data_dir, brokers)
         return 0
     finally:
-        _stop_all(brokers)
-        if zookeeper is not None:
-            zookeeper.stop()
-        _remove_state(data_dir)
-        held.close()  # the last: everything it guarded has stopped
+        try:
+            _stop_all(brokers)
+        finally:
+            if zookeeper is not None:
+                zookeeper.stop()
+            _remove_state(data_dir)
+            held.close()  # the last: everything it guarded has stopped
 
 
 def _supervise_zookeeper(zookeeper: LocalZooKeeper, deaths: deque[float], now: float) -> bool:

@@ -10,6 +10,11 @@ Given ``sasl_users``, a server accepts SASL DIGEST-MD5 logins of those users (a 
 ``Server`` section, ZooKeeper's SASL authentication provider), which the ACLs of
 ``zookeeper.set.acl`` name. A server's directory is its owner's alone (0700): its
 snapshots hold every znode, SCRAM keys included, and its JAAS file the passwords.
+
+A server is never left behind: one that does not come up in time, or whose wait is
+interrupted (Ctrl-C, a test's timeout), is stopped before the error propagates, and each
+gets SIGTERM when the process that started it dies (cluster/child_process.py), so a
+killed ``cluster up`` or test run takes its ZooKeeper with it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 
 import attrs
 
+from trio_broker.cluster.child_process import die_with_parent
 from trio_broker.security.zookeeper_login import ZooKeeperLogin, server_jaas
 
 __all__ = [
@@ -71,11 +77,16 @@ class LocalZooKeeper:
         return f"{self.host}:{self.port}"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+        """SIGTERM; SIGKILL after 10 s, or at once if the wait is interrupted."""
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            if self.process.poll() is None:
                 self.process.kill()
                 self.process.wait()
 
@@ -208,10 +219,20 @@ def _launch(
         return subprocess.Popen(
             ["java", "-Xmx256m", *jvm, "-cp", str(ZOOKEEPER_JAR), main_class, str(config)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent(),
         )  # fmt: skip
 
 
 def _wait_until_serving(server: LocalZooKeeper, timeout_s: float, *, quorum: bool) -> None:
+    """Until it serves; on any failure (an interrupt too) it is stopped first."""
+    try:
+        _wait(server, timeout_s, quorum=quorum)
+    except BaseException:
+        server.stop()
+        raise
+
+
+def _wait(server: LocalZooKeeper, timeout_s: float, *, quorum: bool) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
@@ -228,6 +249,5 @@ def _wait_until_serving(server: LocalZooKeeper, timeout_s: float, *, quorum: boo
                     return
             except OSError:
                 pass
-        time.sleep(0.1)
-    server.stop()
+        time.sleep(0.1)  # polling, bounded by the deadline
     raise TimeoutError(f"ZooKeeper did not serve on {server.hosts} within {timeout_s} s")

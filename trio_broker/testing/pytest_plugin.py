@@ -84,16 +84,6 @@ def _broker_command() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "trio_broker.cli"]
 
 
-def _die_with_parent() -> None:
-    """In the child: SIGTERM it when the test process dies (even by SIGKILL), so a killed
-    pytest leaves no broker behind. Linux only; elsewhere the child outlives a kill. The
-    signal comes when the forking *thread* ends, so only the main thread asks for it."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 class _LoggedProcess:
     """A child process whose stderr (its log) a thread copies to ``log_path``, watching
     for the line ``pattern`` that says it is ready."""
@@ -102,14 +92,15 @@ class _LoggedProcess:
         self.log_path = log_path
         self.match: re.Match[bytes] | None = None
         self._ready = threading.Event()
-        in_main = threading.current_thread() is threading.main_thread()
-        preexec = _die_with_parent if in_main and sys.platform.startswith("linux") else None
+        from trio_broker.cluster.child_process import die_with_parent
+
         self.process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=preexec,  # only a prctl call: safe despite threads
+            # SIGTERM when the test process dies, even by SIGKILL (Linux, main thread).
+            preexec_fn=die_with_parent(),  # only a prctl call: safe despite threads
         )
         assert self.process.stdout is not None
         self._thread = threading.Thread(
@@ -128,7 +119,11 @@ class _LoggedProcess:
         self._ready.set()  # exited: whoever waits must look
 
     def wait_ready(self, timeout: float, what: str) -> re.Match[bytes]:
-        self._ready.wait(timeout)
+        try:
+            self._ready.wait(timeout)
+        except BaseException:  # Ctrl-C, a test timeout: no process left behind
+            self.stop()
+            raise
         if self.match is None or self.process.poll() is not None:
             status = self.process.poll()
             self.stop()
@@ -149,18 +144,20 @@ class _LoggedProcess:
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM by its PID, SIGKILL if it has not exited within ``timeout``. The exit
         status, or None when it had to be killed."""
+        killed = False
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-                self._thread.join(5)
-                return None
+                killed = True
+            finally:  # a timeout, or an interrupted wait
+                if self.process.poll() is None:
+                    self.process.kill()
+                    self.process.wait()
         self._thread.join(5)
-        return self.process.returncode
+        return None if killed else self.process.returncode
 
 
 class KafkaBroker:
