@@ -4,7 +4,9 @@ A real broker process; an attacker connection sends one expensive request shape 
 bystander connection sends ApiVersions back to back and records each round trip. Every
 other client shares the broker's one event loop, so the bystander's worst round trip is
 how long the attacker's request held it. It must stay under :data:`BOUND_S` on a busy
-2-core machine. Each shape is its own case; the first failed on the old code (Python's
+2-core machine (or a quarter of the request's own time when the machine is so loaded
+that the request takes seconds: a request holding the loop throughout would make it
+all of it). Each shape is its own case; the first failed on the old code (Python's
 backtracking ``re`` ran the pattern: the bystander waited seconds).
 
 Frames are encoded before the bystander starts and responses decoded after it stops:
@@ -30,8 +32,13 @@ from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
 
-#: The bystander's worst ApiVersions round trip while an expensive request is handled.
+#: The bystander's worst ApiVersions round trip while an expensive request is handled:
+#: under BOUND_S, or, on a machine so busy that the request itself takes many seconds,
+#: under STALL_SHARE of the request's time. A request that holds the loop throughout
+#: makes the bystander wait as long as the request (a share of 1: the pattern did,
+#: 52.9 s of 52.9 s); one that gives the loop back keeps it a small fraction of that.
 BOUND_S = 0.5
+STALL_SHARE = 0.25
 #: Topics created for the "every topic" shapes (Metadata, DescribeConfigs).
 MANY_TOPICS = 10_000
 #: DescribeConfigs answers ~40 entries per topic: with 10,000 topics the answer is
@@ -276,6 +283,6 @@ def test_bystander_latency_while_an_expensive_request_is_handled(
     broker = make_broker(storage="memory", config={"socket.request.max.bytes": 104_857_600})
     elapsed, worst, trips = attack(broker, SHAPES[shape])
     print(f"\n{shape}: attack {elapsed:.3f}s, bystander worst {worst:.3f}s over {trips} trips")
-    assert worst < BOUND_S, (
+    assert worst < max(BOUND_S, STALL_SHARE * elapsed), (
         f"{shape}: a bystander waited {worst:.3f}s (the request took {elapsed:.3f}s)"
     )
