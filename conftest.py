@@ -26,7 +26,6 @@ broker, ZooKeeper) fails at its end, naming the process and the test that starte
 
 from __future__ import annotations
 
-import collections
 import os
 import random
 
@@ -54,41 +53,6 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-#: The slowest test files (their seconds in a CI run on 2 cores, 2026-11-29), longest
-#: first. With ``-n 2 --dist loadfile`` a file is one work unit and a worker takes the next
-#: unit in queue order; xdist's default queue order (most tests first) put these files,
-#: of one to three tests each, at the end, so one worker ran jepsen's 5 minutes while
-#: the other had nothing left. Queued first, their long runs overlap the many short files.
-SLOW_FILES = (
-    "tests/verify/test_verify_txn.py",  # 200
-    "tests/cluster/test_jepsen.py",  # 290 before it was shortened; about 170 now
-    "tests/verify/test_verify_multi.py",  # 170
-    "tests/unit/test_crosshair_all.py",  # 90
-    "tests/reliability/test_crash_loop_verify.py",  # 80
-    "tests/verify/test_verify_e2e.py",  # 80
-    "tests/e2e/test_java_client.py",  # 65
-    "tests/cluster/test_clean_shutdown.py",  # 60
-    "tests/reliability/test_txn_crash_loop.py",  # 50
-    "tests/verify/test_verify_cluster.py",  # 45
-    "tests/reliability/test_power_cut.py",  # 40
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist, queue the files of :data:`SLOW_FILES` first, longest first, then the
-    others by number of tests (xdist's own order). A file's tests stay together and in
-    order (a stable sort of whole files), so module fixtures still start once."""
-    if not hasattr(config, "workerinput"):
-        return
-    rank = {path: i for i, path in enumerate(SLOW_FILES)}
-    files = [item.nodeid.split("::", 1)[0] for item in items]
-    per_file = collections.Counter(files)
-    order = {
-        id(item): (rank.get(f, len(SLOW_FILES)), -per_file[f]) for item, f in zip(items, files)
-    }
-    items.sort(key=lambda item: order[id(item)])
-
-
 def _seed(config: pytest.Config) -> str:
     return str(config.getoption("hypothesis_seed", default=None))
 
@@ -106,10 +70,6 @@ def pytest_configure(config: pytest.Config) -> None:
             random.SystemRandom().randrange(1 << 32)
         )
     os.environ[SEED_ENV] = _seed(config)
-    # Keep the queue order pytest_collection_modifyitems gives the workers (xdist would
-    # sort the files by number of tests again).
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
 
 
 def pytest_report_header(config: pytest.Config) -> str:
