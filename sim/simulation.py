@@ -18,7 +18,8 @@ Invariants (checked every ``CHECK_EVERY_S`` and at the end):
 2. **the HW never goes backwards**: the HW shown by the leader that ZooKeeper names
    (in the epoch it names) never falls below one shown before; and the HW of one
    broker's leader terms, which its Fetch answers show, never falls below what an
-   earlier term of the same broker life reached;
+   earlier term of the same broker life reached, nor the HW that broker keeps as a
+   follower afterwards;
 3. **one leader per epoch**: no two brokers ever hold a leader term for the same
    partition and leader epoch;
 4. **replicas agree below the HW**: a batch below a replica's HW (a leader's HW, a
@@ -162,6 +163,14 @@ class Invariants:
                 self.life_hw[life] = max(before, term.high_watermark)
                 self._agree(key, broker, term.high_watermark, sim.broker_id)
             for key, role in manager.following.items():
+                # 2c. a leader turned follower keeps the HW its terms reached (it is the
+                # log's, as in Kafka): a truncation that falls back to it cuts no lower.
+                reached = self.life_hw.get((sim.broker_id, sim.lives, key), 0)
+                if role.high_watermark < reached:
+                    self.violation(
+                        f"{key}: broker {sim.broker_id} follows with HW {role.high_watermark}"
+                        f" below the {reached} its own terms reached"
+                    )
                 self._agree(key, broker, role.high_watermark, sim.broker_id)
 
     def _agree(self, key: Key, broker: Any, hw: int, broker_id: int) -> None:

@@ -579,7 +579,11 @@ class ReplicaManager:
                         info.leader,
                         info.leader_epoch,
                     ):
+                        # The HW belongs to the log, not the role (as Kafka's log keeps
+                        # it): a leader turned follower keeps what its terms reached, so
+                        # a truncation that falls back to the HW does not cut below it.
                         hw = role.high_watermark if role is not None else 0
+                        hw = max(hw, self._ended_term_hw.get(key, 0))
                         self.following[key] = FollowerRole(info.leader, info.leader_epoch,
                                                            high_watermark=hw)  # fmt: skip
                         roles_changed = True
