@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_fetch_sessions import METRICS_LINE, MetricsBroker, wait_until
+from tests.e2e.conftest import METRICS_LINE
+from tests.e2e.test_fetch_sessions import MetricsBroker, wait_until
 from tests.e2e.test_java_client import MAVEN_TIMEOUT_S, run_maven
 
 

@@ -179,6 +179,8 @@ def _make_class(kafka_name: str, fields: tuple[Field, ...]) -> type[Message]:
             continue
         if f.is_array:
             fresh = "None" if f.default == "null" else "[]"
+        elif f.default == "null":  # a nullable struct absent unless set (a Cursor)
+            fresh = "None"
         else:
             namespace[f"_struct{i}"] = f.struct_class
             fresh = f"_struct{i}()"
