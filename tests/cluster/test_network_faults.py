@@ -205,6 +205,10 @@ def test_leader_cut_off_from_zookeeper(cluster: ProxiedCluster) -> None:
     others = [b for b in cluster if b != old]
     eventually(lambda: all(leader_seen_by(cluster[b], "zk") not in (old, -1) for b in others),
                "a new leader once the old one's session expired", 30)  # fmt: skip
+    # Its peers no longer list it (its registration expired): it leaves itself out of
+    # Metadata as they do, so that clients stop asking it.
+    eventually(lambda: "no longer lists this broker" in cluster[old].log_text()[since[old] :],
+               "the old leader learned that its peers dropped it", 30)  # fmt: skip
     acked_then = background.acked_count()
     eventually(lambda: background.acked_count() > acked_then + 100, "producing goes on", 30)
     # The old leader still believes it leads (ZooKeeper cannot tell it otherwise), and

@@ -46,8 +46,15 @@ class Coordination:
         self._changed = trio.Event()
 
 
+class View:
+    broker_id = 1
+    brokers: dict[int, object] = {}  # no peers: the fenced broker's probe asks no one
+
+
 class Manager:
     def __init__(self) -> None:
+        self.view = View()
+        self.dropped_by_peers = False
         self.fenced = False
         self.fences: list[bool] = []
         self._view = trio.Event()

@@ -13,15 +13,18 @@ from typing import Any, Protocol
 
 import trio
 
+from trio_broker.cluster.broker_client import BrokerConnectionError
 from trio_broker.cluster.controller import Rebalance
 from trio_broker.cluster.coordination import NodeExists, ZooKeeperCoordination
 from trio_broker.cluster.inter_broker_stream import login_opener
 from trio_broker.cluster.membership import run_membership, wall_clock_ms
+from trio_broker.cluster.replica_fetcher import connect_to_broker
 from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.cluster.security_store import ClusterSecurity
 from trio_broker.cluster.txn_marker_channel import TxnMarkerChannel
 from trio_broker.cluster.zk_layout import CLUSTER_ID, BrokerRegistration
 from trio_broker.config import BrokerConfig
+from trio_broker.protocol import messages as m
 from trio_broker.security.credentials import CredentialStore
 from trio_broker.security.inter_broker import (
     InterBrokerLogin,
@@ -258,7 +261,46 @@ async def _fence_while_cut_off(
             await changed.wait()
             continue
         manager.fence(True)
-        await changed.wait()
+        async with trio.open_nursery() as probing:
+            probing.start_soon(_ask_peers_whether_listed, manager)
+            await changed.wait()
+            probing.cancel_scope.cancel()
+
+
+#: How often a fenced broker asks the others whether they still list it.
+PEER_PROBE_INTERVAL_S = 1.0
+
+
+async def _ask_peers_whether_listed(manager: ReplicaManager) -> None:
+    """Fenced: ask each other broker, over the inter-broker listener, for the brokers
+    it lists. One that answers without this broker has a newer view (this broker's
+    session expired and the cluster went on): ``manager.dropped_by_peers``. Peers that
+    cannot be reached, or still list it, leave it as it is (ZooKeeper may be down
+    for every broker alike)."""
+    me = manager.view.broker_id
+    while not manager.dropped_by_peers:  # (a reconnection attempt restarts the probe)
+        for peer in [b for b in manager.view.brokers if b != me]:
+            try:
+                listed = await _lists_broker(manager, peer, me)
+            except BrokerConnectionError:
+                continue
+            if not listed:
+                log.warning("broker %d no longer lists this broker: leaving itself out "
+                            "of Metadata until ZooKeeper answers", peer)  # fmt: skip
+                manager.dropped_by_peers = True
+                return
+        await trio.sleep(PEER_PROBE_INTERVAL_S)
+
+
+async def _lists_broker(manager: ReplicaManager, peer: int, broker_id: int) -> bool:
+    client = await connect_to_broker(manager, peer, f"broker-{broker_id}-fenced")
+    try:
+        # No topics: the broker list only.
+        request = m.MetadataRequest(topics=[], allow_auto_topic_creation=False)
+        response = await client.call(m.ApiKey.METADATA, 9, request, timeout_s=2.0)
+    finally:
+        await client.close()
+    return any(b.node_id == broker_id for b in response.brokers)
 
 
 async def _view_settles(manager: ReplicaManager, limit_s: float, quiet_s: float = 0.5) -> None:

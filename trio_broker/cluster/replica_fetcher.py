@@ -168,18 +168,24 @@ async def _fetcher(manager: FetcherHost, leader: int, scope: trio.CancelScope) -
 
 
 async def _connect(manager: FetcherHost, leader: int) -> BrokerClient:
-    info = manager.view.brokers.get(leader)
+    return await connect_to_broker(manager, leader, f"replica-fetcher-{manager.view.broker_id}")
+
+
+async def connect_to_broker(manager: FetcherHost, broker_id: int, client_id: str) -> BrokerClient:
+    """A connection to ``broker_id``'s inter-broker listener, as its view registers it
+    (logged in, when that listener is secured: the manager's ``open_stream``)."""
+    info = manager.view.brokers.get(broker_id)
     if info is None:
-        raise BrokerConnectionError(f"broker {leader} is not registered")
+        raise BrokerConnectionError(f"broker {broker_id} is not registered")
     address = info.endpoint(manager.inter_broker_listener)
     if address is None:
         raise BrokerConnectionError(
-            f"broker {leader} has no {manager.inter_broker_listener} listener registered"
+            f"broker {broker_id} has no {manager.inter_broker_listener} listener registered"
         )
     # getattr: stand-in managers of tests may predate the simulation's hook.
     open_stream = getattr(manager, "open_stream", None)
     host, port = address
-    client = BrokerClient(host, port, f"replica-fetcher-{manager.view.broker_id}", open_stream)
+    client = BrokerClient(host, port, client_id, open_stream)
     await client.connect()
     return client
 

@@ -136,6 +136,10 @@ class ReplicaManager:
         self._nursery: trio.Nursery | None = None
         #: Set while ZooKeeper has been unreachable past the session timeout (fence()).
         self.fenced = False
+        #: Fenced, and another broker's Metadata no longer lists this one: the cluster
+        #: went on without it (its registration expired). Metadata then leaves this
+        #: broker out too; while every broker is fenced (ZooKeeper down) none does.
+        self.dropped_by_peers = False
         #: The controller's actions while this broker is the controller (admin requests).
         self.controller: ControllerActions | None = None
         #: Cluster topics this broker keeps a local copy of (since it started): deleted
@@ -409,6 +413,7 @@ class ReplicaManager:
         if fenced == self.fenced:
             return
         self.fenced = fenced
+        self.dropped_by_peers = False
         log.warning("ZooKeeper unreachable past the session timeout: leading nothing"
                     if fenced else "ZooKeeper reachable again")  # fmt: skip
         if fenced:

@@ -256,9 +256,14 @@ def describe(ctx: RequestContext, request: m.MetadataRequest) -> m.MetadataRespo
     if services.replication is not None:
         view = services.replication.view
         listener = services.listener_name_for(ctx.client.connection_id)
-        # A broker cut off from ZooKeeper (fenced) leaves itself out, as the cluster
-        # already has: clients then stop asking it, and ask the others.
-        fenced_self = view.broker_id if getattr(services.replication, "fenced", False) else None
+        # A broker cut off from ZooKeeper whose peers no longer list it leaves itself
+        # out as they do: clients stop asking it (librdkafka asks its busiest
+        # connection for Metadata) and ask them. While ZooKeeper is down for all of
+        # them, each leaving itself out would give every answer a different broker
+        # list, and librdkafka (2.16) decommissions what an answer leaves out, over
+        # and over, until its consumer hangs: then every broker lists itself.
+        dropped = getattr(services.replication, "dropped_by_peers", False)
+        fenced_self = view.broker_id if dropped else None
         brokers = [
             Resp.MetadataResponseBroker(node_id=b.broker_id, host=h, port=p, rack=b.rack)
             for b, h, p in view.brokers_on(listener)
