@@ -23,7 +23,7 @@ import attrs
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.leadership import check_leader, fetch_leader_hints
-from trio_broker.handlers.topic_lookup import find_topic
+from trio_broker.handlers.topic_lookup import find_topic, missing_partition_error
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
@@ -96,7 +96,7 @@ def read_partitions(
                 part.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 continue
             if topic is None or not 0 <= p.partition < len(topic.logs):
-                part.error_code = missing
+                part.error_code = missing_partition_error(ctx, name, p.partition, missing)
                 continue
             log = topic.logs[p.partition]
             leader_error, term = check_leader(

@@ -22,7 +22,7 @@ from trio_broker.handlers.base import (
     handles,
 )
 from trio_broker.handlers.leadership import check_leader, produce_leader_hints
-from trio_broker.handlers.topic_lookup import find_topic
+from trio_broker.handlers.topic_lookup import find_topic, missing_partition_error
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordBytes
 from trio_broker.protocol.compression import Compression
@@ -244,7 +244,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
                 part.error_message = f"Cannot append to internal topic {name}"
                 continue
             if topic is None or not 0 <= data.index < len(topic.logs):
-                part.error_code = missing
+                part.error_code = missing_partition_error(ctx, name, data.index, missing)
                 continue
             leader_error, term = check_leader(ctx, topic.name, data.index)
             if leader_error:

@@ -48,3 +48,20 @@ def find_topic(
         if held is not None:
             return None, held.name, ErrorCode.NOT_LEADER_OR_FOLLOWER
     return None, name or "", missing
+
+
+def missing_partition_error(
+    ctx: RequestContext, name: str, partition: int, missing: ErrorCode
+) -> ErrorCode:
+    """The error for ``partition`` of a topic this broker has no log of: ``missing``
+    (from :func:`find_topic`), unless the cluster has that partition and this broker
+    has not created its copy yet (partitions just added): NOT_LEADER_OR_FOLLOWER, as
+    Kafka answers for a partition its metadata knows and its replica manager does not,
+    so clients refresh their metadata instead of taking the partition for gone."""
+    replication = ctx.services.replication
+    if replication is None or missing is not ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+        return missing
+    held = replication.view.topics.get(name)
+    if held is not None and partition in held.partitions:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    return missing
