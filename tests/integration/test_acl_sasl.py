@@ -4,12 +4,13 @@ the bindings of their own principal (``User:alice``, ``User:bob``), a super user
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, Producer
 from kafka import KafkaProducer
 from kafka.errors import TopicAuthorizationFailedError
 
@@ -107,3 +108,51 @@ async def test_each_user_gets_its_own_acls(broker: Broker) -> None:
     shared, alice_only = await trio.to_thread.run_sync(anonymous)
     assert shared is None
     assert alice_only.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def regex_member_topics(bootstrap: str, user: str, pattern: str, want: int) -> set[str]:
+    """A KIP-848 member logged in as ``user`` subscribing to ``pattern``: the topics of
+    its assignment once it holds ``want`` partitions (or the deadline passed)."""
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": MECH, "sasl.username": user, "sasl.password": PASSWORDS[user],
+        "group.id": "regex-acl", "group.protocol": "consumer",
+        "auto.offset.reset": "earliest", "enable.auto.commit": False,
+    })  # fmt: skip
+    try:
+        consumer.subscribe([pattern])
+        deadline = time.monotonic() + 30
+        while len(consumer.assignment()) < want and time.monotonic() < deadline:
+            consumer.poll(0.2)
+        # A little longer: a topic it must not get would have come in the same beat.
+        for _ in range(10):
+            consumer.poll(0.1)
+        return {tp.topic for tp in consumer.assignment()}
+    finally:
+        consumer.close()
+
+
+async def test_a_regex_subscription_gets_only_topics_its_user_may_describe(
+    broker: Broker,
+) -> None:
+    """KIP-848: a regex matches every topic named for it, but the member is assigned
+    only those its principal may DESCRIBE (Kafka filters the matches by DESCRIBE);
+    before, a member could learn of and be given partitions of topics hidden from it."""
+    for name in ("re-open", "re-closed"):
+        broker.topics.create(name, 2)
+    assert broker.authorizer is not None
+    broker.authorizer.store.add([
+        AclBinding(ResourceType.GROUP, "regex-acl", PatternType.LITERAL, "User:alice", "*",
+                   Operation.READ, Permission.ALLOW),
+        AclBinding(ResourceType.TOPIC, "re-open", PatternType.LITERAL, "User:alice", "*",
+                   Operation.READ, Permission.ALLOW),
+    ])  # fmt: skip
+    topics = await trio.to_thread.run_sync(
+        regex_member_topics, sasl_bootstrap(broker), "alice", "^re-.*", 2
+    )
+    assert topics == {"re-open"}  # READ implies DESCRIBE; re-closed is hidden
+    # The super user may describe both: the same regex gives it both topics.
+    topics = await trio.to_thread.run_sync(
+        regex_member_topics, sasl_bootstrap(broker), "admin", "^re-.*", 4
+    )
+    assert topics == {"re-open", "re-closed"}

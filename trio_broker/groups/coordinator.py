@@ -720,9 +720,14 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ KIP-848 groups
 
     def consumer_group_heartbeat(
-        self, group_id: str, request: Heartbeat, metadata: Mapping[str, int]
+        self,
+        group_id: str,
+        request: Heartbeat,
+        metadata: Mapping[str, int],
+        describable: Callable[[str], bool] | None = None,
     ) -> HeartbeatResult:
-        """ConsumerGroupHeartbeat: the group's answer (errors included)."""
+        """ConsumerGroupHeartbeat: the group's answer (errors included); ``describable``:
+        whether the member's principal may describe a topic (None: no authorizer)."""
         try:
             validate_heartbeat(request, group_id, self.consumer_group_config.assignors)
         except Refused as refused:
@@ -753,7 +758,7 @@ class GroupCoordinator:
             group = self.consumer_groups[group_id] = ConsumerGroup(
                 group_id, self.consumer_group_config
             )
-        result = group.heartbeat(request, self.clock_ms(), metadata, str(uuid.uuid4()))
+        result = group.heartbeat(request, self.clock_ms(), metadata, str(uuid.uuid4()), describable)
         self._store_consumer_group(group)
         member = group.members.get(result.member_id or "")
         if request.member_epoch == JOIN_EPOCH or (

@@ -109,7 +109,13 @@ async def handle_consumer_group_heartbeat(
         client_host=f"/{ctx.client.host}",
     )
     metadata = {name: count for name, (_, count) in table.items()}
-    result = groups.consumer_group_heartbeat(group_id, heartbeat, metadata)
+    describable = None
+    if ctx.services.authorizer is not None:  # regex matches: only topics it may describe
+
+        def describable(topic: str) -> bool:
+            return authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, topic)
+
+    result = groups.consumer_group_heartbeat(group_id, heartbeat, metadata, describable)
     if not groups.group_write_pending(group_id):
         return response(result, table)
 

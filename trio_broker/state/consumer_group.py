@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -49,6 +49,8 @@ SNAPSHOT_VERSION = 1
 #: ListGroups/DescribeGroups call these groups "consumer", like Kafka.
 CONSUMER_PROTOCOL_TYPE = "consumer"
 UNIFORM, RANGE = "uniform", "range"
+#: Distinct regexes a group keeps matches of (more: the cache starts over).
+MAX_CACHED_REGEXES = 64
 #: Never matched by a subscription regex.
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
@@ -147,7 +149,7 @@ class Member:
     #: Set while the member owes a revocation: fenced if it has not released by then.
     rebalance_deadline_ms: int | None = None
     #: A subscription by regular expression (a full match of the topic name), and the
-    #: topics it matched at the group's last heartbeat.
+    #: topics it matched at the member's last heartbeat that it may describe.
     regex: str | None = None
     resolved: tuple[str, ...] = ()
 
@@ -296,6 +298,11 @@ class ConsumerGroup:
     subscription_metadata: dict[str, int] = attrs.Factory(dict)
     #: The assignor of the last target assignment.
     assignor_name: str = UNIFORM
+    #: regex -> (the topic names it was matched against, the matches): matched again
+    #: only when the topics change, not at every heartbeat (not stored).
+    _matches: dict[str, tuple[frozenset[str], tuple[str, ...]]] = attrs.field(
+        factory=dict, init=False, repr=False, eq=False
+    )
 
     # -------------------------------------------------------------- views
 
@@ -338,19 +345,47 @@ class ConsumerGroup:
     # -------------------------------------------------------------- heartbeat
 
     def heartbeat(
-        self, request: Heartbeat, now_ms: int, metadata: Mapping[str, int], new_member_id: str
+        self,
+        request: Heartbeat,
+        now_ms: int,
+        metadata: Mapping[str, int],
+        new_member_id: str,
+        describable: Callable[[str], bool] | None = None,
     ) -> HeartbeatResult:
         """One validated heartbeat (:func:`validate_heartbeat`); ``metadata`` gives the
-        partition count of every existing topic the group may subscribe to."""
+        partition count of every existing topic the group may subscribe to;
+        ``describable`` tells whether the heartbeat's principal may describe a topic
+        (None: no authorizer), which a regex subscription's matches must pass."""
         try:
             if request.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
                 return self._leave(request, now_ms)
-            return self._heartbeat(request, now_ms, metadata, new_member_id)
+            return self._heartbeat(request, now_ms, metadata, new_member_id, describable)
         except Refused as refused:
             return HeartbeatResult(refused.code, refused.message)
 
+    def _matched(self, regex: str, metadata: Mapping[str, int]) -> tuple[str, ...]:
+        """The topics ``regex`` matches (internal ones never), from the cache while
+        the topics are the same."""
+        names = frozenset(metadata)
+        cached = self._matches.get(regex)
+        if cached is not None and cached[0] == names:
+            return cached[1]
+        pattern = _pattern(regex)
+        matched = tuple(
+            sorted(t for t in names if t not in INTERNAL_TOPICS and pattern.fullmatch(t))
+        )
+        if len(self._matches) >= MAX_CACHED_REGEXES and regex not in self._matches:
+            self._matches.clear()  # members changed their regexes many times: start over
+        self._matches[regex] = (names, matched)
+        return matched
+
     def _heartbeat(
-        self, request: Heartbeat, now_ms: int, metadata: Mapping[str, int], new_member_id: str
+        self,
+        request: Heartbeat,
+        now_ms: int,
+        metadata: Mapping[str, int],
+        new_member_id: str,
+        describable: Callable[[str], bool] | None,
     ) -> HeartbeatResult:
         joining = request.member_epoch == JOIN_EPOCH
         member_id = request.member_id or new_member_id
@@ -376,17 +411,18 @@ class ConsumerGroup:
         self.members[member.member_id] = member
 
         bump = is_new or member.subscribed != before[0] or member.regex != before[2]
-        # Regexes are matched against the topics as they are now: a new topic that
-        # matches joins the subscription at the next heartbeat of any member.
-        for other in self.members.values():
-            if other.regex is not None:
-                pattern = _pattern(other.regex)
-                matched = tuple(
-                    sorted(t for t in metadata if t not in INTERNAL_TOPICS and pattern.fullmatch(t))
-                )
-                if matched != other.resolved:
-                    other.resolved = matched
-                    bump = True
+        # A member's regex is matched at its own heartbeats, against the topics as they
+        # are now (a new topic that matches joins its subscription at its next one),
+        # and keeps only the topics its own principal may describe (Kafka filters
+        # regex matches by DESCRIBE too). Other members' matches are theirs: a
+        # heartbeat never re-filters them with another principal's rights.
+        if member.regex is not None:
+            matched = self._matched(member.regex, metadata)
+            if describable is not None:
+                matched = tuple(t for t in matched if describable(t))
+            if matched != member.resolved:
+                member.resolved = matched
+                bump = True
         wanted = {t for m in self.members.values() for t in m.topics()}
         fresh = {t: n for t in sorted(wanted) if (n := metadata.get(t, 0)) > 0}
         if fresh != self.subscription_metadata:
