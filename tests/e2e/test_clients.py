@@ -20,6 +20,7 @@ import asyncio
 import functools
 import json
 import logging
+import signal
 import subprocess
 import time
 import warnings
@@ -31,6 +32,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as CTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from trio_broker.protocol import messages as m
 
 if TYPE_CHECKING:
     from tests.e2e.conftest import BrokerProcess
@@ -721,3 +724,35 @@ def test_kill9_keeps_every_acks_all_record(broker_process: BrokerProcess) -> Non
         offset = acked[index]
         assert offset < end and stored[offset][1:] == want[1:], f"acked record {index} at {offset}"
     assert sorted(acked.values()) == [acked[i] for i in sorted(acked)], "acked order changed"
+
+
+def test_sigterm_again_during_the_shutdown_still_exits_0(broker_process: BrokerProcess) -> None:
+    """A service manager may send SIGTERM again while the broker stops: the stop stays
+    graceful (exit code 0). Before, a signal that came during the shutdown was raised
+    again with its default action when the broker closed its signal receiver: -15."""
+    bp = broker_process
+    topic = "stop-twice"
+    create_topic(bp.bootstrap, topic)
+    codes = []
+    for _ in range(3):
+        proc = bp.proc
+        assert proc is not None
+        # A long poll in flight, so that the shutdown has something to drain.
+        waiting = bp.connect()
+        Req = m.FetchRequest
+        waiting.send_request(m.ApiKey.FETCH, 12, Req(
+            replica_id=-1, max_wait_ms=10_000, min_bytes=1, max_bytes=1 << 20,
+            isolation_level=0, session_id=0, session_epoch=-1, forgotten_topics_data=[],
+            rack_id="", topics=[Req.FetchTopic(topic=topic, partitions=[
+                Req.FetchTopic.FetchPartition(partition=0, current_leader_epoch=-1,
+                    fetch_offset=0, log_start_offset=-1, partition_max_bytes=1 << 20)])],
+        ))  # fmt: skip
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            proc.send_signal(signal.SIGTERM)  # again and again until it has exited
+            time.sleep(0.005)
+        waiting.close()
+        codes.append(bp.stop())
+        bp.start()
+    assert codes == [0, 0, 0], f"exit codes {codes}: a repeated SIGTERM killed a stopping broker"

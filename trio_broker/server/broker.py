@@ -490,15 +490,42 @@ async def serve(
     if not handle_signals:
         await broker.run()
         return
-    # The receiver opens before the broker listens: a signal that arrives right
-    # after "listening on" must still mean a graceful shutdown.
+    # Closing its signal receiver, trio raises the signals it holds unread again, with
+    # the handlers from before it opened: with the default ones, a second SIGTERM (a
+    # service manager's) that came as the broker finished stopping killed the
+    # process with -15 at the end of a graceful stop. Ignored there, it is dropped;
+    # and once a stop began they stay ignored until the process exits (kill -9 is
+    # the way to cut a graceful stop short).
+    stop_signals = (signal.SIGINT, signal.SIGTERM)
+    before = {signum: signal.signal(signum, signal.SIG_IGN) for signum in stop_signals}
+    try:
+        await _serve_until_stopped(broker, toggle_capture)
+    finally:
+        if not broker.shutting_down:
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
+
+
+async def _serve_until_stopped(broker: Broker, toggle_capture: Callable[[Broker], str]) -> None:
+    """Run the broker; answer signals until it has stopped (the first SIGINT/SIGTERM
+    stops it, later ones are logged). The receiver opens before the broker listens: a
+    signal that arrives right after "listening on" must still mean a graceful stop."""
+    import signal
+
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
         async with trio.open_nursery() as nursery:
-            await nursery.start(broker.run)
+
+            async def run_then_stop_answering(task_status: trio.TaskStatus[Broker]) -> None:
+                await broker.run(task_status=task_status)
+                nursery.cancel_scope.cancel()  # stopped: nothing left to answer
+
+            await nursery.start(run_then_stop_answering)
             async for signum in signals:
+                name = signal.Signals(signum).name
                 if signum == signal.SIGUSR1:
                     log.info("received SIGUSR1: capture %s", toggle_capture(broker))
-                    continue
-                log.info("received %s; shutting down", signal.Signals(signum).name)
-                await broker.shutdown()
-                break
+                elif broker.shutting_down:
+                    log.info("received %s; already shutting down", name)
+                else:
+                    log.info("received %s; shutting down", name)
+                    await broker.shutdown()
