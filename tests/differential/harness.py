@@ -55,6 +55,10 @@ OFFSET_FETCH_V = 8
 #: member that does not rejoin ends soon (and removes it), on both brokers alike.
 SESSION_TIMEOUT_MS = 60_000
 REBALANCE_TIMEOUT_MS = 500
+#: How far from a group timer's deadline an op must be sent for the two brokers'
+#: answers to be comparable (each one's clock starts when it completed the rebalance,
+#: apart by their own latencies, which load stretches).
+TIMER_MARGIN_S = 0.3
 #: A topic id neither broker gave out.
 UNKNOWN_TOPIC_ID = uuid.UUID("6b1f9a0e-0000-4000-8000-00000000d1ff")
 CODECS = {"none": Compression.NONE, "gzip": Compression.GZIP, "snappy": Compression.SNAPPY,
@@ -77,6 +81,10 @@ class Difference:
     op: str  # the op, printed
     kafka: Normalised
     trio: Normalised
+    #: A group op sent within TIMER_MARGIN_S of a group timer's deadline (the sync
+    #: timeout of the generation the last rebalance made): one broker may have fired it
+    #: and the other not yet, so the answers say nothing about either (load decides).
+    near_a_timer: bool = False
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.op}\n  kafka: {self.kafka!r}\n  trio:  {self.trio!r}"
@@ -759,6 +767,10 @@ class Session:
         self.ops = 0
         #: Per broker name: the fetch session's id and next epoch (SessionFetch).
         self.fetch_sessions: dict[str, tuple[int, int]] = {}
+        #: The group's generation as Kafka last answered a JoinGroup, and when the join
+        #: that made it was sent and answered (its sync timer starts in between).
+        self._generation: object = None
+        self._generation_made: tuple[float, float] | None = None
         for broker in (kafka, trio):
             broker.producer_ids.clear()
             broker.logical_of.clear()
@@ -925,6 +937,7 @@ class Session:
         while the other broker answers.
         """
         self.ops += 1
+        sent_at = time.monotonic()
         self.current_plan = op.prepare(self)
         if isinstance(op, Fetch):
             self._kafka_hw = self._list_latest(self.kafka, op)
@@ -946,6 +959,31 @@ class Session:
                 answers = [kafka_side.result(), trio_answer]
         op.after(self, answers[0])
         self.last_answers = (answers[0], answers[1])
+        near = isinstance(op, GroupOp) and self._near_a_group_timer(sent_at)
+        if isinstance(op, GroupOp) and op.action == JOIN:
+            self._note_generation(answers[0], sent_at)
         if answers[0] != answers[1]:
-            return Difference(op.kind, repr(op), answers[0], answers[1])
+            return Difference(op.kind, repr(op), answers[0], answers[1], near_a_timer=near)
         return None
+
+    def _note_generation(self, kafka_answer: Normalised, sent_at: float) -> None:
+        """A JoinGroup that made a new generation starts its sync timer (members that
+        do not SyncGroup within the rebalance timeout leave); one answered with the
+        generation there already (a member rejoining with the same metadata while the
+        group completes its rebalance) does not restart it."""
+        if "generation" not in kafka_answer:
+            return
+        generation = kafka_answer[kafka_answer.index("generation") + 1]
+        if generation != self._generation:
+            self._generation = generation
+            self._generation_made = (sent_at, time.monotonic())
+
+    def _near_a_group_timer(self, sent_at: float) -> bool:
+        """Whether an op sent at ``sent_at`` reaches the brokers near the deadline of
+        the current generation's sync timer (started between the join's request and
+        its answer)."""
+        if self._generation_made is None:
+            return False
+        timeout_s = REBALANCE_TIMEOUT_MS / 1000
+        start, end = self._generation_made
+        return start + timeout_s - TIMER_MARGIN_S < sent_at < end + timeout_s + TIMER_MARGIN_S

@@ -93,6 +93,11 @@ def test_same_answers_as_kafka(brokers: tuple[Broker, Broker], ops: list[Op]) ->
         difference = session.run(op)
         if difference is None:
             continue
+        if difference.near_a_timer:
+            # Sent as the generation's sync timer ran out: which broker fired it first
+            # is load, not semantics. The states may differ from here: the sequence ends.
+            note(f"at a group timer's deadline, not compared: {difference}")
+            break
         entry = known(difference)
         if entry is None:
             raise AssertionError(f"trio-broker answers unlike Kafka\n{difference}")
