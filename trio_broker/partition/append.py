@@ -42,7 +42,7 @@ __all__ = [
     "NotLeader",
     "Origin",
     "append",
-    "leader_epoch",
+    "leader_epoch_of",
     "wait_acked",
 ]
 
@@ -104,17 +104,14 @@ class Appended:
     #: The offset the acks wait for: synced past it, and the high watermark past it.
     last_offset: int
     log_append_time: int = -1
-    #: The leader epoch stamped on the batch; None on a broker alone (no high watermark).
-    leader_epoch: int | None = None
+    #: Written as a cluster's leader (stamped with its epoch): acks=-1 waits for the
+    #: high watermark too. False on a broker alone.
+    replicated: bool = False
     #: A retried batch: not written again, its offsets are the original's.
     duplicate: bool = False
 
-    @property
-    def replicated(self) -> bool:
-        return self.leader_epoch is not None
 
-
-def leader_epoch(replication: Replication | None, topic: str, partition: int) -> int | None:
+def leader_epoch_of(replication: Replication | None, topic: str, partition: int) -> int | None:
     """The epoch a leader's write is stamped with: None alone (no replication), the
     term's in a cluster; :class:`NotLeader` when this broker has no term there."""
     if replication is None:
@@ -131,7 +128,7 @@ def append(
     *,
     origin: Origin,
     now_ms: int,
-    durability: Durability,
+    durability: Durability | None,
     topic: str = "",
     partition: int = 0,
     leader_epoch: int | None = None,
@@ -146,6 +143,8 @@ def append(
     a marker need it; a coordinator's own log, with no producer ids, does not).
     ``appends``: the long polls to wake (None: nobody reads this log by Fetch).
     ``messages``: records the write holds, for ``flush.messages``.
+    ``durability``: the group commit that will sync the log; None for a log no flusher
+    keeps (a store used on its own, by a tool or a test, syncs when it closes).
     """
     if producers is not None:
         view = RecordBatchView(batch)
@@ -156,8 +155,8 @@ def append(
             if isinstance(verdict, Duplicate):
                 original = verdict.original_base_offset
                 return Appended(
-                    log, topic, partition, original, original, leader_epoch=leader_epoch,
-                    duplicate=True,
+                    log, topic, partition, original, original,
+                    replicated=leader_epoch is not None, duplicate=True,
                 )  # fmt: skip
         elif view.is_control:
             marker = read_control_marker(view)
@@ -176,12 +175,13 @@ def append(
     if producers is not None:
         # The log wrote the offsets into the buffer: the view is the batch as stored.
         producers.record_append(topic, partition, view, result.base_offset, result.last_offset)
-    durability.mark_dirty(log, messages)
+    if durability is not None:
+        durability.mark_dirty(log, messages)
     if appends is not None:
         appends.notify(topic, partition)
     return Appended(
         log, topic, partition, result.base_offset, result.last_offset,
-        log_append_time=result.log_append_time, leader_epoch=leader_epoch,
+        log_append_time=result.log_append_time, replicated=leader_epoch is not None,
     )  # fmt: skip
 
 
