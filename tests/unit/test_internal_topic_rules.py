@@ -48,7 +48,7 @@ class _Durability:
         self.fail = fail
         self.dirty: list[object] = []
 
-    def mark_dirty(self, log: object) -> None:
+    def mark_dirty(self, log: object, messages: int = 1) -> None:
         self.dirty.append(log)
 
     async def wait_durable(self, log: MemoryLog, offset: int) -> None:

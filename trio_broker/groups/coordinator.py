@@ -56,6 +56,8 @@ from trio_broker.groups.offsets_store import (
     TxnOffset,
     group_of,
 )
+from trio_broker.partition.append import Appended, Origin
+from trio_broker.partition.append import append as partition_append
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.services.internal_topics import (
@@ -870,20 +872,25 @@ class GroupCoordinator:
         Every entry belongs to one offsets partition."""
         store = self.store_for(group_of(entries[0]))
         now = self.broker.now_ms()
+        flusher = self.broker.flusher
         if self.in_cluster:
             replication = self._replication()
 
-            def as_leader(batch: Any) -> Any:
+            def as_leader(batch: Any) -> Appended:
                 return append_as_leader(
-                    store.log, batch, now_ms=now, replication=replication,
-                    topic=CONSUMER_OFFSETS, partition=store.partition,
+                    store.log, batch, now_ms=now, durability=flusher, replication=replication,
+                    topic=CONSUMER_OFFSETS, partition=store.partition, messages=len(entries),
                 )  # fmt: skip
 
-            write = store.append(entries, now, as_leader)
-        else:
-            write = store.append(entries, now)
-        self.broker.flusher.mark_dirty(store.log, len(entries))
-        return write
+            return store.append(entries, now, as_leader)
+
+        def alone(batch: Any) -> Appended:  # the log's StorageError passes through
+            return partition_append(
+                store.log, batch, origin=Origin.COORDINATOR, now_ms=now, durability=flusher,
+                topic=CONSUMER_OFFSETS, partition=store.partition, messages=len(entries),
+            )  # fmt: skip
+
+        return store.append(entries, now, alone)
 
     def _replication(self) -> Any:
         replication = self.broker.replication

@@ -30,10 +30,12 @@ from typing import Any
 
 import attrs
 
+from trio_broker.partition.append import Appended, Origin
+from trio_broker.partition.append import append as partition_append
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import build_batch
 from trio_broker.state.group import GroupRecord, MemberRecord
-from trio_broker.storage.log import AppendResult, LogConfig, PartitionLog
+from trio_broker.storage.log import LogConfig, PartitionLog
 from trio_broker.storage.memory import MemoryLog
 from trio_broker.storage.replay import close_log, iter_log_records
 
@@ -417,18 +419,23 @@ class OffsetsStore:
         self,
         entries: Sequence[StoreRecord],
         now_ms: int,
-        append_batch: Callable[[Any], AppendResult] | None = None,
+        append_batch: Callable[[Any], Appended] | None = None,
     ) -> PendingWrite:
         """Write one batch holding ``entries``; call :meth:`apply` once it is durable.
 
-        ``append_batch`` appends the encoded batch (in a cluster: as the partition's
-        leader, with its leader epoch); by default straight to the log."""
+        ``append_batch`` appends the encoded batch through the partition's write path
+        (the group coordinator's: marked for the group commit, in a cluster with the
+        leader epoch); by default a coordinator's write no flusher keeps (a store used
+        alone)."""
         if not entries:
             raise ValueError("nothing to write")
         records = [encode_record(entry) for entry in entries]
         batch = build_batch(records, base_timestamp=now_ms)
         if append_batch is None:
-            result = self.log.append(batch, now_ms=now_ms)
+            result = partition_append(
+                self.log, batch, origin=Origin.COORDINATOR, now_ms=now_ms, durability=None,
+                messages=len(records),
+            )  # fmt: skip
         else:
             result = append_batch(batch)
         write = PendingWrite(tuple(entries), result.base_offset, result.last_offset, store=self)

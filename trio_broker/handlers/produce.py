@@ -23,6 +23,8 @@ from trio_broker.handlers.base import (
 )
 from trio_broker.handlers.leadership import check_leader, produce_leader_hints
 from trio_broker.handlers.topic_lookup import find_topic, missing_partition_error
+from trio_broker.partition.append import Appended, AppendRejected, Origin, wait_acked
+from trio_broker.partition.append import append as partition_append
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordBytes
 from trio_broker.protocol.compression import Compression
@@ -31,7 +33,6 @@ from trio_broker.protocol.errors import DecompressionLimitError, KafkaError, Pro
 from trio_broker.protocol.records import RecordBatchView, iter_batches
 from trio_broker.replication.leader import AckState, LeaderPartition
 from trio_broker.services.topics import RESERVED_TOPICS
-from trio_broker.state.producer import Duplicate, Reject
 from trio_broker.state.quota import PRODUCER_BYTE_RATE
 from trio_broker.storage.errors import StorageError
 
@@ -198,8 +199,8 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     broker_config = services.config
     acks = request.acks
     now = ctx.now_ms()
-    # (log, last offset, its answer, (topic, partition) if replicated: wait for the HW too)
-    durable_waits: list[tuple[Any, int, PartResp, tuple[str, int] | None]] = []
+    # The writes acks=-1 waits for, with their answers.
+    appends_to_ack: list[tuple[Appended, PartResp]] = []
     topic_responses: list[TopicResp] = []
     produced = 0  # request record bytes, for the producer byte-rate quota
     # As Kafka: a transactional producer needs WRITE on its transactional id, or every
@@ -259,7 +260,6 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
                         f"{term.effective_min_insync_replicas} (for {len(term.replicas)} replicas)"
                     )
                     continue
-            replicated = (topic.name, data.index) if term is not None else None
             log = topic.logs[data.index]
             configs = topic.info.configs
             try:
@@ -284,50 +284,41 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             try:
                 if batch.is_transactional:
                     check_in_transaction(services, topic.name, data.index, batch, verified)
-                duplicate = check_producer(services, topic.name, data.index, log, batch)
-            except BatchRejected as exc:
+                timestamp_type = configs.get(
+                    "message.timestamp.type", broker_config.log_message_timestamp_type
+                )
+                log_append_time = timestamp_type == "LogAppendTime"
+                appended = partition_append(
+                    log, batch.buf, origin=Origin.CLIENT, now_ms=now,
+                    durability=services.durability, topic=topic.name, partition=data.index,
+                    leader_epoch=None if term is None else term.leader_epoch,
+                    producers=services.producers, appends=services.appends,
+                    log_append_time=log_append_time,
+                )  # fmt: skip
+            except (BatchRejected, AppendRejected) as exc:
                 # As Kafka: a batch refused by the producer state (sequence, epoch) is
                 # answered with the partition's log start offset.
                 part.error_code, part.error_message = exc.error_code, str(exc)
                 part.log_start_offset = log.log_start_offset
                 continue
-            part.log_start_offset = log.log_start_offset
-            if duplicate is not None:  # a retried batch: answer with its original offsets
-                part.base_offset = duplicate
-                if acks == -1:  # the original may still be waiting for its fsync
-                    durable_waits.append((log, duplicate, part, replicated))
-                continue
-            timestamp_type = configs.get(
-                "message.timestamp.type", broker_config.log_message_timestamp_type
-            )
-            log_append_time = timestamp_type == "LogAppendTime"
-            try:
-                if term is None:
-                    result = log.append(batch.buf, now_ms=now, log_append_time=log_append_time)
-                else:  # the leader stamps its epoch on the batch (and its epoch cache)
-                    result = log.append(
-                        batch.buf, now_ms=now, log_append_time=log_append_time,
-                        leader_epoch=term.leader_epoch,
-                    )  # fmt: skip
             except StorageError as exc:
                 part.error_code, part.error_message = exc.error_code, str(exc)
+                part.log_start_offset = log.log_start_offset
                 # The disk may have space again: probe it in the background (1 s back-off).
                 services.durability.recover_soon(log)
                 continue
-            services.producers.record_append(
-                topic.name, data.index, batch, result.base_offset, result.last_offset
-            )
+            part.log_start_offset = log.log_start_offset
+            part.base_offset = appended.base_offset
+            if acks == -1:  # a retry's original may still be waiting for its fsync
+                appends_to_ack.append((appended, part))
+            if appended.duplicate:  # a retried batch: answered with its original offsets
+                continue
             # /metrics: two dict increments per partition, no per-record work.
             bytes_in, messages_in = services.stats.topic_bytes_in, services.stats.topic_messages_in
             bytes_in[name] = bytes_in.get(name, 0) + batch.size_in_bytes
             messages_in[name] = messages_in.get(name, 0) + batch.record_count
-            part.base_offset = result.base_offset
             if log_append_time:
-                part.log_append_time_ms = result.log_append_time
-            services.durability.mark_dirty(log)
-            services.appends.notify(topic.name, data.index)
-            if acks == -1:
-                durable_waits.append((log, result.last_offset, part, replicated))
+                part.log_append_time_ms = appended.log_append_time
         topic_responses.append(
             TopicResp(
                 name=name, topic_id=topic_data.topic_id, partition_responses=partition_responses
@@ -343,7 +334,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
         # client notices and refreshes its metadata.
         failed = any(p.error_code for t in topic_responses for p in t.partition_responses)
         return CloseConnection("acks=0 produce failed") if failed else None
-    if not durable_waits:
+    if not appends_to_ack:
         return response
 
     # The request's timeout_ms bounds the wait for the covering fsync; past it the
@@ -354,38 +345,40 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     sync_first = broker_config.acks_all_fsync
 
     async def when_durable() -> m.ProduceResponse:
-        for log, last_offset, part, replicated in durable_waits:
-            try:
-                if sync_first:
-                    await services.durability.wait_durable(log, last_offset)
-            except StorageError as exc:
-                part.error_code, part.error_message = exc.error_code, str(exc)
-                part.base_offset = -1
+        for appended, part in appends_to_ack:
+            acked = await wait_acked(
+                appended, acks, durability=services.durability,
+                replication=services.replication, fsync=sync_first,
+            )  # fmt: skip
+            if acked.ok:
                 continue
-            if replicated is not None:
-                replication = services.replication
-                state = (
-                    AckState.LEADERSHIP_LOST
-                    if replication is None  # the cluster node stopped: never ack alone
-                    else await replication.wait_committed(*replicated, last_offset)
+            part.base_offset = -1
+            if acked.sync_error is not None:
+                error = acked.sync_error
+                part.error_code = (
+                    error.error_code
+                    if isinstance(error, KafkaError)
+                    else ErrorCode.KAFKA_STORAGE_ERROR
                 )
-                if state is AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
-                    part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
-                    part.error_message = "the ISR shrank below min.insync.replicas"
-                    part.base_offset = -1
-                elif state is AckState.LEADERSHIP_LOST:
-                    part.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
-                    part.error_message = "leadership moved before the write was committed"
-                    part.base_offset = -1
+                part.error_message = str(error)
+            elif acked.state is AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+                part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+                part.error_message = "the ISR shrank below min.insync.replicas"
+            else:
+                part.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                part.error_message = "leadership moved before the write was committed"
         return response
 
     def timed_out() -> m.ProduceResponse:
-        for log, last_offset, part, replicated in durable_waits:
+        for appended, part in appends_to_ack:
             if part.error_code != 0:
                 continue
-            if sync_first and log.durable_end_offset <= last_offset:
+            last_offset = appended.last_offset
+            if sync_first and appended.log.durable_end_offset <= last_offset:
                 part.error_message = f"not durable within timeout_ms={request.timeout_ms}"
-            elif replicated is not None and _not_committed(services, replicated, last_offset):
+            elif appended.replicated and _not_committed(
+                services, (appended.topic, appended.partition), last_offset
+            ):
                 part.error_message = f"not replicated within timeout_ms={request.timeout_ms}"
             else:
                 continue
@@ -485,19 +478,3 @@ async def verify_with_coordinator(
         answers = await verify(transactional_id, producer_id, producer_epoch, partitions)
         verified.update(answers)
     return verified
-
-
-def check_producer(
-    services: Services, topic: str, partition: int, log: Any, batch: RecordBatchView
-) -> int | None:
-    """Sequence checks for an idempotent batch before it is appended.
-
-    Returns the original base offset of a retried duplicate, None to append,
-    or raises BatchRejected with Kafka's error (rules: trio_broker.state.producer).
-    """
-    verdict = services.producers.check(topic, partition, log, batch)
-    if isinstance(verdict, Reject):
-        raise BatchRejected(verdict.error_code, verdict.message)
-    if isinstance(verdict, Duplicate):
-        return verdict.original_base_offset
-    return None

@@ -21,6 +21,7 @@ from typing import Any
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.partition.append import Appended
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
@@ -69,7 +70,7 @@ async def handle_write_txn_markers(
                     if isinstance(written, ErrorCode):
                         result.error_code = written
                     else:
-                        waits.append((result, _committed(services, topic.name, index, written)))
+                        waits.append((result, _committed(services, written)))
                 else:
                     result.error_code = _append_alone(ctx, coordinator, topic.name, index,
                                                       marker, waits, result)  # fmt: skip
@@ -87,10 +88,8 @@ async def handle_write_txn_markers(
     return Deferred(committed)
 
 
-def _committed(
-    services: Any, topic: str, partition: int, written: tuple[Any, int]
-) -> Callable[[], Awaitable[ErrorCode]]:
-    return lambda: marker_committed(services, topic, partition, written)
+def _committed(services: Any, written: Appended) -> Callable[[], Awaitable[ErrorCode]]:
+    return lambda: marker_committed(services, written)
 
 
 def _offsets_marker(

@@ -25,10 +25,17 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from trio_broker.partition.append import (
+    Appended,
+    NotLeader,
+    Origin,
+    leader_epoch_of,
+    wait_acked,
+)
+from trio_broker.partition.append import append as partition_append
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.replication.leader import AckState
-from trio_broker.storage.log import AppendResult
 
 __all__ = [
     "LeadershipListener",
@@ -83,14 +90,14 @@ class NotCommitted(KafkaError):
 
 async def append_committed(
     log: Any,
-    batch: bytes,
+    batch: bytearray,
     *,
     now_ms: int,
     durability: Any,
     replication: Any = None,
     topic: str = "",
     partition: int = 0,
-) -> AppendResult:
+) -> Appended:
     """Append ``batch`` to ``log`` and return once the write counts (module docstring).
 
     ``replication`` is the broker's replica manager, or None alone; with one, this broker
@@ -99,43 +106,44 @@ async def append_committed(
     record may still be in the log (as with a timed-out produce), so callers apply
     their table change only after a normal return.
     """
-    result = append_as_leader(
-        log, batch, now_ms=now_ms, replication=replication, topic=topic, partition=partition
-    )
-    durability.mark_dirty(log)
-    await wait_counted(
-        log, result.last_offset, durability=durability, replication=replication,
+    appended = append_as_leader(
+        log, batch, now_ms=now_ms, durability=durability, replication=replication,
         topic=topic, partition=partition,
     )  # fmt: skip
-    return result
+    await wait_counted(
+        log, appended.last_offset, durability=durability, replication=replication,
+        topic=topic, partition=partition,
+    )  # fmt: skip
+    return appended
 
 
 def append_as_leader(
     log: Any,
-    batch: bytes,
+    batch: bytearray,
     *,
     now_ms: int,
+    durability: Any,
     replication: Any = None,
     topic: str = "",
     partition: int = 0,
-) -> AppendResult:
+    messages: int = 1,
+) -> Appended:
     """The first half of :func:`append_committed`, for callers that must append in
-    request order now and wait later: the append itself, with the leader epoch in a
-    cluster. Raises :class:`NotCommitted` (nothing was appended); the caller marks the
-    log dirty for the flusher and waits with :func:`wait_counted`."""
-    term = None
-    if replication is not None:
-        term = replication.leader_term(topic, partition)
-        if term is None:
-            raise NotCommitted(ErrorCode.NOT_COORDINATOR, f"not the leader of {topic}-{partition}")
+    request order now and wait later: the partition's append as a coordinator
+    (``partition/append.py``: the leader epoch in a cluster, the log marked dirty for
+    the flusher). Raises :class:`NotCommitted` (nothing was appended); the caller waits
+    with :func:`wait_counted`."""
     try:
-        if term is None:
-            result: AppendResult = log.append(batch, now_ms=now_ms)
-        else:
-            result = log.append(batch, now_ms=now_ms, leader_epoch=term.leader_epoch)
+        epoch = leader_epoch_of(replication, topic, partition)
+    except NotLeader as exc:
+        raise NotCommitted(ErrorCode.NOT_COORDINATOR, str(exc)) from None
+    try:
+        return partition_append(
+            log, batch, origin=Origin.COORDINATOR, now_ms=now_ms, durability=durability,
+            topic=topic, partition=partition, leader_epoch=epoch, messages=messages,
+        )  # fmt: skip
     except (KafkaError, OSError) as exc:
         raise NotCommitted(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"append failed: {exc}") from exc
-    return result
 
 
 async def wait_counted(
@@ -152,15 +160,17 @@ async def wait_counted(
     :class:`NotCommitted` (NOT_COORDINATOR once leadership moved, else
     COORDINATOR_NOT_AVAILABLE, which Kafka's coordinators answer for a failed or timed
     out internal write too)."""
-    try:
-        await durability.wait_durable(log, last_offset)
-    except (KafkaError, OSError) as exc:
-        raise NotCommitted(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"sync failed: {exc}") from exc
-    if replication is not None:
-        state = await replication.wait_committed(topic, partition, last_offset)
-        if state is AckState.LEADERSHIP_LOST:
-            raise NotCommitted(ErrorCode.NOT_COORDINATOR, "leadership moved before the commit")
-        if state is not AckState.DONE:
-            raise NotCommitted(
-                ErrorCode.COORDINATOR_NOT_AVAILABLE, f"not committed: {state.name.lower()}"
-            )
+    written = Appended(
+        log, topic, partition, last_offset, last_offset, replicated=replication is not None
+    )
+    acked = await wait_acked(written, -1, durability=durability, replication=replication)
+    if acked.sync_error is not None:
+        raise NotCommitted(
+            ErrorCode.COORDINATOR_NOT_AVAILABLE, f"sync failed: {acked.sync_error}"
+        ) from acked.sync_error
+    if acked.state is AckState.LEADERSHIP_LOST:
+        raise NotCommitted(ErrorCode.NOT_COORDINATOR, "leadership moved before the commit")
+    if not acked.ok:
+        raise NotCommitted(
+            ErrorCode.COORDINATOR_NOT_AVAILABLE, f"not committed: {acked.state.name.lower()}"
+        )

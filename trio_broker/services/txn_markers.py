@@ -2,8 +2,8 @@
 
 A marker is a control batch (trio_broker.protocol.records.build_control_batch) that
 ends a producer's transaction in one partition. It is appended through the same path
-as a produced batch: the producer state checks its epochs first, the log assigns its
-offset, :meth:`ProducerStateRegistry.record_append` ends the transaction (commit:
+as a produced batch (``partition/append.py``, as a coordinator's write): the producer
+state checks its epochs first, the log assigns its offset, :meth:`ProducerStateRegistry.record_append` ends the transaction (commit:
 it closes; abort: it joins the aborted list), the log is marked for the next group
 commit, and long polls are woken (a read_committed fetch waiting at the LSO moves on).
 
@@ -15,9 +15,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from trio_broker.partition.append import (
+    Appended,
+    AppendRejected,
+    NotLeader,
+    Origin,
+    leader_epoch_of,
+    wait_acked,
+)
+from trio_broker.partition.append import append as partition_append
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
-from trio_broker.protocol.records import RecordBatchView, build_control_batch
+from trio_broker.protocol.records import build_control_batch
 from trio_broker.replication.leader import AckState
 from trio_broker.services.internal_topics import CONSUMER_OFFSETS
 from trio_broker.services.producers import ProducerStateRegistry
@@ -58,16 +67,23 @@ def append_txn_marker(
     TRANSACTION_COORDINATOR_FENCED (an older coordinator epoch than the last marker's),
     and lets the log's StorageError (a KafkaError too) through. Nothing is written then.
     """
+    appended = _append_marker(
+        topics, producers, durability, appends, topic, partition, producer_id,
+        producer_epoch, committed, coordinator_epoch, now_ms, leader_epoch,
+    )  # fmt: skip
+    return appended.log, appended.last_offset
+
+
+def _append_marker(
+    topics: TopicManager, producers: ProducerStateRegistry, durability: Any, appends: Any,
+    topic: str, partition: int, producer_id: int, producer_epoch: int, committed: bool,
+    coordinator_epoch: int, now_ms: int, leader_epoch: int | None,
+) -> Appended:  # fmt: skip
     log = topics.log(topic, partition)
     if log is None:
         raise MarkerRejected(
             ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no partition {topic}-{partition}"
         )
-    code, message = producers.check_marker(
-        topic, partition, log, producer_id, producer_epoch, coordinator_epoch
-    )
-    if code != ErrorCode.NONE:
-        raise MarkerRejected(code, message)
     buf = build_control_batch(
         producer_id,
         producer_epoch,
@@ -75,36 +91,34 @@ def append_txn_marker(
         coordinator_epoch=coordinator_epoch,
         timestamp=now_ms,
     )
-    if leader_epoch is None:
-        result = log.append(buf, now_ms=now_ms)
-    else:  # a cluster's leader stamps its epoch, as on a produced batch
-        result = log.append(buf, now_ms=now_ms, leader_epoch=leader_epoch)
-    # The log wrote the offsets into buf: the view is the batch as stored.
-    producers.record_append(
-        topic, partition, RecordBatchView(buf), result.base_offset, result.last_offset
-    )
-    durability.mark_dirty(log)
-    appends.notify(topic, partition)
-    return log, result.last_offset
+    # The partition's write path checks the marker's epochs against the producer state,
+    # and records it there once appended (the transaction ends in this partition).
+    try:
+        return partition_append(
+            log, buf, origin=Origin.COORDINATOR, now_ms=now_ms, durability=durability,
+            topic=topic, partition=partition, leader_epoch=leader_epoch, producers=producers,
+            appends=appends,
+        )  # fmt: skip
+    except AppendRejected as exc:
+        raise MarkerRejected(exc.error_code, str(exc)) from None
 
 
 def append_marker_as_leader(
     services: Any, topic: str, partition: int, producer_id: int, producer_epoch: int,
     committed: bool, coordinator_epoch: int, now_ms: int,
-) -> ErrorCode | tuple[Any, int]:  # fmt: skip
-    """A cluster partition leader appends a marker in its leader epoch: (log, offset), or
+) -> ErrorCode | Appended:  # fmt: skip
+    """A cluster partition leader appends a marker in its leader epoch: the write, or
     the partition's error (NOT_LEADER_OR_FOLLOWER when another broker leads it: the
     coordinator looks the leader up again and retries). ``services`` gives ``topics``,
     ``producers``, ``durability``, ``appends`` and ``replication``."""
-    replication = services.replication
-    term = None if replication is None else replication.leader_term(topic, partition)
-    if replication is not None and term is None:
+    try:
+        epoch = leader_epoch_of(services.replication, topic, partition)
+    except NotLeader:
         return ErrorCode.NOT_LEADER_OR_FOLLOWER
     try:
-        return append_txn_marker(
+        return _append_marker(
             services.topics, services.producers, services.durability, services.appends, topic,
-            partition, producer_id, producer_epoch, committed, coordinator_epoch, now_ms,
-            None if term is None else term.leader_epoch,
+            partition, producer_id, producer_epoch, committed, coordinator_epoch, now_ms, epoch,
         )  # fmt: skip
     except KafkaError as exc:
         return ErrorCode(exc.error_code)
@@ -112,25 +126,20 @@ def append_marker_as_leader(
         return ErrorCode.KAFKA_STORAGE_ERROR
 
 
-async def marker_committed(
-    services: Any, topic: str, partition: int, written: tuple[Any, int]
-) -> ErrorCode:
+async def marker_committed(services: Any, written: Appended) -> ErrorCode:
     """NONE once an appended marker is synced and, in a cluster, below the high
     watermark: Kafka's leader appends markers with acks=-1."""
-    log, offset = written
-    try:
-        await services.durability.wait_durable(log, offset)
-    except KafkaError as exc:
-        return ErrorCode(exc.error_code)
-    except OSError:
-        return ErrorCode.KAFKA_STORAGE_ERROR
-    replication = services.replication
-    if replication is None:
+    acked = await wait_acked(
+        written, -1, durability=services.durability, replication=services.replication
+    )
+    error = acked.sync_error
+    if error is not None:
+        return ErrorCode(error.error_code) if isinstance(error, KafkaError) else (
+            ErrorCode.KAFKA_STORAGE_ERROR
+        )  # fmt: skip
+    if acked.ok:
         return ErrorCode.NONE
-    state = await replication.wait_committed(topic, partition, offset)
-    if state is AckState.DONE:
-        return ErrorCode.NONE
-    if state is AckState.LEADERSHIP_LOST:
+    if acked.state is AckState.LEADERSHIP_LOST:
         return ErrorCode.NOT_LEADER_OR_FOLLOWER
     return ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
 
@@ -167,4 +176,4 @@ async def write_marker_as_leader(
     )  # fmt: skip
     if isinstance(written, ErrorCode):
         return written
-    return await marker_committed(services, topic, partition, written)
+    return await marker_committed(services, written)

@@ -244,34 +244,19 @@ class TransactionCoordinator:
         now = self.now_ms()
         value = None if meta is None else encode_value(meta)
         batch = build_batch([(encode_key(transactional_id), value)], base_timestamp=now)
-        if self.replication is not None:
-            try:
-                # The log rewrites the batch's offsets in place, so it stays a bytearray
-                # (append_committed is annotated with bytes).
-                record: Any = batch
-                await append_committed(
-                    self.log, record, now_ms=now, durability=self.durability,
-                    replication=self.replication, topic=TRANSACTION_STATE,
-                    partition=self.txn_partition,
-                )  # fmt: skip
-            except NotCommitted as exc:
-                log.warning("%s: transaction log write not committed: %s", transactional_id, exc)
-                raise CoordinatorUnavailable(str(exc), exc.error_code) from exc
-            self._set(transactional_id, meta)
-            return
         try:
-            result = self.log.append(batch, now_ms=now)
-        except (KafkaError, OSError) as exc:
-            log.error("cannot write the transaction log: %s", exc)
-            raise CoordinatorUnavailable(str(exc)) from exc
-        self.durability.mark_dirty(self.log)
-        try:
-            await self.durability.wait_durable(self.log, result.last_offset)
-        except (KafkaError, OSError) as exc:
-            # The fsync failed: the record may or may not survive a crash, so the
-            # table keeps the old state and the client is told to retry.
-            log.error("cannot sync the transaction log: %s", exc)
-            raise CoordinatorUnavailable(str(exc)) from exc
+            # Alone: synced; in a cluster also below the high watermark. The log rewrites
+            # the batch's offsets in place: it stays a bytearray.
+            await append_committed(
+                self.log, batch, now_ms=now, durability=self.durability,
+                replication=self.replication, topic=TRANSACTION_STATE,
+                partition=self.txn_partition,
+            )  # fmt: skip
+        except NotCommitted as exc:
+            # The record may or may not survive a crash: the table keeps the old state
+            # and the client is told to retry.
+            log.error("%s: transaction log write not committed: %s", transactional_id, exc)
+            raise CoordinatorUnavailable(str(exc), exc.error_code) from exc
         self._set(transactional_id, meta)
 
     # ------------------------------------------------------------------ InitProducerId

@@ -1,0 +1,130 @@
+"""One append path (issue 29): a leader's log is written only through
+``trio_broker/partition/append.py``, a follower's only by the replica fetcher.
+
+Read from the source (``ast``, nothing imported), as tests/unit/test_import_cycles.py
+reads imports. A call counts as a log append when its method is ``append`` or
+``append_replicated``/``append_replicated_batches`` and either its receiver is named as
+a log (``log``, ``log_``, ``self.log``, ``store.log``, ``partition_log``, an item of
+``logs``) or it passes ``now_ms=`` (every log append does; ``list.append`` takes no
+keyword). The tests on snippets below pin down what is and is not seen.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "trio_broker"
+
+#: Where each kind of append may be called, relative to trio_broker/.
+ALLOWED = {
+    # The leader's write path: produce, coordinators, markers.
+    "append": {"partition/append.py"},
+    # The follower's: batches copied from the leader.
+    "append_replicated": {"cluster/replica_fetcher.py"},
+    "append_replicated_batches": {"cluster/replica_fetcher.py"},
+}
+#: The logs themselves (one log's method may call another's); not callers.
+LOG_IMPLEMENTATIONS = {"storage/log.py", "storage/memory.py"}
+
+_LOG_NAME = re.compile(r"(^|_)log_?$")
+
+
+def _terminal_name(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Subscript | ast.Call):
+        return _terminal_name(node.value if isinstance(node, ast.Subscript) else node.func)
+    return ""
+
+
+def log_appends(source: str) -> list[tuple[int, str, str]]:
+    """(line, method, receiver) of every call in ``source`` that appends to a log."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        method = node.func.attr
+        if method not in ALLOWED:
+            continue
+        receiver = node.func.value
+        name = _terminal_name(receiver)
+        named_log = bool(_LOG_NAME.search(name)) or (
+            isinstance(receiver, ast.Subscript) and name.endswith("logs")
+        )
+        if named_log or any(keyword.arg == "now_ms" for keyword in node.keywords):
+            found.append((node.lineno, method, ast.unparse(receiver)))
+    return found
+
+
+def stray_appends(package: Path) -> list[str]:
+    """Log appends outside the modules allowed to make them, as "file:line: call"."""
+    stray = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative in LOG_IMPLEMENTATIONS:
+            continue
+        for line, method, receiver in log_appends(path.read_text(encoding="utf-8")):
+            if relative not in ALLOWED[method]:
+                stray.append(f"trio_broker/{relative}:{line}: {receiver}.{method}(...)")
+    return stray
+
+
+def test_logs_are_appended_to_only_through_the_partition_write_path() -> None:
+    stray = stray_appends(PACKAGE)
+    assert not stray, (
+        "a log is appended to outside trio_broker/partition/append.py (the leader's one "
+        "write path) and the replica fetcher (the follower's):\n" + "\n".join(stray)
+    )
+
+
+def test_the_write_path_itself_is_seen() -> None:
+    # Guards the check: if it found nothing at all it would pass on any tree.
+    source = (PACKAGE / "partition" / "append.py").read_text(encoding="utf-8")
+    assert [method for _, method, _ in log_appends(source)] == ["append", "append"]
+    fetcher = (PACKAGE / "cluster" / "replica_fetcher.py").read_text(encoding="utf-8")
+    assert "append_replicated_batches" in [method for _, method, _ in log_appends(fetcher)]
+
+
+def test_what_counts_as_a_log_append() -> None:
+    source = textwrap.dedent(
+        """
+        log.append(buf, now_ms=now)
+        self.log.append(batch, now_ms=now)
+        store.log.append(batch)
+        partition_log.append(batch)
+        log_.append_replicated_batches(data, now_ms=1)
+        topic.logs[index].append(buf)
+        services.topics.log("t", 0).append(buf)
+        writer.append(buf, now_ms=1, leader_epoch=3)
+
+        parts.append(part)
+        logs.append(log)
+        log_lines.append("x")
+        changelog.append(entry)
+        log.appendleft(x)
+        """
+    )
+    found = [receiver for _, _, receiver in log_appends(source)]
+    assert found == [
+        "log", "self.log", "store.log", "partition_log", "log_", "topic.logs[index]",
+        "services.topics.log('t', 0)", "writer",
+    ]  # fmt: skip
+
+
+def test_a_stray_append_is_reported(tmp_path: Path) -> None:
+    package = tmp_path / "trio_broker"
+    (package / "handlers").mkdir(parents=True)
+    (package / "partition").mkdir()
+    (package / "partition" / "append.py").write_text("log.append(b, now_ms=1)\n")
+    (package / "handlers" / "produce.py").write_text("x = 1\nlog.append(b, now_ms=1)\n")
+    (package / "handlers" / "fetch.py").write_text("log.append_replicated_batches(b)\n")
+    assert stray_appends(package) == [
+        "trio_broker/handlers/fetch.py:1: log.append_replicated_batches(...)",
+        "trio_broker/handlers/produce.py:2: log.append(...)",
+    ]

@@ -1,0 +1,176 @@
+"""The partition's write path (trio_broker/partition/append.py) on a real MemoryLog and
+a real ProducerStateRegistry: what each origin checks, what an append leaves behind
+(the producer state, the flusher's dirty mark, the long polls woken), and what each
+acks waits for. The flusher and the replica manager are recorders (their own tests
+are elsewhere); produce, the coordinators and the markers are tested end to end
+through it in tests/integration and tests/cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from trio_broker.partition.append import (
+    AppendRejected,
+    NotLeader,
+    Origin,
+    append,
+    leader_epoch_of,
+    wait_acked,
+)
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.records import build_batch, build_control_batch
+from trio_broker.replication.leader import AckState
+from trio_broker.services.producers import ProducerStateRegistry
+from trio_broker.storage.errors import StorageError
+from trio_broker.storage.memory import MemoryLog
+
+T0 = 10_000
+
+
+def batch(pid: int = 7, epoch: int = 0, seq: int = 0, count: int = 2) -> bytearray:
+    return build_batch(
+        [(b"k", b"v%d" % i) for i in range(count)],
+        producer_id=pid, producer_epoch=epoch, base_sequence=seq, base_timestamp=T0,
+    )  # fmt: skip
+
+
+class Flusher:
+    def __init__(self, fail: bool = False) -> None:
+        self.dirty: list[tuple[Any, int]] = []
+        self.waited: list[int] = []
+        self.fail = fail
+
+    def mark_dirty(self, log: Any, messages: int = 1) -> None:
+        self.dirty.append((log, messages))
+
+    async def wait_durable(self, log: Any, offset: int) -> None:
+        self.waited.append(offset)
+        if self.fail:
+            raise StorageError("fsync failed")
+
+
+class Appends:
+    def __init__(self) -> None:
+        self.woken: list[tuple[str, int]] = []
+
+    def notify(self, topic: str, partition: int) -> None:
+        self.woken.append((topic, partition))
+
+
+def test_a_client_batch_is_checked_appended_recorded_marked_and_announced() -> None:
+    log, producers, flusher, appends = (
+        MemoryLog(),
+        ProducerStateRegistry(None, lambda: T0),
+        Flusher(),
+        Appends(),
+    )
+    kwargs: Any = dict(
+        origin=Origin.CLIENT, now_ms=T0, durability=flusher, topic="t", partition=0,
+        producers=producers, appends=appends,
+    )  # fmt: skip
+    first = append(log, batch(seq=0), **kwargs)
+    assert (first.base_offset, first.last_offset, first.duplicate) == (0, 1, False)
+    assert flusher.dirty == [(log, 1)] and appends.woken == [("t", 0)]
+    # A retry is answered with the original offsets and not written again.
+    retry = append(log, batch(seq=0), **kwargs)
+    assert (retry.base_offset, retry.duplicate, log.log_end_offset) == (0, True, 2)
+    assert len(flusher.dirty) == 1 and len(appends.woken) == 1
+    # A gap in the sequence: refused, nothing written.
+    with pytest.raises(AppendRejected) as refused:
+        append(log, batch(seq=5), **kwargs)
+    assert refused.value.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert log.log_end_offset == 2
+    second = append(log, batch(seq=2), **kwargs)
+    assert (second.base_offset, second.last_offset) == (2, 3)
+
+
+def test_a_marker_is_checked_against_the_producer_state_before_it_is_written() -> None:
+    log, producers, flusher = MemoryLog(), ProducerStateRegistry(None, lambda: T0), Flusher()
+
+    def marker(epoch: int, coordinator_epoch: int) -> Any:
+        buf = build_control_batch(
+            7, epoch, committed=True, coordinator_epoch=coordinator_epoch, timestamp=T0
+        )
+        return append(
+            log, buf, origin=Origin.COORDINATOR, now_ms=T0, durability=flusher, topic="t",
+            producers=producers,
+        )  # fmt: skip
+
+    append(log, batch(epoch=3), origin=Origin.CLIENT, now_ms=T0, durability=flusher,
+           topic="t", producers=producers)  # fmt: skip
+    with pytest.raises(AppendRejected) as stale:
+        marker(epoch=2, coordinator_epoch=0)
+    assert stale.value.error_code == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert marker(epoch=3, coordinator_epoch=4).base_offset == 2
+    with pytest.raises(AppendRejected) as fenced:
+        marker(epoch=3, coordinator_epoch=1)  # an older coordinator than the last marker's
+    assert fenced.value.error_code == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+    assert log.log_end_offset == 3
+
+
+def test_a_coordinator_record_needs_no_producer_state_and_counts_its_messages() -> None:
+    log, flusher = MemoryLog(), Flusher()
+    records = build_batch([(b"a", b"1"), (b"b", b"2"), (b"c", b"3")], base_timestamp=T0)
+    written = append(log, records, origin=Origin.COORDINATOR, now_ms=T0, durability=flusher,
+                     leader_epoch=4, messages=3)  # fmt: skip
+    assert (written.last_offset, written.replicated) == (2, True)
+    assert flusher.dirty == [(log, 3)]
+    assert log.epoch_cache.entries[-1].epoch == 4  # stamped as the leader
+
+
+def test_leader_epoch_of() -> None:
+    class Replication:
+        def leader_term(self, topic: str, partition: int) -> Any:
+            return None if partition else type("Term", (), {"leader_epoch": 9})()
+
+    assert leader_epoch_of(None, "t", 0) is None  # alone
+    assert leader_epoch_of(Replication(), "t", 0) == 9  # type: ignore[arg-type]
+    with pytest.raises(NotLeader):
+        leader_epoch_of(Replication(), "t", 1)  # type: ignore[arg-type]
+
+
+async def test_what_each_acks_waits_for() -> None:
+    log, flusher = MemoryLog(), Flusher()
+    alone = append(log, batch(pid=-1, seq=-1), origin=Origin.CLIENT, now_ms=T0,
+                   durability=flusher)  # fmt: skip
+    for acks in (0, 1):
+        assert (await wait_acked(alone, acks, durability=flusher, replication=None)).ok
+    assert flusher.waited == []  # acks 0 and 1 answer once the batch is in the log
+    assert (await wait_acked(alone, -1, durability=flusher, replication=None)).ok
+    assert flusher.waited == [alone.last_offset]
+    # acks.all.fsync=false: no sync; a broker alone then acks at once.
+    assert (await wait_acked(alone, -1, durability=flusher, replication=None, fsync=False)).ok
+    assert flusher.waited == [alone.last_offset]
+
+    failing = Flusher(fail=True)
+    acked = await wait_acked(alone, -1, durability=failing, replication=None)
+    assert not acked.ok and isinstance(acked.sync_error, StorageError)
+
+    class Replication:
+        def __init__(self, state: AckState) -> None:
+            self.state = state
+            self.asked: list[int] = []
+
+        def leader_term(self, topic: str, partition: int) -> Any:
+            return None
+
+        async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
+            self.asked.append(last_offset)
+            await trio.lowlevel.checkpoint()
+            return self.state
+
+    replicated = append(log, batch(pid=-1, seq=-1), origin=Origin.CLIENT, now_ms=T0,
+                        durability=flusher, leader_epoch=1)  # fmt: skip
+    shrunk = Replication(AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND)
+    acked = await wait_acked(replicated, -1, durability=flusher, replication=shrunk)
+    assert acked.state is AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    assert shrunk.asked == [replicated.last_offset]
+    committed = Replication(AckState.DONE)
+    assert (await wait_acked(replicated, -1, durability=flusher, replication=committed)).ok
+    # The broker left the cluster while the write waited: it never counts alone.
+    acked = await wait_acked(replicated, -1, durability=flusher, replication=None)
+    assert acked.state is AckState.LEADERSHIP_LOST

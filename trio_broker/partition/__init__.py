@@ -1,0 +1,7 @@
+"""A partition's one write path (issue 29): every leader write goes through
+:mod:`trio_broker.partition.append`, whoever makes it (a producer, the group or
+transaction coordinator, the transaction marker writer).
+
+Sans-I/O: no trio here. The waits are awaited on the objects the shell passes in (the
+flusher's ``wait_durable``, the replica manager's ``wait_committed``).
+"""

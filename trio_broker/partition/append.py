@@ -1,0 +1,234 @@
+"""The one way a leader writes to a partition's log, and what its acks wait for.
+
+Kafka sends every write through ``ReplicaManager.appendRecords(requiredAcks, origin)``
+into ``Partition.appendRecordsToLeader``; here :func:`append` is that entry, in two
+halves as a pipelined produce needs them (append now, in request order; wait later):
+
+- :func:`append` (synchronous): the producer state's checks (a client's sequence and
+  epoch; a marker's epochs), the log's append with this broker's leader epoch, the
+  producer state's record of it, the log marked dirty for the group commit, and the
+  long polls on the partition woken. Returns an :class:`Appended`.
+- :func:`wait_acked` (awaited by the caller's deferred work): acks=0/1 need nothing;
+  acks=-1 needs the fsync covering the write (the flusher's ``wait_durable``) and, on
+  a replicated partition, the high watermark past it (``wait_committed``).
+
+The other way into a log, a follower's copy of its leader's batches, is
+``append_replicated_batches`` in ``cluster/replica_fetcher.py``.
+``tests/unit/test_one_append_path.py`` keeps every other ``log.append(`` out.
+
+Errors are left to the caller to name, since they differ by API (a produce answers
+NOT_LEADER_OR_FOLLOWER where a coordinator answers NOT_COORDINATOR): :class:`NotLeader`
+and :class:`AppendRejected` mean nothing was appended; the log's own errors
+(``StorageError``, ``OSError``) pass through.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Protocol
+
+import attrs
+
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
+from trio_broker.protocol.records import RecordBatchView, read_control_marker
+from trio_broker.replication.leader import AckState, LeaderPartition
+from trio_broker.state.producer import Duplicate, Reject
+
+__all__ = [
+    "Acked",
+    "AppendRejected",
+    "Appended",
+    "NotLeader",
+    "Origin",
+    "append",
+    "leader_epoch_of",
+    "wait_acked",
+]
+
+
+class Origin(enum.Enum):
+    """Who writes (Kafka's ``AppendOrigin``; a follower's ``Replication`` has its own path)."""
+
+    #: A producer's batch: its sequence and epoch are checked, a retry is not written twice.
+    CLIENT = "client"
+    #: A coordinator's internal records (offsets, transaction state) or a transaction
+    #: marker (a control batch: its producer and coordinator epochs are checked).
+    COORDINATOR = "coordinator"
+
+
+class Durability(Protocol):
+    def mark_dirty(self, log: Any, messages: int = 1) -> None: ...
+    async def wait_durable(self, log: Any, offset: int) -> None: ...
+
+
+class Appends(Protocol):
+    def notify(self, topic: str, partition: int) -> None: ...
+
+
+class Producers(Protocol):
+    def check(self, topic: str, partition: int, log_: Any, batch: Any) -> Any: ...
+
+    def check_marker(
+        self, topic: str, partition: int, log_: Any, producer_id: int, producer_epoch: int,
+        coordinator_epoch: int,
+    ) -> tuple[ErrorCode, str]: ...  # fmt: skip
+
+    def record_append(
+        self, topic: str, partition: int, batch: Any, base_offset: int, last_offset: int
+    ) -> None: ...
+
+
+class Replication(Protocol):
+    def leader_term(self, topic: str, partition: int) -> LeaderPartition | None: ...
+    async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState: ...
+
+
+class NotLeader(Exception):
+    """In a cluster, this broker does not lead the partition now; nothing was appended."""
+
+
+class AppendRejected(KafkaError):
+    """The producer state refuses the batch: ``AppendRejected(error_code, message)``;
+    nothing was appended."""
+
+
+@attrs.frozen
+class Appended:
+    """A write in the log (or, ``duplicate``, a producer's retry of one already there)."""
+
+    log: Any
+    topic: str
+    partition: int
+    base_offset: int
+    #: The offset the acks wait for: synced past it, and the high watermark past it.
+    last_offset: int
+    log_append_time: int = -1
+    #: Written as a cluster's leader (stamped with its epoch): acks=-1 waits for the
+    #: high watermark too. False on a broker alone.
+    replicated: bool = False
+    #: A retried batch: not written again, its offsets are the original's.
+    duplicate: bool = False
+
+
+def leader_epoch_of(replication: Replication | None, topic: str, partition: int) -> int | None:
+    """The epoch a leader's write is stamped with: None alone (no replication), the
+    term's in a cluster; :class:`NotLeader` when this broker has no term there."""
+    if replication is None:
+        return None
+    term = replication.leader_term(topic, partition)
+    if term is None:
+        raise NotLeader(f"not the leader of {topic}-{partition}")
+    return term.leader_epoch
+
+
+def append(
+    log: Any,
+    batch: bytearray | memoryview,
+    *,
+    origin: Origin,
+    now_ms: int,
+    durability: Durability | None,
+    topic: str = "",
+    partition: int = 0,
+    leader_epoch: int | None = None,
+    producers: Producers | None = None,
+    appends: Appends | None = None,
+    log_append_time: bool = False,
+    messages: int = 1,
+) -> Appended:
+    """Write one record batch as the partition's leader (module docstring).
+
+    ``producers``: the producer state of the partition's topic (a client's batch and
+    a marker need it; a coordinator's own log, with no producer ids, does not).
+    ``appends``: the long polls to wake (None: nobody reads this log by Fetch).
+    ``messages``: records the write holds, for ``flush.messages``.
+    ``durability``: the group commit that will sync the log; None for a log no flusher
+    keeps (a store used on its own, by a tool or a test, syncs when it closes).
+    """
+    if producers is not None:
+        view = RecordBatchView(batch)
+        if origin is Origin.CLIENT:
+            verdict = producers.check(topic, partition, log, view)
+            if isinstance(verdict, Reject):
+                raise AppendRejected(verdict.error_code, verdict.message)
+            if isinstance(verdict, Duplicate):
+                original = verdict.original_base_offset
+                return Appended(
+                    log, topic, partition, original, original,
+                    replicated=leader_epoch is not None, duplicate=True,
+                )  # fmt: skip
+        elif view.is_control:
+            marker = read_control_marker(view)
+            code, message = producers.check_marker(
+                topic, partition, log, view.producer_id, view.producer_epoch,
+                marker.coordinator_epoch,
+            )  # fmt: skip
+            if code != ErrorCode.NONE:
+                raise AppendRejected(code, message)
+    if leader_epoch is None:
+        result = log.append(batch, now_ms=now_ms, log_append_time=log_append_time)
+    else:  # the leader stamps its epoch on the batch (and in its epoch cache)
+        result = log.append(
+            batch, now_ms=now_ms, log_append_time=log_append_time, leader_epoch=leader_epoch
+        )
+    if producers is not None:
+        # The log wrote the offsets into the buffer: the view is the batch as stored.
+        producers.record_append(topic, partition, view, result.base_offset, result.last_offset)
+    if durability is not None:
+        durability.mark_dirty(log, messages)
+    if appends is not None:
+        appends.notify(topic, partition)
+    return Appended(
+        log, topic, partition, result.base_offset, result.last_offset,
+        log_append_time=result.log_append_time, replicated=leader_epoch is not None,
+    )  # fmt: skip
+
+
+@attrs.frozen
+class Acked:
+    """How an acked write ended: ``state`` DONE, or why not. ``sync_error``: the fsync
+    failed (a ``StorageError``, or the ``OSError`` of a bare log), the write may be lost;
+    ``state`` NOT_ENOUGH_REPLICAS_AFTER_APPEND or LEADERSHIP_LOST: the high watermark
+    did not pass it."""
+
+    state: AckState
+    sync_error: Exception | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state is AckState.DONE
+
+
+DONE = Acked(AckState.DONE)
+
+
+async def wait_acked(
+    appended: Appended,
+    acks: int,
+    *,
+    durability: Durability,
+    replication: Replication | None,
+    fsync: bool = True,
+) -> Acked:
+    """Wait until ``appended`` may be acknowledged with ``acks`` (0 and 1: at once).
+
+    ``fsync``: acks=-1 waits for the covering fsync first (``acks.all.fsync``; the
+    coordinators always sync). A replicated write then waits for the high watermark;
+    with ``replication`` gone meanwhile (the broker left the cluster) it never counts.
+    """
+    if acks != -1:
+        return DONE
+    if fsync:
+        try:
+            await durability.wait_durable(appended.log, appended.last_offset)
+        except (KafkaError, OSError) as exc:
+            return Acked(AckState.WAITING, sync_error=exc)
+    if not appended.replicated:
+        return DONE
+    if replication is None:
+        return Acked(AckState.LEADERSHIP_LOST)
+    state = await replication.wait_committed(
+        appended.topic, appended.partition, appended.last_offset
+    )
+    return DONE if state is AckState.DONE else Acked(state)
