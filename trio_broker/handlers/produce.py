@@ -34,6 +34,7 @@ from trio_broker.services.topics import RESERVED_TOPICS
 from trio_broker.state.producer import Duplicate, Reject
 from trio_broker.state.quota import PRODUCER_BYTE_RATE
 from trio_broker.storage.errors import StorageError
+from trio_broker.storage.log_protocol import Log
 
 Resp = m.ProduceResponse
 TopicResp = Resp.TopicProduceResponse
@@ -199,7 +200,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     acks = request.acks
     now = ctx.now_ms()
     # (log, last offset, its answer, (topic, partition) if replicated: wait for the HW too)
-    durable_waits: list[tuple[Any, int, PartResp, tuple[str, int] | None]] = []
+    durable_waits: list[tuple[Log, int, PartResp, tuple[str, int] | None]] = []
     topic_responses: list[TopicResp] = []
     produced = 0  # request record bytes, for the producer byte-rate quota
     # As Kafka: a transactional producer needs WRITE on its transactional id, or every
@@ -488,7 +489,7 @@ async def verify_with_coordinator(
 
 
 def check_producer(
-    services: Services, topic: str, partition: int, log: Any, batch: RecordBatchView
+    services: Services, topic: str, partition: int, log: Log, batch: RecordBatchView
 ) -> int | None:
     """Sequence checks for an idempotent batch before it is appended.
 

@@ -30,6 +30,7 @@ from trio_broker.services.txn_markers import (
     complete_offsets_marker,
     marker_committed,
 )
+from trio_broker.storage.log_protocol import Log
 from trio_broker.transactions.coordinator import TransactionCoordinator
 from trio_broker.transactions.lookup import coordinator_of
 
@@ -88,7 +89,7 @@ async def handle_write_txn_markers(
 
 
 def _committed(
-    services: Any, topic: str, partition: int, written: tuple[Any, int]
+    services: Any, topic: str, partition: int, written: tuple[Log, int]
 ) -> Callable[[], Awaitable[ErrorCode]]:
     return lambda: marker_committed(services, topic, partition, written)
 
@@ -123,7 +124,7 @@ def _append_alone(
     return ErrorCode.NONE
 
 
-def _durable(services: Any, written: tuple[Any, int]) -> Callable[[], Awaitable[ErrorCode]]:
+def _durable(services: Any, written: tuple[Log, int]) -> Callable[[], Awaitable[ErrorCode]]:
     async def wait() -> ErrorCode:
         await services.durability.wait_durable(*written)
         return ErrorCode.NONE

@@ -22,6 +22,7 @@ from trio_broker.replication.leader import AckState
 from trio_broker.services.internal_topics import CONSUMER_OFFSETS
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
+from trio_broker.storage.log_protocol import Log
 
 __all__ = [
     "MarkerRejected",
@@ -50,7 +51,7 @@ def append_txn_marker(
     coordinator_epoch: int,
     now_ms: int,
     leader_epoch: int | None = None,
-) -> tuple[Any, int]:
+) -> tuple[Log, int]:
     """Append a commit or abort marker for ``producer_id``; return (log, marker offset).
 
     Raises :class:`MarkerRejected` with UNKNOWN_TOPIC_OR_PARTITION, INVALID_PRODUCER_EPOCH
@@ -91,7 +92,7 @@ def append_txn_marker(
 def append_marker_as_leader(
     services: Any, topic: str, partition: int, producer_id: int, producer_epoch: int,
     committed: bool, coordinator_epoch: int, now_ms: int,
-) -> ErrorCode | tuple[Any, int]:  # fmt: skip
+) -> ErrorCode | tuple[Log, int]:  # fmt: skip
     """A cluster partition leader appends a marker in its leader epoch: (log, offset), or
     the partition's error (NOT_LEADER_OR_FOLLOWER when another broker leads it: the
     coordinator looks the leader up again and retries). ``services`` gives ``topics``,
@@ -113,7 +114,7 @@ def append_marker_as_leader(
 
 
 async def marker_committed(
-    services: Any, topic: str, partition: int, written: tuple[Any, int]
+    services: Any, topic: str, partition: int, written: tuple[Log, int]
 ) -> ErrorCode:
     """NONE once an appended marker is synced and, in a cluster, below the high
     watermark: Kafka's leader appends markers with acks=-1."""
