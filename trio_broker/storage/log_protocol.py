@@ -20,7 +20,8 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from trio_broker.storage.epoch_cache import LeaderEpochCache
-from trio_broker.storage.log import AppendResult, LogConfig, PartitionLog
+from trio_broker.storage.log import PartitionLog
+from trio_broker.storage.log_types import AppendResult, LogConfig
 from trio_broker.storage.memory import MemoryLog
 
 
