@@ -28,30 +28,34 @@ Opening a directory (the clean path, or recovery after a crash: truncating torn 
 rebuilding indexes) is :mod:`trio_broker.storage.loader`'s; :meth:`PartitionLog.open`
 builds the log from what it found.
 
+This module holds opening, reloading, appends and closing; the other parts of the class
+are one module each over the state of :mod:`~trio_broker.storage.log_state`: reads
+(``log_reads.py``), flushes (``log_flush.py``), truncation (``log_truncation.py``),
+retention (``log_retention.py``) and the cleaner's swap (``log_cleaning.py``).
+
 This module never imports trio; it blocks only in plain ``os`` calls.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import errno
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 
 from trio_broker.protocol import batch_header
-from trio_broker.storage.durable import fsync_dir, make_dirs_durable, write_file_atomically
+from trio_broker.storage.durable import make_dirs_durable, write_file_atomically
 from trio_broker.storage.epoch_cache import (
     LeaderEpochCache,
     batch_leader_epoch,
     parse_checkpoint,
     set_batch_leader_epoch,
 )
-from trio_broker.storage.errors import OffsetOutOfRange, StorageError
+from trio_broker.storage.errors import StorageError
 from trio_broker.storage.loader import (
     CLEAN_SHUTDOWN_MARKER,
     LEADER_EPOCH_CHECKPOINT,
@@ -60,8 +64,9 @@ from trio_broker.storage.loader import (
     LogLoader,
 )
 from trio_broker.storage.log_cleaning import Cleaning
+from trio_broker.storage.log_flush import Flushing
+from trio_broker.storage.log_reads import Reading
 from trio_broker.storage.log_retention import Retention
-from trio_broker.storage.log_state import base_of
 from trio_broker.storage.log_truncation import Truncation
 from trio_broker.storage.log_types import (
     AppendResult,
@@ -73,9 +78,8 @@ from trio_broker.storage.log_types import (
     split_fetched_batches,
     wall_clock_ms,
 )
-from trio_broker.storage.segment import LOG_SUFFIX, Segment, iter_batches, iter_headers
+from trio_broker.storage.segment import Segment
 from trio_broker.storage.swap import (
-    REPLICA_GAPS_CHECKPOINT,
     read_replica_gaps_checkpoint,
     write_replica_gaps_checkpoint,
 )
@@ -103,7 +107,7 @@ DISK_PROBE = ".disk-probe.tmp"
 DISK_PROBE_BYTES = 64 * 1024
 
 
-class PartitionLog(Truncation, Retention, Cleaning):
+class PartitionLog(Reading, Flushing, Truncation, Retention, Cleaning):
     """The on-disk log of one partition. Create with :meth:`open`."""
 
     # ------------------------------------------------------------------ opening
@@ -385,218 +389,6 @@ class PartitionLog(Truncation, Retention, Cleaning):
             self.offline = False
         # The files now belong to this log; the shell object must never close them.
         fresh._segments, fresh._retired, fresh._closed = [], [], True
-
-    # ------------------------------------------------------------------ reads
-
-    def read(
-        self, start_offset: int, max_bytes: int, max_offset: int, *, min_one: bool = True
-    ) -> list[FileRegion]:
-        """File regions holding whole batches from the one containing ``start_offset``.
-
-        Batches with base offset >= ``max_offset`` (the high watermark) are left
-        out, and the total stays within ``max_bytes`` except that with
-        ``min_one`` the first batch is returned whatever its size (KIP-74).
-        The first batch may start before ``start_offset``; clients skip those records.
-        """
-        log_start, log_end = self.log_start_offset, self.log_end_offset
-        if not log_start <= start_offset <= log_end:
-            raise OffsetOutOfRange(start_offset, log_start, log_end)
-        limit = min(max_offset, log_end)
-        if start_offset >= limit:
-            return []
-        segments = self._segments
-        first = max(0, bisect.bisect_right(segments, start_offset, key=base_of) - 1)
-        regions: list[FileRegion] = []
-        budget = max_bytes
-        taken = False
-        for segment in segments[first:]:
-            if segment.base_offset >= limit:
-                break
-            seg_end = segment.size
-            if not taken:
-                info = segment.position_of(start_offset)
-                if info is None:
-                    continue  # start is past this segment's batches
-                if info.base_offset >= limit or (info.size > budget and not min_one):
-                    break
-                start = info.position
-                end = start + info.size
-                budget -= info.size
-                taken = True
-            else:
-                start = end = 0
-            # Jump through the index over batches known to satisfy both bounds.
-            if limit < segment.next_offset:
-                offset_bound = segment.boundary_for_offset(limit)
-            else:
-                offset_bound = seg_end
-            if budget > 0:
-                jump = min(segment.boundary_at_or_before(end + budget, end), offset_bound)
-                if jump > end:
-                    budget -= jump - end
-                    end = jump
-            stopped = False
-            for info in iter_batches(segment.fd, end, seg_end):
-                if info.base_offset >= limit or info.size > budget:
-                    stopped = True
-                    break
-                budget -= info.size
-                end += info.size
-            if end > start:
-                regions.append(FileRegion(segment.fd, start, end - start))
-            if stopped or end < seg_end:
-                break
-        return regions
-
-    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, maxTimestamp) of the first batch whose maxTimestamp >= ``timestamp_ms``.
-
-        Batch granularity: the offset is the batch's base offset (or the log start
-        offset if that is later); a caller wanting the exact record decodes it.
-        """
-        log_start = self.log_start_offset
-        for segment in self._segments:
-            if segment.next_offset <= log_start or segment.max_timestamp < timestamp_ms:
-                continue
-            rel = segment.time_index.lookup_before(timestamp_ms)
-            info = segment.position_of(max(segment.base_offset + rel, log_start))
-            if info is None:
-                continue
-            for batch in iter_batches(segment.fd, info.position, segment.size):
-                if batch.max_timestamp >= timestamp_ms and batch.last_offset >= log_start:
-                    return max(batch.base_offset, log_start), batch.max_timestamp
-        return None
-
-    def iter_batch_headers(
-        self, from_offset: int | None = None
-    ) -> Iterator[tuple[int, memoryview]]:
-        """(base offset, 61-byte header) of each batch from the one holding ``from_offset``.
-
-        Reads only headers (a few KiB per pread), for rebuilding producer state.
-        """
-        start = self.log_start_offset if from_offset is None else from_offset
-        segments = self._segments
-        first = max(0, bisect.bisect_right(segments, start, key=base_of) - 1)
-        for segment in segments[first:]:
-            info = segment.position_of(start)
-            if info is None:
-                continue
-            for _, header in iter_headers(segment.fd, info.position, segment.size):
-                yield batch_header.base_offset_and_size(header)[0], header
-            start = segment.next_offset
-
-    def last_batches(self, n: int) -> list[tuple[int, bytes]]:
-        """(base offset, header) of the last ``n`` batches, oldest first.
-
-        Walks backwards one index interval at a time, so the cost is about
-        ``n`` headers, not the segment.
-        """
-        found: list[tuple[int, bytes]] = []
-        log_start = self.log_start_offset
-        for segment in reversed(self._segments):
-            if len(found) >= n or segment.next_offset <= log_start:
-                break
-            stop = segment.size
-            positions = segment.offset_index.positions()
-            k = len(positions)
-            while len(found) < n and stop > 0:
-                k -= 1
-                start = positions[k] if k >= 0 else 0
-                if start >= stop:
-                    continue
-                found[:0] = [
-                    (batch_header.base_offset_and_size(h)[0], bytes(h))
-                    for _, h in iter_headers(segment.fd, start, stop)
-                ]
-                stop = start
-        kept = [b for b in found if b[0] + batch_header.last_offset_delta(b[1]) >= log_start]
-        return kept[-n:] if n > 0 else []
-
-    # ------------------------------------------------------------------ durability
-
-    def flush(self) -> int:
-        """fsync everything written so far; returns the new ``durable_end_offset``.
-
-        Blocking: run it in a worker thread. Appends may continue meanwhile; they
-        are covered by the next flush.
-        """
-        with self._flush_lock:
-            if self._closed:
-                # Not a silent no-op: a waiter for an offset that an abort left
-                # unsynced would otherwise make the flusher retry forever.
-                raise StorageError(f"log {self.directory} is closed")
-            if self.offline:
-                raise StorageError(f"log {self.directory} is offline after a disk error")
-            # Snapshot the end first: every byte of offsets below it is already written.
-            end = self.log_end_offset
-            segments = self._segments
-            try:
-                self._sync_segments(segments)
-            except OSError as exc:
-                # After a failed fsync the kernel may have dropped the dirty pages:
-                # nothing past the durable end can be trusted any more.
-                raise self._go_offline("fsync", exc) from exc
-            if end > self.durable_end_offset:
-                self.durable_end_offset = end
-            return self.durable_end_offset
-
-    def _sync_segments(self, segments: list[Segment]) -> None:
-        dir_dirty = False
-        newly_sealed: list[Segment] = []
-        for segment in segments:
-            if segment.fully_synced or segment.deleted:
-                continue
-            sealed = segment.sealed  # read before syncing: then every write is in
-            size = segment.size
-            if size > segment.synced_size:
-                segment.sync_data()
-                segment.synced_size = size
-            if sealed:
-                segment.write_index_files(sync=True)
-                newly_sealed.append(segment)
-                dir_dirty = True
-            if not segment.dir_synced:
-                dir_dirty = True
-        if dir_dirty:
-            fsync_dir(self.directory)
-            for segment in segments:
-                segment.dir_synced = True
-            for segment in newly_sealed:
-                segment.fully_synced = True
-        point = next((s.base_offset for s in segments if not s.fully_synced), None)
-        if point is not None and point > self._recovery_point:
-            with self._checkpoint_lock:
-                if point > self._recovery_point:
-                    write_file_atomically(
-                        self.directory / RECOVERY_POINT_CHECKPOINT, b"%d\n" % point
-                    )
-                    self._recovery_point = point
-
-    def durable_state(self) -> dict[str, int]:
-        """File name -> bytes of it known to be on stable storage.
-
-        For crash simulation: a file missing here may vanish in a crash (its
-        directory entry is not durable yet); bytes past the given length may be
-        lost or garbled.
-        """
-        state: dict[str, int] = {}
-        for segment in self._segments:
-            if not segment.dir_synced:
-                continue
-            state[segment.name + LOG_SUFFIX] = segment.synced_size
-            for path in (segment.index_path, segment.timeindex_path):
-                with contextlib.suppress(FileNotFoundError):
-                    state[path.name] = path.stat().st_size if segment.fully_synced else 0
-        for name in (
-            LOG_START_CHECKPOINT,
-            RECOVERY_POINT_CHECKPOINT,
-            LEADER_EPOCH_CHECKPOINT,
-            REPLICA_GAPS_CHECKPOINT,
-            CLEAN_SHUTDOWN_MARKER,
-        ):
-            with contextlib.suppress(FileNotFoundError):
-                state[name] = (self.directory / name).stat().st_size
-        return state
 
     # ------------------------------------------------------------------ closing
 
