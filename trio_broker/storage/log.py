@@ -28,10 +28,11 @@ Opening a directory (the clean path, or recovery after a crash: truncating torn 
 rebuilding indexes) is :mod:`trio_broker.storage.loader`'s; :meth:`PartitionLog.open`
 builds the log from what it found.
 
-This module holds opening, reloading, appends and closing; the other parts of the class
-are one module each over the state of :mod:`~trio_broker.storage.log_state`: reads
-(``log_reads.py``), flushes (``log_flush.py``), truncation (``log_truncation.py``),
-retention (``log_retention.py``) and the cleaner's swap (``log_cleaning.py``).
+This module holds ``open``, appends and closing; the other parts of the class are one
+module each over the state of :mod:`~trio_broker.storage.log_state`: loading and an
+offline log's reload (``log_reload.py``), reads (``log_reads.py``), flushes
+(``log_flush.py``), truncation (``log_truncation.py``), retention
+(``log_retention.py``) and the cleaner's swap (``log_cleaning.py``).
 
 This module never imports trio; it blocks only in plain ``os`` calls.
 """
@@ -39,20 +40,14 @@ This module never imports trio; it blocks only in plain ``os`` calls.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
-
-import attrs
 
 from trio_broker.protocol import batch_header
 from trio_broker.storage.durable import make_dirs_durable, write_file_atomically
 from trio_broker.storage.epoch_cache import (
     LeaderEpochCache,
-    batch_leader_epoch,
-    parse_checkpoint,
     set_batch_leader_epoch,
 )
 from trio_broker.storage.errors import StorageError
@@ -61,11 +56,9 @@ from trio_broker.storage.loader import (
     LEADER_EPOCH_CHECKPOINT,
     LOG_START_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
-    LogLoader,
 )
 from trio_broker.storage.log_cleaning import Cleaning
-from trio_broker.storage.log_flush import Flushing
-from trio_broker.storage.log_reads import Reading
+from trio_broker.storage.log_reload import DISK_PROBE, Reloading
 from trio_broker.storage.log_retention import Retention
 from trio_broker.storage.log_truncation import Truncation
 from trio_broker.storage.log_types import (
@@ -80,7 +73,6 @@ from trio_broker.storage.log_types import (
 )
 from trio_broker.storage.segment import Segment
 from trio_broker.storage.swap import (
-    read_replica_gaps_checkpoint,
     write_replica_gaps_checkpoint,
 )
 
@@ -101,13 +93,8 @@ __all__ = [
     "wall_clock_ms",
 ]
 
-#: Written, fsynced and removed by :meth:`PartitionLog.reload` to test the disk (".tmp":
-#: the loader deletes a leftover one).
-DISK_PROBE = ".disk-probe.tmp"
-DISK_PROBE_BYTES = 64 * 1024
 
-
-class PartitionLog(Reading, Flushing, Truncation, Retention, Cleaning):
+class PartitionLog(Reloading, Truncation, Retention, Cleaning):
     """The on-disk log of one partition. Create with :meth:`open`."""
 
     # ------------------------------------------------------------------ opening
@@ -259,8 +246,6 @@ class PartitionLog(Reading, Flushing, Truncation, Retention, Cleaning):
         self.log_end_offset = last + 1
         return AppendResult(base, last, -1, position, size)
 
-    # ------------------------------------------------------------------ leader epochs
-
     def begin_epoch(self, epoch: int) -> bool:
         """A leader's term begins: ``epoch`` starts at the log end. True if that is news.
 
@@ -269,32 +254,6 @@ class PartitionLog(Reading, Flushing, Truncation, Retention, Cleaning):
         """
         self._check_writable()
         return self._record_epoch(epoch, self.log_end_offset)
-
-    def _load_epochs(self) -> bool:
-        """Read the checkpoint, trimmed to the recovered log; True if it had to be rebuilt.
-
-        A damaged file is not guessed at: the cache is rebuilt from the batch headers.
-        """
-        path = self.directory / LEADER_EPOCH_CHECKPOINT
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            cache: LeaderEpochCache | None = LeaderEpochCache()
-        else:
-            cache = parse_checkpoint(data)
-            if cache is not None:
-                self._persisted_epochs = cache.entries
-        rebuilt = cache is None
-        if cache is None:
-            cache = LeaderEpochCache()
-            for base, header in self.iter_batch_headers():
-                cache.assign_from_log(batch_leader_epoch(header), base)
-        cache.truncate_from_start(self.log_start_offset, self.log_end_offset)
-        cache.truncate_from_end(self.log_end_offset)
-        self.epoch_cache = cache
-        if rebuilt or self._persisted_epochs is not None or cache.entries:
-            self._persist_epochs()  # a damaged file is replaced even by an empty cache
-        return rebuilt
 
     # ------------------------------------------------------------------ segments
 
@@ -315,80 +274,6 @@ class PartitionLog(Reading, Flushing, Truncation, Retention, Cleaning):
         self._check_writable()
         if self._segments[-1].size > 0:
             self._roll(self._now_ms() if now_ms is None else now_ms)
-
-    def take_offline(self) -> None:
-        """A disk error seen outside the log (the flusher's fsync): stop taking appends."""
-        self.offline = True
-
-    # ------------------------------------------------------------------ back online
-
-    def reload(self) -> PartitionLog:
-        """For an offline log: probe the disk, then open the directory again through recovery.
-
-        Blocking (run it in a worker thread). The probe writes and fsyncs a small
-        file, so a disk that is still full or failing raises OSError here; recovery
-        then cuts any torn tail and syncs what it keeps. Returns a separate log
-        over the same files, for :meth:`adopt`.
-        """
-        if not self.offline or self._closed:
-            raise StorageError(f"log {self.directory} is not offline")
-        probe = self.directory / DISK_PROBE
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            data = bytes(DISK_PROBE_BYTES)
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.ENOSPC, "disk probe: short write")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(probe)
-        return self._load(self.directory, self.config, self._now_ms)
-
-    @classmethod
-    def _load(cls, directory: Path, config: LogConfig, now_ms: Callable[[], int]) -> PartitionLog:
-        """Read the directory back (:mod:`~trio_broker.storage.loader`) and build the log."""
-        loaded = LogLoader(directory, config.index_interval_bytes, now_ms).load()
-        log = cls(
-            directory, config, now_ms, loaded.segments, loaded.log_start_offset, loaded.recovery
-        )
-        log._persisted_log_start = loaded.persisted_log_start
-        log._replica_gaps_below = read_replica_gaps_checkpoint(directory)
-        log._recovery_point = loaded.recovery_point
-        log._persist_log_start()
-        if log._load_epochs():
-            log.recovery = attrs.evolve(log.recovery, epoch_cache_rebuilt=True)
-        if not loaded.recovery.clean:
-            # The scanned data may still be only in the page cache: sync it (and
-            # the rebuilt indexes) before calling it durable.
-            log._sync_segments(loaded.segments)
-        return log
-
-    def adopt(self, fresh: PartitionLog) -> None:
-        """Take over ``fresh`` (from :meth:`reload`) in place and go back online.
-
-        In place, so every holder of this object sees the recovered log. The old
-        segments' descriptors stay open for ``file.delete.delay.ms``: a sendfile
-        in flight may still read from them.
-        """
-        now = self._now_ms()
-        with self._lock:
-            delay = now + self.config.file_delete_delay_ms
-            self._retired.extend((delay, segment) for segment in self._segments)
-            self._retired.extend(fresh._retired)
-            self._segments = fresh._segments
-            self.log_start_offset = fresh.log_start_offset
-            self.log_end_offset = fresh.log_end_offset
-            self.durable_end_offset = fresh.durable_end_offset
-            self._recovery_point = fresh._recovery_point
-            self._persisted_log_start = fresh._persisted_log_start
-            self.recovery = fresh.recovery
-            self.epoch_cache = fresh.epoch_cache
-            self._persisted_epochs = fresh._persisted_epochs
-            self._replica_gaps_below = fresh._replica_gaps_below
-            self.offline = False
-        # The files now belong to this log; the shell object must never close them.
-        fresh._segments, fresh._retired, fresh._closed = [], [], True
 
     # ------------------------------------------------------------------ closing
 

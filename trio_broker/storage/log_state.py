@@ -1,9 +1,10 @@
 """A partition log's state and the plumbing every part of it shares.
 
 :class:`~trio_broker.storage.log.PartitionLog` is built from parts, one module per
-concern, each a class over this state: appends, reads, durability and opening
-(``log.py``), truncation (``log_truncation.py``), retention and DeleteRecords
-(``log_retention.py``), and the cleaner's swap of segments (``log_cleaning.py``).
+concern, each a class over this state: ``open``, appends and closing
+(``log.py``), loading and reloading (``log_reload.py``), reads (``log_reads.py``),
+flushes (``log_flush.py``), truncation (``log_truncation.py``), retention and
+DeleteRecords (``log_retention.py``), and the cleaner's swap (``log_cleaning.py``).
 What they all use is here: the fields and their locks, the writable check, going
 offline on a disk error, and the log-start and leader-epoch checkpoints.
 
