@@ -19,7 +19,7 @@ from spec import storage_model
 from tests.powerloss import PowerCut
 from trio_broker.protocol import batch_header
 from trio_broker.protocol.records import build_batch
-from trio_broker.storage import log as log_module
+from trio_broker.storage import log_state
 from trio_broker.storage.epoch_cache import (
     EpochEntry,
     LeaderEpochCache,
@@ -236,13 +236,14 @@ def test_the_checkpoint_is_written_only_when_an_epoch_begins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writes: list[str] = []
-    real = log_module.write_file_atomically
+    real = log_state.write_file_atomically
 
     def counting(path: Path, data: bytes, **kwargs: int) -> None:
         writes.append(Path(path).name)
         real(path, data, **kwargs)
 
-    monkeypatch.setattr(log_module, "write_file_atomically", counting)
+    # The leader-epoch checkpoint is written by the log state (storage/log_state.py).
+    monkeypatch.setattr(log_state, "write_file_atomically", counting)
     log = PartitionLog.open(tmp_path / "t-0", SMALL)
     for _ in range(5):
         log.append(batch(), now_ms=5)

@@ -12,7 +12,6 @@ import json
 import logging
 import re
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -411,11 +410,7 @@ def test_close_snapshots_every_partition_it_can(
 # ------------------------------------------------------------------ helpers
 
 
-def test_log_directory_accepts_the_usual_attribute_names(tmp_path: Path) -> None:
-    assert log_directory(SimpleNamespace(directory=tmp_path / "a")) == tmp_path / "a"
-    assert log_directory(SimpleNamespace(dir=tmp_path / "b")) == tmp_path / "b"
-    assert log_directory(SimpleNamespace(path=tmp_path / "c")) == tmp_path / "c"
-    assert log_directory(SimpleNamespace(path="not a Path")) is None
+def test_log_directory_is_a_disk_logs_directory_and_none_in_memory(tmp_path: Path) -> None:
     assert log_directory(MemoryLog()) is None
     log = open_log(tmp_path)
     assert log_directory(log) == tmp_path / "t-0"

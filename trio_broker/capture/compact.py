@@ -16,7 +16,7 @@ so capturing a consumer's traffic does not copy what it consumes.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from trio_broker.protocol import primitives
@@ -69,7 +69,7 @@ def _cut_to_header(header: Any) -> bytes:
 ReadPart = Callable[[Any, int, int], bytes]
 
 
-def batch_headers(parts: list[Any], read: ReadPart) -> bytes:
+def batch_headers(parts: Sequence[Any], read: ReadPart) -> bytes:
     """The whole batches stored one after another in ``parts``, each cut to its header.
 
     Only the batch headers are read. A trailing partial batch (a fetch cut at its

@@ -91,6 +91,7 @@ from trio_broker.state.group import (
     Reply,
     SyncResult,
 )
+from trio_broker.storage.log_protocol import Log
 
 log = logging.getLogger("trio_broker.groups")
 
@@ -156,7 +157,7 @@ class LedPartition:
     partition: int
     leader_epoch: int
     #: The partition's log (the topic manager's replica; never closed here).
-    log: Any
+    log: Log
     #: None while the table loads from the log: its groups answer
     #: COORDINATOR_LOAD_IN_PROGRESS meanwhile.
     store: OffsetsStore | None = None
@@ -300,7 +301,7 @@ class GroupCoordinator:
             raise KafkaError(error, f"group {group_id!r}: {error.name}")
         return led.store
 
-    def elected(self, partition: int, leader_epoch: int, log: Any) -> None:
+    def elected(self, partition: int, leader_epoch: int, log: Log) -> None:
         """LeadershipListener: this broker leads ``__consumer_offsets-<partition>``; its
         table is replayed in the background (its groups answer
         COORDINATOR_LOAD_IN_PROGRESS until then)."""

@@ -36,8 +36,9 @@ from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import build_batch
 from trio_broker.state.group import GroupRecord, MemberRecord
 from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.memory import MemoryLog
-from trio_broker.storage.replay import close_log, iter_log_records
+from trio_broker.storage.replay import iter_log_records
 
 log = logging.getLogger("trio_broker.groups")
 
@@ -339,8 +340,7 @@ OFFSETS_SEGMENT_BYTES = 100 * 1024 * 1024
 
 
 class OffsetsStore:
-    def __init__(self, offsets_log: Any, partition: int = 0) -> None:
-        #: PartitionLog or MemoryLog.
+    def __init__(self, offsets_log: Log, partition: int = 0) -> None:
         self.log = offsets_log
         #: The ``__consumer_offsets`` partition this store holds (0 on a broker alone).
         self.partition = partition
@@ -385,7 +385,7 @@ class OffsetsStore:
         return store
 
     @classmethod
-    def over(cls, partition_log: Any, partition: int) -> OffsetsStore:
+    def over(cls, partition_log: Log, partition: int) -> OffsetsStore:
         """The table of ``__consumer_offsets-<partition>``, replayed from its log (a
         cluster's replica, owned by the topic manager: the store never closes it)."""
         store = cls(partition_log, partition)
@@ -393,7 +393,7 @@ class OffsetsStore:
         return store
 
     def close(self) -> None:
-        close_log(self.log)
+        self.log.close()
 
     # ------------------------------------------------------------------ replay
 

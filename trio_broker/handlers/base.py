@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from trio_broker.services.stats import BrokerStats
     from trio_broker.services.topics import TopicManager
     from trio_broker.state.fetch_sessions import FetchSessionCache
+    from trio_broker.storage.log_protocol import Log
 
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -60,9 +61,9 @@ class ClientInfo:
 class Durability(Protocol):
     """Group commit (the flusher): when appended bytes are on disk."""
 
-    def mark_dirty(self, log: Any, messages: int = 1) -> None: ...
-    async def wait_durable(self, log: Any, offset: int) -> None: ...
-    def recover_soon(self, log: Any) -> None: ...
+    def mark_dirty(self, log: Log, messages: int = 1) -> None: ...
+    async def wait_durable(self, log: Log, offset: int) -> None: ...
+    def recover_soon(self, log: Log) -> None: ...
 
 
 #: A partition a follower asked for: (topic name or id, partition, fetch offset, current

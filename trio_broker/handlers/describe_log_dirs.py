@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.storage.log_protocol import Log
 from trio_broker.transactions.coordinator import TransactionCoordinator
 from trio_broker.transactions.lookup import coordinator_of
 
@@ -40,7 +40,7 @@ OFFSETS_TOPIC, OFFSETS_PARTITION = "__consumer_offsets", 0
 TRANSACTIONS_TOPIC = "__transaction_state"
 
 
-def _partition_logs(ctx: RequestContext) -> Iterator[tuple[str, int, Any]]:
+def _partition_logs(ctx: RequestContext) -> Iterator[tuple[str, int, Log]]:
     """(topic, partition, log) of every partition log the broker holds."""
     for name, topic in ctx.services.topics.topics.items():
         for index, log in enumerate(topic.logs):

@@ -19,7 +19,6 @@ the exact record as Kafka does. None found is offset -1, timestamp -1.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
@@ -31,6 +30,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
 from trio_broker.storage.errors import LogError, StorageError
+from trio_broker.storage.log_protocol import Log
 
 logger = logging.getLogger("trio_broker.list_offsets")
 
@@ -46,7 +46,7 @@ LATEST_TIERED = -5
 READ_COMMITTED = 1
 
 
-def _batch_at(partition_log: Any, offset: int) -> RecordBatchView | None:
+def _batch_at(partition_log: Log, offset: int) -> RecordBatchView | None:
     """The whole batch holding ``offset`` (read from the log), or None."""
     regions = partition_log.read(offset, 1, partition_log.log_end_offset, min_one=True)
     data = b"".join(r.read_bytes() for r in regions)
@@ -57,7 +57,7 @@ def _batch_at(partition_log: Any, offset: int) -> RecordBatchView | None:
 
 
 def _exact_at_or_after(
-    partition_log: Any, base: int, batch_max: int, timestamp: int
+    partition_log: Log, base: int, batch_max: int, timestamp: int
 ) -> tuple[int, int]:
     """First record at or after ``base`` with a timestamp >= ``timestamp``, within its batch."""
     try:
@@ -73,7 +73,7 @@ def _exact_at_or_after(
     return base, batch_max
 
 
-def _max_timestamp(partition_log: Any) -> tuple[int, int]:
+def _max_timestamp(partition_log: Log) -> tuple[int, int]:
     best_ts, best_base = -1, -1
     log_start = partition_log.log_start_offset
     for base, header in partition_log.iter_batch_headers():
@@ -87,7 +87,7 @@ def _max_timestamp(partition_log: Any) -> tuple[int, int]:
     return _exact_at_or_after(partition_log, best_base, best_ts, best_ts)
 
 
-def _lookup(partition_log: Any, timestamp: int) -> tuple[int, int]:
+def _lookup(partition_log: Log, timestamp: int) -> tuple[int, int]:
     """(offset, timestamp) for one partition; -1/-1 when no record qualifies."""
     if timestamp in (EARLIEST, EARLIEST_LOCAL):
         return partition_log.log_start_offset, -1

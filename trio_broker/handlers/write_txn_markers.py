@@ -31,6 +31,7 @@ from trio_broker.services.txn_markers import (
     complete_offsets_marker,
     marker_committed,
 )
+from trio_broker.storage.log_protocol import Log
 from trio_broker.transactions.coordinator import TransactionCoordinator
 from trio_broker.transactions.lookup import coordinator_of
 
@@ -122,7 +123,7 @@ def _append_alone(
     return ErrorCode.NONE
 
 
-def _durable(services: Any, written: tuple[Any, int]) -> Callable[[], Awaitable[ErrorCode]]:
+def _durable(services: Any, written: tuple[Log, int]) -> Callable[[], Awaitable[ErrorCode]]:
     async def wait() -> ErrorCode:
         await services.durability.wait_durable(*written)
         return ErrorCode.NONE

@@ -34,6 +34,7 @@ from trio_broker.protocol.errors import KafkaError
 from trio_broker.protocol.records import RecordBatchView, read_control_marker
 from trio_broker.replication.leader import AckState, LeaderPartition
 from trio_broker.state.producer import Duplicate, Reject
+from trio_broker.storage.log_protocol import Log
 
 __all__ = [
     "Acked",
@@ -58,8 +59,8 @@ class Origin(enum.Enum):
 
 
 class Durability(Protocol):
-    def mark_dirty(self, log: Any, messages: int = 1) -> None: ...
-    async def wait_durable(self, log: Any, offset: int) -> None: ...
+    def mark_dirty(self, log: Log, messages: int = 1) -> None: ...
+    async def wait_durable(self, log: Log, offset: int) -> None: ...
 
 
 class Appends(Protocol):
@@ -67,10 +68,10 @@ class Appends(Protocol):
 
 
 class Producers(Protocol):
-    def check(self, topic: str, partition: int, log_: Any, batch: Any) -> Any: ...
+    def check(self, topic: str, partition: int, log_: Log, batch: Any) -> Any: ...
 
     def check_marker(
-        self, topic: str, partition: int, log_: Any, producer_id: int, producer_epoch: int,
+        self, topic: str, partition: int, log_: Log, producer_id: int, producer_epoch: int,
         coordinator_epoch: int,
     ) -> tuple[ErrorCode, str]: ...  # fmt: skip
 
@@ -97,7 +98,7 @@ class AppendRejected(KafkaError):
 class Appended:
     """A write in the log (or, ``duplicate``, a producer's retry of one already there)."""
 
-    log: Any
+    log: Log
     topic: str
     partition: int
     base_offset: int
@@ -123,7 +124,7 @@ def leader_epoch_of(replication: Replication | None, topic: str, partition: int)
 
 
 def append(
-    log: Any,
+    log: Log,
     batch: bytearray | memoryview,
     *,
     origin: Origin,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 from trio_broker.protocol.errors import InvalidValueError, ProtocolError, TruncatedError
@@ -40,7 +40,7 @@ class RecordsChunks:
 
     __slots__ = ("nbytes", "parts")
 
-    def __init__(self, parts: list[Any]) -> None:
+    def __init__(self, parts: Sequence[Any]) -> None:
         self.parts = parts
         self.nbytes = sum(part_length(p) for p in parts)
 

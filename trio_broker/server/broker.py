@@ -55,6 +55,7 @@ from trio_broker.storage.data_dir_lock import lock_data_dir
 from trio_broker.storage.durable import make_dirs_durable
 from trio_broker.storage.group_commit import FlushPolicy
 from trio_broker.storage.log import LogConfig, wall_clock_ms
+from trio_broker.storage.log_protocol import Log
 from trio_broker.transactions.coordinator import TransactionCoordinator
 from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
@@ -383,7 +384,7 @@ class Broker:
                 self.connections_per_ip.pop(host, None)
 
     def _transaction_table(
-        self, partition: int, leader_epoch: int, log_: Any, replication: Any,
+        self, partition: int, leader_epoch: int, log_: Log, replication: Any,
         send_markers: Any,
     ) -> TransactionCoordinator:  # fmt: skip
         """A cluster's coordinator table for one led __transaction_state partition."""
@@ -399,7 +400,7 @@ class Broker:
             send_markers=send_markers, owns_log=False,
         )  # fmt: skip
 
-    def _transaction_facts(self, log_: Any) -> TransactionFacts | None:
+    def _transaction_facts(self, log_: Log) -> TransactionFacts | None:
         """A topic partition's LSO and aborted transactions, for the cleaner (else None:
         the internal logs hold no transactional batches)."""
         for name, topic in self.topics.topics.items():
@@ -422,7 +423,7 @@ class Broker:
                     )
         return None
 
-    def _forget_aborted(self, log_: Any, gone: list[tuple[int, int]]) -> None:
+    def _forget_aborted(self, log_: Log, gone: list[tuple[int, int]]) -> None:
         """The cleaner removed these aborted transactions' data: read_committed fetches
         stop naming them before their markers go (docs/compaction.md)."""
         for name, topic in self.topics.topics.items():
@@ -431,7 +432,7 @@ class Broker:
                     self.producers.forget_aborted(name, partition, log_, gone)
                     return
 
-    def _compactable_logs(self) -> list[Any]:
+    def _compactable_logs(self) -> list[Log]:
         """Every partition log, the committed-offsets log and the transaction log (the
         cleaner keeps the compacted ones)."""
         logs = list(self.topics.all_logs())

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 import trio
@@ -24,6 +24,7 @@ from trio_broker.server.histogram import FSYNC_BOUNDS, LatencyHistogram
 from trio_broker.server.sync_thread import PipeReportingThreads
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.group_commit import DurabilityTracker, FlushPolicy, FlushStatistics
+from trio_broker.storage.log import PartitionLog
 
 _logger = logging.getLogger("trio_broker.flusher")
 
@@ -162,12 +163,13 @@ class Flusher:
             for event in entry.tracker.fail():
                 event.set()
 
-    def recover_soon(self, log: Any) -> None:
+    def recover_soon(self, log: FlushableLog) -> None:
         """Try to bring an offline log back (disk space returned), at most once per back-off.
 
-        In the background: the produce that noticed still gets its storage error.
+        In the background: the produce that noticed still gets its storage error. Only a
+        disk log goes offline (a memory log's flush cannot fail).
         """
-        if not log.offline or getattr(log, "reload", None) is None:
+        if not log.offline or not isinstance(log, PartitionLog):
             return
         now = trio.current_time()
         if now < self._next_probe.get(id(log), -math.inf):
@@ -176,8 +178,8 @@ class Flusher:
         assert self.background is not None, "recover_soon before the broker runs"
         self.background.start_soon(self._recover, log)
 
-    async def _recover(self, log: Any) -> None:
-        def probe() -> Any:
+    async def _recover(self, log: PartitionLog) -> None:
+        def probe() -> PartitionLog:
             fresh = log.reload()
             try:
                 self.sync(fresh)  # the same durability path as every flush
@@ -189,7 +191,7 @@ class Flusher:
         try:
             fresh = await trio.to_thread.run_sync(probe)
         except (OSError, StorageError) as exc:
-            _logger.info("%s still offline: %s", getattr(log, "directory", log), exc)
+            _logger.info("%s still offline: %s", log.directory, exc)
             return
         if not log.offline or log.closed:  # recovered or deleted meanwhile
             fresh.abort()
@@ -198,9 +200,7 @@ class Flusher:
         # A fresh tracker: the failed one released its waiters and keeps its error.
         self._entries.pop(id(log), None)
         self._next_probe.pop(id(log), None)
-        _logger.warning(
-            "%s is back online at offset %d", getattr(log, "directory", log), log.log_end_offset
-        )
+        _logger.warning("%s is back online at offset %d", log.directory, log.log_end_offset)
 
     def statistics(self, log: FlushableLog | None = None) -> FlushStatistics:
         if log is not None:
@@ -266,9 +266,9 @@ class Flusher:
         )
         for entry, count, result, seconds in zip(due, covered, results, durations, strict=True):
             if isinstance(result, BaseException):
-                take_offline = getattr(entry.log, "take_offline", None)
-                if take_offline is not None:
-                    take_offline()  # after a failed fsync nothing unsynced can be trusted
+                if isinstance(entry.log, PartitionLog):
+                    # After a failed fsync nothing unsynced can be trusted.
+                    entry.log.take_offline()
                 error = (
                     result
                     if isinstance(result, StorageError)

@@ -28,6 +28,7 @@ from trio_broker.storage.cleaner import (
 )
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.log import PartitionLog
+from trio_broker.storage.log_protocol import Log
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class LogCleaner:
 
     def __init__(
         self,
-        logs: Callable[[], Iterable[object]],
+        logs: Callable[[], Iterable[Log]],
         now_ms: Callable[[], int],
         *,
         backoff_ms: int,

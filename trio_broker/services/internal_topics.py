@@ -36,6 +36,7 @@ from trio_broker.partition.append import append as partition_append
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.replication.leader import AckState
+from trio_broker.storage.log_protocol import Log
 
 __all__ = [
     "LeadershipListener",
@@ -74,7 +75,7 @@ class LeadershipListener(Protocol):
     synchronous and must not block: loading a partition's table from its log is the
     listener's own (background) work."""
 
-    def elected(self, partition: int, leader_epoch: int, log: Any) -> None:
+    def elected(self, partition: int, leader_epoch: int, log: Log) -> None:
         """This broker now leads ``partition`` in ``leader_epoch``; ``log`` is its log.
         Called again, without :meth:`resigned` in between, when a new epoch of its
         leadership begins (an ISR change by the controller, a reassignment)."""
@@ -89,7 +90,7 @@ class NotCommitted(KafkaError):
 
 
 async def append_committed(
-    log: Any,
+    log: Log,
     batch: bytearray,
     *,
     now_ms: int,
@@ -118,7 +119,7 @@ async def append_committed(
 
 
 def append_as_leader(
-    log: Any,
+    log: Log,
     batch: bytearray,
     *,
     now_ms: int,
@@ -147,7 +148,7 @@ def append_as_leader(
 
 
 async def wait_counted(
-    log: Any,
+    log: Log,
     last_offset: int,
     *,
     durability: Any,

@@ -19,7 +19,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 
@@ -36,6 +36,8 @@ from trio_broker.state.producer import (
     Verdict,
 )
 from trio_broker.storage.durable import write_file_atomically
+from trio_broker.storage.log import PartitionLog
+from trio_broker.storage.log_protocol import Log
 
 __all__ = [
     "DEFAULT_PRODUCER_ID_EXPIRATION_MS",
@@ -43,7 +45,6 @@ __all__ = [
     "PRODUCER_ID_BLOCK_SIZE",
     "PRODUCER_ID_FILE",
     "SNAPSHOT_FILE",
-    "PartitionLogLike",
     "ProducerIdAllocator",
     "ProducerStateRegistry",
     "ProducerStateStatistics",
@@ -156,18 +157,6 @@ class ProducerIdAllocator:
         return pid
 
 
-class PartitionLogLike(Protocol):
-    """What the registry needs of a partition log (PartitionLog or MemoryLog)."""
-
-    @property
-    def log_start_offset(self) -> int: ...
-
-    @property
-    def log_end_offset(self) -> int: ...
-
-    def iter_batch_headers(self, from_offset: int | None = None) -> Iterator[tuple[int, Any]]: ...
-
-
 @attrs.define
 class ProducerStateStatistics:
     """Counters since start, for operators and tests."""
@@ -181,7 +170,7 @@ class ProducerStateStatistics:
 @attrs.define(eq=False)
 class _PartitionSlot:
     #: The log the state belongs to; compared by identity to notice a recreated topic.
-    log: PartitionLogLike
+    log: Log
     manager: ProducerStateManager
     snapshot_path: Path | None
     #: The log start offset the state was last truncated to.
@@ -202,7 +191,7 @@ class ProducerStateRegistry:
         now_ms: Callable[[], int],
         *,
         expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
-        read_headers: Callable[[PartitionLogLike, int], Iterator[Any]] | None = None,
+        read_headers: Callable[[Log, int], Iterator[RecordBatchView]] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.now_ms = now_ms
@@ -217,7 +206,7 @@ class ProducerStateRegistry:
 
     # ------------------------------------------------------------------ produce path
 
-    def check(self, topic: str, partition: int, log_: PartitionLogLike, batch: Any) -> Verdict:
+    def check(self, topic: str, partition: int, log_: Log, batch: Any) -> Verdict:
         if batch.producer_id < 0:
             return APPEND
         manager = self.manager(topic, partition, log_)
@@ -236,7 +225,7 @@ class ProducerStateRegistry:
         self,
         topic: str,
         partition: int,
-        log_: PartitionLogLike,
+        log_: Log,
         producer_id: int,
         producer_epoch: int,
         coordinator_epoch: int,
@@ -247,7 +236,7 @@ class ProducerStateRegistry:
         )
 
     def in_open_transaction(
-        self, topic: str, partition: int, log_: PartitionLogLike, producer_id: int, epoch: int
+        self, topic: str, partition: int, log_: Log, producer_id: int, epoch: int
     ) -> bool:
         """Has the producer, in this epoch, a transaction open in the partition already
         (a transactional batch appended since its last marker)?"""
@@ -291,21 +280,19 @@ class ProducerStateRegistry:
 
     # ------------------------------------------------------------------ fetch path
 
-    def last_stable_offset(
-        self, topic: str, partition: int, log_: PartitionLogLike, high_watermark: int
-    ) -> int:
+    def last_stable_offset(self, topic: str, partition: int, log_: Log, high_watermark: int) -> int:
         """The LSO: read_committed consumers see the partition below it."""
         manager = self.manager(topic, partition, log_)
         return manager.txns.last_stable_offset(high_watermark, log_.log_start_offset)
 
     def aborted_between(
-        self, topic: str, partition: int, log_: PartitionLogLike, from_offset: int, upper: int
+        self, topic: str, partition: int, log_: Log, from_offset: int, upper: int
     ) -> list[AbortedTxn]:
         """Aborted transactions overlapping [from_offset, upper), for a read_committed fetch."""
         return self.manager(topic, partition, log_).txns.aborted_between(from_offset, upper)
 
     def forget_aborted(
-        self, topic: str, partition: int, log_: PartitionLogLike, gone: list[tuple[int, int]]
+        self, topic: str, partition: int, log_: Log, gone: list[tuple[int, int]]
     ) -> None:
         """Drop aborted entries whose data the cleaner removed (PartitionTransactions.
         forget_aborted). The snapshot on disk still has them: it goes, so that a restart
@@ -320,7 +307,7 @@ class ProducerStateRegistry:
         replica that becomes leader has appended batches it never checked)."""
         self._partitions.pop((topic, partition), None)
 
-    def discard_snapshot(self, topic: str, partition: int, log_: PartitionLogLike) -> None:
+    def discard_snapshot(self, topic: str, partition: int, log_: Log) -> None:
         """The log was truncated (a follower agreeing with a new leader): a snapshot may
         describe batches that are gone, so the state is rebuilt from the log instead."""
         self.forget(topic, partition)
@@ -328,7 +315,7 @@ class ProducerStateRegistry:
         if directory is not None:
             (directory / SNAPSHOT_FILE).unlink(missing_ok=True)
 
-    def manager(self, topic: str, partition: int, log_: PartitionLogLike) -> ProducerStateManager:
+    def manager(self, topic: str, partition: int, log_: Log) -> ProducerStateManager:
         key = (topic, partition)
         slot = self._partitions.get(key)
         # A deleted and recreated topic has a new log object: its old state must go.
@@ -344,7 +331,7 @@ class ProducerStateRegistry:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _load(self, log_: PartitionLogLike) -> _PartitionSlot:
+    def _load(self, log_: Log) -> _PartitionSlot:
         directory = log_directory(log_)
         path = None if directory is None else directory / SNAPSHOT_FILE
         start, end = log_.log_start_offset, log_.log_end_offset
@@ -408,16 +395,12 @@ class ProducerStateRegistry:
         broker.producers.close()
 
 
-def log_directory(log_: Any) -> Path | None:
+def log_directory(log_: Log) -> Path | None:
     """A file-backed log's directory, None for an in-memory log."""
-    for name in ("directory", "dir", "path"):
-        value = getattr(log_, name, None)
-        if isinstance(value, Path):
-            return value
-    return None
+    return log_.directory if isinstance(log_, PartitionLog) else None
 
 
-def read_batch_headers(log_: PartitionLogLike, from_offset: int) -> Iterator[Any]:
+def read_batch_headers(log_: Log, from_offset: int) -> Iterator[RecordBatchView]:
     """Batch headers of ``log_`` from the batch holding ``from_offset`` to the end.
 
     Only the 61-byte headers are read for data batches: replaying producer state never
@@ -433,7 +416,7 @@ def read_batch_headers(log_: PartitionLogLike, from_offset: int) -> Iterator[Any
         yield view
 
 
-def read_whole_batch(log_: Any, base_offset: int) -> RecordBatchView | None:
+def read_whole_batch(log_: Log, base_offset: int) -> RecordBatchView | None:
     """The complete batch starting at ``base_offset``, None if it cannot be read."""
     try:
         regions = log_.read(base_offset, 1, log_.log_end_offset, min_one=True)

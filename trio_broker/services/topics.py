@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from trio_broker.storage.catalogue import Catalogue, TopicInfo
 from trio_broker.storage.catalogue import validate_topic_name as catalogue_rules
 from trio_broker.storage.errors import InvalidConfigError, InvalidTopicError
 from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.memory import MemoryLog
 from trio_broker.storage.topic_configs import check_topic_configs
 from trio_broker.storage.topic_configs import log_config as topic_log_config
@@ -50,7 +52,7 @@ def validate_topic_name(name: str) -> None:
 @attrs.define
 class Topic:
     info: TopicInfo
-    logs: list[Any]  # PartitionLog | MemoryLog, one per partition
+    logs: list[Log]  # one per partition
 
     @property
     def name(self) -> str:
@@ -75,7 +77,7 @@ class TopicManager:
         self.topics: dict[str, Topic] = {}
         #: Called with each log a topic deletion closes (the broker points it at
         #: Flusher.forget, so produces waiting on that log fail instead of hanging).
-        self.on_log_closed: Any = None
+        self.on_log_closed: Callable[[Log], None] | None = None
         #: Called with (topic, partition) for each partition of a deleted topic (the
         #: long polls waiting on it answer).
         self.on_partition_deleted: Any = None
@@ -88,7 +90,7 @@ class TopicManager:
         """The log settings of a topic with ``configs`` (storage/topic_configs.py)."""
         return topic_log_config(configs, self.defaults)
 
-    def _open_log(self, name: str, partition: int, config: LogConfig) -> Any:
+    def _open_log(self, name: str, partition: int, config: LogConfig) -> Log:
         if self.data_dir is None:
             return MemoryLog(config)
         directory = self.data_dir / f"{name}-{partition}"
@@ -105,7 +107,7 @@ class TopicManager:
     def get(self, name: str) -> Topic | None:
         return self.topics.get(name)
 
-    def log(self, name: str, partition: int) -> Any | None:
+    def log(self, name: str, partition: int) -> Log | None:
         topic = self.topics.get(name)
         if topic is None or not 0 <= partition < len(topic.logs):
             return None
@@ -193,7 +195,7 @@ class TopicManager:
         """
         topic = self.check_new_partitions(name, total)
         config = self.log_config(topic.info.configs)
-        opened: list[Any] = []
+        opened: list[Log] = []
 
         def open_logs(added: range) -> None:
             for partition in added:
@@ -256,7 +258,7 @@ class TopicManager:
             for partition in range(len(topic.logs)):
                 shutil.rmtree(self.data_dir / f"{name}-{partition}", ignore_errors=True)
 
-    def all_logs(self) -> list[Any]:
+    def all_logs(self) -> list[Log]:
         return [log for topic in self.topics.values() for log in topic.logs]
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ from trio_broker.replication.leader import AckState
 from trio_broker.services.internal_topics import CONSUMER_OFFSETS
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
+from trio_broker.storage.log_protocol import Log
 
 __all__ = [
     "MarkerRejected",
@@ -59,7 +60,7 @@ def append_txn_marker(
     coordinator_epoch: int,
     now_ms: int,
     leader_epoch: int | None = None,
-) -> tuple[Any, int]:
+) -> tuple[Log, int]:
     """Append a commit or abort marker for ``producer_id``; return (log, marker offset).
 
     Raises :class:`MarkerRejected` with UNKNOWN_TOPIC_OR_PARTITION, INVALID_PRODUCER_EPOCH

@@ -28,283 +28,74 @@ Opening a directory (the clean path, or recovery after a crash: truncating torn 
 rebuilding indexes) is :mod:`trio_broker.storage.loader`'s; :meth:`PartitionLog.open`
 builds the log from what it found.
 
+This module holds ``open``, appends and closing; the other parts of the class are one
+module each over the state of :mod:`~trio_broker.storage.log_state`: loading and an
+offline log's reload (``log_reload.py``), reads (``log_reads.py``), flushes
+(``log_flush.py``), truncation (``log_truncation.py``), retention
+(``log_retention.py``) and the cleaner's swap (``log_cleaning.py``).
+
 This module never imports trio; it blocks only in plain ``os`` calls.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import errno
 import json
-import os
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import attrs
-
 from trio_broker.protocol import batch_header
-from trio_broker.storage.durable import (
-    TMP_SUFFIX,
-    fsync_dir,
-    make_dirs_durable,
-    rename_durably,
-    write_all,
-    write_file_atomically,
-)
+from trio_broker.storage.durable import make_dirs_durable, write_file_atomically
 from trio_broker.storage.epoch_cache import (
-    EpochEntry,
-    EpochOrderViolation,
     LeaderEpochCache,
-    batch_leader_epoch,
-    format_checkpoint,
-    parse_checkpoint,
     set_batch_leader_epoch,
 )
-from trio_broker.storage.errors import (
-    InvalidReplicatedBatch,
-    OffsetOutOfRange,
-    StorageError,
-    UnexpectedAppendOffset,
-)
-from trio_broker.storage.index import INDEX_ENTRY_MIN_BYTES, SegmentIndexer
+from trio_broker.storage.errors import StorageError
 from trio_broker.storage.loader import (
     CLEAN_SHUTDOWN_MARKER,
     LEADER_EPOCH_CHECKPOINT,
     LOG_START_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
-    LogLoader,
-    RecoveryReport,
 )
-from trio_broker.storage.recovery import scan_segment
-from trio_broker.storage.segment import (
-    LOG_SUFFIX,
-    Segment,
-    iter_batches,
-    iter_headers,
-    pread_exact,
-    segments_to_delete,
+from trio_broker.storage.log_cleaning import Cleaning
+from trio_broker.storage.log_reload import DISK_PROBE, Reloading
+from trio_broker.storage.log_retention import Retention
+from trio_broker.storage.log_truncation import Truncation
+from trio_broker.storage.log_types import (
+    AppendResult,
+    FileRegion,
+    LogConfig,
+    check_append,
+    check_append_buffer,
+    check_replicated_batch,
+    split_fetched_batches,
+    wall_clock_ms,
 )
+from trio_broker.storage.segment import Segment
 from trio_broker.storage.swap import (
-    REPLICA_GAPS_CHECKPOINT,
-    read_cleaner_checkpoint,
-    read_gaps_below,
-    read_replica_gaps_checkpoint,
-    write_cleaner_checkpoint,
     write_replica_gaps_checkpoint,
 )
 
-#: Written, fsynced and removed by :meth:`PartitionLog.reload` to test the disk (".tmp":
-#: the loader deletes a leftover one).
-DISK_PROBE = ".disk-probe.tmp"
-DISK_PROBE_BYTES = 64 * 1024
-
-_WEEK_MS = 7 * 24 * 3600 * 1000
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _infinite_as_none(value: int | None) -> int | None:
-    # Kafka spells "no limit" as -1; we spell it None.
-    return None if value is None or value < 0 else value
-
-
-def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value <= 0:
-        raise ValueError(f"{attribute.name} must be positive, got {value}")
+# What callers have always imported from here, wherever it is defined now.
+__all__ = [
+    "CLEAN_SHUTDOWN_MARKER",
+    "DISK_PROBE",
+    "LEADER_EPOCH_CHECKPOINT",
+    "LOG_START_CHECKPOINT",
+    "RECOVERY_POINT_CHECKPOINT",
+    "AppendResult",
+    "FileRegion",
+    "LogConfig",
+    "PartitionLog",
+    "check_append_buffer",
+    "check_replicated_batch",
+    "split_fetched_batches",
+    "wall_clock_ms",
+]
 
 
-def _segment_bytes(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    # Positions in the offset index are uint32 and a segment may exceed
-    # segment_bytes by one batch, so cap it where Kafka does (Int.MaxValue).
-    if not 0 < value <= 0x7FFFFFFF:
-        raise ValueError(f"segment_bytes must be in 1..2**31-1, got {value}")
-
-
-@attrs.frozen
-class LogConfig:
-    """Per-partition log settings (Kafka's topic-level names in the comments)."""
-
-    segment_bytes: int = attrs.field(default=1 << 30, validator=_segment_bytes)  # segment.bytes
-    segment_ms: int = attrs.field(default=_WEEK_MS, validator=_positive)  # segment.ms
-    index_interval_bytes: int = attrs.field(default=4096)  # index.interval.bytes
-    retention_ms: int | None = attrs.field(  # retention.ms
-        default=_WEEK_MS, converter=_infinite_as_none
-    )
-    retention_bytes: int | None = attrs.field(default=None, converter=_infinite_as_none)
-    file_delete_delay_ms: int = 60_000  # file.delete.delay.ms
-    # cleanup.policy: "delete" removes old segments by retention; "compact" keeps the
-    # latest record per key (storage/cleaner.py); "compact,delete" does both.
-    compact: bool = False
-    delete: bool = True
-    delete_retention_ms: int = 86_400_000  # delete.retention.ms: tombstones' grace period
-    min_compaction_lag_ms: int = 0  # min.compaction.lag.ms
-    max_compaction_lag_ms: int = 2**63 - 1  # max.compaction.lag.ms
-    min_cleanable_dirty_ratio: float = 0.5  # min.cleanable.dirty.ratio
-
-    @property
-    def max_index_entries(self) -> int:
-        """Entries a full segment can need: one per interval, at least a header apart."""
-        return self.segment_bytes // max(self.index_interval_bytes, INDEX_ENTRY_MIN_BYTES) + 1
-
-
-def check_append_buffer(batch: bytearray | memoryview) -> tuple[memoryview, int, int]:
-    """(byte view, size, lastOffsetDelta) of a buffer ``append`` may store, else raise.
-
-    Only what storage itself relies on is checked: the header must describe
-    exactly this buffer. CRCs and record counts are the produce handler's job.
-    """
-    view, size, delta, _ = _check_append(batch)
-    return view, size, delta
-
-
-def _check_append(
-    batch: bytes | bytearray | memoryview, writable: bool = True
-) -> tuple[memoryview, int, int, int]:
-    """check_append_buffer plus the batch's maxTimestamp: one header unpack per append.
-
-    ``writable=False`` for a batch stored unchanged (a follower's): any buffer will do.
-    """
-    view = memoryview(batch)
-    if writable and view.readonly:
-        raise TypeError("append rewrites baseOffset in place: pass a writable buffer")
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    size = len(view)
-    if size < batch_header.HEADER_SIZE:
-        raise ValueError(f"{size} bytes is shorter than a batch header")
-    declared, magic, delta, max_timestamp = batch_header.append_fields(view)
-    if declared != size:
-        raise ValueError(f"batchLength says {declared} bytes but the buffer holds {size}")
-    if magic != batch_header.MAGIC:
-        raise ValueError("only magic 2 batches can be stored")
-    if delta < 0:
-        raise ValueError(f"negative lastOffsetDelta {delta}")
-    return view, size, delta, max_timestamp
-
-
-def check_replicated_batch(
-    batch: bytes | bytearray | memoryview, log_end_offset: int, epochs: LeaderEpochCache
-) -> tuple[memoryview, int, int, int, int, int]:
-    """(view, base offset, size, lastOffsetDelta, maxTimestamp, leader epoch) of a fetched
-    batch that a follower at ``log_end_offset`` may store unchanged, else raise.
-
-    The header as ``append`` checks it, then what only a copy needs: the batch starts
-    at or after the log end (UnexpectedAppendOffset when before: an overlap), its CRC
-    matches and its leader epoch (if any) does not go back (InvalidReplicatedBatch).
-    A batch starting after the log end leaves an offset hole: the leader's cleaner
-    removed the batches between (Kafka's followers accept such holes too; the leader's
-    fetch answer is the truth). Changes nothing.
-    """
-    try:
-        view, size, delta, max_timestamp = _check_append(batch, writable=False)
-    except ValueError as exc:
-        raise InvalidReplicatedBatch(f"fetched batch: {exc}") from exc
-    base = batch_header.base_offset_and_size(view)[0]
-    if base < log_end_offset:
-        raise UnexpectedAppendOffset(base, log_end_offset)
-    if not batch_header.crc_matches(view):
-        raise InvalidReplicatedBatch(f"fetched batch at offset {base}: CRC mismatch")
-    epoch = batch_leader_epoch(view)
-    if epoch >= 0 and epoch != epochs.latest_epoch:
-        try:
-            epochs.check_assign(epoch, base)
-        except EpochOrderViolation as exc:
-            raise InvalidReplicatedBatch(f"fetched batch at offset {base}: {exc}") from exc
-    return view, base, size, delta, max_timestamp, epoch
-
-
-def split_fetched_batches(records: bytes | bytearray | memoryview) -> list[memoryview]:
-    """The whole batches of a fetch response's records, in order.
-
-    A partial batch at the end (a fetch's ``max_bytes`` may cut one) is left out; a
-    batch length shorter than a header is damage and raises InvalidReplicatedBatch.
-    """
-    view = memoryview(records)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    batches: list[memoryview] = []
-    pos, end = 0, len(view)
-    while end - pos >= batch_header.LOG_OVERHEAD:
-        _, size = batch_header.base_offset_and_size(view, pos)
-        if size < batch_header.HEADER_SIZE:
-            raise InvalidReplicatedBatch(f"batch length {size} at byte {pos} is too small")
-        if size > end - pos:
-            break  # the partial trailing batch
-        batches.append(view[pos : pos + size])
-        pos += size
-    return batches
-
-
-@attrs.frozen
-class AppendResult:
-    base_offset: int
-    last_offset: int
-    #: the broker time stamped on the batch, -1 when it kept CreateTime.
-    log_append_time: int
-    #: where the batch starts in its segment file.
-    position: int
-    size: int
-
-
-@attrs.frozen
-class FileRegion:
-    """A byte range of a segment file for ``os.sendfile``."""
-
-    fd: int
-    position: int
-    length: int
-
-    def read_bytes(self) -> bytes:
-        return pread_exact(self.fd, self.length, self.position)
-
-
-class PartitionLog:
+class PartitionLog(Reloading, Truncation, Retention, Cleaning):
     """The on-disk log of one partition. Create with :meth:`open`."""
-
-    def __init__(
-        self,
-        directory: Path,
-        config: LogConfig,
-        now_ms: Callable[[], int],
-        segments: list[Segment],
-        log_start_offset: int,
-        recovery: RecoveryReport,
-    ) -> None:
-        self.directory = directory
-        self.config = config
-        self._now_ms = now_ms
-        #: oldest first; the last one is active. Replaced wholesale under _lock.
-        self._segments = segments
-        self.log_start_offset = log_start_offset
-        #: next offset to assign.
-        self.log_end_offset = segments[-1].next_offset
-        #: every offset below this is on stable storage.
-        self.durable_end_offset = self.log_end_offset
-        self.offline = False
-        self.recovery = recovery
-        self._closed = False
-        self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-        self._checkpoint_lock = threading.Lock()
-        #: held by the cleaner while it swaps segments (storage/cleaner.py), and by
-        #: retention and truncation, which also change the oldest segments.
-        self.cleaning_lock = threading.Lock()
-        #: base offset below which every segment is fully synced, as last persisted.
-        self._recovery_point = segments[0].base_offset
-        self._persisted_log_start = log_start_offset
-        #: (close-after-ms, segment) for segments retention removed.
-        self._retired: list[tuple[int, Segment]] = []
-        #: first offset of each leader epoch in this log (persisted, see _persist_epochs).
-        self.epoch_cache = LeaderEpochCache()
-        #: the entries the checkpoint file holds; None: no file (or a damaged one).
-        self._persisted_epochs: tuple[EpochEntry, ...] | None = None
-        #: holes from the leader's log are legal below this offset (as persisted).
-        self._replica_gaps_below = 0
 
     # ------------------------------------------------------------------ opening
 
@@ -344,7 +135,7 @@ class PartitionLog:
         leaves the field as the producer sent it and the cache alone.
         """
         self._check_writable()
-        view, size, delta, max_timestamp = _check_append(batch)
+        view, size, delta, max_timestamp = check_append(batch)
         base = self.log_end_offset
         last = base + delta
         if leader_epoch is not None:
@@ -455,8 +246,6 @@ class PartitionLog:
         self.log_end_offset = last + 1
         return AppendResult(base, last, -1, position, size)
 
-    # ------------------------------------------------------------------ leader epochs
-
     def begin_epoch(self, epoch: int) -> bool:
         """A leader's term begins: ``epoch`` starts at the log end. True if that is news.
 
@@ -466,206 +255,7 @@ class PartitionLog:
         self._check_writable()
         return self._record_epoch(epoch, self.log_end_offset)
 
-    def _record_epoch(self, epoch: int, start_offset: int) -> bool:
-        # Checkpoint first, batch after: the file then names every epoch the log holds.
-        with self._lock:
-            changed = self.epoch_cache.assign(epoch, start_offset)
-        if changed:
-            self._persist_epochs()
-        return changed
-
-    def _persist_epochs(self) -> None:
-        """Rewrite ``leader-epoch-checkpoint`` if the cache changed since it was written."""
-        with self._checkpoint_lock:
-            entries = self.epoch_cache.entries
-            if entries == self._persisted_epochs:
-                return
-            try:
-                write_file_atomically(
-                    self.directory / LEADER_EPOCH_CHECKPOINT, format_checkpoint(entries)
-                )
-            except OSError as exc:
-                raise self._go_offline("leader epoch checkpoint", exc) from exc
-            self._persisted_epochs = entries
-
-    def _trim_epochs_to_start(self) -> None:
-        """The log start moved: the epoch holding it now starts there (Kafka's rule)."""
-        cache = self.epoch_cache
-        if not cache.entries or cache.entries[0].start_offset >= self.log_start_offset:
-            return
-        with self._lock:
-            changed = cache.truncate_from_start(self.log_start_offset, self.log_end_offset)
-        if changed:
-            self._persist_epochs()
-
-    def _load_epochs(self) -> bool:
-        """Read the checkpoint, trimmed to the recovered log; True if it had to be rebuilt.
-
-        A damaged file is not guessed at: the cache is rebuilt from the batch headers.
-        """
-        path = self.directory / LEADER_EPOCH_CHECKPOINT
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            cache: LeaderEpochCache | None = LeaderEpochCache()
-        else:
-            cache = parse_checkpoint(data)
-            if cache is not None:
-                self._persisted_epochs = cache.entries
-        rebuilt = cache is None
-        if cache is None:
-            cache = LeaderEpochCache()
-            for base, header in self.iter_batch_headers():
-                cache.assign_from_log(batch_leader_epoch(header), base)
-        cache.truncate_from_start(self.log_start_offset, self.log_end_offset)
-        cache.truncate_from_end(self.log_end_offset)
-        self.epoch_cache = cache
-        if rebuilt or self._persisted_epochs is not None or cache.entries:
-            self._persist_epochs()  # a damaged file is replaced even by an empty cache
-        return rebuilt
-
-    # ------------------------------------------------------------------ truncation
-
-    def truncate_to(self, offset: int) -> int:
-        """Cut the log so that it ends at ``offset`` (a follower after a leader change).
-
-        Kafka's rule: the batch holding ``offset`` goes whole, so the new end is the
-        base offset of that batch (at most ``offset``); an ``offset`` in an offset hole
-        (compaction's) is the new end itself, every batch after it goes. Returns the
-        new log end offset. A no-op when ``offset`` >= the log end. Below the log start offset
-        (or where the cut would remove the batch holding it) it raises
-        OffsetOutOfRange: there is no "truncate fully and start at" here.
-
-        Durable when it returns: a crash at any point leaves a prefix of the old log
-        at least as long as the new end (as far as it was durable before). Segments
-        past the cut are deleted; the kept part of the segment holding the cut is
-        copied into a new file that replaces it, so in-flight reads of the old
-        bytes go on from the old descriptors (kept ``file.delete.delay.ms``).
-        Blocking (fsyncs); call it from the thread that appends, with no append
-        in between. The epoch cache is cut at the new end too.
-        """
-        self._check_writable()
-        with self.cleaning_lock, self._flush_lock:
-            end, start = self.log_end_offset, self.log_start_offset
-            if offset >= end:
-                return end
-            if offset < start:
-                raise OffsetOutOfRange(offset, start, end)
-            segments = self._segments
-            k = max(0, bisect.bisect_right(segments, offset, key=_base_of) - 1)
-            info = segments[k].position_of(offset)
-            if info is None:
-                # In a hole after this segment's last batch: the segment stays whole.
-                position, new_end = segments[k].size, offset
-            else:
-                if info.base_offset < start:
-                    raise OffsetOutOfRange(offset, start, end)
-                position, new_end = info.position, min(offset, info.base_offset)
-                if position == 0 and k > 0 and segments[k].base_offset > new_end:
-                    # The hole ends where segment k begins: segment k goes, and the one
-                    # before becomes the active segment (new appends may land in the hole).
-                    k -= 1
-                    position = segments[k].size
-            try:
-                self._cut(k, position, new_end)
-                # The cleaner trusts everything below its checkpoint to hold one record
-                # per key; appends after the cut are dirty (Kafka lowers it the same way).
-                if read_cleaner_checkpoint(self.directory) > new_end:
-                    write_cleaner_checkpoint(self.directory, new_end)
-            except OSError as exc:
-                raise self._go_offline("truncate", exc) from exc
-        with self._lock:
-            changed = self.epoch_cache.truncate_from_end(self.log_end_offset)
-        if changed:
-            self._persist_epochs()
-        return self.log_end_offset
-
-    def _cut(self, k: int, position: int, new_end: int) -> None:
-        """Keep segments[:k] and the first ``position`` bytes of segments[k]; the order of
-        the steps is what makes a crash anywhere leave a prefix (docs/storage.md)."""
-        segments = self._segments
-        old = segments[k]
-        doomed = segments[k + 1 :]
-        # 1. Recovery must scan the cut segment and everything after it: a trusted
-        #    segment would vouch for bytes the cut may have removed.
-        if self._recovery_point > old.base_offset:
-            with self._checkpoint_lock:
-                write_file_atomically(
-                    self.directory / RECOVERY_POINT_CHECKPOINT, b"%d\n" % old.base_offset
-                )
-                self._recovery_point = old.base_offset
-        # 2. The kept bytes into a new file, synced (the old inode stays intact for
-        #    readers holding its descriptor).
-        tmp = old.log_path.with_name(old.log_path.name + TMP_SUFFIX)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            _copy_prefix(old.fd, fd, position)
-            os.fdatasync(fd)
-        except BaseException:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        os.close(fd)
-        # 3. Names: later segments and the cut segment's stale indexes go, the new
-        #    file takes the old name; one directory fsync makes it all durable.
-        for segment in doomed:
-            segment.unlink()
-        for path in (old.index_path, old.timeindex_path):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        rename_durably([(tmp, old.log_path)])
-        fresh = self._reopen_cut(old, position, new_end)
-        now = self._now_ms()
-        with self._lock:
-            self._segments = [*segments[:k], fresh]
-            self.log_end_offset = new_end
-            self.durable_end_offset = min(self.durable_end_offset, new_end)
-            delay = now + self.config.file_delete_delay_ms
-            # The old segment object keeps the old inode's descriptor: never unlink it
-            # by name again (the name is the new file's now), only close it later.
-            self._retired.extend((delay, segment) for segment in [old, *doomed])
-
-    def _reopen_cut(self, old: Segment, size: int, new_end: int) -> Segment:
-        """The active segment over the shortened file, indexes rebuilt as recovery would."""
-        fd = Segment.open_file(self.directory, old.base_offset)
-        try:
-            indexer = SegmentIndexer(self.config.index_interval_bytes)
-            scanned = scan_segment(
-                fd,
-                size,
-                old.base_offset,
-                indexer,
-                gaps_below=read_gaps_below(self.directory),
-            )
-            # A cut into an offset hole ends after the last kept batch.
-            if scanned.valid_size != size or scanned.next_offset > new_end:
-                raise OSError(
-                    errno.EIO,
-                    f"segment {old.base_offset} reads back damaged after a truncation:"
-                    f" {scanned.stop_reason}",
-                )
-        except BaseException:
-            os.close(fd)
-            raise
-        first_ts = scanned.first_batch_timestamp
-        fresh = Segment(
-            self.directory,
-            old.base_offset,
-            fd,
-            size=size,
-            next_offset=new_end,
-            indexer=indexer,
-            # From the scan: a segment loaded sealed never kept it (segment.ms counts
-            # from it again now that the segment is active).
-            first_batch_timestamp=(
-                first_ts if first_ts is None or first_ts >= 0 else old.last_modified_ms
-            ),
-        )
-        fresh.last_modified_ms = old.last_modified_ms
-        fresh.synced_size = size
-        fresh.dir_synced = True
-        return fresh
+    # ------------------------------------------------------------------ segments
 
     def _roll(self, now_ms: int, base_offset: int | None = None) -> Segment:
         old = self._segments[-1]
@@ -684,428 +274,6 @@ class PartitionLog:
         self._check_writable()
         if self._segments[-1].size > 0:
             self._roll(self._now_ms() if now_ms is None else now_ms)
-
-    def _check_writable(self) -> None:
-        if self._closed:
-            raise StorageError(f"log {self.directory} is closed")
-        if self.offline:
-            raise StorageError(f"log {self.directory} is offline after a disk error")
-
-    def _go_offline(self, what: str, exc: OSError) -> StorageError:
-        self.offline = True
-        return StorageError(f"{what} failed in {self.directory}: {exc}")
-
-    def take_offline(self) -> None:
-        """A disk error seen outside the log (the flusher's fsync): stop taking appends."""
-        self.offline = True
-
-    # ------------------------------------------------------------------ back online
-
-    def reload(self) -> PartitionLog:
-        """For an offline log: probe the disk, then open the directory again through recovery.
-
-        Blocking (run it in a worker thread). The probe writes and fsyncs a small
-        file, so a disk that is still full or failing raises OSError here; recovery
-        then cuts any torn tail and syncs what it keeps. Returns a separate log
-        over the same files, for :meth:`adopt`.
-        """
-        if not self.offline or self._closed:
-            raise StorageError(f"log {self.directory} is not offline")
-        probe = self.directory / DISK_PROBE
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            data = bytes(DISK_PROBE_BYTES)
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.ENOSPC, "disk probe: short write")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(probe)
-        return self._load(self.directory, self.config, self._now_ms)
-
-    @classmethod
-    def _load(cls, directory: Path, config: LogConfig, now_ms: Callable[[], int]) -> PartitionLog:
-        """Read the directory back (:mod:`~trio_broker.storage.loader`) and build the log."""
-        loaded = LogLoader(directory, config.index_interval_bytes, now_ms).load()
-        log = cls(
-            directory, config, now_ms, loaded.segments, loaded.log_start_offset, loaded.recovery
-        )
-        log._persisted_log_start = loaded.persisted_log_start
-        log._replica_gaps_below = read_replica_gaps_checkpoint(directory)
-        log._recovery_point = loaded.recovery_point
-        log._persist_log_start()
-        if log._load_epochs():
-            log.recovery = attrs.evolve(log.recovery, epoch_cache_rebuilt=True)
-        if not loaded.recovery.clean:
-            # The scanned data may still be only in the page cache: sync it (and
-            # the rebuilt indexes) before calling it durable.
-            log._sync_segments(loaded.segments)
-        return log
-
-    def adopt(self, fresh: PartitionLog) -> None:
-        """Take over ``fresh`` (from :meth:`reload`) in place and go back online.
-
-        In place, so every holder of this object sees the recovered log. The old
-        segments' descriptors stay open for ``file.delete.delay.ms``: a sendfile
-        in flight may still read from them.
-        """
-        now = self._now_ms()
-        with self._lock:
-            delay = now + self.config.file_delete_delay_ms
-            self._retired.extend((delay, segment) for segment in self._segments)
-            self._retired.extend(fresh._retired)
-            self._segments = fresh._segments
-            self.log_start_offset = fresh.log_start_offset
-            self.log_end_offset = fresh.log_end_offset
-            self.durable_end_offset = fresh.durable_end_offset
-            self._recovery_point = fresh._recovery_point
-            self._persisted_log_start = fresh._persisted_log_start
-            self.recovery = fresh.recovery
-            self.epoch_cache = fresh.epoch_cache
-            self._persisted_epochs = fresh._persisted_epochs
-            self._replica_gaps_below = fresh._replica_gaps_below
-            self.offline = False
-        # The files now belong to this log; the shell object must never close them.
-        fresh._segments, fresh._retired, fresh._closed = [], [], True
-
-    # ------------------------------------------------------------------ reads
-
-    def read(
-        self, start_offset: int, max_bytes: int, max_offset: int, *, min_one: bool = True
-    ) -> list[FileRegion]:
-        """File regions holding whole batches from the one containing ``start_offset``.
-
-        Batches with base offset >= ``max_offset`` (the high watermark) are left
-        out, and the total stays within ``max_bytes`` except that with
-        ``min_one`` the first batch is returned whatever its size (KIP-74).
-        The first batch may start before ``start_offset``; clients skip those records.
-        """
-        log_start, log_end = self.log_start_offset, self.log_end_offset
-        if not log_start <= start_offset <= log_end:
-            raise OffsetOutOfRange(start_offset, log_start, log_end)
-        limit = min(max_offset, log_end)
-        if start_offset >= limit:
-            return []
-        segments = self._segments
-        first = max(0, bisect.bisect_right(segments, start_offset, key=_base_of) - 1)
-        regions: list[FileRegion] = []
-        budget = max_bytes
-        taken = False
-        for segment in segments[first:]:
-            if segment.base_offset >= limit:
-                break
-            seg_end = segment.size
-            if not taken:
-                info = segment.position_of(start_offset)
-                if info is None:
-                    continue  # start is past this segment's batches
-                if info.base_offset >= limit or (info.size > budget and not min_one):
-                    break
-                start = info.position
-                end = start + info.size
-                budget -= info.size
-                taken = True
-            else:
-                start = end = 0
-            # Jump through the index over batches known to satisfy both bounds.
-            if limit < segment.next_offset:
-                offset_bound = segment.boundary_for_offset(limit)
-            else:
-                offset_bound = seg_end
-            if budget > 0:
-                jump = min(segment.boundary_at_or_before(end + budget, end), offset_bound)
-                if jump > end:
-                    budget -= jump - end
-                    end = jump
-            stopped = False
-            for info in iter_batches(segment.fd, end, seg_end):
-                if info.base_offset >= limit or info.size > budget:
-                    stopped = True
-                    break
-                budget -= info.size
-                end += info.size
-            if end > start:
-                regions.append(FileRegion(segment.fd, start, end - start))
-            if stopped or end < seg_end:
-                break
-        return regions
-
-    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, maxTimestamp) of the first batch whose maxTimestamp >= ``timestamp_ms``.
-
-        Batch granularity: the offset is the batch's base offset (or the log start
-        offset if that is later); a caller wanting the exact record decodes it.
-        """
-        log_start = self.log_start_offset
-        for segment in self._segments:
-            if segment.next_offset <= log_start or segment.max_timestamp < timestamp_ms:
-                continue
-            rel = segment.time_index.lookup_before(timestamp_ms)
-            info = segment.position_of(max(segment.base_offset + rel, log_start))
-            if info is None:
-                continue
-            for batch in iter_batches(segment.fd, info.position, segment.size):
-                if batch.max_timestamp >= timestamp_ms and batch.last_offset >= log_start:
-                    return max(batch.base_offset, log_start), batch.max_timestamp
-        return None
-
-    def iter_batch_headers(
-        self, from_offset: int | None = None
-    ) -> Iterator[tuple[int, memoryview]]:
-        """(base offset, 61-byte header) of each batch from the one holding ``from_offset``.
-
-        Reads only headers (a few KiB per pread), for rebuilding producer state.
-        """
-        start = self.log_start_offset if from_offset is None else from_offset
-        segments = self._segments
-        first = max(0, bisect.bisect_right(segments, start, key=_base_of) - 1)
-        for segment in segments[first:]:
-            info = segment.position_of(start)
-            if info is None:
-                continue
-            for _, header in iter_headers(segment.fd, info.position, segment.size):
-                yield batch_header.base_offset_and_size(header)[0], header
-            start = segment.next_offset
-
-    def last_batches(self, n: int) -> list[tuple[int, bytes]]:
-        """(base offset, header) of the last ``n`` batches, oldest first.
-
-        Walks backwards one index interval at a time, so the cost is about
-        ``n`` headers, not the segment.
-        """
-        found: list[tuple[int, bytes]] = []
-        log_start = self.log_start_offset
-        for segment in reversed(self._segments):
-            if len(found) >= n or segment.next_offset <= log_start:
-                break
-            stop = segment.size
-            positions = segment.offset_index.positions()
-            k = len(positions)
-            while len(found) < n and stop > 0:
-                k -= 1
-                start = positions[k] if k >= 0 else 0
-                if start >= stop:
-                    continue
-                found[:0] = [
-                    (batch_header.base_offset_and_size(h)[0], bytes(h))
-                    for _, h in iter_headers(segment.fd, start, stop)
-                ]
-                stop = start
-        kept = [b for b in found if b[0] + batch_header.last_offset_delta(b[1]) >= log_start]
-        return kept[-n:] if n > 0 else []
-
-    # ------------------------------------------------------------------ durability
-
-    def flush(self) -> int:
-        """fsync everything written so far; returns the new ``durable_end_offset``.
-
-        Blocking: run it in a worker thread. Appends may continue meanwhile; they
-        are covered by the next flush.
-        """
-        with self._flush_lock:
-            if self._closed:
-                # Not a silent no-op: a waiter for an offset that an abort left
-                # unsynced would otherwise make the flusher retry forever.
-                raise StorageError(f"log {self.directory} is closed")
-            if self.offline:
-                raise StorageError(f"log {self.directory} is offline after a disk error")
-            # Snapshot the end first: every byte of offsets below it is already written.
-            end = self.log_end_offset
-            segments = self._segments
-            try:
-                self._sync_segments(segments)
-            except OSError as exc:
-                # After a failed fsync the kernel may have dropped the dirty pages:
-                # nothing past the durable end can be trusted any more.
-                raise self._go_offline("fsync", exc) from exc
-            if end > self.durable_end_offset:
-                self.durable_end_offset = end
-            return self.durable_end_offset
-
-    def _sync_segments(self, segments: list[Segment]) -> None:
-        dir_dirty = False
-        newly_sealed: list[Segment] = []
-        for segment in segments:
-            if segment.fully_synced or segment.deleted:
-                continue
-            sealed = segment.sealed  # read before syncing: then every write is in
-            size = segment.size
-            if size > segment.synced_size:
-                segment.sync_data()
-                segment.synced_size = size
-            if sealed:
-                segment.write_index_files(sync=True)
-                newly_sealed.append(segment)
-                dir_dirty = True
-            if not segment.dir_synced:
-                dir_dirty = True
-        if dir_dirty:
-            fsync_dir(self.directory)
-            for segment in segments:
-                segment.dir_synced = True
-            for segment in newly_sealed:
-                segment.fully_synced = True
-        point = next((s.base_offset for s in segments if not s.fully_synced), None)
-        if point is not None and point > self._recovery_point:
-            with self._checkpoint_lock:
-                if point > self._recovery_point:
-                    write_file_atomically(
-                        self.directory / RECOVERY_POINT_CHECKPOINT, b"%d\n" % point
-                    )
-                    self._recovery_point = point
-
-    def durable_state(self) -> dict[str, int]:
-        """File name -> bytes of it known to be on stable storage.
-
-        For crash simulation: a file missing here may vanish in a crash (its
-        directory entry is not durable yet); bytes past the given length may be
-        lost or garbled.
-        """
-        state: dict[str, int] = {}
-        for segment in self._segments:
-            if not segment.dir_synced:
-                continue
-            state[segment.name + LOG_SUFFIX] = segment.synced_size
-            for path in (segment.index_path, segment.timeindex_path):
-                with contextlib.suppress(FileNotFoundError):
-                    state[path.name] = path.stat().st_size if segment.fully_synced else 0
-        for name in (
-            LOG_START_CHECKPOINT,
-            RECOVERY_POINT_CHECKPOINT,
-            LEADER_EPOCH_CHECKPOINT,
-            REPLICA_GAPS_CHECKPOINT,
-            CLEAN_SHUTDOWN_MARKER,
-        ):
-            with contextlib.suppress(FileNotFoundError):
-                state[name] = (self.directory / name).stat().st_size
-        return state
-
-    # ------------------------------------------------------------------ retention
-
-    def apply_retention(self, now_ms: int) -> int:
-        """Delete whole old segments by retention.ms / retention.bytes / log start offset.
-
-        Never deletes the active segment. Returns how many segments went.
-        """
-        self._close_retired(now_ms)
-        if self._closed:
-            return 0
-        # Not blocking: a swap in progress only postpones retention to its next round.
-        if not self.cleaning_lock.acquire(blocking=False):
-            return 0
-        try:
-            return self._apply_retention(now_ms)
-        finally:
-            self.cleaning_lock.release()
-
-    def _apply_retention(self, now_ms: int) -> int:
-        with self._lock:
-            segments = self._segments
-            # Age and size retention belong to the "delete" policy; a compact-only
-            # log loses segments only below its log start offset.
-            by_policy = self.config.delete
-            count = segments_to_delete(
-                [s.size for s in segments],
-                [s.next_offset for s in segments],
-                [s.retention_timestamp() for s in segments],
-                log_start_offset=self.log_start_offset,
-                now_ms=now_ms,
-                retention_ms=self.config.retention_ms if by_policy else None,
-                retention_bytes=self.config.retention_bytes if by_policy else None,
-            )
-            if count == 0:
-                return 0
-            doomed = segments[:count]
-            self._segments = segments[count:]
-            self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)
-            self._retired.extend((now_ms + self.config.file_delete_delay_ms, s) for s in doomed)
-        # The checkpoint goes first: a crash between the two steps then leaves
-        # only segments below the log start offset, which the next pass removes.
-        self._persist_log_start()
-        self._trim_epochs_to_start()
-        for segment in doomed:
-            try:
-                segment.unlink()
-            except OSError as exc:
-                raise self._go_offline("delete segment", exc) from exc
-        return count
-
-    def delete_records(self, before_offset: int) -> int:
-        """Advance the log start offset (DeleteRecords); returns the new log start offset.
-
-        Persists the offset before returning. Segments wholly below it go at the
-        next ``apply_retention``.
-        """
-        if self._closed:
-            raise StorageError(f"log {self.directory} is closed")
-        with self._lock:
-            if not 0 <= before_offset <= self.log_end_offset:
-                raise OffsetOutOfRange(before_offset, self.log_start_offset, self.log_end_offset)
-            if before_offset <= self.log_start_offset:
-                return self.log_start_offset
-            self.log_start_offset = before_offset
-        self._persist_log_start()
-        self._trim_epochs_to_start()
-        return self.log_start_offset
-
-    def _persist_log_start(self) -> None:
-        with self._checkpoint_lock:
-            value = self.log_start_offset
-            if value == self._persisted_log_start:
-                return
-            try:
-                write_file_atomically(self.directory / LOG_START_CHECKPOINT, b"%d\n" % value)
-            except OSError as exc:
-                raise self._go_offline("log start checkpoint", exc) from exc
-            self._persisted_log_start = value
-
-    def _close_retired(self, now_ms: int | None) -> None:
-        with self._lock:
-            keep: list[tuple[int, Segment]] = []
-            done: list[tuple[int, Segment]] = []
-            for deadline, segment in self._retired:
-                (done if now_ms is None or deadline <= now_ms else keep).append((deadline, segment))
-            self._retired = keep
-        for _, segment in done:
-            with contextlib.suppress(OSError):
-                segment.close()
-
-    # ------------------------------------------------------------------ compaction
-
-    def cleanable_segments(self) -> list[Segment]:
-        """The oldest segments the cleaner may rewrite: sealed and fully synced, never the
-        active one (a prefix of the log)."""
-        cleanable: list[Segment] = []
-        for segment in self._segments[:-1]:
-            if not (segment.sealed and segment.fully_synced) or segment.deleted:
-                break
-            cleanable.append(segment)
-        return cleanable
-
-    def active_segment(self) -> Segment:
-        return self._segments[-1]
-
-    def replace_segments(self, group: list[Segment], cleaned: Segment, now_ms: int) -> bool:
-        """Put ``cleaned`` where the consecutive segments ``group`` are (storage/cleaner.py).
-
-        False (nothing changed) unless ``group`` is still in the log as it was. The old
-        segments keep their descriptors for ``file.delete.delay.ms`` (in-flight sendfiles).
-        """
-        with self._lock:
-            segments = self._segments
-            try:
-                k = next(i for i, s in enumerate(segments) if s is group[0])
-            except StopIteration:
-                return False
-            if segments[k : k + len(group)] != group or k + len(group) >= len(segments):
-                return False
-            self._segments = [*segments[:k], cleaned, *segments[k + len(group) :]]
-            delay = now_ms + self.config.file_delete_delay_ms
-            for segment in group:
-                segment.deleted = True
-                self._retired.append((delay, segment))
-        return True
 
     # ------------------------------------------------------------------ closing
 
@@ -1171,35 +339,3 @@ class PartitionLog:
             f"<PartitionLog {self.directory} [{self.log_start_offset}, {self.log_end_offset})"
             f" durable<{self.durable_end_offset} segments={len(self._segments)}>"
         )
-
-
-def _base_of(segment: Segment) -> int:
-    return segment.base_offset
-
-
-_COPY_CHUNK = 1 << 20
-
-
-def _copy_prefix(source: int, target: int, length: int) -> None:
-    """Copy the first ``length`` bytes of ``source`` to ``target`` (both at offset 0).
-
-    In the kernel when it can (copy_file_range), else through a buffer.
-    """
-    copied = 0
-    while copied < length:
-        try:
-            n = os.copy_file_range(source, target, length - copied, copied, copied)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            break
-        if n == 0:
-            raise OSError(errno.EIO, f"segment shorter than the {length} bytes to keep")
-        copied += n
-    while copied < length:
-        chunk = os.pread(source, min(_COPY_CHUNK, length - copied), copied)
-        if not chunk:
-            raise OSError(errno.EIO, f"segment shorter than the {length} bytes to keep")
-        os.lseek(target, copied, os.SEEK_SET)
-        write_all(target, chunk)
-        copied += len(chunk)

@@ -18,7 +18,7 @@ from trio_broker.protocol import batch_header
 from trio_broker.storage.epoch_cache import LeaderEpochCache, set_batch_leader_epoch
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 from trio_broker.storage.index import MAX_RELATIVE_OFFSET
-from trio_broker.storage.log import (
+from trio_broker.storage.log_types import (
     AppendResult,
     LogConfig,
     check_append_buffer,

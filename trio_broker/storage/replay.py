@@ -10,16 +10,16 @@ below the position already replayed are skipped.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from trio_broker.protocol.records import iter_batches
+from trio_broker.storage.log_protocol import Log
 
 #: How much of the log one read during replay asks for.
 REPLAY_CHUNK_BYTES = 1 << 20
 
 
-def iter_log_records(log: Any) -> Iterator[tuple[int, bytes | None, bytes | None]]:
-    """(offset, key, value) of every record of ``log`` (a PartitionLog or MemoryLog)."""
+def iter_log_records(log: Log) -> Iterator[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of every record of ``log``."""
     position = log.log_start_offset
     end = log.log_end_offset
     while position < end:
@@ -33,10 +33,3 @@ def iter_log_records(log: Any) -> Iterator[tuple[int, bytes | None, bytes | None
                     if offset >= position:
                         yield offset, record.key, record.value
                 position = max(position, batch.last_offset + 1)
-
-
-def close_log(log: Any) -> None:
-    """Close ``log`` if it has anything to close (a MemoryLog may not)."""
-    close = getattr(log, "close", None)
-    if close is not None:
-        close()

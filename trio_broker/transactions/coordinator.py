@@ -39,8 +39,9 @@ from trio_broker.protocol.errors import KafkaError, ProtocolError
 from trio_broker.protocol.records import build_batch
 from trio_broker.services.internal_topics import TRANSACTION_STATE, NotCommitted, append_committed
 from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.memory import MemoryLog
-from trio_broker.storage.replay import close_log, iter_log_records
+from trio_broker.storage.replay import iter_log_records
 from trio_broker.transactions import state as st
 from trio_broker.transactions.log_format import (
     decode_key,
@@ -69,7 +70,7 @@ class MarkerWriter(Protocol):
         self, topics: Any, producers: Any, durability: Any, appends: Any, topic: str,
         partition: int, producer_id: int, producer_epoch: int, committed: bool,
         coordinator_epoch: int, now_ms: int,
-    ) -> tuple[Any, int]: ...  # fmt: skip
+    ) -> tuple[Log, int]: ...  # fmt: skip
 
 
 @attrs.frozen
@@ -108,7 +109,7 @@ TRANSACTION_LOG_SEGMENT_BYTES = 100 * 1024 * 1024
 class TransactionCoordinator:
     def __init__(
         self,
-        txn_log: Any,
+        txn_log: Log,
         *,
         topics: Any,
         producers: Any,
@@ -126,7 +127,6 @@ class TransactionCoordinator:
         send_markers: MarkerSender | None = None,
         owns_log: bool = True,
     ) -> None:
-        #: PartitionLog or MemoryLog.
         self.log = txn_log
         self.topics = topics
         self.producers = producers
@@ -156,7 +156,7 @@ class TransactionCoordinator:
         #: marker (log, offset), None if not needed: a retry by recover() appends no
         #: marker twice and still waits for every one to be durable.
         self._markers_appended: dict[
-            tuple[str, int, int], dict[TopicPartition, tuple[Any, int] | None]
+            tuple[str, int, int], dict[TopicPartition, tuple[Log, int] | None]
         ] = {}
 
     @classmethod
@@ -174,7 +174,7 @@ class TransactionCoordinator:
             segment_bytes=min(config.segment_bytes, TRANSACTION_LOG_SEGMENT_BYTES),
         )
         if data_dir is None:
-            txn_log: Any = MemoryLog(config)
+            txn_log: Log = MemoryLog(config)
         else:
             txn_log = PartitionLog.open(Path(data_dir) / TRANSACTION_LOG_NAME, config)
         coordinator = cls(txn_log, **deps)
@@ -183,7 +183,7 @@ class TransactionCoordinator:
 
     def close(self) -> None:
         if self.owns_log:
-            close_log(self.log)
+            self.log.close()
 
     # ------------------------------------------------------------------ replay
 

@@ -31,6 +31,7 @@ import attrs
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.internal_topics import TRANSACTION_STATE, partition_for
+from trio_broker.storage.log_protocol import Log
 from trio_broker.transactions.coordinator import InitResult, MarkerSender, TransactionCoordinator
 from trio_broker.transactions.state import TopicPartition, TxnMetadata
 
@@ -43,7 +44,7 @@ class TableFactory(Protocol):
     """Makes the table of one led ``__transaction_state`` partition (not loaded yet)."""
 
     def __call__(
-        self, partition: int, leader_epoch: int, log: Any, replication: Any,
+        self, partition: int, leader_epoch: int, log: Log, replication: Any,
         send_markers: MarkerSender | None, /,
     ) -> TransactionCoordinator: ...  # fmt: skip
 
@@ -71,7 +72,7 @@ UNVERIFIED_RETRIABLE = frozenset({
 @attrs.frozen
 class _Loading:
     leader_epoch: int
-    log: Any
+    log: Log
 
 
 class PartitionedTransactionCoordinator:
@@ -97,7 +98,7 @@ class PartitionedTransactionCoordinator:
 
     # ------------------------------------------------------------------ LeadershipListener
 
-    def elected(self, partition: int, leader_epoch: int, log_: Any) -> None:
+    def elected(self, partition: int, leader_epoch: int, log_: Log) -> None:
         table = self.tables.get(partition)
         if table is not None and table.log is log_:
             # A new epoch of a leadership this broker held all along (an ISR change,
