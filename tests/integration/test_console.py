@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -236,3 +237,58 @@ class TestWritesWithAuthentication:
         delete = await call(broker, "DELETE", "/api/topics/guarded", None,
                             basic("alice", "alice-secret"))  # fmt: skip
         assert delete.status == 403  # CREATE does not imply DELETE
+
+
+def consume_in_a_consumer_group(bootstrap: str, stop: threading.Event, ready: threading.Event,
+                                tmp: dict[str, Any]) -> None:  # fmt: skip
+    """A KIP-848 member (group.protocol=consumer) that reads 3 records of "orders" and
+    commits, then stays in the group until told to leave."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "modern",
+                         "group.protocol": "consumer", "client.id": "modern-reader",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    consumer.subscribe(["orders"])
+    try:
+        read = 0
+        deadline = time.monotonic() + 60
+        while read < 3 and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                read += 1
+                tmp["last"] = (message.partition(), message.offset())
+        consumer.commit(asynchronous=False)
+        ready.set()
+        while not stop.is_set():
+            consumer.poll(0.2)
+    finally:
+        consumer.close()
+
+
+async def test_a_kip_848_group(broker: Broker, bootstrap: str) -> None:
+    await trio.to_thread.run_sync(prepare, bootstrap)
+    stop, ready, seen = threading.Event(), threading.Event(), {}  # type: ignore[var-annotated]
+    member = threading.Thread(target=consume_in_a_consumer_group,
+                              args=(bootstrap, stop, ready, seen), daemon=True)  # fmt: skip
+    member.start()
+    try:
+        assert await trio.to_thread.run_sync(ready.wait, 60)
+        groups = (await call(broker, "GET", "/api/groups")).json()["groups"]
+        assert {g["group_id"]: g["type"] for g in groups}["modern"] == "consumer"
+        group = (await call(broker, "GET", "/api/groups/modern")).json()
+        assert group["error"] is None and group["protocol_type"] == "consumer"
+        assert [mb["client_id"] for mb in group["members"]] == ["modern-reader"]
+        partition, offset = seen["last"]
+        [row] = [p for p in group["partitions"] if p["partition"] == partition]
+        assert (row["committed"], row["end"], row["lag"]) == (offset + 1, 10, 10 - offset - 1)
+    finally:
+        stop.set()
+        await trio.to_thread.run_sync(member.join, 30)
+
+
+async def test_bad_requests_get_4xx_and_the_listener_lives_on(broker: Broker) -> None:
+    bad = await call(broker, "GET", "/api/topics/orders/partitions/abc/records")
+    assert bad.status == 400
+    assert (await call(broker, "GET", "/api/topics?offset=x")).status == 400
+    assert (await call(broker, "PUT", "/api/topics")).status == 405
+    assert (await call(broker, "GET", "/api/nothing")).status == 404
+    assert (await call(broker, "POST", "/")).status == 405
+    assert (await call(broker, "GET", "/health")).status == 200

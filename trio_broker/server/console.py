@@ -162,6 +162,9 @@ class Console:
         except ConsoleError as exc:
             return HttpAnswer(exc.status, json.dumps({"error": str(exc)}).encode(),
                               extra_headers=exc.headers)  # fmt: skip
+        except Exception:  # a page's bug must not take the listener (and broker) down
+            log.exception("console: %s %s failed", request.method, request.path)
+            return HttpAnswer("500 Internal Server Error", b'{"error":"internal error"}')
 
     async def _route(self, request: HttpRequest) -> HttpAnswer:
         path, method = request.path, request.method
@@ -175,6 +178,8 @@ class Console:
             if name not in ASSETS:
                 raise ConsoleError("404 Not Found", "no such asset")
             return HttpAnswer("200 OK", _asset(name), ASSETS[name])
+        if method not in ("GET", "POST", "DELETE"):
+            raise ConsoleError("405 Method Not Allowed", "only GET, POST and DELETE")
         principal = await self._principal(request, write=method != "GET")
         parts = [unquote(p) for p in path.removeprefix("/api/").split("/")]
         match (method, parts):
@@ -193,9 +198,10 @@ class Console:
             case ("DELETE", ["topics", name]):
                 return await self.delete_topic(principal, name)
             case ("GET", ["topics", name, "partitions", partition, "records"]):
+                index = _int_arg({"partition": [partition]}, "partition", 0, 0, 1 << 31)
                 offset = _int_arg(args, "offset", 0, 0, 1 << 62)
                 limit = _int_arg(args, "limit", 20, 1, MAX_RECORDS)
-                return _json(await self.records(principal, name, int(partition), offset, limit))
+                return _json(await self.records(principal, name, index, offset, limit))
             case ("GET", ["groups"]):
                 offset = _int_arg(args, "offset", 0, 0, 1 << 31)
                 limit = _int_arg(args, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
@@ -446,6 +452,18 @@ class Console:
         return {"total": len(ordered), "offset": offset, "limit": limit, "groups": rows}
 
     async def group(self, principal: str, group_id: str) -> dict[str, Any]:
+        lag = await self._lag(principal, group_id)
+        # A KIP-848 consumer group answers ConsumerGroupDescribe; a classic one does not.
+        modern = await self._call(m.ApiKey.CONSUMER_GROUP_DESCRIBE, m.ConsumerGroupDescribeRequest(
+            group_ids=[group_id], include_authorized_operations=False), principal)  # fmt: skip
+        [c] = modern.groups
+        if c.error_code == ErrorCode.NONE:
+            members = [{"member_id": mb.member_id, "client_id": mb.client_id,
+                        "client_host": mb.client_host, "instance_id": mb.instance_id}
+                       for mb in c.members]  # fmt: skip
+            return {"group_id": group_id, "state": c.group_state, "protocol_type": "consumer",
+                    "protocol": c.assignor_name, "members": members, "error": None,
+                    "partitions": lag}  # fmt: skip
         described = await self._call(m.ApiKey.DESCRIBE_GROUPS, m.DescribeGroupsRequest(
             groups=[group_id], include_authorized_operations=False), principal)  # fmt: skip
         [g] = described.groups
@@ -455,7 +473,7 @@ class Console:
         return {"group_id": group_id, "state": g.group_state, "protocol_type": g.protocol_type,
                 "protocol": g.protocol_data, "members": members,
                 "error": ErrorCode(g.error_code).name if g.error_code else None,
-                "partitions": await self._lag(principal, group_id)}  # fmt: skip
+                "partitions": lag}  # fmt: skip
 
     async def _lag(self, principal: str, group_id: str) -> list[dict[str, Any]]:
         """Per partition: committed offset, end offset (the high watermark), and lag."""
