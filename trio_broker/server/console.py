@@ -294,6 +294,9 @@ class Console:
         result = await spec.fn(ctx, request)
         if isinstance(result, Deferred):
             result = await _run_deferred(result)
+        # A handler that answers at once never yields: a page making many calls (a page
+        # of groups) gives the loop back between them.
+        await trio.lowlevel.checkpoint()
         return result
 
     # ------------------------------------------------------------------ reads
