@@ -3,7 +3,8 @@
 # import test), a Java runtime (PySpark, for trio-broker verify), FUSE 3 (fusermount3
 # and libfuse3, for the power-loss filesystem in tests/faultfs) and Maven with a JDK
 # (the Java client tests in tests/jvm; Maven caches in ~/.m2), and Apache ZooKeeper
-# (cluster mode: tests/cluster and `trio-broker cluster up`).
+# (cluster mode: tests/cluster and `trio-broker cluster up`), and Chromium with its
+# WebDriver (the web console's browser test, tests/e2e/test_console_browser.py).
 set -euo pipefail
 need=()
 command -v kcat >/dev/null 2>&1 || need+=(kcat)
@@ -14,6 +15,8 @@ command -v mvn >/dev/null 2>&1 || need+=(maven)
 [ -f /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 ldconfig -p 2>/dev/null | grep 'libfuse3\.so\.3' >/dev/null || need+=(libfuse3-3)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"

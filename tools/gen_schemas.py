@@ -70,6 +70,7 @@ APIS = [
     "ElectLeaders",
     "AlterPartitionReassignments",
     "ListPartitionReassignments",
+    "ListConfigResources",
     "DescribeTopicPartitions",
     "ConsumerGroupHeartbeat",
     "ConsumerGroupDescribe",

@@ -91,7 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
-        help="serve Prometheus /metrics and /health on HOST:PORT (port 0 picks a free port)",
+        help="serve Prometheus /metrics, /health and the web console on HOST:PORT "
+        "(port 0 picks a free port)",
+    )
+    serve.add_argument(
+        "--console-writes",
+        action="store_true",
+        default=None,
+        help="let the web console create and delete topics (console.writes.enable=true)",
     )
     _add_verify_commands(sub)
     _add_admin_commands(sub)
@@ -263,6 +270,7 @@ def _serve(args: argparse.Namespace) -> int:
         "processing_model": args.processing_model,
         "capture_dir": args.capture,
         "metrics_listener": args.metrics_listen,
+        "console_writes_enable": args.console_writes,
         "node_id": args.broker_id,
         "zookeeper_connect": args.zookeeper,
     }

@@ -167,6 +167,9 @@ class BrokerConfig:
     capture_dir: Path | None = None  # ours: write every frame to Parquet here (capture.dir)
     #: ours: HOST:PORT of the /metrics and /health responder (metrics.listener); None = off.
     metrics_listener: str | None = None
+    #: ours: the web console on metrics.listener may create and delete topics
+    #: (console.writes.enable; docs/console.md).
+    console_writes_enable: bool = False
     #: ours: log one line per request slower than this (request.log.slow.ms); 0 = off.
     request_log_slow_ms: int = 1000
     #: ACLs are enforced when set (Kafka's StandardAuthorizer name, or "acl"); see docs/acls.md.

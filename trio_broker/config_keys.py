@@ -477,6 +477,8 @@ _OTHER_KEYS = [
          "max_in_flight_per_connection", origin="ours"),
     _key("capture.dir", STRING, None, APPLIED, "capture_dir", origin="ours"),
     _key("metrics.listener", STRING, None, APPLIED, "metrics_listener", origin="ours"),
+    _key("console.writes.enable", BOOLEAN, "false", APPLIED, "console_writes_enable",
+         origin="ours"),
     _key("request.log.slow.ms", INT, None, APPLIED, "request_log_slow_ms", origin="ours"),
     # false: acks=all counts a write once every ISR member has it in page cache, without
     # an fsync first (Kafka's durability); docs/cluster.md, "Durability stays explicit".

@@ -57,7 +57,7 @@ JVM_MODULE = Path(__file__).resolve().parents[1] / "jvm"
 #: The first run downloads kafka-clients, JUnit and the plugins from Maven Central.
 MAVEN_TIMEOUT_S = 600
 #: The JUnit tests the module holds, parameterized cases counted one by one.
-EXPECTED_TESTS = 51
+EXPECTED_TESTS = 52
 USER, PASSWORD = "alice", "java-s3cret"
 LISTENERS = ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "MTLS")
 #: The mixed group: six partitions, this many records in each, two Python members.

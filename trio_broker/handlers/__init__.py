@@ -12,7 +12,7 @@ MODULES = [
     "describe_acls", "create_acls", "delete_acls", "alter_configs", "incremental_alter_configs",
     "describe_client_quotas", "alter_client_quotas",
     "sasl_handshake", "sasl_authenticate", "user_scram_credentials",
-    "describe_producers", "describe_topic_partitions",
+    "describe_producers", "describe_topic_partitions", "list_config_resources",
     "consumer_group_heartbeat", "consumer_group_describe",
     "add_partitions_to_txn", "add_offsets_to_txn", "end_txn", "write_txn_markers",
     "describe_transactions", "list_transactions", "txn_offset_commit",

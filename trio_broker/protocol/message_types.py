@@ -2459,6 +2459,39 @@ if TYPE_CHECKING:
             members: list[MemberResponse] = ...,
         ) -> None: ...
 
+    class ListConfigResourcesRequest(Message):
+        resource_types: list[int]
+
+        def __init__(
+            self,
+            *,
+            resource_types: list[int] = ...,
+        ) -> None: ...
+
+    class ListConfigResourcesResponse(Message):
+        class ConfigResource(Message):
+            resource_name: str
+            resource_type: int
+
+            def __init__(
+                self,
+                *,
+                resource_name: str = ...,
+                resource_type: int = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        error_code: int
+        config_resources: list[ConfigResource]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            config_resources: list[ConfigResource] = ...,
+        ) -> None: ...
+
     class ListGroupsRequest(Message):
         states_filter: list[str]
         types_filter: list[str]
@@ -3602,6 +3635,8 @@ else:
     JoinGroupResponse = SCHEMAS["JoinGroupResponse"].cls
     LeaveGroupRequest = SCHEMAS["LeaveGroupRequest"].cls
     LeaveGroupResponse = SCHEMAS["LeaveGroupResponse"].cls
+    ListConfigResourcesRequest = SCHEMAS["ListConfigResourcesRequest"].cls
+    ListConfigResourcesResponse = SCHEMAS["ListConfigResourcesResponse"].cls
     ListGroupsRequest = SCHEMAS["ListGroupsRequest"].cls
     ListGroupsResponse = SCHEMAS["ListGroupsResponse"].cls
     ListOffsetsRequest = SCHEMAS["ListOffsetsRequest"].cls
@@ -3704,6 +3739,8 @@ __all__ = [
     "JoinGroupResponse",
     "LeaveGroupRequest",
     "LeaveGroupResponse",
+    "ListConfigResourcesRequest",
+    "ListConfigResourcesResponse",
     "ListGroupsRequest",
     "ListGroupsResponse",
     "ListOffsetsRequest",

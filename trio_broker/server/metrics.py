@@ -9,7 +9,8 @@ The responder answers one request per connection (``Connection: close``):
 ``GET /metrics``, ``GET /health`` (200 "ok" while the broker listens, else 503);
 other paths get 404, other methods 405, malformed or oversized requests 400.
 ``GET /capture`` and ``POST /capture/on|off`` switch the traffic capture
-(trio_broker/capture/control.py).
+(trio_broker/capture/control.py). ``GET /`` and the paths under ``/console/`` and
+``/api/`` are the web console (server/console.py, docs/console.md).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import trio
 
 from trio_broker.config import parse_host_port
 from trio_broker.protocol.messages import API_KEY_NAMES
+from trio_broker.server.console import MAX_BODY_BYTES, Console, HttpRequest, is_console_path
 from trio_broker.state.mute import MuteReason
 
 #: The Broker: /metrics reads most of its state, so it is typed loosely here rather
@@ -361,6 +363,13 @@ class BadRequest(Exception):
 
 def parse_request_head(head: bytes) -> tuple[str, str]:
     """Request line and headers (without the blank line) -> (method, path); BadRequest."""
+    method, target, _ = parse_request(head)
+    return method, target.split("?", 1)[0]
+
+
+def parse_request(head: bytes) -> tuple[str, str, dict[str, str]]:
+    """Request line and headers -> (method, target with its query, headers by lower-case
+    name); BadRequest."""
     try:
         text = head.decode("ascii")
     except UnicodeDecodeError:
@@ -374,19 +383,27 @@ def parse_request_head(head: bytes) -> tuple[str, str]:
         raise BadRequest("bad method")
     if version not in ("HTTP/1.0", "HTTP/1.1") or not target.startswith("/"):
         raise BadRequest("bad target or version")
+    headers: dict[str, str] = {}
     for line in lines[1:]:
-        name, sep, _ = line.partition(":")
+        name, sep, value = line.partition(":")
         if not sep or not name or name != name.strip() or " " in name:
             raise BadRequest("bad header line")
-    return method, target.split("?", 1)[0]
+        headers[name.lower()] = value.strip()
+    return method, target, headers
 
 
-def _response(status: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> bytes:
+def _response(
+    status: str,
+    body: bytes,
+    content_type: str = "text/plain; charset=utf-8",
+    extra: tuple[tuple[str, str], ...] = (),
+) -> bytes:
     head = (
         f"HTTP/1.1 {status}\r\n"
         f"Content-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in extra)
+        + "Connection: close\r\n\r\n"
     )
     return head.encode() + body
 
@@ -398,6 +415,7 @@ class MetricsService:
         self.broker = broker
         self.host, self.port = parse_host_port(listener, "metrics.listener")
         self.bound: tuple[str, int] | None = None
+        self.console = Console(broker)
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(self.port, host=self.host)
@@ -438,9 +456,12 @@ class MetricsService:
         if len(head) > MAX_REQUEST_BYTES:
             return _response("400 Bad Request", b"request too large\n")
         try:
-            method, path = parse_request_head(head)
+            method, target, headers = parse_request(head)
         except BadRequest as exc:
             return _response("400 Bad Request", f"{exc}\n".encode())
+        path, _, query = target.partition("?")
+        if is_console_path(path):
+            return await self._console_answer(stream, data, method, path, query, headers)
         if path == "/capture" or path.startswith("/capture/"):
             from trio_broker.capture.control import http_capture
 
@@ -455,3 +476,28 @@ class MetricsService:
                 return _response("200 OK", b"ok")
             return _response("503 Service Unavailable", b"not serving\n")
         return _response("404 Not Found", b"not found\n")
+
+    async def _console_answer(
+        self, stream: trio.SocketStream, data: bytes, method: str, path: str, query: str,
+        headers: dict[str, str],
+    ) -> bytes:  # fmt: skip
+        """Reads the body (Content-Length, at most MAX_BODY_BYTES) and asks the console."""
+        body = data.split(b"\r\n\r\n", 1)[1]
+        try:
+            length = int(headers.get("content-length", "0"))
+        except ValueError:
+            return _response("400 Bad Request", b"bad Content-Length\n")
+        if not 0 <= length <= MAX_BODY_BYTES:
+            return _response("413 Content Too Large", b"body too large\n")
+        with trio.move_on_after(REQUEST_TIMEOUT_S):
+            while len(body) < length:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    break
+                body += chunk
+        if len(body) < length:
+            return _response("400 Bad Request", b"incomplete body\n")
+        host = stream.socket.getpeername()[0]
+        request = HttpRequest(method, path, query, headers, body[:length], host)
+        answer = await self.console.answer(request)
+        return _response(answer.status, answer.body, answer.content_type, answer.extra_headers)

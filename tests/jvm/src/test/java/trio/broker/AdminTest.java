@@ -37,6 +37,7 @@ import org.apache.kafka.clients.admin.ConsumerGroupDescription;
 import org.apache.kafka.clients.admin.ConsumerGroupListing;
 import org.apache.kafka.clients.admin.DeletedRecords;
 import org.apache.kafka.clients.admin.DescribeTopicsOptions;
+import org.apache.kafka.clients.admin.ListConfigResourcesOptions;
 import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.OffsetSpec;
 import org.apache.kafka.clients.admin.RecordsToDelete;
@@ -341,6 +342,32 @@ class AdminTest {
         assertTrue(topic.authorizedOperations().contains(AclOperation.DESCRIBE));
       }
       assertInstanceOf(UnknownTopicOrPartitionException.class, cause(described.get(missing)));
+    }
+  }
+
+  /**
+   * listConfigResources (ListConfigResources v1, KIP-1142): no types names every topic and
+   * the broker (as BROKER and BROKER_LOGGER); TOPIC alone names only topics; CLIENT_METRICS
+   * alone, what kafka-configs lists, is empty (no client-metrics subscriptions here).
+   */
+  @Test
+  void listConfigResourcesNamesTopicsAndTheBroker() throws Exception {
+    String topic = createTopic(1);
+    try (Admin admin = admin()) {
+      String broker = admin.describeCluster().nodes().get().iterator().next().idString();
+      ConfigResource topicResource = new ConfigResource(ConfigResource.Type.TOPIC, topic);
+      Collection<ConfigResource> all =
+          admin.listConfigResources(Set.of(), new ListConfigResourcesOptions()).all().get();
+      assertTrue(all.contains(topicResource), all.toString());
+      assertTrue(all.contains(new ConfigResource(ConfigResource.Type.BROKER, broker)));
+      assertTrue(all.contains(new ConfigResource(ConfigResource.Type.BROKER_LOGGER, broker)));
+      Collection<ConfigResource> topics = admin.listConfigResources(
+          Set.of(ConfigResource.Type.TOPIC), new ListConfigResourcesOptions()).all().get();
+      assertTrue(topics.contains(topicResource), topics.toString());
+      assertTrue(topics.stream().allMatch(r -> r.type() == ConfigResource.Type.TOPIC));
+      assertEquals(List.of(), List.copyOf(admin.listConfigResources(
+          Set.of(ConfigResource.Type.CLIENT_METRICS), new ListConfigResourcesOptions())
+          .all().get()));
     }
   }
 
