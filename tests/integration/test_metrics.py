@@ -299,3 +299,26 @@ async def test_a_long_poll_shows_in_the_fetch_purgatory_metrics(
     assert value(after, "trio_broker_fetch_wakeup_partitions_count") == 1
     assert value(after, "trio_broker_fetch_wakeup_partitions_sum") == 1
     assert answers[0].responses[0].partitions[0].records
+
+
+async def test_a_page_that_fails_answers_500_and_the_broker_serves_on(
+    broker: Broker, bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug behind one page (here: /metrics cannot render) is that request's 500,
+    not the end of the metrics listener's nursery and with it the broker's."""
+    import trio_broker.server.metrics as metrics_module
+
+    def broken(_broker: object) -> bytes:
+        raise ValueError("a metric that cannot render")
+
+    monkeypatch.setattr(metrics_module, "render_metrics", broken)
+    assert broker.metrics.bound is not None
+    status, _, _ = await trio.to_thread.run_sync(http_get, broker.metrics.bound, "/metrics")
+    assert status == 500
+    status, _, body = await trio.to_thread.run_sync(http_get, broker.metrics.bound, "/health")
+    assert (status, body) == (200, "ok")
+    host, port = bootstrap.rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        answer = await RawClient(stream).call(m.ApiKey.METADATA, 9, m.MetadataRequest(topics=[]))
+    assert answer.brokers, answer

@@ -429,7 +429,16 @@ class MetricsService:
     async def _handle(self, stream: trio.SocketStream) -> None:
         try:
             async with stream:
-                await stream.send_all(await self._answer(stream))
+                try:
+                    answer = await self._answer(stream)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    raise
+                except Exception:
+                    # A bug behind one page (a metric that cannot render) answers 500;
+                    # it must not end the listener's nursery, and with it the broker.
+                    log.exception("metrics listener: answering a request failed")
+                    answer = _response("500 Internal Server Error", b"internal error\n")
+                await stream.send_all(answer)
                 # Lingering close: closing with unread input would reset the
                 # connection and could discard the response before it is read.
                 await stream.send_eof()
