@@ -8,14 +8,17 @@ bookkeeping (last update, previous producer) that expiry and KIP-360 retries rea
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.transactions.state import (
     MAX_PRODUCER_EPOCH,
+    Decision,
     IllegalTransition,
     TxnMetadata,
     TxnState,
+    decide_end,
     decide_init,
     expired,
     fence_for_timeout,
@@ -97,3 +100,24 @@ def test_a_timeout_fence_bumps_the_epoch_and_remembers_the_fenced_pair() -> None
     )  # fmt: skip
     assert (fenced.last_producer_id, fenced.last_producer_epoch) == (4, 3)
     assert fenced.last_update_ms == 500
+
+
+def _end(current: TxnMetadata, *, pending: bool = False, committed: bool = True) -> Decision:
+    return decide_end(current, pending=pending, producer_id=current.producer_id,
+                      producer_epoch=current.producer_epoch, committed=committed, now_ms=9,
+                      fenced_error=ErrorCode.PRODUCER_FENCED)  # fmt: skip
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_end_txn_waits_for_a_pending_write_or_a_fence(committed: bool) -> None:
+    """The coordinator machine completes every write at once, so it never asks these."""
+    ongoing = TxnMetadata("t", 1, producer_epoch=0, state=S.ONGOING, start_ms=0)
+    busy = _end(ongoing, pending=True, committed=committed)
+    assert (busy.error, busy.target) == (ErrorCode.CONCURRENT_TRANSACTIONS, None)
+    fencing = attrs.evolve(ongoing, state=S.PREPARE_EPOCH_FENCE)
+    fenced = _end(fencing, committed=committed)
+    assert (fenced.error, fenced.target) == (ErrorCode.CONCURRENT_TRANSACTIONS, None)
+    done = _end(ongoing, committed=committed)
+    assert done.error is ErrorCode.NONE and done.target is not None
+    assert done.target.state is (S.PREPARE_COMMIT if committed else S.PREPARE_ABORT)
+    assert done.target.last_update_ms == 9
