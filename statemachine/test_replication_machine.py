@@ -70,6 +70,8 @@ class Replica:
     alive: bool = True
     leading: LeaderPartition | None = None  # this broker's own idea of its term
     needs_truncation: bool = False  # follower that has not yet agreed with its leader
+    #: The HW this replica has shown: its HW may only go back when a cut shortens the log.
+    shown_high_watermark: int = 0
 
     #: Epochs this broker began leading, at the log end of that moment: for the model.
     announced: dict[int, int] = attrs.field(factory=dict)
@@ -98,6 +100,7 @@ class Replica:
         self.announced = {e: o for e, o in self.announced.items() if o < end_offset}
         self.durable = min(self.durable, end_offset)
         self.high_watermark = high_watermark_after_truncation(self.high_watermark, end_offset)
+        self.shown_high_watermark = min(self.shown_high_watermark, end_offset)
 
 
 @attrs.define
@@ -257,7 +260,11 @@ class ReplicationMachine(RuleBasedStateMachine):
         replica = leaders[0]
         term = replica.leading
         assert term is not None
-        if not term.can_accept_acks_all():
+        accepted = term.can_accept_acks_all()
+        # Issue 31: an acks=all write is refused (and not appended) iff the ISR the leader
+        # knows is smaller than min.insync.replicas.
+        assert accepted == (len(term.isr) >= MIN_INSYNC), (sorted(term.isr), accepted)
+        if not accepted:
             note(f"broker {replica.broker_id}: NOT_ENOUGH_REPLICAS")
             event("NOT_ENOUGH_REPLICAS")
             return
@@ -508,6 +515,17 @@ class ReplicationMachine(RuleBasedStateMachine):
                 f"broker {replica.broker_id}: HW {replica.high_watermark} > log end "
                 f"{len(replica.log)}"
             )
+
+    @invariant()
+    def no_high_watermark_goes_back_but_by_a_cut(self) -> None:
+        """A replica's HW (a follower's too: it serves consumers and bounds its cleaner)
+        never goes back, except where a truncation or power cut shortened its log."""
+        for replica in self.replicas.values():
+            assert replica.high_watermark >= replica.shown_high_watermark, (
+                f"broker {replica.broker_id}: HW {replica.high_watermark} after "
+                f"{replica.shown_high_watermark}"
+            )
+            replica.shown_high_watermark = replica.high_watermark
 
     @invariant()
     def one_writer_per_epoch(self) -> None:
