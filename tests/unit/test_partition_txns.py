@@ -285,3 +285,29 @@ def test_forgotten_aborted_transactions_are_no_longer_named() -> None:
 def test_a_damaged_snapshot_is_refused(doc: Any, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         PartitionTransactions.from_json(doc)
+
+
+def test_a_replayed_marker_is_recorded_once_and_in_marker_order() -> None:
+    """A snapshot plus the log after it can replay markers already recorded, or older."""
+    txns = PartitionTransactions()
+    for pid, first, marker in ((1, 0, 2), (2, 3, 5)):
+        txns.on_data(pid, True, first)
+        txns.on_marker(pid, 0, 0, committed=False, offset=marker)
+    txns.on_data(2, True, 3)
+    txns.on_marker(2, 0, 0, committed=False, offset=5)  # the last one again
+    txns.on_data(1, True, 0)
+    txns.on_marker(1, 0, 0, committed=False, offset=2)  # an older one again
+    txns.on_data(3, True, 1)
+    txns.on_marker(3, 0, 0, committed=False, offset=4)  # an older one not yet recorded
+    assert txns.aborted == [AbortedTxn(2, 1, 0), AbortedTxn(4, 3, 1), AbortedTxn(5, 2, 3)]
+
+
+def test_a_log_start_at_a_marker_keeps_it_and_open_producers_keep_their_epochs() -> None:
+    txns = PartitionTransactions()
+    txns.on_data(0, True, 1)
+    txns.on_marker(0, 0, 0, committed=False, offset=4)  # producer id 0
+    txns.on_marker(7, 2, 0, committed=True, offset=5)  # ended nothing; its epochs stay known
+    txns.on_data(7, True, 6)  # producer 7 is open again
+    txns.truncate_head(4, live_producers=[0])
+    assert txns.aborted == [AbortedTxn(4, 0, 1)]  # the marker at the new start is kept
+    assert set(txns.markers) == {0, 7}  # 7 is not in the live list but has an open txn
