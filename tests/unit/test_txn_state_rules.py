@@ -29,16 +29,16 @@ S = TxnState
 
 
 def _init(
-    current: TxnMetadata | None, now_ms: int, **kw: int
+    current: TxnMetadata | None, now_ms: int, name: str = "t", **kw: int
 ) -> tuple[ErrorCode, TxnMetadata | None]:
     ids = iter(range(100, 200))
     decision = decide_init(
         current,
-        transactional_id="t",
+        transactional_id=name,
         pending=False,
         producer_id=kw.get("producer_id", -1),
         producer_epoch=kw.get("producer_epoch", -1),
-        timeout_ms=1000,
+        timeout_ms=kw.get("timeout_ms", 1000),
         max_timeout_ms=60_000,
         now_ms=now_ms,
         fresh_id=lambda: next(ids),
@@ -121,3 +121,33 @@ def test_end_txn_waits_for_a_pending_write_or_a_fence(committed: bool) -> None:
     assert done.error is ErrorCode.NONE and done.target is not None
     assert done.target.state is (S.PREPARE_COMMIT if committed else S.PREPARE_ABORT)
     assert done.target.last_update_ms == 9
+
+
+def test_init_accepts_timeouts_and_names_up_to_their_limits() -> None:
+    for timeout_ms in (1, 60_000):
+        error, target = _init(None, now_ms=0, timeout_ms=timeout_ms)
+        assert error is ErrorCode.NONE and target is not None
+        assert target.timeout_ms == timeout_ms
+    for timeout_ms in (0, 60_001):
+        assert _init(None, now_ms=0, timeout_ms=timeout_ms)[0] is (
+            ErrorCode.INVALID_TRANSACTION_TIMEOUT
+        )
+    assert _init(None, now_ms=0, name="n" * 32767)[0] is ErrorCode.NONE
+    assert _init(None, now_ms=0, name="n" * 32768)[0] is ErrorCode.INVALID_REQUEST
+
+
+def test_a_reinit_takes_the_new_timeout_and_a_kip_360_bump_keeps_the_id() -> None:
+    current = TxnMetadata("t", 7, producer_epoch=4, state=S.COMPLETE_ABORT, timeout_ms=1000)
+    error, target = _init(current, now_ms=30, timeout_ms=5000, producer_id=7, producer_epoch=4)
+    assert error is ErrorCode.NONE and target is not None
+    assert (target.producer_id, target.producer_epoch, target.timeout_ms) == (7, 5, 5000)
+    assert (target.state, target.partitions, target.start_ms) == (S.EMPTY, frozenset(), -1)
+
+
+def test_an_init_that_fences_an_open_transaction_stamps_its_time() -> None:
+    current = TxnMetadata("t", 7, producer_epoch=4, state=S.ONGOING, start_ms=0)
+    error, target = _init(current, now_ms=77)
+    assert error is ErrorCode.CONCURRENT_TRANSACTIONS and target is not None
+    assert (target.state, target.producer_epoch, target.last_update_ms) == (
+        S.PREPARE_EPOCH_FENCE, 5, 77,
+    )  # fmt: skip
