@@ -15,6 +15,13 @@ replication are written as checks over the whole cluster:
 5. After truncation a follower's log is a prefix of its leader's, and the cut never
    removes anything below the follower's high watermark.
 6. The leader-epoch cache answers OffsetForLeaderEpoch as a scan of the log would.
+7. Every replica's HW is at most its own log end (a follower never counts records it
+   does not hold, whatever HW the leader's answer carried).
+8. An acks=all write is appended only while the leader's ISR has at least
+   min.insync.replicas members (else refused, NOT_ENOUGH_REPLICAS, and not appended),
+   and answered only while it still has them.
+9. The controller's every decision uses a new leader epoch, and names a leader from the
+   ISR (no unclean election).
 
 ``trio_broker.replication`` is checked against this by the simulation in
 ``statemachine/test_replication_machine.py``.

@@ -14,6 +14,7 @@ back from the log as a consumer does) equals the model's committed records.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -262,7 +263,10 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         assert seen == self.model.committed_values()
 
 
+# tools/mutation.sh sets MUTATION_EXAMPLES to run fewer examples per mutant.
 PartitionTxnMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None
+    max_examples=int(os.environ.get("MUTATION_EXAMPLES", "60")),
+    stateful_step_count=40,
+    deadline=None,
 )
 test_partition_transactions = PartitionTxnMachine.TestCase

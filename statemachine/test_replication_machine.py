@@ -1,11 +1,18 @@
 """One partition, three replicas, a controller: trio_broker.replication under faults.
 
 A seeded, in-memory cluster: the leader's view (``LeaderPartition``), each replica's
-leader-epoch cache and the follower truncation rounds (``plan_truncation``) are the
-real code; the logs, the network and the coordination service are plain Python. The
-controller stands in for ZooKeeper: it stores the ISR with a leader-epoch condition,
-elects leaders only from the ISR (no unclean election), and on a broker's loss drops it
-from the ISR with a new leader epoch, as Kafka's ZooKeeper controller did.
+leader-epoch cache, the follower truncation rounds (``plan_truncation``), the follower's
+HW rule (``replication.follower``) and the controller's decisions
+(``replication.controller_rules``: who leads after a loss, a return, a preferred-leader
+election) are the real code; the logs, the network and the coordination service are
+plain Python. The controller stores the ISR with a leader-epoch condition, as ZooKeeper
+did for Kafka's controller.
+
+A follower's fetch is two steps, as on a network: the leader handles the request (and
+counts the follower's fetch offset towards its HW and ISR at once), the answer travels,
+and then it arrives, is lost, or is dropped because the follower moved on (a new leader
+epoch, or a crash in between). Anything may happen between the two: the leader may
+crash, lose power, be deposed, or take more writes.
 
 Faults: kill -9 (the page cache survives), power cuts (the leader's unsynced tail is
 lost; a follower syncs before it fetches further, so it loses nothing), and a leader cut
@@ -23,6 +30,17 @@ from hypothesis import event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from trio_broker.replication.controller_rules import (
+    NO_LEADER,
+    LeaderAndIsr,
+    after_broker_loss,
+    after_broker_return,
+    preferred_leader_move,
+)
+from trio_broker.replication.follower import (
+    high_watermark_after_fetch,
+    high_watermark_after_truncation,
+)
 from trio_broker.replication.leader import AckState, LeaderPartition
 from trio_broker.replication.truncation import plan_truncation
 from trio_broker.storage.epoch_cache import LeaderEpochCache
@@ -52,6 +70,8 @@ class Replica:
     alive: bool = True
     leading: LeaderPartition | None = None  # this broker's own idea of its term
     needs_truncation: bool = False  # follower that has not yet agreed with its leader
+    #: The HW this replica has shown: its HW may only go back when a cut shortens the log.
+    shown_high_watermark: int = 0
 
     #: Epochs this broker began leading, at the log end of that moment: for the model.
     announced: dict[int, int] = attrs.field(factory=dict)
@@ -79,7 +99,8 @@ class Replica:
         self.cache.truncate_from_end(end_offset)
         self.announced = {e: o for e, o in self.announced.items() if o < end_offset}
         self.durable = min(self.durable, end_offset)
-        self.high_watermark = min(self.high_watermark, end_offset)
+        self.high_watermark = high_watermark_after_truncation(self.high_watermark, end_offset)
+        self.shown_high_watermark = min(self.shown_high_watermark, end_offset)
 
 
 @attrs.define
@@ -89,6 +110,26 @@ class Controller:
     leader: int | None
     leader_epoch: int
     isr: frozenset[int]
+
+    def as_rules(self) -> LeaderAndIsr:
+        leader = NO_LEADER if self.leader is None else self.leader
+        return LeaderAndIsr(leader, self.leader_epoch, tuple(sorted(self.isr)))
+
+    def store(self, state: LeaderAndIsr) -> None:
+        self.leader = None if state.leader == NO_LEADER else state.leader
+        self.leader_epoch = state.leader_epoch
+        self.isr = frozenset(state.isr)
+
+
+@attrs.frozen
+class FetchAnswer:
+    """A leader's answer to a follower's fetch, on its way back."""
+
+    leader: int
+    leader_epoch: int
+    fetch_offset: int
+    records: tuple[Record, ...]
+    high_watermark: int
 
 
 @attrs.define
@@ -109,10 +150,12 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.writers: dict[int, set[int]] = {}  # leader epoch -> brokers that wrote in it
         self.visible_hw = 0  # the highest HW any client has been shown
         self.counter = 0
+        self.in_flight: dict[int, FetchAnswer] = {}  # follower -> its one answer in flight
+        self.following: dict[int, int] = {}  # follower -> leader epoch it fetches in
         self._start_term(1)
         for broker in BROKERS:
             if broker != 1:
-                self.replicas[broker].needs_truncation = True
+                self._follow(broker)
 
     # -- the cluster's moves -------------------------------------------------------
 
@@ -136,27 +179,32 @@ class ReplicationMachine(RuleBasedStateMachine):
         replica.needs_truncation = False
         note(f"broker {broker} leads epoch {c.leader_epoch}, ISR {sorted(c.isr)}")
 
-    def _elect(self, without: int) -> None:
-        """The controller lost ``without``: new epoch, new ISR, maybe a new leader."""
+    def _live(self) -> frozenset[int]:
+        return frozenset(b for b in BROKERS if self.replicas[b].alive)
+
+    def _apply(self, state: LeaderAndIsr | None, *, skip: int | None = None) -> None:
+        """Store the controller's decision and send LeaderAndIsr to the replicas
+        (``skip``: a zombie that does not hear it)."""
+        if state is None:
+            return
         c = self.controller
-        if len(c.isr) > 1:  # Kafka keeps the last ISR member even when it is gone
-            c.isr = c.isr - {without}
-        c.leader_epoch += 1
-        if c.leader == without or c.leader is None:
-            live = [b for b in BROKERS if b in c.isr and self.replicas[b].alive]
-            c.leader = live[0] if live else None
-        self._fail_acks(lambda ack: ack.broker == without)
+        assert state.leader_epoch > c.leader_epoch, "the controller reused a leader epoch"
+        assert state.leader == NO_LEADER or state.leader in state.isr, "leader outside the ISR"
+        c.store(state)
+        note(f"controller: epoch {c.leader_epoch}, leader {c.leader}, ISR {sorted(c.isr)}")
         if c.leader is not None:
             self._start_term(c.leader)
-            for broker in BROKERS:
-                if broker != c.leader:
-                    self._follow(broker)
-        note(f"controller: epoch {c.leader_epoch}, leader {c.leader}, ISR {sorted(c.isr)}")
+        for broker in BROKERS:
+            if broker != c.leader and broker != skip and self.replicas[broker].alive:
+                if self.replicas[broker].leading is not None:
+                    self._fail_acks(lambda ack, b=broker: ack.broker == b)
+                self._follow(broker)
 
     def _follow(self, broker: int) -> None:
         replica = self.replicas[broker]
         replica.leading = None
         replica.needs_truncation = True
+        self.following[broker] = self.controller.leader_epoch
 
     def _fail_acks(self, which: object) -> None:
         self.pending = [ack for ack in self.pending if not which(ack)]  # type: ignore[operator]
@@ -177,6 +225,8 @@ class ReplicationMachine(RuleBasedStateMachine):
             if state is AckState.WAITING:
                 still.append(ack)
             elif state is AckState.DONE:
+                # Issue 31: acks=all is answered only with min.insync.replicas in the ISR.
+                assert len(term.isr) >= MIN_INSYNC, f"acked with ISR {sorted(term.isr)}"
                 note(f"acked offset {ack.offset} {ack.record}")
                 event("a write was acknowledged")
                 self.acked[ack.offset] = ack.record
@@ -210,7 +260,11 @@ class ReplicationMachine(RuleBasedStateMachine):
         replica = leaders[0]
         term = replica.leading
         assert term is not None
-        if not term.can_accept_acks_all():
+        accepted = term.can_accept_acks_all()
+        # Issue 31: an acks=all write is refused (and not appended) iff the ISR the leader
+        # knows is smaller than min.insync.replicas.
+        assert accepted == (len(term.isr) >= MIN_INSYNC), (sorted(term.isr), accepted)
+        if not accepted:
             note(f"broker {replica.broker_id}: NOT_ENOUGH_REPLICAS")
             event("NOT_ENOUGH_REPLICAS")
             return
@@ -234,12 +288,15 @@ class ReplicationMachine(RuleBasedStateMachine):
         self._complete_acks()
 
     @rule(broker=st.sampled_from(BROKERS), max_records=st.integers(1, 3))
-    def follower_fetches(self, broker: int, max_records: int) -> None:
+    def follower_sends_fetch(self, broker: int, max_records: int) -> None:
+        """The leader handles a follower's fetch request; the answer is on its way."""
         follower, leader = self.replicas[broker], self._leader()
         if leader is None or leader is follower or not follower.alive:
             return
         if follower.needs_truncation or follower.leading is not None:
             return  # a zombie believes it leads: it does not fetch
+        if broker in self.in_flight:
+            return  # one fetch at a time per fetcher
         term = leader.leading
         assert term is not None
         fetch_offset = len(follower.log)  # the follower synced all it holds
@@ -247,15 +304,46 @@ class ReplicationMachine(RuleBasedStateMachine):
         leader.high_watermark = term.high_watermark
         # The sentence holds at every instant, also before the answer reaches the follower.
         self.every_isr_member_counted_holds_the_log_below_the_hw()
-        for record in leader.log[fetch_offset : fetch_offset + max_records]:
-            follower.append(record)
-        follower.durable = len(follower.log)
-        follower.high_watermark = max(
-            follower.high_watermark, min(term.high_watermark, len(follower.log))
+        self.in_flight[broker] = FetchAnswer(
+            leader=leader.broker_id,
+            leader_epoch=term.leader_epoch,
+            fetch_offset=fetch_offset,
+            records=tuple(leader.log[fetch_offset : fetch_offset + max_records]),
+            high_watermark=term.high_watermark,
         )
         if proposal is not None:
             note(f"broker {leader.broker_id} proposes ISR {sorted(proposal.isr)}")
         self._complete_acks()
+
+    @rule(broker=st.sampled_from(BROKERS), lost=st.booleans())
+    def fetch_answer_arrives(self, broker: int, lost: bool) -> None:
+        """The answer reaches the follower (or the network loses it). The follower takes
+        it only if it still fetches from that leader epoch at that offset, as Kafka's
+        fetcher drops answers for a partition whose fetch state changed."""
+        answer = self.in_flight.pop(broker, None)
+        follower = self.replicas[broker]
+        if answer is None or lost:
+            return
+        if (
+            not follower.alive
+            or follower.leading is not None
+            or follower.needs_truncation
+            or self.following.get(broker) != answer.leader_epoch
+            or len(follower.log) != answer.fetch_offset
+        ):
+            event("a stale fetch answer was dropped")
+            return
+        for record in answer.records:
+            follower.append(record)
+        follower.durable = len(follower.log)
+        follower.high_watermark = high_watermark_after_fetch(
+            follower.high_watermark, answer.high_watermark, len(follower.log)
+        )
+
+    def follower_fetches(self, broker: int, max_records: int) -> None:
+        """A fetch and its answer back to back (a quiet network)."""
+        self.follower_sends_fetch(broker, max_records)
+        self.fetch_answer_arrives(broker, lost=False)
 
     @rule(broker=st.sampled_from(BROKERS))
     def follower_truncates(self, broker: int) -> None:
@@ -335,10 +423,13 @@ class ReplicationMachine(RuleBasedStateMachine):
             return
         replica.alive = False
         replica.leading = None
+        self.in_flight.pop(broker, None)  # its connections are gone
+        self._fail_acks(lambda ack: ack.broker == broker)
         if power_cut:
             replica.truncate(replica.durable)
         note(f"broker {broker} {'loses power' if power_cut else 'is killed'}")
-        self._elect(without=broker)
+        c = self.controller
+        self._apply(after_broker_loss(c.as_rules(), BROKERS, broker, self._live()))
 
     @rule(broker=st.sampled_from(BROKERS))
     def restart(self, broker: int) -> None:
@@ -348,14 +439,17 @@ class ReplicationMachine(RuleBasedStateMachine):
         replica.alive = True
         note(f"broker {broker} restarts")
         c = self.controller
-        if c.leader is None and broker in c.isr:
-            c.leader, c.leader_epoch = broker, c.leader_epoch + 1
-            self._start_term(broker)
-            for other in BROKERS:
-                if other != broker:
-                    self._follow(other)
-        else:
+        state = after_broker_return(c.as_rules(), BROKERS, broker, self._live())
+        if state is None:
             self._follow(broker)
+        else:
+            self._apply(state)
+
+    @rule()
+    def preferred_leader_election(self) -> None:
+        """Leadership goes back to the preferred replica if it is alive and in sync."""
+        c = self.controller
+        self._apply(preferred_leader_move(c.as_rules(), BROKERS, self._live()))
 
     @precondition(lambda self: self.controller.leader is not None)
     @rule()
@@ -364,17 +458,12 @@ class ReplicationMachine(RuleBasedStateMachine):
         c = self.controller
         old = c.leader
         assert old is not None
-        live = [b for b in BROKERS if b in c.isr and b != old and self.replicas[b].alive]
-        if not live:
-            return
-        zombie = self.replicas[old].leading
-        c.isr, c.leader_epoch, c.leader = c.isr - {old}, c.leader_epoch + 1, live[0]
-        note(f"broker {old} is cut off; broker {live[0]} leads epoch {c.leader_epoch}")
-        self._start_term(live[0])
-        for broker in BROKERS:
-            if broker not in (live[0], old):
-                self._follow(broker)
-        self.replicas[old].leading = zombie  # still believes it leads
+        # To the controller this is the loss of ``old``.
+        state = after_broker_loss(c.as_rules(), BROKERS, old, self._live() - {old})
+        if state is None or state.leader == NO_LEADER:
+            return  # no one else could lead: not the case this rule is for
+        note(f"broker {old} is cut off from the coordination service")
+        self._apply(state, skip=old)  # it still believes it leads
 
     @rule()
     def zombie_notices_its_session_expired(self) -> None:
@@ -417,6 +506,26 @@ class ReplicationMachine(RuleBasedStateMachine):
     @invariant()
     def visible_high_watermark_never_goes_back(self) -> None:
         self._show_hw()
+
+    @invariant()
+    def every_high_watermark_is_within_its_log(self) -> None:
+        """Issue 31: a replica's HW never counts records it does not hold."""
+        for replica in self.replicas.values():
+            assert replica.high_watermark <= len(replica.log), (
+                f"broker {replica.broker_id}: HW {replica.high_watermark} > log end "
+                f"{len(replica.log)}"
+            )
+
+    @invariant()
+    def no_high_watermark_goes_back_but_by_a_cut(self) -> None:
+        """A replica's HW (a follower's too: it serves consumers and bounds its cleaner)
+        never goes back, except where a truncation or power cut shortened its log."""
+        for replica in self.replicas.values():
+            assert replica.high_watermark >= replica.shown_high_watermark, (
+                f"broker {replica.broker_id}: HW {replica.high_watermark} after "
+                f"{replica.shown_high_watermark}"
+            )
+            replica.shown_high_watermark = replica.high_watermark
 
     @invariant()
     def one_writer_per_epoch(self) -> None:

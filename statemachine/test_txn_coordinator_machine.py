@@ -15,6 +15,7 @@ instant here, so each call completes in one step.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -192,7 +193,12 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
 
 
 TestTxnCoordinator = TxnCoordinatorMachine.TestCase
-TestTxnCoordinator.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+# tools/mutation.sh sets MUTATION_EXAMPLES to run fewer examples per mutant.
+TestTxnCoordinator.settings = settings(
+    max_examples=int(os.environ.get("MUTATION_EXAMPLES", "150")),
+    stateful_step_count=40,
+    deadline=None,
+)
 
 
 def test_transactions_timing_out_together_abort_oldest_first_then_by_id(

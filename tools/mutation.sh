@@ -40,7 +40,7 @@ MODULES=(
   "trio_broker/replication/throttle.py|tests/unit/test_throttled_replicas.py tests/unit/test_byte_budget.py"
   "trio_broker/storage/epoch_cache.py|tests/unit/test_replication_rules.py tests/unit/test_follower_storage.py"
   "trio_broker/state/partition_txns.py|tests/unit/test_partition_txns.py statemachine/test_partition_txn_machine.py"
-  "trio_broker/transactions/state.py|tests/unit/test_txn_coordinator.py statemachine/test_txn_coordinator_machine.py"
+  "trio_broker/transactions/state.py|tests/unit/test_txn_state_rules.py tests/unit/test_txn_coordinator.py statemachine/test_txn_coordinator_machine.py"
   "trio_broker/transactions/log_format.py|tests/unit/test_txn_coordinator.py"
   "trio_broker/cluster/zk_layout.py|tests/unit/test_zk_layout.py tests/unit/test_zk_layout_security.py tests/unit/test_reassignment_rules.py"
 )

@@ -238,3 +238,76 @@ def test_append_txn_marker_ends_the_transaction_and_checks_epochs() -> None:
     with pytest.raises(MarkerRejected) as fenced:
         append_txn_marker(*args, 2, True, -1, T0)
     assert fenced.value.error_code == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+
+
+# Edges found by mutation testing (issue 31).
+
+
+def test_lso_without_a_log_start_is_an_open_transaction_at_offset_0() -> None:
+    txns = PartitionTransactions()
+    txns.on_data(5, True, 0)
+    assert txns.last_stable_offset(10) == 0  # the default log start is 0, not past it
+
+
+def test_a_fetch_from_an_abort_marker_names_that_transaction() -> None:
+    """As Kafka's collectAbortedTxns (last offset >= fetch start), also for producer id 0,
+    which sorts below any probe made of a positive id."""
+    txns = PartitionTransactions()
+    txns.on_data(0, True, 3)
+    txns.on_marker(0, 0, 0, committed=False, offset=6)
+    assert txns.aborted_between(6, 10) == [AbortedTxn(6, 0, 3)]
+    assert txns.aborted_between(7, 10) == []
+
+
+def test_forgotten_aborted_transactions_are_no_longer_named() -> None:
+    txns = PartitionTransactions()
+    for pid, (first, marker) in {1: (0, 2), 2: (3, 5), 3: (6, 8)}.items():
+        txns.on_data(pid, True, first)
+        txns.on_marker(pid, 0, 0, committed=False, offset=marker)
+    txns.forget_aborted([(2, 5), (9, 99)])  # the second names nothing
+    assert txns.aborted == [AbortedTxn(2, 1, 0), AbortedTxn(8, 3, 6)]
+    assert txns.aborted_between(0, 100) == [AbortedTxn(2, 1, 0), AbortedTxn(8, 3, 6)]
+    txns.forget_aborted(iter([(1, 2)]))  # any iterable, read once
+    assert txns.aborted == [AbortedTxn(8, 3, 6)]
+
+
+@pytest.mark.parametrize(
+    ("doc", "error", "message"),
+    [
+        ([], TypeError, "transactions must be an object"),
+        ({"ongoing": [[1]], "aborted": [], "markers": []}, ValueError, "expected 2 integers"),
+        ({"ongoing": "ab", "aborted": [], "markers": []}, ValueError, "expected 2 integers"),
+        ({"ongoing": [[1, "2"]], "aborted": [], "markers": []}, ValueError, "expected integers"),
+        ({"ongoing": [[1, True]], "aborted": [], "markers": []}, ValueError, "expected integers"),
+        ({"ongoing": [], "aborted": [[1, 2, 3.0]], "markers": []}, ValueError, "integers"),
+    ],
+)
+def test_a_damaged_snapshot_is_refused(doc: Any, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        PartitionTransactions.from_json(doc)
+
+
+def test_a_replayed_marker_is_recorded_once_and_in_marker_order() -> None:
+    """A snapshot plus the log after it can replay markers already recorded, or older."""
+    txns = PartitionTransactions()
+    for pid, first, marker in ((1, 0, 2), (2, 3, 5)):
+        txns.on_data(pid, True, first)
+        txns.on_marker(pid, 0, 0, committed=False, offset=marker)
+    txns.on_data(2, True, 3)
+    txns.on_marker(2, 0, 0, committed=False, offset=5)  # the last one again
+    txns.on_data(1, True, 0)
+    txns.on_marker(1, 0, 0, committed=False, offset=2)  # an older one again
+    txns.on_data(3, True, 1)
+    txns.on_marker(3, 0, 0, committed=False, offset=4)  # an older one not yet recorded
+    assert txns.aborted == [AbortedTxn(2, 1, 0), AbortedTxn(4, 3, 1), AbortedTxn(5, 2, 3)]
+
+
+def test_a_log_start_at_a_marker_keeps_it_and_open_producers_keep_their_epochs() -> None:
+    txns = PartitionTransactions()
+    txns.on_data(0, True, 1)
+    txns.on_marker(0, 0, 0, committed=False, offset=4)  # producer id 0
+    txns.on_marker(7, 2, 0, committed=True, offset=5)  # ended nothing; its epochs stay known
+    txns.on_data(7, True, 6)  # producer 7 is open again
+    txns.truncate_head(4, live_producers=[0])
+    assert txns.aborted == [AbortedTxn(4, 0, 1)]  # the marker at the new start is kept
+    assert set(txns.markers) == {0, 7}  # 7 is not in the live list but has an open txn

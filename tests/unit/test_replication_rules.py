@@ -295,3 +295,30 @@ def test_a_term_refuses_a_leader_outside_the_isr_and_a_log_end_that_goes_back() 
     with pytest.raises(StateMachineError):
         term.leader_appended(11)
     assert term.log_end_offset == 12
+
+
+# Lag edges found by mutation testing of leader.py (issue 31).
+
+
+def test_a_term_begun_late_counts_lag_from_its_own_start() -> None:
+    term = leader(now_ms=10_000)
+    assert term.check_lagging(10_100) is None  # 100 ms since the term began: not yet
+    assert term.check_lagging(10_101) is not None
+
+
+def test_a_fetch_at_exactly_the_leader_end_is_caught_up_now() -> None:
+    term = leader()  # log end 10, lag limit 100 ms
+    term.follower_fetched(2, 10, now_ms=90)
+    assert term.check_lagging(150) is None  # caught up at 90, not at the term's start
+    assert term.check_lagging(191) is not None
+
+
+def test_reaching_the_leader_end_of_the_previous_fetch_is_caught_up_then() -> None:
+    """Kafka's rule: a follower that fetches from where the leader's log ended at its
+    previous fetch held all the leader had then (at that previous fetch's time)."""
+    term = leader()
+    term.follower_fetched(2, 5, now_ms=60)  # the leader's end is 10 at this fetch
+    term.leader_appended(15)
+    term.follower_fetched(2, 10, now_ms=80)  # exactly that end: caught up as of 60
+    assert term.check_lagging(150) is None
+    assert term.check_lagging(161) is not None

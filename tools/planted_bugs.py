@@ -1,0 +1,314 @@
+"""Hand-planted bugs in the rule modules, scored against the models and the simulator.
+
+Issue 31 asks how many realistic bugs in replication/, storage/, transactions/ and the
+cluster rules the models (statemachine/, spec/) and the simulator (tests/sim) catch on
+their own, without the hand-written unit tests. Each bug below is one textual change to
+one module, each the kind of slip a change to that rule could make; the tool copies the
+working tree to a scratch directory, plants one bug at a time there (the working tree is
+never touched), runs the model checks that drive that module, and then, for bugs the
+models miss, the module's own unit tests:
+
+    python tools/planted_bugs.py                  # every bug
+    python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
+    python tools/planted_bugs.py --list
+
+A check counts as catching the bug when it fails; every check ran green on the unplanted
+tree first (``--baseline`` runs them so). Hypothesis runs with ``HYPOTHESIS_SEED``
+(default 1), so a score replays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import attrs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+REPLICATION_MACHINE = "statemachine/test_replication_machine.py"
+#: The simulator's first 60 CI seeds (of 300): a seed costs 1-2 s of wall time on the
+#: shared machine, and the planted bugs of tests/sim are caught within 40.
+SIMULATOR = "sim --seeds 0:60"
+TXN_COORDINATOR_MACHINE = "statemachine/test_txn_coordinator_machine.py"
+PARTITION_TXN_MACHINE = "statemachine/test_partition_txn_machine.py"
+REPLICATION_UNIT = (
+    "tests/unit/test_replication_rules.py tests/unit/test_replication_rule_properties.py"
+)
+
+
+@attrs.frozen
+class Bug:
+    name: str
+    path: str
+    old: str
+    new: str
+    what: str
+    models: tuple[str, ...]
+    unit: tuple[str, ...]
+
+
+BUGS = (
+    Bug(
+        "leader-acks-early",
+        "trio_broker/replication/leader.py",
+        "if self.high_watermark <= last_offset:",
+        "if self.high_watermark < last_offset:",
+        "acks=all answered when the HW reaches the write's last offset, one record early",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "acks-all-ignores-isr-size",
+        "trio_broker/replication/leader.py",
+        "return len(self.isr) >= self.effective_min_insync_replicas",
+        "return len(self.replicas) >= self.effective_min_insync_replicas",
+        "acks=all writes appended while the ISR is below min.insync.replicas (answered "
+        "NOT_ENOUGH_REPLICAS_AFTER_APPEND instead of refused before the append)",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "fetcher-applies-stale-answer",
+        "trio_broker/cluster/replica_fetcher.py",
+        "if fetched_for is None or log_ is None or manager.following.get(key) is not fetched_for:",
+        "if fetched_for is None or log_ is None:",
+        "a follower appends a fetch answer that left its old leader before the follower "
+        "moved on to a new one (and truncated for it)",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/test_replication_rules.py tests/unit/test_follower_storage.py",),
+    ),
+    Bug(
+        "fetcher-counts-unsynced-records",
+        "trio_broker/cluster/replica_fetcher.py",
+        "if manager.sync_before_counting and log_.durable_end_offset < log_.log_end_offset:",
+        "if False:",
+        "a follower's next fetch offset counts records it has not synced: a power cut of "
+        "the follower (and the leader) can lose an acknowledged write",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/test_replication_rules.py tests/unit/test_follower_storage.py",),
+    ),
+    Bug(
+        "lag-measured-from-last-fetch",
+        "trio_broker/replication/leader.py",
+        "and now_ms - self.followers[r].last_caught_up_ms > self.replica_lag_time_max_ms",
+        "and now_ms - self.followers[r].previous_fetch_ms > self.replica_lag_time_max_ms",
+        "a follower that keeps fetching but never catches up is never dropped from the ISR "
+        "(the lag counted from its last fetch, not its last catch-up): acks=all stall",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "follower-hw-goes-back",
+        "trio_broker/replication/follower.py",
+        "return max(current, min(leader_high_watermark, log_end_offset))",
+        "return min(leader_high_watermark, log_end_offset)",
+        "a follower takes a new leader's lower HW (KIP-207's window), its HW goes back",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "follower-hw-kept-on-truncation",
+        "trio_broker/replication/follower.py",
+        "return min(current, log_end_offset)",
+        "return current",
+        "a truncated follower keeps its HW above its new log end",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "truncation-pre-kip-279",
+        "trio_broker/replication/truncation.py",
+        "return TruncationStep(min(own_end, log_end_offset), done=False, next_epoch=own_epoch)",
+        "return TruncationStep(min(leader_end_offset, log_end_offset), done=True)",
+        "one round only (before KIP-279): an older epoch's end in the leader's log is taken "
+        "as the cut, leaving a divergent tail",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/test_replication_rules.py",),
+    ),
+    Bug(
+        "election-ignores-isr",
+        "trio_broker/replication/controller_rules.py",
+        "        if broker in live and broker in isr:\n            return broker\n",
+        "        if broker in live:\n            return broker\n",
+        "any live replica may lead (an unclean election, always)",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/test_controller_rules.py tests/unit/test_requested_election.py",),
+    ),
+    Bug(
+        "isr-shrink-keeps-epoch",
+        "trio_broker/replication/controller_rules.py",
+        "        return None  # already as it should be (an offline partition's last ISR member)\n"
+        "    return LeaderAndIsr(leader, state.leader_epoch + 1, isr)",
+        "        return None  # already as it should be (an offline partition's last ISR member)\n"
+        "    return LeaderAndIsr(leader, state.leader_epoch + (leader != state.leader), isr)",
+        "the controller removes a lost follower from the ISR without a new leader epoch, "
+        "so the leader's own ISR change of the old epoch still succeeds",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/test_controller_rules.py",),
+    ),
+    Bug(
+        "preferred-leader-out-of-sync",
+        "trio_broker/replication/controller_rules.py",
+        "if state.leader == preferred or preferred not in live or preferred not in state.isr:",
+        "if state.leader == preferred or preferred not in live:",
+        "a preferred-leader election moves leadership to a replica outside the ISR",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/test_controller_rules.py tests/unit/test_requested_election.py",),
+    ),
+    Bug(
+        "last-isr-member-dropped",
+        "trio_broker/replication/controller_rules.py",
+        "isr = tuple(b for b in state.isr if b != lost) or state.isr",
+        "isr = tuple(b for b in state.isr if b != lost)",
+        "the last ISR member is removed when lost, so no one may lead when it returns",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/test_controller_rules.py",),
+    ),
+    Bug(
+        "epoch-cache-keeps-cut-epoch",
+        "trio_broker/storage/epoch_cache.py",
+        "while self._entries and self._entries[-1].start_offset >= end_offset:",
+        "while self._entries and self._entries[-1].start_offset > end_offset:",
+        "a truncation keeps the epoch that started exactly at the cut",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/test_replication_rules.py tests/unit/test_follower_storage.py",),
+    ),
+    Bug(
+        "epoch-cache-skipped-epoch",
+        "trio_broker/storage/epoch_cache.py",
+        "return self._entries[higher - 1].epoch, next_start",
+        "return requested_epoch, next_start",
+        "OffsetForLeaderEpoch for an epoch this log skipped answers that epoch, not the "
+        "largest one below it (the asker then thinks both agree on it)",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/test_replication_rules.py tests/unit/test_follower_storage.py",),
+    ),
+    Bug(
+        "end-txn-after-abort-succeeds",
+        "trio_broker/transactions/state.py",
+        "if state == (S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT):",
+        "if state in (S.COMPLETE_COMMIT, S.COMPLETE_ABORT):",
+        "EndTxn(commit) after the transaction was aborted answers success, as a retry",
+        (TXN_COORDINATOR_MACHINE,),
+        ("tests/unit/test_txn_coordinator.py",),
+    ),
+    Bug(
+        "txn-first-offset-moves",
+        "trio_broker/state/partition_txns.py",
+        "self.ongoing.setdefault(producer_id, base_offset)",
+        "self.ongoing[producer_id] = base_offset",
+        "an open transaction's first offset moves to its latest batch: the LSO passes its "
+        "earlier batches and an abort hides only the last one",
+        (PARTITION_TXN_MACHINE,),
+        ("tests/unit/test_partition_txns.py",),
+    ),
+    Bug(
+        "aborted-list-misses-straddling-txn",
+        "trio_broker/state/partition_txns.py",
+        "return [a for a in self.aborted[start:] if a.first_offset < upper_offset]",
+        "return [a for a in self.aborted[start:] if a.last_offset < upper_offset]",
+        "a read_committed fetch that ends inside an aborted transaction is not told of it",
+        (PARTITION_TXN_MACHINE,),
+        ("tests/unit/test_partition_txns.py",),
+    ),
+)
+
+
+def copy_tree(dest: Path) -> None:
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".",
+         ":!bench"],
+        cwd=ROOT, check=True, capture_output=True,
+    ).stdout  # fmt: skip
+    subprocess.run(
+        f"tar -c --null -T - -f - | tar -x -C {dest} -f -",
+        shell=True, cwd=ROOT, input=files, check=True,
+    )  # fmt: skip
+
+
+def run_check(tree: Path, check: str, timeout_s: float) -> tuple[bool, float]:
+    """(failed?, seconds) for one pytest target line run in ``tree``."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    env.setdefault("HYPOTHESIS_SEED", "1")
+    started = time.monotonic()
+    if check.startswith("sim "):  # python -m sim: exit 1 if a seed broke an invariant
+        command = [sys.executable, "-m", *check.split()]
+    else:
+        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:xdist", "-p",
+                   "no:randomly", "-p", "no:cacheprovider", *check.split()]  # fmt: skip
+    try:
+        run = subprocess.run(
+            command,
+            cwd=tree, env=env, capture_output=True, timeout=timeout_s,
+        )  # fmt: skip
+        failed = run.returncode not in (0, 5)
+        if run.returncode not in (0, 1, 5):
+            print(run.stdout.decode()[-2000:], run.stderr.decode()[-2000:], file=sys.stderr)
+    except subprocess.TimeoutExpired:
+        failed = True  # a hang is caught too (the check never ends green)
+    return failed, time.monotonic() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bugs", nargs="*", help="names (default: all)")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--baseline", action="store_true", help="run the checks unplanted")
+    parser.add_argument("--no-unit", action="store_true", help="models and simulator only")
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    chosen = [b for b in BUGS if not args.bugs or b.name in args.bugs]
+    if args.list:
+        for bug in chosen:
+            print(f"{bug.name}: {bug.path}: {bug.what}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="planted-bugs.") as scratch:
+        tree = Path(scratch)
+        copy_tree(tree)
+        if args.baseline:
+            checks = sorted({c for b in chosen for c in (*b.models, *b.unit)})
+            for check in checks:
+                failed, took = run_check(tree, check, args.timeout)
+                print(f"baseline {check}: {'FAILED' if failed else 'ok'} ({took:.0f} s)")
+            return 0
+        caught_by_models = 0
+        for bug in chosen:
+            source = tree / bug.path
+            original = source.read_text()
+            if original.count(bug.old) != 1:
+                print(f"{bug.name}: the text to change is not in {bug.path} exactly once")
+                return 2
+            source.write_text(original.replace(bug.old, bug.new))
+            try:
+                verdicts = []
+                by_models = False
+                for check in bug.models:
+                    failed, took = run_check(tree, check, args.timeout)
+                    verdicts.append(f"{check}: {'caught' if failed else 'missed'} ({took:.0f} s)")
+                    if failed:
+                        by_models = True
+                        break  # one model catching it is enough
+                if not by_models and not args.no_unit:
+                    for check in bug.unit:
+                        failed, took = run_check(tree, check, args.timeout)
+                        verdicts.append(
+                            f"{check}: {'caught' if failed else 'missed'} ({took:.0f} s)"
+                        )
+            finally:
+                source.write_text(original)
+            caught_by_models += by_models
+            print(f"{bug.name}: {'CAUGHT by models' if by_models else 'MISSED by models'}")
+            for verdict in verdicts:
+                print(f"  {verdict}", flush=True)
+        print(f"models and simulator caught {caught_by_models} of {len(chosen)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
