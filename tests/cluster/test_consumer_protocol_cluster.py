@@ -13,38 +13,23 @@ there for a new member of the group.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from tests.cluster import test_groups_replicated as replicated_groups
 from tests.cluster.test_cluster_e2e import eventually
-from tests.cluster.test_cluster_faults import CONFIG, Cluster, create_topic, servers, three_brokers
-from tests.cluster.test_groups_replicated import (
-    OFFSETS_PARTITIONS,
-    TOPIC,
-    coordinator_of,
-    produce,
-)
+from tests.cluster.test_cluster_faults import Cluster, create_topic, servers
+from tests.cluster.test_groups_replicated import TOPIC, coordinator_of, produce
 from trio_broker.protocol import messages as m
+
+#: The same three brokers as the classic groups' tests (50 offsets partitions, RF=3).
+cluster = replicated_groups.cluster
 
 pytestmark = pytest.mark.timeout(240)
 
 PARTITIONS = 4
 GROUP = "kip848-cluster"
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
-    with three_brokers(
-        tmp_path,
-        zookeeper,
-        CONFIG.replace(
-            "offsets.topic.num.partitions=5", f"offsets.topic.num.partitions={OFFSETS_PARTITIONS}"
-        ),
-    ) as brokers:
-        yield brokers
 
 
 def member(bootstrap: str, name: str) -> Consumer:
