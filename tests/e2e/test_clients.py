@@ -12,6 +12,10 @@ Then: acks=0 and acks=1, a long-poll fetch woken by a produce (latency logged,
 not asserted), ListOffsets by timestamp, a graceful restart between two
 acknowledged sets, SIGTERM straight after ``listening on``, and kill -9 in the
 middle of an acks=all stream.
+
+The matrix, acks, long-poll and ListOffsets tests share one broker per (model, storage)
+in the module (``shared_broker_process``): each writes its own topic and its consumers
+only assign, so they cannot disturb each other. The restart and kill tests start their own.
 """
 
 from __future__ import annotations
@@ -391,22 +395,27 @@ def _matrix() -> list[Any]:
                 params.append(
                     pytest.param(
                         (model, storage),
-                        producer,
-                        codec,
-                        consumer,
+                        (producer, codec, consumer, model, storage),
                         id=f"{producer}-{codec}->{consumer}-{model}-{storage}",
                     )
                 )
     return params
 
 
+# Module scope: pytest groups the tests by broker and starts each broker once. Each
+# test's other values are one tuple of its own, so the broker is the only value tests
+# share and the grouping follows it alone.
 @pytest.mark.parametrize(
-    ("broker_process", "producer", "codec", "consumer"), _matrix(), indirect=["broker_process"]
+    ("shared_broker_process", "case"),
+    _matrix(),
+    indirect=["shared_broker_process"],
+    scope="module",
 )
 def test_produce_consume_matrix(
-    broker_process: BrokerProcess, producer: str, codec: str, consumer: str
+    shared_broker_process: BrokerProcess, case: tuple[str, str, str, str, str]
 ) -> None:
-    bp = broker_process
+    producer, codec, consumer, _, _ = case
+    bp = shared_broker_process
     topic = f"matrix-{producer}-{codec}"
     create_topic(bp.bootstrap, topic)
     records = make_records(COUNTS[producer], producer, codec)
@@ -427,8 +436,8 @@ def test_produce_consume_matrix(
 
 @pytest.mark.parametrize("acks", [0, 1])
 @pytest.mark.parametrize("producer", CLIENTS)
-def test_acks_0_and_1(broker_process: BrokerProcess, producer: str, acks: int) -> None:
-    bp = broker_process
+def test_acks_0_and_1(shared_broker_process: BrokerProcess, producer: str, acks: int) -> None:
+    bp = shared_broker_process
     topic = f"acks{acks}-{producer}"
     create_topic(bp.bootstrap, topic)
     records = make_records(1000, producer, f"acks{acks}")
@@ -445,9 +454,11 @@ def test_acks_0_and_1(broker_process: BrokerProcess, producer: str, acks: int) -
 
 @pytest.mark.parametrize("consumer", ["confluent-kafka", "kafka-python"])
 def test_long_poll_fetch_wakes_on_produce(
-    broker_process: BrokerProcess, consumer: str, record_property: Callable[[str, object], None]
+    shared_broker_process: BrokerProcess,
+    consumer: str,
+    record_property: Callable[[str, object], None],
 ) -> None:
-    bp = broker_process
+    bp = shared_broker_process
     topic = f"longpoll-{consumer}"
     create_topic(bp.bootstrap, topic)
     producer = Producer({"bootstrap.servers": bp.bootstrap, "acks": "1", "linger.ms": 0})
@@ -529,10 +540,10 @@ def test_long_poll_fetch_wakes_on_produce(
 # --------------------------------------------------------------------------- ListOffsets by time
 
 
-def test_offsets_for_times(broker_process: BrokerProcess) -> None:
+def test_offsets_for_times(shared_broker_process: BrokerProcess) -> None:
     from kafka import KafkaConsumer, TopicPartition
 
-    bp = broker_process
+    bp = shared_broker_process
     topic = "by-time"
     create_topic(bp.bootstrap, topic)
     t0 = int(time.time() * 1000) - 3_600_000

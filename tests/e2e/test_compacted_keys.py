@@ -3,7 +3,8 @@
 record in Produce v8+'s record_errors, and nothing of the batch is appended. The cleaner
 keeps the latest record of each key, so a keyless one could never be cleaned away.
 
-Real clients (confluent-kafka, kafka-python) and our own codec against a broker process.
+Real clients (confluent-kafka, kafka-python) and our own codec against a broker process,
+one for the module: each test makes a topic of its own.
 """
 
 from __future__ import annotations
@@ -52,37 +53,39 @@ def confluent_deliveries(bootstrap: str, topic: str, keys: list[bytes | None]) -
 
 @pytest.mark.parametrize("policy", ["compact", "compact,delete"])
 def test_confluent_kafka_sees_keyless_records_refused(
-    broker_process: BrokerProcess, policy: str
+    shared_broker_process: BrokerProcess, policy: str
 ) -> None:
-    topic = create_topic(broker_process.bootstrap, {"cleanup.policy": policy})
-    errors = confluent_deliveries(broker_process.bootstrap, topic, [b"a", None, b"b"])
+    topic = create_topic(shared_broker_process.bootstrap, {"cleanup.policy": policy})
+    errors = confluent_deliveries(shared_broker_process.bootstrap, topic, [b"a", None, b"b"])
     assert errors[0] is None and errors[2] is None, errors
     assert errors[1] is not None and errors[1].code() == KafkaError.INVALID_RECORD, errors
-    with broker_process.connect() as conn:
+    with shared_broker_process.connect() as conn:
         assert conn.end_offset(topic) == 2  # the keyless record took no offset
 
 
-def test_kafka_python_sees_keyless_records_refused(broker_process: BrokerProcess) -> None:
-    topic = create_topic(broker_process.bootstrap, {"cleanup.policy": "compact"})
-    producer = KafkaProducer(bootstrap_servers=broker_process.bootstrap, acks="all", retries=0)
+def test_kafka_python_sees_keyless_records_refused(shared_broker_process: BrokerProcess) -> None:
+    topic = create_topic(shared_broker_process.bootstrap, {"cleanup.policy": "compact"})
+    producer = KafkaProducer(
+        bootstrap_servers=shared_broker_process.bootstrap, acks="all", retries=0
+    )
     try:
         producer.send(topic, key=b"k", value=b"v").get(timeout=DEADLINE_S)
         with pytest.raises(InvalidRecordError):
             producer.send(topic, value=b"no key").get(timeout=DEADLINE_S)
     finally:
         producer.close(timeout=10)
-    with broker_process.connect() as conn:
+    with shared_broker_process.connect() as conn:
         assert conn.end_offset(topic) == 1
 
 
 def test_the_whole_batch_is_refused_and_each_keyless_record_named(
-    broker_process: BrokerProcess,
+    shared_broker_process: BrokerProcess,
 ) -> None:
-    topic = create_topic(broker_process.bootstrap, {"cleanup.policy": "compact"})
+    topic = create_topic(shared_broker_process.bootstrap, {"cleanup.policy": "compact"})
     mixed = build_batch(
         [(b"k0", b"v"), (None, b"v"), (b"k2", b"v"), (None, b"v")], base_timestamp=1
     )
-    with broker_process.connect() as conn:
+    with shared_broker_process.connect() as conn:
         assert conn.produce(topic, build_batch([(b"k", b"v")], base_timestamp=1)).error_code == 0
         part = conn.produce(topic, mixed, version=9)
         assert part.error_code == ErrorCode.INVALID_RECORD
@@ -98,9 +101,11 @@ def test_the_whole_batch_is_refused_and_each_keyless_record_named(
         assert conn.end_offset(topic) == 1  # nothing of the refused batch was appended
 
 
-def test_a_topic_turned_compact_refuses_keyless_records(broker_process: BrokerProcess) -> None:
+def test_a_topic_turned_compact_refuses_keyless_records(
+    shared_broker_process: BrokerProcess,
+) -> None:
     """The rule follows the topic's cleanup.policy as it changes (AlterConfigs)."""
-    bootstrap = broker_process.bootstrap
+    bootstrap = shared_broker_process.bootstrap
     topic = create_topic(bootstrap, {})
     assert confluent_deliveries(bootstrap, topic, [None]) == [None]  # delete: keys optional
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -110,5 +115,5 @@ def test_a_topic_turned_compact_refuses_keyless_records(broker_process: BrokerPr
     # AlterConfigs is answered once the logs have the new config.
     (err,) = confluent_deliveries(bootstrap, topic, [None])
     assert err is not None and err.code() == KafkaError.INVALID_RECORD
-    with broker_process.connect() as conn:
+    with shared_broker_process.connect() as conn:
         assert conn.end_offset(topic) == 1

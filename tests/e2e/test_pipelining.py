@@ -27,11 +27,13 @@ if TYPE_CHECKING:
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.timeout(60),
+    # One broker per (model, storage) for the module: the two tests use their own topics.
     pytest.mark.parametrize(
-        "broker_process",
+        "shared_broker_process",
         [(p, s) for p in ("pipelined", "serial") for s in ("file", "memory")],
         indirect=True,
         ids=lambda p: "-".join(p),
+        scope="module",
     ),
 ]
 
@@ -183,9 +185,13 @@ def check_answer(s: Sent, response: Any, topic: str, produced_total: int) -> Non
             assert len(keys) >= s.produced_before, where
 
 
-def test_twenty_pipelined_requests_answered_in_order(broker_process: BrokerProcess) -> None:
-    run_pipeline(broker_process, "pipelined", with_acks0=False)
+def test_twenty_pipelined_requests_answered_in_order(
+    shared_broker_process: BrokerProcess,
+) -> None:
+    run_pipeline(shared_broker_process, "pipelined", with_acks0=False)
 
 
-def test_pipeline_with_acks0_produces_skips_only_those(broker_process: BrokerProcess) -> None:
-    run_pipeline(broker_process, "pipelined-acks0", with_acks0=True)
+def test_pipeline_with_acks0_produces_skips_only_those(
+    shared_broker_process: BrokerProcess,
+) -> None:
+    run_pipeline(shared_broker_process, "pipelined-acks0", with_acks0=True)
