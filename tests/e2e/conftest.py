@@ -33,7 +33,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -486,10 +486,26 @@ def _params(request: pytest.FixtureRequest) -> tuple[str, str]:
     return model, storage
 
 
+_Broker = TypeVar("_Broker", bound=BrokerProcess)
+
+
 @contextlib.contextmanager
 def _running_broker(request: pytest.FixtureRequest, data_dir: Path) -> Iterator[BrokerProcess]:
     model, storage = _params(request)
-    broker = BrokerProcess(data_dir, model, storage)
+    with running_broker(data_dir, model, storage) as broker:
+        yield broker
+
+
+@contextlib.contextmanager
+def running_broker(
+    data_dir: Path,
+    model: str = "pipelined",
+    storage: str = "file",
+    kind: type[_Broker] = BrokerProcess,  # type: ignore[assignment]
+) -> Iterator[_Broker]:
+    """A started broker process, stopped afterwards; the test fails if it exits non-zero
+    on SIGTERM or died by itself (unless the test brought it down on purpose)."""
+    broker = kind(data_dir, model, storage)
     broker.start()
     try:
         yield broker

@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.conftest import METRICS_LINE, BrokerProcess
+from tests.e2e.conftest import METRICS_LINE, BrokerProcess, running_broker
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -49,13 +49,8 @@ class ConsoleBroker(BrokerProcess):
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[ConsoleBroker]:
-    process = ConsoleBroker(tmp_path / "data", "pipelined", "file")
-    process.start()
-    try:
+    with running_broker(tmp_path / "data", kind=ConsoleBroker) as process:
         yield process
-    finally:
-        if process.running:
-            process.stop()
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.conftest import BrokerProcess
+from tests.e2e.conftest import BrokerProcess, running_broker
 from tests.kafka_tools.classpath import maven_classpath
 
 pytestmark = pytest.mark.timeout(420)
@@ -39,13 +39,8 @@ CATCH_UP_S = 150
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path / "data", "pipelined", "file")
-    process.start()
-    try:
+    with running_broker(tmp_path / "data") as process:
         yield process
-    finally:
-        if process.running:
-            process.stop()
 
 
 class StreamsApp:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.conftest import BrokerProcess
+from tests.e2e.conftest import BrokerProcess, running_broker
 from tests.kafka_tools.classpath import kafka_tools_classpath
 
 pytestmark = pytest.mark.timeout(300)
@@ -57,13 +57,8 @@ class JsonLines:
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path / "data", "pipelined", "file")
-    process.start()
-    try:
+    with running_broker(tmp_path / "data") as process:
         yield process
-    finally:
-        if process.running:
-            process.stop()
 
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:

@@ -36,7 +36,7 @@ import pyspark
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.conftest import BrokerProcess
+from tests.e2e.conftest import BrokerProcess, running_broker
 from tests.spark.word_count_job import STARTED
 
 HERE = Path(__file__).resolve().parent
@@ -84,13 +84,8 @@ def jar_artifact(jar: Path) -> str:
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path / "data", "pipelined", "file")
-    process.start()
-    try:
+    with running_broker(tmp_path / "data") as process:
         yield process
-    finally:
-        if process.running:
-            process.stop()
 
 
 class SparkJob:
