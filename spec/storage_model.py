@@ -5,7 +5,7 @@ Pure functions over plain data, written in CrossHair's PEP 316 docstring style
 
     .venv/bin/crosshair check --analysis_kind=PEP316 spec/storage_model.py
 
-and are also exercised with Hypothesis by ``tests/unit/test_index.py``.
+and are also exercised with Hypothesis by ``tests/unit/storage/test_index.py``.
 
 A log here is a tuple of batches ``(base_offset, last_offset, size)``, oldest
 first, with contiguous offsets. The implementation (PartitionLog, MemoryLog) is
@@ -204,7 +204,7 @@ def truncate(batches: list[Batch], target: int, log_start: int) -> int | None:
     offset; at or past the log end nothing changes. Below the log start, or where the
     batch holding the log start would go, the truncation is refused.
 
-    Its sentences are checked with Hypothesis (``tests/unit/test_follower_storage.py``;
+    Its sentences are checked with Hypothesis (``tests/unit/storage/test_follower_storage.py``;
     CrossHair found no counterexample to a planted bug in them, so they are not
     written as contracts here): the kept batches all end before ``target``, the first
     batch dropped holds or follows it and starts at or after the log start, and a

@@ -14,7 +14,7 @@ survives is computed from the calls alone. A cut is simulated by building, in a
 fresh directory, the tree that would be left; the code under test is then run
 again on that tree, as a restarted broker would.
 
-Used by ``tests/unit/test_durable_writes.py`` (every file the broker reads back)
+Used by ``tests/unit/storage/test_durable_writes.py`` (every file the broker reads back)
 and ``statemachine/test_storage_machine.py`` (the partition log under random
 operations and cuts).
 """

@@ -1,7 +1,7 @@
 """Print (or write into docs/protocol.md) the table of supported APIs and versions.
 
 The table is generated from ``trio_broker.protocol.schema.REQUESTS`` so that
-the documentation cannot drift from the codec; ``tests/unit/test_docs_protocol.py``
+the documentation cannot drift from the codec; ``tests/unit/protocol/test_docs_protocol.py``
 fails when they differ.
 
 Run ``.venv/bin/python tools/api_table.py`` to print the table, or with

@@ -12,7 +12,7 @@ Run ``.venv/bin/python tools/capture_golden.py`` to (re)write
 ``tests/golden/<client>-<api>-v<version>.bin`` (the first frame each client sent
 for each API, size prefix included) and the matching fuzz seeds in
 ``fuzz/corpus/`` (the same frames without the size prefix).
-``tests/unit/test_codec_golden.py`` imports this file for its live tests.
+``tests/unit/protocol/test_codec_golden.py`` imports this file for its live tests.
 """
 
 from __future__ import annotations

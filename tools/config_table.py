@@ -1,7 +1,7 @@
 """Print (or write into docs/configuration.md) the tables of broker config keys.
 
 Generated from ``trio_broker.config_keys.BROKER_KEYS`` so that the documentation
-cannot drift from what the broker accepts; ``tests/unit/test_docs_configuration.py``
+cannot drift from what the broker accepts; ``tests/unit/config/test_docs_configuration.py``
 fails when they differ.
 
 Run ``.venv/bin/python tools/config_table.py`` to print the tables, or with

@@ -5,7 +5,7 @@
     python tools/draw_mute_diagram.py --check   exit 1 if docs/mute.md is out of date
 
 Every edge comes from ``trio_broker.state.mute.TRANSITIONS``, so the picture in the docs
-cannot drift from the code without ``tests/unit/test_mute.py`` noticing.
+cannot drift from the code without ``tests/unit/state/test_mute.py`` noticing.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ attribute, nested structs as nested classes, a keyword-only ``__init__``) and, f
 the interpreter, binds the same name to ``SCHEMAS[name].cls``. One runtime
 implementation, real types for the checker.
 
-Run after ``tools/gen_schemas.py`` (tests/unit/test_message_types.py fails until you do):
+Run after ``tools/gen_schemas.py`` (tests/unit/protocol/test_message_types.py fails until you do):
 ``.venv/bin/python tools/gen_message_types.py``
 """
 

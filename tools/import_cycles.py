@@ -22,7 +22,7 @@ would be in a cycle with each of them). Imports by computed name
 
 A cycle is a strongly connected component of more than one module, or a module
 that imports itself; each is reported with the import lines that form it.
-``tests/unit/test_import_cycles.py`` runs this over ``trio_broker`` in CI. By hand::
+``tests/unit/project/test_import_cycles.py`` runs this over ``trio_broker`` in CI. By hand::
 
     .venv/bin/python tools/import_cycles.py [PACKAGE_DIR]   # default: trio_broker
 """

@@ -37,9 +37,7 @@ REPLICATION_MACHINE = "statemachine/test_replication_machine.py"
 SIMULATOR = "sim --seeds 0:60"
 TXN_COORDINATOR_MACHINE = "statemachine/test_txn_coordinator_machine.py"
 PARTITION_TXN_MACHINE = "statemachine/test_partition_txn_machine.py"
-REPLICATION_UNIT = (
-    "tests/unit/test_replication_rules.py tests/unit/test_replication_rule_properties.py"
-)
+REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
 
 @attrs.frozen
@@ -81,7 +79,9 @@ BUGS = (
         "a follower appends a fetch answer that left its old leader before the follower "
         "moved on to a new one (and truncated for it)",
         (REPLICATION_MACHINE, SIMULATOR),
-        ("tests/unit/test_replication_rules.py tests/unit/test_follower_storage.py",),
+        (
+            "tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",
+        ),
     ),
     Bug(
         "fetcher-counts-unsynced-records",
@@ -91,7 +91,9 @@ BUGS = (
         "a follower's next fetch offset counts records it has not synced: a power cut of "
         "the follower (and the leader) can lose an acknowledged write",
         (REPLICATION_MACHINE, SIMULATOR),
-        ("tests/unit/test_replication_rules.py tests/unit/test_follower_storage.py",),
+        (
+            "tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",
+        ),
     ),
     Bug(
         "lag-measured-from-last-fetch",
@@ -129,7 +131,7 @@ BUGS = (
         "one round only (before KIP-279): an older epoch's end in the leader's log is taken "
         "as the cut, leaving a divergent tail",
         (REPLICATION_MACHINE, SIMULATOR),
-        ("tests/unit/test_replication_rules.py",),
+        ("tests/unit/replication/test_replication_rules.py",),
     ),
     Bug(
         "election-ignores-isr",
@@ -138,7 +140,9 @@ BUGS = (
         "        if broker in live:\n            return broker\n",
         "any live replica may lead (an unclean election, always)",
         (REPLICATION_MACHINE, SIMULATOR),
-        ("tests/unit/test_controller_rules.py tests/unit/test_requested_election.py",),
+        (
+            "tests/unit/replication/test_controller_rules.py tests/unit/replication/test_requested_election.py",
+        ),
     ),
     Bug(
         "isr-shrink-keeps-epoch",
@@ -150,7 +154,7 @@ BUGS = (
         "the controller removes a lost follower from the ISR without a new leader epoch, "
         "so the leader's own ISR change of the old epoch still succeeds",
         (REPLICATION_MACHINE, SIMULATOR),
-        ("tests/unit/test_controller_rules.py",),
+        ("tests/unit/replication/test_controller_rules.py",),
     ),
     Bug(
         "preferred-leader-out-of-sync",
@@ -159,7 +163,9 @@ BUGS = (
         "if state.leader == preferred or preferred not in live:",
         "a preferred-leader election moves leadership to a replica outside the ISR",
         (REPLICATION_MACHINE, SIMULATOR),
-        ("tests/unit/test_controller_rules.py tests/unit/test_requested_election.py",),
+        (
+            "tests/unit/replication/test_controller_rules.py tests/unit/replication/test_requested_election.py",
+        ),
     ),
     Bug(
         "last-isr-member-dropped",
@@ -168,7 +174,7 @@ BUGS = (
         "isr = tuple(b for b in state.isr if b != lost)",
         "the last ISR member is removed when lost, so no one may lead when it returns",
         (REPLICATION_MACHINE, SIMULATOR),
-        ("tests/unit/test_controller_rules.py",),
+        ("tests/unit/replication/test_controller_rules.py",),
     ),
     Bug(
         "epoch-cache-keeps-cut-epoch",
@@ -177,7 +183,9 @@ BUGS = (
         "while self._entries and self._entries[-1].start_offset > end_offset:",
         "a truncation keeps the epoch that started exactly at the cut",
         (REPLICATION_MACHINE, SIMULATOR),
-        ("tests/unit/test_replication_rules.py tests/unit/test_follower_storage.py",),
+        (
+            "tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",
+        ),
     ),
     Bug(
         "epoch-cache-skipped-epoch",
@@ -187,7 +195,9 @@ BUGS = (
         "OffsetForLeaderEpoch for an epoch this log skipped answers that epoch, not the "
         "largest one below it (the asker then thinks both agree on it)",
         (REPLICATION_MACHINE, SIMULATOR),
-        ("tests/unit/test_replication_rules.py tests/unit/test_follower_storage.py",),
+        (
+            "tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",
+        ),
     ),
     Bug(
         "end-txn-after-abort-succeeds",
@@ -196,7 +206,7 @@ BUGS = (
         "if state in (S.COMPLETE_COMMIT, S.COMPLETE_ABORT):",
         "EndTxn(commit) after the transaction was aborted answers success, as a retry",
         (TXN_COORDINATOR_MACHINE,),
-        ("tests/unit/test_txn_coordinator.py",),
+        ("tests/unit/transactions/test_txn_coordinator.py",),
     ),
     Bug(
         "txn-first-offset-moves",
@@ -206,7 +216,7 @@ BUGS = (
         "an open transaction's first offset moves to its latest batch: the LSO passes its "
         "earlier batches and an abort hides only the last one",
         (PARTITION_TXN_MACHINE,),
-        ("tests/unit/test_partition_txns.py",),
+        ("tests/unit/state/test_partition_txns.py",),
     ),
     Bug(
         "aborted-list-misses-straddling-txn",
@@ -215,7 +225,7 @@ BUGS = (
         "return [a for a in self.aborted[start:] if a.last_offset < upper_offset]",
         "a read_committed fetch that ends inside an aborted transaction is not told of it",
         (PARTITION_TXN_MACHINE,),
-        ("tests/unit/test_partition_txns.py",),
+        ("tests/unit/state/test_partition_txns.py",),
     ),
 )
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.integration.test_groups_e2e import TOPIC, Consumed, in_thread, produce, wait_until
+from tests.integration.test_groups_clients import TOPIC, Consumed, in_thread, produce, wait_until
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.server.broker import Broker

@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.integration.test_idempotence_e2e import (
+from tests.integration.test_idempotence_clients import (
     TOPIC,
     DroppingProxy,
     expected_values,

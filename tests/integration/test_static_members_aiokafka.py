@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_groups_e2e import in_thread
+from tests.integration.test_groups_clients import in_thread
 from trio_broker.server.broker import Broker
 
 TOPIC = "kip345"

@@ -28,7 +28,7 @@ import pytest
 import trio
 
 from tests.integration.raw_client import RawClient
-from tests.integration.test_groups_e2e import wait_until
+from tests.integration.test_groups_clients import wait_until
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode

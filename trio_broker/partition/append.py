@@ -14,7 +14,7 @@ halves as a pipelined produce needs them (append now, in request order; wait lat
 
 The other way into a log, a follower's copy of its leader's batches, is
 ``append_replicated_batches`` in ``cluster/replica_fetcher.py``.
-``tests/unit/test_one_append_path.py`` keeps every other ``log.append(`` out.
+``tests/unit/partition/test_one_append_path.py`` keeps every other ``log.append(`` out.
 
 Errors are left to the caller to name, since they differ by API (a produce answers
 NOT_LEADER_OR_FOLLOWER where a coordinator answers NOT_COORDINATOR): :class:`NotLeader`

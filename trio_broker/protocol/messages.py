@@ -96,7 +96,7 @@ class ApiKey:
 
 #: API key -> its name as in :class:`ApiKey` ("PRODUCE", "LIST_OFFSETS"), derived from
 #: the schema table (metrics labels and verify reports spell it their way from here);
-#: tests/unit/test_api_names.py checks that ApiKey's constants agree with it.
+#: tests/unit/protocol/test_api_names.py checks that ApiKey's constants agree with it.
 API_KEY_NAMES: dict[int, str] = {key: snake_case(name).upper() for key, name in API_NAMES.items()}
 API_VERSIONS_KEY = ApiKey.API_VERSIONS
 
@@ -221,7 +221,7 @@ if not TYPE_CHECKING:
     def __getattr__(name: str) -> Any:
         # A message added to the schema table before message_types.py was regenerated
         # still works at run time; mypy (which does not see this) and
-        # tests/unit/test_message_types.py ask for the regeneration.
+        # tests/unit/protocol/test_message_types.py ask for the regeneration.
         schema = SCHEMAS.get(name)
         if schema is None:
             raise AttributeError(name)

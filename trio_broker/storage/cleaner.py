@@ -130,7 +130,7 @@ def plan_cleaning(
     cleanable bytes reaches ``min.cleanable.dirty.ratio``, or the oldest dirty record
     is older than ``max.compaction.lag.ms``, or (KIP-534) a tombstone is past its horizon.
     The plan, when there is one, covers 1 to ``len(closed)`` segments (tested with
-    Hypothesis in tests/unit/test_cleaner.py rather than a CrossHair contract).
+    Hypothesis in tests/unit/storage/test_cleaner.py rather than a CrossHair contract).
     """
     count = 0
     for facts in closed:

@@ -58,7 +58,7 @@ FETCH_REQUEST_VERSIONS = range(FETCH_ISOLATION_VERSION, 19)
 FACT_REQUEST_KEYS = (0, 1, 8, 9, 10, 14, 26)
 FACT_RESPONSE_KEYS = (0, 1, 3, 8, 9, 10, 14, 26)
 
-# The layouts the walkers below assume, as numbers: tests/unit/test_fastdecode.py
+# The layouts the walkers below assume, as numbers: tests/unit/verify/test_fastdecode.py
 # (test_layouts_match_the_schema_table) checks each against the schema table for
 # every version in the ranges above.
 PRODUCE_FIRST_FLEXIBLE = 9

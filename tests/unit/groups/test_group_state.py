@@ -131,7 +131,7 @@ def test_illegal_transitions_raise(state: GroupState, event: GroupEvent) -> None
 
 
 def test_docs_diagram_is_drawn_from_the_table() -> None:
-    doc = (Path(__file__).parents[2] / "docs" / "consumer-groups.md").read_text()
+    doc = (Path(__file__).parents[3] / "docs" / "consumer-groups.md").read_text()
     assert f"```mermaid\n{lifecycle_diagram()}\n```" in doc
 
 

@@ -19,7 +19,7 @@ import trio
 import trio.testing
 
 from tests.powerloss import PowerCut
-from tests.unit.test_group_state import join_req, start_coordinator
+from tests.unit.groups.test_group_state import join_req, start_coordinator
 from trio_broker.groups.offsets_store import (
     OffsetAndMetadata,
     OffsetKey,

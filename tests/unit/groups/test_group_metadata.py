@@ -13,7 +13,13 @@ import pytest
 import trio
 import trio.testing
 
-from tests.unit.test_group_state import FakeBroker, join, join_req, stable_group, start_coordinator
+from tests.unit.groups.test_group_state import (
+    FakeBroker,
+    join,
+    join_req,
+    stable_group,
+    start_coordinator,
+)
 from trio_broker.config import BrokerConfig
 from trio_broker.groups.coordinator import GroupCoordinator, Waiter, store_error
 from trio_broker.groups.offsets_store import (
@@ -377,7 +383,7 @@ async def test_sync_answers_not_coordinator_when_the_store_fails(
 def test_compaction_keeps_the_latest_generation_and_drops_removed_groups(tmp_path: Path) -> None:
     """The cleaner keeps one metadata record per group (the latest); a removed group's
     tombstone is all that is left of it, and replaying the cleaned log loads the same."""
-    from tests.unit.test_cleaner import T0, open_log, read_all, sealed
+    from tests.unit.storage.test_cleaner import T0, open_log, read_all, sealed
     from trio_broker.storage.cleaner import clean_log
 
     log = sealed(open_log(tmp_path / "offsets"))

@@ -1,7 +1,7 @@
 """One append path (issue 29): a leader's log is written only through
 ``trio_broker/partition/append.py``, a follower's only by the replica fetcher.
 
-Read from the source (``ast``, nothing imported), as tests/unit/test_import_cycles.py
+Read from the source (``ast``, nothing imported), as tests/unit/project/test_import_cycles.py
 reads imports. A call counts as a log append when its method is ``append`` or
 ``append_replicated``/``append_replicated_batches`` and either its receiver is named as
 a log (``log``, ``log_``, ``self.log``, ``store.log``, ``partition_log``, an item of
@@ -16,7 +16,7 @@ import re
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "trio_broker"
 
 #: Where each kind of append may be called, relative to trio_broker/.

@@ -455,7 +455,7 @@ def test_capture_files_are_published_durably(cut: PowerCut) -> None:
 
 def test_no_module_writes_broker_state_its_own_way() -> None:
     """Crash-safe writes go through trio_broker.storage.durable, nowhere else."""
-    package = Path(__file__).resolve().parents[2] / "trio_broker"
+    package = Path(__file__).resolve().parents[3] / "trio_broker"
     allowed = {
         "storage/durable.py",  # the helper
         # TLS material written to a private temp file for ssl to load, never re-read.

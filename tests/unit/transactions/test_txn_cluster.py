@@ -26,7 +26,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.unit.test_txn_coordinator import Services, append_marker, call, markers
+from tests.unit.transactions.test_txn_coordinator import Services, append_marker, call, markers
 from trio_broker.cluster.txn_marker_channel import TxnMarkerChannel, marker_targets, route_markers
 from trio_broker.config import BrokerConfig
 from trio_broker.handlers.describe_transactions import handle_describe_transactions

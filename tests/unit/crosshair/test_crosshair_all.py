@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("crosshair")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "tools" / "crosshair_check.sh"
 
 #: Checked by their own tests (test_crosshair_mute.py, test_crosshair_producer.py).

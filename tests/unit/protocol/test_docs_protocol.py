@@ -9,7 +9,7 @@ from types import ModuleType
 
 from trio_broker.protocol.schema import REQUESTS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _load_tool() -> ModuleType:

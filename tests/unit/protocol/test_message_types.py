@@ -32,7 +32,7 @@ from trio_broker.protocol import message_types, messages
 from trio_broker.protocol.codec import RecordsChunks, decode_body, encode_body
 from trio_broker.protocol.schema import REQUESTS, RESPONSES, SCHEMAS, Message, MessageSchema
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MODULE_PATH = ROOT / "trio_broker" / "protocol" / "message_types.py"
 
 

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.unit.test_handler_effects import (
+from tests.unit.handlers.test_handler_effects import (
     Services,
     _run_deferred,
     context,

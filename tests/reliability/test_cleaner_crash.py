@@ -122,7 +122,10 @@ def test_kill9_during_cleaning_loses_no_latest_value(tmp_path: Path) -> None:
         )
         assert proc.stdout is not None
         buffer = b""
-        kill_at = time.monotonic() + rng.uniform(0.3, 1.5)
+        # The kill is timed from the child's "ready" (its log open), not from its start: on a
+        # busy machine the imports alone can outlast the whole window.
+        uptime = rng.uniform(0.3, 1.5)
+        kill_at = time.monotonic() + 60.0  # until "ready"
         try:
             while time.monotonic() < kill_at:
                 ready, _, _ = select.select([proc.stdout], [], [], 0.05)
@@ -133,7 +136,9 @@ def test_kill9_during_cleaning_loses_no_latest_value(tmp_path: Path) -> None:
                     buffer += chunk
                     *lines, buffer = buffer.split(b"\n")
                     for line in lines:
-                        if line.startswith(b"d "):
+                        if line.startswith(b"ready "):
+                            kill_at = time.monotonic() + uptime
+                        elif line.startswith(b"d "):
                             _, offset, key, value = line.split(b" ", 3)
                             reported[key] = (int(offset), value)
         finally:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_producer_state import duplicate_offset, error_of
+from tests.unit.state.test_producer_state import duplicate_offset, error_of
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import RecordBatchView, build_batch

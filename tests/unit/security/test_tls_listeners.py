@@ -191,7 +191,7 @@ def test_bad_mapping_rules(rules: str) -> None:
 
 def test_the_documented_config_loads(tmp_path: Path, ca: trustme.CA) -> None:
     """docs/security.md's complete broker.toml, with its certificate paths made real."""
-    doc = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
+    doc = (Path(__file__).parents[3] / "docs" / "security.md").read_text()
     toml = doc.split("```toml\n", 1)[1].split("```", 1)[0]
     ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
         str(tmp_path / "server.pem")

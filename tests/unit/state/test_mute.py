@@ -19,7 +19,7 @@ from trio_broker.state.mute import (
 from trio_broker.state.response_order import IllegalCompletion, ResponseSequencer
 
 E, R, K = MuteEvent, MuteReason, KafkaChannelState
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _states(mute: ChannelMute, events: list[MuteEvent]) -> list[KafkaChannelState]:

@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _load_tool() -> ModuleType:

@@ -39,7 +39,7 @@ from trio_broker.verify.decode import (  # noqa: E402
 )
 from trio_broker.verify.fastdecode import decode_batch, decode_batches  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 Row = dict[str, Any]
 
 P = m.ProduceRequest

@@ -24,7 +24,7 @@ from trio_broker.storage.index import (
     quick_check,
 )
 
-_SPEC_PATH = Path(__file__).resolve().parents[2] / "spec" / "storage_model.py"
+_SPEC_PATH = Path(__file__).resolve().parents[3] / "spec" / "storage_model.py"
 
 
 def _load_spec() -> Any:

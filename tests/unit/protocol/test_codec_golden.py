@@ -27,7 +27,7 @@ import pytest
 from trio_broker.protocol import messages
 from trio_broker.protocol.schema import REQUESTS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = ROOT / "tests" / "golden"
 
 

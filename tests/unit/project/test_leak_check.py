@@ -48,7 +48,7 @@ def _gone(pid: int) -> bool:
     return state == "Z"
 
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_cleaner import read_all as records_of
-from tests.unit.test_follower_storage import bases_and_ends, epochs_of, fetched, read_all
+from tests.unit.storage.test_cleaner import read_all as records_of
+from tests.unit.storage.test_follower_storage import bases_and_ends, epochs_of, fetched, read_all
 from trio_broker.protocol import batch_header
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.records import Record, build_batch
