@@ -540,13 +540,11 @@ _INERT_REASONS: tuple[tuple[tuple[str, ...], str], ...] = (
     ),
     (("transaction", "add.partitions.to.txn"), "no transactions"),
     (
-        (
-            "group.share.",
-            "share.",
-            "group.streams.",
-        ),
-        "no share or streams groups",
+        ("group.share.", "share."),
+        "share groups are a first slice: in-memory state, one assignor, no bounds "
+        "checked (docs/share-groups.md)",
     ),
+    (("group.streams.",), "no streams groups"),
     (
         ("group.consumer.", "group.coordinator.rebalance.protocols"),
         "the classic and consumer (KIP-848) protocols are both on; KIP-848 groups have no "
