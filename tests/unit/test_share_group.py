@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from trio_broker.groups.share import ShareGroups, ShareGroupsConfig
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.state.share_group import ShareGroup, ShareHeartbeat
+from trio_broker.state.share_group import ShareGroup, ShareHeartbeat, simple_assignment
 
 META = {"t": 2, "u": 1}
 
@@ -16,12 +19,13 @@ def join(group: ShareGroup, member: str, topics: tuple[str, ...], now: int = 0) 
     return result.member_epoch
 
 
-def test_every_member_gets_every_partition_of_its_topics() -> None:
+def test_members_split_the_partitions_and_share_them_when_more() -> None:
     group = ShareGroup("g")
     join(group, "a", ("t",))
     epoch_b = join(group, "b", ("t", "u"))
-    assert group.members["a"].assignment == {("t", 0), ("t", 1)}
-    assert group.members["b"].assignment == {("t", 0), ("t", 1), ("u", 0)}
+    # Subscriptions differ: each topic is dealt among its own subscribers.
+    assert group.members["a"].assignment == {("t", 0)}
+    assert group.members["b"].assignment == {("t", 1), ("u", 0)}
     # Every member is brought to the new group epoch at once (nothing to revoke).
     assert group.members["a"].member_epoch == epoch_b == group.group_epoch
     steady = group.heartbeat(ShareHeartbeat("a", epoch_b, None, None), META, 1)
@@ -29,6 +33,21 @@ def test_every_member_gets_every_partition_of_its_topics() -> None:
     left = group.heartbeat(ShareHeartbeat("b", -1, None, None), META, 2)
     assert left.error is ErrorCode.NONE and left.member_epoch == -1
     assert list(group.members) == ["a"] and group.group_epoch == epoch_b + 1
+    assert group.members["a"].assignment == {("t", 0), ("t", 1)}
+
+
+@given(members=st.integers(1, 7), partitions=st.integers(0, 7))
+def test_the_simple_assignment_is_balanced(members: int, partitions: int) -> None:
+    ids = [f"m{i}" for i in range(members)]
+    out = simple_assignment(dict.fromkeys(ids, ("t",)), {"t": partitions})
+    per_member = [len(out[m]) for m in ids]
+    sharers = [sum((("t", p) in out[m]) for m in ids) for p in range(partitions)]
+    if partitions:
+        assert min(sharers) >= 1 and max(sharers) - min(sharers) <= 1
+        assert min(per_member) >= 1 and max(per_member) - min(per_member) <= 1
+        assert max(sharers) == -(-members // partitions)  # ceil: Kafka's desired sharing
+    else:
+        assert per_member == [0] * members
 
 
 def test_sessions_run_out_and_epochs_are_checked() -> None:

@@ -2,10 +2,10 @@
 
 A member joins with epoch 0 and the topics it subscribes to, heartbeats with the epoch it
 was given and leaves with epoch -1. Records of a share partition are handed out one
-acquisition at a time, so a partition may go to several members at once. This slice
-assigns every member every partition of the topics it subscribes to (Kafka's ``simple``
-assignor spreads partitions over members when there are enough of them); nothing is
-owned exclusively, so no revocation step is needed. The group epoch rises with
+acquisition at a time, so a partition may go to several members at once: with more
+members than partitions, members share them. Assignments follow Kafka's ``simple``
+assignor (balanced; :func:`simple_assignment`); nothing is owned exclusively, so a new
+assignment takes effect at once, with no revocation step. The group epoch rises with
 every change of membership, subscriptions or topic metadata; a member's epoch is the
 group epoch of its current assignment.
 """
@@ -150,10 +150,44 @@ class ShareGroup:
     def _reassign(self, metadata: Metadata) -> None:
         self.group_epoch += 1
         self.metadata = dict(metadata)
+        assignment = simple_assignment(
+            {mid: m.subscribed for mid, m in self.members.items()}, self.metadata
+        )
         for member in self.members.values():
-            member.assignment = frozenset(
-                (topic, p)
-                for topic in member.subscribed
-                for p in range(self.metadata.get(topic, 0))
-            )
+            member.assignment = assignment[member.member_id]
             member.member_epoch = self.group_epoch
+
+
+def spread(
+    members: list[str], partitions: list[tuple[str, int]]
+) -> dict[str, set[tuple[str, int]]]:
+    """Deal partitions to members in turn, going round both lists until each is used:
+    with fewer members, a partition each and the counts differ by at most one; with more
+    members, each gets one partition and a partition's sharers differ by at most one."""
+    out: dict[str, set[tuple[str, int]]] = {m: set() for m in members}
+    if members and partitions:
+        for k in range(max(len(members), len(partitions))):
+            out[members[k % len(members)]].add(partitions[k % len(partitions)])
+    return out
+
+
+def simple_assignment(
+    subscriptions: Mapping[str, tuple[str, ...]], metadata: Metadata
+) -> dict[str, Assignment]:
+    """Kafka's ``simple`` share assignor, without its stickiness: balanced over the members
+    when they all subscribe to the same topics, else balanced topic by topic among that
+    topic's subscribers. Every partition of a subscribed topic has a member, and every
+    member subscribed to an existing topic has a partition."""
+    members = sorted(subscriptions)
+    out: dict[str, set[tuple[str, int]]] = {m: set() for m in members}
+    if len({subscriptions[m] for m in members}) <= 1:
+        topics = subscriptions[members[0]] if members else ()
+        partitions = [(t, p) for t in sorted(topics) for p in range(metadata.get(t, 0))]
+        out.update(spread(members, partitions))
+    else:
+        for topic in sorted({t for m in members for t in subscriptions[m]}):
+            readers = [m for m in members if topic in subscriptions[m]]
+            partitions = [(topic, p) for p in range(metadata.get(topic, 0))]
+            for member, got in spread(readers, partitions).items():
+                out[member] |= got
+    return {m: frozenset(got) for m, got in out.items()}
