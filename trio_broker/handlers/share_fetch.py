@@ -6,7 +6,8 @@ next epoch) naming the partitions it fetches from. Acknowledgements in the reque
 applied first; then each session partition hands the member up to ``MaxRecords`` records
 under an acquisition lock (``trio_broker.state.share_partition``), sent as the log's
 whole batches plus the acquired offset ranges the client keeps to. With nothing to
-acquire the request waits up to ``MaxWaitMs`` for an append. As Kafka: READ on the group
+acquire the request waits up to ``MaxWaitMs`` for an append, or until a lock held in its
+partitions runs out. As Kafka: READ on the group
 and on each topic. Single-node, in-memory state: docs/share-groups.md.
 """
 
@@ -224,16 +225,33 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
         if known is not None:
             names.append((known.name, partition))
 
+    def current() -> bool:
+        return ctx.services.shares.session(group_id, member_id) is session
+
     async def wait() -> Resp:
-        # Woken by appends to the session's partitions; a lock running out meanwhile is
-        # noticed by the next request (the wait ends by MaxWaitMs at the latest).
+        # Woken by appends to the session's partitions; a lock running out is what the
+        # deadline below is for.
         while True:
             with ctx.services.appends.watch(names) as watch:
                 # Acquire after the watch starts: an append in between still wakes it.
-                if ctx.services.shares.session(group_id, member_id) is not session:
-                    return fetch.response()
-                if fetch.acquire(partitions, max_records) > 0:
+                if not current() or fetch.acquire(partitions, max_records) > 0:
                     return fetch.response()
                 await watch.changed()
 
-    return Deferred(wait, timeout_s=request.max_wait_ms / 1000, on_timeout=fetch.response)
+    def at_deadline() -> Resp:
+        # The wait ends at MaxWaitMs, or sooner when a lock held in these partitions runs
+        # out: its record may be acquired now.
+        if current():
+            fetch.acquire(partitions, max_records)
+        return fetch.response()
+
+    wait_ms = request.max_wait_ms
+    deadlines = [
+        d
+        for name, partition in names
+        if (sp := ctx.services.shares.partition(group_id, name, partition)) is not None
+        and (d := sp.next_lock_deadline()) is not None
+    ]
+    if deadlines:
+        wait_ms = min(wait_ms, max(0, min(deadlines) - ctx.now_ms()))
+    return Deferred(wait, timeout_s=wait_ms / 1000, on_timeout=at_deadline)
