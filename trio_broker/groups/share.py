@@ -93,20 +93,31 @@ class ShareGroups:
         if result.error is ErrorCode.NONE and hb.member_epoch == LEAVE_EPOCH:
             self._member_gone(group_id, hb.member_id)
         for topic, partition in result.assignment or ():
-            key = (group_id, topic, partition)
-            if key not in self.partitions:
-                self.partitions[key] = SharePartition(
-                    end_offset(topic, partition),
-                    lock_duration_ms=self.config.record_lock_duration_ms,
-                    delivery_count_limit=self.config.delivery_count_limit,
-                    max_in_flight=self.config.partition_max_record_locks,
-                )
+            if (group_id, topic, partition) not in self.partitions:
+                self.ensure_partition(group_id, topic, partition, end_offset(topic, partition))
         if not group.members and not any(k[0] == group_id for k in self.partitions):
             del self.groups[group_id]
         return result
 
     def partition(self, group_id: str, topic: str, partition: int) -> SharePartition | None:
         return self.partitions.get((group_id, topic, partition))
+
+    def ensure_partition(
+        self, group_id: str, topic: str, partition: int, log_end_offset: int
+    ) -> SharePartition:
+        """The group's share partition, made at the log end if it has none: on assignment
+        (the coordinator), or on the first ShareFetch (a leader that is not the group's
+        coordinator, in a cluster)."""
+        key = (group_id, topic, partition)
+        found = self.partitions.get(key)
+        if found is None:
+            found = self.partitions[key] = SharePartition(
+                log_end_offset,
+                lock_duration_ms=self.config.record_lock_duration_ms,
+                delivery_count_limit=self.config.delivery_count_limit,
+                max_in_flight=self.config.partition_max_record_locks,
+            )
+        return found
 
     def _member_gone(self, group_id: str, member_id: str) -> None:
         self.close_session(group_id, member_id)

@@ -117,9 +117,11 @@ class Fetch:
                 self.part(topic_id, partition).error_code = error
                 continue
             name, log = found
-            share_partition = shares.partition(self.group_id, name, partition)
-            if share_partition is None or total >= max_records:
-                continue  # not assigned to the group (yet), or enough this time
+            if total >= max_records:
+                continue
+            share_partition = shares.ensure_partition(
+                self.group_id, name, partition, log.log_end_offset
+            )
             share_partition.skip_to(log.log_start_offset)
             runs = share_partition.acquire(
                 self.member_id, readable_end(self.ctx, name, partition, log),
