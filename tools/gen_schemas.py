@@ -6,7 +6,7 @@ exist in which versions. kafka-python's wheel ships copies under
 writes only the field layouts (names, types, version ranges, tags, defaults) as
 compact Python literals. No prose is carried over.
 
-Schemas kafka-python does not ship (the KIP-848 APIs) are read from
+Schemas kafka-python does not ship (the KIP-848 and KIP-932 APIs) are read from
 ``tools/message_json/``: the field layouts of Kafka's files with the prose left out.
 
 Run: ``.venv/bin/python tools/gen_schemas.py`` (needs kafka-python installed).
@@ -74,6 +74,10 @@ APIS = [
     "DescribeTopicPartitions",
     "ConsumerGroupHeartbeat",
     "ConsumerGroupDescribe",
+    "ShareGroupHeartbeat",
+    "ShareGroupDescribe",
+    "ShareFetch",
+    "ShareAcknowledge",
 ]
 
 #: Layouts kafka-python's wheel lacks, taken from apache/kafka's message JSON (fields only).

@@ -109,6 +109,15 @@ class BrokerConfig:
     group_consumer_session_timeout_ms: int = 45_000
     group_consumer_heartbeat_interval_ms: int = 5_000
     group_consumer_assignors: tuple[str, ...] = ("uniform", "range")
+    #: Share groups (KIP-932, docs/share-groups.md): a member's session and heartbeat
+    #: interval, how long a delivered record stays locked to its consumer, how many
+    #: deliveries a record gets before it is archived, and the in-flight records a share
+    #: partition holds at most.
+    group_share_session_timeout_ms: int = 45_000
+    group_share_heartbeat_interval_ms: int = 5_000
+    group_share_record_lock_duration_ms: int = 30_000
+    group_share_delivery_count_limit: int = 5
+    group_share_partition_max_record_locks: int = 2_000
     #: False: DeleteTopics answers TOPIC_DELETION_DISABLED (INVALID_REQUEST before v3).
     delete_topic_enable: bool = True
     #: Fetch sessions (KIP-227) the broker keeps; 0: every fetch is answered in full.

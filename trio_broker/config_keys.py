@@ -163,8 +163,8 @@ _KAFKA_KEYS = [
     _key("group.min.session.timeout.ms", INT, "6000", APPLIED, "group_min_session_timeout_ms"),
     _key("group.share.assignment.interval.ms", INT, "1000"),
     _key("group.share.assignors", LIST, "simple"),
-    _key("group.share.delivery.count.limit", INT, "5"),
-    _key("group.share.heartbeat.interval.ms", INT, "5000"),
+    _key("group.share.delivery.count.limit", INT, "5", APPLIED, "group_share_delivery_count_limit"),
+    _key("group.share.heartbeat.interval.ms", INT, "5000", APPLIED, "group_share_heartbeat_interval_ms"),
     _key("group.share.max.assignment.interval.ms", INT, "15000"),
     _key("group.share.max.delivery.count.limit", INT, "10"),
     _key("group.share.max.heartbeat.interval.ms", INT, "15000"),
@@ -179,9 +179,9 @@ _KAFKA_KEYS = [
     _key("group.share.min.partition.max.record.locks", INT, "100"),
     _key("group.share.min.record.lock.duration.ms", INT, "15000"),
     _key("group.share.min.session.timeout.ms", INT, "45000"),
-    _key("group.share.partition.max.record.locks", INT, "2000"),
-    _key("group.share.record.lock.duration.ms", INT, "30000"),
-    _key("group.share.session.timeout.ms", INT, "45000"),
+    _key("group.share.partition.max.record.locks", INT, "2000", APPLIED, "group_share_partition_max_record_locks"),
+    _key("group.share.record.lock.duration.ms", INT, "30000", APPLIED, "group_share_record_lock_duration_ms"),
+    _key("group.share.session.timeout.ms", INT, "45000", APPLIED, "group_share_session_timeout_ms"),
     _key("group.streams.assignment.interval.ms", INT, "1000"),
     _key("group.streams.assignors", LIST, "sticky"),
     _key("group.streams.heartbeat.interval.ms", INT, "5000"),
@@ -540,13 +540,11 @@ _INERT_REASONS: tuple[tuple[tuple[str, ...], str], ...] = (
     ),
     (("transaction", "add.partitions.to.txn"), "no transactions"),
     (
-        (
-            "group.share.",
-            "share.",
-            "group.streams.",
-        ),
-        "no share or streams groups",
+        ("group.share.", "share."),
+        "share groups are a first slice: in-memory state, one assignor, no bounds "
+        "checked (docs/share-groups.md)",
     ),
+    (("group.streams.",), "no streams groups"),
     (
         ("group.consumer.", "group.coordinator.rebalance.protocols"),
         "the classic and consumer (KIP-848) protocols are both on; KIP-848 groups have no "

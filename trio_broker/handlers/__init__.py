@@ -14,6 +14,7 @@ MODULES = [
     "sasl_handshake", "sasl_authenticate", "user_scram_credentials",
     "describe_producers", "describe_topic_partitions", "list_config_resources",
     "consumer_group_heartbeat", "consumer_group_describe",
+    "share_group_heartbeat", "share_group_describe", "share_fetch", "share_acknowledge",
     "add_partitions_to_txn", "add_offsets_to_txn", "end_txn", "write_txn_markers",
     "describe_transactions", "list_transactions", "txn_offset_commit",
     "elect_leaders", "alter_partition_reassignments", "list_partition_reassignments",

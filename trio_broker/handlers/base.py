@@ -32,6 +32,7 @@ from trio_broker.protocol.schema import REQUESTS, Message
 if TYPE_CHECKING:
     from trio_broker.config import BrokerConfig
     from trio_broker.groups.coordinator import GroupCoordinator
+    from trio_broker.groups.share import ShareGroups
     from trio_broker.protocol.error_codes import ErrorCode
     from trio_broker.replication.controller_rules import ElectionType
     from trio_broker.replication.leader import AckState, LeaderPartition
@@ -241,6 +242,11 @@ class Services(Protocol):
 
     @property
     def groups(self) -> GroupCoordinator: ...
+    @property
+    def shares(self) -> ShareGroups:
+        """Share groups (KIP-932): membership, share partitions, share sessions."""
+        ...
+
     @property
     def durability(self) -> Durability: ...
     @property

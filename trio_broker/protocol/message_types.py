@@ -3352,6 +3352,448 @@ if TYPE_CHECKING:
             mechanisms: list[str] = ...,
         ) -> None: ...
 
+    class ShareAcknowledgeRequest(Message):
+        class AcknowledgeTopic(Message):
+            class AcknowledgePartition(Message):
+                class AcknowledgementBatch(Message):
+                    first_offset: int
+                    last_offset: int
+                    acknowledge_types: list[int]
+
+                    def __init__(
+                        self,
+                        *,
+                        first_offset: int = ...,
+                        last_offset: int = ...,
+                        acknowledge_types: list[int] = ...,
+                    ) -> None: ...
+
+                partition_index: int
+                acknowledgement_batches: list[AcknowledgementBatch]
+
+                def __init__(
+                    self,
+                    *,
+                    partition_index: int = ...,
+                    acknowledgement_batches: list[AcknowledgementBatch] = ...,
+                ) -> None: ...
+
+            topic_id: uuid.UUID
+            partitions: list[AcknowledgePartition]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[AcknowledgePartition] = ...,
+            ) -> None: ...
+
+        group_id: str | None
+        member_id: str | None
+        share_session_epoch: int
+        is_renew_ack: bool
+        topics: list[AcknowledgeTopic]
+
+        def __init__(
+            self,
+            *,
+            group_id: str | None = ...,
+            member_id: str | None = ...,
+            share_session_epoch: int = ...,
+            is_renew_ack: bool = ...,
+            topics: list[AcknowledgeTopic] = ...,
+        ) -> None: ...
+
+    class ShareAcknowledgeResponse(Message):
+        class ShareAcknowledgeTopicResponse(Message):
+            class PartitionData(Message):
+                class LeaderIdAndEpoch(Message):
+                    leader_id: int
+                    leader_epoch: int
+
+                    def __init__(
+                        self,
+                        *,
+                        leader_id: int = ...,
+                        leader_epoch: int = ...,
+                    ) -> None: ...
+
+                partition_index: int
+                error_code: int
+                error_message: str | None
+                current_leader: LeaderIdAndEpoch
+
+                def __init__(
+                    self,
+                    *,
+                    partition_index: int = ...,
+                    error_code: int = ...,
+                    error_message: str | None = ...,
+                    current_leader: LeaderIdAndEpoch = ...,
+                ) -> None: ...
+
+            topic_id: uuid.UUID
+            partitions: list[PartitionData]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[PartitionData] = ...,
+            ) -> None: ...
+
+        class NodeEndpoint(Message):
+            node_id: int
+            host: str
+            port: int
+            rack: str | None
+
+            def __init__(
+                self,
+                *,
+                node_id: int = ...,
+                host: str = ...,
+                port: int = ...,
+                rack: str | None = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        error_code: int
+        error_message: str | None
+        acquisition_lock_timeout_ms: int
+        responses: list[ShareAcknowledgeTopicResponse]
+        node_endpoints: list[NodeEndpoint]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            error_message: str | None = ...,
+            acquisition_lock_timeout_ms: int = ...,
+            responses: list[ShareAcknowledgeTopicResponse] = ...,
+            node_endpoints: list[NodeEndpoint] = ...,
+        ) -> None: ...
+
+    class ShareFetchRequest(Message):
+        class FetchTopic(Message):
+            class FetchPartition(Message):
+                class AcknowledgementBatch(Message):
+                    first_offset: int
+                    last_offset: int
+                    acknowledge_types: list[int]
+
+                    def __init__(
+                        self,
+                        *,
+                        first_offset: int = ...,
+                        last_offset: int = ...,
+                        acknowledge_types: list[int] = ...,
+                    ) -> None: ...
+
+                partition_index: int
+                partition_max_bytes: int
+                acknowledgement_batches: list[AcknowledgementBatch]
+
+                def __init__(
+                    self,
+                    *,
+                    partition_index: int = ...,
+                    partition_max_bytes: int = ...,
+                    acknowledgement_batches: list[AcknowledgementBatch] = ...,
+                ) -> None: ...
+
+            topic_id: uuid.UUID
+            partitions: list[FetchPartition]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[FetchPartition] = ...,
+            ) -> None: ...
+
+        class ForgottenTopic(Message):
+            topic_id: uuid.UUID
+            partitions: list[int]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[int] = ...,
+            ) -> None: ...
+
+        group_id: str | None
+        member_id: str | None
+        share_session_epoch: int
+        max_wait_ms: int
+        min_bytes: int
+        max_bytes: int
+        max_records: int
+        batch_size: int
+        share_acquire_mode: int
+        is_renew_ack: bool
+        topics: list[FetchTopic]
+        forgotten_topics_data: list[ForgottenTopic]
+
+        def __init__(
+            self,
+            *,
+            group_id: str | None = ...,
+            member_id: str | None = ...,
+            share_session_epoch: int = ...,
+            max_wait_ms: int = ...,
+            min_bytes: int = ...,
+            max_bytes: int = ...,
+            max_records: int = ...,
+            batch_size: int = ...,
+            share_acquire_mode: int = ...,
+            is_renew_ack: bool = ...,
+            topics: list[FetchTopic] = ...,
+            forgotten_topics_data: list[ForgottenTopic] = ...,
+        ) -> None: ...
+
+    class ShareFetchResponse(Message):
+        class ShareFetchableTopicResponse(Message):
+            class PartitionData(Message):
+                class LeaderIdAndEpoch(Message):
+                    leader_id: int
+                    leader_epoch: int
+
+                    def __init__(
+                        self,
+                        *,
+                        leader_id: int = ...,
+                        leader_epoch: int = ...,
+                    ) -> None: ...
+
+                class AcquiredRecords(Message):
+                    first_offset: int
+                    last_offset: int
+                    delivery_count: int
+
+                    def __init__(
+                        self,
+                        *,
+                        first_offset: int = ...,
+                        last_offset: int = ...,
+                        delivery_count: int = ...,
+                    ) -> None: ...
+
+                partition_index: int
+                error_code: int
+                error_message: str | None
+                acknowledge_error_code: int
+                acknowledge_error_message: str | None
+                current_leader: LeaderIdAndEpoch
+                records: Records | None
+                acquired_records: list[AcquiredRecords]
+
+                def __init__(
+                    self,
+                    *,
+                    partition_index: int = ...,
+                    error_code: int = ...,
+                    error_message: str | None = ...,
+                    acknowledge_error_code: int = ...,
+                    acknowledge_error_message: str | None = ...,
+                    current_leader: LeaderIdAndEpoch = ...,
+                    records: Records | None = ...,
+                    acquired_records: list[AcquiredRecords] = ...,
+                ) -> None: ...
+
+            topic_id: uuid.UUID
+            partitions: list[PartitionData]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[PartitionData] = ...,
+            ) -> None: ...
+
+        class NodeEndpoint(Message):
+            node_id: int
+            host: str
+            port: int
+            rack: str | None
+
+            def __init__(
+                self,
+                *,
+                node_id: int = ...,
+                host: str = ...,
+                port: int = ...,
+                rack: str | None = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        error_code: int
+        error_message: str | None
+        acquisition_lock_timeout_ms: int
+        responses: list[ShareFetchableTopicResponse]
+        node_endpoints: list[NodeEndpoint]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            error_message: str | None = ...,
+            acquisition_lock_timeout_ms: int = ...,
+            responses: list[ShareFetchableTopicResponse] = ...,
+            node_endpoints: list[NodeEndpoint] = ...,
+        ) -> None: ...
+
+    class ShareGroupDescribeRequest(Message):
+        group_ids: list[str]
+        include_authorized_operations: bool
+
+        def __init__(
+            self,
+            *,
+            group_ids: list[str] = ...,
+            include_authorized_operations: bool = ...,
+        ) -> None: ...
+
+    class ShareGroupDescribeResponse(Message):
+        class DescribedGroup(Message):
+            class Member(Message):
+                class Assignment(Message):
+                    class TopicPartitions(Message):
+                        topic_id: uuid.UUID
+                        topic_name: str
+                        partitions: list[int]
+
+                        def __init__(
+                            self,
+                            *,
+                            topic_id: uuid.UUID = ...,
+                            topic_name: str = ...,
+                            partitions: list[int] = ...,
+                        ) -> None: ...
+
+                    topic_partitions: list[TopicPartitions]
+
+                    def __init__(
+                        self,
+                        *,
+                        topic_partitions: list[TopicPartitions] = ...,
+                    ) -> None: ...
+
+                member_id: str
+                rack_id: str | None
+                member_epoch: int
+                client_id: str
+                client_host: str
+                subscribed_topic_names: list[str]
+                assignment: Assignment
+
+                def __init__(
+                    self,
+                    *,
+                    member_id: str = ...,
+                    rack_id: str | None = ...,
+                    member_epoch: int = ...,
+                    client_id: str = ...,
+                    client_host: str = ...,
+                    subscribed_topic_names: list[str] = ...,
+                    assignment: Assignment = ...,
+                ) -> None: ...
+
+            error_code: int
+            error_message: str | None
+            group_id: str
+            group_state: str
+            group_epoch: int
+            assignment_epoch: int
+            assignor_name: str
+            members: list[Member]
+            authorized_operations: int
+
+            def __init__(
+                self,
+                *,
+                error_code: int = ...,
+                error_message: str | None = ...,
+                group_id: str = ...,
+                group_state: str = ...,
+                group_epoch: int = ...,
+                assignment_epoch: int = ...,
+                assignor_name: str = ...,
+                members: list[Member] = ...,
+                authorized_operations: int = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        groups: list[DescribedGroup]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            groups: list[DescribedGroup] = ...,
+        ) -> None: ...
+
+    class ShareGroupHeartbeatRequest(Message):
+        group_id: str
+        member_id: str
+        member_epoch: int
+        rack_id: str | None
+        subscribed_topic_names: list[str] | None
+
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+            member_id: str = ...,
+            member_epoch: int = ...,
+            rack_id: str | None = ...,
+            subscribed_topic_names: list[str] | None = ...,
+        ) -> None: ...
+
+    class ShareGroupHeartbeatResponse(Message):
+        class Assignment(Message):
+            class TopicPartitions(Message):
+                topic_id: uuid.UUID
+                partitions: list[int]
+
+                def __init__(
+                    self,
+                    *,
+                    topic_id: uuid.UUID = ...,
+                    partitions: list[int] = ...,
+                ) -> None: ...
+
+            topic_partitions: list[TopicPartitions]
+
+            def __init__(
+                self,
+                *,
+                topic_partitions: list[TopicPartitions] = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        error_code: int
+        error_message: str | None
+        member_id: str | None
+        member_epoch: int
+        heartbeat_interval_ms: int
+        assignment: Assignment | None
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            error_message: str | None = ...,
+            member_id: str | None = ...,
+            member_epoch: int = ...,
+            heartbeat_interval_ms: int = ...,
+            assignment: Assignment | None = ...,
+        ) -> None: ...
+
     class SyncGroupRequest(Message):
         class SyncGroupRequestAssignment(Message):
             member_id: str
@@ -3661,6 +4103,14 @@ else:
     SaslAuthenticateResponse = SCHEMAS["SaslAuthenticateResponse"].cls
     SaslHandshakeRequest = SCHEMAS["SaslHandshakeRequest"].cls
     SaslHandshakeResponse = SCHEMAS["SaslHandshakeResponse"].cls
+    ShareAcknowledgeRequest = SCHEMAS["ShareAcknowledgeRequest"].cls
+    ShareAcknowledgeResponse = SCHEMAS["ShareAcknowledgeResponse"].cls
+    ShareFetchRequest = SCHEMAS["ShareFetchRequest"].cls
+    ShareFetchResponse = SCHEMAS["ShareFetchResponse"].cls
+    ShareGroupDescribeRequest = SCHEMAS["ShareGroupDescribeRequest"].cls
+    ShareGroupDescribeResponse = SCHEMAS["ShareGroupDescribeResponse"].cls
+    ShareGroupHeartbeatRequest = SCHEMAS["ShareGroupHeartbeatRequest"].cls
+    ShareGroupHeartbeatResponse = SCHEMAS["ShareGroupHeartbeatResponse"].cls
     SyncGroupRequest = SCHEMAS["SyncGroupRequest"].cls
     SyncGroupResponse = SCHEMAS["SyncGroupResponse"].cls
     TxnOffsetCommitRequest = SCHEMAS["TxnOffsetCommitRequest"].cls
@@ -3765,6 +4215,14 @@ __all__ = [
     "SaslAuthenticateResponse",
     "SaslHandshakeRequest",
     "SaslHandshakeResponse",
+    "ShareAcknowledgeRequest",
+    "ShareAcknowledgeResponse",
+    "ShareFetchRequest",
+    "ShareFetchResponse",
+    "ShareGroupDescribeRequest",
+    "ShareGroupDescribeResponse",
+    "ShareGroupHeartbeatRequest",
+    "ShareGroupHeartbeatResponse",
     "SyncGroupRequest",
     "SyncGroupResponse",
     "TxnOffsetCommitRequest",

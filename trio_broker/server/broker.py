@@ -28,6 +28,7 @@ import trio
 
 from trio_broker.config import BrokerConfig, ensure_cluster_id
 from trio_broker.groups import GroupCoordinator
+from trio_broker.groups.share import ShareGroups, ShareGroupsConfig
 from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS, ClientInfo, HandlerSpec
 from trio_broker.security.authorize import Authorizer
@@ -174,6 +175,14 @@ class Broker:
         self.leadership_listeners: dict[str, Any] = {}
         self.groups = GroupCoordinator(self)
         self.services.append(self.groups)
+        #: Share groups (KIP-932), in memory (docs/share-groups.md).
+        self.shares = ShareGroups(ShareGroupsConfig(
+            session_timeout_ms=config.group_share_session_timeout_ms,
+            heartbeat_interval_ms=config.group_share_heartbeat_interval_ms,
+            record_lock_duration_ms=config.group_share_record_lock_duration_ms,
+            delivery_count_limit=config.group_share_delivery_count_limit,
+            partition_max_record_locks=config.group_share_partition_max_record_locks,
+        ))  # fmt: skip
         #: The traffic capture tap (trio_broker.capture), or None: the hot path checks this.
         self.capture: Any = None
         #: The tap itself, kept while capture is switched off at runtime (capture/control.py).

@@ -1,0 +1,180 @@
+"""The share-partition state (trio_broker/state/share_partition.py) against a plain model.
+
+The model keeps every offset of the log with its state, delivery count, holder and lock
+deadline, and states KIP-932's rules offset by offset: an acquisition takes the lowest
+available offsets (given back or never delivered, the latter only within the in-flight
+limit above the start offset) and counts a delivery; an acknowledgement of a range is
+refused (INVALID_RECORD_STATE, nothing changes) unless the member holds every offset of
+it; a release or a lock that runs out makes a record available again unless its
+deliveries are spent, then it is archived; accept and reject finish it. The start offset
+is the lowest unfinished offset delivered so far.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import attrs
+from hypothesis import note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.share_partition import AckType, RecordState, SharePartition
+
+LOCK_MS = 100
+LIMIT = 3
+MAX_IN_FLIGHT = 8
+MEMBERS = ("a", "b")
+
+
+@attrs.define
+class Offset:
+    state: RecordState = RecordState.AVAILABLE
+    count: int = 0
+    member: str | None = None
+    deadline: int = 0
+
+
+class SharePartitionMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0
+        self.log: list[Offset] = []
+        self.sp = SharePartition(
+            0, lock_duration_ms=LOCK_MS, delivery_count_limit=LIMIT, max_in_flight=MAX_IN_FLIGHT
+        )
+        #: Offsets below this were delivered at least once (the model's end offset).
+        self.delivered_end = 0
+
+    # -- the model's rules
+    def finished(self, o: Offset) -> bool:
+        return o.state in (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)
+
+    def start(self) -> int:
+        for i in range(self.delivered_end):
+            if not self.finished(self.log[i]):
+                return i
+        return self.delivered_end
+
+    def give_back(self, o: Offset) -> None:
+        o.state = RecordState.ARCHIVED if o.count >= LIMIT else RecordState.AVAILABLE
+        o.member = None
+
+    def expire(self) -> None:
+        for o in self.log:
+            if o.state is RecordState.ACQUIRED and o.deadline <= self.now:
+                self.give_back(o)
+
+    # -- rules
+    @rule(n=st.integers(1, 6))
+    def append(self, n: int) -> None:
+        self.log.extend(Offset() for _ in range(n))
+
+    @rule(ms=st.sampled_from([1, 30, LOCK_MS, LOCK_MS + 1]))
+    def tick(self, ms: int) -> None:
+        self.now += ms
+
+    @rule(member=st.sampled_from(MEMBERS), max_records=st.integers(1, 5))
+    def acquire(self, member: str, max_records: int) -> None:
+        runs = self.sp.acquire(member, len(self.log), max_records, self.now)
+        got = [
+            (o, r.delivery_count) for r in runs for o in range(r.first_offset, r.last_offset + 1)
+        ]
+        note(f"acquire {member} {max_records} -> {got}")
+        self.expire()
+        limit = self.start() + MAX_IN_FLIGHT
+        expected: list[tuple[int, int]] = []
+        for i, o in enumerate(self.log):
+            if len(expected) == max_records:
+                break
+            if o.state is not RecordState.AVAILABLE or (o.count == 0 and i >= limit):
+                continue
+            o.state, o.member, o.deadline = RecordState.ACQUIRED, member, self.now + LOCK_MS
+            o.count += 1
+            expected.append((i, o.count))
+            self.delivered_end = max(self.delivered_end, i + 1)
+        assert got == expected
+        # Runs are maximal: neighbours with one delivery count are one run.
+        for left, right in itertools.pairwise(runs):
+            assert not (
+                left.last_offset + 1 == right.first_offset
+                and left.delivery_count == right.delivery_count
+            )
+
+    @rule(
+        member=st.sampled_from(MEMBERS),
+        first=st.integers(0, 20),
+        length=st.integers(1, 4),
+        kind=st.sampled_from(list(AckType)),
+        per_offset=st.booleans(),
+    )
+    def acknowledge(
+        self, member: str, first: int, length: int, kind: AckType, per_offset: bool
+    ) -> None:
+        last = first + length - 1
+        types = [int(kind)] * length if per_offset else [int(kind)]
+        code = self.sp.acknowledge(member, first, last, types, self.now)
+        note(f"ack {member} {first}-{last} {kind.name} -> {code.name}")
+        self.expire()
+        held = all(
+            i < len(self.log)
+            and self.log[i].state is RecordState.ACQUIRED
+            and self.log[i].member == member
+            for i in range(first, last + 1)
+        )
+        assert code is (ErrorCode.NONE if held else ErrorCode.INVALID_RECORD_STATE)
+        if not held:
+            return
+        for i in range(first, last + 1):
+            o = self.log[i]
+            if kind is AckType.ACCEPT:
+                o.state, o.member = RecordState.ACKNOWLEDGED, None
+            elif kind is AckType.RELEASE:
+                self.give_back(o)
+            else:
+                o.state, o.member = RecordState.ARCHIVED, None
+
+    @rule(member=st.sampled_from(MEMBERS))
+    def release_member(self, member: str) -> None:
+        self.sp.release_member(member)
+        for o in self.log:
+            if o.state is RecordState.ACQUIRED and o.member == member:
+                self.give_back(o)
+
+    @rule()
+    def bad_acknowledgements(self) -> None:
+        # Malformed batches change nothing: last before first, a wrong number of types,
+        # an unknown type.
+        before = attrs.asdict(self.sp)
+        assert self.sp.acknowledge("a", 3, 2, [1], self.now) is ErrorCode.INVALID_REQUEST
+        assert self.sp.acknowledge("a", 0, 2, [1, 1], self.now) is ErrorCode.INVALID_REQUEST
+        assert self.sp.acknowledge("a", 0, 0, [9], self.now) is ErrorCode.INVALID_REQUEST
+        assert attrs.asdict(self.sp) == before
+
+    # -- invariants
+    @invariant()
+    def agrees_with_the_model(self) -> None:
+        # The implementation runs locks out lazily: compare as of its next use.
+        self.sp.expire_locks(self.now)
+        self.expire()
+        assert self.sp.start_offset == self.start()
+        assert self.sp.end_offset == max(self.delivered_end, self.sp.start_offset)
+        for i, o in enumerate(self.log):
+            state = self.sp.state_of(i)
+            if i < self.sp.start_offset:
+                assert self.finished(o)
+            elif i >= self.sp.end_offset:
+                assert o.count == 0
+            else:
+                assert state is o.state, (i, state, o)
+                record = self.sp.records[i]
+                assert (record.delivery_count, record.member_id) == (o.count, o.member)
+            assert o.count <= LIMIT
+        assert self.sp.end_offset - self.sp.start_offset <= MAX_IN_FLIGHT
+
+
+TestSharePartitionMachine = SharePartitionMachine.TestCase
+TestSharePartitionMachine.settings = settings(
+    max_examples=300, stateful_step_count=40, deadline=None
+)

@@ -1,0 +1,76 @@
+"""Share group membership (trio_broker/state/share_group.py) and share sessions
+(trio_broker/groups/share.py): the rules without a broker."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trio_broker.groups.share import ShareGroups, ShareGroupsConfig
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.share_group import ShareGroup, ShareHeartbeat, simple_assignment
+
+META = {"t": 2, "u": 1}
+
+
+def join(group: ShareGroup, member: str, topics: tuple[str, ...], now: int = 0) -> int:
+    result = group.heartbeat(ShareHeartbeat(member, 0, None, topics), META, now)
+    assert result.error is ErrorCode.NONE
+    return result.member_epoch
+
+
+def test_members_split_the_partitions_and_share_them_when_more() -> None:
+    group = ShareGroup("g")
+    join(group, "a", ("t",))
+    epoch_b = join(group, "b", ("t", "u"))
+    # Subscriptions differ: each topic is dealt among its own subscribers.
+    assert group.members["a"].assignment == {("t", 0)}
+    assert group.members["b"].assignment == {("t", 1), ("u", 0)}
+    # Every member is brought to the new group epoch at once (nothing to revoke).
+    assert group.members["a"].member_epoch == epoch_b == group.group_epoch
+    steady = group.heartbeat(ShareHeartbeat("a", epoch_b, None, None), META, 1)
+    assert steady.error is ErrorCode.NONE and steady.member_epoch == epoch_b
+    left = group.heartbeat(ShareHeartbeat("b", -1, None, None), META, 2)
+    assert left.error is ErrorCode.NONE and left.member_epoch == -1
+    assert list(group.members) == ["a"] and group.group_epoch == epoch_b + 1
+    assert group.members["a"].assignment == {("t", 0), ("t", 1)}
+
+
+@given(members=st.integers(1, 7), partitions=st.integers(0, 7))
+def test_the_simple_assignment_is_balanced(members: int, partitions: int) -> None:
+    ids = [f"m{i}" for i in range(members)]
+    out = simple_assignment(dict.fromkeys(ids, ("t",)), {"t": partitions})
+    per_member = [len(out[m]) for m in ids]
+    sharers = [sum((("t", p) in out[m]) for m in ids) for p in range(partitions)]
+    if partitions:
+        assert min(sharers) >= 1 and max(sharers) - min(sharers) <= 1
+        assert min(per_member) >= 1 and max(per_member) - min(per_member) <= 1
+        assert max(sharers) == -(-members // partitions)  # ceil: Kafka's desired sharing
+    else:
+        assert per_member == [0] * members
+
+
+def test_sessions_run_out_and_epochs_are_checked() -> None:
+    group = ShareGroup("g", session_timeout_ms=100)
+    epoch = join(group, "a", ("t",), now=0)
+    stale = group.heartbeat(ShareHeartbeat("a", epoch + 1, None, None), META, 10)
+    assert stale.error is ErrorCode.FENCED_MEMBER_EPOCH
+    assert group.expire(99) == []
+    assert group.expire(100) == ["a"] and group.state == "Empty"
+    gone = group.heartbeat(ShareHeartbeat("a", epoch, None, None), META, 101)
+    assert gone.error is ErrorCode.UNKNOWN_MEMBER_ID
+
+
+def test_an_expired_member_gives_back_what_it_held() -> None:
+    shares = ShareGroups(ShareGroupsConfig(session_timeout_ms=100, record_lock_duration_ms=10_000))
+    hb = ShareHeartbeat("a", 0, None, ("t",))
+    assert shares.heartbeat("g", hb, META, lambda t, p: 7, 0).error is ErrorCode.NONE
+    share_partition = shares.partition("g", "t", 0)
+    assert share_partition is not None and share_partition.start_offset == 7  # the log end
+    shares.open_session("g", "a")
+    runs = share_partition.acquire("a", 10, 5, 0)
+    assert [(r.first_offset, r.last_offset, r.delivery_count) for r in runs] == [(7, 9, 1)]
+    assert shares.group("g", 100) is not None  # the member's session ran out here
+    assert shares.session("g", "a") is None
+    again = share_partition.acquire("b", 10, 5, 101)
+    assert [(r.first_offset, r.last_offset, r.delivery_count) for r in again] == [(7, 9, 2)]

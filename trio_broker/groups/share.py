@@ -1,0 +1,150 @@
+"""Share groups (KIP-932): the groups, their share partitions and share sessions.
+
+Holds one :class:`~trio_broker.state.share_group.ShareGroup` per share group, one
+:class:`~trio_broker.state.share_partition.SharePartition` per (group, topic,
+partition) it has been assigned, and one share session per (group, member) that
+fetches. Everything is in memory: a restart forgets the groups and what they had in
+flight (Kafka keeps share-partition state in ``__share_group_state``; see
+docs/share-groups.md). Time is passed in by the handlers (ms), and locks and sessions
+run out lazily, when the group or partition is next used: nothing here waits.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+
+import attrs
+
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.share_group import (
+    LEAVE_EPOCH,
+    ShareGroup,
+    ShareHeartbeat,
+    ShareHeartbeatResult,
+)
+from trio_broker.state.share_partition import SharePartition
+
+#: ShareFetch/ShareAcknowledge session epochs: open, close; the next after INT32 max is 1.
+OPEN_SESSION = 0
+CLOSE_SESSION = -1
+INT32_MAX = 2**31 - 1
+
+
+def next_epoch(epoch: int) -> int:
+    return 1 if epoch >= INT32_MAX else epoch + 1
+
+
+@attrs.define
+class ShareSession:
+    #: The epoch the member's next request must carry.
+    epoch: int
+    #: (topic id, partition) the member fetches from, across requests.
+    partitions: set[tuple[uuid.UUID, int]] = attrs.field(factory=set)
+
+
+@attrs.define
+class ShareGroupsConfig:
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 5_000
+    record_lock_duration_ms: int = 30_000
+    delivery_count_limit: int = 5
+    partition_max_record_locks: int = 2_000
+
+
+class ShareGroups:
+    def __init__(self, config: ShareGroupsConfig) -> None:
+        self.config = config
+        self.groups: dict[str, ShareGroup] = {}
+        self.partitions: dict[tuple[str, str, int], SharePartition] = {}
+        self.sessions: dict[tuple[str, str], ShareSession] = {}
+
+    # -- membership
+    def group(self, group_id: str, now_ms: int) -> ShareGroup | None:
+        group = self.groups.get(group_id)
+        if group is not None:
+            for member_id in group.expire(now_ms):
+                self._member_gone(group_id, member_id)
+        return group
+
+    def heartbeat(
+        self,
+        group_id: str,
+        hb: ShareHeartbeat,
+        metadata: Mapping[str, int],
+        end_offset: Callable[[str, int], int],
+        now_ms: int,
+    ) -> ShareHeartbeatResult:
+        """``metadata``: partition counts of the existing topics; ``end_offset``: a
+        partition's log end, where a newly assigned share partition starts (Kafka's
+        default ``share.auto.offset.reset=latest``)."""
+        group = self.group(group_id, now_ms)
+        if group is None:
+            group = self.groups[group_id] = ShareGroup(
+                group_id,
+                session_timeout_ms=self.config.session_timeout_ms,
+                heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+            )
+        # Only the subscribed topics' metadata counts: another topic's creation is no
+        # reason for a new group epoch.
+        wanted = group.subscribed_topics() | set(hb.subscribed or ())
+        relevant = {t: n for t, n in metadata.items() if t in wanted}
+        result = group.heartbeat(hb, relevant, now_ms)
+        if result.error is ErrorCode.NONE and hb.member_epoch == LEAVE_EPOCH:
+            self._member_gone(group_id, hb.member_id)
+        for topic, partition in result.assignment or ():
+            if (group_id, topic, partition) not in self.partitions:
+                self.ensure_partition(group_id, topic, partition, end_offset(topic, partition))
+        if not group.members and not any(k[0] == group_id for k in self.partitions):
+            del self.groups[group_id]
+        return result
+
+    def partition(self, group_id: str, topic: str, partition: int) -> SharePartition | None:
+        return self.partitions.get((group_id, topic, partition))
+
+    def ensure_partition(
+        self, group_id: str, topic: str, partition: int, log_end_offset: int
+    ) -> SharePartition:
+        """The group's share partition, made at the log end if it has none: on assignment
+        (the coordinator), or on the first ShareFetch (a leader that is not the group's
+        coordinator, in a cluster)."""
+        key = (group_id, topic, partition)
+        found = self.partitions.get(key)
+        if found is None:
+            found = self.partitions[key] = SharePartition(
+                log_end_offset,
+                lock_duration_ms=self.config.record_lock_duration_ms,
+                delivery_count_limit=self.config.delivery_count_limit,
+                max_in_flight=self.config.partition_max_record_locks,
+            )
+        return found
+
+    def _member_gone(self, group_id: str, member_id: str) -> None:
+        self.close_session(group_id, member_id)
+
+    # -- share sessions
+    def session_error(self, group_id: str, member_id: str, epoch: int) -> ErrorCode:
+        """Whether a ShareFetch/ShareAcknowledge with ``epoch`` fits the member's session
+        (epoch 0, which opens one, is checked by the caller)."""
+        session = self.sessions.get((group_id, member_id))
+        if session is None:
+            return ErrorCode.SHARE_SESSION_NOT_FOUND
+        if epoch != CLOSE_SESSION and epoch != session.epoch:
+            return ErrorCode.INVALID_SHARE_SESSION_EPOCH
+        return ErrorCode.NONE
+
+    def open_session(self, group_id: str, member_id: str) -> ShareSession:
+        # A member reopening its session gives back what it held in the old one.
+        self.close_session(group_id, member_id)
+        session = self.sessions[(group_id, member_id)] = ShareSession(next_epoch(OPEN_SESSION))
+        return session
+
+    def session(self, group_id: str, member_id: str) -> ShareSession | None:
+        return self.sessions.get((group_id, member_id))
+
+    def close_session(self, group_id: str, member_id: str) -> None:
+        """The member's acquired records go back, in every partition of the group."""
+        self.sessions.pop((group_id, member_id), None)
+        for (gid, _, _), share_partition in self.partitions.items():
+            if gid == group_id:
+                share_partition.release_member(member_id)

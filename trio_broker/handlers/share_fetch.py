@@ -1,0 +1,259 @@
+"""ShareFetch (API 78, KIP-932): acquire records for a share-group member, and take its
+acknowledgements of earlier ones.
+
+A member keeps a share session (epoch 0 opens it, -1 closes it, each request carries the
+next epoch) naming the partitions it fetches from. Acknowledgements in the request are
+applied first; then each session partition hands the member up to ``MaxRecords`` records
+under an acquisition lock (``trio_broker.state.share_partition``), sent as the log's
+whole batches plus the acquired offset ranges the client keeps to. With nothing to
+acquire the request waits up to ``MaxWaitMs`` for an append, or until a lock held in its
+partitions runs out. As Kafka: READ on the group
+and on each topic. Single-node, in-memory state: docs/share-groups.md.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from trio_broker.groups.share import next_epoch
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
+from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.codec import RecordsChunks
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.share_partition import Acquired
+
+Resp = m.ShareFetchResponse
+TopicResp = Resp.ShareFetchableTopicResponse
+PartResp = TopicResp.PartitionData
+#: A member that asks for no limit (MaxRecords <= 0) gets at most this many a fetch.
+DEFAULT_MAX_RECORDS = 500
+INT32_MAX = 2**31 - 1
+
+
+def resolve(ctx: RequestContext, topic_id: uuid.UUID, partition: int) -> tuple[ErrorCode, Any]:
+    """(NONE, (topic name, log)) or the partition's error: unknown id, READ refused."""
+    topic = ctx.services.topics.by_id.get(topic_id)
+    if topic is None:
+        return ErrorCode.UNKNOWN_TOPIC_ID, None
+    if not authorized(ctx, Operation.READ, ResourceType.TOPIC, topic.name):
+        return ErrorCode.TOPIC_AUTHORIZATION_FAILED, None
+    if not 0 <= partition < len(topic.logs):
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None
+    replication = ctx.services.replication
+    if replication is not None and replication.leader_term(topic.name, partition) is None:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER, None
+    return ErrorCode.NONE, (topic.name, topic.logs[partition])
+
+
+def acknowledge(
+    ctx: RequestContext, group_id: str, member_id: str, topic_id: uuid.UUID, partition: int,
+    batches: Sequence[Any],
+) -> ErrorCode:  # fmt: skip
+    """Apply one partition's acknowledgement batches; the first error, if any."""
+    error, found = resolve(ctx, topic_id, partition)
+    if error is not ErrorCode.NONE:
+        return error
+    share_partition = ctx.services.shares.partition(group_id, found[0], partition)
+    result = ErrorCode.NONE
+    for batch in batches:
+        if share_partition is None:
+            return ErrorCode.INVALID_RECORD_STATE
+        code = share_partition.acknowledge(
+            member_id, batch.first_offset, batch.last_offset, batch.acknowledge_types,
+            ctx.now_ms(),
+        )  # fmt: skip
+        if result is ErrorCode.NONE:
+            result = code
+    return result
+
+
+def request_error(group_id: str | None, member_id: str | None) -> str | None:
+    if not group_id:
+        return "GroupId can't be empty."
+    if not member_id:
+        return "MemberId can't be empty."
+    return None
+
+
+def readable_end(ctx: RequestContext, topic: str, partition: int, log: Any) -> int:
+    replication = ctx.services.replication
+    term = None if replication is None else replication.leader_term(topic, partition)
+    return log.log_end_offset if term is None else int(term.high_watermark)
+
+
+class Fetch:
+    """One ShareFetch's answer being put together: its partitions' errors and
+    acknowledgement results, then what each acquires (maybe after a wait)."""
+
+    def __init__(self, ctx: RequestContext, group_id: str, member_id: str) -> None:
+        self.ctx = ctx
+        self.group_id = group_id
+        self.member_id = member_id
+        self.parts: dict[tuple[uuid.UUID, int], PartResp] = {}
+
+    def part(self, topic_id: uuid.UUID, partition: int) -> PartResp:
+        key = (topic_id, partition)
+        if key not in self.parts:
+            self.parts[key] = PartResp(
+                partition_index=partition, error_code=ErrorCode.NONE,
+                acknowledge_error_code=ErrorCode.NONE, records=b"", acquired_records=[],
+                current_leader=PartResp.LeaderIdAndEpoch(
+                    leader_id=self.ctx.services.config.node_id, leader_epoch=0
+                ),
+            )  # fmt: skip
+        return self.parts[key]
+
+    def acquire(self, partitions: Iterable[tuple[uuid.UUID, int]], max_records: int) -> int:
+        """Acquire in each partition in turn while records are wanted; how many."""
+        shares = self.ctx.services.shares
+        now = self.ctx.now_ms()
+        total = 0
+        for topic_id, partition in sorted(partitions, key=lambda k: (str(k[0]), k[1])):
+            error, found = resolve(self.ctx, topic_id, partition)
+            if error is not ErrorCode.NONE:
+                self.part(topic_id, partition).error_code = error
+                continue
+            name, log = found
+            if total >= max_records:
+                continue
+            share_partition = shares.ensure_partition(
+                self.group_id, name, partition, log.log_end_offset
+            )
+            share_partition.skip_to(log.log_start_offset)
+            runs = share_partition.acquire(
+                self.member_id, readable_end(self.ctx, name, partition, log),
+                max_records - total, now,
+            )  # fmt: skip
+            if not runs:
+                continue
+            total += sum(r.last_offset - r.first_offset + 1 for r in runs)
+            self._attach(self.part(topic_id, partition), log, runs)
+        return total
+
+    @staticmethod
+    def _attach(part: PartResp, log: Any, runs: list[Acquired]) -> None:
+        # Every batch holding an acquired offset goes out, whatever MaxBytes says: an
+        # acquired record the client does not see would sit locked until its lock ran out.
+        first, last = runs[0].first_offset, runs[-1].last_offset
+        regions = log.read(first, INT32_MAX, last + 1, min_one=True)
+        part.records = RecordsChunks(regions)
+        part.acquired_records = [
+            PartResp.AcquiredRecords(
+                first_offset=r.first_offset,
+                last_offset=r.last_offset,
+                delivery_count=r.delivery_count,
+            )
+            for r in runs
+        ]
+
+    def response(self) -> Resp:
+        per_topic: dict[uuid.UUID, list[PartResp]] = {}
+        for (topic_id, _), part in sorted(
+            self.parts.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])
+        ):
+            per_topic.setdefault(topic_id, []).append(part)
+        return Resp(
+            throttle_time_ms=0, error_code=ErrorCode.NONE,
+            acquisition_lock_timeout_ms=self.ctx.services.shares.config.record_lock_duration_ms,
+            responses=[TopicResp(topic_id=t, partitions=ps) for t, ps in per_topic.items()],
+            node_endpoints=[],
+        )  # fmt: skip
+
+
+def top_level(ctx: RequestContext, code: ErrorCode, message: str | None = None) -> Resp:
+    return Resp(
+        throttle_time_ms=0, error_code=code, error_message=message,
+        acquisition_lock_timeout_ms=ctx.services.shares.config.record_lock_duration_ms,
+        responses=[], node_endpoints=[],
+    )  # fmt: skip
+
+
+# Version 2 brings acquire modes and Renew acknowledgements (KIP-1206, KIP-1222).
+@handles(m.ApiKey.SHARE_FETCH, max_version=1)
+async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) -> Resp | Deferred:
+    group_id, member_id = request.group_id, request.member_id
+    if (why := request_error(group_id, member_id)) is not None:
+        return top_level(ctx, ErrorCode.INVALID_REQUEST, why)
+    assert group_id is not None and member_id is not None
+    if not authorized(ctx, Operation.READ, ResourceType.GROUP, group_id):
+        return top_level(ctx, ErrorCode.GROUP_AUTHORIZATION_FAILED)
+    shares = ctx.services.shares
+    epoch = request.share_session_epoch
+    has_acks = any(p.acknowledgement_batches for t in request.topics for p in t.partitions)
+    if epoch == 0:
+        if has_acks:
+            return top_level(ctx, ErrorCode.INVALID_REQUEST,
+                             "Acknowledgements are not allowed in the request opening a session.")  # fmt: skip
+        session = shares.open_session(group_id, member_id)
+    else:
+        if (error := shares.session_error(group_id, member_id, epoch)) is not ErrorCode.NONE:
+            return top_level(ctx, error)
+        found = shares.session(group_id, member_id)
+        assert found is not None
+        session = found
+    fetch = Fetch(ctx, group_id, member_id)
+    for topic in request.topics:
+        for p in topic.partitions:
+            if p.acknowledgement_batches:
+                fetch.part(topic.topic_id, p.partition_index).acknowledge_error_code = acknowledge(
+                    ctx, group_id, member_id, topic.topic_id, p.partition_index,
+                    p.acknowledgement_batches,
+                )  # fmt: skip
+    if epoch == -1:  # the last request of the session: acknowledgements only
+        shares.close_session(group_id, member_id)
+        return fetch.response()
+    if epoch != 0:
+        session.epoch = next_epoch(session.epoch)
+    session.partitions.update(
+        (t.topic_id, p.partition_index) for t in request.topics for p in t.partitions
+    )
+    for forgotten in request.forgotten_topics_data:
+        session.partitions.difference_update((forgotten.topic_id, p) for p in forgotten.partitions)
+    max_records = request.max_records if request.max_records > 0 else DEFAULT_MAX_RECORDS
+    partitions = set(session.partitions)
+    if (
+        fetch.acquire(partitions, max_records) > 0
+        or request.max_wait_ms <= 0
+        or any(p.error_code for p in fetch.parts.values())
+    ):
+        return fetch.response()
+
+    names: list[tuple[str, int]] = []
+    for topic_id, partition in partitions:
+        known = ctx.services.topics.by_id.get(topic_id)
+        if known is not None:
+            names.append((known.name, partition))
+
+    def current() -> bool:
+        return ctx.services.shares.session(group_id, member_id) is session
+
+    async def wait() -> Resp:
+        # Woken by appends to the session's partitions; a lock running out is what the
+        # deadline below is for.
+        while True:
+            with ctx.services.appends.watch(names) as watch:
+                # Acquire after the watch starts: an append in between still wakes it.
+                if not current() or fetch.acquire(partitions, max_records) > 0:
+                    return fetch.response()
+                await watch.changed()
+
+    def at_deadline() -> Resp:
+        # The wait ends at MaxWaitMs, or sooner when a lock held in these partitions runs
+        # out: its record may be acquired now.
+        if current():
+            fetch.acquire(partitions, max_records)
+        return fetch.response()
+
+    wait_ms = request.max_wait_ms
+    deadlines = [
+        d
+        for name, partition in names
+        if (sp := ctx.services.shares.partition(group_id, name, partition)) is not None
+        and (d := sp.next_lock_deadline()) is not None
+    ]
+    if deadlines:
+        wait_ms = min(wait_ms, max(0, min(deadlines) - ctx.now_ms()))
+    return Deferred(wait, timeout_s=wait_ms / 1000, on_timeout=at_deadline)

@@ -1,0 +1,82 @@
+"""ShareGroupDescribe (API 77, KIP-932): members, epochs and assignments of share groups.
+DESCRIBE on the group, as Kafka; a group that is not a share group is GROUP_ID_NOT_FOUND."""
+
+from __future__ import annotations
+
+from trio_broker.handlers.authorization import (
+    Operation,
+    ResourceType,
+    authorized,
+    authorized_operations,
+)
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.consumer_group_heartbeat import topic_table
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.share_group import Assignment
+
+Resp = m.ShareGroupDescribeResponse
+Group = Resp.DescribedGroup
+#: The only assignor of this slice (docs/share-groups.md).
+ASSIGNOR = "simple"
+
+
+@handles(m.ApiKey.SHARE_GROUP_DESCRIBE)
+async def handle_share_group_describe(
+    ctx: RequestContext, request: m.ShareGroupDescribeRequest
+) -> Resp:
+    table = topic_table(ctx)
+
+    def assignment(partitions: Assignment) -> Group.Member.Assignment:
+        per_topic: dict[str, list[int]] = {}
+        for topic, partition in partitions:
+            per_topic.setdefault(topic, []).append(partition)
+        return Group.Member.Assignment(
+            topic_partitions=[
+                Group.Member.Assignment.TopicPartitions(
+                    topic_id=table[topic][0], topic_name=topic, partitions=sorted(parts)
+                )
+                for topic, parts in sorted(per_topic.items())
+                if topic in table
+            ]
+        )
+
+    described: list[Group] = []
+    for group_id in request.group_ids:
+        out = Group(
+            error_code=ErrorCode.NONE, group_id=group_id, group_state="", group_epoch=0,
+            assignment_epoch=0, assignor_name="", members=[],
+        )  # fmt: skip
+        described.append(out)
+        if not group_id:
+            out.error_code, out.error_message = ErrorCode.INVALID_GROUP_ID, "Group id is empty."
+            continue
+        if not authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, group_id):
+            out.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+            continue
+        if (not_here := ctx.services.groups.coordinator_error(group_id)) is not ErrorCode.NONE:
+            out.error_code = not_here
+            continue
+        group = ctx.services.shares.group(group_id, ctx.now_ms())
+        if group is None:
+            out.error_code = ErrorCode.GROUP_ID_NOT_FOUND
+            out.error_message = f"Group {group_id} not found."
+            continue
+        out.group_state = group.state
+        out.group_epoch = out.assignment_epoch = group.group_epoch
+        out.assignor_name = ASSIGNOR
+        out.members = [
+            Group.Member(
+                member_id=member.member_id,
+                rack_id=member.rack_id,
+                member_epoch=member.member_epoch,
+                client_id=member.client_id,
+                client_host=member.client_host,
+                subscribed_topic_names=list(member.subscribed),
+                assignment=assignment(member.assignment),
+            )
+            for member in group.members.values()
+        ]
+        if request.include_authorized_operations and ctx.services.authorizer is not None:
+            out.authorized_operations = authorized_operations(ctx, ResourceType.GROUP, group_id)
+    return Resp(throttle_time_ms=0, groups=described)

@@ -1,0 +1,79 @@
+"""ShareGroupHeartbeat (API 76, KIP-932): membership of a share group.
+
+A share consumer joins (epoch 0) with the topics it subscribes to, heartbeats with the
+epoch it was given and leaves (epoch -1); the rules are in ``trio_broker.state.share_group``
+and the groups in ``trio_broker.groups.share``. As Kafka: READ on the group, DESCRIBE on
+each subscribed topic; a group id taken by a classic or consumer group is GROUP_ID_NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.handlers.consumer_group_heartbeat import as_topic_partitions, topic_table
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.share_group import ShareHeartbeat, ShareHeartbeatResult
+
+Resp = m.ShareGroupHeartbeatResponse
+
+
+def response(result: ShareHeartbeatResult, ctx: RequestContext) -> Resp:
+    assignment = None
+    if result.assignment is not None and result.error is ErrorCode.NONE:
+        assignment = Resp.Assignment(
+            topic_partitions=as_topic_partitions(
+                result.assignment, topic_table(ctx), Resp.Assignment.TopicPartitions
+            )
+        )
+    return Resp(
+        throttle_time_ms=0,
+        error_code=result.error,
+        error_message=result.message,
+        member_id=result.member_id,
+        member_epoch=result.member_epoch,
+        heartbeat_interval_ms=result.heartbeat_interval_ms,
+        assignment=assignment,
+    )
+
+
+def error(code: ErrorCode, message: str | None = None) -> Resp:
+    return Resp(throttle_time_ms=0, error_code=code, error_message=message, member_epoch=-1,
+                heartbeat_interval_ms=0)  # fmt: skip
+
+
+@handles(m.ApiKey.SHARE_GROUP_HEARTBEAT)
+async def handle_share_group_heartbeat(
+    ctx: RequestContext, request: m.ShareGroupHeartbeatRequest
+) -> Resp:
+    group_id = request.group_id
+    if not group_id:
+        return error(ErrorCode.INVALID_REQUEST, "GroupId can't be empty.")
+    if not authorized(ctx, Operation.READ, ResourceType.GROUP, group_id):
+        return error(ErrorCode.GROUP_AUTHORIZATION_FAILED)
+    groups = ctx.services.groups
+    if (not_here := groups.coordinator_error(group_id)) is not ErrorCode.NONE:
+        return error(not_here)
+    if group_id in groups.groups or groups.consumer_group(group_id) is not None:
+        return error(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a share group.")
+    subscribed = request.subscribed_topic_names
+    for topic in subscribed or ():
+        if not authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, topic):
+            return error(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+    heartbeat = ShareHeartbeat(
+        member_id=request.member_id,
+        member_epoch=request.member_epoch,
+        rack_id=request.rack_id,
+        subscribed=None if subscribed is None else tuple(subscribed),
+        client_id=ctx.header.client_id or "",
+        client_host=f"/{ctx.client.host}",
+    )
+    metadata = {name: count for name, (_, count) in topic_table(ctx).items()}
+    topics = ctx.services.topics
+
+    def end_offset(topic: str, partition: int) -> int:
+        log = topics.log(topic, partition)
+        return 0 if log is None else log.log_end_offset
+
+    result = ctx.services.shares.heartbeat(group_id, heartbeat, metadata, end_offset, ctx.now_ms())
+    return response(result, ctx)

@@ -1,0 +1,193 @@
+"""Share group membership (KIP-932, ShareGroupHeartbeat): pure rules, no I/O.
+
+A member joins with epoch 0 and the topics it subscribes to, heartbeats with the epoch it
+was given and leaves with epoch -1. Records of a share partition are handed out one
+acquisition at a time, so a partition may go to several members at once: with more
+members than partitions, members share them. Assignments follow Kafka's ``simple``
+assignor (balanced; :func:`simple_assignment`); nothing is owned exclusively, so a new
+assignment takes effect at once, with no revocation step. The group epoch rises with
+every change of membership, subscriptions or topic metadata; a member's epoch is the
+group epoch of its current assignment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from trio_broker.protocol.error_codes import ErrorCode
+
+JOIN_EPOCH = 0
+LEAVE_EPOCH = -1
+
+#: topic name -> partition count, of the topics that exist.
+Metadata = Mapping[str, int]
+Assignment = frozenset[tuple[str, int]]
+
+
+@attrs.define
+class ShareMember:
+    member_id: str
+    member_epoch: int
+    rack_id: str | None
+    client_id: str
+    client_host: str
+    subscribed: tuple[str, ...]
+    assignment: Assignment
+    #: The session ends (the member is removed) unless it heartbeats before this (ms).
+    deadline_ms: int
+
+
+@attrs.frozen
+class ShareHeartbeat:
+    member_id: str
+    member_epoch: int
+    rack_id: str | None
+    subscribed: tuple[str, ...] | None
+    client_id: str = ""
+    client_host: str = ""
+
+
+@attrs.frozen
+class ShareHeartbeatResult:
+    error: ErrorCode
+    message: str | None = None
+    member_id: str | None = None
+    member_epoch: int = -1
+    heartbeat_interval_ms: int = 0
+    assignment: Assignment | None = None
+
+
+def validate(hb: ShareHeartbeat) -> str | None:
+    """Why the request is malformed (INVALID_REQUEST), or None."""
+    if not hb.member_id:
+        return "MemberId can't be empty."
+    if hb.member_epoch < LEAVE_EPOCH:
+        return f"MemberEpoch is {hb.member_epoch}, but must be greater than or equal to -1."
+    if hb.member_epoch == JOIN_EPOCH and not hb.subscribed:
+        return "SubscribedTopicNames must be set in first request."
+    return None
+
+
+@attrs.define
+class ShareGroup:
+    group_id: str
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 5_000
+    group_epoch: int = 0
+    members: dict[str, ShareMember] = attrs.field(factory=dict)
+    #: The metadata the current assignments were computed from.
+    metadata: dict[str, int] = attrs.field(factory=dict)
+
+    @property
+    def state(self) -> str:
+        return "Stable" if self.members else "Empty"
+
+    def subscribed_topics(self) -> set[str]:
+        return {t for m in self.members.values() for t in m.subscribed}
+
+    def expire(self, now_ms: int) -> list[str]:
+        """Remove members whose session ran out; their ids."""
+        gone = [mid for mid, m in self.members.items() if m.deadline_ms <= now_ms]
+        for mid in gone:
+            del self.members[mid]
+        if gone:
+            self._reassign(self.metadata)
+        return gone
+
+    def heartbeat(
+        self, hb: ShareHeartbeat, metadata: Metadata, now_ms: int
+    ) -> ShareHeartbeatResult:
+        if (why := validate(hb)) is not None:
+            return ShareHeartbeatResult(ErrorCode.INVALID_REQUEST, why)
+        member = self.members.get(hb.member_id)
+        if hb.member_epoch == LEAVE_EPOCH:
+            if member is None:
+                return ShareHeartbeatResult(
+                    ErrorCode.UNKNOWN_MEMBER_ID, member_id=hb.member_id, member_epoch=LEAVE_EPOCH
+                )
+            del self.members[hb.member_id]
+            self._reassign(metadata)
+            return ShareHeartbeatResult(
+                ErrorCode.NONE, member_id=hb.member_id, member_epoch=LEAVE_EPOCH
+            )
+        if hb.member_epoch == JOIN_EPOCH:
+            if member is None:
+                member = ShareMember(
+                    hb.member_id, 0, hb.rack_id, hb.client_id, hb.client_host,
+                    (), frozenset(), 0,
+                )  # fmt: skip
+                self.members[hb.member_id] = member
+        elif member is None:
+            return ShareHeartbeatResult(
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                f"Member {hb.member_id} is not in group {self.group_id}.",
+            )
+        elif hb.member_epoch != member.member_epoch:
+            return ShareHeartbeatResult(
+                ErrorCode.FENCED_MEMBER_EPOCH,
+                f"The share group member has a different epoch ({hb.member_epoch}) than "
+                f"the one known by the coordinator ({member.member_epoch}).",
+            )
+        member.deadline_ms = now_ms + self.session_timeout_ms
+        if hb.rack_id is not None:
+            member.rack_id = hb.rack_id
+        changed = False
+        if hb.subscribed is not None and tuple(sorted(set(hb.subscribed))) != member.subscribed:
+            member.subscribed = tuple(sorted(set(hb.subscribed)))
+            changed = True
+        if changed or dict(metadata) != self.metadata or member.member_epoch == 0:
+            self._reassign(metadata)
+        return ShareHeartbeatResult(
+            ErrorCode.NONE,
+            member_id=member.member_id,
+            member_epoch=member.member_epoch,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            assignment=member.assignment,
+        )
+
+    def _reassign(self, metadata: Metadata) -> None:
+        self.group_epoch += 1
+        self.metadata = dict(metadata)
+        assignment = simple_assignment(
+            {mid: m.subscribed for mid, m in self.members.items()}, self.metadata
+        )
+        for member in self.members.values():
+            member.assignment = assignment[member.member_id]
+            member.member_epoch = self.group_epoch
+
+
+def spread(
+    members: list[str], partitions: list[tuple[str, int]]
+) -> dict[str, set[tuple[str, int]]]:
+    """Deal partitions to members in turn, going round both lists until each is used:
+    with fewer members, a partition each and the counts differ by at most one; with more
+    members, each gets one partition and a partition's sharers differ by at most one."""
+    out: dict[str, set[tuple[str, int]]] = {m: set() for m in members}
+    if members and partitions:
+        for k in range(max(len(members), len(partitions))):
+            out[members[k % len(members)]].add(partitions[k % len(partitions)])
+    return out
+
+
+def simple_assignment(
+    subscriptions: Mapping[str, tuple[str, ...]], metadata: Metadata
+) -> dict[str, Assignment]:
+    """Kafka's ``simple`` share assignor, without its stickiness: balanced over the members
+    when they all subscribe to the same topics, else balanced topic by topic among that
+    topic's subscribers. Every partition of a subscribed topic has a member, and every
+    member subscribed to an existing topic has a partition."""
+    members = sorted(subscriptions)
+    out: dict[str, set[tuple[str, int]]] = {m: set() for m in members}
+    if len({subscriptions[m] for m in members}) <= 1:
+        topics = subscriptions[members[0]] if members else ()
+        partitions = [(t, p) for t in sorted(topics) for p in range(metadata.get(t, 0))]
+        out.update(spread(members, partitions))
+    else:
+        for topic in sorted({t for m in members for t in subscriptions[m]}):
+            readers = [m for m in members if topic in subscriptions[m]]
+            partitions = [(topic, p) for p in range(metadata.get(topic, 0))]
+            for member, got in spread(readers, partitions).items():
+                out[member] |= got
+    return {m: frozenset(got) for m, got in out.items()}

@@ -1,0 +1,203 @@
+"""The state of one share partition (KIP-932): which records a share group has in flight.
+
+A share group reads a partition cooperatively: a ShareFetch *acquires* records for one
+member, who holds them under a time lock and then acknowledges each one: ACCEPT
+(done), RELEASE (give it back for another delivery) or REJECT (done, unprocessable).
+A lock that runs out gives the record back as a release does. Every acquisition counts a
+delivery; a record given back after its last allowed delivery is *archived* instead of
+offered again. GAP acknowledges an offset that holds no record (a compacted one, a
+transaction marker): archived.
+
+Offsets below the start offset (Kafka's SPSO) are finished; ``records`` holds the
+state of each offset in [start, end) that is not; offsets from ``end`` up to the log's
+readable end have never been acquired. The start moves up over finished offsets as
+soon as they are finished, so ``records`` only holds what is in flight.
+
+Pure and synchronous: the caller passes the time (ms) and the log's bounds.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+import attrs
+
+from trio_broker.protocol.error_codes import ErrorCode
+
+
+class RecordState(enum.IntEnum):
+    """Kafka's numbering of a share-partition record's states."""
+
+    AVAILABLE = 0
+    ACQUIRED = 1
+    ACKNOWLEDGED = 2
+    ARCHIVED = 4
+
+
+class AckType(enum.IntEnum):
+    GAP = 0
+    ACCEPT = 1
+    RELEASE = 2
+    REJECT = 3
+
+
+FINISHED = (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)
+
+
+@attrs.define
+class InFlight:
+    state: RecordState
+    #: Acquisitions so far (a record's first delivery is 1).
+    delivery_count: int = 0
+    #: The member holding it while ACQUIRED, else None.
+    member_id: str | None = None
+    #: When the lock of an ACQUIRED record runs out (ms).
+    lock_deadline_ms: int = 0
+
+
+@attrs.frozen
+class Acquired:
+    """A run of consecutive offsets acquired with one delivery count (AcquiredRecords)."""
+
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+
+
+@attrs.define
+class SharePartition:
+    start_offset: int
+    lock_duration_ms: int = 30_000
+    delivery_count_limit: int = 5
+    #: At most this many offsets in [start, end) (group.share.partition.max.record.locks).
+    max_in_flight: int = 2_000
+    end_offset: int = attrs.field(default=-1)
+    records: dict[int, InFlight] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if self.end_offset < self.start_offset:
+            self.end_offset = self.start_offset
+
+    # -- queries
+    def state_of(self, offset: int) -> RecordState | None:
+        """None below the start (finished) or at/after the end (never acquired)."""
+        if offset < self.start_offset or offset >= self.end_offset:
+            return None
+        record = self.records.get(offset)
+        return RecordState.ARCHIVED if record is None else record.state
+
+    def next_lock_deadline(self) -> int | None:
+        deadlines = [
+            r.lock_deadline_ms for r in self.records.values() if r.state is RecordState.ACQUIRED
+        ]
+        return min(deadlines, default=None)
+
+    # -- transitions
+    def skip_to(self, log_start_offset: int) -> None:
+        """Records deleted from the log (retention, DeleteRecords) are finished."""
+        if log_start_offset <= self.start_offset:
+            return
+        for offset in [o for o in self.records if o < log_start_offset]:
+            del self.records[offset]
+        self.start_offset = log_start_offset
+        self.end_offset = max(self.end_offset, log_start_offset)
+        self._advance()
+
+    def expire_locks(self, now_ms: int) -> None:
+        for record in self.records.values():
+            if record.state is RecordState.ACQUIRED and record.lock_deadline_ms <= now_ms:
+                self._give_back(record)
+        self._advance()
+
+    def acquire(
+        self, member_id: str, readable_end: int, max_records: int, now_ms: int
+    ) -> list[Acquired]:
+        """Lock up to ``max_records`` records for ``member_id``: those given back first
+        (oldest first), then new ones below ``readable_end`` (the high watermark)."""
+        self.expire_locks(now_ms)
+        chosen: list[int] = []
+        for offset in sorted(self.records):
+            if len(chosen) >= max_records:
+                break
+            if self.records[offset].state is RecordState.AVAILABLE:
+                chosen.append(offset)
+        room = self.start_offset + self.max_in_flight - self.end_offset
+        fresh = max(0, min(max_records - len(chosen), readable_end - self.end_offset, room))
+        for offset in range(self.end_offset, self.end_offset + fresh):
+            self.records[offset] = InFlight(RecordState.AVAILABLE)
+            chosen.append(offset)
+        self.end_offset += fresh
+        runs: list[Acquired] = []
+        deadline = now_ms + self.lock_duration_ms
+        for offset in chosen:
+            record = self.records[offset]
+            record.state = RecordState.ACQUIRED
+            record.delivery_count += 1
+            record.member_id = member_id
+            record.lock_deadline_ms = deadline
+            last = runs[-1] if runs else None
+            if (
+                last is not None
+                and last.last_offset + 1 == offset
+                and last.delivery_count == record.delivery_count
+            ):
+                runs[-1] = attrs.evolve(last, last_offset=offset)
+            else:
+                runs.append(Acquired(offset, offset, record.delivery_count))
+        return runs
+
+    def acknowledge(
+        self, member_id: str, first: int, last: int, types: Sequence[int], now_ms: int
+    ) -> ErrorCode:
+        """Acknowledge [first, last]: one type for all of them or one per offset. All or
+        nothing: INVALID_RECORD_STATE unless every offset is acquired by ``member_id``
+        (its lock may have run out and the record gone to someone else)."""
+        count = last - first + 1
+        if count <= 0 or len(types) not in (1, count):
+            return ErrorCode.INVALID_REQUEST
+        try:
+            kinds = [AckType(t) for t in types]
+        except ValueError:
+            return ErrorCode.INVALID_REQUEST
+        self.expire_locks(now_ms)
+        for offset in range(first, last + 1):
+            record = self.records.get(offset) if self.start_offset <= offset else None
+            if (
+                record is None
+                or record.state is not RecordState.ACQUIRED
+                or record.member_id != member_id
+            ):
+                return ErrorCode.INVALID_RECORD_STATE
+        for i, offset in enumerate(range(first, last + 1)):
+            kind = kinds[0] if len(kinds) == 1 else kinds[i]
+            record = self.records[offset]
+            if kind is AckType.ACCEPT:
+                record.state, record.member_id = RecordState.ACKNOWLEDGED, None
+            elif kind is AckType.RELEASE:
+                self._give_back(record)
+            else:  # REJECT, GAP
+                record.state, record.member_id = RecordState.ARCHIVED, None
+        self._advance()
+        return ErrorCode.NONE
+
+    def release_member(self, member_id: str) -> None:
+        """A member left or closed its share session: its records go back."""
+        for record in self.records.values():
+            if record.state is RecordState.ACQUIRED and record.member_id == member_id:
+                self._give_back(record)
+        self._advance()
+
+    def _give_back(self, record: InFlight) -> None:
+        # The last allowed delivery is spent: archive rather than offer it again.
+        exhausted = record.delivery_count >= self.delivery_count_limit
+        record.state = RecordState.ARCHIVED if exhausted else RecordState.AVAILABLE
+        record.member_id = None
+
+    def _advance(self) -> None:
+        while self.start_offset < self.end_offset:
+            record = self.records.get(self.start_offset)
+            if record is not None and record.state not in FINISHED:
+                break
+            self.records.pop(self.start_offset, None)
+            self.start_offset += 1
