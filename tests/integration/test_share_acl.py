@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_acl_e2e import connect, grant
+from tests.integration.test_acl_clients import connect, grant
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.integration.test_acl_e2e import connect
+from tests.integration.test_acl_clients import connect
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
