@@ -70,18 +70,27 @@ def step(results: dict[str, Any], name: str, deadline: float, fn: Any) -> Any:
     return None
 
 
-def run(quick: bool, time_limit: float) -> dict[str, Any]:
+def run(
+    quick: bool, time_limit: float, only: set[str] | None = None, w5_consumers: int = 0
+) -> dict[str, Any]:
     sizes = QUICK if quick else FULL
     deadline = time.monotonic() + time_limit
+
+    def step_if(name: str, fn: Any) -> Any:
+        # --only w1,w5: the other workloads (and the limits) are not run.
+        if only is not None and name.split("_")[0] not in only:
+            return None
+        return step(res, name, deadline, fn)
+
     res: dict[str, Any] = {
         "quick": quick, "sizes": {k: v for k, v in sizes.items()},
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
         "cpus": os.cpu_count(), "platform": platform.platform(),
         "loadavg_before": os.getloadavg(),
     }  # fmt: skip
-    step(res, "limits", deadline, lambda: limits.measure(ROOT / "bench", 3.0))
+    step_if("limits", lambda: limits.measure(ROOT / "bench", 3.0))
     n1 = sizes["w1_records"]
-    step(res, "w1_serial", deadline, lambda: workloads.w1("serial", n1)[0])
+    step_if("w1_serial", lambda: workloads.w1("serial", n1)[0])
     kept: list[Any] = []
 
     def w1_pipelined() -> dict[str, Any]:
@@ -90,19 +99,19 @@ def run(quick: bool, time_limit: float) -> dict[str, Any]:
         return r
 
     try:
-        step(res, "w1_pipelined", deadline, w1_pipelined)
+        step_if("w1_pipelined", w1_pipelined)
         if kept:
-            step(res, "w3", deadline, lambda: workloads.w3(kept[0], n1))
+            step_if("w3", lambda: workloads.w3(kept[0], n1))
     finally:
         for b in kept:
             b.stop()
     n2 = sizes["w2_records"]
-    step(res, "w2", deadline, lambda: workloads.w2(n2))
-    step(res, "w4", deadline, lambda: workloads.w2(n2, idempotent=True))
-    step(res, "w5", deadline, lambda: workloads.w5(*sizes["w5"]))
+    step_if("w2", lambda: workloads.w2(n2))
+    step_if("w4", lambda: workloads.w2(n2, idempotent=True))
+    step_if("w5", lambda: workloads.w5(*sizes["w5"], consumers=w5_consumers))
     n6 = sizes["w6_records"]
-    step(res, "w6_serial", deadline, lambda: workloads.w6("serial", n6))
-    step(res, "w6_pipelined", deadline, lambda: workloads.w6("pipelined", n6))
+    step_if("w6_serial", lambda: workloads.w6("serial", n6))
+    step_if("w6_pipelined", lambda: workloads.w6("pipelined", n6))
     res["loadavg_after"] = os.getloadavg()
     res["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime())
     return res
@@ -323,7 +332,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--workloads",
-        help=f"with --peer: a comma-separated subset of {','.join(peer.WORKLOADS)} (W3 runs with W1)",
+        help=f"a comma-separated subset of {','.join(peer.WORKLOADS)} (W3 runs with W1)",
+    )
+    parser.add_argument(
+        "--w5-consumers",
+        type=int,
+        default=0,
+        help="W5 with this many consumers long-polling the partitions, split as a group would",
     )
     parser.add_argument(
         "--time-limit",
@@ -352,7 +367,10 @@ def main() -> None:
     if args.from_json:
         res = json.loads(args.json.read_text())
     else:
-        res = run(args.quick, limit)
+        only = set(args.workloads.split(",")) if args.workloads else None
+        if only is not None and "w1" in only:
+            only.add("w3")
+        res = run(args.quick, limit, only, args.w5_consumers)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=2))
     print(table(res))

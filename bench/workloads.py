@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,8 @@ import plots
 from produce import BrokerProcess, create_topic, percentile, run_producer
 
 KIB = 1024
+#: confluent_kafka.OFFSET_END: a consumer assigned there reads what comes after.
+OFFSET_END = -1
 
 
 class Broker(Protocol):
@@ -170,14 +173,24 @@ def w5(
     seconds: float,
     idle: int,
     start: StartBroker | None = None,
+    consumers: int = 0,
 ) -> dict[str, Any]:
-    """Fan-in: N producers (one connection each) at `rate` msgs/s to P partitions + idle sockets."""
-    from confluent_kafka import Producer
+    """Fan-in: N producers (one connection each) at `rate` msgs/s to P partitions + idle sockets.
+
+    ``consumers`` > 0 (issue 29; issue 11's W5 has none): that many consumers, each
+    assigned every ``consumers``-th partition as a group would split them, long-poll from
+    the end (``fetch.wait.max.ms=500``); their records' produce-to-consume times (the
+    record's CreateTime, 1 ms resolution) are reported too.
+    """
+    from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
     broker = (start or trio_broker())()
     idle_socks: list[socket.socket] = []
     clients: list[Any] = []
+    stop = threading.Event()
+    readers: list[threading.Thread] = []
+    e2e: list[float] = []
     try:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         for f in admin.create_topics(
@@ -202,6 +215,29 @@ def w5(
             clients.append(p)
         for p in clients:
             p.flush(30)
+        ready = threading.Barrier(consumers + 1) if consumers else None
+
+        def consume(index: int) -> None:
+            c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"w5-{index}",
+                          "enable.auto.commit": False, "fetch.wait.max.ms": 500})  # fmt: skip
+            try:
+                c.assign([TopicPartition("w5", p, OFFSET_END)
+                          for p in range(index, partitions, consumers)])  # fmt: skip
+                c.poll(1.0)  # resolves the end offsets before the producers start
+                assert ready is not None
+                ready.wait(60)
+                while not stop.is_set():
+                    msg = c.poll(0.1)
+                    if msg is not None and msg.error() is None:
+                        e2e.append(time.time() * 1000 - msg.timestamp()[1])
+            finally:
+                c.close()
+
+        for index in range(consumers):
+            readers.append(threading.Thread(target=consume, args=(index,), daemon=True))
+            readers[-1].start()
+        if ready is not None:
+            ready.wait(60)
         payload = os.urandom(100)
         sent = 0
         cpu0 = broker.cpu_seconds()
@@ -224,7 +260,14 @@ def w5(
         undelivered = sum(p.flush(30) for p in clients)
         cpu = broker.cpu_seconds() - cpu0
         latencies.sort()
+        if consumers:  # until the consumers have what was sent, or 10 s
+            deadline = time.monotonic() + 10
+            while len(e2e) < sent - errors and time.monotonic() < deadline:
+                time.sleep(0.05)
+        consumed = sorted(e2e)
         return {
+            "consumers": consumers, "consumed": len(consumed),
+            "e2e_p50_ms": percentile(consumed, 0.5), "e2e_p99_ms": percentile(consumed, 0.99),
             "producers": producers, "partitions": partitions, "rate_per_producer": rate,
             "idle_connections": idle, "seconds": elapsed, "sent": sent,
             "achieved_msgs_per_s": sent / elapsed, "record_bytes": len(payload),
@@ -235,6 +278,9 @@ def w5(
             "cdf_ms": plots.quantiles(latencies, 1000),
         }  # fmt: skip
     finally:
+        stop.set()
+        for t in readers:
+            t.join(30)
         clients.clear()
         for s in idle_socks:
             s.close()

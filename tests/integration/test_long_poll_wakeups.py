@@ -11,11 +11,15 @@ A again and not B, and answers once B's write brings the bytes.
 
 And, as Kafka completes a delayed fetch whose partition went away: deleting the topic
 answers a fetch waiting on it at once (UNKNOWN_TOPIC_OR_PARTITION), not at its max wait.
+An append that lands between the handler's read and the long poll's first wait is not
+lost: the fetch answers with it. A follower's long poll, too, reads again only what
+changed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import pytest
@@ -24,10 +28,15 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from tests.integration.raw_client import RawClient
+from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
+from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.handlers import fetch
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.records import build_batch
 from trio_broker.server.broker import Broker
+from trio_broker.server.fetch_waits import FetchWait
+from trio_broker.services.cluster_view import ClusterView, PartitionInfo, TopicInfo
 
 TOPIC, A, B = "wakeups", 0, 1
 WAIT_S = 20.0
@@ -76,9 +85,9 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     done: list[tuple[int, ...]] = []
     read = fetch.read_partitions
 
-    def recording(ctx: Any, request: m.FetchRequest, wanted: list[Any]) -> Any:
+    def recording(ctx: Any, request: m.FetchRequest, wanted: list[Any], look: bool = False) -> Any:
         done.append(tuple(p.partition for t in wanted for p in t.partitions))
-        return read(ctx, request, wanted)
+        return read(ctx, request, wanted, look)
 
     monkeypatch.setattr(fetch, "read_partitions", recording)
     return done
@@ -163,3 +172,130 @@ async def test_deleting_the_topic_answers_a_long_poll_on_it(broker: Broker, boot
         await trio.to_thread.run_sync(delete_topic, bootstrap)
     (answer,) = answers
     assert answer.responses[0].partitions[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+async def test_an_append_between_the_read_and_the_park_answers_the_long_poll(
+    broker: Broker, bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No lost wake-up: the record reaches B after the handler's read found nothing and
+    before the long poll first waits; the fetch (max wait a minute, longer than the raw
+    client waits for any answer) answers with it."""
+    broker.topics.create(TOPIC, 2)
+    changed = FetchWait.changed
+    parked: list[float] = []
+
+    async def append_then_park(self: FetchWait) -> AbstractSet[tuple[str, int]]:
+        if not parked:
+            # The produce is answered after its append notified B: it has landed.
+            await trio.to_thread.run_sync(produce, bootstrap, B)
+            parked.append(trio.current_time())
+        return await changed(self)
+
+    monkeypatch.setattr(FetchWait, "changed", append_then_park)
+    host, port = broker.bound[0]
+    async with await trio.open_tcp_stream(host, port) as stream:
+        answer = await RawClient(stream).call(m.ApiKey.FETCH, 12, fetch_b(60_000))
+    assert parked and trio.current_time() - parked[0] < WAIT_S
+    assert answer.responses[0].partitions[0].records  # B's record
+
+
+FOLLOWER = 99
+
+
+async def lead_both(broker: Broker, throttle_rate: int | None = None) -> ReplicaManager:
+    """The in-process broker leads A and B (epoch 1) with FOLLOWER as the other replica,
+    as its replica manager would once the controller elected it. ``throttle_rate``: the
+    leader throttles FOLLOWER (a replica a reassignment adds) at this rate, on a clock
+    that stands still (the budget spent is what was charged)."""
+    me = broker.config.node_id
+    topic = broker.topics.create(TOPIC, 2)
+    throttle = {} if throttle_rate is None else {"leader_throttle_rate": throttle_rate}
+    manager = ReplicaManager(
+        ClusterView(me), MemoryCoordination(MemoryZooKeeper()), broker.topics,
+        min_insync_replicas=1, replica_lag_time_max_ms=60_000,
+        now_ms=broker.now_ms if throttle_rate is None else lambda: 0,
+        durability=None, on_partition_changed=broker.appends.notify, **throttle,
+    )  # fmt: skip
+    adding = () if throttle_rate is None else (FOLLOWER,)
+    infos = {p: PartitionInfo((me, FOLLOWER), me, 1, (me, FOLLOWER), adding) for p in (A, B)}
+    assert topic.topic_id is not None
+    manager.view.topics[TOPIC] = TopicInfo(TOPIC, topic.topic_id, infos)
+    for p, info in infos.items():
+        await manager._become_leader(TOPIC, p, info)
+    broker.replication = manager
+    return manager
+
+
+async def test_a_woken_follower_fetch_reads_again_only_the_partition_that_changed(
+    broker: Broker, reads: list[tuple[int, ...]]
+) -> None:
+    """A follower's long poll, woken by a change to A that brings it nothing (its HW, say),
+    reads A again, not B; a record on B answers it. Followers used to read everything at
+    every wake-up (so that only the answer's read counted against the leader throttle:
+    a look is not counted now)."""
+    await lead_both(broker)
+    answers: list[m.FetchResponse] = []
+    host, port = broker.bound[0]
+    async with await trio.open_tcp_stream(host, port) as stream, trio.open_nursery() as nursery:
+
+        async def long_poll() -> None:
+            request = fetch_b(20_000, partitions=(A, B))
+            request.replica_id = FOLLOWER
+            answers.append(await RawClient(stream).call(m.ApiKey.FETCH, 12, request))
+
+        nursery.start_soon(long_poll)
+        await wait_until(lambda: waiting(broker), "the follower's fetch to wait")
+        assert reads == [(A, B)]
+        broker.appends.notify(TOPIC, A)
+        await wait_until(lambda: len(reads) == 2, "the fetch to look at A")
+        assert reads[1] == (A,) and not answers
+        await produce_raw(host, port, B)
+        await wait_until(lambda: bool(answers), "the fetch's answer")
+    assert reads[2:] == [(B,), (A, B)]
+    (answer,) = answers
+    assert [bool(p.records) for p in answer.responses[0].partitions] == [False, True]
+
+
+async def produce_raw(host: str, port: int, partition: int, size: int = 0) -> None:
+    """A raw Produce (acks=1) through the produce handler: the clients' metadata would
+    name no broker for the hand-made cluster of :func:`lead_both`."""
+    batch = build_batch([(None, b"to %d" % partition + b"x" * size)])
+    part = m.ProduceRequest.TopicProduceData.PartitionProduceData(
+        index=partition, records=bytes(batch)
+    )
+    request = m.ProduceRequest(acks=1, timeout_ms=10_000, topic_data=[
+        m.ProduceRequest.TopicProduceData(name=TOPIC, partition_data=[part])])  # fmt: skip
+    async with await trio.open_tcp_stream(host, port) as stream:
+        produced = await RawClient(stream).call(m.ApiKey.PRODUCE, 9, request)
+    assert produced.responses[0].partition_responses[0].error_code == ErrorCode.NONE
+
+
+async def test_a_throttled_follower_pays_for_what_it_is_sent_not_for_its_looks(
+    broker: Broker, reads: list[tuple[int, ...]]
+) -> None:
+    """A throttled follower's long poll looks at B after each record (the first too small
+    for min_bytes); the leader's budget is charged for the answer's bytes only."""
+    rate = 1 << 20
+    manager = await lead_both(broker, throttle_rate=rate)
+    answers: list[m.FetchResponse] = []
+    host, port = broker.bound[0]
+    async with await trio.open_tcp_stream(host, port) as stream, trio.open_nursery() as nursery:
+
+        async def long_poll() -> None:
+            request = fetch_b(20_000, partitions=(A, B), min_bytes=3000)
+            request.replica_id = FOLLOWER
+            answers.append(await RawClient(stream).call(m.ApiKey.FETCH, 12, request))
+
+        nursery.start_soon(long_poll)
+        await wait_until(lambda: waiting(broker), "the follower's fetch to wait")
+        await produce_raw(host, port, B, 2000)
+        await wait_until(lambda: len(reads) == 2, "the fetch to look at B")
+        assert not answers
+        await produce_raw(host, port, B, 2000)
+        await wait_until(lambda: bool(answers), "the fetch's answer")
+    assert reads == [(A, B), (B,), (B,), (A, B)]
+    (answer,) = answers
+    sent = answer.responses[0].partitions[1].records
+    assert sent is not None and len(sent) > 4000  # both records
+    budget = manager.leader_throttle
+    assert budget is not None and rate - budget.available(0) == len(sent)

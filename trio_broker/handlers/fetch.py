@@ -63,11 +63,16 @@ NOT_READ = frozenset(
 
 
 def read_partitions(
-    ctx: RequestContext, request: m.FetchRequest, wanted_topics: list[FetchTopic]
+    ctx: RequestContext,
+    request: m.FetchRequest,
+    wanted_topics: list[FetchTopic],
+    look: bool = False,
 ) -> tuple[Resp, int]:
     """Build the response from the logs as they are now; return it and its record bytes.
 
     ``wanted_topics``: the request's own list, or an incremental fetch's session.
+    ``look``: a waiting fetch looks at what changed; nothing it reads is sent, so a
+    follower's bytes are not charged to the leader's throttle (its answer's read is).
     """
     remaining = request.max_bytes if ctx.api_version >= 3 else 2**31 - 1
     quota_limit = ctx.services.quotas.max_bytes(ctx, CONSUMER_BYTE_RATE)
@@ -164,7 +169,7 @@ def read_partitions(
                 part.records = chunks
                 total += chunks.nbytes
                 remaining -= chunks.nbytes
-                if budget is not None and replication is not None:
+                if budget is not None and replication is not None and not look:
                     replication.leader_throttle_used(chunks.nbytes)
         topic_responses.append(
             TopicResp(topic=wanted.topic, topic_id=wanted.topic_id, partitions=partitions)
@@ -459,8 +464,6 @@ async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchR
     # Watched from the handler's read on, so that read is the long poll's first: a
     # change before the long poll runs is kept for it. A change elsewhere never wakes it.
     waiter = ctx.services.appends.watch(poll.watched)
-    # A follower's reads count against the leader's throttle: it reads only to answer.
-    look_at_changes = not is_follower(ctx, request)
 
     async def long_poll() -> m.FetchResponse:
         response: Resp | None = None
@@ -468,9 +471,10 @@ async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchR
         with waiter:
             while not poll.complete and not ctx.services.shutting_down:
                 changed = await waiter.changed()
-                if look_at_changes and not changed >= poll.watched:  # read only what changed
+                if not changed >= poll.watched:  # read only what changed
                     again = poll.only(changed)
-                    poll.update(again, read_partitions(ctx, request, [t for _, t in again])[0])
+                    looked = read_partitions(ctx, request, [t for _, t in again], look=True)
+                    poll.update(again, looked[0])
                     response = None
                 else:
                     response, total = read_partitions(ctx, request, plan.topics)
