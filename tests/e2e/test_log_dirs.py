@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,7 +67,7 @@ class KeepProducing:
         while not self._stop.is_set():
             self.producer.produce(TOPIC, value=b"%d" % self.sent, on_delivery=self._delivered)
             self.sent += 1
-            self.producer.poll(0.002)
+            self.producer.poll(0.005)  # a few hundred records a second
 
     def __enter__(self) -> KeepProducing:
         self.thread.start()
@@ -78,10 +79,11 @@ class KeepProducing:
         assert self.producer.flush(60) == 0
 
     def wait_for(self, count: int) -> None:
-        for _ in range(3000):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
             if len(self.acked) >= count:
                 return
-            threading.Event().wait(0.01)
+            self.thread.join(0.01)  # a bounded wait on the condition, not a fixed sleep
         raise AssertionError(f"only {len(self.acked)} of {count} records acknowledged")
 
 
@@ -90,18 +92,12 @@ def consume_all(bootstrap: str, count: int) -> list[bytes]:
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
     consumer.subscribe([TOPIC])
     got: list[bytes] = []
+    deadline = time.monotonic() + 90
     try:
-        for _ in range(600):
-            if len(got) >= count:
-                break
-            message = consumer.poll(0.1)
-            if message is not None and message.error() is None:
-                got.append(message.value())
+        while len(got) < count and time.monotonic() < deadline:
+            got += [msg.value() for msg in consumer.consume(500, 0.2) if msg.error() is None]
         # Anything beyond ``count`` would be a duplicate: give it a moment to show.
-        for _ in range(10):
-            message = consumer.poll(0.1)
-            if message is not None and message.error() is None:
-                got.append(message.value())
+        got += [msg.value() for msg in consumer.consume(500, 1.0) if msg.error() is None]
     finally:
         consumer.close()
     return got
