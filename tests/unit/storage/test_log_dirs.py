@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from trio_broker.config import ConfigError, ensure_cluster_id
 from trio_broker.protocol.records import build_batch
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.log import LogConfig, PartitionLog
@@ -123,3 +124,15 @@ def test_moving_into_the_same_name_twice_is_not_possible(tmp_path: Path) -> None
     (b / "t-0").mkdir(parents=True)
     with pytest.raises(OSError):
         move_partition(a / "t-0", b)
+
+
+def test_each_dir_has_the_clusters_id_and_dirs_of_two_clusters_are_refused(
+    tmp_path: Path,
+) -> None:
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    cluster_id = ensure_cluster_id(a, None)
+    assert ensure_cluster_id(a, None, (b,)) == cluster_id  # b gets a's id, as in Kafka
+    assert f"cluster.id={cluster_id}" in (b / "meta.properties").read_text()
+    ensure_cluster_id(c, None)  # another cluster's dir
+    with pytest.raises(ConfigError, match="different clusters"):
+        ensure_cluster_id(a, None, (b, c))
