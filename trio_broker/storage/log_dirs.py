@@ -19,19 +19,23 @@ crash interrupted at any step: a ``-move`` directory is discarded (the source is
 intact), a ``-future`` one is completed (steps 3 and 4), a ``-delete`` one removed. So
 exactly one complete copy survives a kill -9 anywhere.
 
-Plain blocking ``os`` calls, no trio.
+Plain blocking calls (the durable copy is storage/durable.py's), no trio.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from trio_broker.storage.durable import fsync_dir, make_dirs_durable, rename_durably
+from trio_broker.storage.durable import (
+    copy_dir_durably,
+    fsync_dir,
+    make_dirs_durable,
+    rename_durably,
+)
 from trio_broker.storage.errors import StorageError
 
 __all__ = [
@@ -68,22 +72,6 @@ def choose_log_dir(log_dirs: Sequence[Path], counts: Mapping[Path, int]) -> Path
     return min(log_dirs, key=lambda d: counts.get(d, 0))
 
 
-def _copy_durably(source: Path, target: Path) -> None:
-    """Copy directory ``source`` to a new ``target``, every file and directory fsynced."""
-    os.mkdir(target)
-    for entry in sorted(source.iterdir()):
-        if entry.is_dir():
-            _copy_durably(entry, target / entry.name)
-            continue
-        shutil.copyfile(entry, target / entry.name)
-        fd = os.open(target / entry.name, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    fsync_dir(target)
-
-
 def move_partition(
     source: Path, destination_dir: Path, *, step: Callable[[str], None] | None = None
 ) -> Path:
@@ -99,7 +87,7 @@ def move_partition(
     target = destination_dir / source.name
     if target.exists():  # a rename would replace an empty one: never two copies
         raise FileExistsError(f"{target} exists: {source.name} is already in {destination_dir}")
-    _copy_durably(source, copying)
+    copy_dir_durably(source, copying)
     fsync_dir(destination_dir)
     mark("copied")
     rename_durably([(copying, future)])
