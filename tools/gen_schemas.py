@@ -45,6 +45,7 @@ APIS = [
     "OffsetForLeaderEpoch",
     "DescribeConfigs",
     "AlterConfigs",
+    "AlterReplicaLogDirs",
     "DescribeLogDirs",
     "SaslAuthenticate",
     "CreatePartitions",

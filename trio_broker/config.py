@@ -65,6 +65,8 @@ class BrokerConfig:
     #: listener.name.<name>.<key> overrides, by Kafka key (docs/security.md).
     security: dict[str, Any] = attrs.field(factory=dict, hash=False)
     data_dir: Path = Path("data")
+    #: log.dirs after the first (JBOD): partitions spread over ``data_dir`` and these.
+    extra_log_dirs: tuple[Path, ...] = ()
     storage: str = "file"  # ours: "file" or "memory"
     processing_model: str = "pipelined"  # ours: "pipelined" or "serial"
     node_id: int = 0
@@ -407,7 +409,7 @@ def _apply_keys(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         if field == "data_dir":
             dirs = [d.strip() for d in str(value).split(",") if d.strip()]
             if len(dirs) > 1:
-                log.warning("config key %s: only the first directory, %s, is used", key, dirs[0])
+                values["extra_log_dirs"] = tuple(Path(d) for d in dirs[1:])
             value = dirs[0] if dirs else value
         if field == "group_consumer_assignors":
             value = _assignors(key, value)
@@ -489,6 +491,8 @@ def load_config(path: Path | None = None, **overrides: Any) -> BrokerConfig:
             static[key] = _as_written(value)
     if "host" in given or "port" in given:
         static.setdefault("listeners", f"PLAINTEXT://{values.get('host')}:{values.get('port')}")
+    if "data_dir" in given:  # --data-dir: one dir, whatever log.dirs said
+        values.pop("extra_log_dirs", None)
     if "data_dir" in values:
         values["data_dir"] = Path(values["data_dir"])
     if values.get("capture_dir") is not None:
@@ -496,22 +500,41 @@ def load_config(path: Path | None = None, **overrides: Any) -> BrokerConfig:
     return BrokerConfig(**values, static_keys=static).validate()
 
 
-def ensure_cluster_id(data_dir: Path | None, configured: str | None) -> str:
-    """Keep one cluster id per data dir (meta.properties, as Kafka does)."""
+def ensure_cluster_id(
+    data_dir: Path | None, configured: str | None, extra_log_dirs: tuple[Path, ...] = ()
+) -> str:
+    """Keep one cluster id per data dir (meta.properties, as Kafka does). With several
+    log dirs each has its meta.properties, and (as Kafka) they must agree."""
     if configured:
         return configured
     if data_dir is None:
         return _new_cluster_id()
+    found = {d: _read_cluster_id(d) for d in (data_dir, *extra_log_dirs)}
+    ids = {i for i in found.values() if i is not None}
+    if len(ids) > 1:
+        raise ConfigError(
+            "log dirs belong to different clusters: "
+            + ", ".join(f"{d} has cluster.id {i}" for d, i in found.items() if i is not None)
+        )
+    cluster_id = ids.pop() if ids else _new_cluster_id()
+    for d, i in found.items():
+        if i is None:
+            # Durably, or a power cut brings back an empty file and the next start
+            # makes a new id.
+            make_dirs_durable(d)
+            write_file_atomically(
+                d / "meta.properties", f"cluster.id={cluster_id}\nversion=1\n".encode()
+            )
+    return cluster_id
+
+
+def _read_cluster_id(data_dir: Path) -> str | None:
     meta = data_dir / "meta.properties"
     if meta.exists():
         for line in meta.read_text().splitlines():
             if line.startswith("cluster.id="):
                 return line.split("=", 1)[1].strip()
-    cluster_id = _new_cluster_id()
-    # Durably, or a power cut brings back an empty file and the next start makes a new id.
-    make_dirs_durable(data_dir)
-    write_file_atomically(meta, f"cluster.id={cluster_id}\nversion=1\n".encode())
-    return cluster_id
+    return None
 
 
 def _new_cluster_id() -> str:

@@ -7,7 +7,7 @@ import importlib
 #: Handler modules, imported once by :func:`load_handlers`.
 MODULES = [
     "api_versions", "metadata", "produce", "fetch", "list_offsets", "create_topics",
-    "delete_topics", "create_partitions", "describe_log_dirs", "describe_configs", "describe_cluster", "offset_for_leader_epoch",
+    "delete_topics", "create_partitions", "describe_log_dirs", "alter_replica_log_dirs", "describe_configs", "describe_cluster", "offset_for_leader_epoch",
     "delete_records", "init_producer_id", "find_coordinator", "groups", "offsets",
     "describe_acls", "create_acls", "delete_acls", "alter_configs", "incremental_alter_configs",
     "describe_client_quotas", "alter_client_quotas",

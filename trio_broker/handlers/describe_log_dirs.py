@@ -1,8 +1,7 @@
-"""DescribeLogDirs: the broker's one log directory, its partitions and their sizes.
+"""DescribeLogDirs: the broker's log directories, their partitions and their sizes.
 
-Every partition log lives in the data directory, so the answer has exactly one
-log dir (its absolute path, as Kafka gives it), with each asked-for partition
-the broker holds: its size (the bytes of its segment files), offset lag 0 and
+One entry per log dir (``log.dirs``; one with ``--data-dir``), its absolute path as
+Kafka gives it, with each asked-for partition that dir holds: its size (the bytes of its segment files), offset lag 0 and
 ``is_future_key`` false (no replica is being moved between directories), and
 from v4 the file system's total and usable bytes. A null topic list asks for
 every partition, the internal ``__consumer_offsets`` and ``__transaction_state`` ones
@@ -54,10 +53,14 @@ def _partition_logs(ctx: RequestContext) -> Iterator[tuple[str, int, Log]]:
 
 
 def _topic_results(
-    ctx: RequestContext, wanted: set[tuple[str, int]] | None
+    ctx: RequestContext, wanted: set[tuple[str, int]] | None, log_dir: str | None
 ) -> list[m.DescribeLogDirsResponse.DescribeLogDirsResult.DescribeLogDirsTopic]:
+    """The partitions in ``log_dir`` (None: memory, all of them)."""
     sizes: dict[str, dict[int, int]] = {}  # topic -> partition -> bytes
     for name, index, log in _partition_logs(ctx):
+        where = ctx.services.topics.log_dir_of(log)
+        if log_dir is not None and (where is None or str(where) != log_dir):
+            continue
         if wanted is None or (name, index) in wanted:
             sizes.setdefault(name, {})[index] = log.size_bytes
     return [
@@ -71,15 +74,14 @@ def _topic_results(
 
 
 def _log_dir_result(
-    ctx: RequestContext, wanted: set[tuple[str, int]] | None
+    ctx: RequestContext, wanted: set[tuple[str, int]] | None, data_dir: str | None
 ) -> m.DescribeLogDirsResponse.DescribeLogDirsResult:
-    data_dir = ctx.services.topics.data_dir
     result = DirResult(
         error_code=ErrorCode.NONE, log_dir=MEMORY_LOG_DIR, topics=[],
         total_bytes=UNKNOWN_BYTES, usable_bytes=UNKNOWN_BYTES, is_cordoned=False,
     )  # fmt: skip
     if data_dir is not None:
-        result.log_dir = os.path.abspath(data_dir)
+        result.log_dir = data_dir
         try:
             fs = os.statvfs(data_dir)
         except OSError:
@@ -88,7 +90,7 @@ def _log_dir_result(
             return result
         result.total_bytes = fs.f_blocks * fs.f_frsize
         result.usable_bytes = fs.f_bavail * fs.f_frsize  # what a non-root writer may use
-    result.topics = _topic_results(ctx, wanted)
+    result.topics = _topic_results(ctx, wanted, data_dir)
     return result
 
 
@@ -103,5 +105,6 @@ async def handle_describe_log_dirs(
     wanted = None
     if request.topics is not None:
         wanted = {(t.topic, p) for t in request.topics for p in t.partitions}
-    response.results = [_log_dir_result(ctx, wanted)]
+    log_dirs: list[str | None] = [str(d) for d in ctx.services.topics.log_dirs] or [None]
+    response.results = [_log_dir_result(ctx, wanted, d) for d in log_dirs]
     return response

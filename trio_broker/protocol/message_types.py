@@ -389,6 +389,70 @@ if TYPE_CHECKING:
             responses: list[ReassignableTopicResponse] = ...,
         ) -> None: ...
 
+    class AlterReplicaLogDirsRequest(Message):
+        class AlterReplicaLogDir(Message):
+            class AlterReplicaLogDirTopic(Message):
+                name: str
+                partitions: list[int]
+
+                def __init__(
+                    self,
+                    *,
+                    name: str = ...,
+                    partitions: list[int] = ...,
+                ) -> None: ...
+
+            path: str
+            topics: list[AlterReplicaLogDirTopic]
+
+            def __init__(
+                self,
+                *,
+                path: str = ...,
+                topics: list[AlterReplicaLogDirTopic] = ...,
+            ) -> None: ...
+
+        dirs: list[AlterReplicaLogDir]
+
+        def __init__(
+            self,
+            *,
+            dirs: list[AlterReplicaLogDir] = ...,
+        ) -> None: ...
+
+    class AlterReplicaLogDirsResponse(Message):
+        class AlterReplicaLogDirTopicResult(Message):
+            class AlterReplicaLogDirPartitionResult(Message):
+                partition_index: int
+                error_code: int
+
+                def __init__(
+                    self,
+                    *,
+                    partition_index: int = ...,
+                    error_code: int = ...,
+                ) -> None: ...
+
+            topic_name: str
+            partitions: list[AlterReplicaLogDirPartitionResult]
+
+            def __init__(
+                self,
+                *,
+                topic_name: str = ...,
+                partitions: list[AlterReplicaLogDirPartitionResult] = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        results: list[AlterReplicaLogDirTopicResult]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            results: list[AlterReplicaLogDirTopicResult] = ...,
+        ) -> None: ...
+
     class AlterUserScramCredentialsRequest(Message):
         class ScramCredentialDeletion(Message):
             name: str
@@ -4017,6 +4081,8 @@ else:
     AlterConfigsResponse = SCHEMAS["AlterConfigsResponse"].cls
     AlterPartitionReassignmentsRequest = SCHEMAS["AlterPartitionReassignmentsRequest"].cls
     AlterPartitionReassignmentsResponse = SCHEMAS["AlterPartitionReassignmentsResponse"].cls
+    AlterReplicaLogDirsRequest = SCHEMAS["AlterReplicaLogDirsRequest"].cls
+    AlterReplicaLogDirsResponse = SCHEMAS["AlterReplicaLogDirsResponse"].cls
     AlterUserScramCredentialsRequest = SCHEMAS["AlterUserScramCredentialsRequest"].cls
     AlterUserScramCredentialsResponse = SCHEMAS["AlterUserScramCredentialsResponse"].cls
     ApiVersionsRequest = SCHEMAS["ApiVersionsRequest"].cls
@@ -4129,6 +4195,8 @@ __all__ = [
     "AlterConfigsResponse",
     "AlterPartitionReassignmentsRequest",
     "AlterPartitionReassignmentsResponse",
+    "AlterReplicaLogDirsRequest",
+    "AlterReplicaLogDirsResponse",
     "AlterUserScramCredentialsRequest",
     "AlterUserScramCredentialsResponse",
     "ApiVersionsRequest",

@@ -75,13 +75,21 @@ class Broker:
         self.config = config
         self.now_ms = now_ms
         data_dir = config.data_dir if config.storage == "file" else None
-        if data_dir is not None:
+        log_dirs = (data_dir, *config.extra_log_dirs) if data_dir is not None else ()
+        for log_dir in log_dirs:
             # Its entry in the parent must be durable too, even if an earlier run made
             # it: everything in it (catalogue, logs, meta.properties) hangs off it.
-            make_dirs_durable(data_dir, sync_existing=True)
-        # Before any log is opened (and recovered): one broker process per data dir.
-        self._data_dir_lock = lock_data_dir(data_dir) if data_dir is not None else None
-        self.cluster_id = ensure_cluster_id(data_dir, config.cluster_id)
+            make_dirs_durable(log_dir, sync_existing=True)
+        # Before any log is opened (and recovered): one broker process per log dir.
+        self._data_dir_locks = []
+        try:
+            for log_dir in log_dirs:
+                self._data_dir_locks.append(lock_data_dir(log_dir))
+        except BaseException:
+            for held in self._data_dir_locks:
+                held.close()
+            raise
+        self.cluster_id = ensure_cluster_id(data_dir, config.cluster_id, log_dirs[1:])
         self.log_defaults = LogConfig(
             segment_bytes=config.segment_bytes,
             segment_ms=config.segment_ms,
@@ -94,7 +102,7 @@ class Broker:
             max_compaction_lag_ms=config.log_cleaner_max_compaction_lag_ms,
             min_cleanable_dirty_ratio=config.log_cleaner_min_cleanable_ratio,
         )
-        self.topics = TopicManager(data_dir, self.log_defaults, now_ms)
+        self.topics = TopicManager(data_dir, self.log_defaults, now_ms, log_dirs[1:])
         self.flusher = Flusher(
             FlushPolicy(
                 flush_messages=config.flush_interval_messages,
@@ -279,8 +287,8 @@ class Broker:
                 close = getattr(service, "close", None)
                 if close is not None:
                     close()
-            if self._data_dir_lock is not None:
-                self._data_dir_lock.close()  # the last: everything is closed
+            for held in self._data_dir_locks:
+                held.close()  # the last: everything is closed
 
     async def _run_cluster(
         self, coordination: Any, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

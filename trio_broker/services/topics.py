@@ -7,9 +7,10 @@ apply here once, for every API that creates topics.
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from trio_broker.storage.catalogue import Catalogue, TopicInfo
 from trio_broker.storage.catalogue import validate_topic_name as catalogue_rules
 from trio_broker.storage.errors import InvalidConfigError, InvalidTopicError
 from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.log_dirs import choose_log_dir, find_partition_dir, recover_moves
+from trio_broker.storage.log_dirs import move_partition as move_partition_dir
 from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.memory import MemoryLog
 from trio_broker.storage.topic_configs import check_topic_configs
@@ -66,12 +69,28 @@ class Topic:
 class TopicManager:
     """Creates, opens and deletes topics; finds a partition's log."""
 
-    def __init__(self, data_dir: Path | None, defaults: LogConfig, now_ms: Any) -> None:
+    def __init__(
+        self,
+        data_dir: Path | None,
+        defaults: LogConfig,
+        now_ms: Any,
+        log_dirs: Sequence[Path] = (),
+    ) -> None:
         self.data_dir = data_dir
+        #: Every log dir, absolute (log.dirs; the first is ``data_dir``, which alone holds
+        #: the catalogue and the broker-wide files). Empty in memory mode.
+        self.log_dirs: list[Path] = []
+        if data_dir is not None:
+            for d in (data_dir, *log_dirs):
+                if Path(os.path.abspath(d)) not in self.log_dirs:
+                    self.log_dirs.append(Path(os.path.abspath(d)))
+            recover_moves(self.log_dirs)  # before the catalogue and any log looks
+        #: Partitions per log dir (placement: the fewest first).
+        self.dir_counts: dict[Path, int] = dict.fromkeys(self.log_dirs, 0)
         #: The log defaults of the broker's config file; dynamic broker configs go on top.
         self.static_defaults = defaults
         self.now_ms = now_ms
-        self.catalogue = Catalogue(data_dir) if data_dir is not None else None
+        self.catalogue = Catalogue(data_dir, self.log_dirs) if data_dir is not None else None
         self.broker_configs = BrokerConfigStore(data_dir)
         self.defaults = topic_log_config(self.broker_configs.effective(), defaults)
         self.topics: dict[str, Topic] = {}
@@ -93,8 +112,50 @@ class TopicManager:
     def _open_log(self, name: str, partition: int, config: LogConfig) -> Log:
         if self.data_dir is None:
             return MemoryLog(config)
-        directory = self.data_dir / f"{name}-{partition}"
-        return PartitionLog.open(directory, config, now_ms=self.now_ms)
+        dir_name = f"{name}-{partition}"
+        log_dir = find_partition_dir(self.log_dirs, dir_name)
+        if log_dir is None:
+            log_dir = choose_log_dir(self.log_dirs, self.dir_counts)
+        log = PartitionLog.open(log_dir / dir_name, config, now_ms=self.now_ms)
+        self.dir_counts[log_dir] += 1
+        return log
+
+    def log_dir_of(self, log: Log) -> Path | None:
+        """The log dir ``log`` is in (None for a memory log)."""
+        if not isinstance(log, PartitionLog):
+            return None
+        return Path(os.path.abspath(log.directory.parent))
+
+    def move_partition(
+        self, name: str, partition: int, log_dir: Path, *, step: Callable[[str], None] | None = None
+    ) -> Log:
+        """Move a partition's log into another of the broker's log dirs (storage/log_dirs.py).
+
+        Blocking: the log is closed (flushed, clean-shutdown marker) for the copy and
+        reopened from its new place, so no append can slip in between. The caller makes
+        sure every append so far is durable first (no produce waits on the old log).
+        """
+        topic = self.topics[name]
+        old = topic.logs[partition]
+        source = self.log_dir_of(old)
+        assert isinstance(old, PartitionLog) and source is not None
+        if self.on_log_closed is not None:
+            self.on_log_closed(old)
+        old.close()
+        try:
+            move_partition_dir(old.directory, log_dir, step=step)
+        finally:
+            # Done or not, reopen the one copy: after an error midway, settle the move
+            # first as a restart would (a failed copy leaves the source whole).
+            recover_moves(self.log_dirs)
+            where = find_partition_dir(self.log_dirs, f"{name}-{partition}") or source
+            new = PartitionLog.open(where / f"{name}-{partition}", old.config, now_ms=self.now_ms)
+            logs = list(topic.logs)  # replaced, not changed: readers may hold the old list
+            logs[partition] = new
+            topic.logs = logs
+            self.dir_counts[source] -= 1
+            self.dir_counts[where] += 1
+        return new
 
     def _open(self, info: TopicInfo) -> Topic:
         config = self.log_config(info.configs)
@@ -250,13 +311,15 @@ class TopicManager:
             if self.on_log_closed is not None:
                 self.on_log_closed(log)
             log.close()
+            if (log_dir := self.log_dir_of(log)) is not None:
+                self.dir_counts[log_dir] -= 1
             if self.on_partition_deleted is not None:
                 self.on_partition_deleted(name, index)
         if self.catalogue is not None:
             self.catalogue.delete_topic(name)
-        if self.data_dir is not None:
-            for partition in range(len(topic.logs)):
-                shutil.rmtree(self.data_dir / f"{name}-{partition}", ignore_errors=True)
+        for log in topic.logs:
+            if isinstance(log, PartitionLog):
+                shutil.rmtree(log.directory, ignore_errors=True)
 
     def all_logs(self) -> list[Log]:
         return [log for topic in self.topics.values() for log in topic.logs]

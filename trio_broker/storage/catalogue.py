@@ -13,7 +13,7 @@ import json
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +74,10 @@ class TopicInfo:
 class Catalogue:
     """Topics persisted in ``data_dir``. Blocking file I/O on every change (rare)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, log_dirs: Sequence[Path] = ()) -> None:
         self.data_dir = Path(data_dir)
+        #: Every log dir (log.dirs; the first is ``data_dir``): a partition may be in any.
+        self.log_dirs = [self.data_dir, *(Path(d) for d in log_dirs if Path(d) != self.data_dir)]
         self.path = self.data_dir / CATALOGUE_FILE
         make_dirs_durable(self.data_dir)
         self._topics: dict[str, TopicInfo] = {}
@@ -208,8 +210,10 @@ class Catalogue:
     def _discard_dirs(self, name: str, partitions: range, topic_id: uuid.UUID) -> None:
         moves = []
         for partition in partitions:
-            path = self.partition_dir(name, partition)
-            if path.exists():
+            for log_dir in self.log_dirs:
+                path = log_dir / f"{name}-{partition}"
+                if not path.exists():
+                    continue
                 # Rename first (one durable step), remove at leisure: a crash
                 # mid-removal leaves a '-delete' directory, never half a log.
                 moves.append((path, path.with_name(f"{path.name}.{topic_id.hex}-delete")))
@@ -220,6 +224,9 @@ class Catalogue:
             shutil.rmtree(target, ignore_errors=True)
 
     def _remove_deleted_dirs(self) -> None:
-        for path in self.data_dir.iterdir():
-            if path.is_dir() and _DELETED_DIR.fullmatch(path.name):
-                shutil.rmtree(path, ignore_errors=True)
+        for log_dir in self.log_dirs:
+            if not log_dir.is_dir():
+                continue
+            for path in log_dir.iterdir():
+                if path.is_dir() and _DELETED_DIR.fullmatch(path.name):
+                    shutil.rmtree(path, ignore_errors=True)

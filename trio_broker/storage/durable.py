@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -133,3 +134,21 @@ def make_dirs_durable(path: Path, *, sync_existing: bool = False) -> bool:
     if not missing and sync_existing:
         fsync_dir(path.parent)
     return bool(missing)
+
+
+def copy_dir_durably(source: Path, target: Path) -> None:
+    """Copy directory ``source`` to a new ``target``, every file and directory in it
+    fsynced (moving a partition between log dirs). ``target``'s own entry in its parent
+    is durable only once the caller fsyncs the parent."""
+    os.mkdir(target)
+    for entry in sorted(source.iterdir()):
+        if entry.is_dir():
+            copy_dir_durably(entry, target / entry.name)
+            continue
+        shutil.copyfile(entry, target / entry.name)
+        fd = os.open(target / entry.name, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_dir(target)

@@ -120,6 +120,9 @@ def test_the_most_specific_synonym_wins(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, "log.retention.hours=-1")).retention_ms == -1  # forever
     config = load_config(write(tmp_path, f"log.dir={tmp_path}/a\nlog.dirs={tmp_path}/b,/c\n"))
     assert config.data_dir == tmp_path / "b"
+    assert config.extra_log_dirs == (Path("/c"),)  # log.dirs: JBOD, the first is the data dir
+    # --data-dir means one dir, whatever the file's log.dirs says.
+    assert load_config(write(tmp_path, "log.dirs=/x,/y\n"), data_dir="/z").extra_log_dirs == ()
     assert load_config(write(tmp_path, "broker.id=4\nnode.id=4")).node_id == 4
 
 
