@@ -132,8 +132,11 @@ def read_committed(bootstrap: str, expected: int, topic: str = TOPIC) -> list[st
 
     def at_stable_end() -> bool:
         for tp in consumer.position(partitions):
-            # A read_committed consumer's ListOffsets answers the last stable offset.
-            _, stable = consumer.get_watermark_offsets(tp, timeout=10)
+            try:
+                # A read_committed consumer's ListOffsets answers the last stable offset.
+                _, stable = consumer.get_watermark_offsets(tp, timeout=10)
+            except KafkaException:  # a leader moving after a kill: ask again later
+                return False
             if max(tp.offset, 0) < stable:  # (no position yet: OFFSET_INVALID, < 0)
                 return False
         return True
