@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, every_broker_lists, produce
-from tests.e2e.conftest import BrokerProcess, start_all, stop_all
+from tests.e2e.conftest import BrokerProcess, stop_all
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -75,7 +75,8 @@ def cluster(
     )
     brokers = {b: MeteredBroker(tmp_path / f"broker{b}", b, zookeeper, keys) for b in (1, 2, 3)}
     try:
-        start_all(brokers.values())
+        for broker in brokers.values():
+            broker.start()
         yield mode, brokers
     finally:
         stop_all(brokers.values())

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.conftest import BrokerProcess, ConnectionClosed, start_all, stop_all
+from tests.e2e.conftest import BrokerProcess, ConnectionClosed, stop_all
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper
 
 pytestmark = pytest.mark.timeout(240)
@@ -42,7 +42,8 @@ class ClusterBroker(BrokerProcess):
 def cluster(tmp_path: Path, zookeeper: str) -> Iterator[dict[int, ClusterBroker]]:
     brokers = {b: ClusterBroker(tmp_path / f"broker{b}", b, zookeeper) for b in (1, 2, 3)}
     try:
-        start_all(brokers.values())
+        for broker in brokers.values():
+            broker.start()
         yield brokers
     finally:
         stop_all(brokers.values())

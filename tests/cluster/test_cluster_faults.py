@@ -37,7 +37,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, every_broker_lists, partitions
-from tests.e2e.conftest import ConnectionClosed, start_all, stop_all
+from tests.e2e.conftest import ConnectionClosed, stop_all
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch
 
@@ -77,7 +77,8 @@ def running(brokers: Cluster) -> Iterator[Cluster]:
     """Start every broker; stop those still running at the end (a paused one is
     continued first, so that it hears SIGTERM)."""
     try:
-        start_all(brokers.values())
+        for broker in brokers.values():
+            broker.start()
         yield brokers
     finally:
         stop_all(brokers.values())

@@ -275,8 +275,6 @@ class BrokerProcess:
         #: True between stop()/kill9() and start(): the broker is down on purpose.
         self.down_on_purpose = False
         self._drainer: threading.Thread | None = None
-        self._listening = threading.Event()
-        self._found: list[int] = []
         self._log_lock = threading.Lock()
         #: The process sent SIGTERM by :meth:`terminate`.
         self._terminated: subprocess.Popen[bytes] | None = None
@@ -304,13 +302,6 @@ class BrokerProcess:
         With ``ready_check`` it then waits for one ApiVersions answer, so that the
         broker is past its start-up (signal handlers included) when this returns.
         """
-        self.spawn()
-        self.wait_started(ready_check=ready_check)
-
-    def spawn(self) -> None:
-        """Start the process without waiting for it (:meth:`wait_started` does): several
-        brokers spawned first start side by side. On the main thread, as
-        ``die_with_parent`` needs."""
         assert self.proc is None or self.proc.poll() is not None, "broker already running"
         self.starts += 1
         self.down_on_purpose = False
@@ -325,20 +316,12 @@ class BrokerProcess:
             preexec_fn=die_with_parent(),  # nor does it outlive a killed pytest
         )
         self.proc = proc
-        self._listening = threading.Event()
-        self._found = []
+        listening = threading.Event()
+        found: list[int] = []
         self._drainer = threading.Thread(
-            target=self._drain,
-            args=(proc, self._listening, self._found),
-            name="broker-stderr",
-            daemon=True,
+            target=self._drain, args=(proc, listening, found), name="broker-stderr", daemon=True
         )
         self._drainer.start()
-
-    def wait_started(self, *, ready_check: bool = True) -> None:
-        """Wait for the spawned process's ``listening on`` (and an ApiVersions answer)."""
-        proc, listening, found = self.proc, self._listening, self._found
-        assert proc is not None, "broker was never spawned"
         try:
             if not listening.wait(START_TIMEOUT_S) or not found:
                 raise AssertionError(
@@ -488,23 +471,6 @@ class BrokerProcess:
         with self.connect() as conn:
             response = conn.metadata(topics=None)
         assert response.brokers and response.brokers[0].port == self.port, response
-
-
-def start_all(brokers: Iterable[BrokerProcess]) -> None:
-    """Start brokers side by side: spawn every process, then wait for each. A start
-    that fails raises once every spawned one was waited for (a caller's ``stop_all``
-    then stops those that run)."""
-    spawned = list(brokers)
-    for broker in spawned:
-        broker.spawn()
-    errors: list[BaseException] = []
-    for broker in spawned:
-        try:
-            broker.wait_started()
-        except BaseException as exc:
-            errors.append(exc)
-    if errors:
-        raise errors[0]
 
 
 def stop_all(brokers: Iterable[BrokerProcess]) -> None:
