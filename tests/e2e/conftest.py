@@ -360,6 +360,7 @@ class BrokerProcess:
         """SIGTERM and wait; returns the exit code. A hang is killed and fails the test."""
         proc = self.proc
         assert proc is not None, "broker was never started"
+        self.down_on_purpose = True
         if proc.poll() is None:
             if self._terminated is not proc:
                 self.terminate()
