@@ -32,18 +32,30 @@ def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
         server.stop()
 
 
-@pytest.fixture
-def zookeeper(zookeeper_server: LocalZooKeeper) -> str:
-    """A connect string with a chroot of its own: each test starts from an empty tree."""
+def _fresh_chroot(server: LocalZooKeeper) -> str:
     chroot = f"/test{next(_chroots)}"
-    client = KazooClient(hosts=zookeeper_server.hosts)
+    client = KazooClient(hosts=server.hosts)
     client.start(timeout=30)
     try:
         client.ensure_path(chroot)
     finally:
         client.stop()
         client.close()
-    return zookeeper_server.hosts + chroot
+    return server.hosts + chroot
+
+
+@pytest.fixture
+def zookeeper(zookeeper_server: LocalZooKeeper) -> str:
+    """A connect string with a chroot of its own: each test starts from an empty tree."""
+    return _fresh_chroot(zookeeper_server)
+
+
+@pytest.fixture(scope="module")
+def module_zookeeper(zookeeper_server: LocalZooKeeper) -> str:
+    """A chroot for a module's shared cluster: the tests that use that cluster leave its
+    brokers alone (no kill, pause, partition or broker config change) and each uses
+    topics and groups of its own."""
+    return _fresh_chroot(zookeeper_server)
 
 
 @pytest.fixture(scope="session")

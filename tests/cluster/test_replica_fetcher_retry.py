@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from harness import eventually
 
 from trio_broker.cluster.replica_fetcher import FollowerRole, _fetcher
@@ -93,10 +94,12 @@ async def test_a_refused_truncation_is_retried_without_a_view_change(
         assert leader_log is not None
         batch = build_batch([(None, b"%d" % i) for i in range(RECORDS)])
         leader_log.append(batch, now_ms=leader.now_ms())
-        with trio.move_on_after(CATCH_UP_S):
-            while follower_log.log_end_offset < RECORDS:  # noqa: ASYNC110 - plain data, no event
-                await trio.sleep(0.05)
-        assert follower_log.log_end_offset == RECORDS, "the follower never asked again"
+        await eventually(
+            lambda: follower_log.log_end_offset >= RECORDS,
+            "the follower never asked again",
+            CATCH_UP_S,
+        )
+        assert follower_log.log_end_offset == RECORDS
         assert not manager.following[key].needs_truncation
         nursery.cancel_scope.cancel()
 
@@ -123,7 +126,9 @@ async def test_a_fetcher_with_nothing_to_fetch_waits_for_roles_rather_than_endin
         key = (TOPIC, 0)
         manager = stand_in_manager(follower, leader, {})  # nothing follows this leader yet
         nursery.start_soon(_fetcher, manager, LEADER_ID, trio.CancelScope())
-        await trio.sleep(0.5)
+        # Until the fetcher has looked at its roles and found none: it waits for a change
+        # (or, as before the fix, has ended), and so does every other task.
+        await trio.testing.wait_all_tasks_blocked()
         # The partition follows this leader again; run_fetchers, which still counts
         # the fetcher above as running, starts no other.
         manager.following[key] = FollowerRole(LEADER_ID, leader_epoch=0)
@@ -131,8 +136,8 @@ async def test_a_fetcher_with_nothing_to_fetch_waits_for_roles_rather_than_endin
         changed.set()
         follower_log = follower.topics.log(*key)
         assert follower_log is not None
-        with trio.move_on_after(CATCH_UP_S):
-            while follower_log.log_end_offset < RECORDS:  # noqa: ASYNC110 - plain data, no event
-                await trio.sleep(0.05)
-        assert follower_log.log_end_offset == RECORDS, "the fetcher had ended"
+        await eventually(
+            lambda: follower_log.log_end_offset >= RECORDS, "the fetcher had ended", CATCH_UP_S
+        )
+        assert follower_log.log_end_offset == RECORDS
         nursery.cancel_scope.cancel()

@@ -65,7 +65,16 @@ Cluster = dict[int, ConfiguredBroker]
 
 @pytest.fixture
 def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
+    """A cluster of the test's own, for a test that kills its brokers."""
     with three_brokers(tmp_path, zookeeper, CONFIG) as brokers:
+        yield brokers
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, module_zookeeper: str) -> Iterator[Cluster]:
+    """One cluster for the tests that leave its brokers alone, each with its own topic
+    and transactional id: three brokers start and stop once, not once per test."""
+    with three_brokers(tmp_path_factory.mktemp("shared"), module_zookeeper, CONFIG) as brokers:
         yield brokers
 
 
@@ -85,13 +94,13 @@ def values_of(tag: str, per_partition: int) -> list[str]:
     return [f"{tag}-{p}-{i}" for p in range(PARTITIONS) for i in range(per_partition)]
 
 
-def send(producer: Producer, tag: str, per_partition: int) -> list[str]:
+def send(producer: Producer, tag: str, per_partition: int, topic: str = TOPIC) -> list[str]:
     """Begin a transaction and produce ``per_partition`` records to every partition."""
     producer.begin_transaction()
     values = values_of(tag, per_partition)
     for value in values:
         partition = int(value.split("-")[1])
-        producer.produce(TOPIC, value=value.encode(), partition=partition)
+        producer.produce(topic, value=value.encode(), partition=partition)
         producer.poll(0)
     return values
 
@@ -109,27 +118,39 @@ def commit(producer: Producer, timeout_s: float = 90.0) -> None:
                 raise
 
 
-def read_committed(bootstrap: str, expected: int, settle_s: float = 3.0) -> list[str]:
-    """Everything a read_committed consumer reads from the topic (bounded in time)."""
+def read_committed(bootstrap: str, expected: int, topic: str = TOPIC) -> list[str]:
+    """Everything a read_committed consumer reads from the topic: at least ``expected``
+    records, and on until its position is the last stable offset of every partition
+    (nothing more can show; 60 s at most)."""
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": f"rc-{time.monotonic_ns()}",
         "isolation.level": "read_committed", "enable.auto.commit": False,
         "auto.offset.reset": "earliest", "topic.metadata.refresh.interval.ms": 1000,
     })  # fmt: skip
-    consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
+    partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+
+    def at_stable_end() -> bool:
+        for tp in consumer.position(partitions):
+            try:
+                # A read_committed consumer's ListOffsets answers the last stable offset.
+                _, stable = consumer.get_watermark_offsets(tp, timeout=10)
+            except KafkaException:  # a leader moving after a kill: ask again later
+                return False
+            if max(tp.offset, 0) < stable:  # (no position yet: OFFSET_INVALID, < 0)
+                return False
+        return True
+
     got: list[str] = []
     deadline = time.monotonic() + 60
-    settled_at = None
     try:
         while time.monotonic() < deadline:
             message = consumer.poll(0.2)
-            if message is not None and message.error() is None:
-                got.append(message.value().decode())
-            if len(got) >= expected:
-                # Keep polling a while: anything more is a record that must not show.
-                settled_at = settled_at or time.monotonic()
-                if time.monotonic() - settled_at > settle_s:
-                    break
+            if message is not None:
+                if message.error() is None:
+                    got.append(message.value().decode())
+            elif len(got) >= expected and at_stable_end():  # looked at once idle: slow
+                break
     finally:
         consumer.close()
     return got
@@ -146,30 +167,31 @@ def coordinator_of(admin: AdminClient, transactional_id: str) -> int:
     return leaders(admin, TRANSACTION_STATE).get(partition, -1)
 
 
-def setup(cluster: Cluster) -> AdminClient:
-    admin = create_topic(cluster, TOPIC, PARTITIONS)
-    led_by = set(leaders(admin, TOPIC).values())
+def setup(cluster: Cluster, topic: str = TOPIC) -> AdminClient:
+    admin = create_topic(cluster, topic, PARTITIONS)
+    led_by = set(leaders(admin, topic).values())
     assert len(led_by) >= 2, f"all partitions led by one broker: {led_by}"
     return admin
 
 
-def test_commit_and_abort_across_partition_leaders(cluster: Cluster) -> None:
-    setup(cluster)
-    bootstrap = servers(cluster)
+def test_commit_and_abort_across_partition_leaders(shared: Cluster) -> None:
+    topic = "tx-spread"
+    setup(shared, topic)
+    bootstrap = servers(shared)
     producer = transactional_producer(bootstrap, "tx-spread")
-    committed = send(producer, "c1", 5)
+    committed = send(producer, "c1", 5, topic)
     commit(producer)
-    send(producer, "a1", 5)
+    send(producer, "a1", 5, topic)
     producer.flush(30)  # in the logs before the abort: the markers must hide them
     producer.abort_transaction(60)
-    committed += send(producer, "c2", 3)
+    committed += send(producer, "c2", 3, topic)
     commit(producer)
-    got = read_committed(bootstrap, len(committed))
+    got = read_committed(bootstrap, len(committed), topic)
     assert sorted(got) == sorted(committed)
     # The coordinator is the leader of the id's __transaction_state partition.
-    admin = admin_of(cluster)
+    admin = admin_of(shared)
     full_isr(admin, TRANSACTION_STATE, TXN_PARTITIONS)
-    assert coordinator_of(admin, "tx-spread") in cluster
+    assert coordinator_of(admin, "tx-spread") in shared
 
 
 def test_coordinator_kill_9_between_and_during_transactions(cluster: Cluster) -> None:
@@ -234,7 +256,9 @@ def test_coordinator_kill_9_between_and_during_transactions(cluster: Cluster) ->
     assert sorted(rest) == sorted(committed), "committed transactions whole, aborted ones absent"
 
 
-async def _raw_verification_check(cluster: Cluster, admin: AdminClient) -> dict[str, int]:
+async def _raw_verification_check(
+    cluster: Cluster, admin: AdminClient, topic: str
+) -> dict[str, int]:
     """Our own inter-broker client as a transactional producer: the answers Produce gives a
     transactional batch before its partition is added, once added, and after the
     abort (a late batch), at a partition leader other than the coordinator and at one
@@ -262,7 +286,7 @@ async def _raw_verification_check(cluster: Cluster, admin: AdminClient) -> dict[
                     break
                 await trio.sleep(0.2)
         pid, epoch = ids.producer_id, ids.producer_epoch
-        by_leader = leaders(admin, TOPIC)
+        by_leader = leaders(admin, topic)
         remote = next(p for p, leader in by_leader.items() if leader != coordinator)
         local = next((p for p, leader in by_leader.items() if leader == coordinator), None)
         answers: dict[str, int] = {}
@@ -275,7 +299,7 @@ async def _raw_verification_check(cluster: Cluster, admin: AdminClient) -> dict[
                                 is_transactional=True)  # fmt: skip
             Topic = m.ProduceRequest.TopicProduceData
             request = m.ProduceRequest(transactional_id=tid, acks=-1, timeout_ms=10_000,
-                                       topic_data=[Topic(name=TOPIC, partition_data=[
+                                       topic_data=[Topic(name=topic, partition_data=[
                                            Topic.PartitionProduceData(index=partition,
                                                                       records=bytes(batch))])])  # fmt: skip
             response = await clients[by_leader[partition]].call(m.ApiKey.PRODUCE, 9, request, 15)
@@ -289,7 +313,7 @@ async def _raw_verification_check(cluster: Cluster, admin: AdminClient) -> dict[
             request = m.AddPartitionsToTxnRequest(
                 v3_and_below_transactional_id=tid, v3_and_below_producer_id=pid,
                 v3_and_below_producer_epoch=epoch,
-                v3_and_below_topics=[Topic(name=TOPIC, partitions=[partition])],
+                v3_and_below_topics=[Topic(name=topic, partitions=[partition])],
             )  # fmt: skip
             response = await clients[coordinator].call(m.ApiKey.ADD_PARTITIONS_TO_TXN, 3,
                                                        request, 15)  # fmt: skip
@@ -315,14 +339,14 @@ async def _raw_verification_check(cluster: Cluster, admin: AdminClient) -> dict[
 
 
 def test_produce_verifies_a_transactions_first_batch_with_the_coordinator(
-    cluster: Cluster,
+    shared: Cluster,
 ) -> None:
     """KIP-890: a partition leader asks the id's coordinator (over the inter-broker
     client, or its own table) before a batch begins the producer's transaction there:
     refused before AddPartitionsToTxn and after the abort (a late batch that would
     otherwise leave a transaction hanging), accepted in between."""
-    admin = setup(cluster)
-    answers = trio.run(_raw_verification_check, cluster, admin)
+    admin = setup(shared, "tx-raw")
+    answers = trio.run(_raw_verification_check, shared, admin, "tx-raw")
     for where in ("remote", "local"):
         if f"{where}-added" not in answers:
             continue  # every partition led by another broker than the coordinator
@@ -339,12 +363,13 @@ def test_produce_verifies_a_transactions_first_batch_with_the_coordinator(
     "complete_transaction_in_partition, branch groupsrepl): run after that merge",
 )
 def test_consume_transform_produce_commits_offsets_with_the_transaction(
-    cluster: Cluster,
+    shared: Cluster,
 ) -> None:
-    setup(cluster)
-    bootstrap = servers(cluster)
+    topic = "tx-ctp"
+    setup(shared, topic)
+    bootstrap = servers(shared)
     source = "txsource"
-    create_topic(cluster, source, 3)
+    create_topic(shared, source, 3)
     plain = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
     for i in range(30):
         plain.produce(source, value=str(i).encode(), partition=i % 3)
@@ -366,7 +391,7 @@ def test_consume_transform_produce_commits_offsets_with_the_transaction(
         producer.begin_transaction()
         for record in records:
             value = f"out-{record.value().decode()}"
-            producer.produce(TOPIC, value=value.encode(), partition=int(value[4:]) % PARTITIONS)
+            producer.produce(topic, value=value.encode(), partition=int(value[4:]) % PARTITIONS)
             seen.append(value)
         producer.send_offsets_to_transaction(
             consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30
@@ -380,4 +405,4 @@ def test_consume_transform_produce_commits_offsets_with_the_transaction(
     offsets = check.committed([TopicPartition(source, p) for p in range(3)], timeout=30)
     check.close()
     assert {tp.partition: tp.offset for tp in offsets} == {0: 10, 1: 10, 2: 10}
-    assert sorted(read_committed(bootstrap, 30)) == sorted(seen)
+    assert sorted(read_committed(bootstrap, 30, topic)) == sorted(seen)

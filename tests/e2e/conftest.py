@@ -276,6 +276,8 @@ class BrokerProcess:
         self.down_on_purpose = False
         self._drainer: threading.Thread | None = None
         self._log_lock = threading.Lock()
+        #: The process sent SIGTERM by :meth:`terminate`.
+        self._terminated: subprocess.Popen[bytes] | None = None
 
     def __repr__(self) -> str:
         return f"<BrokerProcess {self.bootstrap} {self.processing_model}/{self.storage}>"
@@ -360,7 +362,8 @@ class BrokerProcess:
         assert proc is not None, "broker was never started"
         self.down_on_purpose = True
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            if self._terminated is not proc:
+                self.terminate()
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -374,6 +377,15 @@ class BrokerProcess:
                 raise
         self._join_drainer()
         return proc.returncode
+
+    def terminate(self) -> None:
+        """SIGTERM without waiting (:meth:`stop` waits, and sends none again)."""
+        proc = self.proc
+        assert proc is not None, "broker was never started"
+        self.down_on_purpose = True
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            self._terminated = proc
 
     def restart(self) -> None:
         """Graceful stop (exit code 0 required), then start on the same port and data dir."""
@@ -465,14 +477,20 @@ class BrokerProcess:
 def stop_all(brokers: Iterable[BrokerProcess]) -> None:
     """Stop every running broker (continued if paused; SIGTERM, a hang killed), even when
     stopping one fails; then raise the first failure. A loop of ``stop()`` calls leaves the rest running when
-    one raises."""
+    one raises. Every broker hears SIGTERM first, then each is waited for: they stop side
+    by side."""
     errors: list[BaseException] = []
-    for broker in brokers:
+    running = [broker for broker in brokers if broker.running]
+    for broker in running:
         try:
-            if broker.running:
-                assert broker.proc is not None
-                broker.proc.send_signal(signal.SIGCONT)  # a paused one must hear SIGTERM
-                broker.stop()
+            assert broker.proc is not None
+            broker.proc.send_signal(signal.SIGCONT)  # a paused one must hear SIGTERM
+            broker.terminate()
+        except BaseException as exc:
+            errors.append(exc)
+    for broker in running:
+        try:
+            broker.stop()
         except BaseException as exc:
             errors.append(exc)
     if errors:
