@@ -30,6 +30,11 @@ replication are written as checks over the whole cluster:
 11. Every record a consumer receives (plain or read_committed) is below the HW (for
     read_committed, the LSO) told in the same answer, and stays at that offset in the
     log of every later leader: it is in the final log.
+12. A follower leaves the ISR when it has not caught up for longer than
+    replica.lag.time.max.ms, and only then: caught up means it fetched at the leader's
+    log end of that moment, or at the leader's log end as of its previous fetch (then
+    it was caught up at that previous fetch); a new term counts every follower as
+    caught up at its start (Kafka's ``Partition``/``Replica`` rule).
 
 ``trio_broker.replication`` is checked against this by the simulation in
 ``statemachine/test_replication_machine.py``.
@@ -138,3 +143,22 @@ def consumed_records_missing(
         if held != record:
             problems.append(f"a consumer got {record} at {offset}; the leader has {held}")
     return problems
+
+
+@attrs.define
+class CatchUp:
+    """Sentence 12's bookkeeping for one follower of one leader term."""
+
+    last_caught_up_ms: int
+    previous_leader_end: int = -1
+    previous_fetch_ms: int = 0
+
+    def fetched(self, fetch_offset: int, leader_end: int, now_ms: int) -> None:
+        if fetch_offset >= leader_end:
+            self.last_caught_up_ms = now_ms
+        elif fetch_offset >= self.previous_leader_end:
+            self.last_caught_up_ms = max(self.last_caught_up_ms, self.previous_fetch_ms)
+        self.previous_leader_end, self.previous_fetch_ms = leader_end, now_ms
+
+    def lagging(self, now_ms: int, lag_max_ms: int) -> bool:
+        return now_ms - self.last_caught_up_ms > lag_max_ms

@@ -60,6 +60,7 @@ from trio_broker.storage.epoch_cache import LeaderEpochCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from spec.replication_model import (
+    CatchUp,
     Record,
     acked_writes_missing,
     common_prefix,
@@ -166,6 +167,8 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.in_flight: dict[int, FetchAnswer] = {}  # follower -> its one answer in flight
         #: follower -> (leader, leader epoch) it fetches from
         self.following: dict[int, tuple[int, int]] = {}
+        #: (leader, epoch) -> follower -> sentence 12's catch-up bookkeeping
+        self.catch_up: dict[tuple[int, int], dict[int, CatchUp]] = {}
         #: offset -> (record, HW told) as a consumer of the leaders first received it
         self.consumed: dict[int, tuple[Record, int]] = {}
         self._start_term(1)
@@ -193,6 +196,9 @@ class ReplicationMachine(RuleBasedStateMachine):
         replica.durable = len(replica.log)
         replica.announce(c.leader_epoch)
         replica.needs_truncation = False
+        self.catch_up[(broker, c.leader_epoch)] = {
+            b: CatchUp(self.now_ms, previous_fetch_ms=self.now_ms) for b in BROKERS if b != broker
+        }
         note(f"broker {broker} leads epoch {c.leader_epoch}, ISR {sorted(c.isr)}")
 
     def _live(self) -> frozenset[int]:
@@ -322,6 +328,9 @@ class ReplicationMachine(RuleBasedStateMachine):
         if sync_before_fetch(True, follower.durable, len(follower.log)):
             follower.durable = len(follower.log)
         fetch_offset = len(follower.log)
+        self.catch_up[(leader.broker_id, term.leader_epoch)][broker].fetched(
+            fetch_offset, len(leader.log), self.now_ms
+        )
         _, proposal = term.follower_fetched(broker, fetch_offset, self.now_ms)
         leader.high_watermark = term.high_watermark
         # The sentence holds at every instant, also before the answer reaches the follower.
@@ -444,7 +453,17 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.now_ms += ms
         for replica in self.replicas.values():
             if replica.alive and replica.leading is not None:
-                proposal = replica.leading.check_lagging(self.now_ms)
+                term = replica.leading
+                quiet = term.pending is None
+                proposal = term.check_lagging(self.now_ms)
+                if quiet:  # sentence 12: exactly the lagging followers are proposed out
+                    progress = self.catch_up[(replica.broker_id, term.leader_epoch)]
+                    lagging = {
+                        b for b in term.isr
+                        if b != replica.broker_id and progress[b].lagging(self.now_ms, LAG_MAX_MS)
+                    }  # fmt: skip
+                    kept = term.isr if proposal is None else proposal.isr
+                    assert kept == term.isr - lagging, (sorted(kept), sorted(lagging))
                 if proposal is not None:
                     note(f"broker {replica.broker_id} proposes ISR {sorted(proposal.isr)}")
 
