@@ -54,6 +54,8 @@ class Received:
     value: bytes
     high_watermark: int  # the HW told by the answer that carried the record
     leader: int
+    #: The bound the answer told: its HW, or for read_committed its LSO.
+    bound: int = -1
 
 
 class _Conn:
@@ -211,13 +213,20 @@ class Producer(_Client):
 
 
 class Consumer(_Client):
+    """Long-polls each partition's leader, read_uncommitted (isolation 0) or
+    read_committed (1): a plain consumer may be given records below the HW, a
+    read_committed one below the LSO (which is at most the HW)."""
+
     client_id = "sim-consumer"
 
-    def __init__(self, network: Network, topic: str, broker_ids: list[int]) -> None:
+    def __init__(
+        self, network: Network, topic: str, broker_ids: list[int], isolation_level: int = 0
+    ) -> None:
         super().__init__(network, topic, broker_ids)
+        self.isolation_level = isolation_level
         self.positions: dict[int, int] = {}
         self.received: list[Received] = []
-        #: Records given at or above the HW of the answer that carried them.
+        #: Records given at or above the HW (read_committed: the LSO) of their answer.
         self.above_high_watermark: list[Received] = []
 
     async def fetch_once(self, partition: int) -> None:
@@ -231,7 +240,8 @@ class Consumer(_Client):
             partition_max_bytes=1 << 20,
         )  # fmt: skip
         request = Req(replica_id=-1, max_wait_ms=FETCH_MAX_WAIT_MS, min_bytes=1,
-                      max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+                      max_bytes=1 << 20, isolation_level=self.isolation_level,
+                      session_id=0, session_epoch=-1,
                       topics=[Req.FetchTopic(topic=self.topic, partitions=[wanted])],
                       forgotten_topics_data=[], rack_id="")  # fmt: skip
         response = await self.call_leader(partition, leader, m.ApiKey.FETCH, FETCH_VERSION, request)
@@ -243,15 +253,18 @@ class Consumer(_Client):
             self.leaders.pop(partition, None)
             await trio.sleep(0.05)
             return
+        bound = answer.high_watermark
+        if self.isolation_level == 1:
+            bound = min(bound, answer.last_stable_offset)
         for batch in split_batches(bytes(answer.records or b""))[0]:
             for record in batch.records():
                 offset = batch.base_offset + record.offset_delta
                 if offset < position:
                     continue  # the batch began before the position asked for
                 got = Received(partition, offset, bytes(record.value or b""),
-                               answer.high_watermark, leader)  # fmt: skip
+                               answer.high_watermark, leader, bound)  # fmt: skip
                 self.received.append(got)
-                if offset >= answer.high_watermark:
+                if offset >= bound:
                     self.above_high_watermark.append(got)
                 position = offset + 1
         self.positions[partition] = position

@@ -36,11 +36,20 @@ KINDS = (
     # leader crashes at that instant, before the follower fetches again (KIP-101's
     # window: a follower that cut committed records and may be elected next).
     "crash_leader_on_truncation",
+    # The leader of partition N stops delivering to one follower (its fetch answer is
+    # held, as by a long retransmission stall) until the partition's leader epoch moved
+    # on: b = "leader", the leader is cut off from ZooKeeper and another broker leads;
+    # b = "epoch", a third broker is killed and the same leader goes on in a new epoch.
+    # The follower then receives an answer from before the change (sentence 10).
+    "stale_fetch_answer",
 )
 
 
 #: Faults after which the cluster elects new leaders once the session expires.
-LOSES_A_BROKER = ("crash", "power_cut", "crash_leader", "crash_leader_on_truncation", "zk_cut")
+LOSES_A_BROKER = (
+    "crash", "power_cut", "crash_leader", "crash_leader_on_truncation", "zk_cut",
+    "stale_fetch_answer",
+)  # fmt: skip
 
 
 @attrs.frozen
@@ -81,7 +90,11 @@ def make_schedule(rng: random.Random, span_s: float, count: int) -> list[Fault]:
         if kind in ("partition", "slow", "lossy", "reset"):
             b = rng.choice([f"b{x}" for x in BROKERS if f"b{x}" != a] + ["client"])
         duration = 0.0
-        if kind in ("crash_leader", "crash_leader_on_truncation"):
+        if kind == "stale_fetch_answer":
+            a = f"p{rng.randrange(2)}"
+            b = rng.choice(("leader", "epoch"))
+            duration = round(rng.uniform(1.2, 2.5) * SESSION_TIMEOUT_S, 3)
+        elif kind in ("crash_leader", "crash_leader_on_truncation"):
             a = f"p{rng.randrange(2)}"
             duration = round(rng.uniform(0.0, 2.0) * SESSION_TIMEOUT_S, 3)
         elif kind == "zk_cut":

@@ -14,6 +14,9 @@ duplicated inside a connection; TCP retransmits):
   that open windows between two steps of a protocol;
 - **reset**: a connection breaks; both ends see ECONNRESET on their next read or write.
   A crashed node's connections are reset.
+- **hold**: one direction of a link delivers nothing until released (a retransmission
+  stall as long as the simulation wants: an answer held past a leader change); new
+  connections still open.
 
 The broker side of a connection is a socket-like object (``recv``, ``recv_into``,
 ``sendmsg``, ``close``), which is what ``server/connection.py``'s ``Connection`` reads
@@ -78,7 +81,7 @@ class _Pipe:
 
     def _next_due(self) -> float:
         """Move the chunks due by now; when the next one is due (inf: none, or cut)."""
-        if self.network.cut(self.src, self.dst):
+        if self.network.cut(self.src, self.dst) or (self.src, self.dst) in self.network.held:
             return math.inf
         now = trio.current_time()
         in_flight = self.in_flight
@@ -196,6 +199,7 @@ class Network:
         self.partitions: set[frozenset[str]] = set()
         self.slow: dict[frozenset[str], float] = {}  # extra latency per link
         self.lossy: set[frozenset[str]] = set()
+        self.held: set[tuple[str, str]] = set()  # (from, to): bytes wait there
         self.connections: list[_Connection] = []
         self.bytes_sent = 0
 
@@ -214,8 +218,16 @@ class Network:
         self.partitions.clear()
         self.slow.clear()
         self.lossy.clear()
+        self.held.clear()
         for conn in self.connections:
             conn.wake()
+
+    def hold(self, src: str, dst: str) -> None:
+        self.held.add((src, dst))
+
+    def release(self, src: str, dst: str) -> None:
+        self.held.discard((src, dst))
+        self._wake_between(src, dst)
 
     def _wake_between(self, a: str, b: str) -> None:
         """Readers across a healed cut look again: bytes held there now flow."""

@@ -26,10 +26,15 @@ Invariants (checked every ``CHECK_EVERY_S`` and at the end):
    follower's copy of it) is the same bytes on every replica and at every check;
 5. **liveness**: once the faults healed, the cluster settles (every replica in sync)
    within SETTLE_LIMIT_S, and then acknowledges an acks=all write to each partition;
-6. **consumers see only what is committed**: a consumer long-polls each partition's
-   leader throughout; every record it is given is below the HW told in the same
-   answer, and at the end is in the leader's log below its HW at the same offset;
-   once the cluster settled, the consumer reaches every partition's HW.
+6. **consumers see only what is committed** (spec/replication_model.py, sentence 11):
+   two consumers, one plain and one read_committed, long-poll each partition's leader
+   throughout; every record one is given is below the HW (read_committed: the LSO)
+   told in the same answer, and at the end is in the leader's log below its HW at the
+   same offset; once the cluster settled, both reach every partition's HW.
+
+The ``stale_fetch_answer`` fault (sim/faults.py) holds a leader's answers to one
+follower until the partition's leader epoch moved on, so that the follower's fetcher
+receives an answer from before the change (sentence 10: it must drop it).
 """
 
 from __future__ import annotations
@@ -190,14 +195,15 @@ class Invariants:
                 )
 
     def shown_above_high_watermark(self, consumer: Consumer) -> None:
-        """6a. a record given at or above the HW told in the same answer."""
+        """6a. a record given at or above the HW (read_committed: LSO) of its answer."""
+        kind = "read_committed consumer" if consumer.isolation_level else "consumer"
         for got in consumer.above_high_watermark:
             self.violation(
-                f"{(TOPIC, got.partition)}: broker {got.leader} gave a consumer offset "
-                f"{got.offset} with HW {got.high_watermark}"
+                f"{(TOPIC, got.partition)}: broker {got.leader} gave a {kind} offset "
+                f"{got.offset} with HW {got.high_watermark}, bound {got.bound}"
             )
 
-    def final(self, producer: Producer, consumer: Consumer) -> None:
+    def final(self, producer: Producer, consumers: list[Consumer]) -> None:
         """1. every acknowledged write is in the leader's log below its HW; 6b. so is
         every record a consumer was given, at the offset it was given at."""
         for partition in range(PARTITIONS):
@@ -220,7 +226,8 @@ class Invariants:
                     break
                 for offset, value in _values(base, data):
                     found.setdefault(value, offset)
-            for got in consumer.received:
+            received = [got for consumer in consumers for got in consumer.received]
+            for got in received:
                 if got.partition == partition and found.get(got.value) != got.offset:
                     where = found.get(got.value)
                     self.violation(
@@ -325,6 +332,9 @@ async def _apply_fault(
             return  # no follower truncated meanwhile: the fault lapses
         trace(f"{fault}: a follower of {key} truncated")
         fault = attrs.evolve(fault, kind="crash_leader")
+    if fault.kind == "stale_fetch_answer":
+        await _stale_fetch_answer(fault, brokers, network, nursery, trace, inv)
+        return
     if fault.kind == "crash_leader":
         state = inv.zk_state((TOPIC, int(fault.a[1:])))
         if state is None or state.leader < 0:
@@ -384,6 +394,67 @@ async def _apply_fault(
         trace(f"{fault.a} reaches ZooKeeper again")
 
 
+async def _stale_fetch_answer(
+    fault: Fault, brokers: dict[str, SimBroker], network: Network, nursery: trio.Nursery,
+    trace: Callable[[str], None], inv: Invariants,
+) -> None:  # fmt: skip
+    """Hold the leader's bytes to one follower, move the partition's leader epoch on (a
+    new leader, or the same one in a new epoch), and release them: when ZooKeeper has
+    the new epoch (the answer races the follower's learning of it) or, when the fault's
+    start is an odd millisecond, once the follower knows it."""
+    key = (TOPIC, int(fault.a[1:]))
+    state = inv.zk_state(key)
+    if state is None or state.leader < 0:
+        return
+    leader = brokers[f"b{state.leader}"]
+    followers = sorted(b for b in state.isr if b != state.leader)
+    coord = leader.coord
+    if not followers or not leader.up or coord is None or coord.cut_off:
+        return
+    follower = brokers[f"b{followers[int(fault.at * 1000) % len(followers)]}"]
+    third = [s for s in brokers.values() if s not in (leader, follower)]
+    if fault.b == "epoch" and not (third and third[0].up and third[0].broker_id in state.isr):
+        return  # no ISR member to lose whose loss bumps the epoch
+    trace(f"{fault}: holding {leader.node} -> {follower.node} at epoch {state.leader_epoch}")
+    network.hold(leader.node, follower.node)
+    started = trio.current_time()
+    if fault.b == "leader":
+        coord.cut_off = True
+    else:
+        await third[0].crash(power_cut=False)
+
+    wait_for_follower = int(fault.at * 1000) % 2 == 1
+
+    def follower_knows() -> bool:
+        now = inv.zk_state(key)
+        manager = None if follower.broker is None else follower.broker.replication
+        if now is None or manager is None or now.leader_epoch <= state.leader_epoch:
+            return False
+        if not wait_for_follower:
+            return True
+        term, role = manager.terms.get(key), manager.following.get(key)
+        known = term.leader_epoch if term is not None else role.leader_epoch if role else -1
+        return known >= now.leader_epoch
+
+    with trio.move_on_after(fault.duration):
+        await trio.sleep(SESSION_TIMEOUT_MS / 1000)
+        if fault.b == "leader":
+            coord.server_expires()
+        else:
+            third[0].session_expires()
+        while not follower_knows():  # noqa: ASYNC110 - polling plain data
+            await trio.sleep(0.001)
+        trace(f"{key}: epoch moved on; releasing {leader.node} -> {follower.node}")
+    network.release(leader.node, follower.node)
+    await trio.sleep_until(started + fault.duration)
+    if fault.b == "leader":
+        coord.reconnect()
+        trace(f"{leader.node} reaches ZooKeeper again")
+    elif not third[0].up:
+        await third[0].start(nursery)
+        trace(f"restarted {third[0].node}")
+
+
 def simulate(
     seed: int,
     *,
@@ -425,6 +496,8 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
     inv = Invariants(zk, sims, result)
     producer = Producer(network, TOPIC, BROKER_IDS)
     consumer = Consumer(network, TOPIC, BROKER_IDS)
+    committed_reader = Consumer(network, TOPIC, BROKER_IDS, isolation_level=1)
+    consumers = [consumer, committed_reader]
     async with trio.open_nursery() as nursery:
         for sim in sims:
             await sim.start(nursery)
@@ -439,7 +512,8 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
         async def checker() -> None:
             while True:
                 inv.check()
-                inv.shown_above_high_watermark(consumer)
+                for c in consumers:
+                    inv.shown_above_high_watermark(c)
                 await trio.sleep(CHECK_EVERY_S)
 
         nursery.start_soon(checker)
@@ -449,7 +523,8 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
             for partition in range(PARTITIONS):
                 work.start_soon(producer.run, partition, until)
                 # Until the final checks: it must also see the writes after the heal.
-                nursery.start_soon(consumer.run, partition, float("inf"))
+                for c in consumers:
+                    nursery.start_soon(c.run, partition, float("inf"))
 
             async def run_fault(fault: Fault) -> None:
                 await trio.sleep_until(faulty_from + fault.at)
@@ -474,23 +549,27 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
                         f"{(TOPIC, partition)}: no write acknowledged within "
                         f"{AFTER_HEAL_WRITE_S:.0f} s of a settled cluster"
                     )
-            # 6c. and its consumer reaches every partition's HW.
-            if not await _consumer_catches_up(consumer, sims, inv):
-                inv.violation(
-                    f"the consumer did not reach the HW within {AFTER_HEAL_WRITE_S:.0f} s "
-                    f"of a settled cluster (at {consumer.positions})"
-                )
-        consumer.stopped = True
+            # 6c. and its consumers reach every partition's HW.
+            for c in consumers:
+                if not await _consumer_catches_up(c, sims, inv):
+                    inv.violation(
+                        f"the consumer (isolation {c.isolation_level}) did not reach the HW "
+                        f"within {AFTER_HEAL_WRITE_S:.0f} s of a settled cluster "
+                        f"(at {c.positions})"
+                    )
         inv.check()
-        inv.shown_above_high_watermark(consumer)
-        inv.final(producer, consumer)
+        for c in consumers:
+            c.stopped = True
+            inv.shown_above_high_watermark(c)
+        inv.final(producer, consumers)
         result.acked = sum(len(a.values) for a in producer.acks)
         result.sent = producer.sent
-        result.consumed = len(consumer.received)
+        result.consumed = sum(len(c.received) for c in consumers)
         result.virtual_s = trio.current_time() - start
         trace(f"end: {result.acked} values acknowledged, settled={result.settled}")
         await producer.close()
-        await consumer.close()
+        for c in consumers:
+            await c.close()
         nursery.cancel_scope.cancel()
 
 

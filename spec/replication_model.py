@@ -22,6 +22,19 @@ replication are written as checks over the whole cluster:
    and answered only while it still has them.
 9. The controller's every decision uses a new leader epoch, and names a leader from the
    ISR (no unclean election).
+10. A follower tells its leader (by its fetch offset) only what it has synced, so one
+    that loses power and is back before its session expires (still in the ISR) holds
+    everything the leader counted it for; and it takes a fetch answer only while it
+    still fetches from the same leader, in the same epoch, at the same offset (an answer
+    that crossed a leader change is dropped).
+11. Every record a consumer receives (plain or read_committed) is below the HW (for
+    read_committed, the LSO) told in the same answer, and stays at that offset in the
+    log of every later leader: it is in the final log.
+12. A follower leaves the ISR when it has not caught up for longer than
+    replica.lag.time.max.ms, and only then: caught up means it fetched at the leader's
+    log end of that moment, or at the leader's log end as of its previous fetch (then
+    it was caught up at that previous fetch); a new term counts every follower as
+    caught up at its start (Kafka's ``Partition``/``Replica`` rule).
 
 ``trio_broker.replication`` is checked against this by the simulation in
 ``statemachine/test_replication_machine.py``.
@@ -115,3 +128,37 @@ def isr_members_short_of_hw(
         for broker, log in logs_of_isr.items()
         if list(log[:high_watermark]) != expected
     ]
+
+
+def consumed_records_missing(
+    received: Sequence[tuple[int, Record, int]], leader_log: Sequence[Record]
+) -> list[str]:
+    """Sentence 11: each (offset, record, HW told) a consumer got is below that HW and
+    is still at that offset in the (current or final) leader's log."""
+    problems = []
+    for offset, record, told in received:
+        if offset >= told:
+            problems.append(f"a consumer got offset {offset} with HW {told}")
+        held = leader_log[offset] if offset < len(leader_log) else None
+        if held != record:
+            problems.append(f"a consumer got {record} at {offset}; the leader has {held}")
+    return problems
+
+
+@attrs.define
+class CatchUp:
+    """Sentence 12's bookkeeping for one follower of one leader term."""
+
+    last_caught_up_ms: int
+    previous_leader_end: int = -1
+    previous_fetch_ms: int = 0
+
+    def fetched(self, fetch_offset: int, leader_end: int, now_ms: int) -> None:
+        if fetch_offset >= leader_end:
+            self.last_caught_up_ms = now_ms
+        elif fetch_offset >= self.previous_leader_end:
+            self.last_caught_up_ms = max(self.last_caught_up_ms, self.previous_fetch_ms)
+        self.previous_leader_end, self.previous_fetch_ms = leader_end, now_ms
+
+    def lagging(self, now_ms: int, lag_max_ms: int) -> bool:
+        return now_ms - self.last_caught_up_ms > lag_max_ms

@@ -12,11 +12,15 @@ A follower's fetch is two steps, as on a network: the leader handles the request
 counts the follower's fetch offset towards its HW and ISR at once), the answer travels,
 and then it arrives, is lost, or is dropped because the follower moved on (a new leader
 epoch, or a crash in between). Anything may happen between the two: the leader may
-crash, lose power, be deposed, or take more writes.
+crash, lose power, be deposed, or take more writes. The fetcher's decisions are
+``replication.fetcher_rules``' (the ones ``cluster/replica_fetcher.py`` makes): sync
+before fetching on, take an answer or drop it as stale, what its error means. A consumer
+reads from the leader up to the fetch handler's bound (``handlers.fetch.readable_end``).
 
-Faults: kill -9 (the page cache survives), power cuts (the leader's unsynced tail is
-lost; a follower syncs before it fetches further, so it loses nothing), and a leader cut
-off from the coordination service while still serving (a zombie). The sentences of
+Faults: kill -9 (the page cache survives), power cuts (the unsynced tail is lost), a
+follower's power cut with a restart inside its session (it stays in the ISR: only what
+it synced before fetching on may have counted), and a leader cut off from the
+coordination service while still serving (a zombie). The sentences of
 spec/replication_model.py are checked after every step, RF=3, min.insync.replicas=2.
 """
 
@@ -30,12 +34,21 @@ from hypothesis import event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from trio_broker.handlers.fetch import readable_end
+from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.controller_rules import (
     NO_LEADER,
     LeaderAndIsr,
     after_broker_loss,
     after_broker_return,
     preferred_leader_move,
+)
+from trio_broker.replication.fetcher_rules import (
+    AnswerAction,
+    FetchPosition,
+    answer_action,
+    answer_applies,
+    sync_before_fetch,
 )
 from trio_broker.replication.follower import (
     high_watermark_after_fetch,
@@ -47,9 +60,11 @@ from trio_broker.storage.epoch_cache import LeaderEpochCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from spec.replication_model import (
+    CatchUp,
     Record,
     acked_writes_missing,
     common_prefix,
+    consumed_records_missing,
     disagreements_below_hw,
     epoch_end_offset,
     isr_members_short_of_hw,
@@ -125,11 +140,10 @@ class Controller:
 class FetchAnswer:
     """A leader's answer to a follower's fetch, on its way back."""
 
-    leader: int
-    leader_epoch: int
-    fetch_offset: int
+    sent: FetchPosition
     records: tuple[Record, ...]
     high_watermark: int
+    error_code: int = ErrorCode.NONE
 
 
 @attrs.define
@@ -151,7 +165,12 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.visible_hw = 0  # the highest HW any client has been shown
         self.counter = 0
         self.in_flight: dict[int, FetchAnswer] = {}  # follower -> its one answer in flight
-        self.following: dict[int, int] = {}  # follower -> leader epoch it fetches in
+        #: follower -> (leader, leader epoch) it fetches from
+        self.following: dict[int, tuple[int, int]] = {}
+        #: (leader, epoch) -> follower -> sentence 12's catch-up bookkeeping
+        self.catch_up: dict[tuple[int, int], dict[int, CatchUp]] = {}
+        #: offset -> (record, HW told) as a consumer of the leaders first received it
+        self.consumed: dict[int, tuple[Record, int]] = {}
         self._start_term(1)
         for broker in BROKERS:
             if broker != 1:
@@ -177,6 +196,9 @@ class ReplicationMachine(RuleBasedStateMachine):
         replica.durable = len(replica.log)
         replica.announce(c.leader_epoch)
         replica.needs_truncation = False
+        self.catch_up[(broker, c.leader_epoch)] = {
+            b: CatchUp(self.now_ms, previous_fetch_ms=self.now_ms) for b in BROKERS if b != broker
+        }
         note(f"broker {broker} leads epoch {c.leader_epoch}, ISR {sorted(c.isr)}")
 
     def _live(self) -> frozenset[int]:
@@ -204,7 +226,11 @@ class ReplicationMachine(RuleBasedStateMachine):
         replica = self.replicas[broker]
         replica.leading = None
         replica.needs_truncation = True
-        self.following[broker] = self.controller.leader_epoch
+        c = self.controller
+        if c.leader is not None:
+            self.following[broker] = (c.leader, c.leader_epoch)
+        else:
+            self.following.pop(broker, None)
 
     def _fail_acks(self, which: object) -> None:
         self.pending = [ack for ack in self.pending if not which(ack)]  # type: ignore[operator]
@@ -299,15 +325,18 @@ class ReplicationMachine(RuleBasedStateMachine):
             return  # one fetch at a time per fetcher
         term = leader.leading
         assert term is not None
-        fetch_offset = len(follower.log)  # the follower synced all it holds
+        if sync_before_fetch(True, follower.durable, len(follower.log)):
+            follower.durable = len(follower.log)
+        fetch_offset = len(follower.log)
+        self.catch_up[(leader.broker_id, term.leader_epoch)][broker].fetched(
+            fetch_offset, len(leader.log), self.now_ms
+        )
         _, proposal = term.follower_fetched(broker, fetch_offset, self.now_ms)
         leader.high_watermark = term.high_watermark
         # The sentence holds at every instant, also before the answer reaches the follower.
         self.every_isr_member_counted_holds_the_log_below_the_hw()
         self.in_flight[broker] = FetchAnswer(
-            leader=leader.broker_id,
-            leader_epoch=term.leader_epoch,
-            fetch_offset=fetch_offset,
+            sent=FetchPosition(leader.broker_id, term.leader_epoch, fetch_offset),
             records=tuple(leader.log[fetch_offset : fetch_offset + max_records]),
             high_watermark=term.high_watermark,
         )
@@ -324,18 +353,25 @@ class ReplicationMachine(RuleBasedStateMachine):
         follower = self.replicas[broker]
         if answer is None or lost:
             return
+        now = None
+        fetching_from = self.following.get(broker)
         if (
-            not follower.alive
-            or follower.leading is not None
-            or follower.needs_truncation
-            or self.following.get(broker) != answer.leader_epoch
-            or len(follower.log) != answer.fetch_offset
+            follower.alive
+            and follower.leading is None
+            and not follower.needs_truncation
+            and fetching_from is not None
         ):
+            now = FetchPosition(*fetching_from, len(follower.log))
+        if not answer_applies(answer.sent, now):
             event("a stale fetch answer was dropped")
             return
+        action = answer_action(answer.error_code)
+        if action is AnswerAction.TRUNCATE:
+            follower.needs_truncation = True
+        if action is not AnswerAction.APPEND:
+            return
         for record in answer.records:
-            follower.append(record)
-        follower.durable = len(follower.log)
+            follower.append(record)  # in page cache: synced before the next fetch
         follower.high_watermark = high_watermark_after_fetch(
             follower.high_watermark, answer.high_watermark, len(follower.log)
         )
@@ -385,12 +421,49 @@ class ReplicationMachine(RuleBasedStateMachine):
             self.follower_fetches(broker, max_records=100)
         self.leader_syncs()
 
+    @rule(broker=st.sampled_from(BROKERS))
+    def follower_power_cut_back_within_session(self, broker: int) -> None:
+        """A follower loses power and is back before ZooKeeper expires its session: to
+        the controller and its leader it never left (still in the ISR), but its log
+        is cut to what it synced, and it truncates against its leader again."""
+        replica = self.replicas[broker]
+        if not replica.alive or replica.leading is not None or broker == self.controller.leader:
+            return
+        self.in_flight.pop(broker, None)
+        replica.truncate(replica.durable)
+        replica.needs_truncation = True
+        note(f"broker {broker} loses power and is back within its session")
+
+    @rule()
+    def consumer_fetches(self) -> None:
+        """A consumer reads the log of the broker that leads, up to the fetch handler's
+        bound for consumers."""
+        leader = self._leader()
+        if leader is None or leader.leading is None:
+            return
+        shown = leader.leading.visible_high_watermark()
+        if shown is None:
+            return
+        end = readable_end(False, len(leader.log), shown)
+        for offset in range(min(end, len(leader.log))):
+            self.consumed.setdefault(offset, (leader.log[offset], shown))
+
     @rule(ms=st.integers(1, 3 * LAG_MAX_MS))
     def time_passes(self, ms: int) -> None:
         self.now_ms += ms
         for replica in self.replicas.values():
             if replica.alive and replica.leading is not None:
-                proposal = replica.leading.check_lagging(self.now_ms)
+                term = replica.leading
+                quiet = term.pending is None
+                proposal = term.check_lagging(self.now_ms)
+                if quiet:  # sentence 12: exactly the lagging followers are proposed out
+                    progress = self.catch_up[(replica.broker_id, term.leader_epoch)]
+                    lagging = {
+                        b for b in term.isr
+                        if b != replica.broker_id and progress[b].lagging(self.now_ms, LAG_MAX_MS)
+                    }  # fmt: skip
+                    kept = term.isr if proposal is None else proposal.isr
+                    assert kept == term.isr - lagging, (sorted(kept), sorted(lagging))
                 if proposal is not None:
                     note(f"broker {replica.broker_id} proposes ISR {sorted(proposal.isr)}")
 
@@ -526,6 +599,15 @@ class ReplicationMachine(RuleBasedStateMachine):
                 f"{replica.shown_high_watermark}"
             )
             replica.shown_high_watermark = replica.high_watermark
+
+    @invariant()
+    def consumed_records_stay(self) -> None:
+        """Sentence 11: what a consumer was given is in the (current) leader's log."""
+        leader = self._leader()
+        if leader is not None:
+            got = [(o, record, told) for o, (record, told) in self.consumed.items()]
+            problems = consumed_records_missing(got, leader.log)
+            assert not problems, problems
 
     @invariant()
     def one_writer_per_epoch(self) -> None:

@@ -7,7 +7,10 @@
 #   tools/mutation.sh                       # every module below, one after the other
 #   tools/mutation.sh state/mute            # only the modules whose path contains "state/mute"
 #   RECHECK=0 JOBS=2 tools/mutation.sh       # skip the slow recheck of survivors; 2 workers
+#   MUTANTS='*_mute_event* *_write_loop*' tools/mutation.sh server/connection  # only these (mutmut globs)
 #
+# The connection (server/connection.py) is socket-level: seconds per mutant, so pick its
+# mute wiring with MUTANTS (docs/verification.md names the ones used).
 # mutmut reads its settings from setup.cfg, which this project does not have, so for each
 # module the script copies the working tree (tracked and untracked, not ignored files) to a
 # scratch directory, writes the settings there and runs mutmut in the copy: the working
@@ -34,6 +37,7 @@ MODULES=(
   "trio_broker/state/quota.py|tests/unit/state/test_quota.py"
   "trio_broker/handlers/produce.py|tests/unit/protocol/test_records_validation.py"
   "trio_broker/replication/leader.py|tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
+  "trio_broker/replication/fetcher_rules.py|tests/unit/replication/test_fetcher_rules.py"
   "trio_broker/replication/follower.py|tests/unit/replication/test_replication_rule_properties.py tests/unit/replication/test_replication_rules.py"
   "trio_broker/replication/truncation.py|tests/unit/replication/test_replication_rules.py"
   "trio_broker/replication/controller_rules.py|tests/unit/replication/test_controller_rules.py tests/unit/replication/test_reassignment_rules.py tests/unit/replication/test_requested_election.py"
@@ -42,6 +46,7 @@ MODULES=(
   "trio_broker/state/partition_txns.py|tests/unit/state/test_partition_txns.py statemachine/test_partition_txn_machine.py"
   "trio_broker/transactions/state.py|tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py statemachine/test_txn_coordinator_machine.py"
   "trio_broker/transactions/log_format.py|tests/unit/transactions/test_txn_coordinator.py"
+  "trio_broker/server/connection.py|tests/integration/test_in_flight_cap.py tests/integration/test_quotas.py statemachine/test_sasl_connection_machine.py statemachine/test_response_order_machine.py"
   "trio_broker/cluster/zk_layout.py|tests/unit/cluster/test_zk_layout.py tests/unit/cluster/test_zk_layout_security.py tests/unit/replication/test_reassignment_rules.py"
 )
 
@@ -69,7 +74,9 @@ for entry in "${MODULES[@]}"; do
   } > "$work/setup.cfg"
   (
     cd "$work"
-    "$PY" -m mutmut run --max-children "${JOBS:-2}" > run.log 2>&1 || true
+    set -f  # MUTANTS holds globs for mutmut, not for the shell
+    "$PY" -m mutmut run --max-children "${JOBS:-2}" ${MUTANTS:-} > run.log 2>&1 || true
+    set +f
     "$PY" -m mutmut results --all true > results.txt 2>&1 || true
     "$PY" - "$module" "$tests" <<'PY'
 import collections, os, pathlib, re, sys

@@ -14,7 +14,9 @@ models miss, the module's own unit tests:
 
 A check counts as catching the bug when it fails; every check ran green on the unplanted
 tree first (``--baseline`` runs them so). Hypothesis runs with ``HYPOTHESIS_SEED``
-(default 1), so a score replays.
+(default 1), so a score replays. The fetcher's bugs are planted in
+``replication/fetcher_rules.py``, the decisions ``cluster/replica_fetcher.py`` calls and
+the replication machine drives; scores: docs/verification.md.
 """
 
 from __future__ import annotations
@@ -73,9 +75,9 @@ BUGS = (
     ),
     Bug(
         "fetcher-applies-stale-answer",
-        "trio_broker/cluster/replica_fetcher.py",
-        "if fetched_for is None or log_ is None or manager.following.get(key) is not fetched_for:",
-        "if fetched_for is None or log_ is None:",
+        "trio_broker/replication/fetcher_rules.py",
+        "return now is not None and now == sent",
+        "return now is not None",
         "a follower appends a fetch answer that left its old leader before the follower "
         "moved on to a new one (and truncated for it)",
         (REPLICATION_MACHINE, SIMULATOR),
@@ -85,11 +87,49 @@ BUGS = (
     ),
     Bug(
         "fetcher-counts-unsynced-records",
-        "trio_broker/cluster/replica_fetcher.py",
-        "if manager.sync_before_counting and log_.durable_end_offset < log_.log_end_offset:",
-        "if False:",
+        "trio_broker/replication/fetcher_rules.py",
+        "return sync_before_counting and durable_end_offset < log_end_offset",
+        "return False",
         "a follower's next fetch offset counts records it has not synced: a power cut of "
         "the follower (and the leader) can lose an acknowledged write",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (
+            "tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",
+        ),
+    ),
+    # A fresh set in the fetcher's decisions (replication/fetcher_rules.py, which
+    # cluster/replica_fetcher.py, the replication machine and the simulator all run).
+    Bug(
+        "fetcher-stale-answer-same-offset",
+        "trio_broker/replication/fetcher_rules.py",
+        "return now is not None and now == sent",
+        "return now is not None and now.fetch_offset == sent.fetch_offset",
+        "an answer is taken whenever the fetch offset still matches, though the leader "
+        "changed while it travelled (the follower may lead now)",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (
+            "tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",
+        ),
+    ),
+    Bug(
+        "fetcher-sync-one-short",
+        "trio_broker/replication/fetcher_rules.py",
+        "return sync_before_counting and durable_end_offset < log_end_offset",
+        "return sync_before_counting and durable_end_offset + 1 < log_end_offset",
+        "a follower one record ahead of its disk fetches on without syncing: the leader "
+        "counts a record the follower can lose",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (
+            "tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",
+        ),
+    ),
+    Bug(
+        "fetcher-stale-answer-same-leader",
+        "trio_broker/replication/fetcher_rules.py",
+        "return now is not None and now == sent",
+        "return now is not None and now.leader == sent.leader",
+        "an answer from the same leader broker is taken across a log change of the "
+        "follower (a power cut, a truncation) while it travelled",
         (REPLICATION_MACHINE, SIMULATOR),
         (
             "tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",

@@ -22,7 +22,9 @@ connection:
    brought them N bytes the fetcher pauses N / rate seconds (the other partitions it
    copies from the same leader wait too, as Kafka's shared fetcher thread does).
 
-Errors that mean "the cluster moved on" (not leader, fenced or unknown epoch) wait for
+The decisions (sync before fetching, drop a stale answer, what an error means) are
+``replication/fetcher_rules.py``'s, which the replication machine and the simulator
+drive too. Errors that mean "the cluster moved on" (not leader, fenced or unknown epoch) wait for
 the next view change, or a pause, whichever comes first: a follower often learns its role
 before its leader does and is refused until the leader catches up, which changes nothing
 the follower watches. Connection errors reconnect after a pause.
@@ -41,6 +43,13 @@ from trio_broker.cluster.broker_client import BrokerClient, BrokerConnectionErro
 from trio_broker.cluster.waiting import RETRY_S, wait_any
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.replication.fetcher_rules import (
+    AnswerAction,
+    FetchPosition,
+    answer_action,
+    answer_applies,
+    sync_before_fetch,
+)
 from trio_broker.replication.follower import (
     high_watermark_after_fetch,
     high_watermark_after_truncation,
@@ -242,6 +251,7 @@ async def _fetch_once(
     durability = manager.durability
     topics: dict[str, list[m.FetchRequest.FetchTopic.FetchPartition]] = {}
     logs = {}
+    sent: dict[Key, FetchPosition] = {}
     throttled: set[Key] = set()
     for key, role in ready.items():
         log_ = manager.topics.log(*key)
@@ -249,9 +259,12 @@ async def _fetch_once(
             continue
         # Sync what was fetched before: the next fetch offset promises it is durable
         # (unless acks.all.fsync=false: then it promises what is in page cache).
-        if manager.sync_before_counting and log_.durable_end_offset < log_.log_end_offset:
+        if sync_before_fetch(
+            manager.sync_before_counting, log_.durable_end_offset, log_.log_end_offset
+        ):
             await durability.wait_durable(log_, log_.log_end_offset - 1)
         logs[key] = log_
+        sent[key] = FetchPosition(role.leader, role.leader_epoch, log_.log_end_offset)
         max_bytes = PARTITION_MAX_BYTES
         if manager.follower_throttled(*key):
             throttled.add(key)
@@ -260,7 +273,7 @@ async def _fetch_once(
             Req.FetchTopic.FetchPartition(
                 partition=key[1],
                 current_leader_epoch=role.leader_epoch,
-                fetch_offset=log_.log_end_offset,
+                fetch_offset=sent[key].fetch_offset,
                 last_fetched_epoch=log_.epoch_cache.latest_epoch,
                 log_start_offset=log_.log_start_offset,
                 partition_max_bytes=max_bytes,
@@ -283,15 +296,21 @@ async def _fetch_once(
     for topic in response.responses:
         for part in topic.partitions:
             key = (topic.topic, part.partition_index)
-            fetched_for, log_ = ready.get(key), logs.get(key)
-            if fetched_for is None or log_ is None or manager.following.get(key) is not fetched_for:
+            current, log_ = manager.following.get(key), logs.get(key)
+            if log_ is None or key not in sent:
+                continue  # not asked for
+            now = None
+            if current is not None and not current.needs_truncation:
+                # A new leader or epoch is a new FollowerRole, which truncates first.
+                now = FetchPosition(current.leader, current.leader_epoch, log_.log_end_offset)
+            if current is None or not answer_applies(sent[key], now):
                 continue  # the role changed while the fetch was out
-            role = fetched_for
-            error = part.error_code
-            if error == ErrorCode.OFFSET_OUT_OF_RANGE:
+            role = current
+            action = answer_action(part.error_code)
+            if action is AnswerAction.TRUNCATE:
                 role.needs_truncation = True
                 continue
-            if error != ErrorCode.NONE:
+            if action is AnswerAction.WAIT:
                 moved_on = True
                 continue
             records = part.records

@@ -1,0 +1,68 @@
+"""A follower fetcher's decisions, pure: what to do with a fetch answer, when to sync.
+
+``cluster/replica_fetcher.py`` performs them (sockets, logs, sleeps); the replication
+machine (statemachine/) and the simulator drive the same functions, so a slip here is a
+slip they can see.
+
+- **Sync before counting**: the leader counts a fetch at offset X as "the follower holds
+  everything below X", and by default that means on disk: what was fetched is synced
+  before the next fetch is sent (:func:`sync_before_fetch`).
+- **Stale answers are dropped**: an answer is taken only if the partition is still
+  fetched from the same leader, in the same leader epoch, at the same offset as when the
+  request left (:func:`answer_applies`); a leader change while the answer travelled (the
+  follower truncated for the new leader, or leads now) makes it stale, as Kafka's
+  fetcher drops answers whose partition fetch state changed.
+- **Errors** (:func:`answer_action`): out of range means agree with the leader again
+  (truncate) first; "the cluster moved on" errors (not leader, fenced, unknown epoch and
+  the rest) wait for the next view change or a pause; no error: append and take the HW
+  (``follower.high_watermark_after_fetch``).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from trio_broker.protocol.error_codes import ErrorCode
+
+__all__ = ["AnswerAction", "FetchPosition", "answer_action", "answer_applies", "sync_before_fetch"]
+
+
+@attrs.frozen
+class FetchPosition:
+    """Where a partition is fetched from: the leader, its epoch, the fetch offset."""
+
+    leader: int
+    leader_epoch: int
+    fetch_offset: int
+
+
+class AnswerAction(enum.Enum):
+    APPEND = "append"  # take the records and the leader's HW
+    TRUNCATE = "truncate"  # agree with the leader again (OffsetForLeaderEpoch) first
+    WAIT = "wait"  # the cluster moved on: wait for the view to say who leads
+
+
+def answer_applies(sent: FetchPosition, now: FetchPosition | None) -> bool:
+    """Whether an answer to a fetch sent at ``sent`` may be taken; ``now`` is where the
+    partition is fetched from when it arrives (None: it is not fetched any more, it
+    leads or must truncate first)."""
+    return now is not None and now == sent
+
+
+def answer_action(error_code: int) -> AnswerAction:
+    if error_code == ErrorCode.NONE:
+        return AnswerAction.APPEND
+    if error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+        return AnswerAction.TRUNCATE
+    return AnswerAction.WAIT
+
+
+def sync_before_fetch(
+    sync_before_counting: bool, durable_end_offset: int, log_end_offset: int
+) -> bool:
+    """Whether to sync the log before fetching at its end: the fetch offset tells the
+    leader what this replica holds, which counts towards acks=all (unless
+    acks.all.fsync=false: then page cache is enough)."""
+    return sync_before_counting and durable_end_offset < log_end_offset
