@@ -12,7 +12,6 @@ truncated) is not what clients were told and must not count as a conflicting fet
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from tests.verify.helpers import write_rows
 from trio_broker.capture.schema import arrow_schema
 from trio_broker.protocol.messages import encode_request, encode_response
 from trio_broker.protocol.records import build_batch
-from trio_broker.verify.job import spark_session, summary_text, verify
+from trio_broker.verify.job import summary_text, verify
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -176,13 +175,6 @@ def two_brokers(root: Path, *, overwritten: bool) -> tuple[Path, Path]:
     return root / "broker1", root / "broker2"
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]")
-    yield session
-    session.stop()
-
-
 def test_captures_of_several_brokers_are_checked_together(spark: Any, tmp_path: Path) -> None:
     good = two_brokers(tmp_path / "good", overwritten=False)
     report = verify(spark, list(good))
@@ -229,7 +221,6 @@ def test_leaders_and_high_watermarks_are_checked_per_epoch_across_brokers(
     assert others == {"one_leader_per_epoch", "high_watermark_monotonic"}, summary_text(report)
 
 
-# Last: the CLI stops the Spark session the module shares.
 def test_the_cli_takes_several_directories_and_keeps_its_exit_codes(tmp_path: Path) -> None:
     from trio_broker.cli import main
 
