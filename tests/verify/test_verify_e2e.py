@@ -475,6 +475,9 @@ def test_corrupted_capture_reports_each_violation(
     assert topics("producer_sequences", "sequence_gap") == {"verify-idem"}, text
     assert kinds(report, "high_watermark_monotonic") == {"high_watermark_backwards"}, text
     assert topics("high_watermark_monotonic", "high_watermark_backwards") == {"verify-plain"}
+    # That HW of 1 is also a log end below what verify-plain acknowledged.
+    assert kinds(report, "acked_topic_kept") == {"log_end_below_acked"}, text
+    assert topics("acked_topic_kept", "log_end_below_acked") == {"verify-plain"}, text
     assert kinds(report, "offset_fetch_current") == {"offset_fetch_stale"}, text
     assert report["checks"]["offset_fetch_current"]["violations"] == 1, text
     assert kinds(report, "group_assignment_exclusive") == {"partition_assigned_twice"}, text
