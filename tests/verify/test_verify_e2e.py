@@ -1,6 +1,6 @@
 """End to end: a capturing broker, real clients, then ``verify`` on local[2] — and on corrupted copies.
 
-One broker run and one Spark session for the module (Spark starts in ~7 s).
+One broker run for the module; the Spark session is shared by every verify module (conftest.py).
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from tests.verify.helpers import (
 )
 from trio_broker.protocol.messages import decode_request, decode_response
 from trio_broker.replay.ids import fetch_session_handed_out
-from trio_broker.verify.job import spark_session, summary_text, verify, write_report
+from trio_broker.verify.job import summary_text, verify, write_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -126,13 +125,6 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Traffic:
 @pytest.fixture(scope="module")
 def capture(traffic: Traffic) -> Path:
     return traffic.capture_dir
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")
@@ -459,7 +451,6 @@ def test_corrupted_capture_reports_each_violation(
     rows = assign_twice(rows)
     write_rows(rows, tmp_path / "bad")
     assert main(["verify", str(tmp_path / "nothing-here")]) == 2
-    # run_verify stops the shared session: this test runs last in the module.
     assert main(["verify", str(tmp_path / "bad"), "--report", str(tmp_path / "report")]) == 1
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert "FAIL" in (tmp_path / "report" / "report.html").read_text()
@@ -484,6 +475,9 @@ def test_corrupted_capture_reports_each_violation(
     assert topics("producer_sequences", "sequence_gap") == {"verify-idem"}, text
     assert kinds(report, "high_watermark_monotonic") == {"high_watermark_backwards"}, text
     assert topics("high_watermark_monotonic", "high_watermark_backwards") == {"verify-plain"}
+    # That HW of 1 is also a log end below what verify-plain acknowledged.
+    assert kinds(report, "acked_topic_kept") == {"log_end_below_acked"}, text
+    assert topics("acked_topic_kept", "log_end_below_acked") == {"verify-plain"}, text
     assert kinds(report, "offset_fetch_current") == {"offset_fetch_stale"}, text
     assert report["checks"]["offset_fetch_current"]["violations"] == 1, text
     assert kinds(report, "group_assignment_exclusive") == {"partition_assigned_twice"}, text

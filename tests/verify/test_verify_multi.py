@@ -12,7 +12,6 @@ truncated) is not what clients were told and must not count as a conflicting fet
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from tests.verify.helpers import write_rows
 from trio_broker.capture.schema import arrow_schema
 from trio_broker.protocol.messages import encode_request, encode_response
 from trio_broker.protocol.records import build_batch
-from trio_broker.verify.job import spark_session, summary_text, verify
+from trio_broker.verify.job import summary_text, verify
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -176,24 +175,25 @@ def two_brokers(root: Path, *, overwritten: bool) -> tuple[Path, Path]:
     return root / "broker1", root / "broker2"
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]")
-    yield session
-    session.stop()
-
-
 def test_captures_of_several_brokers_are_checked_together(spark: Any, tmp_path: Path) -> None:
+    """Each capture is verified once (each Spark job costs 15-30 s on a busy machine): the
+    good pair as a parent directory, the bad pair through the CLI, each bad one alone."""
+    import json
+
+    from trio_broker.cli import main
+
     good = two_brokers(tmp_path / "good", overwritten=False)
-    report = verify(spark, list(good))
+    # A parent directory with one capture per subdirectory means its subdirectories.
+    report = verify(spark, tmp_path / "good")
     assert report["ok"], summary_text(report)
     assert report["acknowledged_batches"] == 2
     assert report["capture_dirs"] == [str(d) for d in good]
-    # A parent directory with one capture per subdirectory means the same.
-    assert verify(spark, tmp_path / "good")["ok"]
 
     bad = two_brokers(tmp_path / "bad", overwritten=True)
-    report = verify(spark, list(bad))
+    assert main(["verify", str(good[0]), str(tmp_path / "nothing-here")]) == 2
+    assert main(["verify", *map(str, bad), "--report", str(tmp_path / "report")]) == 1
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["capture_dirs"] == [str(d) for d in bad]
     found = report["checks"]["acked_produce_fetched"]["by_kind"]
     assert found == {"ack_crc_mismatch": 1}, summary_text(report)
     # Each capture alone holds no violation: only together is the loss visible.
@@ -227,15 +227,3 @@ def test_leaders_and_high_watermarks_are_checked_per_epoch_across_brokers(
     assert backwards == [(2, 3, 4)]
     others = {name for name, c in checks.items() if c["violations"]}
     assert others == {"one_leader_per_epoch", "high_watermark_monotonic"}, summary_text(report)
-
-
-# Last: the CLI stops the Spark session the module shares.
-def test_the_cli_takes_several_directories_and_keeps_its_exit_codes(tmp_path: Path) -> None:
-    from trio_broker.cli import main
-
-    good = two_brokers(tmp_path / "good", overwritten=False)
-    two_brokers(tmp_path / "bad", overwritten=True)
-    assert main(["verify", str(good[0]), str(tmp_path / "nothing-here")]) == 2
-    # The good pair passes through verify() above; the CLI (one Spark start) must fail
-    # the bad one, given as a parent directory.
-    assert main(["verify", str(tmp_path / "bad"), "--report", str(tmp_path / "report")]) == 1

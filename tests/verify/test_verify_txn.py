@@ -2,7 +2,7 @@
 producer (commits and aborts) and a read_committed consumer, then ``verify`` on the capture
 (clean: exit 0, the transaction checks run) and on doctored copies (each check fails).
 
-One broker run and one Spark session for the module.
+One broker run for the module; the Spark session is shared (conftest.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from tests.verify.helpers import (
 )
 from trio_broker.protocol.messages import decode_request, decode_response, encode_response
 from trio_broker.protocol.records import split_batches
-from trio_broker.verify.job import spark_session, summary_text, verify
+from trio_broker.verify.job import summary_text, verify
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -103,13 +102,6 @@ def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"{tag}-{topic}-{i}" for tag in committed for topic in TOPICS for i in range(PER_TOPIC)
     ), broker.log()
     return capture_dir
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]")
-    yield session
-    session.stop()
 
 
 def test_clean_transactional_capture_passes(spark: Any, capture: Path) -> None:
@@ -288,7 +280,7 @@ def test_doctored_captures_fail_each_transaction_check(
     text = summary_text(report)
     assert kinds(report, "read_committed_no_aborted") == {"beyond_last_stable_offset"}, text
 
-    # 6. Aborted lists gone; through the CLI, which stops the shared session: last.
+    # 6. Aborted lists gone; through the CLI (which leaves the shared session running).
     rows = read_capture(capture).to_pylist()
 
     def strip_aborted(part: Any) -> bool:

@@ -33,7 +33,8 @@ VIEWS: dict[str, str] = {
     "acked": """
         SELECT b.run, b.conn, b.corr, b.tname AS topic, b.partition,
                a.offset + b.idx AS base_offset, b.crc, b.record_count,
-               b.producer_id, b.producer_epoch, b.base_sequence, a.ts AS ack_ts, b.attributes
+               b.producer_id, b.producer_epoch, b.base_sequence, a.ts AS ack_ts, b.attributes,
+               b.ts AS req_ts
         FROM named b JOIN named a
           ON a.kind = {produce_ack} AND b.kind = {produce_batch} AND a.error = 0
          AND a.run = b.run AND a.conn = b.conn AND a.corr = b.corr
@@ -652,6 +653,102 @@ CHECKS: dict[str, tuple[str, str]] = {
         -- An EndTxn received after the response: open then. No EndTxn in the capture (the
         -- coordinator aborted it, or capture ended): open unless its marker was fetched.
         WHERE p.end_ts IS NOT NULL OR m.marker_offset IS NULL
+        """,
+    ),
+    "acked_topic_kept": (
+        "a partition never answers with a log end below the end of a batch acknowledged "
+        "before the request was sent (a ListOffsets for the latest offset, a Produce "
+        "acknowledged at a lower offset, or, one broker alone, a Fetch's high watermark), "
+        "and a topic with acknowledged batches never comes back with a new topic id (or, "
+        "one broker alone, unknown): unless a DeleteTopics request named the topic",
+        """
+        WITH deleted AS (SELECT DISTINCT tname AS topic FROM named WHERE kind = {delete_topic}),
+        -- One capture directory: one broker, whose Fetch answers and Metadata must know
+        -- what it acknowledged. In a cluster a new leader's Fetch HW may lag and a broker
+        -- may not know a new topic yet, as in Kafka: there only ListOffsets (KIP-207),
+        -- Produce offsets and topic ids count.
+        single AS (SELECT count(*) = 0 AS alone FROM run_brokers WHERE run >= 0),
+        acks AS (
+          SELECT a.run, a.conn, a.corr, a.topic, a.partition, a.ack_ts, a.req_ts,
+                 a.base_offset, a.record_count,
+                 count(*) OVER (PARTITION BY a.topic, a.partition, a.base_offset, a.crc,
+                                             a.producer_id, a.base_sequence) AS copies
+          FROM acked a LEFT ANTI JOIN deleted d ON d.topic = a.topic
+        ),
+        -- Answers showing a partition's log end, at the time their request was sent. A
+        -- Produce's offset is the log end it was appended at (an idempotent retry
+        -- answered with its first copy's offset is not).
+        shown AS (
+          SELECT 'list_offsets' AS answer, r.run, r.conn, r.corr, r.tname AS topic,
+                 r.partition, r.ts AS t, a.offset AS log_end
+          FROM named r JOIN named a
+            ON r.kind = {list_offsets_request} AND a.kind = {list_offsets_answer}
+           AND a.run = r.run AND a.conn = r.conn AND a.corr = r.corr AND a.tname = r.tname
+           AND a.partition = r.partition
+          WHERE r.offset = -1 AND coalesce(r.isolation_level, 0) = 0 AND a.error = 0
+            AND a.offset >= 0
+          UNION ALL
+          SELECT 'produce', run, conn, corr, topic, partition, req_ts, base_offset
+          FROM acks WHERE copies = 1
+          UNION ALL
+          SELECT 'fetch', p.run, p.conn, p.corr, p.tname, p.partition, r.req_ts,
+                 CASE WHEN p.error = 0 THEN p.offset ELSE 0 END
+          FROM named p JOIN fetch_requests r
+            ON p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
+          CROSS JOIN single s
+          WHERE p.kind = {fetch_part} AND s.alone AND p.error IN (0, 3, 100)
+        ),
+        ev AS (
+          SELECT topic, partition, ack_ts AS t, 1 AS ord,
+                 base_offset + record_count AS acked_end, CAST(NULL AS STRING) AS answer,
+                 CAST(NULL AS BIGINT) AS run, CAST(NULL AS BIGINT) AS conn,
+                 CAST(NULL AS INT) AS corr, CAST(NULL AS BIGINT) AS log_end
+          FROM acks
+          UNION ALL
+          SELECT topic, partition, t, 0, NULL, answer, run, conn, corr, log_end FROM shown
+        ),
+        lowered AS (
+          SELECT *, max(acked_end) OVER (PARTITION BY topic, partition ORDER BY t, ord
+                                         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+                    AS acked_before
+          FROM ev
+        ),
+        ids AS (
+          SELECT run, conn, corr, tname AS topic, note AS topic_id,
+                 lag(note) OVER (PARTITION BY tname ORDER BY ts) AS previous_id
+          FROM named WHERE kind = {topic_id}
+        ),
+        gone AS (
+          SELECT 'topic_id_changed' AS violation, run, conn, corr, topic, previous_id, topic_id
+          FROM ids WHERE previous_id IS NOT NULL AND previous_id <> topic_id
+          UNION ALL
+          SELECT 'topic_unknown', u.run, u.conn, u.corr, u.tname, NULL, NULL
+          FROM named u CROSS JOIN single s WHERE u.kind = {topic_unknown} AND s.alone
+        ),
+        -- Dated by their Metadata request (the answer may be captured after acks of
+        -- writes the broker handled later).
+        gone_at AS (
+          SELECT /*+ BROADCAST(g) */ g.*, q.monotonic_ns AS t
+          FROM gone g JOIN frames q
+            ON q.direction = 'request' AND q.run = g.run AND q.connection_id = g.conn
+           AND q.correlation_id = g.corr
+          LEFT ANTI JOIN deleted d ON d.topic = g.topic
+        ),
+        lost AS (
+          SELECT /*+ BROADCAST(g) */ g.violation, g.run, g.conn, g.corr, g.topic,
+                 g.previous_id, g.topic_id, count(*) AS acked_batches,
+                 max(a.base_offset + a.record_count) AS acked_end
+          FROM gone_at g JOIN acks a ON a.topic = g.topic AND a.ack_ts < g.t
+          GROUP BY g.violation, g.run, g.conn, g.corr, g.topic, g.previous_id, g.topic_id
+        )
+        SELECT 'log_end_below_acked' AS violation, topic, partition, answer, log_end,
+               acked_before AS acked_end, run, conn, corr, CAST(NULL AS STRING) AS previous_id,
+               CAST(NULL AS STRING) AS topic_id, CAST(NULL AS BIGINT) AS acked_batches
+        FROM lowered WHERE ord = 0 AND acked_before > log_end
+        UNION ALL
+        SELECT violation, topic, NULL, 'metadata', NULL, acked_end, run, conn, corr,
+               previous_id, topic_id, acked_batches
+        FROM lost
         """,
     ),
 }

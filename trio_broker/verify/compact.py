@@ -30,7 +30,8 @@ KINDS = (
     "sync_request", "sync_assign", "commit_request", "commit_ack", "undecodable",
     "topic_name", "fetch_request", "fetch_isolation", "fetch_aborted", "end_txn",
     "end_txn_ack", "partition_leader", "offset_fetch_request", "offset_fetch_answer",
-    "coordinator_request", "coordinator_named",
+    "coordinator_request", "coordinator_named", "list_offsets_request", "list_offsets_answer",
+    "delete_topic", "topic_unknown",
 )  # fmt: skip
 KIND_CODE = {name: code for code, name in enumerate(KINDS)}
 

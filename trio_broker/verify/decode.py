@@ -30,6 +30,12 @@ one wide schema (:data:`FACT_FIELDS`); ``kind`` says which columns are set:
                    offset in ``offset``)
 ``end_txn``        an EndTxn request (producer id/epoch, ``committed``, transactional id in ``note``)
 ``end_txn_ack``    an EndTxn response (error)
+``list_offsets_request`` a partition of a ListOffsets request (the timestamp asked for in
+                   ``offset``: -1 latest, -2 earliest; ``isolation_level``)
+``list_offsets_answer`` a partition of a ListOffsets response (error, the offset answered)
+``delete_topic``   a topic named (or, v6+, given by id) in a DeleteTopics request
+``topic_unknown``  a topic a Metadata response answered UNKNOWN_TOPIC_OR_PARTITION or
+                   UNKNOWN_TOPIC_ID for
 ``undecodable``    a frame our codec could not decode (``note`` says why)
 """
 
@@ -46,6 +52,9 @@ PRODUCE, FETCH, METADATA = ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA
 OFFSET_COMMIT, SYNC_GROUP = ApiKey.OFFSET_COMMIT, ApiKey.SYNC_GROUP
 OFFSET_FETCH, FIND_COORDINATOR = ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR
 END_TXN = ApiKey.END_TXN
+LIST_OFFSETS, DELETE_TOPICS = ApiKey.LIST_OFFSETS, ApiKey.DELETE_TOPICS
+#: Metadata topic errors saying the broker does not know the topic.
+UNKNOWN_TOPIC_ERRORS = (3, 100)  # UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID
 #: Fetch requests carry ``isolation_level`` from v4 on; older ones read uncommitted.
 FETCH_ISOLATION_VERSION = 4
 #: Fetch v15+ dropped ``replica_id`` from the body (KIP-903 moved it to a tagged field).
@@ -149,7 +158,7 @@ def _facts_for_row(
                    "kind": "fetch_isolation", "isolation_level": level}  # fmt: skip
             return
         if api_key not in (PRODUCE, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, SYNC_GROUP,
-                           END_TXN):  # fmt: skip
+                           END_TXN, LIST_OFFSETS, DELETE_TOPICS):  # fmt: skip
             return
         header, body = decode_request(frame)
         corr = header.correlation_id
@@ -169,6 +178,19 @@ def _facts_for_row(
                             "producer_id": b.producer_id, "producer_epoch": b.producer_epoch,
                             "base_sequence": b.base_sequence, "attributes": b.attributes,
                         }  # fmt: skip
+        elif api_key == LIST_OFFSETS:
+            for topic in body.topics:
+                for part in topic.partitions:
+                    yield {
+                        **base, "kind": "list_offsets_request", "topic": topic.name,
+                        "partition": part.partition_index, "offset": part.timestamp,
+                        "isolation_level": body.isolation_level,
+                    }  # fmt: skip
+        elif api_key == DELETE_TOPICS:
+            deleted = [(t.name, t.topic_id) for t in body.topics or ()]
+            deleted += [(name, None) for name in body.topic_names or ()]
+            for name, topic_id in deleted:
+                yield {**base, "kind": "delete_topic", "topic": topic_key(name, topic_id)}
         elif api_key == END_TXN:
             yield {
                 **base, "kind": "end_txn", "producer_id": body.producer_id,
@@ -201,7 +223,7 @@ def _facts_for_row(
         return
     if api_key not in (
         PRODUCE, FETCH, METADATA, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, SYNC_GROUP,
-        END_TXN,
+        END_TXN, LIST_OFFSETS,
     ):  # fmt: skip
         return
     corr, body = decode_response(api_key, version, frame)
@@ -243,6 +265,16 @@ def _facts_for_row(
                     }  # fmt: skip
     elif api_key == END_TXN:
         yield {**base, "kind": "end_txn_ack", "error": body.error_code}
+    elif api_key == LIST_OFFSETS:
+        for topic in body.topics:
+            for part in topic.partitions:
+                # v0 answers a list of offsets, newest first.
+                offset = part.old_style_offsets[0] if part.old_style_offsets else part.offset
+                yield {
+                    **base, "kind": "list_offsets_answer", "topic": topic.name,
+                    "partition": part.partition_index, "error": part.error_code,
+                    "offset": offset,
+                }  # fmt: skip
     elif api_key == OFFSET_COMMIT:
         for topic in body.topics:
             key = topic_key(topic.name, getattr(topic, "topic_id", None))
@@ -281,6 +313,9 @@ def _facts_for_row(
                     }  # fmt: skip
     elif api_key == METADATA:
         for topic in body.topics:
+            if topic.error_code in UNKNOWN_TOPIC_ERRORS and (topic.name or topic.topic_id):
+                key = topic_key(topic.name, topic.topic_id)
+                yield {**base, "kind": "topic_unknown", "topic": key, "error": topic.error_code}
             if topic.name and topic.topic_id is not None and int(topic.topic_id.int) != 0:
                 yield {
                     **base,

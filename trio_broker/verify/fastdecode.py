@@ -55,8 +55,8 @@ FETCH_RESPONSE_VERSIONS = range(4, 19)
 #: Fetch requests: only the isolation level is read (decode.fetch_isolation), v4 on.
 FETCH_REQUEST_VERSIONS = range(FETCH_ISOLATION_VERSION, 19)
 #: API keys whose rows may yield facts (see decode._facts_for_row).
-FACT_REQUEST_KEYS = (0, 1, 8, 9, 10, 14, 26)
-FACT_RESPONSE_KEYS = (0, 1, 3, 8, 9, 10, 14, 26)
+FACT_REQUEST_KEYS = (0, 1, 2, 8, 9, 10, 14, 20, 26)
+FACT_RESPONSE_KEYS = (0, 1, 2, 3, 8, 9, 10, 14, 26)
 
 # The layouts the walkers below assume, as numbers: tests/unit/verify/test_fastdecode.py
 # (test_layouts_match_the_schema_table) checks each against the schema table for

@@ -513,7 +513,12 @@ def run_verify(
         if not Path(directory).is_dir():
             print(f"trio-broker: {directory} is not a directory", file=sys.stderr)
             return 2
-    _log(f"starting Spark ({master})")
+    from pyspark.sql import SparkSession
+
+    # A session already running in this process (a test suite's, shared by its modules)
+    # is used and left running: only the one started here is stopped.
+    started_here = SparkSession.getActiveSession() is None
+    _log(f"starting Spark ({master})" if started_here else "using the running Spark session")
     frames = read_capture_files(given, warn=False).frames
     spark = spark_session(master, frames=frames)
     try:
@@ -522,7 +527,8 @@ def run_verify(
         print(f"trio-broker: {exc}", file=sys.stderr)
         return 2
     finally:
-        spark.stop()
+        if started_here:
+            spark.stop()
     print(summary_text(report))
     if report_dir is not None:
         write_report(report, Path(report_dir))
