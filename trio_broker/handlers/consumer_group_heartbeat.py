@@ -35,6 +35,21 @@ def topic_table(ctx: RequestContext) -> dict[str, tuple[uuid.UUID, int]]:
     return {t.name: (t.topic_id, len(t.logs)) for t in ctx.services.topics.topics.values()}
 
 
+def assigned_by_topic(
+    partitions: Iterable[tuple[str, int]], table: dict[str, tuple[uuid.UUID, int]]
+) -> list[tuple[uuid.UUID, str, list[int]]]:
+    """(topic id, name, sorted partitions) per topic, by name; topics gone are left out.
+    What the group Describe answers (consumer and share) list as a member's assignment."""
+    per_topic: dict[str, list[int]] = {}
+    for topic, partition in partitions:
+        per_topic.setdefault(topic, []).append(partition)
+    return [
+        (table[topic][0], topic, sorted(parts))
+        for topic, parts in sorted(per_topic.items())
+        if topic in table
+    ]
+
+
 def by_id(table: dict[str, tuple[uuid.UUID, int]]) -> dict[uuid.UUID, str]:
     return {topic_id: name for name, (topic_id, _) in table.items()}
 

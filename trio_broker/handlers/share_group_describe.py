@@ -10,7 +10,7 @@ from trio_broker.handlers.authorization import (
     authorized_operations,
 )
 from trio_broker.handlers.base import RequestContext, handles
-from trio_broker.handlers.consumer_group_heartbeat import topic_table
+from trio_broker.handlers.consumer_group_heartbeat import assigned_by_topic, topic_table
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_group import Assignment
@@ -28,16 +28,11 @@ async def handle_share_group_describe(
     table = topic_table(ctx)
 
     def assignment(partitions: Assignment) -> Group.Member.Assignment:
-        per_topic: dict[str, list[int]] = {}
-        for topic, partition in partitions:
-            per_topic.setdefault(topic, []).append(partition)
+        TopicPartitions = Group.Member.Assignment.TopicPartitions
         return Group.Member.Assignment(
             topic_partitions=[
-                Group.Member.Assignment.TopicPartitions(
-                    topic_id=table[topic][0], topic_name=topic, partitions=sorted(parts)
-                )
-                for topic, parts in sorted(per_topic.items())
-                if topic in table
+                TopicPartitions(topic_id=topic_id, topic_name=name, partitions=parts)
+                for topic_id, name, parts in assigned_by_topic(partitions, table)
             ]
         )
 
