@@ -8,6 +8,8 @@ deterministic simulation will use, so the two cannot drift apart.
 from __future__ import annotations
 
 import uuid
+from functools import partial
+from typing import Any
 
 import pytest
 import trio
@@ -16,10 +18,12 @@ from harness import Clients, Member, cluster, eventually, registration
 from trio_broker.cluster.coordination import (
     MemoryCoordination,
     MemoryZooKeeper,
+    SessionLost,
 )
 from trio_broker.cluster.membership import BrokerIdInUse, run_membership
 from trio_broker.cluster.zk_layout import (
     BROKER_IDS,
+    CONTROLLER_EPOCH,
     TopicAssignment,
     partition_state_path,
     topic_path,
@@ -171,4 +175,39 @@ async def test_an_expired_session_registers_again_and_gives_up_the_controller() 
             "a controller elected in epoch 2, seen by both",
         )
         await eventually(lambda: set(views[2].brokers) == {1, 2}, "broker 1 registered again")
+        nursery.cancel_scope.cancel()
+
+
+class _EpochReadFailsOnce:
+    """A coordination client whose second read of /controller_epoch fails, as a dropped
+    connection fails it: the first is the new controller's increment, the second the
+    controller's duties starting (``run_controller``)."""
+
+    def __init__(self, inner: MemoryCoordination) -> None:
+        self.inner, self.epoch_reads = inner, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def get(self, path: str) -> Any:
+        if path == CONTROLLER_EPOCH:
+            self.epoch_reads += 1
+            if self.epoch_reads == 2:
+                raise SessionLost(f"{path}: ConnectionLoss")
+        return await self.inner.get(path)
+
+
+async def test_a_failed_read_as_the_controller_starts_is_retried() -> None:
+    """A ZooKeeper call that failed as the controller's duties began ended the
+    membership task, and the broker with it; the duties start again instead."""
+    coord = _EpochReadFailsOnce(MemoryCoordination(MemoryZooKeeper()))
+    view = ClusterView(1)
+    active: list[object] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            partial(run_membership, coord, registration(1), view, on_controller=active.append)
+        )
+        await eventually(lambda: bool(active) and active[-1] is not None, "controller active")
+        assert coord.epoch_reads >= 3, "the duties read the epoch again"
+        assert view.controller_id == 1 and view.controller_epoch == 1
         nursery.cancel_scope.cancel()
