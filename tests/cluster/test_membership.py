@@ -7,17 +7,26 @@ deterministic simulation will use, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import uuid
+from functools import partial
+from typing import Any
+
 import pytest
 import trio
-from harness import Clients, cluster, eventually, registration
+from harness import Clients, Member, cluster, eventually, registration
 
 from trio_broker.cluster.coordination import (
     MemoryCoordination,
     MemoryZooKeeper,
+    SessionLost,
 )
 from trio_broker.cluster.membership import BrokerIdInUse, run_membership
 from trio_broker.cluster.zk_layout import (
     BROKER_IDS,
+    CONTROLLER_EPOCH,
+    TopicAssignment,
+    partition_state_path,
+    topic_path,
 )
 from trio_broker.services.cluster_view import BrokerInfo, ClusterView
 
@@ -42,6 +51,40 @@ async def test_three_brokers_see_each_other_and_agree_on_one_controller(clients:
         await eventually(
             lambda: set(views[0].brokers) == {1, 2} == set(views[1].brokers), "3 is gone"
         )
+
+
+async def test_brokers_started_at_once_agree_and_act_on_a_new_topic(clients: Clients) -> None:
+    """``trio-broker cluster up`` starts its brokers side by side: they race to register
+    (the parents of ``/brokers/ids`` included) and to claim ``/controller`` while the
+    others are still registering. Every view must still list all three and name one
+    controller in epoch 1, and that controller must give a topic created right after a
+    leader (a CI run with side-by-side test clusters once saw a topic never created)."""
+    members = {b: Member(clients, b) for b in (1, 2, 3)}
+    views = [m.view for m in members.values()]
+    async with trio.open_nursery() as nursery:
+        for member in members.values():
+            member.nursery = nursery
+            nursery.start_soon(member.run)  # no waiting in between: all at once
+        await eventually(lambda: all(set(v.brokers) == {1, 2, 3} for v in views), "all listed")
+        await eventually(
+            lambda: (
+                len({(v.controller_id, v.controller_epoch) for v in views}) == 1
+                and views[0].controller_id in (1, 2, 3)
+                and views[0].controller_epoch == 1
+            ),
+            "one controller in epoch 1 in every view",
+        )
+        assert [v.is_controller for v in views].count(True) == 1
+        async with clients.client() as coord:
+            assignment = TopicAssignment(uuid.uuid4(), {0: (1, 2)})
+            await coord.create(topic_path("new"), assignment.encode())
+            state = partition_state_path("new", 0)
+            await eventually(lambda: all("new" in v.topics for v in views), "every view has it")
+            await eventually(
+                lambda: all(v.topics["new"].partitions[0].leader == 1 for v in views),
+                f"{state} written with leader 1, seen by every broker",
+            )
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_new_controller_with_a_higher_epoch_when_the_controller_goes(
@@ -132,4 +175,39 @@ async def test_an_expired_session_registers_again_and_gives_up_the_controller() 
             "a controller elected in epoch 2, seen by both",
         )
         await eventually(lambda: set(views[2].brokers) == {1, 2}, "broker 1 registered again")
+        nursery.cancel_scope.cancel()
+
+
+class _EpochReadFailsOnce:
+    """A coordination client whose second read of /controller_epoch fails, as a dropped
+    connection fails it: the first is the new controller's increment, the second the
+    controller's duties starting (``run_controller``)."""
+
+    def __init__(self, inner: MemoryCoordination) -> None:
+        self.inner, self.epoch_reads = inner, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def get(self, path: str) -> Any:
+        if path == CONTROLLER_EPOCH:
+            self.epoch_reads += 1
+            if self.epoch_reads == 2:
+                raise SessionLost(f"{path}: ConnectionLoss")
+        return await self.inner.get(path)
+
+
+async def test_a_failed_read_as_the_controller_starts_is_retried() -> None:
+    """A ZooKeeper call that failed as the controller's duties began ended the
+    membership task, and the broker with it; the duties start again instead."""
+    coord = _EpochReadFailsOnce(MemoryCoordination(MemoryZooKeeper()))
+    view = ClusterView(1)
+    active: list[object] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            partial(run_membership, coord, registration(1), view, on_controller=active.append)
+        )
+        await eventually(lambda: bool(active) and active[-1] is not None, "controller active")
+        assert coord.epoch_reads >= 3, "the duties read the epoch again"
+        assert view.controller_id == 1 and view.controller_epoch == 1
         nursery.cancel_scope.cancel()

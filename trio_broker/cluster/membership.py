@@ -243,6 +243,12 @@ async def _controller_duties(
         )
     except NotController as exc:
         log.warning("broker %d: %s", view.broker_id, exc)
+    except CoordinationError as exc:
+        # The first read of /controller_epoch failed (a dropped connection): the
+        # election reads again and, still the controller, starts these duties anew.
+        # Raised on, it would end the membership and with it the broker.
+        log.warning("broker %d: starting the controller's duties: %s", view.broker_id, exc)
+        await trio.sleep(RETRY_S)
     done.cancel()
 
 
