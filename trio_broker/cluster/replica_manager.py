@@ -211,13 +211,28 @@ class ReplicaManager:
             moved, proposal = False, None
             if offset <= term.log_end_offset:
                 try:
-                    moved, proposal = term.follower_fetched(replica, offset, now)
+                    moved, proposal = term.follower_fetched(
+                        replica, offset, now, may_join=not self._leaving(key, replica, term)
+                    )
                 except NotAReplica:  # a replica a reassignment removed, fetching in this epoch
                     pass
             if moved or changed:
                 self._wake(key)
             if proposal is not None:
                 self._store_isr_soon(topic, partition, term, proposal)
+
+    def _leaving(self, key: tuple[str, int], replica: int, term: LeaderPartition) -> bool:
+        """A replica a reassignment removes, once every joining one is in the ISR: the
+        controller is ending the move (its two writes may not both be seen yet), so the
+        replica must not come back into the ISR. While the move is under way it may, as
+        in Kafka."""
+        info = self.view.topics.get(key[0])
+        moving = info.partitions.get(key[1]) if info is not None else None
+        return (
+            moving is not None
+            and replica in moving.removing_replicas
+            and set(moving.adding_replicas) <= term.isr
+        )
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         key = (topic, partition)

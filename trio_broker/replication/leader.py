@@ -179,9 +179,15 @@ class LeaderPartition:
         return self._advance_high_watermark()
 
     def follower_fetched(
-        self, replica_id: int, fetch_offset: int, now_ms: int
+        self, replica_id: int, fetch_offset: int, now_ms: int, *, may_join: bool = True
     ) -> tuple[bool, IsrProposal | None]:
-        """A follower fetched at ``fetch_offset``: (HW moved?, ISR change to store)."""
+        """A follower fetched at ``fetch_offset``: (HW moved?, ISR change to store).
+
+        ``may_join=False`` for a replica a finished reassignment is removing: it stays out
+        of the ISR. The controller ends a move with two writes (the ISR without the leaving
+        replicas, then the assignment without them); a leader that has seen the first but
+        not yet the second must not admit a leaving replica back (it would be in the ISR
+        of a partition it is no longer a replica of)."""
         progress = self.followers.get(replica_id)
         if progress is None:
             raise NotAReplica(f"broker {replica_id} is not a follower of this partition")
@@ -199,7 +205,8 @@ class LeaderPartition:
         moved = self._advance_high_watermark()
         proposal = None
         if (
-            replica_id not in self.maximal_isr
+            may_join
+            and replica_id not in self.maximal_isr
             and self.pending is None
             and fetch_offset >= self.high_watermark
             and fetch_offset >= self.epoch_start_offset
