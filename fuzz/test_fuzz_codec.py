@@ -45,7 +45,7 @@ def _load(path: Path) -> ModuleType:
     return module
 
 
-rt = _load(ROOT / "tests" / "unit" / "test_codec_roundtrip.py")
+rt = _load(ROOT / "tests" / "unit" / "protocol" / "test_codec_roundtrip.py")
 
 CASES: list[tuple[MessageSchema, int]] = [
     (s, v) for _, s in sorted(REQUESTS.items()) for v in range(s.min_version, s.max_version + 1)
