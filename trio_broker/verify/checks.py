@@ -673,10 +673,20 @@ CHECKS: dict[str, tuple[str, str]] = {
         single AS (SELECT count(*) = 0 AS alone FROM run_brokers WHERE run >= 0),
         acks AS (
           SELECT a.run, a.conn, a.corr, a.topic, a.partition, a.ack_ts, a.req_ts,
-                 a.base_offset, a.record_count,
+                 a.base_offset, a.record_count, a.crc, a.producer_id, a.base_sequence,
                  count(*) OVER (PARTITION BY a.topic, a.partition, a.base_offset, a.crc,
                                              a.producer_id, a.base_sequence) AS copies
           FROM acked a LEFT ANTI JOIN deleted d ON d.topic = a.topic
+        ),
+        -- Idempotent batches sent more than once: a retry is answered with the first
+        -- copy's offset, even when the first copy's answer never came (its broker died
+        -- or lost leadership before answering), so its offset is no log end.
+        resent AS (
+          SELECT tname AS topic, partition, producer_id, base_sequence, crc
+          FROM named
+          WHERE kind = {produce_batch} AND producer_id >= 0 AND base_sequence >= 0
+          GROUP BY tname, partition, producer_id, base_sequence, crc
+          HAVING count(*) > 1
         ),
         -- Answers showing a partition's log end, at the time their request was sent. A
         -- Produce's offset is the log end it was appended at (an idempotent retry
@@ -693,7 +703,12 @@ CHECKS: dict[str, tuple[str, str]] = {
           UNION ALL
           SELECT 'produce', a.run, a.conn, a.corr, a.topic, a.partition, a.req_ts,
                  a.base_offset
-          FROM acks a CROSS JOIN single s WHERE a.copies = 1 AND s.alone
+          FROM acks a CROSS JOIN single s
+          LEFT ANTI JOIN resent r
+            ON r.topic = a.topic AND r.partition = a.partition
+           AND r.producer_id = a.producer_id AND r.base_sequence = a.base_sequence
+           AND r.crc = a.crc
+          WHERE a.copies = 1 AND s.alone
           UNION ALL
           SELECT 'fetch', p.run, p.conn, p.corr, p.tname, p.partition, r.req_ts,
                  CASE WHEN p.error = 0 THEN p.offset ELSE 0 END
