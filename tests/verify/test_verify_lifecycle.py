@@ -152,11 +152,9 @@ def test_a_broker_that_forgot_the_topic_fails(spark: Any, runs: Runs) -> None:
     for e in examples:
         if e["violation"] == "log_end_below_acked":
             lowered.setdefault(e["answer"], set()).add((e["log_end"], e["acked_end"]))
-    # Run 2's records were appended at 0 and 1 again, and its log end answered as 2.
-    assert lowered == {
-        "produce": {(i, PRODUCED) for i in range(AGAIN)},
-        "list_offsets": {(AGAIN, PRODUCED)},
-    }, text
+    # Run 2's records were appended at 0 and 1 again, and its log end answered as 2
+    # (Produce offsets are not judged: a retry answers with its first copy's offset).
+    assert lowered == {"list_offsets": {(AGAIN, PRODUCED)}}, text
     for example in examples:
         assert example["topic"] == TOPIC, text
     (changed,) = [e for e in examples if e["violation"] == "topic_id_changed"]
