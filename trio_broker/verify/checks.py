@@ -669,10 +669,7 @@ CHECKS: dict[str, tuple[str, str]] = {
         -- topic ids count.
         single AS (SELECT count(*) = 0 AS alone FROM run_brokers WHERE run >= 0),
         acks AS (
-          SELECT a.run, a.conn, a.corr, a.topic, a.partition, a.ack_ts, a.req_ts,
-                 a.base_offset, a.record_count, a.crc, a.producer_id, a.base_sequence,
-                 count(*) OVER (PARTITION BY a.topic, a.partition, a.base_offset, a.crc,
-                                             a.producer_id, a.base_sequence) AS copies
+          SELECT a.topic, a.partition, a.ack_ts, a.base_offset, a.record_count
           FROM acked a LEFT ANTI JOIN deleted d ON d.topic = a.topic
         ),
         -- Answers showing a partition's log end, at the time their request was sent. Not a
