@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, settings
 
 SEED_ENV = "HYPOTHESIS_SEED"
 
-pytest_plugins = ["tests.leak_check"]
+pytest_plugins = ["tests.leak_check", "tests.scheduling"]
 
 settings.register_profile(
     "ci",
