@@ -3,9 +3,9 @@
 Holds one :class:`~trio_broker.state.share_group.ShareGroup` per share group, one
 :class:`~trio_broker.state.share_partition.SharePartition` per (group, topic,
 partition) it has been assigned, and one share session per (group, member) that
-fetches. Everything is in memory: a restart forgets the groups and what they had in
-flight (Kafka keeps share-partition state in ``__share_group_state``; see
-docs/share-groups.md). Time is passed in by the handlers (ms), and locks and sessions
+fetches. Membership and sessions are in memory; the share partitions' state is written
+to ``__share_group_state`` by the handlers (``groups/share_state.py``) and restored
+here at start-up (:meth:`ShareGroups.restore`; see docs/share-groups.md). Time is passed in by the handlers (ms), and locks and sessions
 run out lazily, when the group or partition is next used: nothing here waits.
 """
 
@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
+from trio_broker.groups.share_state import ShareSnapshot, ShareStateStore, restore
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_group import (
     LEAVE_EPOCH,
@@ -58,6 +59,28 @@ class ShareGroups:
         self.groups: dict[str, ShareGroup] = {}
         self.partitions: dict[tuple[str, str, int], SharePartition] = {}
         self.sessions: dict[tuple[str, str], ShareSession] = {}
+        #: Where the share partitions' state is written; None: memory only (a cluster).
+        self.store: ShareStateStore | None = None
+
+    def restore(self, snapshots: Mapping[tuple[str, str, int], ShareSnapshot]) -> None:
+        """Share partitions as stored, by (group, topic, partition): nothing acquired.
+        Their groups come back empty (members rejoin), as ShareGroupDescribe shows them."""
+        for (group_id, topic, partition), snapshot in snapshots.items():
+            self.partitions[group_id, topic, partition] = restore(
+                snapshot,
+                lock_duration_ms=self.config.record_lock_duration_ms,
+                delivery_count_limit=self.config.delivery_count_limit,
+                max_in_flight=self.config.partition_max_record_locks,
+            )
+            if group_id not in self.groups:
+                self.groups[group_id] = ShareGroup(
+                    group_id,
+                    session_timeout_ms=self.config.session_timeout_ms,
+                    heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+                )
+
+    def partitions_of(self, group_id: str) -> list[tuple[str, int, SharePartition]]:
+        return [(t, p, sp) for (g, t, p), sp in self.partitions.items() if g == group_id]
 
     # -- membership
     def group(self, group_id: str, now_ms: int) -> ShareGroup | None:

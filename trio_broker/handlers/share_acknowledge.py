@@ -11,6 +11,7 @@ from trio_broker.groups.share import CLOSE_SESSION, OPEN_SESSION, next_epoch
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.share_fetch import acknowledge, request_error
+from trio_broker.handlers.share_persist import persist
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
@@ -60,6 +61,12 @@ async def handle_share_acknowledge(ctx: RequestContext, request: m.ShareAcknowle
             ))  # fmt: skip
     if epoch == CLOSE_SESSION:
         shares.close_session(group_id, member_id)
+    # Answered once the acknowledgements are durable: a restart does not deliver them again.
+    if (stored := await persist(ctx, group_id)) is not ErrorCode.NONE:
+        for parts in per_topic.values():
+            for part in parts:
+                if part.error_code == ErrorCode.NONE:
+                    part.error_code = stored
     return Resp(
         throttle_time_ms=0, error_code=ErrorCode.NONE,
         acquisition_lock_timeout_ms=shares.config.record_lock_duration_ms,

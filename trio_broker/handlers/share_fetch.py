@@ -20,6 +20,7 @@ from typing import Any
 from trio_broker.groups.share import next_epoch
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.handlers.share_persist import append_changes, persist
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
@@ -149,6 +150,16 @@ class Fetch:
             for r in runs
         ]
 
+    async def stored(self) -> None:
+        """Write the share state and wait until it is durable, so the acknowledgements
+        answered are never delivered again after a restart (else their partitions
+        answer why). Acquisitions are appended without waiting: a lost one costs a
+        delivery count, never a record."""
+        acked = [p for p in self.parts.values() if p.acknowledge_error_code == ErrorCode.NONE]
+        if (code := await persist(self.ctx, self.group_id)) is not ErrorCode.NONE:
+            for part in acked:
+                part.acknowledge_error_code = code
+
     def response(self) -> Resp:
         per_topic: dict[uuid.UUID, list[PartResp]] = {}
         for (topic_id, _), part in sorted(
@@ -204,6 +215,7 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
                 )  # fmt: skip
     if epoch == -1:  # the last request of the session: acknowledgements only
         shares.close_session(group_id, member_id)
+        await fetch.stored()
         return fetch.response()
     if epoch != 0:
         session.epoch = next_epoch(session.epoch)
@@ -214,11 +226,14 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
         session.partitions.difference_update((forgotten.topic_id, p) for p in forgotten.partitions)
     max_records = request.max_records if request.max_records > 0 else DEFAULT_MAX_RECORDS
     partitions = set(session.partitions)
+    if has_acks:
+        await fetch.stored()
     if (
         fetch.acquire(partitions, max_records) > 0
         or request.max_wait_ms <= 0
         or any(p.error_code for p in fetch.parts.values())
     ):
+        append_changes(ctx, group_id)
         return fetch.response()
 
     names: list[tuple[str, int]] = []
@@ -237,6 +252,7 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
             with ctx.services.appends.watch(names) as watch:
                 # Acquire after the watch starts: an append in between still wakes it.
                 if not current() or fetch.acquire(partitions, max_records) > 0:
+                    append_changes(ctx, group_id)  # no await: a timeout cannot cut in
                     return fetch.response()
                 await watch.changed()
 
@@ -245,6 +261,7 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
         # out: its record may be acquired now.
         if current():
             fetch.acquire(partitions, max_records)
+            append_changes(ctx, group_id)
         return fetch.response()
 
     wait_ms = request.max_wait_ms
