@@ -30,7 +30,7 @@ import attrs
 
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import build_batch
-from trio_broker.state.share_partition import InFlight, RecordState, SharePartition
+from trio_broker.state.share_partition import FINISHED, InFlight, RecordState, SharePartition
 from trio_broker.storage.log import LogConfig, PartitionLog
 from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.memory import MemoryLog
@@ -170,7 +170,11 @@ def snapshot_of(share_partition: SharePartition) -> ShareSnapshot:
             batches[-1] = attrs.evolve(last, last_offset=offset)
         else:
             batches.append(StateBatch(offset, offset, state, record.delivery_count))
-    return ShareSnapshot(share_partition.start_offset, tuple(batches))
+    # Archiving an acquired record at the start moves the start, as it would in memory.
+    start = share_partition.start_offset
+    while batches and batches[0].first_offset == start and batches[0].delivery_state in FINISHED:
+        start = batches.pop(0).last_offset + 1
+    return ShareSnapshot(start, tuple(batches))
 
 
 def restore(
