@@ -174,7 +174,7 @@ def snapshot_of(share_partition: SharePartition) -> ShareSnapshot:
     start = share_partition.start_offset
     while batches and batches[0].first_offset == start and batches[0].delivery_state in FINISHED:
         start = batches.pop(0).last_offset + 1
-    return ShareSnapshot(start, tuple(batches))
+    return ShareSnapshot(start, tuple(batches), state_epoch=share_partition.state_epoch)
 
 
 def restore(
@@ -190,6 +190,7 @@ def restore(
         lock_duration_ms=lock_duration_ms,
         delivery_count_limit=delivery_count_limit,
         max_in_flight=max_in_flight,
+        state_epoch=snapshot.state_epoch,
     )
     for batch in snapshot.batches:
         if batch.last_offset < snapshot.start_offset:
@@ -276,11 +277,14 @@ class ShareStateStore:
                 continue
             entries.append((key, attrs.evolve(
                 fresh,
-                state_epoch=0 if known is None else known.state_epoch,
                 snapshot_epoch=0 if known is None else known.snapshot_epoch + 1,
                 write_timestamp_ms=now_ms,
             )))  # fmt: skip
         return entries
+
+    def tombstones(self, keys: Iterable[ShareKey]) -> list[Entry]:
+        """Deletions of the stored snapshots among ``keys``."""
+        return [(key, None) for key in keys if key in self.snapshots]
 
     def appended(self, entries: Sequence[Entry], last_offset: int) -> None:
         """``entries`` are in the log up to ``last_offset`` (maybe not durable yet)."""

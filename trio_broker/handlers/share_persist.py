@@ -13,14 +13,19 @@ Nothing is written without a store (a cluster: docs/share-groups.md).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from trio_broker.groups.share_state import ShareKey, encode_batch
 from trio_broker.handlers.base import RequestContext
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.internal_topics import NotCommitted, append_as_leader, wait_counted
 
 
-def append_changes(ctx: RequestContext, group_id: str) -> bool:
-    """Append the group's changed snapshots now (no waiting); whether any were."""
+def append_changes(
+    ctx: RequestContext, group_id: str, deleted: Sequence[tuple[str, int]] = ()
+) -> bool:
+    """Append the group's changed snapshots now (no waiting), and tombstones for its
+    ``deleted`` (topic, partition)s; whether anything was appended."""
     shares = ctx.services.shares
     store = shares.store
     if store is None:
@@ -31,8 +36,13 @@ def append_changes(ctx: RequestContext, group_id: str) -> bool:
         found = topics.get(topic)
         if found is not None:
             current.append((ShareKey(group_id, found.topic_id, partition), share_partition))
+    gone = []
+    for topic, partition in deleted:
+        found = topics.get(topic)
+        if found is not None:
+            gone.append(ShareKey(group_id, found.topic_id, partition))
     now = ctx.now_ms()
-    entries = store.changes(current, now)
+    entries = store.changes(current, now) + store.tombstones(gone)
     if not entries:
         return False
     appended = append_as_leader(
@@ -43,11 +53,13 @@ def append_changes(ctx: RequestContext, group_id: str) -> bool:
     return True
 
 
-async def persist(ctx: RequestContext, group_id: str) -> ErrorCode:
-    """Append the group's changes, then wait until everything appended so far is
-    durable. NONE, or the error to answer."""
+async def persist(
+    ctx: RequestContext, group_id: str, deleted: Sequence[tuple[str, int]] = ()
+) -> ErrorCode:
+    """Append the group's changes (:func:`append_changes`), then wait until everything
+    appended so far is durable. NONE, or the error to answer."""
     try:
-        append_changes(ctx, group_id)
+        append_changes(ctx, group_id, deleted)
         store = ctx.services.shares.store
         if store is None or store.last_appended < 0:
             return ErrorCode.NONE

@@ -191,3 +191,20 @@ def test_share_groups_restore_their_partitions_and_an_empty_group() -> None:
     assert shares.ensure_partition("g", "t", 0, 100) is found
     assert [(r.first_offset, r.last_offset, r.delivery_count)
             for r in found.acquire("m", 7, 10, 0)] == [(4, 4, 3), (6, 6, 1)]  # fmt: skip
+
+
+def test_a_reset_starts_over_with_a_new_state_epoch_and_deletions_are_tombstones() -> None:
+    shares = ShareGroups(ShareGroupsConfig())
+    shares.ensure_partition("g", "t", 0, 10).acquire("m", 12, 5, 0)
+    shares.reset("g", "t", 0, 4)
+    found = shares.partition("g", "t", 0)
+    assert found is not None and (found.start_offset, found.records) == (4, {})
+    snapshot = snapshot_of(found)
+    assert (snapshot.start_offset, snapshot.state_epoch) == (4, 1)
+    assert restore(decode_value(encode_value(snapshot)), lock_duration_ms=1,
+                   delivery_count_limit=1, max_in_flight=1).state_epoch == 1  # fmt: skip
+    store = ShareStateStore(MemoryLog(LogConfig()))
+    key = ShareKey("g", TOPIC, 0)
+    write(store, store.changes([(key, found)], 0))
+    assert shares.forget_partitions("g", "t") == [0]
+    assert store.tombstones([key, ShareKey("g", TOPIC, 9)]) == [(key, None)]
