@@ -49,10 +49,11 @@ async def handle_share_acknowledge(ctx: RequestContext, request: m.ShareAcknowle
     if epoch != CLOSE_SESSION:
         session.epoch = next_epoch(session.epoch)
     per_topic: dict[uuid.UUID, list[PartResp]] = {}
+    touched: set[tuple[str, int]] = set()
     for topic in request.topics:
         for p in topic.partitions:
             code = acknowledge(ctx, group_id, member_id, topic.topic_id, p.partition_index,
-                               p.acknowledgement_batches)  # fmt: skip
+                               p.acknowledgement_batches, touched)  # fmt: skip
             per_topic.setdefault(topic.topic_id, []).append(PartResp(
                 partition_index=p.partition_index, error_code=code,
                 current_leader=PartResp.LeaderIdAndEpoch(
@@ -62,7 +63,7 @@ async def handle_share_acknowledge(ctx: RequestContext, request: m.ShareAcknowle
     if epoch == CLOSE_SESSION:
         shares.close_session(group_id, member_id)
     # Answered once the acknowledgements are durable: a restart does not deliver them again.
-    if (stored := await persist(ctx, group_id)) is not ErrorCode.NONE:
+    if (stored := await persist(ctx, group_id, only=touched)) is not ErrorCode.NONE:
         for parts in per_topic.values():
             for part in parts:
                 if part.error_code == ErrorCode.NONE:

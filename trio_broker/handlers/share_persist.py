@@ -13,7 +13,7 @@ Nothing is written without a store (a cluster: docs/share-groups.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from trio_broker.groups.share_state import ShareKey, encode_batch
 from trio_broker.handlers.base import RequestContext
@@ -22,10 +22,17 @@ from trio_broker.services.internal_topics import NotCommitted, append_as_leader,
 
 
 def append_changes(
-    ctx: RequestContext, group_id: str, deleted: Sequence[tuple[str, int]] = ()
+    ctx: RequestContext,
+    group_id: str,
+    deleted: Sequence[tuple[str, int]] = (),
+    *,
+    only: Collection[tuple[str, int]] | None = None,
 ) -> bool:
     """Append the group's changed snapshots now (no waiting), and tombstones for its
-    ``deleted`` (topic, partition)s; whether anything was appended."""
+    ``deleted`` (topic, partition)s; whether anything was appended. ``only``: the
+    (topic, partition)s the request may have changed (None: all of the group's); what
+    else happens to a share partition (locks running out, a member's records given
+    back) leaves its snapshot as it was."""
     shares = ctx.services.shares
     store = shares.store
     if store is None:
@@ -33,6 +40,8 @@ def append_changes(
     topics = ctx.services.topics
     current = []
     for topic, partition, share_partition in shares.partitions_of(group_id):
+        if only is not None and (topic, partition) not in only:
+            continue
         found = topics.get(topic)
         if found is not None:
             current.append((ShareKey(group_id, found.topic_id, partition), share_partition))
@@ -54,12 +63,16 @@ def append_changes(
 
 
 async def persist(
-    ctx: RequestContext, group_id: str, deleted: Sequence[tuple[str, int]] = ()
+    ctx: RequestContext,
+    group_id: str,
+    deleted: Sequence[tuple[str, int]] = (),
+    *,
+    only: Collection[tuple[str, int]] | None = None,
 ) -> ErrorCode:
     """Append the group's changes (:func:`append_changes`), then wait until everything
     appended so far is durable. NONE, or the error to answer."""
     try:
-        append_changes(ctx, group_id, deleted)
+        append_changes(ctx, group_id, deleted, only=only)
         store = ctx.services.shares.store
         if store is None or store.last_appended < 0:
             return ErrorCode.NONE
