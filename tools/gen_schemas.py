@@ -79,6 +79,9 @@ APIS = [
     "ShareGroupDescribe",
     "ShareFetch",
     "ShareAcknowledge",
+    "DescribeShareGroupOffsets",
+    "AlterShareGroupOffsets",
+    "DeleteShareGroupOffsets",
 ]
 
 #: Layouts kafka-python's wheel lacks, taken from apache/kafka's message JSON (fields only).

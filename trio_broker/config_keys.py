@@ -541,8 +541,8 @@ _INERT_REASONS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("transaction", "add.partitions.to.txn"), "no transactions"),
     (
         ("group.share.", "share."),
-        "share groups are a first slice: in-memory state, one assignor, no bounds "
-        "checked (docs/share-groups.md)",
+        "share groups: one assignor, no bounds checked, share state durable on a single "
+        "broker only (docs/share-groups.md)",
     ),
     (("group.streams.",), "no streams groups"),
     (

@@ -3,9 +3,9 @@
 Holds one :class:`~trio_broker.state.share_group.ShareGroup` per share group, one
 :class:`~trio_broker.state.share_partition.SharePartition` per (group, topic,
 partition) it has been assigned, and one share session per (group, member) that
-fetches. Everything is in memory: a restart forgets the groups and what they had in
-flight (Kafka keeps share-partition state in ``__share_group_state``; see
-docs/share-groups.md). Time is passed in by the handlers (ms), and locks and sessions
+fetches. Membership and sessions are in memory; the share partitions' state is written
+to ``__share_group_state`` by the handlers (``groups/share_state.py``) and restored
+here at start-up (:meth:`ShareGroups.restore`; see docs/share-groups.md). Time is passed in by the handlers (ms), and locks and sessions
 run out lazily, when the group or partition is next used: nothing here waits.
 """
 
@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
+from trio_broker.groups.share_state import ShareSnapshot, ShareStateStore, restore
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_group import (
     LEAVE_EPOCH,
@@ -25,6 +26,8 @@ from trio_broker.state.share_group import (
 )
 from trio_broker.state.share_partition import SharePartition
 
+#: A share group's protocol type and group type in ListGroups (Kafka's).
+SHARE_PROTOCOL_TYPE = "share"
 #: ShareFetch/ShareAcknowledge session epochs: open, close; the next after INT32 max is 1.
 OPEN_SESSION = 0
 CLOSE_SESSION = -1
@@ -58,6 +61,63 @@ class ShareGroups:
         self.groups: dict[str, ShareGroup] = {}
         self.partitions: dict[tuple[str, str, int], SharePartition] = {}
         self.sessions: dict[tuple[str, str], ShareSession] = {}
+        #: Where the share partitions' state is written; None: memory only (a cluster).
+        self.store: ShareStateStore | None = None
+
+    def restore(self, snapshots: Mapping[tuple[str, str, int], ShareSnapshot]) -> None:
+        """Share partitions as stored, by (group, topic, partition): nothing acquired.
+        Their groups come back empty (members rejoin), as ShareGroupDescribe shows them."""
+        for (group_id, topic, partition), snapshot in snapshots.items():
+            self.partitions[group_id, topic, partition] = restore(
+                snapshot,
+                lock_duration_ms=self.config.record_lock_duration_ms,
+                delivery_count_limit=self.config.delivery_count_limit,
+                max_in_flight=self.config.partition_max_record_locks,
+            )
+            if group_id not in self.groups:
+                self.groups[group_id] = ShareGroup(
+                    group_id,
+                    session_timeout_ms=self.config.session_timeout_ms,
+                    heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+                )
+
+    def partitions_of(self, group_id: str) -> list[tuple[str, int, SharePartition]]:
+        return [(t, p, sp) for (g, t, p), sp in self.partitions.items() if g == group_id]
+
+    # -- admin (AlterShareGroupOffsets, DeleteShareGroupOffsets, DeleteGroups)
+    def is_empty(self, group_id: str, now_ms: int) -> bool | None:
+        """None: no such share group; else whether it has no members."""
+        group = self.group(group_id, now_ms)
+        return None if group is None else not group.members
+
+    def reset(self, group_id: str, topic: str, partition: int, start_offset: int) -> None:
+        """Start the group's share partition over at ``start_offset``: nothing in flight,
+        a new state epoch (an empty group: no member holds anything)."""
+        old = self.partitions.get((group_id, topic, partition))
+        self.partitions[group_id, topic, partition] = SharePartition(
+            start_offset,
+            lock_duration_ms=self.config.record_lock_duration_ms,
+            delivery_count_limit=self.config.delivery_count_limit,
+            max_in_flight=self.config.partition_max_record_locks,
+            state_epoch=0 if old is None else old.state_epoch + 1,
+        )
+
+    def forget_partitions(self, group_id: str, topic: str) -> list[int]:
+        """Drop the group's share partitions of ``topic``; the partitions dropped."""
+        gone = sorted(p for (g, t, p) in self.partitions if g == group_id and t == topic)
+        for partition in gone:
+            del self.partitions[group_id, topic, partition]
+        return gone
+
+    def delete_group(self, group_id: str) -> list[tuple[str, int]]:
+        """Remove the group and its share partitions; the (topic, partition)s dropped."""
+        gone = [(t, p) for (g, t, p) in self.partitions if g == group_id]
+        for topic, partition in gone:
+            del self.partitions[group_id, topic, partition]
+        for key in [k for k in self.sessions if k[0] == group_id]:
+            del self.sessions[key]
+        self.groups.pop(group_id, None)
+        return gone
 
     # -- membership
     def group(self, group_id: str, now_ms: int) -> ShareGroup | None:

@@ -15,6 +15,7 @@ MODULES = [
     "describe_producers", "describe_topic_partitions", "list_config_resources",
     "consumer_group_heartbeat", "consumer_group_describe",
     "share_group_heartbeat", "share_group_describe", "share_fetch", "share_acknowledge",
+    "share_admin",
     "add_partitions_to_txn", "add_offsets_to_txn", "end_txn", "write_txn_markers",
     "describe_transactions", "list_transactions", "txn_offset_commit",
     "elect_leaders", "alter_partition_reassignments", "list_partition_reassignments",

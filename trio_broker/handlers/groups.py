@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from trio_broker.groups.coordinator import GroupCoordinator, Waiter
 from trio_broker.groups.offsets_store import PendingWrite, group_of
+from trio_broker.groups.share import SHARE_PROTOCOL_TYPE
 from trio_broker.handlers.authorization import (
     Operation,
     ResourceType,
@@ -23,6 +24,7 @@ from trio_broker.handlers.authorization import (
     authorized_operations,
 )
 from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.handlers.share_persist import persist
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
@@ -227,6 +229,17 @@ async def handle_leave_group(
 # ------------------------------------------------------------------------- ListGroups
 
 
+def share_groups(ctx: RequestContext) -> list[tuple[str, str, str, str]]:
+    """Share groups as ListGroups lists them (Kafka: protocol type and group type "share")."""
+    shares, now = ctx.services.shares, ctx.now_ms()
+    listed = []
+    for group_id in list(shares.groups):
+        group = shares.group(group_id, now)  # a member whose session ran out is gone
+        if group is not None:
+            listed.append((group_id, SHARE_PROTOCOL_TYPE, group.state, "share"))
+    return listed
+
+
 @handles(m.ApiKey.LIST_GROUPS)
 async def handle_list_groups(
     ctx: RequestContext, request: m.ListGroupsRequest
@@ -244,7 +257,10 @@ async def handle_list_groups(
             group_state=state,
             group_type=group_type,
         )
-        for group_id, protocol_type, state, group_type in coordinator(ctx).list_groups()
+        for group_id, protocol_type, state, group_type in [
+            *coordinator(ctx).list_groups(),
+            *share_groups(ctx),
+        ]
         if (not states or state.lower() in states)
         and (not types or group_type in types)
         and (see_all or authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, group_id))
@@ -349,14 +365,30 @@ async def handle_delete_groups(
     refused = {
         n for n in names if n and not authorized(ctx, Operation.DELETE, ResourceType.GROUP, n)
     }
+    # Share groups first (Kafka chains them the same way): an empty one goes with its
+    # share state, one with members is NON_EMPTY_GROUP; the others are the coordinator's.
+    shares = ctx.services.shares
+    share_results: dict[str, ErrorCode] = {}
+    share_deleted: dict[str, list[tuple[str, int]]] = {}
+    for name in names:
+        if name and name not in refused and name not in share_results:
+            empty = shares.is_empty(name, ctx.now_ms())
+            if empty is False:
+                share_results[name] = ErrorCode.NON_EMPTY_GROUP
+            elif empty:
+                share_results[name] = ErrorCode.NONE
+                share_deleted[name] = shares.delete_group(name)
     try:
         # Deleted now, in request order; only the wait for the tombstones is deferred.
-        results, writes = groups.delete_groups([n for n in names if n and n not in refused])
+        results, writes = groups.delete_groups(
+            [n for n in names if n and n not in refused and n not in share_results]
+        )
     except StorageError:
         results = dict.fromkeys(names, ErrorCode.COORDINATOR_NOT_AVAILABLE)
     except KafkaError as exc:  # in a cluster: leadership moved under the write
         results = dict.fromkeys(names, exc.error_code)
     results.update(dict.fromkeys(refused, ErrorCode.GROUP_AUTHORIZATION_FAILED))
+    results.update(share_results)
 
     def response() -> m.DeleteGroupsResponse:
         return DeleteResp(
@@ -369,10 +401,13 @@ async def handle_delete_groups(
             ],
         )
 
-    if not writes:
+    if not writes and not share_deleted:
         return response()
 
     async def when_durable() -> m.DeleteGroupsResponse:
+        for name, gone in share_deleted.items():  # their snapshots' tombstones
+            if (stored := await persist(ctx, name, gone)) is not ErrorCode.NONE:
+                results[name] = stored
         for pending in writes:  # one per offsets partition: a failure fails its groups
             failed = None
             try:

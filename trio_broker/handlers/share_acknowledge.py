@@ -11,6 +11,7 @@ from trio_broker.groups.share import CLOSE_SESSION, OPEN_SESSION, next_epoch
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.share_fetch import acknowledge, request_error
+from trio_broker.handlers.share_persist import persist
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
@@ -48,10 +49,11 @@ async def handle_share_acknowledge(ctx: RequestContext, request: m.ShareAcknowle
     if epoch != CLOSE_SESSION:
         session.epoch = next_epoch(session.epoch)
     per_topic: dict[uuid.UUID, list[PartResp]] = {}
+    touched: set[tuple[str, int]] = set()
     for topic in request.topics:
         for p in topic.partitions:
             code = acknowledge(ctx, group_id, member_id, topic.topic_id, p.partition_index,
-                               p.acknowledgement_batches)  # fmt: skip
+                               p.acknowledgement_batches, touched)  # fmt: skip
             per_topic.setdefault(topic.topic_id, []).append(PartResp(
                 partition_index=p.partition_index, error_code=code,
                 current_leader=PartResp.LeaderIdAndEpoch(
@@ -60,6 +62,12 @@ async def handle_share_acknowledge(ctx: RequestContext, request: m.ShareAcknowle
             ))  # fmt: skip
     if epoch == CLOSE_SESSION:
         shares.close_session(group_id, member_id)
+    # Answered once the acknowledgements are durable: a restart does not deliver them again.
+    if (stored := await persist(ctx, group_id, only=touched)) is not ErrorCode.NONE:
+        for parts in per_topic.values():
+            for part in parts:
+                if part.error_code == ErrorCode.NONE:
+                    part.error_code = stored
     return Resp(
         throttle_time_ms=0, error_code=ErrorCode.NONE,
         acquisition_lock_timeout_ms=shares.config.record_lock_duration_ms,

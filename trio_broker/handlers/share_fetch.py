@@ -20,6 +20,7 @@ from typing import Any
 from trio_broker.groups.share import next_epoch
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.handlers.share_persist import append_changes, persist
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
@@ -50,12 +51,14 @@ def resolve(ctx: RequestContext, topic_id: uuid.UUID, partition: int) -> tuple[E
 
 def acknowledge(
     ctx: RequestContext, group_id: str, member_id: str, topic_id: uuid.UUID, partition: int,
-    batches: Sequence[Any],
+    batches: Sequence[Any], touched: set[tuple[str, int]],
 ) -> ErrorCode:  # fmt: skip
-    """Apply one partition's acknowledgement batches; the first error, if any."""
+    """Apply one partition's acknowledgement batches; the first error, if any. The
+    partition goes into ``touched`` (its share state may have changed)."""
     error, found = resolve(ctx, topic_id, partition)
     if error is not ErrorCode.NONE:
         return error
+    touched.add((found[0], partition))
     share_partition = ctx.services.shares.partition(group_id, found[0], partition)
     result = ErrorCode.NONE
     for batch in batches:
@@ -93,6 +96,8 @@ class Fetch:
         self.group_id = group_id
         self.member_id = member_id
         self.parts: dict[tuple[uuid.UUID, int], PartResp] = {}
+        #: (topic, partition)s whose share state this request may have changed.
+        self.touched: set[tuple[str, int]] = set()
 
     def part(self, topic_id: uuid.UUID, partition: int) -> PartResp:
         key = (topic_id, partition)
@@ -119,6 +124,7 @@ class Fetch:
             name, log = found
             if total >= max_records:
                 continue
+            self.touched.add((name, partition))
             share_partition = shares.ensure_partition(
                 self.group_id, name, partition, log.log_end_offset
             )
@@ -148,6 +154,18 @@ class Fetch:
             )
             for r in runs
         ]
+
+    async def stored(self) -> None:
+        """Write the share state and wait until it is durable, so the acknowledgements
+        answered are never delivered again after a restart (else their partitions
+        answer why). Acquisitions are appended without waiting: a lost one costs a
+        delivery count, never a record."""
+        acked = [p for p in self.parts.values() if p.acknowledge_error_code == ErrorCode.NONE]
+        if (
+            code := await persist(self.ctx, self.group_id, only=self.touched)
+        ) is not ErrorCode.NONE:
+            for part in acked:
+                part.acknowledge_error_code = code
 
     def response(self) -> Resp:
         per_topic: dict[uuid.UUID, list[PartResp]] = {}
@@ -200,10 +218,11 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
             if p.acknowledgement_batches:
                 fetch.part(topic.topic_id, p.partition_index).acknowledge_error_code = acknowledge(
                     ctx, group_id, member_id, topic.topic_id, p.partition_index,
-                    p.acknowledgement_batches,
+                    p.acknowledgement_batches, fetch.touched,
                 )  # fmt: skip
     if epoch == -1:  # the last request of the session: acknowledgements only
         shares.close_session(group_id, member_id)
+        await fetch.stored()
         return fetch.response()
     if epoch != 0:
         session.epoch = next_epoch(session.epoch)
@@ -214,11 +233,14 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
         session.partitions.difference_update((forgotten.topic_id, p) for p in forgotten.partitions)
     max_records = request.max_records if request.max_records > 0 else DEFAULT_MAX_RECORDS
     partitions = set(session.partitions)
+    if has_acks:
+        await fetch.stored()
     if (
         fetch.acquire(partitions, max_records) > 0
         or request.max_wait_ms <= 0
         or any(p.error_code for p in fetch.parts.values())
     ):
+        append_changes(ctx, group_id, only=fetch.touched)
         return fetch.response()
 
     names: list[tuple[str, int]] = []
@@ -237,6 +259,9 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
             with ctx.services.appends.watch(names) as watch:
                 # Acquire after the watch starts: an append in between still wakes it.
                 if not current() or fetch.acquire(partitions, max_records) > 0:
+                    append_changes(
+                        ctx, group_id, only=fetch.touched
+                    )  # no await: no timeout cuts in
                     return fetch.response()
                 await watch.changed()
 
@@ -245,6 +270,7 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
         # out: its record may be acquired now.
         if current():
             fetch.acquire(partitions, max_records)
+            append_changes(ctx, group_id, only=fetch.touched)
         return fetch.response()
 
     wait_ms = request.max_wait_ms

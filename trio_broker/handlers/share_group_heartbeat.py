@@ -11,6 +11,7 @@ from __future__ import annotations
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.consumer_group_heartbeat import as_topic_partitions, topic_table
+from trio_broker.handlers.share_persist import persist
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_group import ShareHeartbeat, ShareHeartbeatResult
@@ -75,5 +76,12 @@ async def handle_share_group_heartbeat(
         log = topics.log(topic, partition)
         return 0 if log is None else log.log_end_offset
 
-    result = ctx.services.shares.heartbeat(group_id, heartbeat, metadata, end_offset, ctx.now_ms())
+    shares = ctx.services.shares
+    before = {(t, p) for t, p, _ in shares.partitions_of(group_id)}
+    result = shares.heartbeat(group_id, heartbeat, metadata, end_offset, ctx.now_ms())
+    # A share partition made for the assignment starts at the log end: stored before the
+    # member can fetch from it, so a restart does not move its start past what came since.
+    made = {(t, p) for t, p, _ in shares.partitions_of(group_id)} - before
+    if (stored := await persist(ctx, group_id, only=made)) is not ErrorCode.NONE:
+        return error(stored, "The share-partition state could not be written.")
     return response(result, ctx)

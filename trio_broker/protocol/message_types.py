@@ -453,6 +453,80 @@ if TYPE_CHECKING:
             results: list[AlterReplicaLogDirTopicResult] = ...,
         ) -> None: ...
 
+    class AlterShareGroupOffsetsRequest(Message):
+        class AlterShareGroupOffsetsRequestTopic(Message):
+            class AlterShareGroupOffsetsRequestPartition(Message):
+                partition_index: int
+                start_offset: int
+
+                def __init__(
+                    self,
+                    *,
+                    partition_index: int = ...,
+                    start_offset: int = ...,
+                ) -> None: ...
+
+            topic_name: str
+            partitions: list[AlterShareGroupOffsetsRequestPartition]
+
+            def __init__(
+                self,
+                *,
+                topic_name: str = ...,
+                partitions: list[AlterShareGroupOffsetsRequestPartition] = ...,
+            ) -> None: ...
+
+        group_id: str
+        topics: list[AlterShareGroupOffsetsRequestTopic]
+
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+            topics: list[AlterShareGroupOffsetsRequestTopic] = ...,
+        ) -> None: ...
+
+    class AlterShareGroupOffsetsResponse(Message):
+        class AlterShareGroupOffsetsResponseTopic(Message):
+            class AlterShareGroupOffsetsResponsePartition(Message):
+                partition_index: int
+                error_code: int
+                error_message: str | None
+
+                def __init__(
+                    self,
+                    *,
+                    partition_index: int = ...,
+                    error_code: int = ...,
+                    error_message: str | None = ...,
+                ) -> None: ...
+
+            topic_name: str
+            topic_id: uuid.UUID
+            partitions: list[AlterShareGroupOffsetsResponsePartition]
+
+            def __init__(
+                self,
+                *,
+                topic_name: str = ...,
+                topic_id: uuid.UUID = ...,
+                partitions: list[AlterShareGroupOffsetsResponsePartition] = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        error_code: int
+        error_message: str | None
+        responses: list[AlterShareGroupOffsetsResponseTopic]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            error_message: str | None = ...,
+            responses: list[AlterShareGroupOffsetsResponseTopic] = ...,
+        ) -> None: ...
+
     class AlterUserScramCredentialsRequest(Message):
         class ScramCredentialDeletion(Message):
             name: str
@@ -1154,6 +1228,56 @@ if TYPE_CHECKING:
             topics: list[DeleteRecordsTopicResult] = ...,
         ) -> None: ...
 
+    class DeleteShareGroupOffsetsRequest(Message):
+        class DeleteShareGroupOffsetsRequestTopic(Message):
+            topic_name: str
+
+            def __init__(
+                self,
+                *,
+                topic_name: str = ...,
+            ) -> None: ...
+
+        group_id: str
+        topics: list[DeleteShareGroupOffsetsRequestTopic]
+
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+            topics: list[DeleteShareGroupOffsetsRequestTopic] = ...,
+        ) -> None: ...
+
+    class DeleteShareGroupOffsetsResponse(Message):
+        class DeleteShareGroupOffsetsResponseTopic(Message):
+            topic_name: str
+            topic_id: uuid.UUID
+            error_code: int
+            error_message: str | None
+
+            def __init__(
+                self,
+                *,
+                topic_name: str = ...,
+                topic_id: uuid.UUID = ...,
+                error_code: int = ...,
+                error_message: str | None = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        error_code: int
+        error_message: str | None
+        responses: list[DeleteShareGroupOffsetsResponseTopic]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            error_message: str | None = ...,
+            responses: list[DeleteShareGroupOffsetsResponseTopic] = ...,
+        ) -> None: ...
+
     class DeleteTopicsRequest(Message):
         class DeleteTopicState(Message):
             name: str | None
@@ -1703,6 +1827,95 @@ if TYPE_CHECKING:
             *,
             throttle_time_ms: int = ...,
             topics: list[TopicResponse] = ...,
+        ) -> None: ...
+
+    class DescribeShareGroupOffsetsRequest(Message):
+        class DescribeShareGroupOffsetsRequestGroup(Message):
+            class DescribeShareGroupOffsetsRequestTopic(Message):
+                topic_name: str
+                partitions: list[int]
+
+                def __init__(
+                    self,
+                    *,
+                    topic_name: str = ...,
+                    partitions: list[int] = ...,
+                ) -> None: ...
+
+            group_id: str
+            topics: list[DescribeShareGroupOffsetsRequestTopic] | None
+
+            def __init__(
+                self,
+                *,
+                group_id: str = ...,
+                topics: list[DescribeShareGroupOffsetsRequestTopic] | None = ...,
+            ) -> None: ...
+
+        groups: list[DescribeShareGroupOffsetsRequestGroup]
+
+        def __init__(
+            self,
+            *,
+            groups: list[DescribeShareGroupOffsetsRequestGroup] = ...,
+        ) -> None: ...
+
+    class DescribeShareGroupOffsetsResponse(Message):
+        class DescribeShareGroupOffsetsResponseGroup(Message):
+            class DescribeShareGroupOffsetsResponseTopic(Message):
+                class DescribeShareGroupOffsetsResponsePartition(Message):
+                    partition_index: int
+                    start_offset: int
+                    leader_epoch: int
+                    lag: int
+                    error_code: int
+                    error_message: str | None
+
+                    def __init__(
+                        self,
+                        *,
+                        partition_index: int = ...,
+                        start_offset: int = ...,
+                        leader_epoch: int = ...,
+                        lag: int = ...,
+                        error_code: int = ...,
+                        error_message: str | None = ...,
+                    ) -> None: ...
+
+                topic_name: str
+                topic_id: uuid.UUID
+                partitions: list[DescribeShareGroupOffsetsResponsePartition]
+
+                def __init__(
+                    self,
+                    *,
+                    topic_name: str = ...,
+                    topic_id: uuid.UUID = ...,
+                    partitions: list[DescribeShareGroupOffsetsResponsePartition] = ...,
+                ) -> None: ...
+
+            group_id: str
+            topics: list[DescribeShareGroupOffsetsResponseTopic]
+            error_code: int
+            error_message: str | None
+
+            def __init__(
+                self,
+                *,
+                group_id: str = ...,
+                topics: list[DescribeShareGroupOffsetsResponseTopic] = ...,
+                error_code: int = ...,
+                error_message: str | None = ...,
+            ) -> None: ...
+
+        throttle_time_ms: int
+        groups: list[DescribeShareGroupOffsetsResponseGroup]
+
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            groups: list[DescribeShareGroupOffsetsResponseGroup] = ...,
         ) -> None: ...
 
     class DescribeTopicPartitionsRequest(Message):
@@ -4083,6 +4296,8 @@ else:
     AlterPartitionReassignmentsResponse = SCHEMAS["AlterPartitionReassignmentsResponse"].cls
     AlterReplicaLogDirsRequest = SCHEMAS["AlterReplicaLogDirsRequest"].cls
     AlterReplicaLogDirsResponse = SCHEMAS["AlterReplicaLogDirsResponse"].cls
+    AlterShareGroupOffsetsRequest = SCHEMAS["AlterShareGroupOffsetsRequest"].cls
+    AlterShareGroupOffsetsResponse = SCHEMAS["AlterShareGroupOffsetsResponse"].cls
     AlterUserScramCredentialsRequest = SCHEMAS["AlterUserScramCredentialsRequest"].cls
     AlterUserScramCredentialsResponse = SCHEMAS["AlterUserScramCredentialsResponse"].cls
     ApiVersionsRequest = SCHEMAS["ApiVersionsRequest"].cls
@@ -4103,6 +4318,8 @@ else:
     DeleteGroupsResponse = SCHEMAS["DeleteGroupsResponse"].cls
     DeleteRecordsRequest = SCHEMAS["DeleteRecordsRequest"].cls
     DeleteRecordsResponse = SCHEMAS["DeleteRecordsResponse"].cls
+    DeleteShareGroupOffsetsRequest = SCHEMAS["DeleteShareGroupOffsetsRequest"].cls
+    DeleteShareGroupOffsetsResponse = SCHEMAS["DeleteShareGroupOffsetsResponse"].cls
     DeleteTopicsRequest = SCHEMAS["DeleteTopicsRequest"].cls
     DeleteTopicsResponse = SCHEMAS["DeleteTopicsResponse"].cls
     DescribeAclsRequest = SCHEMAS["DescribeAclsRequest"].cls
@@ -4119,6 +4336,8 @@ else:
     DescribeLogDirsResponse = SCHEMAS["DescribeLogDirsResponse"].cls
     DescribeProducersRequest = SCHEMAS["DescribeProducersRequest"].cls
     DescribeProducersResponse = SCHEMAS["DescribeProducersResponse"].cls
+    DescribeShareGroupOffsetsRequest = SCHEMAS["DescribeShareGroupOffsetsRequest"].cls
+    DescribeShareGroupOffsetsResponse = SCHEMAS["DescribeShareGroupOffsetsResponse"].cls
     DescribeTopicPartitionsRequest = SCHEMAS["DescribeTopicPartitionsRequest"].cls
     DescribeTopicPartitionsResponse = SCHEMAS["DescribeTopicPartitionsResponse"].cls
     DescribeTransactionsRequest = SCHEMAS["DescribeTransactionsRequest"].cls
@@ -4197,6 +4416,8 @@ __all__ = [
     "AlterPartitionReassignmentsResponse",
     "AlterReplicaLogDirsRequest",
     "AlterReplicaLogDirsResponse",
+    "AlterShareGroupOffsetsRequest",
+    "AlterShareGroupOffsetsResponse",
     "AlterUserScramCredentialsRequest",
     "AlterUserScramCredentialsResponse",
     "ApiVersionsRequest",
@@ -4217,6 +4438,8 @@ __all__ = [
     "DeleteGroupsResponse",
     "DeleteRecordsRequest",
     "DeleteRecordsResponse",
+    "DeleteShareGroupOffsetsRequest",
+    "DeleteShareGroupOffsetsResponse",
     "DeleteTopicsRequest",
     "DeleteTopicsResponse",
     "DescribeAclsRequest",
@@ -4233,6 +4456,8 @@ __all__ = [
     "DescribeLogDirsResponse",
     "DescribeProducersRequest",
     "DescribeProducersResponse",
+    "DescribeShareGroupOffsetsRequest",
+    "DescribeShareGroupOffsetsResponse",
     "DescribeTopicPartitionsRequest",
     "DescribeTopicPartitionsResponse",
     "DescribeTransactionsRequest",

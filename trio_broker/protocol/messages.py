@@ -97,6 +97,9 @@ class ApiKey:
     SHARE_GROUP_DESCRIBE = 77
     SHARE_FETCH = 78
     SHARE_ACKNOWLEDGE = 79
+    DESCRIBE_SHARE_GROUP_OFFSETS = 90
+    ALTER_SHARE_GROUP_OFFSETS = 91
+    DELETE_SHARE_GROUP_OFFSETS = 92
 
 
 #: API key -> its name as in :class:`ApiKey` ("PRODUCE", "LIST_OFFSETS"), derived from

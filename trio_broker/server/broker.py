@@ -22,6 +22,7 @@ import itertools
 import logging
 import socket as stdlib_socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -29,6 +30,7 @@ import trio
 from trio_broker.config import BrokerConfig, ensure_cluster_id
 from trio_broker.groups import GroupCoordinator
 from trio_broker.groups.share import ShareGroups, ShareGroupsConfig
+from trio_broker.groups.share_state import ShareStateStore
 from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS, ClientInfo, HandlerSpec
 from trio_broker.security.authorize import Authorizer
@@ -183,7 +185,8 @@ class Broker:
         self.leadership_listeners: dict[str, Any] = {}
         self.groups = GroupCoordinator(self)
         self.services.append(self.groups)
-        #: Share groups (KIP-932), in memory (docs/share-groups.md).
+        #: Share groups (KIP-932); alone, their share partitions' state is replayed from
+        #: <data_dir>/__share_group_state-0 (docs/share-groups.md).
         self.shares = ShareGroups(ShareGroupsConfig(
             session_timeout_ms=config.group_share_session_timeout_ms,
             heartbeat_interval_ms=config.group_share_heartbeat_interval_ms,
@@ -191,6 +194,8 @@ class Broker:
             delivery_count_limit=config.group_share_delivery_count_limit,
             partition_max_record_locks=config.group_share_partition_max_record_locks,
         ))  # fmt: skip
+        if config.zookeeper_connect is None:
+            self._restore_share_state(data_dir)
         #: The traffic capture tap (trio_broker.capture), or None: the hot path checks this.
         self.capture: Any = None
         #: The tap itself, kept while capture is switched off at runtime (capture/control.py).
@@ -235,6 +240,17 @@ class Broker:
 
             self.metrics = MetricsService(self, config.metrics_listener)
             self.services.append(self.metrics)
+
+    def _restore_share_state(self, data_dir: Path | None) -> None:
+        store = self.shares.store = ShareStateStore.open(data_dir, self.log_defaults)
+        topics = {topic.topic_id: topic for topic in self.topics.topics.values()}
+        restored = {}
+        for key, snapshot in store.snapshots.items():
+            topic = topics.get(key.topic_id)
+            # A deleted topic's state stays in the log until written over; not restored.
+            if topic is not None and 0 <= key.partition < len(topic.logs):
+                restored[key.group_id, topic.name, key.partition] = snapshot
+        self.shares.restore(restored)
 
     # ------------------------------------------------------------------ services (handlers/base.py)
 
@@ -283,6 +299,8 @@ class Broker:
             # Plain synchronous calls: they run even when the scope was cancelled.
             self.topics.close()
             self.producers.close()  # after the logs are flushed
+            if self.shares.store is not None:
+                self.shares.store.close()
             for service in self.services:
                 close = getattr(service, "close", None)
                 if close is not None:
@@ -458,6 +476,8 @@ class Broker:
             logs.append(offsets.log)
         if isinstance(self.transactions, TransactionCoordinator):  # a cluster's are topic logs
             logs.append(self.transactions.log)
+        if self.shares.store is not None:
+            logs.append(self.shares.store.log)
         return logs
 
     async def _retention_loop(self) -> None:

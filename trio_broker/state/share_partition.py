@@ -74,6 +74,9 @@ class SharePartition:
     max_in_flight: int = 2_000
     end_offset: int = attrs.field(default=-1)
     records: dict[int, InFlight] = attrs.field(factory=dict)
+    #: Raised each time the share partition starts over at a given offset
+    #: (AlterShareGroupOffsets); stored with its state (Kafka's StateEpoch).
+    state_epoch: int = 0
 
     def __attrs_post_init__(self) -> None:
         if self.end_offset < self.start_offset:
@@ -86,6 +89,10 @@ class SharePartition:
             return None
         record = self.records.get(offset)
         return RecordState.ARCHIVED if record is None else record.state
+
+    def finished_in_flight(self) -> int:
+        """Offsets in [start, end) already finished (acknowledged or archived)."""
+        return sum(1 for r in self.records.values() if r.state in FINISHED)
 
     def next_lock_deadline(self) -> int | None:
         deadlines = [

@@ -22,6 +22,7 @@ import trio.testing
 from trio_broker.config import BrokerConfig
 from trio_broker.groups import GroupCoordinator, OffsetAndMetadata, OffsetKey, OffsetsStore
 from trio_broker.groups.coordinator import Waiter
+from trio_broker.groups.share import ShareGroups, ShareGroupsConfig
 from trio_broker.handlers.base import ClientInfo, RequestContext
 from trio_broker.handlers.find_coordinator import handle_find_coordinator
 from trio_broker.handlers.groups import (
@@ -114,6 +115,8 @@ class FakeBroker:
     #: This broker holds no replica of any topic: the cluster's view knows them.
     topics: TopicManager = attrs.field(factory=lambda: TopicManager(None, LogConfig(), lambda: 0))
     groups: Any = None
+    #: No share groups: the group handlers list and delete them beside the others.
+    shares: ShareGroups = attrs.field(factory=lambda: ShareGroups(ShareGroupsConfig()))
 
     @staticmethod
     def now_ms() -> int:

@@ -1,0 +1,82 @@
+"""Writing a share group's share-partition state to ``__share_group_state``.
+
+After a request changes share partitions (acquisitions, acknowledgements, a partition
+made on assignment), the snapshots of the group's partitions whose durable state moved
+are appended, in one batch, through the coordinators' append path
+(``services/internal_topics.py``). The append is made before the request yields, so the
+log holds the snapshots in the order the state changed; a request whose answer must not
+be taken back by a crash (acknowledgements, a new start offset) then waits until the log
+is synced through the last snapshot appended, its own or an earlier request's.
+
+Nothing is written without a store (a cluster: docs/share-groups.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from trio_broker.groups.share_state import ShareKey, encode_batch
+from trio_broker.handlers.base import RequestContext
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.services.internal_topics import NotCommitted, append_as_leader, wait_counted
+
+
+def append_changes(
+    ctx: RequestContext,
+    group_id: str,
+    deleted: Sequence[tuple[str, int]] = (),
+    *,
+    only: Collection[tuple[str, int]] | None = None,
+) -> bool:
+    """Append the group's changed snapshots now (no waiting), and tombstones for its
+    ``deleted`` (topic, partition)s; whether anything was appended. ``only``: the
+    (topic, partition)s the request may have changed (None: all of the group's); what
+    else happens to a share partition (locks running out, a member's records given
+    back) leaves its snapshot as it was."""
+    shares = ctx.services.shares
+    store = shares.store
+    if store is None:
+        return False
+    topics = ctx.services.topics
+    current = []
+    for topic, partition, share_partition in shares.partitions_of(group_id):
+        if only is not None and (topic, partition) not in only:
+            continue
+        found = topics.get(topic)
+        if found is not None:
+            current.append((ShareKey(group_id, found.topic_id, partition), share_partition))
+    gone = []
+    for topic, partition in deleted:
+        found = topics.get(topic)
+        if found is not None:
+            gone.append(ShareKey(group_id, found.topic_id, partition))
+    now = ctx.now_ms()
+    entries = store.changes(current, now) + store.tombstones(gone)
+    if not entries:
+        return False
+    appended = append_as_leader(
+        store.log, encode_batch(entries, now), now_ms=now, durability=ctx.services.durability,
+        messages=len(entries),
+    )  # fmt: skip
+    store.appended(entries, appended.last_offset)
+    return True
+
+
+async def persist(
+    ctx: RequestContext,
+    group_id: str,
+    deleted: Sequence[tuple[str, int]] = (),
+    *,
+    only: Collection[tuple[str, int]] | None = None,
+) -> ErrorCode:
+    """Append the group's changes (:func:`append_changes`), then wait until everything
+    appended so far is durable. NONE, or the error to answer."""
+    try:
+        append_changes(ctx, group_id, deleted, only=only)
+        store = ctx.services.shares.store
+        if store is None or store.last_appended < 0:
+            return ErrorCode.NONE
+        await wait_counted(store.log, store.last_appended, durability=ctx.services.durability)
+    except NotCommitted as exc:
+        return exc.error_code
+    return ErrorCode.NONE
