@@ -11,7 +11,7 @@ seed up front and logged as it happens.
 
 Afterwards everything is healed, every acknowledged value is read back (none lost, none
 twice, per-partition ack order kept) and ``trio-broker verify`` checks the captures of
-all brokers together. Used by tests/cluster/test_jepsen.py (about 2 minutes) and
+all brokers together. Used by tests/cluster/test_jepsen.py (30 s of faults, ``settle``) and
 bench/jepsen.py (``--minutes 30``).
 """
 
