@@ -194,9 +194,10 @@ def run(
     draw. A short run (the CI test) spends its time in faults rather than in waiting."""
     ids = (1, 2, 3)
     faults = schedule(seed, duration_s, ids, every_kind=every_kind)
-    if faults:
+    if faults and not settle:
         duration_s = max(duration_s, faults[-1].at_s + faults[-1].hold_s)
-    _log(f"seed {seed}: {len(faults)} faults over {duration_s:.0f} s: "
+    when = "each once the cluster settled" if settle else f"over {duration_s:.0f} s"
+    _log(f"seed {seed}: {len(faults)} faults {when}: "
          + ", ".join(f"{f.at_s}s {f.kind}@{f.broker} for {f.hold_s}s" for f in faults))  # fmt: skip
     work_dir.mkdir(parents=True, exist_ok=True)
     captures = work_dir / "captures"
