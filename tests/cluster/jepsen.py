@@ -11,7 +11,7 @@ seed up front and logged as it happens.
 
 Afterwards everything is healed, every acknowledged value is read back (none lost, none
 twice, per-partition ack order kept) and ``trio-broker verify`` checks the captures of
-all brokers together. Used by tests/cluster/test_jepsen.py (about 2 minutes) and
+all brokers together. Used by tests/cluster/test_jepsen.py (30 s of faults, ``settle``) and
 bench/jepsen.py (``--minutes 30``).
 """
 
@@ -33,7 +33,7 @@ import attrs
 from confluent_kafka import Consumer, KafkaException
 
 from tests.cluster.netproxy import fetcher_of
-from tests.cluster.test_cluster_e2e import partitions
+from tests.cluster.test_cluster_e2e import eventually, partitions
 from tests.cluster.test_cluster_faults import (
     BackgroundProducer,
     admin_of,
@@ -48,6 +48,9 @@ TOPIC = "jepsen"
 PARTITIONS = 3
 #: How often the group member asks for its committed offsets (OffsetFetch).
 OFFSET_PROBE_S = 2.0
+#: Records each producer gets acknowledged after a fault heals before the next one
+#: (``settle``): the cluster takes writes again, with the faults apart.
+SETTLED_ACKS = 200
 FAULTS = ("kill9", "pause", "leader_cut_from_followers", "zookeeper_cut", "follower_cut",
           "reset_replication")  # fmt: skip
 BROKER_EXE = Path(sys.executable).with_name("trio-broker")
@@ -180,14 +183,21 @@ def run(
     producers: int = 2,
     verify: bool = True,
     every_kind: bool = False,
+    settle: bool = False,
 ) -> dict[str, Any]:
     """One checked run; returns its figures (see the module docstring). ``every_kind``:
-    see :func:`schedule` (the faults may then outlast ``duration_s``)."""
+    see :func:`schedule` (the faults may then outlast ``duration_s``).
+
+    ``settle``: the faults' kinds, brokers and holds as drawn, but the quiet time after
+    each is however long the cluster takes to be whole again (every ISR full, every
+    producer acknowledging), not the drawn gap; ``duration_s`` then only bounds the
+    draw. A short run (the CI test) spends its time in faults rather than in waiting."""
     ids = (1, 2, 3)
     faults = schedule(seed, duration_s, ids, every_kind=every_kind)
-    if faults:
+    if faults and not settle:
         duration_s = max(duration_s, faults[-1].at_s + faults[-1].hold_s)
-    _log(f"seed {seed}: {len(faults)} faults over {duration_s:.0f} s: "
+    when = "each once the cluster settled" if settle else f"over {duration_s:.0f} s"
+    _log(f"seed {seed}: {len(faults)} faults {when}: "
          + ", ".join(f"{f.at_s}s {f.kind}@{f.broker} for {f.hold_s}s" for f in faults))  # fmt: skip
     work_dir.mkdir(parents=True, exist_ok=True)
     captures = work_dir / "captures"
@@ -202,14 +212,20 @@ def run(
         started = time.monotonic()
         applied: list[dict[str, Any]] = []
         for fault in faults:
-            time.sleep(max(0.0, started + fault.at_s - time.monotonic()))
+            if settle:
+                _settle(cluster, writers)
+            else:
+                time.sleep(max(0.0, started + fault.at_s - time.monotonic()))
             _log(f"fault: {fault.kind} on broker {fault.broker} for {fault.hold_s}s")
             heal = inject(cluster, fault)
             applied.append({"wall_time": time.time(), **attrs.asdict(fault)})
-            time.sleep(fault.hold_s)
+            time.sleep(fault.hold_s)  # the fault itself (its length is drawn from the seed)
             heal()
             _log(f"healed: {fault.kind} on broker {fault.broker}")
-        time.sleep(max(0.0, started + duration_s - time.monotonic()))
+        if settle:
+            _settle(cluster, writers)
+        else:
+            time.sleep(max(0.0, started + duration_s - time.monotonic()))
         # Every broker up, every link healed, every replica back in sync.
         cluster.heal()
         for broker in cluster.values():
@@ -238,6 +254,17 @@ def run(
         figures.update(run_verify(captures, work_dir / "report"))
     _log(json.dumps({k: v for k, v in figures.items() if k not in ("schedule", "applied")}))
     return figures
+
+
+def _settle(cluster: ProxiedCluster, writers: list[BackgroundProducer]) -> None:
+    """Until the cluster is whole again: every broker serving, every partition's ISR
+    full, and every producer acknowledging (a few hundred records more)."""
+    full_isr(admin_of(cluster), TOPIC, PARTITIONS, timeout_s=90)
+    for writer in writers:
+        acked_then = writer.acked_count()
+        eventually(lambda w=writer, n=acked_then: w.acked_count() > n + SETTLED_ACKS,
+                   "a producer acknowledging again", 60)  # fmt: skip
+    _log("settled: every ISR full, every producer acknowledging")
 
 
 def outcome(read: dict[int, list[int]], acked: dict[int, int]) -> dict[str, Any]:

@@ -12,6 +12,8 @@ just before them.
 
 from __future__ import annotations
 
+import os
+import random
 import re
 import signal
 import subprocess
@@ -39,10 +41,12 @@ CONFIG = (
     "transaction.state.log.num.partitions=30\n"
     "leader.imbalance.check.interval.seconds=1\n"
 )
-#: Seconds between a broker's "listening on" and its SIGTERM: the fault's timing is what
-#: these vary (from before it joins the cluster to after it leads).
-DELAYS = (0.0, 0.5, 1.5)
-ROUNDS = 3
+#: Seconds between a broker's "listening on" and its SIGTERM, one drawn from each range:
+#: the fault's timing is what these vary (before it joins the cluster, while it
+#: registers and elects, after it leads). Drawn afresh each run from a printed seed
+#: (``CLEAN_SHUTDOWN_SEED`` replays one): runs between them cover the ranges, where the
+#: same three fixed points repeated in three rounds checked one thing three times.
+DELAY_RANGES = ((0.0, 0.2), (0.2, 1.0), (1.0, 2.0))
 BAD = re.compile(r" ERROR |Traceback|CRITICAL")
 
 
@@ -103,6 +107,10 @@ def _sigterm_once_it_logs(
 def test_sigterm_at_any_point_of_start_and_leadership_changes_exits_cleanly(
     tmp_path: Path, zookeeper: str
 ) -> None:
+    seed = int(os.environ.get("CLEAN_SHUTDOWN_SEED") or random.randrange(1 << 32))
+    rng = random.Random(seed)
+    delays = [round(rng.uniform(low, high), 3) for low, high in DELAY_RANGES]
+    print(f"CLEAN_SHUTDOWN_SEED={seed}: SIGTERM {delays} s after 'listening on'")
     config = tmp_path / "broker.properties"
     config.write_text(CONFIG)
     brokers = {
@@ -119,28 +127,27 @@ def test_sigterm_at_any_point_of_start_and_leadership_changes_exits_cleanly(
         [future] = admin.create_topics([NewTopic("work", num_partitions=3)]).values()
         future.result(timeout=30)
         _use_the_internal_topics(bootstrap)
-        for round_ in range(ROUNDS):
-            for delay in DELAYS:  # while it starts: joining, registering, electing
-                _stop_cleanly(brokers[3], f"broker 3 (round {round_})")
-                brokers[3].start()
-                time.sleep(delay)  # the fault's timing, not a wait for a condition
-                _stop_cleanly(brokers[3], f"broker 3 stopped {delay} s after it listened")
-                brokers[3].start()
-            # Taking its preferred leaderships back (the leader rebalance).
-            three_brokers()
-            _stop_cleanly(brokers[3], f"broker 3 (round {round_})")
+        for delay in delays:  # while it starts: joining, registering, electing
+            _stop_cleanly(brokers[3], "broker 3")
             brokers[3].start()
-            _sigterm_once_it_logs(brokers[3], f"leading {CONSUMER_OFFSETS}-")
-            _stop_cleanly(brokers[3], "broker 3 taking back its leaderships", signalled=True)
+            time.sleep(delay)  # the fault's timing, not a wait for a condition
+            _stop_cleanly(brokers[3], f"broker 3 stopped {delay} s after it listened")
             brokers[3].start()
-            # Taking over the partitions of broker 2, which leaves.
-            three_brokers()
-            mark = len(_since_last_start(brokers[3]))
-            brokers[2].signal(signal.SIGTERM)
-            _sigterm_once_it_logs(brokers[3], f"leading {CONSUMER_OFFSETS}-", after=mark)
-            _stop_cleanly(brokers[3], "broker 3 taking over from broker 2", signalled=True)
-            _stop_cleanly(brokers[2], "broker 2 leaving", signalled=True)
-            brokers[2].start()
-            brokers[3].start()
-            three_brokers()
+        # Taking its preferred leaderships back (the leader rebalance).
+        three_brokers()
+        _stop_cleanly(brokers[3], "broker 3")
+        brokers[3].start()
+        _sigterm_once_it_logs(brokers[3], f"leading {CONSUMER_OFFSETS}-")
+        _stop_cleanly(brokers[3], "broker 3 taking back its leaderships", signalled=True)
+        brokers[3].start()
+        # Taking over the partitions of broker 2, which leaves.
+        three_brokers()
+        mark = len(_since_last_start(brokers[3]))
+        brokers[2].signal(signal.SIGTERM)
+        _sigterm_once_it_logs(brokers[3], f"leading {CONSUMER_OFFSETS}-", after=mark)
+        _stop_cleanly(brokers[3], "broker 3 taking over from broker 2", signalled=True)
+        _stop_cleanly(brokers[2], "broker 2 leaving", signalled=True)
+        brokers[2].start()
+        brokers[3].start()
+        three_brokers()
         _stop_cleanly(brokers[1], "broker 1 at the end")

@@ -40,7 +40,7 @@ from tests.cluster.test_cluster_faults import (
     read_partitions,
     servers,
 )
-from tests.e2e.conftest import BROKER_EXE, stop_all
+from tests.e2e.conftest import BROKER_EXE, start_all, stop_all
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
@@ -57,8 +57,7 @@ def start_cluster(tmp_path: Path, zookeeper: str, extra: str = "") -> Iterator[C
         b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
     }
     try:
-        for broker in cluster.values():
-            broker.start()
+        start_all(cluster.values())
         yield cluster
     finally:
         stop_all(cluster.values())

@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, every_broker_lists, produce
-from tests.e2e.conftest import BrokerProcess, stop_all
+from tests.e2e.conftest import BrokerProcess, start_all, stop_all
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -46,15 +46,12 @@ class MeteredBroker(ClusterBroker):
     def __init__(
         self, data_dir: Path, broker_id: int, zookeeper: str, keys: dict[str, str]
     ) -> None:
-        super().__init__(data_dir, broker_id, zookeeper)
+        config = data_dir.parent / f"broker{broker_id}.properties"
+        super().__init__(data_dir, broker_id, zookeeper, config)
         self.metrics_port = _free_port()
-        self.config = data_dir.parent / f"broker{broker_id}.properties"
         keys = {"min.insync.replicas": "2", **keys}
         keys["metrics.listener"] = f"127.0.0.1:{self.metrics_port}"
-        self.config.write_text("".join(f"{k}={v}\n" for k, v in keys.items()))
-
-    def command_line(self) -> list[str]:
-        return [*super().command_line(), "--config", str(self.config)]
+        config.write_text("".join(f"{k}={v}\n" for k, v in keys.items()))
 
     def fsyncs(self) -> int:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
@@ -75,8 +72,7 @@ def cluster(
     )
     brokers = {b: MeteredBroker(tmp_path / f"broker{b}", b, zookeeper, keys) for b in (1, 2, 3)}
     try:
-        for broker in brokers.values():
-            broker.start()
+        start_all(brokers.values())
         yield mode, brokers
     finally:
         stop_all(brokers.values())

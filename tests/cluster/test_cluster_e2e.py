@@ -4,7 +4,9 @@ confluent-kafka creates a topic with replication factor 3, an idempotent acks=al
 producer writes to it, the leader of a partition is killed with -9, the producer goes
 on (librdkafka follows the new leader from Metadata), and every acknowledged record is
 read back, once, from the survivors. The killed broker then returns, truncates to its
-new leader's log and rejoins every ISR.
+new leader's log and rejoins every ISR. The ZooKeeper session is test-sized (4 s, not
+the 18 s default): the survivors learn of the kill when the killed broker's session
+expires.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.conftest import BrokerProcess, ConnectionClosed, stop_all
+from tests.e2e.conftest import BrokerProcess, ConnectionClosed, start_all, stop_all
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper
 
 pytestmark = pytest.mark.timeout(240)
@@ -26,24 +28,32 @@ pytestmark = pytest.mark.timeout(240)
 _chroots = itertools.count(1)
 
 
+#: zookeeper.session.timeout.ms for the kill -9 test (the same as test_cluster_faults).
+SESSION_MS = 4000
+
+
 class ClusterBroker(BrokerProcess):
-    def __init__(self, data_dir: Path, broker_id: int, zookeeper: str) -> None:
+    def __init__(
+        self, data_dir: Path, broker_id: int, zookeeper: str, config: Path | None = None
+    ) -> None:
         super().__init__(data_dir, "pipelined", "file")
-        self.broker_id, self.zookeeper = broker_id, zookeeper
+        self.broker_id, self.zookeeper, self.config = broker_id, zookeeper, config
 
     def command_line(self) -> list[str]:
+        config = [] if self.config is None else ["--config", str(self.config)]
         return [
             *super().command_line(), "--broker-id", str(self.broker_id),
-            "--zookeeper", self.zookeeper,
+            "--zookeeper", self.zookeeper, *config,
         ]  # fmt: skip
 
 
 @pytest.fixture
 def cluster(tmp_path: Path, zookeeper: str) -> Iterator[dict[int, ClusterBroker]]:
-    brokers = {b: ClusterBroker(tmp_path / f"broker{b}", b, zookeeper) for b in (1, 2, 3)}
+    config = tmp_path / "broker.properties"
+    config.write_text(f"zookeeper.session.timeout.ms={SESSION_MS}\n")
+    brokers = {b: ClusterBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)}
     try:
-        for broker in brokers.values():
-            broker.start()
+        start_all(brokers.values())
         yield brokers
     finally:
         stop_all(brokers.values())

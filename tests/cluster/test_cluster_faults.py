@@ -37,7 +37,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, every_broker_lists, partitions
-from tests.e2e.conftest import ConnectionClosed, stop_all
+from tests.e2e.conftest import ConnectionClosed, start_all, stop_all
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch
 
@@ -57,11 +57,8 @@ CONFIG = (
 
 class ConfiguredBroker(ClusterBroker):
     def __init__(self, data_dir: Path, broker_id: int, zookeeper: str, config: Path) -> None:
-        super().__init__(data_dir, broker_id, zookeeper)
-        self.config = config
-
-    def command_line(self) -> list[str]:
-        return [*super().command_line(), "--config", str(self.config)]
+        super().__init__(data_dir, broker_id, zookeeper, config)
+        self.config: Path = config
 
     def signal(self, sig: signal.Signals) -> None:
         assert self.proc is not None and self.proc.poll() is None
@@ -77,8 +74,7 @@ def running(brokers: Cluster) -> Iterator[Cluster]:
     """Start every broker; stop those still running at the end (a paused one is
     continued first, so that it hears SIGTERM)."""
     try:
-        for broker in brokers.values():
-            broker.start()
+        start_all(brokers.values())
         yield brokers
     finally:
         stop_all(brokers.values())

@@ -50,7 +50,7 @@ from tests.cluster.test_cluster_faults import (
     read_partitions,
     servers,
 )
-from tests.e2e.conftest import stop_all
+from tests.e2e.conftest import start_all, stop_all
 from trio_broker.protocol.records import build_batch
 
 pytestmark = pytest.mark.timeout(150)
@@ -120,8 +120,7 @@ def start_proxied_cluster(
             broker.capture_dir = capture_root / f"broker{b}"
         cluster[b] = broker
     try:
-        for broker in cluster.values():
-            broker.start()
+        start_all(cluster.values())
     except BaseException:
         stop_cluster(cluster)  # those started before the failure, and every proxy
         raise

@@ -51,7 +51,7 @@ from tests.cluster.test_cluster_faults import (
     read_partitions,
     servers,
 )
-from tests.e2e.conftest import stop_all
+from tests.e2e.conftest import start_all, stop_all
 from trio_broker.cluster.local_zookeeper import (
     LocalZooKeeper,
     quorum_mode,
@@ -125,8 +125,7 @@ def stop_everything(brokers: dict[int, ConfiguredBroker], servers: list[LocalZoo
 def zk_cluster(tmp_path: Path) -> Iterator[ZooKeeperCluster]:
     cluster = ZooKeeperCluster(tmp_path)
     try:
-        for broker in cluster.brokers.values():
-            broker.start()
+        start_all(cluster.brokers.values())
         yield cluster
     finally:
         cluster.stop()
@@ -337,8 +336,7 @@ def test_a_zookeeper_ensemble_loses_its_leader_server(tmp_path: Path) -> None:
     the killed broker's partitions, and the killed server rejoins the ensemble."""
     cluster = EnsembleCluster(tmp_path)
     try:
-        for broker in cluster.brokers.values():
-            broker.start()
+        start_all(cluster.brokers.values())
         background, group = start_traffic(cluster)  # type: ignore[arg-type]
         since = log_sizes(cluster.brokers)
         [zk_leader] = [s for s in cluster.ensemble if quorum_mode(s) == "leader"]

@@ -278,6 +278,9 @@ class BrokerProcess:
         self._log_lock = threading.Lock()
         #: The process sent SIGTERM by :meth:`terminate`.
         self._terminated: subprocess.Popen[bytes] | None = None
+        #: Set by the stderr drainer at ``listening on`` (the port in ``_found``) or EOF.
+        self._listening = threading.Event()
+        self._found: list[int] = []
 
     def __repr__(self) -> str:
         return f"<BrokerProcess {self.bootstrap} {self.processing_model}/{self.storage}>"
@@ -302,6 +305,12 @@ class BrokerProcess:
         With ``ready_check`` it then waits for one ApiVersions answer, so that the
         broker is past its start-up (signal handlers included) when this returns.
         """
+        self.launch()
+        self.wait_started(ready_check=ready_check)
+
+    def launch(self) -> None:
+        """The first half of :meth:`start`: the process runs, nothing waited for yet
+        (:func:`start_all` launches several, then waits for each)."""
         assert self.proc is None or self.proc.poll() is not None, "broker already running"
         self.starts += 1
         self.down_on_purpose = False
@@ -316,14 +325,22 @@ class BrokerProcess:
             preexec_fn=die_with_parent(),  # nor does it outlive a killed pytest
         )
         self.proc = proc
-        listening = threading.Event()
-        found: list[int] = []
+        self._listening = threading.Event()
+        self._found: list[int] = []
         self._drainer = threading.Thread(
-            target=self._drain, args=(proc, listening, found), name="broker-stderr", daemon=True
+            target=self._drain,
+            args=(proc, self._listening, self._found),
+            name="broker-stderr",
+            daemon=True,
         )
         self._drainer.start()
+
+    def wait_started(self, *, ready_check: bool = True) -> None:
+        """The second half of :meth:`start`, after :meth:`launch`."""
+        proc, found = self.proc, self._found
+        assert proc is not None, "broker was never launched"
         try:
-            if not listening.wait(START_TIMEOUT_S) or not found:
+            if not self._listening.wait(START_TIMEOUT_S) or not found:
                 raise AssertionError(
                     f"broker did not log 'listening on' within {START_TIMEOUT_S}s "
                     f"(exit code {proc.poll()})\n{self.log_tail()}"
@@ -472,6 +489,24 @@ class BrokerProcess:
         with self.connect() as conn:
             response = conn.metadata(topics=None)
         assert response.brokers and response.brokers[0].port == self.port, response
+
+
+def start_all(brokers: Iterable[BrokerProcess]) -> None:
+    """Start several brokers side by side: each is launched, then each waited for (as
+    :meth:`BrokerProcess.start`). Their start-ups (mostly the interpreter's imports)
+    overlap, where one after another they add up. A failure stops every one of them."""
+    launched: list[BrokerProcess] = []
+    try:
+        for broker in brokers:
+            broker.launch()
+            launched.append(broker)
+        for broker in launched:
+            broker.wait_started()
+    except BaseException:
+        for broker in launched:
+            if broker.running:
+                broker._kill_hard()
+        raise
 
 
 def stop_all(brokers: Iterable[BrokerProcess]) -> None:

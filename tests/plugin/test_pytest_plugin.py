@@ -262,7 +262,12 @@ def test_a_killed_pytest_leaves_no_broker(pytester: pytest.Pytester) -> None:
 )
 @pytest.mark.slow
 def test_cluster_failover(pytester: pytest.Pytester) -> None:
-    pytester.makeini("[pytest]\nkafka_cluster_brokers = 2\n")
+    # A test-sized ZooKeeper session: broker 2's restart after its kill -9 waits for
+    # its previous session to expire (18 s by default).
+    pytester.makeini(
+        "[pytest]\nkafka_cluster_brokers = 2\n"
+        "kafka_cluster_broker_config =\n    zookeeper.session.timeout.ms=4000\n"
+    )
     pytester.makepyfile(
         test_cluster="""
         import time
@@ -285,6 +290,8 @@ def test_cluster_failover(pytester: pytest.Pytester) -> None:
                 produce(kafka_cluster, topic, [b"while 1 is down"])
             kafka_cluster.kill_broker(2)
             kafka_cluster.wait_running(2, timeout=90)
+            with open(kafka_cluster.data_dir / "broker-2.properties") as f:
+                assert "zookeeper.session.timeout.ms=4000" in f.read()
             produce(kafka_cluster, topic, [b"after"])
             consumer = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": "g",
                                  "auto.offset.reset": "earliest"})

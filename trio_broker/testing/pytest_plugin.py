@@ -73,6 +73,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "kafka_broker_log_level", "kafka_broker logging level: INFO or DEBUG", default="INFO"
     )
     parser.addini("kafka_cluster_brokers", "brokers in kafka_cluster (default 3)", default="3")
+    parser.addini(
+        "kafka_cluster_broker_config",
+        "KEY=VALUE lines: broker config of kafka_cluster (cluster up --broker-config)",
+        type="linelist",
+        default=[],
+    )
 
 
 # ----------------------------------------------------------------------------- processes
@@ -437,9 +443,10 @@ def kafka_cluster(
     level = _log_level(config)
     work = tmp_path_factory.mktemp("kafka_cluster")
     data_dir = work / "data"
+    keys = [f"--broker-config={line}" for line in config.getini("kafka_cluster_broker_config")]
     argv = [*_broker_command(), "cluster", "up",
             "--brokers", str(brokers), "--base-port", "0", "--data-dir", str(data_dir),
-            "--log-level", level]  # fmt: skip
+            "--log-level", level, *keys]  # fmt: skip
     process = _LoggedProcess(argv, work / "cluster-up.log", CLUSTER_READY)
     found = process.wait_ready(CLUSTER_START_TIMEOUT_S, "trio-broker cluster up")
     cluster = KafkaCluster(process, found[1].decode(), data_dir)
