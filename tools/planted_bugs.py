@@ -319,7 +319,9 @@ FRESH = (
         "a completed transaction keeps its partitions: the next transaction of the id "
         "writes markers to partitions it never added",
         (TXN_COORDINATOR_MACHINE,),
-        ("tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
     ),
     Bug(
         "txn-add-restarts-timeout",
@@ -329,7 +331,9 @@ FRESH = (
         "every AddPartitions/AddOffsets restarts the transaction's timeout: a transaction "
         "that keeps adding partitions never times out",
         (TXN_COORDINATOR_MACHINE,),
-        ("tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
     ),
     Bug(
         "txn-timeout-fence-keeps-epoch",
@@ -339,7 +343,9 @@ FRESH = (
         "a timed-out transaction is aborted without bumping the epoch: its producer is not "
         "fenced and goes on writing",
         (TXN_COORDINATOR_MACHINE,),
-        ("tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
     ),
     Bug(
         "aborted-list-repeats-replayed-abort",
@@ -389,7 +395,9 @@ FRESH = (
         "when the log start moves up, the epoch moved to the new start is the oldest one "
         "cut, not the one that held the new start",
         (STORAGE_MACHINE, REPLICATION_MACHINE),
-        ("tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",),
+        (
+            "tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",
+        ),
     ),
     Bug(
         "election-picks-dead-replica",
@@ -399,7 +407,9 @@ FRESH = (
         "the controller elects the first ISR member whether or not it is alive: the "
         "partition stays offline with a live ISR member",
         (REPLICATION_MACHINE, SIMULATOR),
-        ("tests/unit/replication/test_controller_rules.py tests/unit/replication/test_requested_election.py",),
+        (
+            "tests/unit/replication/test_controller_rules.py tests/unit/replication/test_requested_election.py",
+        ),
     ),
     Bug(
         "throttle-extension-shortens",
