@@ -8,7 +8,8 @@ working tree to a scratch directory, plants one bug at a time there (the working
 never touched), runs the model checks that drive that module, and then, for bugs the
 models miss, the module's own unit tests:
 
-    python tools/planted_bugs.py                  # every bug
+    python tools/planted_bugs.py                  # the first two sets (BUGS)
+    python tools/planted_bugs.py --fresh          # the third set (FRESH)
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
 
