@@ -155,6 +155,19 @@ class ProducerMachine(RuleBasedStateMachine):
         if sent:
             self.produce(sent[-min(back, len(sent))])
 
+    @rule(
+        client=st.integers(0, CLIENTS - 1),
+        counts=st.lists(st.integers(1, 3), min_size=5, max_size=5),
+    )
+    def five_in_flight_resent(self, client: int, counts: list[int]) -> None:
+        """A connection drops with five batches in flight (the most an idempotent client
+        sends): all five arrived, and the client resends every one, oldest first. Each
+        must be answered as a duplicate: the window holds exactly five."""
+        for count in counts:
+            self.produce(self.clients[client].make(count))
+        for batch in self.clients[client].sent[-5:]:
+            self.produce(batch)
+
     @rule(client=st.integers(0, CLIENTS - 1), first=st.integers(1, 3), second=st.integers(1, 3))
     def reordered(self, client: int, first: int, second: int) -> None:
         """Two batches arrive swapped (a retry overtaken by its successor), then in order."""

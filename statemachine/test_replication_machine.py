@@ -546,6 +546,126 @@ class ReplicationMachine(RuleBasedStateMachine):
                 self._fail_acks(lambda ack, b=replica.broker_id: ack.broker == b)
                 self._follow(replica.broker_id)
 
+    # -- shapes built by design (issue 31: what random steps rarely reach) ----------
+
+    def _settled(self) -> bool:
+        """Catch everyone up and store the ISR changes; True if then every broker is
+        alive, in the ISR, following the one leader, with no answer in flight."""
+        c = self.controller
+        if c.leader is None or not all(r.alive for r in self.replicas.values()):
+            return False
+        self.zombie_notices_its_session_expired()
+        self.replication_round()
+        self.controller_stores_isr()
+        self.replication_round()
+        return (
+            c.isr == frozenset(BROKERS)
+            and not self.in_flight
+            and all(
+                r.leading is None and not r.needs_truncation
+                for b, r in self.replicas.items()
+                if b != c.leader
+            )
+        )
+
+    def _cut_off_and_notice(self) -> None:
+        self.leader_cut_off_from_zookeeper()
+        self.zombie_notices_its_session_expired()
+
+    @rule(writes=st.integers(1, 2))
+    def quick_leader_changes(self, writes: int) -> None:
+        """KIP-279's shape: three leader changes with writes in two epochs, followers
+        left untruncated in between, so that a follower's divergent tail holds an epoch
+        the new leader never had and the leader answers with an older one (truncation
+        needs a second round). Leader X begins a fresh epoch; X writes, only L fetches;
+        X is cut off, Y (first in the election order) leads and writes at the same
+        offsets; Y is cut off, L leads; Y truncates against L."""
+        if not self._settled():
+            return
+        self._cut_off_and_notice()  # X leads a fresh epoch: nothing written in it yet
+        if not self._settled():
+            return
+        x = self.controller.leader
+        assert x is not None
+        y, last = (b for b in BROKERS if b != x)  # y is elected first when x is lost
+        for _ in range(writes):
+            self.produce(to_zombie=False)
+        self.follower_fetches(last, max_records=100)
+        self._cut_off_and_notice()
+        if self.controller.leader != y:
+            return
+        for _ in range(writes):
+            self.produce(to_zombie=False)
+        self._cut_off_and_notice()
+        if self.controller.leader != last:
+            return
+        event("three quick leader changes")
+        self.replication_round()  # y truncates (two rounds) and fetches from last
+
+    @rule(within_session=st.booleans(), writes=st.integers(1, 2))
+    def lagging_follower_loses_power(self, within_session: bool, writes: int) -> None:
+        """A follower outside the ISR fetches records the HW already covers, takes that
+        HW with them, and loses power before its next fetch syncs them: its HW must come
+        back down with the cut (only outside the ISR can the HW pass what it synced)."""
+        if not self._settled():
+            return
+        c = self.controller
+        lagging = BROKERS[-1] if c.leader != BROKERS[-1] else BROKERS[0]
+        other = next(b for b in BROKERS if b not in (c.leader, lagging))
+        for _ in range(2):  # the other follower keeps up, ``lagging`` does not fetch
+            self.time_passes(LAG_MAX_MS // 2 + 1)
+            self.follower_fetches(other, max_records=100)
+        self.controller_stores_isr()
+        if lagging in c.isr:
+            return
+        for _ in range(writes):
+            self.produce(to_zombie=False)
+        self.follower_fetches(other, max_records=100)
+        self.follower_fetches(other, max_records=100)
+        self.leader_syncs()
+        self.follower_fetches(lagging, max_records=100)
+        replica = self.replicas[lagging]
+        if replica.high_watermark <= replica.durable:
+            return
+        event("a follower outside the ISR took an HW above what it synced")
+        if within_session:
+            self.follower_power_cut_back_within_session(lagging)
+        else:
+            self.crash(lagging, power_cut=True)
+
+    @rule(writes=st.integers(1, 2))
+    def answer_outlives_two_leader_changes(self, writes: int) -> None:
+        """A fetch answer travels while its leader loses the partition, truncates and
+        leads again (a later epoch, a shorter log): from the same broker, it is stale.
+        The preferred replica leads and writes; follower F asks and its answer waits; the
+        leader is cut off, Y leads and writes at the same offsets; the old leader
+        truncates, rejoins the ISR, leads again by a preferred election, and F's answer
+        arrives only after F truncated for that epoch."""
+        if self.controller.leader != BROKERS[0] or not self._settled():
+            return
+        first = BROKERS[0]
+        y, f = BROKERS[1], BROKERS[2]
+        for _ in range(writes):
+            self.produce(to_zombie=False)
+        self.follower_sends_fetch(f, max_records=100)  # its answer holds the new writes
+        if f not in self.in_flight or not self.in_flight[f].records:
+            return
+        self._cut_off_and_notice()
+        if self.controller.leader != y:
+            return
+        for _ in range(writes):
+            self.produce(to_zombie=False)
+        self.follower_truncates(first)
+        self.follower_fetches(first, max_records=100)
+        self.controller_stores_isr()
+        self.preferred_leader_election()
+        if self.controller.leader != first:
+            return
+        event("a fetch answer outlived two leader changes")
+        self.follower_truncates(f)
+        self.fetch_answer_arrives(f, lost=False)
+        self.replication_round()
+
     # -- the sentences of spec/replication_model.py --------------------------------
 
     @invariant()

@@ -143,6 +143,17 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         note(f"add {tid} ({pid}, {epoch}) {sorted(partitions)} {groups} -> {error!r}")
         assert error == self.model.add(tid, pid, epoch, partitions, groups, self.now)
 
+    @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3))
+    def adds_while_the_clock_runs(self, tid: str, which: int) -> None:
+        """A producer adds one partition or group every 500 ms (5 in all, past a 2 s
+        timeout): the transaction times out counting from its first add, not its last."""
+        for partition in PARTITIONS:
+            self.add(tid, which, {partition}, None)
+            self.time_passes(500)
+        for group in GROUPS:
+            self.add(tid, which, {PARTITIONS[0]}, group)
+            self.time_passes(500)
+
     @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3), committed=st.booleans())
     def end(self, tid: str, which: int, committed: bool) -> None:
         pid, epoch = self._instance(tid, which)

@@ -8,6 +8,7 @@
 #   tools/mutation.sh state/mute            # only the modules whose path contains "state/mute"
 #   RECHECK=0 JOBS=2 tools/mutation.sh       # skip the slow recheck of survivors; 2 workers
 #   MUTANTS='*_mute_event* *_write_loop*' tools/mutation.sh server/connection  # only these (mutmut globs)
+#   TESTS='tests/integration/test_mute_wiring.py' tools/mutation.sh server/connection  # other tests
 #
 # The connection (server/connection.py) is socket-level: seconds per mutant, so pick its
 # mute wiring with MUTANTS (docs/verification.md names the ones used).
@@ -46,7 +47,7 @@ MODULES=(
   "trio_broker/state/partition_txns.py|tests/unit/state/test_partition_txns.py statemachine/test_partition_txn_machine.py"
   "trio_broker/transactions/state.py|tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py statemachine/test_txn_coordinator_machine.py"
   "trio_broker/transactions/log_format.py|tests/unit/transactions/test_txn_coordinator.py"
-  "trio_broker/server/connection.py|tests/integration/test_in_flight_cap.py tests/integration/test_quotas.py statemachine/test_sasl_connection_machine.py statemachine/test_response_order_machine.py"
+  "trio_broker/server/connection.py|tests/integration/test_in_flight_cap.py tests/integration/test_mute_wiring.py tests/integration/test_quotas.py statemachine/test_sasl_connection_machine.py statemachine/test_response_order_machine.py"
   "trio_broker/cluster/zk_layout.py|tests/unit/cluster/test_zk_layout.py tests/unit/cluster/test_zk_layout_security.py tests/unit/replication/test_reassignment_rules.py"
 )
 
@@ -57,7 +58,7 @@ export PATH="$(dirname "$PY"):$PATH"
 
 for entry in "${MODULES[@]}"; do
   module="${entry%%|*}"
-  tests="${entry#*|}"
+  tests="${TESTS:-${entry#*|}}"
   [[ -n "$FILTER" && "$module" != *"$FILTER"* ]] && continue
   work="$BASE/$(basename "$module" .py)"
   rm -rf "$work" && mkdir -p "$work"

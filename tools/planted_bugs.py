@@ -8,7 +8,8 @@ working tree to a scratch directory, plants one bug at a time there (the working
 never touched), runs the model checks that drive that module, and then, for bugs the
 models miss, the module's own unit tests:
 
-    python tools/planted_bugs.py                  # every bug
+    python tools/planted_bugs.py                  # the first two sets (BUGS)
+    python tools/planted_bugs.py --fresh          # the third set (FRESH)
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
 
@@ -39,6 +40,13 @@ REPLICATION_MACHINE = "statemachine/test_replication_machine.py"
 SIMULATOR = "sim --seeds 0:60"
 TXN_COORDINATOR_MACHINE = "statemachine/test_txn_coordinator_machine.py"
 PARTITION_TXN_MACHINE = "statemachine/test_partition_txn_machine.py"
+PRODUCER_MACHINE = "statemachine/test_producer_machine.py"
+STORAGE_MACHINE = "statemachine/test_storage_machine.py"
+#: The machines that run a real Connection (server/connection.py) over sockets.
+CONNECTION_MACHINES = (
+    "statemachine/test_broker_machine.py",
+    "statemachine/test_sasl_connection_machine.py",
+)
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
 
@@ -269,6 +277,153 @@ BUGS = (
     ),
 )
 
+#: The third set (h-formal4, 2026-11-29): written down before it was scored, in the rule
+#: modules the replication machine's new rules did not touch (producer idempotence,
+#: coordinator transitions, partition transactions, storage recovery and indexes,
+#: the controller's election, the connection's mute wiring).
+FRESH = (
+    Bug(
+        "producer-dup-window-four",
+        "trio_broker/state/producer.py",
+        "return ProducerStateEntry(epoch, (*entry.batches[1 - BATCHES_TO_RETAIN :], batch))",
+        "return ProducerStateEntry(epoch, (*entry.batches[2 - BATCHES_TO_RETAIN :], batch))",
+        "the duplicate cache keeps 4 batches, not 5: a retry of the fifth-last batch (five "
+        "in flight) is refused OUT_OF_ORDER_SEQUENCE_NUMBER instead of answered as a duplicate",
+        (PRODUCER_MACHINE,),
+        ("tests/unit/state/test_producer_state.py",),
+    ),
+    Bug(
+        "producer-new-epoch-any-sequence",
+        "trio_broker/state/producer.py",
+        "        if first_seq != 0:\n            return Reject(",
+        "        if first_seq < 0:\n            return Reject(",
+        "a bumped producer epoch is accepted at any sequence, not only 0 (a gap after the "
+        "bump goes unnoticed)",
+        (PRODUCER_MACHINE,),
+        ("tests/unit/state/test_producer_state.py",),
+    ),
+    Bug(
+        "producer-dup-matches-first-seq-only",
+        "trio_broker/state/producer.py",
+        "if batch.first_seq == first_seq and batch.last_seq == last_seq:",
+        "if batch.first_seq == first_seq:",
+        "a batch is taken as a retry when its first sequence matches a remembered one, "
+        "whatever its last (a resized batch is answered as a duplicate and lost)",
+        (PRODUCER_MACHINE,),
+        ("tests/unit/state/test_producer_state.py",),
+    ),
+    Bug(
+        "txn-complete-keeps-partitions",
+        "trio_broker/transactions/state.py",
+        "return prepared.to(state, now_ms, partitions=frozenset(), groups=frozenset())",
+        "return prepared.to(state, now_ms, groups=frozenset())",
+        "a completed transaction keeps its partitions: the next transaction of the id "
+        "writes markers to partitions it never added",
+        (TXN_COORDINATOR_MACHINE,),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
+    ),
+    Bug(
+        "txn-add-restarts-timeout",
+        "trio_broker/transactions/state.py",
+        "start_ms = current.start_ms if current.state == S.ONGOING else now_ms",
+        "start_ms = now_ms",
+        "every AddPartitions/AddOffsets restarts the transaction's timeout: a transaction "
+        "that keeps adding partitions never times out",
+        (TXN_COORDINATOR_MACHINE,),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
+    ),
+    Bug(
+        "txn-timeout-fence-keeps-epoch",
+        "trio_broker/transactions/state.py",
+        "    bumped = min(meta.producer_epoch + 1, MAX_PRODUCER_EPOCH)\n    return meta.to(S.PREPARE_EPOCH_FENCE",
+        "    bumped = meta.producer_epoch\n    return meta.to(S.PREPARE_EPOCH_FENCE",
+        "a timed-out transaction is aborted without bumping the epoch: its producer is not "
+        "fenced and goes on writing",
+        (TXN_COORDINATOR_MACHINE,),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
+    ),
+    Bug(
+        "aborted-list-repeats-replayed-abort",
+        "trio_broker/state/partition_txns.py",
+        "        elif entry not in self.aborted:\n            bisect.insort(self.aborted, entry)",
+        "        else:\n            bisect.insort(self.aborted, entry)",
+        "an abort marker seen again (replay after a restart over a snapshot) is listed twice "
+        "among the aborted transactions a fetch names",
+        (PARTITION_TXN_MACHINE,),
+        ("tests/unit/state/test_partition_txns.py",),
+    ),
+    Bug(
+        "commit-recorded-as-abort",
+        "trio_broker/state/partition_txns.py",
+        "if first is None or committed:",
+        "if first is None:",
+        "a commit marker records the transaction as aborted: read_committed consumers "
+        "skip committed records",
+        (PARTITION_TXN_MACHINE,),
+        ("tests/unit/state/test_partition_txns.py",),
+    ),
+    Bug(
+        "recovery-accepts-offset-gap",
+        "trio_broker/storage/recovery.py",
+        "base < expected_offset or (base != expected_offset and not gap_allowed)",
+        "base < expected_offset",
+        "recovery accepts a batch that starts past the offset the previous one ended at "
+        "outside a compacted range (a damaged base offset, which the CRC does not cover)",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "time-index-skips-exact-timestamp",
+        "trio_broker/storage/index.py",
+        "i = floor_entry(_FieldView(buf, count, 12, _I64, 0), timestamp - 1)",
+        "i = floor_entry(_FieldView(buf, count, 12, _I64, 0), timestamp)",
+        "a timestamp lookup starts after an index entry whose timestamp equals the target, "
+        "skipping the batch that reached it",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "epoch-cache-start-takes-oldest-epoch",
+        "trio_broker/storage/epoch_cache.py",
+        "keep.insert(0, EpochEntry(older[-1].epoch, start_offset))",
+        "keep.insert(0, EpochEntry(older[0].epoch, start_offset))",
+        "when the log start moves up, the epoch moved to the new start is the oldest one "
+        "cut, not the one that held the new start",
+        (STORAGE_MACHINE, REPLICATION_MACHINE),
+        (
+            "tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",
+        ),
+    ),
+    Bug(
+        "election-picks-dead-replica",
+        "trio_broker/replication/controller_rules.py",
+        "        if broker in live and broker in isr:\n            return broker\n",
+        "        if broker in isr:\n            return broker\n",
+        "the controller elects the first ISR member whether or not it is alive: the "
+        "partition stays offline with a live ISR member",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (
+            "tests/unit/replication/test_controller_rules.py tests/unit/replication/test_requested_election.py",
+        ),
+    ),
+    Bug(
+        "throttle-extension-shortens",
+        "trio_broker/server/connection.py",
+        "self.throttled_until = max(self.throttled_until, until)",
+        "self.throttled_until = until",
+        "a second quota breach inside a throttle replaces its end, so a shorter throttle "
+        "cuts a longer one short",
+        CONNECTION_MACHINES,
+        ("tests/integration/test_mute_wiring.py tests/integration/test_quotas.py",),
+    ),
+)
+
 
 def copy_tree(dest: Path) -> None:
     files = subprocess.run(
@@ -311,9 +466,14 @@ def main() -> int:
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--baseline", action="store_true", help="run the checks unplanted")
     parser.add_argument("--no-unit", action="store_true", help="models and simulator only")
+    parser.add_argument("--fresh", action="store_true", help="the third set (FRESH) only")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
-    chosen = [b for b in BUGS if not args.bugs or b.name in args.bugs]
+    every = (*BUGS, *FRESH)
+    if args.fresh:
+        chosen = list(FRESH)
+    else:
+        chosen = [b for b in every if b.name in args.bugs] if args.bugs else list(BUGS)
     if args.list:
         for bug in chosen:
             print(f"{bug.name}: {bug.path}: {bug.what}")
@@ -357,6 +517,7 @@ def main() -> int:
             for verdict in verdicts:
                 print(f"  {verdict}", flush=True)
         print(f"models and simulator caught {caught_by_models} of {len(chosen)}")
+        print(f"HYPOTHESIS_SEED={os.environ.get('HYPOTHESIS_SEED', '1')}")
     return 0
 
 
