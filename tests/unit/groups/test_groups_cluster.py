@@ -64,6 +64,7 @@ def group_in(partition: int, prefix: str = "g") -> str:
 @attrs.define
 class Term:
     leader_epoch: int
+    replicated: bool = True  # a cluster's term (partition/append.py's Term)
 
 
 @attrs.define(eq=False)
@@ -114,6 +115,11 @@ class FakeBroker:
     #: This broker holds no replica of any topic: the cluster's view knows them.
     topics: TopicManager = attrs.field(factory=lambda: TopicManager(None, LogConfig(), lambda: 0))
     groups: Any = None
+
+    @property
+    def leaders(self) -> Replication:
+        """Services.leaders: in a cluster, the replica manager."""
+        return self.replication
 
     @staticmethod
     def now_ms() -> int:
