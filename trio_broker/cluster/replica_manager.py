@@ -23,7 +23,7 @@ import logging
 import random
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -62,6 +62,7 @@ from trio_broker.replication.throttle import (
 )
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.internal_topics import LeadershipListener
+from trio_broker.services.local_replication import DataReplication
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError, TopicManager
 from trio_broker.storage.broker_configs import FOLLOWER_THROTTLED_RATE, LEADER_THROTTLED_RATE
 
@@ -167,6 +168,11 @@ class ReplicaManager:
     def partition(self, topic: str, partition: int) -> PartitionInfo | None:
         info = self.view.topics.get(topic)
         return None if info is None else info.partitions.get(partition)
+
+    @property
+    def accepts_follower_fetches(self) -> bool:
+        """A Fetch with a replica id is a follower's (``handlers/fetch.py``)."""
+        return True
 
     def leader_term(self, topic: str, partition: int) -> LeaderPartition | None:
         return self.terms.get((topic, partition))
@@ -1057,3 +1063,7 @@ async def claim_producer_id_block(
         except (NodeExists, BadVersion):
             continue  # another broker claimed one meanwhile
         return start, start + size
+
+
+if TYPE_CHECKING:  # mypy checks that the replica manager is the data path's replication
+    _DATA_PATH: type[DataReplication] = ReplicaManager

@@ -28,6 +28,7 @@ import attrs
 
 from trio_broker.protocol.messages import RequestHeader
 from trio_broker.protocol.schema import REQUESTS, Message
+from trio_broker.services.local_replication import DataReplication
 
 if TYPE_CHECKING:
     from trio_broker.config import BrokerConfig
@@ -35,12 +36,12 @@ if TYPE_CHECKING:
     from trio_broker.groups.share import ShareGroups
     from trio_broker.protocol.error_codes import ErrorCode
     from trio_broker.replication.controller_rules import ElectionType
-    from trio_broker.replication.leader import AckState, LeaderPartition
+    from trio_broker.replication.leader import LeaderPartition
     from trio_broker.security.authorize import Authorizer
     from trio_broker.security.credentials import CredentialStore
     from trio_broker.security.sasl import SaslSession
     from trio_broker.security.shared_store import SharedSecurity
-    from trio_broker.services.cluster_view import ClusterView, PartitionInfo
+    from trio_broker.services.cluster_view import ClusterView
     from trio_broker.services.producers import ProducerStateRegistry
     from trio_broker.services.quotas import QuotaService
     from trio_broker.services.stats import BrokerStats
@@ -115,7 +116,7 @@ class ControllerRequests(Protocol):
         ...
 
 
-class Replication(Protocol):
+class Replication(DataReplication, Protocol):
     """A clustered broker's part in replication (trio_broker/cluster/replica_manager.py).
 
     ``Services.replication`` is None for a broker that runs alone.
@@ -129,34 +130,8 @@ class Replication(Protocol):
         """The controller's requests while this broker is the controller, else None."""
         ...
 
-    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
-        """Replicas, leader, leader epoch and ISR as the cluster has them."""
-        ...
-
     def leader_term(self, topic: str, partition: int) -> LeaderPartition | None:
         """This broker's term if it leads the partition now, else None."""
-        ...
-
-    def follower_fetch(self, replica: int, partitions: Iterable[FollowerFetchPartition]) -> None:
-        """A follower's Fetch request arrived: it holds everything below each fetch offset.
-
-        Called once per request, before its first read (a long poll's later reads record
-        nothing): (topic name or id, partition, fetch offset, current leader epoch or -1)
-        per partition it asked for."""
-        ...
-
-    def leader_throttle_budget(self, topic: str, partition: int, replica: int) -> int | None:
-        """Bytes ``replica`` may fetch from the partition now (leader.replication.
-        throttled.rate, for the replicas this leader throttles: replication/throttle.py);
-        None: not throttled."""
-        ...
-
-    def leader_throttle_used(self, nbytes: int) -> None:
-        """A throttled fetch read ``nbytes``."""
-        ...
-
-    async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
-        """Wait until the high watermark passes ``last_offset`` (acks=all)."""
         ...
 
     def ensure_internal_topic_soon(
@@ -257,6 +232,11 @@ class Services(Protocol):
     def fetch_sessions(self) -> FetchSessionCache[Any, Any]: ...
     @property
     def replication(self) -> Replication | None: ...
+    @property
+    def leaders(self) -> DataReplication:
+        """The data path's replication: never None (``DataReplication``)."""
+        ...
+
     @property
     def transactions(self) -> Transactions | None: ...
     @property

@@ -44,8 +44,7 @@ async def handle_describe_producers(
             if log is None:
                 part.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 continue
-            leader_error, _term = check_leader(ctx, wanted.name, index)
-            if leader_error:
+            if isinstance(check_leader(ctx, wanted.name, index), ErrorCode):
                 part.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
                 continue
             manager = services.producers.manager(wanted.name, index, log)

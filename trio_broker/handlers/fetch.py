@@ -83,7 +83,7 @@ def read_partitions(
     # A follower (replica id >= 0) reads up to the log end (its progress was recorded
     # when the request arrived: handle_fetch); consumers read up to the high watermark.
     replica = fetching_replica(ctx, request)
-    replication = ctx.services.replication
+    leaders = ctx.services.leaders
     follower = is_follower(ctx, request)
     for wanted in wanted_topics:
         topic, name, missing = find_topic(ctx, wanted.topic, wanted.topic_id)
@@ -104,19 +104,19 @@ def read_partitions(
                 part.error_code = missing_partition_error(ctx, name, p.partition, missing)
                 continue
             log = topic.logs[p.partition]
-            leader_error, term = check_leader(
-                ctx, topic.name, p.partition, p.current_leader_epoch if ctx.api_version >= 9 else -1
-            )
-            if leader_error:
-                part.error_code = leader_error
+            term = check_leader(
+                ctx, topic.name, p.partition, p.current_leader_epoch if ctx.api_version >= 9 else -1,
+                fence_alone=False,
+            )  # fmt: skip
+            if isinstance(term, ErrorCode):
+                part.error_code = term
                 continue
-            high_watermark = read_up_to = log.log_end_offset
-            if term is not None:
-                if follower and p.fetch_offset > log.log_end_offset:
-                    part.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
-                    continue
-                read_up_to = readable_end(follower, log.log_end_offset, term.high_watermark)
-                high_watermark = term.high_watermark
+            if follower and p.fetch_offset > log.log_end_offset:
+                part.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+                continue
+            # Alone, the high watermark is the log end (services/local_replication.py).
+            high_watermark = term.high_watermark
+            read_up_to = readable_end(follower, log.log_end_offset, high_watermark)
             # The LSO: Kafka fills it for read_uncommitted fetches too.
             producers = ctx.services.producers
             stable = producers.last_stable_offset(topic.name, p.partition, log, high_watermark)
@@ -133,8 +133,8 @@ def read_partitions(
             # topic's leader.replication.throttled.replicas, else one a reassignment is
             # adding) gets what the leader's byte budget allows (nothing while it is spent).
             budget = (
-                replication.leader_throttle_budget(topic.name, p.partition, replica)
-                if follower and term is not None and replication is not None
+                leaders.leader_throttle_budget(topic.name, p.partition, replica)
+                if follower
                 else None
             )
             if budget is not None:
@@ -169,8 +169,8 @@ def read_partitions(
                 part.records = chunks
                 total += chunks.nbytes
                 remaining -= chunks.nbytes
-                if budget is not None and replication is not None and not look:
-                    replication.leader_throttle_used(chunks.nbytes)
+                if budget is not None and not look:
+                    leaders.leader_throttle_used(chunks.nbytes)
         topic_responses.append(
             TopicResp(topic=wanted.topic, topic_id=wanted.topic_id, partitions=partitions)
         )
@@ -192,7 +192,7 @@ def readable_end(follower: bool, log_end_offset: int, high_watermark: int) -> in
 
 def is_follower(ctx: RequestContext, request: m.FetchRequest) -> bool:
     """A replica's fetch (replica id >= 0) from a broker allowed to act for the cluster."""
-    if fetching_replica(ctx, request) < 0 or ctx.services.replication is None:
+    if fetching_replica(ctx, request) < 0 or not ctx.services.leaders.accepts_follower_fetches:
         return False
     # Anyone else is treated as a consumer: no replica bookkeeping for strangers.
     return authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
@@ -336,11 +336,10 @@ def count_bytes_out(ctx: RequestContext, response: Resp) -> None:
 def record_follower_fetch(ctx: RequestContext, request: m.FetchRequest, plan: FetchPlan) -> None:
     """A follower's fetch offsets are its progress: the replica manager records them, once
     per request (not at every read of a long poll)."""
-    replication = ctx.services.replication
-    if replication is None or not is_follower(ctx, request):
+    if not is_follower(ctx, request):
         return
     epochs = ctx.api_version >= 9
-    replication.follower_fetch(
+    ctx.services.leaders.follower_fetch(
         fetching_replica(ctx, request),
         [
             (t.topic or t.topic_id, p.partition, p.fetch_offset,

@@ -1,10 +1,11 @@
 """Who may answer for a partition in a cluster: its leader, in the epoch the client knows.
 
-A broker that runs alone leads everything (``services.replication`` is None, and every
-check here passes). In a cluster, Produce, Fetch and ListOffsets for a partition are for
-its leader only: others answer NOT_LEADER_OR_FOLLOWER (or LEADER_NOT_AVAILABLE while it
-has none), and a client that names a leader epoch (KIP-320) learns whether it is behind
-(FENCED_LEADER_EPOCH) or ahead (UNKNOWN_LEADER_EPOCH) of the leader's.
+Produce, Fetch and ListOffsets for a partition are for its leader only: others answer
+NOT_LEADER_OR_FOLLOWER (or LEADER_NOT_AVAILABLE while it has none), and a client that
+names a leader epoch (KIP-320) learns whether it is behind (FENCED_LEADER_EPOCH) or
+ahead (UNKNOWN_LEADER_EPOCH) of the leader's. The terms are read from
+``services.leaders``: the replica manager in a cluster; a broker that runs alone is a
+cluster of one (services/local_replication.py) and leads every partition it holds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.controller_rules import NO_LEADER
 
 if TYPE_CHECKING:
-    from trio_broker.replication.leader import LeaderPartition
+    from trio_broker.partition.append import Term
 
 __all__ = [
     "check_leader",
@@ -29,31 +30,35 @@ __all__ = [
 
 
 def check_leader(
-    ctx: RequestContext, topic: str, partition: int, current_leader_epoch: int = -1
-) -> tuple[ErrorCode, LeaderPartition | None]:
-    """(NONE, this broker's term) if it may answer; else the error (and None)."""
-    replication = ctx.services.replication
-    if replication is None:
-        return ErrorCode.NONE, None
-    term = replication.leader_term(topic, partition)
+    ctx: RequestContext, topic: str, partition: int, current_leader_epoch: int = -1,
+    *, fence_alone: bool = True,
+) -> Term | ErrorCode:  # fmt: skip
+    """This broker's term if it may answer for the partition; else the error.
+
+    A node alone leads every partition it holds (``services.leaders`` is a cluster of
+    one, epoch 0). ``fence_alone`` False: its term does not check
+    ``current_leader_epoch`` (its Fetch never has; its ListOffsets and
+    OffsetForLeaderEpoch do)."""
+    leaders = ctx.services.leaders
+    term = leaders.leader_term(topic, partition)
     if term is None:
-        info = replication.partition(topic, partition)
+        info = leaders.partition(topic, partition)
         if info is None or info.leader == NO_LEADER:
-            return ErrorCode.LEADER_NOT_AVAILABLE, None
-        return ErrorCode.NOT_LEADER_OR_FOLLOWER, None
-    if current_leader_epoch >= 0:
+            return ErrorCode.LEADER_NOT_AVAILABLE
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    # Kafka's rule: only -1 (no epoch known) skips the check.
+    if current_leader_epoch != -1 and (fence_alone or term.replicated):
         if current_leader_epoch < term.leader_epoch:
-            return ErrorCode.FENCED_LEADER_EPOCH, None
+            return ErrorCode.FENCED_LEADER_EPOCH
         if current_leader_epoch > term.leader_epoch:
-            return ErrorCode.UNKNOWN_LEADER_EPOCH, None
-    return ErrorCode.NONE, term
+            return ErrorCode.UNKNOWN_LEADER_EPOCH
+    return term
 
 
 def missing_partition_error(ctx: RequestContext, topic: str, partition: int) -> ErrorCode:
     """The error for a partition this broker has no log of: NOT_LEADER_OR_FOLLOWER if the
     cluster has it (another broker leads it), else UNKNOWN_TOPIC_OR_PARTITION."""
-    replication = ctx.services.replication
-    if replication is not None and replication.partition(topic, partition) is not None:
+    if ctx.services.leaders.partition(topic, partition) is not None:  # never alone
         return ErrorCode.NOT_LEADER_OR_FOLLOWER
     return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 

@@ -23,8 +23,6 @@ import logging
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.leadership import check_leader, missing_partition_error
-from trio_broker.handlers.metadata import LEADER_EPOCH
-from trio_broker.handlers.offset_for_leader_epoch import check_current_leader_epoch
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import ProtocolError
@@ -134,17 +132,13 @@ async def handle_list_offsets(
             if partition_log is None:
                 out.error_code = missing_partition_error(ctx, wanted.name, p.partition_index)
                 continue
-            term = None
-            if ctx.services.replication is not None:  # a cluster: the leader answers
-                current = p.current_leader_epoch if ctx.api_version >= 4 else -1
-                out.error_code, term = check_leader(ctx, wanted.name, p.partition_index, current)
-                if out.error_code != ErrorCode.NONE:
-                    continue
-            elif ctx.api_version >= 4:
-                out.error_code = check_current_leader_epoch(p.current_leader_epoch)
-                if out.error_code != ErrorCode.NONE:
-                    continue
-            if term is not None and p.timestamp == LATEST:
+            # The leader answers (alone: this broker, epoch 0).
+            current = p.current_leader_epoch if ctx.api_version >= 4 else -1
+            term = check_leader(ctx, wanted.name, p.partition_index, current)
+            if isinstance(term, ErrorCode):
+                out.error_code = term
+                continue
+            if p.timestamp == LATEST:
                 # Consumers see up to the high watermark; a new leader shows none until its
                 # HW has reached its term's start (KIP-207), so it never goes back.
                 visible = term.visible_high_watermark()
@@ -170,6 +164,6 @@ async def handle_list_offsets(
                 out.error_code = StorageError.error_code  # an OSError: a storage error
                 continue
             if out.offset >= 0:
-                out.leader_epoch = LEADER_EPOCH if term is None else term.leader_epoch
+                out.leader_epoch = term.leader_epoch
         responses.append(TopicResp(name=wanted.name, partitions=partitions))
     return Resp(throttle_time_ms=0, topics=responses)

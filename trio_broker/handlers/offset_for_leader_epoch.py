@@ -11,7 +11,8 @@ Every partition has had one leader epoch, 0, since it was created, so:
   retry forever instead of resetting.
 
 The request's current_leader_epoch (-1 = no check) is compared with ours
-first: older is FENCED_LEADER_EPOCH, newer is UNKNOWN_LEADER_EPOCH.
+first (``check_leader``: a node alone's term has epoch 0): older is
+FENCED_LEADER_EPOCH, newer is UNKNOWN_LEADER_EPOCH.
 
 In a cluster the leader answers from the partition's leader-epoch cache (KIP-101,
 KIP-279): where the asked epoch ends in its log. Followers use it to truncate.
@@ -22,7 +23,6 @@ from __future__ import annotations
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.leadership import check_leader, missing_partition_error
-from trio_broker.handlers.metadata import LEADER_EPOCH
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
@@ -30,17 +30,6 @@ Resp = m.OffsetForLeaderEpochResponse
 TopicResult = Resp.OffsetForLeaderTopicResult
 EpochEndOffset = TopicResult.EpochEndOffset
 NO_EPOCH = -1
-
-
-def check_current_leader_epoch(current: int) -> ErrorCode:
-    """Kafka's fencing rule for a client's idea of the leader epoch (-1 skips the check)."""
-    if current == NO_EPOCH:
-        return ErrorCode.NONE
-    if current < LEADER_EPOCH:
-        return ErrorCode.FENCED_LEADER_EPOCH
-    if current > LEADER_EPOCH:
-        return ErrorCode.UNKNOWN_LEADER_EPOCH
-    return ErrorCode.NONE
 
 
 @handles(m.ApiKey.OFFSET_FOR_LEADER_EPOCH)
@@ -65,18 +54,15 @@ async def handle_offset_for_leader_epoch(
             if log is None:
                 out.error_code = missing_partition_error(ctx, wanted.topic, p.partition)
                 continue
-            if ctx.services.replication is not None:
-                out.error_code, term = check_leader(
-                    ctx, wanted.topic, p.partition, p.current_leader_epoch
+            term = check_leader(ctx, wanted.topic, p.partition, p.current_leader_epoch)
+            if isinstance(term, ErrorCode):
+                out.error_code = term
+            elif term.replicated:
+                out.leader_epoch, out.end_offset = log.epoch_cache.end_offset_for(
+                    p.leader_epoch, log.log_end_offset
                 )
-                if term is not None:
-                    out.leader_epoch, out.end_offset = log.epoch_cache.end_offset_for(
-                        p.leader_epoch, log.log_end_offset
-                    )
-                continue
-            out.error_code = check_current_leader_epoch(p.current_leader_epoch)
-            if out.error_code == ErrorCode.NONE and p.leader_epoch == LEADER_EPOCH:
-                out.leader_epoch = LEADER_EPOCH
-                out.end_offset = log.log_end_offset
+            elif p.leader_epoch == term.leader_epoch:
+                # Alone: one epoch since creation, kept in no epoch cache.
+                out.leader_epoch, out.end_offset = term.leader_epoch, log.log_end_offset
         results.append(TopicResult(topic=wanted.topic, partitions=partitions))
     return Resp(throttle_time_ms=0, topics=results)

@@ -23,7 +23,7 @@ from trio_broker.handlers.base import (
 )
 from trio_broker.handlers.leadership import check_leader, produce_leader_hints
 from trio_broker.handlers.topic_lookup import find_topic, missing_partition_error
-from trio_broker.partition.append import Appended, AppendRejected, Origin, wait_acked
+from trio_broker.partition.append import Appended, AppendRejected, Origin, Term, wait_acked
 from trio_broker.partition.append import append as partition_append
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordBytes
@@ -31,7 +31,7 @@ from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import DecompressionLimitError, KafkaError, ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
-from trio_broker.replication.leader import AckState, LeaderPartition
+from trio_broker.replication.leader import AckState
 from trio_broker.services.topics import RESERVED_TOPICS
 from trio_broker.state.quota import PRODUCER_BYTE_RATE
 from trio_broker.storage.errors import StorageError
@@ -247,11 +247,11 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             if topic is None or not 0 <= data.index < len(topic.logs):
                 part.error_code = missing_partition_error(ctx, name, data.index, missing)
                 continue
-            leader_error, term = check_leader(ctx, topic.name, data.index)
-            if leader_error:
-                part.error_code = leader_error
+            term = check_leader(ctx, topic.name, data.index)
+            if isinstance(term, ErrorCode):
+                part.error_code = term
                 continue
-            if term is not None and acks == -1:
+            if acks == -1:
                 isr = acks_all_isr(ctx, topic.name, data.index, term)
                 if len(isr) < term.effective_min_insync_replicas:
                     part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS
@@ -291,7 +291,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
                 appended = partition_append(
                     log, batch.buf, origin=Origin.CLIENT, now_ms=now,
                     durability=services.durability, topic=topic.name, partition=data.index,
-                    leader_epoch=None if term is None else term.leader_epoch,
+                    leader_epoch=term.leader_epoch if term.replicated else None,
                     producers=services.producers, appends=services.appends,
                     log_append_time=log_append_time,
                 )  # fmt: skip
@@ -348,7 +348,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
         for appended, part in appends_to_ack:
             acked = await wait_acked(
                 appended, acks, durability=services.durability,
-                replication=services.replication, fsync=sync_first,
+                replication=services.leaders, fsync=sync_first,
             )  # fmt: skip
             if acked.ok:
                 continue
@@ -389,17 +389,14 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     return Deferred(when_durable, timeout_s=max(request.timeout_ms, 0) / 1000, on_timeout=timed_out)
 
 
-def acks_all_isr(
-    ctx: RequestContext, topic: str, partition: int, term: LeaderPartition
-) -> frozenset[int]:
+def acks_all_isr(ctx: RequestContext, topic: str, partition: int, term: Term) -> frozenset[int]:
     """The ISR an acks=all write is checked against before its append: the term's, or
     the smaller one ZooKeeper holds for this broker's leadership (the cluster view, which
     Metadata answers from). The view runs ahead of the term from the watch delivering a
     change until the replica manager applies it (a new term after the controller shrank
     the ISR and bumped the epoch); the old term's larger ISR would take a write that then
     fails NOT_ENOUGH_REPLICAS_AFTER_APPEND, after Metadata already showed the small ISR."""
-    replication = ctx.services.replication
-    info = replication.partition(topic, partition) if replication is not None else None
+    info = ctx.services.leaders.partition(topic, partition)  # None alone: no other view
     if info is None or info.leader != term.broker_id or info.leader_epoch < term.leader_epoch:
         return term.isr
     stored = frozenset(info.isr)
@@ -407,9 +404,9 @@ def acks_all_isr(
 
 
 def _not_committed(services: Services, replicated: tuple[str, int], last_offset: int) -> bool:
-    replication = services.replication
-    term = None if replication is None else replication.leader_term(*replicated)
-    return term is None or term.high_watermark <= last_offset
+    term = services.leaders.leader_term(*replicated)
+    # No term: leadership moved, the write never counts here.
+    return (term.high_watermark if term else -1) <= last_offset
 
 
 def check_in_transaction(
@@ -448,7 +445,7 @@ async def verify_with_coordinator(
     Empty on a broker alone, whose coordinator answers ``partition_in_transaction``."""
     services = ctx.services
     verify = getattr(services.transactions, "verify_batches", None)
-    if verify is None or services.replication is None:
+    if verify is None:  # only a cluster's (partitioned) coordinator verifies
         return {}
     asked: dict[tuple[int, int], list[tuple[str, int]]] = {}
     for topic_data in request.topic_data:
@@ -458,7 +455,7 @@ async def verify_with_coordinator(
         for data in topic_data.partition_data:
             if not 0 <= data.index < len(topic.logs) or not data.records:
                 continue
-            if check_leader(ctx, topic.name, data.index)[0]:
+            if isinstance(check_leader(ctx, topic.name, data.index), ErrorCode):
                 continue
             try:
                 batch = next(iter_batches(data.records), None)

@@ -43,8 +43,7 @@ def resolve(ctx: RequestContext, topic_id: uuid.UUID, partition: int) -> tuple[E
         return ErrorCode.TOPIC_AUTHORIZATION_FAILED, None
     if not 0 <= partition < len(topic.logs):
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None
-    replication = ctx.services.replication
-    if replication is not None and replication.leader_term(topic.name, partition) is None:
+    if not ctx.services.leaders.leader_term(topic.name, partition):
         return ErrorCode.NOT_LEADER_OR_FOLLOWER, None
     return ErrorCode.NONE, (topic.name, topic.logs[partition])
 
@@ -82,9 +81,9 @@ def request_error(group_id: str | None, member_id: str | None) -> str | None:
 
 
 def readable_end(ctx: RequestContext, topic: str, partition: int, log: Any) -> int:
-    replication = ctx.services.replication
-    term = None if replication is None else replication.leader_term(topic, partition)
-    return log.log_end_offset if term is None else int(term.high_watermark)
+    # Alone the term's high watermark is the log end (services/local_replication.py).
+    term = ctx.services.leaders.leader_term(topic, partition)
+    return int(term.high_watermark) if term else log.log_end_offset
 
 
 class Fetch:

@@ -32,7 +32,7 @@ import attrs
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.protocol.records import RecordBatchView, read_control_marker
-from trio_broker.replication.leader import AckState, LeaderPartition
+from trio_broker.replication.leader import AckState
 from trio_broker.state.producer import Duplicate, Reject
 from trio_broker.storage.log_protocol import Log
 
@@ -42,6 +42,8 @@ __all__ = [
     "Appended",
     "NotLeader",
     "Origin",
+    "Replication",
+    "Term",
     "append",
     "leader_epoch_of",
     "wait_acked",
@@ -80,8 +82,35 @@ class Producers(Protocol):
     ) -> None: ...
 
 
+class Term(Protocol):
+    """A leader term of one partition as the data path reads it: a cluster's
+    (``replication/leader.py``'s ``LeaderPartition``) or a node alone's, a cluster of one
+    (``services/local_replication.py``'s ``LocalTerm``)."""
+
+    @property
+    def broker_id(self) -> int: ...
+    @property
+    def leader_epoch(self) -> int: ...
+    @property
+    def replicas(self) -> tuple[int, ...]: ...
+    @property
+    def isr(self) -> frozenset[int]: ...
+    @property
+    def high_watermark(self) -> int: ...
+    @property
+    def effective_min_insync_replicas(self) -> int: ...
+    @property
+    def replicated(self) -> bool:
+        """True in a cluster. False for a node alone, which keeps what it has always
+        done: a batch keeps the producer's partitionLeaderEpoch (no epoch cache entry),
+        acks=-1 waits for nothing past the fsync, Fetch checks no current leader epoch."""
+        ...
+
+    def visible_high_watermark(self) -> int | None: ...
+
+
 class Replication(Protocol):
-    def leader_term(self, topic: str, partition: int) -> LeaderPartition | None: ...
+    def leader_term(self, topic: str, partition: int) -> Term | None: ...
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState: ...
 
 
@@ -113,14 +142,16 @@ class Appended:
 
 
 def leader_epoch_of(replication: Replication | None, topic: str, partition: int) -> int | None:
-    """The epoch a leader's write is stamped with: None alone (no replication), the
-    term's in a cluster; :class:`NotLeader` when this broker has no term there."""
+    """The epoch a leader's write is stamped with: the term's in a cluster, None for a
+    node alone (its term is not ``replicated``) and for a coordinator's log written
+    without a replication (``replication`` None: the coordinators alone, for now);
+    :class:`NotLeader` when this broker has no term there."""
     if replication is None:
         return None
     term = replication.leader_term(topic, partition)
     if term is None:
         raise NotLeader(f"not the leader of {topic}-{partition}")
-    return term.leader_epoch
+    return term.leader_epoch if term.replicated else None
 
 
 def append(

@@ -130,6 +130,12 @@ class LeaderPartition:
     # -- what the shell asks -------------------------------------------------------
 
     @property
+    def replicated(self) -> bool:
+        """A cluster's term: writes carry its epoch, acks=all waits for the HW
+        (``partition/append.py``'s ``Term``; a node alone's term is not)."""
+        return True
+
+    @property
     def maximal_isr(self) -> frozenset[int]:
         """The ISR the HW must respect: stored ISR plus any member a pending change adds."""
         return self.isr | self.pending.isr if self.pending is not None else self.isr

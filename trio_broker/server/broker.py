@@ -47,6 +47,7 @@ from trio_broker.server.memory_budget import MemoryBudget
 from trio_broker.server.quotas import with_request_quota
 from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.server.transport import open_connection, tls_contexts
+from trio_broker.services.local_replication import DataReplication, LeadsNothing, LocalReplication
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.quotas import QuotaService
 from trio_broker.services.stats import BrokerStats
@@ -208,6 +209,12 @@ class Broker:
         #: Cluster mode (zookeeper.connect): this broker's replication, set once it has
         #: joined (trio_broker/cluster); None while alone.
         self.replication: Any = None
+        #: The data path's replication while ``replication`` is None (``leaders``): a
+        #: node alone is a cluster of one; a clustered broker that has not joined (or
+        #: has left) leads nothing.
+        self.unjoined: LocalReplication | LeadsNothing = (
+            LeadsNothing() if clustered else LocalReplication(config.node_id, self.topics.log)
+        )
         #: The deterministic simulation (sim/) runs brokers in one process and sets these
         #: to its in-memory ZooKeeper and network; None: kazoo and TCP.
         self.open_coordination: Callable[[], Any] | None = None
@@ -315,6 +322,11 @@ class Broker:
         from trio_broker.cluster.broker_node import run_cluster_node
 
         await run_cluster_node(self, coordination, task_status=task_status)
+
+    @property
+    def leaders(self) -> DataReplication:
+        """Services.leaders: the replica manager once in a cluster, else ``unjoined``."""
+        return self.unjoined if self.replication is None else self.replication
 
     @property
     def durability(self) -> Flusher:

@@ -111,9 +111,9 @@ def append_marker_as_leader(
     """A cluster partition leader appends a marker in its leader epoch: the write, or
     the partition's error (NOT_LEADER_OR_FOLLOWER when another broker leads it: the
     coordinator looks the leader up again and retries). ``services`` gives ``topics``,
-    ``producers``, ``durability``, ``appends`` and ``replication``."""
+    ``producers``, ``durability``, ``appends`` and ``leaders``."""
     try:
-        epoch = leader_epoch_of(services.replication, topic, partition)
+        epoch = leader_epoch_of(services.leaders, topic, partition)
     except NotLeader:
         return ErrorCode.NOT_LEADER_OR_FOLLOWER
     try:
@@ -131,7 +131,7 @@ async def marker_committed(services: Any, written: Appended) -> ErrorCode:
     """NONE once an appended marker is synced and, in a cluster, below the high
     watermark: Kafka's leader appends markers with acks=-1."""
     acked = await wait_acked(
-        written, -1, durability=services.durability, replication=services.replication
+        written, -1, durability=services.durability, replication=services.leaders
     )
     error = acked.sync_error
     if error is not None:

@@ -65,6 +65,7 @@ def group_in(partition: int, prefix: str = "g") -> str:
 @attrs.define
 class Term:
     leader_epoch: int
+    replicated: bool = True  # a cluster's term (partition/append.py's Term)
 
 
 @attrs.define(eq=False)
@@ -117,6 +118,11 @@ class FakeBroker:
     groups: Any = None
     #: No share groups: the group handlers list and delete them beside the others.
     shares: ShareGroups = attrs.field(factory=lambda: ShareGroups(ShareGroupsConfig()))
+
+    @property
+    def leaders(self) -> Replication:
+        """Services.leaders: in a cluster, the replica manager."""
+        return self.replication
 
     @staticmethod
     def now_ms() -> int:

@@ -125,7 +125,9 @@ def test_a_coordinator_record_needs_no_producer_state_and_counts_its_messages() 
 def test_leader_epoch_of() -> None:
     class Replication:
         def leader_term(self, topic: str, partition: int) -> Any:
-            return None if partition else type("Term", (), {"leader_epoch": 9})()
+            return (
+                None if partition else type("Term", (), {"leader_epoch": 9, "replicated": True})()
+            )
 
     assert leader_epoch_of(None, "t", 0) is None  # alone
     assert leader_epoch_of(Replication(), "t", 0) == 9  # type: ignore[arg-type]

@@ -59,6 +59,7 @@ class _Durability:
 
 class _Term:
     leader_epoch = 7
+    replicated = True  # a cluster's term
 
 
 class _Replication:

@@ -53,6 +53,7 @@ PARTITIONS = 3
 @attrs.frozen
 class Term:
     leader_epoch: int
+    replicated: bool = True  # a cluster's term (partition/append.py's Term)
 
 
 @attrs.define

@@ -1,0 +1,68 @@
+"""A ratchet on the single-node branches (issue 29: a single node is a cluster of one).
+
+A line of ``trio_broker/`` saying ``replication is None``, ``term is None`` (or ``is not
+None``) is, most of the time, code that tells a broker alone from a cluster's. The data
+path reads ``services.leaders`` instead, never None (services/local_replication.py);
+what is left is mostly administration (metadata, topics, configs) and the coordinators.
+The count may only go down: lower ``MAX_BRANCHES`` when you remove some.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+PATTERN = re.compile(r"(replication|term) is (not )?None")
+
+#: The count left by the data-path slice of issue 29 (it was 70 in 29 files).
+MAX_BRANCHES = 50
+
+#: The data path's handlers: no branch at all (a node alone has a term too).
+DATA_PATH = (
+    "trio_broker/handlers/produce.py",
+    "trio_broker/handlers/fetch.py",
+    "trio_broker/handlers/list_offsets.py",
+    "trio_broker/handlers/offset_for_leader_epoch.py",
+    "trio_broker/handlers/share_fetch.py",
+    "trio_broker/handlers/describe_producers.py",
+)
+
+
+def branch_lines(root: Path) -> Counter[str]:
+    """Lines matching :data:`PATTERN`, per file (relative to the repository)."""
+    counts: Counter[str] = Counter()
+    for path in sorted((root / "trio_broker").rglob("*.py")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if PATTERN.search(line):
+                counts[path.relative_to(root).as_posix()] += 1
+    return counts
+
+
+def test_the_count_of_single_node_branches_only_goes_down() -> None:
+    counts = branch_lines(ROOT)
+    total = sum(counts.values())
+    listing = "\n".join(f"  {n:3d} {name}" for name, n in sorted(counts.items()))
+    print(f"{total} single-node branch lines in {len(counts)} files:\n{listing}")
+    assert total <= MAX_BRANCHES, (
+        f"{total} lines match {PATTERN.pattern!r} (at most {MAX_BRANCHES}): read "
+        f"services.leaders (never None) on the data path instead\n{listing}"
+    )
+
+
+def test_the_data_path_handlers_have_none() -> None:
+    counts = branch_lines(ROOT)
+    assert {name: counts[name] for name in DATA_PATH if counts[name]} == {}
+
+
+def test_the_pattern_finds_what_it_counts(tmp_path: Path) -> None:
+    package = tmp_path / "trio_broker" / "handlers"
+    package.mkdir(parents=True)
+    (package / "a.py").write_text(
+        "if replication is None:\n    pass\n"
+        "x = None if term is None else 1\n"
+        "if ctx.services.replication is not None and term is not None:\n    pass\n"
+        "leaders = services.leaders  # no branch\n"
+    )
+    assert branch_lines(tmp_path) == Counter({"trio_broker/handlers/a.py": 3})

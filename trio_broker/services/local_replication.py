@@ -1,0 +1,199 @@
+"""A single node as a cluster of one, on the data path (issue 29).
+
+The handlers read a partition's leadership from ``services.leaders`` whether the broker
+runs alone or in a cluster: the replica manager in a cluster, :class:`LocalReplication`
+alone. A node alone leads every partition it holds, in one term that never ends:
+leader and ISR are this broker, the leader epoch is 0 (what its Metadata, ListOffsets
+and OffsetForLeaderEpoch have always answered), and the high watermark is the log end,
+as its Fetch and ListOffsets have always shown.
+
+The term is not ``replicated`` (``partition/append.py``'s ``Term``): a node alone keeps
+the few things it does differently from a cluster's leader, unchanged by this slice —
+a batch keeps the producer's partitionLeaderEpoch (no epoch cache entry), acks=-1 waits
+for the fsync only, and Fetch checks no current leader epoch.
+
+:class:`LeadsNothing` is a clustered broker's replication before it joined and after it
+left: it leads nothing, so every partition answers LEADER_NOT_AVAILABLE and a write
+waiting for the high watermark ends LEADERSHIP_LOST.
+
+Sans-I/O: no trio.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
+
+import attrs
+
+from trio_broker.partition.append import Term
+from trio_broker.replication.leader import AckState
+from trio_broker.services.cluster_view import PartitionInfo
+from trio_broker.storage.log_protocol import Log
+
+__all__ = [
+    "LOCAL_LEADER_EPOCH",
+    "DataReplication",
+    "FollowerFetchPartition",
+    "LeadsNothing",
+    "LocalReplication",
+    "LocalTerm",
+]
+
+#: (topic name or id, partition, fetch offset, current leader epoch or -1).
+FollowerFetchPartition = tuple[str | uuid.UUID, int, int, int]
+
+
+class DataReplication(Protocol):
+    """A partition's leadership as Produce, Fetch, ListOffsets and the rest of the data
+    path read it: ``Services.leaders``, never None. In a cluster the replica manager
+    (trio_broker/cluster/replica_manager.py); alone, a cluster of one
+    (trio_broker/services/local_replication.py).
+    """
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        """Replicas, leader, leader epoch and ISR as the cluster has them."""
+        ...
+
+    def leader_term(self, topic: str, partition: int) -> Term | None:
+        """This broker's term if it leads the partition now, else None."""
+        ...
+
+    @property
+    def accepts_follower_fetches(self) -> bool:
+        """Whether a Fetch with a replica id (from a principal allowed CLUSTER_ACTION) is
+        a follower's: in a cluster; alone it is a consumer's."""
+        ...
+
+    def follower_fetch(self, replica: int, partitions: Iterable[FollowerFetchPartition]) -> None:
+        """A follower's Fetch request arrived: it holds everything below each fetch offset.
+
+        Called once per request, before its first read (a long poll's later reads record
+        nothing): (topic name or id, partition, fetch offset, current leader epoch or -1)
+        per partition it asked for."""
+        ...
+
+    def leader_throttle_budget(self, topic: str, partition: int, replica: int) -> int | None:
+        """Bytes ``replica`` may fetch from the partition now (leader.replication.
+        throttled.rate, for the replicas this leader throttles: replication/throttle.py);
+        None: not throttled."""
+        ...
+
+    def leader_throttle_used(self, nbytes: int) -> None:
+        """A throttled fetch read ``nbytes``."""
+        ...
+
+    async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
+        """Wait until the high watermark passes ``last_offset`` (acks=all)."""
+        ...
+
+
+#: The leader epoch of every partition of a node alone (Kafka's first epoch).
+LOCAL_LEADER_EPOCH = 0
+
+
+@attrs.frozen(slots=True)
+class LocalTerm:
+    """A node alone's term of one partition: it leads, alone in the ISR; the high
+    watermark is the log end (read when asked: the log moves on under the term)."""
+
+    broker_id: int
+    log: Log
+
+    @property
+    def leader_epoch(self) -> int:
+        return LOCAL_LEADER_EPOCH
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        return (self.broker_id,)
+
+    @property
+    def isr(self) -> frozenset[int]:
+        return frozenset((self.broker_id,))
+
+    @property
+    def effective_min_insync_replicas(self) -> int:
+        # min.insync.replicas capped at the replica count (Kafka's effectiveMinIsr): 1.
+        return 1
+
+    @property
+    def high_watermark(self) -> int:
+        return self.log.log_end_offset
+
+    @property
+    def replicated(self) -> bool:
+        return False
+
+    def visible_high_watermark(self) -> int | None:
+        # One term since the start: nothing from a predecessor to wait for (KIP-207).
+        return self.log.log_end_offset
+
+
+class LocalReplication:
+    """The data path's replication of a node alone (module docstring).
+
+    ``log_of(topic, partition)``: the partition's log, None if this broker holds none
+    (``TopicManager.log``)."""
+
+    def __init__(self, broker_id: int, log_of: Callable[[str, int], Log | None]) -> None:
+        self.broker_id = broker_id
+        self._log_of = log_of
+
+    def leader_term(self, topic: str, partition: int) -> LocalTerm | None:
+        log = self._log_of(topic, partition)
+        return None if log is None else LocalTerm(self.broker_id, log)
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        """No cluster holds more than this broker: what it lacks is unknown."""
+        return None
+
+    @property
+    def accepts_follower_fetches(self) -> bool:
+        """No other replica: a Fetch naming a replica id is a consumer's, as it always was."""
+        return False
+
+    def follower_fetch(self, replica: int, partitions: Iterable[FollowerFetchPartition]) -> None:
+        """Never called (no follower fetches here)."""
+
+    def leader_throttle_budget(self, topic: str, partition: int, replica: int) -> int | None:
+        return None
+
+    def leader_throttle_used(self, nbytes: int) -> None:
+        """Never called (nothing is throttled)."""
+
+    async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
+        # The ISR is this broker: a write is committed once in its log.
+        return AckState.DONE
+
+
+class LeadsNothing:
+    """A clustered broker's data-path replication while it has no replica manager."""
+
+    def leader_term(self, topic: str, partition: int) -> None:
+        return None
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        return None
+
+    @property
+    def accepts_follower_fetches(self) -> bool:
+        return False
+
+    def follower_fetch(self, replica: int, partitions: Iterable[FollowerFetchPartition]) -> None:
+        """Nothing is led: nobody follows."""
+
+    def leader_throttle_budget(self, topic: str, partition: int, replica: int) -> int | None:
+        return None
+
+    def leader_throttle_used(self, nbytes: int) -> None:
+        """Nothing is read."""
+
+    async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
+        return AckState.LEADERSHIP_LOST
+
+
+if TYPE_CHECKING:  # mypy checks that both are the data path's replication
+    _LOCAL: type[DataReplication] = LocalReplication
+    _NOTHING: type[DataReplication] = LeadsNothing
