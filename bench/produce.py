@@ -128,12 +128,17 @@ def run_producer(
         "batch.size": 1024 * 1024, "max.in.flight.requests.per.connection": 5,
         "message.max.bytes": 1024 * 1024 + 1024, "compression.type": "none",
         "queue.buffering.max.kbytes": 512 * 1024,
+        # librdkafka's statistics count the Produce requests it sent (CPU per request).
+        "statistics.interval.ms": STATS_INTERVAL_MS,
     }  # fmt: skip
     base.update(conf)
+    stats: list[int] = []
+    base["stats_cb"] = lambda raw: stats.append(_produce_requests(raw))
     producer = Producer(base)
     # Warm up: metadata, connection (and InitProducerId when idempotent).
     producer.produce(topic, b"warmup")
     producer.flush(30)
+    requests0 = _next_stats(producer, stats)
     payload = os.urandom(size)
     latencies: list[float] = []
     errors = 0
@@ -165,15 +170,41 @@ def run_producer(
             poll(0)  # serve delivery callbacks without a call per record
     remaining = producer.flush(120)
     elapsed = time.perf_counter() - start
+    requests = _next_stats(producer, stats) - requests0
     latencies.sort()
     return {
         "records": records, "record_bytes": size, "seconds": elapsed,
         "mb_per_s": records * size / elapsed / 1e6, "records_per_s": records / elapsed,
         "p50_ms": percentile(latencies, 0.50) * 1000, "p99_ms": percentile(latencies, 0.99) * 1000,
         "max_ms": (latencies[-1] * 1000) if latencies else float("nan"),
-        "errors": errors, "undelivered": remaining,
+        "errors": errors, "undelivered": remaining, "produce_requests": requests,
         "cdf_ms": plots.quantiles(latencies, 1000),
     }  # fmt: skip
+
+
+#: How often librdkafka reports its statistics (a few JSON documents per run).
+STATS_INTERVAL_MS = 200
+
+
+def _produce_requests(raw: str) -> int:
+    """Produce requests sent to all brokers so far, from one librdkafka statistics JSON."""
+    brokers = json.loads(raw).get("brokers", {}).values()
+    return sum(int(b.get("req", {}).get("Produce", 0)) for b in brokers)
+
+
+def _next_stats(producer: Any, stats: list[int]) -> int:
+    """The Produce count of the next statistics report (one that comes after this call)."""
+    seen = len(stats)
+    deadline = time.monotonic() + 10 * STATS_INTERVAL_MS / 1000
+    while len(stats) <= seen and time.monotonic() < deadline:
+        producer.poll(STATS_INTERVAL_MS / 1000)
+    return stats[-1] if len(stats) > seen else -1
+
+
+def cpu_us_per_request(broker_cpu_s: float, result: dict[str, Any]) -> float | None:
+    """Broker CPU µs per Produce request (None when the count is unknown)."""
+    requests = result.get("produce_requests", 0)
+    return broker_cpu_s / requests * 1e6 if requests > 0 else None
 
 
 def create_topic(bootstrap: str, topic: str) -> None:

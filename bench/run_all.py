@@ -193,6 +193,7 @@ def table(res: dict[str, Any]) -> str:
     row("W2 records/s", g("w2", "records_per_s"), "rec/s", 180_000, ">=")
     row("W2 broker CPU per 100k records", g("w2", "broker_cpu_s_per_100k"), "core-s", 0.4, "<=")
     row("W2 client process CPU", g("w2", "client_cpu_s"), "core-s", None, "<=")
+    row("W2 broker CPU per Produce request", g("w2", "broker_cpu_us_per_request"), "µs", None, "<=")
     row("W3 consumer MB/s", g("w3", "mb_per_s"), "MB/s", 600, ">=", tcp, "loopback MB/s")
     row("W3 broker CPU", g("w3", "broker_cpu_cores"), "cores", 0.3, "<=")
     row("W3 consumer process CPU", g("w3", "client_cpu_cores"), "cores", None, "<=")
@@ -207,6 +208,9 @@ def table(res: dict[str, Any]) -> str:
     s6, p6 = g("w6_serial", "mb_per_s"), g("w6_pipelined", "mb_per_s")
     row("W6 pipelined/serial throughput", None if not (s6 and p6) else p6 / s6, "x", None, ">=")
     row("W6 pipelined p99", g("w6_pipelined", "p99_ms"), "ms", None, "<=")
+    for model in ("serial", "pipelined"):
+        cpu6 = g(f"w6_{model}", "broker_cpu_us_per_request")
+        row(f"W6 {model} broker CPU per Produce request", cpu6, "µs", None, "<=")
     if rate is not None and g("w1_pipelined", "records_per_s") is not None:
         row(
             "W1 pipelined records/s vs 64 KiB fsync rate",

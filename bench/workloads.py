@@ -20,7 +20,7 @@ from typing import Any, Protocol
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import plots
-from produce import BrokerProcess, create_topic, percentile, run_producer
+from produce import BrokerProcess, cpu_us_per_request, create_topic, percentile, run_producer
 
 KIB = 1024
 #: confluent_kafka.OFFSET_END: a consumer assigned there reads what comes after.
@@ -64,6 +64,7 @@ def w1(
         cpu0 = broker.cpu_seconds()
         r = run_producer(broker.bootstrap, "w1", records, record_size, conf or {})
         r["broker_cpu_s"] = broker.cpu_seconds() - cpu0
+        r["broker_cpu_us_per_request"] = cpu_us_per_request(r["broker_cpu_s"], r)
         r["broker_peak_rss_mib"] = broker.rss_mib()
         r["model"] = model
     except BaseException:
@@ -104,6 +105,7 @@ def w2(
         t1 = os.times()
         r["broker_cpu_s"] = broker.cpu_seconds() - cpu0
         r["broker_cpu_s_per_100k"] = r["broker_cpu_s"] / records * 100_000
+        r["broker_cpu_us_per_request"] = cpu_us_per_request(r["broker_cpu_s"], r)
         # The client process's own CPU (librdkafka threads + the Python produce loop).
         r["client_cpu_s"] = (t1.user - t0.user) + (t1.system - t0.system)
         r["broker_peak_rss_mib"] = broker.rss_mib()

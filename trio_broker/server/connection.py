@@ -300,6 +300,8 @@ class Connection:
             broker.memory.notify_when_available(self)
         if login_step:
             self._mute_event(MuteEvent.SASL_REQUEST_READ)
+        if broker.handler_pool.try_submit(self, slot, header, body, principal):
+            return
         # Shielded: a request that has a slot must reach a handler, or the
         # writer would wait for its response forever (shutdown cancels readers).
         with trio.CancelScope(shield=True):

@@ -52,6 +52,15 @@ class _Entry:
     error: StorageError | None = None
 
 
+#: Scheduler passes a woken flusher lets other tasks have before it starts a sync.
+#: A handler takes a connection's queued requests one per pass (its queue's receive
+#: yields), so the sync started right after the first append would leave the other
+#: four of a 5-in-flight producer to the next one; yielding while each pass brings
+#: more appends lets one sync cover them. Bounded in passes and in time (a pass of a
+#: busy loop may hold many connections' work), so a loop that never idles still syncs.
+LET_RUNNABLE_PASSES = 8
+LET_RUNNABLE_S = 0.0005
+
 #: Logs synced at once, each batch in its own worker thread. fdatasync releases
 #: the GIL and the filesystem merges concurrent syncs into one journal commit, so
 #: 50 partitions made dirty by one burst cost about one fsync's time, not 50.
@@ -101,6 +110,8 @@ class Flusher:
         self._clock_ms = clock_ms
         self._entries: dict[int, _Entry] = {}
         self._wakeup = trio.Event()
+        #: mark_dirty calls so far: whether a yield let more appends in.
+        self._marks = 0
         self._stopped: StorageError | None = None
         #: How a log is made durable, in the worker thread. Tests replace it to
         #: inject slow or failing fsyncs (tests/reliability/test_fsync_faults.py).
@@ -123,7 +134,25 @@ class Flusher:
     def mark_dirty(self, log: FlushableLog, messages: int = 1) -> None:
         """Note an append to ``log`` (``messages`` records, for flush.messages)."""
         self._entry(log).tracker.note_append(self._clock_ms(), messages)
+        self._marks += 1
         self._wakeup.set()
+
+    async def _let_appends_in(self) -> None:
+        """Yield while scheduler passes bring more appends (LET_RUNNABLE_PASSES at most).
+
+        A pass runs its tasks in random order, so one pass may show nothing of a handler
+        that runs after the flusher in it; what the marks did over the last two passes
+        decides (a whole pass lies between those two looks)."""
+        # The loop's clock: a simulation's mock clock stands still, so there only the
+        # pass count bounds it and the run stays deterministic.
+        until = trio.current_time() + LET_RUNNABLE_S
+        two_back, one_back = -1, self._marks
+        for _ in range(LET_RUNNABLE_PASSES):
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            marks = self._marks
+            if marks == two_back or trio.current_time() >= until:
+                return
+            two_back, one_back = one_back, marks
 
     async def wait_durable(self, log: FlushableLog, offset: int) -> None:
         """Return once ``log.durable_end_offset > offset``; StorageError if a flush failed."""
@@ -219,6 +248,11 @@ class Flusher:
                 now = self._clock_ms()
                 due = [e for e in self._entries.values() if e.tracker.needs_flush(now)]
                 if due:
+                    await self._let_appends_in()
+                    # Again: more appends came in, a log may have been forgotten.
+                    due = [e for e in self._entries.values() if e.tracker.needs_flush(now)]
+                    if not due:
+                        continue
                     # Shielded: the thread can't be interrupted anyway, and the
                     # waiters of a flush that ran must hear about it.
                     with trio.CancelScope(shield=True):

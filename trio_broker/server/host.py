@@ -27,6 +27,10 @@ class RequestQueue(Protocol):
         self, conn: Any, slot: int, header: RequestHeader, body: Any, principal: str
     ) -> None: ...
 
+    def try_submit(
+        self, conn: Any, slot: int, header: RequestHeader, body: Any, principal: str
+    ) -> bool: ...
+
 
 class PoolHost(Services, Protocol):
     """What the handler pool needs: the services for the handlers, and where to wait."""

@@ -160,6 +160,32 @@ async def test_group_commit_covers_appends_made_during_an_fsync() -> None:
             nursery.cancel_scope.cancel()
 
 
+async def test_requests_queued_behind_the_first_share_its_fsync(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A handler takes a connection's queued requests one per scheduler pass (its queue's
+    receive yields), as five in flight from one producer arrive: the sync started after
+    the first append covers all five, not the first alone. (The mock clock stands still
+    while tasks run, so only the flusher's pass bound applies, whatever the machine's load.)"""
+    log = SlowLog()
+    flusher = Flusher()
+    send, receive = trio.open_memory_channel[int](5)
+    for request in range(5):
+        send.send_nowait(request)
+    send.close()
+    offsets: list[int] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        async for _request in receive:  # like the handler pool's worker
+            offsets.append(log.append())
+            flusher.mark_dirty(log)
+        for offset in offsets:
+            await flusher.wait_durable(log, offset)
+        nursery.cancel_scope.cancel()
+    assert log.flushes == 1
+    assert flusher.statistics(log).max_appends_per_fsync == 5
+
+
 async def test_a_failed_flush_fails_the_waiters_and_later_calls() -> None:
     log = SlowLog()
     log.fail_next = True
