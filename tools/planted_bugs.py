@@ -470,8 +470,8 @@ FOURTH = (
         "trio_broker/state/partition_txns.py",
         "        -1 if last_marker is None else last_marker.producer_epoch,\n",
         "        -1,\n",
-        "a transactional write is checked against the epoch of the producer's data only, "
-        "not its last marker's: a zombie fenced by an abort marker writes on",
+        "a transaction marker is checked against the epoch of the producer's data only, "
+        "not its last marker's: a marker retried from before a fencing abort goes in",
         (PARTITION_TXN_MACHINE, PRODUCER_MACHINE),
         ("tests/unit/state/test_partition_txns.py",),
     ),
