@@ -211,6 +211,8 @@ class PartitionTxnMachine(RuleBasedStateMachine):
             entry = manager.producers.get(p.producer_id)
             same_epoch = entry is not None and entry.epoch == p.epoch
             p.next_seq = entry.last_seq + 1 if entry is not None and same_epoch else 0
+            if p.bumped_at is not None and p.bumped_at >= new_end:
+                p.bumped_at = None  # the fencing marker is gone with the cut
 
     @rule()
     def clean_restart(self) -> None:
