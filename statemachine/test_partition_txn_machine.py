@@ -9,7 +9,9 @@ snapshot on disk; a follower-style truncation cuts the log's tail. After every s
 the LSO equals the model's and never moved back (but on truncation), the aborted list
 equals the model's aborted transactions, and the read_committed view
 (records below the LSO, minus control batches, minus what the aborted list hides, read
-back from the log as a consumer does) equals the model's committed records.
+back from the log as a consumer does) equals the model's committed records; and while a
+producer fenced by a bumping abort has written nothing since, a stale marker (its old
+epoch, as a WriteTxnMarkers retried from before the fence) is refused.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from hypothesis import note, settings
+from hypothesis import event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import RecordBatchView, build_batch, iter_batches
 from trio_broker.services.producers import SNAPSHOT_FILE, ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
@@ -63,6 +66,8 @@ class Producer:
     epoch: int = 0
     next_seq: int = 0
     in_txn: bool = False
+    #: where the last marker that bumped this producer's epoch went, if any.
+    bumped_at: int | None = None
 
 
 class PartitionTxnMachine(RuleBasedStateMachine):
@@ -138,8 +143,32 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         )  # fmt: skip
         self.model.entries.append(Entry(offset, p.producer_id, True, commit, b""))
         if epoch != p.epoch:
-            p.epoch, p.next_seq = epoch, 0
+            p.epoch, p.next_seq, p.bumped_at = epoch, 0, offset
         p.in_txn = False
+
+    def _fenced(self) -> list[Producer]:
+        """Producers whose bumping marker is still in the log and who wrote nothing since,
+        with data of theirs in the log (a producer with none is forgotten, its marker
+        epochs too, so a stale marker then has nothing to be checked against)."""
+        model = self.model
+        has_data = {
+            e.producer_id for e in model.entries
+            if e.commit is None and e.offset >= model.log_start
+        }  # fmt: skip
+        return [
+            p for p in self.producers
+            if p.bumped_at is not None and model.log_start <= p.bumped_at < model.end
+            and p.next_seq == 0 and p.producer_id in has_data
+        ]  # fmt: skip
+
+    @invariant()
+    def stale_markers_are_refused(self) -> None:
+        """A WriteTxnMarkers retried from before a fencing abort: its marker, one epoch
+        older than the partition's last one, is refused (the handler's check_marker)."""
+        for p in self._fenced():
+            code, _ = self.registry.check_marker(TOPIC, 0, self.log, p.producer_id, p.epoch - 1, 0)
+            event("stale marker", code.name)
+            assert code == ErrorCode.INVALID_PRODUCER_EPOCH, (p, code)
 
     # ------------------------------------------------------------------ the log moves
 
@@ -182,6 +211,8 @@ class PartitionTxnMachine(RuleBasedStateMachine):
             entry = manager.producers.get(p.producer_id)
             same_epoch = entry is not None and entry.epoch == p.epoch
             p.next_seq = entry.last_seq + 1 if entry is not None and same_epoch else 0
+            if p.bumped_at is not None and p.bumped_at >= new_end:
+                p.bumped_at = None  # the fencing marker is gone with the cut
 
     @rule()
     def clean_restart(self) -> None:

@@ -47,7 +47,7 @@ MODULES=(
   "trio_broker/state/partition_txns.py|tests/unit/state/test_partition_txns.py statemachine/test_partition_txn_machine.py"
   "trio_broker/transactions/state.py|tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py statemachine/test_txn_coordinator_machine.py"
   "trio_broker/transactions/log_format.py|tests/unit/transactions/test_txn_coordinator.py"
-  "trio_broker/server/connection.py|tests/integration/test_in_flight_cap.py tests/integration/test_mute_wiring.py tests/integration/test_quotas.py statemachine/test_sasl_connection_machine.py statemachine/test_response_order_machine.py"
+  "trio_broker/server/connection.py|tests/integration/test_in_flight_cap.py tests/integration/test_mute_wiring.py tests/integration/test_quotas.py statemachine/test_sasl_connection_machine.py statemachine/test_throttle_machine.py statemachine/test_response_order_machine.py"
   "trio_broker/cluster/zk_layout.py|tests/unit/cluster/test_zk_layout.py tests/unit/cluster/test_zk_layout_security.py tests/unit/replication/test_reassignment_rules.py"
 )
 

@@ -10,6 +10,7 @@ models miss, the module's own unit tests:
 
     python tools/planted_bugs.py                  # the first two sets (BUGS)
     python tools/planted_bugs.py --fresh          # the third set (FRESH)
+    python tools/planted_bugs.py --fourth         # the fourth set (FOURTH)
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
 
@@ -43,10 +44,13 @@ PARTITION_TXN_MACHINE = "statemachine/test_partition_txn_machine.py"
 PRODUCER_MACHINE = "statemachine/test_producer_machine.py"
 STORAGE_MACHINE = "statemachine/test_storage_machine.py"
 #: The machines that run a real Connection (server/connection.py) over sockets.
+SHARE_PARTITION_MACHINE = "statemachine/test_share_partition_machine.py"
 CONNECTION_MACHINES = (
     "statemachine/test_broker_machine.py",
     "statemachine/test_sasl_connection_machine.py",
 )
+#: A real connection throttled by quota breaches against a clock the machine moves.
+THROTTLE_MACHINE = "statemachine/test_throttle_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
 
@@ -419,8 +423,141 @@ FRESH = (
         "self.throttled_until = until",
         "a second quota breach inside a throttle replaces its end, so a shorter throttle "
         "cuts a longer one short",
-        CONNECTION_MACHINES,
+        (THROTTLE_MACHINE, *CONNECTION_MACHINES),
         ("tests/integration/test_mute_wiring.py tests/integration/test_quotas.py",),
+    ),
+)
+
+
+#: The fourth set (h-formal5), written and committed before its one scoring run.
+FOURTH = (
+    Bug(
+        "producer-new-epoch-keeps-old-entry",
+        "trio_broker/state/producer.py",
+        "    if entry is None or entry.epoch != epoch:\n        return ProducerStateEntry(epoch, (batch,))",
+        "    if entry is None:\n        return ProducerStateEntry(epoch, (batch,))",
+        "the first batch of a bumped epoch is remembered under the old epoch's entry, so "
+        "the producer's next batch is refused as out of order",
+        (PRODUCER_MACHINE,),
+        (
+            "tests/unit/state/test_producer_state.py tests/unit/state/test_producer_state_registry.py",
+        ),
+    ),
+    Bug(
+        "producer-expires-open-transaction",
+        "trio_broker/state/producer.py",
+        "if now_ms - e.last_timestamp >= expiration_ms and pid not in ongoing",
+        "if now_ms - e.last_timestamp >= expiration_ms",
+        "a producer idle past producer id expiration is forgotten while its transaction is "
+        "still open (its marker then finds no producer)",
+        (PRODUCER_MACHINE, PARTITION_TXN_MACHINE),
+        (
+            "tests/unit/state/test_producer_state.py tests/unit/state/test_producer_state_registry.py",
+        ),
+    ),
+    Bug(
+        "lso-below-log-start",
+        "trio_broker/state/partition_txns.py",
+        "return min(max(first, log_start_offset), high_watermark)",
+        "return min(first, high_watermark)",
+        "the last stable offset stays at an open transaction's first offset after the log "
+        "start moved past it (an LSO below the log start)",
+        (PARTITION_TXN_MACHINE,),
+        ("tests/unit/state/test_partition_txns.py",),
+    ),
+    Bug(
+        "txn-epoch-check-ignores-marker",
+        "trio_broker/state/partition_txns.py",
+        "        -1 if last_marker is None else last_marker.producer_epoch,\n",
+        "        -1,\n",
+        "a transaction marker is checked against the epoch of the producer's data only, "
+        "not its last marker's: a marker retried from before a fencing abort goes in",
+        (PARTITION_TXN_MACHINE, PRODUCER_MACHINE),
+        ("tests/unit/state/test_partition_txns.py",),
+    ),
+    Bug(
+        "txn-add-during-abort-accepted",
+        "trio_broker/transactions/state.py",
+        "    if pending or current.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):\n        return ErrorCode.CONCURRENT_TRANSACTIONS",
+        "    if pending or current.state == S.PREPARE_COMMIT:\n        return ErrorCode.CONCURRENT_TRANSACTIONS",
+        "AddPartitions while the transaction is being aborted is not answered "
+        "CONCURRENT_TRANSACTIONS",
+        (TXN_COORDINATOR_MACHINE,),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
+    ),
+    Bug(
+        "leader-hw-ignores-pending-isr",
+        "trio_broker/replication/leader.py",
+        "for replica in self.maximal_isr:",
+        "for replica in self.isr:",
+        "the leader's HW passes a replica it has proposed to add to the ISR (KIP-497's "
+        "maximal ISR), which joins without records below the HW",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "leader-hw-counts-own-unsynced",
+        "trio_broker/replication/leader.py",
+        "ends = [self.durable_end_offset]",
+        "ends = [self.log_end_offset]",
+        "the leader's HW counts its own records before they are synced: a power cut of the "
+        "whole cluster can lose an acknowledged write",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "truncation-ignores-own-epoch-end",
+        "trio_broker/replication/truncation.py",
+        "return TruncationStep(min(leader_end_offset, own_end, log_end_offset), done=True)",
+        "return TruncationStep(min(leader_end_offset, log_end_offset), done=True)",
+        "a follower whose log goes on into a later epoch than the leader answered keeps "
+        "those records up to the leader's end",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "truncation-unknown-epoch-keeps-all",
+        "trio_broker/replication/truncation.py",
+        "return TruncationStep(min(high_watermark, log_end_offset), done=True)",
+        "return TruncationStep(log_end_offset, done=True)",
+        "a leader that knows no end for the follower's epoch leaves the follower's whole "
+        "log in place instead of truncating to its HW",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "controller-empties-isr-on-last-loss",
+        "trio_broker/replication/controller_rules.py",
+        "isr = tuple(b for b in state.isr if b != lost) or state.isr",
+        "isr = tuple(b for b in state.isr if b != lost)",
+        "the last ISR member's loss leaves an empty ISR, so nobody is electable when it "
+        "returns and the partition stays offline",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (
+            "tests/unit/replication/test_controller_rules.py tests/unit/replication/test_requested_election.py",
+        ),
+    ),
+    Bug(
+        "new-leader-shows-lagging-hw",
+        "trio_broker/replication/leader.py",
+        "        if self.high_watermark < self.epoch_start_offset:\n            return None\n",
+        "",
+        "a new leader shows its HW before it reaches the term's start offset, so the HW a "
+        "client sees goes back after a failover",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "share-one-delivery-too-many",
+        "trio_broker/state/share_partition.py",
+        "exhausted = record.delivery_count >= self.delivery_count_limit",
+        "exhausted = record.delivery_count > self.delivery_count_limit",
+        "a released share record is archived only after one delivery more than "
+        "group.share.delivery.count.limit",
+        (SHARE_PARTITION_MACHINE,),
+        ("tests/unit/groups/test_share_state.py tests/unit/groups/test_share_group.py",),
     ),
 )
 
@@ -467,10 +604,13 @@ def main() -> int:
     parser.add_argument("--baseline", action="store_true", help="run the checks unplanted")
     parser.add_argument("--no-unit", action="store_true", help="models and simulator only")
     parser.add_argument("--fresh", action="store_true", help="the third set (FRESH) only")
+    parser.add_argument("--fourth", action="store_true", help="the fourth set (FOURTH) only")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
-    every = (*BUGS, *FRESH)
-    if args.fresh:
+    every = (*BUGS, *FRESH, *FOURTH)
+    if args.fourth:
+        chosen = list(FOURTH)
+    elif args.fresh:
         chosen = list(FRESH)
     else:
         chosen = [b for b in every if b.name in args.bugs] if args.bugs else list(BUGS)
