@@ -50,3 +50,21 @@ async def test_failed_acks0_produce_closes_the_connection(broker: Broker) -> Non
         await stream.send_all(produce_request("exists-not", 0, 3))
         assert await read_frame(stream) is None
     assert broker.topics.get("exists").logs[0].log_end_offset == 2
+
+
+async def test_acks0_produces_sent_just_before_a_close_are_all_written(broker: Broker) -> None:
+    # An acks=0 producer closes as soon as its last request is on the wire (kcat does):
+    # every request the broker read is still written, as Kafka does. The handler pool
+    # used to drop what was queued behind a connection that had closed meanwhile.
+    host, port = broker.bound[0]
+    broker.topics.create("sent-then-closed", 1)
+    stream = await trio.open_tcp_stream(host, port)
+    count = 50
+    await stream.send_all(b"".join(produce_request("sent-then-closed", 0, i) for i in range(count)))
+    await stream.aclose()
+    log = broker.topics.get("sent-then-closed").logs[0]
+    for _ in range(1000):  # polling the log for up to 10 s
+        if log.log_end_offset >= count:
+            break
+        await trio.sleep(0.01)
+    assert log.log_end_offset == count

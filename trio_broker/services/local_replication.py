@@ -131,7 +131,29 @@ class LocalTerm:
         return self.log.log_end_offset
 
 
-class LocalReplication:
+class _NoFollowers:
+    """What a replication without other replicas answers: no follower fetches, no
+    partition metadata beyond this broker, nothing to throttle."""
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        return None
+
+    @property
+    def accepts_follower_fetches(self) -> bool:
+        """A Fetch naming a replica id is a consumer's, as it always was."""
+        return False
+
+    def follower_fetch(self, replica: int, partitions: Iterable[FollowerFetchPartition]) -> None:
+        """Never called (no follower fetches here)."""
+
+    def leader_throttle_budget(self, topic: str, partition: int, replica: int) -> int | None:
+        return None
+
+    def leader_throttle_used(self, nbytes: int) -> None:
+        """Never called (nothing is throttled)."""
+
+
+class LocalReplication(_NoFollowers):
     """The data path's replication of a node alone (module docstring).
 
     ``log_of(topic, partition)``: the partition's log, None if this broker holds none
@@ -145,50 +167,16 @@ class LocalReplication:
         log = self._log_of(topic, partition)
         return None if log is None else LocalTerm(self.broker_id, log)
 
-    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
-        """No cluster holds more than this broker: what it lacks is unknown."""
-        return None
-
-    @property
-    def accepts_follower_fetches(self) -> bool:
-        """No other replica: a Fetch naming a replica id is a consumer's, as it always was."""
-        return False
-
-    def follower_fetch(self, replica: int, partitions: Iterable[FollowerFetchPartition]) -> None:
-        """Never called (no follower fetches here)."""
-
-    def leader_throttle_budget(self, topic: str, partition: int, replica: int) -> int | None:
-        return None
-
-    def leader_throttle_used(self, nbytes: int) -> None:
-        """Never called (nothing is throttled)."""
-
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         # The ISR is this broker: a write is committed once in its log.
         return AckState.DONE
 
 
-class LeadsNothing:
+class LeadsNothing(_NoFollowers):
     """A clustered broker's data-path replication while it has no replica manager."""
 
     def leader_term(self, topic: str, partition: int) -> None:
         return None
-
-    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
-        return None
-
-    @property
-    def accepts_follower_fetches(self) -> bool:
-        return False
-
-    def follower_fetch(self, replica: int, partitions: Iterable[FollowerFetchPartition]) -> None:
-        """Nothing is led: nobody follows."""
-
-    def leader_throttle_budget(self, topic: str, partition: int, replica: int) -> int | None:
-        return None
-
-    def leader_throttle_used(self, nbytes: int) -> None:
-        """Nothing is read."""
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         return AckState.LEADERSHIP_LOST
