@@ -23,6 +23,7 @@ acknowledged record read back exactly once, in order, nothing read earlier chang
 
 from __future__ import annotations
 
+import shutil
 import socket
 import threading
 from collections.abc import Iterator
@@ -107,24 +108,42 @@ def start_proxied_cluster(
     with ``capture_root``, each captures its traffic into ``capture_root/broker<id>``."""
     zk_address, _, chroot = zookeeper.partition("/")
     zk_host, _, zk_port = zk_address.split(",")[0].rpartition(":")
-    cluster = ProxiedCluster()
-    for b in ids:
-        replication_port = free_port()
-        replication = FaultProxy(("127.0.0.1", replication_port), f"replication-{b}").start()
-        zk_link = FaultProxy((zk_host, int(zk_port)), f"zookeeper-{b}").start()
-        config = tmp_path / f"broker{b}.properties"
-        config.write_text(replication_config(replication_port, replication.port) + extra_config)
-        broker = ProxiedBroker(tmp_path / f"broker{b}", b, f"{zk_link.address}/{chroot}", config)
-        broker.replication, broker.zookeeper_link = replication, zk_link
-        if capture_root is not None:
-            broker.capture_dir = capture_root / f"broker{b}"
-        cluster[b] = broker
+    for attempt in (1, 2):
+        # A second attempt only when a broker lost its replication port to another
+        # process between free_port() and its bind (a race no fixture can close: the
+        # proxy must know the port before the broker starts); in a fresh directory.
+        root = tmp_path if attempt == 1 else tmp_path / "second-start"
+        cluster = ProxiedCluster()
+        for b in ids:
+            replication_port = free_port()
+            replication = FaultProxy(("127.0.0.1", replication_port), f"replication-{b}").start()
+            zk_link = FaultProxy((zk_host, int(zk_port)), f"zookeeper-{b}").start()
+            root.mkdir(parents=True, exist_ok=True)
+            config = root / f"broker{b}.properties"
+            config.write_text(replication_config(replication_port, replication.port) + extra_config)
+            broker = ProxiedBroker(root / f"broker{b}", b, f"{zk_link.address}/{chroot}", config)
+            broker.replication, broker.zookeeper_link = replication, zk_link
+            if capture_root is not None:
+                broker.capture_dir = capture_root / f"broker{b}"
+            cluster[b] = broker
+        try:
+            start_all(cluster.values())
+            return cluster
+        except BaseException:
+            lost_port = any(_said(b, "Address already in use") for b in cluster.values())
+            stop_cluster(cluster)  # those started before the failure, and every proxy
+            if attempt == 2 or not lost_port:
+                raise
+            if capture_root is not None:  # the failed start's traffic is no client's
+                shutil.rmtree(capture_root, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _said(broker: ProxiedBroker, text: str) -> bool:
     try:
-        start_all(cluster.values())
-    except BaseException:
-        stop_cluster(cluster)  # those started before the failure, and every proxy
-        raise
-    return cluster
+        return text in broker.current_log()
+    except OSError:
+        return False
 
 
 def stop_cluster(cluster: ProxiedCluster) -> None:
