@@ -50,8 +50,9 @@ def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
         yield brokers
 
 
-def create(cluster: Cluster, topic: str, replicas: list[int]) -> None:
-    """One partition on ``replicas``, created once every broker has registered."""
+def create(cluster: Cluster, topic: str, replicas: list[int]) -> int:
+    """One partition on ``replicas``, created once every broker has registered; returns
+    its leader."""
     admin = AdminClient({"bootstrap.servers": servers(cluster)})
     eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers listed")
     new = NewTopic(topic, num_partitions=1, replica_assignment=[replicas])
@@ -67,12 +68,20 @@ def create(cluster: Cluster, topic: str, replicas: list[int]) -> None:
         return True
 
     eventually(created, f"{topic} created", 30)
-    eventually(
-        # .get: a broker that has not read the new topic yet answers no partitions.
-        lambda: sorted(partitions(admin, topic).get(0, (-1, [], []))[2]) == sorted(replicas),
-        f"{topic}: every replica in sync",
-        60,
-    )
+    settled: list[int] = []
+
+    def led_and_in_sync() -> bool:
+        # .get: a broker that has not read the new topic yet answers no partitions, and one
+        # that has read the topic but not its state znode answers leader -1 and no ISR (ci19
+        # asked such a broker for the leader right after another had answered "in sync").
+        leader, _, isr = partitions(admin, topic).get(0, (-1, [], []))
+        if leader < 0 or sorted(isr) != sorted(replicas):
+            return False
+        settled.append(leader)
+        return True
+
+    eventually(led_and_in_sync, f"{topic}: led, every replica in sync", 60)
+    return settled[-1]
 
 
 def describe_topic(cluster: Cluster, broker: int, topic: str) -> dict[str, Any]:
@@ -113,8 +122,7 @@ def test_acks_all_to_a_topic_of_one_replica_under_min_insync_2(cluster: Cluster)
 
 
 def test_the_min_insync_replicas_described_is_the_one_enforced(cluster: Cluster) -> None:
-    create(cluster, "pair", [1, 2])
-    leader = partitions(AdminClient({"bootstrap.servers": servers(cluster)}), "pair")[0][0]
+    leader = create(cluster, "pair", [1, 2])
     follower = 3 - leader
     for broker in (1, 2, 3):  # broker 3 holds no copy: it reads the topic from ZooKeeper
         configs = describe_topic(cluster, broker, "pair")
@@ -131,7 +139,9 @@ def test_the_min_insync_replicas_described_is_the_one_enforced(cluster: Cluster)
         assert conn.produce("pair", build_batch([(b"a", b"1")]), acks=-1).error_code == 0
     assert cluster[follower].stop() == 0
     admin = AdminClient({"bootstrap.servers": servers(cluster)})
-    eventually(lambda: partitions(admin, "pair")[0][2] == [leader], "ISR shrunk", 30)
+    eventually(
+        lambda: partitions(admin, "pair").get(0, (-1, [], []))[2] == [leader], "ISR shrunk", 30
+    )
     with cluster[leader].connect() as conn:
         answer = conn.produce("pair", build_batch([(b"a", b"2")]), acks=-1)
         assert answer.error_code == ErrorCode.NOT_ENOUGH_REPLICAS, answer
