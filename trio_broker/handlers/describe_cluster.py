@@ -54,21 +54,13 @@ async def handle_describe_cluster(
         response.error_code = ErrorCode.UNSUPPORTED_ENDPOINT_TYPE
         response.error_message = f"unknown endpoint type {endpoint_type}"
         return response
-    if services.replication is not None:  # a cluster: every live broker, its controller
-        view = services.replication.view
-        response.controller_id = view.controller_id
-        listener = services.listener_name_for(ctx.client.connection_id)
-        response.brokers = [
-            Resp.DescribeClusterBroker(
-                broker_id=b.broker_id, host=h, port=p, rack=b.rack, is_fenced=False
-            )
-            for b, h, p in view.brokers_on(listener)
-        ]
-        return response
-    host, port = services.advertised_for(ctx.client.connection_id)
+    view = services.leaders.view  # a cluster's live brokers, or this node alone
+    response.controller_id = view.controller_id
+    listener = services.listener_name_for(ctx.client.connection_id)
     response.brokers = [
         Resp.DescribeClusterBroker(
-            broker_id=services.config.node_id, host=host, port=port, rack=None, is_fenced=False
+            broker_id=b.broker_id, host=h, port=p, rack=b.rack, is_fenced=False
         )
+        for b, h, p in view.brokers_on(listener)
     ]
     return response

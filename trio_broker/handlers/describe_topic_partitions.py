@@ -29,7 +29,7 @@ from trio_broker.handlers.authorization import (
     authorized_operations,
 )
 from trio_broker.handlers.base import RequestContext, handles
-from trio_broker.handlers.metadata import known_topic_names, topic_exists, topic_metadata
+from trio_broker.handlers.metadata import topic_metadata
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError, validate_topic_name
@@ -54,7 +54,7 @@ def describe(
     after = cursor.topic_name if cursor is not None else ""
     every_topic = not request.topics
     if every_topic:
-        names = {name for name in known_topic_names(ctx) if name >= after}
+        names = {name for name in ctx.services.leaders.view.topics if name >= after}
     else:
         names = {t.name for t in request.topics if t.name >= after}
         if cursor is not None and cursor.topic_name not in names:
@@ -77,7 +77,7 @@ def describe(
         if remaining == 0:  # the page is full at a topic's end: go on at the next one
             response.next_cursor = Resp.Cursor(topic_name=name, partition_index=0)
             break
-        if not topic_exists(ctx, name):
+        if name not in ctx.services.leaders.view.topics:
             if not every_topic:
                 response.topics.append(_missing(name))
             continue

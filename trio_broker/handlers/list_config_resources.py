@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import LoopBudget, RequestContext, handles
-from trio_broker.handlers.metadata import known_topic_names
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
@@ -59,14 +58,11 @@ async def handle_list_config_resources(
                            for i in ids)  # fmt: skip
     if TOPIC in wanted:
         budget = LoopBudget(ctx.services)
-        for name in known_topic_names(ctx):
+        for name in sorted(ctx.services.leaders.view.topics):
             out.append(Resp.ConfigResource(resource_name=name, resource_type=TOPIC))
             await budget.tick()
     return response
 
 
 def _broker_ids(ctx: RequestContext) -> list[int]:
-    replication = ctx.services.replication
-    if replication is not None:
-        return sorted(replication.view.brokers)
-    return [ctx.services.config.node_id]
+    return sorted(ctx.services.leaders.view.brokers)

@@ -28,71 +28,30 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError, validate_topic_name
 
 Resp = m.MetadataResponse
-#: All partitions are led by this node at epoch 0 (no elections on one node).
-LEADER_EPOCH = 0
 
 
 def topic_metadata(
     ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None
 ) -> Resp.MetadataResponseTopic:
-    services = ctx.services
-    if services.replication is not None:
-        known = cluster_topic_metadata(ctx, name, topic_id)
-        if known is not None:
-            return known
-        if name is not None:
-            # Not in the cluster (yet): never answer from a local leftover.
-            return Resp.MetadataResponseTopic(
-                error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name,
-                topic_id=uuid.UUID(int=0), partitions=[],
-            )  # fmt: skip
-    node = services.config.node_id
+    """A topic as ``services.leaders.view`` has it: a cluster's as ZooKeeper last said,
+    a node alone's its own (never a local leftover of a topic the cluster dropped)."""
+    replication = ctx.services.leaders
+    view = replication.view
     if name is None:
         assert topic_id is not None, "a topic is asked for by name or by id"
-        topic = services.topics.by_id.get(topic_id)
-    else:
-        topic = services.topics.get(name)
-    if topic is None:
-        if topic_id is not None and name is None:  # by id, as Kafka: the id echoed, no name
+        info = view.topic_by_id(topic_id)
+        if info is None:  # by id, as Kafka: the id echoed, no name
             return Resp.MetadataResponseTopic(
                 error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None, topic_id=topic_id, partitions=[]
             )
-        return Resp.MetadataResponseTopic(
-            error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if name
-            else ErrorCode.INVALID_TOPIC_EXCEPTION,
-            name=name, topic_id=uuid.UUID(int=0), partitions=[],
-        )  # fmt: skip
-    partitions = [
-        Resp.MetadataResponseTopic.MetadataResponsePartition(
-            error_code=ErrorCode.NONE,
-            partition_index=i,
-            leader_id=node,
-            leader_epoch=LEADER_EPOCH,
-            replica_nodes=[node],
-            isr_nodes=[node],
-            offline_replicas=[],
-        )
-        for i in range(len(topic.logs))
-    ]
-    return Resp.MetadataResponseTopic(
-        error_code=ErrorCode.NONE, name=topic.name, topic_id=topic.topic_id,
-        is_internal=topic.name in RESERVED_TOPICS, partitions=partitions,
-        topic_authorized_operations=-2147483648,
-    )  # fmt: skip
-
-
-def cluster_topic_metadata(
-    ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None
-) -> Resp.MetadataResponseTopic | None:
-    """A topic as the cluster view has it, or None if the view does not know it."""
-    replication = ctx.services.replication
-    assert replication is not None
-    view = replication.view
-    if name is None:
-        name = next((t.name for t in view.topics.values() if t.topic_id == topic_id), None)
-    info = None if name is None else view.topics.get(name)
-    if info is None:
-        return None
+    else:
+        info = view.topics.get(name)
+        if info is None:
+            return Resp.MetadataResponseTopic(
+                error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if name
+                else ErrorCode.INVALID_TOPIC_EXCEPTION,
+                name=name, topic_id=uuid.UUID(int=0), partitions=[],
+            )  # fmt: skip
     partitions = []
     # Cut off from ZooKeeper (replica_manager.fence): this broker's view is stale and
     # another broker leads what it names itself leader of; say "no leader" so clients
@@ -119,41 +78,51 @@ async def handle_metadata(
     ctx: RequestContext, request: m.MetadataRequest
 ) -> m.MetadataResponse | Deferred:
     services = ctx.services
+    missing = _to_create(ctx, request)
+    if not missing:
+        return describe(ctx, request, {})
     replication = services.replication
-    if replication is not None:
-        missing = _to_create_in_cluster(ctx, request)
-        if missing:  # created in the cluster first (a wait for ZooKeeper and the controller)
+    if replication is None:  # alone: created here and now, every refusal answered
+        refused = {}
+        for name in missing:
+            try:
+                services.topics.create(name, services.config.num_partitions)
+            except TopicError as exc:
+                refused[name] = exc.error_code
+        return describe(ctx, request, refused)
 
-            async def create_then_answer() -> m.MetadataResponse:
-                for name in missing:
-                    try:
-                        await replication.create_topic(
-                            name, services.config.num_partitions,
-                            services.config.default_replication_factor, {}, None,
-                        )  # fmt: skip
-                    except TopicError:
-                        pass  # created meanwhile, or refused: the answer below says which
-                return describe(ctx, request)
+    async def create_then_answer() -> m.MetadataResponse:
+        # In the cluster first (a wait for ZooKeeper and the controller).
+        for name in missing:
+            try:
+                await replication.create_topic(
+                    name, services.config.num_partitions,
+                    services.config.default_replication_factor, {}, None,
+                )  # fmt: skip
+            except TopicError:
+                pass  # created meanwhile, or refused: the answer below says which
+        return describe(ctx, request, {})
 
-            return Deferred(
-                create_then_answer, timeout_s=30.0, on_timeout=lambda: describe(ctx, request)
-            )
-    return describe(ctx, request)
+    return Deferred(
+        create_then_answer, timeout_s=30.0, on_timeout=lambda: describe(ctx, request, {})
+    )
 
 
-def _to_create_in_cluster(ctx: RequestContext, request: m.MetadataRequest) -> list[str]:
+def _to_create(ctx: RequestContext, request: m.MetadataRequest) -> list[str]:
+    """The topics asked for by name that auto-creation makes before the answer."""
     services = ctx.services
-    assert services.replication is not None
     auto = request.allow_auto_topic_creation if ctx.api_version >= 4 else True
     if not (auto and services.config.auto_create_topics) or not request.topics:
         return []
-    known = services.replication.view.topics
+    known = services.leaders.view.topics
     names = []
     for wanted in request.topics:
         name = wanted.name
         if not name or (wanted.topic_id is not None and wanted.topic_id.int != 0):
             continue
-        if name in known or not may_create_topic(ctx, name):
+        if name in known or name in names or not may_create_topic(ctx, name):
+            continue
+        if not authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name):
             continue
         try:
             validate_topic_name(name)
@@ -163,32 +132,24 @@ def _to_create_in_cluster(ctx: RequestContext, request: m.MetadataRequest) -> li
     return names
 
 
-def known_topic_names(ctx: RequestContext) -> list[str]:
-    replication = ctx.services.replication
-    if replication is not None:
-        return sorted(replication.view.topics)
-    return sorted(ctx.services.topics.topics)
-
-
-def topic_exists(ctx: RequestContext, name: str) -> bool:
-    replication = ctx.services.replication
-    if replication is not None:
-        return name in replication.view.topics
-    return ctx.services.topics.get(name) is not None
-
-
-def describe(ctx: RequestContext, request: m.MetadataRequest) -> m.MetadataResponse:
-    """The answer from what is known now (auto-creating topics alone, not in a cluster)."""
+def describe(
+    ctx: RequestContext, request: m.MetadataRequest, refused: dict[str, ErrorCode]
+) -> m.MetadataResponse:
+    """The answer from what ``services.leaders.view`` knows now; ``refused``: the
+    topics auto-creation was refused, with why."""
     services = ctx.services
+    view = services.leaders.view
     topics: list[Resp.MetadataResponseTopic] = []
     cluster_operations = -2147483648  # "not provided"
     if request.topics is None or (ctx.api_version == 0 and not request.topics):
         topics = [
             topic_metadata(ctx, name, None)
-            for name in known_topic_names(ctx)
+            for name in sorted(view.topics)
             if authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name)  # hide the rest
         ]
     else:
+        auto = request.allow_auto_topic_creation if ctx.api_version >= 4 else True
+        auto = auto and services.config.auto_create_topics
         for wanted in request.topics:
             name = wanted.name
             # A non-zero id wins over the name, as in Kafka (the Java Admin's describeTopics
@@ -196,7 +157,7 @@ def describe(ctx: RequestContext, request: m.MetadataRequest) -> m.MetadataRespo
             if wanted.topic_id is not None and wanted.topic_id.int != 0:
                 name = None
             if name is None:
-                known = services.topics.by_id.get(wanted.topic_id)
+                known = view.topic_by_id(wanted.topic_id)
                 if known is not None and not authorized(
                     ctx, Operation.DESCRIBE, ResourceType.TOPIC, known.name
                 ):
@@ -209,27 +170,20 @@ def describe(ctx: RequestContext, request: m.MetadataRequest) -> m.MetadataRespo
                     continue
                 topics.append(topic_metadata(ctx, None, wanted.topic_id))
                 continue
-            auto = request.allow_auto_topic_creation if ctx.api_version >= 4 else True
-            if services.replication is not None:
-                auto = False  # done by handle_metadata before answering
-            exists = topic_exists(ctx, name)
+            exists = name in view.topics
             if not authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name) or (
-                not exists and auto and services.config.auto_create_topics
-                and not may_create_topic(ctx, name)
-            ):  # fmt: skip
+                not exists and auto and not may_create_topic(ctx, name)
+            ):
                 topics.append(
                     Resp.MetadataResponseTopic(
                         error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, name=name
                     )
                 )
                 continue
-            if not exists and auto and services.config.auto_create_topics:
-                try:
-                    services.topics.create(name, services.config.num_partitions)
-                except TopicError as exc:
-                    topics.append(Resp.MetadataResponseTopic(error_code=exc.error_code, name=name))
-                    continue
-            elif not exists:
+            if name in refused:
+                topics.append(Resp.MetadataResponseTopic(error_code=refused[name], name=name))
+                continue
+            if not exists:
                 try:
                     validate_topic_name(name)
                 except TopicError as exc:
@@ -246,35 +200,25 @@ def describe(ctx: RequestContext, request: m.MetadataRequest) -> m.MetadataRespo
                     )
         if ctx.api_version <= 10 and request.include_cluster_authorized_operations:
             cluster_operations = authorized_operations(ctx, ResourceType.CLUSTER)
-    host, port = services.advertised_for(ctx.client.connection_id)
+    listener = services.listener_name_for(ctx.client.connection_id)
+    # A broker cut off from ZooKeeper whose peers no longer list it leaves itself out as
+    # they do: clients stop asking it (librdkafka asks its busiest connection for
+    # Metadata) and ask them. While ZooKeeper is down for all of them, each leaving
+    # itself out would give every answer a different broker list, and librdkafka (2.16)
+    # decommissions what an answer leaves out, over and over, until its consumer hangs:
+    # then every broker lists itself.
+    dropped = getattr(services.leaders, "dropped_by_peers", False)
+    fenced_self = view.broker_id if dropped else None
     brokers = [
-        Resp.MetadataResponseBroker(
-            node_id=services.config.node_id, host=host, port=port, rack=None
-        )
+        Resp.MetadataResponseBroker(node_id=b.broker_id, host=h, port=p, rack=b.rack)
+        for b, h, p in view.brokers_on(listener)
+        if b.broker_id != fenced_self
     ]
-    controller = services.config.node_id
-    if services.replication is not None:
-        view = services.replication.view
-        listener = services.listener_name_for(ctx.client.connection_id)
-        # A broker cut off from ZooKeeper whose peers no longer list it leaves itself
-        # out as they do: clients stop asking it (librdkafka asks its busiest
-        # connection for Metadata) and ask them. While ZooKeeper is down for all of
-        # them, each leaving itself out would give every answer a different broker
-        # list, and librdkafka (2.16) decommissions what an answer leaves out, over
-        # and over, until its consumer hangs: then every broker lists itself.
-        dropped = getattr(services.replication, "dropped_by_peers", False)
-        fenced_self = view.broker_id if dropped else None
-        brokers = [
-            Resp.MetadataResponseBroker(node_id=b.broker_id, host=h, port=p, rack=b.rack)
-            for b, h, p in view.brokers_on(listener)
-            if b.broker_id != fenced_self
-        ]
-        controller = view.controller_id
     return Resp(
         throttle_time_ms=0,
         brokers=brokers,
         cluster_id=services.cluster_id,
-        controller_id=controller,
+        controller_id=view.controller_id,
         topics=topics,
         cluster_authorized_operations=cluster_operations,
     )

@@ -37,16 +37,13 @@ def find_topic(
         missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     if topic is not None:
         return topic, topic.name, missing
-    replication = ctx.services.replication
-    if replication is not None:
-        cluster = replication.view.topics
-        held = (
-            next((t for t in cluster.values() if t.topic_id == topic_id), None)
-            if by_id
-            else cluster.get(name or "")
-        )
-        if held is not None:
-            return None, held.name, ErrorCode.NOT_LEADER_OR_FOLLOWER
+    view = ctx.services.leaders.view
+    if by_id:
+        held = view.topic_by_id(topic_id) if topic_id is not None else None
+    else:
+        held = view.topics.get(name or "")
+    if held is not None:  # a node alone holds every topic it has: only in a cluster
+        return None, held.name, ErrorCode.NOT_LEADER_OR_FOLLOWER
     return None, name or "", missing
 
 
@@ -58,10 +55,9 @@ def missing_partition_error(
     has not created its copy yet (partitions just added): NOT_LEADER_OR_FOLLOWER, as
     Kafka answers for a partition its metadata knows and its replica manager does not,
     so clients refresh their metadata instead of taking the partition for gone."""
-    replication = ctx.services.replication
-    if replication is None or missing is not ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+    if missing is not ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
         return missing
-    held = replication.view.topics.get(name)
+    held = ctx.services.leaders.view.topics.get(name)
     if held is not None and partition in held.partitions:
         return ErrorCode.NOT_LEADER_OR_FOLLOWER
     return missing

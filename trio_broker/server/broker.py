@@ -47,7 +47,12 @@ from trio_broker.server.memory_budget import MemoryBudget
 from trio_broker.server.quotas import with_request_quota
 from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.server.transport import open_connection, tls_contexts
-from trio_broker.services.local_replication import DataReplication, LeadsNothing, LocalReplication
+from trio_broker.services.local_replication import (
+    DataReplication,
+    LeadsNothing,
+    LocalReplication,
+    LocalView,
+)
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.quotas import QuotaService
 from trio_broker.services.stats import BrokerStats
@@ -213,7 +218,13 @@ class Broker:
         #: node alone is a cluster of one; a clustered broker that has not joined (or
         #: has left) leads nothing.
         self.unjoined: LocalReplication | LeadsNothing = (
-            LeadsNothing() if clustered else LocalReplication(config.node_id, self.topics.log)
+            LeadsNothing(config.node_id)
+            if clustered
+            else LocalReplication(
+                LocalView(
+                    config.node_id, config.broker_rack, self.topics, self.advertised_endpoints
+                )
+            )
         )
         #: The deterministic simulation (sim/) runs brokers in one process and sets these
         #: to its in-memory ZooKeeper and network; None: kazoo and TCP.

@@ -8,10 +8,12 @@ alone has a view of one broker that is its own controller.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from typing import Protocol
 
 import attrs
 
-__all__ = ["BrokerInfo", "ClusterView", "PartitionInfo", "TopicInfo"]
+__all__ = ["BrokerInfo", "ClusterView", "MetadataView", "PartitionInfo", "TopicInfo"]
 
 
 @attrs.frozen
@@ -67,10 +69,6 @@ class ClusterView:
     #: Every topic of the cluster with its partitions' replicas, leaders and ISRs.
     topics: dict[str, TopicInfo] = attrs.field(factory=dict)
 
-    @classmethod
-    def single_node(cls, me: BrokerInfo) -> ClusterView:
-        return cls(me.broker_id, {me.broker_id: me}, controller_id=me.broker_id)
-
     @property
     def is_controller(self) -> bool:
         return self.controller_id == self.broker_id
@@ -78,10 +76,48 @@ class ClusterView:
     def brokers_on(self, listener: str | None) -> list[tuple[BrokerInfo, str, int]]:
         """Live brokers by id with their address on ``listener`` (the one a client
         connected to: Kafka answers each client with that listener's endpoints)."""
-        out = []
-        for broker_id in sorted(self.brokers):
-            info = self.brokers[broker_id]
-            address = info.endpoint(listener)
-            if address is not None:
-                out.append((info, *address))
-        return out
+        return brokers_on(self.brokers, listener)
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
+        return next((t for t in self.topics.values() if t.topic_id == topic_id), None)
+
+
+def brokers_on(
+    brokers: Mapping[int, BrokerInfo], listener: str | None
+) -> list[tuple[BrokerInfo, str, int]]:
+    """``brokers`` by id with their address on ``listener`` (those without it left out)."""
+    out = []
+    for broker_id in sorted(brokers):
+        info = brokers[broker_id]
+        address = info.endpoint(listener)
+        if address is not None:
+            out.append((info, *address))
+    return out
+
+
+class MetadataView(Protocol):
+    """The brokers, the controller and the topics as Metadata, DescribeCluster and the
+    topic lookups answer them: ``Services.leaders.view``, never None. A cluster's is the
+    :class:`ClusterView` its replica manager keeps from ZooKeeper; a node alone's is
+    itself, leading every partition of its own topics (``services/local_replication``).
+    """
+
+    @property
+    def broker_id(self) -> int: ...
+
+    @property
+    def brokers(self) -> Mapping[int, BrokerInfo]:
+        """Live brokers by id."""
+        ...
+
+    @property
+    def controller_id(self) -> int:
+        """-1 while no broker holds the controller role."""
+        ...
+
+    @property
+    def topics(self) -> Mapping[str, TopicInfo]: ...
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None: ...
+
+    def brokers_on(self, listener: str | None) -> list[tuple[BrokerInfo, str, int]]: ...

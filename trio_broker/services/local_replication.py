@@ -5,7 +5,8 @@ runs alone or in a cluster: the replica manager in a cluster, :class:`LocalRepli
 alone. A node alone leads every partition it holds, in one term that never ends:
 leader and ISR are this broker, the leader epoch is 0 (what its Metadata, ListOffsets
 and OffsetForLeaderEpoch have always answered), and the high watermark is the log end,
-as its Fetch and ListOffsets have always shown.
+as its Fetch and ListOffsets have always shown. Its :class:`LocalView` is the metadata
+of that cluster of one: this broker, its own controller, leading its own topics.
 
 The term is not ``replicated`` (``partition/append.py``'s ``Term``): a node alone keeps
 the few things it does differently from a cluster's leader, unchanged by this slice —
@@ -22,15 +23,25 @@ Sans-I/O: no trio.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
 from trio_broker.partition.append import Term
 from trio_broker.replication.leader import AckState
-from trio_broker.services.cluster_view import PartitionInfo
+from trio_broker.services.cluster_view import (
+    BrokerInfo,
+    ClusterView,
+    MetadataView,
+    PartitionInfo,
+    TopicInfo,
+    brokers_on,
+)
 from trio_broker.storage.log_protocol import Log
+
+if TYPE_CHECKING:
+    from trio_broker.services.topics import TopicManager
 
 __all__ = [
     "LOCAL_LEADER_EPOCH",
@@ -39,6 +50,7 @@ __all__ = [
     "LeadsNothing",
     "LocalReplication",
     "LocalTerm",
+    "LocalView",
 ]
 
 #: (topic name or id, partition, fetch offset, current leader epoch or -1).
@@ -51,6 +63,11 @@ class DataReplication(Protocol):
     (trio_broker/cluster/replica_manager.py); alone, a cluster of one
     (trio_broker/services/local_replication.py).
     """
+
+    @property
+    def view(self) -> MetadataView:
+        """The brokers, the controller and every topic's partitions, as Metadata answers."""
+        ...
 
     def partition(self, topic: str, partition: int) -> PartitionInfo | None:
         """Replicas, leader, leader epoch and ISR as the cluster has them."""
@@ -131,6 +148,61 @@ class LocalTerm:
         return self.log.log_end_offset
 
 
+class _LocalTopics(Mapping[str, TopicInfo]):
+    """A node alone's topics as a cluster view lists them, read from its topic manager
+    when asked (topics come and go under the view)."""
+
+    def __init__(self, broker_id: int, topics: TopicManager) -> None:
+        self._broker_id = broker_id
+        self._topics = topics
+
+    def __getitem__(self, name: str) -> TopicInfo:
+        topic = self._topics.topics[name]
+        me = (self._broker_id,)
+        led = PartitionInfo(me, self._broker_id, LOCAL_LEADER_EPOCH, me)
+        return TopicInfo(topic.name, topic.topic_id, dict.fromkeys(range(len(topic.logs)), led))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._topics.topics))
+
+    def __len__(self) -> int:
+        return len(self._topics.topics)
+
+
+class LocalView:
+    """The metadata of a node alone: one live broker, its own controller, leading every
+    partition of its topics at :data:`LOCAL_LEADER_EPOCH` with itself as the ISR.
+
+    ``endpoints()``: every listener as (name, security protocol, host, port), advertised
+    (``Broker.advertised_endpoints``; a port bound at start is known only then)."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        rack: str | None,
+        topics: TopicManager,
+        endpoints: Callable[[], list[tuple[str, str, str, int]]],
+    ) -> None:
+        self.broker_id = self.controller_id = broker_id
+        self._rack = rack
+        self.topic_manager = topics
+        self._endpoints = endpoints
+        self.topics: Mapping[str, TopicInfo] = _LocalTopics(broker_id, topics)
+
+    @property
+    def brokers(self) -> Mapping[int, BrokerInfo]:
+        listeners = tuple((name, host, port) for name, _, host, port in self._endpoints())
+        _, host, port = listeners[0]
+        return {self.broker_id: BrokerInfo(self.broker_id, host, port, self._rack, listeners)}
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
+        topic = self.topic_manager.by_id.get(topic_id)
+        return None if topic is None else self.topics.get(topic.name)
+
+    def brokers_on(self, listener: str | None) -> list[tuple[BrokerInfo, str, int]]:
+        return brokers_on(self.brokers, listener)
+
+
 class _NoFollowers:
     """What a replication without other replicas answers: no follower fetches, no
     partition metadata beyond this broker, nothing to throttle."""
@@ -156,15 +228,15 @@ class _NoFollowers:
 class LocalReplication(_NoFollowers):
     """The data path's replication of a node alone (module docstring).
 
-    ``log_of(topic, partition)``: the partition's log, None if this broker holds none
-    (``TopicManager.log``)."""
+    ``view``: the metadata of this cluster of one (:class:`LocalView`)."""
 
-    def __init__(self, broker_id: int, log_of: Callable[[str, int], Log | None]) -> None:
-        self.broker_id = broker_id
-        self._log_of = log_of
+    def __init__(self, view: LocalView) -> None:
+        self.broker_id = view.broker_id
+        self.view = view
+        self._topics = view.topic_manager
 
     def leader_term(self, topic: str, partition: int) -> LocalTerm | None:
-        log = self._log_of(topic, partition)
+        log = self._topics.log(topic, partition)
         return None if log is None else LocalTerm(self.broker_id, log)
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
@@ -174,6 +246,9 @@ class LocalReplication(_NoFollowers):
 
 class LeadsNothing(_NoFollowers):
     """A clustered broker's data-path replication while it has no replica manager."""
+
+    def __init__(self, broker_id: int) -> None:
+        self.view = ClusterView(broker_id)
 
     def leader_term(self, topic: str, partition: int) -> None:
         return None

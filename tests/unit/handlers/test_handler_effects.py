@@ -26,7 +26,7 @@ from trio_broker.protocol.messages import RequestHeader
 from trio_broker.protocol.records import build_batch
 from trio_broker.server.fetch_waits import FetchWaits
 from trio_broker.server.handler_pool import _run_deferred
-from trio_broker.services.local_replication import LocalReplication
+from trio_broker.services.local_replication import LocalReplication, LocalView
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.quotas import QuotaService
 from trio_broker.services.stats import BrokerStats
@@ -72,7 +72,9 @@ class Services:
     @property
     def leaders(self) -> LocalReplication:
         """Services.leaders: alone, a cluster of one."""
-        return LocalReplication(0, self.topics.log)
+        return LocalReplication(
+            LocalView(0, None, self.topics, lambda: [("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)])
+        )
 
     def now_ms(self) -> int:
         return int(trio.current_time() * 1000)

@@ -17,12 +17,22 @@ from typing import Any
 from trio_broker.handlers.topic_lookup import missing_partition_error
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo, TopicInfo
+from trio_broker.services.local_replication import LocalReplication, LocalView
+from trio_broker.services.topics import TopicManager
+from trio_broker.storage.log import LogConfig
 
 UNKNOWN = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
-def context(replication: Any) -> Any:
-    return SimpleNamespace(services=SimpleNamespace(replication=replication))
+def context(leaders: Any) -> Any:
+    return SimpleNamespace(services=SimpleNamespace(leaders=leaders))
+
+
+def alone_with(topic: str, partitions: int) -> Any:
+    topics = TopicManager(None, LogConfig(), lambda: 0)
+    topics.create(topic, partitions)
+    endpoints = [("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)]
+    return LocalReplication(LocalView(1, None, topics, lambda: endpoints))
 
 
 def cluster_with(topic: str, partitions: int) -> Any:
@@ -44,7 +54,7 @@ def test_a_partition_the_cluster_lacks_stays_unknown() -> None:
 
 
 def test_other_errors_and_a_single_broker_are_unchanged() -> None:
-    assert missing_partition_error(context(None), "grown", 3, UNKNOWN) == UNKNOWN
+    assert missing_partition_error(context(alone_with("grown", 3)), "grown", 3, UNKNOWN) == UNKNOWN
     unknown_id = ErrorCode.UNKNOWN_TOPIC_ID
     ctx = context(cluster_with("grown", 4))
     assert missing_partition_error(ctx, "", 0, unknown_id) == unknown_id

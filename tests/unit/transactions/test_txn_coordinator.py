@@ -37,7 +37,7 @@ from trio_broker.protocol.records import build_control_batch, iter_batches, read
 from trio_broker.security.acl import ResourceType
 from trio_broker.server.fetch_waits import FetchWaits
 from trio_broker.server.transaction_timers import TransactionTimers
-from trio_broker.services.local_replication import LocalReplication
+from trio_broker.services.local_replication import LocalReplication, LocalView
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.errors import StorageError
@@ -129,7 +129,11 @@ class Services:
     def leaders(self) -> Any:
         """Services.leaders: the cluster's replication, or a node alone's."""
         if self.replication is None:
-            return LocalReplication(0, self.topics.log)
+            return LocalReplication(
+                LocalView(
+                    0, None, self.topics, lambda: [("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)]
+                )
+            )
         return self.replication
 
     def now_ms(self) -> int:
