@@ -70,12 +70,6 @@ def fetch_body(topic: str, offset: int, max_bytes: int = 1 << 20) -> Any:
     )  # fmt: skip
 
 
-def throttled_connections(broker: Broker) -> int:
-    return sum(
-        c.mute.statistics().times_set[MuteReason.THROTTLED] > 0 for c in broker.connections.values()
-    )
-
-
 def produce_for(bootstrap: str, client_id: str, topic: str, seconds: float) -> tuple[int, float]:
     """A confluent-kafka producer writing 16 KiB records flat out; acked bytes and time."""
     producer = Producer(
@@ -109,7 +103,9 @@ async def test_produce_quota_slows_a_confluent_producer(broker: Broker, bootstra
     print(f"bench producer under a {PRODUCE_QUOTA} B/s quota: {rate:.0f} B/s acked ({acked} B)")
     assert acked > 0
     assert rate <= 2 * PRODUCE_QUOTA
-    assert throttled_connections(broker) >= 1
+    # Counted by the quota service: the producer's connections may be gone by now (a
+    # count of muted connections raced their close and read 0 under load).
+    assert broker.stats.throttled_responses.get("producer_byte_rate", 0) >= 1
 
 
 async def test_produce_responses_carry_throttle_time(broker: Broker) -> None:
