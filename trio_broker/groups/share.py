@@ -1,9 +1,10 @@
 """Share groups (KIP-932): the groups, their share partitions and share sessions.
 
 Holds one :class:`~trio_broker.state.share_group.ShareGroup` per share group, one
-:class:`~trio_broker.state.share_partition.SharePartition` per (group, topic,
+:class:`~trio_broker.state.share_partition.SharePartition` per (group, topic id,
 partition) it has been assigned, and one share session per (group, member) that
-fetches. Membership and sessions are in memory; the share partitions' state is written
+fetches. Share partitions are keyed by topic id, as Kafka keys them: a topic deleted
+and created again under its name is another topic, with no share state yet. Membership and sessions are in memory; the share partitions' state is written
 to ``__share_group_state`` by the handlers (``groups/share_state.py``) and restored
 here at start-up (:meth:`ShareGroups.restore`; see docs/share-groups.md). Time is passed in by the handlers (ms), and locks and sessions
 run out lazily, when the group or partition is next used: nothing here waits.
@@ -16,7 +17,7 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
-from trio_broker.groups.share_state import ShareSnapshot, ShareStateStore, restore
+from trio_broker.groups.share_state import ShareKey, ShareSnapshot, ShareStateStore, restore
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_group import (
     LEAVE_EPOCH,
@@ -59,16 +60,18 @@ class ShareGroups:
     def __init__(self, config: ShareGroupsConfig) -> None:
         self.config = config
         self.groups: dict[str, ShareGroup] = {}
-        self.partitions: dict[tuple[str, str, int], SharePartition] = {}
+        #: (group, topic id, partition) -> its share partition.
+        self.partitions: dict[tuple[str, uuid.UUID, int], SharePartition] = {}
         self.sessions: dict[tuple[str, str], ShareSession] = {}
         #: Where the share partitions' state is written; None: memory only (a cluster).
         self.store: ShareStateStore | None = None
 
-    def restore(self, snapshots: Mapping[tuple[str, str, int], ShareSnapshot]) -> None:
-        """Share partitions as stored, by (group, topic, partition): nothing acquired.
+    def restore(self, snapshots: Mapping[ShareKey, ShareSnapshot]) -> None:
+        """Share partitions as stored, by (group, topic id, partition): nothing acquired.
         Their groups come back empty (members rejoin), as ShareGroupDescribe shows them."""
-        for (group_id, topic, partition), snapshot in snapshots.items():
-            self.partitions[group_id, topic, partition] = restore(
+        for key, snapshot in snapshots.items():
+            group_id = key.group_id
+            self.partitions[group_id, key.topic_id, key.partition] = restore(
                 snapshot,
                 lock_duration_ms=self.config.record_lock_duration_ms,
                 delivery_count_limit=self.config.delivery_count_limit,
@@ -81,7 +84,8 @@ class ShareGroups:
                     heartbeat_interval_ms=self.config.heartbeat_interval_ms,
                 )
 
-    def partitions_of(self, group_id: str) -> list[tuple[str, int, SharePartition]]:
+    def partitions_of(self, group_id: str) -> list[tuple[uuid.UUID, int, SharePartition]]:
+        """(topic id, partition, share partition) of each of the group's share partitions."""
         return [(t, p, sp) for (g, t, p), sp in self.partitions.items() if g == group_id]
 
     # -- admin (AlterShareGroupOffsets, DeleteShareGroupOffsets, DeleteGroups)
@@ -90,11 +94,11 @@ class ShareGroups:
         group = self.group(group_id, now_ms)
         return None if group is None else not group.members
 
-    def reset(self, group_id: str, topic: str, partition: int, start_offset: int) -> None:
+    def reset(self, group_id: str, topic_id: uuid.UUID, partition: int, start_offset: int) -> None:
         """Start the group's share partition over at ``start_offset``: nothing in flight,
         a new state epoch (an empty group: no member holds anything)."""
-        old = self.partitions.get((group_id, topic, partition))
-        self.partitions[group_id, topic, partition] = SharePartition(
+        old = self.partitions.get((group_id, topic_id, partition))
+        self.partitions[group_id, topic_id, partition] = SharePartition(
             start_offset,
             lock_duration_ms=self.config.record_lock_duration_ms,
             delivery_count_limit=self.config.delivery_count_limit,
@@ -102,18 +106,26 @@ class ShareGroups:
             state_epoch=0 if old is None else old.state_epoch + 1,
         )
 
-    def forget_partitions(self, group_id: str, topic: str) -> list[int]:
-        """Drop the group's share partitions of ``topic``; the partitions dropped."""
-        gone = sorted(p for (g, t, p) in self.partitions if g == group_id and t == topic)
+    def forget_partitions(self, group_id: str, topic_id: uuid.UUID) -> list[int]:
+        """Drop the group's share partitions of the topic; the partitions dropped."""
+        gone = sorted(p for (g, t, p) in self.partitions if g == group_id and t == topic_id)
         for partition in gone:
-            del self.partitions[group_id, topic, partition]
+            del self.partitions[group_id, topic_id, partition]
         return gone
 
-    def delete_group(self, group_id: str) -> list[tuple[str, int]]:
-        """Remove the group and its share partitions; the (topic, partition)s dropped."""
+    def forget_topic(self, topic_id: uuid.UUID) -> list[ShareKey]:
+        """The topic is deleted: every group's share partitions of it go (their members
+        hold nothing there any more). The keys dropped."""
+        gone = [ShareKey(g, t, p) for (g, t, p) in self.partitions if t == topic_id]
+        for key in gone:
+            del self.partitions[key.group_id, topic_id, key.partition]
+        return gone
+
+    def delete_group(self, group_id: str) -> list[tuple[uuid.UUID, int]]:
+        """Remove the group and its share partitions; the (topic id, partition)s dropped."""
         gone = [(t, p) for (g, t, p) in self.partitions if g == group_id]
-        for topic, partition in gone:
-            del self.partitions[group_id, topic, partition]
+        for topic_id, partition in gone:
+            del self.partitions[group_id, topic_id, partition]
         for key in [k for k in self.sessions if k[0] == group_id]:
             del self.sessions[key]
         self.groups.pop(group_id, None)
@@ -131,13 +143,13 @@ class ShareGroups:
         self,
         group_id: str,
         hb: ShareHeartbeat,
-        metadata: Mapping[str, int],
+        metadata: Mapping[str, tuple[uuid.UUID, int]],
         end_offset: Callable[[str, int], int],
         now_ms: int,
     ) -> ShareHeartbeatResult:
-        """``metadata``: partition counts of the existing topics; ``end_offset``: a
-        partition's log end, where a newly assigned share partition starts (Kafka's
-        default ``share.auto.offset.reset=latest``)."""
+        """``metadata``: id and partition count of each existing topic, by name;
+        ``end_offset``: a partition's log end, where a newly assigned share partition
+        starts (Kafka's default ``share.auto.offset.reset=latest``)."""
         group = self.group(group_id, now_ms)
         if group is None:
             group = self.groups[group_id] = ShareGroup(
@@ -148,27 +160,30 @@ class ShareGroups:
         # Only the subscribed topics' metadata counts: another topic's creation is no
         # reason for a new group epoch.
         wanted = group.subscribed_topics() | set(hb.subscribed or ())
-        relevant = {t: n for t, n in metadata.items() if t in wanted}
+        relevant = {t: n for t, (_, n) in metadata.items() if t in wanted}
         result = group.heartbeat(hb, relevant, now_ms)
         if result.error is ErrorCode.NONE and hb.member_epoch == LEAVE_EPOCH:
             self._member_gone(group_id, hb.member_id)
         for topic, partition in result.assignment or ():
-            if (group_id, topic, partition) not in self.partitions:
-                self.ensure_partition(group_id, topic, partition, end_offset(topic, partition))
+            known = metadata.get(topic)
+            if known is not None and (group_id, known[0], partition) not in self.partitions:
+                self.ensure_partition(group_id, known[0], partition, end_offset(topic, partition))
         if not group.members and not any(k[0] == group_id for k in self.partitions):
             del self.groups[group_id]
         return result
 
-    def partition(self, group_id: str, topic: str, partition: int) -> SharePartition | None:
-        return self.partitions.get((group_id, topic, partition))
+    def partition(
+        self, group_id: str, topic_id: uuid.UUID, partition: int
+    ) -> SharePartition | None:
+        return self.partitions.get((group_id, topic_id, partition))
 
     def ensure_partition(
-        self, group_id: str, topic: str, partition: int, log_end_offset: int
+        self, group_id: str, topic_id: uuid.UUID, partition: int, log_end_offset: int
     ) -> SharePartition:
         """The group's share partition, made at the log end if it has none: on assignment
         (the coordinator), or on the first ShareFetch (a leader that is not the group's
         coordinator, in a cluster)."""
-        key = (group_id, topic, partition)
+        key = (group_id, topic_id, partition)
         found = self.partitions.get(key)
         if found is None:
             found = self.partitions[key] = SharePartition(

@@ -14,6 +14,8 @@ as Kafka); ListGroups lists the groups this broker coordinates.
 
 from __future__ import annotations
 
+import uuid
+
 from trio_broker.groups.coordinator import GroupCoordinator, Waiter
 from trio_broker.groups.offsets_store import PendingWrite, group_of
 from trio_broker.groups.share import SHARE_PROTOCOL_TYPE
@@ -369,7 +371,7 @@ async def handle_delete_groups(
     # share state, one with members is NON_EMPTY_GROUP; the others are the coordinator's.
     shares = ctx.services.shares
     share_results: dict[str, ErrorCode] = {}
-    share_deleted: dict[str, list[tuple[str, int]]] = {}
+    share_deleted: dict[str, list[tuple[uuid.UUID, int]]] = {}
     for name in names:
         if name and name not in refused and name not in share_results:
             empty = shares.is_empty(name, ctx.now_ms())

@@ -49,7 +49,7 @@ async def handle_share_acknowledge(ctx: RequestContext, request: m.ShareAcknowle
     if epoch != CLOSE_SESSION:
         session.epoch = next_epoch(session.epoch)
     per_topic: dict[uuid.UUID, list[PartResp]] = {}
-    touched: set[tuple[str, int]] = set()
+    touched: set[tuple[uuid.UUID, int]] = set()
     for topic in request.topics:
         for p in topic.partitions:
             code = acknowledge(ctx, group_id, member_id, topic.topic_id, p.partition_index,

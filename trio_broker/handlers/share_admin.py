@@ -55,7 +55,7 @@ def group_error(ctx: RequestContext, group_id: str | None) -> ErrorCode:
 def describe_partition(ctx: RequestContext, group_id: str, topic: Any, partition: int) -> DescPart:
     out = DescPart(partition_index=partition, start_offset=UNINITIALIZED, leader_epoch=-1,
                    lag=-1, error_code=ErrorCode.NONE)  # fmt: skip
-    share_partition = ctx.services.shares.partition(group_id, topic.name, partition)
+    share_partition = ctx.services.shares.partition(group_id, topic.topic_id, partition)
     if share_partition is None or not 0 <= partition < len(topic.logs):
         return out
     log = topic.logs[partition]
@@ -79,8 +79,10 @@ def describe_group(ctx: RequestContext, request: Any) -> DescGroup:
     topics = ctx.services.topics
     if request.topics is None:  # every partition the group has share state for
         wanted: dict[str, list[int]] = {}
-        for topic, partition, _ in sorted(ctx.services.shares.partitions_of(group_id)):
-            wanted.setdefault(topic, []).append(partition)
+        for topic_id, partition, _ in ctx.services.shares.partitions_of(group_id):
+            if (has := topics.by_id.get(topic_id)) is not None:
+                wanted.setdefault(has.name, []).append(partition)
+        wanted = {name: sorted(parts) for name, parts in sorted(wanted.items())}
         asked = [(name, parts) for name, parts in wanted.items()
                  if authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name)]  # fmt: skip
     else:
@@ -140,8 +142,8 @@ async def handle_alter_share_group_offsets(
             code = error
             if found is not None and not 0 <= p.partition_index < len(found.logs):
                 code = code or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            if code is ErrorCode.NONE:
-                shares.reset(group_id, topic.topic_name, p.partition_index, p.start_offset)
+            if code is ErrorCode.NONE and found is not None:
+                shares.reset(group_id, found.topic_id, p.partition_index, p.start_offset)
             parts.append(AlterPart(partition_index=p.partition_index, error_code=code))
         topic_id = found.topic_id if found is not None and error is ErrorCode.NONE else NO_TOPIC
         answered.append(AlterTopic(topic_name=topic.topic_name, topic_id=topic_id,
@@ -172,7 +174,7 @@ async def handle_delete_share_group_offsets(
         return refused(error)
     shares, topics = ctx.services.shares, ctx.services.topics
     answered: list[DeleteTopic] = []
-    deleted: list[tuple[str, int]] = []
+    deleted: list[tuple[uuid.UUID, int]] = []
     for topic in request.topics:
         name = topic.topic_name
         found = topics.get(name)
@@ -182,12 +184,12 @@ async def handle_delete_share_group_offsets(
             answer.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
         elif found is None:
             answer.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        elif not (gone := shares.forget_partitions(group_id, name)):
+        elif not (gone := shares.forget_partitions(group_id, found.topic_id)):
             answer.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             answer.error_message = "There is no offset information to delete."
         else:
             answer.topic_id = found.topic_id
-            deleted += [(name, p) for p in gone]
+            deleted += [(found.topic_id, p) for p in gone]
     if (stored := await persist(ctx, group_id, deleted)) is not ErrorCode.NONE:
         for answer in answered:
             if answer.error_code == ErrorCode.NONE:

@@ -50,15 +50,15 @@ def resolve(ctx: RequestContext, topic_id: uuid.UUID, partition: int) -> tuple[E
 
 def acknowledge(
     ctx: RequestContext, group_id: str, member_id: str, topic_id: uuid.UUID, partition: int,
-    batches: Sequence[Any], touched: set[tuple[str, int]],
+    batches: Sequence[Any], touched: set[tuple[uuid.UUID, int]],
 ) -> ErrorCode:  # fmt: skip
     """Apply one partition's acknowledgement batches; the first error, if any. The
     partition goes into ``touched`` (its share state may have changed)."""
-    error, found = resolve(ctx, topic_id, partition)
+    error, _ = resolve(ctx, topic_id, partition)
     if error is not ErrorCode.NONE:
         return error
-    touched.add((found[0], partition))
-    share_partition = ctx.services.shares.partition(group_id, found[0], partition)
+    touched.add((topic_id, partition))
+    share_partition = ctx.services.shares.partition(group_id, topic_id, partition)
     result = ErrorCode.NONE
     for batch in batches:
         if share_partition is None:
@@ -95,8 +95,8 @@ class Fetch:
         self.group_id = group_id
         self.member_id = member_id
         self.parts: dict[tuple[uuid.UUID, int], PartResp] = {}
-        #: (topic, partition)s whose share state this request may have changed.
-        self.touched: set[tuple[str, int]] = set()
+        #: (topic id, partition)s whose share state this request may have changed.
+        self.touched: set[tuple[uuid.UUID, int]] = set()
 
     def part(self, topic_id: uuid.UUID, partition: int) -> PartResp:
         key = (topic_id, partition)
@@ -123,9 +123,9 @@ class Fetch:
             name, log = found
             if total >= max_records:
                 continue
-            self.touched.add((name, partition))
+            self.touched.add((topic_id, partition))
             share_partition = shares.ensure_partition(
-                self.group_id, name, partition, log.log_end_offset
+                self.group_id, topic_id, partition, log.log_end_offset
             )
             share_partition.skip_to(log.log_start_offset)
             runs = share_partition.acquire(
@@ -243,10 +243,12 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
         return fetch.response()
 
     names: list[tuple[str, int]] = []
+    known_ids: list[tuple[uuid.UUID, int]] = []
     for topic_id, partition in partitions:
         known = ctx.services.topics.by_id.get(topic_id)
         if known is not None:
             names.append((known.name, partition))
+            known_ids.append((topic_id, partition))
 
     def current() -> bool:
         return ctx.services.shares.session(group_id, member_id) is session
@@ -275,8 +277,8 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
     wait_ms = request.max_wait_ms
     deadlines = [
         d
-        for name, partition in names
-        if (sp := ctx.services.shares.partition(group_id, name, partition)) is not None
+        for topic_id, partition in known_ids
+        if (sp := ctx.services.shares.partition(group_id, topic_id, partition)) is not None
         and (d := sp.next_lock_deadline()) is not None
     ]
     if deadlines:

@@ -69,7 +69,7 @@ async def handle_share_group_heartbeat(
         client_id=ctx.header.client_id or "",
         client_host=f"/{ctx.client.host}",
     )
-    metadata = {name: count for name, (_, count) in topic_table(ctx).items()}
+    metadata = topic_table(ctx)
     topics = ctx.services.topics
 
     def end_offset(topic: str, partition: int) -> int:

@@ -8,48 +8,51 @@ log holds the snapshots in the order the state changed; a request whose answer m
 be taken back by a crash (acknowledgements, a new start offset) then waits until the log
 is synced through the last snapshot appended, its own or an earlier request's.
 
-Nothing is written without a store (a cluster: docs/share-groups.md).
+Snapshots are keyed by (group, topic id, partition); a deleted topic's go with it
+(:func:`forget_topic`, called by the topic manager). Nothing is written without a store
+(a cluster: docs/share-groups.md).
 """
 
 from __future__ import annotations
 
+import logging
+import uuid
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from trio_broker.groups.share_state import ShareKey, encode_batch
 from trio_broker.handlers.base import RequestContext
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.internal_topics import NotCommitted, append_as_leader, wait_counted
 
+log = logging.getLogger("trio_broker.groups")
+
+#: A share partition of a group: (topic id, partition).
+Partition = tuple[uuid.UUID, int]
+
 
 def append_changes(
     ctx: RequestContext,
     group_id: str,
-    deleted: Sequence[tuple[str, int]] = (),
+    deleted: Sequence[Partition] = (),
     *,
-    only: Collection[tuple[str, int]] | None = None,
+    only: Collection[Partition] | None = None,
 ) -> bool:
     """Append the group's changed snapshots now (no waiting), and tombstones for its
-    ``deleted`` (topic, partition)s; whether anything was appended. ``only``: the
-    (topic, partition)s the request may have changed (None: all of the group's); what
+    ``deleted`` (topic id, partition)s; whether anything was appended. ``only``: the
+    (topic id, partition)s the request may have changed (None: all of the group's); what
     else happens to a share partition (locks running out, a member's records given
     back) leaves its snapshot as it was."""
     shares = ctx.services.shares
     store = shares.store
     if store is None:
         return False
-    topics = ctx.services.topics
-    current = []
-    for topic, partition, share_partition in shares.partitions_of(group_id):
-        if only is not None and (topic, partition) not in only:
-            continue
-        found = topics.get(topic)
-        if found is not None:
-            current.append((ShareKey(group_id, found.topic_id, partition), share_partition))
-    gone = []
-    for topic, partition in deleted:
-        found = topics.get(topic)
-        if found is not None:
-            gone.append(ShareKey(group_id, found.topic_id, partition))
+    current = [
+        (ShareKey(group_id, topic_id, partition), share_partition)
+        for topic_id, partition, share_partition in shares.partitions_of(group_id)
+        if only is None or (topic_id, partition) in only
+    ]
+    gone = [ShareKey(group_id, topic_id, partition) for topic_id, partition in deleted]
     now = ctx.now_ms()
     entries = store.changes(current, now) + store.tombstones(gone)
     if not entries:
@@ -65,9 +68,9 @@ def append_changes(
 async def persist(
     ctx: RequestContext,
     group_id: str,
-    deleted: Sequence[tuple[str, int]] = (),
+    deleted: Sequence[Partition] = (),
     *,
-    only: Collection[tuple[str, int]] | None = None,
+    only: Collection[Partition] | None = None,
 ) -> ErrorCode:
     """Append the group's changes (:func:`append_changes`), then wait until everything
     appended so far is durable. NONE, or the error to answer."""
@@ -80,3 +83,27 @@ async def persist(
     except NotCommitted as exc:
         return exc.error_code
     return ErrorCode.NONE
+
+
+def forget_topic(shares: Any, durability: Any, topic_id: uuid.UUID, now_ms: int) -> None:
+    """A topic is deleted: every group's share state of it goes, from memory and (with
+    tombstones, not waited for) from the log. A topic created again under the name has
+    another id and starts with no share state. Were the tombstones lost in a crash, the
+    snapshots would still not come back: restoring skips ids no topic has."""
+    dropped = shares.forget_topic(topic_id)
+    store = shares.store
+    if store is None:
+        return
+    stored = [key for key in store.snapshots if key.topic_id == topic_id]
+    entries = store.tombstones({*dropped, *stored})
+    if not entries:
+        return
+    try:
+        appended = append_as_leader(
+            store.log, encode_batch(entries, now_ms), now_ms=now_ms, durability=durability,
+            messages=len(entries),
+        )  # fmt: skip
+    except NotCommitted as exc:
+        log.warning("share state of deleted topic %s not tombstoned: %s", topic_id, exc)
+        return
+    store.appended(entries, appended.last_offset)

@@ -21,6 +21,7 @@ import errno
 import itertools
 import logging
 import socket as stdlib_socket
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from trio_broker.groups.share import ShareGroups, ShareGroupsConfig
 from trio_broker.groups.share_state import ShareStateStore
 from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS, ClientInfo, HandlerSpec
+from trio_broker.handlers.share_persist import forget_topic
 from trio_broker.security.authorize import Authorizer
 from trio_broker.security.credentials import CredentialStore
 from trio_broker.security.decoy import decoy_secret
@@ -202,6 +204,7 @@ class Broker:
         ))  # fmt: skip
         if config.zookeeper_connect is None:
             self._restore_share_state(data_dir)
+        self.topics.on_topic_deleted = self._forget_share_state
         #: The traffic capture tap (trio_broker.capture), or None: the hot path checks this.
         self.capture: Any = None
         #: The tap itself, kept while capture is switched off at runtime (capture/control.py).
@@ -265,10 +268,14 @@ class Broker:
         restored = {}
         for key, snapshot in store.snapshots.items():
             topic = topics.get(key.topic_id)
-            # A deleted topic's state stays in the log until written over; not restored.
+            # A topic deleted while the broker was down (or before its deletion wrote
+            # tombstones here) is another topic's business no more: not restored.
             if topic is not None and 0 <= key.partition < len(topic.logs):
-                restored[key.group_id, topic.name, key.partition] = snapshot
+                restored[key] = snapshot
         self.shares.restore(restored)
+
+    def _forget_share_state(self, topic_id: uuid.UUID) -> None:
+        forget_topic(self.shares, self.flusher, topic_id, self.now_ms())
 
     # ------------------------------------------------------------------ services (handlers/base.py)
 

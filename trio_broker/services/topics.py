@@ -100,6 +100,9 @@ class TopicManager:
         #: Called with (topic, partition) for each partition of a deleted topic (the
         #: long polls waiting on it answer).
         self.on_partition_deleted: Any = None
+        #: Called with the id of each deleted topic, once its logs are closed (the share
+        #: groups drop their state of it).
+        self.on_topic_deleted: Callable[[uuid.UUID], None] | None = None
         self.by_id: dict[uuid.UUID, Topic] = {}
         if self.catalogue is not None:
             for info in self.catalogue.topics():
@@ -320,6 +323,8 @@ class TopicManager:
         for log in topic.logs:
             if isinstance(log, PartitionLog):
                 shutil.rmtree(log.directory, ignore_errors=True)
+        if self.on_topic_deleted is not None:
+            self.on_topic_deleted(topic.topic_id)
 
     def all_logs(self) -> list[Log]:
         return [log for topic in self.topics.values() for log in topic.logs]

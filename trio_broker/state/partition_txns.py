@@ -20,7 +20,11 @@ Kafka's rules, implemented once:
   marker's is TRANSACTION_COORDINATOR_FENCED; a newer producer epoch is accepted and
   becomes the producer's epoch (its next batch starts at sequence 0);
 * aborted entries wholly below the log start offset are forgotten; so are open
-  transactions that retention removed entirely (Kafka does the same).
+  transactions that retention removed entirely (Kafka does the same);
+* a producer's marker epochs are kept while its last marker is in the log, even when
+  the marker is all the partition has of it (a fencing abort in a partition it never
+  wrote to): the epoch it carries fences the old one there, snapshot and restart
+  included, as Kafka's producer entry does.
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ class MarkerEpochs:
 
     producer_epoch: int
     coordinator_epoch: int
+    #: Where that marker is: its epochs are forgotten once the log start passes it (and
+    #: the producer has nothing else in the partition).
+    offset: int
 
 
 def check_marker(
@@ -122,7 +129,7 @@ class PartitionTransactions:
         open transaction here (the coordinator writes to every partition it added,
         data or not) ends nothing; an abort then records nothing either.
         """
-        self.markers[producer_id] = MarkerEpochs(producer_epoch, coordinator_epoch)
+        self.markers[producer_id] = MarkerEpochs(producer_epoch, coordinator_epoch, offset)
         first = self.ongoing.pop(producer_id, None)
         if first is None or committed:
             return None
@@ -179,13 +186,17 @@ class PartitionTransactions:
         """The log start moved up (retention, DeleteRecords): forget what lies below it.
 
         Aborted entries whose marker is below the start are of no use to any fetch;
-        marker epochs of producers with nothing left in the log go too.
+        marker epochs of producers with nothing left in the log go too. A producer's
+        last marker still in the log counts as something: it may be all the partition
+        has of a fenced producer, and its epoch is what fences it.
         """
         cut = bisect.bisect_left(self.aborted, AbortedTxn(log_start_offset, -1, -1))
         if cut:
             del self.aborted[:cut]
         live = set(live_producers) | set(self.ongoing)
-        for pid in [p for p in self.markers if p not in live]:
+        for pid in [
+            p for p, e in self.markers.items() if p not in live and e.offset < log_start_offset
+        ]:
             del self.markers[pid]
 
     # ------------------------------------------------------------------ snapshot
@@ -195,14 +206,19 @@ class PartitionTransactions:
             "ongoing": [[pid, first] for pid, first in sorted(self.ongoing.items())],
             "aborted": [[a.producer_id, a.first_offset, a.last_offset] for a in self.aborted],
             "markers": [
-                [pid, e.producer_epoch, e.coordinator_epoch]
+                [pid, e.producer_epoch, e.coordinator_epoch, e.offset]
                 for pid, e in sorted(self.markers.items())
             ],
         }
 
     @classmethod
-    def from_json(cls, doc: object) -> PartitionTransactions:
-        """Parse :meth:`to_json`; raises ValueError/TypeError/KeyError on anything odd."""
+    def from_json(cls, doc: object, marker_offset_unknown: int = 0) -> PartitionTransactions:
+        """Parse :meth:`to_json`; raises ValueError/TypeError/KeyError on anything odd.
+
+        Rows of ``markers`` written before their offset was kept (three integers) get
+        ``marker_offset_unknown``: the snapshot's last offset is a safe upper bound (the
+        epochs are kept until the log start passes everything the snapshot covered).
+        """
         if not isinstance(doc, dict):
             raise TypeError("transactions must be an object")
 
@@ -218,8 +234,8 @@ class PartitionTransactions:
             AbortedTxn(last, pid, first)
             for pid, first, last in (ints(r, 3) for r in doc["aborted"])
         )
-        markers = {
-            pid: MarkerEpochs(epoch, coord)
-            for pid, epoch, coord in (ints(r, 3) for r in doc["markers"])
-        }
+        markers = {}
+        for row in doc["markers"]:
+            pid, epoch, coord, *at = ints(row, 4 if isinstance(row, list) and len(row) == 4 else 3)
+            markers[pid] = MarkerEpochs(epoch, coord, at[0] if at else marker_offset_unknown)
         return cls(ongoing, aborted, markers)

@@ -64,9 +64,10 @@ MAX_PRODUCER_EPOCH = 2**15 - 1
 #: Kafka remembers this many batches per producer per partition for duplicate detection;
 #: clients cap max.in.flight.requests.per.connection at 5 for idempotence to match.
 BATCHES_TO_RETAIN = 5
-#: Version 2 adds the partition's transactions; version 1 snapshots still load.
-_SNAPSHOT_VERSION = 2
-_READABLE_SNAPSHOT_VERSIONS = (1, 2)
+#: Version 2 adds the partition's transactions, version 3 the offset of each producer's
+#: last marker; version 1 and 2 snapshots still load.
+_SNAPSHOT_VERSION = 3
+_READABLE_SNAPSHOT_VERSIONS = (1, 2, 3)
 
 
 # ----------------------------------------------------------------------------- the state
@@ -410,8 +411,13 @@ class ProducerStateManager:
             next_offset = doc["next_offset"]
             if not isinstance(next_offset, int) or next_offset < 0:
                 raise SnapshotError(f"bad next offset {next_offset!r}")
-            # Version 1 predates transactions: it had none to carry.
-            txns = PartitionTransactions.from_json(doc["txns"]) if "txns" in doc else None
+            # Version 1 predates transactions: it had none to carry. Version 2 did not say
+            # where each producer's last marker is: below next_offset is all it knew.
+            txns = (
+                PartitionTransactions.from_json(doc["txns"], max(next_offset - 1, 0))
+                if "txns" in doc
+                else None
+            )
         except SnapshotError:
             raise
         except (ValueError, KeyError, TypeError) as exc:

@@ -23,8 +23,12 @@ from trio_broker.protocol.error_codes import ErrorCode
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
-#: An epoch at this value cannot be bumped: the id is replaced (Kafka: Short.MaxValue - 1).
-MAX_PRODUCER_EPOCH = 32766
+#: The last epoch InitProducerId hands out (Kafka's isEpochExhausted: Short.MaxValue - 1):
+#: at or past it, InitProducerId replaces the producer id (a new one at epoch 0).
+EXHAUSTED_PRODUCER_EPOCH = 32766
+#: Epochs are int16 (Short.MaxValue): the one left above the last handed out is for
+#: fencing, so a producer at 32766 can still be fenced; no client ever holds it.
+MAX_PRODUCER_EPOCH = 32767
 
 
 class TxnState(enum.Enum):
@@ -154,6 +158,10 @@ def decide_init(
 ) -> InitDecision:
     if not transactional_id or not fits_in_log(transactional_id):
         return InitDecision(ErrorCode.INVALID_REQUEST)
+    if (producer_id == NO_PRODUCER_ID) != (producer_epoch == NO_PRODUCER_EPOCH):
+        # As Kafka: both or neither. (A fence leaves the previous epoch at -1: a request
+        # with only the id must not pass for a retry of it.)
+        return InitDecision(ErrorCode.INVALID_REQUEST)
     if timeout_ms <= 0 or timeout_ms > max_timeout_ms:
         return InitDecision(ErrorCode.INVALID_TRANSACTION_TIMEOUT)
     if current is None:
@@ -172,24 +180,25 @@ def decide_init(
         if (producer_id, producer_epoch) != known:
             return InitDecision(fenced_error)
     if current.state == S.ONGOING:
-        # An open transaction of the previous producer: fence its epoch, abort it.
-        bumped = _bumped(current, fresh_id, keep_id=True)
-        target = current.to(S.PREPARE_EPOCH_FENCE, now_ms, producer_epoch=bumped.producer_epoch)
+        # An open transaction of the previous producer: fence its epoch, abort it. The
+        # client's retry then bumps again, or gets a new id if the fence used the last.
+        target = _fenced(current, now_ms)
         return InitDecision(ErrorCode.CONCURRENT_TRANSACTIONS, target, fence_and_abort=True)
-    bumped = _bumped(current, fresh_id, keep_id=False)
+    bumped = _bumped(current, fresh_id)
     target = bumped.to(S.EMPTY, now_ms, timeout_ms=timeout_ms, partitions=frozenset(),
                        groups=frozenset(), start_ms=-1)  # fmt: skip
     return InitDecision(ErrorCode.NONE, target)
 
 
-def _bumped(meta: TxnMetadata, fresh_id: Callable[[], int], *, keep_id: bool) -> TxnMetadata:
-    """The next epoch; a new producer id at epoch 0 once the epoch is exhausted."""
-    if meta.producer_epoch < MAX_PRODUCER_EPOCH or keep_id:
+def _bumped(meta: TxnMetadata, fresh_id: Callable[[], int]) -> TxnMetadata:
+    """InitProducerId's next epoch; a new producer id at epoch 0 once the epoch is
+    exhausted. The pair it replaces is remembered: a retry of this bump is recognised."""
+    if meta.producer_epoch < EXHAUSTED_PRODUCER_EPOCH:
         return attrs.evolve(
             meta,
             last_producer_id=meta.producer_id,
             last_producer_epoch=meta.producer_epoch,
-            producer_epoch=min(meta.producer_epoch + 1, MAX_PRODUCER_EPOCH),
+            producer_epoch=meta.producer_epoch + 1,
         )
     return attrs.evolve(
         meta,
@@ -198,6 +207,21 @@ def _bumped(meta: TxnMetadata, fresh_id: Callable[[], int], *, keep_id: bool) ->
         producer_id=fresh_id(),
         producer_epoch=0,
     )
+
+
+def _fenced(meta: TxnMetadata, now_ms: int) -> TxnMetadata:
+    """PrepareEpochFence: the open transaction's producer is fenced by the next epoch.
+
+    As Kafka's prepareFenceProducerEpoch: the fenced epoch is *not* remembered as the
+    previous one, so the fenced producer's InitProducerId with it (KIP-360) is
+    PRODUCER_FENCED rather than taken for a retry. Epochs handed out stop at
+    EXHAUSTED_PRODUCER_EPOCH, so the bump fits in an int16; the clamp only guards
+    metadata from elsewhere (Kafka refuses to fence at Short.MaxValue).
+    """
+    return meta.to(S.PREPARE_EPOCH_FENCE, now_ms,
+                   producer_epoch=min(meta.producer_epoch + 1, MAX_PRODUCER_EPOCH),
+                   last_producer_id=meta.producer_id,
+                   last_producer_epoch=NO_PRODUCER_EPOCH)  # fmt: skip
 
 
 # ------------------------------------------------------------------ the open transaction
@@ -308,10 +332,7 @@ def timed_out(meta: TxnMetadata, now_ms: int) -> bool:
 
 def fence_for_timeout(meta: TxnMetadata, now_ms: int) -> TxnMetadata:
     """A timed-out Ongoing transaction: bump the epoch (the producer is fenced), then abort."""
-    bumped = min(meta.producer_epoch + 1, MAX_PRODUCER_EPOCH)
-    return meta.to(S.PREPARE_EPOCH_FENCE, now_ms, producer_epoch=bumped,
-                   last_producer_epoch=meta.producer_epoch,
-                   last_producer_id=meta.producer_id)  # fmt: skip
+    return _fenced(meta, now_ms)
 
 
 def expired(meta: TxnMetadata, now_ms: int, expiration_ms: int) -> bool:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -11,6 +13,9 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_group import ShareGroup, ShareHeartbeat, simple_assignment
 
 META = {"t": 2, "u": 1}
+#: What ShareGroups is told: each topic's id too (share partitions are keyed by it).
+TOPIC_IDS = {"t": uuid.UUID(int=1), "u": uuid.UUID(int=2)}
+META_WITH_IDS = {name: (TOPIC_IDS[name], count) for name, count in META.items()}
 
 
 def join(group: ShareGroup, member: str, topics: tuple[str, ...], now: int = 0) -> int:
@@ -64,8 +69,8 @@ def test_sessions_run_out_and_epochs_are_checked() -> None:
 def test_an_expired_member_gives_back_what_it_held() -> None:
     shares = ShareGroups(ShareGroupsConfig(session_timeout_ms=100, record_lock_duration_ms=10_000))
     hb = ShareHeartbeat("a", 0, None, ("t",))
-    assert shares.heartbeat("g", hb, META, lambda t, p: 7, 0).error is ErrorCode.NONE
-    share_partition = shares.partition("g", "t", 0)
+    assert shares.heartbeat("g", hb, META_WITH_IDS, lambda t, p: 7, 0).error is ErrorCode.NONE
+    share_partition = shares.partition("g", TOPIC_IDS["t"], 0)
     assert share_partition is not None and share_partition.start_offset == 7  # the log end
     shares.open_session("g", "a")
     runs = share_partition.acquire("a", 10, 5, 0)

@@ -182,22 +182,22 @@ def test_share_groups_restore_their_partitions_and_an_empty_group() -> None:
     shares = ShareGroups(ShareGroupsConfig(delivery_count_limit=LIMIT))
     snapshot = ShareSnapshot(4, (StateBatch(4, 4, RecordState.AVAILABLE, 2),
                                  StateBatch(5, 5, RecordState.ACKNOWLEDGED, 1)))  # fmt: skip
-    shares.restore({("g", "t", 0): snapshot})
+    shares.restore({ShareKey("g", TOPIC, 0): snapshot})
     group = shares.group("g", 0)
     assert group is not None and group.state == "Empty"
-    found = shares.partition("g", "t", 0)
+    found = shares.partition("g", TOPIC, 0)
     assert found is not None and found.start_offset == 4
     # Made again on assignment, it is the restored one, not a fresh one at the log end.
-    assert shares.ensure_partition("g", "t", 0, 100) is found
+    assert shares.ensure_partition("g", TOPIC, 0, 100) is found
     assert [(r.first_offset, r.last_offset, r.delivery_count)
             for r in found.acquire("m", 7, 10, 0)] == [(4, 4, 3), (6, 6, 1)]  # fmt: skip
 
 
 def test_a_reset_starts_over_with_a_new_state_epoch_and_deletions_are_tombstones() -> None:
     shares = ShareGroups(ShareGroupsConfig())
-    shares.ensure_partition("g", "t", 0, 10).acquire("m", 12, 5, 0)
-    shares.reset("g", "t", 0, 4)
-    found = shares.partition("g", "t", 0)
+    shares.ensure_partition("g", TOPIC, 0, 10).acquire("m", 12, 5, 0)
+    shares.reset("g", TOPIC, 0, 4)
+    found = shares.partition("g", TOPIC, 0)
     assert found is not None and (found.start_offset, found.records) == (4, {})
     snapshot = snapshot_of(found)
     assert (snapshot.start_offset, snapshot.state_epoch) == (4, 1)
@@ -206,5 +206,21 @@ def test_a_reset_starts_over_with_a_new_state_epoch_and_deletions_are_tombstones
     store = ShareStateStore(MemoryLog(LogConfig()))
     key = ShareKey("g", TOPIC, 0)
     write(store, store.changes([(key, found)], 0))
-    assert shares.forget_partitions("g", "t") == [0]
+    assert shares.forget_partitions("g", TOPIC) == [0]
     assert store.tombstones([key, ShareKey("g", TOPIC, 9)]) == [(key, None)]
+
+
+def test_share_partitions_belong_to_a_topic_id_and_go_with_the_topic() -> None:
+    """A topic created again under its name has another id: no share state of its own;
+    deleting a topic drops every group's share partitions of it."""
+    shares = ShareGroups(ShareGroupsConfig())
+    recreated = uuid.UUID(int=8)
+    shares.ensure_partition("g", TOPIC, 0, 10)
+    shares.ensure_partition("h", TOPIC, 1, 10)
+    shares.ensure_partition("g", recreated, 0, 3)
+    assert shares.partition("g", recreated, 0) is not shares.partition("g", TOPIC, 0)
+    assert sorted(shares.forget_topic(TOPIC), key=str) == sorted(
+        [ShareKey("g", TOPIC, 0), ShareKey("h", TOPIC, 1)], key=str
+    )
+    assert [(t, p) for t, p, _ in shares.partitions_of("g")] == [(recreated, 0)]
+    assert shares.partitions_of("h") == []

@@ -79,7 +79,7 @@ def test_lso_is_first_offset_of_oldest_open_transaction() -> None:
 def test_marker_without_open_transaction_ends_nothing() -> None:
     txns = PartitionTransactions()
     assert txns.on_marker(4, 0, 0, committed=False, offset=0) is None
-    assert txns.aborted == [] and txns.markers == {4: MarkerEpochs(0, 0)}
+    assert txns.aborted == [] and txns.markers == {4: MarkerEpochs(0, 0, 0)}
 
 
 def test_aborted_between_selects_overlapping_ranges() -> None:
@@ -145,7 +145,7 @@ def test_snapshot_round_trip_carries_transactions() -> None:
     loaded = ProducerStateManager.from_snapshot(manager.to_snapshot())
     assert loaded.txns.ongoing == {2: 1}
     assert loaded.txns.aborted == [AbortedTxn(2, 1, 0)]
-    assert loaded.txns.markers == {1: MarkerEpochs(0, 7)}
+    assert loaded.txns.markers == {1: MarkerEpochs(0, 7, 2)}
 
 
 # ------------------------------------------------------------------ the registry on logs
@@ -311,3 +311,38 @@ def test_a_log_start_at_a_marker_keeps_it_and_open_producers_keep_their_epochs()
     txns.truncate_head(4, live_producers=[0])
     assert txns.aborted == [AbortedTxn(4, 0, 1)]  # the marker at the new start is kept
     assert set(txns.markers) == {0, 7}  # 7 is not in the live list but has an open txn
+
+
+def test_a_marker_alone_keeps_its_epoch_until_the_log_start_passes_it() -> None:
+    """A fencing abort in a partition the producer never wrote to: the marker is its only
+    entry there, and the epoch it carries fences the old one (Kafka's producer entry)."""
+    manager = ProducerStateManager()
+    manager.append(-1, -1, -1, -1, 0, 1, T0)  # someone else's records, offsets 0-1
+    manager.append_marker(5, 3, 0, committed=False, offset=2)
+    for start in (0, 1, 2):  # a restart truncates to the start too; so does DeleteRecords
+        manager.truncate_head(start)
+        verdict = manager.check(5, 2, 0, 0)
+        assert isinstance(verdict, Reject), start
+        assert verdict.error_code == ErrorCode.INVALID_PRODUCER_EPOCH
+        assert manager.check_marker(5, 2, 0)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+    loaded = ProducerStateManager.from_snapshot(manager.to_snapshot())
+    loaded.truncate_head(2)
+    assert loaded.check_marker(5, 2, 0)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+    manager.truncate_head(3)  # the marker is gone from the log: so is what it said
+    assert 5 not in manager.txns.markers
+    assert isinstance(manager.check(5, 2, 0, 0), Append)
+
+
+def test_a_version_2_snapshot_keeps_marker_epochs_up_to_its_end() -> None:
+    """Version 2 did not store where a marker is: its epochs last until the log start
+    passes the snapshot's end."""
+    doc = (
+        b'{"version":2,"next_offset":10,"producers":[],'
+        b'"txns":{"ongoing":[],"aborted":[],"markers":[[5,3,0]]}}'
+    )
+    loaded = ProducerStateManager.from_snapshot(doc)
+    assert loaded.txns.markers == {5: MarkerEpochs(3, 0, 9)}
+    loaded.truncate_head(9)
+    assert loaded.check_marker(5, 2, 0)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+    loaded.truncate_head(10)
+    assert loaded.txns.markers == {}

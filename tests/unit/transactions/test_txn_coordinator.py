@@ -296,6 +296,52 @@ async def test_init_with_a_stale_epoch_is_fenced(services: Services) -> None:
     assert stale_v3.error_code == ErrorCode.INVALID_PRODUCER_EPOCH
 
 
+async def _at_epoch(services: Services, epoch: int, state: TxnState) -> int:
+    """The id's metadata as if ``epoch`` bumps had happened (one record in its log)."""
+    pid = services.producers.allocator.allocate()
+    meta = TxnMetadata(TID, pid, producer_epoch=epoch, state=state,
+                       last_update_ms=services.now_ms())  # fmt: skip
+    await services.transactions._write(TID, meta)
+    return pid
+
+
+async def test_a_fence_at_the_last_handed_out_epoch_uses_short_max(services: Services) -> None:
+    """As Kafka (TransactionMetadata): epochs up to 32766 are handed out, a fence bumps
+    once more, to 32767 (Short.MAX_VALUE), and the fenced producer's epoch is not
+    remembered as a retry; the new producer's retry then gets a new id at epoch 0."""
+    pid = await _at_epoch(services, 32765, TxnState.COMPLETE_COMMIT)
+    bumped = await init(services, pid=pid, epoch=32765)
+    assert (bumped.error_code, bumped.producer_id, bumped.producer_epoch) == (
+        ErrorCode.NONE, pid, 32766,
+    )  # fmt: skip
+    assert await add(services, pid, 32766, {"a": [0]}) == {("a", 0): ErrorCode.NONE}
+    assert (await init(services)).error_code == ErrorCode.CONCURRENT_TRANSACTIONS
+    assert markers(services, "a", 0) == [(pid, 32767, False)]
+    # The old producer is fenced, re-init with its epoch (KIP-360) included.
+    assert await add(services, pid, 32766, {"a": [1]}) == {("a", 1): ErrorCode.PRODUCER_FENCED}
+    assert await end(services, pid, 32766, False) == ErrorCode.PRODUCER_FENCED
+    assert (await init(services, pid=pid, epoch=32766)).error_code == ErrorCode.PRODUCER_FENCED
+    new = await init(services)
+    assert new.error_code == ErrorCode.NONE
+    assert new.producer_id != pid and new.producer_epoch == 0
+
+
+async def test_a_timeout_at_the_last_handed_out_epoch_fences_with_short_max(
+    services: Services,
+) -> None:
+    pid = await _at_epoch(services, 32765, TxnState.COMPLETE_ABORT)
+    assert (await init(services, pid=pid, epoch=32765, timeout_ms=1_000)).producer_epoch == 32766
+    await add(services, pid, 32766, {"b": [0]})
+    services.clock[0] += 1_001
+    assert await services.transactions.abort_timed_out() == 1
+    assert markers(services, "b", 0) == [(pid, 32767, False)]
+    assert await end(services, pid, 32766, True) == ErrorCode.PRODUCER_FENCED
+    assert (await init(services, pid=pid, epoch=32766)).error_code == ErrorCode.PRODUCER_FENCED
+    new = await init(services)
+    assert (new.error_code, new.producer_epoch) == (ErrorCode.NONE, 0)
+    assert new.producer_id != pid
+
+
 # ------------------------------------------------------------------ a whole transaction
 
 

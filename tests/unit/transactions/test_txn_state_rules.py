@@ -13,6 +13,7 @@ import pytest
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.transactions.state import (
+    EXHAUSTED_PRODUCER_EPOCH,
     MAX_PRODUCER_EPOCH,
     Decision,
     IllegalTransition,
@@ -47,27 +48,61 @@ def _init(
     return decision.error, decision.target
 
 
+@pytest.mark.parametrize("epoch", [EXHAUSTED_PRODUCER_EPOCH, MAX_PRODUCER_EPOCH])
 @pytest.mark.parametrize("state", [S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT])
-def test_an_exhausted_epoch_gets_a_new_producer_id_at_epoch_0(state: TxnState) -> None:
-    """As Kafka: at the last epoch, InitProducerId hands out a fresh id (epoch 0) and
-    remembers the old pair, so that the client's retry of it is recognised."""
-    current = TxnMetadata("t", 7, producer_epoch=MAX_PRODUCER_EPOCH, state=state)
+def test_an_exhausted_epoch_gets_a_new_producer_id_at_epoch_0(state: TxnState, epoch: int) -> None:
+    """As Kafka: at the last epoch handed out (32766), or the fencing one above it,
+    InitProducerId hands out a fresh id (epoch 0) and remembers the old pair, so that
+    the client's retry of it is recognised."""
+    current = TxnMetadata("t", 7, producer_epoch=epoch, state=state)
     error, target = _init(current, now_ms=50)
     assert error is ErrorCode.NONE and target is not None
     assert (target.producer_id, target.producer_epoch) == (100, 0)
-    assert (target.last_producer_id, target.last_producer_epoch) == (7, MAX_PRODUCER_EPOCH)
+    assert (target.last_producer_id, target.last_producer_epoch) == (7, epoch)
     assert (target.state, target.last_update_ms) == (S.EMPTY, 50)
     # The client retries with the pair it had: answered with the new one, nothing written.
-    error, again = _init(target, now_ms=60, producer_id=7, producer_epoch=MAX_PRODUCER_EPOCH)
+    error, again = _init(target, now_ms=60, producer_id=7, producer_epoch=epoch)
     assert (error, again) == (ErrorCode.NONE, None)
 
 
 def test_one_epoch_below_the_last_is_still_bumped_in_place() -> None:
-    current = TxnMetadata("t", 7, producer_epoch=MAX_PRODUCER_EPOCH - 1)
+    current = TxnMetadata("t", 7, producer_epoch=EXHAUSTED_PRODUCER_EPOCH - 1)
     _, target = _init(current, now_ms=0)
     assert target is not None
-    assert (target.producer_id, target.producer_epoch) == (7, MAX_PRODUCER_EPOCH)
-    assert (target.last_producer_id, target.last_producer_epoch) == (7, MAX_PRODUCER_EPOCH - 1)
+    assert (target.producer_id, target.producer_epoch) == (7, EXHAUSTED_PRODUCER_EPOCH)
+    assert (target.last_producer_id, target.last_producer_epoch) == (
+        7, EXHAUSTED_PRODUCER_EPOCH - 1,
+    )  # fmt: skip
+
+
+def test_a_fence_at_the_last_epoch_handed_out_uses_short_max() -> None:
+    """Kafka's prepareFenceProducerEpoch: one more bump, to 32767, which no client holds."""
+    current = TxnMetadata("t", 7, producer_epoch=EXHAUSTED_PRODUCER_EPOCH, state=S.ONGOING)
+    decision = decide_init(
+        current, transactional_id="t", pending=False, producer_id=-1, producer_epoch=-1,
+        timeout_ms=1000, max_timeout_ms=60_000, now_ms=5, fresh_id=lambda: 100,
+        fenced_error=ErrorCode.PRODUCER_FENCED,
+    )  # fmt: skip
+    assert decision.fence_and_abort and decision.target is not None
+    fencing = decision.target
+    assert (fencing.state, fencing.producer_id, fencing.producer_epoch) == (
+        S.PREPARE_EPOCH_FENCE, 7, MAX_PRODUCER_EPOCH,
+    )  # fmt: skip
+    timed_out_fence = fence_for_timeout(current, 5)
+    assert timed_out_fence.producer_epoch == MAX_PRODUCER_EPOCH
+    # The fenced producer's re-init with its epoch is no retry: fenced.
+    aborted = fencing.to(S.PREPARE_ABORT, 6).to(S.COMPLETE_ABORT, 7)
+    assert _init(aborted, now_ms=8, producer_id=7, producer_epoch=EXHAUSTED_PRODUCER_EPOCH)[0] is (
+        ErrorCode.PRODUCER_FENCED
+    )
+
+
+@pytest.mark.parametrize(("pid", "epoch"), [(7, -1), (-1, 3)])
+def test_only_one_of_id_and_epoch_is_invalid(pid: int, epoch: int) -> None:
+    current = TxnMetadata("t", 7, producer_epoch=3, last_producer_id=7, state=S.COMPLETE_ABORT)
+    assert _init(current, now_ms=0, producer_id=pid, producer_epoch=epoch)[0] is (
+        ErrorCode.INVALID_REQUEST
+    )
 
 
 def test_every_transition_stamps_its_time_and_expiry_counts_from_it() -> None:
@@ -92,13 +127,15 @@ def test_a_transaction_started_at_time_0_times_out() -> None:
     assert not timed_out(TxnMetadata("t", 1, state=S.ONGOING, start_ms=-1), 10**9)
 
 
-def test_a_timeout_fence_bumps_the_epoch_and_remembers_the_fenced_pair() -> None:
+def test_a_timeout_fence_bumps_the_epoch_and_forgets_the_fenced_one() -> None:
+    """As Kafka's prepareFenceProducerEpoch (last epoch -1): the fenced producer's
+    InitProducerId with its old epoch is PRODUCER_FENCED, not a retry."""
     meta = TxnMetadata("t", 4, producer_epoch=3, state=S.ONGOING, start_ms=0, timeout_ms=10)
     fenced = fence_for_timeout(meta, 500)
     assert (fenced.state, fenced.producer_id, fenced.producer_epoch) == (
         S.PREPARE_EPOCH_FENCE, 4, 4,
     )  # fmt: skip
-    assert (fenced.last_producer_id, fenced.last_producer_epoch) == (4, 3)
+    assert (fenced.last_producer_id, fenced.last_producer_epoch) == (4, -1)
     assert fenced.last_update_ms == 500
 
 

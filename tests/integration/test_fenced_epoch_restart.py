@@ -1,0 +1,164 @@
+"""A producer fenced in a partition by a marker alone stays fenced there, across restarts.
+
+When a new producer with the same transactional id takes over while the old one's
+transaction is open, the coordinator aborts that transaction under the next epoch and
+writes the abort marker to every partition of it, including partitions the old producer
+never wrote to. In such a partition the marker is the producer's only entry; Kafka keeps
+the epoch it carries (the marker updates the producer's entry, and its snapshot holds
+the entry), so a write at the old epoch is refused with INVALID_PRODUCER_EPOCH. Here a
+real ``trio-broker serve`` process is fenced that way through the coordinator (raw
+requests), then restarted after a kill -9 (state rebuilt from the log), cleanly (state
+from the snapshot), killed again with that snapshot on disk, and its log start moved by
+DeleteRecords: at every step a produce and a marker at the old epoch are refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import BrokerProcess, RawConnection
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.records import build_batch
+
+pytestmark = pytest.mark.timeout(180)
+
+TOPIC = "fenced"
+TID = "fence-me"
+
+
+@pytest.fixture
+def process(tmp_path: Path) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tmp_path / "data", "pipelined", "file")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        if broker.running:
+            broker.stop()
+
+
+def create_topic(conn: RawConnection) -> None:
+    Req = m.CreateTopicsRequest
+    body = Req(
+        topics=[Req.CreatableTopic(name=TOPIC, num_partitions=1, replication_factor=1,
+                                   assignments=[], configs=[])],
+        timeout_ms=10_000, validate_only=False,
+    )  # fmt: skip
+    result = conn.request(m.ApiKey.CREATE_TOPICS, 4, body).topics[0]
+    assert result.error_code == ErrorCode.NONE, result
+
+
+def init_producer_id(conn: RawConnection) -> tuple[int, int, int]:
+    body = m.InitProducerIdRequest(transactional_id=TID, transaction_timeout_ms=60_000,
+                                   producer_id=-1, producer_epoch=-1)  # fmt: skip
+    r = conn.request(m.ApiKey.INIT_PRODUCER_ID, 4, body)
+    return r.error_code, r.producer_id, r.producer_epoch
+
+
+def add_partition(conn: RawConnection, pid: int, epoch: int) -> int:
+    Req = m.AddPartitionsToTxnRequest
+    body = Req(
+        v3_and_below_transactional_id=TID, v3_and_below_producer_id=pid,
+        v3_and_below_producer_epoch=epoch,
+        v3_and_below_topics=[Req.AddPartitionsToTxnTopic(name=TOPIC, partitions=[0])],
+    )  # fmt: skip
+    response = conn.request(m.ApiKey.ADD_PARTITIONS_TO_TXN, 3, body)
+    return int(
+        response.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
+    )
+
+
+def produce(conn: RawConnection, batch: bytes) -> tuple[int, int]:
+    Req = m.ProduceRequest
+    body = Req(
+        transactional_id=None, acks=-1, timeout_ms=10_000,
+        topic_data=[Req.TopicProduceData(name=TOPIC, partition_data=[
+            Req.TopicProduceData.PartitionProduceData(index=0, records=batch)])],
+    )  # fmt: skip
+    part = conn.request(m.ApiKey.PRODUCE, 9, body).responses[0].partition_responses[0]
+    return part.error_code, part.base_offset
+
+
+def write_abort_marker(conn: RawConnection, pid: int, epoch: int) -> int:
+    Req = m.WriteTxnMarkersRequest
+    Marker = Req.WritableTxnMarker
+    body = Req(markers=[Marker(
+        producer_id=pid, producer_epoch=epoch, transaction_result=False, coordinator_epoch=0,
+        topics=[Marker.WritableTxnMarkerTopic(name=TOPIC, partition_indexes=[0])],
+    )])  # fmt: skip
+    response = conn.request(m.ApiKey.WRITE_TXN_MARKERS, 1, body)
+    return int(response.markers[0].topics[0].partitions[0].error_code)
+
+
+def delete_records(conn: RawConnection, before: int) -> None:
+    Req = m.DeleteRecordsRequest
+    Topic, Part = Req.DeleteRecordsTopic, Req.DeleteRecordsTopic.DeleteRecordsPartition
+    body = Req(topics=[Topic(name=TOPIC, partitions=[Part(partition_index=0, offset=before)])],
+               timeout_ms=10_000)  # fmt: skip
+    part = conn.request(m.ApiKey.DELETE_RECORDS, 2, body).topics[0].partitions[0]
+    assert (part.error_code, part.low_watermark) == (ErrorCode.NONE, before)
+
+
+def plain(value: bytes) -> bytes:
+    return bytes(build_batch([(None, value)]))
+
+
+def fence(process: BrokerProcess) -> tuple[int, int]:
+    """The old producer's transaction holds the partition but wrote nothing to it; a new
+    producer's InitProducerId aborts it under the bumped epoch. (producer id, old epoch)."""
+    with process.connect() as conn:
+        error, pid, old_epoch = init_producer_id(conn)
+        assert error == ErrorCode.NONE
+        assert add_partition(conn, pid, old_epoch) == ErrorCode.NONE
+        deadline = time.monotonic() + 30
+        while (answer := init_producer_id(conn))[0] != ErrorCode.NONE:
+            assert answer[0] == ErrorCode.CONCURRENT_TRANSACTIONS, answer
+            assert time.monotonic() < deadline, "InitProducerId never completed"
+        assert answer == (ErrorCode.NONE, pid, old_epoch + 2)
+    return pid, old_epoch
+
+
+def assert_still_fenced(process: BrokerProcess, pid: int, old_epoch: int) -> None:
+    with process.connect() as conn:
+        stale = bytes(build_batch([(None, b"zombie")], producer_id=pid,
+                                  producer_epoch=old_epoch, base_sequence=0))  # fmt: skip
+        assert produce(conn, stale)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+        assert write_abort_marker(conn, pid, old_epoch) == ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+def test_an_epoch_carried_only_by_a_fencing_marker_survives_restarts(
+    process: BrokerProcess,
+) -> None:
+    with process.connect() as conn:
+        create_topic(conn)
+        assert produce(conn, plain(b"a")) == (ErrorCode.NONE, 0)
+        assert produce(conn, plain(b"b")) == (ErrorCode.NONE, 1)
+    pid, old_epoch = fence(process)  # the abort marker is offset 2
+    assert_still_fenced(process, pid, old_epoch)
+
+    process.kill9()  # no snapshot yet: rebuilt from the log
+    process.start()
+    assert_still_fenced(process, pid, old_epoch)
+
+    process.restart()  # a clean stop writes the snapshot, the start reads it
+    assert_still_fenced(process, pid, old_epoch)
+
+    with process.connect() as conn:
+        assert produce(conn, plain(b"c")) == (ErrorCode.NONE, 3)
+    process.kill9()  # the snapshot (up to offset 3) plus a replay of the rest
+    process.start()
+    assert_still_fenced(process, pid, old_epoch)
+
+    with process.connect() as conn:
+        delete_records(conn, 1)  # the log start moves, not past the marker
+    assert_still_fenced(process, pid, old_epoch)
+    with process.connect() as conn:
+        delete_records(conn, 2)  # the marker is the first batch left
+    assert_still_fenced(process, pid, old_epoch)
+    process.restart()
+    assert_still_fenced(process, pid, old_epoch)
