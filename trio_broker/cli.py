@@ -20,6 +20,13 @@ from trio_broker.cluster.membership import BrokerIdInUse
 from trio_broker.config import ConfigError, load_config, parse_host_port
 
 
+def say(message: str) -> None:
+    """``trio-broker: message`` on stderr in one write: print() writes the newline apart,
+    and a log line from another thread (kazoo's) could land between the two."""
+    sys.stderr.write(f"trio-broker: {message}\n")
+    sys.stderr.flush()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trio-broker",
@@ -209,11 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             summary = import_pcap(args.pcap, set(args.port), args.out, broker_id=args.broker_id)
         except (OSError, ValueError) as exc:
-            print(f"trio-broker: {exc}", file=sys.stderr)
+            say(str(exc))
             return 2
         print(summary.describe())
         if not summary.requests:
-            print(f"trio-broker: no Kafka requests to port(s) {args.port}", file=sys.stderr)
+            say(f"no Kafka requests to port(s) {args.port}")
             return 1
         return 0
     if args.command == "replay":
@@ -225,15 +232,14 @@ def main(argv: list[str] | None = None) -> int:
                 args.capture_dir, (host, port), speed=args.speed, out_dir=args.capture
             )
         except (ConfigError, OSError) as exc:
-            print(f"trio-broker: {exc}", file=sys.stderr)
+            say(str(exc))
             return 2
         print(replayed.describe())
         if replayed.partial:
-            print(
-                f"trio-broker: {replayed.partial} requests were captured only in part (batch "
+            say(
+                f"{replayed.partial} requests were captured only in part (batch "
                 "headers or a prefix) and were not sent; to replay them, capture with "
-                "`trio-broker serve --capture DIR --capture-records full`",
-                file=sys.stderr,
+                "`trio-broker serve --capture DIR --capture-records full`"
             )
         return 0 if replayed.sent and not replayed.failed_connections else 1
     if args.command == "capture":
@@ -242,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(json.dumps(request_capture(args.metrics, args.capture_command)))
         except OSError as exc:
-            print(f"trio-broker: {exc}", file=sys.stderr)
+            say(str(exc))
             return 1
         return 0
     return 2
@@ -284,7 +290,7 @@ def _serve(args: argparse.Namespace) -> int:
             overrides["advertised_host"], overrides["advertised_port"] = host, port
         config = load_config(args.config, **overrides)
     except ConfigError as exc:
-        print(f"trio-broker: {exc}", file=sys.stderr)
+        say(str(exc))
         return 2
     try:
         capture_full = args.capture_records == "full"
@@ -292,7 +298,7 @@ def _serve(args: argparse.Namespace) -> int:
             partial(serve, config, capture_on=not args.capture_paused, capture_full=capture_full)
         )
     except OSError as exc:
-        print(f"trio-broker: {exc}", file=sys.stderr)
+        say(str(exc))
         return 1
     except (BrokerIdInUse, NotAuthorized, BaseExceptionGroup) as exc:
         # Raised from inside the broker's nurseries: one line, not a traceback. (A
@@ -300,7 +306,7 @@ def _serve(args: argparse.Namespace) -> int:
         fatal = _leaf(exc, BrokerIdInUse) or _leaf(exc, NotAuthorized)
         if fatal is None:
             raise
-        print(f"trio-broker: {fatal}", file=sys.stderr)
+        say(str(fatal))
         return 1
     return 0
 
