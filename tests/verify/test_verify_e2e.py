@@ -1,11 +1,11 @@
 """End to end: a capturing broker, real clients, then ``verify`` on local[2] — and on corrupted copies.
 
-One broker run for the module; the Spark session is shared by every verify module (conftest.py).
+One broker run for the module, and one Spark job for every capture it verifies
+(``verify_many``); the Spark session is shared by every verify module (conftest.py).
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -37,9 +37,9 @@ from tests.verify.helpers import (
 )
 from trio_broker.protocol.messages import decode_request, decode_response
 from trio_broker.replay.ids import fetch_session_handed_out
-from trio_broker.verify.job import summary_text, verify, write_report
+from trio_broker.verify.job import summary_text, verify_many, write_report
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 MESSAGES = 12
 CONSUME_TIMEOUT_S = 40.0
@@ -128,8 +128,64 @@ def capture(traffic: Traffic) -> Path:
 
 
 @pytest.fixture(scope="module")
-def clean_report(spark: Any, capture: Path) -> dict[str, Any]:
-    return verify(spark, capture)
+def replayed(capture: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run replayed into a fresh broker B, recorded client-side."""
+    from trio_broker.cli import main
+
+    base = tmp_path_factory.mktemp("replay")
+    target = CapturingBroker(base / "data-b", base / "unused", ["--capture-paused"])
+    try:
+        code = main(
+            ["replay", str(capture), "--to", target.bootstrap, "--speed", "0",
+             "--capture", str(base / "replay")]
+        )  # fmt: skip
+    finally:
+        assert target.stop() == 0, target.log()
+    assert code == 0
+    return base / "replay"
+
+
+@pytest.fixture(scope="module")
+def pcap_import(traffic: Traffic, tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """tcpdump's view of the traffic imported as a capture (None: no loopback capture)."""
+    if traffic.pcap is None:
+        return None
+    from trio_broker.capture.pcap import import_pcap
+
+    target = tmp_path_factory.mktemp("pcap") / "pcap"
+    summary = import_pcap(traffic.pcap, {traffic.port}, target)
+    assert summary.requests > 0 and summary.unpaired_responses == 0, summary.describe()
+    return target
+
+
+@pytest.fixture(scope="module")
+def reports(
+    spark: Any,
+    capture: Path,
+    replayed: Path,
+    pcap_import: Path | None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
+    """Every capture the module verifies, in one Spark job (each job costs 15-30 s on a
+    busy machine; the captures are kept apart in it, each verdict its own)."""
+    root = tmp_path_factory.mktemp("verify-many")
+    _by_id_capture(root / "by-id-good", lose_first=False)
+    _by_id_capture(root / "by-id-bad", lose_first=True)
+    captures = {
+        "clean": capture,
+        "replay": replayed,
+        "by-id-good": root / "by-id-good",
+        "by-id-bad": root / "by-id-bad",
+        "corrupted": _corrupted(capture, root / "corrupted"),
+    }
+    if pcap_import is not None:
+        captures["pcap"] = pcap_import
+    return dict(zip(captures, verify_many(spark, list(captures.values())), strict=True))
+
+
+@pytest.fixture(scope="module")
+def clean_report(reports: dict[str, Any]) -> dict[str, Any]:
+    return reports["clean"]
 
 
 def test_clean_capture_passes(clean_report: dict[str, Any], capture: Path, tmp_path: Path) -> None:
@@ -203,23 +259,10 @@ def fetch_error_code(version: int, frame: bytes) -> int:
     return int.from_bytes(frame[8 + (version >= 12) : 10 + (version >= 12)], "big", signed=True)
 
 
-def test_replay_into_a_fresh_broker_verifies(
-    spark: Any, capture: Path, clean_report: dict[str, Any], tmp_path: Path
-) -> None:
+def test_replay_into_a_fresh_broker_verifies(reports: dict[str, Any], replayed: Path) -> None:
     """Replay the run into broker B, recording client-side; the recording verifies."""
-    from trio_broker.cli import main
-
-    target = CapturingBroker(tmp_path / "data-b", tmp_path / "unused", ["--capture-paused"])
-    try:
-        code = main(
-            ["replay", str(capture), "--to", target.bootstrap, "--speed", "0",
-             "--capture", str(tmp_path / "replay")]
-        )  # fmt: skip
-    finally:
-        assert target.stop() == 0, target.log()
-    assert code == 0
-    report = verify(spark, tmp_path / "replay")
-    original = clean_report
+    report = reports["replay"]
+    original = reports["clean"]
     assert report["ok"], summary_text(report)
     # The same produce traffic was acknowledged again, and fetched back.
     assert report["acknowledged_batches"] == original["acknowledged_batches"]
@@ -227,22 +270,22 @@ def test_replay_into_a_fresh_broker_verifies(
     # The consumer group's traffic means the same on the target: member ids and
     # generations were mapped, so its SyncGroup and OffsetCommit requests succeed.
     errors: dict[int, list[int]] = {8: [], 14: []}
-    replayed = read_capture(tmp_path / "replay").to_pylist()
+    rows = read_capture(replayed).to_pylist()
     # kafka-python fetched through a session: the replayed incremental fetches name the
     # session the target opened (mapped from the capture's), so none is refused.
     fetch_heads = [
-        (r["api_version"], r["frame"]) for r in replayed
+        (r["api_version"], r["frame"]) for r in rows
         if r["direction"] == "response" and r["api_key"] == 1
     ]  # fmt: skip
     assert any(fetch_session_handed_out(v, f) for v, f in fetch_heads)
     assert all(fetch_error_code(v, f) == 0 for v, f in fetch_heads)
     incremental = [
-        body for r in replayed
+        body for r in rows
         if r["direction"] == "request" and r["api_key"] == 1
         and (body := decode_request(r["frame"])[1]).session_epoch > 0
     ]  # fmt: skip
     assert incremental, "the replayed traffic has no incremental fetch"
-    for row in replayed:
+    for row in rows:
         if row["direction"] == "response" and row["api_key"] in errors:
             body: Any = decode_response(row["api_key"], row["api_version"], row["frame"])[1]
             if row["api_key"] == 14:
@@ -330,23 +373,19 @@ def test_a_second_replay_into_one_broker_appends_idempotent_batches_again(
 
 
 def test_pcap_import_matches_the_tap_and_verifies(
-    spark: Any, traffic: Traffic, tmp_path: Path
+    reports: dict[str, Any], traffic: Traffic, pcap_import: Path | None
 ) -> None:
     """tcpdump saw the same connections: the import must yield the tap's frames, byte for byte."""
-    if traffic.pcap is None:
+    if pcap_import is None:
         pytest.skip(f"no loopback capture in this sandbox: {traffic.no_pcap_reason}")
-    from trio_broker.capture.pcap import import_pcap
-
-    summary = import_pcap(traffic.pcap, {traffic.port}, tmp_path / "pcap")
-    assert summary.requests > 0 and summary.unpaired_responses == 0, summary.describe()
 
     def frames(directory: Path) -> list[tuple[str, int, int, bytes]]:
         t = read_capture(directory)
         cols = [t.column(c).to_pylist() for c in ("direction", "api_key", "correlation_id")]
         return sorted(zip(*cols, t.column("frame").to_pylist()))
 
-    assert frames(tmp_path / "pcap") == frames(traffic.capture_dir)
-    report = verify(spark, tmp_path / "pcap")
+    assert frames(pcap_import) == frames(traffic.capture_dir)
+    report = reports["pcap"]
     assert report["ok"], summary_text(report)
     assert report["acknowledged_batches"] >= 2 * MESSAGES
 
@@ -407,26 +446,43 @@ def _by_id_capture(target: Path, *, lose_first: bool) -> None:
     write_rows(rows, target)
 
 
-def test_topics_named_by_id_are_matched_to_their_names(spark: Any, tmp_path: Path) -> None:
+def test_topics_named_by_id_are_matched_to_their_names(reports: dict[str, Any]) -> None:
     """Produce v13 and Fetch v16 name the topic by id, Fetch v12 by name: the job names
     every fact through the Metadata response, so the batches acknowledged by id are found
-    by both fetches; a batch neither fetch returns is reported missing, under its name."""
-    _by_id_capture(tmp_path / "good", lose_first=False)
-    report = verify(spark, tmp_path / "good")
+    by both fetches; a batch neither fetch returns is reported missing, under its name.
+    (Both captures name the topic by the same id, in one job: each by its own Metadata.)"""
+    report = reports["by-id-good"]
     assert report["ok"], summary_text(report)
     assert report["acknowledged_batches"] == 2
     assert report["facts"]["fetch_batch"] == 4
-    _by_id_capture(tmp_path / "bad", lose_first=True)
-    report = verify(spark, tmp_path / "bad")
+    report = reports["by-id-bad"]
     assert kinds(report, "acked_produce_fetched") == {"ack_missing"}, summary_text(report)
     (example,) = report["checks"]["acked_produce_fetched"]["examples"]
     assert example["topic"] == "by-id" and example["base_offset"] == 0
 
 
-def test_corrupted_capture_reports_each_violation(
-    spark: Any, capture: Path, tmp_path: Path
-) -> None:
-    """One corrupted copy, one corruption per topic; checked through the CLI (exit code 1).
+def _corrupted(capture: Path, target: Path) -> Path:
+    """One corrupted copy of ``capture``, one corruption per topic (see
+    test_corrupted_capture_reports_each_violation)."""
+    crc = first_multi_batch_crc(capture, "verify-plain")
+    edits = {
+        "verify-plain": (drop_and_duplicate(crc), False),
+        "verify-idem": (swap_first_two, True),
+    }
+    assert rewrite_fetches(capture, target, edits) >= 1
+    rows = read_capture(target).to_pylist()
+    rows = drop_idempotent_batch(rows, "verify-idem", 5)
+    rows = high_watermark_backwards(rows, "verify-plain")
+    rows = offset_fetch_stale(rows)
+    rows = fetch_last_commit(commit_backwards(rows))  # allowed: must add no violation
+    rows = assign_twice(rows)
+    write_rows(rows, target)
+    return target
+
+
+def test_corrupted_capture_reports_each_violation(reports: dict[str, Any], tmp_path: Path) -> None:
+    """One corrupted copy, one corruption per topic (the CLI's exit codes are
+    test_verify_multi.py's).
 
     verify-plain: an acknowledged batch dropped from every fetch response, the first
     batch duplicated at a new offset, the last high watermark lowered; verify-idem: two
@@ -437,22 +493,9 @@ def test_corrupted_capture_reports_each_violation(
     """
     from trio_broker.cli import main
 
-    crc = first_multi_batch_crc(capture, "verify-plain")
-    edits = {
-        "verify-plain": (drop_and_duplicate(crc), False),
-        "verify-idem": (swap_first_two, True),
-    }
-    assert rewrite_fetches(capture, tmp_path / "bad", edits) >= 1
-    rows = read_capture(tmp_path / "bad").to_pylist()
-    rows = drop_idempotent_batch(rows, "verify-idem", 5)
-    rows = high_watermark_backwards(rows, "verify-plain")
-    rows = offset_fetch_stale(rows)
-    rows = fetch_last_commit(commit_backwards(rows))  # allowed: must add no violation
-    rows = assign_twice(rows)
-    write_rows(rows, tmp_path / "bad")
     assert main(["verify", str(tmp_path / "nothing-here")]) == 2
-    assert main(["verify", str(tmp_path / "bad"), "--report", str(tmp_path / "report")]) == 1
-    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    report = reports["corrupted"]
+    write_report(report, tmp_path / "report")
     assert "FAIL" in (tmp_path / "report" / "report.html").read_text()
     assert not report["ok"]
     text = summary_text(report)

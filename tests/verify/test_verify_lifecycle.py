@@ -6,7 +6,8 @@ and, with no Fetch at all, asks for the topic's metadata and latest offset and p
 AGAIN more records. On the data that run 1 left the capture passes; on an emptied data
 directory (a broker that forgot the topic across the kill) the later answers show a
 lower log end, an unknown topic and a new topic id, each reported. A copy of the clean
-capture with its second run's topic ids and ListOffsets answers doctored fails too.
+capture with its second run's topic ids and ListOffsets answers doctored fails too. The
+four captures are checked in one Spark job (``verify_many``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import shutil
 import signal
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ if shutil.which("java") is None:
 
 from tests.verify.helpers import CapturingBroker, kinds, read_capture
 from trio_broker.protocol.messages import decode_response, encode_response
-from trio_broker.verify.job import summary_text, verify
+from trio_broker.verify.job import summary_text, verify_many
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -34,6 +36,8 @@ TOPIC = "lifecycle"
 PRODUCED = 6
 AGAIN = 2
 CAPTURED_TIMEOUT_S = 30.0
+#: The topic id the doctored copy's second run names.
+OTHER_ID = uuid.UUID("00000000-0000-4000-8000-0000000f0a0f")
 
 
 def _produce(bootstrap: str, count: int) -> None:
@@ -126,8 +130,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     return Runs(captures["kept"], captures["forgotten"], answers)
 
 
-def test_a_broker_that_kept_the_topic_passes(spark: Any, runs: Runs) -> None:
-    report = verify(spark, runs.kept)
+def test_a_broker_that_kept_the_topic_passes(reports: dict[str, Any]) -> None:
+    report = reports["kept"]
     text = summary_text(report)
     assert report["ok"], text
     assert report["acknowledged_batches"] == PRODUCED + AGAIN, text
@@ -135,9 +139,11 @@ def test_a_broker_that_kept_the_topic_passes(spark: Any, runs: Runs) -> None:
     assert not report["facts"].get("fetch_part"), "the check must not need a fetch"
 
 
-def test_a_broker_that_forgot_the_topic_fails(spark: Any, runs: Runs) -> None:
-    """No fetch anywhere: only the lifecycle check can see the loss."""
-    report = verify(spark, runs.forgotten)
+def test_a_broker_that_forgot_the_topic_fails(reports: dict[str, Any]) -> None:
+    """No fetch anywhere: only the lifecycle check can see the loss. (Checked in the job
+    that also holds ``deleted``, its copy with a DeleteTopics: that request must not
+    excuse this capture.)"""
+    report = reports["forgotten"]
     text = summary_text(report)
     assert not report["ok"], text
     failed = {name for name, check in report["checks"].items() if check["violations"]}
@@ -177,21 +183,17 @@ def _doctor(rows: list[dict[str, Any]], key: int, edit: Any) -> int:
     return changed
 
 
-def test_doctored_ids_and_log_ends_fail(spark: Any, runs: Runs, tmp_path: Path) -> None:
+def _doctored_ids_and_log_ends(runs: Runs, target: Path) -> Path:
     """The clean capture with run 2's Metadata naming another topic id and its
-    ListOffsets answering offset 1: both reported, nothing else."""
-    import uuid
-
+    ListOffsets answering offset 1."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    other = uuid.UUID("00000000-0000-4000-8000-0000000f0a0f")
 
     def new_id(body: Any) -> bool:
         touched = False
         for topic in body.topics:
             if topic.name == TOPIC and topic.topic_id is not None:
-                topic.topic_id = other
+                topic.topic_id = OTHER_ID
                 touched = True
         return touched
 
@@ -207,7 +209,6 @@ def test_doctored_ids_and_log_ends_fail(spark: Any, runs: Runs, tmp_path: Path) 
     # Each run keeps its own files (connection ids start again in every run).
     files = sorted(runs.kept.glob("*.parquet"))
     second = max(path.name.rsplit("-", 1)[0] for path in files)
-    target = tmp_path / "doctored"
     target.mkdir()
     changed = {2: 0, 3: 0}
     for path in files:
@@ -219,7 +220,13 @@ def test_doctored_ids_and_log_ends_fail(spark: Any, runs: Runs, tmp_path: Path) 
             table = pa.Table.from_pylist(rows, schema=table.schema)
         pq.write_table(table, target / path.name)
     assert changed[2] >= 1 and changed[3] >= 1, changed
-    report = verify(spark, target)
+    return target
+
+
+def test_doctored_ids_and_log_ends_fail(reports: dict[str, Any]) -> None:
+    """Run 2's new topic id and lowered ListOffsets answer: both reported, nothing else."""
+    other = f"id:{OTHER_ID}"
+    report = reports["doctored"]
     text = summary_text(report)
     failed = {name for name, check in report["checks"].items() if check["violations"]}
     assert failed == {"acked_topic_kept"}, text
@@ -228,12 +235,12 @@ def test_doctored_ids_and_log_ends_fail(spark: Any, runs: Runs, tmp_path: Path) 
     answers = {e["answer"] for e in examples if e["violation"] == "log_end_below_acked"}
     assert answers == {"list_offsets"}, text
     (changed_id,) = [e for e in examples if e["violation"] == "topic_id_changed"]
-    assert changed_id["topic_id"] == f"id:{other}", text
+    assert changed_id["topic_id"] == other, text
 
 
-def test_a_deleted_topic_is_not_judged(spark: Any, runs: Runs, tmp_path: Path) -> None:
+def _deleted(runs: Runs, target: Path) -> Path:
     """The forgetful broker's capture with a DeleteTopics request for the topic after the
-    first run's acknowledgements: the topic was meant to go, nothing is reported."""
+    first run's acknowledgements."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -242,7 +249,6 @@ def test_a_deleted_topic_is_not_judged(spark: Any, runs: Runs, tmp_path: Path) -
 
     files = sorted(runs.forgotten.glob("*.parquet"))
     first = min(path.name.rsplit("-", 1)[0] for path in files)
-    target = tmp_path / "deleted"
     target.mkdir()
     for path in files:
         table = pq.read_table(path)
@@ -259,6 +265,25 @@ def test_a_deleted_topic_is_not_judged(spark: Any, runs: Runs, tmp_path: Path) -
             })  # fmt: skip
             table = pa.Table.from_pylist(rows, schema=table.schema)
         pq.write_table(table, target / path.name)
-    report = verify(spark, target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def reports(spark: Any, runs: Runs, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The two second runs' captures and two doctored copies, in one Spark job (kept
+    apart in it: each verdict is its own capture's)."""
+    root = tmp_path_factory.mktemp("lifecycle-doctored")
+    captures = {
+        "kept": runs.kept,
+        "forgotten": runs.forgotten,
+        "doctored": _doctored_ids_and_log_ends(runs, root / "doctored"),
+        "deleted": _deleted(runs, root / "deleted"),
+    }
+    return dict(zip(captures, verify_many(spark, list(captures.values())), strict=True))
+
+
+def test_a_deleted_topic_is_not_judged(reports: dict[str, Any]) -> None:
+    """The topic was meant to go: nothing is reported."""
+    report = reports["deleted"]
     assert report["facts"].get("delete_topic") == 1, report["facts"]
     assert report["ok"], summary_text(report)

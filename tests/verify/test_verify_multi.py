@@ -24,7 +24,7 @@ from tests.verify.helpers import write_rows
 from trio_broker.capture.schema import arrow_schema
 from trio_broker.protocol.messages import encode_request, encode_response
 from trio_broker.protocol.records import build_batch
-from trio_broker.verify.job import summary_text, verify
+from trio_broker.verify.job import summary_text, verify_many
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -175,39 +175,93 @@ def two_brokers(root: Path, *, overwritten: bool) -> tuple[Path, Path]:
     return root / "broker1", root / "broker2"
 
 
-def test_captures_of_several_brokers_are_checked_together(spark: Any, tmp_path: Path) -> None:
-    """Each capture is verified once (each Spark job costs 15-30 s on a busy machine): the
-    good pair as a parent directory, the bad pair through the CLI, each bad one alone."""
-    import json
+def apart(root: Path, *, second: bool) -> Path:
+    """One broker alone, clean: idempotent producer 7 (epoch 0, sequence 0) acknowledged
+    at offset 0 (``second``: at offset 1, after a plain batch at 0), and a consumer
+    fetched the log. Two such captures, ``second`` False and True, are each clean, but
+    as one history they hold every kind of clash: two batches at offset 0, the first
+    acknowledged batch fetched with another CRC, one sequence at two offsets."""
+    rows = Rows(1)
+    if second:
+        produce(rows, 1, b"x", 0)
+        produce(rows, 2, b"b", 1, producer_id=7)
+        log = batch(b"x", 0) + batch(b"b", 1, producer_id=7)
+    else:
+        produce(rows, 1, b"a", 0, producer_id=7)
+        log = batch(b"a", 0, producer_id=7)
+    fetch(rows, 2, "consumer", 1, log, 2 if second else 1)
+    write_run(rows, root, 1)
+    return root
 
-    from trio_broker.cli import main
 
-    good = two_brokers(tmp_path / "good", overwritten=False)
-    # A parent directory with one capture per subdirectory means its subdirectories.
-    report = verify(spark, tmp_path / "good")
+@pytest.fixture(scope="module")
+def reports(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every capture of the module, checked in one Spark job (each job costs 15-30 s on a
+    busy machine): the separation of captures within one job is itself under test."""
+    root = tmp_path_factory.mktemp("multi")
+    good = two_brokers(root / "good", overwritten=False)
+    bad = two_brokers(root / "bad", overwritten=True)
+    first, second = apart(root / "apart-1", second=False), apart(root / "apart-2", second=True)
+    captures: dict[str, Any] = {
+        # A parent directory with one capture per subdirectory means its subdirectories.
+        "good": root / "good",
+        "bad": list(bad),
+        "bad-1": bad[0],
+        "bad-2": bad[1],
+        "failover-good": failover(root / "failover-good", doctored=False),
+        "failover-bad": failover(root / "failover-bad", doctored=True),
+        "apart-1": first,
+        "apart-2": second,
+        # The same two directories as one capture (one history): what the two above
+        # would show if the job mixed them up.
+        "apart-merged": [first, second],
+    }
+    found = verify_many(spark, list(captures.values()))
+    return {"dirs": {"good": good, "bad": bad}} | dict(zip(captures, found, strict=True))
+
+
+def test_captures_of_several_brokers_are_checked_together(reports: dict[str, Any]) -> None:
+    good, bad = reports["dirs"]["good"], reports["dirs"]["bad"]
+    report = reports["good"]
     assert report["ok"], summary_text(report)
     assert report["acknowledged_batches"] == 2
     assert report["capture_dirs"] == [str(d) for d in good]
 
-    bad = two_brokers(tmp_path / "bad", overwritten=True)
-    assert main(["verify", str(good[0]), str(tmp_path / "nothing-here")]) == 2
-    assert main(["verify", *map(str, bad), "--report", str(tmp_path / "report")]) == 1
-    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    report = reports["bad"]
     assert report["capture_dirs"] == [str(d) for d in bad]
     found = report["checks"]["acked_produce_fetched"]["by_kind"]
     assert found == {"ack_crc_mismatch": 1}, summary_text(report)
     # Each capture alone holds no violation: only together is the loss visible.
-    assert all(verify(spark, d)["ok"] for d in bad)
+    assert reports["bad-1"]["ok"], summary_text(reports["bad-1"])
+    assert reports["bad-2"]["ok"], summary_text(reports["bad-2"])
+
+
+def test_the_cli_checks_several_directories_and_exits_1_on_a_violation(
+    spark: Any, reports: dict[str, Any], tmp_path: Path
+) -> None:
+    """``trio-broker verify`` in-process (it uses the running session): exit 2 for a
+    missing directory, 1 and a report for the bad pair, the same as ``verify_many``'s."""
+    import json
+
+    from trio_broker.cli import main
+
+    good, bad = reports["dirs"]["good"], reports["dirs"]["bad"]
+    assert main(["verify", str(good[0]), str(tmp_path / "nothing-here")]) == 2
+    assert main(["verify", *map(str, bad), "--report", str(tmp_path / "report")]) == 1
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["capture_dirs"] == [str(d) for d in bad]
+    for key in ("checks", "facts", "acknowledged_batches", "frames"):
+        assert report[key] == reports["bad"][key], key
 
 
 def test_leaders_and_high_watermarks_are_checked_per_epoch_across_brokers(
-    spark: Any, tmp_path: Path
+    reports: dict[str, Any],
 ) -> None:
-    report = verify(spark, failover(tmp_path / "good", doctored=False))
+    report = reports["failover-good"]
     assert report["ok"], summary_text(report)
     assert report["acknowledged_batches"] == 4
 
-    report = verify(spark, failover(tmp_path / "bad", doctored=True))
+    report = reports["failover-bad"]
     checks = report["checks"]
     assert checks["one_leader_per_epoch"]["by_kind"] == {
         "two_brokers_acked_in_epoch": 1,
@@ -227,3 +281,31 @@ def test_leaders_and_high_watermarks_are_checked_per_epoch_across_brokers(
     assert backwards == [(2, 3, 4)]
     others = {name for name, c in checks.items() if c["violations"]}
     assert others == {"one_leader_per_epoch", "high_watermark_monotonic"}, summary_text(report)
+
+
+def test_captures_in_one_job_are_kept_apart(reports: dict[str, Any]) -> None:
+    """One Spark job held nine captures: each verdict is its capture's own. A violation is
+    reported for its capture only (the bad pair's CRC mismatch, the failover's epochs),
+    never in a clean one checked beside it, and two clean captures that clash when
+    merged (same topic, offsets, producer id and sequence; same connection and
+    correlation ids) both pass, while their merge fails every clashing check."""
+    assert [name for name in reports if name != "dirs" and not reports[name]["ok"]] == [
+        "bad",
+        "failover-bad",
+        "apart-merged",
+    ]
+    for name in ("apart-1", "apart-2"):
+        report = reports[name]
+        assert report["acknowledged_batches"] == (1 if name == "apart-1" else 2)
+        assert report["facts"]["fetch_batch"] == report["acknowledged_batches"]
+        # Statistics are per capture too: every request of this capture, no other's.
+        requests = sum(r["requests"] for r in report["stats"]["timeline"])
+        assert requests == report["acknowledged_batches"] + 1  # its produces and one fetch
+    merged = reports["apart-merged"]
+    assert merged["acknowledged_batches"] == 3
+    failed = {name: set(c["by_kind"]) for name, c in merged["checks"].items() if c["violations"]}
+    assert failed == {
+        "acked_produce_fetched": {"ack_crc_mismatch"},
+        "fetched_batches_agree": {"fetch_conflict"},
+        "producer_sequences": {"sequence_duplicate_other_offset"},
+    }, summary_text(merged)

@@ -2,12 +2,12 @@
 producer (commits and aborts) and a read_committed consumer, then ``verify`` on the capture
 (clean: exit 0, the transaction checks run) and on doctored copies (each check fails).
 
-One broker run for the module; the Spark session is shared (conftest.py).
+One broker run for the module, and one Spark job for the clean capture and its doctored
+copies (``verify_many``); the Spark session is shared (conftest.py).
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -27,9 +27,9 @@ from tests.verify.helpers import (
 )
 from trio_broker.protocol.messages import decode_request, decode_response, encode_response
 from trio_broker.protocol.records import split_batches
-from trio_broker.verify.job import summary_text, verify
+from trio_broker.verify.job import summary_text, verify_many
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 TOPICS = ("txn-a", "txn-b")
 #: (tag, commit?) of each transaction, in order; each writes PER_TOPIC records per topic.
@@ -104,8 +104,8 @@ def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return capture_dir
 
 
-def test_clean_transactional_capture_passes(spark: Any, capture: Path) -> None:
-    report = verify(spark, capture)
+def test_clean_transactional_capture_passes(reports: dict[str, Any]) -> None:
+    report = reports["clean"]
     text = summary_text(report)
     assert report["ok"], text
     facts = report["facts"]
@@ -154,25 +154,30 @@ def _doctor_fetch_responses(rows: list[dict[str, Any]], edit: Any) -> int:
     return changed
 
 
-def test_doctored_captures_fail_each_transaction_check(
-    spark: Any, capture: Path, tmp_path: Path
-) -> None:
-    """Six doctored copies, each failing one transaction check:
+def _doctored(capture: Path, root: Path) -> dict[str, Path]:
+    """Six doctored copies of the capture, each meant to fail one transaction check:
 
-    1. the first committed batch of txn-a dropped from every fetch response (the consumer
-       read past it): the committed transaction was not visible all-or-nothing;
-    2. the first positive last stable offset raised past its high watermark: above the
-       high watermark there, and the next responses' LSOs then go backwards;
-    3. the last EndTxn (c3's commit) moved after every fetch: the consumer's fetches saw
-       an LSO past a transaction that was, by the traffic, still open;
-    4. an aborted-transaction entry from offset 0 added to every fetch response holding
-       offset 0: the consumer would have dropped transaction c1's committed records;
-    5. the LSO of the first response that returned records lowered to its first batch:
-       records handed out at or past the last stable offset;
-    6. the aborted-transaction lists removed from every fetch response: read_committed
-       consumers would have been handed the aborted records (through the CLI: exit 1).
+    1. ``lost``: the first committed batch of txn-a dropped from every fetch response
+       (the consumer read past it): the committed transaction was not visible
+       all-or-nothing;
+    2. ``lso``: the first positive last stable offset raised past its high watermark:
+       above the high watermark there, and the next responses' LSOs then go backwards;
+    3. ``late-end``: the last EndTxn (c3's commit) moved after every fetch: the
+       consumer's fetches saw an LSO past a transaction that was, by the traffic, still
+       open;
+    4. ``hidden``: an aborted-transaction entry from offset 0 added to every fetch
+       response holding offset 0: the consumer would have dropped transaction c1's
+       committed records;
+    5. ``past-lso``: the LSO of the first response that returned records lowered to its
+       first batch: records handed out at or past the last stable offset;
+    6. ``no-aborted``: the aborted-transaction lists removed from every fetch response:
+       read_committed consumers would have been handed the aborted records.
     """
-    from trio_broker.cli import main
+    out: dict[str, Path] = {}
+
+    def write(name: str, rows: list[dict[str, Any]]) -> None:
+        write_rows(rows, root / name)
+        out[name] = root / name
 
     # 1. A committed batch dropped from every fetch.
     crc = _first_transactional_crc(capture, "txn-a")
@@ -190,13 +195,7 @@ def test_doctored_captures_fail_each_transaction_check(
 
     # By CRC: the fetches name the topic by id (Fetch v13+).
     assert _doctor_fetch_responses(rows, drop_committed) >= 1
-    write_rows(rows, tmp_path / "lost")
-    report = verify(spark, tmp_path / "lost")
-    text = summary_text(report)
-    assert kinds(report, "committed_transaction_atomic") == {"committed_batch_missing"}, text
-    (example,) = report["checks"]["committed_transaction_atomic"]["examples"]
-    assert example["topic"] == "txn-a" and example["transactional_id"] == "verify-txn", text
-    assert report["checks"]["read_committed_no_aborted"]["violations"] == 0, text
+    write("lost", rows)
 
     # 2. LSO above the high watermark in one response, below an earlier one in another.
     rows = read_capture(capture).to_pylist()
@@ -212,11 +211,7 @@ def test_doctored_captures_fail_each_transaction_check(
         return False
 
     assert _doctor_fetch_responses(rows, lso_jump) == 1
-    write_rows(rows, tmp_path / "lso")
-    report = verify(spark, tmp_path / "lso")
-    text = summary_text(report)
-    found = kinds(report, "last_stable_offset")
-    assert {"lso_above_high_watermark", "lso_backwards"} <= found, text
+    write("lso", rows)
 
     # 3. The last EndTxn exchange received only after everything else.
     rows = read_capture(capture).to_pylist()
@@ -231,14 +226,7 @@ def test_doctored_captures_fail_each_transaction_check(
         ):  # fmt: skip
             later = 1000 if row["direction"] == "request" else 2000
             row["monotonic_ns"] = last + later
-    write_rows(rows, tmp_path / "late-end")
-    report = verify(spark, tmp_path / "late-end")
-    text = summary_text(report)
-    assert kinds(report, "last_stable_offset") == {"lso_past_open_transaction"}, text
-    for example in report["checks"]["last_stable_offset"]["examples"]:
-        assert example["topic"] in TOPICS, text
-    assert report["checks"]["read_committed_no_aborted"]["violations"] == 0, text
-    assert report["checks"]["committed_transaction_atomic"]["violations"] == 0, text
+    write("late-end", rows)
 
     # 4. Committed c1 marked aborted in the fetch responses that returned it.
     rows = read_capture(capture).to_pylist()
@@ -254,11 +242,7 @@ def test_doctored_captures_fail_each_transaction_check(
         return True
 
     assert _doctor_fetch_responses(rows, hide_first) >= 1
-    write_rows(rows, tmp_path / "hidden")
-    report = verify(spark, tmp_path / "hidden")
-    text = summary_text(report)
-    assert kinds(report, "committed_transaction_atomic") == {"committed_batch_hidden"}, text
-    assert report["checks"]["read_committed_no_aborted"]["violations"] == 0, text
+    write("hidden", rows)
 
     # 5. Records returned at or past the LSO.
     rows = read_capture(capture).to_pylist()
@@ -275,12 +259,9 @@ def test_doctored_captures_fail_each_transaction_check(
         return True
 
     assert _doctor_fetch_responses(rows, lso_below_records) == 1
-    write_rows(rows, tmp_path / "past-lso")
-    report = verify(spark, tmp_path / "past-lso")
-    text = summary_text(report)
-    assert kinds(report, "read_committed_no_aborted") == {"beyond_last_stable_offset"}, text
+    write("past-lso", rows)
 
-    # 6. Aborted lists gone; through the CLI (which leaves the shared session running).
+    # 6. Aborted lists gone.
     rows = read_capture(capture).to_pylist()
 
     def strip_aborted(part: Any) -> bool:
@@ -290,10 +271,56 @@ def test_doctored_captures_fail_each_transaction_check(
         return False
 
     assert _doctor_fetch_responses(rows, strip_aborted) >= 1
-    write_rows(rows, tmp_path / "no-aborted")
-    report_dir = tmp_path / "report-no-aborted"
-    assert main(["verify", str(tmp_path / "no-aborted"), "--report", str(report_dir)]) == 1
-    report = json.loads((report_dir / "report.json").read_text())
+    write("no-aborted", rows)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reports(spark: Any, capture: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The clean capture and its six doctored copies, checked in one Spark job (the
+    captures are kept apart in it: each verdict is its own capture's)."""
+    captures = {"clean": capture} | _doctored(capture, tmp_path_factory.mktemp("doctored"))
+    return dict(zip(captures, verify_many(spark, list(captures.values())), strict=True))
+
+
+def test_doctored_captures_fail_each_transaction_check(reports: dict[str, Any]) -> None:
+    """Each doctored copy (see _doctored) fails its own check, and only its own."""
+    # 1. A committed batch dropped from every fetch.
+    report = reports["lost"]
+    text = summary_text(report)
+    assert kinds(report, "committed_transaction_atomic") == {"committed_batch_missing"}, text
+    (example,) = report["checks"]["committed_transaction_atomic"]["examples"]
+    assert example["topic"] == "txn-a" and example["transactional_id"] == "verify-txn", text
+    assert report["checks"]["read_committed_no_aborted"]["violations"] == 0, text
+
+    # 2. LSO above the high watermark in one response, below an earlier one in another.
+    report = reports["lso"]
+    text = summary_text(report)
+    found = kinds(report, "last_stable_offset")
+    assert {"lso_above_high_watermark", "lso_backwards"} <= found, text
+
+    # 3. The last EndTxn exchange received only after everything else.
+    report = reports["late-end"]
+    text = summary_text(report)
+    assert kinds(report, "last_stable_offset") == {"lso_past_open_transaction"}, text
+    for example in report["checks"]["last_stable_offset"]["examples"]:
+        assert example["topic"] in TOPICS, text
+    assert report["checks"]["read_committed_no_aborted"]["violations"] == 0, text
+    assert report["checks"]["committed_transaction_atomic"]["violations"] == 0, text
+
+    # 4. Committed c1 marked aborted in the fetch responses that returned it.
+    report = reports["hidden"]
+    text = summary_text(report)
+    assert kinds(report, "committed_transaction_atomic") == {"committed_batch_hidden"}, text
+    assert report["checks"]["read_committed_no_aborted"]["violations"] == 0, text
+
+    # 5. Records returned at or past the LSO.
+    report = reports["past-lso"]
+    text = summary_text(report)
+    assert kinds(report, "read_committed_no_aborted") == {"beyond_last_stable_offset"}, text
+
+    # 6. Aborted lists gone.
+    report = reports["no-aborted"]
     text = summary_text(report)
     assert kinds(report, "read_committed_no_aborted") == {"aborted_batch_returned"}, text
     assert report["checks"]["committed_transaction_atomic"]["violations"] == 0, text

@@ -17,6 +17,7 @@ __all__ = [
     "MATERIALIZED",
     "VIEWS",
     "all_checks_sql",
+    "captures_view_sql",
     "named_view_sql",
     "run_brokers_view_sql",
     "sql",
@@ -25,43 +26,46 @@ __all__ = [
 #: Examples kept per violation kind in the summary and the report.
 EXAMPLES = 5
 
-#: Views built from the facts before the checks run (name -> SQL).
+#: Views built from the facts before the checks run (name -> SQL). Every row carries
+#: ``cap``, the capture it comes from (see :func:`named_view_sql`), and every join,
+#: aggregation and window below is keyed by it: one job may check several captures,
+#: and a fact of one must never meet a fact of another.
 VIEWS: dict[str, str] = {
     # ``named`` (the facts with topic ids resolved to names, ``tname``) comes first: see
     # named_view_sql.
     # Acknowledged produce batches: request batch joined to its response partition.
     "acked": """
-        SELECT b.run, b.conn, b.corr, b.tname AS topic, b.partition,
+        SELECT b.cap, b.run, b.conn, b.corr, b.tname AS topic, b.partition,
                a.offset + b.idx AS base_offset, b.crc, b.record_count,
                b.producer_id, b.producer_epoch, b.base_sequence, a.ts AS ack_ts, b.attributes,
                b.ts AS req_ts
         FROM named b JOIN named a
           ON a.kind = {produce_ack} AND b.kind = {produce_batch} AND a.error = 0
-         AND a.run = b.run AND a.conn = b.conn AND a.corr = b.corr
+         AND a.cap = b.cap AND a.run = b.run AND a.conn = b.conn AND a.corr = b.corr
          AND a.tname = b.tname AND a.partition = b.partition
     """,
     # The log as fetches saw it: one row per distinct (partition, offset, crc).
     "fetched": """
-        SELECT tname AS topic, partition, offset AS base_offset, last_offset, crc,
+        SELECT cap, tname AS topic, partition, offset AS base_offset, last_offset, crc,
                producer_id, base_sequence, count(*) AS times_fetched
         FROM named WHERE kind = {fetch_batch}
-        GROUP BY tname, partition, offset, last_offset, crc, producer_id, base_sequence
+        GROUP BY cap, tname, partition, offset, last_offset, crc, producer_id, base_sequence
     """,
     "fetched_extent": """
-        SELECT topic, partition, max(last_offset) AS max_fetched FROM fetched
-        GROUP BY topic, partition
+        SELECT cap, topic, partition, max(last_offset) AS max_fetched FROM fetched
+        GROUP BY cap, topic, partition
     """,
     "fetch_requests": """
-        SELECT run, conn, corr, min(ts) AS req_ts FROM named
-        WHERE kind = {fetch_request} GROUP BY run, conn, corr
+        SELECT cap, run, conn, corr, min(ts) AS req_ts FROM named
+        WHERE kind = {fetch_request} GROUP BY cap, run, conn, corr
     """,
     # Transactions ended by their producer: EndTxn requests answered with error NONE.
     "txn_ends": """
-        SELECT r.run, r.conn, r.corr, r.producer_id, r.producer_epoch, r.committed,
+        SELECT r.cap, r.run, r.conn, r.corr, r.producer_id, r.producer_epoch, r.committed,
                r.note AS transactional_id, r.ts AS end_ts
         FROM named r JOIN named a
           ON r.kind = {end_txn} AND a.kind = {end_txn_ack} AND a.error = 0
-         AND a.run = r.run AND a.conn = r.conn AND a.corr = r.corr
+         AND a.cap = r.cap AND a.run = r.run AND a.conn = r.conn AND a.corr = r.corr
     """,
     # Acknowledged transactional batches (attribute bit 0x10), each with the transaction
     # that ends it: the first EndTxn of its producer id and epoch received after its ack
@@ -70,36 +74,37 @@ VIEWS: dict[str, str] = {
     # between every ack and every end. end_ts and committed are NULL while it is open.
     "txn_batches": """
         WITH ev AS (
-          SELECT run, topic, partition, base_offset, producer_id, producer_epoch,
+          SELECT cap, run, topic, partition, base_offset, producer_id, producer_epoch,
                  ack_ts AS t, 1 AS ord,
                  CAST(NULL AS STRUCT<ts: BIGINT, committed: INT, conn: BIGINT, corr: INT,
                                      tid: STRING>) AS e
           FROM acked WHERE (attributes & 16) <> 0
           UNION ALL
-          SELECT run, CAST(NULL AS BIGINT), CAST(NULL AS INT), CAST(NULL AS BIGINT),
+          SELECT cap, run, CAST(NULL AS BIGINT), CAST(NULL AS INT), CAST(NULL AS BIGINT),
                  producer_id, producer_epoch, end_ts, 0,
                  named_struct('ts', end_ts, 'committed', committed, 'conn', conn,
                               'corr', corr, 'tid', transactional_id)
           FROM txn_ends
         ),
         nx AS (
-          SELECT *, min(e) OVER (PARTITION BY run, producer_id, producer_epoch
+          SELECT *, min(e) OVER (PARTITION BY cap, run, producer_id, producer_epoch
                                  ORDER BY t, ord
                                  ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS nxt
           FROM ev
         )
-        SELECT DISTINCT run, topic, partition, base_offset, producer_id, producer_epoch,
+        SELECT DISTINCT cap, run, topic, partition, base_offset, producer_id, producer_epoch,
                nxt.ts AS end_ts, nxt.committed AS committed, nxt.conn AS end_conn,
                nxt.corr AS end_corr, nxt.tid AS transactional_id
         FROM nx WHERE ord = 1
     """,
     # Fetch response partitions (error NONE) answering read_committed Fetch requests.
     "rc_parts": """
-        SELECT p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.offset AS hw,
+        SELECT p.cap, p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.offset AS hw,
                p.last_offset AS lso, p.ts AS resp_ts
         FROM named p JOIN named i
           ON p.kind = {fetch_part} AND i.kind = {fetch_isolation} AND i.isolation_level = 1
-         AND p.error = 0 AND i.run = p.run AND i.conn = p.conn AND i.corr = p.corr
+         AND p.error = 0 AND i.cap = p.cap AND i.run = p.run AND i.conn = p.conn
+         AND i.corr = p.corr
     """,
     # The batches of those partitions; ``hidden``: the response's aborted-transaction list
     # tells the consumer to drop it, as Kafka's consumer reads the list: the batch's
@@ -107,39 +112,40 @@ VIEWS: dict[str, str] = {
     # (the abort marker) of that producer lies between that entry and the batch.
     "rc_batches": """
         WITH b AS (
-          SELECT b.run, b.conn, b.corr, b.tname AS topic, b.partition, b.offset AS base_offset,
-                 b.last_offset, b.producer_id, b.attributes, p.lso
+          SELECT b.cap, b.run, b.conn, b.corr, b.tname AS topic, b.partition,
+                 b.offset AS base_offset, b.last_offset, b.producer_id, b.attributes, p.lso
           FROM named b JOIN rc_parts p
-            ON b.kind = {fetch_batch} AND b.run = p.run AND b.conn = p.conn AND b.corr = p.corr
-           AND b.tname = p.topic AND b.partition = p.partition
+            ON b.kind = {fetch_batch} AND b.cap = p.cap AND b.run = p.run AND b.conn = p.conn
+           AND b.corr = p.corr AND b.tname = p.topic AND b.partition = p.partition
         ),
         entry AS (
-          SELECT b.run, b.conn, b.corr, b.topic, b.partition, b.base_offset,
+          SELECT b.cap, b.run, b.conn, b.corr, b.topic, b.partition, b.base_offset,
                  max(a.offset) AS first_offset
           FROM b JOIN named a
-            ON a.kind = {fetch_aborted} AND a.run = b.run AND a.conn = b.conn
-           AND a.corr = b.corr AND a.tname = b.topic AND a.partition = b.partition
-           AND a.producer_id = b.producer_id AND a.offset <= b.base_offset
+            ON a.kind = {fetch_aborted} AND a.cap = b.cap AND a.run = b.run
+           AND a.conn = b.conn AND a.corr = b.corr AND a.tname = b.topic
+           AND a.partition = b.partition AND a.producer_id = b.producer_id
+           AND a.offset <= b.base_offset
           WHERE (b.attributes & 32) = 0
-          GROUP BY b.run, b.conn, b.corr, b.topic, b.partition, b.base_offset
+          GROUP BY b.cap, b.run, b.conn, b.corr, b.topic, b.partition, b.base_offset
         ),
         ended AS (
-          SELECT e.run, e.conn, e.corr, e.topic, e.partition, e.base_offset,
+          SELECT e.cap, e.run, e.conn, e.corr, e.topic, e.partition, e.base_offset,
                  count(c.base_offset) AS markers
           FROM entry e JOIN b d
-            ON d.run = e.run AND d.conn = e.conn AND d.corr = e.corr AND d.topic = e.topic
-           AND d.partition = e.partition AND d.base_offset = e.base_offset
+            ON d.cap = e.cap AND d.run = e.run AND d.conn = e.conn AND d.corr = e.corr
+           AND d.topic = e.topic AND d.partition = e.partition AND d.base_offset = e.base_offset
           LEFT JOIN b c
-            ON c.run = e.run AND c.conn = e.conn AND c.corr = e.corr AND c.topic = e.topic
-           AND c.partition = e.partition AND (c.attributes & 32) <> 0
+            ON c.cap = e.cap AND c.run = e.run AND c.conn = e.conn AND c.corr = e.corr
+           AND c.topic = e.topic AND c.partition = e.partition AND (c.attributes & 32) <> 0
            AND c.producer_id = d.producer_id
            AND c.base_offset >= e.first_offset AND c.base_offset < e.base_offset
-          GROUP BY e.run, e.conn, e.corr, e.topic, e.partition, e.base_offset
+          GROUP BY e.cap, e.run, e.conn, e.corr, e.topic, e.partition, e.base_offset
         )
         SELECT b.*, coalesce(x.markers = 0, false) AS hidden
         FROM b LEFT JOIN ended x
-          ON x.run = b.run AND x.conn = b.conn AND x.corr = b.corr AND x.topic = b.topic
-         AND x.partition = b.partition AND x.base_offset = b.base_offset
+          ON x.cap = b.cap AND x.run = b.run AND x.conn = b.conn AND x.corr = b.corr
+         AND x.topic = b.topic AND x.partition = b.partition AND x.base_offset = b.base_offset
     """,
 }
 
@@ -147,33 +153,34 @@ VIEWS: dict[str, str] = {
 MATERIALIZED = ("acked", "fetched", "txn_batches", "rc_batches")
 
 #: Each check once: name -> (what a violation means, SQL returning one row per violation
-#: with a ``violation`` kind column).
+#: with a ``violation`` kind column and the ``cap`` it was found in).
 CHECKS: dict[str, tuple[str, str]] = {
     "acked_produce_fetched": (
         "every acknowledged produce batch is fetched at its acknowledged offset with the same "
         "CRC, exactly once",
         """
         WITH m AS (
-          SELECT a.run, a.conn, a.corr, a.topic, a.partition,
+          SELECT a.cap, a.run, a.conn, a.corr, a.topic, a.partition,
                  CASE WHEN f.crc = a.crc THEN 1 ELSE 0 END AS at_offset,
                  CASE WHEN f.crc <> a.crc THEN 1 ELSE 0 END AS other_at_offset,
                  0 AS elsewhere
           FROM acked a JOIN fetched f
-            ON f.topic = a.topic AND f.partition = a.partition AND f.base_offset = a.base_offset
+            ON f.cap = a.cap AND f.topic = a.topic AND f.partition = a.partition
+           AND f.base_offset = a.base_offset
           UNION ALL
-          SELECT a.run, a.conn, a.corr, a.topic, a.partition, 0, 0, 1
+          SELECT a.cap, a.run, a.conn, a.corr, a.topic, a.partition, 0, 0, 1
           -- The same batch elsewhere: CRC, size and producer fields all equal (a CRC alone
           -- is 32 bits: a million batches hold about a hundred colliding pairs).
           FROM acked a JOIN fetched f
-            ON f.topic = a.topic AND f.partition = a.partition AND f.crc = a.crc
-           AND f.base_offset <> a.base_offset
+            ON f.cap = a.cap AND f.topic = a.topic AND f.partition = a.partition
+           AND f.crc = a.crc AND f.base_offset <> a.base_offset
            AND f.last_offset - f.base_offset = a.record_count - 1
            AND f.producer_id <=> a.producer_id AND f.base_sequence <=> a.base_sequence
         ),
         agg AS (
-          SELECT run, conn, corr, topic, partition, sum(at_offset) AS at_offset,
+          SELECT cap, run, conn, corr, topic, partition, sum(at_offset) AS at_offset,
                  sum(other_at_offset) AS other_at_offset, sum(elsewhere) AS elsewhere
-          FROM m GROUP BY run, conn, corr, topic, partition
+          FROM m GROUP BY cap, run, conn, corr, topic, partition
         ),
         j AS (
           SELECT a.*, coalesce(g.at_offset, 0) AS at_offset,
@@ -181,12 +188,13 @@ CHECKS: dict[str, tuple[str, str]] = {
                  coalesce(g.elsewhere, 0) AS elsewhere
           FROM acked a
           JOIN fetched_extent e
-            ON a.topic = e.topic AND a.partition = e.partition AND e.max_fetched >= a.base_offset
+            ON a.cap = e.cap AND a.topic = e.topic AND a.partition = e.partition
+           AND e.max_fetched >= a.base_offset
           LEFT JOIN agg g
-            ON a.run = g.run AND a.conn = g.conn AND a.corr = g.corr AND a.topic = g.topic
-           AND a.partition = g.partition
+            ON a.cap = g.cap AND a.run = g.run AND a.conn = g.conn AND a.corr = g.corr
+           AND a.topic = g.topic AND a.partition = g.partition
         )
-        SELECT CASE
+        SELECT cap, CASE
                  WHEN at_offset = 0 AND other_at_offset = 0 AND elsewhere = 0 THEN 'ack_missing'
                  WHEN at_offset = 0 AND elsewhere > 0 THEN 'ack_moved'
                  WHEN other_at_offset > 0 THEN 'ack_crc_mismatch'
@@ -199,21 +207,22 @@ CHECKS: dict[str, tuple[str, str]] = {
     "fetched_batches_agree": (
         "per partition, no two different batches were fetched at one offset",
         """
-        SELECT 'fetch_conflict' AS violation, topic, partition, base_offset,
+        SELECT cap, 'fetch_conflict' AS violation, topic, partition, base_offset,
                count(DISTINCT crc) AS distinct_crcs, collect_set(crc) AS crcs
-        FROM fetched GROUP BY topic, partition, base_offset HAVING count(DISTINCT crc) > 1
+        FROM fetched GROUP BY cap, topic, partition, base_offset
+        HAVING count(DISTINCT crc) > 1
         """,
     ),
     "fetch_response_contiguous": (
         "within each fetch response partition, batches have increasing, contiguous offsets",
         """
         WITH w AS (
-          SELECT run, conn, corr, tname AS topic, partition, idx, offset AS base_offset,
-                 lag(last_offset) OVER (PARTITION BY run, conn, corr, tname, partition
+          SELECT cap, run, conn, corr, tname AS topic, partition, idx, offset AS base_offset,
+                 lag(last_offset) OVER (PARTITION BY cap, run, conn, corr, tname, partition
                                         ORDER BY idx) AS prev_last
           FROM named WHERE kind = {fetch_batch}
         )
-        SELECT CASE WHEN base_offset <= prev_last THEN 'fetch_out_of_order'
+        SELECT cap, CASE WHEN base_offset <= prev_last THEN 'fetch_out_of_order'
                     ELSE 'fetch_gap' END AS violation,
                topic, partition, run, conn, corr, idx, prev_last, base_offset
         FROM w WHERE prev_last IS NOT NULL AND base_offset <> prev_last + 1
@@ -225,21 +234,21 @@ CHECKS: dict[str, tuple[str, str]] = {
         "across brokers and runs, in the same leader epoch",
         """
         WITH parts AS (
-          SELECT p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.offset AS hw,
+          SELECT p.cap, p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.offset AS hw,
                  p.ts AS resp_ts, r.req_ts
           FROM named p JOIN fetch_requests r
-            ON p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
+            ON p.cap = r.cap AND p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
           WHERE p.kind = {fetch_part} AND p.error = 0
         ),
         events AS (
-          SELECT run, topic, partition, resp_ts AS t, 1 AS ord, hw, NULL AS conn, NULL AS corr,
-                 NULL AS own_hw FROM parts
+          SELECT cap, run, topic, partition, resp_ts AS t, 1 AS ord, hw, NULL AS conn,
+                 NULL AS corr, NULL AS own_hw FROM parts
           UNION ALL
-          SELECT run, topic, partition, req_ts AS t, 0 AS ord, NULL AS hw, conn, corr,
+          SELECT cap, run, topic, partition, req_ts AS t, 0 AS ord, NULL AS hw, conn, corr,
                  hw AS own_hw FROM parts
         ),
         seen AS (
-          SELECT *, max(hw) OVER (PARTITION BY run, topic, partition ORDER BY t, ord
+          SELECT *, max(hw) OVER (PARTITION BY cap, run, topic, partition ORDER BY t, ord
                                   ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS max_before
           FROM events
         ),
@@ -247,16 +256,19 @@ CHECKS: dict[str, tuple[str, str]] = {
         -- (same run) named it leader in before the request. A broker's view of its epoch
         -- only grows within a run, so this is never above the true one.
         terms AS (
-          SELECT l.run, l.tname AS topic, l.partition, l.ts AS t, 0 AS ord,
+          SELECT l.cap, l.run, l.tname AS topic, l.partition, l.ts AS t, 0 AS ord,
                  l.leader_epoch AS epoch, NULL AS conn, NULL AS corr
-          FROM named l JOIN run_brokers b ON b.run = l.run AND b.broker_id = l.leader_id
+          FROM named l JOIN run_brokers b
+            ON b.cap = l.cap AND b.run = l.run AND b.broker_id = l.leader_id
           WHERE l.kind = {partition_leader}
           UNION ALL
-          SELECT run, topic, partition, t, 1 AS ord, NULL, conn, corr FROM seen WHERE ord = 0
+          SELECT cap, run, topic, partition, t, 1 AS ord, NULL, conn, corr FROM seen
+          WHERE ord = 0
         ),
         in_epoch AS (
-          SELECT run, topic, partition, conn, corr,
-                 last(epoch, true) OVER (PARTITION BY run, topic, partition ORDER BY t, ord
+          SELECT cap, run, topic, partition, conn, corr,
+                 last(epoch, true) OVER (PARTITION BY cap, run, topic, partition
+                                         ORDER BY t, ord
                                          ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
                    AS epoch, ord
           FROM terms
@@ -265,43 +277,44 @@ CHECKS: dict[str, tuple[str, str]] = {
         -- response (ord 1, the HW it showed), across all runs of the partition.
         dated AS (
           SELECT s.*, e.epoch FROM seen s JOIN in_epoch e
-            ON e.ord = 1 AND s.ord = 0 AND e.run = s.run AND e.conn = s.conn
+            ON e.ord = 1 AND s.ord = 0 AND e.cap = s.cap AND e.run = s.run AND e.conn = s.conn
            AND e.corr = s.corr AND e.topic = s.topic AND e.partition = s.partition
           WHERE e.epoch IS NOT NULL
         ),
         across AS (
-          SELECT run, topic, partition, t, 0 AS ord, epoch, NULL AS hw, conn, corr, own_hw,
-                 max_before AS run_max
+          SELECT cap, run, topic, partition, t, 0 AS ord, epoch, NULL AS hw, conn, corr,
+                 own_hw, max_before AS run_max
           FROM dated
           UNION ALL
-          SELECT d.run, d.topic, d.partition, p.resp_ts, 1, d.epoch, p.hw, NULL, NULL, NULL, NULL
+          SELECT d.cap, d.run, d.topic, d.partition, p.resp_ts, 1, d.epoch, p.hw, NULL, NULL,
+                 NULL, NULL
           FROM dated d JOIN parts p
-            ON p.run = d.run AND p.conn = d.conn AND p.corr = d.corr AND p.topic = d.topic
-           AND p.partition = d.partition
+            ON p.cap = d.cap AND p.run = d.run AND p.conn = d.conn AND p.corr = d.corr
+           AND p.topic = d.topic AND p.partition = d.partition
         ),
         -- In its epoch: the highest HW shown before it, by whichever run. Across epochs
         -- nothing: a new leader's Fetch answers show its own HW, which may lag what its
         -- predecessor showed until the followers report (Kafka's behaviour; KIP-207 hides
         -- it only from ListOffsets, as replication/leader.py's visible_high_watermark).
         per_epoch AS (
-          SELECT *, max(hw) OVER (PARTITION BY topic, partition, epoch ORDER BY t, ord
+          SELECT *, max(hw) OVER (PARTITION BY cap, topic, partition, epoch ORDER BY t, ord
                                   ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS own_max
           FROM across
         ),
         judged AS (
-          SELECT r.run, r.conn, r.corr, r.topic, r.partition, r.epoch, r.own_hw, r.run_max,
-                 r.own_max AS max_before
+          SELECT r.cap, r.run, r.conn, r.corr, r.topic, r.partition, r.epoch, r.own_hw,
+                 r.run_max, r.own_max AS max_before
           FROM per_epoch r
           WHERE r.ord = 0
         )
-        SELECT 'high_watermark_backwards' AS violation, topic, partition, run, conn, corr,
+        SELECT cap, 'high_watermark_backwards' AS violation, topic, partition, run, conn, corr,
                own_hw AS high_watermark, max_before AS earlier_high_watermark,
                CAST(NULL AS INT) AS leader_epoch
         FROM seen WHERE ord = 0 AND max_before IS NOT NULL AND own_hw < max_before
         UNION ALL
         -- Only what the per-run rule above did not already report.
-        SELECT 'high_watermark_backwards_across_brokers', topic, partition, run, conn, corr,
-               own_hw, max_before, epoch
+        SELECT cap, 'high_watermark_backwards_across_brokers', topic, partition, run, conn,
+               corr, own_hw, max_before, epoch
         FROM judged
         WHERE max_before IS NOT NULL AND own_hw < max_before
           AND NOT coalesce(own_hw < run_max, false)
@@ -313,7 +326,8 @@ CHECKS: dict[str, tuple[str, str]] = {
         "name at most one leader",
         """
         WITH stamped AS (
-          SELECT DISTINCT tname AS topic, partition, offset AS base_offset, crc, leader_epoch
+          SELECT DISTINCT cap, tname AS topic, partition, offset AS base_offset, crc,
+                 leader_epoch
           FROM named WHERE kind = {fetch_batch} AND leader_epoch >= 0
         ),
         -- A new leader acknowledges an idempotent producer's retry as a duplicate of what
@@ -321,38 +335,39 @@ CHECKS: dict[str, tuple[str, str]] = {
         -- with a killed broker's capture): such an acknowledgement counts for its broker
         -- only when that broker's own Metadata answers named it leader in that epoch.
         claimed AS (
-          SELECT DISTINCT l.tname AS topic, l.partition, l.leader_epoch, l.leader_id
-          FROM named l JOIN run_brokers r ON r.run = l.run AND r.broker_id = l.leader_id
+          SELECT DISTINCT l.cap, l.tname AS topic, l.partition, l.leader_epoch, l.leader_id
+          FROM named l JOIN run_brokers r
+            ON r.cap = l.cap AND r.run = l.run AND r.broker_id = l.leader_id
           WHERE l.kind = {partition_leader}
         ),
         writes AS (
-          SELECT a.topic, a.partition, s.leader_epoch, r.broker_id,
+          SELECT a.cap, a.topic, a.partition, s.leader_epoch, r.broker_id,
                  min(a.base_offset) AS first_offset, max(a.base_offset) AS last_offset,
                  count(*) AS batches
           FROM acked a
           JOIN stamped s
-            ON s.topic = a.topic AND s.partition = a.partition
+            ON s.cap = a.cap AND s.topic = a.topic AND s.partition = a.partition
            AND s.base_offset = a.base_offset AND s.crc = a.crc
-          JOIN run_brokers r ON r.run = a.run
+          JOIN run_brokers r ON r.cap = a.cap AND r.run = a.run
           LEFT JOIN claimed c
-            ON c.topic = a.topic AND c.partition = a.partition
+            ON c.cap = a.cap AND c.topic = a.topic AND c.partition = a.partition
            AND c.leader_epoch = s.leader_epoch AND c.leader_id = r.broker_id
           WHERE a.producer_id < 0 OR c.leader_id IS NOT NULL
-          GROUP BY a.topic, a.partition, s.leader_epoch, r.broker_id
+          GROUP BY a.cap, a.topic, a.partition, s.leader_epoch, r.broker_id
         ),
         named_leaders AS (
-          SELECT DISTINCT tname AS topic, partition, leader_epoch, leader_id
+          SELECT DISTINCT cap, tname AS topic, partition, leader_epoch, leader_id
           FROM named WHERE kind = {partition_leader}
         )
-        SELECT 'two_brokers_acked_in_epoch' AS violation, topic, partition, leader_epoch,
+        SELECT cap, 'two_brokers_acked_in_epoch' AS violation, topic, partition, leader_epoch,
                sort_array(collect_list(broker_id)) AS brokers,
                sort_array(collect_list(named_struct('broker', broker_id, 'first_offset',
                  first_offset, 'last_offset', last_offset, 'batches', batches))) AS writes
-        FROM writes GROUP BY topic, partition, leader_epoch HAVING count(*) > 1
+        FROM writes GROUP BY cap, topic, partition, leader_epoch HAVING count(*) > 1
         UNION ALL
-        SELECT 'two_leaders_named_in_epoch', topic, partition, leader_epoch,
+        SELECT cap, 'two_leaders_named_in_epoch', topic, partition, leader_epoch,
                sort_array(collect_list(leader_id)), NULL
-        FROM named_leaders GROUP BY topic, partition, leader_epoch HAVING count(*) > 1
+        FROM named_leaders GROUP BY cap, topic, partition, leader_epoch HAVING count(*) > 1
         """,
     ),
     "producer_sequences": (
@@ -361,23 +376,23 @@ CHECKS: dict[str, tuple[str, str]] = {
         """
         WITH idem AS (SELECT * FROM acked WHERE producer_id >= 0 AND base_sequence >= 0),
         dups AS (
-          SELECT 'sequence_duplicate_other_offset' AS violation, topic, partition, producer_id,
-                 producer_epoch, base_sequence, collect_set(base_offset) AS offsets,
+          SELECT cap, 'sequence_duplicate_other_offset' AS violation, topic, partition,
+                 producer_id, producer_epoch, base_sequence, collect_set(base_offset) AS offsets,
                  CAST(NULL AS INT) AS expected_sequence
-          FROM idem GROUP BY topic, partition, producer_id, producer_epoch, base_sequence
+          FROM idem GROUP BY cap, topic, partition, producer_id, producer_epoch, base_sequence
           HAVING count(DISTINCT base_offset) > 1
         ),
         uniq AS (
-          SELECT topic, partition, producer_id, producer_epoch, base_sequence,
+          SELECT cap, topic, partition, producer_id, producer_epoch, base_sequence,
                  min(base_offset) AS base_offset, max(record_count) AS record_count,
                  min(run) AS run
-          FROM idem GROUP BY topic, partition, producer_id, producer_epoch, base_sequence
+          FROM idem GROUP BY cap, topic, partition, producer_id, producer_epoch, base_sequence
         ),
         w AS (
           SELECT *, lag(base_sequence) OVER o AS prev_seq, lag(record_count) OVER o AS prev_count,
                  lag(base_offset) OVER o AS prev_offset, lag(run) OVER o AS prev_run
           FROM uniq
-          WINDOW o AS (PARTITION BY topic, partition, producer_id, producer_epoch
+          WINDOW o AS (PARTITION BY cap, topic, partition, producer_id, producer_epoch
                        ORDER BY base_sequence)
         ),
         -- A gap is excused when the fetched log holds exactly the missing sequences and
@@ -386,43 +401,46 @@ CHECKS: dict[str, tuple[str, str]] = {
         -- batch was sent and answered with an error (REQUEST_TIMED_OUT while acks=all
         -- waited for a follower: the batch stays in the log, as in Kafka) or not at all.
         unacked AS (
-          SELECT DISTINCT b.tname AS topic, b.partition, b.producer_id, b.producer_epoch,
-                 b.base_sequence
+          SELECT DISTINCT b.cap, b.tname AS topic, b.partition, b.producer_id,
+                 b.producer_epoch, b.base_sequence
           FROM named b LEFT ANTI JOIN acked a
-            ON a.run = b.run AND a.conn = b.conn AND a.corr = b.corr AND a.topic = b.tname
-           AND a.partition = b.partition AND a.base_sequence = b.base_sequence
+            ON a.cap = b.cap AND a.run = b.run AND a.conn = b.conn AND a.corr = b.corr
+           AND a.topic = b.tname AND a.partition = b.partition
+           AND a.base_sequence = b.base_sequence
           WHERE b.kind = {produce_batch} AND b.producer_id >= 0 AND b.base_sequence >= 0
         ),
         log_seqs AS (
-          SELECT DISTINCT tname AS topic, partition, producer_id, producer_epoch, base_sequence,
-                 record_count
+          SELECT DISTINCT cap, tname AS topic, partition, producer_id, producer_epoch,
+                 base_sequence, record_count
           FROM named WHERE kind = {fetch_batch} AND producer_id >= 0 AND base_sequence >= 0
         ),
         filled AS (
-          SELECT w.topic, w.partition, w.producer_id, w.producer_epoch, w.base_sequence,
+          SELECT w.cap, w.topic, w.partition, w.producer_id, w.producer_epoch, w.base_sequence,
                  sum(l.record_count) AS records
           FROM w JOIN log_seqs l
-            ON l.topic = w.topic AND l.partition = w.partition
+            ON l.cap = w.cap AND l.topic = w.topic AND l.partition = w.partition
            AND l.producer_id = w.producer_id AND l.producer_epoch = w.producer_epoch
            AND l.base_sequence >= w.prev_seq + w.prev_count
            AND l.base_sequence < w.base_sequence
           LEFT JOIN unacked u
-            ON u.topic = w.topic AND u.partition = w.partition
+            ON u.cap = w.cap AND u.topic = w.topic AND u.partition = w.partition
            AND u.producer_id = w.producer_id AND u.producer_epoch = w.producer_epoch
            AND u.base_sequence = w.prev_seq + w.prev_count
           WHERE w.prev_run <> w.run OR u.base_sequence IS NOT NULL
-          GROUP BY w.topic, w.partition, w.producer_id, w.producer_epoch, w.base_sequence
+          GROUP BY w.cap, w.topic, w.partition, w.producer_id, w.producer_epoch,
+                   w.base_sequence
         )
         SELECT * FROM dups
         UNION ALL
-        SELECT CASE WHEN w.base_offset <= w.prev_offset THEN 'sequence_offset_order'
+        SELECT w.cap, CASE WHEN w.base_offset <= w.prev_offset THEN 'sequence_offset_order'
                     ELSE 'sequence_gap' END AS violation,
                w.topic, w.partition, w.producer_id, w.producer_epoch, w.base_sequence,
                array(w.prev_offset, w.base_offset) AS offsets,
                CAST(w.prev_seq + w.prev_count AS INT) AS expected_sequence
         FROM w LEFT JOIN filled g
-          ON g.topic = w.topic AND g.partition = w.partition AND g.producer_id = w.producer_id
-         AND g.producer_epoch = w.producer_epoch AND g.base_sequence = w.base_sequence
+          ON g.cap = w.cap AND g.topic = w.topic AND g.partition = w.partition
+         AND g.producer_id = w.producer_id AND g.producer_epoch = w.producer_epoch
+         AND g.base_sequence = w.base_sequence
         WHERE w.prev_seq IS NOT NULL
           AND (w.base_offset <= w.prev_offset
                OR (w.base_sequence <> w.prev_seq + w.prev_count
@@ -437,19 +455,19 @@ CHECKS: dict[str, tuple[str, str]] = {
         "resends queued commits after a newer one)",
         """
         WITH c AS (
-          SELECT r.group_id, r.tname AS topic, r.partition, r.offset, r.ts AS req_ts,
+          SELECT r.cap, r.group_id, r.tname AS topic, r.partition, r.offset, r.ts AS req_ts,
                  a.ts AS ack_ts, a.error AS ack_error
           FROM named r LEFT JOIN named a
-            ON a.kind = {commit_ack} AND a.run = r.run AND a.conn = r.conn
+            ON a.kind = {commit_ack} AND a.cap = r.cap AND a.run = r.run AND a.conn = r.conn
            AND a.corr = r.corr AND a.tname = r.tname AND a.partition = r.partition
           WHERE r.kind = {commit_request}
         ),
         f AS (
-          SELECT a.run, a.conn, a.corr, coalesce(a.group_id, r.group_id) AS group_id,
+          SELECT a.cap, a.run, a.conn, a.corr, coalesce(a.group_id, r.group_id) AS group_id,
                  a.tname AS topic, a.partition, a.offset, r.ts AS req_ts, a.ts AS resp_ts
           FROM named a JOIN named r
             ON a.kind = {offset_fetch_answer} AND r.kind = {offset_fetch_request}
-           AND r.run = a.run AND r.conn = a.conn AND r.corr = a.corr
+           AND r.cap = a.cap AND r.run = a.run AND r.conn = a.conn AND r.corr = a.corr
            AND (a.group_id IS NULL OR a.group_id = r.group_id)
           WHERE a.error = 0 AND a.offset >= 0
         ),
@@ -457,23 +475,23 @@ CHECKS: dict[str, tuple[str, str]] = {
         -- that broker's answers are judged (a paused or cut-off broker that has not yet
         -- learnt it lost the group answers from its stale table, in Kafka too).
         coord AS (
-          SELECT coalesce(a.group_id, r.group_id) AS group_id, a.leader_id AS coordinator,
-                 a.ts
+          SELECT a.cap, coalesce(a.group_id, r.group_id) AS group_id,
+                 a.leader_id AS coordinator, a.ts
           FROM named a LEFT JOIN named r
-            ON r.kind = {coordinator_request} AND r.run = a.run AND r.conn = a.conn
-           AND r.corr = a.corr
+            ON r.kind = {coordinator_request} AND r.cap = a.cap AND r.run = a.run
+           AND r.conn = a.conn AND r.corr = a.corr
           WHERE a.kind = {coordinator_named}
         ),
         cev AS (
-          SELECT group_id, ts AS t, 1 AS ord, coordinator, CAST(NULL AS BIGINT) AS run,
+          SELECT cap, group_id, ts AS t, 1 AS ord, coordinator, CAST(NULL AS BIGINT) AS run,
                  CAST(NULL AS BIGINT) AS conn, CAST(NULL AS INT) AS corr
           FROM coord WHERE group_id IS NOT NULL
           UNION ALL
-          SELECT DISTINCT group_id, req_ts, 0, CAST(NULL AS INT), run, conn, corr FROM f
+          SELECT DISTINCT cap, group_id, req_ts, 0, CAST(NULL AS INT), run, conn, corr FROM f
         ),
         named_by AS (
-          SELECT run, conn, corr, group_id, ord,
-                 last(coordinator, true) OVER (PARTITION BY group_id ORDER BY t, ord
+          SELECT cap, run, conn, corr, group_id, ord,
+                 last(coordinator, true) OVER (PARTITION BY cap, group_id ORDER BY t, ord
                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS coordinator
           FROM cev
         ),
@@ -481,29 +499,29 @@ CHECKS: dict[str, tuple[str, str]] = {
         judged AS (
           SELECT f.* FROM f
           JOIN named_by n
-            ON n.ord = 0 AND n.run = f.run AND n.conn = f.conn AND n.corr = f.corr
-           AND n.group_id = f.group_id
-          LEFT JOIN run_brokers b ON b.run = f.run
+            ON n.ord = 0 AND n.cap = f.cap AND n.run = f.run AND n.conn = f.conn
+           AND n.corr = f.corr AND n.group_id = f.group_id
+          LEFT JOIN run_brokers b ON b.cap = f.cap AND b.run = f.run
           WHERE b.broker_id IS NULL OR b.broker_id = n.coordinator
         ),
         -- Accepted commits (at their answer) and judged fetches (at their arrival), in
         -- time order per partition: each fetch sees the last commit accepted before it.
         ev AS (
-          SELECT group_id, topic, partition, ack_ts AS t, 1 AS ord, req_ts AS commit_req,
-                 offset AS commit_offset, CAST(NULL AS BIGINT) AS run, CAST(NULL AS BIGINT)
-                 AS conn, CAST(NULL AS INT) AS corr, CAST(NULL AS BIGINT) AS offset,
-                 CAST(NULL AS BIGINT) AS resp_ts
+          SELECT cap, group_id, topic, partition, ack_ts AS t, 1 AS ord,
+                 req_ts AS commit_req, offset AS commit_offset, CAST(NULL AS BIGINT) AS run,
+                 CAST(NULL AS BIGINT) AS conn, CAST(NULL AS INT) AS corr,
+                 CAST(NULL AS BIGINT) AS offset, CAST(NULL AS BIGINT) AS resp_ts
           FROM c WHERE ack_error = 0
           UNION ALL
-          SELECT group_id, topic, partition, req_ts, 0, NULL, NULL, run, conn, corr, offset,
-                 resp_ts
+          SELECT cap, group_id, topic, partition, req_ts, 0, NULL, NULL, run, conn, corr,
+                 offset, resp_ts
           FROM judged
         ),
         w AS (
           SELECT *,
-                 last(commit_req, true) OVER (PARTITION BY group_id, topic, partition
+                 last(commit_req, true) OVER (PARTITION BY cap, group_id, topic, partition
                    ORDER BY t, ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS since,
-                 last(commit_offset, true) OVER (PARTITION BY group_id, topic, partition
+                 last(commit_offset, true) OVER (PARTITION BY cap, group_id, topic, partition
                    ORDER BY t, ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
                    AS last_accepted
           FROM ev
@@ -512,28 +530,30 @@ CHECKS: dict[str, tuple[str, str]] = {
         -- Its offset was committed (whatever the outcome) after the last accepted commit
         -- was sent: it may be the current one.
         fresh AS (
-          SELECT DISTINCT s.run, s.conn, s.corr, s.group_id, s.topic, s.partition
+          SELECT DISTINCT s.cap, s.run, s.conn, s.corr, s.group_id, s.topic, s.partition
           FROM s JOIN c
-            ON c.group_id = s.group_id AND c.topic = s.topic AND c.partition = s.partition
-           AND c.offset = s.offset AND c.req_ts >= s.since AND c.req_ts <= s.resp_ts
+            ON c.cap = s.cap AND c.group_id = s.group_id AND c.topic = s.topic
+           AND c.partition = s.partition AND c.offset = s.offset
+           AND c.req_ts >= s.since AND c.req_ts <= s.resp_ts
         ),
         -- Its offset is one an accepted commit had replaced. An offset no captured commit
         -- has is not judged: a broker killed with -9 takes the last moments of its
         -- capture with it, and the commits it accepted then are unknown here.
         replaced AS (
-          SELECT DISTINCT s.run, s.conn, s.corr, s.group_id, s.topic, s.partition
+          SELECT DISTINCT s.cap, s.run, s.conn, s.corr, s.group_id, s.topic, s.partition
           FROM s JOIN c
-            ON c.group_id = s.group_id AND c.topic = s.topic AND c.partition = s.partition
-           AND c.offset = s.offset AND c.ack_error = 0 AND c.ack_ts < s.since
+            ON c.cap = s.cap AND c.group_id = s.group_id AND c.topic = s.topic
+           AND c.partition = s.partition AND c.offset = s.offset AND c.ack_error = 0
+           AND c.ack_ts < s.since
         )
-        SELECT 'offset_fetch_stale' AS violation, s.group_id, s.topic, s.partition,
+        SELECT s.cap, 'offset_fetch_stale' AS violation, s.group_id, s.topic, s.partition,
                s.offset AS fetched_offset, s.last_accepted AS last_accepted_offset,
                s.run, s.conn, s.corr
         FROM s LEFT SEMI JOIN replaced r
-          ON r.run = s.run AND r.conn = s.conn AND r.corr = s.corr
+          ON r.cap = s.cap AND r.run = s.run AND r.conn = s.conn AND r.corr = s.corr
          AND r.group_id = s.group_id AND r.topic = s.topic AND r.partition = s.partition
         LEFT ANTI JOIN fresh ok
-          ON ok.run = s.run AND ok.conn = s.conn AND ok.corr = s.corr
+          ON ok.cap = s.cap AND ok.run = s.run AND ok.conn = s.conn AND ok.corr = s.corr
          AND ok.group_id = s.group_id AND ok.topic = s.topic AND ok.partition = s.partition
         """,
     ),
@@ -541,16 +561,16 @@ CHECKS: dict[str, tuple[str, str]] = {
         "per group generation, no partition is assigned to two members",
         """
         WITH a AS (
-          SELECT r.run, r.group_id, r.generation, r.member_id, s.topic, s.partition
+          SELECT r.cap, r.run, r.group_id, r.generation, r.member_id, s.topic, s.partition
           FROM named s JOIN named r
             ON s.kind = {sync_assign} AND r.kind = {sync_request}
-           AND s.run = r.run AND s.conn = r.conn AND s.corr = r.corr
+           AND s.cap = r.cap AND s.run = r.run AND s.conn = r.conn AND s.corr = r.corr
         )
         -- Per run: written when generations started again at 1 after a restart; a
         -- restored group now goes on from its stored generation (kept per run).
-        SELECT 'partition_assigned_twice' AS violation, group_id, generation, topic, partition,
-               collect_set(member_id) AS members
-        FROM a GROUP BY run, group_id, generation, topic, partition
+        SELECT cap, 'partition_assigned_twice' AS violation, group_id, generation, topic,
+               partition, collect_set(member_id) AS members
+        FROM a GROUP BY cap, run, group_id, generation, topic, partition
         HAVING count(DISTINCT member_id) > 1
         """,
     ),
@@ -559,15 +579,16 @@ CHECKS: dict[str, tuple[str, str]] = {
         "(every such batch it returns is covered by its aborted-transaction list) nor one at "
         "or past its last stable offset",
         """
-        SELECT 'aborted_batch_returned' AS violation, b.topic, b.partition, b.base_offset,
-               b.producer_id, t.transactional_id, b.run, b.conn, b.corr,
+        SELECT b.cap, 'aborted_batch_returned' AS violation, b.topic, b.partition,
+               b.base_offset, b.producer_id, t.transactional_id, b.run, b.conn, b.corr,
                CAST(NULL AS BIGINT) AS last_stable_offset
         FROM rc_batches b JOIN txn_batches t
-          ON t.run = b.run AND t.topic = b.topic AND t.partition = b.partition
-         AND t.base_offset = b.base_offset AND t.producer_id = b.producer_id
+          ON t.cap = b.cap AND t.run = b.run AND t.topic = b.topic
+         AND t.partition = b.partition AND t.base_offset = b.base_offset
+         AND t.producer_id = b.producer_id
         WHERE t.committed = 0 AND NOT b.hidden
         UNION ALL
-        SELECT 'beyond_last_stable_offset', topic, partition, base_offset, producer_id,
+        SELECT cap, 'beyond_last_stable_offset', topic, partition, base_offset, producer_id,
                CAST(NULL AS STRING), run, conn, corr, lso
         FROM rc_batches WHERE lso >= 0 AND last_offset >= lso
         """,
@@ -578,25 +599,25 @@ CHECKS: dict[str, tuple[str, str]] = {
         "marked aborted",
         """
         WITH extent AS (
-          SELECT topic, partition, max(last_offset) AS max_read FROM rc_batches
-          GROUP BY topic, partition
+          SELECT cap, topic, partition, max(last_offset) AS max_read FROM rc_batches
+          GROUP BY cap, topic, partition
         ),
         seen AS (
-          SELECT topic, partition, base_offset, producer_id,
+          SELECT cap, topic, partition, base_offset, producer_id,
                  max(CASE WHEN hidden THEN 0 ELSE 1 END) AS visible,
                  max(CASE WHEN hidden THEN 1 ELSE 0 END) AS hidden
-          FROM rc_batches GROUP BY topic, partition, base_offset, producer_id
+          FROM rc_batches GROUP BY cap, topic, partition, base_offset, producer_id
         )
-        SELECT CASE WHEN s.base_offset IS NULL THEN 'committed_batch_missing'
+        SELECT t.cap, CASE WHEN s.base_offset IS NULL THEN 'committed_batch_missing'
                     ELSE 'committed_batch_hidden' END AS violation,
                t.topic, t.partition, t.base_offset, t.producer_id, t.producer_epoch,
                t.transactional_id, t.end_conn, t.end_corr
         FROM txn_batches t
-        JOIN extent e ON e.topic = t.topic AND e.partition = t.partition
+        JOIN extent e ON e.cap = t.cap AND e.topic = t.topic AND e.partition = t.partition
                      AND e.max_read >= t.base_offset
         LEFT JOIN seen s
-          ON s.topic = t.topic AND s.partition = t.partition AND s.base_offset = t.base_offset
-         AND s.producer_id = t.producer_id
+          ON s.cap = t.cap AND s.topic = t.topic AND s.partition = t.partition
+         AND s.base_offset = t.base_offset AND s.producer_id = t.producer_id
         WHERE t.committed = 1 AND (s.base_offset IS NULL OR s.hidden = 1)
         """,
     ),
@@ -606,49 +627,51 @@ CHECKS: dict[str, tuple[str, str]] = {
         "still open (no EndTxn received yet, and no marker fetched below it)",
         """
         WITH parts AS (
-          SELECT p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.offset AS hw,
+          SELECT p.cap, p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.offset AS hw,
                  p.last_offset AS lso, p.ts AS resp_ts, r.req_ts
           FROM named p JOIN fetch_requests r
-            ON p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
+            ON p.cap = r.cap AND p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
           WHERE p.kind = {fetch_part} AND p.error = 0 AND p.last_offset >= 0
         ),
         events AS (
-          SELECT run, topic, partition, resp_ts AS t, 1 AS ord, lso, NULL AS conn,
+          SELECT cap, run, topic, partition, resp_ts AS t, 1 AS ord, lso, NULL AS conn,
                  NULL AS corr, NULL AS own_lso FROM parts
           UNION ALL
-          SELECT run, topic, partition, req_ts AS t, 0 AS ord, NULL AS lso, conn, corr,
+          SELECT cap, run, topic, partition, req_ts AS t, 0 AS ord, NULL AS lso, conn, corr,
                  lso AS own_lso FROM parts
         ),
         seen AS (
-          SELECT *, max(lso) OVER (PARTITION BY run, topic, partition ORDER BY t, ord
+          SELECT *, max(lso) OVER (PARTITION BY cap, run, topic, partition ORDER BY t, ord
                                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
                     AS max_before
           FROM events
         ),
         markers AS (
-          SELECT DISTINCT tname AS topic, partition, producer_id, offset AS marker_offset
+          SELECT DISTINCT cap, tname AS topic, partition, producer_id, offset AS marker_offset
           FROM named WHERE kind = {fetch_batch} AND (attributes & 32) <> 0
         ),
         passed AS (
-          SELECT p.run, p.conn, p.corr, p.topic, p.partition, p.lso, t.base_offset,
+          SELECT p.cap, p.run, p.conn, p.corr, p.topic, p.partition, p.lso, t.base_offset,
                  t.producer_id, t.transactional_id, t.end_ts, p.resp_ts
           FROM parts p JOIN txn_batches t
-            ON t.run = p.run AND t.topic = p.topic AND t.partition = p.partition
-           AND t.base_offset < p.lso AND (t.end_ts IS NULL OR t.end_ts > p.resp_ts)
+            ON t.cap = p.cap AND t.run = p.run AND t.topic = p.topic
+           AND t.partition = p.partition AND t.base_offset < p.lso
+           AND (t.end_ts IS NULL OR t.end_ts > p.resp_ts)
         )
-        SELECT 'lso_backwards' AS violation, topic, partition, run, conn, corr,
+        SELECT cap, 'lso_backwards' AS violation, topic, partition, run, conn, corr,
                own_lso AS last_stable_offset, max_before AS earlier_last_stable_offset,
                CAST(NULL AS BIGINT) AS open_batch_offset, CAST(NULL AS BIGINT) AS producer_id
         FROM seen WHERE ord = 0 AND max_before IS NOT NULL AND own_lso < max_before
         UNION ALL
-        SELECT 'lso_above_high_watermark', topic, partition, run, conn, corr, lso, hw,
+        SELECT cap, 'lso_above_high_watermark', topic, partition, run, conn, corr, lso, hw,
                NULL, NULL
         FROM parts WHERE lso > hw
         UNION ALL
-        SELECT DISTINCT 'lso_past_open_transaction', p.topic, p.partition, p.run, p.conn, p.corr,
-               p.lso, NULL, p.base_offset, p.producer_id
+        SELECT DISTINCT p.cap, 'lso_past_open_transaction', p.topic, p.partition, p.run,
+               p.conn, p.corr, p.lso, NULL, p.base_offset, p.producer_id
         FROM passed p LEFT JOIN markers m
-          ON m.topic = p.topic AND m.partition = p.partition AND m.producer_id = p.producer_id
+          ON m.cap = p.cap AND m.topic = p.topic AND m.partition = p.partition
+         AND m.producer_id = p.producer_id
          AND m.marker_offset > p.base_offset AND m.marker_offset < p.lso
         -- An EndTxn received after the response: open then. No EndTxn in the capture (the
         -- coordinator aborted it, or capture ended): open unless its marker was fetched.
@@ -662,86 +685,91 @@ CHECKS: dict[str, tuple[str, str]] = {
         "and a topic with acknowledged batches never comes back with a new topic id (or, "
         "one broker alone, unknown): unless a DeleteTopics request named the topic",
         """
-        WITH deleted AS (SELECT DISTINCT tname AS topic FROM named WHERE kind = {delete_topic}),
+        WITH deleted AS (
+          SELECT DISTINCT cap, tname AS topic FROM named WHERE kind = {delete_topic}
+        ),
         -- One capture directory: one broker, whose Fetch answers and Metadata must know
         -- what it acknowledged. In a cluster a new leader's Fetch HW may lag and a broker
         -- may not know a new topic yet, as in Kafka: there only ListOffsets (KIP-207) and
-        -- topic ids count.
-        single AS (SELECT count(*) = 0 AS alone FROM run_brokers WHERE run >= 0),
+        -- topic ids count. (``captures``: per capture, whether it is one broker alone.)
+        single AS (SELECT cap FROM captures WHERE alone),
         acks AS (
-          SELECT a.topic, a.partition, a.ack_ts, a.base_offset, a.record_count
-          FROM acked a LEFT ANTI JOIN deleted d ON d.topic = a.topic
+          SELECT a.cap, a.topic, a.partition, a.ack_ts, a.base_offset, a.record_count
+          FROM acked a LEFT ANTI JOIN deleted d ON d.cap = a.cap AND d.topic = a.topic
         ),
         -- Answers showing a partition's log end, at the time their request was sent. Not a
         -- Produce's offset: a retry is answered with its first copy's offset, and after a
         -- kill -9 the first copy's request may be missing from the torn capture (seen in
         -- CI's crash loop and Jepsen runs with nothing lost).
         shown AS (
-          SELECT 'list_offsets' AS answer, r.run, r.conn, r.corr, r.tname AS topic,
+          SELECT r.cap, 'list_offsets' AS answer, r.run, r.conn, r.corr, r.tname AS topic,
                  r.partition, r.ts AS t, a.offset AS log_end
           FROM named r JOIN named a
             ON r.kind = {list_offsets_request} AND a.kind = {list_offsets_answer}
-           AND a.run = r.run AND a.conn = r.conn AND a.corr = r.corr AND a.tname = r.tname
-           AND a.partition = r.partition
+           AND a.cap = r.cap AND a.run = r.run AND a.conn = r.conn AND a.corr = r.corr
+           AND a.tname = r.tname AND a.partition = r.partition
           WHERE r.offset = -1 AND coalesce(r.isolation_level, 0) = 0 AND a.error = 0
             AND a.offset >= 0
           UNION ALL
-          SELECT 'fetch', p.run, p.conn, p.corr, p.tname, p.partition, r.req_ts,
+          SELECT p.cap, 'fetch', p.run, p.conn, p.corr, p.tname, p.partition, r.req_ts,
                  CASE WHEN p.error = 0 THEN p.offset ELSE 0 END
           FROM named p JOIN fetch_requests r
-            ON p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
-          CROSS JOIN single s
-          WHERE p.kind = {fetch_part} AND s.alone AND p.error IN (0, 3, 100)
+            ON p.cap = r.cap AND p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
+          LEFT SEMI JOIN single s ON s.cap = p.cap
+          WHERE p.kind = {fetch_part} AND p.error IN (0, 3, 100)
         ),
         ev AS (
-          SELECT topic, partition, ack_ts AS t, 1 AS ord,
+          SELECT cap, topic, partition, ack_ts AS t, 1 AS ord,
                  base_offset + record_count AS acked_end, CAST(NULL AS STRING) AS answer,
                  CAST(NULL AS BIGINT) AS run, CAST(NULL AS BIGINT) AS conn,
                  CAST(NULL AS INT) AS corr, CAST(NULL AS BIGINT) AS log_end
           FROM acks
           UNION ALL
-          SELECT topic, partition, t, 0, NULL, answer, run, conn, corr, log_end FROM shown
+          SELECT cap, topic, partition, t, 0, NULL, answer, run, conn, corr, log_end FROM shown
         ),
         lowered AS (
-          SELECT *, max(acked_end) OVER (PARTITION BY topic, partition ORDER BY t, ord
+          SELECT *, max(acked_end) OVER (PARTITION BY cap, topic, partition ORDER BY t, ord
                                          ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
                     AS acked_before
           FROM ev
         ),
         ids AS (
-          SELECT run, conn, corr, tname AS topic, note AS topic_id,
-                 lag(note) OVER (PARTITION BY tname ORDER BY ts) AS previous_id
+          SELECT cap, run, conn, corr, tname AS topic, note AS topic_id,
+                 lag(note) OVER (PARTITION BY cap, tname ORDER BY ts) AS previous_id
           FROM named WHERE kind = {topic_id}
         ),
         gone AS (
-          SELECT 'topic_id_changed' AS violation, run, conn, corr, topic, previous_id, topic_id
+          SELECT cap, 'topic_id_changed' AS violation, run, conn, corr, topic, previous_id,
+                 topic_id
           FROM ids WHERE previous_id IS NOT NULL AND previous_id <> topic_id
           UNION ALL
-          SELECT 'topic_unknown', u.run, u.conn, u.corr, u.tname, NULL, NULL
-          FROM named u CROSS JOIN single s WHERE u.kind = {topic_unknown} AND s.alone
+          SELECT u.cap, 'topic_unknown', u.run, u.conn, u.corr, u.tname, NULL, NULL
+          FROM named u LEFT SEMI JOIN single s ON s.cap = u.cap
+          WHERE u.kind = {topic_unknown}
         ),
         -- Dated by their Metadata request (the answer may be captured after acks of
         -- writes the broker handled later).
         gone_at AS (
           SELECT /*+ BROADCAST(g) */ g.*, q.monotonic_ns AS t
           FROM gone g JOIN frames q
-            ON q.direction = 'request' AND q.run = g.run AND q.connection_id = g.conn
-           AND q.correlation_id = g.corr
-          LEFT ANTI JOIN deleted d ON d.topic = g.topic
+            ON q.direction = 'request' AND q.cap = g.cap AND q.run = g.run
+           AND q.connection_id = g.conn AND q.correlation_id = g.corr
+          LEFT ANTI JOIN deleted d ON d.cap = g.cap AND d.topic = g.topic
         ),
         lost AS (
-          SELECT /*+ BROADCAST(g) */ g.violation, g.run, g.conn, g.corr, g.topic,
+          SELECT /*+ BROADCAST(g) */ g.cap, g.violation, g.run, g.conn, g.corr, g.topic,
                  g.previous_id, g.topic_id, count(*) AS acked_batches,
                  max(a.base_offset + a.record_count) AS acked_end
-          FROM gone_at g JOIN acks a ON a.topic = g.topic AND a.ack_ts < g.t
-          GROUP BY g.violation, g.run, g.conn, g.corr, g.topic, g.previous_id, g.topic_id
+          FROM gone_at g JOIN acks a ON a.cap = g.cap AND a.topic = g.topic AND a.ack_ts < g.t
+          GROUP BY g.cap, g.violation, g.run, g.conn, g.corr, g.topic, g.previous_id,
+                   g.topic_id
         )
-        SELECT 'log_end_below_acked' AS violation, topic, partition, answer, log_end,
+        SELECT cap, 'log_end_below_acked' AS violation, topic, partition, answer, log_end,
                acked_before AS acked_end, run, conn, corr, CAST(NULL AS STRING) AS previous_id,
                CAST(NULL AS STRING) AS topic_id, CAST(NULL AS BIGINT) AS acked_batches
         FROM lowered WHERE ord = 0 AND acked_before > log_end
         UNION ALL
-        SELECT violation, topic, NULL, 'metadata', NULL, acked_end, run, conn, corr,
+        SELECT cap, violation, topic, NULL, 'metadata', NULL, acked_end, run, conn, corr,
                previous_id, topic_id, acked_batches
         FROM lost
         """,
@@ -754,40 +782,58 @@ def sql(text: str) -> str:
     return text.format_map(KIND_CODE)
 
 
-def run_brokers_view_sql(brokers: list[tuple[int, int]]) -> str:
-    """The ``run_brokers`` view: each run's index and the node id of the broker that
-    captured it (the capture rows' ``broker_id``)."""
-    rows = ", ".join(f"({run}, {broker})" for run, broker in brokers) or "(-1, -1)"
-    return f"SELECT * FROM (VALUES {rows}) AS t(run, broker_id)"
+def run_brokers_view_sql(brokers: list[tuple[int, int, int]]) -> str:
+    """The ``run_brokers`` view: (capture, run index, node id of the broker that captured
+    the run: the capture rows' ``broker_id``), for the runs of captures of several
+    directories (a cluster) only."""
+    rows = ", ".join(f"({cap}, {run}, {broker})" for cap, run, broker in brokers)
+    return f"SELECT * FROM (VALUES {rows or '(-1, -1, -1)'}) AS t(cap, run, broker_id)"
 
 
-def named_view_sql(topic_ids: list[tuple[int, int]]) -> str:
-    """The decoded facts with ``tname``: the topic's hash, also for facts that name their topic
-    by id (Produce v13, Fetch v13+), looked up in the distinct (hash of ``id:…``, hash of
-    the name) pairs of the Metadata responses. The pairs are few: an inline table,
-    broadcast, so naming the facts never shuffles them; without any, a projection."""
+def captures_view_sql(alone: list[bool]) -> str:
+    """The ``captures`` view: each capture's index and whether it is one broker alone (one
+    directory: no ``run_brokers`` rows), which the checks judge by stricter rules."""
+    rows = ", ".join(f"({cap}, {str(one).lower()})" for cap, one in enumerate(alone))
+    return f"SELECT * FROM (VALUES {rows}) AS t(cap, alone)"
+
+
+def named_view_sql(topic_ids: list[tuple[int, int, int]], run_caps: list[int]) -> str:
+    """The decoded facts with ``cap``, the index of the capture each fact's run belongs to
+    (``run_caps[run]``), and ``tname``: the topic's hash, also for facts that name their
+    topic by id (Produce v13, Fetch v13+), looked up in the distinct (capture, hash of
+    ``id:…``, hash of the name) triples of the Metadata responses. The triples are few: an
+    inline table, broadcast, so naming the facts never shuffles them; without any, a
+    projection."""
+    if len(set(run_caps)) <= 1:
+        cap = f"{run_caps[0] if run_caps else 0}"
+    else:
+        cap = f"element_at(array({', '.join(map(str, run_caps))}), run + 1)"
+    with_cap = f"SELECT *, CAST({cap} AS INT) AS cap FROM decoded"
     if not topic_ids:
-        return "SELECT *, topic AS tname FROM decoded"
-    rows = ", ".join(f"({key}L, {name}L)" for key, name in topic_ids)
+        return f"SELECT *, topic AS tname FROM ({with_cap})"
+    rows = ", ".join(f"({cap}, {key}L, {name}L)" for cap, key, name in topic_ids)
     return f"""
         SELECT /*+ BROADCAST(t) */ f.*, coalesce(t.name, f.topic) AS tname
-        FROM decoded f LEFT JOIN (VALUES {rows}) AS t(key, name) ON f.topic = t.key
+        FROM ({with_cap}) f LEFT JOIN (VALUES {rows}) AS t(cap, key, name)
+          ON f.cap = t.cap AND f.topic = t.key
     """
 
 
 def all_checks_sql() -> str:
-    """Every check in one query (one Spark job): per violation kind, its count and examples
-    (the first by their JSON text). One window over the union of the checks' violations,
-    not one per check: each window is a shuffle stage, and stages cost time even empty."""
+    """Every check in one query (one Spark job): per capture and violation kind, its count
+    and examples (the first by their JSON text). One window over the union of the checks'
+    violations, not one per check: each window is a shuffle stage, and stages cost time
+    even empty."""
     parts = [
-        f"SELECT '{name}' AS check_name, violation, to_json(struct(*)) AS example "
+        f"SELECT cap, '{name}' AS check_name, violation, to_json(struct(*)) AS example "
         f"FROM ({sql(check)})"
         for name, (_, check) in CHECKS.items()
     ]
     union = "\nUNION ALL\n".join(parts)
     return f"""
-        SELECT check_name, violation, n, example FROM (
-          SELECT *, count(*) OVER (PARTITION BY check_name, violation) AS n,
-                 row_number() OVER (PARTITION BY check_name, violation ORDER BY example) AS rn
+        SELECT cap, check_name, violation, n, example FROM (
+          SELECT *, count(*) OVER (PARTITION BY cap, check_name, violation) AS n,
+                 row_number() OVER (PARTITION BY cap, check_name, violation
+                                    ORDER BY example) AS rn
           FROM ({union})
         ) WHERE rn <= {EXAMPLES}"""

@@ -30,6 +30,7 @@ from trio_broker.verify.checks import (
     MATERIALIZED,
     VIEWS,
     all_checks_sql,
+    captures_view_sql,
     named_view_sql,
     run_brokers_view_sql,
     sql,
@@ -41,7 +42,15 @@ from trio_broker.verify.stats import traffic_stats
 #: The client id of the brokers' replica fetchers (cluster/replica_fetcher.py).
 REPLICA_FETCHER_CLIENT_ID = "replica-fetcher-"
 
-__all__ = ["CHECKS", "run_verify", "spark_session", "summary_text", "verify", "write_report"]
+__all__ = [
+    "CHECKS",
+    "run_verify",
+    "spark_session",
+    "summary_text",
+    "verify",
+    "verify_many",
+    "write_report",
+]
 
 
 def _log(message: str) -> None:
@@ -277,40 +286,68 @@ def verify(spark: Any, capture_dir: CaptureDirs) -> dict[str, Any]:
     own. Connections of the brokers' own replica fetchers are left out: the checks are
     about what clients were told, and a follower is shown records above the high
     watermark that a new leader may rightly truncate."""
+    return verify_many(spark, [capture_dir])[0]
+
+
+def verify_many(spark: Any, captures: Sequence[CaptureDirs]) -> list[dict[str, Any]]:
+    """:func:`verify` of each capture in ``captures`` (each a directory, or the several
+    directories of one cluster), all in one Spark job: the report of each, in order.
+
+    Spark's fixed cost (planning, scheduling and warming up each stage, 8-40 s for a tiny
+    capture) is paid once instead of once per capture. The captures stay apart: every
+    fact carries its capture's index (``cap``), and every join, aggregation and window of
+    the checks and statistics is keyed by it, so a violation is reported for its own
+    capture only, and two captures that would violate a check together (the same
+    producer id and sequences, offsets, groups) are each judged alone. ``seconds`` and
+    ``phase_seconds`` of each report are the whole job's."""
     from pyspark.sql import functions as F
 
     started = time.monotonic()
-    dirs = capture_dirs(capture_dir)
-    capture = read_capture_files(dirs)
-    if not capture.files:
-        raise FileNotFoundError(f"no capture Parquet files in {', '.join(map(str, dirs))}")
-    several = len(dirs) > 1
-    run_of = (lambda f: f"{Path(f).parent}/{run_name(f)}") if several else run_name
-    frames = capture.frames
-    _log(f"{frames} frames in {len(capture.files)} capture files; decoding")
+    parts: list[tuple[list[Path], Capture]] = []
+    for spec in captures:
+        dirs = capture_dirs(spec)
+        capture = read_capture_files(dirs)
+        if not capture.files:
+            raise FileNotFoundError(f"no capture Parquet files in {', '.join(map(str, dirs))}")
+        parts.append((dirs, capture))
+    if not parts:
+        return []
+    frames = sum(capture.frames for _, capture in parts)
+    size = sum(capture.size for _, capture in parts)
+    files = sum(len(capture.files) for _, capture in parts)
+    _log(f"{frames} frames in {files} capture files of {len(parts)} captures; decoding")
     cores = int(spark.sparkContext.defaultParallelism)
-    split = max(1 << 20, min(128 << 20, capture.size // max(1, cores * SPLITS_PER_CORE)))
+    split = max(1 << 20, min(128 << 20, size // max(1, cores * SPLITS_PER_CORE)))
     spark.conf.set("spark.sql.files.maxPartitionBytes", str(split))
     # Per call, as the session may verify captures of any size (a test suite's does).
     interpreted = frames < INTERPRETED_BELOW_FRAMES
     spark.conf.set("spark.sql.codegen.wholeStage", str(not interpreted).lower())
     spark.conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN" if interpreted else "FALLBACK")
-    # ``run``: the index of the file's run in sorted run names, one literal per run's
-    # files (a per-row regexp over input_file_name() cost more than the decoding).
-    runs = sorted({run_of(f) for f in capture.files})
+    # ``run``: the index of a run among all captures' runs (each capture's in sorted run
+    # names), one literal per run's files (a per-row regexp over input_file_name() cost
+    # more than the decoding); ``run_caps[run]``: its capture.
+    runs: list[tuple[int, str, list[str]]] = []
+    for cap, (dirs, capture) in enumerate(parts):
+        several = len(dirs) > 1
+        run_of = (lambda f: f"{Path(f).parent}/{run_name(f)}") if several else run_name
+        for name in sorted({run_of(f) for f in capture.files}):
+            runs.append((cap, name, [f for f in capture.files if run_of(f) == name]))
+    run_caps = [cap for cap, _, _ in runs]
     # Broker ids date writes and fetches with leader epochs, compared across runs: only
     # for a cluster's captures. One directory's runs stay judged apart, as before: a
     # broker alone names leader epoch 0 in every life, which is no leader term.
-    brokers = (
-        [(i, broker_id([f for f in capture.files if run_of(f) == r])) for i, r in enumerate(runs)]
-        if several
-        else []
-    )
+    brokers = [
+        (cap, index, broker_id(run_files))
+        for index, (cap, _, run_files) in enumerate(runs)
+        if len(parts[cap][0]) > 1
+    ]
     spark.sql(run_brokers_view_sql(brokers)).createOrReplaceTempView("run_brokers")
+    alone = [len(dirs) == 1 for dirs, _ in parts]
+    spark.sql(captures_view_sql(alone)).createOrReplaceTempView("captures")
     raw = None
-    for index, run in enumerate(runs):
-        part = spark.read.parquet(*[f for f in capture.files if run_of(f) == run])
-        part = part.withColumn("run", F.lit(index))
+    for index, (cap, _, run_files) in enumerate(runs):
+        part = spark.read.parquet(*run_files)
+        part = part.withColumn("run", F.lit(index)).withColumn("cap", F.lit(cap))
         raw = part if raw is None else raw.unionByName(part)
     assert raw is not None
     fetchers = raw.where(F.col("client_id").startswith(REPLICA_FETCHER_CLIENT_ID))
@@ -321,7 +358,7 @@ def verify(spark: Any, capture_dir: CaptureDirs) -> dict[str, Any]:
         F.col("run").cast("string").alias("run"), "connection_id", "monotonic_ns",
         "direction", "api_key", "api_version", "correlation_id", "frame_length", "frame",
     )  # fmt: skip
-    topic_ids = _topic_ids(decode_input)
+    topic_ids = _topic_ids(decode_input, run_caps)
     facts = decode_input.mapInArrow(decode_compact, COMPACT_DDL)
     fetch_requests = raw.where(f"direction = 'request' AND api_key = {ApiKey.FETCH}").select(
         F.col("run"),
@@ -337,11 +374,20 @@ def verify(spark: Any, capture_dir: CaptureDirs) -> dict[str, Any]:
     # window of the checks is keyed by (topic, partition, ...), so with
     # spark.sql.requireAllClusterKeysForCoPartition off none of them shuffles the facts
     # again. Spills to disk rather than failing when the facts outgrow the memory.
-    parts = cores * max(1, -(-frames // (FRAMES_PER_PARTITION * cores)))
-    named = spark.sql(named_view_sql(topic_ids)).repartition(parts, "tname", "partition")
+    parts_n = cores * max(1, -(-frames // (FRAMES_PER_PARTITION * cores)))
+    named = spark.sql(named_view_sql(topic_ids, run_caps))
+    named = named.repartition(parts_n, "tname", "partition")
     cached = [keep(named, spark, frames)]
+    if frames < LINEAGE_CUT_BELOW_FRAMES:
+        # The frames without their bytes, read by the statistics (five queries) and one
+        # check: a small capture's as a checkpoint too, so each query reads a few cached
+        # blocks, not every run's files again (one scan per run: at 16 runs in one job the
+        # statistics took 40-70 s of its 90-140 on a busy machine).
+        kept_frames = keep(spark.table("frames"), spark, frames)
+        kept_frames.createOrReplaceTempView("frames")
+        cached.append(kept_frames)
     try:
-        return _verify_facts(spark, cached, capture, runs, dirs, started)
+        return _verify_facts(spark, cached, parts, [name for _, name, _ in runs], started)
     finally:
         for frame in cached:
             release(frame, frames)
@@ -356,103 +402,124 @@ _BY_ID = " OR ".join(
 )
 
 
-def _topic_ids(decode_input: Any) -> list[tuple[int, int]]:
-    """The distinct (hash of ``id:<uuid>``, hash of the name) pairs of the capture's
-    Metadata responses, decoded in a pass of their own so the main pass can name every
-    fact's topic before partitioning by it (empty when no frame names a topic by id)."""
+def _topic_ids(decode_input: Any, run_caps: list[int]) -> list[tuple[int, int, int]]:
+    """The distinct (capture, hash of ``id:<uuid>``, hash of the name) triples of the
+    captures' Metadata responses, decoded in a pass of their own so the main pass can name
+    every fact's topic before partitioning by it (empty when no frame names a topic by
+    id). Per capture: an id is named only by the Metadata answers of its own capture."""
     if not decode_input.where(_BY_ID).select("api_key").limit(1).collect():
         return []
     metadata = decode_input.where(f"direction = 'response' AND api_key = {ApiKey.METADATA}")
     rows = (
         metadata.mapInArrow(decode_compact, COMPACT_DDL)
         .where(sql("kind = {topic_id}"))
-        .select("note", "topic")
+        .select("run", "note", "topic")
         .distinct()
         .collect()
     )
-    return sorted({(topic_hash(r["note"]), r["topic"]) for r in rows})
+    return sorted({(run_caps[r["run"]], topic_hash(r["note"]), r["topic"]) for r in rows})
 
 
 def _verify_facts(
     spark: Any,
     cached: list[Any],
-    capture: Capture,
+    parts: list[tuple[list[Path], Capture]],
     runs: list[str],
-    dirs: list[Path],
     started: float,
-) -> dict[str, Any]:
-    """The checks and statistics over the cached facts (``cached[0]``); appends what else
-    it caches to ``cached`` for the caller to release."""
+) -> list[dict[str, Any]]:
+    """The checks and statistics over the cached facts (``cached[0]``) of the captures
+    ``parts`` (their directories and files), one report each; appends what else it
+    caches to ``cached`` for the caller to release."""
 
     facts = cached[0]
     facts.createOrReplaceTempView("facts")
-    counts = {KINDS[r["kind"]]: r["count"] for r in facts.groupBy("kind").count().collect()}
-    counts.pop("topic_name", None)
+    frames = sum(capture.frames for _, capture in parts)
+    counts: list[dict[str, int]] = [{} for _ in parts]
+    for r in facts.groupBy("cap", "kind").count().collect():
+        if KINDS[r["kind"]] != "topic_name":
+            counts[r["cap"]][KINDS[r["kind"]]] = r["count"]
     phases = {"decode": time.monotonic() - started}
-    _log(f"facts: {dict(sorted(counts.items()))} ({time.monotonic() - started:.1f} s)")
+    total = {k: sum(c.get(k, 0) for c in counts) for k in sorted({k for c in counts for k in c})}
+    _log(f"facts: {total} ({time.monotonic() - started:.1f} s)")
     # Topic hashes back to names, for the report.
     names = {r["topic"]: r["note"] for r in spark.sql(sql(
         "SELECT DISTINCT topic, note FROM facts WHERE kind = {topic_name}"
     )).collect()}  # fmt: skip
     facts.createOrReplaceTempView("named")
     readable = Readable(names, runs)
-    undecodable: list[dict[str, Any]] = []
-    if counts.get("undecodable"):
-        undecodable = [readable.row(r.asDict()) for r in spark.sql(sql(
-            "SELECT run, conn, corr, note FROM facts WHERE kind = {undecodable} LIMIT 5"
-        )).collect()]  # fmt: skip
+    undecodable: list[list[dict[str, Any]]] = [[] for _ in parts]
+    if total.get("undecodable"):
+        for r in spark.sql(sql(f"""
+            SELECT cap, run, conn, corr, note FROM (
+              SELECT *, row_number() OVER (PARTITION BY cap ORDER BY run, conn, corr) AS rn
+              FROM facts WHERE kind = {{undecodable}}
+            ) WHERE rn <= {EXAMPLES}"""
+        )).collect():  # fmt: skip
+            row = r.asDict()
+            undecodable[row.pop("cap")].append(_plain(readable.row(row)))
     for name, view in VIEWS.items():
         spark.sql(sql(view)).createOrReplaceTempView(name)
     # The checks read ``acked`` five times and ``fetched`` four: cached, each is computed
     # once (inlined, every reference was its own join or aggregation, with its shuffles).
-    materialized = {}
+    counted: dict[str, list[int]] = {}
     for name in MATERIALIZED:
-        materialized[name] = keep(spark.table(name), spark, capture.frames)
-        materialized[name].createOrReplaceTempView(name)  # the checkpoint, when one
-        cached.append(materialized[name])
-    counted = {name: frame.count() for name, frame in materialized.items()}
-    acked = counted["acked"]
+        kept = keep(spark.table(name), spark, frames)
+        kept.createOrReplaceTempView(name)  # the checkpoint, when one
+        cached.append(kept)
+        counted[name] = [0] * len(parts)
+        for r in kept.groupBy("cap").count().collect():
+            counted[name][r["cap"]] = r["count"]
     _log(f"running {len(CHECKS)} checks: {', '.join(CHECKS)}")
-    results: dict[str, Any] = {
-        name: {"meaning": meaning, "violations": 0, "by_kind": {}, "examples": []}
-        for name, (meaning, _) in CHECKS.items()
-    }
+    results: list[dict[str, Any]] = [
+        {
+            name: {"meaning": meaning, "violations": 0, "by_kind": {}, "examples": []}
+            for name, (meaning, _) in CHECKS.items()
+        }
+        for _ in parts
+    ]
     for row in spark.sql(all_checks_sql()).collect():
-        check = results[row["check_name"]]
+        check = results[row["cap"]][row["check_name"]]
         if row["violation"] not in check["by_kind"]:
             check["by_kind"][row["violation"]] = row["n"]
             check["violations"] += row["n"]
         if len(check["examples"]) < EXAMPLES:
-            check["examples"].append(readable.row(json.loads(row["example"])))
+            example = json.loads(row["example"])
+            example.pop("cap", None)
+            check["examples"].append(readable.row(example))
     phases["checks"] = time.monotonic() - started - sum(phases.values())
     _log(f"checks done ({time.monotonic() - started:.1f} s); latency and throughput")
-    traffic = traffic_stats(spark)
+    traffic = traffic_stats(spark, len(parts))
     phases["stats"] = time.monotonic() - started - sum(phases.values())
     _log(f"statistics done ({time.monotonic() - started:.1f} s)")
-    dropped = 0
-    for stats in (s for d in dirs for s in d.glob("*.stats.json")):
-        try:
-            dropped += int(json.loads(stats.read_text()).get("dropped", 0))
-        except (OSError, ValueError):
-            pass
-    return {
-        "capture_dir": ", ".join(map(str, dirs)),
-        "capture_dirs": [str(d) for d in dirs],
-        "frames": capture.frames,
-        "facts": counts,
-        "acknowledged_batches": acked,
-        "transactional_batches": counted["txn_batches"],
-        "frames_dropped_by_capture": dropped,
-        "unreadable_files": capture.unreadable,
-        "undecodable_examples": [_plain(u) for u in undecodable],
-        "checks": results,
-        "stats": traffic,
-        "ok": all(c["violations"] == 0 for c in results.values()),
-        "seconds": round(time.monotonic() - started, 2),
-        # decode: reading and decoding every frame into the cached facts; checks: the
-        # checks query (and topic names, undecodable examples); stats: traffic_stats.
-        "phase_seconds": {name: round(seconds, 2) for name, seconds in phases.items()},
-    }
+    reports = []
+    for cap, (dirs, capture) in enumerate(parts):
+        dropped = 0
+        for stats in (s for d in dirs for s in d.glob("*.stats.json")):
+            try:
+                dropped += int(json.loads(stats.read_text()).get("dropped", 0))
+            except (OSError, ValueError):
+                pass
+        reports.append({
+            "capture_dir": ", ".join(map(str, dirs)),
+            "capture_dirs": [str(d) for d in dirs],
+            "frames": capture.frames,
+            "facts": dict(sorted(counts[cap].items())),
+            "acknowledged_batches": counted["acked"][cap],
+            "transactional_batches": counted["txn_batches"][cap],
+            "frames_dropped_by_capture": dropped,
+            "unreadable_files": capture.unreadable,
+            "undecodable_examples": undecodable[cap],
+            "checks": results[cap],
+            "stats": traffic[cap],
+            "ok": all(c["violations"] == 0 for c in results[cap].values()),
+            "seconds": round(time.monotonic() - started, 2),
+            # decode: reading and decoding every frame into the cached facts; checks: the
+            # checks query (and topic names, undecodable examples); stats: traffic_stats.
+            "phase_seconds": {name: round(seconds, 2) for name, seconds in phases.items()},
+            # How many captures the job checked (its seconds are all of theirs).
+            "captures_in_job": len(parts),
+        })  # fmt: skip
+    return reports
 
 
 @attrs.frozen

@@ -2,7 +2,8 @@
 
 Not checks (nothing here is a violation): Spark SQL over the ``frames`` view
 (capture rows without the frame bytes), pairing a request with its response on
-(run, connection, correlation id) once, then three small queries. Latency is the capture's
+(run, connection, correlation id) once, then three small queries, each grouped by
+capture (``cap``: one job may hold several captures, each with its own statistics). Latency is the capture's
 view: from decoding the request to encoding its response on the broker (for a
 pcap import, first request byte to last response byte).
 """
@@ -40,13 +41,13 @@ CLIENT_NAMES = (
 #: joining only the frames of those keys.
 LATENCY_PAIRS = f"""
     WITH k AS (
-      SELECT run, connection_id, correlation_id, api_key,
+      SELECT cap, run, connection_id, correlation_id, api_key,
              count_if(direction = 'request') AS requests,
              count_if(direction = 'response') AS responses,
              max(CASE WHEN direction = 'request' THEN monotonic_ns END) AS q_ns,
              max(CASE WHEN direction = 'response' THEN monotonic_ns END) AS p_ns,
              max(CASE WHEN direction = 'request' THEN {client_key()} END) AS client
-      FROM frames GROUP BY run, connection_id, correlation_id, api_key
+      FROM frames GROUP BY cap, run, connection_id, correlation_id, api_key
     ),
     many AS (
       SELECT run, connection_id, correlation_id, api_key FROM k
@@ -56,15 +57,15 @@ LATENCY_PAIRS = f"""
           LEFT SEMI JOIN many m
             ON f.run = m.run AND f.connection_id = m.connection_id
            AND f.correlation_id = m.correlation_id AND f.api_key = m.api_key)
-    SELECT api_key, client, CAST((p_ns - q_ns) / 1e6 AS DOUBLE) AS ms
+    SELECT cap, api_key, client, CAST((p_ns - q_ns) / 1e6 AS DOUBLE) AS ms
     FROM k WHERE requests = 1 AND responses = 1
     UNION ALL
-    SELECT q.api_key, {client_key("q.client_id")} AS client,
+    SELECT q.cap, q.api_key, {client_key("q.client_id")} AS client,
            CAST((p.monotonic_ns - q.monotonic_ns) / 1e6 AS DOUBLE) AS ms
     FROM f q JOIN f p
       ON q.direction = 'request' AND p.direction = 'response' AND q.run = p.run
      AND q.connection_id = p.connection_id AND q.correlation_id = p.correlation_id
-     AND q.api_key = p.api_key
+     AND q.cap = p.cap AND q.api_key = p.api_key
 """
 
 _PERCENTILES = """
@@ -75,28 +76,29 @@ _PERCENTILES = """
 
 #: Percentiles per API and per (client id, API) in one pass over the latency table.
 LATENCY_GROUPS = f"""
-    SELECT grouping(client) AS per_api, client, api_key, {_PERCENTILES}
-    FROM latency GROUP BY GROUPING SETS ((api_key), (client, api_key))
+    SELECT grouping(client) AS per_api, cap, client, api_key, {_PERCENTILES}
+    FROM latency GROUP BY GROUPING SETS ((cap, api_key), (cap, client, api_key))
 """
 
 LATENCY_HISTOGRAM = f"""
-    SELECT api_key, floor(log10(greatest(ms, 0.001)) * {BUCKETS_PER_DECADE}) AS bucket,
+    SELECT cap, api_key, floor(log10(greatest(ms, 0.001)) * {BUCKETS_PER_DECADE}) AS bucket,
            count(*) AS n
-    FROM latency GROUP BY 1, 2 ORDER BY 1, 2
+    FROM latency GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
 """
 
 TIMELINE = f"""
-    WITH span AS (SELECT min(wall_ns) AS t0, max(wall_ns) AS t1 FROM frames),
-    w AS (SELECT t0, CAST(greatest(1, ceil((t1 - t0) / 1e9 / {TIMELINE_BUCKETS})) AS DOUBLE) AS width
+    WITH span AS (SELECT cap, min(wall_ns) AS t0, max(wall_ns) AS t1 FROM frames GROUP BY cap),
+    w AS (SELECT cap, t0,
+                 CAST(greatest(1, ceil((t1 - t0) / 1e9 / {TIMELINE_BUCKETS})) AS DOUBLE) AS width
           FROM span)
-    SELECT CAST(floor((f.wall_ns - w.t0) / 1e9 / w.width) * w.width AS DOUBLE) AS second,
+    SELECT f.cap, CAST(floor((f.wall_ns - w.t0) / 1e9 / w.width) * w.width AS DOUBLE) AS second,
            first(w.width) AS width,
            CAST(sum(CASE WHEN f.direction = 'request' THEN 1 ELSE 0 END) AS BIGINT) AS requests,
            sum(CASE WHEN f.api_key = {ApiKey.PRODUCE} AND f.direction = 'request'
                     THEN f.frame_length ELSE 0 END) AS produce_bytes,
            sum(CASE WHEN f.api_key = {ApiKey.FETCH} AND f.direction = 'response'
                     THEN f.frame_length ELSE 0 END) AS fetch_bytes
-    FROM frames f CROSS JOIN w GROUP BY 1 ORDER BY 1
+    FROM frames f JOIN w ON w.cap = f.cap GROUP BY 1, 2 ORDER BY 1, 2
 """
 
 
@@ -115,8 +117,9 @@ def _latency_row(row: Any, clients: dict[int, str] | None = None) -> dict[str, A
     return out
 
 
-def traffic_stats(spark: Any) -> dict[str, Any]:
-    """Needs the ``frames`` view; registers ``latency``. Returns plain JSON-able data.
+def traffic_stats(spark: Any, captures: int = 1) -> list[dict[str, Any]]:
+    """Needs the ``frames`` view; registers ``latency``. Returns plain JSON-able data,
+    one entry per capture (``cap`` 0 to ``captures - 1``).
 
     The request/response pairing (the one shuffle of all frames here) runs once: its
     small result is cached for the percentile and histogram queries.
@@ -130,6 +133,21 @@ def traffic_stats(spark: Any) -> dict[str, Any]:
     finally:
         spark.catalog.dropTempView("latency")
         latency.unpersist()
+    timeline = spark.sql(TIMELINE).collect()
+    return [
+        _capture_stats(
+            [r for r in groups if r["cap"] == cap],
+            clients,
+            [r for r in buckets if r["cap"] == cap],
+            [r for r in timeline if r["cap"] == cap],
+        )
+        for cap in range(captures)
+    ]
+
+
+def _capture_stats(
+    groups: list[Any], clients: dict[int, str], buckets: list[Any], timeline: list[Any]
+) -> dict[str, Any]:
     by_api = sorted(
         (_latency_row(r) for r in groups if r["per_api"]),
         key=lambda r: r["api_key"],
@@ -142,11 +160,10 @@ def traffic_stats(spark: Any) -> dict[str, Any]:
     for r in buckets:
         low = 10 ** (r["bucket"] / BUCKETS_PER_DECADE)
         histograms.setdefault(api_name(r["api_key"]), []).append([low, r["n"]])
-    timeline = [r.asDict() for r in spark.sql(TIMELINE).collect()]
     return {
         "latency_by_api": by_api,
         "latency_by_client": by_client,
         "latency_histograms_ms": histograms,
         "histogram_buckets_per_decade": BUCKETS_PER_DECADE,
-        "timeline": timeline,
+        "timeline": [{k: v for k, v in r.asDict().items() if k != "cap"} for r in timeline],
     }
