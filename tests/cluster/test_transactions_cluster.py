@@ -56,6 +56,8 @@ CONFIG = (
     "transaction.abort.timed.out.transaction.cleanup.interval.ms=500\n"
     "offsets.topic.num.partitions=3\n"
     "offsets.topic.replication.factor=3\n"
+    # The one consumer's group forms at once, not after Kafka's 3 s wait for more members.
+    "group.initial.rebalance.delay.ms=0\n"
 )
 TOPIC = "txdata"
 PARTITIONS = 6
