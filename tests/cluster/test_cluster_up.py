@@ -256,7 +256,7 @@ def test_a_killed_leader_is_replaced_then_restarted_and_nothing_acknowledged_is_
         producing = threading.Thread(target=produce)
         producing.start()
         _wait_for(lambda: len(acked) >= 300, 60, "acknowledged writes before the kill")
-        leader = partition().leader
+        leader = _partition_with_a_leader(admin, "failover").leader  # (partition() may say -1)
         before = cluster.broker(leader)
         os.kill(before["pid"], signal.SIGKILL)
         # One line names the broker, how it ended and its log; the others keep running.
