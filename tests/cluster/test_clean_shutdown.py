@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.cluster.test_cluster_e2e import eventually
+from tests.cluster.test_cluster_e2e import eventually, every_broker_lists
 from tests.cluster.test_cluster_faults import SESSION_MS, ConfiguredBroker, running, servers
 from trio_broker.services.internal_topics import CONSUMER_OFFSETS
 
@@ -125,7 +125,9 @@ def test_sigterm_at_any_point_of_start_and_leadership_changes_exits_cleanly(
         def three_brokers() -> None:
             eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers")
 
-        three_brokers()
+        # Every broker lists all three, the controller that takes the creation too (one
+        # that lags says INVALID_REPLICATION_FACTOR: seen once under load).
+        every_broker_lists(brokers)
         [future] = admin.create_topics([NewTopic("work", num_partitions=3)]).values()
         future.result(timeout=30)
         _use_the_internal_topics(bootstrap)
