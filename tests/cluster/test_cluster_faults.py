@@ -53,9 +53,8 @@ CONFIG = (
     # The consumers' group ids make __consumer_offsets; a few partitions keep it light.
     "offsets.topic.num.partitions=5\n"
     # A group's first member is not held 3 s waiting for others (Kafka's shipped
-    # server.properties says the same for development). Tests whose members must form a
-    # group in one generation wait for it (test_groups_replicated's join) or set the
-    # delay back (test_group_membership_failover).
+    # server.properties says the same for development). test_groups_replicated, whose
+    # two members must form a group in one generation, sets it back.
     "group.initial.rebalance.delay.ms=0\n"
 )
 

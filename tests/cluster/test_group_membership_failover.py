@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,13 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from tests.cluster import test_groups_replicated as replicated
 from tests.cluster.test_cluster_e2e import eventually
-from tests.cluster.test_cluster_faults import (
-    Cluster,
-    admin_of,
-    create_topic,
-    servers,
-    three_brokers,
-)
+from tests.cluster.test_cluster_faults import Cluster, admin_of, create_topic, servers
 from tests.cluster.test_groups_replicated import (
     TOPIC,
     committed_by,
@@ -38,20 +30,8 @@ from tests.cluster.test_groups_replicated import (
 
 pytestmark = pytest.mark.timeout(120)
 
-
-@pytest.fixture
-def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
-    """Three brokers, RF=3, 50 ``__consumer_offsets`` partitions (Kafka's hash of group
-    ids), as test_groups_replicated's, with Kafka's 3 s initial rebalance delay: the two
-    members must form the group in one generation, each assigned once (the callbacks are
-    what the test checks)."""
-    config = replicated.GROUP_CONFIG.replace(
-        "group.initial.rebalance.delay.ms=0", "group.initial.rebalance.delay.ms=3000"
-    )
-    assert config != replicated.GROUP_CONFIG
-    with three_brokers(tmp_path, zookeeper, config) as brokers:
-        yield brokers
-
+#: Three brokers, RF=3, 50 ``__consumer_offsets`` partitions (Kafka's hash of group ids).
+cluster = replicated.cluster
 
 GROUP = "stayers"
 FIRST, TOTAL = 10, 15

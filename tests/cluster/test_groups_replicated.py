@@ -51,10 +51,12 @@ COMMITTED = 6
 RECORDS_PER_PARTITION = 10
 
 
-#: No initial rebalance delay (CONFIG): :func:`join` waits for the members' assignment.
+#: Kafka's 3 s initial rebalance delay, which CONFIG turns off: two members that join an
+#: empty group must form it in one generation, each with a partition, before either
+#: reads (else the first may read both partitions alone, and the second its one again).
 GROUP_CONFIG = CONFIG.replace(
     "offsets.topic.num.partitions=5", f"offsets.topic.num.partitions={OFFSETS_PARTITIONS}"
-)
+).replace("group.initial.rebalance.delay.ms=0", "group.initial.rebalance.delay.ms=3000")
 
 
 @pytest.fixture
@@ -106,30 +108,6 @@ def consumer(bootstrap: str, group: str) -> Consumer:
     })  # fmt: skip
 
 
-def _hold(member: Consumer, assigned: list[TopicPartition]) -> None:
-    """on_assign: take the partitions, paused (nothing fetched until :func:`join` resumes)."""
-    member.assign(assigned)
-    member.pause(assigned)
-
-
-def join(members: list[Consumer], timeout_s: float = 60.0) -> None:
-    """Subscribe the members to TOPIC and wait, reading nothing, until each holds one of
-    its two partitions; then let them read. The first member to join an empty group may
-    be given both partitions before the second arrives (no initial rebalance delay):
-    had it read meanwhile, the second would read its partition again from the committed
-    offset."""
-    for member in members:
-        member.subscribe([TOPIC], on_assign=_hold)
-    deadline = time.monotonic() + timeout_s
-    while sorted(sorted(tp.partition for tp in m.assignment()) for m in members) != [[0], [1]]:
-        assert time.monotonic() < deadline, [m.assignment() for m in members]
-        for member in members:
-            msg = member.poll(0.1)  # serves the rebalance callbacks
-            assert msg is None or msg.error() is not None, "a paused member read a record"
-    for member in members:
-        member.resume(member.assignment())
-
-
 def consume_as_group(
     consumers: list[Consumer], until: int, timeout_s: float = 90.0
 ) -> dict[int, list[int]]:
@@ -160,7 +138,8 @@ def commit_then_lose_coordinator(cluster: Cluster, group: str, *, kill: bool) ->
     for partition in (0, 1):
         produce(servers(cluster), partition, range(RECORDS_PER_PARTITION))
     members = [consumer(servers(cluster), group) for _ in range(2)]
-    join(members)
+    for member in members:
+        member.subscribe([TOPIC])
     read = consume_as_group(members, 2 * RECORDS_PER_PARTITION)
     assert {p: sorted(o) for p, o in read.items()} == {
         p: list(range(RECORDS_PER_PARTITION)) for p in (0, 1)
@@ -207,7 +186,8 @@ def commit_then_lose_coordinator(cluster: Cluster, group: str, *, kill: bool) ->
         produce(servers(cluster), partition, range(RECORDS_PER_PARTITION, 15))
     members = [consumer(servers(cluster), group) for _ in range(2)]
     try:
-        join(members)
+        for member in members:
+            member.subscribe([TOPIC])
         resumed = consume_as_group(members, 2 * (15 - COMMITTED))
     finally:
         for member in members:
@@ -234,7 +214,8 @@ def test_live_members_go_on_with_the_new_coordinator(cluster: Cluster) -> None:
         produce(servers(cluster), partition, range(RECORDS_PER_PARTITION))
     members = [consumer(servers(cluster), group) for _ in range(2)]
     try:
-        join(members)
+        for member in members:
+            member.subscribe([TOPIC])
         consume_as_group(members, 2 * RECORDS_PER_PARTITION)
         for member in members:
             mine = [TopicPartition(TOPIC, tp.partition, COMMITTED) for tp in member.assignment()]
