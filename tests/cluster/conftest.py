@@ -53,8 +53,8 @@ def zookeeper(zookeeper_server: LocalZooKeeper) -> str:
 @pytest.fixture(scope="module")
 def module_zookeeper(zookeeper_server: LocalZooKeeper) -> str:
     """A chroot for a module's shared cluster: the tests that use that cluster leave its
-    brokers alone (no kill, pause, partition or broker config change) and each uses
-    topics and groups of its own."""
+    brokers alone (no kill, pause, partition or broker config change), except the last
+    one to use it, which may; each uses topics and groups of its own."""
     return _fresh_chroot(zookeeper_server)
 
 

@@ -40,6 +40,8 @@ CONFIG = (
     "offsets.topic.num.partitions=30\n"
     "transaction.state.log.num.partitions=30\n"
     "leader.imbalance.check.interval.seconds=1\n"
+    # The one consumer's group forms at once, not after Kafka's 3 s wait for more members.
+    "group.initial.rebalance.delay.ms=0\n"
 )
 #: Seconds between a broker's "listening on" and its SIGTERM, one drawn from each range:
 #: the fault's timing is what these vary (before it joins the cluster, while it

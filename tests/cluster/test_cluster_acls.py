@@ -50,6 +50,8 @@ pytestmark = pytest.mark.timeout(120)
 ADMIN, ADMIN_PW = "admin", "admin-secret"
 ALICE, ALICE_PW = "alice", "alice-secret"
 GRANTED, FORBIDDEN = "granted-orders", "forbidden"
+#: The ZooKeeper test's topic (the ACL test creates GRANTED, FORBIDDEN itself).
+LOCKED = "locked"
 JAAS = (
     "org.apache.kafka.common.security.scram.ScramLoginModule required "
     f'username="{ADMIN}" password="{ADMIN_PW}";'
@@ -111,29 +113,12 @@ ALL_ACLS = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, Non
                             AclOperation.ANY, AclPermissionType.ANY)  # fmt: skip
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, zookeeper: str, zookeeper_jaas: Path) -> Iterator[Cluster]:
-    users_cli("add", "--zookeeper", zookeeper, "--zookeeper-jaas", str(zookeeper_jaas),
-              "--user", ADMIN, "--password", ADMIN_PW, "--mechanism", "SCRAM-SHA-256")  # fmt: skip
-    config = tmp_path / "broker.properties"
-    config.write_text(f"{CONFIG}zookeeper.set.acl=true\nzookeeper.jaas.file={zookeeper_jaas}\n")
-    brokers = {
-        b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
-    }
-    add_scram_user(brokers[3].data_dir, "carol", "carol-secret", ("SCRAM-SHA-256",))
-    with running(brokers):
-        yield brokers
-
-
-def test_acls_and_users_made_through_one_broker_hold_on_every_broker(
-    cluster: Cluster, zookeeper: str, zookeeper_jaas: Path
-) -> None:
-    one, two, three = cluster[1], cluster[2], cluster[3]
-    admin = AdminClient(sasl(one, ADMIN, ADMIN_PW))
+def create_topics(admin: AdminClient, *names: str) -> None:
+    """One partition each, three replicas (the default)."""
     eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers")
     # The controller that takes the creation assigns from its own broker list, which may
-    # lag the one broker 1 answered with (INVALID_REPLICATION_FACTOR): ask until both exist.
-    missing = [GRANTED, FORBIDDEN]
+    # lag the one broker 1 answered with (INVALID_REPLICATION_FACTOR): ask until all exist.
+    missing = list(names)
 
     def created() -> bool:
         for name, future in admin.create_topics([NewTopic(t, 1) for t in missing]).items():
@@ -146,7 +131,86 @@ def test_acls_and_users_made_through_one_broker_hold_on_every_broker(
             missing.remove(name)
         return not missing
 
-    eventually(created, f"{GRANTED} and {FORBIDDEN} created")
+    eventually(created, f"{', '.join(names)} created")
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, module_zookeeper: str, zookeeper_jaas: Path
+) -> Iterator[Cluster]:
+    """One cluster for the module (a start saved): the ZooKeeper test leaves it alone and
+    uses a topic of its own; the ACL test, which kills broker 2, runs last."""
+    zookeeper, tmp_path = module_zookeeper, tmp_path_factory.mktemp("acls")
+    users_cli("add", "--zookeeper", zookeeper, "--zookeeper-jaas", str(zookeeper_jaas),
+              "--user", ADMIN, "--password", ADMIN_PW, "--mechanism", "SCRAM-SHA-256")  # fmt: skip
+    config = tmp_path / "broker.properties"
+    config.write_text(f"{CONFIG}zookeeper.set.acl=true\nzookeeper.jaas.file={zookeeper_jaas}\n")
+    brokers = {
+        b: ConfiguredBroker(tmp_path / f"broker{b}", b, zookeeper, config) for b in (1, 2, 3)
+    }
+    add_scram_user(brokers[3].data_dir, "carol", "carol-secret", ("SCRAM-SHA-256",))
+    with running(brokers):
+        yield brokers
+
+
+def test_a_zookeeper_client_without_the_login_can_change_nothing(
+    cluster: Cluster, module_zookeeper: str
+) -> None:
+    """What an unprivileged local process did to a cluster whose znodes were open: read
+    the super user's SCRAM keys, add a user, register a broker, delete one's
+    registration, take over the controller. Each is now refused (NoAuth); the cluster's
+    layout stays readable, as with Kafka's ACLs. Fails on the code before ACLs: every
+    write went through. Before the ACL test, on its cluster: a topic of its own."""
+    zookeeper = module_zookeeper
+    admin = AdminClient(sasl(cluster[1], ADMIN, ADMIN_PW))
+    create_topics(admin, LOCKED)
+    anonymous = KazooClient(hosts=zookeeper)
+    anonymous.start(timeout=30)
+    try:
+        assert anonymous.get_children("/brokers/ids") == ["1", "2", "3"]  # readable
+        attempts: dict[str, Callable[[], object]] = {
+            "read the super user's SCRAM credential": lambda: anonymous.get(
+                f"/config/users/{ADMIN}"
+            ),
+            "list the users": lambda: anonymous.get_children("/config/users"),
+            "add a user": lambda: anonymous.create("/config/users/mallory", b"{}"),
+            "change a user": lambda: anonymous.set(f"/config/users/{ADMIN}", b"{}"),
+            "grant an ACL": lambda: anonymous.create("/kafka-acl/Topic/x", b"{}", makepath=True),
+            "register a broker": lambda: anonymous.create("/brokers/ids/9", b"{}", ephemeral=True),
+            "delete a registration": lambda: anonymous.delete("/brokers/ids/1"),
+            "delete the controller": lambda: anonymous.delete("/controller"),
+            "add a top-level znode": lambda: anonymous.create("/mallory", b""),
+            "change a topic": lambda: anonymous.set(f"/brokers/topics/{LOCKED}", b"{}"),
+            "reopen the ACL": lambda: anonymous.set_acls("/brokers/ids", OPEN_ACL_UNSAFE),
+        }
+        allowed = []
+        for what, attempt in attempts.items():
+            try:
+                attempt()
+            except NoAuthError:
+                continue
+            except Exception as exc:  # a missing znode is no refusal either
+                allowed.append(f"{what}: {type(exc).__name__}")
+                continue
+            allowed.append(what)
+        assert allowed == []
+    finally:
+        anonymous.stop()
+        anonymous.close()
+    # The users tool without the login is refused too, and says what it needs.
+    refused_tool = users_cli("list", "--zookeeper", zookeeper, check=False)
+    assert refused_tool.returncode == 2
+    assert "--zookeeper-jaas" in refused_tool.stderr
+
+
+def test_acls_and_users_made_through_one_broker_hold_on_every_broker(
+    cluster: Cluster, module_zookeeper: str, zookeeper_jaas: Path
+) -> None:
+    """Last in the module: it kills broker 2 of the shared cluster."""
+    zookeeper = module_zookeeper
+    one, two, three = cluster[1], cluster[2], cluster[3]
+    admin = AdminClient(sasl(one, ADMIN, ADMIN_PW))
+    create_topics(admin, GRANTED, FORBIDDEN)
     # Through broker 1 only: the user and her ACLs.
     upsert = UserScramCredentialUpsertion(
         ALICE, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), ALICE_PW.encode()
@@ -190,53 +254,3 @@ def test_acls_and_users_made_through_one_broker_hold_on_every_broker(
     [deleted] = admin_at_two.delete_acls([write_only]).values()
     assert [str(b) for b in deleted.result(timeout=30)] == [str(granted[0])]
     eventually(refused(one, GRANTED), "alice refused at broker 1 once the ACL is deleted")
-
-
-def test_a_zookeeper_client_without_the_login_can_change_nothing(
-    cluster: Cluster, zookeeper: str
-) -> None:
-    """What an unprivileged local process did to a cluster whose znodes were open: read
-    the super user's SCRAM keys, add a user, register a broker, delete one's
-    registration, take over the controller. Each is now refused (NoAuth); the cluster's
-    layout stays readable, as with Kafka's ACLs. Fails on the code before ACLs: every
-    write went through."""
-    admin = AdminClient(sasl(cluster[1], ADMIN, ADMIN_PW))
-    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 3, "three brokers")
-    admin.create_topics([NewTopic(GRANTED, 1)])[GRANTED].result(timeout=30)
-    anonymous = KazooClient(hosts=zookeeper)
-    anonymous.start(timeout=30)
-    try:
-        assert anonymous.get_children("/brokers/ids") == ["1", "2", "3"]  # readable
-        attempts: dict[str, Callable[[], object]] = {
-            "read the super user's SCRAM credential": lambda: anonymous.get(
-                f"/config/users/{ADMIN}"
-            ),
-            "list the users": lambda: anonymous.get_children("/config/users"),
-            "add a user": lambda: anonymous.create("/config/users/mallory", b"{}"),
-            "change a user": lambda: anonymous.set(f"/config/users/{ADMIN}", b"{}"),
-            "grant an ACL": lambda: anonymous.create("/kafka-acl/Topic/x", b"{}", makepath=True),
-            "register a broker": lambda: anonymous.create("/brokers/ids/9", b"{}", ephemeral=True),
-            "delete a registration": lambda: anonymous.delete("/brokers/ids/1"),
-            "delete the controller": lambda: anonymous.delete("/controller"),
-            "add a top-level znode": lambda: anonymous.create("/mallory", b""),
-            "change a topic": lambda: anonymous.set(f"/brokers/topics/{GRANTED}", b"{}"),
-            "reopen the ACL": lambda: anonymous.set_acls("/brokers/ids", OPEN_ACL_UNSAFE),
-        }
-        allowed = []
-        for what, attempt in attempts.items():
-            try:
-                attempt()
-            except NoAuthError:
-                continue
-            except Exception as exc:  # a missing znode is no refusal either
-                allowed.append(f"{what}: {type(exc).__name__}")
-                continue
-            allowed.append(what)
-        assert allowed == []
-    finally:
-        anonymous.stop()
-        anonymous.close()
-    # The users tool without the login is refused too, and says what it needs.
-    refused_tool = users_cli("list", "--zookeeper", zookeeper, check=False)
-    assert refused_tool.returncode == 2
-    assert "--zookeeper-jaas" in refused_tool.stderr

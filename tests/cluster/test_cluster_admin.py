@@ -68,6 +68,14 @@ def brokers(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
     yield from start_cluster(tmp_path, zookeeper)
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, module_zookeeper: str) -> Iterator[Cluster]:
+    """One cluster for the module's last two tests (a start saved): the topic test leaves
+    the brokers alone, the unclean election, which kills two of them, runs last. They sit
+    at the end of the module, so that this cluster never runs beside another."""
+    yield from start_cluster(tmp_path_factory.mktemp("shared"), module_zookeeper)
+
+
 #: The replication throttle for the reassignment test: about 10 s to copy the 2 MB
 #: written before the move.
 THROTTLE_BYTES_PER_S = 200_000
@@ -169,34 +177,6 @@ def test_preferred_election_moves_leadership_back(brokers: Cluster) -> None:
     with brokers[controller].connect() as conn:
         answer = conn.request(m.ApiKey.ELECT_LEADERS, 2, everything)
     assert (answer.error_code, answer.replica_election_results) == (0, [])
-
-
-def test_unclean_election_on_request_only(brokers: Cluster) -> None:
-    admin = admin_of(brokers)
-    create(brokers, admin, "unclean", [1, 2])
-    brokers[2].kill9()  # the follower falls out of the ISR after replica.lag.time.max.ms
-    eventually(lambda: partitions(admin, "unclean")[0][2] == [1], "ISR of unclean-0 is [1]")
-    brokers[1].kill9()  # the last in-sync replica: the partition goes offline
-    # A broker id comes back only once ZooKeeper dropped the killed session's registration.
-    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 1, "only broker 3 left")
-    brokers[2].start()
-    eventually(
-        lambda: (
-            len(admin.list_topics(timeout=5).brokers) == 2
-            and partitions(admin, "unclean")[0][0] == -1
-        ),
-        "unclean-0 offline with brokers 2 and 3 up",
-    )
-    assert (
-        elect(admin, ElectionType.PREFERRED, "unclean") == ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
-    )
-    assert partitions(admin, "unclean")[0][0] == -1, "no election without being asked"
-    assert elect(admin, ElectionType.UNCLEAN, "unclean") == 0
-    eventually(
-        lambda: partitions(admin, "unclean")[0][::2] == (2, [2]),
-        "broker 2 leads unclean-0, alone in its ISR",
-    )
-    assert elect(admin, ElectionType.UNCLEAN, "unclean") == ErrorCode.ELECTION_NOT_NEEDED
 
 
 def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
@@ -308,10 +288,11 @@ def list_offsets_body(topic: str) -> m.ListOffsetsRequest:
                topics=[Req.ListOffsetsTopic(name=topic, partitions=[part])])  # fmt: skip
 
 
-def test_create_partitions_and_delete_topics_across_the_cluster(brokers: Cluster) -> None:
+def test_create_partitions_and_delete_topics_across_the_cluster(shared: Cluster) -> None:
     """CreatePartitions grows a topic in ZooKeeper (placed by the rule, or as asked);
     DeleteTopics, through the controller, takes it from the cluster and every broker's
-    disk; the name can be used again."""
+    disk; the name can be used again. On the shared cluster: its brokers stay up."""
+    brokers = shared
     admin = admin_of(brokers)
     every_broker_lists(brokers)
     [created] = admin.create_topics([NewTopic("grow", 1, 2)]).values()
@@ -405,3 +386,33 @@ def describe_rows(broker: ConfiguredBroker, topic: str) -> list[list[str]]:
         "PARTITION", "LEADER", "REPLICAS", "ISR", "START", "END", "RECORDS", "MOVING"
     ], lines  # fmt: skip
     return [line.split() for line in lines[2:]]
+
+
+def test_unclean_election_on_request_only(shared: Cluster) -> None:
+    """Last in the module: it leaves the shared cluster with one broker killed."""
+    brokers = shared
+    admin = admin_of(brokers)
+    create(brokers, admin, "unclean", [1, 2])
+    brokers[2].kill9()  # the follower falls out of the ISR after replica.lag.time.max.ms
+    eventually(lambda: partitions(admin, "unclean")[0][2] == [1], "ISR of unclean-0 is [1]")
+    brokers[1].kill9()  # the last in-sync replica: the partition goes offline
+    # A broker id comes back only once ZooKeeper dropped the killed session's registration.
+    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 1, "only broker 3 left")
+    brokers[2].start()
+    eventually(
+        lambda: (
+            len(admin.list_topics(timeout=5).brokers) == 2
+            and partitions(admin, "unclean")[0][0] == -1
+        ),
+        "unclean-0 offline with brokers 2 and 3 up",
+    )
+    assert (
+        elect(admin, ElectionType.PREFERRED, "unclean") == ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
+    )
+    assert partitions(admin, "unclean")[0][0] == -1, "no election without being asked"
+    assert elect(admin, ElectionType.UNCLEAN, "unclean") == 0
+    eventually(
+        lambda: partitions(admin, "unclean")[0][::2] == (2, [2]),
+        "broker 2 leads unclean-0, alone in its ISR",
+    )
+    assert elect(admin, ElectionType.UNCLEAN, "unclean") == ErrorCode.ELECTION_NOT_NEEDED

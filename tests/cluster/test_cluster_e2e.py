@@ -60,15 +60,19 @@ def cluster(tmp_path: Path, zookeeper: str) -> Iterator[dict[int, ClusterBroker]
 
 
 def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Poll ``condition`` until it holds. A KafkaException, or a KeyError from a Metadata
+    answer that lacks the partition asked for (a broker that has not yet read the topic
+    answers UNKNOWN_TOPIC_OR_PARTITION: :func:`partitions` gives ``{}``), means "not yet"."""
     deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
     while time.monotonic() < deadline:
         try:
             if condition():
                 return
-        except KafkaException:
-            pass
+        except (KafkaException, KeyError) as exc:
+            last = exc
         time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
+    raise AssertionError(f"not within {timeout_s} s: {what} (last error: {last!r})")
 
 
 def every_broker_lists(
@@ -103,6 +107,20 @@ def partitions(admin: AdminClient, topic: str) -> dict[int, tuple[int, list[int]
     if meta.error is not None:
         return {}
     return {p.id: (p.leader, list(p.replicas), list(p.isrs)) for p in meta.partitions.values()}
+
+
+def leader_of(admin: AdminClient, topic: str, partition: int = 0, timeout_s: float = 60.0) -> int:
+    """The partition's leader, once Metadata names one. Right after a creation, or a read
+    that found one, the next answer may come from a broker that has read the topic but
+    not yet its partition state: leader -1, or no such partition."""
+    found: list[int] = []
+
+    def named() -> bool:
+        found[:] = [partitions(admin, topic).get(partition, (-1, [], []))[0]]
+        return found[0] >= 1
+
+    eventually(named, f"{topic}-{partition} has a leader", timeout_s)
+    return found[0]
 
 
 def produce(servers: str, topic: str, values: range) -> set[str]:
@@ -164,7 +182,7 @@ def test_replicated_topic_survives_its_leaders_kill_9(
     first = produce(servers, "replicated", range(0, 300))
     assert len(first) == 300
 
-    victim = partitions(admin, "replicated")[0][0]
+    victim = leader_of(admin, "replicated")
     cluster[victim].kill9()
     survivors = {b: p for b, p in cluster.items() if b != victim}
     servers = bootstrap(survivors)

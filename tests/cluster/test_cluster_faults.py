@@ -52,6 +52,10 @@ CONFIG = (
     f"zookeeper.session.timeout.ms={SESSION_MS}\n"
     # The consumers' group ids make __consumer_offsets; a few partitions keep it light.
     "offsets.topic.num.partitions=5\n"
+    # A group's first member is not held 3 s waiting for others (Kafka's shipped
+    # server.properties says the same for development). test_groups_replicated, whose
+    # two members must form a group in one generation, sets it back.
+    "group.initial.rebalance.delay.ms=0\n"
 )
 
 
@@ -111,6 +115,9 @@ def create_topic(cluster: Cluster, topic: str, count: int) -> AdminClient:
     [future] = admin.create_topics([NewTopic(topic, num_partitions=count)]).values()
     future.result(timeout=30)  # replication factor 3 from default.replication.factor
     full_isr(admin, topic, count)
+    # Every broker knows each leader too: the next Metadata answer, from whichever broker,
+    # names it (one that has read the topic but not its partition state says -1).
+    converged(cluster, topic, count)
     return admin
 
 

@@ -51,6 +51,21 @@ def _create_topic(admin: AdminClient, name: str) -> None:
         time.sleep(0.2)  # polling, bounded by the deadline
 
 
+def _partition_with_a_leader(admin: AdminClient, topic: str) -> Any:
+    found: list[Any] = []
+
+    def led() -> bool:
+        try:
+            meta = admin.list_topics(topic, timeout=10).topics[topic]
+        except KafkaException:
+            return False
+        found[:] = [meta.partitions.get(0)] if meta.error is None else []
+        return bool(found) and found[0] is not None and found[0].leader >= 1
+
+    _wait_for(led, 60, f"{topic}-0 has a leader")
+    return found[0]
+
+
 def test_cluster_up_prints_its_bootstrap_serves_and_stops_cleanly(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [str(BROKER_EXE), "cluster", "up", "--brokers", "3", "--base-port", "0",
@@ -67,7 +82,9 @@ def test_cluster_up_prints_its_bootstrap_serves_and_stops_cleanly(tmp_path: Path
         admin = AdminClient({"bootstrap.servers": servers})
         assert len(admin.list_topics(timeout=10).brokers) == 3
         _create_topic(admin, "up")
-        meta = admin.list_topics("up", timeout=10).topics["up"].partitions[0]
+        # The broker asked may not have read the topic yet (no partitions) or its state
+        # (leader -1): wait for a leader.
+        meta = _partition_with_a_leader(admin, "up")
         assert sorted(meta.replicas) == [1, 2, 3]
         # A second `cluster up` on the same DATA_DIR would start a ZooKeeper on the same
         # snapshots and brokers on the same logs: it exits 1 before starting anything.
@@ -239,7 +256,7 @@ def test_a_killed_leader_is_replaced_then_restarted_and_nothing_acknowledged_is_
         producing = threading.Thread(target=produce)
         producing.start()
         _wait_for(lambda: len(acked) >= 300, 60, "acknowledged writes before the kill")
-        leader = partition().leader
+        leader = _partition_with_a_leader(admin, "failover").leader  # (partition() may say -1)
         before = cluster.broker(leader)
         os.kill(before["pid"], signal.SIGKILL)
         # One line names the broker, how it ended and its log; the others keep running.

@@ -28,7 +28,7 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from tests.cluster.test_cluster_e2e import eventually, every_broker_lists, partitions
+from tests.cluster.test_cluster_e2e import eventually, every_broker_lists, leader_of, partitions
 from tests.cluster.test_cluster_faults import Cluster, full_isr, servers, three_brokers
 from trio_broker.protocol import batch_header
 from trio_broker.protocol.records import build_batch
@@ -67,8 +67,7 @@ def create(cluster: Cluster, topic: str, configs: dict[str, str]) -> tuple[int, 
     [future] = admin.create_topics([new]).values()
     future.result(timeout=30)
     full_isr(admin, topic, 1)
-    eventually(lambda: partitions(admin, topic)[0][0] in cluster, "a leader", 15)
-    leader = partitions(admin, topic)[0][0]
+    leader = leader_of(admin, topic)
     follower, other = (b for b in (3, 2, 1) if b != leader)
     return leader, follower, other
 

@@ -51,15 +51,17 @@ COMMITTED = 6
 RECORDS_PER_PARTITION = 10
 
 
+#: Kafka's 3 s initial rebalance delay, which CONFIG turns off: two members that join an
+#: empty group must form it in one generation, each with a partition, before either
+#: reads (else the first may read both partitions alone, and the second its one again).
+GROUP_CONFIG = CONFIG.replace(
+    "offsets.topic.num.partitions=5", f"offsets.topic.num.partitions={OFFSETS_PARTITIONS}"
+).replace("group.initial.rebalance.delay.ms=0", "group.initial.rebalance.delay.ms=3000")
+
+
 @pytest.fixture
 def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
-    with three_brokers(
-        tmp_path,
-        zookeeper,
-        CONFIG.replace(
-            "offsets.topic.num.partitions=5", f"offsets.topic.num.partitions={OFFSETS_PARTITIONS}"
-        ),
-    ) as brokers:
+    with three_brokers(tmp_path, zookeeper, GROUP_CONFIG) as brokers:
         yield brokers
 
 
@@ -74,11 +76,15 @@ def produce(bootstrap: str, partition: int, values: range) -> None:
     assert p.flush(90) == 0 and not failed, failed
 
 
-def coordinator_of(cluster: Cluster, group: str, *, without: tuple[int, ...] = ()) -> int:
-    """The broker FindCoordinator names for the group, asked of a live broker with a raw
-    request (librdkafka's AdminClient aborted the test process once while a coordinator
-    it was asking had just been killed); -1 while there is none."""
+def coordinator_of(
+    cluster: Cluster, group: str, *, without: tuple[int, ...] = (), at: int | None = None
+) -> int:
+    """The broker FindCoordinator names for the group, asked of a live broker (``at``, or
+    the first) with a raw request (librdkafka's AdminClient aborted the test process once
+    while a coordinator it was asking had just been killed); -1 while there is none."""
     live = [b for i, b in cluster.items() if b.running and i not in without]
+    if at is not None:
+        live = [cluster[at]]
     port = live[0].bootstrap.rsplit(":", 1)[1]
     with RawConnection(int(port)) as conn:
         answer = conn.request(
@@ -163,10 +169,16 @@ def commit_then_lose_coordinator(cluster: Cluster, group: str, *, kill: bool) ->
     survivors = admin_of(cluster, without=(old,))
 
     def moved() -> bool:
-        new = coordinator_of(cluster, group, without=(old,))
-        return new != old and new == offsets_leader(survivors, group)
+        # Every survivor names it, itself included: one that names it before the new
+        # leader has learned it leads sends the next OffsetFetch to a broker that
+        # answers NOT_COORDINATOR (which librdkafka's committed() raises).
+        named = {coordinator_of(cluster, group, at=b) for b in cluster if b != old}
+        new = named.pop() if len(named) == 1 else -1
+        return new not in (old, -1) and new == offsets_leader(survivors, group)
 
-    eventually(moved, "FindCoordinator names the new leader of the group's partition")
+    eventually(
+        moved, "every survivor's FindCoordinator names the new leader of the group's partition"
+    )
     # OffsetFetch from the new coordinator: the offsets came with the partition.
     assert committed_by(servers(cluster), group) == {0: COMMITTED, 1: COMMITTED}
     # More records while the group is away; its consumers restart at exactly 6.

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicCollection
@@ -85,9 +84,12 @@ def put(cluster: Cluster, admin: AdminClient, topic: str, value: bytes) -> bool:
     return leader in cluster and produce(cluster, leader, topic, value) == ErrorCode.NONE
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
-    yield from start_cluster(tmp_path, zookeeper)
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, module_zookeeper: str) -> Iterator[Cluster]:
+    """One cluster for the module (a start saved): the first test leaves the brokers
+    alone; the second, which stops broker 2 and at the end all three, runs last. Each
+    has topics of its own."""
+    yield from start_cluster(tmp_path_factory.mktemp("internal"), module_zookeeper)
 
 
 def test_internal_topics_and_configs_from_any_broker(cluster: Cluster) -> None:
@@ -124,7 +126,9 @@ def test_internal_topics_and_configs_from_any_broker(cluster: Cluster) -> None:
     assert describe_configs(cluster, 1, "nowhere")[0] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
-def test_stray_copies_go_when_their_broker_returns(cluster: Cluster, zookeeper: str) -> None:
+def test_stray_copies_go_when_their_broker_returns(cluster: Cluster, module_zookeeper: str) -> None:
+    """Last in the module: it stops the shared cluster's brokers."""
+    zookeeper = module_zookeeper
     admin = admin_of(cluster)
     for topic in ("doomed", "reborn"):
         create(cluster, admin, topic, [2, 3])

@@ -14,7 +14,6 @@ ZooKeeper), confluent-kafka and our codec.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,9 +43,12 @@ CONFIG = (
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
-    with three_brokers(tmp_path, zookeeper, CONFIG) as brokers:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, module_zookeeper: str) -> Iterator[Cluster]:
+    """One cluster for the module (a start saved): the first test leaves the brokers
+    alone; the second, which stops one and changes a broker config, runs last. Each
+    has a topic of its own."""
+    with three_brokers(tmp_path_factory.mktemp("configs"), module_zookeeper, CONFIG) as brokers:
         yield brokers
 
 
@@ -81,7 +83,21 @@ def create(cluster: Cluster, topic: str, replicas: list[int]) -> int:
         return True
 
     eventually(led_and_in_sync, f"{topic}: led, every replica in sync", 60)
-    return settled[-1]
+    leader = settled[-1]
+
+    def everywhere() -> bool:
+        # The broker that answered may have read the state znode before the others, the
+        # leader among them (which then answers NOT_LEADER_OR_FOLLOWER, leader -1).
+        for broker in cluster.values():
+            with broker.connect() as conn:
+                [meta] = conn.metadata([topic], version=9).topics
+            state = [(p.leader_id, sorted(p.isr_nodes)) for p in meta.partitions]
+            if state != [(leader, sorted(replicas))]:
+                return False
+        return True
+
+    eventually(everywhere, f"{topic}: every broker names leader {leader}", 60)
+    return leader
 
 
 def describe_topic(cluster: Cluster, broker: int, topic: str) -> dict[str, Any]:
@@ -122,6 +138,7 @@ def test_acks_all_to_a_topic_of_one_replica_under_min_insync_2(cluster: Cluster)
 
 
 def test_the_min_insync_replicas_described_is_the_one_enforced(cluster: Cluster) -> None:
+    """Last in the module: it stops a broker of the shared cluster."""
     leader = create(cluster, "pair", [1, 2])
     follower = 3 - leader
     for broker in (1, 2, 3):  # broker 3 holds no copy: it reads the topic from ZooKeeper

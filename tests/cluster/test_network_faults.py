@@ -164,20 +164,18 @@ def cluster(tmp_path: Path, zookeeper: str) -> Iterator[ProxiedCluster]:
         stop_cluster(brokers)
 
 
-def test_clients_see_the_client_listener_followers_the_replication_one(
-    cluster: ProxiedCluster,
-) -> None:
-    create_topic(cluster, "listeners", 1)
-    for broker in cluster.values():
-        with broker.connect() as conn:
-            answer = conn.metadata(["listeners"], version=9)
-        assert {(b.node_id, b.port) for b in answer.brokers} == {
-            (i, other.port) for i, other in cluster.items()
-        }, "Metadata must name each broker's client listener"
-    # Replication goes through the proxies: the leader's proxy sees both followers (their
-    # fetchers connect once they learn their role, shortly after the topic is made).
-    eventually(lambda: sum(b.replication.connections_made for b in cluster.values()) >= 2,
-               "both followers fetch through the leader's replication proxy", 30)  # fmt: skip
+@pytest.fixture(scope="module")
+def shared(
+    tmp_path_factory: pytest.TempPathFactory, module_zookeeper: str
+) -> Iterator[ProxiedCluster]:
+    """One cluster for the module's last two tests (a start saved): the listeners test
+    leaves it alone, the follower cut off, which ends stopping every broker, runs last.
+    They sit at the end of the module, so that this cluster never runs beside another."""
+    brokers = start_proxied_cluster(tmp_path_factory.mktemp("shared"), module_zookeeper, (1, 2, 3))
+    try:
+        yield brokers
+    finally:
+        stop_cluster(brokers)
 
 
 def test_leader_cut_off_from_its_followers(cluster: ProxiedCluster) -> None:
@@ -254,7 +252,26 @@ def test_leader_cut_off_from_zookeeper(cluster: ProxiedCluster) -> None:
     assert_logs_equal(cluster, "zk", read)
 
 
-def test_follower_cut_off_from_its_leader(cluster: ProxiedCluster) -> None:
+def test_clients_see_the_client_listener_followers_the_replication_one(
+    shared: ProxiedCluster,
+) -> None:
+    cluster = shared  # left alone: the next test uses it
+    create_topic(cluster, "listeners", 1)
+    for broker in cluster.values():
+        with broker.connect() as conn:
+            answer = conn.metadata(["listeners"], version=9)
+        assert {(b.node_id, b.port) for b in answer.brokers} == {
+            (i, other.port) for i, other in cluster.items()
+        }, "Metadata must name each broker's client listener"
+    # Replication goes through the proxies: the leader's proxy sees both followers (their
+    # fetchers connect once they learn their role, shortly after the topic is made).
+    eventually(lambda: sum(b.replication.connections_made for b in cluster.values()) >= 2,
+               "both followers fetch through the leader's replication proxy", 30)  # fmt: skip
+
+
+def test_follower_cut_off_from_its_leader(shared: ProxiedCluster) -> None:
+    """Last in the module: it ends stopping the shared cluster's brokers."""
+    cluster = shared
     admin = create_topic(cluster, "fol", 1)
     acked = Acked()
     produce(servers(cluster), "fol", range(0, 200), acked)

@@ -26,7 +26,7 @@ from confluent_kafka.admin import (
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from tests.cluster.test_cluster_e2e import eventually, produce, read_all
+from tests.cluster.test_cluster_e2e import eventually, every_broker_lists, produce, read_all
 from tests.cluster.test_cluster_faults import ConfiguredBroker, running
 from tests.e2e.conftest import BROKER_EXE
 from trio_broker.cluster.coordination import ZooKeeperCoordination
@@ -79,7 +79,8 @@ def test_secure_zookeeper_locks_an_open_cluster_which_goes_on_working(
     with running(brokers):
         servers = ",".join(b.bootstrap for b in brokers.values())
         admin = AdminClient({"bootstrap.servers": servers})
-        eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 2, "two brokers")
+        # Both brokers list both (the controller assigns two replicas from its own list).
+        every_broker_lists(brokers)
         admin.create_topics([NewTopic("before", 1)])["before"].result(timeout=30)
         admin.alter_user_scram_credentials([user("boss")])["boss"].result(timeout=30)
         assert len(produce(servers, "before", range(10))) == 10
@@ -117,6 +118,7 @@ def test_secure_zookeeper_locks_an_open_cluster_which_goes_on_working(
         assert anonymous.get_children("/brokers/ids") == ["1", "2"]  # readable, as in Kafka
 
         # The brokers still change their znodes: a new topic, a user, records.
+        every_broker_lists(brokers)  # since the restarts, each lists both again
         admin.create_topics([NewTopic("after", 1)])["after"].result(timeout=30)
         admin.alter_user_scram_credentials([user("clerk")])["clerk"].result(timeout=30)
         assert len(produce(servers, "after", range(10))) == 10
