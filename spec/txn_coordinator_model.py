@@ -21,6 +21,9 @@ P2. A prepared transaction is not open: a transactional write to one of its
 P3. Each partition gets the outcome's marker once per round, in partition order;
     the groups learn the outcome, and the id completes, only after every marker.
 P4. A restart keeps the prepared outcome; recovery writes every marker again.
+E1. An id with no open or prepared transaction whose metadata last changed
+    transactional.id.expiration.ms or more ago is forgotten (InitProducerId then gives
+    it a new producer id); an open, prepared or pending one never is.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class ModelTxn:
     groups: set[str] = attrs.Factory(set)
     started_ms: int = -1
     timeout_ms: int = 0
+    #: When its metadata last changed (E1).
+    updated_ms: int = 0
 
 
 @attrs.define
@@ -66,6 +71,8 @@ class ModelCoordinator:
     group_outcomes: list[tuple[str, int, int, bool]] = attrs.Factory(list)
     #: Partitions refusing markers for now (their leader moved, their disk failed).
     refusing: set[tuple[str, int]] = attrs.Factory(set)
+    #: The clock (the machine sets it), for E1.
+    now_ms: int = 0
 
     def busy(self, txn: ModelTxn) -> bool:
         return txn.pending or txn.status.startswith("prepare")
@@ -78,7 +85,8 @@ class ModelCoordinator:
             return INVALID_TRANSACTION_TIMEOUT, -1, -1
         txn = self.txns.get(tid)
         if txn is None:
-            self.txns[tid] = ModelTxn(new_producer_id, 0, timeout_ms=timeout_ms)
+            self.txns[tid] = ModelTxn(new_producer_id, 0, timeout_ms=timeout_ms,
+                                      updated_ms=self.now_ms)  # fmt: skip
             return NONE, new_producer_id, 0
         if self.busy(txn):
             return CONCURRENT_TRANSACTIONS, -1, -1  # P1
@@ -90,7 +98,7 @@ class ModelCoordinator:
                 self._complete(txn)
             return CONCURRENT_TRANSACTIONS, -1, -1
         txn.epoch += 1
-        txn.status = "empty"
+        txn.status, txn.updated_ms = "empty", self.now_ms
         txn.timeout_ms = timeout_ms
         return NONE, txn.producer_id, txn.epoch
 
@@ -110,7 +118,10 @@ class ModelCoordinator:
         txn = self.txns[tid]
         if self.busy(txn):
             return CONCURRENT_TRANSACTIONS  # P1
-        if txn.status != "ongoing":
+        opens = txn.status != "ongoing"
+        if opens or not (partitions <= txn.partitions and groups <= txn.groups):
+            txn.updated_ms = now_ms  # written (nothing new: nothing to write)
+        if opens:
             txn.status, txn.started_ms = "ongoing", now_ms
         txn.partitions |= partitions
         txn.groups |= groups
@@ -170,8 +181,16 @@ class ModelCoordinator:
                 if self._write_markers(txn):
                     self._complete(txn)
 
+    def expire_ids(self, expiration_ms: int) -> None:
+        """E1."""
+        for tid, txn in list(self.txns.items()):
+            idle = self.now_ms - txn.updated_ms >= expiration_ms
+            if idle and txn.status in ("empty", "committed", "aborted") and not txn.pending:
+                del self.txns[tid]
+
     def _prepare(self, txn: ModelTxn, committed: bool) -> None:
         txn.status = "prepare_commit" if committed else "prepare_abort"
+        txn.updated_ms = self.now_ms
         txn.owed = set(txn.partitions)
 
     def _write_markers(self, txn: ModelTxn) -> bool:
@@ -189,6 +208,7 @@ class ModelCoordinator:
         for group in sorted(txn.groups):
             self.group_outcomes.append((group, txn.producer_id, txn.epoch, committed))
         txn.status = "committed" if committed else "aborted"
+        txn.updated_ms = self.now_ms
         txn.partitions, txn.groups = set(), set()
 
     def write_allowed(self, tid: str, producer_id: int, epoch: int, tp: tuple[str, int]) -> int:

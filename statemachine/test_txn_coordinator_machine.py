@@ -50,6 +50,8 @@ IDS = ("app-a", "app-b")
 PARTITIONS = [("t", 0), ("t", 1), ("u", 0)]
 GROUPS = ("g1", "g2")
 MAX_TIMEOUT_MS = 10_000
+#: transactional.id.expiration.ms here: two long ticks of an idle id.
+EXPIRATION_MS = 7_000
 _STATUS = {
     TxnState.EMPTY: "empty", TxnState.ONGOING: "ongoing",
     TxnState.PREPARE_COMMIT: "prepare_commit", TxnState.PREPARE_ABORT: "prepare_abort",
@@ -134,7 +136,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.groups = Groups()
         self.next_id = 100
         self.coordinator = self._open()
-        self.model = ModelCoordinator(MAX_TIMEOUT_MS)
+        self.model = ModelCoordinator(MAX_TIMEOUT_MS, now_ms=self.now)
         #: Producer instances: transactional id -> the (id, epoch) each got.
         self.instances: dict[str, list[tuple[int, int]]] = {tid: [] for tid in IDS}
         self.epochs_seen: dict[str, int] = {}
@@ -153,6 +155,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             self.txn_log, topics=self.topics, producers=None, durability=self.durability,
             appends=None, groups=self.groups, allocate_producer_id=self._allocate,
             write_marker=append_marker, now_ms=lambda: self.now, max_timeout_ms=MAX_TIMEOUT_MS,
+            expiration_ms=EXPIRATION_MS,
         )  # fmt: skip
         coordinator.load()
         return coordinator
@@ -287,8 +290,13 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
     @rule(ms=st.sampled_from([500, 2_001, 5_001]))
     def time_passes(self, ms: int) -> None:
         self.now += ms
+        self.model.now_ms = self.now
         run(self.coordinator.abort_timed_out())
         self.model.expire_timed_out(self.now)
+        run(self.coordinator.expire_ids())
+        self.model.expire_ids(EXPIRATION_MS)
+        for tid in [t for t in self.epochs_seen if t not in self.model.txns]:
+            del self.epochs_seen[tid]  # forgotten: its next producer id starts at epoch 0
 
     @rule()
     def restart(self) -> None:
