@@ -564,6 +564,22 @@ class StorageMachine(RuleBasedStateMachine):
             stem = segment_file(base).removesuffix(".log")
             assert not files & {f"{stem}.index", f"{stem}.timeindex"}, f"{stem} indexes left"
 
+    @precondition(lambda self: self.log is not None and self.model.config.retention_ms is not None)
+    @rule(delta=st.sampled_from([-1, 0, 1]))
+    def retention_at_the_exact_age(self, delta: int) -> None:
+        """Retention when a closed segment's newest record is retention.ms old to the ms
+        (or one ms either side): Kafka deletes a segment only once it is older."""
+        retention_ms = self.model.config.retention_ms
+        assert retention_ms is not None
+        times = [
+            s.max_timestamp + retention_ms + delta
+            for s in self.model.segments[:-1]
+            if s.batches and s.max_timestamp + retention_ms + delta >= self.clock
+        ]
+        if times:
+            event("retention at the exact age", delta)
+            self.retention(min(times) - self.clock)
+
     @rule(where=st.floats(0, 1), at_boundary=st.booleans())
     def delete_records(self, where: float, at_boundary: bool) -> None:
         assert self.log is not None
