@@ -543,9 +543,23 @@ class StorageMachine(RuleBasedStateMachine):
         assert self.log.last_batches(n) == want[-n:]
         assert [(o, bytes(h)) for o, h in self.log.iter_batch_headers()] == want
 
-    @rule(advance=st.integers(0, 400))
-    def retention(self, advance: int) -> None:
+    @rule(advance=st.integers(0, 400), at_age=st.none() | st.sampled_from([-1, 0, 1]))
+    def retention(self, advance: int, at_age: int | None = None) -> None:
+        """A retention pass ``advance`` ms on; with ``at_age``, when a closed segment's
+        newest record is retention.ms old to the ms (or one either side) if one can
+        be: Kafka deletes a segment only once it is older."""
         assert self.log is not None
+        retention_ms = self.model.config.retention_ms
+        if at_age is not None and retention_ms is not None:
+            # The oldest closed segment not yet that old: those before it go anyway.
+            times = [
+                s.max_timestamp + retention_ms + at_age
+                for s in self.model.segments[:-1]
+                if s.batches and s.max_timestamp + retention_ms + at_age >= self.clock
+            ]
+            if times:
+                event("retention at the exact age", at_age)
+                advance = times[0] - self.clock
         self.clock += advance
         before = self.log.segment_base_offsets()
         doomed = [s.base for s in self.model.retention(self.clock)]
@@ -563,22 +577,6 @@ class StorageMachine(RuleBasedStateMachine):
         for base in doomed:
             stem = segment_file(base).removesuffix(".log")
             assert not files & {f"{stem}.index", f"{stem}.timeindex"}, f"{stem} indexes left"
-
-    @precondition(lambda self: self.log is not None and self.model.config.retention_ms is not None)
-    @rule(delta=st.sampled_from([-1, 0, 1]))
-    def retention_at_the_exact_age(self, delta: int) -> None:
-        """Retention when a closed segment's newest record is retention.ms old to the ms
-        (or one ms either side): Kafka deletes a segment only once it is older."""
-        retention_ms = self.model.config.retention_ms
-        assert retention_ms is not None
-        times = [
-            s.max_timestamp + retention_ms + delta
-            for s in self.model.segments[:-1]
-            if s.batches and s.max_timestamp + retention_ms + delta >= self.clock
-        ]
-        if times:
-            event("retention at the exact age", delta)
-            self.retention(min(times) - self.clock)
 
     @rule(where=st.floats(0, 1), at_boundary=st.booleans())
     def delete_records(self, where: float, at_boundary: bool) -> None:
