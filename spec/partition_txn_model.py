@@ -12,6 +12,13 @@
 4. A record is committed when it is below the LSO, at or above the log start, not in
    a control batch, and either not transactional or in a transaction ended by a commit.
 5. Nothing else moves any of this: flushing, restarting or crashing the broker keeps it.
+6. Retention and DeleteRecords may move the log start past an open transaction's first
+   offset (Kafka does not hold the log start back for it): the LSO is then the log start.
+   A rebuild from the log after that sees the transaction begin at its first record at
+   or above the log start, so the LSO may stand anywhere from the log start up to that
+   record (docs/transactions.md's known limit), never below the log start.
+7. A producer with an open transaction is never expired (producer.id.expiration.ms
+   counts only for producers with none): its sequence is still checked.
 
 The model keeps the whole log as a flat list of entries and derives every answer by
 scanning it, so it shares no data structure with ``trio_broker.state.partition_txns``;
@@ -62,6 +69,21 @@ class ModelLog:
             return self.end
         return min(max(min(open_firsts), self.log_start), self.end)
 
+    def lso_bounds(self) -> tuple[int, int]:
+        """Sentence 6: the lowest and highest LSO a rebuild may give."""
+        high = self.end
+        for pid, first, end, _ in self.transactions():
+            if end is not None:
+                continue
+            if first < self.log_start:  # cut by the log start: a rebuild sees it later
+                first = min(
+                    (e.offset for e in self.entries
+                     if e.producer_id == pid and e.commit is None and e.offset >= self.log_start),
+                    default=self.end,
+                )  # fmt: skip
+            high = min(high, first)
+        return self.lso(), high
+
     def aborted(self) -> list[tuple[int, int, int]]:
         """(producer id, first offset, marker offset), by marker offset."""
         return sorted(
@@ -78,13 +100,14 @@ class ModelLog:
             for e in self.entries
         )  # fmt: skip
 
-    def committed_values(self) -> list[bytes]:
+    def committed_values(self, lso: int | None = None) -> list[bytes]:
+        """Committed records below ``lso`` (default: :meth:`lso`)."""
         aborted_or_open = set()
         for pid, first, end, commit in self.transactions():
             if commit is not True:
                 stop = self.end if end is None else end
                 aborted_or_open |= {(pid, o) for o in range(first, stop)}
-        lso = self.lso()
+        lso = self.lso() if lso is None else lso
         return [
             e.value
             for e in self.entries

@@ -10,6 +10,9 @@
    appended and is answered with that batch's offsets.
 6. Otherwise it is appended iff its first sequence is the last appended sequence plus one,
    modulo 2**31; else OUT_OF_ORDER_SEQUENCE_NUMBER.
+7. A producer (with no open transaction) whose last appended batch's timestamp is
+   producer.id.expiration.ms or more in the past is forgotten when the partition checks
+   for expired producers; a duplicate does not refresh it.
 
 The model keeps *every* appended batch per producer (no window, no entry object) and
 derives the answer from that history, so it shares no data structure with
@@ -33,6 +36,8 @@ class Appended:
     last_seq: int
     first_offset: int
     last_offset: int
+    #: The batch's max timestamp (sentence 7).
+    timestamp: int = 0
 
 
 @dataclass
@@ -68,6 +73,13 @@ class ModelPartition:
     def appended(self, producer_id: int, batch: Appended) -> None:
         if producer_id != -1:
             self.history.setdefault(producer_id, []).append(batch)
+
+    def expire(self, now_ms: int, expiration_ms: int) -> None:
+        """Sentence 7."""
+        for pid in [
+            p for p, h in self.history.items() if now_ms - h[-1].timestamp >= expiration_ms
+        ]:
+            del self.history[pid]
 
     def forget_below(self, log_start_offset: int) -> None:
         """Retention: a producer whose every batch is below the log start is forgotten."""

@@ -3,15 +3,19 @@ the reference model in spec/partition_txn_model.py.
 
 Several transactional producers write to one real on-disk partition, interleaved with
 plain records; their transactions commit or abort (sometimes with an epoch bump, as a
-fencing abort does); DeleteRecords moves the log start (up to the LSO); the broker
-restarts cleanly (snapshot), crashes (rebuild from the log) or crashes with a stale
-snapshot on disk; a follower-style truncation cuts the log's tail. After every step:
-the LSO equals the model's and never moved back (but on truncation), the aborted list
+fencing abort does); DeleteRecords moves the log start (up to the LSO, or past it into
+an open transaction, as retention may); the clock moves past producer.id.expiration.ms;
+the broker restarts cleanly (snapshot), crashes (rebuild from the log) or crashes with
+a stale snapshot on disk; a follower-style truncation cuts the log's tail. After every
+step: the LSO equals the model's (within sentence 6's bounds once the log start passed
+an open transaction) and never moved back (but on truncation), the aborted list
 equals the model's aborted transactions, and the read_committed view
 (records below the LSO, minus control batches, minus what the aborted list hides, read
 back from the log as a consumer does) equals the model's committed records; and while a
 producer fenced by a bumping abort has written nothing since, a stale marker (its old
-epoch, as a WriteTxnMarkers retried from before the fence) is refused.
+epoch, as a WriteTxnMarkers retried from before the fence) is refused; a producer with
+an open transaction is remembered however long it was silent (its sequence is still
+checked: sentence 7).
 """
 
 from __future__ import annotations
@@ -44,10 +48,8 @@ from spec.partition_txn_model import Entry, ModelLog
 T0 = 1_000_000
 PRODUCERS = 3
 TOPIC = "t"
-
-
-def now() -> int:
-    return T0
+#: producer.id.expiration.ms here: a few ``time_passes`` steps.
+EXPIRATION_MS = 20 * 60_000
 
 
 class Quiet:
@@ -68,20 +70,29 @@ class Producer:
     in_txn: bool = False
     #: where the last marker that bumped this producer's epoch went, if any.
     bumped_at: int | None = None
+    #: the clock at its last data batch (expiry counts from the last batch's timestamp).
+    last_data_ms: int = T0
 
 
 class PartitionTxnMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="txn-machine-"))
-        self.topics = TopicManager(self.dir, LogConfig(), now)
+        self.clock = T0
+        self.topics = TopicManager(self.dir, LogConfig(), self.now)
         self.topics.create(TOPIC, 1)
-        self.registry = ProducerStateRegistry(self.dir, now)
+        self.registry = self._registry()
         self.model = ModelLog()
         self.producers = [Producer(1000 + i) for i in range(PRODUCERS)]
         self.values = 0
         self.last_lso = 0
         self.saved_snapshot: bytes | None = None
+
+    def now(self) -> int:
+        return self.clock
+
+    def _registry(self) -> ProducerStateRegistry:
+        return ProducerStateRegistry(self.dir, self.now, expiration_ms=EXPIRATION_MS)
 
     def teardown(self) -> None:
         self.topics.close()
@@ -100,7 +111,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         view = RecordBatchView(raw)
         verdict = self.registry.check(TOPIC, 0, self.log, view)
         assert isinstance(verdict, Append), verdict
-        result = self.log.append(raw, now_ms=T0)
+        result = self.log.append(raw, now_ms=self.clock)
         self.registry.record_append(
             TOPIC, 0, RecordBatchView(raw), result.base_offset, result.last_offset
         )
@@ -118,16 +129,17 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         raw = build_batch(
             [(None, v) for v in self._values(count)],
             producer_id=p.producer_id, producer_epoch=p.epoch, base_sequence=p.next_seq,
-            base_timestamp=T0, is_transactional=True,
+            base_timestamp=self.clock, is_transactional=True,
         )  # fmt: skip
         note(f"txn data from {p.producer_id} epoch {p.epoch} x{count}")
         self._append(raw, p.producer_id, True)
         p.next_seq += count
         p.in_txn = True
+        p.last_data_ms = self.clock
 
     @rule(count=st.integers(1, 3))
     def plain_batch(self, count: int) -> None:
-        raw = build_batch([(None, v) for v in self._values(count)], base_timestamp=T0)
+        raw = build_batch([(None, v) for v in self._values(count)], base_timestamp=self.clock)
         note(f"plain x{count}")
         self._append(raw, -1, False)
 
@@ -139,7 +151,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         note(f"{'commit' if commit else 'abort'} {p.producer_id} epoch {epoch}")
         _, offset = append_txn_marker(
             self.topics, self.registry, Quiet(), Quiet(), TOPIC, 0,
-            p.producer_id, epoch, commit, 0, T0,
+            p.producer_id, epoch, commit, 0, self.clock,
         )  # fmt: skip
         self.model.entries.append(Entry(offset, p.producer_id, True, commit, b""))
         if epoch != p.epoch:
@@ -159,6 +171,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
             p for p in self.producers
             if p.bumped_at is not None and model.log_start <= p.bumped_at < model.end
             and p.next_seq == 0 and p.producer_id in has_data
+            and self.clock - p.last_data_ms < EXPIRATION_MS  # else it may be forgotten
         ]  # fmt: skip
 
     @invariant()
@@ -180,6 +193,42 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         note(f"delete records below {cut}")
         self.log.delete_records(cut)
         self.model.log_start = cut
+
+    @precondition(lambda self: self.model.end > self.model.lso())
+    @rule(data=st.data())
+    def delete_records_past_the_lso(self, data: st.DataObject) -> None:
+        """Retention or DeleteRecords into (or past) an open transaction (sentence 6)."""
+        cut = data.draw(st.integers(self.model.lso() + 1, self.model.end))
+        note(f"delete records below {cut}, past the LSO {self.model.lso()}")
+        event("log start moved past the LSO")
+        self.log.delete_records(cut)
+        self.model.log_start = cut
+
+    @rule(ms=st.sampled_from([60_000, 11 * 60_000, 25 * 60_000]))
+    def time_passes(self, ms: int) -> None:
+        """The clock moves; the registry sweeps expired producers at most every
+        10 minutes, on its next check (the stale-marker probe below is one)."""
+        self.clock += ms
+
+    @invariant()
+    def producers_in_a_transaction_are_remembered(self) -> None:
+        """Sentence 7: a batch far ahead of an open transaction's producer's sequence
+        is refused as out of order (a forgotten producer would be taken at any)."""
+        model = self.model
+        open_pids = {pid for pid, _, end, _ in model.transactions() if end is None}
+        for p in self.producers:
+            if p.producer_id not in open_pids or not any(
+                e.producer_id == p.producer_id and e.commit is None and e.offset >= model.log_start
+                for e in model.entries
+            ):
+                continue  # no open transaction, or all of it below the log start
+            probe = build_batch(
+                [(None, b"probe")], producer_id=p.producer_id, producer_epoch=p.epoch,
+                base_sequence=p.next_seq + 7, base_timestamp=self.clock, is_transactional=True,
+            )  # fmt: skip
+            verdict = self.registry.check(TOPIC, 0, self.log, RecordBatchView(probe))
+            event("open transaction probed", str(self.clock - p.last_data_ms >= EXPIRATION_MS))
+            assert not isinstance(verdict, Append), (p, verdict)
 
     @precondition(lambda self: self.model.end > self.model.log_start)
     @rule(data=st.data())
@@ -218,19 +267,19 @@ class PartitionTxnMachine(RuleBasedStateMachine):
     def clean_restart(self) -> None:
         note("clean restart (snapshot)")
         self.registry.close()
-        self.registry = ProducerStateRegistry(self.dir, now)
+        self.registry = self._registry()
 
     @rule()
     def crash(self) -> None:
         note("crash: no snapshot, rebuild from the log")
         (self.dir / f"{TOPIC}-0" / SNAPSHOT_FILE).unlink(missing_ok=True)
-        self.registry = ProducerStateRegistry(self.dir, now)
+        self.registry = self._registry()
 
     @rule()
     def remember_snapshot(self) -> None:
         self.registry.close()
         self.saved_snapshot = (self.dir / f"{TOPIC}-0" / SNAPSHOT_FILE).read_bytes()
-        self.registry = ProducerStateRegistry(self.dir, now)
+        self.registry = self._registry()
 
     @precondition(lambda self: self.saved_snapshot is not None)
     @rule()
@@ -238,14 +287,15 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         note("crash with an older snapshot on disk")
         assert self.saved_snapshot is not None
         (self.dir / f"{TOPIC}-0" / SNAPSHOT_FILE).write_bytes(self.saved_snapshot)
-        self.registry = ProducerStateRegistry(self.dir, now)
+        self.registry = self._registry()
 
     # ------------------------------------------------------------------ invariants
 
     @invariant()
     def lso_matches_and_never_goes_back(self) -> None:
         lso = self.registry.last_stable_offset(TOPIC, 0, self.log, self.log.log_end_offset)
-        assert lso == self.model.lso()
+        low, high = self.model.lso_bounds()
+        assert low <= lso <= high, (low, lso, high)
         assert lso >= self.last_lso
         self.last_lso = lso
 
@@ -291,7 +341,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
                     if start <= offset < lso:
                         assert record.value is not None
                         seen.append(record.value)
-        assert seen == self.model.committed_values()
+        assert seen == self.model.committed_values(lso)
 
 
 # tools/mutation.sh sets MUTATION_EXAMPLES to run fewer examples per mutant.

@@ -5,7 +5,8 @@ Simulated clients send in-order, retried, reordered, gapped and stale-epoch batc
 every verdict must equal the model's, and the partition's log must keep Kafka's
 promises: contiguous offsets, no batch appended twice, a retry answered with the
 original offsets, and a gap-free accepted sequence per producer and epoch. Snapshots,
-rebuilds from the log and retention run in between.
+rebuilds from the log and retention run in between, and the clock moves past
+producer.id.expiration.ms (sentence 7: batches carry the clock as timestamp).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from spec.producer_model import Appended, ModelPartition
 
 MODULUS = 2**31
 CLIENTS = 3
+#: producer.id.expiration.ms here; ``time_passes`` lands on it exactly sometimes.
+EXPIRATION_MS = 10_000
 
 
 @attrs.define
@@ -70,6 +73,10 @@ class ProducerMachine(RuleBasedStateMachine):
         self.model = ModelPartition()
         self.log: list[RecordBatchView] = []
         self.log_start = 0
+        self.clock = 1_000
+        #: Producers expiry forgot at some point: a rebuild from the log may remember
+        #: more of them than the live state (their batches from before are still there).
+        self.expired: set[int] = set()
         self.next_pid = 0
         self.clients = [self._new_client() for _ in range(CLIENTS)]
         # (pid, epoch, first_seq, last_seq) of every batch appended since the pid was
@@ -121,7 +128,7 @@ class ProducerMachine(RuleBasedStateMachine):
             producer_id=pid,
             producer_epoch=epoch if pid >= 0 else -1,
             base_sequence=first if pid >= 0 else -1,
-            base_timestamp=1_000 + base,
+            base_timestamp=self.clock,
         )
         view = RecordBatchView(raw)
         assert view.last_sequence == (last if pid >= 0 else -1)
@@ -129,7 +136,9 @@ class ProducerMachine(RuleBasedStateMachine):
         self.manager.append(pid, epoch, first, last, base, view.last_offset, view.max_timestamp)
         if pid < 0:
             return
-        self.model.appended(pid, Appended(epoch, first, last, base, view.last_offset))
+        self.model.appended(
+            pid, Appended(epoch, first, last, base, view.last_offset, view.max_timestamp)
+        )
         key = (pid, epoch, first, last)
         assert key not in self.appended, f"batch {key} appended twice"
         self.appended[key] = view
@@ -235,6 +244,7 @@ class ProducerMachine(RuleBasedStateMachine):
         """An unclean restart: no snapshot, replay every batch header above the log start."""
         rebuilt = ProducerStateManager(next_offset=self.log_start)
         rebuilt.replay(v for v in self.log if v.last_offset >= self.log_start)
+        rebuilt.remove_expired(self.clock, EXPIRATION_MS)  # as a partition's load does
         # Batches below the log start are gone, so windows may be shorter than live
         # state; the model forgets them the same way.
         self.model = ModelPartition()
@@ -248,14 +258,18 @@ class ProducerMachine(RuleBasedStateMachine):
                         v.last_sequence,
                         v.base_offset,
                         v.last_offset,
+                        v.max_timestamp,
                     ),
                 )
+        self.model.expire(self.clock, EXPIRATION_MS)
         # The replay recovers every surviving producer exactly, except for window
         # batches that retention already removed from the log.
         assert set(rebuilt.producers) == set(self.manager.producers)
         for pid, entry in rebuilt.producers.items():
             live = self.manager.producers[pid]
             assert entry.epoch == live.epoch
+            if pid in self.expired:
+                continue  # it came back after expiry: the log holds its older batches
             assert entry.batches == tuple(
                 b for b in live.batches if b.last_offset >= self.log_start
             )
@@ -269,6 +283,20 @@ class ProducerMachine(RuleBasedStateMachine):
         self.log_start = target
         self.manager.truncate_head(target)
         self.model.forget_below(target)
+        self._forget_gone()
+
+    @rule(ms=st.sampled_from([1_000, 4_000, EXPIRATION_MS]))
+    def time_passes(self, ms: int) -> None:
+        """The clock moves, then the partition's expiry check runs (sentence 7)."""
+        self.clock += ms
+        self.manager.remove_expired(self.clock, EXPIRATION_MS)
+        before = set(self.model.history)
+        self.model.expire(self.clock, EXPIRATION_MS)
+        self.expired |= before - set(self.model.history)
+        self._forget_gone()
+
+    def _forget_gone(self) -> None:
+        """A forgotten producer starts afresh: its old batches no longer count."""
         for pid in [p for p in self.last_appended if p not in self.model.history]:
             del self.last_appended[pid]
             for key in [k for k in self.appended if k[0] == pid]:

@@ -568,6 +568,21 @@ class ReplicationMachine(RuleBasedStateMachine):
             )
         )
 
+    @rule(broker=st.sampled_from(BROKERS))
+    def follower_one_fetch_behind(self, broker: int) -> None:
+        """A follower reaches the leader's end as of its previous fetch, never the current
+        one (a write arrived in between): it counts as caught up at that previous fetch,
+        so it leaves the ISR once that is replica.lag.time.max.ms ago (sentence 12)."""
+        if not self._settled() or broker == self.controller.leader:
+            return
+        self.follower_fetches(broker, 3)  # caught up now
+        self.produce(to_zombie=False)
+        self.time_passes(LAG_MAX_MS * 6 // 10)
+        self.follower_sends_fetch(broker, 3)  # at the previous end, not the current one
+        self.fetch_answer_arrives(broker, lost=True)
+        event("a follower one fetch behind")
+        self.time_passes(LAG_MAX_MS * 6 // 10)
+
     def _cut_off_and_notice(self) -> None:
         self.leader_cut_off_from_zookeeper()
         self.zombie_notices_its_session_expired()

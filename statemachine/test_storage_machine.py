@@ -543,9 +543,23 @@ class StorageMachine(RuleBasedStateMachine):
         assert self.log.last_batches(n) == want[-n:]
         assert [(o, bytes(h)) for o, h in self.log.iter_batch_headers()] == want
 
-    @rule(advance=st.integers(0, 400))
-    def retention(self, advance: int) -> None:
+    @rule(advance=st.integers(0, 400), at_age=st.none() | st.sampled_from([-1, 0, 1]))
+    def retention(self, advance: int, at_age: int | None = None) -> None:
+        """A retention pass ``advance`` ms on; with ``at_age``, when a closed segment's
+        newest record is retention.ms old to the ms (or one either side) if one can
+        be: Kafka deletes a segment only once it is older."""
         assert self.log is not None
+        retention_ms = self.model.config.retention_ms
+        if at_age is not None and retention_ms is not None:
+            # The oldest closed segment not yet that old: those before it go anyway.
+            times = [
+                s.max_timestamp + retention_ms + at_age
+                for s in self.model.segments[:-1]
+                if s.batches and s.max_timestamp + retention_ms + at_age >= self.clock
+            ]
+            if times:
+                event("retention at the exact age", at_age)
+                advance = times[0] - self.clock
         self.clock += advance
         before = self.log.segment_base_offsets()
         doomed = [s.base for s in self.model.retention(self.clock)]

@@ -4,13 +4,19 @@ Two transactional ids, several producer instances each (a new instance of an
 application takes the id over): InitProducerId, AddPartitionsToTxn,
 AddOffsetsToTxn, EndTxn commit/abort with current or stale epochs, the clock
 passing transaction timeouts, and coordinator restarts that replay
-``__transaction_state``. After every step: the same answers as the model, the
-same table (state, producer id, epoch, partitions), the same markers in every
-partition and the same group outcomes; epochs only grow; a restart gives back
-exactly the table it had.
+``__transaction_state``. Ending a transaction is not atomic here: a partition may
+refuse markers for a while (the transaction stays prepared until the coordinator's
+recovery pass writes what is owed), and an EndTxn may stop with its markers appended
+but not yet durable, other requests interleaving until they are. After every step:
+the same answers as the model (P1-P4 of the spec: CONCURRENT_TRANSACTIONS while
+pending or prepared, no transactional write into a prepared transaction), the same
+table (state, producer id, epoch, partitions), the same markers in every partition
+and the same group outcomes; epochs only grow; a restart gives back exactly the
+table it had.
 
-The coordinator's async methods are driven without an event loop: durability is
-instant here, so each call completes in one step.
+The coordinator's async methods are driven without an event loop: the transaction
+log is durable at once, and a marker's durability is awaited only by an EndTxn
+drawn as slow, whose coroutine the machine holds until ``markers_become_durable``.
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import note, settings
+from hypothesis import event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
 from trio_broker.protocol.records import build_control_batch, iter_batches, read_control_marker
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.log import LogConfig
@@ -35,16 +42,24 @@ from trio_broker.transactions.coordinator import TransactionCoordinator
 from trio_broker.transactions.state import TxnState
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from spec.txn_coordinator_model import ModelCoordinator
+from spec.txn_coordinator_model import ModelCoordinator, ModelTxn
+
+_NO_TXN = ModelTxn(-1, -1)
 
 IDS = ("app-a", "app-b")
 PARTITIONS = [("t", 0), ("t", 1), ("u", 0)]
 GROUPS = ("g1", "g2")
 MAX_TIMEOUT_MS = 10_000
+#: transactional.id.expiration.ms here: two long ticks of an idle id.
+EXPIRATION_MS = 7_000
 _STATUS = {
     TxnState.EMPTY: "empty", TxnState.ONGOING: "ongoing",
+    TxnState.PREPARE_COMMIT: "prepare_commit", TxnState.PREPARE_ABORT: "prepare_abort",
     TxnState.COMPLETE_COMMIT: "committed", TxnState.COMPLETE_ABORT: "aborted",
 }  # fmt: skip
+
+
+WAITING = object()
 
 
 def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -57,12 +72,25 @@ def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
     raise AssertionError("the coordinator waited on something")
 
 
+class _Suspend:
+    def __await__(self) -> Any:
+        yield WAITING
+
+
 class Instant:
+    """Durable at once; with ``slow`` set, a partition's marker waits for the machine."""
+
+    def __init__(self, txn_log: Any) -> None:
+        self.txn_log = txn_log
+        self.slow = False
+
     def mark_dirty(self, log: Any, messages: int = 1) -> None:
         pass
 
     async def wait_durable(self, log: Any, offset: int) -> None:
-        return None
+        if self.slow and log is not self.txn_log:
+            self.slow = False  # the first marker's wait stands for the whole round
+            await _Suspend()
 
     def recover_soon(self, log: Any) -> None:
         pass
@@ -76,10 +104,17 @@ class Groups:
         self.outcomes.append((group, pid, epoch, committed))
 
 
+#: Partitions that refuse markers for now (the machine's ``partition_refuses``).
+REFUSING: set[tuple[str, int]] = set()
+
+
 def append_marker(topics: Any, producers: Any, durability: Any, appends: Any, topic: str,
                   partition: int, producer_id: int, producer_epoch: int, committed: bool,
                   coordinator_epoch: int, now_ms: int) -> tuple[Any, int]:  # fmt: skip
-    """Stand-in for services/txn_markers.append_txn_marker: a real control batch."""
+    """Stand-in for services/txn_markers.append_txn_marker: a real control batch, or
+    the error of a partition whose leader moved."""
+    if (topic, partition) in REFUSING:
+        raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} moved")
     log = topics.log(topic, partition)
     batch = build_control_batch(producer_id, producer_epoch, committed=committed,
                                 coordinator_epoch=coordinator_epoch, timestamp=now_ms)  # fmt: skip
@@ -94,13 +129,22 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.topics.create("t", 2)
         self.topics.create("u", 1)
         self.txn_log = MemoryLog(LogConfig())
+        self.durability = Instant(self.txn_log)
+        REFUSING.clear()
+        #: EndTxn calls whose markers are appended, not yet durable: id -> coroutine.
+        self.in_flight: dict[str, Coroutine[Any, Any, Any]] = {}
         self.groups = Groups()
         self.next_id = 100
         self.coordinator = self._open()
-        self.model = ModelCoordinator(MAX_TIMEOUT_MS)
+        self.model = ModelCoordinator(MAX_TIMEOUT_MS, now_ms=self.now)
         #: Producer instances: transactional id -> the (id, epoch) each got.
         self.instances: dict[str, list[tuple[int, int]]] = {tid: [] for tid in IDS}
         self.epochs_seen: dict[str, int] = {}
+
+    def teardown(self) -> None:
+        for call in self.in_flight.values():
+            call.close()
+        REFUSING.clear()
 
     def _allocate(self) -> int:
         self.next_id += 1
@@ -108,9 +152,10 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
 
     def _open(self) -> TransactionCoordinator:
         coordinator = TransactionCoordinator(
-            self.txn_log, topics=self.topics, producers=None, durability=Instant(),
+            self.txn_log, topics=self.topics, producers=None, durability=self.durability,
             appends=None, groups=self.groups, allocate_producer_id=self._allocate,
             write_marker=append_marker, now_ms=lambda: self.now, max_timeout_ms=MAX_TIMEOUT_MS,
+            expiration_ms=EXPIRATION_MS,
         )  # fmt: skip
         coordinator.load()
         return coordinator
@@ -154,22 +199,111 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             self.add(tid, which, {PARTITIONS[0]}, group)
             self.time_passes(500)
 
-    @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3), committed=st.booleans())
-    def end(self, tid: str, which: int, committed: bool) -> None:
+    @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3), committed=st.booleans(),
+          slow=st.booleans())  # fmt: skip
+    def end(self, tid: str, which: int, committed: bool, slow: bool = False) -> None:
         pid, epoch = self._instance(tid, which)
-        error = run(self.coordinator.end_transaction(tid, pid, epoch, committed,
-                                                     ErrorCode.PRODUCER_FENCED))  # fmt: skip
+        call = self.coordinator.end_transaction(tid, pid, epoch, committed,
+                                                ErrorCode.PRODUCER_FENCED)  # fmt: skip
+        self.durability.slow = slow
+        try:
+            call.send(None)
+        except StopIteration as done:
+            error = done.value
+        else:  # waiting for its markers to be durable: answered later
+            assert tid not in self.in_flight
+            self.in_flight[tid] = call
+            error = ErrorCode.NONE
+            note(f"end {tid} ({pid}, {epoch}) commit={committed}: markers in flight")
+        finally:
+            self.durability.slow = False
         note(f"end {tid} ({pid}, {epoch}) commit={committed} -> {error!r}")
-        assert error == self.model.end(tid, pid, epoch, committed)
+        assert error == self.model.end(tid, pid, epoch, committed, in_flight=tid in self.in_flight)
+        assert (tid in self.in_flight) == self.model.txns.get(tid, _NO_TXN).pending
+
+    @precondition(lambda self: bool(self.in_flight))
+    @rule(data=st.data())
+    def markers_become_durable(self, data: st.DataObject) -> None:
+        tid = data.draw(st.sampled_from(sorted(self.in_flight)))
+        call = self.in_flight.pop(tid)
+        try:
+            call.send(None)
+        except StopIteration as done:
+            error = done.value
+        else:
+            raise AssertionError("the EndTxn waited twice")
+        note(f"{tid}: markers durable -> {error!r}")
+        assert error == ErrorCode.NONE
+        self.model.markers_durable(tid)
+
+    @rule(partition=st.sampled_from(PARTITIONS), refuses=st.booleans())
+    def partition_refuses(self, partition: tuple[str, int], refuses: bool) -> None:
+        """A partition's leader moves away (markers refused) or it accepts them again."""
+        if refuses:
+            REFUSING.add(partition)
+            self.model.refusing.add(partition)
+        else:
+            REFUSING.discard(partition)
+            self.model.refusing.discard(partition)
+
+    @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3), committed=st.booleans(),
+          timeout_ms=st.sampled_from([2_000, 5_000]))  # fmt: skip
+    def end_stuck_then_requests(
+        self, tid: str, which: int, committed: bool, timeout_ms: int
+    ) -> None:
+        """The last partition of an open transaction refuses its marker: the EndTxn
+        leaves it prepared (earlier partitions marked), and every request of the id
+        meets the prepared state (P1, P2) until the partition heals and recovery
+        finishes it (P3)."""
+        txn = self.model.txns.get(tid)
+        if txn is None or txn.status != "ongoing" or not txn.partitions:
+            return
+        last = max(txn.partitions)
+        self.partition_refuses(last, refuses=True)
+        self.end(tid, which, committed)
+        event("end stuck", str(self.model.txns[tid].status))
+        self.add(tid, which, {PARTITIONS[0]}, GROUPS[0])
+        self.end(tid, which, committed)
+        self.end(tid, which, not committed)
+        self.transactional_write(tid, which, last)
+        self.time_passes(5_001)
+        self.init(tid, timeout_ms)
+        self.partition_refuses(last, refuses=False)
+        self.recovery_pass()
+
+    @rule()
+    def recovery_pass(self) -> None:
+        """The shell's timer: finish prepared transactions (P3)."""
+        order = [meta.transactional_id for meta in self.coordinator.all()]
+        run(self.coordinator.recover())
+        self.model.recover(order)
+
+    @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3), partition=st.sampled_from(PARTITIONS))
+    def transactional_write(self, tid: str, which: int, partition: tuple[str, int]) -> None:
+        """Produce's question (P2): may this producer write into its transaction here?"""
+        pid, epoch = self._instance(tid, which)
+        if pid < 0:
+            return
+        got = self.coordinator.partition_in_transaction(pid, epoch, *partition)
+        assert got == self.model.write_allowed(tid, pid, epoch, partition)
 
     @rule(ms=st.sampled_from([500, 2_001, 5_001]))
     def time_passes(self, ms: int) -> None:
         self.now += ms
+        self.model.now_ms = self.now
         run(self.coordinator.abort_timed_out())
         self.model.expire_timed_out(self.now)
+        run(self.coordinator.expire_ids())
+        self.model.expire_ids(EXPIRATION_MS)
+        for tid in [t for t in self.epochs_seen if t not in self.model.txns]:
+            del self.epochs_seen[tid]  # forgotten: its next producer id starts at epoch 0
 
     @rule()
     def restart(self) -> None:
+        for call in self.in_flight.values():
+            call.close()  # the process died with the round in flight
+        self.in_flight.clear()
+        self.model.restart()
         before = sorted(self.coordinator.all(), key=lambda meta: meta.transactional_id)
         self.coordinator = self._open()
         after = sorted(self.coordinator.all(), key=lambda meta: meta.transactional_id)
@@ -185,6 +319,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
                 txn.status, txn.producer_id, txn.epoch,
             )  # fmt: skip
             assert meta.partitions == frozenset(txn.partitions)
+            assert self.coordinator.is_pending(tid) == txn.pending
             assert meta.groups == frozenset(txn.groups)
             # Epochs never go back.
             assert meta.producer_epoch >= self.epochs_seen.get(tid, -1)
