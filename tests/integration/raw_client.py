@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import trio
 
+from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
+from trio_broker.server.broker import Broker
 
 
 class RawClient:
@@ -37,3 +42,26 @@ class RawClient:
         correlation_id, response = m.decode_response(api_key, version, body)
         assert correlation_id == self.correlation_id
         return response
+
+
+def create_topics_request(name: str, partitions: int = 1) -> m.CreateTopicsRequest:
+    """CreateTopics of one topic, replication factor 1, no configs, waiting up to 10 s."""
+    Req = m.CreateTopicsRequest
+    topic = Req.CreatableTopic(name=name, num_partitions=partitions, replication_factor=1,
+                               assignments=[], configs=[])  # fmt: skip
+    return Req(topics=[topic], timeout_ms=10_000, validate_only=False)
+
+
+@asynccontextmanager
+async def file_broker_and_client(data_dir: Path) -> AsyncIterator[tuple[Broker, RawClient]]:
+    """An in-process broker on ``data_dir`` (file storage, a free port) and one raw
+    client connected to it; the broker shuts down cleanly on the way out."""
+    config = BrokerConfig(port=0, data_dir=data_dir, storage="file")
+    async with trio.open_nursery() as nursery:
+        broker: Broker = await nursery.start(Broker(config).run)
+        client = RawClient(await trio.open_tcp_stream("127.0.0.1", broker.bound[0][1]))
+        try:
+            yield broker, client
+        finally:
+            await client.stream.aclose()
+            await broker.shutdown()

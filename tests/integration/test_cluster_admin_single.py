@@ -15,7 +15,7 @@ import trio
 from kafka import TopicPartition
 from kafka.admin import KafkaAdminClient
 
-from tests.integration.raw_client import RawClient
+from tests.integration.raw_client import RawClient, create_topics_request
 from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS
 from trio_broker.protocol import messages as m
@@ -36,12 +36,7 @@ async def raw(broker: Broker) -> AsyncIterator[RawClient]:
     stream = await trio.open_tcp_stream(host, port)
     async with stream:
         client = RawClient(stream)
-        Req = m.CreateTopicsRequest
-        topic = Req.CreatableTopic(name="solo", num_partitions=2, replication_factor=1,
-                                   assignments=[], configs=[])  # fmt: skip
-        created = await client.call(
-            m.ApiKey.CREATE_TOPICS, 7, Req(topics=[topic], timeout_ms=5000, validate_only=False)
-        )
+        created = await client.call(m.ApiKey.CREATE_TOPICS, 7, create_topics_request("solo", 2))
         assert created.topics[0].error_code == ErrorCode.NONE
         yield client
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import BrokerProcess, RawConnection
+from tests.integration.raw_client import create_topics_request
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
@@ -43,13 +44,7 @@ def process(tmp_path: Path) -> Iterator[BrokerProcess]:
 
 
 def create_topic(conn: RawConnection) -> None:
-    Req = m.CreateTopicsRequest
-    body = Req(
-        topics=[Req.CreatableTopic(name=TOPIC, num_partitions=1, replication_factor=1,
-                                   assignments=[], configs=[])],
-        timeout_ms=10_000, validate_only=False,
-    )  # fmt: skip
-    result = conn.request(m.ApiKey.CREATE_TOPICS, 4, body).topics[0]
+    result = conn.request(m.ApiKey.CREATE_TOPICS, 4, create_topics_request(TOPIC)).topics[0]
     assert result.error_code == ErrorCode.NONE, result
 
 

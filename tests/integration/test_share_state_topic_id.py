@@ -11,20 +11,15 @@ restart does not bring it back. Raw requests (our codec) to an in-process broker
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
-from tests.integration.raw_client import RawClient
-from trio_broker.config import BrokerConfig
+from tests.integration.raw_client import RawClient, create_topics_request, file_broker_and_client
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
-from trio_broker.server.broker import Broker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,27 +28,8 @@ HB, SF, SA = m.ShareGroupHeartbeatRequest, m.ShareFetchRequest, m.ShareAcknowled
 ACCEPT = 1
 
 
-@asynccontextmanager
-async def running(data_dir: Path) -> AsyncIterator[tuple[Broker, RawClient]]:
-    config = BrokerConfig(port=0, data_dir=data_dir, storage="file")
-    async with trio.open_nursery() as nursery:
-        broker: Broker = await nursery.start(Broker(config).run)
-        client = RawClient(await trio.open_tcp_stream("127.0.0.1", broker.bound[0][1]))
-        try:
-            yield broker, client
-        finally:
-            await client.stream.aclose()
-            await broker.shutdown()
-
-
 async def create(client: RawClient) -> uuid.UUID:
-    Req = m.CreateTopicsRequest
-    body = Req(
-        topics=[Req.CreatableTopic(name=TOPIC, num_partitions=1, replication_factor=1,
-                                   assignments=[], configs=[])],
-        timeout_ms=10_000, validate_only=False,
-    )  # fmt: skip
-    result = (await client.call(m.ApiKey.CREATE_TOPICS, 7, body)).topics[0]
+    result = (await client.call(m.ApiKey.CREATE_TOPICS, 7, create_topics_request(TOPIC))).topics[0]
     assert result.error_code == ErrorCode.NONE, result
     return result.topic_id
 
@@ -119,7 +95,7 @@ async def start_offsets(client: RawClient) -> list[tuple[str, uuid.UUID, int, in
 
 
 async def test_a_recreated_topic_does_not_inherit_share_state(tmp_path: Path) -> None:
-    async with running(tmp_path / "data") as (broker, client):
+    async with file_broker_and_client(tmp_path / "data") as (broker, client):
         old_id = await create(client)
         joined = await heartbeat(client, 0)  # the share partition starts at the log end, 0
         await produce(client, 5)
@@ -145,7 +121,7 @@ async def test_a_recreated_topic_does_not_inherit_share_state(tmp_path: Path) ->
         await accept_and_close(client, new_id, 2, 3)
         await heartbeat(client, -1)
 
-    async with running(tmp_path / "data") as (broker, client):
+    async with file_broker_and_client(tmp_path / "data") as (broker, client):
         assert await start_offsets(client) == [(TOPIC, new_id, 0, 4)]
         store = broker.shares.store
         assert store is not None

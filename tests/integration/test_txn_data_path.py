@@ -25,8 +25,7 @@ import pytest
 import trio
 
 from tests.e2e.conftest import BrokerProcess
-from tests.integration.raw_client import RawClient
-from trio_broker.config import BrokerConfig
+from tests.integration.raw_client import RawClient, file_broker_and_client
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch, build_control_batch
@@ -63,16 +62,9 @@ class AddedPartitions:
 
 @asynccontextmanager
 async def running_broker(data_dir: Path) -> AsyncIterator[tuple[Broker, RawClient]]:
-    config = BrokerConfig(port=0, data_dir=data_dir, storage="file")
-    async with trio.open_nursery() as nursery:
-        broker: Broker = await nursery.start(Broker(config).run)
+    async with file_broker_and_client(data_dir) as (broker, client):
         broker.topics.create(TOPIC, 1)
-        client = RawClient(await trio.open_tcp_stream("127.0.0.1", broker.bound[0][1]))
-        try:
-            yield broker, client
-        finally:
-            await client.stream.aclose()
-            await broker.shutdown()
+        yield broker, client
 
 
 def txn_batch(pid: int, seq: int, values: list[bytes], epoch: int = 0) -> bytes:
