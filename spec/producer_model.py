@@ -1,4 +1,4 @@
-"""Reference model of idempotent producer checks in one partition, in six sentences.
+"""Reference model of idempotent producer checks in one partition, in eight sentences.
 
 1. A batch without a producer id (-1) is appended unchecked.
 2. A producer the partition remembers nothing of is appended at any sequence.
@@ -13,6 +13,8 @@
 7. A producer (with no open transaction) whose last appended batch's timestamp is
    producer.id.expiration.ms or more in the past is forgotten when the partition checks
    for expired producers; a duplicate does not refresh it.
+8. Moving the log start (retention, DeleteRecords) forgets nothing, even a producer
+   whose every batch it removed (Kafka 2.5+, KAFKA-7190): sentences 3-6 still apply.
 
 The model keeps *every* appended batch per producer (no window, no entry object) and
 derives the answer from that history, so it shares no data structure with
@@ -79,9 +81,4 @@ class ModelPartition:
         for pid in [
             p for p, h in self.history.items() if now_ms - h[-1].timestamp >= expiration_ms
         ]:
-            del self.history[pid]
-
-    def forget_below(self, log_start_offset: int) -> None:
-        """Retention: a producer whose every batch is below the log start is forgotten."""
-        for pid in [p for p, h in self.history.items() if h[-1].last_offset < log_start_offset]:
             del self.history[pid]

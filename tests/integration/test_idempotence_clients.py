@@ -306,6 +306,56 @@ async def test_duplicate_detected_after_restart(tmp_path: Path, lose_snapshot: b
         await client.stream.aclose()
 
 
+async def delete_records(client: RawClient, before: int) -> None:
+    Req = m.DeleteRecordsRequest
+    Topic, Part = Req.DeleteRecordsTopic, Req.DeleteRecordsTopic.DeleteRecordsPartition
+    body = Req(topics=[Topic(name=TOPIC, partitions=[Part(partition_index=0, offset=before)])],
+               timeout_ms=10_000)  # fmt: skip
+    response = await client.request(m.ApiKey.DELETE_RECORDS, 2, body)
+    part = response.topics[0].partitions[0]
+    assert (part.error_code, part.low_watermark) == (ErrorCode.NONE, before)
+
+
+async def test_state_outlives_the_batches_deleted_below_the_log_start(tmp_path: Path) -> None:
+    """Kafka 2.5+ (KAFKA-7190, KIP-360) keeps a producer's entry when the log start passes
+    all its batches; only producer.id.expiration.ms removes it. So a retry is still a
+    duplicate, a gap still out of order and an old epoch still fenced, restart included."""
+    async with running_broker(tmp_path) as broker:
+        client = await RawClient.connect(port_of(broker))
+        pid = (await client.init_producer_id()).producer_id
+        sent = [batch_of(pid, 0, seq) for seq in (0, 2)]
+        assert [await client.produce(b) for b in sent] == [(0, 0), (0, 2)]
+        await delete_records(client, 4)  # past the producer's last batch (offsets 2-3)
+        # The lost ack's retry: Kafka still knows the batch (its original offset, no append).
+        assert await client.produce(sent[-1]) == (0, 2)
+        assert await client.produce(batch_of(pid, 0, 10)) == (
+            ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+            -1,
+        )
+        assert await client.produce(batch_of(pid, 0, 4)) == (0, 4)
+        assert topic_log(broker).log_end_offset == 6
+
+        # A bumped epoch, then everything of the producer deleted: the old epoch stays fenced.
+        bumped = await client.init_producer_id(pid, 0)
+        assert await client.produce(batch_of(pid, bumped.producer_epoch, 0)) == (0, 6)
+        await delete_records(client, 8)
+        assert await client.produce(batch_of(pid, 0, 6)) == (ErrorCode.INVALID_PRODUCER_EPOCH, -1)
+        await client.stream.aclose()
+
+    # A clean shutdown snapshots the entry (Kafka's snapshot holds the map, not the log).
+    async with running_broker(tmp_path) as broker:
+        client = await RawClient.connect(port_of(broker))
+        assert await client.produce(batch_of(pid, 0, 6)) == (ErrorCode.INVALID_PRODUCER_EPOCH, -1)
+        assert await client.produce(batch_of(pid, 1, 5)) == (
+            ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+            -1,
+        )
+        assert await client.produce(batch_of(pid, 1, 0)) == (0, 6)
+        assert await client.produce(batch_of(pid, 1, 2)) == (0, 8)
+        assert topic_log(broker).log_end_offset == 10
+        await client.stream.aclose()
+
+
 # -------------------------------------------------------------------------- real clients
 
 COUNT = 20_000

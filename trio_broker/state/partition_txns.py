@@ -19,8 +19,9 @@ Kafka's rules, implemented once:
   is INVALID_PRODUCER_EPOCH, one whose coordinator epoch is older than the last
   marker's is TRANSACTION_COORDINATOR_FENCED; a newer producer epoch is accepted and
   becomes the producer's epoch (its next batch starts at sequence 0);
-* aborted entries wholly below the log start offset are forgotten; so are open
-  transactions that retention removed entirely (Kafka does the same);
+* aborted entries wholly below the log start offset are forgotten; open transactions
+  are not, even those retention removed entirely (Kafka 2.5+ keeps them too: the LSO
+  is then the log start);
 * a producer's marker epochs are kept while its last marker is in the log, even when
   the marker is all the partition has of it (a fencing abort in a partition it never
   wrote to): the epoch it carries fences the old one there, snapshot and restart

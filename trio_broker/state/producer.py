@@ -8,8 +8,8 @@ Kafka's rules, implemented once (docs/idempotence.md tells the whole story):
   same epoch is a retried duplicate: it gets that batch's original offsets, no error;
 * a newer epoch must start at sequence 0, the same epoch must continue at
   last sequence + 1 (wrapping from Int32 max to 0): else OUT_OF_ORDER_SEQUENCE_NUMBER;
-* a producer the partition has no state for (new, or forgotten after retention or
-  expiry) is accepted at any sequence: Kafka 2.5+ (KIP-360) no longer answers
+* a producer the partition has no state for (new, or forgotten after expiry or a
+  rebuild from a log that lost its batches) is accepted at any sequence: Kafka 2.5+ (KIP-360) no longer answers
   UNKNOWN_PRODUCER_ID here.
 
 Layers, top to bottom: the rules (:func:`check_append`, :func:`apply_append`, pure, with
@@ -181,7 +181,7 @@ def check_append(
     """Kafka's verdict on an idempotent batch, given the producer's partition state.
 
     ``entry`` is None when the partition knows nothing of the producer: a new one,
-    or one whose state retention or expiry removed. Kafka 2.5+ accepts such a batch
+    or one whose state expiry removed (or a rebuild from a log without its batches). Kafka 2.5+ accepts such a batch
     at any sequence (KIP-360); refusing it would make the client reset its sequence
     and resend, which is how duplicates get in.
 
@@ -349,17 +349,12 @@ class ProducerStateManager:
             )
 
     def truncate_head(self, log_start_offset: int) -> None:
-        """Forget producers whose batches all lie below the new log start offset.
+        """The log start moved up (retention, DeleteRecords): producers are kept.
 
-        Kafka does the same when retention or DeleteRecords removes a producer's
-        last batch; the producer then counts as unknown (accepted at any sequence).
+        Kafka 2.5+ (KAFKA-7190, KIP-360) keeps a producer's entry when its batches are
+        deleted, open transaction included; only :meth:`remove_expired` forgets it. So a
+        retry of a deleted batch is still a duplicate and an old epoch still fenced.
         """
-        gone = [pid for pid, e in self.producers.items() if e.last_offset < log_start_offset]
-        for pid in gone:
-            del self.producers[pid]
-            # Its open transaction lies wholly below the log start too: nothing to hold
-            # the LSO back for (Kafka drops evicted producers' open transactions too).
-            self.txns.ongoing.pop(pid, None)
         self.txns.truncate_head(log_start_offset, self.producers)
         self.next_offset = max(self.next_offset, log_start_offset)
 

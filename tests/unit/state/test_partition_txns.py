@@ -113,7 +113,7 @@ def test_marker_epoch_checks() -> None:
     )
 
 
-def test_log_start_move_drops_aborted_entries_and_evicted_open_transactions() -> None:
+def test_log_start_move_drops_aborted_entries_but_keeps_open_transactions() -> None:
     manager = ProducerStateManager()
     manager.append(1, 0, 0, 0, 0, 0, T0, is_transactional=True)
     manager.append_marker(1, 0, 0, committed=False, offset=1)
@@ -124,9 +124,11 @@ def test_log_start_move_drops_aborted_entries_and_evicted_open_transactions() ->
     assert manager.txns.aborted == [AbortedTxn(1, 1, 0)]  # its marker is still in the log
     manager.truncate_head(2)
     assert manager.txns.aborted == []
-    assert 1 not in manager.txns.markers
+    assert 1 in manager.txns.markers  # producer 1 is kept (Kafka 2.5+), its marker epochs too
     manager.truncate_head(4)  # producer 3's whole transaction is gone; 2's last batch is not
-    assert manager.txns.ongoing == {2: 2}
+    # Kafka keeps an open transaction the log start passed: the LSO is the log start.
+    assert manager.txns.ongoing == {2: 2, 3: 3}
+    assert manager.txns.last_stable_offset(5, 4) == 4
 
 
 def test_producers_with_open_transactions_do_not_expire() -> None:

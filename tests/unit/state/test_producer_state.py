@@ -206,13 +206,15 @@ def test_entry_invariants() -> None:
 # -------------------------------------------------------------- retention and expiry
 
 
-def test_truncate_head_forgets_producers_below_the_log_start() -> None:
+def test_truncate_head_keeps_producers_below_the_log_start() -> None:
     p = Partition()
     p.produce(1, 0, 0, 2)  # offsets 0-1
     p.produce(2, 0, 0, 2)  # offsets 2-3
-    p.manager.truncate_head(2)
-    assert set(p.manager.producers) == {2}
-    assert p.produce(1, 0, 99) == 4  # forgotten: accepted at any sequence
+    p.manager.truncate_head(4)  # both producers' batches are gone; Kafka 2.5+ keeps them
+    assert set(p.manager.producers) == {1, 2}
+    assert p.manager.next_offset == 4
+    assert duplicate_offset(p.produce(1, 0, 0, 2)) == 0  # a retry, not appended again
+    assert error_of(p.produce(1, 0, 99)) == OOO
 
 
 def test_remove_expired() -> None:
@@ -416,15 +418,16 @@ def test_recreated_topic_starts_with_no_state(tmp_path: Path) -> None:
     assert produce(registry, new, idempotent_batch(5, 3, 7)) == 0
 
 
-def test_retention_forgets_producers(tmp_path: Path) -> None:
+def test_retention_keeps_producers(tmp_path: Path) -> None:
     registry = ProducerStateRegistry(None, now)
     log = MemoryLog()
     produce(registry, log, idempotent_batch(5, 0, 0))
     produce(registry, log, idempotent_batch(6, 0, 0))
-    log.delete_records(1)
-    # Producer 5's only batch is gone: it is unknown again, so any sequence is taken.
-    assert produce(registry, log, idempotent_batch(5, 0, 40)) == 2
+    log.delete_records(2)
+    # Both producers' batches are gone but not their state: a gap is still out of order.
+    assert error_of(produce(registry, log, idempotent_batch(5, 0, 40))) == OOO
     assert error_of(produce(registry, log, idempotent_batch(6, 0, 40))) == OOO
+    assert produce(registry, log, idempotent_batch(5, 0, 1)) == 2
 
 
 def test_registry_expires_silent_producers() -> None:
