@@ -343,8 +343,12 @@ class ProducerStateRegistry:
                 log.warning("%s: %s; rebuilding producer state from the log", path, exc)
             else:
                 # A snapshot past the log's end describes batches the log lost (an
-                # unclean shutdown truncated it): useless, rebuild from scratch.
-                if loaded.next_offset <= end:
+                # unclean shutdown truncated it): useless, rebuild from scratch. One
+                # below the log start is stale too (Kafka's truncateAndReload deletes
+                # such snapshots): the markers that ended its open transactions may be
+                # among the deleted records, and producers are no longer forgotten at
+                # the log start, so such a transaction would hold the LSO forever.
+                if start <= loaded.next_offset <= end:
                     manager = loaded
         manager.truncate_head(start)
         replay_from = manager.next_offset
