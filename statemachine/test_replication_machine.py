@@ -234,6 +234,9 @@ class ReplicationMachine(RuleBasedStateMachine):
         assert state.leader_epoch > c.leader_epoch, "the controller reused a leader epoch"
         assert state.leader == NO_LEADER or state.leader in state.isr, "leader outside the ISR"
         if state.leader != NO_LEADER and state.leader not in c.isr:
+            # Only when no ISR member is alive to the controller (a zombie is lost to it).
+            alive_isr = [b for b in c.isr if self.replicas[b].alive and b != skip]
+            assert not alive_isr, f"unclean election with {alive_isr} alive in the ISR"
             self._unclean_election(state.leader)
         c.store(state)
         note(f"controller: epoch {c.leader_epoch}, leader {c.leader}, ISR {sorted(c.isr)}")
