@@ -21,7 +21,7 @@ replication are written as checks over the whole cluster:
    min.insync.replicas members (else refused, NOT_ENOUGH_REPLICAS, and not appended),
    and answered only while it still has them.
 9. The controller's every decision uses a new leader epoch, and names a leader from the
-   ISR (no unclean election).
+   ISR (an unclean election, sentence 13, names one outside it and makes it the ISR).
 10. A follower tells its leader (by its fetch offset) only what it has synced, so one
     that loses power and is back before its session expires (still in the ISR) holds
     everything the leader counted it for; and it takes a fetch answer only while it
@@ -35,6 +35,17 @@ replication are written as checks over the whole cluster:
     log end of that moment, or at the leader's log end as of its previous fetch (then
     it was caught up at that previous fetch); a new term counts every follower as
     caught up at its start (Kafka's ``Partition``/``Replica`` rule).
+13. With unclean.leader.election.enable and no ISR member alive, the controller elects
+    the first live replica (Kafka's offline-partition election), alone in the ISR, with
+    a larger leader epoch. Its log is the truth from then on: the acknowledged (1),
+    consumed (11) and shown (3) records it lacks at their offsets are lost, and a
+    replica's HW may count records it lacks until that replica has truncated against it
+    (2, and 5's floor becomes where the replica's log parts from the new leader's).
+    Nothing else is relaxed: writes acknowledged, consumed or shown after the election
+    are held to 1, 3 and 11; every replica converges to the new leader's log by
+    truncation with the epoch cache (a prefix of it, never keeping a divergent record);
+    each HW stays within its own log (7) and no consumer is served above it (11); at
+    most one writer per epoch (4).
 
 ``trio_broker.replication`` is checked against this by the simulation in
 ``statemachine/test_replication_machine.py``.

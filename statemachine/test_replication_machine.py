@@ -22,6 +22,11 @@ follower's power cut with a restart inside its session (it stays in the ISR: onl
 it synced before fetching on may have counted), and a leader cut off from the
 coordination service while still serving (a zombie). The sentences of
 spec/replication_model.py are checked after every step, RF=3, min.insync.replicas=2.
+
+A quarter of the examples run with unclean.leader.election.enable: with no ISR member
+alive, the controller elects any live replica (sentence 13). What such an election
+loses (the acknowledged, consumed and shown records the new leader lacks) is dropped
+from the checks at that election; every other sentence is checked as in a clean run.
 """
 
 from __future__ import annotations
@@ -32,16 +37,24 @@ from pathlib import Path
 import attrs
 from hypothesis import event, note, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from trio_broker.handlers.fetch import readable_end
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.controller_rules import (
     NO_LEADER,
+    ElectionType,
     LeaderAndIsr,
     after_broker_loss,
     after_broker_return,
     preferred_leader_move,
+    requested_election,
 )
 from trio_broker.replication.fetcher_rules import (
     AnswerAction,
@@ -171,10 +184,18 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.catch_up: dict[tuple[int, int], dict[int, CatchUp]] = {}
         #: offset -> (record, HW told) as a consumer of the leaders first received it
         self.consumed: dict[int, tuple[Record, int]] = {}
+        self.unclean = False  # the topic's unclean.leader.election.enable
+        self.unclean_elections = 0
         self._start_term(1)
         for broker in BROKERS:
             if broker != 1:
                 self._follow(broker)
+
+    @initialize(unclean=st.sampled_from((False, False, False, True)))
+    def topic_config(self, unclean: bool) -> None:
+        self.unclean = unclean
+        if unclean:
+            event("unclean.leader.election.enable")
 
     # -- the cluster's moves -------------------------------------------------------
 
@@ -212,6 +233,11 @@ class ReplicationMachine(RuleBasedStateMachine):
         c = self.controller
         assert state.leader_epoch > c.leader_epoch, "the controller reused a leader epoch"
         assert state.leader == NO_LEADER or state.leader in state.isr, "leader outside the ISR"
+        if state.leader != NO_LEADER and state.leader not in c.isr:
+            # Only when no ISR member is alive to the controller (a zombie is lost to it).
+            alive_isr = [b for b in c.isr if self.replicas[b].alive and b != skip]
+            assert not alive_isr, f"unclean election with {alive_isr} alive in the ISR"
+            self._unclean_election(state.leader)
         c.store(state)
         note(f"controller: epoch {c.leader_epoch}, leader {c.leader}, ISR {sorted(c.isr)}")
         if c.leader is not None:
@@ -221,6 +247,28 @@ class ReplicationMachine(RuleBasedStateMachine):
                 if self.replicas[broker].leading is not None:
                     self._fail_acks(lambda ack, b=broker: ack.broker == b)
                 self._follow(broker)
+
+    def _unclean_election(self, leader: int) -> None:
+        """Sentence 13: ``leader`` was out of sync. What it lacks is lost (Kafka's trade):
+        the acknowledged and consumed records it does not hold at their offsets leave the
+        checks, and the HW shown may go back to its own; nothing else is relaxed."""
+        assert self.unclean, f"broker {leader} elected from outside the ISR"
+        log = self.replicas[leader].log
+
+        def held(offset: int, record: Record) -> bool:
+            return offset < len(log) and log[offset] == record
+
+        self.acked = {o: r for o, r in self.acked.items() if held(o, r)}
+        self.consumed = {o: (r, t) for o, (r, t) in self.consumed.items() if held(o, r)}
+        self.visible_hw = min(self.visible_hw, self.replicas[leader].high_watermark)
+        # The others (down, or a zombie) may hold below their HW what it lacks: sentence
+        # 2 holds for them again once they have truncated against it.
+        for broker, replica in self.replicas.items():
+            if broker != leader:
+                replica.needs_truncation = True
+        self.unclean_elections += 1
+        note(f"unclean election of broker {leader}")
+        event("an unclean election")
 
     def _follow(self, broker: int) -> None:
         replica = self.replicas[broker]
@@ -395,7 +443,12 @@ class ReplicationMachine(RuleBasedStateMachine):
             step = plan_truncation(
                 follower.cache, len(follower.log), follower.high_watermark, *answer
             )
-            assert step.truncate_to >= follower.high_watermark, (
+            # Sentence 5; after an unclean election a follower's HW may count records the
+            # leader lacks, and only those may go (sentence 13).
+            floor = follower.high_watermark
+            if self.unclean_elections:
+                floor = min(floor, common_prefix(before, leader.log))
+            assert step.truncate_to >= floor, (
                 f"broker {broker} would cut below its HW: {step} HW {follower.high_watermark}"
             )
             follower.truncate(step.truncate_to)
@@ -502,7 +555,9 @@ class ReplicationMachine(RuleBasedStateMachine):
             replica.truncate(replica.durable)
         note(f"broker {broker} {'loses power' if power_cut else 'is killed'}")
         c = self.controller
-        self._apply(after_broker_loss(c.as_rules(), BROKERS, broker, self._live()))
+        self._apply(
+            after_broker_loss(c.as_rules(), BROKERS, broker, self._live(), unclean=self.unclean)
+        )
 
     @rule(broker=st.sampled_from(BROKERS))
     def restart(self, broker: int) -> None:
@@ -513,6 +568,11 @@ class ReplicationMachine(RuleBasedStateMachine):
         note(f"broker {broker} restarts")
         c = self.controller
         state = after_broker_return(c.as_rules(), BROKERS, broker, self._live())
+        if state is None and self.unclean and c.leader is None:
+            # Kafka's offline-partition election runs on a broker's return too; the
+            # unclean choice is requested_election's (any live replica, ISR first).
+            elected = requested_election(c.as_rules(), BROKERS, self._live(), ElectionType.UNCLEAN)
+            state = elected if isinstance(elected, LeaderAndIsr) else None
         if state is None:
             self._follow(broker)
         else:
@@ -532,7 +592,9 @@ class ReplicationMachine(RuleBasedStateMachine):
         old = c.leader
         assert old is not None
         # To the controller this is the loss of ``old``.
-        state = after_broker_loss(c.as_rules(), BROKERS, old, self._live() - {old})
+        state = after_broker_loss(
+            c.as_rules(), BROKERS, old, self._live() - {old}, unclean=self.unclean
+        )
         if state is None or state.leader == NO_LEADER:
             return  # no one else could lead: not the case this rule is for
         note(f"broker {old} is cut off from the coordination service")
@@ -680,6 +742,42 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.follower_truncates(f)
         self.fetch_answer_arrives(f, lost=False)
         self.replication_round()
+
+    @precondition(lambda self: self.unclean)  # not drawn at all in a clean run
+    @rule(writes=st.integers(1, 2), power_cut=st.booleans())
+    def unclean_failover(self, writes: int, power_cut: bool) -> None:
+        """Sentence 13 by design: a follower falls out of the ISR, the others take writes
+        and die, it is elected uncleanly; they return and must converge to its log."""
+        if not self._settled():
+            return
+        c = self.controller
+        lagging = BROKERS[-1] if c.leader != BROKERS[-1] else BROKERS[0]
+        other = next(b for b in BROKERS if b not in (c.leader, lagging))
+        for _ in range(2):  # the other follower keeps up, ``lagging`` does not fetch
+            self.time_passes(LAG_MAX_MS // 2 + 1)
+            self.follower_fetches(other, max_records=100)
+        self.controller_stores_isr()
+        if lagging in c.isr:
+            return
+        for _ in range(writes):
+            self.produce(to_zombie=False)
+        self.follower_fetches(other, max_records=100)
+        self.follower_fetches(other, max_records=100)
+        self.leader_syncs()
+        self.consumer_fetches()
+        in_sync = [b for b in BROKERS if b != lagging]
+        for broker in in_sync:
+            self.crash(broker, power_cut=power_cut)
+        if c.leader != lagging:
+            return
+        for broker in in_sync:
+            self.restart(broker)
+        if not (self._settled() or self._settled()):  # the ISR grows one member a store
+            return
+        leader = self.replicas[lagging]
+        for broker, replica in self.replicas.items():
+            assert replica.log == leader.log, f"broker {broker} did not converge"
+        event("converged after an unclean election")
 
     # -- the sentences of spec/replication_model.py --------------------------------
 
