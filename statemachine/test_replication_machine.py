@@ -679,13 +679,10 @@ class ReplicationMachine(RuleBasedStateMachine):
         event("three quick leader changes")
         self.replication_round()  # y truncates (two rounds) and fetches from last
 
-    @rule(within_session=st.booleans(), writes=st.integers(1, 2))
-    def lagging_follower_loses_power(self, within_session: bool, writes: int) -> None:
-        """A follower outside the ISR fetches records the HW already covers, takes that
-        HW with them, and loses power before its next fetch syncs them: its HW must come
-        back down with the cut (only outside the ISR can the HW pass what it synced)."""
-        if not self._settled():
-            return
+    def _one_follower_left_behind(self, writes: int) -> int | None:
+        """A follower stops fetching until the leader drops it from the ISR; the leader
+        then takes ``writes`` writes that the other follower copies and the leader syncs.
+        The follower left behind, or None if it stayed in the ISR."""
         c = self.controller
         lagging = BROKERS[-1] if c.leader != BROKERS[-1] else BROKERS[0]
         other = next(b for b in BROKERS if b not in (c.leader, lagging))
@@ -694,12 +691,24 @@ class ReplicationMachine(RuleBasedStateMachine):
             self.follower_fetches(other, max_records=100)
         self.controller_stores_isr()
         if lagging in c.isr:
-            return
+            return None
         for _ in range(writes):
             self.produce(to_zombie=False)
         self.follower_fetches(other, max_records=100)
         self.follower_fetches(other, max_records=100)
         self.leader_syncs()
+        return lagging
+
+    @rule(within_session=st.booleans(), writes=st.integers(1, 2))
+    def lagging_follower_loses_power(self, within_session: bool, writes: int) -> None:
+        """A follower outside the ISR fetches records the HW already covers, takes that
+        HW with them, and loses power before its next fetch syncs them: its HW must come
+        back down with the cut (only outside the ISR can the HW pass what it synced)."""
+        if not self._settled():
+            return
+        lagging = self._one_follower_left_behind(writes)
+        if lagging is None:
+            return
         self.follower_fetches(lagging, max_records=100)
         replica = self.replicas[lagging]
         if replica.high_watermark <= replica.durable:
@@ -750,25 +759,14 @@ class ReplicationMachine(RuleBasedStateMachine):
         and die, it is elected uncleanly; they return and must converge to its log."""
         if not self._settled():
             return
-        c = self.controller
-        lagging = BROKERS[-1] if c.leader != BROKERS[-1] else BROKERS[0]
-        other = next(b for b in BROKERS if b not in (c.leader, lagging))
-        for _ in range(2):  # the other follower keeps up, ``lagging`` does not fetch
-            self.time_passes(LAG_MAX_MS // 2 + 1)
-            self.follower_fetches(other, max_records=100)
-        self.controller_stores_isr()
-        if lagging in c.isr:
+        lagging = self._one_follower_left_behind(writes)
+        if lagging is None:
             return
-        for _ in range(writes):
-            self.produce(to_zombie=False)
-        self.follower_fetches(other, max_records=100)
-        self.follower_fetches(other, max_records=100)
-        self.leader_syncs()
         self.consumer_fetches()
         in_sync = [b for b in BROKERS if b != lagging]
         for broker in in_sync:
             self.crash(broker, power_cut=power_cut)
-        if c.leader != lagging:
+        if self.controller.leader != lagging:
             return
         for broker in in_sync:
             self.restart(broker)
