@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import trio
 
+from tests.integration.raw_client import create_topics_request
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch
 from trio_broker.server.broker import Broker
@@ -68,3 +69,23 @@ async def test_acks0_produces_sent_just_before_a_close_are_all_written(broker: B
             break
         await trio.sleep(0.01)
     assert log.log_end_offset == count
+
+
+async def test_any_request_sent_just_before_a_close_is_handled(broker: Broker) -> None:
+    # Not only Produce: a client that sends CreateTopics (or an OffsetCommit) and closes
+    # without waiting has still made the request, and Kafka carries it out. The handler
+    # pool used to skip every request but Produce whose connection had closed by the
+    # time a handler took it up.
+    host, port = broker.bound[0]
+    stream = await trio.open_tcp_stream(host, port)
+    names = [f"created-then-closed-{i}" for i in range(20)]
+    await stream.send_all(b"".join(
+        m.encode_request(m.ApiKey.CREATE_TOPICS, 5, i, "closing-admin", create_topics_request(name))
+        for i, name in enumerate(names)
+    ))  # fmt: skip
+    await stream.aclose()
+    for _ in range(1000):  # polling the catalogue for up to 10 s
+        if all(broker.topics.get(name) is not None for name in names):
+            break
+        await trio.sleep(0.01)
+    assert [name for name in names if broker.topics.get(name) is None] == []

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from trio_broker.handlers.base import CloseConnection, Deferred, HandlerSpec, RequestContext
-from trio_broker.protocol.messages import API_KEY_NAMES, ApiKey, RequestHeader
+from trio_broker.protocol.messages import API_KEY_NAMES, RequestHeader
 from trio_broker.protocol.schema import Message
 from trio_broker.server.histogram import LatencyHistogram
 from trio_broker.server.logging_setup import log_slow_request
@@ -114,11 +114,11 @@ class HandlerPool:
         broker = self.broker
         async for conn, slot, header, body, principal in receiver:
             self.handled[index] += 1
-            if conn.closed and header.api_key != ApiKey.PRODUCE:
-                continue  # nobody left to answer
-            # A Produce read in full is written even if its client has gone, as Kafka
-            # handles every request it read: an acks=0 producer counts it as sent the
-            # moment it is on the wire, and closes as soon as it has sent the last one.
+            # Every request read in full is handled even if its client has gone, as
+            # Kafka does; only the answer is dropped (Connection.complete on a closed
+            # connection). A client counts a request as made once it is on the wire:
+            # an acks=0 producer closes right after its last Produce, a consumer right
+            # after its last OffsetCommit, an admin tool after CreateTopics.
             spec: HandlerSpec = broker.router[header.api_key]
             ctx = RequestContext(
                 header=header, services=broker, client=conn.client, principal=principal,
