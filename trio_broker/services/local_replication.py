@@ -162,6 +162,10 @@ class _LocalTopics(Mapping[str, TopicInfo]):
         led = PartitionInfo(me, self._broker_id, LOCAL_LEADER_EPOCH, me)
         return TopicInfo(topic.name, topic.topic_id, dict.fromkeys(range(len(topic.logs)), led))
 
+    def __contains__(self, name: object) -> bool:
+        # Mapping's default would build a TopicInfo (one PartitionInfo per partition).
+        return name in self._topics.topics
+
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._topics.topics))
 
