@@ -96,6 +96,10 @@ class SimCoordination(MemoryCoordination):
         await self._reachable()
         return await super().get(path)
 
+    async def owned_by_this_session(self, path: str) -> bool:
+        await self._reachable()
+        return await super().owned_by_this_session(path)
+
     async def get_and_watch(
         self, path: str, *, into: trio.Event | None = None
     ) -> tuple[Znode | None, trio.Event]:

@@ -112,6 +112,39 @@ async def test_a_second_broker_with_the_same_id_is_refused(clients: Clients) -> 
             await run_membership(coord, registration(1), ClusterView(1))
 
 
+class _RegistrationReplyLost:
+    """A coordination client whose first ephemeral create succeeds on the server but whose
+    reply never comes back (the connection dropped): the caller sees ConnectionLoss."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.lost_replies = inner, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
+        await self.inner.create(path, data, ephemeral=ephemeral)
+        if ephemeral and path.startswith(BROKER_IDS) and not self.lost_replies:
+            self.lost_replies += 1
+            raise SessionLost(f"{path}: ConnectionLoss")
+
+
+async def test_a_registration_whose_reply_was_lost_is_our_own(clients: Clients) -> None:
+    """The retry of a registration whose reply was lost finds the znode there. It is this
+    session's own: the broker is registered. Before, it took it for another live broker
+    with its id and exited with BrokerIdInUse (or, re-registering after a session
+    expiry, waited forever for its own znode to go)."""
+    async with clients.client() as inner:
+        coord = _RegistrationReplyLost(inner)
+        view = ClusterView(1)
+        async with trio.open_nursery() as nursery:
+            with trio.fail_after(20):
+                await nursery.start(partial(run_membership, coord, registration(1), view))
+            assert coord.lost_replies == 1
+            await eventually(lambda: set(view.brokers) == {1}, "registered")
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_restart_waits_for_its_previous_runs_registration_to_go(
     clients: Clients,
 ) -> None:

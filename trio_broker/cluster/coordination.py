@@ -81,6 +81,11 @@ class Coordination(Protocol):
 
     async def get(self, path: str) -> Znode | None: ...
 
+    async def owned_by_this_session(self, path: str) -> bool:
+        """Is ``path`` an ephemeral znode of the current session? A create whose reply
+        was lost (the connection dropped after the server made the znode) is tried
+        again and finds NodeExists: this tells one's own from another's."""
+
     async def get_and_watch(
         self, path: str, *, into: trio.Event | None = None
     ) -> tuple[Znode | None, trio.Event]:
@@ -347,6 +352,11 @@ class ZooKeeperCoordination:
             return None
         return Znode(data, stat.version)
 
+    async def owned_by_this_session(self, path: str) -> bool:
+        stat = await self._call(self._client.exists, path)
+        session = self._client.client_id  # (session id, password) once connected
+        return stat is not None and session is not None and stat.ephemeralOwner == session[0]
+
     async def get_and_watch(
         self, path: str, *, into: trio.Event | None = None
     ) -> tuple[Znode | None, trio.Event]:
@@ -540,6 +550,11 @@ class MemoryCoordination:
         await self._connection()
         node = self._server.nodes.get(path)
         return None if node is None else Znode(node.data, node.version)
+
+    async def owned_by_this_session(self, path: str) -> bool:
+        await self._connection()
+        node = self._server.nodes.get(path)
+        return node is not None and node.owner == self.session
 
     async def get_and_watch(
         self, path: str, *, into: trio.Event | None = None

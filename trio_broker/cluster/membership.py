@@ -113,6 +113,16 @@ async def _register(
             log.info("registered as broker %d", registration.broker_id)
             return
         except NodeExists:
+            try:
+                if await coord.owned_by_this_session(path):
+                    # Our own create, whose reply was lost: registered (Kafka checks the
+                    # ephemeral owner of its registration the same way).
+                    log.info("registered as broker %d", registration.broker_id)
+                    return
+            except CoordinationError as exc:
+                log.warning("registering broker %d: %s", registration.broker_id, exc)
+                await trio.sleep(RETRY_S)
+                continue
             if trio.current_time() >= give_up_at:
                 raise BrokerIdInUse(
                     f"broker id {registration.broker_id} is registered by a live broker "
