@@ -725,9 +725,7 @@ SIXTH = (
         "a data batch at the epoch of the producer's last transaction marker is refused "
         "INVALID_PRODUCER_EPOCH: a producer's second transaction in a partition fails",
         (PRODUCER_MACHINE, PARTITION_TXN_MACHINE),
-        (
-            "tests/unit/state/test_producer_state.py tests/unit/state/test_partition_txns.py",
-        ),
+        ("tests/unit/state/test_producer_state.py tests/unit/state/test_partition_txns.py",),
     ),
     Bug(
         "fencing-marker-epochs-not-kept",
@@ -861,8 +859,7 @@ SIXTH = (
         "trio_broker/state/share_partition.py",
         "readable_end - self.end_offset, room",
         "readable_end + 1 - self.end_offset, room",
-        "a share consumer acquires the record at the high watermark, one past what is "
-        "committed",
+        "a share consumer acquires the record at the high watermark, one past what is committed",
         (SHARE_PARTITION_MACHINE,),
         ("tests/unit/groups/test_share_state.py tests/unit/groups/test_share_group.py",),
     ),
