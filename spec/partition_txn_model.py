@@ -1,4 +1,4 @@
-"""Reference model of transactions in one partition's log, in five sentences.
+"""Reference model of transactions in one partition's log, in eight sentences.
 
 1. A producer's transaction in the partition begins at its first transactional data
    record after its previous marker (or ever) and ends at its next marker.
@@ -19,6 +19,11 @@
    record (docs/transactions.md's known limit), never below the log start.
 7. A producer with an open transaction is never expired (producer.id.expiration.ms
    counts only for producers with none): its sequence is still checked.
+8. A marker with a newer producer epoch (a fencing abort) fences the older epoch in the
+   partition while the marker is in the log, whether or not the marker ended a
+   transaction here and whether or not the producer has data here: a transactional
+   batch of the older epoch (a zombie's produce that crossed the fence) is refused
+   INVALID_PRODUCER_EPOCH.
 
 The model keeps the whole log as a flat list of entries and derives every answer by
 scanning it, so it shares no data structure with ``trio_broker.state.partition_txns``;

@@ -21,6 +21,12 @@ P2. A prepared transaction is not open: a transactional write to one of its
 P3. Each partition gets the outcome's marker once per round, in partition order;
     the groups learn the outcome, and the id completes, only after every marker.
 P4. A restart keeps the prepared outcome; recovery writes every marker again.
+I1. InitProducerId with the producer's own id and epoch (KIP-360, a producer that hit
+    an error keeping its id) bumps the epoch as a new producer's does. The pair the
+    last bump replaced is a retry of that bump: answered with the current pair, nothing
+    changed, unless a transaction is open. Any other pair is PRODUCER_FENCED, and so is
+    the epoch a fence (InitProducerId over an open transaction, a timeout) aborted: a
+    fence is not a bump a producer asked for, its old epoch is not remembered.
 E1. An id with no open or prepared transaction whose metadata last changed
     transactional.id.expiration.ms or more ago is forgotten (InitProducerId then gives
     it a new producer id); an open, prepared or pending one never is.
@@ -60,6 +66,9 @@ class ModelTxn:
     timeout_ms: int = 0
     #: When its metadata last changed (E1).
     updated_ms: int = 0
+    #: The (producer id, epoch) the last InitProducerId bump replaced (I1); None after a
+    #: fence or before any bump.
+    last_pair: tuple[int, int] | None = None
 
 
 @attrs.define
@@ -77,30 +86,48 @@ class ModelCoordinator:
     def busy(self, txn: ModelTxn) -> bool:
         return txn.pending or txn.status.startswith("prepare")
 
-    def init(self, tid: str, timeout_ms: int, new_producer_id: int) -> tuple[int, int, int]:
-        """(error, producer id, epoch) for InitProducerId from a new producer (-1/-1)."""
-        if not tid:
+    def init(
+        self, tid: str, timeout_ms: int, new_producer_id: int, producer_id: int = -1,
+        epoch: int = -1,
+    ) -> tuple[int, int, int]:  # fmt: skip
+        """(error, producer id, epoch) for InitProducerId, from a new producer (-1/-1) or
+        from one that names its id and epoch (I1)."""
+        if not tid or (producer_id == -1) != (epoch == -1):
             return INVALID_REQUEST, -1, -1
         if not 0 < timeout_ms <= self.max_timeout_ms:
             return INVALID_TRANSACTION_TIMEOUT, -1, -1
         txn = self.txns.get(tid)
         if txn is None:
+            if producer_id != -1:
+                return PRODUCER_FENCED, -1, -1  # I1: a pair of an id it does not know
             self.txns[tid] = ModelTxn(new_producer_id, 0, timeout_ms=timeout_ms,
                                       updated_ms=self.now_ms)  # fmt: skip
             return NONE, new_producer_id, 0
         if self.busy(txn):
             return CONCURRENT_TRANSACTIONS, -1, -1  # P1
+        if producer_id != -1:
+            if (producer_id, epoch) == txn.last_pair and txn.status != "ongoing":
+                return NONE, txn.producer_id, txn.epoch  # I1: a retried bump
+            if (producer_id, epoch) != (txn.producer_id, txn.epoch):
+                return PRODUCER_FENCED, -1, -1
         if txn.status == "ongoing":
             # Fence: the open transaction is aborted under the next epoch; retry.
-            txn.epoch += 1
+            self._fence(txn)
             self._prepare(txn, committed=False)
             if self._write_markers(txn):
                 self._complete(txn)
             return CONCURRENT_TRANSACTIONS, -1, -1
+        txn.last_pair = (txn.producer_id, txn.epoch)
         txn.epoch += 1
         txn.status, txn.updated_ms = "empty", self.now_ms
         txn.timeout_ms = timeout_ms
         return NONE, txn.producer_id, txn.epoch
+
+    @staticmethod
+    def _fence(txn: ModelTxn) -> None:
+        """I1: the next epoch, and the fenced one is not remembered as a retry's."""
+        txn.epoch += 1
+        txn.last_pair = None
 
     def _check(self, tid: str, producer_id: int, epoch: int) -> int:
         txn = self.txns.get(tid)
@@ -176,7 +203,7 @@ class ModelCoordinator:
         # The coordinator aborts the oldest transaction first, ties by transactional id.
         for _, txn in sorted(self.txns.items(), key=lambda item: (item[1].started_ms, item[0])):
             if txn.status == "ongoing" and txn.started_ms + txn.timeout_ms < now_ms:
-                txn.epoch += 1
+                self._fence(txn)
                 self._prepare(txn, committed=False)
                 if self._write_markers(txn):
                     self._complete(txn)

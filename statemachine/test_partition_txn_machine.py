@@ -13,7 +13,9 @@ equals the model's aborted transactions, and the read_committed view
 (records below the LSO, minus control batches, minus what the aborted list hides, read
 back from the log as a consumer does) equals the model's committed records; and while a
 producer fenced by a bumping abort has written nothing since, a stale marker (its old
-epoch, as a WriteTxnMarkers retried from before the fence) is refused; a producer with
+epoch, as a WriteTxnMarkers retried from before the fence) is refused, and so is a
+transactional batch of its old epoch, data of its own in the partition or not
+(sentence 8); a producer with
 an open transaction is remembered however long it was silent (its sequence is still
 checked: sentence 7).
 """
@@ -37,7 +39,7 @@ from trio_broker.protocol.records import RecordBatchView, build_batch, iter_batc
 from trio_broker.services.producers import SNAPSHOT_FILE, ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
 from trio_broker.services.txn_markers import append_txn_marker
-from trio_broker.state.producer import Append
+from trio_broker.state.producer import Append, Reject
 from trio_broker.storage.errors import OffsetOutOfRange
 from trio_broker.storage.log import LogConfig
 
@@ -182,6 +184,26 @@ class PartitionTxnMachine(RuleBasedStateMachine):
             code, _ = self.registry.check_marker(TOPIC, 0, self.log, p.producer_id, p.epoch - 1, 0)
             event("stale marker", code.name)
             assert code == ErrorCode.INVALID_PRODUCER_EPOCH, (p, code)
+
+    @invariant()
+    def a_fenced_epoch_cannot_write(self) -> None:
+        """Sentence 8: while a producer's bumping marker is in the log and it wrote
+        nothing since, a transactional batch at the epoch before it (a produce that
+        crossed the fence) is refused INVALID_PRODUCER_EPOCH, data of its own here or not."""
+        model = self.model
+        for p in self.producers:
+            if p.bumped_at is None or not model.log_start <= p.bumped_at < model.end:
+                continue
+            if p.next_seq != 0:
+                continue
+            raw = build_batch(
+                [(None, b"zombie")], producer_id=p.producer_id, producer_epoch=p.epoch - 1,
+                base_sequence=0, base_timestamp=self.clock, is_transactional=True,
+            )  # fmt: skip
+            verdict = self.registry.check(TOPIC, 0, self.log, RecordBatchView(raw))
+            event("zombie write", type(verdict).__name__)
+            assert isinstance(verdict, Reject), (p, verdict)
+            assert verdict.error_code == ErrorCode.INVALID_PRODUCER_EPOCH, (p, verdict)
 
     # ------------------------------------------------------------------ the log moves
 

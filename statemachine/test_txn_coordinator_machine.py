@@ -164,16 +164,22 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         held = self.instances[tid]
         return held[which % len(held)] if held else (-1, -1)
 
-    @rule(tid=st.sampled_from((*IDS, "")), timeout_ms=st.sampled_from([0, 2_000, 5_000, 10_001]))
-    def init(self, tid: str, timeout_ms: int) -> None:
+    @rule(tid=st.sampled_from((*IDS, "")), timeout_ms=st.sampled_from([0, 2_000, 5_000, 10_001]),
+          which=st.none() | st.integers(0, 3))  # fmt: skip
+    def init(self, tid: str, timeout_ms: int, which: int | None = None) -> None:
+        """A new producer (-1/-1), or (``which``) one of the id's producers naming its
+        id and epoch (KIP-360: I1), a fenced one's included."""
         expected_new_id = self.next_id + 1  # what a first init allocates
-        result = run(self.coordinator.init_producer_id(tid, -1, -1, timeout_ms,
+        pid, epoch = (-1, -1) if which is None or not tid else self._instance(tid, which)
+        result = run(self.coordinator.init_producer_id(tid, pid, epoch, timeout_ms,
                                                        ErrorCode.PRODUCER_FENCED))  # fmt: skip
-        error, pid, epoch = self.model.init(tid, timeout_ms, expected_new_id)
-        note(f"init {tid!r} {timeout_ms} -> {result}")
-        assert (result.error, result.producer_id, result.producer_epoch) == (error, pid, epoch)
+        error, got_pid, got_epoch = self.model.init(tid, timeout_ms, expected_new_id, pid, epoch)
+        note(f"init {tid!r} ({pid}, {epoch}) {timeout_ms} -> {result}")
+        assert (result.error, result.producer_id, result.producer_epoch) == (
+            error, got_pid, got_epoch,
+        )  # fmt: skip
         if error == ErrorCode.NONE:
-            self.instances[tid].append((pid, epoch))
+            self.instances[tid].append((got_pid, got_epoch))
 
     @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3),
           partitions=st.sets(st.sampled_from(PARTITIONS), min_size=1),
@@ -286,6 +292,22 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             return
         got = self.coordinator.partition_in_transaction(pid, epoch, *partition)
         assert got == self.model.write_allowed(tid, pid, epoch, partition)
+
+    @rule(tid=st.sampled_from(IDS), by_timeout=st.booleans())
+    def fenced_producer_names_its_epoch(self, tid: str, by_timeout: bool) -> None:
+        """I1 by design: a producer opens a transaction, is fenced (a new producer's
+        InitProducerId, or the timeout), then asks InitProducerId with its own, fenced
+        id and epoch, before the new producer's retry bumps the epoch again."""
+        self.init(tid, 2_000)
+        newest = len(self.instances[tid]) - 1
+        if newest < 0:
+            return
+        self.add(tid, newest, {PARTITIONS[0]}, None)
+        if by_timeout:
+            self.time_passes(2_001)
+        else:
+            self.init(tid, 2_000)
+        self.init(tid, 2_000, which=newest)
 
     @rule(ms=st.sampled_from([500, 2_001, 5_001]))
     def time_passes(self, ms: int) -> None:

@@ -12,6 +12,7 @@ models miss, the module's own unit tests:
     python tools/planted_bugs.py --fresh          # the third set (FRESH)
     python tools/planted_bugs.py --fourth         # the fourth set (FOURTH)
     python tools/planted_bugs.py --fifth          # the fifth set (FIFTH)
+    python tools/planted_bugs.py --sixth          # the sixth set (SIXTH)
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
 
@@ -53,6 +54,7 @@ CONNECTION_MACHINES = (
 GROUP_MACHINE = "statemachine/test_group_machine.py"
 #: A real connection throttled by quota breaches against a clock the machine moves.
 THROTTLE_MACHINE = "statemachine/test_throttle_machine.py"
+MUTE_MACHINE = "statemachine/test_mute_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
 
@@ -712,6 +714,168 @@ FIFTH = (
 )
 
 
+#: The sixth set (h-formal7), written and committed before its one scoring run; none a
+#: variant of the 58 above.
+SIXTH = (
+    Bug(
+        "producer-at-marker-epoch-fenced",
+        "trio_broker/state/producer.py",
+        "if marker is not None and epoch < marker.producer_epoch:",
+        "if marker is not None and epoch <= marker.producer_epoch:",
+        "a data batch at the epoch of the producer's last transaction marker is refused "
+        "INVALID_PRODUCER_EPOCH: a producer's second transaction in a partition fails",
+        (PRODUCER_MACHINE, PARTITION_TXN_MACHINE),
+        ("tests/unit/state/test_producer_state.py tests/unit/state/test_partition_txns.py",),
+    ),
+    Bug(
+        "fencing-marker-epochs-not-kept",
+        "trio_broker/state/partition_txns.py",
+        "        self.markers[producer_id] = MarkerEpochs(producer_epoch, coordinator_epoch, offset)\n"
+        "        first = self.ongoing.pop(producer_id, None)\n",
+        "        first = self.ongoing.pop(producer_id, None)\n"
+        "        if first is not None:\n"
+        "            self.markers[producer_id] = MarkerEpochs(producer_epoch, coordinator_epoch, offset)\n",
+        "a marker that ends no open transaction here (a fencing abort written to every "
+        "added partition) does not record its epochs: the fenced epoch may still write there",
+        (PARTITION_TXN_MACHINE, PRODUCER_MACHINE),
+        ("tests/unit/state/test_partition_txns.py",),
+    ),
+    Bug(
+        "lso-at-newest-open-txn",
+        "trio_broker/state/partition_txns.py",
+        "return min(self.ongoing.values()) if self.ongoing else None",
+        "return max(self.ongoing.values()) if self.ongoing else None",
+        "the LSO is the first offset of the newest open transaction, not the oldest: "
+        "read_committed consumers read into an older open transaction",
+        (PARTITION_TXN_MACHINE,),
+        ("tests/unit/state/test_partition_txns.py",),
+    ),
+    Bug(
+        "fenced-epoch-taken-for-retry",
+        "trio_broker/transactions/state.py",
+        "                   last_producer_epoch=NO_PRODUCER_EPOCH)  # fmt: skip",
+        "                   last_producer_epoch=meta.producer_epoch)  # fmt: skip",
+        "a fence remembers the fenced epoch as the previous one, so the fenced producer's "
+        "InitProducerId with it (KIP-360) is taken for a retry and handed the new epoch",
+        (TXN_COORDINATOR_MACHINE,),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
+    ),
+    Bug(
+        "txn-write-while-prepared",
+        "trio_broker/transactions/state.py",
+        "    if current.state == S.ONGOING and partition in current.partitions:",
+        "    if current.state in IN_TRANSACTION and partition in current.partitions:",
+        "a transactional write to a partition of a transaction being committed or aborted "
+        "(Prepare*) is accepted, after the markers may have been written",
+        (TXN_COORDINATOR_MACHINE,),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
+    ),
+    Bug(
+        "leader-hw-follows-isr-down",
+        "trio_broker/replication/leader.py",
+        "        if candidate > self.high_watermark:",
+        "        if candidate != self.high_watermark:",
+        "the leader's HW is recomputed as the ISR minimum each time, down as well as up "
+        "(a term's followers start unknown at -1)",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "term-lag-counted-from-zero",
+        "trio_broker/replication/leader.py",
+        "            r: FollowerProgress(last_caught_up_ms=now_ms, previous_fetch_ms=now_ms)",
+        "            r: FollowerProgress(previous_fetch_ms=now_ms)",
+        "a new term counts its followers' lag from time 0, not from the term's start: a "
+        "leader elected late drops every follower from the ISR at its first lag check",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "unclean-leader-keeps-old-isr",
+        "trio_broker/replication/controller_rules.py",
+        "            if leader != NO_LEADER:\n                isr = (leader,)\n",
+        "",
+        "an unclean leader keeps the old ISR (its dead members) instead of being the ISR "
+        "alone: replicas with records it lacks count as in sync when they return",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (
+            "tests/unit/replication/test_controller_rules.py tests/unit/replication/test_requested_election.py",
+        ),
+    ),
+    Bug(
+        "read-skips-batch-holding-offset",
+        "trio_broker/storage/segment.py",
+        "            if info.last_offset >= offset:",
+        "            if info.base_offset >= offset:",
+        "a read (or cut) at an offset inside a batch starts at the next batch: the "
+        "records of the batch holding it are skipped",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "epoch-end-at-own-start",
+        "trio_broker/storage/epoch_cache.py",
+        "        higher = bisect.bisect_right(epochs, requested_epoch)  # first epoch > requested",
+        "        higher = bisect.bisect_left(epochs, requested_epoch)  # first epoch > requested",
+        "OffsetForLeaderEpoch answers an older epoch the log holds as ending where it "
+        "starts: a follower truncates that epoch's records away",
+        (STORAGE_MACHINE, REPLICATION_MACHINE),
+        (
+            "tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",
+        ),
+    ),
+    Bug(
+        "heartbeat-in-rebalance-not-counted",
+        "trio_broker/state/group.py",
+        "        member.session_deadline_ms = now_ms + member.session_timeout_ms\n"
+        "        if self._state is GroupState.PREPARING_REBALANCE:\n"
+        '            return ErrorCode.REBALANCE_IN_PROGRESS  # "please rejoin"\n',
+        "        if self._state is GroupState.PREPARING_REBALANCE:\n"
+        '            return ErrorCode.REBALANCE_IN_PROGRESS  # "please rejoin"\n'
+        "        member.session_deadline_ms = now_ms + member.session_timeout_ms\n",
+        "a heartbeat answered REBALANCE_IN_PROGRESS does not refresh the member's session: "
+        "a member slow to rejoin expires though it kept heartbeating",
+        (GROUP_MACHINE,),
+        ("tests/unit/groups/test_group_state.py tests/unit/state/test_group_state_edges.py",),
+    ),
+    Bug(
+        "commit-during-completing-rebalance",
+        "trio_broker/state/group.py",
+        "        if self._state is GroupState.COMPLETING_REBALANCE:\n"
+        "            # It has the new generation but not its assignment yet.\n"
+        "            return ErrorCode.REBALANCE_IN_PROGRESS\n",
+        "",
+        "a member's offset commit while the group awaits its assignment "
+        "(CompletingRebalance) is stored, for partitions it may not be given",
+        (GROUP_MACHINE,),
+        ("tests/unit/groups/test_group_state.py tests/unit/state/test_group_state_edges.py",),
+    ),
+    Bug(
+        "share-acquires-at-hw",
+        "trio_broker/state/share_partition.py",
+        "readable_end - self.end_offset, room",
+        "readable_end + 1 - self.end_offset, room",
+        "a share consumer acquires the record at the high watermark, one past what is committed",
+        (SHARE_PARTITION_MACHINE,),
+        ("tests/unit/groups/test_share_state.py tests/unit/groups/test_share_group.py",),
+    ),
+    Bug(
+        "in-flight-limit-skipped-while-muted",
+        "trio_broker/state/mute.py",
+        "MuteReason.IN_FLIGHT_LIMIT, unless=frozenset({MuteReason.RESPONSE_PENDING})",
+        "MuteReason.IN_FLIGHT_LIMIT, unless=ALL_REASONS",
+        "a connection muted for another reason (throttle, memory, SASL) that reaches the "
+        "in-flight cap is not marked IN_FLIGHT_LIMIT: it reads past the cap once unmuted",
+        (MUTE_MACHINE, THROTTLE_MACHINE),
+        ("tests/unit/state/test_mute.py tests/integration/test_in_flight_cap.py",),
+    ),
+)
+
+
 def copy_tree(dest: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".",
@@ -756,10 +920,13 @@ def main() -> int:
     parser.add_argument("--fresh", action="store_true", help="the third set (FRESH) only")
     parser.add_argument("--fourth", action="store_true", help="the fourth set (FOURTH) only")
     parser.add_argument("--fifth", action="store_true", help="the fifth set (FIFTH) only")
+    parser.add_argument("--sixth", action="store_true", help="the sixth set (SIXTH) only")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
-    every = (*BUGS, *FRESH, *FOURTH, *FIFTH)
-    if args.fifth:
+    every = (*BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH)
+    if args.sixth:
+        chosen = list(SIXTH)
+    elif args.fifth:
         chosen = list(FIFTH)
     elif args.fourth:
         chosen = list(FOURTH)
