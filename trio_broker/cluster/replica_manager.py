@@ -260,7 +260,9 @@ class ReplicaManager:
         replication_factor: int,
         configs: dict[str, str],
         assignment: dict[int, list[int]] | None,
-    ) -> None:
+    ) -> uuid.UUID:
+        """Write a topic's assignment and configs to ZooKeeper (the controller gives its
+        partitions leaders) and wait, at most CREATE_WAIT_S, for those leaders; its id."""
         brokers = {b.broker_id: b.rack for b in self.view.brokers.values()}
         if assignment is None:
             try:
@@ -297,6 +299,12 @@ class ReplicaManager:
         with trio.move_on_after(CREATE_WAIT_S):
             while not self._has_leaders(name, len(assignment)):
                 await self.view_event().wait()
+        return topic.topic_id
+
+    @property
+    def applies_at_once(self) -> bool:
+        """Admin changes go through ZooKeeper: the handlers answer from a Deferred."""
+        return False
 
     async def ensure_internal_topic(
         self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
