@@ -94,25 +94,24 @@ class Appends(Protocol):
     def watch(self, partitions: Iterable[tuple[str, int]]) -> FetchWait: ...
 
 
-class Replication(DataReplication, TopicAdmin, Protocol):
+class Replication(DataReplication, Protocol):
     """A clustered broker's part in replication (trio_broker/cluster/replica_manager.py):
-    the data path's leadership (``Services.leaders``) and the cluster's admin
-    (``Services.admin``), both through ZooKeeper.
+    the data path's leadership (``Services.leaders``); its ``admin`` is the cluster's
+    ``Services.admin`` (cluster/topic_admin.py).
 
     ``Services.replication`` is None for a broker that runs alone.
     """
+
+    @property
+    def admin(self) -> TopicAdmin:
+        """Topic and config administration through ZooKeeper."""
+        ...
 
     @property
     def view(self) -> ClusterView: ...
 
     def leader_term(self, topic: str, partition: int) -> LeaderPartition | None:
         """This broker's term if it leads the partition now, else None."""
-        ...
-
-    def ensure_internal_topic_soon(
-        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
-    ) -> None:
-        """Make internal topic ``name`` in the background unless it exists."""
         ...
 
 

@@ -353,8 +353,8 @@ class Broker:
 
     @property
     def admin(self) -> TopicAdmin:
-        """Services.admin: the replica manager once in a cluster, else ``unjoined_admin``."""
-        return self.unjoined_admin if self.replication is None else self.replication
+        """Services.admin: the replica manager's once in a cluster, else ``unjoined_admin``."""
+        return self.unjoined_admin if self.replication is None else self.replication.admin
 
     @property
     def durability(self) -> Flusher:

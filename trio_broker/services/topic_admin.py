@@ -5,9 +5,10 @@ IncrementalAlterConfigs, DescribeConfigs, ElectLeaders, the partition reassignme
 check a request and hand the change to ``Services.admin``, a :class:`TopicAdmin`,
 never None, as Kafka's request handlers hand theirs to the controller:
 
-- in a cluster, the replica manager (trio_broker/cluster/replica_manager.py): topics
-  and configs are written to ZooKeeper, and what only the controller does (elections,
-  moves, deletions) goes to the controller's broker (others: NOT_CONTROLLER);
+- in a cluster, the replica manager's ``ZooKeeperAdmin`` (trio_broker/cluster/
+  topic_admin.py): topics and configs are written to ZooKeeper, and what only the
+  controller does (elections, moves, deletions) goes to the controller's broker
+  (others: NOT_CONTROLLER);
 - alone, :class:`LocalAdmin`: a cluster of one, its own controller, which applies each
   change to the local catalogue at once and answers with the codes a cluster would;
 - a clustered broker before it joined or after it left, :class:`NotInCluster`: it
@@ -122,6 +123,14 @@ class TopicAdmin(Protocol):
         shows them at once (a cluster's config watch would, a moment later)."""
         ...
 
+    def ensure_internal_topic_soon(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
+    ) -> None:
+        """Make internal topic ``name`` (``__consumer_offsets``, ``__transaction_state``)
+        in the background unless it exists, for FindCoordinator, which answers
+        COORDINATOR_NOT_AVAILABLE meanwhile (clients ask again)."""
+        ...
+
 
 def _topic_error(exc: LogError | OSError, doing: str) -> TopicError:
     """A catalogue's refusal or a disk error as the TopicError the client gets."""
@@ -220,6 +229,14 @@ class LocalAdmin:
     def topic_configs_stored(self, name: str, configs: dict[str, str]) -> None:
         """Nothing to do: :meth:`update_topic_configs` applied them to the logs."""
 
+    # A node alone keeps its coordinators' state in private files, not in internal
+    # topics (services/topics.py RESERVED_TOPICS): there is none to make.
+
+    def ensure_internal_topic_soon(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
+    ) -> None:
+        """Nothing to make (above)."""
+
     # The controller of a cluster of one.
 
     def _exists(self, topic: str, partition: int) -> bool:
@@ -317,6 +334,12 @@ class NotInCluster:
 
     def topic_configs_stored(self, name: str, configs: dict[str, str]) -> None:
         """Never called (nothing is stored)."""
+
+    def ensure_internal_topic_soon(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
+    ) -> None:
+        """Nothing is made out of the cluster: FindCoordinator answers
+        COORDINATOR_NOT_AVAILABLE and the client asks again."""
 
 
 if TYPE_CHECKING:  # mypy checks that each is an admin, and a node alone its own controller
