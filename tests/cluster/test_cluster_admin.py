@@ -335,6 +335,20 @@ def test_create_partitions_and_delete_topics_across_the_cluster(shared: Cluster)
         with brokers[1].connect() as conn:
             answer = conn.request(m.ApiKey.CREATE_TOPICS, 5, Req(topics=[asked], timeout_ms=30_000))
         assert answer.topics[0].error_code == ErrorCode.INVALID_REPLICA_ASSIGNMENT, assignment
+    # The checks a node alone makes, made by the cluster too (one admin path): a name that
+    # differs from another only in '.' against '_' collides, even within one request; the
+    # created topic's configs come back (v5+).
+    named = [
+        Req.CreatableTopic(name=name, num_partitions=1, replication_factor=2, configs=[],
+                           assignments=[])
+        for name in ("dot.ted", "dot_ted")
+    ]  # fmt: skip
+    with brokers[2].connect() as conn:
+        answer = conn.request(m.ApiKey.CREATE_TOPICS, 5, Req(topics=named, timeout_ms=30_000))
+    assert [t.error_code for t in answer.topics] == [
+        ErrorCode.NONE, ErrorCode.INVALID_TOPIC_EXCEPTION,
+    ]  # fmt: skip
+    assert {c.name for c in answer.topics[0].configs} >= {"retention.ms", "cleanup.policy"}
     # The new partitions take writes on every replica: acks=all, read back.
     acked = Acked()
     p = producer(servers(brokers))

@@ -210,7 +210,6 @@ class GroupCoordinator:
         #: down), when work that would start a task here is dropped (:meth:`_start_soon`).
         self._nursery: trio.Nursery | None = None
         self._stopped = False
-        self._creating_topic = False
         if self.in_cluster:
             listeners = getattr(broker, "leadership_listeners", None)
             if listeners is not None:  # the replica manager takes them when the node joins
@@ -362,47 +361,31 @@ class GroupCoordinator:
         log.info("no longer coordinating the groups of %s-%d", CONSUMER_OFFSETS, partition)
 
     def find_coordinator(self, group_id: str) -> tuple[ErrorCode, int]:
-        """FindCoordinator in a cluster: (NONE, the leader of the group's partition), or
-        COORDINATOR_NOT_AVAILABLE while ``__consumer_offsets`` or that leader is not
-        there. As Kafka, the first lookup creates the topic (in the background: the
-        client asks again)."""
-        replication = self.broker.replication
-        topic = replication.view.topics.get(CONSUMER_OFFSETS)
+        """FindCoordinator: (NONE, the coordinator's broker id), or
+        COORDINATOR_NOT_AVAILABLE. A broker alone coordinates every group (its offsets
+        are in private files). In a cluster, the leader of the group's partition of
+        ``__consumer_offsets``; as Kafka, the first lookup creates the topic (through
+        ``Services.admin``, in the background: the client asks again)."""
+        if not self.in_cluster:
+            return ErrorCode.NONE, self.broker.config.node_id
+        admin = self.broker.admin
+        topic = admin.view.topics.get(CONSUMER_OFFSETS)
         if topic is None:
-            self._create_offsets_topic_soon(replication)
+            config = self.broker.config
+            admin.ensure_internal_topic_soon(
+                CONSUMER_OFFSETS, self.offsets_partitions,
+                config.offsets_topic_replication_factor,
+                {"cleanup.policy": "compact",
+                 "segment.bytes": str(config.offsets_topic_segment_bytes),
+                 "compression.type": "producer"},
+            )  # fmt: skip
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1
         # The configured count, as every broker's routing (a topic made with another
         # count is a misconfiguration: its extra or missing partitions coordinate nothing).
         info = topic.partitions.get(self.partition_of(group_id))
-        if info is None or info.leader not in replication.view.brokers:
+        if info is None or info.leader not in admin.view.brokers:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1
         return ErrorCode.NONE, info.leader
-
-    def _create_offsets_topic_soon(self, replication: Any) -> None:
-        if self._creating_topic or self._nursery is None:
-            return  # already under way, or not running
-        self._creating_topic = True
-        config = self.broker.config
-        configs = {
-            "cleanup.policy": "compact",
-            "segment.bytes": str(config.offsets_topic_segment_bytes),
-            "compression.type": "producer",
-        }
-
-        async def create() -> None:
-            try:
-                await replication.ensure_internal_topic(
-                    CONSUMER_OFFSETS, self.offsets_partitions,
-                    config.offsets_topic_replication_factor, configs,
-                )  # fmt: skip
-            except KafkaError as exc:  # e.g. too few live brokers yet: the client retries
-                log.info("%s not created yet: %s", CONSUMER_OFFSETS, exc)
-            except Exception:
-                log.exception("could not create %s", CONSUMER_OFFSETS)
-            finally:
-                self._creating_topic = False
-
-        self._nursery.start_soon(create, name=f"create {CONSUMER_OFFSETS}")
 
     # ------------------------------------------------------------------ timers
 

@@ -11,13 +11,16 @@ BROKER resources: the dynamic broker configs (storage/broker_configs.py), either
 cluster-wide default (name "") or this node's (its id). They become the log defaults
 of every topic that does not set the key itself (docs/acls.md, "Dynamic broker configs").
 
-In a cluster, a topic's change is made in ZooKeeper, by whichever broker takes it: it
-reads the topic's config znode, computes and checks the new overrides the same way and
-writes them back conditionally on the znode's version (a Deferred), from where every
-replica's config watch applies them, min.insync.replicas included (docs/cluster.md,
-"Topic configs in a cluster"); a broker holding a copy applies the stored value to it at
-once too. Never from its local copy: that may lag ZooKeeper (its watch has not applied
-the last change yet), and writing it back would undo another broker's change.
+A topic's change goes to ``services.admin`` (services/topic_admin.py), which reads the
+topic's current overrides, computes and checks the new ones, and stores them. A node
+alone is a cluster of one: its catalogue is changed at once. In a cluster, whichever
+broker takes the request changes ZooKeeper: it reads the topic's config znode and
+writes the new overrides back conditionally on the znode's version (a Deferred), from
+where every replica's config watch applies them, min.insync.replicas included
+(docs/cluster.md, "Topic configs in a cluster"); a broker holding a copy applies the
+stored value to it at once too. Never from its local copy: that may lag ZooKeeper (its
+watch has not applied the last change yet), and writing it back would undo another
+broker's change.
 
 Shared with IncrementalAlterConfigs: resource checks, value checks, applying.
 """
@@ -28,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from trio_broker.handlers.authorization import authorized
-from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.handlers.base import Deferred, RequestContext, handles, when_applied
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
@@ -63,10 +66,6 @@ class ConfigRefused(KafkaError):
     """A config change Kafka refuses: ``ConfigRefused(error_code, message)``."""
 
 
-class _InCluster(Exception):
-    """A cluster topic: altered in ZooKeeper, not in a local copy first."""
-
-
 def check_values(ctx: RequestContext, configs: dict[str, str]) -> None:
     """Raise ConfigRefused(INVALID_CONFIG) unless the topic would accept ``configs`` whole."""
     try:
@@ -87,13 +86,13 @@ def alter_resources(
     resources: list[AnyResource],
     validate_only: bool,
     new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
-    elsewhere: list[int] | None = None,
+    topics: list[int],
 ) -> list[tuple[ErrorCode, str | None]]:
-    """Check and (unless validate_only) apply each resource; one (error, message) each.
+    """Check each resource and apply the broker ones; one (error, message) each.
 
-    ``new_configs(current overrides, resource)`` computes the topic's new overrides
-    or raises ConfigRefused. In a cluster, the indexes of the cluster's topics only go
-    to ``elsewhere`` (their answer is left NONE): :func:`alter_in_cluster`.
+    ``new_configs(current overrides, resource)`` computes the new overrides or raises
+    ConfigRefused. The indexes of the topics allowed go to ``topics`` (their answer is
+    left NONE): their change is the admin's (:func:`alter_configs`).
     """
     seen: dict[tuple[int, str], int] = {}
     for resource in resources:
@@ -104,24 +103,21 @@ def alter_resources(
         try:
             if seen[(resource.resource_type, resource.resource_name)] > 1:
                 raise ConfigRefused(ErrorCode.INVALID_REQUEST, "resource listed more than once")
-            _alter_one(ctx, resource, validate_only, new_configs)
-            out.append((ErrorCode.NONE, None))
-        except _InCluster:
-            if elsewhere is None:
-                raise
-            elsewhere.append(len(out))
+            if _check_or_alter(ctx, resource, validate_only, new_configs):
+                topics.append(len(out))
             out.append((ErrorCode.NONE, None))
         except ConfigRefused as exc:
             out.append((exc.error_code, str(exc)))
     return out
 
 
-def _alter_one(
+def _check_or_alter(
     ctx: RequestContext,
     resource: AnyResource,
     validate_only: bool,
     new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
-) -> None:
+) -> bool:
+    """A broker resource is altered here (False); True: a topic ALTER_CONFIGS allows."""
     name = resource.resource_name
     if resource.resource_type in (BROKER_RESOURCE, BROKER_LOGGER_RESOURCE):
         if not authorized(ctx, Operation.ALTER_CONFIGS, ResourceType.CLUSTER):
@@ -129,62 +125,45 @@ def _alter_one(
         if resource.resource_type == BROKER_LOGGER_RESOURCE:
             raise ConfigRefused(ErrorCode.INVALID_REQUEST, "broker loggers cannot be altered")
         _alter_broker(ctx, resource, validate_only, new_configs)
-        return
+        return False
     if resource.resource_type != TOPIC_RESOURCE:
         raise ConfigRefused(
             ErrorCode.INVALID_REQUEST, f"unsupported resource type {resource.resource_type}"
         )
     if not authorized(ctx, Operation.ALTER_CONFIGS, ResourceType.TOPIC, name):
         raise ConfigRefused(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "ALTER_CONFIGS refused")
-    replication = ctx.services.replication
-    if replication is not None and name in replication.view.topics:
-        raise _InCluster(name)
-    topic = ctx.services.topics.get(name)
-    if topic is None:
-        raise ConfigRefused(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
-    configs = new_configs(dict(topic.info.configs), resource)
-    check_values(ctx, configs)
-    if validate_only:
-        return
-    try:
-        ctx.services.topics.set_configs(name, configs)
-    except TopicError as exc:
-        raise ConfigRefused(exc.error_code, str(exc)) from None
-    except OSError as exc:
-        raise ConfigRefused(StorageError.error_code, f"cannot store configs: {exc}") from None
+    return True
 
 
-def alter_in_cluster(
+async def alter_configs(
     ctx: RequestContext,
     resources: list[AnyResource],
     validate_only: bool,
     new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
     answer: Callable[[list[tuple[ErrorCode, str | None]]], AnyAnswer],
 ) -> AnyAnswer | Deferred:
-    """AlterConfigs and IncrementalAlterConfigs: the resources checked and applied here
-    (:func:`alter_resources`), then, in a cluster, a Deferred that alters the cluster's
-    topics in ZooKeeper; ``answer(results)`` builds the response."""
-    elsewhere: list[int] = []
-    results = alter_resources(ctx, resources, validate_only, new_configs, elsewhere)
-    replication = ctx.services.replication
-    if replication is None:
-        return answer(results)
+    """AlterConfigs and IncrementalAlterConfigs: the resources checked (and the broker
+    ones applied) here (:func:`alter_resources`), then the topics' changes stored by
+    ``services.admin``; ``answer(results)`` builds the response."""
+    topics: list[int] = []
+    results = alter_resources(ctx, resources, validate_only, new_configs, topics)
+    admin = ctx.services.admin
 
     async def store_then_answer() -> AnyAnswer:
-        for index in elsewhere:
+        for index in topics:
             resource = resources[index]
             stored: list[dict[str, str]] = []
             change = _change_of(ctx, resource, validate_only, new_configs, stored)
             try:
-                await replication.update_topic_configs(resource.resource_name, change)
+                await admin.update_topic_configs(resource.resource_name, change)
             except (ConfigRefused, TopicError) as exc:
                 results[index] = (exc.error_code, str(exc))
                 continue
-            if stored:  # what ZooKeeper holds now: this broker's copy shows it at once
-                replication.topic_configs_stored(resource.resource_name, stored[0])
+            if stored:  # what the controller holds now: this broker's copy shows it at once
+                admin.topic_configs_stored(resource.resource_name, stored[0])
         return answer(results)
 
-    return Deferred(store_then_answer)
+    return await when_applied(ctx.services, store_then_answer)
 
 
 def _change_of(
@@ -194,9 +173,9 @@ def _change_of(
     new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
     stored: list[dict[str, str]],
 ) -> Callable[[dict[str, str]], dict[str, str] | None]:
-    """The change of one topic's stored overrides: checked as a local change is;
-    nothing to store when only validating. ``stored`` keeps the last overrides it
-    returned (the ones written, once the conditional write succeeds)."""
+    """The change of one topic's stored overrides: the new overrides, checked; nothing
+    to store when only validating. ``stored`` keeps the last overrides it returned (the
+    ones written, once the conditional write succeeds)."""
 
     def change(current: dict[str, str]) -> dict[str, str] | None:
         configs = new_configs(dict(current), resource)
@@ -270,7 +249,7 @@ def resources_response(
 async def handle_alter_configs(
     ctx: RequestContext, request: m.AlterConfigsRequest
 ) -> m.AlterConfigsResponse | Deferred:
-    return alter_in_cluster(
+    return await alter_configs(
         ctx, request.resources, request.validate_only, _replace_all,
         lambda results: resources_response(Resp, request.resources, results),
     )  # fmt: skip

@@ -9,8 +9,9 @@ Per partition, as Kafka: UNKNOWN_TOPIC_OR_PARTITION; INVALID_REPLICA_ASSIGNMENT 
 empty or repeated replica list or an unregistered broker; NO_REASSIGNMENT_IN_PROGRESS
 for cancelling (null replicas) a partition that is not moving; with
 ``allow_replication_factor_change`` false (v1), INVALID_REPLICATION_FACTOR for a
-different replica count. A broker alone has nowhere to move to: only its own id is a
-valid target (nothing to do). Needs ALTER on the cluster.
+different replica count. The moves go to ``services.admin.controller``
+(services/topic_admin.py): a broker alone is its own controller with nowhere to move
+to, so only its own id is a valid target (nothing to do). Needs ALTER on the cluster.
 """
 
 from __future__ import annotations
@@ -61,20 +62,19 @@ async def handle_alter_partition_reassignments(
             request, dict.fromkeys(moves, refused), ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
             "ALTER on the cluster refused",
         )  # fmt: skip
-    replication = ctx.services.replication
-    if replication is None:
-        return _response(request, {key: _alone(ctx, *key, moves[key]) for key in moves})
-    controller = replication.controller
+    controller = ctx.services.admin.controller
     if controller is None:
         not_controller = (ErrorCode.NOT_CONTROLLER, None)
         return _response(
             request, dict.fromkeys(moves, not_controller), ErrorCode.NOT_CONTROLLER,
             "this broker is not the controller",
         )  # fmt: skip
+    topics = ctx.services.admin.view.topics
     outcomes: dict[tuple[str, int], Outcome] = {}
     if ctx.api_version >= 1 and not request.allow_replication_factor_change:
         for key, target in moves.items():
-            info = replication.partition(*key)
+            topic = topics.get(key[0])
+            info = None if topic is None else topic.partitions.get(key[1])
             if info is None or target is None:
                 continue
             original = [r for r in info.replicas if r not in info.adding_replicas]
@@ -87,14 +87,3 @@ async def handle_alter_partition_reassignments(
     allowed = {key: target for key, target in moves.items() if key not in outcomes}
     outcomes.update(await controller.alter_reassignments(allowed))
     return _response(request, {key: outcomes[key] for key in moves})
-
-
-def _alone(ctx: RequestContext, topic: str, partition: int, target: list[int] | None) -> Outcome:
-    if ctx.services.topics.log(topic, partition) is None:
-        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist"
-    if target is None:
-        return ErrorCode.NO_REASSIGNMENT_IN_PROGRESS, f"{topic}-{partition} is not moving"
-    node = ctx.services.config.node_id
-    if target != [node]:
-        return ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"broker {node} is the only broker"
-    return ErrorCode.NONE, None

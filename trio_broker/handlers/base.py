@@ -29,13 +29,12 @@ import attrs
 from trio_broker.protocol.messages import RequestHeader
 from trio_broker.protocol.schema import REQUESTS, Message
 from trio_broker.services.local_replication import DataReplication
+from trio_broker.services.topic_admin import TopicAdmin
 
 if TYPE_CHECKING:
     from trio_broker.config import BrokerConfig
     from trio_broker.groups.coordinator import GroupCoordinator
     from trio_broker.groups.share import ShareGroups
-    from trio_broker.protocol.error_codes import ErrorCode
-    from trio_broker.replication.controller_rules import ElectionType
     from trio_broker.replication.leader import LeaderPartition
     from trio_broker.security.authorize import Authorizer
     from trio_broker.security.credentials import CredentialStore
@@ -95,82 +94,24 @@ class Appends(Protocol):
     def watch(self, partitions: Iterable[tuple[str, int]]) -> FetchWait: ...
 
 
-class ControllerRequests(Protocol):
-    """The controller's part in admin requests (cluster/controller.py's ControllerActions),
-    reachable on the controller's broker only."""
-
-    async def elect_leaders(
-        self, election_type: ElectionType, partitions: list[tuple[str, int]]
-    ) -> dict[tuple[str, int], tuple[ErrorCode, str | None]]:
-        """ElectLeaders: each partition's error code and message."""
-        ...
-
-    async def alter_reassignments(
-        self, moves: dict[tuple[str, int], list[int] | None]
-    ) -> dict[tuple[str, int], tuple[ErrorCode, str | None]]:
-        """AlterPartitionReassignments: target replicas (None: cancel) per partition."""
-        ...
-
-    async def delete_topic(self, name: str) -> tuple[ErrorCode, str | None]:
-        """DeleteTopics: the topic goes from the cluster."""
-        ...
-
-
 class Replication(DataReplication, Protocol):
-    """A clustered broker's part in replication (trio_broker/cluster/replica_manager.py).
+    """A clustered broker's part in replication (trio_broker/cluster/replica_manager.py):
+    the data path's leadership (``Services.leaders``); its ``admin`` is the cluster's
+    ``Services.admin`` (cluster/topic_admin.py).
 
     ``Services.replication`` is None for a broker that runs alone.
     """
 
     @property
-    def view(self) -> ClusterView: ...
+    def admin(self) -> TopicAdmin:
+        """Topic and config administration through ZooKeeper."""
+        ...
 
     @property
-    def controller(self) -> ControllerRequests | None:
-        """The controller's requests while this broker is the controller, else None."""
-        ...
+    def view(self) -> ClusterView: ...
 
     def leader_term(self, topic: str, partition: int) -> LeaderPartition | None:
         """This broker's term if it leads the partition now, else None."""
-        ...
-
-    def ensure_internal_topic_soon(
-        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
-    ) -> None:
-        """Make internal topic ``name`` in the background unless it exists."""
-        ...
-
-    async def create_topic(
-        self,
-        name: str,
-        partitions: int,
-        replication_factor: int,
-        configs: dict[str, str],
-        assignment: dict[int, list[int]] | None,
-    ) -> None:
-        """Create a topic in the cluster and wait until its partitions have leaders."""
-        ...
-
-    async def create_partitions(
-        self, name: str, total: int, assignment: list[list[int]] | None, validate_only: bool
-    ) -> None:
-        """Grow a cluster topic (TopicError if refused); waits for the new leaders."""
-        ...
-
-    def topic_configs_stored(self, name: str, configs: dict[str, str]) -> None:
-        """``configs`` were stored as topic ``name``'s overrides: apply them to this
-        broker's copy now (its config watch would, a moment later)."""
-        ...
-
-    async def read_topic_configs(self, name: str) -> dict[str, str]:
-        """A topic's config overrides as the cluster stores them (TopicError if not)."""
-        ...
-
-    async def update_topic_configs(
-        self, name: str, change: Callable[[dict[str, str]], dict[str, str] | None]
-    ) -> None:
-        """Store ``change(current overrides)`` for every replica, unless None; a
-        concurrent change calls ``change`` again (TopicError if refused)."""
         ...
 
 
@@ -235,6 +176,11 @@ class Services(Protocol):
     @property
     def leaders(self) -> DataReplication:
         """The data path's replication: never None (``DataReplication``)."""
+        ...
+
+    @property
+    def admin(self) -> TopicAdmin:
+        """Where topic and config changes go: never None (``services/topic_admin.py``)."""
         ...
 
     @property
@@ -336,6 +282,24 @@ class Deferred:
         self.finish = finish
         self.timeout_s = timeout_s
         self.on_timeout = on_timeout
+
+
+AnyMessage = TypeVar("AnyMessage", bound=Message)
+
+
+async def when_applied(
+    services: Services,
+    finish: Callable[[], Awaitable[AnyMessage]],
+    *,
+    timeout_s: float | None = None,
+    on_timeout: Callable[[], AnyMessage] | None = None,
+) -> AnyMessage | Deferred:
+    """An admin answer once ``services.admin`` has applied the change ``finish`` makes:
+    at once on the handler task where the admin applies it when called (a node alone:
+    the connection's next request sees it done), else a Deferred (ZooKeeper)."""
+    if services.admin.applies_at_once:
+        return await finish()
+    return Deferred(finish, timeout_s=timeout_s, on_timeout=on_timeout)
 
 
 class CloseConnection:

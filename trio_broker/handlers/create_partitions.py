@@ -6,14 +6,14 @@ existence is revealed), the deadline, existence, the new count (never a
 shrink), then the explicit assignments. ``validate_only`` runs every check and
 changes nothing.
 
-A broker alone is the whole cluster, so an explicit assignment is accepted only
-if every new partition's replica list is exactly this broker. In a cluster the
-new replica lists go to ZooKeeper (``ReplicaManager.create_partitions``): the
-topic's replication factor, placed as for a new topic, or the assignment if it
-names distinct live brokers, as many as the topic's replication factor. The work is short and synchronous (a few
-directories and one catalogue write), so a positive ``timeout_ms`` is always
-met; ``timeout_ms <= 0`` means the deadline has passed before the work starts,
-and KRaft then answers REQUEST_TIMED_OUT and changes nothing: so do we.
+The change goes to ``services.admin.create_partitions`` (services/topic_admin.py).
+A node alone is a cluster of one: an explicit assignment is accepted only if every
+new partition's replica list is exactly this broker, and the new logs are made at
+once. In a cluster the new replica lists go to ZooKeeper: the topic's replication
+factor, placed as for a new topic, or the assignment if it names distinct live
+brokers, as many as the topic's replication factor. ``timeout_ms <= 0`` means the
+deadline has passed before the work starts, and KRaft then answers
+REQUEST_TIMED_OUT and changes nothing: so do we.
 """
 
 from __future__ import annotations
@@ -24,42 +24,9 @@ from trio_broker.handlers.repeated import REPEATED_MESSAGE, each_once
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError
-from trio_broker.storage.errors import LogError, StorageError
 
 Resp = m.CreatePartitionsResponse
 Result = Resp.CreatePartitionsTopicResult
-
-
-def _check_assignments(
-    ctx: RequestContext, topic: m.CreatePartitionsRequest.CreatePartitionsTopic, current: int
-) -> None:
-    """Kafka's checks of a manual assignment, on a cluster of one broker."""
-    assignments = topic.assignments
-    if assignments is None:
-        return
-    added = topic.count - current
-    if len(assignments) != added:
-        raise TopicError(
-            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-            f"adding {added} partition(s) needs {added} assignment(s), got {len(assignments)}",
-        )
-    node = ctx.services.config.node_id
-    for offset, assignment in enumerate(assignments):
-        replicas = list(assignment.broker_ids)
-        if replicas == [node]:
-            continue
-        unknown = sorted(set(replicas) - {node})
-        if not replicas:
-            reason = "no replicas"
-        elif unknown:
-            reason = f"unknown broker(s) {unknown}"
-        else:
-            reason = f"broker {node} listed {len(replicas)} times"
-        raise TopicError(
-            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-            f"partition {current + offset}: {reason}; the replicas must be [{node}], "
-            "the only broker",
-        )
 
 
 def _check_request(
@@ -80,21 +47,6 @@ def _check_request(
         )
 
 
-def _grow(
-    ctx: RequestContext,
-    topic: m.CreatePartitionsRequest.CreatePartitionsTopic,
-    timeout_ms: int,
-    validate_only: bool,
-) -> None:
-    _check_request(ctx, topic, timeout_ms)
-    name = topic.name
-    topics = ctx.services.topics
-    current = len(topics.check_new_partitions(name, topic.count).logs)
-    _check_assignments(ctx, topic, current)
-    if not validate_only:
-        topics.add_partitions(name, topic.count)
-
-
 async def _result(
     ctx: RequestContext,
     topic: m.CreatePartitionsRequest.CreatePartitionsTopic,
@@ -102,22 +54,16 @@ async def _result(
     validate_only: bool,
 ) -> m.CreatePartitionsResponse.CreatePartitionsTopicResult:
     try:
-        replication = ctx.services.replication
-        if replication is None:
-            _grow(ctx, topic, timeout_ms, validate_only)
-        else:  # the cluster's topic grows in ZooKeeper; every replica follows
-            _check_request(ctx, topic, timeout_ms)
-            assignment = (
-                None
-                if topic.assignments is None
-                else [list(a.broker_ids) for a in topic.assignments]
-            )
-            await replication.create_partitions(topic.name, topic.count, assignment, validate_only)
+        _check_request(ctx, topic, timeout_ms)
+        assignment = (
+            None if topic.assignments is None else [list(a.broker_ids) for a in topic.assignments]
+        )
+        await ctx.services.admin.create_partitions(
+            topic.name, topic.count, assignment, validate_only
+        )
         return Result(name=topic.name, error_code=ErrorCode.NONE, error_message=None)
-    except (TopicError, LogError) as exc:
+    except TopicError as exc:
         code, message = exc.error_code, str(exc)
-    except OSError as exc:  # a disk error is a storage error
-        code, message = StorageError.error_code, f"cannot add partitions: {exc}"
     return Result(name=topic.name, error_code=code, error_message=message)
 
 

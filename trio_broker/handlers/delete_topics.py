@@ -1,11 +1,12 @@
 """DeleteTopics: by name (all versions) or by topic id (v6+).
 
-A broker alone closes a deleted topic's logs and removes its directories at
-once; the request's timeout is not needed. In a cluster only the controller
-deletes (others: NOT_CONTROLLER): the topic's tree goes from ZooKeeper, and every
-broker holding a copy deletes it when its view loses the topic. With
-``delete.topic.enable=false`` every topic of the request is refused before any
-other check, as Kafka's controller does: TOPIC_DELETION_DISABLED, or
+The topic is looked up in ``services.admin.view`` and deleted by the controller
+(``services.admin.controller``, services/topic_admin.py). A node alone is its own
+controller: it closes the topic's logs and removes their directories at once. In a
+cluster only the controller deletes (others: NOT_CONTROLLER): the topic's tree goes
+from ZooKeeper, and every broker holding a copy deletes it when its view loses the
+topic. With ``delete.topic.enable=false`` every topic of the request is refused before
+any other check, as Kafka's controller does: TOPIC_DELETION_DISABLED, or
 INVALID_REQUEST for versions 0-2, which predate that error.
 """
 
@@ -13,45 +14,25 @@ from __future__ import annotations
 
 import uuid
 
-import attrs
-
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.repeated import REPEATED_MESSAGE, each_once
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.services.topics import TopicError
-from trio_broker.storage.errors import LogError, StorageError
+from trio_broker.services.cluster_view import TopicInfo
 
 Resp = m.DeleteTopicsResponse
 Result = Resp.DeletableTopicResult
 ZERO_UUID = uuid.UUID(int=0)
 
 
-@attrs.frozen
-class _Found:
-    name: str
-    topic_id: uuid.UUID
-
-
-def _lookup(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> _Found | None:
-    """The topic by name or id: this broker's own, or in a cluster the cluster's."""
-    replication = ctx.services.replication
-    if replication is not None:
-        cluster = replication.view.topics
-        info = (
-            cluster.get(name)
-            if name is not None
-            else next((t for t in cluster.values() if t.topic_id == topic_id), None)
-        )
-        return None if info is None else _Found(info.name, info.topic_id)
-    topics = ctx.services.topics
-    local = topics.get(name) if name is not None else topics.by_id.get(topic_id)
-    return None if local is None else _Found(local.name, local.topic_id)
+def _lookup(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> TopicInfo | None:
+    """The topic by name or id, as the controller's view has it."""
+    view = ctx.services.admin.view
+    return view.topics.get(name) if name is not None else view.topic_by_id(topic_id)
 
 
 async def _delete(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) -> Result:
-    topics = ctx.services.topics
     result = Result(name=name, topic_id=topic_id, error_code=ErrorCode.NONE, error_message=None)
     if name is not None and topic_id != ZERO_UUID:
         result.error_code = ErrorCode.INVALID_REQUEST
@@ -83,25 +64,12 @@ async def _delete(ctx: RequestContext, name: str | None, topic_id: uuid.UUID) ->
         result.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
         result.error_message = f"DELETE on topic {topic.name!r} refused"
         return result
-    replication = ctx.services.replication
-    if replication is not None:  # the controller deletes it from ZooKeeper, then everyone
-        if replication.controller is None:
-            result.error_code = ErrorCode.NOT_CONTROLLER
-            result.error_message = "this broker is not the controller"
-            return result
-        result.error_code, result.error_message = await replication.controller.delete_topic(
-            topic.name
-        )
+    controller = ctx.services.admin.controller
+    if controller is None:
+        result.error_code = ErrorCode.NOT_CONTROLLER
+        result.error_message = "this broker is not the controller"
         return result
-    try:
-        topics.delete(topic.name)
-    except TopicError as exc:
-        result.error_code, result.error_message = exc.error_code, str(exc)
-    except LogError as exc:
-        result.error_code, result.error_message = exc.error_code, str(exc)
-    except OSError as exc:
-        result.error_code = StorageError.error_code  # an OSError: a storage error
-        result.error_message = f"cannot delete the topic: {exc}"
+    result.error_code, result.error_message = await controller.delete_topic(topic.name)
     return result
 
 

@@ -331,14 +331,13 @@ def _describe(
 def _held_elsewhere(
     ctx: RequestContext, resource: m.DescribeConfigsRequest.DescribeConfigsResource
 ) -> bool:
-    """A cluster topic this broker has no copy of (its configs are in ZooKeeper)."""
-    replication = ctx.services.replication
+    """A topic of the controller's view this broker has no copy of (in a cluster its
+    configs are in ZooKeeper; a node alone has a copy of every topic it knows)."""
     name = resource.resource_name
     return (
-        replication is not None
-        and resource.resource_type == TOPIC_RESOURCE
+        resource.resource_type == TOPIC_RESOURCE
         and ctx.services.topics.get(name) is None
-        and name in replication.view.topics
+        and name in ctx.services.admin.view.topics
         and authorized(ctx, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, name)
     )
 
@@ -347,16 +346,16 @@ def _held_elsewhere(
 async def handle_describe_configs(
     ctx: RequestContext, request: m.DescribeConfigsRequest
 ) -> m.DescribeConfigsResponse | Deferred:
-    replication = ctx.services.replication
+    admin = ctx.services.admin
     elsewhere = sorted({r.resource_name for r in request.resources if _held_elsewhere(ctx, r)})
-    if replication is None or not elsewhere:
+    if not elsewhere:
         return await _answer(ctx, request, {})
 
     async def read_then_answer() -> m.DescribeConfigsResponse:
         from_cluster: ClusterConfigs = {}
         for name in elsewhere:
             try:
-                from_cluster[name] = await replication.read_topic_configs(name)
+                from_cluster[name] = await admin.read_topic_configs(name)
             except TopicError as exc:
                 from_cluster[name] = exc
         return await _answer(ctx, request, from_cluster)

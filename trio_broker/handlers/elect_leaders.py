@@ -4,10 +4,10 @@ In a cluster only the controller answers (the Java admin, librdkafka and kafka-p
 send it there, as Metadata names it); any other broker answers NOT_CONTROLLER, which
 makes them look the controller up again and retry. The controller decides each
 partition with ``replication/controller_rules.requested_election`` and writes the new
-state to ZooKeeper (``cluster/controller.py``'s ControllerActions).
-
-A broker that runs alone leads every partition already: every named partition that
-exists needs no election (ELECTION_NOT_NEEDED). With no partitions named (null), every
+state to ZooKeeper (``cluster/controller.py``'s ControllerActions). The handler asks
+``services.admin.controller`` (services/topic_admin.py): a broker that runs alone is its
+own controller and leads every partition already, so every named partition that exists
+needs no election (ELECTION_NOT_NEEDED). With no partitions named (null), every
 partition is meant and, as Kafka does, only those that needed an election are listed.
 Needs ALTER on the cluster.
 """
@@ -29,12 +29,8 @@ def _requested(ctx: RequestContext, request: m.ElectLeadersRequest) -> list[tupl
     if request.topic_partitions is not None:
         named = [(t.topic, p) for t in request.topic_partitions for p in t.partitions]
         return list(dict.fromkeys(named))  # a partition named twice is elected once
-    replication = ctx.services.replication
-    if replication is not None:
-        cluster = replication.view.topics
-        return [(name, p) for name in sorted(cluster) for p in sorted(cluster[name].partitions)]
-    local = ctx.services.topics.topics
-    return [(name, p) for name in sorted(local) for p in range(len(local[name].logs))]
+    topics = ctx.services.admin.view.topics
+    return [(name, p) for name in sorted(topics) for p in sorted(topics[name].partitions)]
 
 
 def _response(
@@ -72,23 +68,11 @@ async def handle_elect_leaders(
         bad = (ErrorCode.INVALID_REQUEST, f"unknown election type {raw_type}")
         return _response(ctx, dict.fromkeys(partitions, bad), ErrorCode.INVALID_REQUEST)
     election_type = ElectionType(raw_type)
-    replication = ctx.services.replication
-    if replication is None:
-        outcomes = {key: _alone(ctx, *key) for key in partitions}
-    else:
-        controller = replication.controller
-        if controller is None:
-            not_controller = (ErrorCode.NOT_CONTROLLER, "this broker is not the controller")
-            return _response(
-                ctx, dict.fromkeys(partitions, not_controller), ErrorCode.NOT_CONTROLLER
-            )
-        outcomes = await controller.elect_leaders(election_type, partitions)
+    controller = ctx.services.admin.controller
+    if controller is None:
+        not_controller = (ErrorCode.NOT_CONTROLLER, "this broker is not the controller")
+        return _response(ctx, dict.fromkeys(partitions, not_controller), ErrorCode.NOT_CONTROLLER)
+    outcomes = await controller.elect_leaders(election_type, partitions)
     if request.topic_partitions is None:  # "all partitions": list only those that moved
         outcomes = {k: v for k, v in outcomes.items() if v[0] != ErrorCode.ELECTION_NOT_NEEDED}
     return _response(ctx, outcomes)
-
-
-def _alone(ctx: RequestContext, topic: str, partition: int) -> tuple[ErrorCode, str | None]:
-    if ctx.services.topics.log(topic, partition) is None:
-        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist"
-    return ErrorCode.ELECTION_NOT_NEEDED, None

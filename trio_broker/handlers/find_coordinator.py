@@ -1,9 +1,12 @@
 """FindCoordinator: this node coordinates every group and every transactional id.
 
 v0-3 ask for one key; v4+ batch several (``coordinator_keys``) and get one
-entry each. Key type 0 is a group, 1 a transactional id (this broker alone; in a cluster the
-leader of the id's ``__transaction_state`` partition), anything else is an invalid
-request.
+entry each. Key type 0 is a group (the group coordinator's answer: this broker alone, in
+a cluster the leader of the group's ``__consumer_offsets`` partition), 1 a transactional
+id (this broker alone; in a cluster the leader of the id's ``__transaction_state``
+partition), anything else is an invalid request. An internal topic that does not exist
+yet is made through ``services.admin`` on first use. The address is the coordinator's
+on the client's listener, from ``services.leaders.view``.
 """
 
 from __future__ import annotations
@@ -29,21 +32,13 @@ def _locate(
     if key_type == KEY_TYPE_GROUP:
         if not authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, key):
             return ErrorCode.GROUP_AUTHORIZATION_FAILED, f"DESCRIBE on group {key!r}", -1, "", -1
-        replication = ctx.services.replication
-        if replication is not None and replication.view.brokers:
-            # A cluster: the leader of the group's __consumer_offsets partition (made on
-            # first use; COORDINATOR_NOT_AVAILABLE until it and its leader are there).
-            error, leader = ctx.services.groups.find_coordinator(key)
-            if error is not ErrorCode.NONE:
-                return error, f"no coordinator for group {key!r} yet", -1, "", -1
-            chosen = replication.view.brokers[leader]
-            address = chosen.endpoint(ctx.services.listener_name_for(ctx.client.connection_id))
-            if address is None:  # the coordinator has no endpoint on this client's listener
-                return (ErrorCode.COORDINATOR_NOT_AVAILABLE, "the coordinator is not on this "
-                        "listener", -1, "", -1)  # fmt: skip
-            return ErrorCode.NONE, None, chosen.broker_id, *address
-        host, port = ctx.services.advertised_for(ctx.client.connection_id)
-        return ErrorCode.NONE, None, ctx.services.config.node_id, host, port
+        # Alone: this broker. In a cluster: the leader of the group's __consumer_offsets
+        # partition (made on first use; COORDINATOR_NOT_AVAILABLE until it and its
+        # leader are there).
+        error, leader = ctx.services.groups.find_coordinator(key)
+        if error is not ErrorCode.NONE:
+            return error, f"no coordinator for group {key!r} yet", -1, "", -1
+        return _at(ctx, leader)
     if key_type == KEY_TYPE_TRANSACTION:
         if not authorized(ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key):
             return (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
@@ -53,23 +48,35 @@ def _locate(
         if ctx.services.transactions is None:
             return (ErrorCode.COORDINATOR_NOT_AVAILABLE, "no transaction coordinator",
                     -1, "", -1)  # fmt: skip
-        host, port = ctx.services.advertised_for(ctx.client.connection_id)
-        return ErrorCode.NONE, None, ctx.services.config.node_id, host, port
+        return _at(ctx, ctx.services.config.node_id)  # a broker alone coordinates every id
     return ErrorCode.INVALID_REQUEST, f"unknown coordinator key type {key_type}", -1, "", -1
+
+
+def _at(ctx: RequestContext, broker_id: int) -> tuple[ErrorCode, str | None, int, str, int]:
+    """A coordinator's answer: ``broker_id`` at its address on the client's listener."""
+    broker = ctx.services.leaders.view.brokers.get(broker_id)
+    address = (
+        None
+        if broker is None
+        else broker.endpoint(ctx.services.listener_name_for(ctx.client.connection_id))
+    )
+    if address is None:  # the coordinator has no endpoint on this client's listener
+        return (ErrorCode.COORDINATOR_NOT_AVAILABLE, "the coordinator is not on this listener",
+                -1, "", -1)  # fmt: skip
+    return ErrorCode.NONE, None, broker_id, *address
 
 
 def _transaction_coordinator_in_cluster(
     ctx: RequestContext, key: str
 ) -> tuple[ErrorCode, str | None, int, str, int]:
-    """The leader of the id's partition of ``__transaction_state`` (made on first use);
-    COORDINATOR_NOT_AVAILABLE while the topic or that leader is not there yet."""
+    """The leader of the id's partition of ``__transaction_state`` (made on first use,
+    through ``services.admin``); COORDINATOR_NOT_AVAILABLE while the topic or that
+    leader is not there yet."""
     config = ctx.services.config
-    replication = ctx.services.replication
-    if replication is None:
-        return ErrorCode.COORDINATOR_NOT_AVAILABLE, "not in the cluster yet", -1, "", -1
-    topic = replication.view.topics.get(TRANSACTION_STATE)
+    admin = ctx.services.admin
+    topic = admin.view.topics.get(TRANSACTION_STATE)
     if topic is None:
-        replication.ensure_internal_topic_soon(
+        admin.ensure_internal_topic_soon(
             TRANSACTION_STATE, config.transaction_state_log_num_partitions,
             config.transaction_state_log_replication_factor,
             {"cleanup.policy": "compact", "compression.type": "uncompressed",
@@ -79,15 +86,10 @@ def _transaction_coordinator_in_cluster(
         return ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{TRANSACTION_STATE} is being made", -1, "", -1
     partition = partition_for(key, config.transaction_state_log_num_partitions)
     info = topic.partitions.get(partition)
-    leader = None if info is None else replication.view.brokers.get(info.leader)
-    if leader is None:
+    if info is None or info.leader not in admin.view.brokers:
         return (ErrorCode.COORDINATOR_NOT_AVAILABLE,
                 f"{TRANSACTION_STATE}-{partition} has no leader now", -1, "", -1)  # fmt: skip
-    address = leader.endpoint(ctx.services.listener_name_for(ctx.client.connection_id))
-    if address is None:  # the coordinator has no endpoint on this client's listener
-        return (ErrorCode.COORDINATOR_NOT_AVAILABLE, "the coordinator is not on this listener",
-                -1, "", -1)  # fmt: skip
-    return ErrorCode.NONE, None, leader.broker_id, *address
+    return _at(ctx, info.leader)
 
 
 @handles(m.ApiKey.FIND_COORDINATOR)

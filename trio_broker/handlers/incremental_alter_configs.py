@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from trio_broker.handlers.alter_configs import (
     ConfigRefused,
-    alter_in_cluster,
+    alter_configs,
     resources_response,
 )
 from trio_broker.handlers.base import Deferred, RequestContext, handles
@@ -71,7 +71,7 @@ def apply_operations(
 async def handle_incremental_alter_configs(
     ctx: RequestContext, request: m.IncrementalAlterConfigsRequest
 ) -> m.IncrementalAlterConfigsResponse | Deferred:
-    return alter_in_cluster(
+    return await alter_configs(
         ctx, request.resources, request.validate_only, apply_operations,
         lambda results: resources_response(Resp, request.resources, results),
     )  # fmt: skip

@@ -10,6 +10,7 @@ cluster of one (services/local_replication.py) and leads every partition it hold
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -73,35 +74,36 @@ FETCH_HINTS_FROM = 12
 FETCH_ENDPOINTS_FROM = 16
 
 
-def _leader_of(ctx: RequestContext, name: str, topic_id: object, partition: int) -> tuple[int, int]:
-    """(leader id, leader epoch) as this broker knows them; (-1, -1) if unknown."""
-    replication = ctx.services.replication
-    assert replication is not None
+def _leader_of(
+    ctx: RequestContext, name: str, topic_id: uuid.UUID, partition: int
+) -> tuple[int, int]:
+    """(leader id, leader epoch) as this broker knows them; (-1, -1) if unknown (a node
+    alone: every partition it knows it leads, so it never answers "not the leader")."""
+    leaders = ctx.services.leaders
     if not name:
-        name = next(
-            (t.name for t in replication.view.topics.values() if t.topic_id == topic_id), ""
-        )
-    info = replication.partition(name, partition)
+        topic = leaders.view.topic_by_id(topic_id)
+        name = "" if topic is None else topic.name
+    info = leaders.partition(name, partition)
     if info is None or info.leader == NO_LEADER:
         return NO_LEADER, -1
     return info.leader, info.leader_epoch
 
 
 def _endpoints(ctx: RequestContext, leaders: set[int], endpoint: Callable[..., T]) -> list[T]:
-    replication = ctx.services.replication
-    assert replication is not None
+    if not leaders:  # the produce and fetch answers of a node alone: nothing to look up
+        return []
     # The client's own listener (Kafka's rule, as in Metadata).
     listener = ctx.services.listener_name_for(ctx.client.connection_id)
     return [
         endpoint(node_id=b.broker_id, host=host, port=port, rack=b.rack)
-        for b, host, port in replication.view.brokers_on(listener)
+        for b, host, port in ctx.services.leaders.view.brokers_on(listener)
         if b.broker_id in leaders
     ]
 
 
 def produce_leader_hints(ctx: RequestContext, response: m.ProduceResponse) -> None:
     """Fill KIP-951's current leader into NOT_LEADER_OR_FOLLOWER answers, with endpoints."""
-    if ctx.services.replication is None or ctx.api_version < PRODUCE_HINTS_FROM:
+    if ctx.api_version < PRODUCE_HINTS_FROM:
         return
     Part = m.ProduceResponse.TopicProduceResponse.PartitionProduceResponse
     leaders: set[int] = set()
@@ -118,7 +120,7 @@ def produce_leader_hints(ctx: RequestContext, response: m.ProduceResponse) -> No
 
 def fetch_leader_hints(ctx: RequestContext, response: m.FetchResponse) -> None:
     """As :func:`produce_leader_hints`, for NOT_LEADER_OR_FOLLOWER and FENCED_LEADER_EPOCH."""
-    if ctx.services.replication is None or ctx.api_version < FETCH_HINTS_FROM:
+    if ctx.api_version < FETCH_HINTS_FROM:
         return
     Part = m.FetchResponse.FetchableTopicResponse.PartitionData
     moved = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH)

@@ -3,7 +3,8 @@ replicas (KIP-455).
 
 Answered by the controller (others: NOT_CONTROLLER) from the cluster's topics as
 ZooKeeper holds them. Null topics lists every move; named partitions that are not moving,
-or do not exist, are left out, as Kafka does. A broker alone never moves anything.
+or do not exist, are left out, as Kafka does. A broker alone is its own controller
+(``services.admin``) and never moves anything.
 Needs DESCRIBE on the cluster.
 """
 
@@ -28,14 +29,12 @@ async def handle_list_partition_reassignments(
         response.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
         response.error_message = "DESCRIBE on the cluster refused"
         return response
-    replication = ctx.services.replication
-    if replication is None:
-        return response
-    if replication.controller is None:
+    admin = ctx.services.admin
+    if admin.controller is None:
         response.error_code = ErrorCode.NOT_CONTROLLER
         response.error_message = "this broker is not the controller"
         return response
-    topics = replication.view.topics
+    topics = admin.view.topics
     if request.topics is None:
         wanted = [(name, sorted(topics[name].partitions)) for name in sorted(topics)]
     else:

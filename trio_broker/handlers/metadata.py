@@ -95,7 +95,7 @@ async def handle_metadata(
         # In the cluster first (a wait for ZooKeeper and the controller).
         for name in missing:
             try:
-                await replication.create_topic(
+                await services.admin.create_topic(
                     name, services.config.num_partitions,
                     services.config.default_replication_factor, {}, None,
                 )  # fmt: skip

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from trio_broker.groups.coordinator import GroupCoordinator
 from trio_broker.groups.offsets_store import Entry, OffsetAndMetadata, OffsetKey, PendingWrite
@@ -25,6 +25,7 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.protocol.schema import Message, uses_topic_ids
+from trio_broker.services.cluster_view import TopicInfo
 from trio_broker.storage.errors import StorageError
 
 R = TypeVar("R", bound=Message)
@@ -73,15 +74,14 @@ def resolve_topic(
 
 def cluster_topic(
     ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None, by_id: bool
-) -> Any:
-    """The cluster's TopicInfo of a topic (by name or id), or None (alone, or unknown)."""
-    replication = ctx.services.replication
-    if replication is None:
-        return None
-    topics = replication.view.topics
+) -> TopicInfo | None:
+    """A topic (by name or id) as ``services.leaders.view`` has it, or None: in a
+    cluster, one the group's coordinator holds no replica of; alone, the view is this
+    broker's own topics."""
+    view = ctx.services.leaders.view
     if not by_id:
-        return topics.get(name or "")
-    return next((t for t in topics.values() if t.topic_id == topic_id), None)
+        return view.topics.get(name or "")
+    return None if topic_id is None else view.topic_by_id(topic_id)
 
 
 # ------------------------------------------------------------------------- OffsetCommit

@@ -58,6 +58,7 @@ from trio_broker.services.local_replication import (
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.quotas import QuotaService
 from trio_broker.services.stats import BrokerStats
+from trio_broker.services.topic_admin import LocalAdmin, NotInCluster, TopicAdmin
 from trio_broker.services.topics import TopicManager
 from trio_broker.services.txn_markers import append_txn_marker
 from trio_broker.state.fetch_sessions import FetchSessionCache
@@ -220,15 +221,19 @@ class Broker:
         #: The data path's replication while ``replication`` is None (``leaders``): a
         #: node alone is a cluster of one; a clustered broker that has not joined (or
         #: has left) leads nothing.
-        self.unjoined: LocalReplication | LeadsNothing = (
-            LeadsNothing(config.node_id)
-            if clustered
-            else LocalReplication(
-                LocalView(
-                    config.node_id, config.broker_rack, self.topics, self.advertised_endpoints
-                )
+        #: ``admin`` while ``replication`` is None: a node alone is its own controller
+        #: (it changes its catalogue at once); a clustered broker out of the cluster
+        #: changes nothing.
+        self.unjoined: LocalReplication | LeadsNothing
+        self.unjoined_admin: LocalAdmin | NotInCluster
+        if clustered:
+            self.unjoined = LeadsNothing(config.node_id)
+            self.unjoined_admin = NotInCluster(config.node_id)
+        else:
+            view = LocalView(
+                config.node_id, config.broker_rack, self.topics, self.advertised_endpoints
             )
-        )
+            self.unjoined, self.unjoined_admin = LocalReplication(view), LocalAdmin(view)
         #: The deterministic simulation (sim/) runs brokers in one process and sets these
         #: to its in-memory ZooKeeper and network; None: kazoo and TCP.
         self.open_coordination: Callable[[], Any] | None = None
@@ -345,6 +350,11 @@ class Broker:
     def leaders(self) -> DataReplication:
         """Services.leaders: the replica manager once in a cluster, else ``unjoined``."""
         return self.unjoined if self.replication is None else self.replication
+
+    @property
+    def admin(self) -> TopicAdmin:
+        """Services.admin: the replica manager's once in a cluster, else ``unjoined_admin``."""
+        return self.unjoined_admin if self.replication is None else self.replication.admin
 
     @property
     def durability(self) -> Flusher:

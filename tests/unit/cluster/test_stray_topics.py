@@ -95,15 +95,15 @@ async def test_a_config_change_made_meanwhile_is_not_lost() -> None:
             server.nodes[topic_config_path("t")].version += 1
         return {**current, "retention.ms": "5"}
 
-    await manager.update_topic_configs("t", add_retention)
+    await manager.admin.update_topic_configs("t", add_retention)
     assert seen == [{}, {"cleanup.policy": "compact"}]
-    stored = await manager.read_topic_configs("t")
+    stored = await manager.admin.read_topic_configs("t")
     assert stored == {"cleanup.policy": "compact", "retention.ms": "5"}
     node = await coord.get(topic_config_path("t"))
     assert node is not None and decode_configs(node.data) == stored
 
-    await manager.update_topic_configs("t", lambda current: None)  # validate only
-    assert await manager.read_topic_configs("t") == stored
+    await manager.admin.update_topic_configs("t", lambda current: None)  # validate only
+    assert await manager.admin.read_topic_configs("t") == stored
     with pytest.raises(TopicError) as refused:
-        await manager.read_topic_configs("missing")
+        await manager.admin.read_topic_configs("missing")
     assert refused.value.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

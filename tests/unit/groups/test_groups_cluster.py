@@ -96,11 +96,10 @@ class Replication:
         assert self.ack is not None
         return self.ack
 
-    async def ensure_internal_topic(
+    def ensure_internal_topic_soon(
         self, name: str, partitions: int, rf: int, configs: dict[str, str]
-    ) -> bool:
+    ) -> None:
         self.created.append((name, partitions, rf, configs))
-        return False
 
 
 @attrs.define
@@ -122,6 +121,11 @@ class FakeBroker:
     @property
     def leaders(self) -> Replication:
         """Services.leaders: in a cluster, the replica manager."""
+        return self.replication
+
+    @property
+    def admin(self) -> Replication:
+        """Services.admin: in a cluster, the replica manager's (internal topics)."""
         return self.replication
 
     @staticmethod

@@ -39,6 +39,7 @@ from trio_broker.server.fetch_waits import FetchWaits
 from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.services.local_replication import LocalReplication, LocalView
 from trio_broker.services.producers import ProducerStateRegistry
+from trio_broker.services.topic_admin import LocalAdmin
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.log import LogConfig
@@ -130,6 +131,17 @@ class Services:
         """Services.leaders: the cluster's replication, or a node alone's."""
         if self.replication is None:
             return LocalReplication(
+                LocalView(
+                    0, None, self.topics, lambda: [("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)]
+                )
+            )
+        return self.replication
+
+    @property
+    def admin(self) -> Any:
+        """Services.admin: the cluster's (internal topics made here), or a node alone's."""
+        if self.replication is None:
+            return LocalAdmin(
                 LocalView(
                     0, None, self.topics, lambda: [("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)]
                 )
