@@ -13,7 +13,9 @@ equals the model's aborted transactions, and the read_committed view
 (records below the LSO, minus control batches, minus what the aborted list hides, read
 back from the log as a consumer does) equals the model's committed records; and while a
 producer fenced by a bumping abort has written nothing since, a stale marker (its old
-epoch, as a WriteTxnMarkers retried from before the fence) is refused; a producer with
+epoch, as a WriteTxnMarkers retried from before the fence) is refused until the producer
+expires, when the log start has passed the marker too (but after a rebuild from a log
+that no longer holds it); a producer with
 an open transaction is remembered however long it was silent (its sequence is still
 checked: sentence 7).
 """
@@ -72,6 +74,8 @@ class Producer:
     bumped_at: int | None = None
     #: the clock at its last data batch (expiry counts from the last batch's timestamp).
     last_data_ms: int = T0
+    #: the clock at its last marker (which counts for expiry as a data batch does).
+    last_marker_ms: int = T0
 
 
 class PartitionTxnMachine(RuleBasedStateMachine):
@@ -157,22 +161,26 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         if epoch != p.epoch:
             p.epoch, p.next_seq, p.bumped_at = epoch, 0, offset
         p.in_txn = False
+        p.last_marker_ms = self.clock
 
     def _fenced(self) -> list[Producer]:
-        """Producers whose bumping marker is still in the log and who wrote nothing since,
-        with data of theirs in the log (a producer with none is forgotten, its marker
-        epochs too, so a stale marker then has nothing to be checked against)."""
-        model = self.model
-        has_data = {
-            e.producer_id for e in model.entries
-            if e.commit is None and e.offset >= model.log_start
-        }  # fmt: skip
+        """Producers bumped by a marker who wrote nothing since, and not yet expired: the
+        log start passing the marker (and all the rest of the producer) forgets nothing
+        (KIP-360; a rebuild from the log does, see _forget_below_the_log_start)."""
+        last = self.clock - EXPIRATION_MS
         return [
             p for p in self.producers
-            if p.bumped_at is not None and model.log_start <= p.bumped_at < model.end
-            and p.next_seq == 0 and p.producer_id in has_data
-            and self.clock - p.last_data_ms < EXPIRATION_MS  # else it may be forgotten
+            if p.bumped_at is not None and p.next_seq == 0
+            and max(p.last_data_ms, p.last_marker_ms) > last  # else it may be forgotten
         ]  # fmt: skip
+
+    def _forget_below_the_log_start(self) -> None:
+        """State rebuilt from the log alone (no snapshot, or one it may not use): a fencing
+        marker below the log start is not seen, and nothing else of a producer that
+        wrote nothing since is either."""
+        for p in self.producers:
+            if p.bumped_at is not None and p.bumped_at < self.model.log_start:
+                p.bumped_at = None
 
     @invariant()
     def stale_markers_are_refused(self) -> None:
@@ -181,6 +189,8 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         for p in self._fenced():
             code, _ = self.registry.check_marker(TOPIC, 0, self.log, p.producer_id, p.epoch - 1, 0)
             event("stale marker", code.name)
+            assert p.bumped_at is not None
+            event("fenced by a marker below the log start", str(p.bumped_at < self.model.log_start))
             assert code == ErrorCode.INVALID_PRODUCER_EPOCH, (p, code)
 
     # ------------------------------------------------------------------ the log moves
@@ -254,6 +264,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         self.model.entries = [e for e in self.model.entries if e.offset < new_end]
         self.last_lso = 0  # the LSO may go back on truncation, and only then
         self.saved_snapshot = None  # it may describe batches that are gone
+        self._forget_below_the_log_start()
         # The producers go on from what the (new) log remembers of them.
         manager = self.registry.manager(TOPIC, 0, self.log)
         for p in self.producers:
@@ -279,6 +290,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         # rebuild had forgotten (its batches below the log start) reappear, and the
         # LSO go back, in a sequence no disk produces.
         self.saved_snapshot = None
+        self._forget_below_the_log_start()
         self.registry = self._registry()
 
     @rule()
@@ -293,6 +305,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         note("crash with an older snapshot on disk")
         assert self.saved_snapshot is not None
         (self.dir / f"{TOPIC}-0" / SNAPSHOT_FILE).write_bytes(self.saved_snapshot)
+        self._forget_below_the_log_start()  # if that snapshot is below it, it is not used
         self.registry = self._registry()
 
     # ------------------------------------------------------------------ invariants

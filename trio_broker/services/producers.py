@@ -264,6 +264,7 @@ class ProducerStateRegistry:
                 marker.coordinator_epoch,
                 marker.committed,
                 base_offset,
+                batch.max_timestamp,
             )
             return
         self._stats.appended += 1
@@ -338,7 +339,7 @@ class ProducerStateRegistry:
         manager = ProducerStateManager(next_offset=start)
         if path is not None and path.exists():
             try:
-                loaded = ProducerStateManager.from_snapshot(path.read_bytes())
+                loaded = ProducerStateManager.from_snapshot(path.read_bytes(), now_ms=self.now_ms())
             except (OSError, SnapshotError) as exc:
                 log.warning("%s: %s; rebuilding producer state from the log", path, exc)
             else:

@@ -127,7 +127,7 @@ def test_snapshot_bytes_are_compact_json() -> None:
     manager.append(5, 0, 0, 2, 0, 2, 1234)
     manager.append(2, 1, 7, 7, 3, 3, 99)
     assert manager.to_snapshot() == (
-        b'{"version":3,"next_offset":4,"producers":[[2,1,[[7,7,3,3,99]]],[5,0,[[0,2,0,2,1234]]]],'
+        b'{"version":4,"next_offset":4,"producers":[[2,1,[[7,7,3,3,99]]],[5,0,[[0,2,0,2,1234]]]],'
         b'"txns":{"ongoing":[],"aborted":[],"markers":[]}}'
     )
     assert ProducerStateManager.from_snapshot(manager.to_snapshot()).producers == manager.producers
