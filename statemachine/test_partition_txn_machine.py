@@ -36,7 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import RecordBatchView, build_batch, iter_batches
-from trio_broker.services.producers import SNAPSHOT_FILE, ProducerStateRegistry
+from trio_broker.services.producers import ProducerStateRegistry, latest_snapshot
 from trio_broker.services.topics import TopicManager
 from trio_broker.services.txn_markers import append_txn_marker
 from trio_broker.state.producer import Append
@@ -90,7 +90,8 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         self.producers = [Producer(1000 + i) for i in range(PRODUCERS)]
         self.values = 0
         self.last_lso = 0
-        self.saved_snapshot: bytes | None = None
+        #: (file name, bytes) of a snapshot a clean shutdown wrote.
+        self.saved_snapshot: tuple[str, bytes] | None = None
 
     def now(self) -> int:
         return self.clock
@@ -280,10 +281,14 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         self.registry.close()
         self.registry = self._registry()
 
+    def _delete_snapshots(self) -> None:
+        for path in (self.dir / f"{TOPIC}-0").glob("*.snapshot"):
+            path.unlink()
+
     @rule()
     def crash(self) -> None:
         note("crash: no snapshot, rebuild from the log")
-        (self.dir / f"{TOPIC}-0" / SNAPSHOT_FILE).unlink(missing_ok=True)
+        self._delete_snapshots()
         # The file is gone, so an older one cannot come back later: the broker keeps
         # the snapshot it loaded on disk, and only removes it for good (the cleaner, a
         # truncation). Restoring it after this crash made an open transaction the
@@ -296,7 +301,9 @@ class PartitionTxnMachine(RuleBasedStateMachine):
     @rule()
     def remember_snapshot(self) -> None:
         self.registry.close()
-        self.saved_snapshot = (self.dir / f"{TOPIC}-0" / SNAPSHOT_FILE).read_bytes()
+        path = latest_snapshot(self.dir / f"{TOPIC}-0")
+        assert path is not None
+        self.saved_snapshot = (path.name, path.read_bytes())
         self.registry = self._registry()
 
     @precondition(lambda self: self.saved_snapshot is not None)
@@ -304,7 +311,9 @@ class PartitionTxnMachine(RuleBasedStateMachine):
     def crash_with_stale_snapshot(self) -> None:
         note("crash with an older snapshot on disk")
         assert self.saved_snapshot is not None
-        (self.dir / f"{TOPIC}-0" / SNAPSHOT_FILE).write_bytes(self.saved_snapshot)
+        self._delete_snapshots()  # the newer ones were never written
+        name, data = self.saved_snapshot
+        (self.dir / f"{TOPIC}-0" / name).write_bytes(data)
         self._forget_below_the_log_start()  # if that snapshot is below it, it is not used
         self.registry = self._registry()
 

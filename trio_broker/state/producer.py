@@ -394,11 +394,15 @@ class ProducerStateManager:
 
     # ------------------------------------------------------------------ snapshot codec
 
-    def to_snapshot(self) -> bytes:
-        """The whole state as JSON: small (≤ 5 batches per producer) and readable."""
+    def to_snapshot(self, next_offset: int | None = None) -> bytes:
+        """The whole state as JSON: small (≤ 5 batches per producer) and readable.
+
+        ``next_offset``: the offset to record instead of :attr:`next_offset`, when the
+        caller knows the batches in between change nothing (a segment's base offset).
+        """
         doc = {
             "version": _SNAPSHOT_VERSION,
-            "next_offset": self.next_offset,
+            "next_offset": self.next_offset if next_offset is None else next_offset,
             "producers": [
                 [pid, e.epoch, [attrs.astuple(b) for b in e.batches]]
                 for pid, e in sorted(self.producers.items())

@@ -12,7 +12,7 @@ import pytest
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import RecordBatchView, build_batch, build_control_batch
-from trio_broker.services.producers import SNAPSHOT_FILE, ProducerStateRegistry
+from trio_broker.services.producers import ProducerStateRegistry, latest_snapshot
 from trio_broker.services.topics import TopicManager
 from trio_broker.services.txn_markers import MarkerRejected, append_txn_marker
 from trio_broker.state.partition_txns import AbortedTxn, MarkerEpochs, PartitionTransactions
@@ -181,12 +181,14 @@ def test_stale_snapshot_is_completed_from_the_log(tmp_path: Path) -> None:
     registry = ProducerStateRegistry(tmp_path, now)
     first = append(registry, log, data(1, 0, 0))
     registry.close()  # snapshot: producer 1 open
-    snapshot = (tmp_path / "t-0" / SNAPSHOT_FILE).read_bytes()
+    path = latest_snapshot(tmp_path / "t-0")
+    assert path is not None
+    snapshot = path.read_bytes()
     registry = ProducerStateRegistry(tmp_path, now)
     abort_at = marker(registry, log, 1, 0, committed=False)
     second = append(registry, log, data(2, 0, 0))
     # A crash after the snapshot: the old snapshot is on disk, the log has more.
-    (tmp_path / "t-0" / SNAPSHOT_FILE).write_bytes(snapshot)
+    path.write_bytes(snapshot)
     fresh = ProducerStateRegistry(tmp_path, now)
     txns = fresh.manager("t", 0, log).txns
     assert txns.ongoing == {2: second}
