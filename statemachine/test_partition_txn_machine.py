@@ -13,9 +13,10 @@ equals the model's aborted transactions, and the read_committed view
 (records below the LSO, minus control batches, minus what the aborted list hides, read
 back from the log as a consumer does) equals the model's committed records; and while a
 producer fenced by a bumping abort has written nothing since, a stale marker (its old
-epoch, as a WriteTxnMarkers retried from before the fence) is refused, and so is a
-transactional batch of its old epoch, data of its own in the partition or not
-(sentence 8); a producer with
+epoch, as a WriteTxnMarkers retried from before the fence) is refused until the producer
+expires, when the log start has passed the marker too (but after a rebuild from a log
+that no longer holds it), and so is a transactional batch of its old epoch, data of its
+own in the partition or not (sentence 8); a producer with
 an open transaction is remembered however long it was silent (its sequence is still
 checked: sentence 7).
 """
@@ -36,7 +37,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import RecordBatchView, build_batch, iter_batches
-from trio_broker.services.producers import SNAPSHOT_FILE, ProducerStateRegistry
+from trio_broker.services.producers import ProducerStateRegistry, latest_snapshot
 from trio_broker.services.topics import TopicManager
 from trio_broker.services.txn_markers import append_txn_marker
 from trio_broker.state.producer import Append, Reject
@@ -74,6 +75,17 @@ class Producer:
     bumped_at: int | None = None
     #: the clock at its last data batch (expiry counts from the last batch's timestamp).
     last_data_ms: int = T0
+    #: the clock at its last marker (which counts for expiry as a data batch does).
+    last_marker_ms: int = T0
+    #: (offset, clock, is a marker) of each of its batches: a truncation takes the
+    #: clocks of the batches it cuts away with them.
+    written: list[tuple[int, int, bool]] = attrs.Factory(list)
+
+    def cut(self, new_end: int) -> None:
+        """Its batches at or past ``new_end`` are gone: the clocks fall back to the rest."""
+        self.written = [w for w in self.written if w[0] < new_end]
+        self.last_data_ms = max([T0] + [t for _, t, marker in self.written if not marker])
+        self.last_marker_ms = max([T0] + [t for _, t, marker in self.written if marker])
 
 
 class PartitionTxnMachine(RuleBasedStateMachine):
@@ -88,7 +100,8 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         self.producers = [Producer(1000 + i) for i in range(PRODUCERS)]
         self.values = 0
         self.last_lso = 0
-        self.saved_snapshot: bytes | None = None
+        #: (file name, bytes) of a snapshot a clean shutdown wrote.
+        self.saved_snapshot: tuple[str, bytes] | None = None
 
     def now(self) -> int:
         return self.clock
@@ -109,7 +122,8 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         self.values += count
         return out
 
-    def _append(self, raw: bytearray, producer_id: int, transactional: bool) -> None:
+    def _append(self, raw: bytearray, producer_id: int, transactional: bool) -> int:
+        """Append through the registry's check; the batch's base offset."""
         view = RecordBatchView(raw)
         verdict = self.registry.check(TOPIC, 0, self.log, view)
         assert isinstance(verdict, Append), verdict
@@ -122,6 +136,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
             self.model.entries.append(
                 Entry(result.base_offset + i, producer_id, transactional, None, record.value)
             )
+        return int(result.base_offset)
 
     # ------------------------------------------------------------------ appends
 
@@ -134,10 +149,11 @@ class PartitionTxnMachine(RuleBasedStateMachine):
             base_timestamp=self.clock, is_transactional=True,
         )  # fmt: skip
         note(f"txn data from {p.producer_id} epoch {p.epoch} x{count}")
-        self._append(raw, p.producer_id, True)
+        offset = self._append(raw, p.producer_id, True)
         p.next_seq += count
         p.in_txn = True
         p.last_data_ms = self.clock
+        p.written.append((offset, self.clock, False))
 
     @rule(count=st.integers(1, 3))
     def plain_batch(self, count: int) -> None:
@@ -159,22 +175,27 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         if epoch != p.epoch:
             p.epoch, p.next_seq, p.bumped_at = epoch, 0, offset
         p.in_txn = False
+        p.last_marker_ms = self.clock
+        p.written.append((offset, self.clock, True))
 
     def _fenced(self) -> list[Producer]:
-        """Producers whose bumping marker is still in the log and who wrote nothing since,
-        with data of theirs in the log (a producer with none is forgotten, its marker
-        epochs too, so a stale marker then has nothing to be checked against)."""
-        model = self.model
-        has_data = {
-            e.producer_id for e in model.entries
-            if e.commit is None and e.offset >= model.log_start
-        }  # fmt: skip
+        """Producers bumped by a marker who wrote nothing since, and not yet expired: the
+        log start passing the marker (and all the rest of the producer) forgets nothing
+        (KIP-360; a rebuild from the log does, see _forget_below_the_log_start)."""
+        last = self.clock - EXPIRATION_MS
         return [
             p for p in self.producers
-            if p.bumped_at is not None and model.log_start <= p.bumped_at < model.end
-            and p.next_seq == 0 and p.producer_id in has_data
-            and self.clock - p.last_data_ms < EXPIRATION_MS  # else it may be forgotten
+            if p.bumped_at is not None and p.next_seq == 0
+            and max(p.last_data_ms, p.last_marker_ms) > last  # else it may be forgotten
         ]  # fmt: skip
+
+    def _forget_below_the_log_start(self) -> None:
+        """State rebuilt from the log alone (no snapshot, or one it may not use): a fencing
+        marker below the log start is not seen, and nothing else of a producer that
+        wrote nothing since is either."""
+        for p in self.producers:
+            if p.bumped_at is not None and p.bumped_at < self.model.log_start:
+                p.bumped_at = None
 
     @invariant()
     def stale_markers_are_refused(self) -> None:
@@ -183,19 +204,17 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         for p in self._fenced():
             code, _ = self.registry.check_marker(TOPIC, 0, self.log, p.producer_id, p.epoch - 1, 0)
             event("stale marker", code.name)
+            assert p.bumped_at is not None
+            event("fenced by a marker below the log start", str(p.bumped_at < self.model.log_start))
             assert code == ErrorCode.INVALID_PRODUCER_EPOCH, (p, code)
 
     @invariant()
     def a_fenced_epoch_cannot_write(self) -> None:
-        """Sentence 8: while a producer's bumping marker is in the log and it wrote
-        nothing since, a transactional batch at the epoch before it (a produce that
-        crossed the fence) is refused INVALID_PRODUCER_EPOCH, data of its own here or not."""
-        model = self.model
-        for p in self.producers:
-            if p.bumped_at is None or not model.log_start <= p.bumped_at < model.end:
-                continue
-            if p.next_seq != 0:
-                continue
+        """Sentence 8: while a producer fenced by a bumping marker wrote nothing since and
+        has not expired (the log start passing the marker forgets nothing), a
+        transactional batch at the epoch before it (a produce that crossed the fence) is
+        refused INVALID_PRODUCER_EPOCH, data of its own here or not."""
+        for p in self._fenced():  # bumped, silent since, not expired
             raw = build_batch(
                 [(None, b"zombie")], producer_id=p.producer_id, producer_epoch=p.epoch - 1,
                 base_sequence=0, base_timestamp=self.clock, is_transactional=True,
@@ -276,6 +295,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         self.model.entries = [e for e in self.model.entries if e.offset < new_end]
         self.last_lso = 0  # the LSO may go back on truncation, and only then
         self.saved_snapshot = None  # it may describe batches that are gone
+        self._forget_below_the_log_start()
         # The producers go on from what the (new) log remembers of them.
         manager = self.registry.manager(TOPIC, 0, self.log)
         for p in self.producers:
@@ -284,6 +304,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
             p.next_seq = entry.last_seq + 1 if entry is not None and same_epoch else 0
             if p.bumped_at is not None and p.bumped_at >= new_end:
                 p.bumped_at = None  # the fencing marker is gone with the cut
+            p.cut(new_end)
 
     @rule()
     def clean_restart(self) -> None:
@@ -291,22 +312,29 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         self.registry.close()
         self.registry = self._registry()
 
+    def _delete_snapshots(self) -> None:
+        for path in (self.dir / f"{TOPIC}-0").glob("*.snapshot"):
+            path.unlink()
+
     @rule()
     def crash(self) -> None:
         note("crash: no snapshot, rebuild from the log")
-        (self.dir / f"{TOPIC}-0" / SNAPSHOT_FILE).unlink(missing_ok=True)
+        self._delete_snapshots()
         # The file is gone, so an older one cannot come back later: the broker keeps
         # the snapshot it loaded on disk, and only removes it for good (the cleaner, a
         # truncation). Restoring it after this crash made an open transaction the
         # rebuild had forgotten (its batches below the log start) reappear, and the
         # LSO go back, in a sequence no disk produces.
         self.saved_snapshot = None
+        self._forget_below_the_log_start()
         self.registry = self._registry()
 
     @rule()
     def remember_snapshot(self) -> None:
         self.registry.close()
-        self.saved_snapshot = (self.dir / f"{TOPIC}-0" / SNAPSHOT_FILE).read_bytes()
+        path = latest_snapshot(self.dir / f"{TOPIC}-0")
+        assert path is not None
+        self.saved_snapshot = (path.name, path.read_bytes())
         self.registry = self._registry()
 
     @precondition(lambda self: self.saved_snapshot is not None)
@@ -314,7 +342,10 @@ class PartitionTxnMachine(RuleBasedStateMachine):
     def crash_with_stale_snapshot(self) -> None:
         note("crash with an older snapshot on disk")
         assert self.saved_snapshot is not None
-        (self.dir / f"{TOPIC}-0" / SNAPSHOT_FILE).write_bytes(self.saved_snapshot)
+        self._delete_snapshots()  # the newer ones were never written
+        name, data = self.saved_snapshot
+        (self.dir / f"{TOPIC}-0" / name).write_bytes(data)
+        self._forget_below_the_log_start()  # if that snapshot is below it, it is not used
         self.registry = self._registry()
 
     # ------------------------------------------------------------------ invariants

@@ -29,6 +29,10 @@ starts a new *timeline* (the batches below the cut, then whatever is appended
 after it): a cut in the middle of one may leave the old timeline or the new,
 never a mix, and a cut after it never brings truncated batches back.
 ``PartitionLog.durable_state()`` is only cross-checked against the recorder.
+Producer state snapshots staged at offsets up to the log end (as a segment roll
+does) are on disk only once every offset below them is durable, whole, at most
+three, and never past the log's end, cut or not: no truncation or power cut leaves
+one describing batches the log no longer has.
 
 Scale with STORAGE_MACHINE_EXAMPLES (default 200 runs of up to 50 steps, about 10 s);
 a long hunt with random seeds needs pytest-timeout off::
@@ -360,6 +364,8 @@ class StorageMachine(RuleBasedStateMachine):
         self.tag = 0
         #: the leader epoch of the batches made now (it only grows, as in a cluster).
         self.epoch = 0
+        #: offset -> the contents of every producer snapshot staged there.
+        self.staged: dict[int, set[bytes]] = {}
 
     def now(self) -> int:
         return self.clock
@@ -499,6 +505,30 @@ class StorageMachine(RuleBasedStateMachine):
         end = self.log.flush()
         assert end == self.log.log_end_offset == self.model.log_end
         self.model.flush()
+
+    @rule(where=st.floats(0, 1))
+    def stage_producer_snapshot(self, where: float) -> None:
+        """What a segment roll does (services/producers.py): the next flush that makes
+        every offset below ``offset`` durable writes the snapshot."""
+        assert self.log is not None
+        start, end = self.model.log_start, self.model.log_end
+        offset = start + int((end - start) * where)
+        data = b"snapshot %d at %d" % (sum(map(len, self.staged.values())), offset)
+        self.staged.setdefault(offset, set()).add(data)
+        note(f"stage a producer snapshot at {offset}")
+        self.log.stage_producer_snapshot(offset, data)
+
+    @invariant()
+    def producer_snapshots_describe_durable_batches(self) -> None:
+        if self.log is None:
+            return
+        names = sorted(n for n in os.listdir(self.directory) if n.endswith(".snapshot"))
+        assert len(names) <= 3, names
+        for name in names:
+            offset = int(name.removesuffix(".snapshot"))
+            assert offset <= self.log.durable_end_offset, (name, self.log.durable_end_offset)
+            assert (self.directory / name).read_bytes() in self.staged.get(offset, set()), name
+        event("producer snapshots on disk", len(names))
 
     @rule()
     def roll(self) -> None:

@@ -157,3 +157,24 @@ def test_an_epoch_carried_only_by_a_fencing_marker_survives_restarts(
     assert_still_fenced(process, pid, old_epoch)
     process.restart()
     assert_still_fenced(process, pid, old_epoch)
+
+
+def test_the_fencing_epoch_outlives_its_marker_below_the_log_start(
+    process: BrokerProcess,
+) -> None:
+    """Kafka keeps the producer's entry (epoch, coordinator epoch, last timestamp) when
+    the log start passes the marker that was all the partition had of it (KIP-360: only
+    producer.id.expiration.ms forgets it): the old epoch stays fenced, restarts included."""
+    with process.connect() as conn:
+        create_topic(conn)
+        assert produce(conn, plain(b"a")) == (ErrorCode.NONE, 0)
+    pid, old_epoch = fence(process)  # the abort marker is offset 1
+    with process.connect() as conn:
+        assert produce(conn, plain(b"b")) == (ErrorCode.NONE, 2)
+        delete_records(conn, 3)  # past the marker: the partition holds nothing of pid
+    assert_still_fenced(process, pid, old_epoch)
+    process.restart()  # the clean shutdown's snapshot carries the epoch
+    assert_still_fenced(process, pid, old_epoch)
+    process.kill9()  # that snapshot, and a replay of the log after it
+    process.start()
+    assert_still_fenced(process, pid, old_epoch)

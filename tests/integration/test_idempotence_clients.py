@@ -32,7 +32,11 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import RecordBatchView, build_batch, iter_batches
 from trio_broker.server.broker import Broker
-from trio_broker.services.producers import PRODUCER_ID_FILE, SNAPSHOT_FILE, ProducerStateRegistry
+from trio_broker.services.producers import (
+    PRODUCER_ID_FILE,
+    ProducerStateRegistry,
+    latest_snapshot,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -286,8 +290,8 @@ async def test_duplicate_detected_after_restart(tmp_path: Path, lose_snapshot: b
         sent = [batch_of(pid, 0, seq, count=3) for seq in (0, 3, 6)]
         assert [await client.produce(b) for b in sent] == [(0, 0), (0, 3), (0, 6)]
         await client.stream.aclose()
-    snapshot = tmp_path / f"{TOPIC}-0" / SNAPSHOT_FILE
-    assert snapshot.exists()
+    snapshot = latest_snapshot(tmp_path / f"{TOPIC}-0")
+    assert snapshot is not None
     if lose_snapshot:  # as after a crash: rebuilt from the log's batch headers
         snapshot.unlink()
 

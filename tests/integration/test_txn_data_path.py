@@ -354,13 +354,13 @@ async def test_transactions_survive_kill_9(tmp_path: Path) -> None:
         process = BrokerProcess(crash_image, "serial", "file")
         process.start()
         try:
-            assert not list(crash_image.rglob("producer_state.json"))
+            assert not list(crash_image.rglob("*.snapshot"))
             assert _answers(process) == expected  # rebuilt from the log alone
             process.kill9()
             process.start()
             assert _answers(process) == expected  # again after kill -9
             assert process.stop() == 0  # a clean stop writes the snapshot ...
-            assert list(crash_image.rglob("producer_state.json"))
+            assert list(crash_image.rglob("*.snapshot"))
             process.start()
             assert _answers(process) == expected  # ... which the next start reads
         finally:

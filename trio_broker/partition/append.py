@@ -78,8 +78,9 @@ class Producers(Protocol):
     ) -> tuple[ErrorCode, str]: ...  # fmt: skip
 
     def record_append(
-        self, topic: str, partition: int, batch: Any, base_offset: int, last_offset: int
-    ) -> None: ...
+        self, topic: str, partition: int, batch: Any, base_offset: int, last_offset: int,
+        log_: Log | None = None,
+    ) -> None: ...  # fmt: skip
 
 
 class Term(Protocol):
@@ -206,7 +207,9 @@ def append(
         )
     if producers is not None:
         # The log wrote the offsets into the buffer: the view is the batch as stored.
-        producers.record_append(topic, partition, view, result.base_offset, result.last_offset)
+        producers.record_append(
+            topic, partition, view, result.base_offset, result.last_offset, log
+        )  # the log: a batch that began a segment snapshots the state there
     if durability is not None:
         durability.mark_dirty(log, messages)
     if appends is not None:

@@ -4,8 +4,9 @@ The rules themselves are pure and live in :mod:`trio_broker.state.producer` (seq
 windows, verdicts, the per-partition :class:`~trio_broker.state.producer.ProducerStateManager`
 and its snapshot codec, the InitProducerId decision). This module is the small amount of
 file I/O around them: :class:`ProducerIdAllocator` (persisted id blocks) and
-:class:`ProducerStateRegistry` (one manager per partition log, snapshots beside the log,
-rebuild from batch headers). docs/idempotence.md tells the whole story.
+:class:`ProducerStateRegistry` (one manager per partition log, snapshots beside the log
+at every segment roll and clean shutdown, rebuild from the latest one and the batch
+headers after it). docs/idempotence.md tells the whole story.
 
 A service rather than part of ``storage/``: the registry is built on the rules of
 ``state/``, which sits above ``storage/`` in the layers (pyproject.toml), and the
@@ -38,6 +39,7 @@ from trio_broker.state.producer import (
 from trio_broker.storage.durable import write_file_atomically
 from trio_broker.storage.log import PartitionLog
 from trio_broker.storage.log_protocol import Log
+from trio_broker.storage.log_snapshots import snapshot_offsets, snapshot_path
 
 __all__ = [
     "DEFAULT_PRODUCER_ID_EXPIRATION_MS",
@@ -48,6 +50,7 @@ __all__ = [
     "ProducerIdAllocator",
     "ProducerStateRegistry",
     "ProducerStateStatistics",
+    "latest_snapshot",
     "log_directory",
     "read_batch_headers",
 ]
@@ -61,6 +64,8 @@ EXPIRATION_CHECK_INTERVAL_MS = 600_000
 #: Producer ids reserved per write of the id block file.
 PRODUCER_ID_BLOCK_SIZE = 1000
 
+#: Where versions before the per-roll snapshots kept the clean shutdown's snapshot: still
+#: read (at the offset it names), removed by the next clean shutdown.
 SNAPSHOT_FILE = "producer_state.json"
 PRODUCER_ID_FILE = "producer_id_block.json"
 
@@ -172,7 +177,8 @@ class _PartitionSlot:
     #: The log the state belongs to; compared by identity to notice a recreated topic.
     log: Log
     manager: ProducerStateManager
-    snapshot_path: Path | None
+    #: The log's directory (snapshots beside its segments); None for a memory log.
+    directory: Path | None
     #: The log start offset the state was last truncated to.
     log_start_offset: int
 
@@ -180,9 +186,14 @@ class _PartitionSlot:
 class ProducerStateRegistry:
     """One :class:`ProducerStateManager` per partition log, plus the producer id allocator.
 
-    Managers are created on a partition's first idempotent batch: from the snapshot
-    beside the log if it is usable, then by replaying the batch headers the log holds
-    beyond it. :meth:`close` writes the snapshots (clean shutdown).
+    Managers are created on a partition's first idempotent batch (or the first batch
+    that rolls a segment): from the latest usable snapshot beside the log, then by
+    replaying the batch headers the log holds beyond it. Each segment roll stages a
+    snapshot at the new segment's base offset, which the log's next flush writes once
+    everything below it is durable (storage/log_snapshots.py); :meth:`close` writes one
+    at each log's end (clean shutdown). So a kill -9 loses no producer whose batches
+    retention deleted, as in Kafka (UnifiedLog.roll takes a snapshot; recovery loads
+    the latest one and replays the log after it).
     """
 
     def __init__(
@@ -245,12 +256,26 @@ class ProducerStateRegistry:
         return producer_id in manager.txns.ongoing and entry is not None and entry.epoch == epoch
 
     def record_append(
-        self, topic: str, partition: int, batch: Any, base_offset: int, last_offset: int
+        self,
+        topic: str,
+        partition: int,
+        batch: Any,
+        base_offset: int,
+        last_offset: int,
+        log_: Log | None = None,
     ) -> None:
         """THE hook every appended batch passes through, data and transaction markers.
 
         ``batch`` is the whole batch (a marker's commit/abort is in its record key).
+        ``log_``: the log it went to, if a first batch of a new segment (any producer id)
+        should snapshot the state there (the write path passes it).
         """
+        if (
+            isinstance(log_, PartitionLog)
+            and base_offset > 0
+            and log_.active_segment().base_offset == base_offset
+        ):
+            self._snapshot_at_roll(topic, partition, log_, base_offset)
         if batch.producer_id < 0:
             return
         slot = self._partitions.get((topic, partition))
@@ -264,6 +289,7 @@ class ProducerStateRegistry:
                 marker.coordinator_epoch,
                 marker.committed,
                 base_offset,
+                batch.max_timestamp,
             )
             return
         self._stats.appended += 1
@@ -277,6 +303,18 @@ class ProducerStateRegistry:
             batch.max_timestamp,
             is_transactional=batch.is_transactional,
         )
+
+    def _snapshot_at_roll(self, topic: str, partition: int, log_: PartitionLog, base: int) -> None:
+        """The batch at ``base`` began a segment: stage the state as it was before it.
+
+        Like Kafka's UnifiedLog.roll (a snapshot named by the new segment's base
+        offset). A batch of producer id -1 may be the first the registry sees of the
+        partition since start: the state is built now (the replay includes that batch,
+        which changes nothing), so that what the older segments held of producers is
+        in a snapshot before retention can delete them.
+        """
+        manager = self.manager(topic, partition, log_)
+        log_.stage_producer_snapshot(base, manager.to_snapshot(next_offset=base))
 
     # ------------------------------------------------------------------ fetch path
 
@@ -295,12 +333,16 @@ class ProducerStateRegistry:
         self, topic: str, partition: int, log_: Log, gone: list[tuple[int, int]]
     ) -> None:
         """Drop aborted entries whose data the cleaner removed (PartitionTransactions.
-        forget_aborted). The snapshot on disk still has them: it goes, so that a restart
-        after a crash rebuilds the state from the log, which no longer has them."""
-        self.manager(topic, partition, log_).txns.forget_aborted(gone)
-        directory = log_directory(log_)
-        if directory is not None:
-            (directory / SNAPSHOT_FILE).unlink(missing_ok=True)
+        forget_aborted). The snapshots on disk still have them: they go, and the state
+        as it is now is staged for the next flush, so that a restart after a crash does
+        not bring them back (nor forgets the producers)."""
+        manager = self.manager(topic, partition, log_)
+        manager.txns.forget_aborted(gone)
+        if isinstance(log_, PartitionLog):
+            (log_.directory / SNAPSHOT_FILE).unlink(missing_ok=True)
+            log_.delete_producer_snapshots()
+            end = log_.log_end_offset
+            log_.stage_producer_snapshot(end, manager.to_snapshot(next_offset=end))
 
     def forget(self, topic: str, partition: int) -> None:
         """Drop a partition's state: it is rebuilt from the log when next needed (a
@@ -308,12 +350,13 @@ class ProducerStateRegistry:
         self._partitions.pop((topic, partition), None)
 
     def discard_snapshot(self, topic: str, partition: int, log_: Log) -> None:
-        """The log was truncated (a follower agreeing with a new leader): a snapshot may
-        describe batches that are gone, so the state is rebuilt from the log instead."""
+        """The log was truncated (a follower agreeing with a new leader): snapshots past
+        its new end describe batches that are gone and go (Kafka's truncateAndReload);
+        the state is rebuilt from the latest one left and the log after it."""
         self.forget(topic, partition)
-        directory = log_directory(log_)
-        if directory is not None:
-            (directory / SNAPSHOT_FILE).unlink(missing_ok=True)
+        if isinstance(log_, PartitionLog):
+            (log_.directory / SNAPSHOT_FILE).unlink(missing_ok=True)
+            log_.delete_producer_snapshots(above=log_.log_end_offset)
 
     def manager(self, topic: str, partition: int, log_: Log) -> ProducerStateManager:
         key = (topic, partition)
@@ -333,23 +376,10 @@ class ProducerStateRegistry:
 
     def _load(self, log_: Log) -> _PartitionSlot:
         directory = log_directory(log_)
-        path = None if directory is None else directory / SNAPSHOT_FILE
         start, end = log_.log_start_offset, log_.log_end_offset
         manager = ProducerStateManager(next_offset=start)
-        if path is not None and path.exists():
-            try:
-                loaded = ProducerStateManager.from_snapshot(path.read_bytes())
-            except (OSError, SnapshotError) as exc:
-                log.warning("%s: %s; rebuilding producer state from the log", path, exc)
-            else:
-                # A snapshot past the log's end describes batches the log lost (an
-                # unclean shutdown truncated it): useless, rebuild from scratch. One
-                # below the log start is stale too (Kafka's truncateAndReload deletes
-                # such snapshots): the markers that ended its open transactions may be
-                # among the deleted records, and producers are no longer forgotten at
-                # the log start, so such a transaction would hold the LSO forever.
-                if start <= loaded.next_offset <= end:
-                    manager = loaded
+        if directory is not None:
+            manager = self._latest_snapshot(directory, start, end) or manager
         manager.truncate_head(start)
         replay_from = manager.next_offset
         if replay_from < end:
@@ -363,7 +393,46 @@ class ProducerStateRegistry:
         manager.next_offset = max(manager.next_offset, end)
         manager.remove_expired(self.now_ms(), self.expiration_ms)
         self._stats.partitions_loaded += 1
-        return _PartitionSlot(log_, manager, path, start)
+        return _PartitionSlot(log_, manager, directory, start)
+
+    def _latest_snapshot(
+        self, directory: Path, start: int, end: int
+    ) -> ProducerStateManager | None:
+        """The newest usable snapshot in ``directory``, deleting those it cannot use.
+
+        A snapshot past the log's end describes batches the log lost (a truncation, or
+        an older version's clean-shutdown snapshot after an unclean tail cut). One below
+        the log start is stale too (Kafka's truncateAndReload deletes such snapshots):
+        the markers that ended its open transactions may be among the deleted records,
+        and producers are no longer forgotten at the log start, so such a transaction
+        would hold the LSO forever. An unreadable one is logged and the next older one
+        tried (Kafka's loadFromSnapshot).
+        """
+        now = self.now_ms()
+        candidates: list[tuple[int, Path, ProducerStateManager | None]] = [
+            (offset, snapshot_path(directory, offset), None)
+            for offset in snapshot_offsets(directory)
+        ]
+        legacy = directory / SNAPSHOT_FILE
+        if legacy.exists():
+            try:
+                parsed = ProducerStateManager.from_snapshot(legacy.read_bytes(), now_ms=now)
+            except (OSError, SnapshotError) as exc:
+                log.warning("%s: %s; not used", legacy, exc)
+            else:
+                candidates.append((parsed.next_offset, legacy, parsed))
+        for offset, path, known in sorted(candidates, key=lambda c: c[0], reverse=True):
+            if not start <= offset <= end:
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                loaded = known or ProducerStateManager.from_snapshot(path.read_bytes(), now_ms=now)
+            except (OSError, SnapshotError) as exc:
+                log.warning("%s: %s; trying an older snapshot", path, exc)
+                continue
+            if start <= loaded.next_offset <= end:
+                return loaded
+        return None
 
     def statistics(self) -> ProducerStateStatistics:
         return attrs.evolve(self._stats, rejected=dict(self._stats.rejected))
@@ -377,13 +446,20 @@ class ProducerStateRegistry:
             slot.manager.remove_expired(now, self.expiration_ms)
 
     def close(self) -> None:
-        """Snapshot every partition's state (clean shutdown); errors are logged, not raised."""
+        """Snapshot every partition's state at its log's end (clean shutdown, after the
+        logs closed); errors are logged, not raised."""
         for (topic, partition), slot in self._partitions.items():
-            # No path: memory mode. No directory: the topic was deleted meanwhile.
-            if slot.snapshot_path is None or not slot.snapshot_path.parent.is_dir():
+            # No directory: memory mode, or the topic was deleted meanwhile.
+            if slot.directory is None or not slot.directory.is_dir():
                 continue
+            end = slot.log.log_end_offset
             try:
-                write_file_atomically(slot.snapshot_path, slot.manager.to_snapshot())
+                write_file_atomically(
+                    snapshot_path(slot.directory, end), slot.manager.to_snapshot(next_offset=end)
+                )
+                (slot.directory / SNAPSHOT_FILE).unlink(missing_ok=True)
+                if isinstance(slot.log, PartitionLog):
+                    slot.log.prune_producer_snapshots()
             except OSError:
                 log.exception("cannot snapshot producer state of %s-%d", topic, partition)
         self._partitions.clear()
@@ -397,6 +473,12 @@ class ProducerStateRegistry:
     @staticmethod
     def close_attached(broker: Any) -> None:
         broker.producers.close()
+
+
+def latest_snapshot(directory: Path) -> Path | None:
+    """The newest producer state snapshot file in a log's directory (tests, tools)."""
+    offsets = snapshot_offsets(directory)
+    return snapshot_path(directory, offsets[-1]) if offsets else None
 
 
 def log_directory(log_: Log) -> Path | None:

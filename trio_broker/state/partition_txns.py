@@ -22,10 +22,12 @@ Kafka's rules, implemented once:
 * aborted entries wholly below the log start offset are forgotten; open transactions
   are not, even those retention removed entirely (Kafka 2.5+ keeps them too: the LSO
   is then the log start);
-* a producer's marker epochs are kept while its last marker is in the log, even when
-  the marker is all the partition has of it (a fencing abort in a partition it never
-  wrote to): the epoch it carries fences the old one there, snapshot and restart
-  included, as Kafka's producer entry does.
+* a producer's marker epochs are kept when the log start passes its last marker, even
+  when the marker is all the partition has of it (a fencing abort in a partition it
+  never wrote to): the epoch it carries fences the old one there, snapshot and restart
+  included, as Kafka's producer entry does. Like that entry they go only by
+  producer.id.expiration.ms, counted from the marker's timestamp
+  (``ProducerStateManager.remove_expired``).
 """
 
 from __future__ import annotations
@@ -64,9 +66,11 @@ class MarkerEpochs:
 
     producer_epoch: int
     coordinator_epoch: int
-    #: Where that marker is: its epochs are forgotten once the log start passes it (and
-    #: the producer has nothing else in the partition).
+    #: Where that marker is (the cleaner keeps a producer's last marker, storage/cleaner.py).
     offset: int
+    #: The marker batch's max timestamp: like a data batch's, it keeps the producer from
+    #: expiring (Kafka's marker append updates the entry's lastTimestamp).
+    timestamp: int
 
 
 def check_marker(
@@ -123,14 +127,18 @@ class PartitionTransactions:
         coordinator_epoch: int,
         committed: bool,
         offset: int,
+        timestamp: int,
     ) -> AbortedTxn | None:
-        """A marker was appended at ``offset``: end the producer's transaction.
+        """A marker (max timestamp ``timestamp``) was appended at ``offset``: end the
+        producer's transaction.
 
         Returns the aborted entry it added, if any. A marker for a producer with no
         open transaction here (the coordinator writes to every partition it added,
         data or not) ends nothing; an abort then records nothing either.
         """
-        self.markers[producer_id] = MarkerEpochs(producer_epoch, coordinator_epoch, offset)
+        self.markers[producer_id] = MarkerEpochs(
+            producer_epoch, coordinator_epoch, offset, timestamp
+        )
         first = self.ongoing.pop(producer_id, None)
         if first is None or committed:
             return None
@@ -183,22 +191,13 @@ class PartitionTransactions:
 
     # ------------------------------------------------------------------ the log moves
 
-    def truncate_head(self, log_start_offset: int, live_producers: Iterable[int]) -> None:
-        """The log start moved up (retention, DeleteRecords): forget what lies below it.
-
-        Aborted entries whose marker is below the start are of no use to any fetch;
-        marker epochs of producers with nothing left in the log go too. A producer's
-        last marker still in the log counts as something: it may be all the partition
-        has of a fenced producer, and its epoch is what fences it.
-        """
+    def truncate_head(self, log_start_offset: int) -> None:
+        """The log start moved up (retention, DeleteRecords): forget the aborted entries
+        wholly below it, of no use to any fetch. Marker epochs stay (Kafka 2.5+ keeps the
+        producer's entry, KIP-360): only expiry forgets them."""
         cut = bisect.bisect_left(self.aborted, AbortedTxn(log_start_offset, -1, -1))
         if cut:
             del self.aborted[:cut]
-        live = set(live_producers) | set(self.ongoing)
-        for pid in [
-            p for p, e in self.markers.items() if p not in live and e.offset < log_start_offset
-        ]:
-            del self.markers[pid]
 
     # ------------------------------------------------------------------ snapshot
 
@@ -207,18 +206,22 @@ class PartitionTransactions:
             "ongoing": [[pid, first] for pid, first in sorted(self.ongoing.items())],
             "aborted": [[a.producer_id, a.first_offset, a.last_offset] for a in self.aborted],
             "markers": [
-                [pid, e.producer_epoch, e.coordinator_epoch, e.offset]
+                [pid, e.producer_epoch, e.coordinator_epoch, e.offset, e.timestamp]
                 for pid, e in sorted(self.markers.items())
             ],
         }
 
     @classmethod
-    def from_json(cls, doc: object, marker_offset_unknown: int = 0) -> PartitionTransactions:
+    def from_json(
+        cls, doc: object, marker_offset_unknown: int = 0, marker_timestamp_unknown: int = 0
+    ) -> PartitionTransactions:
         """Parse :meth:`to_json`; raises ValueError/TypeError/KeyError on anything odd.
 
         Rows of ``markers`` written before their offset was kept (three integers) get
-        ``marker_offset_unknown``: the snapshot's last offset is a safe upper bound (the
-        epochs are kept until the log start passes everything the snapshot covered).
+        ``marker_offset_unknown`` (the snapshot's last offset, an upper bound); rows
+        written before their timestamp was (three or four) get
+        ``marker_timestamp_unknown``: the loader passes its clock, so such a producer
+        gets a whole producer.id.expiration.ms from the upgrade rather than none.
         """
         if not isinstance(doc, dict):
             raise TypeError("transactions must be an object")
@@ -237,6 +240,9 @@ class PartitionTransactions:
         )
         markers = {}
         for row in doc["markers"]:
-            pid, epoch, coord, *at = ints(row, 4 if isinstance(row, list) and len(row) == 4 else 3)
-            markers[pid] = MarkerEpochs(epoch, coord, at[0] if at else marker_offset_unknown)
+            n = len(row) if isinstance(row, list) and len(row) in (4, 5) else 3
+            pid, epoch, coord, *rest = ints(row, n)
+            offset = rest[0] if rest else marker_offset_unknown
+            timestamp = rest[1] if len(rest) > 1 else marker_timestamp_unknown
+            markers[pid] = MarkerEpochs(epoch, coord, offset, timestamp)
         return cls(ongoing, aborted, markers)

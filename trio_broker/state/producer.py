@@ -65,9 +65,9 @@ MAX_PRODUCER_EPOCH = 2**15 - 1
 #: clients cap max.in.flight.requests.per.connection at 5 for idempotence to match.
 BATCHES_TO_RETAIN = 5
 #: Version 2 adds the partition's transactions, version 3 the offset of each producer's
-#: last marker; version 1 and 2 snapshots still load.
-_SNAPSHOT_VERSION = 3
-_READABLE_SNAPSHOT_VERSIONS = (1, 2, 3)
+#: last marker, version 4 its timestamp; versions 1 to 3 still load.
+_SNAPSHOT_VERSION = 4
+_READABLE_SNAPSHOT_VERSIONS = (1, 2, 3, 4)
 
 
 # ----------------------------------------------------------------------------- the state
@@ -309,9 +309,13 @@ class ProducerStateManager:
         coordinator_epoch: int,
         committed: bool,
         offset: int,
+        timestamp: int,
     ) -> None:
-        """Remember an appended transaction marker: it ends the producer's transaction."""
-        self.txns.on_marker(producer_id, producer_epoch, coordinator_epoch, committed, offset)
+        """Remember an appended transaction marker (``timestamp``: the batch's max
+        timestamp): it ends the producer's transaction."""
+        self.txns.on_marker(
+            producer_id, producer_epoch, coordinator_epoch, committed, offset, timestamp
+        )
         self.next_offset = max(self.next_offset, offset + 1)
 
     def replay(self, batches: Iterable[Any]) -> None:
@@ -335,6 +339,7 @@ class ProducerStateManager:
                     marker.coordinator_epoch,
                     marker.committed,
                     h.base_offset,
+                    h.max_timestamp,
                 )
                 continue
             self.append(
@@ -352,34 +357,52 @@ class ProducerStateManager:
         """The log start moved up (retention, DeleteRecords): producers are kept.
 
         Kafka 2.5+ (KAFKA-7190, KIP-360) keeps a producer's entry when its batches are
-        deleted, open transaction included; only :meth:`remove_expired` forgets it. So a
-        retry of a deleted batch is still a duplicate and an old epoch still fenced.
+        deleted, open transaction included, and the epochs of its last marker; only
+        :meth:`remove_expired` forgets it. So a retry of a deleted batch is still a
+        duplicate and an old epoch still fenced, by a batch or by a marker.
         """
-        self.txns.truncate_head(log_start_offset, self.producers)
+        self.txns.truncate_head(log_start_offset)
         self.next_offset = max(self.next_offset, log_start_offset)
 
+    def last_timestamp(self, producer_id: int) -> int | None:
+        """The producer's last activity here: its last data batch's or last marker's max
+        timestamp, whichever is later (Kafka's entry lastTimestamp; both update it)."""
+        entry = self.producers.get(producer_id)
+        marker = self.txns.markers.get(producer_id)
+        stamps = [x.timestamp for x in (marker,) if x is not None]
+        if entry is not None:
+            stamps.append(entry.last_timestamp)
+        return max(stamps) if stamps else None
+
     def remove_expired(self, now_ms: int, expiration_ms: int) -> None:
-        """Forget producers silent for ``expiration_ms`` (by their last batch's timestamp).
+        """Forget producers silent for ``expiration_ms`` (by :meth:`last_timestamp`):
+        their batches and their marker epochs together.
 
         A producer with an open transaction is kept, as in Kafka: its transaction
         still holds the LSO back until a marker (or the coordinator's timeout) ends it.
         """
         ongoing = self.txns.ongoing
+        markers = self.txns.markers
         gone = [
             pid
-            for pid, e in self.producers.items()
-            if now_ms - e.last_timestamp >= expiration_ms and pid not in ongoing
+            for pid in {*self.producers, *markers}
+            if pid not in ongoing and now_ms - (self.last_timestamp(pid) or 0) >= expiration_ms
         ]
         for pid in gone:
-            del self.producers[pid]
+            self.producers.pop(pid, None)
+            markers.pop(pid, None)
 
     # ------------------------------------------------------------------ snapshot codec
 
-    def to_snapshot(self) -> bytes:
-        """The whole state as JSON: small (≤ 5 batches per producer) and readable."""
+    def to_snapshot(self, next_offset: int | None = None) -> bytes:
+        """The whole state as JSON: small (≤ 5 batches per producer) and readable.
+
+        ``next_offset``: the offset to record instead of :attr:`next_offset`, when the
+        caller knows the batches in between change nothing (a segment's base offset).
+        """
         doc = {
             "version": _SNAPSHOT_VERSION,
-            "next_offset": self.next_offset,
+            "next_offset": self.next_offset if next_offset is None else next_offset,
             "producers": [
                 [pid, e.epoch, [attrs.astuple(b) for b in e.batches]]
                 for pid, e in sorted(self.producers.items())
@@ -389,8 +412,12 @@ class ProducerStateManager:
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
-    def from_snapshot(cls, data: bytes) -> ProducerStateManager:
-        """Parse :meth:`to_snapshot` output; anything unexpected raises SnapshotError."""
+    def from_snapshot(cls, data: bytes, *, now_ms: int = 0) -> ProducerStateManager:
+        """Parse :meth:`to_snapshot` output; anything unexpected raises SnapshotError.
+
+        ``now_ms`` stands in for the timestamps of markers that versions 1 to 3 did not
+        store (the loader's clock: such a producer expires a full period after loading).
+        """
         try:
             doc = json.loads(data)
             if doc["version"] not in _READABLE_SNAPSHOT_VERSIONS:
@@ -409,7 +436,7 @@ class ProducerStateManager:
             # Version 1 predates transactions: it had none to carry. Version 2 did not say
             # where each producer's last marker is: below next_offset is all it knew.
             txns = (
-                PartitionTransactions.from_json(doc["txns"], max(next_offset - 1, 0))
+                PartitionTransactions.from_json(doc["txns"], max(next_offset - 1, 0), now_ms)
                 if "txns" in doc
                 else None
             )

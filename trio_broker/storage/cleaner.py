@@ -24,8 +24,11 @@ What stays (docs/compaction.md):
   compacted like any others; an aborted transaction's batches are dropped and hide
   nothing (an aborted write must not remove the value it failed to replace). Without
   that state (a log no broker tracks) transactional batches stay whole and hide nothing;
-- the last batch of every producer id in the log, whole, so the idempotent producer
-  state rebuilt from batch headers after a restart stays right.
+- the last batch of every producer id in the log, whole, and its last data batch (the
+  one with its last sequence) when a marker follows that, so the idempotent producer
+  state rebuilt from batch headers after a restart stays right (Kafka's cleaner keeps
+  the batch of each producer's last data offset, or the markers of its epoch when it
+  has only markers).
 
 The key map covers the dirty part only (past ``cleaner-offset.checkpoint``), as in
 Kafka: an earlier pass left the clean part with one record per key. With ``max_keys``
@@ -193,7 +196,10 @@ class TransactionFacts:
         """Whether ``batch`` is data of an aborted transaction."""
         if not batch.is_transactional or batch.is_control:
             return False
-        pid, offset = batch.producer_id, batch.base_offset
+        return self.aborted_at(batch.producer_id, batch.base_offset)
+
+    def aborted_at(self, pid: int, offset: int) -> bool:
+        """Whether the producer's transactional data at ``offset`` was aborted."""
         return any(p == pid and first <= offset <= last for p, first, last in self.aborted)
 
     def has_abort_marker_at(self, batch: RecordBatchView) -> bool:
@@ -539,21 +545,41 @@ def _read_batches(
         yield batch, batch.records()
 
 
-def _last_batch_of_producers(
-    log: PartitionLog, cleaned: Sequence[Segment], end_offset: int
-) -> dict[int, int]:
-    """producer id -> base offset of its last batch in the whole log (headers only)."""
+def _last_batches_of_producers(
+    log: PartitionLog, cleaned: Sequence[Segment], end_offset: int, txns: TransactionFacts | None
+) -> set[int]:
+    """Base offsets of each producer's last batch and last data batch in the whole log
+    (headers only).
+
+    The last data batch holds the producer's last sequence (Kafka's LogCleaner keeps
+    the batch of each active producer's lastDataOffset); the last batch, when a marker,
+    holds its latest epochs (Kafka keeps the markers of a producer with no data). Not
+    aborted data: Kafka keeps only its header (an empty batch), which we do not write;
+    it goes as aborted data does, and no older batch is kept in its place (a rebuild
+    that saw an older sequence would refuse the producer's next one).
+    """
     last: dict[int, int] = {}
-    for segment in cleaned:
-        for _, header in iter_headers(segment.fd, 0, segment.size):
-            fields = batch_header.unpack_header(header)
-            if fields.producer_id >= 0:
-                last[fields.producer_id] = fields.base_offset
-    for base, header in log.iter_batch_headers(end_offset):
-        pid = batch_header.unpack_header(header).producer_id
+    #: producer id -> (base offset, transactional) of its last data batch.
+    last_data: dict[int, tuple[int, bool]] = {}
+
+    def note(header: bytes | memoryview) -> None:
+        fields = batch_header.unpack_header(header)
+        pid, base, attributes = fields.producer_id, fields.base_offset, fields.attributes
         if pid >= 0:
             last[pid] = base
-    return last
+            if not attributes & batch_header.CONTROL_BIT:
+                last_data[pid] = (base, bool(attributes & batch_header.TRANSACTIONAL_BIT))
+
+    for segment in cleaned:
+        for _, header in iter_headers(segment.fd, 0, segment.size):
+            note(header)
+    for _, header in log.iter_batch_headers(end_offset):
+        note(header)
+    kept = set(last.values())
+    for pid, (base, transactional) in last_data.items():
+        if not (transactional and txns is not None and txns.aborted_at(pid, base)):
+            kept.add(base)
+    return kept
 
 
 def clean_log(
@@ -591,8 +617,7 @@ def clean_log(
     result = CleanResult()
     # Batches kept whole: every producer's last one in the log up to the end of the dirty
     # part (a bounded key map may end the pass earlier; keeping more is safe).
-    last_of_producer = _last_batch_of_producers(log, segments, facts[-1].end_offset)
-    keep_whole = set(last_of_producer.values())
+    keep_whole = _last_batches_of_producers(log, segments, facts[-1].end_offset, txns)
     first_dirty = read_cleaner_checkpoint(log.directory)
     clean_count = sum(1 for _ in itertools.takewhile(lambda f: f.end_offset <= first_dirty, facts))
     pinned: set[bytes] = set()

@@ -19,12 +19,12 @@ from trio_broker.storage.loader import (
     LOG_START_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
 )
-from trio_broker.storage.log_state import LogState
+from trio_broker.storage.log_snapshots import ProducerSnapshots, snapshot_path
 from trio_broker.storage.segment import LOG_SUFFIX, Segment
 from trio_broker.storage.swap import REPLICA_GAPS_CHECKPOINT
 
 
-class Flushing(LogState):
+class Flushing(ProducerSnapshots):
     """``flush``, the segment syncs behind it, and ``durable_state`` (crash tests)."""
 
     def flush(self) -> int:
@@ -51,6 +51,7 @@ class Flushing(LogState):
                 raise self._go_offline("fsync", exc) from exc
             if end > self.durable_end_offset:
                 self.durable_end_offset = end
+            self._write_staged_snapshots(self.durable_end_offset)
             return self.durable_end_offset
 
     def _sync_segments(self, segments: list[Segment]) -> None:
@@ -109,4 +110,8 @@ class Flushing(LogState):
         ):
             with contextlib.suppress(FileNotFoundError):
                 state[name] = (self.directory / name).stat().st_size
+        for offset in self.producer_snapshot_offsets():  # written atomically, fsynced
+            path = snapshot_path(self.directory, offset)
+            with contextlib.suppress(FileNotFoundError):
+                state[path.name] = path.stat().st_size
         return state

@@ -9,11 +9,11 @@ This module never imports trio.
 from __future__ import annotations
 
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
-from trio_broker.storage.log_state import LogState
+from trio_broker.storage.log_snapshots import ProducerSnapshots
 from trio_broker.storage.segment import segments_to_delete
 
 
-class Retention(LogState):
+class Retention(ProducerSnapshots):
     """``apply_retention`` and ``delete_records``."""
 
     def apply_retention(self, now_ms: int) -> int:
@@ -62,6 +62,7 @@ class Retention(LogState):
                 segment.unlink()
             except OSError as exc:
                 raise self._go_offline("delete segment", exc) from exc
+        self.prune_producer_snapshots()  # their producer snapshots go with them
         return count
 
     def delete_records(self, before_offset: int) -> int:

@@ -3,7 +3,8 @@
 :class:`~trio_broker.storage.log.PartitionLog` is built from parts, one module per
 concern, each a class over this state: ``open``, appends and closing
 (``log.py``), loading and reloading (``log_reload.py``), reads (``log_reads.py``),
-flushes (``log_flush.py``), truncation (``log_truncation.py``), retention and
+flushes (``log_flush.py``) and the producer state snapshots they write
+(``log_snapshots.py``), truncation (``log_truncation.py``), retention and
 DeleteRecords (``log_retention.py``), and the cleaner's swap (``log_cleaning.py``).
 What they all use is here: the fields and their locks, the writable check, going
 offline on a disk error, and the log-start and leader-epoch checkpoints.
@@ -68,6 +69,9 @@ class LogState:
         self._persisted_epochs: tuple[EpochEntry, ...] | None = None
         #: holes from the leader's log are legal below this offset (as persisted).
         self._replica_gaps_below = 0
+        #: (offset, bytes) of a producer state snapshot the next flush that makes every
+        #: offset below it durable writes (log_snapshots.py). Under _lock.
+        self._staged_snapshots: list[tuple[int, bytes]] = []
 
     def _check_writable(self) -> None:
         if self._closed:

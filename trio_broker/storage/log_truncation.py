@@ -18,7 +18,8 @@ from trio_broker.storage.durable import TMP_SUFFIX, rename_durably, write_all, w
 from trio_broker.storage.errors import OffsetOutOfRange
 from trio_broker.storage.index import SegmentIndexer
 from trio_broker.storage.loader import RECOVERY_POINT_CHECKPOINT
-from trio_broker.storage.log_state import LogState, base_of
+from trio_broker.storage.log_snapshots import ProducerSnapshots
+from trio_broker.storage.log_state import base_of
 from trio_broker.storage.recovery import scan_segment
 from trio_broker.storage.segment import Segment
 from trio_broker.storage.swap import (
@@ -28,7 +29,7 @@ from trio_broker.storage.swap import (
 )
 
 
-class Truncation(LogState):
+class Truncation(ProducerSnapshots):
     """``truncate_to`` and the file work behind it."""
 
     def truncate_to(self, offset: int) -> int:
@@ -47,7 +48,8 @@ class Truncation(LogState):
         copied into a new file that replaces it, so in-flight reads of the old
         bytes go on from the old descriptors (kept ``file.delete.delay.ms``).
         Blocking (fsyncs); call it from the thread that appends, with no append
-        in between. The epoch cache is cut at the new end too.
+        in between. The epoch cache is cut at the new end too, and producer state
+        snapshots named past it are deleted.
         """
         self._check_writable()
         with self.cleaning_lock, self._flush_lock:
@@ -72,6 +74,9 @@ class Truncation(LogState):
                     k -= 1
                     position = segments[k].size
             try:
+                # Producer snapshots past the cut describe batches that go: they go first
+                # (Kafka's truncateAndReload), or a log grown back past them could load one.
+                self.delete_producer_snapshots(above=new_end)
                 self._cut(k, position, new_end)
                 # The cleaner trusts everything below its checkpoint to hold one record
                 # per key; appends after the cut are dirty (Kafka lowers it the same way).

@@ -12,7 +12,7 @@ import pytest
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import RecordBatchView, build_batch, build_control_batch
-from trio_broker.services.producers import SNAPSHOT_FILE, ProducerStateRegistry
+from trio_broker.services.producers import ProducerStateRegistry, latest_snapshot
 from trio_broker.services.topics import TopicManager
 from trio_broker.services.txn_markers import MarkerRejected, append_txn_marker
 from trio_broker.state.partition_txns import AbortedTxn, MarkerEpochs, PartitionTransactions
@@ -69,17 +69,17 @@ def test_lso_is_first_offset_of_oldest_open_transaction() -> None:
     assert txns.ongoing == {1: 3, 2: 5}
     assert txns.last_stable_offset(10) == 3
     assert txns.last_stable_offset(2) == 2  # never above the high watermark
-    assert txns.on_marker(1, 0, 0, committed=True, offset=9) is None
+    assert txns.on_marker(1, 0, 0, committed=True, offset=9, timestamp=T0) is None
     assert txns.last_stable_offset(10) == 5
-    assert txns.on_marker(2, 0, 0, committed=False, offset=10) == AbortedTxn(10, 2, 5)
+    assert txns.on_marker(2, 0, 0, committed=False, offset=10, timestamp=T0) == AbortedTxn(10, 2, 5)
     assert txns.last_stable_offset(11) == 11
     assert txns.aborted == [AbortedTxn(10, 2, 5)]
 
 
 def test_marker_without_open_transaction_ends_nothing() -> None:
     txns = PartitionTransactions()
-    assert txns.on_marker(4, 0, 0, committed=False, offset=0) is None
-    assert txns.aborted == [] and txns.markers == {4: MarkerEpochs(0, 0, 0)}
+    assert txns.on_marker(4, 0, 0, committed=False, offset=0, timestamp=T0) is None
+    assert txns.aborted == [] and txns.markers == {4: MarkerEpochs(0, 0, 0, T0)}
 
 
 def test_aborted_between_selects_overlapping_ranges() -> None:
@@ -99,7 +99,9 @@ def test_marker_epoch_checks() -> None:
     code, _ = manager.check_marker(1, 2, 0)
     assert code == ErrorCode.INVALID_PRODUCER_EPOCH
     assert manager.check_marker(1, 3, 5)[0] == ErrorCode.NONE
-    manager.append_marker(1, 4, 5, committed=False, offset=1)  # a newer epoch: accepted
+    manager.append_marker(
+        1, 4, 5, committed=False, offset=1, timestamp=T0
+    )  # a newer epoch: accepted
     assert manager.txns.aborted == [AbortedTxn(1, 1, 0)]
     assert manager.check_marker(1, 3, 5)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
     assert manager.check_marker(1, 4, 4)[0] == ErrorCode.TRANSACTION_COORDINATOR_FENCED
@@ -116,7 +118,7 @@ def test_marker_epoch_checks() -> None:
 def test_log_start_move_drops_aborted_entries_but_keeps_open_transactions() -> None:
     manager = ProducerStateManager()
     manager.append(1, 0, 0, 0, 0, 0, T0, is_transactional=True)
-    manager.append_marker(1, 0, 0, committed=False, offset=1)
+    manager.append_marker(1, 0, 0, committed=False, offset=1, timestamp=T0)
     manager.append(2, 0, 0, 0, 2, 2, T0, is_transactional=True)
     manager.append(3, 0, 0, 0, 3, 3, T0, is_transactional=True)
     manager.append(2, 0, 1, 1, 4, 4, T0, is_transactional=True)
@@ -143,11 +145,11 @@ def test_snapshot_round_trip_carries_transactions() -> None:
     manager = ProducerStateManager()
     manager.append(1, 0, 0, 0, 0, 0, T0, is_transactional=True)
     manager.append(2, 0, 0, 0, 1, 1, T0, is_transactional=True)
-    manager.append_marker(1, 0, 7, committed=False, offset=2)
+    manager.append_marker(1, 0, 7, committed=False, offset=2, timestamp=T0)
     loaded = ProducerStateManager.from_snapshot(manager.to_snapshot())
     assert loaded.txns.ongoing == {2: 1}
     assert loaded.txns.aborted == [AbortedTxn(2, 1, 0)]
-    assert loaded.txns.markers == {1: MarkerEpochs(0, 7, 2)}
+    assert loaded.txns.markers == {1: MarkerEpochs(0, 7, 2, T0)}
 
 
 # ------------------------------------------------------------------ the registry on logs
@@ -179,12 +181,14 @@ def test_stale_snapshot_is_completed_from_the_log(tmp_path: Path) -> None:
     registry = ProducerStateRegistry(tmp_path, now)
     first = append(registry, log, data(1, 0, 0))
     registry.close()  # snapshot: producer 1 open
-    snapshot = (tmp_path / "t-0" / SNAPSHOT_FILE).read_bytes()
+    path = latest_snapshot(tmp_path / "t-0")
+    assert path is not None
+    snapshot = path.read_bytes()
     registry = ProducerStateRegistry(tmp_path, now)
     abort_at = marker(registry, log, 1, 0, committed=False)
     second = append(registry, log, data(2, 0, 0))
     # A crash after the snapshot: the old snapshot is on disk, the log has more.
-    (tmp_path / "t-0" / SNAPSHOT_FILE).write_bytes(snapshot)
+    path.write_bytes(snapshot)
     fresh = ProducerStateRegistry(tmp_path, now)
     txns = fresh.manager("t", 0, log).txns
     assert txns.ongoing == {2: second}
@@ -256,7 +260,7 @@ def test_a_fetch_from_an_abort_marker_names_that_transaction() -> None:
     which sorts below any probe made of a positive id."""
     txns = PartitionTransactions()
     txns.on_data(0, True, 3)
-    txns.on_marker(0, 0, 0, committed=False, offset=6)
+    txns.on_marker(0, 0, 0, committed=False, offset=6, timestamp=T0)
     assert txns.aborted_between(6, 10) == [AbortedTxn(6, 0, 3)]
     assert txns.aborted_between(7, 10) == []
 
@@ -265,7 +269,7 @@ def test_forgotten_aborted_transactions_are_no_longer_named() -> None:
     txns = PartitionTransactions()
     for pid, (first, marker) in {1: (0, 2), 2: (3, 5), 3: (6, 8)}.items():
         txns.on_data(pid, True, first)
-        txns.on_marker(pid, 0, 0, committed=False, offset=marker)
+        txns.on_marker(pid, 0, 0, committed=False, offset=marker, timestamp=T0)
     txns.forget_aborted([(2, 5), (9, 99)])  # the second names nothing
     assert txns.aborted == [AbortedTxn(2, 1, 0), AbortedTxn(8, 3, 6)]
     assert txns.aborted_between(0, 100) == [AbortedTxn(2, 1, 0), AbortedTxn(8, 3, 6)]
@@ -294,57 +298,81 @@ def test_a_replayed_marker_is_recorded_once_and_in_marker_order() -> None:
     txns = PartitionTransactions()
     for pid, first, marker in ((1, 0, 2), (2, 3, 5)):
         txns.on_data(pid, True, first)
-        txns.on_marker(pid, 0, 0, committed=False, offset=marker)
+        txns.on_marker(pid, 0, 0, committed=False, offset=marker, timestamp=T0)
     txns.on_data(2, True, 3)
-    txns.on_marker(2, 0, 0, committed=False, offset=5)  # the last one again
+    txns.on_marker(2, 0, 0, committed=False, offset=5, timestamp=T0)  # the last one again
     txns.on_data(1, True, 0)
-    txns.on_marker(1, 0, 0, committed=False, offset=2)  # an older one again
+    txns.on_marker(1, 0, 0, committed=False, offset=2, timestamp=T0)  # an older one again
     txns.on_data(3, True, 1)
-    txns.on_marker(3, 0, 0, committed=False, offset=4)  # an older one not yet recorded
+    txns.on_marker(
+        3, 0, 0, committed=False, offset=4, timestamp=T0
+    )  # an older one not yet recorded
     assert txns.aborted == [AbortedTxn(2, 1, 0), AbortedTxn(4, 3, 1), AbortedTxn(5, 2, 3)]
 
 
 def test_a_log_start_at_a_marker_keeps_it_and_open_producers_keep_their_epochs() -> None:
     txns = PartitionTransactions()
     txns.on_data(0, True, 1)
-    txns.on_marker(0, 0, 0, committed=False, offset=4)  # producer id 0
-    txns.on_marker(7, 2, 0, committed=True, offset=5)  # ended nothing; its epochs stay known
+    txns.on_marker(0, 0, 0, committed=False, offset=4, timestamp=T0)  # producer id 0
+    txns.on_marker(
+        7, 2, 0, committed=True, offset=5, timestamp=T0
+    )  # ended nothing; its epochs stay known
     txns.on_data(7, True, 6)  # producer 7 is open again
-    txns.truncate_head(4, live_producers=[0])
+    txns.truncate_head(4)
     assert txns.aborted == [AbortedTxn(4, 0, 1)]  # the marker at the new start is kept
-    assert set(txns.markers) == {0, 7}  # 7 is not in the live list but has an open txn
+    assert set(txns.markers) == {0, 7}
+    txns.truncate_head(6)
+    assert txns.aborted == [] and set(txns.markers) == {0, 7}  # epochs outlive markers
 
 
-def test_a_marker_alone_keeps_its_epoch_until_the_log_start_passes_it() -> None:
+def test_a_marker_alone_keeps_its_epoch_past_the_log_start_until_expiry() -> None:
     """A fencing abort in a partition the producer never wrote to: the marker is its only
-    entry there, and the epoch it carries fences the old one (Kafka's producer entry)."""
+    entry there, and the epoch it carries fences the old one (Kafka's producer entry),
+    after the log start passes the marker too (KIP-360: only expiry forgets a producer,
+    counted from the marker's timestamp)."""
     manager = ProducerStateManager()
     manager.append(-1, -1, -1, -1, 0, 1, T0)  # someone else's records, offsets 0-1
-    manager.append_marker(5, 3, 0, committed=False, offset=2)
-    for start in (0, 1, 2):  # a restart truncates to the start too; so does DeleteRecords
+    manager.append_marker(5, 3, 0, committed=False, offset=2, timestamp=T0)
+    for start in (0, 1, 2, 3, 10):  # a restart truncates to the start too; so does DeleteRecords
         manager.truncate_head(start)
         verdict = manager.check(5, 2, 0, 0)
         assert isinstance(verdict, Reject), start
         assert verdict.error_code == ErrorCode.INVALID_PRODUCER_EPOCH
         assert manager.check_marker(5, 2, 0)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
     loaded = ProducerStateManager.from_snapshot(manager.to_snapshot())
-    loaded.truncate_head(2)
+    assert loaded.txns.markers == {5: MarkerEpochs(3, 0, 2, T0)}
     assert loaded.check_marker(5, 2, 0)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
-    manager.truncate_head(3)  # the marker is gone from the log: so is what it said
+    manager.remove_expired(now_ms=T0 + 999, expiration_ms=1000)
+    assert 5 in manager.txns.markers
+    manager.remove_expired(now_ms=T0 + 1000, expiration_ms=1000)
     assert 5 not in manager.txns.markers
     assert isinstance(manager.check(5, 2, 0, 0), Append)
 
 
-def test_a_version_2_snapshot_keeps_marker_epochs_up_to_its_end() -> None:
-    """Version 2 did not store where a marker is: its epochs last until the log start
-    passes the snapshot's end."""
+def test_a_marker_keeps_its_producers_batches_from_expiring() -> None:
+    """Kafka's marker append updates the entry's lastTimestamp: a producer whose last
+    data batch is old but whose marker is recent is not expired, nor is its window."""
+    manager = ProducerStateManager()
+    manager.append(5, 0, 0, 0, 0, 0, T0, is_transactional=True)
+    manager.append_marker(5, 0, 0, committed=True, offset=1, timestamp=T0 + 500)
+    manager.remove_expired(now_ms=T0 + 1200, expiration_ms=1000)
+    assert 5 in manager.producers and 5 in manager.txns.markers
+    manager.remove_expired(now_ms=T0 + 1500, expiration_ms=1000)
+    assert manager.producers == {} and manager.txns.markers == {}
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_an_old_snapshot_gives_marker_epochs_the_loaders_clock(version: int) -> None:
+    """Version 2 did not store where a marker is, versions 2 and 3 not its timestamp: the
+    loader's clock stands in, so the producer gets a whole expiry period."""
+    row = b"[5,3,0]" if version == 2 else b"[5,3,0,4]"
     doc = (
-        b'{"version":2,"next_offset":10,"producers":[],'
-        b'"txns":{"ongoing":[],"aborted":[],"markers":[[5,3,0]]}}'
+        b'{"version":%d,"next_offset":10,"producers":[],'
+        b'"txns":{"ongoing":[],"aborted":[],"markers":[%s]}}' % (version, row)
     )
-    loaded = ProducerStateManager.from_snapshot(doc)
-    assert loaded.txns.markers == {5: MarkerEpochs(3, 0, 9)}
-    loaded.truncate_head(9)
-    assert loaded.check_marker(5, 2, 0)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+    loaded = ProducerStateManager.from_snapshot(doc, now_ms=T0)
+    assert loaded.txns.markers == {5: MarkerEpochs(3, 0, 9 if version == 2 else 4, T0)}
     loaded.truncate_head(10)
-    assert loaded.txns.markers == {}
+    assert loaded.check_marker(5, 2, 0)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+    loaded.remove_expired(now_ms=T0 + 999, expiration_ms=1000)
+    assert 5 in loaded.txns.markers

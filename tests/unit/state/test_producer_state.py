@@ -15,6 +15,7 @@ from trio_broker.services.producers import (
     SNAPSHOT_FILE,
     ProducerIdAllocator,
     ProducerStateRegistry,
+    latest_snapshot,
 )
 from trio_broker.state.producer import (
     BATCHES_TO_RETAIN,
@@ -32,6 +33,7 @@ from trio_broker.state.producer import (
     next_sequence,
 )
 from trio_broker.storage.log import PartitionLog
+from trio_broker.storage.log_snapshots import snapshot_path
 from trio_broker.storage.memory import MemoryLog
 
 OOO = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
@@ -344,7 +346,7 @@ def test_registry_survives_a_clean_restart(tmp_path: Path) -> None:
     assert [produce(registry, log, idempotent_batch(5, 0, s * 2, 2)) for s in range(3)] == [0, 2, 4]
     log.close()
     registry.close()
-    assert (tmp_path / "t-0" / SNAPSHOT_FILE).exists()
+    assert latest_snapshot(tmp_path / "t-0") == snapshot_path(tmp_path / "t-0", 6)
 
     log = open_log(tmp_path)
     registry = ProducerStateRegistry(tmp_path, now)

@@ -28,6 +28,7 @@ from trio_broker.services.producers import (
     ProducerIdAllocator,
     ProducerStateRegistry,
     ProducerStateStatistics,
+    latest_snapshot,
     log_directory,
     read_batch_headers,
 )
@@ -43,7 +44,8 @@ from trio_broker.state.producer import (
     check_append,
     decide_init_producer_id,
 )
-from trio_broker.storage.log import PartitionLog
+from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.log_snapshots import snapshot_path
 from trio_broker.storage.memory import MemoryLog
 
 OOO = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
@@ -127,7 +129,7 @@ def test_snapshot_bytes_are_compact_json() -> None:
     manager.append(5, 0, 0, 2, 0, 2, 1234)
     manager.append(2, 1, 7, 7, 3, 3, 99)
     assert manager.to_snapshot() == (
-        b'{"version":3,"next_offset":4,"producers":[[2,1,[[7,7,3,3,99]]],[5,0,[[0,2,0,2,1234]]]],'
+        b'{"version":4,"next_offset":4,"producers":[[2,1,[[7,7,3,3,99]]],[5,0,[[0,2,0,2,1234]]]],'
         b'"txns":{"ongoing":[],"aborted":[],"markers":[]}}'
     )
     assert ProducerStateManager.from_snapshot(manager.to_snapshot()).producers == manager.producers
@@ -362,15 +364,13 @@ def test_an_unusable_snapshot_is_logged_with_its_path(
     log = open_log(tmp_path)
     registry = ProducerStateRegistry(tmp_path, Clock())
     produce(registry, log, batch(5, 0, 0))
-    path = tmp_path / "t-0" / SNAPSHOT_FILE
-    path.write_bytes(b'{"version": 7, "next_offset": 0, "producers": []}')
+    path = snapshot_path(tmp_path / "t-0", 1)
+    path.write_bytes(b'{"version": 7, "next_offset": 1, "producers": []}')
     registry = ProducerStateRegistry(tmp_path, Clock())
     with caplog.at_level(logging.WARNING, logger="trio_broker.producer"):
         assert duplicate_offset(produce(registry, log, batch(5, 0, 0))) == 0
     messages = [r.getMessage() for r in caplog.records if r.name == "trio_broker.producer"]
-    assert messages == [
-        f"{path}: unknown snapshot version 7; rebuilding producer state from the log"
-    ]
+    assert messages == [f"{path}: unknown snapshot version 7; trying an older snapshot"]
     log.close()
 
 
@@ -390,13 +390,13 @@ def test_close_snapshots_every_partition_it_can(
     for child in (tmp_path / "gone-0").iterdir():
         child.unlink()
     (tmp_path / "gone-0").rmdir()  # the topic was deleted meanwhile
-    (tmp_path / "broken-0" / SNAPSHOT_FILE).mkdir()  # cannot be replaced by a file
+    snapshot_path(tmp_path / "broken-0", 1).mkdir()  # cannot be replaced by a file
     with caplog.at_level(logging.ERROR, logger="trio_broker.producer"):
         registry.close()  # logs, does not raise
     assert not (tmp_path / "gone-0").exists()
-    restored = ProducerStateManager.from_snapshot(
-        (tmp_path / "kept-0" / SNAPSHOT_FILE).read_bytes()
-    )
+    kept_snapshot = latest_snapshot(tmp_path / "kept-0")
+    assert kept_snapshot is not None
+    restored = ProducerStateManager.from_snapshot(kept_snapshot.read_bytes())
     assert set(restored.producers) == {6}
     messages = [r.getMessage() for r in caplog.records if r.name == "trio_broker.producer"]
     assert messages == ["cannot snapshot producer state of broken-0"]
@@ -440,7 +440,7 @@ def test_attached_to_a_file_broker(tmp_path: Path) -> None:
     log = PartitionLog.open(tmp_path / "data" / "t-0")
     produce(registry, log, batch(0, 0, 0))
     ProducerStateRegistry.close_attached(broker)
-    assert (tmp_path / "data" / "t-0" / SNAPSHOT_FILE).exists()
+    assert latest_snapshot(tmp_path / "data" / "t-0") is not None
     log.close()
 
 
@@ -452,3 +452,73 @@ def test_attached_to_a_memory_broker(tmp_path: Path) -> None:
     assert registry.allocator.path is None
     assert registry.expiration_ms == 86_400_000
     ProducerStateRegistry.close_attached(broker)
+
+
+# ------------------------------------------------------------------ snapshots at rolls
+
+
+def append_any(registry: ProducerStateRegistry, log: PartitionLog, raw: bytearray) -> int:
+    """The write path (partition/append.py): check, append, record with the log."""
+    view = RecordBatchView(raw)
+    assert isinstance(registry.check("t", 0, log, view), Append)
+    result = log.append(raw, now_ms=T0)
+    registry.record_append("t", 0, view, result.base_offset, result.last_offset, log)
+    return result.base_offset
+
+
+def test_a_roll_snapshots_the_state_before_the_batch_that_began_the_segment(
+    tmp_path: Path,
+) -> None:
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(segment_bytes=100))
+    registry = ProducerStateRegistry(tmp_path, Clock())
+    offsets = []
+    for s in (0, 2, 4):
+        offsets.append(append_any(registry, log, batch(5, 0, s, count=2)))
+        log.flush()  # (a later roll's snapshot replaces one staged and not yet written)
+    bases = log.segment_base_offsets()
+    assert len(bases) == 3 and bases[1:] == offsets[1:]  # each batch began a segment
+    assert log.producer_snapshot_offsets() == [2, 4]
+    at_4 = ProducerStateManager.from_snapshot(log.read_producer_snapshot(4))
+    assert at_4.next_offset == 4
+    assert [b.first_seq for b in at_4.producers[5].batches] == [0, 2]  # not the batch at 4
+    log.close()
+
+
+def test_a_crash_after_retention_recovers_producers_from_the_roll_snapshot(
+    tmp_path: Path,
+) -> None:
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(segment_bytes=100))
+    registry = ProducerStateRegistry(tmp_path, Clock())
+    append_any(registry, log, batch(5, 0, 0, count=2))
+    fresh = ProducerStateRegistry(tmp_path, Clock())  # a restart: no state loaded yet
+    # Plain records only: a registry that has not seen the partition builds its state at
+    # the first roll, so the next snapshot still holds producer 5.
+    for _ in range(3):
+        append_any(fresh, log, build_batch([(None, b"x" * 60)] * 2))
+    log.flush()
+    log.delete_records(log.segment_base_offsets()[-1])
+    log.apply_retention(T0)
+    assert log.log_start_offset > 1 and log.producer_snapshot_offsets()
+    log.abort()  # kill -9: no clean-shutdown snapshot
+
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(segment_bytes=100))
+    registry = ProducerStateRegistry(tmp_path, Clock())
+    assert duplicate_offset(produce(registry, log, batch(5, 0, 0, count=2))) == 0
+    assert error_of(produce(registry, log, batch(5, 0, 7))) == OOO
+    log.close()
+
+
+def test_compaction_forgetting_aborted_transactions_replaces_the_snapshots(
+    tmp_path: Path,
+) -> None:
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(segment_bytes=100))
+    registry = ProducerStateRegistry(tmp_path, Clock())
+    for s in (0, 2, 4):
+        append_any(registry, log, batch(5, 0, s, count=2))
+        log.flush()
+    assert log.producer_snapshot_offsets() == [2, 4]
+    registry.forget_aborted("t", 0, log, [])
+    assert log.producer_snapshot_offsets() == []  # they may name what the cleaner removed
+    log.flush()
+    assert log.producer_snapshot_offsets() == [6]  # the state as it is now
+    log.close()

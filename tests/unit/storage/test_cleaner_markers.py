@@ -311,3 +311,22 @@ def test_an_aborted_entry_whose_marker_is_already_gone_is_reported(tmp_path: Pat
     result = clean_log(t.log, T0 + 2000, txns=stale)
     assert result is not None and result.aborts_without_data == [(99, 2)]
     t.log.close()
+
+
+def test_a_producers_last_data_batch_stays_when_a_marker_follows_it(tmp_path: Path) -> None:
+    """Kafka's cleaner retains the batch of each producer's last data offset (its last
+    sequence), not only its last batch (here the commit marker): rebuilt from the log,
+    the state still refuses a gap."""
+    t = TxnLog(tmp_path)
+    data_at = t.txn(7, b"k", b"old")
+    t.marker(7, committed=True)
+    t.plain(b"k", b"new")  # the transaction's only record is superseded
+    t.fill(30)
+    for day in range(1, 5):
+        t.clean(T0 + day * 2 * DAY, due=True)
+    assert [b.base_offset for b in t.batches() if b.producer_id == 7] == [data_at, data_at + 1]
+    fresh = ProducerStateRegistry(None, lambda: T0)
+    gap = build_batch([(b"k", b"x")], producer_id=7, producer_epoch=0, base_sequence=5,
+                      base_timestamp=T0, is_transactional=True)  # fmt: skip
+    verdict = fresh.check("t", 0, t.log, RecordBatchView(gap))
+    assert getattr(verdict, "error_code", None) == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER

@@ -40,7 +40,6 @@ from trio_broker.security.credentials import CREDENTIALS_FILE, CredentialStore
 from trio_broker.server.broker import Broker
 from trio_broker.services.producers import (
     PRODUCER_ID_FILE,
-    SNAPSHOT_FILE,
     ProducerIdAllocator,
     ProducerStateRegistry,
 )
@@ -56,6 +55,7 @@ from trio_broker.storage.log import (
     LogConfig,
     PartitionLog,
 )
+from trio_broker.storage.log_snapshots import snapshot_path
 
 
 @pytest.fixture
@@ -326,11 +326,12 @@ def test_producer_state_snapshot_survives_a_power_cut(cut: PowerCut) -> None:
     log.flush()
     registry = ProducerStateRegistry(data, lambda: 1_000)
     registry.manager("t", 0, log).append(7, 0, 0, 1, 0, 1, 1_000)
-    snapshot = registry._partitions["t", 0].manager.to_snapshot()
+    end = log.log_end_offset
+    snapshot = registry._partitions["t", 0].manager.to_snapshot(next_offset=end)
     registry.close()
     log.abort()
     after = cut.power_cut()
-    assert (after / "data" / "t-0" / SNAPSHOT_FILE).read_bytes() == snapshot
+    assert snapshot_path(after / "data" / "t-0", end).read_bytes() == snapshot
     recovered = PartitionLog.open(after / "data" / "t-0")
     try:
         manager = ProducerStateRegistry(after / "data", lambda: 1_000).manager("t", 0, recovered)

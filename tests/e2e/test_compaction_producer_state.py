@@ -1,0 +1,193 @@
+"""Compaction keeps what a producer state rebuilt from the log needs (Kafka's LogCleaner).
+
+Kafka's cleaner retains, for every active producer, the batch holding its last data
+offset (its last sequence), and for a producer with only markers in the partition its
+markers of the current epoch (their epoch fences the old one); other markers go
+``delete.retention.ms`` after their transaction's data is gone. A real ``trio-broker
+serve`` process compacts a topic whose keys a committed transaction and a fencing
+abort touched; after a kill -9 with the producer snapshots removed (the state rebuilt
+from the log alone) the transactional producer's next sequence is still checked and
+the fenced epoch still refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import BrokerProcess, RawConnection
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.records import build_batch
+
+pytestmark = pytest.mark.timeout(180)
+
+TOPIC = "compacted"
+DEADLINE_S = 60.0
+TOPIC_CONFIGS = {
+    "cleanup.policy": "compact",
+    "segment.bytes": "1024",
+    "min.cleanable.dirty.ratio": "0",
+    "delete.retention.ms": "100",
+}
+
+
+class CompactingBroker(BrokerProcess):
+    """A broker whose cleaner looks for work every 100 ms."""
+
+    def __init__(self, data_dir: Path) -> None:
+        super().__init__(data_dir, "pipelined", "file")
+        self.properties = data_dir.parent / "cleaner.properties"
+        self.properties.write_text("log.cleaner.backoff.ms=100\n")
+
+    def command_line(self) -> list[str]:
+        return [*super().command_line(), "--config", str(self.properties)]
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[CompactingBroker]:
+    process = CompactingBroker(tmp_path / "data")
+    process.start()
+    try:
+        yield process
+    finally:
+        if process.running:
+            process.stop()
+
+
+def create_topic(conn: RawConnection) -> None:
+    Req = m.CreateTopicsRequest
+    Config = Req.CreatableTopic.CreatableTopicConfig
+    configs = [Config(name=k, value=v) for k, v in TOPIC_CONFIGS.items()]
+    topic = Req.CreatableTopic(name=TOPIC, num_partitions=1, replication_factor=1,
+                               assignments=[], configs=configs)  # fmt: skip
+    body = Req(topics=[topic], timeout_ms=10_000, validate_only=False)
+    assert conn.request(m.ApiKey.CREATE_TOPICS, 4, body).topics[0].error_code == ErrorCode.NONE
+
+
+def until_none(call: object, *args: object) -> object:
+    """Retry while the coordinator answers CONCURRENT_TRANSACTIONS (a transaction ending)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        answer = call(*args)  # type: ignore[operator]
+        code = answer[0] if isinstance(answer, tuple) else answer
+        if code != ErrorCode.CONCURRENT_TRANSACTIONS:
+            return answer
+        assert time.monotonic() < deadline, "the coordinator stayed busy"
+
+
+def init_producer_id(conn: RawConnection, tid: str) -> tuple[int, int, int]:
+    body = m.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000,
+                                   producer_id=-1, producer_epoch=-1)  # fmt: skip
+    r = conn.request(m.ApiKey.INIT_PRODUCER_ID, 4, body)
+    return r.error_code, r.producer_id, r.producer_epoch
+
+
+def add_partition(conn: RawConnection, tid: str, pid: int, epoch: int) -> int:
+    Req = m.AddPartitionsToTxnRequest
+    body = Req(
+        v3_and_below_transactional_id=tid, v3_and_below_producer_id=pid,
+        v3_and_below_producer_epoch=epoch,
+        v3_and_below_topics=[Req.AddPartitionsToTxnTopic(name=TOPIC, partitions=[0])],
+    )  # fmt: skip
+    response = conn.request(m.ApiKey.ADD_PARTITIONS_TO_TXN, 3, body)
+    return int(
+        response.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
+    )
+
+
+def end_txn(conn: RawConnection, tid: str, pid: int, epoch: int, commit: bool) -> int:
+    body = m.EndTxnRequest(transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+                           committed=commit)  # fmt: skip
+    return int(conn.request(m.ApiKey.END_TXN, 3, body).error_code)
+
+
+def produce(conn: RawConnection, raw: bytes, tid: str | None = None) -> tuple[int, int]:
+    Req = m.ProduceRequest
+    body = Req(
+        transactional_id=tid, acks=-1, timeout_ms=10_000,
+        topic_data=[Req.TopicProduceData(name=TOPIC, partition_data=[
+            Req.TopicProduceData.PartitionProduceData(index=0, records=raw)])],
+    )  # fmt: skip
+    part = conn.request(m.ApiKey.PRODUCE, 9, body).responses[0].partition_responses[0]
+    return int(part.error_code), int(part.base_offset)
+
+
+def txn_batch(pid: int, epoch: int, seq: int, key: bytes) -> bytes:
+    return bytes(build_batch([(key, b"in-txn-%d" % seq)], producer_id=pid,
+                             producer_epoch=epoch, base_sequence=seq,
+                             is_transactional=True))  # fmt: skip
+
+
+def plain(key: bytes, value: bytes) -> bytes:
+    return bytes(build_batch([(key, value)]))
+
+
+def compact(conn: RawConnection) -> None:
+    """Keyed writes that roll segments until the cleaner has made a pass (the filler
+    key's older values go); a pass starts at the log's first segment."""
+    deadline = time.monotonic() + DEADLINE_S
+    written = 0
+    while True:
+        for _ in range(8):
+            assert produce(conn, plain(b"filler", b"f" * 200))[0] == ErrorCode.NONE
+            written += 1
+        fillers = [b for b in conn.fetch_batches(TOPIC) if b.producer_id < 0]
+        if len(fillers) < written:
+            return
+        assert time.monotonic() < deadline, "the cleaner never compacted the topic"
+
+
+def crash_without_snapshots(broker: CompactingBroker) -> None:
+    """kill -9, and the producer state snapshots gone: rebuilt from the log alone."""
+    broker.kill9()
+    for path in (broker.data_dir / f"{TOPIC}-0").iterdir():
+        if path.suffix == ".snapshot" or path.name == "producer_state.json":
+            path.unlink()
+    broker.start()
+
+
+def test_a_committed_producers_last_sequence_outlives_compaction(broker: CompactingBroker) -> None:
+    tid = "compacted-txn"
+    with broker.connect() as conn:
+        create_topic(conn)
+        code, pid, epoch = init_producer_id(conn, tid)
+        assert code == ErrorCode.NONE
+        assert add_partition(conn, tid, pid, epoch) == ErrorCode.NONE
+        assert produce(conn, txn_batch(pid, epoch, 0, b"k"), tid) == (ErrorCode.NONE, 0)
+        assert until_none(end_txn, conn, tid, pid, epoch, True) == ErrorCode.NONE
+        assert produce(conn, plain(b"k", b"newer"))[0] == ErrorCode.NONE  # supersedes it
+        compact(conn)
+
+    crash_without_snapshots(broker)
+
+    with broker.connect() as conn:
+        assert until_none(add_partition, conn, tid, pid, epoch) == ErrorCode.NONE
+        # The batch with its last sequence (0) is still in the log: a gap is refused.
+        code, _ = produce(conn, txn_batch(pid, epoch, 5, b"k"), tid)
+        assert code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert produce(conn, txn_batch(pid, epoch, 1, b"k"), tid)[0] == ErrorCode.NONE
+        assert until_none(end_txn, conn, tid, pid, epoch, False) == ErrorCode.NONE
+
+
+def test_a_fencing_marker_outlives_compaction(broker: CompactingBroker) -> None:
+    tid = "fenced-in-compacted"
+    with broker.connect() as conn:
+        create_topic(conn)
+        code, pid, old_epoch = init_producer_id(conn, tid)
+        assert code == ErrorCode.NONE
+        assert add_partition(conn, tid, pid, old_epoch) == ErrorCode.NONE
+        # A new instance fences the old one: an abort marker at old_epoch + 1 is all the
+        # partition ever has of this producer.
+        assert until_none(init_producer_id, conn, tid) == (ErrorCode.NONE, pid, old_epoch + 2)
+        compact(conn)
+
+    crash_without_snapshots(broker)
+
+    with broker.connect() as conn:
+        stale = bytes(build_batch([(b"k", b"zombie")], producer_id=pid,
+                                  producer_epoch=old_epoch, base_sequence=0))  # fmt: skip
+        assert produce(conn, stale)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
