@@ -210,7 +210,10 @@ def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
         }, listed
         # `trio-broker topics describe` shows the move (asked of a broker that leads nothing).
         [moving_row] = describe_rows(cluster[3], "moving")
-        assert moving_row[:4] == ["0", "1", "2,3,1", "1,2"], moving_row
+        # Broker 3 may have caught up into the ISR already (the CLI starts slowly on a busy
+        # machine); the move is still listed until the controller drops broker 1.
+        assert moving_row[:3] == ["0", "1", "2,3,1"], moving_row
+        assert moving_row[3] in ("1,2", "1,2,3"), moving_row
         assert moving_row[-2:] == ["+3", "-1"], moving_row
         # Cancelling what is not moving, and moving what does not exist, are refused.
         other = KafkaTopicPartition("moving", 5)
