@@ -326,6 +326,14 @@ async def test_describe_producers_shows_open_transactions(tmp_path: Path) -> Non
         assert states[100].current_txn_start_offset == -1  # aborted: no open transaction
         assert states[100].coordinator_epoch == 0 and states[102].coordinator_epoch == -1
         assert (states[101].producer_epoch, states[101].last_sequence) == (0, 2)
+        # A producer whose only entry is a fencing marker: its epoch, and the marker's
+        # time as its last activity (Kafka's lastTimestamp; -1 before).
+        before_ms = broker.now_ms()
+        await marker(broker, 200, committed=False, epoch=3)
+        again = await client.call(m.ApiKey.DESCRIBE_PRODUCERS, 0, body)
+        fenced = {p.producer_id: p for p in again.topics[0].partitions[0].active_producers}[200]
+        assert (fenced.producer_epoch, fenced.last_sequence) == (3, -1)
+        assert fenced.last_timestamp >= before_ms, fenced
 
 
 # ----------------------------------------------------------------------------- recovery

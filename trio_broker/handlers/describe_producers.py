@@ -60,10 +60,15 @@ async def handle_describe_producers(
                         producer_id=pid,
                         producer_epoch=epoch,
                         last_sequence=-1 if entry is None else entry.last_seq,
-                        last_timestamp=-1 if entry is None else entry.last_timestamp,
+                        last_timestamp=_or_unknown(manager.last_timestamp(pid)),
                         coordinator_epoch=-1 if marker is None else marker.coordinator_epoch,
                         current_txn_start_offset=txns.ongoing.get(pid, -1),
                     )
                 )
         topics.append(TopicResp(name=wanted.name, partitions=partitions))
     return Resp(throttle_time_ms=0, topics=topics)
+
+
+def _or_unknown(timestamp: int | None) -> int:
+    """Kafka's -1 for a producer with no timestamp (none in its batches or marker)."""
+    return -1 if timestamp is None else timestamp
