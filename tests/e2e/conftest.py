@@ -179,8 +179,9 @@ class RawConnection:
 
     @staticmethod
     def produce_body(
-        topic: str, batch: bytes, acks: int = -1, topic_id: uuid.UUID | None = None
-    ) -> Any:
+        topic: str, batch: bytes, acks: int = -1, topic_id: uuid.UUID | None = None,
+        transactional_id: str | None = None,
+    ) -> Any:  # fmt: skip
         """A ProduceRequest for one partition (name, or topic id for v13+)."""
         Topic = m.ProduceRequest.TopicProduceData
         data = [Topic.PartitionProduceData(index=0, records=bytes(batch))]
@@ -188,13 +189,51 @@ class RawConnection:
         if topic_id is not None:
             topic_data.topic_id = topic_id
         return m.ProduceRequest(
-            transactional_id=None, acks=acks, timeout_ms=10_000, topic_data=[topic_data]
-        )
+            transactional_id=transactional_id, acks=acks, timeout_ms=10_000,
+            topic_data=[topic_data],
+        )  # fmt: skip
 
-    def produce(self, topic: str, batch: bytes, version: int = 9, acks: int = -1) -> Any:
-        """Send one batch; returns the partition's response."""
-        response = self.request(m.ApiKey.PRODUCE, version, self.produce_body(topic, batch, acks))
+    def produce(
+        self, topic: str, batch: bytes, version: int = 9, acks: int = -1,
+        transactional_id: str | None = None,
+    ) -> Any:  # fmt: skip
+        """Send one batch to partition 0; returns the partition's response."""
+        body = self.produce_body(topic, batch, acks, transactional_id=transactional_id)
+        response = self.request(m.ApiKey.PRODUCE, version, body)
         return response.responses[0].partition_responses[0]
+
+    def create_topic(self, topic: str, configs: dict[str, str] | None = None) -> None:
+        """CreateTopics v4 of one partition, replication factor 1; asserts it worked."""
+        Req = m.CreateTopicsRequest
+        Config = Req.CreatableTopic.CreatableTopicConfig
+        listed = [Config(name=k, value=v) for k, v in (configs or {}).items()]
+        wanted = Req.CreatableTopic(name=topic, num_partitions=1, replication_factor=1,
+                                    assignments=[], configs=listed)  # fmt: skip
+        body = Req(topics=[wanted], timeout_ms=10_000, validate_only=False)
+        result = self.request(m.ApiKey.CREATE_TOPICS, 4, body).topics[0]
+        assert result.error_code == 0, result
+
+    def init_producer_id(self, transactional_id: str) -> tuple[int, int, int]:
+        """InitProducerId v4 for a transactional id: (error code, producer id, epoch)."""
+        body = m.InitProducerIdRequest(transactional_id=transactional_id,
+                                       transaction_timeout_ms=60_000,
+                                       producer_id=-1, producer_epoch=-1)  # fmt: skip
+        r = self.request(m.ApiKey.INIT_PRODUCER_ID, 4, body)
+        return int(r.error_code), int(r.producer_id), int(r.producer_epoch)
+
+    def add_partition_to_txn(
+        self, transactional_id: str, producer_id: int, epoch: int, topic: str
+    ) -> int:
+        """AddPartitionsToTxn v3 of partition 0 of ``topic``: its error code."""
+        Req = m.AddPartitionsToTxnRequest
+        body = Req(
+            v3_and_below_transactional_id=transactional_id,
+            v3_and_below_producer_id=producer_id, v3_and_below_producer_epoch=epoch,
+            v3_and_below_topics=[Req.AddPartitionsToTxnTopic(name=topic, partitions=[0])],
+        )  # fmt: skip
+        response = self.request(m.ApiKey.ADD_PARTITIONS_TO_TXN, 3, body)
+        [topic_result] = response.results_by_topic_v3_and_below
+        return int(topic_result.results_by_partition[0].partition_error_code)
 
     def topic_id(self, topic: str) -> uuid.UUID:
         (meta,) = self.metadata([topic], version=12).topics
@@ -264,10 +303,19 @@ class RawConnection:
 class BrokerProcess:
     """A ``trio-broker serve`` subprocess; keeps its port and data dir across restarts."""
 
-    def __init__(self, data_dir: Path, processing_model: str, storage: str) -> None:
+    def __init__(
+        self, data_dir: Path, processing_model: str, storage: str, *, properties: str = ""
+    ) -> None:
+        """``properties``: server.properties lines, written beside the data dir and
+        passed with ``--config``."""
         self.data_dir = data_dir
         self.processing_model = processing_model
         self.storage = storage
+        self.properties_path: Path | None = None
+        if properties:
+            self.properties_path = data_dir.parent / f"{data_dir.name}-server.properties"
+            self.properties_path.parent.mkdir(parents=True, exist_ok=True)
+            self.properties_path.write_text(properties)
         self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -293,10 +341,11 @@ class BrokerProcess:
 
     def command_line(self) -> list[str]:
         """The ``trio-broker serve`` argv; subclasses add flags."""
+        config = [] if self.properties_path is None else ["--config", str(self.properties_path)]
         return [
             str(BROKER_EXE), "serve", "--listen", f"127.0.0.1:{self.port}",
             "--data-dir", str(self.data_dir), "--storage", self.storage,
-            "--processing-model", self.processing_model,
+            "--processing-model", self.processing_model, *config,
         ]  # fmt: skip
 
     def start(self, *, ready_check: bool = True) -> None:
@@ -555,10 +604,13 @@ def running_broker(
     model: str = "pipelined",
     storage: str = "file",
     kind: type[_Broker] = BrokerProcess,  # type: ignore[assignment]
+    *,
+    properties: str = "",
 ) -> Iterator[_Broker]:
     """A started broker process, stopped afterwards; the test fails if it exits non-zero
-    on SIGTERM or died by itself (unless the test brought it down on purpose)."""
-    broker = kind(data_dir, model, storage)
+    on SIGTERM or died by itself (unless the test brought it down on purpose).
+    ``properties``: server.properties lines it is started with (``--config``)."""
+    broker = kind(data_dir, model, storage, properties=properties)
     broker.start()
     try:
         yield broker

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as CTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.conftest import BrokerProcess
+from tests.e2e.conftest import BrokerProcess, running_broker
 from trio_broker.protocol.errors import TruncatedError
 from trio_broker.protocol.records import iter_batches
 
@@ -29,27 +30,14 @@ DELETE_RETENTION_MS = 3000
 DEADLINE_S = 60.0
 
 
-class CleanerBroker(BrokerProcess):
-    """A broker whose cleaner looks for work every 100 ms."""
-
-    def __init__(self, data_dir: Path) -> None:
-        super().__init__(data_dir, "pipelined", "file")
-        self.properties = data_dir.parent / "cleaner.properties"
-        self.properties.write_text("log.cleaner.backoff.ms=100\n")
-
-    def command_line(self) -> list[str]:
-        return [*super().command_line(), "--config", str(self.properties)]
+#: The cleaner looks for work every 100 ms.
+CLEANER_EVERY_100_MS = "log.cleaner.backoff.ms=100\n"
 
 
 @pytest.fixture
-def cleaner_broker(tmp_path: Path) -> Any:
-    broker = CleanerBroker(tmp_path / "data")
-    broker.start()
-    try:
+def cleaner_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    with running_broker(tmp_path / "data", properties=CLEANER_EVERY_100_MS) as broker:
         yield broker
-    finally:
-        if broker.running:
-            assert broker.stop() == 0, broker.log_tail()
 
 
 def read_from_start(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes | None, int]]:
@@ -100,7 +88,7 @@ def read_with_kafka_python(
 
 
 def test_compacted_topic_reads_back_latest_values_at_their_offsets(
-    cleaner_broker: CleanerBroker,
+    cleaner_broker: BrokerProcess,
 ) -> None:
     bootstrap = cleaner_broker.bootstrap
     topic = "compacted"
@@ -205,7 +193,7 @@ def read_values(bootstrap: str, topic: str, isolation: str) -> dict[bytes, list[
 
 
 def test_transactional_writes_to_a_compacted_topic_clean_by_kafkas_rules(
-    cleaner_broker: CleanerBroker,
+    cleaner_broker: BrokerProcess,
 ) -> None:
     """Committed transactions compact like plain writes; aborted ones are removed; the
     markers of transactions with no data left go after delete.retention.ms."""

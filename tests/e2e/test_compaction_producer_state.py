@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import BrokerProcess, RawConnection
+from tests.e2e.conftest import BrokerProcess, RawConnection, running_broker
+from tests.e2e.test_compaction import CLEANER_EVERY_100_MS
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
@@ -35,37 +36,15 @@ TOPIC_CONFIGS = {
 }
 
 
-class CompactingBroker(BrokerProcess):
-    """A broker whose cleaner looks for work every 100 ms."""
-
-    def __init__(self, data_dir: Path) -> None:
-        super().__init__(data_dir, "pipelined", "file")
-        self.properties = data_dir.parent / "cleaner.properties"
-        self.properties.write_text("log.cleaner.backoff.ms=100\n")
-
-    def command_line(self) -> list[str]:
-        return [*super().command_line(), "--config", str(self.properties)]
-
-
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[CompactingBroker]:
-    process = CompactingBroker(tmp_path / "data")
-    process.start()
-    try:
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker whose cleaner looks for work every 100 ms."""
+    with running_broker(tmp_path / "data", properties=CLEANER_EVERY_100_MS) as process:
         yield process
-    finally:
-        if process.running:
-            process.stop()
 
 
 def create_topic(conn: RawConnection) -> None:
-    Req = m.CreateTopicsRequest
-    Config = Req.CreatableTopic.CreatableTopicConfig
-    configs = [Config(name=k, value=v) for k, v in TOPIC_CONFIGS.items()]
-    topic = Req.CreatableTopic(name=TOPIC, num_partitions=1, replication_factor=1,
-                               assignments=[], configs=configs)  # fmt: skip
-    body = Req(topics=[topic], timeout_ms=10_000, validate_only=False)
-    assert conn.request(m.ApiKey.CREATE_TOPICS, 4, body).topics[0].error_code == ErrorCode.NONE
+    conn.create_topic(TOPIC, TOPIC_CONFIGS)
 
 
 def until_none(call: object, *args: object) -> object:
@@ -80,23 +59,11 @@ def until_none(call: object, *args: object) -> object:
 
 
 def init_producer_id(conn: RawConnection, tid: str) -> tuple[int, int, int]:
-    body = m.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000,
-                                   producer_id=-1, producer_epoch=-1)  # fmt: skip
-    r = conn.request(m.ApiKey.INIT_PRODUCER_ID, 4, body)
-    return r.error_code, r.producer_id, r.producer_epoch
+    return conn.init_producer_id(tid)
 
 
 def add_partition(conn: RawConnection, tid: str, pid: int, epoch: int) -> int:
-    Req = m.AddPartitionsToTxnRequest
-    body = Req(
-        v3_and_below_transactional_id=tid, v3_and_below_producer_id=pid,
-        v3_and_below_producer_epoch=epoch,
-        v3_and_below_topics=[Req.AddPartitionsToTxnTopic(name=TOPIC, partitions=[0])],
-    )  # fmt: skip
-    response = conn.request(m.ApiKey.ADD_PARTITIONS_TO_TXN, 3, body)
-    return int(
-        response.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
-    )
+    return conn.add_partition_to_txn(tid, pid, epoch, TOPIC)
 
 
 def end_txn(conn: RawConnection, tid: str, pid: int, epoch: int, commit: bool) -> int:
@@ -106,13 +73,7 @@ def end_txn(conn: RawConnection, tid: str, pid: int, epoch: int, commit: bool) -
 
 
 def produce(conn: RawConnection, raw: bytes, tid: str | None = None) -> tuple[int, int]:
-    Req = m.ProduceRequest
-    body = Req(
-        transactional_id=tid, acks=-1, timeout_ms=10_000,
-        topic_data=[Req.TopicProduceData(name=TOPIC, partition_data=[
-            Req.TopicProduceData.PartitionProduceData(index=0, records=raw)])],
-    )  # fmt: skip
-    part = conn.request(m.ApiKey.PRODUCE, 9, body).responses[0].partition_responses[0]
+    part = conn.produce(TOPIC, raw, transactional_id=tid)
     return int(part.error_code), int(part.base_offset)
 
 
@@ -141,7 +102,7 @@ def compact(conn: RawConnection) -> None:
         assert time.monotonic() < deadline, "the cleaner never compacted the topic"
 
 
-def crash_without_snapshots(broker: CompactingBroker) -> None:
+def crash_without_snapshots(broker: BrokerProcess) -> None:
     """kill -9, and the producer state snapshots gone: rebuilt from the log alone."""
     broker.kill9()
     for path in (broker.data_dir / f"{TOPIC}-0").iterdir():
@@ -150,7 +111,7 @@ def crash_without_snapshots(broker: CompactingBroker) -> None:
     broker.start()
 
 
-def test_a_committed_producers_last_sequence_outlives_compaction(broker: CompactingBroker) -> None:
+def test_a_committed_producers_last_sequence_outlives_compaction(broker: BrokerProcess) -> None:
     tid = "compacted-txn"
     with broker.connect() as conn:
         create_topic(conn)
@@ -173,7 +134,7 @@ def test_a_committed_producers_last_sequence_outlives_compaction(broker: Compact
         assert until_none(end_txn, conn, tid, pid, epoch, False) == ErrorCode.NONE
 
 
-def test_a_fencing_marker_outlives_compaction(broker: CompactingBroker) -> None:
+def test_a_fencing_marker_outlives_compaction(broker: BrokerProcess) -> None:
     tid = "fenced-in-compacted"
     with broker.connect() as conn:
         create_topic(conn)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import BrokerProcess, RawConnection
+from tests.e2e.conftest import BrokerProcess, RawConnection, running_broker
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
@@ -28,38 +28,16 @@ TOPIC = "retained"
 DEADLINE_S = 60.0
 
 
-class SmallSegmentsBroker(BrokerProcess):
-    """Segments of 1 KiB, at most 2 KiB kept, retention checked every 100 ms."""
-
-    def __init__(self, data_dir: Path) -> None:
-        super().__init__(data_dir, "pipelined", "file")
-        self.properties = data_dir.parent / "small-segments.properties"
-        self.properties.write_text(
-            "log.segment.bytes=1024\nlog.retention.bytes=2048\n"
-            "log.retention.check.interval.ms=100\n"
-        )
-
-    def command_line(self) -> list[str]:
-        return [*super().command_line(), "--config", str(self.properties)]
+#: Segments of 1 KiB, at most 2 KiB kept, retention checked every 100 ms.
+SMALL_SEGMENTS = (
+    "log.segment.bytes=1024\nlog.retention.bytes=2048\nlog.retention.check.interval.ms=100\n"
+)
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[SmallSegmentsBroker]:
-    process = SmallSegmentsBroker(tmp_path / "data")
-    process.start()
-    try:
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    with running_broker(tmp_path / "data", properties=SMALL_SEGMENTS) as process:
         yield process
-    finally:
-        if process.running:
-            process.stop()
-
-
-def create_topic(conn: RawConnection) -> None:
-    Req = m.CreateTopicsRequest
-    topic = Req.CreatableTopic(name=TOPIC, num_partitions=1, replication_factor=1,
-                               assignments=[], configs=[])  # fmt: skip
-    body = Req(topics=[topic], timeout_ms=10_000, validate_only=False)
-    assert conn.request(m.ApiKey.CREATE_TOPICS, 4, body).topics[0].error_code == ErrorCode.NONE
 
 
 def init_producer_id(conn: RawConnection, pid: int = -1, epoch: int = -1) -> tuple[int, int]:
@@ -100,9 +78,9 @@ def fill_until_retention_passes(conn: RawConnection, offset: int) -> None:
         assert code == ErrorCode.NONE
 
 
-def test_producers_deleted_by_retention_survive_a_kill9(broker: SmallSegmentsBroker) -> None:
+def test_producers_deleted_by_retention_survive_a_kill9(broker: BrokerProcess) -> None:
     with broker.connect() as conn:
-        create_topic(conn)
+        conn.create_topic(TOPIC)
         pid, _ = init_producer_id(conn)
         assert [produce(conn, batch(pid, 0, s)) for s in (0, 1, 2)] == [(0, 0), (0, 1), (0, 2)]
         # A second producer moves to epoch 1: epoch 0 is fenced from then on.

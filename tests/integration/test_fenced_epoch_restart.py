@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import BrokerProcess, RawConnection
-from tests.integration.raw_client import create_topics_request
+from tests.e2e.conftest import BrokerProcess, RawConnection, running_broker
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
@@ -34,48 +33,24 @@ TID = "fence-me"
 
 @pytest.fixture
 def process(tmp_path: Path) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(tmp_path / "data", "pipelined", "file")
-    broker.start()
-    try:
+    with running_broker(tmp_path / "data") as broker:
         yield broker
-    finally:
-        if broker.running:
-            broker.stop()
 
 
 def create_topic(conn: RawConnection) -> None:
-    result = conn.request(m.ApiKey.CREATE_TOPICS, 4, create_topics_request(TOPIC)).topics[0]
-    assert result.error_code == ErrorCode.NONE, result
+    conn.create_topic(TOPIC)
 
 
 def init_producer_id(conn: RawConnection) -> tuple[int, int, int]:
-    body = m.InitProducerIdRequest(transactional_id=TID, transaction_timeout_ms=60_000,
-                                   producer_id=-1, producer_epoch=-1)  # fmt: skip
-    r = conn.request(m.ApiKey.INIT_PRODUCER_ID, 4, body)
-    return r.error_code, r.producer_id, r.producer_epoch
+    return conn.init_producer_id(TID)
 
 
 def add_partition(conn: RawConnection, pid: int, epoch: int) -> int:
-    Req = m.AddPartitionsToTxnRequest
-    body = Req(
-        v3_and_below_transactional_id=TID, v3_and_below_producer_id=pid,
-        v3_and_below_producer_epoch=epoch,
-        v3_and_below_topics=[Req.AddPartitionsToTxnTopic(name=TOPIC, partitions=[0])],
-    )  # fmt: skip
-    response = conn.request(m.ApiKey.ADD_PARTITIONS_TO_TXN, 3, body)
-    return int(
-        response.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
-    )
+    return conn.add_partition_to_txn(TID, pid, epoch, TOPIC)
 
 
 def produce(conn: RawConnection, batch: bytes) -> tuple[int, int]:
-    Req = m.ProduceRequest
-    body = Req(
-        transactional_id=None, acks=-1, timeout_ms=10_000,
-        topic_data=[Req.TopicProduceData(name=TOPIC, partition_data=[
-            Req.TopicProduceData.PartitionProduceData(index=0, records=batch)])],
-    )  # fmt: skip
-    part = conn.request(m.ApiKey.PRODUCE, 9, body).responses[0].partition_responses[0]
+    part = conn.produce(TOPIC, batch)
     return part.error_code, part.base_offset
 
 

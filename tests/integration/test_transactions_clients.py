@@ -31,7 +31,7 @@ import trio
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.conftest import BrokerProcess
+from tests.e2e.conftest import BrokerProcess, running_broker
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import iter_batches, read_control_marker
@@ -307,28 +307,11 @@ async def test_aiokafka_commit_and_abort(broker: Broker, bootstrap: str, topics:
 # ------------------------------------------------------------------ kill -9 and restart
 
 
-class ConfiguredBroker(BrokerProcess):
-    def __init__(self, data_dir: Path, properties: Path) -> None:
-        super().__init__(data_dir, "pipelined", "file")
-        self.properties = properties
-
-    def command_line(self) -> list[str]:
-        return [*super().command_line(), "--config", str(self.properties)]
-
-
 @pytest.fixture
-def process(tmp_path: Path) -> Iterator[ConfiguredBroker]:
-    properties = tmp_path / "server.properties"
-    properties.write_text(
-        f"transaction.abort.timed.out.transaction.cleanup.interval.ms={ABORT_CHECK_MS}\n"
-    )
-    broker = ConfiguredBroker(tmp_path / "data", properties)
-    broker.start()
-    try:
+def process(tmp_path: Path) -> Iterator[BrokerProcess]:
+    properties = f"transaction.abort.timed.out.transaction.cleanup.interval.ms={ABORT_CHECK_MS}\n"
+    with running_broker(tmp_path / "data", properties=properties) as broker:
         yield broker
-    finally:
-        if broker.running:
-            broker.stop()
 
 
 def describe(process: BrokerProcess, transactional_id: str) -> Any:
@@ -346,7 +329,7 @@ def markers_over_the_wire(process: BrokerProcess, topic: str, partition: int) ->
     return [read_control_marker(batch).committed for batch in batches if batch.is_control]
 
 
-def test_kill_9_mid_transaction_then_restart(process: ConfiguredBroker) -> None:
+def test_kill_9_mid_transaction_then_restart(process: BrokerProcess) -> None:
     admin = AdminClient({"bootstrap.servers": process.bootstrap})
     for future in admin.create_topics([NewTopic(t, 2, 1) for t in TOPICS]).values():
         future.result(30)
