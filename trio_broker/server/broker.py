@@ -245,7 +245,8 @@ class Broker:
         if config.zookeeper_connect is None:
             self.transactions = TransactionCoordinator.open(
                 data_dir, self.log_defaults, broker_id=config.node_id, topics=self.topics,
-                producers=self.producers, durability=self.flusher, appends=self.appends, groups=self.groups,
+                producers=self.producers, durability=self.flusher, appends=self.appends,
+                groups=self.groups,
                 allocate_producer_id=lambda: self.producers.allocator.allocate(),
                 write_marker=append_txn_marker, now_ms=now_ms,
                 max_timeout_ms=config.transaction_max_timeout_ms,
@@ -255,12 +256,11 @@ class Broker:
         else:
             # A cluster: one table per __transaction_state partition this broker leads,
             # loaded when the replica manager elects it (docs/transactions.md).
-            assert isinstance(self.unjoined, LeadsNothing)
+            # Until the broker joins it leads nothing: no partition is about to load.
             self.transactions = PartitionedTransactionCoordinator(
-                config.transaction_state_log_num_partitions,
-                self._transaction_table,
-                self.unjoined,
-            )
+                config.transaction_state_log_num_partitions, self._transaction_table,
+                LeadsNothing(config.node_id),
+            )  # fmt: skip
             self.services.append(TransactionTimers(self.transactions, config))
         #: The Prometheus /metrics and /health responder (trio_broker.server.metrics), or None.
         self.metrics: Any = None
