@@ -35,6 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.protocol.records import build_control_batch, iter_batches, read_control_marker
+from trio_broker.services.local_replication import OwnLog
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.memory import MemoryLog
@@ -155,7 +156,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             self.txn_log, topics=self.topics, producers=None, durability=self.durability,
             appends=None, groups=self.groups, allocate_producer_id=self._allocate,
             write_marker=append_marker, now_ms=lambda: self.now, max_timeout_ms=MAX_TIMEOUT_MS,
-            expiration_ms=EXPIRATION_MS,
+            expiration_ms=EXPIRATION_MS, replication=OwnLog(0, self.txn_log),
         )  # fmt: skip
         coordinator.load()
         return coordinator

@@ -56,7 +56,7 @@ from trio_broker.groups.offsets_store import (
     TxnOffset,
     group_of,
 )
-from trio_broker.partition.append import Appended, Origin
+from trio_broker.partition.append import Appended, Origin, Replication
 from trio_broker.partition.append import append as partition_append
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
@@ -283,7 +283,7 @@ class GroupCoordinator:
         partition = self.partition_of(group_id)
         led = self.led.get(partition)
         if led is None:
-            if self.broker.replication.about_to_lead(CONSUMER_OFFSETS, partition):
+            if self.broker.leaders.about_to_lead(CONSUMER_OFFSETS, partition):
                 return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
             return ErrorCode.NOT_COORDINATOR
         if led.store is None:
@@ -876,11 +876,11 @@ class GroupCoordinator:
 
         return store.append(entries, now, alone)
 
-    def _replication(self) -> Any:
-        replication = self.broker.replication
-        if replication is None:  # left the cluster (shutting down): it leads nothing
-            raise NotCommitted(ErrorCode.NOT_COORDINATOR, "this broker left the cluster")
-        return replication
+    def _replication(self) -> Replication:
+        # services.leaders, never None: once the broker left the cluster (shutting
+        # down) it leads nothing, and a write answers NOT_COORDINATOR.
+        leaders: Replication = self.broker.leaders
+        return leaders
 
     async def _wait_counted(self, store: OffsetsStore, last_offset: int) -> None:
         """Synced and, in a cluster, replicated below the high watermark within

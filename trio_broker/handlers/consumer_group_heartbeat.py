@@ -25,14 +25,10 @@ Resp = m.ConsumerGroupHeartbeatResponse
 
 
 def topic_table(ctx: RequestContext) -> dict[str, tuple[uuid.UUID, int]]:
-    """name -> (topic id, partition count) of every topic: this node's, or the cluster's."""
-    replication = ctx.services.replication
-    if replication is not None:
-        return {
-            name: (info.topic_id, len(info.partitions))
-            for name, info in replication.view.topics.items()
-        }
-    return {t.name: (t.topic_id, len(t.logs)) for t in ctx.services.topics.topics.values()}
+    """name -> (topic id, partition count) of every topic, as Metadata lists them
+    (``services.leaders.view``: the cluster's, or a node alone's own)."""
+    topics = ctx.services.leaders.view.topics
+    return {name: (info.topic_id, len(info.partitions)) for name, info in topics.items()}
 
 
 def assigned_by_topic(

@@ -24,6 +24,8 @@ from trio_broker.groups.share_state import ShareKey, encode_batch
 from trio_broker.handlers.base import RequestContext
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.internal_topics import NotCommitted, append_as_leader, wait_counted
+from trio_broker.services.local_replication import OwnLog
+from trio_broker.storage.log_protocol import Log
 
 log = logging.getLogger("trio_broker.groups")
 
@@ -59,7 +61,7 @@ def append_changes(
         return False
     appended = append_as_leader(
         store.log, encode_batch(entries, now), now_ms=now, durability=ctx.services.durability,
-        messages=len(entries),
+        replication=_own(ctx.services.config.node_id, store.log), messages=len(entries),
     )  # fmt: skip
     store.appended(entries, appended.last_offset)
     return True
@@ -79,13 +81,18 @@ async def persist(
         store = ctx.services.shares.store
         if store is None or store.last_appended < 0:
             return ErrorCode.NONE
-        await wait_counted(store.log, store.last_appended, durability=ctx.services.durability)
+        await wait_counted(
+            store.log, store.last_appended, durability=ctx.services.durability,
+            replication=_own(ctx.services.config.node_id, store.log),
+        )  # fmt: skip
     except NotCommitted as exc:
         return exc.error_code
     return ErrorCode.NONE
 
 
-def forget_topic(shares: Any, durability: Any, topic_id: uuid.UUID, now_ms: int) -> None:
+def forget_topic(
+    shares: Any, durability: Any, topic_id: uuid.UUID, now_ms: int, broker_id: int
+) -> None:
     """A topic is deleted: every group's share state of it goes, from memory and (with
     tombstones, not waited for) from the log. A topic created again under the name has
     another id and starts with no share state. Were the tombstones lost in a crash, the
@@ -101,9 +108,15 @@ def forget_topic(shares: Any, durability: Any, topic_id: uuid.UUID, now_ms: int)
     try:
         appended = append_as_leader(
             store.log, encode_batch(entries, now_ms), now_ms=now_ms, durability=durability,
-            messages=len(entries),
+            replication=_own(broker_id, store.log), messages=len(entries),
         )  # fmt: skip
     except NotCommitted as exc:
         log.warning("share state of deleted topic %s not tombstoned: %s", topic_id, exc)
         return
     store.appended(entries, appended.last_offset)
+
+
+def _own(broker_id: int, log_: Log) -> OwnLog:
+    """The share state's log is this broker's own, replicated nowhere, in a cluster too:
+    a write counts once synced."""
+    return OwnLog(broker_id, log_)

@@ -9,8 +9,11 @@ broker does not lead answers NOT_LEADER_OR_FOLLOWER (the coordinator retries at 
 new leader); a ``__consumer_offsets`` partition is handed to the group coordinator,
 which commits or drops the producer's staged offsets.
 
-On a single broker the coordinator writes its markers itself; the API is served too, so
-tools can drive the partition side, and answers once the markers are durable. Needs
+A node alone takes the same path: it leads every partition it holds (a cluster of one,
+``services.leaders``), so its markers are appended as the partition's leader and
+answered once synced; the coordinator alone writes its own markers directly, the API
+serves tools that drive the partition side. A partition this broker holds no replica of
+answers UNKNOWN_TOPIC_OR_PARTITION (Kafka's, for a partition not online here). Needs
 CLUSTER_ACTION on the cluster.
 """
 
@@ -24,16 +27,12 @@ from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.partition.append import Appended
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.protocol.errors import KafkaError
 from trio_broker.services.internal_topics import CONSUMER_OFFSETS
 from trio_broker.services.txn_markers import (
     append_marker_as_leader,
     complete_offsets_marker,
     marker_committed,
 )
-from trio_broker.storage.log_protocol import Log
-from trio_broker.transactions.coordinator import TransactionCoordinator
-from trio_broker.transactions.lookup import coordinator_of
 
 Resp = m.WriteTxnMarkersResponse
 MarkerResult = Resp.WritableTxnMarkerResult
@@ -45,10 +44,8 @@ PartitionResult = TopicResult.WritableTxnMarkerPartitionResult
 async def handle_write_txn_markers(
     ctx: RequestContext, request: m.WriteTxnMarkersRequest
 ) -> m.WriteTxnMarkersResponse | Deferred:
-    coordinator = coordinator_of(ctx.services)
     allowed = authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
     services = ctx.services
-    clustered = services.replication is not None
     results: list[MarkerResult] = []
     #: Partition results still to be decided once their marker is committed.
     waits: list[tuple[PartitionResult, Callable[[], Awaitable[ErrorCode]]]] = []
@@ -61,9 +58,11 @@ async def handle_write_txn_markers(
                 partitions.append(result)
                 if not allowed:
                     result.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-                elif clustered and topic.name == CONSUMER_OFFSETS:
+                elif services.topics.log(topic.name, index) is None:
+                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                elif topic.name == CONSUMER_OFFSETS:
                     waits.append((result, _offsets_marker(services, index, marker)))
-                elif clustered:
+                else:
                     written = append_marker_as_leader(
                         services, topic.name, index, marker.producer_id, marker.producer_epoch,
                         marker.transaction_result, marker.coordinator_epoch, ctx.now_ms(),
@@ -72,9 +71,6 @@ async def handle_write_txn_markers(
                         result.error_code = written
                     else:
                         waits.append((result, _committed(services, written)))
-                else:
-                    result.error_code = _append_alone(ctx, coordinator, topic.name, index,
-                                                      marker, waits, result)  # fmt: skip
             topics.append(TopicResult(name=topic.name, partitions=partitions))
         results.append(MarkerResult(producer_id=marker.producer_id, topics=topics))
     response = Resp(markers=results)
@@ -98,34 +94,3 @@ def _offsets_marker(
 ) -> Callable[[], Awaitable[ErrorCode]]:
     return lambda: complete_offsets_marker(services, partition, marker.producer_id,
                                            marker.producer_epoch, marker.transaction_result)  # fmt: skip
-
-
-def _append_alone(
-    ctx: RequestContext, coordinator: Any, topic: str, index: int, marker: Any,
-    waits: list[tuple[PartitionResult, Callable[[], Awaitable[ErrorCode]]]],
-    result: PartitionResult,
-) -> ErrorCode:  # fmt: skip
-    """A single broker: the coordinator's own marker writer, answered once durable."""
-    services = ctx.services
-    if not isinstance(coordinator, TransactionCoordinator):
-        return ErrorCode.COORDINATOR_NOT_AVAILABLE
-    if services.topics.log(topic, index) is None:
-        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-    try:
-        written = coordinator.write_marker(
-            services.topics, services.producers, services.durability, services.appends, topic,
-            index, marker.producer_id, marker.producer_epoch, marker.transaction_result,
-            marker.coordinator_epoch, ctx.now_ms(),
-        )  # fmt: skip
-    except KafkaError as exc:
-        return ErrorCode(exc.error_code)
-    waits.append((result, _durable(services, written)))
-    return ErrorCode.NONE
-
-
-def _durable(services: Any, written: tuple[Log, int]) -> Callable[[], Awaitable[ErrorCode]]:
-    async def wait() -> ErrorCode:
-        await services.durability.wait_durable(*written)
-        return ErrorCode.NONE
-
-    return wait

@@ -9,8 +9,8 @@ halves as a pipelined produce needs them (append now, in request order; wait lat
   producer state's record of it, the log marked dirty for the group commit, and the
   long polls on the partition woken. Returns an :class:`Appended`.
 - :func:`wait_acked` (awaited by the caller's deferred work): acks=0/1 need nothing;
-  acks=-1 needs the fsync covering the write (the flusher's ``wait_durable``) and, on
-  a replicated partition, the high watermark past it (``wait_committed``).
+  acks=-1 needs the fsync covering the write (the flusher's ``wait_durable``) and the
+  high watermark past it (``wait_committed``; a node alone's is its durable end).
 
 The other way into a log, a follower's copy of its leader's batches, is
 ``append_replicated_batches`` in ``cluster/replica_fetcher.py``.
@@ -135,20 +135,19 @@ class Appended:
     #: The offset the acks wait for: synced past it, and the high watermark past it.
     last_offset: int
     log_append_time: int = -1
-    #: Written as a cluster's leader (stamped with its epoch): acks=-1 waits for the
-    #: high watermark too. False on a broker alone.
+    #: Written as a cluster's leader (stamped with its epoch), so that a produce timing
+    #: out may say the high watermark did not pass it. False on a broker alone.
     replicated: bool = False
     #: A retried batch: not written again, its offsets are the original's.
     duplicate: bool = False
 
 
-def leader_epoch_of(replication: Replication | None, topic: str, partition: int) -> int | None:
-    """The epoch a leader's write is stamped with: the term's in a cluster, None for a
-    node alone (its term is not ``replicated``) and for a coordinator's log written
-    without a replication (``replication`` None: the coordinators alone, for now);
-    :class:`NotLeader` when this broker has no term there."""
-    if replication is None:
-        return None
+def leader_epoch_of(replication: Replication, topic: str, partition: int) -> int | None:
+    """The epoch a leader's write is stamped with: its term's in a cluster, None for a
+    term that is not ``replicated`` (a node alone's, a log it keeps for itself:
+    ``services/local_replication.py``); :class:`NotLeader` when this broker has no term
+    there (it leads nowhere or elsewhere: a cluster's fact, as Kafka's
+    ``NotLeaderOrFollowerException``, not a mode)."""
     term = replication.leader_term(topic, partition)
     if term is None:
         raise NotLeader(f"not the leader of {topic}-{partition}")
@@ -243,14 +242,16 @@ async def wait_acked(
     acks: int,
     *,
     durability: Durability,
-    replication: Replication | None,
+    replication: Replication,
     fsync: bool = True,
 ) -> Acked:
     """Wait until ``appended`` may be acknowledged with ``acks`` (0 and 1: at once).
 
     ``fsync``: acks=-1 waits for the covering fsync first (``acks.all.fsync``; the
-    coordinators always sync). A replicated write then waits for the high watermark;
-    with ``replication`` gone meanwhile (the broker left the cluster) it never counts.
+    coordinators always sync). The write then waits for the partition's high watermark
+    (``replication.wait_committed``): a cluster's leader waits for its ISR, a node
+    alone's term (its ISR itself, its HW the durable end) answers at once, and a
+    clustered broker that left leads nothing (LEADERSHIP_LOST).
     """
     if acks != -1:
         return DONE
@@ -259,10 +260,6 @@ async def wait_acked(
             await durability.wait_durable(appended.log, appended.last_offset)
         except (KafkaError, OSError) as exc:
             return Acked(AckState.WAITING, sync_error=exc)
-    if not appended.replicated:
-        return DONE
-    if replication is None:
-        return Acked(AckState.LEADERSHIP_LOST)
     state = await replication.wait_committed(
         appended.topic, appended.partition, appended.last_offset
     )

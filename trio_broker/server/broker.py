@@ -244,8 +244,9 @@ class Broker:
         self.transactions: Any = None
         if config.zookeeper_connect is None:
             self.transactions = TransactionCoordinator.open(
-                data_dir, self.log_defaults, topics=self.topics, producers=self.producers,
-                durability=self.flusher, appends=self.appends, groups=self.groups,
+                data_dir, self.log_defaults, broker_id=config.node_id, topics=self.topics,
+                producers=self.producers, durability=self.flusher, appends=self.appends,
+                groups=self.groups,
                 allocate_producer_id=lambda: self.producers.allocator.allocate(),
                 write_marker=append_txn_marker, now_ms=now_ms,
                 max_timeout_ms=config.transaction_max_timeout_ms,
@@ -255,9 +256,11 @@ class Broker:
         else:
             # A cluster: one table per __transaction_state partition this broker leads,
             # loaded when the replica manager elects it (docs/transactions.md).
+            # Until the broker joins it leads nothing: no partition is about to load.
             self.transactions = PartitionedTransactionCoordinator(
-                config.transaction_state_log_num_partitions, self._transaction_table
-            )
+                config.transaction_state_log_num_partitions, self._transaction_table,
+                LeadsNothing(config.node_id),
+            )  # fmt: skip
             self.services.append(TransactionTimers(self.transactions, config))
         #: The Prometheus /metrics and /health responder (trio_broker.server.metrics), or None.
         self.metrics: Any = None
@@ -280,7 +283,7 @@ class Broker:
         self.shares.restore(restored)
 
     def _forget_share_state(self, topic_id: uuid.UUID) -> None:
-        forget_topic(self.shares, self.flusher, topic_id, self.now_ms())
+        forget_topic(self.shares, self.flusher, topic_id, self.now_ms(), self.config.node_id)
 
     # ------------------------------------------------------------------ services (handlers/base.py)
 

@@ -14,9 +14,11 @@ transaction coordinator alike:
   manager (``cluster/replica_manager.py``) when this broker starts or stops leading one
   of the topic's partitions;
 - :func:`append_committed`: append one record batch as the partition's leader and wait
-  until it counts: synced here and, in a cluster, below the high watermark (every ISR
-  member has it, and ``min.insync.replicas`` held), Kafka's acks=all for its internal
-  writes. Alone (no replication), synced is enough.
+  until it counts: synced here and below the partition's high watermark (in a cluster
+  every ISR member has it, and ``min.insync.replicas`` held), Kafka's acks=all for its
+  internal writes. A node alone writes its coordinators' own logs through an
+  ``OwnLog`` (``services/local_replication.py``): a cluster of one, where synced is
+  committed.
 
 No trio here: the waiting is done by the durability and replication objects passed in.
 """
@@ -29,6 +31,7 @@ from trio_broker.partition.append import (
     Appended,
     NotLeader,
     Origin,
+    Replication,
     leader_epoch_of,
     wait_acked,
 )
@@ -95,15 +98,16 @@ async def append_committed(
     *,
     now_ms: int,
     durability: Any,
-    replication: Any = None,
+    replication: Replication,
     topic: str = "",
     partition: int = 0,
 ) -> Appended:
     """Append ``batch`` to ``log`` and return once the write counts (module docstring).
 
-    ``replication`` is the broker's replica manager, or None alone; with one, this broker
-    must lead ``topic``-``partition`` (NOT_COORDINATOR otherwise) and the batch carries
-    its leader epoch. Raises :class:`NotCommitted` when the write did not count; the
+    ``replication``: the broker's (``services.leaders``) in a cluster, or the
+    ``OwnLog`` of a log this broker keeps for itself. This broker must lead
+    ``topic``-``partition`` (NOT_COORDINATOR otherwise); a cluster's term stamps its
+    leader epoch on the batch. Raises :class:`NotCommitted` when the write did not count; the
     record may still be in the log (as with a timed-out produce), so callers apply
     their table change only after a normal return.
     """
@@ -124,15 +128,15 @@ def append_as_leader(
     *,
     now_ms: int,
     durability: Any,
-    replication: Any = None,
+    replication: Replication,
     topic: str = "",
     partition: int = 0,
     messages: int = 1,
 ) -> Appended:
     """The first half of :func:`append_committed`, for callers that must append in
     request order now and wait later: the partition's append as a coordinator
-    (``partition/append.py``: the leader epoch in a cluster, the log marked dirty for
-    the flusher). Raises :class:`NotCommitted` (nothing was appended); the caller waits
+    (``partition/append.py``: a cluster's leader epoch, the log marked dirty for the
+    flusher). Raises :class:`NotCommitted` (nothing was appended); the caller waits
     with :func:`wait_counted`."""
     try:
         epoch = leader_epoch_of(replication, topic, partition)
@@ -152,18 +156,16 @@ async def wait_counted(
     last_offset: int,
     *,
     durability: Any,
-    replication: Any = None,
+    replication: Replication,
     topic: str = "",
     partition: int = 0,
 ) -> None:
     """The second half of :func:`append_committed`: wait until ``log`` is synced through
-    ``last_offset`` and, in a cluster, the high watermark passed it. Raises
+    ``last_offset`` and the high watermark passed it (a node alone's: synced). Raises
     :class:`NotCommitted` (NOT_COORDINATOR once leadership moved, else
     COORDINATOR_NOT_AVAILABLE, which Kafka's coordinators answer for a failed or timed
     out internal write too)."""
-    written = Appended(
-        log, topic, partition, last_offset, last_offset, replicated=replication is not None
-    )
+    written = Appended(log, topic, partition, last_offset, last_offset)
     acked = await wait_acked(written, -1, durability=durability, replication=replication)
     if acked.sync_error is not None:
         raise NotCommitted(

@@ -13,6 +13,9 @@ the few things it does differently from a cluster's leader, unchanged by this sl
 a batch keeps the producer's partitionLeaderEpoch (no epoch cache entry), acks=-1 waits
 for the fsync only, and Fetch checks no current leader epoch.
 
+:class:`OwnLog` is the same cluster of one for a log outside the topic catalogue
+that this broker writes as a coordinator (its own files alone, the share state).
+
 :class:`LeadsNothing` is a clustered broker's replication before it joined and after it
 left: it leads nothing, so every partition answers LEADER_NOT_AVAILABLE and a write
 waiting for the high watermark ends LEADERSHIP_LOST.
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
-from trio_broker.partition.append import Term
+from trio_broker.partition.append import Replication, Term
 from trio_broker.replication.leader import AckState
 from trio_broker.services.cluster_view import (
     BrokerInfo,
@@ -51,6 +54,7 @@ __all__ = [
     "LocalReplication",
     "LocalTerm",
     "LocalView",
+    "OwnLog",
 ]
 
 #: (topic name or id, partition, fetch offset, current leader epoch or -1).
@@ -155,12 +159,23 @@ class _LocalTopics(Mapping[str, TopicInfo]):
     def __init__(self, broker_id: int, topics: TopicManager) -> None:
         self._broker_id = broker_id
         self._topics = topics
+        me = (broker_id,)
+        self._led = PartitionInfo(me, broker_id, LOCAL_LEADER_EPOCH, me)
+        #: name -> (the topic, its partition count, its entry): an entry is built once
+        #: per topic and growth, not each time a heartbeat or Metadata lists the topics.
+        self._entries: dict[str, tuple[object, int, TopicInfo]] = {}
 
     def __getitem__(self, name: str) -> TopicInfo:
         topic = self._topics.topics[name]
-        me = (self._broker_id,)
-        led = PartitionInfo(me, self._broker_id, LOCAL_LEADER_EPOCH, me)
-        return TopicInfo(topic.name, topic.topic_id, dict.fromkeys(range(len(topic.logs)), led))
+        count = len(topic.logs)
+        cached = self._entries.get(name)
+        if cached is not None and cached[0] is topic and cached[1] == count:
+            return cached[2]
+        if len(self._entries) > len(self._topics.topics):  # drop deleted topics' entries
+            self._entries = {n: e for n, e in self._entries.items() if n in self._topics.topics}
+        info = TopicInfo(topic.name, topic.topic_id, dict.fromkeys(range(count), self._led))
+        self._entries[name] = (topic, count, info)
+        return info
 
     def __contains__(self, name: object) -> bool:
         # Mapping's default would build a TopicInfo (one PartitionInfo per partition).
@@ -248,6 +263,24 @@ class LocalReplication(_NoFollowers):
         return AckState.DONE
 
 
+class OwnLog:
+    """The replication of one log this broker keeps for itself and replicates nowhere:
+    a coordinator's file on a node alone (``__consumer_offsets-0``,
+    ``__transaction_state-0``), the share-group state. A cluster of one leading that
+    log in the local term, whatever partition it is written as: a write keeps its
+    batch's epoch (the term is not ``replicated``) and counts once synced."""
+
+    def __init__(self, broker_id: int, log: Log) -> None:
+        self.broker_id = broker_id
+        self.log = log
+
+    def leader_term(self, topic: str, partition: int) -> LocalTerm:
+        return LocalTerm(self.broker_id, self.log)
+
+    async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
+        return AckState.DONE
+
+
 class LeadsNothing(_NoFollowers):
     """A clustered broker's data-path replication while it has no replica manager."""
 
@@ -257,6 +290,10 @@ class LeadsNothing(_NoFollowers):
     def leader_term(self, topic: str, partition: int) -> None:
         return None
 
+    def about_to_lead(self, topic: str, partition: int) -> bool:
+        """Nothing is coming: a coordinator's partition answers NOT_COORDINATOR."""
+        return False
+
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         return AckState.LEADERSHIP_LOST
 
@@ -264,3 +301,4 @@ class LeadsNothing(_NoFollowers):
 if TYPE_CHECKING:  # mypy checks that both are the data path's replication
     _LOCAL: type[DataReplication] = LocalReplication
     _NOTHING: type[DataReplication] = LeadsNothing
+    _OWN: type[Replication] = OwnLog

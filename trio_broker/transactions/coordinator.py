@@ -34,10 +34,12 @@ from typing import Any, Protocol
 
 import attrs
 
+from trio_broker.partition.append import Replication
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError, ProtocolError
 from trio_broker.protocol.records import build_batch
 from trio_broker.services.internal_topics import TRANSACTION_STATE, NotCommitted, append_committed
+from trio_broker.services.local_replication import OwnLog
 from trio_broker.storage.log import LogConfig, PartitionLog
 from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.memory import MemoryLog
@@ -121,7 +123,7 @@ class TransactionCoordinator:
         now_ms: Callable[[], int],
         max_timeout_ms: int = 900_000,
         expiration_ms: int = 604_800_000,
-        replication: Any = None,
+        replication: Replication,
         txn_partition: int = 0,
         coordinator_epoch: int = COORDINATOR_EPOCH,
         send_markers: MarkerSender | None = None,
@@ -139,9 +141,11 @@ class TransactionCoordinator:
         self.now_ms = now_ms
         self.max_timeout_ms = max_timeout_ms
         self.expiration_ms = expiration_ms
-        #: Cluster mode: the replica manager; this table is that of ``__transaction_state``
-        #: partition ``txn_partition``, whose leader epoch is the coordinator epoch markers
-        #: carry. Its log belongs to the topic manager then (``owns_log`` False).
+        #: What the table's writes count through: in a cluster the replica manager, this
+        #: table being that of ``__transaction_state`` partition ``txn_partition``, whose
+        #: leader epoch is the coordinator epoch markers carry (its log belongs to the
+        #: topic manager then: ``owns_log`` False); on a node alone the ``OwnLog`` of
+        #: its own file (synced is committed; coordinator epoch 0).
         self.replication = replication
         self.txn_partition = txn_partition
         self.coordinator_epoch = coordinator_epoch
@@ -160,8 +164,11 @@ class TransactionCoordinator:
         ] = {}
 
     @classmethod
-    def open(cls, data_dir: Path | None, config: LogConfig, **deps: Any) -> TransactionCoordinator:
-        """Open the internal log (memory if ``data_dir`` is None) and replay it."""
+    def open(
+        cls, data_dir: Path | None, config: LogConfig, *, broker_id: int, **deps: Any
+    ) -> TransactionCoordinator:
+        """A node alone's coordinator: open its own internal log (memory if ``data_dir``
+        is None), which it leads as a cluster of one (``OwnLog``), and replay it."""
         # Like the offsets log: never deleted by age, compacted instead (the latest record
         # per transactional id stays; an expired id's tombstone goes after
         # delete.retention.ms), in segments of Kafka's transaction.state.log.segment.bytes.
@@ -177,7 +184,7 @@ class TransactionCoordinator:
             txn_log: Log = MemoryLog(config)
         else:
             txn_log = PartitionLog.open(Path(data_dir) / TRANSACTION_LOG_NAME, config)
-        coordinator = cls(txn_log, **deps)
+        coordinator = cls(txn_log, replication=OwnLog(broker_id, txn_log), **deps)
         coordinator.load()
         return coordinator
 

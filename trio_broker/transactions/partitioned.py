@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 
+from trio_broker.partition.append import Replication
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.internal_topics import TRANSACTION_STATE, partition_for
 from trio_broker.storage.log_protocol import Log
@@ -40,11 +41,20 @@ __all__ = ["PartitionedTransactionCoordinator"]
 log = logging.getLogger("trio_broker.transactions")
 
 
+class Leaders(Replication, Protocol):
+    """What the tables write through and the routing asks: the replica manager once the
+    broker joined, ``LeadsNothing`` before and after (``services/local_replication.py``)."""
+
+    def about_to_lead(self, topic: str, partition: int) -> bool:
+        """Elected to lead the partition, its listeners not told yet."""
+        ...
+
+
 class TableFactory(Protocol):
     """Makes the table of one led ``__transaction_state`` partition (not loaded yet)."""
 
     def __call__(
-        self, partition: int, leader_epoch: int, log: Log, replication: Any,
+        self, partition: int, leader_epoch: int, log: Log, replication: Leaders,
         send_markers: MarkerSender | None, /,
     ) -> TransactionCoordinator: ...  # fmt: skip
 
@@ -76,15 +86,16 @@ class _Loading:
 
 
 class PartitionedTransactionCoordinator:
-    def __init__(self, num_partitions: int, make_table: TableFactory) -> None:
+    def __init__(self, num_partitions: int, make_table: TableFactory, unjoined: Leaders) -> None:
         #: transaction.state.log.num.partitions: fixed for the cluster's life (as in
         #: Kafka, changing it moves ids to other partitions and loses their state).
         self.num_partitions = num_partitions
         #: A table over a led partition's log, not loaded yet.
         self.make_table = make_table
-        #: Set when the broker joins its cluster (cluster/broker_node.py): the replica
-        #: manager (the tables write through it) and the marker channel's ``send``.
-        self.replication: Any = None
+        #: The replica manager once the broker joins its cluster (cluster/broker_node.py;
+        #: the tables write through it), ``unjoined`` (leads nothing) until then; the
+        #: marker channel's ``send`` is set with it.
+        self.replication: Leaders = unjoined
         self.send_markers: MarkerSender | None = None
         #: Set with them: asks another broker's coordinator (AddPartitionsToTxn v4,
         #: verify_only) whether partitions are in a transaction.
@@ -147,9 +158,7 @@ class PartitionedTransactionCoordinator:
             return table
         if partition in self.loading:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        if self.replication is not None and self.replication.about_to_lead(
-            TRANSACTION_STATE, partition
-        ):
+        if self.replication.about_to_lead(TRANSACTION_STATE, partition):
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS  # elected, not told yet
         return ErrorCode.NOT_COORDINATOR
 

@@ -142,3 +142,23 @@ async def test_by_id_a_topic_the_principal_may_not_describe_is_refused_in_a_clus
     assert not topic.name and topic.partitions == []
     listed = await ask(services, m.MetadataRequest(topics=None), m.ApiKey.METADATA, 12)
     assert listed.topics == []
+
+
+def test_a_node_alone_builds_a_topics_entry_once_per_topic_and_growth() -> None:
+    """The groups' heartbeats list every topic through the view: an entry is built when a
+    topic appears or grows, not on every listing; a topic deleted and created again under
+    its name is listed with its new id."""
+    topics = TopicManager(None, LogConfig(), lambda: 0)
+    view = LocalView(1, None, topics, lambda: ENDPOINTS)
+    topics.create("t", 2)
+    first = view.topics["t"]
+    assert view.topics["t"] is first
+    assert dict(view.topics.items())["t"] is first  # what topic_table lists
+    topics.add_partitions("t", 3)
+    grown = view.topics["t"]
+    assert sorted(grown.partitions) == [0, 1, 2] and grown.topic_id == first.topic_id
+    topics.delete("t")
+    assert "t" not in view.topics and list(view.topics) == []
+    topics.create("t", 1)
+    again = view.topics["t"]
+    assert again.topic_id != first.topic_id and sorted(again.partitions) == [0]

@@ -24,6 +24,7 @@ from trio_broker.partition.append import (
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch, build_control_batch
 from trio_broker.replication.leader import AckState
+from trio_broker.services.local_replication import LeadsNothing, OwnLog
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.memory import MemoryLog
@@ -129,7 +130,8 @@ def test_leader_epoch_of() -> None:
                 None if partition else type("Term", (), {"leader_epoch": 9, "replicated": True})()
             )
 
-    assert leader_epoch_of(None, "t", 0) is None  # alone
+    # A node alone's own log: its term is local, the batch keeps its own epoch.
+    assert leader_epoch_of(OwnLog(0, MemoryLog()), "t", 0) is None
     assert leader_epoch_of(Replication(), "t", 0) == 9  # type: ignore[arg-type]
     with pytest.raises(NotLeader):
         leader_epoch_of(Replication(), "t", 1)  # type: ignore[arg-type]
@@ -139,17 +141,18 @@ async def test_what_each_acks_waits_for() -> None:
     log, flusher = MemoryLog(), Flusher()
     alone = append(log, batch(pid=-1, seq=-1), origin=Origin.CLIENT, now_ms=T0,
                    durability=flusher)  # fmt: skip
+    own = OwnLog(0, log)  # a node alone: its term's HW is the durable end
     for acks in (0, 1):
-        assert (await wait_acked(alone, acks, durability=flusher, replication=None)).ok
+        assert (await wait_acked(alone, acks, durability=flusher, replication=own)).ok
     assert flusher.waited == []  # acks 0 and 1 answer once the batch is in the log
-    assert (await wait_acked(alone, -1, durability=flusher, replication=None)).ok
+    assert (await wait_acked(alone, -1, durability=flusher, replication=own)).ok
     assert flusher.waited == [alone.last_offset]
     # acks.all.fsync=false: no sync; a broker alone then acks at once.
-    assert (await wait_acked(alone, -1, durability=flusher, replication=None, fsync=False)).ok
+    assert (await wait_acked(alone, -1, durability=flusher, replication=own, fsync=False)).ok
     assert flusher.waited == [alone.last_offset]
 
     failing = Flusher(fail=True)
-    acked = await wait_acked(alone, -1, durability=failing, replication=None)
+    acked = await wait_acked(alone, -1, durability=failing, replication=own)
     assert not acked.ok and isinstance(acked.sync_error, StorageError)
 
     class Replication:
@@ -173,6 +176,6 @@ async def test_what_each_acks_waits_for() -> None:
     assert shrunk.asked == [replicated.last_offset]
     committed = Replication(AckState.DONE)
     assert (await wait_acked(replicated, -1, durability=flusher, replication=committed)).ok
-    # The broker left the cluster while the write waited: it never counts alone.
-    acked = await wait_acked(replicated, -1, durability=flusher, replication=None)
+    # The broker left the cluster while the write waited: it leads nothing now.
+    acked = await wait_acked(replicated, -1, durability=flusher, replication=LeadsNothing(0))
     assert acked.state is AckState.LEADERSHIP_LOST

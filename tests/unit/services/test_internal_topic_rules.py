@@ -15,6 +15,7 @@ from trio_broker.services.internal_topics import (
     java_string_hash,
     partition_for,
 )
+from trio_broker.services.local_replication import LeadsNothing, OwnLog
 from trio_broker.storage.memory import MemoryLog
 
 
@@ -81,14 +82,26 @@ def _batch() -> bytes:
 
 async def test_alone_a_synced_write_counts() -> None:
     log, durability = MemoryLog(), _Durability()
-    result = await append_committed(log, _batch(), now_ms=1, durability=durability)
+    result = await append_committed(log, _batch(), now_ms=1, durability=durability,
+                                    replication=OwnLog(0, log))  # fmt: skip
     assert (result.base_offset, log.log_end_offset, durability.dirty) == (0, 1, [log])
+    assert not log.epoch_cache.entries  # a local term stamps no epoch
 
 
 async def test_a_failed_sync_does_not_count() -> None:
+    log = MemoryLog()
     with pytest.raises(NotCommitted) as info:
-        await append_committed(MemoryLog(), _batch(), now_ms=1, durability=_Durability(True))
+        await append_committed(log, _batch(), now_ms=1, durability=_Durability(True),
+                               replication=OwnLog(0, log))  # fmt: skip
     assert info.value.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+async def test_a_broker_that_left_its_cluster_is_no_coordinator() -> None:
+    log = MemoryLog()
+    with pytest.raises(NotCommitted) as info:
+        await append_committed(log, _batch(), now_ms=1, durability=_Durability(),
+                               replication=LeadsNothing(0), topic="t")  # fmt: skip
+    assert (info.value.error_code, log.log_end_offset) == (ErrorCode.NOT_COORDINATOR, 0)
 
 
 async def test_in_a_cluster_the_leader_stamps_its_epoch_and_waits_for_the_hw() -> None:

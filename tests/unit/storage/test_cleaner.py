@@ -448,7 +448,9 @@ def test_transaction_log_is_compacted_and_replays_to_the_same_table(tmp_path: Pa
     # Replaying the log needs none of the coordinator's collaborators.
     unused = dict.fromkeys(("topics", "producers", "durability", "appends", "groups",
                             "allocate_producer_id", "write_marker"))  # fmt: skip
-    coordinator = TransactionCoordinator.open(tmp_path, config, now_ms=lambda: T0, **unused)
+    coordinator = TransactionCoordinator.open(
+        tmp_path, config, broker_id=0, now_ms=lambda: T0, **unused
+    )
     txn_log = coordinator.log
     assert txn_log.config.compact and not txn_log.config.delete
     ids = [f"txn-{n}" for n in range(4)]
@@ -467,7 +469,9 @@ def test_transaction_log_is_compacted_and_replays_to_the_same_table(tmp_path: Pa
         sizes.append(txn_log.size_bytes)
     assert max(sizes) < 2 * 2048 + 4 * 200, sizes  # one fresh segment + the latest per id
     txn_log.close()
-    reopened = TransactionCoordinator.open(tmp_path, config, now_ms=lambda: T0, **unused)
+    reopened = TransactionCoordinator.open(
+        tmp_path, config, broker_id=0, now_ms=lambda: T0, **unused
+    )
     table = {m.transactional_id: (m.producer_id, m.producer_epoch, m.state) for m in reopened.all()}
     assert table == {tid: value for tid, value in latest.items() if value is not None}
     assert ids[3] not in table and len(table) == 3  # the tombstoned id is gone

@@ -37,7 +37,8 @@ from trio_broker.protocol.records import build_control_batch, iter_batches, read
 from trio_broker.security.acl import ResourceType
 from trio_broker.server.fetch_waits import FetchWaits
 from trio_broker.server.transaction_timers import TransactionTimers
-from trio_broker.services.local_replication import LocalReplication, LocalView
+from trio_broker.services.internal_topics import CONSUMER_OFFSETS
+from trio_broker.services.local_replication import LocalReplication, LocalView, OwnLog
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topic_admin import LocalAdmin
 from trio_broker.services.topics import TopicManager
@@ -122,6 +123,7 @@ class Services:
             durability=self.durability, appends=self.appends, groups=self.groups,
             allocate_producer_id=self.producers.allocator.allocate, write_marker=append_marker,
             now_ms=self.now_ms, max_timeout_ms=self.config.transaction_max_timeout_ms,
+            replication=OwnLog(0, self.txn_log),
         )  # fmt: skip
         coordinator.load()
         return coordinator
@@ -627,13 +629,25 @@ async def test_write_txn_markers_appends_locally(services: Services) -> None:
                                   coordinator_epoch=0, topics=[
                                       Marker.WritableTxnMarkerTopic(name="a", partition_indexes=[1]),
                                       Marker.WritableTxnMarkerTopic(name="zz", partition_indexes=[0]),
+                                      # Alone the groups' log is the coordinator's own file.
+                                      Marker.WritableTxnMarkerTopic(name=CONSUMER_OFFSETS,
+                                                                    partition_indexes=[0]),
                                   ])])  # fmt: skip
     response = await call(services, handle_write_txn_markers, m.ApiKey.WRITE_TXN_MARKERS, 1,
                           request)  # fmt: skip
     errors = {(t.name, p.partition_index): p.error_code
               for t in response.markers[0].topics for p in t.partitions}  # fmt: skip
-    assert errors == {("a", 1): ErrorCode.NONE, ("zz", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+    assert errors == {("a", 1): ErrorCode.NONE, ("zz", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                      (CONSUMER_OFFSETS, 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}  # fmt: skip
     assert markers(services, "a", 1) == [(7, 2, True)]
+    # The same partition path as a cluster's leader: an older coordinator epoch than
+    # the last marker's is fenced.
+    request.markers[0].coordinator_epoch = -1
+    request.markers[0].topics = request.markers[0].topics[:1]
+    response = await call(services, handle_write_txn_markers, m.ApiKey.WRITE_TXN_MARKERS, 1,
+                          request)  # fmt: skip
+    [[fenced]] = [t.partitions for t in response.markers[0].topics]
+    assert fenced.error_code == ErrorCode.TRANSACTION_COORDINATOR_FENCED
 
 
 class DenyTransactionalId:
