@@ -21,7 +21,9 @@ profile only supplies the defaults that a test does not override. The example
 database (``.hypothesis/``) is gitignored.
 
 It also loads tests/leak_check.py: a session whose tests leave a process running (a
-broker, ZooKeeper) fails at its end, naming the process and the test that started it.
+broker, ZooKeeper) fails at its end, naming the process and the test that started it;
+tests/scheduling.py (the xdist schedule); and tests/spark_session.py (the ``spark``
+fixture: one Spark session per test process).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from hypothesis import HealthCheck, settings
 
 SEED_ENV = "HYPOTHESIS_SEED"
 
-pytest_plugins = ["tests.leak_check", "tests.scheduling"]
+pytest_plugins = ["tests.leak_check", "tests.scheduling", "tests.spark_session"]
 
 settings.register_profile(
     "ci",

@@ -10,9 +10,10 @@ two things:
 * files are handed out longest first (the classic longest-processing-time rule), by
   the seconds recorded in ``tests/durations.json``; a file not recorded there (a new
   one) is estimated from its test count;
-* every module that starts a Spark session (``SPARK_MODULES``) is one unit, so one
-  worker starts the JVM once (tests/verify/conftest.py shares the session within a
-  process) instead of each worker starting its own.
+* every module that verifies on a Spark session (``SPARK_MODULES``) is one unit, so one
+  worker starts the JVM once (tests/spark_session.py shares the session within a
+  process) instead of each worker starting its own, and every job after the first
+  runs on a warm JVM.
 
 Refresh the recorded seconds after a full run with a JUnit report::
 
@@ -35,7 +36,12 @@ import pytest
 DURATIONS_FILE = Path(__file__).with_name("durations.json")
 
 #: Modules that start a local Spark session; scheduled together as one unit.
-SPARK_MODULES = ("tests/verify/", "tests/spark/", "tests/reliability/test_crash_loop_verify.py")
+SPARK_MODULES = (
+    "tests/verify/",
+    "tests/spark/",
+    "tests/reliability/test_crash_loop_verify.py",
+    "tests/cluster/test_jepsen.py",
+)
 SPARK_UNIT = "<spark modules>"
 
 #: The estimate for a test in a file with no recorded time (most new files are unit tests).

@@ -21,7 +21,6 @@ import collections
 import json
 import random
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ from typing import Any
 import attrs
 from confluent_kafka import Consumer, KafkaException
 
+from bench.crash_loop import verify_cli
 from tests.cluster.netproxy import fetcher_of
 from tests.cluster.test_cluster_e2e import eventually, partitions
 from tests.cluster.test_cluster_faults import (
@@ -53,7 +53,6 @@ OFFSET_PROBE_S = 2.0
 SETTLED_ACKS = 200
 FAULTS = ("kill9", "pause", "leader_cut_from_followers", "zookeeper_cut", "follower_cut",
           "reset_replication")  # fmt: skip
-BROKER_EXE = Path(sys.executable).with_name("trio-broker")
 
 
 @attrs.define
@@ -184,6 +183,7 @@ def run(
     verify: bool = True,
     every_kind: bool = False,
     settle: bool = False,
+    spark: Any = None,
 ) -> dict[str, Any]:
     """One checked run; returns its figures (see the module docstring). ``every_kind``:
     see :func:`schedule` (the faults may then outlast ``duration_s``).
@@ -251,7 +251,7 @@ def run(
     finally:
         stop_cluster(cluster)
     if verify:
-        figures.update(run_verify(captures, work_dir / "report"))
+        figures.update(run_verify(captures, work_dir / "report", spark))
     _log(json.dumps({k: v for k, v in figures.items() if k not in ("schedule", "applied")}))
     return figures
 
@@ -297,14 +297,12 @@ def _by_writer(values: list[int]) -> dict[int, list[int]]:
     return out
 
 
-def run_verify(captures: Path, report: Path) -> dict[str, Any]:
-    """``trio-broker verify`` over every broker's capture (a directory per broker)."""
+def run_verify(captures: Path, report: Path, spark: Any = None) -> dict[str, Any]:
+    """``trio-broker verify`` over every broker's capture (a directory per broker): a
+    subprocess, or in this process on ``spark`` (bench/crash_loop.py's verify_cli)."""
     dirs = sorted(d for d in captures.iterdir() if d.is_dir())
     started = time.monotonic()
-    proc = subprocess.run(
-        [str(BROKER_EXE), "verify", *map(str, dirs), "--report", str(report)],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+    proc = verify_cli([*map(str, dirs), "--report", str(report)], spark, timeout=1800)
     _log(f"verify exit {proc.returncode} in {time.monotonic() - started:.0f} s\n{proc.stdout}")
     result: dict[str, Any] = {"verify_exit_code": proc.returncode,
                               "verify_summary": proc.stdout[-4000:]}  # fmt: skip

@@ -2,18 +2,19 @@
 
 Every broker incarnation runs with ``serve --capture`` into one directory (each
 writes its own ``capture-b0-<start>-*.parquet`` run); the last one, which serves
-the harness's final full read, is stopped with SIGTERM. ``trio-broker verify``
-(a subprocess, ``--master local[2]``: one Spark start) must then pass, next to
-the harness's own audit. A Parquet file torn by a kill is left as
-``*.parquet.tmp`` (the tap writes, then renames): one is planted here and must
-be counted and ignored; so is a truncated ``*.parquet``, which verify must skip
-with a warning rather than crash.
+the harness's final full read, is stopped with SIGTERM. ``trio-broker verify`` (in
+this process, on the worker's shared Spark session: tests/spark_session.py) must then
+pass, next to the harness's own audit. A Parquet file torn by a kill is left as
+``*.parquet.tmp`` (the tap writes, then renames): one is planted here and must be
+counted and ignored; so is a truncated ``*.parquet``, which verify must skip with a
+warning rather than crash.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ from bench.crash_loop import run_crash_loop, verify_capture
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(400)]
 
 
-def test_crash_loop_capture_verifies(tmp_path: Path) -> None:
+def test_crash_loop_capture_verifies(tmp_path: Path, spark: Any) -> None:
     result = run_crash_loop(
         tmp_path, kills=3, seed=9, uptime=(1.0, 2.0), rate=100.0, capture=True, verify=False
     )
@@ -47,7 +48,7 @@ def test_crash_loop_capture_verifies(tmp_path: Path) -> None:
     # skip it with a warning, not fail. A run of its own, so that no other data is missing.
     (capture / "capture-b0-1-000000.parquet").write_bytes(half)
 
-    verdict = verify_capture(capture, tmp_path / "verify-report")
+    verdict = verify_capture(capture, tmp_path / "verify-report", spark=spark)
     result.verify = verdict
     print(verdict.summary())
     assert verdict.exit_code == 0 and verdict.ok, result.summary()

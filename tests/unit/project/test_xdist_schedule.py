@@ -15,6 +15,10 @@ def test_spark_modules_share_one_unit_and_other_files_keep_their_own() -> None:
     assert scope_of("tests/verify/test_verify_txn.py::test_a") == SPARK_UNIT
     assert scope_of("tests/spark/test_spark_kafka.py::test_b[x]") == SPARK_UNIT
     assert scope_of("tests/reliability/test_crash_loop_verify.py::test_c") == SPARK_UNIT
+    assert scope_of("tests/cluster/test_jepsen.py::test_f") == SPARK_UNIT
+    assert (
+        scope_of("tests/cluster/test_cluster_e2e.py::test_g") == "tests/cluster/test_cluster_e2e.py"
+    )
     assert (
         scope_of("tests/reliability/test_crash_loop.py::test_d")
         == "tests/reliability/test_crash_loop.py"

@@ -1,9 +1,13 @@
-"""One local[2] Spark session per test process, shared by every verify module.
+"""One local[2] Spark session per test process, shared by every module that verifies in-process.
 
-A session starts in 7-10 s (more on a busy machine) and each module used to start its
-own; CI runs the suite with ``--dist loadfile`` and tests/scheduling.py keeps every
-Spark-backed module on one worker, so it starts once, on first use, and stops when the
-worker ends.
+A session starts in 7-10 s (more on a busy machine), and a fresh JVM runs its first
+job several times slower than a warm one (its code not compiled yet). Each verify
+module used to start its own, and tests/cluster/test_jepsen.py and
+tests/reliability/test_crash_loop_verify.py ran ``trio-broker verify`` as a subprocess
+(a JVM each); CI runs the suite with ``--dist loadfile`` and tests/scheduling.py keeps
+every Spark-backed module on one worker, so the session starts once, on first use of
+the ``spark`` fixture, and stops when the worker ends. Root conftest.py loads this
+plugin.
 
 A test stopped by pytest-timeout inside a Spark call is not stopped at all: pyspark's
 clean-up makes another call, which waits behind the running job; and once the job
@@ -18,6 +22,7 @@ stays one failure.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 import threading
@@ -82,14 +87,31 @@ class SparkProxy:
 HOLDER = SparkHolder()
 
 
+def spark_missing() -> str | None:
+    """Why no local Spark session can start here (None: it can)."""
+    if importlib.util.find_spec("pyspark") is None:
+        return "the verify extra (pyspark) is not installed"
+    if shutil.which("java") is None:
+        return "Spark needs a Java runtime (java not on PATH)"
+    return None
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark", reason="the verify extra (pyspark) is not installed")
-    if shutil.which("java") is None:
-        pytest.skip("Spark needs a Java runtime (java not on PATH)")
+    missing = spark_missing()
+    if missing is not None:
+        pytest.skip(missing)
     HOLDER.current()
     yield SparkProxy(HOLDER)
     HOLDER.stop()
+
+
+@pytest.fixture
+def spark_if_possible(request: pytest.FixtureRequest) -> Any:
+    """The shared session, or None where none can start: a test whose ``trio-broker
+    verify`` then runs as a subprocess fails there as it did, rather than skipping its
+    other checks."""
+    return None if spark_missing() is not None else request.getfixturevalue("spark")
 
 
 #: Seconds before pytest-timeout's limit at which the watchdog kills the JVM.
@@ -125,7 +147,7 @@ def _kill_jvm(item_id: str, limit: float) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     timeout = _timeout_of(item)
-    uses_spark = "spark" in getattr(item, "fixturenames", ())
+    uses_spark = bool({"spark", "spark_if_possible"} & set(getattr(item, "fixturenames", ())))
     watchdog = None
     if uses_spark and timeout and timeout > WATCHDOG_MARGIN_S:
         limit = timeout - WATCHDOG_MARGIN_S
