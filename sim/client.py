@@ -288,8 +288,11 @@ class Consumer(_Client):
             self.leaders.pop(partition, None)
             await trio.sleep(0.05)
             return
-        if self.positions.get(partition, 0) == position:  # only forward, never back
-            self.positions[partition] = max(position, int(answer.offset))
+        if int(answer.offset) > position and self.positions.get(partition, 0) == position:
+            self.positions[partition] = int(answer.offset)
+        else:  # past the end of this leader's log: ask who leads, as before
+            self.leaders.pop(partition, None)
+            await trio.sleep(0.05)
 
     async def run(self, partition: int, until: float) -> None:
         """Consume ``partition`` until trio time ``until``."""
