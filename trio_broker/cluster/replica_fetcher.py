@@ -10,8 +10,10 @@ connection:
    what was fetched is synced (the flusher's group commit): the leader counts a fetch
    at offset X as "the follower holds everything below X", and by default that means
    on disk (docs/cluster.md, "Durability stays explicit").
-3. **Append** the batches as they are (``append_replicated_batches``), and keep the
-   leader's high watermark.
+3. **Append** the batches as they are (``append_replicated_batches``), keep the
+   leader's high watermark, and move the log start up to the leader's (DeleteRecords,
+   retention there; ``follower_log_start``). Out of range below the leader's log start
+   empties the log and starts it there (``out_of_range_reset``).
 4. **Throttle** the partitions this broker throttles its own fetching of
    (``FetcherHost.follower_throttled``: the topic's
    ``follower.replication.throttled.replicas`` names this replica and it is out of the
@@ -49,6 +51,7 @@ from trio_broker.replication.fetcher_rules import (
     ResetKind,
     answer_action,
     answer_applies,
+    follower_log_start,
     out_of_range_reset,
     sync_before_fetch,
 )
@@ -59,7 +62,7 @@ from trio_broker.replication.follower import (
 from trio_broker.replication.truncation import plan_truncation
 from trio_broker.services.cluster_view import ClusterView
 from trio_broker.services.topics import TopicManager
-from trio_broker.storage.errors import StorageError
+from trio_broker.storage.errors import LogError, StorageError
 
 __all__ = ["FetcherHost", "FollowerRole", "run_fetchers"]
 
@@ -374,6 +377,14 @@ async def _fetch_once(
                 role.high_watermark, part.high_watermark, log_.log_end_offset
             )
             moved, role.high_watermark = high_watermark != role.high_watermark, high_watermark
+            start = follower_log_start(
+                log_.log_start_offset, part.log_start_offset, role.high_watermark
+            )
+            if start is not None:
+                try:
+                    await trio.to_thread.run_sync(log_.delete_records, start)
+                except LogError as exc:  # offline, closed, or moved meanwhile
+                    log.warning("%s-%d: log start not moved to %d (%s)", *key, start, exc)
             if records or moved:
                 manager.partition_changed(*key)
     if throttled_bytes:

@@ -25,6 +25,9 @@ slip they can see.
   Kafka cuts straight to the leader's end there, and says that may leave the logs
   mismatched; the epochs do not. Truncating again alone never moves a log end up: a
   replica below its leader's log start stayed there for good.
+- **The log start follows the leader's** (:func:`follower_log_start`): every fetch answer
+  names the leader's log start, and a replica's moves up to it (up to its own HW), as
+  Kafka's follower does: records deleted on the leader do not come back after a failover.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ __all__ = [
     "ResetKind",
     "answer_action",
     "answer_applies",
+    "follower_log_start",
     "out_of_range_reset",
     "sync_before_fetch",
 ]
@@ -95,6 +99,16 @@ def out_of_range_reset(log_end_offset: int, leader_log_start: int) -> OutOfRange
     if leader_log_start > log_end_offset:
         return OutOfRangeReset(ResetKind.START_AT, leader_log_start)
     return OutOfRangeReset(ResetKind.TRUNCATE, log_end_offset)
+
+
+def follower_log_start(log_start: int, leader_log_start: int, high_watermark: int) -> int | None:
+    """Where this replica's log start moves after a fetch answer naming the leader's
+    (DeleteRecords or retention there), or None: it stays. As Kafka's follower, which
+    moves it on every fetch, so that a failover does not bring deleted records back;
+    never past the HW kept here (a replica below the leader's start resets instead)."""
+    if log_start < leader_log_start <= high_watermark:
+        return leader_log_start
+    return None
 
 
 def sync_before_fetch(

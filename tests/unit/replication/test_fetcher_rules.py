@@ -17,6 +17,7 @@ from trio_broker.replication.fetcher_rules import (
     ResetKind,
     answer_action,
     answer_applies,
+    follower_log_start,
     out_of_range_reset,
     sync_before_fetch,
 )
@@ -67,6 +68,14 @@ def test_after_a_reset_the_fetch_offset_is_in_the_leaders_log(
         assert reset.offset == leader_start > log_end
     else:
         assert log_end >= leader_start
+
+
+def test_a_followers_log_start_follows_the_leaders_up_to_its_hw() -> None:
+    assert follower_log_start(0, 13, 21) == 13  # DeleteRecords on the leader
+    assert follower_log_start(0, 13, 13) == 13
+    assert follower_log_start(0, 13, 12) is None  # not past this replica's HW
+    assert follower_log_start(13, 13, 21) is None  # nothing to move
+    assert follower_log_start(15, 13, 21) is None  # never back
 
 
 @given(st.booleans(), st.integers(0, 10), st.integers(0, 10))
