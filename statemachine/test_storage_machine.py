@@ -184,7 +184,8 @@ class Model:
         self.log_start = 0
         self.log_end = 0
         #: An emptied log (start == end) keeps its latest epoch at the start only until
-        #: it is reopened: opening cuts the cache at the log end, as Kafka's loading does.
+        #: it is reopened or truncated: both cut the cache at the log end, as Kafka's
+        #: loading and truncateFromEnd do.
         self.empty_keeps_epoch = False
         #: every offset below it was appended before a flush the machine completed.
         self.durable_end = 0
@@ -309,6 +310,8 @@ class Model:
         self.log_end = cut.base
         self.durable_end = min(self.durable_end, cut.base)
         self.stored = {k: v for k, v in self.stored.items() if v.base < cut.base}
+        # A cut to the log start drops the entry there, as Kafka's truncateFromEnd.
+        self.empty_keeps_epoch = False
         return cut.base
 
     def epochs(self) -> list[tuple[int, int]]:
