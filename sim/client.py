@@ -248,6 +248,12 @@ class Consumer(_Client):
         if response is None:
             return
         answer = response.responses[0].partitions[0]
+        if answer.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            # DeleteRecords moved the log start past the position: auto.offset.reset
+            # "earliest", as the Kafka clients do.
+            self._note("OFFSET_OUT_OF_RANGE")
+            await self._reset_to_log_start(partition, leader, position)
+            return
         if answer.error_code != ErrorCode.NONE:
             self._note(ErrorCode(answer.error_code).name)
             self.leaders.pop(partition, None)
@@ -268,6 +274,25 @@ class Consumer(_Client):
                     self.above_high_watermark.append(got)
                 position = offset + 1
         self.positions[partition] = position
+
+    async def _reset_to_log_start(self, partition: int, leader: int, position: int) -> None:
+        Req = m.ListOffsetsRequest
+        wanted = Req.ListOffsetsTopic.ListOffsetsPartition(
+            partition_index=partition, current_leader_epoch=-1, timestamp=-2
+        )
+        request = Req(replica_id=-1, isolation_level=self.isolation_level,
+                      topics=[Req.ListOffsetsTopic(name=self.topic, partitions=[wanted])])  # fmt: skip
+        response = await self.call_leader(partition, leader, m.ApiKey.LIST_OFFSETS, 4, request)
+        answer = None if response is None else response.topics[0].partitions[0]
+        if answer is None or answer.error_code != ErrorCode.NONE:
+            self.leaders.pop(partition, None)
+            await trio.sleep(0.05)
+            return
+        if int(answer.offset) > position and self.positions.get(partition, 0) == position:
+            self.positions[partition] = int(answer.offset)
+        else:  # past the end of this leader's log: ask who leads, as before
+            self.leaders.pop(partition, None)
+            await trio.sleep(0.05)
 
     async def run(self, partition: int, until: float) -> None:
         """Consume ``partition`` until trio time ``until``."""

@@ -107,6 +107,8 @@ class Invariants:
         #: Per (broker, life, partition): the highest HW its leader terms reached.
         self.life_hw: dict[tuple[int, int, Key], int] = {}
         self.committed: dict[Key, dict[int, tuple[int, bytes]]] = {}
+        #: Per partition: the offset below which DeleteRecords removed the records.
+        self.deleted_below: dict[Key, int] = {}
         self.seen: set[str] = set()
         self.start = trio.current_time()
         #: Decoded partition states by znode path: (version, state), decoded once.
@@ -227,7 +229,10 @@ class Invariants:
                 for offset, value in _values(base, data):
                     found.setdefault(value, offset)
             received = [got for consumer in consumers for got in consumer.received]
+            gone = self.deleted_below.get(key, 0)  # DeleteRecords removed these
             for got in received:
+                if got.offset < gone:
+                    continue
                 if got.partition == partition and found.get(got.value) != got.offset:
                     where = found.get(got.value)
                     self.violation(
@@ -240,6 +245,8 @@ class Invariants:
                 if ack.partition != partition:
                     continue
                 for i, value in enumerate(ack.values):
+                    if ack.base_offset + i < gone:
+                        continue
                     if found.get(value) != ack.base_offset + i:
                         self.violation(
                             f"{key}: acknowledged {value!r} at offset {ack.base_offset + i} "
@@ -335,6 +342,9 @@ async def _apply_fault(
     if fault.kind == "stale_fetch_answer":
         await _stale_fetch_answer(fault, brokers, network, nursery, trace, inv)
         return
+    if fault.kind == "delete_records":
+        _delete_records(fault, brokers, trace, inv)
+        return
     if fault.kind == "crash_leader":
         state = inv.zk_state((TOPIC, int(fault.a[1:])))
         if state is None or state.leader < 0:
@@ -392,6 +402,26 @@ async def _apply_fault(
         await trio.sleep_until(cut_at + fault.duration)
         coord.reconnect()
         trace(f"{fault.a} reaches ZooKeeper again")
+
+
+def _delete_records(
+    fault: Fault, brokers: dict[str, SimBroker], trace: Callable[[str], None], inv: Invariants
+) -> None:
+    """DeleteRecords up to the HW on the leader's log, as the handler does."""
+    key = (TOPIC, int(fault.a[1:]))
+    state = inv.zk_state(key)
+    sim = None if state is None or state.leader < 0 else brokers.get(f"b{state.leader}")
+    broker = None if sim is None else sim.broker
+    term = None if broker is None or broker.replication is None else (
+        broker.replication.terms.get(key))  # fmt: skip
+    log_ = None if broker is None else broker.topics.log(*key)
+    if term is None or log_ is None or term.high_watermark <= log_.log_start_offset:
+        return
+    log_.delete_records(term.high_watermark)
+    inv.deleted_below[key] = max(inv.deleted_below.get(key, 0), log_.log_start_offset)
+    trace(
+        f"{fault}: broker {state.leader if state else -1}'s log starts at {log_.log_start_offset}"
+    )
 
 
 async def _stale_fetch_answer(

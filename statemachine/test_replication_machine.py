@@ -59,8 +59,10 @@ from trio_broker.replication.controller_rules import (
 from trio_broker.replication.fetcher_rules import (
     AnswerAction,
     FetchPosition,
+    ResetKind,
     answer_action,
     answer_applies,
+    out_of_range_reset,
     sync_before_fetch,
 )
 from trio_broker.replication.follower import (
@@ -414,7 +416,10 @@ class ReplicationMachine(RuleBasedStateMachine):
             event("a stale fetch answer was dropped")
             return
         action = answer_action(answer.error_code)
-        if action is AnswerAction.TRUNCATE:
+        if action is AnswerAction.RESET:
+            # Logs here start at 0, never above a follower's end: it agrees again.
+            reset = out_of_range_reset(len(follower.log), 0)
+            assert reset.kind is ResetKind.TRUNCATE
             follower.needs_truncation = True
         if action is not AnswerAction.APPEND:
             return

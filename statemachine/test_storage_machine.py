@@ -187,6 +187,10 @@ class Model:
         self.segments = [Seg(0)]
         self.log_start = 0
         self.log_end = 0
+        #: An emptied log (start == end) keeps its latest epoch at the start only until
+        #: it is reopened or truncated: both cut the cache at the log end, as Kafka's
+        #: loading and truncateFromEnd do.
+        self.empty_keeps_epoch = False
         #: every offset below it was appended before a flush the machine completed.
         self.durable_end = 0
         #: base offset -> batch, for every batch appended that no power cut took back
@@ -275,11 +279,16 @@ class Model:
             -1 if config.retention_bytes is None else config.retention_bytes,
         )
         doomed, self.segments = segments[:count], segments[count:]
-        self.log_start = max(self.log_start, self.segments[0].base)
+        self._move_start(self.segments[0].base)
         return doomed
 
+    def _move_start(self, start: int) -> None:
+        if start > self.log_start:
+            self.log_start = start
+            self.empty_keeps_epoch = True
+
     def delete_records(self, before: int) -> int:
-        self.log_start = max(self.log_start, before)
+        self._move_start(before)
         return self.log_start
 
     def truncate(self, target: int) -> int | None:
@@ -305,12 +314,14 @@ class Model:
         self.log_end = cut.base
         self.durable_end = min(self.durable_end, cut.base)
         self.stored = {k: v for k, v in self.stored.items() if v.base < cut.base}
+        # A cut to the log start drops the entry there, as Kafka's truncateFromEnd.
+        self.empty_keeps_epoch = False
         return cut.base
 
     def epochs(self) -> list[tuple[int, int]]:
         """The leader-epoch cache: where each epoch first appears among the batches below
-        the log end (-1: no epoch), the one holding the log start moved up to it (in an
-        empty log none holds it)."""
+        the log end (-1: no epoch), the last one below the log start moved up to it (in
+        an empty log too, as Kafka's truncateFromStart, until a reopen drops it)."""
         entries: list[tuple[int, int]] = []
         for b in sorted(self.stored.values(), key=lambda s: s.base):
             if (
@@ -321,7 +332,8 @@ class Model:
                 entries.append((b.epoch, b.base))
         older = [e for e in entries if e[1] < self.log_start]
         kept = [e for e in entries if e[1] >= self.log_start]
-        if older and self.log_start < self.log_end and not (kept and kept[0][1] == self.log_start):
+        kept_at_start = self.log_start < self.log_end or self.empty_keeps_epoch
+        if older and kept_at_start and not (kept and kept[0][1] == self.log_start):
             kept.insert(0, (older[-1][0], self.log_start))
         return kept
 
@@ -347,6 +359,7 @@ class Model:
         self.segments = segments
         self.log_start = log_start
         self.log_end = self.durable_end = log_end
+        self.empty_keeps_epoch = False
 
 
 # ---------------------------------------------------------------------- the machine
@@ -622,6 +635,7 @@ class StorageMachine(RuleBasedStateMachine):
         assert self.log is not None
         self.log.close()
         self.model.flush()  # close flushes
+        self.model.empty_keeps_epoch = False
         assert self.open_log().recovery.clean
 
     @rule(data=st.data())

@@ -10,8 +10,10 @@ connection:
    what was fetched is synced (the flusher's group commit): the leader counts a fetch
    at offset X as "the follower holds everything below X", and by default that means
    on disk (docs/cluster.md, "Durability stays explicit").
-3. **Append** the batches as they are (``append_replicated_batches``), and keep the
-   leader's high watermark.
+3. **Append** the batches as they are (``append_replicated_batches``), keep the
+   leader's high watermark, and move the log start up to the leader's (DeleteRecords,
+   retention there; ``follower_log_start``). Out of range below the leader's log start
+   empties the log and starts it there (``out_of_range_reset``).
 4. **Throttle** the partitions this broker throttles its own fetching of
    (``FetcherHost.follower_throttled``: the topic's
    ``follower.replication.throttled.replicas`` names this replica and it is out of the
@@ -46,8 +48,11 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.fetcher_rules import (
     AnswerAction,
     FetchPosition,
+    ResetKind,
     answer_action,
     answer_applies,
+    follower_log_start,
+    out_of_range_reset,
     sync_before_fetch,
 )
 from trio_broker.replication.follower import (
@@ -57,7 +62,7 @@ from trio_broker.replication.follower import (
 from trio_broker.replication.truncation import plan_truncation
 from trio_broker.services.cluster_view import ClusterView
 from trio_broker.services.topics import TopicManager
-from trio_broker.storage.errors import StorageError
+from trio_broker.storage.errors import LogError, StorageError
 
 __all__ = ["FetcherHost", "FollowerRole", "run_fetchers"]
 
@@ -65,6 +70,9 @@ log = logging.getLogger(__name__)
 
 FETCH_VERSION = 12  # the last with replica_id at the top level, topics by name
 EPOCH_VERSION = 4
+LIST_OFFSETS_VERSION = 4  # the first with current_leader_epoch
+#: ListOffsets' timestamp for "the log start offset".
+EARLIEST = -2
 MAX_WAIT_MS = 500
 PARTITION_MAX_BYTES = 1 << 20
 REQUEST_TIMEOUT_S = 30.0
@@ -244,6 +252,45 @@ async def _truncate(
         epoch = step.next_epoch
 
 
+async def _reset_out_of_range(
+    manager: FetcherHost, client: BrokerClient, key: Key, role: FollowerRole
+) -> None:
+    """OFFSET_OUT_OF_RANGE: below the leader's log start, empty the log and start there;
+    otherwise agree with the leader again (``fetcher_rules.out_of_range_reset``)."""
+    Req = m.ListOffsetsRequest
+    partition = Req.ListOffsetsTopic.ListOffsetsPartition(
+        partition_index=key[1], current_leader_epoch=role.leader_epoch, timestamp=EARLIEST
+    )
+    request = Req(
+        replica_id=manager.view.broker_id, isolation_level=0,
+        topics=[Req.ListOffsetsTopic(name=key[0], partitions=[partition])],
+    )  # fmt: skip
+    response: m.ListOffsetsResponse = await client.call(
+        m.ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, request, REQUEST_TIMEOUT_S
+    )
+    answer = response.topics[0].partitions[0]
+    log_ = manager.topics.log(*key)
+    if log_ is None or manager.following.get(key) is not role:
+        return  # the role changed while the request was out
+    if answer.error_code != ErrorCode.NONE:
+        # The leader moved on (not leader, fenced): truncating asks it again, and waits.
+        role.needs_truncation = True
+        return
+    reset = out_of_range_reset(log_.log_end_offset, int(answer.offset))
+    if reset.kind is ResetKind.TRUNCATE:
+        role.needs_truncation = True
+        return
+    before = log_.log_end_offset
+    await trio.to_thread.run_sync(log_.truncate_fully_and_start_at, reset.offset)
+    if manager.producers is not None:
+        manager.producers.discard_snapshot(*key, log_)
+    # Nothing below the new start is here; the HW is at least where the log starts.
+    role.high_watermark = log_.log_start_offset
+    manager.partition_changed(*key)
+    log.warning("%s-%d: log ended at %d, below the leader's log start %d: emptied, starts there",
+                *key, before, reset.offset)  # fmt: skip
+
+
 async def _fetch_once(
     manager: FetcherHost, client: BrokerClient, ready: dict[Key, FollowerRole]
 ) -> None:
@@ -307,8 +354,8 @@ async def _fetch_once(
                 continue  # the role changed while the fetch was out
             role = current
             action = answer_action(part.error_code)
-            if action is AnswerAction.TRUNCATE:
-                role.needs_truncation = True
+            if action is AnswerAction.RESET:
+                await _reset_out_of_range(manager, client, key, role)
                 continue
             if action is AnswerAction.WAIT:
                 moved_on = True
@@ -330,6 +377,14 @@ async def _fetch_once(
                 role.high_watermark, part.high_watermark, log_.log_end_offset
             )
             moved, role.high_watermark = high_watermark != role.high_watermark, high_watermark
+            start = follower_log_start(
+                log_.log_start_offset, part.log_start_offset, role.high_watermark
+            )
+            if start is not None:
+                try:
+                    await trio.to_thread.run_sync(log_.delete_records, start)
+                except LogError as exc:  # offline, closed, or moved meanwhile
+                    log.warning("%s-%d: log start not moved to %d (%s)", *key, start, exc)
             if records or moved:
                 manager.partition_changed(*key)
     if throttled_bytes:

@@ -182,17 +182,24 @@ class LeaderEpochCache:
             self._entries.pop()
         return len(self._entries) != before
 
-    def truncate_from_start(self, start_offset: int, log_end_offset: int | None = None) -> bool:
+    def clear(self) -> bool:
+        """Forget every epoch (the log was emptied); True if there was one."""
+        changed = bool(self._entries)
+        self._entries = []
+        return changed
+
+    def truncate_from_start(self, start_offset: int) -> bool:
         """The log now starts at ``start_offset``: the epoch holding it starts there.
 
-        Given the log end and the log empty (start == end), no epoch holds the start
-        and none is moved there: the entries before it just go. True if the entries
-        changed.
+        The last entry below the start is moved up to it even when the log is left
+        empty (start == end), as Kafka's truncateFromStart: the leader then still knows
+        its latest epoch and answers OffsetForLeaderEpoch with its log end, instead of
+        "no epoch" (which sends a follower back to its high watermark). True if the
+        entries changed.
         """
         keep = [entry for entry in self._entries if entry.start_offset >= start_offset]
         older = [entry for entry in self._entries if entry.start_offset < start_offset]
-        empty = log_end_offset is not None and start_offset >= log_end_offset
-        if older and not empty and not (keep and keep[0].start_offset == start_offset):
+        if older and not (keep and keep[0].start_offset == start_offset):
             keep.insert(0, EpochEntry(older[-1].epoch, start_offset))
         changed = keep != self._entries
         self._entries = keep

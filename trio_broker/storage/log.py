@@ -275,6 +275,34 @@ class PartitionLog(Reloading, Truncation, Retention, Cleaning):
         if self._segments[-1].size > 0:
             self._roll(self._now_ms() if now_ms is None else now_ms)
 
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Empty the log and start it at ``offset``, past its end (Kafka's
+        truncateFullyAndStartAt): a follower whose log ends below its leader's log start
+        holds nothing the leader still has, and fetches from that start.
+
+        Nothing is cut: the log moves past its end. A hole up to ``offset`` is declared
+        legal first, then a segment starts at ``offset`` and the log start moves there,
+        each persisted in that order, so a crash in between leaves the old log (the
+        follower meets out of range again and comes back here) or the old records below
+        a hole, under a log start that hides them once persisted. The old segments are
+        below the log start: retention removes them. The epoch cache is emptied (the
+        leader's batches bring their epochs). Blocking, durable when it returns; call it
+        from the thread that appends.
+        """
+        self._check_writable()
+        if offset <= self.log_end_offset:
+            raise ValueError(f"start at {offset}: not past the log end {self.log_end_offset}")
+        with self.cleaning_lock:
+            self._allow_gaps_below(offset)
+            self._roll(self._now_ms(), offset)
+            with self._lock:
+                self.log_end_offset = offset
+                self.log_start_offset = offset
+                self.epoch_cache.clear()
+        self.flush()
+        self._persist_log_start()
+        self._persist_epochs()
+
     # ------------------------------------------------------------------ closing
 
     def close(self) -> None:

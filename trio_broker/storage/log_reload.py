@@ -128,7 +128,7 @@ class Reloading(Reading, Flushing):
             cache = LeaderEpochCache()
             for base, header in self.iter_batch_headers():
                 cache.assign_from_log(batch_leader_epoch(header), base)
-        cache.truncate_from_start(self.log_start_offset, self.log_end_offset)
+        cache.truncate_from_start(self.log_start_offset)
         cache.truncate_from_end(self.log_end_offset)
         self.epoch_cache = cache
         if rebuilt or self._persisted_epochs is not None or cache.entries:

@@ -111,7 +111,7 @@ class LogState:
         if not cache.entries or cache.entries[0].start_offset >= self.log_start_offset:
             return
         with self._lock:
-            changed = cache.truncate_from_start(self.log_start_offset, self.log_end_offset)
+            changed = cache.truncate_from_start(self.log_start_offset)
         if changed:
             self._persist_epochs()
 

@@ -252,15 +252,23 @@ class MemoryLog:
         if count:
             del segments[:count]
             self.log_start_offset = max(self.log_start_offset, segments[0].base_offset)
-            self.epoch_cache.truncate_from_start(self.log_start_offset, self.log_end_offset)
+            self.epoch_cache.truncate_from_start(self.log_start_offset)
         return count
 
     def delete_records(self, before_offset: int) -> int:
         if not 0 <= before_offset <= self.log_end_offset:
             raise OffsetOutOfRange(before_offset, self.log_start_offset, self.log_end_offset)
         self.log_start_offset = max(self.log_start_offset, before_offset)
-        self.epoch_cache.truncate_from_start(self.log_start_offset, self.log_end_offset)
+        self.epoch_cache.truncate_from_start(self.log_start_offset)
         return self.log_start_offset
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Empty the log and start it at ``offset``, past its end, as PartitionLog's."""
+        if offset <= self.log_end_offset:
+            raise ValueError(f"start at {offset}: not past the log end {self.log_end_offset}")
+        self._segments = [_Segment(offset, last_modified_ms=self._now_ms())]
+        self.log_start_offset = self.log_end_offset = self.durable_end_offset = offset
+        self.epoch_cache.clear()
 
     def truncate_to(self, offset: int) -> int:
         """Cut the log to end at ``offset``, as PartitionLog.truncate_to: the batch holding

@@ -254,21 +254,24 @@ def test_truncations_report_whether_the_checkpoint_must_be_rewritten() -> None:
     assert cache.truncate_from_end(5)
     assert epochs_of(cache) == [(1, 0)]
     cache = cache_of((1, 0), (2, 5))
-    assert not cache.truncate_from_start(0, 9)
-    assert cache.truncate_from_start(6, 9)
+    assert not cache.truncate_from_start(0)
+    assert cache.truncate_from_start(6)
     assert epochs_of(cache) == [(2, 6)]
-    assert not cache.truncate_from_start(6, 9)
+    assert not cache.truncate_from_start(6)
 
 
-def test_a_log_emptied_from_the_start_keeps_no_epoch_at_its_start() -> None:
-    # Retention removed every record (start == end): no epoch holds the start offset.
+def test_a_log_emptied_from_the_start_keeps_its_latest_epoch_at_the_start() -> None:
+    # DeleteRecords up to the log end (start == end): as Kafka's truncateFromStart, the
+    # last entry below the start is moved there, not dropped. The leader then answers
+    # OffsetForLeaderEpoch for its latest epoch with its log end, and for an older one
+    # with the start ("that data is gone"); an empty cache answered "no epoch", which
+    # sent followers back to their high watermark.
     cache = cache_of((1, 0), (2, 5))
-    assert cache.truncate_from_start(9, 9)
-    assert epochs_of(cache) == []
-    # Without the log end the epoch holding the start is moved there.
-    cache = cache_of((1, 0), (2, 5))
-    cache.truncate_from_start(9)
+    assert cache.truncate_from_start(9)
     assert epochs_of(cache) == [(2, 9)]
+    assert cache.end_offset_for(2, 9) == (2, 9)
+    assert cache.end_offset_for(1, 9) == (1, 9)
+    assert not cache.truncate_from_start(9)
 
 
 def test_a_checkpoint_is_read_back_and_damage_is_refused() -> None:

@@ -81,7 +81,7 @@ def scanned_epochs(log: AnyLog) -> list[tuple[int, int]]:
     cache = LeaderEpochCache()
     for base, header in log.iter_batch_headers():
         cache.assign_from_log(batch_leader_epoch(header), base)
-    cache.truncate_from_start(log.log_start_offset, log.log_end_offset)
+    cache.truncate_from_start(log.log_start_offset)
     return [(e.epoch, e.start_offset) for e in cache.entries]
 
 
@@ -422,6 +422,39 @@ def test_truncation_survives_reopening_clean_or_not(tmp_path: Path) -> None:
         reopened.close()
 
 
+def test_truncate_fully_and_start_at_empties_the_log_past_its_end(make_log) -> None:
+    # A follower ending at 24 below its leader's log start 40 (DeleteRecords there).
+    log = filled(make_log, epochs=(1, 2))
+    with pytest.raises(ValueError):
+        log.truncate_fully_and_start_at(log.log_end_offset)  # only past the end
+    log.truncate_fully_and_start_at(40)
+    assert (log.log_start_offset, log.log_end_offset, log.durable_end_offset) == (40, 40, 40)
+    assert read_all(log) == b"" and epochs_of(log) == []
+    # The leader's batches from its log start on follow.
+    log.append_replicated_batches(fetched(40, 3) + fetched(42, 3), now_ms=5)
+    assert log.log_end_offset == 44 and epochs_of(log) == [(3, 40)]
+    assert bases_and_ends(read_all(log)) == [(40, 42), (42, 44)]
+    log.apply_retention(10)  # the old segments are below the log start: they go
+    assert log.segment_base_offsets()[0] == 40
+
+
+def test_a_log_started_past_its_end_reopens_there(tmp_path: Path) -> None:
+    for clean in (True, False):
+        directory = tmp_path / f"t-{clean}"
+        log = PartitionLog.open(directory, SMALL)
+        for i in range(6):
+            log.append(batch(tag=i), now_ms=5, leader_epoch=1)
+        log.truncate_fully_and_start_at(40)
+        log.append_replicated(fetched(40, 3), now_ms=5)
+        log.flush()
+        kept = read_all(log)
+        log.close() if clean else log.abort()
+        reopened = PartitionLog.open(directory, SMALL)
+        assert (reopened.log_start_offset, reopened.log_end_offset) == (40, 42)
+        assert read_all(reopened) == kept and epochs_of(reopened) == [(3, 40)]
+        reopened.close()
+
+
 # ---------------------------------------------------------------- the checkpoint file
 
 
@@ -498,6 +531,17 @@ def test_log_start_moves_trim_the_cache_from_the_start(make_log) -> None:
     log = filled(make_log, 12, epochs=(1, 2, 3))
     log.delete_records(10)
     assert epochs_of(log) == [(2, 10), (3, 16)]
+
+
+def test_a_log_emptied_from_the_start_keeps_its_latest_epoch(make_log) -> None:
+    # DeleteRecords to the log end: Kafka's truncateFromStart keeps the latest epoch,
+    # moved to the new start, so a leader still answers OffsetForLeaderEpoch with its
+    # log end (an empty cache answers "no epoch": followers fell back to their HW).
+    log = filled(make_log, 12, epochs=(1, 2, 3))
+    end = log.log_end_offset
+    log.delete_records(end)
+    assert epochs_of(log) == [(3, end)]
+    assert log.epoch_cache.end_offset_for(3, end) == (3, end)
 
 
 # ---------------------------------------------------------------- the two logs agree
