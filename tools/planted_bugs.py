@@ -347,8 +347,11 @@ FRESH = (
     Bug(
         "txn-timeout-fence-keeps-epoch",
         "trio_broker/transactions/state.py",
-        "    bumped = min(meta.producer_epoch + 1, MAX_PRODUCER_EPOCH)\n    return meta.to(S.PREPARE_EPOCH_FENCE",
-        "    bumped = meta.producer_epoch\n    return meta.to(S.PREPARE_EPOCH_FENCE",
+        # fence_for_timeout calls _fenced (shared with InitProducerId's fence since
+        # 4b484dd): the slip is in the timeout path only, as when it was written.
+        "    return _fenced(meta, now_ms)\n",
+        "    return meta.to(S.PREPARE_EPOCH_FENCE, now_ms, last_producer_id=meta.producer_id,\n"
+        "                   last_producer_epoch=NO_PRODUCER_EPOCH)\n",
         "a timed-out transaction is aborted without bumping the epoch: its producer is not "
         "fenced and goes on writing",
         (TXN_COORDINATOR_MACHINE,),
@@ -450,8 +453,8 @@ FOURTH = (
     Bug(
         "producer-expires-open-transaction",
         "trio_broker/state/producer.py",
-        "if now_ms - e.last_timestamp >= expiration_ms and pid not in ongoing",
-        "if now_ms - e.last_timestamp >= expiration_ms",
+        "if pid not in ongoing and now_ms - (self.last_timestamp(pid) or 0) >= expiration_ms",
+        "if now_ms - (self.last_timestamp(pid) or 0) >= expiration_ms",
         "a producer idle past producer id expiration is forgotten while its transaction is "
         "still open (its marker then finds no producer)",
         (PRODUCER_MACHINE, PARTITION_TXN_MACHINE),
@@ -594,8 +597,13 @@ FIFTH = (
     Bug(
         "producer-forgotten-at-log-start",
         "trio_broker/state/producer.py",
-        "gone = [pid for pid, e in self.producers.items() if e.last_offset < log_start_offset]",
-        "gone = [pid for pid, e in self.producers.items() if e.last_offset <= log_start_offset]",
+        # Since b121a2c retention forgets no producer (KAFKA-7190); the slip was the one
+        # past the boundary (<= for <), so it plants that one alone: the producer whose
+        # last batch ends at the new log start.
+        "        self.txns.truncate_head(log_start_offset)\n",
+        "        for pid in [p for p, e in self.producers.items() if e.last_offset == log_start_offset]:\n"
+        "            del self.producers[pid]\n"
+        "        self.txns.truncate_head(log_start_offset)\n",
         "retention forgets a producer whose last batch ends exactly at the new log start "
         "(that record is still in the log): its retry is appended again",
         (PRODUCER_MACHINE, PARTITION_TXN_MACHINE),
@@ -730,11 +738,15 @@ SIXTH = (
     Bug(
         "fencing-marker-epochs-not-kept",
         "trio_broker/state/partition_txns.py",
-        "        self.markers[producer_id] = MarkerEpochs(producer_epoch, coordinator_epoch, offset)\n"
+        "        self.markers[producer_id] = MarkerEpochs(\n"
+        "            producer_epoch, coordinator_epoch, offset, timestamp\n"
+        "        )\n"
         "        first = self.ongoing.pop(producer_id, None)\n",
         "        first = self.ongoing.pop(producer_id, None)\n"
         "        if first is not None:\n"
-        "            self.markers[producer_id] = MarkerEpochs(producer_epoch, coordinator_epoch, offset)\n",
+        "            self.markers[producer_id] = MarkerEpochs(\n"
+        "                producer_epoch, coordinator_epoch, offset, timestamp\n"
+        "            )\n",
         "a marker that ends no open transaction here (a fencing abort written to every "
         "added partition) does not record its epochs: the fenced epoch may still write there",
         (PARTITION_TXN_MACHINE, PRODUCER_MACHINE),

@@ -1,0 +1,60 @@
+"""Every planted bug of tools/planted_bugs.py still applies to today's code.
+
+A bug's ``old`` text must occur exactly once in its file, or the tool refuses to plant
+it; a fix that rewrites those lines makes the bug stale without anyone noticing until
+the next scoring run (four went stale so, issue 31). Planted, the file must still
+compile: a bug that is a syntax error would be "caught" by every check for nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Protocol
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _load_tool() -> ModuleType:
+    name = "_trio_broker_planted_bugs"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "planted_bugs.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+class PlantedBug(Protocol):  # the tool's Bug, as far as this test reads it
+    name: str
+    path: str
+    old: str
+    new: str
+
+
+_tool = _load_tool()
+EVERY: tuple[PlantedBug, ...] = (
+    *_tool.BUGS,
+    *_tool.FRESH,
+    *_tool.FOURTH,
+    *_tool.FIFTH,
+    *_tool.SIXTH,
+)
+
+
+def test_names_are_unique() -> None:
+    names = [bug.name for bug in EVERY]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("bug", EVERY, ids=[bug.name for bug in EVERY])
+def test_bug_applies_once_and_changes_the_code(bug: PlantedBug) -> None:
+    source = (ROOT / bug.path).read_text()
+    assert source.count(bug.old) == 1, f"`old` occurs {source.count(bug.old)} times in {bug.path}"
+    assert bug.new != bug.old
+    compile(source.replace(bug.old, bug.new), bug.path, "exec")
