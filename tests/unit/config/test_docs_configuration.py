@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
+from tests.load_tool import load_tool
 from trio_broker.config_keys import APPLIED, BROKER_KEYS, INERT
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _load_tool() -> ModuleType:
-    name = "_trio_broker_config_table"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "config_table.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_tool("config_table.py")
 
 
 config_table = _load_tool()

@@ -10,24 +10,17 @@ trees below pin that down.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import textwrap
 from pathlib import Path
 from types import ModuleType
+
+from tests.load_tool import load_tool
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _load_tool() -> ModuleType:
-    name = "_trio_broker_import_cycles"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "import_cycles.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look the module up by name
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_tool("import_cycles.py")
 
 
 import_cycles = _load_tool()

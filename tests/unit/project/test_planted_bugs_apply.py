@@ -8,26 +8,19 @@ compile: a bug that is a syntax error would be "caught" by every check for nothi
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Protocol
 
 import pytest
 
+from tests.load_tool import load_tool
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _load_tool() -> ModuleType:
-    name = "_trio_broker_planted_bugs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "planted_bugs.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_tool("planted_bugs.py")
 
 
 class PlantedBug(Protocol):  # the tool's Bug, as far as this test reads it
