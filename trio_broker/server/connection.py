@@ -369,6 +369,11 @@ class Connection:
                         parts = await trio.to_thread.run_sync(encode_response, *args)
                     else:
                         parts = encode_response(*args)
+                    if self.broker.capture is not None:
+                        self.broker.capture.response(
+                            self.id, self.client_address, h, pending.response_version, parts,
+                            response,
+                        )  # fmt: skip
                     self.send_progress = trio.current_time()
                     try:
                         await self._send_parts(parts)
@@ -376,14 +381,6 @@ class Connection:
                         self.close(f"send failed: {exc}")
                         return
                     self.send_progress = None
-                    # Captured once sent in full: a response cut short by a close (the
-                    # client went away meanwhile) never reached the wire, and a capture
-                    # says what did (a tcpdump of the same traffic must agree).
-                    if self.broker.capture is not None:
-                        self.broker.capture.response(
-                            self.id, self.client_address, h, pending.response_version, parts,
-                            response,
-                        )  # fmt: skip
                 if pending.failed_login:
                     # The step that failed the login has its answer; the requests
                     # answered before it went out first, in order.
