@@ -112,9 +112,13 @@ class PartitionLog(Reloading, Truncation, Retention, Cleaning):
         directory = Path(directory)
         try:
             make_dirs_durable(directory)
-            return cls._load(directory, config, now_ms)
+            log = cls._load(directory, config, now_ms)
         except OSError as exc:
             raise StorageError(f"cannot open log {directory}: {exc}") from exc
+        # The unlinks of a prune are not synced: a crash can bring back an older
+        # snapshot than the newest PRODUCER_SNAPSHOTS_KEPT, so prune again at open.
+        log.prune_producer_snapshots()
+        return log
 
     # ------------------------------------------------------------------ appends
 
