@@ -157,9 +157,13 @@ class _Client:
         connection failed or timed out."""
         response = await self._call(leader, api_key, version, request)
         if response is None:
-            self.leaders.pop(partition, None)
-            await trio.sleep(0.05)
+            await self.forget_leader(partition)
         return response
+
+    async def forget_leader(self, partition: int) -> None:
+        """Ask Metadata who leads ``partition`` next time, after a pause."""
+        self.leaders.pop(partition, None)
+        await trio.sleep(0.05)
 
     async def close(self) -> None:
         for conn in self.conns.values():
@@ -256,8 +260,7 @@ class Consumer(_Client):
             return
         if answer.error_code != ErrorCode.NONE:
             self._note(ErrorCode(answer.error_code).name)
-            self.leaders.pop(partition, None)
-            await trio.sleep(0.05)
+            await self.forget_leader(partition)
             return
         bound = answer.high_watermark
         if self.isolation_level == 1:
@@ -283,16 +286,15 @@ class Consumer(_Client):
         request = Req(replica_id=-1, isolation_level=self.isolation_level,
                       topics=[Req.ListOffsetsTopic(name=self.topic, partitions=[wanted])])  # fmt: skip
         response = await self.call_leader(partition, leader, m.ApiKey.LIST_OFFSETS, 4, request)
-        answer = None if response is None else response.topics[0].partitions[0]
-        if answer is None or answer.error_code != ErrorCode.NONE:
-            self.leaders.pop(partition, None)
-            await trio.sleep(0.05)
-            return
-        if int(answer.offset) > position and self.positions.get(partition, 0) == position:
+        if response is None:
+            return  # call_leader forgot the leader already
+        answer = response.topics[0].partitions[0]
+        if answer.error_code != ErrorCode.NONE:
+            await self.forget_leader(partition)
+        elif int(answer.offset) > position and self.positions.get(partition, 0) == position:
             self.positions[partition] = int(answer.offset)
         else:  # past the end of this leader's log: ask who leads, as before
-            self.leaders.pop(partition, None)
-            await trio.sleep(0.05)
+            await self.forget_leader(partition)
 
     async def run(self, partition: int, until: float) -> None:
         """Consume ``partition`` until trio time ``until``."""
