@@ -48,7 +48,7 @@ COMPACT_ON_LOOP_BYTES = 64 * 1024
 
 
 @attrs.define(slots=True)
-class _Pending:
+class PendingRow:
     row: CaptureRow
     pieces: list[Piece]
     size: int
@@ -154,7 +154,7 @@ def _own_regions(records: Records | None) -> Records | None:
     return RecordsChunks(parts)
 
 
-def _owned_fds(item: _Pending) -> list[int]:
+def _owned_fds(item: PendingRow) -> list[int]:
     """The fds the tap dup-ed for ``item``: its pieces' regions and its fetch records'."""
     parts = list(item.pieces)
     if item.fetch is not None:
@@ -164,7 +164,7 @@ def _owned_fds(item: _Pending) -> list[int]:
     return [part.fd for part in parts if isinstance(part, FileRegion)]
 
 
-def _materialize(item: _Pending) -> CaptureRow:
+def _materialize(item: PendingRow) -> CaptureRow:
     """Resolve file regions (pread from a dup-ed fd) into the row's frame bytes."""
     if item.fetch is not None:
         version, message, records = item.fetch
@@ -199,7 +199,7 @@ def _materialize(item: _Pending) -> CaptureRow:
     return row
 
 
-def _release(item: _Pending) -> None:
+def _release(item: PendingRow) -> None:
     for fd in _owned_fds(item):
         os.close(fd)
     item.pieces = []
@@ -241,8 +241,8 @@ class CaptureTap:
 
         pq.write_table(rows_to_table([]), pa.BufferOutputStream(), compression="zstd")
 
-        self._send, self._receive = trio.open_memory_channel[_Pending](max_rows)
-        self._buffer: list[_Pending] = []
+        self._send, self._receive = trio.open_memory_channel[PendingRow](max_rows)
+        self._buffer: list[PendingRow] = []
         self.queued_bytes = 0
         self.captured = 0
         self.dropped = 0
@@ -253,7 +253,7 @@ class CaptureTap:
 
     # ------------------------------------------------------------------ hot path
 
-    def _offer(self, item: _Pending) -> None:
+    def _offer(self, item: PendingRow) -> None:
         if self.queued_bytes + item.size > self.max_bytes:
             self._drop(item)
             return
@@ -265,7 +265,7 @@ class CaptureTap:
         self.queued_bytes += item.size
         self.captured += 1
 
-    def _drop(self, item: _Pending) -> None:
+    def _drop(self, item: PendingRow) -> None:
         self.dropped += 1
         _release(item)
         self._arena.release(item.chunk)
@@ -289,7 +289,7 @@ class CaptureTap:
             time.monotonic_ns(), time.time_ns(), header.api_key, header.api_version,
             header.correlation_id, length, copy,
         )  # fmt: skip
-        self._offer(_Pending(row, [], len(copy), chunk))
+        self._offer(PendingRow(row, [], len(copy), chunk))
 
     def response(
         self,
@@ -300,7 +300,33 @@ class CaptureTap:
         parts: list[Any],
         message: Any = None,
     ) -> None:
-        """Record a response frame, given as the ``parts`` it is sent as.
+        """Record a response frame now (``stage_response`` then ``sent``)."""
+        self.sent(self.stage_response(connection_id, address, header, version, parts, message))
+
+    def sent(self, staged: PendingRow) -> None:
+        """The staged response went out whole: it joins the capture."""
+        self._offer(staged)
+
+    def not_sent(self, staged: PendingRow) -> None:
+        """The staged response's send was cut short (a close, a reset): no client read
+        it whole, so it is not captured (a pcap of the link holds no such frame)."""
+        _release(staged)
+        self._arena.release(staged.chunk)
+
+    def stage_response(
+        self,
+        connection_id: int,
+        address: str,
+        header: Any,
+        version: int,
+        parts: list[Any],
+        message: Any = None,
+    ) -> PendingRow:
+        """A response frame, given as the ``parts`` it is sent as, copied and stamped now.
+
+        Stamped before its send, because the client's next request can only be read
+        after the client has the response: ordered by stamp, an answer always comes
+        before what it caused. Offered (``sent``) only once the send completed.
 
         With ``message`` (the decoded response) a Fetch response is kept as batch
         headers only, unless the tap keeps full records or a prefix: its records are
@@ -320,8 +346,7 @@ class CaptureTap:
             size = 256 + HEADER_SIZE * sum(
                 len(value.parts) for value in records if isinstance(value, RecordsChunks)
             )
-            self._offer(_Pending(row, [], size, fetch=(version, message, records)))
-            return
+            return PendingRow(row, [], size, fetch=(version, message, records))
         pieces: list[Piece] = []
         budget = None if self.prefix_bytes is None else self.prefix_bytes + 4
         total = 0
@@ -345,7 +370,7 @@ class CaptureTap:
                 kept += take
             total += n
         row = self._response_row(connection_id, address, header, version, total - 4)
-        self._offer(_Pending(row, pieces, kept))
+        return PendingRow(row, pieces, kept)
 
     def _response_row(
         self, connection_id: int, address: str, header: Any, version: int, frame_length: int
@@ -388,7 +413,7 @@ class CaptureTap:
             log.debug("capture: produce request kept whole (not decodable)", exc_info=True)
         return row
 
-    def _write(self, batch: list[_Pending]) -> None:
+    def _write(self, batch: list[PendingRow]) -> None:
         try:
             self.rotator.write(self._compact(_materialize(item)) for item in batch)
         except Exception:

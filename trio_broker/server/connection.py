@@ -369,17 +369,25 @@ class Connection:
                         parts = await trio.to_thread.run_sync(encode_response, *args)
                     else:
                         parts = encode_response(*args)
-                    if self.broker.capture is not None:
-                        self.broker.capture.response(
+                    tap = self.broker.capture
+                    staged = None
+                    if tap is not None:
+                        staged = tap.stage_response(
                             self.id, self.client_address, h, pending.response_version, parts,
                             response,
                         )  # fmt: skip
                     self.send_progress = trio.current_time()
                     try:
                         await self._send_parts(parts)
-                    except OSError as exc:
-                        self.close(f"send failed: {exc}")
-                        return
+                    except BaseException as exc:
+                        if staged is not None:
+                            tap.not_sent(staged)
+                        if isinstance(exc, OSError):
+                            self.close(f"send failed: {exc}")
+                            return
+                        raise
+                    if staged is not None:
+                        tap.sent(staged)
                     self.send_progress = None
                 if pending.failed_login:
                     # The step that failed the login has its answer; the requests
