@@ -92,7 +92,7 @@ def test_every_acknowledged_record_is_consumed_once_across_a_kill_9(
             assert time.monotonic() < deadline, "the producer did not get going"
             time.sleep(0.05)
         broker.kill9()  # mid-stream: acked records must survive, unacked ones are retried
-        time.sleep(1.0)
+        time.sleep(1.0)  # the outage (a fault's shape, not a wait for a condition)
         broker.start()
         assert producer.wait(timeout=150) == 0
         out.thread.join(timeout=10)

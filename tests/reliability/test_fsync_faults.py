@@ -23,6 +23,7 @@ import pytest
 import trio
 
 from tests.integration.raw_client import RawClient
+from tests.integration.test_long_poll_wakeups import wait_until
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -111,9 +112,11 @@ async def test_fsync_eio_is_a_storage_error_and_loses_nothing(
     broker.topics.create("victim", 1)
     broker.topics.create("other", 1)
     failing = [True]
+    failed_at: list[float] = []  # when each fsync was refused (in a worker thread)
 
     def eio() -> None:
         if failing[0]:
+            failed_at.append(time.monotonic())
             raise OSError(errno.EIO, "injected EIO")
 
     with trio.fail_after(60):
@@ -129,9 +132,13 @@ async def test_fsync_eio_is_a_storage_error_and_loses_nothing(
         stored = await read_all(client, "victim")
         assert {o: stored.get(o) for o in acked} == acked
         assert (await produce(client, "other", b"fine")).error_code == 0
-        # Still failing: the recovery probe (after the 1 s back-off) fails too.
+        # Still failing: the recovery probe (after the 1 s back-off) fails too. The
+        # back-off is the broker's clock, so a fixed 1.2 s passes it on any machine; the
+        # probe runs in the background, so wait for its refused fsync.
         await trio.sleep(1.2)
+        probe_from = time.monotonic()
         assert (await produce(client, "victim", b"still")).error_code == 56
+        await wait_until(lambda: any(t >= probe_from for t in failed_at), "the recovery probe")
         # fsync works again: the partition comes back without a restart.
         failing[0] = False
         recovered = None
