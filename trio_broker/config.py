@@ -32,6 +32,7 @@ from trio_broker.config_keys import (
 from trio_broker.config_properties import read_properties_file
 from trio_broker.security.inter_broker import inter_broker_listener, inter_broker_login
 from trio_broker.security.listeners import resolve_listeners
+from trio_broker.security.zookeeper_tls import ZooKeeperTls, tls_from_properties
 from trio_broker.storage.durable import make_dirs_durable, write_file_atomically
 from trio_broker.storage.topic_configs import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -205,6 +206,10 @@ class BrokerConfig:
     def advertised(self) -> tuple[str, int]:
         return (self.advertised_host or self.host, self.advertised_port or self.port)
 
+    def zookeeper_tls(self) -> ZooKeeperTls | None:
+        """TLS to ZooKeeper (``zookeeper.ssl.*`` as written); None: plaintext."""
+        return tls_from_properties(self.static_keys)
+
     def validate(self) -> BrokerConfig:
         if self.storage not in ("file", "memory"):
             raise ConfigError(f"storage: expected 'file' or 'memory', got {self.storage!r}")
@@ -275,6 +280,8 @@ class BrokerConfig:
             from trio_broker.security.zookeeper_login import read_client_login
 
             read_client_login(self.zookeeper_jaas_file)  # unreadable: fail now, not at join
+        if self.zookeeper_connect is not None:
+            self.zookeeper_tls()  # bad or unreadable certificates: fail now, not at join
         if self.zookeeper_connect is not None:
             # The brokers' own login to each other: its credentials must be there now,
             # not found missing at the first replica fetch.

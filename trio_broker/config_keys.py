@@ -463,6 +463,17 @@ _OTHER_KEYS = [
     _key("zookeeper.set.acl", BOOLEAN, "false", APPLIED, "zookeeper_set_acl", origin="ours"),
     # Kafka's brokers name this file with -Djava.security.auth.login.config.
     _key("zookeeper.jaas.file", STRING, None, APPLIED, "zookeeper_jaas_file", origin="ours"),
+    # TLS to ZooKeeper (Kafka 3's keys), read as written by security/zookeeper_tls.py.
+    _key("zookeeper.ssl.client.enable", BOOLEAN, "false", APPLIED, origin="ours"),
+    _key("zookeeper.ssl.keystore.location", STRING, None, APPLIED, origin="ours"),
+    _key("zookeeper.ssl.keystore.password", PASSWORD, None, APPLIED, origin="ours"),
+    _key("zookeeper.ssl.keystore.type", STRING, None, APPLIED, origin="ours"),
+    _key("zookeeper.ssl.truststore.location", STRING, None, APPLIED, origin="ours"),
+    _key("zookeeper.ssl.truststore.password", PASSWORD, None, APPLIED, origin="ours"),
+    _key("zookeeper.ssl.truststore.type", STRING, None, APPLIED, origin="ours"),
+    _key("zookeeper.ssl.endpoint.identification.algorithm", STRING, "HTTPS", APPLIED,
+         origin="ours"),
+    _key("zookeeper.clientCnxnSocket", STRING, None, APPLIED, origin="ours"),
     # Kafka's dynamic broker config; here also static (the file's value, under a dynamic
     # one: storage/broker_configs.py): the byte rate at which a broker copies the
     # partitions it throttles (docs/cluster.md, "Throttled catch-up").

@@ -13,6 +13,7 @@ from typing import TextIO
 
 import trio
 
+from trio_broker.admin.cluster_zookeeper import zookeeper_tls_of
 from trio_broker.cluster.coordination import (
     CoordinationError,
     NotAuthorized,
@@ -52,7 +53,9 @@ async def _run(args: argparse.Namespace, password: str, out: TextIO) -> int:
     # Logged in as the brokers, the znodes it makes get their ACLs too (as Kafka's tools
     # set ACLs when their ZooKeeper client has a SASL login).
     login = read_client_login(args.zookeeper_jaas) if args.zookeeper_jaas else None
-    coord = ZooKeeperCoordination(args.zookeeper, login=login, set_acl=login is not None)
+    coord = ZooKeeperCoordination(
+        args.zookeeper, login=login, set_acl=login is not None, tls=zookeeper_tls_of(args)
+    )
     with trio.fail_after(CONNECT_TIMEOUT_S):
         await coord.start(timeout_s=CONNECT_TIMEOUT_S)
     try:

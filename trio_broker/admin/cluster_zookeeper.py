@@ -25,8 +25,14 @@ import trio
 from trio_broker.cluster.coordination import CoordinationError, ZooKeeperCoordination
 from trio_broker.config_errors import ConfigError
 from trio_broker.security.zookeeper_login import read_client_login
+from trio_broker.security.zookeeper_tls import ZooKeeperTls, read_tls_config_file
 
-__all__ = ["add_secure_zookeeper_command", "run_secure_zookeeper", "zookeeper_login_argument"]
+__all__ = [
+    "add_secure_zookeeper_command",
+    "run_secure_zookeeper",
+    "zookeeper_login_argument",
+    "zookeeper_tls_of",
+]
 
 CONNECT_TIMEOUT_S = 15.0
 
@@ -36,6 +42,15 @@ def zookeeper_login_argument(parser: argparse.ArgumentParser) -> None:
                         help="log in to ZooKeeper as the Client section of this JAAS file "
                         "(the brokers' zookeeper.jaas.file); needed once the cluster's "
                         "znodes have ACLs")  # fmt: skip
+    parser.add_argument("--zk-tls-config-file", type=Path, metavar="FILE",
+                        help="reach ZooKeeper over TLS as this properties file says "
+                        "(the brokers' zookeeper.ssl.* keys, as Kafka's tools take them)")  # fmt: skip
+
+
+def zookeeper_tls_of(args: argparse.Namespace) -> ZooKeeperTls | None:
+    """The TLS settings of ``--zk-tls-config-file`` (ConfigError if unusable); None: none."""
+    path = getattr(args, "zk_tls_config_file", None)
+    return read_tls_config_file(path) if path is not None else None
 
 
 def add_secure_zookeeper_command(csub: Any) -> None:
@@ -58,7 +73,8 @@ def run_secure_zookeeper(args: argparse.Namespace) -> int:
         return 2
     try:
         login = read_client_login(args.zookeeper_jaas)
-        changed = trio.run(_run, args.zookeeper, login, not args.unsecure)
+        tls = zookeeper_tls_of(args)
+        changed = trio.run(_run, args.zookeeper, login, tls, not args.unsecure)
     except ConfigError as exc:
         print(f"trio-broker: {exc}", file=sys.stderr)
         return 2
@@ -70,9 +86,9 @@ def run_secure_zookeeper(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(hosts: str, login: Any, secure: bool) -> list[str]:
+async def _run(hosts: str, login: Any, tls: ZooKeeperTls | None, secure: bool) -> list[str]:
     # No set_acl: start() would lock the root before the walk, even with --unsecure.
-    coord = ZooKeeperCoordination(hosts, login=login)
+    coord = ZooKeeperCoordination(hosts, login=login, tls=tls)
     with trio.fail_after(CONNECT_TIMEOUT_S):
         await coord.start(timeout_s=CONNECT_TIMEOUT_S)
     try:

@@ -98,6 +98,7 @@ async def join_coordination(host: ClusterHost) -> Any:
             session_timeout_s=config.zookeeper_session_timeout_ms / 1000,
             login=read_client_login(jaas) if jaas else None,
             set_acl=config.zookeeper_set_acl,
+            tls=config.zookeeper_tls(),
         )
         await coord.start()
     try:

@@ -22,6 +22,7 @@ import trio
 
 from trio_broker.cluster.zk_security import SECURE_ROOTS, sensitive_path
 from trio_broker.security.zookeeper_login import ZooKeeperLogin
+from trio_broker.security.zookeeper_tls import ZooKeeperTls
 
 __all__ = [
     "BadVersion",
@@ -127,9 +128,10 @@ class ZooKeeperCoordination:
         *,
         login: ZooKeeperLogin | None = None,
         set_acl: bool = False,
+        tls: ZooKeeperTls | None = None,
     ) -> None:
         """``login``: SASL DIGEST-MD5 as this user; ``set_acl``: create znodes with ACLs
-        that only that user can change (needs ``login``)."""
+        that only that user can change (needs ``login``); ``tls``: connect over TLS."""
         from kazoo.client import KazooClient  # a dependency of cluster mode only
         from kazoo.retry import KazooRetry
 
@@ -147,8 +149,9 @@ class ZooKeeperCoordination:
             sasl = {"mechanism": "DIGEST-MD5", "username": login.username,
                     "password": login.password}  # fmt: skip
         self._client = KazooClient(
-            hosts=hosts, timeout=session_timeout_s, connection_retry=reconnect, sasl_options=sasl
-        )
+            hosts=hosts, timeout=session_timeout_s, connection_retry=reconnect, sasl_options=sasl,
+            **(tls.kazoo_options() if tls is not None else {}),
+        )  # fmt: skip
         # kazoo's calls wait while ZooKeeper is away (until it returns or the session
         # is known to be lost): their threads come from this limiter, never from the
         # one the storage's fsyncs use, and a cancelled caller abandons its thread.

@@ -34,6 +34,7 @@ from trio_broker.security.zookeeper_login import ZooKeeperLogin, server_jaas
 __all__ = [
     "ZOOKEEPER_JAR",
     "LocalZooKeeper",
+    "ServerTls",
     "quorum_mode",
     "start_local_ensemble",
     "start_local_zookeeper",
@@ -44,6 +45,32 @@ SASL_PROVIDER = "authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticat
 QUORUM_PEER = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 
 ZOOKEEPER_JAR = Path(os.environ.get("TRIO_BROKER_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar"))
+#: ZooKeeper's Netty server (the one that speaks TLS) needs it; Debian's zookeeper.jar
+#: lists the other Netty jars in its manifest but not this one.
+NETTY_CODEC_JAR = ZOOKEEPER_JAR.parent / "netty-codec.jar"
+NETTY_SERVER = "org.apache.zookeeper.server.NettyServerCnxnFactory"
+
+
+@attrs.frozen
+class ServerTls:
+    """A server that speaks TLS only, on its client port (``secureClientPort``)."""
+
+    #: PEM file: the server's private key (PKCS#8: ZooKeeper reads no other layout)
+    #: followed by its certificate chain.
+    keystore: Path
+    #: PEM file of the CA certificates a client's certificate must chain to.
+    truststore: Path
+    #: ZooKeeper's ssl.clientAuth: "need" (a client certificate is required), "want", "none".
+    client_auth: str = "need"
+
+    def config_lines(self, port: int) -> str:
+        return (
+            f"secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n"
+            f"serverCnxnFactory={NETTY_SERVER}\n"
+            f"ssl.keyStore.location={self.keystore}\nssl.keyStore.type=PEM\n"
+            f"ssl.trustStore.location={self.truststore}\nssl.trustStore.type=PEM\n"
+            f"ssl.clientAuth={self.client_auth}\n"
+        )
 
 
 def _free_port() -> int:
@@ -63,13 +90,15 @@ class LocalZooKeeper:
     main_class: str = STANDALONE
     #: Its JAAS file (the SASL users it accepts); None: no SASL.
     jaas: Path | None = None
+    #: Whether it speaks TLS (only) on its port.
+    tls: bool = False
 
     def restart(self, timeout_s: float = 60.0) -> None:
         """Start it again after a stop or kill, same config, ports and data."""
         if self.process.poll() is None:
             raise RuntimeError("ZooKeeper is still running")
         assert self.config is not None
-        self.process = _launch(self.config, self.main_class, self.data_dir, self.jaas)
+        self.process = _launch(self.config, self.main_class, self.data_dir, self.jaas, self.tls)
         _wait_until_serving(self, timeout_s, quorum=self.main_class == QUORUM_PEER)
 
     @property
@@ -122,21 +151,29 @@ def start_local_zookeeper(
     timeout_s: float = 30.0,
     *,
     sasl_users: list[ZooKeeperLogin] | None = None,
+    tls: ServerTls | None = None,
 ) -> LocalZooKeeper:
-    """Start a server and wait until it accepts connections; its log is data_dir/zookeeper.log."""
+    """Start a server and wait until it accepts connections; its log is data_dir/zookeeper.log.
+
+    With ``tls`` it accepts TLS connections only: no plaintext port is open."""
     port = port or _free_port()
     _private_dir(data_dir)
     _private_dir(data_dir / "data")
     sasl, jaas = _sasl_config(data_dir, sasl_users)
+    listener = (
+        tls.config_lines(port)
+        if tls is not None
+        else f"clientPort={port}\nclientPortAddress=127.0.0.1\n"
+    )
     config = data_dir / "zoo.cfg"
     _private_file(
         config,
-        f"tickTime={tick_ms}\ndataDir={data_dir / 'data'}\nclientPort={port}\n"
-        "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
+        f"tickTime={tick_ms}\ndataDir={data_dir / 'data'}\n{listener}admin.enableServer=false\n"
         f"minSessionTimeout={2 * tick_ms}\nmaxSessionTimeout=60000\n{sasl}",
     )
-    process = _launch(config, STANDALONE, data_dir, jaas)
-    server = LocalZooKeeper("127.0.0.1", port, data_dir, process, config, STANDALONE, jaas)
+    secure = tls is not None
+    process = _launch(config, STANDALONE, data_dir, jaas, secure)
+    server = LocalZooKeeper("127.0.0.1", port, data_dir, process, config, STANDALONE, jaas, secure)
     _wait_until_serving(server, timeout_s, quorum=False)
     return server
 
@@ -206,7 +243,7 @@ def quorum_mode(server: LocalZooKeeper) -> str | None:
 
 
 def _launch(
-    config: Path, main_class: str, data_dir: Path, jaas: Path | None
+    config: Path, main_class: str, data_dir: Path, jaas: Path | None, tls: bool = False
 ) -> subprocess.Popen[bytes]:
     if not ZOOKEEPER_JAR.is_file():
         raise FileNotFoundError(
@@ -214,10 +251,15 @@ def _launch(
             "(scripts/install-system-deps.sh does)"
         )
     jvm = [] if jaas is None else [f"-Djava.security.auth.login.config={jaas}"]
+    classpath = [str(ZOOKEEPER_JAR)]
+    if tls:
+        if not NETTY_CODEC_JAR.is_file():
+            raise FileNotFoundError(f"{NETTY_CODEC_JAR} is missing: install Debian's netty package")
+        classpath.append(str(NETTY_CODEC_JAR))
     log_fd = os.open(data_dir / "zookeeper.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(log_fd, "ab") as log:
         return subprocess.Popen(
-            ["java", "-Xmx256m", *jvm, "-cp", str(ZOOKEEPER_JAR), main_class, str(config)],
+            ["java", "-Xmx256m", *jvm, "-cp", ":".join(classpath), main_class, str(config)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=die_with_parent(),
         )  # fmt: skip
