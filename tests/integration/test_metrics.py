@@ -23,7 +23,7 @@ from tests.integration.raw_client import RawClient
 from trio_broker.config import BrokerConfig, ConfigError, load_config
 from trio_broker.protocol import messages as m
 from trio_broker.server.broker import Broker
-from trio_broker.server.metrics import BadRequest, parse_request_head
+from trio_broker.server.metrics import MAX_CONNECTIONS, BadRequest, parse_request_head
 
 TOPIC = "metrics-topic"
 RECORDS = 50
@@ -231,6 +231,38 @@ async def test_malformed_request_gets_400_and_close(broker: Broker, payload: byt
     answer = await trio.to_thread.run_sync(raw_exchange, broker.metrics.bound, payload)
     assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer[:100]
     assert b"\r\nConnection: close\r\n" in answer
+
+
+def closed_unanswered(address: tuple[str, int]) -> bool:
+    """A GET /health whose connection the server closes without a byte of answer."""
+    with socket.create_connection(address, timeout=10) as sock:
+        try:
+            sock.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+            return sock.recv(65536) == b""
+        except ConnectionResetError:
+            return True
+
+
+async def test_connections_beyond_the_cap_are_refused_at_once(broker: Broker) -> None:
+    """A local process that opens connections without end gets 503 past the cap, and
+    the listener serves again once they close: it cannot take every descriptor."""
+    assert broker.metrics.bound is not None
+    idle = [socket.create_connection(broker.metrics.bound) for _ in range(MAX_CONNECTIONS)]
+    try:
+        with trio.fail_after(20):  # each idle connection holds a slot once accepted
+            while broker.metrics.connections < MAX_CONNECTIONS:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        refused = await trio.to_thread.run_sync(closed_unanswered, broker.metrics.bound)
+        assert refused
+        assert broker.metrics.refused == 1
+    finally:
+        for sock in idle:
+            sock.close()
+    with trio.fail_after(20):
+        while broker.metrics.connections:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+    status, _, body = await trio.to_thread.run_sync(http_get, broker.metrics.bound, "/health")
+    assert (status, body) == (200, "ok")
 
 
 async def test_post_is_not_allowed(broker: Broker) -> None:

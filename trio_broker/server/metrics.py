@@ -37,6 +37,11 @@ log = logging.getLogger("trio_broker.metrics")
 MAX_REQUEST_BYTES = 8192
 #: How long a client may take to send its request head.
 REQUEST_TIMEOUT_S = 10.0
+#: Connections served at once. Each may hold its slot for REQUEST_TIMEOUT_S + LINGER_S;
+#: beyond this a connection is closed at once, unanswered, so that a local process
+#: opening connections without end cannot take the file descriptors the broker's
+#: segments and clients need.
+MAX_CONNECTIONS = 64
 #: After answering: how long, and how many bytes, to read and discard before closing.
 LINGER_S = 1.0
 LINGER_BYTES = 1 << 20
@@ -416,6 +421,8 @@ class MetricsService:
         self.host, self.port = parse_host_port(listener, "metrics.listener")
         self.bound: tuple[str, int] | None = None
         self.console = Console(broker)
+        self.connections = 0
+        self.refused = 0
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(self.port, host=self.host)
@@ -427,6 +434,20 @@ class MetricsService:
             task_status.started()
 
     async def _handle(self, stream: trio.SocketStream) -> None:
+        if self.connections >= MAX_CONNECTIONS:
+            self.refused += 1
+            if self.refused == 1 or self.refused % 1000 == 0:
+                log.warning("metrics listener: %d connections open, %d refused so far",
+                            self.connections, self.refused)  # fmt: skip
+            await stream.aclose()  # no answer: it would need a lingering close
+            return
+        self.connections += 1
+        try:
+            await self._serve(stream)
+        finally:
+            self.connections -= 1
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
         try:
             async with stream:
                 try:
