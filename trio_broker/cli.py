@@ -292,6 +292,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         say(str(exc))
         return 2
+    raise_open_files_limit()
     try:
         capture_full = args.capture_records == "full"
         trio.run(
@@ -309,6 +310,26 @@ def _serve(args: argparse.Namespace) -> int:
         say(str(fatal))
         return 1
     return 0
+
+
+#: Where the soft limit stops when the hard one is unlimited (Linux's default nr_open).
+OPEN_FILES_CEILING = 1 << 20
+
+
+def raise_open_files_limit() -> None:
+    """Raise the soft limit on open files to the hard one, as the JVM does for Kafka
+    (HotSpot's MaxFDLimit, on by default): every segment, index and client connection is
+    a descriptor, and the default soft limit (often 1024) runs out long before the
+    hard one. Left as it is if the system refuses."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = OPEN_FILES_CEILING if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def _leaf(exc: BaseException, kind: type[BaseException]) -> BaseException | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, Producer
 
 from tests.e2e.conftest import BROKER_EXE, BrokerProcess
@@ -66,3 +67,38 @@ def test_a_second_broker_on_the_same_data_dir_exits_and_the_first_serves_on(
         assert read_all(first.bootstrap, 3) == [b"a", b"b", b"c"]
     finally:
         first.stop()
+
+
+def test_serve_raises_its_open_files_limit_to_the_hard_limit(tmp_path: Path) -> None:
+    """Every segment, index and connection is a descriptor: like the JVM under Kafka,
+    ``serve`` lifts a low soft limit (started here at 256) to the hard one."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"the hard limit on open files is {hard}: nothing to raise")
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+    broker = subprocess.Popen(
+        [str(BROKER_EXE), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "d")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        preexec_fn=low_limit,
+    )  # fmt: skip
+    try:
+        assert broker.stderr is not None
+        for line in broker.stderr:  # bounded: the process ends (and EOF) if it cannot start
+            if b"listening on" in line:
+                break
+        limits = Path(f"/proc/{broker.pid}/limits").read_text()
+        (row,) = [line for line in limits.splitlines() if line.startswith("Max open files")]
+        unlimited = hard == resource.RLIM_INFINITY
+        soft_now, hard_now = row.split()[3:5]
+        assert (soft_now, hard_now) == (
+            str(1 << 20) if unlimited else str(hard),
+            "unlimited" if unlimited else str(hard),
+        ), row
+    finally:
+        broker.terminate()
+        broker.wait(timeout=30)
