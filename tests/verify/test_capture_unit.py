@@ -65,7 +65,8 @@ async def test_tap_reads_file_regions_in_the_writer(tmp_path: Path) -> None:
     fd = os.open(log, os.O_RDONLY)
     tap = CaptureTap(tmp_path / "cap", 0)
     head = struct.pack(">ii", 4 + 3 + 7, 9) + b"abc"
-    tap.response(2, "h:1", RequestHeader(1, 12, 9, None), 12, [bytearray(head), Region(fd, 4, 7)])
+    parts = [bytearray(head), Region(fd, 4, 7)]
+    tap.sent(tap.stage_response(2, "h:1", RequestHeader(1, 12, 9, None), 12, parts))
     os.close(fd)  # the tap holds its own descriptor until the writer has read the region
     tap.close()
     (row,) = read_capture(tmp_path / "cap").to_pylist()
@@ -93,7 +94,7 @@ async def test_tap_keeps_fetch_batch_headers_only(tmp_path: Path, full_records: 
     parts = encode_response(1, 11, 9, message)
     whole = b"".join(region.read_bytes() if p is region else bytes(p) for p in parts)[4:]
     tap = CaptureTap(tmp_path / "cap", 0, full_records=full_records)
-    tap.response(2, "h:1", RequestHeader(1, 11, 9, None), 11, parts, message)
+    tap.sent(tap.stage_response(2, "h:1", RequestHeader(1, 11, 9, None), 11, parts, message))
     os.close(fd)  # the tap holds its own descriptor until the writer has read the headers
     tap.close()
     (row,) = read_capture(tmp_path / "cap").to_pylist()

@@ -1,7 +1,8 @@
 """The broker's capture tap: frames go through a bounded channel to a background writer.
 
 The connection calls :meth:`CaptureTap.request` after decoding a request and
-:meth:`CaptureTap.response` after encoding a response. Both only copy the
+:meth:`CaptureTap.stage_response` after encoding a response, then ``sent`` once the
+response went out (``not_sent`` drops it if the send was cut short). Both only copy the
 frame's buffers (log file regions are ``dup``-ed, not read) and ``send_nowait``;
 when the channel or the byte budget is full the row is dropped and counted —
 capture never blocks the broker. The writer task reads file regions with
@@ -55,7 +56,7 @@ class PendingRow:
     #: The arena chunk holding the row's frame, released once written or dropped.
     chunk: bytearray | None = None
     #: A Fetch response to compact: (version, message, its partitions' records with
-    #: file regions on fds of the tap's own), see CaptureTap.response.
+    #: file regions on fds of the tap's own), see CaptureTap.stage_response.
     fetch: tuple[int, Any, list[Any]] | None = None
 
 
@@ -290,18 +291,6 @@ class CaptureTap:
             header.correlation_id, length, copy,
         )  # fmt: skip
         self._offer(PendingRow(row, [], len(copy), chunk))
-
-    def response(
-        self,
-        connection_id: int,
-        address: str,
-        header: Any,
-        version: int,
-        parts: list[Any],
-        message: Any = None,
-    ) -> None:
-        """Record a response frame now (``stage_response`` then ``sent``)."""
-        self.sent(self.stage_response(connection_id, address, header, version, parts, message))
 
     def sent(self, staged: PendingRow) -> None:
         """The staged response went out whole: it joins the capture."""
