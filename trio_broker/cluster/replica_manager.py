@@ -183,7 +183,7 @@ class ReplicaManager:
         return role.high_watermark if role is not None else None
 
     def follower_fetch(
-        self, replica: int, partitions: Iterable[tuple[str | uuid.UUID, int, int, int]]
+        self, replica: int, partitions: Iterable[tuple[str | uuid.UUID, int, int, int, int]]
     ) -> None:
         """A follower's Fetch request: it holds everything below each fetch offset.
 
@@ -192,10 +192,11 @@ class ReplicaManager:
         partitions it reads: the follower's log end and last caught-up time, an ISR
         expansion, a high watermark advance (which wakes that partition's waiters).
         ``partitions``: (topic name or id, partition, fetch offset, current leader epoch
-        or -1). A partition not led here, in another epoch, or asked for past the log end
-        (answered OFFSET_OUT_OF_RANGE) records nothing."""
+        or -1, the follower's log start offset). A partition not led here, in another
+        epoch, or asked for past the log end (answered OFFSET_OUT_OF_RANGE) records
+        nothing. The follower's log start feeds the low watermark DeleteRecords waits for."""
         now = self.now_ms()
-        for topic, partition, offset, leader_epoch in partitions:
+        for topic, partition, offset, leader_epoch, log_start in partitions:
             if isinstance(topic, uuid.UUID):
                 local = self.topics.by_id.get(topic)
                 if local is None:
@@ -214,6 +215,8 @@ class ReplicaManager:
                     )
                 except NotAReplica:  # a replica a reassignment removed, fetching in this epoch
                     pass
+                # Waking for it too: a DeleteRecords may wait for this follower's log start.
+                moved = term.follower_log_start(replica, log_start) or moved
             if moved or changed:
                 self._wake(key)
             if proposal is not None:
@@ -244,6 +247,27 @@ class ReplicaManager:
             if state is not AckState.WAITING:
                 return state
             await self._hw_event(key).wait()
+
+    def low_watermark(self, topic: str, partition: int) -> int | None:
+        """The lowest log start over this leader and the followers on live (registered)
+        brokers, or None when not leading (Kafka's lowWatermarkIfLeader)."""
+        term = self.terms.get((topic, partition))
+        log_ = self.topics.log(topic, partition)
+        if term is None or log_ is None:
+            return None
+        return term.low_watermark(log_.log_start_offset, self.view.brokers)
+
+    async def wait_low_watermark(self, topic: str, partition: int, offset: int) -> int | None:
+        """DeleteRecords: until every live replica's log starts at ``offset`` at least
+        (followers move theirs when a fetch tells them the leader's, and tell it back
+        in their next fetch). None when this broker stops leading the partition."""
+        key = (topic, partition)
+        while True:
+            low = self.low_watermark(topic, partition)
+            if low is None or low >= offset:
+                return low
+            # A follower's fetch, the end of the term, or a broker going (the view).
+            await wait_any(self._hw_event(key), self._view_changed)
 
     async def create_topic(
         self,
