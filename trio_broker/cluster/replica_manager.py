@@ -251,11 +251,10 @@ class ReplicaManager:
     def low_watermark(self, topic: str, partition: int) -> int | None:
         """The lowest log start over this leader and the followers on live (registered)
         brokers, or None when not leading (Kafka's lowWatermarkIfLeader)."""
-        term = self.terms.get((topic, partition))
         log_ = self.topics.log(topic, partition)
-        if term is None or log_ is None:
+        if (topic, partition) not in self.terms or log_ is None:
             return None
-        return term.low_watermark(log_.log_start_offset, self.view.brokers)
+        return self.terms[topic, partition].low_watermark(log_.log_start_offset, self.view.brokers)
 
     async def wait_low_watermark(self, topic: str, partition: int, offset: int) -> int | None:
         """DeleteRecords: until every live replica's log starts at ``offset`` at least
