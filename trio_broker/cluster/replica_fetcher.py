@@ -371,6 +371,13 @@ async def _fetch_once(
                     continue
                 if results:
                     durability.mark_dirty(log_, len(results))
+                    if manager.producers is not None:
+                        # At a segment roll, a producer snapshot: it replays a segment's
+                        # headers, so off the event loop (this fetcher alone writes the log).
+                        bases = [r.base_offset for r in results]
+                        await trio.to_thread.run_sync(
+                            manager.producers.replica_appended, *key, log_, bases
+                        )
                 if key in throttled:
                     throttled_bytes += len(data)
             high_watermark = high_watermark_after_fetch(

@@ -39,6 +39,7 @@ from trio_broker.cluster.replica_fetcher import FollowerRole, run_fetchers
 from trio_broker.cluster.topic_admin import ZooKeeperAdmin, decode_configs, encode_configs
 from trio_broker.cluster.waiting import RETRY_S, wait_any
 from trio_broker.cluster.zk_layout import (
+    BROKER_DEFAULT_CONFIG,
     PRODUCER_ID_BLOCK,
     TOPICS,
     CoordinationDataError,
@@ -62,7 +63,12 @@ from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.internal_topics import LeadershipListener
 from trio_broker.services.local_replication import DataReplication
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError, TopicManager
-from trio_broker.storage.broker_configs import FOLLOWER_THROTTLED_RATE, LEADER_THROTTLED_RATE
+from trio_broker.storage.broker_configs import (
+    CLUSTER_DEFAULT,
+    FOLLOWER_THROTTLED_RATE,
+    LEADER_THROTTLED_RATE,
+    MIN_INSYNC_REPLICAS,
+)
 
 __all__ = ["ReplicaManager", "decode_configs", "encode_configs"]
 
@@ -154,6 +160,8 @@ class ReplicaManager:
         self.open_stream: Any = None
         #: The same for the transaction marker channel (its own client id when logging in).
         self.open_marker_stream: Any = None
+        # A new dynamic min.insync.replicas default reaches the terms without a restart.
+        topics.on_broker_configs_changed = self._apply_min_insync
 
     # ------------------------------------------------------------------ for handlers
 
@@ -183,7 +191,7 @@ class ReplicaManager:
         return role.high_watermark if role is not None else None
 
     def follower_fetch(
-        self, replica: int, partitions: Iterable[tuple[str | uuid.UUID, int, int, int]]
+        self, replica: int, partitions: Iterable[tuple[str | uuid.UUID, int, int, int, int]]
     ) -> None:
         """A follower's Fetch request: it holds everything below each fetch offset.
 
@@ -192,10 +200,11 @@ class ReplicaManager:
         partitions it reads: the follower's log end and last caught-up time, an ISR
         expansion, a high watermark advance (which wakes that partition's waiters).
         ``partitions``: (topic name or id, partition, fetch offset, current leader epoch
-        or -1). A partition not led here, in another epoch, or asked for past the log end
-        (answered OFFSET_OUT_OF_RANGE) records nothing."""
+        or -1, the follower's log start offset). A partition not led here, in another
+        epoch, or asked for past the log end (answered OFFSET_OUT_OF_RANGE) records
+        nothing. The follower's log start feeds the low watermark DeleteRecords waits for."""
         now = self.now_ms()
-        for topic, partition, offset, leader_epoch in partitions:
+        for topic, partition, offset, leader_epoch, log_start in partitions:
             if isinstance(topic, uuid.UUID):
                 local = self.topics.by_id.get(topic)
                 if local is None:
@@ -214,6 +223,8 @@ class ReplicaManager:
                     )
                 except NotAReplica:  # a replica a reassignment removed, fetching in this epoch
                     pass
+                # Waking for it too: a DeleteRecords may wait for this follower's log start.
+                moved = term.follower_log_start(replica, log_start) or moved
             if moved or changed:
                 self._wake(key)
             if proposal is not None:
@@ -244,6 +255,26 @@ class ReplicaManager:
             if state is not AckState.WAITING:
                 return state
             await self._hw_event(key).wait()
+
+    def low_watermark(self, topic: str, partition: int) -> int | None:
+        """The lowest log start over this leader and the followers on live (registered)
+        brokers, or None when not leading (Kafka's lowWatermarkIfLeader)."""
+        log_ = self.topics.log(topic, partition)
+        if (topic, partition) not in self.terms or log_ is None:
+            return None
+        return self.terms[topic, partition].low_watermark(log_.log_start_offset, self.view.brokers)
+
+    async def wait_low_watermark(self, topic: str, partition: int, offset: int) -> int | None:
+        """DeleteRecords: until every live replica's log starts at ``offset`` at least
+        (followers move theirs when a fetch tells them the leader's, and tell it back
+        in their next fetch). None when this broker stops leading the partition."""
+        key = (topic, partition)
+        while True:
+            low = self.low_watermark(topic, partition)
+            if low is None or low >= offset:
+                return low
+            # A follower's fetch, the end of the term, or a broker going (the view).
+            await wait_any(self._hw_event(key), self._view_changed)
 
     async def create_topic(
         self,
@@ -597,11 +628,31 @@ class ReplicaManager:
         return local
 
     def _min_insync(self, configs: dict[str, str]) -> int:
-        """The topic's min.insync.replicas, else the broker's."""
+        """The topic's min.insync.replicas, else the dynamic broker config in force (this
+        broker's, else the cluster-wide default), else the config file's."""
+        dynamic = self.topics.broker_configs.value(MIN_INSYNC_REPLICAS)
         try:
-            return max(1, int(configs.get("min.insync.replicas", self.min_insync_replicas)))
+            return max(
+                1, int(configs.get(MIN_INSYNC_REPLICAS, dynamic or self.min_insync_replicas))
+            )
         except ValueError:
             return self.min_insync_replicas
+
+    def _apply_min_insync(
+        self, name: str | None = None, configs: dict[str, str] | None = None
+    ) -> None:
+        """Every term's (of topic ``name`` with its ``configs``, or all) min.insync.replicas
+        as in force now."""
+        for key, term in list(self.terms.items()):
+            if name is not None and key[0] != name:
+                continue
+            min_insync = self._min_insync(
+                configs if configs is not None else self._local_configs(key[0])
+            )
+            if term.min_insync_replicas != min_insync:
+                term.min_insync_replicas = min_insync
+                self._wake(key)  # acks=all waiters see the new rule
+                log.info("%s-%d: min.insync.replicas now %d", *key, min_insync)
 
     def _local_configs(self, name: str) -> dict[str, str]:
         local = self.topics.get(name)
@@ -613,8 +664,21 @@ class ReplicaManager:
         (min.insync.replicas) without a restart. A znode is read again when its watch
         fires (one watch per topic at a time); a view change brings new topics in."""
         watching: dict[str, trio.Event] = {}
+        default_watch: trio.Event | None = None
         while True:
             view_changed = self._view_changed
+            if default_watch is None or default_watch.is_set():
+                # The cluster-wide default of the dynamic broker configs (any broker's
+                # AlterConfigs of the BROKER resource "").
+                try:
+                    node, default_watch = await self.coord.get_and_watch(BROKER_DEFAULT_CONFIG)
+                except CoordinationError as exc:
+                    log.info("reading the broker default configs: %s", exc)
+                    default_watch = None
+                else:
+                    self.apply_cluster_default_configs(
+                        decode_configs(node.data) if node is not None else {}
+                    )
             for name in sorted(self.local_copies):
                 if name in watching and not watching[name].is_set():
                     continue
@@ -629,7 +693,8 @@ class ReplicaManager:
             for gone in set(watching) - self.local_copies:
                 del watching[gone]
             with trio.move_on_after(10 * RETRY_S):  # a failed read is tried again
-                await wait_any(view_changed, *watching.values())
+                defaults = () if default_watch is None else (default_watch,)
+                await wait_any(view_changed, *defaults, *watching.values())
 
     def apply_topic_configs(self, name: str, configs: dict[str, str]) -> None:
         """Topic ``name``'s stored overrides: to this broker's copy and leader terms."""
@@ -640,12 +705,18 @@ class ReplicaManager:
                 log.info("topic %s: configs now %s", name, configs)
             except (TopicError, OSError) as exc:
                 log.warning("topic %s: cannot apply configs %s: %s", name, configs, exc)
-        min_insync = self._min_insync(configs)
-        for key, term in list(self.terms.items()):
-            if key[0] == name and term.min_insync_replicas != min_insync:
-                term.min_insync_replicas = min_insync
-                self._wake(key)  # acks=all waiters see the new rule
-                log.info("%s-%d: min.insync.replicas now %d", *key, min_insync)
+        self._apply_min_insync(name, configs)
+
+    def apply_cluster_default_configs(self, configs: dict[str, str]) -> None:
+        """The dynamic broker configs' cluster-wide default as ZooKeeper holds it: to
+        this broker's logs and leader terms (``on_broker_configs_changed``)."""
+        if self.topics.broker_configs.get(CLUSTER_DEFAULT) == configs:
+            return
+        try:
+            self.topics.set_broker_configs(CLUSTER_DEFAULT, configs)
+            log.info("broker default configs now %s", configs)
+        except (TopicError, OSError) as exc:
+            log.warning("cannot apply broker default configs %s: %s", configs, exc)
 
     async def _topic_configs(self, name: str) -> dict[str, str]:
         try:

@@ -37,6 +37,7 @@ from trio_broker.cluster.coordination import (
     NoNode,
 )
 from trio_broker.cluster.zk_layout import (
+    BROKER_DEFAULT_CONFIG,
     CoordinationDataError,
     TopicAssignment,
     topic_config_path,
@@ -83,6 +84,10 @@ class AdminHost(Protocol):
 
     def apply_topic_configs(self, name: str, configs: dict[str, str]) -> None:
         """Topic ``name``'s stored overrides: to this broker's copy and leader terms."""
+        ...
+
+    def apply_cluster_default_configs(self, configs: dict[str, str]) -> None:
+        """The cluster-wide default of the dynamic broker configs, as ZooKeeper has it."""
         ...
 
     def background(self, task: Callable[[], Awaitable[None]]) -> bool:
@@ -309,6 +314,36 @@ class ZooKeeperAdmin:
         older value still in flight is followed by the watch this write fired)."""
         if name in self._host.local_copies:
             self._host.apply_topic_configs(name, configs)
+
+    async def update_cluster_default_configs(
+        self, change: Callable[[dict[str, str]], dict[str, str] | None]
+    ) -> None:
+        """The dynamic broker configs' cluster-wide default, stored in ZooKeeper as
+        Kafka's entity-default znode, conditionally on its version (a concurrent change
+        is decided again); every broker's config watch applies it, this one at once."""
+        path = BROKER_DEFAULT_CONFIG
+        try:
+            for _ in range(CONFIG_WRITE_ATTEMPTS):
+                node = await self.coord.get(path)
+                new = change(decode_configs(node.data) if node is not None else {})
+                if new is None:
+                    return
+                try:
+                    if node is None:
+                        await self.coord.create(path, encode_configs(new))
+                    else:
+                        await self.coord.set(path, encode_configs(new), node.version)
+                except (BadVersion, NodeExists, NoNode):
+                    continue
+                self._host.apply_cluster_default_configs(new)
+                return
+        except CoordinationError as exc:
+            raise TopicError(
+                ErrorCode.UNKNOWN_SERVER_ERROR, f"ZooKeeper, broker default configs: {exc}"
+            ) from None
+        raise TopicError(
+            ErrorCode.UNKNOWN_SERVER_ERROR, "the broker default configs kept changing; try again"
+        )
 
     async def read_topic_configs(self, name: str) -> dict[str, str]:
         """A cluster topic's config overrides as ZooKeeper holds them (DescribeConfigs on

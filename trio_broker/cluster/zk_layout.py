@@ -18,6 +18,7 @@ import attrs
 from trio_broker.replication.controller_rules import LeaderAndIsr
 
 __all__ = [
+    "BROKER_DEFAULT_CONFIG",
     "BROKER_IDS",
     "CLUSTER_ID",
     "CONTROLLER",
@@ -41,6 +42,9 @@ CONTROLLER = "/controller"
 CONTROLLER_EPOCH = "/controller_epoch"
 CLUSTER_ID = "/cluster/id"
 PRODUCER_ID_BLOCK = "/latest_producer_id_block"
+#: The cluster-wide default of the dynamic broker configs (Kafka's entity-default znode),
+#: in the topic config znodes' layout.
+BROKER_DEFAULT_CONFIG = "/config/brokers/<default>"
 
 
 class CoordinationDataError(ValueError):

@@ -9,7 +9,10 @@ reports them with source DYNAMIC_TOPIC_CONFIG.
 
 BROKER resources: the dynamic broker configs (storage/broker_configs.py), either the
 cluster-wide default (name "") or this node's (its id). They become the log defaults
-of every topic that does not set the key itself (docs/acls.md, "Dynamic broker configs").
+and the min.insync.replicas of every topic that does not set the key itself (docs/acls.md,
+"Dynamic broker configs"). This node's are changed here; the cluster-wide default goes
+to ``services.admin`` as a topic's change does: in a cluster it is stored in ZooKeeper
+(Kafka's ``/config/brokers/<default>``), where every broker's config watch applies it.
 
 A topic's change goes to ``services.admin`` (services/topic_admin.py), which reads the
 topic's current overrides, computes and checks the new ones, and stores them. A node
@@ -37,7 +40,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.security.acl import Operation, ResourceType
 from trio_broker.services.topics import TopicError
-from trio_broker.storage.broker_configs import CLUSTER_DEFAULT, THIS_BROKER, check_broker_configs
+from trio_broker.storage.broker_configs import THIS_BROKER, check_broker_configs
 from trio_broker.storage.errors import InvalidConfigError, StorageError
 
 Resp = m.AlterConfigsResponse
@@ -117,13 +120,16 @@ def _check_or_alter(
     validate_only: bool,
     new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
 ) -> bool:
-    """A broker resource is altered here (False); True: a topic ALTER_CONFIGS allows."""
+    """A broker's own resource is altered here (False); True: a topic ALTER_CONFIGS
+    allows, or the cluster-wide default, both changed through ``services.admin``."""
     name = resource.resource_name
     if resource.resource_type in (BROKER_RESOURCE, BROKER_LOGGER_RESOURCE):
         if not authorized(ctx, Operation.ALTER_CONFIGS, ResourceType.CLUSTER):
             raise ConfigRefused(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, "ALTER_CONFIGS refused")
         if resource.resource_type == BROKER_LOGGER_RESOURCE:
             raise ConfigRefused(ErrorCode.INVALID_REQUEST, "broker loggers cannot be altered")
+        if name == "":
+            return True  # the cluster-wide default: services.admin stores it (ZooKeeper)
         _alter_broker(ctx, resource, validate_only, new_configs)
         return False
     if resource.resource_type != TOPIC_RESOURCE:
@@ -152,6 +158,14 @@ async def alter_configs(
     async def store_then_answer() -> AnyAnswer:
         for index in topics:
             resource = resources[index]
+            if resource.resource_type == BROKER_RESOURCE:
+                try:
+                    await admin.update_cluster_default_configs(
+                        _default_change_of(resource, validate_only, new_configs)
+                    )
+                except (ConfigRefused, TopicError) as exc:
+                    results[index] = (exc.error_code, str(exc))
+                continue
             stored: list[dict[str, str]] = []
             change = _change_of(ctx, resource, validate_only, new_configs, stored)
             try:
@@ -188,13 +202,32 @@ def _change_of(
     return change
 
 
+def _default_change_of(
+    resource: AnyResource,
+    validate_only: bool,
+    new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
+) -> Callable[[dict[str, str]], dict[str, str] | None]:
+    """The change of the cluster-wide default (the BROKER resource ""): checked as
+    Kafka does (INVALID_REQUEST for a key that is not dynamic or a bad value)."""
+
+    def change(current: dict[str, str]) -> dict[str, str] | None:
+        configs = new_configs(dict(current), resource)
+        try:
+            check_broker_configs(configs)
+        except InvalidConfigError as exc:
+            raise ConfigRefused(ErrorCode.INVALID_REQUEST, str(exc)) from None
+        return None if validate_only else configs
+
+    return change
+
+
 def _alter_broker(
     ctx: RequestContext,
     resource: AnyResource,
     validate_only: bool,
     new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
 ) -> None:
-    """Dynamic broker configs: "" is the cluster-wide default, the node id this broker.
+    """Dynamic broker configs of this broker (its node id; "" is not changed here).
 
     Kafka answers INVALID_REQUEST for a key that is not dynamic, a bad value, or
     another broker's id; the whole resource is refused.
@@ -205,7 +238,7 @@ def _alter_broker(
             ErrorCode.INVALID_REQUEST,
             f"Unexpected broker id, expected {node} or empty string, but received {name}",
         )
-    level = CLUSTER_DEFAULT if name == "" else THIS_BROKER
+    level = THIS_BROKER  # the cluster-wide default ("") goes through services.admin
     topics = ctx.services.topics
     configs = new_configs(topics.broker_configs.get(level), resource)
     try:

@@ -343,7 +343,7 @@ def record_follower_fetch(ctx: RequestContext, request: m.FetchRequest, plan: Fe
         fetching_replica(ctx, request),
         [
             (t.topic or t.topic_id, p.partition, p.fetch_offset,
-             p.current_leader_epoch if epochs else -1)
+             p.current_leader_epoch if epochs else -1, p.log_start_offset)
             for t in plan.topics
             for p in t.partitions
         ],

@@ -5,6 +5,7 @@ Special timestamps (Kafka's ListOffsetsRequest constants):
 - -2 earliest: the log start offset.
 - -1 latest: the high watermark; read_committed (isolation_level 1) gets the
   last stable offset instead: the first offset of the oldest open transaction.
+  A request with a replica id (a follower, -2 debugging) gets the log end.
 - -3 max timestamp (KIP-734, v7+): the record with the largest timestamp (the
   earliest one on a tie) and that timestamp. We find its batch from the batch
   headers, then decode that one batch for the exact record.
@@ -13,7 +14,12 @@ Special timestamps (Kafka's ListOffsetsRequest constants):
 
 Any other timestamp asks for the first record whose timestamp is >= it: the
 log finds the batch (batch granularity), and we decode that batch to answer
-the exact record as Kafka does. None found is offset -1, timestamp -1.
+the exact record as Kafka does. None found is offset -1, timestamp -1, and so is a
+record at or past what the asker may read (a consumer: the HW, or the LSO).
+
+A new leader whose HW has not reached its term's start (KIP-207) answers a consumer's
+latest, and a search that finds nothing it may read, OFFSET_NOT_AVAILABLE
+(LEADER_NOT_AVAILABLE before v5, as Kafka).
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ MAX_TIMESTAMP = -3
 EARLIEST_LOCAL = -4
 LATEST_TIERED = -5
 READ_COMMITTED = 1
+#: The replica id of a consumer's request (a follower sends its broker id; -2 debugging).
+CONSUMER_REPLICA_ID = -1
 
 
 def _batch_at(partition_log: Log, offset: int) -> RecordBatchView | None:
@@ -138,30 +146,50 @@ async def handle_list_offsets(
             if isinstance(term, ErrorCode):
                 out.error_code = term
                 continue
-            if p.timestamp == LATEST:
-                # Consumers see up to the high watermark; a new leader shows none until its
-                # HW has reached its term's start (KIP-207), so it never goes back.
+            # A consumer (replica id -1) sees up to the high watermark (the last stable
+            # offset for read_committed); a new leader shows it none until the HW has
+            # reached its term's start (KIP-207), so it never goes back. A replica or the
+            # debugging id sees the whole log: the log end, no KIP-207 check (Kafka's
+            # fetchOffsetForTimestamp without an isolation level).
+            lag_error = None
+            if request.replica_id == CONSUMER_REPLICA_ID:
                 visible = term.visible_high_watermark()
                 if visible is None:
-                    out.error_code = ErrorCode.OFFSET_NOT_AVAILABLE
-                    continue
+                    # v5 brought OFFSET_NOT_AVAILABLE; older clients retry this one.
+                    lag_error = (
+                        ErrorCode.OFFSET_NOT_AVAILABLE
+                        if ctx.api_version >= 5
+                        else ErrorCode.LEADER_NOT_AVAILABLE
+                    )
+                    visible = term.high_watermark
                 if request.isolation_level == READ_COMMITTED:
                     visible = ctx.services.producers.last_stable_offset(
                         wanted.name, p.partition_index, partition_log, visible
                     )
+            else:
+                visible = partition_log.log_end_offset
+            if p.timestamp == LATEST:
+                if lag_error is not None:
+                    out.error_code = lag_error
+                    continue
                 out.offset, out.timestamp, out.leader_epoch = visible, -1, term.leader_epoch
                 continue
             try:
                 out.offset, out.timestamp = _lookup(partition_log, p.timestamp)
-                if p.timestamp == LATEST and request.isolation_level == READ_COMMITTED:
-                    out.offset = ctx.services.producers.last_stable_offset(
-                        wanted.name, p.partition_index, partition_log, out.offset
-                    )
             except LogError as exc:
                 out.error_code = exc.error_code
                 continue
             except (OSError, ProtocolError):
                 out.error_code = StorageError.error_code  # an OSError: a storage error
+                continue
+            if p.timestamp not in (EARLIEST, EARLIEST_LOCAL, LATEST_TIERED) and (
+                out.offset < 0 or out.offset >= visible
+            ):
+                # A search found nothing the asker may read (a record at or past the HW
+                # is not a consumer's yet): none, or the KIP-207 error while it lags.
+                out.offset, out.timestamp = -1, -1
+                if lag_error is not None:
+                    out.error_code = lag_error
                 continue
             if out.offset >= 0:
                 out.leader_epoch = term.leader_epoch

@@ -25,6 +25,7 @@ ISR proposals and performs the waits.
 from __future__ import annotations
 
 import enum
+from collections.abc import Container
 
 import attrs
 
@@ -69,6 +70,8 @@ class FollowerProgress:
     #: The leader's log end and the clock at the follower's previous fetch.
     previous_fetch_leader_end: int = -1
     previous_fetch_ms: int = 0
+    #: The follower's log start offset as its last fetch told (-1: not yet this term).
+    log_start_offset: int = -1
 
 
 @attrs.define(eq=False)
@@ -170,6 +173,17 @@ class LeaderPartition:
             return None
         return self.high_watermark
 
+    def low_watermark(self, leader_log_start: int, live_brokers: Container[int]) -> int:
+        """The lowest log start over this leader and every follower on a live broker
+        (Kafka's lowWatermarkIfLeader): assigned replicas, in the ISR or not; one that
+        has not fetched in this term counts as -1. DeleteRecords answers once it reaches
+        the requested offset; a dead broker does not hold it back."""
+        low = leader_log_start
+        for replica, progress in self.followers.items():
+            if replica in live_brokers:
+                low = min(low, progress.log_start_offset)
+        return low
+
     # -- events --------------------------------------------------------------------
 
     def leader_appended(self, log_end_offset: int) -> None:
@@ -219,6 +233,15 @@ class LeaderPartition:
         ):
             proposal = self._propose(self.isr | {replica_id})
         return moved, proposal
+
+    def follower_log_start(self, replica_id: int, log_start_offset: int) -> bool:
+        """A follower's fetch told its log start offset; True if it changed (the low
+        watermark may have moved)."""
+        progress = self.followers.get(replica_id)
+        if progress is None or progress.log_start_offset == log_start_offset:
+            return False
+        progress.log_start_offset = log_start_offset
+        return True
 
     def check_lagging(self, now_ms: int) -> IsrProposal | None:
         """Propose dropping ISR followers that have not caught up for too long."""

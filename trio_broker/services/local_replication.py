@@ -57,8 +57,9 @@ __all__ = [
     "OwnLog",
 ]
 
-#: (topic name or id, partition, fetch offset, current leader epoch or -1).
-FollowerFetchPartition = tuple[str | uuid.UUID, int, int, int]
+#: (topic name or id, partition, fetch offset, current leader epoch or -1, the
+#: follower's log start offset or -1).
+FollowerFetchPartition = tuple[str | uuid.UUID, int, int, int, int]
 
 
 class DataReplication(Protocol):
@@ -91,8 +92,18 @@ class DataReplication(Protocol):
         """A follower's Fetch request arrived: it holds everything below each fetch offset.
 
         Called once per request, before its first read (a long poll's later reads record
-        nothing): (topic name or id, partition, fetch offset, current leader epoch or -1)
-        per partition it asked for."""
+        nothing): (topic name or id, partition, fetch offset, current leader epoch or -1,
+        the follower's log start offset or -1) per partition it asked for."""
+        ...
+
+    def low_watermark(self, topic: str, partition: int) -> int | None:
+        """The lowest log start offset over the partition's live replicas (DeleteRecords'
+        low watermark), or None if this broker does not lead it."""
+        ...
+
+    async def wait_low_watermark(self, topic: str, partition: int, offset: int) -> int | None:
+        """Wait until the low watermark reaches ``offset`` and return it; None if this
+        broker stopped leading the partition meanwhile."""
         ...
 
     def leader_throttle_budget(self, topic: str, partition: int, replica: int) -> int | None:
@@ -262,6 +273,14 @@ class LocalReplication(_NoFollowers):
         # The ISR is this broker: a write is committed once in its log.
         return AckState.DONE
 
+    def low_watermark(self, topic: str, partition: int) -> int | None:
+        log = self._topics.log(topic, partition)
+        return None if log is None else log.log_start_offset
+
+    async def wait_low_watermark(self, topic: str, partition: int, offset: int) -> int | None:
+        # The only replica: its own log start is the low watermark, already moved.
+        return self.low_watermark(topic, partition)
+
 
 class OwnLog:
     """The replication of one log this broker keeps for itself and replicates nowhere:
@@ -296,6 +315,12 @@ class LeadsNothing(_NoFollowers):
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         return AckState.LEADERSHIP_LOST
+
+    def low_watermark(self, topic: str, partition: int) -> None:
+        return None
+
+    async def wait_low_watermark(self, topic: str, partition: int, offset: int) -> None:
+        return None
 
 
 if TYPE_CHECKING:  # mypy checks that both are the data path's replication

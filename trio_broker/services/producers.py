@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
@@ -316,6 +317,24 @@ class ProducerStateRegistry:
         manager = self.manager(topic, partition, log_)
         log_.stage_producer_snapshot(base, manager.to_snapshot(next_offset=base))
 
+    def replica_appended(
+        self, topic: str, partition: int, log_: Log, base_offsets: Sequence[int]
+    ) -> None:
+        """A follower appended batches at ``base_offsets`` (replica_fetcher.py). One that
+        began the active segment snapshots the state as it was below it, as a leader's
+        roll does (Kafka's follower rolls through the same UnifiedLog.roll): a follower
+        killed after retention deleted older segments, then elected, still knows the
+        producers those segments held. A follower keeps no state between rolls (it checks
+        no batch): the state is rebuilt from the latest snapshot and the segment after it
+        (one segment's headers per roll), and not kept (the leader it becomes rebuilds)."""
+        if not isinstance(log_, PartitionLog):
+            return
+        rolled_at = log_.active_segment().base_offset
+        if rolled_at <= 0 or rolled_at not in base_offsets:
+            return
+        manager = self._load(log_, below=rolled_at).manager
+        log_.stage_producer_snapshot(rolled_at, manager.to_snapshot(next_offset=rolled_at))
+
     # ------------------------------------------------------------------ fetch path
 
     def last_stable_offset(self, topic: str, partition: int, log_: Log, high_watermark: int) -> int:
@@ -374,9 +393,12 @@ class ProducerStateRegistry:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _load(self, log_: Log) -> _PartitionSlot:
+    def _load(self, log_: Log, below: int | None = None) -> _PartitionSlot:
+        """The state from the latest snapshot and the log after it, up to the log end
+        (or to the batch at ``below``: a follower's segment roll)."""
         directory = log_directory(log_)
-        start, end = log_.log_start_offset, log_.log_end_offset
+        start = log_.log_start_offset
+        end = log_.log_end_offset if below is None else below
         manager = ProducerStateManager(next_offset=start)
         if directory is not None:
             manager = self._latest_snapshot(directory, start, end) or manager
@@ -387,7 +409,9 @@ class ProducerStateRegistry:
             # start can sit inside a batch); one wholly below it is already counted.
             manager.replay(
                 h
-                for h in self._read_headers(log_, replay_from)
+                for h in takewhile(
+                    lambda h: h.base_offset < end, self._read_headers(log_, replay_from)
+                )
                 if h.base_offset + h.last_offset_delta >= replay_from
             )
         manager.next_offset = max(manager.next_offset, end)

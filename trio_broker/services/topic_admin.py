@@ -31,6 +31,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.controller_rules import ElectionType
 from trio_broker.services.cluster_view import ClusterView, MetadataView
 from trio_broker.services.topics import TopicError
+from trio_broker.storage.broker_configs import CLUSTER_DEFAULT
 from trio_broker.storage.errors import LogError, StorageError
 
 if TYPE_CHECKING:
@@ -121,6 +122,14 @@ class TopicAdmin(Protocol):
     def topic_configs_stored(self, name: str, configs: dict[str, str]) -> None:
         """``configs`` were stored as topic ``name``'s overrides: this broker's copy
         shows them at once (a cluster's config watch would, a moment later)."""
+        ...
+
+    async def update_cluster_default_configs(
+        self, change: Callable[[dict[str, str]], dict[str, str] | None]
+    ) -> None:
+        """The dynamic broker configs' cluster-wide default (the BROKER resource ""):
+        store ``change(current)`` unless it is None, as :meth:`update_topic_configs`; in
+        a cluster every broker applies it, this one at once."""
         ...
 
     def ensure_internal_topic_soon(
@@ -229,6 +238,17 @@ class LocalAdmin:
     def topic_configs_stored(self, name: str, configs: dict[str, str]) -> None:
         """Nothing to do: :meth:`update_topic_configs` applied them to the logs."""
 
+    async def update_cluster_default_configs(
+        self, change: Callable[[dict[str, str]], dict[str, str] | None]
+    ) -> None:
+        new = change(self._topics.broker_configs.get(CLUSTER_DEFAULT))
+        if new is None:
+            return
+        try:
+            self._topics.set_broker_configs(CLUSTER_DEFAULT, new)
+        except OSError as exc:
+            raise _topic_error(exc, "store broker configs") from None
+
     # A node alone keeps its coordinators' state in private files, not in internal
     # topics (services/topics.py RESERVED_TOPICS): there is none to make.
 
@@ -334,6 +354,11 @@ class NotInCluster:
 
     def topic_configs_stored(self, name: str, configs: dict[str, str]) -> None:
         """Never called (nothing is stored)."""
+
+    async def update_cluster_default_configs(
+        self, change: Callable[[dict[str, str]], dict[str, str] | None]
+    ) -> None:
+        raise self._refuse()
 
     def ensure_internal_topic_soon(
         self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]

@@ -94,6 +94,9 @@ class TopicManager:
         self.broker_configs = BrokerConfigStore(data_dir)
         self.defaults = topic_log_config(self.broker_configs.effective(), defaults)
         self.topics: dict[str, Topic] = {}
+        #: Called after the dynamic broker configs changed (the replica manager applies
+        #: a new min.insync.replicas default to its leader terms).
+        self.on_broker_configs_changed: Callable[[], None] = lambda: None
         #: Called with each log a topic deletion closes (the broker points it at
         #: Flusher.forget, so produces waiting on that log fail instead of hanging).
         self.on_log_closed: Callable[[Log], None] | None = None
@@ -304,6 +307,7 @@ class TopicManager:
             log_config = self.log_config(topic.info.configs)
             for log in topic.logs:
                 log.config = log_config
+        self.on_broker_configs_changed()
 
     def delete(self, name: str) -> None:
         topic = self.topics.pop(name, None)

@@ -3,8 +3,8 @@
 Two levels, as in Kafka: the cluster-wide default (the BROKER resource named "") and
 this broker (the resource named by its node id); this broker's value wins. The keys
 that can be set (:data:`DYNAMIC_BROKER_KEYS`): the broker keys that are the default of a
-topic config the partition logs apply (:data:`LOG_DEFAULT_KEYS`), checked with that topic
-config's bounds, and the replication throttle rates (:data:`THROTTLE_RATE_KEYS`, bytes
+topic config the partition logs or the leader terms apply (:data:`LOG_DEFAULT_KEYS`:
+retention and segment sizes, min.insync.replicas), checked with that topic config's bounds, and the replication throttle rates (:data:`THROTTLE_RATE_KEYS`, bytes
 per second, at least 0 as in Kafka), which the replica manager reads when it throttles.
 
 File mode keeps them in ``<data_dir>/dynamic-broker-configs.json``, replaced
@@ -27,13 +27,17 @@ _FORMAT_VERSION = 1
 CLUSTER_DEFAULT, THIS_BROKER = "cluster_default", "broker"
 
 #: The topic configs whose broker default can be changed at runtime (the partition logs
-#: apply them; Kafka makes every log default dynamic, here these four).
-DYNAMIC_TOPIC_DEFAULTS = ("retention.bytes", "retention.ms", "segment.bytes", "segment.ms")
+#: apply the first four, the leader terms min.insync.replicas; Kafka makes every log
+#: default dynamic, here these five).
+DYNAMIC_TOPIC_DEFAULTS = (
+    "min.insync.replicas", "retention.bytes", "retention.ms", "segment.bytes", "segment.ms",
+)  # fmt: skip
 #: Dynamic log default -> the topic config whose default it is (log.retention.ms -> retention.ms).
 LOG_DEFAULT_KEYS: Mapping[str, str] = {
     str(TOPIC_CONFIGS[topic_key].broker_key): topic_key for topic_key in DYNAMIC_TOPIC_DEFAULTS
 }
 
+MIN_INSYNC_REPLICAS = "min.insync.replicas"
 LEADER_THROTTLED_RATE = "leader.replication.throttled.rate"
 FOLLOWER_THROTTLED_RATE = "follower.replication.throttled.rate"
 #: Dynamic keys that are no topic config's default: the replication throttles (KIP-73),

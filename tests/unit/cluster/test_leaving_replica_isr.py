@@ -45,7 +45,7 @@ async def test_a_leaving_replica_that_catches_up_stays_out_of_the_isr() -> None:
     # Moving (1, 2, 3) to (1, 2): 3 is leaving and already out of the ISR.
     moving = PartitionInfo((1, 2, 3), 1, 7, (1, 2), removing_replicas=(3,))
     manager = await _leader_of(moving)
-    manager.follower_fetch(3, [("t", 0, 5, 7)])  # caught up, in this epoch
+    manager.follower_fetch(3, [("t", 0, 5, 7, 0)])  # caught up, in this epoch
     term = manager.terms[KEY]
     assert term.pending is None
     assert term.isr == frozenset({1, 2})
@@ -56,7 +56,7 @@ async def test_while_the_move_is_under_way_a_leaving_replica_may_rejoin() -> Non
     # still a replica in full, as in Kafka.
     moving = PartitionInfo((1, 2, 4, 3), 1, 7, (1, 2), adding_replicas=(4,), removing_replicas=(3,))
     manager = await _leader_of(moving)
-    manager.follower_fetch(3, [("t", 0, 5, 7)])
+    manager.follower_fetch(3, [("t", 0, 5, 7, 0)])
     term = manager.terms[KEY]
     assert term.pending is not None
     assert term.pending.isr == frozenset({1, 2, 3})
@@ -66,7 +66,7 @@ async def test_a_replica_that_stays_joins_the_isr_once_caught_up() -> None:
     # The same fetch by a replica that is not leaving: proposed into the ISR, as before.
     staying = PartitionInfo((1, 2, 3), 1, 7, (1, 2))
     manager = await _leader_of(staying)
-    manager.follower_fetch(3, [("t", 0, 5, 7)])
+    manager.follower_fetch(3, [("t", 0, 5, 7, 0)])
     term = manager.terms[KEY]
     assert term.pending is not None
     assert term.pending.isr == frozenset({1, 2, 3})
