@@ -11,8 +11,10 @@ After every step:
    is never ahead of the assignment epoch;
 3. a partition a member was given is one of the target's partitions for it;
 4. a commit with a member epoch above the member's is refused (STALE_MEMBER_EPOCH), an
-   older one is accepted only for partitions held since that epoch (KIP-1251), and one
-   from a removed member is refused too (UNKNOWN_MEMBER_ID);
+   older one is accepted exactly for the partitions held since that epoch (KIP-1251:
+   "since" as the machine saw it, each partition from the member epoch at which it
+   appeared in the member's assignment, kept while it stays there), and one from a
+   removed member is refused too (UNKNOWN_MEMBER_ID);
 5. the group's stored snapshot decodes to the same group.
 """
 
@@ -49,6 +51,9 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
         self.last_group_epoch = 0
         self.last_member_epoch: dict[str, int] = {}
         self.gone: set[str] = set()
+        #: member -> partition -> the member epoch at which the machine first saw the
+        #: partition in the member's assignment, while it has stayed there since.
+        self.held_since: dict[str, dict[tuple[str, int], int]] = {}
 
     def beat(self, member_id: str, epoch: int, owned: frozenset[tuple[str, int]] | None,
              topics: tuple[str, ...] | None = None, instance: str | None = None) -> None:  # fmt: skip
@@ -152,6 +157,12 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
             assert tp in member.assigned and member.assigned_at[tp] <= epoch
         else:
             assert error is ErrorCode.STALE_MEMBER_EPOCH
+            # ... and for every such partition: the commit that crossed the heartbeat
+            # which bumped the epoch must not fail for a partition the member kept.
+            since = self.held_since.get(member_id, {}).get(tp)
+            assert since is None or since > epoch, (
+                f"{member_id} has held {tp} since epoch {since}: a commit at {epoch} is fine"
+            )
 
     @precondition(lambda self: bool(self.gone))
     @rule(data=st.data())
@@ -178,6 +189,23 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
             if member.epoch >= 0:  # a static member away (-2) keeps its partitions
                 assert all(e <= member.epoch for e in member.assigned_at.values())
         assert seen == self.group.owners
+
+    @invariant()
+    def track_holdings(self) -> None:
+        """Note since when each member holds each partition (the commit rule's truth)."""
+        for member_id in list(self.held_since):
+            if member_id not in self.group.members:
+                del self.held_since[member_id]
+        for member_id, member in self.group.members.items():
+            seen = self.held_since.setdefault(member_id, {})
+            if member.epoch <= 0:  # left statically, or (re)joining: nothing held yet
+                seen.clear()
+                continue
+            for tp in list(seen):
+                if tp not in member.assigned:
+                    del seen[tp]
+            for tp in member.assigned - seen.keys():
+                seen[tp] = member.epoch
 
     @invariant()
     def the_stored_snapshot_restores_the_group(self) -> None:

@@ -506,8 +506,27 @@ class ReplicationMachine(RuleBasedStateMachine):
         for offset in range(min(end, len(leader.log))):
             self.consumed.setdefault(offset, (leader.log[offset], shown))
 
-    @rule(ms=st.integers(1, 3 * LAG_MAX_MS))
-    def time_passes(self, ms: int) -> None:
+    @rule(
+        ms=st.integers(1, 3 * LAG_MAX_MS),
+        at_lag=st.none() | st.sampled_from([-1, 0, 1]),
+    )
+    def time_passes(self, ms: int, at_lag: int | None = None) -> None:
+        """``at_lag``: move the clock to where the first ISR follower has lagged exactly
+        ``replica.lag.time.max.ms`` (or one ms either side) instead, so that sentence 12's
+        boundary is met, not only passed."""
+        if at_lag is not None:
+            boundaries = [
+                self.catch_up[(r.broker_id, r.leading.leader_epoch)][b].last_caught_up_ms
+                + LAG_MAX_MS + at_lag
+                for r in self.replicas.values()
+                if r.alive and r.leading is not None
+                for b in r.leading.isr
+                if b != r.broker_id
+            ]  # fmt: skip
+            ahead = [t for t in boundaries if t > self.now_ms]
+            if ahead:
+                ms = min(ahead) - self.now_ms
+                event("the clock meets a follower's lag boundary")
         self.now_ms += ms
         for replica in self.replicas.values():
             if replica.alive and replica.leading is not None:

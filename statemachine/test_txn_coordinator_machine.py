@@ -310,6 +310,23 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             self.init(tid, 2_000)
         self.init(tid, 2_000, which=newest)
 
+    @rule(tid=st.sampled_from(IDS))
+    def retried_bump_meets_open_transaction(self, tid: str) -> None:
+        """I1 by design, the retry's side: a producer bumps its own epoch (KIP-360) and
+        opens a transaction with the new one; then the bump's retry (the pair it
+        replaced) arrives. A retry only while no transaction is open: now it is fenced,
+        never handed the epoch a transaction is using."""
+        self.init(tid, 2_000)
+        first = len(self.instances[tid]) - 1
+        if first < 0:
+            return
+        self.init(tid, 2_000, which=first)
+        bumped = len(self.instances[tid]) - 1
+        if bumped == first:
+            return  # the bump was refused (a transaction in the way): nothing to retry
+        self.add(tid, bumped, {PARTITIONS[0]}, None)
+        self.init(tid, 2_000, which=first)
+
     @rule(ms=st.sampled_from([500, 2_001, 5_001]))
     def time_passes(self, ms: int) -> None:
         self.now += ms

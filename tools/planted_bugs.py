@@ -13,6 +13,7 @@ models miss, the module's own unit tests:
     python tools/planted_bugs.py --fourth         # the fourth set (FOURTH)
     python tools/planted_bugs.py --fifth          # the fifth set (FIFTH)
     python tools/planted_bugs.py --sixth          # the sixth set (SIXTH)
+    python tools/planted_bugs.py --seventh        # the seventh set (SEVENTH)
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
 
@@ -52,6 +53,8 @@ CONNECTION_MACHINES = (
     "statemachine/test_sasl_connection_machine.py",
 )
 GROUP_MACHINE = "statemachine/test_group_machine.py"
+#: KIP-848 consumer groups (state/consumer_group.py) under random heartbeats.
+CONSUMER_GROUP_MACHINE = "statemachine/test_consumer_group_machine.py"
 #: A real connection throttled by quota breaches against a clock the machine moves.
 THROTTLE_MACHINE = "statemachine/test_throttle_machine.py"
 MUTE_MACHINE = "statemachine/test_mute_machine.py"
@@ -888,6 +891,185 @@ SIXTH = (
 )
 
 
+#: The seventh set (h-formal8), written and committed before its one scoring run; none a
+#: variant of the 72 above.
+SEVENTH = (
+    Bug(
+        "producer-expiry-ignores-marker-time",
+        "trio_broker/state/producer.py",
+        "        stamps = [x.timestamp for x in (marker,) if x is not None]\n",
+        "        stamps: list[int] = []\n",
+        "a producer's last activity is its last data batch only, not its last marker: a "
+        "producer whose transaction just ended (or that a fencing abort alone names here) "
+        "expires early, its marker epochs with it",
+        (PRODUCER_MACHINE, PARTITION_TXN_MACHINE),
+        (
+            "tests/unit/state/test_producer_state.py tests/unit/state/test_producer_state_registry.py",
+        ),
+    ),
+    Bug(
+        "sequence-wraps-one-early",
+        "trio_broker/state/producer.py",
+        "    return 0 if seq == INT32_MAX else seq + 1\n",
+        "    return (seq + 1) % INT32_MAX\n",
+        "sequences wrap to 0 after INT32_MAX - 1 instead of after INT32_MAX: a long-lived "
+        "producer's batch at INT32_MAX is refused OUT_OF_ORDER_SEQUENCE_NUMBER",
+        (PRODUCER_MACHINE,),
+        ("tests/unit/state/test_producer_state.py",),
+    ),
+    Bug(
+        "retention-forgets-straddling-abort",
+        "trio_broker/state/partition_txns.py",
+        "        cut = bisect.bisect_left(self.aborted, AbortedTxn(log_start_offset, -1, -1))\n"
+        "        if cut:\n"
+        "            del self.aborted[:cut]\n",
+        "        self.aborted = [a for a in self.aborted if a.first_offset >= log_start_offset]\n",
+        "a moved log start forgets aborted transactions that begin below it, not only those "
+        "that end below it: a read_committed fetch from the log start returns the rest of "
+        "an aborted transaction as committed",
+        (PARTITION_TXN_MACHINE,),
+        ("tests/unit/state/test_partition_txns.py",),
+    ),
+    Bug(
+        "stale-marker-answered-coordinator-fenced",
+        "trio_broker/state/partition_txns.py",
+        "        return (\n            ErrorCode.INVALID_PRODUCER_EPOCH,\n",
+        "        return (\n            ErrorCode.TRANSACTION_COORDINATOR_FENCED,\n",
+        "a marker of an older producer epoch is refused TRANSACTION_COORDINATOR_FENCED "
+        "instead of INVALID_PRODUCER_EPOCH (the coordinator then thinks it lost its role)",
+        (PARTITION_TXN_MACHINE, PRODUCER_MACHINE),
+        ("tests/unit/state/test_partition_txns.py",),
+    ),
+    Bug(
+        "txn-write-epoch-compared-backwards",
+        "trio_broker/transactions/state.py",
+        "    if producer_epoch < current.producer_epoch:\n"
+        "        return ErrorCode.INVALID_PRODUCER_EPOCH\n"
+        "    if current.state == S.ONGOING and partition in current.partitions:",
+        "    if producer_epoch > current.producer_epoch:\n"
+        "        return ErrorCode.INVALID_PRODUCER_EPOCH\n"
+        "    if current.state == S.ONGOING and partition in current.partitions:",
+        "Produce's transaction check compares the epoch the wrong way round: a fenced "
+        "producer's write into its successor's transaction on the same partition is accepted",
+        (TXN_COORDINATOR_MACHINE,),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
+    ),
+    Bug(
+        "init-retry-during-open-txn",
+        "trio_broker/transactions/state.py",
+        "        if (producer_id, producer_epoch) == retried and current.state != S.ONGOING:\n",
+        "        if (producer_id, producer_epoch) == retried:\n",
+        "InitProducerId naming the pair the last bump replaced is answered as a retry even "
+        "while a transaction of the new epoch is open (KIP-360: PRODUCER_FENCED then)",
+        (TXN_COORDINATOR_MACHINE,),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
+    ),
+    Bug(
+        "return-election-keeps-epoch",
+        "trio_broker/replication/controller_rules.py",
+        "    leader = elect_leader(replicas, state.isr, live | {returned})\n"
+        "    return LeaderAndIsr(leader, state.leader_epoch + 1, state.isr)\n",
+        "    leader = elect_leader(replicas, state.isr, live | {returned})\n"
+        "    return LeaderAndIsr(leader, state.leader_epoch, state.isr)\n",
+        "an offline partition's last ISR member, back, leads again without a new leader epoch",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (
+            "tests/unit/replication/test_controller_rules.py tests/unit/replication/test_requested_election.py",
+        ),
+    ),
+    Bug(
+        "isr-shrinks-at-exact-lag",
+        "trio_broker/replication/leader.py",
+        "and now_ms - self.followers[r].last_caught_up_ms > self.replica_lag_time_max_ms",
+        "and now_ms - self.followers[r].last_caught_up_ms >= self.replica_lag_time_max_ms",
+        "a follower leaves the ISR when it has lagged exactly replica.lag.time.max.ms "
+        "(Kafka: only once it lagged longer)",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "retention-moves-log-start-back",
+        "trio_broker/storage/log_retention.py",
+        "self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)",
+        "self.log_start_offset = self._segments[0].base_offset",
+        "a retention pass sets the log start to the first kept segment's base, below a "
+        "log start DeleteRecords put inside that segment: deleted records come back",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "delete-records-keeps-epochs-below-start",
+        "trio_broker/storage/log_retention.py",
+        "            self.log_start_offset = before_offset\n"
+        "        self._persist_log_start()\n"
+        "        self._trim_epochs_to_start()\n",
+        "            self.log_start_offset = before_offset\n        self._persist_log_start()\n",
+        "DeleteRecords moves the log start without moving the leader-epoch cache's first "
+        "entry to it (retention does): the cache names offsets the log no longer has",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "truncation-keeps-durable-end",
+        "trio_broker/storage/log_truncation.py",
+        "            self.durable_end_offset = min(self.durable_end_offset, new_end)\n",
+        "",
+        "a truncation leaves the durable end above the new log end: records appended after "
+        "the cut count as synced before they are",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "assigned-at-reset-on-reconcile",
+        "trio_broker/state/consumer_group.py",
+        "        member.assigned_at = {tp: member.assigned_at.get(tp, epoch) for tp in assigned}\n",
+        "        member.assigned_at = dict.fromkeys(assigned, epoch)\n",
+        "a KIP-848 member's every partition counts as given at its new epoch after each "
+        "reconciliation: a commit with the previous epoch for a partition it kept is "
+        "refused STALE_MEMBER_EPOCH (KIP-1251)",
+        (CONSUMER_GROUP_MACHINE,),
+        ("tests/unit/state/test_consumer_group_regex.py",),
+    ),
+    Bug(
+        "consumer-leave-keeps-group-epoch",
+        "trio_broker/state/consumer_group.py",
+        "            t: n for t, n in self.subscription_metadata.items() if t in wanted\n"
+        "        }\n"
+        "        self.group_epoch += 1\n",
+        "            t: n for t, n in self.subscription_metadata.items() if t in wanted\n"
+        "        }\n",
+        "a KIP-848 member that leaves or is fenced does not bump the group epoch: no new "
+        "target is computed and its partitions stay unassigned",
+        (CONSUMER_GROUP_MACHINE,),
+        ("tests/unit/state/test_consumer_group_regex.py",),
+    ),
+    Bug(
+        "classic-leader-gone-not-replaced",
+        "trio_broker/state/group.py",
+        "        if self.leader_id == member.member_id:\n"
+        "            self.leader_id = next(iter(self.members), None)\n",
+        "",
+        "a classic group whose leader leaves or expires keeps the gone member as leader: "
+        "nobody sends the next generation's assignment",
+        (GROUP_MACHINE,),
+        ("tests/unit/groups/test_group_state.py tests/unit/state/test_group_state_edges.py",),
+    ),
+    Bug(
+        "share-ack-by-another-member",
+        "trio_broker/state/share_partition.py",
+        "                or record.member_id != member_id\n",
+        "",
+        "a share record acquired by one member may be acknowledged by another",
+        (SHARE_PARTITION_MACHINE,),
+        ("tests/unit/groups/test_share_state.py tests/unit/groups/test_share_group.py",),
+    ),
+)
+
+
 def copy_tree(dest: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".",
@@ -933,10 +1115,13 @@ def main() -> int:
     parser.add_argument("--fourth", action="store_true", help="the fourth set (FOURTH) only")
     parser.add_argument("--fifth", action="store_true", help="the fifth set (FIFTH) only")
     parser.add_argument("--sixth", action="store_true", help="the sixth set (SIXTH) only")
+    parser.add_argument("--seventh", action="store_true", help="the seventh set (SEVENTH) only")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
-    every = (*BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH)
-    if args.sixth:
+    every = (*BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH)
+    if args.seventh:
+        chosen = list(SEVENTH)
+    elif args.sixth:
         chosen = list(SIXTH)
     elif args.fifth:
         chosen = list(FIFTH)

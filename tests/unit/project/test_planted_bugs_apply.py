@@ -37,6 +37,7 @@ EVERY: tuple[PlantedBug, ...] = (
     *_tool.FOURTH,
     *_tool.FIFTH,
     *_tool.SIXTH,
+    *_tool.SEVENTH,
 )
 
 
