@@ -108,6 +108,9 @@ listeners = "{",".join(f"{name}://127.0.0.1:0" for name in LISTENERS)}"
 "listener.name.mtls.ssl.client.auth" = "required"
 "listener.name.mtls.ssl.principal.mapping.rules" = "RULE:^CN=([^,]+),.*$/$1-cert/L,DEFAULT"
 "group.initial.rebalance.delay.ms" = 0
+# KIP-848 members learn each assignment change from a heartbeat: 1 s between them, not 5.
+"group.consumer.heartbeat.interval.ms" = 1000
+"group.consumer.min.heartbeat.interval.ms" = 1000
 "authorizer.class.name" = "acl"
 "allow.everyone.if.no.acl.found" = true
 ''')  # fmt: skip
