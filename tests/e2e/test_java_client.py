@@ -51,6 +51,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 
 from tests.e2e.conftest import BROKER_EXE, add_scram_user
 from tests.e2e.test_security import SecureBroker
+from tests.kafka_tools.classpath import maven_env
 from tests.leak_check import kill_tree
 
 JVM_MODULE = Path(__file__).resolve().parents[1] / "jvm"
@@ -108,6 +109,9 @@ listeners = "{",".join(f"{name}://127.0.0.1:0" for name in LISTENERS)}"
 "listener.name.mtls.ssl.client.auth" = "required"
 "listener.name.mtls.ssl.principal.mapping.rules" = "RULE:^CN=([^,]+),.*$/$1-cert/L,DEFAULT"
 "group.initial.rebalance.delay.ms" = 0
+# KIP-848 members learn each assignment change from a heartbeat: 1 s between them, not 5.
+"group.consumer.heartbeat.interval.ms" = 1000
+"group.consumer.min.heartbeat.interval.ms" = 1000
 "authorizer.class.name" = "acl"
 "allow.everyone.if.no.acl.found" = true
 ''')  # fmt: skip
@@ -301,6 +305,7 @@ def run_maven(properties: dict[str, Any]) -> dict[str, int]:
             [mvn, "-B", "-q", "-f", str(JVM_MODULE / "pom.xml"), "test",
              *(f"-D{key}={value}" for key, value in properties.items())],
             capture_output=True, text=True, timeout=MAVEN_TIMEOUT_S, stdin=subprocess.DEVNULL,
+            env=maven_env(),
         )  # fmt: skip
         assert run.returncode == 0, (run.stdout[-8000:], run.stderr[-3000:])
         suites = [ET.parse(p).getroot() for p in reports.glob("TEST-*.xml")]

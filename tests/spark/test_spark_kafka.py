@@ -8,7 +8,8 @@ broker is killed with -9 (or stopped with SIGTERM) and started again; afterwards
 ``counts`` must equal exactly what the producer had acknowledged.
 
 The connector (``spark-sql-kafka-0-10_2.13`` of :data:`CONNECTOR_VERSION`) and its
-dependencies come from Maven Central through ``pom.xml`` (cached in ~/.m2); jars that
+dependencies come from Maven Central through ``pom.xml`` (cached in ~/.m2, the classpath
+in the user's cache by tests/kafka_tools/classpath.py); jars that
 pyspark already ships (Scala, Hadoop, compression codecs) are left out.
 """
 
@@ -37,6 +38,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.conftest import BrokerProcess, running_broker
+from tests.kafka_tools.classpath import maven_classpath
 from tests.spark.word_count_job import STARTED
 
 HERE = Path(__file__).resolve().parent
@@ -57,14 +59,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 @pytest.fixture(scope="module")
 def connector_jars(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """The connector's runtime jars that pyspark does not already have."""
-    out = tmp_path_factory.mktemp("spark-kafka") / "classpath.txt"
-    subprocess.run(
-        ["mvn", "-q", "-B", "-f", str(POM), "dependency:build-classpath",
-         "-DincludeScope=runtime", f"-Dmdep.outputFile={out}"],
-        check=True, timeout=600, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    classpath = maven_classpath(POM, tmp_path_factory.mktemp("spark-kafka"), "runtime")
     shipped = {jar_artifact(jar) for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
-    jars = [jar for jar in out.read_text().strip().split(os.pathsep) if jar]
+    jars = [jar for jar in classpath.split(os.pathsep) if jar]
     # In ~/.m2 a jar lives in .../<artifactId>/<version>/<artifactId>-<version>.jar.
     wanted = [jar for jar in jars if Path(jar).parent.parent.name not in shipped]
     names = {Path(jar).parent.parent.name for jar in wanted}

@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 BROKER_EXE = Path(sys.executable).with_name("trio-broker")
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 START_TIMEOUT_S = 60.0
+C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 #: The one capture large enough for Spark's generated code (verify interprets below
 #: INTERPRETED_BELOW_FRAMES): this test also covers that path. Just at the bound, not
 #: 20,000, which took the job past its 240 s on a busy machine (ci25, load 14).
@@ -75,6 +76,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
         SPARK_HOME=str(SPARK_CLASS.parent.parent),
         SPARK_LOCAL_IP="127.0.0.1",
         SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
+        # The launcher and the two daemons run the client compiler only, as the verify
+        # job's JVMs do (trio_broker/verify/job.py): they start faster, and nothing in
+        # them runs long enough for the optimizing compiler to pay.
+        SPARK_LAUNCHER_OPTS=C1_ONLY,
+        SPARK_DAEMON_JAVA_OPTS=C1_ONLY,
         SPARK_WORKER_DIR=str(base / "work"),
     )
     port = _free_port()
