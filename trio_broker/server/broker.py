@@ -479,9 +479,10 @@ class Broker:
         )  # fmt: skip
 
     async def _transaction_facts(self, log_: Log) -> TransactionFacts | None:
-        """A topic partition's LSO and aborted transactions, for the cleaner (else None:
-        the internal logs hold no transactional batches). The producer state is loaded
-        in a worker thread if it is not yet (it may replay a segment's headers)."""
+        """A topic partition's LSO, aborted transactions and active producers, for the
+        cleaner (else None: the internal logs hold no transactional batches). The
+        producer state is loaded in a worker thread if it is not yet (it may replay a
+        segment's headers)."""
         for name, topic in self.topics.topics.items():
             for partition, candidate in enumerate(topic.logs):
                 if candidate is log_:
@@ -501,7 +502,9 @@ class Broker:
                         name, partition, log_, log_.log_start_offset, lso
                     )
                     return TransactionFacts(
-                        lso, tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted)
+                        lso,
+                        tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted),
+                        self.producers.active_producers(name, partition, log_),
                     )
         return None
 

@@ -358,6 +358,14 @@ class ProducerStateRegistry:
         """Aborted transactions overlapping [from_offset, upper), for a read_committed fetch."""
         return self.manager(topic, partition, log_).txns.aborted_between(from_offset, upper)
 
+    def active_producers(self, topic: str, partition: int, log_: Log) -> frozenset[int]:
+        """The producer ids the partition's state holds once the expired ones are removed
+        (as the periodic expiry would): the cleaner keeps the last batches of these
+        only, as Kafka's keeps those of ``UnifiedLog.lastRecordsOfActiveProducers``."""
+        manager = self.manager(topic, partition, log_)
+        manager.remove_expired(self.now_ms(), self.expiration_ms)
+        return frozenset({*manager.producers, *manager.txns.markers})
+
     def forget_aborted(
         self, topic: str, partition: int, log_: Log, gone: list[tuple[int, int]]
     ) -> None:
