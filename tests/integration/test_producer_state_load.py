@@ -69,12 +69,13 @@ async def test_a_partition_load_does_not_hold_other_requests(tmp_path: Path) -> 
 
     async with running_broker(tmp_path) as broker:
         gated = broker.topics.log(TAIL, 0)
-        other_answered = threading.Event()
+        load_began, other_answered = threading.Event(), threading.Event()
         seen: dict[str, object] = {}
 
         def held_reader(log_: Log, from_offset: int) -> Iterator[RecordBatchView]:
             if log_ is gated and "answered_while_loading" not in seen:
                 seen["on_loop_thread"] = threading.current_thread() is threading.main_thread()
+                load_began.set()
                 seen["answered_while_loading"] = other_answered.wait(HOLD_S)
             return read_batch_headers(log_, from_offset)
 
@@ -83,9 +84,7 @@ async def test_a_partition_load_does_not_hold_other_requests(tmp_path: Path) -> 
         other = await RawClient.connect(port_of(broker))
         # The producer never saw the last ack and retries it: its partition's state loads.
         await send_produce(retrier, 0, sent[-1])
-        with trio.move_on_after(HOLD_S / 2):  # (on the loop, the loop is held meanwhile)
-            while "on_loop_thread" not in seen:  # the load has begun
-                await trio.sleep(0.01)
+        assert await trio.to_thread.run_sync(load_began.wait, HOLD_S / 2)
         # Another connection's write to the other partition is answered meanwhile.
         plain = bytes(build_batch([(None, b"other")]))
         with trio.move_on_after(HOLD_S / 2):
