@@ -188,9 +188,9 @@ class _PartitionSlot:
 class ProducerStateRegistry:
     """One :class:`ProducerStateManager` per partition log, plus the producer id allocator.
 
-    Managers are created on a partition's first idempotent batch (or the first batch
-    that rolls a segment): from the latest usable snapshot beside the log, then by
-    replaying the batch headers the log holds beyond it. Each segment roll stages a
+    Managers are created when a partition's state is first needed: from the latest
+    usable snapshot beside the log, then by replaying the batch headers the log holds
+    beyond it, in a worker thread (:meth:`prepare`, which the handlers await first). Each segment roll stages a
     snapshot at the new segment's base offset, which the log's next flush writes once
     everything below it is durable (storage/log_snapshots.py); :meth:`close` writes one
     at each log's end (clean shutdown). So a kill -9 loses no producer whose batches
