@@ -7,7 +7,9 @@ markers of the current epoch (their epoch fences the old one); other markers go
 serve`` process compacts a topic whose keys a committed transaction and a fencing
 abort touched; after a kill -9 with the producer snapshots removed (the state rebuilt
 from the log alone) the transactional producer's next sequence is still checked and
-the fenced epoch still refused.
+the fenced epoch still refused. Only active producers' batches are kept so: one whose
+last write is older than ``producer.id.expiration.ms`` (1 day) loses its superseded
+records at the next clean, as in Kafka (``lastRecordsOfActiveProducers``).
 """
 
 from __future__ import annotations
@@ -152,3 +154,33 @@ def test_a_fencing_marker_outlives_compaction(broker: BrokerProcess) -> None:
         stale = bytes(build_batch([(b"k", b"zombie")], producer_id=pid,
                                   producer_epoch=old_epoch, base_sequence=0))  # fmt: skip
         assert produce(conn, stale)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+def idempotent_batch(pid: int, key: bytes, timestamp_ms: int) -> bytes:
+    return bytes(build_batch([(key, b"idempotent")], producer_id=pid, producer_epoch=0,
+                             base_sequence=0, base_timestamp=timestamp_ms))  # fmt: skip
+
+
+def test_only_active_producers_keep_their_last_batch(broker: BrokerProcess) -> None:
+    now = int(time.time() * 1000)
+    with broker.connect() as conn:
+        create_topic(conn)
+        pids = []
+        for _ in range(2):
+            body = m.InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=60_000,
+                                           producer_id=-1, producer_epoch=-1)  # fmt: skip
+            answer = conn.request(m.ApiKey.INIT_PRODUCER_ID, 4, body)
+            assert answer.error_code == ErrorCode.NONE
+            pids.append(answer.producer_id)
+        active, expired = pids
+        # Its only write is two days old: past producer.id.expiration.ms (1 day).
+        assert produce(conn, idempotent_batch(expired, b"e", now - 2 * 86_400_000))[0] == 0
+        assert produce(conn, idempotent_batch(active, b"a", now))[0] == 0
+        for key in (b"e", b"a"):  # both records superseded
+            assert produce(conn, plain(key, b"newer"))[0] == ErrorCode.NONE
+        compact(conn)
+        kept = {b.producer_id for b in conn.fetch_batches(TOPIC)}
+    # The active producer's last batch holds its last sequence: it stays. The expired
+    # one's state is gone, and so is its record.
+    assert active in kept
+    assert expired not in kept

@@ -58,14 +58,14 @@ async def test_a_follower_cleans_below_its_high_watermark_only(broker: Broker) -
     log = broker.topics.log(TOPIC, 0)
     assert log is not None and len(log.segment_base_offsets()) > 5
     broker.replication = ReplicaRole(high_watermark=None)  # neither leads nor follows
-    facts = broker._transaction_facts(log)
+    facts = await broker._transaction_facts(log)
     assert facts is not None and facts.last_stable_offset == log.log_start_offset
     assert await broker.log_cleaner.clean_once() is None
     assert offsets(broker) == list(range(200))
 
     hw = 120
     broker.replication = ReplicaRole(high_watermark=hw)  # a follower
-    facts = broker._transaction_facts(log)
+    facts = await broker._transaction_facts(log)
     assert facts is not None and facts.last_stable_offset == hw
     assert await broker.log_cleaner.clean_once() is not None
     kept = offsets(broker)
@@ -75,7 +75,7 @@ async def test_a_follower_cleans_below_its_high_watermark_only(broker: Broker) -
     assert [o for o in kept if o >= hw] == list(range(hw, 200))
 
     broker.replication = ReplicaRole(high_watermark=200, leads=True)  # the leader's HW
-    facts = broker._transaction_facts(log)
+    facts = await broker._transaction_facts(log)
     assert facts is not None and facts.last_stable_offset == 200
     assert await broker.log_cleaner.clean_once() is not None
     # The same pass rules with a higher HW do clean there: the bound was what kept them.

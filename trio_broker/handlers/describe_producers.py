@@ -16,6 +16,7 @@ from __future__ import annotations
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.leadership import check_leader
+from trio_broker.handlers.producer_state import prepare_producer_states
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
@@ -30,6 +31,9 @@ async def handle_describe_producers(
     ctx: RequestContext, request: m.DescribeProducersRequest
 ) -> m.DescribeProducersResponse:
     services = ctx.services
+    await prepare_producer_states(
+        ctx, ((t.name, None, t.partition_indexes) for t in request.topics)
+    )
     topics: list[TopicResp] = []
     for wanted in request.topics:
         allowed = authorized(ctx, Operation.READ, ResourceType.TOPIC, wanted.name)

@@ -23,6 +23,7 @@ import attrs
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.leadership import check_leader, fetch_leader_hints
+from trio_broker.handlers.producer_state import prepare_producer_states
 from trio_broker.handlers.topic_lookup import find_topic, missing_partition_error
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
@@ -456,6 +457,10 @@ async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchR
     def answer(response: Resp, total: int) -> Resp:
         return finish(ctx, plan, throttled(ctx, response, total))
 
+    # The LSO needs each partition's producer state: loaded off the loop if not yet.
+    await prepare_producer_states(
+        ctx, ((t.topic, t.topic_id, [p.partition for p in t.partitions]) for t in plan.topics)
+    )
     response, total = read_partitions(ctx, request, plan.topics)
     if total >= request.min_bytes or request.max_wait_ms <= 0 or answers_at_once(response):
         return answer(response, total)

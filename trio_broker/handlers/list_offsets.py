@@ -29,6 +29,7 @@ import logging
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.leadership import check_leader, missing_partition_error
+from trio_broker.handlers.producer_state import prepare_producer_states
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import ProtocolError
@@ -120,6 +121,10 @@ async def handle_list_offsets(
     for t in request.topics:
         for p in t.partitions:
             seen[t.name, p.partition_index] = seen.get((t.name, p.partition_index), 0) + 1
+    if request.isolation_level == READ_COMMITTED:  # the LSO: producer state, off the loop
+        await prepare_producer_states(
+            ctx, ((t.name, None, [p.partition_index for p in t.partitions]) for t in request.topics)
+        )
     responses: list[TopicResp] = []
     for wanted in request.topics:
         partitions: list[PartResp] = []

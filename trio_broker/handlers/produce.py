@@ -23,6 +23,7 @@ from trio_broker.handlers.base import (
     handles,
 )
 from trio_broker.handlers.leadership import check_leader, produce_leader_hints
+from trio_broker.handlers.producer_state import prepare_producer_states
 from trio_broker.handlers.topic_lookup import find_topic, missing_partition_error
 from trio_broker.partition.append import Appended, AppendRejected, Origin, Term, wait_acked
 from trio_broker.partition.append import append as partition_append
@@ -215,6 +216,9 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     services = ctx.services
     # First, while nothing is looked up yet: it may wait for a worker thread.
     checked = await check_compressed_batches(services, request)
+    await prepare_producer_states(ctx, (
+        (t.name, t.topic_id, [d.index for d in t.partition_data]) for t in request.topic_data
+    ))  # fmt: skip
     broker_config = services.config
     acks = request.acks
     now = ctx.now_ms()

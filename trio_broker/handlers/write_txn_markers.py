@@ -24,6 +24,7 @@ from typing import Any
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.handlers.producer_state import prepare_producer_states
 from trio_broker.partition.append import Appended
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -46,6 +47,11 @@ async def handle_write_txn_markers(
 ) -> m.WriteTxnMarkersResponse | Deferred:
     allowed = authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
     services = ctx.services
+    if allowed:  # the marker's epoch checks need the partitions' producer state
+        await prepare_producer_states(ctx, (
+            (t.name, None, t.partition_indexes)
+            for mk in request.markers for t in mk.topics if t.name != CONSUMER_OFFSETS
+        ))  # fmt: skip
     results: list[MarkerResult] = []
     #: Partition results still to be decided once their marker is committed.
     waits: list[tuple[PartitionResult, Callable[[], Awaitable[ErrorCode]]]] = []

@@ -478,9 +478,11 @@ class Broker:
             send_markers=send_markers, owns_log=False,
         )  # fmt: skip
 
-    def _transaction_facts(self, log_: Log) -> TransactionFacts | None:
-        """A topic partition's LSO and aborted transactions, for the cleaner (else None:
-        the internal logs hold no transactional batches)."""
+    async def _transaction_facts(self, log_: Log) -> TransactionFacts | None:
+        """A topic partition's LSO, aborted transactions and active producers, for the
+        cleaner (else None: the internal logs hold no transactional batches). The
+        producer state is loaded in a worker thread if it is not yet (it may replay a
+        segment's headers)."""
         for name, topic in self.topics.topics.items():
             for partition, candidate in enumerate(topic.logs):
                 if candidate is log_:
@@ -492,12 +494,17 @@ class Broker:
                         hw = min(hw, replica_hw if replica_hw is not None else 0)
                         if self.replication.leader_term(name, partition) is None:
                             self.producers.forget(name, partition)
+                    await trio.to_thread.run_sync(self.producers.prepare, name, partition, log_)
+                    if log_ is not self.topics.log(name, partition):
+                        return None  # deleted meanwhile
                     lso = self.producers.last_stable_offset(name, partition, log_, hw)
                     aborted = self.producers.aborted_between(
                         name, partition, log_, log_.log_start_offset, lso
                     )
                     return TransactionFacts(
-                        lso, tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted)
+                        lso,
+                        tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted),
+                        self.producers.active_producers(name, partition, log_),
                     )
         return None
 

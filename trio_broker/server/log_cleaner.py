@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import trio
 
@@ -46,13 +46,14 @@ class LogCleaner:
         *,
         backoff_ms: int,
         io_max_bytes_per_second: float,
-        transaction_facts: Callable[[PartitionLog], TransactionFacts | None] | None = None,
+        transaction_facts: Callable[[PartitionLog], Awaitable[TransactionFacts | None]]
+        | None = None,
         dedupe_buffer_size: int = 134_217_728,
         forget_aborted: Callable[[PartitionLog, list[tuple[int, int]]], None] | None = None,
     ) -> None:
         self._logs = logs
-        #: A partition's transaction state (LSO, aborted list), read on the event loop
-        #: before a pass: transactional data is then cleaned by Kafka's rules.
+        #: A partition's transaction state (LSO, aborted list), read before a pass (its
+        #: producer state loaded off the loop if need be): transactional data is then cleaned by Kafka's rules.
         self._transaction_facts = transaction_facts
         #: Told, on the event loop after a pass, the aborted transactions whose data is
         #: gone, before a later pass removes their markers (the fetch path's list).
@@ -150,7 +151,11 @@ class LogCleaner:
             return None
         _, target, chosen = best
         throttler = Throttler(self.io_max_bytes_per_second, stop=self._stop)
-        txns = self._transaction_facts(target) if self._transaction_facts is not None else None
+        txns = None
+        if self._transaction_facts is not None:
+            txns = await self._transaction_facts(target)
+            if target.closed:  # deleted while the producer state loaded
+                return None
         try:
             result = await self._run_pass(
                 lambda: clean_log(

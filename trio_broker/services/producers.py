@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from itertools import takewhile
 from pathlib import Path
@@ -187,9 +188,9 @@ class _PartitionSlot:
 class ProducerStateRegistry:
     """One :class:`ProducerStateManager` per partition log, plus the producer id allocator.
 
-    Managers are created on a partition's first idempotent batch (or the first batch
-    that rolls a segment): from the latest usable snapshot beside the log, then by
-    replaying the batch headers the log holds beyond it. Each segment roll stages a
+    Managers are created when a partition's state is first needed: from the latest
+    usable snapshot beside the log, then by replaying the batch headers the log holds
+    beyond it, in a worker thread (:meth:`prepare`, which the handlers await first). Each segment roll stages a
     snapshot at the new segment's base offset, which the log's next flush writes once
     everything below it is durable (storage/log_snapshots.py); :meth:`close` writes one
     at each log's end (clean shutdown). So a kill -9 loses no producer whose batches
@@ -213,6 +214,15 @@ class ProducerStateRegistry:
         )
         self._read_headers = read_headers or read_batch_headers
         self._partitions: dict[tuple[str, int], _PartitionSlot] = {}
+        #: States :meth:`prepare` loaded in a worker thread, with the partition's
+        #: generation then: the event loop installs one when it first needs the state.
+        self._prepared: dict[tuple[str, int], tuple[int, _PartitionSlot]] = {}
+        #: Bumped by :meth:`forget`: a state prepared before it is stale.
+        self._generations: dict[tuple[str, int], int] = {}
+        #: One load of a partition at a time: a second request for it waits for the
+        #: first's state rather than reading the log again (others load meanwhile).
+        self._load_locks: dict[tuple[str, int], threading.Lock] = {}
+        self._locks_lock = threading.Lock()
         self._next_expiry_check = now_ms() + EXPIRATION_CHECK_INTERVAL_MS
         self._stats = ProducerStateStatistics()
 
@@ -348,6 +358,14 @@ class ProducerStateRegistry:
         """Aborted transactions overlapping [from_offset, upper), for a read_committed fetch."""
         return self.manager(topic, partition, log_).txns.aborted_between(from_offset, upper)
 
+    def active_producers(self, topic: str, partition: int, log_: Log) -> frozenset[int]:
+        """The producer ids the partition's state holds once the expired ones are removed
+        (as the periodic expiry would): the cleaner keeps the last batches of these
+        only, as Kafka's keeps those of ``UnifiedLog.lastRecordsOfActiveProducers``."""
+        manager = self.manager(topic, partition, log_)
+        manager.remove_expired(self.now_ms(), self.expiration_ms)
+        return frozenset({*manager.producers, *manager.txns.markers})
+
     def forget_aborted(
         self, topic: str, partition: int, log_: Log, gone: list[tuple[int, int]]
     ) -> None:
@@ -366,7 +384,10 @@ class ProducerStateRegistry:
     def forget(self, topic: str, partition: int) -> None:
         """Drop a partition's state: it is rebuilt from the log when next needed (a
         replica that becomes leader has appended batches it never checked)."""
-        self._partitions.pop((topic, partition), None)
+        key = (topic, partition)
+        self._partitions.pop(key, None)
+        self._prepared.pop(key, None)
+        self._generations[key] = self._generations.get(key, 0) + 1
 
     def discard_snapshot(self, topic: str, partition: int, log_: Log) -> None:
         """The log was truncated (a follower agreeing with a new leader): snapshots past
@@ -377,12 +398,35 @@ class ProducerStateRegistry:
             (log_.directory / SNAPSHOT_FILE).unlink(missing_ok=True)
             log_.delete_producer_snapshots(above=log_.log_end_offset)
 
+    def loaded(self, topic: str, partition: int, log_: Log) -> bool:
+        """Whether the partition's state is at hand (else :meth:`prepare` it off the loop)."""
+        key = (topic, partition)
+        slot = self._partitions.get(key)
+        if slot is not None and slot.log is log_:
+            return True
+        ready = self._prepared.get(key)
+        return ready is not None and ready[1].log is log_
+
+    def prepare(self, topic: str, partition: int, log_: Log) -> None:
+        """Load the partition's state (latest snapshot, the headers after it: up to a
+        segment) in a worker thread, before the event loop needs it (as Kafka's
+        LogLoader does at partition open); :meth:`manager` installs it and replays what
+        was appended meanwhile. The thread only reads the log, as the cleaner's does."""
+        key = (topic, partition)
+        with self._locks_lock:
+            lock = self._load_locks.setdefault(key, threading.Lock())
+        with lock:
+            if self.loaded(topic, partition, log_):
+                return
+            generation = self._generations.get(key, 0)
+            self._prepared[key] = (generation, self._load(log_))
+
     def manager(self, topic: str, partition: int, log_: Log) -> ProducerStateManager:
         key = (topic, partition)
         slot = self._partitions.get(key)
         # A deleted and recreated topic has a new log object: its old state must go.
         if slot is None or slot.log is not log_:
-            slot = self._partitions[key] = self._load(log_)
+            slot = self._partitions[key] = self._install(key, log_)
         # Retention or DeleteRecords may have moved the log start since the last batch;
         # comparing first keeps the common case to one attribute read.
         start = log_.log_start_offset
@@ -393,14 +437,34 @@ class ProducerStateRegistry:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _load(self, log_: Log, below: int | None = None) -> _PartitionSlot:
+    def _install(self, key: tuple[str, int], log_: Log) -> _PartitionSlot:
+        """The state :meth:`prepare` loaded, brought up to the log end (the batches
+        appended since: few); else (not prepared, or stale) loaded here, on the loop."""
+        ready = self._prepared.pop(key, None)
+        if ready is not None:
+            generation, slot = ready
+            current = slot.manager
+            if (
+                generation == self._generations.get(key, 0)
+                and slot.log is log_
+                and log_.log_start_offset <= current.next_offset <= log_.log_end_offset
+            ):
+                return self._load(log_, base=current)
+        return self._load(log_)
+
+    def _load(
+        self, log_: Log, below: int | None = None, base: ProducerStateManager | None = None
+    ) -> _PartitionSlot:
         """The state from the latest snapshot and the log after it, up to the log end
-        (or to the batch at ``below``: a follower's segment roll)."""
+        (or to the batch at ``below``: a follower's segment roll). ``base``: a state
+        loaded earlier from this log, replayed on from its next offset instead."""
         directory = log_directory(log_)
         start = log_.log_start_offset
         end = log_.log_end_offset if below is None else below
         manager = ProducerStateManager(next_offset=start)
-        if directory is not None:
+        if base is not None:
+            manager = base
+        elif directory is not None:
             manager = self._latest_snapshot(directory, start, end) or manager
         manager.truncate_head(start)
         replay_from = manager.next_offset
@@ -416,7 +480,8 @@ class ProducerStateRegistry:
             )
         manager.next_offset = max(manager.next_offset, end)
         manager.remove_expired(self.now_ms(), self.expiration_ms)
-        self._stats.partitions_loaded += 1
+        if base is None:
+            self._stats.partitions_loaded += 1
         return _PartitionSlot(log_, manager, directory, start)
 
     def _latest_snapshot(
@@ -487,6 +552,7 @@ class ProducerStateRegistry:
             except OSError:
                 log.exception("cannot snapshot producer state of %s-%d", topic, partition)
         self._partitions.clear()
+        self._prepared.clear()
 
     @classmethod
     def attached_to(cls, broker: Any) -> ProducerStateRegistry:

@@ -191,6 +191,10 @@ class TransactionFacts:
     last_stable_offset: int
     #: (producer id, first offset, marker offset) of every aborted transaction.
     aborted: tuple[tuple[int, int, int], ...] = ()
+    #: The producer ids the partition's producer state holds (not expired by
+    #: producer.id.expiration.ms): only their last batches are kept whole (Kafka's
+    #: lastRecordsOfActiveProducers). None: not known, every producer's are kept.
+    active_producers: frozenset[int] | None = None
 
     def is_aborted(self, batch: RecordBatchView) -> bool:
         """Whether ``batch`` is data of an aborted transaction."""
@@ -548,16 +552,18 @@ def _read_batches(
 def _last_batches_of_producers(
     log: PartitionLog, cleaned: Sequence[Segment], end_offset: int, txns: TransactionFacts | None
 ) -> set[int]:
-    """Base offsets of each producer's last batch and last data batch in the whole log
-    (headers only).
+    """Base offsets of each active producer's last batch and last data batch in the whole
+    log (headers only); every producer's when ``txns`` does not say which are active.
 
     The last data batch holds the producer's last sequence (Kafka's LogCleaner keeps
     the batch of each active producer's lastDataOffset); the last batch, when a marker,
     holds its latest epochs (Kafka keeps the markers of a producer with no data). Not
     aborted data: Kafka keeps only its header (an empty batch), which we do not write;
     it goes as aborted data does, and no older batch is kept in its place (a rebuild
-    that saw an older sequence would refuse the producer's next one).
+    that saw an older sequence would refuse the producer's next one). An expired producer
+    keeps nothing: its state is gone, a rebuild must not bring it back.
     """
+    active = None if txns is None else txns.active_producers
     last: dict[int, int] = {}
     #: producer id -> (base offset, transactional) of its last data batch.
     last_data: dict[int, tuple[int, bool]] = {}
@@ -565,7 +571,7 @@ def _last_batches_of_producers(
     def note(header: bytes | memoryview) -> None:
         fields = batch_header.unpack_header(header)
         pid, base, attributes = fields.producer_id, fields.base_offset, fields.attributes
-        if pid >= 0:
+        if pid >= 0 and (active is None or pid in active):
             last[pid] = base
             if not attributes & batch_header.CONTROL_BIT:
                 last_data[pid] = (base, bool(attributes & batch_header.TRANSACTIONAL_BIT))

@@ -522,3 +522,33 @@ def test_compaction_forgetting_aborted_transactions_replaces_the_snapshots(
     log.flush()
     assert log.producer_snapshot_offsets() == [6]  # the state as it is now
     log.close()
+
+
+def test_a_prepared_state_catches_up_with_what_was_appended_meanwhile(tmp_path: Path) -> None:
+    log = open_log(tmp_path)
+    writer = ProducerStateRegistry(None, Clock())
+    for seq in range(3):
+        produce(writer, log, batch(5, 0, seq))
+    registry = ProducerStateRegistry(None, Clock())
+    registry.prepare("t", 0, log)  # a worker thread's load, up to offset 3
+    assert registry.loaded("t", 0, log)
+    produce(writer, log, batch(5, 0, 3))  # appended before the loop installs it
+    produce(writer, log, batch(7, 0, 0))
+    # Installed and replayed on from offset 3: both new batches are known, one load.
+    assert duplicate_offset(produce(registry, log, batch(5, 0, 3))) == 3
+    assert duplicate_offset(produce(registry, log, batch(7, 0, 0))) == 4
+    assert registry.statistics().partitions_loaded == 1
+    log.close()
+
+
+def test_a_state_prepared_before_forget_is_not_installed(tmp_path: Path) -> None:
+    log = open_log(tmp_path)
+    writer = ProducerStateRegistry(None, Clock())
+    produce(writer, log, batch(5, 0, 0))
+    registry = ProducerStateRegistry(None, Clock())
+    registry.prepare("t", 0, log)
+    registry.forget("t", 0)  # a leader change: the log may be truncated next
+    assert not registry.loaded("t", 0, log)
+    assert duplicate_offset(produce(registry, log, batch(5, 0, 0))) == 0
+    assert registry.statistics().partitions_loaded == 2  # loaded again, on the loop
+    log.close()
