@@ -20,7 +20,7 @@ PATTERN = re.compile(r"(replication|term) is (not )?None")
 #: The count left by the coordinators' slice of issue 29 (70 in 29 files before the
 #: data-path slice, 50 after it, 39 after the metadata-view slice, 20 after the admin
 #: slice).
-MAX_BRANCHES = 9
+MAX_BRANCHES = 8
 
 #: The data path's handlers: no branch at all (a node alone has a term too).
 DATA_PATH = (
