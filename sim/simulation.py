@@ -55,6 +55,7 @@ from sim.cluster import SESSION_TIMEOUT_MS, SimBroker, inline_call_observers, ru
 from sim.faults import Fault, make_schedule
 from sim.network import Network
 from trio_broker.cluster.coordination import MemoryZooKeeper
+from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.cluster.zk_layout import PartitionState, partition_state_path
 
 __all__ = ["SimResult", "simulate"]
@@ -132,8 +133,8 @@ class Invariants:
     def check(self) -> None:
         for sim in self.brokers:
             broker = sim.broker
-            manager = None if broker is None else broker.replication
-            if broker is None or manager is None:
+            manager = _manager(broker)
+            if manager is None:
                 continue
             for key, term in manager.terms.items():
                 # 3. one leader per (partition, epoch)
@@ -214,9 +215,7 @@ class Invariants:
             leader = None
             if state is not None and state.leader > 0:
                 leader = self.brokers[state.leader - 1].broker
-            term = None
-            if leader is not None and leader.replication is not None:
-                term = leader.replication.terms.get(key)
+            term = None if leader is None else leader.replication.leader_term(*key)
             if state is None or leader is None or term is None:
                 self.violation(f"{key}: no live leader at the end")
                 continue
@@ -270,8 +269,7 @@ async def _consumer_catches_up(consumer: Consumer, sims: list[SimBroker], inv: I
             key = (TOPIC, partition)
             state = inv.zk_state(key)
             leader = None if state is None or state.leader < 1 else sims[state.leader - 1].broker
-            term = None if leader is None or leader.replication is None else (
-                leader.replication.terms.get(key))  # fmt: skip
+            term = None if leader is None else leader.replication.leader_term(*key)
             if term is None or consumer.positions.get(partition, 0) < term.high_watermark:
                 return False
         return True
@@ -281,6 +279,13 @@ async def _consumer_catches_up(consumer: Consumer, sims: list[SimBroker], inv: I
             await trio.sleep(0.05)
         return True
     return False
+
+
+def _manager(broker: Any) -> ReplicaManager | None:
+    """A broker's replica manager while it is in the cluster (its terms and followed
+    partitions), else None: stopped, not joined yet, or left."""
+    replication = None if broker is None else broker.replication
+    return replication if isinstance(replication, ReplicaManager) else None
 
 
 def _values(base: int, data: bytes) -> list[tuple[int, bytes]]:
@@ -298,9 +303,9 @@ def _settled(brokers: list[SimBroker], inv: Invariants) -> bool:
         if state is None or state.leader < 0 or len(state.isr) != len(brokers):
             return False
         leader = brokers[state.leader - 1].broker
-        if leader is None or leader.replication is None:
+        if leader is None:
             return False
-        term = leader.replication.terms.get(key)
+        term = leader.replication.leader_term(*key)
         leader_log = leader.topics.log(*key)
         if term is None or leader_log is None or term.leader_epoch != state.leader_epoch:
             return False
@@ -412,8 +417,7 @@ def _delete_records(
     state = inv.zk_state(key)
     sim = None if state is None or state.leader < 0 else brokers.get(f"b{state.leader}")
     broker = None if sim is None else sim.broker
-    term = None if broker is None or broker.replication is None else (
-        broker.replication.terms.get(key))  # fmt: skip
+    term = None if broker is None else broker.replication.leader_term(*key)
     log_ = None if broker is None else broker.topics.log(*key)
     if term is None or log_ is None or term.high_watermark <= log_.log_start_offset:
         return
@@ -457,7 +461,7 @@ async def _stale_fetch_answer(
 
     def follower_knows() -> bool:
         now = inv.zk_state(key)
-        manager = None if follower.broker is None else follower.broker.replication
+        manager = _manager(follower.broker)
         if now is None or manager is None or now.leader_epoch <= state.leader_epoch:
             return False
         if not wait_for_follower:
@@ -533,10 +537,10 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
             await sim.start(nursery)
         first = sims[0].broker
         assert first is not None
-        while first.replication is None or len(first.replication.view.brokers) < len(sims):  # noqa: ASYNC110
+        while len(first.leaders.view.brokers) < len(sims):  # noqa: ASYNC110
             await trio.sleep(0.01)
         assignment = {p: [BROKER_IDS[(p + i) % 3] for i in range(3)] for p in range(PARTITIONS)}
-        await first.replication.create_topic(TOPIC, PARTITIONS, 3, {}, assignment)
+        await first.admin.create_topic(TOPIC, PARTITIONS, 3, {}, assignment)
         trace("topic created")
 
         async def checker() -> None:

@@ -202,3 +202,39 @@ async def test_a_failed_write_answers_leader_and_follower_and_rebalances(
     # Generation 1 is still what the log holds: a new coordinator would load that.
     stored = broker.groups.store.group_metadata(GROUP)
     assert stored is not None and stored.generation_id == 1
+
+
+@pytest.mark.timeout(60)
+async def test_an_offset_commit_whose_write_fails_is_answered_not_coordinator(
+    broker: Broker, nursery: trio.Nursery
+) -> None:
+    """A node alone writes its offsets log as the leader of a cluster of one, on a
+    cluster's write path: a disk error on a commit is answered NOT_COORDINATOR, Kafka's
+    answer to a storage error on a group write (it was COORDINATOR_NOT_AVAILABLE alone),
+    and nothing is committed. A second commit finds the log offline: NOT_COORDINATOR."""
+    broker.topics.create("t", 1)
+    client = RawClient(await trio.open_tcp_stream(*broker.bound[0]), "committer")
+    Commit = m.OffsetCommitRequest
+    Partition = Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition
+
+    async def commit(offset: int) -> list[int]:
+        response = await client.call(m.ApiKey.OFFSET_COMMIT, 8, Commit(
+            group_id="simple", generation_id_or_member_epoch=-1, member_id="",
+            group_instance_id=None, retention_time_ms=-1,
+            topics=[Commit.OffsetCommitRequestTopic(name="t", partitions=[
+                Partition(partition_index=0, committed_offset=offset, committed_metadata=None),
+            ])],
+        ))  # fmt: skip
+        return [int(p.error_code) for t in response.topics for p in t.partitions]
+
+    held = HeldFsync(broker)
+    answered = await in_background(nursery, lambda: commit(5))
+    try:
+        with trio.fail_after(10):
+            await held.reached.wait()  # appended, its fsync held
+    finally:
+        held.release(fail=True)
+    await wait_until(lambda: bool(answered), 10, "the OffsetCommit answer")
+    assert answered == [[ErrorCode.NOT_COORDINATOR]]
+    assert broker.groups.committed("simple", "t", 0) is None
+    assert await commit(6) == [ErrorCode.NOT_COORDINATOR]

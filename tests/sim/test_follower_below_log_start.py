@@ -52,9 +52,9 @@ async def scenario(delete: bool, result: list[Ends]) -> None:
             await s.start(nursery)
         first = sims[0].broker
         assert first is not None
-        while first.replication is None or len(first.replication.view.brokers) < 3:  # noqa: ASYNC110
+        while len(first.leaders.view.brokers) < 3:  # noqa: ASYNC110
             await trio.sleep(0.01)
-        await first.replication.create_topic(TOPIC, 1, 3, {}, {0: [1, 2, 3]})
+        await first.admin.create_topic(TOPIC, 1, 3, {}, {0: [1, 2, 3]})
         producer = Producer(network, TOPIC, BROKER_IDS)
         for _ in range(4):
             await producer.produce_once(0)

@@ -79,6 +79,10 @@ class ClusterHost(Protocol):
 
     def now_ms(self) -> int: ...
 
+    def joined(self, replication: Any, admin: Any) -> None: ...
+
+    def left(self) -> None: ...
+
 
 async def join_coordination(host: ClusterHost) -> Any:
     """Open this broker's ZooKeeper session and take the cluster's id (the first broker
@@ -210,7 +214,7 @@ async def run_cluster_node(
                     task_status=task_status,
                 )
             )  # fmt: skip
-            host.replication = manager
+            host.joined(manager, manager.admin)
             log.info("broker %d joined the cluster at %s", config.node_id, config.zookeeper_connect)
             task_status.started()
             await host.shutdown_begun.wait()
@@ -227,7 +231,7 @@ async def run_cluster_node(
         # Handlers keep a replica manager that leads nothing until the broker stops.
         await trio.sleep_forever()
     finally:
-        host.replication = None
+        host.left()
         await coord.stop()
 
 

@@ -184,11 +184,8 @@ class ReplicaManager:
         cleaner cleans only below it (Kafka's rule, the LSO being at most the HW).
         """
         key = (topic, partition)
-        term = self.terms.get(key)
-        if term is not None:
-            return term.high_watermark
-        role = self.following.get(key)
-        return role.high_watermark if role is not None else None
+        role = self.terms.get(key) or self.following.get(key)  # it leads, or it follows
+        return None if role is None else role.high_watermark
 
     def follower_fetch(
         self, replica: int, partitions: Iterable[tuple[str | uuid.UUID, int, int, int, int]]

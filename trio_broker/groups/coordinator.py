@@ -56,8 +56,7 @@ from trio_broker.groups.offsets_store import (
     TxnOffset,
     group_of,
 )
-from trio_broker.partition.append import Appended, Origin, Replication
-from trio_broker.partition.append import append as partition_append
+from trio_broker.partition.append import Appended, Replication
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.services.internal_topics import (
@@ -67,6 +66,7 @@ from trio_broker.services.internal_topics import (
     partition_for,
     wait_counted,
 )
+from trio_broker.services.local_replication import OwnLog
 from trio_broker.state.consumer_group import (
     CONSUMER_PROTOCOL_TYPE,
     JOIN_EPOCH,
@@ -200,8 +200,19 @@ class GroupCoordinator:
         #: Cluster mode: the groups live in the replicated ``__consumer_offsets`` topic, one
         #: table per partition this broker leads; alone, one table in ``offsets``.
         self.in_cluster: bool = config.zookeeper_connect is not None
+        #: The leadership a table's writes go through, one write path for both: in a
+        #: cluster the broker's (``services.leaders``); alone the table's own log, a
+        #: cluster of one (``OwnLog``), as a node alone's transaction log.
+        self._replication_of: Callable[[OffsetsStore], Replication] = (
+            self._leaders if self.in_cluster else self._own_log
+        )
+        #: How long a write may take to count: offsets.commit.timeout.ms bounds the wait
+        #: for the followers (Kafka's acks=-1 append); alone there are none, and the
+        #: fsync is waited for as long as it takes.
+        self.commit_timeout_s: float = (
+            config.offsets_commit_timeout_ms / 1000 if self.in_cluster else math.inf
+        )
         self.offsets_partitions: int = config.offsets_topic_num_partitions
-        self.commit_timeout_s: float = config.offsets_commit_timeout_ms / 1000
         #: partition -> its table, for each led ``__consumer_offsets`` partition.
         self.led: dict[int, LedPartition] = {}
         #: group -> its latest metadata write made without a waiter, until someone waits.
@@ -453,7 +464,7 @@ class GroupCoordinator:
                 continue
             try:
                 write = self.append_offsets(expired)
-            except KafkaError:  # StorageError, or leadership just moved
+            except KafkaError:  # the disk failed, or leadership just moved
                 log.exception("could not expire offsets")
             else:
                 # Expiry need not wait: a lost tombstone just expires again.
@@ -531,7 +542,7 @@ class GroupCoordinator:
         LeaveGroup that emptied the group waits for it (:meth:`wait_group_stored`)."""
         try:
             write = self.append_offsets([record])
-        except KafkaError as exc:  # StorageError, or leadership just moved
+        except KafkaError as exc:  # the disk failed, or leadership just moved
             log.warning("could not store group %r: %s", record.group_id, exc)
             return
         assert write.store is not None
@@ -851,59 +862,50 @@ class GroupCoordinator:
         )
 
     def append_offsets(self, entries: Sequence[StoreRecord]) -> PendingWrite:
-        """Append now (in request order); raises StorageError, or in a cluster KafkaError
-        (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE).
+        """Append now (in request order), as the leader of the table's partition; raises
+        KafkaError: NOT_COORDINATOR (not led here, or a storage error: Kafka's answer
+        to a failed group write), COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE.
         Every entry belongs to one offsets partition."""
         store = self.store_for(group_of(entries[0]))
         now = self.broker.now_ms()
-        flusher = self.broker.flusher
-        if self.in_cluster:
-            replication = self._replication()
+        replication = self._replication_of(store)
 
-            def as_leader(batch: Any) -> Appended:
-                return append_as_leader(
-                    store.log, batch, now_ms=now, durability=flusher, replication=replication,
-                    topic=CONSUMER_OFFSETS, partition=store.partition, messages=len(entries),
-                )  # fmt: skip
-
-            return store.append(entries, now, as_leader)
-
-        def alone(batch: Any) -> Appended:  # the log's StorageError passes through
-            return partition_append(
-                store.log, batch, origin=Origin.COORDINATOR, now_ms=now, durability=flusher,
-                topic=CONSUMER_OFFSETS, partition=store.partition, messages=len(entries),
+        def as_leader(batch: Any) -> Appended:
+            return append_as_leader(
+                store.log, batch, now_ms=now, durability=self.broker.flusher,
+                replication=replication, topic=CONSUMER_OFFSETS, partition=store.partition,
+                messages=len(entries),
             )  # fmt: skip
 
-        return store.append(entries, now, alone)
+        return store.append(entries, now, as_leader)
 
-    def _replication(self) -> Replication:
+    def _leaders(self, store: OffsetsStore) -> Replication:
         # services.leaders, never None: once the broker left the cluster (shutting
         # down) it leads nothing, and a write answers NOT_COORDINATOR.
         leaders: Replication = self.broker.leaders
         return leaders
 
+    def _own_log(self, store: OffsetsStore) -> Replication:
+        return OwnLog(self.broker.config.node_id, store.log)
+
     async def _wait_counted(self, store: OffsetsStore, last_offset: int) -> None:
         """Synced and, in a cluster, replicated below the high watermark within
-        offsets.commit.timeout.ms (Kafka answers COORDINATOR_NOT_AVAILABLE after it)."""
-        if not self.in_cluster:
-            await self.broker.flusher.wait_durable(store.log, last_offset)
-            return
+        ``commit_timeout_s`` (Kafka answers COORDINATOR_NOT_AVAILABLE after it)."""
         with trio.move_on_after(self.commit_timeout_s):
             await wait_counted(
                 store.log, last_offset, durability=self.broker.flusher,
-                replication=self._replication(), topic=CONSUMER_OFFSETS,
+                replication=self._replication_of(store), topic=CONSUMER_OFFSETS,
                 partition=store.partition,
             )  # fmt: skip
             return
         raise NotCommitted(
             ErrorCode.COORDINATOR_NOT_AVAILABLE,
-            f"{CONSUMER_OFFSETS}-{store.partition}: not replicated within "
-            f"offsets.commit.timeout.ms",
+            f"{CONSUMER_OFFSETS}-{store.partition}: not counted within offsets.commit.timeout.ms",
         )
 
     async def wait_offsets_durable(self, write: PendingWrite) -> None:
         """Wait for the fsync (and in a cluster the replication), then make the offsets
-        visible; raises StorageError, or in a cluster NotCommitted (a KafkaError)."""
+        visible; raises NotCommitted (a KafkaError) when the write did not count."""
         store = write.store if write.store is not None else self.store
         try:
             await self._wait_counted(store, write.last_offset)
@@ -958,7 +960,7 @@ class GroupCoordinator:
         producer_epoch: int,
         entries: Sequence[tuple[OffsetKey, OffsetAndMetadata]],
     ) -> PendingWrite:
-        """Append offsets pending in the producer's transaction; raises StorageError.
+        """Append offsets pending in the producer's transaction; raises KafkaError.
 
         The caller waits with :meth:`wait_offsets_durable`; then the offsets are
         pending (OffsetFetch's require_stable sees them) until the transaction ends.
@@ -986,7 +988,7 @@ class GroupCoordinator:
 
         Called by the transaction coordinator (EndTxn, timeouts, fencing) for each
         group the transaction added with AddOffsetsToTxn. Returns once the end is
-        durable (and visible); raises StorageError, or a KafkaError with
+        durable (and visible); raises a KafkaError: NotCommitted, or
         INVALID_PRODUCER_EPOCH for an epoch older than the producer's staged offsets.
         """
         # Offsets staged before the end belong to this transaction: let them land first.

@@ -35,12 +35,10 @@ if TYPE_CHECKING:
     from trio_broker.config import BrokerConfig
     from trio_broker.groups.coordinator import GroupCoordinator
     from trio_broker.groups.share import ShareGroups
-    from trio_broker.replication.leader import LeaderPartition
     from trio_broker.security.authorize import Authorizer
     from trio_broker.security.credentials import CredentialStore
     from trio_broker.security.sasl import SaslSession
     from trio_broker.security.shared_store import SharedSecurity
-    from trio_broker.services.cluster_view import ClusterView
     from trio_broker.services.producers import ProducerStateRegistry
     from trio_broker.services.quotas import QuotaService
     from trio_broker.services.stats import BrokerStats
@@ -92,27 +90,6 @@ class Appends(Protocol):
 
     def notify_all(self) -> None: ...
     def watch(self, partitions: Iterable[tuple[str, int]]) -> FetchWait: ...
-
-
-class Replication(DataReplication, Protocol):
-    """A clustered broker's part in replication (trio_broker/cluster/replica_manager.py):
-    the data path's leadership (``Services.leaders``); its ``admin`` is the cluster's
-    ``Services.admin`` (cluster/topic_admin.py).
-
-    ``Services.replication`` is None for a broker that runs alone.
-    """
-
-    @property
-    def admin(self) -> TopicAdmin:
-        """Topic and config administration through ZooKeeper."""
-        ...
-
-    @property
-    def view(self) -> ClusterView: ...
-
-    def leader_term(self, topic: str, partition: int) -> LeaderPartition | None:
-        """This broker's term if it leads the partition now, else None."""
-        ...
 
 
 class Transactions(Protocol):
@@ -171,8 +148,6 @@ class Services(Protocol):
     def stats(self) -> BrokerStats: ...
     @property
     def fetch_sessions(self) -> FetchSessionCache[Any, Any]: ...
-    @property
-    def replication(self) -> Replication | None: ...
     @property
     def leaders(self) -> DataReplication:
         """The data path's replication: never None (``DataReplication``)."""

@@ -31,7 +31,6 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.state.group import GroupState, JoinRequest, JoinResult, SyncResult
-from trio_broker.storage.errors import StorageError
 
 JoinResp = m.JoinGroupResponse
 SyncResp = m.SyncGroupResponse
@@ -385,9 +384,7 @@ async def handle_delete_groups(
         results, writes = groups.delete_groups(
             [n for n in names if n and n not in refused and n not in share_results]
         )
-    except StorageError:
-        results = dict.fromkeys(names, ErrorCode.COORDINATOR_NOT_AVAILABLE)
-    except KafkaError as exc:  # in a cluster: leadership moved under the write
+    except KafkaError as exc:  # leadership moved under the write, or the disk failed
         results = dict.fromkeys(names, exc.error_code)
     results.update(dict.fromkeys(refused, ErrorCode.GROUP_AUTHORIZATION_FAILED))
     results.update(share_results)
@@ -414,8 +411,6 @@ async def handle_delete_groups(
             failed = None
             try:
                 await groups.wait_offsets_durable(pending)
-            except StorageError:
-                failed = ErrorCode.COORDINATOR_NOT_AVAILABLE
             except KafkaError as exc:
                 failed = exc.error_code
             if failed is not None:

@@ -22,7 +22,7 @@ from trio_broker.handlers.authorization import (
     authorized_operations,
     may_create_topic,
 )
-from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.handlers.base import Deferred, RequestContext, handles, when_applied
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError, validate_topic_name
@@ -81,30 +81,26 @@ async def handle_metadata(
     missing = _to_create(ctx, request)
     if not missing:
         return describe(ctx, request, {})
-    replication = services.replication
-    if replication is None:  # alone: created here and now, every refusal answered
-        refused = {}
-        for name in missing:
-            try:
-                services.topics.create(name, services.config.num_partitions)
-            except TopicError as exc:
-                refused[name] = exc.error_code
-        return describe(ctx, request, refused)
 
     async def create_then_answer() -> m.MetadataResponse:
-        # In the cluster first (a wait for ZooKeeper and the controller).
+        # As Kafka's auto-creation: a refusal is answered as the topic's error, one
+        # created meanwhile (by another request or broker) is described as it is.
+        refused: dict[str, ErrorCode] = {}
         for name in missing:
             try:
                 await services.admin.create_topic(
                     name, services.config.num_partitions,
                     services.config.default_replication_factor, {}, None,
                 )  # fmt: skip
-            except TopicError:
-                pass  # created meanwhile, or refused: the answer below says which
-        return describe(ctx, request, {})
+            except TopicError as exc:
+                if exc.error_code != ErrorCode.TOPIC_ALREADY_EXISTS:
+                    refused[name] = exc.error_code
+        return describe(ctx, request, refused)
 
-    return Deferred(
-        create_then_answer, timeout_s=30.0, on_timeout=lambda: describe(ctx, request, {})
+    # A node alone creates here and now (the connection's next request sees the topic);
+    # a cluster waits for ZooKeeper and the controller, off the handler task.
+    return await when_applied(
+        services, create_then_answer, timeout_s=30.0, on_timeout=lambda: describe(ctx, request, {})
     )
 
 

@@ -26,7 +26,6 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.protocol.schema import Message, uses_topic_ids
 from trio_broker.services.cluster_view import TopicInfo
-from trio_broker.storage.errors import StorageError
 
 R = TypeVar("R", bound=Message)
 
@@ -174,23 +173,19 @@ def answer_when_durable(
     response: R,
     fail: Callable[[ErrorCode], R],
 ) -> R | Deferred:
-    """Append offset records now and answer once they are durable (OffsetCommit and
-    TxnOffsetCommit); a failed write or sync fails the accepted partitions with
-    COORDINATOR_NOT_AVAILABLE, which clients retry. In a cluster a write that did not
-    count fails them with the coordinator's error: NOT_COORDINATOR once leadership
-    moved, COORDINATOR_NOT_AVAILABLE when not replicated in offsets.commit.timeout.ms."""
+    """Append offset records now and answer once they count (OffsetCommit and
+    TxnOffsetCommit); a write that did not count fails the accepted partitions with the
+    coordinator's error, which clients retry: NOT_COORDINATOR once leadership moved or
+    when the disk failed (Kafka's answer to a storage error), COORDINATOR_NOT_AVAILABLE
+    when not synced and replicated within offsets.commit.timeout.ms."""
     try:
         write = append()
-    except StorageError:
-        return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
     except KafkaError as exc:
         return fail(exc.error_code)
 
     async def when_durable() -> R:
         try:
             await groups.wait_offsets_durable(write)
-        except StorageError:
-            return fail(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         except KafkaError as exc:
             return fail(exc.error_code)
         return response
@@ -428,19 +423,12 @@ async def handle_offset_delete(
         return response
     try:
         write = groups.append_offsets(tombstones)
-    except StorageError:
-        return DeleteResp(
-            throttle_time_ms=0, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, topics=[]
-        )
     except KafkaError as exc:
         return DeleteResp(throttle_time_ms=0, error_code=exc.error_code, topics=[])
 
     async def when_durable() -> m.OffsetDeleteResponse:
         try:
             await groups.wait_offsets_durable(write)
-        except StorageError:
-            for part in deleted:
-                part.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
         except KafkaError as exc:
             for part in deleted:
                 part.error_code = exc.error_code

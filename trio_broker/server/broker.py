@@ -50,6 +50,7 @@ from trio_broker.server.quotas import with_request_quota
 from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.server.transport import open_connection, tls_contexts
 from trio_broker.services.local_replication import (
+    BrokerReplication,
     DataReplication,
     LeadsNothing,
     LocalReplication,
@@ -215,25 +216,22 @@ class Broker:
 
             self.capture = self.capture_tap = CaptureTap(config.capture_dir, config.node_id)
             self.services.append(self.capture)
-        #: Cluster mode (zookeeper.connect): this broker's replication, set once it has
-        #: joined (trio_broker/cluster); None while alone.
-        self.replication: Any = None
-        #: The data path's replication while ``replication`` is None (``leaders``): a
-        #: node alone is a cluster of one; a clustered broker that has not joined (or
-        #: has left) leads nothing.
-        #: ``admin`` while ``replication`` is None: a node alone is its own controller
-        #: (it changes its catalogue at once); a clustered broker out of the cluster
-        #: changes nothing.
-        self.unjoined: LocalReplication | LeadsNothing
-        self.unjoined_admin: LocalAdmin | NotInCluster
+        #: This broker's replication and topic administration (``leaders``, ``admin``),
+        #: never None: a node alone is a cluster of one (its own leader and controller,
+        #: changing its catalogue at once); a clustered broker holds the replica manager
+        #: and its ``ZooKeeperAdmin`` while it is in the cluster (``joined``), and leads
+        #: and changes nothing before it joins and after it leaves (``left``).
+        self.replication: BrokerReplication
+        self.topic_admin: TopicAdmin
+        self._out_of_cluster: tuple[BrokerReplication, TopicAdmin]
         if clustered:
-            self.unjoined = LeadsNothing(config.node_id)
-            self.unjoined_admin = NotInCluster(config.node_id)
+            self._out_of_cluster = (LeadsNothing(config.node_id), NotInCluster(config.node_id))
         else:
             view = LocalView(
                 config.node_id, config.broker_rack, self.topics, self.advertised_endpoints
             )
-            self.unjoined, self.unjoined_admin = LocalReplication(view), LocalAdmin(view)
+            self._out_of_cluster = (LocalReplication(view), LocalAdmin(view))
+        self.replication, self.topic_admin = self._out_of_cluster
         #: The deterministic simulation (sim/) runs brokers in one process and sets these
         #: to its in-memory ZooKeeper and network; None: kazoo and TCP.
         self.open_coordination: Callable[[], Any] | None = None
@@ -351,13 +349,21 @@ class Broker:
 
     @property
     def leaders(self) -> DataReplication:
-        """Services.leaders: the replica manager once in a cluster, else ``unjoined``."""
-        return self.unjoined if self.replication is None else self.replication
+        """Services.leaders: this broker's replication (``replication``)."""
+        return self.replication
 
     @property
     def admin(self) -> TopicAdmin:
-        """Services.admin: the replica manager's once in a cluster, else ``unjoined_admin``."""
-        return self.unjoined_admin if self.replication is None else self.replication.admin
+        """Services.admin: this broker's topic administration (``topic_admin``)."""
+        return self.topic_admin
+
+    def joined(self, replication: BrokerReplication, admin: TopicAdmin) -> None:
+        """The broker joined its cluster: the replica manager and its admin."""
+        self.replication, self.topic_admin = replication, admin
+
+    def left(self) -> None:
+        """The broker left its cluster: it leads and changes nothing (as before joining)."""
+        self.replication, self.topic_admin = self._out_of_cluster
 
     @property
     def durability(self) -> Flusher:
@@ -486,14 +492,13 @@ class Broker:
         for name, topic in self.topics.topics.items():
             for partition, candidate in enumerate(topic.logs):
                 if candidate is log_:
-                    hw = log_.log_end_offset
-                    if self.replication is not None:
-                        # A replica cleans only what is committed (below its HW), and a
-                        # follower's producer state is rebuilt from what it copied.
-                        replica_hw = self.replication.replica_high_watermark(name, partition)
-                        hw = min(hw, replica_hw if replica_hw is not None else 0)
-                        if self.replication.leader_term(name, partition) is None:
-                            self.producers.forget(name, partition)
+                    # A replica cleans only what is committed (below its HW: alone the
+                    # log end; a partition it neither leads nor follows, nothing), and
+                    # a follower's producer state is rebuilt from what it copied.
+                    replica_hw = self.replication.replica_high_watermark(name, partition)
+                    hw = min(log_.log_end_offset, replica_hw if replica_hw is not None else 0)
+                    if self.replication.leader_term(name, partition) is None:
+                        self.producers.forget(name, partition)
                     await trio.to_thread.run_sync(self.producers.prepare, name, partition, log_)
                     if log_ is not self.topics.log(name, partition):
                         return None  # deleted meanwhile

@@ -92,6 +92,18 @@ class NotCommitted(KafkaError):
     NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE, so that it looks up and retries)."""
 
 
+def _failed_write_error(exc: BaseException) -> ErrorCode:
+    """A coordinator's failed internal write as Kafka answers it: a storage error (the
+    disk failed: KAFKA_STORAGE_ERROR, an OSError) NOT_COORDINATOR, as the group
+    coordinator and the transaction state manager map KafkaStorageException, so that
+    the client looks the coordinator up again; anything else COORDINATOR_NOT_AVAILABLE."""
+    if isinstance(exc, OSError) or (
+        isinstance(exc, KafkaError) and exc.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+    ):
+        return ErrorCode.NOT_COORDINATOR
+    return ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
 async def append_committed(
     log: Log,
     batch: bytearray,
@@ -148,7 +160,7 @@ def append_as_leader(
             topic=topic, partition=partition, leader_epoch=epoch, messages=messages,
         )  # fmt: skip
     except (KafkaError, OSError) as exc:
-        raise NotCommitted(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"append failed: {exc}") from exc
+        raise NotCommitted(_failed_write_error(exc), f"append failed: {exc}") from exc
 
 
 async def wait_counted(
@@ -162,14 +174,14 @@ async def wait_counted(
 ) -> None:
     """The second half of :func:`append_committed`: wait until ``log`` is synced through
     ``last_offset`` and the high watermark passed it (a node alone's: synced). Raises
-    :class:`NotCommitted` (NOT_COORDINATOR once leadership moved, else
-    COORDINATOR_NOT_AVAILABLE, which Kafka's coordinators answer for a failed or timed
-    out internal write too)."""
+    :class:`NotCommitted` (NOT_COORDINATOR once leadership moved or the sync failed,
+    else COORDINATOR_NOT_AVAILABLE, which Kafka's coordinators answer for an internal
+    write not replicated in time too)."""
     written = Appended(log, topic, partition, last_offset, last_offset)
     acked = await wait_acked(written, -1, durability=durability, replication=replication)
     if acked.sync_error is not None:
         raise NotCommitted(
-            ErrorCode.COORDINATOR_NOT_AVAILABLE, f"sync failed: {acked.sync_error}"
+            _failed_write_error(acked.sync_error), f"sync failed: {acked.sync_error}"
         ) from acked.sync_error
     if acked.state is AckState.LEADERSHIP_LOST:
         raise NotCommitted(ErrorCode.NOT_COORDINATOR, "leadership moved before the commit")

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOCAL_LEADER_EPOCH",
+    "BrokerReplication",
     "DataReplication",
     "FollowerFetchPartition",
     "LeadsNothing",
@@ -118,6 +119,16 @@ class DataReplication(Protocol):
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         """Wait until the high watermark passes ``last_offset`` (acks=all)."""
+        ...
+
+
+class BrokerReplication(DataReplication, Protocol):
+    """A broker's whole replication (``Broker.replication``): the data path's, and what
+    its log cleaner asks."""
+
+    def replica_high_watermark(self, topic: str, partition: int) -> int | None:
+        """This replica's high watermark of a partition it leads or follows, else None:
+        what is below it is committed and never truncated (the cleaner stops there)."""
         ...
 
 
@@ -281,6 +292,10 @@ class LocalReplication(_NoFollowers):
         # The only replica: its own log start is the low watermark, already moved.
         return self.low_watermark(topic, partition)
 
+    def replica_high_watermark(self, topic: str, partition: int) -> int | None:
+        log = self._topics.log(topic, partition)
+        return None if log is None else log.log_end_offset
+
 
 class OwnLog:
     """The replication of one log this broker keeps for itself and replicates nowhere:
@@ -313,6 +328,10 @@ class LeadsNothing(_NoFollowers):
         """Nothing is coming: a coordinator's partition answers NOT_COORDINATOR."""
         return False
 
+    def replica_high_watermark(self, topic: str, partition: int) -> int | None:
+        """Neither leads nor follows: nothing is known committed here."""
+        return None
+
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         return AckState.LEADERSHIP_LOST
 
@@ -324,6 +343,6 @@ class LeadsNothing(_NoFollowers):
 
 
 if TYPE_CHECKING:  # mypy checks that both are the data path's replication
-    _LOCAL: type[DataReplication] = LocalReplication
-    _NOTHING: type[DataReplication] = LeadsNothing
+    _LOCAL: type[BrokerReplication] = LocalReplication
+    _NOTHING: type[BrokerReplication] = LeadsNothing
     _OWN: type[Replication] = OwnLog

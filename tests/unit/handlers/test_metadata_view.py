@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from trio_broker.config import BrokerConfig
-from trio_broker.handlers.base import ClientInfo, RequestContext
+from trio_broker.handlers.base import ClientInfo, Deferred, RequestContext
 from trio_broker.handlers.describe_cluster import handle_describe_cluster
 from trio_broker.handlers.metadata import handle_metadata
 from trio_broker.protocol import messages as m
@@ -26,7 +26,8 @@ from trio_broker.protocol.messages import RequestHeader
 from trio_broker.security.acl import Operation, ResourceType
 from trio_broker.services.cluster_view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
 from trio_broker.services.local_replication import LocalReplication, LocalView
-from trio_broker.services.topics import TopicManager
+from trio_broker.services.topic_admin import LocalAdmin
+from trio_broker.services.topics import TopicError, TopicManager
 from trio_broker.storage.log import LogConfig
 
 ENDPOINTS = [("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)]
@@ -51,7 +52,7 @@ class Services:
     cluster_id: str = "view"
     topics: TopicManager = attrs.Factory(lambda: TopicManager(None, LogConfig(), lambda: 0))
     authorizer: Any = None
-    replication: Any = None
+    admin: Any = None
 
     def listener_name_for(self, connection_id: int | None) -> str:
         return "PLAINTEXT"
@@ -65,7 +66,8 @@ def context(services: Services, api_key: int, version: int) -> RequestContext:
 def alone() -> Services:
     topics = TopicManager(None, LogConfig(), lambda: 0)
     services = Services(leaders=None, topics=topics)
-    services.leaders = LocalReplication(LocalView(1, "r1", topics, lambda: ENDPOINTS))
+    view = LocalView(1, "r1", topics, lambda: ENDPOINTS)
+    services.leaders, services.admin = LocalReplication(view), LocalAdmin(view)
     return services
 
 
@@ -111,6 +113,44 @@ async def test_alone_every_topic_is_led_here_at_epoch_0_and_auto_created() -> No
     assert [(t.name, t.error_code) for t in by_id.topics] == [("mine", 0)]
     unknown = await ask(services, metadata_by_id(uuid.uuid4()), m.ApiKey.METADATA, 12)
     assert [t.error_code for t in unknown.topics] == [ErrorCode.UNKNOWN_TOPIC_ID]
+
+
+@attrs.define
+class RefusingAdmin:
+    """A cluster's admin (through ZooKeeper: the answer is deferred) that refuses every
+    creation with one error code."""
+
+    code: ErrorCode
+    asked: list[str] = attrs.Factory(list)
+
+    @property
+    def applies_at_once(self) -> bool:
+        return False
+
+    async def create_topic(self, name: str, *args: Any) -> uuid.UUID:
+        self.asked.append(name)
+        raise TopicError(self.code, "refused")
+
+
+async def test_in_a_cluster_a_refused_auto_creation_is_the_topic_error() -> None:
+    """As Kafka's auto-creation (KafkaApis.createTopic): the refusal's error is the
+    topic's (fewer live brokers than default.replication.factor), and a topic created
+    meanwhile is described as the view has it (unknown until the view catches up).
+    The handler has one path alone and in a cluster: the admin decides (it answered
+    UNKNOWN_TOPIC_OR_PARTITION for both before)."""
+    for code, answered in (
+        (ErrorCode.INVALID_REPLICATION_FACTOR, ErrorCode.INVALID_REPLICATION_FACTOR),
+        (ErrorCode.TOPIC_ALREADY_EXISTS, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+    ):
+        services = in_a_cluster(uuid.uuid4())
+        services.admin = RefusingAdmin(code)
+        wanted = [m.MetadataRequest.MetadataRequestTopic(name="new")]
+        request = m.MetadataRequest(topics=wanted, allow_auto_topic_creation=True)
+        deferred = await ask(services, request, m.ApiKey.METADATA, 12)
+        assert isinstance(deferred, Deferred)
+        answer = await deferred.finish()
+        assert services.admin.asked == ["new"]
+        assert [(t.name, t.error_code) for t in answer.topics] == [("new", answered)]
 
 
 async def test_alone_describe_cluster_names_this_node_as_broker_and_controller() -> None:

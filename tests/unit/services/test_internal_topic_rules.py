@@ -89,11 +89,13 @@ async def test_alone_a_synced_write_counts() -> None:
 
 
 async def test_a_failed_sync_does_not_count() -> None:
+    """A storage error is answered NOT_COORDINATOR, as Kafka's coordinators map
+    KafkaStorageException (the client looks the coordinator up again)."""
     log = MemoryLog()
     with pytest.raises(NotCommitted) as info:
         await append_committed(log, _batch(), now_ms=1, durability=_Durability(True),
                                replication=OwnLog(0, log))  # fmt: skip
-    assert info.value.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert info.value.error_code == ErrorCode.NOT_COORDINATOR
 
 
 async def test_a_broker_that_left_its_cluster_is_no_coordinator() -> None:
