@@ -146,6 +146,8 @@ class BrokerConfig:
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
     #: An idle transactional id (no open transaction) is forgotten after this long.
     transactional_id_expiration_ms: int = 604_800_000
+    #: An idempotent producer silent this long (no batch, no marker) is forgotten.
+    producer_id_expiration_ms: int = 86_400_000
     transaction_remove_expired_transaction_cleanup_interval_ms: int = 3_600_000
     #: Cluster mode: the replicated __transaction_state topic, made on first use
     #: (FindCoordinator for a transactional id); min.isr goes into its topic configs.
@@ -241,6 +243,7 @@ class BrokerConfig:
                 f"group.max.session.timeout.ms ({self.group_max_session_timeout_ms})"
             )
         for name in ("transaction_max_timeout_ms", "transactional_id_expiration_ms",
+                     "producer_id_expiration_ms",
                      "transaction_abort_timed_out_transaction_cleanup_interval_ms",
                      "transaction_remove_expired_transaction_cleanup_interval_ms",
                      "transaction_state_log_num_partitions",

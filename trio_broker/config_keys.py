@@ -289,7 +289,7 @@ _KAFKA_KEYS = [
     _key("offsets.topic.segment.bytes", INT, "104857600", APPLIED, "offsets_topic_segment_bytes"),
     _key("principal.builder.class", CLASS, "org.apache.kafka.common.security.authenticator.DefaultKafkaPrincipalBuilder"),
     _key("process.roles", LIST, None),
-    _key("producer.id.expiration.ms", INT, "86400000"),
+    _key("producer.id.expiration.ms", INT, "86400000", APPLIED, "producer_id_expiration_ms"),
     _key("producer.purgatory.purge.interval.requests", INT, "1000"),
     _key("queued.max.request.bytes", LONG, "-1", APPLIED, "queued_max_request_bytes"),
     _key("queued.max.requests", INT, "500"),

@@ -137,7 +137,9 @@ class Broker:
         self.loop_watchdog = LoopWatchdog(self.handler_pool)
         self.stats = BrokerStats()
         #: Idempotent producers' sequence state (services/producers.py), kept in the data dir.
-        self.producers = ProducerStateRegistry(data_dir, now_ms)
+        self.producers = ProducerStateRegistry(
+            data_dir, now_ms, expiration_ms=config.producer_id_expiration_ms
+        )
         #: Client quotas; a throttled client's connection is muted by the shell.
         self.quotas = QuotaService(config, self.stats)
         self.quotas.on_throttle = self._throttle_connection

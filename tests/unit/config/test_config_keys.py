@@ -271,3 +271,16 @@ def test_the_kafka_rows_are_kafka_4_4s_documented_broker_keys(tmp_path: Path) ->
     from trio_broker.config_keys import TYPE_NAMES
 
     assert {name: TYPE_NAMES[spec.type].upper() for name, spec in ours.items()} == kafka
+
+
+def test_producer_id_expiration_reaches_the_producer_state(tmp_path: Path) -> None:
+    """producer.id.expiration.ms was accepted but inert: the registry kept Kafka's day."""
+    from trio_broker.server.broker import Broker
+
+    path = tmp_path / "server.properties"
+    path.write_text(f"producer.id.expiration.ms=5000\nlog.dirs={tmp_path / 'data'}\n")
+    assert Broker(load_config(path)).producers.expiration_ms == 5000
+    assert Broker(load_config(data_dir=tmp_path / "d2")).producers.expiration_ms == 86_400_000
+    path.write_text("producer.id.expiration.ms=0\n")
+    with pytest.raises(ConfigError, match=r"producer\.id\.expiration\.ms: must be positive"):
+        load_config(path)
