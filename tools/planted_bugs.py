@@ -1142,9 +1142,7 @@ EIGHTH = (
         "a follower moves its log start up to the leader's even past its own HW (Kafka "
         "refuses a log start above the HW)",
         (REPLICATION_MACHINE, SIMULATOR),
-        (
-            "tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",
-        ),
+        ("tests/unit/replication/test_fetcher_rules.py",),
     ),
     Bug(
         "reassignment-done-at-first-joiner",
@@ -1154,7 +1152,7 @@ EIGHTH = (
         "a move adding several replicas ends (the leaving replicas go) once one of them is "
         "in sync, not all: the partition is left under-replicated",
         (REPLICATION_MACHINE, SIMULATOR),
-        ("tests/unit/replication/test_controller_rules.py",),
+        ("tests/unit/replication/test_reassignment_rules.py",),
     ),
     Bug(
         "epoch-cache-start-only-when-empty",
