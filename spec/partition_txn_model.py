@@ -24,6 +24,12 @@
    transaction here and whether or not the producer has data here: a transactional
    batch of the older epoch (a zombie's produce that crossed the fence) is refused
    INVALID_PRODUCER_EPOCH.
+9. When the cleaner has removed an aborted transaction's records it names the
+   transaction (producer id, marker offset) to the partition before removing the marker:
+   from then on no fetch lists it, or a consumer would skip the producer's later records
+   waiting for a marker that is gone (Kafka's cleaner drops the aborted entry with the
+   data). The model lists only aborts whose records are left (sentence 3), so here it is
+   the code's own list that must drop it.
 
 The model keeps the whole log as a flat list of entries and derives every answer by
 scanning it, so it shares no data structure with ``trio_broker.state.partition_txns``;

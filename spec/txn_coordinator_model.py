@@ -27,6 +27,10 @@ I1. InitProducerId with the producer's own id and epoch (KIP-360, a producer tha
     changed, unless a transaction is open. Any other pair is PRODUCER_FENCED, and so is
     the epoch a fence (InitProducerId over an open transaction, a timeout) aborted: a
     fence is not a bump a producer asked for, its old epoch is not remembered.
+I2. Epochs run out: InitProducerId bumps the epoch while it is below Short.MaxValue - 1
+    (32766); an id at 32766 or above gets a new producer id at epoch 0 instead (Kafka's
+    isEpochExhausted and producer id rotation), so the epoch a fence bumps to (at most
+    Short.MaxValue) always fits. The replaced pair is remembered for a retry as in I1.
 E1. An id with no open or prepared transaction whose metadata last changed
     transactional.id.expiration.ms or more ago is forgotten (InitProducerId then gives
     it a new producer id); an open, prepared or pending one never is.
@@ -45,6 +49,9 @@ INVALID_PRODUCER_ID_MAPPING = 49
 INVALID_TRANSACTION_TIMEOUT = 50
 CONCURRENT_TRANSACTIONS = 51
 PRODUCER_FENCED = 90
+#: I2: Short.MaxValue - 1, the epoch at which InitProducerId takes a new producer id.
+EXHAUSTED_EPOCH = 32766
+MAX_EPOCH = 32767
 
 #: (producer id, epoch, committed) per marker, in the order written.
 Marker = tuple[int, int, bool]
@@ -118,7 +125,10 @@ class ModelCoordinator:
                 self._complete(txn)
             return CONCURRENT_TRANSACTIONS, -1, -1
         txn.last_pair = (txn.producer_id, txn.epoch)
-        txn.epoch += 1
+        if txn.epoch >= EXHAUSTED_EPOCH:  # I2: a new producer id
+            txn.producer_id, txn.epoch = new_producer_id, 0
+        else:
+            txn.epoch += 1
         txn.status, txn.updated_ms = "empty", self.now_ms
         txn.timeout_ms = timeout_ms
         return NONE, txn.producer_id, txn.epoch
@@ -126,7 +136,7 @@ class ModelCoordinator:
     @staticmethod
     def _fence(txn: ModelTxn) -> None:
         """I1: the next epoch, and the fenced one is not remembered as a retry's."""
-        txn.epoch += 1
+        txn.epoch = min(txn.epoch + 1, MAX_EPOCH)
         txn.last_pair = None
 
     def _check(self, tid: str, producer_id: int, epoch: int) -> int:

@@ -15,12 +15,15 @@ After every step:
    "since" as the machine saw it, each partition from the member epoch at which it
    appeared in the member's assignment, kept while it stays there), and one from a
    removed member is refused too (UNKNOWN_MEMBER_ID);
-5. the group's stored snapshot decodes to the same group.
+5. the group's stored snapshot decodes to the same group;
+6. a heartbeat at the member's previous epoch (the answer that bumped it was lost) is
+   accepted exactly when what it reports owning is within the member's assignment,
+   else fenced (FENCED_MEMBER_EPOCH), as Kafka's consumer group coordinator decides.
 """
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, note, settings
+from hypothesis import HealthCheck, event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -56,7 +59,7 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
         self.held_since: dict[str, dict[tuple[str, int], int]] = {}
 
     def beat(self, member_id: str, epoch: int, owned: frozenset[tuple[str, int]] | None,
-             topics: tuple[str, ...] | None = None, instance: str | None = None) -> None:  # fmt: skip
+             topics: tuple[str, ...] | None = None, instance: str | None = None) -> ErrorCode:  # fmt: skip
         result = self.group.heartbeat(
             Heartbeat(
                 member_id=member_id,
@@ -79,6 +82,7 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
             # The client abandons its partitions and rejoins from scratch.
             self.client_owned.pop(member_id, None)
             self.client_epoch.pop(member_id, None)
+        return result.error
 
     @rule(member_id=st.sampled_from(IDS),
           topics=st.sampled_from([("a",), ("b",), ("a", "b")]),
@@ -115,6 +119,39 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
             member_id,
         )
         assert result.error is ErrorCode.FENCED_MEMBER_EPOCH
+
+    @rule(member_id=st.sampled_from(IDS), beyond=st.booleans(), data=st.data())
+    def heartbeat_at_previous_epoch(
+        self, member_id: str, beyond: bool, data: st.DataObject
+    ) -> None:
+        """Sentence 6: the answer that bumped a member's epoch may be lost, so a heartbeat
+        at its previous epoch is accepted while it reports nothing beyond its assignment;
+        reporting more, it is fenced (FENCED_MEMBER_EPOCH: it might still be consuming a
+        partition given to another member)."""
+        member = self.group.members.get(member_id)
+        if member is None or not 0 < member.previous_epoch < member.epoch:
+            # Build it: the member joins and reconciles, another joins (a new group
+            # epoch), and the member reconciles to it, releasing what it must.
+            self.join(member_id, ("a", "b"), static=False)
+            self.heartbeat(member_id, release=True)
+            other = next((i for i in IDS if i not in self.group.members), None)
+            if other is not None:
+                self.join(other, ("a", "b"), static=False)
+                self.heartbeat(other, release=True)
+            for _ in range(2):
+                self.heartbeat(member_id, release=True)
+            member = self.group.members.get(member_id)
+            if member is None or not 0 < member.previous_epoch < member.epoch:
+                return
+        owned = frozenset(member.assigned)
+        if beyond:
+            others = [(t, p) for t, n in TOPICS.items() for p in range(n) if (t, p) not in owned]
+            if not others:
+                return
+            owned |= {data.draw(st.sampled_from(others))}
+        event("heartbeat at the previous epoch", "beyond" if beyond else "within")
+        error = self.beat(member_id, member.previous_epoch, owned, instance=member.instance_id)
+        assert error is (ErrorCode.FENCED_MEMBER_EPOCH if beyond else ErrorCode.NONE), error
 
     @rule(member_id=st.sampled_from(IDS), static=st.booleans())
     def leave(self, member_id: str, static: bool) -> None:

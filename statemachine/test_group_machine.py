@@ -321,6 +321,30 @@ class GroupMachine(RuleBasedStateMachine):
             assert group.state is GroupState.PREPARING_REBALANCE
             assert all(r.result.error is error for r in replies if r.waiter in parked)
 
+    @precondition(lambda self: self.writes)
+    @rule(
+        joiner=st.sampled_from(CLIENTS),
+        error=st.sampled_from([ErrorCode.NONE, ErrorCode.NOT_COORDINATOR]),
+    )
+    def stale_write_ends_during_the_next_one(self, joiner: str, error: ErrorCode) -> None:
+        """The adversary's order: a generation's write is still pending when a member
+        joins again (a new generation), everyone rejoins and the new leader's SyncGroup
+        sends its own write; then the older write ends, counted or failed. It changes
+        nothing (``complete_write`` checks): the group waits for its own generation's
+        write, as Kafka drops the callback of a generation it left."""
+        oldest = self.writes[0].generation_id
+        self.join(joiner, PROTOCOLS[0 if joiner.startswith("dyn") else 1], 10_000, 20_000,
+                  forget_id=False, v4=True)  # fmt: skip
+        for _ in range(4):  # heartbeat (told to rejoin), join, sync
+            if any(w.generation_id > oldest for w in self.writes):
+                break
+            for name in CLIENTS:
+                self.behave(name, [0, 1, 2, 3])
+        newer = any(w.generation_id > oldest for w in self.writes)
+        event("a stale write ends while a newer one is pending", str(newer))
+        if newer:
+            self.complete_write(0, error)
+
     @rule(name=st.sampled_from(CLIENTS), by_instance=st.booleans())
     def leave(self, name: str, by_instance: bool) -> None:
         client = self.clients[name]

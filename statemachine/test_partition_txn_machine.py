@@ -102,6 +102,8 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         self.last_lso = 0
         #: (file name, bytes) of a snapshot a clean shutdown wrote.
         self.saved_snapshot: tuple[str, bytes] | None = None
+        #: Aborts the cleaner named as gone (sentence 9): (producer id, marker offset).
+        self.forgotten: set[tuple[int, int]] = set()
 
     def now(self) -> int:
         return self.clock
@@ -245,6 +247,29 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         self.log.delete_records(cut)
         self.model.log_start = cut
 
+    @rule(data=st.data())
+    def cleaner_forgets_an_abort(self, data: st.DataObject) -> None:
+        """Sentence 9: an aborted transaction whose records are gone (the log start moved
+        up to its marker here; the cleaner's removal, for the list) is named to the
+        partition by producer id and marker offset, and no fetch lists it any more."""
+        listed = self.registry.aborted_between(TOPIC, 0, self.log, 0, self.log.log_end_offset)
+        if not listed:
+            return
+        abort = data.draw(st.sampled_from(listed))
+        if abort.last_offset > self.model.log_start:
+            self.log.delete_records(abort.last_offset)  # its records go, the marker stays
+            self.model.log_start = abort.last_offset
+        note(f"cleaner forgets the abort of {abort.producer_id} at {abort.last_offset}")
+        self.registry.forget_aborted(TOPIC, 0, self.log, [(abort.producer_id, abort.last_offset)])
+        self.saved_snapshot = None  # forget_aborted deleted the snapshots on disk
+        self.forgotten.add((abort.producer_id, abort.last_offset))
+
+    @invariant()
+    def forgotten_aborts_are_not_listed(self) -> None:
+        listed = self.registry.aborted_between(TOPIC, 0, self.log, 0, self.log.log_end_offset)
+        named = {(a.producer_id, a.last_offset) for a in listed}
+        assert not named & self.forgotten, named & self.forgotten
+
     @rule(ms=st.sampled_from([60_000, 11 * 60_000, 25 * 60_000]))
     def time_passes(self, ms: int) -> None:
         """The clock moves; the registry sweeps expired producers at most every
@@ -293,6 +318,8 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         note(f"truncate to {wanted}: new end {new_end}")
         self.registry.discard_snapshot(TOPIC, 0, self.log)
         self.model.entries = [e for e in self.model.entries if e.offset < new_end]
+        # A forgotten abort's marker cut away: that offset may hold another one later.
+        self.forgotten = {f for f in self.forgotten if f[1] < new_end}
         self.last_lso = 0  # the LSO may go back on truncation, and only then
         self.saved_snapshot = None  # it may describe batches that are gone
         self._forget_below_the_log_start()

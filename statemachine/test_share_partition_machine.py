@@ -7,7 +7,8 @@ limit above the start offset) and counts a delivery; an acknowledgement of a ran
 refused (INVALID_RECORD_STATE, nothing changes) unless the member holds every offset of
 it; a release or a lock that runs out makes a record available again unless its
 deliveries are spent, then it is archived; accept and reject finish it. The start offset
-is the lowest unfinished offset delivered so far.
+is the lowest unfinished offset delivered so far. A log start moved by retention or
+DeleteRecords finishes every offset below it (``skip_to``: those records are gone).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class SharePartitionMachine(RuleBasedStateMachine):
         )
         #: Offsets below this were delivered at least once (the model's end offset).
         self.delivered_end = 0
+        #: The log's start offset (retention, DeleteRecords): below it nothing is left.
+        self.log_start = 0
 
     # -- the model's rules
     def finished(self, o: Offset) -> bool:
@@ -141,6 +144,21 @@ class SharePartitionMachine(RuleBasedStateMachine):
         for o in self.log:
             if o.state is RecordState.ACQUIRED and o.member == member:
                 self.give_back(o)
+
+    @rule(by=st.integers(1, 10))
+    def log_start_moves(self, by: int) -> None:
+        """Retention or DeleteRecords moved the log start: the offsets below it are gone,
+        finished whatever their state (an acquired one can no longer be acknowledged),
+        and the next acquisition starts at the log start at the lowest."""
+        target = min(self.log_start + by, len(self.log))
+        if target <= self.log_start:
+            return
+        self.sp.skip_to(target)
+        note(f"log start -> {target}")
+        for o in self.log[self.log_start : target]:
+            o.state, o.member = RecordState.ARCHIVED, None
+        self.log_start = target
+        self.delivered_end = max(self.delivered_end, target)
 
     @rule()
     def bad_acknowledgements(self) -> None:

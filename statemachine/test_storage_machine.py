@@ -32,7 +32,9 @@ never a mix, and a cut after it never brings truncated batches back.
 Producer state snapshots staged at offsets up to the log end (as a segment roll
 does) are on disk only once every offset below them is durable, whole, at most
 three, and never past the log's end, cut or not: no truncation or power cut leaves
-one describing batches the log no longer has.
+one describing batches the log no longer has. The cleaner's checkpoint (its first dirty
+offset, written as a cleaning pass ends, never past the durable end) is at most the
+log end after a truncation: appends after the cut are dirty.
 
 Scale with STORAGE_MACHINE_EXAMPLES (default 200 runs of up to 50 steps, about 10 s);
 a long hunt with random seeds needs pytest-timeout off::
@@ -62,6 +64,7 @@ from tests.powerloss import PowerCut
 from trio_broker.protocol.records import build_batch
 from trio_broker.storage.errors import OffsetOutOfRange
 from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.swap import CLEANER_CHECKPOINT, write_cleaner_checkpoint
 
 EXAMPLES = int(os.environ.get("STORAGE_MACHINE_EXAMPLES", "200"))
 
@@ -511,6 +514,24 @@ class StorageMachine(RuleBasedStateMachine):
         else:
             assert self.log.truncate_to(target) == want
             event("truncation cut", want < end)
+            # The cleaner's first dirty offset is lowered to the cut: appends after it
+            # are not clean (Kafka's maybeTruncateCheckpoint).
+            assert self._cleaner_checkpoint() <= want, (self._cleaner_checkpoint(), want)
+
+    def _cleaner_checkpoint(self) -> int:
+        try:
+            return int((self.directory / CLEANER_CHECKPOINT).read_text())
+        except FileNotFoundError:
+            return 0
+
+    @rule(where=st.floats(0, 1))
+    def cleaner_pass_ends(self, where: float) -> None:
+        """A cleaning pass's last step (storage/cleaner.py): the offset below which the
+        log is clean, never past what is durable (it cleans sealed, synced segments)."""
+        start, durable = self.model.log_start, self.model.durable_end
+        offset = start + int((durable - start) * where)
+        note(f"the cleaner cleaned below {offset}")
+        write_cleaner_checkpoint(self.directory, offset)
 
     @rule()
     def flush(self) -> None:
@@ -519,17 +540,44 @@ class StorageMachine(RuleBasedStateMachine):
         assert end == self.log.log_end_offset == self.model.log_end
         self.model.flush()
 
-    @rule(where=st.floats(0, 1))
-    def stage_producer_snapshot(self, where: float) -> None:
+    def _snapshot_offsets(self) -> set[int]:
+        return {
+            int(n.removesuffix(".snapshot"))
+            for n in os.listdir(self.directory)
+            if n.endswith(".snapshot")
+        }
+
+    @rule(where=st.floats(0, 1), at_base=st.booleans())
+    def stage_producer_snapshot(self, where: float, at_base: bool = False) -> None:
         """What a segment roll does (services/producers.py): the next flush that makes
-        every offset below ``offset`` durable writes the snapshot."""
+        every offset below ``offset`` durable writes the snapshot. ``at_base``: at a
+        segment's base offset, as a roll stages it (where retention moves the log start)."""
         assert self.log is not None
         start, end = self.model.log_start, self.model.log_end
         offset = start + int((end - start) * where)
+        if at_base:
+            bases = [seg.base for seg in self.model.segments if start <= seg.base <= end]
+            offset = bases[int(where * (len(bases) - 1))] if bases else offset
         data = b"snapshot %d at %d" % (sum(map(len, self.staged.values())), offset)
         self.staged.setdefault(offset, set()).add(data)
         note(f"stage a producer snapshot at {offset}")
         self.log.stage_producer_snapshot(offset, data)
+
+    @rule()
+    def snapshot_at_the_log_start(self) -> None:
+        """A producer snapshot at the log start itself (a roll's, at the first kept
+        segment's base after retention) stays once written: a restart loads the
+        producers of deleted batches from it (KAFKA-7190). Only those below the log
+        start go, and all but the newest three."""
+        assert self.log is not None
+        start = self.model.log_start
+        data = b"snapshot %d at the log start %d" % (sum(map(len, self.staged.values())), start)
+        self.staged.setdefault(start, set()).add(data)
+        self.log.stage_producer_snapshot(start, data)
+        self.flush()
+        on_disk = self._snapshot_offsets()
+        newer = [o for o in on_disk if o > start]
+        assert start in on_disk or len(newer) >= 3, (start, sorted(on_disk))
 
     @invariant()
     def producer_snapshots_describe_durable_batches(self) -> None:
@@ -605,8 +653,18 @@ class StorageMachine(RuleBasedStateMachine):
                 advance = times[0] - self.clock
         self.clock += advance
         before = self.log.segment_base_offsets()
+        snapshots_before = self._snapshot_offsets()
         doomed = [s.base for s in self.model.retention(self.clock)]
         deleted = self.log.apply_retention(self.clock)
+        # Retention drops the producer snapshots below the new log start and no other:
+        # the one at it (a segment roll's, at the first kept segment's base) is where a
+        # restart loads the producers whose batches retention just deleted.
+        snapshots_after = self._snapshot_offsets()
+        want = {o for o in snapshots_before if o >= self.model.log_start}
+        event("retention: a snapshot at the new log start", self.model.log_start in want)
+        assert want <= snapshots_after <= snapshots_before, (
+            snapshots_before, snapshots_after, self.model.log_start,
+        )  # fmt: skip
         kept = self.log.segment_base_offsets()
         files = set(os.listdir(self.directory))
         still_there = [b for b in doomed if b in kept or segment_file(b) in files]

@@ -34,13 +34,20 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
-from trio_broker.protocol.records import build_control_batch, iter_batches, read_control_marker
+from trio_broker.protocol.records import (
+    build_batch,
+    build_control_batch,
+    iter_batches,
+    read_control_marker,
+)
 from trio_broker.services.local_replication import OwnLog
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.memory import MemoryLog
 from trio_broker.transactions.coordinator import TransactionCoordinator
-from trio_broker.transactions.state import TxnState
+from trio_broker.transactions.log_format import encode_key, encode_value
+from trio_broker.transactions.state import EXHAUSTED_PRODUCER_EPOCH as EXHAUSTED_EPOCH
+from trio_broker.transactions.state import TxnMetadata, TxnState
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from spec.txn_coordinator_model import ModelCoordinator, ModelTxn
@@ -48,6 +55,8 @@ from spec.txn_coordinator_model import ModelCoordinator, ModelTxn
 _NO_TXN = ModelTxn(-1, -1)
 
 IDS = ("app-a", "app-b")
+#: An id only ``epoch_runs_out`` uses (its epoch starts near the top).
+OLD_ID = "app-old"
 PARTITIONS = [("t", 0), ("t", 1), ("u", 0)]
 GROUPS = ("g1", "g2")
 MAX_TIMEOUT_MS = 10_000
@@ -140,7 +149,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.model = ModelCoordinator(MAX_TIMEOUT_MS, now_ms=self.now)
         #: Producer instances: transactional id -> the (id, epoch) each got.
         self.instances: dict[str, list[tuple[int, int]]] = {tid: [] for tid in IDS}
-        self.epochs_seen: dict[str, int] = {}
+        self.epochs_seen: dict[tuple[str, int], int] = {}
 
     def teardown(self) -> None:
         for call in self.in_flight.values():
@@ -327,6 +336,34 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.add(tid, bumped, {PARTITIONS[0]}, None)
         self.init(tid, 2_000, which=first)
 
+    @precondition(lambda self: OLD_ID not in self.model.txns)
+    @rule(epoch=st.sampled_from([EXHAUSTED_EPOCH - 2, EXHAUSTED_EPOCH - 1]),
+          fence_first=st.booleans())  # fmt: skip
+    def epoch_runs_out(self, epoch: int, fence_first: bool) -> None:
+        """I2 by design: an id written long ago, its epoch near Short.MaxValue - 1 (no
+        run bumps 32k times), is loaded by a restart; new producers take it over until
+        its epoch runs out and it gets a new producer id. With ``fence_first`` a
+        transaction is open when the epoch reaches the limit, and the fence bumps past it."""
+        meta = TxnMetadata(OLD_ID, self._allocate(), producer_epoch=epoch, timeout_ms=2_000,
+                           last_update_ms=self.now)  # fmt: skip
+        batch = build_batch([(encode_key(OLD_ID), encode_value(meta))], base_timestamp=self.now)
+        self.txn_log.append(batch, now_ms=self.now)
+        for call in self.in_flight.values():
+            call.close()  # the restart that loads it
+        self.in_flight.clear()
+        self.model.restart()
+        self.coordinator = self._open()
+        self.model.txns[OLD_ID] = ModelTxn(meta.producer_id, epoch, timeout_ms=2_000,
+                                           updated_ms=self.now)  # fmt: skip
+        self.instances[OLD_ID] = [(meta.producer_id, epoch)]
+        for _ in range(EXHAUSTED_EPOCH - epoch):
+            self.init(OLD_ID, 2_000)
+        if fence_first:
+            self.add(OLD_ID, -1, {PARTITIONS[0]}, None)
+            self.init(OLD_ID, 2_000)  # fenced: the epoch goes past the limit
+        self.init(OLD_ID, 2_000)
+        event("epoch ran out", str(self.model.txns[OLD_ID].epoch))
+
     @rule(ms=st.sampled_from([500, 2_001, 5_001]))
     def time_passes(self, ms: int) -> None:
         self.now += ms
@@ -335,8 +372,8 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.model.expire_timed_out(self.now)
         run(self.coordinator.expire_ids())
         self.model.expire_ids(EXPIRATION_MS)
-        for tid in [t for t in self.epochs_seen if t not in self.model.txns]:
-            del self.epochs_seen[tid]  # forgotten: its next producer id starts at epoch 0
+        for key in [k for k in self.epochs_seen if k[0] not in self.model.txns]:
+            del self.epochs_seen[key]  # forgotten: its next producer id starts at epoch 0
 
     @rule()
     def restart(self) -> None:
@@ -361,9 +398,10 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             assert meta.partitions == frozenset(txn.partitions)
             assert self.coordinator.is_pending(tid) == txn.pending
             assert meta.groups == frozenset(txn.groups)
-            # Epochs never go back.
-            assert meta.producer_epoch >= self.epochs_seen.get(tid, -1)
-            self.epochs_seen[tid] = meta.producer_epoch
+            # Epochs never go back (for one producer id: I2's new id starts at 0).
+            key = (tid, meta.producer_id)
+            assert meta.producer_epoch >= self.epochs_seen.get(key, -1)
+            self.epochs_seen[key] = meta.producer_epoch
 
     @invariant()
     def same_markers_and_groups(self) -> None:

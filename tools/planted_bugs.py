@@ -14,6 +14,7 @@ models miss, the module's own unit tests:
     python tools/planted_bugs.py --fifth          # the fifth set (FIFTH)
     python tools/planted_bugs.py --sixth          # the sixth set (SIXTH)
     python tools/planted_bugs.py --seventh        # the seventh set (SEVENTH)
+    python tools/planted_bugs.py --eighth         # the eighth set (EIGHTH)
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
 
@@ -1070,6 +1071,158 @@ SEVENTH = (
 )
 
 
+#: The eighth set (h-formal9), written and committed before its one scoring run; none a
+#: variant of the 87 above.
+EIGHTH = (
+    Bug(
+        "producer-expires-one-ms-late",
+        "trio_broker/state/producer.py",
+        "if pid not in ongoing and now_ms - (self.last_timestamp(pid) or 0) >= expiration_ms",
+        "if pid not in ongoing and now_ms - (self.last_timestamp(pid) or 0) > expiration_ms",
+        "a producer silent for exactly producer.id.expiration.ms is kept (Kafka's "
+        "isProducerExpired: at that age it is gone)",
+        (PRODUCER_MACHINE, PARTITION_TXN_MACHINE),
+        (
+            "tests/unit/state/test_producer_state.py tests/unit/state/test_producer_state_registry.py",
+        ),
+    ),
+    Bug(
+        "forget-aborted-by-first-offset",
+        "trio_broker/state/partition_txns.py",
+        "if (a.producer_id, a.last_offset) not in doomed]",
+        "if (a.producer_id, a.first_offset) not in doomed]",
+        "the cleaner's removed aborted transactions (named by marker offset) are matched "
+        "on their first offset: none is forgotten, and fetches name aborts whose marker is "
+        "gone (a consumer skips the producer's later records)",
+        (PARTITION_TXN_MACHINE,),
+        ("tests/unit/state/test_partition_txns.py",),
+    ),
+    Bug(
+        "add-offsets-group-not-recorded",
+        "trio_broker/transactions/state.py",
+        "    if current.state == S.ONGOING and (new_partitions, new_groups) == (\n"
+        "        current.partitions,\n"
+        "        current.groups,\n"
+        "    ):\n",
+        "    if current.state == S.ONGOING and new_partitions == current.partitions:\n",
+        "AddOffsetsToTxn for a new group in an open transaction whose partitions it does "
+        "not change writes nothing: the group's offsets are not committed with it",
+        (TXN_COORDINATOR_MACHINE,),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
+    ),
+    Bug(
+        "epoch-exhaustion-one-late",
+        "trio_broker/transactions/state.py",
+        "    if meta.producer_epoch < EXHAUSTED_PRODUCER_EPOCH:\n",
+        "    if meta.producer_epoch <= EXHAUSTED_PRODUCER_EPOCH:\n",
+        "InitProducerId bumps to Short.MaxValue instead of taking a new producer id at "
+        "Short.MaxValue - 1: the next fence cannot bump the epoch",
+        (TXN_COORDINATOR_MACHINE,),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
+    ),
+    Bug(
+        "caught-up-measured-against-hw",
+        "trio_broker/replication/leader.py",
+        "        if fetch_offset >= self.log_end_offset:\n            progress.last_caught_up_ms = now_ms\n",
+        "        if fetch_offset >= self.high_watermark:\n            progress.last_caught_up_ms = now_ms\n",
+        "a follower counts as caught up when it reaches the HW, not the leader's log end: "
+        "the slowest ISR member sets the HW, so it is never dropped and acks=all stall",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_UNIT,),
+    ),
+    Bug(
+        "follower-log-start-past-hw",
+        "trio_broker/replication/fetcher_rules.py",
+        "    if log_start < leader_log_start <= high_watermark:\n",
+        "    if log_start < leader_log_start:\n",
+        "a follower moves its log start up to the leader's even past its own HW (Kafka "
+        "refuses a log start above the HW)",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/replication/test_fetcher_rules.py",),
+    ),
+    Bug(
+        "reassignment-done-at-first-joiner",
+        "trio_broker/replication/controller_rules.py",
+        "all(r in state.isr for r in moving.adding)",
+        "any(r in state.isr for r in moving.adding)",
+        "a move adding several replicas ends (the leaving replicas go) once one of them is "
+        "in sync, not all: the partition is left under-replicated",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/replication/test_reassignment_rules.py",),
+    ),
+    Bug(
+        "epoch-cache-start-only-when-empty",
+        "trio_broker/storage/epoch_cache.py",
+        "        if older and not (keep and keep[0].start_offset == start_offset):\n",
+        "        if older and not keep:\n",
+        "a moved log start inside an older epoch drops that epoch instead of moving its "
+        "start up (only a log start past every epoch keeps one): the offsets between the "
+        "new start and the next epoch belong to none",
+        (STORAGE_MACHINE, REPLICATION_MACHINE),
+        (
+            "tests/unit/replication/test_replication_rules.py tests/unit/storage/test_follower_storage.py",
+        ),
+    ),
+    Bug(
+        "truncation-keeps-cleaner-checkpoint",
+        "trio_broker/storage/log_truncation.py",
+        "                if read_cleaner_checkpoint(self.directory) > new_end:\n"
+        "                    write_cleaner_checkpoint(self.directory, new_end)\n",
+        "",
+        "a truncation leaves the cleaner's checkpoint above the new log end: records "
+        "appended after the cut count as cleaned, and duplicates of a key stay",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "snapshot-at-log-start-pruned",
+        "trio_broker/storage/log_snapshots.py",
+        "if offset < self.log_start_offset or offset not in keep:",
+        "if offset <= self.log_start_offset or offset not in keep:",
+        "the producer snapshot named at the log start is pruned with those below it: a "
+        "restart rebuilds from the log start without the producers whose batches are gone",
+        (STORAGE_MACHINE, PRODUCER_MACHINE),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "share-skip-leaves-end-behind",
+        "trio_broker/state/share_partition.py",
+        "        self.end_offset = max(self.end_offset, log_start_offset)\n",
+        "",
+        "a share partition skipped past records deleted from the log keeps its end below "
+        "its new start: the next acquire hands out deleted offsets",
+        (SHARE_PARTITION_MACHINE,),
+        ("tests/unit/groups/test_share_state.py tests/unit/groups/test_share_group.py",),
+    ),
+    Bug(
+        "stale-assignment-write-applied",
+        "trio_broker/state/group.py",
+        "            or generation_id != self.generation_id\n",
+        "",
+        "a classic group's assignment write of an older generation, ending while a newer "
+        "one awaits its own write, is taken for that one (Kafka drops it): the newer "
+        "assignment counts as stored before its write ends, and stays if it fails",
+        (GROUP_MACHINE,),
+        ("tests/unit/groups/test_group_state.py tests/unit/state/test_group_state_edges.py",),
+    ),
+    Bug(
+        "previous-epoch-heartbeat-owned-unchecked",
+        "trio_broker/state/consumer_group.py",
+        "if received != member.previous_epoch or owned is None or not owned <= member.assigned:",
+        "if received != member.previous_epoch or owned is None:",
+        "a KIP-848 heartbeat at the previous member epoch is accepted though it reports "
+        "partitions beyond the member's assignment (Kafka fences it: it may still consume "
+        "partitions given to another)",
+        (CONSUMER_GROUP_MACHINE,),
+        ("tests/unit/state/test_consumer_group_regex.py",),
+    ),
+)
+
+
 def copy_tree(dest: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".",
@@ -1116,10 +1269,13 @@ def main() -> int:
     parser.add_argument("--fifth", action="store_true", help="the fifth set (FIFTH) only")
     parser.add_argument("--sixth", action="store_true", help="the sixth set (SIXTH) only")
     parser.add_argument("--seventh", action="store_true", help="the seventh set (SEVENTH) only")
+    parser.add_argument("--eighth", action="store_true", help="the eighth set (EIGHTH) only")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
-    every = (*BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH)
-    if args.seventh:
+    every = (*BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH, *EIGHTH)
+    if args.eighth:
+        chosen = list(EIGHTH)
+    elif args.seventh:
         chosen = list(SEVENTH)
     elif args.sixth:
         chosen = list(SIXTH)

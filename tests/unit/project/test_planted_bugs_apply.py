@@ -38,6 +38,7 @@ EVERY: tuple[PlantedBug, ...] = (
     *_tool.FIFTH,
     *_tool.SIXTH,
     *_tool.SEVENTH,
+    *_tool.EIGHTH,
 )
 
 
