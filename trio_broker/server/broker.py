@@ -512,6 +512,7 @@ class Broker:
                         lso,
                         tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted),
                         self.producers.active_producers(name, partition, log_),
+                        high_watermark=hw,
                     )
         return None
 
@@ -542,11 +543,17 @@ class Broker:
         while True:
             await trio.sleep(interval)
             now = self.now_ms()
-            for log_ in self.topics.all_logs():
-                try:
-                    log_.apply_retention(now)
-                except OSError:
-                    log.exception("retention failed")
+            for name, topic in list(self.topics.topics.items()):
+                for partition, log_ in enumerate(topic.logs):
+                    # Only what this replica knows committed (Kafka's deletableSegments):
+                    # a leader never deletes records a follower may still need to copy.
+                    hw = self.replication.replica_high_watermark(name, partition)
+                    if hw is None:
+                        continue  # neither leader nor follower here now
+                    try:
+                        log_.apply_retention(now, hw)
+                    except OSError:
+                        log.exception("retention failed")
 
     async def shutdown(self) -> None:
         """Stop accepting, let in-flight requests finish (bounded), then stop everything."""

@@ -179,7 +179,9 @@ class LogCleaner:
             # Closes the replaced segments' descriptors once file.delete.delay.ms is over
             # (the offsets log has no retention task of its own to do it).
             try:
-                target.apply_retention(self._now_ms())
+                target.apply_retention(
+                    self._now_ms(), txns.high_watermark if txns is not None else None
+                )
             except (OSError, StorageError):
                 log.exception("retention after cleaning %s failed", target.directory)
             if result.aborts_without_data and self._forget_aborted is not None:

@@ -195,6 +195,9 @@ class TransactionFacts:
     #: producer.id.expiration.ms): only their last batches are kept whole (Kafka's
     #: lastRecordsOfActiveProducers). None: not known, every producer's are kept.
     active_producers: frozenset[int] | None = None
+    #: The replica's high watermark: retention after a pass deletes no segment reaching
+    #: above it. None: the whole log is committed.
+    high_watermark: int | None = None
 
     def is_aborted(self, batch: RecordBatchView) -> bool:
         """Whether ``batch`` is data of an aborted transaction."""

@@ -16,10 +16,11 @@ from trio_broker.storage.segment import segments_to_delete
 class Retention(ProducerSnapshots):
     """``apply_retention`` and ``delete_records``."""
 
-    def apply_retention(self, now_ms: int) -> int:
+    def apply_retention(self, now_ms: int, high_watermark: int | None = None) -> int:
         """Delete whole old segments by retention.ms / retention.bytes / log start offset.
 
-        Never deletes the active segment. Returns how many segments went.
+        Never deletes the active segment, nor one reaching above ``high_watermark``
+        (a replica's; None: everything is committed). Returns how many segments went.
         """
         self._close_retired(now_ms)
         if self._closed:
@@ -28,11 +29,11 @@ class Retention(ProducerSnapshots):
         if not self.cleaning_lock.acquire(blocking=False):
             return 0
         try:
-            return self._apply_retention(now_ms)
+            return self._apply_retention(now_ms, high_watermark)
         finally:
             self.cleaning_lock.release()
 
-    def _apply_retention(self, now_ms: int) -> int:
+    def _apply_retention(self, now_ms: int, high_watermark: int | None) -> int:
         with self._lock:
             segments = self._segments
             # Age and size retention belong to the "delete" policy; a compact-only
@@ -46,6 +47,7 @@ class Retention(ProducerSnapshots):
                 now_ms=now_ms,
                 retention_ms=self.config.retention_ms if by_policy else None,
                 retention_bytes=self.config.retention_bytes if by_policy else None,
+                high_watermark=high_watermark,
             )
             if count == 0:
                 return 0

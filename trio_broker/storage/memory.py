@@ -238,7 +238,7 @@ class MemoryLog:
         return self.durable_end_offset
 
     # -- retention
-    def apply_retention(self, now_ms: int) -> int:
+    def apply_retention(self, now_ms: int, high_watermark: int | None = None) -> int:
         segments = self._segments
         count = segments_to_delete(
             [s.size for s in segments],
@@ -248,6 +248,7 @@ class MemoryLog:
             now_ms=now_ms,
             retention_ms=self.config.retention_ms,
             retention_bytes=self.config.retention_bytes,
+            high_watermark=high_watermark,
         )
         if count:
             del segments[:count]

@@ -335,6 +335,7 @@ def segments_to_delete(
     now_ms: int,
     retention_ms: int | None,
     retention_bytes: int | None,
+    high_watermark: int | None = None,
 ) -> int:
     """How many of the oldest segments retention removes (never the last, active one).
 
@@ -343,16 +344,22 @@ def segments_to_delete(
     ``retention_ms``, or the log without it still holds at least ``retention_bytes``.
     The rules are checked together, segment by segment: timestamps need not grow
     from one segment to the next, so a segment the time rule allows may follow one
-    only the size rule allows.
+    only the size rule allows. Whatever the rules say, a segment goes only once it
+    lies wholly below ``high_watermark`` (Kafka's ``deletableSegments``): a leader never
+    deletes records its followers may not have yet. None: the whole log is committed
+    (a node alone).
 
     pre: len(sizes) == len(next_offsets) == len(timestamps)
     post: 0 <= __return__ <= max(0, len(sizes) - 1)
+    post: high_watermark is None or __return__ == 0 or next_offsets[__return__ - 1] <= high_watermark
     """
     candidates = len(sizes) - 1
     remaining = sum(sizes)  # of the segments from ``count`` on
     count = 0
     while count < candidates:
         without = remaining - sizes[count]
+        if high_watermark is not None and next_offsets[count] > high_watermark:
+            break  # not yet committed: kept whatever the rules say
         if not (
             next_offsets[count] <= log_start_offset
             or (retention_ms is not None and now_ms - timestamps[count] > retention_ms)

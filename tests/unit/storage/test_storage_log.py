@@ -515,6 +515,29 @@ def test_retention_by_time_keeps_the_active_segment(logdir: Path) -> None:
     reopened.close()
 
 
+@pytest.mark.parametrize("storage", ["file", "memory"])
+def test_retention_deletes_nothing_above_the_high_watermark(logdir: Path, storage: str) -> None:
+    """Kafka's deletableSegments: a segment goes only once it lies wholly below the
+    replica's high watermark, whatever retention.bytes or retention.ms say: a leader
+    must not delete records its followers may not have copied yet."""
+    config = LogConfig(
+        segment_bytes=600, index_interval_bytes=100, retention_ms=1000, retention_bytes=600
+    )
+    log = PartitionLog.open(logdir, config) if storage == "file" else MemoryLog(config)
+    for i in range(20):
+        log.append(batch(1, 200, ts=i * 100), now_ms=i * 100)
+    bases = log.segment_base_offsets()
+    assert len(bases) > 4
+    high_watermark = bases[2]  # the first two segments are committed, the rest not yet
+    assert log.apply_retention(now_ms=10**9, high_watermark=high_watermark) == 2
+    assert log.segment_base_offsets() == bases[2:]
+    assert log.log_start_offset == high_watermark
+    # Once the high watermark moves on, the same rules delete the rest but the active one.
+    assert log.apply_retention(now_ms=10**9, high_watermark=log.log_end_offset) == len(bases) - 3
+    assert log.segment_base_offsets() == bases[-1:]
+    log.close()
+
+
 def test_retention_by_size(logdir: Path) -> None:
     config = LogConfig(
         segment_bytes=1000, index_interval_bytes=100, retention_ms=None, retention_bytes=2500
