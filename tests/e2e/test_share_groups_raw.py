@@ -8,6 +8,7 @@ topic id, and a delivery's acquired ranges and delivery counts.
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -137,3 +138,51 @@ def test_share_group_requests_and_their_errors(broker_process: BrokerProcess) ->
             protocols=[m.JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"")]))  # fmt: skip
         assert classic.error_code in (ErrorCode.NONE, ErrorCode.MEMBER_ID_REQUIRED)
         assert beat(group_id=f"classic-{group}").error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
+def test_a_leave_keeps_the_share_session_until_its_last_request_or_connection(
+    broker_process: BrokerProcess,
+) -> None:
+    """As Kafka: membership and share sessions are apart. librdkafka's close() sends its
+    leave and its last acknowledgements (ShareAcknowledge, epoch -1) at once on two
+    connections; taken in that order the acknowledgements still land (before the fix:
+    SHARE_SESSION_NOT_FOUND, and the leave had given the records back). A session
+    whose member left without its last request ends with the connection that opened
+    it, giving back what it held at once (the locks here last 30 s)."""
+    topic, group = f"kip932-{uuid.uuid4().hex[:8]}", f"share-{uuid.uuid4().hex[:8]}"
+    make_topic(broker_process.bootstrap, topic, 0)
+
+    def beat(conn: Any, member: str, epoch: int) -> Any:
+        return conn.request(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, HB(
+            group_id=group, member_id=member, member_epoch=epoch,
+            subscribed_topic_names=[topic] if epoch == 0 else None))  # fmt: skip
+
+    def acquired(answer: Any) -> list[tuple[int, int, int]]:
+        part = answer.responses[0].partitions[0]
+        return [(a.first_offset, a.last_offset, a.delivery_count) for a in part.acquired_records]
+
+    with broker_process.connect() as coordinator, broker_process.connect() as leader:
+        assert beat(coordinator, "m1", 0).error_code == ErrorCode.NONE
+        topic_id = topic_id_of(coordinator, topic)
+        with KafkaProducer(bootstrap_servers=broker_process.bootstrap) as producer:
+            for i in range(4):
+                producer.send(topic, value=b"v%d" % i, partition=0)
+            producer.flush()
+        assert acquired(fetch(leader, group, "m1", 0, topic_id)) == [(0, 2, 1)]
+        assert beat(coordinator, "m1", -1).error_code == ErrorCode.NONE  # the leave first
+        closed = acknowledge(leader, group, "m1", -1, topic_id, [(0, 2, [1, 2, 3])])
+        assert closed.error_code == ErrorCode.NONE
+        assert closed.responses[0].partitions[0].error_code == ErrorCode.NONE
+        # m2 gets the released offset 1 again and offset 3; 0 was accepted, 2 rejected.
+        assert beat(coordinator, "m2", 0).error_code == ErrorCode.NONE
+        with broker_process.connect() as lost:
+            taken = fetch(lost, group, "m2", 0, topic_id)
+            assert acquired(taken) == [(1, 1, 2), (3, 3, 1)]
+            assert beat(coordinator, "m2", -1).error_code == ErrorCode.NONE
+        # m2 left and its connection closed without an epoch -1 request: m3 gets what
+        # m2 held at once, not after the 30 s locks.
+        assert beat(coordinator, "m3", 0).error_code == ErrorCode.NONE
+        deadline = time.monotonic() + 10
+        while not acquired(again := fetch(leader, group, "m3", 0, topic_id)):
+            assert time.monotonic() < deadline, "m2's records not given back"
+        assert acquired(again) == [(1, 1, 3), (3, 3, 2)]

@@ -20,7 +20,6 @@ import attrs
 from trio_broker.groups.share_state import ShareKey, ShareSnapshot, ShareStateStore, restore
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_group import (
-    LEAVE_EPOCH,
     ShareGroup,
     ShareHeartbeat,
     ShareHeartbeatResult,
@@ -45,6 +44,9 @@ class ShareSession:
     epoch: int
     #: (topic id, partition) the member fetches from, across requests.
     partitions: set[tuple[uuid.UUID, int]] = attrs.field(factory=set)
+    #: The connection that opened it: its close ends the session (Kafka's
+    #: ShareSessionCache ties a session to the connection that created it).
+    connection_id: int | None = None
 
 
 @attrs.define
@@ -161,9 +163,11 @@ class ShareGroups:
         # reason for a new group epoch.
         wanted = group.subscribed_topics() | set(hb.subscribed or ())
         relevant = {t: n for t, (_, n) in metadata.items() if t in wanted}
+        # A member leaving keeps its share session, as in Kafka (membership and share
+        # sessions are apart): a client sends its leave and its session's last
+        # acknowledgements at once (librdkafka on two connections), and those must
+        # still land. The session ends with its epoch -1 request or its connection.
         result = group.heartbeat(hb, relevant, now_ms)
-        if result.error is ErrorCode.NONE and hb.member_epoch == LEAVE_EPOCH:
-            self._member_gone(group_id, hb.member_id)
         for topic, partition in result.assignment or ():
             known = metadata.get(topic)
             if known is not None and (group_id, known[0], partition) not in self.partitions:
@@ -208,11 +212,22 @@ class ShareGroups:
             return ErrorCode.INVALID_SHARE_SESSION_EPOCH
         return ErrorCode.NONE
 
-    def open_session(self, group_id: str, member_id: str) -> ShareSession:
+    def open_session(
+        self, group_id: str, member_id: str, connection_id: int | None = None
+    ) -> ShareSession:
         # A member reopening its session gives back what it held in the old one.
         self.close_session(group_id, member_id)
-        session = self.sessions[(group_id, member_id)] = ShareSession(next_epoch(OPEN_SESSION))
+        session = ShareSession(next_epoch(OPEN_SESSION), connection_id=connection_id)
+        self.sessions[(group_id, member_id)] = session
         return session
+
+    def connection_closed(self, connection_id: int) -> None:
+        """The sessions that connection opened end, giving back what they held (what a
+        member that left without its session's last request still held, at once)."""
+        for group_id, member_id in [
+            k for k, s in self.sessions.items() if s.connection_id == connection_id
+        ]:
+            self.close_session(group_id, member_id)
 
     def session(self, group_id: str, member_id: str) -> ShareSession | None:
         return self.sessions.get((group_id, member_id))

@@ -204,7 +204,7 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
         if has_acks:
             return top_level(ctx, ErrorCode.INVALID_REQUEST,
                              "Acknowledgements are not allowed in the request opening a session.")  # fmt: skip
-        session = shares.open_session(group_id, member_id)
+        session = shares.open_session(group_id, member_id, ctx.client.connection_id)
     else:
         if (error := shares.session_error(group_id, member_id, epoch)) is not ErrorCode.NONE:
             return top_level(ctx, error)

@@ -132,6 +132,8 @@ class Connection:
         finally:
             self.closed = True
             self._release_all_memory()
+            # Share sessions this connection opened end with it (as in Kafka).
+            self.broker.shares.connection_closed(self.id)
             self.sock.close()
 
     def close(self, reason: str) -> None:

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     import trio
 
     from trio_broker.config import BrokerConfig
+    from trio_broker.groups.share import ShareGroups
     from trio_broker.handlers.base import HandlerSpec, Services
     from trio_broker.protocol.messages import RequestHeader
     from trio_broker.security.credentials import CredentialStore
@@ -64,3 +65,5 @@ class ConnectionHost(Protocol):
     def credentials(self) -> CredentialStore: ...
     @property
     def sasl_decoy_secret(self) -> bytes: ...
+    @property
+    def shares(self) -> ShareGroups: ...

@@ -79,3 +79,25 @@ def test_an_expired_member_gives_back_what_it_held() -> None:
     assert shares.session("g", "a") is None
     again = share_partition.acquire("b", 10, 5, 101)
     assert [(r.first_offset, r.last_offset, r.delivery_count) for r in again] == [(7, 9, 2)]
+
+
+def test_a_leave_keeps_the_share_session_and_its_connection_ends_it() -> None:
+    shares = ShareGroups(ShareGroupsConfig(record_lock_duration_ms=10_000))
+    hb = ShareHeartbeat("a", 0, None, ("t",))
+    assert shares.heartbeat("g", hb, META_WITH_IDS, lambda t, p: 0, 0).error is ErrorCode.NONE
+    share_partition = shares.partition("g", TOPIC_IDS["t"], 0)
+    assert share_partition is not None
+    shares.open_session("g", "a", connection_id=7)
+    assert [r.last_offset for r in share_partition.acquire("a", 3, 5, 0)] == [2]
+    leave = ShareHeartbeat("a", -1, None, None)
+    assert shares.heartbeat("g", leave, META_WITH_IDS, lambda t, p: 0, 1).error is ErrorCode.NONE
+    # The session's last acknowledgements may still come (librdkafka sends them with the
+    # leave): the session and what it holds outlive the leave.
+    assert shares.session_error("g", "a", -1) is ErrorCode.NONE
+    assert share_partition.acquire("b", 3, 5, 2) == []
+    shares.connection_closed(8)  # another connection: nothing changes
+    assert shares.session("g", "a") is not None
+    shares.connection_closed(7)
+    assert shares.session("g", "a") is None
+    again = share_partition.acquire("b", 3, 5, 3)
+    assert [(r.first_offset, r.last_offset, r.delivery_count) for r in again] == [(0, 2, 2)]
