@@ -527,13 +527,13 @@ class ReplicaManager:
             return True
         try:
             try:
-                in_cluster, _ = await self.coord.children_and_watch(TOPICS)
+                in_zookeeper, _ = await self.coord.children_and_watch(TOPICS)
             except NoNode:
-                in_cluster = []
+                in_zookeeper = []
         except CoordinationError as exc:
             log.info("looking for stray topics: %s", exc)
             return False
-        if not in_cluster:  # a new or wiped ZooKeeper more likely than every topic deleted
+        if not in_zookeeper:  # a new or wiped ZooKeeper more likely than every topic deleted
             log.warning("ZooKeeper holds no topic at all: keeping the %d local topic(s) "
                         "(delete them by hand if the cluster really deleted them)",
                         len(candidates))  # fmt: skip

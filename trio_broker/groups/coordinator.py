@@ -25,12 +25,14 @@ coordinator that loads the log (at startup, or on becoming the leader of the par
 restores each group as stored: Stable with its members, whose heartbeats go on without
 a rebalance.
 
-Alone, this node coordinates every group from one table (``<data_dir>/__consumer_offsets-0``).
-In a cluster (docs/cluster.md, "Consumer groups in a cluster") it coordinates the groups
-whose ``__consumer_offsets`` partition it leads: the replica manager tells it
-(:meth:`GroupCoordinator.elected` / :meth:`GroupCoordinator.resigned`), each led
-partition's table is replayed from that partition's log in the background, and its
-writes count once they are below the partition's high watermark.
+One path for one broker and many (docs/architecture.md): the coordinator coordinates the
+groups whose ``__consumer_offsets`` partition it leads. Whoever leads the partitions tells
+it (:meth:`GroupCoordinator.elected` / :meth:`GroupCoordinator.resigned`): in a cluster
+the replica manager (docs/cluster.md, "Consumer groups in a cluster"); a node alone is a
+cluster of one whose offsets topic has one partition, kept in ``<data_dir>/__consumer_offsets-0``
+and led from the start (``groups/own_offsets.py``). Each led partition's table is replayed
+from its log in the background, and its writes count once synced and below the
+partition's high watermark (alone, the log end), within ``offsets.commit.timeout.ms``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -59,6 +61,7 @@ from trio_broker.groups.offsets_store import (
 from trio_broker.partition.append import Appended, Replication
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
+from trio_broker.services.cluster_view import PartitionInfo
 from trio_broker.services.internal_topics import (
     CONSUMER_OFFSETS,
     NotCommitted,
@@ -66,7 +69,6 @@ from trio_broker.services.internal_topics import (
     partition_for,
     wait_counted,
 )
-from trio_broker.services.local_replication import OwnLog
 from trio_broker.state.consumer_group import (
     CONSUMER_PROTOCOL_TYPE,
     JOIN_EPOCH,
@@ -150,13 +152,28 @@ def trio_clock_ms() -> int:
     return int(trio.current_time() * 1000)
 
 
+class OffsetsLeaders(Replication, Protocol):
+    """Who leads the ``__consumer_offsets`` partitions, as the coordinator asks it: in a
+    cluster the replica manager (``services.leaders``; ``LeadsNothing`` out of the
+    cluster), alone ``OwnOffsets`` (a cluster of one, groups/own_offsets.py)."""
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        """The partition's replicas and leader, as FindCoordinator answers them."""
+        ...
+
+    def about_to_lead(self, topic: str, partition: int) -> bool:
+        """This broker is named leader but its term has not begun yet."""
+        ...
+
+
 @attrs.define(eq=False)
 class LedPartition:
-    """A ``__consumer_offsets`` partition this broker leads (cluster mode)."""
+    """A ``__consumer_offsets`` partition this broker leads."""
 
     partition: int
     leader_epoch: int
-    #: The partition's log (the topic manager's replica; never closed here).
+    #: The partition's log (the topic manager's replica, or a node alone's own file:
+    #: never closed here).
     log: Log
     #: None while the table loads from the log: its groups answer
     #: COORDINATOR_LOAD_IN_PROGRESS meanwhile.
@@ -167,7 +184,17 @@ class LedPartition:
 class GroupCoordinator:
     """Register with ``broker.services``; started by ``Broker.run``."""
 
-    def __init__(self, broker: Any, *, clock_ms: Callable[[], int] = trio_clock_ms) -> None:
+    def __init__(
+        self,
+        broker: Any,
+        *,
+        offsets_partitions: int,
+        leaders: Callable[[], OffsetsLeaders],
+        clock_ms: Callable[[], int] = trio_clock_ms,
+    ) -> None:
+        """``offsets_partitions``: the ``__consumer_offsets`` partition count every
+        broker routes groups by (offsets.topic.num.partitions in a cluster; 1 alone);
+        ``leaders``: who leads them now (:class:`OffsetsLeaders`)."""
         self.broker = broker
         config = broker.config
         self.group_config = GroupConfig(
@@ -189,7 +216,6 @@ class GroupCoordinator:
             heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
             assignors=tuple(config.group_consumer_assignors),
         )
-        self.offsets: OffsetsStore | None = None
         #: Called with a StableGeneration whenever a group becomes Stable.
         self.observers: list[Callable[[StableGeneration], None]] = []
         self._wakeup = trio.Event()
@@ -197,22 +223,12 @@ class GroupCoordinator:
         #: (group id, producer id) -> staged transactional offsets appended but not yet
         #: applied: a transaction's end waits for them, so it ends what the producer staged.
         self._staging: dict[tuple[str, int], list[PendingWrite]] = {}
-        #: Cluster mode: the groups live in the replicated ``__consumer_offsets`` topic, one
-        #: table per partition this broker leads; alone, one table in ``offsets``.
-        self.in_cluster: bool = config.zookeeper_connect is not None
-        #: The leadership a table's writes go through, one write path for both: in a
-        #: cluster the broker's (``services.leaders``); alone the table's own log, a
-        #: cluster of one (``OwnLog``), as a node alone's transaction log.
-        self._replication_of: Callable[[OffsetsStore], Replication] = (
-            self._leaders if self.in_cluster else self._own_log
-        )
-        #: How long a write may take to count: offsets.commit.timeout.ms bounds the wait
-        #: for the followers (Kafka's acks=-1 append); alone there are none, and the
-        #: fsync is waited for as long as it takes.
-        self.commit_timeout_s: float = (
-            config.offsets_commit_timeout_ms / 1000 if self.in_cluster else math.inf
-        )
-        self.offsets_partitions: int = config.offsets_topic_num_partitions
+        #: Every table's writes go through the partitions' leadership, one path for one
+        #: broker and many; a write counts within offsets.commit.timeout.ms (Kafka's
+        #: acks=-1 append of a group coordinator's records).
+        self.leaders = leaders
+        self.commit_timeout_s: float = config.offsets_commit_timeout_ms / 1000
+        self.offsets_partitions: int = offsets_partitions
         #: partition -> its table, for each led ``__consumer_offsets`` partition.
         self.led: dict[int, LedPartition] = {}
         #: group -> its latest metadata write made without a waiter, until someone waits.
@@ -221,30 +237,11 @@ class GroupCoordinator:
         #: down), when work that would start a task here is dropped (:meth:`_start_soon`).
         self._nursery: trio.Nursery | None = None
         self._stopped = False
-        if self.in_cluster:
-            listeners = getattr(broker, "leadership_listeners", None)
-            if listeners is not None:  # the replica manager takes them when the node joins
-                listeners[CONSUMER_OFFSETS] = self
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _open_offsets(self) -> OffsetsStore:
-        broker = self.broker
-        data_dir = broker.config.data_dir if broker.config.storage == "file" else None
-        return OffsetsStore.open(data_dir, broker.log_defaults)
-
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Load offsets (clients see the coordinator only after), then run the timers.
-
-        In a cluster nothing is loaded here: tables come with leadership (:meth:`elected`),
-        and ``<data_dir>/__consumer_offsets-0`` is partition 0 of the replicated topic.
-        """
-        if not self.in_cluster:
-            if self.offsets is None:
-                self.offsets = await trio.to_thread.run_sync(self._open_offsets)
-            for group_id in self.offsets.group_ids():
-                self._restore(group_id, self.offsets)
-                self._restore_consumer_group(group_id, self.offsets)
+        """Run the timers; tables come with leadership (:meth:`elected`)."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -268,18 +265,29 @@ class GroupCoordinator:
         self._nursery.start_soon(fn, *args, name=name)
         return True
 
-    def close(self) -> None:
-        if self.offsets is not None:
-            self.offsets.close()
-            self.offsets = None
+    async def wait_loaded(self, partition: int) -> bool:
+        """Wait until the led partition's table is loaded: True, or False when it is not
+        led (any more) or could not be loaded."""
+        led = self.led.get(partition)
+        if led is None:
+            return False
+        await led.loaded.wait()
+        return self.led.get(partition) is led and led.store is not None
+
+    @property
+    def offsets(self) -> OffsetsStore | None:
+        """The table of ``__consumer_offsets-0`` when loaded here (a node alone's only one)."""
+        led = self.led.get(0)
+        return None if led is None else led.store
 
     @property
     def store(self) -> OffsetsStore:
+        """:attr:`offsets`, which must be there."""
         if self.offsets is None:
-            raise RuntimeError("group coordinator is not running")
+            raise RuntimeError("the group coordinator does not lead __consumer_offsets-0")
         return self.offsets
 
-    # ------------------------------------------------------------------ cluster: which groups
+    # ------------------------------------------------------------------ which groups
 
     def partition_of(self, group_id: str) -> int:
         """The ``__consumer_offsets`` partition holding the group (Kafka's hash)."""
@@ -289,12 +297,10 @@ class GroupCoordinator:
         """NONE when this broker coordinates the group now; else what to answer:
         NOT_COORDINATOR (another broker leads its partition) or
         COORDINATOR_LOAD_IN_PROGRESS (the partition's table is still loading)."""
-        if not self.in_cluster:
-            return ErrorCode.NONE
         partition = self.partition_of(group_id)
         led = self.led.get(partition)
         if led is None:
-            if self.broker.leaders.about_to_lead(CONSUMER_OFFSETS, partition):
+            if self.leaders().about_to_lead(CONSUMER_OFFSETS, partition):
                 return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
             return ErrorCode.NOT_COORDINATOR
         if led.store is None:
@@ -303,8 +309,6 @@ class GroupCoordinator:
 
     def store_for(self, group_id: str) -> OffsetsStore:
         """The table holding the group; raises KafkaError (:meth:`coordinator_error`)."""
-        if not self.in_cluster:
-            return self.store
         led = self.led.get(self.partition_of(group_id))
         if led is None or led.store is None:
             error = self.coordinator_error(group_id)
@@ -373,28 +377,27 @@ class GroupCoordinator:
 
     def find_coordinator(self, group_id: str) -> tuple[ErrorCode, int]:
         """FindCoordinator: (NONE, the coordinator's broker id), or
-        COORDINATOR_NOT_AVAILABLE. A broker alone coordinates every group (its offsets
-        are in private files). In a cluster, the leader of the group's partition of
-        ``__consumer_offsets``; as Kafka, the first lookup creates the topic (through
-        ``Services.admin``, in the background: the client asks again)."""
-        if not self.in_cluster:
-            return ErrorCode.NONE, self.broker.config.node_id
+        COORDINATOR_NOT_AVAILABLE. The leader of the group's ``__consumer_offsets``
+        partition (alone, this broker: it leads the one partition). As Kafka, the first
+        lookup creates the topic (through ``Services.admin``, in the background: the
+        client asks again; a node alone's is there from the start)."""
+        partition = self.partition_of(group_id)
+        info = self.leaders().partition(CONSUMER_OFFSETS, partition)
         admin = self.broker.admin
-        topic = admin.view.topics.get(CONSUMER_OFFSETS)
-        if topic is None:
-            config = self.broker.config
-            admin.ensure_internal_topic_soon(
-                CONSUMER_OFFSETS, self.offsets_partitions,
-                config.offsets_topic_replication_factor,
-                {"cleanup.policy": "compact",
-                 "segment.bytes": str(config.offsets_topic_segment_bytes),
-                 "compression.type": "producer"},
-            )  # fmt: skip
+        if info is None:
+            if CONSUMER_OFFSETS not in admin.view.topics:
+                config = self.broker.config
+                admin.ensure_internal_topic_soon(
+                    CONSUMER_OFFSETS, self.offsets_partitions,
+                    config.offsets_topic_replication_factor,
+                    {"cleanup.policy": "compact",
+                     "segment.bytes": str(config.offsets_topic_segment_bytes),
+                     "compression.type": "producer"},
+                )  # fmt: skip
+            # (A topic made with another count than the configured one, every broker's
+            # routing, is a misconfiguration: its missing partitions coordinate nothing.)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1
-        # The configured count, as every broker's routing (a topic made with another
-        # count is a misconfiguration: its extra or missing partitions coordinate nothing).
-        info = topic.partitions.get(self.partition_of(group_id))
-        if info is None or info.leader not in admin.view.brokers:
+        if info.leader not in admin.view.brokers:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1
         return ErrorCode.NONE, info.leader
 
@@ -868,7 +871,7 @@ class GroupCoordinator:
         Every entry belongs to one offsets partition."""
         store = self.store_for(group_of(entries[0]))
         now = self.broker.now_ms()
-        replication = self._replication_of(store)
+        replication = self.leaders()
 
         def as_leader(batch: Any) -> Appended:
             return append_as_leader(
@@ -879,22 +882,13 @@ class GroupCoordinator:
 
         return store.append(entries, now, as_leader)
 
-    def _leaders(self, store: OffsetsStore) -> Replication:
-        # services.leaders, never None: once the broker left the cluster (shutting
-        # down) it leads nothing, and a write answers NOT_COORDINATOR.
-        leaders: Replication = self.broker.leaders
-        return leaders
-
-    def _own_log(self, store: OffsetsStore) -> Replication:
-        return OwnLog(self.broker.config.node_id, store.log)
-
     async def _wait_counted(self, store: OffsetsStore, last_offset: int) -> None:
-        """Synced and, in a cluster, replicated below the high watermark within
+        """Synced and below the high watermark (in a cluster, replicated) within
         ``commit_timeout_s`` (Kafka answers COORDINATOR_NOT_AVAILABLE after it)."""
         with trio.move_on_after(self.commit_timeout_s):
             await wait_counted(
                 store.log, last_offset, durability=self.broker.flusher,
-                replication=self._replication_of(store), topic=CONSUMER_OFFSETS,
+                replication=self.leaders(), topic=CONSUMER_OFFSETS,
                 partition=store.partition,
             )  # fmt: skip
             return
@@ -904,8 +898,9 @@ class GroupCoordinator:
         )
 
     async def wait_offsets_durable(self, write: PendingWrite) -> None:
-        """Wait for the fsync (and in a cluster the replication), then make the offsets
-        visible; raises NotCommitted (a KafkaError) when the write did not count."""
+        """Wait for the fsync and the high watermark (in a cluster the replication), then
+        make the offsets visible; raises NotCommitted (a KafkaError) when the write did
+        not count."""
         store = write.store if write.store is not None else self.store
         try:
             await self._wait_counted(store, write.last_offset)
@@ -917,7 +912,7 @@ class GroupCoordinator:
         for record in write.entries:
             group_id = group_of(record)
             led = self.led.get(store.partition)
-            if self.in_cluster and (led is None or led.store is not store):
+            if led is None or led.store is not store:
                 break  # leadership moved meanwhile: the new leader has the groups
             if group_id not in self.groups and store.has_offsets(group_id):
                 self._group(group_id)
@@ -1020,20 +1015,17 @@ class GroupCoordinator:
         drop every offset the producer staged in the groups of that partition. Returns
         once the end counts (synced; replicated in a cluster). Raises KafkaError
         NOT_COORDINATOR when this broker does not lead the partition; waits for its
-        table if it is still loading. Alone, the one table holds every group.
+        table if it is still loading.
         """
-        if self.in_cluster:
-            led = self.led.get(offsets_partition)
-            if led is not None and led.store is None:
-                await led.loaded.wait()
-            if led is None or led.store is None or self.led.get(offsets_partition) is not led:
-                raise KafkaError(
-                    ErrorCode.NOT_COORDINATOR,
-                    f"not the leader of {CONSUMER_OFFSETS}-{offsets_partition}",
-                )
-            store = led.store
-        else:
-            store = self.store
+        led = self.led.get(offsets_partition)
+        if led is not None and led.store is None:
+            await led.loaded.wait()
+        if led is None or led.store is None or self.led.get(offsets_partition) is not led:
+            raise KafkaError(
+                ErrorCode.NOT_COORDINATOR,
+                f"not the leader of {CONSUMER_OFFSETS}-{offsets_partition}",
+            )
+        store = led.store
         groups = set(store.groups_pending_for(producer_id))
         # And groups whose staged offsets are still on their way to counting.
         groups |= {g for g, p in self._staging if p == producer_id and self._owns(store, g)}
@@ -1044,7 +1036,7 @@ class GroupCoordinator:
         return self.coordinator_error(group_id) is ErrorCode.NONE
 
     def _owns(self, store: OffsetsStore, group_id: str) -> bool:
-        return not self.in_cluster or self.partition_of(group_id) == store.partition
+        return self.partition_of(group_id) == store.partition
 
     def has_pending_offset(self, group_id: str, topic: str, partition: int) -> bool:
         """An open transaction holds an offset of this partition (require_stable)."""

@@ -1,9 +1,10 @@
 """Committed offsets: an in-memory table backed by an internal log.
 
-Every commit (and every deletion, as a tombstone) is one record in the log
-``<data_dir>/__consumer_offsets-0`` (a ``MemoryLog`` with ``--storage memory``) on a
-broker alone; in a cluster, one store per led partition of the replicated
-``__consumer_offsets`` topic, over that partition's log (:meth:`OffsetsStore.over`).
+Every commit (and every deletion, as a tombstone) is one record in the log of a
+``__consumer_offsets`` partition; one store per partition the broker leads, over that
+partition's log (:meth:`OffsetsStore.over`): a cluster's replica, or a broker alone's
+only partition, ``<data_dir>/__consumer_offsets-0`` (a ``MemoryLog`` with ``--storage
+memory``, :func:`open_offsets_log`).
 A record's key is (group, topic, partition) and its value the offset, leader
 epoch, metadata and commit time -- in our own small binary format, versioned so
 it can grow. A group's completed generation (members, assignment) is one more
@@ -339,6 +340,25 @@ class PendingWrite:
 OFFSETS_SEGMENT_BYTES = 100 * 1024 * 1024
 
 
+def open_offsets_log(data_dir: Path | None, config: LogConfig) -> Log:
+    """A node alone's ``__consumer_offsets-0``: ``<data_dir>/__consumer_offsets-0``, or a
+    ``MemoryLog`` if ``data_dir`` is None."""
+    # Offsets must outlive any retention setting: nothing is ever deleted by age. The
+    # log is compacted instead (storage/cleaner.py): the latest record per key stays,
+    # in segments of Kafka's offsets.topic.segment.bytes (100 MiB).
+    config = attrs.evolve(
+        config,
+        retention_ms=None,
+        retention_bytes=None,
+        compact=True,
+        delete=False,
+        segment_bytes=min(config.segment_bytes, OFFSETS_SEGMENT_BYTES),
+    )
+    if data_dir is None:
+        return MemoryLog(config)
+    return PartitionLog.open(Path(data_dir) / OFFSETS_LOG_NAME, config)
+
+
 class OffsetsStore:
     def __init__(self, offsets_log: Log, partition: int = 0) -> None:
         self.log = offsets_log
@@ -366,21 +386,7 @@ class OffsetsStore:
     @classmethod
     def open(cls, data_dir: Path | None, config: LogConfig) -> OffsetsStore:
         """Open the internal log (memory if ``data_dir`` is None) and replay it."""
-        # Offsets must outlive any retention setting: nothing is ever deleted by age. The
-        # log is compacted instead (storage/cleaner.py): the latest record per key stays,
-        # in segments of Kafka's offsets.topic.segment.bytes (100 MiB).
-        config = attrs.evolve(
-            config,
-            retention_ms=None,
-            retention_bytes=None,
-            compact=True,
-            delete=False,
-            segment_bytes=min(config.segment_bytes, OFFSETS_SEGMENT_BYTES),
-        )
-        if data_dir is None:
-            store = cls(MemoryLog(config))
-        else:
-            store = cls(PartitionLog.open(Path(data_dir) / OFFSETS_LOG_NAME, config))
+        store = cls(open_offsets_log(data_dir, config))
         store.load()
         return store
 

@@ -45,7 +45,8 @@ def _partition_logs(ctx: RequestContext) -> Iterator[tuple[str, int, Log]]:
         for index, log in enumerate(topic.logs):
             yield name, index, log
     offsets = ctx.services.groups.offsets
-    if offsets is not None:
+    # Alone the offsets log is the coordinator's own; a cluster's is a topic's replica.
+    if offsets is not None and OFFSETS_TOPIC not in ctx.services.topics.topics:
         yield OFFSETS_TOPIC, OFFSETS_PARTITION, offsets.log
     transactions = coordinator_of(ctx.services)
     if isinstance(transactions, TransactionCoordinator):  # a cluster's are topic logs

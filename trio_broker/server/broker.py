@@ -23,13 +23,17 @@ import logging
 import socket as stdlib_socket
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 
 from trio_broker.config import BrokerConfig, ensure_cluster_id
 from trio_broker.groups import GroupCoordinator
+from trio_broker.groups.coordinator import OffsetsLeaders
+from trio_broker.groups.offsets_store import open_offsets_log
+from trio_broker.groups.own_offsets import coordinator_alone
 from trio_broker.groups.share import ShareGroups, ShareGroupsConfig
 from trio_broker.groups.share_state import ShareStateStore
 from trio_broker.handlers import load_handlers
@@ -49,6 +53,7 @@ from trio_broker.server.memory_budget import MemoryBudget
 from trio_broker.server.quotas import with_request_quota
 from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.server.transport import open_connection, tls_contexts
+from trio_broker.services.internal_topics import CONSUMER_OFFSETS
 from trio_broker.services.local_replication import (
     BrokerReplication,
     DataReplication,
@@ -195,8 +200,24 @@ class Broker:
         #: Owners of internal topics (services/internal_topics.py), by topic name: the
         #: replica manager tells them about leadership once this broker joins a cluster.
         self.leadership_listeners: dict[str, Any] = {}
-        self.groups = GroupCoordinator(self)
-        self.services.append(self.groups)
+        #: The group coordinator leads the __consumer_offsets partitions it is told of: in
+        #: a cluster by the replica manager; alone by OwnOffsets, the leadership of the
+        #: one partition in <data_dir>/__consumer_offsets-0 (started after it, it elects
+        #: it and waits for its table before clients come).
+        self.groups: GroupCoordinator
+        if clustered:
+            self.groups = GroupCoordinator(
+                self, offsets_partitions=config.offsets_topic_num_partitions,
+                # The replica manager once joined, LeadsNothing before and after.
+                leaders=lambda: cast(OffsetsLeaders, self.replication),
+            )  # fmt: skip
+            self.leadership_listeners[CONSUMER_OFFSETS] = self.groups
+            self.services.append(self.groups)
+        else:
+            self.groups, own_offsets = coordinator_alone(
+                self, partial(open_offsets_log, data_dir, self.log_defaults)
+            )
+            self.services += [self.groups, own_offsets]
         #: Share groups (KIP-932); alone, their share partitions' state is replayed from
         #: <data_dir>/__share_group_state-0 (docs/share-groups.md).
         self.shares = ShareGroups(ShareGroupsConfig(
@@ -530,7 +551,7 @@ class Broker:
         cleaner keeps the compacted ones)."""
         logs = list(self.topics.all_logs())
         offsets = self.groups.offsets
-        if offsets is not None:
+        if offsets is not None and CONSUMER_OFFSETS not in self.topics.topics:  # alone
             logs.append(offsets.log)
         if isinstance(self.transactions, TransactionCoordinator):  # a cluster's are topic logs
             logs.append(self.transactions.log)

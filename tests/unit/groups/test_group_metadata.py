@@ -31,6 +31,7 @@ from trio_broker.groups.offsets_store import (
     decode_record,
     encode_record,
 )
+from trio_broker.groups.own_offsets import coordinator_alone
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
 from trio_broker.state.group import (
@@ -303,10 +304,10 @@ async def test_coordinator_stores_and_a_new_one_restores(
         await trio.sleep(8)  # most of the 10 s session is gone at the move
         broker = FakeBroker(BrokerConfig(storage="memory", group_initial_rebalance_delay_ms=0))
         await nursery.start(broker.flusher.run)
-        second = GroupCoordinator(broker)
-        second.offsets = OffsetsStore(first.store.log)  # the same log, replayed
-        second.offsets.load()
+        log = first.store.log
+        second, own = coordinator_alone(broker, lambda: log)  # the same log, replayed
         await nursery.start(second.run)
+        await nursery.start(own.run)
         group = second.groups["g"]
         assert group.state is S.STABLE and group.generation_id == 1
         await trio.sleep(9)  # the session restarted at load: still a member

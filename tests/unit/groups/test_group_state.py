@@ -9,6 +9,7 @@ real time.
 from __future__ import annotations
 
 import struct
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,9 @@ from trio_broker.groups.offsets_store import (
     decode_value,
     encode_key,
     encode_value,
+    open_offsets_log,
 )
+from trio_broker.groups.own_offsets import coordinator_alone
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.server.flusher import Flusher
 from trio_broker.state.group import (
@@ -524,8 +527,9 @@ class FakeBroker:
 async def start_coordinator(nursery: trio.Nursery, delay: int = 3000) -> GroupCoordinator:
     broker = FakeBroker(BrokerConfig(storage="memory", group_initial_rebalance_delay_ms=delay))
     await nursery.start(broker.flusher.run)
-    coordinator = GroupCoordinator(broker)
+    coordinator, own = coordinator_alone(broker, partial(open_offsets_log, None, LogConfig()))
     await nursery.start(coordinator.run)
+    await nursery.start(own.run)  # elects it, as a cluster's replica manager would
     return coordinator
 
 

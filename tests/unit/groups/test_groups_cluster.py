@@ -82,6 +82,11 @@ class Replication:
         assert topic == CONSUMER_OFFSETS
         return self.terms.get(partition)
 
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        """As the replica manager: the view's."""
+        info = self.view.topics.get(topic)
+        return None if info is None else info.partitions.get(partition)
+
     def about_to_lead(self, topic: str, partition: int) -> bool:
         """As the replica manager: the view names this broker, its term is not begun."""
         info = self.view.topics.get(topic)
@@ -139,10 +144,21 @@ class FakeBroker:
         return "PLAINTEXT"
 
 
+def in_cluster(broker: FakeBroker) -> GroupCoordinator:
+    """As the broker's wiring in a cluster: the replica manager leads the partitions
+    and tells the coordinator (a leadership listener)."""
+    coordinator = GroupCoordinator(
+        broker, offsets_partitions=broker.config.offsets_topic_num_partitions,
+        leaders=lambda: broker.replication,
+    )  # fmt: skip
+    broker.leadership_listeners[CONSUMER_OFFSETS] = coordinator
+    return coordinator
+
+
 async def start(nursery: trio.Nursery) -> tuple[FakeBroker, GroupCoordinator]:
     broker = FakeBroker()
     await nursery.start(broker.flusher.run)
-    coordinator = broker.groups = GroupCoordinator(broker)
+    coordinator = broker.groups = in_cluster(broker)
     await nursery.start(coordinator.run)
     return broker, coordinator
 
@@ -449,7 +465,7 @@ async def test_in_a_cluster_the_single_node_offsets_log_is_not_opened(tmp_path: 
     broker = FakeBroker(config=attrs.evolve(CONFIG, storage="file", data_dir=tmp_path))
     async with trio.open_nursery() as nursery:
         await nursery.start(broker.flusher.run)
-        coordinator = GroupCoordinator(broker)
+        coordinator = in_cluster(broker)
         await nursery.start(coordinator.run)
         assert coordinator.offsets is None and coordinator.led == {}
         assert await trio.to_thread.run_sync(lambda: list(tmp_path.iterdir())) == []

@@ -1,7 +1,11 @@
 """A ratchet on the single-node branches (issue 29: a single node is a cluster of one).
 
 A line of ``trio_broker/`` saying ``replication is None``, ``term is None`` (or ``is not
-None``) is, most of the time, code that tells a broker alone from a cluster's. The data
+None``) is, most of the time, code that tells a broker alone from a cluster's. So is
+``in_cluster`` (the group coordinator's flag, gone: a node alone's coordinator is elected
+leader of its one offsets partition as a cluster's is), and ``zookeeper_connect is (not)
+None`` outside the configuration (``config.py``) and the cluster's own wiring
+(``cluster/``): elsewhere it chooses a mode where a cluster of one would do. The data
 path reads ``services.leaders`` instead, never None (services/local_replication.py), and
 the admin handlers hand their changes to ``services.admin``, never None either
 (services/topic_admin.py); what is left is mostly the coordinators.
@@ -15,14 +19,20 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-PATTERN = re.compile(r"(replication|term) is (not )?None")
+PATTERN = re.compile(r"(replication|term) is (not )?None|\bin_cluster\b")
+#: Counted outside :data:`WIRING`, where choosing by it is the point.
+MODE_PATTERN = re.compile(r"zookeeper_connect is (not )?None")
+WIRING = ("trio_broker/config.py", "trio_broker/cluster/")
 
 #: The count left by the wiring slice of issue 29 (70 in 29 files before the data-path
 #: slice, 50 after it, 39 after the metadata-view slice, 20 after the admin slice, 13
-#: after the coordinators' slice). No mode is left among them: each is "this broker has
-#: no term for the partition" (check_leader, the write path's NotLeader, the marker
-#: channel, five in the replica manager), a cluster's fact.
-MAX_BRANCHES = 8
+#: after the coordinators' slice). Each of those is "this broker has no term for the
+#: partition" (check_leader, the write path's NotLeader, the marker channel, five in the
+#: replica manager), a cluster's fact. With ``in_cluster`` and ``zookeeper_connect is
+#: None`` counted (the group coordinator's slice, which removed its ``in_cluster``): two
+#: more, both in server/broker.py's wiring, the modes left for later slices (a node
+#: alone's transaction coordinator and its share-group state).
+MAX_BRANCHES = 10
 
 #: The data path's handlers: no branch at all (a node alone has a term too).
 DATA_PATH = (
@@ -64,6 +74,7 @@ COORDINATORS = (
     "trio_broker/transactions/partitioned.py",
     "trio_broker/groups/coordinator.py",
     "trio_broker/groups/offsets_store.py",
+    "trio_broker/groups/own_offsets.py",
 )
 
 #: The one write path keeps one line: ``leader_epoch_of``'s "no term here: NotLeader",
@@ -72,12 +83,15 @@ APPEND_PATH = "trio_broker/partition/append.py"
 
 
 def branch_lines(root: Path) -> Counter[str]:
-    """Lines matching :data:`PATTERN`, per file (relative to the repository)."""
+    """Lines matching :data:`PATTERN` (or :data:`MODE_PATTERN` outside :data:`WIRING`),
+    per file (relative to the repository)."""
     counts: Counter[str] = Counter()
     for path in sorted((root / "trio_broker").rglob("*.py")):
+        name = path.relative_to(root).as_posix()
+        wiring = name.startswith(WIRING)
         for line in path.read_text(encoding="utf-8").splitlines():
-            if PATTERN.search(line):
-                counts[path.relative_to(root).as_posix()] += 1
+            if PATTERN.search(line) or (not wiring and MODE_PATTERN.search(line)):
+                counts[name] += 1
     return counts
 
 
@@ -119,4 +133,16 @@ def test_the_pattern_finds_what_it_counts(tmp_path: Path) -> None:
         "if ctx.services.replication is not None and term is not None:\n    pass\n"
         "leaders = services.leaders  # no branch\n"
     )
-    assert branch_lines(tmp_path) == Counter({"trio_broker/handlers/a.py": 3})
+    (package / "b.py").write_text(
+        "if self.in_cluster:\n    pass\n"
+        "def _coordinator_in_cluster() -> None: ...\n"  # a name that only contains it
+        "if config.zookeeper_connect is None:\n    pass\n"
+    )
+    (tmp_path / "trio_broker" / "cluster").mkdir()
+    (tmp_path / "trio_broker" / "cluster" / "c.py").write_text(
+        "assert config.zookeeper_connect is not None\n"
+    )
+    (tmp_path / "trio_broker" / "config.py").write_text("if self.zookeeper_connect is not None:\n")
+    assert branch_lines(tmp_path) == Counter(
+        {"trio_broker/handlers/a.py": 3, "trio_broker/handlers/b.py": 2}
+    )
