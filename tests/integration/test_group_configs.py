@@ -92,20 +92,25 @@ async def test_settings_apply_to_the_group_only(raw: RawClient, broker: Broker) 
 
 async def test_share_auto_offset_reset_picks_the_start(raw: RawClient, broker: Broker) -> None:
     """A share partition made for the group's first member starts at the log start with
-    earliest, at the log end by default (a ShareGroupHeartbeat assigns it)."""
+    earliest, at the first record of the last hour with by_duration:PT1H, at the log end
+    by default (a ShareGroupHeartbeat assigns it)."""
     broker.topics.create("t-reset", 1)
     log = broker.topics.log("t-reset", 0)
     assert log is not None
+    now = broker.now_ms()
     Req = m.ProduceRequest
-    batch = bytes(build_batch([Record(i, 0, None, b"%d" % i) for i in range(3)]))
-    data = Req.TopicProduceData(name="t-reset", partition_data=[
-        Req.TopicProduceData.PartitionProduceData(index=0, records=batch)])  # fmt: skip
-    request = Req(transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[data])
-    await raw.call(m.ApiKey.PRODUCE, 9, request)
-    assert log.log_end_offset == 3
-    assert (await incremental(raw, "early", "share.auto.offset.reset", "earliest")).error_code == 0
+    for base in (now - 2 * 3_600_000, now):  # three records two hours old, three new
+        batch = bytes(build_batch([Record(i, 0, None, b"%d" % i) for i in range(3)],
+                                  base_timestamp=base))  # fmt: skip
+        data = Req.TopicProduceData(name="t-reset", partition_data=[
+            Req.TopicProduceData.PartitionProduceData(index=0, records=batch)])  # fmt: skip
+        request = Req(transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[data])
+        await raw.call(m.ApiKey.PRODUCE, 9, request)
+    assert log.log_end_offset == 6
+    for group, value in (("early", "earliest"), ("recent", "by_duration:PT1H")):
+        assert (await incremental(raw, group, "share.auto.offset.reset", value)).error_code == 0
     topic_id = broker.topics.get("t-reset").topic_id  # type: ignore[union-attr]
-    for group, start in (("early", 0), ("late", 3)):
+    for group, start in (("early", 0), ("recent", 3), ("late", 6)):
         hb = m.ShareGroupHeartbeatRequest(
             group_id=group, member_id=uuid.uuid4().hex, member_epoch=0, rack_id=None,
             subscribed_topic_names=["t-reset"],
@@ -113,7 +118,7 @@ async def test_share_auto_offset_reset_picks_the_start(raw: RawClient, broker: B
         answer = await raw.call(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, hb)
         assert answer.error_code == ErrorCode.NONE
         share_partition = broker.shares.partition(group, topic_id, 0)
-        assert share_partition is not None and share_partition.start_offset == start
+        assert share_partition is not None and share_partition.start_offset == start, group
 
 
 async def test_list_config_resources_names_configured_groups(
