@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
+from typing import TypedDict
 
 import attrs
 
@@ -25,6 +26,12 @@ from trio_broker.state.share_group import (
     ShareHeartbeatResult,
 )
 from trio_broker.state.share_partition import SharePartition
+from trio_broker.storage.group_configs import (
+    SHARE_AUTO_OFFSET_RESET,
+    AutoOffsetReset,
+    GroupConfigStore,
+    parse_auto_offset_reset,
+)
 
 #: A share group's protocol type and group type in ListGroups (Kafka's).
 SHARE_PROTOCOL_TYPE = "share"
@@ -58,9 +65,21 @@ class ShareGroupsConfig:
     partition_max_record_locks: int = 2_000
 
 
+class PartitionSettings(TypedDict):
+    """A share partition's settings from its group's configs (or the broker's)."""
+
+    lock_duration_ms: int
+    delivery_count_limit: int
+    max_in_flight: int
+
+
 class ShareGroups:
-    def __init__(self, config: ShareGroupsConfig) -> None:
+    def __init__(
+        self, config: ShareGroupsConfig, group_configs: GroupConfigStore | None = None
+    ) -> None:
         self.config = config
+        #: Per-group overrides of the broker's share.* settings (the GROUP config resource).
+        self.group_configs = GroupConfigStore(None) if group_configs is None else group_configs
         self.groups: dict[str, ShareGroup] = {}
         #: (group, topic id, partition) -> its share partition.
         self.partitions: dict[tuple[str, uuid.UUID, int], SharePartition] = {}
@@ -74,17 +93,60 @@ class ShareGroups:
         for key, snapshot in snapshots.items():
             group_id = key.group_id
             self.partitions[group_id, key.topic_id, key.partition] = restore(
-                snapshot,
-                lock_duration_ms=self.config.record_lock_duration_ms,
-                delivery_count_limit=self.config.delivery_count_limit,
-                max_in_flight=self.config.partition_max_record_locks,
+                snapshot, **self._partition_settings(group_id)
             )
             if group_id not in self.groups:
-                self.groups[group_id] = ShareGroup(
-                    group_id,
-                    session_timeout_ms=self.config.session_timeout_ms,
-                    heartbeat_interval_ms=self.config.heartbeat_interval_ms,
-                )
+                self.groups[group_id] = self._new_group(group_id)
+
+    # -- group configs (storage/group_configs.py): a group's own value, else the broker's
+    def _setting(self, group_id: str, key: str, broker_value: int) -> int:
+        value = self.group_configs.groups.get(group_id, {}).get(key)
+        return broker_value if value is None else int(value)
+
+    def _partition_settings(self, group_id: str) -> PartitionSettings:
+        return PartitionSettings(
+            lock_duration_ms=self._setting(
+                group_id, "share.record.lock.duration.ms", self.config.record_lock_duration_ms
+            ),
+            delivery_count_limit=self._setting(
+                group_id, "share.delivery.count.limit", self.config.delivery_count_limit
+            ),
+            max_in_flight=self._setting(
+                group_id, "share.partition.max.record.locks", self.config.partition_max_record_locks
+            ),
+        )
+
+    def _new_group(self, group_id: str) -> ShareGroup:
+        return ShareGroup(
+            group_id,
+            session_timeout_ms=self._setting(
+                group_id, "share.session.timeout.ms", self.config.session_timeout_ms
+            ),
+            heartbeat_interval_ms=self._setting(
+                group_id, "share.heartbeat.interval.ms", self.config.heartbeat_interval_ms
+            ),
+        )
+
+    def auto_offset_reset(self, group_id: str) -> AutoOffsetReset:
+        """Where the group's new share partitions start (share.auto.offset.reset; Kafka's
+        default is latest)."""
+        value = self.group_configs.groups.get(group_id, {}).get(SHARE_AUTO_OFFSET_RESET)
+        return AutoOffsetReset("latest") if value is None else parse_auto_offset_reset(value)
+
+    def set_group_configs(self, group_id: str, configs: Mapping[str, str]) -> None:
+        """Store the group's overrides (checked by the caller) and apply them at once, as
+        Kafka reads them on each use: the lock of the next acquisition, the session timeout
+        of the next heartbeat. The start of a share partition already made stays."""
+        self.group_configs.set(group_id, configs)
+        for (gid, _, _), share_partition in self.partitions.items():
+            if gid == group_id:
+                for name, value in self._partition_settings(group_id).items():
+                    setattr(share_partition, name, value)
+        group = self.groups.get(group_id)
+        if group is not None:
+            fresh = self._new_group(group_id)
+            group.session_timeout_ms = fresh.session_timeout_ms
+            group.heartbeat_interval_ms = fresh.heartbeat_interval_ms
 
     def partitions_of(self, group_id: str) -> list[tuple[uuid.UUID, int, SharePartition]]:
         """(topic id, partition, share partition) of each of the group's share partitions."""
@@ -102,10 +164,8 @@ class ShareGroups:
         old = self.partitions.get((group_id, topic_id, partition))
         self.partitions[group_id, topic_id, partition] = SharePartition(
             start_offset,
-            lock_duration_ms=self.config.record_lock_duration_ms,
-            delivery_count_limit=self.config.delivery_count_limit,
-            max_in_flight=self.config.partition_max_record_locks,
             state_epoch=0 if old is None else old.state_epoch + 1,
+            **self._partition_settings(group_id),
         )
 
     def forget_partitions(self, group_id: str, topic_id: uuid.UUID) -> list[int]:
@@ -146,19 +206,15 @@ class ShareGroups:
         group_id: str,
         hb: ShareHeartbeat,
         metadata: Mapping[str, tuple[uuid.UUID, int]],
-        end_offset: Callable[[str, int], int],
+        start_offset: Callable[[str, int, AutoOffsetReset], int],
         now_ms: int,
     ) -> ShareHeartbeatResult:
         """``metadata``: id and partition count of each existing topic, by name;
-        ``end_offset``: a partition's log end, where a newly assigned share partition
-        starts (Kafka's default ``share.auto.offset.reset=latest``)."""
+        ``start_offset(topic, partition, reset)``: where a newly assigned share partition
+        starts, by the group's ``share.auto.offset.reset`` (the log end by default)."""
         group = self.group(group_id, now_ms)
         if group is None:
-            group = self.groups[group_id] = ShareGroup(
-                group_id,
-                session_timeout_ms=self.config.session_timeout_ms,
-                heartbeat_interval_ms=self.config.heartbeat_interval_ms,
-            )
+            group = self.groups[group_id] = self._new_group(group_id)
         # Only the subscribed topics' metadata counts: another topic's creation is no
         # reason for a new group epoch.
         wanted = group.subscribed_topics() | set(hb.subscribed or ())
@@ -171,7 +227,8 @@ class ShareGroups:
         for topic, partition in result.assignment or ():
             known = metadata.get(topic)
             if known is not None and (group_id, known[0], partition) not in self.partitions:
-                self.ensure_partition(group_id, known[0], partition, end_offset(topic, partition))
+                start = start_offset(topic, partition, self.auto_offset_reset(group_id))
+                self.ensure_partition(group_id, known[0], partition, start)
         if not group.members and not any(k[0] == group_id for k in self.partitions):
             del self.groups[group_id]
         return result
@@ -182,19 +239,16 @@ class ShareGroups:
         return self.partitions.get((group_id, topic_id, partition))
 
     def ensure_partition(
-        self, group_id: str, topic_id: uuid.UUID, partition: int, log_end_offset: int
+        self, group_id: str, topic_id: uuid.UUID, partition: int, start_offset: int
     ) -> SharePartition:
-        """The group's share partition, made at the log end if it has none: on assignment
-        (the coordinator), or on the first ShareFetch (a leader that is not the group's
-        coordinator, in a cluster)."""
+        """The group's share partition, made at ``start_offset`` (by the group's
+        share.auto.offset.reset) if it has none: on assignment (the coordinator), or on
+        the first ShareFetch (a leader that is not the group's coordinator, in a cluster)."""
         key = (group_id, topic_id, partition)
         found = self.partitions.get(key)
         if found is None:
             found = self.partitions[key] = SharePartition(
-                log_end_offset,
-                lock_duration_ms=self.config.record_lock_duration_ms,
-                delivery_count_limit=self.config.delivery_count_limit,
-                max_in_flight=self.config.partition_max_record_locks,
+                start_offset, **self._partition_settings(group_id)
             )
         return found
 

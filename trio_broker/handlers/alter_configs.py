@@ -7,6 +7,9 @@ happens. Accepted overrides are written to the topic catalogue and applied to th
 partition logs (retention, segment rolling, max.message.bytes), and DescribeConfigs
 reports them with source DYNAMIC_TOPIC_CONFIG.
 
+GROUP resources: a group's configs (storage/group_configs.py, Kafka's GroupConfig keys),
+checked and stored here (:func:`_alter_group`), a node alone only.
+
 BROKER resources: the dynamic broker configs (storage/broker_configs.py), either the
 cluster-wide default (name "") or this node's (its id). They become the log defaults
 and the min.insync.replicas of every topic that does not set the key itself (docs/acls.md,
@@ -33,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
+from trio_broker.groups.group_configs import broker_values
 from trio_broker.handlers.authorization import authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles, when_applied
 from trio_broker.protocol import messages as m
@@ -42,6 +46,7 @@ from trio_broker.security.acl import Operation, ResourceType
 from trio_broker.services.topics import TopicError
 from trio_broker.storage.broker_configs import THIS_BROKER, check_broker_configs
 from trio_broker.storage.errors import InvalidConfigError, StorageError
+from trio_broker.storage.group_configs import check_group_configs
 
 Resp = m.AlterConfigsResponse
 
@@ -60,6 +65,7 @@ AnyAnswer = TypeVar("AnyAnswer", m.AlterConfigsResponse, m.IncrementalAlterConfi
 TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
 BROKER_LOGGER_RESOURCE = 8
+GROUP_RESOURCE = 32
 
 #: cleanup.policy values AlterConfigs takes (compaction: docs/compaction.md).
 CLEANUP_POLICIES = frozenset({"delete", "compact"})
@@ -131,6 +137,9 @@ def _check_or_alter(
         if name == "":
             return True  # the cluster-wide default: services.admin stores it (ZooKeeper)
         _alter_broker(ctx, resource, validate_only, new_configs)
+        return False
+    if resource.resource_type == GROUP_RESOURCE:
+        _alter_group(ctx, resource, validate_only, new_configs)
         return False
     if resource.resource_type != TOPIC_RESOURCE:
         raise ConfigRefused(
@@ -249,6 +258,39 @@ def _alter_broker(
         raise ConfigRefused(ErrorCode.INVALID_REQUEST, str(exc)) from None
     except TopicError as exc:
         raise ConfigRefused(exc.error_code, str(exc)) from None
+    except OSError as exc:
+        raise ConfigRefused(StorageError.error_code, f"cannot store configs: {exc}") from None
+
+
+def _alter_group(
+    ctx: RequestContext,
+    resource: AnyResource,
+    validate_only: bool,
+    new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
+) -> None:
+    """A group's configs (storage/group_configs.py): checked as Kafka's controller does
+    (every refusal INVALID_CONFIG, an empty name INVALID_REQUEST), then stored in the data
+    dir and applied to the group's share partitions at once. A node alone only: in a
+    cluster the group's coordinator may be another broker, and nothing carries them there.
+    """
+    name = resource.resource_name
+    if not authorized(ctx, Operation.ALTER_CONFIGS, ResourceType.GROUP, name):
+        raise ConfigRefused(ErrorCode.GROUP_AUTHORIZATION_FAILED, "ALTER_CONFIGS refused")
+    if name == "":
+        raise ConfigRefused(ErrorCode.INVALID_REQUEST, "Default group resources are not allowed.")
+    if ctx.services.config.zookeeper_connect is not None:
+        raise ConfigRefused(
+            ErrorCode.INVALID_REQUEST,
+            "group configs are kept by a node alone only (not in a cluster)",
+        )
+    shares = ctx.services.shares
+    configs = new_configs(shares.group_configs.get(name), resource)
+    try:
+        check_group_configs(configs, broker_values(ctx.services.config))
+        if not validate_only:
+            shares.set_group_configs(name, configs)
+    except InvalidConfigError as exc:
+        raise ConfigRefused(ErrorCode.INVALID_CONFIG, str(exc)) from None
     except OSError as exc:
         raise ConfigRefused(StorageError.error_code, f"cannot store configs: {exc}") from None
 

@@ -1,4 +1,5 @@
-"""DescribeConfigs: a topic's effective configs, and every key of this broker's config.
+"""DescribeConfigs: a topic's effective configs, every key of this broker's config, and a
+group's configs.
 
 Topic configs are the ones set at creation (source TOPIC) plus defaults taken
 from the broker config. Like Kafka, an inherited value reports
@@ -6,6 +7,9 @@ DYNAMIC_BROKER_CONFIG or DYNAMIC_DEFAULT_BROKER_CONFIG when a dynamic broker con
 sets it (storage/broker_configs.py), else STATIC_BROKER_CONFIG when the broker's
 config file overrides the built-in default and DEFAULT_CONFIG otherwise.
 CreateTopics v5+ returns the same list.
+
+A GROUP resource lists every group config (storage/group_configs.py), any group name,
+set or not, as Kafka does: GROUP_CONFIG for the group's own values, else the broker's.
 
 Internal topics (``__consumer_offsets``, ``__transaction_state``) are described like
 any other, as Kafka does. In a cluster, a topic this broker holds no copy of is
@@ -28,6 +32,7 @@ from trio_broker.config_keys import (
     inert_reason,
     listener_key,
 )
+from trio_broker.groups.group_configs import broker_value
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, LoopBudget, RequestContext, handles
 from trio_broker.protocol import messages as m
@@ -40,6 +45,7 @@ from trio_broker.storage.broker_configs import (
     THIS_BROKER,
     BrokerConfigStore,
 )
+from trio_broker.storage.group_configs import GROUP_CONFIGS
 from trio_broker.storage.topic_configs import (
     LONG,
     STRING,
@@ -55,6 +61,7 @@ Synonym = Entry.DescribeConfigsSynonym
 # Resource types (Kafka's ConfigResource.Type).
 TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
+GROUP_RESOURCE = 32
 
 # Config sources (Kafka's DescribeConfigsResponse.ConfigSource).
 TOPIC_CONFIG = 1
@@ -62,6 +69,7 @@ DYNAMIC_BROKER_CONFIG = 2
 DYNAMIC_DEFAULT_BROKER_CONFIG = 3
 STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
+GROUP_CONFIG = 8  # the Java admin's DYNAMIC_GROUP_CONFIG
 
 _BUILTIN = BrokerConfig()
 
@@ -267,6 +275,31 @@ def broker_config_values(config: BrokerConfig, dynamic: BrokerConfigStore) -> li
     return sorted(out, key=lambda c: c.name)
 
 
+def group_config_values(config: BrokerConfig, overrides: dict[str, str]) -> list[ConfigValue]:
+    """Every group config (storage/group_configs.py), as Kafka describes a GROUP resource:
+    the group's own value (GROUP_CONFIG) or the default, and below it the broker key it
+    defaults to (group.share.record.lock.duration.ms), static or default."""
+    out = []
+    for name, spec in sorted(GROUP_CONFIGS.items()):
+        synonyms: list[tuple[str, str | None, int]] = []
+        default: str | None = spec.default
+        if spec.broker_key is not None:
+            default = broker_value(config, spec.broker_key)
+            static = spec.broker_key in config.static_keys or _is_static(
+                config, (), BROKER_KEYS[spec.broker_key].field
+            )
+            source = STATIC_BROKER_CONFIG if static else DEFAULT_CONFIG
+            synonyms.append((spec.broker_key, default, source))
+        value: str | None
+        if name in overrides:
+            value, source = overrides[name], GROUP_CONFIG
+        else:
+            value, source = default, DEFAULT_CONFIG
+        synonyms.insert(0, (name, value, source))
+        out.append(ConfigValue(name, value, source, spec.type, None, synonyms))
+    return out
+
+
 def _entry(value: ConfigValue, synonyms: bool, documentation: bool) -> Entry:
     return Entry(
         name=value.name, value=value.value, read_only=value.read_only,
@@ -325,6 +358,13 @@ def _describe(
             ErrorCode.NONE,
             "",
         )
+    if resource.resource_type == GROUP_RESOURCE:
+        if not authorized(ctx, Operation.DESCRIBE_CONFIGS, ResourceType.GROUP, name):
+            return [], ErrorCode.GROUP_AUTHORIZATION_FAILED, "DESCRIBE_CONFIGS refused"
+        if name == "":
+            return [], ErrorCode.INVALID_REQUEST, "Group name must not be empty"
+        overrides = services.shares.group_configs.get(name)
+        return group_config_values(services.config, overrides), ErrorCode.NONE, ""
     return [], ErrorCode.INVALID_REQUEST, f"unsupported resource type {resource.resource_type}"
 
 

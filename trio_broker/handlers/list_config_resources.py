@@ -11,8 +11,9 @@ describes them (kafka-configs --describe --entity-type groups / client-metrics w
 - topics: every topic (internal ones too); BROKER and BROKER_LOGGER: each live broker's
   id; GROUP: groups with a dynamic config; CLIENT_METRICS: client-metrics subscriptions.
 
-trio-broker has neither group configs nor client-metrics subscriptions, so those two
-types answer no names (what Kafka answers when none is set).
+trio-broker has no client-metrics subscriptions, so that type answers no names (what
+Kafka answers when none is set); GROUP lists the groups with a config set
+(storage/group_configs.py).
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ async def handle_list_config_resources(
             if kind in wanted:
                 out.extend(Resp.ConfigResource(resource_name=str(i), resource_type=kind)
                            for i in ids)  # fmt: skip
+    if GROUP in wanted:
+        out.extend(Resp.ConfigResource(resource_name=name, resource_type=GROUP)
+                   for name in sorted(ctx.services.shares.group_configs.groups))  # fmt: skip
     if TOPIC in wanted:
         budget = LoopBudget(ctx.services)
         for name in sorted(ctx.services.leaders.view.topics):

@@ -35,6 +35,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import RecordBatchView, iter_batches
 from trio_broker.storage.errors import LogError, StorageError
+from trio_broker.storage.group_configs import AutoOffsetReset
 from trio_broker.storage.log_protocol import Log
 
 logger = logging.getLogger("trio_broker.list_offsets")
@@ -109,6 +110,19 @@ def _lookup(partition_log: Log, timestamp: int) -> tuple[int, int]:
         return -1, -1
     base, batch_max = found
     return _exact_at_or_after(partition_log, base, batch_max, timestamp)
+
+
+def offset_for_reset(partition_log: Log, reset: AutoOffsetReset, now_ms: int) -> int:
+    """Where a share group's new share partition starts (share.auto.offset.reset): the
+    log start, the log end, or the first record no older than the duration (the log end
+    when there is none, as Kafka falls back)."""
+    if reset.kind == "earliest":
+        return partition_log.log_start_offset
+    if reset.kind == "by_duration":
+        offset, _ = _lookup(partition_log, now_ms - reset.duration_ms)
+        if offset >= 0:
+            return offset
+    return partition_log.log_end_offset
 
 
 @handles(m.ApiKey.LIST_OFFSETS)

@@ -20,6 +20,7 @@ from typing import Any
 from trio_broker.groups.share import next_epoch
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.handlers.list_offsets import offset_for_reset
 from trio_broker.handlers.share_persist import append_changes, persist
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
@@ -124,9 +125,12 @@ class Fetch:
             if total >= max_records:
                 continue
             self.touched.add((topic_id, partition))
-            share_partition = shares.ensure_partition(
-                self.group_id, topic_id, partition, log.log_end_offset
-            )
+            share_partition = shares.partition(self.group_id, topic_id, partition)
+            if share_partition is None:
+                reset = shares.auto_offset_reset(self.group_id)
+                share_partition = shares.ensure_partition(
+                    self.group_id, topic_id, partition, offset_for_reset(log, reset, now)
+                )
             share_partition.skip_to(log.log_start_offset)
             runs = share_partition.acquire(
                 self.member_id, readable_end(self.ctx, name, partition, log),

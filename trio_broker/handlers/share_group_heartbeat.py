@@ -11,10 +11,12 @@ from __future__ import annotations
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.consumer_group_heartbeat import as_topic_partitions, topic_table
+from trio_broker.handlers.list_offsets import offset_for_reset
 from trio_broker.handlers.share_persist import persist
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_group import ShareHeartbeat, ShareHeartbeatResult
+from trio_broker.storage.group_configs import AutoOffsetReset
 
 Resp = m.ShareGroupHeartbeatResponse
 
@@ -72,14 +74,14 @@ async def handle_share_group_heartbeat(
     metadata = topic_table(ctx)
     topics = ctx.services.topics
 
-    def end_offset(topic: str, partition: int) -> int:
+    def start_offset(topic: str, partition: int, reset: AutoOffsetReset) -> int:
         log = topics.log(topic, partition)
-        return 0 if log is None else log.log_end_offset
+        return 0 if log is None else offset_for_reset(log, reset, ctx.now_ms())
 
     shares = ctx.services.shares
     before = {(t, p) for t, p, _ in shares.partitions_of(group_id)}
-    result = shares.heartbeat(group_id, heartbeat, metadata, end_offset, ctx.now_ms())
-    # A share partition made for the assignment starts at the log end: stored before the
+    result = shares.heartbeat(group_id, heartbeat, metadata, start_offset, ctx.now_ms())
+    # A share partition made for the assignment (at the log end by default): stored before the
     # member can fetch from it, so a restart does not move its start past what came since.
     made = {(t, p) for t, p, _ in shares.partitions_of(group_id)} - before
     if (stored := await persist(ctx, group_id, only=made)) is not ErrorCode.NONE:

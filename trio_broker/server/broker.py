@@ -72,6 +72,7 @@ from trio_broker.storage.cleaner import TransactionFacts
 from trio_broker.storage.data_dir_lock import lock_data_dir
 from trio_broker.storage.durable import make_dirs_durable
 from trio_broker.storage.group_commit import FlushPolicy
+from trio_broker.storage.group_configs import GroupConfigStore
 from trio_broker.storage.log import LogConfig, wall_clock_ms
 from trio_broker.storage.log_protocol import Log
 from trio_broker.transactions.coordinator import TransactionCoordinator
@@ -226,7 +227,7 @@ class Broker:
             record_lock_duration_ms=config.group_share_record_lock_duration_ms,
             delivery_count_limit=config.group_share_delivery_count_limit,
             partition_max_record_locks=config.group_share_partition_max_record_locks,
-        ))  # fmt: skip
+        ), GroupConfigStore(data_dir))  # fmt: skip
         if config.zookeeper_connect is None:
             self._restore_share_state(data_dir)
         self.topics.on_topic_deleted = self._forget_share_state

@@ -69,7 +69,7 @@ def test_sessions_run_out_and_epochs_are_checked() -> None:
 def test_an_expired_member_gives_back_what_it_held() -> None:
     shares = ShareGroups(ShareGroupsConfig(session_timeout_ms=100, record_lock_duration_ms=10_000))
     hb = ShareHeartbeat("a", 0, None, ("t",))
-    assert shares.heartbeat("g", hb, META_WITH_IDS, lambda t, p: 7, 0).error is ErrorCode.NONE
+    assert shares.heartbeat("g", hb, META_WITH_IDS, lambda t, p, r: 7, 0).error is ErrorCode.NONE
     share_partition = shares.partition("g", TOPIC_IDS["t"], 0)
     assert share_partition is not None and share_partition.start_offset == 7  # the log end
     shares.open_session("g", "a")
@@ -84,13 +84,13 @@ def test_an_expired_member_gives_back_what_it_held() -> None:
 def test_a_leave_keeps_the_share_session_and_its_connection_ends_it() -> None:
     shares = ShareGroups(ShareGroupsConfig(record_lock_duration_ms=10_000))
     hb = ShareHeartbeat("a", 0, None, ("t",))
-    assert shares.heartbeat("g", hb, META_WITH_IDS, lambda t, p: 0, 0).error is ErrorCode.NONE
+    assert shares.heartbeat("g", hb, META_WITH_IDS, lambda t, p, r: 0, 0).error is ErrorCode.NONE
     share_partition = shares.partition("g", TOPIC_IDS["t"], 0)
     assert share_partition is not None
     shares.open_session("g", "a", connection_id=7)
     assert [r.last_offset for r in share_partition.acquire("a", 3, 5, 0)] == [2]
     leave = ShareHeartbeat("a", -1, None, None)
-    assert shares.heartbeat("g", leave, META_WITH_IDS, lambda t, p: 0, 1).error is ErrorCode.NONE
+    assert shares.heartbeat("g", leave, META_WITH_IDS, lambda t, p, r: 0, 1).error is ErrorCode.NONE
     # The session's last acknowledgements may still come (librdkafka sends them with the
     # leave): the session and what it holds outlive the leave.
     assert shares.session_error("g", "a", -1) is ErrorCode.NONE
