@@ -124,6 +124,12 @@ class ZooKeeperAdmin:
         """Admin changes go through ZooKeeper: the handlers answer from a Deferred."""
         return False
 
+    @property
+    def keeps_group_configs(self) -> bool:
+        """Not in a cluster yet: Kafka keeps them in the metadata log, we have no
+        ``/config/groups`` (docs/configuration.md, "Group configs")."""
+        return False
+
     def view_event(self) -> trio.Event:
         return self._host.view_event()
 

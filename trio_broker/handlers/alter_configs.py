@@ -278,7 +278,7 @@ def _alter_group(
         raise ConfigRefused(ErrorCode.GROUP_AUTHORIZATION_FAILED, "ALTER_CONFIGS refused")
     if name == "":
         raise ConfigRefused(ErrorCode.INVALID_REQUEST, "Default group resources are not allowed.")
-    if ctx.services.config.zookeeper_connect is not None:
+    if not ctx.services.admin.keeps_group_configs:
         raise ConfigRefused(
             ErrorCode.INVALID_REQUEST,
             "group configs are kept by a node alone only (not in a cluster)",

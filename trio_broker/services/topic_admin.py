@@ -88,6 +88,12 @@ class TopicAdmin(Protocol):
         goes through ZooKeeper, so the handler answers from a Deferred."""
         ...
 
+    @property
+    def keeps_group_configs(self) -> bool:
+        """Whether group configs (GROUP resources) may be set here: a node alone keeps
+        them in its data dir; a cluster has no shared store for them yet."""
+        ...
+
     async def create_topic(
         self,
         name: str,
@@ -163,6 +169,10 @@ class LocalAdmin:
 
     @property
     def applies_at_once(self) -> bool:
+        return True
+
+    @property
+    def keeps_group_configs(self) -> bool:
         return True
 
     def _check_replicas(self, where: str, replicas: list[int]) -> None:
@@ -324,6 +334,10 @@ class NotInCluster:
     @property
     def applies_at_once(self) -> bool:
         return True  # every call refuses at once
+
+    @property
+    def keeps_group_configs(self) -> bool:
+        return False
 
     @staticmethod
     def _refuse() -> TopicError:
