@@ -6,6 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-system-deps.sh
 scripts/setup.sh --test
+# Bytecode is cached outside the repo and written even where the environment says
+# PYTHONDONTWRITEBYTECODE: every broker, CLI call, cluster node and pytester run is a new
+# Python process, and one that compiles its modules from source spends about 0.2 s more
+# CPU starting (a broker: 0.55 s instead of 0.35 s).
+export PYTHONPYCACHEPREFIX="${XDG_CACHE_HOME:-$HOME/.cache}/trio-broker/pycache"
+unset PYTHONDONTWRITEBYTECODE
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

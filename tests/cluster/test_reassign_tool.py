@@ -40,7 +40,7 @@ from tests.cluster.test_cluster_faults import (
     producer,
     servers,
 )
-from tests.kafka_tools.classpath import kafka_tools_classpath
+from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
 from trio_broker.protocol import messages as m
 
 pytestmark = pytest.mark.timeout(300)
@@ -72,7 +72,7 @@ def brokers(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
 
 def reassign(classpath: str, cluster: Cluster, *args: str) -> str:
     run = subprocess.run(
-        ["java", "-Xmx256m", "-cp", classpath,
+        ["java", *TOOL_JVM, "-cp", classpath,
          "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
          "--bootstrap-server", servers(cluster), *args],
         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,

@@ -19,6 +19,7 @@ import pytest
 
 from bench import kafka_peer
 from tests.e2e.conftest import BROKER_EXE, BrokerProcess
+from tests.kafka_tools.classpath import FAST_START_JVM
 from trio_broker.config import load_config
 from trio_broker.config_properties import read_properties_file
 from trio_broker.protocol import messages as m
@@ -101,7 +102,7 @@ def test_kafka_accepts_its_copy(tmp_path: Path, variant: str) -> None:
     asked = [*APPLIED_BY_BOTH, "process.roles", "node.id", "log.dirs",
              "log.flush.interval.messages", "offsets.topic.num.partitions"]  # fmt: skip
     run = subprocess.run(
-        ["java", "-cp", f"{libs}/*", str(source), str(copy), *asked],
+        ["java", *FAST_START_JVM, "-cp", f"{libs}/*", str(source), str(copy), *asked],
         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]

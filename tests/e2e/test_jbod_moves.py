@@ -162,7 +162,7 @@ def test_kafka_reassign_partitions_moves_a_partition_between_log_dirs(
 ) -> None:
     if shutil.which("java") is None or shutil.which("mvn") is None:
         pytest.skip("Kafka's reassignment tool needs Java 17 and Maven")
-    from tests.kafka_tools.classpath import kafka_tools_classpath
+    from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
 
     classpath = kafka_tools_classpath(tmp_path / "kafka-tools")
     b = str(tmp_path / "b")
@@ -174,7 +174,7 @@ def test_kafka_reassign_partitions_moves_a_partition_between_log_dirs(
         producing.wait_for(100)
         for action in ("--execute", "--verify"):
             run = subprocess.run(
-                ["java", "-Xmx256m", "-cp", classpath,
+                ["java", *TOOL_JVM, "-cp", classpath,
                  "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
                  "--bootstrap-server", broker.bootstrap,
                  "--reassignment-json-file", str(plan), action],

@@ -25,7 +25,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.conftest import BrokerProcess, running_broker
-from tests.kafka_tools.classpath import maven_classpath
+from tests.kafka_tools.classpath import FAST_START_JVM, maven_classpath
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -47,7 +47,7 @@ class StreamsApp:
     """The word count as a ``java`` subprocess; its stdout lines collected in a thread."""
 
     def __init__(self, classpath: str, bootstrap: str, state_dir: Path) -> None:
-        argv = ["java", "-Xmx384m", "-cp", classpath, str(STREAMS_DIR / "WordCount.java"),
+        argv = ["java", "-Xmx384m", *FAST_START_JVM, "-cp", classpath, str(STREAMS_DIR / "WordCount.java"),
                 bootstrap, INPUT, OUTPUT, APPLICATION, str(state_dir)]  # fmt: skip
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL

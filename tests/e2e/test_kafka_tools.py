@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.conftest import BrokerProcess, running_broker
-from tests.kafka_tools.classpath import kafka_tools_classpath
+from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,7 +34,7 @@ def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def tool(classpath: str, main: str, *args: str) -> list[str]:
-    return ["java", "-Xmx256m", "-cp", classpath, f"org.apache.kafka.tools.{main}", *args]
+    return ["java", *TOOL_JVM, "-cp", classpath, f"org.apache.kafka.tools.{main}", *args]
 
 
 class JsonLines:

@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from tests.e2e.conftest import BrokerProcess, running_broker
 from tests.e2e.test_consumer_protocol import topic_id_of
 from tests.e2e.test_share_state_restart import acquire, join
-from tests.kafka_tools.classpath import kafka_tools_classpath
+from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
@@ -42,7 +42,7 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 
 def share_groups(classpath: str, broker: BrokerProcess, *args: str) -> str:
     done = subprocess.run(
-        ["java", "-Xmx256m", "-cp", classpath, TOOL, "--bootstrap-server", broker.bootstrap,
+        ["java", *TOOL_JVM, "-cp", classpath, TOOL, "--bootstrap-server", broker.bootstrap,
          *args],
         capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
     )  # fmt: skip

@@ -20,7 +20,7 @@ import trio
 from kafka.admin import KafkaAdminClient
 
 from tests.integration.raw_client import RawClient
-from tests.kafka_tools.classpath import kafka_tools_classpath
+from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -197,7 +197,7 @@ def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def topic_command(classpath: str, bootstrap: str, *args: str) -> list[str]:
-    argv = ["java", "-Xmx256m", "-cp", classpath, "org.apache.kafka.tools.TopicCommand",
+    argv = ["java", *TOOL_JVM, "-cp", classpath, "org.apache.kafka.tools.TopicCommand",
             "--bootstrap-server", bootstrap, *args]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from tests.integration.raw_client import RawClient
-from tests.kafka_tools.classpath import kafka_tools_classpath
+from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -110,7 +110,7 @@ async def test_kafka_configs_lists_client_metrics(
 ) -> None:
     """kafka-configs --describe --entity-type client-metrics (no name) lists the
     resources with this API; a broker without it fails the command."""
-    argv = ["java", "-Xmx256m", "-cp", tools_classpath, "org.apache.kafka.tools.ConfigCommand",
+    argv = ["java", *TOOL_JVM, "-cp", tools_classpath, "org.apache.kafka.tools.ConfigCommand",
             "--bootstrap-server", bootstrap, "--describe", "--entity-type", "client-metrics"]  # fmt: skip
     done = await trio.to_thread.run_sync(
         lambda: subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)

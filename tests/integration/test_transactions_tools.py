@@ -14,7 +14,7 @@ import pytest
 import trio
 from confluent_kafka import Producer
 
-from tests.kafka_tools.classpath import kafka_tools_classpath
+from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
 from trio_broker.server.broker import Broker
 
 pytestmark = pytest.mark.timeout(300)
@@ -28,7 +28,7 @@ def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def transactions_command(classpath: str, bootstrap: str, *args: str) -> list[list[str]]:
     """Run kafka-transactions.sh; its table's rows, split on whitespace (header first)."""
-    argv = ["java", "-Xmx256m", "-cp", classpath, "org.apache.kafka.tools.TransactionsCommand",
+    argv = ["java", *TOOL_JVM, "-cp", classpath, "org.apache.kafka.tools.TransactionsCommand",
             "--bootstrap-server", bootstrap, *args]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr

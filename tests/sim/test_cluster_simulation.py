@@ -15,8 +15,9 @@ import pytest
 from sim.simulation import simulate
 
 #: Seeds every run checks (each a different fault schedule; 0.5-2 s each on a busy
-#: machine): the first third of the fixed slice CI ran before (0-299).
-FIXED_SEEDS = range(100)
+#: machine): the slice tools/planted_bugs.py scores the simulator with (its SIMULATOR),
+#: so every planted rule bug the simulator's score counts is caught here too.
+FIXED_SEEDS = range(60)
 #: Seeds drawn afresh each run from the run's seed (HYPOTHESIS_SEED, which the root
 #: conftest picks, prints and hands to every xdist worker, so all workers collect the
 #: same ones): over runs the slice explores new schedules instead of replaying 100-299.
@@ -54,8 +55,12 @@ def test_a_seed_replays_event_for_event() -> None:
     assert other.schedule != first.schedule
 
 
-def first_caught(bug: str, seeds: range) -> tuple[int, list[str]]:
-    for seed in seeds:
+def first_caught(bug: str, seeds: range, known: int) -> tuple[int, list[str]]:
+    """The first seed of ``seeds`` whose schedule catches ``bug``, trying ``known`` (one that
+    caught it when this was written) first: the simulation is deterministic, so the seeds
+    before it need not run again; if a change moves the catch, the whole range is searched."""
+    assert known in seeds
+    for seed in (known, *(s for s in seeds if s != known)):
         result = simulate(seed, bug=bug)
         if not result.ok:
             return seed, result.violations
@@ -65,7 +70,7 @@ def first_caught(bug: str, seeds: range) -> tuple[int, list[str]]:
 def test_a_leader_that_ignores_its_followers_is_caught() -> None:
     """Planted: the HW moves to the leader's own synced end, so acks=all is answered
     before a follower has the write; a crash of that leader then loses it."""
-    seed, violations = first_caught("hw-ignores-followers", range(30))
+    seed, violations = first_caught("hw-ignores-followers", range(30), known=2)
     assert any("acknowledged" in v or "different batch" in v for v in violations)
     assert simulate(seed).ok  # the same schedule without the bug is fine
 
@@ -75,7 +80,7 @@ def test_kip_101_truncation_to_the_high_watermark_is_caught() -> None:
     KIP-101). Its HW lags the leader's by a fetch, so it drops committed records; the
     nemesis that crashes a leader as soon as a follower truncates gets that follower
     elected, and the acknowledged records are gone."""
-    seed, violations = first_caught("truncate-to-hw", range(40))
+    seed, violations = first_caught("truncate-to-hw", range(40), known=10)
     assert any("is lost" in v for v in violations), violations
     assert simulate(seed).ok
 
@@ -84,6 +89,6 @@ def test_a_leader_that_shows_consumers_uncommitted_records_is_caught() -> None:
     """Planted: consumers read up to the leader's log end, as followers do (an audit's
     survivor, issue 31): the simulated consumer is given records at or above the HW the
     same answer told."""
-    seed, violations = first_caught("consumers-past-hw", range(10))
+    seed, violations = first_caught("consumers-past-hw", range(10), known=0)
     assert any("gave a consumer offset" in v for v in violations), violations
     assert simulate(seed).ok

@@ -9,7 +9,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from tests.kafka_tools.classpath import kafka_tools_classpath
+from tests.kafka_tools.classpath import FAST_START_JVM, kafka_tools_classpath
 from trio_broker.config import BrokerConfig, ConfigError, load_config
 from trio_broker.config_keys import APPLIED, BROKER_KEYS, INERT, SECURITY, SYNONYMS, lookup
 from trio_broker.handlers.describe_configs import (
@@ -262,7 +262,7 @@ def test_the_kafka_rows_are_kafka_4_4s_documented_broker_keys(tmp_path: Path) ->
     source = tmp_path / "DumpBrokerKeys.java"
     source.write_text(_DUMP_KEYS)
     run = subprocess.run(
-        ["java", "-cp", kafka_tools_classpath(tmp_path), str(source)],
+        ["java", *FAST_START_JVM, "-cp", kafka_tools_classpath(tmp_path), str(source)],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     kafka = dict(line.split() for line in run.stdout.splitlines())

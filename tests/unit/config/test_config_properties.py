@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kafka_tools.classpath import FAST_START_JVM
 from trio_broker.config_errors import ConfigError
 from trio_broker.config_properties import parse_properties, read_properties_file
 
@@ -152,7 +153,11 @@ def test_same_answers_as_java_util_properties(tmp_path: Path) -> None:
     source = tmp_path / "LoadProperties.java"
     source.write_text(_JAVA_LOADER)
     run = subprocess.run(
-        ["java", str(source), *paths], capture_output=True, text=True, timeout=120, check=True
+        ["java", *FAST_START_JVM, str(source), *paths],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     answers = json.loads(run.stdout)
     assert len(answers) == len(documents)
