@@ -5,6 +5,7 @@ and the in-memory ZooKeeper, that can crash, lose power, restart and lose their 
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -288,6 +289,34 @@ class SimBroker:
                 fresh.flush()
                 topic.logs[p] = fresh
         self.saved = {}
+
+
+#: The wall clock the brokers see when the virtual clock starts (November 2023).
+WALL_CLOCK_START_MS = 1_700_000_000_000
+
+
+class SimCluster:
+    """Brokers sharing one in-memory ZooKeeper and network, on the virtual clock."""
+
+    def __init__(self, broker_ids: list[int], rng: random.Random) -> None:
+        self.zk = MemoryZooKeeper()
+        self.network = Network(rng)
+        #: trio.current_time() when the cluster was made: its wall clock's zero.
+        self.started_at = trio.current_time()
+        self.sims = [SimBroker(b, self.zk, self.network, self.now_ms) for b in broker_ids]
+
+    def now_ms(self) -> int:
+        return int((trio.current_time() - self.started_at) * 1000) + WALL_CLOCK_START_MS
+
+    async def start(self, nursery: trio.Nursery) -> Broker:
+        """Start every broker; returns the first once it knows them all."""
+        for sim in self.sims:
+            await sim.start(nursery)
+        first = self.sims[0].broker
+        assert first is not None
+        while len(first.leaders.view.brokers) < len(self.sims):  # noqa: ASYNC110
+            await trio.sleep(0.01)
+        return first
 
 
 def _node_of(host: str) -> str:

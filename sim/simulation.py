@@ -51,7 +51,13 @@ import trio.testing
 
 from sim.bugs import PLANTED_BUGS
 from sim.client import Consumer, Producer
-from sim.cluster import SESSION_TIMEOUT_MS, SimBroker, inline_call_observers, run_inline
+from sim.cluster import (
+    SESSION_TIMEOUT_MS,
+    SimBroker,
+    SimCluster,
+    inline_call_observers,
+    run_inline,
+)
 from sim.faults import Fault, make_schedule
 from sim.network import Network
 from trio_broker.cluster.coordination import MemoryZooKeeper
@@ -515,17 +521,12 @@ def simulate(
 
 
 async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
-    zk = MemoryZooKeeper()
-    network = Network(rng)
-    start = trio.current_time()
-
-    def now_ms() -> int:
-        return int((trio.current_time() - start) * 1000) + 1_700_000_000_000
+    cluster = SimCluster(BROKER_IDS, rng)
+    zk, network, sims, start = cluster.zk, cluster.network, cluster.sims, cluster.started_at
 
     def trace(text: str) -> None:
         result.trace.append(f"{trio.current_time() - start:9.3f} {text}")
 
-    sims = [SimBroker(b, zk, network, now_ms) for b in BROKER_IDS]
     by_node = {s.node: s for s in sims}
     inv = Invariants(zk, sims, result)
     producer = Producer(network, TOPIC, BROKER_IDS)
@@ -533,12 +534,7 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
     committed_reader = Consumer(network, TOPIC, BROKER_IDS, isolation_level=1)
     consumers = [consumer, committed_reader]
     async with trio.open_nursery() as nursery:
-        for sim in sims:
-            await sim.start(nursery)
-        first = sims[0].broker
-        assert first is not None
-        while len(first.leaders.view.brokers) < len(sims):  # noqa: ASYNC110
-            await trio.sleep(0.01)
+        first = await cluster.start(nursery)
         assignment = {p: [BROKER_IDS[(p + i) % 3] for i in range(3)] for p in range(PARTITIONS)}
         await first.admin.create_topic(TOPIC, PARTITIONS, 3, {}, assignment)
         trace("topic created")

@@ -53,7 +53,7 @@ async def test_a_change_on_a_lagging_copy_keeps_what_zookeeper_holds(tmp_path: P
             TOPIC, topic.topic_id, {0: PartitionInfo((1,), 1, 0, (1,))}
         )
         manager.local_copies.add(TOPIC)
-        broker.replication = manager
+        broker.joined(manager, manager.admin)  # as broker_node does once it joined
         port = broker.bound[0][1]
 
         def set_segment_ms() -> int:

@@ -24,10 +24,8 @@ import trio
 import trio.testing
 
 from sim.client import Producer, _Conn
-from sim.cluster import SimBroker
-from sim.network import Network
+from sim.cluster import SimBroker, SimCluster
 from sim.simulation import BROKER_IDS, _deterministic
-from trio_broker.cluster.coordination import MemoryZooKeeper
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
@@ -76,21 +74,10 @@ async def produce_acks1(conn: _Conn) -> None:
 
 
 async def scenario(case: str, result: dict[str, Any]) -> None:
-    zk = MemoryZooKeeper()
-    network = Network(random.Random(1))
-    start = trio.current_time()
-
-    def now_ms() -> int:
-        return int((trio.current_time() - start) * 1000) + 1_700_000_000_000
-
-    sims = [SimBroker(b, zk, network, now_ms) for b in BROKER_IDS]
+    cluster = SimCluster(BROKER_IDS, random.Random(1))
+    network, sims = cluster.network, cluster.sims
     async with trio.open_nursery() as nursery:
-        for s in sims:
-            await s.start(nursery)
-        first = sims[0].broker
-        assert first is not None
-        while first.replication is None or len(first.replication.view.brokers) < 3:  # noqa: ASYNC110
-            await trio.sleep(0.01)
+        first = await cluster.start(nursery)
         await first.replication.create_topic(TOPIC, 1, 3, {}, {0: [1, 2, 3]})
         producer = Producer(network, TOPIC, BROKER_IDS)
         while len(producer.acks) < 4:

@@ -16,11 +16,9 @@ import trio
 import trio.testing
 
 from sim.client import Producer
-from sim.cluster import SESSION_TIMEOUT_MS, SimBroker
+from sim.cluster import SESSION_TIMEOUT_MS, SimBroker, SimCluster
 from sim.faults import Fault
-from sim.network import Network
 from sim.simulation import BROKER_IDS, _deterministic, simulate
-from trio_broker.cluster.coordination import MemoryZooKeeper
 
 TOPIC = "t"
 #: Virtual seconds the follower has to catch up (it takes well under one).
@@ -39,21 +37,10 @@ def ends(sims: list[SimBroker]) -> Ends:
 
 
 async def scenario(delete: bool, result: list[Ends]) -> None:
-    zk = MemoryZooKeeper()
-    network = Network(random.Random(1))
-    start = trio.current_time()
-
-    def now_ms() -> int:
-        return int((trio.current_time() - start) * 1000) + 1_700_000_000_000
-
-    sims = [SimBroker(b, zk, network, now_ms) for b in BROKER_IDS]
+    cluster = SimCluster(BROKER_IDS, random.Random(1))
+    network, sims = cluster.network, cluster.sims
     async with trio.open_nursery() as nursery:
-        for s in sims:
-            await s.start(nursery)
-        first = sims[0].broker
-        assert first is not None
-        while len(first.leaders.view.brokers) < 3:  # noqa: ASYNC110
-            await trio.sleep(0.01)
+        first = await cluster.start(nursery)
         await first.admin.create_topic(TOPIC, 1, 3, {}, {0: [1, 2, 3]})
         producer = Producer(network, TOPIC, BROKER_IDS)
         for _ in range(4):

@@ -327,29 +327,9 @@ class ZooKeeperAdmin:
         """The dynamic broker configs' cluster-wide default, stored in ZooKeeper as
         Kafka's entity-default znode, conditionally on its version (a concurrent change
         is decided again); every broker's config watch applies it, this one at once."""
-        path = BROKER_DEFAULT_CONFIG
-        try:
-            for _ in range(CONFIG_WRITE_ATTEMPTS):
-                node = await self.coord.get(path)
-                new = change(decode_configs(node.data) if node is not None else {})
-                if new is None:
-                    return
-                try:
-                    if node is None:
-                        await self.coord.create(path, encode_configs(new))
-                    else:
-                        await self.coord.set(path, encode_configs(new), node.version)
-                except (BadVersion, NodeExists, NoNode):
-                    continue
-                self._host.apply_cluster_default_configs(new)
-                return
-        except CoordinationError as exc:
-            raise TopicError(
-                ErrorCode.UNKNOWN_SERVER_ERROR, f"ZooKeeper, broker default configs: {exc}"
-            ) from None
-        raise TopicError(
-            ErrorCode.UNKNOWN_SERVER_ERROR, "the broker default configs kept changing; try again"
-        )
+        new = await self._change_configs(BROKER_DEFAULT_CONFIG, change, "broker default configs")
+        if new is not None:
+            self._host.apply_cluster_default_configs(new)
 
     async def read_topic_configs(self, name: str) -> dict[str, str]:
         """A cluster topic's config overrides as ZooKeeper holds them (DescribeConfigs on
@@ -371,32 +351,48 @@ class ZooKeeperAdmin:
         concurrent change is never lost: ``change`` is then called again on the new
         value. ``change`` may raise to refuse (its exception propagates). Every
         replica's config watch applies the stored value (AlterConfigs on any broker)."""
-        path = topic_config_path(name)
+
+        async def topic_exists() -> None:
+            if await self.coord.get(topic_path(name)) is None:
+                raise TopicError(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+                )
+
+        await self._change_configs(
+            topic_config_path(name), change, f"configs of {name}", before=topic_exists
+        )
+
+    async def _change_configs(
+        self,
+        path: str,
+        change: Callable[[dict[str, str]], dict[str, str] | None],
+        what: str,
+        *,
+        before: Callable[[], Awaitable[None]] | None = None,
+    ) -> dict[str, str] | None:
+        """Store ``change(current)`` in the config znode at ``path``, conditionally on its
+        version: a concurrent change is never lost, ``change`` is called again on the new
+        value. Returns what was stored; None (and nothing written) when ``change`` gave
+        None. ``before`` runs ahead of each read (it may raise to refuse)."""
         try:
             for _ in range(CONFIG_WRITE_ATTEMPTS):
-                if await self.coord.get(topic_path(name)) is None:
-                    raise TopicError(
-                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
-                    )
+                if before is not None:
+                    await before()
                 node = await self.coord.get(path)
                 new = change(decode_configs(node.data) if node is not None else {})
                 if new is None:
-                    return
+                    return None
                 try:
                     if node is None:
                         await self.coord.create(path, encode_configs(new))
                     else:
                         await self.coord.set(path, encode_configs(new), node.version)
-                    return
                 except (BadVersion, NodeExists, NoNode):
                     continue  # changed meanwhile: decide again on the new value
+                return new
         except CoordinationError as exc:
-            raise TopicError(
-                ErrorCode.UNKNOWN_SERVER_ERROR, f"ZooKeeper, configs of {name}: {exc}"
-            ) from None
-        raise TopicError(
-            ErrorCode.UNKNOWN_SERVER_ERROR, f"the configs of {name} kept changing; try again"
-        )
+            raise TopicError(ErrorCode.UNKNOWN_SERVER_ERROR, f"ZooKeeper, {what}: {exc}") from None
+        raise TopicError(ErrorCode.UNKNOWN_SERVER_ERROR, f"the {what} kept changing; try again")
 
 
 def encode_configs(configs: dict[str, str]) -> bytes:
