@@ -10,6 +10,7 @@ restart (SIGTERM, same port and data dir); every record is read exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +41,21 @@ class MetricsBroker(BrokerProcess):
                 "--metrics-listen", "127.0.0.1:0"]  # fmt: skip
 
 
+@contextlib.contextmanager
+def running_metrics_broker(directory: Path, toml: str) -> Iterator[MetricsBroker]:
+    """A :class:`MetricsBroker` with ``toml`` as its broker.toml, in ``directory``;
+    stopped at the end, and it must stop cleanly."""
+    config = directory / "broker.toml"
+    config.write_text(toml)
+    process = MetricsBroker(directory / "data", config)
+    process.start()
+    try:
+        yield process
+    finally:
+        if process.running:
+            assert process.stop() == 0, process.log_tail()
+
+
 def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -52,15 +68,8 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[MetricsBroker]:
-    config = tmp_path / "broker.toml"
-    config.write_text('"group.initial.rebalance.delay.ms" = 0\n')
-    process = MetricsBroker(tmp_path / "data", config)
-    process.start()
-    try:
+    with running_metrics_broker(tmp_path, '"group.initial.rebalance.delay.ms" = 0\n') as process:
         yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log_tail()
 
 
 class Member:

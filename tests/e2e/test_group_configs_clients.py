@@ -27,7 +27,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from tests.e2e.test_fetch_sessions import MetricsBroker
+from tests.e2e.test_fetch_sessions import MetricsBroker, running_metrics_broker
 from tests.e2e.test_share_consumer_librdkafka import make_topic, produce
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -40,15 +40,8 @@ DEADLINE_S = 30.0
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetricsBroker]:
     tmp = tmp_path_factory.mktemp("group-configs")
-    config = tmp / "broker.toml"
-    config.write_text('"group.share.heartbeat.interval.ms" = 500\n')
-    process = MetricsBroker(tmp / "data", config)
-    process.start()
-    try:
+    with running_metrics_broker(tmp, '"group.share.heartbeat.interval.ms" = 500\n') as process:
         yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log_tail()
 
 
 def group_name() -> str:

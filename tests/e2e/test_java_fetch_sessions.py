@@ -14,21 +14,14 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import METRICS_LINE
-from tests.e2e.test_fetch_sessions import MetricsBroker, wait_until
+from tests.e2e.test_fetch_sessions import MetricsBroker, running_metrics_broker, wait_until
 from tests.e2e.test_java_client import MAVEN_TIMEOUT_S, run_maven
 
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[MetricsBroker]:
-    config = tmp_path / "broker.toml"
-    config.write_text('"group.initial.rebalance.delay.ms" = 0\n')
-    process = MetricsBroker(tmp_path / "data", config)
-    process.start()
-    try:
+    with running_metrics_broker(tmp_path, '"group.initial.rebalance.delay.ms" = 0\n') as process:
         yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log_tail()
 
 
 @pytest.mark.timeout(MAVEN_TIMEOUT_S + 60)

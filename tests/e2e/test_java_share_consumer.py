@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_fetch_sessions import MetricsBroker
+from tests.e2e.test_fetch_sessions import MetricsBroker, running_metrics_broker
 from tests.e2e.test_java_client import MAVEN_TIMEOUT_S, run_maven
 
 LOCK_MS = 4000
@@ -22,18 +22,12 @@ LOCK_MS = 4000
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[MetricsBroker]:
-    config = tmp_path / "broker.toml"
-    config.write_text(
+    with running_metrics_broker(
+        tmp_path,
         f'"group.share.record.lock.duration.ms" = {LOCK_MS}\n'
-        '"group.share.heartbeat.interval.ms" = 1000\n'
-    )
-    process = MetricsBroker(tmp_path / "data", config)
-    process.start()
-    try:
+        '"group.share.heartbeat.interval.ms" = 1000\n',
+    ) as process:
         yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log_tail()
 
 
 @pytest.mark.timeout(MAVEN_TIMEOUT_S + 60)

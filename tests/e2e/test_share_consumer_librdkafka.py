@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.test_fetch_sessions import MetricsBroker
+from tests.e2e.test_fetch_sessions import MetricsBroker, running_metrics_broker
 from trio_broker.protocol import messages as m
 
 LOCK_MS = 3000
@@ -33,18 +33,12 @@ DEADLINE_S = 30.0
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetricsBroker]:
     tmp = tmp_path_factory.mktemp("share-librdkafka")
-    config = tmp / "broker.toml"
-    config.write_text(
+    with running_metrics_broker(
+        tmp,
         f'"group.share.record.lock.duration.ms" = {LOCK_MS}\n'
-        '"group.share.heartbeat.interval.ms" = 500\n'
-    )
-    process = MetricsBroker(tmp / "data", config)
-    process.start()
-    try:
+        '"group.share.heartbeat.interval.ms" = 500\n',
+    ) as process:
         yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log_tail()
 
 
 def names() -> tuple[str, str]:
