@@ -883,8 +883,16 @@ class GroupCoordinator:
         return store.append(entries, now, as_leader)
 
     async def _wait_counted(self, store: OffsetsStore, last_offset: int) -> None:
-        """Synced and below the high watermark (in a cluster, replicated) within
-        ``commit_timeout_s`` (Kafka answers COORDINATOR_NOT_AVAILABLE after it)."""
+        """Synced, then below the high watermark (in a cluster, replicated) within
+        ``commit_timeout_s`` (Kafka answers COORDINATOR_NOT_AVAILABLE after it).
+
+        The timeout is Kafka's: it bounds the wait for the replicas (its coordinators'
+        acks=-1 append), not our own fsync, which Kafka does not do and which is waited
+        for as long as it takes, alone as in a cluster."""
+        try:
+            await self.broker.flusher.wait_durable(store.log, last_offset)
+        except (KafkaError, OSError):
+            pass  # wait_counted sees the failed sync again and answers it
         with trio.move_on_after(self.commit_timeout_s):
             await wait_counted(
                 store.log, last_offset, durability=self.broker.flusher,

@@ -36,9 +36,9 @@ from trio_broker.partition.append import append as partition_append
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import build_batch
 from trio_broker.state.group import GroupRecord, MemberRecord
-from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.log import LogConfig
 from trio_broker.storage.log_protocol import Log
-from trio_broker.storage.memory import MemoryLog
+from trio_broker.storage.own_log import open_compacted_log
 from trio_broker.storage.replay import iter_log_records
 
 log = logging.getLogger("trio_broker.groups")
@@ -343,20 +343,7 @@ OFFSETS_SEGMENT_BYTES = 100 * 1024 * 1024
 def open_offsets_log(data_dir: Path | None, config: LogConfig) -> Log:
     """A node alone's ``__consumer_offsets-0``: ``<data_dir>/__consumer_offsets-0``, or a
     ``MemoryLog`` if ``data_dir`` is None."""
-    # Offsets must outlive any retention setting: nothing is ever deleted by age. The
-    # log is compacted instead (storage/cleaner.py): the latest record per key stays,
-    # in segments of Kafka's offsets.topic.segment.bytes (100 MiB).
-    config = attrs.evolve(
-        config,
-        retention_ms=None,
-        retention_bytes=None,
-        compact=True,
-        delete=False,
-        segment_bytes=min(config.segment_bytes, OFFSETS_SEGMENT_BYTES),
-    )
-    if data_dir is None:
-        return MemoryLog(config)
-    return PartitionLog.open(Path(data_dir) / OFFSETS_LOG_NAME, config)
+    return open_compacted_log(data_dir, OFFSETS_LOG_NAME, config, OFFSETS_SEGMENT_BYTES)
 
 
 class OffsetsStore:

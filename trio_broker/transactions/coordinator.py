@@ -40,9 +40,9 @@ from trio_broker.protocol.errors import KafkaError, ProtocolError
 from trio_broker.protocol.records import build_batch
 from trio_broker.services.internal_topics import TRANSACTION_STATE, NotCommitted, append_committed
 from trio_broker.services.local_replication import OwnLog
-from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.log import LogConfig
 from trio_broker.storage.log_protocol import Log
-from trio_broker.storage.memory import MemoryLog
+from trio_broker.storage.own_log import open_compacted_log
 from trio_broker.storage.replay import iter_log_records
 from trio_broker.transactions import state as st
 from trio_broker.transactions.log_format import (
@@ -169,21 +169,10 @@ class TransactionCoordinator:
     ) -> TransactionCoordinator:
         """A node alone's coordinator: open its own internal log (memory if ``data_dir``
         is None), which it leads as a cluster of one (``OwnLog``), and replay it."""
-        # Like the offsets log: never deleted by age, compacted instead (the latest record
-        # per transactional id stays; an expired id's tombstone goes after
-        # delete.retention.ms), in segments of Kafka's transaction.state.log.segment.bytes.
-        config = attrs.evolve(
-            config,
-            retention_ms=None,
-            retention_bytes=None,
-            compact=True,
-            delete=False,
-            segment_bytes=min(config.segment_bytes, TRANSACTION_LOG_SEGMENT_BYTES),
+        # Like the offsets log (an expired id's tombstone goes after delete.retention.ms).
+        txn_log = open_compacted_log(
+            data_dir, TRANSACTION_LOG_NAME, config, TRANSACTION_LOG_SEGMENT_BYTES
         )
-        if data_dir is None:
-            txn_log: Log = MemoryLog(config)
-        else:
-            txn_log = PartitionLog.open(Path(data_dir) / TRANSACTION_LOG_NAME, config)
         coordinator = cls(txn_log, replication=OwnLog(broker_id, txn_log), **deps)
         coordinator.load()
         return coordinator
