@@ -128,6 +128,19 @@ def sentinels() -> list[bytes]:
 
 
 @pytest.mark.timeout(90)
+def what_a_new_member_gets(broker: MetricsBroker, group: str, topic: str) -> list[Record]:
+    """A fresh member's records (accepting each), up to the sentinels produced after it
+    joined: what the group held back for it, then the sentinels."""
+    newcomer = member(broker.bootstrap, group, topic)
+    try:
+        got = join(broker, group, [newcomer])
+        produce(broker.bootstrap, topic, sentinels())
+        got += poll_until(newcomer, sentinels_seen, newcomer.acknowledge)
+    finally:
+        newcomer.close()
+    return got
+
+
 def test_two_implicit_members_get_every_record_once(broker: MetricsBroker) -> None:
     topic, group = names()
     make_topic(broker.bootstrap, topic)
@@ -180,13 +193,7 @@ def test_explicit_acknowledgements_sent_by_close(broker: MetricsBroker) -> None:
                 last[value] = (kind, count)
     finally:
         first.close()  # the last poll's acknowledgements go with it
-    second = member(broker.bootstrap, group, topic)
-    try:
-        again = join(broker, group, [second])
-        produce(broker.bootstrap, topic, sentinels())
-        again += poll_until(second, sentinels_seen, second.acknowledge)
-    finally:
-        second.close()
+    again = what_a_new_member_gets(broker, group, topic)
     released = {v: c + 1 for v, (k, c) in last.items() if k == AcknowledgeType.RELEASE}
     assert {r[2]: r[3] for r in again if not r[2].startswith(b"sentinel")} == released
     assert sorted(r[2] for r in again if r[3] == 1) == sorted(sentinels())
@@ -233,11 +240,5 @@ def test_accepted_records_stay_accepted_across_a_restart(broker: MetricsBroker) 
         first.close()
     broker.kill9()
     broker.start()
-    second = member(broker.bootstrap, group, topic)
-    try:
-        again = join(broker, group, [second])
-        produce(broker.bootstrap, topic, sentinels())
-        again += poll_until(second, sentinels_seen, second.acknowledge)
-    finally:
-        second.close()
+    again = what_a_new_member_gets(broker, group, topic)
     assert sorted(r[2] for r in again) == sorted(sentinels())

@@ -13,11 +13,10 @@ atomically on every change (rare); memory mode keeps them in this object only.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from trio_broker.storage.durable import write_file_atomically
+from trio_broker.storage.config_file import read_config_tables, string_table, write_config_tables
 from trio_broker.storage.errors import InvalidConfigError
 from trio_broker.storage.topic_configs import TOPIC_CONFIGS, check_topic_configs
 
@@ -76,12 +75,10 @@ class BrokerConfigStore:
     def __init__(self, data_dir: Path | None) -> None:
         self.path = None if data_dir is None else Path(data_dir) / BROKER_CONFIGS_FILE
         self.levels: dict[str, dict[str, str]] = {CLUSTER_DEFAULT: {}, THIS_BROKER: {}}
-        if self.path is not None and self.path.exists():
-            data = json.loads(self.path.read_bytes())
-            if data.get("version") != _FORMAT_VERSION:
-                raise ValueError(f"{self.path}: unknown version {data.get('version')!r}")
+        data = read_config_tables(self.path, _FORMAT_VERSION)
+        if data is not None:
             for level in self.levels:
-                self.levels[level] = {str(k): str(v) for k, v in data[level].items()}
+                self.levels[level] = string_table(data[level])
 
     def get(self, level: str) -> dict[str, str]:
         return dict(self.levels[level])
@@ -90,9 +87,7 @@ class BrokerConfigStore:
         """Replace one level's configs (checked first); durable before it returns."""
         check_broker_configs(configs)
         levels = {**self.levels, level: dict(configs)}
-        if self.path is not None:
-            body = {"version": _FORMAT_VERSION, **levels}
-            write_file_atomically(self.path, json.dumps(body, indent=1, sort_keys=True).encode())
+        write_config_tables(self.path, _FORMAT_VERSION, levels)
         self.levels = levels
 
     def effective(self) -> dict[str, str]:

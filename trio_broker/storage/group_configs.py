@@ -15,13 +15,12 @@ them in this object only.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from trio_broker.storage.durable import write_file_atomically
+from trio_broker.storage.config_file import read_config_tables, string_table, write_config_tables
 from trio_broker.storage.errors import InvalidConfigError
 
 GROUP_CONFIGS_FILE = "group-configs.json"
@@ -176,14 +175,10 @@ class GroupConfigStore:
 
     def __init__(self, data_dir: Path | None) -> None:
         self.path = None if data_dir is None else Path(data_dir) / GROUP_CONFIGS_FILE
-        self.groups: dict[str, dict[str, str]] = {}
-        if self.path is not None and self.path.exists():
-            data = json.loads(self.path.read_bytes())
-            if data.get("version") != _FORMAT_VERSION:
-                raise ValueError(f"{self.path}: unknown version {data.get('version')!r}")
-            self.groups = {
-                str(g): {str(k): str(v) for k, v in c.items()} for g, c in data["groups"].items()
-            }
+        data = read_config_tables(self.path, _FORMAT_VERSION)
+        self.groups: dict[str, dict[str, str]] = (
+            {} if data is None else {str(g): string_table(c) for g, c in data["groups"].items()}
+        )
 
     def get(self, group_id: str) -> dict[str, str]:
         return dict(self.groups.get(group_id, {}))
@@ -194,7 +189,5 @@ class GroupConfigStore:
         groups = {g: c for g, c in self.groups.items() if g != group_id}
         if configs:
             groups[group_id] = dict(configs)
-        if self.path is not None:
-            body = {"version": _FORMAT_VERSION, "groups": groups}
-            write_file_atomically(self.path, json.dumps(body, indent=1, sort_keys=True).encode())
+        write_config_tables(self.path, _FORMAT_VERSION, {"groups": groups})
         self.groups = groups
