@@ -379,17 +379,16 @@ class Connection:
                             response,
                         )  # fmt: skip
                     self.send_progress = trio.current_time()
+                    whole = False
                     try:
                         await self._send_parts(parts)
-                    except BaseException as exc:
+                        whole = True
+                    except OSError as exc:
+                        self.close(f"send failed: {exc}")
+                        return
+                    finally:  # captured only if it went out whole (not cut by a close)
                         if staged is not None:
-                            tap.not_sent(staged)
-                        if isinstance(exc, OSError):
-                            self.close(f"send failed: {exc}")
-                            return
-                        raise
-                    if staged is not None:
-                        tap.sent(staged)
+                            (tap.sent if whole else tap.not_sent)(staged)
                     self.send_progress = None
                 if pending.failed_login:
                     # The step that failed the login has its answer; the requests
