@@ -33,8 +33,6 @@ from trio_broker.storage.log import LogConfig, PartitionLog
 #: one): runs between them cover the moments, so one run needs no more than 25 kills
 #: (a run of 25 checked 514 durable batches; the floor below is 100).
 KILLS = int(os.environ.get("CRASH_KILLS", "25"))
-#: A ceiling against hangs; 25 kills normally take 15-20 s.
-TIME_BUDGET_S = float(os.environ.get("CRASH_TIME_BUDGET_S", "180"))
 CONFIG = LogConfig(segment_bytes=256 * 1024, index_interval_bytes=4096, retention_ms=None)
 
 CHILD = r"""
@@ -124,10 +122,10 @@ def test_kill_minus_nine_loses_nothing_durable(tmp_path: Path) -> None:
     rng = random.Random(seed)
     durable: dict[int, tuple[int, int]] = {}
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    started = time.monotonic()
     kills = early_kills = 0
+    # One kill per round, each round bounded by its own waits (the child's readiness,
+    # the reader's join): a slow machine makes the test slower, never red.
     while kills < KILLS:
-        assert time.monotonic() - started < TIME_BUDGET_S, f"only {kills} kills in budget"
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(directory), str(rng.randrange(1 << 30))],
             stdout=subprocess.PIPE,
