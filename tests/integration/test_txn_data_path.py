@@ -60,6 +60,18 @@ class AddedPartitions:
             return ErrorCode.INVALID_PRODUCER_EPOCH
         return ErrorCode.INVALID_TXN_STATE
 
+    async def verify_batches(
+        self, transactional_id: str, producer_id: int, producer_epoch: int,
+        partitions: list[tuple[str, int]],
+    ) -> dict[tuple[str, int], ErrorCode]:  # fmt: skip
+        """KIP-890's question, which Produce asks first: the same answers."""
+        return {
+            (topic, partition): ErrorCode(
+                self.partition_in_transaction(producer_id, producer_epoch, topic, partition)
+            )
+            for topic, partition in partitions
+        }
+
 
 @asynccontextmanager
 async def running_broker(data_dir: Path) -> AsyncIterator[tuple[Broker, RawClient]]:
@@ -145,8 +157,8 @@ async def marker(broker: Broker, pid: int, committed: bool, epoch: int = 0) -> i
 async def test_produce_asks_the_coordinator_and_refuses_control_batches(tmp_path: Path) -> None:
     async with running_broker(tmp_path / "data") as (broker, client):
         batch = txn_batch(7, 0, [b"x"])
-        # No coordinator: no transaction to be in.
-        assert (await produce(client, batch))[0] == ErrorCode.INVALID_TXN_STATE
+        # The broker's coordinator knows no such transactional id: KIP-890's answer.
+        assert (await produce(client, batch))[0] == ErrorCode.INVALID_PRODUCER_ID_MAPPING
         coordinator = AddedPartitions()
         broker.transactions = coordinator
         assert (await produce(client, batch))[0] == ErrorCode.INVALID_TXN_STATE  # not added

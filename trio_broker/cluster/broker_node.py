@@ -53,6 +53,8 @@ class ClusterHost(Protocol):
     producers: Any
     #: Internal topics' owners (group and transaction coordinators), by topic name.
     leadership_listeners: dict[str, Any]
+    #: The transaction coordinator, which the replica manager elects (below).
+    transactions: PartitionedTransactionCoordinator
     #: The deterministic simulation's in-memory ZooKeeper session and network (sim/);
     #: None: kazoo to ``zookeeper.connect`` and TCP.
     open_coordination: Any
@@ -184,18 +186,16 @@ async def run_cluster_node(
             tuple(f"{name}://{h}:{p}" for name, _, h, p in endpoints), wall_clock_ms(),
             tuple((name, protocol) for name, protocol, _, _ in endpoints if name != protocol),
         )  # fmt: skip
-        transactions = getattr(host, "transactions", None)
-        if isinstance(transactions, PartitionedTransactionCoordinator):
-            # The coordinator of a transactional id is the leader of its partition of
-            # __transaction_state; markers go to the partitions' leaders.
-            transactions.replication = manager
-            channel = TxnMarkerChannel(
-                host, manager,
-                offsets_partitions=getattr(config, "offsets_topic_num_partitions", 50),
-            )  # fmt: skip
-            transactions.send_markers = channel.send
-            transactions.ask_coordinator = channel.ask_coordinator
-            manager.leadership_listeners[TRANSACTION_STATE] = transactions
+        # The coordinator of a transactional id is the leader of its partition of
+        # __transaction_state; markers go to the partitions' leaders.
+        transactions = host.transactions
+        transactions.replication = manager
+        channel = TxnMarkerChannel(
+            host, manager, offsets_partitions=getattr(config, "offsets_topic_num_partitions", 50)
+        )
+        transactions.send_markers = channel.send
+        transactions.ask_coordinator = channel.ask_coordinator
+        manager.leadership_listeners[TRANSACTION_STATE] = transactions
         async with trio.open_nursery() as nursery:
             if isinstance(host.shared_security, ClusterSecurity):
                 nursery.start_soon(host.shared_security.follow)

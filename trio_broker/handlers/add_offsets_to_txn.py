@@ -11,7 +11,6 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.transactions.lookup import coordinator_of
 from trio_broker.transactions.state import fenced, fits_in_log
 
 Resp = m.AddOffsetsToTxnResponse
@@ -32,10 +31,7 @@ async def handle_add_offsets_to_txn(
         return answer(ErrorCode.GROUP_AUTHORIZATION_FAILED)
     if not request.group_id or not fits_in_log(request.group_id):
         return answer(ErrorCode.INVALID_GROUP_ID)
-    coordinator = coordinator_of(ctx.services)
-    if coordinator is None:
-        return answer(ErrorCode.COORDINATOR_NOT_AVAILABLE)
-    running = coordinator
+    running = ctx.services.transactions
 
     async def added() -> m.AddOffsetsToTxnResponse:
         return answer(

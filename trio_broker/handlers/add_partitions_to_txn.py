@@ -20,7 +20,7 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.transactions.lookup import AnyCoordinator, coordinator_of
+from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 from trio_broker.transactions.state import fenced
 
 Req = m.AddPartitionsToTxnRequest
@@ -59,7 +59,7 @@ def _refusals(
 
 
 async def _add(
-    ctx: RequestContext, coordinator: AnyCoordinator, transactional_id: str,
+    ctx: RequestContext, coordinator: PartitionedTransactionCoordinator, transactional_id: str,
     producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]],
 ) -> dict[tuple[str, int], ErrorCode]:  # fmt: skip
     """One transaction's partitions, added (v0-3 and v4+ without verify_only)."""
@@ -79,13 +79,9 @@ async def _add(
 async def handle_add_partitions_to_txn(
     ctx: RequestContext, request: m.AddPartitionsToTxnRequest
 ) -> m.AddPartitionsToTxnResponse | Deferred:
-    coordinator = coordinator_of(ctx.services)
+    running = ctx.services.transactions
     if ctx.api_version < FIRST_BATCHED_VERSION:
         partitions = _partitions(request.v3_and_below_topics)
-        if coordinator is None:
-            errors = dict.fromkeys(partitions, ErrorCode.COORDINATOR_NOT_AVAILABLE)
-            return Resp(throttle_time_ms=0, results_by_topic_v3_and_below=_results(errors))
-        running = coordinator
 
         async def added() -> m.AddPartitionsToTxnResponse:
             errors = await _add(
@@ -98,9 +94,6 @@ async def handle_add_partitions_to_txn(
 
     if not authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER):
         return Resp(throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
-    if coordinator is None:
-        return Resp(throttle_time_ms=0, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
-    running = coordinator
 
     async def batched() -> m.AddPartitionsToTxnResponse:
         results = []

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from trio_broker.services.topics import TopicManager
     from trio_broker.state.fetch_sessions import FetchSessionCache
     from trio_broker.storage.log_protocol import Log
+    from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -90,24 +91,6 @@ class Appends(Protocol):
 
     def notify_all(self) -> None: ...
     def watch(self, partitions: Iterable[tuple[str, int]]) -> FetchWait: ...
-
-
-class Transactions(Protocol):
-    """The transaction coordinator, as the partition side asks it (trio_broker/transactions).
-
-    ``Services.transactions`` is None on a broker without one.
-    """
-
-    def partition_in_transaction(
-        self, producer_id: int, producer_epoch: int, topic: str, partition: int
-    ) -> int:
-        """The ErrorCode for a transactional batch of this producer to this partition.
-
-        NONE when the producer's ongoing transaction has the partition added
-        (AddPartitionsToTxn, KIP-890's verification); INVALID_PRODUCER_EPOCH when the
-        epoch is fenced; INVALID_TXN_STATE otherwise.
-        """
-        ...
 
 
 class Services(Protocol):
@@ -159,7 +142,11 @@ class Services(Protocol):
         ...
 
     @property
-    def transactions(self) -> Transactions | None: ...
+    def transactions(self) -> PartitionedTransactionCoordinator:
+        """The transaction coordinator, never None: a node alone's leads the one
+        partition of its ``__transaction_state`` (trio_broker/transactions)."""
+        ...
+
     @property
     def shutting_down(self) -> bool: ...
     def now_ms(self) -> int:

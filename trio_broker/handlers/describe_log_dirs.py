@@ -23,8 +23,6 @@ from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.storage.log_protocol import Log
-from trio_broker.transactions.coordinator import TransactionCoordinator
-from trio_broker.transactions.lookup import coordinator_of
 
 Resp = m.DescribeLogDirsResponse
 DirResult = Resp.DescribeLogDirsResult
@@ -35,7 +33,7 @@ MEMORY_LOG_DIR = "(memory)"
 UNKNOWN_BYTES = -1
 #: The committed-offsets log: one partition, owned by the group coordinator.
 OFFSETS_TOPIC, OFFSETS_PARTITION = "__consumer_offsets", 0
-#: The transaction coordinator's log (trio_broker/transactions): one partition too.
+#: The transaction coordinator's log (trio_broker/transactions): alone one partition too.
 TRANSACTIONS_TOPIC = "__transaction_state"
 
 
@@ -48,9 +46,10 @@ def _partition_logs(ctx: RequestContext) -> Iterator[tuple[str, int, Log]]:
     # Alone the offsets log is the coordinator's own; a cluster's is a topic's replica.
     if offsets is not None and OFFSETS_TOPIC not in ctx.services.topics.topics:
         yield OFFSETS_TOPIC, OFFSETS_PARTITION, offsets.log
-    transactions = coordinator_of(ctx.services)
-    if isinstance(transactions, TransactionCoordinator):  # a cluster's are topic logs
-        yield TRANSACTIONS_TOPIC, 0, transactions.log
+    # The same for the transaction log: alone the coordinator's own partition.
+    if TRANSACTIONS_TOPIC not in ctx.services.topics.topics:
+        for partition, table in ctx.services.transactions.tables.items():
+            yield TRANSACTIONS_TOPIC, partition, table.log
 
 
 def _topic_results(

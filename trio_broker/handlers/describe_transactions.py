@@ -11,8 +11,6 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import LoopBudget, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.transactions.lookup import coordinator_of
-from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 Resp = m.DescribeTransactionsResponse
 State = Resp.TransactionState
@@ -22,7 +20,7 @@ State = Resp.TransactionState
 async def handle_describe_transactions(
     ctx: RequestContext, request: m.DescribeTransactionsRequest
 ) -> m.DescribeTransactionsResponse:
-    coordinator = coordinator_of(ctx.services)
+    coordinator = ctx.services.transactions
     states = []
     budget = LoopBudget(ctx.services)  # a request may name 100,000 ids
     for tid in request.transactional_ids:
@@ -30,14 +28,12 @@ async def handle_describe_transactions(
         described = State(transactional_id=tid, transaction_state="", transaction_timeout_ms=0,
                           transaction_start_time_ms=-1, producer_id=-1, producer_epoch=-1,
                           topics=[])  # fmt: skip
-        meta = None if coordinator is None else coordinator.get(tid)
+        table = coordinator.table_for(tid)
+        meta = None if isinstance(table, ErrorCode) else table.get(tid)
         if not authorized(ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, tid):
             described.error_code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-        elif coordinator is None:
-            described.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
-        elif isinstance(coordinator, PartitionedTransactionCoordinator) and isinstance(
-            table := coordinator.table_for(tid), ErrorCode
-        ):  # a cluster: NOT_COORDINATOR (or loading) for an id another broker coordinates
+        elif isinstance(table, ErrorCode):
+            # NOT_COORDINATOR (or loading) for an id another broker coordinates.
             described.error_code = table
         elif meta is None:
             described.error_code = ErrorCode.TRANSACTIONAL_ID_NOT_FOUND

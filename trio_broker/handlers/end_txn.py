@@ -13,7 +13,6 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.transactions.lookup import coordinator_of
 from trio_broker.transactions.state import fenced
 
 Resp = m.EndTxnResponse
@@ -33,10 +32,7 @@ async def handle_end_txn(
     tid = request.transactional_id
     if not authorized(ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid):
         return answer(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
-    coordinator = coordinator_of(ctx.services)
-    if coordinator is None:
-        return answer(ErrorCode.COORDINATOR_NOT_AVAILABLE)
-    running = coordinator
+    running = ctx.services.transactions
 
     async def ended() -> m.EndTxnResponse:
         return answer(

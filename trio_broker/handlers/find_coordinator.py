@@ -1,12 +1,12 @@
 """FindCoordinator: this node coordinates every group and every transactional id.
 
 v0-3 ask for one key; v4+ batch several (``coordinator_keys``) and get one
-entry each. Key type 0 is a group (the group coordinator's answer: this broker alone, in
-a cluster the leader of the group's ``__consumer_offsets`` partition), 1 a transactional
-id (this broker alone; in a cluster the leader of the id's ``__transaction_state``
-partition), anything else is an invalid request. An internal topic that does not exist
-yet is made through ``services.admin`` on first use. The address is the coordinator's
-on the client's listener, from ``services.leaders.view``.
+entry each. Key type 0 is a group (the group coordinator's answer: the leader of the
+group's ``__consumer_offsets`` partition), 1 a transactional id (the leader of the id's
+``__transaction_state`` partition), anything else is an invalid request. A node alone is
+a cluster of one: its internal topics have one partition, which it leads. An internal
+topic that does not exist yet is made through ``services.admin`` on first use. The
+address is the coordinator's on the client's listener, from ``services.leaders.view``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.services.internal_topics import TRANSACTION_STATE, partition_for
-from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
+from trio_broker.services.internal_topics import TRANSACTION_STATE
 
 Resp = m.FindCoordinatorResponse
 KEY_TYPE_GROUP = 0
@@ -43,12 +42,7 @@ def _locate(
         if not authorized(ctx, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key):
             return (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                     f"DESCRIBE on transactional id {key!r}", -1, "", -1)  # fmt: skip
-        if isinstance(ctx.services.transactions, PartitionedTransactionCoordinator):
-            return _transaction_coordinator_in_cluster(ctx, key)
-        if ctx.services.transactions is None:
-            return (ErrorCode.COORDINATOR_NOT_AVAILABLE, "no transaction coordinator",
-                    -1, "", -1)  # fmt: skip
-        return _at(ctx, ctx.services.config.node_id)  # a broker alone coordinates every id
+        return _transaction_coordinator(ctx, key)
     return ErrorCode.INVALID_REQUEST, f"unknown coordinator key type {key_type}", -1, "", -1
 
 
@@ -66,16 +60,19 @@ def _at(ctx: RequestContext, broker_id: int) -> tuple[ErrorCode, str | None, int
     return ErrorCode.NONE, None, broker_id, *address
 
 
-def _transaction_coordinator_in_cluster(
+def _transaction_coordinator(
     ctx: RequestContext, key: str
 ) -> tuple[ErrorCode, str | None, int, str, int]:
-    """The leader of the id's partition of ``__transaction_state`` (made on first use,
-    through ``services.admin``); COORDINATOR_NOT_AVAILABLE while the topic or that
-    leader is not there yet."""
+    """The leader of the id's partition of ``__transaction_state``, as the coordinator's
+    leadership has it (made on first use, through ``services.admin``; alone it is there
+    from the start); COORDINATOR_NOT_AVAILABLE while the topic or that leader is not
+    there yet."""
     config = ctx.services.config
     admin = ctx.services.admin
-    topic = admin.view.topics.get(TRANSACTION_STATE)
-    if topic is None:
+    transactions = ctx.services.transactions
+    partition = transactions.partition_of(key)
+    info = transactions.replication.partition(TRANSACTION_STATE, partition)
+    if info is None and TRANSACTION_STATE not in admin.view.topics:
         admin.ensure_internal_topic_soon(
             TRANSACTION_STATE, config.transaction_state_log_num_partitions,
             config.transaction_state_log_replication_factor,
@@ -84,8 +81,6 @@ def _transaction_coordinator_in_cluster(
              "segment.bytes": str(config.transaction_state_log_segment_bytes)},
         )  # fmt: skip
         return ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{TRANSACTION_STATE} is being made", -1, "", -1
-    partition = partition_for(key, config.transaction_state_log_num_partitions)
-    info = topic.partitions.get(partition)
     if info is None or info.leader not in admin.view.brokers:
         return (ErrorCode.COORDINATOR_NOT_AVAILABLE,
                 f"{TRANSACTION_STATE}-{partition} has no leader now", -1, "", -1)  # fmt: skip

@@ -26,7 +26,6 @@ from trio_broker.state.producer import (
     SnapshotError,
     decide_init_producer_id,
 )
-from trio_broker.transactions.lookup import coordinator_of
 from trio_broker.transactions.state import fenced
 
 log = logging.getLogger("trio_broker.producer")
@@ -81,9 +80,7 @@ def _transactional(
         return answer(
             ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
         )
-    coordinator = coordinator_of(ctx.services)
-    if coordinator is None:
-        return answer(ErrorCode.COORDINATOR_NOT_AVAILABLE, NO_PRODUCER_ID, NO_PRODUCER_EPOCH)
+    coordinator = ctx.services.transactions
 
     async def decided() -> m.InitProducerIdResponse:
         try:

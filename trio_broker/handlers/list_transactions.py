@@ -18,7 +18,6 @@ from trio_broker.handlers.base import LoopBudget, RequestContext, handles
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.patterns import InvalidPattern, Pattern, compile_pattern
-from trio_broker.transactions.lookup import coordinator_of
 from trio_broker.transactions.state import TxnState
 
 Resp = m.ListTransactionsResponse
@@ -28,10 +27,7 @@ Resp = m.ListTransactionsResponse
 async def handle_list_transactions(
     ctx: RequestContext, request: m.ListTransactionsRequest
 ) -> m.ListTransactionsResponse:
-    coordinator = coordinator_of(ctx.services)
-    if coordinator is None:
-        return Resp(throttle_time_ms=0, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                    unknown_state_filters=[], transaction_states=[])  # fmt: skip
+    coordinator = ctx.services.transactions
     wanted_states = set()
     unknown = []
     for name in request.state_filters:

@@ -232,8 +232,8 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     txn_id_denied = txn_id is not None and not authorized(
         ctx, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id
     )
-    # In a cluster, the first batch of a transaction in a partition is verified with the
-    # coordinator first (KIP-890). Awaited here, in the handler task, so that this
+    # The first batch of a transaction in a partition is verified with the coordinator
+    # first (KIP-890: this broker's table, or another broker's). Awaited here, in the handler task, so that this
     # connection's later batches still append after it, in order.
     verified = {} if txn_id is None or txn_id_denied else await verify_with_coordinator(
         ctx, request, txn_id
@@ -438,19 +438,13 @@ def check_in_transaction(
 ) -> None:  # fmt: skip
     """A transactional batch goes in only while the coordinator has the partition in the
     producer's ongoing transaction (KIP-890's verification); else its error code.
-    ``verified``: the coordinator's answers already asked for (in a cluster).
-
-    Without a coordinator there is no transaction to be in: INVALID_TXN_STATE.
-    """
+    ``verified``: the coordinator's answers already asked for."""
     answer = None if verified is None else verified.get((topic, partition))
     if answer is not None and answer != ErrorCode.NONE:
         raise BatchRejected(
             answer, f"{topic}-{partition}: not verified in the producer's transaction"
         )
-    transactions = services.transactions
-    if transactions is None:
-        raise BatchRejected(ErrorCode.INVALID_TXN_STATE, "this broker has no transactions")
-    code = transactions.partition_in_transaction(
+    code = services.transactions.partition_in_transaction(
         batch.producer_id, batch.producer_epoch, topic, partition
     )
     if code != ErrorCode.NONE:
@@ -462,14 +456,10 @@ def check_in_transaction(
 async def verify_with_coordinator(
     ctx: RequestContext, request: m.ProduceRequest, transactional_id: str
 ) -> dict[tuple[str, int], ErrorCode]:
-    """In a cluster: the coordinator's answer for each partition whose transactional
-    batch would begin the producer's transaction there (later batches of the
-    transaction find it open in the partition's producer state and need no question).
-    Empty on a broker alone, whose coordinator answers ``partition_in_transaction``."""
+    """The coordinator's answer for each partition whose transactional batch would
+    begin the producer's transaction there (later batches of the transaction find it
+    open in the partition's producer state and need no question)."""
     services = ctx.services
-    verify = getattr(services.transactions, "verify_batches", None)
-    if verify is None:  # only a cluster's (partitioned) coordinator verifies
-        return {}
     asked: dict[tuple[int, int], list[tuple[str, int]]] = {}
     for topic_data in request.topic_data:
         topic, _name, _missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
@@ -495,6 +485,8 @@ async def verify_with_coordinator(
             asked.setdefault(key, []).append((topic.name, data.index))
     verified: dict[tuple[str, int], ErrorCode] = {}
     for (producer_id, producer_epoch), partitions in asked.items():
-        answers = await verify(transactional_id, producer_id, producer_epoch, partitions)
+        answers = await services.transactions.verify_batches(
+            transactional_id, producer_id, producer_epoch, partitions
+        )
         verified.update(answers)
     return verified

@@ -53,7 +53,7 @@ from trio_broker.server.memory_budget import MemoryBudget
 from trio_broker.server.quotas import with_request_quota
 from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.server.transport import open_connection, tls_contexts
-from trio_broker.services.internal_topics import CONSUMER_OFFSETS
+from trio_broker.services.internal_topics import CONSUMER_OFFSETS, TRANSACTION_STATE
 from trio_broker.services.local_replication import (
     BrokerReplication,
     DataReplication,
@@ -61,6 +61,7 @@ from trio_broker.services.local_replication import (
     LocalReplication,
     LocalView,
 )
+from trio_broker.services.own_partition import OWN_PARTITIONS, OwnPartition
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.quotas import QuotaService
 from trio_broker.services.stats import BrokerStats
@@ -75,7 +76,7 @@ from trio_broker.storage.group_commit import FlushPolicy
 from trio_broker.storage.group_configs import GroupConfigStore
 from trio_broker.storage.log import LogConfig, wall_clock_ms
 from trio_broker.storage.log_protocol import Log
-from trio_broker.transactions.coordinator import TransactionCoordinator
+from trio_broker.transactions.coordinator import TransactionCoordinator, open_transaction_log
 from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 log = logging.getLogger("trio_broker")
@@ -201,11 +202,17 @@ class Broker:
         #: Owners of internal topics (services/internal_topics.py), by topic name: the
         #: replica manager tells them about leadership once this broker joins a cluster.
         self.leadership_listeners: dict[str, Any] = {}
-        #: The group coordinator leads the __consumer_offsets partitions it is told of: in
-        #: a cluster by the replica manager; alone by OwnOffsets, the leadership of the
-        #: one partition in <data_dir>/__consumer_offsets-0 (started after it, it elects
-        #: it and waits for its table before clients come).
+        #: The coordinators lead the partitions of their internal topics they are told
+        #: of (services/internal_topics.py): the group coordinator __consumer_offsets',
+        #: the transaction coordinator __transaction_state's, one table per partition
+        #: (docs/transactions.md). In a cluster the replica manager tells them, once this
+        #: broker joined (until then it leads nothing). Alone, a cluster of one, each
+        #: topic has one partition in its own file (<data_dir>/__consumer_offsets-0,
+        #: <data_dir>/__transaction_state-0), led from start to end by an OwnPartition:
+        #: started after its coordinator's service, it elects the coordinator and waits
+        #: for its table before clients come.
         self.groups: GroupCoordinator
+        self.transactions: PartitionedTransactionCoordinator
         if clustered:
             self.groups = GroupCoordinator(
                 self, offsets_partitions=config.offsets_topic_num_partitions,
@@ -213,12 +220,27 @@ class Broker:
                 leaders=lambda: cast(OffsetsLeaders, self.replication),
             )  # fmt: skip
             self.leadership_listeners[CONSUMER_OFFSETS] = self.groups
-            self.services.append(self.groups)
+            self.transactions = PartitionedTransactionCoordinator(
+                config.transaction_state_log_num_partitions, self._transaction_table,
+                LeadsNothing(config.node_id),
+            )  # fmt: skip
+            self.services += [self.groups, TransactionTimers(self.transactions, config)]
         else:
             self.groups, own_offsets = coordinator_alone(
                 self, partial(open_offsets_log, data_dir, self.log_defaults)
             )
-            self.services += [self.groups, own_offsets]
+            own_transactions = OwnPartition(
+                TRANSACTION_STATE, config.node_id,
+                partial(open_transaction_log, data_dir, self.log_defaults),
+                run_off_loop=self.run_off_loop,
+            )  # fmt: skip
+            self.transactions = PartitionedTransactionCoordinator(
+                OWN_PARTITIONS, self._transaction_table, own_transactions
+            )
+            timers = TransactionTimers(self.transactions, config)
+            own_transactions.elect = self.transactions.elected
+            own_transactions.wait_loaded = partial(timers.wait_loaded, 0)
+            self.services += [self.groups, own_offsets, timers, own_transactions]
         #: Share groups (KIP-932); alone, their share partitions' state is replayed from
         #: <data_dir>/__share_group_state-0 (docs/share-groups.md).
         self.shares = ShareGroups(ShareGroupsConfig(
@@ -260,30 +282,6 @@ class Broker:
         #: to its in-memory ZooKeeper and network; None: kazoo and TCP.
         self.open_coordination: Callable[[], Any] | None = None
         self.open_stream: Any = None
-        #: The transaction coordinator (trio_broker/transactions): its table is replayed
-        #: from <data_dir>/__transaction_state-0 here; its timers are a service task.
-        #: In cluster mode, one table per led __transaction_state partition instead.
-        self.transactions: Any = None
-        if config.zookeeper_connect is None:
-            self.transactions = TransactionCoordinator.open(
-                data_dir, self.log_defaults, broker_id=config.node_id, topics=self.topics,
-                producers=self.producers, durability=self.flusher, appends=self.appends,
-                groups=self.groups,
-                allocate_producer_id=lambda: self.producers.allocator.allocate(),
-                write_marker=append_txn_marker, now_ms=now_ms,
-                max_timeout_ms=config.transaction_max_timeout_ms,
-                expiration_ms=config.transactional_id_expiration_ms,
-            )  # fmt: skip
-            self.services.append(TransactionTimers(self.transactions, config))
-        else:
-            # A cluster: one table per __transaction_state partition this broker leads,
-            # loaded when the replica manager elects it (docs/transactions.md).
-            # Until the broker joins it leads nothing: no partition is about to load.
-            self.transactions = PartitionedTransactionCoordinator(
-                config.transaction_state_log_num_partitions, self._transaction_table,
-                LeadsNothing(config.node_id),
-            )  # fmt: skip
-            self.services.append(TransactionTimers(self.transactions, config))
         #: The Prometheus /metrics and /health responder (trio_broker.server.metrics), or None.
         self.metrics: Any = None
         if config.metrics_listener is not None:
@@ -495,7 +493,8 @@ class Broker:
         self, partition: int, leader_epoch: int, log_: Log, replication: Any,
         send_markers: Any,
     ) -> TransactionCoordinator:  # fmt: skip
-        """A cluster's coordinator table for one led __transaction_state partition."""
+        """The coordinator's table of one led __transaction_state partition (its log is
+        the topic manager's, or alone the OwnPartition's)."""
         config = self.config
         return TransactionCoordinator(
             log_, topics=self.topics, producers=self.producers, durability=self.flusher,
@@ -554,8 +553,9 @@ class Broker:
         offsets = self.groups.offsets
         if offsets is not None and CONSUMER_OFFSETS not in self.topics.topics:  # alone
             logs.append(offsets.log)
-        if isinstance(self.transactions, TransactionCoordinator):  # a cluster's are topic logs
-            logs.append(self.transactions.log)
+        for table in self.transactions.tables.values():
+            if TRANSACTION_STATE not in self.topics.topics:  # alone: the coordinator's own
+                logs.append(table.log)
         if self.shares.store is not None:
             logs.append(self.shares.store.log)
         return logs

@@ -8,10 +8,12 @@ unfinished end; every
 transaction.remove.expired.transaction.cleanup.interval.ms it forgets idle
 transactional ids (transactional.id.expiration.ms).
 
-In a cluster the coordinator keeps one table per led ``__transaction_state``
-partition; a second task loads each newly elected partition's table (and finishes
-what its previous leader left) as soon as the replica manager reports it. The timers
-act on the loaded tables only.
+The coordinator keeps one table per led ``__transaction_state`` partition; a second
+task loads each newly elected partition's table (and finishes what its previous leader
+left) as soon as the partition's leadership reports it: a cluster's replica manager,
+or alone the ``OwnPartition`` of its one partition, which waits for that table
+(:meth:`TransactionTimers.wait_loaded`) before the broker takes clients. The timers act
+on the loaded tables only.
 """
 
 from __future__ import annotations
@@ -21,16 +23,13 @@ from typing import Any
 
 import trio
 
-from trio_broker.transactions.coordinator import TransactionCoordinator
 from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 
 log = logging.getLogger("trio_broker.transactions")
 
 
 class TransactionTimers:
-    def __init__(
-        self, coordinator: TransactionCoordinator | PartitionedTransactionCoordinator, config: Any
-    ) -> None:
+    def __init__(self, coordinator: PartitionedTransactionCoordinator, config: Any) -> None:
         self.coordinator = coordinator
         self.abort_interval_s = (
             config.transaction_abort_timed_out_transaction_cleanup_interval_ms / 1000
@@ -39,14 +38,16 @@ class TransactionTimers:
             config.transaction_remove_expired_transaction_cleanup_interval_ms / 1000
         )
         self._elected = trio.Event()
+        #: Set after each round of loading (then replaced): what :meth:`wait_loaded`
+        #: waits for.
+        self._load_round = trio.Event()
         self._nursery: trio.Nursery | None = None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            if isinstance(self.coordinator, PartitionedTransactionCoordinator):
-                self.coordinator.on_elected = self._elected.set
-                nursery.start_soon(self._load_elected, self.coordinator)
+            self.coordinator.on_elected = self._elected.set
+            nursery.start_soon(self._load_elected, self.coordinator)
             task_status.started()
             await self._timers()
 
@@ -60,9 +61,18 @@ class TransactionTimers:
             for table in loaded:  # in the background: markers may wait for leaders
                 assert self._nursery is not None
                 self._nursery.start_soon(table.recover)
+            self._load_round.set()
+            self._load_round = trio.Event()
             await self._elected.wait()
             self._elected = trio.Event()
             coordinator.on_elected = self._elected.set
+
+    async def wait_loaded(self, partition: int) -> bool:
+        """Wait until an elected partition's table is loaded: True, or False when it is
+        not led (any more) or could not be loaded (``load_pending`` logged why)."""
+        while partition in self.coordinator.loading:
+            await self._load_round.wait()
+        return partition in self.coordinator.tables
 
     async def _timers(self) -> None:
         await self.coordinator.recover()

@@ -1,11 +1,16 @@
-"""The transaction coordinator: the table of transactional ids and its durable log.
+"""The transaction coordinator's table: the transactional ids of one led partition of
+``__transaction_state`` and its durable log.
 
-Every change of a transactional id's metadata is one record in
-``<data_dir>/__transaction_state-0`` (a ``MemoryLog`` with ``--storage
-memory``), written and made durable *before* the table changes and before the
-client is answered. On start the log is replayed (the last record per id wins;
-a null value deletes the id) and :meth:`recover` finishes any commit or abort
-that a crash left between its Prepare and Complete records.
+Every broker's coordinator is ``transactions/partitioned.py``'s, one table per
+``__transaction_state`` partition it leads: in a cluster those of the replicated topic,
+on a node alone the one partition of a cluster of one, ``<data_dir>/__transaction_state-0``
+(``open_transaction_log``; a ``MemoryLog`` with ``--storage memory``), which it leads
+from start to end (``services/own_partition.py``). Every change of a transactional id's
+metadata is one record in the partition's log, written and made durable (committed)
+*before* the table changes and before the client is answered. When the partition is
+elected the log is replayed (the last record per id wins; a null value deletes the id)
+and :meth:`recover` finishes any commit or abort that a crash (or the previous leader)
+left between its Prepare and Complete records.
 
 EndTxn's path: PrepareCommit/PrepareAbort durable -> one marker per partition
 (``write_marker``, the partition side's ``append_txn_marker``) and each marker
@@ -13,11 +18,10 @@ durable -> the groups of AddOffsetsToTxn commit or drop their staged offsets ->
 CompleteCommit/CompleteAbort durable -> answer. On one node the markers are
 local appends, so answering after them costs an fsync and no network.
 
-In a cluster the same class holds the table of one ``__transaction_state`` partition
-this broker leads (``transactions/partitioned.py`` keeps one per led partition): its
-writes count once below the partition's high watermark (``append_committed``), its
-markers go to the partitions' leaders through ``send_markers`` and carry the
-partition's leader epoch as coordinator epoch.
+Its writes count once below the partition's high watermark (``append_committed``;
+alone, once synced), its markers carry the partition's leader epoch as coordinator
+epoch (0 alone); in a cluster they go to the partitions' leaders through
+``send_markers``.
 
 Sans-I/O like the handlers: no trio here. The async methods await only the
 durability service and the group coordinator; the shell (server/) runs the
@@ -39,7 +43,6 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError, ProtocolError
 from trio_broker.protocol.records import build_batch
 from trio_broker.services.internal_topics import TRANSACTION_STATE, NotCommitted, append_committed
-from trio_broker.services.local_replication import OwnLog
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.own_log import open_compacted_log
@@ -55,9 +58,10 @@ from trio_broker.transactions.state import TopicPartition, TxnMetadata, TxnState
 
 log = logging.getLogger("trio_broker.transactions")
 
-#: Directory of the internal log under the data dir (Kafka's topic name, partition 0).
+#: A node alone's log under the data dir (Kafka's topic name, partition 0).
 TRANSACTION_LOG_NAME = "__transaction_state-0"
-#: One node, one coordinator that never moves: markers carry coordinator epoch 0.
+#: A table's default coordinator epoch: a node alone's, whose one partition is led in
+#: epoch 0 from start to end (``LOCAL_LEADER_EPOCH``).
 COORDINATOR_EPOCH = 0
 #: A marker append refused with these needs no retry: nothing is left to close there.
 MARKER_NOT_NEEDED = frozenset(
@@ -108,6 +112,13 @@ class MarkerSender(Protocol):
 TRANSACTION_LOG_SEGMENT_BYTES = 100 * 1024 * 1024
 
 
+def open_transaction_log(data_dir: Path | None, config: LogConfig) -> Log:
+    """A node alone's ``__transaction_state-0``: ``<data_dir>/__transaction_state-0``, or
+    a ``MemoryLog`` if ``data_dir`` is None. Compacted like the offsets log (an expired
+    id's tombstone goes after delete.retention.ms)."""
+    return open_compacted_log(data_dir, TRANSACTION_LOG_NAME, config, TRANSACTION_LOG_SEGMENT_BYTES)
+
+
 class TransactionCoordinator:
     def __init__(
         self,
@@ -141,11 +152,12 @@ class TransactionCoordinator:
         self.now_ms = now_ms
         self.max_timeout_ms = max_timeout_ms
         self.expiration_ms = expiration_ms
-        #: What the table's writes count through: in a cluster the replica manager, this
-        #: table being that of ``__transaction_state`` partition ``txn_partition``, whose
-        #: leader epoch is the coordinator epoch markers carry (its log belongs to the
-        #: topic manager then: ``owns_log`` False); on a node alone the ``OwnLog`` of
-        #: its own file (synced is committed; coordinator epoch 0).
+        #: What the table's writes count through, this table being that of
+        #: ``__transaction_state`` partition ``txn_partition``, whose leader epoch is the
+        #: coordinator epoch markers carry: in a cluster the replica manager, on a node
+        #: alone its ``OwnPartition`` (synced is committed; epoch 0). The broker's tables
+        #: do not own their logs (``owns_log`` False: the topic manager's, or the
+        #: ``OwnPartition``'s); a table made alone in a test may.
         self.replication = replication
         self.txn_partition = txn_partition
         self.coordinator_epoch = coordinator_epoch
@@ -163,23 +175,13 @@ class TransactionCoordinator:
             tuple[str, int, int], dict[TopicPartition, tuple[Log, int] | None]
         ] = {}
 
-    @classmethod
-    def open(
-        cls, data_dir: Path | None, config: LogConfig, *, broker_id: int, **deps: Any
-    ) -> TransactionCoordinator:
-        """A node alone's coordinator: open its own internal log (memory if ``data_dir``
-        is None), which it leads as a cluster of one (``OwnLog``), and replay it."""
-        # Like the offsets log (an expired id's tombstone goes after delete.retention.ms).
-        txn_log = open_compacted_log(
-            data_dir, TRANSACTION_LOG_NAME, config, TRANSACTION_LOG_SEGMENT_BYTES
-        )
-        coordinator = cls(txn_log, replication=OwnLog(broker_id, txn_log), **deps)
-        coordinator.load()
-        return coordinator
-
     def close(self) -> None:
         if self.owns_log:
             self.log.close()
+
+    def coordinates_producer(self, producer_id: int) -> bool:
+        """Whether the producer id is that of one of this table's transactional ids."""
+        return producer_id in self._by_producer
 
     # ------------------------------------------------------------------ replay
 
@@ -392,7 +394,7 @@ class TransactionCoordinator:
                     appended[topic, partition] = self.write_marker(
                         self.topics, self.producers, self.durability, self.appends, topic,
                         partition, prepared.producer_id, prepared.producer_epoch, committed,
-                        COORDINATOR_EPOCH, self.now_ms(),
+                        self.coordinator_epoch, self.now_ms(),
                     )  # fmt: skip
                 except KafkaError as exc:
                     if exc.error_code not in MARKER_NOT_NEEDED:

@@ -1,14 +1,18 @@
-"""The transaction coordinator of a broker in a cluster: one table per led partition.
+"""The transaction coordinator of every broker: one table per led partition.
 
-In a cluster a transactional id belongs to partition ``partition_for(id, n)`` of the
-replicated ``__transaction_state`` topic (n = transaction.state.log.num.partitions), and
-its coordinator is that partition's leader, as in Kafka. This broker keeps one
-:class:`TransactionCoordinator` per partition it leads, each writing only to its own
-partition's log (through ``append_committed``: synced and below the high watermark) and
-stamping its markers with the partition's leader epoch as coordinator epoch.
+A transactional id belongs to partition ``partition_for(id, n)`` of
+``__transaction_state``, and its coordinator is that partition's leader, as in Kafka.
+In a cluster the topic is replicated (n = transaction.state.log.num.partitions); a node
+alone is a cluster of one, with n = 1 and the one partition in its own file
+(``<data_dir>/__transaction_state-0``), led from start to end by its ``OwnPartition``
+(services/own_partition.py). This broker keeps one :class:`TransactionCoordinator` per
+partition it leads, each writing only to its own partition's log (through
+``append_committed``: synced and below the high watermark) and stamping its markers with
+the partition's leader epoch as coordinator epoch.
 
-The replica manager tells :class:`PartitionedTransactionCoordinator` (a
-``LeadershipListener``) when leadership comes and goes:
+The partition's leadership (the replica manager, or alone the ``OwnPartition``) tells
+:class:`PartitionedTransactionCoordinator` (a ``LeadershipListener``) when leadership
+comes and goes:
 
 - ``elected``: the partition is *loading* (its ids answer COORDINATOR_LOAD_IN_PROGRESS)
   until the shell (server/transaction_timers.py) calls :meth:`load_pending`, which
@@ -17,7 +21,7 @@ The replica manager tells :class:`PartitionedTransactionCoordinator` (a
 - ``resigned``: the table is dropped; its ids answer NOT_COORDINATOR from then on, and a
   write in flight fails with NOT_COORDINATOR (``append_committed`` sees the term gone).
 
-The handlers see the same methods as on a single broker; each routes to the id's table.
+The handlers call it as one coordinator; each call routes to the id's table.
 Sans-I/O: no trio; the loading and the timers are the shell's.
 """
 
@@ -31,6 +35,7 @@ import attrs
 
 from trio_broker.partition.append import Replication
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.services.cluster_view import PartitionInfo
 from trio_broker.services.internal_topics import TRANSACTION_STATE, partition_for
 from trio_broker.storage.log_protocol import Log
 from trio_broker.transactions.coordinator import InitResult, MarkerSender, TransactionCoordinator
@@ -42,8 +47,14 @@ log = logging.getLogger("trio_broker.transactions")
 
 
 class Leaders(Replication, Protocol):
-    """What the tables write through and the routing asks: the replica manager once the
-    broker joined, ``LeadsNothing`` before and after (``services/local_replication.py``)."""
+    """What the tables write through and the routing asks: in a cluster the replica
+    manager once the broker joined, ``LeadsNothing`` before and after
+    (``services/local_replication.py``); alone the ``OwnPartition`` of its one partition
+    (``services/own_partition.py``)."""
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        """The partition's replicas and leader, as FindCoordinator answers them."""
+        ...
 
     def about_to_lead(self, topic: str, partition: int) -> bool:
         """Elected to lead the partition, its listeners not told yet."""
@@ -86,16 +97,18 @@ class _Loading:
 
 
 class PartitionedTransactionCoordinator:
-    def __init__(self, num_partitions: int, make_table: TableFactory, unjoined: Leaders) -> None:
-        #: transaction.state.log.num.partitions: fixed for the cluster's life (as in
-        #: Kafka, changing it moves ids to other partitions and loses their state).
+    def __init__(self, num_partitions: int, make_table: TableFactory, leaders: Leaders) -> None:
+        #: transaction.state.log.num.partitions in a cluster, fixed for its life (as in
+        #: Kafka, changing it moves ids to other partitions and loses their state); 1 on
+        #: a node alone.
         self.num_partitions = num_partitions
         #: A table over a led partition's log, not loaded yet.
         self.make_table = make_table
-        #: The replica manager once the broker joins its cluster (cluster/broker_node.py;
-        #: the tables write through it), ``unjoined`` (leads nothing) until then; the
-        #: marker channel's ``send`` is set with it.
-        self.replication: Leaders = unjoined
+        #: Who leads the partitions (the tables write through it): alone its
+        #: ``OwnPartition`` from start to end; in a cluster ``LeadsNothing`` until the
+        #: broker joins, then the replica manager (cluster/broker_node.py), with which
+        #: the marker channel's ``send`` is set.
+        self.replication: Leaders = leaders
         self.send_markers: MarkerSender | None = None
         #: Set with them: asks another broker's coordinator (AddPartitionsToTxn v4,
         #: verify_only) whether partitions are in a transaction.
@@ -178,10 +191,19 @@ class PartitionedTransactionCoordinator:
     def partition_in_transaction(
         self, producer_id: int, producer_epoch: int, topic: str, partition: int
     ) -> int:
-        """Produce's check after :meth:`verify_batches`: a batch that begins the
-        producer's transaction in the partition was verified with the coordinator
-        already (produce.py asks first); later ones find it open in the partition's
-        producer state, which also refuses fenced epochs."""
+        """Produce's check after :meth:`verify_batches`. The producer's coordinator is
+        here: its table answers (the partition is in its ongoing transaction, or
+        INVALID_PRODUCER_EPOCH / INVALID_TXN_STATE). This broker coordinates every id (a
+        node alone) and knows no such producer: it is in no transaction,
+        INVALID_TXN_STATE. Else another broker coordinates it: a batch that begins the
+        producer's transaction in the partition was verified with it already
+        (produce.py asks first); later ones find it open in the partition's producer
+        state, which also refuses fenced epochs."""
+        for table in self.tables.values():
+            if table.coordinates_producer(producer_id):
+                return table.partition_in_transaction(producer_id, producer_epoch, topic, partition)
+        if len(self.tables) == self.num_partitions:
+            return int(ErrorCode.INVALID_TXN_STATE)
         return int(ErrorCode.NONE)
 
     async def verify_batches(
@@ -263,7 +285,8 @@ class PartitionedTransactionCoordinator:
         return sum([await table.expire_ids() for table in list(self.tables.values())])
 
     def close(self) -> None:
-        """The logs are the topic manager's: nothing to close here."""
+        """The logs are the topic manager's (alone, the ``OwnPartition``'s): nothing to
+        close here."""
         self.tables.clear()
         self.loading.clear()
 

@@ -11,10 +11,10 @@ import trio
 
 from trio_broker.config import BrokerConfig
 from trio_broker.groups.offsets_store import OFFSETS_LOG_NAME, OffsetAndMetadata, OffsetKey
-from trio_broker.groups.own_offsets import OwnOffsets
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.server.broker import Broker
 from trio_broker.services.internal_topics import CONSUMER_OFFSETS
+from trio_broker.services.own_partition import OwnPartition
 
 
 async def test_a_broker_alone_leads_its_one_offsets_partition(tmp_path: Path) -> None:
@@ -55,7 +55,9 @@ async def test_offsets_that_cannot_be_opened_stop_the_start(tmp_path: Path) -> N
     # As before the coordinator was elected: a broker alone without its offsets does
     # not start (nothing listens).
     broker = Broker(BrokerConfig(port=0, data_dir=tmp_path))
-    own = next(s for s in broker.services if isinstance(s, OwnOffsets))
+    own = next(
+        s for s in broker.services if isinstance(s, OwnPartition) and s.topic == CONSUMER_OFFSETS
+    )
 
     def broken() -> None:
         raise OSError("disk gone")

@@ -31,8 +31,10 @@ WIRING = ("trio_broker/config.py", "trio_broker/cluster/")
 #: replica manager), a cluster's fact. With ``in_cluster`` and ``zookeeper_connect is
 #: None`` counted (the group coordinator's slice, which removed its ``in_cluster``): two
 #: more, both in server/broker.py's wiring, the modes left for later slices (a node
-#: alone's transaction coordinator and its share-group state).
-MAX_BRANCHES = 10
+#: alone's transaction coordinator and its share-group state). The transaction
+#: coordinator's slice removed one: a node alone's is the partitioned one, elected over
+#: its one ``__transaction_state`` partition by an ``OwnPartition``, as its groups' is.
+MAX_BRANCHES = 9
 
 #: The data path's handlers: no branch at all (a node alone has a term too).
 DATA_PATH = (

@@ -440,7 +440,8 @@ def test_committed_offsets_log_is_compacted_and_stops_growing(tmp_path: Path) ->
 
 def test_transaction_log_is_compacted_and_replays_to_the_same_table(tmp_path: Path) -> None:
     from trio_broker.protocol.records import build_batch as batch_of
-    from trio_broker.transactions.coordinator import TransactionCoordinator
+    from trio_broker.services.local_replication import OwnLog
+    from trio_broker.transactions.coordinator import TransactionCoordinator, open_transaction_log
     from trio_broker.transactions.log_format import encode_key, encode_value
     from trio_broker.transactions.state import TxnMetadata, TxnState
 
@@ -448,10 +449,17 @@ def test_transaction_log_is_compacted_and_replays_to_the_same_table(tmp_path: Pa
     # Replaying the log needs none of the coordinator's collaborators.
     unused = dict.fromkeys(("topics", "producers", "durability", "appends", "groups",
                             "allocate_producer_id", "write_marker"))  # fmt: skip
-    coordinator = TransactionCoordinator.open(
-        tmp_path, config, broker_id=0, now_ms=lambda: T0, **unused
-    )
-    txn_log = coordinator.log
+
+    def replayed() -> TransactionCoordinator:
+        """A node alone's table over its own __transaction_state-0, loaded."""
+        txn_log = open_transaction_log(tmp_path, config)
+        table = TransactionCoordinator(
+            txn_log, replication=OwnLog(0, txn_log), now_ms=lambda: T0, **unused
+        )
+        table.load()
+        return table
+
+    txn_log = replayed().log
     assert txn_log.config.compact and not txn_log.config.delete
     ids = [f"txn-{n}" for n in range(4)]
     sizes, latest = [], {}
@@ -469,9 +477,7 @@ def test_transaction_log_is_compacted_and_replays_to_the_same_table(tmp_path: Pa
         sizes.append(txn_log.size_bytes)
     assert max(sizes) < 2 * 2048 + 4 * 200, sizes  # one fresh segment + the latest per id
     txn_log.close()
-    reopened = TransactionCoordinator.open(
-        tmp_path, config, broker_id=0, now_ms=lambda: T0, **unused
-    )
+    reopened = replayed()
     table = {m.transactional_id: (m.producer_id, m.producer_epoch, m.state) for m in reopened.all()}
     assert table == {tid: value for tid, value in latest.items() if value is not None}
     assert ids[3] not in table and len(table) == 3  # the tombstoned id is gone

@@ -70,6 +70,11 @@ class Replication:
     def leader_term(self, topic: str, partition: int) -> Term | None:
         return self.terms.get((topic, partition))
 
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        """As the replica manager: the partition as its view has it."""
+        info = self.view.topics.get(topic)
+        return None if info is None else info.partitions.get(partition)
+
     def about_to_lead(self, topic: str, partition: int) -> bool:
         """As the replica manager: the view names this broker, its term is not begun."""
         info = self.view.topics.get(topic)

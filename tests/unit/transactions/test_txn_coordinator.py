@@ -37,8 +37,9 @@ from trio_broker.protocol.records import build_control_batch, iter_batches, read
 from trio_broker.security.acl import ResourceType
 from trio_broker.server.fetch_waits import FetchWaits
 from trio_broker.server.transaction_timers import TransactionTimers
-from trio_broker.services.internal_topics import CONSUMER_OFFSETS
-from trio_broker.services.local_replication import LocalReplication, LocalView, OwnLog
+from trio_broker.services.internal_topics import CONSUMER_OFFSETS, TRANSACTION_STATE
+from trio_broker.services.local_replication import LocalReplication, LocalView
+from trio_broker.services.own_partition import OWN_PARTITIONS, OwnPartition
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topic_admin import LocalAdmin
 from trio_broker.services.topics import TopicManager
@@ -47,6 +48,7 @@ from trio_broker.storage.log import LogConfig
 from trio_broker.storage.memory import MemoryLog
 from trio_broker.transactions.coordinator import TransactionCoordinator
 from trio_broker.transactions.log_format import decode_key, decode_value, encode_key, encode_value
+from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 from trio_broker.transactions.state import TxnMetadata, TxnState
 
 TID = "txn-1"
@@ -94,6 +96,10 @@ def append_marker(
     return log, result.last_offset
 
 
+async def _unused(open_log: Callable[[], Any]) -> Any:
+    raise AssertionError("the fixture's OwnPartition leads an open log: it opens none")
+
+
 @attrs.define
 class Services:
     clock: list[int] = attrs.Factory(lambda: [1_000_000])
@@ -116,17 +122,33 @@ class Services:
     def __attrs_post_init__(self) -> None:
         self.transactions = self.open_coordinator()
 
-    def open_coordinator(self) -> TransactionCoordinator:
-        """A coordinator on this (possibly already written) log: a restart."""
-        coordinator = TransactionCoordinator(
-            self.txn_log, topics=self.topics, producers=self.producers,
+    def open_coordinator(self) -> PartitionedTransactionCoordinator:
+        """A node alone's coordinator on this (possibly already written) log, a restart:
+        a cluster of one, its one ``__transaction_state`` partition led by an
+        ``OwnPartition`` and loaded (as the broker's timers do)."""
+        own = OwnPartition(TRANSACTION_STATE, 0, lambda: self.txn_log, run_off_loop=_unused)
+        coordinator = PartitionedTransactionCoordinator(OWN_PARTITIONS, self.make_table, own)
+        own.elect = coordinator.elected
+        own.lead(self.txn_log)
+        coordinator.load_pending()
+        return coordinator
+
+    def make_table(
+        self, partition: int, leader_epoch: int, log: Any, replication: Any, send: Any
+    ) -> TransactionCoordinator:
+        return TransactionCoordinator(
+            log, topics=self.topics, producers=self.producers,
             durability=self.durability, appends=self.appends, groups=self.groups,
             allocate_producer_id=self.producers.allocator.allocate, write_marker=append_marker,
             now_ms=self.now_ms, max_timeout_ms=self.config.transaction_max_timeout_ms,
-            replication=OwnLog(0, self.txn_log),
+            replication=replication, txn_partition=partition, coordinator_epoch=leader_epoch,
+            send_markers=send, owns_log=False,
         )  # fmt: skip
-        coordinator.load()
-        return coordinator
+
+    @property
+    def table(self) -> TransactionCoordinator:
+        """The coordinator's one table (a node alone's)."""
+        return self.transactions.tables[0]
 
     @property
     def leaders(self) -> Any:
@@ -252,13 +274,6 @@ async def test_find_coordinator_names_this_broker_for_a_transactional_id(
         )  # fmt: skip
 
 
-async def test_find_coordinator_without_a_coordinator_is_retriable(services: Services) -> None:
-    services.transactions = None
-    request = m.FindCoordinatorRequest(key=TID, key_type=1)
-    response = await call(services, handle_find_coordinator, m.ApiKey.FIND_COORDINATOR, 3, request)
-    assert response.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
-
-
 # ------------------------------------------------------------------ InitProducerId
 
 
@@ -291,11 +306,6 @@ async def test_init_refuses_bad_requests(
     assert services.transactions.all() == []
 
 
-async def test_init_without_a_coordinator_is_retriable(services: Services) -> None:
-    services.transactions = None
-    assert (await init(services)).error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
-
-
 async def test_init_with_a_stale_epoch_is_fenced(services: Services) -> None:
     first = await init(services)
     # KIP-360: the epoch just before the current one is a retry of the bump that
@@ -315,7 +325,7 @@ async def _at_epoch(services: Services, epoch: int, state: TxnState) -> int:
     pid = services.producers.allocator.allocate()
     meta = TxnMetadata(TID, pid, producer_epoch=epoch, state=state,
                        last_update_ms=services.now_ms())  # fmt: skip
-    await services.transactions._write(TID, meta)
+    await services.table._write(TID, meta)
     return pid
 
 
@@ -510,7 +520,7 @@ async def test_restart_replays_the_table_and_finishes_a_prepared_commit(
     assert {meta.transactional_id: meta for meta in again.all()} == before
     # A crash right after PrepareCommit became durable: the restart completes it.
     prepared = before[TID].to(TxnState.PREPARE_COMMIT, services.now_ms())
-    await again._write(TID, prepared)
+    await again.tables[0]._write(TID, prepared)
     restarted = services.open_coordinator()
     assert restarted.get(TID).state == TxnState.PREPARE_COMMIT
     assert await restarted.recover() == 1
@@ -523,7 +533,7 @@ async def test_restart_replays_the_table_and_finishes_a_prepared_commit(
 async def test_idle_ids_expire_with_a_tombstone(services: Services) -> None:
     await init(services)
     coordinator = services.transactions
-    coordinator.expiration_ms = 1_000
+    services.table.expiration_ms = 1_000
     services.clock[0] += 999
     assert await coordinator.expire_ids() == 0
     services.clock[0] += 1
@@ -777,7 +787,7 @@ async def test_a_failed_marker_append_is_retried_without_writing_twice(
             raise StorageError(ErrorCode.KAFKA_STORAGE_ERROR, "disk full")
         return append_marker(*args)
 
-    coordinator.write_marker = flaky
+    services.table.write_marker = flaky
     assert await end(services, pid, 0, True) == ErrorCode.COORDINATOR_NOT_AVAILABLE
     # Decided (PrepareCommit is durable): the client's retry waits for the end.
     assert coordinator.get(TID).state == TxnState.PREPARE_COMMIT
@@ -792,26 +802,31 @@ async def test_a_failed_marker_append_is_retried_without_writing_twice(
     assert await end(services, pid, 0, True) == ErrorCode.NONE
 
 
-def test_a_cluster_broker_coordinates_per_transaction_state_partition(tmp_path: Any) -> None:
-    """Cluster mode: no <data_dir>/__transaction_state-0; the coordinator keeps one table
-    per led partition of the replicated topic (none until the replica manager elects)."""
+def test_every_broker_coordinates_per_transaction_state_partition(tmp_path: Any) -> None:
+    """One coordinator for one broker and many: a table per led partition. In a cluster
+    there is no <data_dir>/__transaction_state-0 and none is led until the replica
+    manager elects; alone the topic has one partition, led by its OwnPartition."""
     from trio_broker.server.broker import Broker
-    from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
+    from trio_broker.services.local_replication import LeadsNothing
 
     alone = Broker(BrokerConfig(port=0, data_dir=tmp_path / "alone"))
     clustered = Broker(
         BrokerConfig(port=0, data_dir=tmp_path / "clustered", zookeeper_connect="127.0.0.1:1")
     )
     try:
-        assert isinstance(alone.transactions, TransactionCoordinator)
-        assert isinstance(clustered.transactions, PartitionedTransactionCoordinator)
+        assert alone.transactions.num_partitions == 1
+        own = alone.transactions.replication
+        assert isinstance(own, OwnPartition) and own.topic == TRANSACTION_STATE
+        assert own in alone.services
+        assert clustered.transactions.num_partitions == 50
+        assert isinstance(clustered.transactions.replication, LeadsNothing)
         assert clustered.transactions.tables == {}
         assert not (tmp_path / "clustered" / "__transaction_state-0").exists()
     finally:
         for broker in (alone, clustered):
             broker.topics.close()
-            if broker.transactions is not None:
-                broker.transactions.close()
+            for lock in broker._data_dir_locks:
+                lock.close()
 
 
 # Edges of the transaction log format found by mutation testing (issue 31). The
