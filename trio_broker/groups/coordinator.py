@@ -155,7 +155,7 @@ def trio_clock_ms() -> int:
 class OffsetsLeaders(Replication, Protocol):
     """Who leads the ``__consumer_offsets`` partitions, as the coordinator asks it: in a
     cluster the replica manager (``services.leaders``; ``LeadsNothing`` out of the
-    cluster), alone ``OwnOffsets`` (a cluster of one, groups/own_offsets.py)."""
+    cluster), alone an ``OwnPartition`` (a cluster of one, groups/own_offsets.py)."""
 
     def partition(self, topic: str, partition: int) -> PartitionInfo | None:
         """The partition's replicas and leader, as FindCoordinator answers them."""
