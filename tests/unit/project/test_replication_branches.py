@@ -26,14 +26,23 @@ WIRING = ("trio_broker/config.py", "trio_broker/cluster/")
 
 #: The count left by the wiring slice of issue 29 (70 in 29 files before the data-path
 #: slice, 50 after it, 39 after the metadata-view slice, 20 after the admin slice, 13
-#: after the coordinators' slice). Each of those is "this broker has no term for the
-#: partition" (check_leader, the write path's NotLeader, the marker channel, five in the
-#: replica manager), a cluster's fact. With ``in_cluster`` and ``zookeeper_connect is
-#: None`` counted (the group coordinator's slice, which removed its ``in_cluster``): two
-#: more, both in server/broker.py's wiring, the modes left for later slices (a node
-#: alone's transaction coordinator and its share-group state). The transaction
-#: coordinator's slice removed one: a node alone's is the partitioned one, elected over
-#: its one ``__transaction_state`` partition by an ``OwnPartition``, as its groups' is.
+#: after the coordinators' slice). With ``in_cluster`` and ``zookeeper_connect is None``
+#: counted (the group coordinator's slice, which removed its ``in_cluster``): two more,
+#: both in server/broker.py's wiring; the transaction coordinator's slice removed one of
+#: them (a node alone's is the partitioned one, elected over its one
+#: ``__transaction_state`` partition by an ``OwnPartition``, as its groups' is). The 9
+#: left:
+#:
+#: - 8 lines "this broker has no term for the partition" (``check_leader``, the write
+#:   path's NotLeader in partition/append.py, the marker channel, five in the replica
+#:   manager): a fact about leadership, true alone too for a partition that does not
+#:   exist, not a mode; a node alone has a term for every partition it holds
+#:   (``LocalReplication``), so none of them tells one broker from many.
+#: - 1 line, server/broker.py's ``_restore_share_state`` only alone: the share-group
+#:   state is durable on a broker alone only (docs/share-groups.md); a cluster has none
+#:   to restore yet. It goes when a cluster's replica manager elects
+#:   ``__share_group_state`` partitions (issue 32) and a node alone's one is led by an
+#:   ``OwnPartition``, as the other coordinators' are.
 MAX_BRANCHES = 9
 
 #: The data path's handlers: no branch at all (a node alone has a term too).
