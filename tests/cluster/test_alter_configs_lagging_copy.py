@@ -23,7 +23,8 @@ import trio
 
 from tests.e2e.conftest import RawConnection
 from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
-from trio_broker.cluster.replica_manager import ReplicaManager, encode_configs
+from trio_broker.cluster.replica_manager import ReplicaManager
+from trio_broker.cluster.topic_admin import encode_configs
 from trio_broker.cluster.zk_layout import TopicAssignment, topic_config_path, topic_path
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m

@@ -24,7 +24,7 @@ from kazoo.client import KazooClient
 from tests.cluster.test_cluster_admin import Cluster, admin_of, create, start_cluster
 from tests.cluster.test_cluster_e2e import eventually, partitions
 from tests.cluster.test_cluster_faults import partition_bytes
-from trio_broker.cluster.replica_manager import encode_configs
+from trio_broker.cluster.topic_admin import encode_configs
 from trio_broker.cluster.zk_layout import TopicAssignment, topic_config_path, topic_path
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode

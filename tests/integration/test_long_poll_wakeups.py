@@ -297,5 +297,5 @@ async def test_a_throttled_follower_pays_for_what_it_is_sent_not_for_its_looks(
     (answer,) = answers
     sent = answer.responses[0].partitions[1].records
     assert sent is not None and len(sent) > 4000  # both records
-    budget = manager.leader_throttle
+    budget = manager.throttles.leader_throttle
     assert budget is not None and rate - budget.available(0) == len(sent)

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from trio_broker.cluster.config_watch import TopicConfigWatch, read_topic_configs
 from trio_broker.cluster.controller import ControllerActions
 from trio_broker.cluster.coordination import (
     BadVersion,
@@ -36,41 +37,29 @@ from trio_broker.cluster.coordination import (
     NoNode,
 )
 from trio_broker.cluster.replica_fetcher import FollowerRole, run_fetchers
-from trio_broker.cluster.topic_admin import ZooKeeperAdmin, decode_configs, encode_configs
-from trio_broker.cluster.waiting import RETRY_S, wait_any
+from trio_broker.cluster.replication_throttles import ReplicationThrottles
+from trio_broker.cluster.topic_admin import ZooKeeperAdmin
+from trio_broker.cluster.waiting import wait_any
 from trio_broker.cluster.zk_layout import (
-    BROKER_DEFAULT_CONFIG,
     PRODUCER_ID_BLOCK,
     TOPICS,
     CoordinationDataError,
     PartitionState,
     TopicAssignment,
     partition_state_path,
-    topic_config_path,
     topic_path,
 )
 from trio_broker.replication.controller_rules import (
     NO_LEADER,
 )
 from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition, NotAReplica
-from trio_broker.replication.throttle import (
-    UNLIMITED_RATE,
-    ByteBudget,
-    follower_throttles,
-    leader_throttles,
-)
+from trio_broker.replication.throttle import UNLIMITED_RATE
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.internal_topics import LeadershipListener
 from trio_broker.services.local_replication import DataReplication
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError, TopicManager
-from trio_broker.storage.broker_configs import (
-    CLUSTER_DEFAULT,
-    FOLLOWER_THROTTLED_RATE,
-    LEADER_THROTTLED_RATE,
-    MIN_INSYNC_REPLICAS,
-)
 
-__all__ = ["ReplicaManager", "decode_configs", "encode_configs"]
+__all__ = ["ReplicaManager", "claim_producer_id_block"]
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +85,6 @@ class ReplicaManager:
         self.view = view
         self.coord = coord
         self.topics = topics
-        self.min_insync_replicas = min_insync_replicas
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
         self.now_ms = now_ms
         self.durability = durability
@@ -106,14 +94,12 @@ class ReplicaManager:
         #: A partition's log end, HW or leadership changed: the long-poll fetches watching
         #: it (server/fetch_waits.py) read it again.
         self.on_partition_changed = on_partition_changed
-        #: The config file's follower.replication.throttled.rate and
-        #: leader.replication.throttled.rate (bytes/s); the dynamic broker configs
-        #: (``topics.broker_configs``) override them at runtime.
-        self.static_follower_throttle_rate = follower_throttle_rate
-        self.static_leader_throttle_rate = leader_throttle_rate
-        #: The leader's byte budget for throttled fetches, all partitions together; made
-        #: again when the rate in force changes (None: no limit).
-        self._leader_budget: ByteBudget | None = None
+        #: Replication throttles (KIP-73) at the rates in force (replication_throttles.py).
+        self.throttles = ReplicationThrottles(
+            self,
+            follower_throttle_rate=follower_throttle_rate,
+            leader_throttle_rate=leader_throttle_rate,
+        )
         #: acks.all.fsync: a replica's log end counts (leader's HW, follower's next fetch
         #: offset) only once synced; False: once appended, relying on replication as Kafka.
         self.sync_before_counting = sync_before_counting
@@ -160,8 +146,10 @@ class ReplicaManager:
         self.open_stream: Any = None
         #: The same for the transaction marker channel (its own client id when logging in).
         self.open_marker_stream: Any = None
+        #: Topic configs and the broker config default from their znodes (config_watch.py).
+        self.configs = TopicConfigWatch(self, min_insync_replicas=min_insync_replicas)
         # A new dynamic min.insync.replicas default reaches the terms without a restart.
-        topics.on_broker_configs_changed = self._apply_min_insync
+        topics.on_broker_configs_changed = self.configs.apply_min_insync
 
     # ------------------------------------------------------------------ for handlers
 
@@ -223,7 +211,7 @@ class ReplicaManager:
                 # Waking for it too: a DeleteRecords may wait for this follower's log start.
                 moved = term.follower_log_start(replica, log_start) or moved
             if moved or changed:
-                self._wake(key)
+                self.wake(key)
             if proposal is not None:
                 self._store_isr_soon(topic, partition, term, proposal)
 
@@ -247,7 +235,7 @@ class ReplicaManager:
             if term is None:
                 return AckState.LEADERSHIP_LOST
             if self._refresh(key, term):
-                self._wake(key)
+                self.wake(key)
             state = term.ack_state(last_offset)
             if state is not AckState.WAITING:
                 return state
@@ -318,69 +306,30 @@ class ReplicaManager:
                 self._end_term(key)
         self.view_changed()
 
+    # ------------------------------------------------------------------ configs
+
+    def apply_topic_configs(self, name: str, configs: dict[str, str]) -> None:
+        """Topic ``name``'s stored overrides (``AdminHost``): :class:`TopicConfigWatch`."""
+        self.configs.apply_topic_configs(name, configs)
+
+    def apply_cluster_default_configs(self, configs: dict[str, str]) -> None:
+        self.configs.apply_cluster_default_configs(configs)
+
     # ------------------------------------------------------------------ throttles
 
     @property
     def follower_throttle_rate(self) -> int:
-        """follower.replication.throttled.rate in force (bytes/s, at least 1)."""
-        rate = self.topics.broker_configs.throttle_rate(
-            FOLLOWER_THROTTLED_RATE, self.static_follower_throttle_rate
-        )
-        return max(1, rate)
-
-    @property
-    def leader_throttle(self) -> ByteBudget | None:
-        """The leader's budget at leader.replication.throttled.rate in force (None: no
-        limit). A new rate (AlterConfigs on the BROKER resource) starts a new budget."""
-        rate = self.topics.broker_configs.throttle_rate(
-            LEADER_THROTTLED_RATE, self.static_leader_throttle_rate
-        )
-        if rate >= UNLIMITED_RATE:
-            self._leader_budget = None
-        elif self._leader_budget is None or self._leader_budget.rate != max(1, rate):
-            self._leader_budget = ByteBudget(max(1, rate))
-        return self._leader_budget
-
-    def _topic_configs_here(self, name: str) -> Mapping[str, str]:
-        local = self.topics.get(name)
-        return local.info.configs if local is not None else {}
-
-    def leader_throttle_budget(self, name: str, partition: int, replica: int) -> int | None:
-        """Bytes a fetch of ``replica`` may read from this partition now, when this leader
-        throttles it (replication/throttle.py: the topic's leader list, or a replica a
-        reassignment is adding or that this view does not list yet, and a rate set);
-        else None."""
-        budget = self.leader_throttle
-        if budget is None:
-            return None
-        info = self.partition(name, partition)
-        if info is None:
-            return None
-        term = self.terms.get((name, partition))
-        isr = term.isr if term is not None else frozenset(info.isr)
-        configs = self._topic_configs_here(name)
-        me = self.view.broker_id
-        adding, replicas = info.adding_replicas, info.replicas
-        if not leader_throttles(configs, partition, me, replica, adding, isr, replicas):
-            return None
-        return budget.available(self.now_ms())
-
-    def leader_throttle_used(self, nbytes: int) -> None:
-        budget = self.leader_throttle
-        if budget is not None:
-            budget.take(nbytes, self.now_ms())
+        """follower.replication.throttled.rate in force (``FetcherHost``)."""
+        return self.throttles.follower_throttle_rate
 
     def follower_throttled(self, name: str, partition: int) -> bool:
-        """Does this broker throttle its own fetching of the partition (the topic's
-        follower list, or a replica a reassignment is adding, and a rate set)?"""
-        if self.follower_throttle_rate >= UNLIMITED_RATE:
-            return False
-        info = self.partition(name, partition)
-        if info is None:
-            return False
-        configs = self._topic_configs_here(name)
-        me = self.view.broker_id
-        return follower_throttles(configs, partition, me, info.adding_replicas, info.isr)
+        return self.throttles.follower_throttled(name, partition)
+
+    def leader_throttle_budget(self, name: str, partition: int, replica: int) -> int | None:
+        return self.throttles.leader_throttle_budget(name, partition, replica)
+
+    def leader_throttle_used(self, nbytes: int) -> None:
+        self.throttles.leader_throttle_used(nbytes)
 
     def about_to_lead(self, name: str, partition: int) -> bool:
         """The view names this broker leader of ``name``-``partition`` but its term has
@@ -412,7 +361,7 @@ class ReplicaManager:
                 nursery.start_soon(self._apply_loop)
                 nursery.start_soon(self._lag_loop)
                 nursery.start_soon(run_fetchers, self)
-                nursery.start_soon(self._config_loop)
+                nursery.start_soon(self.configs.run)
                 if self.producers is not None:
                     self.producers.allocator.use_cluster_blocks()
                     nursery.start_soon(self._producer_id_blocks)
@@ -612,7 +561,7 @@ class ReplicaManager:
                 return None
             self._delete_local(name, f"replaced in the cluster by topic id {topic_id}")
             local = None
-        configs = await self._topic_configs(name)
+        configs = await read_topic_configs(self.coord, name)
         if local is None:
             try:
                 local = self.topics.create(name, partitions, configs, topic_id=topic_id,
@@ -623,104 +572,6 @@ class ReplicaManager:
         elif len(local.logs) < partitions:
             local = self.topics.add_partitions(name, partitions)
         return local
-
-    def _min_insync(self, configs: dict[str, str]) -> int:
-        """The topic's min.insync.replicas, else the dynamic broker config in force (this
-        broker's, else the cluster-wide default), else the config file's."""
-        dynamic = self.topics.broker_configs.value(MIN_INSYNC_REPLICAS)
-        try:
-            return max(
-                1, int(configs.get(MIN_INSYNC_REPLICAS, dynamic or self.min_insync_replicas))
-            )
-        except ValueError:
-            return self.min_insync_replicas
-
-    def _apply_min_insync(
-        self, name: str | None = None, configs: dict[str, str] | None = None
-    ) -> None:
-        """Every term's (of topic ``name`` with its ``configs``, or all) min.insync.replicas
-        as in force now."""
-        for key, term in list(self.terms.items()):
-            if name is not None and key[0] != name:
-                continue
-            min_insync = self._min_insync(
-                configs if configs is not None else self._local_configs(key[0])
-            )
-            if term.min_insync_replicas != min_insync:
-                term.min_insync_replicas = min_insync
-                self._wake(key)  # acks=all waiters see the new rule
-                log.info("%s-%d: min.insync.replicas now %d", *key, min_insync)
-
-    def _local_configs(self, name: str) -> dict[str, str]:
-        local = self.topics.get(name)
-        return dict(local.info.configs) if local is not None else {}
-
-    async def _config_loop(self) -> None:
-        """Topic configs follow their znodes: an AlterConfigs taken by any broker reaches
-        this broker's copy of the topic (its logs' settings) and its leader terms
-        (min.insync.replicas) without a restart. A znode is read again when its watch
-        fires (one watch per topic at a time); a view change brings new topics in."""
-        watching: dict[str, trio.Event] = {}
-        default_watch: trio.Event | None = None
-        while True:
-            view_changed = self._view_changed
-            if default_watch is None or default_watch.is_set():
-                # The cluster-wide default of the dynamic broker configs (any broker's
-                # AlterConfigs of the BROKER resource "").
-                try:
-                    node, default_watch = await self.coord.get_and_watch(BROKER_DEFAULT_CONFIG)
-                except CoordinationError as exc:
-                    log.info("reading the broker default configs: %s", exc)
-                    default_watch = None
-                else:
-                    self.apply_cluster_default_configs(
-                        decode_configs(node.data) if node is not None else {}
-                    )
-            for name in sorted(self.local_copies):
-                if name in watching and not watching[name].is_set():
-                    continue
-                try:
-                    node, watching[name] = await self.coord.get_and_watch(topic_config_path(name))
-                except CoordinationError as exc:
-                    log.info("reading the configs of %s: %s", name, exc)
-                    watching.pop(name, None)
-                    continue
-                if node is not None:
-                    self.apply_topic_configs(name, decode_configs(node.data))
-            for gone in set(watching) - self.local_copies:
-                del watching[gone]
-            with trio.move_on_after(10 * RETRY_S):  # a failed read is tried again
-                defaults = () if default_watch is None else (default_watch,)
-                await wait_any(view_changed, *defaults, *watching.values())
-
-    def apply_topic_configs(self, name: str, configs: dict[str, str]) -> None:
-        """Topic ``name``'s stored overrides: to this broker's copy and leader terms."""
-        local = self.topics.get(name)
-        if local is not None and dict(local.info.configs) != configs:
-            try:
-                self.topics.set_configs(name, configs)
-                log.info("topic %s: configs now %s", name, configs)
-            except (TopicError, OSError) as exc:
-                log.warning("topic %s: cannot apply configs %s: %s", name, configs, exc)
-        self._apply_min_insync(name, configs)
-
-    def apply_cluster_default_configs(self, configs: dict[str, str]) -> None:
-        """The dynamic broker configs' cluster-wide default as ZooKeeper holds it: to
-        this broker's logs and leader terms (``on_broker_configs_changed``)."""
-        if self.topics.broker_configs.get(CLUSTER_DEFAULT) == configs:
-            return
-        try:
-            self.topics.set_broker_configs(CLUSTER_DEFAULT, configs)
-            log.info("broker default configs now %s", configs)
-        except (TopicError, OSError) as exc:
-            log.warning("cannot apply broker default configs %s: %s", configs, exc)
-
-    async def _topic_configs(self, name: str) -> dict[str, str]:
-        try:
-            node = await self.coord.get(topic_config_path(name))
-        except CoordinationError:
-            return {}
-        return decode_configs(node.data) if node is not None else {}
 
     async def _become_leader(self, name: str, partition: int, info: PartitionInfo) -> None:
         key = (name, partition)
@@ -751,10 +602,10 @@ class ReplicaManager:
             high_watermark=hw,
             now_ms=self.now_ms(),
             # The local copy's configs: the config watch keeps them (and the term) current.
-            min_insync_replicas=self._min_insync(self._local_configs(name)),
+            min_insync_replicas=self.configs.min_insync(self.configs.local_configs(name)),
             replica_lag_time_max_ms=self.replica_lag_time_max_ms,
         )
-        self._wake(key)
+        self.wake(key)
         log.info("leading %s-%d in epoch %d, ISR %s", name, partition, info.leader_epoch,
                  sorted(info.isr))  # fmt: skip
         listener = self.leadership_listeners.get(name)
@@ -771,7 +622,7 @@ class ReplicaManager:
         if term is None:
             return
         self._remember_hw(key, term)
-        self._wake(key)
+        self.wake(key)
         listener = self.leadership_listeners.get(key[0])
         if listener is not None:
             listener.resigned(key[1])
@@ -782,7 +633,7 @@ class ReplicaManager:
             now = self.now_ms()
             for (name, partition), term in list(self.terms.items()):
                 if self._refresh((name, partition), term):
-                    self._wake((name, partition))
+                    self.wake((name, partition))
                 proposal = term.check_lagging(now)
                 if proposal is not None:
                     self._store_isr_soon(name, partition, term, proposal)
@@ -815,7 +666,7 @@ class ReplicaManager:
             return
         if term.pending == proposal:
             if term.isr_stored(proposal):
-                self._wake((name, partition))
+                self.wake((name, partition))
             log.info("%s: ISR now %s", path, sorted(proposal.isr))
 
     async def _producer_id_blocks(self) -> None:
@@ -864,7 +715,7 @@ class ReplicaManager:
         higher HW: its waiting fetches (none while only leaders answer fetches) look."""
         self.on_partition_changed(topic, partition)
 
-    def _wake(self, key: tuple[str, int]) -> None:
+    def wake(self, key: tuple[str, int]) -> None:
         event = self._hw_moved.pop(key, None)
         if event is not None:
             event.set()

@@ -113,3 +113,13 @@ class BrokerConfigStore:
             return static if value is None else int(value)
         except ValueError:  # checked when set; a hand-edited file is not trusted
             return static
+
+    def min_insync_replicas(self, topic_configs: Mapping[str, str], static: int) -> int:
+        """The min.insync.replicas a leader term of a topic with ``topic_configs`` applies:
+        the topic's own, else the dynamic one in force (this broker's, else the
+        cluster-wide default), else ``static`` (the config file's); at least 1."""
+        dynamic = self.value(MIN_INSYNC_REPLICAS)
+        try:
+            return max(1, int(topic_configs.get(MIN_INSYNC_REPLICAS, dynamic or static)))
+        except ValueError:
+            return static

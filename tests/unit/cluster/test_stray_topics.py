@@ -15,7 +15,8 @@ from trio_broker.cluster.coordination import (
     MemoryZooKeeper,
     Znode,
 )
-from trio_broker.cluster.replica_manager import ReplicaManager, decode_configs, encode_configs
+from trio_broker.cluster.replica_manager import ReplicaManager
+from trio_broker.cluster.topic_admin import decode_configs, encode_configs
 from trio_broker.cluster.zk_layout import TopicAssignment, topic_config_path, topic_path
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.cluster_view import ClusterView
