@@ -33,15 +33,14 @@ from trio_broker.cluster.coordination import (
     BadVersion,
     Coordination,
     CoordinationError,
-    NodeExists,
     NoNode,
 )
+from trio_broker.cluster.producer_id_blocks import supply_producer_id_blocks
 from trio_broker.cluster.replica_fetcher import FollowerRole, run_fetchers
 from trio_broker.cluster.replication_throttles import ReplicationThrottles
 from trio_broker.cluster.topic_admin import ZooKeeperAdmin
 from trio_broker.cluster.waiting import wait_any
 from trio_broker.cluster.zk_layout import (
-    PRODUCER_ID_BLOCK,
     TOPICS,
     CoordinationDataError,
     PartitionState,
@@ -57,9 +56,10 @@ from trio_broker.replication.throttle import UNLIMITED_RATE
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.internal_topics import LeadershipListener
 from trio_broker.services.local_replication import DataReplication
+from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError, TopicManager
 
-__all__ = ["ReplicaManager", "claim_producer_id_block"]
+__all__ = ["ReplicaManager"]
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class ReplicaManager:
         now_ms: Callable[[], int],
         durability: Any,
         on_partition_changed: Callable[[str, int], None] = lambda topic, partition: None,
-        producers: Any = None,
+        producers: ProducerStateRegistry | None = None,
         follower_throttle_rate: int = UNLIMITED_RATE,
         leader_throttle_rate: int = UNLIMITED_RATE,
         sync_before_counting: bool = True,
@@ -364,7 +364,12 @@ class ReplicaManager:
                 nursery.start_soon(self.configs.run)
                 if self.producers is not None:
                     self.producers.allocator.use_cluster_blocks()
-                    nursery.start_soon(self._producer_id_blocks)
+                    nursery.start_soon(
+                        supply_producer_id_blocks,
+                        self.coord,
+                        self.view.broker_id,
+                        self.producers.allocator,
+                    )
                 task_status.started()
         finally:
             self._nursery = None  # closed: nothing more starts here
@@ -669,26 +674,6 @@ class ReplicaManager:
                 self.wake((name, partition))
             log.info("%s: ISR now %s", path, sorted(proposal.isr))
 
-    async def _producer_id_blocks(self) -> None:
-        """Keep the producer id allocator supplied with blocks claimed in ZooKeeper."""
-        allocator = self.producers.allocator
-        while True:
-            if allocator.needs_block:
-                try:
-                    start, end = await claim_producer_id_block(
-                        self.coord, self.view.broker_id, allocator.block_size
-                    )
-                    allocator.offer_block(start, end)
-                    log.info("producer ids %d..%d are this broker's", start, end - 1)
-                    continue
-                except CoordinationError as exc:
-                    log.warning("claiming producer ids: %s", exc)
-                await trio.sleep(0.2)
-                continue
-            wanted = trio.Event()
-            allocator.on_needs_block = wanted.set
-            await wanted.wait()
-
     # ------------------------------------------------------------------ helpers
 
     def _refresh(self, key: tuple[str, int], term: LeaderPartition) -> bool:
@@ -720,34 +705,6 @@ class ReplicaManager:
         if event is not None:
             event.set()
         self.on_partition_changed(*key)
-
-
-async def claim_producer_id_block(
-    coord: Coordination, broker_id: int, size: int
-) -> tuple[int, int]:
-    """Claim the next block of producer ids, [start, end), with a conditional update of
-    ``/latest_producer_id_block`` (Kafka's layout: inclusive block_end)."""
-    import json
-
-    while True:
-        node = await coord.get(PRODUCER_ID_BLOCK)
-        start = 0
-        if node is not None:
-            try:
-                start = int(json.loads(node.data)["block_end"]) + 1
-            except (ValueError, KeyError, TypeError):
-                raise CoordinationError(f"{PRODUCER_ID_BLOCK} is unreadable") from None
-        doc = {"version": 1, "broker": broker_id, "block_start": str(start),
-               "block_end": str(start + size - 1)}  # fmt: skip
-        data = json.dumps(doc).encode()
-        try:
-            if node is None:
-                await coord.create(PRODUCER_ID_BLOCK, data)
-            else:
-                await coord.set(PRODUCER_ID_BLOCK, data, node.version)
-        except (NodeExists, BadVersion):
-            continue  # another broker claimed one meanwhile
-        return start, start + size
 
 
 if TYPE_CHECKING:  # mypy checks that the replica manager is the data path's replication

@@ -29,6 +29,7 @@ __all__ = [
     "ControllerClaim",
     "CoordinationDataError",
     "PartitionState",
+    "ProducerIdBlock",
     "TopicAssignment",
     "broker_path",
     "partition_state_path",
@@ -167,6 +168,33 @@ class ControllerClaim:
         except (TypeError, ValueError):
             raise CoordinationDataError("controller: bad timestamp") from None
         return cls(_int(doc, "brokerid", "controller"), timestamp)
+
+
+@attrs.frozen
+class ProducerIdBlock:
+    """``/latest_producer_id_block``: the last block of producer ids a broker claimed,
+    ``[start, end)``; stored as Kafka does, with an inclusive ``block_end``. Claims are
+    conditional updates of the znode (cluster/producer_id_blocks.py)."""
+
+    broker_id: int
+    start: int
+    end: int
+
+    def encode(self) -> bytes:
+        # Kafka's field order, its ids as strings; json.dumps' own spacing.
+        doc = {"version": 1, "broker": self.broker_id, "block_start": str(self.start),
+               "block_end": str(self.end - 1)}  # fmt: skip
+        return json.dumps(doc).encode()
+
+    @staticmethod
+    def next_start(raw: bytes) -> int:
+        """The first producer id after the block ``raw`` holds: its ``block_end`` + 1
+        (nothing else of the znode is read)."""
+        doc = _load(raw, PRODUCER_ID_BLOCK)
+        try:
+            return int(doc["block_end"]) + 1
+        except (ValueError, KeyError, TypeError):
+            raise CoordinationDataError(f"{PRODUCER_ID_BLOCK}: no readable block_end") from None
 
 
 def encode_controller_epoch(epoch: int) -> bytes:
