@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from trio_broker.cluster.config_watch import TopicConfigWatch, read_topic_configs
+from trio_broker.cluster.config_watch import TopicConfigWatch
 from trio_broker.cluster.controller import ControllerActions
 from trio_broker.cluster.coordination import (
     BadVersion,
@@ -35,18 +35,15 @@ from trio_broker.cluster.coordination import (
     CoordinationError,
     NoNode,
 )
+from trio_broker.cluster.local_copies import LocalCopies
 from trio_broker.cluster.producer_id_blocks import supply_producer_id_blocks
 from trio_broker.cluster.replica_fetcher import FollowerRole, run_fetchers
 from trio_broker.cluster.replication_throttles import ReplicationThrottles
 from trio_broker.cluster.topic_admin import ZooKeeperAdmin
 from trio_broker.cluster.waiting import wait_any
 from trio_broker.cluster.zk_layout import (
-    TOPICS,
-    CoordinationDataError,
     PartitionState,
-    TopicAssignment,
     partition_state_path,
-    topic_path,
 )
 from trio_broker.replication.controller_rules import (
     NO_LEADER,
@@ -57,7 +54,7 @@ from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.internal_topics import LeadershipListener
 from trio_broker.services.local_replication import DataReplication
 from trio_broker.services.producers import ProducerStateRegistry
-from trio_broker.services.topics import RESERVED_TOPICS, TopicError, TopicManager
+from trio_broker.services.topics import TopicManager
 
 __all__ = ["ReplicaManager"]
 
@@ -129,16 +126,14 @@ class ReplicaManager:
         self.controller: ControllerActions | None = None
         #: Topic and config administration through ZooKeeper (``Services.admin``).
         self.admin = ZooKeeperAdmin(self)
-        #: Cluster topics this broker keeps a local copy of (since it started): deleted
-        #: locally when the cluster deletes them.
-        self.local_copies: set[str] = set()
+        #: This broker's copies of cluster topics: made, grown, deleted (local_copies.py).
+        self.copies = LocalCopies(self)
+        #: The cluster topics it holds a copy of (``AdminHost``, ``ConfigWatchHost``).
+        self.local_copies = self.copies.names
         #: Internal topics' owners by topic name (services/internal_topics.py): the group
         #: and transaction coordinators learn here which of their partitions this broker
         #: leads.
         self.leadership_listeners: dict[str, LeadershipListener] = {}
-        #: Stray local topics (deleted, or replaced under their name, while this broker
-        #: was away) were looked for once ZooKeeper answered (:meth:`_delete_strays`).
-        self._strays_checked = False
         #: The broker is shutting down (:meth:`leave`): no view is applied any more, and
         #: an election still under way when it came makes no term.
         self.left = False
@@ -394,15 +389,14 @@ class ReplicaManager:
     async def _apply(self) -> None:
         me = self.view.broker_id
         roles_changed = False
-        if not self._strays_checked:
-            self._strays_checked = await self._delete_strays()
+        await self.copies.delete_strays_once()
         for name, topic in list(self.view.topics.items()):
             if self.left:
                 return  # shutting down (leave() may have come during any await here)
             mine = [p for p, info in topic.partitions.items() if me in info.replicas]
             if not mine:
                 continue
-            local = await self._ensure_local_topic(name, topic.topic_id, len(topic.partitions))
+            local = await self.copies.ensure(name, topic.topic_id, len(topic.partitions))
             if local is None:
                 continue
             self.local_copies.add(name)
@@ -449,134 +443,22 @@ class ReplicaManager:
                 self.following.pop(key, None)
                 roles_changed = True
                 if held is not None:  # moved away by a reassignment (not a deleted topic)
-                    await self._drop_replica(*key)
+                    self._ended_term_hw.pop(key, None)
+                    await self.copies.drop_replica(*key)
         for name in self.local_copies - set(self.view.topics):
-            await self._drop_deleted_topic(name)
+            await self.copies.drop_deleted_topic(name)
         if roles_changed:
             self.roles_changed.set()
             self.roles_changed = trio.Event()
 
-    async def _drop_deleted_topic(self, name: str) -> None:
-        """The cluster deleted the topic: so does this broker, once ZooKeeper confirms it
-        (a topic znode that does not parse is left out of the view too, and must not cost
-        the local copy)."""
-        try:
-            if await self.coord.get(topic_path(name)) is not None:
-                return
-        except CoordinationError:
-            return  # ask again at the next view change
-        self._delete_local(name, "deleted by the cluster")
-
-    async def _delete_strays(self) -> bool:
-        """Delete the local topics the cluster no longer has: deleted while this broker
-        was away, or deleted and made again under the same name (another topic id).
-        Kafka finds such stray logs by topic id when a broker returns and deletes them.
-        Each is confirmed by reading its znode first, so an empty or stale view never
-        costs data, and nothing goes when ZooKeeper holds no topic at all (pointed at a
-        new or wiped ensemble); internal topics are left to their coordinators. True once
-        every local topic was checked (False: ZooKeeper failed, ask again next view
-        change)."""
-        candidates = [name for name in self.topics.topics if name not in RESERVED_TOPICS]
-        if not candidates:
-            return True
-        try:
-            try:
-                in_zookeeper, _ = await self.coord.children_and_watch(TOPICS)
-            except NoNode:
-                in_zookeeper = []
-        except CoordinationError as exc:
-            log.info("looking for stray topics: %s", exc)
-            return False
-        if not in_zookeeper:  # a new or wiped ZooKeeper more likely than every topic deleted
-            log.warning("ZooKeeper holds no topic at all: keeping the %d local topic(s) "
-                        "(delete them by hand if the cluster really deleted them)",
-                        len(candidates))  # fmt: skip
-            return True
-        checked = True
-        for name, local in list(self.topics.topics.items()):
-            cluster = self.view.topics.get(name)
-            if name in RESERVED_TOPICS or (
-                cluster is not None and cluster.topic_id == local.topic_id
-            ):
-                continue
-            try:
-                stray = await self._is_stray(name, local.topic_id)
-            except CoordinationError as exc:
-                log.info("checking local topic %s against ZooKeeper: %s", name, exc)
-                checked = False
-                continue
-            if stray:
-                self._delete_local(name, "a stray log (deleted or replaced in the cluster)")
-        return checked
-
-    async def _is_stray(self, name: str, local_id: uuid.UUID) -> bool:
-        """ZooKeeper confirms: no topic ``name``, or one with another id than the local
-        copy's. A znode that does not parse confirms nothing. Raises CoordinationError."""
-        node = await self.coord.get(topic_path(name))
-        if node is None:
-            return True
-        try:
-            return TopicAssignment.decode(node.data, topic_path(name)).topic_id != local_id
-        except CoordinationDataError:
-            return False
-
-    def _delete_local(self, name: str, why: str) -> None:
-        """Drop every role in topic ``name`` and delete the local copy."""
-        self.local_copies.discard(name)
+    def drop_roles(self, name: str) -> None:
+        """End every role in topic ``name`` and forget its ended terms' HWs: its local
+        copy goes (``LocalCopiesHost``)."""
         for key in [k for k in [*self.following, *self.terms] if k[0] == name]:
             self._end_term(key)
             self.following.pop(key, None)
         for key in [k for k in self._ended_term_hw if k[0] == name]:
             del self._ended_term_hw[key]
-        if self.topics.get(name) is not None:
-            self.topics.delete(name)
-            log.info("topic %s: local copy deleted: %s", name, why)
-
-    async def _drop_replica(self, name: str, partition: int) -> None:
-        """This broker is no longer a replica of the partition: its copy goes, the whole
-        local topic if it holds no other partition of it."""
-        topic = self.view.topics.get(name)
-        me = self.view.broker_id
-        self._ended_term_hw.pop((name, partition), None)
-        if topic is not None and not any(me in i.replicas for i in topic.partitions.values()):
-            if self.topics.get(name) is not None:
-                self.topics.delete(name)
-                log.info("no longer a replica of any partition of %s: local topic deleted", name)
-            return
-        log_ = self.topics.log(name, partition)
-        if log_ is not None:
-            await trio.to_thread.run_sync(log_.delete_records, log_.log_end_offset)
-            log.info("no longer a replica of %s-%d: its records deleted", name, partition)
-
-    async def _ensure_local_topic(
-        self, name: str, topic_id: uuid.UUID, partitions: int
-    ) -> Any | None:
-        local = self.topics.get(name)
-        if local is not None and local.topic_id != topic_id:
-            # The topic was deleted and made again under its name: the local copy is
-            # the old topic's, a stray log once ZooKeeper confirms the new id (never
-            # overwrite data of another topic on the view's word alone).
-            try:
-                stray = name not in RESERVED_TOPICS and await self._is_stray(name, local.topic_id)
-            except CoordinationError:
-                stray = False
-            if not stray:
-                log.error("topic %s: the local log has id %s, the cluster's topic %s; not "
-                          "replicating it", name, local.topic_id, topic_id)  # fmt: skip
-                return None
-            self._delete_local(name, f"replaced in the cluster by topic id {topic_id}")
-            local = None
-        configs = await read_topic_configs(self.coord, name)
-        if local is None:
-            try:
-                local = self.topics.create(name, partitions, configs, topic_id=topic_id,
-                                           internal=name in RESERVED_TOPICS)  # fmt: skip
-            except TopicError as exc:
-                log.warning("cannot create local topic %s: %s", name, exc)
-                return None
-        elif len(local.logs) < partitions:
-            local = self.topics.add_partitions(name, partitions)
-        return local
 
     async def _become_leader(self, name: str, partition: int, info: PartitionInfo) -> None:
         key = (name, partition)

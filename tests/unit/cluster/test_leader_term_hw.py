@@ -83,7 +83,7 @@ async def test_the_floor_is_capped_at_the_log_end_and_forgotten_with_the_copy() 
     log.truncate_to(7)  # only an unclean election could cut committed records
     await _lead(manager, 4)
     assert manager.terms[KEY].high_watermark == 7
-    manager._delete_local("t", "deleted by the cluster")
+    manager.copies.delete("t", "deleted by the cluster")
     assert KEY not in manager._ended_term_hw
 
 

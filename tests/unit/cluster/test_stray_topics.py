@@ -57,7 +57,7 @@ async def test_stray_topics_are_deleted_once_zookeeper_confirms() -> None:
 
     # The view is still empty (not read yet): each candidate is asked about in ZooKeeper.
     assert manager.view.topics == {}
-    assert await manager._delete_strays()
+    assert await manager.copies.delete_strays()
     assert sorted(manager.topics.topics) == ["__consumer_offsets", "kept"]
 
 
@@ -65,7 +65,7 @@ async def test_no_copy_goes_when_zookeeper_holds_no_topic_at_all() -> None:
     server = MemoryZooKeeper()
     manager = await _cluster(MemoryCoordination(server))
     manager.topics.create("precious", 1)
-    assert await manager._delete_strays()  # a new or wiped ensemble: nothing is deleted
+    assert await manager.copies.delete_strays()  # a new or wiped ensemble: nothing is deleted
     assert list(manager.topics.topics) == ["precious"]
 
 
@@ -76,7 +76,7 @@ async def test_no_copy_goes_while_zookeeper_fails() -> None:
     await _make_in_zookeeper(coord, "other", uuid.uuid4())
     manager.coord = _Unreachable(server)  # lists the topics, then fails every read
     manager.topics.create("orphan", 1)
-    assert not await manager._delete_strays()  # asked again at the next view change
+    assert not await manager.copies.delete_strays()  # asked again at the next view change
     assert list(manager.topics.topics) == ["orphan"]
 
 
