@@ -68,7 +68,7 @@ async def test_a_stall_of_half_the_session_timeout_costs_nothing(
         with trio.fail_after(60):
             await nursery.start(broker.run)
             manager: Any = broker.replication
-            await manager.create_topic(TOPIC, 1, 1, {}, None)
+            await manager.admin.create_topic(TOPIC, 1, 1, {}, None)
         client = manager.coord._client  # kazoo's, to watch its connection and session
         states: list[str] = []
         client.add_listener(states.append)  # called on kazoo's thread

@@ -51,7 +51,7 @@ async def scenario(result: dict[str, Any]) -> None:
     network, sims = cluster.network, cluster.sims
     async with trio.open_nursery() as nursery:
         first = await cluster.start(nursery)
-        await first.replication.create_topic(
+        await first.replication.admin.create_topic(
             TOPIC, 3, 3, {}, {0: [1, 2, 3], 1: [2, 3, 1], 2: [3, 1, 2]}
         )
         await wait_for(lambda: None not in min_insync(sims).values())

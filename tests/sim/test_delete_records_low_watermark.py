@@ -78,7 +78,7 @@ async def scenario(case: str, result: dict[str, Any]) -> None:
     network, sims = cluster.network, cluster.sims
     async with trio.open_nursery() as nursery:
         first = await cluster.start(nursery)
-        await first.replication.create_topic(TOPIC, 1, 3, {}, {0: [1, 2, 3]})
+        await first.replication.admin.create_topic(TOPIC, 1, 3, {}, {0: [1, 2, 3]})
         producer = Producer(network, TOPIC, BROKER_IDS)
         while len(producer.acks) < 4:
             await producer.produce_once(0)

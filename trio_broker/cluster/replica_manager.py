@@ -30,25 +30,26 @@ import trio
 from trio_broker.cluster.config_watch import TopicConfigWatch
 from trio_broker.cluster.controller import ControllerActions
 from trio_broker.cluster.coordination import (
-    BadVersion,
     Coordination,
-    CoordinationError,
-    NoNode,
 )
+from trio_broker.cluster.isr_store import store_isr
 from trio_broker.cluster.local_copies import LocalCopies
 from trio_broker.cluster.producer_id_blocks import supply_producer_id_blocks
 from trio_broker.cluster.replica_fetcher import FollowerRole, run_fetchers
 from trio_broker.cluster.replication_throttles import ReplicationThrottles
 from trio_broker.cluster.topic_admin import ZooKeeperAdmin
 from trio_broker.cluster.waiting import wait_any
-from trio_broker.cluster.zk_layout import (
-    PartitionState,
-    partition_state_path,
-)
 from trio_broker.replication.controller_rules import (
     NO_LEADER,
 )
-from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition, NotAReplica
+from trio_broker.replication.leader import AckState, IsrProposal, LeaderPartition
+from trio_broker.replication.replica_rules import (
+    HighWatermarkFloors,
+    Key,
+    leader_log_progress,
+    leaving_replica,
+    record_follower_fetch,
+)
 from trio_broker.replication.throttle import UNLIMITED_RATE
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.internal_topics import LeadershipListener
@@ -103,16 +104,13 @@ class ReplicaManager:
         #: inter.broker.listener.name: whose endpoint followers fetch from (None: first).
         self.inter_broker_listener = inter_broker_listener
         #: (topic, partition) -> this broker's leader term.
-        self.terms: dict[tuple[str, int], LeaderPartition] = {}
+        self.terms: dict[Key, LeaderPartition] = {}
         #: (topic, partition) -> what this broker follows.
-        self.following: dict[tuple[str, int], FollowerRole] = {}
+        self.following: dict[Key, FollowerRole] = {}
         self._view_changed = trio.Event()
-        self._hw_moved: dict[tuple[str, int], trio.Event] = {}
-        #: The HW each ended term of this broker had reached. A later term starts there
-        #: at least (capped at the log end): its records were on every ISR member then,
-        #: so a clean election kept them, and a consumer of this broker never sees its HW
-        #: go back (a follower's HW, learned from its leader, can lag what it showed).
-        self._ended_term_hw: dict[tuple[str, int], int] = {}
+        self._hw_moved: dict[Key, trio.Event] = {}
+        #: The HW each ended term of this broker reached: where later roles start.
+        self.hw_floors = HighWatermarkFloors()
         #: Roles changed: fetchers re-read ``following`` (set by _apply).
         self.roles_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -195,32 +193,20 @@ class ReplicaManager:
             if term is None or leader_epoch not in (-1, term.leader_epoch):
                 continue
             changed = self._refresh(key, term)
-            moved, proposal = False, None
-            if offset <= term.log_end_offset:
-                try:
-                    moved, proposal = term.follower_fetched(
-                        replica, offset, now, may_join=not self._leaving(key, replica, term)
-                    )
-                except NotAReplica:  # a replica a reassignment removed, fetching in this epoch
-                    pass
-                # Waking for it too: a DeleteRecords may wait for this follower's log start.
-                moved = term.follower_log_start(replica, log_start) or moved
+            may_join = not self._leaving(key, replica, term)
+            moved, proposal = record_follower_fetch(
+                term, replica, offset, log_start, now, may_join=may_join
+            )
             if moved or changed:
                 self.wake(key)
             if proposal is not None:
                 self._store_isr_soon(topic, partition, term, proposal)
 
-    def _leaving(self, key: tuple[str, int], replica: int, term: LeaderPartition) -> bool:
-        """A replica a reassignment removes, once every joining one is in the ISR: the
-        controller is ending the move (its two writes may not both be seen yet), so the
-        replica must not come back into the ISR. While the move is under way it may, as
-        in Kafka."""
-        info = self.view.topics.get(key[0])
-        moving = info.partitions.get(key[1]) if info is not None else None
-        return (
-            moving is not None
-            and replica in moving.removing_replicas
-            and set(moving.adding_replicas) <= term.isr
+    def _leaving(self, key: Key, replica: int, term: LeaderPartition) -> bool:
+        """``replica_rules.leaving_replica``, as the view has the partition's move."""
+        moving = self.partition(*key)
+        return moving is not None and leaving_replica(
+            replica, moving.removing_replicas, moving.adding_replicas, term.isr
         )
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
@@ -255,19 +241,6 @@ class ReplicaManager:
                 return low
             # A follower's fetch, the end of the term, or a broker going (the view).
             await wait_any(self._hw_event(key), self._view_changed)
-
-    async def create_topic(
-        self,
-        name: str,
-        partitions: int,
-        replication_factor: int,
-        configs: dict[str, str],
-        assignment: dict[int, list[int]] | None,
-    ) -> uuid.UUID:
-        """:meth:`ZooKeeperAdmin.create_topic`."""
-        return await self.admin.create_topic(
-            name, partitions, replication_factor, configs, assignment
-        )
 
     def background(self, task: Callable[[], Awaitable[None]]) -> bool:
         """Start ``task`` in the manager's nursery; False if it is not running."""
@@ -425,11 +398,8 @@ class ReplicaManager:
                         info.leader,
                         info.leader_epoch,
                     ):
-                        # The HW belongs to the log, not the role (as Kafka's log keeps
-                        # it): a leader turned follower keeps what its terms reached, so
-                        # a truncation that falls back to the HW does not cut below it.
                         hw = role.high_watermark if role is not None else 0
-                        hw = max(hw, self._ended_term_hw.get(key, 0))
+                        hw = self.hw_floors.follower_start(key, hw)
                         self.following[key] = FollowerRole(info.leader, info.leader_epoch,
                                                            high_watermark=hw)  # fmt: skip
                         roles_changed = True
@@ -443,7 +413,7 @@ class ReplicaManager:
                 self.following.pop(key, None)
                 roles_changed = True
                 if held is not None:  # moved away by a reassignment (not a deleted topic)
-                    self._ended_term_hw.pop(key, None)
+                    self.hw_floors.forget(key)
                     await self.copies.drop_replica(*key)
         for name in self.local_copies - set(self.view.topics):
             await self.copies.drop_deleted_topic(name)
@@ -457,8 +427,7 @@ class ReplicaManager:
         for key in [k for k in [*self.following, *self.terms] if k[0] == name]:
             self._end_term(key)
             self.following.pop(key, None)
-        for key in [k for k in self._ended_term_hw if k[0] == name]:
-            del self._ended_term_hw[key]
+        self.hw_floors.forget_topic(name)
 
     async def _become_leader(self, name: str, partition: int, info: PartitionInfo) -> None:
         key = (name, partition)
@@ -468,10 +437,8 @@ class ReplicaManager:
         if self.producers is not None:  # batches it appended as a follower were never checked
             self.producers.forget(name, partition)
         previous = self.terms.get(key)
-        hw = previous.high_watermark if previous is not None else 0
-        if role is not None:
-            hw = max(hw, role.high_watermark)
-        hw = min(max(hw, self._ended_term_hw.get(key, 0)), log_.log_end_offset)
+        known = [r.high_watermark for r in (previous, role) if r is not None]
+        hw = self.hw_floors.leader_start(key, log_.log_end_offset, *known)
         # The log's tail is durable before the term counts it (its HW starts there).
         await trio.to_thread.run_sync(log_.flush)
         await trio.to_thread.run_sync(log_.begin_epoch, info.leader_epoch)
@@ -499,16 +466,13 @@ class ReplicaManager:
         if listener is not None:
             listener.elected(partition, info.leader_epoch, log_)
 
-    def _remember_hw(self, key: tuple[str, int], term: LeaderPartition) -> None:
-        self._ended_term_hw[key] = max(self._ended_term_hw.get(key, 0), term.high_watermark)
-
-    def _end_term(self, key: tuple[str, int]) -> None:
+    def _end_term(self, key: Key) -> None:
         """This broker stops leading ``key`` (if it did): acks=all waiters learn it
         (LEADERSHIP_LOST), and so does the internal topic's owner."""
         term = self.terms.pop(key, None)
         if term is None:
             return
-        self._remember_hw(key, term)
+        self.hw_floors.term_ended(key, term.high_watermark)
         self.wake(key)
         listener = self.leadership_listeners.get(key[0])
         if listener is not None:
@@ -535,43 +499,21 @@ class ReplicaManager:
     async def _store_isr(
         self, name: str, partition: int, term: LeaderPartition, proposal: IsrProposal
     ) -> None:
-        path = partition_state_path(name, partition)
-        try:
-            node = await self.coord.get(path)
-            if node is None:
-                raise NoNode(path)
-            current = PartitionState.decode(node.data, path)
-            if current.leader != self.view.broker_id or current.leader_epoch != term.leader_epoch:
-                raise BadVersion(path)
-            state = PartitionState(current.leader, current.leader_epoch, tuple(sorted(proposal.isr)),
-                                   current.controller_epoch)  # fmt: skip
-            await self.coord.set(path, state.encode(), node.version)
-        except (CoordinationError, ValueError) as exc:
-            log.info("%s: ISR change %s not stored (%s)", path, sorted(proposal.isr), exc)
-            if term.pending == proposal:
-                term.isr_refused()
-            return
-        if term.pending == proposal:
-            if term.isr_stored(proposal):
-                self.wake((name, partition))
-            log.info("%s: ISR now %s", path, sorted(proposal.isr))
+        if await store_isr(self.coord, self.view.broker_id, name, partition, term, proposal):
+            self.wake((name, partition))
 
     # ------------------------------------------------------------------ helpers
 
-    def _refresh(self, key: tuple[str, int], term: LeaderPartition) -> bool:
-        """Tell the term how far the leader's log is appended and synced; True if its log
-        end or HW moved (both news for the partition's waiting fetches: followers read up
-        to the log end, consumers up to the HW)."""
+    def _refresh(self, key: Key, term: LeaderPartition) -> bool:
+        """``replica_rules.leader_log_progress`` from the partition's log: True if the
+        term's log end or HW moved."""
         log_ = self.topics.log(*key)
         if log_ is None:
             return False
-        appended = log_.log_end_offset > term.log_end_offset
-        term.leader_appended(max(log_.log_end_offset, term.log_end_offset))
         counted = log_.durable_end_offset if self.sync_before_counting else log_.log_end_offset
-        durable = min(max(counted, term.durable_end_offset), term.log_end_offset)
-        return term.leader_synced(durable) or appended
+        return leader_log_progress(term, log_.log_end_offset, counted)
 
-    def _hw_event(self, key: tuple[str, int]) -> trio.Event:
+    def _hw_event(self, key: Key) -> trio.Event:
         event = self._hw_moved.get(key)
         if event is None:
             event = self._hw_moved[key] = trio.Event()
@@ -582,7 +524,7 @@ class ReplicaManager:
         higher HW: its waiting fetches (none while only leaders answer fetches) look."""
         self.on_partition_changed(topic, partition)
 
-    def wake(self, key: tuple[str, int]) -> None:
+    def wake(self, key: Key) -> None:
         event = self._hw_moved.pop(key, None)
         if event is not None:
             event.set()

@@ -84,7 +84,7 @@ async def test_the_floor_is_capped_at_the_log_end_and_forgotten_with_the_copy() 
     await _lead(manager, 4)
     assert manager.terms[KEY].high_watermark == 7
     manager.copies.delete("t", "deleted by the cluster")
-    assert KEY not in manager._ended_term_hw
+    assert KEY not in manager.hw_floors
 
 
 class _Listener:
