@@ -131,6 +131,11 @@ class LocalCopies:
             topics.delete(name)
             log.info("topic %s: local copy deleted: %s", name, why)
 
+    async def drop_deleted_topics(self) -> None:
+        """:meth:`drop_deleted_topic` for each copy the view no longer names."""
+        for name in self.names - set(self._host.view.topics):
+            await self.drop_deleted_topic(name)
+
     async def drop_deleted_topic(self, name: str) -> None:
         """The cluster deleted the topic: so does this broker, once ZooKeeper confirms it
         (a topic znode that does not parse is left out of the view too, and must not cost
@@ -160,8 +165,8 @@ class LocalCopies:
 
     async def ensure(self, name: str, topic_id: uuid.UUID, partitions: int) -> Topic | None:
         """This broker's copy of cluster topic ``name``, made or grown to ``partitions``
-        as the view has it; None if there is none to replicate into (the log here is
-        another topic's, or it cannot be made)."""
+        as the view has it, and counted in :attr:`names`; None if there is none to
+        replicate into (the log here is another topic's, or it cannot be made)."""
         topics = self._host.topics
         local = topics.get(name)
         if local is not None and local.topic_id != topic_id:
@@ -188,4 +193,5 @@ class LocalCopies:
                 return None
         elif len(local.logs) < partitions:
             local = topics.add_partitions(name, partitions)
+        self.names.add(name)
         return local

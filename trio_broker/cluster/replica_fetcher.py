@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 import trio
 
 from trio_broker.cluster.broker_client import BrokerClient, BrokerConnectionError
 from trio_broker.cluster.waiting import RETRY_S, wait_any
+from trio_broker.partition.append import Durability
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.fetcher_rules import (
@@ -61,6 +62,7 @@ from trio_broker.replication.follower import (
 )
 from trio_broker.replication.truncation import plan_truncation
 from trio_broker.services.cluster_view import ClusterView
+from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.errors import LogError, StorageError
 
@@ -105,9 +107,9 @@ class FetcherHost(Protocol):
     inter_broker_listener: str | None
     topics: TopicManager
     #: The flusher's durability service (``wait_durable``, ``mark_dirty``).
-    durability: Any
+    durability: Durability
     #: Idempotent producers' state (``discard_snapshot`` after a truncation), or None.
-    producers: Any
+    producers: ProducerStateRegistry | None
     sync_before_counting: bool
     #: (topic, partition) -> what this broker follows, set by the manager.
     following: dict[Key, FollowerRole]

@@ -10,12 +10,19 @@ local roles match:
 - a partition it follows is handed to the replica fetcher of its leader
   (``replica_fetcher.py``), which truncates (KIP-279) and then copies the leader's log.
 
-ISR changes a term proposes are written to the partition's state znode with its
-version as condition; a refused write drops the proposal (the controller or another
-leader moved first) and the next view change brings the truth. Topics are created in
-the cluster by writing their assignment (``topic_admin.py``'s :class:`ZooKeeperAdmin`,
-``self.admin``); each replica creates its local log when the topic appears in the view,
-and applies its configs when their znode changes.
+The terms' rules are pure (``replication/leader.py``, ``replication/replica_rules.py``);
+the manager holds the roles, feeds the terms, wakes the partitions' waiters, and wires
+the parts it owns, each a module of this package:
+
+- ``isr_store.py``: a term's ISR changes, written to the partition's state znode
+  conditionally (a refused write drops the proposal; the next view brings the truth);
+- ``local_copies.py``: the local copy of each topic with a replica here, made when the
+  topic appears in the view, deleted once ZooKeeper confirms the cluster lost it;
+- ``config_watch.py``: topic configs and the broker config default from their znodes;
+- ``replication_throttles.py``: the replication throttles at the rates in force;
+- ``producer_id_blocks.py``: producer-id blocks claimed in ZooKeeper;
+- ``topic_admin.py``: topic and config administration (``self.admin``);
+- ``replica_fetcher.py``: the fetchers of the partitions followed.
 """
 
 from __future__ import annotations
@@ -23,10 +30,11 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
+from trio_broker.cluster.broker_client import OpenStream
 from trio_broker.cluster.config_watch import TopicConfigWatch
 from trio_broker.cluster.controller import ControllerActions
 from trio_broker.cluster.coordination import (
@@ -39,6 +47,7 @@ from trio_broker.cluster.replica_fetcher import FollowerRole, run_fetchers
 from trio_broker.cluster.replication_throttles import ReplicationThrottles
 from trio_broker.cluster.topic_admin import ZooKeeperAdmin
 from trio_broker.cluster.waiting import wait_any
+from trio_broker.partition.append import Durability
 from trio_broker.replication.controller_rules import (
     NO_LEADER,
 )
@@ -72,7 +81,7 @@ class ReplicaManager:
         min_insync_replicas: int,
         replica_lag_time_max_ms: int,
         now_ms: Callable[[], int],
-        durability: Any,
+        durability: Durability,
         on_partition_changed: Callable[[str, int], None] = lambda topic, partition: None,
         producers: ProducerStateRegistry | None = None,
         follower_throttle_rate: int = UNLIMITED_RATE,
@@ -136,9 +145,9 @@ class ReplicaManager:
         #: an election still under way when it came makes no term.
         self.left = False
         #: How fetchers reach leaders (BrokerClient's OpenStream); None: TCP.
-        self.open_stream: Any = None
+        self.open_stream: OpenStream | None = None
         #: The same for the transaction marker channel (its own client id when logging in).
-        self.open_marker_stream: Any = None
+        self.open_marker_stream: OpenStream | None = None
         #: Topic configs and the broker config default from their znodes (config_watch.py).
         self.configs = TopicConfigWatch(self, min_insync_replicas=min_insync_replicas)
         # A new dynamic min.insync.replicas default reaches the terms without a restart.
@@ -369,10 +378,8 @@ class ReplicaManager:
             mine = [p for p, info in topic.partitions.items() if me in info.replicas]
             if not mine:
                 continue
-            local = await self.copies.ensure(name, topic.topic_id, len(topic.partitions))
-            if local is None:
+            if await self.copies.ensure(name, topic.topic_id, len(topic.partitions)) is None:
                 continue
-            self.local_copies.add(name)
             for p in mine:
                 if self.left:
                     return
@@ -415,8 +422,7 @@ class ReplicaManager:
                 if held is not None:  # moved away by a reassignment (not a deleted topic)
                     self.hw_floors.forget(key)
                     await self.copies.drop_replica(*key)
-        for name in self.local_copies - set(self.view.topics):
-            await self.copies.drop_deleted_topic(name)
+        await self.copies.drop_deleted_topics()
         if roles_changed:
             self.roles_changed.set()
             self.roles_changed = trio.Event()
