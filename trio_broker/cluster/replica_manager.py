@@ -62,7 +62,7 @@ from trio_broker.replication.replica_rules import (
 from trio_broker.replication.throttle import UNLIMITED_RATE
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.internal_topics import LeadershipListener
-from trio_broker.services.local_replication import DataReplication
+from trio_broker.services.local_replication import DataReplication, FollowerFetchPartition
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
 
@@ -177,9 +177,7 @@ class ReplicaManager:
         role = self.terms.get(key) or self.following.get(key)  # it leads, or it follows
         return None if role is None else role.high_watermark
 
-    def follower_fetch(
-        self, replica: int, partitions: Iterable[tuple[str | uuid.UUID, int, int, int, int]]
-    ) -> None:
+    def follower_fetch(self, replica: int, partitions: Iterable[FollowerFetchPartition]) -> None:
         """A follower's Fetch request: it holds everything below each fetch offset.
 
         Recorded once per request, when it arrives (a long poll's later reads record
