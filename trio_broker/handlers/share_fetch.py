@@ -177,7 +177,14 @@ class Fetch:
         shares = self.ctx.services.shares
         now = self.ctx.now_ms()
         read_committed = shares.read_committed(self.group_id)
-        ordered = sorted(partitions, key=lambda k: (str(k[0]), k[1]))
+        # Kafka's leader loads a share partition's state (from the share coordinator)
+        # on the first fetch naming it, one partition at a time, and the fetch completes
+        # as soon as one loaded partition has records: partitions already loaded come
+        # first, and one loaded by this fetch is acquired from only if nothing was
+        # before it. A new member's first fetch of several partitions thus gets one
+        # partition's records (librdkafka's test 0179 counts on it); the next fetch
+        # the others'.
+        ordered = sorted(partitions, key=lambda k: (not self._loaded(k), str(k[0]), k[1]))
         partition_max_bytes = max_bytes // max(1, len(ordered))
         total = 0
         bytes_left = max_bytes
@@ -196,6 +203,10 @@ class Fetch:
                 share_partition = shares.ensure_partition(
                     self.group_id, topic_id, partition, offset_for_reset(log, reset, now)
                 )
+            loading = not share_partition.loaded
+            share_partition.loaded = True
+            if loading and total > 0:
+                continue
             share_partition.skip_to(log.log_start_offset)
             wanted = max_records - total
             # Fresh offsets are never acquired past end_offset + wanted: the walk of
@@ -223,6 +234,10 @@ class Fetch:
             total += sum(r.last_offset - r.first_offset + 1 for r in runs)
             bytes_left -= self._attach(self.part(topic_id, partition), log, runs)
         return total
+
+    def _loaded(self, key: tuple[uuid.UUID, int]) -> bool:
+        found = self.ctx.services.shares.partition(self.group_id, *key)
+        return found is not None and found.loaded
 
     @staticmethod
     def _attach(part: PartResp, log: Any, runs: list[Acquired]) -> int:

@@ -78,6 +78,10 @@ class SharePartition:
     #: Raised each time the share partition starts over at a given offset
     #: (AlterShareGroupOffsets); stored with its state (Kafka's StateEpoch).
     state_epoch: int = 0
+    #: Whether a ShareFetch has read this share partition since it was made or restored
+    #: (Kafka's leader loads a share partition's state on the first fetch naming it).
+    #: Not share state: left out of comparisons and snapshots.
+    loaded: bool = attrs.field(default=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if self.end_offset < self.start_offset:
