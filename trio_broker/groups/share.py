@@ -133,6 +133,12 @@ class ShareGroups:
         value = self.group_configs.groups.get(group_id, {}).get(SHARE_AUTO_OFFSET_RESET)
         return AutoOffsetReset("latest") if value is None else parse_auto_offset_reset(value)
 
+    def read_committed(self, group_id: str) -> bool:
+        """share.isolation.level: read_committed members get records below the last
+        stable offset only, and never those of aborted transactions."""
+        value = self.group_configs.groups.get(group_id, {}).get("share.isolation.level")
+        return value == "read_committed"
+
     def set_group_configs(self, group_id: str, configs: Mapping[str, str]) -> None:
         """Store the group's overrides (checked by the caller) and apply them at once, as
         Kafka reads them on each use: the lock of the next acquisition, the session timeout

@@ -17,14 +17,18 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import attrs
+
 from trio_broker.groups.share import next_epoch
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.list_offsets import offset_for_reset
 from trio_broker.handlers.share_persist import append_changes, persist
+from trio_broker.protocol import batch_header
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.partition_txns import AbortedTxn
 from trio_broker.state.share_partition import Acquired
 
 Resp = m.ShareFetchResponse
@@ -87,6 +91,55 @@ def readable_end(ctx: RequestContext, topic: str, partition: int, log: Any) -> i
     return int(term.high_watermark) if term else log.log_end_offset
 
 
+def is_aborted(header: batch_header.BatchHeader, aborted_txns: Sequence[AbortedTxn]) -> bool:
+    """A transactional data batch of a producer, inside one of its aborted
+    transactions (from its first offset to its abort marker)."""
+    attributes = header.attributes
+    if not attributes & batch_header.TRANSACTIONAL_BIT or attributes & batch_header.CONTROL_BIT:
+        return False
+    base = header.base_offset
+    return any(
+        a.producer_id == header.producer_id and a.first_offset <= base <= a.last_offset
+        for a in aborted_txns
+    )
+
+
+@attrs.frozen
+class LogRead:
+    """What a share fetch read of one partition's log: the offset after its last
+    batch, and the offsets of aborted transactions' records in it (read_committed)."""
+
+    end: int
+    aborted: frozenset[int]
+
+
+def read_batches(
+    log: Any, first: int, end: int, max_bytes: int, min_one: bool,
+    aborted_txns: Sequence[AbortedTxn] = (),
+) -> LogRead:  # fmt: skip
+    """The whole batches a read of ``max_bytes`` from the batch holding ``first``
+    returns, below ``end``: as Kafka's log read, it stops before a batch that would
+    pass the limit, but takes the first one whatever its size when ``min_one`` (the
+    request's first partition to return records), so a small ``MaxBytes`` still makes
+    progress, a batch a fetch. Batches of ``aborted_txns`` are noted as aborted."""
+    used, bound = 0, first
+    aborted: set[int] = set()
+    for base, header in log.iter_batch_headers(first):
+        if base >= end:
+            break
+        size = batch_header.base_offset_and_size(header)[1]
+        if used + size > max_bytes and not (min_one and used == 0):
+            break
+        used += size
+        last = base + batch_header.last_offset_delta(header)
+        if aborted_txns and is_aborted(batch_header.unpack_header(header), aborted_txns):
+            aborted.update(range(max(base, first), min(last + 1, end)))
+        bound = min(end, last + 1)
+        if bound >= end:
+            break
+    return LogRead(bound, frozenset(aborted))
+
+
 class Fetch:
     """One ShareFetch's answer being put together: its partitions' errors and
     acknowledgement results, then what each acquires (maybe after a wait)."""
@@ -111,18 +164,37 @@ class Fetch:
             )  # fmt: skip
         return self.parts[key]
 
-    def acquire(self, partitions: Iterable[tuple[uuid.UUID, int]], max_records: int) -> int:
-        """Acquire in each partition in turn while records are wanted; how many."""
+    def acquire(
+        self, partitions: Iterable[tuple[uuid.UUID, int]], max_records: int, max_bytes: int
+    ) -> int:
+        """Acquire in each partition in turn while records are wanted; how many.
+
+        Bytes bound it as Kafka's share fetch: each partition reads at most
+        ``max_bytes`` split evenly among the partitions (Kafka's uniform partition
+        max bytes), the request at most ``max_bytes`` in all, the first partition
+        with records at least one whole batch; only offsets in the batches read are
+        acquired. ``max_bytes`` <= 0 reads nothing (Kafka refuses to split it)."""
         shares = self.ctx.services.shares
         now = self.ctx.now_ms()
+        read_committed = shares.read_committed(self.group_id)
+        # Kafka's leader loads a share partition's state (from the share coordinator)
+        # on the first fetch naming it, one partition at a time, and the fetch completes
+        # as soon as one loaded partition has records: partitions already loaded come
+        # first, and one loaded by this fetch is acquired from only if nothing was
+        # before it. A new member's first fetch of several partitions thus gets one
+        # partition's records (librdkafka's test 0179 counts on it); the next fetch
+        # the others'.
+        ordered = sorted(partitions, key=lambda k: (not self._loaded(k), str(k[0]), k[1]))
+        partition_max_bytes = max_bytes // max(1, len(ordered))
         total = 0
-        for topic_id, partition in sorted(partitions, key=lambda k: (str(k[0]), k[1])):
+        bytes_left = max_bytes
+        for topic_id, partition in ordered:
             error, found = resolve(self.ctx, topic_id, partition)
             if error is not ErrorCode.NONE:
                 self.part(topic_id, partition).error_code = error
                 continue
             name, log = found
-            if total >= max_records:
+            if total >= max_records or max_bytes <= 0:
                 continue
             self.touched.add((topic_id, partition))
             share_partition = shares.partition(self.group_id, topic_id, partition)
@@ -131,24 +203,52 @@ class Fetch:
                 share_partition = shares.ensure_partition(
                     self.group_id, topic_id, partition, offset_for_reset(log, reset, now)
                 )
+            loading = not share_partition.loaded
+            share_partition.loaded = True
+            if loading and total > 0:
+                continue
             share_partition.skip_to(log.log_start_offset)
-            runs = share_partition.acquire(
-                self.member_id, readable_end(self.ctx, name, partition, log),
-                max_records - total, now,
+            wanted = max_records - total
+            # Fresh offsets are never acquired past end_offset + wanted: the walk of
+            # batch headers stops there.
+            end = min(
+                readable_end(self.ctx, name, partition, log), share_partition.end_offset + wanted
+            )
+            first = share_partition.next_fetch_offset(now)
+            aborted_txns: list[AbortedTxn] = []
+            if read_committed:
+                # Only below the last stable offset, and aborted records are archived
+                # as they are acquired, never delivered (Kafka's share.isolation.level).
+                producers = self.ctx.services.producers
+                end = min(end, producers.last_stable_offset(name, partition, log, end))
+                aborted_txns = producers.aborted_between(name, partition, log, first, end)
+            read = read_batches(
+                log, first, end, min(partition_max_bytes, max(bytes_left, 0)),
+                min_one=bytes_left == max_bytes, aborted_txns=aborted_txns,
             )  # fmt: skip
+            runs = share_partition.acquire(
+                self.member_id, read.end, wanted, now, archive=read.aborted
+            )
             if not runs:
                 continue
             total += sum(r.last_offset - r.first_offset + 1 for r in runs)
-            self._attach(self.part(topic_id, partition), log, runs)
+            bytes_left -= self._attach(self.part(topic_id, partition), log, runs)
         return total
 
+    def _loaded(self, key: tuple[uuid.UUID, int]) -> bool:
+        found = self.ctx.services.shares.partition(self.group_id, *key)
+        return found is not None and found.loaded
+
     @staticmethod
-    def _attach(part: PartResp, log: Any, runs: list[Acquired]) -> None:
-        # Every batch holding an acquired offset goes out, whatever MaxBytes says: an
-        # acquired record the client does not see would sit locked until its lock ran out.
+    def _attach(part: PartResp, log: Any, runs: list[Acquired]) -> int:
+        """Put the batches holding the acquired offsets in ``part``; their size."""
+        # Every batch holding an acquired offset goes out (acquire read them within
+        # MaxBytes): an acquired record the client does not see would sit locked until
+        # its lock ran out.
         first, last = runs[0].first_offset, runs[-1].last_offset
         regions = log.read(first, INT32_MAX, last + 1, min_one=True)
-        part.records = RecordsChunks(regions)
+        chunks = RecordsChunks(regions)
+        part.records = chunks
         part.acquired_records = [
             PartResp.AcquiredRecords(
                 first_offset=r.first_offset,
@@ -157,6 +257,7 @@ class Fetch:
             )
             for r in runs
         ]
+        return chunks.nbytes
 
     async def stored(self) -> None:
         """Write the share state and wait until it is durable, so the acknowledgements
@@ -239,7 +340,7 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
     if has_acks:
         await fetch.stored()
     if (
-        fetch.acquire(partitions, max_records) > 0
+        fetch.acquire(partitions, max_records, request.max_bytes) > 0
         or request.max_wait_ms <= 0
         or any(p.error_code for p in fetch.parts.values())
     ):
@@ -263,7 +364,7 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
         while True:
             with ctx.services.appends.watch(names) as watch:
                 # Acquire after the watch starts: an append in between still wakes it.
-                if not current() or fetch.acquire(partitions, max_records) > 0:
+                if not current() or fetch.acquire(partitions, max_records, request.max_bytes) > 0:
                     append_changes(
                         ctx, group_id, only=fetch.touched
                     )  # no await: no timeout cuts in
@@ -274,7 +375,7 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
         # The wait ends at MaxWaitMs, or sooner when a lock held in these partitions runs
         # out: its record may be acquired now.
         if current():
-            fetch.acquire(partitions, max_records)
+            fetch.acquire(partitions, max_records, request.max_bytes)
             append_changes(ctx, group_id, only=fetch.touched)
         return fetch.response()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 import attrs
 
@@ -77,6 +78,10 @@ class SharePartition:
     #: Raised each time the share partition starts over at a given offset
     #: (AlterShareGroupOffsets); stored with its state (Kafka's StateEpoch).
     state_epoch: int = 0
+    #: Whether a ShareFetch has read this share partition since it was made or restored
+    #: (Kafka's leader loads a share partition's state on the first fetch naming it).
+    #: Not share state: left out of comparisons and snapshots.
+    loaded: bool = attrs.field(default=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if self.end_offset < self.start_offset:
@@ -93,6 +98,13 @@ class SharePartition:
     def finished_in_flight(self) -> int:
         """Offsets in [start, end) already finished (acknowledged or archived)."""
         return sum(1 for r in self.records.values() if r.state in FINISHED)
+
+    def next_fetch_offset(self, now_ms: int) -> int:
+        """Where the next acquisition starts reading the log (Kafka's nextFetchOffset):
+        the lowest record given back, else the first offset never acquired."""
+        self.expire_locks(now_ms)
+        given_back = [o for o, r in self.records.items() if r.state is RecordState.AVAILABLE]
+        return min(given_back, default=self.end_offset)
 
     def next_lock_deadline(self) -> int | None:
         deadlines = [
@@ -118,14 +130,18 @@ class SharePartition:
         self._advance()
 
     def acquire(
-        self, member_id: str, readable_end: int, max_records: int, now_ms: int
-    ) -> list[Acquired]:
-        """Lock up to ``max_records`` records for ``member_id``: those given back first
-        (oldest first), then new ones below ``readable_end`` (the high watermark)."""
+        self, member_id: str, readable_end: int, max_records: int, now_ms: int,
+        archive: AbstractSet[int] = frozenset(),
+    ) -> list[Acquired]:  # fmt: skip
+        """Lock up to ``max_records`` records below ``readable_end`` (the high
+        watermark, or the end of the batches read for this fetch) for ``member_id``:
+        those given back first (oldest first), then new ones. Chosen offsets in
+        ``archive`` (an aborted transaction's, for read_committed) are archived
+        instead: finished, never delivered."""
         self.expire_locks(now_ms)
         chosen: list[int] = []
         for offset in sorted(self.records):
-            if len(chosen) >= max_records:
+            if len(chosen) >= max_records or offset >= readable_end:
                 break
             if self.records[offset].state is RecordState.AVAILABLE:
                 chosen.append(offset)
@@ -139,6 +155,9 @@ class SharePartition:
         deadline = now_ms + self.lock_duration_ms
         for offset in chosen:
             record = self.records[offset]
+            if offset in archive:
+                record.state, record.member_id = RecordState.ARCHIVED, None
+                continue
             record.state = RecordState.ACQUIRED
             record.delivery_count += 1
             record.member_id = member_id
@@ -152,6 +171,8 @@ class SharePartition:
                 runs[-1] = attrs.evolve(last, last_offset=offset)
             else:
                 runs.append(Acquired(offset, offset, record.delivery_count))
+        if archive:
+            self._advance()
         return runs
 
     def acknowledge(
