@@ -59,6 +59,8 @@ CONSUMER_GROUP_MACHINE = "statemachine/test_consumer_group_machine.py"
 #: A real connection throttled by quota breaches against a clock the machine moves.
 THROTTLE_MACHINE = "statemachine/test_throttle_machine.py"
 MUTE_MACHINE = "statemachine/test_mute_machine.py"
+#: One partition moving between replica sets (KIP-455) under the real controller rules.
+REASSIGNMENT_MACHINE = "statemachine/test_reassignment_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
 
@@ -1151,7 +1153,7 @@ EIGHTH = (
         "any(r in state.isr for r in moving.adding)",
         "a move adding several replicas ends (the leaving replicas go) once one of them is "
         "in sync, not all: the partition is left under-replicated",
-        (REPLICATION_MACHINE, SIMULATOR),
+        (REASSIGNMENT_MACHINE, REPLICATION_MACHINE, SIMULATOR),
         ("tests/unit/replication/test_reassignment_rules.py",),
     ),
     Bug(
