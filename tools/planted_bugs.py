@@ -63,6 +63,8 @@ MUTE_MACHINE = "statemachine/test_mute_machine.py"
 FETCH_SESSION_MACHINE = "statemachine/test_fetch_session_machine.py"
 #: The whole-broker machine alone (the SASL one adds nothing for these paths).
 BROKER_MACHINE = CONNECTION_MACHINES[0]
+#: Client quotas (state/quota.py) against a plain model of Kafka's rules.
+QUOTA_MACHINE = "statemachine/test_quota_machine.py"
 #: One partition moving between replica sets (KIP-455) under the real controller rules.
 REASSIGNMENT_MACHINE = "statemachine/test_reassignment_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
@@ -1263,7 +1265,7 @@ NINTH = (
         "usage under a default quota (<default> user or client-id) is counted for all "
         "the clients it covers together, not per client: one busy client throttles every "
         "other",
-        (THROTTLE_MACHINE,),
+        (QUOTA_MACHINE, THROTTLE_MACHINE),
         ("tests/unit/state/test_quota.py",),
     ),
     Bug(
@@ -1273,7 +1275,7 @@ NINTH = (
         "        minimum = self.window.sample_ms\n",
         "a client's first burst is averaged over one sample (1 s), not the whole window "
         "less one: a new client is throttled ten times harder than Kafka does",
-        (THROTTLE_MACHINE,),
+        (QUOTA_MACHINE, THROTTLE_MACHINE),
         ("tests/unit/state/test_quota.py",),
     ),
     Bug(
