@@ -63,6 +63,8 @@ MUTE_MACHINE = "statemachine/test_mute_machine.py"
 FETCH_SESSION_MACHINE = "statemachine/test_fetch_session_machine.py"
 #: The whole-broker machine alone (the SASL one adds nothing for these paths).
 BROKER_MACHINE = CONNECTION_MACHINES[0]
+#: Group commit's waiter bookkeeping (storage/group_commit.py) against a plain model.
+GROUP_COMMIT_MACHINE = "statemachine/test_group_commit_machine.py"
 #: Client quotas (state/quota.py) against a plain model of Kafka's rules.
 QUOTA_MACHINE = "statemachine/test_quota_machine.py"
 #: One partition moving between replica sets (KIP-455) under the real controller rules.
@@ -1372,7 +1374,7 @@ NINTH = (
         "while self._waiters and self._waiters[0][0] <= durable_end_offset:",
         "a flush releases the waiter for the offset at the durable end, one record short "
         "of it: acks=all is answered before its last record is on disk",
-        (BROKER_MACHINE,),
+        (GROUP_COMMIT_MACHINE, BROKER_MACHINE),
         ("tests/unit/storage/test_flusher.py tests/unit/storage/test_durable_writes.py",),
     ),
     Bug(
