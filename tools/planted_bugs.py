@@ -63,6 +63,8 @@ MUTE_MACHINE = "statemachine/test_mute_machine.py"
 FETCH_SESSION_MACHINE = "statemachine/test_fetch_session_machine.py"
 #: The whole-broker machine alone (the SASL one adds nothing for these paths).
 BROKER_MACHINE = CONNECTION_MACHINES[0]
+#: The long-poll registry (state/fetch_watch.py) against a plain model.
+FETCH_WATCH_MACHINE = "statemachine/test_fetch_watch_machine.py"
 #: Group commit's waiter bookkeeping (storage/group_commit.py) against a plain model.
 GROUP_COMMIT_MACHINE = "statemachine/test_group_commit_machine.py"
 #: Client quotas (state/quota.py) against a plain model of Kafka's rules.
@@ -1287,7 +1289,7 @@ NINTH = (
         "",
         "a long-poll waiter's changes are not cleared when it looks: every later change "
         "finds it 'already awake' and wakes no one, so fetches wait out max.wait.ms",
-        (BROKER_MACHINE,),
+        (FETCH_WATCH_MACHINE, BROKER_MACHINE),
         ("tests/unit/state/test_fetch_watch.py",),
     ),
     Bug(
