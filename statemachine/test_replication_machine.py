@@ -636,6 +636,9 @@ class ReplicationMachine(RuleBasedStateMachine):
         self._apply(
             after_broker_loss(c.as_rules(), BROKERS, broker, self._live(), unclean=self.unclean)
         )
+        # Sentence 9: the controller takes a lost broker out of the ISR at once (unless
+        # it is the last member), so that acks=all do not wait for it.
+        assert broker not in c.isr or c.isr == {broker}, f"lost broker {broker} in ISR {c.isr}"
 
     @rule(broker=st.sampled_from(BROKERS))
     def restart(self, broker: int) -> None:
