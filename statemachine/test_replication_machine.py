@@ -23,6 +23,14 @@ it synced before fetching on may have counted), and a leader cut off from the
 coordination service while still serving (a zombie). The sentences of
 spec/replication_model.py are checked after every step, RF=3, min.insync.replicas=2.
 
+Log starts move as in the broker: DeleteRecords on a broker that believes it leads (up
+to its term's HW, the handler's bound), retention through ``segments_to_delete`` with
+the replica's own HW, and a follower's following its leader's
+(``fetcher_rules.follower_log_start``; a follower below the leader's log start is
+emptied and starts there, ``out_of_range_reset``). No replica's log start passes its HW.
+The model's HW is checkpointed with the log; the broker's is not (a restarted replica
+starts at HW 0, below a log start it kept), which this machine does not follow.
+
 A quarter of the examples run with unclean.leader.election.enable: with no ISR member
 alive, the controller elects any live replica (sentence 13). What such an election
 loses (the acknowledged, consumed and shown records the new leader lacks) is dropped
@@ -62,6 +70,7 @@ from trio_broker.replication.fetcher_rules import (
     ResetKind,
     answer_action,
     answer_applies,
+    follower_log_start,
     out_of_range_reset,
     sync_before_fetch,
 )
@@ -72,6 +81,7 @@ from trio_broker.replication.follower import (
 from trio_broker.replication.leader import AckState, LeaderPartition
 from trio_broker.replication.truncation import plan_truncation
 from trio_broker.storage.epoch_cache import LeaderEpochCache
+from trio_broker.storage.segment import segments_to_delete
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from spec.replication_model import (
@@ -88,6 +98,8 @@ from spec.replication_model import (
 BROKERS = (1, 2, 3)
 MIN_INSYNC = 2
 LAG_MAX_MS = 100
+#: Records per segment for the retention rule.
+RETENTION_SEGMENT = 2
 
 
 @attrs.define
@@ -102,6 +114,9 @@ class Replica:
     needs_truncation: bool = False  # follower that has not yet agreed with its leader
     #: The HW this replica has shown: its HW may only go back when a cut shortens the log.
     shown_high_watermark: int = 0
+    #: Where the log starts (DeleteRecords, retention, or the leader's, followed); on
+    #: disk at once. The records below it stay in ``log`` for the checks, unreadable.
+    log_start: int = 0
 
     #: Epochs this broker began leading, at the log end of that moment: for the model.
     announced: dict[int, int] = attrs.field(factory=dict)
@@ -126,6 +141,9 @@ class Replica:
         if end_offset >= len(self.log):
             return  # as Kafka: nothing to cut, the epoch cache stays as it is
         del self.log[end_offset:]
+        # Below the log start (only after an unclean election): the log is emptied and
+        # starts at the cut, as Kafka's truncateFullyAndStartAt.
+        self.log_start = min(self.log_start, end_offset)
         self.cache.truncate_from_end(end_offset)
         self.announced = {e: o for e, o in self.announced.items() if o < end_offset}
         self.durable = min(self.durable, end_offset)
@@ -159,6 +177,7 @@ class FetchAnswer:
     records: tuple[Record, ...]
     high_watermark: int
     error_code: int = ErrorCode.NONE
+    log_start: int = 0  # the leader's, as every fetch answer tells it
 
 
 @attrs.define
@@ -378,6 +397,16 @@ class ReplicationMachine(RuleBasedStateMachine):
         if sync_before_fetch(True, follower.durable, len(follower.log)):
             follower.durable = len(follower.log)
         fetch_offset = len(follower.log)
+        if fetch_offset < leader.log_start:
+            # Below what the leader keeps: OFFSET_OUT_OF_RANGE, nothing counted.
+            self.in_flight[broker] = FetchAnswer(
+                sent=FetchPosition(leader.broker_id, term.leader_epoch, fetch_offset),
+                records=(),
+                high_watermark=term.high_watermark,
+                error_code=ErrorCode.OFFSET_OUT_OF_RANGE,
+                log_start=leader.log_start,
+            )
+            return
         self.catch_up[(leader.broker_id, term.leader_epoch)][broker].fetched(
             fetch_offset, len(leader.log), self.now_ms
         )
@@ -389,6 +418,7 @@ class ReplicationMachine(RuleBasedStateMachine):
             sent=FetchPosition(leader.broker_id, term.leader_epoch, fetch_offset),
             records=tuple(leader.log[fetch_offset : fetch_offset + max_records]),
             high_watermark=term.high_watermark,
+            log_start=leader.log_start,
         )
         if proposal is not None:
             note(f"broker {leader.broker_id} proposes ISR {sorted(proposal.isr)}")
@@ -417,10 +447,14 @@ class ReplicationMachine(RuleBasedStateMachine):
             return
         action = answer_action(answer.error_code)
         if action is AnswerAction.RESET:
-            # Logs here start at 0, never above a follower's end: it agrees again.
-            reset = out_of_range_reset(len(follower.log), 0)
-            assert reset.kind is ResetKind.TRUNCATE
-            follower.needs_truncation = True
+            # The fetcher asks where the leader's log starts now (ListOffsets).
+            leader = self._leader()
+            leader_start = answer.log_start if leader is None else leader.log_start
+            reset = out_of_range_reset(len(follower.log), leader_start)
+            if reset.kind is ResetKind.TRUNCATE or leader is None:
+                follower.needs_truncation = True
+            else:
+                self._start_at(follower, leader, reset.offset)
         if action is not AnswerAction.APPEND:
             return
         for record in answer.records:
@@ -428,6 +462,23 @@ class ReplicationMachine(RuleBasedStateMachine):
         follower.high_watermark = high_watermark_after_fetch(
             follower.high_watermark, answer.high_watermark, len(follower.log)
         )
+        start = follower_log_start(follower.log_start, answer.log_start, follower.high_watermark)
+        if start is not None:
+            follower.log_start = start  # DeleteRecords here: on disk at once
+            event("a follower's log start followed its leader's")
+
+    def _start_at(self, follower: Replica, leader: Replica, offset: int) -> None:
+        """A follower whose log ends below the leader's log start is emptied and starts
+        there (``truncate_fully_and_start_at``). The model keeps the leader's records
+        below the new start in its list (unreadable, as deleted ones), so that the
+        checks below the HW compare like with like."""
+        follower.log, follower.announced = [], {}
+        follower.cache = LeaderEpochCache()
+        for record in leader.log[:offset]:
+            follower.append(record)
+        follower.durable = follower.high_watermark = follower.log_start = offset
+        note(f"broker {follower.broker_id} emptied, starts at {offset}")
+        event("a follower below the leader's log start started over")
 
     def follower_fetches(self, broker: int, max_records: int) -> None:
         """A fetch and its answer back to back (a quiet network)."""
@@ -576,12 +627,18 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.in_flight.pop(broker, None)  # its connections are gone
         self._fail_acks(lambda ack: ack.broker == broker)
         if power_cut:
-            replica.truncate(replica.durable)
+            # The log start is on disk: what is lost below it was deleted anyway, and the
+            # log ends at least there (Kafka empties a log whose end falls below it).
+            replica.truncate(max(replica.durable, replica.log_start))
+            replica.durable = len(replica.log)
         note(f"broker {broker} {'loses power' if power_cut else 'is killed'}")
         c = self.controller
         self._apply(
             after_broker_loss(c.as_rules(), BROKERS, broker, self._live(), unclean=self.unclean)
         )
+        # Sentence 9: the controller takes a lost broker out of the ISR at once (unless
+        # it is the last member), so that acks=all do not wait for it.
+        assert broker not in c.isr or c.isr == {broker}, f"lost broker {broker} in ISR {c.isr}"
 
     @rule(broker=st.sampled_from(BROKERS))
     def restart(self, broker: int) -> None:
@@ -601,6 +658,43 @@ class ReplicationMachine(RuleBasedStateMachine):
             self._follow(broker)
         else:
             self._apply(state)
+
+    @rule(fraction=st.floats(0, 1), to_zombie=st.booleans())
+    def delete_records(self, fraction: float, to_zombie: bool) -> None:
+        """DeleteRecords on a broker that believes it leads: up to its term's HW at most
+        (handlers/delete_records.py answers OFFSET_OUT_OF_RANGE above it)."""
+        leaders = [r for r in self.replicas.values() if r.alive and r.leading is not None]
+        leaders.sort(key=lambda r: (r.broker_id == self.controller.leader) == to_zombie)
+        if not leaders:
+            return
+        replica = leaders[0]
+        assert replica.leading is not None
+        bound = replica.leading.high_watermark
+        if bound <= replica.log_start:
+            return
+        replica.log_start += round(fraction * (bound - replica.log_start))
+        note(f"broker {replica.broker_id}: DeleteRecords, log start {replica.log_start}")
+        event("DeleteRecords moved a log start")
+
+    @rule(broker=st.sampled_from(BROKERS), keep=st.integers(0, 6))
+    def retention(self, broker: int, keep: int) -> None:
+        """A retention pass (``storage.segment.segments_to_delete``, as the broker's
+        retention loop calls it with the replica's own HW): two-record segments of one
+        byte a record, retention.bytes ``keep``."""
+        replica = self.replicas[broker]
+        if not replica.alive or len(replica.log) <= RETENTION_SEGMENT:
+            return
+        ends = list(range(RETENTION_SEGMENT, len(replica.log), RETENTION_SEGMENT))
+        ends.append(len(replica.log))
+        sizes = [end - start for start, end in zip([0, *ends], ends, strict=False)]
+        count = segments_to_delete(
+            sizes, ends, [0] * len(ends), log_start_offset=replica.log_start,
+            now_ms=self.now_ms, retention_ms=None, retention_bytes=keep,
+            high_watermark=replica.high_watermark,
+        )  # fmt: skip
+        if count and ends[count - 1] > replica.log_start:
+            replica.log_start = ends[count - 1]
+            note(f"broker {broker}: retention, log start {replica.log_start}")
 
     @rule()
     def preferred_leader_election(self) -> None:
@@ -837,11 +931,13 @@ class ReplicationMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_high_watermark_is_within_its_log(self) -> None:
-        """Issue 31: a replica's HW never counts records it does not hold."""
+        """Issue 31: a replica's HW never counts records it does not hold; and its log
+        start never passes its HW: what it deletes (DeleteRecords, retention, its
+        leader's log start followed) is committed here."""
         for replica in self.replicas.values():
-            assert replica.high_watermark <= len(replica.log), (
-                f"broker {replica.broker_id}: HW {replica.high_watermark} > log end "
-                f"{len(replica.log)}"
+            assert replica.log_start <= replica.high_watermark <= len(replica.log), (
+                f"broker {replica.broker_id}: log start {replica.log_start}, HW "
+                f"{replica.high_watermark}, log end {len(replica.log)}"
             )
 
     @invariant()

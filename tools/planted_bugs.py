@@ -15,6 +15,7 @@ models miss, the module's own unit tests:
     python tools/planted_bugs.py --sixth          # the sixth set (SIXTH)
     python tools/planted_bugs.py --seventh        # the seventh set (SEVENTH)
     python tools/planted_bugs.py --eighth         # the eighth set (EIGHTH)
+    python tools/planted_bugs.py --ninth          # the ninth set (NINTH)
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
 
@@ -59,6 +60,17 @@ CONSUMER_GROUP_MACHINE = "statemachine/test_consumer_group_machine.py"
 #: A real connection throttled by quota breaches against a clock the machine moves.
 THROTTLE_MACHINE = "statemachine/test_throttle_machine.py"
 MUTE_MACHINE = "statemachine/test_mute_machine.py"
+FETCH_SESSION_MACHINE = "statemachine/test_fetch_session_machine.py"
+#: The whole-broker machine alone (the SASL one adds nothing for these paths).
+BROKER_MACHINE = CONNECTION_MACHINES[0]
+#: The long-poll registry (state/fetch_watch.py) against a plain model.
+FETCH_WATCH_MACHINE = "statemachine/test_fetch_watch_machine.py"
+#: Group commit's waiter bookkeeping (storage/group_commit.py) against a plain model.
+GROUP_COMMIT_MACHINE = "statemachine/test_group_commit_machine.py"
+#: Client quotas (state/quota.py) against a plain model of Kafka's rules.
+QUOTA_MACHINE = "statemachine/test_quota_machine.py"
+#: One partition moving between replica sets (KIP-455) under the real controller rules.
+REASSIGNMENT_MACHINE = "statemachine/test_reassignment_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
 
@@ -1151,7 +1163,7 @@ EIGHTH = (
         "any(r in state.isr for r in moving.adding)",
         "a move adding several replicas ends (the leaving replicas go) once one of them is "
         "in sync, not all: the partition is left under-replicated",
-        (REPLICATION_MACHINE, SIMULATOR),
+        (REASSIGNMENT_MACHINE, REPLICATION_MACHINE, SIMULATOR),
         ("tests/unit/replication/test_reassignment_rules.py",),
     ),
     Bug(
@@ -1223,6 +1235,163 @@ EIGHTH = (
 )
 
 
+#: The ninth set: paths no earlier set touched (fetch sessions, quotas, long-poll
+#: wake-ups, the cleaner's choices and tombstones, log reload, index jumps in reads, the
+#: replication throttle, transactional id expiry, the memory mute's wake-up, group
+#: commit, the controller's ISR on a follower's loss).
+NINTH = (
+    Bug(
+        "session-lso-change-not-sent",
+        "trio_broker/state/fetch_sessions.py",
+        "            or answer.last_stable_offset != self.last_stable_offset\n",
+        "",
+        "an incremental fetch answer leaves out a partition whose only news is a moved "
+        "LSO: a read_committed consumer waits on records it may already read",
+        (FETCH_SESSION_MACHINE,),
+        ("tests/unit/handlers/test_fetch_session_cache.py",),
+    ),
+    Bug(
+        "session-error-remembers-hw",
+        "trio_broker/state/fetch_sessions.py",
+        "self.high_watermark = -1 if answer.error_code else answer.high_watermark",
+        "self.high_watermark = answer.high_watermark",
+        "a partition answered with an error remembers the HW that came with it: once the "
+        "error goes away at the same HW the partition is left out, and the fetcher never "
+        "hears it recovered",
+        (FETCH_SESSION_MACHINE,),
+        ("tests/unit/handlers/test_fetch_session_cache.py",),
+    ),
+    Bug(
+        "default-quota-shared-by-clients",
+        "trio_broker/state/quota.py",
+        "    return tuple((kind, actual[kind]) for kind, _ in matched)\n",
+        "    return matched\n",
+        "usage under a default quota (<default> user or client-id) is counted for all "
+        "the clients it covers together, not per client: one busy client throttles every "
+        "other",
+        (QUOTA_MACHINE, THROTTLE_MACHINE),
+        ("tests/unit/state/test_quota.py",),
+    ),
+    Bug(
+        "quota-first-burst-over-one-sample",
+        "trio_broker/state/quota.py",
+        "        minimum = max(self.window.samples - 1, 1) * self.window.sample_ms\n",
+        "        minimum = self.window.sample_ms\n",
+        "a client's first burst is averaged over one sample (1 s), not the whole window "
+        "less one: a new client is throttled ten times harder than Kafka does",
+        (QUOTA_MACHINE, THROTTLE_MACHINE),
+        ("tests/unit/state/test_quota.py",),
+    ),
+    Bug(
+        "fetch-watch-take-keeps-pending",
+        "trio_broker/state/fetch_watch.py",
+        "        self._pending[waiter] = set()  # the taken set is the caller's now\n",
+        "",
+        "a long-poll waiter's changes are not cleared when it looks: every later change "
+        "finds it 'already awake' and wakes no one, so fetches wait out max.wait.ms",
+        (FETCH_WATCH_MACHINE, BROKER_MACHINE),
+        ("tests/unit/state/test_fetch_watch.py",),
+    ),
+    Bug(
+        "cleaner-overdue-from-newest-dirty",
+        "trio_broker/storage/cleaner.py",
+        "overdue = bool(dirty) and now_ms - dirty[0].first_timestamp > config.max_compaction_lag_ms",
+        "overdue = bool(dirty) and now_ms - dirty[-1].max_timestamp > config.max_compaction_lag_ms",
+        "max.compaction.lag.ms counts from the newest dirty record instead of the oldest: "
+        "a log that keeps taking writes is never overdue and stays uncleaned",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage/test_cleaner.py",),
+    ),
+    Bug(
+        "pinned-tombstone-dropped",
+        "trio_broker/storage/cleaner.py",
+        "                elif record.key not in pinned:\n",
+        "                else:\n",
+        "a tombstone past its delete horizon goes though an older record of its key is "
+        "kept (a producer's last batch, kept whole): the deleted value comes back",
+        (STORAGE_MACHINE, PARTITION_TXN_MACHINE),
+        ("tests/unit/storage/test_cleaner.py tests/unit/storage/test_cleaner_markers.py",),
+    ),
+    Bug(
+        "reload-keeps-epochs-past-end",
+        "trio_broker/storage/log_reload.py",
+        "        cache.truncate_from_start(self.log_start_offset)\n"
+        "        cache.truncate_from_end(self.log_end_offset)\n",
+        "        cache.truncate_from_start(self.log_start_offset)\n",
+        "a reopened log keeps checkpointed epochs that begin past its recovered end (a "
+        "torn tail cut): OffsetForLeaderEpoch answers an epoch the log no longer holds",
+        (STORAGE_MACHINE, REPLICATION_MACHINE),
+        ("tests/unit/storage/test_storage_log.py",),
+    ),
+    Bug(
+        "read-index-jump-past-hw",
+        "trio_broker/storage/log_reads.py",
+        "jump = min(segment.boundary_at_or_before(end + budget, end), offset_bound)",
+        "jump = segment.boundary_at_or_before(end + budget, end)",
+        "a read jumping through the offset index over whole batches ignores the HW bound: "
+        "consumers get records not yet committed",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage/test_storage_log.py tests/unit/storage/test_index.py",),
+    ),
+    Bug(
+        "isr-follower-throttled",
+        "trio_broker/replication/throttle.py",
+        "    return replica not in isr and lists[0].names(partition, leader)\n",
+        "    return lists[0].names(partition, leader)\n",
+        "a leader's replication throttle also slows in-sync followers of a throttled "
+        "partition (Kafka throttles only those outside the ISR): acks=all stall and the "
+        "ISR shrinks under a reassignment's throttle",
+        (REPLICATION_MACHINE, SIMULATOR),
+        (
+            "tests/unit/cluster/test_throttled_replicas.py tests/unit/replication/test_byte_budget.py",
+        ),
+    ),
+    Bug(
+        "txn-id-expires-while-preparing",
+        "trio_broker/transactions/state.py",
+        "    closed = meta.state in (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT)\n",
+        "    closed = meta.state != S.ONGOING\n",
+        "a transactional id idle for transactional.id.expiration.ms is forgotten while a "
+        "commit or abort is still writing its markers: the transaction never completes",
+        (TXN_COORDINATOR_MACHINE,),
+        (
+            "tests/unit/transactions/test_txn_state_rules.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
+    ),
+    Bug(
+        "memory-mute-never-notified",
+        "trio_broker/server/connection.py",
+        "            self._mute_event(MuteEvent.MEMORY_EXHAUSTED)\n"
+        "            broker.memory.notify_when_available(self)\n",
+        "            self._mute_event(MuteEvent.MEMORY_EXHAUSTED)\n",
+        "a connection muted for memory pressure does not ask to be told when memory frees: "
+        "it stays muted for good",
+        (BROKER_MACHINE,),
+        ("tests/integration/test_mute_wiring.py",),
+    ),
+    Bug(
+        "group-commit-releases-at-durable-end",
+        "trio_broker/storage/group_commit.py",
+        "while self._waiters and self._waiters[0][0] < durable_end_offset:",
+        "while self._waiters and self._waiters[0][0] <= durable_end_offset:",
+        "a flush releases the waiter for the offset at the durable end, one record short "
+        "of it: acks=all is answered before its last record is on disk",
+        (GROUP_COMMIT_MACHINE, BROKER_MACHINE),
+        ("tests/unit/storage/test_flusher.py tests/unit/storage/test_durable_writes.py",),
+    ),
+    Bug(
+        "lost-follower-kept-in-isr",
+        "trio_broker/replication/controller_rules.py",
+        "    if leader == state.leader and isr == state.isr:\n",
+        "    if leader == state.leader:\n",
+        "the controller leaves a lost follower in the ISR (only a lost leader changes the "
+        "state): acks=all wait for a dead broker until the leader's lag check drops it",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/replication/test_controller_rules.py",),
+    ),
+)
+
+
 def copy_tree(dest: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".",
@@ -1270,10 +1439,13 @@ def main() -> int:
     parser.add_argument("--sixth", action="store_true", help="the sixth set (SIXTH) only")
     parser.add_argument("--seventh", action="store_true", help="the seventh set (SEVENTH) only")
     parser.add_argument("--eighth", action="store_true", help="the eighth set (EIGHTH) only")
+    parser.add_argument("--ninth", action="store_true", help="the ninth set (NINTH) only")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
-    every = (*BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH, *EIGHTH)
-    if args.eighth:
+    every = (*BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH, *EIGHTH, *NINTH)
+    if args.ninth:
+        chosen = list(NINTH)
+    elif args.eighth:
         chosen = list(EIGHTH)
     elif args.seventh:
         chosen = list(SEVENTH)

@@ -39,6 +39,7 @@ EVERY: tuple[PlantedBug, ...] = (
     *_tool.SIXTH,
     *_tool.SEVENTH,
     *_tool.EIGHTH,
+    *_tool.NINTH,
 )
 
 
