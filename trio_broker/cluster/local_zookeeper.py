@@ -53,7 +53,9 @@ NETTY_SERVER = "org.apache.zookeeper.server.NettyServerCnxnFactory"
 #: Java's client compiler alone and the serial collector. Most of such a server's CPU
 #: is its JVM warming up (C2 compiling, G1's threads); with these flags a server that
 #: starts and answers 900 requests over 10 s used 0.73-0.79 s of CPU instead of
-#: 1.07-1.20 s (three pairs side by side), and every process-level cluster test starts one.
+#: 1.07-1.20 s (three pairs side by side); the 20 servers of test_zookeeper_faults.py and
+#: test_cluster_up.py 11.7-11.8 s instead of 15.8-16.5 s (two pairs). Every
+#: process-level cluster test starts one.
 ZOOKEEPER_JVM = ("-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 
