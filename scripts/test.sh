@@ -24,9 +24,13 @@ echo "== import contracts (docs/architecture.md)"
 echo "== Maven dependencies (resolved once, before the parallel workers share ~/.m2)"
 # Maven starts only for a pom whose classpath is not cached or names a missing jar.
 .venv/bin/python -m tests.kafka_tools.classpath </dev/null
-echo "== pytest (${TEST_WORKERS:-2} workers)"
-# Two workers on the two cores: most end-to-end tests wait on brokers, clients and
-# timers, so their waits overlap. A module's tests stay on one worker (loadfile), so
-# module-scoped fixtures (a broker, a Spark session) start once. TEST_WORKERS=0 runs
-# everything in one process.
-.venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile --durations=30 "$@"
+echo "== pytest (${TEST_WORKERS:-3} workers)"
+# Three workers on the two cores: most end-to-end tests wait on brokers, clients,
+# JVMs and timers. A full run's processes, every one counted, used 1,041 CPU seconds:
+# about half of what two cores give in the 18 minutes two workers took on a quiet
+# machine, so a third worker's tests fill the others' waits. On a busy machine (load
+# 8-10, the cores never idle; two runs one after the other) 3 workers took 1,172 s
+# where 2 had taken 1,438 s, both green. A module's tests stay on one worker
+# (loadfile), so module-scoped fixtures (a broker, a Spark session) start once.
+# TEST_WORKERS=0 runs everything in one process.
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-3}" --dist loadfile --durations=30 "$@"

@@ -49,6 +49,14 @@ ZOOKEEPER_JAR = Path(os.environ.get("TRIO_BROKER_ZOOKEEPER_JAR", "/usr/share/jav
 #: lists the other Netty jars in its manifest but not this one.
 NETTY_CODEC_JAR = ZOOKEEPER_JAR.parent / "netty-codec.jar"
 NETTY_SERVER = "org.apache.zookeeper.server.NettyServerCnxnFactory"
+#: A private server holds a few hundred znodes for a handful of brokers: a small heap,
+#: Java's client compiler alone and the serial collector. Most of such a server's CPU
+#: is its JVM warming up (C2 compiling, G1's threads); with these flags a server that
+#: starts and answers 900 requests over 10 s used 0.73-0.79 s of CPU instead of
+#: 1.07-1.20 s (three pairs side by side); the 20 servers of test_zookeeper_faults.py and
+#: test_cluster_up.py 11.7-11.8 s instead of 15.8-16.5 s (two pairs). Every
+#: process-level cluster test starts one.
+ZOOKEEPER_JVM = ("-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 
 @attrs.frozen
@@ -259,7 +267,7 @@ def _launch(
     log_fd = os.open(data_dir / "zookeeper.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(log_fd, "ab") as log:
         return subprocess.Popen(
-            ["java", "-Xmx256m", *jvm, "-cp", ":".join(classpath), main_class, str(config)],
+            ["java", *ZOOKEEPER_JVM, *jvm, "-cp", ":".join(classpath), main_class, str(config)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=die_with_parent(),
         )  # fmt: skip
