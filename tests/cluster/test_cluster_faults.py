@@ -401,11 +401,14 @@ def test_follower_kill_9_leaves_and_rejoins_the_isr(cluster: Cluster) -> None:
     cluster[victim].kill9()
     killed_at = time.monotonic()
     admin = admin_of(cluster)
-    eventually(lambda: victim not in partitions(admin, "fk")[0][2], f"{victim} out of the ISR", 20)
-    out_after_s = time.monotonic() - killed_at
     # Dropped by the leader after replica.lag.time.max.ms, or by the controller when the
-    # ZooKeeper session expires, whichever first (plus the checks' periods).
-    assert out_after_s < (max(LAG_MS, SESSION_MS) + 3000) / 1000, out_after_s
+    # ZooKeeper session expires, whichever first (plus the checks' periods): about
+    # (max(LAG_MS, SESSION_MS) + 3000) ms on a quiet machine. The deadline is generous, not
+    # that bound: a loaded machine makes this slower, never red (issue 30). The lag rule's
+    # boundary is checked on a virtual clock (statemachine/test_replication_machine.py's
+    # time_passes at the lag boundary).
+    eventually(lambda: victim not in partitions(admin, "fk")[0][2], f"{victim} out of the ISR", 60)
+    print(f"{victim} left the ISR {time.monotonic() - killed_at:.1f} s after its kill -9")
     acked_then = background.acked_count()
     eventually(lambda: background.acked_count() > acked_then + 200, "acks=all with 2 of 3", 30)
 
