@@ -138,6 +138,19 @@ def main() -> None:
             f"µs/request ({min(process):.0f}-{max(process):.0f}), loop thread "
             f"{statistics.median(loop):.1f} ({min(loop):.0f}-{max(loop):.0f})"
         )
+    if len(trees) > 1:  # each tree against the first, per workload and fsync setting
+        for (workload, _), fsync in itertools.product(workload_sizes, fsyncs):
+            first = summary["runs"].get(f"{workload} fsync={str(fsync).lower()} {trees[0]}")
+            for tree in trees[1:]:
+                other = summary["runs"].get(f"{workload} fsync={str(fsync).lower()} {tree}")
+                if first is None or other is None:
+                    continue
+                ratios = [
+                    statistics.median(other[k]) / statistics.median(first[k])
+                    for k in ("process_us_per_request", "loop_thread_us_per_request")
+                ]
+                print(f"{workload} fsync={str(fsync).lower()} {tree} / {trees[0]}: process "
+                      f"x{ratios[0]:.2f}, loop thread x{ratios[1]:.2f} (medians)")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
 
