@@ -117,10 +117,10 @@ class HandlerPool:
     async def _worker(self, index: int, receiver: trio.MemoryReceiveChannel[WorkItem]) -> None:
         broker = self.broker
         # Up to BACK_TO_BACK queued requests are taken without a scheduler pass between
-        # them (receive() makes one per item), as long as each was answered at once (a
-        # Deferred ends the run): a pipelined producer's requests queued together
-        # cost no pass each. A count, not a clock, bounds it, so a simulation's run
-        # stays deterministic.
+        # them (receive() makes one per item): a pipelined producer's requests queued
+        # together are appended together, before the flusher's sync starts, and each
+        # costs no pass of its own. A count, not a clock, bounds it, so a simulation's
+        # run stays deterministic.
         back_to_back = 0
         while True:
             try:
@@ -168,12 +168,6 @@ class HandlerPool:
                 broker.root_nursery.start_soon(
                     self._finish, conn, slot, ctx, result, (started, done)
                 )
-                # The deferred task gets its scheduler pass before the next request is
-                # taken, as when every request had one: taking the next at once
-                # changed what kafka-python saw of its fetch sessions
-                # (test_a_lost_or_stale_session_makes_kafka_python_start_a_new_one
-                # failed 3 of 4 runs), a dependency not understood yet.
-                back_to_back = BACK_TO_BACK
             elif isinstance(result, CloseConnection):
                 conn.close(result.reason)
             else:
