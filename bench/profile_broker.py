@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/profile_broker.py w1 [--records 2048] [--out docs/perf]
     .venv/bin/python bench/profile_broker.py w2 [--records 100000]
+    .venv/bin/python bench/profile_broker.py w6 [--records 4096]  # one 16 KiB record per request
     .venv/bin/python bench/profile_broker.py w3  # W3 alone: W1's log read back by one consumer
 
 py-spy launches ``trio-broker serve`` itself (attaching to a running process
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("workload", choices=["w1", "w2", "w3"])
+    parser.add_argument("workload", choices=["w1", "w2", "w3", "w6"])
     parser.add_argument("--records", type=int, default=None)
     parser.add_argument("--rate", type=int, default=500, help="samples per second")
     parser.add_argument("--model", default="pipelined", choices=["pipelined", "serial"])
@@ -228,7 +229,8 @@ def profile_produce(stacks_path: Path, args: argparse.Namespace) -> tuple[dict[s
         else:
             create_topic(broker.bootstrap, "w1")
             records = args.records or 4096
-            result = run_producer(broker.bootstrap, "w1", records, 64 * KIB, {})
+            size, conf = (16 * KIB, workloads.W6_CONF) if args.workload == "w6" else (64 * KIB, {})
+            result = run_producer(broker.bootstrap, "w1", records, size, conf)
     finally:
         broker.stop()
     return result, records

@@ -25,7 +25,14 @@ from trio_broker.handlers.base import (
 from trio_broker.handlers.leadership import check_leader, produce_leader_hints
 from trio_broker.handlers.producer_state import prepare_producer_states
 from trio_broker.handlers.topic_lookup import find_topic, missing_partition_error
-from trio_broker.partition.append import Appended, AppendRejected, Origin, Term, wait_acked
+from trio_broker.partition.append import (
+    Appended,
+    AppendRejected,
+    Origin,
+    Term,
+    acked_at_once,
+    wait_acked,
+)
 from trio_broker.partition.append import append as partition_append
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.batch_header import (
@@ -357,15 +364,16 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
         # client notices and refreshes its metadata.
         failed = any(p.error_code for t in topic_responses for p in t.partition_responses)
         return CloseConnection("acks=0 produce failed") if failed else None
-    if not appends_to_ack:
-        return response
-
     # The request's timeout_ms bounds the wait for the covering fsync; past it the
     # partition answers REQUEST_TIMED_OUT and the data stays in the log (as Kafka).
     # In a cluster the write then waits for the high watermark: every ISR member has it.
     # acks.all.fsync=false (ours): no fsync first; a cluster's ISR holding the write
     # (in page cache) is what counts, as in Kafka.
     sync_first = broker_config.acks_all_fsync
+    # Nothing to wait for (a node alone with acks.all.fsync=false, or synced already):
+    # the same answer now, without a deferred task and its timeout's cancel scope.
+    if all(acked_at_once(a, acks, fsync=sync_first) for a, _ in appends_to_ack):
+        return response
 
     async def when_durable() -> m.ProduceResponse:
         for appended, part in appends_to_ack:

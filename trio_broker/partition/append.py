@@ -237,6 +237,18 @@ class Acked:
 DONE = Acked(AckState.DONE)
 
 
+def acked_at_once(appended: Appended, acks: int, *, fsync: bool = True) -> bool:
+    """Whether :func:`wait_acked` would answer DONE without waiting: acks 0 and 1, or a
+    write that is not ``replicated`` (a node alone's term waits for nothing past the
+    fsync, ``Term.replicated``) and is synced already or needs no sync (``fsync``).
+    Lets a handler answer such a write at once instead of deferring the answer."""
+    if acks != -1:
+        return True
+    if appended.replicated:
+        return False
+    return not fsync or appended.log.durable_end_offset > appended.last_offset
+
+
 async def wait_acked(
     appended: Appended,
     acks: int,

@@ -85,6 +85,8 @@ class Connection:
     ) -> None:
         self.broker = broker
         self.sock = sock
+        #: A kernel socket (not TLS's stream nor the simulator's): written with writev.
+        self._plain_socket = isinstance(sock, trio.socket.SocketType)
         self.client = client
         self.id = client.connection_id
         #: Who the connection is without SASL: ANONYMOUS, or the TLS client
@@ -362,6 +364,12 @@ class Connection:
                 self._responses_ready = trio.Event()
                 await self._responses_ready.wait()
                 continue
+            # Responses that are bytes only (no log file regions), on a plain socket and
+            # with capture off, go out together: one writev for all that are ready, not a
+            # send (and a wake-up of the client) each. ``answered`` are their requests,
+            # acks=0's (no response) among them, finished in order once the bytes are out.
+            unsent: list[Any] = []
+            answered: list[PendingRequest] = []
             for slot, response in ready:
                 pending = self.pending.pop(slot)
                 if response is not None:
@@ -372,6 +380,18 @@ class Connection:
                     else:
                         parts = encode_response(*args)
                     tap = self.broker.capture
+                    if (
+                        tap is None
+                        and self._plain_socket
+                        and not pending.failed_login
+                        and all(isinstance(p, bytes | bytearray | memoryview) for p in parts)
+                    ):
+                        unsent.extend(parts)
+                        answered.append(pending)
+                        continue
+                    if (unsent or answered) and not await self._send_answered(unsent, answered):
+                        return
+                    unsent, answered = [], []
                     staged = None
                     if tap is not None:
                         staged = tap.stage_response(
@@ -390,24 +410,53 @@ class Connection:
                         if staged is not None:
                             (tap.sent if whole else tap.not_sent)(staged)
                     self.send_progress = None
-                if pending.failed_login:
-                    # The step that failed the login has its answer; the requests
-                    # answered before it went out first, in order.
-                    assert self.sasl is not None
-                    failures = self.broker.stats.sasl_failures
-                    mechanism = self.sasl.mechanism or "none"
-                    failures[mechanism] = failures.get(mechanism, 0) + 1
-                    self.close(f"SASL authentication failed: {self.sasl.reason}")
+                elif not pending.failed_login:
+                    answered.append(pending)
+                    continue
+                else:  # what was answered before it goes out first
+                    if (unsent or answered) and not await self._send_answered(unsent, answered):
+                        return
+                    unsent, answered = [], []
+                if not self._answered(pending):
                     return
-                self.broker.stats.responses_sent += 1
-                self.last_active = trio.current_time()
-                if self.serial:
-                    self._mute_event(MuteEvent.RESPONSE_SENT)
-                if (
-                    MuteReason.IN_FLIGHT_LIMIT in self.mute.reasons
-                    and self.sequencer.in_flight < self.max_in_flight
-                ):
-                    self._mute_event(MuteEvent.IN_FLIGHT_AVAILABLE)
+            if (unsent or answered) and not await self._send_answered(unsent, answered):
+                return
+
+    async def _send_answered(self, unsent: list[Any], answered: list[PendingRequest]) -> bool:
+        """Send the bytes of the responses to ``answered`` in one go, then finish each;
+        False when the connection closed."""
+        if unsent:
+            self.send_progress = trio.current_time()
+            try:
+                await self._send_buffers(unsent)
+            except OSError as exc:
+                self.close(f"send failed: {exc}")
+                return False
+            self.send_progress = None
+        return all(self._answered(pending) for pending in answered)
+
+    def _answered(self, pending: PendingRequest) -> bool:
+        """A request's answer is out (or it has none): count it, unmute what it held;
+        False when the connection closed (the answer of a failed login)."""
+        if pending.failed_login:
+            # The step that failed the login has its answer; the requests
+            # answered before it went out first, in order.
+            assert self.sasl is not None
+            failures = self.broker.stats.sasl_failures
+            mechanism = self.sasl.mechanism or "none"
+            failures[mechanism] = failures.get(mechanism, 0) + 1
+            self.close(f"SASL authentication failed: {self.sasl.reason}")
+            return False
+        self.broker.stats.responses_sent += 1
+        self.last_active = trio.current_time()
+        if self.serial:
+            self._mute_event(MuteEvent.RESPONSE_SENT)
+        if (
+            MuteReason.IN_FLIGHT_LIMIT in self.mute.reasons
+            and self.sequencer.in_flight < self.max_in_flight
+        ):
+            self._mute_event(MuteEvent.IN_FLIGHT_AVAILABLE)
+        return True
 
     async def _send_parts(self, parts: list[Any]) -> None:
         buffers: list[Any] = []
@@ -429,7 +478,19 @@ class Connection:
     async def _send_buffers(self, buffers: list[Any]) -> None:
         views = [memoryview(b).cast("B") for b in buffers]
         while views:
-            sent = await self.sock.sendmsg(views[:512])
+            if self._plain_socket:
+                # A plain socket is written directly: trio's sendmsg adds a scheduler
+                # pass after every send. The writer still yields whenever it waits (for
+                # the socket here, for the next response), and cancellation is still
+                # checked.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                try:
+                    sent = os.writev(self.sock.fileno(), views[:512])
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(self.sock)
+                    continue
+            else:
+                sent = await self.sock.sendmsg(views[:512])
             self.broker.stats.bytes_out += sent
             self.send_progress = trio.current_time()
             while sent and views:

@@ -17,6 +17,7 @@ from trio_broker.partition.append import (
     AppendRejected,
     NotLeader,
     Origin,
+    acked_at_once,
     append,
     leader_epoch_of,
     wait_acked,
@@ -179,3 +180,32 @@ async def test_what_each_acks_waits_for() -> None:
     # The broker left the cluster while the write waited: it leads nothing now.
     acked = await wait_acked(replicated, -1, durability=flusher, replication=LeadsNothing(0))
     assert acked.state is AckState.LEADERSHIP_LOST
+
+
+async def test_acked_at_once_is_what_wait_acked_answers_without_waiting() -> None:
+    """Produce answers at once what acked_at_once passes, without wait_acked: for those
+    wait_acked is DONE, and a node alone's write needs no sync with acks.all.fsync=false."""
+    log = MemoryLog()
+    alone = append(log, batch(pid=-1, seq=-1), origin=Origin.CLIENT, now_ms=T0,
+                   durability=Flusher())  # fmt: skip
+    replicated = append(log, batch(pid=-1, seq=-1), origin=Origin.CLIENT, now_ms=T0,
+                        durability=Flusher(), leader_epoch=1)  # fmt: skip
+
+    for appended in (alone, replicated):
+        for acks in (0, 1):
+            assert acked_at_once(appended, acks)
+    assert not acked_at_once(alone, -1)  # not synced yet
+    assert acked_at_once(alone, -1, fsync=False)  # a node alone: nothing past the sync
+    assert not acked_at_once(replicated, -1, fsync=False)  # the ISR's high watermark
+    log.flush()
+    assert log.durable_end_offset > replicated.last_offset
+    assert acked_at_once(alone, -1)
+    assert not acked_at_once(replicated, -1)  # synced, but the HW is not known here
+    # Where acked_at_once says yes, wait_acked answers DONE.
+    flusher = Flusher()
+    for acks, fsync in ((0, True), (1, True), (-1, True), (-1, False)):
+        assert acked_at_once(alone, acks, fsync=fsync)
+        acked = await wait_acked(alone, acks, durability=flusher, replication=OwnLog(0, log),
+                                 fsync=fsync)  # fmt: skip
+        assert acked.ok
+    assert flusher.waited == [alone.last_offset]  # acks=-1 with fsync: durable already

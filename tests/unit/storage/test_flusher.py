@@ -163,9 +163,10 @@ async def test_group_commit_covers_appends_made_during_an_fsync() -> None:
 async def test_requests_queued_behind_the_first_share_its_fsync(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    """A handler takes a connection's queued requests one per scheduler pass (its queue's
-    receive yields), as five in flight from one producer arrive: the sync started after
-    the first append covers all five, not the first alone. (The mock clock stands still
+    """Requests taken one per scheduler pass (the queue's receive yields; the handler
+    pool's worker does so after 8 taken back to back), as five in flight from one
+    producer arrive: the sync started after the first append covers all five, not the
+    first alone. (The mock clock stands still
     while tasks run, so only the flusher's pass bound applies, whatever the machine's load.)"""
     log = SlowLog()
     flusher = Flusher()
