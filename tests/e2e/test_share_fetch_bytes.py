@@ -61,16 +61,23 @@ def acquired(answer: Any) -> dict[int, list[tuple[int, int, int]]]:
     return {p: runs for p, runs in found.items() if runs}
 
 
+def joined_member(broker_process: BrokerProcess, conn: Any, topic: str, group: str) -> uuid.UUID:
+    """Make ``topic`` (two partitions), join member ``m1`` of share group ``group`` to it
+    over ``conn``; the topic's id."""
+    admin = AdminClient({"bootstrap.servers": broker_process.bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
+    joined = conn.request(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, m.ShareGroupHeartbeatRequest(
+        group_id=group, member_id="m1", member_epoch=0, subscribed_topic_names=[topic]))  # fmt: skip
+    assert joined.error_code == ErrorCode.NONE
+    topic_id: uuid.UUID = topic_id_of(conn, topic)
+    return topic_id
+
+
 def test_max_bytes_bounds_what_a_share_fetch_acquires(broker_process: BrokerProcess) -> None:
     topic, group = f"share-bytes-{uuid.uuid4().hex[:8]}", f"share-bytes-{uuid.uuid4().hex[:8]}"
     bootstrap = broker_process.bootstrap
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
     with broker_process.connect() as conn:
-        joined = conn.request(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, m.ShareGroupHeartbeatRequest(
-            group_id=group, member_id="m1", member_epoch=0, subscribed_topic_names=[topic]))  # fmt: skip
-        assert joined.error_code == ErrorCode.NONE
-        topic_id = topic_id_of(conn, topic)
+        topic_id = joined_member(broker_process, conn, topic, group)
         produce_one_per_batch(bootstrap, topic, 0, [VALUE] * 6 + [b"y" * 20_000])
         produce_one_per_batch(bootstrap, topic, 1, [VALUE] * 2)
 

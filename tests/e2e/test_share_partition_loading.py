@@ -11,25 +11,20 @@ from __future__ import annotations
 
 import uuid
 
-from confluent_kafka.admin import AdminClient, NewTopic
-
 from tests.e2e.conftest import BrokerProcess
-from tests.e2e.test_consumer_protocol import topic_id_of
-from tests.e2e.test_share_fetch_bytes import acquired, produce_one_per_batch, share_fetch
-from trio_broker.protocol import messages as m
-from trio_broker.protocol.error_codes import ErrorCode
+from tests.e2e.test_share_fetch_bytes import (
+    acquired,
+    joined_member,
+    produce_one_per_batch,
+    share_fetch,
+)
 
 
 def test_a_first_fetch_gets_one_new_share_partition(broker_process: BrokerProcess) -> None:
     topic, group = f"share-load-{uuid.uuid4().hex[:8]}", f"share-load-{uuid.uuid4().hex[:8]}"
     bootstrap = broker_process.bootstrap
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
     with broker_process.connect() as conn:
-        joined = conn.request(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, m.ShareGroupHeartbeatRequest(
-            group_id=group, member_id="m1", member_epoch=0, subscribed_topic_names=[topic]))  # fmt: skip
-        assert joined.error_code == ErrorCode.NONE
-        topic_id = topic_id_of(conn, topic)
+        topic_id = joined_member(broker_process, conn, topic, group)
         for partition in (0, 1):
             produce_one_per_batch(bootstrap, topic, partition, [b"a", b"b"])
 

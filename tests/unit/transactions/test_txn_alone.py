@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from tests.unit.groups.test_own_offsets import leaves
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.server.broker import Broker
@@ -91,12 +92,6 @@ async def test_the_table_is_read_back_after_a_restart(tmp_path: Path) -> None:
                     ErrorCode.NONE, first[1], first[2] + 1
                 )  # fmt: skip
             nursery.cancel_scope.cancel()
-
-
-def leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in leaves(sub)]
-    return [exc]
 
 
 async def test_a_transaction_log_that_cannot_be_opened_stops_the_start(tmp_path: Path) -> None:
