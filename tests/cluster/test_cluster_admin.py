@@ -27,7 +27,12 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.admin import KafkaAdminClient
 
-from tests.cluster.test_cluster_e2e import eventually, every_broker_lists, partitions
+from tests.cluster.test_cluster_e2e import (
+    eventually,
+    every_broker_knows,
+    every_broker_lists,
+    partitions,
+)
 from tests.cluster.test_cluster_faults import (
     CONFIG,
     Acked,
@@ -110,6 +115,8 @@ def create(cluster: Cluster, admin: AdminClient, topic: str, replicas: list[int]
         lambda: partitions(admin, topic).get(0, (0, [], []))[2] == replicas,
         f"{topic}-0 led by {replicas[0]} with ISR {replicas}",
     )
+    # The answer above came from one broker; the tests go on to ask each broker itself.
+    every_broker_knows(cluster, topic, 1)
 
 
 def elect(admin: AdminClient, election_type: ElectionType, topic: str, partition: int = 0) -> int:
