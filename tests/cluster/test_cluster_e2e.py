@@ -115,12 +115,13 @@ def every_broker_knows(
 ) -> PartitionStates:
     """Wait until every running broker, asked on its own, names a leader for each of
     ``topic``'s ``partition_count`` partitions, all of them the same leaders, replicas
-    and ISRs, and ``until`` holds for that state (``wanted`` says what it is); returns it. Each broker learns of a
-    topic and of each change of its partitions from its own ZooKeeper watches, after the
-    broker that made the change or answered a client about it: until then it answers
-    UNKNOWN_TOPIC_OR_PARTITION (DescribeConfigs: "topic ... does not exist"), leader -1
-    (it has read the topic but not yet its partition state), or the state before the
-    change. A client's Metadata answer comes from one broker, so it does not show this."""
+    and ISRs, and ``until`` holds for that state (``wanted`` says what it is); returns
+    it. Each broker learns of a topic and of each change of its partitions from its own
+    ZooKeeper watches, after the broker that made the change or answered a client about
+    it: until then it answers UNKNOWN_TOPIC_OR_PARTITION (DescribeConfigs: "topic ...
+    does not exist"), leader -1 (it has read the topic but not yet its partition state),
+    or the state before the change. A client's Metadata answer comes from one broker, so
+    it does not show this."""
     Req = m.MetadataRequest
     # No auto-creation: asking must not create (or re-create) the topic.
     asked = Req(topics=[Req.MetadataRequestTopic(name=topic)], allow_auto_topic_creation=False)
@@ -139,8 +140,12 @@ def every_broker_knows(
             for p in meta.partitions
         }
 
+    last: dict[int, PartitionStates | None] = {}  # for the message of a timeout
+
     def known_everywhere() -> bool:
-        states = [state_at(b) for b in brokers.values() if b.running]
+        last.clear()
+        last.update({b: state_at(broker) for b, broker in brokers.items() if broker.running})
+        states = list(last.values())
         first = states[0] if states else None
         if first is None or set(first) != set(range(partition_count)):
             return False
@@ -152,7 +157,10 @@ def every_broker_knows(
         return True
 
     what = f"every broker names the same leaders of {topic}" + (f", {wanted}" if wanted else "")
-    eventually(known_everywhere, what, timeout_s)
+    try:
+        eventually(known_everywhere, what, timeout_s)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the last answers, by broker: {last}") from None
     return agreed[0]
 
 
