@@ -27,7 +27,12 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.admin import KafkaAdminClient
 
-from tests.cluster.test_cluster_e2e import eventually, every_broker_lists, partitions
+from tests.cluster.test_cluster_e2e import (
+    eventually,
+    every_broker_knows,
+    every_broker_lists,
+    partitions,
+)
 from tests.cluster.test_cluster_faults import (
     CONFIG,
     Acked,
@@ -110,6 +115,8 @@ def create(cluster: Cluster, admin: AdminClient, topic: str, replicas: list[int]
         lambda: partitions(admin, topic).get(0, (0, [], []))[2] == replicas,
         f"{topic}-0 led by {replicas[0]} with ISR {replicas}",
     )
+    # The answer above came from one broker; the tests go on to ask each broker itself.
+    every_broker_knows(cluster, topic, 1)
 
 
 def elect(admin: AdminClient, election_type: ElectionType, topic: str, partition: int = 0) -> int:
@@ -223,8 +230,12 @@ def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
         # The throttle held: 2 MB at 200 KB/s take about 10 s (no throttle: well under 1 s).
         assert time.monotonic() - started > 0.7 * 2_000_000 / THROTTLE_BYTES_PER_S
         catch_up_done = background.acked_count()
-        state = partitions(admin, "moving")[0]
-        assert state[1:] == ([2, 3], [2, 3]), state
+        # The controller's word; each broker applies the new state from its own watch, and
+        # the checks below ask brokers 1, 2 and 3 themselves.
+        every_broker_knows(
+            cluster, "moving", 1,
+            until=lambda state: state[0] == (2, [2, 3], [2, 3]), wanted="led by 2, replicas 2, 3",
+        )  # fmt: skip
         [moved_row] = describe_rows(cluster[1], "moving")
         assert moved_row[1:4] + moved_row[-1:] == ["2", "2,3", "2,3", "-"], moved_row
         not_moving = kadmin.alter_partition_reassignments({tp: None})

@@ -22,6 +22,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.conftest import BrokerProcess, ConnectionClosed, start_all, stop_all
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -96,6 +98,70 @@ def every_broker_lists(
     for b, broker in live.items():
         eventually(lambda broker=broker: lists(broker), f"broker {b} lists {sorted(wanted)}",
                    timeout_s)  # fmt: skip
+
+
+#: partition -> (leader, replicas, ISR), as :func:`partitions` gives them.
+PartitionStates = dict[int, tuple[int, list[int], list[int]]]
+
+
+def every_broker_knows(
+    brokers: Mapping[int, BrokerProcess],
+    topic: str,
+    partition_count: int,
+    timeout_s: float = 60.0,
+    *,
+    until: Callable[[PartitionStates], bool] = lambda _: True,
+    wanted: str = "",
+) -> PartitionStates:
+    """Wait until every running broker, asked on its own, names a leader for each of
+    ``topic``'s ``partition_count`` partitions, all of them the same leaders, replicas
+    and ISRs, and ``until`` holds for that state (``wanted`` says what it is); returns
+    it. Each broker learns of a topic and of each change of its partitions from its own
+    ZooKeeper watches, after the broker that made the change or answered a client about
+    it: until then it answers UNKNOWN_TOPIC_OR_PARTITION (DescribeConfigs: "topic ...
+    does not exist"), leader -1 (it has read the topic but not yet its partition state),
+    or the state before the change. A client's Metadata answer comes from one broker, so
+    it does not show this."""
+    Req = m.MetadataRequest
+    # No auto-creation: asking must not create (or re-create) the topic.
+    asked = Req(topics=[Req.MetadataRequestTopic(name=topic)], allow_auto_topic_creation=False)
+    agreed: list[PartitionStates] = []
+
+    def state_at(broker: BrokerProcess) -> PartitionStates | None:
+        try:
+            with broker.connect() as conn:
+                [meta] = conn.request(m.ApiKey.METADATA, 9, asked).topics
+        except (OSError, ConnectionClosed):
+            return None
+        if meta.error_code != ErrorCode.NONE:
+            return None
+        return {
+            p.partition_index: (p.leader_id, list(p.replica_nodes), list(p.isr_nodes))
+            for p in meta.partitions
+        }
+
+    last: dict[int, PartitionStates | None] = {}  # for the message of a timeout
+
+    def known_everywhere() -> bool:
+        last.clear()
+        last.update({b: state_at(broker) for b, broker in brokers.items() if broker.running})
+        states = list(last.values())
+        first = states[0] if states else None
+        if first is None or set(first) != set(range(partition_count)):
+            return False
+        if any(leader < 0 for leader, _, _ in first.values()):
+            return False
+        if any(state != first for state in states) or not until(first):
+            return False
+        agreed[:] = [first]
+        return True
+
+    what = f"every broker names the same leaders of {topic}" + (f", {wanted}" if wanted else "")
+    try:
+        eventually(known_everywhere, what, timeout_s)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the last answers, by broker: {last}") from None
+    return agreed[0]
 
 
 def bootstrap(brokers: dict[int, ClusterBroker]) -> str:

@@ -60,9 +60,16 @@ def in_sync(broker: ConfiguredBroker, replicas: list[int]) -> bool:
 def test_consoles_and_config_resources_follow_the_cluster(brokers: Cluster) -> None:
     every_broker_lists(brokers)
     for broker in brokers.values():
-        _, overview = console(broker, "GET", "/api/overview")
-        assert sorted(b["id"] for b in overview["brokers"]) == [1, 2, 3]
-        assert [b["state"] for b in overview["brokers"]].count("controller") == 1
+        # A broker's list and its controller come from two ZooKeeper watches: one that
+        # lists the others may not have read the controller yet.
+        def three_one_controller(broker: ConfiguredBroker = broker) -> bool:
+            _, overview = console(broker, "GET", "/api/overview")
+            states = [b["state"] for b in overview["brokers"]]
+            ids = sorted(b["id"] for b in overview["brokers"])
+            return ids == [1, 2, 3] and states.count("controller") == 1
+
+        eventually(three_one_controller,
+                   f"broker {broker.broker_id}'s console: three brokers, one the controller")  # fmt: skip
         with broker.connect() as conn:
             answer = conn.request(m.ApiKey.LIST_CONFIG_RESOURCES, 1,
                                   m.ListConfigResourcesRequest(resource_types=[BROKER]))  # fmt: skip

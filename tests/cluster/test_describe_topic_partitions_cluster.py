@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka.admin import NewTopic
 
 from tests.cluster.test_cluster_admin import Cluster, admin_of, brokers  # noqa: F401 - fixture
-from tests.cluster.test_cluster_e2e import eventually, every_broker_lists, partitions
+from tests.cluster.test_cluster_e2e import eventually, every_broker_knows, every_broker_lists
 from tests.cluster.test_cluster_faults import ConfiguredBroker
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -60,9 +60,12 @@ def test_pages_agree_with_metadata_and_show_an_offline_partition(brokers: Cluste
         [NewTopic(TOPIC, len(ASSIGNMENT), replica_assignment=ASSIGNMENT)]
     ).values()
     future.result(timeout=30)
-    eventually(
-        lambda: {p: v[0] for p, v in partitions(admin, TOPIC).items()} == {0: 1, 1: 2, 2: 3, 3: 1},
-        "every partition led by its preferred replica",
+    # Asked of every broker: a survivor that had not read the topic before broker 1's
+    # kill would answer the pages below UNKNOWN_TOPIC_OR_PARTITION, not "not yet".
+    every_broker_knows(
+        brokers, TOPIC, len(ASSIGNMENT),
+        until=lambda state: {p: v[0] for p, v in state.items()} == {0: 1, 1: 2, 2: 3, 3: 1},
+        wanted="every partition led by its preferred replica",
     )  # fmt: skip
     brokers[1].kill9()
     for survivor in (2, 3):

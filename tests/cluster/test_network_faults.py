@@ -282,8 +282,11 @@ def test_follower_cut_off_from_its_leader(shared: ProxiedCluster) -> None:
     eventually(lambda: background.acked_count() > 50, "the producer is under way", 30)
     for broker in cluster.values():  # only its fetches are held: the other follower's go on
         broker.replication.blackhole([fetcher_of(victim)])
-    eventually(lambda: victim not in partitions(admin, "fol")[0][2], f"{victim} out of the ISR", 20)
-    assert len(partitions(admin, "fol")[0][2]) == 2
+    # One condition: a second Metadata answer may come from another broker, whose view
+    # has not applied the leader's ISR change yet.
+    kept = sorted(b for b in cluster if b != victim)
+    eventually(lambda: sorted(partitions(admin, "fol")[0][2]) == kept,
+               f"{victim} out of the ISR, {kept} in it", 20)  # fmt: skip
     acked_then = background.acked_count()
     eventually(lambda: background.acked_count() > acked_then + 200, "acks=all with 2 of 3", 30)
 

@@ -130,11 +130,18 @@ def test_kafka_reassign_tool_throttles_a_move_and_verify_removes_the_throttles(
 
     # What the tool set: the existing replicas on the leader side, the joining one on the
     # follower side, and both rates on every broker of the move.
-    # (Any broker answers: one with a copy once its config watch applied the change.)
-    eventually(lambda: FOLLOWER_LIST in described(admin, ResourceType.TOPIC, TOPIC), "lists")
-    topic = described(admin, ResourceType.TOPIC, TOPIC)
-    assert pairs(topic[LEADER_LIST].value) == {"0:1", "0:2"}, topic[LEADER_LIST]
-    assert pairs(topic[FOLLOWER_LIST].value) == {"0:3"}, topic[FOLLOWER_LIST]
+    # (Any broker answers, each call perhaps another: one with a copy once its config watch
+    # applied the change, so the check is the wait's condition.)
+    def throttled_lists() -> tuple[set[str], set[str]]:
+        topic = described(admin, ResourceType.TOPIC, TOPIC)
+        leader, follower = topic.get(LEADER_LIST), topic.get(FOLLOWER_LIST)
+        return (pairs(leader.value or "") if leader else set(),
+                pairs(follower.value or "") if follower else set())  # fmt: skip
+
+    eventually(
+        lambda: throttled_lists() == ({"0:1", "0:2"}, {"0:3"}),
+        "the topic's throttled replicas: leader side 0:1, 0:2, follower side 0:3",
+    )
     for broker in (1, 2, 3):
         configs = described(admin, ResourceType.BROKER, str(broker))
         for key in (LEADER_RATE, FOLLOWER_RATE):
