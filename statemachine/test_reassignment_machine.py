@@ -22,13 +22,11 @@ What is checked, the machine keeping its own record of which replicas each move 
    and every ISR member holds the log below the leader's HW (what acks=all counted is
    on each of them).
 
-One state escapes 3 and is left alone here (trio_broker/ is not this machine's to
-change): a move cancelled, or retargeted, back to replicas none of which can lead yet
-(say the original replica is down and a joining one is the ISR alone) leaves the stored
-leader and ISR outside the replicas, as ``leave_replicas`` waits for a target replica
-and ``cluster/controller.py`` only bumps the epoch; that broker then ends its term and
-drops its copy (the only one in sync), and the partition has no leader that serves
-until another move; a returning original replica is not elected (it is not in the ISR).
+A cancel, or a new target, is a move from the current replicas (``reassign``): a
+replica the abandoned move added stays until the new move ends, so 3 holds too in the
+state that once escaped it (a move cancelled back to replicas none of which can lead
+yet: the original replica down, a joining one the ISR alone; the joiner keeps leading
+until an original replica has caught up from it).
 """
 
 from __future__ import annotations
@@ -88,12 +86,6 @@ class ReassignmentMachine(RuleBasedStateMachine):
         leader = self.state.leader
         if leader == NO_LEADER or not self.brokers[leader].alive:
             return
-        if leader not in self.moving.replicas:
-            # A move back to replicas none of which can lead yet (all down or out of
-            # sync): the controller keeps the leader (``leave_replicas`` waits), which
-            # is no replica any more and ends its term (cluster/replica_manager.py).
-            event("the stored leader is no replica")
-            return
         self.term = LeaderPartition.become_leader(
             broker_id=leader,
             leader_epoch=self.state.leader_epoch,
@@ -122,7 +114,7 @@ class ReassignmentMachine(RuleBasedStateMachine):
         """AlterPartitionReassignments: a new target (replacing one under way) or a cancel."""
         if wanted is None and not (self.moving.adding or self.moving.removing):
             return  # NO_REASSIGNMENT_IN_PROGRESS
-        original = self.moving.original
+        original, abandoned = self.moving.original, frozenset(self.moving.adding)
         self.moving = reassign(self.moving, wanted)
         if wanted is None or tuple(wanted) == original:
             self.joining, self.target = frozenset(), original
@@ -134,6 +126,12 @@ class ReassignmentMachine(RuleBasedStateMachine):
         if new is None:
             new = LeaderAndIsr(self.state.leader, self.state.leader_epoch + 1, self.state.isr)
         self._store(new)
+        leader = self.state.leader
+        if leader in abandoned and leader in self.moving.removing:
+            # The state that once escaped 3: an abandoned joiner leads and leaves with
+            # the new move; with no target replica able to take over, it stays.
+            can_lead = any(b in self.state.isr and self.brokers[b].alive for b in self.target)
+            event(f"an abandoned joiner leads, a target replica can lead: {can_lead}")
 
     @rule()
     def controller_finishes_moves(self) -> None:
@@ -261,13 +259,35 @@ class ReassignmentMachine(RuleBasedStateMachine):
         self.controller_finishes_moves()
         note(f"joiners {first} (caught up) and {second} (not yet)")
 
+    @rule(records=st.integers(0, 3))
+    def joiner_alone_in_sync_then_cancel(self, records: int) -> None:
+        """The state a cancel once left outside invariant 3, built on purpose: a move to
+        one new broker, which catches up and joins the ISR; the original replicas go
+        down (the joiner takes over, the ISR alone); the administrator cancels before
+        the controller's pass has ended the move."""
+        if self.moving.adding or self.moving.removing or self.term is None:
+            return
+        outside = [b for b in BROKERS if b not in self.moving.replicas]
+        if not outside:
+            return
+        joiner = outside[0]
+        self.administrator_moves([joiner])
+        self.produce(records)
+        self.follower_fetches(joiner, whole=True)
+        self.follower_fetches(joiner, whole=True)
+        for broker in self.moving.original:
+            self.broker_dies(broker)
+        note(f"joiner {joiner} leads alone: {self.state}; cancelling")
+        self.administrator_moves(None)
+
     # -- invariants -----------------------------------------------------------------
 
     @invariant()
     def isr_within_replicas_and_leader_within_isr(self) -> None:
         replicas = frozenset(self.moving.replicas)
-        if self.state.leader not in replicas:
-            return  # no replica leads: the state the module docstring describes
+        assert self.state.leader in replicas or self.state.leader == NO_LEADER, (
+            f"leader {self.state.leader} outside replicas {self.moving.replicas}"
+        )
         assert frozenset(self.state.isr) <= replicas, (
             f"ISR {self.state.isr} outside replicas {self.moving.replicas}"
         )

@@ -254,8 +254,9 @@ class ControllerActions:
             return ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"brokers {unknown} are not registered"
         after = reassign(moving, target)
         await _write_assignment(self.coord, self.fence, topic, partition, after)
-        # The leader's next term knows the new replica set; a cancelled move's joining
-        # replicas leave the ISR (and the leadership, if one of them had it).
+        # The leader's next term knows the new replica set. Every current replica is
+        # still one (``reassign``: those outside the target leave at the move's end), so
+        # the ISR stays; a leader that is down hands over to a live in-sync replica.
         path = partition_state_path(topic, partition)
         for _ in range(_WRITE_ATTEMPTS):
             node = await self.coord.get(path)

@@ -243,20 +243,30 @@ class Reassignment:
 
 
 def reassign(current: Reassignment, target: Sequence[int] | None) -> Reassignment:
-    """The replicas once an administrator asks to move to ``target`` (None: cancel).
+    """The replicas once an administrator asks to move to ``target`` (None: cancel, a
+    move back to the original replicas).
 
-    A new target replaces one in progress: the move is always from the original
-    replicas, so a replica added by the abandoned target but not wanted now leaves.
+    A new target while a move is under way follows Kafka's KRaft controller: the replica
+    set is the target plus every current replica outside it, and those leave with the
+    move's end, so no replica is dropped while it leads or holds the only in-sync copy
+    (the stored leader and ISR stay within the replicas). Kafka's ZooKeeper controller
+    instead starts again from the original replicas and drops the abandoned move's
+    joiners at once, a leading or only in-sync one included.
+    A cancel is the same move with the original replicas as the target (KRaft reverts at
+    once and refuses a revert that would empty the ISR, unless unclean election is on):
+    the abandoned joiners leave at the controller's next pass, once an original replica
+    alive and in sync can lead. Joining are the target's replicas outside the original
+    ones (KRaft: outside the current ones, but its move ends only with every target
+    replica in sync; ours ends once the joining ones are), so an abandoned joiner that
+    the new target keeps is still waited for.
     """
     original = current.original
-    if target is None or tuple(target) == original:
-        return Reassignment(original)
-    wanted = tuple(target)
-    return Reassignment(
-        wanted + tuple(r for r in original if r not in wanted),
-        adding=tuple(r for r in wanted if r not in original),
-        removing=tuple(r for r in original if r not in wanted),
-    )
+    wanted = original if target is None else tuple(target)
+    leaving = tuple(r for r in current.replicas if r not in wanted)
+    joining = tuple(r for r in wanted if r not in original)
+    if not (leaving or joining):
+        return Reassignment(wanted)
+    return Reassignment(wanted + leaving, adding=joining, removing=leaving)
 
 
 def reassignment_done(state: LeaderAndIsr, moving: Reassignment) -> bool:
