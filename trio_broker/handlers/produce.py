@@ -103,17 +103,17 @@ UNCHECKED: Any = object()
 
 
 async def check_compressed_batches(
-    services: Services, request: m.ProduceRequest
+    services: Services, request: m.ProduceRequest, budget: LoopBudget
 ) -> dict[int, ProtocolError | None]:
     """Check the records of every compressed batch first, before anything else is looked
     at (nothing can change under the handler during the worker thread's wait).
 
     Returns the outcome per ``id(partition data)``: None when the records add up, the
     error when not. A batch left out (not one batch, uncompressed, malformed) is
-    checked by :func:`validate_batch` as usual.
+    checked by :func:`validate_batch` as usual. ``budget``: the request's, which its
+    appends then go on spending.
     """
     outcomes: dict[int, ProtocolError | None] = {}
-    budget = LoopBudget(services)
     for topic_data in request.topic_data:
         for data in topic_data.partition_data:
             await budget.tick()
@@ -231,8 +231,10 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     (:func:`produce_target`) and append (:func:`append_batch`), then the answer acks
     asks for (:func:`answer_when_acked`)."""
     services = ctx.services
+    # One budget for the whole request: its checks and its appends share one slice.
+    budget = LoopBudget(services)
     # First, while nothing is looked up yet: it may wait for a worker thread.
-    checked = await check_compressed_batches(services, request)
+    checked = await check_compressed_batches(services, request, budget)
     await prepare_producer_states(ctx, (
         (t.name, t.topic_id, [d.index for d in t.partition_data]) for t in request.topic_data
     ))  # fmt: skip
@@ -260,7 +262,6 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     appends_to_ack: list[tuple[Appended, PartResp]] = []  # the writes acks=-1 waits for
     topic_responses: list[TopicResp] = []
     produced = 0  # request record bytes, for the producer byte-rate quota
-    budget = LoopBudget(services)
     for topic_data in request.topic_data:
         topic, name, missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
         refusal, refusal_message = topic_refusal(ctx, name, request_refusal)
