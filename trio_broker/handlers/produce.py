@@ -239,6 +239,7 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
         (t.name, t.topic_id, [d.index for d in t.partition_data]) for t in request.topic_data
     ))  # fmt: skip
     acks = request.acks
+    now = ctx.now_ms()  # before the coordinator's answer is awaited, as it always was
     # As Kafka: a transactional producer needs WRITE on its transactional id, or every
     # partition of the request is refused.
     txn_id = request.transactional_id if ctx.api_version >= 3 else None
@@ -258,7 +259,6 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
         request_refusal = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     else:
         request_refusal = ErrorCode.NONE
-    now = ctx.now_ms()
     appends_to_ack: list[tuple[Appended, PartResp]] = []  # the writes acks=-1 waits for
     topic_responses: list[TopicResp] = []
     produced = 0  # request record bytes, for the producer byte-rate quota
