@@ -22,9 +22,9 @@ import attrs
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
-from trio_broker.handlers.leadership import check_leader, fetch_leader_hints
+from trio_broker.handlers.leadership import fetch_leader_hints
 from trio_broker.handlers.producer_state import prepare_producer_states
-from trio_broker.handlers.topic_lookup import find_topic, missing_partition_error
+from trio_broker.handlers.topic_lookup import find_topic, leading_partition
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
@@ -101,17 +101,15 @@ def read_partitions(
             if not allowed:
                 part.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 continue
-            if topic is None or not 0 <= p.partition < len(topic.logs):
-                part.error_code = missing_partition_error(ctx, name, p.partition, missing)
-                continue
-            log = topic.logs[p.partition]
-            term = check_leader(
-                ctx, topic.name, p.partition, p.current_leader_epoch if ctx.api_version >= 9 else -1,
-                fence_alone=False,
+            term = leading_partition(
+                ctx, topic, name, p.partition, missing,
+                p.current_leader_epoch if ctx.api_version >= 9 else -1, fence_alone=False,
             )  # fmt: skip
             if isinstance(term, ErrorCode):
                 part.error_code = term
                 continue
+            assert topic is not None  # leading_partition found its log
+            log = topic.logs[p.partition]
             if follower and p.fetch_offset > log.log_end_offset:
                 part.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
                 continue

@@ -10,7 +10,7 @@ reorders or double-appends a producer's batches.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import (
@@ -24,7 +24,7 @@ from trio_broker.handlers.base import (
 )
 from trio_broker.handlers.leadership import check_leader, produce_leader_hints
 from trio_broker.handlers.producer_state import prepare_producer_states
-from trio_broker.handlers.topic_lookup import find_topic, missing_partition_error
+from trio_broker.handlers.topic_lookup import find_topic, leading_partition
 from trio_broker.partition.append import (
     Appended,
     AppendRejected,
@@ -51,6 +51,9 @@ from trio_broker.replication.leader import AckState
 from trio_broker.services.topics import RESERVED_TOPICS
 from trio_broker.state.quota import PRODUCER_BYTE_RATE
 from trio_broker.storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from trio_broker.services.topics import Topic
 
 Resp = m.ProduceResponse
 TopicResp = Resp.TopicProduceResponse
@@ -100,17 +103,17 @@ UNCHECKED: Any = object()
 
 
 async def check_compressed_batches(
-    services: Services, request: m.ProduceRequest
+    services: Services, request: m.ProduceRequest, budget: LoopBudget
 ) -> dict[int, ProtocolError | None]:
     """Check the records of every compressed batch first, before anything else is looked
     at (nothing can change under the handler during the worker thread's wait).
 
     Returns the outcome per ``id(partition data)``: None when the records add up, the
     error when not. A batch left out (not one batch, uncompressed, malformed) is
-    checked by :func:`validate_batch` as usual.
+    checked by :func:`validate_batch` as usual. ``budget``: the request's, which its
+    appends then go on spending.
     """
     outcomes: dict[int, ProtocolError | None] = {}
-    budget = LoopBudget(services)
     for topic_data in request.topic_data:
         for data in topic_data.partition_data:
             await budget.tick()
@@ -218,21 +221,25 @@ INTERNAL_WRITER_CLIENT_ID = "__admin_client"
 _ANSWERED_WITH_LOG_START = (ErrorCode.INVALID_RECORD, ErrorCode.INVALID_TIMESTAMP)
 
 
+#: A topic the request and the client may write to (no allocation per topic).
+_NOT_REFUSED: tuple[ErrorCode, str | None] = (ErrorCode.NONE, None)
+
+
 @handles(m.ApiKey.PRODUCE, 3, advertised_min=0)
 async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Response:
+    """Kafka's handleProduceRequest: the request's checks, then each partition's guard
+    (:func:`produce_target`) and append (:func:`append_batch`), then the answer acks
+    asks for (:func:`answer_when_acked`)."""
     services = ctx.services
+    # One budget for the whole request: its checks and its appends share one slice.
+    budget = LoopBudget(services)
     # First, while nothing is looked up yet: it may wait for a worker thread.
-    checked = await check_compressed_batches(services, request)
+    checked = await check_compressed_batches(services, request, budget)
     await prepare_producer_states(ctx, (
         (t.name, t.topic_id, [d.index for d in t.partition_data]) for t in request.topic_data
     ))  # fmt: skip
-    broker_config = services.config
     acks = request.acks
-    now = ctx.now_ms()
-    # The writes acks=-1 waits for, with their answers.
-    appends_to_ack: list[tuple[Appended, PartResp]] = []
-    topic_responses: list[TopicResp] = []
-    produced = 0  # request record bytes, for the producer byte-rate quota
+    now = ctx.now_ms()  # before the coordinator's answer is awaited, as it always was
     # As Kafka: a transactional producer needs WRITE on its transactional id, or every
     # partition of the request is refused.
     txn_id = request.transactional_id if ctx.api_version >= 3 else None
@@ -245,14 +252,20 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
     verified = {} if txn_id is None or txn_id_denied else await verify_with_coordinator(
         ctx, request, txn_id
     )  # fmt: skip
-    budget = LoopBudget(services)
+    # The request's own refusal, answered for every partition: acks first.
+    if acks not in (0, 1, -1):
+        request_refusal = ErrorCode.INVALID_REQUIRED_ACKS
+    elif txn_id_denied:
+        request_refusal = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    else:
+        request_refusal = ErrorCode.NONE
+    appends_to_ack: list[tuple[Appended, PartResp]] = []  # the writes acks=-1 waits for
+    topic_responses: list[TopicResp] = []
+    produced = 0  # request record bytes, for the producer byte-rate quota
     for topic_data in request.topic_data:
         topic, name, missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
+        refusal, refusal_message = topic_refusal(ctx, name, request_refusal)
         partition_responses: list[PartResp] = []
-        # An unknown topic id has no name to authorize: it stays UNKNOWN_TOPIC_ID.
-        allowed = not name or authorized(ctx, Operation.WRITE, ResourceType.TOPIC, name)
-        # Only the coordinators write internal topics (they append to the log directly).
-        internal = name in RESERVED_TOPICS and ctx.header.client_id != INTERNAL_WRITER_CLIENT_ID
         for data in topic_data.partition_data:
             # Thousands of partitions, or batches that inflate to 64 MiB each, must not
             # hold the loop; after a pause the topic is looked up again (deleted, grown).
@@ -261,94 +274,27 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             part = PartResp(index=data.index, base_offset=-1, log_append_time_ms=-1)
             partition_responses.append(part)
             produced += len(data.records or b"")
-            if acks not in (0, 1, -1):
-                part.error_code = ErrorCode.INVALID_REQUIRED_ACKS
+            if refusal:
+                part.error_code, part.error_message = refusal, refusal_message
                 continue
-            if txn_id_denied:
-                part.error_code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            target = produce_target(ctx, topic, name, missing, data, acks, checked, part)
+            if target is None:
                 continue
-            if not allowed:
-                part.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            assert topic is not None  # produce_target found the partition's log
+            term, batch = target
+            appended = append_batch(ctx, topic, data.index, term, batch, verified, now, part)
+            if appended is None:
                 continue
-            if internal:
-                part.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
-                part.error_message = f"Cannot append to internal topic {name}"
-                continue
-            if topic is None or not 0 <= data.index < len(topic.logs):
-                part.error_code = missing_partition_error(ctx, name, data.index, missing)
-                continue
-            term = check_leader(ctx, topic.name, data.index)
-            if isinstance(term, ErrorCode):
-                part.error_code = term
-                continue
-            if acks == -1:
-                isr = acks_all_isr(ctx, topic.name, data.index, term)
-                if len(isr) < term.effective_min_insync_replicas:
-                    part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS
-                    part.error_message = (
-                        f"the ISR has {len(isr)} member(s), min.insync.replicas is "
-                        f"{term.effective_min_insync_replicas} (for {len(term.replicas)} replicas)"
-                    )
-                    continue
-            log = topic.logs[data.index]
-            configs = topic.info.configs
-            try:
-                max_bytes = int(configs.get("max.message.bytes", broker_config.message_max_bytes))
-                compacted = f"{topic.name}-{data.index}" if log.config.compact else None
-                batch = validate_batch(
-                    data.records, ctx.api_version, max_bytes, compacted,
-                    checked.get(id(data), UNCHECKED),
-                )  # fmt: skip
-            except BatchRejected as exc:
-                part.error_code, part.error_message = exc.error_code, str(exc)
-                if isinstance(exc, RecordsRejected):
-                    part.record_errors = [
-                        PartResp.BatchIndexAndErrorMessage(
-                            batch_index=index, batch_index_error_message=why
-                        )
-                        for index, why in exc.record_errors
-                    ]
-                if exc.error_code in _ANSWERED_WITH_LOG_START:
-                    part.log_start_offset = log.log_start_offset
-                continue
-            try:
-                if batch.is_transactional:
-                    check_in_transaction(services, topic.name, data.index, batch, verified)
-                timestamp_type = configs.get(
-                    "message.timestamp.type", broker_config.log_message_timestamp_type
-                )
-                log_append_time = timestamp_type == "LogAppendTime"
-                appended = partition_append(
-                    log, batch.buf, origin=Origin.CLIENT, now_ms=now,
-                    durability=services.durability, topic=topic.name, partition=data.index,
-                    leader_epoch=term.leader_epoch if term.replicated else None,
-                    producers=services.producers, appends=services.appends,
-                    log_append_time=log_append_time,
-                )  # fmt: skip
-            except (BatchRejected, AppendRejected) as exc:
-                # As Kafka: a batch refused by the producer state (sequence, epoch) is
-                # answered with the partition's log start offset.
-                part.error_code, part.error_message = exc.error_code, str(exc)
-                part.log_start_offset = log.log_start_offset
-                continue
-            except StorageError as exc:
-                part.error_code, part.error_message = exc.error_code, str(exc)
-                part.log_start_offset = log.log_start_offset
-                # The disk may have space again: probe it in the background (1 s back-off).
-                services.durability.recover_soon(log)
-                continue
-            part.log_start_offset = log.log_start_offset
-            part.base_offset = appended.base_offset
             if acks == -1:  # a retry's original may still be waiting for its fsync
                 appends_to_ack.append((appended, part))
-            if appended.duplicate:  # a retried batch: answered with its original offsets
-                continue
-            # /metrics: two dict increments per partition, no per-record work.
-            bytes_in, messages_in = services.stats.topic_bytes_in, services.stats.topic_messages_in
-            bytes_in[name] = bytes_in.get(name, 0) + batch.size_in_bytes
-            messages_in[name] = messages_in.get(name, 0) + batch.record_count
-            if log_append_time:
-                part.log_append_time_ms = appended.log_append_time
+            if not appended.duplicate:  # a retried batch: answered with its original offsets
+                # /metrics: two dict increments per partition, no per-record work.
+                bytes_in, messages_in = (
+                    services.stats.topic_bytes_in,
+                    services.stats.topic_messages_in,
+                )
+                bytes_in[name] = bytes_in.get(name, 0) + batch.size_in_bytes
+                messages_in[name] = messages_in.get(name, 0) + batch.record_count
         topic_responses.append(
             TopicResp(
                 name=name, topic_id=topic_data.topic_id, partition_responses=partition_responses
@@ -364,12 +310,129 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
         # client notices and refreshes its metadata.
         failed = any(p.error_code for t in topic_responses for p in t.partition_responses)
         return CloseConnection("acks=0 produce failed") if failed else None
-    # The request's timeout_ms bounds the wait for the covering fsync; past it the
-    # partition answers REQUEST_TIMED_OUT and the data stays in the log (as Kafka).
-    # In a cluster the write then waits for the high watermark: every ISR member has it.
-    # acks.all.fsync=false (ours): no fsync first; a cluster's ISR holding the write
-    # (in page cache) is what counts, as in Kafka.
-    sync_first = broker_config.acks_all_fsync
+    return answer_when_acked(services, request, response, appends_to_ack)
+
+
+def topic_refusal(
+    ctx: RequestContext, name: str, request_refusal: ErrorCode
+) -> tuple[ErrorCode, str | None]:
+    """The refusal every partition of topic ``name`` gets, with its message: the
+    request's, else the topic's (WRITE denied; an internal topic)."""
+    # An unknown topic id has no name to authorize: it stays UNKNOWN_TOPIC_ID. The ACL
+    # is asked even when the request is refused, as before (an authorizer may log it).
+    allowed = not name or authorized(ctx, Operation.WRITE, ResourceType.TOPIC, name)
+    if request_refusal:
+        return request_refusal, None
+    if not allowed:
+        return ErrorCode.TOPIC_AUTHORIZATION_FAILED, None
+    # Only the coordinators write internal topics (they append to the log directly).
+    if name in RESERVED_TOPICS and ctx.header.client_id != INTERNAL_WRITER_CLIENT_ID:
+        return ErrorCode.INVALID_TOPIC_EXCEPTION, f"Cannot append to internal topic {name}"
+    return _NOT_REFUSED
+
+
+def produce_target(
+    ctx: RequestContext, topic: Topic | None, name: str, missing: ErrorCode,
+    data: m.ProduceRequest.TopicProduceData.PartitionProduceData, acks: int,
+    checked: dict[int, ProtocolError | None], part: PartResp,
+) -> tuple[Term, RecordBatchView] | None:  # fmt: skip
+    """One partition's guard, in Kafka's order: the partition known here and led by
+    this broker (:func:`leading_partition`), an ISR large enough for acks=all, then its
+    batch valid (:func:`validate_batch`). Returns the leader's term and the batch to
+    append (the log is ``topic.logs[data.index]``), or None: the refusal is written
+    into ``part`` (code, message, per-record errors, log start offset)."""
+    term = leading_partition(ctx, topic, name, data.index, missing)
+    if isinstance(term, ErrorCode):
+        part.error_code = term
+        return None
+    assert topic is not None  # leading_partition found its log
+    if acks == -1:
+        isr = acks_all_isr(ctx, topic.name, data.index, term)
+        if len(isr) < term.effective_min_insync_replicas:
+            part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS
+            part.error_message = (
+                f"the ISR has {len(isr)} member(s), min.insync.replicas is "
+                f"{term.effective_min_insync_replicas} (for {len(term.replicas)} replicas)"
+            )
+            return None
+    log = topic.logs[data.index]
+    try:
+        max_bytes = int(
+            topic.info.configs.get("max.message.bytes", ctx.services.config.message_max_bytes)
+        )
+        compacted = f"{topic.name}-{data.index}" if log.config.compact else None
+        batch = validate_batch(
+            data.records, ctx.api_version, max_bytes, compacted, checked.get(id(data), UNCHECKED)
+        )
+    except BatchRejected as exc:
+        part.error_code, part.error_message = exc.error_code, str(exc)
+        if isinstance(exc, RecordsRejected):
+            part.record_errors = [
+                PartResp.BatchIndexAndErrorMessage(batch_index=index, batch_index_error_message=why)
+                for index, why in exc.record_errors
+            ]
+        if exc.error_code in _ANSWERED_WITH_LOG_START:
+            part.log_start_offset = log.log_start_offset
+        return None
+    return term, batch
+
+
+def append_batch(
+    ctx: RequestContext, topic: Topic, partition: int, term: Term, batch: RecordBatchView,
+    verified: dict[tuple[str, int], ErrorCode], now_ms: int, part: PartResp,
+) -> Appended | None:  # fmt: skip
+    """Append a guarded batch through the one append path (partition/append.py) and
+    fill ``part`` with its offsets; None when refused there (a transaction not verified,
+    the producer's sequence or epoch, the disk), the refusal written into ``part``."""
+    services = ctx.services
+    log = topic.logs[partition]
+    try:
+        if batch.is_transactional:
+            check_in_transaction(services, topic.name, partition, batch, verified)
+        timestamp_type = topic.info.configs.get(
+            "message.timestamp.type", services.config.log_message_timestamp_type
+        )
+        log_append_time = timestamp_type == "LogAppendTime"
+        appended = partition_append(
+            log, batch.buf, origin=Origin.CLIENT, now_ms=now_ms,
+            durability=services.durability, topic=topic.name, partition=partition,
+            leader_epoch=term.leader_epoch if term.replicated else None,
+            producers=services.producers, appends=services.appends,
+            log_append_time=log_append_time,
+        )  # fmt: skip
+    except (BatchRejected, AppendRejected) as exc:
+        # As Kafka: a batch refused by the producer state (sequence, epoch) is
+        # answered with the partition's log start offset.
+        part.error_code, part.error_message = exc.error_code, str(exc)
+        part.log_start_offset = log.log_start_offset
+        return None
+    except StorageError as exc:
+        part.error_code, part.error_message = exc.error_code, str(exc)
+        part.log_start_offset = log.log_start_offset
+        # The disk may have space again: probe it in the background (1 s back-off).
+        services.durability.recover_soon(log)
+        return None
+    part.log_start_offset = log.log_start_offset
+    part.base_offset = appended.base_offset
+    if log_append_time and not appended.duplicate:  # a retry keeps its original's answer
+        part.log_append_time_ms = appended.log_append_time
+    return appended
+
+
+def answer_when_acked(
+    services: Services, request: m.ProduceRequest, response: m.ProduceResponse,
+    appends_to_ack: list[tuple[Appended, PartResp]],
+) -> Response:  # fmt: skip
+    """``response`` now if every write is acknowledged already, else a Deferred that
+    answers once they are (or past the request's timeout_ms).
+
+    The request's timeout_ms bounds the wait for the covering fsync; past it the
+    partition answers REQUEST_TIMED_OUT and the data stays in the log (as Kafka).
+    In a cluster the write then waits for the high watermark: every ISR member has it.
+    acks.all.fsync=false (ours): no fsync first; a cluster's ISR holding the write
+    (in page cache) is what counts, as in Kafka."""
+    acks = request.acks
+    sync_first = services.config.acks_all_fsync
     # Nothing to wait for (a node alone with acks.all.fsync=false, or synced already):
     # the same answer now, without a deferred task and its timeout's cancel scope.
     if all(acked_at_once(a, acks, fsync=sync_first) for a, _ in appends_to_ack):

@@ -1,4 +1,5 @@
-"""Find the topic a Produce or Fetch entry names: by id in the versions that use ids."""
+"""Find the topic a Produce or Fetch entry names (by id in the versions that use ids), and
+whether this broker may answer for one of its partitions (:func:`leading_partition`)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import uuid
 from typing import TYPE_CHECKING
 
 from trio_broker.handlers.base import RequestContext
+from trio_broker.handlers.leadership import check_leader
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.schema import uses_topic_ids
 
 if TYPE_CHECKING:
+    from trio_broker.partition.append import Term
     from trio_broker.services.topics import Topic
 
 
@@ -61,3 +64,20 @@ def missing_partition_error(
     if held is not None and partition in held.partitions:
         return ErrorCode.NOT_LEADER_OR_FOLLOWER
     return missing
+
+
+def leading_partition(
+    ctx: RequestContext, topic: Topic | None, name: str, partition: int, missing: ErrorCode,
+    current_leader_epoch: int = -1, *, fence_alone: bool = True,
+) -> Term | ErrorCode:  # fmt: skip
+    """The guard Produce and Fetch share for one partition of a topic :func:`find_topic`
+    gave (``topic``, ``name``, ``missing``): this broker's term when it holds the
+    partition and leads it (in ``current_leader_epoch``: :func:`check_leader`), else
+    the error to answer, in Kafka's order: the partition unknown here, then not the
+    leader (or fenced). The log is then ``topic.logs[partition]``; a term rather than a
+    (log, term) pair keeps the hot path free of a tuple per partition."""
+    if topic is None or not 0 <= partition < len(topic.logs):
+        return missing_partition_error(ctx, name, partition, missing)
+    return check_leader(
+        ctx, topic.name, partition, current_leader_epoch, fence_alone=fence_alone
+    )  # fmt: skip

@@ -1,0 +1,60 @@
+"""A ratchet on the Produce handler's shape (issue 29: handlers read as the Kafka API
+they implement, the per-partition guard written once).
+
+``handle_produce`` reads as Kafka's handleProduceRequest: the request's checks, then
+for each partition one guard (``produce_target``), its append (``append_batch``) and
+the answer acks asks for (``answer_when_acked``). Guards written back into the loop
+show up as ``continue`` statements and length: both may only go down.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+PRODUCE = ROOT / "trio_broker" / "handlers" / "produce.py"
+
+#: The lines of ``handle_produce`` (from ``async def`` to its last statement); 199 before
+#: the guard was taken out of the loop.
+MAX_LINES = 90
+#: Its ``continue`` statements: the request's or topic's refusal, the guard's, the
+#: append's (14 before).
+MAX_CONTINUES = 3
+
+
+def handler() -> ast.AsyncFunctionDef:
+    tree = ast.parse(PRODUCE.read_text())
+    found = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.AsyncFunctionDef) and node.name == "handle_produce"
+    ]
+    assert len(found) == 1, "handle_produce is no longer one top-level function"
+    return found[0]
+
+
+def test_handle_produce_stays_short() -> None:
+    node = handler()
+    assert node.end_lineno is not None
+    lines = node.end_lineno - node.lineno + 1
+    assert lines <= MAX_LINES, (
+        f"handle_produce has {lines} lines (at most {MAX_LINES}): put a new per-partition "
+        "check in produce_target, or a step of the append in append_batch"
+    )
+
+
+def test_handle_produce_guards_in_one_place() -> None:
+    continues = sum(isinstance(n, ast.Continue) for n in ast.walk(handler()))
+    assert continues <= MAX_CONTINUES, (
+        f"handle_produce has {continues} continue statements (at most {MAX_CONTINUES}): "
+        "a partition's refusal belongs in produce_target"
+    )
+
+
+def test_produce_and_fetch_share_the_partition_guard() -> None:
+    """The partition known here and led by this broker: one function, not a copy per handler."""
+    for module in ("produce.py", "fetch.py"):
+        source = (PRODUCE.parent / module).read_text()
+        assert "leading_partition(" in source, module
+        assert "missing_partition_error(" not in source, module
