@@ -97,6 +97,20 @@ def create(cluster: Cluster, topic: str, replicas: list[int]) -> int:
         return True
 
     eventually(everywhere, f"{topic}: every broker names leader {leader}", 60)
+
+    def leader_leads() -> bool:
+        # Metadata names the leader from the cluster's view (ZooKeeper) before that broker
+        # has started its term (the log's flush and the epoch's start run in a worker thread
+        # first); until then its own answer is NOT_LEADER_OR_FOLLOWER (ci4, a loaded machine:
+        # the test's first produce got error 6 right after every broker named the leader).
+        try:
+            with cluster[leader].connect() as conn:
+                conn.end_offset(topic)
+        except AssertionError:  # end_offset's check of the ListOffsets error code
+            return False
+        return True
+
+    eventually(leader_leads, f"{topic}: broker {leader} answers as its leader", 60)
     return leader
 
 
