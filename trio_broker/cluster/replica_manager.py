@@ -448,6 +448,14 @@ class ReplicaManager:
             # (which a cancel cannot interrupt): no term, and the internal topics'
             # coordinators, maybe stopped already, are not told.
             return
+        if self.fenced:
+            # ZooKeeper was lost past the session timeout during the flush: another
+            # broker may lead in a newer epoch already, so this view is stale and no term
+            # starts (fence ended the older one). The role it had stays until the view is
+            # applied afresh.
+            if role is not None:
+                self.following[key] = role
+            return
         # The HW the new term starts at is read now, with no await before the term is in
         # place: a previous term of this broker (the same leader in an older epoch)
         # answered fetches during the flush and its HW may have moved on meanwhile.

@@ -146,3 +146,28 @@ async def test_a_new_epoch_of_the_same_leader_starts_at_the_hw_its_last_term_rea
         release.set()
     assert manager.terms[KEY].leader_epoch == 4
     assert manager.terms[KEY].high_watermark == 10
+
+
+async def test_a_fence_during_the_flush_starts_no_term() -> None:
+    """ZooKeeper is lost past the session timeout while the new term's flush runs:
+    the view that named this broker leader is stale (another may lead in a newer epoch
+    by now), so no term starts; the next view, once ZooKeeper answers, decides."""
+    manager = await _leading(10)
+    await _lead(manager, 3)
+    log = manager.topics.log(*KEY)
+    assert log is not None
+    flushing, release = threading.Event(), threading.Event()
+    flush = log.flush
+
+    def held_flush() -> int:
+        flushing.set()
+        release.wait(30)
+        return flush()
+
+    log.flush = held_flush  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_lead, manager, 4)
+        assert await trio.to_thread.run_sync(flushing.wait, 30), "the flush never started"
+        manager.fence(True)
+        release.set()
+    assert KEY not in manager.terms
