@@ -440,9 +440,6 @@ class ReplicaManager:
         role = self.following.pop(key, None)
         if self.producers is not None:  # batches it appended as a follower were never checked
             self.producers.forget(name, partition)
-        previous = self.terms.get(key)
-        known = [r.high_watermark for r in (previous, role) if r is not None]
-        hw = self.hw_floors.leader_start(key, log_.log_end_offset, *known)
         # The log's tail is durable before the term counts it (its HW starts there).
         await trio.to_thread.run_sync(log_.flush)
         await trio.to_thread.run_sync(log_.begin_epoch, info.leader_epoch)
@@ -451,6 +448,20 @@ class ReplicaManager:
             # (which a cancel cannot interrupt): no term, and the internal topics'
             # coordinators, maybe stopped already, are not told.
             return
+        if self.fenced:
+            # ZooKeeper was lost past the session timeout during the flush: another
+            # broker may lead in a newer epoch already, so this view is stale and no term
+            # starts (fence ended the older one). The role it had stays until the view is
+            # applied afresh.
+            if role is not None:
+                self.following[key] = role
+            return
+        # The HW the new term starts at is read now, with no await before the term is in
+        # place: a previous term of this broker (the same leader in an older epoch)
+        # answered fetches during the flush and its HW may have moved on meanwhile.
+        previous = self.terms.get(key)
+        known = [r.high_watermark for r in (previous, role) if r is not None]
+        hw = self.hw_floors.leader_start(key, log_.log_end_offset, *known)
         self.terms[key] = LeaderPartition.become_leader(
             broker_id=self.view.broker_id,
             leader_epoch=info.leader_epoch,

@@ -10,7 +10,10 @@ Found by the 30-minute Jepsen run (``high_watermark_backwards`` on one broker ru
 
 from __future__ import annotations
 
+import threading
 import uuid
+
+import trio
 
 from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
 from trio_broker.cluster.replica_manager import ReplicaManager
@@ -110,3 +113,61 @@ async def test_a_fence_tells_the_internal_topics_owner_it_resigned() -> None:
     manager.fence(False)
     await _lead(manager, 5)
     assert listener.calls == [("elected", 0), ("resigned", 0), ("elected", 0)]
+
+
+async def test_a_new_epoch_of_the_same_leader_starts_at_the_hw_its_last_term_reached() -> None:
+    """The controller bumps the epoch and this broker leads on (a follower left the ISR
+    when its broker died or lost its session): the old term answers fetches until the
+    new one is in place, while the log is flushed in a worker thread, and its HW moves
+    on meanwhile. The new term starts at that HW, not at what the old one had before
+    the flush: a consumer's next fetch would see the HW go back (the Jepsen run's
+    ``high_watermark_backwards`` on one broker run)."""
+    manager = await _leading(10)
+    await _lead(manager, 3)
+    _followers_reach(manager, 8)
+    log = manager.topics.log(*KEY)
+    assert log is not None
+    flushing, release = threading.Event(), threading.Event()
+    flush = log.flush
+
+    def held_flush() -> int:
+        flushing.set()  # the new term is on its way; the old one still answers
+        release.wait(30)
+        return flush()
+
+    log.flush = held_flush  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_lead, manager, 4)
+        assert await trio.to_thread.run_sync(flushing.wait, 30), "the flush never started"
+        old = manager.terms[KEY]
+        assert old.leader_epoch == 3
+        old.follower_fetched(2, 10, now_ms=0)  # a fetch in epoch 3, during the flush
+        assert old.high_watermark == 10  # shown to that fetch and the consumers after it
+        release.set()
+    assert manager.terms[KEY].leader_epoch == 4
+    assert manager.terms[KEY].high_watermark == 10
+
+
+async def test_a_fence_during_the_flush_starts_no_term() -> None:
+    """ZooKeeper is lost past the session timeout while the new term's flush runs:
+    the view that named this broker leader is stale (another may lead in a newer epoch
+    by now), so no term starts; the next view, once ZooKeeper answers, decides."""
+    manager = await _leading(10)
+    await _lead(manager, 3)
+    log = manager.topics.log(*KEY)
+    assert log is not None
+    flushing, release = threading.Event(), threading.Event()
+    flush = log.flush
+
+    def held_flush() -> int:
+        flushing.set()
+        release.wait(30)
+        return flush()
+
+    log.flush = held_flush  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_lead, manager, 4)
+        assert await trio.to_thread.run_sync(flushing.wait, 30), "the flush never started"
+        manager.fence(True)
+        release.set()
+    assert KEY not in manager.terms
