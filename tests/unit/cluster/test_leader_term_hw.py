@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from typing import Any
 
 import trio
 
@@ -49,6 +50,21 @@ def _followers_reach(manager: ReplicaManager, offset: int) -> None:
     term = manager.terms[KEY]
     term.leader_synced(term.log_end_offset)
     term.follower_fetched(2, offset, now_ms=0)
+
+
+def hold_flush(log: Any) -> tuple[threading.Event, threading.Event]:
+    """Make ``log.flush`` wait until the second event is set; the first is set when the
+    flush starts (in its worker thread)."""
+    flushing, release = threading.Event(), threading.Event()
+    flush = log.flush
+
+    def held_flush() -> int:
+        flushing.set()
+        release.wait(30)
+        return int(flush())
+
+    log.flush = held_flush
+    return flushing, release
 
 
 async def test_a_term_after_a_fence_starts_at_the_hw_the_fenced_term_reached() -> None:
@@ -127,15 +143,8 @@ async def test_a_new_epoch_of_the_same_leader_starts_at_the_hw_its_last_term_rea
     _followers_reach(manager, 8)
     log = manager.topics.log(*KEY)
     assert log is not None
-    flushing, release = threading.Event(), threading.Event()
-    flush = log.flush
-
-    def held_flush() -> int:
-        flushing.set()  # the new term is on its way; the old one still answers
-        release.wait(30)
-        return flush()
-
-    log.flush = held_flush  # type: ignore[method-assign]
+    # The new term is on its way (its flush held); the old one still answers.
+    flushing, release = hold_flush(log)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_lead, manager, 4)
         assert await trio.to_thread.run_sync(flushing.wait, 30), "the flush never started"
@@ -156,15 +165,7 @@ async def test_a_fence_during_the_flush_starts_no_term() -> None:
     await _lead(manager, 3)
     log = manager.topics.log(*KEY)
     assert log is not None
-    flushing, release = threading.Event(), threading.Event()
-    flush = log.flush
-
-    def held_flush() -> int:
-        flushing.set()
-        release.wait(30)
-        return flush()
-
-    log.flush = held_flush  # type: ignore[method-assign]
+    flushing, release = hold_flush(log)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_lead, manager, 4)
         assert await trio.to_thread.run_sync(flushing.wait, 30), "the flush never started"
