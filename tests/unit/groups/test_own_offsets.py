@@ -13,7 +13,7 @@ from trio_broker.config import BrokerConfig
 from trio_broker.groups.offsets_store import OFFSETS_LOG_NAME, OffsetAndMetadata, OffsetKey
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.server.broker import Broker
-from trio_broker.services.internal_topics import CONSUMER_OFFSETS
+from trio_broker.services.internal_topics import CONSUMER_OFFSETS, TRANSACTION_STATE
 from trio_broker.services.own_partition import OwnPartition
 
 
@@ -51,13 +51,14 @@ def leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-async def test_offsets_that_cannot_be_opened_stop_the_start(tmp_path: Path) -> None:
-    # As before the coordinator was elected: a broker alone without its offsets does
-    # not start (nothing listens).
+@pytest.mark.parametrize("topic", [CONSUMER_OFFSETS, TRANSACTION_STATE])
+async def test_an_own_partition_that_cannot_be_opened_stops_the_start(
+    tmp_path: Path, topic: str
+) -> None:
+    # As before the coordinators were elected: a broker alone without its offsets or
+    # its transaction log does not start (nothing listens).
     broker = Broker(BrokerConfig(port=0, data_dir=tmp_path))
-    own = next(
-        s for s in broker.services if isinstance(s, OwnPartition) and s.topic == CONSUMER_OFFSETS
-    )
+    own = next(s for s in broker.services if isinstance(s, OwnPartition) and s.topic == topic)
 
     def broken() -> None:
         raise OSError("disk gone")

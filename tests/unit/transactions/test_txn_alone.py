@@ -94,24 +94,6 @@ async def test_the_table_is_read_back_after_a_restart(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
 
 
-async def test_a_transaction_log_that_cannot_be_opened_stops_the_start(tmp_path: Path) -> None:
-    # As before the coordinator was elected: a broker alone without its transaction log
-    # does not start (nothing listens).
-    broker = Broker(BrokerConfig(port=0, data_dir=tmp_path))
-    own = own_transactions(broker)
-
-    def broken() -> None:
-        raise OSError("disk gone")
-
-    own._open_log = broken  # type: ignore[assignment]
-    with pytest.raises(BaseException) as raised:
-        async with trio.open_nursery() as nursery:
-            with trio.fail_after(30):
-                await nursery.start(broker.run)
-    assert [str(e) for e in leaves(raised.value)] == ["disk gone"]
-    assert broker.bound == []
-
-
 async def test_a_table_that_cannot_be_loaded_stops_the_start(tmp_path: Path) -> None:
     broker = Broker(BrokerConfig(port=0, data_dir=tmp_path))
 
