@@ -3,11 +3,20 @@
 A real broker process; an attacker connection sends one expensive request shape while a
 bystander connection sends ApiVersions back to back and records each round trip. Every
 other client shares the broker's one event loop, so the bystander's worst round trip is
-how long the attacker's request held it. It must stay under :data:`BOUND_S` on a busy
-2-core machine (or a quarter of the request's own time when the machine is so loaded
-that the request takes seconds: a request holding the loop throughout would make it
-all of it). Each shape is its own case; the first failed on the old code (Python's
-backtracking ``re`` ran the pattern: the bystander waited seconds).
+how long the attacker's request held it. Each shape is its own case; the first failed
+on the old code (Python's backtracking ``re`` ran the pattern: the bystander waited
+seconds).
+
+What is judged is the CPU time the broker's loop thread (its main thread) spent while the
+bystander waited, not the wall time of the wait: a loop held by a request is on the CPU
+all that time, while a broker that is only slow because the machine is busy waits for a
+core without spending any (issue 30: slow under load, never red). A loaded CI run saw a
+0.73 s wait for 0.9 s of Metadata at load 14-20; at load 15 a wait of 0.78 s had 0.13 s
+of the loop's CPU in it. A planted 1 s busy loop in the Metadata handler shows as 1.0 s
+(checked by hand). It must stay under :data:`BOUND_S` (or a quarter of the
+request's own time, when a request takes seconds: one holding the loop throughout would
+make it all of it). The storage is in memory: a loop blocked in a system call (a sync
+on the loop thread) spends no CPU and would not be seen here.
 
 Frames are encoded before the bystander starts and responses decoded after it stops:
 the test's own Python work holds the GIL of this process, not the broker's loop, and
@@ -18,6 +27,7 @@ must not show up as the broker's latency.
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import time
@@ -32,7 +42,8 @@ from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
 
-#: The bystander's worst ApiVersions round trip while an expensive request is handled:
+#: The loop thread's CPU during the bystander's worst round trip while an expensive request
+#: is handled:
 #: under BOUND_S, or, on a machine so busy that the request itself takes many seconds,
 #: under STALL_SHARE of the request's time. A request that holds the loop throughout
 #: makes the bystander wait as long as the request (a share of 1: the pattern did,
@@ -231,29 +242,58 @@ SHAPES: dict[str, Shape] = {
 class Bystander(threading.Thread):
     """ApiVersions back to back on its own connection; keeps the worst round trip."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, broker_pid: int) -> None:
         super().__init__(daemon=True)
         self.conn = RawConnection(port, timeout=120)
         self.request = frame(m.ApiKey.API_VERSIONS, 3, m.ApiVersionsRequest(
             client_software_name="bystander", client_software_version="1"))  # fmt: skip
         self.stop = threading.Event()
+        self.loop_thread = loop_thread_cpu(broker_pid)
+        #: The most CPU the broker's loop thread spent during one round trip, and the
+        #: longest round trip (wall time, printed only).
         self.worst = 0.0
+        self.worst_wall = 0.0
         self.round_trips = 0
 
     def run(self) -> None:
         while not self.stop.is_set():
-            started = time.perf_counter()
+            started, cpu_before = time.perf_counter(), self.loop_thread()
             self.conn.send(self.request)
             self.conn.recv_frame()
-            self.worst = max(self.worst, time.perf_counter() - started)
+            self.worst = max(self.worst, self.loop_thread() - cpu_before)
+            self.worst_wall = max(self.worst_wall, time.perf_counter() - started)
             self.round_trips += 1
 
 
-def attack(broker: ConfiguredBroker, shape: Shape) -> tuple[float, float, int]:
-    """Set the shape up, send it beside a bystander; (attack s, bystander's worst s, trips)."""
+def loop_thread_cpu(pid: int) -> Callable[[], float]:
+    """A reader of the CPU seconds spent so far by ``pid``'s main thread (the broker's
+    event loop): from schedstat, in nanoseconds, else from stat's utime + stime ticks."""
+    schedstat = f"/proc/{pid}/task/{pid}/schedstat"
+    try:
+        with open(schedstat) as f:
+            f.read()
+    except OSError:
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def from_stat() -> float:
+            with open(f"/proc/{pid}/task/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+        return from_stat
+
+    def from_schedstat() -> float:
+        with open(schedstat) as f:
+            return int(f.read().split()[0]) / 1e9
+
+    return from_schedstat
+
+
+def attack(broker: ConfiguredBroker, shape: Shape) -> tuple[float, Bystander]:
+    """Set the shape up, send it beside a bystander; (attack s, the bystander)."""
     with RawConnection(broker.port, timeout=300) as conn:
         request, api_key, version, check = shape(conn)
-        bystander = Bystander(broker.port)
+        bystander = Bystander(broker.port, broker.pid)
         bystander.start()
         try:
             while bystander.round_trips < 20:  # it is running, before the attack
@@ -273,7 +313,7 @@ def attack(broker: ConfiguredBroker, shape: Shape) -> tuple[float, float, int]:
             bystander.conn.close()
     _, response = m.decode_response(api_key, version, answer)
     check(response)
-    return elapsed, bystander.worst, bystander.round_trips
+    return elapsed, bystander
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -281,8 +321,11 @@ def test_bystander_latency_while_an_expensive_request_is_handled(
     make_broker: BrokerFactory, shape: str
 ) -> None:
     broker = make_broker(storage="memory", config={"socket.request.max.bytes": 104_857_600})
-    elapsed, worst, trips = attack(broker, SHAPES[shape])
-    print(f"\n{shape}: attack {elapsed:.3f}s, bystander worst {worst:.3f}s over {trips} trips")
+    elapsed, bystander = attack(broker, SHAPES[shape])
+    worst = bystander.worst
+    print(f"\n{shape}: attack {elapsed:.3f}s, bystander worst {bystander.worst_wall:.3f}s "
+          f"(loop CPU {worst:.3f}s) over {bystander.round_trips} trips")  # fmt: skip
     assert worst < max(BOUND_S, STALL_SHARE * elapsed), (
-        f"{shape}: a bystander waited {worst:.3f}s (the request took {elapsed:.3f}s)"
+        f"{shape}: the loop spent {worst:.3f}s of CPU during one bystander round trip "
+        f"(its wall time {bystander.worst_wall:.3f}s; the request took {elapsed:.3f}s)"
     )
