@@ -18,7 +18,9 @@ Kafka's (ReplicaManager.getPartitionOrError, Partition.getLocalLog); each one ma
 - Produce and Fetch to a partition the cluster lacks, of a topic held on other brokers:
   UNKNOWN_TOPIC_OR_PARTITION (was NOT_LEADER_OR_FOLLOWER); its partition 0 stays
   NOT_LEADER_OR_FOLLOWER;
-- DeleteRecords on a follower: NOT_LEADER_OR_FOLLOWER (no epoch in that request).
+- DeleteRecords on a follower: NOT_LEADER_OR_FOLLOWER (no epoch in that request); on a
+  partition of ``__consumer_offsets`` the cluster has, INVALID_TOPIC_EXCEPTION wherever
+  it is asked (was NOT_LEADER_OR_FOLLOWER here, and a cut of the log on its leader).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ async def follow(broker: Broker) -> None:
     view["followed"] = TopicInfo("followed", followed.topic_id, {0: led})
     view["leaderless"] = TopicInfo("leaderless", leaderless.topic_id, {0: offline})
     view["elsewhere"] = TopicInfo("elsewhere", uuid.uuid4(), {0: led})
+    view["__consumer_offsets"] = TopicInfo("__consumer_offsets", uuid.uuid4(), {0: led})
     broker.replication = manager
 
 
@@ -188,3 +191,8 @@ async def test_delete_records_needs_the_leader(raw: RawClient) -> None:
     assert await delete_records(raw, "followed") == E.NOT_LEADER_OR_FOLLOWER
     assert await delete_records(raw, "elsewhere") == E.NOT_LEADER_OR_FOLLOWER
     assert await delete_records(raw, "nowhere") == E.UNKNOWN_TOPIC_OR_PARTITION
+
+
+async def test_delete_records_refuses_an_internal_topic(raw: RawClient) -> None:
+    assert await delete_records(raw, "__consumer_offsets") == E.INVALID_TOPIC_EXCEPTION
+    assert await delete_records(raw, "__transaction_state") == E.UNKNOWN_TOPIC_OR_PARTITION

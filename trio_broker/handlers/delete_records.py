@@ -3,6 +3,8 @@
 The partition's leader answers. Offset -1 means "up to the high watermark"; an offset
 beyond the high watermark (or below -1) is OFFSET_OUT_OF_RANGE (records not yet
 committed cannot be deleted); one at or below the log start offset changes nothing.
+An internal topic's partition (``__consumer_offsets``, ``__transaction_state``: a
+cluster's coordinators' logs) is INVALID_TOPIC_EXCEPTION, as Kafka refuses it.
 
 The answer waits, as Kafka's delayed DeleteRecords does, until the partition's low
 watermark (the lowest log start over the leader and every replica on a live broker,
@@ -22,6 +24,7 @@ from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.topic_lookup import find_topic, leading_partition
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.services.topics import RESERVED_TOPICS
 from trio_broker.storage.errors import LogError, StorageError
 
 if TYPE_CHECKING:
@@ -40,6 +43,10 @@ def _delete(
 ) -> tuple[int, int, ErrorCode]:  # fmt: skip
     """(requested offset, low watermark, error) for one partition, on the leader."""
     term = leading_partition(ctx, topic, name, partition, missing)
+    if name in RESERVED_TOPICS and term != ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+        # Kafka cuts no coordinator's log on request, leader or not (checked once the
+        # partition is known to exist: ReplicaManager.deleteRecordsOnLocalLog).
+        return offset, -1, ErrorCode.INVALID_TOPIC_EXCEPTION
     if isinstance(term, ErrorCode):
         return offset, -1, term
     assert topic is not None  # the guard found the partition's log
