@@ -160,10 +160,12 @@ async def handle_list_offsets(
                 offset=-1, leader_epoch=-1,
             )  # fmt: skip
             partitions.append(out)
-            if seen[wanted.name, p.partition_index] > 1:
-                out.error_code = ErrorCode.INVALID_REQUEST
-            elif not allowed:
+            # Kafka's order: a topic the principal may not describe is refused whole,
+            # before its duplicates are looked for.
+            if not allowed:
                 out.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            elif seen[wanted.name, p.partition_index] > 1:
+                out.error_code = ErrorCode.INVALID_REQUEST
             else:
                 _list_offset(ctx, request, topic, name, missing, p, out)
         responses.append(TopicResp(name=wanted.name, partitions=partitions))

@@ -39,10 +39,12 @@ async def handle_offset_for_leader_epoch(
     ctx: RequestContext, request: m.OffsetForLeaderEpochRequest
 ) -> m.OffsetForLeaderEpochResponse:
     results: list[TopicResult] = []
+    # Brokers (CLUSTER_ACTION) may ask for any topic; a consumer (KIP-320) needs DESCRIBE.
+    replica = authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
     for wanted in request.topics:
         topic, name, missing = find_topic(ctx, wanted.topic, None)
         partitions: list[EpochEndOffset] = []
-        allowed = authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, wanted.topic)
+        allowed = replica or authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, wanted.topic)
         for p in wanted.partitions:
             out = EpochEndOffset(
                 error_code=ErrorCode.NONE, partition=p.partition, leader_epoch=NO_EPOCH,
