@@ -3,6 +3,8 @@
 The partition's leader answers. Offset -1 means "up to the high watermark"; an offset
 beyond the high watermark (or below -1) is OFFSET_OUT_OF_RANGE (records not yet
 committed cannot be deleted); one at or below the log start offset changes nothing.
+An internal topic's partition (``__consumer_offsets``, ``__transaction_state``: a
+cluster's coordinators' logs) is INVALID_TOPIC_EXCEPTION, as Kafka refuses it.
 
 The answer waits, as Kafka's delayed DeleteRecords does, until the partition's low
 watermark (the lowest log start over the leader and every replica on a live broker,
@@ -19,9 +21,10 @@ from typing import TYPE_CHECKING
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
-from trio_broker.handlers.leadership import check_leader, missing_partition_error
+from trio_broker.handlers.topic_lookup import find_topic, leading_partition
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.services.topics import RESERVED_TOPICS
 from trio_broker.storage.errors import LogError, StorageError
 
 if TYPE_CHECKING:
@@ -35,14 +38,18 @@ HIGH_WATERMARK = -1
 
 
 def _delete(
-    ctx: RequestContext, topic: Topic | None, name: str, partition: int, offset: int
-) -> tuple[int, int, ErrorCode]:
+    ctx: RequestContext, topic: Topic | None, name: str, missing: ErrorCode, partition: int,
+    offset: int,
+) -> tuple[int, int, ErrorCode]:  # fmt: skip
     """(requested offset, low watermark, error) for one partition, on the leader."""
-    if topic is None or not 0 <= partition < len(topic.logs):
-        return offset, -1, missing_partition_error(ctx, name, partition)
-    term = check_leader(ctx, name, partition)
+    term = leading_partition(ctx, topic, name, partition, missing)
+    if name in RESERVED_TOPICS and term != ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+        # Kafka cuts no coordinator's log on request, leader or not (checked once the
+        # partition is known to exist: ReplicaManager.deleteRecordsOnLocalLog).
+        return offset, -1, ErrorCode.INVALID_TOPIC_EXCEPTION
     if isinstance(term, ErrorCode):
         return offset, -1, term
+    assert topic is not None  # the guard found the partition's log
     policy = topic.info.configs.get("cleanup.policy", "delete")
     if "delete" not in (p.strip() for p in policy.split(",")):
         # Kafka refuses to cut a compacted-only log: its records are kept by key, not by age.
@@ -71,18 +78,17 @@ def _delete(
 async def handle_delete_records(
     ctx: RequestContext, request: m.DeleteRecordsRequest
 ) -> m.DeleteRecordsResponse | Deferred:
-    topics = ctx.services.topics
     leaders = ctx.services.leaders
     results: list[TopicResult] = []
     #: Partitions whose low watermark is still below the offset they were cut at.
     waiting: list[tuple[str, PartResult, int]] = []
     for wanted in request.topics:
-        topic = topics.get(wanted.name)
+        topic, name, missing = find_topic(ctx, wanted.name, None)
         allowed = authorized(ctx, Operation.DELETE, ResourceType.TOPIC, wanted.name)
         partitions: list[PartResult] = []
         for p in wanted.partitions:
             requested, low_watermark, error = (
-                _delete(ctx, topic, wanted.name, p.partition_index, p.offset)
+                _delete(ctx, topic, name, missing, p.partition_index, p.offset)
                 if allowed
                 else (p.offset, -1, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
             )

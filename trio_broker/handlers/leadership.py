@@ -1,11 +1,21 @@
-"""Who may answer for a partition in a cluster: its leader, in the epoch the client knows.
+"""Who may answer for a partition: its leader, in the epoch the client knows.
 
-Produce, Fetch and ListOffsets for a partition are for its leader only: others answer
-NOT_LEADER_OR_FOLLOWER (or LEADER_NOT_AVAILABLE while it has none), and a client that
-names a leader epoch (KIP-320) learns whether it is behind (FENCED_LEADER_EPOCH) or
-ahead (UNKNOWN_LEADER_EPOCH) of the leader's. The terms are read from
-``services.leaders``: the replica manager in a cluster; a broker that runs alone is a
-cluster of one (services/local_replication.py) and leads every partition it holds.
+Kafka's guard for a per-partition request (``ReplicaManager.getPartitionOrError``, then
+``Partition.getLocalLog``), written once for Produce, Fetch, ListOffsets,
+OffsetForLeaderEpoch and DeleteRecords (``topic_lookup.leading_partition``):
+
+- a partition this broker holds no log of: NOT_LEADER_OR_FOLLOWER if the cluster's
+  metadata has it (clients refresh their metadata), else UNKNOWN_TOPIC_OR_PARTITION
+  (:func:`missing_partition_error`);
+- a partition held here, asked with a leader epoch (KIP-320, -1: none): the epoch this
+  replica knows, leader or follower, is compared first: the client behind is
+  FENCED_LEADER_EPOCH, ahead UNKNOWN_LEADER_EPOCH;
+- then a replica that does not lead answers NOT_LEADER_OR_FOLLOWER, unless the request
+  may read a follower (ListOffsets from the debugging replica id -2).
+
+The terms are read from ``services.leaders``: the replica manager in a cluster; a
+broker that runs alone is a cluster of one (services/local_replication.py) and leads
+every partition it holds.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_leader",
+    "epoch_error",
     "fetch_leader_hints",
     "missing_partition_error",
     "produce_leader_hints",
@@ -34,7 +45,13 @@ def check_leader(
     ctx: RequestContext, topic: str, partition: int, current_leader_epoch: int = -1,
     *, fence_alone: bool = True,
 ) -> Term | ErrorCode:  # fmt: skip
-    """This broker's term if it may answer for the partition; else the error.
+    """This broker's term if it may answer for a partition it holds a log of; else the
+    error, in the order of Kafka's ``Partition.getLocalLog(currentLeaderEpoch,
+    requireLeader=true)``: a ``current_leader_epoch`` other than -1 is compared first
+    with the epoch this replica knows (its term's as leader, the cluster's view of the
+    partition as follower): older is FENCED_LEADER_EPOCH, newer UNKNOWN_LEADER_EPOCH;
+    then a replica that does not lead answers NOT_LEADER_OR_FOLLOWER (also while the
+    partition has no leader: Kafka's hosted partition is then simply not the leader).
 
     A node alone leads every partition it holds (``services.leaders`` is a cluster of
     one, epoch 0). ``fence_alone`` False: its term does not check
@@ -42,24 +59,45 @@ def check_leader(
     OffsetForLeaderEpoch do)."""
     leaders = ctx.services.leaders
     term = leaders.leader_term(topic, partition)
-    if term is None:
+    if term is not None:
+        # Kafka's rule: only -1 (no epoch known) skips the check.
+        if current_leader_epoch != -1 and (fence_alone or term.replicated):
+            fenced = epoch_error(current_leader_epoch, term.leader_epoch)
+            if fenced is not None:
+                return fenced
+        return term
+    if current_leader_epoch != -1:
         info = leaders.partition(topic, partition)
-        if info is None or info.leader == NO_LEADER:
-            return ErrorCode.LEADER_NOT_AVAILABLE
-        return ErrorCode.NOT_LEADER_OR_FOLLOWER
-    # Kafka's rule: only -1 (no epoch known) skips the check.
-    if current_leader_epoch != -1 and (fence_alone or term.replicated):
-        if current_leader_epoch < term.leader_epoch:
-            return ErrorCode.FENCED_LEADER_EPOCH
-        if current_leader_epoch > term.leader_epoch:
-            return ErrorCode.UNKNOWN_LEADER_EPOCH
-    return term
+        if info is not None:  # a follower knows the partition's epoch from the view
+            fenced = epoch_error(current_leader_epoch, info.leader_epoch)
+            if fenced is not None:
+                return fenced
+    return ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
-def missing_partition_error(ctx: RequestContext, topic: str, partition: int) -> ErrorCode:
-    """The error for a partition this broker has no log of: NOT_LEADER_OR_FOLLOWER if the
-    cluster has it (another broker leads it), else UNKNOWN_TOPIC_OR_PARTITION."""
-    if ctx.services.leaders.partition(topic, partition) is not None:  # never alone
+def epoch_error(current_leader_epoch: int, known_epoch: int) -> ErrorCode | None:
+    """KIP-320: the client's epoch behind the one this replica knows is fenced, ahead of
+    it unknown (this replica is the one behind); None when they agree."""
+    if current_leader_epoch < known_epoch:
+        return ErrorCode.FENCED_LEADER_EPOCH
+    if current_leader_epoch > known_epoch:
+        return ErrorCode.UNKNOWN_LEADER_EPOCH
+    return None
+
+
+def missing_partition_error(
+    ctx: RequestContext, name: str, partition: int,
+    missing: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+) -> ErrorCode:  # fmt: skip
+    """The error for a partition this broker holds no log of, as Kafka's
+    ``ReplicaManager.getPartitionOrError``: NOT_LEADER_OR_FOLLOWER when the cluster's
+    metadata has that partition (another broker holds it, or this broker has not made
+    its copy yet: partitions just added), so clients refresh their metadata and go to
+    the leader; else UNKNOWN_TOPIC_OR_PARTITION. ``missing`` UNKNOWN_TOPIC_ID (a topic
+    id nobody knows, from :func:`~trio_broker.handlers.topic_lookup.find_topic`) stays."""
+    if missing == ErrorCode.UNKNOWN_TOPIC_ID:
+        return missing
+    if ctx.services.leaders.partition(name, partition) is not None:  # never alone
         return ErrorCode.NOT_LEADER_OR_FOLLOWER
     return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 

@@ -25,11 +25,17 @@ latest, and a search that finds nothing it may read, OFFSET_NOT_AVAILABLE
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
-from trio_broker.handlers.leadership import check_leader, missing_partition_error
 from trio_broker.handlers.producer_state import prepare_producer_states
+from trio_broker.handlers.topic_lookup import (
+    FollowerCopy,
+    find_topic,
+    leading_partition,
+    replica_partition,
+)
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import ProtocolError
@@ -37,6 +43,9 @@ from trio_broker.protocol.records import RecordBatchView, iter_batches
 from trio_broker.storage.errors import LogError, StorageError
 from trio_broker.storage.group_configs import AutoOffsetReset
 from trio_broker.storage.log_protocol import Log
+
+if TYPE_CHECKING:
+    from trio_broker.services.topics import Topic
 
 logger = logging.getLogger("trio_broker.list_offsets")
 
@@ -50,8 +59,10 @@ MAX_TIMESTAMP = -3
 EARLIEST_LOCAL = -4
 LATEST_TIERED = -5
 READ_COMMITTED = 1
-#: The replica id of a consumer's request (a follower sends its broker id; -2 debugging).
+#: The replica id of a consumer's request (a follower sends its broker id).
 CONSUMER_REPLICA_ID = -1
+#: The replica id of a debugging tool: the one asker a follower answers too.
+DEBUGGING_REPLICA_ID = -2
 
 
 def _batch_at(partition_log: Log, offset: int) -> RecordBatchView | None:
@@ -129,7 +140,6 @@ def offset_for_reset(partition_log: Log, reset: AutoOffsetReset, now_ms: int) ->
 async def handle_list_offsets(
     ctx: RequestContext, request: m.ListOffsetsRequest
 ) -> m.ListOffsetsResponse:
-    topics = ctx.services.topics
     # Kafka answers a partition named twice with INVALID_REQUEST rather than guess.
     seen: dict[tuple[str, int], int] = {}
     for t in request.topics:
@@ -141,6 +151,7 @@ async def handle_list_offsets(
         )
     responses: list[TopicResp] = []
     for wanted in request.topics:
+        topic, name, missing = find_topic(ctx, wanted.name, None)
         partitions: list[PartResp] = []
         allowed = authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, wanted.name)
         for p in wanted.partitions:
@@ -149,68 +160,82 @@ async def handle_list_offsets(
                 offset=-1, leader_epoch=-1,
             )  # fmt: skip
             partitions.append(out)
-            if seen[wanted.name, p.partition_index] > 1:
-                out.error_code = ErrorCode.INVALID_REQUEST
-                continue
+            # Kafka's order: a topic the principal may not describe is refused whole,
+            # before its duplicates are looked for.
             if not allowed:
                 out.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
-                continue
-            partition_log = topics.log(wanted.name, p.partition_index)
-            if partition_log is None:
-                out.error_code = missing_partition_error(ctx, wanted.name, p.partition_index)
-                continue
-            # The leader answers (alone: this broker, epoch 0).
-            current = p.current_leader_epoch if ctx.api_version >= 4 else -1
-            term = check_leader(ctx, wanted.name, p.partition_index, current)
-            if isinstance(term, ErrorCode):
-                out.error_code = term
-                continue
-            # A consumer (replica id -1) sees up to the high watermark (the last stable
-            # offset for read_committed); a new leader shows it none until the HW has
-            # reached its term's start (KIP-207), so it never goes back. A replica or the
-            # debugging id sees the whole log: the log end, no KIP-207 check (Kafka's
-            # fetchOffsetForTimestamp without an isolation level).
-            lag_error = None
-            if request.replica_id == CONSUMER_REPLICA_ID:
-                visible = term.visible_high_watermark()
-                if visible is None:
-                    # v5 brought OFFSET_NOT_AVAILABLE; older clients retry this one.
-                    lag_error = (
-                        ErrorCode.OFFSET_NOT_AVAILABLE
-                        if ctx.api_version >= 5
-                        else ErrorCode.LEADER_NOT_AVAILABLE
-                    )
-                    visible = term.high_watermark
-                if request.isolation_level == READ_COMMITTED:
-                    visible = ctx.services.producers.last_stable_offset(
-                        wanted.name, p.partition_index, partition_log, visible
-                    )
+            elif seen[wanted.name, p.partition_index] > 1:
+                out.error_code = ErrorCode.INVALID_REQUEST
             else:
-                visible = partition_log.log_end_offset
-            if p.timestamp == LATEST:
-                if lag_error is not None:
-                    out.error_code = lag_error
-                    continue
-                out.offset, out.timestamp, out.leader_epoch = visible, -1, term.leader_epoch
-                continue
-            try:
-                out.offset, out.timestamp = _lookup(partition_log, p.timestamp)
-            except LogError as exc:
-                out.error_code = exc.error_code
-                continue
-            except (OSError, ProtocolError):
-                out.error_code = StorageError.error_code  # an OSError: a storage error
-                continue
-            if p.timestamp not in (EARLIEST, EARLIEST_LOCAL, LATEST_TIERED) and (
-                out.offset < 0 or out.offset >= visible
-            ):
-                # A search found nothing the asker may read (a record at or past the HW
-                # is not a consumer's yet): none, or the KIP-207 error while it lags.
-                out.offset, out.timestamp = -1, -1
-                if lag_error is not None:
-                    out.error_code = lag_error
-                continue
-            if out.offset >= 0:
-                out.leader_epoch = term.leader_epoch
+                _list_offset(ctx, request, topic, name, missing, p, out)
         responses.append(TopicResp(name=wanted.name, partitions=partitions))
     return Resp(throttle_time_ms=0, topics=responses)
+
+
+def _list_offset(
+    ctx: RequestContext, request: m.ListOffsetsRequest, topic: Topic | None, name: str,
+    missing: ErrorCode, p: m.ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition,
+    out: PartResp,
+) -> None:  # fmt: skip
+    """One partition's answer, written into ``out`` (Kafka's fetchOffsetForTimestamp)."""
+    current = p.current_leader_epoch if ctx.api_version >= 4 else -1
+    # The leader answers (alone: this broker, epoch 0); the debugging replica id may
+    # read a follower's copy too (Kafka: fetchOnlyFromLeader is false for it alone).
+    found = (
+        replica_partition(ctx, topic, name, p.partition_index, missing, current)
+        if request.replica_id == DEBUGGING_REPLICA_ID
+        else leading_partition(ctx, topic, name, p.partition_index, missing, current)
+    )
+    if isinstance(found, ErrorCode):
+        out.error_code = found
+        return
+    assert topic is not None  # the guard found the partition's log
+    partition_log = topic.logs[p.partition_index]
+    # A consumer (replica id -1) sees up to the high watermark (the last stable
+    # offset for read_committed); a new leader shows it none until the HW has
+    # reached its term's start (KIP-207), so it never goes back. A replica or the
+    # debugging id sees the whole log: the log end, no KIP-207 check (Kafka's
+    # fetchOffsetForTimestamp without an isolation level).
+    lag_error = None
+    if request.replica_id == CONSUMER_REPLICA_ID:
+        assert not isinstance(found, FollowerCopy)  # a consumer's guard needs the leader
+        visible = found.visible_high_watermark()
+        if visible is None:
+            # v5 brought OFFSET_NOT_AVAILABLE; older clients retry this one.
+            lag_error = (
+                ErrorCode.OFFSET_NOT_AVAILABLE
+                if ctx.api_version >= 5
+                else ErrorCode.LEADER_NOT_AVAILABLE
+            )
+            visible = found.high_watermark
+        if request.isolation_level == READ_COMMITTED:
+            visible = ctx.services.producers.last_stable_offset(
+                topic.name, p.partition_index, partition_log, visible
+            )
+    else:
+        visible = partition_log.log_end_offset
+    if p.timestamp == LATEST:
+        if lag_error is not None:
+            out.error_code = lag_error
+            return
+        out.offset, out.timestamp, out.leader_epoch = visible, -1, found.leader_epoch
+        return
+    try:
+        out.offset, out.timestamp = _lookup(partition_log, p.timestamp)
+    except LogError as exc:
+        out.error_code = exc.error_code
+        return
+    except (OSError, ProtocolError):
+        out.error_code = StorageError.error_code  # an OSError: a storage error
+        return
+    if p.timestamp not in (EARLIEST, EARLIEST_LOCAL, LATEST_TIERED) and (
+        out.offset < 0 or out.offset >= visible
+    ):
+        # A search found nothing the asker may read (a record at or past the HW
+        # is not a consumer's yet): none, or the KIP-207 error while it lags.
+        out.offset, out.timestamp = -1, -1
+        if lag_error is not None:
+            out.error_code = lag_error
+        return
+    if out.offset >= 0:
+        out.leader_epoch = found.leader_epoch

@@ -11,8 +11,10 @@ Every partition has had one leader epoch, 0, since it was created, so:
   retry forever instead of resetting.
 
 The request's current_leader_epoch (-1 = no check) is compared with ours
-first (``check_leader``: a node alone's term has epoch 0): older is
-FENCED_LEADER_EPOCH, newer is UNKNOWN_LEADER_EPOCH.
+first (``leading_partition``, the guard every per-partition API shares: a node
+alone's term has epoch 0; a follower compares it with the epoch it knows before it
+answers NOT_LEADER_OR_FOLLOWER): older is FENCED_LEADER_EPOCH, newer is
+UNKNOWN_LEADER_EPOCH.
 
 In a cluster the leader answers from the partition's leader-epoch cache (KIP-101,
 KIP-279): where the asked epoch ends in its log. Followers use it to truncate.
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
-from trio_broker.handlers.leadership import check_leader, missing_partition_error
+from trio_broker.handlers.topic_lookup import find_topic, leading_partition
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
@@ -36,11 +38,13 @@ NO_EPOCH = -1
 async def handle_offset_for_leader_epoch(
     ctx: RequestContext, request: m.OffsetForLeaderEpochRequest
 ) -> m.OffsetForLeaderEpochResponse:
-    topics = ctx.services.topics
     results: list[TopicResult] = []
+    # Brokers (CLUSTER_ACTION) may ask for any topic; a consumer (KIP-320) needs DESCRIBE.
+    replica = authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
     for wanted in request.topics:
+        topic, name, missing = find_topic(ctx, wanted.topic, None)
         partitions: list[EpochEndOffset] = []
-        allowed = authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, wanted.topic)
+        allowed = replica or authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, wanted.topic)
         for p in wanted.partitions:
             out = EpochEndOffset(
                 error_code=ErrorCode.NONE, partition=p.partition, leader_epoch=NO_EPOCH,
@@ -50,14 +54,16 @@ async def handle_offset_for_leader_epoch(
             if not allowed:
                 out.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 continue
-            log = topics.log(wanted.topic, p.partition)
-            if log is None:
-                out.error_code = missing_partition_error(ctx, wanted.topic, p.partition)
-                continue
-            term = check_leader(ctx, wanted.topic, p.partition, p.current_leader_epoch)
+            # Kafka asks the leader only (fetchOnlyFromLeader), a follower's request too.
+            term = leading_partition(
+                ctx, topic, name, p.partition, missing, p.current_leader_epoch
+            )  # fmt: skip
             if isinstance(term, ErrorCode):
                 out.error_code = term
-            elif term.replicated:
+                continue
+            assert topic is not None  # the guard found the partition's log
+            log = topic.logs[p.partition]
+            if term.replicated:
                 out.leader_epoch, out.end_offset = log.epoch_cache.end_offset_for(
                     p.leader_epoch, log.log_end_offset
                 )

@@ -22,7 +22,7 @@ from trio_broker.handlers.base import (
     Services,
     handles,
 )
-from trio_broker.handlers.leadership import check_leader, produce_leader_hints
+from trio_broker.handlers.leadership import produce_leader_hints
 from trio_broker.handlers.producer_state import prepare_producer_states
 from trio_broker.handlers.topic_lookup import find_topic, leading_partition
 from trio_broker.partition.append import (
@@ -533,14 +533,14 @@ async def verify_with_coordinator(
     services = ctx.services
     asked: dict[tuple[int, int], list[tuple[str, int]]] = {}
     for topic_data in request.topic_data:
-        topic, _name, _missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
+        topic, name, missing = find_topic(ctx, topic_data.name, topic_data.topic_id)
         if topic is None:
             continue
         for data in topic_data.partition_data:
-            if not 0 <= data.index < len(topic.logs) or not data.records:
+            if not data.records:
                 continue
-            if isinstance(check_leader(ctx, topic.name, data.index), ErrorCode):
-                continue
+            if isinstance(leading_partition(ctx, topic, name, data.index, missing), ErrorCode):
+                continue  # the partition's guard answers it
             try:
                 batch = next(iter_batches(data.records), None)
             except ProtocolError:

@@ -17,7 +17,7 @@ for the fsync only, and Fetch checks no current leader epoch.
 that this broker writes as a coordinator (its own files alone, the share state).
 
 :class:`LeadsNothing` is a clustered broker's replication before it joined and after it
-left: it leads nothing, so every partition answers LEADER_NOT_AVAILABLE and a write
+left: it leads nothing, so every partition answers NOT_LEADER_OR_FOLLOWER and a write
 waiting for the high watermark ends LEADERSHIP_LOST.
 
 Sans-I/O: no trio.

@@ -52,9 +52,23 @@ def test_handle_produce_guards_in_one_place() -> None:
     )
 
 
-def test_produce_and_fetch_share_the_partition_guard() -> None:
-    """The partition known here and led by this broker: one function, not a copy per handler."""
-    for module in ("produce.py", "fetch.py"):
+#: The per-partition APIs whose guard is ``topic_lookup.leading_partition`` (Kafka's
+#: getPartitionOrError, then Partition.getLocalLog): none writes its own.
+GUARDED_HANDLERS = (
+    "produce.py",
+    "fetch.py",
+    "list_offsets.py",
+    "offset_for_leader_epoch.py",
+    "delete_records.py",
+)
+
+
+def test_per_partition_handlers_share_the_partition_guard() -> None:
+    """The partition known here and led by this broker: one function, not a copy per
+    handler (ListOffsets, OffsetForLeaderEpoch and DeleteRecords kept their own loops of
+    ``missing_partition_error`` and ``check_leader`` before)."""
+    for module in GUARDED_HANDLERS:
         source = (PRODUCE.parent / module).read_text()
         assert "leading_partition(" in source, module
-        assert "missing_partition_error(" not in source, module
+        for own_guard in ("missing_partition_error(", "check_leader(", "topics.log("):
+            assert own_guard not in source, f"{module} calls {own_guard}...)"

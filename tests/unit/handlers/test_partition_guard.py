@@ -1,0 +1,150 @@
+"""The one per-partition guard (``topic_lookup.leading_partition``, rules in
+``leadership.py``) against Kafka's answers (ReplicaManager.getPartitionOrError, then
+Partition.getLocalLog), case by case:
+
+- a partition this broker holds no log of: NOT_LEADER_OR_FOLLOWER if the cluster's
+  metadata has that partition (partitions just added, or another broker's replicas),
+  else UNKNOWN_TOPIC_OR_PARTITION, per partition: a topic held elsewhere whose
+  partition the cluster lacks is unknown, not "not the leader";
+- a partition held here as a follower: the client's leader epoch is compared with the
+  one the follower knows first (FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH), then it is
+  NOT_LEADER_OR_FOLLOWER, also while the partition has no leader (Kafka's hosted
+  partition is simply not the leader; LEADER_NOT_AVAILABLE is Metadata's answer);
+- the debugging replica's ListOffsets may read the follower's copy (``replica_partition``);
+- a node alone answers as before.
+
+The leaders below are a cluster's view with this broker (1) holding logs and leading
+nothing; the wire-level cases are in tests/integration/test_partition_guard_answers.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+from trio_broker.handlers.leadership import missing_partition_error
+from trio_broker.handlers.topic_lookup import (
+    FollowerCopy,
+    find_topic,
+    leading_partition,
+    replica_partition,
+)
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.messages import RequestHeader
+from trio_broker.services.cluster_view import ClusterView, PartitionInfo, TopicInfo
+from trio_broker.services.local_replication import LocalReplication, LocalView
+from trio_broker.services.topics import TopicManager
+from trio_broker.storage.log import LogConfig
+
+E = ErrorCode
+UNKNOWN = E.UNKNOWN_TOPIC_OR_PARTITION
+EPOCH = 5
+
+
+class FollowingEverything:
+    """A cluster's leadership as the replica manager gives it, for a broker that leads
+    nothing: the view, no term."""
+
+    def __init__(self, view: ClusterView) -> None:
+        self.view = view
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        info = self.view.topics.get(topic)
+        return None if info is None else info.partitions.get(partition)
+
+    def leader_term(self, topic: str, partition: int) -> None:
+        return None
+
+
+def context(leaders: Any, topics: TopicManager, api_key: int = m.ApiKey.LIST_OFFSETS) -> Any:
+    return SimpleNamespace(
+        services=SimpleNamespace(leaders=leaders, topics=topics),
+        header=RequestHeader(api_key, 7, 1, "guard"),
+        api_version=7,
+    )
+
+
+def alone_with(topic: str, partitions: int) -> Any:
+    topics = TopicManager(None, LogConfig(), lambda: 0)
+    topics.create(topic, partitions)
+    endpoints = [("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)]
+    return context(LocalReplication(LocalView(1, None, topics, lambda: endpoints)), topics)
+
+
+def cluster(held: dict[str, int], cluster_has: dict[str, int], leader: int = 2) -> Any:
+    """Broker 1 holds ``held`` topics' logs (that many partitions each); the cluster's
+    view has ``cluster_has``, every partition led by ``leader`` in epoch 5."""
+    topics = TopicManager(None, LogConfig(), lambda: 0)
+    for name, count in held.items():
+        topics.create(name, count)
+    view = ClusterView(1)
+    info = PartitionInfo(replicas=(1, 2), leader=leader, leader_epoch=EPOCH, isr=(1, 2))
+    for name, count in cluster_has.items():
+        view.topics[name] = TopicInfo(name, uuid.uuid4(), {p: info for p in range(count)})
+    return context(FollowingEverything(view), topics)
+
+
+def guard(ctx: Any, name: str, partition: int, current_leader_epoch: int = -1) -> Any:
+    topic, found_name, missing = find_topic(ctx, name, None)
+    return leading_partition(ctx, topic, found_name, partition, missing, current_leader_epoch)
+
+
+def test_a_partition_the_cluster_has_answers_not_leader() -> None:
+    ctx = cluster(held={"grown": 3}, cluster_has={"grown": 4, "elsewhere": 2})
+    assert missing_partition_error(ctx, "grown", 3) == E.NOT_LEADER_OR_FOLLOWER
+    assert guard(ctx, "grown", 3) == E.NOT_LEADER_OR_FOLLOWER  # not created here yet
+    assert guard(ctx, "elsewhere", 1) == E.NOT_LEADER_OR_FOLLOWER  # no replica here
+
+
+def test_a_partition_the_cluster_lacks_stays_unknown() -> None:
+    ctx = cluster(held={"grown": 3}, cluster_has={"grown": 4, "elsewhere": 2})
+    assert guard(ctx, "grown", 4) == UNKNOWN
+    assert guard(ctx, "other", 0) == UNKNOWN
+    # A topic held on other brokers: its partition 2 is not the cluster's (was
+    # NOT_LEADER_OR_FOLLOWER for every partition of such a topic).
+    assert guard(ctx, "elsewhere", 2) == UNKNOWN
+
+
+def test_a_follower_checks_the_epoch_before_it_says_not_leader() -> None:
+    ctx = cluster(held={"t": 1}, cluster_has={"t": 1})
+    assert guard(ctx, "t", 0) == E.NOT_LEADER_OR_FOLLOWER
+    assert guard(ctx, "t", 0, EPOCH) == E.NOT_LEADER_OR_FOLLOWER
+    assert guard(ctx, "t", 0, EPOCH - 1) == E.FENCED_LEADER_EPOCH
+    assert guard(ctx, "t", 0, EPOCH + 1) == E.UNKNOWN_LEADER_EPOCH
+
+
+def test_a_partition_held_here_without_a_leader_is_not_led_here() -> None:
+    ctx = cluster(held={"t": 1}, cluster_has={"t": 1}, leader=-1)
+    assert guard(ctx, "t", 0) == E.NOT_LEADER_OR_FOLLOWER  # was LEADER_NOT_AVAILABLE
+    # Held here, not in the view (yet or any more): not the leader either.
+    ctx = cluster(held={"t": 1}, cluster_has={})
+    assert guard(ctx, "t", 0) == E.NOT_LEADER_OR_FOLLOWER
+
+
+def test_the_debugging_replica_may_read_a_followers_copy() -> None:
+    ctx = cluster(held={"t": 1}, cluster_has={"t": 2, "elsewhere": 1})
+
+    def replica(name: str, partition: int, current: int = -1) -> Any:
+        topic, found_name, missing = find_topic(ctx, name, None)
+        return replica_partition(ctx, topic, found_name, partition, missing, current)
+
+    assert replica("t", 0) == FollowerCopy(leader_epoch=EPOCH)
+    assert replica("t", 0, EPOCH) == FollowerCopy(leader_epoch=EPOCH)
+    assert replica("t", 0, EPOCH - 1) == E.FENCED_LEADER_EPOCH
+    assert replica("t", 1) == E.NOT_LEADER_OR_FOLLOWER  # no copy here to read
+    assert replica("elsewhere", 0) == E.NOT_LEADER_OR_FOLLOWER
+    assert replica("t", 2) == UNKNOWN
+
+
+def test_other_errors_and_a_single_broker_are_unchanged() -> None:
+    ctx = alone_with("solo", 3)
+    assert guard(ctx, "solo", 3) == UNKNOWN
+    assert guard(ctx, "other", 0) == UNKNOWN
+    term = guard(ctx, "solo", 0)
+    assert not isinstance(term, ErrorCode) and term.leader_epoch == 0
+    assert guard(ctx, "solo", 0, 1) == E.UNKNOWN_LEADER_EPOCH
+    unknown_id = ErrorCode.UNKNOWN_TOPIC_ID
+    ctx = cluster(held={}, cluster_has={"grown": 4})
+    assert missing_partition_error(ctx, "", 0, unknown_id) == unknown_id
