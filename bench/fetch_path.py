@@ -275,9 +275,16 @@ def cycle(partitions: int, cycles: int) -> dict[str, Any]:
                 async def one() -> None:
                     async with trio.open_nursery() as inner:
                         inner.start_soon(_call, consumer, m.ApiKey.FETCH, 12, fetch())
-                        # Produce once the fetch waits (every task blocked; no busy loop).
-                        await trio.testing.wait_all_tasks_blocked()
-                        assert broker.appends.statistics().waiters == 1
+                        # Produce once the fetch waits. Every task blocked is not enough:
+                        # a task waiting for its socket counts as blocked though the
+                        # fetch's bytes have arrived, until the loop polls it again.
+                        for _ in range(10_000):
+                            await trio.testing.wait_all_tasks_blocked()
+                            if broker.appends.statistics().waiters == 1:
+                                break
+                            await trio.lowlevel.checkpoint()
+                        else:
+                            raise AssertionError("the fetch never waited")
                         await _call(producer, m.ApiKey.PRODUCE, 9, produce)
                     offsets[0] += 1
 
