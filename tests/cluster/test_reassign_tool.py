@@ -155,14 +155,14 @@ def test_kafka_reassign_tool_throttles_a_move_and_verify_removes_the_throttles(
 
     kadmin = KafkaAdminClient(bootstrap_servers=servers(cluster))
     try:
-        eventually(lambda: kadmin.list_partition_reassignments() == {}, "the move finished", 120)
+        eventually(lambda: kadmin.list_partition_reassignments() == {}, "the move finished", 240)
     finally:
         kadmin.close()
     took = time.monotonic() - started
     print(f"the throttled move took {took:.1f} s")
-    # Throttled: 2 MB at 200 KB/s take about 10 s (no throttle: well under a second).
+    # Throttled: 2 MB at 200 KB/s take about 10 s (no throttle: well under a second). Only
+    # the floor is checked: a busy machine makes the move slower, and must not make it red.
     assert took > 0.7 * WRITTEN / RATE, took
-    assert took < 6 * WRITTEN / RATE, took
     eventually(lambda: partitions(admin, TOPIC)[0][1:] == ([2, 3], [2, 3]), "replicas 2, 3")
 
     out = reassign(tools_classpath, cluster, "--reassignment-json-file", str(plan), "--verify")
