@@ -141,10 +141,15 @@ def test_preferred_election_moves_leadership_back(brokers: Cluster) -> None:
     brokers[1].stop()  # SIGTERM, a graceful stop: leadership moves to broker 2
     brokers[1].start()
     # Back in the ISR, but not leading: the imbalance check runs every 300 s.
-    eventually(
-        lambda: (state := partitions(admin, "preferred")[0])[0] == 2 and len(state[2]) == 3,
-        "broker 1 back in the ISR of preferred-0, broker 2 leading",
-    )
+    # The election reads the ISR from ZooKeeper but the live brokers from the controller's
+    # own view, which learns of broker 1's return from its watch, maybe after the broker
+    # a Metadata answer came from: wait until every broker lists it.
+    every_broker_lists(brokers)
+    every_broker_knows(
+        brokers, "preferred", 1,
+        until=lambda state: state[0][0] == 2 and len(state[0][2]) == 3,
+        wanted="broker 1 back in the ISR of preferred-0, broker 2 leading",
+    )  # fmt: skip
     assert elect(admin, ElectionType.PREFERRED, "preferred") == 0
     eventually(lambda: partitions(admin, "preferred")[0][0] == 1, "broker 1 leads again")
     assert elect(admin, ElectionType.PREFERRED, "preferred") == ErrorCode.ELECTION_NOT_NEEDED
@@ -438,6 +443,9 @@ def test_unclean_election_on_request_only(shared: Cluster) -> None:
         ),
         "unclean-0 offline with brokers 2 and 3 up",
     )
+    # The unclean election takes a live replica from the controller's own view, which
+    # learns of broker 2's return from its watch, maybe after the broker that answered.
+    every_broker_lists(brokers, {2, 3})
     assert (
         elect(admin, ElectionType.PREFERRED, "unclean") == ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
     )
