@@ -385,7 +385,7 @@ def test_create_partitions_and_delete_topics_across_the_cluster(shared: Cluster)
     assert len(acked.partition_of) == 200, acked.errors
     check_invariants(read_partitions(servers(brokers), "grow", 4), acked)
 
-    holders = {b for _, replicas, _ in partitions(admin, "grow").values() for b in replicas}
+    holders = {b for _, replicas, _ in grown_state.values() for b in replicas}
     assert all(list(brokers[b].data_dir.glob("grow-*")) for b in holders)
     [deleted] = admin.delete_topics(["grow"]).values()
     deleted.result(timeout=30)
@@ -394,14 +394,20 @@ def test_create_partitions_and_delete_topics_across_the_cluster(shared: Cluster)
         "every broker deleted its copy",
         30,
     )
-    for broker in brokers.values():
-        asked = m.MetadataRequest(
-            topics=[m.MetadataRequest.MetadataRequestTopic(name="grow")],
-            allow_auto_topic_creation=False,
-        )
+    asked = m.MetadataRequest(
+        topics=[m.MetadataRequest.MetadataRequestTopic(name="grow")],
+        allow_auto_topic_creation=False,
+    )
+
+    def forgotten(broker: ConfiguredBroker) -> bool:
         with broker.connect() as conn:
             [meta] = conn.request(m.ApiKey.METADATA, 4, asked).topics
-        assert meta.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        return bool(meta.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+
+    # Each broker forgets the topic when its own watch sees it go (a broker deletes its
+    # copy then too, but one holding none has nothing on disk to show it).
+    for b, broker in brokers.items():
+        eventually(lambda broker=broker: forgotten(broker), f"broker {b} forgot grow", 30)
     [missing] = admin.delete_topics(["grow"]).values()
     with pytest.raises(KafkaException) as caught:
         missing.result(timeout=30)
