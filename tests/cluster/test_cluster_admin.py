@@ -221,6 +221,12 @@ def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
             tp: {"replicas": [2, 3, 1], "adding_replicas": [3], "removing_replicas": [1]}
         }, listed
         # `trio-broker topics describe` shows the move (asked of a broker that leads nothing).
+        # The controller answered once its own view showed the move; broker 3's Metadata
+        # follows its own watch.
+        every_broker_knows(
+            cluster, "moving", 1,
+            until=lambda state: state[0][1] == [2, 3, 1], wanted="replicas 2, 3, 1 (moving)",
+        )  # fmt: skip
         [moving_row] = describe_rows(cluster[3], "moving")
         # Broker 3 may have caught up into the ISR already (the CLI starts slowly on a busy
         # machine); the move is still listed until the controller drops broker 1.
@@ -332,7 +338,10 @@ def test_create_partitions_and_delete_topics_across_the_cluster(shared: Cluster)
                 for leader, replicas, isr in state.values()),
         "four partitions, two in-sync replicas each",
     )  # fmt: skip
-    assert partitions(admin, "grow")[3][1] == [3, 1]
+    # The answer above came from one broker; the next may come from another that has not
+    # read partition 3 yet (KeyError), and the deletion below checks every broker's copy.
+    grown_state = every_broker_knows(brokers, "grow", 4)
+    assert grown_state[3][1] == [3, 1]
     for count, assignment, error in [
         (2, None, ErrorCode.INVALID_PARTITIONS),
         (5, [[9, 1]], ErrorCode.INVALID_REPLICA_ASSIGNMENT),
