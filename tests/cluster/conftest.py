@@ -8,13 +8,15 @@ set ACLs; broker processes do when their config names the JAAS file of the
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from harness import ZOOKEEPER_LOGIN, Clients
 from kazoo.client import KazooClient
 
+from tests.e2e.conftest import BrokerProcess
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper, start_local_zookeeper
 from trio_broker.security.zookeeper_login import client_jaas
 
@@ -71,3 +73,29 @@ def zookeeper_jaas(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def clients(request: pytest.FixtureRequest) -> Clients:
     """Coordination clients on a real ZooKeeper (through kazoo) or the in-memory twin."""
     return Clients(str(request.param), request)
+
+
+def _brokers_in(value: object) -> list[BrokerProcess]:
+    """The broker processes a fixture's value holds: itself, a mapping's values (a
+    cluster), a ``brokers`` mapping attribute, or a (mode, cluster) tuple."""
+    if isinstance(value, BrokerProcess):
+        return [value]
+    if isinstance(value, tuple):
+        return [b for item in value for b in _brokers_in(item)]
+    held = getattr(value, "brokers", value)
+    if isinstance(held, Mapping):
+        return [b for b in held.values() if isinstance(b, BrokerProcess)]
+    return []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed cluster test shows each of its brokers' log tails (the e2e hook looks at
+    single broker fixtures only): a race between brokers shows in their logs, and the
+    run's temporary directories may be gone by the time anyone looks."""
+    report = yield
+    if report.failed:
+        for value in getattr(item, "funcargs", {}).values():
+            for broker in _brokers_in(value):
+                report.sections.append((f"broker log {broker!r}", broker.log_tail()))
+    return report

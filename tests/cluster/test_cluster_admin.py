@@ -141,10 +141,15 @@ def test_preferred_election_moves_leadership_back(brokers: Cluster) -> None:
     brokers[1].stop()  # SIGTERM, a graceful stop: leadership moves to broker 2
     brokers[1].start()
     # Back in the ISR, but not leading: the imbalance check runs every 300 s.
-    eventually(
-        lambda: (state := partitions(admin, "preferred")[0])[0] == 2 and len(state[2]) == 3,
-        "broker 1 back in the ISR of preferred-0, broker 2 leading",
-    )
+    # The election reads the ISR from ZooKeeper but the live brokers from the controller's
+    # own view, which learns of broker 1's return from its watch, maybe after the broker
+    # a Metadata answer came from: wait until every broker lists it.
+    every_broker_lists(brokers)
+    every_broker_knows(
+        brokers, "preferred", 1,
+        until=lambda state: state[0][0] == 2 and len(state[0][2]) == 3,
+        wanted="broker 1 back in the ISR of preferred-0, broker 2 leading",
+    )  # fmt: skip
     assert elect(admin, ElectionType.PREFERRED, "preferred") == 0
     eventually(lambda: partitions(admin, "preferred")[0][0] == 1, "broker 1 leads again")
     assert elect(admin, ElectionType.PREFERRED, "preferred") == ErrorCode.ELECTION_NOT_NEEDED
@@ -216,6 +221,12 @@ def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
             tp: {"replicas": [2, 3, 1], "adding_replicas": [3], "removing_replicas": [1]}
         }, listed
         # `trio-broker topics describe` shows the move (asked of a broker that leads nothing).
+        # The controller answered once its own view showed the move; broker 3's Metadata
+        # follows its own watch.
+        every_broker_knows(
+            cluster, "moving", 1,
+            until=lambda state: state[0][1] == [2, 3, 1], wanted="replicas 2, 3, 1 (moving)",
+        )  # fmt: skip
         [moving_row] = describe_rows(cluster[3], "moving")
         # Broker 3 may have caught up into the ISR already (the CLI starts slowly on a busy
         # machine); the move is still listed until the controller drops broker 1.
@@ -327,7 +338,10 @@ def test_create_partitions_and_delete_topics_across_the_cluster(shared: Cluster)
                 for leader, replicas, isr in state.values()),
         "four partitions, two in-sync replicas each",
     )  # fmt: skip
-    assert partitions(admin, "grow")[3][1] == [3, 1]
+    # The answer above came from one broker; the next may come from another that has not
+    # read partition 3 yet (KeyError), and the deletion below checks every broker's copy.
+    grown_state = every_broker_knows(brokers, "grow", 4)
+    assert grown_state[3][1] == [3, 1]
     for count, assignment, error in [
         (2, None, ErrorCode.INVALID_PARTITIONS),
         (5, [[9, 1]], ErrorCode.INVALID_REPLICA_ASSIGNMENT),
@@ -380,7 +394,7 @@ def test_create_partitions_and_delete_topics_across_the_cluster(shared: Cluster)
     assert len(acked.partition_of) == 200, acked.errors
     check_invariants(read_partitions(servers(brokers), "grow", 4), acked)
 
-    holders = {b for _, replicas, _ in partitions(admin, "grow").values() for b in replicas}
+    holders = {b for _, replicas, _ in grown_state.values() for b in replicas}
     assert all(list(brokers[b].data_dir.glob("grow-*")) for b in holders)
     [deleted] = admin.delete_topics(["grow"]).values()
     deleted.result(timeout=30)
@@ -389,14 +403,20 @@ def test_create_partitions_and_delete_topics_across_the_cluster(shared: Cluster)
         "every broker deleted its copy",
         30,
     )
-    for broker in brokers.values():
-        asked = m.MetadataRequest(
-            topics=[m.MetadataRequest.MetadataRequestTopic(name="grow")],
-            allow_auto_topic_creation=False,
-        )
+    asked = m.MetadataRequest(
+        topics=[m.MetadataRequest.MetadataRequestTopic(name="grow")],
+        allow_auto_topic_creation=False,
+    )
+
+    def forgotten(broker: ConfiguredBroker) -> bool:
         with broker.connect() as conn:
             [meta] = conn.request(m.ApiKey.METADATA, 4, asked).topics
-        assert meta.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        return bool(meta.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+
+    # Each broker forgets the topic when its own watch sees it go (a broker deletes its
+    # copy then too, but one holding none has nothing on disk to show it).
+    for b, broker in brokers.items():
+        eventually(lambda broker=broker: forgotten(broker), f"broker {b} forgot grow", 30)
     [missing] = admin.delete_topics(["grow"]).values()
     with pytest.raises(KafkaException) as caught:
         missing.result(timeout=30)
@@ -438,6 +458,9 @@ def test_unclean_election_on_request_only(shared: Cluster) -> None:
         ),
         "unclean-0 offline with brokers 2 and 3 up",
     )
+    # The unclean election takes a live replica from the controller's own view, which
+    # learns of broker 2's return from its watch, maybe after the broker that answered.
+    every_broker_lists(brokers, {2, 3})
     assert (
         elect(admin, ElectionType.PREFERRED, "unclean") == ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
     )

@@ -81,9 +81,13 @@ def every_broker_lists(
     brokers: Mapping[int, BrokerProcess], ids: set[int] | None = None, timeout_s: float = 60.0
 ) -> None:
     """Wait until every running broker's Metadata lists exactly ``ids`` (default: the
-    running brokers). A broker's list follows its ZooKeeper watch, which lags the
-    registration; the broker a CreateTopics reaches assigns replicas from its own list
-    (INVALID_REPLICATION_FACTOR or INVALID_REPLICA_ASSIGNMENT while it lacks one)."""
+    running brokers) and names one of them the controller. A broker's list follows its
+    ZooKeeper watch, which lags the registration; the broker a CreateTopics reaches
+    assigns replicas from its own list (INVALID_REPLICATION_FACTOR or
+    INVALID_REPLICA_ASSIGNMENT while it lacks one). The controller comes from another
+    watch: an answer naming none (-1) leaves librdkafka's admin client waiting for a
+    controller until its next metadata refresh, minutes later (a CreateTopics that
+    timed out on a loaded machine, right after a cluster's start)."""
     live = {b: broker for b, broker in brokers.items() if broker.running}
     wanted = set(live) if ids is None else ids
 
@@ -93,10 +97,11 @@ def every_broker_lists(
                 answer = conn.metadata(topics=[])
         except (OSError, ConnectionClosed):
             return False
-        return {b.node_id for b in answer.brokers} == wanted
+        return {b.node_id for b in answer.brokers} == wanted and answer.controller_id in wanted
 
     for b, broker in live.items():
-        eventually(lambda broker=broker: lists(broker), f"broker {b} lists {sorted(wanted)}",
+        eventually(lambda broker=broker: lists(broker),
+                   f"broker {b} lists {sorted(wanted)} and one of them as the controller",
                    timeout_s)  # fmt: skip
 
 

@@ -42,7 +42,11 @@ async def test_a_move_a_cancel_an_election_and_a_deletion(clients: Clients) -> N
         view = members[2].view
         assignment = TopicAssignment(uuid.uuid4(), {0: (1, 2), 1: (1, 2)})
         await admin.create(topic_path("t"), assignment.encode())
-        await eventually(lambda: shape(view, "t", 0) == ((1, 2), (), (), 1, 0, (1, 2)), "led")
+        # The controller's actions take the partition's replicas from its own view, which
+        # may learn of the topic after broker 2's does: wait for every view.
+        for member in members.values():
+            await eventually(lambda v=member.view: shape(v, "t", 0) == ((1, 2), (), (), 1, 0, (1, 2)),
+                             f"led in broker {member.broker_id}'s view")  # fmt: skip
         await eventually(lambda: members[1].actions is not None, "the controller's actions")
         actions = members[1].actions
         assert isinstance(actions, ControllerActions)

@@ -13,6 +13,7 @@ raw requests (to pick the broker that answers):
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 
@@ -22,8 +23,8 @@ from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 
 from tests.cluster.test_cluster_admin import Cluster, admin_of, create, start_cluster
-from tests.cluster.test_cluster_e2e import eventually, partitions
-from tests.cluster.test_cluster_faults import partition_bytes
+from tests.cluster.test_cluster_e2e import eventually, every_broker_knows, partitions
+from tests.cluster.test_cluster_faults import CONFIG, partition_bytes
 from trio_broker.cluster.topic_admin import encode_configs
 from trio_broker.cluster.zk_layout import TopicAssignment, topic_config_path, topic_path
 from trio_broker.protocol import messages as m
@@ -33,6 +34,8 @@ from trio_broker.protocol.records import build_batch
 pytestmark = pytest.mark.timeout(120)
 
 OFFSETS = "__consumer_offsets"
+#: offsets.topic.num.partitions in the brokers' CONFIG.
+OFFSETS_PARTITIONS = int(re.findall(r"offsets\.topic\.num\.partitions=(\d+)", CONFIG)[-1])
 TOPIC_RESOURCE = 2
 SET = 0
 
@@ -95,6 +98,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, module_zookeeper: str) -> 
 def test_internal_topics_and_configs_from_any_broker(cluster: Cluster) -> None:
     admin = admin_of(cluster)
     eventually(lambda: find_group_coordinator(cluster, "g") == ErrorCode.NONE, "a coordinator")
+    # Broker 1 made the topic; the admin's answers below and broker 2's DescribeConfigs
+    # come from brokers that learn of it from their own watches, maybe later.
+    every_broker_knows(cluster, OFFSETS, OFFSETS_PARTITIONS)
     assert OFFSETS in admin.list_topics(timeout=5).topics
     [(_, future)] = admin.describe_topics(TopicCollection([OFFSETS])).items()
     assert future.result(timeout=10).is_internal

@@ -32,7 +32,7 @@ from confluent_kafka.admin import (
 from kafka.admin import KafkaAdminClient
 
 from tests.cluster.test_cluster_admin import Cluster, admin_of, create, start_cluster
-from tests.cluster.test_cluster_e2e import eventually, partitions
+from tests.cluster.test_cluster_e2e import eventually, every_broker_knows
 from tests.cluster.test_cluster_faults import (
     Acked,
     copies_alike,
@@ -163,7 +163,12 @@ def test_kafka_reassign_tool_throttles_a_move_and_verify_removes_the_throttles(
     # Throttled: 2 MB at 200 KB/s take about 10 s (no throttle: well under a second). Only
     # the floor is checked: a busy machine makes the move slower, and must not make it red.
     assert took > 0.7 * WRITTEN / RATE, took
-    eventually(lambda: partitions(admin, TOPIC)[0][1:] == ([2, 3], [2, 3]), "replicas 2, 3")
+    # The tool's --verify compares the plan with a Metadata answer from any broker: wait
+    # until every broker's own watch has brought it the move's end, not just one.
+    every_broker_knows(
+        cluster, TOPIC, 1,
+        until=lambda state: state[0][1:] == ([2, 3], [2, 3]), wanted="replicas and ISR 2, 3",
+    )  # fmt: skip
 
     out = reassign(tools_classpath, cluster, "--reassignment-json-file", str(plan), "--verify")
     assert f"Reassignment of partition {TOPIC}-0 is completed" in out, out

@@ -27,7 +27,7 @@ import trio
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tests.cluster.test_cluster_e2e import eventually
+from tests.cluster.test_cluster_e2e import eventually, every_broker_knows
 from tests.cluster.test_cluster_faults import (
     ConfiguredBroker,
     admin_of,
@@ -293,6 +293,13 @@ async def _raw_verification_check(
                     coordinator = find.node_id
                 else:
                     await trio.sleep(0.2)
+        # Broker 1's FindCoordinator may have made __transaction_state just now; a
+        # partition leader asks the coordinator its own view names (NOT_COORDINATOR while
+        # it names none), so every broker must know the topic's leaders first.
+        await trio.to_thread.run_sync(
+            lambda: every_broker_knows(cluster, TRANSACTION_STATE, TXN_PARTITIONS)
+        )
+        with trio.fail_after(60):
             init = m.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000,
                                            producer_id=-1, producer_epoch=-1)  # fmt: skip
             while True:

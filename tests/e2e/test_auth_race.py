@@ -48,10 +48,7 @@ listeners = "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0"
     running = SecureBroker(data_dir, config)
     running.start()
     try:
-        for _ in range(100):  # the second listener logs right after the first (bounded)
-            if "SASL_PLAINTEXT" in running.ports():
-                break
-            time.sleep(0.1)
+        running.wait_for_listeners({"PLAINTEXT", "SASL_PLAINTEXT"})
         yield running
     finally:
         if running.running:

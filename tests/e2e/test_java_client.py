@@ -118,11 +118,7 @@ listeners = "{",".join(f"{name}://127.0.0.1:0" for name in LISTENERS)}"
     broker = SecureBroker(data_dir, config)
     broker.start()
     try:
-        for _ in range(100):  # the other listeners log right after the first (bounded wait)
-            if set(broker.ports()) == set(LISTENERS):
-                break
-            time.sleep(0.1)
-        assert set(broker.ports()) == set(LISTENERS), broker.ports()
+        broker.wait_for_listeners(set(LISTENERS))
         yield broker
     finally:
         if broker.running:

@@ -61,6 +61,16 @@ class SecureBroker(BrokerProcess):
     def ports(self) -> dict[str, int]:
         return {name: int(port) for port, name, _ in LISTENER_LINE.findall(self.log_text())}
 
+    def wait_for_listeners(self, names: set[str], timeout_s: float = 60.0) -> dict[str, int]:
+        """The listeners' ports once the log names each of ``names`` (``start`` returns
+        when the first one serves; the others log right after, or later on a loaded
+        machine): a deadline, not a count of polls."""
+        deadline = time.monotonic() + timeout_s
+        while set(self.ports()) != names:
+            assert time.monotonic() < deadline, (self.ports(), self.log_tail())
+            time.sleep(0.1)  # polling the log, bounded by the deadline
+        return self.ports()
+
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -108,13 +118,9 @@ listeners = "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,SASL_SSL://127
     broker = SecureBroker(data_dir, config)
     broker.start()
     try:
-        names = {"PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "MTLS", "REAUTH"}
-        for _ in range(100):  # the other listeners log right after the first (bounded wait)
-            if set(broker.ports()) == names:
-                break
-            time.sleep(0.1)
-        ports = broker.ports()
-        assert set(ports) == names, ports
+        ports = broker.wait_for_listeners(
+            {"PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL", "MTLS", "REAUTH"}
+        )
         assert ports["PLAINTEXT"] == broker.port
         yield broker
     finally:
