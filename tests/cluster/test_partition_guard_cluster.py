@@ -29,6 +29,7 @@ from tests.cluster.test_cluster_admin import (
 )
 from tests.cluster.test_cluster_e2e import eventually
 from tests.e2e.conftest import RawConnection
+from tests.wire_requests import fetch_request
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
@@ -61,16 +62,7 @@ def list_offsets(
 
 
 def fetch(conn: RawConnection, current: int) -> Any:
-    Req = m.FetchRequest
-    part = Req.FetchTopic.FetchPartition(
-        partition=0, current_leader_epoch=current, fetch_offset=0, log_start_offset=-1,
-        partition_max_bytes=1 << 20,
-    )  # fmt: skip
-    request = Req(
-        replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
-        session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
-        topics=[Req.FetchTopic(topic=TOPIC, partitions=[part])],
-    )  # fmt: skip
+    request = fetch_request(TOPIC, current_leader_epoch=current)
     return conn.request(m.ApiKey.FETCH, 12, request).responses[0].partitions[0]
 
 

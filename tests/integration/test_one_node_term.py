@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from tests.integration.test_admin_apis import RawClient, batch_at
+from tests.wire_requests import fetch_request
 from trio_broker.handlers import load_handlers
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -34,16 +35,7 @@ async def raw(broker: Broker) -> AsyncIterator[RawClient]:
 
 
 async def fetch(raw: RawClient, topic: str, current_leader_epoch: int) -> Any:
-    Req = m.FetchRequest
-    part = Req.FetchTopic.FetchPartition(
-        partition=0, current_leader_epoch=current_leader_epoch, fetch_offset=0,
-        log_start_offset=-1, partition_max_bytes=1 << 20,
-    )  # fmt: skip
-    req = Req(
-        replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=1,
-        session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
-        topics=[Req.FetchTopic(topic=topic, partitions=[part])],
-    )  # fmt: skip
+    req = fetch_request(topic, current_leader_epoch=current_leader_epoch, isolation_level=1)
     response = await raw.call(m.ApiKey.FETCH, 12, req)
     return response.responses[0].partitions[0]
 

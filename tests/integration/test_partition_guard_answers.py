@@ -33,6 +33,7 @@ import pytest
 import trio
 
 from tests.integration.raw_client import RawClient
+from tests.wire_requests import fetch_request
 from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
 from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.protocol import messages as m
@@ -101,16 +102,7 @@ async def offset_for_epoch(raw: RawClient, topic: str, current: int) -> int:
 
 
 async def fetch(raw: RawClient, topic: str, partition: int, current: int = -1) -> Any:
-    Req = m.FetchRequest
-    part = Req.FetchTopic.FetchPartition(
-        partition=partition, current_leader_epoch=current, fetch_offset=0,
-        log_start_offset=-1, partition_max_bytes=1 << 20,
-    )  # fmt: skip
-    request = Req(
-        replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
-        session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
-        topics=[Req.FetchTopic(topic=topic, partitions=[part])],
-    )  # fmt: skip
+    request = fetch_request(topic, partition, current_leader_epoch=current)
     return (await raw.call(m.ApiKey.FETCH, 12, request)).responses[0].partitions[0]
 
 
