@@ -21,9 +21,11 @@ from trio_broker.cluster.membership import run_membership, wall_clock_ms
 from trio_broker.cluster.replica_fetcher import connect_to_broker
 from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.cluster.security_store import ClusterSecurity
+from trio_broker.cluster.share_state_channel import ShareStateChannel
 from trio_broker.cluster.txn_marker_channel import TxnMarkerChannel
 from trio_broker.cluster.zk_layout import CLUSTER_ID, BrokerRegistration
 from trio_broker.config import BrokerConfig
+from trio_broker.groups.share_coordinator import PartitionedShareCoordinator
 from trio_broker.protocol import messages as m
 from trio_broker.security.credentials import CredentialStore
 from trio_broker.security.inter_broker import (
@@ -55,6 +57,8 @@ class ClusterHost(Protocol):
     leadership_listeners: dict[str, Any]
     #: The transaction coordinator, which the replica manager elects (below).
     transactions: PartitionedTransactionCoordinator
+    #: The share coordinator, whose channel to other brokers is set here.
+    share_coordinator: PartitionedShareCoordinator | None
     #: The deterministic simulation's in-memory ZooKeeper session and network (sim/);
     #: None: kazoo to ``zookeeper.connect`` and TCP.
     open_coordination: Any
@@ -196,6 +200,9 @@ async def run_cluster_node(
         transactions.send_markers = channel.send
         transactions.ask_coordinator = channel.ask_coordinator
         manager.leadership_listeners[TRANSACTION_STATE] = transactions
+        if host.share_coordinator is not None:
+            # Share partitions led here read and write their state at the coordinator.
+            host.share_coordinator.remote = ShareStateChannel(manager)
         async with trio.open_nursery() as nursery:
             if isinstance(host.shared_security, ClusterSecurity):
                 nursery.start_soon(host.shared_security.follow)

@@ -37,7 +37,8 @@ from __future__ import annotations
 import base64
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import attrs
 
@@ -49,7 +50,9 @@ from trio_broker.storage.log_protocol import Log
 __all__ = [
     "UNINITIALIZED_START_OFFSET",
     "PartitionedShareCoordinator",
+    "RemoteShareState",
     "ShareCoordinatorTable",
+    "StateWrite",
     "coordinator_key",
 ]
 
@@ -146,6 +149,28 @@ class ShareCoordinatorTable:
 
 
 @attrs.frozen
+class StateWrite:
+    """One share partition's snapshot, written by its leader in ``leader_epoch``."""
+
+    key: ShareKey
+    snapshot: ShareSnapshot
+    leader_epoch: int
+
+
+class RemoteShareState(Protocol):
+    """ReadShareGroupState / WriteShareGroupState to the share coordinator on another
+    broker (cluster/share_state_channel.py); errors come back as error codes."""
+
+    async def read(
+        self, coordinator: int, key: ShareKey, leader_epoch: int
+    ) -> tuple[ErrorCode, ShareSnapshot | None]: ...
+
+    async def write(
+        self, coordinator: int, group_id: str, writes: Sequence[StateWrite]
+    ) -> dict[ShareKey, ErrorCode]: ...
+
+
+@attrs.frozen
 class _Loading:
     leader_epoch: int
     log: Log
@@ -163,6 +188,9 @@ class PartitionedShareCoordinator:
         self.loading: dict[int, _Loading] = {}
         #: The shell's wake-up: something is waiting to load.
         self.on_elected: Callable[[], None] = lambda: None
+        #: The requests to another broker's share coordinator, set once this broker
+        #: joins the cluster.
+        self.remote: RemoteShareState | None = None
 
     # ------------------------------------------------------------------ LeadershipListener
 

@@ -23,7 +23,7 @@ from trio_broker.groups.share import next_epoch
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.list_offsets import offset_for_reset
-from trio_broker.handlers.share_persist import append_changes, persist
+from trio_broker.handlers.share_persist import append_changes, ensure_loaded, persist
 from trio_broker.protocol import batch_header
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
@@ -317,8 +317,19 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
         assert found is not None
         session = found
     fetch = Fetch(ctx, group_id, member_id)
+    # In a cluster, the share state of partitions first served in this leader epoch is
+    # read from the share coordinator first; those it cannot read now answer its error.
+    named = {(t.topic_id, p.partition_index) for t in request.topics for p in t.partitions}
+    unread = await ensure_loaded(ctx, group_id, named | session.partitions)
+    for (topic_id, partition), error in unread.items():
+        part = fetch.part(topic_id, partition)
+        part.error_code = error
+        if (topic_id, partition) in named:
+            part.acknowledge_error_code = error
     for topic in request.topics:
         for p in topic.partitions:
+            if (topic.topic_id, p.partition_index) in unread:
+                continue
             if p.acknowledgement_batches:
                 fetch.part(topic.topic_id, p.partition_index).acknowledge_error_code = acknowledge(
                     ctx, group_id, member_id, topic.topic_id, p.partition_index,
@@ -336,7 +347,7 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
     for forgotten in request.forgotten_topics_data:
         session.partitions.difference_update((forgotten.topic_id, p) for p in forgotten.partitions)
     max_records = request.max_records if request.max_records > 0 else DEFAULT_MAX_RECORDS
-    partitions = set(session.partitions)
+    partitions = set(session.partitions) - unread.keys()
     if has_acks:
         await fetch.stored()
     if (
