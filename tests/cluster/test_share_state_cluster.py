@@ -209,3 +209,70 @@ def test_acknowledged_records_survive_the_leaders_kill_9(
         acks = acknowledge(conn, group, "m2", topic_id, epoch + 1,
                            [(5, 7, ACCEPT), (9, 9, ACCEPT)])  # fmt: skip
         assert acks.responses[0].partitions[0].error_code == ErrorCode.NONE, acks
+
+
+GROUP_RESOURCE = 32
+#: DescribeConfigs' source of a value set on the group (Kafka's GROUP_CONFIG).
+GROUP_CONFIG_SOURCE = 8
+SET = 0
+
+
+def alter_group(conn: RawConnection, group: str, changes: dict[str, str]) -> Any:
+    Res = m.IncrementalAlterConfigsRequest.AlterConfigsResource
+    request = m.IncrementalAlterConfigsRequest(
+        resources=[Res(resource_type=GROUP_RESOURCE, resource_name=group, configs=[
+            Res.AlterableConfig(name=n, config_operation=SET, value=v)
+            for n, v in changes.items()])],
+        validate_only=False,
+    )  # fmt: skip
+    [answer] = conn.request(m.ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, request).responses
+    return answer
+
+
+def group_overrides(conn: RawConnection, group: str) -> dict[str, str]:
+    """The group's configs this broker describes as set on the group (not defaults)."""
+    Resource = m.DescribeConfigsRequest.DescribeConfigsResource
+    request = m.DescribeConfigsRequest(
+        resources=[Resource(resource_type=GROUP_RESOURCE, resource_name=group,
+                            configuration_keys=None)],
+        include_synonyms=False, include_documentation=False,
+    )  # fmt: skip
+    [result] = conn.request(m.ApiKey.DESCRIBE_CONFIGS, 4, request).results
+    assert result.error_code == ErrorCode.NONE, result
+    return {c.name: c.value for c in result.configs if c.config_source == GROUP_CONFIG_SOURCE}
+
+
+def test_group_configs_set_on_one_broker_hold_on_every_broker(cluster: Cluster) -> None:
+    """IncrementalAlterConfigs of a GROUP resource taken by a broker that leads nothing
+    of the group's: every broker describes the new values, and the data partition's
+    leader makes the group's share partition where ``share.auto.offset.reset`` says."""
+    admin = create_topic(cluster, TOPIC, 1)
+    leader = leaders(admin, TOPIC)[0]
+    elsewhere = next(b for b in cluster if b != leader)
+    producer = Producer({"bootstrap.servers": servers(cluster), "acks": "all"})
+    for i in range(5):
+        producer.produce(TOPIC, value=b"early-%d" % i, partition=0)
+    assert producer.flush(30) == 0
+    group = "configured"
+    wanted = {"share.auto.offset.reset": "earliest", "share.delivery.count.limit": "3"}
+    with RawConnection(port_of(cluster[elsewhere]), timeout=30) as conn:
+        answer = alter_group(conn, group, wanted)
+        assert answer.error_code == ErrorCode.NONE, answer
+        assert group_overrides(conn, group) == wanted  # this broker's at once
+    for broker_id, broker in cluster.items():
+        with RawConnection(port_of(broker), timeout=30) as conn:
+
+            def described(conn: RawConnection = conn) -> bool:
+                return group_overrides(conn, group) == wanted
+
+            eventually(described, f"broker {broker_id} describes the group's configs", 30)
+    # The leader starts the group's share partition at the log start, not its end:
+    # the five records produced before anyone joined are the group's.
+    with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
+        topic_id = topic_id_of(conn, TOPIC)
+        assert open_session(conn, group, "m1", topic_id) == [(0, 4, 1)]
+    # A refusal is Kafka's, whichever broker takes it.
+    with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
+        refused = alter_group(conn, group, {"share.delivery.count.limit": "1"})
+        assert refused.error_code == ErrorCode.INVALID_CONFIG, refused
+        assert group_overrides(conn, group) == wanted
