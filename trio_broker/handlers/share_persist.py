@@ -162,7 +162,9 @@ async def ensure_loaded(
     partitions that could not be read, with the error to answer for them (nothing in a
     node alone: its state was restored at start). A partition without stored state keeps
     the share partition made here in this epoch (on assignment), or is made where
-    ``share.auto.offset.reset`` says on its first fetch."""
+    ``share.auto.offset.reset`` says on its first fetch. A partition read again in a
+    new epoch keeps the share partition in memory when the coordinator holds what this
+    broker wrote last (no other leader wrote since)."""
     services = ctx.services
     coordinator = services.share_coordinator
     if coordinator is None:
@@ -190,13 +192,17 @@ async def ensure_loaded(
         if _leader_epoch(ctx, topic_id, partition) != epoch:
             failed[topic_id, partition] = ErrorCode.NOT_LEADER_OR_FOLLOWER
             continue
-        if snapshot is not None:
+        known = shares.written.get(key)
+        held = shares.partition(group_id, topic_id, partition)
+        if snapshot is not None and not (
+            held is not None and known is not None and known.same_state(snapshot)
+        ):
             shares.restore({key: snapshot})
             shares.written[key] = snapshot
-        elif key in shares.loaded:
-            # Made in an earlier leadership of this broker: another leader may have
-            # served it since, and the coordinator has nothing of it. Start afresh.
-            shares.partitions.pop((group_id, topic_id, partition), None)
+        # Else the stored state is this broker's own last write (or there is none): the
+        # share partition in memory is current, its locks included. That is the case
+        # when the leader epoch moved while this broker kept leading (a reassignment):
+        # restoring would drop the records its members hold.
         shares.loaded[key] = epoch
     return failed
 
