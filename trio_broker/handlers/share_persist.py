@@ -211,31 +211,43 @@ async def _persist_in_cluster(
     ctx: RequestContext, group_id: str, only: Collection[Partition] | None
 ) -> ErrorCode:
     """Send the snapshots of the group's share partitions led and read here whose state
-    moved to their share coordinators; NONE once each counts there, else the error."""
+    moved to their share coordinators; NONE once each counts there, else the error.
+
+    Each coordinator's snapshots are taken right before they are handed to it (appended
+    there, or queued on its connection), with no wait in between: two requests' writes
+    of a key reach its coordinator in the order their snapshots were taken, so an older
+    snapshot never lands after a newer one (which an acknowledgement was answered on)."""
     services = ctx.services
     coordinator = services.share_coordinator
     assert coordinator is not None
     shares = services.shares
-    by_coordinator: dict[int, list[StateWrite]] = {}
+    by_coordinator: dict[int, list[tuple[ShareKey, int]]] = {}
     result = ErrorCode.NONE
-    for topic_id, partition, share_partition in shares.partitions_of(group_id):
+    for topic_id, partition, _ in shares.partitions_of(group_id):
         if only is not None and (topic_id, partition) not in only:
             continue
         key = ShareKey(group_id, topic_id, partition)
         epoch = _leader_epoch(ctx, topic_id, partition)
         if epoch is None or shares.loaded.get(key) != epoch:
             continue  # not this broker's to write (a coordinator's copy, a stale one)
-        fresh = snapshot_of(share_partition)
-        known = shares.written.get(key)
-        if known is not None and known.same_state(fresh):
-            continue
         leader = _coordinator_of(ctx, key)
         if isinstance(leader, ErrorCode):
             result = leader
             continue
-        by_coordinator.setdefault(leader, []).append(StateWrite(key, fresh, epoch))
+        by_coordinator.setdefault(leader, []).append((key, epoch))
     answers: dict[ShareKey, ErrorCode] = {}
-    for leader, writes in by_coordinator.items():
+    for leader, keys in by_coordinator.items():
+        writes = []
+        for key, epoch in keys:
+            share_partition = shares.partition(key.group_id, key.topic_id, key.partition)
+            if share_partition is None:
+                continue  # dropped while an earlier coordinator's write was waited for
+            fresh = snapshot_of(share_partition)
+            known = shares.written.get(key)
+            if known is None or not known.same_state(fresh):
+                writes.append(StateWrite(key, fresh, epoch))
+        if not writes:
+            continue
         if leader == services.config.node_id:
             answers.update(await write_local(services, writes, ctx.now_ms()))
         elif coordinator.remote is None:
