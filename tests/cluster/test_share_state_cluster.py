@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
 
 from tests.cluster.test_cluster_e2e import eventually
 from tests.cluster.test_cluster_faults import (
@@ -276,3 +276,73 @@ def test_group_configs_set_on_one_broker_hold_on_every_broker(cluster: Cluster) 
         refused = alter_group(conn, group, {"share.delivery.count.limit": "1"})
         assert refused.error_code == ErrorCode.INVALID_CONFIG, refused
         assert group_overrides(conn, group) == wanted
+
+
+def test_librdkafka_share_consumers_across_the_coordinators_kill_9(cluster: Cluster) -> None:
+    """confluent-kafka's ``ShareConsumer`` (librdkafka's share consumer) against the
+    cluster: a member accepts half of ten records and closes holding the rest; the
+    broker leading the partition and the group's share state is killed with -9; a new
+    member, bootstrapped from the other brokers, gets exactly the other half, each on its
+    second delivery."""
+    admin = create_topic(cluster, TOPIC, 1)
+    leader = leaders(admin, TOPIC)[0]
+    with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
+        topic_id = topic_id_of(conn, TOPIC)
+        assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
+    full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
+    state_leaders = leaders(admin, SHARE_GROUP_STATE)
+    group = next(
+        g for g in (f"rdk-{i}" for i in range(1000))
+        if state_leaders[partition_for(coordinator_key(ShareKey(g, topic_id, 0)),
+                                       STATE_PARTITIONS)] == leader
+    )  # fmt: skip
+    # Records produced before the members join are the group's (a cluster's group config).
+    with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
+        configured = alter_group(conn, group, {"share.auto.offset.reset": "earliest"})
+        assert configured.error_code == ErrorCode.NONE, configured
+    producer = Producer({"bootstrap.servers": servers(cluster), "acks": "all"})
+    for i in range(10):
+        producer.produce(TOPIC, value=b"r%d" % i, partition=0)
+    assert producer.flush(30) == 0
+
+    def share_consumer(bootstrap: str) -> ShareConsumer:
+        consumer = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+                                  "share.acknowledgement.mode": "explicit"})  # fmt: skip
+        consumer.subscribe([TOPIC])
+        return consumer
+
+    first = share_consumer(servers(cluster))
+    got: dict[bytes, int] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while len(got) < 10:
+            assert time.monotonic() < deadline, f"first member got {sorted(got)}"
+            for msg in first.poll(0.5):
+                assert msg.error() is None, msg.error()
+                got[msg.value()] = msg.delivery_count()
+                if int(msg.value()[1:]) < 5:
+                    first.acknowledge(msg, AcknowledgeType.ACCEPT)
+        assert set(got.values()) == {1}
+        results = first.commit_sync(30)  # answered once the acceptances count
+        assert all(err is None for err in results.values()), results
+    finally:
+        first.close()  # r5-r9 unacknowledged
+
+    cluster[leader].kill9()
+    admin = admin_of(cluster)
+    eventually(lambda: leaders(admin, TOPIC)[0] not in (-1, leader), "a new leader of the data")
+    second = share_consumer(servers(cluster))
+    again: dict[bytes, int] = {}
+    try:
+        deadline = time.monotonic() + 90
+        while len(again) < 5:
+            assert time.monotonic() < deadline, f"second member got {sorted(again)}"
+            for msg in second.poll(0.5):
+                if msg.error() is not None:  # the cluster settling: asked again
+                    continue
+                assert msg.value() not in again, msg.value()
+                again[msg.value()] = msg.delivery_count()
+                second.acknowledge(msg, AcknowledgeType.ACCEPT)
+    finally:
+        second.close()
+    assert again == {b"r%d" % i: 2 for i in range(5, 10)}
