@@ -29,8 +29,8 @@ __all__ = ["ShareStateChannel"]
 
 log = logging.getLogger("trio_broker.groups")
 
-#: Versions 0 of the four APIs: the fields Kafka 4.0 has (4.2's version 1 adds
-#: nothing these brokers need between themselves).
+#: Version 0 of the APIs, the one whose layout tools/message_json holds (from Kafka's
+#: message files of October 2024): only these brokers talk to each other with it.
 STATE_API_VERSION = 0
 #: A write waits for the HW at the coordinator: as long as an acknowledgement may.
 REQUEST_TIMEOUT_S = 15.0
