@@ -82,6 +82,11 @@ APIS = [
     "DescribeShareGroupOffsets",
     "AlterShareGroupOffsets",
     "DeleteShareGroupOffsets",
+    # Broker to broker: the share coordinator (groups/share_coordinator.py).
+    "InitializeShareGroupState",
+    "ReadShareGroupState",
+    "WriteShareGroupState",
+    "DeleteShareGroupState",
 ]
 
 #: Layouts kafka-python's wheel lacks, taken from apache/kafka's message JSON (fields only).

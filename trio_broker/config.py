@@ -155,6 +155,12 @@ class BrokerConfig:
     transaction_state_log_replication_factor: int = 3
     transaction_state_log_min_isr: int = 2
     transaction_state_log_segment_bytes: int = 104_857_600
+    #: Cluster mode: the replicated __share_group_state topic of the share coordinator
+    #: (groups/share_coordinator.py), made on first use; min.isr goes into its configs.
+    share_coordinator_state_topic_num_partitions: int = 50
+    share_coordinator_state_topic_replication_factor: int = 3
+    share_coordinator_state_topic_min_isr: int = 2
+    share_coordinator_state_topic_segment_bytes: int = 104_857_600
     #: Cluster mode ([cluster], docs/cluster.md): HOST:PORT[,HOST:PORT...][/chroot] of
     #: ZooKeeper; None runs a single broker as before.
     zookeeper_connect: str | None = None
@@ -248,7 +254,11 @@ class BrokerConfig:
                      "transaction_remove_expired_transaction_cleanup_interval_ms",
                      "transaction_state_log_num_partitions",
                      "transaction_state_log_replication_factor",
-                     "transaction_state_log_min_isr", "transaction_state_log_segment_bytes"):  # fmt: skip
+                     "transaction_state_log_min_isr", "transaction_state_log_segment_bytes",
+                     "share_coordinator_state_topic_num_partitions",
+                     "share_coordinator_state_topic_replication_factor",
+                     "share_coordinator_state_topic_min_isr",
+                     "share_coordinator_state_topic_segment_bytes"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
         for name in ("offsets_topic_num_partitions", "offsets_topic_replication_factor",

@@ -391,10 +391,14 @@ _KAFKA_KEYS = [
     _key("share.coordinator.load.buffer.size", INT, "5242880"),
     _key("share.coordinator.snapshot.update.records.per.snapshot", INT, "500"),
     _key("share.coordinator.state.topic.compression.codec", INT, "0"),
-    _key("share.coordinator.state.topic.min.isr", SHORT, "2"),
-    _key("share.coordinator.state.topic.num.partitions", INT, "50"),
-    _key("share.coordinator.state.topic.replication.factor", SHORT, "3"),
-    _key("share.coordinator.state.topic.segment.bytes", INT, "104857600"),
+    _key("share.coordinator.state.topic.min.isr", SHORT, "2", APPLIED,
+         "share_coordinator_state_topic_min_isr"),
+    _key("share.coordinator.state.topic.num.partitions", INT, "50", APPLIED,
+         "share_coordinator_state_topic_num_partitions"),
+    _key("share.coordinator.state.topic.replication.factor", SHORT, "3", APPLIED,
+         "share_coordinator_state_topic_replication_factor"),
+    _key("share.coordinator.state.topic.segment.bytes", INT, "104857600", APPLIED,
+         "share_coordinator_state_topic_segment_bytes"),
     _key("share.coordinator.threads", INT, "1"),
     _key("share.coordinator.write.timeout.ms", INT, "5000"),
     _key("share.fetch.purgatory.purge.interval.requests", INT, "1000"),
@@ -552,8 +556,7 @@ _INERT_REASONS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("transaction", "add.partitions.to.txn"), "no transactions"),
     (
         ("group.share.", "share."),
-        "share groups: one assignor, no bounds checked, share state durable on a single "
-        "broker only (docs/share-groups.md)",
+        "share groups: one assignor, no bounds checked (docs/share-groups.md)",
     ),
     (("group.streams.",), "no streams groups"),
     (

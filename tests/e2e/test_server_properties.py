@@ -70,7 +70,7 @@ ssl.keystore.password=not-shown
 """
 
 INERT_KEYS = ("process.roles", "controller.quorum.bootstrap.servers", "num.network.threads",
-              "share.coordinator.state.topic.min.isr", "ssl.keystore.password")  # fmt: skip
+              "socket.send.buffer.bytes", "ssl.keystore.password")  # fmt: skip
 
 
 class PropertiesBroker(BrokerProcess):
@@ -131,6 +131,8 @@ def test_inert_keys_are_logged_by_name_and_the_controller_listener_is_not_opened
     for key in INERT_KEYS:
         assert f"config key {key} is accepted" in log, key
     assert "config key num.partitions" not in log  # applied keys are not warned about
+    # The share coordinator's state topic keys are applied (a cluster's share state).
+    assert "config key share.coordinator.state.topic.min.isr" not in log
     with kafka_file_broker.connect() as conn:
         brokers = conn.metadata(topics=None).brokers
     assert [(b.node_id, b.port) for b in brokers] == [(1, kafka_file_broker.port)]

@@ -86,10 +86,11 @@ def test_share_group_requests_and_their_errors(broker_process: BrokerProcess) ->
         assert described[1].error_code == ErrorCode.GROUP_ID_NOT_FOUND
 
         # Records produced after the assignment are the group's (it starts at the log end).
+        # One batch each: MaxRecords stops at a batch's end (Kafka's soft limit).
         with KafkaProducer(bootstrap_servers=broker_process.bootstrap) as producer:
             for i in range(5):
                 producer.send(topic, value=b"v%d" % i, partition=0)
-            producer.flush()
+                producer.flush()
 
         # Share sessions: only epoch 0 opens one; acknowledgements may not ride on it.
         assert fetch(conn, group, "m1", 1, topic_id).error_code == ErrorCode.SHARE_SESSION_NOT_FOUND
@@ -165,9 +166,9 @@ def test_a_leave_keeps_the_share_session_until_its_last_request_or_connection(
         assert beat(coordinator, "m1", 0).error_code == ErrorCode.NONE
         topic_id = topic_id_of(coordinator, topic)
         with KafkaProducer(bootstrap_servers=broker_process.bootstrap) as producer:
-            for i in range(4):
+            for i in range(4):  # one batch each: MaxRecords 3 takes three
                 producer.send(topic, value=b"v%d" % i, partition=0)
-            producer.flush()
+                producer.flush()
         assert acquired(fetch(leader, group, "m1", 0, topic_id)) == [(0, 2, 1)]
         assert beat(coordinator, "m1", -1).error_code == ErrorCode.NONE  # the leave first
         closed = acknowledge(leader, group, "m1", -1, topic_id, [(0, 2, [1, 2, 3])])

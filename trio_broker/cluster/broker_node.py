@@ -16,14 +16,18 @@ import trio
 from trio_broker.cluster.broker_client import BrokerConnectionError
 from trio_broker.cluster.controller import Rebalance
 from trio_broker.cluster.coordination import NodeExists, ZooKeeperCoordination
+from trio_broker.cluster.group_config_watch import GroupConfigWatch
 from trio_broker.cluster.inter_broker_stream import login_opener
 from trio_broker.cluster.membership import run_membership, wall_clock_ms
 from trio_broker.cluster.replica_fetcher import connect_to_broker
 from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.cluster.security_store import ClusterSecurity
+from trio_broker.cluster.share_state_channel import ShareStateChannel
 from trio_broker.cluster.txn_marker_channel import TxnMarkerChannel
 from trio_broker.cluster.zk_layout import CLUSTER_ID, BrokerRegistration
 from trio_broker.config import BrokerConfig
+from trio_broker.groups.share import ShareGroups
+from trio_broker.groups.share_coordinator import PartitionedShareCoordinator
 from trio_broker.protocol import messages as m
 from trio_broker.security.credentials import CredentialStore
 from trio_broker.security.inter_broker import (
@@ -55,6 +59,10 @@ class ClusterHost(Protocol):
     leadership_listeners: dict[str, Any]
     #: The transaction coordinator, which the replica manager elects (below).
     transactions: PartitionedTransactionCoordinator
+    #: The share coordinator, whose channel to other brokers is set here.
+    share_coordinator: PartitionedShareCoordinator | None
+    #: The share groups, whose group configs the cluster's znodes set.
+    shares: ShareGroups
     #: The deterministic simulation's in-memory ZooKeeper session and network (sim/);
     #: None: kazoo to ``zookeeper.connect`` and TCP.
     open_coordination: Any
@@ -196,9 +204,14 @@ async def run_cluster_node(
         transactions.send_markers = channel.send
         transactions.ask_coordinator = channel.ask_coordinator
         manager.leadership_listeners[TRANSACTION_STATE] = transactions
+        if host.share_coordinator is not None:
+            # Share partitions led here read and write their state at the coordinator.
+            host.share_coordinator.remote = ShareStateChannel(manager)
         async with trio.open_nursery() as nursery:
             if isinstance(host.shared_security, ClusterSecurity):
                 nursery.start_soon(host.shared_security.follow)
+            # Group configs are ZooKeeper's (/config/groups): every broker applies them.
+            nursery.start_soon(GroupConfigWatch(coord, host.shares).run)
             await nursery.start(manager.run)
             if isinstance(coord, ZooKeeperCoordination):  # the simulation's has no socket
                 nursery.start_soon(_fence_while_cut_off, coord, manager,

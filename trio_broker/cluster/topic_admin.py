@@ -40,6 +40,7 @@ from trio_broker.cluster.zk_layout import (
     BROKER_DEFAULT_CONFIG,
     CoordinationDataError,
     TopicAssignment,
+    group_config_path,
     topic_config_path,
     topic_path,
 )
@@ -126,9 +127,19 @@ class ZooKeeperAdmin:
 
     @property
     def keeps_group_configs(self) -> bool:
-        """Not in a cluster yet: Kafka keeps them in the metadata log, we have no
-        ``/config/groups`` (docs/configuration.md, "Group configs")."""
+        """In ZooKeeper (``/config/groups/<group>``, :meth:`update_group_configs`), where
+        every broker's group config watch reads them (Kafka keeps them in its metadata
+        log)."""
         return False
+
+    async def update_group_configs(
+        self, group_id: str, change: Callable[[dict[str, str]], dict[str, str] | None]
+    ) -> None:
+        """Store ``change(current)`` as the group's configs, conditionally on the znode's
+        version (a concurrent change is never lost); an empty set is stored as such."""
+        await self._change_configs(
+            group_config_path(group_id), change, f"configs of group {group_id}"
+        )
 
     def view_event(self) -> trio.Event:
         return self._host.view_event()

@@ -12,6 +12,7 @@ import base64
 import json
 import uuid
 from typing import Any
+from urllib.parse import quote, unquote
 
 import attrs
 
@@ -23,6 +24,7 @@ __all__ = [
     "CLUSTER_ID",
     "CONTROLLER",
     "CONTROLLER_EPOCH",
+    "GROUP_CONFIGS",
     "PRODUCER_ID_BLOCK",
     "TOPICS",
     "BrokerRegistration",
@@ -32,6 +34,8 @@ __all__ = [
     "ProducerIdBlock",
     "TopicAssignment",
     "broker_path",
+    "group_config_path",
+    "group_of_config_znode",
     "partition_state_path",
     "topic_config_path",
     "topic_path",
@@ -62,6 +66,21 @@ def topic_path(topic: str) -> str:
 
 def topic_config_path(topic: str) -> str:
     return f"/config/topics/{topic}"
+
+
+#: Group configs (the GROUP config resource, KIP-848/KIP-932), one znode per group in the
+#: topic config znodes' layout: Kafka keeps them in its metadata log; every broker here
+#: watches these (cluster/group_config_watch.py).
+GROUP_CONFIGS = "/config/groups"
+
+
+def group_config_path(group_id: str) -> str:
+    """A group id may hold any character, ``/`` too: the znode's name quotes it."""
+    return f"{GROUP_CONFIGS}/{quote(group_id, safe='')}"
+
+
+def group_of_config_znode(name: str) -> str:
+    return unquote(name)
 
 
 def partition_state_path(topic: str, partition: int) -> str:

@@ -84,8 +84,13 @@ class ShareGroups:
         #: (group, topic id, partition) -> its share partition.
         self.partitions: dict[tuple[str, uuid.UUID, int], SharePartition] = {}
         self.sessions: dict[tuple[str, str], ShareSession] = {}
-        #: Where the share partitions' state is written; None: memory only (a cluster).
+        #: Where the share partitions' state is written alone; None in a cluster, where
+        #: the share coordinator keeps it (handlers/share_persist.py).
         self.store: ShareStateStore | None = None
+        #: In a cluster: the leader epoch in which each share partition led here was
+        #: read from its share coordinator, and the last snapshot it holds of it.
+        self.loaded: dict[ShareKey, int] = {}
+        self.written: dict[ShareKey, ShareSnapshot] = {}
 
     def restore(self, snapshots: Mapping[ShareKey, ShareSnapshot]) -> None:
         """Share partitions as stored, by (group, topic id, partition): nothing acquired.

@@ -8,7 +8,8 @@ partition logs (retention, segment rolling, max.message.bytes), and DescribeConf
 reports them with source DYNAMIC_TOPIC_CONFIG.
 
 GROUP resources: a group's configs (storage/group_configs.py, Kafka's GroupConfig keys),
-checked and stored here (:func:`_alter_group`), a node alone only.
+checked and stored (:func:`_alter_group`): a node alone's here, a cluster's in ZooKeeper
+through ``services.admin``, where every broker's group config watch applies them.
 
 BROKER resources: the dynamic broker configs (storage/broker_configs.py), either the
 cluster-wide default (name "") or this node's (its id). They become the log defaults
@@ -127,7 +128,8 @@ def _check_or_alter(
     new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
 ) -> bool:
     """A broker's own resource is altered here (False); True: a topic ALTER_CONFIGS
-    allows, or the cluster-wide default, both changed through ``services.admin``."""
+    allows, the cluster-wide default, or a cluster's group, changed through
+    ``services.admin``."""
     name = resource.resource_name
     if resource.resource_type in (BROKER_RESOURCE, BROKER_LOGGER_RESOURCE):
         if not authorized(ctx, Operation.ALTER_CONFIGS, ResourceType.CLUSTER):
@@ -139,8 +141,8 @@ def _check_or_alter(
         _alter_broker(ctx, resource, validate_only, new_configs)
         return False
     if resource.resource_type == GROUP_RESOURCE:
-        _alter_group(ctx, resource, validate_only, new_configs)
-        return False
+        # True: a cluster's, stored through services.admin (ZooKeeper).
+        return _alter_group(ctx, resource, validate_only, new_configs)
     if resource.resource_type != TOPIC_RESOURCE:
         raise ConfigRefused(
             ErrorCode.INVALID_REQUEST, f"unsupported resource type {resource.resource_type}"
@@ -174,6 +176,21 @@ async def alter_configs(
                     )
                 except (ConfigRefused, TopicError) as exc:
                     results[index] = (exc.error_code, str(exc))
+                continue
+            if resource.resource_type == GROUP_RESOURCE:
+                group_stored: list[dict[str, str]] = []
+                try:
+                    await admin.update_group_configs(resource.resource_name, _group_change_of(
+                        ctx, resource, validate_only, new_configs, group_stored
+                    ))  # fmt: skip
+                    if group_stored:  # this broker applies them at once, the others' watch
+                        ctx.services.shares.set_group_configs(
+                            resource.resource_name, group_stored[0]
+                        )
+                except (ConfigRefused, TopicError) as exc:
+                    results[index] = (exc.error_code, str(exc))
+                except OSError as exc:
+                    results[index] = (StorageError.error_code, f"cannot store configs: {exc}")
                 continue
             stored: list[dict[str, str]] = []
             change = _change_of(ctx, resource, validate_only, new_configs, stored)
@@ -267,32 +284,55 @@ def _alter_group(
     resource: AnyResource,
     validate_only: bool,
     new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
-) -> None:
+) -> bool:
     """A group's configs (storage/group_configs.py): checked as Kafka's controller does
-    (every refusal INVALID_CONFIG, an empty name INVALID_REQUEST), then stored in the data
-    dir and applied to the group's share partitions at once. A node alone only: in a
-    cluster the group's coordinator may be another broker, and nothing carries them there.
-    """
+    (every refusal INVALID_CONFIG, an empty name INVALID_REQUEST), then stored and
+    applied to the group's share partitions at once. A node alone keeps them in its data
+    dir, here (False). In a cluster the group's coordinator and its partitions' leaders
+    may be other brokers: True, the change goes to ``services.admin`` (ZooKeeper's
+    ``/config/groups``, which every broker watches: cluster/group_config_watch.py),
+    checked against the stored configs, not this broker's copy."""
     name = resource.resource_name
     if not authorized(ctx, Operation.ALTER_CONFIGS, ResourceType.GROUP, name):
         raise ConfigRefused(ErrorCode.GROUP_AUTHORIZATION_FAILED, "ALTER_CONFIGS refused")
     if name == "":
         raise ConfigRefused(ErrorCode.INVALID_REQUEST, "Default group resources are not allowed.")
     if not ctx.services.admin.keeps_group_configs:
-        raise ConfigRefused(
-            ErrorCode.INVALID_REQUEST,
-            "group configs are kept by a node alone only (not in a cluster)",
-        )
+        return True
     shares = ctx.services.shares
-    configs = new_configs(shares.group_configs.get(name), resource)
+    changed = _group_change_of(ctx, resource, validate_only, new_configs, [])(
+        shares.group_configs.get(name)
+    )
     try:
-        check_group_configs(configs, broker_values(ctx.services.config))
-        if not validate_only:
-            shares.set_group_configs(name, configs)
-    except InvalidConfigError as exc:
-        raise ConfigRefused(ErrorCode.INVALID_CONFIG, str(exc)) from None
+        if changed is not None:
+            shares.set_group_configs(name, changed)
     except OSError as exc:
         raise ConfigRefused(StorageError.error_code, f"cannot store configs: {exc}") from None
+    return False
+
+
+def _group_change_of(
+    ctx: RequestContext,
+    resource: AnyResource,
+    validate_only: bool,
+    new_configs: Callable[[dict[str, str], AnyResource], dict[str, str]],
+    stored: list[dict[str, str]],
+) -> Callable[[dict[str, str]], dict[str, str] | None]:
+    """The change of one group's configs: the new ones, checked; nothing to store when
+    only validating. ``stored`` keeps the last configs it returned."""
+
+    def change(current: dict[str, str]) -> dict[str, str] | None:
+        configs = new_configs(dict(current), resource)
+        try:
+            check_group_configs(configs, broker_values(ctx.services.config))
+        except InvalidConfigError as exc:
+            raise ConfigRefused(ErrorCode.INVALID_CONFIG, str(exc)) from None
+        if validate_only:
+            return None
+        stored[:] = [configs]
+        return configs
+
+    return change
 
 
 def _replace_all(

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from trio_broker.config import BrokerConfig
     from trio_broker.groups.coordinator import GroupCoordinator
     from trio_broker.groups.share import ShareGroups
+    from trio_broker.groups.share_coordinator import PartitionedShareCoordinator
     from trio_broker.security.authorize import Authorizer
     from trio_broker.security.credentials import CredentialStore
     from trio_broker.security.sasl import SaslSession
@@ -121,6 +122,12 @@ class Services(Protocol):
     @property
     def shares(self) -> ShareGroups:
         """Share groups (KIP-932): membership, share partitions, share sessions."""
+        ...
+
+    @property
+    def share_coordinator(self) -> PartitionedShareCoordinator | None:
+        """In a cluster, the share coordinator of the ``__share_group_state``
+        partitions this broker leads; None alone (its share state is ``shares.store``)."""
         ...
 
     @property

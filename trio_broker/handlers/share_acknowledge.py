@@ -11,7 +11,7 @@ from trio_broker.groups.share import CLOSE_SESSION, OPEN_SESSION, next_epoch
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.share_fetch import acknowledge, request_error
-from trio_broker.handlers.share_persist import persist
+from trio_broker.handlers.share_persist import ensure_loaded, persist
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
@@ -50,10 +50,16 @@ async def handle_share_acknowledge(ctx: RequestContext, request: m.ShareAcknowle
         session.epoch = next_epoch(session.epoch)
     per_topic: dict[uuid.UUID, list[PartResp]] = {}
     touched: set[tuple[uuid.UUID, int]] = set()
+    # In a cluster, share state not read in this leader epoch yet is read first.
+    unread = await ensure_loaded(ctx, group_id, {
+        (t.topic_id, p.partition_index) for t in request.topics for p in t.partitions
+    })  # fmt: skip
     for topic in request.topics:
         for p in topic.partitions:
-            code = acknowledge(ctx, group_id, member_id, topic.topic_id, p.partition_index,
-                               p.acknowledgement_batches, touched)  # fmt: skip
+            code = unread.get((topic.topic_id, p.partition_index)) or acknowledge(
+                ctx, group_id, member_id, topic.topic_id, p.partition_index,
+                p.acknowledgement_batches, touched,
+            )  # fmt: skip
             per_topic.setdefault(topic.topic_id, []).append(PartResp(
                 partition_index=p.partition_index, error_code=code,
                 current_leader=PartResp.LeaderIdAndEpoch(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -23,7 +24,7 @@ from trio_broker.groups.share import next_epoch
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.list_offsets import offset_for_reset
-from trio_broker.handlers.share_persist import append_changes, persist
+from trio_broker.handlers.share_persist import append_changes, ensure_loaded, persist
 from trio_broker.protocol import batch_header
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
@@ -104,6 +105,18 @@ def is_aborted(header: batch_header.BatchHeader, aborted_txns: Sequence[AbortedT
     )
 
 
+def batch_end(log: Any, offset: int, limit: int) -> int:
+    """The last offset of the log batch holding ``offset``, below ``limit`` (the high
+    watermark or the last stable offset): where a share fetch stops acquiring new
+    records once ``MaxRecords`` reached ``offset``, as Kafka's, whose MaxRecords is a
+    soft limit in its default (batch-optimized) acquire mode: a batch is acquired whole."""
+    for base, header in log.iter_batch_headers(offset):
+        if base > offset:
+            break
+        return min(base + batch_header.last_offset_delta(header), limit - 1)
+    return offset
+
+
 @attrs.frozen
 class LogRead:
     """What a share fetch read of one partition's log: the offset after its last
@@ -133,7 +146,8 @@ def read_batches(
         used += size
         last = base + batch_header.last_offset_delta(header)
         if aborted_txns and is_aborted(batch_header.unpack_header(header), aborted_txns):
-            aborted.update(range(max(base, first), min(last + 1, end)))
+            # The whole batch: its records past ``end`` may be acquired with it.
+            aborted.update(range(max(base, first), last + 1))
         bound = min(end, last + 1)
         if bound >= end:
             break
@@ -209,26 +223,28 @@ class Fetch:
                 continue
             share_partition.skip_to(log.log_start_offset)
             wanted = max_records - total
-            # Fresh offsets are never acquired past end_offset + wanted: the walk of
-            # batch headers stops there.
-            end = min(
-                readable_end(self.ctx, name, partition, log), share_partition.end_offset + wanted
-            )
-            first = share_partition.next_fetch_offset(now)
-            aborted_txns: list[AbortedTxn] = []
+            limit = readable_end(self.ctx, name, partition, log)
+            producers = self.ctx.services.producers
             if read_committed:
                 # Only below the last stable offset, and aborted records are archived
                 # as they are acquired, never delivered (Kafka's share.isolation.level).
-                producers = self.ctx.services.producers
-                end = min(end, producers.last_stable_offset(name, partition, log, end))
+                limit = min(limit, producers.last_stable_offset(name, partition, log, limit))
+            # Fresh offsets are acquired up to end_offset + wanted, then on to the end of
+            # the batch holding the last of them (below): the walk of batch headers stops
+            # there.
+            end = min(limit, share_partition.end_offset + wanted)
+            first = share_partition.next_fetch_offset(now)
+            aborted_txns: list[AbortedTxn] = []
+            if read_committed:
                 aborted_txns = producers.aborted_between(name, partition, log, first, end)
             read = read_batches(
                 log, first, end, min(partition_max_bytes, max(bytes_left, 0)),
                 min_one=bytes_left == max_bytes, aborted_txns=aborted_txns,
             )  # fmt: skip
             runs = share_partition.acquire(
-                self.member_id, read.end, wanted, now, archive=read.aborted
-            )
+                self.member_id, read.end, wanted, now, archive=read.aborted,
+                round_fresh=partial(batch_end, log, limit=limit),
+            )  # fmt: skip
             if not runs:
                 continue
             total += sum(r.last_offset - r.first_offset + 1 for r in runs)
@@ -317,8 +333,19 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
         assert found is not None
         session = found
     fetch = Fetch(ctx, group_id, member_id)
+    # In a cluster, the share state of partitions first served in this leader epoch is
+    # read from the share coordinator first; those it cannot read now answer its error.
+    named = {(t.topic_id, p.partition_index) for t in request.topics for p in t.partitions}
+    unread = await ensure_loaded(ctx, group_id, named | session.partitions)
+    for (topic_id, partition), error in unread.items():
+        part = fetch.part(topic_id, partition)
+        part.error_code = error
+        if (topic_id, partition) in named:
+            part.acknowledge_error_code = error
     for topic in request.topics:
         for p in topic.partitions:
+            if (topic.topic_id, p.partition_index) in unread:
+                continue
             if p.acknowledgement_batches:
                 fetch.part(topic.topic_id, p.partition_index).acknowledge_error_code = acknowledge(
                     ctx, group_id, member_id, topic.topic_id, p.partition_index,
@@ -336,7 +363,7 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
     for forgotten in request.forgotten_topics_data:
         session.partitions.difference_update((forgotten.topic_id, p) for p in forgotten.partitions)
     max_records = request.max_records if request.max_records > 0 else DEFAULT_MAX_RECORDS
-    partitions = set(session.partitions)
+    partitions = set(session.partitions) - unread.keys()
     if has_acks:
         await fetch.stored()
     if (

@@ -1278,6 +1278,70 @@ if TYPE_CHECKING:
             responses: list[DeleteShareGroupOffsetsResponseTopic] = ...,
         ) -> None: ...
 
+    class DeleteShareGroupStateRequest(Message):
+        class DeleteStateData(Message):
+            class PartitionData(Message):
+                partition: int
+
+                def __init__(
+                    self,
+                    *,
+                    partition: int = ...,
+                ) -> None: ...
+
+            topic_id: uuid.UUID
+            partitions: list[PartitionData]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[PartitionData] = ...,
+            ) -> None: ...
+
+        group_id: str
+        topics: list[DeleteStateData]
+
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+            topics: list[DeleteStateData] = ...,
+        ) -> None: ...
+
+    class DeleteShareGroupStateResponse(Message):
+        class DeleteStateResult(Message):
+            class PartitionResult(Message):
+                partition: int
+                error_code: int
+                error_message: str | None
+
+                def __init__(
+                    self,
+                    *,
+                    partition: int = ...,
+                    error_code: int = ...,
+                    error_message: str | None = ...,
+                ) -> None: ...
+
+            topic_id: uuid.UUID
+            partitions: list[PartitionResult]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[PartitionResult] = ...,
+            ) -> None: ...
+
+        results: list[DeleteStateResult]
+
+        def __init__(
+            self,
+            *,
+            results: list[DeleteStateResult] = ...,
+        ) -> None: ...
+
     class DeleteTopicsRequest(Message):
         class DeleteTopicState(Message):
             name: str | None
@@ -2612,6 +2676,74 @@ if TYPE_CHECKING:
             ongoing_txn_producer_epoch: int = ...,
         ) -> None: ...
 
+    class InitializeShareGroupStateRequest(Message):
+        class InitializeStateData(Message):
+            class PartitionData(Message):
+                partition: int
+                state_epoch: int
+                start_offset: int
+
+                def __init__(
+                    self,
+                    *,
+                    partition: int = ...,
+                    state_epoch: int = ...,
+                    start_offset: int = ...,
+                ) -> None: ...
+
+            topic_id: uuid.UUID
+            partitions: list[PartitionData]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[PartitionData] = ...,
+            ) -> None: ...
+
+        group_id: str
+        topics: list[InitializeStateData]
+
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+            topics: list[InitializeStateData] = ...,
+        ) -> None: ...
+
+    class InitializeShareGroupStateResponse(Message):
+        class InitializeStateResult(Message):
+            class PartitionResult(Message):
+                partition: int
+                error_code: int
+                error_message: str | None
+
+                def __init__(
+                    self,
+                    *,
+                    partition: int = ...,
+                    error_code: int = ...,
+                    error_message: str | None = ...,
+                ) -> None: ...
+
+            topic_id: uuid.UUID
+            partitions: list[PartitionResult]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[PartitionResult] = ...,
+            ) -> None: ...
+
+        results: list[InitializeStateResult]
+
+        def __init__(
+            self,
+            *,
+            results: list[InitializeStateResult] = ...,
+        ) -> None: ...
+
     class JoinGroupRequest(Message):
         class JoinGroupRequestProtocol(Message):
             name: str
@@ -3585,6 +3717,93 @@ if TYPE_CHECKING:
             node_endpoints: list[NodeEndpoint] = ...,
         ) -> None: ...
 
+    class ReadShareGroupStateRequest(Message):
+        class ReadStateData(Message):
+            class PartitionData(Message):
+                partition: int
+                leader_epoch: int
+
+                def __init__(
+                    self,
+                    *,
+                    partition: int = ...,
+                    leader_epoch: int = ...,
+                ) -> None: ...
+
+            topic_id: uuid.UUID
+            partitions: list[PartitionData]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[PartitionData] = ...,
+            ) -> None: ...
+
+        group_id: str
+        topics: list[ReadStateData]
+
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+            topics: list[ReadStateData] = ...,
+        ) -> None: ...
+
+    class ReadShareGroupStateResponse(Message):
+        class ReadStateResult(Message):
+            class PartitionResult(Message):
+                class StateBatch(Message):
+                    first_offset: int
+                    last_offset: int
+                    delivery_state: int
+                    delivery_count: int
+
+                    def __init__(
+                        self,
+                        *,
+                        first_offset: int = ...,
+                        last_offset: int = ...,
+                        delivery_state: int = ...,
+                        delivery_count: int = ...,
+                    ) -> None: ...
+
+                partition: int
+                error_code: int
+                error_message: str | None
+                state_epoch: int
+                start_offset: int
+                state_batches: list[StateBatch]
+
+                def __init__(
+                    self,
+                    *,
+                    partition: int = ...,
+                    error_code: int = ...,
+                    error_message: str | None = ...,
+                    state_epoch: int = ...,
+                    start_offset: int = ...,
+                    state_batches: list[StateBatch] = ...,
+                ) -> None: ...
+
+            topic_id: uuid.UUID
+            partitions: list[PartitionResult]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[PartitionResult] = ...,
+            ) -> None: ...
+
+        results: list[ReadStateResult]
+
+        def __init__(
+            self,
+            *,
+            results: list[ReadStateResult] = ...,
+        ) -> None: ...
+
     class SaslAuthenticateRequest(Message):
         auth_bytes: bytes
 
@@ -4202,6 +4421,93 @@ if TYPE_CHECKING:
             topics: list[TxnOffsetCommitResponseTopic] = ...,
         ) -> None: ...
 
+    class WriteShareGroupStateRequest(Message):
+        class WriteStateData(Message):
+            class PartitionData(Message):
+                class StateBatch(Message):
+                    first_offset: int
+                    last_offset: int
+                    delivery_state: int
+                    delivery_count: int
+
+                    def __init__(
+                        self,
+                        *,
+                        first_offset: int = ...,
+                        last_offset: int = ...,
+                        delivery_state: int = ...,
+                        delivery_count: int = ...,
+                    ) -> None: ...
+
+                partition: int
+                state_epoch: int
+                leader_epoch: int
+                start_offset: int
+                state_batches: list[StateBatch]
+
+                def __init__(
+                    self,
+                    *,
+                    partition: int = ...,
+                    state_epoch: int = ...,
+                    leader_epoch: int = ...,
+                    start_offset: int = ...,
+                    state_batches: list[StateBatch] = ...,
+                ) -> None: ...
+
+            topic_id: uuid.UUID
+            partitions: list[PartitionData]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[PartitionData] = ...,
+            ) -> None: ...
+
+        group_id: str
+        topics: list[WriteStateData]
+
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+            topics: list[WriteStateData] = ...,
+        ) -> None: ...
+
+    class WriteShareGroupStateResponse(Message):
+        class WriteStateResult(Message):
+            class PartitionResult(Message):
+                partition: int
+                error_code: int
+                error_message: str | None
+
+                def __init__(
+                    self,
+                    *,
+                    partition: int = ...,
+                    error_code: int = ...,
+                    error_message: str | None = ...,
+                ) -> None: ...
+
+            topic_id: uuid.UUID
+            partitions: list[PartitionResult]
+
+            def __init__(
+                self,
+                *,
+                topic_id: uuid.UUID = ...,
+                partitions: list[PartitionResult] = ...,
+            ) -> None: ...
+
+        results: list[WriteStateResult]
+
+        def __init__(
+            self,
+            *,
+            results: list[WriteStateResult] = ...,
+        ) -> None: ...
+
     class WriteTxnMarkersRequest(Message):
         class WritableTxnMarker(Message):
             class WritableTxnMarkerTopic(Message):
@@ -4320,6 +4626,8 @@ else:
     DeleteRecordsResponse = SCHEMAS["DeleteRecordsResponse"].cls
     DeleteShareGroupOffsetsRequest = SCHEMAS["DeleteShareGroupOffsetsRequest"].cls
     DeleteShareGroupOffsetsResponse = SCHEMAS["DeleteShareGroupOffsetsResponse"].cls
+    DeleteShareGroupStateRequest = SCHEMAS["DeleteShareGroupStateRequest"].cls
+    DeleteShareGroupStateResponse = SCHEMAS["DeleteShareGroupStateResponse"].cls
     DeleteTopicsRequest = SCHEMAS["DeleteTopicsRequest"].cls
     DeleteTopicsResponse = SCHEMAS["DeleteTopicsResponse"].cls
     DescribeAclsRequest = SCHEMAS["DescribeAclsRequest"].cls
@@ -4358,6 +4666,8 @@ else:
     IncrementalAlterConfigsResponse = SCHEMAS["IncrementalAlterConfigsResponse"].cls
     InitProducerIdRequest = SCHEMAS["InitProducerIdRequest"].cls
     InitProducerIdResponse = SCHEMAS["InitProducerIdResponse"].cls
+    InitializeShareGroupStateRequest = SCHEMAS["InitializeShareGroupStateRequest"].cls
+    InitializeShareGroupStateResponse = SCHEMAS["InitializeShareGroupStateResponse"].cls
     JoinGroupRequest = SCHEMAS["JoinGroupRequest"].cls
     JoinGroupResponse = SCHEMAS["JoinGroupResponse"].cls
     LeaveGroupRequest = SCHEMAS["LeaveGroupRequest"].cls
@@ -4384,6 +4694,8 @@ else:
     OffsetForLeaderEpochResponse = SCHEMAS["OffsetForLeaderEpochResponse"].cls
     ProduceRequest = SCHEMAS["ProduceRequest"].cls
     ProduceResponse = SCHEMAS["ProduceResponse"].cls
+    ReadShareGroupStateRequest = SCHEMAS["ReadShareGroupStateRequest"].cls
+    ReadShareGroupStateResponse = SCHEMAS["ReadShareGroupStateResponse"].cls
     SaslAuthenticateRequest = SCHEMAS["SaslAuthenticateRequest"].cls
     SaslAuthenticateResponse = SCHEMAS["SaslAuthenticateResponse"].cls
     SaslHandshakeRequest = SCHEMAS["SaslHandshakeRequest"].cls
@@ -4400,6 +4712,8 @@ else:
     SyncGroupResponse = SCHEMAS["SyncGroupResponse"].cls
     TxnOffsetCommitRequest = SCHEMAS["TxnOffsetCommitRequest"].cls
     TxnOffsetCommitResponse = SCHEMAS["TxnOffsetCommitResponse"].cls
+    WriteShareGroupStateRequest = SCHEMAS["WriteShareGroupStateRequest"].cls
+    WriteShareGroupStateResponse = SCHEMAS["WriteShareGroupStateResponse"].cls
     WriteTxnMarkersRequest = SCHEMAS["WriteTxnMarkersRequest"].cls
     WriteTxnMarkersResponse = SCHEMAS["WriteTxnMarkersResponse"].cls
 
@@ -4440,6 +4754,8 @@ __all__ = [
     "DeleteRecordsResponse",
     "DeleteShareGroupOffsetsRequest",
     "DeleteShareGroupOffsetsResponse",
+    "DeleteShareGroupStateRequest",
+    "DeleteShareGroupStateResponse",
     "DeleteTopicsRequest",
     "DeleteTopicsResponse",
     "DescribeAclsRequest",
@@ -4478,6 +4794,8 @@ __all__ = [
     "IncrementalAlterConfigsResponse",
     "InitProducerIdRequest",
     "InitProducerIdResponse",
+    "InitializeShareGroupStateRequest",
+    "InitializeShareGroupStateResponse",
     "JoinGroupRequest",
     "JoinGroupResponse",
     "LeaveGroupRequest",
@@ -4504,6 +4822,8 @@ __all__ = [
     "OffsetForLeaderEpochResponse",
     "ProduceRequest",
     "ProduceResponse",
+    "ReadShareGroupStateRequest",
+    "ReadShareGroupStateResponse",
     "SaslAuthenticateRequest",
     "SaslAuthenticateResponse",
     "SaslHandshakeRequest",
@@ -4520,6 +4840,8 @@ __all__ = [
     "SyncGroupResponse",
     "TxnOffsetCommitRequest",
     "TxnOffsetCommitResponse",
+    "WriteShareGroupStateRequest",
+    "WriteShareGroupStateResponse",
     "WriteTxnMarkersRequest",
     "WriteTxnMarkersResponse",
 ]

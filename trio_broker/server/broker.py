@@ -35,7 +35,8 @@ from trio_broker.groups.coordinator import OffsetsLeaders
 from trio_broker.groups.offsets_store import open_offsets_log
 from trio_broker.groups.own_offsets import coordinator_alone
 from trio_broker.groups.share import ShareGroups, ShareGroupsConfig
-from trio_broker.groups.share_state import ShareStateStore
+from trio_broker.groups.share_coordinator import PartitionedShareCoordinator
+from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareStateStore
 from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS, ClientInfo, HandlerSpec
 from trio_broker.handlers.share_persist import forget_topic
@@ -51,6 +52,7 @@ from trio_broker.server.log_cleaner import LogCleaner
 from trio_broker.server.loop_watchdog import LoopWatchdog
 from trio_broker.server.memory_budget import MemoryBudget
 from trio_broker.server.quotas import with_request_quota
+from trio_broker.server.share_coordinator_loader import ShareCoordinatorLoader
 from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.server.transport import open_connection, tls_contexts
 from trio_broker.services.internal_topics import CONSUMER_OFFSETS, TRANSACTION_STATE
@@ -250,8 +252,17 @@ class Broker:
             delivery_count_limit=config.group_share_delivery_count_limit,
             partition_max_record_locks=config.group_share_partition_max_record_locks,
         ), GroupConfigStore(data_dir))  # fmt: skip
+        #: In a cluster, the share state is the share coordinator's: the leader of each
+        #: share partition's __share_group_state partition (groups/share_coordinator.py).
+        self.share_coordinator: PartitionedShareCoordinator | None = None
         if config.zookeeper_connect is None:
             self._restore_share_state(data_dir)
+        else:
+            self.share_coordinator = PartitionedShareCoordinator(
+                config.share_coordinator_state_topic_num_partitions
+            )
+            self.leadership_listeners[SHARE_GROUP_STATE] = self.share_coordinator
+            self.services.append(ShareCoordinatorLoader(self.share_coordinator))
         self.topics.on_topic_deleted = self._forget_share_state
         #: The traffic capture tap (trio_broker.capture), or None: the hot path checks this.
         self.capture: Any = None

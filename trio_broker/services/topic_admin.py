@@ -90,8 +90,16 @@ class TopicAdmin(Protocol):
 
     @property
     def keeps_group_configs(self) -> bool:
-        """Whether group configs (GROUP resources) may be set here: a node alone keeps
-        them in its data dir; a cluster has no shared store for them yet."""
+        """Whether group configs (GROUP resources) are this broker's own: a node alone
+        keeps them in its data dir; in a cluster they go through
+        :meth:`update_group_configs` (ZooKeeper), where every broker reads them."""
+        ...
+
+    async def update_group_configs(
+        self, group_id: str, change: Callable[[dict[str, str]], dict[str, str] | None]
+    ) -> None:
+        """A group's configs where every broker sees them: store ``change(current)``
+        unless it is None, as :meth:`update_topic_configs` (a cluster only)."""
         ...
 
     async def create_topic(
@@ -259,6 +267,13 @@ class LocalAdmin:
         except OSError as exc:
             raise _topic_error(exc, "store broker configs") from None
 
+    async def update_group_configs(
+        self, group_id: str, change: Callable[[dict[str, str]], dict[str, str] | None]
+    ) -> None:
+        """Never called: a node alone keeps its group configs itself
+        (``keeps_group_configs``; handlers/alter_configs.py)."""
+        raise TopicError(ErrorCode.INVALID_REQUEST, "group configs are kept by this broker")
+
     # A node alone keeps its coordinators' state in private files, not in internal
     # topics (services/topics.py RESERVED_TOPICS): there is none to make.
 
@@ -371,6 +386,11 @@ class NotInCluster:
 
     async def update_cluster_default_configs(
         self, change: Callable[[dict[str, str]], dict[str, str] | None]
+    ) -> None:
+        raise self._refuse()
+
+    async def update_group_configs(
+        self, group_id: str, change: Callable[[dict[str, str]], dict[str, str] | None]
     ) -> None:
         raise self._refuse()
 

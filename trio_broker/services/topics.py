@@ -35,8 +35,9 @@ class TopicError(KafkaError):
     """A topic operation Kafka refuses: ``TopicError(error_code, message)``."""
 
 
-#: Internal topics whose directories the broker owns (committed group offsets).
-RESERVED_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+#: Internal topics whose directories the broker owns (committed group offsets,
+#: transaction state, the share coordinator's share state).
+RESERVED_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
 #: Most partitions one topic may have (CreateTopics and CreatePartitions).
 MAX_PARTITIONS = 10_000
 

@@ -19,7 +19,7 @@ Pure and synchronous: the caller passes the time (ms) and the log's bounds.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 
 import attrs
@@ -132,12 +132,18 @@ class SharePartition:
     def acquire(
         self, member_id: str, readable_end: int, max_records: int, now_ms: int,
         archive: AbstractSet[int] = frozenset(),
+        round_fresh: Callable[[int], int] | None = None,
     ) -> list[Acquired]:  # fmt: skip
         """Lock up to ``max_records`` records below ``readable_end`` (the high
         watermark, or the end of the batches read for this fetch) for ``member_id``:
         those given back first (oldest first), then new ones. Chosen offsets in
         ``archive`` (an aborted transaction's, for read_committed) are archived
-        instead: finished, never delivered."""
+        instead: finished, never delivered.
+
+        ``round_fresh(last)``: the offset through which new records are acquired when
+        ``max_records`` stops them at ``last`` (Kafka's MaxRecords is a soft limit: the
+        log batch holding ``last`` is acquired whole); it may pass ``readable_end``,
+        never the partition's ``max_in_flight``."""
         self.expire_locks(now_ms)
         chosen: list[int] = []
         for offset in sorted(self.records):
@@ -147,6 +153,9 @@ class SharePartition:
                 chosen.append(offset)
         room = self.start_offset + self.max_in_flight - self.end_offset
         fresh = max(0, min(max_records - len(chosen), readable_end - self.end_offset, room))
+        if fresh > 0 and round_fresh is not None:
+            last_fresh = self.end_offset + fresh - 1
+            fresh += max(0, min(round_fresh(last_fresh) - last_fresh, room - fresh))
         for offset in range(self.end_offset, self.end_offset + fresh):
             self.records[offset] = InFlight(RecordState.AVAILABLE)
             chosen.append(offset)

@@ -1,0 +1,150 @@
+"""Requests to another broker's share coordinator: ReadShareGroupState and
+WriteShareGroupState (KIP-932), over the inter-broker connections.
+
+A share partition's leader reads its state from, and writes it to, the leader of its
+``__share_group_state`` partition (``handlers/share_persist.py``); when that is another
+broker, these requests carry it (``handlers/share_group_state.py`` answers them). One
+connection per broker, one request at a time on it: trio's lock is fair, so the
+snapshots of a share partition reach its coordinator in the order its leader took them.
+A broker that cannot be reached answers COORDINATOR_NOT_AVAILABLE for every key (the
+leader's client fetches or acknowledges again).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from trio_broker.cluster.broker_client import BrokerClient, BrokerConnectionError
+from trio_broker.groups.share_coordinator import StateWrite
+from trio_broker.groups.share_state import ShareKey, ShareSnapshot, StateBatch
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.share_partition import RecordState
+
+__all__ = ["ShareStateChannel"]
+
+log = logging.getLogger("trio_broker.groups")
+
+#: Version 0 of the APIs, the one whose layout tools/message_json holds (from Kafka's
+#: message files of October 2024): only these brokers talk to each other with it.
+STATE_API_VERSION = 0
+#: A write waits for the HW at the coordinator: as long as an acknowledgement may.
+REQUEST_TIMEOUT_S = 15.0
+
+Write = m.WriteShareGroupStateRequest
+
+
+class ShareStateChannel:
+    def __init__(self, replication: Any) -> None:
+        #: The replica manager: the view (who is where) and the inter-broker streams.
+        self.replication = replication
+        self._clients: dict[int, tuple[BrokerClient, trio.Lock]] = {}
+
+    async def read(
+        self, coordinator: int, key: ShareKey, leader_epoch: int
+    ) -> tuple[ErrorCode, ShareSnapshot | None]:
+        Read = m.ReadShareGroupStateRequest
+        request = Read(group_id=key.group_id, topics=[Read.ReadStateData(
+            topic_id=key.topic_id,
+            partitions=[Read.ReadStateData.PartitionData(
+                partition=key.partition, leader_epoch=leader_epoch,
+            )],
+        )])  # fmt: skip
+        response = await self._call(coordinator, m.ApiKey.READ_SHARE_GROUP_STATE, request)
+        if response is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
+        for result in response.results:
+            for part in result.partitions:
+                if (result.topic_id, part.partition) != (key.topic_id, key.partition):
+                    continue
+                if part.error_code != ErrorCode.NONE:
+                    return ErrorCode(part.error_code), None
+                if part.start_offset < 0:
+                    return ErrorCode.NONE, None  # no state yet
+                batches = tuple(
+                    StateBatch(
+                        b.first_offset,
+                        b.last_offset,
+                        RecordState(b.delivery_state),
+                        b.delivery_count,
+                    )
+                    for b in part.state_batches
+                )
+                return ErrorCode.NONE, ShareSnapshot(
+                    part.start_offset, batches, state_epoch=part.state_epoch
+                )
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
+
+    async def write(
+        self, coordinator: int, group_id: str, writes: Sequence[StateWrite]
+    ) -> dict[ShareKey, ErrorCode]:
+        by_topic: dict[Any, list[Any]] = {}
+        for w in writes:
+            snap = w.snapshot
+            by_topic.setdefault(w.key.topic_id, []).append(Write.WriteStateData.PartitionData(
+                partition=w.key.partition, state_epoch=snap.state_epoch,
+                leader_epoch=w.leader_epoch, start_offset=snap.start_offset,
+                state_batches=[Write.WriteStateData.PartitionData.StateBatch(
+                    first_offset=b.first_offset, last_offset=b.last_offset,
+                    delivery_state=int(b.delivery_state), delivery_count=b.delivery_count,
+                ) for b in snap.batches],
+            ))  # fmt: skip
+        request = Write(group_id=group_id, topics=[
+            Write.WriteStateData(topic_id=topic_id, partitions=parts)
+            for topic_id, parts in by_topic.items()
+        ])  # fmt: skip
+        response = await self._call(coordinator, m.ApiKey.WRITE_SHARE_GROUP_STATE, request)
+        answers = dict.fromkeys((w.key for w in writes), ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        if response is not None:
+            for result in response.results:
+                for part in result.partitions:
+                    key = ShareKey(group_id, result.topic_id, part.partition)
+                    if key in answers:
+                        answers[key] = ErrorCode(part.error_code)
+        return answers
+
+    async def _call(self, broker_id: int, api_key: int, request: Any) -> Any:
+        client = self._client(broker_id)
+        if client is None:
+            return None
+        broker_client, lock = client
+        async with lock:
+            try:
+                return await broker_client.call(
+                    api_key, STATE_API_VERSION, request, REQUEST_TIMEOUT_S
+                )
+            except BrokerConnectionError as exc:
+                log.info("share state request %d to broker %d: %s", api_key, broker_id, exc)
+                self._clients.pop(broker_id, None)
+                return None
+
+    def _client(self, broker_id: int) -> tuple[BrokerClient, trio.Lock] | None:
+        found = self._clients.get(broker_id)
+        registered = self.replication.view.brokers.get(broker_id)
+        # The other broker's inter-broker endpoint, as the replica fetchers use.
+        address = (
+            None
+            if registered is None
+            else registered.endpoint(getattr(self.replication, "inter_broker_listener", None))
+        )
+        if address is None:
+            return None
+        if found is not None and (found[0].host, found[0].port) == address:
+            return found
+        host, port = address
+        client = BrokerClient(
+            host, port, f"broker-{self.replication.view.broker_id}-share-state",
+            # A secured inter-broker listener: streams that log in (cluster/broker_node.py).
+            getattr(self.replication, "open_marker_stream", None),
+        )  # fmt: skip
+        self._clients[broker_id] = (client, trio.Lock())
+        return self._clients[broker_id]
+
+    async def close(self) -> None:
+        for client, _lock in self._clients.values():
+            await client.close()
+        self._clients.clear()

@@ -1,0 +1,297 @@
+"""The share coordinator's APIs, broker to broker (KIP-932): InitializeShareGroupState
+(83), ReadShareGroupState (84), WriteShareGroupState (85), DeleteShareGroupState (86).
+
+In a cluster a share partition lives on its data partition's leader, and its durable
+state on the share coordinator: the leader of its ``__share_group_state`` partition
+(``groups/share_coordinator.py``). A leader reads the state when it starts serving the
+share partition and writes each durable change (``handlers/share_persist.py``); when
+the coordinator is this broker it calls :func:`read_local` and :func:`write_local`
+directly, else it sends these requests. A write is appended to the state partition's
+log through the one append path, in this broker's leader epoch of it, and answered once
+it counts (synced and below the high watermark: the in-sync replicas have it), so it
+survives the coordinator's ``kill -9``. Errors per partition, as Kafka's coordinator:
+NOT_COORDINATOR (the state partition is led elsewhere),
+COORDINATOR_LOAD_IN_PROGRESS, FENCED_LEADER_EPOCH, FENCED_STATE_EPOCH,
+INVALID_REQUEST. CLUSTER_ACTION on the cluster, as Kafka.
+
+A node alone keeps its share state in its own log (``__share_group_state-0``, not a
+topic) and has no share coordinator: these APIs answer NOT_COORDINATOR there.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from trio_broker.groups.share_coordinator import ShareCoordinatorTable, StateWrite
+from trio_broker.groups.share_state import (
+    DURABLE_STATES,
+    SHARE_GROUP_STATE,
+    Entry,
+    ShareKey,
+    ShareSnapshot,
+    StateBatch,
+    encode_batch,
+)
+from trio_broker.handlers.authorization import Operation, ResourceType, authorized
+from trio_broker.handlers.base import RequestContext, handles
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.services.internal_topics import NotCommitted, append_as_leader, wait_counted
+from trio_broker.state.share_partition import RecordState
+
+
+def read_local(services: Any, key: ShareKey, leader_epoch: int) -> tuple[ErrorCode, Any]:
+    """ReadShareGroupState of one key at this broker's coordinator: (NONE, the snapshot
+    or None for no state yet), or (the error, None)."""
+    coordinator = services.share_coordinator
+    if coordinator is None:
+        return ErrorCode.NOT_COORDINATOR, None
+    table = coordinator.table_for(key)
+    if isinstance(table, ErrorCode):
+        return table, None
+    result = table.read(key, leader_epoch)
+    return result.error, result.snapshot
+
+
+async def write_local(
+    services: Any, writes: Sequence[StateWrite], now_ms: int
+) -> dict[ShareKey, ErrorCode]:
+    """WriteShareGroupState at this broker's coordinator: each key's error, NONE once its
+    snapshot counts. The accepted ones are appended before the first wait, in order."""
+    answers: dict[ShareKey, ErrorCode] = {}
+    coordinator = services.share_coordinator
+    by_table: dict[int, tuple[ShareCoordinatorTable, list[Entry]]] = {}
+    for write in writes:
+        table = (
+            ErrorCode.NOT_COORDINATOR if coordinator is None else coordinator.table_for(write.key)
+        )
+        if isinstance(table, ErrorCode):
+            answers[write.key] = table
+            continue
+        error = table.check_write(write.key, write.leader_epoch, write.snapshot.state_epoch)
+        answers[write.key] = error
+        if error is ErrorCode.NONE:
+            entry = table.entry_for(write.key, write.snapshot, write.leader_epoch, now_ms)
+            by_table.setdefault(table.partition, (table, []))[1].append(entry)
+    appended = []
+    for partition, (table, entries) in by_table.items():
+        try:
+            written = append_as_leader(
+                table.log, encode_batch(entries, now_ms), now_ms=now_ms,
+                durability=services.durability, replication=services.leaders,
+                topic=SHARE_GROUP_STATE, partition=partition, messages=len(entries),
+            )  # fmt: skip
+        except NotCommitted as exc:
+            answers.update((key, exc.error_code) for key, _ in entries)
+            continue
+        table.appended(entries, written.last_offset)
+        appended.append((partition, table, entries, written.last_offset))
+    for partition, table, entries, last_offset in appended:
+        try:
+            await wait_counted(
+                table.log, last_offset, durability=services.durability,
+                replication=services.leaders, topic=SHARE_GROUP_STATE, partition=partition,
+            )  # fmt: skip
+        except NotCommitted as exc:
+            answers.update((key, exc.error_code) for key, _ in entries)
+    return answers
+
+
+# ---------------------------------------------------------------------------- wire forms
+
+
+def batches_of(wire: Sequence[Any]) -> tuple[StateBatch, ...] | None:
+    """The request's state batches, or None when one is malformed (INVALID_REQUEST)."""
+    batches = []
+    previous_last = None
+    for b in sorted(wire, key=lambda b: b.first_offset):
+        if b.delivery_state not in DURABLE_STATES:  # an acquisition is not durable
+            return None
+        state = RecordState(b.delivery_state)
+        if b.first_offset > b.last_offset or (
+            previous_last is not None and b.first_offset <= previous_last
+        ):
+            return None
+        batches.append(StateBatch(b.first_offset, b.last_offset, state, b.delivery_count))
+        previous_last = b.last_offset
+    return tuple(batches)
+
+
+WriteResp = m.WriteShareGroupStateResponse
+WriteResult = WriteResp.WriteStateResult
+WritePart = WriteResult.PartitionResult
+
+
+@handles(m.ApiKey.WRITE_SHARE_GROUP_STATE)
+async def handle_write_share_group_state(
+    ctx: RequestContext, request: m.WriteShareGroupStateRequest
+) -> m.WriteShareGroupStateResponse:
+    allowed = authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
+    errors: dict[tuple[uuid.UUID, int], ErrorCode] = {}
+    writes = []
+    for topic in request.topics:
+        for p in topic.partitions:
+            key = ShareKey(request.group_id, topic.topic_id, p.partition)
+            batches = batches_of(p.state_batches)
+            if not allowed:
+                errors[topic.topic_id, p.partition] = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            elif batches is None or p.start_offset < 0 or p.partition < 0:
+                errors[topic.topic_id, p.partition] = ErrorCode.INVALID_REQUEST
+            else:
+                snapshot = ShareSnapshot(p.start_offset, batches, state_epoch=p.state_epoch)
+                writes.append(StateWrite(key, snapshot, p.leader_epoch))
+    answers = await write_local(ctx.services, writes, ctx.now_ms())
+    for key, error in answers.items():
+        errors[key.topic_id, key.partition] = error
+    return WriteResp(results=[
+        WriteResult(topic_id=topic.topic_id, partitions=[
+            WritePart(partition=p.partition, error_code=errors[topic.topic_id, p.partition])
+            for p in topic.partitions
+        ])
+        for topic in request.topics
+    ])  # fmt: skip
+
+
+ReadResp = m.ReadShareGroupStateResponse
+ReadResult = ReadResp.ReadStateResult
+ReadPart = ReadResult.PartitionResult
+
+
+@handles(m.ApiKey.READ_SHARE_GROUP_STATE)
+async def handle_read_share_group_state(
+    ctx: RequestContext, request: m.ReadShareGroupStateRequest
+) -> m.ReadShareGroupStateResponse:
+    allowed = authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
+    results = []
+    for topic in request.topics:
+        parts = []
+        for p in topic.partitions:
+            part = ReadPart(partition=p.partition, error_code=ErrorCode.NONE, state_epoch=0,
+                            start_offset=-1, state_batches=[])  # fmt: skip
+            if not allowed:
+                part.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            elif p.partition < 0:
+                part.error_code = ErrorCode.INVALID_REQUEST
+            else:
+                key = ShareKey(request.group_id, topic.topic_id, p.partition)
+                error, snapshot = read_local(ctx.services, key, p.leader_epoch)
+                part.error_code = error
+                if snapshot is not None:
+                    part.state_epoch = snapshot.state_epoch
+                    part.start_offset = snapshot.start_offset
+                    part.state_batches = [
+                        ReadPart.StateBatch(
+                            first_offset=b.first_offset,
+                            last_offset=b.last_offset,
+                            delivery_state=int(b.delivery_state),
+                            delivery_count=b.delivery_count,
+                        )
+                        for b in snapshot.batches
+                    ]
+            parts.append(part)
+        results.append(ReadResult(topic_id=topic.topic_id, partitions=parts))
+    return ReadResp(results=results)
+
+
+InitResp = m.InitializeShareGroupStateResponse
+InitResult = InitResp.InitializeStateResult
+InitPart = InitResult.PartitionResult
+
+
+@handles(m.ApiKey.INITIALIZE_SHARE_GROUP_STATE)
+async def handle_initialize_share_group_state(
+    ctx: RequestContext, request: m.InitializeShareGroupStateRequest
+) -> m.InitializeShareGroupStateResponse:
+    """A share partition's state starts over at the start offset with the state epoch:
+    nothing in flight (what the group coordinator writes when it assigns a partition, or
+    AlterShareGroupOffsets)."""
+    allowed = authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
+    errors: dict[tuple[uuid.UUID, int], ErrorCode] = {}
+    writes = []
+    for topic in request.topics:
+        for p in topic.partitions:
+            if not allowed:
+                errors[topic.topic_id, p.partition] = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            elif p.start_offset < 0 or p.partition < 0:
+                errors[topic.topic_id, p.partition] = ErrorCode.INVALID_REQUEST
+            else:
+                key = ShareKey(request.group_id, topic.topic_id, p.partition)
+                snapshot = ShareSnapshot(p.start_offset, state_epoch=p.state_epoch)
+                # No leader's epoch comes with it: it fences no reader or writer.
+                writes.append(StateWrite(key, snapshot, -1))
+    for key, error in (await write_local(ctx.services, writes, ctx.now_ms())).items():
+        errors[key.topic_id, key.partition] = error
+    return InitResp(results=[
+        InitResult(topic_id=topic.topic_id, partitions=[
+            InitPart(partition=p.partition, error_code=errors[topic.topic_id, p.partition])
+            for p in topic.partitions
+        ])
+        for topic in request.topics
+    ])  # fmt: skip
+
+
+DeleteResp = m.DeleteShareGroupStateResponse
+DeleteResult = DeleteResp.DeleteStateResult
+DeletePart = DeleteResult.PartitionResult
+
+
+async def delete_local(
+    services: Any, keys: Sequence[ShareKey], now_ms: int
+) -> dict[ShareKey, ErrorCode]:
+    """DeleteShareGroupState at this broker's coordinator: tombstones, once they count."""
+    answers: dict[ShareKey, ErrorCode] = {}
+    coordinator = services.share_coordinator
+    for key in keys:
+        table = ErrorCode.NOT_COORDINATOR if coordinator is None else coordinator.table_for(key)
+        if isinstance(table, ErrorCode):
+            answers[key] = table
+            continue
+        entries = table.store.tombstones([key])
+        answers[key] = ErrorCode.NONE
+        if not entries:
+            continue
+        try:
+            written = append_as_leader(
+                table.log, encode_batch(entries, now_ms), now_ms=now_ms,
+                durability=services.durability, replication=services.leaders,
+                topic=SHARE_GROUP_STATE, partition=table.partition,
+            )  # fmt: skip
+            table.appended(entries, written.last_offset)
+            await wait_counted(
+                table.log, written.last_offset, durability=services.durability,
+                replication=services.leaders, topic=SHARE_GROUP_STATE, partition=table.partition,
+            )  # fmt: skip
+        except NotCommitted as exc:
+            answers[key] = exc.error_code
+    return answers
+
+
+@handles(m.ApiKey.DELETE_SHARE_GROUP_STATE)
+async def handle_delete_share_group_state(
+    ctx: RequestContext, request: m.DeleteShareGroupStateRequest
+) -> m.DeleteShareGroupStateResponse:
+    allowed = authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
+    keys = [
+        ShareKey(request.group_id, topic.topic_id, p.partition)
+        for topic in request.topics
+        for p in topic.partitions
+        if p.partition >= 0
+    ]
+    answers = await delete_local(ctx.services, keys if allowed else [], ctx.now_ms())
+
+    def error_of(topic_id: uuid.UUID, partition: int) -> ErrorCode:
+        if not allowed:
+            return ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        if partition < 0:
+            return ErrorCode.INVALID_REQUEST
+        return answers[ShareKey(request.group_id, topic_id, partition)]
+
+    return DeleteResp(results=[
+        DeleteResult(topic_id=topic.topic_id, partitions=[
+            DeletePart(partition=p.partition, error_code=error_of(topic.topic_id, p.partition))
+            for p in topic.partitions
+        ])
+        for topic in request.topics
+    ])  # fmt: skip
