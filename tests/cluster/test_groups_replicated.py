@@ -125,18 +125,26 @@ def consumer(bootstrap: str, group: str) -> Consumer:
 
 
 def consume_as_group(
-    consumers: list[Consumer], until: int, timeout_s: float = 90.0
+    consumers: list[Consumer], wanted: range, timeout_s: float = 90.0
 ) -> dict[int, list[int]]:
-    """Poll all members until ``until`` records were read: partition -> offsets read."""
-    read: dict[int, list[int]] = {}
+    """Poll all members until each of the two partitions' offsets in ``wanted`` were read
+    and the group has settled (every member holds a partition): partition -> the distinct
+    offsets read, in order. A member may read a partition again after a rebalance moved
+    it (nothing is committed meanwhile), so a count of records read tells nothing."""
+    read: dict[int, set[int]] = {}
+
+    def done() -> bool:
+        complete = all(set(wanted) <= read.get(p, set()) for p in (0, 1))
+        return complete and all(member.assignment() for member in consumers)
+
     deadline = time.monotonic() + timeout_s
-    while sum(map(len, read.values())) < until:
-        assert time.monotonic() < deadline, f"read {read} of {until} records in time"
+    while not done():
+        assert time.monotonic() < deadline, f"read {read} of {wanted} per partition in time"
         for member in consumers:
             msg = member.poll(0.2)
             if msg is not None and msg.error() is None:
-                read.setdefault(msg.partition(), []).append(msg.offset())
-    return read
+                read.setdefault(msg.partition(), set()).add(msg.offset())
+    return {p: sorted(offsets) for p, offsets in read.items()}
 
 
 def committed_by(bootstrap: str, group: str) -> dict[int, int]:
@@ -156,7 +164,7 @@ def commit_then_lose_coordinator(cluster: Cluster, group: str, *, kill: bool) ->
     members = [consumer(servers(cluster), group) for _ in range(2)]
     for member in members:
         member.subscribe([TOPIC])
-    read = consume_as_group(members, 2 * RECORDS_PER_PARTITION)
+    read = consume_as_group(members, range(RECORDS_PER_PARTITION))
     assert {p: sorted(o) for p, o in read.items()} == {
         p: list(range(RECORDS_PER_PARTITION)) for p in (0, 1)
     }
@@ -204,7 +212,7 @@ def commit_then_lose_coordinator(cluster: Cluster, group: str, *, kill: bool) ->
     try:
         for member in members:
             member.subscribe([TOPIC])
-        resumed = consume_as_group(members, 2 * (15 - COMMITTED))
+        resumed = consume_as_group(members, range(COMMITTED, 15))
     finally:
         for member in members:
             member.close()
@@ -232,7 +240,7 @@ def test_live_members_go_on_with_the_new_coordinator(cluster: Cluster) -> None:
     try:
         for member in members:
             member.subscribe([TOPIC])
-        consume_as_group(members, 2 * RECORDS_PER_PARTITION)
+        consume_as_group(members, range(RECORDS_PER_PARTITION))
         for member in members:
             mine = [TopicPartition(TOPIC, tp.partition, COMMITTED) for tp in member.assignment()]
             member.commit(offsets=mine, asynchronous=False)
