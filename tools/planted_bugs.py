@@ -71,6 +71,8 @@ GROUP_COMMIT_MACHINE = "statemachine/test_group_commit_machine.py"
 QUOTA_MACHINE = "statemachine/test_quota_machine.py"
 #: One partition moving between replica sets (KIP-455) under the real controller rules.
 REASSIGNMENT_MACHINE = "statemachine/test_reassignment_machine.py"
+#: KIP-73 replication throttles of a real replica manager against a plain model.
+REPLICATION_THROTTLE_MACHINE = "statemachine/test_replication_throttle_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
 
@@ -1336,12 +1338,13 @@ NINTH = (
     Bug(
         "isr-follower-throttled",
         "trio_broker/replication/throttle.py",
-        "    return replica not in isr and lists[0].names(partition, leader)\n",
-        "    return lists[0].names(partition, leader)\n",
+        "    if replica in isr:\n"
+        "        return False  # in sync: never throttled, whatever the lists (Kafka's rule)\n",
+        "",
         "a leader's replication throttle also slows in-sync followers of a throttled "
         "partition (Kafka throttles only those outside the ISR): acks=all stall and the "
         "ISR shrinks under a reassignment's throttle",
-        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_THROTTLE_MACHINE, REPLICATION_MACHINE, SIMULATOR),
         (
             "tests/unit/cluster/test_throttled_replicas.py tests/unit/replication/test_byte_budget.py",
         ),
