@@ -73,6 +73,8 @@ QUOTA_MACHINE = "statemachine/test_quota_machine.py"
 REASSIGNMENT_MACHINE = "statemachine/test_reassignment_machine.py"
 #: KIP-73 replication throttles of a real replica manager against a plain model.
 REPLICATION_THROTTLE_MACHINE = "statemachine/test_replication_throttle_machine.py"
+#: Log compaction (storage/cleaner.py) of a real log against Kafka's guarantees.
+CLEANER_MACHINE = "statemachine/test_cleaner_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
 
@@ -1301,7 +1303,7 @@ NINTH = (
         "overdue = bool(dirty) and now_ms - dirty[-1].max_timestamp > config.max_compaction_lag_ms",
         "max.compaction.lag.ms counts from the newest dirty record instead of the oldest: "
         "a log that keeps taking writes is never overdue and stays uncleaned",
-        (STORAGE_MACHINE,),
+        (CLEANER_MACHINE, STORAGE_MACHINE),
         ("tests/unit/storage/test_cleaner.py",),
     ),
     Bug(
@@ -1311,7 +1313,7 @@ NINTH = (
         "                else:\n",
         "a tombstone past its delete horizon goes though an older record of its key is "
         "kept (a producer's last batch, kept whole): the deleted value comes back",
-        (STORAGE_MACHINE, PARTITION_TXN_MACHINE),
+        (CLEANER_MACHINE, STORAGE_MACHINE, PARTITION_TXN_MACHINE),
         ("tests/unit/storage/test_cleaner.py tests/unit/storage/test_cleaner_markers.py",),
     ),
     Bug(
