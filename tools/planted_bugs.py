@@ -76,6 +76,8 @@ REASSIGNMENT_MACHINE = "statemachine/test_reassignment_machine.py"
 REPLICATION_THROTTLE_MACHINE = "statemachine/test_replication_throttle_machine.py"
 #: Log compaction (storage/cleaner.py) of a real log against Kafka's guarantees.
 CLEANER_MACHINE = "statemachine/test_cleaner_machine.py"
+#: The whole-broker machine with a memory budget every request exhausts.
+TIGHT_MEMORY_BROKER = "statemachine/test_broker_machine.py -k TightMemory"
 RESPONSE_ORDER_MACHINE = "statemachine/test_response_order_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
@@ -1373,7 +1375,7 @@ NINTH = (
         "            self._mute_event(MuteEvent.MEMORY_EXHAUSTED)\n",
         "a connection muted for memory pressure does not ask to be told when memory frees: "
         "it stays muted for good",
-        (BROKER_MACHINE,),
+        (TIGHT_MEMORY_BROKER, BROKER_MACHINE),
         ("tests/integration/test_mute_wiring.py",),
     ),
     Bug(
