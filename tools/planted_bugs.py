@@ -1456,7 +1456,7 @@ TENTH = (
         "    if fetch_offset >= term.log_end_offset:\n",
         "a follower's fetch at the leader's log end records nothing: a caught-up follower "
         "is never seen caught up and leaves the ISR when the partition goes quiet",
-        (REPLICATION_MACHINE, SIMULATOR),
+        (REASSIGNMENT_MACHINE, REPLICATION_MACHINE, SIMULATOR),
         ("tests/unit/replication/test_replica_rules.py",),
     ),
     Bug(
