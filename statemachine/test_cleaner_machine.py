@@ -15,7 +15,10 @@ against the records it wrote:
    is read after it, unless that latest is a tombstone past its delete horizon: then
    the key may be gone altogether, never back to an older value (a tombstone goes only
    when nothing older of its key is kept: the pinned keys of batches kept whole);
-3. ``max.compaction.lag.ms`` (KIP-354): once every closed segment is older than
+3. the cleaner rewrites only what is durable: its checkpoint (the end of what it
+   rewrote) never passes the log's durable end (a cleaned copy of unsynced records
+   would make them durable out of order, and a power cut lose what it replaced);
+4. ``max.compaction.lag.ms`` (KIP-354): once every closed segment is older than
    ``min.compaction.lag.ms`` and the oldest record of the dirty part (past the
    cleaner's checkpoint, in a closed segment) is older than ``max.compaction.lag.ms``,
    a pass is due whatever ``min.cleanable.dirty.ratio`` says.
@@ -71,6 +74,9 @@ class CleanerMachine(RuleBasedStateMachine):
         #: The earliest delete horizon the last pass reported (the broker's
         #: ``_horizons``): a pass is due once it has passed.
         self.horizon: int | None = None
+        #: Nothing written or rolled since the last flush: every sealed segment is
+        #: synced, so rule 4 may demand a pass over all of them.
+        self.all_synced = True
 
     @initialize(
         segment_bytes=st.sampled_from((300, 500, 900)),
@@ -125,6 +131,7 @@ class CleanerMachine(RuleBasedStateMachine):
             base_sequence=sequence, base_timestamp=self.now_ms,
         )  # fmt: skip
         result = self.log.append(batch, now_ms=self.now_ms)
+        self.all_synced = False  # the append may have rolled (a sealed, unsynced segment)
         for record in batch_records:
             offset = result.base_offset + record.offset_delta
             self.written[offset] = Written(offset, record.key, record.value, self.now_ms)
@@ -134,6 +141,14 @@ class CleanerMachine(RuleBasedStateMachine):
     def roll(self) -> None:
         assert self.log is not None
         self.log.roll(self.now_ms)
+        self.all_synced = False
+
+    @rule()
+    def flush(self) -> None:
+        """Group commit's flush (an acks=all produce, the flush interval)."""
+        assert self.log is not None
+        self.log.flush()
+        self.all_synced = True
 
     @rule(ms=st.sampled_from((1, 50, 500, DELETE_RETENTION_MS + 1, 2500, 6000)))
     def time_passes(self, ms: int) -> None:
@@ -142,8 +157,10 @@ class CleanerMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ the cleaner
 
     def _overdue_record(self) -> Written | None:
-        """Rule 3: the oldest dirty record when a pass must be due, else None."""
+        """Rule 4: the oldest dirty record when a pass must be due, else None."""
         assert self.log is not None
+        if not self.all_synced:
+            return None  # an unsynced sealed segment ends what may be cleaned
         active = self.log.segment_base_offsets()[-1]
         first_dirty = read_cleaner_checkpoint(self.log.directory)
         closed = [w for offset, w in self.written.items() if offset < active]
@@ -169,7 +186,8 @@ class CleanerMachine(RuleBasedStateMachine):
         if active.size > 0 and idle_ms > min(self.config.segment_ms,
                                              self.config.max_compaction_lag_ms):  # fmt: skip
             self.log.roll(self.now_ms)
-        self.log.flush()  # the cleaner rewrites synced segments only
+            self.log.flush()  # the shell flushes what it rolled: no append will
+            self.all_synced = True
         overdue = self._overdue_record()
         due = self.horizon is not None and self.now_ms >= self.horizon
         plan = plan_for(self.log, self.now_ms, tombstones_due=due)
@@ -182,20 +200,27 @@ class CleanerMachine(RuleBasedStateMachine):
         result = clean_log(self.log, self.now_ms, plan=plan)
         if result is not None:
             self.horizon = result.next_horizon
+        checkpoint = read_cleaner_checkpoint(self.log.directory)
+        assert checkpoint <= self.log.durable_end_offset, (
+            f"the cleaner rewrote up to {checkpoint}, past the durable end"
+            f" {self.log.durable_end_offset}: a power cut loses what its copy claims"
+        )
         note(f"pass at {self.now_ms}: {plan}, {result and result.records_dropped} dropped")
 
     @rule()
     def dirty_segments_of_two_ages(self) -> None:
-        """Rule 3's shape: a cleaned log, then a dirty segment older than
+        """Rule 4's shape: a cleaned log, then a dirty segment older than
         ``max.compaction.lag.ms`` and a newer one behind it (a log that keeps taking
         writes), the newer one past ``min.compaction.lag.ms``; then the cleaner looks."""
         assert self.log is not None
         self.cleaner_pass()
         self.write([(b"", b"x")], -1)
         self.log.roll(self.now_ms)
+        self.flush()
         self.now_ms += self.config.max_compaction_lag_ms + 1
         self.write([(b"", b"x")], -1)
         self.log.roll(self.now_ms)
+        self.flush()
         self.now_ms += self.config.min_compaction_lag_ms + 1
         self.cleaner_pass()
 
@@ -208,6 +233,7 @@ class CleanerMachine(RuleBasedStateMachine):
         self.write([(key, b"old")], PINNING_PRODUCER)
         self.write([(key, None)], -1)
         self.log.roll(self.now_ms)
+        self.flush()
         self.now_ms += self.config.max_compaction_lag_ms + 1
         self.cleaner_pass()
         self.now_ms += DELETE_RETENTION_MS + 1
