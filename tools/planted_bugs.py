@@ -78,6 +78,8 @@ REPLICATION_THROTTLE_MACHINE = "statemachine/test_replication_throttle_machine.p
 CLEANER_MACHINE = "statemachine/test_cleaner_machine.py"
 #: The whole-broker machine with a memory budget every request exhausts.
 TIGHT_MEMORY_BROKER = "statemachine/test_broker_machine.py -k TightMemory"
+#: Share group membership and the simple assignor (state/share_group.py).
+SHARE_GROUP_MACHINE = "statemachine/test_share_group_machine.py"
 RESPONSE_ORDER_MACHINE = "statemachine/test_response_order_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
@@ -1496,7 +1498,7 @@ TENTH = (
         "        for k in range(len(partitions)):\n",
         "a share group with more members than partitions leaves the extra members without "
         "a partition (KIP-932's simple assignor gives every member one)",
-        (SHARE_PARTITION_MACHINE,),
+        (SHARE_GROUP_MACHINE, SHARE_PARTITION_MACHINE),
         ("tests/unit/groups/test_share_group.py",),
     ),
     Bug(
