@@ -80,6 +80,8 @@ CLEANER_MACHINE = "statemachine/test_cleaner_machine.py"
 TIGHT_MEMORY_BROKER = "statemachine/test_broker_machine.py -k TightMemory"
 #: Share group membership and the simple assignor (state/share_group.py).
 SHARE_GROUP_MACHINE = "statemachine/test_share_group_machine.py"
+#: Plain and transactional offset commits through a real OffsetsStore.
+OFFSETS_STORE_MACHINE = "statemachine/test_offsets_store_machine.py"
 RESPONSE_ORDER_MACHINE = "statemachine/test_response_order_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
@@ -1528,7 +1530,7 @@ TENTH = (
         "                self._set((OffsetKey(record.group_id, topic, partition), value), log_offset)\n",
         "a committed transactional offset counts from its marker's place in the log, not its "
         "own record's: a plain commit written between them is overwritten by the older one",
-        (GROUP_MACHINE, PARTITION_TXN_MACHINE),
+        (OFFSETS_STORE_MACHINE, GROUP_MACHINE, PARTITION_TXN_MACHINE),
         ("tests/unit/transactions/test_txn_offsets.py",),
     ),
 )
