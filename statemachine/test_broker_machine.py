@@ -107,13 +107,21 @@ GROUP_CONFIG = "group.initial.rebalance.delay.ms = 0\n"
 class BrokerThread:
     """A real broker in a thread of its own; ``stop()`` shuts it down cleanly."""
 
-    def __init__(self, data_dir: Path, processing_model: str) -> None:
+    def __init__(
+        self, data_dir: Path, processing_model: str, queued_max_request_bytes: int | None = None
+    ) -> None:
+        budget = (
+            {}
+            if queued_max_request_bytes is None
+            else {"queued_max_request_bytes": queued_max_request_bytes}
+        )
         self.config = BrokerConfig(
             port=0,
             data_dir=data_dir,
             processing_model=processing_model,
             auto_create_topics=False,
             group_initial_rebalance_delay_ms=0,
+            **budget,
         )
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -1162,6 +1170,23 @@ TestPipelinedBroker = PipelinedBrokerMachine.TestCase
 TestPipelinedBroker.settings = SETTINGS
 TestSerialBroker = SerialBrokerMachine.TestCase
 TestSerialBroker.settings = SETTINGS
+
+
+class TightMemoryBrokerMachine(BrokerMachine):
+    """``queued.max.request.bytes`` of 1: every request read exhausts the broker's memory
+    budget, so the connection mutes for memory pressure after each one and must be
+    unmuted once the handler releases its bytes (the budget tells the connections it
+    muted). A connection left muted never reads the client's next request: the machine's
+    next answer times out. No other machine runs a budget small enough to mute."""
+
+    processing_model = "pipelined"
+
+    def start(self) -> ProcessBroker | BrokerThread:
+        return BrokerThread(self.data_dir, self.processing_model, queued_max_request_bytes=1)
+
+
+TestTightMemoryBroker = TightMemoryBrokerMachine.TestCase
+TestTightMemoryBroker.settings = settings(max_examples=3, stateful_step_count=STEPS, deadline=None)
 
 
 class PipelinedCrashingMachine(CrashingBrokerMachine):

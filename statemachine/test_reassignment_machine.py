@@ -20,7 +20,12 @@ What is checked, the machine keeping its own record of which replicas each move 
    once a target replica alive and in the ISR can lead;
 3. while a replica leads, the ISR is within the replicas; the leader is within the ISR,
    and every ISR member holds the log below the leader's HW (what acks=all counted is
-   on each of them).
+   on each of them);
+4. a follower's fetch at the leader's log end puts it in the ISR, a replica the move
+   removes too while some joiner is not yet in sync (Kafka lets it rejoin then); once
+   every joiner is in sync a leaving replica stays out. The fetch goes through
+   ``replica_rules.record_follower_fetch`` and ``leaving_replica``, as the replica
+   manager calls them.
 
 A cancel, or a new target, is a move from the current replicas (``reassign``): a
 replica the abandoned move added stays until the new move ends, so 3 holds too in the
@@ -47,6 +52,7 @@ from trio_broker.replication.controller_rules import (
     reassignment_done,
 )
 from trio_broker.replication.leader import IsrProposal, LeaderPartition
+from trio_broker.replication.replica_rules import leaving_replica, record_follower_fetch
 
 BROKERS = (1, 2, 3, 4, 5)
 LAG_MAX_MS = 100
@@ -220,11 +226,22 @@ class ReassignmentMachine(RuleBasedStateMachine):
             return  # not a replica (of this term, or any more): it does not fetch
         leader_end = self.brokers[term.broker_id].log_end
         follower.log_end = min(follower.log_end, leader_end)  # truncation, simplified
-        leaving = broker in self.moving.removing and frozenset(self.moving.adding) <= term.isr
-        _, proposal = term.follower_fetched(
-            broker, follower.log_end, self.now_ms, may_join=not leaving
+        moving = self.moving
+        leaving = leaving_replica(broker, moving.removing, moving.adding, term.isr)
+        ending = frozenset(moving.adding) <= term.isr
+        _, proposal = record_follower_fetch(
+            term, broker, follower.log_end, 0, self.now_ms, may_join=not leaving
         )
         self._store_proposal(proposal)
+        if follower.log_end == leader_end and self.state.leader_epoch == term.leader_epoch:
+            # 4: caught up to the leader's log end, a replica joins the ISR, a replica the
+            # move removes too while the move goes on (as in Kafka); once every joiner
+            # is in sync, a leaving one stays out.
+            joins = not (broker in moving.removing and ending)
+            assert broker in term.isr or not joins, (
+                f"broker {broker} fetched at the log end {leader_end} and is not in the"
+                f" ISR {sorted(term.isr)} (move {moving})"
+            )
         follower.log_end = leader_end if whole else min(leader_end, follower.log_end + 1)
 
     @rule(ms=st.integers(1, 150))
@@ -258,6 +275,32 @@ class ReassignmentMachine(RuleBasedStateMachine):
         self.follower_fetches(first, whole=True)
         self.controller_finishes_moves()
         note(f"joiners {first} (caught up) and {second} (not yet)")
+
+    @rule(records=st.integers(1, 3))
+    def leaving_replica_rejoins_mid_move(self, records: int) -> None:
+        """Sentence 4's shape, built on purpose: a replica the move removes falls out of
+        the ISR (it stops fetching past the lag limit) while one of two joiners catches
+        up and joins; the move is not ending (the other joiner is out), so the leaving
+        replica, fetching at the log end again, rejoins."""
+        term = self.term
+        if self.moving.adding or self.moving.removing or term is None:
+            return
+        outside = [b for b in BROKERS if b not in self.moving.replicas]
+        staying = term.broker_id
+        leaving = [b for b in self.moving.replicas if b != staying]
+        if len(outside) < 2 or not leaving:
+            return
+        first, second = outside[:2]
+        self.administrator_moves([staying, first, second])
+        self.produce(records)
+        for _ in range(2):
+            self.follower_fetches(first, whole=True)
+        self.time_passes(LAG_MAX_MS + 1)  # the leaving replicas and `second` lag
+        for _ in range(2):
+            self.follower_fetches(first, whole=True)
+        note(f"joiner {first} in sync, {second} not; {leaving[0]} leaving, fetching again")
+        for _ in range(2):
+            self.follower_fetches(leaving[0], whole=True)
 
     @rule(records=st.integers(0, 3))
     def joiner_alone_in_sync_then_cancel(self, records: int) -> None:

@@ -612,6 +612,29 @@ class StorageMachine(RuleBasedStateMachine):
         got = b"".join(r.read_bytes() for r in regions)
         assert got == self.model.read(start, max_bytes, max_offset, min_one)
 
+    @rule(which=st.floats(0, 1), min_one=st.booleans())
+    def read_bounded_below_indexed_batches(self, which: float, min_one: bool) -> None:
+        """A read from a batch of a segment holding several, bounded at the next batch
+        (a consumer at the HW), with room for the whole log: the read jumps through the
+        offset index over whole batches, and no jump may pass the bound. ``read``'s
+        bound lands a few offsets after a random start, rarely just before an indexed
+        batch of the same segment."""
+        assert self.log is not None
+        runs = [s.batches for s in self.model.segments if len(s.batches) >= 3]
+        if not runs:
+            return
+        batches = runs[int((len(runs) - 1) * which)]
+        live = [b for b in batches[:-1] if b.last >= self.model.log_start]
+        if not live:
+            return
+        start = max(live[0].base, self.model.log_start)
+        bound = live[0].last + 1
+        regions = self.log.read(start, 10**6, bound, min_one=min_one)
+        got = b"".join(r.read_bytes() for r in regions)
+        assert got == self.model.read(start, 10**6, bound, min_one), (
+            f"a read from {start} bounded at {bound} returned batches past the bound"
+        )
+
     @rule(beyond=st.integers(1, 5))
     def read_out_of_range(self, beyond: int) -> None:
         assert self.log is not None

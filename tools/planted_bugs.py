@@ -16,6 +16,7 @@ models miss, the module's own unit tests:
     python tools/planted_bugs.py --seventh        # the seventh set (SEVENTH)
     python tools/planted_bugs.py --eighth         # the eighth set (EIGHTH)
     python tools/planted_bugs.py --ninth          # the ninth set (NINTH)
+    python tools/planted_bugs.py --tenth          # the tenth set (TENTH)
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
 
@@ -71,6 +72,17 @@ GROUP_COMMIT_MACHINE = "statemachine/test_group_commit_machine.py"
 QUOTA_MACHINE = "statemachine/test_quota_machine.py"
 #: One partition moving between replica sets (KIP-455) under the real controller rules.
 REASSIGNMENT_MACHINE = "statemachine/test_reassignment_machine.py"
+#: KIP-73 replication throttles of a real replica manager against a plain model.
+REPLICATION_THROTTLE_MACHINE = "statemachine/test_replication_throttle_machine.py"
+#: Log compaction (storage/cleaner.py) of a real log against Kafka's guarantees.
+CLEANER_MACHINE = "statemachine/test_cleaner_machine.py"
+#: The whole-broker machine with a memory budget every request exhausts.
+TIGHT_MEMORY_BROKER = "statemachine/test_broker_machine.py -k TightMemory"
+#: Share group membership and the simple assignor (state/share_group.py).
+SHARE_GROUP_MACHINE = "statemachine/test_share_group_machine.py"
+#: Plain and transactional offset commits through a real OffsetsStore.
+OFFSETS_STORE_MACHINE = "statemachine/test_offsets_store_machine.py"
+RESPONSE_ORDER_MACHINE = "statemachine/test_response_order_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
 
@@ -1299,7 +1311,7 @@ NINTH = (
         "overdue = bool(dirty) and now_ms - dirty[-1].max_timestamp > config.max_compaction_lag_ms",
         "max.compaction.lag.ms counts from the newest dirty record instead of the oldest: "
         "a log that keeps taking writes is never overdue and stays uncleaned",
-        (STORAGE_MACHINE,),
+        (CLEANER_MACHINE, STORAGE_MACHINE),
         ("tests/unit/storage/test_cleaner.py",),
     ),
     Bug(
@@ -1309,7 +1321,7 @@ NINTH = (
         "                else:\n",
         "a tombstone past its delete horizon goes though an older record of its key is "
         "kept (a producer's last batch, kept whole): the deleted value comes back",
-        (STORAGE_MACHINE, PARTITION_TXN_MACHINE),
+        (CLEANER_MACHINE, STORAGE_MACHINE, PARTITION_TXN_MACHINE),
         ("tests/unit/storage/test_cleaner.py tests/unit/storage/test_cleaner_markers.py",),
     ),
     Bug(
@@ -1336,12 +1348,13 @@ NINTH = (
     Bug(
         "isr-follower-throttled",
         "trio_broker/replication/throttle.py",
-        "    return replica not in isr and lists[0].names(partition, leader)\n",
-        "    return lists[0].names(partition, leader)\n",
+        "    if replica in isr:\n"
+        "        return False  # in sync: never throttled, whatever the lists (Kafka's rule)\n",
+        "",
         "a leader's replication throttle also slows in-sync followers of a throttled "
         "partition (Kafka throttles only those outside the ISR): acks=all stall and the "
         "ISR shrinks under a reassignment's throttle",
-        (REPLICATION_MACHINE, SIMULATOR),
+        (REPLICATION_THROTTLE_MACHINE, REPLICATION_MACHINE, SIMULATOR),
         (
             "tests/unit/cluster/test_throttled_replicas.py tests/unit/replication/test_byte_budget.py",
         ),
@@ -1366,7 +1379,7 @@ NINTH = (
         "            self._mute_event(MuteEvent.MEMORY_EXHAUSTED)\n",
         "a connection muted for memory pressure does not ask to be told when memory frees: "
         "it stays muted for good",
-        (BROKER_MACHINE,),
+        (TIGHT_MEMORY_BROKER, BROKER_MACHINE),
         ("tests/integration/test_mute_wiring.py",),
     ),
     Bug(
@@ -1388,6 +1401,137 @@ NINTH = (
         "state): acks=all wait for a dead broker until the leader's lag check drops it",
         (REPLICATION_MACHINE, SIMULATOR),
         ("tests/unit/replication/test_controller_rules.py",),
+    ),
+)
+
+
+#: The tenth set (session 43): paths no earlier set touched (the log's flush and its
+#: recovery point, durable renames, the cleaner's choice of segments, the replica
+#: manager's rules, the response sequencer, the transaction log's format, the
+#: throttled-replica lists, the share assignor, fetch session eviction, transactional
+#: offset commits). Committed before its one scoring run.
+TENTH = (
+    Bug(
+        "recovery-point-past-unsynced-segment",
+        "trio_broker/storage/log_flush.py",
+        "point = next((s.base_offset for s in segments if not s.fully_synced), None)",
+        "point = next((s.base_offset for s in reversed(segments) if not s.fully_synced), None)",
+        "the recovery point is the last segment not fully synced instead of the first: a "
+        "sealed segment whose fsync has not finished is skipped by recovery after a crash",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage/test_storage_log.py tests/unit/storage/test_durable_writes.py",),
+    ),
+    Bug(
+        "cleaner-takes-unsynced-segment",
+        "trio_broker/storage/log_cleaning.py",
+        "            if not (segment.sealed and segment.fully_synced) or segment.deleted:\n",
+        "            if not segment.sealed or segment.deleted:\n",
+        "the cleaner may rewrite a sealed segment not yet synced: its checkpoint can pass "
+        "the durable end, and a power cut loses records the cleaned copy claimed",
+        (CLEANER_MACHINE, STORAGE_MACHINE),
+        ("tests/unit/storage/test_cleaner.py tests/unit/storage/test_cleaner_markers.py",),
+    ),
+    Bug(
+        "leaving-replica-at-first-joiner",
+        "trio_broker/replication/replica_rules.py",
+        "    return replica in removing and set(adding) <= set(isr)\n",
+        "    return replica in removing and bool(set(adding) & set(isr))\n",
+        "a replica a move removes is kept out of the ISR once one joiner is in sync, not "
+        "all: while the move goes on the ISR shrinks below what it needs",
+        (REASSIGNMENT_MACHINE, REPLICATION_MACHINE, SIMULATOR),
+        (
+            "tests/unit/replication/test_replica_rules.py tests/unit/cluster/test_leaving_replica_isr.py",
+        ),
+    ),
+    Bug(
+        "follower-role-forgets-hw-floor",
+        "trio_broker/replication/replica_rules.py",
+        "        return max(role_high_watermark, self._reached.get(key, 0))\n",
+        "        return role_high_watermark\n",
+        "a leader turned follower starts its role at the HW the role learned (0 at first), "
+        "not at what its terms showed: its consumers see the HW go back",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/replication/test_replica_rules.py",),
+    ),
+    Bug(
+        "fetch-at-log-end-not-recorded",
+        "trio_broker/replication/replica_rules.py",
+        "    if fetch_offset > term.log_end_offset:\n",
+        "    if fetch_offset >= term.log_end_offset:\n",
+        "a follower's fetch at the leader's log end records nothing: a caught-up follower "
+        "is never seen caught up and leaves the ISR when the partition goes quiet",
+        (REASSIGNMENT_MACHINE, REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/replication/test_replica_rules.py",),
+    ),
+    Bug(
+        "released-slot-completes-again",
+        "trio_broker/state/response_order.py",
+        "        if slot not in self._correlation_ids:\n",
+        "        if slot >= self._next_slot:\n",
+        "a response for a slot already released is taken again instead of refused: it waits "
+        "in the sequencer for good, counted as completed-waiting",
+        (RESPONSE_ORDER_MACHINE, BROKER_MACHINE),
+        ("tests/unit/state/test_mute.py",),
+    ),
+    Bug(
+        "txn-log-times-swapped",
+        "trio_broker/transactions/log_format.py",
+        "    last_update_ms, start_ms = reader.unpack(_TIMES)\n",
+        "    start_ms, last_update_ms = reader.unpack(_TIMES)\n",
+        "a transaction read back from __transaction_state swaps its start and last update "
+        "times: after a coordinator move an open transaction times out late or at once",
+        (TXN_COORDINATOR_MACHINE,),
+        ("tests/unit/transactions/test_txn_coordinator.py",),
+    ),
+    Bug(
+        "throttled-pair-read-backwards",
+        "trio_broker/storage/throttled_replicas.py",
+        "        partition, broker = int(match.group(1)), int(match.group(2))\n",
+        "        broker, partition = int(match.group(1)), int(match.group(2))\n",
+        "a throttled-replica list's partition:broker pairs are read broker:partition: the "
+        "tool's throttle slows the wrong replicas and leaves the move's unthrottled",
+        (REPLICATION_THROTTLE_MACHINE,),
+        ("tests/unit/cluster/test_throttled_replicas.py",),
+    ),
+    Bug(
+        "share-members-beyond-partitions-idle",
+        "trio_broker/state/share_group.py",
+        "        for k in range(max(len(members), len(partitions))):\n",
+        "        for k in range(len(partitions)):\n",
+        "a share group with more members than partitions leaves the extra members without "
+        "a partition (KIP-932's simple assignor gives every member one)",
+        (SHARE_GROUP_MACHINE, SHARE_PARTITION_MACHINE),
+        ("tests/unit/groups/test_share_group.py",),
+    ),
+    Bug(
+        "session-evicted-on-a-tie",
+        "trio_broker/state/fetch_sessions.py",
+        "            if (privileged, size, 0) < _worth(victim):\n",
+        "            if (privileged, size, 0) <= _worth(victim):\n",
+        "a new fetch session evicts a cached one of equal worth (KIP-227 evicts only for a "
+        "strictly better newcomer): sessions of the same size evict each other in turn",
+        (FETCH_SESSION_MACHINE,),
+        ("tests/unit/handlers/test_fetch_session_cache.py",),
+    ),
+    Bug(
+        "durable-rename-without-dir-fsync",
+        "trio_broker/storage/durable.py",
+        "        raise\n    fsync_dir(path.parent)\n",
+        "        raise\n",
+        "an atomically written file (checkpoints: log start, leader epochs, cleaner) is "
+        "renamed without a directory fsync: a power cut can bring the old one back",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage/test_durable_writes.py tests/unit/storage/test_follower_storage.py",),
+    ),
+    Bug(
+        "txn-offset-counts-from-marker",
+        "trio_broker/groups/offsets_store.py",
+        "                self._set((OffsetKey(record.group_id, topic, partition), value), staged_at)\n",
+        "                self._set((OffsetKey(record.group_id, topic, partition), value), log_offset)\n",
+        "a committed transactional offset counts from its marker's place in the log, not its "
+        "own record's: a plain commit written between them is overwritten by the older one",
+        (OFFSETS_STORE_MACHINE, GROUP_MACHINE, PARTITION_TXN_MACHINE),
+        ("tests/unit/transactions/test_txn_offsets.py",),
     ),
 )
 
@@ -1440,10 +1584,13 @@ def main() -> int:
     parser.add_argument("--seventh", action="store_true", help="the seventh set (SEVENTH) only")
     parser.add_argument("--eighth", action="store_true", help="the eighth set (EIGHTH) only")
     parser.add_argument("--ninth", action="store_true", help="the ninth set (NINTH) only")
+    parser.add_argument("--tenth", action="store_true", help="the tenth set (TENTH) only")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
-    every = (*BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH, *EIGHTH, *NINTH)
-    if args.ninth:
+    every = (*BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH, *EIGHTH, *NINTH, *TENTH)
+    if args.tenth:
+        chosen = list(TENTH)
+    elif args.ninth:
         chosen = list(NINTH)
     elif args.eighth:
         chosen = list(EIGHTH)

@@ -50,10 +50,12 @@ def leader_throttles(
     """Does ``leader`` throttle serving ``replica``'s fetches of ``partition`` (a topic
     with these ``configs``; ``adding``: the replicas a reassignment adds; ``replicas``: the
     partition's replicas as the leader's view has them)?"""
+    if replica in isr:
+        return False  # in sync: never throttled, whatever the lists (Kafka's rule)
     lists = throttled_replica_lists(configs)
     if lists is None:
         return replica in adding or replica not in replicas
-    return replica not in isr and lists[0].names(partition, leader)
+    return lists[0].names(partition, leader)
 
 
 def follower_throttles(
@@ -64,10 +66,12 @@ def follower_throttles(
     isr: Collection[int],
 ) -> bool:
     """Does ``follower`` throttle its own fetching of ``partition``?"""
+    if follower in isr:
+        return False  # in sync: never throttled (a joiner in the ISR before the move ends)
     lists = throttled_replica_lists(configs)
     if lists is None:
         return follower in adding
-    return follower not in isr and lists[1].names(partition, follower)
+    return lists[1].names(partition, follower)
 
 
 @attrs.define

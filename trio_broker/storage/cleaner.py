@@ -30,8 +30,10 @@ What stays (docs/compaction.md):
   the batch of each producer's last data offset, or the markers of its epoch when it
   has only markers).
 
-The key map covers the dirty part only (past ``cleaner-offset.checkpoint``), as in
-Kafka: an earlier pass left the clean part with one record per key. With ``max_keys``
+The key map covers the dirty part (past ``cleaner-offset.checkpoint``), as in Kafka,
+and the clean part's latest offsets besides: an earlier pass left the clean part with
+one record per key except in the batches it kept whole, which a later pass filters once
+their producer wrote again (Kafka keeps only such a batch's header). With ``max_keys``
 (``log.cleaner.dedupe.buffer.size``) it takes dirty segments while their keys fit and
 the pass stops after the last one it mapped; the next pass goes on from there.
 
@@ -630,9 +632,14 @@ def clean_log(
     first_dirty = read_cleaner_checkpoint(log.directory)
     clean_count = sum(1 for _ in itertools.takewhile(lambda f: f.end_offset <= first_dirty, facts))
     pinned: set[bytes] = set()
-    for segment in segments[:clean_count]:  # an earlier pass left one record per key here
-        build_offset_map(_read_batches(segment, throttler, stop), None, kept_whole=keep_whole,
-                         pinned=pinned, txns=txns)  # fmt: skip
+    # An earlier pass left one record per key here, but for batches it kept whole: once
+    # their producer wrote again they are filtered like any other, so the clean part's
+    # latest offsets are mapped too (else a superseded record kept whole outlives its
+    # key's tombstone and the deleted value comes back).
+    clean_offsets: dict[bytes, int] = {}
+    for segment in segments[:clean_count]:
+        build_offset_map(_read_batches(segment, throttler, stop), clean_offsets,
+                         kept_whole=keep_whole, pinned=pinned, txns=txns)  # fmt: skip
     offsets: dict[bytes, int] = {}
     mapped = clean_count
     for segment in segments[clean_count:]:
@@ -650,6 +657,7 @@ def clean_log(
         mapped += 1
     segments, facts = segments[:mapped], facts[:mapped]
     result.keys_mapped = len(offsets)
+    offsets = clean_offsets | offsets  # the dirty part's later offsets win
     tracker = TransactionTracker() if txns is not None else None
     step = after_step or (lambda _name: None)
     index = 0

@@ -121,6 +121,15 @@ def test_without_lists_the_replicas_a_move_adds_are_throttled_on_both_sides() ->
     assert not follower_throttles({}, 0, 2, ADDING, ISR)
 
 
+def test_without_lists_a_joiner_in_sync_is_no_longer_throttled() -> None:
+    # Broker 3 caught up and joined the ISR; the move ends at the controller's next pass.
+    # Until then it is still listed as adding, but in sync it is never throttled, on
+    # either side (Kafka checks the ISR before any list). Found by
+    # statemachine/test_replication_throttle_machine.py: both were throttled.
+    assert not leader_throttles({}, 0, 1, 3, ADDING, (1, 2, 3), REPLICAS)
+    assert not follower_throttles({}, 0, 3, ADDING, (1, 2, 3))
+
+
 def test_without_lists_the_leader_throttles_a_fetcher_its_view_does_not_list_yet() -> None:
     # Broker 3 heard of the move from its own watch and fetches before the leader's view
     # has it: no adding replicas, replicas {1, 2}. Served free, it would copy the whole

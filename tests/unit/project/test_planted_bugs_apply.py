@@ -40,6 +40,7 @@ EVERY: tuple[PlantedBug, ...] = (
     *_tool.SEVENTH,
     *_tool.EIGHTH,
     *_tool.NINTH,
+    *_tool.TENTH,
 )
 
 

@@ -527,6 +527,33 @@ def test_a_tombstone_stays_while_a_whole_kept_batch_holds_an_older_value(tmp_pat
     log.close()
 
 
+def test_a_batch_no_longer_kept_whole_loses_its_superseded_records(tmp_path: Path) -> None:
+    # Producer 7's batch sets key 5 and is kept whole while it is the producer's last; a
+    # plain tombstone deletes key 5. Then producer 7 writes again: its old batch is
+    # kept whole no more, and lies in the clean part, where the key map never looked.
+    # The tombstone, past its horizon and no longer pinned, must not go while b"old"
+    # stays: b"old" goes first (found by statemachine/test_cleaner_machine.py).
+    log = sealed(open_log(tmp_path))
+
+    def produce(key: int, value: bytes, sequence: int, ts: int) -> None:
+        batch = build_batch([(key_of(key), value)], producer_id=7, producer_epoch=0,
+                            base_sequence=sequence, base_timestamp=ts)  # fmt: skip
+        log.append(batch, now_ms=ts)
+
+    produce(5, b"old", 0, T0)
+    write(log, [[(5, None)]], Compression.NONE)
+    log.roll(T0 + 1)
+    log.flush()
+    clean_log(log, T0 + 1000)  # stamps the tombstone's horizon; b"old" is kept whole
+    produce(6, b"new", 1, T0 + 2000)
+    log.roll(T0 + 2000)
+    log.flush()
+    later = T0 + 2000 + DAY + 1
+    clean_log(log, later, plan=plan_for(log, later, tombstones_due=True))
+    assert all(row[1] != key_of(5) or row[2] is None for row in read_all(log))
+    log.close()
+
+
 @given(
     sizes=st.lists(st.tuples(st.integers(1, 1000), st.integers(0, 10_000)), min_size=0, max_size=8),
     first_dirty=st.integers(0, 100),

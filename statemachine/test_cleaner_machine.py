@@ -1,0 +1,291 @@
+"""Log compaction (trio_broker/storage/cleaner.py) of a real log against what Kafka promises.
+
+The storage machine writes the checkpoint a cleaning pass ends with, but runs no pass:
+no model called the cleaner's planning (``plan_for``/``plan_cleaning``) or its filtering
+(``build_offset_map``, ``filter_batch``, the batches kept whole). This machine writes
+keyed records, tombstones and keyless ones into a real compacted ``PartitionLog`` (plain
+writes and idempotent producers' batches, whose last batch in the log the cleaner keeps
+whole), rolls segments, lets time pass and runs ``clean_log`` as the broker's cleaner
+does (``plan_for`` at the time, then the pass), and checks Kafka's compaction guarantees
+against the records it wrote:
+
+1. every record read back was written, at its offset, with its key and value; a record
+   without a key is never removed;
+2. the latest record of every key stays, at its offset, and no older record of the key
+   is read after it, unless that latest is a tombstone past its delete horizon: then
+   the key may be gone altogether, never back to an older value (a tombstone goes only
+   when nothing older of its key is kept: the pinned keys of batches kept whole);
+3. the cleaner rewrites only what is durable: its checkpoint (the end of what it
+   rewrote) never passes the log's durable end (a cleaned copy of unsynced records
+   would make them durable out of order, and a power cut lose what it replaced);
+4. ``max.compaction.lag.ms`` (KIP-354): once every closed segment is older than
+   ``min.compaction.lag.ms`` and the oldest record of the dirty part (past the
+   cleaner's checkpoint, in a closed segment) is older than ``max.compaction.lag.ms``,
+   a pass is due whatever ``min.cleanable.dirty.ratio`` says.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import attrs
+from hypothesis import note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from trio_broker.protocol.records import Record, build_batch, iter_batches
+from trio_broker.storage.cleaner import clean_log, plan_for
+from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.swap import read_cleaner_checkpoint
+
+T0 = 1_700_000_000_000
+#: tmpfs where there is one: every pass and flush fsyncs, and what is under test is the
+#: rules, not the disk (the storage machine checks durability).
+SCRATCH = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+DELETE_RETENTION_MS = 1000
+KEYS = (b"a", b"b", b"c")
+#: -1: a plain write; otherwise an idempotent producer (epoch 0).
+PRODUCERS = (-1, -1, 7, 8)
+#: The producer of ``tombstone_over_a_kept_batch`` (no other rule writes as it).
+PINNING_PRODUCER = 9
+
+
+@attrs.frozen
+class Written:
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int
+
+
+class CleanerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.directory = Path(tempfile.mkdtemp(prefix="cleaner-machine.", dir=SCRATCH))
+        self.now_ms = T0
+        self.log: PartitionLog | None = None
+        self.config = LogConfig()
+        self.written: dict[int, Written] = {}
+        self.sequences: dict[int, int] = {}
+        self.unique = 0
+        #: The earliest delete horizon the last pass reported (the broker's
+        #: ``_horizons``): a pass is due once it has passed.
+        self.horizon: int | None = None
+        #: Nothing written or rolled since the last flush: every sealed segment is
+        #: synced, so rule 4 may demand a pass over all of them.
+        self.all_synced = True
+
+    @initialize(
+        segment_bytes=st.sampled_from((300, 500, 900)),
+        dirty_ratio=st.sampled_from((0.5, 0.9, 1.0)),
+        min_lag=st.sampled_from((0, 0, 400)),
+        max_lag=st.sampled_from((2000, 5000)),
+    )
+    def open_log(self, segment_bytes: int, dirty_ratio: float, min_lag: int, max_lag: int) -> None:
+        self.config = LogConfig(
+            segment_bytes=segment_bytes, index_interval_bytes=64, retention_ms=None,
+            compact=True, delete=False, delete_retention_ms=DELETE_RETENTION_MS,
+            min_cleanable_dirty_ratio=dirty_ratio, min_compaction_lag_ms=min_lag,
+            max_compaction_lag_ms=max_lag,
+        )  # fmt: skip
+        note(f"{self.config}")
+        self.log = PartitionLog.open(self.directory, self.config, now_ms=lambda: self.now_ms)
+
+    def teardown(self) -> None:
+        if self.log is not None:
+            self.log.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    # ------------------------------------------------------------------ writes and time
+
+    @rule(
+        records=st.lists(
+            st.tuples(
+                st.sampled_from((*KEYS, None, b"")),  # b"": a key written once
+                st.sampled_from((b"x", b"y" * 40, None)),
+            ),
+            min_size=1,
+            max_size=3,
+        ),
+        producer=st.sampled_from(PRODUCERS),
+    )
+    def write(self, records: list[tuple[bytes | None, bytes | None]], producer: int) -> None:
+        assert self.log is not None
+        batch_records = []
+        for delta, (key, value) in enumerate(records):
+            if key == b"":
+                self.unique += 1
+                key = b"u%d" % self.unique
+            if key is None and value is None:
+                value = b"z"  # a tombstone needs a key
+            batch_records.append(Record(delta, 0, key, value))
+        sequence = -1
+        if producer >= 0:
+            sequence = self.sequences.get(producer, 0)
+            self.sequences[producer] = sequence + len(records)
+        batch = build_batch(
+            batch_records, producer_id=producer, producer_epoch=0 if producer >= 0 else -1,
+            base_sequence=sequence, base_timestamp=self.now_ms,
+        )  # fmt: skip
+        result = self.log.append(batch, now_ms=self.now_ms)
+        self.all_synced = False  # the append may have rolled (a sealed, unsynced segment)
+        for record in batch_records:
+            offset = result.base_offset + record.offset_delta
+            self.written[offset] = Written(offset, record.key, record.value, self.now_ms)
+        note(f"{producer} wrote {[(r.key, r.value) for r in batch_records]} at {self.now_ms}")
+
+    @rule()
+    def roll(self) -> None:
+        assert self.log is not None
+        self.log.roll(self.now_ms)
+        self.all_synced = False
+
+    @rule()
+    def flush(self) -> None:
+        """Group commit's flush (an acks=all produce, the flush interval)."""
+        assert self.log is not None
+        self.log.flush()
+        self.all_synced = True
+
+    @rule(ms=st.sampled_from((1, 50, 500, DELETE_RETENTION_MS + 1, 2500, 6000)))
+    def time_passes(self, ms: int) -> None:
+        self.now_ms += ms
+
+    # ------------------------------------------------------------------ the cleaner
+
+    def _overdue_record(self) -> Written | None:
+        """Rule 4: the oldest dirty record when a pass must be due, else None."""
+        assert self.log is not None
+        if not self.all_synced:
+            return None  # an unsynced sealed segment ends what may be cleaned
+        active = self.log.segment_base_offsets()[-1]
+        first_dirty = read_cleaner_checkpoint(self.log.directory)
+        closed = [w for offset, w in self.written.items() if offset < active]
+        if any(self.now_ms - w.timestamp < self.config.min_compaction_lag_ms for w in closed):
+            return None
+        dirty = [w for w in closed if w.offset >= first_dirty]
+        if not dirty:
+            return None
+        oldest = min(dirty, key=lambda w: w.timestamp)
+        if self.now_ms - oldest.timestamp > self.config.max_compaction_lag_ms:
+            return oldest
+        return None
+
+    @rule()
+    def cleaner_pass(self) -> None:
+        """One turn of the broker's cleaner (server/log_cleaner.py's ``clean_once``, in
+        its order): roll an active segment idle past ``max.compaction.lag.ms``, plan
+        with the tombstone horizon the last pass reported, run the pass."""
+        assert self.log is not None
+        active = self.log.active_segment()
+        first = active.first_batch_timestamp
+        idle_ms = self.now_ms - first if first is not None else 0
+        if active.size > 0 and idle_ms > min(self.config.segment_ms,
+                                             self.config.max_compaction_lag_ms):  # fmt: skip
+            self.log.roll(self.now_ms)
+            self.log.flush()  # the shell flushes what it rolled: no append will
+            self.all_synced = True
+        overdue = self._overdue_record()
+        due = self.horizon is not None and self.now_ms >= self.horizon
+        plan = plan_for(self.log, self.now_ms, tombstones_due=due)
+        assert overdue is None or plan is not None, (
+            f"no pass due at {self.now_ms} though the dirty record {overdue} is older than"
+            f" max.compaction.lag.ms {self.config.max_compaction_lag_ms}"
+        )
+        if plan is None:
+            return
+        result = clean_log(self.log, self.now_ms, plan=plan)
+        if result is not None:
+            self.horizon = result.next_horizon
+        checkpoint = read_cleaner_checkpoint(self.log.directory)
+        assert checkpoint <= self.log.durable_end_offset, (
+            f"the cleaner rewrote up to {checkpoint}, past the durable end"
+            f" {self.log.durable_end_offset}: a power cut loses what its copy claims"
+        )
+        note(f"pass at {self.now_ms}: {plan}, {result and result.records_dropped} dropped")
+
+    @rule()
+    def dirty_segments_of_two_ages(self) -> None:
+        """Rule 4's shape: a cleaned log, then a dirty segment older than
+        ``max.compaction.lag.ms`` and a newer one behind it (a log that keeps taking
+        writes), the newer one past ``min.compaction.lag.ms``; then the cleaner looks."""
+        assert self.log is not None
+        self.cleaner_pass()
+        self.write([(b"", b"x")], -1)
+        self.log.roll(self.now_ms)
+        self.flush()
+        self.now_ms += self.config.max_compaction_lag_ms + 1
+        self.write([(b"", b"x")], -1)
+        self.log.roll(self.now_ms)
+        self.flush()
+        self.now_ms += self.config.min_compaction_lag_ms + 1
+        self.cleaner_pass()
+
+    @rule(key=st.sampled_from(KEYS))
+    def tombstone_over_a_kept_batch(self, key: bytes) -> None:
+        """Rule 2's shape: a producer's last batch (kept whole) holds a value of ``key``,
+        a later tombstone deletes it; passes stamp the tombstone's horizon, then run
+        past it."""
+        assert self.log is not None
+        self.write([(key, b"old")], PINNING_PRODUCER)
+        self.write([(key, None)], -1)
+        self.log.roll(self.now_ms)
+        self.flush()
+        self.now_ms += self.config.max_compaction_lag_ms + 1
+        self.cleaner_pass()
+        self.now_ms += DELETE_RETENTION_MS + 1
+        self.cleaner_pass()
+
+    # ------------------------------------------------------------------ the guarantees
+
+    def _read_back(self) -> list[tuple[int, bytes | None, bytes | None]]:
+        assert self.log is not None
+        rows = []
+        end = self.log.log_end_offset
+        for region in self.log.read(self.log.log_start_offset, 1 << 30, end):
+            for batch in iter_batches(region.read_bytes()):
+                for record in batch.records():
+                    rows.append((batch.offset_of(record), record.key, record.value))
+        return rows
+
+    @invariant()
+    def compaction_keeps_what_kafka_promises(self) -> None:
+        if self.log is None:
+            return
+        rows = self._read_back()
+        read = {offset for offset, _, _ in rows}
+        for offset, key, value in rows:  # rule 1
+            written = self.written.get(offset)
+            assert written is not None and (written.key, written.value) == (key, value), (
+                f"offset {offset} reads ({key!r}, {value!r}), written {written}"
+            )
+        for offset, written in self.written.items():
+            if written.key is None:
+                assert offset in read, f"the keyless record at {offset} was removed"
+        latest: dict[bytes, Written] = {}
+        for offset in sorted(self.written):
+            written = self.written[offset]
+            if written.key is not None:
+                latest[written.key] = written
+        last_read: dict[bytes, int] = {}
+        for offset, key, _ in rows:
+            if key is not None:
+                last_read[key] = offset
+        for key, newest in latest.items():  # rule 2
+            if newest.value is not None:
+                assert last_read.get(key) == newest.offset, (
+                    f"key {key!r}: the latest record is at {newest.offset}, the last one read"
+                    f" at {last_read.get(key)}"
+                )
+            else:
+                assert last_read.get(key) in (None, newest.offset), (
+                    f"key {key!r}: its tombstone at {newest.offset} went but the older record"
+                    f" at {last_read.get(key)} is still read: the deleted value came back"
+                )
+
+
+TestCleanerMachine = CleanerMachine.TestCase
+TestCleanerMachine.settings = settings(max_examples=80, stateful_step_count=30, deadline=None)
