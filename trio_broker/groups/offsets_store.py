@@ -362,6 +362,15 @@ class OffsetsStore:
         self._producer_epochs: dict[int, int] = {}
         #: Appended writes not applied yet, for :meth:`apply_through`.
         self._unapplied: list[PendingWrite] = []
+        #: The committed offsets the transaction end just applied set: key -> the offset of
+        #: the staged record that won. The plain records right after the end, in its batch,
+        #: are their rewrites (:meth:`end_records`) and count from there too, as Kafka
+        #: counts a transactional offset from its own record: a rewrite dated at its own
+        #: place would beat another transaction's offset staged after the winner's.
+        self._rewrites_due: dict[OffsetKey, tuple[int, OffsetAndMetadata]] = {}
+        #: The last log offset the end's batch can reach (the end, then a rewrite and a
+        #: tombstone per staged offset): a record past it is another write's.
+        self._rewrites_until = -1
         #: group -> (its stored generation, the log offset of that record).
         self._metadata: dict[str, tuple[GroupRecord, int]] = {}
         #: group -> log offset of its newest metadata record or tombstone.
@@ -471,6 +480,10 @@ class OffsetsStore:
         return records
 
     def _apply_record(self, record: StoreRecord, log_offset: int) -> None:
+        staged_at = self._rewrite_of_the_end(record, log_offset)
+        if staged_at is not None and isinstance(record, tuple):
+            self._set(record, staged_at)  # the end's rewrite: dated like its original
+            return
         if isinstance(record, ConsumerGroupSnapshot):
             if self._snapshots_at.get(record.group_id, -1) > log_offset:
                 return
@@ -500,6 +513,23 @@ class OffsetsStore:
             if record[1] is None:
                 self._drop_pending(record[0], log_offset)
             self._set(record, log_offset)
+
+    def _rewrite_of_the_end(self, record: StoreRecord, log_offset: int) -> int | None:
+        """The staged record's offset if ``record`` rewrites an offset the transaction end
+        just applied committed (in the end's batch, the same key and value), else None."""
+        due, self._rewrites_due = self._rewrites_due, {}
+        if not due or log_offset > self._rewrites_until:
+            return None
+        if isinstance(record, TxnOffset) and record.value is None:
+            self._rewrites_due = due  # the end batch's tombstones: still in it
+            return None
+        if isinstance(record, tuple):
+            original = due.get(record[0])
+            if original is not None and original[1] == record[1]:
+                del due[record[0]]
+                self._rewrites_due = due
+                return original[0]
+        return None
 
     def _stage(self, record: TxnOffset, log_offset: int) -> None:
         key = record.key
@@ -543,6 +573,7 @@ class OffsetsStore:
     def _end_transaction(self, record: TxnEnd, log_offset: int) -> None:
         producers = self._pending.get(record.group_id, {})
         staged = producers.get(record.producer_id, {})
+        self._rewrites_until = log_offset + 2 * len(staged)
         for (topic, partition), (value, staged_at) in list(staged.items()):
             if staged_at > log_offset:
                 continue  # staged by the producer's next transaction
@@ -550,7 +581,10 @@ class OffsetsStore:
             if record.committed:
                 # The offset counts from its own record's place in the log: a plain
                 # commit appended after it (but before the end) still wins.
-                self._set((OffsetKey(record.group_id, topic, partition), value), staged_at)
+                key = OffsetKey(record.group_id, topic, partition)
+                if self._applied_at.get(key, -1) <= staged_at:
+                    self._set((key, value), staged_at)
+                    self._rewrites_due[key] = (staged_at, value)
         if not staged:
             producers.pop(record.producer_id, None)
         if not producers:

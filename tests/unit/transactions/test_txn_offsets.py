@@ -125,6 +125,41 @@ def test_the_newer_record_wins_at_commit(tmp_path: Path, storage: str) -> None:
     store.close()
 
 
+def test_transactions_ending_in_the_other_order_leave_the_later_staged_offset(
+    tmp_path: Path,
+) -> None:
+    """Two producers stage offsets of one partition; the first to stage commits last.
+    Kafka counts each from its own staged record: the later one (OTHER's) wins. The
+    first end's rewrite of its offset (a plain record, for compaction) counts from the
+    record it rewrites, not from its own place after OTHER's (the offsets store machine
+    found this)."""
+    store = OffsetsStore.open(tmp_path, LogConfig())
+    write_durably(store, staged(1))
+    write_durably(store, staged(2, producer=OTHER))
+    write_durably(store, *store.end_records("g", PRODUCER, 0, committed=True))
+    assert store.get("g", "t", 0) == OffsetAndMetadata(1)
+    write_durably(store, *store.end_records("g", OTHER, 0, committed=True))
+    assert store.get("g", "t", 0) == OffsetAndMetadata(2)
+    store = reopen(store, tmp_path)
+    assert store.get("g", "t", 0) == OffsetAndMetadata(2)
+    store.close()
+
+
+def test_a_plain_commit_after_an_end_counts_from_its_own_place(tmp_path: Path) -> None:
+    """Only the end's own batch holds rewrites: the same offset committed again by a
+    consumer afterwards is newer than OTHER's staged record, and wins."""
+    store = OffsetsStore.open(tmp_path, LogConfig())
+    write_durably(store, staged(1))
+    write_durably(store, staged(2, producer=OTHER))
+    write_durably(store, *store.end_records("g", PRODUCER, 0, committed=True))
+    write_durably(store, (OffsetKey("g", "t", 0), OffsetAndMetadata(1)))
+    write_durably(store, *store.end_records("g", OTHER, 0, committed=True))
+    assert store.get("g", "t", 0) == OffsetAndMetadata(1)
+    store = reopen(store, tmp_path)
+    assert store.get("g", "t", 0) == OffsetAndMetadata(1)
+    store.close()
+
+
 def test_ends_are_per_producer_and_per_group(tmp_path: Path) -> None:
     store = OffsetsStore.open(tmp_path, LogConfig())
     write_durably(
