@@ -13,6 +13,8 @@ seconds, and writes JSON.
         --json out.json
     .venv/bin/python bench/verify.py --frames 10000000 --engines spark \
         --conf spark.driver.memory=1g --time-limit 600
+    git archive bff0773 | tar -x -C /tmp/old    # the same capture, checked by two commits
+    .venv/bin/python bench/verify.py --frames 1000000 --engines spark --trees /tmp/old,.
 """
 
 from __future__ import annotations
@@ -307,20 +309,53 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def measured(mode: str, directory: Path, time_limit: float, conf: list[str]) -> dict[str, Any]:
-    """Run ``mode`` on ``directory`` in a subprocess (time-limited), sampling peak tree RSS."""
-    cmd = [sys.executable, __file__, "--run", mode, str(directory)]
+def _tree_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system, with reaped children's) of ``pid`` and each descendant."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    seconds: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        seconds[int(entry)] = sum(int(x) for x in fields[11:15]) / tick
+    out: dict[int, float] = {}
+    stack = [pid]
+    while stack:
+        p = stack.pop()
+        out[p] = seconds.get(p, 0.0)
+        stack.extend(children.get(p, []))
+    return out
+
+
+def measured(
+    mode: str, directory: Path, time_limit: float, conf: list[str], tree: Path = ROOT
+) -> dict[str, Any]:
+    """Run ``mode`` on ``directory`` in a subprocess (time-limited), sampling peak tree RSS
+    and CPU seconds (the JVM and the Python workers: the machine may be shared, and CPU
+    time compares runs where wall time does not). ``tree``: the checkout whose
+    ``trio_broker`` runs (another commit's, for a side-by-side run)."""
+    cmd = [sys.executable, str(tree / "bench" / "verify.py"), "--run", mode, str(directory)]
     cmd += [f"--conf={c}" for c in conf]
+    env = dict(os.environ, PYTHONPATH=str(tree))
     # stderr to a file (Spark's progress is long): its tail explains a failed run.
     errors = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed after the run
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
     peak = 0
+    cpu: dict[int, float] = {}
     done = threading.Event()
 
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
             peak = max(peak, _tree_rss(proc.pid))
+            for pid, seconds in _tree_cpu(proc.pid).items():
+                cpu[pid] = max(cpu.get(pid, 0.0), seconds)
             done.wait(0.25)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -346,6 +381,8 @@ def measured(mode: str, directory: Path, time_limit: float, conf: list[str]) -> 
     sampler.join()
     result["wall_seconds"] = round(time.monotonic() - started, 2)
     result["peak_rss_mib"] = round(peak / 2**20)
+    result["cpu_seconds"] = round(sum(cpu.values()), 1)
+    result["tree"] = str(tree)
     return result
 
 
@@ -358,6 +395,12 @@ def main() -> None:
     parser.add_argument("--engines", default="spark,pandas", help="comma-separated")
     parser.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
+    )
+    parser.add_argument(
+        "--trees",
+        default=str(ROOT),
+        help="comma-separated checkouts to run side by side on each capture (e.g. an older "
+        "commit's `git archive`), alternating their order per capture",
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", type=Path, help="write the captures here and keep them")
@@ -372,17 +415,21 @@ def main() -> None:
             print(json.dumps(pandas_baseline(Path(directory))))
         return
     results = []
+    trees = [Path(t).resolve() for t in args.trees.split(",")]
     print(f"{'frames':>9} {'engine':<7} {'check s':>8} {'frames/s':>9} {'wall s':>7} "
-          f"{'peak MiB':>9} {'violations':>10}  phases s")  # fmt: skip
-    for frames in (int(x) for x in args.frames.split(",")):
+          f"{'CPU s':>7} {'peak MiB':>9} {'violations':>10}  phases s")  # fmt: skip
+    for n, frames in enumerate(int(x) for x in args.frames.split(",")):
         base = args.keep or Path(tempfile.mkdtemp(prefix="bench-verify-", dir=ROOT / "bench"))
         directory = base / f"capture-{frames}"
         started = time.monotonic()
         rows = write_capture(frames, directory)
         generate_s = time.monotonic() - started
-        for mode in args.engines.split(","):
-            r = measured(mode, directory, args.time_limit, args.conf)
+        runs = [(mode, tree) for mode in args.engines.split(",") for tree in trees]
+        for mode, tree in runs if n % 2 == 0 else runs[::-1]:
+            r = measured(mode, directory, args.time_limit, args.conf, tree)
             r.update(engine=mode, frames=rows, generate_seconds=round(generate_s, 1))
+            if len(trees) > 1:
+                print(f"# {tree}", flush=True)
             if "seconds" in r:
                 r["frames_per_s"] = round(rows / r["seconds"])
             results.append(r)
@@ -390,7 +437,7 @@ def main() -> None:
             rate = f"{r['frames_per_s']:>9}" if "frames_per_s" in r else f"{failed:>9}"
             phases = " ".join(f"{k} {v}" for k, v in r.get("phase_seconds", {}).items())
             print(f"{rows:>9} {mode:<7} {r.get('seconds', float('nan')):>8.1f} {rate} "
-                  f"{r['wall_seconds']:>7.1f} {r['peak_rss_mib']:>9} "
+                  f"{r['wall_seconds']:>7.1f} {r['cpu_seconds']:>7.1f} {r['peak_rss_mib']:>9} "
                   f"{r.get('violations', '-'):>10}  {phases}", flush=True)  # fmt: skip
         if args.keep is None:
             shutil.rmtree(base, ignore_errors=True)
