@@ -1526,8 +1526,10 @@ TENTH = (
     Bug(
         "txn-offset-counts-from-marker",
         "trio_broker/groups/offsets_store.py",
-        "                self._set((OffsetKey(record.group_id, topic, partition), value), staged_at)\n",
-        "                self._set((OffsetKey(record.group_id, topic, partition), value), log_offset)\n",
+        "                if self._applied_at.get(key, -1) <= staged_at:\n"
+        "                    self._set((key, value), staged_at)\n",
+        "                if self._applied_at.get(key, -1) <= log_offset:\n"
+        "                    self._set((key, value), log_offset)\n",
         "a committed transactional offset counts from its marker's place in the log, not its "
         "own record's: a plain commit written between them is overwritten by the older one",
         (OFFSETS_STORE_MACHINE, GROUP_MACHINE, PARTITION_TXN_MACHINE),
