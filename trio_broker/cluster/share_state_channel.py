@@ -16,9 +16,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import trio
-
-from trio_broker.cluster.broker_client import BrokerClient, BrokerConnectionError
+from trio_broker.cluster.broker_client import BrokerConnectionError
+from trio_broker.cluster.peer_clients import PeerClients
 from trio_broker.groups.share_coordinator import StateWrite
 from trio_broker.groups.share_state import ShareKey, ShareSnapshot, StateBatch
 from trio_broker.protocol import messages as m
@@ -42,7 +41,7 @@ class ShareStateChannel:
     def __init__(self, replication: Any) -> None:
         #: The replica manager: the view (who is where) and the inter-broker streams.
         self.replication = replication
-        self._clients: dict[int, tuple[BrokerClient, trio.Lock]] = {}
+        self._peers = PeerClients(replication, "share-state")
 
     async def read(
         self, coordinator: int, key: ShareKey, leader_epoch: int
@@ -108,7 +107,7 @@ class ShareStateChannel:
         return answers
 
     async def _call(self, broker_id: int, api_key: int, request: Any) -> Any:
-        client = self._client(broker_id)
+        client = self._peers.client(broker_id)
         if client is None:
             return None
         broker_client, lock = client
@@ -119,32 +118,8 @@ class ShareStateChannel:
                 )
             except BrokerConnectionError as exc:
                 log.info("share state request %d to broker %d: %s", api_key, broker_id, exc)
-                self._clients.pop(broker_id, None)
+                self._peers.forget(broker_id)
                 return None
 
-    def _client(self, broker_id: int) -> tuple[BrokerClient, trio.Lock] | None:
-        found = self._clients.get(broker_id)
-        registered = self.replication.view.brokers.get(broker_id)
-        # The other broker's inter-broker endpoint, as the replica fetchers use.
-        address = (
-            None
-            if registered is None
-            else registered.endpoint(getattr(self.replication, "inter_broker_listener", None))
-        )
-        if address is None:
-            return None
-        if found is not None and (found[0].host, found[0].port) == address:
-            return found
-        host, port = address
-        client = BrokerClient(
-            host, port, f"broker-{self.replication.view.broker_id}-share-state",
-            # A secured inter-broker listener: streams that log in (cluster/broker_node.py).
-            getattr(self.replication, "open_marker_stream", None),
-        )  # fmt: skip
-        self._clients[broker_id] = (client, trio.Lock())
-        return self._clients[broker_id]
-
     async def close(self) -> None:
-        for client, _lock in self._clients.values():
-            await client.close()
-        self._clients.clear()
+        await self._peers.close()

@@ -31,7 +31,8 @@ from typing import Any
 
 import trio
 
-from trio_broker.cluster.broker_client import BrokerClient, BrokerConnectionError
+from trio_broker.cluster.broker_client import BrokerConnectionError
+from trio_broker.cluster.peer_clients import PeerClients
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.controller_rules import NO_LEADER
@@ -98,7 +99,7 @@ class TxnMarkerChannel:
         #: offsets.topic.num.partitions: where each group's offsets live.
         self.offsets_partitions = offsets_partitions
         #: One connection per other broker, one request at a time on each.
-        self._clients: dict[int, tuple[BrokerClient, trio.Lock]] = {}
+        self._peers = PeerClients(replication, "txn")
 
     async def send(
         self, prepared: TxnMetadata, committed: bool, coordinator_epoch: int, txn_partition: int
@@ -187,7 +188,7 @@ class TxnMarkerChannel:
                     for t, ps in by_topic.items()],
         )])  # fmt: skip
         unreachable = dict.fromkeys(partitions, ErrorCode.NETWORK_EXCEPTION)
-        client = self._client(leader)
+        client = self._peers.client(leader)
         if client is None:
             return unreachable
         broker_client, lock = client
@@ -199,7 +200,7 @@ class TxnMarkerChannel:
                 )  # fmt: skip
             except BrokerConnectionError as exc:
                 log.info("WriteTxnMarkers to broker %d: %s", leader, exc)
-                self._clients.pop(leader, None)
+                self._peers.forget(leader)
                 return unreachable
         answers: dict[TopicPartition, ErrorCode] = {}
         for result in response.markers:
@@ -229,7 +230,7 @@ class TxnMarkerChannel:
             topics=[Txn.AddPartitionsToTxnTopic(name=t, partitions=ps)
                     for t, ps in by_topic.items()],
         )])  # fmt: skip
-        client = self._client(leader)
+        client = self._peers.client(leader)
         if client is None:
             return dict.fromkeys(partitions, ErrorCode.NETWORK_EXCEPTION)
         broker_client, lock = client
@@ -240,7 +241,7 @@ class TxnMarkerChannel:
                 )
             except BrokerConnectionError as exc:
                 log.info("AddPartitionsToTxn (verify) to broker %d: %s", leader, exc)
-                self._clients.pop(leader, None)
+                self._peers.forget(leader)
                 return dict.fromkeys(partitions, ErrorCode.NETWORK_EXCEPTION)
         if response.error_code != ErrorCode.NONE:
             return dict.fromkeys(partitions, ErrorCode(response.error_code))
@@ -253,29 +254,5 @@ class TxnMarkerChannel:
                     )
         return {tp: answers.get(tp, ErrorCode.NETWORK_EXCEPTION) for tp in partitions}
 
-    def _client(self, broker_id: int) -> tuple[BrokerClient, trio.Lock] | None:
-        found = self._clients.get(broker_id)
-        registered = self.replication.view.brokers.get(broker_id)
-        # The other broker's inter-broker endpoint, as the replica fetchers use.
-        address = (
-            None
-            if registered is None
-            else registered.endpoint(getattr(self.replication, "inter_broker_listener", None))
-        )
-        if address is None:
-            return None
-        if found is not None and (found[0].host, found[0].port) == address:
-            return found
-        host, port = address
-        client = BrokerClient(
-            host, port, f"broker-{self.replication.view.broker_id}-txn",
-            # A secured inter-broker listener: streams that log in (cluster/broker_node.py).
-            getattr(self.replication, "open_marker_stream", None),
-        )  # fmt: skip
-        self._clients[broker_id] = (client, trio.Lock())
-        return self._clients[broker_id]
-
     async def close(self) -> None:
-        for client, _lock in self._clients.values():
-            await client.close()
-        self._clients.clear()
+        await self._peers.close()
