@@ -216,8 +216,10 @@ async def lead_both(broker: Broker, throttle_rate: int | None = None) -> Replica
         now_ms=broker.now_ms if throttle_rate is None else lambda: 0,
         durability=None, on_partition_changed=broker.appends.notify, **throttle,
     )  # fmt: skip
+    # A throttled joiner is out of the ISR: Kafka never throttles an in-sync replica.
     adding = () if throttle_rate is None else (FOLLOWER,)
-    infos = {p: PartitionInfo((me, FOLLOWER), me, 1, (me, FOLLOWER), adding) for p in (A, B)}
+    isr = (me, FOLLOWER) if throttle_rate is None else (me,)
+    infos = {p: PartitionInfo((me, FOLLOWER), me, 1, isr, adding) for p in (A, B)}
     assert topic.topic_id is not None
     manager.view.topics[TOPIC] = TopicInfo(TOPIC, topic.topic_id, infos)
     for p, info in infos.items():
