@@ -191,6 +191,18 @@ class _ClusterUp:
         state = json.loads((self.data_dir / "cluster-up.json").read_text())
         return state["brokers"][str(broker_id)]  # type: ignore[no-any-return]
 
+    def log_tails(self, lines: int = 40) -> str:
+        """Each broker's last log lines, for a failure's message."""
+        state = json.loads((self.data_dir / "cluster-up.json").read_text())
+        tails = []
+        for broker_id, broker in sorted(state["brokers"].items()):
+            try:
+                tail = Path(broker["log"]).read_text(errors="replace").splitlines()[-lines:]
+            except (OSError, KeyError) as exc:
+                tail = [f"(no log: {exc})"]
+            tails.append(f"\n--- broker {broker_id} ---\n" + "\n".join(tail))
+        return "".join(tails)
+
     def said(self, text: str) -> bool:
         return any(text in line for line in self.stderr)
 
@@ -212,10 +224,16 @@ class _ClusterUp:
             self.proc.wait()
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+def _wait_for(
+    condition: Callable[[], bool],
+    timeout: float,
+    what: str,
+    explain: Callable[[], str] = lambda: "",
+) -> None:
+    """``explain``: what to add to the failure (say, the brokers' log tails)."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}{explain()}"
         time.sleep(0.2)  # polling a condition, bounded by the deadline
 
 
@@ -266,7 +284,7 @@ def test_a_killed_leader_is_replaced_then_restarted_and_nothing_acknowledged_is_
         assert cluster.proc.poll() is None
         # Another in-sync broker leads, and takes writes.
         _wait_for(lambda: (p := partition()) is not None and p.leader not in (leader, -1),
-                  60, "a new leader")  # fmt: skip
+                  120, "a new leader", cluster.log_tails)  # fmt: skip
         at_kill = len(acked)
         _wait_for(lambda: len(acked) >= at_kill + 300, 60, "writes acknowledged by the new leader")
         # The killed broker comes back (same id, port and data) and catches up into the ISR.
