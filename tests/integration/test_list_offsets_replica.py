@@ -21,13 +21,13 @@ from __future__ import annotations
 import trio
 
 from tests.integration.raw_client import RawClient
-from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
+from tests.integration.stand_in import stand_in_replica_manager
 from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
 from trio_broker.server.broker import Broker
-from trio_broker.services.cluster_view import ClusterView, PartitionInfo, TopicInfo
+from trio_broker.services.cluster_view import PartitionInfo, TopicInfo
 
 TOPIC = "replica-offsets"
 FOLLOWER = 2
@@ -44,11 +44,7 @@ async def lead(broker: Broker, records_before: int) -> ReplicaManager:
     assert log is not None and topic.topic_id is not None
     for i in range(records_before):
         log.append(build_batch([(None, b"old %d" % i)], base_timestamp=1000), now_ms=0)
-    manager = ReplicaManager(
-        ClusterView(me), MemoryCoordination(MemoryZooKeeper()), broker.topics,
-        min_insync_replicas=1, replica_lag_time_max_ms=60_000, now_ms=broker.now_ms,
-        durability=None, on_partition_changed=broker.appends.notify,
-    )  # fmt: skip
+    manager = stand_in_replica_manager(broker)
     info = PartitionInfo((me, FOLLOWER), me, EPOCH, (me, FOLLOWER))
     manager.view.topics[TOPIC] = TopicInfo(TOPIC, topic.topic_id, {0: info})
     await manager._become_leader(TOPIC, 0, info)

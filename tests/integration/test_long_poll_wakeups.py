@@ -28,7 +28,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from tests.integration.raw_client import RawClient
-from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
+from tests.integration.stand_in import stand_in_replica_manager
 from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.handlers import fetch
 from trio_broker.protocol import messages as m
@@ -36,7 +36,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
 from trio_broker.server.broker import Broker
 from trio_broker.server.fetch_waits import FetchWait
-from trio_broker.services.cluster_view import ClusterView, PartitionInfo, TopicInfo
+from trio_broker.services.cluster_view import PartitionInfo, TopicInfo
 
 TOPIC, A, B = "wakeups", 0, 1
 WAIT_S = 20.0
@@ -210,12 +210,8 @@ async def lead_both(broker: Broker, throttle_rate: int | None = None) -> Replica
     me = broker.config.node_id
     topic = broker.topics.create(TOPIC, 2)
     throttle = {} if throttle_rate is None else {"leader_throttle_rate": throttle_rate}
-    manager = ReplicaManager(
-        ClusterView(me), MemoryCoordination(MemoryZooKeeper()), broker.topics,
-        min_insync_replicas=1, replica_lag_time_max_ms=60_000,
-        now_ms=broker.now_ms if throttle_rate is None else lambda: 0,
-        durability=None, on_partition_changed=broker.appends.notify, **throttle,
-    )  # fmt: skip
+    still = {} if throttle_rate is None else {"now_ms": lambda: 0}
+    manager = stand_in_replica_manager(broker, **still, **throttle)
     # A throttled joiner is out of the ISR: Kafka never throttles an in-sync replica.
     adding = () if throttle_rate is None else (FOLLOWER,)
     isr = (me, FOLLOWER) if throttle_rate is None else (me,)

@@ -16,13 +16,13 @@ from __future__ import annotations
 import trio
 
 from tests.integration.raw_client import RawClient
-from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
+from tests.integration.stand_in import stand_in_replica_manager
 from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
 from trio_broker.server.broker import Broker
-from trio_broker.services.cluster_view import ClusterView, PartitionInfo, TopicInfo
+from trio_broker.services.cluster_view import PartitionInfo, TopicInfo
 
 INHERITS, OWN = "inherits", "sets-its-own"
 FOLLOWER = 2
@@ -32,11 +32,7 @@ BROKER_RESOURCE = 4
 
 async def lead(broker: Broker) -> ReplicaManager:
     me = broker.config.node_id
-    manager = ReplicaManager(
-        ClusterView(me), MemoryCoordination(MemoryZooKeeper()), broker.topics,
-        min_insync_replicas=1, replica_lag_time_max_ms=60_000, now_ms=broker.now_ms,
-        durability=None, on_partition_changed=broker.appends.notify,
-    )  # fmt: skip
+    manager = stand_in_replica_manager(broker)
     info = PartitionInfo((me, FOLLOWER), me, 1, (me,))  # broker 2 is out of the ISR
     for name, configs in ((INHERITS, {}), (OWN, {"min.insync.replicas": "1"})):
         topic = broker.topics.create(name, 1, configs)

@@ -33,14 +33,13 @@ import pytest
 import trio
 
 from tests.integration.raw_client import RawClient
+from tests.integration.stand_in import stand_in_replica_manager
 from tests.wire_requests import fetch_request
-from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
-from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
 from trio_broker.server.broker import Broker
-from trio_broker.services.cluster_view import ClusterView, PartitionInfo, TopicInfo
+from trio_broker.services.cluster_view import PartitionInfo, TopicInfo
 
 E = ErrorCode
 LEADER, EPOCH, RECORDS = 2, 5, 3
@@ -49,11 +48,7 @@ CONSUMER, DEBUGGING = -1, -2
 
 async def follow(broker: Broker) -> None:
     me = broker.config.node_id
-    manager = ReplicaManager(
-        ClusterView(me), MemoryCoordination(MemoryZooKeeper()), broker.topics,
-        min_insync_replicas=1, replica_lag_time_max_ms=60_000, now_ms=broker.now_ms,
-        durability=None, on_partition_changed=broker.appends.notify,
-    )  # fmt: skip
+    manager = stand_in_replica_manager(broker)
     followed = broker.topics.create("followed", 1)
     log = broker.topics.log("followed", 0)
     assert log is not None and followed.topic_id is not None
