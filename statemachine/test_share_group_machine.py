@@ -8,8 +8,9 @@ out (the group's own state, read after every step), against the machine's own re
 who is a member with which subscription:
 
 1. the members are exactly those that joined and have not left or timed out;
-2. a member's epoch is the group epoch, and the group epoch rises with every change of
-   membership, subscriptions or metadata;
+2. a member's epoch is at most the group epoch, and the group epoch rises with every
+   change of membership, subscriptions or metadata; a heartbeat answers the member's
+   target assignment at the group epoch (the checks below are of the target);
 3. every partition of a subscribed, existing topic is assigned to at least one of its
    subscribers, and to no one else;
 4. every member subscribed to an existing topic with partitions gets at least one
@@ -72,6 +73,8 @@ class ShareGroupMachine(RuleBasedStateMachine):
                 self.now_ms + SESSION_MS,
             )
             assert result.assignment == self.group.members[member].assignment
+            assert result.assignment == self.group.target[member]
+            assert result.member_epoch == self.group.group_epoch
         else:
             assert result.error == ErrorCode.UNKNOWN_MEMBER_ID
 
@@ -118,21 +121,20 @@ class ShareGroupMachine(RuleBasedStateMachine):
         for topic in {t for subs in subscriptions.values() for t in subs}:
             readers = [m for m, subs in subscriptions.items() if topic in subs]
             partitions = {(topic, p) for p in range(metadata.get(topic, 0))}
-            given = {
-                m: {tp for tp in group.members[m].assignment if tp[0] == topic} for m in readers
-            }
+            given = {m: {tp for tp in group.target[m] if tp[0] == topic} for m in readers}
             assert set().union(*given.values()) == partitions, (  # 3
                 f"{topic}'s partitions {sorted(partitions)} given as {given}"
             )
         for member in group.members.values():
             subs = subscriptions[member.member_id]
-            assert all(t in subs for t, _ in member.assignment), member  # 3
+            target = group.target[member.member_id]
+            assert all(t in subs for t, _ in target), member  # 3
             if any(metadata.get(t, 0) for t in subs):  # 4
-                assert member.assignment, (
+                assert target, (
                     f"{member.member_id} subscribes to {subs} ({metadata}) and got nothing"
                 )
         if len(set(subscriptions.values())) == 1:  # 5
-            counts = [len(m.assignment) for m in group.members.values()]
+            counts = [len(group.target[m]) for m in group.members]
             assert max(counts) - min(counts) <= 1, f"unbalanced: {counts}"
 
 

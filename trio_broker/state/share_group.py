@@ -4,10 +4,12 @@ A member joins with epoch 0 and the topics it subscribes to, heartbeats with the
 was given and leaves with epoch -1. Records of a share partition are handed out one
 acquisition at a time, so a partition may go to several members at once: with more
 members than partitions, members share them. Assignments follow Kafka's ``simple``
-assignor (balanced; :func:`simple_assignment`); nothing is owned exclusively, so a new
-assignment takes effect at once, with no revocation step. The group epoch rises with
-every change of membership, subscriptions or topic metadata; a member's epoch is the
-group epoch of its current assignment.
+assignor (balanced; :func:`simple_assignment`); nothing is owned exclusively, so there
+is no revocation step. The group epoch rises with every change of membership,
+subscriptions or topic metadata, and a new target assignment is computed at once; each
+member moves to it (its epoch becoming the group epoch) in the answer to its own next
+heartbeat, as in Kafka: until then it keeps, and may heartbeat with, the epoch it was
+given (or the one before, in case the answer that raised it was lost).
 """
 
 from __future__ import annotations
@@ -34,9 +36,12 @@ class ShareMember:
     client_id: str
     client_host: str
     subscribed: tuple[str, ...]
+    #: What the member was last told it has (in the answer to its heartbeat).
     assignment: Assignment
     #: The session ends (the member is removed) unless it heartbeats before this (ms).
     deadline_ms: int
+    #: The epoch before ``member_epoch``: a heartbeat carrying it is still accepted.
+    previous_epoch: int = -1
 
 
 @attrs.frozen
@@ -77,8 +82,11 @@ class ShareGroup:
     heartbeat_interval_ms: int = 5_000
     group_epoch: int = 0
     members: dict[str, ShareMember] = attrs.field(factory=dict)
-    #: The metadata the current assignments were computed from.
+    #: The metadata the target assignment was computed from.
     metadata: dict[str, int] = attrs.field(factory=dict)
+    #: Each member's assignment at ``group_epoch``; a member gets its own when it
+    #: heartbeats.
+    target: dict[str, Assignment] = attrs.field(factory=dict)
 
     @property
     def state(self) -> str:
@@ -124,7 +132,7 @@ class ShareGroup:
                 ErrorCode.UNKNOWN_MEMBER_ID,
                 f"Member {hb.member_id} is not in group {self.group_id}.",
             )
-        elif hb.member_epoch != member.member_epoch:
+        elif hb.member_epoch not in (member.member_epoch, member.previous_epoch):
             return ShareHeartbeatResult(
                 ErrorCode.FENCED_MEMBER_EPOCH,
                 f"The share group member has a different epoch ({hb.member_epoch}) than "
@@ -139,6 +147,13 @@ class ShareGroup:
             changed = True
         if changed or dict(metadata) != self.metadata or member.member_epoch == 0:
             self._reassign(metadata)
+        if member.member_epoch != self.group_epoch:
+            # Only the member's own heartbeat moves it to the target (Kafka's rule):
+            # raising every member's epoch when another joined would fence each of
+            # them at its next heartbeat, which still carries the epoch it was given.
+            member.previous_epoch = member.member_epoch
+            member.member_epoch = self.group_epoch
+            member.assignment = self.target[member.member_id]
         return ShareHeartbeatResult(
             ErrorCode.NONE,
             member_id=member.member_id,
@@ -150,12 +165,9 @@ class ShareGroup:
     def _reassign(self, metadata: Metadata) -> None:
         self.group_epoch += 1
         self.metadata = dict(metadata)
-        assignment = simple_assignment(
+        self.target = simple_assignment(
             {mid: m.subscribed for mid, m in self.members.items()}, self.metadata
         )
-        for member in self.members.values():
-            member.assignment = assignment[member.member_id]
-            member.member_epoch = self.group_epoch
 
 
 def spread(

@@ -26,19 +26,23 @@ def join(group: ShareGroup, member: str, topics: tuple[str, ...], now: int = 0) 
 
 def test_members_split_the_partitions_and_share_them_when_more() -> None:
     group = ShareGroup("g")
-    join(group, "a", ("t",))
+    epoch_a = join(group, "a", ("t",))
     epoch_b = join(group, "b", ("t", "u"))
     # Subscriptions differ: each topic is dealt among its own subscribers.
-    assert group.members["a"].assignment == {("t", 0)}
+    assert group.target == {"a": {("t", 0)}, "b": {("t", 1), ("u", 0)}}
     assert group.members["b"].assignment == {("t", 1), ("u", 0)}
-    # Every member is brought to the new group epoch at once (nothing to revoke).
-    assert group.members["a"].member_epoch == epoch_b == group.group_epoch
+    # a learns its share (and the new epoch) from its own next heartbeat, which carries
+    # the epoch it was given (nothing to revoke, nothing to wait for).
+    assert group.members["a"].assignment == {("t", 0), ("t", 1)}
+    moved = group.heartbeat(ShareHeartbeat("a", epoch_a, None, None), META, 1)
+    assert moved.error is ErrorCode.NONE and moved.member_epoch == epoch_b == group.group_epoch
+    assert moved.assignment == group.members["a"].assignment == {("t", 0)}
     steady = group.heartbeat(ShareHeartbeat("a", epoch_b, None, None), META, 1)
     assert steady.error is ErrorCode.NONE and steady.member_epoch == epoch_b
     left = group.heartbeat(ShareHeartbeat("b", -1, None, None), META, 2)
     assert left.error is ErrorCode.NONE and left.member_epoch == -1
     assert list(group.members) == ["a"] and group.group_epoch == epoch_b + 1
-    assert group.members["a"].assignment == {("t", 0), ("t", 1)}
+    assert group.target == {"a": {("t", 0), ("t", 1)}}
 
 
 @given(members=st.integers(1, 7), partitions=st.integers(0, 7))
@@ -53,6 +57,24 @@ def test_the_simple_assignment_is_balanced(members: int, partitions: int) -> Non
         assert max(sharers) == -(-members // partitions)  # ceil: Kafka's desired sharing
     else:
         assert per_member == [0] * members
+
+
+def test_members_keep_the_epoch_they_were_given_until_they_heartbeat() -> None:
+    """Kafka's rule: a member heartbeats with the epoch it was last given (or the one
+    before: the answer that raised it may have been lost); another member joining does
+    not fence it. Any other epoch is fenced."""
+    group = ShareGroup("g")
+    first = join(group, "a", ("t",))
+    for other in ("b", "c"):
+        join(group, other, ("t",))
+    assert group.members["a"].member_epoch == first < group.group_epoch
+    moved = group.heartbeat(ShareHeartbeat("a", first, None, None), META, 1)
+    assert moved.error is ErrorCode.NONE and moved.member_epoch == group.group_epoch
+    # The answer was lost: the member sends the epoch before again.
+    again = group.heartbeat(ShareHeartbeat("a", first, None, None), META, 2)
+    assert again.error is ErrorCode.NONE and again.member_epoch == group.group_epoch
+    between = group.heartbeat(ShareHeartbeat("a", first + 1, None, None), META, 3)
+    assert between.error is ErrorCode.FENCED_MEMBER_EPOCH
 
 
 def test_sessions_run_out_and_epochs_are_checked() -> None:
