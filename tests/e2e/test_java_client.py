@@ -304,12 +304,46 @@ def run_maven(properties: dict[str, Any]) -> dict[str, int]:
             capture_output=True, text=True, timeout=MAVEN_TIMEOUT_S, stdin=subprocess.DEVNULL,
             env=maven_env(),
         )  # fmt: skip
-        assert run.returncode == 0, (run.stdout[-8000:], run.stderr[-3000:])
+        # Read under the lock: the next ``mvn test`` in the module deletes the reports.
         suites = [ET.parse(p).getroot() for p in reports.glob("TEST-*.xml")]
+        assert run.returncode == 0, maven_failure(run, suites)
     return {
         key: sum(int(s.get(key, 0)) for s in suites)
         for key in ("tests", "failures", "errors", "skipped")
     }
+
+
+#: How much of a failed JUnit test's stack trace a failure message quotes.
+STACK_LINES = 15
+
+
+def failed_junit_tests(suites: list[ET.Element]) -> list[str]:
+    """Each failed or erring JUnit test of the Surefire reports: its name, the assertion's
+    message, the top of its stack trace and what the test printed to stderr."""
+    failed = []
+    for case in (case for suite in suites for case in suite.iter("testcase")):
+        for outcome in ("failure", "error"):
+            for problem in case.findall(outcome):
+                stack = (problem.text or "").strip().splitlines()[:STACK_LINES]
+                stderr = (case.findtext("system-err") or "").strip().splitlines()[-STACK_LINES:]
+                failed.append("\n".join([
+                    f"{case.get('classname')}#{case.get('name')} {outcome} after "
+                    f"{case.get('time')} s: {problem.get('message')}",
+                    *stack, *(["stderr:", *stderr] if stderr else []),
+                ]))  # fmt: skip
+    return failed
+
+
+def maven_failure(run: subprocess.CompletedProcess[str], suites: list[ET.Element]) -> str:
+    """Why ``mvn test`` failed: the failed JUnit tests first (Maven's own output, quiet or
+    not, may be cut off before them), then the end of Maven's output."""
+    failed = failed_junit_tests(suites)
+    head = (
+        f"{len(failed)} JUnit test(s) failed:\n" + "\n\n".join(failed)
+        if failed
+        else f"mvn exited {run.returncode} with no failed test in {len(suites)} report(s)"
+    )
+    return f"{head}\n--- mvn stdout (end)\n{run.stdout[-4000:]}\n--- stderr\n{run.stderr[-2000:]}"
 
 
 @pytest.mark.timeout(MAVEN_TIMEOUT_S + 120)
