@@ -47,6 +47,7 @@ from trio_broker.replication.controller_rules import (
     Reassignment,
     after_broker_loss,
     after_broker_return,
+    after_leader_restart,
     elect_leader,
     leave_replicas,
     preferred_leader_move,
@@ -62,6 +63,7 @@ __all__ = [
     "Rebalance",
     "decide",
     "imbalanced_moves",
+    "restarted_leader",
     "run_controller",
 ]
 
@@ -73,14 +75,23 @@ class NotController(CoordinationError):
 
 
 def decide(
-    info: PartitionInfo, live: frozenset[int], *, unclean: bool = False
+    info: PartitionInfo,
+    live: frozenset[int],
+    *,
+    unclean: bool = False,
+    leader_restarted: bool = False,
 ) -> LeaderAndIsr | None:
-    """What a partition's state should become, or None if it is right as it is."""
+    """What a partition's state should become, or None if it is right as it is.
+
+    ``leader_restarted``: the leader's registration is newer than the state (see
+    :func:`restarted_leader`)."""
     replicas = info.replicas
     if info.leader_epoch < 0:  # no state yet: a new partition
         in_sync = tuple(r for r in replicas if r in live) or replicas
         return LeaderAndIsr(elect_leader(replicas, in_sync, live), 0, in_sync)
     state = LeaderAndIsr(info.leader, info.leader_epoch, info.isr)
+    if leader_restarted and info.leader in live:
+        state = after_leader_restart(state)
     for gone in [b for b in (info.leader, *info.isr) if b != NO_LEADER and b not in live]:
         state = after_broker_loss(state, replicas, gone, live, unclean=unclean) or state
     if state.leader == NO_LEADER:
@@ -89,6 +100,15 @@ def decide(
                 state = after_broker_return(state, replicas, back, live) or state
                 break
     return None if state == LeaderAndIsr(info.leader, info.leader_epoch, info.isr) else state
+
+
+def restarted_leader(info: PartitionInfo, registered: dict[int, int]) -> bool:
+    """Was the state written before its leader's registration was made? Then the broker
+    it names is a new life of the one that led (it restarted, or its session expired,
+    before this controller saw its registration go). ``registered``: each live broker's
+    registration zxid. Unknown zxids (0) say no."""
+    made = registered.get(info.leader, 0)
+    return 0 < info.state_zxid < made
 
 
 @attrs.frozen
@@ -328,11 +348,13 @@ async def _reconcile(
                 changed = trio.Event()  # the broker list's watch and every topic's
                 brokers, _ = await coord.children_and_watch(BROKER_IDS, into=changed)
                 live = frozenset(int(b) for b in brokers if b.isdigit())
+                registered = await _registrations(coord, live)
                 topics, versions, _ = await read_topics(coord, into=changed)
                 targets: dict[tuple[str, int], LeaderAndIsr] = {}
                 for topic in topics.values():
                     for partition, info in topic.partitions.items():
-                        target = decide(info, live, unclean=unclean)
+                        target = decide(info, live, unclean=unclean,
+                                        leader_restarted=restarted_leader(info, registered))  # fmt: skip
                         if target is not None:
                             targets[(topic.name, partition)] = target
                 if rebalance is not None and trio.current_time() >= next_rebalance:
@@ -364,6 +386,17 @@ async def _reconcile(
             continue
         with trio.move_on_at(next_rebalance if rebalance is not None else float("inf")):
             await wait_any(lost, changed)
+
+
+async def _registrations(coord: Coordination, live: frozenset[int]) -> dict[int, int]:
+    """Each live broker's registration zxid (a broker gone since the listing is left out:
+    the broker list's watch brings the next round)."""
+    registered = {}
+    for broker in sorted(live):
+        znode = await coord.get(f"{BROKER_IDS}/{broker}")
+        if znode is not None:
+            registered[broker] = znode.created
+    return registered
 
 
 def _moving(info: PartitionInfo) -> Reassignment:

@@ -73,6 +73,12 @@ class SessionLost(CoordinationError):
 class Znode:
     data: bytes
     version: int
+    #: ZooKeeper's transaction ids of the znode's creation (czxid) and of its last
+    #: change (mzxid); 0 where unknown. They order writes across znodes: a partition
+    #: state last written before its leader's registration was made is a previous
+    #: life's (cluster/controller.py). Not part of equality (data and version are).
+    created: int = attrs.field(default=0, eq=False)
+    modified: int = attrs.field(default=0, eq=False)
 
 
 class Coordination(Protocol):
@@ -353,7 +359,7 @@ class ZooKeeperCoordination:
             data, stat = await self._call(self._client.get, path)
         except NoNode:
             return None
-        return Znode(data, stat.version)
+        return Znode(data, stat.version, stat.czxid, stat.mzxid)
 
     async def owned_by_this_session(self, path: str) -> bool:
         stat = await self._call(self._client.exists, path)
@@ -372,7 +378,7 @@ class ZooKeeperCoordination:
             data, stat = await self._call(self._client.get, path)
         except NoNode:
             return None, event  # deleted in between: the watch has fired already
-        return Znode(data, stat.version), event
+        return Znode(data, stat.version, stat.czxid, stat.mzxid), event
 
     async def children_and_watch(
         self, path: str, *, into: trio.Event | None = None
@@ -419,6 +425,11 @@ class _Node:
     data: bytes
     version: int = 0
     owner: int | None = None  # the session of an ephemeral znode
+    created: int = 0  # the server's zxid at creation, and at the last change
+    modified: int = 0
+
+    def znode(self) -> Znode:
+        return Znode(self.data, self.version, self.created, self.modified)
 
 
 @attrs.define(eq=False)
@@ -429,6 +440,12 @@ class MemoryZooKeeper:
     watches: dict[str, list[trio.Event]] = attrs.field(factory=dict)
     child_watches: dict[str, list[trio.Event]] = attrs.field(factory=dict)
     _next_session: int = 1
+    #: The last transaction id: every create and set takes the next one, as in ZooKeeper.
+    zxid: int = 0
+
+    def next_zxid(self) -> int:
+        self.zxid += 1
+        return self.zxid
 
     def open_session(self) -> int:
         self._next_session += 1
@@ -543,16 +560,20 @@ class MemoryCoordination:
             missing.append(parent)
             parent = _parent(parent)
         for p in reversed(missing):
-            nodes[p] = _Node(b"")
+            zxid = self._server.next_zxid()
+            nodes[p] = _Node(b"", created=zxid, modified=zxid)
             self._server._fire(self._server.child_watches, _parent(p))
-        nodes[path] = _Node(data, owner=self.session if ephemeral else None)
+        zxid = self._server.next_zxid()
+        nodes[path] = _Node(
+            data, owner=self.session if ephemeral else None, created=zxid, modified=zxid
+        )
         self._server._fire(self._server.watches, path)
         self._server._fire(self._server.child_watches, _parent(path))
 
     async def get(self, path: str) -> Znode | None:
         await self._connection()
         node = self._server.nodes.get(path)
-        return None if node is None else Znode(node.data, node.version)
+        return None if node is None else node.znode()
 
     async def owned_by_this_session(self, path: str) -> bool:
         await self._connection()
@@ -565,7 +586,7 @@ class MemoryCoordination:
         await self._connection()
         event = self._watch(self._server.watches, path, into)
         node = self._server.nodes.get(path)
-        return (None if node is None else Znode(node.data, node.version)), event
+        return (None if node is None else node.znode()), event
 
     async def children_and_watch(
         self, path: str, *, into: trio.Event | None = None
@@ -596,6 +617,7 @@ class MemoryCoordination:
     def _set_now(self, path: str, data: bytes, version: int) -> int:
         node = self._node_at(path, version)
         node.data, node.version = data, node.version + 1
+        node.modified = self._server.next_zxid()
         self._server._fire(self._server.watches, path)
         return node.version
 

@@ -174,7 +174,12 @@ async def _follow_brokers(
                     log.warning("ignoring %s/%s: %s", BROKER_IDS, name, exc)
                     continue
                 brokers[reg.broker_id] = BrokerInfo(
-                    reg.broker_id, reg.host, reg.port, reg.rack, reg.listener_addresses()
+                    reg.broker_id,
+                    reg.host,
+                    reg.port,
+                    reg.rack,
+                    reg.listener_addresses(),
+                    registered_zxid=znode.created,
                 )
         except CoordinationError as exc:
             log.warning("reading the broker list: %s", exc)

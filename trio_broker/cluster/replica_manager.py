@@ -388,6 +388,8 @@ class ReplicaManager:
                 if info.leader == me:
                     term = self.terms.get(key)
                     if term is None or term.leader_epoch != info.leader_epoch:
+                        if self._a_previous_life_led(info):
+                            continue  # the controller gives this life a new epoch
                         await self._become_leader(name, p, info)
                         roles_changed = True
                     elif term.isr != frozenset(info.isr) and term.pending is None:
@@ -424,6 +426,16 @@ class ReplicaManager:
         if roles_changed:
             self.roles_changed.set()
             self.roles_changed = trio.Event()
+
+    def _a_previous_life_led(self, info: PartitionInfo) -> bool:
+        """Was this state, naming this broker leader, written before its registration?
+        Then it named a previous life of this broker (a restart, or a session that
+        expired, before the controller saw the registration go). A term in that epoch
+        could append, at offsets its followers hold from the old life's unsynced tail,
+        records they cannot tell apart; the controller bumps the epoch
+        (``controller.restarted_leader``) and the term starts in the new one."""
+        mine = self.view.brokers.get(self.view.broker_id)
+        return mine is not None and 0 < info.state_zxid < mine.registered_zxid
 
     def drop_roles(self, name: str) -> None:
         """End every role in topic ``name`` and forget its ended terms' HWs: its local

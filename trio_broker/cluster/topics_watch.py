@@ -65,7 +65,12 @@ async def read_topics(
                 try:
                     state = PartitionState.decode(state_node.data, path)
                     info = PartitionInfo(
-                        replicas, state.leader, state.leader_epoch, state.isr, *moving
+                        replicas,
+                        state.leader,
+                        state.leader_epoch,
+                        state.isr,
+                        *moving,
+                        state_zxid=state_node.modified,
                     )
                     versions[(name, partition)] = state_node.version
                 except CoordinationDataError as exc:

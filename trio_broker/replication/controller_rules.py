@@ -11,7 +11,12 @@ from ZooKeeper and writes the results back with conditional updates. Kafka's rul
   (the first one is the *preferred* leader); only with unclean leader election enabled
   may an alive replica outside the ISR lead;
 - every leader change bumps the leader epoch; so does the controller's removal of a lost
-  broker from the ISR, so that the leader's own ISR updates of the old epoch fail.
+  broker from the ISR, so that the leader's own ISR updates of the old epoch fail;
+- so does a leader's restart (Kafka's bounced broker): a broker that registered again,
+  before the controller saw it gone, must not lead on in the epoch its previous life
+  led. Its log may have lost an unsynced tail that followers copied; in the same epoch
+  their copies could not be told from what it appends next (the epoch-end check a
+  follower truncates by compares epochs).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ __all__ = [
     "Reassignment",
     "after_broker_loss",
     "after_broker_return",
+    "after_leader_restart",
     "assign_replicas",
     "elect_leader",
     "leave_replicas",
@@ -152,6 +158,12 @@ def after_broker_loss(
     if leader == state.leader and isr == state.isr:
         return None  # already as it should be (an offline partition's last ISR member)
     return LeaderAndIsr(leader, state.leader_epoch + 1, isr)
+
+
+def after_leader_restart(state: LeaderAndIsr) -> LeaderAndIsr:
+    """The state once its leader is known to have restarted: the same leader and ISR in
+    a new epoch, which its new life starts a term in (the old one's term is fenced)."""
+    return LeaderAndIsr(state.leader, state.leader_epoch + 1, state.isr)
 
 
 def after_broker_return(

@@ -26,6 +26,9 @@ class BrokerInfo:
     #: Every advertised listener as (name, host, port); empty for a registration that
     #: names none (then host/port serve every listener).
     endpoints: tuple[tuple[str, str, int], ...] = ()
+    #: The zxid that created this registration (0: unknown): a broker that restarted
+    #: registers anew, so this tells its lives apart (Kafka's broker epoch).
+    registered_zxid: int = attrs.field(default=0, eq=False)
 
     def endpoint(self, listener: str | None) -> tuple[str, int] | None:
         """The address of ``listener`` (None: the first), or None if the broker has no
@@ -48,6 +51,9 @@ class PartitionInfo:
     #: joining ones are in sync; ``replicas`` is then the union, target replicas first.
     adding_replicas: tuple[int, ...] = ()
     removing_replicas: tuple[int, ...] = ()
+    #: The zxid of the state's last write (0: unknown or not written): a state written
+    #: before its leader's registration names a previous life of that broker as leader.
+    state_zxid: int = attrs.field(default=0, eq=False)
 
 
 @attrs.frozen
