@@ -1,5 +1,5 @@
-"""Requests to another broker's share coordinator: ReadShareGroupState and
-WriteShareGroupState (KIP-932), over the inter-broker connections.
+"""Requests to another broker's share coordinator: ReadShareGroupState,
+WriteShareGroupState and DeleteShareGroupState (KIP-932), over the inter-broker connections.
 
 A share partition's leader reads its state from, and writes it to, the leader of its
 ``__share_group_state`` partition (``handlers/share_persist.py``); when that is another
@@ -100,6 +100,28 @@ class ShareStateChannel:
         answers = dict.fromkeys((w.key for w in writes), ErrorCode.COORDINATOR_NOT_AVAILABLE)
         if response is not None:
             for result in response.results:
+                for part in result.partitions:
+                    key = ShareKey(group_id, result.topic_id, part.partition)
+                    if key in answers:
+                        answers[key] = ErrorCode(part.error_code)
+        return answers
+
+    async def delete(self, coordinator: int, keys: Sequence[ShareKey]) -> dict[ShareKey, ErrorCode]:
+        """DeleteShareGroupState of ``keys`` (one request per group)."""
+        Delete = m.DeleteShareGroupStateRequest
+        answers = dict.fromkeys(keys, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        by_group: dict[str, dict[Any, list[int]]] = {}
+        for key in keys:
+            by_group.setdefault(key.group_id, {}).setdefault(key.topic_id, []).append(key.partition)
+        for group_id, topics in by_group.items():
+            request = Delete(group_id=group_id, topics=[
+                Delete.DeleteStateData(topic_id=topic_id, partitions=[
+                    Delete.DeleteStateData.PartitionData(partition=p) for p in partitions
+                ])
+                for topic_id, partitions in topics.items()
+            ])  # fmt: skip
+            response = await self._call(coordinator, m.ApiKey.DELETE_SHARE_GROUP_STATE, request)
+            for result in response.results if response is not None else ():
                 for part in result.partitions:
                     key = ShareKey(group_id, result.topic_id, part.partition)
                     if key in answers:

@@ -378,7 +378,10 @@ async def handle_delete_groups(
                 share_results[name] = ErrorCode.NON_EMPTY_GROUP
             elif empty:
                 share_results[name] = ErrorCode.NONE
-                share_deleted[name] = shares.delete_group(name)
+                share_deleted[name] = sorted({*shares.delete_group(name), *(
+                    (key.topic_id, key.partition)
+                    for key in ctx.services.share_coordinator.keys(group_id=name)
+                )})  # fmt: skip
     try:
         # Deleted now, in request order; only the wait for the tombstones is deferred.
         results, writes = groups.delete_groups(

@@ -14,8 +14,11 @@ NOT_COORDINATOR (the state partition is led elsewhere),
 COORDINATOR_LOAD_IN_PROGRESS, FENCED_LEADER_EPOCH, FENCED_STATE_EPOCH,
 INVALID_REQUEST. CLUSTER_ACTION on the cluster, as Kafka.
 
-A node alone keeps its share state in its own log (``__share_group_state-0``, not a
-topic) and has no share coordinator: these APIs answer NOT_COORDINATOR there.
+A node alone is a share coordinator of one: its ``__share_group_state`` has one
+partition, kept in its own log (``<data_dir>/__share_group_state-0``, not a topic) and
+led by an ``OwnPartition`` (services/own_partition.py); its share partitions read and
+write there through :func:`read_local` and :func:`write_local`, as a cluster's do when
+their coordinator is their own broker.
 """
 
 from __future__ import annotations
@@ -45,10 +48,7 @@ from trio_broker.state.share_partition import RecordState
 def read_local(services: Any, key: ShareKey, leader_epoch: int) -> tuple[ErrorCode, Any]:
     """ReadShareGroupState of one key at this broker's coordinator: (NONE, the snapshot
     or None for no state yet), or (the error, None)."""
-    coordinator = services.share_coordinator
-    if coordinator is None:
-        return ErrorCode.NOT_COORDINATOR, None
-    table = coordinator.table_for(key)
+    table = services.share_coordinator.table_for(key)
     if isinstance(table, ErrorCode):
         return table, None
     result = table.read(key, leader_epoch)
@@ -64,9 +64,7 @@ async def write_local(
     coordinator = services.share_coordinator
     by_table: dict[int, tuple[ShareCoordinatorTable, list[Entry]]] = {}
     for write in writes:
-        table = (
-            ErrorCode.NOT_COORDINATOR if coordinator is None else coordinator.table_for(write.key)
-        )
+        table = coordinator.table_for(write.key)
         if isinstance(table, ErrorCode):
             answers[write.key] = table
             continue
@@ -80,7 +78,7 @@ async def write_local(
         try:
             written = append_as_leader(
                 table.log, encode_batch(entries, now_ms), now_ms=now_ms,
-                durability=services.durability, replication=services.leaders,
+                durability=services.durability, replication=coordinator.replication,
                 topic=SHARE_GROUP_STATE, partition=partition, messages=len(entries),
             )  # fmt: skip
         except NotCommitted as exc:
@@ -92,7 +90,7 @@ async def write_local(
         try:
             await wait_counted(
                 table.log, last_offset, durability=services.durability,
-                replication=services.leaders, topic=SHARE_GROUP_STATE, partition=partition,
+                replication=coordinator.replication, topic=SHARE_GROUP_STATE, partition=partition,
             )  # fmt: skip
         except NotCommitted as exc:
             answers.update((key, exc.error_code) for key, _ in entries)
@@ -244,7 +242,7 @@ async def delete_local(
     answers: dict[ShareKey, ErrorCode] = {}
     coordinator = services.share_coordinator
     for key in keys:
-        table = ErrorCode.NOT_COORDINATOR if coordinator is None else coordinator.table_for(key)
+        table = coordinator.table_for(key)
         if isinstance(table, ErrorCode):
             answers[key] = table
             continue
@@ -255,13 +253,13 @@ async def delete_local(
         try:
             written = append_as_leader(
                 table.log, encode_batch(entries, now_ms), now_ms=now_ms,
-                durability=services.durability, replication=services.leaders,
+                durability=services.durability, replication=coordinator.replication,
                 topic=SHARE_GROUP_STATE, partition=table.partition,
             )  # fmt: skip
             table.appended(entries, written.last_offset)
             await wait_counted(
                 table.log, written.last_offset, durability=services.durability,
-                replication=services.leaders, topic=SHARE_GROUP_STATE, partition=table.partition,
+                replication=coordinator.replication, topic=SHARE_GROUP_STATE, partition=table.partition,
             )  # fmt: skip
         except NotCommitted as exc:
             answers[key] = exc.error_code

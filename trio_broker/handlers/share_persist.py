@@ -1,23 +1,21 @@
-"""Writing a share group's share-partition state to ``__share_group_state``.
+"""A share partition's leader and its share coordinator: reading and writing the state.
 
-After a request changes share partitions (acquisitions, acknowledgements, a partition
-made on assignment), the snapshots of the group's partitions whose durable state moved
-are appended, in one batch, through the coordinators' append path
-(``services/internal_topics.py``). The append is made before the request yields, so the
-log holds the snapshots in the order the state changed; a request whose answer must not
-be taken back by a crash (acknowledgements, a new start offset) then waits until the log
-is synced through the last snapshot appended, its own or an earlier request's.
+A share partition (group, topic id, partition) lives on its data partition's leader;
+its durable state is its share coordinator's, the leader of the key's
+``__share_group_state`` partition (``groups/share_coordinator.py``,
+``handlers/share_group_state.py``): in a cluster one of 50 replicated partitions, on a
+node alone the one partition of its own log, led by an ``OwnPartition``. One path for
+both: a leader reads a share partition's state from its coordinator the first time it
+serves the partition in its leader epoch (:func:`ensure_loaded`), and :func:`persist`
+sends the coordinator the snapshots that moved (acknowledgements, a start offset made
+on assignment or reset), stamped with that epoch, and the tombstones of share
+partitions deleted, waiting until they count there (synced; in a cluster below the
+high watermark too). When the coordinator is this broker the calls are direct, else
+they are requests (``cluster/share_state_channel.py``). Acquisitions alone are not
+written, as in Kafka: the next write carries their delivery counts.
 
-Snapshots are keyed by (group, topic id, partition); a deleted topic's go with it
-(:func:`forget_topic`, called by the topic manager).
-
-In a cluster there is no store here: the share state is the share coordinator's
-(``groups/share_coordinator.py``, ``handlers/share_group_state.py``). A leader reads a
-share partition's state from it the first time it serves the partition in its leader
-epoch (:func:`ensure_loaded`), and :func:`persist` sends it the snapshots that moved,
-stamped with that epoch, waiting until they count there. Acquisitions alone are not
-sent (:func:`append_changes` writes nothing in a cluster): the next write carries
-their delivery counts.
+A deleted topic's share state goes with it (:func:`forget_topic`, called by the topic
+manager).
 """
 
 from __future__ import annotations
@@ -27,59 +25,23 @@ import uuid
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from trio_broker.groups.share_coordinator import StateWrite
+from trio_broker.groups.share_coordinator import NO_LEADER_EPOCH, StateWrite
 from trio_broker.groups.share_state import (
     SHARE_GROUP_STATE,
     ShareKey,
+    ShareSnapshot,
     encode_batch,
     snapshot_of,
 )
 from trio_broker.handlers.base import RequestContext
-from trio_broker.handlers.share_group_state import read_local, write_local
-from trio_broker.partition.append import NotLeader, leader_epoch_of
+from trio_broker.handlers.share_group_state import delete_local, read_local, write_local
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.services.internal_topics import NotCommitted, append_as_leader, wait_counted
-from trio_broker.services.local_replication import OwnLog
-from trio_broker.storage.log_protocol import Log
+from trio_broker.services.internal_topics import NotCommitted, append_as_leader
 
 log = logging.getLogger("trio_broker.groups")
 
 #: A share partition of a group: (topic id, partition).
 Partition = tuple[uuid.UUID, int]
-
-
-def append_changes(
-    ctx: RequestContext,
-    group_id: str,
-    deleted: Sequence[Partition] = (),
-    *,
-    only: Collection[Partition] | None = None,
-) -> bool:
-    """Append the group's changed snapshots now (no waiting), and tombstones for its
-    ``deleted`` (topic id, partition)s; whether anything was appended. ``only``: the
-    (topic id, partition)s the request may have changed (None: all of the group's); what
-    else happens to a share partition (locks running out, a member's records given
-    back) leaves its snapshot as it was."""
-    shares = ctx.services.shares
-    store = shares.store
-    if store is None:
-        return False
-    current = [
-        (ShareKey(group_id, topic_id, partition), share_partition)
-        for topic_id, partition, share_partition in shares.partitions_of(group_id)
-        if only is None or (topic_id, partition) in only
-    ]
-    gone = [ShareKey(group_id, topic_id, partition) for topic_id, partition in deleted]
-    now = ctx.now_ms()
-    entries = store.changes(current, now) + store.tombstones(gone)
-    if not entries:
-        return False
-    appended = append_as_leader(
-        store.log, encode_batch(entries, now), now_ms=now, durability=ctx.services.durability,
-        replication=_own(ctx.services.config.node_id, store.log), messages=len(entries),
-    )  # fmt: skip
-    store.appended(entries, appended.last_offset)
-    return True
 
 
 async def persist(
@@ -89,22 +51,16 @@ async def persist(
     *,
     only: Collection[Partition] | None = None,
 ) -> ErrorCode:
-    """Append the group's changes (:func:`append_changes`), then wait until everything
-    appended so far is durable. NONE, or the error to answer."""
-    if ctx.services.share_coordinator is not None:
-        return await _persist_in_cluster(ctx, group_id, only)
-    try:
-        append_changes(ctx, group_id, deleted, only=only)
-        store = ctx.services.shares.store
-        if store is None or store.last_appended < 0:
-            return ErrorCode.NONE
-        await wait_counted(
-            store.log, store.last_appended, durability=ctx.services.durability,
-            replication=_own(ctx.services.config.node_id, store.log),
-        )  # fmt: skip
-    except NotCommitted as exc:
-        return exc.error_code
-    return ErrorCode.NONE
+    """Tombstone the group's ``deleted`` share partitions at their share coordinators,
+    then write its share partitions whose durable state moved (:func:`_write_changes`);
+    NONE once all of it counts there, else the error to answer."""
+    result = ErrorCode.NONE
+    if deleted:
+        gone = [ShareKey(group_id, topic_id, partition) for topic_id, partition in deleted]
+        answers = await _delete_state(ctx, gone)
+        result = next((e for e in answers.values() if e is not ErrorCode.NONE), result)
+    written = await _write_changes(ctx, group_id, only)
+    return _for_client(written if result is ErrorCode.NONE else result)
 
 
 #: What a leader answers for a share partition whose coordinator cannot answer now
@@ -125,19 +81,17 @@ def _leader_epoch(ctx: RequestContext, topic_id: uuid.UUID, partition: int) -> i
     topic = ctx.services.topics.by_id.get(topic_id)
     if topic is None:
         return None
-    try:
-        return leader_epoch_of(ctx.services.leaders, topic.name, partition)
-    except NotLeader:
-        return None
+    # A node alone leads every partition it holds, in epoch 0 (services/local_replication.py).
+    term = ctx.services.leaders.leader_term(topic.name, partition)
+    return term.leader_epoch if term else None
 
 
 def _coordinator_of(ctx: RequestContext, key: ShareKey) -> int | ErrorCode:
     """The broker leading the key's ``__share_group_state`` partition (made on first use)."""
     services = ctx.services
     coordinator = services.share_coordinator
-    assert coordinator is not None
     state_partition = coordinator.partition_of(key)
-    info = services.leaders.partition(SHARE_GROUP_STATE, state_partition)
+    info = coordinator.replication.partition(SHARE_GROUP_STATE, state_partition)
     if info is None:
         config = services.config
         if SHARE_GROUP_STATE not in services.admin.view.topics:
@@ -154,6 +108,25 @@ def _coordinator_of(ctx: RequestContext, key: ShareKey) -> int | ErrorCode:
     return info.leader
 
 
+async def read_state(
+    ctx: RequestContext, key: ShareKey, leader_epoch: int = NO_LEADER_EPOCH
+) -> tuple[ErrorCode, ShareSnapshot | None]:
+    """ReadShareGroupState of ``key`` at its share coordinator (this broker's directly):
+    (NONE, the snapshot or None for no state), or (the error, None). A leader reads in
+    its ``leader_epoch`` (which fences its predecessors); without one it is a summary
+    read, for the admin APIs, which fences no one."""
+    services = ctx.services
+    leader = _coordinator_of(ctx, key)
+    if isinstance(leader, ErrorCode):
+        return leader, None
+    if leader == services.config.node_id:
+        return read_local(services, key, leader_epoch)
+    remote = services.share_coordinator.remote
+    if remote is None:
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
+    return await remote.read(leader, key, leader_epoch)
+
+
 async def ensure_loaded(
     ctx: RequestContext, group_id: str, partitions: Collection[Partition]
 ) -> dict[Partition, ErrorCode]:
@@ -166,9 +139,6 @@ async def ensure_loaded(
     new epoch keeps the share partition in memory when the coordinator holds what this
     broker wrote last (no other leader wrote since)."""
     services = ctx.services
-    coordinator = services.share_coordinator
-    if coordinator is None:
-        return {}
     shares = services.shares
     failed: dict[Partition, ErrorCode] = {}
     for topic_id, partition in partitions:
@@ -176,16 +146,7 @@ async def ensure_loaded(
         key = ShareKey(group_id, topic_id, partition)
         if epoch is None or shares.loaded.get(key) == epoch:
             continue  # not led here (the fetch answers why), or read already
-        leader = _coordinator_of(ctx, key)
-        if isinstance(leader, ErrorCode):
-            failed[topic_id, partition] = leader
-            continue
-        if leader == services.config.node_id:
-            error, snapshot = read_local(services, key, epoch)
-        elif coordinator.remote is None:
-            error, snapshot = ErrorCode.COORDINATOR_NOT_AVAILABLE, None
-        else:
-            error, snapshot = await coordinator.remote.read(leader, key, epoch)
+        error, snapshot = await read_state(ctx, key, epoch)
         if error is not ErrorCode.NONE:
             failed[topic_id, partition] = _for_client(error)
             continue
@@ -207,7 +168,7 @@ async def ensure_loaded(
     return failed
 
 
-async def _persist_in_cluster(
+async def _write_changes(
     ctx: RequestContext, group_id: str, only: Collection[Partition] | None
 ) -> ErrorCode:
     """Send the snapshots of the group's share partitions led and read here whose state
@@ -219,7 +180,6 @@ async def _persist_in_cluster(
     snapshot never lands after a newer one (which an acknowledgement was answered on)."""
     services = ctx.services
     coordinator = services.share_coordinator
-    assert coordinator is not None
     shares = services.shares
     by_coordinator: dict[int, list[tuple[ShareKey, int]]] = {}
     result = ErrorCode.NONE
@@ -263,33 +223,56 @@ async def _persist_in_cluster(
     return _for_client(result)
 
 
+async def _delete_state(ctx: RequestContext, keys: Sequence[ShareKey]) -> dict[ShareKey, ErrorCode]:
+    """DeleteShareGroupState of ``keys`` at their share coordinators (this broker's
+    directly): each key's error, NONE once its tombstone counts. The keys are no longer
+    read or written here: a share partition made for them again starts afresh."""
+    services = ctx.services
+    coordinator = services.share_coordinator
+    shares = services.shares
+    answers: dict[ShareKey, ErrorCode] = {}
+    by_coordinator: dict[int, list[ShareKey]] = {}
+    for key in keys:
+        shares.loaded.pop(key, None)
+        shares.written.pop(key, None)
+        leader = _coordinator_of(ctx, key)
+        if isinstance(leader, ErrorCode):
+            answers[key] = leader
+        else:
+            by_coordinator.setdefault(leader, []).append(key)
+    for leader, led in by_coordinator.items():
+        if leader == services.config.node_id:
+            answers.update(await delete_local(services, led, ctx.now_ms()))
+        elif coordinator.remote is None:
+            answers.update(dict.fromkeys(led, ErrorCode.COORDINATOR_NOT_AVAILABLE))
+        else:
+            answers.update(await coordinator.remote.delete(leader, led))
+    return answers
+
+
 def forget_topic(
-    shares: Any, durability: Any, topic_id: uuid.UUID, now_ms: int, broker_id: int
+    shares: Any, coordinator: Any, durability: Any, topic_id: uuid.UUID, now_ms: int
 ) -> None:
-    """A topic is deleted: every group's share state of it goes, from memory and (with
-    tombstones, not waited for) from the log. A topic created again under the name has
-    another id and starts with no share state. Were the tombstones lost in a crash, the
-    snapshots would still not come back: restoring skips ids no topic has."""
+    """A topic is deleted: every group's share state of it goes, from memory and, with
+    tombstones appended now (not waited for), from the share coordinator's tables this
+    broker leads (a node alone: all of them). A topic created again under the name has
+    another id and starts with no share state; were the tombstones lost in a crash, the
+    snapshots would still not be read again: no topic has their id."""
     dropped = shares.forget_topic(topic_id)
-    store = shares.store
-    if store is None:
-        return
-    stored = [key for key in store.snapshots if key.topic_id == topic_id]
-    entries = store.tombstones({*dropped, *stored})
-    if not entries:
-        return
-    try:
-        appended = append_as_leader(
-            store.log, encode_batch(entries, now_ms), now_ms=now_ms, durability=durability,
-            replication=_own(broker_id, store.log), messages=len(entries),
-        )  # fmt: skip
-    except NotCommitted as exc:
-        log.warning("share state of deleted topic %s not tombstoned: %s", topic_id, exc)
-        return
-    store.appended(entries, appended.last_offset)
-
-
-def _own(broker_id: int, log_: Log) -> OwnLog:
-    """The share state's log is this broker's own, replicated nowhere, in a cluster too:
-    a write counts once synced."""
-    return OwnLog(broker_id, log_)
+    for key in dropped:
+        shares.loaded.pop(key, None)
+        shares.written.pop(key, None)
+    for table in list(coordinator.tables.values()):
+        entries = table.store.tombstones(k for k in table.store.snapshots if k.topic_id == topic_id)
+        if not entries:
+            continue
+        try:
+            appended = append_as_leader(
+                table.log, encode_batch(entries, now_ms), now_ms=now_ms, durability=durability,
+                replication=coordinator.replication, topic=SHARE_GROUP_STATE,
+                partition=table.partition, messages=len(entries),
+            )  # fmt: skip
+        except NotCommitted as exc:
+            log.warning("share state of deleted topic %s not tombstoned: %s", topic_id, exc)
+            continue
+        table.appended(entries, appended.last_offset)

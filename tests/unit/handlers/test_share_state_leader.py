@@ -81,7 +81,10 @@ class FakeBroker:
     topics: TopicManager = attrs.field(factory=lambda: TopicManager(None, LogConfig(), lambda: 0))
     shares: ShareGroups = attrs.field(factory=lambda: ShareGroups(ShareGroupsConfig()))
     share_coordinator: PartitionedShareCoordinator = attrs.field(
-        factory=lambda: PartitionedShareCoordinator(STATE_PARTITIONS)
+        default=attrs.Factory(
+            lambda self: PartitionedShareCoordinator(STATE_PARTITIONS, self.replication),
+            takes_self=True,
+        )
     )
 
     @property
