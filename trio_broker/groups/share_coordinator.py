@@ -127,9 +127,15 @@ class ShareCoordinatorTable:
         in its order)."""
         if key.partition < 0:
             return ErrorCode.INVALID_REQUEST
+        stored = self.store.snapshots.get(key)
+        if leader_epoch == NO_LEADER_EPOCH:
+            # InitializeShareGroupState: the share partition starts over in a new state
+            # epoch (which fences its leader's later writes of the old one).
+            if stored is not None and stored.state_epoch >= state_epoch:
+                return ErrorCode.FENCED_STATE_EPOCH
+            return ErrorCode.NONE
         if self.leader_epochs.get(key, -1) > leader_epoch:
             return ErrorCode.FENCED_LEADER_EPOCH
-        stored = self.store.snapshots.get(key)
         if stored is not None and stored.state_epoch > state_epoch:
             return ErrorCode.FENCED_STATE_EPOCH
         return ErrorCode.NONE
@@ -138,8 +144,11 @@ class ShareCoordinatorTable:
         self, key: ShareKey, snapshot: ShareSnapshot, leader_epoch: int, now_ms: int
     ) -> Entry:
         """The record to append for an accepted write: the snapshot with the key's next
-        snapshot epoch, the writer's leader epoch and the write time."""
+        snapshot epoch, the writer's leader epoch (an initialization, which has none,
+        keeps the stored one: it still fences the leaders before it) and the write time."""
         stored = self.store.snapshots.get(key)
+        if leader_epoch == NO_LEADER_EPOCH:
+            leader_epoch = self.leader_epochs.get(key, NO_LEADER_EPOCH)
         return key, attrs.evolve(
             snapshot,
             snapshot_epoch=0 if stored is None else stored.snapshot_epoch + 1,

@@ -26,17 +26,16 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from trio_broker.groups.share_coordinator import NO_LEADER_EPOCH, StateWrite
-from trio_broker.groups.share_state import (
-    SHARE_GROUP_STATE,
-    ShareKey,
-    ShareSnapshot,
-    encode_batch,
-    snapshot_of,
-)
+from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareKey, ShareSnapshot, snapshot_of
 from trio_broker.handlers.base import RequestContext
-from trio_broker.handlers.share_group_state import delete_local, read_local, write_local
+from trio_broker.handlers.share_group_state import (
+    append_entries,
+    delete_local,
+    read_local,
+    write_local,
+)
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.services.internal_topics import NotCommitted, append_as_leader
+from trio_broker.services.internal_topics import NotCommitted
 
 log = logging.getLogger("trio_broker.groups")
 
@@ -57,7 +56,7 @@ async def persist(
     result = ErrorCode.NONE
     if deleted:
         gone = [ShareKey(group_id, topic_id, partition) for topic_id, partition in deleted]
-        answers = await _delete_state(ctx, gone)
+        answers = await delete_state(ctx.services, gone)
         result = next((e for e in answers.values() if e is not ErrorCode.NONE), result)
     written = await _write_changes(ctx, group_id, only)
     return _for_client(written if result is ErrorCode.NONE else result)
@@ -86,9 +85,8 @@ def _leader_epoch(ctx: RequestContext, topic_id: uuid.UUID, partition: int) -> i
     return term.leader_epoch if term else None
 
 
-def _coordinator_of(ctx: RequestContext, key: ShareKey) -> int | ErrorCode:
+def _coordinator_of(services: Any, key: ShareKey) -> int | ErrorCode:
     """The broker leading the key's ``__share_group_state`` partition (made on first use)."""
-    services = ctx.services
     coordinator = services.share_coordinator
     state_partition = coordinator.partition_of(key)
     info = coordinator.replication.partition(SHARE_GROUP_STATE, state_partition)
@@ -116,7 +114,7 @@ async def read_state(
     its ``leader_epoch`` (which fences its predecessors); without one it is a summary
     read, for the admin APIs, which fences no one."""
     services = ctx.services
-    leader = _coordinator_of(ctx, key)
+    leader = _coordinator_of(services, key)
     if isinstance(leader, ErrorCode):
         return leader, None
     if leader == services.config.node_id:
@@ -190,7 +188,7 @@ async def _write_changes(
         epoch = _leader_epoch(ctx, topic_id, partition)
         if epoch is None or shares.loaded.get(key) != epoch:
             continue  # not this broker's to write (a coordinator's copy, a stale one)
-        leader = _coordinator_of(ctx, key)
+        leader = _coordinator_of(services, key)
         if isinstance(leader, ErrorCode):
             result = leader
             continue
@@ -223,11 +221,10 @@ async def _write_changes(
     return _for_client(result)
 
 
-async def _delete_state(ctx: RequestContext, keys: Sequence[ShareKey]) -> dict[ShareKey, ErrorCode]:
+async def delete_state(services: Any, keys: Sequence[ShareKey]) -> dict[ShareKey, ErrorCode]:
     """DeleteShareGroupState of ``keys`` at their share coordinators (this broker's
     directly): each key's error, NONE once its tombstone counts. The keys are no longer
     read or written here: a share partition made for them again starts afresh."""
-    services = ctx.services
     coordinator = services.share_coordinator
     shares = services.shares
     answers: dict[ShareKey, ErrorCode] = {}
@@ -235,14 +232,14 @@ async def _delete_state(ctx: RequestContext, keys: Sequence[ShareKey]) -> dict[S
     for key in keys:
         shares.loaded.pop(key, None)
         shares.written.pop(key, None)
-        leader = _coordinator_of(ctx, key)
+        leader = _coordinator_of(services, key)
         if isinstance(leader, ErrorCode):
             answers[key] = leader
         else:
             by_coordinator.setdefault(leader, []).append(key)
     for leader, led in by_coordinator.items():
         if leader == services.config.node_id:
-            answers.update(await delete_local(services, led, ctx.now_ms()))
+            answers.update(await delete_local(services, led, services.now_ms()))
         elif coordinator.remote is None:
             answers.update(dict.fromkeys(led, ErrorCode.COORDINATOR_NOT_AVAILABLE))
         else:
@@ -250,29 +247,27 @@ async def _delete_state(ctx: RequestContext, keys: Sequence[ShareKey]) -> dict[S
     return answers
 
 
-def forget_topic(
-    shares: Any, coordinator: Any, durability: Any, topic_id: uuid.UUID, now_ms: int
-) -> None:
+def forget_topic(services: Any, topic_id: uuid.UUID) -> list[ShareKey]:
     """A topic is deleted: every group's share state of it goes, from memory and, with
     tombstones appended now (not waited for), from the share coordinator's tables this
-    broker leads (a node alone: all of them). A topic created again under the name has
-    another id and starts with no share state; were the tombstones lost in a crash, the
-    snapshots would still not be read again: no topic has their id."""
+    broker leads (a node alone: all of them). The keys dropped from memory whose
+    coordinator is another broker are returned: the caller sends their deletion
+    (:func:`delete_state`). A topic created again under the name has another id and
+    starts with no share state; were the tombstones lost in a crash, the snapshots would
+    still not be read again: no topic has their id."""
+    coordinator = services.share_coordinator
+    shares = services.shares
     dropped = shares.forget_topic(topic_id)
     for key in dropped:
         shares.loaded.pop(key, None)
         shares.written.pop(key, None)
+    now_ms = services.now_ms()
     for table in list(coordinator.tables.values()):
         entries = table.store.tombstones(k for k in table.store.snapshots if k.topic_id == topic_id)
         if not entries:
             continue
         try:
-            appended = append_as_leader(
-                table.log, encode_batch(entries, now_ms), now_ms=now_ms, durability=durability,
-                replication=coordinator.replication, topic=SHARE_GROUP_STATE,
-                partition=table.partition, messages=len(entries),
-            )  # fmt: skip
+            append_entries(services, table, entries, now_ms)
         except NotCommitted as exc:
             log.warning("share state of deleted topic %s not tombstoned: %s", topic_id, exc)
-            continue
-        table.appended(entries, appended.last_offset)
+    return [key for key in dropped if coordinator.partition_of(key) not in coordinator.tables]

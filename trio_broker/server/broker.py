@@ -41,7 +41,7 @@ from trio_broker.groups.share_coordinator import (
 from trio_broker.groups.share_state import SHARE_GROUP_STATE, open_share_state_log
 from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS, ClientInfo, HandlerSpec
-from trio_broker.handlers.share_persist import forget_topic
+from trio_broker.handlers.share_persist import delete_state, forget_topic
 from trio_broker.security.authorize import Authorizer
 from trio_broker.security.credentials import CredentialStore
 from trio_broker.security.decoy import decoy_secret
@@ -328,7 +328,22 @@ class Broker:
         )
 
     def _forget_share_state(self, topic_id: uuid.UUID) -> None:
-        forget_topic(self.shares, self.share_coordinator, self.flusher, topic_id, self.now_ms())
+        """A topic is deleted: its share state goes (handlers/share_persist.py), at the
+        share coordinators of other brokers in the background (a topic's deletion does
+        not wait for it, as Kafka's does not)."""
+        elsewhere = forget_topic(self, topic_id)
+        if elsewhere and self.root_nursery is not None:
+            self.root_nursery.start_soon(self._delete_share_state, elsewhere)
+
+    async def _delete_share_state(self, keys: list[Any]) -> None:
+        try:
+            failed = {k: e for k, e in (await delete_state(self, keys)).items() if e}
+        except Exception:  # a background task: never the root nursery's end
+            log.exception("deleting the share state of a deleted topic")
+            return
+        if failed:
+            # Left behind, never read again (no topic has their id): compaction keeps them.
+            log.warning("share state of a deleted topic not deleted: %s", failed)
 
     # ------------------------------------------------------------------ services (handlers/base.py)
 

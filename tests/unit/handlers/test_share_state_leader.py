@@ -80,6 +80,8 @@ class FakeBroker:
     replication: Replication = attrs.field(factory=Replication)
     topics: TopicManager = attrs.field(factory=lambda: TopicManager(None, LogConfig(), lambda: 0))
     shares: ShareGroups = attrs.field(factory=lambda: ShareGroups(ShareGroupsConfig()))
+    #: None: every request is allowed (handlers/authorization.py).
+    authorizer: Any = None
     share_coordinator: PartitionedShareCoordinator = attrs.field(
         default=attrs.Factory(
             lambda self: PartitionedShareCoordinator(STATE_PARTITIONS, self.replication),
