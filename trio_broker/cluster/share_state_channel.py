@@ -1,9 +1,11 @@
 """Requests to another broker's share coordinator: ReadShareGroupState,
-WriteShareGroupState and DeleteShareGroupState (KIP-932), over the inter-broker connections.
+WriteShareGroupState, InitializeShareGroupState and DeleteShareGroupState (KIP-932),
+over the inter-broker connections.
 
 A share partition's leader reads its state from, and writes it to, the leader of its
-``__share_group_state`` partition (``handlers/share_persist.py``); when that is another
-broker, these requests carry it (``handlers/share_group_state.py`` answers them). One
+``__share_group_state`` partition (``handlers/share_persist.py``), and the group's
+coordinator resets and deletes it there and reads its summary (the admin APIs); when
+that is another broker, these requests carry it (``handlers/share_group_state.py`` answers them). One
 connection per broker, one request at a time on it: trio's lock is fair, so the
 snapshots of a share partition reach its coordinator in the order its leader took them.
 A broker that cannot be reached answers COORDINATOR_NOT_AVAILABLE for every key (the
@@ -97,19 +99,31 @@ class ShareStateChannel:
             for topic_id, parts in by_topic.items()
         ])  # fmt: skip
         response = await self._call(coordinator, m.ApiKey.WRITE_SHARE_GROUP_STATE, request)
-        answers = dict.fromkeys((w.key for w in writes), ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        if response is not None:
-            for result in response.results:
-                for part in result.partitions:
-                    key = ShareKey(group_id, result.topic_id, part.partition)
-                    if key in answers:
-                        answers[key] = ErrorCode(part.error_code)
-        return answers
+        return _answers(group_id, [w.key for w in writes], response)
+
+    async def initialize(
+        self, coordinator: int, group_id: str, writes: Sequence[StateWrite]
+    ) -> dict[ShareKey, ErrorCode]:
+        """InitializeShareGroupState: each share partition starts over at its snapshot's
+        start offset, in its state epoch."""
+        Init = m.InitializeShareGroupStateRequest
+        by_topic: dict[Any, list[Any]] = {}
+        for w in writes:
+            by_topic.setdefault(w.key.topic_id, []).append(Init.InitializeStateData.PartitionData(
+                partition=w.key.partition, state_epoch=w.snapshot.state_epoch,
+                start_offset=w.snapshot.start_offset,
+            ))  # fmt: skip
+        request = Init(group_id=group_id, topics=[
+            Init.InitializeStateData(topic_id=topic_id, partitions=parts)
+            for topic_id, parts in by_topic.items()
+        ])  # fmt: skip
+        response = await self._call(coordinator, m.ApiKey.INITIALIZE_SHARE_GROUP_STATE, request)
+        return _answers(group_id, [w.key for w in writes], response)
 
     async def delete(self, coordinator: int, keys: Sequence[ShareKey]) -> dict[ShareKey, ErrorCode]:
         """DeleteShareGroupState of ``keys`` (one request per group)."""
         Delete = m.DeleteShareGroupStateRequest
-        answers = dict.fromkeys(keys, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        answers: dict[ShareKey, ErrorCode] = {}
         by_group: dict[str, dict[Any, list[int]]] = {}
         for key in keys:
             by_group.setdefault(key.group_id, {}).setdefault(key.topic_id, []).append(key.partition)
@@ -121,11 +135,8 @@ class ShareStateChannel:
                 for topic_id, partitions in topics.items()
             ])  # fmt: skip
             response = await self._call(coordinator, m.ApiKey.DELETE_SHARE_GROUP_STATE, request)
-            for result in response.results if response is not None else ():
-                for part in result.partitions:
-                    key = ShareKey(group_id, result.topic_id, part.partition)
-                    if key in answers:
-                        answers[key] = ErrorCode(part.error_code)
+            keys_of_group = [key for key in keys if key.group_id == group_id]
+            answers.update(_answers(group_id, keys_of_group, response))
         return answers
 
     async def _call(self, broker_id: int, api_key: int, request: Any) -> Any:
@@ -145,3 +156,16 @@ class ShareStateChannel:
 
     async def close(self) -> None:
         await self._peers.close()
+
+
+def _answers(group_id: str, keys: Sequence[ShareKey], response: Any) -> dict[ShareKey, ErrorCode]:
+    """Each key's error in a Write/Initialize/DeleteShareGroupState response (their
+    results have one shape); COORDINATOR_NOT_AVAILABLE for a key it does not answer, or
+    for all without a response (the broker could not be reached)."""
+    answers = dict.fromkeys(keys, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+    for result in response.results if response is not None else ():
+        for part in result.partitions:
+            key = ShareKey(group_id, result.topic_id, part.partition)
+            if key in answers:
+                answers[key] = ErrorCode(part.error_code)
+    return answers

@@ -175,15 +175,17 @@ class ShareGroups:
         group = self.group(group_id, now_ms)
         return None if group is None else not group.members
 
-    def reset(self, group_id: str, topic_id: uuid.UUID, partition: int, start_offset: int) -> None:
-        """Start the group's share partition over at ``start_offset``: nothing in flight,
-        a new state epoch (an empty group: no member holds anything)."""
-        old = self.partitions.get((group_id, topic_id, partition))
-        self.partitions[group_id, topic_id, partition] = SharePartition(
-            start_offset,
-            state_epoch=0 if old is None else old.state_epoch + 1,
-            **self._partition_settings(group_id),
-        )
+    def unload(self, key: ShareKey) -> None:
+        """The share partition's state here may be stale (a reset at the share
+        coordinator): its next use reads it from there again, and takes what is stored."""
+        self.loaded.pop(key, None)
+        self.written.pop(key, None)
+
+    def forget(self, key: ShareKey) -> None:
+        """This broker no longer holds the share partition (its state was deleted): made
+        again, it starts afresh."""
+        self.partitions.pop((key.group_id, key.topic_id, key.partition), None)
+        self.unload(key)
 
     def forget_partitions(self, group_id: str, topic_id: uuid.UUID) -> list[int]:
         """Drop the group's share partitions of the topic; the partitions dropped."""

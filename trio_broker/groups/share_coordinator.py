@@ -178,14 +178,18 @@ class StateWrite:
 
 
 class RemoteShareState(Protocol):
-    """ReadShareGroupState / WriteShareGroupState / DeleteShareGroupState to the share
-    coordinator on another broker (cluster/share_state_channel.py); errors come back as error codes."""
+    """ReadShareGroupState / WriteShareGroupState / InitializeShareGroupState /
+    DeleteShareGroupState to the share coordinator on another broker (cluster/share_state_channel.py); errors come back as error codes."""
 
     async def read(
         self, coordinator: int, key: ShareKey, leader_epoch: int
     ) -> tuple[ErrorCode, ShareSnapshot | None]: ...
 
     async def write(
+        self, coordinator: int, group_id: str, writes: Sequence[StateWrite]
+    ) -> dict[ShareKey, ErrorCode]: ...
+
+    async def initialize(
         self, coordinator: int, group_id: str, writes: Sequence[StateWrite]
     ) -> dict[ShareKey, ErrorCode]: ...
 

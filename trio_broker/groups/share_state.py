@@ -250,24 +250,6 @@ class ShareStateStore:
         else:
             self.snapshots[key] = snapshot
 
-    def changes(
-        self, current: Iterable[tuple[ShareKey, SharePartition]], now_ms: int
-    ) -> list[Entry]:
-        """The snapshots to write for the partitions whose durable state moved since
-        the last one written for them."""
-        entries: list[Entry] = []
-        for key, share_partition in current:
-            fresh = snapshot_of(share_partition)
-            known = self.snapshots.get(key)
-            if known is not None and known.same_state(fresh):
-                continue
-            entries.append((key, attrs.evolve(
-                fresh,
-                snapshot_epoch=0 if known is None else known.snapshot_epoch + 1,
-                write_timestamp_ms=now_ms,
-            )))  # fmt: skip
-        return entries
-
     def tombstones(self, keys: Iterable[ShareKey]) -> list[Entry]:
         """Deletions of the stored snapshots among ``keys``."""
         return [(key, None) for key in keys if key in self.snapshots]

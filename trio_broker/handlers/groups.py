@@ -231,10 +231,13 @@ async def handle_leave_group(
 
 
 def share_groups(ctx: RequestContext) -> list[tuple[str, str, str, str]]:
-    """Share groups as ListGroups lists them (Kafka: protocol type and group type "share")."""
+    """Share groups as ListGroups lists them (Kafka: protocol type and group type "share"),
+    those this broker coordinates: a share partition's leader knows the group too."""
     shares, now = ctx.services.shares, ctx.now_ms()
     listed = []
     for group_id in list(shares.groups):
+        if ctx.services.groups.coordinator_error(group_id) is not ErrorCode.NONE:
+            continue
         group = shares.group(group_id, now)  # a member whose session ran out is gone
         if group is not None:
             listed.append((group_id, SHARE_PROTOCOL_TYPE, group.state, "share"))

@@ -20,9 +20,15 @@ from trio_broker.groups.share_state import ShareKey
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.share_fetch import readable_end
-from trio_broker.handlers.share_persist import ensure_loaded, persist, read_state
+from trio_broker.handlers.share_persist import (
+    error_for_client,
+    initialize_state,
+    persist,
+    read_state,
+)
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
 from trio_broker.state.share_partition import FINISHED
 
 DescResp = m.DescribeShareGroupOffsetsResponse
@@ -156,7 +162,7 @@ async def handle_alter_share_group_offsets(
         return refused(ErrorCode.GROUP_AUTHORIZATION_FAILED)
     if (error := group_error(ctx, group_id)) is not ErrorCode.NONE:
         return refused(error)
-    shares, topics = ctx.services.shares, ctx.services.topics
+    topics = ctx.services.topics
     answered: list[AlterTopic] = []
     resets: dict[tuple[uuid.UUID, int], int] = {}
     for topic in request.topics:
@@ -177,15 +183,14 @@ async def handle_alter_share_group_offsets(
         topic_id = found.topic_id if found is not None and error is ErrorCode.NONE else NO_TOPIC
         answered.append(AlterTopic(topic_name=topic.topic_name, topic_id=topic_id,
                                    partitions=parts))  # fmt: skip
-    # The stored state first (its state epoch is the one the reset raises).
-    await ensure_loaded(ctx, group_id, resets)
-    for (topic_id, partition), start_offset in resets.items():
-        shares.reset(group_id, topic_id, partition, start_offset)
-    if (stored := await persist(ctx, group_id, only=resets)) is not ErrorCode.NONE:
-        for answer in answered:
-            for part in answer.partitions:
-                if part.error_code == ErrorCode.NONE:
-                    part.error_code = stored
+    # At each share partition's coordinator, as Kafka's group coordinator does it.
+    stored = await initialize_state(ctx.services, group_id, resets)
+    for answer in answered:
+        for part in answer.partitions:
+            if part.error_code == ErrorCode.NONE and answer.topic_id != NO_TOPIC:
+                part.error_code = stored.get(
+                    (answer.topic_id, part.partition_index), ErrorCode.NONE
+                )
     return AlterResp(throttle_time_ms=0, error_code=ErrorCode.NONE, responses=answered)
 
 
@@ -193,13 +198,18 @@ async def handle_alter_share_group_offsets(
 
 
 async def forget_partitions(ctx: RequestContext, group_id: str, topic: Any) -> list[int]:
-    """The partitions of ``topic`` the group has share state for, dropped from memory
-    (their tombstones are the caller's to write): those in memory, those stored (read
-    first) and those in the share coordinator's tables led here."""
-    await ensure_loaded(ctx, group_id, [(topic.topic_id, p) for p in range(len(topic.logs))])
+    """The partitions of ``topic`` the group has share state for (at their share
+    coordinators: a summary read of each; or in memory here), dropped from memory (their
+    tombstones are the caller's to write)."""
+    stored = []
+    for partition in range(len(topic.logs)):
+        error, snapshot = await read_state(ctx, ShareKey(group_id, topic.topic_id, partition))
+        if error is not ErrorCode.NONE:
+            raise KafkaError(error_for_client(error))
+        if snapshot is not None:
+            stored.append(partition)
     gone = set(ctx.services.shares.forget_partitions(group_id, topic.topic_id))
-    stored = ctx.services.share_coordinator.keys(group_id=group_id, topic_id=topic.topic_id)
-    return sorted(gone | {key.partition for key in stored})
+    return sorted(gone.union(stored))
 
 
 @handles(m.ApiKey.DELETE_SHARE_GROUP_OFFSETS)
@@ -227,12 +237,18 @@ async def handle_delete_share_group_offsets(
             answer.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
         elif found is None:
             answer.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        elif not (gone := await forget_partitions(ctx, group_id, found)):
-            answer.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            answer.error_message = "There is no offset information to delete."
         else:
-            answer.topic_id = found.topic_id
-            deleted += [(found.topic_id, p) for p in gone]
+            try:
+                gone = await forget_partitions(ctx, group_id, found)
+            except KafkaError as exc:  # a share coordinator cannot answer now
+                answer.error_code = exc.error_code
+                continue
+            if not gone:
+                answer.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                answer.error_message = "There is no offset information to delete."
+            else:
+                answer.topic_id = found.topic_id
+                deleted += [(found.topic_id, p) for p in gone]
     if (stored := await persist(ctx, group_id, deleted)) is not ErrorCode.NONE:
         for answer in answered:
             if answer.error_code == ErrorCode.NONE:

@@ -337,7 +337,11 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
     # In a cluster, the share state of partitions first served in this leader epoch is
     # read from the share coordinator first; those it cannot read now answer its error.
     named = {(t.topic_id, p.partition_index) for t in request.topics for p in t.partitions}
-    unread = await ensure_loaded(ctx, group_id, named | session.partitions)
+    # A new session reads again the partitions whose records no member holds: the admin
+    # APIs may have reset or deleted their state at the coordinator (the group was empty).
+    unread = await ensure_loaded(
+        ctx, group_id, named | session.partitions, again_if_idle=epoch == 0
+    )
     for (topic_id, partition), error in unread.items():
         part = fetch.part(topic_id, partition)
         part.error_code = error

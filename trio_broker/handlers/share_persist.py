@@ -59,7 +59,7 @@ async def persist(
         answers = await delete_state(ctx.services, gone)
         result = next((e for e in answers.values() if e is not ErrorCode.NONE), result)
     written = await _write_changes(ctx, group_id, only)
-    return _for_client(written if result is ErrorCode.NONE else result)
+    return error_for_client(written if result is ErrorCode.NONE else result)
 
 
 #: What a leader answers for a share partition whose coordinator cannot answer now
@@ -71,7 +71,9 @@ _RETRY_LATER = frozenset({
 })  # fmt: skip
 
 
-def _for_client(error: ErrorCode) -> ErrorCode:
+def error_for_client(error: ErrorCode) -> ErrorCode:
+    """What a client is answered for a share coordinator's error: one it cannot reach,
+    or that is moving, is COORDINATOR_NOT_AVAILABLE (the client asks again)."""
     return ErrorCode.COORDINATOR_NOT_AVAILABLE if error in _RETRY_LATER else error
 
 
@@ -113,7 +115,13 @@ async def read_state(
     (NONE, the snapshot or None for no state), or (the error, None). A leader reads in
     its ``leader_epoch`` (which fences its predecessors); without one it is a summary
     read, for the admin APIs, which fences no one."""
-    services = ctx.services
+    return await read_state_of(ctx.services, key, leader_epoch)
+
+
+async def read_state_of(
+    services: Any, key: ShareKey, leader_epoch: int = NO_LEADER_EPOCH
+) -> tuple[ErrorCode, ShareSnapshot | None]:
+    """:func:`read_state` for a caller holding the services."""
     leader = _coordinator_of(services, key)
     if isinstance(leader, ErrorCode):
         return leader, None
@@ -126,34 +134,44 @@ async def read_state(
 
 
 async def ensure_loaded(
-    ctx: RequestContext, group_id: str, partitions: Collection[Partition]
+    ctx: RequestContext,
+    group_id: str,
+    partitions: Collection[Partition],
+    *,
+    again_if_idle: bool = False,
 ) -> dict[Partition, ErrorCode]:
-    """In a cluster: the share state of each of ``partitions`` this broker leads, read
-    from the share coordinator unless it was read in this leader epoch already; the
-    partitions that could not be read, with the error to answer for them (nothing in a
-    node alone: its state was restored at start). A partition without stored state keeps
-    the share partition made here in this epoch (on assignment), or is made where
-    ``share.auto.offset.reset`` says on its first fetch. A partition read again in a
-    new epoch keeps the share partition in memory when the coordinator holds what this
-    broker wrote last (no other leader wrote since)."""
-    services = ctx.services
-    shares = services.shares
+    """The share state of each of ``partitions`` this broker leads, read from its share
+    coordinator unless it was read in this leader epoch already (``again_if_idle``: read
+    again those whose records no member holds, as a new share session does: the admin
+    APIs may have reset or deleted the state at the coordinator since); the partitions
+    that could not be read, with the error to answer for them. A partition without
+    stored state keeps the share partition made here in this epoch (on assignment), or
+    is made where ``share.auto.offset.reset`` says on its first fetch; one whose stored
+    state was deleted since this broker wrote it starts afresh so too. A partition read
+    again keeps the share partition in memory when the coordinator holds what this
+    broker wrote last (no other leader, no reset, wrote since)."""
+    shares = ctx.services.shares
     failed: dict[Partition, ErrorCode] = {}
     for topic_id, partition in partitions:
         epoch = _leader_epoch(ctx, topic_id, partition)
         key = ShareKey(group_id, topic_id, partition)
-        if epoch is None or shares.loaded.get(key) == epoch:
+        held = shares.partition(group_id, topic_id, partition)
+        idle = held is None or held.next_lock_deadline() is None
+        if epoch is None or (shares.loaded.get(key) == epoch and not (again_if_idle and idle)):
             continue  # not led here (the fetch answers why), or read already
         error, snapshot = await read_state(ctx, key, epoch)
         if error is not ErrorCode.NONE:
-            failed[topic_id, partition] = _for_client(error)
+            failed[topic_id, partition] = error_for_client(error)
             continue
         if _leader_epoch(ctx, topic_id, partition) != epoch:
             failed[topic_id, partition] = ErrorCode.NOT_LEADER_OR_FOLLOWER
             continue
         known = shares.written.get(key)
         held = shares.partition(group_id, topic_id, partition)
-        if snapshot is not None and not (
+        if snapshot is None and known is not None:
+            # Deleted at the coordinator since this broker wrote it (the admin APIs).
+            shares.forget(key)
+        elif snapshot is not None and not (
             held is not None and known is not None and known.same_state(snapshot)
         ):
             shares.restore({key: snapshot})
@@ -215,10 +233,14 @@ async def _write_changes(
         for write in writes:
             if answers.get(write.key) is ErrorCode.NONE:
                 shares.written[write.key] = write.snapshot
+            elif answers.get(write.key) is ErrorCode.FENCED_STATE_EPOCH:
+                # Reset at the coordinator since this broker read it (AlterShareGroupOffsets):
+                # the next request reads it again, as Kafka's leader does.
+                shares.unload(write.key)
     for error in answers.values():
         if error is not ErrorCode.NONE and result is ErrorCode.NONE:
             result = error
-    return _for_client(result)
+    return error_for_client(result)
 
 
 async def delete_state(services: Any, keys: Sequence[ShareKey]) -> dict[ShareKey, ErrorCode]:
@@ -230,8 +252,7 @@ async def delete_state(services: Any, keys: Sequence[ShareKey]) -> dict[ShareKey
     answers: dict[ShareKey, ErrorCode] = {}
     by_coordinator: dict[int, list[ShareKey]] = {}
     for key in keys:
-        shares.loaded.pop(key, None)
-        shares.written.pop(key, None)
+        shares.forget(key)
         leader = _coordinator_of(services, key)
         if isinstance(leader, ErrorCode):
             answers[key] = leader
@@ -247,6 +268,39 @@ async def delete_state(services: Any, keys: Sequence[ShareKey]) -> dict[ShareKey
     return answers
 
 
+async def initialize_state(
+    services: Any, group_id: str, starts: dict[Partition, int]
+) -> dict[Partition, ErrorCode]:
+    """AlterShareGroupOffsets at the share coordinators (InitializeShareGroupState, as
+    Kafka's group coordinator sends it): each share partition starts over at its start
+    offset, nothing in flight, in a state epoch above the stored one (which fences its
+    leader's writes of the old one: that leader reads it again). Each partition's error."""
+    answers: dict[Partition, ErrorCode] = {}
+    by_coordinator: dict[int, list[StateWrite]] = {}
+    for (topic_id, partition), start_offset in starts.items():
+        key = ShareKey(group_id, topic_id, partition)
+        error, stored = await read_state_of(services, key)
+        leader = error if error is not ErrorCode.NONE else _coordinator_of(services, key)
+        if isinstance(leader, ErrorCode):
+            answers[topic_id, partition] = error_for_client(leader)
+            continue
+        state_epoch = (0 if stored is None else stored.state_epoch) + 1
+        snapshot = ShareSnapshot(start_offset, state_epoch=state_epoch)
+        by_coordinator.setdefault(leader, []).append(StateWrite(key, snapshot, NO_LEADER_EPOCH))
+    for leader, writes in by_coordinator.items():
+        if leader == services.config.node_id:
+            written = await write_local(services, writes, services.now_ms())
+        elif services.share_coordinator.remote is None:
+            written = dict.fromkeys((w.key for w in writes), ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        else:
+            written = await services.share_coordinator.remote.initialize(leader, group_id, writes)
+        for key, error in written.items():
+            answers[key.topic_id, key.partition] = error_for_client(error)
+            if error is ErrorCode.NONE:
+                services.shares.unload(key)  # read again where it is next served here
+    return answers
+
+
 def forget_topic(services: Any, topic_id: uuid.UUID) -> list[ShareKey]:
     """A topic is deleted: every group's share state of it goes, from memory and, with
     tombstones appended now (not waited for), from the share coordinator's tables this
@@ -259,8 +313,7 @@ def forget_topic(services: Any, topic_id: uuid.UUID) -> list[ShareKey]:
     shares = services.shares
     dropped = shares.forget_topic(topic_id)
     for key in dropped:
-        shares.loaded.pop(key, None)
-        shares.written.pop(key, None)
+        shares.forget(key)
     now_ms = services.now_ms()
     for table in list(coordinator.tables.values()):
         entries = table.store.tombstones(k for k in table.store.snapshots if k.topic_id == topic_id)
