@@ -83,21 +83,15 @@ class ShareStateChannel:
     async def write(
         self, coordinator: int, group_id: str, writes: Sequence[StateWrite]
     ) -> dict[ShareKey, ErrorCode]:
-        by_topic: dict[Any, list[Any]] = {}
-        for w in writes:
-            snap = w.snapshot
-            by_topic.setdefault(w.key.topic_id, []).append(Write.WriteStateData.PartitionData(
-                partition=w.key.partition, state_epoch=snap.state_epoch,
-                leader_epoch=w.leader_epoch, start_offset=snap.start_offset,
-                state_batches=[Write.WriteStateData.PartitionData.StateBatch(
-                    first_offset=b.first_offset, last_offset=b.last_offset,
-                    delivery_state=int(b.delivery_state), delivery_count=b.delivery_count,
-                ) for b in snap.batches],
-            ))  # fmt: skip
-        request = Write(group_id=group_id, topics=[
-            Write.WriteStateData(topic_id=topic_id, partitions=parts)
-            for topic_id, parts in by_topic.items()
-        ])  # fmt: skip
+        Part = Write.WriteStateData.PartitionData
+        request = _request(Write, Write.WriteStateData, group_id, [(w.key.topic_id, Part(
+            partition=w.key.partition, state_epoch=w.snapshot.state_epoch,
+            leader_epoch=w.leader_epoch, start_offset=w.snapshot.start_offset,
+            state_batches=[Part.StateBatch(
+                first_offset=b.first_offset, last_offset=b.last_offset,
+                delivery_state=int(b.delivery_state), delivery_count=b.delivery_count,
+            ) for b in w.snapshot.batches],
+        )) for w in writes])  # fmt: skip
         response = await self._call(coordinator, m.ApiKey.WRITE_SHARE_GROUP_STATE, request)
         return _answers(group_id, [w.key for w in writes], response)
 
@@ -107,16 +101,11 @@ class ShareStateChannel:
         """InitializeShareGroupState: each share partition starts over at its snapshot's
         start offset, in its state epoch."""
         Init = m.InitializeShareGroupStateRequest
-        by_topic: dict[Any, list[Any]] = {}
-        for w in writes:
-            by_topic.setdefault(w.key.topic_id, []).append(Init.InitializeStateData.PartitionData(
-                partition=w.key.partition, state_epoch=w.snapshot.state_epoch,
-                start_offset=w.snapshot.start_offset,
-            ))  # fmt: skip
-        request = Init(group_id=group_id, topics=[
-            Init.InitializeStateData(topic_id=topic_id, partitions=parts)
-            for topic_id, parts in by_topic.items()
-        ])  # fmt: skip
+        Part = Init.InitializeStateData.PartitionData
+        request = _request(Init, Init.InitializeStateData, group_id, [(w.key.topic_id, Part(
+            partition=w.key.partition, state_epoch=w.snapshot.state_epoch,
+            start_offset=w.snapshot.start_offset,
+        )) for w in writes])  # fmt: skip
         response = await self._call(coordinator, m.ApiKey.INITIALIZE_SHARE_GROUP_STATE, request)
         return _answers(group_id, [w.key for w in writes], response)
 
@@ -124,19 +113,14 @@ class ShareStateChannel:
         """DeleteShareGroupState of ``keys`` (one request per group)."""
         Delete = m.DeleteShareGroupStateRequest
         answers: dict[ShareKey, ErrorCode] = {}
-        by_group: dict[str, dict[Any, list[int]]] = {}
-        for key in keys:
-            by_group.setdefault(key.group_id, {}).setdefault(key.topic_id, []).append(key.partition)
-        for group_id, topics in by_group.items():
-            request = Delete(group_id=group_id, topics=[
-                Delete.DeleteStateData(topic_id=topic_id, partitions=[
-                    Delete.DeleteStateData.PartitionData(partition=p) for p in partitions
-                ])
-                for topic_id, partitions in topics.items()
+        for group_id in dict.fromkeys(key.group_id for key in keys):
+            of_group = [key for key in keys if key.group_id == group_id]
+            request = _request(Delete, Delete.DeleteStateData, group_id, [
+                (key.topic_id, Delete.DeleteStateData.PartitionData(partition=key.partition))
+                for key in of_group
             ])  # fmt: skip
             response = await self._call(coordinator, m.ApiKey.DELETE_SHARE_GROUP_STATE, request)
-            keys_of_group = [key for key in keys if key.group_id == group_id]
-            answers.update(_answers(group_id, keys_of_group, response))
+            answers.update(_answers(group_id, of_group, response))
         return answers
 
     async def _call(self, broker_id: int, api_key: int, request: Any) -> Any:
@@ -156,6 +140,20 @@ class ShareStateChannel:
 
     async def close(self) -> None:
         await self._peers.close()
+
+
+def _request(
+    request_type: Any, topic_type: Any, group_id: str, parts: Sequence[tuple[Any, Any]]
+) -> Any:
+    """A Write/Initialize/DeleteShareGroupState request (their topics have one shape: a
+    topic id and its partitions) of ``parts``, (topic id, partition data)."""
+    by_topic: dict[Any, list[Any]] = {}
+    for topic_id, part in parts:
+        by_topic.setdefault(topic_id, []).append(part)
+    return request_type(group_id=group_id, topics=[
+        topic_type(topic_id=topic_id, partitions=partitions)
+        for topic_id, partitions in by_topic.items()
+    ])  # fmt: skip
 
 
 def _answers(group_id: str, keys: Sequence[ShareKey], response: Any) -> dict[ShareKey, ErrorCode]:
