@@ -156,9 +156,9 @@ class ShareCoordinatorTable:
             write_timestamp_ms=now_ms,
         )
 
-    def appended(self, entries: list[Entry], last_offset: int) -> None:
-        """``entries`` are in the log up to ``last_offset``: the table holds them."""
-        self.store.appended(entries, last_offset)
+    def appended(self, entries: list[Entry]) -> None:
+        """``entries`` are in the log (maybe not durable yet): the table holds them."""
+        self.store.appended(entries)
         for key, snapshot in entries:
             if snapshot is None:
                 self.leader_epochs.pop(key, None)

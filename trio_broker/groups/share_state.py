@@ -14,8 +14,9 @@ taken is written as what losing its lock makes it (available with its delivery c
 archived when that count has reached the limit), so after a restart it is delivered
 again with its delivery count kept.
 
-Sync and trio-free: the caller appends the encoded batch (handlers/share_persist.py)
-and waits for it to count.
+Sync and trio-free: the share coordinator appends the encoded batch
+(handlers/share_group_state.py, through its partition's leadership) and waits for it
+to count.
 """
 
 from __future__ import annotations
@@ -254,7 +255,7 @@ class ShareStateStore:
         """Deletions of the stored snapshots among ``keys``."""
         return [(key, None) for key in keys if key in self.snapshots]
 
-    def appended(self, entries: Sequence[Entry], last_offset: int) -> None:
-        """``entries`` are in the log up to ``last_offset`` (maybe not durable yet)."""
+    def appended(self, entries: Sequence[Entry]) -> None:
+        """``entries`` are in the log (maybe not durable yet)."""
         for key, snapshot in entries:
             self._set(key, snapshot)

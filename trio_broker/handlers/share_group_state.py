@@ -70,7 +70,7 @@ def append_entries(
         durability=services.durability, replication=services.share_coordinator.replication,
         topic=SHARE_GROUP_STATE, partition=table.partition, messages=len(entries),
     )  # fmt: skip
-    table.appended(entries, written.last_offset)
+    table.appended(entries)
     return written.last_offset
 
 

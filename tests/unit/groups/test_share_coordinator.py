@@ -39,9 +39,9 @@ REDELIVER = StateBatch(15, 16, RecordState.AVAILABLE, 2)
 
 def write(table: ShareCoordinatorTable, entries: list[Entry]) -> None:
     """What the shell does for an accepted write: append, then tell the table."""
-    appended = append(table.log, encode_batch(entries, 0), origin=Origin.COORDINATOR,
-                      now_ms=0, durability=None)  # fmt: skip
-    table.appended(entries, appended.last_offset)
+    append(table.log, encode_batch(entries, 0), origin=Origin.COORDINATOR,
+           now_ms=0, durability=None)  # fmt: skip
+    table.appended(entries)
 
 
 def test_a_key_goes_to_the_partition_of_kafkas_coordinator_key() -> None:

@@ -150,9 +150,9 @@ def test_an_acquired_record_on_its_last_delivery_is_archived_by_a_restart() -> N
 
 
 def write(store: ShareStateStore, entries: list[tuple[ShareKey, ShareSnapshot | None]]) -> None:
-    appended = append(store.log, encode_batch(entries, 0), origin=Origin.COORDINATOR, now_ms=0,
-                      durability=None)  # fmt: skip
-    store.appended(entries, appended.last_offset)
+    append(store.log, encode_batch(entries, 0), origin=Origin.COORDINATOR, now_ms=0,
+           durability=None)  # fmt: skip
+    store.appended(entries)
 
 
 def test_the_table_is_replayed_from_the_log_last_record_wins() -> None:
