@@ -108,8 +108,7 @@ async def test_a_recreated_topic_does_not_inherit_share_state(tmp_path: Path) ->
         new_id = await create(client)
         assert new_id != old_id
         assert await start_offsets(client) == []  # nothing for the new topic, nor the old
-        store = broker.shares.store
-        assert store is not None
+        store = broker.share_coordinator.tables[0].store  # a node alone's one partition
         assert not [k for k in store.snapshots if k.topic_id == old_id]
 
         await produce(client, 2)  # offsets 0-1, before the group is assigned the topic
@@ -123,6 +122,5 @@ async def test_a_recreated_topic_does_not_inherit_share_state(tmp_path: Path) ->
 
     async with file_broker_and_client(tmp_path / "data") as (broker, client):
         assert await start_offsets(client) == [(TOPIC, new_id, 0, 4)]
-        store = broker.shares.store
-        assert store is not None
+        store = broker.share_coordinator.tables[0].store
         assert {k.topic_id for k in store.snapshots} == {new_id}

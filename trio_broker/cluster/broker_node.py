@@ -60,7 +60,7 @@ class ClusterHost(Protocol):
     #: The transaction coordinator, which the replica manager elects (below).
     transactions: PartitionedTransactionCoordinator
     #: The share coordinator, whose channel to other brokers is set here.
-    share_coordinator: PartitionedShareCoordinator | None
+    share_coordinator: PartitionedShareCoordinator
     #: The share groups, whose group configs the cluster's znodes set.
     shares: ShareGroups
     #: The deterministic simulation's in-memory ZooKeeper session and network (sim/);
@@ -204,9 +204,10 @@ async def run_cluster_node(
         transactions.send_markers = channel.send
         transactions.ask_coordinator = channel.ask_coordinator
         manager.leadership_listeners[TRANSACTION_STATE] = transactions
-        if host.share_coordinator is not None:
-            # Share partitions led here read and write their state at the coordinator.
-            host.share_coordinator.remote = ShareStateChannel(manager)
+        # The share coordinator of the __share_group_state partitions led here; share
+        # partitions led here read and write their state at their coordinators.
+        host.share_coordinator.replication = manager
+        host.share_coordinator.remote = ShareStateChannel(manager)
         async with trio.open_nursery() as nursery:
             if isinstance(host.shared_security, ClusterSecurity):
                 nursery.start_soon(host.shared_security.follow)

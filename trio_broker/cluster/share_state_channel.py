@@ -1,9 +1,11 @@
-"""Requests to another broker's share coordinator: ReadShareGroupState and
-WriteShareGroupState (KIP-932), over the inter-broker connections.
+"""Requests to another broker's share coordinator: ReadShareGroupState,
+WriteShareGroupState, InitializeShareGroupState and DeleteShareGroupState (KIP-932),
+over the inter-broker connections.
 
 A share partition's leader reads its state from, and writes it to, the leader of its
-``__share_group_state`` partition (``handlers/share_persist.py``); when that is another
-broker, these requests carry it (``handlers/share_group_state.py`` answers them). One
+``__share_group_state`` partition (``handlers/share_persist.py``), and the group's
+coordinator resets and deletes it there and reads its summary (the admin APIs); when
+that is another broker, these requests carry it (``handlers/share_group_state.py`` answers them). One
 connection per broker, one request at a time on it: trio's lock is fair, so the
 snapshots of a share partition reach its coordinator in the order its leader took them.
 A broker that cannot be reached answers COORDINATOR_NOT_AVAILABLE for every key (the
@@ -81,29 +83,44 @@ class ShareStateChannel:
     async def write(
         self, coordinator: int, group_id: str, writes: Sequence[StateWrite]
     ) -> dict[ShareKey, ErrorCode]:
-        by_topic: dict[Any, list[Any]] = {}
-        for w in writes:
-            snap = w.snapshot
-            by_topic.setdefault(w.key.topic_id, []).append(Write.WriteStateData.PartitionData(
-                partition=w.key.partition, state_epoch=snap.state_epoch,
-                leader_epoch=w.leader_epoch, start_offset=snap.start_offset,
-                state_batches=[Write.WriteStateData.PartitionData.StateBatch(
-                    first_offset=b.first_offset, last_offset=b.last_offset,
-                    delivery_state=int(b.delivery_state), delivery_count=b.delivery_count,
-                ) for b in snap.batches],
-            ))  # fmt: skip
-        request = Write(group_id=group_id, topics=[
-            Write.WriteStateData(topic_id=topic_id, partitions=parts)
-            for topic_id, parts in by_topic.items()
-        ])  # fmt: skip
+        Part = Write.WriteStateData.PartitionData
+        request = _request(Write, Write.WriteStateData, group_id, [(w.key.topic_id, Part(
+            partition=w.key.partition, state_epoch=w.snapshot.state_epoch,
+            leader_epoch=w.leader_epoch, start_offset=w.snapshot.start_offset,
+            state_batches=[Part.StateBatch(
+                first_offset=b.first_offset, last_offset=b.last_offset,
+                delivery_state=int(b.delivery_state), delivery_count=b.delivery_count,
+            ) for b in w.snapshot.batches],
+        )) for w in writes])  # fmt: skip
         response = await self._call(coordinator, m.ApiKey.WRITE_SHARE_GROUP_STATE, request)
-        answers = dict.fromkeys((w.key for w in writes), ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        if response is not None:
-            for result in response.results:
-                for part in result.partitions:
-                    key = ShareKey(group_id, result.topic_id, part.partition)
-                    if key in answers:
-                        answers[key] = ErrorCode(part.error_code)
+        return _answers(group_id, [w.key for w in writes], response)
+
+    async def initialize(
+        self, coordinator: int, group_id: str, writes: Sequence[StateWrite]
+    ) -> dict[ShareKey, ErrorCode]:
+        """InitializeShareGroupState: each share partition starts over at its snapshot's
+        start offset, in its state epoch."""
+        Init = m.InitializeShareGroupStateRequest
+        Part = Init.InitializeStateData.PartitionData
+        request = _request(Init, Init.InitializeStateData, group_id, [(w.key.topic_id, Part(
+            partition=w.key.partition, state_epoch=w.snapshot.state_epoch,
+            start_offset=w.snapshot.start_offset,
+        )) for w in writes])  # fmt: skip
+        response = await self._call(coordinator, m.ApiKey.INITIALIZE_SHARE_GROUP_STATE, request)
+        return _answers(group_id, [w.key for w in writes], response)
+
+    async def delete(self, coordinator: int, keys: Sequence[ShareKey]) -> dict[ShareKey, ErrorCode]:
+        """DeleteShareGroupState of ``keys`` (one request per group)."""
+        Delete = m.DeleteShareGroupStateRequest
+        answers: dict[ShareKey, ErrorCode] = {}
+        for group_id in dict.fromkeys(key.group_id for key in keys):
+            of_group = [key for key in keys if key.group_id == group_id]
+            request = _request(Delete, Delete.DeleteStateData, group_id, [
+                (key.topic_id, Delete.DeleteStateData.PartitionData(partition=key.partition))
+                for key in of_group
+            ])  # fmt: skip
+            response = await self._call(coordinator, m.ApiKey.DELETE_SHARE_GROUP_STATE, request)
+            answers.update(_answers(group_id, of_group, response))
         return answers
 
     async def _call(self, broker_id: int, api_key: int, request: Any) -> Any:
@@ -123,3 +140,30 @@ class ShareStateChannel:
 
     async def close(self) -> None:
         await self._peers.close()
+
+
+def _request(
+    request_type: Any, topic_type: Any, group_id: str, parts: Sequence[tuple[Any, Any]]
+) -> Any:
+    """A Write/Initialize/DeleteShareGroupState request (their topics have one shape: a
+    topic id and its partitions) of ``parts``, (topic id, partition data)."""
+    by_topic: dict[Any, list[Any]] = {}
+    for topic_id, part in parts:
+        by_topic.setdefault(topic_id, []).append(part)
+    return request_type(group_id=group_id, topics=[
+        topic_type(topic_id=topic_id, partitions=partitions)
+        for topic_id, partitions in by_topic.items()
+    ])  # fmt: skip
+
+
+def _answers(group_id: str, keys: Sequence[ShareKey], response: Any) -> dict[ShareKey, ErrorCode]:
+    """Each key's error in a Write/Initialize/DeleteShareGroupState response (their
+    results have one shape); COORDINATOR_NOT_AVAILABLE for a key it does not answer, or
+    for all without a response (the broker could not be reached)."""
+    answers = dict.fromkeys(keys, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+    for result in response.results if response is not None else ():
+        for part in result.partitions:
+            key = ShareKey(group_id, result.topic_id, part.partition)
+            if key in answers:
+                answers[key] = ErrorCode(part.error_code)
+    return answers

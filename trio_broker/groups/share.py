@@ -5,20 +5,21 @@ Holds one :class:`~trio_broker.state.share_group.ShareGroup` per share group, on
 partition) it has been assigned, and one share session per (group, member) that
 fetches. Share partitions are keyed by topic id, as Kafka keys them: a topic deleted
 and created again under its name is another topic, with no share state yet. Membership and sessions are in memory; the share partitions' state is written
-to ``__share_group_state`` by the handlers (``groups/share_state.py``) and restored
-here at start-up (:meth:`ShareGroups.restore`; see docs/share-groups.md). Time is passed in by the handlers (ms), and locks and sessions
+to their share coordinator by the handlers (``handlers/share_persist.py``) and read back
+here when a share partition is first served (:meth:`ShareGroups.restore`; see
+docs/share-groups.md). Time is passed in by the handlers (ms), and locks and sessions
 run out lazily, when the group or partition is next used: nothing here waits.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypedDict
 
 import attrs
 
-from trio_broker.groups.share_state import ShareKey, ShareSnapshot, ShareStateStore, restore
+from trio_broker.groups.share_state import ShareKey, ShareSnapshot, restore
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_group import (
     ShareGroup,
@@ -84,13 +85,18 @@ class ShareGroups:
         #: (group, topic id, partition) -> its share partition.
         self.partitions: dict[tuple[str, uuid.UUID, int], SharePartition] = {}
         self.sessions: dict[tuple[str, str], ShareSession] = {}
-        #: Where the share partitions' state is written alone; None in a cluster, where
-        #: the share coordinator keeps it (handlers/share_persist.py).
-        self.store: ShareStateStore | None = None
-        #: In a cluster: the leader epoch in which each share partition led here was
-        #: read from its share coordinator, and the last snapshot it holds of it.
+        #: The leader epoch in which each share partition led here was read from its
+        #: share coordinator, and the last snapshot it holds of it
+        #: (handlers/share_persist.py).
         self.loaded: dict[ShareKey, int] = {}
         self.written: dict[ShareKey, ShareSnapshot] = {}
+
+    def recall_groups(self, group_ids: Iterable[str]) -> None:
+        """Groups with stored share state: those not known come back empty (members
+        rejoin), as ShareGroupDescribe and ListGroups show them."""
+        for group_id in group_ids:
+            if group_id not in self.groups:
+                self.groups[group_id] = self._new_group(group_id)
 
     def restore(self, snapshots: Mapping[ShareKey, ShareSnapshot]) -> None:
         """Share partitions as stored, by (group, topic id, partition): nothing acquired.
@@ -169,15 +175,17 @@ class ShareGroups:
         group = self.group(group_id, now_ms)
         return None if group is None else not group.members
 
-    def reset(self, group_id: str, topic_id: uuid.UUID, partition: int, start_offset: int) -> None:
-        """Start the group's share partition over at ``start_offset``: nothing in flight,
-        a new state epoch (an empty group: no member holds anything)."""
-        old = self.partitions.get((group_id, topic_id, partition))
-        self.partitions[group_id, topic_id, partition] = SharePartition(
-            start_offset,
-            state_epoch=0 if old is None else old.state_epoch + 1,
-            **self._partition_settings(group_id),
-        )
+    def unload(self, key: ShareKey) -> None:
+        """The share partition's state here may be stale (a reset at the share
+        coordinator): its next use reads it from there again, and takes what is stored."""
+        self.loaded.pop(key, None)
+        self.written.pop(key, None)
+
+    def forget(self, key: ShareKey) -> None:
+        """This broker no longer holds the share partition (its state was deleted): made
+        again, it starts afresh."""
+        self.partitions.pop((key.group_id, key.topic_id, key.partition), None)
+        self.unload(key)
 
     def forget_partitions(self, group_id: str, topic_id: uuid.UUID) -> list[int]:
         """Drop the group's share partitions of the topic; the partitions dropped."""

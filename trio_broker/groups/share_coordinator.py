@@ -43,15 +43,19 @@ from typing import Protocol
 import attrs
 
 from trio_broker.groups.share_state import Entry, ShareKey, ShareSnapshot, ShareStateStore
+from trio_broker.partition.append import Replication
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.services.cluster_view import PartitionInfo
 from trio_broker.services.internal_topics import partition_for
 from trio_broker.storage.log_protocol import Log
 
 __all__ = [
+    "NO_LEADER_EPOCH",
     "UNINITIALIZED_START_OFFSET",
     "PartitionedShareCoordinator",
     "RemoteShareState",
     "ShareCoordinatorTable",
+    "ShareLeaders",
     "StateWrite",
     "coordinator_key",
 ]
@@ -60,6 +64,9 @@ log = logging.getLogger("trio_broker.groups")
 
 #: A read of a key without state answers this start offset (Kafka's).
 UNINITIALIZED_START_OFFSET = -1
+#: The leader epoch of a request that comes from no share partition's leader (the
+#: group coordinator's summary reads and initializations): it fences no one.
+NO_LEADER_EPOCH = -1
 
 
 def kafka_uuid_string(topic_id: uuid.UUID) -> str:
@@ -106,6 +113,10 @@ class ShareCoordinatorTable:
         ``leader_epoch``, which from now on fences writers of older epochs."""
         if key.partition < 0:
             return ReadResult(ErrorCode.INVALID_REQUEST)
+        if leader_epoch == NO_LEADER_EPOCH:
+            # A summary, not a leader's read (the group coordinator's, for the admin
+            # APIs; Kafka's ReadShareGroupStateSummary): it fences no one.
+            return ReadResult(ErrorCode.NONE, self.store.snapshots.get(key))
         if self.leader_epochs.get(key, -1) > leader_epoch:
             return ReadResult(ErrorCode.FENCED_LEADER_EPOCH)
         self.leader_epochs[key] = leader_epoch
@@ -116,9 +127,15 @@ class ShareCoordinatorTable:
         in its order)."""
         if key.partition < 0:
             return ErrorCode.INVALID_REQUEST
+        stored = self.store.snapshots.get(key)
+        if leader_epoch == NO_LEADER_EPOCH:
+            # InitializeShareGroupState: the share partition starts over in a new state
+            # epoch (which fences its leader's later writes of the old one).
+            if stored is not None and stored.state_epoch >= state_epoch:
+                return ErrorCode.FENCED_STATE_EPOCH
+            return ErrorCode.NONE
         if self.leader_epochs.get(key, -1) > leader_epoch:
             return ErrorCode.FENCED_LEADER_EPOCH
-        stored = self.store.snapshots.get(key)
         if stored is not None and stored.state_epoch > state_epoch:
             return ErrorCode.FENCED_STATE_EPOCH
         return ErrorCode.NONE
@@ -127,8 +144,11 @@ class ShareCoordinatorTable:
         self, key: ShareKey, snapshot: ShareSnapshot, leader_epoch: int, now_ms: int
     ) -> Entry:
         """The record to append for an accepted write: the snapshot with the key's next
-        snapshot epoch, the writer's leader epoch and the write time."""
+        snapshot epoch, the writer's leader epoch (an initialization, which has none,
+        keeps the stored one: it still fences the leaders before it) and the write time."""
         stored = self.store.snapshots.get(key)
+        if leader_epoch == NO_LEADER_EPOCH:
+            leader_epoch = self.leader_epochs.get(key, NO_LEADER_EPOCH)
         return key, attrs.evolve(
             snapshot,
             snapshot_epoch=0 if stored is None else stored.snapshot_epoch + 1,
@@ -136,9 +156,9 @@ class ShareCoordinatorTable:
             write_timestamp_ms=now_ms,
         )
 
-    def appended(self, entries: list[Entry], last_offset: int) -> None:
-        """``entries`` are in the log up to ``last_offset``: the table holds them."""
-        self.store.appended(entries, last_offset)
+    def appended(self, entries: list[Entry]) -> None:
+        """``entries`` are in the log (maybe not durable yet): the table holds them."""
+        self.store.appended(entries)
         for key, snapshot in entries:
             if snapshot is None:
                 self.leader_epochs.pop(key, None)
@@ -158,8 +178,8 @@ class StateWrite:
 
 
 class RemoteShareState(Protocol):
-    """ReadShareGroupState / WriteShareGroupState to the share coordinator on another
-    broker (cluster/share_state_channel.py); errors come back as error codes."""
+    """ReadShareGroupState / WriteShareGroupState / InitializeShareGroupState /
+    DeleteShareGroupState to the share coordinator on another broker (cluster/share_state_channel.py); errors come back as error codes."""
 
     async def read(
         self, coordinator: int, key: ShareKey, leader_epoch: int
@@ -168,6 +188,21 @@ class RemoteShareState(Protocol):
     async def write(
         self, coordinator: int, group_id: str, writes: Sequence[StateWrite]
     ) -> dict[ShareKey, ErrorCode]: ...
+
+    async def initialize(
+        self, coordinator: int, group_id: str, writes: Sequence[StateWrite]
+    ) -> dict[ShareKey, ErrorCode]: ...
+
+    async def delete(
+        self, coordinator: int, keys: Sequence[ShareKey]
+    ) -> dict[ShareKey, ErrorCode]: ...
+
+
+class ShareLeaders(Replication, Protocol):
+    """Who leads the ``__share_group_state`` partitions: the tables write through it
+    and the leaders of share partitions find their share coordinator in it."""
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None: ...
 
 
 @attrs.frozen
@@ -180,14 +215,23 @@ class PartitionedShareCoordinator:
     """One :class:`ShareCoordinatorTable` per led ``__share_group_state`` partition
     (module docstring); a ``LeadershipListener`` of that topic."""
 
-    def __init__(self, num_partitions: int) -> None:
-        #: share.coordinator.state.topic.num.partitions, fixed for the cluster's life.
+    def __init__(self, num_partitions: int, leaders: ShareLeaders) -> None:
+        #: share.coordinator.state.topic.num.partitions in a cluster, fixed for its
+        #: life; 1 on a node alone.
         self.num_partitions = num_partitions
+        #: Who leads the partitions (the tables write through it, the leaders of share
+        #: partitions find their coordinator in it): alone its ``OwnPartition`` from
+        #: start to end; in a cluster ``LeadsNothing`` until the broker joins, then the
+        #: replica manager (cluster/broker_node.py).
+        self.replication: ShareLeaders = leaders
         self.tables: dict[int, ShareCoordinatorTable] = {}
         #: Led partitions whose tables wait for :meth:`load_pending`.
         self.loading: dict[int, _Loading] = {}
         #: The shell's wake-up: something is waiting to load.
         self.on_elected: Callable[[], None] = lambda: None
+        #: Told of each table once loaded: the groups it holds state for are known
+        #: (empty) to a group coordinator on this broker (set by the wiring).
+        self.on_loaded: Callable[[ShareCoordinatorTable], None] = lambda table: None
         #: The requests to another broker's share coordinator, set once this broker
         #: joins the cluster.
         self.remote: RemoteShareState | None = None
@@ -219,6 +263,7 @@ class PartitionedShareCoordinator:
             records = table.load()
             self.tables[partition] = table
             loaded.append(table)
+            self.on_loaded(table)
             log.info("share coordinator of __share_group_state-%d (epoch %d): %d share "
                      "partitions from %d records", partition, pending.leader_epoch,
                      len(table.store.snapshots), records)  # fmt: skip
@@ -239,7 +284,19 @@ class PartitionedShareCoordinator:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return ErrorCode.NOT_COORDINATOR
 
+    def keys(
+        self, *, group_id: str | None = None, topic_id: uuid.UUID | None = None
+    ) -> list[ShareKey]:
+        """The keys with state in the tables led here, of a group and/or of a topic."""
+        return [
+            key
+            for table in self.tables.values()
+            for key in table.store.snapshots
+            if group_id in (None, key.group_id) and topic_id in (None, key.topic_id)
+        ]
+
     def close(self) -> None:
-        """The logs are the topic manager's: nothing to close here."""
+        """The logs are their leadership's (the topic manager's, an ``OwnPartition``):
+        nothing to close here."""
         self.tables.clear()
         self.loading.clear()

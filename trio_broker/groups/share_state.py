@@ -14,8 +14,9 @@ taken is written as what losing its lock makes it (available with its delivery c
 archived when that count has reached the limit), so after a restart it is delivered
 again with its delivery count kept.
 
-Sync and trio-free: the caller appends the encoded batch (handlers/share_persist.py)
-and waits for it to count.
+Sync and trio-free: the share coordinator appends the encoded batch
+(handlers/share_group_state.py, through its partition's leadership) and waits for it
+to count.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import attrs
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import build_batch
 from trio_broker.state.share_partition import FINISHED, InFlight, RecordState, SharePartition
-from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.log import LogConfig
 from trio_broker.storage.log_protocol import Log
-from trio_broker.storage.memory import MemoryLog
+from trio_broker.storage.own_log import open_compacted_log
 from trio_broker.storage.replay import iter_log_records
 
 log = logging.getLogger("trio_broker.groups")
@@ -213,6 +214,13 @@ def encode_batch(entries: Sequence[Entry], now_ms: int) -> bytearray:
     return build_batch(records, base_timestamp=now_ms)
 
 
+def open_share_state_log(data_dir: Path | None, config: LogConfig) -> Log:
+    """A node alone's ``__share_group_state-0``: ``<data_dir>/__share_group_state-0`` (the
+    file a node alone kept its snapshots in before its share coordinator, same records),
+    or a ``MemoryLog`` if ``data_dir`` is None. Compacted like the offsets log."""
+    return open_compacted_log(data_dir, STATE_LOG_NAME, config, STATE_SEGMENT_BYTES)
+
+
 class ShareStateStore:
     """The snapshots of every share partition, over the log they are replayed from."""
 
@@ -220,27 +228,6 @@ class ShareStateStore:
         self.log = state_log
         #: The newest snapshot appended (or replayed) per key.
         self.snapshots: dict[ShareKey, ShareSnapshot] = {}
-        #: The log offset of the last record appended here (-1: none): what a request
-        #: that answers from the current state waits to be durable.
-        self.last_appended = -1
-
-    @classmethod
-    def open(cls, data_dir: Path | None, config: LogConfig) -> ShareStateStore:
-        """Open the log (memory if ``data_dir`` is None) and replay it."""
-        # Like the offsets log: compacted, never deleted by age or size.
-        config = attrs.evolve(
-            config, retention_ms=None, retention_bytes=None, compact=True, delete=False,
-            segment_bytes=min(config.segment_bytes, STATE_SEGMENT_BYTES),
-        )  # fmt: skip
-        if data_dir is None:
-            store = cls(MemoryLog(config))
-        else:
-            store = cls(PartitionLog.open(Path(data_dir) / STATE_LOG_NAME, config))
-        store.load()
-        return store
-
-    def close(self) -> None:
-        self.log.close()
 
     def load(self) -> int:
         """Replay the log into the table; returns how many records were read."""
@@ -264,30 +251,11 @@ class ShareStateStore:
         else:
             self.snapshots[key] = snapshot
 
-    def changes(
-        self, current: Iterable[tuple[ShareKey, SharePartition]], now_ms: int
-    ) -> list[Entry]:
-        """The snapshots to write for the partitions whose durable state moved since
-        the last one written for them."""
-        entries: list[Entry] = []
-        for key, share_partition in current:
-            fresh = snapshot_of(share_partition)
-            known = self.snapshots.get(key)
-            if known is not None and known.same_state(fresh):
-                continue
-            entries.append((key, attrs.evolve(
-                fresh,
-                snapshot_epoch=0 if known is None else known.snapshot_epoch + 1,
-                write_timestamp_ms=now_ms,
-            )))  # fmt: skip
-        return entries
-
     def tombstones(self, keys: Iterable[ShareKey]) -> list[Entry]:
         """Deletions of the stored snapshots among ``keys``."""
         return [(key, None) for key in keys if key in self.snapshots]
 
-    def appended(self, entries: Sequence[Entry], last_offset: int) -> None:
-        """``entries`` are in the log up to ``last_offset`` (maybe not durable yet)."""
+    def appended(self, entries: Sequence[Entry]) -> None:
+        """``entries`` are in the log (maybe not durable yet)."""
         for key, snapshot in entries:
             self._set(key, snapshot)
-        self.last_appended = max(self.last_appended, last_offset)

@@ -125,9 +125,9 @@ class Services(Protocol):
         ...
 
     @property
-    def share_coordinator(self) -> PartitionedShareCoordinator | None:
-        """In a cluster, the share coordinator of the ``__share_group_state``
-        partitions this broker leads; None alone (its share state is ``shares.store``)."""
+    def share_coordinator(self) -> PartitionedShareCoordinator:
+        """The share coordinator of the ``__share_group_state`` partitions this broker
+        leads (alone its one partition), and the way to the others'."""
         ...
 
     @property

@@ -231,10 +231,13 @@ async def handle_leave_group(
 
 
 def share_groups(ctx: RequestContext) -> list[tuple[str, str, str, str]]:
-    """Share groups as ListGroups lists them (Kafka: protocol type and group type "share")."""
+    """Share groups as ListGroups lists them (Kafka: protocol type and group type "share"),
+    those this broker coordinates: a share partition's leader knows the group too."""
     shares, now = ctx.services.shares, ctx.now_ms()
     listed = []
     for group_id in list(shares.groups):
+        if ctx.services.groups.coordinator_error(group_id) is not ErrorCode.NONE:
+            continue
         group = shares.group(group_id, now)  # a member whose session ran out is gone
         if group is not None:
             listed.append((group_id, SHARE_PROTOCOL_TYPE, group.state, "share"))
@@ -378,7 +381,10 @@ async def handle_delete_groups(
                 share_results[name] = ErrorCode.NON_EMPTY_GROUP
             elif empty:
                 share_results[name] = ErrorCode.NONE
-                share_deleted[name] = shares.delete_group(name)
+                share_deleted[name] = sorted({*shares.delete_group(name), *(
+                    (key.topic_id, key.partition)
+                    for key in ctx.services.share_coordinator.keys(group_id=name)
+                )})  # fmt: skip
     try:
         # Deleted now, in request order; only the wait for the tombstones is deferred.
         results, writes = groups.delete_groups(

@@ -16,12 +16,20 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from trio_broker.groups.share_state import ShareKey
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.share_fetch import readable_end
-from trio_broker.handlers.share_persist import persist
+from trio_broker.handlers.share_persist import (
+    error_for_client,
+    initialize_state,
+    persist,
+    read_state,
+)
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
+from trio_broker.state.share_partition import FINISHED
 
 DescResp = m.DescribeShareGroupOffsetsResponse
 DescGroup = DescResp.DescribeShareGroupOffsetsResponseGroup
@@ -52,22 +60,37 @@ def group_error(ctx: RequestContext, group_id: str | None) -> ErrorCode:
 # ------------------------------------------------------------------------- describe
 
 
-def describe_partition(ctx: RequestContext, group_id: str, topic: Any, partition: int) -> DescPart:
+async def describe_partition(
+    ctx: RequestContext, group_id: str, topic: Any, partition: int
+) -> DescPart:
+    """The share partition's start offset and lag as its share coordinator holds them
+    (a summary read, as Kafka's group coordinator makes one): what is durable, which
+    is what moves them (acknowledgements, resets; acquisitions change neither)."""
     out = DescPart(partition_index=partition, start_offset=UNINITIALIZED, leader_epoch=-1,
                    lag=-1, error_code=ErrorCode.NONE)  # fmt: skip
-    share_partition = ctx.services.shares.partition(group_id, topic.topic_id, partition)
-    if share_partition is None or not 0 <= partition < len(topic.logs):
+    if not 0 <= partition < len(topic.logs):
+        return out
+    error, snapshot = await read_state(ctx, ShareKey(group_id, topic.topic_id, partition))
+    if error is not ErrorCode.NONE:
+        out.error_code = error
+        return out
+    if snapshot is None:
         return out
     log = topic.logs[partition]
-    share_partition.skip_to(log.log_start_offset)
-    out.start_offset, out.leader_epoch = share_partition.start_offset, 0
+    # Records retention or DeleteRecords removed are no longer the group's to read.
+    start = max(snapshot.start_offset, log.log_start_offset)
+    finished = sum(
+        b.last_offset - max(b.first_offset, start) + 1
+        for b in snapshot.batches
+        if b.delivery_state in FINISHED and b.last_offset >= start
+    )
+    out.start_offset, out.leader_epoch = start, 0
     end = readable_end(ctx, topic.name, partition, log)
-    finished = share_partition.finished_in_flight()
-    out.lag = max(0, end - share_partition.start_offset - finished)
+    out.lag = max(0, end - start - finished)
     return out
 
 
-def describe_group(ctx: RequestContext, request: Any) -> DescGroup:
+async def describe_group(ctx: RequestContext, request: Any) -> DescGroup:
     group_id = request.group_id
     out = DescGroup(group_id=group_id, topics=[], error_code=ErrorCode.NONE)
     if not authorized(ctx, Operation.DESCRIBE, ResourceType.GROUP, group_id):
@@ -78,12 +101,11 @@ def describe_group(ctx: RequestContext, request: Any) -> DescGroup:
         return out
     topics = ctx.services.topics
     if request.topics is None:  # every partition the group has share state for
-        wanted: dict[str, list[int]] = {}
-        for topic_id, partition, _ in ctx.services.shares.partitions_of(group_id):
+        wanted: dict[str, set[int]] = {}
+        for topic_id, partition in known_partitions(ctx, group_id):
             if (has := topics.by_id.get(topic_id)) is not None:
-                wanted.setdefault(has.name, []).append(partition)
-        wanted = {name: sorted(parts) for name, parts in sorted(wanted.items())}
-        asked = [(name, parts) for name, parts in wanted.items()
+                wanted.setdefault(has.name, set()).add(partition)
+        asked = [(name, sorted(parts)) for name, parts in sorted(wanted.items())
                  if authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name)]  # fmt: skip
     else:
         asked = [(t.topic_name, list(t.partitions)) for t in request.topics]
@@ -101,15 +123,27 @@ def describe_group(ctx: RequestContext, request: Any) -> DescGroup:
                 for p in partitions]))  # fmt: skip
         else:
             out.topics.append(DescTopic(topic_name=name, topic_id=found.topic_id, partitions=[
-                describe_partition(ctx, group_id, found, p) for p in partitions]))  # fmt: skip
+                await describe_partition(ctx, group_id, found, p) for p in partitions
+            ]))  # fmt: skip
     return out
+
+
+def known_partitions(ctx: RequestContext, group_id: str) -> set[tuple[uuid.UUID, int]]:
+    """The (topic id, partition)s this broker knows the group to have share state for:
+    its share partitions in memory (a group coordinator made each it assigned) and the
+    keys in the share coordinator's tables led here (a node alone: all of them)."""
+    known = {(t, p) for t, p, _ in ctx.services.shares.partitions_of(group_id)}
+    stored = ctx.services.share_coordinator.keys(group_id=group_id)
+    return known | {(key.topic_id, key.partition) for key in stored}
 
 
 @handles(m.ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS)
 async def handle_describe_share_group_offsets(
     ctx: RequestContext, request: m.DescribeShareGroupOffsetsRequest
 ) -> DescResp:
-    return DescResp(throttle_time_ms=0, groups=[describe_group(ctx, g) for g in request.groups])
+    return DescResp(
+        throttle_time_ms=0, groups=[await describe_group(ctx, g) for g in request.groups]
+    )
 
 
 # ------------------------------------------------------------------------- alter
@@ -128,8 +162,9 @@ async def handle_alter_share_group_offsets(
         return refused(ErrorCode.GROUP_AUTHORIZATION_FAILED)
     if (error := group_error(ctx, group_id)) is not ErrorCode.NONE:
         return refused(error)
-    shares, topics = ctx.services.shares, ctx.services.topics
+    topics = ctx.services.topics
     answered: list[AlterTopic] = []
+    resets: dict[tuple[uuid.UUID, int], int] = {}
     for topic in request.topics:
         found = topics.get(topic.topic_name)
         error = ErrorCode.NONE
@@ -143,20 +178,38 @@ async def handle_alter_share_group_offsets(
             if found is not None and not 0 <= p.partition_index < len(found.logs):
                 code = code or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             if code is ErrorCode.NONE and found is not None:
-                shares.reset(group_id, found.topic_id, p.partition_index, p.start_offset)
+                resets[found.topic_id, p.partition_index] = p.start_offset
             parts.append(AlterPart(partition_index=p.partition_index, error_code=code))
         topic_id = found.topic_id if found is not None and error is ErrorCode.NONE else NO_TOPIC
         answered.append(AlterTopic(topic_name=topic.topic_name, topic_id=topic_id,
                                    partitions=parts))  # fmt: skip
-    if (stored := await persist(ctx, group_id)) is not ErrorCode.NONE:
-        for answer in answered:
-            for part in answer.partitions:
-                if part.error_code == ErrorCode.NONE:
-                    part.error_code = stored
+    # At each share partition's coordinator, as Kafka's group coordinator does it.
+    stored = await initialize_state(ctx.services, group_id, resets)
+    for answer in answered:
+        for part in answer.partitions:
+            if part.error_code == ErrorCode.NONE and answer.topic_id != NO_TOPIC:
+                part.error_code = stored.get(
+                    (answer.topic_id, part.partition_index), ErrorCode.NONE
+                )
     return AlterResp(throttle_time_ms=0, error_code=ErrorCode.NONE, responses=answered)
 
 
 # ------------------------------------------------------------------------- delete
+
+
+async def forget_partitions(ctx: RequestContext, group_id: str, topic: Any) -> list[int]:
+    """The partitions of ``topic`` the group has share state for (at their share
+    coordinators: a summary read of each; or in memory here), dropped from memory (their
+    tombstones are the caller's to write)."""
+    stored = []
+    for partition in range(len(topic.logs)):
+        error, snapshot = await read_state(ctx, ShareKey(group_id, topic.topic_id, partition))
+        if error is not ErrorCode.NONE:
+            raise KafkaError(error_for_client(error))
+        if snapshot is not None:
+            stored.append(partition)
+    gone = set(ctx.services.shares.forget_partitions(group_id, topic.topic_id))
+    return sorted(gone.union(stored))
 
 
 @handles(m.ApiKey.DELETE_SHARE_GROUP_OFFSETS)
@@ -172,7 +225,7 @@ async def handle_delete_share_group_offsets(
         return refused(ErrorCode.GROUP_AUTHORIZATION_FAILED)
     if (error := group_error(ctx, group_id)) is not ErrorCode.NONE:
         return refused(error)
-    shares, topics = ctx.services.shares, ctx.services.topics
+    topics = ctx.services.topics
     answered: list[DeleteTopic] = []
     deleted: list[tuple[uuid.UUID, int]] = []
     for topic in request.topics:
@@ -184,12 +237,18 @@ async def handle_delete_share_group_offsets(
             answer.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
         elif found is None:
             answer.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        elif not (gone := shares.forget_partitions(group_id, found.topic_id)):
-            answer.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            answer.error_message = "There is no offset information to delete."
         else:
-            answer.topic_id = found.topic_id
-            deleted += [(found.topic_id, p) for p in gone]
+            try:
+                gone = await forget_partitions(ctx, group_id, found)
+            except KafkaError as exc:  # a share coordinator cannot answer now
+                answer.error_code = exc.error_code
+                continue
+            if not gone:
+                answer.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                answer.error_message = "There is no offset information to delete."
+            else:
+                answer.topic_id = found.topic_id
+                deleted += [(found.topic_id, p) for p in gone]
     if (stored := await persist(ctx, group_id, deleted)) is not ErrorCode.NONE:
         for answer in answered:
             if answer.error_code == ErrorCode.NONE:

@@ -8,7 +8,8 @@ under an acquisition lock (``trio_broker.state.share_partition``), sent as the l
 whole batches plus the acquired offset ranges the client keeps to. With nothing to
 acquire the request waits up to ``MaxWaitMs`` for an append, or until a lock held in its
 partitions runs out. As Kafka: READ on the group
-and on each topic. Single-node, in-memory state: docs/share-groups.md.
+and on each topic. The share state is read from and written to the share
+coordinator (handlers/share_persist.py; docs/share-groups.md).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from trio_broker.groups.share import next_epoch
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.list_offsets import offset_for_reset
-from trio_broker.handlers.share_persist import append_changes, ensure_loaded, persist
+from trio_broker.handlers.share_persist import ensure_loaded, persist
 from trio_broker.protocol import batch_header
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
@@ -278,8 +279,8 @@ class Fetch:
     async def stored(self) -> None:
         """Write the share state and wait until it is durable, so the acknowledgements
         answered are never delivered again after a restart (else their partitions
-        answer why). Acquisitions are appended without waiting: a lost one costs a
-        delivery count, never a record."""
+        answer why). Acquisitions alone are not written (as in Kafka): a leader lost
+        before the next write costs a delivery count, never a record."""
         acked = [p for p in self.parts.values() if p.acknowledge_error_code == ErrorCode.NONE]
         if (
             code := await persist(self.ctx, self.group_id, only=self.touched)
@@ -336,7 +337,11 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
     # In a cluster, the share state of partitions first served in this leader epoch is
     # read from the share coordinator first; those it cannot read now answer its error.
     named = {(t.topic_id, p.partition_index) for t in request.topics for p in t.partitions}
-    unread = await ensure_loaded(ctx, group_id, named | session.partitions)
+    # A new session reads again the partitions whose records no member holds: the admin
+    # APIs may have reset or deleted their state at the coordinator (the group was empty).
+    unread = await ensure_loaded(
+        ctx, group_id, named | session.partitions, again_if_idle=epoch == 0
+    )
     for (topic_id, partition), error in unread.items():
         part = fetch.part(topic_id, partition)
         part.error_code = error
@@ -371,7 +376,6 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
         or request.max_wait_ms <= 0
         or any(p.error_code for p in fetch.parts.values())
     ):
-        append_changes(ctx, group_id, only=fetch.touched)
         return fetch.response()
 
     names: list[tuple[str, int]] = []
@@ -392,9 +396,6 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
             with ctx.services.appends.watch(names) as watch:
                 # Acquire after the watch starts: an append in between still wakes it.
                 if not current() or fetch.acquire(partitions, max_records, request.max_bytes) > 0:
-                    append_changes(
-                        ctx, group_id, only=fetch.touched
-                    )  # no await: no timeout cuts in
                     return fetch.response()
                 await watch.changed()
 
@@ -403,7 +404,6 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
         # out: its record may be acquired now.
         if current():
             fetch.acquire(partitions, max_records, request.max_bytes)
-            append_changes(ctx, group_id, only=fetch.touched)
         return fetch.response()
 
     wait_ms = request.max_wait_ms

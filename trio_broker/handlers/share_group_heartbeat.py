@@ -12,7 +12,7 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.consumer_group_heartbeat import as_topic_partitions, topic_table
 from trio_broker.handlers.list_offsets import offset_for_reset
-from trio_broker.handlers.share_persist import persist
+from trio_broker.handlers.share_persist import ensure_loaded, persist
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_group import ShareHeartbeat, ShareHeartbeatResult
@@ -84,6 +84,10 @@ async def handle_share_group_heartbeat(
     # A share partition made for the assignment (at the log end by default): stored before the
     # member can fetch from it, so a restart does not move its start past what came since.
     made = {(t, p) for t, p, _ in shares.partitions_of(group_id)} - before
+    # Those led here are read from the share coordinator first: one with stored state
+    # (a node restarted, a group that had it before) takes that state, the others are
+    # written with their start (Kafka's group coordinator initializes them).
+    await ensure_loaded(ctx, group_id, made)
     if (stored := await persist(ctx, group_id, only=made)) is not ErrorCode.NONE:
         return error(stored, "The share-partition state could not be written.")
     return response(result, ctx)

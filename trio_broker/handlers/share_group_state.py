@@ -14,17 +14,24 @@ NOT_COORDINATOR (the state partition is led elsewhere),
 COORDINATOR_LOAD_IN_PROGRESS, FENCED_LEADER_EPOCH, FENCED_STATE_EPOCH,
 INVALID_REQUEST. CLUSTER_ACTION on the cluster, as Kafka.
 
-A node alone keeps its share state in its own log (``__share_group_state-0``, not a
-topic) and has no share coordinator: these APIs answer NOT_COORDINATOR there.
+A node alone is a share coordinator of one: its ``__share_group_state`` has one
+partition, kept in its own log (``<data_dir>/__share_group_state-0``, not a topic) and
+led by an ``OwnPartition`` (services/own_partition.py); its share partitions read and
+write there through :func:`read_local` and :func:`write_local`, as a cluster's do when
+their coordinator is their own broker.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
-from trio_broker.groups.share_coordinator import ShareCoordinatorTable, StateWrite
+from trio_broker.groups.share_coordinator import (
+    NO_LEADER_EPOCH,
+    ShareCoordinatorTable,
+    StateWrite,
+)
 from trio_broker.groups.share_state import (
     DURABLE_STATES,
     SHARE_GROUP_STATE,
@@ -45,58 +52,137 @@ from trio_broker.state.share_partition import RecordState
 def read_local(services: Any, key: ShareKey, leader_epoch: int) -> tuple[ErrorCode, Any]:
     """ReadShareGroupState of one key at this broker's coordinator: (NONE, the snapshot
     or None for no state yet), or (the error, None)."""
-    coordinator = services.share_coordinator
-    if coordinator is None:
-        return ErrorCode.NOT_COORDINATOR, None
-    table = coordinator.table_for(key)
+    table = services.share_coordinator.table_for(key)
     if isinstance(table, ErrorCode):
         return table, None
     result = table.read(key, leader_epoch)
     return result.error, result.snapshot
 
 
-async def write_local(
-    services: Any, writes: Sequence[StateWrite], now_ms: int
+def append_entries(
+    services: Any, table: ShareCoordinatorTable, entries: list[Entry], now_ms: int
+) -> int:
+    """Append ``entries`` to the table's partition through the coordinators' append path,
+    in this broker's leadership of it, and hold them in the table; the last offset.
+    Raises ``NotCommitted`` (nothing appended)."""
+    written = append_as_leader(
+        table.log, encode_batch(entries, now_ms), now_ms=now_ms,
+        durability=services.durability, replication=services.share_coordinator.replication,
+        topic=SHARE_GROUP_STATE, partition=table.partition, messages=len(entries),
+    )  # fmt: skip
+    table.appended(entries)
+    return written.last_offset
+
+
+async def _store(
+    services: Any, by_table: dict[int, tuple[ShareCoordinatorTable, list[Entry]]], now_ms: int
 ) -> dict[ShareKey, ErrorCode]:
-    """WriteShareGroupState at this broker's coordinator: each key's error, NONE once its
-    snapshot counts. The accepted ones are appended before the first wait, in order."""
+    """Append each table's entries (all before the first wait, so they land in the order
+    taken), then wait until each counts: NONE per key, else the append's or wait's error."""
     answers: dict[ShareKey, ErrorCode] = {}
-    coordinator = services.share_coordinator
-    by_table: dict[int, tuple[ShareCoordinatorTable, list[Entry]]] = {}
-    for write in writes:
-        table = (
-            ErrorCode.NOT_COORDINATOR if coordinator is None else coordinator.table_for(write.key)
-        )
-        if isinstance(table, ErrorCode):
-            answers[write.key] = table
-            continue
-        error = table.check_write(write.key, write.leader_epoch, write.snapshot.state_epoch)
-        answers[write.key] = error
-        if error is ErrorCode.NONE:
-            entry = table.entry_for(write.key, write.snapshot, write.leader_epoch, now_ms)
-            by_table.setdefault(table.partition, (table, []))[1].append(entry)
     appended = []
-    for partition, (table, entries) in by_table.items():
+    for table, entries in by_table.values():
         try:
-            written = append_as_leader(
-                table.log, encode_batch(entries, now_ms), now_ms=now_ms,
-                durability=services.durability, replication=services.leaders,
-                topic=SHARE_GROUP_STATE, partition=partition, messages=len(entries),
-            )  # fmt: skip
+            appended.append((table, entries, append_entries(services, table, entries, now_ms)))
         except NotCommitted as exc:
             answers.update((key, exc.error_code) for key, _ in entries)
-            continue
-        table.appended(entries, written.last_offset)
-        appended.append((partition, table, entries, written.last_offset))
-    for partition, table, entries, last_offset in appended:
+    for table, entries, last_offset in appended:
+        answers.update((key, ErrorCode.NONE) for key, _ in entries)
         try:
             await wait_counted(
                 table.log, last_offset, durability=services.durability,
-                replication=services.leaders, topic=SHARE_GROUP_STATE, partition=partition,
+                replication=services.share_coordinator.replication, topic=SHARE_GROUP_STATE,
+                partition=table.partition,
             )  # fmt: skip
         except NotCommitted as exc:
             answers.update((key, exc.error_code) for key, _ in entries)
     return answers
+
+
+async def write_local(
+    services: Any, writes: Sequence[StateWrite], now_ms: int
+) -> dict[ShareKey, ErrorCode]:
+    """WriteShareGroupState (and InitializeShareGroupState: a write without a leader
+    epoch) at this broker's coordinator: each key's error, NONE once its snapshot counts."""
+    answers: dict[ShareKey, ErrorCode] = {}
+    by_table: dict[int, tuple[ShareCoordinatorTable, list[Entry]]] = {}
+    for write in writes:
+        table = services.share_coordinator.table_for(write.key)
+        if isinstance(table, ErrorCode):
+            answers[write.key] = table
+            continue
+        error = table.check_write(write.key, write.leader_epoch, write.snapshot.state_epoch)
+        if error is not ErrorCode.NONE:
+            answers[write.key] = error
+            continue
+        entry = table.entry_for(write.key, write.snapshot, write.leader_epoch, now_ms)
+        by_table.setdefault(table.partition, (table, []))[1].append(entry)
+    return answers | await _store(services, by_table, now_ms)
+
+
+async def delete_local(
+    services: Any, keys: Sequence[ShareKey], now_ms: int
+) -> dict[ShareKey, ErrorCode]:
+    """DeleteShareGroupState at this broker's coordinator: tombstones, NONE once they
+    count (at once for a key without state)."""
+    answers: dict[ShareKey, ErrorCode] = {}
+    by_table: dict[int, tuple[ShareCoordinatorTable, list[Entry]]] = {}
+    for key in keys:
+        table = services.share_coordinator.table_for(key)
+        if isinstance(table, ErrorCode):
+            answers[key] = table
+            continue
+        answers[key] = ErrorCode.NONE
+        by_table.setdefault(table.partition, (table, []))[1].extend(table.store.tombstones([key]))
+    by_table = {p: (table, entries) for p, (table, entries) in by_table.items() if entries}
+    return answers | await _store(services, by_table, now_ms)
+
+
+# ---------------------------------------------------------------------------- the handlers
+
+Part = TypeVar("Part")
+
+
+async def _per_partition(
+    ctx: RequestContext,
+    request: Any,
+    checked: Callable[[ShareKey, Any], Part | None],
+    apply: Callable[[Any, list[Part], int], Awaitable[dict[ShareKey, ErrorCode]]],
+) -> dict[tuple[uuid.UUID, int], ErrorCode]:
+    """The shape of InitializeShareGroupState, WriteShareGroupState and
+    DeleteShareGroupState: CLUSTER_ACTION on the cluster, each partition checked
+    (``checked``: what to apply, or None when malformed: INVALID_REQUEST), the valid ones
+    applied at this broker's coordinator in one call; each partition's error."""
+    allowed = authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
+    errors: dict[tuple[uuid.UUID, int], ErrorCode] = {}
+    valid: list[Part] = []
+    for topic in request.topics:
+        for p in topic.partitions:
+            key = ShareKey(request.group_id, topic.topic_id, p.partition)
+            if not allowed:
+                errors[topic.topic_id, p.partition] = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            elif p.partition < 0 or (part := checked(key, p)) is None:
+                errors[topic.topic_id, p.partition] = ErrorCode.INVALID_REQUEST
+            else:
+                valid.append(part)
+    for key, error in (await apply(ctx.services, valid, ctx.now_ms())).items():
+        errors[key.topic_id, key.partition] = error
+    return errors
+
+
+def _results(
+    request: Any, errors: dict[tuple[uuid.UUID, int], ErrorCode], result: Any
+) -> list[Any]:
+    """Each topic's partitions with their errors, in the request's order."""
+    return [
+        result(topic_id=topic.topic_id, partitions=[
+            result.PartitionResult(
+                partition=p.partition, error_code=errors[topic.topic_id, p.partition]
+            )
+            for p in topic.partitions
+        ])
+        for topic in request.topics
+    ]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- wire forms
@@ -120,38 +206,21 @@ def batches_of(wire: Sequence[Any]) -> tuple[StateBatch, ...] | None:
 
 
 WriteResp = m.WriteShareGroupStateResponse
-WriteResult = WriteResp.WriteStateResult
-WritePart = WriteResult.PartitionResult
 
 
 @handles(m.ApiKey.WRITE_SHARE_GROUP_STATE)
 async def handle_write_share_group_state(
     ctx: RequestContext, request: m.WriteShareGroupStateRequest
 ) -> m.WriteShareGroupStateResponse:
-    allowed = authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
-    errors: dict[tuple[uuid.UUID, int], ErrorCode] = {}
-    writes = []
-    for topic in request.topics:
-        for p in topic.partitions:
-            key = ShareKey(request.group_id, topic.topic_id, p.partition)
-            batches = batches_of(p.state_batches)
-            if not allowed:
-                errors[topic.topic_id, p.partition] = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-            elif batches is None or p.start_offset < 0 or p.partition < 0:
-                errors[topic.topic_id, p.partition] = ErrorCode.INVALID_REQUEST
-            else:
-                snapshot = ShareSnapshot(p.start_offset, batches, state_epoch=p.state_epoch)
-                writes.append(StateWrite(key, snapshot, p.leader_epoch))
-    answers = await write_local(ctx.services, writes, ctx.now_ms())
-    for key, error in answers.items():
-        errors[key.topic_id, key.partition] = error
-    return WriteResp(results=[
-        WriteResult(topic_id=topic.topic_id, partitions=[
-            WritePart(partition=p.partition, error_code=errors[topic.topic_id, p.partition])
-            for p in topic.partitions
-        ])
-        for topic in request.topics
-    ])  # fmt: skip
+    def checked(key: ShareKey, p: Any) -> StateWrite | None:
+        batches = batches_of(p.state_batches)
+        if batches is None or p.start_offset < 0:
+            return None
+        snapshot = ShareSnapshot(p.start_offset, batches, state_epoch=p.state_epoch)
+        return StateWrite(key, snapshot, p.leader_epoch)
+
+    errors = await _per_partition(ctx, request, checked, write_local)
+    return WriteResp(results=_results(request, errors, WriteResp.WriteStateResult))
 
 
 ReadResp = m.ReadShareGroupStateResponse
@@ -163,6 +232,8 @@ ReadPart = ReadResult.PartitionResult
 async def handle_read_share_group_state(
     ctx: RequestContext, request: m.ReadShareGroupStateRequest
 ) -> m.ReadShareGroupStateResponse:
+    """A leader's read in its leader epoch; a read with leader epoch -1 is a summary (the
+    group coordinator's, for the admin APIs), which fences no one."""
     allowed = authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
     results = []
     for topic in request.topics:
@@ -196,8 +267,6 @@ async def handle_read_share_group_state(
 
 
 InitResp = m.InitializeShareGroupStateResponse
-InitResult = InitResp.InitializeStateResult
-InitPart = InitResult.PartitionResult
 
 
 @handles(m.ApiKey.INITIALIZE_SHARE_GROUP_STATE)
@@ -205,93 +274,25 @@ async def handle_initialize_share_group_state(
     ctx: RequestContext, request: m.InitializeShareGroupStateRequest
 ) -> m.InitializeShareGroupStateResponse:
     """A share partition's state starts over at the start offset with the state epoch:
-    nothing in flight (what the group coordinator writes when it assigns a partition, or
-    AlterShareGroupOffsets)."""
-    allowed = authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
-    errors: dict[tuple[uuid.UUID, int], ErrorCode] = {}
-    writes = []
-    for topic in request.topics:
-        for p in topic.partitions:
-            if not allowed:
-                errors[topic.topic_id, p.partition] = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-            elif p.start_offset < 0 or p.partition < 0:
-                errors[topic.topic_id, p.partition] = ErrorCode.INVALID_REQUEST
-            else:
-                key = ShareKey(request.group_id, topic.topic_id, p.partition)
-                snapshot = ShareSnapshot(p.start_offset, state_epoch=p.state_epoch)
-                # No leader's epoch comes with it: it fences no reader or writer.
-                writes.append(StateWrite(key, snapshot, -1))
-    for key, error in (await write_local(ctx.services, writes, ctx.now_ms())).items():
-        errors[key.topic_id, key.partition] = error
-    return InitResp(results=[
-        InitResult(topic_id=topic.topic_id, partitions=[
-            InitPart(partition=p.partition, error_code=errors[topic.topic_id, p.partition])
-            for p in topic.partitions
-        ])
-        for topic in request.topics
-    ])  # fmt: skip
+    nothing in flight (what the group coordinator writes for AlterShareGroupOffsets). It
+    comes with no leader's epoch: it fences no reader or writer but by its state epoch."""
+
+    def checked(key: ShareKey, p: Any) -> StateWrite | None:
+        if p.start_offset < 0:
+            return None
+        snapshot = ShareSnapshot(p.start_offset, state_epoch=p.state_epoch)
+        return StateWrite(key, snapshot, NO_LEADER_EPOCH)
+
+    errors = await _per_partition(ctx, request, checked, write_local)
+    return InitResp(results=_results(request, errors, InitResp.InitializeStateResult))
 
 
 DeleteResp = m.DeleteShareGroupStateResponse
-DeleteResult = DeleteResp.DeleteStateResult
-DeletePart = DeleteResult.PartitionResult
-
-
-async def delete_local(
-    services: Any, keys: Sequence[ShareKey], now_ms: int
-) -> dict[ShareKey, ErrorCode]:
-    """DeleteShareGroupState at this broker's coordinator: tombstones, once they count."""
-    answers: dict[ShareKey, ErrorCode] = {}
-    coordinator = services.share_coordinator
-    for key in keys:
-        table = ErrorCode.NOT_COORDINATOR if coordinator is None else coordinator.table_for(key)
-        if isinstance(table, ErrorCode):
-            answers[key] = table
-            continue
-        entries = table.store.tombstones([key])
-        answers[key] = ErrorCode.NONE
-        if not entries:
-            continue
-        try:
-            written = append_as_leader(
-                table.log, encode_batch(entries, now_ms), now_ms=now_ms,
-                durability=services.durability, replication=services.leaders,
-                topic=SHARE_GROUP_STATE, partition=table.partition,
-            )  # fmt: skip
-            table.appended(entries, written.last_offset)
-            await wait_counted(
-                table.log, written.last_offset, durability=services.durability,
-                replication=services.leaders, topic=SHARE_GROUP_STATE, partition=table.partition,
-            )  # fmt: skip
-        except NotCommitted as exc:
-            answers[key] = exc.error_code
-    return answers
 
 
 @handles(m.ApiKey.DELETE_SHARE_GROUP_STATE)
 async def handle_delete_share_group_state(
     ctx: RequestContext, request: m.DeleteShareGroupStateRequest
 ) -> m.DeleteShareGroupStateResponse:
-    allowed = authorized(ctx, Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
-    keys = [
-        ShareKey(request.group_id, topic.topic_id, p.partition)
-        for topic in request.topics
-        for p in topic.partitions
-        if p.partition >= 0
-    ]
-    answers = await delete_local(ctx.services, keys if allowed else [], ctx.now_ms())
-
-    def error_of(topic_id: uuid.UUID, partition: int) -> ErrorCode:
-        if not allowed:
-            return ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-        if partition < 0:
-            return ErrorCode.INVALID_REQUEST
-        return answers[ShareKey(request.group_id, topic_id, partition)]
-
-    return DeleteResp(results=[
-        DeleteResult(topic_id=topic.topic_id, partitions=[
-            DeletePart(partition=p.partition, error_code=error_of(topic.topic_id, p.partition))
-            for p in topic.partitions
-        ])
-        for topic in request.topics
-    ])  # fmt: skip
+    errors = await _per_partition(ctx, request, lambda key, p: key, delete_local)
+    return DeleteResp(results=_results(request, errors, DeleteResp.DeleteStateResult))

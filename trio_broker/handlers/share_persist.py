@@ -1,23 +1,21 @@
-"""Writing a share group's share-partition state to ``__share_group_state``.
+"""A share partition's leader and its share coordinator: reading and writing the state.
 
-After a request changes share partitions (acquisitions, acknowledgements, a partition
-made on assignment), the snapshots of the group's partitions whose durable state moved
-are appended, in one batch, through the coordinators' append path
-(``services/internal_topics.py``). The append is made before the request yields, so the
-log holds the snapshots in the order the state changed; a request whose answer must not
-be taken back by a crash (acknowledgements, a new start offset) then waits until the log
-is synced through the last snapshot appended, its own or an earlier request's.
+A share partition (group, topic id, partition) lives on its data partition's leader;
+its durable state is its share coordinator's, the leader of the key's
+``__share_group_state`` partition (``groups/share_coordinator.py``,
+``handlers/share_group_state.py``): in a cluster one of 50 replicated partitions, on a
+node alone the one partition of its own log, led by an ``OwnPartition``. One path for
+both: a leader reads a share partition's state from its coordinator the first time it
+serves the partition in its leader epoch (:func:`ensure_loaded`), and :func:`persist`
+sends the coordinator the snapshots that moved (acknowledgements, a start offset made
+on assignment or reset), stamped with that epoch, and the tombstones of share
+partitions deleted, waiting until they count there (synced; in a cluster below the
+high watermark too). When the coordinator is this broker the calls are direct, else
+they are requests (``cluster/share_state_channel.py``). Acquisitions alone are not
+written, as in Kafka: the next write carries their delivery counts.
 
-Snapshots are keyed by (group, topic id, partition); a deleted topic's go with it
-(:func:`forget_topic`, called by the topic manager).
-
-In a cluster there is no store here: the share state is the share coordinator's
-(``groups/share_coordinator.py``, ``handlers/share_group_state.py``). A leader reads a
-share partition's state from it the first time it serves the partition in its leader
-epoch (:func:`ensure_loaded`), and :func:`persist` sends it the snapshots that moved,
-stamped with that epoch, waiting until they count there. Acquisitions alone are not
-sent (:func:`append_changes` writes nothing in a cluster): the next write carries
-their delivery counts.
+A deleted topic's share state goes with it (:func:`forget_topic`, called by the topic
+manager).
 """
 
 from __future__ import annotations
@@ -27,59 +25,22 @@ import uuid
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from trio_broker.groups.share_coordinator import StateWrite
-from trio_broker.groups.share_state import (
-    SHARE_GROUP_STATE,
-    ShareKey,
-    encode_batch,
-    snapshot_of,
-)
+from trio_broker.groups.share_coordinator import NO_LEADER_EPOCH, StateWrite
+from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareKey, ShareSnapshot, snapshot_of
 from trio_broker.handlers.base import RequestContext
-from trio_broker.handlers.share_group_state import read_local, write_local
-from trio_broker.partition.append import NotLeader, leader_epoch_of
+from trio_broker.handlers.share_group_state import (
+    append_entries,
+    delete_local,
+    read_local,
+    write_local,
+)
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.services.internal_topics import NotCommitted, append_as_leader, wait_counted
-from trio_broker.services.local_replication import OwnLog
-from trio_broker.storage.log_protocol import Log
+from trio_broker.services.internal_topics import NotCommitted
 
 log = logging.getLogger("trio_broker.groups")
 
 #: A share partition of a group: (topic id, partition).
 Partition = tuple[uuid.UUID, int]
-
-
-def append_changes(
-    ctx: RequestContext,
-    group_id: str,
-    deleted: Sequence[Partition] = (),
-    *,
-    only: Collection[Partition] | None = None,
-) -> bool:
-    """Append the group's changed snapshots now (no waiting), and tombstones for its
-    ``deleted`` (topic id, partition)s; whether anything was appended. ``only``: the
-    (topic id, partition)s the request may have changed (None: all of the group's); what
-    else happens to a share partition (locks running out, a member's records given
-    back) leaves its snapshot as it was."""
-    shares = ctx.services.shares
-    store = shares.store
-    if store is None:
-        return False
-    current = [
-        (ShareKey(group_id, topic_id, partition), share_partition)
-        for topic_id, partition, share_partition in shares.partitions_of(group_id)
-        if only is None or (topic_id, partition) in only
-    ]
-    gone = [ShareKey(group_id, topic_id, partition) for topic_id, partition in deleted]
-    now = ctx.now_ms()
-    entries = store.changes(current, now) + store.tombstones(gone)
-    if not entries:
-        return False
-    appended = append_as_leader(
-        store.log, encode_batch(entries, now), now_ms=now, durability=ctx.services.durability,
-        replication=_own(ctx.services.config.node_id, store.log), messages=len(entries),
-    )  # fmt: skip
-    store.appended(entries, appended.last_offset)
-    return True
 
 
 async def persist(
@@ -89,22 +50,16 @@ async def persist(
     *,
     only: Collection[Partition] | None = None,
 ) -> ErrorCode:
-    """Append the group's changes (:func:`append_changes`), then wait until everything
-    appended so far is durable. NONE, or the error to answer."""
-    if ctx.services.share_coordinator is not None:
-        return await _persist_in_cluster(ctx, group_id, only)
-    try:
-        append_changes(ctx, group_id, deleted, only=only)
-        store = ctx.services.shares.store
-        if store is None or store.last_appended < 0:
-            return ErrorCode.NONE
-        await wait_counted(
-            store.log, store.last_appended, durability=ctx.services.durability,
-            replication=_own(ctx.services.config.node_id, store.log),
-        )  # fmt: skip
-    except NotCommitted as exc:
-        return exc.error_code
-    return ErrorCode.NONE
+    """Tombstone the group's ``deleted`` share partitions at their share coordinators,
+    then write its share partitions whose durable state moved (:func:`_write_changes`);
+    NONE once all of it counts there, else the error to answer."""
+    result = ErrorCode.NONE
+    if deleted:
+        gone = [ShareKey(group_id, topic_id, partition) for topic_id, partition in deleted]
+        answers = await delete_state(ctx.services, gone)
+        result = next((e for e in answers.values() if e is not ErrorCode.NONE), result)
+    written = await _write_changes(ctx, group_id, only)
+    return error_for_client(written if result is ErrorCode.NONE else result)
 
 
 #: What a leader answers for a share partition whose coordinator cannot answer now
@@ -116,7 +71,9 @@ _RETRY_LATER = frozenset({
 })  # fmt: skip
 
 
-def _for_client(error: ErrorCode) -> ErrorCode:
+def error_for_client(error: ErrorCode) -> ErrorCode:
+    """What a client is answered for a share coordinator's error: one it cannot reach,
+    or that is moving, is COORDINATOR_NOT_AVAILABLE (the client asks again)."""
     return ErrorCode.COORDINATOR_NOT_AVAILABLE if error in _RETRY_LATER else error
 
 
@@ -125,19 +82,16 @@ def _leader_epoch(ctx: RequestContext, topic_id: uuid.UUID, partition: int) -> i
     topic = ctx.services.topics.by_id.get(topic_id)
     if topic is None:
         return None
-    try:
-        return leader_epoch_of(ctx.services.leaders, topic.name, partition)
-    except NotLeader:
-        return None
+    # A node alone leads every partition it holds, in epoch 0 (services/local_replication.py).
+    term = ctx.services.leaders.leader_term(topic.name, partition)
+    return term.leader_epoch if term else None
 
 
-def _coordinator_of(ctx: RequestContext, key: ShareKey) -> int | ErrorCode:
+def _coordinator_of(services: Any, key: ShareKey) -> int | ErrorCode:
     """The broker leading the key's ``__share_group_state`` partition (made on first use)."""
-    services = ctx.services
     coordinator = services.share_coordinator
-    assert coordinator is not None
     state_partition = coordinator.partition_of(key)
-    info = services.leaders.partition(SHARE_GROUP_STATE, state_partition)
+    info = coordinator.replication.partition(SHARE_GROUP_STATE, state_partition)
     if info is None:
         config = services.config
         if SHARE_GROUP_STATE not in services.admin.view.topics:
@@ -154,47 +108,70 @@ def _coordinator_of(ctx: RequestContext, key: ShareKey) -> int | ErrorCode:
     return info.leader
 
 
+async def read_state(
+    ctx: RequestContext, key: ShareKey, leader_epoch: int = NO_LEADER_EPOCH
+) -> tuple[ErrorCode, ShareSnapshot | None]:
+    """ReadShareGroupState of ``key`` at its share coordinator (this broker's directly):
+    (NONE, the snapshot or None for no state), or (the error, None). A leader reads in
+    its ``leader_epoch`` (which fences its predecessors); without one it is a summary
+    read, for the admin APIs, which fences no one."""
+    return await read_state_of(ctx.services, key, leader_epoch)
+
+
+async def read_state_of(
+    services: Any, key: ShareKey, leader_epoch: int = NO_LEADER_EPOCH
+) -> tuple[ErrorCode, ShareSnapshot | None]:
+    """:func:`read_state` for a caller holding the services."""
+    leader = _coordinator_of(services, key)
+    if isinstance(leader, ErrorCode):
+        return leader, None
+    if leader == services.config.node_id:
+        return read_local(services, key, leader_epoch)
+    remote = services.share_coordinator.remote
+    if remote is None:
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
+    return await remote.read(leader, key, leader_epoch)
+
+
 async def ensure_loaded(
-    ctx: RequestContext, group_id: str, partitions: Collection[Partition]
+    ctx: RequestContext,
+    group_id: str,
+    partitions: Collection[Partition],
+    *,
+    again_if_idle: bool = False,
 ) -> dict[Partition, ErrorCode]:
-    """In a cluster: the share state of each of ``partitions`` this broker leads, read
-    from the share coordinator unless it was read in this leader epoch already; the
-    partitions that could not be read, with the error to answer for them (nothing in a
-    node alone: its state was restored at start). A partition without stored state keeps
-    the share partition made here in this epoch (on assignment), or is made where
-    ``share.auto.offset.reset`` says on its first fetch. A partition read again in a
-    new epoch keeps the share partition in memory when the coordinator holds what this
-    broker wrote last (no other leader wrote since)."""
-    services = ctx.services
-    coordinator = services.share_coordinator
-    if coordinator is None:
-        return {}
-    shares = services.shares
+    """The share state of each of ``partitions`` this broker leads, read from its share
+    coordinator unless it was read in this leader epoch already (``again_if_idle``: read
+    again those whose records no member holds, as a new share session does: the admin
+    APIs may have reset or deleted the state at the coordinator since); the partitions
+    that could not be read, with the error to answer for them. A partition without
+    stored state keeps the share partition made here in this epoch (on assignment), or
+    is made where ``share.auto.offset.reset`` says on its first fetch; one whose stored
+    state was deleted since this broker wrote it starts afresh so too. A partition read
+    again keeps the share partition in memory when the coordinator holds what this
+    broker wrote last (no other leader, no reset, wrote since)."""
+    shares = ctx.services.shares
     failed: dict[Partition, ErrorCode] = {}
     for topic_id, partition in partitions:
         epoch = _leader_epoch(ctx, topic_id, partition)
         key = ShareKey(group_id, topic_id, partition)
-        if epoch is None or shares.loaded.get(key) == epoch:
+        held = shares.partition(group_id, topic_id, partition)
+        idle = held is None or held.next_lock_deadline() is None
+        if epoch is None or (shares.loaded.get(key) == epoch and not (again_if_idle and idle)):
             continue  # not led here (the fetch answers why), or read already
-        leader = _coordinator_of(ctx, key)
-        if isinstance(leader, ErrorCode):
-            failed[topic_id, partition] = leader
-            continue
-        if leader == services.config.node_id:
-            error, snapshot = read_local(services, key, epoch)
-        elif coordinator.remote is None:
-            error, snapshot = ErrorCode.COORDINATOR_NOT_AVAILABLE, None
-        else:
-            error, snapshot = await coordinator.remote.read(leader, key, epoch)
+        error, snapshot = await read_state(ctx, key, epoch)
         if error is not ErrorCode.NONE:
-            failed[topic_id, partition] = _for_client(error)
+            failed[topic_id, partition] = error_for_client(error)
             continue
         if _leader_epoch(ctx, topic_id, partition) != epoch:
             failed[topic_id, partition] = ErrorCode.NOT_LEADER_OR_FOLLOWER
             continue
         known = shares.written.get(key)
         held = shares.partition(group_id, topic_id, partition)
-        if snapshot is not None and not (
+        if snapshot is None and known is not None:
+            # Deleted at the coordinator since this broker wrote it (the admin APIs).
+            shares.forget(key)
+        elif snapshot is not None and not (
             held is not None and known is not None and known.same_state(snapshot)
         ):
             shares.restore({key: snapshot})
@@ -207,7 +184,7 @@ async def ensure_loaded(
     return failed
 
 
-async def _persist_in_cluster(
+async def _write_changes(
     ctx: RequestContext, group_id: str, only: Collection[Partition] | None
 ) -> ErrorCode:
     """Send the snapshots of the group's share partitions led and read here whose state
@@ -219,7 +196,6 @@ async def _persist_in_cluster(
     snapshot never lands after a newer one (which an acknowledgement was answered on)."""
     services = ctx.services
     coordinator = services.share_coordinator
-    assert coordinator is not None
     shares = services.shares
     by_coordinator: dict[int, list[tuple[ShareKey, int]]] = {}
     result = ErrorCode.NONE
@@ -230,7 +206,7 @@ async def _persist_in_cluster(
         epoch = _leader_epoch(ctx, topic_id, partition)
         if epoch is None or shares.loaded.get(key) != epoch:
             continue  # not this broker's to write (a coordinator's copy, a stale one)
-        leader = _coordinator_of(ctx, key)
+        leader = _coordinator_of(services, key)
         if isinstance(leader, ErrorCode):
             result = leader
             continue
@@ -257,39 +233,94 @@ async def _persist_in_cluster(
         for write in writes:
             if answers.get(write.key) is ErrorCode.NONE:
                 shares.written[write.key] = write.snapshot
+            elif answers.get(write.key) is ErrorCode.FENCED_STATE_EPOCH:
+                # Reset at the coordinator since this broker read it (AlterShareGroupOffsets):
+                # the next request reads it again, as Kafka's leader does.
+                shares.unload(write.key)
     for error in answers.values():
         if error is not ErrorCode.NONE and result is ErrorCode.NONE:
             result = error
-    return _for_client(result)
+    return error_for_client(result)
 
 
-def forget_topic(
-    shares: Any, durability: Any, topic_id: uuid.UUID, now_ms: int, broker_id: int
-) -> None:
-    """A topic is deleted: every group's share state of it goes, from memory and (with
-    tombstones, not waited for) from the log. A topic created again under the name has
-    another id and starts with no share state. Were the tombstones lost in a crash, the
-    snapshots would still not come back: restoring skips ids no topic has."""
+async def delete_state(services: Any, keys: Sequence[ShareKey]) -> dict[ShareKey, ErrorCode]:
+    """DeleteShareGroupState of ``keys`` at their share coordinators (this broker's
+    directly): each key's error, NONE once its tombstone counts. The keys are no longer
+    read or written here: a share partition made for them again starts afresh."""
+    coordinator = services.share_coordinator
+    shares = services.shares
+    answers: dict[ShareKey, ErrorCode] = {}
+    by_coordinator: dict[int, list[ShareKey]] = {}
+    for key in keys:
+        shares.forget(key)
+        leader = _coordinator_of(services, key)
+        if isinstance(leader, ErrorCode):
+            answers[key] = leader
+        else:
+            by_coordinator.setdefault(leader, []).append(key)
+    for leader, led in by_coordinator.items():
+        if leader == services.config.node_id:
+            answers.update(await delete_local(services, led, services.now_ms()))
+        elif coordinator.remote is None:
+            answers.update(dict.fromkeys(led, ErrorCode.COORDINATOR_NOT_AVAILABLE))
+        else:
+            answers.update(await coordinator.remote.delete(leader, led))
+    return answers
+
+
+async def initialize_state(
+    services: Any, group_id: str, starts: dict[Partition, int]
+) -> dict[Partition, ErrorCode]:
+    """AlterShareGroupOffsets at the share coordinators (InitializeShareGroupState, as
+    Kafka's group coordinator sends it): each share partition starts over at its start
+    offset, nothing in flight, in a state epoch above the stored one (which fences its
+    leader's writes of the old one: that leader reads it again). Each partition's error."""
+    answers: dict[Partition, ErrorCode] = {}
+    by_coordinator: dict[int, list[StateWrite]] = {}
+    for (topic_id, partition), start_offset in starts.items():
+        key = ShareKey(group_id, topic_id, partition)
+        error, stored = await read_state_of(services, key)
+        leader = error if error is not ErrorCode.NONE else _coordinator_of(services, key)
+        if isinstance(leader, ErrorCode):
+            answers[topic_id, partition] = error_for_client(leader)
+            continue
+        state_epoch = (0 if stored is None else stored.state_epoch) + 1
+        snapshot = ShareSnapshot(start_offset, state_epoch=state_epoch)
+        by_coordinator.setdefault(leader, []).append(StateWrite(key, snapshot, NO_LEADER_EPOCH))
+    for leader, writes in by_coordinator.items():
+        if leader == services.config.node_id:
+            written = await write_local(services, writes, services.now_ms())
+        elif services.share_coordinator.remote is None:
+            written = dict.fromkeys((w.key for w in writes), ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        else:
+            written = await services.share_coordinator.remote.initialize(leader, group_id, writes)
+        for key, error in written.items():
+            answers[key.topic_id, key.partition] = error_for_client(error)
+            if error is ErrorCode.NONE:
+                services.shares.unload(key)  # read again where it is next served here
+    return answers
+
+
+def forget_topic(services: Any, topic_id: uuid.UUID) -> list[ShareKey]:
+    """A topic is deleted: every group's share state of it goes, from memory and, with
+    tombstones appended now (not waited for), from the share coordinator's tables this
+    broker leads (a node alone: all of them). The keys dropped from memory whose
+    coordinator is another broker are returned: the caller sends their deletion
+    (:func:`delete_state`). A topic created again under the name has another id and
+    starts with no share state; were the tombstones lost in a crash, the snapshots would
+    still not be read again: no topic has their id."""
+    coordinator = services.share_coordinator
+    shares = services.shares
     dropped = shares.forget_topic(topic_id)
-    store = shares.store
-    if store is None:
-        return
-    stored = [key for key in store.snapshots if key.topic_id == topic_id]
-    entries = store.tombstones({*dropped, *stored})
-    if not entries:
-        return
-    try:
-        appended = append_as_leader(
-            store.log, encode_batch(entries, now_ms), now_ms=now_ms, durability=durability,
-            replication=_own(broker_id, store.log), messages=len(entries),
-        )  # fmt: skip
-    except NotCommitted as exc:
-        log.warning("share state of deleted topic %s not tombstoned: %s", topic_id, exc)
-        return
-    store.appended(entries, appended.last_offset)
-
-
-def _own(broker_id: int, log_: Log) -> OwnLog:
-    """The share state's log is this broker's own, replicated nowhere, in a cluster too:
-    a write counts once synced."""
-    return OwnLog(broker_id, log_)
+    for key in dropped:
+        shares.forget(key)
+    now_ms = services.now_ms()
+    for table in list(coordinator.tables.values()):
+        entries = table.store.tombstones(k for k in table.store.snapshots if k.topic_id == topic_id)
+        if not entries:
+            continue
+        try:
+            append_entries(services, table, entries, now_ms)
+        except NotCommitted as exc:
+            log.warning("share state of deleted topic %s not tombstoned: %s", topic_id, exc)
+    return [key for key in dropped if coordinator.partition_of(key) not in coordinator.tables]

@@ -24,7 +24,6 @@ import socket as stdlib_socket
 import uuid
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any, cast
 
 import trio
@@ -35,11 +34,14 @@ from trio_broker.groups.coordinator import OffsetsLeaders
 from trio_broker.groups.offsets_store import open_offsets_log
 from trio_broker.groups.own_offsets import coordinator_alone
 from trio_broker.groups.share import ShareGroups, ShareGroupsConfig
-from trio_broker.groups.share_coordinator import PartitionedShareCoordinator
-from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareStateStore
+from trio_broker.groups.share_coordinator import (
+    PartitionedShareCoordinator,
+    ShareCoordinatorTable,
+)
+from trio_broker.groups.share_state import SHARE_GROUP_STATE, open_share_state_log
 from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS, ClientInfo, HandlerSpec
-from trio_broker.handlers.share_persist import forget_topic
+from trio_broker.handlers.share_persist import delete_state, forget_topic
 from trio_broker.security.authorize import Authorizer
 from trio_broker.security.credentials import CredentialStore
 from trio_broker.security.decoy import decoy_secret
@@ -243,8 +245,7 @@ class Broker:
             own_transactions.elect = self.transactions.elected
             own_transactions.wait_loaded = partial(timers.wait_loaded, 0)
             self.services += [self.groups, own_offsets, timers, own_transactions]
-        #: Share groups (KIP-932); alone, their share partitions' state is replayed from
-        #: <data_dir>/__share_group_state-0 (docs/share-groups.md).
+        #: Share groups (KIP-932): membership, share partitions, share sessions.
         self.shares = ShareGroups(ShareGroupsConfig(
             session_timeout_ms=config.group_share_session_timeout_ms,
             heartbeat_interval_ms=config.group_share_heartbeat_interval_ms,
@@ -252,17 +253,32 @@ class Broker:
             delivery_count_limit=config.group_share_delivery_count_limit,
             partition_max_record_locks=config.group_share_partition_max_record_locks,
         ), GroupConfigStore(data_dir))  # fmt: skip
-        #: In a cluster, the share state is the share coordinator's: the leader of each
-        #: share partition's __share_group_state partition (groups/share_coordinator.py).
-        self.share_coordinator: PartitionedShareCoordinator | None = None
-        if config.zookeeper_connect is None:
-            self._restore_share_state(data_dir)
-        else:
+        #: Their durable state is the share coordinator's: one table per led
+        #: __share_group_state partition (groups/share_coordinator.py), loaded by its
+        #: loader once elected. In a cluster the replica manager elects them once this
+        #: broker joined; alone, a share coordinator of one, an OwnPartition of
+        #: <data_dir>/__share_group_state-0 does at start (the file a node alone kept
+        #: its snapshots in before, in the same records), as for the other coordinators.
+        share_loader: ShareCoordinatorLoader
+        if clustered:
             self.share_coordinator = PartitionedShareCoordinator(
-                config.share_coordinator_state_topic_num_partitions
+                config.share_coordinator_state_topic_num_partitions, LeadsNothing(config.node_id)
             )
             self.leadership_listeners[SHARE_GROUP_STATE] = self.share_coordinator
-            self.services.append(ShareCoordinatorLoader(self.share_coordinator))
+            share_loader = ShareCoordinatorLoader(self.share_coordinator)
+            self.services.append(share_loader)
+        else:
+            own_shares = OwnPartition(
+                SHARE_GROUP_STATE, config.node_id,
+                partial(open_share_state_log, data_dir, self.log_defaults),
+                run_off_loop=self.run_off_loop,
+            )  # fmt: skip
+            self.share_coordinator = PartitionedShareCoordinator(OWN_PARTITIONS, own_shares)
+            share_loader = ShareCoordinatorLoader(self.share_coordinator)
+            own_shares.elect = self.share_coordinator.elected
+            own_shares.wait_loaded = partial(share_loader.wait_loaded, 0)
+            self.services += [share_loader, own_shares]
+        self.share_coordinator.on_loaded = self._recall_share_groups
         self.topics.on_topic_deleted = self._forget_share_state
         #: The traffic capture tap (trio_broker.capture), or None: the hot path checks this.
         self.capture: Any = None
@@ -301,20 +317,33 @@ class Broker:
             self.metrics = MetricsService(self, config.metrics_listener)
             self.services.append(self.metrics)
 
-    def _restore_share_state(self, data_dir: Path | None) -> None:
-        store = self.shares.store = ShareStateStore.open(data_dir, self.log_defaults)
-        topics = {topic.topic_id: topic for topic in self.topics.topics.values()}
-        restored = {}
-        for key, snapshot in store.snapshots.items():
-            topic = topics.get(key.topic_id)
-            # A topic deleted while the broker was down (or before its deletion wrote
-            # tombstones here) is another topic's business no more: not restored.
-            if topic is not None and 0 <= key.partition < len(topic.logs):
-                restored[key] = snapshot
-        self.shares.restore(restored)
+    def _recall_share_groups(self, table: ShareCoordinatorTable) -> None:
+        """A share coordinator's table is loaded: the groups with state in it for topics
+        that exist come back empty (their members rejoin; membership is not stored), so
+        that a node alone restarted lists and describes them, and its admin APIs find
+        them. Their share partitions are read when first used (handlers/share_persist.py)."""
+        topic_ids = {topic.topic_id for topic in self.topics.topics.values()}
+        self.shares.recall_groups(
+            {key.group_id for key in table.store.snapshots if key.topic_id in topic_ids}
+        )
 
     def _forget_share_state(self, topic_id: uuid.UUID) -> None:
-        forget_topic(self.shares, self.flusher, topic_id, self.now_ms(), self.config.node_id)
+        """A topic is deleted: its share state goes (handlers/share_persist.py), at the
+        share coordinators of other brokers in the background (a topic's deletion does
+        not wait for it, as Kafka's does not)."""
+        elsewhere = forget_topic(self, topic_id)
+        if elsewhere and self.root_nursery is not None:
+            self.root_nursery.start_soon(self._delete_share_state, elsewhere)
+
+    async def _delete_share_state(self, keys: list[Any]) -> None:
+        try:
+            failed = {k: e for k, e in (await delete_state(self, keys)).items() if e}
+        except Exception:  # a background task: never the root nursery's end
+            log.exception("deleting the share state of a deleted topic")
+            return
+        if failed:
+            # Left behind, never read again (no topic has their id): compaction keeps them.
+            log.warning("share state of a deleted topic not deleted: %s", failed)
 
     # ------------------------------------------------------------------ services (handlers/base.py)
 
@@ -363,8 +392,6 @@ class Broker:
             # Plain synchronous calls: they run even when the scope was cancelled.
             self.topics.close()
             self.producers.close()  # after the logs are flushed
-            if self.shares.store is not None:
-                self.shares.store.close()
             for service in self.services:
                 close = getattr(service, "close", None)
                 if close is not None:
@@ -567,8 +594,9 @@ class Broker:
         for table in self.transactions.tables.values():
             if TRANSACTION_STATE not in self.topics.topics:  # alone: the coordinator's own
                 logs.append(table.log)
-        if self.shares.store is not None:
-            logs.append(self.shares.store.log)
+        for share_table in self.share_coordinator.tables.values():
+            if SHARE_GROUP_STATE not in self.topics.topics:  # alone: the coordinator's own
+                logs.append(share_table.log)
         return logs
 
     async def _retention_loop(self) -> None:

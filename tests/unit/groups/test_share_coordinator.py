@@ -26,6 +26,7 @@ from trio_broker.groups.share_state import (
 from trio_broker.partition.append import Origin, append
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.internal_topics import partition_for
+from trio_broker.services.local_replication import LeadsNothing
 from trio_broker.state.share_partition import RecordState
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.memory import MemoryLog
@@ -38,9 +39,9 @@ REDELIVER = StateBatch(15, 16, RecordState.AVAILABLE, 2)
 
 def write(table: ShareCoordinatorTable, entries: list[Entry]) -> None:
     """What the shell does for an accepted write: append, then tell the table."""
-    appended = append(table.log, encode_batch(entries, 0), origin=Origin.COORDINATOR,
-                      now_ms=0, durability=None)  # fmt: skip
-    table.appended(entries, appended.last_offset)
+    append(table.log, encode_batch(entries, 0), origin=Origin.COORDINATOR,
+           now_ms=0, durability=None)  # fmt: skip
+    table.appended(entries)
 
 
 def test_a_key_goes_to_the_partition_of_kafkas_coordinator_key() -> None:
@@ -49,7 +50,7 @@ def test_a_key_goes_to_the_partition_of_kafkas_coordinator_key() -> None:
     assert len(text) == 22 and "=" not in text
     assert uuid.UUID(bytes=base64.urlsafe_b64decode(text + "==")) == TOPIC
     assert coordinator_key(KEY) == f"workers:{text}:3"
-    coordinator = PartitionedShareCoordinator(50)
+    coordinator = PartitionedShareCoordinator(50, LeadsNothing(1))
     assert coordinator.partition_of(KEY) == partition_for(f"workers:{text}:3", 50)
     # Nothing led yet: another broker's business, or loading once elected.
     assert coordinator.table_for(KEY) == ErrorCode.NOT_COORDINATOR
@@ -96,7 +97,7 @@ def test_a_new_leader_of_the_state_partition_replays_its_predecessors_writes() -
     write(old, [old.entry_for(KEY, ShareSnapshot(10, (ACKED, REDELIVER)), 3, 2_000),
                 (other, None)])  # fmt: skip
     # The log is all a successor has (the replicas' copies of it, after a failover).
-    coordinator = PartitionedShareCoordinator(1)
+    coordinator = PartitionedShareCoordinator(1, LeadsNothing(1))
     coordinator.elected(0, 1, state_log)
     (new,) = coordinator.load_pending()
     assert new.store.snapshots == old.store.snapshots

@@ -150,31 +150,23 @@ def test_an_acquired_record_on_its_last_delivery_is_archived_by_a_restart() -> N
 
 
 def write(store: ShareStateStore, entries: list[tuple[ShareKey, ShareSnapshot | None]]) -> None:
-    appended = append(store.log, encode_batch(entries, 0), origin=Origin.COORDINATOR, now_ms=0,
-                      durability=None)  # fmt: skip
-    store.appended(entries, appended.last_offset)
+    append(store.log, encode_batch(entries, 0), origin=Origin.COORDINATOR, now_ms=0,
+           durability=None)  # fmt: skip
+    store.appended(entries)
 
 
 def test_the_table_is_replayed_from_the_log_last_record_wins() -> None:
     store = ShareStateStore(MemoryLog(LogConfig()))
     key, other = ShareKey("g", TOPIC, 0), ShareKey("g", TOPIC, 1)
-    share_partition = SharePartition(5)
-    first = store.changes([(key, share_partition), (other, SharePartition(0))], 1_000)
-    assert [(k, s.start_offset if s else None) for k, s in first] == [(key, 5), (other, 0)]
-    write(store, first)
-    # Unchanged partitions write nothing; a changed one a new snapshot epoch.
-    assert store.changes([(key, share_partition)], 2_000) == []
-    share_partition.skip_to(8)
-    (changed,) = store.changes([(key, share_partition)], 3_000)
-    assert changed[1] is not None and changed[1].snapshot_epoch == 1
-    assert changed[1].write_timestamp_ms == 3_000
+    write(store, [(key, ShareSnapshot(5, write_timestamp_ms=1_000)), (other, ShareSnapshot(0))])
+    changed = (key, ShareSnapshot(8, snapshot_epoch=1, write_timestamp_ms=3_000))
     write(store, [changed, (other, None)])
     # A record this broker cannot read (a newer key version) is skipped.
     append(store.log, build_batch([(b"\x00\x63junk", b"")], base_timestamp=0),
            origin=Origin.COORDINATOR, now_ms=0, durability=None)  # fmt: skip
     replayed = ShareStateStore(store.log)
     assert replayed.load() == 5
-    assert replayed.snapshots == {key: changed[1]}
+    assert replayed.snapshots == {key: changed[1]}  # the last of the key, no tombstoned one
     assert replayed.snapshots == store.snapshots
 
 
@@ -193,20 +185,17 @@ def test_share_groups_restore_their_partitions_and_an_empty_group() -> None:
             for r in found.acquire("m", 7, 10, 0)] == [(4, 4, 3), (6, 6, 1)]  # fmt: skip
 
 
-def test_a_reset_starts_over_with_a_new_state_epoch_and_deletions_are_tombstones() -> None:
-    shares = ShareGroups(ShareGroupsConfig())
-    shares.ensure_partition("g", TOPIC, 0, 10).acquire("m", 12, 5, 0)
-    shares.reset("g", TOPIC, 0, 4)
-    found = shares.partition("g", TOPIC, 0)
-    assert found is not None and (found.start_offset, found.records) == (4, {})
-    snapshot = snapshot_of(found)
-    assert (snapshot.start_offset, snapshot.state_epoch) == (4, 1)
-    assert restore(decode_value(encode_value(snapshot)), lock_duration_ms=1,
-                   delivery_count_limit=1, max_in_flight=1).state_epoch == 1  # fmt: skip
+def test_a_state_epoch_is_kept_and_deletions_are_tombstones() -> None:
+    """A share partition started over (InitializeShareGroupState: a new state epoch) keeps
+    that epoch through its snapshots; deleting stored keys writes their tombstones."""
+    snapshot = ShareSnapshot(4, state_epoch=1)
+    found = restore(decode_value(encode_value(snapshot)), lock_duration_ms=1,
+                    delivery_count_limit=1, max_in_flight=1)  # fmt: skip
+    assert (found.start_offset, found.state_epoch, found.records) == (4, 1, {})
+    assert snapshot_of(found).state_epoch == 1
     store = ShareStateStore(MemoryLog(LogConfig()))
     key = ShareKey("g", TOPIC, 0)
-    write(store, store.changes([(key, found)], 0))
-    assert shares.forget_partitions("g", TOPIC) == [0]
+    write(store, [(key, snapshot)])
     assert store.tombstones([key, ShareKey("g", TOPIC, 9)]) == [(key, None)]
 
 

@@ -80,8 +80,13 @@ class FakeBroker:
     replication: Replication = attrs.field(factory=Replication)
     topics: TopicManager = attrs.field(factory=lambda: TopicManager(None, LogConfig(), lambda: 0))
     shares: ShareGroups = attrs.field(factory=lambda: ShareGroups(ShareGroupsConfig()))
+    #: None: every request is allowed (handlers/authorization.py).
+    authorizer: Any = None
     share_coordinator: PartitionedShareCoordinator = attrs.field(
-        factory=lambda: PartitionedShareCoordinator(STATE_PARTITIONS)
+        default=attrs.Factory(
+            lambda self: PartitionedShareCoordinator(STATE_PARTITIONS, self.replication),
+            takes_self=True,
+        )
     )
 
     @property
@@ -149,7 +154,7 @@ async def test_the_leader_writes_what_moved_and_keeps_its_share_partition_across
         other = ShareSnapshot(6, (StateBatch(6, 7, RecordState.AVAILABLE, 2),))
         assert table.check_write(key, 5, 0) is ErrorCode.NONE
         entry = table.entry_for(key, other, 5, ctx.now_ms())
-        table.appended([entry], 0)
+        table.appended([entry])
         # Until then, the deposed epoch-4 leader's writes are fenced.
         held.skip_to(7)
         assert await persist(ctx, GROUP, only={(topic_id, 0)}) is ErrorCode.FENCED_LEADER_EPOCH

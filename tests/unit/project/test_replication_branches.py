@@ -30,20 +30,17 @@ WIRING = ("trio_broker/config.py", "trio_broker/cluster/")
 #: counted (the group coordinator's slice, which removed its ``in_cluster``): two more,
 #: both in server/broker.py's wiring; the transaction coordinator's slice removed one of
 #: them (a node alone's is the partitioned one, elected over its one
-#: ``__transaction_state`` partition by an ``OwnPartition``, as its groups' is). The 9
-#: left:
-#:
-#: - 8 lines "this broker has no term for the partition" (``check_leader``, the write
-#:   path's NotLeader in partition/append.py, the marker channel, five in the replica
-#:   manager): a fact about leadership, true alone too for a partition that does not
-#:   exist, not a mode; a node alone has a term for every partition it holds
-#:   (``LocalReplication``), so none of them tells one broker from many.
-#: - 1 line, server/broker.py's ``_restore_share_state`` only alone: the share-group
-#:   state is durable on a broker alone only (docs/share-groups.md); a cluster has none
-#:   to restore yet. It goes when a cluster's replica manager elects
-#:   ``__share_group_state`` partitions (issue 32) and a node alone's one is led by an
-#:   ``OwnPartition``, as the other coordinators' are.
-MAX_BRANCHES = 9
+#: ``__transaction_state`` partition by an ``OwnPartition``, as its groups' is), and the
+#: share coordinator's slice (issues 32 and 29) the other: a node alone is a share
+#: coordinator of one, its ``__share_group_state`` partition led by an
+#: ``OwnPartition``, its share state read and written through the same coordinator
+#: and tables as a cluster's (no restore of its own at start). The 8 left are all
+#: "this broker has no term for the partition" (``check_leader``, the write path's
+#: NotLeader in partition/append.py, the marker channel, five in the replica manager):
+#: a fact about leadership, true alone too for a partition that does not exist, not a
+#: mode; a node alone has a term for every partition it holds (``LocalReplication``),
+#: so none of them tells one broker from many.
+MAX_BRANCHES = 8
 
 #: The data path's handlers: no branch at all (a node alone has a term too).
 DATA_PATH = (
@@ -80,6 +77,9 @@ COORDINATORS = (
     "trio_broker/services/txn_markers.py",
     "trio_broker/handlers/write_txn_markers.py",
     "trio_broker/handlers/share_persist.py",
+    "trio_broker/handlers/share_group_state.py",
+    "trio_broker/handlers/share_admin.py",
+    "trio_broker/groups/share_coordinator.py",
     "trio_broker/handlers/consumer_group_heartbeat.py",
     "trio_broker/transactions/coordinator.py",
     "trio_broker/transactions/partitioned.py",

@@ -1,0 +1,195 @@
+"""The share admin APIs in a cluster go to the share coordinator (issue 32): Kafka 4.4's
+own ``kafka-share-groups`` (ShareGroupCommand), bootstrapped at a broker that is not the
+group's coordinator, describes, resets and deletes the offsets of a share group, and
+deletes the group, against three broker processes where the group's coordinator, the
+data partition's leader and the share coordinator of its share partition are three
+different brokers. Each answer holds at the share coordinator (another broker's
+summary read says so), and the data partition's leader, which held the share partition
+before the reset, delivers from the reset start offset to the next member.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from tests.cluster.test_cluster_e2e import eventually
+from tests.cluster.test_cluster_faults import (
+    create_topic,
+    full_isr,
+    leaders,
+    servers,
+    three_brokers,
+)
+from tests.cluster.test_share_state_cluster import (
+    ACCEPT,
+    CONFIG,
+    STATE_PARTITIONS,
+    Cluster,
+    acknowledge,
+    fetch,
+    open_session,
+    port_of,
+)
+from tests.e2e.conftest import RawConnection
+from tests.e2e.test_consumer_protocol import topic_id_of
+from tests.e2e.test_share_group_tools import TOOL
+from tests.e2e.test_share_state_restart import join
+from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
+from trio_broker.groups.share_coordinator import coordinator_key
+from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareKey
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.services.internal_topics import CONSUMER_OFFSETS, partition_for
+
+pytestmark = pytest.mark.timeout(600)
+
+OFFSETS_PARTITIONS = 3  # offsets.topic.num.partitions in CONFIG
+TOPIC = "work"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
+    with three_brokers(tmp_path, zookeeper, CONFIG) as brokers:
+        yield brokers
+
+
+@pytest.fixture(scope="module")
+def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
+
+
+def share_groups(classpath: str, bootstrap: str, *args: str) -> str:
+    done = subprocess.run(
+        ["java", *TOOL_JVM, "-cp", classpath, TOOL, "--bootstrap-server", bootstrap, *args],
+        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("SLF4J:")]
+    return "\n".join([done.stdout, *errors])
+
+
+def start_and_lag(output: str, group: str) -> dict[int, tuple[int, int]]:
+    """The describe table: partition -> (start offset, lag)."""
+    rows = [line.split() for line in output.splitlines() if line.startswith(f"{group} ")]
+    return {int(row[2]): (int(row[3]), int(row[4])) for row in rows}
+
+
+def find_group_coordinator(conn: RawConnection, group: str) -> int:
+    """FindCoordinator until it names one (the offsets topic is made on first use)."""
+    found: list[int] = []
+
+    def named() -> bool:
+        answer = conn.request(m.ApiKey.FIND_COORDINATOR, 4, m.FindCoordinatorRequest(
+            key_type=0, coordinator_keys=[group]))  # fmt: skip
+        [coordinator] = answer.coordinators
+        found[:] = [coordinator.node_id]
+        return coordinator.error_code == ErrorCode.NONE
+
+    eventually(named, f"a coordinator for {group}", 90)
+    return found[0]
+
+
+def summary(conn: RawConnection, group: str, topic_id: uuid.UUID) -> tuple[int, int, int]:
+    """A summary read (leader epoch -1) at the share coordinator, broker to broker:
+    (error, state epoch, start offset) of partition 0's share state."""
+    Read = m.ReadShareGroupStateRequest
+    answer = conn.request(m.ApiKey.READ_SHARE_GROUP_STATE, 0, Read(group_id=group, topics=[
+        Read.ReadStateData(topic_id=topic_id, partitions=[
+            Read.ReadStateData.PartitionData(partition=0, leader_epoch=-1)])]))  # fmt: skip
+    part: Any = answer.results[0].partitions[0]
+    return part.error_code, part.state_epoch, part.start_offset
+
+
+def leave(conn: RawConnection, group: str, member: str) -> None:
+    answer = conn.request(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, m.ShareGroupHeartbeatRequest(
+        group_id=group, member_id=member, member_epoch=-1))  # fmt: skip
+    assert answer.error_code == ErrorCode.NONE, answer
+
+
+def test_kafka_share_groups_reaches_the_share_coordinator(
+    cluster: Cluster, tools_classpath: str
+) -> None:
+    admin = create_topic(cluster, TOPIC, 1)
+    leader = leaders(admin, TOPIC)[0]
+    with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
+        topic_id = topic_id_of(conn, TOPIC)
+        assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
+        find_group_coordinator(conn, "probe")  # makes the offsets topic
+    full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
+    full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
+    state_leaders = leaders(admin, SHARE_GROUP_STATE)
+    offsets_leaders = leaders(admin, CONSUMER_OFFSETS)
+
+    def roles(group: str) -> tuple[int, int]:
+        """(the group's coordinator, its share partition's share coordinator)."""
+        key = coordinator_key(ShareKey(group, topic_id, 0))
+        return (
+            offsets_leaders[partition_for(group, OFFSETS_PARTITIONS)],
+            state_leaders[partition_for(key, STATE_PARTITIONS)],
+        )
+
+    # Three brokers, three roles: nothing the admin APIs do is a local call.
+    group = next(
+        g for g in (f"sg-{i}" for i in range(1000)) if len({leader, *roles(g)}) == 3
+    )  # fmt: skip
+    coordinator, share_coordinator = roles(group)
+    asked = next(b for b in cluster if b != coordinator)  # the tool's bootstrap
+    with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
+        assert find_group_coordinator(conn, group) == coordinator
+        join(conn, group, "m1", TOPIC)
+    with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
+        # The leader starts the share partition at the log end, 0, as it first serves it.
+        assert open_session(conn, group, "m1", topic_id) == []
+        producer = Producer({"bootstrap.servers": servers(cluster), "acks": "all"})
+        for i in range(5):
+            producer.produce(TOPIC, value=b"r%d" % i, partition=0)
+        assert producer.flush(30) == 0
+        assert fetch(conn, group, "m1", topic_id, 1) == (ErrorCode.NONE, [(0, 4, 1)])
+        # 0-2 accepted; 3-4 given back as the session closes.
+        answer = acknowledge(conn, group, "m1", topic_id, -1, [(0, 2, ACCEPT)])
+        assert answer.responses[0].partitions[0].error_code == ErrorCode.NONE, answer
+    with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
+        leave(conn, group, "m1")
+
+    bootstrap = cluster[asked].bootstrap
+    described = share_groups(tools_classpath, bootstrap, "--describe", "--group", group)
+    assert start_and_lag(described, group) == {0: (3, 2)}, described
+
+    reset = share_groups(tools_classpath, bootstrap, "--reset-offsets", "--group", group,
+                         "--topic", f"{TOPIC}:0", "--to-offset", "1", "--execute")  # fmt: skip
+    assert "NEW-OFFSET" in reset, reset
+    # Held at the share coordinator, in a new state epoch (read from a third broker).
+    with RawConnection(port_of(cluster[share_coordinator]), timeout=30) as conn:
+        assert summary(conn, group, topic_id) == (ErrorCode.NONE, 1, 1)
+    described = share_groups(tools_classpath, bootstrap, "--describe", "--group", group)
+    assert start_and_lag(described, group) == {0: (1, 4)}, described
+    # The data partition's leader, which held the share partition at 3, reads it again
+    # for a new session: the next member gets 1-4, each on a first delivery.
+    with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
+        join(conn, group, "m2", TOPIC)
+    with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
+        assert open_session(conn, group, "m2", topic_id) == [(1, 4, 1)]
+        answer = acknowledge(conn, group, "m2", topic_id, -1, [(1, 4, ACCEPT)])
+        assert answer.responses[0].partitions[0].error_code == ErrorCode.NONE, answer
+    with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
+        leave(conn, group, "m2")
+    described = share_groups(tools_classpath, bootstrap, "--describe", "--group", group)
+    assert start_and_lag(described, group) == {0: (5, 0)}, described
+
+    deleted = share_groups(tools_classpath, bootstrap, "--delete-offsets", "--group", group,
+                           "--topic", TOPIC)  # fmt: skip
+    assert "Successful" in deleted, deleted
+    with RawConnection(port_of(cluster[share_coordinator]), timeout=30) as conn:
+        assert summary(conn, group, topic_id) == (ErrorCode.NONE, 0, -1)
+    assert "no offset information" in share_groups(
+        tools_classpath, bootstrap, "--describe", "--group", group
+    )
+    gone = share_groups(tools_classpath, bootstrap, "--delete", "--group", group)
+    assert "was successful" in gone, gone
+    assert group not in share_groups(tools_classpath, bootstrap, "--list").split()
