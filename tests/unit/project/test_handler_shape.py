@@ -72,3 +72,11 @@ def test_per_partition_handlers_share_the_partition_guard() -> None:
         assert "leading_partition(" in source, module
         for own_guard in ("missing_partition_error(", "check_leader(", "topics.log("):
             assert own_guard not in source, f"{module} calls {own_guard}...)"
+
+
+def test_fetch_reads_through_the_partition_read_entry() -> None:
+    """Fetch reads a partition's records only through ``partition/read.py`` (Kafka's
+    Partition.fetchRecords), never a log's ``read`` of its own."""
+    source = (PRODUCE.parent / "fetch.py").read_text()
+    assert "from trio_broker.partition.read import" in source
+    assert ".read(" not in source, "fetch.py reads a log directly: use partition.read.read"
