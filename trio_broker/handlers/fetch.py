@@ -86,7 +86,6 @@ def read_partitions(
     # read_committed ones up to the LSO (partition/read.py, the one read entry).
     replica = fetching_replica(ctx, request)
     leaders = ctx.services.leaders
-    producers = ctx.services.producers
     follower = is_follower(ctx, request)
     if follower:
         isolation = Isolation.LOG_END
@@ -109,14 +108,13 @@ def read_partitions(
             if not allowed:
                 part.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 continue
-            term = leading_partition(
+            led = leading_partition(
                 ctx, topic, name, p.partition, missing,
                 p.current_leader_epoch if ctx.api_version >= 9 else -1, fence_alone=False,
             )  # fmt: skip
-            if isinstance(term, ErrorCode):
-                part.error_code = term
+            if isinstance(led, ErrorCode):
+                part.error_code = led
                 continue
-            assert topic is not None  # leading_partition found its log
             # leader.replication.throttled.rate: a replica this leader throttles (the
             # topic's leader.replication.throttled.replicas, else one a reassignment is
             # adding) gets what the leader's byte budget allows (nothing while it is spent).
@@ -124,7 +122,7 @@ def read_partitions(
             max_bytes: int | None = None  # None: the partition's offsets only, no read
             if remaining > 0 or total == 0:
                 budget = (
-                    leaders.leader_throttle_budget(topic.name, p.partition, replica)
+                    leaders.leader_throttle_budget(led.topic, p.partition, replica)
                     if follower
                     else None
                 )
@@ -135,8 +133,8 @@ def read_partitions(
             # A throttled read still takes one whole batch (a batch bigger than the
             # budget would never fit); the budget then goes below zero for a while.
             regions, aborted = read(
-                part, topic.logs[p.partition], term, producers, topic.name, p.partition,
-                p.fetch_offset, max_bytes, isolation, min_one=total == 0 or budget is not None,
+                part, led, p.fetch_offset, max_bytes, isolation,
+                min_one=total == 0 or budget is not None,
             )  # fmt: skip
             if aborted is not None:
                 part.aborted_transactions = [

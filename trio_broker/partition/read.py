@@ -1,9 +1,9 @@
 """A partition's one read entry, beside its write entry (issue 29): Kafka's
 ``Partition.fetchRecords`` → ``readRecords`` → ``UnifiedLog.read``.
 
-:func:`read` takes what Kafka's read takes, for a partition this broker leads (the
-guard, ``handlers/topic_lookup.leading_partition``, found the log and the term): the
-fetch offset, the bytes it may return, how far it may read (:class:`Isolation`: a
+:func:`read` takes what Kafka's read takes: a :class:`~trio_broker.partition.partition.
+Partition` this broker leads (the guard, ``handlers/topic_lookup.leading_partition``,
+found it: its log, term and producer state), the fetch offset, the bytes it may return, how far it may read (:class:`Isolation`: a
 follower the log end, a consumer the high watermark, a read_committed one the last
 stable offset) and whether one whole batch goes out even past the bytes (the first
 partition of a response, or a throttled replica's). It answers the partition's offsets
@@ -30,11 +30,11 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 
 if TYPE_CHECKING:
-    from trio_broker.partition.append import Term
+    from trio_broker.partition.partition import Partition
     from trio_broker.state.partition_txns import AbortedTxn
-    from trio_broker.storage.log_protocol import Log, Region
+    from trio_broker.storage.log_protocol import Region
 
-__all__ = ["FetchedPartition", "Isolation", "Read", "ReadProducers", "read", "readable_end"]
+__all__ = ["FetchedPartition", "Isolation", "Read", "read", "readable_end"]
 
 
 class Isolation(enum.Enum):
@@ -54,18 +54,6 @@ class Isolation(enum.Enum):
 # a global about 20 ns; four such lookups were most of what the entry cost.
 _LOG_END = Isolation.LOG_END
 _TXN_COMMITTED = Isolation.TXN_COMMITTED
-
-
-class ReadProducers(Protocol):
-    """The transactions of a partition as a read needs them (``services.producers``)."""
-
-    def last_stable_offset(
-        self, topic: str, partition: int, log_: Log, high_watermark: int
-    ) -> int: ...
-
-    def aborted_between(
-        self, topic: str, partition: int, log_: Log, from_offset: int, upper: int
-    ) -> Sequence[AbortedTxn]: ...
 
 
 class FetchedPartition(Protocol):
@@ -101,18 +89,18 @@ def readable_end(
 
 
 def read(
-    into: FetchedPartition, log: Log, term: Term, producers: ReadProducers, topic: str,
-    partition: int, fetch_offset: int, max_bytes: int | None, isolation: Isolation,
-    *, min_one: bool,
+    into: FetchedPartition, partition: Partition, fetch_offset: int, max_bytes: int | None,
+    isolation: Isolation, *, min_one: bool,
 ) -> Read:  # fmt: skip
-    """Read ``log`` (of ``topic``-``partition``, led in ``term``) from ``fetch_offset``;
-    the partition's offsets as they were before the read, or the read's error, go
-    ``into`` the answer (offsets -1 on an error, as Kafka answers a failed read).
+    """Read ``partition`` (led here: the guard found it) from ``fetch_offset``; the
+    partition's offsets as they were before the read, or the read's error, go ``into``
+    the answer (offsets -1 on an error, as Kafka answers a failed read).
 
     ``max_bytes`` None: the answer has no room left for this partition (or the replica
     is throttled to nothing): only its offsets, no read, and so no read error.
     ``min_one``: one whole batch goes out even if larger than ``max_bytes``.
     """
+    log = partition.log
     log_end_offset = log.log_end_offset
     if isolation is _LOG_END and fetch_offset > log_end_offset:
         # Past the leader's end: the follower has records the leader does not (Kafka's
@@ -120,9 +108,10 @@ def read(
         into.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
         return _NOTHING
     # Alone, the high watermark is the log end (services/local_replication.py).
-    high_watermark = into.high_watermark = term.high_watermark
+    high_watermark = into.high_watermark = partition.term.high_watermark
     # The LSO: Kafka fills it for read_uncommitted fetches and followers too.
-    stable = producers.last_stable_offset(topic, partition, log, high_watermark)
+    producers, topic, index = partition.producers, partition.topic, partition.index
+    stable = producers.last_stable_offset(topic, index, log, high_watermark)
     into.last_stable_offset = stable
     into.log_start_offset = log.log_start_offset
     if max_bytes is None:
@@ -137,5 +126,5 @@ def read(
         into.high_watermark = into.last_stable_offset = into.log_start_offset = -1
         return _NOTHING
     if regions and isolation is _TXN_COMMITTED:
-        return regions, producers.aborted_between(topic, partition, log, fetch_offset, stable)
+        return regions, producers.aborted_between(topic, index, log, fetch_offset, stable)
     return regions, None

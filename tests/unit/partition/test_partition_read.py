@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from trio_broker.partition.append import Origin, append
+from trio_broker.partition.partition import Partition
 from trio_broker.partition.read import Isolation, read
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch, build_control_batch, iter_batches
@@ -39,9 +40,11 @@ class Answer:
     log_start_offset: int = -1
 
 
-def read_into(*args: Any, **kwargs: Any) -> tuple[Answer, Any, Any]:
+def read_into(
+    log: MemoryLog, term: Any, producers: ProducerStateRegistry, *args: Any, **kwargs: Any
+) -> tuple[Answer, Any, Any]:
     answer = Answer()
-    regions, aborted = read(answer, *args, **kwargs)
+    regions, aborted = read(answer, Partition("t", 0, log, term, producers), *args, **kwargs)
     return answer, regions, aborted
 
 
@@ -81,7 +84,7 @@ def test_each_isolation_reads_as_far_as_it_may() -> None:
     log, producers = partition()
     term: Any = HeldTerm(high_watermark=9)
     reads = {
-        isolation: read_into(log, term, producers, "t", 0, 0, 1 << 20, isolation, min_one=True)
+        isolation: read_into(log, term, producers, 0, 1 << 20, isolation, min_one=True)
         for isolation in Isolation
     }
     for answer, _, _ in reads.values():
@@ -98,7 +101,7 @@ def test_a_read_without_room_answers_the_offsets_only() -> None:
     log, producers = partition()
     term: Any = HeldTerm(high_watermark=11)
     answer, regions, aborted = read_into(
-        log, term, producers, "t", 0, 99, None, Isolation.TXN_COMMITTED, min_one=False
+        log, term, producers, 99, None, Isolation.TXN_COMMITTED, min_one=False
     )
     # No read, so not even the fetch offset past the end is an error.
     assert (answer, regions, aborted) == (Answer(ErrorCode.NONE, 11, 7, 0), (), None)
@@ -107,12 +110,10 @@ def test_a_read_without_room_answers_the_offsets_only() -> None:
 def test_reads_that_fail_answer_no_offsets() -> None:
     log, producers = partition()
     term: Any = HeldTerm(high_watermark=11)
-    past_end, _, _ = read_into(
-        log, term, producers, "t", 0, 12, 1 << 20, Isolation.LOG_END, min_one=True
-    )
+    past_end, _, _ = read_into(log, term, producers, 12, 1 << 20, Isolation.LOG_END, min_one=True)
     assert past_end == Answer(ErrorCode.OFFSET_OUT_OF_RANGE, -1, -1, -1)
     log.delete_records(5)
     below_start, _, _ = read_into(
-        log, term, producers, "t", 0, 0, 1 << 20, Isolation.HIGH_WATERMARK, min_one=True
+        log, term, producers, 0, 1 << 20, Isolation.HIGH_WATERMARK, min_one=True
     )
     assert below_start == Answer(ErrorCode.OFFSET_OUT_OF_RANGE, -1, -1, -1)
