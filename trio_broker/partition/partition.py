@@ -12,9 +12,10 @@ What a :class:`Partition` holds is owned elsewhere and only referred to here: th
 the topic manager (``services/topics.py``), the term by the replication
 (``services.leaders``: ``LocalReplication`` alone, the replica manager in a cluster),
 the producer and transaction state by the producers' registry (``services/producers.py``,
-the file I/O around ``state/producer.py`` and ``state/partition_txns.py``). A partition
-is looked up per request: a term ends and a topic is deleted between requests, and a
-reference held longer would outlive them.
+the file I/O around ``state/producer.py`` and ``state/partition_txns.py``). The guard
+keeps one per term and log on the topic (``Topic.led``) and makes another when either
+changed; a handler holds one for a request only, and looks it up again for the next: a
+term ends and a topic is deleted between requests.
 
 Sans-I/O: no trio.
 """
@@ -52,10 +53,10 @@ class PartitionProducers(Producers, Protocol):
 
 @attrs.define(eq=False, slots=True)
 class Partition:
-    """A partition this broker leads, for one request (module docstring).
+    """A partition this broker leads, in one term of it (module docstring).
 
     Not frozen: a frozen attrs class sets its fields through ``object.__setattr__``,
-    which costs the Fetch hot path, where one is made per partition per fetch."""
+    which a new term or log pays once more; nothing here assigns a field after."""
 
     #: The topic's name and the partition's index in it.
     topic: str
