@@ -10,11 +10,16 @@ produce-to-consume latency. The broker runs as a subprocess with the caller's
 PYTHONPATH, so the same script measures another tree's broker. ``cycle`` (in-process,
 a steadier number on a busy machine): a raw Fetch of P partitions long-polls, a raw
 Produce of one record to partition 0 wakes it; the process's CPU per such cycle
-(client side included, the same in both trees but for the codec).
+(client side included, the same in both trees but for the codec). ``read`` (in-process,
+the handler alone): the thread's CPU per ``read_partitions`` of a Fetch of P
+partitions of one record each, on a broker's own services and on-disk logs, the best
+and the median of 7 rounds; ``--isolation 1`` reads read_committed. Compare two trees
+by running it under each PYTHONPATH in turn, interleaved.
 
     python bench/fetch_path.py                        # fanin and single, default sizes
     python bench/fetch_path.py --only fanin --json out.json
     python bench/fetch_path.py --only cycle --partitions 128
+    python bench/fetch_path.py --only read --partitions 32 --isolation 1
     PYTHONPATH=/tmp/base python bench/fetch_path.py   # a broker from another tree
 """
 
@@ -304,9 +309,65 @@ def cycle(partitions: int, cycles: int) -> dict[str, Any]:
     return result
 
 
+def read(partitions: int, calls: int, isolation: int) -> dict[str, Any]:
+    import tempfile
+
+    import trio
+
+    from trio_broker.config import BrokerConfig
+    from trio_broker.handlers.base import ClientInfo, RequestContext
+    from trio_broker.handlers.fetch import read_partitions
+    from trio_broker.partition.append import Origin, append
+    from trio_broker.protocol import messages as m
+    from trio_broker.protocol.messages import RequestHeader
+    from trio_broker.protocol.records import build_batch
+    from trio_broker.server.broker import Broker
+
+    Req = m.FetchRequest
+    parts = [
+        Req.FetchTopic.FetchPartition(
+            partition=p, fetch_offset=0, log_start_offset=-1, partition_max_bytes=1 << 20
+        )
+        for p in range(partitions)
+    ]
+    request = Req(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20,
+                  isolation_level=isolation, session_id=0, session_epoch=-1,
+                  topics=[Req.FetchTopic(topic="read", partitions=parts)],
+                  forgotten_topics_data=[], rack_id="")  # fmt: skip
+    result: dict[str, Any] = {}
+
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            broker = Broker(BrokerConfig(port=0, data_dir=Path(tmp)))
+            broker.topics.create("read", partitions)
+            for p in range(partitions):
+                append(broker.topics.log("read", p), build_batch([(b"k", PAD)]),
+                       origin=Origin.CLIENT, now_ms=0, durability=None, topic="read",
+                       partition=p, producers=broker.producers)  # fmt: skip
+            header = RequestHeader(m.ApiKey.FETCH, 12, 1, "bench")
+            ctx = RequestContext(header=header, services=broker, client=ClientInfo(1, "x", 1))
+            for _ in range(100):  # warm-up
+                read_partitions(ctx, request, request.topics)
+            rounds = []
+            for _ in range(7):
+                began = time.thread_time()
+                for _ in range(calls):
+                    read_partitions(ctx, request, request.topics)
+                rounds.append((time.thread_time() - began) * 1e6 / calls)
+            rounds.sort()
+            result.update(
+                workload="read", partitions=partitions, isolation=isolation,
+                cpu_us_best=round(rounds[0], 1), cpu_us_median=round(rounds[3], 1),
+            )  # fmt: skip
+            broker.topics.close()
+
+    trio.run(run)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["fanin", "single", "cycle"])
+    parser.add_argument("--only", choices=["fanin", "single", "cycle", "read"])
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=32)
     parser.add_argument("--consumers", type=int, default=4)
@@ -314,6 +375,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--records", type=int, default=1000, help="single: records")
     parser.add_argument("--cycles", type=int, default=500, help="cycle: cycles")
+    parser.add_argument("--calls", type=int, default=200, help="read: calls per round")
+    parser.add_argument("--isolation", type=int, default=0, help="read: isolation level")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     results = []
@@ -327,6 +390,9 @@ def main() -> None:
         print(json.dumps(results[-1]), flush=True)
     if args.only == "cycle":
         results.append(cycle(args.partitions, args.cycles))
+        print(json.dumps(results[-1]), flush=True)
+    if args.only == "read":
+        results.append(read(args.partitions, args.calls, args.isolation))
         print(json.dumps(results[-1]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from trio_broker.cluster import replica_fetcher
-from trio_broker.handlers import fetch
+from trio_broker.partition import read as partition_read
 from trio_broker.replication.leader import LeaderPartition
 from trio_broker.replication.truncation import TruncationStep
 
@@ -57,16 +57,16 @@ def high_watermark_ignores_followers() -> Iterator[None]:
 def consumers_read_past_the_high_watermark() -> Iterator[None]:
     """A leader serves consumers up to its log end, as it serves followers: a consumer
     is shown records no follower holds yet, which a failover then takes back."""
-    saved = fetch.readable_end
+    saved = partition_read.readable_end
 
-    def readable_end(follower: bool, log_end_offset: int, high_watermark: int) -> int:
+    def readable_end(isolation: Any, log_end_offset: int, high_watermark: int, stable: int) -> int:
         return log_end_offset
 
-    fetch.readable_end = readable_end
+    partition_read.readable_end = readable_end
     try:
         yield
     finally:
-        fetch.readable_end = saved
+        partition_read.readable_end = saved
 
 
 PLANTED_BUGS: dict[str, Callable[[], Any]] = {

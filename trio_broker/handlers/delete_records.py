@@ -42,21 +42,21 @@ def _delete(
     offset: int,
 ) -> tuple[int, int, ErrorCode]:  # fmt: skip
     """(requested offset, low watermark, error) for one partition, on the leader."""
-    term = leading_partition(ctx, topic, name, partition, missing)
-    if name in RESERVED_TOPICS and term != ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+    led = leading_partition(ctx, topic, name, partition, missing)
+    if name in RESERVED_TOPICS and led != ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
         # Kafka cuts no coordinator's log on request, leader or not (checked once the
         # partition is known to exist: ReplicaManager.deleteRecordsOnLocalLog).
         return offset, -1, ErrorCode.INVALID_TOPIC_EXCEPTION
-    if isinstance(term, ErrorCode):
-        return offset, -1, term
+    if isinstance(led, ErrorCode):
+        return offset, -1, led
     assert topic is not None  # the guard found the partition's log
     policy = topic.info.configs.get("cleanup.policy", "delete")
     if "delete" not in (p.strip() for p in policy.split(",")):
         # Kafka refuses to cut a compacted-only log: its records are kept by key, not by age.
         return offset, -1, ErrorCode.POLICY_VIOLATION
-    log = topic.logs[partition]
+    log = led.log
     # The committed end: a leader's records above it may still be truncated away.
-    high_watermark = term.high_watermark
+    high_watermark = led.term.high_watermark
     if offset == HIGH_WATERMARK:
         offset = high_watermark
     if offset < 0 or offset > high_watermark:

@@ -25,6 +25,7 @@ from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.leadership import fetch_leader_hints
 from trio_broker.handlers.producer_state import prepare_producer_states
 from trio_broker.handlers.topic_lookup import find_topic, leading_partition
+from trio_broker.partition.read import Isolation, read
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
@@ -40,7 +41,6 @@ from trio_broker.state.fetch_sessions import (
     Sessionless,
 )
 from trio_broker.state.quota import CONSUMER_BYTE_RATE
-from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 
 Resp = m.FetchResponse
 TopicResp = Resp.FetchableTopicResponse
@@ -82,10 +82,17 @@ def read_partitions(
     total = 0
     topic_responses: list[TopicResp] = []
     # A follower (replica id >= 0) reads up to the log end (its progress was recorded
-    # when the request arrived: handle_fetch); consumers read up to the high watermark.
+    # when the request arrived: handle_fetch); consumers read up to the high watermark,
+    # read_committed ones up to the LSO (partition/read.py, the one read entry).
     replica = fetching_replica(ctx, request)
     leaders = ctx.services.leaders
     follower = is_follower(ctx, request)
+    if follower:
+        isolation = Isolation.LOG_END
+    elif request.isolation_level == READ_COMMITTED:
+        isolation = Isolation.TXN_COMMITTED
+    else:
+        isolation = Isolation.HIGH_WATERMARK
     for wanted in wanted_topics:
         topic, name, missing = find_topic(ctx, wanted.topic, wanted.topic_id)
         partitions: list[PartResp] = []
@@ -101,67 +108,38 @@ def read_partitions(
             if not allowed:
                 part.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 continue
-            term = leading_partition(
+            led = leading_partition(
                 ctx, topic, name, p.partition, missing,
                 p.current_leader_epoch if ctx.api_version >= 9 else -1, fence_alone=False,
             )  # fmt: skip
-            if isinstance(term, ErrorCode):
-                part.error_code = term
+            if isinstance(led, ErrorCode):
+                part.error_code = led
                 continue
-            assert topic is not None  # leading_partition found its log
-            log = topic.logs[p.partition]
-            if follower and p.fetch_offset > log.log_end_offset:
-                part.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
-                continue
-            # Alone, the high watermark is the log end (services/local_replication.py).
-            high_watermark = term.high_watermark
-            read_up_to = readable_end(follower, log.log_end_offset, high_watermark)
-            # The LSO: Kafka fills it for read_uncommitted fetches too.
-            producers = ctx.services.producers
-            stable = producers.last_stable_offset(topic.name, p.partition, log, high_watermark)
-            read_committed = request.isolation_level == READ_COMMITTED and not follower
-            if read_committed:
-                # Batches at or past the LSO (the oldest open transaction) are left out.
-                read_up_to = min(read_up_to, stable)
-            part.high_watermark, part.last_stable_offset = high_watermark, stable
-            part.log_start_offset = log.log_start_offset
-            if remaining <= 0 and total > 0:
-                continue
-            limit = min(p.partition_max_bytes, max(remaining, 0))
             # leader.replication.throttled.rate: a replica this leader throttles (the
             # topic's leader.replication.throttled.replicas, else one a reassignment is
             # adding) gets what the leader's byte budget allows (nothing while it is spent).
-            budget = (
-                leaders.leader_throttle_budget(topic.name, p.partition, replica)
-                if follower
-                else None
-            )
-            if budget is not None:
-                if budget <= 0:
-                    continue
-                limit = min(limit, budget)
+            budget = None
+            max_bytes: int | None = None  # None: the partition's offsets only, no read
+            if remaining > 0 or total == 0:
+                budget = (
+                    leaders.leader_throttle_budget(led.topic, p.partition, replica)
+                    if follower
+                    else None
+                )
+                if budget is None:
+                    max_bytes = min(p.partition_max_bytes, max(remaining, 0))
+                elif budget > 0:
+                    max_bytes = min(p.partition_max_bytes, max(remaining, 0), budget)
             # A throttled read still takes one whole batch (a batch bigger than the
             # budget would never fit); the budget then goes below zero for a while.
-            min_one = total == 0 or budget is not None
-            try:
-                regions = log.read(p.fetch_offset, limit, read_up_to, min_one=min_one)
-            except (OffsetOutOfRange, StorageError) as exc:
-                # As Kafka: a partition that failed reports no offsets (-1), only its error.
-                part.error_code = (
-                    ErrorCode.OFFSET_OUT_OF_RANGE
-                    if isinstance(exc, OffsetOutOfRange)
-                    else exc.error_code
-                )
-                part.high_watermark = part.last_stable_offset = part.log_start_offset = -1
-                continue
-            if regions and read_committed:
-                # Every aborted transaction overlapping [fetch offset, LSO): a superset of
-                # those in the returned batches, which the consumer filters by offset.
+            regions, aborted = read(
+                part, led, p.fetch_offset, max_bytes, isolation,
+                min_one=total == 0 or budget is not None,
+            )  # fmt: skip
+            if aborted is not None:
                 part.aborted_transactions = [
                     AbortedTxnResp(producer_id=a.producer_id, first_offset=a.first_offset)
-                    for a in producers.aborted_between(
-                        topic.name, p.partition, log, p.fetch_offset, stable
-                    )
+                    for a in aborted
                 ]
             if regions:
                 chunks = RecordsChunks(regions)
@@ -180,13 +158,6 @@ def read_partitions(
 
 def fetching_replica(ctx: RequestContext, request: m.FetchRequest) -> int:
     return request.replica_id if ctx.api_version < 15 else request.replica_state.replica_id
-
-
-def readable_end(follower: bool, log_end_offset: int, high_watermark: int) -> int:
-    """Where a replicated partition's fetch stops reading: a follower copies up to the
-    log end (what is not committed yet too: its copy is what commits it), a consumer
-    sees only what is committed, below the high watermark."""
-    return log_end_offset if follower else high_watermark
 
 
 def is_follower(ctx: RequestContext, request: m.FetchRequest) -> bool:

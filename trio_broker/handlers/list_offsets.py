@@ -191,6 +191,10 @@ def _list_offset(
         return
     assert topic is not None  # the guard found the partition's log
     partition_log = topic.logs[p.partition_index]
+    # The epoch this replica knows: a leader's term's, a follower copy's from the view.
+    leader_epoch = (
+        found.leader_epoch if isinstance(found, FollowerCopy) else found.term.leader_epoch
+    )
     # A consumer (replica id -1) sees up to the high watermark (the last stable
     # offset for read_committed); a new leader shows it none until the HW has
     # reached its term's start (KIP-207), so it never goes back. A replica or the
@@ -199,7 +203,7 @@ def _list_offset(
     lag_error = None
     if request.replica_id == CONSUMER_REPLICA_ID:
         assert not isinstance(found, FollowerCopy)  # a consumer's guard needs the leader
-        visible = found.visible_high_watermark()
+        visible = found.term.visible_high_watermark()
         if visible is None:
             # v5 brought OFFSET_NOT_AVAILABLE; older clients retry this one.
             lag_error = (
@@ -207,7 +211,7 @@ def _list_offset(
                 if ctx.api_version >= 5
                 else ErrorCode.LEADER_NOT_AVAILABLE
             )
-            visible = found.high_watermark
+            visible = found.term.high_watermark
         if request.isolation_level == READ_COMMITTED:
             visible = ctx.services.producers.last_stable_offset(
                 topic.name, p.partition_index, partition_log, visible
@@ -218,7 +222,7 @@ def _list_offset(
         if lag_error is not None:
             out.error_code = lag_error
             return
-        out.offset, out.timestamp, out.leader_epoch = visible, -1, found.leader_epoch
+        out.offset, out.timestamp, out.leader_epoch = visible, -1, leader_epoch
         return
     try:
         out.offset, out.timestamp = _lookup(partition_log, p.timestamp)
@@ -238,4 +242,4 @@ def _list_offset(
             out.error_code = lag_error
         return
     if out.offset >= 0:
-        out.leader_epoch = found.leader_epoch
+        out.leader_epoch = leader_epoch

@@ -55,14 +55,13 @@ async def handle_offset_for_leader_epoch(
                 out.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 continue
             # Kafka asks the leader only (fetchOnlyFromLeader), a follower's request too.
-            term = leading_partition(
+            led = leading_partition(
                 ctx, topic, name, p.partition, missing, p.current_leader_epoch
             )  # fmt: skip
-            if isinstance(term, ErrorCode):
-                out.error_code = term
+            if isinstance(led, ErrorCode):
+                out.error_code = led
                 continue
-            assert topic is not None  # the guard found the partition's log
-            log = topic.logs[p.partition]
+            term, log = led.term, led.log
             if term.replicated:
                 out.leader_epoch, out.end_offset = log.epoch_cache.end_offset_for(
                     p.leader_epoch, log.log_end_offset

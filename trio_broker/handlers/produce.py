@@ -34,6 +34,7 @@ from trio_broker.partition.append import (
     wait_acked,
 )
 from trio_broker.partition.append import append as partition_append
+from trio_broker.partition.partition import Partition
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.batch_header import (
     ATTRIBUTES_AT,
@@ -280,9 +281,9 @@ async def handle_produce(ctx: RequestContext, request: m.ProduceRequest) -> Resp
             target = produce_target(ctx, topic, name, missing, data, acks, checked, part)
             if target is None:
                 continue
-            assert topic is not None  # produce_target found the partition's log
-            term, batch = target
-            appended = append_batch(ctx, topic, data.index, term, batch, verified, now, part)
+            assert topic is not None  # produce_target found the partition
+            led, batch = target
+            appended = append_batch(ctx, topic, led, batch, verified, now, part)
             if appended is None:
                 continue
             if acks == -1:  # a retry's original may still be waiting for its fsync
@@ -335,18 +336,19 @@ def produce_target(
     ctx: RequestContext, topic: Topic | None, name: str, missing: ErrorCode,
     data: m.ProduceRequest.TopicProduceData.PartitionProduceData, acks: int,
     checked: dict[int, ProtocolError | None], part: PartResp,
-) -> tuple[Term, RecordBatchView] | None:  # fmt: skip
+) -> tuple[Partition, RecordBatchView] | None:  # fmt: skip
     """One partition's guard, in Kafka's order: the partition known here and led by
     this broker (:func:`leading_partition`), an ISR large enough for acks=all, then its
-    batch valid (:func:`validate_batch`). Returns the leader's term and the batch to
-    append (the log is ``topic.logs[data.index]``), or None: the refusal is written
-    into ``part`` (code, message, per-record errors, log start offset)."""
-    term = leading_partition(ctx, topic, name, data.index, missing)
-    if isinstance(term, ErrorCode):
-        part.error_code = term
+    batch valid (:func:`validate_batch`). Returns the partition (its log, term and
+    producer state) and the batch to append, or None: the refusal is written into
+    ``part`` (code, message, per-record errors, log start offset)."""
+    led = leading_partition(ctx, topic, name, data.index, missing)
+    if isinstance(led, ErrorCode):
+        part.error_code = led
         return None
     assert topic is not None  # leading_partition found its log
     if acks == -1:
+        term = led.term
         isr = acks_all_isr(ctx, topic.name, data.index, term)
         if len(isr) < term.effective_min_insync_replicas:
             part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS
@@ -355,7 +357,7 @@ def produce_target(
                 f"{term.effective_min_insync_replicas} (for {len(term.replicas)} replicas)"
             )
             return None
-    log = topic.logs[data.index]
+    log = led.log
     try:
         max_bytes = int(
             topic.info.configs.get("max.message.bytes", ctx.services.config.message_max_bytes)
@@ -374,31 +376,31 @@ def produce_target(
         if exc.error_code in _ANSWERED_WITH_LOG_START:
             part.log_start_offset = log.log_start_offset
         return None
-    return term, batch
+    return led, batch
 
 
 def append_batch(
-    ctx: RequestContext, topic: Topic, partition: int, term: Term, batch: RecordBatchView,
+    ctx: RequestContext, topic: Topic, led: Partition, batch: RecordBatchView,
     verified: dict[tuple[str, int], ErrorCode], now_ms: int, part: PartResp,
 ) -> Appended | None:  # fmt: skip
-    """Append a guarded batch through the one append path (partition/append.py) and
-    fill ``part`` with its offsets; None when refused there (a transaction not verified,
-    the producer's sequence or epoch, the disk), the refusal written into ``part``."""
+    """Append a guarded batch to ``led`` through the one append path
+    (partition/append.py) and fill ``part`` with its offsets; None when refused there (a
+    transaction not verified, the producer's sequence or epoch, the disk), the refusal
+    written into ``part``."""
     services = ctx.services
-    log = topic.logs[partition]
+    log = led.log
     try:
         if batch.is_transactional:
-            check_in_transaction(services, topic.name, partition, batch, verified)
+            check_in_transaction(services, led.topic, led.index, batch, verified)
         timestamp_type = topic.info.configs.get(
             "message.timestamp.type", services.config.log_message_timestamp_type
         )
         log_append_time = timestamp_type == "LogAppendTime"
         appended = partition_append(
             log, batch.buf, origin=Origin.CLIENT, now_ms=now_ms,
-            durability=services.durability, topic=topic.name, partition=partition,
-            leader_epoch=term.leader_epoch if term.replicated else None,
-            producers=services.producers, appends=services.appends,
-            log_append_time=log_append_time,
+            durability=services.durability, topic=led.topic, partition=led.index,
+            leader_epoch=led.leader_epoch_to_stamp, producers=led.producers,
+            appends=services.appends, log_append_time=log_append_time,
         )  # fmt: skip
     except (BatchRejected, AppendRejected) as exc:
         # As Kafka: a batch refused by the producer state (sequence, epoch) is
@@ -539,7 +541,8 @@ async def verify_with_coordinator(
         for data in topic_data.partition_data:
             if not data.records:
                 continue
-            if isinstance(leading_partition(ctx, topic, name, data.index, missing), ErrorCode):
+            led = leading_partition(ctx, topic, name, data.index, missing)
+            if isinstance(led, ErrorCode):
                 continue  # the partition's guard answers it
             try:
                 batch = next(iter_batches(data.records), None)
@@ -548,12 +551,11 @@ async def verify_with_coordinator(
             if batch is None or not batch.is_transactional or batch.producer_id < 0:
                 continue
             if services.producers.in_open_transaction(
-                topic.name, data.index, topic.logs[data.index], batch.producer_id,
-                batch.producer_epoch,
-            ):  # fmt: skip
+                led.topic, led.index, led.log, batch.producer_id, batch.producer_epoch
+            ):
                 continue
             key = (batch.producer_id, batch.producer_epoch)
-            asked.setdefault(key, []).append((topic.name, data.index))
+            asked.setdefault(key, []).append((led.topic, led.index))
     verified: dict[tuple[str, int], ErrorCode] = {}
     for (producer_id, producer_epoch), partitions in asked.items():
         answers = await services.transactions.verify_batches(

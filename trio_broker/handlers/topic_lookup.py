@@ -11,11 +11,11 @@ import attrs
 
 from trio_broker.handlers.base import RequestContext
 from trio_broker.handlers.leadership import check_leader, missing_partition_error
+from trio_broker.partition.partition import Partition
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.schema import uses_topic_ids
 
 if TYPE_CHECKING:
-    from trio_broker.partition.append import Term
     from trio_broker.services.topics import Topic
 
 
@@ -55,20 +55,29 @@ def leading_partition(
     ctx: RequestContext, topic: Topic | None, name: str, partition: int,
     missing: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
     current_leader_epoch: int = -1, *, fence_alone: bool = True,
-) -> Term | ErrorCode:  # fmt: skip
+) -> Partition | ErrorCode:  # fmt: skip
     """The one guard of every per-partition API (Produce, Fetch, ListOffsets,
     OffsetForLeaderEpoch, DeleteRecords) for a partition of a topic :func:`find_topic`
-    gave (``topic``, ``name``, ``missing``): this broker's term when it holds the
-    partition and leads it (in ``current_leader_epoch``: :func:`check_leader`), else
-    the error to answer, in Kafka's order: the partition unknown here
-    (:func:`missing_partition_error`), then a leader epoch that differs, then not the
-    leader. The log is then ``topic.logs[partition]``; a term rather than a (log, term)
-    pair keeps the hot path free of a tuple per partition."""
+    gave (``topic``, ``name``, ``missing``), and the one lookup of what the data path
+    needs of it: the :class:`Partition` (its log, this broker's term, its producer
+    state) when this broker holds the partition and leads it (in
+    ``current_leader_epoch``: :func:`check_leader`), else the error to answer, in
+    Kafka's order: the partition unknown here (:func:`missing_partition_error`), then a
+    leader epoch that differs, then not the leader."""
     if topic is None or not 0 <= partition < len(topic.logs):
         return missing_partition_error(ctx, name, partition, missing)
-    return check_leader(
-        ctx, topic.name, partition, current_leader_epoch, fence_alone=fence_alone
-    )  # fmt: skip
+    term = check_leader(ctx, topic.name, partition, current_leader_epoch, fence_alone=fence_alone)
+    if isinstance(term, ErrorCode):
+        return term
+    log = topic.logs[partition]
+    # One Partition per term and log, kept on the topic: a new term or a log put in
+    # another's place (a topic made again, a replica re-created) makes a new one.
+    led = topic.led.get(partition)
+    if led is None or led.term is not term or led.log is not log:
+        led = topic.led[partition] = Partition(
+            topic.name, partition, log, term, ctx.services.producers
+        )  # fmt: skip
+    return led
 
 
 @attrs.frozen
@@ -85,7 +94,7 @@ def replica_partition(
     ctx: RequestContext, topic: Topic | None, name: str, partition: int,
     missing: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
     current_leader_epoch: int = -1,
-) -> Term | FollowerCopy | ErrorCode:  # fmt: skip
+) -> Partition | FollowerCopy | ErrorCode:  # fmt: skip
     """:func:`leading_partition` without its last rule (Kafka's ``getLocalLog`` with
     ``requireLeader`` false): a partition held here as a follower, in the leader epoch
     the client names, is read from this broker's copy (:class:`FollowerCopy`)."""

@@ -275,10 +275,26 @@ class LocalReplication(_NoFollowers):
         self.broker_id = view.broker_id
         self.view = view
         self._topics = view.topic_manager
+        #: (topic, partition) -> its term: one per log, not one per lookup (a Fetch
+        #: looks up each of its partitions; the guard keeps its Partition per term).
+        self._terms: dict[tuple[str, int], LocalTerm] = {}
+        #: How many terms there may be before those of deleted logs are dropped
+        #: (twice what was left last time: amortized, no walk per lookup).
+        self._prune_at = 1024
 
     def leader_term(self, topic: str, partition: int) -> LocalTerm | None:
         log = self._topics.log(topic, partition)
-        return None if log is None else LocalTerm(self.broker_id, log)
+        if log is None:
+            return None
+        key = (topic, partition)
+        cached = self._terms.get(key)
+        if cached is not None and cached.log is log:
+            return cached
+        if len(self._terms) >= self._prune_at:  # the terms of deleted topics' logs go
+            self._terms = {k: t for k, t in self._terms.items() if self._topics.log(*k) is t.log}
+            self._prune_at = max(1024, 2 * len(self._terms))
+        made = self._terms[key] = LocalTerm(self.broker_id, log)
+        return made
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         # The ISR is this broker: a write is committed once in its log.

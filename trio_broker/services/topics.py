@@ -12,7 +12,7 @@ import shutil
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -29,6 +29,9 @@ from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.memory import MemoryLog
 from trio_broker.storage.topic_configs import check_topic_configs
 from trio_broker.storage.topic_configs import log_config as topic_log_config
+
+if TYPE_CHECKING:
+    from trio_broker.partition.partition import Partition
 
 
 class TopicError(KafkaError):
@@ -57,6 +60,10 @@ def validate_topic_name(name: str) -> None:
 class Topic:
     info: TopicInfo
     logs: list[Log]  # one per partition
+    #: The partitions this broker leads, as the guard last found them (its term, its
+    #: log): ``handlers/topic_lookup.leading_partition`` makes one per term and log and
+    #: keeps it here, so that a Fetch of many partitions allocates none per partition.
+    led: dict[int, Partition] = attrs.field(factory=dict, eq=False, repr=False)
 
     @property
     def name(self) -> str:

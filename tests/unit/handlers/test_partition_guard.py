@@ -23,6 +23,8 @@ import uuid
 from types import SimpleNamespace
 from typing import Any
 
+import attrs
+
 from trio_broker.handlers.leadership import missing_partition_error
 from trio_broker.handlers.topic_lookup import (
     FollowerCopy,
@@ -60,7 +62,8 @@ class FollowingEverything:
 
 def context(leaders: Any, topics: TopicManager, api_key: int = m.ApiKey.LIST_OFFSETS) -> Any:
     return SimpleNamespace(
-        services=SimpleNamespace(leaders=leaders, topics=topics),
+        # The producers' registry: the guard hands it on, never calls it.
+        services=SimpleNamespace(leaders=leaders, topics=topics, producers=SimpleNamespace()),
         header=RequestHeader(api_key, 7, 1, "guard"),
         api_version=7,
     )
@@ -142,9 +145,40 @@ def test_other_errors_and_a_single_broker_are_unchanged() -> None:
     ctx = alone_with("solo", 3)
     assert guard(ctx, "solo", 3) == UNKNOWN
     assert guard(ctx, "other", 0) == UNKNOWN
-    term = guard(ctx, "solo", 0)
-    assert not isinstance(term, ErrorCode) and term.leader_epoch == 0
+    led = guard(ctx, "solo", 0)
+    # The one lookup gives the partition whole: its log, its term, its producer state.
+    assert not isinstance(led, ErrorCode) and (led.topic, led.index) == ("solo", 0)
+    assert led.log is ctx.services.topics.log("solo", 0) and led.term.leader_epoch == 0
+    assert led.producers is ctx.services.producers
     assert guard(ctx, "solo", 0, 1) == E.UNKNOWN_LEADER_EPOCH
     unknown_id = ErrorCode.UNKNOWN_TOPIC_ID
     ctx = cluster(held={}, cluster_has={"grown": 4})
     assert missing_partition_error(ctx, "", 0, unknown_id) == unknown_id
+
+
+def test_one_partition_per_term_and_log() -> None:
+    """The guard keeps the Partition it found on the topic: the same term and log give
+    the same object (a Fetch of many partitions allocates none per partition); a term
+    or a log put in another's place gives a new one, never the old log's."""
+    ctx = alone_with("solo", 2)
+    first = guard(ctx, "solo", 0)
+    assert not isinstance(first, ErrorCode)
+    assert guard(ctx, "solo", 0) is first
+    assert first.term is ctx.services.leaders.leader_term("solo", 0)  # one term per log
+    other = guard(ctx, "solo", 1)
+    assert not isinstance(other, ErrorCode) and other is not first and other.index == 1
+    old_log = first.log
+    topics = ctx.services.topics
+    topics.delete("solo")
+    topics.create("solo", 2)
+    again = guard(ctx, "solo", 0)
+    assert not isinstance(again, ErrorCode) and again is not first
+    assert again.log is topics.log("solo", 0) and again.log is not old_log
+    assert again.term.high_watermark == 0 and again.term is not first.term
+    # A new term on the same log (a cluster's next leader epoch) makes a new one too.
+    topic, _, _ = find_topic(ctx, "solo", None)
+    assert topic is not None
+    stale = attrs.evolve(again)
+    topic.led[0] = stale
+    stale.term = SimpleNamespace()
+    assert guard(ctx, "solo", 0) is not stale

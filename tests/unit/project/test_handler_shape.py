@@ -72,3 +72,28 @@ def test_per_partition_handlers_share_the_partition_guard() -> None:
         assert "leading_partition(" in source, module
         for own_guard in ("missing_partition_error(", "check_leader(", "topics.log("):
             assert own_guard not in source, f"{module} calls {own_guard}...)"
+
+
+def test_fetch_reads_through_the_partition_read_entry() -> None:
+    """Fetch reads a partition's records only through ``partition/read.py`` (Kafka's
+    Partition.fetchRecords), never a log's ``read`` of its own."""
+    source = (PRODUCE.parent / "fetch.py").read_text()
+    assert "from trio_broker.partition.read import" in source
+    assert ".read(" not in source, "fetch.py reads a log directly: use partition.read.read"
+
+
+#: Where a guarded handler still indexes a topic's logs itself: ListOffsets from the
+#: debugging replica id reads a follower's copy, which has no Partition (no term here).
+OWN_LOG_LOOKUPS = {"list_offsets.py": 1}
+
+
+def test_guarded_handlers_reach_a_log_only_through_the_partition() -> None:
+    """The guard's one lookup gives the partition whole (``partition/partition.py``:
+    log, term, producer state); a handler that indexed ``topic.logs`` again would
+    look up a second time what the guard found, and could find another log."""
+    for module in GUARDED_HANDLERS:
+        source = (PRODUCE.parent / module).read_text()
+        found = source.count(".logs[")
+        assert found <= OWN_LOG_LOOKUPS.get(module, 0), (
+            f"{module} indexes topic.logs {found} time(s): use the Partition's log"
+        )

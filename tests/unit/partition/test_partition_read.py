@@ -1,0 +1,119 @@
+"""The partition's read entry (trio_broker/partition/read.py) on a real MemoryLog and a
+real ProducerStateRegistry, with a term whose high watermark the test sets: how far
+each isolation reads, the offsets it answers, the aborted transactions only a
+read_committed read gets, a read skipped for want of room, and the errors (a follower
+past the log end, a fetch offset below the log start). The Fetch handler's answers
+are tested end to end in tests/integration and tests/e2e."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from trio_broker.partition.append import Origin, append
+from trio_broker.partition.partition import Partition
+from trio_broker.partition.read import Isolation, read
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.records import build_batch, build_control_batch, iter_batches
+from trio_broker.services.producers import ProducerStateRegistry
+from trio_broker.storage.memory import MemoryLog
+
+T0 = 10_000
+TXN_PID = 9
+
+
+@attrs.frozen
+class HeldTerm:
+    """A leader's term as the read sees it: its high watermark, set by the test."""
+
+    high_watermark: int
+
+
+@attrs.define
+class Answer:
+    """A Fetch answer's partition as the read fills it."""
+
+    error_code: int = 0
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+
+
+def read_into(
+    log: MemoryLog, term: Any, producers: ProducerStateRegistry, *args: Any, **kwargs: Any
+) -> tuple[Answer, Any, Any]:
+    answer = Answer()
+    regions, aborted = read(answer, Partition("t", 0, log, term, producers), *args, **kwargs)
+    return answer, regions, aborted
+
+
+def partition() -> tuple[MemoryLog, ProducerStateRegistry]:
+    """Offsets 0-1 plain, 2-3 an aborted transaction, 4 its marker, 5-6 plain, 7-8 an
+    open transaction, 9-10 plain: the LSO is 7."""
+    log, producers = MemoryLog(), ProducerStateRegistry(None, lambda: T0)
+    kwargs: Any = dict(
+        origin=Origin.CLIENT, now_ms=T0, durability=None, topic="t", partition=0,
+        producers=producers,
+    )  # fmt: skip
+
+    def txn(epoch: int) -> bytearray:
+        records = [(None, b"t%d" % i) for i in range(2)]
+        return build_batch(
+            records, producer_id=TXN_PID, producer_epoch=epoch, base_sequence=0,
+            is_transactional=True, base_timestamp=T0,
+        )  # fmt: skip
+
+    append(log, build_batch([(None, b"a"), (None, b"b")], base_timestamp=T0), **kwargs)
+    append(log, txn(0), **kwargs)
+    abort = build_control_batch(TXN_PID, 0, committed=False, coordinator_epoch=0, timestamp=T0)
+    append(log, abort, **{**kwargs, "origin": Origin.COORDINATOR})
+    append(log, build_batch([(None, b"c"), (None, b"d")], base_timestamp=T0), **kwargs)
+    append(log, txn(1), **kwargs)
+    append(log, build_batch([(None, b"e"), (None, b"f")], base_timestamp=T0), **kwargs)
+    assert log.log_end_offset == 11
+    return log, producers
+
+
+def offsets_read(regions: Any) -> list[int]:
+    data = b"".join(r.read_bytes() for r in regions)
+    return [b.base_offset for b in iter_batches(data)]
+
+
+def test_each_isolation_reads_as_far_as_it_may() -> None:
+    log, producers = partition()
+    term: Any = HeldTerm(high_watermark=9)
+    reads = {
+        isolation: read_into(log, term, producers, 0, 1 << 20, isolation, min_one=True)
+        for isolation in Isolation
+    }
+    for answer, _, _ in reads.values():
+        assert answer == Answer(ErrorCode.NONE, 9, 7, 0)
+    assert offsets_read(reads[Isolation.LOG_END][1]) == [0, 2, 4, 5, 7, 9]
+    assert offsets_read(reads[Isolation.HIGH_WATERMARK][1]) == [0, 2, 4, 5, 7]
+    assert offsets_read(reads[Isolation.TXN_COMMITTED][1]) == [0, 2, 4, 5]
+    assert reads[Isolation.LOG_END][2] is None and reads[Isolation.HIGH_WATERMARK][2] is None
+    aborted = reads[Isolation.TXN_COMMITTED][2]
+    assert [(a.producer_id, a.first_offset) for a in aborted] == [(TXN_PID, 2)]
+
+
+def test_a_read_without_room_answers_the_offsets_only() -> None:
+    log, producers = partition()
+    term: Any = HeldTerm(high_watermark=11)
+    answer, regions, aborted = read_into(
+        log, term, producers, 99, None, Isolation.TXN_COMMITTED, min_one=False
+    )
+    # No read, so not even the fetch offset past the end is an error.
+    assert (answer, regions, aborted) == (Answer(ErrorCode.NONE, 11, 7, 0), (), None)
+
+
+def test_reads_that_fail_answer_no_offsets() -> None:
+    log, producers = partition()
+    term: Any = HeldTerm(high_watermark=11)
+    past_end, _, _ = read_into(log, term, producers, 12, 1 << 20, Isolation.LOG_END, min_one=True)
+    assert past_end == Answer(ErrorCode.OFFSET_OUT_OF_RANGE, -1, -1, -1)
+    log.delete_records(5)
+    below_start, _, _ = read_into(
+        log, term, producers, 0, 1 << 20, Isolation.HIGH_WATERMARK, min_one=True
+    )
+    assert below_start == Answer(ErrorCode.OFFSET_OUT_OF_RANGE, -1, -1, -1)

@@ -1,0 +1,130 @@
+"""A partition's one read entry, beside its write entry (issue 29): Kafka's
+``Partition.fetchRecords`` → ``readRecords`` → ``UnifiedLog.read``.
+
+:func:`read` takes what Kafka's read takes: a :class:`~trio_broker.partition.partition.
+Partition` this broker leads (the guard, ``handlers/topic_lookup.leading_partition``,
+found it: its log, term and producer state), the fetch offset, the bytes it may return, how far it may read (:class:`Isolation`: a
+follower the log end, a consumer the high watermark, a read_committed one the last
+stable offset) and whether one whole batch goes out even past the bytes (the first
+partition of a response, or a throttled replica's). It answers the partition's offsets
+as they were before the read (high watermark, last stable offset, log start), the
+batches' regions, the aborted transactions a read_committed consumer filters with, or
+the error the read hit; what the handler does with the bytes (the response's budget,
+the replication throttle, the quota) stays the handler's, as Kafka's
+``ReplicaManager.readFromLog``.
+
+A follower's progress is not recorded here: the replica manager records it once per
+Fetch request, when the request arrives (``DataReplication.follower_fetch``; the rules
+in ``replication/replica_rules.py``), where Kafka records it after each first read.
+
+Sans-I/O: no trio.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.storage.errors import OffsetOutOfRange, StorageError
+
+if TYPE_CHECKING:
+    from trio_broker.partition.partition import Partition
+    from trio_broker.state.partition_txns import AbortedTxn
+    from trio_broker.storage.log_protocol import Region
+
+__all__ = ["FetchedPartition", "Isolation", "Read", "read", "readable_end"]
+
+
+class Isolation(enum.Enum):
+    """How far a read goes (Kafka's FetchIsolation)."""
+
+    #: A follower copies everything, what is not committed yet too: its copy commits it.
+    LOG_END = "log_end"
+    #: A consumer, read_uncommitted: what is committed, below the high watermark.
+    HIGH_WATERMARK = "high_watermark"
+    #: A consumer, read_committed: below the last stable offset (the oldest open
+    #: transaction), with the aborted transactions it overlaps.
+    TXN_COMMITTED = "txn_committed"
+
+
+# The members as module globals: the read runs per partition per Fetch, and an enum
+# member looked up on its class costs about 150 ns in CPython 3.11 (a descriptor),
+# a global about 20 ns; four such lookups were most of what the entry cost.
+_LOG_END = Isolation.LOG_END
+_TXN_COMMITTED = Isolation.TXN_COMMITTED
+
+
+class FetchedPartition(Protocol):
+    """Where a read writes the partition's offsets and error (a Fetch answer's
+    partition): written in place, not returned in an object of its own, which would
+    cost the Fetch hot path an allocation per partition."""
+
+    error_code: int
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+
+
+#: What a read returns: the whole batches read, in log order (empty: none), and, for
+#: TXN_COMMITTED with records read, the aborted transactions overlapping [fetch
+#: offset, LSO), a superset of those in the batches (the consumer filters by offset);
+#: else None.
+Read = tuple[Sequence["Region"], Sequence["AbortedTxn"] | None]
+_NOTHING: Read = ((), None)
+
+
+def readable_end(
+    isolation: Isolation, log_end_offset: int, high_watermark: int, last_stable_offset: int
+) -> int:
+    """Where a read stops (Kafka's FetchIsolation): a follower copies up to the log end
+    (what is not committed yet too: its copy is what commits it), a consumer sees only
+    what is committed, below the high watermark, and read_committed only below the LSO."""
+    if isolation is _LOG_END:
+        return log_end_offset
+    if isolation is _TXN_COMMITTED:
+        return min(high_watermark, last_stable_offset)
+    return high_watermark
+
+
+def read(
+    into: FetchedPartition, partition: Partition, fetch_offset: int, max_bytes: int | None,
+    isolation: Isolation, *, min_one: bool,
+) -> Read:  # fmt: skip
+    """Read ``partition`` (led here: the guard found it) from ``fetch_offset``; the
+    partition's offsets as they were before the read, or the read's error, go ``into``
+    the answer (offsets -1 on an error, as Kafka answers a failed read).
+
+    ``max_bytes`` None: the answer has no room left for this partition (or the replica
+    is throttled to nothing): only its offsets, no read, and so no read error.
+    ``min_one``: one whole batch goes out even if larger than ``max_bytes``.
+    """
+    log = partition.log
+    log_end_offset = log.log_end_offset
+    if isolation is _LOG_END and fetch_offset > log_end_offset:
+        # Past the leader's end: the follower has records the leader does not (Kafka's
+        # read checks it against the log end; a consumer's is checked against its end).
+        into.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+        return _NOTHING
+    # Alone, the high watermark is the log end (services/local_replication.py).
+    high_watermark = into.high_watermark = partition.term.high_watermark
+    # The LSO: Kafka fills it for read_uncommitted fetches and followers too.
+    producers, topic, index = partition.producers, partition.topic, partition.index
+    stable = producers.last_stable_offset(topic, index, log, high_watermark)
+    into.last_stable_offset = stable
+    into.log_start_offset = log.log_start_offset
+    if max_bytes is None:
+        return _NOTHING
+    read_up_to = readable_end(isolation, log_end_offset, high_watermark, stable)
+    try:
+        regions = log.read(fetch_offset, max_bytes, read_up_to, min_one=min_one)
+    except (OffsetOutOfRange, StorageError) as exc:
+        into.error_code = (
+            ErrorCode.OFFSET_OUT_OF_RANGE if isinstance(exc, OffsetOutOfRange) else exc.error_code
+        )
+        into.high_watermark = into.last_stable_offset = into.log_start_offset = -1
+        return _NOTHING
+    if regions and isolation is _TXN_COMMITTED:
+        return regions, producers.aborted_between(topic, index, log, fetch_offset, stable)
+    return regions, None
