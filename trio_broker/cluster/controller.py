@@ -321,13 +321,23 @@ async def _reconcile(
     lock: trio.Lock,
 ) -> None:
     next_rebalance = trio.current_time() + (rebalance.interval_s if rebalance else 0)
+    #: Each live broker's registration as last reconciled: when its znode was made.
+    known: dict[int, int] = {}
     while True:
         lost = coord.session_lost()
         try:
             async with lock:  # not while a topic is half deleted
                 changed = trio.Event()  # the broker list's watch and every topic's
-                brokers, _ = await coord.children_and_watch(BROKER_IDS, into=changed)
-                live = frozenset(int(b) for b in brokers if b.isdigit())
+                registered = await _registrations(coord, changed)
+                # A broker whose registration was made again since the last pass died
+                # and came back before this pass read the list (Kafka's bounced broker,
+                # told by its broker epoch, the registration's czxid): it is gone for
+                # this pass, so its leadership moves and it leaves the ISRs, in a new
+                # leader epoch; the next pass sees it back.
+                bounced = {b for b, made in registered.items() if known.get(b, made) != made}
+                if bounced:
+                    log.info("broker(s) %s registered again since the last pass", sorted(bounced))
+                live = frozenset(registered) - bounced
                 topics, versions, _ = await read_topics(coord, into=changed)
                 targets: dict[tuple[str, int], LeaderAndIsr] = {}
                 for topic in topics.values():
@@ -356,6 +366,7 @@ async def _reconcile(
                             version = versions[(topic.name, partition)]
                             await _finish_move(coord, view, fence, live, topic.name, partition,
                                                info, version)  # fmt: skip
+                known = registered
         except NotController:
             raise
         except CoordinationError as exc:
@@ -364,6 +375,19 @@ async def _reconcile(
             continue
         with trio.move_on_at(next_rebalance if rebalance is not None else float("inf")):
             await wait_any(lost, changed)
+
+
+async def _registrations(coord: Coordination, changed: trio.Event) -> dict[int, int]:
+    """Each registered broker's id and when its registration was made; ``changed`` is
+    set when the list changes."""
+    names, _ = await coord.children_and_watch(BROKER_IDS, into=changed)
+    registered = {}
+    for name in names:
+        if name.isdigit():
+            znode = await coord.get(f"{BROKER_IDS}/{name}")
+            if znode is not None:  # gone since the list: the watch has fired
+                registered[int(name)] = znode.created
+    return registered
 
 
 def _moving(info: PartitionInfo) -> Reassignment:

@@ -73,6 +73,9 @@ class SessionLost(CoordinationError):
 class Znode:
     data: bytes
     version: int
+    #: When the znode was made (ZooKeeper's czxid): a znode deleted and made again has a
+    #: higher one. Not part of equality (the data and version are what callers compare).
+    created: int = attrs.field(default=0, eq=False)
 
 
 class Coordination(Protocol):
@@ -353,7 +356,7 @@ class ZooKeeperCoordination:
             data, stat = await self._call(self._client.get, path)
         except NoNode:
             return None
-        return Znode(data, stat.version)
+        return Znode(data, stat.version, stat.czxid)
 
     async def owned_by_this_session(self, path: str) -> bool:
         stat = await self._call(self._client.exists, path)
@@ -372,7 +375,7 @@ class ZooKeeperCoordination:
             data, stat = await self._call(self._client.get, path)
         except NoNode:
             return None, event  # deleted in between: the watch has fired already
-        return Znode(data, stat.version), event
+        return Znode(data, stat.version, stat.czxid), event
 
     async def children_and_watch(
         self, path: str, *, into: trio.Event | None = None
@@ -419,6 +422,7 @@ class _Node:
     data: bytes
     version: int = 0
     owner: int | None = None  # the session of an ephemeral znode
+    created: int = 0  # ZooKeeper's czxid: rises with every znode made
 
 
 @attrs.define(eq=False)
@@ -429,6 +433,11 @@ class MemoryZooKeeper:
     watches: dict[str, list[trio.Event]] = attrs.field(factory=dict)
     child_watches: dict[str, list[trio.Event]] = attrs.field(factory=dict)
     _next_session: int = 1
+    _next_zxid: int = 1
+
+    def next_zxid(self) -> int:
+        self._next_zxid += 1
+        return self._next_zxid - 1
 
     def open_session(self) -> int:
         self._next_session += 1
@@ -545,14 +554,16 @@ class MemoryCoordination:
         for p in reversed(missing):
             nodes[p] = _Node(b"")
             self._server._fire(self._server.child_watches, _parent(p))
-        nodes[path] = _Node(data, owner=self.session if ephemeral else None)
+        nodes[path] = _Node(
+            data, owner=self.session if ephemeral else None, created=self._server.next_zxid()
+        )
         self._server._fire(self._server.watches, path)
         self._server._fire(self._server.child_watches, _parent(path))
 
     async def get(self, path: str) -> Znode | None:
         await self._connection()
         node = self._server.nodes.get(path)
-        return None if node is None else Znode(node.data, node.version)
+        return None if node is None else Znode(node.data, node.version, node.created)
 
     async def owned_by_this_session(self, path: str) -> bool:
         await self._connection()
@@ -565,7 +576,7 @@ class MemoryCoordination:
         await self._connection()
         event = self._watch(self._server.watches, path, into)
         node = self._server.nodes.get(path)
-        return (None if node is None else Znode(node.data, node.version)), event
+        return (None if node is None else Znode(node.data, node.version, node.created)), event
 
     async def children_and_watch(
         self, path: str, *, into: trio.Event | None = None
