@@ -14,11 +14,17 @@ from trio_broker.cluster.controller import (
     imbalanced_moves,
     run_controller,
 )
-from trio_broker.cluster.coordination import BadVersion, MemoryCoordination, MemoryZooKeeper
+from trio_broker.cluster.coordination import (
+    BadVersion,
+    MemoryCoordination,
+    MemoryZooKeeper,
+    _Node,
+)
 from trio_broker.cluster.zk_layout import (
     CONTROLLER_EPOCH,
     PartitionState,
     TopicAssignment,
+    broker_path,
     encode_controller_epoch,
     partition_state_path,
     topic_path,
@@ -92,6 +98,35 @@ async def test_a_new_controller_takes_over_the_duties(clients: Clients) -> None:
         await eventually(
             lambda: leaders(view, "late") == {0: (2, 0, (2,)), 1: (2, 0, (2, 3))},
             "the new controller writes the new topic's states",
+        )
+
+
+async def test_a_broker_back_before_the_controller_looked_leads_in_a_new_epoch(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Broker 2 dies and a new process of it registers again before the controller reads
+    the broker list (ZooKeeper expired the old session; the new one was waiting for
+    that): the list looks unchanged, but the registration is newer than the partition's
+    state (Kafka's broker epoch), so the controller gives the new process a new leader
+    epoch rather than let it lead on in the old one (controller.restarted_leader)."""
+    clients = Clients("memory", request)
+    server = clients.memory
+    async with cluster(clients, 1, 2, 3) as members, clients.client() as admin:
+        view = members[1].view
+        await admin.create(topic_path("t"), topic({0: (2, 3, 1)}))
+        await eventually(lambda: leaders(view, "t") == {0: (2, 0, (2, 3, 1))}, "2 leads")
+        path = broker_path(2)
+        old = server.nodes[path]
+        assert old.owner is not None
+        # In one step, no checkpoint: the old session's ephemerals go (the watches fire)
+        # and the new process's registration is there before anyone reads the list.
+        server.expire(old.owner)
+        server.nodes[path] = _Node(old.data, owner=server.open_session(),
+                                   created=server.next_zxid())  # fmt: skip
+        await eventually(
+            lambda: leaders(view, "t") == {0: (2, 1, (2, 3, 1))},
+            "2 leads in epoch 1",
+            timeout_s=5,
         )
 
 

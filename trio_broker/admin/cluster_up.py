@@ -18,8 +18,11 @@ death signal does.
 
 Meanwhile it supervises: a broker that exits on its own is reported (one stderr line)
 and restarted with the same id, port and data dir after a backoff, unless it keeps
-dying; the others run on. ``cluster restart|stop|status N`` reach it through files in
-the data dir (see "operating a running cluster" below).
+dying; the others run on. A broker that died without closing its ZooKeeper session
+(killed, crashed) is started again only once ZooKeeper has let go of its registration,
+so the controller sees it gone (and moves its leadership) before it comes back.
+``cluster restart|stop|status N`` reach it through files in the data dir (see
+"operating a running cluster" below).
 
 Secure by default: ZooKeeper accepts the SASL login of one user, ``broker``, with a
 random password kept in ``DATA_DIR/zookeeper-client.jaas`` (made on the first run,
@@ -68,6 +71,9 @@ RESTART_BACKOFF_S = (1.0, 2.0)
 #: ... and given up on when it exits this many times within RESTART_WINDOW_S.
 RESTART_LIMIT = 3
 RESTART_WINDOW_S = 60.0
+#: The longest a restart waits for ZooKeeper to drop the dead broker's registration
+#: (its session timeout, 18 s by default, plus ZooKeeper's own tick).
+REGISTRATION_WAIT_S = 60.0
 #: The brokers' ZooKeeper login (the user their znodes' ACLs name), under DATA_DIR.
 CLIENT_JAAS = "zookeeper-client.jaas"
 ZOOKEEPER_USER = "broker"
@@ -162,8 +168,14 @@ class _Broker:
         self.then, self.term_sent_at, self.state = then, time.monotonic(), "stopping"
         os.kill(self.process.pid, signal.SIGTERM)
 
-    def supervise(self, now: float, argv: Callable[[int], list[str]]) -> bool:
-        """One look at the broker; True when its state changed."""
+    def supervise(
+        self,
+        now: float,
+        argv: Callable[[int], list[str]],
+        registered: Callable[[int], bool] = lambda broker_id: False,
+    ) -> bool:
+        """One look at the broker; True when its state changed. ``registered(id)``:
+        whether ZooKeeper still holds the broker's registration."""
         process = self.process
         if process is not None and process.poll() is not None:
             self.process, then, self.then = None, self.then, None
@@ -176,6 +188,13 @@ class _Broker:
                 self._died(now, process.returncode)
             return True
         if self.restart_at is not None and now >= self.restart_at:
+            # Until the dead process's session expires, its registration stands: a new
+            # process would wait for it to go and register the moment it does, maybe
+            # before the controller read the broker list, which then never showed the
+            # broker gone (its leadership stays, in the same leader epoch). Starting it
+            # only now gives the controller the new process's start-up to react.
+            if now < self.restart_at + REGISTRATION_WAIT_S and registered(self.broker_id):
+                return False
             self.start(argv(self.port))
             return True
         since = self.term_sent_at if self.then is not None else None
@@ -316,6 +335,10 @@ def run_cluster(args: argparse.Namespace) -> int:
         bootstrap = ",".join(str(b.address) for b in brokers)
         print(f"cluster ready: bootstrap {bootstrap}", flush=True)
         argvs = {b.broker_id: argv_of(b) for b in brokers}
+
+        def registered(broker_id: int) -> bool:
+            return _still_registered(hosts, broker_id)
+
         zookeeper_deaths: deque[float] = deque()
         while not stop.wait(SUPERVISE_EVERY_S):
             now = time.monotonic()
@@ -327,7 +350,7 @@ def run_cluster(args: argparse.Namespace) -> int:
                     brokers[broker_id - 1].asked(command, argvs[broker_id])
                     changed = True
             for broker in brokers:
-                changed = broker.supervise(now, argvs[broker.broker_id]) or changed
+                changed = broker.supervise(now, argvs[broker.broker_id], registered) or changed
             if changed:
                 _write_state(data_dir, brokers)
         return 0
@@ -416,6 +439,24 @@ def _wait_registered(
             if client.exists("/brokers/ids") and len(client.get_children("/brokers/ids")) >= count:
                 return True
             time.sleep(0.2)
+        return False
+    finally:
+        client.stop()
+        client.close()
+
+
+def _still_registered(hosts: str, broker_id: int) -> bool:
+    """Whether ``/brokers/ids/<broker_id>`` exists; False if ZooKeeper cannot be asked
+    within a few seconds (then a restart goes ahead, as it would without this check)."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import KazooException
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    client = KazooClient(hosts=hosts)
+    try:
+        client.start(timeout=3)
+        return client.exists(f"/brokers/ids/{broker_id}") is not None
+    except (KazooException, KazooTimeoutError):
         return False
     finally:
         client.stop()
