@@ -45,7 +45,7 @@ from tests.cluster.test_cluster_e2e import eventually
 from tests.cluster.test_cluster_faults import Cluster, ConfiguredBroker, running
 from tests.e2e.conftest import BROKER_EXE, add_scram_user
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 ADMIN, ADMIN_PW = "admin", "admin-secret"
 ALICE, ALICE_PW = "alice", "alice-secret"

@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, every_broker_lists, produce
 from tests.e2e.conftest import BrokerProcess, start_all, stop_all
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 TOPIC = "durability"
 RECORDS = 300

@@ -25,7 +25,7 @@ from trio_broker.cluster.local_zookeeper import LocalZooKeeper
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 
 _chroots = itertools.count(1)
 

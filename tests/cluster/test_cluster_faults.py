@@ -42,7 +42,7 @@ from tests.e2e.conftest import ConnectionClosed, start_all, stop_all
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = pytest.mark.timeout(300)
 
 LAG_MS = 3000
 SESSION_MS = 4000

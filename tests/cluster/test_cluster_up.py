@@ -31,7 +31,7 @@ from kazoo.exceptions import NoAuthError
 from tests.e2e.conftest import BROKER_EXE
 from tests.leak_check import descendants, kill_tree
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 
 def _create_topic(admin: AdminClient, name: str) -> None:

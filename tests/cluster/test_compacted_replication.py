@@ -39,7 +39,7 @@ from tests.cluster.test_cluster_faults import Cluster, full_isr, servers, three_
 from trio_broker.protocol import batch_header
 from trio_broker.protocol.records import build_batch
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 
 CONFIG = (
     "min.insync.replicas=2\n"

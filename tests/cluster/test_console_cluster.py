@@ -24,7 +24,7 @@ from tests.e2e.conftest import METRICS_LINE
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 CONFIG = "metrics.listener=127.0.0.1:0\nconsole.writes.enable=true\nmin.insync.replicas=2\n"
 TOPIC = "console-replicated"

@@ -26,7 +26,7 @@ from trio_broker.protocol import messages as m
 #: The same three brokers as the classic groups' tests (50 offsets partitions, RF=3).
 cluster = replicated_groups.cluster
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 
 PARTITIONS = 4
 GROUP = "kip848-cluster"

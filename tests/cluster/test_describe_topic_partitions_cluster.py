@@ -21,7 +21,7 @@ from tests.cluster.test_cluster_faults import ConfiguredBroker
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 TOPIC = "dtp"
 ASSIGNMENT = [[1], [2], [3], [1]]  # partitions 0 and 3 go offline with broker 1

@@ -28,7 +28,7 @@ from tests.cluster.test_groups_replicated import (
     produce,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 #: Three brokers, RF=3, 50 ``__consumer_offsets`` partitions (Kafka's hash of group ids).
 cluster = replicated.cluster

@@ -42,7 +42,7 @@ from tests.e2e.conftest import RawConnection
 from trio_broker.protocol import messages as m
 from trio_broker.services.internal_topics import CONSUMER_OFFSETS, partition_for
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 TOPIC = "events"
 #: Kafka's default partition count: groups hash exactly as on a Kafka cluster.

@@ -31,7 +31,7 @@ from tests.cluster.test_cluster_faults import (
 )
 from tests.e2e.conftest import add_scram_user
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 USER, PASSWORD = "replicator", "s3cret-for-brokers"
 TOPIC = "secured"

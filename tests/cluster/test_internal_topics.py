@@ -31,7 +31,7 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 OFFSETS = "__consumer_offsets"
 #: offsets.topic.num.partitions in the brokers' CONFIG.

@@ -54,7 +54,7 @@ def gil_stall(seconds: float) -> None:
 STALLS: dict[str, Callable[[float], None]] = {"python": python_stall, "gil": gil_stall}
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", list(STALLS))
 async def test_a_stall_of_half_the_session_timeout_costs_nothing(
     zookeeper: str, tmp_path: Path, kind: str

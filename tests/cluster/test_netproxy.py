@@ -11,7 +11,7 @@ import pytest
 
 from tests.cluster.netproxy import FaultProxy, fetcher_of, kafka_client_id
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture

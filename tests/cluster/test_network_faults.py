@@ -54,7 +54,7 @@ from tests.cluster.test_cluster_faults import (
 from tests.e2e.conftest import start_all, stop_all
 from trio_broker.protocol.records import build_batch
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = pytest.mark.timeout(300)
 
 SESSION_MS = 4000
 

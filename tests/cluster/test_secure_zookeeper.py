@@ -33,7 +33,7 @@ from trio_broker.cluster.coordination import ZooKeeperCoordination
 from trio_broker.cluster.local_zookeeper import start_local_zookeeper
 from trio_broker.security.zookeeper_login import ZooKeeperLogin, client_jaas
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 
 CONFIG = "default.replication.factor=2\nmin.insync.replicas=1\nzookeeper.session.timeout.ms=4000\n"
 

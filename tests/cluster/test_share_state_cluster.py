@@ -46,7 +46,7 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.internal_topics import partition_for
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 
 STATE_PARTITIONS = 6
 CONFIG = (

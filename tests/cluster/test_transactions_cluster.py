@@ -43,7 +43,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
 from trio_broker.services.internal_topics import TRANSACTION_STATE, partition_for
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 
 TXN_PARTITIONS = 3
 CONFIG = (

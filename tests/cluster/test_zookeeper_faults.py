@@ -59,7 +59,7 @@ from trio_broker.cluster.local_zookeeper import (
     start_local_zookeeper,
 )
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = pytest.mark.timeout(300)
 
 TOPIC_PARTITIONS = 3
 

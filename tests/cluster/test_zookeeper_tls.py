@@ -27,7 +27,7 @@ from trio_broker.cluster.coordination import ZooKeeperCoordination
 from trio_broker.cluster.local_zookeeper import LocalZooKeeper, ServerTls, start_local_zookeeper
 from trio_broker.security.zookeeper_tls import ZooKeeperTls
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 
 
 def pem_keystore(path: Path, cert: trustme.LeafCert) -> Path:

@@ -28,7 +28,7 @@ from kafka.errors import (
 if TYPE_CHECKING:
     from tests.e2e.conftest import BrokerProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 #: Seconds any one client step may take.
 STEP_TIMEOUT_S = 30.0

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.timeout(120),
+    pytest.mark.timeout(300),
     pytest.mark.parametrize(
         "shared_broker_process",
         [("pipelined", "file"), ("serial", "file")],

@@ -42,7 +42,7 @@ from trio_broker.protocol import messages as m
 if TYPE_CHECKING:
     from tests.e2e.conftest import BrokerProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 log = logging.getLogger("e2e.clients")
 

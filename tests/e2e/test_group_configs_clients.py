@@ -170,7 +170,7 @@ def test_admin_client_sets_and_describes(broker: MetricsBroker) -> None:
     assert refused.value.args[0].code() == ErrorCode.INVALID_CONFIG
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_share_consumer_reads_from_the_earliest_offset(broker: MetricsBroker) -> None:
     """Records produced before the group exists are delivered once the group's
     share.auto.offset.reset is earliest (on main: none, the partitions start at the end)."""

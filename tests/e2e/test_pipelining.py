@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.timeout(60),
+    pytest.mark.timeout(300),
     # One broker per (model, storage) for the module: the two tests use their own topics.
     pytest.mark.parametrize(
         "shared_broker_process",

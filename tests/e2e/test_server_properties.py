@@ -32,7 +32,7 @@ from tests.e2e.conftest import BROKER_EXE, BrokerProcess
 from trio_broker.protocol import messages as m
 from trio_broker.storage.broker_configs import DYNAMIC_BROKER_KEYS
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 #: Seconds any one client wait may take.
 WAIT_S = 30.0

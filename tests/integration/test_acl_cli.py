@@ -18,7 +18,7 @@ from trio_broker.config import BrokerConfig
 from trio_broker.security.acl import Operation, Permission, ResourceType
 from trio_broker.server.broker import Broker
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture

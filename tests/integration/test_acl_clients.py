@@ -47,7 +47,7 @@ from trio_broker.server.broker import Broker
 
 T = TypeVar("T")
 ME = "User:ANONYMOUS"
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)
 
 
 async def in_thread(fn: Callable[[], T]) -> T:

@@ -110,7 +110,7 @@ def inputs_of(api_key: int, request: Any) -> int | None:
     return len(request.resources)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

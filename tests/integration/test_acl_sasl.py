@@ -19,7 +19,7 @@ from trio_broker.security.acl import AclBinding, Operation, PatternType, Permiss
 from trio_broker.security.credentials import CredentialStore
 from trio_broker.server.broker import Broker
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)
 MECH = "SCRAM-SHA-256"
 PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret", "admin": "admin-secret"}
 

@@ -29,7 +29,7 @@ from trio_broker.security.acl import AclBinding, Operation, PatternType, Permiss
 from trio_broker.server.broker import Broker
 
 T = TypeVar("T")
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)
 
 
 async def in_thread(fn: Callable[[], T]) -> T:

@@ -28,7 +28,7 @@ from trio_broker.security.acl import AclBinding, Operation, PatternType, Permiss
 from trio_broker.security.acl import ResourceType as RT
 from trio_broker.server.broker import Broker
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 
 class Answer:

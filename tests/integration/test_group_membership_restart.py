@@ -85,7 +85,7 @@ def committed_total(broker: Broker) -> int:
     return sum(v.offset for v in broker.groups.committed_for_group(GROUP).values())
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(300)
 async def test_members_keep_their_generation_across_a_restart(tmp_path: Path) -> None:
     config = BrokerConfig(port=free_port(), data_dir=tmp_path / "data",
                           group_initial_rebalance_delay_ms=0)  # fmt: skip

@@ -38,7 +38,7 @@ from trio_broker.services.producers import (
     latest_snapshot,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 TOPIC = "idem"
 _SIZE = struct.Struct(">i")

@@ -50,7 +50,7 @@ from tests.integration.test_idempotence_clients import (
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(300)
 
 COUNT = 1_000
 OOS = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER

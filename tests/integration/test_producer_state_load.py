@@ -30,7 +30,7 @@ from trio_broker.protocol.records import RecordBatchView, build_batch
 from trio_broker.services.producers import latest_snapshot, read_batch_headers
 from trio_broker.storage.log_protocol import Log
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 TAIL = "tail"
 #: How long the held load waits for the other answer: on the old code (the load on the

@@ -13,7 +13,7 @@ import pytest
 
 from tests.reliability.conftest import ConfiguredBroker
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 CONFIG = """\
 [quotas."client-id=bench"]

@@ -18,7 +18,7 @@ from trio_broker.security.acl import Operation, Permission
 from trio_broker.security.acl import ResourceType as RT
 from trio_broker.server.broker import Broker
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)
 SF = m.ShareFetchRequest
 SA = m.ShareAcknowledgeRequest
 

@@ -19,7 +19,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
 from trio_broker.server.broker import Broker
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)
 SF = m.ShareFetchRequest
 LOCK_MS = 500
 MAX_WAIT_MS = 20_000

@@ -21,7 +21,7 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 TOPIC, GROUP, MEMBER = "work", "sharers", "m1"
 HB, SF, SA = m.ShareGroupHeartbeatRequest, m.ShareFetchRequest, m.ShareAcknowledgeRequest

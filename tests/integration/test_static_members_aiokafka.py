@@ -106,7 +106,7 @@ def run_static_members(bootstrap: str) -> None:
     asyncio.run(main())
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 async def test_static_members_see_consistent_assignments(broker: Broker, bootstrap: str) -> None:
     broker.topics.create(TOPIC, 2)
     await in_thread(lambda: run_static_members(bootstrap))

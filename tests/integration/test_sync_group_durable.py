@@ -161,7 +161,7 @@ async def sync_both_while_held(
     return synced_a, synced_b
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 async def test_a_late_follower_is_answered_with_the_leader_once_durable(
     broker: Broker, nursery: trio.Nursery
 ) -> None:
@@ -184,7 +184,7 @@ async def test_a_late_follower_is_answered_with_the_leader_once_durable(
     }  # fmt: skip
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 async def test_a_failed_write_answers_leader_and_follower_and_rebalances(
     broker: Broker, nursery: trio.Nursery
 ) -> None:
@@ -204,7 +204,7 @@ async def test_a_failed_write_answers_leader_and_follower_and_rebalances(
     assert stored is not None and stored.generation_id == 1
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 async def test_an_offset_commit_whose_write_fails_is_answered_not_coordinator(
     broker: Broker, nursery: trio.Nursery
 ) -> None:

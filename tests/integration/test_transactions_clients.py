@@ -38,7 +38,7 @@ from trio_broker.protocol.records import iter_batches, read_control_marker
 from trio_broker.server.broker import Broker
 from trio_broker.transactions.state import TxnState
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 TOPICS = ("txa", "txb")
 PARTITIONS = [(topic, partition) for topic in TOPICS for partition in (0, 1)]

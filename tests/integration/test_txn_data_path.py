@@ -33,7 +33,7 @@ from trio_broker.protocol.records import build_batch, build_control_batch
 from trio_broker.server.broker import Broker
 from trio_broker.services.txn_markers import MarkerRejected, append_txn_marker
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 TOPIC = "txn"
 PRODUCE_V = 9

@@ -42,7 +42,7 @@ T = TypeVar("T")
 TOPIC = "payments"
 PARTITIONS = 2
 TXN_ID = "payments-app-1"
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(300)
 
 Commit = m.TxnOffsetCommitRequest
 CommitTopic = Commit.TxnOffsetCommitRequestTopic

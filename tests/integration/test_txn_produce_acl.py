@@ -17,7 +17,7 @@ from trio_broker.security.acl import AclBinding, Operation, PatternType, Permiss
 from trio_broker.security.acl import ResourceType as RT
 from trio_broker.server.broker import Broker
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)
 ME = "User:ANONYMOUS"
 
 

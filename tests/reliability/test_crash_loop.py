@@ -16,7 +16,7 @@ import pytest
 
 from bench.crash_loop import run_crash_loop
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_crash_loop(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from tests.reliability.conftest import ConfiguredBroker
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 TMPFS_SIZE = "8m"
 VALUE = bytes(range(256)) * 256  # 64 KiB per record, one record per batch

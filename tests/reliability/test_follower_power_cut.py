@@ -38,7 +38,7 @@ from trio_broker.protocol import batch_header
 from trio_broker.storage.epoch_cache import LeaderEpochCache, batch_leader_epoch
 from trio_broker.storage.log import PartitionLog
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 CUTS = int(os.environ.get("FOLLOWER_CUTS", "12"))

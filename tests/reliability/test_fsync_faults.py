@@ -31,7 +31,7 @@ from trio_broker.protocol.records import build_batch, iter_batches
 from trio_broker.server.broker import Broker
 from trio_broker.server.flusher import flush_log
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 
 def produce_body(topic: str, value: bytes, timeout_ms: int = 10_000) -> Any:

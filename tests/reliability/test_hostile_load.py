@@ -25,7 +25,7 @@ import pytest
 from tests.reliability.conftest import BrokerFactory, many_sockets, open_fds
 from trio_broker.protocol import messages as m
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 _SIZE = struct.Struct(">i")
 

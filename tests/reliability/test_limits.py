@@ -26,7 +26,7 @@ from tests.reliability.conftest import (
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 #: /metrics on a free port: the tests wait for what it shows, not for a fixed time.
 METRICS = {"metrics.listener": "127.0.0.1:0"}

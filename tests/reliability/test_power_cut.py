@@ -25,7 +25,7 @@ import pytest
 from bench.power_cut import NOFSYNC_LAUNCHER, PowerCutResult, run_power_cut
 from tests.faultfs import fuse_available
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(170)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 #: One cut in two drops every un-synced byte; the others tear or garble it.
 CI_MODES = ("drop", "tear", "drop", "garble")

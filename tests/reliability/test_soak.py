@@ -12,7 +12,7 @@ import pytest
 
 from bench.soak import run_soak
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_short_soak(tmp_path: Path) -> None:

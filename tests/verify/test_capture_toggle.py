@@ -21,7 +21,7 @@ pytest.importorskip("pyarrow", reason="the verify extra (pyarrow) is not install
 from tests.verify.helpers import CapturingBroker, read_capture
 from trio_broker.cli import main
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 TOPIC = "toggle"
 PER_PHASE = 3
