@@ -72,6 +72,9 @@ VIEWS: dict[str, str] = {
     # (a producer ends a transaction only once its produce requests are answered). One
     # window over the producer's acks and ends, so long-lived producers cost no join
     # between every ack and every end. end_ts and committed are NULL while it is open.
+    # The window runs backwards in time (the ends at or after an ack are the rows up to
+    # it): Spark computes a frame reaching UNBOUNDED FOLLOWING again for every row, which
+    # was quadratic in a producer's batches.
     "txn_batches": """
         WITH ev AS (
           SELECT cap, run, topic, partition, base_offset, producer_id, producer_epoch,
@@ -88,8 +91,8 @@ VIEWS: dict[str, str] = {
         ),
         nx AS (
           SELECT *, min(e) OVER (PARTITION BY cap, run, producer_id, producer_epoch
-                                 ORDER BY t, ord
-                                 ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS nxt
+                                 ORDER BY t DESC, ord DESC
+                                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS nxt
           FROM ev
         )
         SELECT DISTINCT cap, run, topic, partition, base_offset, producer_id, producer_epoch,
@@ -650,12 +653,18 @@ CHECKS: dict[str, tuple[str, str]] = {
             ON p.cap = r.cap AND p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
           WHERE p.kind = {fetch_part} AND p.error = 0 AND p.last_offset >= 0
         ),
+        -- Per partition and run, in time order: requests (ord 0), responses (ord 1), and
+        -- the ends of the transactional batches whose EndTxn is in the capture (ord -1: a
+        -- transaction ended at a response's time was not open then).
         events AS (
-          SELECT cap, run, topic, partition, resp_ts AS t, 1 AS ord, lso, NULL AS conn,
-                 NULL AS corr, NULL AS own_lso FROM parts
+          SELECT cap, run, topic, partition, resp_ts AS t, 1 AS ord, lso, conn, corr,
+                 NULL AS own_lso, CAST(NULL AS BIGINT) AS open_offset FROM parts
           UNION ALL
           SELECT cap, run, topic, partition, req_ts AS t, 0 AS ord, NULL AS lso, conn, corr,
-                 lso AS own_lso FROM parts
+                 lso AS own_lso, NULL FROM parts
+          UNION ALL
+          SELECT cap, run, topic, partition, end_ts, -1, NULL, NULL, NULL, NULL, base_offset
+          FROM txn_batches WHERE end_ts IS NOT NULL
         ),
         seen AS (
           SELECT *, max(lso) OVER (PARTITION BY cap, run, topic, partition ORDER BY t, ord
@@ -663,14 +672,75 @@ CHECKS: dict[str, tuple[str, str]] = {
                     AS max_before
           FROM events
         ),
+        -- At a response: the lowest batch of a transaction that ends after it. Backwards in
+        -- time (a frame to UNBOUNDED FOLLOWING is recomputed for every row by Spark).
+        ending AS (
+          SELECT cap, run, conn, corr, topic, partition, lso, ord,
+                 min(open_offset) OVER (PARTITION BY cap, run, topic, partition
+                                        ORDER BY t DESC, ord DESC
+                                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+                    AS open_after
+          FROM events WHERE ord <> 0
+        ),
         markers AS (
           SELECT DISTINCT cap, tname AS topic, partition, producer_id, offset AS marker_offset
           FROM named WHERE kind = {fetch_batch} AND (attributes & 32) <> 0
         ),
+        -- Transactional batches with no EndTxn in the capture, each with its producer's
+        -- first marker fetched above it (NULL: none). Such a batch is open to an LSO in
+        -- (base_offset, next_marker]: one the marker does not lie below.
+        unended AS (
+          SELECT * FROM (
+            SELECT cap, run, topic, partition, ord, base_offset,
+                   min(marker_offset) OVER (PARTITION BY cap, topic, partition, producer_id
+                                            ORDER BY base_offset DESC, ord DESC
+                                            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+                     AS next_marker
+            FROM (
+              SELECT cap, run, topic, partition, producer_id, base_offset, 1 AS ord,
+                     CAST(NULL AS BIGINT) AS marker_offset
+              FROM txn_batches WHERE end_ts IS NULL
+              UNION ALL
+              SELECT cap, NULL, topic, partition, producer_id, marker_offset, 0,
+                     marker_offset
+              FROM markers
+            )
+          ) WHERE ord = 1
+        ),
+        -- Over the offsets of a partition and run: each response's LSO (ord 0), and the
+        -- intervals of LSOs an unended batch is open to (+1 after its offset, -1 after its
+        -- next marker); a response whose LSO lies in one (open > 0) passed that batch.
+        stabbed AS (
+          SELECT *, sum(step) OVER (PARTITION BY cap, run, topic, partition ORDER BY key, ord
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS open
+          FROM (
+            SELECT cap, run, topic, partition, lso AS key, 0 AS ord, 0 AS step, conn, corr
+            FROM parts
+            UNION ALL
+            SELECT cap, run, topic, partition, base_offset, 1, 1, NULL, NULL FROM unended
+            UNION ALL
+            SELECT cap, run, topic, partition, next_marker, 2, -1, NULL, NULL FROM unended
+            WHERE next_marker IS NOT NULL
+          )
+        ),
+        -- The responses that passed a batch of an open transaction (exactly those that the
+        -- last part below reports): joining only these with the transactional batches
+        -- keeps that join from growing as fetches x transactional batches.
+        suspects AS (
+          SELECT cap, run, conn, corr, topic, partition FROM ending
+          WHERE ord = 1 AND open_after < lso
+          UNION
+          SELECT cap, run, conn, corr, topic, partition FROM stabbed
+          WHERE ord = 0 AND open > 0
+        ),
         passed AS (
           SELECT p.cap, p.run, p.conn, p.corr, p.topic, p.partition, p.lso, t.base_offset,
                  t.producer_id, t.transactional_id, t.end_ts, p.resp_ts
-          FROM parts p JOIN txn_batches t
+          FROM parts p
+          LEFT SEMI JOIN suspects s
+            ON s.cap = p.cap AND s.run = p.run AND s.conn = p.conn AND s.corr = p.corr
+           AND s.topic = p.topic AND s.partition = p.partition
+          JOIN txn_batches t
             ON t.cap = p.cap AND t.run = p.run AND t.topic = p.topic
            AND t.partition = p.partition AND t.base_offset < p.lso
            AND (t.end_ts IS NULL OR t.end_ts > p.resp_ts)
