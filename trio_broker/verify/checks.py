@@ -548,23 +548,40 @@ CHECKS: dict[str, tuple[str, str]] = {
         ),
         s AS (SELECT * FROM w WHERE ord = 0 AND since IS NOT NULL),
         -- Its offset was committed (whatever the outcome) after the last accepted commit
-        -- was sent: it may be the current one.
+        -- was sent: it may be the current one. Per offset, backwards in time, the first
+        -- commit of it sent at or after ``since`` (a consumer commits the same offset
+        -- every few seconds while idle: a join of fetches with those commits, with the
+        -- time range as its condition, grew as their product).
         fresh AS (
-          SELECT DISTINCT s.cap, s.run, s.conn, s.corr, s.group_id, s.topic, s.partition
-          FROM s JOIN c
-            ON c.cap = s.cap AND c.group_id = s.group_id AND c.topic = s.topic
-           AND c.partition = s.partition AND c.offset = s.offset
-           AND c.req_ts >= s.since AND c.req_ts <= s.resp_ts
+          SELECT DISTINCT cap, run, conn, corr, group_id, topic, partition FROM (
+            SELECT *, min(CASE WHEN ord = 1 THEN t END) OVER (
+                        PARTITION BY cap, group_id, topic, partition, offset
+                        ORDER BY t DESC, ord DESC
+                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS next_commit
+            FROM (
+              SELECT cap, group_id, topic, partition, offset, since AS t, 0 AS ord, run,
+                     conn, corr, resp_ts
+              FROM s
+              UNION ALL
+              SELECT cap, group_id, topic, partition, offset, req_ts, 1, NULL, NULL, NULL,
+                     NULL
+              FROM c
+            )
+            WHERE group_id IS NOT NULL AND topic IS NOT NULL AND partition IS NOT NULL
+              AND offset IS NOT NULL
+          ) WHERE ord = 0 AND next_commit <= resp_ts
         ),
         -- Its offset is one an accepted commit had replaced. An offset no captured commit
         -- has is not judged: a broker killed with -9 takes the last moments of its
         -- capture with it, and the commits it accepted then are unknown here.
         replaced AS (
           SELECT DISTINCT s.cap, s.run, s.conn, s.corr, s.group_id, s.topic, s.partition
-          FROM s JOIN c
-            ON c.cap = s.cap AND c.group_id = s.group_id AND c.topic = s.topic
-           AND c.partition = s.partition AND c.offset = s.offset AND c.ack_error = 0
-           AND c.ack_ts < s.since
+          FROM s JOIN (
+            SELECT cap, group_id, topic, partition, offset, min(ack_ts) AS first_ack
+            FROM c WHERE ack_error = 0 GROUP BY cap, group_id, topic, partition, offset
+          ) a
+            ON a.cap = s.cap AND a.group_id = s.group_id AND a.topic = s.topic
+           AND a.partition = s.partition AND a.offset = s.offset AND a.first_ack < s.since
         )
         SELECT s.cap, 'offset_fetch_stale' AS violation, s.group_id, s.topic, s.partition,
                s.offset AS fetched_offset, s.last_accepted AS last_accepted_offset,
