@@ -670,18 +670,12 @@ CHECKS: dict[str, tuple[str, str]] = {
             ON p.cap = r.cap AND p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
           WHERE p.kind = {fetch_part} AND p.error = 0 AND p.last_offset >= 0
         ),
-        -- Per partition and run, in time order: requests (ord 0), responses (ord 1), and
-        -- the ends of the transactional batches whose EndTxn is in the capture (ord -1: a
-        -- transaction ended at a response's time was not open then).
         events AS (
-          SELECT cap, run, topic, partition, resp_ts AS t, 1 AS ord, lso, conn, corr,
-                 NULL AS own_lso, CAST(NULL AS BIGINT) AS open_offset FROM parts
+          SELECT cap, run, topic, partition, resp_ts AS t, 1 AS ord, lso, NULL AS conn,
+                 NULL AS corr, NULL AS own_lso FROM parts
           UNION ALL
           SELECT cap, run, topic, partition, req_ts AS t, 0 AS ord, NULL AS lso, conn, corr,
-                 lso AS own_lso, NULL FROM parts
-          UNION ALL
-          SELECT cap, run, topic, partition, end_ts, -1, NULL, NULL, NULL, NULL, base_offset
-          FROM txn_batches WHERE end_ts IS NOT NULL
+                 lso AS own_lso FROM parts
         ),
         seen AS (
           SELECT *, max(lso) OVER (PARTITION BY cap, run, topic, partition ORDER BY t, ord
@@ -689,15 +683,30 @@ CHECKS: dict[str, tuple[str, str]] = {
                     AS max_before
           FROM events
         ),
-        -- At a response: the lowest batch of a transaction that ends after it. Backwards in
-        -- time (a frame to UNBOUNDED FOLLOWING is recomputed for every row by Spark).
+        -- The responses of partitions (and runs) with transactional batches: only they can
+        -- pass an open transaction (a capture without transactions sorts none below).
+        txn_parts AS (
+          SELECT * FROM parts p LEFT SEMI JOIN (
+            SELECT DISTINCT cap, run, topic, partition FROM txn_batches
+          ) k ON k.cap = p.cap AND k.run = p.run AND k.topic = p.topic
+             AND k.partition = p.partition
+        ),
+        -- At a response (ord 1): the lowest batch of a transaction whose EndTxn came after
+        -- it (ord -1: one ended at the response's time was not open then). Backwards in
+        -- time: Spark recomputes a frame reaching UNBOUNDED FOLLOWING for every row.
         ending AS (
-          SELECT cap, run, conn, corr, topic, partition, lso, ord,
-                 min(open_offset) OVER (PARTITION BY cap, run, topic, partition
-                                        ORDER BY t DESC, ord DESC
-                                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-                    AS open_after
-          FROM events WHERE ord <> 0
+          SELECT *, min(open_offset) OVER (PARTITION BY cap, run, topic, partition
+                                           ORDER BY t DESC, ord DESC
+                                           ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+                      AS open_after
+          FROM (
+            SELECT cap, run, conn, corr, topic, partition, lso, resp_ts AS t, 1 AS ord,
+                   CAST(NULL AS BIGINT) AS open_offset
+            FROM txn_parts
+            UNION ALL
+            SELECT cap, run, NULL, NULL, topic, partition, NULL, end_ts, -1, base_offset
+            FROM txn_batches WHERE end_ts IS NOT NULL
+          )
         ),
         markers AS (
           SELECT DISTINCT cap, tname AS topic, partition, producer_id, offset AS marker_offset
@@ -732,7 +741,7 @@ CHECKS: dict[str, tuple[str, str]] = {
                                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS open
           FROM (
             SELECT cap, run, topic, partition, lso AS key, 0 AS ord, 0 AS step, conn, corr
-            FROM parts
+            FROM txn_parts
             UNION ALL
             SELECT cap, run, topic, partition, base_offset, 1, 1, NULL, NULL FROM unended
             UNION ALL
