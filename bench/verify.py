@@ -15,6 +15,8 @@ seconds, and writes JSON.
         --conf spark.driver.memory=1g --time-limit 600
     git archive bff0773 | tar -x -C /tmp/old    # the same capture, checked by two commits
     .venv/bin/python bench/verify.py --frames 1000000 --engines spark --trees /tmp/old,.
+    .venv/bin/python bench/verify.py --frames 1000000,2000000 --engines spark \
+        --transactions --profile    # transactional producers; each check timed alone
 """
 
 from __future__ import annotations
