@@ -15,6 +15,8 @@ seconds, and writes JSON.
         --conf spark.driver.memory=1g --time-limit 600
     git archive bff0773 | tar -x -C /tmp/old    # the same capture, checked by two commits
     .venv/bin/python bench/verify.py --frames 1000000 --engines spark --trees /tmp/old,.
+    .venv/bin/python bench/verify.py --frames 1000000,2000000 --engines spark \
+        --transactions --profile    # transactional producers; each check timed alone
 """
 
 from __future__ import annotations
@@ -41,13 +43,23 @@ sys.path.insert(0, str(ROOT))
 PRODUCERS = 8
 PARTITIONS = 8
 FETCH_EVERY = 8
+#: ``--transactions``: each producer's batches are transactional, TXN_BATCHES to a
+#: transaction (then its EndTxn and the marker: FETCH_EVERY log entries), every
+#: ABORT_EVERY-th transaction aborted; the consumer reads committed.
+TXN_BATCHES = FETCH_EVERY - 1
+ABORT_EVERY = 4
+TRANSACTIONAL = 0x10
+CONTROL = 0x20
 ROWS_PER_FILE = 100_000
 #: Row groups as small as the broker tap's files (10 000 rows): Spark splits Parquet
 #: only at row groups, so this is what lets both cores read one file.
 ROWS_PER_GROUP = 10_000
 TIME_LIMIT_S = 60.0
-_I32, _I64, _U32 = struct.Struct(">i"), struct.Struct(">q"), struct.Struct(">I")
+_I16, _I32, _I64, _U32 = (struct.Struct(f) for f in (">h", ">i", ">q", ">I"))
 SENTINEL = 0x0123456789AB
+LSO_SENTINEL = 0x0123456789AC
+ABORTED_PID_SENTINEL = 0x0123456789AD
+ABORTED_FIRST_SENTINEL = 0x0123456789AE
 
 
 # ------------------------------------------------------------------ synthetic captures
@@ -56,7 +68,7 @@ SENTINEL = 0x0123456789AB
 class Templates:
     """Encoded frames with the positions of the fields to patch."""
 
-    def __init__(self) -> None:
+    def __init__(self, transactions: bool = False) -> None:
         import trio_broker.protocol.messages as m
         from trio_broker.protocol.messages import encode_request, encode_response
         from trio_broker.protocol.records import build_batch
@@ -76,7 +88,8 @@ class Templates:
                 index=partition, records=self.batch
             )
             body = m.ProduceRequest(
-                transactional_id=None, acks=-1, timeout_ms=1000,
+                transactional_id=f"tx-{partition}" if transactions else None,
+                acks=-1, timeout_ms=1000,
                 topic_data=[m.ProduceRequest.TopicProduceData(name="bench", partition_data=[part])],
             )  # fmt: skip
             frame = encode_request(0, 9, 1, "bench", body)[4:]
@@ -91,19 +104,50 @@ class Templates:
             self.ack.append((frame, frame.find(_I64.pack(SENTINEL))))
         F = m.FetchResponse
         records = self.batch * FETCH_EVERY
-        self.fetch: list[tuple[bytes, int, int]] = []
+        # Per partition: (frame, records at, HW at, LSO at or -1), and in
+        # ``fetch_aborted`` the same with one aborted transaction listed, whose producer id
+        # and first offset are at ``aborted_at`` and ``aborted_at + 8``.
+        self.fetch: list[tuple[bytes, int, int, int]] = []
+        self.fetch_aborted: list[tuple[bytes, int, int, int, int]] = []
+        Aborted = F.FetchableTopicResponse.PartitionData.AbortedTransaction
         for partition in range(PARTITIONS):
-            part = F.FetchableTopicResponse.PartitionData(
-                partition_index=partition, error_code=0, high_watermark=SENTINEL,
-                last_stable_offset=-1, log_start_offset=0, records=records,
-            )  # fmt: skip
-            body = F(throttle_time_ms=0, error_code=0, session_id=0,
-                     responses=[F.FetchableTopicResponse(topic="bench", partitions=[part])])  # fmt: skip
-            frame = _join(encode_response(1, 12, 1, body))[4:]
-            self.fetch.append((frame, frame.find(records), frame.find(_I64.pack(SENTINEL))))
+            for aborted in (False, True) if transactions else (False,):
+                part = F.FetchableTopicResponse.PartitionData(
+                    partition_index=partition, error_code=0, high_watermark=SENTINEL,
+                    last_stable_offset=LSO_SENTINEL if transactions else -1,
+                    log_start_offset=0, records=records,
+                    aborted_transactions=[Aborted(producer_id=ABORTED_PID_SENTINEL,
+                                                  first_offset=ABORTED_FIRST_SENTINEL)]
+                    if aborted else None,
+                )  # fmt: skip
+                body = F(throttle_time_ms=0, error_code=0, session_id=0,
+                         responses=[F.FetchableTopicResponse(topic="bench", partitions=[part])])  # fmt: skip
+                frame = _join(encode_response(1, 12, 1, body))[4:]
+                at = (frame.find(records), frame.find(_I64.pack(SENTINEL)),
+                      frame.find(_I64.pack(LSO_SENTINEL)))  # fmt: skip
+                if aborted:
+                    self.fetch_aborted.append(
+                        (frame, *at, frame.find(_I64.pack(ABORTED_PID_SENTINEL)))
+                    )
+                else:
+                    self.fetch.append((frame, *at))
+        # Per producer: its EndTxn request frames, aborting (index 0) and committing (1).
+        self.end_txn: list[list[bytes]] = []
+        self.end_txn_ack = b""
+        if transactions:
+            for producer in range(PRODUCERS):
+                self.end_txn.append([
+                    encode_request(26, 3, 1, "bench", m.EndTxnRequest(
+                        transactional_id=f"tx-{producer}", producer_id=1000 + producer,
+                        producer_epoch=0, committed=committed))[4:]
+                    for committed in (False, True)
+                ])  # fmt: skip
+            ack = m.EndTxnResponse(throttle_time_ms=0, error_code=0)
+            self.end_txn_ack = _join(encode_response(26, 3, 1, ack))[4:]
         R = m.FetchRequest
         body = R(
-            replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+            replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20,
+            isolation_level=1 if transactions else 0,
             topics=[R.FetchTopic(topic="bench", partitions=[R.FetchTopic.FetchPartition(
                 partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])],
         )  # fmt: skip
@@ -118,23 +162,41 @@ def _crc(producer: int, sequence: int) -> int:
     return (producer * 1_000_003 + sequence * 7919) & 0xFFFFFFFF
 
 
-def write_capture(frames: int, directory: Path) -> int:
-    """A capture of about ``frames`` rows in ``directory``; returns the rows written."""
+def write_capture_rows(directory: Path) -> int:
+    """The rows of a capture that :func:`main` wrote and kept before (``--keep``)."""
+    return int((directory / "done").read_text())
+
+
+def write_capture(frames: int, directory: Path, *, transactions: bool = False) -> int:
+    """A capture of about ``frames`` rows in ``directory``; returns the rows written.
+
+    ``transactions``: transactional producers (EndTxn after every TXN_BATCHES batches,
+    every ABORT_EVERY-th transaction aborted, its marker in the log) and a read_committed
+    consumer (last stable offsets, aborted-transaction lists), which the transaction
+    checks need to have something to join."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from trio_broker.capture.schema import _binary_column as binary_column
     from trio_broker.capture.schema import arrow_schema
 
-    t = Templates()
+    if transactions and PRODUCERS != PARTITIONS:
+        raise ValueError("--transactions needs one producer per partition")
+    t = Templates(transactions)
     schema = arrow_schema()
     written = 0
     files = 0
     clock = 1_000_000_000
     wall = time.time_ns()
     sequences = [0] * PRODUCERS
+    transactions_ended = [0] * PRODUCERS
+    txn_first = [0] * PRODUCERS  # the first offset of the producer's open transaction
+    # Per partition, the log entries not yet fetched: (producer id, sequence, CRC,
+    # attributes), in offset order.
+    unfetched: list[list[tuple[int, int, int, int]]] = [[] for _ in range(PARTITIONS)]
+    # Per partition, the aborted transaction whose entries the next fetch returns.
+    aborted: list[tuple[int, int] | None] = [None] * PARTITIONS
     next_offset = [0] * PARTITIONS
-    unfetched = [0] * PARTITIONS
     corr = [0] * (PRODUCERS + 1)
     bsize = len(t.batch)
 
@@ -166,6 +228,38 @@ def write_capture(frames: int, directory: Path) -> int:
         written += len(rows)
         rows.clear()
 
+    def fetch(partition: int) -> None:
+        consumer = PRODUCERS + 1
+        corr[PRODUCERS] += 1
+        c = corr[PRODUCERS]
+        fetch_request = bytearray(t.fetch_request)
+        _I32.pack_into(fetch_request, 4, c)
+        add(consumer, "request", 1, 12, c, bytes(fetch_request))
+        listed = aborted[partition]
+        if listed is None:
+            frame, records_at, hw_at, lso_at = t.fetch[partition]
+        else:
+            frame, records_at, hw_at, lso_at, aborted_at = t.fetch_aborted[partition]
+        response = bytearray(frame)
+        _I32.pack_into(response, 0, c)
+        _I64.pack_into(response, hw_at, next_offset[partition])
+        if lso_at >= 0:  # no transaction is open when the consumer fetches
+            _I64.pack_into(response, lso_at, next_offset[partition])
+        if listed is not None:
+            _I64.pack_into(response, aborted_at, listed[0])
+            _I64.pack_into(response, aborted_at + 8, listed[1])
+            aborted[partition] = None
+        first = next_offset[partition] - FETCH_EVERY
+        for i, (producer_id, sequence, crc, attributes) in enumerate(unfetched[partition]):
+            at = records_at + i * bsize
+            _I64.pack_into(response, at, first + i)
+            _I16.pack_into(response, at + 21, attributes)
+            _I64.pack_into(response, at + 43, producer_id)
+            _I32.pack_into(response, at + 53, sequence)
+            _U32.pack_into(response, at + 17, crc)
+        unfetched[partition].clear()
+        add(consumer, "response", 1, 12, c, bytes(response))
+
     directory.mkdir(parents=True, exist_ok=True)
     step = 0
     while written + len(rows) < frames:
@@ -175,45 +269,44 @@ def write_capture(frames: int, directory: Path) -> int:
         seq = sequences[producer]
         sequences[producer] += 1
         corr[producer] += 1
+        attributes = TRANSACTIONAL if transactions else 0
+        crc = _crc(producer, seq)
         frame, at = t.produce[partition]
         request = bytearray(frame)
         _I32.pack_into(request, 4, corr[producer])
+        _I16.pack_into(request, at + 21, attributes)
         _I64.pack_into(request, at + 43, 1000 + producer)  # producer id
         _I32.pack_into(request, at + 53, seq)  # base sequence
-        _U32.pack_into(request, at + 17, _crc(producer, seq))
+        _U32.pack_into(request, at + 17, crc)
         add(producer + 1, "request", 0, 9, corr[producer], bytes(request))
         frame, at = t.ack[partition]
         response = bytearray(frame)
         _I32.pack_into(response, 0, corr[producer])
         _I64.pack_into(response, at, next_offset[partition])
         add(producer + 1, "response", 0, 9, corr[producer], bytes(response))
+        if transactions and seq % TXN_BATCHES == 0:
+            txn_first[producer] = next_offset[partition]
+        unfetched[partition].append((1000 + producer, seq, crc, attributes))
         next_offset[partition] += 1
-        unfetched[partition] += 1
-        if unfetched[partition] == FETCH_EVERY:
-            unfetched[partition] = 0
-            consumer = PRODUCERS + 1
-            corr[PRODUCERS] += 1
-            c = corr[PRODUCERS]
-            fetch_request = bytearray(t.fetch_request)
-            _I32.pack_into(fetch_request, 4, c)
-            add(consumer, "request", 1, 12, c, bytes(fetch_request))
-            frame, records_at, hw_at = t.fetch[partition]
-            fetch = bytearray(frame)
-            _I32.pack_into(fetch, 0, c)
-            _I64.pack_into(fetch, hw_at, next_offset[partition])
-            first = next_offset[partition] - FETCH_EVERY
-            # The batches acknowledged on this partition, in order: the producers of this
-            # partition (producer % PARTITIONS == partition) took turns in step order.
-            for i in range(FETCH_EVERY):
-                at = records_at + i * bsize
-                _I64.pack_into(fetch, at, first + i)
-                offset = first + i
-                producer_of = partition + (offset % (PRODUCERS // PARTITIONS)) * PARTITIONS
-                seq_of = offset // (PRODUCERS // PARTITIONS)
-                _I64.pack_into(fetch, at + 43, 1000 + producer_of)
-                _I32.pack_into(fetch, at + 53, seq_of)
-                _U32.pack_into(fetch, at + 17, _crc(producer_of, seq_of))
-            add(consumer, "response", 1, 12, c, bytes(fetch))
+        if transactions and (seq + 1) % TXN_BATCHES == 0:
+            # The transaction ends: EndTxn, answered, then its marker in the log.
+            number = transactions_ended[producer]
+            transactions_ended[producer] += 1
+            committed = number % ABORT_EVERY != ABORT_EVERY - 1
+            corr[producer] += 1
+            end = bytearray(t.end_txn[producer][committed])
+            _I32.pack_into(end, 4, corr[producer])
+            add(producer + 1, "request", 26, 3, corr[producer], bytes(end))
+            ack = bytearray(t.end_txn_ack)
+            _I32.pack_into(ack, 0, corr[producer])
+            add(producer + 1, "response", 26, 3, corr[producer], bytes(ack))
+            if not committed:
+                aborted[partition] = (1000 + producer, txn_first[producer])
+            marker_crc = _crc(producer, 1 << 24 | number)
+            unfetched[partition].append((1000 + producer, -1, marker_crc, TRANSACTIONAL | CONTROL))
+            next_offset[partition] += 1
+        if len(unfetched[partition]) == FETCH_EVERY:
+            fetch(partition)
         if len(rows) >= ROWS_PER_FILE:
             flush()
     flush()
@@ -267,7 +360,8 @@ def pandas_baseline(directory: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------ running
 
 
-def spark_verify(directory: Path, conf: dict[str, str]) -> dict[str, Any]:
+def spark_verify(directory: Path, conf: dict[str, str], profile: bool = False) -> dict[str, Any]:
+    from trio_broker.verify import job
     from trio_broker.verify.job import read_capture_files, spark_session, verify
 
     started = time.monotonic()
@@ -275,14 +369,53 @@ def spark_verify(directory: Path, conf: dict[str, str]) -> dict[str, Any]:
     frames = read_capture_files(directory, warn=False).frames
     spark = spark_session("local[2]", conf, frames=frames)
     session_s = time.monotonic() - started
+    steps: dict[str, dict[str, float]] = {}
+    if profile:
+        _profile_steps(job, spark, frames, steps)
     try:
         report = verify(spark, directory)
     finally:
         spark.stop()
     return {"violations": sum(c["violations"] for c in report["checks"].values()),
+            "by_kind": {k: n for c in report["checks"].values() for k, n in c["by_kind"].items()},
             "seconds": report["seconds"], "session_seconds": round(session_s, 2),
             "phase_seconds": report["phase_seconds"],
-            "acknowledged_batches": report["acknowledged_batches"]}  # fmt: skip
+            "acknowledged_batches": report["acknowledged_batches"],
+            "transactional_batches": report.get("transactional_batches"),
+            **({"steps": steps} if profile else {})}  # fmt: skip
+
+
+def _profile_steps(job: Any, spark: Any, frames: int, steps: dict[str, dict[str, float]]) -> None:
+    """``--profile``: time each cached table as it is built and each check alone (wall and
+    CPU seconds of this process tree: the JVM and the Python workers), before the job runs
+    the checks query as usual (then on a warmer JVM: its phase time is lower than in a
+    run without ``--profile``)."""
+    keep, all_checks_sql = job.keep, job.all_checks_sql
+    names = iter(["facts", *(["frames"] if frames < job.LINEAGE_CUT_BELOW_FRAMES else []),
+                  *job.MATERIALIZED])  # fmt: skip
+
+    def measure(name: str, action: Any) -> Any:
+        cpu = sum(_tree_cpu(os.getpid()).values())
+        wall = time.monotonic()
+        out = action()
+        steps[name] = {
+            "wall_s": round(time.monotonic() - wall, 2),
+            "cpu_s": round(sum(_tree_cpu(os.getpid()).values()) - cpu, 2),
+        }
+        print(f"[profile] {name}: {steps[name]}", file=sys.stderr, flush=True)
+        return out
+
+    def timed_keep(frame: Any, session: Any, n: int) -> Any:
+        kept = keep(frame, session, n)
+        measure(f"view {next(names, '?')}", kept.count)
+        return kept
+
+    def timed_checks() -> str:
+        for name, (_, check) in job.CHECKS.items():
+            measure(f"check {name}", spark.sql(job.sql(check)).count)
+        return str(all_checks_sql())
+
+    job.keep, job.all_checks_sql = timed_keep, timed_checks
 
 
 def _tree_rss(pid: int) -> int:
@@ -334,7 +467,12 @@ def _tree_cpu(pid: int) -> dict[int, float]:
 
 
 def measured(
-    mode: str, directory: Path, time_limit: float, conf: list[str], tree: Path = ROOT
+    mode: str,
+    directory: Path,
+    time_limit: float,
+    conf: list[str],
+    tree: Path = ROOT,
+    profile: bool = False,
 ) -> dict[str, Any]:
     """Run ``mode`` on ``directory`` in a subprocess (time-limited), sampling peak tree RSS
     and CPU seconds (the JVM and the Python workers: the machine may be shared, and CPU
@@ -342,6 +480,8 @@ def measured(
     ``trio_broker`` runs (another commit's, for a side-by-side run)."""
     cmd = [sys.executable, str(tree / "bench" / "verify.py"), "--run", mode, str(directory)]
     cmd += [f"--conf={c}" for c in conf]
+    if profile and mode == "spark":
+        cmd.append("--profile")
     env = dict(os.environ, PYTHONPATH=str(tree))
     # stderr to a file (Spark's progress is long): its tail explains a failed run.
     errors = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed after the run
@@ -402,6 +542,16 @@ def main() -> None:
         help="comma-separated checkouts to run side by side on each capture (e.g. an older "
         "commit's `git archive`), alternating their order per capture",
     )
+    parser.add_argument(
+        "--transactions",
+        action="store_true",
+        help="transactional producers (commits and aborts) and a read_committed consumer",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="Spark only: also time each cached view and each check alone (wall, CPU s)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", type=Path, help="write the captures here and keep them")
     parser.add_argument("--run", nargs=2, metavar=("MODE", "DIR"), help=argparse.SUPPRESS)
@@ -410,7 +560,7 @@ def main() -> None:
         mode, directory = args.run
         if mode == "spark":
             conf = dict(c.split("=", 1) for c in args.conf)
-            print(json.dumps(spark_verify(Path(directory), conf)))
+            print(json.dumps(spark_verify(Path(directory), conf, "--profile" in sys.argv)))
         else:
             print(json.dumps(pandas_baseline(Path(directory))))
         return
@@ -420,13 +570,17 @@ def main() -> None:
           f"{'CPU s':>7} {'peak MiB':>9} {'violations':>10}  phases s")  # fmt: skip
     for n, frames in enumerate(int(x) for x in args.frames.split(",")):
         base = args.keep or Path(tempfile.mkdtemp(prefix="bench-verify-", dir=ROOT / "bench"))
-        directory = base / f"capture-{frames}"
+        directory = base / f"capture-{frames}{'-txn' if args.transactions else ''}"
         started = time.monotonic()
-        rows = write_capture(frames, directory)
+        if (directory / "done").exists():  # a capture kept by --keep before
+            rows = write_capture_rows(directory)
+        else:
+            rows = write_capture(frames, directory, transactions=args.transactions)
+            (directory / "done").write_text(f"{rows}\n")
         generate_s = time.monotonic() - started
         runs = [(mode, tree) for mode in args.engines.split(",") for tree in trees]
         for mode, tree in runs if n % 2 == 0 else runs[::-1]:
-            r = measured(mode, directory, args.time_limit, args.conf, tree)
+            r = measured(mode, directory, args.time_limit, args.conf, tree, args.profile)
             r.update(engine=mode, frames=rows, generate_seconds=round(generate_s, 1))
             if len(trees) > 1:
                 print(f"# {tree}", flush=True)
@@ -439,6 +593,10 @@ def main() -> None:
             print(f"{rows:>9} {mode:<7} {r.get('seconds', float('nan')):>8.1f} {rate} "
                   f"{r['wall_seconds']:>7.1f} {r['cpu_seconds']:>7.1f} {r['peak_rss_mib']:>9} "
                   f"{r.get('violations', '-'):>10}  {phases}", flush=True)  # fmt: skip
+            if r.get("violations"):
+                print(f"  violations: {r['by_kind']}", flush=True)
+            for step, spent in r.get("steps", {}).items():
+                print(f"  {step:<40} wall {spent['wall_s']:>7.1f}  CPU {spent['cpu_s']:>7.1f}")
         if args.keep is None:
             shutil.rmtree(base, ignore_errors=True)
     if args.json:

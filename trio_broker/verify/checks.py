@@ -72,6 +72,9 @@ VIEWS: dict[str, str] = {
     # (a producer ends a transaction only once its produce requests are answered). One
     # window over the producer's acks and ends, so long-lived producers cost no join
     # between every ack and every end. end_ts and committed are NULL while it is open.
+    # The window runs backwards in time (the ends at or after an ack are the rows up to
+    # it): Spark computes a frame reaching UNBOUNDED FOLLOWING again for every row, which
+    # was quadratic in a producer's batches.
     "txn_batches": """
         WITH ev AS (
           SELECT cap, run, topic, partition, base_offset, producer_id, producer_epoch,
@@ -88,8 +91,8 @@ VIEWS: dict[str, str] = {
         ),
         nx AS (
           SELECT *, min(e) OVER (PARTITION BY cap, run, producer_id, producer_epoch
-                                 ORDER BY t, ord
-                                 ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS nxt
+                                 ORDER BY t DESC, ord DESC
+                                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS nxt
           FROM ev
         )
         SELECT DISTINCT cap, run, topic, partition, base_offset, producer_id, producer_epoch,
@@ -545,23 +548,40 @@ CHECKS: dict[str, tuple[str, str]] = {
         ),
         s AS (SELECT * FROM w WHERE ord = 0 AND since IS NOT NULL),
         -- Its offset was committed (whatever the outcome) after the last accepted commit
-        -- was sent: it may be the current one.
+        -- was sent: it may be the current one. Per offset, backwards in time, the first
+        -- commit of it sent at or after ``since`` (a consumer commits the same offset
+        -- every few seconds while idle: a join of fetches with those commits, with the
+        -- time range as its condition, grew as their product).
         fresh AS (
-          SELECT DISTINCT s.cap, s.run, s.conn, s.corr, s.group_id, s.topic, s.partition
-          FROM s JOIN c
-            ON c.cap = s.cap AND c.group_id = s.group_id AND c.topic = s.topic
-           AND c.partition = s.partition AND c.offset = s.offset
-           AND c.req_ts >= s.since AND c.req_ts <= s.resp_ts
+          SELECT DISTINCT cap, run, conn, corr, group_id, topic, partition FROM (
+            SELECT *, min(CASE WHEN ord = 1 THEN t END) OVER (
+                        PARTITION BY cap, group_id, topic, partition, offset
+                        ORDER BY t DESC, ord DESC
+                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS next_commit
+            FROM (
+              SELECT cap, group_id, topic, partition, offset, since AS t, 0 AS ord, run,
+                     conn, corr, resp_ts
+              FROM s
+              UNION ALL
+              SELECT cap, group_id, topic, partition, offset, req_ts, 1, NULL, NULL, NULL,
+                     NULL
+              FROM c
+            )
+            WHERE group_id IS NOT NULL AND topic IS NOT NULL AND partition IS NOT NULL
+              AND offset IS NOT NULL
+          ) WHERE ord = 0 AND next_commit <= resp_ts
         ),
         -- Its offset is one an accepted commit had replaced. An offset no captured commit
         -- has is not judged: a broker killed with -9 takes the last moments of its
         -- capture with it, and the commits it accepted then are unknown here.
         replaced AS (
           SELECT DISTINCT s.cap, s.run, s.conn, s.corr, s.group_id, s.topic, s.partition
-          FROM s JOIN c
-            ON c.cap = s.cap AND c.group_id = s.group_id AND c.topic = s.topic
-           AND c.partition = s.partition AND c.offset = s.offset AND c.ack_error = 0
-           AND c.ack_ts < s.since
+          FROM s JOIN (
+            SELECT cap, group_id, topic, partition, offset, min(ack_ts) AS first_ack
+            FROM c WHERE ack_error = 0 GROUP BY cap, group_id, topic, partition, offset
+          ) a
+            ON a.cap = s.cap AND a.group_id = s.group_id AND a.topic = s.topic
+           AND a.partition = s.partition AND a.offset = s.offset AND a.first_ack < s.since
         )
         SELECT s.cap, 'offset_fetch_stale' AS violation, s.group_id, s.topic, s.partition,
                s.offset AS fetched_offset, s.last_accepted AS last_accepted_offset,
@@ -663,14 +683,90 @@ CHECKS: dict[str, tuple[str, str]] = {
                     AS max_before
           FROM events
         ),
+        -- The responses of partitions (and runs) with transactional batches: only they can
+        -- pass an open transaction (a capture without transactions sorts none below).
+        txn_parts AS (
+          SELECT * FROM parts p LEFT SEMI JOIN (
+            SELECT DISTINCT cap, run, topic, partition FROM txn_batches
+          ) k ON k.cap = p.cap AND k.run = p.run AND k.topic = p.topic
+             AND k.partition = p.partition
+        ),
+        -- At a response (ord 1): the lowest batch of a transaction whose EndTxn came after
+        -- it (ord -1: one ended at the response's time was not open then). Backwards in
+        -- time: Spark recomputes a frame reaching UNBOUNDED FOLLOWING for every row.
+        ending AS (
+          SELECT *, min(open_offset) OVER (PARTITION BY cap, run, topic, partition
+                                           ORDER BY t DESC, ord DESC
+                                           ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+                      AS open_after
+          FROM (
+            SELECT cap, run, conn, corr, topic, partition, lso, resp_ts AS t, 1 AS ord,
+                   CAST(NULL AS BIGINT) AS open_offset
+            FROM txn_parts
+            UNION ALL
+            SELECT cap, run, NULL, NULL, topic, partition, NULL, end_ts, -1, base_offset
+            FROM txn_batches WHERE end_ts IS NOT NULL
+          )
+        ),
         markers AS (
           SELECT DISTINCT cap, tname AS topic, partition, producer_id, offset AS marker_offset
           FROM named WHERE kind = {fetch_batch} AND (attributes & 32) <> 0
         ),
+        -- Transactional batches with no EndTxn in the capture, each with its producer's
+        -- first marker fetched above it (NULL: none). Such a batch is open to an LSO in
+        -- (base_offset, next_marker]: one the marker does not lie below.
+        unended AS (
+          SELECT * FROM (
+            SELECT cap, run, topic, partition, ord, base_offset,
+                   min(marker_offset) OVER (PARTITION BY cap, topic, partition, producer_id
+                                            ORDER BY base_offset DESC, ord DESC
+                                            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+                     AS next_marker
+            FROM (
+              SELECT cap, run, topic, partition, producer_id, base_offset, 1 AS ord,
+                     CAST(NULL AS BIGINT) AS marker_offset
+              FROM txn_batches WHERE end_ts IS NULL
+              UNION ALL
+              SELECT cap, NULL, topic, partition, producer_id, marker_offset, 0,
+                     marker_offset
+              FROM markers
+            )
+          ) WHERE ord = 1
+        ),
+        -- Over the offsets of a partition and run: each response's LSO (ord 0), and the
+        -- intervals of LSOs an unended batch is open to (+1 after its offset, -1 after its
+        -- next marker); a response whose LSO lies in one (open > 0) passed that batch.
+        stabbed AS (
+          SELECT *, sum(step) OVER (PARTITION BY cap, run, topic, partition ORDER BY key, ord
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS open
+          FROM (
+            SELECT cap, run, topic, partition, lso AS key, 0 AS ord, 0 AS step, conn, corr
+            FROM txn_parts
+            UNION ALL
+            SELECT cap, run, topic, partition, base_offset, 1, 1, NULL, NULL FROM unended
+            UNION ALL
+            SELECT cap, run, topic, partition, next_marker, 2, -1, NULL, NULL FROM unended
+            WHERE next_marker IS NOT NULL
+          )
+        ),
+        -- The responses that passed a batch of an open transaction (exactly those that the
+        -- last part below reports): joining only these with the transactional batches
+        -- keeps that join from growing as fetches x transactional batches.
+        suspects AS (
+          SELECT cap, run, conn, corr, topic, partition FROM ending
+          WHERE ord = 1 AND open_after < lso
+          UNION
+          SELECT cap, run, conn, corr, topic, partition FROM stabbed
+          WHERE ord = 0 AND open > 0
+        ),
         passed AS (
           SELECT p.cap, p.run, p.conn, p.corr, p.topic, p.partition, p.lso, t.base_offset,
                  t.producer_id, t.transactional_id, t.end_ts, p.resp_ts
-          FROM parts p JOIN txn_batches t
+          FROM parts p
+          LEFT SEMI JOIN suspects s
+            ON s.cap = p.cap AND s.run = p.run AND s.conn = p.conn AND s.corr = p.corr
+           AND s.topic = p.topic AND s.partition = p.partition
+          JOIN txn_batches t
             ON t.cap = p.cap AND t.run = p.run AND t.topic = p.topic
            AND t.partition = p.partition AND t.base_offset < p.lso
            AND (t.end_ts IS NULL OR t.end_ts > p.resp_ts)
