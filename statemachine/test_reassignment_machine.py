@@ -40,8 +40,9 @@ import attrs
 import trio
 from hypothesis import event, note, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from trio_broker.cluster.controller import decide
 from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
 from trio_broker.cluster.isr_store import store_isr
 from trio_broker.cluster.zk_layout import PartitionState, partition_state_path
@@ -49,14 +50,13 @@ from trio_broker.replication.controller_rules import (
     NO_LEADER,
     LeaderAndIsr,
     Reassignment,
-    after_broker_loss,
-    after_broker_return,
     leave_replicas,
     reassign,
     reassignment_done,
 )
 from trio_broker.replication.leader import IsrProposal, LeaderPartition
 from trio_broker.replication.replica_rules import leaving_replica, record_follower_fetch
+from trio_broker.services.cluster_view import PartitionInfo
 
 BROKERS = (1, 2, 3, 4, 5)
 TOPIC = "moving"
@@ -177,7 +177,7 @@ class ReassignmentMachine(RuleBasedStateMachine):
         self.brokers[broker].alive = False
         if broker not in self.moving.replicas:
             return
-        new = after_broker_loss(self.state, self.moving.replicas, broker, self._live())
+        new = self._controller_decides()
         if new is not None:
             self._store(new)
         elif self.state.leader == broker:
@@ -190,9 +190,44 @@ class ReassignmentMachine(RuleBasedStateMachine):
         self.brokers[broker].alive = True
         if broker not in self.moving.replicas:
             return
-        new = after_broker_return(self.state, self.moving.replicas, broker, self._live())
+        new = self._controller_decides()
         if new is not None:
             self._store(new)
+
+    @precondition(lambda self: self.state.leader == NO_LEADER)
+    @rule()
+    def offline_partitions_isr_member_returns(self) -> None:
+        """A leaderless partition's ISR member comes back (the random returns seldom
+        pick it): the controller's pass makes it leader."""
+        dead = [b for b in self.state.isr if not self.brokers[b].alive]
+        if dead:
+            self.broker_returns(dead[0])
+
+    def _controller_decides(self) -> LeaderAndIsr | None:
+        """The controller's pass over the partition after the broker list changed:
+        ``cluster/controller.py``'s ``decide`` (the lost brokers through
+        ``after_broker_loss``, then a leaderless partition's returning ISR member
+        through ``after_broker_return``), as its reconcile loop calls it."""
+        state, moving = self.state, self.moving
+        info = PartitionInfo(
+            moving.replicas, state.leader, state.leader_epoch, state.isr,
+            moving.adding, moving.removing,
+        )  # fmt: skip
+        return decide(info, self._live())
+
+    @rule(replicas=TARGETS)
+    def controller_creates_a_partition(self, replicas: list[int]) -> None:
+        """A partition created while some brokers are down (``decide`` on a partition
+        with no state yet): Kafka's controller starts it with its live replicas as the
+        ISR, the first of them leading, at epoch 0; with none alive it has no leader."""
+        live = self._live()
+        new = decide(PartitionInfo(tuple(replicas), NO_LEADER, -1, ()), live)
+        alive = tuple(r for r in replicas if r in live)
+        assert new is not None and new.leader_epoch == 0
+        if alive:
+            assert new == LeaderAndIsr(alive[0], 0, alive), (replicas, sorted(live), new)
+        else:
+            assert new.leader == NO_LEADER, (replicas, new)
 
     # -- the leader and its followers -------------------------------------------------
 
@@ -390,6 +425,14 @@ class ReassignmentMachine(RuleBasedStateMachine):
         self.administrator_moves(None)
 
     # -- invariants -----------------------------------------------------------------
+
+    @invariant()
+    def a_live_isr_member_means_a_leader(self) -> None:
+        """The controller's pass elects a leaderless partition's ISR member once one is
+        alive (Kafka's OfflinePartition -> OnlinePartition)."""
+        if self.state.leader == NO_LEADER:
+            alive = [b for b in self.state.isr if self.brokers[b].alive]
+            assert not alive, f"no leader with ISR members {alive} alive"
 
     @invariant()
     def isr_within_replicas_and_leader_within_isr(self) -> None:
