@@ -88,6 +88,8 @@ RESPONSE_ORDER_MACHINE = "statemachine/test_response_order_machine.py"
 PRODUCER_ID_MACHINE = "statemachine/test_producer_id_machine.py"
 #: The broker's memory budget (server/memory_budget.py) against a plain model.
 MEMORY_BUDGET_MACHINE = "statemachine/test_memory_budget_machine.py"
+#: The share coordinator's fencing (groups/share_coordinator.py) against a dict.
+SHARE_COORDINATOR_MACHINE = "statemachine/test_share_coordinator_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
 
@@ -1627,7 +1629,7 @@ ELEVENTH = (
         "if current.leader != broker_id:",
         "a leader stores its ISR change though the controller moved the partition to a "
         "new epoch meanwhile (still naming it leader): it overwrites the controller's ISR",
-        (REPLICATION_MACHINE, SIMULATOR),
+        (REASSIGNMENT_MACHINE, REPLICATION_MACHINE, SIMULATOR),
         ("tests/unit/cluster tests/integration/test_partition_guard_answers.py",),
     ),
     Bug(
@@ -1649,7 +1651,7 @@ ELEVENTH = (
         "            return ReadResult(ErrorCode.FENCED_LEADER_EPOCH)\n",
         "a share partition's new leader reading its state does not fence the old leader: a "
         "write from the older epoch is still stored (KIP-932's read initializes the fence)",
-        (SHARE_PARTITION_MACHINE, SHARE_GROUP_MACHINE),
+        (SHARE_COORDINATOR_MACHINE, SHARE_PARTITION_MACHINE, SHARE_GROUP_MACHINE),
         (
             "tests/unit/groups/test_share_coordinator.py tests/unit/handlers/test_share_state_leader.py",
         ),
@@ -1707,6 +1709,12 @@ def run_check(tree: Path, check: str, timeout_s: float) -> tuple[bool, float]:
         failed = run.returncode not in (0, 5)
         if run.returncode not in (0, 1, 5):
             print(run.stdout.decode()[-2000:], run.stderr.decode()[-2000:], file=sys.stderr)
+        elif failed:
+            # What failed, so a catch can be told from a check failing for another
+            # reason (the eleventh round met three such, on the loaded machine).
+            summary = [line for line in run.stdout.decode().splitlines()
+                       if line.startswith(("FAILED", "ERROR", "E   ", "seed "))]  # fmt: skip
+            print(f"  [{check}] " + "\n  ".join(summary[-12:]), file=sys.stderr)
     except subprocess.TimeoutExpired:
         failed = True  # a hang is caught too (the check never ends green)
     return failed, time.monotonic() - started
