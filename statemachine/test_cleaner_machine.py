@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 import attrs
-from hypothesis import note, settings
+from hypothesis import event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -46,6 +46,11 @@ T0 = 1_700_000_000_000
 #: rules, not the disk (the storage machine checks durability).
 SCRATCH = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 DELETE_RETENTION_MS = 1000
+#: The steps of a pass's swap (storage/swap.py), each a point where the broker may die.
+CLEANER_STEPS = (
+    "cleaned-written", "checkpoint-written", "swap-committed", "old-deleted",
+    "swap-renamed", "indexes-written",
+)  # fmt: skip
 KEYS = (b"a", b"b", b"c")
 #: -1: a plain write; otherwise an idempotent producer (epoch 0).
 PRODUCERS = (-1, -1, 7, 8)
@@ -241,11 +246,57 @@ class CleanerMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ the guarantees
 
-    def _read_back(self) -> list[tuple[int, bytes | None, bytes | None]]:
+    @rule(at=st.sampled_from(CLEANER_STEPS))
+    def broker_dies_mid_pass(self, at: str) -> None:
+        """The broker dies during a pass, just after one of the swap's steps
+        (storage/swap.py), and restarts: recovery drops a half-written copy or finishes
+        a committed swap. Then every read from an offset, which finds its place through
+        the reopened segments' indexes, returns what a read of the whole log does from
+        there."""
+        assert self.log is not None
+        due = self.horizon is not None and self.now_ms >= self.horizon
+        plan = plan_for(self.log, self.now_ms, tombstones_due=due)
+        if plan is None and self.log.active_segment().size > 0:
+            self.roll()  # rolled and flushed: the active segment's records may be cleaned
+            self.flush()
+            plan = plan_for(self.log, self.now_ms, tombstones_due=due)
+
+        class Died(Exception):
+            pass
+
+        def dies(step: str) -> None:
+            if step == at:
+                raise Died
+
+        if plan is not None:
+            try:
+                result = clean_log(self.log, self.now_ms, plan=plan, after_step=dies)
+            except Died:
+                event(f"the broker died after {at}")
+            else:
+                if result is not None:
+                    self.horizon = result.next_horizon
+        self.log.abort()  # no clean-shutdown marker
+        self.log = PartitionLog.open(self.directory, self.config, now_ms=lambda: self.now_ms)
+        whole = self._read_back()
+        for offset in sorted(self.written):
+            if offset < self.log.log_start_offset:
+                continue
+            rows = self._read_back(offset)
+            assert rows == [row for row in whole if row[0] >= rows[0][0]] if rows else True
+            assert (
+                not rows
+                or rows[0][0] <= offset
+                or not any(offset <= row[0] < rows[0][0] for row in whole)
+            ), f"a read from {offset} starts at {rows[0][0]}"
+            assert {row[0] for row in whole if row[0] >= offset} <= {row[0] for row in rows}
+
+    def _read_back(self, start: int | None = None) -> list[tuple[int, bytes | None, bytes | None]]:
         assert self.log is not None
         rows = []
         end = self.log.log_end_offset
-        for region in self.log.read(self.log.log_start_offset, 1 << 30, end):
+        first = self.log.log_start_offset if start is None else start
+        for region in self.log.read(first, 1 << 30, end):
             for batch in iter_batches(region.read_bytes()):
                 for record in batch.records():
                     rows.append((batch.offset_of(record), record.key, record.value))

@@ -37,24 +37,29 @@ until an original replica has caught up from it).
 from __future__ import annotations
 
 import attrs
+import trio
 from hypothesis import event, note, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from trio_broker.cluster.controller import decide
+from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
+from trio_broker.cluster.isr_store import store_isr
+from trio_broker.cluster.zk_layout import PartitionState, partition_state_path
 from trio_broker.replication.controller_rules import (
     NO_LEADER,
     LeaderAndIsr,
     Reassignment,
-    after_broker_loss,
-    after_broker_return,
     leave_replicas,
     reassign,
     reassignment_done,
 )
 from trio_broker.replication.leader import IsrProposal, LeaderPartition
 from trio_broker.replication.replica_rules import leaving_replica, record_follower_fetch
+from trio_broker.services.cluster_view import PartitionInfo
 
 BROKERS = (1, 2, 3, 4, 5)
+TOPIC = "moving"
 LAG_MAX_MS = 100
 
 #: A move's target: one to four brokers in some order (the first is preferred).
@@ -172,7 +177,7 @@ class ReassignmentMachine(RuleBasedStateMachine):
         self.brokers[broker].alive = False
         if broker not in self.moving.replicas:
             return
-        new = after_broker_loss(self.state, self.moving.replicas, broker, self._live())
+        new = self._controller_decides()
         if new is not None:
             self._store(new)
         elif self.state.leader == broker:
@@ -185,25 +190,121 @@ class ReassignmentMachine(RuleBasedStateMachine):
         self.brokers[broker].alive = True
         if broker not in self.moving.replicas:
             return
-        new = after_broker_return(self.state, self.moving.replicas, broker, self._live())
+        new = self._controller_decides()
         if new is not None:
             self._store(new)
 
+    @precondition(lambda self: self.state.leader == NO_LEADER)
+    @rule()
+    def offline_partitions_isr_member_returns(self) -> None:
+        """A leaderless partition's ISR member comes back (the random returns seldom
+        pick it): the controller's pass makes it leader."""
+        dead = [b for b in self.state.isr if not self.brokers[b].alive]
+        if dead:
+            self.broker_returns(dead[0])
+
+    def _controller_decides(self) -> LeaderAndIsr | None:
+        """The controller's pass over the partition after the broker list changed:
+        ``cluster/controller.py``'s ``decide`` (the lost brokers through
+        ``after_broker_loss``, then a leaderless partition's returning ISR member
+        through ``after_broker_return``), as its reconcile loop calls it."""
+        state, moving = self.state, self.moving
+        info = PartitionInfo(
+            moving.replicas, state.leader, state.leader_epoch, state.isr,
+            moving.adding, moving.removing,
+        )  # fmt: skip
+        return decide(info, self._live())
+
+    @rule(replicas=TARGETS)
+    def controller_creates_a_partition(self, replicas: list[int]) -> None:
+        """A partition created while some brokers are down (``decide`` on a partition
+        with no state yet): Kafka's controller starts it with its live replicas as the
+        ISR, the first of them leading, at epoch 0; with none alive it has no leader."""
+        live = self._live()
+        new = decide(PartitionInfo(tuple(replicas), NO_LEADER, -1, ()), live)
+        alive = tuple(r for r in replicas if r in live)
+        assert new is not None and new.leader_epoch == 0
+        if alive:
+            assert new == LeaderAndIsr(alive[0], 0, alive), (replicas, sorted(live), new)
+        else:
+            assert new.leader == NO_LEADER, (replicas, new)
+
     # -- the leader and its followers -------------------------------------------------
 
-    def _store_proposal(self, proposal: IsrProposal | None) -> None:
-        """The leader's ISR change, stored only at the epoch it was proposed in."""
-        term = self.term
+    def _store_proposal(
+        self, proposal: IsrProposal | None, term: LeaderPartition | None = None
+    ) -> None:
+        """The leader's ISR change reaches ZooKeeper through the broker's own
+        ``store_isr`` (cluster/isr_store.py), against a partition state znode holding
+        what the controller stored. It must be stored exactly when it is the current
+        leader's, proposed in the current epoch (Kafka: the write is conditional on the
+        znode's version and the leader's epoch); ``term``: a write of an older term
+        landing late."""
+        term = self.term if term is None else term
         if proposal is None or term is None:
             return
-        if proposal.leader_epoch != self.state.leader_epoch:
-            term.isr_refused()
-            return
-        self.state = LeaderAndIsr(
-            self.state.leader, self.state.leader_epoch, tuple(sorted(proposal.isr))
+        state = self.state
+        stored, isr = trio.run(self._isr_write_lands, state, term, proposal)
+        current = (
+            term is self.term
+            and state.leader == term.broker_id
+            and proposal.leader_epoch == state.leader_epoch
         )
-        term.isr_stored(proposal)
-        note(f"ISR now {self.state.isr}")
+        assert stored == current, (
+            f"ISR {sorted(proposal.isr)} of broker {term.broker_id}'s epoch "
+            f"{proposal.leader_epoch} {'stored' if stored else 'refused'} over {state}"
+        )
+        if stored:
+            self.state = LeaderAndIsr(state.leader, state.leader_epoch, isr)
+            note(f"ISR now {self.state.isr}")
+
+    @staticmethod
+    async def _isr_write_lands(
+        state: LeaderAndIsr, term: LeaderPartition, proposal: IsrProposal
+    ) -> tuple[bool, tuple[int, ...]]:
+        """(stored?, the znode's ISR after) for one ``store_isr`` call."""
+        coord = MemoryCoordination(MemoryZooKeeper())
+        path = partition_state_path(TOPIC, 0)
+        await coord.create(path, PartitionState.of(state, 1).encode())
+        before = await coord.get(path)
+        await store_isr(coord, term.broker_id, TOPIC, 0, term, proposal)
+        after = await coord.get(path)
+        assert before is not None and after is not None
+        return after.version != before.version, PartitionState.decode(after.data).isr
+
+    @rule(data=st.data())
+    def isr_write_overtaken_by_the_controller(self, data: st.DataObject) -> None:
+        """Built on purpose: the leader proposes an ISR change (a lagging follower out,
+        or a caught-up one in), and before its write reaches ZooKeeper the controller
+        stores a new epoch for the same leader (an ISR follower died). The late write
+        must be refused. The random rules store each proposal at once."""
+        term = self.term
+        if term is None:
+            return
+        followers = [b for b in self.state.isr if b != term.broker_id and self.brokers[b].alive]
+        if not followers:
+            return
+        self.now_ms += LAG_MAX_MS + 1  # every follower that has not fetched since lags
+        proposal = term.check_lagging(self.now_ms)
+        if proposal is None:
+            leader_end = self.brokers[term.broker_id].log_end
+            for broker in sorted(set(self.moving.replicas) - term.isr):
+                if self.brokers[broker].alive and broker in term.replicas:
+                    self.brokers[broker].log_end = leader_end
+                    _, proposal = record_follower_fetch(
+                        term, broker, leader_end, 0, self.now_ms, may_join=True
+                    )
+                    if proposal is not None:
+                        break
+        if proposal is None:
+            return
+        dies = data.draw(st.sampled_from(followers))
+        note(f"broker {term.broker_id} proposes ISR {sorted(proposal.isr)}; broker {dies} dies")
+        self.broker_dies(dies)
+        if self.term is term:
+            return  # the controller changed nothing
+        event("an ISR write overtaken by the controller")
+        self._store_proposal(proposal, term)
 
     @rule(records=st.integers(1, 3))
     def produce(self, records: int) -> None:
@@ -324,6 +425,14 @@ class ReassignmentMachine(RuleBasedStateMachine):
         self.administrator_moves(None)
 
     # -- invariants -----------------------------------------------------------------
+
+    @invariant()
+    def a_live_isr_member_means_a_leader(self) -> None:
+        """The controller's pass elects a leaderless partition's ISR member once one is
+        alive (Kafka's OfflinePartition -> OnlinePartition)."""
+        if self.state.leader == NO_LEADER:
+            alive = [b for b in self.state.isr if self.brokers[b].alive]
+            assert not alive, f"no leader with ISR members {alive} alive"
 
     @invariant()
     def isr_within_replicas_and_leader_within_isr(self) -> None:

@@ -9,24 +9,49 @@ it; a release or a lock that runs out makes a record available again unless its
 deliveries are spent, then it is archived; accept and reject finish it. The start offset
 is the lowest unfinished offset delivered so far. A log start moved by retention or
 DeleteRecords finishes every offset below it (``skip_to``: those records are gone).
+
+A restart goes through the real durable state (groups/share_state.py): the snapshots the
+store finds changed are encoded into a batch, appended to a log and, at the restart,
+replayed by a fresh store over the same log and restored. Acquisition locks are not
+durable (KIP-932): the restored partition must be the live one with every lock lost
+(each acquired record available again, or archived once its deliveries are spent), its
+finished records still finished and every delivery count kept. A second share
+partition's snapshots and a tombstone of a third share the log, so a replay that mixes
+keys or ignores a deletion is seen too.
 """
 
 from __future__ import annotations
 
 import itertools
+import uuid
 
 import attrs
 from hypothesis import note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from trio_broker.groups.share_state import (
+    ShareKey,
+    ShareSnapshot,
+    ShareStateStore,
+    encode_batch,
+    restore,
+)
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_partition import AckType, RecordState, SharePartition
+from trio_broker.storage.log import LogConfig
+from trio_broker.storage.memory import MemoryLog
 
 LOCK_MS = 100
 LIMIT = 3
 MAX_IN_FLIGHT = 8
 MEMBERS = ("a", "b")
+TOPIC_ID = uuid.UUID(int=7)
+KEY = ShareKey("g", TOPIC_ID, 0)
+#: Another share partition of the same topic, whose snapshots share the state log.
+NEIGHBOUR = ShareKey("g", TOPIC_ID, 1)
+#: A share partition whose group is deleted (its snapshot tombstoned) now and then.
+DELETED = ShareKey("gone", TOPIC_ID, 0)
 
 
 @attrs.define
@@ -35,6 +60,12 @@ class Offset:
     count: int = 0
     member: str | None = None
     deadline: int = 0
+
+
+def _durable_view(sp: SharePartition) -> tuple[object, ...]:
+    """What a share partition holds but its locks' deadlines."""
+    records = {o: (r.state, r.delivery_count, r.member_id) for o, r in sp.records.items()}
+    return sp.start_offset, sp.end_offset, sp.state_epoch, records
 
 
 class SharePartitionMachine(RuleBasedStateMachine):
@@ -49,6 +80,13 @@ class SharePartitionMachine(RuleBasedStateMachine):
         self.delivered_end = 0
         #: The log's start offset (retention, DeleteRecords): below it nothing is left.
         self.log_start = 0
+        #: ``__share_group_state`` and the store over it (handlers/share_persist.py's).
+        self.state_log = MemoryLog(LogConfig())
+        self.store = ShareStateStore(self.state_log)
+        #: The neighbour's state as last persisted (it never changes between writes).
+        self.neighbour = SharePartition(
+            3, lock_duration_ms=LOCK_MS, delivery_count_limit=LIMIT, max_in_flight=MAX_IN_FLIGHT
+        )
 
     # -- the model's rules
     def finished(self, o: Offset) -> bool:
@@ -159,6 +197,68 @@ class SharePartitionMachine(RuleBasedStateMachine):
             o.state, o.member = RecordState.ARCHIVED, None
         self.log_start = target
         self.delivered_end = max(self.delivered_end, target)
+
+    def _persist(self) -> None:
+        """What share_persist.append_changes writes after a request: the snapshots the
+        store finds changed, in one batch, then told to the store."""
+        entries = self.store.changes([(KEY, self.sp), (NEIGHBOUR, self.neighbour)], self.now)
+        if not entries:
+            return
+        info = self.state_log.append(encode_batch(entries, self.now), now_ms=self.now)
+        self.store.appended(entries, info.last_offset)
+
+    @rule()
+    def persist(self) -> None:
+        self._persist()
+
+    @rule(member=st.sampled_from(MEMBERS), max_records=st.integers(1, 3))
+    def neighbour_changes(self, member: str, max_records: int) -> None:
+        """The other share partition delivers and acknowledges some records, persisted."""
+        self.neighbour.acquire(member, self.neighbour.end_offset + 4, max_records, self.now)
+        first = self.neighbour.start_offset
+        self.neighbour.acknowledge(member, first, first, [int(AckType.ACCEPT)], self.now)
+        self._persist()
+
+    @rule(written=st.booleans())
+    def group_deleted(self, written: bool) -> None:
+        """Another group's share partition: written, then (maybe at once) deleted."""
+        if written:
+            entries: list[tuple[ShareKey, ShareSnapshot | None]] = [(DELETED, ShareSnapshot(5))]
+            info = self.state_log.append(encode_batch(entries, self.now), now_ms=self.now)
+            self.store.appended(entries, info.last_offset)
+        tombstones = self.store.tombstones([DELETED])
+        if tombstones:
+            info = self.state_log.append(encode_batch(tombstones, self.now), now_ms=self.now)
+            self.store.appended(tombstones, info.last_offset)
+
+    def _restore(self, key: ShareKey) -> SharePartition:
+        return restore(
+            self.store.snapshots[key],
+            lock_duration_ms=LOCK_MS,
+            delivery_count_limit=LIMIT,
+            max_in_flight=MAX_IN_FLIGHT,
+        )
+
+    @rule()
+    def restart(self) -> None:
+        """The broker persists, dies and comes back: a fresh store replays the log and
+        the share partition is restored from it, every lock lost."""
+        self._persist()
+        self.store = ShareStateStore(self.state_log)
+        self.store.load()
+        assert DELETED not in self.store.snapshots
+        # The first persist wrote both share partitions' snapshots.
+        assert set(self.store.snapshots) == {KEY, NEIGHBOUR}
+        restored_neighbour = self._restore(NEIGHBOUR)
+        self.neighbour.release_member("a")
+        self.neighbour.release_member("b")
+        assert _durable_view(restored_neighbour) == _durable_view(self.neighbour)
+        self.neighbour = restored_neighbour
+        self.sp = self._restore(KEY)
+        note("restart")
+        for o in self.log:
+            if o.state is RecordState.ACQUIRED:
+                self.give_back(o)
 
     @rule()
     def bad_acknowledgements(self) -> None:

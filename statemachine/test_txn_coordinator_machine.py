@@ -14,6 +14,15 @@ table (state, producer id, epoch, partitions), the same markers in every partiti
 and the same group outcomes; epochs only grow; a restart gives back exactly the
 table it had.
 
+The coordinator is the broker's: a ``PartitionedTransactionCoordinator`` (one
+``__transaction_state`` partition, as on a node alone) whose table is made and loaded
+by ``load_pending`` when leadership comes. Its leadership changes: a new epoch of a
+leadership held all along keeps the table, and the markers written from then on carry
+the new epoch (every marker is checked to carry the coordinator epoch of the
+leadership writing it); a leadership lost and won back answers NOT_COORDINATOR while
+another broker leads, COORDINATOR_LOAD_IN_PROGRESS while elected and not loaded (or
+about to be told), then gives back exactly the table it had.
+
 The coordinator's async methods are driven without an event loop: the transaction
 log is durable at once, and a marker's durability is awaited only by an EndTxn
 drawn as slow, whose coroutine the machine holds until ``markers_become_durable``.
@@ -43,9 +52,11 @@ from trio_broker.protocol.records import (
 from trio_broker.services.local_replication import OwnLog
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.log import LogConfig
+from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.memory import MemoryLog
-from trio_broker.transactions.coordinator import TransactionCoordinator
+from trio_broker.transactions.coordinator import MarkerSender, TransactionCoordinator
 from trio_broker.transactions.log_format import encode_key, encode_value
+from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
 from trio_broker.transactions.state import EXHAUSTED_PRODUCER_EPOCH as EXHAUSTED_EPOCH
 from trio_broker.transactions.state import TxnMetadata, TxnState
 
@@ -116,6 +127,24 @@ class Groups:
 
 #: Partitions that refuse markers for now (the machine's ``partition_refuses``).
 REFUSING: set[tuple[str, int]] = set()
+#: The leader epoch of this broker's leadership of ``__transaction_state``-0 now: every
+#: marker must carry it as its coordinator epoch (partition leaders fence by it).
+LEADER_EPOCH = [0]
+
+
+class TxnLogLeadership(OwnLog):
+    """What the tables write through and the routing asks (``Leaders``): the one log,
+    and whether this broker was just elected to lead it, its coordinator not told yet."""
+
+    def __init__(self, log: Log) -> None:
+        super().__init__(0, log)
+        self.coming = False
+
+    def partition(self, topic: str, partition: int) -> None:
+        return None
+
+    def about_to_lead(self, topic: str, partition: int) -> bool:
+        return self.coming
 
 
 def append_marker(topics: Any, producers: Any, durability: Any, appends: Any, topic: str,
@@ -125,6 +154,7 @@ def append_marker(topics: Any, producers: Any, durability: Any, appends: Any, to
     the error of a partition whose leader moved."""
     if (topic, partition) in REFUSING:
         raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} moved")
+    assert coordinator_epoch == LEADER_EPOCH[0], "a marker with another coordinator epoch"
     log = topics.log(topic, partition)
     batch = build_control_batch(producer_id, producer_epoch, committed=committed,
                                 coordinator_epoch=coordinator_epoch, timestamp=now_ms)  # fmt: skip
@@ -140,7 +170,9 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.topics.create("u", 1)
         self.txn_log = MemoryLog(LogConfig())
         self.durability = Instant(self.txn_log)
+        self.leadership = TxnLogLeadership(self.txn_log)
         REFUSING.clear()
+        LEADER_EPOCH[0] = 0
         #: EndTxn calls whose markers are appended, not yet durable: id -> coroutine.
         self.in_flight: dict[str, Coroutine[Any, Any, Any]] = {}
         self.groups = Groups()
@@ -160,14 +192,25 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.next_id += 1
         return self.next_id
 
-    def _open(self) -> TransactionCoordinator:
-        coordinator = TransactionCoordinator(
-            self.txn_log, topics=self.topics, producers=None, durability=self.durability,
+    def _table(
+        self, partition: int, leader_epoch: int, log: Log, replication: Any,
+        send_markers: MarkerSender | None, /,
+    ) -> TransactionCoordinator:  # fmt: skip
+        """The broker's table factory (server/broker.py's ``_transaction_table``)."""
+        return TransactionCoordinator(
+            log, topics=self.topics, producers=None, durability=self.durability,
             appends=None, groups=self.groups, allocate_producer_id=self._allocate,
             write_marker=append_marker, now_ms=lambda: self.now, max_timeout_ms=MAX_TIMEOUT_MS,
-            expiration_ms=EXPIRATION_MS, replication=OwnLog(0, self.txn_log),
+            expiration_ms=EXPIRATION_MS, replication=replication, txn_partition=partition,
+            coordinator_epoch=leader_epoch, send_markers=send_markers,
         )  # fmt: skip
-        coordinator.load()
+
+    def _open(self) -> PartitionedTransactionCoordinator:
+        """A process start: a fresh coordinator, elected and loaded (a node alone's
+        ``OwnPartition`` elects it before clients come)."""
+        coordinator = PartitionedTransactionCoordinator(1, self._table, self.leadership)
+        coordinator.elected(0, LEADER_EPOCH[0], self.txn_log)
+        assert len(coordinator.load_pending()) == 1
         return coordinator
 
     def _instance(self, tid: str, which: int) -> tuple[int, int]:
@@ -385,6 +428,52 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.coordinator = self._open()
         after = sorted(self.coordinator.all(), key=lambda meta: meta.transactional_id)
         assert after == before
+
+    @rule()
+    def leader_epoch_bumps(self) -> None:
+        """A new epoch of the leadership this broker held all along (an ISR change):
+        the table stays, rounds in flight go on, markers carry the new epoch."""
+        before = self.coordinator.all()
+        LEADER_EPOCH[0] += 1
+        self.coordinator.elected(0, LEADER_EPOCH[0], self.txn_log)
+        assert not self.coordinator.loading, "a current table reloaded"
+        assert self.coordinator.all() == before
+
+    @rule(tid=st.sampled_from(IDS), about_to_lead=st.booleans())
+    def leadership_lost_and_won_back(self, tid: str, about_to_lead: bool) -> None:
+        """Another broker leads the partition for a while (writing nothing), then this
+        one is elected again: its rounds in flight are lost with the leadership."""
+        for call in self.in_flight.values():
+            call.close()  # the writes of a resigned table fail NOT_COORDINATOR
+        self.in_flight.clear()
+        self.model.restart()
+        before = sorted(self.coordinator.all(), key=lambda meta: meta.transactional_id)
+        self.coordinator.resigned(0)
+        self.leadership.coming = about_to_lead
+        away = (
+            ErrorCode.COORDINATOR_LOAD_IN_PROGRESS if about_to_lead else ErrorCode.NOT_COORDINATOR
+        )
+        self._answers_only(tid, away)
+        self.leadership.coming = False
+        LEADER_EPOCH[0] += 1
+        self.coordinator.elected(0, LEADER_EPOCH[0], self.txn_log)
+        self._answers_only(tid, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        assert len(self.coordinator.load_pending()) == 1
+        after = sorted(self.coordinator.all(), key=lambda meta: meta.transactional_id)
+        assert after == before
+
+    def _answers_only(self, tid: str, error: ErrorCode) -> None:
+        """Every request for ``tid`` answers ``error`` and changes nothing."""
+        pid, epoch = self._instance(tid, 0)
+        fenced = ErrorCode.PRODUCER_FENCED
+        init = run(self.coordinator.init_producer_id(tid, pid, epoch, 2_000, fenced))
+        assert init.error == error
+        add = self.coordinator.add_to_transaction(tid, pid, epoch, [PARTITIONS[0]], [], fenced)
+        assert run(add) == error
+        assert run(self.coordinator.end_transaction(tid, pid, epoch, True, fenced)) == error
+        assert self.coordinator.verify_partition(tid, pid, epoch, PARTITIONS[0]) == error
+        assert self.coordinator.get(tid) is None and not self.coordinator.is_pending(tid)
+        assert self.coordinator.all() == []
 
     @precondition(lambda self: any(self.instances.values()))
     @invariant()

@@ -17,6 +17,7 @@ models miss, the module's own unit tests:
     python tools/planted_bugs.py --eighth         # the eighth set (EIGHTH)
     python tools/planted_bugs.py --ninth          # the ninth set (NINTH)
     python tools/planted_bugs.py --tenth          # the tenth set (TENTH)
+    python tools/planted_bugs.py --eleventh       # the eleventh set (ELEVENTH)
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
 
@@ -83,6 +84,12 @@ SHARE_GROUP_MACHINE = "statemachine/test_share_group_machine.py"
 #: Plain and transactional offset commits through a real OffsetsStore.
 OFFSETS_STORE_MACHINE = "statemachine/test_offsets_store_machine.py"
 RESPONSE_ORDER_MACHINE = "statemachine/test_response_order_machine.py"
+#: Producer id allocation (services/producers.py) and cluster id blocks (cluster/).
+PRODUCER_ID_MACHINE = "statemachine/test_producer_id_machine.py"
+#: The broker's memory budget (server/memory_budget.py) against a plain model.
+MEMORY_BUDGET_MACHINE = "statemachine/test_memory_budget_machine.py"
+#: The share coordinator's fencing (groups/share_coordinator.py) against a dict.
+SHARE_COORDINATOR_MACHINE = "statemachine/test_share_coordinator_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 
 
@@ -1538,6 +1545,140 @@ TENTH = (
 )
 
 
+ELEVENTH = (
+    Bug(
+        "share-acquired-at-limit-made-available",
+        "trio_broker/groups/share_state.py",
+        "            exhausted = record.delivery_count >= limit\n",
+        "            exhausted = record.delivery_count > limit\n",
+        "a share-partition snapshot writes an acquired record whose last delivery is spent "
+        "as available, not archived: after a restart it is delivered once too often",
+        (SHARE_PARTITION_MACHINE,),
+        ("tests/unit/groups/test_share_state.py",),
+    ),
+    Bug(
+        "txn-epoch-bump-keeps-coordinator-epoch",
+        "trio_broker/transactions/partitioned.py",
+        "            table.coordinator_epoch = leader_epoch\n",
+        "",
+        "a new leader epoch of a __transaction_state partition the broker kept leading "
+        "leaves its table's coordinator epoch behind: its markers carry a stale epoch",
+        (TXN_COORDINATOR_MACHINE, SIMULATOR),
+        (
+            "tests/unit/transactions/test_txn_cluster.py tests/unit/transactions/test_txn_coordinator.py",
+        ),
+    ),
+    Bug(
+        "producer-id-file-block-trusted",
+        "trio_broker/services/producers.py",
+        "            self._next = self._block_end = start\n",
+        "            self._next, self._block_end = start, start + self.block_size\n",
+        "a broker alone treats the block at its file's next block start as reserved already: "
+        "it hands those ids out without writing the file, and again after a restart",
+        (PRODUCER_ID_MACHINE, PRODUCER_MACHINE),
+        (
+            "tests/unit/state/test_producer_state_registry.py tests/unit/storage/test_durable_writes.py",
+        ),
+    ),
+    Bug(
+        "producer-id-block-end-read-exclusive",
+        "trio_broker/cluster/zk_layout.py",
+        'return int(doc["block_end"]) + 1',
+        'return int(doc["block_end"])',
+        "the next producer id block starts at the last one's inclusive block_end: two "
+        "brokers hand out the same producer id",
+        (PRODUCER_ID_MACHINE, SIMULATOR),
+        ("tests/unit/cluster/test_producer_id_blocks.py",),
+    ),
+    Bug(
+        "memory-waiters-told-at-budget",
+        "trio_broker/server/memory_budget.py",
+        "if self._waiters and self.in_use < self.limit:",
+        "if self._waiters and self.in_use <= self.limit:",
+        "connections muted for memory pressure are unmuted when the queued bytes fall to "
+        "the budget, not below it: the budget is exceeded by one request per connection",
+        (MEMORY_BUDGET_MACHINE, TIGHT_MEMORY_BROKER),
+        ("tests/integration/test_mute_wiring.py",),
+    ),
+    Bug(
+        "in-flight-unmuted-at-cap",
+        "trio_broker/server/connection.py",
+        "            and self.sequencer.in_flight < self.max_in_flight\n",
+        "            and self.sequencer.in_flight <= self.max_in_flight\n",
+        "a connection muted at its in-flight cap is unmuted while still at the cap: it "
+        "reads one request more than max.in.flight allows",
+        (BROKER_MACHINE, MUTE_MACHINE),
+        ("tests/integration/test_in_flight_cap.py tests/integration/test_mute_wiring.py",),
+    ),
+    Bug(
+        "epoch-trim-at-log-start-not-persisted",
+        "trio_broker/storage/log_state.py",
+        "            changed = cache.truncate_from_start(self.log_start_offset)\n"
+        "        if changed:\n"
+        "            self._persist_epochs()\n",
+        "            changed = cache.truncate_from_start(self.log_start_offset)\n",
+        "the leader epoch cache trimmed to a moved log start is not checkpointed: after a "
+        "restart the checkpoint names an epoch starting below the log start",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage/test_storage_log.py tests/unit/storage/test_follower_storage.py",),
+    ),
+    Bug(
+        "isr-stored-for-stale-epoch",
+        "trio_broker/cluster/isr_store.py",
+        "if current.leader != broker_id or current.leader_epoch != term.leader_epoch:",
+        "if current.leader != broker_id:",
+        "a leader stores its ISR change though the controller moved the partition to a "
+        "new epoch meanwhile (still naming it leader): it overwrites the controller's ISR",
+        (REASSIGNMENT_MACHINE, REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/cluster tests/integration/test_partition_guard_answers.py",),
+    ),
+    Bug(
+        "pending-txn-offset-expired",
+        "trio_broker/groups/coordinator.py",
+        "                    if store.has_pending(group_id, topic, partition):\n"
+        "                        continue  # an open transaction will set it (Kafka's rule)\n",
+        "",
+        "offset expiry removes a group's offset while an open transaction stages a new one "
+        "for it (Kafka keeps it until the transaction ends)",
+        (GROUP_MACHINE, OFFSETS_STORE_MACHINE, BROKER_MACHINE),
+        ("tests/unit/transactions/test_txn_offsets.py tests/unit/groups/test_groups_cluster.py",),
+    ),
+    Bug(
+        "share-state-read-does-not-fence",
+        "trio_broker/groups/share_coordinator.py",
+        "            return ReadResult(ErrorCode.FENCED_LEADER_EPOCH)\n"
+        "        self.leader_epochs[key] = leader_epoch\n",
+        "            return ReadResult(ErrorCode.FENCED_LEADER_EPOCH)\n",
+        "a share partition's new leader reading its state does not fence the old leader: a "
+        "write from the older epoch is still stored (KIP-932's read initializes the fence)",
+        (SHARE_COORDINATOR_MACHINE, SHARE_PARTITION_MACHINE, SHARE_GROUP_MACHINE),
+        (
+            "tests/unit/groups/test_share_coordinator.py tests/unit/handlers/test_share_state_leader.py",
+        ),
+    ),
+    Bug(
+        "swap-recovery-keeps-first-segment-index",
+        "trio_broker/storage/swap.py",
+        "                and first <= int(stem) < end\n",
+        "                and first < int(stem) < end\n",
+        "recovery completing an interrupted cleaner swap keeps the replaced first "
+        "segment's index files: the cleaned segment is read through a stale index",
+        (STORAGE_MACHINE, CLEANER_MACHINE),
+        ("tests/unit/storage/test_cleaner.py tests/unit/storage/test_cleaner_markers.py",),
+    ),
+    Bug(
+        "new-partition-isr-includes-dead",
+        "trio_broker/cluster/controller.py",
+        "        in_sync = tuple(r for r in replicas if r in live) or replicas\n",
+        "        in_sync = replicas\n",
+        "a partition created while one of its replicas is down starts with that replica in "
+        "its ISR: acks=all waits on it, and it may be elected without the log",
+        (REASSIGNMENT_MACHINE, REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/replication/test_controller_rules.py",),
+    ),
+)
+
+
 def copy_tree(dest: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".",
@@ -1568,6 +1709,12 @@ def run_check(tree: Path, check: str, timeout_s: float) -> tuple[bool, float]:
         failed = run.returncode not in (0, 5)
         if run.returncode not in (0, 1, 5):
             print(run.stdout.decode()[-2000:], run.stderr.decode()[-2000:], file=sys.stderr)
+        elif failed:
+            # What failed, so a catch can be told from a check failing for another
+            # reason (the eleventh round met three such, on the loaded machine).
+            summary = [line for line in run.stdout.decode().splitlines()
+                       if line.startswith(("FAILED", "ERROR", "E   ", "seed "))]  # fmt: skip
+            print(f"  [{check}] " + "\n  ".join(summary[-12:]), file=sys.stderr)
     except subprocess.TimeoutExpired:
         failed = True  # a hang is caught too (the check never ends green)
     return failed, time.monotonic() - started
@@ -1587,10 +1734,15 @@ def main() -> int:
     parser.add_argument("--eighth", action="store_true", help="the eighth set (EIGHTH) only")
     parser.add_argument("--ninth", action="store_true", help="the ninth set (NINTH) only")
     parser.add_argument("--tenth", action="store_true", help="the tenth set (TENTH) only")
+    parser.add_argument("--eleventh", action="store_true", help="the eleventh set (ELEVENTH) only")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
-    every = (*BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH, *EIGHTH, *NINTH, *TENTH)
-    if args.tenth:
+    every = (
+        *BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH, *EIGHTH, *NINTH, *TENTH, *ELEVENTH,
+    )  # fmt: skip
+    if args.eleventh:
+        chosen = list(ELEVENTH)
+    elif args.tenth:
         chosen = list(TENTH)
     elif args.ninth:
         chosen = list(NINTH)

@@ -139,7 +139,15 @@ def plan_cleaning(
     """
     count = 0
     for facts in closed:
-        if now_ms - facts.max_timestamp < config.min_compaction_lag_ms:
+        # Only the dirty segments wait out the lag (Kafka looks from the first dirty
+        # offset, and not at all with a lag of 0): a clean segment with a recent or
+        # future timestamp, such as one a pass emptied and a restart dated by its
+        # file's mtime, must not hold back a dirty record past max.compaction.lag.ms.
+        if (
+            config.min_compaction_lag_ms > 0
+            and facts.end_offset > first_dirty
+            and now_ms - facts.max_timestamp < config.min_compaction_lag_ms
+        ):
             break
         count += 1
     if count == 0:
