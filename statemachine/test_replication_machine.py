@@ -15,7 +15,7 @@ epoch, or a crash in between). Anything may happen between the two: the leader m
 crash, lose power, be deposed, or take more writes. The fetcher's decisions are
 ``replication.fetcher_rules``' (the ones ``cluster/replica_fetcher.py`` makes): sync
 before fetching on, take an answer or drop it as stale, what its error means. A consumer
-reads from the leader up to the fetch handler's bound (``handlers.fetch.readable_end``).
+reads from the leader up to the fetch handler's bound (``partition.read.readable_end``).
 
 Faults: kill -9 (the page cache survives), power cuts (the unsynced tail is lost), a
 follower's power cut with a restart inside its session (it stays in the ISR: only what
@@ -53,7 +53,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from trio_broker.handlers.fetch import readable_end
+from trio_broker.partition.read import Isolation, readable_end
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.controller_rules import (
     NO_LEADER,
@@ -553,7 +553,7 @@ class ReplicationMachine(RuleBasedStateMachine):
         shown = leader.leading.visible_high_watermark()
         if shown is None:
             return
-        end = readable_end(False, len(leader.log), shown)
+        end = readable_end(Isolation.HIGH_WATERMARK, len(leader.log), shown, shown)
         for offset in range(min(end, len(leader.log))):
             self.consumed.setdefault(offset, (leader.log[offset], shown))
 

@@ -32,6 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from trio_broker.groups.share_coordinator import PartitionedShareCoordinator, ShareCoordinatorTable
 from trio_broker.groups.share_state import ShareKey, ShareSnapshot, StateBatch, encode_batch
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.services.local_replication import LeadsNothing
 from trio_broker.state.share_partition import RecordState
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.memory import MemoryLog
@@ -54,7 +55,7 @@ class ShareCoordinatorMachine(RuleBasedStateMachine):
         super().__init__()
         self.now = 1_000
         self.log = MemoryLog(LogConfig())
-        self.coordinator = PartitionedShareCoordinator(1)
+        self.coordinator = PartitionedShareCoordinator(1, LeadsNothing(1))
         self.epoch = 0
         self.coordinator.elected(0, self.epoch, self.log)
         self.coordinator.load_pending()
@@ -68,8 +69,8 @@ class ShareCoordinatorMachine(RuleBasedStateMachine):
         return table
 
     def _append(self, entries: list[tuple[ShareKey, ShareSnapshot | None]]) -> None:
-        info = self.log.append(encode_batch(entries, self.now), now_ms=self.now)
-        self._table().appended(entries, info.last_offset)
+        self.log.append(encode_batch(entries, self.now), now_ms=self.now)
+        self._table().appended(entries)
 
     @rule(key=st.sampled_from(KEYS), leader_epoch=EPOCHS)
     def leader_reads(self, key: ShareKey, leader_epoch: int) -> None:

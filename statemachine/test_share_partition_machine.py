@@ -36,6 +36,7 @@ from trio_broker.groups.share_state import (
     ShareStateStore,
     encode_batch,
     restore,
+    snapshot_of,
 )
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_partition import AckType, RecordState, SharePartition
@@ -201,11 +202,27 @@ class SharePartitionMachine(RuleBasedStateMachine):
     def _persist(self) -> None:
         """What share_persist.append_changes writes after a request: the snapshots the
         store finds changed, in one batch, then told to the store."""
-        entries = self.store.changes([(KEY, self.sp), (NEIGHBOUR, self.neighbour)], self.now)
+        entries = self._changes([(KEY, self.sp), (NEIGHBOUR, self.neighbour)])
         if not entries:
             return
-        info = self.state_log.append(encode_batch(entries, self.now), now_ms=self.now)
-        self.store.appended(entries, info.last_offset)
+        self.state_log.append(encode_batch(entries, self.now), now_ms=self.now)
+        self.store.appended(entries)
+
+    def _changes(
+        self, current: list[tuple[ShareKey, SharePartition]]
+    ) -> list[tuple[ShareKey, ShareSnapshot | None]]:
+        """The snapshots a leader writes: those whose durable state moved since the last
+        one stored (share_persist's ``same_state`` test), each in the next snapshot
+        epoch."""
+        entries: list[tuple[ShareKey, ShareSnapshot | None]] = []
+        for key, share_partition in current:
+            fresh = snapshot_of(share_partition)
+            known = self.store.snapshots.get(key)
+            if known is None or not known.same_state(fresh):
+                epoch = 0 if known is None else known.snapshot_epoch + 1
+                entries.append((key, attrs.evolve(fresh, snapshot_epoch=epoch,
+                                                  write_timestamp_ms=self.now)))  # fmt: skip
+        return entries
 
     @rule()
     def persist(self) -> None:
@@ -224,12 +241,12 @@ class SharePartitionMachine(RuleBasedStateMachine):
         """Another group's share partition: written, then (maybe at once) deleted."""
         if written:
             entries: list[tuple[ShareKey, ShareSnapshot | None]] = [(DELETED, ShareSnapshot(5))]
-            info = self.state_log.append(encode_batch(entries, self.now), now_ms=self.now)
-            self.store.appended(entries, info.last_offset)
+            self.state_log.append(encode_batch(entries, self.now), now_ms=self.now)
+            self.store.appended(entries)
         tombstones = self.store.tombstones([DELETED])
         if tombstones:
-            info = self.state_log.append(encode_batch(tombstones, self.now), now_ms=self.now)
-            self.store.appended(tombstones, info.last_offset)
+            self.state_log.append(encode_batch(tombstones, self.now), now_ms=self.now)
+            self.store.appended(tombstones)
 
     def _restore(self, key: ShareKey) -> SharePartition:
         return restore(
