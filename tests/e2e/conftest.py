@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.ports import restartable_port
 from trio_broker.cluster.child_process import die_with_parent
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import iter_batches
@@ -361,6 +362,8 @@ class BrokerProcess:
         """The first half of :meth:`start`: the process runs, nothing waited for yet
         (:func:`start_all` launches several, then waits for each)."""
         assert self.proc is None or self.proc.poll() is not None, "broker already running"
+        if self.port == 0:  # a port its restarts will find free (tests/ports.py)
+            self.port = restartable_port()
         self.starts += 1
         self.down_on_purpose = False
         self._log(f"===== e2e: start #{self.starts} on port {self.port} =====\n")
@@ -394,7 +397,7 @@ class BrokerProcess:
                     f"broker did not log 'listening on' within {START_TIMEOUT_S}s "
                     f"(exit code {proc.poll()})\n{self.log_tail()}"
                 )
-            if self.port == 0:
+            if self.starts == 1:  # a config's own listeners may name another port
                 self.port = found[0]
             assert found[0] == self.port, f"restarted on port {found[0]}, wanted {self.port}"
             if ready_check:
