@@ -171,12 +171,18 @@ class ZooKeeperCoordination:
         self._connection_changed = trio.Event()
 
     async def start(self, timeout_s: float = 15.0) -> None:
-        from kazoo.protocol.states import KazooState
+        from kazoo.protocol.states import KazooState, KeeperState
 
         self._token = trio.lowlevel.current_trio_token()
+        #: The server refused the login: kazoo's start() then raises AuthFailedError,
+        #: or, when its waiting thread looks only after the refusal closed the session
+        #: (a loaded machine: ci20), a plain "Connection time-out".
+        login_refused: list[bool] = []
 
         def on_state(state: Any) -> None:  # kazoo's thread: hand over, never block
             if state == KazooState.LOST:
+                if self._client.client_state == KeeperState.AUTH_FAILED:
+                    login_refused.append(True)
                 self._from_kazoo(self._on_lost)
             self._from_kazoo(lambda: self._on_connection(state == KazooState.CONNECTED))
 
@@ -186,7 +192,7 @@ class ZooKeeperCoordination:
         except Exception as exc:
             from kazoo import exceptions as kz
 
-            if isinstance(exc, kz.AuthFailedError):
+            if isinstance(exc, kz.AuthFailedError) or login_refused:
                 raise NotAuthorized(self._login_refused()) from None
             raise
         if self._set_acl:
