@@ -97,3 +97,61 @@ def test_share_state_survives_a_restart(broker_process: BrokerProcess, how: str)
         # The idle group kept its start offset: the records produced after it joined.
         join(conn, idle, "i1", topic)
         assert acquire(conn, idle, "i1", topic_id) == [(0, 9, 1)]
+
+
+def heartbeat(conn: Any, group: str, member: str, epoch: int, topic: str) -> int:
+    """A ShareGroupHeartbeat (join with epoch 0, leave with -1); the member epoch."""
+    answer = conn.request(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, HB(
+        group_id=group, member_id=member, member_epoch=epoch,
+        subscribed_topic_names=[topic] if epoch == 0 else None))  # fmt: skip
+    assert answer.error_code == ErrorCode.NONE, answer
+    return int(answer.member_epoch)
+
+
+def test_the_group_coordinators_share_records_survive_a_restart(
+    broker_process: BrokerProcess,
+) -> None:
+    """The group's records in ``__consumer_offsets`` (its epoch and its initialized share
+    partitions, groups/share_records.py): after a kill -9 the group comes back at its
+    epoch, a member joining then gets a higher one, and DescribeShareGroupOffsets without
+    topics names the partitions; a group whose share state was deleted (no snapshot
+    left) is still there, empty, as Kafka keeps it until DeleteGroups."""
+    topic, group, other = (f"{n}-{uuid.uuid4().hex[:8]}" for n in ("queue", "sg", "gone"))
+    admin = AdminClient({"bootstrap.servers": broker_process.bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
+    with broker_process.connect() as conn:
+        heartbeat(conn, group, "m1", 0, topic)
+        epoch = heartbeat(conn, group, "m2", 0, topic)
+        heartbeat(conn, group, "m1", -1, topic)
+        heartbeat(conn, group, "m2", -1, topic)
+        [before] = describe(conn, [group])
+        assert before.group_state == "Empty" and before.group_epoch > epoch
+        heartbeat(conn, other, "o1", 0, topic)
+        heartbeat(conn, other, "o1", -1, topic)
+        deleted = conn.request(m.ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0,
+                               m.DeleteShareGroupOffsetsRequest(group_id=other, topics=[
+                                   m.DeleteShareGroupOffsetsRequest.DeleteShareGroupOffsetsRequestTopic(
+                                       topic_name=topic)]))  # fmt: skip
+        assert deleted.error_code == ErrorCode.NONE, deleted
+        assert deleted.responses[0].error_code == ErrorCode.NONE, deleted
+
+    broker_process.kill9()
+    broker_process.start()
+
+    with broker_process.connect() as conn:
+        [after, emptied] = describe(conn, [group, other])
+        assert (after.error_code, after.group_state) == (ErrorCode.NONE, "Empty")
+        assert after.group_epoch == before.group_epoch
+        assert (emptied.error_code, emptied.group_state) == (ErrorCode.NONE, "Empty")
+        Req = m.DescribeShareGroupOffsetsRequest
+        offsets = conn.request(m.ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 1, Req(groups=[
+            Req.DescribeShareGroupOffsetsRequestGroup(group_id=group, topics=None)]))  # fmt: skip
+        [described] = offsets.groups
+        assert [(t.topic_name, sorted(p.partition_index for p in t.partitions))
+                for t in described.topics] == [(topic, [0, 1])]  # fmt: skip
+        assert heartbeat(conn, group, "m3", 0, topic) > before.group_epoch
+
+
+def describe(conn: Any, groups: list[str]) -> Any:
+    return conn.request(m.ApiKey.SHARE_GROUP_DESCRIBE, 1, m.ShareGroupDescribeRequest(
+        group_ids=groups, include_authorized_operations=False)).groups  # fmt: skip

@@ -47,6 +47,8 @@ import attrs
 import trio
 
 from trio_broker.groups.offsets_store import (
+    SHARE_GROUP_METADATA_KEY_VERSION,
+    SHARE_GROUP_PARTITIONS_KEY_VERSION,
     ConsumerGroupSnapshot,
     Entry,
     GroupMetadata,
@@ -58,6 +60,7 @@ from trio_broker.groups.offsets_store import (
     TxnOffset,
     group_of,
 )
+from trio_broker.groups.share_records import StoredShareGroup, decode_group, records_of
 from trio_broker.partition.append import Appended, Replication
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
@@ -211,6 +214,14 @@ class GroupCoordinator:
         self.consumer_groups: dict[str, ConsumerGroup] = {}
         #: group -> the snapshot last written for it (unchanged groups are not rewritten).
         self._stored_snapshots: dict[str, bytes] = {}
+        #: Share groups (KIP-932) of the led partitions as their records in the offsets
+        #: log say (groups/share_records.py): their epoch and initialized share
+        #: partitions. Their membership is ``broker.shares``' (groups/share.py).
+        self.share_groups: dict[str, StoredShareGroup] = {}
+        #: Called with a led partition's share groups once its table is loaded (the
+        #: broker brings them back, empty, into ``shares``).
+        self.on_share_groups_loaded: Callable[[Mapping[str, StoredShareGroup]], None] | None
+        self.on_share_groups_loaded = None
         self.consumer_group_config = ConsumerGroupConfig(
             session_timeout_ms=config.group_consumer_session_timeout_ms,
             heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
@@ -345,6 +356,9 @@ class GroupCoordinator:
         for group_id in store.group_ids():
             self._restore(group_id, store)
             self._restore_consumer_group(group_id, store)
+        loaded_shares = self._restore_share_groups(store)
+        if loaded_shares and self.on_share_groups_loaded is not None:
+            self.on_share_groups_loaded(loaded_shares)
         led.loaded.set()
         log.info("coordinating the %d groups of %s-%d (epoch %d)", len(store.group_ids()),
                  CONSUMER_OFFSETS, led.partition, led.leader_epoch)  # fmt: skip
@@ -372,6 +386,8 @@ class GroupCoordinator:
         for group_id in [g for g in self.consumer_groups if self.partition_of(g) == partition]:
             del self.consumer_groups[group_id]
             self._stored_snapshots.pop(group_id, None)
+        for group_id in [g for g in self.share_groups if self.partition_of(g) == partition]:
+            del self.share_groups[group_id]
         self._poke()
         log.info("no longer coordinating the groups of %s-%d", CONSUMER_OFFSETS, partition)
 
@@ -524,6 +540,43 @@ class GroupCoordinator:
         self.groups.pop(group_id, None)
         self.consumer_groups[group_id] = group
         self._stored_snapshots[group_id] = raw
+
+    def _restore_share_groups(self, store: OffsetsStore) -> dict[str, StoredShareGroup]:
+        """The share groups the table holds (an unreadable one is skipped: its
+        members rejoin, its share state is found where it is led)."""
+        loaded: dict[str, StoredShareGroup] = {}
+        for group_id in store.share_group_ids():
+            try:
+                stored = decode_group(
+                    store.share_group_record(group_id, SHARE_GROUP_METADATA_KEY_VERSION),
+                    store.share_group_record(group_id, SHARE_GROUP_PARTITIONS_KEY_VERSION),
+                )
+            except (ValueError, UnicodeDecodeError) as exc:
+                log.warning("not restoring share group %r: %s", group_id, exc)
+                continue
+            if stored is not None:
+                loaded[group_id] = self.share_groups[group_id] = stored
+        return loaded
+
+    def share_group(self, group_id: str) -> StoredShareGroup | None:
+        """The share group as stored here (None: never stored, or deleted)."""
+        return self.share_groups.get(group_id)
+
+    def store_share_group(
+        self, group_id: str, stored: StoredShareGroup | None
+    ) -> PendingWrite | None:
+        """Write the share group's records (their tombstones for None) unless they
+        say that already; the caller waits for the write (:meth:`wait_offsets_durable`).
+        Raises KafkaError as :meth:`append_offsets` (the group is not led here)."""
+        known = self.share_groups.get(group_id)
+        if stored == known:
+            return None
+        write = self.append_offsets(records_of(group_id, stored))
+        if stored is None:
+            self.share_groups.pop(group_id, None)
+        else:
+            self.share_groups[group_id] = stored
+        return write
 
     def _store_consumer_group(self, group: ConsumerGroup) -> None:
         """Write the group's snapshot if it changed (a heartbeat's answer waits for it:

@@ -53,6 +53,11 @@ TXN_END_KEY_VERSION = 3
 GROUP_METADATA_KEY_VERSION = 4
 #: Key version of a KIP-848 group's snapshot (state/consumer_group.py encodes the value).
 CONSUMER_GROUP_KEY_VERSION = 5
+#: Key versions of a share group's records, Kafka's ShareGroupMetadata and
+#: ShareGroupStatePartitionMetadata (groups/share_records.py encodes their values).
+SHARE_GROUP_METADATA_KEY_VERSION = 6
+SHARE_GROUP_PARTITIONS_KEY_VERSION = 7
+SHARE_GROUP_KEY_VERSIONS = (SHARE_GROUP_METADATA_KEY_VERSION, SHARE_GROUP_PARTITIONS_KEY_VERSION)
 VALUE_VERSION = 1
 TXN_END_VALUE_VERSION = 1
 GROUP_METADATA_VALUE_VERSION = 1
@@ -122,14 +127,25 @@ class ConsumerGroupSnapshot:
     value: bytes | None
 
 
+@attrs.frozen
+class ShareGroupRecord:
+    """One of a share group's records, keyed by the group and ``key_version`` (which
+    of Kafka's records it is); ``value`` None is its tombstone. The store keeps the
+    latest of each and leaves the values to the group coordinator."""
+
+    key_version: int
+    group_id: str
+    value: bytes | None
+
+
 #: One record of the offsets log.
-StoreRecord = Entry | TxnOffset | TxnEnd | GroupMetadata | ConsumerGroupSnapshot
+StoreRecord = Entry | TxnOffset | TxnEnd | GroupMetadata | ConsumerGroupSnapshot | ShareGroupRecord
 
 
 def group_of(record: StoreRecord) -> str:
     if isinstance(record, TxnOffset):
         return record.key.group_id
-    if isinstance(record, TxnEnd | GroupMetadata | ConsumerGroupSnapshot):
+    if isinstance(record, TxnEnd | GroupMetadata | ConsumerGroupSnapshot | ShareGroupRecord):
         return record.group_id
     return record[0].group_id
 
@@ -264,6 +280,10 @@ def decode_group_value(buf: bytes) -> GroupRecord:
 
 
 def encode_record(record: StoreRecord) -> tuple[bytes, bytes | None]:
+    if isinstance(record, ShareGroupRecord):
+        out = bytearray(_I16.pack(record.key_version))
+        _put_str(out, record.group_id, _I16)
+        return bytes(out), record.value
     if isinstance(record, ConsumerGroupSnapshot):
         out = bytearray(_I16.pack(CONSUMER_GROUP_KEY_VERSION))
         _put_str(out, record.group_id, _I16)
@@ -317,6 +337,9 @@ def decode_record(key: bytes, value: bytes | None) -> StoreRecord:
     if version == CONSUMER_GROUP_KEY_VERSION:
         group_id, _ = _get_str(key, 2, _I16)
         return ConsumerGroupSnapshot(group_id, None if value is None else bytes(value))
+    if version in SHARE_GROUP_KEY_VERSIONS:
+        group_id, _ = _get_str(key, 2, _I16)
+        return ShareGroupRecord(version, group_id, None if value is None else bytes(value))
     raise ValueError(f"unknown offset key version {version}")
 
 
@@ -378,6 +401,10 @@ class OffsetsStore:
         #: KIP-848 groups: group -> its latest snapshot, and the log offset it came from.
         self._snapshots: dict[str, bytes] = {}
         self._snapshots_at: dict[str, int] = {}
+        #: Share groups: (group, key version) -> its latest record's value, and the log
+        #: offset it came from.
+        self._share_records: dict[tuple[str, int], bytes] = {}
+        self._share_records_at: dict[tuple[str, int], int] = {}
 
     @classmethod
     def open(cls, data_dir: Path | None, config: LogConfig) -> OffsetsStore:
@@ -483,6 +510,16 @@ class OffsetsStore:
         staged_at = self._rewrite_of_the_end(record, log_offset)
         if staged_at is not None and isinstance(record, tuple):
             self._set(record, staged_at)  # the end's rewrite: dated like its original
+            return
+        if isinstance(record, ShareGroupRecord):
+            key = (record.group_id, record.key_version)
+            if self._share_records_at.get(key, -1) > log_offset:
+                return
+            self._share_records_at[key] = log_offset
+            if record.value is None:
+                self._share_records.pop(key, None)
+            else:
+                self._share_records[key] = record.value
             return
         if isinstance(record, ConsumerGroupSnapshot):
             if self._snapshots_at.get(record.group_id, -1) > log_offset:
@@ -617,6 +654,14 @@ class OffsetsStore:
             self._table.keys() | self._pending.keys() | self._metadata.keys()
             | self._snapshots.keys()
         )  # fmt: skip
+
+    def share_group_ids(self) -> set[str]:
+        """Share groups with a stored record."""
+        return {group_id for group_id, _ in self._share_records}
+
+    def share_group_record(self, group_id: str, key_version: int) -> bytes | None:
+        """The value of the share group's latest record of that kind (None: none)."""
+        return self._share_records.get((group_id, key_version))
 
     def consumer_group_snapshot(self, group_id: str) -> bytes | None:
         """The KIP-848 group's stored snapshot (None: none, or removed)."""

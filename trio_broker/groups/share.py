@@ -91,12 +91,17 @@ class ShareGroups:
         self.loaded: dict[ShareKey, int] = {}
         self.written: dict[ShareKey, ShareSnapshot] = {}
 
-    def recall_groups(self, group_ids: Iterable[str]) -> None:
-        """Groups with stored share state: those not known come back empty (members
-        rejoin), as ShareGroupDescribe and ListGroups show them."""
+    def recall_groups(self, group_ids: Iterable[str], epochs: Mapping[str, int] = {}) -> None:
+        """Groups with stored share state, or stored by their group coordinator: those
+        not known come back empty (members rejoin), as ShareGroupDescribe and ListGroups
+        show them, at their stored group epoch (``epochs``) if not below the known one,
+        so a member's next join raises the epoch past any it was given before."""
         for group_id in group_ids:
             if group_id not in self.groups:
                 self.groups[group_id] = self._new_group(group_id)
+            group = self.groups[group_id]
+            if not group.members:
+                group.group_epoch = max(group.group_epoch, epochs.get(group_id, 0))
 
     def restore(self, snapshots: Mapping[ShareKey, ShareSnapshot]) -> None:
         """Share partitions as stored, by (group, topic id, partition): nothing acquired.

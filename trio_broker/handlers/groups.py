@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import uuid
 
-from trio_broker.groups.coordinator import GroupCoordinator, Waiter
+from trio_broker.groups.coordinator import GroupCoordinator, Waiter, store_error
 from trio_broker.groups.offsets_store import PendingWrite, group_of
 from trio_broker.groups.share import SHARE_PROTOCOL_TYPE
 from trio_broker.handlers.authorization import (
@@ -381,10 +381,11 @@ async def handle_delete_groups(
                 share_results[name] = ErrorCode.NON_EMPTY_GROUP
             elif empty:
                 share_results[name] = ErrorCode.NONE
+                recorded = groups.share_group(name)
                 share_deleted[name] = sorted({*shares.delete_group(name), *(
                     (key.topic_id, key.partition)
                     for key in ctx.services.share_coordinator.keys(group_id=name)
-                )})  # fmt: skip
+                ), *(() if recorded is None else recorded.partitions())})  # fmt: skip
     try:
         # Deleted now, in request order; only the wait for the tombstones is deferred.
         results, writes = groups.delete_groups(
@@ -413,6 +414,12 @@ async def handle_delete_groups(
         for name, gone in share_deleted.items():  # their snapshots' tombstones
             if (stored := await persist(ctx, name, gone)) is not ErrorCode.NONE:
                 results[name] = stored
+                continue
+            try:  # then the group's own records' (groups/share_records.py)
+                if (write := groups.store_share_group(name, None)) is not None:
+                    await groups.wait_offsets_durable(write)
+            except KafkaError as exc:
+                results[name] = store_error(exc.error_code)
         for pending in writes:  # one per offsets partition: a failure fails its groups
             failed = None
             try:

@@ -14,8 +14,10 @@ the ones already acknowledged or archived.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection, Sequence
 from typing import Any
 
+from trio_broker.groups.share_records import StoredShareGroup
 from trio_broker.groups.share_state import ShareKey
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
@@ -129,12 +131,38 @@ async def describe_group(ctx: RequestContext, request: Any) -> DescGroup:
 
 
 def known_partitions(ctx: RequestContext, group_id: str) -> set[tuple[uuid.UUID, int]]:
-    """The (topic id, partition)s this broker knows the group to have share state for:
-    its share partitions in memory (a group coordinator made each it assigned) and the
-    keys in the share coordinator's tables led here (a node alone: all of them)."""
+    """The (topic id, partition)s the group has share state for, as its coordinator
+    knows them: those its records in ``__consumer_offsets`` name (every share
+    partition it was assigned, whichever broker coordinated it then), its share
+    partitions in memory, and the keys in the share coordinator's tables led here (a
+    node alone: all of them; state stored before the group's records were)."""
     known = {(t, p) for t, p, _ in ctx.services.shares.partitions_of(group_id)}
+    if (recorded := ctx.services.groups.share_group(group_id)) is not None:
+        known |= recorded.partitions()
     stored = ctx.services.share_coordinator.keys(group_id=group_id)
     return known | {(key.topic_id, key.partition) for key in stored}
+
+
+async def record_partitions(
+    ctx: RequestContext,
+    group_id: str,
+    *,
+    added: Sequence[tuple[uuid.UUID, str, int]] = (),
+    dropped: Collection[uuid.UUID] = (),
+) -> ErrorCode:
+    """Update the group's stored initialized share partitions (groups/share_records.py):
+    ``added`` ones (reset), the ``dropped`` topics' gone (deleted); NONE once it counts."""
+    groups = ctx.services.groups
+    known = groups.share_group(group_id) or StoredShareGroup()
+    try:
+        write = groups.store_share_group(
+            group_id, known.with_partitions(added).without_topics(dropped)
+        )
+        if write is not None:
+            await groups.wait_offsets_durable(write)
+    except KafkaError as exc:
+        return error_for_client(exc.error_code)
+    return ErrorCode.NONE
 
 
 @handles(m.ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS)
@@ -183,7 +211,13 @@ async def handle_alter_share_group_offsets(
         topic_id = found.topic_id if found is not None and error is ErrorCode.NONE else NO_TOPIC
         answered.append(AlterTopic(topic_name=topic.topic_name, topic_id=topic_id,
                                    partitions=parts))  # fmt: skip
-    # At each share partition's coordinator, as Kafka's group coordinator does it.
+    # At each share partition's coordinator, as Kafka's group coordinator does it,
+    # once the group's records name them (so a later coordinator finds them too).
+    recorded = await record_partitions(ctx, group_id, added=[
+        (t, topics.by_id[t].name, p) for t, p in sorted(resets) if t in topics.by_id
+    ])  # fmt: skip
+    if recorded is not ErrorCode.NONE:
+        return refused(recorded)
     stored = await initialize_state(ctx.services, group_id, resets)
     for answer in answered:
         for part in answer.partitions:
@@ -249,7 +283,10 @@ async def handle_delete_share_group_offsets(
             else:
                 answer.topic_id = found.topic_id
                 deleted += [(found.topic_id, p) for p in gone]
-    if (stored := await persist(ctx, group_id, deleted)) is not ErrorCode.NONE:
+    stored = await persist(ctx, group_id, deleted)
+    if stored is ErrorCode.NONE:  # the group's records no longer name the topics
+        stored = await record_partitions(ctx, group_id, dropped={t for t, _ in deleted})
+    if stored is not ErrorCode.NONE:
         for answer in answered:
             if answer.error_code == ErrorCode.NONE:
                 answer.error_code = stored

@@ -8,6 +8,8 @@ each subscribed topic; a group id taken by a classic or consumer group is GROUP_
 
 from __future__ import annotations
 
+from trio_broker.groups.coordinator import store_error
+from trio_broker.groups.share_records import StoredShareGroup
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.consumer_group_heartbeat import as_topic_partitions, topic_table
@@ -15,6 +17,7 @@ from trio_broker.handlers.list_offsets import offset_for_reset
 from trio_broker.handlers.share_persist import ensure_loaded, persist
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
 from trio_broker.state.share_group import ShareHeartbeat, ShareHeartbeatResult
 from trio_broker.storage.group_configs import AutoOffsetReset
 
@@ -90,4 +93,39 @@ async def handle_share_group_heartbeat(
     await ensure_loaded(ctx, group_id, made)
     if (stored := await persist(ctx, group_id, only=made)) is not ErrorCode.NONE:
         return error(stored, "The share-partition state could not be written.")
+    if (stored := await store_group(ctx, group_id)) is not ErrorCode.NONE:
+        return error(stored, "The share group could not be written.")
     return response(result, ctx)
+
+
+async def store_group(ctx: RequestContext, group_id: str) -> ErrorCode:
+    """Write the group's epoch and initialized share partitions to ``__consumer_offsets``
+    when they changed (groups/share_records.py), and wait until that counts, as Kafka's
+    coordinator answers a heartbeat once its records are committed: a coordinator that
+    restarts or takes the group over then knows every share partition the group has.
+    A group gone from memory (no members, no share partitions) goes from there too,
+    unless it has share partitions stored (a coordinator that took the group over holds
+    none of them in memory): it stays, empty."""
+    groups, shares = ctx.services.groups, ctx.services.shares
+    known = groups.share_group(group_id)
+    if group_id not in shares.groups and known is not None and known.initialized:
+        shares.recall_groups([group_id], {group_id: known.epoch})
+    group = shares.groups.get(group_id)
+    if group is None:
+        new = None
+    else:
+        topics = ctx.services.topics.by_id
+        new = (known or StoredShareGroup()).with_partitions(
+            ((t, topics[t].name, p) for t, p, _ in shares.partitions_of(group_id) if t in topics),
+            epoch=group.group_epoch,
+        )
+    try:
+        write = groups.store_share_group(group_id, new)
+        if write is not None:
+            await groups.wait_offsets_durable(write)
+    except KafkaError as exc:
+        # A storage error or a lost leadership: NOT_COORDINATOR (the client finds the
+        # coordinator again); anything else it retries.
+        code = store_error(exc.error_code)
+        return code if code is ErrorCode.NOT_COORDINATOR else ErrorCode.COORDINATOR_NOT_AVAILABLE
+    return ErrorCode.NONE

@@ -22,7 +22,7 @@ import itertools
 import logging
 import socket as stdlib_socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, cast
 
@@ -38,6 +38,7 @@ from trio_broker.groups.share_coordinator import (
     PartitionedShareCoordinator,
     ShareCoordinatorTable,
 )
+from trio_broker.groups.share_records import StoredShareGroup
 from trio_broker.groups.share_state import SHARE_GROUP_STATE, open_share_state_log
 from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS, ClientInfo, HandlerSpec
@@ -279,6 +280,7 @@ class Broker:
             own_shares.wait_loaded = partial(share_loader.wait_loaded, 0)
             self.services += [share_loader, own_shares]
         self.share_coordinator.on_loaded = self._recall_share_groups
+        self.groups.on_share_groups_loaded = self._recall_stored_share_groups
         self.topics.on_topic_deleted = self._forget_share_state
         #: The traffic capture tap (trio_broker.capture), or None: the hot path checks this.
         self.capture: Any = None
@@ -326,6 +328,12 @@ class Broker:
         self.shares.recall_groups(
             {key.group_id for key in table.store.snapshots if key.topic_id in topic_ids}
         )
+
+    def _recall_stored_share_groups(self, stored: Mapping[str, StoredShareGroup]) -> None:
+        """This broker coordinates the groups of a ``__consumer_offsets`` partition now
+        (it restarted, or took the partition over): its share groups come back empty
+        at their stored epochs (their members rejoin)."""
+        self.shares.recall_groups(stored, {g: s.epoch for g, s in stored.items()})
 
     def _forget_share_state(self, topic_id: uuid.UUID) -> None:
         """A topic is deleted: its share state goes (handlers/share_persist.py), at the
