@@ -12,6 +12,11 @@ consumes from both and accepts some records, then leaves; the group's coordinato
 killed with -9; Kafka 4.4's ``kafka-share-groups`` asked of a survivor describes the
 group's offsets without naming a topic (both partitions), then deletes the group, and
 the share coordinators hold no state of any of its partitions afterwards.
+
+And a topic's deletion reaches a share coordinator that holds no replica of the topic:
+the group's coordinator, told by the cluster's topics, sends DeleteShareGroupState
+(Kafka's ``onTopicsDeleted``), though the one broker holding the topic (restarted since
+its member consumed, so holding no share partition of it in memory) sends nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
 
 from tests.cluster.test_cluster_e2e import eventually
 from tests.cluster.test_cluster_faults import (
@@ -225,3 +231,57 @@ def test_a_new_group_coordinator_knows_every_share_partition(
         at = state_leaders[partition_for(key, STATE_PARTITIONS)]
         with RawConnection(port_of(cluster[at]), timeout=30) as conn:
             assert summary(conn, group, topic_id, partition) == (ErrorCode.NONE, -1), partition
+
+
+def test_a_deleted_topics_share_state_goes_where_no_replica_was(cluster: Cluster) -> None:
+    holder = 1  # the topic's one replica
+    admin = admin_of(cluster)
+    [created] = admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[holder]])]).values()
+    created.result(timeout=30)
+    eventually(lambda: leaders(admin, TOPIC)[0] == holder, f"{TOPIC} led by {holder}")
+    with RawConnection(port_of(cluster[holder]), timeout=30) as conn:
+        topic_id = topic_id_of(conn, TOPIC)
+        assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
+        find_group_coordinator(conn, "probe")  # makes the offsets topic
+    full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
+    full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
+    state_leaders = leaders(admin, SHARE_GROUP_STATE)
+    offsets_leaders = leaders(admin, CONSUMER_OFFSETS)
+
+    def roles(group: str) -> tuple[int, int]:
+        """(the group's coordinator, its share partition's share coordinator)."""
+        key = coordinator_key(ShareKey(group, topic_id, 0))
+        return (
+            offsets_leaders[partition_for(group, OFFSETS_PARTITIONS)],
+            state_leaders[partition_for(key, STATE_PARTITIONS)],
+        )
+
+    group = next(g for g in (f"sg-{i}" for i in range(2000)) if holder not in roles(g))
+    coordinator, share_coordinator = roles(group)
+    with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
+        assert find_group_coordinator(conn, group) == coordinator
+        join(conn, group, "m1", TOPIC)
+    with RawConnection(port_of(cluster[holder]), timeout=30) as conn:
+        consume(conn, group, "m1", topic_id, 0, servers(cluster))
+    with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
+        leave(conn, group, "m1")
+    with RawConnection(port_of(cluster[share_coordinator]), timeout=30) as conn:
+        assert summary(conn, group, topic_id, 0) == (ErrorCode.NONE, RECORDS - 1)
+
+    cluster[holder].restart()  # it holds the share partition in memory no more
+    eventually(lambda: leaders(admin, TOPIC)[0] == holder, f"{TOPIC} led by {holder} again")
+    [deleted] = admin.delete_topics([TOPIC]).values()
+    deleted.result(timeout=30)
+
+    with RawConnection(port_of(cluster[share_coordinator]), timeout=30) as conn:
+        eventually(
+            lambda: summary(conn, group, topic_id, 0) == (ErrorCode.NONE, -1),
+            f"the share state of the deleted topic gone from broker {share_coordinator}",
+        )
+    # And from the group's records: it has share state for no topic now.
+    Req = m.DescribeShareGroupOffsetsRequest
+    with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
+        answer = conn.request(m.ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 1, Req(groups=[
+            Req.DescribeShareGroupOffsetsRequestGroup(group_id=group, topics=None)]))  # fmt: skip
+        assert answer.groups[0].error_code == ErrorCode.NONE, answer
+        assert answer.groups[0].topics == [], answer

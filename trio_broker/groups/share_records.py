@@ -52,7 +52,9 @@ class StoredShareGroup:
     #: InitializedTopics. A share partition is recorded before it is first written.
     initialized: Mapping[uuid.UUID, StoredTopic] = attrs.field(factory=dict)
     #: Topic id -> name of the topics whose share state is being deleted (Kafka's
-    #: DeletingTopics): deleted topics whose share coordinators were not yet told.
+    #: DeletingTopics). Read, and written as read: this coordinator keeps a deleted
+    #: topic in ``initialized`` until its share state is deleted everywhere (its id,
+    #: naming no topic, is what marks it), so it writes none of its own.
     deleting: Mapping[uuid.UUID, str] = attrs.field(factory=dict)
 
     def partitions(self) -> set[tuple[uuid.UUID, int]]:
@@ -79,14 +81,6 @@ class StoredShareGroup:
             initialized={t: v for t, v in self.initialized.items() if t not in gone},
             deleting={t: v for t, v in self.deleting.items() if t not in gone},
         )
-
-    def deleting_topics(self, topic_ids: Iterable[uuid.UUID]) -> StoredShareGroup:
-        """The topics (deleted) move from initialized to deleting."""
-        moving = {t for t in topic_ids if t in self.initialized}
-        deleting = dict(self.deleting)
-        deleting.update((t, self.initialized[t].name) for t in moving)
-        initialized = {t: v for t, v in self.initialized.items() if t not in moving}
-        return attrs.evolve(self, initialized=initialized, deleting=deleting)
 
 
 # ------------------------------------------------------------------------- layout

@@ -114,9 +114,11 @@ async def store_group(ctx: RequestContext, group_id: str) -> ErrorCode:
     if group is None:
         new = None
     else:
-        topics = ctx.services.topics.by_id
+        # The cluster's topics (the coordinator may hold no replica of them).
+        view = ctx.services.leaders.view
+        named = [(t, p, view.topic_by_id(t)) for t, p, _ in shares.partitions_of(group_id)]
         new = (known or StoredShareGroup()).with_partitions(
-            ((t, topics[t].name, p) for t, p, _ in shares.partitions_of(group_id) if t in topics),
+            ((t, info.name, p) for t, p, info in named if info is not None),
             epoch=group.group_epoch,
         )
     try:

@@ -14,8 +14,10 @@ high watermark too). When the coordinator is this broker the calls are direct, e
 they are requests (``cluster/share_state_channel.py``). Acquisitions alone are not
 written, as in Kafka: the next write carries their delivery counts.
 
-A deleted topic's share state goes with it (:func:`forget_topic`, called by the topic
-manager).
+A deleted topic's share state goes with it: from the brokers that held the topic
+(:func:`forget_topic`, called by the topic manager), and from every share coordinator
+holding state of it, told by the groups' coordinators (:func:`deleted_topics_of_groups`,
+:func:`delete_deleted_topics_state`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from trio_broker.handlers.share_group_state import (
     write_local,
 )
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
 from trio_broker.services.internal_topics import NotCommitted
 
 log = logging.getLogger("trio_broker.groups")
@@ -324,3 +327,56 @@ def forget_topic(services: Any, topic_id: uuid.UUID) -> list[ShareKey]:
         except NotCommitted as exc:
             log.warning("share state of deleted topic %s not tombstoned: %s", topic_id, exc)
     return [key for key in dropped if coordinator.partition_of(key) not in coordinator.tables]
+
+
+def deleted_topics_of_groups(services: Any) -> dict[str, set[uuid.UUID]]:
+    """The share groups this broker coordinates whose records (groups/share_records.py)
+    name topics that no longer exist: group -> those topic ids. What Kafka's group
+    coordinator learns from a topic's deletion (``onTopicsDeleted``); asked here of the
+    topics as this broker sees them (``services.leaders.view``: the cluster's), so a
+    coordinator that missed the deletion (down, or not the coordinator then) still finds
+    them when it loads the group."""
+    groups = services.groups
+    existing = {topic.topic_id for topic in services.leaders.view.topics.values()}
+    gone: dict[str, set[uuid.UUID]] = {}
+    for group_id, stored in list(groups.share_groups.items()):
+        missing = {t for t in stored.initialized if t not in existing}
+        if missing and groups.coordinator_error(group_id) is ErrorCode.NONE:
+            gone[group_id] = missing
+    return gone
+
+
+async def delete_deleted_topics_state(
+    services: Any, group_id: str, topic_ids: Collection[uuid.UUID]
+) -> ErrorCode:
+    """DeleteShareGroupState for the group's share partitions of the deleted topics, at
+    whichever brokers coordinate them (a broker holding share state of a topic it has no
+    replica of is told only so), then the group's records without the topics: NONE once
+    both count. On an error the records keep the topics, and the next look (a change of
+    the topics, a load of the group) deletes them again."""
+    groups = services.groups
+    stored = groups.share_group(group_id)
+    if stored is None:
+        return ErrorCode.NONE
+    keys = [
+        ShareKey(group_id, topic_id, partition)
+        for topic_id in topic_ids
+        if topic_id in stored.initialized
+        for partition in sorted(stored.initialized[topic_id].partitions)
+    ]
+    answers = await delete_state(services, keys)
+    if failed := {k: e for k, e in answers.items() if e is not ErrorCode.NONE}:
+        log.warning("share state of deleted topics not deleted yet: %s", failed)
+        return next(iter(failed.values()))
+    now = groups.share_group(group_id)
+    if now is None:
+        return ErrorCode.NONE  # the group was deleted meanwhile
+    try:
+        write = groups.store_share_group(group_id, now.without_topics(topic_ids))
+        if write is not None:
+            await groups.wait_offsets_durable(write)
+    except KafkaError as exc:
+        log.warning("share group %r: deleted topics not removed from its records: %s",
+                    group_id, exc)  # fmt: skip
+        return exc.error_code
+    return ErrorCode.NONE

@@ -42,7 +42,12 @@ from trio_broker.groups.share_records import StoredShareGroup
 from trio_broker.groups.share_state import SHARE_GROUP_STATE, open_share_state_log
 from trio_broker.handlers import load_handlers
 from trio_broker.handlers.base import HANDLERS, ClientInfo, HandlerSpec
-from trio_broker.handlers.share_persist import delete_state, forget_topic
+from trio_broker.handlers.share_persist import (
+    delete_deleted_topics_state,
+    delete_state,
+    deleted_topics_of_groups,
+    forget_topic,
+)
 from trio_broker.security.authorize import Authorizer
 from trio_broker.security.credentials import CredentialStore
 from trio_broker.security.decoy import decoy_secret
@@ -280,6 +285,8 @@ class Broker:
             own_shares.wait_loaded = partial(share_loader.wait_loaded, 0)
             self.services += [share_loader, own_shares]
         self.share_coordinator.on_loaded = self._recall_share_groups
+        #: Share groups whose deleted topics' share state is being deleted now.
+        self._deleting_share_topics: set[str] = set()
         self.groups.on_share_groups_loaded = self._recall_stored_share_groups
         self.topics.on_topic_deleted = self._forget_share_state
         #: The traffic capture tap (trio_broker.capture), or None: the hot path checks this.
@@ -334,6 +341,7 @@ class Broker:
         (it restarted, or took the partition over): its share groups come back empty
         at their stored epochs (their members rejoin)."""
         self.shares.recall_groups(stored, {g: s.epoch for g, s in stored.items()})
+        self._sweep_deleted_share_topics()  # deleted while another broker coordinated them
 
     def _forget_share_state(self, topic_id: uuid.UUID) -> None:
         """A topic is deleted: its share state goes (handlers/share_persist.py), at the
@@ -342,6 +350,41 @@ class Broker:
         elsewhere = forget_topic(self, topic_id)
         if elsewhere and self.root_nursery is not None:
             self.root_nursery.start_soon(self._delete_share_state, elsewhere)
+        self._sweep_deleted_share_topics()
+
+    def _sweep_deleted_share_topics(self) -> None:
+        """The share groups coordinated here whose records name deleted topics: their
+        share state goes at every share coordinator holding it, in the background, one
+        task per group at a time (handlers/share_persist.py; as Kafka's group coordinator
+        sends DeleteShareGroupState when a topic is deleted). Called when the cluster's
+        topics change, a topic held here is deleted, and a group's records are loaded."""
+        if self.root_nursery is None:
+            return
+        for group_id, topic_ids in deleted_topics_of_groups(self).items():
+            if group_id not in self._deleting_share_topics:
+                self._deleting_share_topics.add(group_id)
+                self.root_nursery.start_soon(self._delete_deleted_share_topics, group_id, topic_ids)
+
+    async def _delete_deleted_share_topics(self, group_id: str, topic_ids: set[uuid.UUID]) -> None:
+        try:
+            await delete_deleted_topics_state(self, group_id, topic_ids)
+        except Exception:  # a background task: never the root nursery's end
+            log.exception("deleting the share state of deleted topics of group %r", group_id)
+        finally:
+            self._deleting_share_topics.discard(group_id)
+
+    async def _follow_deleted_share_topics(self, admin: TopicAdmin) -> None:
+        """While this broker is in its cluster: at each change of the cluster's topics,
+        look for share groups whose topics were deleted (the broker may hold no replica
+        of them, so the topic manager does not tell it)."""
+        # A cluster's admin (cluster/topic_admin.py) says when its view changes.
+        view_event: Callable[[], trio.Event] | None = getattr(admin, "view_event", None)
+        if view_event is None:
+            return
+        while self.topic_admin is admin:
+            changed = view_event()
+            self._sweep_deleted_share_topics()
+            await changed.wait()
 
     async def _delete_share_state(self, keys: list[Any]) -> None:
         try:
@@ -428,6 +471,8 @@ class Broker:
     def joined(self, replication: BrokerReplication, admin: TopicAdmin) -> None:
         """The broker joined its cluster: the replica manager and its admin."""
         self.replication, self.topic_admin = replication, admin
+        if self.root_nursery is not None:
+            self.root_nursery.start_soon(self._follow_deleted_share_topics, admin)
 
     def left(self) -> None:
         """The broker left its cluster: it leads and changes nothing (as before joining)."""

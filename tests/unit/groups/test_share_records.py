@@ -88,13 +88,6 @@ def test_the_latest_record_wins_and_tombstones_remove_the_group() -> None:
     assert stored("g", store) is None and store.share_group_ids() == set()
 
 
-def test_a_topic_moves_to_deleting_and_goes() -> None:
-    group = StoredShareGroup(1).with_partitions([(T1, "a", 0), (T2, "b", 0)])
-    deleting = group.deleting_topics([T1, uuid.UUID(int=9)])
-    assert deleting.partitions() == {(T2, 0)} and deleting.deleting == {T1: "a"}
-    assert deleting.without_topics([T1]) == StoredShareGroup(1).with_partitions([(T2, "b", 0)])
-
-
 @pytest.mark.parametrize("cut", [1, 3, 7, 25])
 def test_a_damaged_value_is_refused(cut: int) -> None:
     group = StoredShareGroup(2).with_partitions([(T1, "topic", 3)])
