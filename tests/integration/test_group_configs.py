@@ -192,3 +192,37 @@ async def test_kafka_configs_entity_type_groups(
     assert broker.shares.group_configs.get("tool-group") == {"share.auto.offset.reset": "earliest"}
     described = await trio.to_thread.run_sync(run, "--describe")
     assert "share.auto.offset.reset=earliest" in described, described
+
+
+async def test_share_fetch_reports_the_groups_lock_duration(raw: RawClient, broker: Broker) -> None:
+    """AcquisitionLockTimeoutMs is the lock the group's acquisitions take: its own
+    share.record.lock.duration.ms, else the broker's group.share.record.lock.duration.ms
+    (Kafka 4.x's KafkaApis reports the group config's); 0 on a request refused whole
+    (Kafka's error response)."""
+    broker.topics.create("t-lock", 1)
+    topic_id = broker.topics.get("t-lock").topic_id  # type: ignore[union-attr]
+    assert (
+        await incremental(raw, "locked", "share.record.lock.duration.ms", "20000")
+    ).error_code == 0
+
+    async def share_fetch(group: str, member: str) -> Any:
+        Req = m.ShareFetchRequest
+        request = Req(
+            group_id=group, member_id=member, share_session_epoch=0, max_wait_ms=0,
+            min_bytes=1, max_bytes=1 << 20, max_records=10, batch_size=10,
+            topics=[Req.FetchTopic(topic_id=topic_id, partitions=[
+                Req.FetchTopic.FetchPartition(partition_index=0, acknowledgement_batches=[])])],
+            forgotten_topics_data=[],
+        )  # fmt: skip
+        return await raw.call(m.ApiKey.SHARE_FETCH, 1, request)
+
+    locked = await share_fetch("locked", uuid.uuid4().hex)
+    assert (locked.error_code, locked.acquisition_lock_timeout_ms) == (ErrorCode.NONE, 20_000)
+    default = await share_fetch("plain", uuid.uuid4().hex)
+    assert default.error_code == ErrorCode.NONE
+    assert default.acquisition_lock_timeout_ms == broker.config.group_share_record_lock_duration_ms
+    refused = await share_fetch("locked", "")  # no member id: INVALID_REQUEST
+    assert (refused.error_code, refused.acquisition_lock_timeout_ms) == (
+        ErrorCode.INVALID_REQUEST,
+        0,
+    )

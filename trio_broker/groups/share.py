@@ -143,6 +143,12 @@ class ShareGroups:
             ),
         )
 
+    def lock_duration_ms(self, group_id: str) -> int:
+        """The group's acquisition lock duration: its share.record.lock.duration.ms, else
+        the broker's group.share.record.lock.duration.ms (what ShareFetch reports as
+        AcquisitionLockTimeoutMs, as Kafka's does)."""
+        return self._partition_settings(group_id)["lock_duration_ms"]
+
     def auto_offset_reset(self, group_id: str) -> AutoOffsetReset:
         """Where the group's new share partitions start (share.auto.offset.reset; Kafka's
         default is latest)."""

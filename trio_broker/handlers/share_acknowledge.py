@@ -23,8 +23,7 @@ PartResp = TopicResp.PartitionData
 def top_level(ctx: RequestContext, code: ErrorCode, message: str | None = None) -> Resp:
     return Resp(
         throttle_time_ms=0, error_code=code, error_message=message,
-        acquisition_lock_timeout_ms=ctx.services.shares.config.record_lock_duration_ms,
-        responses=[], node_endpoints=[],
+        acquisition_lock_timeout_ms=0, responses=[], node_endpoints=[],
     )  # fmt: skip
 
 
@@ -76,7 +75,8 @@ async def handle_share_acknowledge(ctx: RequestContext, request: m.ShareAcknowle
                     part.error_code = stored
     return Resp(
         throttle_time_ms=0, error_code=ErrorCode.NONE,
-        acquisition_lock_timeout_ms=shares.config.record_lock_duration_ms,
+        # (Version 2's field, KIP-1222; not offered: version 1 carries none.)
+        acquisition_lock_timeout_ms=shares.lock_duration_ms(group_id),
         responses=[TopicResp(topic_id=t, partitions=ps) for t, ps in per_topic.items()],
         node_endpoints=[],
     )  # fmt: skip

@@ -296,17 +296,19 @@ class Fetch:
             per_topic.setdefault(topic_id, []).append(part)
         return Resp(
             throttle_time_ms=0, error_code=ErrorCode.NONE,
-            acquisition_lock_timeout_ms=self.ctx.services.shares.config.record_lock_duration_ms,
+            # The group's lock duration, which its acquisitions took (Kafka reports the
+            # group config's share.record.lock.duration.ms, else the broker's).
+            acquisition_lock_timeout_ms=self.ctx.services.shares.lock_duration_ms(self.group_id),
             responses=[TopicResp(topic_id=t, partitions=ps) for t, ps in per_topic.items()],
             node_endpoints=[],
         )  # fmt: skip
 
 
 def top_level(ctx: RequestContext, code: ErrorCode, message: str | None = None) -> Resp:
+    # Nothing acquired: no lock to report (0, as Kafka's error response).
     return Resp(
         throttle_time_ms=0, error_code=code, error_message=message,
-        acquisition_lock_timeout_ms=ctx.services.shares.config.record_lock_duration_ms,
-        responses=[], node_endpoints=[],
+        acquisition_lock_timeout_ms=0, responses=[], node_endpoints=[],
     )  # fmt: skip
 
 
