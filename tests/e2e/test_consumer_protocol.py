@@ -38,7 +38,7 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
 
 def make_topic(bootstrap: str, name: str, records: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(timeout=30)
+    admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(timeout=60)
     producer = Producer({"bootstrap.servers": bootstrap})
     for i in range(records):
         producer.produce(name, value=f"r{i}".encode(), partition=i % PARTITIONS)
