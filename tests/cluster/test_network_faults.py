@@ -24,7 +24,6 @@ acknowledged record read back exactly once, in order, nothing read earlier chang
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,17 +51,12 @@ from tests.cluster.test_cluster_faults import (
     servers,
 )
 from tests.e2e.conftest import start_all, stop_all
+from tests.ports import free_port
 from trio_broker.protocol.records import build_batch
 
 pytestmark = pytest.mark.timeout(300)
 
 SESSION_MS = 4000
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ProxiedBroker(ConfiguredBroker):
