@@ -103,7 +103,7 @@ def test_cluster_up_prints_its_bootstrap_serves_and_stops_cleanly(tmp_path: Path
         consumer = Consumer({"bootstrap.servers": servers, "group.id": "up"})
         consumer.assign([TopicPartition("up", 0, 0)])
         seen = []
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while len(seen) < 20 and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is not None and msg.error() is None:

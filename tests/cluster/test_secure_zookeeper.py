@@ -168,7 +168,7 @@ async def test_the_login_is_made_again_after_zookeeper_restarts(tmp_path: Path) 
             await coord.create("/config/users/boss", b"1")
             server.stop()
             await trio.to_thread.run_sync(server.restart)
-            with trio.fail_after(30):
+            with trio.fail_after(60):
                 version = await coord.set("/config/users/boss", b"2", 0)
                 await coord.create("/brokers/ids/1", b"{}", ephemeral=True)
             assert version == 1

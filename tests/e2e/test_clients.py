@@ -759,7 +759,7 @@ def test_sigterm_again_during_the_shutdown_still_exits_0(broker_process: BrokerP
                     fetch_offset=0, log_start_offset=-1, partition_max_bytes=1 << 20)])],
         ))  # fmt: skip
         proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:
             proc.send_signal(signal.SIGTERM)  # again and again until it has exited
             time.sleep(0.005)

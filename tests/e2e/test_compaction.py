@@ -54,7 +54,7 @@ def read_from_start(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes 
         consumer.assign([CTopicPartition(topic, 0, 0)])
         rows: list[tuple[int, bytes, bytes | None, int]] = []
         empty_polls = 0
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while empty_polls < 3 and time.monotonic() < deadline:
             messages = consumer.consume(500, timeout=0.5)
             if not messages:
@@ -180,7 +180,7 @@ def read_values(bootstrap: str, topic: str, isolation: str) -> dict[bytes, list[
         consumer.assign([CTopicPartition(topic, 0, 0)])
         seen: dict[bytes, list[bytes | None]] = {}
         empty_polls = 0
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while empty_polls < 3 and time.monotonic() < deadline:
             messages = consumer.consume(500, timeout=0.5)
             empty_polls = 0 if messages else empty_polls + 1
