@@ -42,4 +42,10 @@ echo "== pytest (${TEST_WORKERS:-3} workers)"
 # where 2 had taken 1,438 s, both green. A module's tests stay on one worker
 # (loadfile), so module-scoped fixtures (a broker, a Spark session) start once.
 # TEST_WORKERS=0 runs everything in one process.
-.venv/bin/python -m pytest -n "${TEST_WORKERS:-3}" --dist loadfile --durations=30 "$@"
+# Every run leaves a JUnit report of its per-test seconds outside the repo, so the schedule's
+# recorded seconds can be refreshed from any full run (tools/test_durations.py; a
+# --junitxml of your own, given after, takes its place).
+junit="${XDG_CACHE_HOME:-$HOME/.cache}/trio-broker/junit-last.xml"
+mkdir -p "$(dirname "$junit")"
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-3}" --dist loadfile --durations=30 \
+  --junitxml="$junit" "$@"

@@ -61,3 +61,18 @@ def restartable_port(host: str = "127.0.0.1") -> int:
                 continue  # held by a listener, a connection, or one in TIME_WAIT
             return port
     return 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free port to give a listener a test starts later (a broker, a JVM daemon).
+
+    :func:`restartable_port` when this machine has ports below its ephemeral range: the
+    process binds it moments or minutes later (or again after a restart), and a kernel-
+    chosen port may meanwhile go to any outgoing connection. Otherwise one the kernel
+    picks, never 0 (the caller must know the port before the process starts)."""
+    port = restartable_port(host)
+    if port:
+        return port
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])

@@ -15,10 +15,10 @@ two things:
   process) instead of each worker starting its own, and every job after the first
   runs on a warm JVM.
 
-Refresh the recorded seconds after a full run with a JUnit report::
+Refresh the recorded seconds after a full run (scripts/test.sh leaves its JUnit report
+outside the repo)::
 
-    scripts/test.sh --junitxml=/tmp/run.xml
-    .venv/bin/python tools/test_durations.py /tmp/run.xml
+    .venv/bin/python tools/test_durations.py ~/.cache/trio-broker/junit-last.xml
 
 Stale numbers cost only balance, never correctness: every collected test still runs
 exactly once. Root conftest.py loads this plugin; without xdist it does nothing.

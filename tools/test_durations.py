@@ -1,10 +1,10 @@
 """Record each test file's seconds from a JUnit report, for the xdist schedule.
 
 tests/scheduling.py hands files to the workers longest first, by the seconds this
-writes to tests/durations.json. Run after a full run that wrote a JUnit report::
+writes to tests/durations.json. Every scripts/test.sh run leaves its report in
+``~/.cache/trio-broker/junit-last.xml`` (``$XDG_CACHE_HOME`` if set); after a full run::
 
-    scripts/test.sh --junitxml=/tmp/run.xml
-    .venv/bin/python tools/test_durations.py /tmp/run.xml
+    .venv/bin/python tools/test_durations.py ~/.cache/trio-broker/junit-last.xml
 
 It also prints the ten longest files and the run's summed test seconds.
 """

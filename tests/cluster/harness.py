@@ -60,7 +60,7 @@ def registration(broker_id: int) -> BrokerRegistration:
     return BrokerRegistration(broker_id, "127.0.0.1", 19000 + broker_id, rack=f"r{broker_id}")
 
 
-async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
     with trio.move_on_after(timeout_s):
         while not condition():  # noqa: ASYNC110 - a plain-data condition, no event to wait on
             await trio.sleep(0.02)

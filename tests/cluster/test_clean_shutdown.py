@@ -130,7 +130,7 @@ def test_sigterm_at_any_point_of_start_and_leadership_changes_exits_cleanly(
 
         three_brokers()
         [future] = admin.create_topics([NewTopic("work", num_partitions=3)]).values()
-        future.result(timeout=30)
+        future.result(timeout=60)
         _use_the_internal_topics(bootstrap)
         for delay in delays:  # while it starts: joining, registering, electing
             _stop_cleanly(brokers[3], "broker 3")

@@ -123,7 +123,7 @@ def create_topics(admin: AdminClient, *names: str) -> None:
     def created() -> bool:
         for name, future in admin.create_topics([NewTopic(t, 1) for t in missing]).items():
             try:
-                future.result(timeout=30)
+                future.result(timeout=60)
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.INVALID_REPLICATION_FACTOR:
                     raise AssertionError(f"{name}: {exc}") from None
@@ -215,13 +215,13 @@ def test_acls_and_users_made_through_one_broker_hold_on_every_broker(
     upsert = UserScramCredentialUpsertion(
         ALICE, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), ALICE_PW.encode()
     )
-    admin.alter_user_scram_credentials([upsert])[ALICE].result(timeout=30)
+    admin.alter_user_scram_credentials([upsert])[ALICE].result(timeout=60)
     granted = [
         acl("granted-", ResourcePatternType.PREFIXED, AclOperation.WRITE),
         acl(FORBIDDEN, ResourcePatternType.LITERAL, AclOperation.DESCRIBE),
     ]
     for future in admin.create_acls(granted).values():
-        future.result(timeout=30)
+        future.result(timeout=60)
     # Brokers 2 and 3 let her log in and decide as the ACLs say.
     for broker in (two, three):
         eventually(
@@ -229,7 +229,7 @@ def test_acls_and_users_made_through_one_broker_hold_on_every_broker(
         )
         eventually(refused(broker, FORBIDDEN), f"alice refused {FORBIDDEN} via {broker.broker_id}")
     admin_at_three = AdminClient(sasl(three, ADMIN, ADMIN_PW))
-    listed = admin_at_three.describe_acls(ALL_ACLS).result(timeout=30)
+    listed = admin_at_three.describe_acls(ALL_ACLS).result(timeout=60)
     assert sorted(map(str, listed)) == sorted(map(str, granted))
     # carol came from broker 3's single-node data dir; she logs in at broker 1 (and may
     # not write: no ACL names her).
@@ -257,5 +257,5 @@ def test_acls_and_users_made_through_one_broker_hold_on_every_broker(
                                   None, None, AclOperation.WRITE, AclPermissionType.ANY)  # fmt: skip
     admin_at_two = AdminClient(sasl(two, ADMIN, ADMIN_PW))
     [deleted] = admin_at_two.delete_acls([write_only]).values()
-    assert [str(b) for b in deleted.result(timeout=30)] == [str(granted[0])]
+    assert [str(b) for b in deleted.result(timeout=60)] == [str(granted[0])]
     eventually(refused(one, GRANTED), "alice refused at broker 1 once the ACL is deleted")

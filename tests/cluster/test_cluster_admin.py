@@ -110,7 +110,7 @@ def create(cluster: Cluster, admin: AdminClient, topic: str, replicas: list[int]
     [future] = admin.create_topics(
         [NewTopic(topic, num_partitions=1, replica_assignment=[replicas])]
     ).values()
-    future.result(timeout=30)
+    future.result(timeout=60)
     eventually(
         lambda: partitions(admin, topic).get(0, (0, [], []))[2] == replicas,
         f"{topic}-0 led by {replicas[0]} with ISR {replicas}",
@@ -122,7 +122,7 @@ def create(cluster: Cluster, admin: AdminClient, topic: str, replicas: list[int]
 def elect(admin: AdminClient, election_type: ElectionType, topic: str, partition: int = 0) -> int:
     """The partition's error code from confluent-kafka's elect_leaders (0: elected)."""
     tp = TopicPartition(topic, partition)
-    result = admin.elect_leaders(election_type, [tp]).result(timeout=40)
+    result = admin.elect_leaders(election_type, [tp]).result(timeout=60)
     [(answered, error)] = result.items()
     assert (answered.topic, answered.partition) == (topic, partition)
     if error is None:
@@ -208,7 +208,7 @@ def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
     assert padded.flush(60) == 0
     assert len(acked.partition_of) == 2000, acked.errors
     background = BackgroundProducer(servers(cluster), "moving", 100_000)
-    eventually(lambda: background.acked_count() > 50, "the producer is under way", 30)
+    eventually(lambda: background.acked_count() > 50, "the producer is under way", 60)
     before = read_partitions(servers(cluster), "moving", 1)
 
     kadmin = KafkaAdminClient(bootstrap_servers=servers(cluster))
@@ -257,7 +257,7 @@ def test_reassignment_moves_a_partition_under_load(throttled: Cluster) -> None:
         assert not_moving[tp] is not None and not_moving[tp].errno == 85, not_moving
     finally:
         kadmin.close()
-    eventually(lambda: background.acked_count() > catch_up_done + 100, "producing goes on", 30)
+    eventually(lambda: background.acked_count() > catch_up_done + 100, "producing goes on", 60)
     more = background.stop()
     acked.partition_of.update(more.partition_of)
     assert not more.errors, more.errors
@@ -325,13 +325,13 @@ def test_create_partitions_and_delete_topics_across_the_cluster(shared: Cluster)
     admin = admin_of(brokers)
     every_broker_lists(brokers)
     [created] = admin.create_topics([NewTopic("grow", 1, 2)]).values()
-    created.result(timeout=30)
+    created.result(timeout=60)
     [grown] = admin.create_partitions([NewPartitions("grow", 3)]).values()
-    grown.result(timeout=30)
+    grown.result(timeout=60)
     [placed] = admin.create_partitions(
         [NewPartitions("grow", 4, replica_assignment=[[3, 1]])]
     ).values()
-    placed.result(timeout=30)
+    placed.result(timeout=60)
     eventually(
         lambda: len(state := partitions(admin, "grow")) == 4
         and all(len(replicas) == 2 and leader >= 1 and len(isr) == 2
@@ -397,11 +397,11 @@ def test_create_partitions_and_delete_topics_across_the_cluster(shared: Cluster)
     holders = {b for _, replicas, _ in grown_state.values() for b in replicas}
     assert all(list(brokers[b].data_dir.glob("grow-*")) for b in holders)
     [deleted] = admin.delete_topics(["grow"]).values()
-    deleted.result(timeout=30)
+    deleted.result(timeout=60)
     eventually(
         lambda: not any(list(b.data_dir.glob("grow-*")) for b in brokers.values()),
         "every broker deleted its copy",
-        30,
+        60,
     )
     asked = m.MetadataRequest(
         topics=[m.MetadataRequest.MetadataRequestTopic(name="grow")],
@@ -416,13 +416,13 @@ def test_create_partitions_and_delete_topics_across_the_cluster(shared: Cluster)
     # Each broker forgets the topic when its own watch sees it go (a broker deletes its
     # copy then too, but one holding none has nothing on disk to show it).
     for b, broker in brokers.items():
-        eventually(lambda broker=broker: forgotten(broker), f"broker {b} forgot grow", 30)
+        eventually(lambda broker=broker: forgotten(broker), f"broker {b} forgot grow", 60)
     [missing] = admin.delete_topics(["grow"]).values()
     with pytest.raises(KafkaException) as caught:
         missing.result(timeout=30)
     assert caught.value.args[0].code() == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     [again] = admin.create_topics([NewTopic("grow", 2, 3)]).values()
-    again.result(timeout=30)
+    again.result(timeout=60)
     eventually(lambda: len(partitions(admin, "grow")) == 2, "grow created again")
 
 

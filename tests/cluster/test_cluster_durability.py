@@ -15,7 +15,6 @@ An idempotent acks=all producer writes 300 records to a topic of replication fac
 from __future__ import annotations
 
 import re
-import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,18 +25,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.cluster.test_cluster_e2e import ClusterBroker, eventually, every_broker_lists, produce
 from tests.e2e.conftest import BrokerProcess, start_all, stop_all
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(300)
 
 TOPIC = "durability"
 RECORDS = 300
 NEVER = "9223372036854775807"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class MeteredBroker(ClusterBroker):
@@ -48,7 +42,7 @@ class MeteredBroker(ClusterBroker):
     ) -> None:
         config = data_dir.parent / f"broker{broker_id}.properties"
         super().__init__(data_dir, broker_id, zookeeper, config)
-        self.metrics_port = _free_port()
+        self.metrics_port = free_port()
         keys = {"min.insync.replicas": "2", **keys}
         keys["metrics.listener"] = f"127.0.0.1:{self.metrics_port}"
         config.write_text("".join(f"{k}={v}\n" for k, v in keys.items()))

@@ -242,7 +242,7 @@ def test_replicated_topic_survives_its_leaders_kill_9(
     [future] = admin.create_topics(
         [NewTopic("replicated", num_partitions=3, replication_factor=3)]
     ).values()
-    future.result(timeout=30)
+    future.result(timeout=60)
     eventually(
         lambda: (
             len(state := partitions(admin, "replicated")) == 3

@@ -114,7 +114,7 @@ def create_topic(cluster: Cluster, topic: str, count: int) -> AdminClient:
     admin = admin_of(cluster)
     every_broker_lists(cluster)
     [future] = admin.create_topics([NewTopic(topic, num_partitions=count)]).values()
-    future.result(timeout=30)  # replication factor 3 from default.replication.factor
+    future.result(timeout=60)  # replication factor 3 from default.replication.factor
     full_isr(admin, topic, count)
     # Every broker knows each leader too: the next Metadata answer, from whichever broker,
     # names it (one that has read the topic but not its partition state says -1).
@@ -368,7 +368,7 @@ def test_min_insync_replicas_refuses_acks_all_below_it(cluster: Cluster) -> None
     for b in others:
         assert cluster[b].stop() == 0
     admin = admin_of(cluster)
-    eventually(lambda: partitions(admin, "mis")[0][2] == [leader], f"ISR shrunk to [{leader}]", 30)
+    eventually(lambda: partitions(admin, "mis")[0][2] == [leader], f"ISR shrunk to [{leader}]", 60)
     # A raw acks=all produce: refused before the append, with Kafka's error.
     with cluster[leader].connect() as conn:
         answer = conn.produce("mis", build_batch([(b"x", b"-1")]), acks=-1)
@@ -398,7 +398,7 @@ def test_follower_kill_9_leaves_and_rejoins_the_isr(cluster: Cluster) -> None:
     victim = next(b for b in cluster if b != leader)
 
     background = BackgroundProducer(servers(cluster, without=(victim,)), "fk", 1000)
-    eventually(lambda: background.acked_count() > 50, "the producer is under way", 30)
+    eventually(lambda: background.acked_count() > 50, "the producer is under way", 60)
     cluster[victim].kill9()
     killed_at = time.monotonic()
     admin = admin_of(cluster)
@@ -411,7 +411,7 @@ def test_follower_kill_9_leaves_and_rejoins_the_isr(cluster: Cluster) -> None:
     eventually(lambda: victim not in partitions(admin, "fk")[0][2], f"{victim} out of the ISR", 60)
     print(f"{victim} left the ISR {time.monotonic() - killed_at:.1f} s after its kill -9")
     acked_then = background.acked_count()
-    eventually(lambda: background.acked_count() > acked_then + 200, "acks=all with 2 of 3", 30)
+    eventually(lambda: background.acked_count() > acked_then + 200, "acks=all with 2 of 3", 60)
 
     cluster[victim].start()
     admin = admin_of(cluster)
@@ -445,22 +445,22 @@ def test_controller_kill_9_moves_the_controller_and_its_leaderships(cluster: Clu
     before = read_partitions(servers(cluster), "ctl", 3)
 
     background = BackgroundProducer(servers(cluster, without=(controller,)), "ctl", 1000)
-    eventually(lambda: background.acked_count() > 50, "the producer is under way", 30)
+    eventually(lambda: background.acked_count() > 50, "the producer is under way", 60)
     since = log_sizes(cluster)
     cluster[controller].kill9()
     admin = admin_of(cluster)
     eventually(
         lambda: admin.list_topics(timeout=5).controller_id not in (controller, -1),
         "another controller",
-        20,
+        60,
     )
     eventually(
         lambda: all(leader not in (controller, -1) for leader in leaders(admin, "ctl").values()),
         f"new leaders for partitions {led}",
-        20,
+        60,
     )
     acked_then = background.acked_count()
-    eventually(lambda: background.acked_count() > acked_then + 200, "producing goes on", 30)
+    eventually(lambda: background.acked_count() > acked_then + 200, "producing goes on", 60)
     more = background.stop()
     assert_survivors_stay_in_sync(cluster, "ctl", controller, since)
     for value, p in more.partition_of.items():
@@ -482,7 +482,7 @@ def test_paused_leader_becomes_a_harmless_zombie(cluster: Cluster) -> None:
     # The producer knows all brokers: its requests queue up on the paused one's socket
     # and reach the zombie when it continues.
     background = BackgroundProducer(servers(cluster), "zombie", 1000)
-    eventually(lambda: background.acked_count() > 50, "the producer is under way", 30)
+    eventually(lambda: background.acked_count() > 50, "the producer is under way", 60)
     since = log_sizes(cluster)
     cluster[old].signal(signal.SIGSTOP)
     try:
@@ -490,10 +490,10 @@ def test_paused_leader_becomes_a_harmless_zombie(cluster: Cluster) -> None:
         eventually(
             lambda: leaders(admin, "zombie")[0] not in (old, -1),
             "a new leader while the old one sleeps",
-            30,
+            60,
         )
         acked_then = background.acked_count()
-        eventually(lambda: background.acked_count() > acked_then + 100, "producing goes on", 30)
+        eventually(lambda: background.acked_count() > acked_then + 100, "producing goes on", 60)
         # An observation window, not a synchronisation (the new leader shows the sleeper's
         # session expired): a survivor that dropped a live follower would do so within
         # replica.lag.time.max.ms (LAG_MS < SESSION_MS).
@@ -519,7 +519,7 @@ def test_paused_leader_becomes_a_harmless_zombie(cluster: Cluster) -> None:
     # The zombie learns from ZooKeeper that its session expired, registers again and
     # follows the new leader: then every broker agrees.
     eventually(lambda: "session expired" in cluster[old].log_text()[since[old] :],
-               "the zombie saw its session expire", 30)  # fmt: skip
+               "the zombie saw its session expire", 60)  # fmt: skip
     converged(cluster, "zombie", 1)
     new = leaders(admin_of(cluster), "zombie")[0]
     assert new != old
@@ -548,7 +548,7 @@ def test_leader_sigterm_producers_move_on(cluster: Cluster, zookeeper: str) -> N
     registrations.start(timeout=60)  # before the stop: its answer comes at once after
 
     background = BackgroundProducer(servers(cluster), "term", 1000)
-    eventually(lambda: background.acked_count() > 50, "the producer is under way", 30)
+    eventually(lambda: background.acked_count() > 50, "the producer is under way", 60)
     acked_then = background.acked_count()
     try:
         assert cluster[leader].stop() == 0

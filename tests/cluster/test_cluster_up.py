@@ -42,7 +42,7 @@ def _create_topic(admin: AdminClient, name: str) -> None:
     while True:
         [future] = admin.create_topics([NewTopic(name, num_partitions=1)]).values()
         try:
-            future.result(timeout=30)
+            future.result(timeout=60)
             return
         except KafkaException as exc:
             lagging = exc.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR
@@ -103,7 +103,7 @@ def test_cluster_up_prints_its_bootstrap_serves_and_stops_cleanly(tmp_path: Path
         consumer = Consumer({"bootstrap.servers": servers, "group.id": "up"})
         consumer.assign([TopicPartition("up", 0, 0)])
         seen = []
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while len(seen) < 20 and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is not None and msg.error() is None:
@@ -278,7 +278,7 @@ def test_a_killed_leader_is_replaced_then_restarted_and_nothing_acknowledged_is_
         before = cluster.broker(leader)
         os.kill(before["pid"], signal.SIGKILL)
         # One line names the broker, how it ended and its log; the others keep running.
-        _wait_for(lambda: cluster.said(f"broker {leader} was killed by SIGKILL"), 30, "report")
+        _wait_for(lambda: cluster.said(f"broker {leader} was killed by SIGKILL"), 60, "report")
         line = next(x for x in cluster.stderr if f"broker {leader} was killed" in x)
         assert before["log"] in line, line
         assert cluster.proc.poll() is None
@@ -288,13 +288,13 @@ def test_a_killed_leader_is_replaced_then_restarted_and_nothing_acknowledged_is_
         at_kill = len(acked)
         _wait_for(lambda: len(acked) >= at_kill + 300, 60, "writes acknowledged by the new leader")
         # The killed broker comes back (same id, port and data) and catches up into the ISR.
-        _wait_for(lambda: cluster.broker(leader)["starts"] == 2, 30, "the restart")
+        _wait_for(lambda: cluster.broker(leader)["starts"] == 2, 60, "the restart")
         assert cluster.broker(leader)["address"] == before["address"]
         _wait_for(lambda: (p := partition()) is not None and leader in p.isrs, 90,
                   f"broker {leader} back in the ISR")  # fmt: skip
         # The supervisor says so on its next pass after the broker is ready, which can
         # come after the broker rejoined the ISR on a busy machine.
-        _wait_for(lambda: cluster.said(f"broker {leader} is back on {before['address']}"), 30,
+        _wait_for(lambda: cluster.said(f"broker {leader} is back on {before['address']}"), 60,
                   "the supervisor to report the broker back")  # fmt: skip
         stop_producing.set()
         producing.join(120)
@@ -382,10 +382,10 @@ def test_operator_stops_and_restarts_a_broker_and_one_that_keeps_dying_is_given_
             killed.add(victim)
             os.kill(victim, signal.SIGKILL)
             _wait_for(lambda d=death: sum("broker 3 was killed" in x for x in cluster.stderr) == d,
-                      30, f"death {death} reported")  # fmt: skip
+                      60, f"death {death} reported")  # fmt: skip
         assert cluster.said("not restarting it")
         # The supervisor says so first and writes its state file on its next pass.
-        _wait_for(lambda: cluster.broker(3)["state"] == "gave up", 30, "state 'gave up'")
+        _wait_for(lambda: cluster.broker(3)["state"] == "gave up", 60, "state 'gave up'")
         assert cluster.proc.poll() is None
         assert cluster.broker(1)["state"] == cluster.broker(2)["state"] == "running"
         # The operator's restart brings it back.
@@ -447,7 +447,7 @@ def test_cluster_up_locks_zookeeper_and_its_files(tmp_path: Path) -> None:
         upsert = UserScramCredentialUpsertion(
             "boss", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"boss-secret"
         )
-        admin.alter_user_scram_credentials([upsert])["boss"].result(timeout=30)
+        admin.alter_user_scram_credentials([upsert])["boss"].result(timeout=60)
         _create_topic(admin, "locked")
         producer = Producer({"bootstrap.servers": servers, "acks": "all"})
         producer.produce("locked", value=b"still works")

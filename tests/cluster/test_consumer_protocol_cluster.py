@@ -13,18 +13,30 @@ there for a new member of the group.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.cluster import test_groups_replicated as replicated_groups
 from tests.cluster.test_cluster_e2e import eventually
-from tests.cluster.test_cluster_faults import Cluster, create_topic, servers
+from tests.cluster.test_cluster_faults import Cluster, create_topic, servers, three_brokers
 from tests.cluster.test_groups_replicated import TOPIC, coordinator_of, produce
 from trio_broker.protocol import messages as m
 
-#: The same three brokers as the classic groups' tests (50 offsets partitions, RF=3).
-cluster = replicated_groups.cluster
+#: The classic groups' tests' config (50 offsets partitions, RF=3), with heartbeats every
+#: second: the members learn of their shares at heartbeats, and at the default 5 s the
+#: test spent most of its time waiting for them. Sessions stay as shipped (45 s), so the
+#: members outlive the coordinator's kill and its successor's load on a busy machine.
+KIP848_CONFIG = replicated_groups.GROUP_CONFIG + "group.consumer.heartbeat.interval.ms=1000\n"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
+    with three_brokers(tmp_path, zookeeper, KIP848_CONFIG) as brokers:
+        yield brokers
+
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -126,7 +126,7 @@ async def test_a_broker_back_before_the_controller_looked_leads_in_a_new_epoch(
         await eventually(
             lambda: leaders(view, "t") == {0: (2, 1, (2, 3, 1))},
             "2 leads in epoch 1",
-            timeout_s=5,
+            timeout_s=60,
         )
 
 

@@ -59,7 +59,7 @@ def test_pages_agree_with_metadata_and_show_an_offline_partition(brokers: Cluste
     [future] = admin.create_topics(
         [NewTopic(TOPIC, len(ASSIGNMENT), replica_assignment=ASSIGNMENT)]
     ).values()
-    future.result(timeout=30)
+    future.result(timeout=60)
     # Asked of every broker: a survivor that had not read the topic before broker 1's
     # kill would answer the pages below UNKNOWN_TOPIC_OR_PARTITION, not "not yet".
     every_broker_knows(

@@ -76,7 +76,7 @@ def test_a_promoted_follower_still_deduplicates_after_retention_and_kill_9(
     new = NewTopic(TOPIC, num_partitions=1, replica_assignment=[[LEADER, FOLLOWER]],
                    config={"segment.bytes": "100", "min.insync.replicas": "1"})  # fmt: skip
     [future] = admin.create_topics([new]).values()
-    future.result(timeout=30)
+    future.result(timeout=60)
     eventually(
         lambda: partitions(admin, TOPIC).get(0, (-1, [], []))[::2] == (LEADER, [1, 2]),
         "broker 1 leads, both in sync",

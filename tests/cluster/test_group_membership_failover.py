@@ -108,7 +108,7 @@ def test_members_keep_their_generation_through_a_coordinator_kill(cluster: Clust
             member.consumer.commit(asynchronous=False)
         assert committed_by(servers(cluster), GROUP) == {0: TOTAL, 1: TOTAL}
         [future] = survivors.describe_consumer_groups([GROUP]).values()
-        described = future.result(timeout=15)
+        described = future.result(timeout=60)
         assert described.state.name == "STABLE"
         assert {m.member_id for m in described.members} == member_ids
         assert {m.consumer.memberid() for m in members} == member_ids

@@ -126,7 +126,7 @@ def test_a_broker_with_the_wrong_password_cannot_follow(tmp_path: Path, zookeepe
         [future] = admin.create_topics(
             [NewTopic(TOPIC, num_partitions=1, replica_assignment=[[1, 2, 3]])]
         ).values()
-        future.result(timeout=30)
+        future.result(timeout=60)
         eventually(lambda: "login" in cluster[3].log_text(), "broker 3 logs its refused login")
         eventually(lambda: sorted(isr_of(admin)) == [1, 2],
                    "broker 3 leaves the ISR (it fetches nothing)")  # fmt: skip

@@ -103,10 +103,10 @@ def test_internal_topics_and_configs_from_any_broker(cluster: Cluster) -> None:
     every_broker_knows(cluster, OFFSETS, OFFSETS_PARTITIONS)
     assert OFFSETS in admin.list_topics(timeout=5).topics
     [(_, future)] = admin.describe_topics(TopicCollection([OFFSETS])).items()
-    assert future.result(timeout=10).is_internal
+    assert future.result(timeout=60).is_internal
     create(cluster, admin, "solo", [3])
     [(_, plain)] = admin.describe_topics(TopicCollection(["solo"])).items()
-    assert not plain.result(timeout=10).is_internal
+    assert not plain.result(timeout=60).is_internal
 
     # Only the coordinators write internal topics: any broker refuses a client.
     assert produce(cluster, 1, OFFSETS, b"forged") == ErrorCode.INVALID_TOPIC_EXCEPTION
@@ -142,7 +142,7 @@ def test_stray_copies_go_when_their_broker_returns(cluster: Cluster, module_zook
     cluster[2].stop()
     eventually(lambda: 2 not in admin.list_topics(timeout=5).brokers, "broker 2 gone")
     for future in admin.delete_topics(["doomed", "reborn"]).values():
-        future.result(timeout=30)
+        future.result(timeout=60)
     zk = KazooClient(hosts=zookeeper)
     zk.start(timeout=30)
     try:

@@ -138,7 +138,7 @@ async def test_a_registration_whose_reply_was_lost_is_our_own(clients: Clients) 
         coord = _RegistrationReplyLost(inner)
         view = ClusterView(1)
         async with trio.open_nursery() as nursery:
-            with trio.fail_after(20):
+            with trio.fail_after(60):
                 await nursery.start(partial(run_membership, coord, registration(1), view))
             assert coord.lost_replies == 1
             await eventually(lambda: set(view.brokers) == {1}, "registered")

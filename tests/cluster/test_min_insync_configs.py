@@ -62,14 +62,14 @@ def create(cluster: Cluster, topic: str, replicas: list[int]) -> int:
     def created() -> bool:
         [future] = admin.create_topics([new]).values()
         try:
-            future.result(timeout=30)
+            future.result(timeout=60)
         except KafkaException as exc:  # a broker that has not yet seen all three register
             if exc.args[0].code() != KafkaError.INVALID_REPLICA_ASSIGNMENT:
                 raise
             return False
         return True
 
-    eventually(created, f"{topic} created", 30)
+    eventually(created, f"{topic} created", 60)
     settled: list[int] = []
 
     def led_and_in_sync() -> bool:
@@ -172,7 +172,7 @@ def test_the_min_insync_replicas_described_is_the_one_enforced(cluster: Cluster)
     # The controller shrinks the ISR when the follower's session ends; the leader, asked
     # below, applies that from its own watch, maybe after broker 3 answered a client.
     every_broker_knows(
-        cluster, "pair", 1, 30,
+        cluster, "pair", 1, 60,
         until=lambda state: state[0][2] == [leader], wanted=f"ISR shrunk to [{leader}]",
     )  # fmt: skip
     with cluster[leader].connect() as conn:

@@ -24,7 +24,6 @@ acknowledged record read back exactly once, in order, nothing read earlier chang
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,17 +51,12 @@ from tests.cluster.test_cluster_faults import (
     servers,
 )
 from tests.e2e.conftest import start_all, stop_all
+from tests.ports import free_port
 from trio_broker.protocol.records import build_batch
 
 pytestmark = pytest.mark.timeout(300)
 
 SESSION_MS = 4000
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ProxiedBroker(ConfiguredBroker):
@@ -190,7 +184,7 @@ def test_leader_cut_off_from_its_followers(cluster: ProxiedCluster) -> None:
     # watch may show the znode first. The raw produce below asks the leader itself: it
     # would take the write (and wait for the cut-off followers) under the ISR of three.
     every_broker_knows(
-        cluster, "cut", 1, 30,
+        cluster, "cut", 1, 60,
         until=lambda state: state[0][2] == [leader], wanted=f"ISR shrunk to [{leader}]",
     )  # fmt: skip
     assert leaders(admin, "cut")[0] == leader, "the leader still has ZooKeeper: no election"
@@ -220,19 +214,19 @@ def test_leader_cut_off_from_zookeeper(cluster: ProxiedCluster) -> None:
     since = log_sizes(cluster)
 
     background = BackgroundProducer(servers(cluster), "zk", 10_000)
-    eventually(lambda: background.acked_count() > 50, "the producer is under way", 30)
+    eventually(lambda: background.acked_count() > 50, "the producer is under way", 60)
     cluster[old].zookeeper_link.blackhole()
     # Asked directly: the old leader, still reachable, answers from its stale view (and
     # librdkafka may well ask it), so a client's Metadata alone proves nothing.
     others = [b for b in cluster if b != old]
     eventually(lambda: all(leader_seen_by(cluster[b], "zk") not in (old, -1) for b in others),
-               "a new leader once the old one's session expired", 30)  # fmt: skip
+               "a new leader once the old one's session expired", 60)  # fmt: skip
     # Its peers no longer list it (its registration expired): it leaves itself out of
     # Metadata as they do, so that clients stop asking it.
     eventually(lambda: "no longer lists this broker" in cluster[old].log_text()[since[old] :],
-               "the old leader learned that its peers dropped it", 30)  # fmt: skip
+               "the old leader learned that its peers dropped it", 60)  # fmt: skip
     acked_then = background.acked_count()
-    eventually(lambda: background.acked_count() > acked_then + 100, "producing goes on", 30)
+    eventually(lambda: background.acked_count() > acked_then + 100, "producing goes on", 60)
     # The old leader still believes it leads (ZooKeeper cannot tell it otherwise), and
     # clients still reach it: an acks=all write there must not be acknowledged.
     answers: list[object] = []
@@ -245,7 +239,7 @@ def test_leader_cut_off_from_zookeeper(cluster: ProxiedCluster) -> None:
 
     cluster.heal()
     eventually(lambda: "session expired" in cluster[old].log_text()[since[old] :],
-               "the old leader saw its session expire", 30)  # fmt: skip
+               "the old leader saw its session expire", 60)  # fmt: skip
     converged(cluster, "zk", 1)
     new = leaders(admin_of(cluster), "zk")[0]
     assert new != old
@@ -272,7 +266,7 @@ def test_clients_see_the_client_listener_followers_the_replication_one(
     # Replication goes through the proxies: the leader's proxy sees both followers (their
     # fetchers connect once they learn their role, shortly after the topic is made).
     eventually(lambda: sum(b.replication.connections_made for b in cluster.values()) >= 2,
-               "both followers fetch through the leader's replication proxy", 30)  # fmt: skip
+               "both followers fetch through the leader's replication proxy", 60)  # fmt: skip
 
 
 def test_follower_cut_off_from_its_leader(shared: ProxiedCluster) -> None:
@@ -285,19 +279,19 @@ def test_follower_cut_off_from_its_leader(shared: ProxiedCluster) -> None:
     victim = next(b for b in cluster if b != leader)
 
     background = BackgroundProducer(servers(cluster), "fol", 10_000)
-    eventually(lambda: background.acked_count() > 50, "the producer is under way", 30)
+    eventually(lambda: background.acked_count() > 50, "the producer is under way", 60)
     for broker in cluster.values():  # only its fetches are held: the other follower's go on
         broker.replication.blackhole([fetcher_of(victim)])
     # One condition: a second Metadata answer may come from another broker, whose view
     # has not applied the leader's ISR change yet.
     kept = sorted(b for b in cluster if b != victim)
     eventually(lambda: sorted(partitions(admin, "fol")[0][2]) == kept,
-               f"{victim} out of the ISR, {kept} in it", 20)  # fmt: skip
+               f"{victim} out of the ISR, {kept} in it", 60)  # fmt: skip
     acked_then = background.acked_count()
-    eventually(lambda: background.acked_count() > acked_then + 200, "acks=all with 2 of 3", 30)
+    eventually(lambda: background.acked_count() > acked_then + 200, "acks=all with 2 of 3", 60)
 
     cluster.heal()
-    full_isr(admin, "fol", 1, timeout_s=30)
+    full_isr(admin, "fol", 1, timeout_s=60)
     more = background.stop()
     assert not more.errors, more.errors
     for value, p in more.partition_of.items():

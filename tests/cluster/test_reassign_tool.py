@@ -83,7 +83,7 @@ def reassign(classpath: str, cluster: Cluster, *args: str) -> str:
 
 def described(admin: AdminClient, kind: ResourceType, name: str) -> dict[str, ConfigEntry]:
     [future] = admin.describe_configs([ConfigResource(kind, name)]).values()
-    return dict(future.result(timeout=30))
+    return dict(future.result(timeout=60))
 
 
 def pairs(value: str) -> set[str]:
@@ -199,7 +199,7 @@ def test_throttle_configs_through_confluent_kafka(brokers: Cluster) -> None:
 
     def alter(resource: ConfigResource) -> None:
         [future] = admin.incremental_alter_configs([resource]).values()
-        future.result(timeout=30)
+        future.result(timeout=60)
 
     def entry(name: str, value: str | None, op: AlterConfigOpType) -> ConfigEntry:
         return ConfigEntry(name, value, incremental_operation=op)

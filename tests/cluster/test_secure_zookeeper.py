@@ -81,8 +81,8 @@ def test_secure_zookeeper_locks_an_open_cluster_which_goes_on_working(
         admin = AdminClient({"bootstrap.servers": servers})
         # Both brokers list both (the controller assigns two replicas from its own list).
         every_broker_lists(brokers)
-        admin.create_topics([NewTopic("before", 1)])["before"].result(timeout=30)
-        admin.alter_user_scram_credentials([user("boss")])["boss"].result(timeout=30)
+        admin.create_topics([NewTopic("before", 1)])["before"].result(timeout=60)
+        admin.alter_user_scram_credentials([user("boss")])["boss"].result(timeout=60)
         assert len(produce(servers, "before", range(10))) == 10
 
         # Open: a client without the login may read and change all of it.
@@ -119,8 +119,8 @@ def test_secure_zookeeper_locks_an_open_cluster_which_goes_on_working(
 
         # The brokers still change their znodes: a new topic, a user, records.
         every_broker_lists(brokers)  # since the restarts, each lists both again
-        admin.create_topics([NewTopic("after", 1)])["after"].result(timeout=30)
-        admin.alter_user_scram_credentials([user("clerk")])["clerk"].result(timeout=30)
+        admin.create_topics([NewTopic("after", 1)])["after"].result(timeout=60)
+        admin.alter_user_scram_credentials([user("clerk")])["clerk"].result(timeout=60)
         assert len(produce(servers, "after", range(10))) == 10
         assert sorted(read_all(servers, "before", 1, 10), key=int) == [str(i) for i in range(10)]
         listed = subprocess.run(
@@ -168,7 +168,7 @@ async def test_the_login_is_made_again_after_zookeeper_restarts(tmp_path: Path) 
             await coord.create("/config/users/boss", b"1")
             server.stop()
             await trio.to_thread.run_sync(server.restart)
-            with trio.fail_after(30):
+            with trio.fail_after(60):
                 version = await coord.set("/config/users/boss", b"2", 0)
                 await coord.create("/brokers/ids/1", b"{}", ephemeral=True)
             assert version == 1

@@ -98,7 +98,7 @@ class ZooKeeperCluster:
             client = KazooClient(hosts=aside.hosts)
             client.start(timeout=30)
             try:
-                eventually(lambda: not client.get_children("/brokers/ids"), "sessions expired", 30)
+                eventually(lambda: not client.get_children("/brokers/ids"), "sessions expired", 60)
             finally:
                 client.stop()
                 client.close()
@@ -184,8 +184,8 @@ def start_traffic(cluster: ZooKeeperCluster) -> tuple[BackgroundProducer, GroupC
     # Bounded, and enough for the longest scenario at about 500 records a second.
     background = BackgroundProducer(bootstrap, "zk", 0, limit=100_000)
     group = GroupConsumer(bootstrap, "zk")
-    eventually(lambda: background.acked_count() > 100, "the producer is under way", 30)
-    eventually(lambda: group.received > 50, "the group consumes", 30)
+    eventually(lambda: background.acked_count() > 100, "the producer is under way", 60)
+    eventually(lambda: group.received > 50, "the group consumes", 60)
     return background, group
 
 
@@ -195,11 +195,11 @@ def finish(
     """Producing and consuming go on; then every broker agrees and every acknowledged
     record is there exactly once."""
     acked_then, received_then = background.acked_count(), group.received
-    eventually(lambda: background.acked_count() > acked_then + 200, "producing goes on", 40)
-    eventually(lambda: group.received > received_then + 100, "the group consumes again", 40)
+    eventually(lambda: background.acked_count() > acked_then + 200, "producing goes on", 60)
+    eventually(lambda: group.received > received_then + 100, "the group consumes again", 60)
     acked = background.stop()
     group.stop()
-    eventually(lambda: registered_everywhere(cluster), "every broker registered, everywhere", 30)
+    eventually(lambda: registered_everywhere(cluster), "every broker registered, everywhere", 60)
     converged(cluster.brokers, "zk", TOPIC_PARTITIONS)
     read = read_partitions(servers(cluster.brokers), "zk", TOPIC_PARTITIONS)
     check_invariants(read, acked)
@@ -251,7 +251,7 @@ def test_zookeeper_back_after_the_sessions_expired(zk_cluster: ZooKeeperCluster)
         eventually(
             lambda broker=broker, b=b: "session expired" in broker.log_text()[since[b] :],
             f"broker {b} saw its session expire",
-            30,
+            60,
         )
     acked = finish(zk_cluster, background, group)
     assert not acked.errors, acked.errors
@@ -265,7 +265,7 @@ def test_zookeeper_down_acks_wait_for_isr_changes(zk_cluster: ZooKeeperCluster) 
     time.sleep(SESSION_MS / 1000 + 1)
     # Nothing needs storing while the ISRs stay full: acks=all goes on.
     eventually(
-        lambda: background.acked_count() > acked_then + 200, "acks=all without ZooKeeper", 20
+        lambda: background.acked_count() > acked_then + 200, "acks=all without ZooKeeper", 60
     )
     # Admin requests that write to ZooKeeper fail for the client; the broker still serves.
     admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
@@ -291,9 +291,9 @@ def test_zookeeper_down_acks_wait_for_isr_changes(zk_cluster: ZooKeeperCluster) 
     zk_cluster.restart_zookeeper()
     # The ISR changes are stored, acks=all goes on with two; broker 3's old session
     # expires (it could not close it) and it can join again.
-    eventually(lambda: background.acked_count() > stalled_at + 100, "acks=all with two", 40)
+    eventually(lambda: background.acked_count() > stalled_at + 100, "acks=all with two", 60)
     admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
-    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 2, "broker 3 gone", 30)
+    eventually(lambda: len(admin.list_topics(timeout=5).brokers) == 2, "broker 3 gone", 60)
     brokers[3].start()
     acked = finish(zk_cluster, background, group)
     assert not acked.errors, acked.errors
@@ -348,10 +348,10 @@ def test_a_zookeeper_ensemble_loses_its_leader_server(tmp_path: Path) -> None:
                 == ["follower", "leader"]
             ),
             "the two other servers elect a leader",
-            30,
+            60,
         )
         acked_then = background.acked_count()
-        eventually(lambda: background.acked_count() > acked_then + 200, "acks=all goes on", 40)
+        eventually(lambda: background.acked_count() > acked_then + 200, "acks=all goes on", 60)
         # The controller still works through the two servers: a broker killed with -9
         # loses its partitions to the others.
         victim = 3
@@ -360,7 +360,7 @@ def test_a_zookeeper_ensemble_loses_its_leader_server(tmp_path: Path) -> None:
         eventually(
             lambda: victim not in [leader for leader, _, _ in partitions(admin, "zk").values()],
             "the killed broker's partitions have other leaders",
-            30,
+            60,
         )
         zk_leader.restart()
         assert quorum_mode(zk_leader) in ("leader", "follower")

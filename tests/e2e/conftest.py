@@ -43,9 +43,9 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import iter_batches
 
 #: Bounded waits (seconds).
-START_TIMEOUT_S = 20.0
-STOP_TIMEOUT_S = 15.0
-SOCKET_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 60.0
+SOCKET_TIMEOUT_S = 30.0
 
 BROKER_EXE = Path(sys.executable).with_name("trio-broker")
 

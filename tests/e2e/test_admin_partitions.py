@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 #: Seconds any one client step may take.
-STEP_TIMEOUT_S = 30.0
+STEP_TIMEOUT_S = 60.0
 
 
 def confluent_admin(broker: BrokerProcess) -> AdminClient:

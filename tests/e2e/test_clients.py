@@ -95,7 +95,7 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
     futures = admin.create_topics(
         [NewTopic(topic, num_partitions=partitions, replication_factor=1)], operation_timeout=10
     )
-    futures[topic].result(timeout=20)
+    futures[topic].result(timeout=60)
 
 
 def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -510,7 +510,7 @@ def test_long_poll_fetch_wakes_on_produce(
         def poll_for_it() -> tuple[int, bytes] | None:
             return next((r for r in poll() if r[0] == offset), None)
 
-        return wait_until(poll_for_it, 20, f"offset {offset}")
+        return wait_until(poll_for_it, 60, f"offset {offset}")
 
     try:
         # Warm up: the consumer has fetched once, so its next fetch is a long poll.
@@ -759,7 +759,7 @@ def test_sigterm_again_during_the_shutdown_still_exits_0(broker_process: BrokerP
                     fetch_offset=0, log_start_offset=-1, partition_max_bytes=1 << 20)])],
         ))  # fmt: skip
         proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:
             proc.send_signal(signal.SIGTERM)  # again and again until it has exited
             time.sleep(0.005)

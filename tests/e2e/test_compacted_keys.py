@@ -28,7 +28,7 @@ from tests.e2e.conftest import BrokerProcess
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
 
-DEADLINE_S = 30.0
+DEADLINE_S = 60.0
 
 
 def create_topic(bootstrap: str, configs: dict[str, str]) -> str:

@@ -54,7 +54,7 @@ def read_from_start(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes 
         consumer.assign([CTopicPartition(topic, 0, 0)])
         rows: list[tuple[int, bytes, bytes | None, int]] = []
         empty_polls = 0
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while empty_polls < 3 and time.monotonic() < deadline:
             messages = consumer.consume(500, timeout=0.5)
             if not messages:
@@ -101,7 +101,7 @@ def test_compacted_topic_reads_back_latest_values_at_their_offsets(
         "min.cleanable.dirty.ratio": "0.01",
     }
     for future in admin.create_topics([NewTopic(topic, 1, 1, config=configs)]).values():
-        future.result(timeout=10)
+        future.result(timeout=60)
 
     producer = Producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 2, "batch.num.messages": 20, "acks": "all"}
@@ -180,7 +180,7 @@ def read_values(bootstrap: str, topic: str, isolation: str) -> dict[bytes, list[
         consumer.assign([CTopicPartition(topic, 0, 0)])
         seen: dict[bytes, list[bytes | None]] = {}
         empty_polls = 0
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while empty_polls < 3 and time.monotonic() < deadline:
             messages = consumer.consume(500, timeout=0.5)
             empty_polls = 0 if messages else empty_polls + 1
@@ -203,7 +203,7 @@ def test_transactional_writes_to_a_compacted_topic_clean_by_kafkas_rules(
     configs = {"cleanup.policy": "compact", "segment.bytes": "4096", "segment.ms": "1500",
                "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "1000"}  # fmt: skip
     for future in admin.create_topics([NewTopic(topic, 1, 1, config=configs)]).values():
-        future.result(timeout=10)
+        future.result(timeout=60)
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "compacting"})
     producer.init_transactions(30)
     latest: dict[bytes, bytes] = {}

@@ -121,7 +121,7 @@ def test_console_in_chromium(broker: ConsoleBroker, driver: Any) -> None:
     bootstrap = broker.bootstrap
     admin = AdminClient({"bootstrap.servers": bootstrap})
     [future] = admin.create_topics([NewTopic("clicks", num_partitions=2)]).values()
-    future.result(timeout=30)
+    future.result(timeout=60)
     stop = threading.Event()
     loads = [threading.Thread(target=run, args=(bootstrap, stop), daemon=True)
              for run in (produce_steadily, consume_steadily)]  # fmt: skip

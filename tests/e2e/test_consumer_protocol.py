@@ -38,7 +38,7 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
 
 def make_topic(bootstrap: str, name: str, records: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(timeout=30)
+    admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(timeout=60)
     producer = Producer({"bootstrap.servers": bootstrap})
     for i in range(records):
         producer.produce(name, value=f"r{i}".encode(), partition=i % PARTITIONS)
@@ -79,8 +79,10 @@ def shared(members: list[Member], each: int) -> Callable[[], bool]:
     return check
 
 
-def test_librdkafka_members_share_move_and_leave(broker_process: BrokerProcess) -> None:
-    bootstrap = broker_process.bootstrap
+def test_librdkafka_members_share_move_and_leave(
+    fast_heartbeat_broker: BrokerProcess,
+) -> None:
+    bootstrap = fast_heartbeat_broker.bootstrap
     topic, group = f"kip848-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
     make_topic(bootstrap, topic, 40)
     a, b = Member(bootstrap, group, topic, "a"), Member(bootstrap, group, topic, "b")
@@ -244,10 +246,10 @@ def test_bad_heartbeats_commits_and_fetches(broker_process: BrokerProcess) -> No
         assert commit("", -1) == ErrorCode.NONE  # an admin commit into the empty group
 
 
-def test_librdkafka_subscribes_by_regex(broker_process: BrokerProcess) -> None:
+def test_librdkafka_subscribes_by_regex(fast_heartbeat_broker: BrokerProcess) -> None:
     """librdkafka sends a "^..." subscription as SubscribedTopicRegex: the broker resolves
     it, and a matching topic created later joins the subscription."""
-    bootstrap = broker_process.bootstrap
+    bootstrap = fast_heartbeat_broker.bootstrap
     prefix = f"kip848-re-{uuid.uuid4().hex[:6]}"
     make_topic(bootstrap, f"{prefix}-one", 8)
     make_topic(bootstrap, f"other-{prefix}", 4)  # does not match
@@ -285,6 +287,35 @@ class ShortSessionBroker(BrokerProcess):
 SHORT_SESSION_MS = 3000
 #: How often the tests' members heartbeat: the protocol's cadence, well inside a session.
 BEAT_S = 0.3
+
+
+class FastHeartbeatBroker(BrokerProcess):
+    """Heartbeats every second, sessions as shipped (45 s).
+
+    A KIP-848 member learns of a new target assignment, and gives up or takes a partition,
+    at its heartbeats: at the default 5 s a move of partitions between librdkafka members
+    took several of them (21 s for the test below at load 17, where 1 s gives the same
+    moves in less). The session stays long: a loaded machine never fences a member, which
+    would read a record twice."""
+
+    def __init__(self, data_dir: Path) -> None:
+        super().__init__(data_dir, "pipelined", "file")
+        self.properties = data_dir.parent / "heartbeat.properties"
+        self.properties.write_text("group.consumer.heartbeat.interval.ms=1000\n")
+
+    def command_line(self) -> list[str]:
+        return [*super().command_line(), "--config", str(self.properties)]
+
+
+@pytest.fixture
+def fast_heartbeat_broker(tmp_path: Path) -> Iterator[FastHeartbeatBroker]:
+    broker = FastHeartbeatBroker(tmp_path / "data")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        if broker.running:
+            assert broker.stop() == 0, broker.log_tail()
 
 
 @pytest.fixture

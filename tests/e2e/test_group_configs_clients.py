@@ -34,7 +34,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 
 GROUP_RESOURCE = 32
 SET, DELETE, APPEND = 0, 1, 2
-DEADLINE_S = 30.0
+DEADLINE_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -154,9 +154,9 @@ def test_admin_client_sets_and_describes(broker: MetricsBroker) -> None:
         ConfigEntry("share.delivery.count.limit", "3",
                     incremental_operation=AlterConfigOpType.SET),
     ])  # fmt: skip
-    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    admin.incremental_alter_configs([resource])[resource].result(timeout=60)
     [future] = admin.describe_configs([ConfigResource(ResourceType.GROUP, group)]).values()
-    entries = future.result(timeout=30)
+    entries = future.result(timeout=60)
     assert entries["share.auto.offset.reset"].value == "earliest"
     assert entries["share.auto.offset.reset"].source == ConfigSource.GROUP_CONFIG.value
     assert entries["share.delivery.count.limit"].value == "3"
@@ -184,7 +184,7 @@ def test_share_consumer_reads_from_the_earliest_offset(broker: MetricsBroker) ->
         ConfigEntry("share.auto.offset.reset", "earliest",
                     incremental_operation=AlterConfigOpType.SET),
     ])  # fmt: skip
-    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    admin.incremental_alter_configs([resource])[resource].result(timeout=60)
     consumer = ShareConsumer({"bootstrap.servers": broker.bootstrap, "group.id": group,
                               "share.acknowledgement.mode": "implicit"})  # fmt: skip
     consumer.subscribe([topic])

@@ -26,7 +26,7 @@ def broker(tmp_path: Path) -> Iterator[MetricsBroker]:
 
 @pytest.mark.timeout(MAVEN_TIMEOUT_S + 60)
 def test_the_java_consumer_reads_through_fetch_sessions(broker: MetricsBroker) -> None:
-    port = wait_until(lambda: METRICS_LINE.findall(broker.current_log()), 10, "metrics port")[-1]
+    port = wait_until(lambda: METRICS_LINE.findall(broker.current_log()), 60, "metrics port")[-1]
     totals = run_maven({
         "test": "FetchSessionTest",
         "bootstrap": broker.bootstrap,

@@ -120,7 +120,7 @@ def dirs_holding(bootstrap: str) -> dict[str, list[int]]:
 def create_topic(bootstrap: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     [future] = admin.create_topics([NewTopic(TOPIC, num_partitions=1)]).values()
-    future.result(timeout=30)
+    future.result(timeout=60)
 
 
 def check_exactly_once_after_restart(broker: BrokerProcess, acked: list[bytes]) -> None:

@@ -128,7 +128,7 @@ def test_word_count_is_exact_across_a_broker_kill_9(broker: BrokerProcess, tmp_p
     for future in admin.create_topics(
         [NewTopic(INPUT, num_partitions=2), NewTopic(OUTPUT, num_partitions=2)]
     ).values():
-        future.result(timeout=30)
+        future.result(timeout=60)
     rng = random.Random(20261125)
     lines = [" ".join(rng.choice(WORDS) for _ in range(WORDS_PER_LINE)) for _ in range(LINES)]
     expected = Counter(word for line in lines for word in line.split())

@@ -64,7 +64,7 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})  # must outlive the future
     [future] = admin.create_topics([NewTopic(name, num_partitions=partitions)]).values()
-    future.result(timeout=30)
+    future.result(timeout=60)
 
 
 def test_every_acknowledged_record_is_consumed_once_across_a_kill_9(

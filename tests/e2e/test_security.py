@@ -47,7 +47,7 @@ LISTENER_LINE = re.compile(r"listening on 127\.0\.0\.1:(\d+) \((\w+), (\w+)\)")
 COUNT = 20
 #: connections.max.reauth.ms of the REAUTH listener: clients must log in again this often.
 REAUTH_MS = 1500
-TIMEOUT_S = 30
+TIMEOUT_S = 60
 
 
 class SecureBroker(BrokerProcess):

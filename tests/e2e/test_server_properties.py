@@ -35,7 +35,7 @@ from trio_broker.storage.broker_configs import DYNAMIC_BROKER_KEYS
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 #: Seconds any one client wait may take.
-WAIT_S = 30.0
+WAIT_S = 60.0
 
 KAFKA_PROPERTIES = """\
 # Kafka 4 combined broker+controller node (as config/server.properties ships), for both brokers

@@ -9,7 +9,6 @@ ids stay, and consumption resumes from the committed offsets.
 
 from __future__ import annotations
 
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 import trio
 
 from tests.integration.test_groups_clients import TOPIC, Consumed, in_thread, produce, wait_until
+from tests.ports import free_port
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.server.broker import Broker
@@ -25,13 +25,6 @@ from trio_broker.state.group import GroupState
 
 GROUP = "survivors"
 PARTITIONS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Member:

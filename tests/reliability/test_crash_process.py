@@ -138,7 +138,7 @@ def test_kill_minus_nine_loses_nothing_durable(tmp_path: Path) -> None:
             time.sleep(rng.uniform(0.0, 0.5))  # often still recovering or starting up
             early_kills += not reader.ready.is_set()
         else:
-            assert reader.ready.wait(30), "child never became ready"
+            assert reader.ready.wait(60), "child never became ready"
             time.sleep(rng.uniform(0.01, 0.25))
         child.send_signal(signal.SIGKILL)
         child.wait()

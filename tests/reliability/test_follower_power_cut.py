@@ -143,7 +143,7 @@ def run_driver(directory: Path, seed: int, uptime: float, promises: Promises) ->
     assert proc.stdout is not None
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
     reader.start()
-    started = time.monotonic() + 30
+    started = time.monotonic() + 60
     while not lines and proc.poll() is None and time.monotonic() < started:
         time.sleep(0.01)  # the uptime counts from the open (imports are slow here)
     time.sleep(uptime)

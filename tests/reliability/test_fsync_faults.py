@@ -90,7 +90,7 @@ async def test_slow_fsync_times_out_acks_all_produce(nursery: trio.Nursery, tmp_
     broker, client = await start(nursery, tmp_path / "data")
     broker.topics.create("slow", 1)
     broker.topics.create("fast", 1)
-    with trio.fail_after(30):
+    with trio.fail_after(60):
         assert (await produce(client, "slow", b"before")).error_code == 0
         inject(broker, tmp_path / "data" / "slow-0", lambda: time.sleep(1.5))
         part = await produce(client, "slow", b"late", timeout_ms=300)
@@ -156,7 +156,7 @@ async def test_fsync_eio_is_a_storage_error_and_loses_nothing(
         await broker.shutdown()
     # After a restart every acknowledged record is still there.
     broker, client = await start(nursery, data_dir)
-    with trio.fail_after(30):
+    with trio.fail_after(60):
         stored = await read_all(client, "victim")
         assert {o: stored.get(o) for o in acked} == acked
         assert stored[recovered] == b"recovered"

@@ -29,8 +29,8 @@ from trio_broker.protocol.records import RecordBatchView, split_batches
 BROKER_EXE = Path(sys.executable).with_name("trio-broker")
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
 METRICS = re.compile(r"metrics on (\S+):(\d+)")
-START_TIMEOUT_S = 20.0
-STOP_TIMEOUT_S = 20.0
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 60.0
 #: tcpdump stop: wait for the pcap to stop growing for SETTLE_QUIET_S (at most SETTLE_TIMEOUT_S).
 SETTLE_QUIET_S = 1.5
 SETTLE_TIMEOUT_S = 10.0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ if shutil.which("java") is None:
 import pyspark
 
 from bench.verify import write_capture
+from tests.ports import free_port
 from trio_broker.verify.job import INTERPRETED_BELOW_FRAMES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -39,12 +39,6 @@ C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 #: INTERPRETED_BELOW_FRAMES): this test also covers that path. Just at the bound, not
 #: 20,000, which took the job past its 240 s on a busy machine (ci25, load 14).
 FRAMES = INTERPRETED_BELOW_FRAMES
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for(path: Path, text: str, process: subprocess.Popen[bytes]) -> None:
@@ -83,16 +77,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
         SPARK_DAEMON_JAVA_OPTS=C1_ONLY,
         SPARK_WORKER_DIR=str(base / "work"),
     )
-    port = _free_port()
+    port = free_port()
     url = f"spark://127.0.0.1:{port}"
     master_log, worker_log = base / "master.log", base / "worker.log"
     master_cmd = [
         str(SPARK_CLASS), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-        "--port", str(port), "--webui-port", str(_free_port()),
+        "--port", str(port), "--webui-port", str(free_port()),
     ]  # fmt: skip
     worker_cmd = [
         str(SPARK_CLASS), "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-        "--cores", "2", "--memory", "2g", "--webui-port", str(_free_port()),
+        "--cores", "2", "--memory", "2g", "--webui-port", str(free_port()),
     ]  # fmt: skip
     with master_log.open("wb") as out:
         master = subprocess.Popen(master_cmd, stdout=out, stderr=subprocess.STDOUT, env=env)

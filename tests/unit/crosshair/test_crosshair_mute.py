@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.mark.timeout(630)
 def test_crosshair_finds_no_counterexample() -> None:
-    # 2 s per condition, as test_crosshair_all.py: the planted bug of state/mute.py
+    # 2 s per condition, as crosshair_run.py: the planted bug of state/mute.py
     # (tools/planted_bugs.py, in-flight-limit-skipped-while-muted) is found at 2 s as at
     # 5 s, which took 3-4 times as long. The timeout only guards against a hung solver (a
     # busy machine, load 20, took more than 150 s at 5 s per condition).

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.mark.timeout(630)
 def test_crosshair_finds_no_counterexample() -> None:
-    # CrossHair spends up to 2 s per condition, as test_crosshair_all.py: of the planted
+    # CrossHair spends up to 2 s per condition, as crosshair_run.py: of the planted
     # bugs of state/producer.py (tools/planted_bugs.py) it finds the same at 2 s as at 5 s
     # (producer-dup-matches-first-seq-only; the two others at neither), in less than half
     # the time. The subprocess timeout only guards against a hung solver (a busy machine,
