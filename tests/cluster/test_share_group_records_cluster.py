@@ -237,7 +237,7 @@ def test_a_deleted_topics_share_state_goes_where_no_replica_was(cluster: Cluster
     holder = 1  # the topic's one replica
     admin = admin_of(cluster)
     [created] = admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[holder]])]).values()
-    created.result(timeout=30)
+    created.result(timeout=60)
     eventually(lambda: leaders(admin, TOPIC)[0] == holder, f"{TOPIC} led by {holder}")
     with RawConnection(port_of(cluster[holder]), timeout=30) as conn:
         topic_id = topic_id_of(conn, TOPIC)
@@ -271,7 +271,7 @@ def test_a_deleted_topics_share_state_goes_where_no_replica_was(cluster: Cluster
     cluster[holder].restart()  # it holds the share partition in memory no more
     eventually(lambda: leaders(admin, TOPIC)[0] == holder, f"{TOPIC} led by {holder} again")
     [deleted] = admin.delete_topics([TOPIC]).values()
-    deleted.result(timeout=30)
+    deleted.result(timeout=60)
 
     with RawConnection(port_of(cluster[share_coordinator]), timeout=30) as conn:
         eventually(
