@@ -325,6 +325,10 @@ class ShareGroups:
         ]:
             self.close_session(group_id, member_id)
 
+    def other_sessions(self, group_id: str, member_id: str) -> bool:
+        """Whether a member of the group other than ``member_id`` has a session here."""
+        return any(g == group_id and m != member_id for g, m in self.sessions)
+
     def session(self, group_id: str, member_id: str) -> ShareSession | None:
         return self.sessions.get((group_id, member_id))
 
