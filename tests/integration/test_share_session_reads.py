@@ -21,8 +21,6 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.server.broker import Broker
 
-pytestmark = pytest.mark.timeout(120)
-
 SF = m.ShareFetchRequest
 PARTITIONS = 4
 
