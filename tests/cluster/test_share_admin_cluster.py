@@ -6,6 +6,12 @@ data partition's leader and the share coordinator of its share partition are thr
 different brokers. Each answer holds at the share coordinator (another broker's
 summary read says so), and the data partition's leader, which held the share partition
 before the reset, delivers from the reset start offset to the next member.
+
+With raw requests: the group's coordinator holds no replica of the topic (replication
+factor 1 on another broker) and still describes (the lag from the leader's high
+watermark), resets and deletes the group's share state, as Kafka's does from its
+metadata image; and the data partition's leader, which knows the group, leaves it
+alone in DeleteGroups (NOT_COORDINATOR).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
 
 from tests.cluster.test_cluster_e2e import eventually
 from tests.cluster.test_cluster_faults import (
@@ -30,6 +37,7 @@ from tests.cluster.test_cluster_faults import (
 from tests.cluster.test_share_state_cluster import (
     ACCEPT,
     CONFIG,
+    RELEASE,
     STATE_PARTITIONS,
     Cluster,
     acknowledge,
@@ -193,3 +201,123 @@ def test_kafka_share_groups_reaches_the_share_coordinator(
     gone = share_groups(tools_classpath, bootstrap, "--delete", "--group", group)
     assert "was successful" in gone, gone
     assert group not in share_groups(tools_classpath, bootstrap, "--list").split()
+
+
+Desc, Alter = m.DescribeShareGroupOffsetsRequest, m.AlterShareGroupOffsetsRequest
+Delete = m.DeleteShareGroupOffsetsRequest
+
+
+def describe_offsets(
+    conn: RawConnection, group: str, topic: str | None
+) -> list[tuple[str, int, int, int, int]]:
+    """DescribeShareGroupOffsets v1 of ``topic``'s partition 0 (None: every partition the
+    group has share state for): (topic, partition, start offset, lag, error) rows."""
+    Group = Desc.DescribeShareGroupOffsetsRequestGroup
+    topics = None if topic is None else [
+        Group.DescribeShareGroupOffsetsRequestTopic(topic_name=topic, partitions=[0])]  # fmt: skip
+    answer = conn.request(m.ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 1, Desc(groups=[
+        Group(group_id=group, topics=topics)]))  # fmt: skip
+    [described] = answer.groups
+    assert described.error_code == ErrorCode.NONE, described
+    return [(t.topic_name, p.partition_index, p.start_offset, p.lag, p.error_code)
+            for t in described.topics for p in t.partitions]  # fmt: skip
+
+
+def delete_groups(conn: RawConnection, group: str) -> int:
+    answer = conn.request(m.ApiKey.DELETE_GROUPS, 2, m.DeleteGroupsRequest(groups_names=[group]))
+    [result] = answer.results
+    return int(result.error_code)
+
+
+def test_a_coordinator_without_a_replica_of_the_topic_describes_resets_and_deletes(
+    cluster: Cluster,
+) -> None:
+    admin = create_topic(cluster, TOPIC, 1)  # the state and offsets topics, as above
+    with RawConnection(port_of(cluster[leaders(admin, TOPIC)[0]]), timeout=30) as conn:
+        assert open_session(conn, "probe", "p1", topic_id_of(conn, TOPIC)) == []
+        find_group_coordinator(conn, "probe")
+    full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
+    full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
+    offsets_leaders = leaders(admin, CONSUMER_OFFSETS)
+    # One replica, on a broker that coordinates the group chosen below.
+    holder = offsets_leaders[0]
+    solo = "solo"
+    [made] = admin.create_topics(
+        [NewTopic(solo, num_partitions=1, replica_assignment=[[holder]])]
+    ).values()
+    made.result(timeout=30)
+    eventually(lambda: leaders(admin, solo) == {0: holder}, f"{solo}-0 led by {holder}")
+    group = next(
+        g for g in (f"nr-{i}" for i in range(1000))
+        if offsets_leaders[partition_for(g, OFFSETS_PARTITIONS)] != holder
+    )  # fmt: skip
+    coordinator = offsets_leaders[partition_for(group, OFFSETS_PARTITIONS)]
+
+    def joined(member: str) -> bool:
+        """The coordinator assigns the topic once its view has it."""
+        answer = coord.request(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, m.ShareGroupHeartbeatRequest(
+            group_id=group, member_id=member, member_epoch=0,
+            subscribed_topic_names=[solo]))  # fmt: skip
+        assert answer.error_code == ErrorCode.NONE, answer
+        if answer.assignment is not None and answer.assignment.topic_partitions:
+            return True
+        leave(coord, group, member)
+        return False
+
+    with (
+        RawConnection(port_of(cluster[coordinator]), timeout=30) as coord,
+        RawConnection(port_of(cluster[holder]), timeout=30) as lead,
+    ):
+        assert find_group_coordinator(coord, group) == coordinator
+        topic_id = topic_id_of(lead, solo)
+        eventually(lambda: joined("m1"), f"{group} assigned {solo}")
+        assert open_session(lead, group, "m1", topic_id) == []
+        producer = Producer({"bootstrap.servers": servers(cluster), "acks": "1"})
+        for i in range(5):
+            producer.produce(solo, value=b"r%d" % i, partition=0)
+        assert producer.flush(30) == 0
+        # acks=1 answers before the high watermark (the fsync) moves: fetch until it has.
+        acquired: list[tuple[int, int, int]] = []
+
+        def fetched() -> bool:
+            error, acquired[:] = fetch(lead, group, "m1", topic_id, len(fetches) + 1)
+            fetches.append(error)
+            assert error == ErrorCode.NONE, error
+            return bool(acquired)
+
+        fetches: list[int] = []
+        eventually(fetched, "the five records at the leader")
+        assert acquired == [(0, 4, 1)]
+        answer = acknowledge(lead, group, "m1", topic_id, -1, [(0, 2, ACCEPT)])
+        assert answer.responses[0].partitions[0].error_code == ErrorCode.NONE, answer
+        leave(coord, group, "m1")
+
+        # The topic's share state, and the lag from the leader's high watermark (5).
+        assert describe_offsets(coord, group, solo) == [(solo, 0, 3, 2, ErrorCode.NONE)]
+        assert describe_offsets(coord, group, None) == [(solo, 0, 3, 2, ErrorCode.NONE)]
+        Topic = Alter.AlterShareGroupOffsetsRequestTopic
+        altered = coord.request(m.ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, Alter(
+            group_id=group, topics=[Topic(topic_name=solo, partitions=[
+                Topic.AlterShareGroupOffsetsRequestPartition(partition_index=0, start_offset=1)
+            ])]))  # fmt: skip
+        assert altered.error_code == ErrorCode.NONE, altered
+        assert [p.error_code for t in altered.responses for p in t.partitions] == [0], altered
+        assert describe_offsets(coord, group, solo) == [(solo, 0, 1, 4, ErrorCode.NONE)]
+
+        # The leader knows the group now (it read the reset state for a new session):
+        # DeleteGroups there is not its to answer, and the state stays.
+        assert joined("m2")
+        assert open_session(lead, group, "m2", topic_id) == [(1, 4, 1)]
+        answer = acknowledge(lead, group, "m2", topic_id, -1, [(1, 4, RELEASE)])
+        assert answer.error_code == ErrorCode.NONE, answer
+        leave(coord, group, "m2")
+        assert delete_groups(lead, group) == ErrorCode.NOT_COORDINATOR
+        assert describe_offsets(coord, group, solo) == [(solo, 0, 1, 4, ErrorCode.NONE)]
+
+        deleted = coord.request(m.ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0, Delete(
+            group_id=group, topics=[
+                Delete.DeleteShareGroupOffsetsRequestTopic(topic_name=solo)]))  # fmt: skip
+        assert deleted.error_code == ErrorCode.NONE, deleted
+        assert [(t.topic_name, t.error_code) for t in deleted.responses] == [(solo, 0)], deleted
+        assert describe_offsets(coord, group, solo) == [(solo, 0, -1, -1, ErrorCode.NONE)]
+        assert delete_groups(coord, group) == ErrorCode.NONE

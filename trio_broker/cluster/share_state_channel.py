@@ -1,6 +1,7 @@
 """Requests to another broker's share coordinator: ReadShareGroupState,
 WriteShareGroupState, InitializeShareGroupState and DeleteShareGroupState (KIP-932),
-over the inter-broker connections.
+over the inter-broker connections; and, for a share group's coordinator that holds no
+replica of a topic, ListOffsets to the data partition's leader (the group's lag).
 
 A share partition's leader reads its state from, and writes it to, the leader of its
 ``__share_group_state`` partition (``handlers/share_persist.py``), and the group's
@@ -35,6 +36,11 @@ log = logging.getLogger("trio_broker.groups")
 STATE_API_VERSION = 0
 #: A write waits for the HW at the coordinator: as long as an acknowledgement may.
 REQUEST_TIMEOUT_S = 15.0
+
+#: ListOffsets as a consumer asks it: version 5 has OFFSET_NOT_AVAILABLE (a new leader
+#: whose high watermark has not reached its term yet).
+LIST_OFFSETS_VERSION = 5
+EARLIEST_TIMESTAMP, LATEST_TIMESTAMP = -2, -1
 
 Write = m.WriteShareGroupStateRequest
 
@@ -123,16 +129,45 @@ class ShareStateChannel:
             answers.update(_answers(group_id, of_group, response))
         return answers
 
-    async def _call(self, broker_id: int, api_key: int, request: Any) -> Any:
+    async def partition_offsets(
+        self, leader: int, topic: str, partition: int
+    ) -> tuple[ErrorCode, int, int]:
+        """The data partition's log start offset and high watermark, asked of its
+        ``leader`` as a consumer asks (ListOffsets, earliest then latest): what a share
+        group's coordinator that holds no replica of the topic counts the group's lag
+        from, as Kafka's asks the leader for the latest offset. (NONE, start, end), or
+        the error with -1s (LEADER_NOT_AVAILABLE for a leader that cannot be reached)."""
+        Request = m.ListOffsetsRequest
+        found = []
+        for timestamp in (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP):
+            request = Request(replica_id=-1, isolation_level=0, topics=[Request.ListOffsetsTopic(
+                name=topic, partitions=[Request.ListOffsetsTopic.ListOffsetsPartition(
+                    partition_index=partition, current_leader_epoch=-1, timestamp=timestamp,
+                )],
+            )])  # fmt: skip
+            response = await self._call(
+                leader, m.ApiKey.LIST_OFFSETS, request, LIST_OFFSETS_VERSION
+            )
+            if response is None:
+                return ErrorCode.LEADER_NOT_AVAILABLE, -1, -1
+            answers = [p for t in response.topics for p in t.partitions]
+            if len(answers) != 1:
+                return ErrorCode.UNKNOWN_SERVER_ERROR, -1, -1
+            if (error := ErrorCode(answers[0].error_code)) is not ErrorCode.NONE:
+                return error, -1, -1
+            found.append(int(answers[0].offset))
+        return ErrorCode.NONE, found[0], found[1]
+
+    async def _call(
+        self, broker_id: int, api_key: int, request: Any, version: int = STATE_API_VERSION
+    ) -> Any:
         client = self._peers.client(broker_id)
         if client is None:
             return None
         broker_client, lock = client
         async with lock:
             try:
-                return await broker_client.call(
-                    api_key, STATE_API_VERSION, request, REQUEST_TIMEOUT_S
-                )
+                return await broker_client.call(api_key, version, request, REQUEST_TIMEOUT_S)
             except BrokerConnectionError as exc:
                 log.info("share state request %d to broker %d: %s", api_key, broker_id, exc)
                 self._peers.forget(broker_id)

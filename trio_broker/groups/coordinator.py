@@ -222,6 +222,9 @@ class GroupCoordinator:
         #: broker brings them back, empty, into ``shares``).
         self.on_share_groups_loaded: Callable[[Mapping[str, StoredShareGroup]], None] | None
         self.on_share_groups_loaded = None
+        #: Called with a partition this broker stopped leading, after its groups went
+        #: (the broker drops its share groups' membership too).
+        self.on_partition_resigned: Callable[[int], None] | None = None
         self.consumer_group_config = ConsumerGroupConfig(
             session_timeout_ms=config.group_consumer_session_timeout_ms,
             heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
@@ -388,6 +391,8 @@ class GroupCoordinator:
             self._stored_snapshots.pop(group_id, None)
         for group_id in [g for g in self.share_groups if self.partition_of(g) == partition]:
             del self.share_groups[group_id]
+        if self.on_partition_resigned is not None:
+            self.on_partition_resigned(partition)
         self._poke()
         log.info("no longer coordinating the groups of %s-%d", CONSUMER_OFFSETS, partition)
 

@@ -223,6 +223,18 @@ class ShareGroups:
         self.groups.pop(group_id, None)
         return gone
 
+    def unload_groups(self, coordinated_elsewhere: Callable[[str], bool]) -> list[str]:
+        """This broker no longer coordinates the groups ``coordinated_elsewhere`` names
+        (it stopped leading their ``__consumer_offsets`` partition): their membership
+        goes, as the classic groups', so that none of it survives to a later load of
+        the partition here (which brings them back from their records, empty). Their
+        share partitions and sessions stay: they are this broker's as a leader of data
+        partitions, whichever broker coordinates the group. The groups dropped."""
+        gone = [group_id for group_id in self.groups if coordinated_elsewhere(group_id)]
+        for group_id in gone:
+            del self.groups[group_id]
+        return gone
+
     # -- membership
     def group(self, group_id: str, now_ms: int) -> ShareGroup | None:
         group = self.groups.get(group_id)
@@ -312,6 +324,10 @@ class ShareGroups:
             k for k, s in self.sessions.items() if s.connection_id == connection_id
         ]:
             self.close_session(group_id, member_id)
+
+    def other_sessions(self, group_id: str, member_id: str) -> bool:
+        """Whether a member of the group other than ``member_id`` has a session here."""
+        return any(g == group_id and m != member_id for g, m in self.sessions)
 
     def session(self, group_id: str, member_id: str) -> ShareSession | None:
         return self.sessions.get((group_id, member_id))

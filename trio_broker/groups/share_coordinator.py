@@ -179,7 +179,9 @@ class StateWrite:
 
 class RemoteShareState(Protocol):
     """ReadShareGroupState / WriteShareGroupState / InitializeShareGroupState /
-    DeleteShareGroupState to the share coordinator on another broker (cluster/share_state_channel.py); errors come back as error codes."""
+    DeleteShareGroupState to the share coordinator on another broker, and ListOffsets to
+    a data partition's leader (cluster/share_state_channel.py); errors come back as
+    error codes."""
 
     async def read(
         self, coordinator: int, key: ShareKey, leader_epoch: int
@@ -196,6 +198,13 @@ class RemoteShareState(Protocol):
     async def delete(
         self, coordinator: int, keys: Sequence[ShareKey]
     ) -> dict[ShareKey, ErrorCode]: ...
+
+    async def partition_offsets(
+        self, leader: int, topic: str, partition: int
+    ) -> tuple[ErrorCode, int, int]:
+        """A data partition's (error, log start offset, high watermark), asked of its
+        leader: a share group's lag at a coordinator holding no replica of the topic."""
+        ...
 
 
 class ShareLeaders(Replication, Protocol):

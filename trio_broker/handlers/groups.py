@@ -371,11 +371,19 @@ async def handle_delete_groups(
     }
     # Share groups first (Kafka chains them the same way): an empty one goes with its
     # share state, one with members is NON_EMPTY_GROUP; the others are the coordinator's.
+    # Only those this broker coordinates: a share partition's leader knows the groups
+    # it serves, and a former coordinator may too; the coordinator's delete_groups
+    # answers the others NOT_COORDINATOR (or COORDINATOR_LOAD_IN_PROGRESS), as Kafka.
     shares = ctx.services.shares
     share_results: dict[str, ErrorCode] = {}
     share_deleted: dict[str, list[tuple[uuid.UUID, int]]] = {}
     for name in names:
-        if name and name not in refused and name not in share_results:
+        if (
+            name
+            and name not in refused
+            and name not in share_results
+            and groups.coordinator_error(name) is ErrorCode.NONE
+        ):
             empty = shares.is_empty(name, ctx.now_ms())
             if empty is False:
                 share_results[name] = ErrorCode.NON_EMPTY_GROUP

@@ -9,6 +9,12 @@ durable (handlers/share_persist.py). A start offset is the share partition's SPS
 partition without share state answers -1. The lag (version 1, KIP-1226) counts the
 records below the high watermark not yet finished: those after the start offset minus
 the ones already acknowledged or archived.
+
+As Kafka's group coordinator, which looks topics up in its metadata image, these look
+them up in the cluster's view: the group's coordinator may hold no replica of a topic.
+The high watermark is this broker's when it leads the partition, else its leader's
+(ListOffsets, as Kafka's coordinator asks the leader for the latest offset); one that
+cannot be had is the partition's error, as in Kafka.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from trio_broker.handlers.share_persist import (
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
+from trio_broker.services.cluster_view import TopicInfo
 from trio_broker.state.share_partition import FINISHED
 
 DescResp = m.DescribeShareGroupOffsetsResponse
@@ -59,18 +66,46 @@ def group_error(ctx: RequestContext, group_id: str | None) -> ErrorCode:
     return ErrorCode.NONE if empty else ErrorCode.NON_EMPTY_GROUP
 
 
+def cluster_topic(ctx: RequestContext, name: str) -> TopicInfo | None:
+    """The topic as the cluster's view knows it (a node alone's: its own topics)."""
+    return ctx.services.leaders.view.topics.get(name)
+
+
+def cluster_topic_by_id(ctx: RequestContext, topic_id: uuid.UUID) -> TopicInfo | None:
+    found: TopicInfo | None = ctx.services.leaders.view.topic_by_id(topic_id)
+    return found
+
+
+async def partition_bounds(
+    ctx: RequestContext, topic: str, partition: int
+) -> tuple[ErrorCode, int, int]:
+    """(NONE, log start offset, high watermark) of the data partition: this broker's
+    when it leads it, else asked of its leader; or the error, with -1s."""
+    log = ctx.services.topics.log(topic, partition)
+    if log is not None and ctx.services.leaders.leader_term(topic, partition) is not None:
+        return ErrorCode.NONE, log.log_start_offset, readable_end(ctx, topic, partition, log)
+    info = cluster_topic(ctx, topic)
+    held = None if info is None else info.partitions.get(partition)
+    remote = ctx.services.share_coordinator.remote
+    if held is None or held.leader < 0 or held.leader == ctx.services.config.node_id:
+        return ErrorCode.LEADER_NOT_AVAILABLE, -1, -1  # none, or this one not yet leading
+    if remote is None:
+        return ErrorCode.LEADER_NOT_AVAILABLE, -1, -1
+    return await remote.partition_offsets(held.leader, topic, partition)
+
+
 # ------------------------------------------------------------------------- describe
 
 
 async def describe_partition(
-    ctx: RequestContext, group_id: str, topic: Any, partition: int
+    ctx: RequestContext, group_id: str, topic: TopicInfo, partition: int
 ) -> DescPart:
     """The share partition's start offset and lag as its share coordinator holds them
     (a summary read, as Kafka's group coordinator makes one): what is durable, which
     is what moves them (acknowledgements, resets; acquisitions change neither)."""
     out = DescPart(partition_index=partition, start_offset=UNINITIALIZED, leader_epoch=-1,
                    lag=-1, error_code=ErrorCode.NONE)  # fmt: skip
-    if not 0 <= partition < len(topic.logs):
+    if partition not in topic.partitions:
         return out
     error, snapshot = await read_state(ctx, ShareKey(group_id, topic.topic_id, partition))
     if error is not ErrorCode.NONE:
@@ -78,16 +113,18 @@ async def describe_partition(
         return out
     if snapshot is None:
         return out
-    log = topic.logs[partition]
+    error, log_start, end = await partition_bounds(ctx, topic.name, partition)
+    if error is not ErrorCode.NONE:
+        out.error_code = error
+        return out
     # Records retention or DeleteRecords removed are no longer the group's to read.
-    start = max(snapshot.start_offset, log.log_start_offset)
+    start = max(snapshot.start_offset, log_start)
     finished = sum(
         b.last_offset - max(b.first_offset, start) + 1
         for b in snapshot.batches
         if b.delivery_state in FINISHED and b.last_offset >= start
     )
     out.start_offset, out.leader_epoch = start, 0
-    end = readable_end(ctx, topic.name, partition, log)
     out.lag = max(0, end - start - finished)
     return out
 
@@ -101,18 +138,17 @@ async def describe_group(ctx: RequestContext, request: Any) -> DescGroup:
     if (not_here := ctx.services.groups.coordinator_error(group_id)) is not ErrorCode.NONE:
         out.error_code = not_here
         return out
-    topics = ctx.services.topics
     if request.topics is None:  # every partition the group has share state for
         wanted: dict[str, set[int]] = {}
         for topic_id, partition in known_partitions(ctx, group_id):
-            if (has := topics.by_id.get(topic_id)) is not None:
+            if (has := cluster_topic_by_id(ctx, topic_id)) is not None:
                 wanted.setdefault(has.name, set()).add(partition)
         asked = [(name, sorted(parts)) for name, parts in sorted(wanted.items())
                  if authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name)]  # fmt: skip
     else:
         asked = [(t.topic_name, list(t.partitions)) for t in request.topics]
     for name, partitions in asked:
-        found = topics.get(name)
+        found = cluster_topic(ctx, name)
         if not authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name):
             out.topics.append(DescTopic(topic_name=name, topic_id=NO_TOPIC, partitions=[
                 DescPart(partition_index=p, start_offset=UNINITIALIZED, leader_epoch=-1,
@@ -190,11 +226,11 @@ async def handle_alter_share_group_offsets(
         return refused(ErrorCode.GROUP_AUTHORIZATION_FAILED)
     if (error := group_error(ctx, group_id)) is not ErrorCode.NONE:
         return refused(error)
-    topics = ctx.services.topics
     answered: list[AlterTopic] = []
     resets: dict[tuple[uuid.UUID, int], int] = {}
+    names: dict[uuid.UUID, str] = {}
     for topic in request.topics:
-        found = topics.get(topic.topic_name)
+        found = cluster_topic(ctx, topic.topic_name)
         error = ErrorCode.NONE
         if not authorized(ctx, Operation.READ, ResourceType.TOPIC, topic.topic_name):
             error = ErrorCode.TOPIC_AUTHORIZATION_FAILED
@@ -203,10 +239,11 @@ async def handle_alter_share_group_offsets(
         parts = []
         for p in topic.partitions:
             code = error
-            if found is not None and not 0 <= p.partition_index < len(found.logs):
+            if found is not None and p.partition_index not in found.partitions:
                 code = code or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             if code is ErrorCode.NONE and found is not None:
                 resets[found.topic_id, p.partition_index] = p.start_offset
+                names[found.topic_id] = found.name
             parts.append(AlterPart(partition_index=p.partition_index, error_code=code))
         topic_id = found.topic_id if found is not None and error is ErrorCode.NONE else NO_TOPIC
         answered.append(AlterTopic(topic_name=topic.topic_name, topic_id=topic_id,
@@ -214,7 +251,7 @@ async def handle_alter_share_group_offsets(
     # At each share partition's coordinator, as Kafka's group coordinator does it,
     # once the group's records name them (so a later coordinator finds them too).
     recorded = await record_partitions(ctx, group_id, added=[
-        (t, topics.by_id[t].name, p) for t, p in sorted(resets) if t in topics.by_id
+        (t, names[t], p) for t, p in sorted(resets)
     ])  # fmt: skip
     if recorded is not ErrorCode.NONE:
         return refused(recorded)
@@ -231,12 +268,12 @@ async def handle_alter_share_group_offsets(
 # ------------------------------------------------------------------------- delete
 
 
-async def forget_partitions(ctx: RequestContext, group_id: str, topic: Any) -> list[int]:
+async def forget_partitions(ctx: RequestContext, group_id: str, topic: TopicInfo) -> list[int]:
     """The partitions of ``topic`` the group has share state for (at their share
     coordinators: a summary read of each; or in memory here), dropped from memory (their
     tombstones are the caller's to write)."""
     stored = []
-    for partition in range(len(topic.logs)):
+    for partition in sorted(topic.partitions):
         error, snapshot = await read_state(ctx, ShareKey(group_id, topic.topic_id, partition))
         if error is not ErrorCode.NONE:
             raise KafkaError(error_for_client(error))
@@ -259,12 +296,11 @@ async def handle_delete_share_group_offsets(
         return refused(ErrorCode.GROUP_AUTHORIZATION_FAILED)
     if (error := group_error(ctx, group_id)) is not ErrorCode.NONE:
         return refused(error)
-    topics = ctx.services.topics
     answered: list[DeleteTopic] = []
     deleted: list[tuple[uuid.UUID, int]] = []
     for topic in request.topics:
         name = topic.topic_name
-        found = topics.get(name)
+        found = cluster_topic(ctx, name)
         answer = DeleteTopic(topic_name=name, topic_id=NO_TOPIC, error_code=ErrorCode.NONE)
         answered.append(answer)
         if not authorized(ctx, Operation.READ, ResourceType.TOPIC, name):

@@ -339,10 +339,13 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
     # In a cluster, the share state of partitions first served in this leader epoch is
     # read from the share coordinator first; those it cannot read now answer its error.
     named = {(t.topic_id, p.partition_index) for t in request.topics for p in t.partitions}
-    # A new session reads again the partitions whose records no member holds: the admin
-    # APIs may have reset or deleted their state at the coordinator (the group was empty).
+    # The group's first session here since its sessions all ended reads its partitions
+    # again: the admin APIs may have reset or deleted their state at the coordinator (the
+    # group was empty). As Kafka's leader, which drops a group's share partitions when
+    # its last share session on the broker ends (onGroupEmpty), not while one is open.
+    first_session = epoch == 0 and not shares.other_sessions(group_id, member_id)
     unread = await ensure_loaded(
-        ctx, group_id, named | session.partitions, again_if_idle=epoch == 0
+        ctx, group_id, named | session.partitions, again_if_idle=first_session
     )
     for (topic_id, partition), error in unread.items():
         part = fetch.part(topic_id, partition)

@@ -145,8 +145,9 @@ async def ensure_loaded(
 ) -> dict[Partition, ErrorCode]:
     """The share state of each of ``partitions`` this broker leads, read from its share
     coordinator unless it was read in this leader epoch already (``again_if_idle``: read
-    again those whose records no member holds, as a new share session does: the admin
-    APIs may have reset or deleted the state at the coordinator since); the partitions
+    again those whose records no member holds, as the group's first share session here
+    since its sessions all ended does: the admin APIs may have reset or deleted the
+    state at the coordinator since); the partitions
     that could not be read, with the error to answer for them. A partition without
     stored state keeps the share partition made here in this epoch (on assignment), or
     is made where ``share.auto.offset.reset`` says on its first fetch; one whose stored

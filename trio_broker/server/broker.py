@@ -288,6 +288,7 @@ class Broker:
         #: Share groups whose deleted topics' share state is being deleted now.
         self._deleting_share_topics: set[str] = set()
         self.groups.on_share_groups_loaded = self._recall_stored_share_groups
+        self.groups.on_partition_resigned = self._unload_share_groups
         self.topics.on_topic_deleted = self._forget_share_state
         #: The traffic capture tap (trio_broker.capture), or None: the hot path checks this.
         self.capture: Any = None
@@ -342,6 +343,11 @@ class Broker:
         at their stored epochs (their members rejoin)."""
         self.shares.recall_groups(stored, {g: s.epoch for g, s in stored.items()})
         self._sweep_deleted_share_topics()  # deleted while another broker coordinated them
+
+    def _unload_share_groups(self, partition: int) -> None:
+        """Another broker coordinates the groups of ``__consumer_offsets-<partition>``
+        now: their share groups' membership goes from here (groups/share.py)."""
+        self.shares.unload_groups(lambda group_id: self.groups.partition_of(group_id) == partition)
 
     def _forget_share_state(self, topic_id: uuid.UUID) -> None:
         """A topic is deleted: its share state goes (handlers/share_persist.py), at the

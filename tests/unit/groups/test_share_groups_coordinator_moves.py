@@ -1,0 +1,86 @@
+"""Share groups when their coordinator is another broker, in process (no ZooKeeper): the
+replica manager's leadership calls are fed directly, as in test_groups_cluster.py.
+
+A broker that does not coordinate a share group leaves it alone in DeleteGroups
+(NOT_COORDINATOR, as for the other groups), though it knows the group as a leader of
+its share partitions; and a broker that stops leading a ``__consumer_offsets``
+partition drops its share groups' membership, so a later load of the partition brings
+them back from their records, empty.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import trio
+
+from tests.unit.groups.test_groups_cluster import context, group_in, lead, start
+from trio_broker.groups.share_records import StoredShareGroup
+from trio_broker.handlers.groups import handle_delete_groups
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.state.share_group import ShareHeartbeat
+from trio_broker.storage.memory import MemoryLog
+
+
+async def test_delete_groups_leaves_a_share_group_coordinated_elsewhere() -> None:
+    elsewhere = group_in(1, "share")
+    topic_id = uuid.uuid4()
+    async with trio.open_nursery() as nursery:
+        broker, coordinator = await start(nursery)
+        lead(broker, coordinator, 0, 0, MemoryLog())
+        await coordinator.led[0].loaded.wait()
+        # Known here as the leader of one of its share partitions knows it.
+        broker.shares.ensure_partition(elsewhere, topic_id, 0, 0)
+        broker.shares.recall_groups([elsewhere])
+        deleted = await handle_delete_groups(
+            context(broker, m.ApiKey.DELETE_GROUPS, 2),
+            m.DeleteGroupsRequest(groups_names=[elsewhere]),
+        )
+        assert isinstance(deleted, m.DeleteGroupsResponse)
+        assert [(r.group_id, r.error_code) for r in deleted.results] == [
+            (elsewhere, ErrorCode.NOT_COORDINATOR)
+        ]
+        assert elsewhere in broker.shares.groups
+        assert broker.shares.partition(elsewhere, topic_id, 0) is not None
+        nursery.cancel_scope.cancel()
+
+
+async def test_resigning_drops_the_share_groups_membership() -> None:
+    mine, other = group_in(2, "share"), group_in(3, "share")
+    topic_id = uuid.uuid4()
+    log = MemoryLog()
+    async with trio.open_nursery() as nursery:
+        broker, coordinator = await start(nursery)
+        shares = broker.shares
+        # As the broker wires them (server/broker.py).
+        coordinator.on_partition_resigned = lambda partition: shares.unload_groups(
+            lambda group_id: coordinator.partition_of(group_id) == partition
+        )
+        coordinator.on_share_groups_loaded = lambda stored: shares.recall_groups(
+            stored, {g: s.epoch for g, s in stored.items()}
+        )
+        lead(broker, coordinator, 2, 0, log)
+        await coordinator.led[2].loaded.wait()
+        joined = shares.heartbeat(
+            mine, ShareHeartbeat("m1", 0, None, ("t",)), {}, lambda *_: 0, broker.now_ms()
+        )
+        assert joined.error is ErrorCode.NONE
+        epoch = shares.groups[mine].group_epoch
+        write = coordinator.store_share_group(mine, StoredShareGroup(epoch=epoch))
+        assert write is not None
+        await coordinator.wait_offsets_durable(write)
+        shares.ensure_partition(mine, topic_id, 0, 0)  # a share partition led here
+        shares.recall_groups([other])  # a group of a partition led elsewhere stays
+
+        coordinator.resigned(2)
+        assert mine not in shares.groups and other in shares.groups
+        assert shares.partition(mine, topic_id, 0) is not None
+
+        # Led here again: the group is back from its records, empty, at its epoch.
+        lead(broker, coordinator, 2, 1, log)
+        await coordinator.led[2].loaded.wait()
+        group = shares.group(mine, broker.now_ms())
+        assert group is not None
+        assert group.members == {} and group.group_epoch == epoch
+        nursery.cancel_scope.cancel()
