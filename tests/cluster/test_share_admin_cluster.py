@@ -245,7 +245,7 @@ def test_a_coordinator_without_a_replica_of_the_topic_describes_resets_and_delet
     [made] = admin.create_topics(
         [NewTopic(solo, num_partitions=1, replica_assignment=[[holder]])]
     ).values()
-    made.result(timeout=30)
+    made.result(timeout=60)
     eventually(lambda: leaders(admin, solo) == {0: holder}, f"{solo}-0 led by {holder}")
     group = next(
         g for g in (f"nr-{i}" for i in range(1000))

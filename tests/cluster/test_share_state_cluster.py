@@ -176,7 +176,7 @@ def test_acknowledged_records_survive_the_leaders_kill_9(
             acquired.extend(runs)
             return sum(last - first + 1 for first, last, _ in acquired) >= 10
 
-        eventually(got_records, "ten records acquired", 30)
+        eventually(got_records, "ten records acquired", 60)
         assert acquired == [(0, 9, 1)]
         acks = acknowledge(conn, group, "m1", topic_id, epoch,
                            [(0, 3, ACCEPT), (4, 4, REJECT), (5, 5, RELEASE), (8, 8, ACCEPT)])  # fmt: skip
@@ -265,7 +265,7 @@ def test_group_configs_set_on_one_broker_hold_on_every_broker(cluster: Cluster) 
             def described(conn: RawConnection = conn) -> bool:
                 return group_overrides(conn, group) == wanted
 
-            eventually(described, f"broker {broker_id} describes the group's configs", 30)
+            eventually(described, f"broker {broker_id} describes the group's configs", 60)
     # The leader starts the group's share partition at the log start, not its end:
     # the five records produced before anyone joined are the group's.
     with RawConnection(port_of(cluster[leader]), timeout=30) as conn:

@@ -31,7 +31,7 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 def test_the_java_share_consumer_across_a_kill_9(broker: BrokerProcess, tmp_path: Path) -> None:
     topic, group = f"share-restart-{uuid.uuid4().hex[:8]}", f"sg-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=60)
     # share.lock.ms: the broker's default lock (ShareConsumerTest's helpers read it).
     properties = {"share.topic": topic, "share.group": group, "share.lock.ms": 30_000,
                   "share.state.file": tmp_path / "seen.txt"}  # fmt: skip

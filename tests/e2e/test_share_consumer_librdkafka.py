@@ -48,7 +48,7 @@ def names() -> tuple[str, str]:
 
 def make_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=60)
 
 
 def produce(bootstrap: str, topic: str, values: list[bytes], partitions: int = PARTITIONS) -> None:

@@ -65,7 +65,7 @@ def joined_member(broker_process: BrokerProcess, conn: Any, topic: str, group: s
     """Make ``topic`` (two partitions), join member ``m1`` of share group ``group`` to it
     over ``conn``; the topic's id."""
     admin = AdminClient({"bootstrap.servers": broker_process.bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=60)
     joined = conn.request(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, m.ShareGroupHeartbeatRequest(
         group_id=group, member_id="m1", member_epoch=0, subscribed_topic_names=[topic]))  # fmt: skip
     assert joined.error_code == ErrorCode.NONE

@@ -57,7 +57,7 @@ def fetch(
 def test_max_records_takes_the_last_batch_whole(broker_process: BrokerProcess) -> None:
     topic, group = f"share-max-{uuid.uuid4().hex[:8]}", f"share-max-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": broker_process.bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=60)
     with broker_process.connect() as conn:
         joined = conn.request(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, m.ShareGroupHeartbeatRequest(
             group_id=group, member_id="m1", member_epoch=0, subscribed_topic_names=[topic]))  # fmt: skip

@@ -62,7 +62,7 @@ def test_kafka_share_groups_lists_describes_resets_and_deletes(
 ) -> None:
     topic = f"q-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=60)
     with broker.connect() as conn:
         join(conn, "sg", "m1", topic)
         producer = Producer({"bootstrap.servers": broker.bootstrap})

@@ -35,7 +35,7 @@ def configure(bootstrap: str, group: str, isolation: str) -> None:
         for key, value in (("share.auto.offset.reset", "earliest"),
                            ("share.isolation.level", isolation))
     ])  # fmt: skip
-    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    admin.incremental_alter_configs([resource])[resource].result(timeout=60)
 
 
 def transaction(producer: Producer, topic: str, values: list[bytes], commit: bool) -> None:

@@ -61,7 +61,7 @@ def produce(bootstrap: str, topic: str, count: int) -> None:
 def test_share_state_survives_a_restart(broker_process: BrokerProcess, how: str) -> None:
     topic, group, idle = (f"{n}-{uuid.uuid4().hex[:8]}" for n in ("queue", "sg", "idle"))
     admin = AdminClient({"bootstrap.servers": broker_process.bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=60)
     with broker_process.connect() as conn:
         join(conn, group, "m1", topic)
         join(conn, idle, "i1", topic)  # starts at the log end: 0
@@ -118,7 +118,7 @@ def test_the_group_coordinators_share_records_survive_a_restart(
     left) is still there, empty, as Kafka keeps it until DeleteGroups."""
     topic, group, other = (f"{n}-{uuid.uuid4().hex[:8]}" for n in ("queue", "sg", "gone"))
     admin = AdminClient({"bootstrap.servers": broker_process.bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=30)
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(timeout=60)
     with broker_process.connect() as conn:
         heartbeat(conn, group, "m1", 0, topic)
         epoch = heartbeat(conn, group, "m2", 0, topic)

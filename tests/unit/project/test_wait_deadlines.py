@@ -20,19 +20,6 @@ ROOT = Path(__file__).resolve().parents[3]
 SCANNED = ("tests/cluster", "tests/e2e", "tests/reliability", "tests/plugin")
 FLOOR_S = 60
 
-#: Files another slice (share groups) was changing when the floor came in: raise their
-#: deadlines when next touched, and take them off this list.
-NOT_YET = {
-    "tests/cluster/test_share_state_cluster.py",
-    "tests/e2e/test_java_share_restart.py",
-    "tests/e2e/test_share_consumer_librdkafka.py",
-    "tests/e2e/test_share_fetch_bytes.py",
-    "tests/e2e/test_share_fetch_max_records.py",
-    "tests/e2e/test_share_group_tools.py",
-    "tests/e2e/test_share_read_committed.py",
-    "tests/e2e/test_share_state_restart.py",
-}
-
 #: Wait helper -> (position of its deadline argument, its keyword names).
 HELPERS: dict[str, tuple[int, tuple[str, ...]]] = {
     "eventually": (2, ("timeout_s",)),
@@ -89,7 +76,6 @@ def test_process_level_waits_allow_a_loaded_machine_a_minute() -> None:
         line
         for top in SCANNED
         for path in sorted((ROOT / top).rglob("*.py"))
-        if path.relative_to(ROOT).as_posix() not in NOT_YET
         for line in short_deadlines(
             path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix()
         )
