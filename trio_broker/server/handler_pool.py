@@ -19,7 +19,7 @@ import trio
 from trio_broker.handlers.base import CloseConnection, Deferred, HandlerSpec, RequestContext
 from trio_broker.protocol.messages import API_KEY_NAMES, RequestHeader
 from trio_broker.protocol.schema import Message
-from trio_broker.server.histogram import LatencyHistogram
+from trio_broker.server.histogram import LatencyHistogram, RequestStages
 from trio_broker.server.logging_setup import log_slow_request
 
 if TYPE_CHECKING:
@@ -65,6 +65,9 @@ class HandlerPool:
         self.handled = [0] * count
         #: Per API key: time from dequeue to handler return (the /metrics endpoint).
         self.latency = LatencyHistogram()
+        #: Per API key: queue, handler, wait, response-send and total times (/metrics),
+        #: recorded by the connection once a response is written.
+        self.stages = RequestStages()
         #: request.log.slow.ms in seconds; infinite when 0 (off).
         slow_ms = broker.config.request_log_slow_ms
         self.slow_s = slow_ms / 1000 if slow_ms > 0 else math.inf
@@ -164,6 +167,10 @@ class HandlerPool:
                 raise
             done = run.finished = time.perf_counter()
             self.latency.observe(header.api_key, done - started)
+            pending = conn.pending.get(slot)
+            if pending is not None:
+                pending.started = started
+                pending.handled = done
             if isinstance(result, Deferred):
                 broker.root_nursery.start_soon(
                     self._finish, conn, slot, ctx, result, (started, done)
@@ -171,7 +178,6 @@ class HandlerPool:
             elif isinstance(result, CloseConnection):
                 conn.close(result.reason)
             else:
-                pending = conn.pending.get(slot)
                 conn.complete(slot, result)
                 if pending is not None and done - pending.received >= self.slow_s:
                     self._slow(conn, ctx, pending.received, started, done, done, result)
