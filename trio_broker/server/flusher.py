@@ -7,6 +7,11 @@ it reports back through a pipe, faster than ``trio.to_thread``) and then wakes
 the waiters it satisfied. There is no artificial delay: appends that
 arrive while an fsync runs are covered together by the next one, so the number
 of appends per fsync grows with load by itself.
+
+Logs are dealt to :data:`FLUSH_THREADS` lanes, each a task with its own worker thread
+that syncs its due logs and starts again as soon as they are done: a slow fsync holds
+the logs of its lane only, not every partition's next sync (with one round for all,
+a round lasted as long as its slowest thread's syncs; issue 33's W5, 50 partitions).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ class FlushableLog(Protocol):
 class _Entry:
     log: FlushableLog
     tracker: DurabilityTracker[trio.Event]
+    #: The lane (Flusher._lanes) that syncs this log; fixed for the log's life.
+    lane: int = 0
     #: set when a flush of this log failed; the log is offline from then on.
     error: StorageError | None = None
 
@@ -61,7 +68,7 @@ class _Entry:
 LET_RUNNABLE_PASSES = 8
 LET_RUNNABLE_S = 0.0005
 
-#: Logs synced at once, each batch in its own worker thread. fdatasync releases
+#: Lanes: logs synced at once, each lane's in its own worker thread. fdatasync releases
 #: the GIL and the filesystem merges concurrent syncs into one journal commit, so
 #: 50 partitions made dirty by one burst cost about one fsync's time, not 50.
 FLUSH_THREADS = 8
@@ -109,7 +116,12 @@ class Flusher:
         self.threads = max(1, threads)
         self._clock_ms = clock_ms
         self._entries: dict[int, _Entry] = {}
-        self._wakeup = trio.Event()
+        #: The same entries by lane: what each lane task looks through.
+        self._lane_entries: list[dict[int, _Entry]] = [{} for _ in range(self.threads)]
+        #: Per lane: set when one of its logs is marked dirty or waited on.
+        self._lanes = [trio.Event() for _ in range(self.threads)]
+        #: The lane the next new log joins (round-robin: partitions spread evenly).
+        self._next_lane = 0
         #: mark_dirty calls so far: whether a yield let more appends in.
         self._marks = 0
         self._stopped: StorageError | None = None
@@ -127,15 +139,18 @@ class Flusher:
     def _entry(self, log: FlushableLog) -> _Entry:
         entry = self._entries.get(id(log))
         if entry is None:
-            entry = _Entry(log, DurabilityTracker(self.policy))
+            entry = _Entry(log, DurabilityTracker(self.policy), self._next_lane)
+            self._next_lane = (self._next_lane + 1) % self.threads
             self._entries[id(log)] = entry
+            self._lane_entries[entry.lane][id(log)] = entry
         return entry
 
     def mark_dirty(self, log: FlushableLog, messages: int = 1) -> None:
         """Note an append to ``log`` (``messages`` records, for flush.messages)."""
-        self._entry(log).tracker.note_append(self._clock_ms(), messages)
+        entry = self._entry(log)
+        entry.tracker.note_append(self._clock_ms(), messages)
         self._marks += 1
-        self._wakeup.set()
+        self._lanes[entry.lane].set()
 
     async def _let_appends_in(self) -> None:
         """Yield while scheduler passes bring more appends (LET_RUNNABLE_PASSES at most).
@@ -165,7 +180,7 @@ class Flusher:
         self._raise_if_failed(entry)
         event = trio.Event()
         entry.tracker.add_waiter(offset, event)
-        self._wakeup.set()
+        self._lanes[entry.lane].set()
         try:
             await event.wait()
         except BaseException:
@@ -186,7 +201,7 @@ class Flusher:
 
     def forget(self, log: FlushableLog) -> None:
         """Stop tracking ``log`` (closed or deleted); its waiters get StorageError."""
-        entry = self._entries.pop(id(log), None)
+        entry = self._drop(log)
         if entry is not None:
             entry.error = entry.error or StorageError("log was closed")
             for event in entry.tracker.fail():
@@ -227,7 +242,7 @@ class Flusher:
             return
         log.adopt(fresh)
         # A fresh tracker: the failed one released its waiters and keeps its error.
-        self._entries.pop(id(log), None)
+        self._drop(log)
         self._next_probe.pop(id(log), None)
         _logger.warning("%s is back online at offset %d", log.directory, log.log_end_offset)
 
@@ -239,35 +254,11 @@ class Flusher:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._stopped = None
         self._threads.reopen()
-        task_status.started()
         try:
-            while True:
-                # A fresh event before looking for work, so a mark_dirty that
-                # lands after the look still wakes the wait below.
-                self._wakeup = trio.Event()
-                now = self._clock_ms()
-                due = [e for e in self._entries.values() if e.tracker.needs_flush(now)]
-                if due:
-                    await self._let_appends_in()
-                    # Again: more appends came in, a log may have been forgotten.
-                    due = [e for e in self._entries.values() if e.tracker.needs_flush(now)]
-                    if not due:
-                        continue
-                    # Shielded: the thread can't be interrupted anyway, and the
-                    # waiters of a flush that ran must hear about it.
-                    with trio.CancelScope(shield=True):
-                        await self._flush_parallel(due)
-                    continue
-                deadlines = [
-                    d for e in self._entries.values() if (d := e.tracker.deadline_ms()) is not None
-                ]
-                wake_at = (
-                    trio.current_time() + max(0, min(deadlines) - now) / 1000
-                    if deadlines
-                    else math.inf
-                )
-                with trio.move_on_at(wake_at):
-                    await self._wakeup.wait()
+            async with trio.open_nursery() as lanes:
+                for lane in range(self.threads):
+                    lanes.start_soon(self._run_lane, lane, name=f"flusher-lane-{lane}")
+                task_status.started()
         finally:
             self._stopped = StorageError("flusher stopped")
             self._threads.close()
@@ -275,8 +266,47 @@ class Flusher:
                 for event in entry.tracker.fail():
                     event.set()
 
+    async def _run_lane(self, lane: int) -> None:
+        """Sync the due logs of ``lane`` in one worker-thread call, again and again."""
+        while True:
+            # A fresh event before looking for work, so a mark_dirty that
+            # lands after the look still wakes the wait below.
+            self._lanes[lane] = wakeup = trio.Event()
+            now = self._clock_ms()
+            due = self._due(lane, now)
+            if due:
+                await self._let_appends_in()
+                # Again: more appends came in, a log may have been forgotten.
+                due = self._due(lane, now)
+                if not due:
+                    continue
+                # Shielded: the thread can't be interrupted anyway, and the
+                # waiters of a flush that ran must hear about it.
+                with trio.CancelScope(shield=True):
+                    await self._flush(due)
+                continue
+            deadlines = [
+                d
+                for e in self._lane_entries[lane].values()
+                if (d := e.tracker.deadline_ms()) is not None
+            ]
+            wake_at = (
+                trio.current_time() + max(0, min(deadlines) - now) / 1000 if deadlines else math.inf
+            )
+            with trio.move_on_at(wake_at):
+                await wakeup.wait()
+
+    def _due(self, lane: int, now: int) -> list[_Entry]:
+        return [e for e in self._lane_entries[lane].values() if e.tracker.needs_flush(now)]
+
+    def _drop(self, log: FlushableLog) -> _Entry | None:
+        entry = self._entries.pop(id(log), None)
+        if entry is not None:
+            del self._lane_entries[entry.lane][id(log)]
+        return entry
+
     async def flush_all(self) -> None:
-        """Sync every dirty log now (shutdown, tests), independent of the run loop."""
+        """Sync every dirty log now (shutdown, tests), independent of the lanes."""
         due = [e for e in self._entries.values() if e.tracker.dirty or e.tracker.waiters]
         if due:
             with trio.CancelScope(shield=True):
