@@ -8,10 +8,11 @@ the waiters it satisfied. There is no artificial delay: appends that
 arrive while an fsync runs are covered together by the next one, so the number
 of appends per fsync grows with load by itself.
 
-Logs are dealt to :data:`FLUSH_THREADS` lanes, each a task with its own worker thread
-that syncs its due logs and starts again as soon as they are done: a slow fsync holds
-the logs of its lane only, not every partition's next sync (with one round for all,
-a round lasted as long as its slowest thread's syncs; issue 33's W5, 50 partitions).
+Logs are dealt to :data:`FLUSH_THREADS` lanes; the flusher starts a sync of a lane's
+due logs in a worker thread whenever that lane is free, without waiting for the other
+lanes' syncs: a slow fsync holds back the logs of its lane only, not every partition's
+next sync (with one round for all, each round lasted as long as its slowest thread's
+syncs; issue 33's W5, 50 partitions).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class FlushableLog(Protocol):
 class _Entry:
     log: FlushableLog
     tracker: DurabilityTracker[trio.Event]
-    #: The lane (Flusher._lanes) that syncs this log; fixed for the log's life.
+    #: The lane (Flusher._lane_busy) that syncs this log; fixed for the log's life.
     lane: int = 0
     #: set when a flush of this log failed; the log is offline from then on.
     error: StorageError | None = None
@@ -116,10 +117,9 @@ class Flusher:
         self.threads = max(1, threads)
         self._clock_ms = clock_ms
         self._entries: dict[int, _Entry] = {}
-        #: The same entries by lane: what each lane task looks through.
-        self._lane_entries: list[dict[int, _Entry]] = [{} for _ in range(self.threads)]
-        #: Per lane: set when one of its logs is marked dirty or waited on.
-        self._lanes = [trio.Event() for _ in range(self.threads)]
+        self._wakeup = trio.Event()
+        #: Per lane: a sync of its logs is running (in a worker thread).
+        self._lane_busy = [False] * self.threads
         #: The lane the next new log joins (round-robin: partitions spread evenly).
         self._next_lane = 0
         #: mark_dirty calls so far: whether a yield let more appends in.
@@ -142,15 +142,13 @@ class Flusher:
             entry = _Entry(log, DurabilityTracker(self.policy), self._next_lane)
             self._next_lane = (self._next_lane + 1) % self.threads
             self._entries[id(log)] = entry
-            self._lane_entries[entry.lane][id(log)] = entry
         return entry
 
     def mark_dirty(self, log: FlushableLog, messages: int = 1) -> None:
         """Note an append to ``log`` (``messages`` records, for flush.messages)."""
-        entry = self._entry(log)
-        entry.tracker.note_append(self._clock_ms(), messages)
+        self._entry(log).tracker.note_append(self._clock_ms(), messages)
         self._marks += 1
-        self._lanes[entry.lane].set()
+        self._wakeup.set()
 
     async def _let_appends_in(self) -> None:
         """Yield while scheduler passes bring more appends (LET_RUNNABLE_PASSES at most).
@@ -180,7 +178,7 @@ class Flusher:
         self._raise_if_failed(entry)
         event = trio.Event()
         entry.tracker.add_waiter(offset, event)
-        self._lanes[entry.lane].set()
+        self._wakeup.set()
         try:
             await event.wait()
         except BaseException:
@@ -201,7 +199,7 @@ class Flusher:
 
     def forget(self, log: FlushableLog) -> None:
         """Stop tracking ``log`` (closed or deleted); its waiters get StorageError."""
-        entry = self._drop(log)
+        entry = self._entries.pop(id(log), None)
         if entry is not None:
             entry.error = entry.error or StorageError("log was closed")
             for event in entry.tracker.fail():
@@ -242,7 +240,7 @@ class Flusher:
             return
         log.adopt(fresh)
         # A fresh tracker: the failed one released its waiters and keeps its error.
-        self._drop(log)
+        self._entries.pop(id(log), None)
         self._next_probe.pop(id(log), None)
         _logger.warning("%s is back online at offset %d", log.directory, log.log_end_offset)
 
@@ -255,10 +253,9 @@ class Flusher:
         self._stopped = None
         self._threads.reopen()
         try:
-            async with trio.open_nursery() as lanes:
-                for lane in range(self.threads):
-                    lanes.start_soon(self._run_lane, lane, name=f"flusher-lane-{lane}")
+            async with trio.open_nursery() as syncs:
                 task_status.started()
+                await self._dispatch(syncs)
         finally:
             self._stopped = StorageError("flusher stopped")
             self._threads.close()
@@ -266,44 +263,55 @@ class Flusher:
                 for event in entry.tracker.fail():
                     event.set()
 
-    async def _run_lane(self, lane: int) -> None:
-        """Sync the due logs of ``lane`` in one worker-thread call, again and again."""
+    async def _dispatch(self, syncs: trio.Nursery) -> None:
+        """Start a sync of each free lane's due logs, whenever there are any."""
         while True:
-            # A fresh event before looking for work, so a mark_dirty that
-            # lands after the look still wakes the wait below.
-            self._lanes[lane] = wakeup = trio.Event()
+            # A fresh event before looking for work, so a mark_dirty (or a lane
+            # finishing) that lands after the look still wakes the wait below.
+            self._wakeup = trio.Event()
             now = self._clock_ms()
-            due = self._due(lane, now)
-            if due:
+            if self._due(now):
                 await self._let_appends_in()
                 # Again: more appends came in, a log may have been forgotten.
-                due = self._due(lane, now)
+                due = self._due(now)
                 if not due:
                     continue
-                # Shielded: the thread can't be interrupted anyway, and the
-                # waiters of a flush that ran must hear about it.
-                with trio.CancelScope(shield=True):
-                    await self._flush(due)
+                by_lane: dict[int, list[_Entry]] = {}
+                for entry in due:
+                    by_lane.setdefault(entry.lane, []).append(entry)
+                for lane, part in by_lane.items():
+                    self._lane_busy[lane] = True
+                    syncs.start_soon(self._sync_lane, lane, part)
                 continue
+            # A busy lane wakes this loop when its sync ends: only free lanes' deadlines.
+            busy = self._lane_busy
             deadlines = [
                 d
-                for e in self._lane_entries[lane].values()
-                if (d := e.tracker.deadline_ms()) is not None
+                for e in self._entries.values()
+                if not busy[e.lane] and (d := e.tracker.deadline_ms()) is not None
             ]
             wake_at = (
                 trio.current_time() + max(0, min(deadlines) - now) / 1000 if deadlines else math.inf
             )
             with trio.move_on_at(wake_at):
-                await wakeup.wait()
+                await self._wakeup.wait()
 
-    def _due(self, lane: int, now: int) -> list[_Entry]:
-        return [e for e in self._lane_entries[lane].values() if e.tracker.needs_flush(now)]
+    def _due(self, now: int) -> list[_Entry]:
+        """Logs that need a sync, of lanes with no sync running."""
+        busy = self._lane_busy
+        return [
+            e for e in self._entries.values() if not busy[e.lane] and e.tracker.needs_flush(now)
+        ]
 
-    def _drop(self, log: FlushableLog) -> _Entry | None:
-        entry = self._entries.pop(id(log), None)
-        if entry is not None:
-            del self._lane_entries[entry.lane][id(log)]
-        return entry
+    async def _sync_lane(self, lane: int, due: list[_Entry]) -> None:
+        try:
+            # Shielded: the thread can't be interrupted anyway, and the
+            # waiters of a flush that ran must hear about it.
+            with trio.CancelScope(shield=True):
+                await self._flush(due)
+        finally:
+            self._lane_busy[lane] = False
+            self._wakeup.set()
 
     async def flush_all(self) -> None:
         """Sync every dirty log now (shutdown, tests), independent of the lanes."""
