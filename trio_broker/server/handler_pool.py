@@ -32,6 +32,11 @@ log = logging.getLogger("trio_broker.handlers")
 #: other tasks (HandlerPool._worker).
 BACK_TO_BACK = 8
 
+#: Slow-request lines logged per second at most; past that they are counted, not logged.
+#: An overloaded broker finds every request slow: a line for each (formatting and
+#: writing it on the event loop) was a tenth of its CPU in W5 under load, slowing it more.
+SLOW_LOG_LINES_PER_S = 20
+
 #: (connection, response slot, header, body, principal decided when it was read)
 WorkItem = tuple["Connection", int, RequestHeader, Any, str]
 
@@ -71,6 +76,12 @@ class HandlerPool:
         #: request.log.slow.ms in seconds; infinite when 0 (off).
         slow_ms = broker.config.request_log_slow_ms
         self.slow_s = slow_ms / 1000 if slow_ms > 0 else math.inf
+        #: Slow requests counted but not logged (SLOW_LOG_LINES_PER_S), in all and in
+        #: the current one-second window, which began at _slow_window (perf_counter).
+        self.slow_unlogged = 0
+        self._slow_window = -math.inf
+        self._slow_window_lines = 0
+        self._slow_window_unlogged = 0
         #: Per handler task, its last two calls (the watchdog may wake only after the
         #: task that stalled it has taken its next request).
         self._runs: list[tuple[HandlerRun | None, HandlerRun | None]] = [(None, None)] * count
@@ -213,12 +224,27 @@ class HandlerPool:
         completed: float,
         response: Any,
     ) -> None:
-        """Log a request that took request.log.slow.ms or longer, frame read to response queued.
+        """Log a request that took request.log.slow.ms or longer, frame read to response queued
+        (SLOW_LOG_LINES_PER_S lines a second at most; the rest are counted).
 
         queue_ms: read to handler dequeue; handler_ms: the handler call; wait_ms: a
         deferred response's wait (fsync, long poll); total_ms covers all three.
         """
         self.broker.stats.slow_requests += 1
+        if completed - self._slow_window >= 1.0:
+            if self._slow_window_unlogged:
+                log.warning(
+                    "%d slow requests not logged in the last %.1f s (at most %d lines a second)",
+                    self._slow_window_unlogged, completed - self._slow_window,
+                    SLOW_LOG_LINES_PER_S,
+                )  # fmt: skip
+            self._slow_window = completed
+            self._slow_window_lines = self._slow_window_unlogged = 0
+        if self._slow_window_lines >= SLOW_LOG_LINES_PER_S:
+            self.slow_unlogged += 1
+            self._slow_window_unlogged += 1
+            return
+        self._slow_window_lines += 1
         header = ctx.header
         throttle = getattr(response, "throttle_time_ms", 0) if isinstance(response, Message) else 0
         log_slow_request(

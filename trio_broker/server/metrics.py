@@ -210,6 +210,12 @@ def render_metrics(broker: Broker) -> bytes:
         "requests slower than request.log.slow.ms (each logged by trio_broker.requests)",
         stats.slow_requests,
     )
+    out.counter(
+        p + "slow_requests_unlogged_total",
+        "slow requests counted but not logged: past 20 lines a second (trio_broker.handlers "
+        "logs how many)",
+        pool.slow_unlogged,
+    )
     sessions = broker.fetch_sessions
     out.gauge(p + "fetch_sessions", "incremental fetch sessions cached (KIP-227)", len(sessions))
     out.gauge(
