@@ -120,6 +120,10 @@ class Flusher:
         self._wakeup = trio.Event()
         #: Per lane: a sync of its logs is running (in a worker thread).
         self._lane_busy = [False] * self.threads
+        #: Per lane: the logs its worker task is to sync next, and the event that wakes
+        #: it (a long-lived task per lane: a task spawned per sync cost CPU per fsync).
+        self._lane_work: list[list[_Entry]] = [[] for _ in range(self.threads)]
+        self._lane_wakeups = [trio.Event() for _ in range(self.threads)]
         #: The lane the next new log joins (round-robin: partitions spread evenly).
         self._next_lane = 0
         #: mark_dirty calls so far: whether a yield let more appends in.
@@ -252,10 +256,18 @@ class Flusher:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._stopped = None
         self._threads.reopen()
+        # A run cancelled earlier may have left work handed to a lane that never took it
+        # (its appends are still pending in their trackers: they are dispatched again).
+        self._lane_busy = [False] * self.threads
+        self._lane_work = [[] for _ in range(self.threads)]
+        self._lane_wakeups = [trio.Event() for _ in range(self.threads)]
         try:
-            async with trio.open_nursery() as syncs:
+            async with trio.open_nursery() as lanes:
+                for lane in range(self.threads):
+                    lanes.start_soon(self._lane_worker, lane, name=f"flusher-lane-{lane}")
                 task_status.started()
-                await self._dispatch(syncs)
+                await self._dispatch()
+                lanes.cancel_scope.cancel()
         finally:
             self._stopped = StorageError("flusher stopped")
             self._threads.close()
@@ -263,7 +275,7 @@ class Flusher:
                 for event in entry.tracker.fail():
                     event.set()
 
-    async def _dispatch(self, syncs: trio.Nursery) -> None:
+    async def _dispatch(self) -> None:
         """Start a sync of each free lane's due logs, whenever there are any."""
         while True:
             # A fresh event before looking for work, so a mark_dirty (or a lane
@@ -281,7 +293,8 @@ class Flusher:
                     by_lane.setdefault(entry.lane, []).append(entry)
                 for lane, part in by_lane.items():
                     self._lane_busy[lane] = True
-                    syncs.start_soon(self._sync_lane, lane, part)
+                    self._lane_work[lane] = part
+                    self._lane_wakeups[lane].set()
                 continue
             # A busy lane wakes this loop when its sync ends: only free lanes' deadlines.
             busy = self._lane_busy
@@ -303,15 +316,20 @@ class Flusher:
             e for e in self._entries.values() if not busy[e.lane] and e.tracker.needs_flush(now)
         ]
 
-    async def _sync_lane(self, lane: int, due: list[_Entry]) -> None:
-        try:
-            # Shielded: the thread can't be interrupted anyway, and the
-            # waiters of a flush that ran must hear about it.
-            with trio.CancelScope(shield=True):
-                await self._flush(due)
-        finally:
-            self._lane_busy[lane] = False
-            self._wakeup.set()
+    async def _lane_worker(self, lane: int) -> None:
+        """Sync what the dispatcher hands this lane, one worker-thread call at a time."""
+        while True:
+            await self._lane_wakeups[lane].wait()
+            self._lane_wakeups[lane] = trio.Event()
+            due, self._lane_work[lane] = self._lane_work[lane], []
+            try:
+                # Shielded: the thread can't be interrupted anyway, and the
+                # waiters of a flush that ran must hear about it.
+                with trio.CancelScope(shield=True):
+                    await self._flush(due)
+            finally:
+                self._lane_busy[lane] = False
+                self._wakeup.set()
 
     async def flush_all(self) -> None:
         """Sync every dirty log now (shutdown, tests), independent of the lanes."""
