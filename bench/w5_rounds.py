@@ -1,8 +1,11 @@
 """W5 rounds, interleaved between broker trees, with where each produce's time went.
 
-    .venv/bin/python bench/w5_rounds.py --rounds 3 --trees new=.venv/bin/trio-broker \\
-        old=/tmp/w5-base/.venv/bin/trio-broker [--consumers 20] [--client-processes 4]
-        [--client-stats] [--quick] [--json out.json]
+    .venv/bin/python bench/w5_rounds.py --rounds 3 --trees base=0652f29 new=HEAD \\
+        [--consumers 20] [--client-processes 4] [--client-stats] [--quick] [--json out.json]
+
+A tree is a commit (``git archive``d into a temporary directory and run by this venv's
+interpreter, its editable install's finder dropped so that the tree's own ``trio_broker``
+is imported) or a path to a ``trio-broker`` executable.
 
 Each round runs W5 (bench/workloads.py) once per tree, in the order given, so a change
 in the machine's load falls on both. Per run it prints the produce latency the clients
@@ -15,7 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +29,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workloads
 from run_all import FULL, QUICK
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Runs a ``git archive``d tree's broker with this venv: the editable install's import
+#: finder would otherwise bring in the worktree's ``trio_broker``.
+WRAPPER = """#!/bin/sh
+exec {python} -c '
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+sys.path.insert(0, "{tree}")
+from trio_broker.cli import main
+sys.argv[0] = "trio-broker"
+sys.exit(main())' "$@"
+"""
+
+
+def tree_executable(spec: str, scratch: Path) -> Path:
+    """``spec``: an existing trio-broker executable, or a commit to archive into ``scratch``."""
+    if Path(spec).exists():
+        return Path(spec).resolve()
+    tree = scratch / spec.replace("/", "_")
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", spec], check=True,
+                             capture_output=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    exe = tree / "trio-broker"
+    exe.write_text(WRAPPER.format(python=sys.executable, tree=tree))
+    exe.chmod(0o755)
+    return exe
 
 
 def line(tree: str, r: dict[str, Any], load: tuple[float, float, float]) -> str:
@@ -44,7 +79,8 @@ def line(tree: str, r: dict[str, Any], load: tuple[float, float, float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trees", nargs="+", required=True, help="NAME=path/to/trio-broker")
+    parser.add_argument("--trees", nargs="+", required=True,
+                        help="NAME=COMMIT or NAME=path/to/trio-broker")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--consumers", type=int, default=0)
     parser.add_argument("--client-processes", type=int, default=1)
@@ -53,11 +89,20 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     sizes = (QUICK if args.quick else FULL)["w5"]
-    trees = [t.split("=", 1) for t in args.trees]
+    scratch = Path(tempfile.mkdtemp(prefix="w5-trees-"))
+    try:
+        trees = [(name, tree_executable(spec, scratch))
+                 for name, spec in (t.split("=", 1) for t in args.trees)]  # fmt: skip
+        run_rounds(args, sizes, trees)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_rounds(args: argparse.Namespace, sizes: Any, trees: list[tuple[str, Path]]) -> None:
     runs: list[dict[str, Any]] = []
     for round_no in range(args.rounds):
         for name, exe in trees:
-            os.environ["BENCH_TRIO_BROKER"] = str(Path(exe).resolve())
+            os.environ["BENCH_TRIO_BROKER"] = str(exe)
             load = os.getloadavg()
             r = workloads.w5(*sizes, consumers=args.consumers,
                              client_processes=args.client_processes,
