@@ -34,6 +34,7 @@ import plots  # noqa: E402
 #: How long one produce() may wait for room in librdkafka's queue.
 FULL_QUEUE_WAIT_S = 60.0
 LISTENING = re.compile(r"listening on [^\s:]+:(\d+)")
+METRICS_ON = re.compile(r"metrics on [^\s:]+:(\d+)")
 
 
 class BrokerProcess:
@@ -55,7 +56,8 @@ class BrokerProcess:
         if config is not None:
             extra = [*(extra or []), "--config", str(config(self.data_dir))]
         # The repo's venv, else the running interpreter's (a git worktree has no .venv).
-        exe = ROOT / ".venv" / "bin" / "trio-broker"
+        # BENCH_TRIO_BROKER: another tree's trio-broker (bench/w5_rounds.py compares two).
+        exe = Path(os.environ.get("BENCH_TRIO_BROKER", ROOT / ".venv" / "bin" / "trio-broker"))
         if not exe.exists():
             exe = Path(sys.executable).with_name("trio-broker")
         cmd = [*(launcher or []),
@@ -63,6 +65,8 @@ class BrokerProcess:
                "--data-dir", str(self.data_dir), "--storage", storage,
                "--processing-model", model, "--log-level", "INFO", *(extra or [])]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        #: The /metrics port when started with ``--metrics-listen`` (logged before it listens).
+        self.metrics_port: int | None = None
         self.port = self._wait_listening()
         threading.Thread(target=self._drain, daemon=True).start()
 
@@ -73,6 +77,9 @@ class BrokerProcess:
             line = self.proc.stderr.readline()
             if not line:
                 break
+            metrics = METRICS_ON.search(line)
+            if metrics:
+                self.metrics_port = int(metrics.group(1))
             match = LISTENING.search(line)
             if match:
                 return int(match.group(1))

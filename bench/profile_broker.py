@@ -4,6 +4,7 @@
     .venv/bin/python bench/profile_broker.py w2 [--records 100000]
     .venv/bin/python bench/profile_broker.py w6 [--records 4096]  # one 16 KiB record per request
     .venv/bin/python bench/profile_broker.py w3  # W3 alone: W1's log read back by one consumer
+    .venv/bin/python bench/profile_broker.py w5 [--consumers 20]  # W5 at full sizes
 
 py-spy launches ``trio-broker serve`` itself (attaching to a running process
 fails in this sandbox: "Failed to find python version"), samples it at
@@ -35,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flamegraph
+import run_all
 import workloads
 from produce import BrokerProcess, create_topic, run_producer
 
@@ -164,11 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("workload", choices=["w1", "w2", "w3", "w6"])
+    parser.add_argument("workload", choices=["w1", "w2", "w3", "w5", "w6"])
     parser.add_argument("--records", type=int, default=None)
     parser.add_argument("--rate", type=int, default=500, help="samples per second")
     parser.add_argument("--model", default="pipelined", choices=["pipelined", "serial"])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "perf")
+    parser.add_argument("--consumers", type=int, default=0, help="w5: long-polling consumers")
     args = parser.parse_args(argv)
     if shutil.which(tool("py-spy")) is None:
         print("py-spy is not installed: .venv/bin/pip install py-spy", file=sys.stderr)
@@ -179,6 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.workload == "w3":
         records = args.records or 4096
         result = profile_w3(stacks_path, args.rate, args.model, records)
+    elif args.workload == "w5":
+        result = workloads.w5(
+            *run_all.FULL["w5"],
+            start=lambda: ProfiledBroker(
+                stacks_path, args.rate, args.model, extra=["--metrics-listen", "127.0.0.1:0"]
+            ),
+            consumers=args.consumers,
+        )
+        records = result["sent"]
     else:
         result, records = profile_produce(stacks_path, args)
     stacks = drop_idle(flamegraph.read_stacks(stacks_path))

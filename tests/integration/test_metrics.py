@@ -159,6 +159,20 @@ async def test_counters_move_consistently_during_produce(broker: Broker, bootstr
         after, "trio_broker_requests_total", **produce_labels
     )
     assert value(after, "trio_broker_request_duration_seconds_sum", **produce_labels) > 0
+    # Every produce answered went through each stage once; acks=all waits for the fsync
+    # after its handler returns, so the remote stage holds time; the total is the sum.
+    answered = value(after, "trio_broker_request_total_seconds_count", **produce_labels)
+    assert answered >= RECORDS
+    stage_sums = {}
+    for stage in ("queue", "local", "remote"):
+        family = f"trio_broker_request_{stage}_seconds"
+        assert value(after, family + "_count", **produce_labels) == answered, stage
+        stage_sums[stage] = value(after, family + "_sum", **produce_labels)
+    assert value(after, "trio_broker_response_send_seconds_count", **produce_labels) == answered
+    stage_sums["send"] = value(after, "trio_broker_response_send_seconds_sum", **produce_labels)
+    assert stage_sums["local"] > 0 and stage_sums["remote"] > 0
+    total = value(after, "trio_broker_request_total_seconds_sum", **produce_labels)
+    assert math.isclose(sum(stage_sums.values()), total, rel_tol=1e-6)
     assert value(after, "trio_broker_log_end_offset", topic=TOPIC, partition="0") == RECORDS
     assert value(after, "trio_broker_partition_size_bytes", topic=TOPIC, partition="0") >= (
         RECORDS * 100

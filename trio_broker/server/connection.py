@@ -77,6 +77,11 @@ class PendingRequest:
     login_step: bool = False
     #: The login step that failed the session: close once its answer is sent.
     failed_login: bool = False
+    #: perf_counter() stamps of the later stages (RequestStages): a handler took it,
+    #: the handler returned, the response was ready. 0.0 until then.
+    started: float = 0.0
+    handled: float = 0.0
+    completed: float = 0.0
 
 
 class Connection:
@@ -340,6 +345,7 @@ class Connection:
         # once its response is sent: a client that never reads its responses
         # must not hold the broker-wide budget (and so mute everyone else).
         pending = self.pending[slot]
+        pending.completed = time.perf_counter()
         self.broker.memory.release(pending.frame_size)
         pending.frame_size = 0
         self.sequencer.complete(slot, response)
@@ -448,6 +454,11 @@ class Connection:
             self.close(f"SASL authentication failed: {self.sasl.reason}")
             return False
         self.broker.stats.responses_sent += 1
+        if pending.started:  # went through a handler: its stages are known
+            self.broker.handler_pool.stages.observe(
+                pending.header.api_key, pending.received, pending.started, pending.handled,
+                pending.completed, time.perf_counter(),
+            )  # fmt: skip
         self.last_active = trio.current_time()
         if self.serial:
             self._mute_event(MuteEvent.RESPONSE_SENT)

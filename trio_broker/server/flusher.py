@@ -7,6 +7,12 @@ it reports back through a pipe, faster than ``trio.to_thread``) and then wakes
 the waiters it satisfied. There is no artificial delay: appends that
 arrive while an fsync runs are covered together by the next one, so the number
 of appends per fsync grows with load by itself.
+
+Logs are dealt to :data:`FLUSH_THREADS` lanes; the flusher starts a sync of a lane's
+due logs in a worker thread whenever that lane is free, without waiting for the other
+lanes' syncs: a slow fsync holds back the logs of its lane only, not every partition's
+next sync (with one round for all, each round lasted as long as its slowest thread's
+syncs; issue 33's W5, 50 partitions).
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ class FlushableLog(Protocol):
 class _Entry:
     log: FlushableLog
     tracker: DurabilityTracker[trio.Event]
+    #: The lane (Flusher._lane_busy) that syncs this log; fixed for the log's life.
+    lane: int = 0
     #: set when a flush of this log failed; the log is offline from then on.
     error: StorageError | None = None
 
@@ -61,7 +69,7 @@ class _Entry:
 LET_RUNNABLE_PASSES = 8
 LET_RUNNABLE_S = 0.0005
 
-#: Logs synced at once, each batch in its own worker thread. fdatasync releases
+#: Lanes: logs synced at once, each lane's in its own worker thread. fdatasync releases
 #: the GIL and the filesystem merges concurrent syncs into one journal commit, so
 #: 50 partitions made dirty by one burst cost about one fsync's time, not 50.
 FLUSH_THREADS = 8
@@ -110,6 +118,14 @@ class Flusher:
         self._clock_ms = clock_ms
         self._entries: dict[int, _Entry] = {}
         self._wakeup = trio.Event()
+        #: Per lane: a sync of its logs is running (in a worker thread).
+        self._lane_busy = [False] * self.threads
+        #: Per lane: the logs its worker task is to sync next, and the event that wakes
+        #: it (a long-lived task per lane: a task spawned per sync cost CPU per fsync).
+        self._lane_work: list[list[_Entry]] = [[] for _ in range(self.threads)]
+        self._lane_wakeups = [trio.Event() for _ in range(self.threads)]
+        #: The lane the next new log joins (round-robin: partitions spread evenly).
+        self._next_lane = 0
         #: mark_dirty calls so far: whether a yield let more appends in.
         self._marks = 0
         self._stopped: StorageError | None = None
@@ -127,7 +143,8 @@ class Flusher:
     def _entry(self, log: FlushableLog) -> _Entry:
         entry = self._entries.get(id(log))
         if entry is None:
-            entry = _Entry(log, DurabilityTracker(self.policy))
+            entry = _Entry(log, DurabilityTracker(self.policy), self._next_lane)
+            self._next_lane = (self._next_lane + 1) % self.threads
             self._entries[id(log)] = entry
         return entry
 
@@ -239,35 +256,18 @@ class Flusher:
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._stopped = None
         self._threads.reopen()
-        task_status.started()
+        # A run cancelled earlier may have left work handed to a lane that never took it
+        # (its appends are still pending in their trackers: they are dispatched again).
+        self._lane_busy = [False] * self.threads
+        self._lane_work = [[] for _ in range(self.threads)]
+        self._lane_wakeups = [trio.Event() for _ in range(self.threads)]
         try:
-            while True:
-                # A fresh event before looking for work, so a mark_dirty that
-                # lands after the look still wakes the wait below.
-                self._wakeup = trio.Event()
-                now = self._clock_ms()
-                due = [e for e in self._entries.values() if e.tracker.needs_flush(now)]
-                if due:
-                    await self._let_appends_in()
-                    # Again: more appends came in, a log may have been forgotten.
-                    due = [e for e in self._entries.values() if e.tracker.needs_flush(now)]
-                    if not due:
-                        continue
-                    # Shielded: the thread can't be interrupted anyway, and the
-                    # waiters of a flush that ran must hear about it.
-                    with trio.CancelScope(shield=True):
-                        await self._flush_parallel(due)
-                    continue
-                deadlines = [
-                    d for e in self._entries.values() if (d := e.tracker.deadline_ms()) is not None
-                ]
-                wake_at = (
-                    trio.current_time() + max(0, min(deadlines) - now) / 1000
-                    if deadlines
-                    else math.inf
-                )
-                with trio.move_on_at(wake_at):
-                    await self._wakeup.wait()
+            async with trio.open_nursery() as lanes:
+                for lane in range(self.threads):
+                    lanes.start_soon(self._lane_worker, lane, name=f"flusher-lane-{lane}")
+                task_status.started()
+                await self._dispatch()
+                lanes.cancel_scope.cancel()
         finally:
             self._stopped = StorageError("flusher stopped")
             self._threads.close()
@@ -275,8 +275,64 @@ class Flusher:
                 for event in entry.tracker.fail():
                     event.set()
 
+    async def _dispatch(self) -> None:
+        """Start a sync of each free lane's due logs, whenever there are any."""
+        while True:
+            # A fresh event before looking for work, so a mark_dirty (or a lane
+            # finishing) that lands after the look still wakes the wait below.
+            self._wakeup = trio.Event()
+            now = self._clock_ms()
+            if self._due(now):
+                await self._let_appends_in()
+                # Again: more appends came in, a log may have been forgotten.
+                due = self._due(now)
+                if not due:
+                    continue
+                by_lane: dict[int, list[_Entry]] = {}
+                for entry in due:
+                    by_lane.setdefault(entry.lane, []).append(entry)
+                for lane, part in by_lane.items():
+                    self._lane_busy[lane] = True
+                    self._lane_work[lane] = part
+                    self._lane_wakeups[lane].set()
+                continue
+            # A busy lane wakes this loop when its sync ends: only free lanes' deadlines.
+            busy = self._lane_busy
+            deadlines = [
+                d
+                for e in self._entries.values()
+                if not busy[e.lane] and (d := e.tracker.deadline_ms()) is not None
+            ]
+            wake_at = (
+                trio.current_time() + max(0, min(deadlines) - now) / 1000 if deadlines else math.inf
+            )
+            with trio.move_on_at(wake_at):
+                await self._wakeup.wait()
+
+    def _due(self, now: int) -> list[_Entry]:
+        """Logs that need a sync, of lanes with no sync running."""
+        busy = self._lane_busy
+        return [
+            e for e in self._entries.values() if not busy[e.lane] and e.tracker.needs_flush(now)
+        ]
+
+    async def _lane_worker(self, lane: int) -> None:
+        """Sync what the dispatcher hands this lane, one worker-thread call at a time."""
+        while True:
+            await self._lane_wakeups[lane].wait()
+            self._lane_wakeups[lane] = trio.Event()
+            due, self._lane_work[lane] = self._lane_work[lane], []
+            try:
+                # Shielded: the thread can't be interrupted anyway, and the
+                # waiters of a flush that ran must hear about it.
+                with trio.CancelScope(shield=True):
+                    await self._flush(due)
+            finally:
+                self._lane_busy[lane] = False
+                self._wakeup.set()
+
     async def flush_all(self) -> None:
-        """Sync every dirty log now (shutdown, tests), independent of the run loop."""
+        """Sync every dirty log now (shutdown, tests), independent of the lanes."""
         due = [e for e in self._entries.values() if e.tracker.dirty or e.tracker.waiters]
         if due:
             with trio.CancelScope(shield=True):

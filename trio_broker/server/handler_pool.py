@@ -19,7 +19,7 @@ import trio
 from trio_broker.handlers.base import CloseConnection, Deferred, HandlerSpec, RequestContext
 from trio_broker.protocol.messages import API_KEY_NAMES, RequestHeader
 from trio_broker.protocol.schema import Message
-from trio_broker.server.histogram import LatencyHistogram
+from trio_broker.server.histogram import LatencyHistogram, RequestStages
 from trio_broker.server.logging_setup import log_slow_request
 
 if TYPE_CHECKING:
@@ -31,6 +31,11 @@ log = logging.getLogger("trio_broker.handlers")
 #: Queued requests a handler task takes one after another before it lets the loop run
 #: other tasks (HandlerPool._worker).
 BACK_TO_BACK = 8
+
+#: Slow-request lines logged per second at most; past that they are counted, not logged.
+#: An overloaded broker finds every request slow: a line for each (formatting and
+#: writing it on the event loop) was a tenth of its CPU in W5 under load, slowing it more.
+SLOW_LOG_LINES_PER_S = 20
 
 #: (connection, response slot, header, body, principal decided when it was read)
 WorkItem = tuple["Connection", int, RequestHeader, Any, str]
@@ -65,9 +70,18 @@ class HandlerPool:
         self.handled = [0] * count
         #: Per API key: time from dequeue to handler return (the /metrics endpoint).
         self.latency = LatencyHistogram()
+        #: Per API key: queue, handler, wait, response-send and total times (/metrics),
+        #: recorded by the connection once a response is written.
+        self.stages = RequestStages()
         #: request.log.slow.ms in seconds; infinite when 0 (off).
         slow_ms = broker.config.request_log_slow_ms
         self.slow_s = slow_ms / 1000 if slow_ms > 0 else math.inf
+        #: Slow requests counted but not logged (SLOW_LOG_LINES_PER_S), in all and in
+        #: the current one-second window, which began at _slow_window (perf_counter).
+        self.slow_unlogged = 0
+        self._slow_window = -math.inf
+        self._slow_window_lines = 0
+        self._slow_window_unlogged = 0
         #: Per handler task, its last two calls (the watchdog may wake only after the
         #: task that stalled it has taken its next request).
         self._runs: list[tuple[HandlerRun | None, HandlerRun | None]] = [(None, None)] * count
@@ -164,6 +178,10 @@ class HandlerPool:
                 raise
             done = run.finished = time.perf_counter()
             self.latency.observe(header.api_key, done - started)
+            pending = conn.pending.get(slot)
+            if pending is not None:
+                pending.started = started
+                pending.handled = done
             if isinstance(result, Deferred):
                 broker.root_nursery.start_soon(
                     self._finish, conn, slot, ctx, result, (started, done)
@@ -171,7 +189,6 @@ class HandlerPool:
             elif isinstance(result, CloseConnection):
                 conn.close(result.reason)
             else:
-                pending = conn.pending.get(slot)
                 conn.complete(slot, result)
                 if pending is not None and done - pending.received >= self.slow_s:
                     self._slow(conn, ctx, pending.received, started, done, done, result)
@@ -207,12 +224,27 @@ class HandlerPool:
         completed: float,
         response: Any,
     ) -> None:
-        """Log a request that took request.log.slow.ms or longer, frame read to response queued.
+        """Log a request that took request.log.slow.ms or longer, frame read to response queued
+        (SLOW_LOG_LINES_PER_S lines a second at most; the rest are counted).
 
         queue_ms: read to handler dequeue; handler_ms: the handler call; wait_ms: a
         deferred response's wait (fsync, long poll); total_ms covers all three.
         """
         self.broker.stats.slow_requests += 1
+        if completed - self._slow_window >= 1.0:
+            if self._slow_window_unlogged:
+                log.warning(
+                    "%d slow requests not logged in the last %.1f s (at most %d lines a second)",
+                    self._slow_window_unlogged, completed - self._slow_window,
+                    SLOW_LOG_LINES_PER_S,
+                )  # fmt: skip
+            self._slow_window = completed
+            self._slow_window_lines = self._slow_window_unlogged = 0
+        if self._slow_window_lines >= SLOW_LOG_LINES_PER_S:
+            self.slow_unlogged += 1
+            self._slow_window_unlogged += 1
+            return
+        self._slow_window_lines += 1
         header = ctx.header
         throttle = getattr(response, "throttle_time_ms", 0) if isinstance(response, Message) else 0
         log_slow_request(

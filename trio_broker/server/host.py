@@ -17,12 +17,18 @@ if TYPE_CHECKING:
     from trio_broker.handlers.base import HandlerSpec, Services
     from trio_broker.protocol.messages import RequestHeader
     from trio_broker.security.credentials import CredentialStore
+    from trio_broker.server.histogram import RequestStages
     from trio_broker.server.memory_budget import MemoryBudget
     from trio_broker.services.stats import BrokerStats
 
 
 class RequestQueue(Protocol):
     """The handler pool as a connection sees it."""
+
+    @property
+    def stages(self) -> RequestStages:
+        """Where the connection records a request's stage times once its answer is out."""
+        ...
 
     async def submit(
         self, conn: Any, slot: int, header: RequestHeader, body: Any, principal: str

@@ -166,6 +166,30 @@ def render_metrics(broker: Broker) -> bytes:
         "time from dequeue to handler return, per API",
         histogram,
     )
+    stages = pool.stages
+    for name, stage, help_text in (
+        ("request_queue_seconds", stages.queue, "time from a request read to a handler taking it"),
+        ("request_local_seconds", stages.local, "time in the handler call (Kafka's LocalTimeMs)"),
+        ("request_remote_seconds", stages.remote,
+         "time a deferred response waited after its handler returned (fsync, long poll)"),
+        ("response_send_seconds", stages.send,
+         "time from a response ready to its bytes written, behind earlier ones on its connection"),
+        ("request_total_seconds", stages.total,
+         "time from a request read to its response written, per API"),
+    ):  # fmt: skip
+        les = [_format_value(b) for b in stage.bounds] + ["+Inf"]
+        out.family(
+            p + name,
+            "histogram",
+            help_text,
+            [
+                sample
+                for key in sorted(stage.buckets)
+                for sample in _histogram_samples(
+                    _api_labels(key), zip(les, stage.buckets[key]), stage.sums[key]
+                )
+            ],
+        )
     watchdog = broker.loop_watchdog
     lag = watchdog.lag
     les = [_format_value(b) for b in lag.bounds] + ["+Inf"]
@@ -185,6 +209,12 @@ def render_metrics(broker: Broker) -> bytes:
         p + "slow_requests_total",
         "requests slower than request.log.slow.ms (each logged by trio_broker.requests)",
         stats.slow_requests,
+    )
+    out.counter(
+        p + "slow_requests_unlogged_total",
+        "slow requests counted but not logged: past 20 lines a second (trio_broker.handlers "
+        "logs how many)",
+        pool.slow_unlogged,
     )
     sessions = broker.fetch_sessions
     out.gauge(p + "fetch_sessions", "incremental fetch sessions cached (KIP-227)", len(sessions))

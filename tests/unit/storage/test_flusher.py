@@ -392,3 +392,30 @@ async def test_many_dirty_logs_are_synced_in_parallel_threads(threads: int) -> N
         nursery.cancel_scope.cancel()
     assert all(log.durable_end_offset == 1 for log in logs)
     assert not barrier.broken
+
+
+async def test_a_slow_sync_holds_back_only_the_logs_of_its_lane() -> None:
+    """Two logs in two lanes: while one log's sync hangs, the other is synced again and
+    again (a round for all logs would hold its second sync until the hung one returned)."""
+    stuck, free = SlowLog(), SlowLog()
+    stuck.auto = False
+    flusher = Flusher(threads=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        try:
+            stuck.append()
+            flusher.mark_dirty(stuck)
+            await trio.to_thread.run_sync(stuck.syncing.wait)  # its lane's sync is running
+            with trio.fail_after(30):
+                for _ in range(3):
+                    offset = free.append()
+                    flusher.mark_dirty(free)
+                    await flusher.wait_durable(free, offset)
+            assert free.flushes == 3 and stuck.flushes == 0
+            stuck.gate.release()
+            with trio.fail_after(30):
+                await flusher.wait_durable(stuck, 0)
+        finally:
+            stuck.auto = True
+            stuck.gate.release()
+            nursery.cancel_scope.cancel()
