@@ -57,6 +57,8 @@ CONNECTION_MACHINES = (
     "statemachine/test_sasl_connection_machine.py",
 )
 GROUP_MACHINE = "statemachine/test_group_machine.py"
+#: A node alone's group coordinator expiring offsets beside transactional commits.
+OFFSET_EXPIRY_MACHINE = "statemachine/test_offset_expiry_machine.py"
 #: KIP-848 consumer groups (state/consumer_group.py) under random heartbeats.
 CONSUMER_GROUP_MACHINE = "statemachine/test_consumer_group_machine.py"
 #: A real connection throttled by quota breaches against a clock the machine moves.
@@ -1640,7 +1642,7 @@ ELEVENTH = (
         "",
         "offset expiry removes a group's offset while an open transaction stages a new one "
         "for it (Kafka keeps it until the transaction ends)",
-        (GROUP_MACHINE, OFFSETS_STORE_MACHINE, BROKER_MACHINE),
+        (GROUP_MACHINE, OFFSETS_STORE_MACHINE, BROKER_MACHINE, OFFSET_EXPIRY_MACHINE),
         ("tests/unit/transactions/test_txn_offsets.py tests/unit/groups/test_groups_cluster.py",),
     ),
     Bug(
