@@ -1693,9 +1693,11 @@ def copy_tree(dest: Path) -> None:
     )  # fmt: skip
 
 
-#: What pytest-timeout prints when it stops a test (its per-test guard, pyproject.toml):
-#: the signal method's failure, or the thread method's banner before it exits.
-PYTEST_TIMEOUTS = ("Failed: Timeout >", "+++++ Timeout +++++")
+#: What pytest-timeout (2.4) prints when it stops a test (its per-test guard,
+#: pyproject.toml): the signal method's failure ("Failed: Timeout (>300.0s) from
+#: pytest-timeout.", often inside a Hypothesis FlakyFailure, as the stop lands in a draw
+#: the replay makes differently), or the thread method's banner before it exits.
+PYTEST_TIMEOUTS = ("s) from pytest-timeout", "+++++ Timeout +++++")
 
 
 def run_check(tree: Path, check: str, timeout_s: float) -> tuple[bool, float]:
