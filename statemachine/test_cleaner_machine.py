@@ -34,7 +34,7 @@ from pathlib import Path
 import attrs
 from hypothesis import event, note, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from trio_broker.protocol.records import Record, build_batch, iter_batches
 from trio_broker.storage.cleaner import clean_log, plan_for
@@ -52,6 +52,8 @@ CLEANER_STEPS = (
     "swap-renamed", "indexes-written",
 )  # fmt: skip
 KEYS = (b"a", b"b", b"c")
+#: At most this many records written when ``a_merging_pass_dies_at_its_commit_point`` runs.
+YOUNG_LOG_RECORDS = 6
 #: -1: a plain write; otherwise an idempotent producer (epoch 0).
 PRODUCERS = (-1, -1, 7, 8)
 #: The producer of ``tombstone_over_a_kept_batch`` (no other rule writes as it).
@@ -228,6 +230,27 @@ class CleanerMachine(RuleBasedStateMachine):
         self.flush()
         self.now_ms += self.config.min_compaction_lag_ms + 1
         self.cleaner_pass()
+
+    # On a young log only: the restart reads from every offset (quadratic in the log),
+    # and the built segments then lead the log, where the merged group starts with them.
+    @precondition(lambda self: len(self.written) <= YOUNG_LOG_RECORDS)
+    @rule()
+    def a_merging_pass_dies_at_its_commit_point(self) -> None:
+        """The recovery's shape that random steps seldom build: a pass merges small
+        segments into one named after the first, whose first records it drops (so the
+        first segment's old index positions no longer match), and the broker dies at the
+        swap's commit point, with the old segments' files still there; recovery must
+        finish the swap so that a read from every offset finds it."""
+        assert self.log is not None
+        self.log.roll(self.now_ms)
+        for key in (b"m", b"m", b"", b"", b"", b""):
+            self.write([(key, b"y" * 40)], -1)
+            if key == b"" and self.log.active_segment().size > 0 and self.unique % 4 == 1:
+                self.log.roll(self.now_ms)  # the first segment ends after its unique key
+        self.log.roll(self.now_ms)
+        self.flush()
+        self.now_ms += self.config.max_compaction_lag_ms + 1
+        self.broker_dies_mid_pass("swap-committed")
 
     @rule(key=st.sampled_from(KEYS))
     def tombstone_over_a_kept_batch(self, key: bytes) -> None:
