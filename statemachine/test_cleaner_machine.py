@@ -5,9 +5,10 @@ no model called the cleaner's planning (``plan_for``/``plan_cleaning``) or its f
 (``build_offset_map``, ``filter_batch``, the batches kept whole). This machine writes
 keyed records, tombstones and keyless ones into a real compacted ``PartitionLog`` (plain
 writes and idempotent producers' batches, whose last batch in the log the cleaner keeps
-whole), rolls segments, lets time pass and runs ``clean_log`` as the broker's cleaner
-does (``plan_for`` at the time, then the pass), and checks Kafka's compaction guarantees
-against the records it wrote:
+whole), rolls segments, lets time pass and runs the broker's own cleaner task's turn
+(server/log_cleaner.py's ``LogCleaner.clean_once``: the idle roll, ``plan_for`` at the
+time with its own passes' tombstone horizons, then ``clean_log``), and checks Kafka's
+compaction guarantees against the records it wrote:
 
 1. every record read back was written, at its offset, with its key and value; a record
    without a key is never removed;
@@ -32,11 +33,13 @@ import tempfile
 from pathlib import Path
 
 import attrs
+import trio
 from hypothesis import event, note, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from trio_broker.protocol.records import Record, build_batch, iter_batches
+from trio_broker.server.log_cleaner import LogCleaner
 from trio_broker.storage.cleaner import clean_log, plan_for
 from trio_broker.storage.log import LogConfig, PartitionLog
 from trio_broker.storage.swap import read_cleaner_checkpoint
@@ -52,6 +55,8 @@ CLEANER_STEPS = (
     "swap-renamed", "indexes-written",
 )  # fmt: skip
 KEYS = (b"a", b"b", b"c")
+#: At most this many records written when ``a_merging_pass_dies_at_its_commit_point`` runs.
+YOUNG_LOG_RECORDS = 6
 #: -1: a plain write; otherwise an idempotent producer (epoch 0).
 PRODUCERS = (-1, -1, 7, 8)
 #: The producer of ``tombstone_over_a_kept_batch`` (no other rule writes as it).
@@ -98,6 +103,15 @@ class CleanerMachine(RuleBasedStateMachine):
         )  # fmt: skip
         note(f"{self.config}")
         self.log = PartitionLog.open(self.directory, self.config, now_ms=lambda: self.now_ms)
+        self.cleaner = self._broker_cleaner()
+
+    def _broker_cleaner(self) -> LogCleaner:
+        """The broker's cleaner task over this one log, on the machine's clock (a restart
+        makes a new one: it knows no delete horizon of the logs it finds)."""
+        return LogCleaner(
+            lambda: [] if self.log is None else [self.log], lambda: self.now_ms,
+            backoff_ms=0, io_max_bytes_per_second=float("inf"),
+        )  # fmt: skip
 
     def teardown(self) -> None:
         if self.log is not None:
@@ -161,12 +175,14 @@ class CleanerMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ the cleaner
 
-    def _overdue_record(self) -> Written | None:
-        """Rule 4: the oldest dirty record when a pass must be due, else None."""
+    def _overdue_record(self, active: int | None = None) -> Written | None:
+        """Rule 4: the oldest dirty record when a pass must be due, else None (``active``:
+        the active segment's base offset, by default the log's)."""
         assert self.log is not None
         if not self.all_synced:
             return None  # an unsynced sealed segment ends what may be cleaned
-        active = self.log.segment_base_offsets()[-1]
+        if active is None:
+            active = self.log.segment_base_offsets()[-1]
         first_dirty = read_cleaner_checkpoint(self.log.directory)
         closed = [w for offset, w in self.written.items() if offset < active]
         if any(self.now_ms - w.timestamp < self.config.min_compaction_lag_ms for w in closed):
@@ -181,36 +197,40 @@ class CleanerMachine(RuleBasedStateMachine):
 
     @rule()
     def cleaner_pass(self) -> None:
-        """One turn of the broker's cleaner (server/log_cleaner.py's ``clean_once``, in
-        its order): roll an active segment idle past ``max.compaction.lag.ms``, plan
-        with the tombstone horizon the last pass reported, run the pass."""
+        """One turn of the broker's cleaner task (server/log_cleaner.py's ``clean_once``):
+        it rolls an active segment idle past ``min(segment.ms, max.compaction.lag.ms)``
+        (and flushes it), plans with the tombstone horizon its last pass reported, and
+        runs the pass."""
         assert self.log is not None
         active = self.log.active_segment()
         first = active.first_batch_timestamp
         idle_ms = self.now_ms - first if first is not None else 0
-        if active.size > 0 and idle_ms > min(self.config.segment_ms,
-                                             self.config.max_compaction_lag_ms):  # fmt: skip
-            self.log.roll(self.now_ms)
-            self.log.flush()  # the shell flushes what it rolled: no append will
-            self.all_synced = True
-        overdue = self._overdue_record()
-        due = self.horizon is not None and self.now_ms >= self.horizon
-        plan = plan_for(self.log, self.now_ms, tombstones_due=due)
-        assert overdue is None or plan is not None, (
-            f"no pass due at {self.now_ms} though the dirty record {overdue} is older than"
+        rolls = active.size > 0 and idle_ms > min(
+            self.config.segment_ms, self.config.max_compaction_lag_ms
+        )
+        if rolls:
+            self.all_synced = True  # the roll's flush: every sealed segment is synced
+        overdue = self._overdue_record(self.log.log_end_offset if rolls else None)
+        result = trio.run(self.cleaner.clean_once)
+        rolled = self.log.active_segment() is not active
+        assert rolled == rolls, (
+            f"the cleaner {'rolled' if rolled else 'kept'} an active segment idle for"
+            f" {idle_ms} ms (segment.ms {self.config.segment_ms}, max.compaction.lag.ms"
+            f" {self.config.max_compaction_lag_ms})"
+        )
+        assert overdue is None or result is not None, (
+            f"no pass at {self.now_ms} though the dirty record {overdue} is older than"
             f" max.compaction.lag.ms {self.config.max_compaction_lag_ms}"
         )
-        if plan is None:
+        if result is None:
             return
-        result = clean_log(self.log, self.now_ms, plan=plan)
-        if result is not None:
-            self.horizon = result.next_horizon
+        self.horizon = result.next_horizon
         checkpoint = read_cleaner_checkpoint(self.log.directory)
         assert checkpoint <= self.log.durable_end_offset, (
             f"the cleaner rewrote up to {checkpoint}, past the durable end"
             f" {self.log.durable_end_offset}: a power cut loses what its copy claims"
         )
-        note(f"pass at {self.now_ms}: {plan}, {result and result.records_dropped} dropped")
+        note(f"pass at {self.now_ms}: {result}")
 
     @rule()
     def dirty_segments_of_two_ages(self) -> None:
@@ -228,6 +248,27 @@ class CleanerMachine(RuleBasedStateMachine):
         self.flush()
         self.now_ms += self.config.min_compaction_lag_ms + 1
         self.cleaner_pass()
+
+    # On a young log only: the restart reads from every offset (quadratic in the log),
+    # and the built segments then lead the log, where the merged group starts with them.
+    @precondition(lambda self: len(self.written) <= YOUNG_LOG_RECORDS)
+    @rule()
+    def a_merging_pass_dies_at_its_commit_point(self) -> None:
+        """The recovery's shape that random steps seldom build: a pass merges small
+        segments into one named after the first, whose first records it drops (so the
+        first segment's old index positions no longer match), and the broker dies at the
+        swap's commit point, with the old segments' files still there; recovery must
+        finish the swap so that a read from every offset finds it."""
+        assert self.log is not None
+        self.log.roll(self.now_ms)
+        for key in (b"m", b"m", b"", b"", b"", b""):
+            self.write([(key, b"y" * 40)], -1)
+            if key == b"" and self.log.active_segment().size > 0 and self.unique % 4 == 1:
+                self.log.roll(self.now_ms)  # the first segment ends after its unique key
+        self.log.roll(self.now_ms)
+        self.flush()
+        self.now_ms += self.config.max_compaction_lag_ms + 1
+        self.broker_dies_mid_pass("swap-committed")
 
     @rule(key=st.sampled_from(KEYS))
     def tombstone_over_a_kept_batch(self, key: bytes) -> None:
@@ -278,6 +319,7 @@ class CleanerMachine(RuleBasedStateMachine):
                     self.horizon = result.next_horizon
         self.log.abort()  # no clean-shutdown marker
         self.log = PartitionLog.open(self.directory, self.config, now_ms=lambda: self.now_ms)
+        self.cleaner, self.horizon = self._broker_cleaner(), None
         whole = self._read_back()
         for offset in sorted(self.written):
             if offset < self.log.log_start_offset:
