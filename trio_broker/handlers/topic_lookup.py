@@ -69,15 +69,7 @@ def leading_partition(
     term = check_leader(ctx, topic.name, partition, current_leader_epoch, fence_alone=fence_alone)
     if isinstance(term, ErrorCode):
         return term
-    log = topic.logs[partition]
-    # One Partition per term and log, kept on the topic: a new term or a log put in
-    # another's place (a topic made again, a replica re-created) makes a new one.
-    led = topic.led.get(partition)
-    if led is None or led.term is not term or led.log is not log:
-        led = topic.led[partition] = Partition(
-            topic.name, partition, log, term, ctx.services.producers
-        )  # fmt: skip
-    return led
+    return topic.leading(partition, term, ctx.services.producers)
 
 
 @attrs.frozen

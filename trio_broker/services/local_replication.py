@@ -282,6 +282,12 @@ class LocalReplication(_NoFollowers):
         #: (twice what was left last time: amortized, no walk per lookup).
         self._prune_at = 1024
 
+    @classmethod
+    def over(cls, topics: TopicManager, broker_id: int = 0) -> LocalReplication:
+        """A node alone's replication of ``topics`` without listeners: what a tool or a
+        test that writes partitions without a broker leads them in."""
+        return cls(LocalView(broker_id, None, topics, list))
+
     def leader_term(self, topic: str, partition: int) -> LocalTerm | None:
         log = self._topics.log(topic, partition)
         if log is None:
