@@ -25,7 +25,7 @@ from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.leadership import fetch_leader_hints
 from trio_broker.handlers.producer_state import prepare_producer_states
 from trio_broker.handlers.topic_lookup import find_topic, leading_partition
-from trio_broker.partition.read import Isolation, ReplicaRead, read
+from trio_broker.partition.read import Isolation, ReplicaRead, read, read_by_replica
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
@@ -136,11 +136,16 @@ def read_partitions(
                     max_bytes = min(p.partition_max_bytes, max(remaining, 0), budget)
             # A throttled read still takes one whole batch (a batch bigger than the
             # budget would never fit); the budget then goes below zero for a while.
-            regions, aborted = read(
-                part, led, p.fetch_offset, max_bytes, isolation,
-                min_one=total == 0 or budget is not None, replica=progress,
-                replica_log_start=p.log_start_offset,
-            )  # fmt: skip
+            if progress is None:  # a consumer, or a follower's read that records nothing
+                regions, aborted = read(
+                    part, led, p.fetch_offset, max_bytes, isolation,
+                    min_one=total == 0 or budget is not None,
+                )  # fmt: skip
+            else:  # a follower's first read of the request records its progress
+                regions, aborted = read_by_replica(
+                    part, led, p.fetch_offset, max_bytes, progress, p.log_start_offset,
+                    min_one=total == 0 or budget is not None,
+                )  # fmt: skip
             if aborted is not None:
                 part.aborted_transactions = [
                     AbortedTxnResp(producer_id=a.producer_id, first_offset=a.first_offset)

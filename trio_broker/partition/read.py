@@ -15,14 +15,15 @@ the replication throttle, the quota) stays the handler's, as Kafka's
 
 A replica's read records its progress first (Kafka's ``updateFollowerFetchState``,
 called by ``Partition.fetchRecords`` for a fetch from a follower): given a
-:class:`ReplicaRead`, :func:`read` takes the leader's log progress into the term and
-records the follower's fetch offset and log start there (``replication/replica_rules.py``:
-its log end and last caught-up time, an ISR expansion the term proposes, a high
-watermark advance), then hands what came of it to the leader's :class:`Followers` (the
-replica manager: it wakes the partition's waiters and stores the ISR change). A
-consumer's read records nothing. The fetch handler passes a :class:`ReplicaRead` to the
-first read of a follower's request only (a long poll's later reads record nothing), as
-the replica manager did when the request arrived.
+:class:`ReplicaRead`, :func:`read_by_replica` takes the leader's log progress into the
+term and records the follower's fetch offset and log start there
+(``replication/replica_rules.py``: its log end and last caught-up time, an ISR expansion
+the term proposes, a high watermark advance), then hands what came of it to the
+leader's :class:`Followers` (the replica manager: it wakes the partition's waiters and
+stores the ISR change), and reads. A consumer's read (:func:`read`) records nothing and
+pays nothing for it. The fetch handler reads by replica in the first read of a
+follower's request only (a long poll's later reads record nothing), as the replica
+manager did when the request arrived.
 
 Sans-I/O: no trio.
 """
@@ -53,6 +54,7 @@ __all__ = [
     "Read",
     "ReplicaRead",
     "read",
+    "read_by_replica",
     "readable_end",
     "record_progress",
 ]
@@ -173,10 +175,22 @@ def readable_end(
     return high_watermark
 
 
+def read_by_replica(
+    into: FetchedPartition, partition: Partition, fetch_offset: int, max_bytes: int | None,
+    replica: ReplicaRead, replica_log_start: int, *, min_one: bool,
+) -> Read:  # fmt: skip
+    """A follower's read that records its progress (Kafka's ``Partition.fetchRecords``
+    from a follower): :func:`record_progress` (its fetch offset, ``replica_log_start``:
+    its log start, -1 if unknown), then :func:`read` up to the log end. A consumer's
+    read, and a follower's that records nothing (a long poll's later reads), is
+    :func:`read` alone: it pays nothing for this."""
+    record_progress(partition, replica, fetch_offset, replica_log_start)
+    return read(into, partition, fetch_offset, max_bytes, _LOG_END, min_one=min_one)
+
+
 def read(
     into: FetchedPartition, partition: Partition, fetch_offset: int, max_bytes: int | None,
-    isolation: Isolation, *, min_one: bool, replica: ReplicaRead | None = None,
-    replica_log_start: int = -1,
+    isolation: Isolation, *, min_one: bool,
 ) -> Read:  # fmt: skip
     """Read ``partition`` (led here: the guard found it) from ``fetch_offset``; the
     partition's offsets as they were before the read, or the read's error, go ``into``
@@ -185,12 +199,8 @@ def read(
     ``max_bytes`` None: the answer has no room left for this partition (or the replica
     is throttled to nothing): only its offsets, no read, and so no read error.
     ``min_one``: one whole batch goes out even if larger than ``max_bytes``.
-    ``replica``: a follower's read, whose progress (fetch offset, ``replica_log_start``)
-    is recorded before the read (:func:`record_progress`); None for a consumer's, and
-    for a follower's read that records nothing (a long poll's later reads).
+    A follower's read that records its progress is :func:`read_by_replica`.
     """
-    if replica is not None:
-        record_progress(partition, replica, fetch_offset, replica_log_start)
     log = partition.log
     log_end_offset = log.log_end_offset
     if isolation is _LOG_END and fetch_offset > log_end_offset:

@@ -18,7 +18,7 @@ import uuid
 
 from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
 from trio_broker.cluster.replica_manager import ReplicaManager
-from trio_broker.partition.read import Isolation, ReplicaRead, read
+from trio_broker.partition.read import Isolation, ReplicaRead, read, read_by_replica
 from trio_broker.protocol.records import build_batch
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo, TopicInfo
 from trio_broker.services.producers import ProducerStateRegistry
@@ -40,10 +40,9 @@ def follower_fetch(manager: ReplicaManager, replica: int, offset: int) -> Answer
     assert topic is not None
     partition = topic.leading(0, manager.terms[KEY], ProducerStateRegistry(None, lambda: 0))
     answer = Answer()
-    read(
-        answer, partition, offset, 1 << 20, Isolation.LOG_END, min_one=True,
-        replica=ReplicaRead(replica, 0, manager), replica_log_start=0,
-    )  # fmt: skip
+    read_by_replica(
+        answer, partition, offset, 1 << 20, ReplicaRead(replica, 0, manager), 0, min_one=True
+    )
     return answer
 
 
