@@ -339,11 +339,15 @@ def read(partitions: int, calls: int, isolation: int) -> dict[str, Any]:
     async def run() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             broker = Broker(BrokerConfig(port=0, data_dir=Path(tmp)))
-            broker.topics.create("read", partitions)
+            topic = broker.topics.create("read", partitions)
+
+            def term_of(p: int) -> Any:
+                return broker.replication.leader_term("read", p)
+
             for p in range(partitions):
-                append(broker.topics.log("read", p), build_batch([(b"k", PAD)]),
-                       origin=Origin.CLIENT, now_ms=0, durability=None, topic="read",
-                       partition=p, producers=broker.producers)  # fmt: skip
+                led = topic.leading(p, term_of(p), broker.producers)
+                append(led, build_batch([(b"k", PAD)]), origin=Origin.CLIENT, now_ms=0,
+                       durability=None)  # fmt: skip
             header = RequestHeader(m.ApiKey.FETCH, 12, 1, "bench")
             ctx = RequestContext(header=header, services=broker, client=ClientInfo(1, "x", 1))
             for _ in range(100):  # warm-up

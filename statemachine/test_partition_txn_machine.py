@@ -37,6 +37,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import RecordBatchView, build_batch, iter_batches
+from trio_broker.services.local_replication import LocalReplication
 from trio_broker.services.producers import ProducerStateRegistry, latest_snapshot
 from trio_broker.services.topics import TopicManager
 from trio_broker.services.txn_markers import append_txn_marker
@@ -94,6 +95,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         self.dir = Path(tempfile.mkdtemp(prefix="txn-machine-"))
         self.clock = T0
         self.topics = TopicManager(self.dir, LogConfig(), self.now)
+        self.leaders = LocalReplication.over(self.topics)  # a node alone leads them
         self.topics.create(TOPIC, 1)
         self.registry = self._registry()
         self.model = ModelLog()
@@ -171,7 +173,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         note(f"{'commit' if commit else 'abort'} {p.producer_id} epoch {epoch}")
         _, offset = append_txn_marker(
             self.topics, self.registry, Quiet(), Quiet(), TOPIC, 0,
-            p.producer_id, epoch, commit, 0, self.clock,
+            p.producer_id, epoch, commit, 0, self.clock, leaders=self.leaders,
         )  # fmt: skip
         self.model.entries.append(Entry(offset, p.producer_id, True, commit, b""))
         if epoch != p.epoch:

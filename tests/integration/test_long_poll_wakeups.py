@@ -85,9 +85,15 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     done: list[tuple[int, ...]] = []
     read = fetch.read_partitions
 
-    def recording(ctx: Any, request: m.FetchRequest, wanted: list[Any], look: bool = False) -> Any:
+    def recording(
+        ctx: Any,
+        request: m.FetchRequest,
+        wanted: list[Any],
+        look: bool = False,
+        first: bool = False,
+    ) -> Any:
         done.append(tuple(p.partition for t in wanted for p in t.partitions))
-        return read(ctx, request, wanted, look)
+        return read(ctx, request, wanted, look, first)
 
     monkeypatch.setattr(fetch, "read_partitions", recording)
     return done

@@ -145,7 +145,7 @@ async def latest(client: RawClient, isolation: int) -> int:
 async def marker(broker: Broker, pid: int, committed: bool, epoch: int = 0) -> int:
     log, offset = append_txn_marker(
         broker.topics, broker.producers, broker.durability, broker.appends,
-        TOPIC, 0, pid, epoch, committed, 0, broker.now_ms(),
+        TOPIC, 0, pid, epoch, committed, 0, broker.now_ms(), leaders=broker.replication,
     )  # fmt: skip
     await broker.durability.wait_durable(log, offset)
     return offset

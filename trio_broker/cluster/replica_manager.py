@@ -28,8 +28,7 @@ the parts it owns, each a module of this package:
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -57,12 +56,11 @@ from trio_broker.replication.replica_rules import (
     Key,
     leader_log_progress,
     leaving_replica,
-    record_follower_fetch,
 )
 from trio_broker.replication.throttle import UNLIMITED_RATE
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.internal_topics import LeadershipListener
-from trio_broker.services.local_replication import DataReplication, FollowerFetchPartition
+from trio_broker.services.local_replication import DataReplication
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
 
@@ -177,37 +175,28 @@ class ReplicaManager:
         role = self.terms.get(key) or self.following.get(key)  # it leads, or it follows
         return None if role is None else role.high_watermark
 
-    def follower_fetch(self, replica: int, partitions: Iterable[FollowerFetchPartition]) -> None:
-        """A follower's Fetch request: it holds everything below each fetch offset.
+    # A follower's read records its progress in partition/read.py (Kafka's
+    # Partition.updateFollowerFetchState, by the rules of replication/replica_rules.py):
+    # the follower's log end and last caught-up time, an ISR expansion, a high watermark
+    # advance, once per Fetch request (its first read). What it asks and sets off here:
 
-        Recorded once per request, when it arrives (a long poll's later reads record
-        nothing), as Kafka's ReplicaManager updates the follower's fetch state for the
-        partitions it reads: the follower's log end and last caught-up time, an ISR
-        expansion, a high watermark advance (which wakes that partition's waiters).
-        ``partitions``: (topic name or id, partition, fetch offset, current leader epoch
-        or -1, the follower's log start offset). A partition not led here, in another
-        epoch, or asked for past the log end (answered OFFSET_OUT_OF_RANGE) records
-        nothing. The follower's log start feeds the low watermark DeleteRecords waits for."""
-        now = self.now_ms()
-        for topic, partition, offset, leader_epoch, log_start in partitions:
-            if isinstance(topic, uuid.UUID):
-                local = self.topics.by_id.get(topic)
-                if local is None:
-                    continue
-                topic = local.name
-            key = (topic, partition)
-            term = self.terms.get(key)
-            if term is None or leader_epoch not in (-1, term.leader_epoch):
-                continue
-            changed = self._refresh(key, term)
-            may_join = not self._leaving(key, replica, term)
-            moved, proposal = record_follower_fetch(
-                term, replica, offset, log_start, now, may_join=may_join
-            )
-            if moved or changed:
-                self.wake(key)
-            if proposal is not None:
-                self._store_isr_soon(topic, partition, term, proposal)
+    @property
+    def counts_synced_only(self) -> bool:
+        return self.sync_before_counting
+
+    def may_join(self, topic: str, partition: int, replica: int, term: LeaderPartition) -> bool:
+        return not self._leaving((topic, partition), replica, term)
+
+    def progressed(
+        self, topic: str, partition: int, term: LeaderPartition, moved: bool,
+        proposal: IsrProposal | None,
+    ) -> None:  # fmt: skip
+        """The partition's waiters look again (``moved``: the HW, or the low watermark
+        DeleteRecords waits for, may have moved); an ISR change is stored."""
+        if moved:
+            self.wake((topic, partition))
+        if proposal is not None:
+            self._store_isr_soon(topic, partition, term, proposal)
 
     def _leaving(self, key: Key, replica: int, term: LeaderPartition) -> bool:
         """``replica_rules.leaving_replica``, as the view has the partition's move."""

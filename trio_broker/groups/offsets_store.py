@@ -33,8 +33,11 @@ import attrs
 
 from trio_broker.partition.append import Appended, Origin
 from trio_broker.partition.append import append as partition_append
+from trio_broker.partition.partition import coordinator_partition
 from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import build_batch
+from trio_broker.services.internal_topics import CONSUMER_OFFSETS
+from trio_broker.services.local_replication import OwnLog
 from trio_broker.state.group import GroupRecord, MemberRecord
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.log_protocol import Log
@@ -59,6 +62,9 @@ SHARE_GROUP_METADATA_KEY_VERSION = 6
 SHARE_GROUP_PARTITIONS_KEY_VERSION = 7
 SHARE_GROUP_KEY_VERSIONS = (SHARE_GROUP_METADATA_KEY_VERSION, SHARE_GROUP_PARTITIONS_KEY_VERSION)
 VALUE_VERSION = 1
+#: The broker of a store used on its own (a tool, a test): a cluster of one of no
+#: broker in particular, whose write keeps its batch's epoch.
+NO_BROKER = -1
 TXN_END_VALUE_VERSION = 1
 GROUP_METADATA_VALUE_VERSION = 1
 
@@ -461,8 +467,11 @@ class OffsetsStore:
         records = [encode_record(entry) for entry in entries]
         batch = build_batch(records, base_timestamp=now_ms)
         if append_batch is None:
+            alone = coordinator_partition(
+                OwnLog(NO_BROKER, self.log), CONSUMER_OFFSETS, self.partition, self.log
+            )
             result = partition_append(
-                self.log, batch, origin=Origin.COORDINATOR, now_ms=now_ms, durability=None,
+                alone, batch, origin=Origin.COORDINATOR, now_ms=now_ms, durability=None,
                 messages=len(records),
             )  # fmt: skip
         else:

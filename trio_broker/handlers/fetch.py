@@ -25,7 +25,7 @@ from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.leadership import fetch_leader_hints
 from trio_broker.handlers.producer_state import prepare_producer_states
 from trio_broker.handlers.topic_lookup import find_topic, leading_partition
-from trio_broker.partition.read import Isolation, read
+from trio_broker.partition.read import Isolation, ReplicaRead, read, read_by_replica
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
@@ -68,12 +68,15 @@ def read_partitions(
     request: m.FetchRequest,
     wanted_topics: list[FetchTopic],
     look: bool = False,
+    first: bool = False,
 ) -> tuple[Resp, int]:
     """Build the response from the logs as they are now; return it and its record bytes.
 
     ``wanted_topics``: the request's own list, or an incremental fetch's session.
     ``look``: a waiting fetch looks at what changed; nothing it reads is sent, so a
     follower's bytes are not charged to the leader's throttle (its answer's read is).
+    ``first``: the request's first read, where a follower's reads record its progress
+    (``partition/read.py``); a long poll's later reads record nothing.
     """
     remaining = request.max_bytes if ctx.api_version >= 3 else 2**31 - 1
     quota_limit = ctx.services.quotas.max_bytes(ctx, CONSUMER_BYTE_RATE)
@@ -81,12 +84,13 @@ def read_partitions(
         remaining = min(remaining, quota_limit)
     total = 0
     topic_responses: list[TopicResp] = []
-    # A follower (replica id >= 0) reads up to the log end (its progress was recorded
-    # when the request arrived: handle_fetch); consumers read up to the high watermark,
-    # read_committed ones up to the LSO (partition/read.py, the one read entry).
+    # A follower (replica id >= 0) reads up to the log end, its first read recording its
+    # progress; consumers read up to the high watermark, read_committed ones up to the
+    # LSO (partition/read.py, the one read entry).
     replica = fetching_replica(ctx, request)
     leaders = ctx.services.leaders
     follower = is_follower(ctx, request)
+    progress = ReplicaRead(replica, ctx.now_ms(), leaders) if follower and first else None
     if follower:
         isolation = Isolation.LOG_END
     elif request.isolation_level == READ_COMMITTED:
@@ -132,10 +136,16 @@ def read_partitions(
                     max_bytes = min(p.partition_max_bytes, max(remaining, 0), budget)
             # A throttled read still takes one whole batch (a batch bigger than the
             # budget would never fit); the budget then goes below zero for a while.
-            regions, aborted = read(
-                part, led, p.fetch_offset, max_bytes, isolation,
-                min_one=total == 0 or budget is not None,
-            )  # fmt: skip
+            if progress is None:  # a consumer, or a follower's read that records nothing
+                regions, aborted = read(
+                    part, led, p.fetch_offset, max_bytes, isolation,
+                    min_one=total == 0 or budget is not None,
+                )  # fmt: skip
+            else:  # a follower's first read of the request records its progress
+                regions, aborted = read_by_replica(
+                    part, led, p.fetch_offset, max_bytes, progress, p.log_start_offset,
+                    min_one=total == 0 or budget is not None,
+                )  # fmt: skip
             if aborted is not None:
                 part.aborted_transactions = [
                     AbortedTxnResp(producer_id=a.producer_id, first_offset=a.first_offset)
@@ -303,23 +313,6 @@ def count_bytes_out(ctx: RequestContext, response: Resp) -> None:
             counts[name] = counts.get(name, 0) + sent
 
 
-def record_follower_fetch(ctx: RequestContext, request: m.FetchRequest, plan: FetchPlan) -> None:
-    """A follower's fetch offsets are its progress: the replica manager records them, once
-    per request (not at every read of a long poll)."""
-    if not is_follower(ctx, request):
-        return
-    epochs = ctx.api_version >= 9
-    ctx.services.leaders.follower_fetch(
-        fetching_replica(ctx, request),
-        [
-            (t.topic or t.topic_id, p.partition, p.fetch_offset,
-             p.current_leader_epoch if epochs else -1, p.log_start_offset)
-            for t in plan.topics
-            for p in t.partitions
-        ],
-    )  # fmt: skip
-
-
 def resolved(ctx: RequestContext, topics: list[FetchTopic]) -> list[tuple[str, FetchTopic]]:
     """Each wanted topic with its name ("" for a v13+ topic id this broker lacks)."""
     by_id = ctx.services.topics.by_id
@@ -421,7 +414,6 @@ async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchR
     plan = plan_fetch(ctx, request)
     if isinstance(plan.context, SessionError):
         return Resp(error_code=plan.context.error_code, session_id=0, responses=[])
-    record_follower_fetch(ctx, request, plan)
 
     def answer(response: Resp, total: int) -> Resp:
         return finish(ctx, plan, throttled(ctx, response, total))
@@ -430,7 +422,7 @@ async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchR
     await prepare_producer_states(
         ctx, ((t.topic, t.topic_id, [p.partition for p in t.partitions]) for t in plan.topics)
     )
-    response, total = read_partitions(ctx, request, plan.topics)
+    response, total = read_partitions(ctx, request, plan.topics, first=True)
     if total >= request.min_bytes or request.max_wait_ms <= 0 or answers_at_once(response):
         return answer(response, total)
     poll = LongPoll(resolved(ctx, plan.topics), response, max(request.min_bytes, 1))

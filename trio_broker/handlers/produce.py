@@ -397,10 +397,9 @@ def append_batch(
         )
         log_append_time = timestamp_type == "LogAppendTime"
         appended = partition_append(
-            log, batch.buf, origin=Origin.CLIENT, now_ms=now_ms,
-            durability=services.durability, topic=led.topic, partition=led.index,
-            leader_epoch=led.leader_epoch_to_stamp, producers=led.producers,
-            appends=services.appends, log_append_time=log_append_time,
+            led, batch.buf, origin=Origin.CLIENT, now_ms=now_ms,
+            durability=services.durability, appends=services.appends,
+            log_append_time=log_append_time,
         )  # fmt: skip
     except (BatchRejected, AppendRejected) as exc:
         # As Kafka: a batch refused by the producer state (sequence, epoch) is

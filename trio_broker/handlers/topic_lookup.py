@@ -69,15 +69,13 @@ def leading_partition(
     term = check_leader(ctx, topic.name, partition, current_leader_epoch, fence_alone=fence_alone)
     if isinstance(term, ErrorCode):
         return term
-    log = topic.logs[partition]
-    # One Partition per term and log, kept on the topic: a new term or a log put in
-    # another's place (a topic made again, a replica re-created) makes a new one.
+    # Topic.leading's cache, read here first: the hot path (a Fetch of many partitions)
+    # saves a call and the registry's lookup per partition (a broker's registry is one
+    # for its life; Topic.leading also checks it); a miss makes one there.
     led = topic.led.get(partition)
-    if led is None or led.term is not term or led.log is not log:
-        led = topic.led[partition] = Partition(
-            topic.name, partition, log, term, ctx.services.producers
-        )  # fmt: skip
-    return led
+    if led is not None and led.term is term and led.log is topic.logs[partition]:
+        return led
+    return topic.leading(partition, term, ctx.services.producers)
 
 
 @attrs.frozen

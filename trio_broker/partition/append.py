@@ -4,8 +4,10 @@ Kafka sends every write through ``ReplicaManager.appendRecords(requiredAcks, ori
 into ``Partition.appendRecordsToLeader``; here :func:`append` is that entry, in two
 halves as a pipelined produce needs them (append now, in request order; wait later):
 
-- :func:`append` (synchronous): the producer state's checks (a client's sequence and
-  epoch; a marker's epochs), the log's append with this broker's leader epoch, the
+- :func:`append` (synchronous), on a :class:`~trio_broker.partition.partition.Partition`
+  (log, term and producer state found by one lookup): the producer state's checks (a
+  client's sequence and epoch; a marker's epochs), the log's append with this
+  broker's leader epoch, the
   producer state's record of it, the log marked dirty for the group commit, and the
   long polls on the partition woken. Returns an :class:`Appended`.
 - :func:`wait_acked` (awaited by the caller's deferred work): acks=0/1 need nothing;
@@ -40,12 +42,12 @@ __all__ = [
     "Acked",
     "AppendRejected",
     "Appended",
+    "LedPartition",
     "NotLeader",
     "Origin",
     "Replication",
     "Term",
     "append",
-    "leader_epoch_of",
     "wait_acked",
 ]
 
@@ -58,6 +60,11 @@ class Origin(enum.Enum):
     #: A coordinator's internal records (offsets, transaction state) or a transaction
     #: marker (a control batch: its producer and coordinator epochs are checked).
     COORDINATOR = "coordinator"
+
+
+# A module global: an enum member looked up on its class costs a descriptor call per
+# produced batch (partition/read.py measured it).
+_CLIENT = Origin.CLIENT
 
 
 class Durability(Protocol):
@@ -110,6 +117,23 @@ class Term(Protocol):
     def visible_high_watermark(self) -> int | None: ...
 
 
+class LedPartition(Protocol):
+    """What :func:`append` takes of a partition: ``partition/partition.py``'s
+    ``Partition``, written here as a protocol so that this module imports nothing of
+    it (no cycle, not even for the type checker)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def log(self) -> Log: ...
+    @property
+    def term(self) -> Term: ...
+    @property
+    def producers(self) -> Producers: ...
+
+
 class Replication(Protocol):
     def leader_term(self, topic: str, partition: int) -> Term | None: ...
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState: ...
@@ -142,62 +166,57 @@ class Appended:
     duplicate: bool = False
 
 
-def leader_epoch_of(replication: Replication, topic: str, partition: int) -> int | None:
-    """The epoch a leader's write is stamped with: its term's in a cluster, None for a
-    term that is not ``replicated`` (a node alone's, a log it keeps for itself:
-    ``services/local_replication.py``); :class:`NotLeader` when this broker has no term
-    there (it leads nowhere or elsewhere: a cluster's fact, as Kafka's
-    ``NotLeaderOrFollowerException``, not a mode)."""
-    term = replication.leader_term(topic, partition)
-    if term is None:
-        raise NotLeader(f"not the leader of {topic}-{partition}")
-    return term.leader_epoch if term.replicated else None
-
-
 def append(
-    log: Log,
+    partition: LedPartition,
     batch: bytearray | memoryview,
     *,
     origin: Origin,
     now_ms: int,
     durability: Durability | None,
-    topic: str = "",
-    partition: int = 0,
-    leader_epoch: int | None = None,
-    producers: Producers | None = None,
     appends: Appends | None = None,
     log_append_time: bool = False,
     messages: int = 1,
 ) -> Appended:
-    """Write one record batch as the partition's leader (module docstring).
+    """Write one record batch to ``partition``, led here (module docstring).
 
-    ``producers``: the producer state of the partition's topic (a client's batch and
-    a marker need it; a coordinator's own log, with no producer ids, does not).
+    ``partition``: the log, this broker's term (a cluster's stamps its leader epoch on
+    the batch) and the producer state, found together by one lookup
+    (``partition/partition.py``). The producer state is consulted for a client's batch
+    (``Origin.CLIENT``: its sequence and epoch) and a marker (a control batch: its
+    epochs), not for a coordinator's own records, which carry no producer id.
     ``appends``: the long polls to wake (None: nobody reads this log by Fetch).
     ``messages``: records the write holds, for ``flush.messages``.
     ``durability``: the group commit that will sync the log; None for a log no flusher
     keeps (a store used on its own, by a tool or a test, syncs when it closes).
     """
-    if producers is not None:
-        view = RecordBatchView(batch)
-        if origin is Origin.CLIENT:
-            verdict = producers.check(topic, partition, log, view)
-            if isinstance(verdict, Reject):
-                raise AppendRejected(verdict.error_code, verdict.message)
-            if isinstance(verdict, Duplicate):
-                original = verdict.original_base_offset
-                return Appended(
-                    log, topic, partition, original, original,
-                    replicated=leader_epoch is not None, duplicate=True,
-                )  # fmt: skip
-        elif view.is_control:
-            marker = read_control_marker(view)
-            code, message = producers.check_marker(
-                topic, partition, log, view.producer_id, view.producer_epoch,
-                marker.coordinator_epoch,
+    log = partition.log
+    topic = partition.topic
+    index = partition.index
+    term = partition.term
+    # A cluster's leader stamps its epoch on the batch (and in its epoch cache); a node
+    # alone's write keeps the producer's partitionLeaderEpoch (``Term.replicated``).
+    leader_epoch = term.leader_epoch if term.replicated else None
+    producers: Producers | None = None
+    view = RecordBatchView(batch)
+    if origin is _CLIENT:
+        producers = partition.producers
+        verdict = producers.check(topic, index, log, view)
+        if isinstance(verdict, Reject):
+            raise AppendRejected(verdict.error_code, verdict.message)
+        if isinstance(verdict, Duplicate):
+            original = verdict.original_base_offset
+            return Appended(
+                log, topic, index, original, original,
+                replicated=leader_epoch is not None, duplicate=True,
             )  # fmt: skip
-            if code != ErrorCode.NONE:
-                raise AppendRejected(code, message)
+    elif view.is_control:
+        producers = partition.producers
+        marker = read_control_marker(view)
+        code, message = producers.check_marker(
+            topic, index, log, view.producer_id, view.producer_epoch, marker.coordinator_epoch
+        )
+        if code != ErrorCode.NONE:
+            raise AppendRejected(code, message)
     if leader_epoch is None:
         result = log.append(batch, now_ms=now_ms, log_append_time=log_append_time)
     else:  # the leader stamps its epoch on the batch (and in its epoch cache)
@@ -207,14 +226,14 @@ def append(
     if producers is not None:
         # The log wrote the offsets into the buffer: the view is the batch as stored.
         producers.record_append(
-            topic, partition, view, result.base_offset, result.last_offset, log
+            topic, index, view, result.base_offset, result.last_offset, log
         )  # the log: a batch that began a segment snapshots the state there
     if durability is not None:
         durability.mark_dirty(log, messages)
     if appends is not None:
-        appends.notify(topic, partition)
+        appends.notify(topic, index)
     return Appended(
-        log, topic, partition, result.base_offset, result.last_offset,
+        log, topic, index, result.base_offset, result.last_offset,
         log_append_time=result.log_append_time, replicated=leader_epoch is not None,
     )  # fmt: skip
 

@@ -13,9 +13,17 @@ the error the read hit; what the handler does with the bytes (the response's bud
 the replication throttle, the quota) stays the handler's, as Kafka's
 ``ReplicaManager.readFromLog``.
 
-A follower's progress is not recorded here: the replica manager records it once per
-Fetch request, when the request arrives (``DataReplication.follower_fetch``; the rules
-in ``replication/replica_rules.py``), where Kafka records it after each first read.
+A replica's read records its progress first (Kafka's ``updateFollowerFetchState``,
+called by ``Partition.fetchRecords`` for a fetch from a follower): given a
+:class:`ReplicaRead`, :func:`read_by_replica` takes the leader's log progress into the
+term and records the follower's fetch offset and log start there
+(``replication/replica_rules.py``: its log end and last caught-up time, an ISR expansion
+the term proposes, a high watermark advance), then hands what came of it to the
+leader's :class:`Followers` (the replica manager: it wakes the partition's waiters and
+stores the ISR change), and reads. A consumer's read (:func:`read`) records nothing and
+pays nothing for it. The fetch handler reads by replica in the first read of a
+follower's request only (a long poll's later reads record nothing), as the replica
+manager did when the request arrived.
 
 Sans-I/O: no trio.
 """
@@ -26,15 +34,30 @@ import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+import attrs
+
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.replication.leader import LeaderPartition
+from trio_broker.replication.replica_rules import leader_log_progress, record_follower_fetch
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 
 if TYPE_CHECKING:
     from trio_broker.partition.partition import Partition
+    from trio_broker.replication.leader import IsrProposal
     from trio_broker.state.partition_txns import AbortedTxn
     from trio_broker.storage.log_protocol import Region
 
-__all__ = ["FetchedPartition", "Isolation", "Read", "read", "readable_end"]
+__all__ = [
+    "FetchedPartition",
+    "Followers",
+    "Isolation",
+    "Read",
+    "ReplicaRead",
+    "read",
+    "read_by_replica",
+    "readable_end",
+    "record_progress",
+]
 
 
 class Isolation(enum.Enum):
@@ -67,6 +90,70 @@ class FetchedPartition(Protocol):
     log_start_offset: int
 
 
+class Followers(Protocol):
+    """A leader's side of its followers' reads (the replica manager, ``services.leaders``
+    in a cluster): what the progress rules ask of it, and what it does with their
+    outcome (the waiting and the ZooKeeper write are the shell's)."""
+
+    @property
+    def counts_synced_only(self) -> bool:
+        """Whether the leader counts only what it synced toward the high watermark
+        (``acks.all.fsync``): its own progress is then its durable end."""
+        ...
+
+    def may_join(self, topic: str, partition: int, replica: int, term: LeaderPartition) -> bool:
+        """Whether ``replica`` may be proposed into the ISR (not one a reassignment is
+        removing: ``replica_rules.leaving_replica``, as the view has the move)."""
+        ...
+
+    def progressed(
+        self, topic: str, partition: int, term: LeaderPartition, moved: bool,
+        proposal: IsrProposal | None,
+    ) -> None:  # fmt: skip
+        """A replica's read was recorded: ``moved``, the partition's waiters look again
+        (the high watermark or the low watermark may have moved); ``proposal``, an ISR
+        change to store."""
+        ...
+
+
+@attrs.frozen(slots=True)
+class ReplicaRead:
+    """A follower's read, whose progress the read records: the replica's id, the
+    broker's clock when its request arrived, and the leader's :class:`Followers`."""
+
+    replica: int
+    now_ms: int
+    followers: Followers
+
+
+def record_progress(
+    partition: Partition, replica: ReplicaRead, fetch_offset: int, log_start_offset: int
+) -> None:
+    """Kafka's ``Partition.updateFollowerFetchState``: the follower holds everything
+    below ``fetch_offset`` and its log starts at ``log_start_offset`` (-1: unknown).
+
+    The leader's own log progress first (its log end, and what counts of it: the
+    durable end when it syncs before counting), then the follower's fetch (a fetch
+    past the log end records nothing), both by ``replication/replica_rules.py``; the
+    outcome goes to the leader's :class:`Followers`. A term that is not a cluster's
+    leader's has no followers to record (a node alone takes no replica's fetch)."""
+    term = partition.term
+    if not isinstance(term, LeaderPartition):
+        return
+    log = partition.log
+    followers = replica.followers
+    log_end_offset = log.log_end_offset
+    counted = log.durable_end_offset if followers.counts_synced_only else log_end_offset
+    changed = leader_log_progress(term, log_end_offset, counted)
+    topic, index = partition.topic, partition.index
+    moved, proposal = record_follower_fetch(
+        term, replica.replica, fetch_offset, log_start_offset, replica.now_ms,
+        may_join=followers.may_join(topic, index, replica.replica, term),
+    )  # fmt: skip
+    if moved or changed or proposal is not None:
+        followers.progressed(topic, index, term, moved or changed, proposal)
+
+
 #: What a read returns: the whole batches read, in log order (empty: none), and, for
 #: TXN_COMMITTED with records read, the aborted transactions overlapping [fetch
 #: offset, LSO), a superset of those in the batches (the consumer filters by offset);
@@ -88,6 +175,19 @@ def readable_end(
     return high_watermark
 
 
+def read_by_replica(
+    into: FetchedPartition, partition: Partition, fetch_offset: int, max_bytes: int | None,
+    replica: ReplicaRead, replica_log_start: int, *, min_one: bool,
+) -> Read:  # fmt: skip
+    """A follower's read that records its progress (Kafka's ``Partition.fetchRecords``
+    from a follower): :func:`record_progress` (its fetch offset, ``replica_log_start``:
+    its log start, -1 if unknown), then :func:`read` up to the log end. A consumer's
+    read, and a follower's that records nothing (a long poll's later reads), is
+    :func:`read` alone: it pays nothing for this."""
+    record_progress(partition, replica, fetch_offset, replica_log_start)
+    return read(into, partition, fetch_offset, max_bytes, _LOG_END, min_one=min_one)
+
+
 def read(
     into: FetchedPartition, partition: Partition, fetch_offset: int, max_bytes: int | None,
     isolation: Isolation, *, min_one: bool,
@@ -99,6 +199,7 @@ def read(
     ``max_bytes`` None: the answer has no room left for this partition (or the replica
     is throttled to nothing): only its offsets, no read, and so no read error.
     ``min_one``: one whole batch goes out even if larger than ``max_bytes``.
+    A follower's read that records its progress is :func:`read_by_replica`.
     """
     log = partition.log
     log_end_offset = log.log_end_offset

@@ -597,7 +597,10 @@ class Broker:
             log_, topics=self.topics, producers=self.producers, durability=self.flusher,
             appends=self.appends, groups=self.groups,
             allocate_producer_id=lambda: self.producers.allocator.allocate(),
-            write_marker=append_txn_marker, now_ms=self.now_ms,
+            # Markers are written in this broker's term of each partition (used alone:
+            # in a cluster the partitions' leaders write them, ``send_markers``).
+            write_marker=partial(append_txn_marker, leaders=self.replication),
+            now_ms=self.now_ms,
             max_timeout_ms=config.transaction_max_timeout_ms,
             expiration_ms=config.transactional_id_expiration_ms, replication=replication,
             txn_partition=partition, coordinator_epoch=leader_epoch,

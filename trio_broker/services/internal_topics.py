@@ -32,10 +32,10 @@ from trio_broker.partition.append import (
     NotLeader,
     Origin,
     Replication,
-    leader_epoch_of,
     wait_acked,
 )
 from trio_broker.partition.append import append as partition_append
+from trio_broker.partition.partition import coordinator_partition
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.replication.leader import AckState
@@ -148,16 +148,18 @@ def append_as_leader(
     """The first half of :func:`append_committed`, for callers that must append in
     request order now and wait later: the partition's append as a coordinator
     (``partition/append.py``: a cluster's leader epoch, the log marked dirty for the
-    flusher). Raises :class:`NotCommitted` (nothing was appended); the caller waits
+    flusher), to the :class:`~trio_broker.partition.partition.Partition` that
+    ``replication`` gives ``log`` (``coordinator_partition``: its term, looked up once
+    per write). Raises :class:`NotCommitted` (nothing was appended); the caller waits
     with :func:`wait_counted`."""
     try:
-        epoch = leader_epoch_of(replication, topic, partition)
+        led = coordinator_partition(replication, topic, partition, log)
     except NotLeader as exc:
         raise NotCommitted(ErrorCode.NOT_COORDINATOR, str(exc)) from None
     try:
         return partition_append(
-            log, batch, origin=Origin.COORDINATOR, now_ms=now_ms, durability=durability,
-            topic=topic, partition=partition, leader_epoch=epoch, messages=messages,
+            led, batch, origin=Origin.COORDINATOR, now_ms=now_ms, durability=durability,
+            messages=messages,
         )  # fmt: skip
     except (KafkaError, OSError) as exc:
         raise NotCommitted(_failed_write_error(exc), f"append failed: {exc}") from exc

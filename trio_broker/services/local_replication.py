@@ -26,12 +26,13 @@ Sans-I/O: no trio.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
 from trio_broker.partition.append import Replication, Term
+from trio_broker.partition.read import Followers
 from trio_broker.replication.leader import AckState
 from trio_broker.services.cluster_view import (
     BrokerInfo,
@@ -44,13 +45,13 @@ from trio_broker.services.cluster_view import (
 from trio_broker.storage.log_protocol import Log
 
 if TYPE_CHECKING:
+    from trio_broker.replication.leader import IsrProposal, LeaderPartition
     from trio_broker.services.topics import TopicManager
 
 __all__ = [
     "LOCAL_LEADER_EPOCH",
     "BrokerReplication",
     "DataReplication",
-    "FollowerFetchPartition",
     "LeadsNothing",
     "LocalReplication",
     "LocalTerm",
@@ -58,16 +59,13 @@ __all__ = [
     "OwnLog",
 ]
 
-#: (topic name or id, partition, fetch offset, current leader epoch or -1, the
-#: follower's log start offset or -1).
-FollowerFetchPartition = tuple[str | uuid.UUID, int, int, int, int]
 
-
-class DataReplication(Protocol):
+class DataReplication(Followers, Protocol):
     """A partition's leadership as Produce, Fetch, ListOffsets and the rest of the data
     path read it: ``Services.leaders``, never None. In a cluster the replica manager
     (trio_broker/cluster/replica_manager.py); alone, a cluster of one
-    (trio_broker/services/local_replication.py).
+    (trio_broker/services/local_replication.py). Also the :class:`Followers` a
+    replica's read reports its progress to (``partition/read.py``).
     """
 
     @property
@@ -87,14 +85,6 @@ class DataReplication(Protocol):
     def accepts_follower_fetches(self) -> bool:
         """Whether a Fetch with a replica id (from a principal allowed CLUSTER_ACTION) is
         a follower's: in a cluster; alone it is a consumer's."""
-        ...
-
-    def follower_fetch(self, replica: int, partitions: Iterable[FollowerFetchPartition]) -> None:
-        """A follower's Fetch request arrived: it holds everything below each fetch offset.
-
-        Called once per request, before its first read (a long poll's later reads record
-        nothing): (topic name or id, partition, fetch offset, current leader epoch or -1,
-        the follower's log start offset or -1) per partition it asked for."""
         ...
 
     def low_watermark(self, topic: str, partition: int) -> int | None:
@@ -256,7 +246,20 @@ class _NoFollowers:
         """A Fetch naming a replica id is a consumer's, as it always was."""
         return False
 
-    def follower_fetch(self, replica: int, partitions: Iterable[FollowerFetchPartition]) -> None:
+    # A follower's read is never recorded here (no follower fetches): partition/read.py's
+    # Followers, as a replication without followers answers it.
+
+    @property
+    def counts_synced_only(self) -> bool:
+        return True
+
+    def may_join(self, topic: str, partition: int, replica: int, term: LeaderPartition) -> bool:
+        return False
+
+    def progressed(
+        self, topic: str, partition: int, term: LeaderPartition, moved: bool,
+        proposal: IsrProposal | None,
+    ) -> None:  # fmt: skip
         """Never called (no follower fetches here)."""
 
     def leader_throttle_budget(self, topic: str, partition: int, replica: int) -> int | None:
@@ -281,6 +284,12 @@ class LocalReplication(_NoFollowers):
         #: How many terms there may be before those of deleted logs are dropped
         #: (twice what was left last time: amortized, no walk per lookup).
         self._prune_at = 1024
+
+    @classmethod
+    def over(cls, topics: TopicManager, broker_id: int = 0) -> LocalReplication:
+        """A node alone's replication of ``topics`` without listeners: what a tool or a
+        test that writes partitions without a broker leads them in."""
+        return cls(LocalView(broker_id, None, topics, list))
 
     def leader_term(self, topic: str, partition: int) -> LocalTerm | None:
         log = self._topics.log(topic, partition)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from trio_broker.partition.partition import Partition
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.storage.broker_configs import BrokerConfigStore
@@ -31,7 +32,8 @@ from trio_broker.storage.topic_configs import check_topic_configs
 from trio_broker.storage.topic_configs import log_config as topic_log_config
 
 if TYPE_CHECKING:
-    from trio_broker.partition.partition import Partition
+    from trio_broker.partition.append import Term
+    from trio_broker.partition.partition import PartitionProducers
 
 
 class TopicError(KafkaError):
@@ -68,6 +70,24 @@ class Topic:
     @property
     def name(self) -> str:
         return self.info.name
+
+    def leading(self, index: int, term: Term, producers: PartitionProducers) -> Partition:
+        """Partition ``index`` (in range) as this broker leads it in ``term``: the one
+        lookup of a catalogue partition to write or read (``partition/partition.py``),
+        called by the per-partition guard and by the marker writer with the term the
+        replication gave. One :class:`Partition` per term, log and producer state, kept
+        in ``led``: a new term, a log put in another's place (a topic made again, a
+        replica re-created) or another registry (a tool's restart) makes a new one."""
+        log = self.logs[index]
+        led = self.led.get(index)
+        if (
+            led is None
+            or led.term is not term
+            or led.log is not log
+            or (led.producers is not producers)
+        ):
+            led = self.led[index] = Partition(self.name, index, log, term, producers)
+        return led
 
     @property
     def topic_id(self) -> uuid.UUID:

@@ -20,10 +20,11 @@ from trio_broker.partition.append import (
     AppendRejected,
     NotLeader,
     Origin,
-    leader_epoch_of,
+    Replication,
     wait_acked,
 )
 from trio_broker.partition.append import append as partition_append
+from trio_broker.partition.partition import Partition, led_term
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.protocol.records import build_control_batch
@@ -59,32 +60,57 @@ def append_txn_marker(
     committed: bool,
     coordinator_epoch: int,
     now_ms: int,
-    leader_epoch: int | None = None,
+    *,
+    leaders: Replication,
 ) -> tuple[Log, int]:
     """Append a commit or abort marker for ``producer_id``; return (log, marker offset).
+
+    ``leaders``: this broker's replication, whose term of the partition the marker is
+    written in (a node alone's coordinator writes its markers itself, in the local
+    term of its ``LocalReplication``, a cluster of one: the broker binds it).
 
     Raises :class:`MarkerRejected` with UNKNOWN_TOPIC_OR_PARTITION, INVALID_PRODUCER_EPOCH
     (an epoch older than the producer's in this partition) or
     TRANSACTION_COORDINATOR_FENCED (an older coordinator epoch than the last marker's),
-    and lets the log's StorageError (a KafkaError too) through. Nothing is written then.
+    NOT_LEADER_OR_FOLLOWER when ``leaders`` has no term of it, and lets the log's
+    StorageError (a KafkaError too) through. Nothing is written then.
     """
+    if topics.log(topic, partition) is None:  # before the leadership: nothing to close
+        raise MarkerRejected(
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no partition {topic}-{partition}"
+        )
+    led = _led(topics, producers, leaders, topic, partition)
+    if isinstance(led, ErrorCode):
+        raise MarkerRejected(led, f"cannot write a marker to {topic}-{partition}")
     appended = _append_marker(
-        topics, producers, durability, appends, topic, partition, producer_id,
-        producer_epoch, committed, coordinator_epoch, now_ms, leader_epoch,
+        led, durability, appends, producer_id, producer_epoch, committed, coordinator_epoch,
+        now_ms,
     )  # fmt: skip
     return appended.log, appended.last_offset
 
 
+def _led(
+    topics: TopicManager, producers: ProducerStateRegistry, leaders: Replication, topic: str,
+    partition: int,
+) -> Partition | ErrorCode:  # fmt: skip
+    """The partition a marker goes to, found as the guard finds one (``Topic.leading``
+    in this broker's term: one lookup), or why not: NOT_LEADER_OR_FOLLOWER (no term
+    here: the coordinator looks the leader up again and retries), then
+    UNKNOWN_TOPIC_OR_PARTITION (led, but no such partition here)."""
+    try:
+        term = led_term(leaders, topic, partition)
+    except NotLeader:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    found = topics.get(topic)
+    if found is None or not 0 <= partition < len(found.logs):
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    return found.leading(partition, term, producers)
+
+
 def _append_marker(
-    topics: TopicManager, producers: ProducerStateRegistry, durability: Any, appends: Any,
-    topic: str, partition: int, producer_id: int, producer_epoch: int, committed: bool,
-    coordinator_epoch: int, now_ms: int, leader_epoch: int | None,
+    led: Partition, durability: Any, appends: Any, producer_id: int, producer_epoch: int,
+    committed: bool, coordinator_epoch: int, now_ms: int,
 ) -> Appended:  # fmt: skip
-    log = topics.log(topic, partition)
-    if log is None:
-        raise MarkerRejected(
-            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no partition {topic}-{partition}"
-        )
     buf = build_control_batch(
         producer_id,
         producer_epoch,
@@ -96,8 +122,7 @@ def _append_marker(
     # and records it there once appended (the transaction ends in this partition).
     try:
         return partition_append(
-            log, buf, origin=Origin.COORDINATOR, now_ms=now_ms, durability=durability,
-            topic=topic, partition=partition, leader_epoch=leader_epoch, producers=producers,
+            led, buf, origin=Origin.COORDINATOR, now_ms=now_ms, durability=durability,
             appends=appends,
         )  # fmt: skip
     except AppendRejected as exc:
@@ -108,18 +133,16 @@ def append_marker_as_leader(
     services: Any, topic: str, partition: int, producer_id: int, producer_epoch: int,
     committed: bool, coordinator_epoch: int, now_ms: int,
 ) -> ErrorCode | Appended:  # fmt: skip
-    """A cluster partition leader appends a marker in its leader epoch: the write, or
-    the partition's error (NOT_LEADER_OR_FOLLOWER when another broker leads it: the
-    coordinator looks the leader up again and retries). ``services`` gives ``topics``,
-    ``producers``, ``durability``, ``appends`` and ``leaders``."""
-    try:
-        epoch = leader_epoch_of(services.leaders, topic, partition)
-    except NotLeader:
-        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    """A partition's leader appends a marker in its leader epoch: the write, or the
+    partition's error (:func:`_led`'s; the marker's epochs' and the log's). ``services``
+    gives ``topics``, ``producers``, ``durability``, ``appends`` and ``leaders``."""
+    led = _led(services.topics, services.producers, services.leaders, topic, partition)
+    if isinstance(led, ErrorCode):
+        return led
     try:
         return _append_marker(
-            services.topics, services.producers, services.durability, services.appends, topic,
-            partition, producer_id, producer_epoch, committed, coordinator_epoch, now_ms, epoch,
+            led, services.durability, services.appends, producer_id, producer_epoch, committed,
+            coordinator_epoch, now_ms,
         )  # fmt: skip
     except KafkaError as exc:
         return ErrorCode(exc.error_code)

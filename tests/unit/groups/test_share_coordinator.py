@@ -24,11 +24,13 @@ from trio_broker.groups.share_state import (
     encode_batch,
 )
 from trio_broker.partition.append import Origin, append
+from trio_broker.partition.partition import Partition, coordinator_partition
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.services.internal_topics import partition_for
-from trio_broker.services.local_replication import LeadsNothing
+from trio_broker.services.local_replication import LeadsNothing, OwnLog
 from trio_broker.state.share_partition import RecordState
 from trio_broker.storage.log import LogConfig
+from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.memory import MemoryLog
 
 TOPIC = uuid.UUID("5f4e3d2c-1b0a-4988-8776-655443322110")
@@ -37,9 +39,14 @@ ACKED = StateBatch(10, 14, RecordState.ACKNOWLEDGED, 1)
 REDELIVER = StateBatch(15, 16, RecordState.AVAILABLE, 2)
 
 
+def own(log: Log) -> Partition:
+    """``log`` as a share coordinator of one writes it (a node alone's ``OwnLog``)."""
+    return coordinator_partition(OwnLog(0, log), "__share_group_state", 0, log)
+
+
 def write(table: ShareCoordinatorTable, entries: list[Entry]) -> None:
     """What the shell does for an accepted write: append, then tell the table."""
-    append(table.log, encode_batch(entries, 0), origin=Origin.COORDINATOR,
+    append(own(table.log), encode_batch(entries, 0), origin=Origin.COORDINATOR,
            now_ms=0, durability=None)  # fmt: skip
     table.appended(entries)
 

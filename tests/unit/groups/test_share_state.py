@@ -27,9 +27,12 @@ from trio_broker.groups.share_state import (
     snapshot_of,
 )
 from trio_broker.partition.append import Origin, append
+from trio_broker.partition.partition import Partition, coordinator_partition
 from trio_broker.protocol.records import build_batch
+from trio_broker.services.local_replication import OwnLog
 from trio_broker.state.share_partition import RecordState, SharePartition
 from trio_broker.storage.log import LogConfig
+from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.memory import MemoryLog
 
 TOPIC = uuid.UUID(int=7)
@@ -149,8 +152,13 @@ def test_an_acquired_record_on_its_last_delivery_is_archived_by_a_restart() -> N
     assert restored.acquire("b", 3, 10, 0) == []
 
 
+def own(log: Log) -> Partition:
+    """``log`` as a share coordinator of one writes it (a node alone's ``OwnLog``)."""
+    return coordinator_partition(OwnLog(0, log), "__share_group_state", 0, log)
+
+
 def write(store: ShareStateStore, entries: list[tuple[ShareKey, ShareSnapshot | None]]) -> None:
-    append(store.log, encode_batch(entries, 0), origin=Origin.COORDINATOR, now_ms=0,
+    append(own(store.log), encode_batch(entries, 0), origin=Origin.COORDINATOR, now_ms=0,
            durability=None)  # fmt: skip
     store.appended(entries)
 
@@ -162,7 +170,7 @@ def test_the_table_is_replayed_from_the_log_last_record_wins() -> None:
     changed = (key, ShareSnapshot(8, snapshot_epoch=1, write_timestamp_ms=3_000))
     write(store, [changed, (other, None)])
     # A record this broker cannot read (a newer key version) is skipped.
-    append(store.log, build_batch([(b"\x00\x63junk", b"")], base_timestamp=0),
+    append(own(store.log), build_batch([(b"\x00\x63junk", b"")], base_timestamp=0),
            origin=Origin.COORDINATOR, now_ms=0, durability=None)  # fmt: skip
     replayed = ShareStateStore(store.log)
     assert replayed.load() == 5

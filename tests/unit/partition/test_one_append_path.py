@@ -1,5 +1,8 @@
 """One append path (issue 29): a leader's log is written only through
-``trio_broker/partition/append.py``, a follower's only by the replica fetcher.
+``trio_broker/partition/append.py``, a follower's only by the replica fetcher; and that
+append takes a ``Partition`` (log, term, producer state found by one lookup), made only
+by ``partition/partition.py`` and ``Topic.leading``, so that nothing outside
+``partition/`` pairs a log with a term for a write.
 
 Read from the source (``ast``, nothing imported), as tests/unit/project/test_import_cycles.py
 reads imports. A call counts as a log append when its method is ``append`` or
@@ -12,9 +15,12 @@ keyword). The tests on snippets below pin down what is and is not seen.
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import textwrap
 from pathlib import Path
+
+from trio_broker.partition.append import append
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "trio_broker"
@@ -128,3 +134,108 @@ def test_a_stray_append_is_reported(tmp_path: Path) -> None:
         "trio_broker/handlers/fetch.py:1: log.append_replicated_batches(...)",
         "trio_broker/handlers/produce.py:2: log.append(...)",
     ]
+
+
+#: Where a ``Partition`` may be made, relative to trio_broker/, and in which function:
+#: the coordinators' lookup (``coordinator_partition``) and the catalogue's
+#: (``Topic.leading``, which the guard and the marker writer call).
+PARTITION_MAKERS = {
+    "partition/partition.py": {"coordinator_partition"},
+    "services/topics.py": {"leading"},
+}
+
+
+def _imports_partition(tree: ast.Module) -> bool:
+    """Whether ``tree`` imports the data path's ``Partition`` (its module, or the class
+    by name): a response message's ``Partition`` class is another."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.module == "trio_broker.partition.partition" or (
+            node.module == "trio_broker.partition"
+            and any(alias.name == "partition" for alias in node.names)
+        ):
+            return True
+    return False
+
+
+def partitions_made(source: str, *, defines: bool = False) -> list[tuple[int, str]]:
+    """(line, enclosing function) of every ``Partition(...)`` call in ``source`` that
+    makes the data path's (the module imports it, or ``defines`` it)."""
+    found: list[tuple[int, str]] = []
+    tree = ast.parse(source)
+    if not defines and not _imports_partition(tree):
+        return found
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = function
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                inner = child.name
+            if isinstance(child, ast.Call) and _terminal_name(child.func) == "Partition":
+                found.append((child.lineno, inner))
+            visit(child, inner)
+
+    visit(tree, "")
+    return found
+
+
+def stray_partitions(package: Path) -> list[str]:
+    """``Partition(...)`` made outside :data:`PARTITION_MAKERS`, as "file:line: in f"."""
+    stray = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        source = path.read_text(encoding="utf-8")
+        defines = relative == "partition/partition.py"
+        for line, function in partitions_made(source, defines=defines):
+            if function not in PARTITION_MAKERS.get(relative, set()):
+                stray.append(f"trio_broker/{relative}:{line}: in {function or 'the module'}")
+    return stray
+
+
+def test_a_partition_is_made_only_by_its_two_lookups() -> None:
+    stray = stray_partitions(PACKAGE)
+    assert not stray, (
+        "a Partition (a log paired with a term) is made outside Topic.leading and "
+        "partition/partition.py's coordinator_partition:\n" + "\n".join(stray)
+    )
+    # Guards the check: both makers are seen.
+    seen = {
+        relative: {
+            f
+            for _, f in partitions_made(
+                (PACKAGE / relative).read_text(), defines=relative == "partition/partition.py"
+            )
+        }
+        for relative in PARTITION_MAKERS
+    }
+    assert seen == PARTITION_MAKERS
+
+
+def test_a_stray_partition_is_reported(tmp_path: Path) -> None:
+    package = tmp_path / "trio_broker"
+    (package / "services").mkdir(parents=True)
+    imports = "from trio_broker.partition.partition import Partition\n"
+    (package / "services" / "topics.py").write_text(
+        imports + "def leading():\n    return Partition(1)\ndef other():\n    return Partition(2)\n"
+    )
+    (package / "services" / "txn_markers.py").write_text(
+        "from trio_broker.partition import partition as p\nled = p.Partition(t, i, log, term, x)\n"
+    )
+    # A response message's Partition class is not the data path's.
+    (package / "services" / "answers.py").write_text("part = Partition(error_code=0)\n")
+    assert stray_partitions(package) == [
+        "trio_broker/services/topics.py:5: in other",
+        "trio_broker/services/txn_markers.py:2: in the module",
+    ]
+
+
+def test_the_append_takes_a_partition_and_nothing_it_holds() -> None:
+    """The write entry is given the Partition, never its log, term (or the epoch read
+    from it), topic, index or producer state one by one: a caller cannot pair a log
+    with another partition's term."""
+    parameters = list(inspect.signature(append).parameters.values())
+    assert parameters[0].name == "partition"
+    assert parameters[0].annotation == "LedPartition"
+    names = {p.name for p in parameters}
+    assert not names & {"log", "term", "leader_epoch", "topic", "producers"}

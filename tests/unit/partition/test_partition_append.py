@@ -19,13 +19,18 @@ from trio_broker.partition.append import (
     Origin,
     acked_at_once,
     append,
-    leader_epoch_of,
     wait_acked,
+)
+from trio_broker.partition.partition import (
+    NO_PRODUCERS,
+    Partition,
+    coordinator_partition,
+    led_term,
 )
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch, build_control_batch
 from trio_broker.replication.leader import AckState
-from trio_broker.services.local_replication import LeadsNothing, OwnLog
+from trio_broker.services.local_replication import LeadsNothing, LocalTerm, OwnLog
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.memory import MemoryLog
@@ -38,6 +43,24 @@ def batch(pid: int = 7, epoch: int = 0, seq: int = 0, count: int = 2) -> bytearr
         [(b"k", b"v%d" % i) for i in range(count)],
         producer_id=pid, producer_epoch=epoch, base_sequence=seq, base_timestamp=T0,
     )  # fmt: skip
+
+
+class LeaderTerm:
+    """A cluster's term as the write path reads it: its epoch is stamped on the batch."""
+
+    def __init__(self, leader_epoch: int) -> None:
+        self.leader_epoch = leader_epoch
+        self.replicated = True
+
+
+def local(log: MemoryLog, producers: Any = NO_PRODUCERS, topic: str = "t") -> Partition:
+    """``log`` as a node alone leads it: the local term (no epoch stamped)."""
+    return Partition(topic, 0, log, LocalTerm(0, log), producers)
+
+
+def led(log: MemoryLog, leader_epoch: int, producers: Any = NO_PRODUCERS) -> Partition:
+    """``log`` as a cluster's leader leads it in ``leader_epoch``."""
+    return Partition("t", 0, log, LeaderTerm(leader_epoch), producers)  # type: ignore[arg-type]
 
 
 class Flusher:
@@ -70,40 +93,35 @@ def test_a_client_batch_is_checked_appended_recorded_marked_and_announced() -> N
         Flusher(),
         Appends(),
     )
-    kwargs: Any = dict(
-        origin=Origin.CLIENT, now_ms=T0, durability=flusher, topic="t", partition=0,
-        producers=producers, appends=appends,
-    )  # fmt: skip
-    first = append(log, batch(seq=0), **kwargs)
+    kwargs: Any = dict(origin=Origin.CLIENT, now_ms=T0, durability=flusher, appends=appends)
+    partition = local(log, producers)
+    first = append(partition, batch(seq=0), **kwargs)
     assert (first.base_offset, first.last_offset, first.duplicate) == (0, 1, False)
     assert flusher.dirty == [(log, 1)] and appends.woken == [("t", 0)]
     # A retry is answered with the original offsets and not written again.
-    retry = append(log, batch(seq=0), **kwargs)
+    retry = append(partition, batch(seq=0), **kwargs)
     assert (retry.base_offset, retry.duplicate, log.log_end_offset) == (0, True, 2)
     assert len(flusher.dirty) == 1 and len(appends.woken) == 1
     # A gap in the sequence: refused, nothing written.
     with pytest.raises(AppendRejected) as refused:
-        append(log, batch(seq=5), **kwargs)
+        append(partition, batch(seq=5), **kwargs)
     assert refused.value.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
     assert log.log_end_offset == 2
-    second = append(log, batch(seq=2), **kwargs)
+    second = append(partition, batch(seq=2), **kwargs)
     assert (second.base_offset, second.last_offset) == (2, 3)
 
 
 def test_a_marker_is_checked_against_the_producer_state_before_it_is_written() -> None:
     log, producers, flusher = MemoryLog(), ProducerStateRegistry(None, lambda: T0), Flusher()
+    partition = local(log, producers)
 
     def marker(epoch: int, coordinator_epoch: int) -> Any:
         buf = build_control_batch(
             7, epoch, committed=True, coordinator_epoch=coordinator_epoch, timestamp=T0
         )
-        return append(
-            log, buf, origin=Origin.COORDINATOR, now_ms=T0, durability=flusher, topic="t",
-            producers=producers,
-        )  # fmt: skip
+        return append(partition, buf, origin=Origin.COORDINATOR, now_ms=T0, durability=flusher)
 
-    append(log, batch(epoch=3), origin=Origin.CLIENT, now_ms=T0, durability=flusher,
-           topic="t", producers=producers)  # fmt: skip
+    append(partition, batch(epoch=3), origin=Origin.CLIENT, now_ms=T0, durability=flusher)
     with pytest.raises(AppendRejected) as stale:
         marker(epoch=2, coordinator_epoch=0)
     assert stale.value.error_code == ErrorCode.INVALID_PRODUCER_EPOCH
@@ -117,31 +135,55 @@ def test_a_marker_is_checked_against_the_producer_state_before_it_is_written() -
 def test_a_coordinator_record_needs_no_producer_state_and_counts_its_messages() -> None:
     log, flusher = MemoryLog(), Flusher()
     records = build_batch([(b"a", b"1"), (b"b", b"2"), (b"c", b"3")], base_timestamp=T0)
-    written = append(log, records, origin=Origin.COORDINATOR, now_ms=T0, durability=flusher,
-                     leader_epoch=4, messages=3)  # fmt: skip
+    written = append(led(log, 4), records, origin=Origin.COORDINATOR, now_ms=T0,
+                     durability=flusher, messages=3)  # fmt: skip
     assert (written.last_offset, written.replicated) == (2, True)
     assert flusher.dirty == [(log, 3)]
     assert log.epoch_cache.entries[-1].epoch == 4  # stamped as the leader
 
 
-def test_leader_epoch_of() -> None:
+def test_a_coordinator_partition_has_no_producer_state_to_write_a_client_batch_or_marker() -> None:
+    """A coordinator's own partition (no producer state) refuses what needs one, and
+    writes nothing: a client's batch, a marker."""
+    log = MemoryLog()
+    own = coordinator_partition(OwnLog(0, log), "__consumer_offsets", 0, log)
+    with pytest.raises(AppendRejected) as client:
+        append(own, batch(), origin=Origin.CLIENT, now_ms=T0, durability=None)
+    marker = build_control_batch(7, 0, committed=True, coordinator_epoch=0, timestamp=T0)
+    with pytest.raises(AppendRejected) as control:
+        append(own, marker, origin=Origin.COORDINATOR, now_ms=T0, durability=None)
+    assert client.value.error_code == control.value.error_code == ErrorCode.INVALID_RECORD
+    assert log.log_end_offset == 0
+    # Its own records go in; a consumer reading it would see everything committed.
+    append(own, build_batch([(b"k", b"v")]), origin=Origin.COORDINATOR, now_ms=T0,
+           durability=None)  # fmt: skip
+    assert own.producers.last_stable_offset("t", 0, log, 1) == 1
+    assert own.producers.aborted_between("t", 0, log, 0, 1) == ()
+
+
+def test_the_term_a_partition_is_written_in() -> None:
     class Replication:
         def leader_term(self, topic: str, partition: int) -> Any:
-            return (
-                None if partition else type("Term", (), {"leader_epoch": 9, "replicated": True})()
-            )
+            return None if partition else LeaderTerm(9)
 
     # A node alone's own log: its term is local, the batch keeps its own epoch.
-    assert leader_epoch_of(OwnLog(0, MemoryLog()), "t", 0) is None
-    assert leader_epoch_of(Replication(), "t", 0) == 9  # type: ignore[arg-type]
+    log = MemoryLog()
+    own = coordinator_partition(OwnLog(0, log), "t", 0, log)
+    written = append(own, build_batch([(b"k", b"v")]), origin=Origin.COORDINATOR, now_ms=T0,
+                     durability=None)  # fmt: skip
+    assert not written.replicated and not log.epoch_cache.entries
+    assert led_term(Replication(), "t", 0).leader_epoch == 9  # type: ignore[arg-type]
     with pytest.raises(NotLeader):
-        leader_epoch_of(Replication(), "t", 1)  # type: ignore[arg-type]
+        led_term(Replication(), "t", 1)  # type: ignore[arg-type]
+    with pytest.raises(NotLeader):  # a clustered broker before it joined leads nothing
+        coordinator_partition(LeadsNothing(0), "t", 0, log)
 
 
 async def test_what_each_acks_waits_for() -> None:
     log, flusher = MemoryLog(), Flusher()
-    alone = append(log, batch(pid=-1, seq=-1), origin=Origin.CLIENT, now_ms=T0,
-                   durability=flusher)  # fmt: skip
+    producers = ProducerStateRegistry(None, lambda: T0)
+    alone = append(local(log, producers), batch(pid=-1, seq=-1), origin=Origin.CLIENT,
+                           now_ms=T0, durability=flusher)  # fmt: skip
     own = OwnLog(0, log)  # a node alone: its term's HW is the durable end
     for acks in (0, 1):
         assert (await wait_acked(alone, acks, durability=flusher, replication=own)).ok
@@ -169,8 +211,8 @@ async def test_what_each_acks_waits_for() -> None:
             await trio.lowlevel.checkpoint()
             return self.state
 
-    replicated = append(log, batch(pid=-1, seq=-1), origin=Origin.CLIENT, now_ms=T0,
-                        durability=flusher, leader_epoch=1)  # fmt: skip
+    replicated = append(led(log, 1, producers), batch(pid=-1, seq=-1), origin=Origin.CLIENT,
+                        now_ms=T0, durability=flusher)  # fmt: skip
     shrunk = Replication(AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND)
     acked = await wait_acked(replicated, -1, durability=flusher, replication=shrunk)
     assert acked.state is AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND
@@ -185,11 +227,11 @@ async def test_what_each_acks_waits_for() -> None:
 async def test_acked_at_once_is_what_wait_acked_answers_without_waiting() -> None:
     """Produce answers at once what acked_at_once passes, without wait_acked: for those
     wait_acked is DONE, and a node alone's write needs no sync with acks.all.fsync=false."""
-    log = MemoryLog()
-    alone = append(log, batch(pid=-1, seq=-1), origin=Origin.CLIENT, now_ms=T0,
-                   durability=Flusher())  # fmt: skip
-    replicated = append(log, batch(pid=-1, seq=-1), origin=Origin.CLIENT, now_ms=T0,
-                        durability=Flusher(), leader_epoch=1)  # fmt: skip
+    log, producers = MemoryLog(), ProducerStateRegistry(None, lambda: T0)
+    alone = append(local(log, producers), batch(pid=-1, seq=-1), origin=Origin.CLIENT,
+                           now_ms=T0, durability=Flusher())  # fmt: skip
+    replicated = append(led(log, 1, producers), batch(pid=-1, seq=-1), origin=Origin.CLIENT,
+                        now_ms=T0, durability=Flusher())  # fmt: skip
 
     for appended in (alone, replicated):
         for acks in (0, 1):

@@ -16,6 +16,7 @@ from trio_broker.partition.partition import Partition
 from trio_broker.partition.read import Isolation, read
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch, build_control_batch, iter_batches
+from trio_broker.services.local_replication import LocalTerm
 from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.storage.memory import MemoryLog
 
@@ -52,10 +53,8 @@ def partition() -> tuple[MemoryLog, ProducerStateRegistry]:
     """Offsets 0-1 plain, 2-3 an aborted transaction, 4 its marker, 5-6 plain, 7-8 an
     open transaction, 9-10 plain: the LSO is 7."""
     log, producers = MemoryLog(), ProducerStateRegistry(None, lambda: T0)
-    kwargs: Any = dict(
-        origin=Origin.CLIENT, now_ms=T0, durability=None, topic="t", partition=0,
-        producers=producers,
-    )  # fmt: skip
+    kwargs: Any = dict(origin=Origin.CLIENT, now_ms=T0, durability=None)
+    alone = Partition("t", 0, log, LocalTerm(0, log), producers)
 
     def txn(epoch: int) -> bytearray:
         records = [(None, b"t%d" % i) for i in range(2)]
@@ -64,13 +63,13 @@ def partition() -> tuple[MemoryLog, ProducerStateRegistry]:
             is_transactional=True, base_timestamp=T0,
         )  # fmt: skip
 
-    append(log, build_batch([(None, b"a"), (None, b"b")], base_timestamp=T0), **kwargs)
-    append(log, txn(0), **kwargs)
+    append(alone, build_batch([(None, b"a"), (None, b"b")], base_timestamp=T0), **kwargs)
+    append(alone, txn(0), **kwargs)
     abort = build_control_batch(TXN_PID, 0, committed=False, coordinator_epoch=0, timestamp=T0)
-    append(log, abort, **{**kwargs, "origin": Origin.COORDINATOR})
-    append(log, build_batch([(None, b"c"), (None, b"d")], base_timestamp=T0), **kwargs)
-    append(log, txn(1), **kwargs)
-    append(log, build_batch([(None, b"e"), (None, b"f")], base_timestamp=T0), **kwargs)
+    append(alone, abort, **{**kwargs, "origin": Origin.COORDINATOR})
+    append(alone, build_batch([(None, b"c"), (None, b"d")], base_timestamp=T0), **kwargs)
+    append(alone, txn(1), **kwargs)
+    append(alone, build_batch([(None, b"e"), (None, b"f")], base_timestamp=T0), **kwargs)
     assert log.log_end_offset == 11
     return log, producers
 

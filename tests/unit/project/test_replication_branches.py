@@ -36,7 +36,8 @@ WIRING = ("trio_broker/config.py", "trio_broker/cluster/")
 #: ``OwnPartition``, its share state read and written through the same coordinator
 #: and tables as a cluster's (no restore of its own at start). The 8 left are all
 #: "this broker has no term for the partition" (``check_leader``, the write path's
-#: NotLeader in partition/append.py, the marker channel, five in the replica manager):
+#: NotLeader in partition/partition.py's ``led_term``, the marker channel, five in the
+#: replica manager):
 #: a fact about leadership, true alone too for a partition that does not exist, not a
 #: mode; a node alone has a term for every partition it holds (``LocalReplication``),
 #: so none of them tells one broker from many.
@@ -88,9 +89,10 @@ COORDINATORS = (
     "trio_broker/groups/own_offsets.py",
 )
 
-#: The one write path keeps one line: ``leader_epoch_of``'s "no term here: NotLeader",
-#: a cluster's fact (this broker leads elsewhere), not a mode.
-APPEND_PATH = "trio_broker/partition/append.py"
+#: The one write path keeps one line: ``led_term``'s "no term here: NotLeader" (moved
+#: from partition/append.py's ``leader_epoch_of`` when the append came to take a
+#: Partition), a cluster's fact (this broker leads elsewhere), not a mode.
+APPEND_PATH = "trio_broker/partition/partition.py"
 
 
 def branch_lines(root: Path) -> Counter[str]:

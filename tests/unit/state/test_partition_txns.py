@@ -12,6 +12,7 @@ import pytest
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import RecordBatchView, build_batch, build_control_batch
+from trio_broker.services.local_replication import LocalReplication
 from trio_broker.services.producers import ProducerStateRegistry, latest_snapshot
 from trio_broker.services.topics import TopicManager
 from trio_broker.services.txn_markers import MarkerRejected, append_txn_marker
@@ -230,19 +231,22 @@ def test_append_txn_marker_ends_the_transaction_and_checks_epochs() -> None:
     first = append(registry, log, data(5, 2, 0, count=2))
     durability, appends = Recorder(), Recorder()
     args = (topics, registry, durability, appends, "t", 0, 5)
+    alone = LocalReplication.over(topics)
     with pytest.raises(MarkerRejected) as refused:
-        append_txn_marker(*args, 1, False, 0, T0)
+        append_txn_marker(*args, 1, False, 0, T0, leaders=alone)
     assert refused.value.error_code == ErrorCode.INVALID_PRODUCER_EPOCH
     assert log.log_end_offset == 2  # nothing written
-    returned_log, offset = append_txn_marker(*args, 2, False, 0, T0)
+    returned_log, offset = append_txn_marker(*args, 2, False, 0, T0, leaders=alone)
     assert returned_log is log and offset == 2
     assert durability.calls == ["dirty"] and appends.calls == ["notify t-0"]
     assert registry.aborted_between("t", 0, log, 0, 3) == [AbortedTxn(2, 5, first)]
     with pytest.raises(MarkerRejected) as unknown:
-        append_txn_marker(topics, registry, durability, appends, "t", 1, 5, 2, True, 0, T0)
+        append_txn_marker(
+            topics, registry, durability, appends, "t", 1, 5, 2, True, 0, T0, leaders=alone
+        )
     assert unknown.value.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     with pytest.raises(MarkerRejected) as fenced:
-        append_txn_marker(*args, 2, True, -1, T0)
+        append_txn_marker(*args, 2, True, -1, T0, leaders=alone)
     assert fenced.value.error_code == ErrorCode.TRANSACTION_COORDINATOR_FENCED
 
 
