@@ -358,7 +358,7 @@ async def test_acls_with_confluent_admin_survive_restart(tmp_path: Path) -> None
         def create() -> list[Any]:
             admin = admin_for(broker)
             for future in admin.create_acls([binding]).values():
-                future.result(timeout=10)
+                future.result(timeout=60)
             bad = CAclBinding(
                 CResourceType.TOPIC, "x", CPatternType.LITERAL, "nocolon", "*",
                 CAclOperation.READ, CAclPermissionType.ALLOW,
@@ -366,7 +366,7 @@ async def test_acls_with_confluent_admin_survive_restart(tmp_path: Path) -> None
             with pytest.raises(Exception, match="Type:name"):
                 for future in admin.create_acls([bad]).values():
                     future.result(timeout=10)
-            return list(admin.describe_acls(everything).result(timeout=10))
+            return list(admin.describe_acls(everything).result(timeout=60))
 
         listed = await in_thread(create)
         assert binding in listed and len(listed) == 2  # plus the cluster grant
@@ -383,8 +383,8 @@ async def test_acls_with_confluent_admin_survive_restart(tmp_path: Path) -> None
                 CAclPermissionType.ANY,
             )  # fmt: skip
             [future] = admin.delete_acls([only_bob]).values()
-            deleted = list(future.result(timeout=10))
-            return deleted, list(admin.describe_acls(everything).result(timeout=10))
+            deleted = list(future.result(timeout=60))
+            return deleted, list(admin.describe_acls(everything).result(timeout=60))
 
         deleted, left = await in_thread(delete)
         assert deleted == [binding]
@@ -403,8 +403,8 @@ async def test_authorized_operations_are_reported(broker: Broker, bootstrap: str
         [future] = admin.describe_topics(
             TopicCollection(["reported"]), include_authorized_operations=True
         ).values()
-        topic = future.result(timeout=10)
-        cluster = admin.describe_cluster(include_authorized_operations=True).result(timeout=10)
+        topic = future.result(timeout=60)
+        cluster = admin.describe_cluster(include_authorized_operations=True).result(timeout=60)
         return set(topic.authorized_operations), set(cluster.authorized_operations)
 
     topic_ops, cluster_ops = await in_thread(run)

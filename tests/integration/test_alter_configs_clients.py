@@ -120,7 +120,7 @@ async def test_confluent_incremental_and_legacy_alter(broker: Broker, bootstrap:
         call = admin.alter_configs if legacy else admin.incremental_alter_configs
         [future] = call([resource], validate_only=validate_only).values()
         try:
-            future.result(timeout=10)
+            future.result(timeout=60)
         except KafkaException as exc:
             return exc.args[0].code()
         return None
@@ -296,7 +296,7 @@ async def test_dynamic_broker_configs(tmp_path: Path) -> None:
             node = CConfigResource(CResourceType.BROKER, "0", incremental_configs=[change])
             admin = AdminClient({"bootstrap.servers": bootstrap})
             [future] = admin.incremental_alter_configs([node]).values()
-            future.result(timeout=10)
+            future.result(timeout=60)
 
         await in_thread(alter_this_broker)
         assert log.config.retention_ms == 3_600_000  # this broker's value wins

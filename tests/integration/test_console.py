@@ -94,7 +94,7 @@ def prepare(bootstrap: str) -> None:
     offset 4 in partitions 0 and 1 (lag 6 each) and nothing in partition 2."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     [future] = admin.create_topics([NewTopic("orders", num_partitions=3)]).values()
-    future.result(timeout=30)
+    future.result(timeout=60)
     producer = Producer({"bootstrap.servers": bootstrap})
     for i in range(30):
         producer.produce("orders", key=f"key-{i}", value=f"order {i}", partition=i % 3,

@@ -13,9 +13,10 @@ Blocking clients run in worker threads (aiokafka with its own asyncio loop in on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -84,6 +85,22 @@ def check_generations(stable: list[StableGeneration]) -> None:
             for tp in assigned(assignment):
                 assert tp not in owners, f"gen {generation.generation_id}: {tp} owned twice"
                 owners[tp] = member_id
+
+
+@contextlib.asynccontextmanager
+async def stopping(*stops: threading.Event) -> AsyncIterator[None]:
+    """Tell the client threads to stop when the block ends, by a failed wait too.
+
+    Entered after the nursery that runs them (so left before it waits for them): a wait
+    that times out then fails the test at once, instead of the nursery waiting for
+    consumers that nobody told to stop until pytest-timeout ends the whole worker's
+    Trio run (ci16: the next test on that worker failed with "run() inside a run()").
+    """
+    try:
+        yield
+    finally:
+        for stop in stops:
+            stop.set()
 
 
 async def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
@@ -206,28 +223,28 @@ async def test_three_client_libraries_share_a_group(broker: Broker, bootstrap: s
         return len(stable[-1].assignments) if stable else 0
 
     stop_all, stop_kp = threading.Event(), threading.Event()
-    async with trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery, stopping(stop_all, stop_kp):
         nursery.start_soon(in_thread, lambda: run_confluent(bootstrap, "mixed", consumed, stop_all))
-        await wait_until(lambda: members_now() == 1, 30, "confluent-kafka alone")
+        await wait_until(lambda: members_now() == 1, 60, "confluent-kafka alone")
         nursery.start_soon(
             in_thread, lambda: run_kafka_python(bootstrap, "mixed", consumed, stop_kp)
         )
-        await wait_until(lambda: members_now() == 2, 30, "kafka-python to join")
+        await wait_until(lambda: members_now() == 2, 60, "kafka-python to join")
         nursery.start_soon(in_thread, lambda: run_aiokafka(bootstrap, "mixed", consumed, stop_all))
-        await wait_until(lambda: members_now() == 3, 30, "aiokafka to join")
+        await wait_until(lambda: members_now() == 3, 60, "aiokafka to join")
         # aiokafka only speaks roundrobin: the one protocol every member supports.
         assert stable[-1].protocol_name == "roundrobin"
         three_members = stable[-1]
         more = [f"second-{i}" for i in range(120)]
         await in_thread(lambda: produce(bootstrap, TOPIC, more))
         produced += more
-        await wait_until(lambda: set(produced) <= consumed.all(), 30, "three members to consume")
+        await wait_until(lambda: set(produced) <= consumed.all(), 60, "three members to consume")
         stop_kp.set()  # kafka-python leaves; its partitions move to the others
-        await wait_until(lambda: members_now() == 2, 30, "kafka-python to leave")
+        await wait_until(lambda: members_now() == 2, 60, "kafka-python to leave")
         last = [f"third-{i}" for i in range(120)]
         await in_thread(lambda: produce(bootstrap, TOPIC, last))
         produced += last
-        await wait_until(lambda: set(produced) <= consumed.all(), 30, "every record")
+        await wait_until(lambda: set(produced) <= consumed.all(), 60, "every record")
         stop_all.set()
     check_generations(stable)
     covered = {tp for a in three_members.assignments.values() for tp in assigned(a)}
@@ -235,7 +252,7 @@ async def test_three_client_libraries_share_a_group(broker: Broker, bootstrap: s
     assert all(consumed.count(c) > 0 for c in ("confluent", "kafka-python", "aiokafka"))
     # Everyone left: the group is Empty, its offsets cover everything produced.
     group = broker.groups.groups["mixed"]
-    await wait_until(lambda: group.is_empty(), 15, "the group to empty")
+    await wait_until(lambda: group.is_empty(), 60, "the group to empty")
     committed = broker.groups.committed_for_group("mixed")
     assert sum(v.offset for v in committed.values()) == len(produced)
 
@@ -250,13 +267,13 @@ async def test_committed_offsets_survive_a_restart(tmp_path: Path) -> None:
         broker.topics.create(TOPIC, PARTITIONS)
         await in_thread(lambda: produce(bootstrap, TOPIC, first))
         consumed, stop = Consumed(), threading.Event()
-        async with trio.open_nursery() as clients:  # closed before the broker stops
+        async with trio.open_nursery() as clients, stopping(stop):  # closed before the broker stops
             clients.start_soon(
                 in_thread, lambda: run_confluent(bootstrap, "resume", consumed, stop)
             )
             await wait_until(
                 lambda: sum(v.offset for v in broker.groups.committed_for_group("resume").values())
-                == len(first), 30, "the first records to be committed",
+                == len(first), 60, "the first records to be committed",
             )  # fmt: skip
             stop.set()
         nursery.cancel_scope.cancel()  # stop the broker
@@ -273,11 +290,11 @@ async def test_committed_offsets_survive_a_restart(tmp_path: Path) -> None:
         assert {p: v.offset for (_, p), v in committed.items()} == dict.fromkeys(range(6), 10)
         await in_thread(lambda: produce(bootstrap, TOPIC, second))
         consumed, stop = Consumed(), threading.Event()
-        async with trio.open_nursery() as clients:
+        async with trio.open_nursery() as clients, stopping(stop):
             clients.start_soon(
                 in_thread, lambda: run_kafka_python(bootstrap, "resume", consumed, stop)
             )
-            await wait_until(lambda: set(second) <= consumed.all(), 30, "records after restart")
+            await wait_until(lambda: set(second) <= consumed.all(), 60, "records after restart")
             stop.set()
         nursery.cancel_scope.cancel()
     assert not consumed.all() & set(first), "resumed from before the committed offsets"
@@ -321,7 +338,7 @@ async def test_static_member_restart_keeps_its_assignment(broker: Broker, bootst
         nursery.start_soon(in_thread, lambda: run_confluent(
             bootstrap, "static", consumed, stop_b, static_b, "b"))  # fmt: skip
         await wait_until(
-            lambda: bool(stable) and len(stable[-1].assignments) == 2, 30, "two static members"
+            lambda: bool(stable) and len(stable[-1].assignments) == 2, 60, "two static members"
         )
         group = broker.groups.groups["static"]
         generation = group.generation_id
@@ -333,7 +350,7 @@ async def test_static_member_restart_keeps_its_assignment(broker: Broker, bootst
         restarted = threading.Event()
         nursery.start_soon(in_thread, lambda: run_confluent(
             bootstrap, "static", consumed, restarted, static_a, "a2"))  # fmt: skip
-        await wait_until(lambda: group.static_members["instance-a"] != old_id, 15, "a restart")
+        await wait_until(lambda: group.static_members["instance-a"] != old_id, 60, "a restart")
         # ...and comes back within its session: same generation, same partitions.
         new_id = group.static_members["instance-a"]
         assert group.generation_id == generation and group.members[new_id].assignment == (
@@ -603,12 +620,12 @@ async def test_a_killed_member_is_expired_and_its_partitions_move(
     reader.start()
     consumed, stop = Consumed(), threading.Event()
     try:
-        await wait_until(lambda: bool(stable) and len(stable[-1].assignments) == 1, 30, "victim")
-        async with trio.open_nursery() as nursery:
+        await wait_until(lambda: bool(stable) and len(stable[-1].assignments) == 1, 60, "victim")
+        async with trio.open_nursery() as nursery, stopping(stop):
             nursery.start_soon(
                 in_thread, lambda: run_confluent(bootstrap, "killed", consumed, stop)
             )
-            await wait_until(lambda: len(stable[-1].assignments) == 2, 30, "two members")
+            await wait_until(lambda: len(stable[-1].assignments) == 2, 60, "two members")
             two_members = stable[-1]
             victim.kill()  # no LeaveGroup: only the session timeout can notice
             victim.wait(10)
@@ -617,15 +634,15 @@ async def test_a_killed_member_is_expired_and_its_partitions_move(
                     stable[-1].generation_id > two_members.generation_id
                     and len(stable[-1].assignments) == 1
                 ),
-                30,
+                60,
                 "the killed member's session to expire",
             )
             after = [f"after-kill-{i}" for i in range(120)]
             await in_thread(lambda: produce(bootstrap, TOPIC, after))
-            await wait_until(lambda: set(after) <= consumed.all(), 30, "records after the kill")
+            await wait_until(lambda: set(after) <= consumed.all(), 60, "records after the kill")
             # Whatever the victim did not commit before dying is read by the survivor.
             await wait_until(
-                lambda: set(before) <= consumed.all() | set(victim_values), 30, "every record"
+                lambda: set(before) <= consumed.all() | set(victim_values), 60, "every record"
             )
             stop.set()
     finally:

@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-SCANNED = ("tests/cluster", "tests/e2e", "tests/reliability", "tests/plugin")
+SCANNED = ("tests/cluster", "tests/e2e", "tests/integration", "tests/reliability", "tests/plugin")
 FLOOR_S = 60
 
 #: Wait helper -> (position of its deadline argument, its keyword names).
