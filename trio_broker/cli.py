@@ -15,9 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trio_broker.cluster.coordination import NotAuthorized
-from trio_broker.cluster.membership import BrokerIdInUse
-from trio_broker.config import ConfigError, load_config, parse_host_port
+from trio_broker.config_errors import ConfigError, parse_host_port
 
 
 def say(message: str) -> None:
@@ -266,8 +264,14 @@ def _speed(text: str) -> float:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # The broker's modules (trio, the cluster's, the config's storage defaults) are imported
+    # here, not at the top: the other commands are clients that need none of them, and
+    # the suite starts hundreds of those processes.
     import trio
 
+    from trio_broker.cluster.coordination import NotAuthorized
+    from trio_broker.cluster.membership import BrokerIdInUse
+    from trio_broker.config import load_config
     from trio_broker.server.broker import serve
 
     overrides: dict[str, object] = {

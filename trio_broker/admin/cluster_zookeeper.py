@@ -20,9 +20,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import trio
-
-from trio_broker.cluster.coordination import CoordinationError, ZooKeeperCoordination
 from trio_broker.config_errors import ConfigError
 from trio_broker.security.zookeeper_login import read_client_login
 from trio_broker.security.zookeeper_tls import ZooKeeperTls, read_tls_config_file
@@ -67,6 +64,12 @@ def add_secure_zookeeper_command(csub: Any) -> None:
 
 
 def run_secure_zookeeper(args: argparse.Namespace) -> int:
+    # trio and the ZooKeeper client are imported here, not at the top: every CLI process
+    # imports this module to build its parser (``cluster`` subcommands), few run it.
+    import trio
+
+    from trio_broker.cluster.coordination import CoordinationError
+
     if args.zookeeper_jaas is None:
         print("trio-broker: --zookeeper-jaas is required: the ACLs name its user, and "
               "changing ACLs it set needs its login", file=sys.stderr)  # fmt: skip
@@ -87,6 +90,10 @@ def run_secure_zookeeper(args: argparse.Namespace) -> int:
 
 
 async def _run(hosts: str, login: Any, tls: ZooKeeperTls | None, secure: bool) -> list[str]:
+    import trio
+
+    from trio_broker.cluster.coordination import ZooKeeperCoordination
+
     # No set_acl: start() would lock the root before the walk, even with --unsecure.
     coord = ZooKeeperCoordination(hosts, login=login, tls=tls)
     with trio.fail_after(CONNECT_TIMEOUT_S):

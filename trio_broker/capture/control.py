@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import urllib.error
-import urllib.request
 from typing import Any
 
 log = logging.getLogger("trio_broker.capture")
@@ -75,6 +73,11 @@ def http_capture(broker: Any, method: str, path: str) -> tuple[str, bytes]:
 
 def request_capture(metrics_address: str, action: str, timeout: float = 10.0) -> dict[str, Any]:
     """``trio-broker capture on|off|status``: ask a broker's metrics listener; raises OSError."""
+    # Imported here, not at the top: urllib.request loads http.client and email, and
+    # every broker imports this module (SIGUSR1) while only the CLI sends requests.
+    import urllib.error
+    import urllib.request
+
     path = "/capture" if action == "status" else f"/capture/{action}"
     request = urllib.request.Request(
         f"http://{metrics_address}{path}", method="GET" if action == "status" else "POST",

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from scramp import ScramMechanism
 
 from trio_broker.storage.durable import make_dirs_durable, write_file_atomically
 
@@ -63,6 +62,10 @@ class ScramCredential:
 
 
 def credential_from_password(mechanism: str, password: str, iterations: int) -> ScramCredential:
+    # Imported here, not at the top: scramp loads asn1crypto and reads its own package
+    # metadata (about 0.1 s of CPU per process), which a broker without SCRAM never needs.
+    from scramp import ScramMechanism
+
     check_mechanism(mechanism, iterations)
     salt, stored_key, server_key, i = ScramMechanism(mechanism).make_auth_info(
         password, iteration_count=iterations

@@ -27,7 +27,6 @@ from collections.abc import Generator, Mapping
 from typing import Any
 
 import attrs
-from scramp import ScramClient
 
 from trio_broker.config_errors import ConfigError
 from trio_broker.security.listeners import Listener, split_list
@@ -119,6 +118,11 @@ def sasl_exchange(mechanism: str, user: str, password: str) -> Generator[bytes, 
     if mechanism == "PLAIN":
         yield b"\0" + user.encode() + b"\0" + password.encode()
         return
+    # Imported here, not at the top: scramp loads asn1crypto and reads its own package
+    # metadata (about 0.1 s of CPU per process), which a broker or CLI without SCRAM
+    # never needs.
+    from scramp import ScramClient
+
     client = ScramClient([mechanism], user, password)
     server_first = yield client.get_client_first().encode()
     try:

@@ -39,7 +39,6 @@ import hmac
 from typing import Any
 
 import attrs
-from scramp import ScramMechanism
 
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.messages import ApiKey
@@ -108,6 +107,8 @@ class PasswordCheck:
 
 def _stored_key(mechanism: str, password: str, credential: ScramCredential) -> bytes:
     """The password salted and hashed as ``credential`` was made (RFC 5802 StoredKey)."""
+    from scramp import ScramMechanism  # deferred: see credentials.credential_from_password
+
     _, stored_key, _, _ = ScramMechanism(mechanism).make_auth_info(
         password, iteration_count=credential.iterations, salt=credential.salt
     )
@@ -297,6 +298,8 @@ class SaslSession:
         def auth_fn(_: str) -> tuple[bytes, bytes, bytes, int]:
             return (credential.salt, credential.stored_key, credential.server_key,
                     credential.iterations)  # fmt: skip
+
+        from scramp import ScramMechanism  # deferred: see credentials.credential_from_password
 
         server = ScramMechanism(self.mechanism).make_server(auth_fn)
         server.set_client_first(text)
