@@ -53,7 +53,6 @@ from hypothesis.stateful import (
 )
 from scramp import ScramClient
 
-import trio_broker.handlers.sasl_authenticate as sasl_handler
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -100,6 +99,9 @@ class BrokerHost:
             listeners="SASL_PLAINTEXT://127.0.0.1:0",
             security={"sasl.enabled.mechanisms": ",".join(MECHANISMS)},
             connections_max_idle_ms=3_600_000,
+            # A failed login answered at once: the machine settles on "every task
+            # blocked", which the delay's sleep would pass before the answer.
+            connection_failed_authentication_delay_ms=0,
         )
         #: (connection port, api key, correlation id, principal) of every handler call.
         self.calls: list[tuple[int, int, int, str]] = []
@@ -141,7 +143,6 @@ class BrokerHost:
                 raise parked.error
             return parked.result
 
-        sasl_handler.FAILED_LOGIN_DELAY_S = 0
         trio.to_thread.run_sync = split_thread  # type: ignore[assignment]
         try:
             async with trio.open_nursery() as nursery:
@@ -154,7 +155,6 @@ class BrokerHost:
                 nursery.cancel_scope.cancel()
         finally:
             trio.to_thread.run_sync = real_run_sync  # type: ignore[assignment]
-            sasl_handler.FAILED_LOGIN_DELAY_S = 0.1
 
     def _recording(self, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def recorded(ctx: Any, request: Any) -> Any:

@@ -103,6 +103,10 @@ class BrokerConfig:
     #: on every ISR member; False relies on replication (page cache), as Kafka does.
     acks_all_fsync: bool = True
     connections_max_idle_ms: int = 600_000
+    #: A failed SASL login is answered this long after it failed, and the connection
+    #: closed once the answer is out (Kafka's KIP-306; its default 100): a password
+    #: guesser waits between tries.
+    connection_failed_authentication_delay_ms: int = 100
     group_initial_rebalance_delay_ms: int = 3000
     #: JoinGroup with a session timeout outside [min, max] gets INVALID_SESSION_TIMEOUT.
     group_min_session_timeout_ms: int = 6000
@@ -232,6 +236,8 @@ class BrokerConfig:
                      "quota_window_num", "quota_window_size_seconds"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
+        if self.connection_failed_authentication_delay_ms < 0:
+            raise ConfigError("connection.failed.authentication.delay.ms: must be at least 0")
         if self.queued_max_request_bytes == 0 or self.queued_max_request_bytes < -1:
             raise ConfigError("queued.max.request.bytes: must be positive, or -1 for no limit")
         if self.max_incremental_fetch_session_cache_slots < 0:

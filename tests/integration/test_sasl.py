@@ -223,6 +223,25 @@ async def test_wrong_password_fails_and_closes(broker: Broker, sasl: RawClient) 
         assert (await scram_login(RawClient(s), "SCRAM-SHA-256")).error_code == 0
 
 
+async def test_a_failed_login_is_answered_after_the_configured_delay(
+    broker_config: BrokerConfig, nursery: trio.Nursery
+) -> None:
+    """connection.failed.authentication.delay.ms, as in Kafka (KIP-306): the failure
+    answer waits for the delay, then the connection closes with nothing more read."""
+    config = attrs.evolve(broker_config, connection_failed_authentication_delay_ms=700)
+    broker: Broker = await nursery.start(Broker(config).run)
+    async with await trio.open_tcp_stream("127.0.0.1", port_of(broker, "SASL_PLAINTEXT")) as s:
+        client = RawClient(s)
+        assert (await handshake(client, "PLAIN")).error_code == 0
+        asked = trio.current_time()
+        final = await authenticate(client, b"\x00" + USER.encode() + b"\x00not it")
+        # A lower bound only (a loaded machine can only make the answer later).
+        assert trio.current_time() - asked >= 0.6
+        assert final.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+        assert broker.stats.sasl_failures == {"PLAIN": 1}
+        await assert_closed(client)
+
+
 async def test_unknown_mechanism_lists_the_enabled_ones(sasl: RawClient) -> None:
     answer = await handshake(sasl, "GSSAPI")
     assert answer.error_code == ErrorCode.UNSUPPORTED_SASL_MECHANISM

@@ -5,7 +5,8 @@ password (thousands of PBKDF2 rounds), so the session hands out a
 :class:`PasswordCheck` that runs in a worker thread inside a Deferred rather than
 in the handler task that other connections share; its result goes back to the
 session on the event loop, where the login completes in one step. A failed login
-is answered after ``FAILED_LOGIN_DELAY_S`` (Kafka delays too, KIP-306) from a
+is answered after ``connection.failed.authentication.delay.ms`` (100 ms by default;
+Kafka's KIP-306 delays the failure answer and closes once it is sent) from a
 Deferred, and the connection closes once the answer is sent.
 
 The connection reads nothing more until this request is answered (its
@@ -26,7 +27,6 @@ from trio_broker.security.sasl import AuthStep, PasswordCheck, SaslSession
 log = logging.getLogger("trio_broker.sasl")
 
 Resp = m.SaslAuthenticateResponse
-FAILED_LOGIN_DELAY_S = 0.1
 
 
 def _response(step: AuthStep) -> m.SaslAuthenticateResponse:
@@ -53,7 +53,8 @@ async def handle_sasl_authenticate(
         elif session.failed:
             log.info("connection %d from %s: SASL authentication failed (%s)",
                      connection_id, ctx.client.host, session.reason)  # fmt: skip
-            await ctx.services.sleep(FAILED_LOGIN_DELAY_S)
+            delay_ms = ctx.services.config.connection_failed_authentication_delay_ms
+            await ctx.services.sleep(delay_ms / 1000)
         return _response(step)
 
     outcome = session.authenticate(token, ctx.services.monotonic_ms())
