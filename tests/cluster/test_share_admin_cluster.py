@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
@@ -120,27 +121,50 @@ def leave(conn: RawConnection, group: str, member: str) -> None:
     assert answer.error_code == ErrorCode.NONE, answer
 
 
-def test_kafka_share_groups_reaches_the_share_coordinator(
-    cluster: Cluster, tools_classpath: str
-) -> None:
-    admin = create_topic(cluster, TOPIC, 1)
-    leader = leaders(admin, TOPIC)[0]
-    with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
+@attrs.frozen
+class ShareLayout:
+    """Who leads what for share groups on TOPIC: the topic's id and the leaders of the
+    share state and offsets partitions (each a map from partition to leader)."""
+
+    topic_id: uuid.UUID
+    state_leaders: dict[int, int]
+    offsets_leaders: dict[int, int]
+
+    def coordinator(self, group: str) -> int:
+        """The group's coordinator (leader of its __consumer_offsets partition)."""
+        return self.offsets_leaders[partition_for(group, OFFSETS_PARTITIONS)]
+
+    def share_coordinator(self, group: str, partition: int = 0) -> int:
+        """The share coordinator of the group's share partition of TOPIC."""
+        key = coordinator_key(ShareKey(group, self.topic_id, partition))
+        return self.state_leaders[partition_for(key, STATE_PARTITIONS)]
+
+    def roles(self, group: str) -> tuple[int, int]:
+        """(the group's coordinator, its share partition 0's share coordinator)."""
+        return self.coordinator(group), self.share_coordinator(group)
+
+
+def share_layout(cluster: Cluster, admin: Any, via: int) -> ShareLayout:
+    """Make the share state and offsets topics (through broker ``via``), wait for their
+    full ISRs, and say who leads what."""
+    with RawConnection(port_of(cluster[via]), timeout=30) as conn:
         topic_id = topic_id_of(conn, TOPIC)
         assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
         find_group_coordinator(conn, "probe")  # makes the offsets topic
     full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
     full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
-    state_leaders = leaders(admin, SHARE_GROUP_STATE)
-    offsets_leaders = leaders(admin, CONSUMER_OFFSETS)
+    return ShareLayout(
+        topic_id, leaders(admin, SHARE_GROUP_STATE), leaders(admin, CONSUMER_OFFSETS)
+    )
 
-    def roles(group: str) -> tuple[int, int]:
-        """(the group's coordinator, its share partition's share coordinator)."""
-        key = coordinator_key(ShareKey(group, topic_id, 0))
-        return (
-            offsets_leaders[partition_for(group, OFFSETS_PARTITIONS)],
-            state_leaders[partition_for(key, STATE_PARTITIONS)],
-        )
+
+def test_kafka_share_groups_reaches_the_share_coordinator(
+    cluster: Cluster, tools_classpath: str
+) -> None:
+    admin = create_topic(cluster, TOPIC, 1)
+    leader = leaders(admin, TOPIC)[0]
+    layout = share_layout(cluster, admin, leader)
+    topic_id, roles = layout.topic_id, layout.roles
 
     # Three brokers, three roles: nothing the admin APIs do is a local call.
     group = next(
