@@ -75,6 +75,7 @@ GROUP_COMMIT_MACHINE = "statemachine/test_group_commit_machine.py"
 QUOTA_MACHINE = "statemachine/test_quota_machine.py"
 #: One partition moving between replica sets (KIP-455) under the real controller rules.
 REASSIGNMENT_MACHINE = "statemachine/test_reassignment_machine.py"
+CONTROLLER_MACHINE = "statemachine/test_controller_machine.py"
 #: KIP-73 replication throttles of a real replica manager against a plain model.
 REPLICATION_THROTTLE_MACHINE = "statemachine/test_replication_throttle_machine.py"
 #: Log compaction (storage/cleaner.py) of a real log against Kafka's guarantees.
@@ -1675,7 +1676,7 @@ ELEVENTH = (
         "        in_sync = replicas\n",
         "a partition created while one of its replicas is down starts with that replica in "
         "its ISR: acks=all waits on it, and it may be elected without the log",
-        (REASSIGNMENT_MACHINE, REPLICATION_MACHINE, SIMULATOR),
+        (CONTROLLER_MACHINE, REASSIGNMENT_MACHINE, REPLICATION_MACHINE, SIMULATOR),
         ("tests/unit/replication/test_controller_rules.py",),
     ),
 )
