@@ -53,12 +53,12 @@ from tests.cluster.test_share_state_cluster import (
     SF,
     STATE_PARTITIONS,
     Cluster,
+    join_group,
+    known_topic_id,
     open_session,
     port_of,
 )
 from tests.e2e.conftest import RawConnection
-from tests.e2e.test_consumer_protocol import topic_id_of
-from tests.e2e.test_share_state_restart import join
 from tests.kafka_tools.classpath import kafka_tools_classpath
 from trio_broker.groups.share_coordinator import coordinator_key
 from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareKey
@@ -164,7 +164,7 @@ def test_a_new_group_coordinator_knows_every_share_partition(
     admin = create_topic(cluster, TOPIC, PARTITIONS)
     data_leaders = leaders(admin, TOPIC)
     with RawConnection(port_of(cluster[data_leaders[0]]), timeout=30) as conn:
-        topic_id = topic_id_of(conn, TOPIC)
+        topic_id = known_topic_id(conn, TOPIC)
         assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
         find_group_coordinator(conn, "probe")  # makes the offsets topic
     full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
@@ -191,7 +191,7 @@ def test_a_new_group_coordinator_knows_every_share_partition(
     )
     with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
         assert find_group_coordinator(conn, group) == coordinator
-        join(conn, group, "m1", TOPIC)  # assigned the three partitions
+        join_group(conn, group, "m1", TOPIC)  # assigned the three partitions
     for leader, partition in own.items():
         with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
             consume(conn, group, "m1", topic_id, partition, servers(cluster))
@@ -240,7 +240,7 @@ def test_a_deleted_topics_share_state_goes_where_no_replica_was(cluster: Cluster
     created.result(timeout=60)
     eventually(lambda: leaders(admin, TOPIC)[0] == holder, f"{TOPIC} led by {holder}")
     with RawConnection(port_of(cluster[holder]), timeout=30) as conn:
-        topic_id = topic_id_of(conn, TOPIC)
+        topic_id = known_topic_id(conn, TOPIC)
         assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
         find_group_coordinator(conn, "probe")  # makes the offsets topic
     full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
@@ -260,7 +260,7 @@ def test_a_deleted_topics_share_state_goes_where_no_replica_was(cluster: Cluster
     coordinator, share_coordinator = roles(group)
     with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
         assert find_group_coordinator(conn, group) == coordinator
-        join(conn, group, "m1", TOPIC)
+        join_group(conn, group, "m1", TOPIC)
     with RawConnection(port_of(cluster[holder]), timeout=30) as conn:
         consume(conn, group, "m1", topic_id, 0, servers(cluster))
     with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
