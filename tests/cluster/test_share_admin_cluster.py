@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
@@ -43,13 +42,13 @@ from tests.cluster.test_share_state_cluster import (
     Cluster,
     acknowledge,
     fetch,
+    join_group,
+    known_topic_id,
     open_session,
     port_of,
 )
 from tests.e2e.conftest import RawConnection
-from tests.e2e.test_consumer_protocol import topic_id_of
 from tests.e2e.test_share_group_tools import TOOL
-from tests.e2e.test_share_state_restart import join
 from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
 from trio_broker.groups.share_coordinator import coordinator_key
 from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareKey
@@ -121,50 +120,27 @@ def leave(conn: RawConnection, group: str, member: str) -> None:
     assert answer.error_code == ErrorCode.NONE, answer
 
 
-@attrs.frozen
-class ShareLayout:
-    """Who leads what for share groups on TOPIC: the topic's id and the leaders of the
-    share state and offsets partitions (each a map from partition to leader)."""
-
-    topic_id: uuid.UUID
-    state_leaders: dict[int, int]
-    offsets_leaders: dict[int, int]
-
-    def coordinator(self, group: str) -> int:
-        """The group's coordinator (leader of its __consumer_offsets partition)."""
-        return self.offsets_leaders[partition_for(group, OFFSETS_PARTITIONS)]
-
-    def share_coordinator(self, group: str, partition: int = 0) -> int:
-        """The share coordinator of the group's share partition of TOPIC."""
-        key = coordinator_key(ShareKey(group, self.topic_id, partition))
-        return self.state_leaders[partition_for(key, STATE_PARTITIONS)]
-
-    def roles(self, group: str) -> tuple[int, int]:
-        """(the group's coordinator, its share partition 0's share coordinator)."""
-        return self.coordinator(group), self.share_coordinator(group)
-
-
-def share_layout(cluster: Cluster, admin: Any, via: int) -> ShareLayout:
-    """Make the share state and offsets topics (through broker ``via``), wait for their
-    full ISRs, and say who leads what."""
-    with RawConnection(port_of(cluster[via]), timeout=30) as conn:
-        topic_id = topic_id_of(conn, TOPIC)
-        assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
-        find_group_coordinator(conn, "probe")  # makes the offsets topic
-    full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
-    full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
-    return ShareLayout(
-        topic_id, leaders(admin, SHARE_GROUP_STATE), leaders(admin, CONSUMER_OFFSETS)
-    )
-
-
 def test_kafka_share_groups_reaches_the_share_coordinator(
     cluster: Cluster, tools_classpath: str
 ) -> None:
     admin = create_topic(cluster, TOPIC, 1)
     leader = leaders(admin, TOPIC)[0]
-    layout = share_layout(cluster, admin, leader)
-    topic_id, roles = layout.topic_id, layout.roles
+    with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
+        topic_id = known_topic_id(conn, TOPIC)
+        assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
+        find_group_coordinator(conn, "probe")  # makes the offsets topic
+    full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
+    full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
+    state_leaders = leaders(admin, SHARE_GROUP_STATE)
+    offsets_leaders = leaders(admin, CONSUMER_OFFSETS)
+
+    def roles(group: str) -> tuple[int, int]:
+        """(the group's coordinator, its share partition's share coordinator)."""
+        key = coordinator_key(ShareKey(group, topic_id, 0))
+        return (
+            offsets_leaders[partition_for(group, OFFSETS_PARTITIONS)],
+            state_leaders[partition_for(key, STATE_PARTITIONS)],
+        )
 
     # Three brokers, three roles: nothing the admin APIs do is a local call.
     group = next(
@@ -174,7 +150,7 @@ def test_kafka_share_groups_reaches_the_share_coordinator(
     asked = next(b for b in cluster if b != coordinator)  # the tool's bootstrap
     with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
         assert find_group_coordinator(conn, group) == coordinator
-        join(conn, group, "m1", TOPIC)
+        join_group(conn, group, "m1", TOPIC)
     with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
         # The leader starts the share partition at the log end, 0, as it first serves it.
         assert open_session(conn, group, "m1", topic_id) == []
@@ -204,7 +180,7 @@ def test_kafka_share_groups_reaches_the_share_coordinator(
     # The data partition's leader, which held the share partition at 3, reads it again
     # for a new session: the next member gets 1-4, each on a first delivery.
     with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
-        join(conn, group, "m2", TOPIC)
+        join_group(conn, group, "m2", TOPIC)
     with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
         assert open_session(conn, group, "m2", topic_id) == [(1, 4, 1)]
         answer = acknowledge(conn, group, "m2", topic_id, -1, [(1, 4, ACCEPT)])
@@ -258,7 +234,7 @@ def test_a_coordinator_without_a_replica_of_the_topic_describes_resets_and_delet
 ) -> None:
     admin = create_topic(cluster, TOPIC, 1)  # the state and offsets topics, as above
     with RawConnection(port_of(cluster[leaders(admin, TOPIC)[0]]), timeout=30) as conn:
-        assert open_session(conn, "probe", "p1", topic_id_of(conn, TOPIC)) == []
+        assert open_session(conn, "probe", "p1", known_topic_id(conn, TOPIC)) == []
         find_group_coordinator(conn, "probe")
     full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
     full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
@@ -282,6 +258,8 @@ def test_a_coordinator_without_a_replica_of_the_topic_describes_resets_and_delet
         answer = coord.request(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, m.ShareGroupHeartbeatRequest(
             group_id=group, member_id=member, member_epoch=0,
             subscribed_topic_names=[solo]))  # fmt: skip
+        if answer.error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+            return False  # the coordinator is loading its partition still (join_group)
         assert answer.error_code == ErrorCode.NONE, answer
         if answer.assignment is not None and answer.assignment.topic_partitions:
             return True
@@ -293,7 +271,7 @@ def test_a_coordinator_without_a_replica_of_the_topic_describes_resets_and_delet
         RawConnection(port_of(cluster[holder]), timeout=30) as lead,
     ):
         assert find_group_coordinator(coord, group) == coordinator
-        topic_id = topic_id_of(lead, solo)
+        topic_id = known_topic_id(lead, solo)
         eventually(lambda: joined("m1"), f"{group} assigned {solo}")
         assert open_session(lead, group, "m1", topic_id) == []
         producer = Producer({"bootstrap.servers": servers(cluster), "acks": "1"})

@@ -34,15 +34,16 @@ from tests.cluster.test_cluster_e2e import eventually
 from tests.cluster.test_cluster_faults import (
     admin_of,
     create_topic,
+    full_isr,
     leaders,
     servers,
     three_brokers,
 )
 from tests.cluster.test_share_admin_cluster import (
+    OFFSETS_PARTITIONS,
     find_group_coordinator,
     leave,
     share_groups,
-    share_layout,
 )
 from tests.cluster.test_share_state_cluster import (
     ACCEPT,
@@ -52,16 +53,18 @@ from tests.cluster.test_share_state_cluster import (
     SF,
     STATE_PARTITIONS,
     Cluster,
+    join_group,
+    known_topic_id,
+    open_session,
     port_of,
 )
 from tests.e2e.conftest import RawConnection
-from tests.e2e.test_share_state_restart import join
 from tests.kafka_tools.classpath import kafka_tools_classpath
 from trio_broker.groups.share_coordinator import coordinator_key
 from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareKey
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.services.internal_topics import partition_for
+from trio_broker.services.internal_topics import CONSUMER_OFFSETS, partition_for
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -160,13 +163,23 @@ def test_a_new_group_coordinator_knows_every_share_partition(
 ) -> None:
     admin = create_topic(cluster, TOPIC, PARTITIONS)
     data_leaders = leaders(admin, TOPIC)
-    layout = share_layout(cluster, admin, data_leaders[0])
-    topic_id, share_coordinator = layout.topic_id, layout.share_coordinator
+    with RawConnection(port_of(cluster[data_leaders[0]]), timeout=30) as conn:
+        topic_id = known_topic_id(conn, TOPIC)
+        assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
+        find_group_coordinator(conn, "probe")  # makes the offsets topic
+    full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
+    full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
+    state_leaders = leaders(admin, SHARE_GROUP_STATE)
+    offsets_leaders = leaders(admin, CONSUMER_OFFSETS)
+
+    def share_coordinator(group: str, partition: int) -> int:
+        key = coordinator_key(ShareKey(group, topic_id, partition))
+        return state_leaders[partition_for(key, STATE_PARTITIONS)]
 
     def plan(group: str) -> tuple[int, dict[int, int]] | None:
         """(the group's coordinator, survivor -> a partition it leads and is the share
         coordinator of), if each survivor has one."""
-        coordinator = layout.coordinator(group)
+        coordinator = offsets_leaders[partition_for(group, OFFSETS_PARTITIONS)]
         own = {}
         for partition, leader in data_leaders.items():
             if leader != coordinator and share_coordinator(group, partition) == leader:
@@ -178,7 +191,7 @@ def test_a_new_group_coordinator_knows_every_share_partition(
     )
     with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
         assert find_group_coordinator(conn, group) == coordinator
-        join(conn, group, "m1", TOPIC)  # assigned the three partitions
+        join_group(conn, group, "m1", TOPIC)  # assigned the three partitions
     for leader, partition in own.items():
         with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
             consume(conn, group, "m1", topic_id, partition, servers(cluster))
@@ -226,13 +239,28 @@ def test_a_deleted_topics_share_state_goes_where_no_replica_was(cluster: Cluster
     [created] = admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[holder]])]).values()
     created.result(timeout=60)
     eventually(lambda: leaders(admin, TOPIC)[0] == holder, f"{TOPIC} led by {holder}")
-    layout = share_layout(cluster, admin, holder)
-    topic_id, roles = layout.topic_id, layout.roles
+    with RawConnection(port_of(cluster[holder]), timeout=30) as conn:
+        topic_id = known_topic_id(conn, TOPIC)
+        assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
+        find_group_coordinator(conn, "probe")  # makes the offsets topic
+    full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
+    full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
+    state_leaders = leaders(admin, SHARE_GROUP_STATE)
+    offsets_leaders = leaders(admin, CONSUMER_OFFSETS)
+
+    def roles(group: str) -> tuple[int, int]:
+        """(the group's coordinator, its share partition's share coordinator)."""
+        key = coordinator_key(ShareKey(group, topic_id, 0))
+        return (
+            offsets_leaders[partition_for(group, OFFSETS_PARTITIONS)],
+            state_leaders[partition_for(key, STATE_PARTITIONS)],
+        )
+
     group = next(g for g in (f"sg-{i}" for i in range(2000)) if holder not in roles(g))
     coordinator, share_coordinator = roles(group)
     with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:
         assert find_group_coordinator(conn, group) == coordinator
-        join(conn, group, "m1", TOPIC)
+        join_group(conn, group, "m1", TOPIC)
     with RawConnection(port_of(cluster[holder]), timeout=30) as conn:
         consume(conn, group, "m1", topic_id, 0, servers(cluster))
     with RawConnection(port_of(cluster[coordinator]), timeout=30) as conn:

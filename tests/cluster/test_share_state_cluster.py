@@ -39,7 +39,6 @@ from tests.cluster.test_cluster_faults import (
     three_brokers,
 )
 from tests.e2e.conftest import RawConnection
-from tests.e2e.test_consumer_protocol import topic_id_of
 from trio_broker.groups.share_coordinator import coordinator_key
 from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareKey
 from trio_broker.protocol import messages as m
@@ -67,6 +66,9 @@ ACCEPT, RELEASE, REJECT = 1, 2, 3
 #: Answers of a partition whose share state cannot be read or written yet: ask again.
 NOT_YET = {ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_LEADER_OR_FOLLOWER,
            ErrorCode.UNKNOWN_TOPIC_ID, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}  # fmt: skip
+
+#: The id a broker answers for a topic it does not know.
+NO_TOPIC_ID = uuid.UUID(int=0)
 
 Cluster = dict[int, ConfiguredBroker]
 
@@ -102,20 +104,65 @@ def fetch(
     ]
 
 
+def known_topic_id(conn: RawConnection, topic: str) -> uuid.UUID:
+    """The topic's id, once the broker's Metadata names it. A broker that has not read a
+    new topic from ZooKeeper yet (the admin client's create and leaders come from other
+    brokers) answers UNKNOWN_TOPIC_OR_PARTITION with the zero id; a share fetch naming
+    the zero id is UNKNOWN_TOPIC_ID at every broker, for good."""
+    found: list[uuid.UUID] = []
+
+    def named() -> bool:
+        answer = conn.request(m.ApiKey.METADATA, 12, m.MetadataRequest(
+            topics=[m.MetadataRequest.MetadataRequestTopic(name=topic)],
+            allow_auto_topic_creation=False))  # fmt: skip
+        [answered] = answer.topics
+        found[:] = [answered.topic_id]
+        return answered.error_code == ErrorCode.NONE and answered.topic_id != NO_TOPIC_ID
+
+    eventually(named, f"the id of {topic} at the broker", 60)
+    return found[0]
+
+
+def join_group(conn: RawConnection, group: str, member: str, topic: str) -> None:
+    """Join with a first ShareGroupHeartbeat, assigned ``topic``. FindCoordinator names the
+    leader of the group's ``__consumer_offsets`` partition as soon as the cluster's view
+    has it, while that broker may still be loading the partition, which answers
+    COORDINATOR_LOAD_IN_PROGRESS meanwhile (as Kafka's; its clients heartbeat again)."""
+
+    def joined() -> bool:
+        answer = conn.request(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, m.ShareGroupHeartbeatRequest(
+            group_id=group, member_id=member, member_epoch=0,
+            subscribed_topic_names=[topic]))  # fmt: skip
+        if answer.error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+            return False
+        assert answer.error_code == ErrorCode.NONE, answer
+        assert answer.assignment is not None and answer.assignment.topic_partitions, answer
+        return True
+
+    eventually(joined, f"{member} joined {group}", 60)
+
+
 def open_session(
     conn: RawConnection, group: str, member: str, topic_id: uuid.UUID
 ) -> list[tuple[int, int, int]]:
     """Open the member's session once the leader could read the share state (the state
     topic is made on first use, and its partitions move after a kill); what the opening
     fetch acquired."""
+    assert topic_id != NO_TOPIC_ID, "a topic id from a broker that did not know the topic"
     acquired: list[tuple[int, int, int]] = []
+    errors: list[int] = []
 
     def opened() -> bool:
         error, acquired[:] = fetch(conn, group, member, topic_id, 0)
+        errors.append(error)
         assert error == ErrorCode.NONE or error in NOT_YET, error
         return error == ErrorCode.NONE
 
-    eventually(opened, f"{member}'s share session at the leader", 90)
+    try:
+        eventually(opened, f"{member}'s share session at the leader", 90)
+    except AssertionError as exc:
+        last = ErrorCode(errors[-1]).name if errors else "no answer"
+        raise AssertionError(f"{exc}; its last answer: {last}") from None
     return acquired
 
 
@@ -143,7 +190,7 @@ def test_acknowledged_records_survive_the_leaders_kill_9(
     admin = create_topic(cluster, TOPIC, 1)
     leader = leaders(admin, TOPIC)[0]
     with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
-        topic_id = topic_id_of(conn, TOPIC)
+        topic_id = known_topic_id(conn, TOPIC)
         # A first share fetch makes __share_group_state (COORDINATOR_NOT_AVAILABLE
         # until its partitions have leaders).
         assert open_session(conn, "probe", "p1", topic_id) == []
@@ -269,7 +316,7 @@ def test_group_configs_set_on_one_broker_hold_on_every_broker(cluster: Cluster) 
     # The leader starts the group's share partition at the log start, not its end:
     # the five records produced before anyone joined are the group's.
     with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
-        topic_id = topic_id_of(conn, TOPIC)
+        topic_id = known_topic_id(conn, TOPIC)
         assert open_session(conn, group, "m1", topic_id) == [(0, 4, 1)]
     # A refusal is Kafka's, whichever broker takes it.
     with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
@@ -287,7 +334,7 @@ def test_librdkafka_share_consumers_across_the_coordinators_kill_9(cluster: Clus
     admin = create_topic(cluster, TOPIC, 1)
     leader = leaders(admin, TOPIC)[0]
     with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
-        topic_id = topic_id_of(conn, TOPIC)
+        topic_id = known_topic_id(conn, TOPIC)
         assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
     full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
     state_leaders = leaders(admin, SHARE_GROUP_STATE)

@@ -122,6 +122,8 @@ class FakeBroker:
     groups: Any = None
     #: No share groups: the group handlers list and delete them beside the others.
     shares: ShareGroups = attrs.field(factory=lambda: ShareGroups(ShareGroupsConfig()))
+    #: The share coordinator, for the tests that delete share groups (else never asked).
+    share_coordinator: Any = None
 
     @property
     def leaders(self) -> Replication:

@@ -15,6 +15,7 @@ import uuid
 import trio
 
 from tests.unit.groups.test_groups_cluster import context, group_in, lead, start
+from trio_broker.groups.share_coordinator import PartitionedShareCoordinator
 from trio_broker.groups.share_records import StoredShareGroup
 from trio_broker.handlers.groups import handle_delete_groups
 from trio_broker.protocol import messages as m
@@ -83,4 +84,38 @@ async def test_resigning_drops_the_share_groups_membership() -> None:
         group = shares.group(mine, broker.now_ms())
         assert group is not None
         assert group.members == {} and group.group_epoch == epoch
+        nursery.cancel_scope.cancel()
+
+
+class OwnsNoStatePartition:
+    """Leadership of no ``__share_group_state`` partition (never asked here)."""
+
+    def partition(self, topic: str, partition: int) -> None:
+        return None
+
+
+async def test_delete_groups_again_after_the_share_state_was_not_deleted() -> None:
+    """A DeleteGroups whose share state deletion failed (a share coordinator moving after
+    a kill: COORDINATOR_NOT_AVAILABLE) dropped the group from memory and kept its
+    records; the Admin client's retry deletes it, where it answered GROUP_ID_NOT_FOUND."""
+    mine = group_in(2, "share")
+    async with trio.open_nursery() as nursery:
+        broker, coordinator = await start(nursery)
+        # A share coordinator leading no __share_group_state partition: the group has no
+        # share state left to delete, its records alone stay.
+        broker.share_coordinator = PartitionedShareCoordinator(1, OwnsNoStatePartition())
+        lead(broker, coordinator, 2, 0, MemoryLog())
+        await coordinator.led[2].loaded.wait()
+        write = coordinator.store_share_group(mine, StoredShareGroup(epoch=3))
+        assert write is not None
+        await coordinator.wait_offsets_durable(write)
+        assert mine not in broker.shares.groups  # as the failed delete left it
+        deleted = await handle_delete_groups(
+            context(broker, m.ApiKey.DELETE_GROUPS, 2),
+            m.DeleteGroupsRequest(groups_names=[mine]),
+        )
+        if not isinstance(deleted, m.DeleteGroupsResponse):
+            deleted = await deleted.finish()
+        assert [(r.group_id, r.error_code) for r in deleted.results] == [(mine, ErrorCode.NONE)]
+        assert coordinator.share_group(mine) is None
         nursery.cancel_scope.cancel()
