@@ -33,13 +33,16 @@ echo "== Maven dependencies (resolved once, before the parallel workers share ~/
 # Maven starts only for a pom whose classpath is not cached or names a missing jar.
 .venv/bin/python -m tests.kafka_tools.classpath </dev/null
 wait "$warm_caches" || true  # a module that fails to import fails below, with its error
-echo "== pytest (${TEST_WORKERS:-3} workers)"
+echo "== pytest (${TEST_WORKERS:-4} workers)"
 # Three workers on the two cores: most end-to-end tests wait on brokers, clients,
 # JVMs and timers. A full run's processes, every one counted, used 1,041 CPU seconds:
 # about half of what two cores give in the 18 minutes two workers took on a quiet
 # machine, so a third worker's tests fill the others' waits. On a busy machine (load
 # 8-10, the cores never idle; two runs one after the other) 3 workers took 1,172 s
-# where 2 had taken 1,438 s, both green. A module's tests stay on one worker
+# where 2 had taken 1,438 s, both green. Four since 2026-11-30: three left the cores a
+# third idle on a quiet machine (1,019 CPU s in 738 s), and a fresh clone of the same
+# head took 11 m 51 s with 4 (pytest 692 s) against 12 m 31 s with 3 (733 s), both
+# green; docs/testing-time.md. A module's tests stay on one worker
 # (loadfile), so module-scoped fixtures (a broker, a Spark session) start once.
 # TEST_WORKERS=0 runs everything in one process.
 # Every run leaves a JUnit report of its per-test seconds outside the repo, so the schedule's
@@ -47,5 +50,5 @@ echo "== pytest (${TEST_WORKERS:-3} workers)"
 # --junitxml of your own, given after, takes its place).
 junit="${XDG_CACHE_HOME:-$HOME/.cache}/trio-broker/junit-last.xml"
 mkdir -p "$(dirname "$junit")"
-.venv/bin/python -m pytest -n "${TEST_WORKERS:-3}" --dist loadfile --durations=30 \
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-4}" --dist loadfile --durations=30 \
   --junitxml="$junit" "$@"
