@@ -23,6 +23,7 @@ from kafka import KafkaConsumer
 
 from tests.e2e.conftest import BrokerProcess
 from tests.e2e.test_clients import create_topic
+from tests.kafka_python_groups import knows_its_topics
 
 TOPIC, PARTITIONS, GROUP = "sessions", 4, "session-readers"
 PER_ROUND = 120
@@ -77,12 +78,12 @@ class Member:
 
     def __init__(self, bootstrap: str, name: str) -> None:
         self.name = name
-        self.consumer = KafkaConsumer(
+        self.consumer = knows_its_topics(KafkaConsumer(
             TOPIC, bootstrap_servers=bootstrap, group_id=GROUP, client_id=name,
             enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=200,
             session_timeout_ms=10_000, heartbeat_interval_ms=1_000,
             reconnect_backoff_max_ms=500, request_timeout_ms=15_000,
-        )  # fmt: skip
+        ))  # fmt: skip
         #: Values read and committed, in order.
         self.read: list[str] = []
         #: How many of ``read`` the thread has finished with (read and committed).

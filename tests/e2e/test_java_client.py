@@ -51,6 +51,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 
 from tests.e2e.conftest import BROKER_EXE, add_scram_user
 from tests.e2e.test_security import SecureBroker
+from tests.kafka_python_groups import knows_its_topics
 from tests.kafka_tools.classpath import maven_env
 from tests.leak_check import kill_tree
 
@@ -225,11 +226,11 @@ class PythonMember:
 
 
 def kafka_python_member(bootstrap: str, topic: str, group: str) -> PythonMember:
-    consumer = KafkaConsumer(
+    consumer = knows_its_topics(KafkaConsumer(
         topic, bootstrap_servers=bootstrap, group_id=group, client_id=PYTHON_CLIENT_IDS[0],
         enable_auto_commit=False, auto_offset_reset="earliest", heartbeat_interval_ms=500,
         session_timeout_ms=10_000, partition_assignment_strategy=[RangePartitionAssignor],
-    )  # fmt: skip
+    ))  # fmt: skip
 
     def poll() -> list[tuple[int, bytes]]:
         batches = consumer.poll(timeout_ms=200)

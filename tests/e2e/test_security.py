@@ -36,6 +36,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError as KafkaPythonError
 
 from tests.e2e.conftest import BrokerProcess, add_scram_user
+from tests.kafka_python_groups import knows_its_topics
 from trio_broker.security.acl import AclBinding, Operation, PatternType, Permission, ResourceType
 from trio_broker.security.acl_store import AclStore
 
@@ -174,8 +175,10 @@ def kafka_python_roundtrip(conf: dict[str, Any], topic: str) -> list[bytes]:
         producer.flush(TIMEOUT_S)
     finally:
         producer.close(5)
-    consumer = KafkaConsumer(topic, group_id=f"g-{topic}", auto_offset_reset="earliest",
-                             consumer_timeout_ms=10_000, **conf)  # fmt: skip
+    consumer = knows_its_topics(KafkaConsumer(
+        topic, group_id=f"g-{topic}", auto_offset_reset="earliest", consumer_timeout_ms=10_000,
+        **conf,
+    ))  # fmt: skip
     got: list[bytes] = []
     try:
         for record in consumer:

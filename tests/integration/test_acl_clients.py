@@ -38,6 +38,7 @@ from kafka.admin import (
 from kafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 
 from tests.integration.raw_client import RawClient
+from tests.kafka_python_groups import knows_its_topics
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -167,10 +168,10 @@ async def test_denied_group_is_group_authorization_failed(broker: Broker, bootst
     grant(broker, RT.GROUP, "forbidden", Operation.ALL, permission=Permission.DENY)
 
     def consume(group: str) -> None:
-        consumer = KafkaConsumer(
+        consumer = knows_its_topics(KafkaConsumer(
             "events", bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
             consumer_timeout_ms=3000, session_timeout_ms=6000, heartbeat_interval_ms=1000,
-        )  # fmt: skip
+        ))  # fmt: skip
         try:
             consumer.poll(timeout_ms=5000)
             consumer.commit()
@@ -224,10 +225,10 @@ async def test_super_user_passes_everything(tmp_path: Path) -> None:
                 producer.send("su-topic", f"v{i}".encode())
             producer.flush(20)
             producer.close(timeout=5)
-            consumer = KafkaConsumer(
+            consumer = knows_its_topics(KafkaConsumer(
                 "su-topic", bootstrap_servers=bootstrap, group_id="su-group",
                 auto_offset_reset="earliest", consumer_timeout_ms=5000,
-            )  # fmt: skip
+            ))  # fmt: skip
             try:
                 values: list[bytes] = []
                 for record in consumer:  # ends after 5 s without records (bounded)

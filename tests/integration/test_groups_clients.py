@@ -24,6 +24,7 @@ import pytest
 import trio
 
 from tests.integration.raw_client import RawClient
+from tests.kafka_python_groups import knows_its_topics
 from trio_broker.config import BrokerConfig
 from trio_broker.groups.coordinator import StableGeneration
 from trio_broker.protocol import messages as m
@@ -163,10 +164,10 @@ def run_kafka_python(bootstrap: str, group: str, consumed: Consumed, stop: threa
     from kafka import KafkaConsumer
     from kafka.errors import KafkaError
 
-    consumer = KafkaConsumer(
+    consumer = knows_its_topics(KafkaConsumer(
         TOPIC, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
         enable_auto_commit=False, heartbeat_interval_ms=500, session_timeout_ms=10_000,
-    )  # fmt: skip
+    ))  # fmt: skip
     try:
         while not stop.is_set():
             batches = consumer.poll(timeout_ms=200)

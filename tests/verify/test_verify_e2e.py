@@ -18,6 +18,7 @@ pytest.importorskip("pyspark", reason="the verify extra (pyspark) is not install
 if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime (java not on PATH)", allow_module_level=True)
 
+from tests.kafka_python_groups import knows_its_topics
 from tests.verify.helpers import (
     CapturingBroker,
     Tcpdump,
@@ -64,13 +65,15 @@ def _produce(bootstrap: str, topic: str, idempotent: bool) -> None:
 def _consume(bootstrap: str, topics: list[str]) -> int:
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(
-        *topics,
-        bootstrap_servers=bootstrap,
-        group_id="verify-group",
-        auto_offset_reset="earliest",
-        enable_auto_commit=True,
-        auto_commit_interval_ms=500,
+    consumer = knows_its_topics(
+        KafkaConsumer(
+            *topics,
+            bootstrap_servers=bootstrap,
+            group_id="verify-group",
+            auto_offset_reset="earliest",
+            enable_auto_commit=True,
+            auto_commit_interval_ms=500,
+        )
     )
     seen = 0
     deadline = time.monotonic() + CONSUME_TIMEOUT_S
