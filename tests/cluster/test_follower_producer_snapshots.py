@@ -5,8 +5,8 @@ brokers 1 and 2 (broker 1 leads) whose segments hold one batch each. An idempote
 producer writes five batches; other batches roll more segments; DeleteRecords moves the
 log start past the producer's batches on both replicas (it answers once the follower's
 log start moved too). The follower is killed with -9 (no clean-shutdown snapshot),
-restarted, and elected when the leader stops: a retry of the producer's last batch is a
-duplicate, answered with its original offset, because the follower's own snapshot at a
+restarted, caught up again, and elected when the leader stops: a retry of the
+producer's last batch is a duplicate, answered with its original offset, because the follower's own snapshot at a
 roll after those batches still holds the producer (Kafka's follower rolls through the
 same UnifiedLog.roll, which snapshots).
 
@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kazoo.client import KazooClient
 
 from tests.cluster.test_cluster_e2e import eventually, every_broker_lists, partitions
 from tests.cluster.test_cluster_faults import CONFIG, Cluster, servers, three_brokers
+from trio_broker.cluster.zk_layout import PartitionState, partition_state_path
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
@@ -36,6 +38,8 @@ LEADER, FOLLOWER = 1, 2
 PRODUCED = 5  # the idempotent producer's batches, offsets 0-4
 FILLER = 5  # producer-less batches after them, offsets 5-9
 DELETE_BELOW = 8
+#: A producer-less batch written after the follower's restart (offset 10).
+MARKER = b"written after the follower's restart"
 #: A broker that has not yet begun the term Metadata already names.
 NOT_YET = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE)
 
@@ -66,8 +70,43 @@ def snapshots(cluster: Cluster, broker: int) -> list[int]:
     return sorted(int(p.name.split(".")[0]) for p in directory.glob("*.snapshot"))
 
 
+def stored_isr(zookeeper: str) -> tuple[int, ...]:
+    """The partition's ISR as ZooKeeper holds it: what the controller elects from."""
+    zk = KazooClient(hosts=zookeeper)
+    zk.start(timeout=30)
+    try:
+        raw, _ = zk.get(partition_state_path(TOPIC, 0))
+    finally:
+        zk.stop()
+        zk.close()
+    return tuple(sorted(PartitionState.decode(raw).isr))
+
+
+def follower_caught_up(cluster: Cluster, zookeeper: str) -> None:
+    """Wait until the restarted follower fetches at the leader's log end and ZooKeeper
+    holds it in the ISR, so that the controller elects it when the leader stops.
+
+    Metadata's ISR is not enough: it may still be the one from before the kill -9 while
+    the leader, which has not heard from the follower for replica.lag.time.max.ms (3 s),
+    drops it. A restart first waits for its previous run's ZooKeeper session (4 s) to
+    expire, so it races that drop: in ci24 the restarted follower registered after 3.6 s,
+    the leader had stored ISR [1] at 3.3 s, the check had passed on the old [1, 2], and
+    the controller found no leader in ISR [1] when the leader stopped. A batch written
+    after the restart shows the new run fetching: once its log holds the batch it holds
+    everything before it, and its next fetch at the log end keeps it in the ISR (or takes
+    it back in) for as long as it keeps fetching."""
+    with cluster[LEADER].connect() as conn:
+        answer = conn.produce(TOPIC, build_batch([(None, MARKER)]), acks=1)
+    assert (answer.error_code, answer.base_offset) == (0, PRODUCED + FILLER), answer
+    directory = cluster[FOLLOWER].data_dir / f"{TOPIC}-0"
+    eventually(lambda: any(MARKER in log.read_bytes() for log in directory.glob("*.log")),
+               "the restarted follower holds a batch written after its restart")  # fmt: skip
+    eventually(lambda: stored_isr(zookeeper) == (LEADER, FOLLOWER),
+               "ZooKeeper holds the caught-up follower in the ISR")  # fmt: skip
+
+
 def test_a_promoted_follower_still_deduplicates_after_retention_and_kill_9(
-    cluster: Cluster,
+    cluster: Cluster, zookeeper: str
 ) -> None:
     admin = AdminClient({"bootstrap.servers": servers(cluster)})
     every_broker_lists(cluster)
@@ -113,10 +152,7 @@ def test_a_promoted_follower_still_deduplicates_after_retention_and_kill_9(
 
     cluster[FOLLOWER].kill9()
     cluster[FOLLOWER].start()
-    eventually(
-        lambda: partitions(admin, TOPIC).get(0, (-1, [], []))[2] == [1, 2],
-        "the follower back in the ISR",
-    )
+    follower_caught_up(cluster, zookeeper)
     assert cluster[LEADER].stop() == 0
     admin = AdminClient({"bootstrap.servers": servers(cluster)})
     eventually(lambda: partitions(admin, TOPIC).get(0, (-1, [], []))[0] == FOLLOWER,
@@ -132,4 +168,4 @@ def test_a_promoted_follower_still_deduplicates_after_retention_and_kill_9(
 
     eventually(retried, "the retry answered by the new leader")
     with cluster[FOLLOWER].connect() as conn:
-        assert conn.end_offset(TOPIC) == PRODUCED + FILLER  # nothing appended again
+        assert conn.end_offset(TOPIC) == PRODUCED + FILLER + 1  # nothing appended again
