@@ -20,7 +20,7 @@ tests/integration/test_groups_clients.py (issue 30), about one join in twelve wi
 
 The broker answers as Kafka does (the topic, with every partition and its leader);
 Kafka's default ``group.initial.rebalance.delay.ms`` of 3 s merely hides the race for a
-new group, and the tests set it to 0. A user of kafka-python avoids the rejoin by asking
+group without members, and the tests set it to 0. A user of kafka-python avoids the rejoin by asking
 for the topic's partitions before the first poll: the answer goes through the same
 metadata update that sets the coordinator's snapshot, so the first assignment already
 covers every partition and no metadata-driven rejoin follows.
