@@ -47,8 +47,6 @@ import attrs
 import trio
 
 from trio_broker.groups.offsets_store import (
-    SHARE_GROUP_METADATA_KEY_VERSION,
-    SHARE_GROUP_PARTITIONS_KEY_VERSION,
     ConsumerGroupSnapshot,
     Entry,
     GroupMetadata,
@@ -215,11 +213,12 @@ class GroupCoordinator:
         #: group -> the snapshot last written for it (unchanged groups are not rewritten).
         self._stored_snapshots: dict[str, bytes] = {}
         #: Share groups (KIP-932) of the led partitions as their records in the offsets
-        #: log say (groups/share_records.py): their epoch and initialized share
-        #: partitions. Their membership is ``broker.shares``' (groups/share.py).
+        #: log say (groups/share_records.py): their epoch, initialized share
+        #: partitions and members as last written. Their live membership is
+        #: ``broker.shares``' (groups/share.py).
         self.share_groups: dict[str, StoredShareGroup] = {}
         #: Called with a led partition's share groups once its table is loaded (the
-        #: broker brings them back, empty, into ``shares``).
+        #: broker brings them back, with their stored members, into ``shares``).
         self.on_share_groups_loaded: Callable[[Mapping[str, StoredShareGroup]], None] | None
         self.on_share_groups_loaded = None
         #: Called with a partition this broker stopped leading, after its groups went
@@ -552,10 +551,7 @@ class GroupCoordinator:
         loaded: dict[str, StoredShareGroup] = {}
         for group_id in store.share_group_ids():
             try:
-                stored = decode_group(
-                    store.share_group_record(group_id, SHARE_GROUP_METADATA_KEY_VERSION),
-                    store.share_group_record(group_id, SHARE_GROUP_PARTITIONS_KEY_VERSION),
-                )
+                stored = decode_group(store.share_group_records(group_id))
             except (ValueError, UnicodeDecodeError) as exc:
                 log.warning("not restoring share group %r: %s", group_id, exc)
                 continue
@@ -576,7 +572,9 @@ class GroupCoordinator:
         known = self.share_groups.get(group_id)
         if stored == known:
             return None
-        write = self.append_offsets(records_of(group_id, stored))
+        # Only the records that changed (a member's heartbeat: its current assignment),
+        # and the tombstones of those gone (a member that left, a deleted group).
+        write = self.append_offsets(records_of(group_id, stored, known))
         if stored is None:
             self.share_groups.pop(group_id, None)
         else:

@@ -19,6 +19,7 @@ from typing import TypedDict
 
 import attrs
 
+from trio_broker.groups.share_records import StoredShareGroup
 from trio_broker.groups.share_state import ShareKey, ShareSnapshot, restore
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_group import (
@@ -102,6 +103,27 @@ class ShareGroups:
             group = self.groups[group_id]
             if not group.members:
                 group.group_epoch = max(group.group_epoch, epochs.get(group_id, 0))
+
+    def restore_members(self, stored: Mapping[str, StoredShareGroup], now_ms: int) -> None:
+        """The groups' members as their coordinator's records say, in the groups that
+        have none here (this broker just took the groups over, or restarted): at their
+        stored epochs and assignments, the group at its stored epoch, target and
+        metadata, so that a member heartbeating with the epoch it holds goes on without
+        rejoining. Their sessions start afresh (Kafka's rule at a load)."""
+        for group_id, group_stored in stored.items():
+            group = self.groups.get(group_id)
+            if group is None or group.members or not group_stored.members:
+                continue
+            group.group_epoch = group_stored.epoch
+            group.metadata = dict(group_stored.metadata)
+            deadline_ms = now_ms + group.session_timeout_ms
+            group.members = {
+                member_id: member.restored(member_id, deadline_ms)
+                for member_id, member in group_stored.members.items()
+            }
+            group.target = {
+                member_id: member.target for member_id, member in group_stored.members.items()
+            }
 
     def restore(self, snapshots: Mapping[ShareKey, ShareSnapshot]) -> None:
         """Share partitions as stored, by (group, topic id, partition): nothing acquired.

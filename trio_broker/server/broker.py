@@ -339,9 +339,11 @@ class Broker:
 
     def _recall_stored_share_groups(self, stored: Mapping[str, StoredShareGroup]) -> None:
         """This broker coordinates the groups of a ``__consumer_offsets`` partition now
-        (it restarted, or took the partition over): its share groups come back empty
-        at their stored epochs (their members rejoin)."""
+        (it restarted, or took the partition over): its share groups come back at their
+        stored epochs, with their stored members (who go on with the epochs they hold;
+        their sessions start afresh)."""
         self.shares.recall_groups(stored, {g: s.epoch for g, s in stored.items()})
+        self.shares.restore_members(stored, self.now_ms())
         self._sweep_deleted_share_topics()  # deleted while another broker coordinated them
 
     def _unload_share_groups(self, partition: int) -> None:
