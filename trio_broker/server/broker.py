@@ -48,10 +48,12 @@ from trio_broker.handlers.share_persist import (
     deleted_topics_of_groups,
     forget_topic,
 )
+from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.security.authorize import Authorizer
 from trio_broker.security.credentials import CredentialStore
 from trio_broker.security.decoy import decoy_secret
 from trio_broker.security.listeners import Listener, resolve_listeners
+from trio_broker.server.backoff import retry_with_backoff
 from trio_broker.server.connection import Connection
 from trio_broker.server.fetch_waits import FetchWaits
 from trio_broker.server.flusher import Flusher
@@ -94,6 +96,10 @@ log = logging.getLogger("trio_broker")
 
 #: How long a graceful shutdown waits for in-flight requests before cancelling.
 DRAIN_TIMEOUT_S = 10.0
+#: A failed deletion of a deleted topic's share state is tried again after this long
+#: (s), doubled after each further failure up to the maximum.
+SHARE_SWEEP_RETRY_S = 1.0
+SHARE_SWEEP_RETRY_MAX_S = 60.0
 #: Back-off when accept() fails for lack of file descriptors (EMFILE).
 ACCEPT_BACKOFF_S = 0.1
 
@@ -329,7 +335,8 @@ class Broker:
 
     def _recall_share_groups(self, table: ShareCoordinatorTable) -> None:
         """A share coordinator's table is loaded: the groups with state in it for topics
-        that exist come back empty (their members rejoin; membership is not stored), so
+        that exist come back empty (their members come from the group coordinator's
+        records, if this broker coordinates them: ``_recall_stored_share_groups``), so
         that a node alone restarted lists and describes them, and its admin APIs find
         them. Their share partitions are read when first used (handlers/share_persist.py)."""
         topic_ids = {topic.topic_id for topic in self.topics.topics.values()}
@@ -365,7 +372,8 @@ class Broker:
         share state goes at every share coordinator holding it, in the background, one
         task per group at a time (handlers/share_persist.py; as Kafka's group coordinator
         sends DeleteShareGroupState when a topic is deleted). Called when the cluster's
-        topics change, a topic held here is deleted, and a group's records are loaded."""
+        topics change, a topic held here is deleted, and a group's records are loaded;
+        a group's failed deletion is tried again by its task, on a timer with backoff."""
         if self.root_nursery is None:
             return
         for group_id, topic_ids in deleted_topics_of_groups(self).items():
@@ -374,10 +382,25 @@ class Broker:
                 self.root_nursery.start_soon(self._delete_deleted_share_topics, group_id, topic_ids)
 
     async def _delete_deleted_share_topics(self, group_id: str, topic_ids: set[uuid.UUID]) -> None:
+        """Until it is done: a failure (a share coordinator moving, a peer down) is tried
+        again on a timer with backoff, not only at the next change of the cluster's
+        topics, which may never come. Each try takes what is left then: nothing once
+        the group is deleted, coordinated elsewhere or rid of the topics."""
+        tries = 0
+
+        async def attempt() -> bool:
+            nonlocal tries
+            tries += 1
+            left = topic_ids if tries == 1 else deleted_topics_of_groups(self).get(group_id)
+            if not left:
+                return True
+            return await delete_deleted_topics_state(self, group_id, left) is ErrorCode.NONE
+
         try:
-            await delete_deleted_topics_state(self, group_id, topic_ids)
-        except Exception:  # a background task: never the root nursery's end
-            log.exception("deleting the share state of deleted topics of group %r", group_id)
+            await retry_with_backoff(
+                attempt, first_s=SHARE_SWEEP_RETRY_S, max_s=SHARE_SWEEP_RETRY_MAX_S,
+                what=f"deleting the share state of deleted topics of group {group_id!r}",
+            )  # fmt: skip
         finally:
             self._deleting_share_topics.discard(group_id)
 
