@@ -94,7 +94,8 @@ class ShareGroups:
 
     def recall_groups(self, group_ids: Iterable[str], epochs: Mapping[str, int] = {}) -> None:
         """Groups with stored share state, or stored by their group coordinator: those
-        not known come back empty (members rejoin), as ShareGroupDescribe and ListGroups
+        not known come back empty (their stored members, if any, are brought back by
+        :meth:`restore_members`), as ShareGroupDescribe and ListGroups
         show them, at their stored group epoch (``epochs``) if not below the known one,
         so a member's next join raises the epoch past any it was given before."""
         for group_id in group_ids:
@@ -127,7 +128,8 @@ class ShareGroups:
 
     def restore(self, snapshots: Mapping[ShareKey, ShareSnapshot]) -> None:
         """Share partitions as stored, by (group, topic id, partition): nothing acquired.
-        Their groups come back empty (members rejoin), as ShareGroupDescribe shows them."""
+        Their groups come back empty (the group coordinator brings back their members),
+        as ShareGroupDescribe shows them."""
         for key, snapshot in snapshots.items():
             group_id = key.group_id
             self.partitions[group_id, key.topic_id, key.partition] = restore(
