@@ -54,11 +54,18 @@ from trio_broker.groups.offsets_store import (
     OffsetKey,
     OffsetsStore,
     PendingWrite,
+    ShareGroupRecord,
     StoreRecord,
     TxnOffset,
     group_of,
 )
-from trio_broker.groups.share_records import StoredShareGroup, decode_group, records_of
+from trio_broker.groups.share_records import (
+    RecordKey,
+    StoredShareGroup,
+    decode_group,
+    record_values,
+    records_of,
+)
 from trio_broker.partition.append import Appended, Replication
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
@@ -217,6 +224,9 @@ class GroupCoordinator:
         #: partitions and members as last written. Their live membership is
         #: ``broker.shares``' (groups/share.py).
         self.share_groups: dict[str, StoredShareGroup] = {}
+        #: Group -> keys of its stored records the load could not read (a member's
+        #: damaged record): tombstoned with the group's next write, so they do not stay.
+        self._unread_share_records: dict[str, set[RecordKey]] = {}
         #: Called with a led partition's share groups once its table is loaded (the
         #: broker brings them back, with their stored members, into ``shares``).
         self.on_share_groups_loaded: Callable[[Mapping[str, StoredShareGroup]], None] | None
@@ -390,6 +400,7 @@ class GroupCoordinator:
             self._stored_snapshots.pop(group_id, None)
         for group_id in [g for g in self.share_groups if self.partition_of(g) == partition]:
             del self.share_groups[group_id]
+            self._unread_share_records.pop(group_id, None)
         if self.on_partition_resigned is not None:
             self.on_partition_resigned(partition)
         self._poke()
@@ -557,6 +568,9 @@ class GroupCoordinator:
                 continue
             if stored is not None:
                 loaded[group_id] = self.share_groups[group_id] = stored
+                unread = store.share_group_records(group_id).keys() - record_values(stored).keys()
+                if unread:
+                    self._unread_share_records[group_id] = set(unread)
         return loaded
 
     def share_group(self, group_id: str) -> StoredShareGroup | None:
@@ -574,7 +588,11 @@ class GroupCoordinator:
             return None
         # Only the records that changed (a member's heartbeat: its current assignment),
         # and the tombstones of those gone (a member that left, a deleted group).
-        write = self.append_offsets(records_of(group_id, stored, known))
+        records = records_of(group_id, stored, known)
+        written = {(r.key_version, r.member_id) for r in records}
+        unread = self._unread_share_records.pop(group_id, set()) - written
+        records += [ShareGroupRecord(v, group_id, None, member) for v, member in sorted(unread)]
+        write = self.append_offsets(records)
         if stored is None:
             self.share_groups.pop(group_id, None)
         else:

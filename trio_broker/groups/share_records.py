@@ -370,8 +370,9 @@ def decode_target_metadata(buf: bytes) -> dict[str, int]:
 
 def decode_group(values: Mapping[RecordKey, bytes]) -> StoredShareGroup | None:
     """The group as its stored records' values say (None: neither of its own two is
-    stored); raises ValueError for a value this broker cannot read (a newer layout,
-    damage)."""
+    stored); raises ValueError for a value of the group's own this broker cannot read
+    (a newer layout, damage). A member whose records cannot be read is left out: it
+    rejoins, the others go on."""
     metadata = values.get((SHARE_GROUP_METADATA_KEY_VERSION, ""))
     partitions = values.get((SHARE_GROUP_PARTITIONS_KEY_VERSION, ""))
     if metadata is None and partitions is None:
@@ -387,17 +388,20 @@ def decode_group(values: Mapping[RecordKey, bytes]) -> StoredShareGroup | None:
             initialized, deleting = decode_partitions(partitions)
         target_metadata = values.get((SHARE_GROUP_TARGET_METADATA_KEY_VERSION, ""))
         topics = {} if target_metadata is None else decode_target_metadata(target_metadata)
-        members = {}
-        for (version, member_id), value in values.items():
-            if version != SHARE_GROUP_MEMBER_KEY_VERSION:
-                continue
+    except struct.error as exc:
+        raise ValueError(f"share group record: {exc}") from exc
+    members = {}
+    for (version, member_id), value in values.items():
+        if version != SHARE_GROUP_MEMBER_KEY_VERSION:
+            continue
+        try:
             member = decode_member(
                 value,
                 values.get((SHARE_GROUP_TARGET_MEMBER_KEY_VERSION, member_id)),
                 values.get((SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION, member_id)),
             )
-            if member is not None:
-                members[member_id] = member
-    except struct.error as exc:
-        raise ValueError(f"share group record: {exc}") from exc
+        except (ValueError, UnicodeDecodeError, struct.error):
+            member = None  # unreadable (a newer layout, damage): this member rejoins
+        if member is not None:
+            members[member_id] = member
     return StoredShareGroup(epoch, initialized, deleting, topics, members)

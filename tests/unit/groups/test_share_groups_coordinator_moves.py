@@ -14,15 +14,21 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 
+import attrs
 import trio
 
 from tests.unit.groups.test_groups_cluster import context, group_in, lead, start
+from trio_broker.groups.offsets_store import (
+    SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION,
+    OffsetsStore,
+    ShareGroupRecord,
+)
 from trio_broker.groups.share_coordinator import PartitionedShareCoordinator
-from trio_broker.groups.share_records import StoredShareGroup
+from trio_broker.groups.share_records import StoredShareGroup, records_of
 from trio_broker.handlers.groups import handle_delete_groups
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.state.share_group import ShareHeartbeat, ShareHeartbeatResult
+from trio_broker.state.share_group import ShareGroup, ShareHeartbeat, ShareHeartbeatResult
 from trio_broker.storage.memory import MemoryLog
 
 
@@ -152,6 +158,32 @@ async def test_a_member_goes_on_with_its_epoch_after_the_group_is_loaded_again()
         group = shares.groups[mine]
         assert set(group.members) == {"m2"}
         assert group.members["m2"].member_epoch == second.member_epoch
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_members_unreadable_records_are_tombstoned_with_the_groups_next_write() -> None:
+    """A member whose records the load cannot read is left out (it rejoins), and the
+    group's next write tombstones those records, so they do not stay in the log."""
+    mine = group_in(2, "share")
+    group = ShareGroup(mine)
+    for member in ("m1", "m2"):
+        group.heartbeat(ShareHeartbeat(member, 0, None, ("t",)), {"t": 2}, 0)
+    previous = OffsetsStore(MemoryLog(), 2)
+    damaged = ShareGroupRecord(SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION, mine, b"\0\1", "m2")
+    records = [*records_of(mine, StoredShareGroup().with_membership(group)), damaged]
+    previous.apply(previous.append(records, 0))
+    async with trio.open_nursery() as nursery:
+        broker, coordinator = await start(nursery)
+        lead(broker, coordinator, 2, 0, previous.log)
+        await coordinator.led[2].loaded.wait()
+        known = coordinator.share_group(mine)
+        assert known is not None and set(known.members) == {"m1"}
+        write = coordinator.store_share_group(mine, attrs.evolve(known, epoch=known.epoch + 1))
+        assert write is not None
+        await coordinator.wait_offsets_durable(write)
+        store = coordinator.led[2].store
+        assert store is not None
+        assert {m for _, m in store.share_group_records(mine)} == {"", "m1"}
         nursery.cancel_scope.cancel()
 
 

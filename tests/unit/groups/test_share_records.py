@@ -22,6 +22,7 @@ from trio_broker.groups.offsets_store import (
     OffsetAndMetadata,
     OffsetKey,
     OffsetsStore,
+    ShareGroupRecord,
     decode_record,
     encode_record,
 )
@@ -202,3 +203,13 @@ def test_a_member_without_a_current_assignment_is_not_restored() -> None:
     ]
     back = stored("g", replayed(values))
     assert back is not None and back.members == {} and back.epoch == group.group_epoch
+
+
+def test_a_member_with_a_damaged_record_is_left_out_and_the_others_stay() -> None:
+    group = ShareGroup("g")
+    heartbeat(group, "m1", 0)
+    heartbeat(group, "m2", 0)
+    values = [encode_record(r) for r in records_of("g", StoredShareGroup().with_membership(group))]
+    damaged = [ShareGroupRecord(SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION, "g", b"\0\1\0", "m2")]
+    back = stored("g", replayed(values, [encode_record(r) for r in damaged]))
+    assert back is not None and set(back.members) == {"m1"}
