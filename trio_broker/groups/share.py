@@ -267,6 +267,17 @@ class ShareGroups:
                 self._member_gone(group_id, member_id)
         return group
 
+    def expire_members(self, now_ms: int) -> list[str]:
+        """Remove every group's members whose session ran out (what the group's next
+        use does lazily); the groups that lost one."""
+        expired = []
+        for group_id, group in list(self.groups.items()):
+            count = len(group.members)
+            self.group(group_id, now_ms)
+            if len(group.members) != count:
+                expired.append(group_id)
+        return expired
+
     def heartbeat(
         self,
         group_id: str,

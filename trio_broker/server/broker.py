@@ -49,6 +49,7 @@ from trio_broker.handlers.share_persist import (
     forget_topic,
 )
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
 from trio_broker.security.authorize import Authorizer
 from trio_broker.security.credentials import CredentialStore
 from trio_broker.security.decoy import decoy_secret
@@ -100,6 +101,9 @@ DRAIN_TIMEOUT_S = 10.0
 #: (s), doubled after each further failure up to the maximum.
 SHARE_SWEEP_RETRY_S = 1.0
 SHARE_SWEEP_RETRY_MAX_S = 60.0
+#: How often (s) the share groups coordinated here are looked at for members whose
+#: session ran out, whose records are then tombstoned.
+SHARE_EXPIRY_CHECK_S = 1.0
 #: Back-off when accept() fails for lack of file descriptors (EMFILE).
 ACCEPT_BACKOFF_S = 0.1
 
@@ -452,6 +456,7 @@ class Broker:
                     self.root_nursery = root
                     self.flusher.background = root
                     root.start_soon(self._retention_loop, name="retention")
+                    root.start_soon(self._share_expiry_loop, name="share-expiry")
                     if self.config.log_cleaner_enable:
                         root.start_soon(self.log_cleaner.run, name="log-cleaner")
                     for service in self.services:
@@ -685,6 +690,32 @@ class Broker:
             if SHARE_GROUP_STATE not in self.topics.topics:  # alone: the coordinator's own
                 logs.append(share_table.log)
         return logs
+
+    async def _share_expiry_loop(self) -> None:
+        """Members of the share groups coordinated here whose session ran out go, and
+        their records' tombstones are written (Kafka's coordinator has a timer per
+        member), so that a coordinator loading the group later does not bring them back;
+        a heartbeat or describe in between would expire them too (groups/share.py), but
+        only a heartbeat writes. A failed write leaves the records (logged), and a load
+        brings those members back for one more session timeout."""
+        while True:
+            await trio.sleep(SHARE_EXPIRY_CHECK_S)
+            self.shares.expire_members(self.now_ms())
+            # Every group whose stored members include one gone from memory: expired
+            # now, or earlier by a describe (which writes nothing).
+            for group_id, group in list(self.shares.groups.items()):
+                known = self.groups.share_group(group_id)
+                if known is None or not known.members.keys() - group.members.keys():
+                    continue
+                if self.groups.coordinator_error(group_id) is not ErrorCode.NONE:
+                    continue  # a data partition's leader's copy, or moving
+                try:
+                    write = self.groups.store_share_group(group_id, known.with_membership(group))
+                    if write is not None:
+                        await self.groups.wait_offsets_durable(write)
+                except KafkaError as exc:
+                    log.warning("share group %r: expired members not tombstoned: %s",
+                                group_id, exc)  # fmt: skip
 
     async def _retention_loop(self) -> None:
         interval = self.config.retention_check_interval_ms / 1000
