@@ -310,7 +310,8 @@ def encode_record(record: StoreRecord) -> tuple[bytes, bytes | None]:
         out = bytearray(_I16.pack(record.key_version))
         _put_str(out, record.group_id, _I16)
         if record.key_version in SHARE_GROUP_MEMBER_KEY_VERSIONS:
-            _put_str(out, record.member_id, _I16)
+            # 32 bits: a member id is the client's, of any length (a compact string).
+            _put_str(out, record.member_id, _I32)
         return bytes(out), record.value
     if isinstance(record, ConsumerGroupSnapshot):
         out = bytearray(_I16.pack(CONSUMER_GROUP_KEY_VERSION))
@@ -369,7 +370,7 @@ def decode_record(key: bytes, value: bytes | None) -> StoreRecord:
         group_id, pos = _get_str(key, 2, _I16)
         member_id = ""
         if version in SHARE_GROUP_MEMBER_KEY_VERSIONS:
-            member_id, _ = _get_str(key, pos, _I16)
+            member_id, _ = _get_str(key, pos, _I32)
         value = None if value is None else bytes(value)
         return ShareGroupRecord(version, group_id, value, member_id)
     raise ValueError(f"unknown offset key version {version}")

@@ -161,6 +161,22 @@ def _get_str(buf: bytes, pos: int) -> tuple[str, int]:
     return buf[pos : pos + length].decode(), pos + length
 
 
+def _put_text(out: bytearray, text: str) -> None:
+    """A string of the membership records: a 32-bit length, as a client's member and
+    rack ids (compact strings on the wire) may pass 32 KiB; Kafka refuses no length."""
+    raw = text.encode()
+    out += _I32.pack(len(raw))
+    out += raw
+
+
+def _get_text(buf: bytes, pos: int) -> tuple[str, int]:
+    (length,) = _I32.unpack_from(buf, pos)
+    pos += _I32.size
+    if length < 0 or pos + length > len(buf):
+        raise ValueError("string runs past the record")
+    return buf[pos : pos + length].decode(), pos + length
+
+
 def _get_count(buf: bytes, pos: int) -> tuple[int, int]:
     (count,) = _I32.unpack_from(buf, pos)
     if count < 0 or count > len(buf):
@@ -211,14 +227,14 @@ def _put_strings(out: bytearray, texts: Iterable[str]) -> None:
     texts = list(texts)
     out += _I32.pack(len(texts))
     for text in texts:
-        _put_str(out, text)
+        _put_text(out, text)
 
 
 def _get_strings(buf: bytes, pos: int) -> tuple[tuple[str, ...], int]:
     count, pos = _get_count(buf, pos)
     texts = []
     for _ in range(count):
-        text, pos = _get_str(buf, pos)
+        text, pos = _get_text(buf, pos)
         texts.append(text)
     return tuple(texts), pos
 
@@ -226,7 +242,7 @@ def _get_strings(buf: bytes, pos: int) -> tuple[tuple[str, ...], int]:
 def _put_assignment(out: bytearray, assignment: Assignment) -> None:
     out += _I32.pack(len(assignment))
     for topic, partition in sorted(assignment):
-        _put_str(out, topic)
+        _put_text(out, topic)
         out += _I32.pack(partition)
 
 
@@ -234,7 +250,7 @@ def _get_assignment(buf: bytes, pos: int) -> tuple[Assignment, int]:
     count, pos = _get_count(buf, pos)
     got = []
     for _ in range(count):
-        topic, pos = _get_str(buf, pos)
+        topic, pos = _get_text(buf, pos)
         (partition,) = _I32.unpack_from(buf, pos)
         got.append((topic, partition))
         pos += _I32.size
@@ -252,11 +268,11 @@ def encode_member(member: StoredMember) -> bytes:
     """ShareGroupMemberMetadata's value: rack (-1 for none), client id and host, topics."""
     out = bytearray(_I16.pack(MEMBER_VALUE_VERSION))
     if member.rack_id is None:
-        out += _I16.pack(-1)
+        out += _I32.pack(-1)
     else:
-        _put_str(out, member.rack_id)
-    _put_str(out, member.client_id)
-    _put_str(out, member.client_host)
+        _put_text(out, member.rack_id)
+    _put_text(out, member.client_id)
+    _put_text(out, member.client_host)
     _put_strings(out, member.subscribed)
     return bytes(out)
 
@@ -266,7 +282,7 @@ def encode_target_metadata(stored: StoredShareGroup) -> bytes:
     out += _I32.pack(stored.epoch)
     out += _I32.pack(len(stored.metadata))
     for topic, count in sorted(stored.metadata.items()):
-        _put_str(out, topic)
+        _put_text(out, topic)
         out += _I32.pack(count)
     return bytes(out)
 
@@ -335,14 +351,14 @@ def decode_member(
     if current is None:
         return None
     pos = _check_version(member, MEMBER_VALUE_VERSION, "member")
-    (rack_length,) = _I16.unpack_from(member, pos)
+    (rack_length,) = _I32.unpack_from(member, pos)
     rack_id = None
     if rack_length == -1:
-        pos += _I16.size
+        pos += _I32.size
     else:
-        rack_id, pos = _get_str(member, pos)
-    client_id, pos = _get_str(member, pos)
-    client_host, pos = _get_str(member, pos)
+        rack_id, pos = _get_text(member, pos)
+    client_id, pos = _get_text(member, pos)
+    client_host, pos = _get_text(member, pos)
     subscribed, _ = _get_strings(member, pos)
     pos = _check_version(current, CURRENT_MEMBER_VALUE_VERSION, "current assignment")
     member_epoch, previous_epoch = struct.unpack_from(">ii", current, pos)
@@ -362,7 +378,7 @@ def decode_target_metadata(buf: bytes) -> dict[str, int]:
     count, pos = _get_count(buf, pos + _I32.size)  # the epoch: the group's
     metadata = {}
     for _ in range(count):
-        topic, pos = _get_str(buf, pos)
+        topic, pos = _get_text(buf, pos)
         (metadata[topic],) = _I32.unpack_from(buf, pos)
         pos += _I32.size
     return metadata

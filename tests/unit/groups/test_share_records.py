@@ -213,3 +213,15 @@ def test_a_member_with_a_damaged_record_is_left_out_and_the_others_stay() -> Non
     damaged = [ShareGroupRecord(SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION, "g", b"\0\1\0", "m2")]
     back = stored("g", replayed(values, [encode_record(r) for r in damaged]))
     assert back is not None and set(back.members) == {"m1"}
+
+
+def test_a_member_and_rack_id_past_32_kib_round_trip() -> None:
+    """A client's member and rack ids are compact strings, of any length (Kafka refuses
+    none): the membership records take them (a 16-bit length could not)."""
+    long_id, long_rack = "m" * 40_000, "r" * 40_000
+    group = ShareGroup("g")
+    result = group.heartbeat(ShareHeartbeat(long_id, 0, long_rack, ("t",)), {"t": 1}, 0)
+    assert result.error is ErrorCode.NONE
+    now = StoredShareGroup().with_membership(group)
+    back = stored("g", replayed([encode_record(r) for r in records_of("g", now)]))
+    assert back == now and back.members[long_id].rack_id == long_rack
