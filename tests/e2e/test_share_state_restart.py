@@ -3,7 +3,8 @@
 Against a real broker process with a data dir, over raw requests: a member acquires ten
 records and settles some of them (accepted, rejected, released) while others stay
 acquired; then the broker is killed with SIGKILL (or stopped cleanly) and started again on
-the same data dir. The member rejoins and fetches: the acknowledged and rejected records
+the same data dir. The member, back from its group's records, heartbeats with the epoch
+it holds and fetches in a new share session: the acknowledged and rejected records
 never come back, the released and the still-acquired ones do with their delivery count
 kept (locks are not durable), and a second group that joined but never fetched still
 starts where it joined, not at the log end after the restart.
@@ -89,11 +90,15 @@ def test_share_state_survives_a_restart(broker_process: BrokerProcess, how: str)
     with broker_process.connect() as conn:
         described = conn.request(m.ApiKey.SHARE_GROUP_DESCRIBE, 1, m.ShareGroupDescribeRequest(
             group_ids=[group], include_authorized_operations=False)).groups  # fmt: skip
-        assert described[0].error_code == ErrorCode.NONE and described[0].group_state == "Empty"
-        join(conn, group, "m2", topic)
+        # The member is back from the group's records, at the epoch it was given: it
+        # goes on heartbeating with it, no rejoin (its share session is gone).
+        assert described[0].error_code == ErrorCode.NONE and described[0].group_state == "Stable"
+        [member] = described[0].members
+        assert member.member_id == "m1" and member.member_epoch == described[0].group_epoch
+        assert heartbeat(conn, group, "m1", member.member_epoch, topic) == member.member_epoch
         # Released 5 and the lost locks of 6, 7, 9 come back, each on its second delivery;
         # 0-4 (below the start offset) and 8 (accepted) do not.
-        assert acquire(conn, group, "m2", topic_id) == [(5, 7, 2), (9, 9, 2)]
+        assert acquire(conn, group, "m1", topic_id) == [(5, 7, 2), (9, 9, 2)]
         # The idle group kept its start offset: the records produced after it joined.
         join(conn, idle, "i1", topic)
         assert acquire(conn, idle, "i1", topic_id) == [(0, 9, 1)]

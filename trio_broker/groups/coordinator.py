@@ -47,8 +47,6 @@ import attrs
 import trio
 
 from trio_broker.groups.offsets_store import (
-    SHARE_GROUP_METADATA_KEY_VERSION,
-    SHARE_GROUP_PARTITIONS_KEY_VERSION,
     ConsumerGroupSnapshot,
     Entry,
     GroupMetadata,
@@ -56,11 +54,18 @@ from trio_broker.groups.offsets_store import (
     OffsetKey,
     OffsetsStore,
     PendingWrite,
+    ShareGroupRecord,
     StoreRecord,
     TxnOffset,
     group_of,
 )
-from trio_broker.groups.share_records import StoredShareGroup, decode_group, records_of
+from trio_broker.groups.share_records import (
+    RecordKey,
+    StoredShareGroup,
+    decode_group,
+    record_values,
+    records_of,
+)
 from trio_broker.partition.append import Appended, Replication
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
@@ -215,11 +220,15 @@ class GroupCoordinator:
         #: group -> the snapshot last written for it (unchanged groups are not rewritten).
         self._stored_snapshots: dict[str, bytes] = {}
         #: Share groups (KIP-932) of the led partitions as their records in the offsets
-        #: log say (groups/share_records.py): their epoch and initialized share
-        #: partitions. Their membership is ``broker.shares``' (groups/share.py).
+        #: log say (groups/share_records.py): their epoch, initialized share
+        #: partitions and members as last written. Their live membership is
+        #: ``broker.shares``' (groups/share.py).
         self.share_groups: dict[str, StoredShareGroup] = {}
+        #: Group -> keys of its stored records the load could not read (a member's
+        #: damaged record): tombstoned with the group's next write, so they do not stay.
+        self._unread_share_records: dict[str, set[RecordKey]] = {}
         #: Called with a led partition's share groups once its table is loaded (the
-        #: broker brings them back, empty, into ``shares``).
+        #: broker brings them back, with their stored members, into ``shares``).
         self.on_share_groups_loaded: Callable[[Mapping[str, StoredShareGroup]], None] | None
         self.on_share_groups_loaded = None
         #: Called with a partition this broker stopped leading, after its groups went
@@ -391,6 +400,7 @@ class GroupCoordinator:
             self._stored_snapshots.pop(group_id, None)
         for group_id in [g for g in self.share_groups if self.partition_of(g) == partition]:
             del self.share_groups[group_id]
+            self._unread_share_records.pop(group_id, None)
         if self.on_partition_resigned is not None:
             self.on_partition_resigned(partition)
         self._poke()
@@ -552,15 +562,15 @@ class GroupCoordinator:
         loaded: dict[str, StoredShareGroup] = {}
         for group_id in store.share_group_ids():
             try:
-                stored = decode_group(
-                    store.share_group_record(group_id, SHARE_GROUP_METADATA_KEY_VERSION),
-                    store.share_group_record(group_id, SHARE_GROUP_PARTITIONS_KEY_VERSION),
-                )
+                stored = decode_group(store.share_group_records(group_id))
             except (ValueError, UnicodeDecodeError) as exc:
                 log.warning("not restoring share group %r: %s", group_id, exc)
                 continue
             if stored is not None:
                 loaded[group_id] = self.share_groups[group_id] = stored
+                unread = store.share_group_records(group_id).keys() - record_values(stored).keys()
+                if unread:
+                    self._unread_share_records[group_id] = set(unread)
         return loaded
 
     def share_group(self, group_id: str) -> StoredShareGroup | None:
@@ -576,7 +586,13 @@ class GroupCoordinator:
         known = self.share_groups.get(group_id)
         if stored == known:
             return None
-        write = self.append_offsets(records_of(group_id, stored))
+        # Only the records that changed (a member's heartbeat: its current assignment),
+        # and the tombstones of those gone (a member that left, a deleted group).
+        records = records_of(group_id, stored, known)
+        written = {(r.key_version, r.member_id) for r in records}
+        unread = self._unread_share_records.pop(group_id, set()) - written
+        records += [ShareGroupRecord(v, group_id, None, member) for v, member in sorted(unread)]
+        write = self.append_offsets(records)
         if stored is None:
             self.share_groups.pop(group_id, None)
         else:

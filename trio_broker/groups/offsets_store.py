@@ -60,7 +60,25 @@ CONSUMER_GROUP_KEY_VERSION = 5
 #: ShareGroupStatePartitionMetadata (groups/share_records.py encodes their values).
 SHARE_GROUP_METADATA_KEY_VERSION = 6
 SHARE_GROUP_PARTITIONS_KEY_VERSION = 7
-SHARE_GROUP_KEY_VERSIONS = (SHARE_GROUP_METADATA_KEY_VERSION, SHARE_GROUP_PARTITIONS_KEY_VERSION)
+#: And of its membership, keyed by the group and a member (Kafka's ShareGroupMemberMetadata,
+#: ShareGroupTargetAssignmentMember and ShareGroupCurrentMemberAssignment), and of its
+#: target assignment's metadata, keyed by the group (ShareGroupTargetAssignmentMetadata).
+SHARE_GROUP_MEMBER_KEY_VERSION = 8
+SHARE_GROUP_TARGET_METADATA_KEY_VERSION = 9
+SHARE_GROUP_TARGET_MEMBER_KEY_VERSION = 10
+SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION = 11
+#: The share group's records keyed by a member too.
+SHARE_GROUP_MEMBER_KEY_VERSIONS = (
+    SHARE_GROUP_MEMBER_KEY_VERSION,
+    SHARE_GROUP_TARGET_MEMBER_KEY_VERSION,
+    SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION,
+)
+SHARE_GROUP_KEY_VERSIONS = (
+    SHARE_GROUP_METADATA_KEY_VERSION,
+    SHARE_GROUP_PARTITIONS_KEY_VERSION,
+    SHARE_GROUP_TARGET_METADATA_KEY_VERSION,
+    *SHARE_GROUP_MEMBER_KEY_VERSIONS,
+)
 VALUE_VERSION = 1
 #: The broker of a store used on its own (a tool, a test): a cluster of one of no
 #: broker in particular, whose write keeps its batch's epoch.
@@ -136,12 +154,14 @@ class ConsumerGroupSnapshot:
 @attrs.frozen
 class ShareGroupRecord:
     """One of a share group's records, keyed by the group and ``key_version`` (which
-    of Kafka's records it is); ``value`` None is its tombstone. The store keeps the
-    latest of each and leaves the values to the group coordinator."""
+    of Kafka's records it is), and by ``member_id`` for a member's records (empty for
+    the group's own); ``value`` None is its tombstone. The store keeps the latest of
+    each and leaves the values to the group coordinator."""
 
     key_version: int
     group_id: str
     value: bytes | None
+    member_id: str = ""
 
 
 #: One record of the offsets log.
@@ -289,6 +309,9 @@ def encode_record(record: StoreRecord) -> tuple[bytes, bytes | None]:
     if isinstance(record, ShareGroupRecord):
         out = bytearray(_I16.pack(record.key_version))
         _put_str(out, record.group_id, _I16)
+        if record.key_version in SHARE_GROUP_MEMBER_KEY_VERSIONS:
+            # 32 bits: a member id is the client's, of any length (a compact string).
+            _put_str(out, record.member_id, _I32)
         return bytes(out), record.value
     if isinstance(record, ConsumerGroupSnapshot):
         out = bytearray(_I16.pack(CONSUMER_GROUP_KEY_VERSION))
@@ -344,8 +367,12 @@ def decode_record(key: bytes, value: bytes | None) -> StoreRecord:
         group_id, _ = _get_str(key, 2, _I16)
         return ConsumerGroupSnapshot(group_id, None if value is None else bytes(value))
     if version in SHARE_GROUP_KEY_VERSIONS:
-        group_id, _ = _get_str(key, 2, _I16)
-        return ShareGroupRecord(version, group_id, None if value is None else bytes(value))
+        group_id, pos = _get_str(key, 2, _I16)
+        member_id = ""
+        if version in SHARE_GROUP_MEMBER_KEY_VERSIONS:
+            member_id, _ = _get_str(key, pos, _I32)
+        value = None if value is None else bytes(value)
+        return ShareGroupRecord(version, group_id, value, member_id)
     raise ValueError(f"unknown offset key version {version}")
 
 
@@ -407,10 +434,10 @@ class OffsetsStore:
         #: KIP-848 groups: group -> its latest snapshot, and the log offset it came from.
         self._snapshots: dict[str, bytes] = {}
         self._snapshots_at: dict[str, int] = {}
-        #: Share groups: (group, key version) -> its latest record's value, and the log
-        #: offset it came from.
-        self._share_records: dict[tuple[str, int], bytes] = {}
-        self._share_records_at: dict[tuple[str, int], int] = {}
+        #: Share groups: group -> (key version, member id) -> its latest record's value,
+        #: and the log offset of the latest record or tombstone of each key.
+        self._share_records: dict[str, dict[tuple[int, str], bytes]] = {}
+        self._share_records_at: dict[tuple[str, int, str], int] = {}
 
     @classmethod
     def open(cls, data_dir: Path | None, config: LogConfig) -> OffsetsStore:
@@ -521,14 +548,17 @@ class OffsetsStore:
             self._set(record, staged_at)  # the end's rewrite: dated like its original
             return
         if isinstance(record, ShareGroupRecord):
-            key = (record.group_id, record.key_version)
-            if self._share_records_at.get(key, -1) > log_offset:
+            at = (record.group_id, record.key_version, record.member_id)
+            if self._share_records_at.get(at, -1) > log_offset:
                 return
-            self._share_records_at[key] = log_offset
+            self._share_records_at[at] = log_offset
+            kept = self._share_records.setdefault(record.group_id, {})
             if record.value is None:
-                self._share_records.pop(key, None)
+                kept.pop((record.key_version, record.member_id), None)
+                if not kept:
+                    del self._share_records[record.group_id]
             else:
-                self._share_records[key] = record.value
+                kept[record.key_version, record.member_id] = record.value
             return
         if isinstance(record, ConsumerGroupSnapshot):
             if self._snapshots_at.get(record.group_id, -1) > log_offset:
@@ -666,11 +696,17 @@ class OffsetsStore:
 
     def share_group_ids(self) -> set[str]:
         """Share groups with a stored record."""
-        return {group_id for group_id, _ in self._share_records}
+        return set(self._share_records)
 
-    def share_group_record(self, group_id: str, key_version: int) -> bytes | None:
-        """The value of the share group's latest record of that kind (None: none)."""
-        return self._share_records.get((group_id, key_version))
+    def share_group_record(
+        self, group_id: str, key_version: int, member_id: str = ""
+    ) -> bytes | None:
+        """The value of the share group's latest record of that key (None: none)."""
+        return self._share_records.get(group_id, {}).get((key_version, member_id))
+
+    def share_group_records(self, group_id: str) -> Mapping[tuple[int, str], bytes]:
+        """The share group's stored records: (key version, member id) -> value."""
+        return self._share_records.get(group_id, {})
 
     def consumer_group_snapshot(self, group_id: str) -> bytes | None:
         """The KIP-848 group's stored snapshot (None: none, or removed)."""

@@ -19,6 +19,7 @@ from typing import TypedDict
 
 import attrs
 
+from trio_broker.groups.share_records import StoredShareGroup
 from trio_broker.groups.share_state import ShareKey, ShareSnapshot, restore
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_group import (
@@ -93,7 +94,8 @@ class ShareGroups:
 
     def recall_groups(self, group_ids: Iterable[str], epochs: Mapping[str, int] = {}) -> None:
         """Groups with stored share state, or stored by their group coordinator: those
-        not known come back empty (members rejoin), as ShareGroupDescribe and ListGroups
+        not known come back empty (their stored members, if any, are brought back by
+        :meth:`restore_members`), as ShareGroupDescribe and ListGroups
         show them, at their stored group epoch (``epochs``) if not below the known one,
         so a member's next join raises the epoch past any it was given before."""
         for group_id in group_ids:
@@ -103,9 +105,31 @@ class ShareGroups:
             if not group.members:
                 group.group_epoch = max(group.group_epoch, epochs.get(group_id, 0))
 
+    def restore_members(self, stored: Mapping[str, StoredShareGroup], now_ms: int) -> None:
+        """The groups' members as their coordinator's records say, in the groups that
+        have none here (this broker just took the groups over, or restarted): at their
+        stored epochs and assignments, the group at its stored epoch, target and
+        metadata, so that a member heartbeating with the epoch it holds goes on without
+        rejoining. Their sessions start afresh (Kafka's rule at a load)."""
+        for group_id, group_stored in stored.items():
+            group = self.groups.get(group_id)
+            if group is None or group.members or not group_stored.members:
+                continue
+            group.group_epoch = group_stored.epoch
+            group.metadata = dict(group_stored.metadata)
+            deadline_ms = now_ms + group.session_timeout_ms
+            group.members = {
+                member_id: member.restored(member_id, deadline_ms)
+                for member_id, member in group_stored.members.items()
+            }
+            group.target = {
+                member_id: member.target for member_id, member in group_stored.members.items()
+            }
+
     def restore(self, snapshots: Mapping[ShareKey, ShareSnapshot]) -> None:
         """Share partitions as stored, by (group, topic id, partition): nothing acquired.
-        Their groups come back empty (members rejoin), as ShareGroupDescribe shows them."""
+        Their groups come back empty (the group coordinator brings back their members),
+        as ShareGroupDescribe shows them."""
         for key, snapshot in snapshots.items():
             group_id = key.group_id
             self.partitions[group_id, key.topic_id, key.partition] = restore(
@@ -242,6 +266,17 @@ class ShareGroups:
             for member_id in group.expire(now_ms):
                 self._member_gone(group_id, member_id)
         return group
+
+    def expire_members(self, now_ms: int) -> list[str]:
+        """Remove every group's members whose session ran out (what the group's next
+        use does lazily); the groups that lost one."""
+        expired = []
+        for group_id, group in list(self.groups.items()):
+            count = len(group.members)
+            self.group(group_id, now_ms)
+            if len(group.members) != count:
+                expired.append(group_id)
+        return expired
 
     def heartbeat(
         self,

@@ -3,11 +3,14 @@
 Kafka's group coordinator writes a share group as several records keyed by the group:
 ShareGroupMetadata (the group epoch), ShareGroupStatePartitionMetadata (the topics
 whose share partitions were initialized, are being initialized, or are being deleted),
-and one record per member and per target assignment. This coordinator keeps the first
-two, in our own binary layout (versioned like the offsets log's other values): what it
-needs to find every share partition a group has after it restarts or moves to another
-broker (describe without topics, DeleteGroups, a topic's deletion). Members are not
-stored: they rejoin, as docs/share-groups.md says. No I/O, no Trio.
+ShareGroupTargetAssignmentMetadata (the target's epoch), and per member its
+ShareGroupMemberMetadata (subscriptions, client), ShareGroupTargetAssignmentMember (its
+target) and ShareGroupCurrentMemberAssignment (its epochs and what it was told). This
+coordinator writes the same records, in our own binary layout (versioned like the
+offsets log's other values), and only those whose value changed: after it restarts or
+the group moves to another broker, the group's share partitions are found (describe
+without topics, DeleteGroups, a topic's deletion) and its members go on heartbeating
+with the epochs they hold, as docs/share-groups.md says. No I/O, no Trio.
 """
 
 from __future__ import annotations
@@ -19,13 +22,25 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from trio_broker.groups.offsets_store import (
+    SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION,
+    SHARE_GROUP_MEMBER_KEY_VERSION,
     SHARE_GROUP_METADATA_KEY_VERSION,
     SHARE_GROUP_PARTITIONS_KEY_VERSION,
+    SHARE_GROUP_TARGET_MEMBER_KEY_VERSION,
+    SHARE_GROUP_TARGET_METADATA_KEY_VERSION,
     ShareGroupRecord,
 )
+from trio_broker.state.share_group import Assignment, ShareGroup, ShareMember
 
 METADATA_VALUE_VERSION = 1
 PARTITIONS_VALUE_VERSION = 1
+MEMBER_VALUE_VERSION = 1
+TARGET_METADATA_VALUE_VERSION = 1
+TARGET_MEMBER_VALUE_VERSION = 1
+CURRENT_MEMBER_VALUE_VERSION = 1
+
+#: A stored record's key within its group: (key version, member id, "" for the group's).
+RecordKey = tuple[int, str]
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -39,6 +54,36 @@ class StoredTopic:
 
     name: str
     partitions: frozenset[int] = frozenset()
+
+
+@attrs.frozen
+class StoredMember:
+    """A member as its three records say: ShareGroupMemberMetadata (``rack_id`` ..
+    ``subscribed``), ShareGroupCurrentMemberAssignment (its epochs and ``assignment``,
+    what it was last told) and ShareGroupTargetAssignmentMember (``target``)."""
+
+    rack_id: str | None
+    client_id: str
+    client_host: str
+    subscribed: tuple[str, ...]
+    member_epoch: int
+    previous_epoch: int
+    assignment: Assignment
+    target: Assignment = frozenset()
+
+    @classmethod
+    def of(cls, member: ShareMember, target: Assignment) -> StoredMember:
+        return cls(
+            member.rack_id, member.client_id, member.client_host, member.subscribed,
+            member.member_epoch, member.previous_epoch, member.assignment, target,
+        )  # fmt: skip
+
+    def restored(self, member_id: str, deadline_ms: int) -> ShareMember:
+        """The member in memory again, its session running until ``deadline_ms``."""
+        return ShareMember(
+            member_id, self.member_epoch, self.rack_id, self.client_id, self.client_host,
+            self.subscribed, self.assignment, deadline_ms, self.previous_epoch,
+        )  # fmt: skip
 
 
 @attrs.frozen
@@ -56,6 +101,22 @@ class StoredShareGroup:
     #: topic in ``initialized`` until its share state is deleted everywhere (its id,
     #: naming no topic, is what marks it), so it writes none of its own.
     deleting: Mapping[uuid.UUID, str] = attrs.field(factory=dict)
+    #: The topics' partition counts the target assignment was computed from (at
+    #: ``epoch``; Kafka keeps a hash of them in ShareGroupMetadata): the same counts
+    #: after a load are no reason for a new epoch.
+    metadata: Mapping[str, int] = attrs.field(factory=dict)
+    #: Member id -> the member, as stored.
+    members: Mapping[str, StoredMember] = attrs.field(factory=dict)
+
+    def with_membership(self, group: ShareGroup) -> StoredShareGroup:
+        """Its epoch, target and members as ``group`` has them now."""
+        members = {
+            member_id: StoredMember.of(member, group.target.get(member_id, frozenset()))
+            for member_id, member in group.members.items()
+        }
+        return attrs.evolve(
+            self, epoch=group.group_epoch, metadata=dict(group.metadata), members=members
+        )
 
     def partitions(self) -> set[tuple[uuid.UUID, int]]:
         """(topic id, partition) of every share partition initialized."""
@@ -95,6 +156,22 @@ def _put_str(out: bytearray, text: str) -> None:
 def _get_str(buf: bytes, pos: int) -> tuple[str, int]:
     (length,) = _I16.unpack_from(buf, pos)
     pos += _I16.size
+    if length < 0 or pos + length > len(buf):
+        raise ValueError("string runs past the record")
+    return buf[pos : pos + length].decode(), pos + length
+
+
+def _put_text(out: bytearray, text: str) -> None:
+    """A string of the membership records: a 32-bit length, as a client's member and
+    rack ids (compact strings on the wire) may pass 32 KiB; Kafka refuses no length."""
+    raw = text.encode()
+    out += _I32.pack(len(raw))
+    out += raw
+
+
+def _get_text(buf: bytes, pos: int) -> tuple[str, int]:
+    (length,) = _I32.unpack_from(buf, pos)
+    pos += _I32.size
     if length < 0 or pos + length > len(buf):
         raise ValueError("string runs past the record")
     return buf[pos : pos + length].decode(), pos + length
@@ -146,36 +223,201 @@ def decode_partitions(
     return initialized, deleting
 
 
-def records_of(group_id: str, stored: StoredShareGroup | None) -> list[ShareGroupRecord]:
-    """The group's two records (their tombstones for None: the group is deleted)."""
-    if stored is None:
-        return [
-            ShareGroupRecord(SHARE_GROUP_METADATA_KEY_VERSION, group_id, None),
-            ShareGroupRecord(SHARE_GROUP_PARTITIONS_KEY_VERSION, group_id, None),
-        ]
-    return [
-        ShareGroupRecord(
-            SHARE_GROUP_METADATA_KEY_VERSION, group_id,
-            _METADATA.pack(METADATA_VALUE_VERSION, stored.epoch),
+def _put_strings(out: bytearray, texts: Iterable[str]) -> None:
+    texts = list(texts)
+    out += _I32.pack(len(texts))
+    for text in texts:
+        _put_text(out, text)
+
+
+def _get_strings(buf: bytes, pos: int) -> tuple[tuple[str, ...], int]:
+    count, pos = _get_count(buf, pos)
+    texts = []
+    for _ in range(count):
+        text, pos = _get_text(buf, pos)
+        texts.append(text)
+    return tuple(texts), pos
+
+
+def _put_assignment(out: bytearray, assignment: Assignment) -> None:
+    out += _I32.pack(len(assignment))
+    for topic, partition in sorted(assignment):
+        _put_text(out, topic)
+        out += _I32.pack(partition)
+
+
+def _get_assignment(buf: bytes, pos: int) -> tuple[Assignment, int]:
+    count, pos = _get_count(buf, pos)
+    got = []
+    for _ in range(count):
+        topic, pos = _get_text(buf, pos)
+        (partition,) = _I32.unpack_from(buf, pos)
+        got.append((topic, partition))
+        pos += _I32.size
+    return frozenset(got), pos
+
+
+def _check_version(buf: bytes, expected: int, what: str) -> int:
+    (version,) = _I16.unpack_from(buf, 0)
+    if version != expected:
+        raise ValueError(f"unknown share group {what} value version {version}")
+    return _I16.size
+
+
+def encode_member(member: StoredMember) -> bytes:
+    """ShareGroupMemberMetadata's value: rack (-1 for none), client id and host, topics."""
+    out = bytearray(_I16.pack(MEMBER_VALUE_VERSION))
+    if member.rack_id is None:
+        out += _I32.pack(-1)
+    else:
+        _put_text(out, member.rack_id)
+    _put_text(out, member.client_id)
+    _put_text(out, member.client_host)
+    _put_strings(out, member.subscribed)
+    return bytes(out)
+
+
+def encode_target_metadata(stored: StoredShareGroup) -> bytes:
+    out = bytearray(_I16.pack(TARGET_METADATA_VALUE_VERSION))
+    out += _I32.pack(stored.epoch)
+    out += _I32.pack(len(stored.metadata))
+    for topic, count in sorted(stored.metadata.items()):
+        _put_text(out, topic)
+        out += _I32.pack(count)
+    return bytes(out)
+
+
+def encode_target_member(member: StoredMember) -> bytes:
+    out = bytearray(_I16.pack(TARGET_MEMBER_VALUE_VERSION))
+    _put_assignment(out, member.target)
+    return bytes(out)
+
+
+def encode_current_member(member: StoredMember) -> bytes:
+    out = bytearray(_I16.pack(CURRENT_MEMBER_VALUE_VERSION))
+    out += _I32.pack(member.member_epoch)
+    out += _I32.pack(member.previous_epoch)
+    _put_assignment(out, member.assignment)
+    return bytes(out)
+
+
+def record_values(stored: StoredShareGroup) -> dict[RecordKey, bytes]:
+    """Every record the group has, by key: the group's own, then its members'."""
+    values = {
+        (SHARE_GROUP_METADATA_KEY_VERSION, ""): _METADATA.pack(
+            METADATA_VALUE_VERSION, stored.epoch
         ),
-        ShareGroupRecord(SHARE_GROUP_PARTITIONS_KEY_VERSION, group_id, encode_partitions(stored)),
-    ]  # fmt: skip
+        (SHARE_GROUP_PARTITIONS_KEY_VERSION, ""): encode_partitions(stored),
+    }
+    if stored.members or stored.metadata:
+        values[SHARE_GROUP_TARGET_METADATA_KEY_VERSION, ""] = encode_target_metadata(stored)
+    for member_id, member in sorted(stored.members.items()):
+        values[SHARE_GROUP_MEMBER_KEY_VERSION, member_id] = encode_member(member)
+        values[SHARE_GROUP_TARGET_MEMBER_KEY_VERSION, member_id] = encode_target_member(member)
+        values[SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION, member_id] = encode_current_member(member)
+    return values
 
 
-def decode_group(metadata: bytes | None, partitions: bytes | None) -> StoredShareGroup | None:
-    """The group as its stored records' values say (None: neither is stored); raises
-    ValueError for a value this broker cannot read (a newer layout, damage)."""
+def records_of(
+    group_id: str, stored: StoredShareGroup | None, before: StoredShareGroup | None = None
+) -> list[ShareGroupRecord]:
+    """The records that take the group from ``before`` (None: nothing stored) to
+    ``stored`` (None: deleted): those whose value changed, and the tombstones of those
+    gone (a member that left, every record of a deleted group; a deleted group's two
+    own records are always among them)."""
+    old = {} if before is None else record_values(before)
+    if stored is None:
+        gone = {(SHARE_GROUP_METADATA_KEY_VERSION, ""), (SHARE_GROUP_PARTITIONS_KEY_VERSION, "")}
+        return [
+            ShareGroupRecord(version, group_id, None, member_id)
+            for version, member_id in sorted(gone | old.keys())
+        ]
+    new = record_values(stored)
+    return [
+        ShareGroupRecord(version, group_id, value, member_id)
+        for (version, member_id), value in new.items()
+        if old.get((version, member_id)) != value
+    ] + [
+        ShareGroupRecord(version, group_id, None, member_id)
+        for version, member_id in sorted(old.keys() - new.keys())
+    ]
+
+
+def decode_member(
+    member: bytes, target: bytes | None, current: bytes | None
+) -> StoredMember | None:
+    """A member from its records' values (None: no current assignment is stored, so
+    there is no epoch to go on from: the member rejoins)."""
+    if current is None:
+        return None
+    pos = _check_version(member, MEMBER_VALUE_VERSION, "member")
+    (rack_length,) = _I32.unpack_from(member, pos)
+    rack_id = None
+    if rack_length == -1:
+        pos += _I32.size
+    else:
+        rack_id, pos = _get_text(member, pos)
+    client_id, pos = _get_text(member, pos)
+    client_host, pos = _get_text(member, pos)
+    subscribed, _ = _get_strings(member, pos)
+    pos = _check_version(current, CURRENT_MEMBER_VALUE_VERSION, "current assignment")
+    member_epoch, previous_epoch = struct.unpack_from(">ii", current, pos)
+    assignment, _ = _get_assignment(current, pos + 8)
+    goal: Assignment = frozenset()
+    if target is not None:
+        pos = _check_version(target, TARGET_MEMBER_VALUE_VERSION, "target assignment")
+        goal, _ = _get_assignment(target, pos)
+    return StoredMember(
+        rack_id, client_id, client_host, subscribed, member_epoch, previous_epoch,
+        assignment, goal,
+    )  # fmt: skip
+
+
+def decode_target_metadata(buf: bytes) -> dict[str, int]:
+    pos = _check_version(buf, TARGET_METADATA_VALUE_VERSION, "target metadata")
+    count, pos = _get_count(buf, pos + _I32.size)  # the epoch: the group's
+    metadata = {}
+    for _ in range(count):
+        topic, pos = _get_text(buf, pos)
+        (metadata[topic],) = _I32.unpack_from(buf, pos)
+        pos += _I32.size
+    return metadata
+
+
+def decode_group(values: Mapping[RecordKey, bytes]) -> StoredShareGroup | None:
+    """The group as its stored records' values say (None: neither of its own two is
+    stored); raises ValueError for a value of the group's own this broker cannot read
+    (a newer layout, damage). A member whose records cannot be read is left out: it
+    rejoins, the others go on."""
+    metadata = values.get((SHARE_GROUP_METADATA_KEY_VERSION, ""))
+    partitions = values.get((SHARE_GROUP_PARTITIONS_KEY_VERSION, ""))
     if metadata is None and partitions is None:
         return None
     try:
         epoch = 0
         if metadata is not None:
-            version, epoch = _METADATA.unpack_from(metadata, 0)
-            if version != METADATA_VALUE_VERSION:
-                raise ValueError(f"unknown share group metadata value version {version}")
-        if partitions is None:
-            return StoredShareGroup(epoch)
-        initialized, deleting = decode_partitions(partitions)
+            pos = _check_version(metadata, METADATA_VALUE_VERSION, "metadata")
+            (epoch,) = _I32.unpack_from(metadata, pos)
+        initialized: dict[uuid.UUID, StoredTopic] = {}
+        deleting: dict[uuid.UUID, str] = {}
+        if partitions is not None:
+            initialized, deleting = decode_partitions(partitions)
+        target_metadata = values.get((SHARE_GROUP_TARGET_METADATA_KEY_VERSION, ""))
+        topics = {} if target_metadata is None else decode_target_metadata(target_metadata)
     except struct.error as exc:
         raise ValueError(f"share group record: {exc}") from exc
-    return StoredShareGroup(epoch, initialized, deleting)
+    members = {}
+    for (version, member_id), value in values.items():
+        if version != SHARE_GROUP_MEMBER_KEY_VERSION:
+            continue
+        try:
+            member = decode_member(
+                value,
+                values.get((SHARE_GROUP_TARGET_MEMBER_KEY_VERSION, member_id)),
+                values.get((SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION, member_id)),
+            )
+        except (ValueError, UnicodeDecodeError, struct.error):
+            member = None  # unreadable (a newer layout, damage): this member rejoins
+        if member is not None:
+            members[member_id] = member
+    return StoredShareGroup(epoch, initialized, deleting, topics, members)

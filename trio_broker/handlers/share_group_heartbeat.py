@@ -99,10 +99,12 @@ async def handle_share_group_heartbeat(
 
 
 async def store_group(ctx: RequestContext, group_id: str) -> ErrorCode:
-    """Write the group's epoch and initialized share partitions to ``__consumer_offsets``
-    when they changed (groups/share_records.py), and wait until that counts, as Kafka's
-    coordinator answers a heartbeat once its records are committed: a coordinator that
-    restarts or takes the group over then knows every share partition the group has.
+    """Write the group's records to ``__consumer_offsets`` that changed (its epoch,
+    initialized share partitions, target and members: groups/share_records.py), and
+    wait until they count, as Kafka's coordinator answers a heartbeat once its records
+    are committed: a coordinator that restarts or takes the group over then knows every
+    share partition the group has, and every member with the epoch it was answered.
+    A member gone (left, or its session expired) has its records' tombstones written.
     A group gone from memory (no members, no share partitions) goes from there too,
     unless it has share partitions stored (a coordinator that took the group over holds
     none of them in memory): it stays, empty."""
@@ -117,9 +119,10 @@ async def store_group(ctx: RequestContext, group_id: str) -> ErrorCode:
         # The cluster's topics (the coordinator may hold no replica of them).
         view = ctx.services.leaders.view
         named = [(t, p, view.topic_by_id(t)) for t, p, _ in shares.partitions_of(group_id)]
-        new = (known or StoredShareGroup()).with_partitions(
-            ((t, info.name, p) for t, p, info in named if info is not None),
-            epoch=group.group_epoch,
+        new = (
+            (known or StoredShareGroup())
+            .with_partitions((t, info.name, p) for t, p, info in named if info is not None)
+            .with_membership(group)
         )
     try:
         write = groups.store_share_group(group_id, new)

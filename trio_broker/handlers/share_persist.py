@@ -353,8 +353,9 @@ async def delete_deleted_topics_state(
     """DeleteShareGroupState for the group's share partitions of the deleted topics, at
     whichever brokers coordinate them (a broker holding share state of a topic it has no
     replica of is told only so), then the group's records without the topics: NONE once
-    both count. On an error the records keep the topics, and the next look (a change of
-    the topics, a load of the group) deletes them again."""
+    both count. On an error the records keep the topics, and the broker tries again
+    (server/broker.py: on a timer with backoff, and at the next change of the topics or
+    load of the group)."""
     groups = services.groups
     stored = groups.share_group(group_id)
     if stored is None:

@@ -48,10 +48,13 @@ from trio_broker.handlers.share_persist import (
     deleted_topics_of_groups,
     forget_topic,
 )
+from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.errors import KafkaError
 from trio_broker.security.authorize import Authorizer
 from trio_broker.security.credentials import CredentialStore
 from trio_broker.security.decoy import decoy_secret
 from trio_broker.security.listeners import Listener, resolve_listeners
+from trio_broker.server.backoff import retry_with_backoff
 from trio_broker.server.connection import Connection
 from trio_broker.server.fetch_waits import FetchWaits
 from trio_broker.server.flusher import Flusher
@@ -94,6 +97,13 @@ log = logging.getLogger("trio_broker")
 
 #: How long a graceful shutdown waits for in-flight requests before cancelling.
 DRAIN_TIMEOUT_S = 10.0
+#: A failed deletion of a deleted topic's share state is tried again after this long
+#: (s), doubled after each further failure up to the maximum.
+SHARE_SWEEP_RETRY_S = 1.0
+SHARE_SWEEP_RETRY_MAX_S = 60.0
+#: How often (s) the share groups coordinated here are looked at for members whose
+#: session ran out, whose records are then tombstoned.
+SHARE_EXPIRY_CHECK_S = 1.0
 #: Back-off when accept() fails for lack of file descriptors (EMFILE).
 ACCEPT_BACKOFF_S = 0.1
 
@@ -329,7 +339,8 @@ class Broker:
 
     def _recall_share_groups(self, table: ShareCoordinatorTable) -> None:
         """A share coordinator's table is loaded: the groups with state in it for topics
-        that exist come back empty (their members rejoin; membership is not stored), so
+        that exist come back empty (their members come from the group coordinator's
+        records, if this broker coordinates them: ``_recall_stored_share_groups``), so
         that a node alone restarted lists and describes them, and its admin APIs find
         them. Their share partitions are read when first used (handlers/share_persist.py)."""
         topic_ids = {topic.topic_id for topic in self.topics.topics.values()}
@@ -339,9 +350,11 @@ class Broker:
 
     def _recall_stored_share_groups(self, stored: Mapping[str, StoredShareGroup]) -> None:
         """This broker coordinates the groups of a ``__consumer_offsets`` partition now
-        (it restarted, or took the partition over): its share groups come back empty
-        at their stored epochs (their members rejoin)."""
+        (it restarted, or took the partition over): its share groups come back at their
+        stored epochs, with their stored members (who go on with the epochs they hold;
+        their sessions start afresh)."""
         self.shares.recall_groups(stored, {g: s.epoch for g, s in stored.items()})
+        self.shares.restore_members(stored, self.now_ms())
         self._sweep_deleted_share_topics()  # deleted while another broker coordinated them
 
     def _unload_share_groups(self, partition: int) -> None:
@@ -363,7 +376,8 @@ class Broker:
         share state goes at every share coordinator holding it, in the background, one
         task per group at a time (handlers/share_persist.py; as Kafka's group coordinator
         sends DeleteShareGroupState when a topic is deleted). Called when the cluster's
-        topics change, a topic held here is deleted, and a group's records are loaded."""
+        topics change, a topic held here is deleted, and a group's records are loaded;
+        a group's failed deletion is tried again by its task, on a timer with backoff."""
         if self.root_nursery is None:
             return
         for group_id, topic_ids in deleted_topics_of_groups(self).items():
@@ -372,10 +386,25 @@ class Broker:
                 self.root_nursery.start_soon(self._delete_deleted_share_topics, group_id, topic_ids)
 
     async def _delete_deleted_share_topics(self, group_id: str, topic_ids: set[uuid.UUID]) -> None:
+        """Until it is done: a failure (a share coordinator moving, a peer down) is tried
+        again on a timer with backoff, not only at the next change of the cluster's
+        topics, which may never come. Each try takes what is left then: nothing once
+        the group is deleted, coordinated elsewhere or rid of the topics."""
+        tries = 0
+
+        async def attempt() -> bool:
+            nonlocal tries
+            tries += 1
+            left = topic_ids if tries == 1 else deleted_topics_of_groups(self).get(group_id)
+            if not left:
+                return True
+            return await delete_deleted_topics_state(self, group_id, left) is ErrorCode.NONE
+
         try:
-            await delete_deleted_topics_state(self, group_id, topic_ids)
-        except Exception:  # a background task: never the root nursery's end
-            log.exception("deleting the share state of deleted topics of group %r", group_id)
+            await retry_with_backoff(
+                attempt, first_s=SHARE_SWEEP_RETRY_S, max_s=SHARE_SWEEP_RETRY_MAX_S,
+                what=f"deleting the share state of deleted topics of group {group_id!r}",
+            )  # fmt: skip
         finally:
             self._deleting_share_topics.discard(group_id)
 
@@ -427,6 +456,7 @@ class Broker:
                     self.root_nursery = root
                     self.flusher.background = root
                     root.start_soon(self._retention_loop, name="retention")
+                    root.start_soon(self._share_expiry_loop, name="share-expiry")
                     if self.config.log_cleaner_enable:
                         root.start_soon(self.log_cleaner.run, name="log-cleaner")
                     for service in self.services:
@@ -660,6 +690,32 @@ class Broker:
             if SHARE_GROUP_STATE not in self.topics.topics:  # alone: the coordinator's own
                 logs.append(share_table.log)
         return logs
+
+    async def _share_expiry_loop(self) -> None:
+        """Members of the share groups coordinated here whose session ran out go, and
+        their records' tombstones are written (Kafka's coordinator has a timer per
+        member), so that a coordinator loading the group later does not bring them back;
+        a heartbeat or describe in between would expire them too (groups/share.py), but
+        only a heartbeat writes. A failed write leaves the records (logged), and a load
+        brings those members back for one more session timeout."""
+        while True:
+            await trio.sleep(SHARE_EXPIRY_CHECK_S)
+            self.shares.expire_members(self.now_ms())
+            # Every group whose stored members include one gone from memory: expired
+            # now, or earlier by a describe (which writes nothing).
+            for group_id, group in list(self.shares.groups.items()):
+                known = self.groups.share_group(group_id)
+                if known is None or not known.members.keys() - group.members.keys():
+                    continue
+                if self.groups.coordinator_error(group_id) is not ErrorCode.NONE:
+                    continue  # a data partition's leader's copy, or moving
+                try:
+                    write = self.groups.store_share_group(group_id, known.with_membership(group))
+                    if write is not None:
+                        await self.groups.wait_offsets_durable(write)
+                except KafkaError as exc:
+                    log.warning("share group %r: expired members not tombstoned: %s",
+                                group_id, exc)  # fmt: skip
 
     async def _retention_loop(self) -> None:
         interval = self.config.retention_check_interval_ms / 1000

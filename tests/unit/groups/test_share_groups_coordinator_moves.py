@@ -5,22 +5,30 @@ A broker that does not coordinate a share group leaves it alone in DeleteGroups
 (NOT_COORDINATOR, as for the other groups), though it knows the group as a leader of
 its share partitions; and a broker that stops leading a ``__consumer_offsets``
 partition drops its share groups' membership, so a later load of the partition brings
-them back from their records, empty.
+them back from their records, with the members stored there: a member goes on
+heartbeating with the epoch it holds.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 
+import attrs
 import trio
 
 from tests.unit.groups.test_groups_cluster import context, group_in, lead, start
+from trio_broker.groups.offsets_store import (
+    SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION,
+    OffsetsStore,
+    ShareGroupRecord,
+)
 from trio_broker.groups.share_coordinator import PartitionedShareCoordinator
-from trio_broker.groups.share_records import StoredShareGroup
+from trio_broker.groups.share_records import StoredShareGroup, records_of
 from trio_broker.handlers.groups import handle_delete_groups
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.state.share_group import ShareHeartbeat
+from trio_broker.state.share_group import ShareGroup, ShareHeartbeat, ShareHeartbeatResult
 from trio_broker.storage.memory import MemoryLog
 
 
@@ -84,6 +92,98 @@ async def test_resigning_drops_the_share_groups_membership() -> None:
         group = shares.group(mine, broker.now_ms())
         assert group is not None
         assert group.members == {} and group.group_epoch == epoch
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_member_goes_on_with_its_epoch_after_the_group_is_loaded_again() -> None:
+    """A member's join and a second member's join are written as a heartbeat writes
+    them; the partition is resigned (membership gone here) and led again: the load
+    brings both members back, and the first heartbeats with the epoch it was given (no
+    rejoin, no new group epoch), gets its next epoch, and leaves; led once more, the
+    group has the one member left."""
+    mine = group_in(2, "share")
+    log = MemoryLog()
+    metadata = {"t": (uuid.uuid4(), 2)}
+    async with trio.open_nursery() as nursery:
+        broker, coordinator = await start(nursery)
+        shares = broker.shares
+        # As the broker wires them (server/broker.py).
+        coordinator.on_partition_resigned = lambda partition: shares.unload_groups(
+            lambda group_id: coordinator.partition_of(group_id) == partition
+        )
+
+        def loaded(stored: Mapping[str, StoredShareGroup]) -> None:
+            shares.recall_groups(stored, {g: s.epoch for g, s in stored.items()})
+            shares.restore_members(stored, broker.now_ms())
+
+        coordinator.on_share_groups_loaded = loaded
+
+        async def heartbeat(member: str, epoch: int) -> ShareHeartbeatResult:
+            result = shares.heartbeat(
+                mine, ShareHeartbeat(member, epoch, None, ("t",)), metadata,
+                lambda *_: 0, broker.now_ms(),
+            )  # fmt: skip
+            group = shares.groups[mine]
+            known = coordinator.share_group(mine) or StoredShareGroup()
+            write = coordinator.store_share_group(mine, known.with_membership(group))
+            if write is not None:
+                await coordinator.wait_offsets_durable(write)
+            return result
+
+        async def lead_again(epoch: int) -> None:
+            coordinator.resigned(2)
+            assert mine not in shares.groups
+            lead(broker, coordinator, 2, epoch, log)
+            await coordinator.led[2].loaded.wait()
+
+        lead(broker, coordinator, 2, 0, log)
+        await coordinator.led[2].loaded.wait()
+        first = await heartbeat("m1", 0)
+        second = await heartbeat("m2", 0)
+        assert second.member_epoch == first.member_epoch + 1
+        await lead_again(1)
+
+        group = shares.groups[mine]
+        assert set(group.members) == {"m1", "m2"}
+        assert group.group_epoch == second.member_epoch
+        assert group.members["m1"].member_epoch == first.member_epoch
+        again = await heartbeat("m1", first.member_epoch)
+        assert again.error is ErrorCode.NONE
+        # Moved to the target it had before the load, at the group's epoch: no new one.
+        assert again.member_epoch == second.member_epoch == shares.groups[mine].group_epoch
+        assert again.assignment == {("t", 0)} and second.assignment == {("t", 1)}
+        assert (await heartbeat("m1", -1)).error is ErrorCode.NONE
+        await lead_again(2)
+
+        group = shares.groups[mine]
+        assert set(group.members) == {"m2"}
+        assert group.members["m2"].member_epoch == second.member_epoch
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_members_unreadable_records_are_tombstoned_with_the_groups_next_write() -> None:
+    """A member whose records the load cannot read is left out (it rejoins), and the
+    group's next write tombstones those records, so they do not stay in the log."""
+    mine = group_in(2, "share")
+    group = ShareGroup(mine)
+    for member in ("m1", "m2"):
+        group.heartbeat(ShareHeartbeat(member, 0, None, ("t",)), {"t": 2}, 0)
+    previous = OffsetsStore(MemoryLog(), 2)
+    damaged = ShareGroupRecord(SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION, mine, b"\0\1", "m2")
+    records = [*records_of(mine, StoredShareGroup().with_membership(group)), damaged]
+    previous.apply(previous.append(records, 0))
+    async with trio.open_nursery() as nursery:
+        broker, coordinator = await start(nursery)
+        lead(broker, coordinator, 2, 0, previous.log)
+        await coordinator.led[2].loaded.wait()
+        known = coordinator.share_group(mine)
+        assert known is not None and set(known.members) == {"m1"}
+        write = coordinator.store_share_group(mine, attrs.evolve(known, epoch=known.epoch + 1))
+        assert write is not None
+        await coordinator.wait_offsets_durable(write)
+        store = coordinator.led[2].store
+        assert store is not None
+        assert {m for _, m in store.share_group_records(mine)} == {"", "m1"}
         nursery.cancel_scope.cancel()
 
 

@@ -1,31 +1,41 @@
 """A share group's records in the offsets log (groups/share_records.py): their layout,
 the replay that brings them back (latest record wins, tombstones), what an unreadable
-value does, and the group coordinator restoring them when it loads a partition."""
+value does, only the changed records written (a member's heartbeat, a member leaving),
+and a group's members brought back by the replay."""
 
 from __future__ import annotations
 
 import uuid
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_broker.groups.offsets_store import (
+    SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION,
+    SHARE_GROUP_MEMBER_KEY_VERSION,
     SHARE_GROUP_METADATA_KEY_VERSION,
     SHARE_GROUP_PARTITIONS_KEY_VERSION,
+    SHARE_GROUP_TARGET_MEMBER_KEY_VERSION,
+    SHARE_GROUP_TARGET_METADATA_KEY_VERSION,
     OffsetAndMetadata,
     OffsetKey,
     OffsetsStore,
+    ShareGroupRecord,
     decode_record,
     encode_record,
 )
 from trio_broker.groups.share_records import (
+    StoredMember,
     StoredShareGroup,
     StoredTopic,
     decode_group,
     records_of,
 )
+from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch
+from trio_broker.state.share_group import ShareGroup, ShareHeartbeat
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.memory import MemoryLog
 
@@ -36,19 +46,31 @@ topics = st.dictionaries(
     st.builds(StoredTopic, st.text(max_size=20), st.frozensets(st.integers(0, 2**31 - 1))),
     max_size=5,
 )
+names = st.text(max_size=12)
+assignments = st.frozensets(st.tuples(names, st.integers(0, 2**31 - 1)), max_size=4)
+members = st.builds(
+    StoredMember,
+    st.none() | names,
+    names,
+    names,
+    st.lists(names, max_size=3).map(tuple),
+    st.integers(0, 2**31 - 1),
+    st.integers(-1, 2**31 - 1),
+    assignments,
+    assignments,
+)
 groups = st.builds(
     StoredShareGroup,
     st.integers(0, 2**31 - 1),
     topics,
     st.dictionaries(st.uuids(), st.text(max_size=20), max_size=3),
+    st.dictionaries(names, st.integers(0, 2**31 - 1), max_size=3),
+    st.dictionaries(st.text(min_size=1, max_size=12), members, max_size=3),
 )
 
 
 def stored(group_id: str, store: OffsetsStore) -> StoredShareGroup | None:
-    return decode_group(
-        store.share_group_record(group_id, SHARE_GROUP_METADATA_KEY_VERSION),
-        store.share_group_record(group_id, SHARE_GROUP_PARTITIONS_KEY_VERSION),
-    )
+    return decode_group(store.share_group_records(group_id))
 
 
 def replayed(*writes: list[tuple[bytes, bytes | None]]) -> OffsetsStore:
@@ -94,6 +116,112 @@ def test_a_damaged_value_is_refused(cut: int) -> None:
     _, partitions = encode_record(records_of("g", group)[1])
     assert partitions is not None
     with pytest.raises(ValueError):
-        decode_group(None, partitions[:cut])
+        decode_group({(SHARE_GROUP_PARTITIONS_KEY_VERSION, ""): partitions[:cut]})
     with pytest.raises(ValueError):
-        decode_group((9).to_bytes(2, "big") + b"\0\0\0\1", None)
+        decode_group({(SHARE_GROUP_METADATA_KEY_VERSION, ""): (9).to_bytes(2, "big") + b"\0\0\0\1"})
+
+
+@given(st.text(min_size=1, max_size=30), groups, groups)
+def test_a_change_writes_what_changed_and_replays_to_the_new_group(
+    group_id: str, before: StoredShareGroup, after: StoredShareGroup
+) -> None:
+    """The records from ``before`` to ``after``, replayed over ``before``'s, give
+    ``after``; a record is written only if its value changed or it is gone."""
+    change = records_of(group_id, after, before)
+    store = replayed(
+        [encode_record(r) for r in records_of(group_id, before)],
+        [encode_record(r) for r in change] or [encode_record(records_of(group_id, after)[0])],
+    )
+    assert stored(group_id, store) == after
+    assert records_of(group_id, after, after) == []
+
+
+def heartbeat(group: ShareGroup, member: str, epoch: int, now_ms: int = 0) -> int:
+    result = group.heartbeat(ShareHeartbeat(member, epoch, None, ("t",)), {"t": 2}, now_ms)
+    assert result.error is ErrorCode.NONE, result
+    return result.member_epoch
+
+
+def test_members_come_back_with_their_epochs_and_a_leave_is_tombstoned() -> None:
+    """Two members join and heartbeat (a record set per change, each replayed); the
+    replay brings back each member's epochs, assignment and target, and the group's
+    epoch and metadata; a member that then left has its three records' tombstones."""
+    group = ShareGroup("g")
+    heartbeat(group, "m1", 0)
+    written: list[list[tuple[bytes, bytes | None]]] = []
+    known: StoredShareGroup | None = None
+
+    def store() -> list[tuple[int, str, bytes | None]]:
+        nonlocal known
+        now = StoredShareGroup().with_membership(group)
+        change = records_of("g", now, known)
+        written.append([encode_record(r) for r in change])
+        known = now
+        return [(r.key_version, r.member_id, r.value) for r in change]
+
+    store()
+    epoch = heartbeat(group, "m2", 0)
+    store()
+    # m1 moves to the new epoch at its own heartbeat: only its current assignment changes.
+    assert heartbeat(group, "m1", 1) == epoch
+    [(version, member, _)] = store()
+    assert (version, member) == (SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION, "m1")
+
+    back = stored("g", replayed(*written))
+    assert back is not None and back.epoch == epoch == group.group_epoch
+    assert back.metadata == {"t": 2}
+    for member_id, member in group.members.items():
+        restored = back.members[member_id].restored(member_id, deadline_ms=99)
+        assert restored == attrs.evolve(member, deadline_ms=99)
+        assert back.members[member_id].target == group.target[member_id]
+
+    heartbeat(group, "m2", -1)
+    gone = store()
+    assert {(v, m, value) for v, m, value in gone if m == "m2"} == {
+        (SHARE_GROUP_MEMBER_KEY_VERSION, "m2", None),
+        (SHARE_GROUP_TARGET_MEMBER_KEY_VERSION, "m2", None),
+        (SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION, "m2", None),
+    }
+    back = stored("g", replayed(*written))
+    assert back is not None and set(back.members) == {"m1"}
+    # Deleted: every record's tombstone, the group's target metadata too.
+    tombstones = records_of("g", None, known)
+    assert all(r.value is None for r in tombstones)
+    assert {r.key_version for r in tombstones} >= {SHARE_GROUP_TARGET_METADATA_KEY_VERSION}
+    written.append([encode_record(r) for r in tombstones])
+    assert stored("g", replayed(*written)) is None
+
+
+def test_a_member_without_a_current_assignment_is_not_restored() -> None:
+    """Its epochs are in that record: without it the member rejoins."""
+    group = ShareGroup("g")
+    heartbeat(group, "m1", 0)
+    values = [
+        encode_record(r)
+        for r in records_of("g", StoredShareGroup().with_membership(group))
+        if r.key_version != SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION
+    ]
+    back = stored("g", replayed(values))
+    assert back is not None and back.members == {} and back.epoch == group.group_epoch
+
+
+def test_a_member_with_a_damaged_record_is_left_out_and_the_others_stay() -> None:
+    group = ShareGroup("g")
+    heartbeat(group, "m1", 0)
+    heartbeat(group, "m2", 0)
+    values = [encode_record(r) for r in records_of("g", StoredShareGroup().with_membership(group))]
+    damaged = [ShareGroupRecord(SHARE_GROUP_CURRENT_MEMBER_KEY_VERSION, "g", b"\0\1\0", "m2")]
+    back = stored("g", replayed(values, [encode_record(r) for r in damaged]))
+    assert back is not None and set(back.members) == {"m1"}
+
+
+def test_a_member_and_rack_id_past_32_kib_round_trip() -> None:
+    """A client's member and rack ids are compact strings, of any length (Kafka refuses
+    none): the membership records take them (a 16-bit length could not)."""
+    long_id, long_rack = "m" * 40_000, "r" * 40_000
+    group = ShareGroup("g")
+    result = group.heartbeat(ShareHeartbeat(long_id, 0, long_rack, ("t",)), {"t": 1}, 0)
+    assert result.error is ErrorCode.NONE
+    now = StoredShareGroup().with_membership(group)
+    back = stored("g", replayed([encode_record(r) for r in records_of("g", now)]))
+    assert back == now and back.members[long_id].rack_id == long_rack
