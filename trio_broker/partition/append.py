@@ -35,6 +35,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.protocol.records import RecordBatchView, read_control_marker
 from trio_broker.replication.leader import AckState
+from trio_broker.replication.replica_rules import LeaderTerm
 from trio_broker.state.producer import Duplicate, Reject
 from trio_broker.storage.log_protocol import Log
 
@@ -90,10 +91,12 @@ class Producers(Protocol):
     ) -> None: ...  # fmt: skip
 
 
-class Term(Protocol):
+class Term(LeaderTerm, Protocol):
     """A leader term of one partition as the data path reads it: a cluster's
     (``replication/leader.py``'s ``LeaderPartition``) or a node alone's, a cluster of one
-    (``services/local_replication.py``'s ``LocalTerm``)."""
+    (``services/local_replication.py``'s ``LocalTerm``). Both take a replica's fetch by
+    the same rules (``replication/replica_rules.py``'s ``LeaderTerm``): the data path
+    never asks which one it holds."""
 
     @property
     def broker_id(self) -> int: ...
