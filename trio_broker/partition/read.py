@@ -210,8 +210,8 @@ def read(
     # Alone, the high watermark is the log end (services/local_replication.py).
     high_watermark = into.high_watermark = partition.term.high_watermark
     # The LSO: Kafka fills it for read_uncommitted fetches and followers too.
-    producers, topic, index = partition.producers, partition.topic, partition.index
-    stable = producers.last_stable_offset(topic, index, log, high_watermark)
+    producers = partition.producers
+    stable = producers.last_stable_offset(log, high_watermark)
     into.last_stable_offset = stable
     into.log_start_offset = log.log_start_offset
     if max_bytes is None:
@@ -226,5 +226,5 @@ def read(
         into.high_watermark = into.last_stable_offset = into.log_start_offset = -1
         return _NOTHING
     if regions and isolation is _TXN_COMMITTED:
-        return regions, producers.aborted_between(topic, index, log, fetch_offset, stable)
+        return regions, producers.aborted_between(log, fetch_offset, stable)
     return regions, None

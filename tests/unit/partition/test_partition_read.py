@@ -47,7 +47,9 @@ def read_into(
     log: MemoryLog, term: Any, producers: ProducerStateRegistry, *args: Any, **kwargs: Any
 ) -> tuple[Answer, Any, Any]:
     answer = Answer()
-    regions, aborted = read(answer, Partition("t", 0, log, term, producers), *args, **kwargs)
+    regions, aborted = read(
+        answer, Partition("t", 0, log, producers.entry("t", 0), term), *args, **kwargs
+    )
     return answer, regions, aborted
 
 
@@ -56,7 +58,7 @@ def partition() -> tuple[MemoryLog, ProducerStateRegistry]:
     open transaction, 9-10 plain: the LSO is 7."""
     log, producers = MemoryLog(), ProducerStateRegistry(None, lambda: T0)
     kwargs: Any = dict(origin=Origin.CLIENT, now_ms=T0, durability=None)
-    alone = Partition("t", 0, log, LocalTerm(0, log), producers)
+    alone = Partition("t", 0, log, producers.entry("t", 0), LocalTerm(0, log))
 
     def txn(epoch: int) -> bytearray:
         records = [(None, b"t%d" % i) for i in range(2)]
@@ -142,7 +144,7 @@ def test_a_replicas_read_of_a_node_alone_records_nothing_by_the_same_rules() -> 
     term = followers.leader_term("t", 0)
     assert term is not None
     producers = ProducerStateRegistry(None, lambda: T0)
-    alone = Partition("t", 0, log, term, producers)
+    alone = Partition("t", 0, log, producers.entry("t", 0), term)
     for value in (b"a", b"b"):
         append(
             alone, build_batch([(None, value)], base_timestamp=T0), origin=Origin.CLIENT,
