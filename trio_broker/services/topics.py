@@ -94,6 +94,12 @@ class Topic:
             led.term = term  # a new term of the same partition: the leadership changed
         return led
 
+    def drop_partition(self, index: int) -> None:
+        """This broker no longer holds partition ``index`` as it was (the cluster moved
+        it away, or its log was put in another's place): its :class:`Partition` goes, a
+        later lead here makes another."""
+        self.partitions.pop(index, None)
+
     @property
     def topic_id(self) -> uuid.UUID:
         return self.info.topic_id
@@ -192,6 +198,7 @@ class TopicManager:
             logs = list(topic.logs)  # replaced, not changed: readers may hold the old list
             logs[partition] = new
             topic.logs = logs
+            topic.drop_partition(partition)  # it held the closed log
             self.dir_counts[source] -= 1
             self.dir_counts[where] += 1
         return new
