@@ -158,8 +158,10 @@ class LocalCopies:
                 topics.delete(name)
                 log.info("no longer a replica of any partition of %s: local topic deleted", name)
             return
-        log_ = topics.log(name, partition)
-        if log_ is not None:
+        local = topics.get(name)
+        if local is not None and 0 <= partition < len(local.logs):
+            local.drop_partition(partition)  # its Partition goes with the role
+            log_ = local.logs[partition]
             await trio.to_thread.run_sync(log_.delete_records, log_.log_end_offset)
             log.info("no longer a replica of %s-%d: its records deleted", name, partition)
 

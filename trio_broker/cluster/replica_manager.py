@@ -46,7 +46,7 @@ from trio_broker.cluster.replica_fetcher import FollowerRole, run_fetchers
 from trio_broker.cluster.replication_throttles import ReplicationThrottles
 from trio_broker.cluster.topic_admin import ZooKeeperAdmin
 from trio_broker.cluster.waiting import wait_any
-from trio_broker.partition.append import Durability
+from trio_broker.partition.append import Durability, Term
 from trio_broker.replication.controller_rules import (
     NO_LEADER,
 )
@@ -184,21 +184,25 @@ class ReplicaManager:
     def counts_synced_only(self) -> bool:
         return self.sync_before_counting
 
-    def may_join(self, topic: str, partition: int, replica: int, term: LeaderPartition) -> bool:
+    def may_join(self, topic: str, partition: int, replica: int, term: Term) -> bool:
         return not self._leaving((topic, partition), replica, term)
 
     def progressed(
-        self, topic: str, partition: int, term: LeaderPartition, moved: bool,
+        self, topic: str, partition: int, term: Term, moved: bool,
         proposal: IsrProposal | None,
     ) -> None:  # fmt: skip
         """The partition's waiters look again (``moved``: the HW, or the low watermark
-        DeleteRecords waits for, may have moved); an ISR change is stored."""
+        DeleteRecords waits for, may have moved); an ISR change is stored, for the term
+        of this broker's that proposed it (the read found it here, in this same step)."""
+        key = (topic, partition)
         if moved:
-            self.wake((topic, partition))
+            self.wake(key)
         if proposal is not None:
-            self._store_isr_soon(topic, partition, term, proposal)
+            proposer = self.terms.get(key)
+            if proposer is not None and proposer is term:
+                self._store_isr_soon(topic, partition, proposer, proposal)
 
-    def _leaving(self, key: Key, replica: int, term: LeaderPartition) -> bool:
+    def _leaving(self, key: Key, replica: int, term: Term) -> bool:
         """``replica_rules.leaving_replica``, as the view has the partition's move."""
         moving = self.partition(*key)
         return moving is not None and leaving_replica(

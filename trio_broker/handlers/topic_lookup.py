@@ -69,10 +69,11 @@ def leading_partition(
     term = check_leader(ctx, topic.name, partition, current_leader_epoch, fence_alone=fence_alone)
     if isinstance(term, ErrorCode):
         return term
-    # Topic.leading's cache, read here first: the hot path (a Fetch of many partitions)
-    # saves a call and the registry's lookup per partition (a broker's registry is one
-    # for its life; Topic.leading also checks it); a miss makes one there.
-    led = topic.led.get(partition)
+    # The topic's Partition, read here first: the hot path (a Fetch of many partitions)
+    # saves a call per partition when the term and the log are the ones it holds (a
+    # broker's registry is one for its life; Topic.leading also checks it); otherwise
+    # Topic.leading replaces its term, or makes it.
+    led = topic.partitions.get(partition)
     if led is not None and led.term is term and led.log is topic.logs[partition]:
         return led
     return topic.leading(partition, term, ctx.services.producers)

@@ -35,6 +35,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.protocol.records import RecordBatchView, read_control_marker
 from trio_broker.replication.leader import AckState
+from trio_broker.replication.replica_rules import LeaderTerm
 from trio_broker.state.producer import Duplicate, Reject
 from trio_broker.storage.log_protocol import Log
 
@@ -77,23 +78,24 @@ class Appends(Protocol):
 
 
 class Producers(Protocol):
-    def check(self, topic: str, partition: int, log_: Log, batch: Any) -> Any: ...
+    """One partition's producer and transaction state, as its append takes it (the
+    partition's own entry: ``services/producers.py``'s ``PartitionProducerState``)."""
+
+    def check(self, log_: Log, batch: Any) -> Any: ...
 
     def check_marker(
-        self, topic: str, partition: int, log_: Log, producer_id: int, producer_epoch: int,
-        coordinator_epoch: int,
-    ) -> tuple[ErrorCode, str]: ...  # fmt: skip
+        self, log_: Log, producer_id: int, producer_epoch: int, coordinator_epoch: int
+    ) -> tuple[ErrorCode, str]: ...
 
-    def record_append(
-        self, topic: str, partition: int, batch: Any, base_offset: int, last_offset: int,
-        log_: Log | None = None,
-    ) -> None: ...  # fmt: skip
+    def record_append(self, batch: Any, base_offset: int, last_offset: int, log_: Log) -> None: ...
 
 
-class Term(Protocol):
+class Term(LeaderTerm, Protocol):
     """A leader term of one partition as the data path reads it: a cluster's
     (``replication/leader.py``'s ``LeaderPartition``) or a node alone's, a cluster of one
-    (``services/local_replication.py``'s ``LocalTerm``)."""
+    (``services/local_replication.py``'s ``LocalTerm``). Both take a replica's fetch by
+    the same rules (``replication/replica_rules.py``'s ``LeaderTerm``): the data path
+    never asks which one it holds."""
 
     @property
     def broker_id(self) -> int: ...
@@ -200,7 +202,7 @@ def append(
     view = RecordBatchView(batch)
     if origin is _CLIENT:
         producers = partition.producers
-        verdict = producers.check(topic, index, log, view)
+        verdict = producers.check(log, view)
         if isinstance(verdict, Reject):
             raise AppendRejected(verdict.error_code, verdict.message)
         if isinstance(verdict, Duplicate):
@@ -213,7 +215,7 @@ def append(
         producers = partition.producers
         marker = read_control_marker(view)
         code, message = producers.check_marker(
-            topic, index, log, view.producer_id, view.producer_epoch, marker.coordinator_epoch
+            log, view.producer_id, view.producer_epoch, marker.coordinator_epoch
         )
         if code != ErrorCode.NONE:
             raise AppendRejected(code, message)
@@ -226,7 +228,7 @@ def append(
     if producers is not None:
         # The log wrote the offsets into the buffer: the view is the batch as stored.
         producers.record_append(
-            topic, index, view, result.base_offset, result.last_offset, log
+            view, result.base_offset, result.last_offset, log
         )  # the log: a batch that began a segment snapshots the state there
     if durability is not None:
         durability.mark_dirty(log, messages)

@@ -1,33 +1,37 @@
 """One partition this broker leads, as the data path takes it (issue 29; Kafka's
 ``Partition``): its log, its producer and transaction state, and its leader term (ISR,
-high watermark), found together by one lookup.
+high watermark), held together by one long-lived object.
 
-A :class:`Partition` is made in two places only, each one lookup
-(``tests/unit/partition/test_one_append_path.py`` holds it):
+A :class:`Partition` is constructed in one place, :func:`take_partition`
+(``tests/unit/partition/test_one_append_path.py`` holds it), called by two lookups:
 
 - ``services/topics.py``'s ``Topic.leading``, for a partition of the topic catalogue:
   the per-partition guard (``handlers/topic_lookup.leading_partition``) and the
-  marker writer (``services/txn_markers.py``) call it with this broker's term; the
-  partition known here and led by this broker gives a :class:`Partition`, anything
-  else the error to answer;
+  marker writer (``services/txn_markers.py``) call it with this broker's term. The
+  topic keeps one :class:`Partition` per partition for the life of its log
+  (``Topic.partitions``), with the partition's own entry of the producer state
+  (``services/producers.py``'s ``PartitionProducerState``); a new term (the
+  leadership changed) replaces the one it holds, a new log (the topic made again, the
+  partition moved to another log dir) makes a new one, and the topic's deletion drops
+  it;
 - :func:`coordinator_partition`, for the log a coordinator was elected with (a
   cluster's ``__consumer_offsets``/``__transaction_state``/``__share_group_state``
   partition, or a node alone's own log outside the catalogue, led by an ``OwnLog``):
-  the term its leadership gives, no producer state.
+  the term its leadership gives, no producer state. Still one per write (what is left
+  of issue 29 here: the coordinators hold logs, not partitions).
 
 Produce, the coordinators and the marker writer append to it
 (``partition/append.py``'s ``append`` takes one) and Fetch reads it
 (``partition/read.py``'s ``read``) without looking up the log, the term or the
 producer state again: nothing outside ``partition/`` pairs a log with a term.
 
-What a :class:`Partition` holds is owned elsewhere and only referred to here: the log by
-the topic manager (``services/topics.py``), the term by the replication
+The log is the topic manager's (``services/topics.py``), the term the replication's
 (``services.leaders``: ``LocalReplication`` alone, the replica manager in a cluster),
-the producer and transaction state by the producers' registry (``services/producers.py``,
-the file I/O around ``state/producer.py`` and ``state/partition_txns.py``). The guard
-keeps one per term and log on the topic (``Topic.led``) and makes another when either
-changed; a handler holds one for a request only, and looks it up again for the next: a
-term ends and a topic is deleted between requests.
+the producer state's store the registry's (``services/producers.py``, the file I/O
+around ``state/producer.py`` and ``state/partition_txns.py``): a :class:`Partition`
+holds each, it does not load or end them. A handler holds one for a request's
+synchronous step only, and looks it up again for the next (a term ends and a topic is
+deleted between requests).
 
 Sans-I/O: no trio.
 """
@@ -53,39 +57,37 @@ __all__ = [
     "PartitionProducers",
     "coordinator_partition",
     "led_term",
+    "take_partition",
 ]
 
 
 class PartitionProducers(Producers, Protocol):
-    """The producer and transaction state of a topic's partitions (``services.producers``)
-    as a partition's append (``Producers``: the checks, the record of a write) and its
-    read (the LSO, the aborted transactions) need them."""
+    """One partition's producer and transaction state (its entry in
+    ``services.producers``) as the partition's append (``Producers``: the checks, the
+    record of a write) and its read (the LSO, the aborted transactions) need them."""
 
-    def last_stable_offset(
-        self, topic: str, partition: int, log_: Log, high_watermark: int
-    ) -> int: ...
+    def last_stable_offset(self, log_: Log, high_watermark: int) -> int: ...
 
-    def aborted_between(
-        self, topic: str, partition: int, log_: Log, from_offset: int, upper: int
-    ) -> Sequence[AbortedTxn]: ...
+    def aborted_between(self, log_: Log, from_offset: int, upper: int) -> Sequence[AbortedTxn]: ...
 
 
 @attrs.define(eq=False, slots=True)
 class Partition:
-    """A partition this broker leads, in one term of it (module docstring).
+    """A partition of this broker's, led here in :attr:`term` (module docstring).
 
-    Not frozen: a frozen attrs class sets its fields through ``object.__setattr__``,
-    which a new term or log pays once more; nothing here assigns a field after."""
+    Not frozen: the term is replaced when the leadership changes (``Topic.leading``),
+    the rest is fixed for the object's life."""
 
     #: The topic's name and the partition's index in it.
     topic: str
     index: int
-    #: The partition's log (``topic.logs[index]``).
+    #: The partition's log (``topic.logs[index]`` when made).
     log: Log
-    #: This broker's leader term of the partition: leader epoch, ISR, high watermark.
-    term: Term
-    #: The producer and transaction state (the registry: it keeps each partition's).
+    #: The producer and transaction state of this partition (its entry in the registry).
     producers: PartitionProducers
+    #: This broker's leader term of the partition, as the last lookup found it: leader
+    #: epoch, ISR, high watermark.
+    term: Term
 
 
 class _NoProducers:
@@ -95,27 +97,21 @@ class _NoProducers:
     the high watermark and no transaction was aborted in it. A client's batch or a
     marker sent its way anyway is refused, not written."""
 
-    def check(self, topic: str, partition: int, log_: Log, batch: object) -> object:
-        raise AppendRejected(ErrorCode.INVALID_RECORD, f"{topic}-{partition} takes no client batch")
+    def check(self, log_: Log, batch: object) -> object:
+        raise AppendRejected(ErrorCode.INVALID_RECORD, "a coordinator's log takes no client batch")
 
     def check_marker(
-        self, topic: str, partition: int, log_: Log, producer_id: int, producer_epoch: int,
-        coordinator_epoch: int,
-    ) -> tuple[ErrorCode, str]:  # fmt: skip
-        return ErrorCode.INVALID_RECORD, f"{topic}-{partition} takes no transaction marker"
+        self, log_: Log, producer_id: int, producer_epoch: int, coordinator_epoch: int
+    ) -> tuple[ErrorCode, str]:
+        return ErrorCode.INVALID_RECORD, "a coordinator's log takes no transaction marker"
 
-    def record_append(
-        self, topic: str, partition: int, batch: object, base_offset: int, last_offset: int,
-        log_: Log | None = None,
-    ) -> None:  # fmt: skip
+    def record_append(self, batch: object, base_offset: int, last_offset: int, log_: Log) -> None:
         """Nothing to record (never reached: the checks refuse first)."""
 
-    def last_stable_offset(self, topic: str, partition: int, log_: Log, high_watermark: int) -> int:
+    def last_stable_offset(self, log_: Log, high_watermark: int) -> int:
         return high_watermark
 
-    def aborted_between(
-        self, topic: str, partition: int, log_: Log, from_offset: int, upper: int
-    ) -> Sequence[AbortedTxn]:
+    def aborted_between(self, log_: Log, from_offset: int, upper: int) -> Sequence[AbortedTxn]:
         return ()
 
 
@@ -137,10 +133,19 @@ def led_term(leadership: Replication, topic: str, index: int) -> Term:
     return term
 
 
+def take_partition(
+    topic: str, index: int, log: Log, producers: PartitionProducers, term: Term
+) -> Partition:
+    """The one place a :class:`Partition` is made: ``topic``-``index`` on ``log``, with
+    its producer state, led here in ``term``. Called where this broker takes a
+    partition to lead (module docstring), nowhere else."""
+    return Partition(topic, index, log, producers, term)
+
+
 def coordinator_partition(leadership: Replication, topic: str, index: int, log: Log) -> Partition:
     """The partition a coordinator writes: ``log`` (the one it was elected with) in this
     broker's term of ``topic``-``index`` (:func:`led_term`), with no producer state.
     One lookup per write: a term ends between two writes. Raises
     :class:`~trio_broker.partition.append.NotLeader` (the coordinator answers
     NOT_COORDINATOR)."""
-    return Partition(topic, index, log, led_term(leadership, topic, index), NO_PRODUCERS)
+    return take_partition(topic, index, log, NO_PRODUCERS, led_term(leadership, topic, index))

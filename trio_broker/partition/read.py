@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.replication.leader import LeaderPartition
 from trio_broker.replication.replica_rules import leader_log_progress, record_follower_fetch
 from trio_broker.storage.errors import OffsetOutOfRange, StorageError
 
 if TYPE_CHECKING:
+    from trio_broker.partition.append import Term
     from trio_broker.partition.partition import Partition
     from trio_broker.replication.leader import IsrProposal
     from trio_broker.state.partition_txns import AbortedTxn
@@ -101,18 +101,18 @@ class Followers(Protocol):
         (``acks.all.fsync``): its own progress is then its durable end."""
         ...
 
-    def may_join(self, topic: str, partition: int, replica: int, term: LeaderPartition) -> bool:
+    def may_join(self, topic: str, partition: int, replica: int, term: Term) -> bool:
         """Whether ``replica`` may be proposed into the ISR (not one a reassignment is
         removing: ``replica_rules.leaving_replica``, as the view has the move)."""
         ...
 
     def progressed(
-        self, topic: str, partition: int, term: LeaderPartition, moved: bool,
+        self, topic: str, partition: int, term: Term, moved: bool,
         proposal: IsrProposal | None,
     ) -> None:  # fmt: skip
         """A replica's read was recorded: ``moved``, the partition's waiters look again
         (the high watermark or the low watermark may have moved); ``proposal``, an ISR
-        change to store."""
+        change ``term`` proposed, to store."""
         ...
 
 
@@ -135,11 +135,10 @@ def record_progress(
     The leader's own log progress first (its log end, and what counts of it: the
     durable end when it syncs before counting), then the follower's fetch (a fetch
     past the log end records nothing), both by ``replication/replica_rules.py``; the
-    outcome goes to the leader's :class:`Followers`. A term that is not a cluster's
-    leader's has no followers to record (a node alone takes no replica's fetch)."""
+    outcome goes to the leader's :class:`Followers`. A node alone's term takes it by the
+    same rules: a replica set of one, it has no follower to record (nothing moves, no
+    ISR change), as Kafka's ``Partition`` has no remote replica to update."""
     term = partition.term
-    if not isinstance(term, LeaderPartition):
-        return
     log = partition.log
     followers = replica.followers
     log_end_offset = log.log_end_offset
@@ -211,8 +210,8 @@ def read(
     # Alone, the high watermark is the log end (services/local_replication.py).
     high_watermark = into.high_watermark = partition.term.high_watermark
     # The LSO: Kafka fills it for read_uncommitted fetches and followers too.
-    producers, topic, index = partition.producers, partition.topic, partition.index
-    stable = producers.last_stable_offset(topic, index, log, high_watermark)
+    producers = partition.producers
+    stable = producers.last_stable_offset(log, high_watermark)
     into.last_stable_offset = stable
     into.log_start_offset = log.log_start_offset
     if max_bytes is None:
@@ -227,5 +226,5 @@ def read(
         into.high_watermark = into.last_stable_offset = into.log_start_offset = -1
         return _NOTHING
     if regions and isolation is _TXN_COMMITTED:
-        return regions, producers.aborted_between(topic, index, log, fetch_offset, stable)
+        return regions, producers.aborted_between(log, fetch_offset, stable)
     return regions, None

@@ -16,12 +16,14 @@ No trio, no files.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Protocol
 
-from trio_broker.replication.leader import IsrProposal, LeaderPartition, NotAReplica
+from trio_broker.replication.leader import IsrProposal, NotAReplica
 
 __all__ = [
     "HighWatermarkFloors",
     "Key",
+    "LeaderTerm",
     "leader_log_progress",
     "leaving_replica",
     "record_follower_fetch",
@@ -31,9 +33,30 @@ __all__ = [
 Key = tuple[str, int]
 
 
-def leader_log_progress(
-    term: LeaderPartition, log_end_offset: int, counted_end_offset: int
-) -> bool:
+class LeaderTerm(Protocol):
+    """What these rules read and tell of a leader term: a cluster's
+    (``replication/leader.py``'s ``LeaderPartition``), or a node alone's, a replica set
+    of one (``services/local_replication.py``'s ``LocalTerm``: no follower, so a
+    replica's fetch names no replica of it and records nothing, as Kafka's
+    ``Partition`` answers a fetch from a broker outside its replicas). One type for
+    both, so that the caller (``partition/read.py``) asks no term what it is."""
+
+    @property
+    def log_end_offset(self) -> int: ...
+    @property
+    def durable_end_offset(self) -> int: ...
+
+    def leader_appended(self, log_end_offset: int) -> None: ...
+    def leader_synced(self, durable_end_offset: int) -> bool: ...
+
+    def follower_fetched(
+        self, replica_id: int, fetch_offset: int, now_ms: int, *, may_join: bool = True
+    ) -> tuple[bool, IsrProposal | None]: ...
+
+    def follower_log_start(self, replica_id: int, log_start_offset: int) -> bool: ...
+
+
+def leader_log_progress(term: LeaderTerm, log_end_offset: int, counted_end_offset: int) -> bool:
     """Tell ``term`` how far its leader's log is appended (``log_end_offset``) and counts
     (``counted_end_offset``: synced, or appended when acks.all.fsync is off); neither
     goes back. True if the term's log end or HW moved (both news for the partition's
@@ -55,7 +78,7 @@ def leaving_replica(
 
 
 def record_follower_fetch(
-    term: LeaderPartition,
+    term: LeaderTerm,
     replica: int,
     fetch_offset: int,
     log_start_offset: int,

@@ -33,7 +33,7 @@ import attrs
 
 from trio_broker.partition.append import Replication, Term
 from trio_broker.partition.read import Followers
-from trio_broker.replication.leader import AckState
+from trio_broker.replication.leader import AckState, NotAReplica
 from trio_broker.services.cluster_view import (
     BrokerInfo,
     ClusterView,
@@ -45,7 +45,7 @@ from trio_broker.services.cluster_view import (
 from trio_broker.storage.log_protocol import Log
 
 if TYPE_CHECKING:
-    from trio_broker.replication.leader import IsrProposal, LeaderPartition
+    from trio_broker.replication.leader import IsrProposal
     from trio_broker.services.topics import TopicManager
 
 __all__ = [
@@ -129,7 +129,12 @@ LOCAL_LEADER_EPOCH = 0
 @attrs.frozen(slots=True)
 class LocalTerm:
     """A node alone's term of one partition: it leads, alone in the ISR; the high
-    watermark is the log end (read when asked: the log moves on under the term)."""
+    watermark is the log end (read when asked: the log moves on under the term).
+
+    A replica set of one under the same progress rules as a cluster's term
+    (``replication/replica_rules.py``'s ``LeaderTerm``): its log is its progress (read
+    from the log, nothing to record), and it has no follower, so a replica's fetch
+    names no replica of it (``NotAReplica``: the rules record nothing)."""
 
     broker_id: int
     log: Log
@@ -162,6 +167,31 @@ class LocalTerm:
     def visible_high_watermark(self) -> int | None:
         # One term since the start: nothing from a predecessor to wait for (KIP-207).
         return self.log.log_end_offset
+
+    # The progress rules' side (replica_rules.LeaderTerm): the log is the state.
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log.log_end_offset
+
+    @property
+    def durable_end_offset(self) -> int:
+        return self.log.durable_end_offset
+
+    def leader_appended(self, log_end_offset: int) -> None:
+        """Nothing to record: the log end is read from the log."""
+
+    def leader_synced(self, durable_end_offset: int) -> bool:
+        # The high watermark is the log end, which a sync does not move.
+        return False
+
+    def follower_fetched(
+        self, replica_id: int, fetch_offset: int, now_ms: int, *, may_join: bool = True
+    ) -> tuple[bool, IsrProposal | None]:
+        raise NotAReplica(f"broker {replica_id} is not a follower: {self.broker_id} is alone")
+
+    def follower_log_start(self, replica_id: int, log_start_offset: int) -> bool:
+        return False
 
 
 class _LocalTopics(Mapping[str, TopicInfo]):
@@ -253,11 +283,11 @@ class _NoFollowers:
     def counts_synced_only(self) -> bool:
         return True
 
-    def may_join(self, topic: str, partition: int, replica: int, term: LeaderPartition) -> bool:
+    def may_join(self, topic: str, partition: int, replica: int, term: Term) -> bool:
         return False
 
     def progressed(
-        self, topic: str, partition: int, term: LeaderPartition, moved: bool,
+        self, topic: str, partition: int, term: Term, moved: bool,
         proposal: IsrProposal | None,
     ) -> None:  # fmt: skip
         """Never called (no follower fetches here)."""
@@ -371,3 +401,4 @@ if TYPE_CHECKING:  # mypy checks that both are the data path's replication
     _LOCAL: type[BrokerReplication] = LocalReplication
     _NOTHING: type[BrokerReplication] = LeadsNothing
     _OWN: type[Replication] = OwnLog
+    _TERM: type[Term] = LocalTerm

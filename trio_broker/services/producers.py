@@ -49,6 +49,7 @@ __all__ = [
     "PRODUCER_ID_BLOCK_SIZE",
     "PRODUCER_ID_FILE",
     "SNAPSHOT_FILE",
+    "PartitionProducerState",
     "ProducerIdAllocator",
     "ProducerStateRegistry",
     "ProducerStateStatistics",
@@ -185,6 +186,47 @@ class _PartitionSlot:
     log_start_offset: int
 
 
+class PartitionProducerState:
+    """One partition's entry in the registry (``partition/partition.py``'s
+    ``PartitionProducers``): its producer and transaction state as the partition's
+    append and read take it, the partition named once, here, not by every call. The
+    registry stays the store (it loads, snapshots, forgets and reloads a partition's
+    state as its log changes); the :class:`~trio_broker.partition.partition.Partition`
+    keeps this entry for its life (``ProducerStateRegistry.entry``)."""
+
+    __slots__ = ("index", "registry", "topic")
+
+    def __init__(self, registry: ProducerStateRegistry, topic: str, index: int) -> None:
+        self.registry = registry
+        self.topic = topic
+        self.index = index
+
+    def check(self, log_: Log, batch: Any) -> Verdict:
+        return self.registry.check(self.topic, self.index, log_, batch)
+
+    def check_marker(
+        self, log_: Log, producer_id: int, producer_epoch: int, coordinator_epoch: int
+    ) -> tuple[ErrorCode, str]:
+        return self.registry.check_marker(
+            self.topic, self.index, log_, producer_id, producer_epoch, coordinator_epoch
+        )
+
+    def record_append(self, batch: Any, base_offset: int, last_offset: int, log_: Log) -> None:
+        self.registry.record_append(self.topic, self.index, batch, base_offset, last_offset, log_)
+
+    # The read's two: the registry's manager asked directly, not through the registry's
+    # method of the same name (a Fetch asks the LSO of every partition it reads: one
+    # Python call fewer each, what the entry would otherwise add).
+
+    def last_stable_offset(self, log_: Log, high_watermark: int) -> int:
+        manager = self.registry.manager(self.topic, self.index, log_)
+        return manager.txns.last_stable_offset(high_watermark, log_.log_start_offset)
+
+    def aborted_between(self, log_: Log, from_offset: int, upper: int) -> list[AbortedTxn]:
+        manager = self.registry.manager(self.topic, self.index, log_)
+        return manager.txns.aborted_between(from_offset, upper)
+
+
 class ProducerStateRegistry:
     """One :class:`ProducerStateManager` per partition log, plus the producer id allocator.
 
@@ -225,6 +267,11 @@ class ProducerStateRegistry:
         self._locks_lock = threading.Lock()
         self._next_expiry_check = now_ms() + EXPIRATION_CHECK_INTERVAL_MS
         self._stats = ProducerStateStatistics()
+
+    def entry(self, topic: str, partition: int) -> PartitionProducerState:
+        """``topic``-``partition``'s entry, for its :class:`~trio_broker.partition.
+        partition.Partition` to keep (made once per partition, by the topic)."""
+        return PartitionProducerState(self, topic, partition)
 
     # ------------------------------------------------------------------ produce path
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from trio_broker.partition.partition import Partition
+from trio_broker.partition.partition import Partition, take_partition
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.storage.broker_configs import BrokerConfigStore
@@ -33,7 +33,7 @@ from trio_broker.storage.topic_configs import log_config as topic_log_config
 
 if TYPE_CHECKING:
     from trio_broker.partition.append import Term
-    from trio_broker.partition.partition import PartitionProducers
+    from trio_broker.services.producers import ProducerStateRegistry
 
 
 class TopicError(KafkaError):
@@ -62,32 +62,43 @@ def validate_topic_name(name: str) -> None:
 class Topic:
     info: TopicInfo
     logs: list[Log]  # one per partition
-    #: The partitions this broker leads, as the guard last found them (its term, its
-    #: log): ``handlers/topic_lookup.leading_partition`` makes one per term and log and
-    #: keeps it here, so that a Fetch of many partitions allocates none per partition.
-    led: dict[int, Partition] = attrs.field(factory=dict, eq=False, repr=False)
+    #: This broker's :class:`Partition` of each partition it has led (index -> it): made
+    #: by the first lookup that finds it led here, kept for the life of its log, its
+    #: term replaced when the leadership changes (:meth:`leading`). Dropped with the
+    #: topic (a deletion, the cluster moving the topic away from this broker).
+    partitions: dict[int, Partition] = attrs.field(factory=dict, eq=False, repr=False)
+    #: The producer state registry :attr:`partitions` hold entries of.
+    producer_registry: object = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def name(self) -> str:
         return self.info.name
 
-    def leading(self, index: int, term: Term, producers: PartitionProducers) -> Partition:
+    def leading(self, index: int, term: Term, producers: ProducerStateRegistry) -> Partition:
         """Partition ``index`` (in range) as this broker leads it in ``term``: the one
         lookup of a catalogue partition to write or read (``partition/partition.py``),
         called by the per-partition guard and by the marker writer with the term the
-        replication gave. One :class:`Partition` per term, log and producer state, kept
-        in ``led``: a new term, a log put in another's place (a topic made again, a
-        replica re-created) or another registry (a tool's restart) makes a new one."""
+        replication gave. The :class:`Partition` kept in :attr:`partitions`, its term
+        replaced by ``term`` if the leadership changed since; one is made
+        (``take_partition``) the first time, and again for a log put in another's place
+        (a replica re-created, a partition moved to another log dir) or another
+        registry (a tool's restart): the producer state is its log's."""
         log = self.logs[index]
-        led = self.led.get(index)
-        if (
-            led is None
-            or led.term is not term
-            or led.log is not log
-            or (led.producers is not producers)
-        ):
-            led = self.led[index] = Partition(self.name, index, log, term, producers)
+        if producers is not self.producer_registry:  # the first lookup, or a tool's restart
+            self.partitions, self.producer_registry = {}, producers
+        led = self.partitions.get(index)
+        if led is None or led.log is not log:
+            entry = producers.entry(self.name, index)
+            led = self.partitions[index] = take_partition(self.name, index, log, entry, term)
+        elif led.term is not term:
+            led.term = term  # a new term of the same partition: the leadership changed
         return led
+
+    def drop_partition(self, index: int) -> None:
+        """This broker no longer holds partition ``index`` as it was (the cluster moved
+        it away, or its log was put in another's place): its :class:`Partition` goes, a
+        later lead here makes another."""
+        self.partitions.pop(index, None)
 
     @property
     def topic_id(self) -> uuid.UUID:
@@ -187,6 +198,7 @@ class TopicManager:
             logs = list(topic.logs)  # replaced, not changed: readers may hold the old list
             logs[partition] = new
             topic.logs = logs
+            topic.drop_partition(partition)  # it held the closed log
             self.dir_counts[source] -= 1
             self.dir_counts[where] += 1
         return new

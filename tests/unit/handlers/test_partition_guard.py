@@ -23,8 +23,6 @@ import uuid
 from types import SimpleNamespace
 from typing import Any
 
-import attrs
-
 from trio_broker.handlers.leadership import missing_partition_error
 from trio_broker.handlers.topic_lookup import (
     FollowerCopy,
@@ -37,6 +35,7 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.messages import RequestHeader
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo, TopicInfo
 from trio_broker.services.local_replication import LocalReplication, LocalView
+from trio_broker.services.producers import PartitionProducerState, ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.log import LogConfig
 
@@ -62,8 +61,10 @@ class FollowingEverything:
 
 def context(leaders: Any, topics: TopicManager, api_key: int = m.ApiKey.LIST_OFFSETS) -> Any:
     return SimpleNamespace(
-        # The producers' registry: the guard hands it on, never calls it.
-        services=SimpleNamespace(leaders=leaders, topics=topics, producers=SimpleNamespace()),
+        # The producers' registry: the guard hands the partition its entry.
+        services=SimpleNamespace(
+            leaders=leaders, topics=topics, producers=ProducerStateRegistry(None, lambda: 0)
+        ),
         header=RequestHeader(api_key, 7, 1, "guard"),
         api_version=7,
     )
@@ -149,17 +150,20 @@ def test_other_errors_and_a_single_broker_are_unchanged() -> None:
     # The one lookup gives the partition whole: its log, its term, its producer state.
     assert not isinstance(led, ErrorCode) and (led.topic, led.index) == ("solo", 0)
     assert led.log is ctx.services.topics.log("solo", 0) and led.term.leader_epoch == 0
-    assert led.producers is ctx.services.producers
+    assert isinstance(led.producers, PartitionProducerState)
+    assert led.producers.registry is ctx.services.producers
+    assert (led.producers.topic, led.producers.index) == ("solo", 0)
     assert guard(ctx, "solo", 0, 1) == E.UNKNOWN_LEADER_EPOCH
     unknown_id = ErrorCode.UNKNOWN_TOPIC_ID
     ctx = cluster(held={}, cluster_has={"grown": 4})
     assert missing_partition_error(ctx, "", 0, unknown_id) == unknown_id
 
 
-def test_one_partition_per_term_and_log() -> None:
-    """The guard keeps the Partition it found on the topic: the same term and log give
-    the same object (a Fetch of many partitions allocates none per partition); a term
-    or a log put in another's place gives a new one, never the old log's."""
+def test_one_partition_per_log_its_term_replaced() -> None:
+    """The topic keeps one Partition per partition: the guard finds the same object
+    for the same log (a Fetch of many partitions allocates none per partition), with
+    the term replaced when the leadership changed; a log put in another's place (the
+    topic made again) gives a new one, never the old log's."""
     ctx = alone_with("solo", 2)
     first = guard(ctx, "solo", 0)
     assert not isinstance(first, ErrorCode)
@@ -167,6 +171,13 @@ def test_one_partition_per_term_and_log() -> None:
     assert first.term is ctx.services.leaders.leader_term("solo", 0)  # one term per log
     other = guard(ctx, "solo", 1)
     assert not isinstance(other, ErrorCode) and other is not first and other.index == 1
+    # A new term on the same log (a cluster's next leader epoch): the same Partition,
+    # holding the term the leadership gives now.
+    topic, _, _ = find_topic(ctx, "solo", None)
+    assert topic is not None and topic.partitions[0] is first
+    current = first.term
+    first.term = SimpleNamespace()  # type: ignore[assignment]  # as an ended term
+    assert guard(ctx, "solo", 0) is first and first.term is current
     old_log = first.log
     topics = ctx.services.topics
     topics.delete("solo")
@@ -175,10 +186,3 @@ def test_one_partition_per_term_and_log() -> None:
     assert not isinstance(again, ErrorCode) and again is not first
     assert again.log is topics.log("solo", 0) and again.log is not old_log
     assert again.term.high_watermark == 0 and again.term is not first.term
-    # A new term on the same log (a cluster's next leader epoch) makes a new one too.
-    topic, _, _ = find_topic(ctx, "solo", None)
-    assert topic is not None
-    stale = attrs.evolve(again)
-    topic.led[0] = stale
-    stale.term = SimpleNamespace()
-    assert guard(ctx, "solo", 0) is not stale

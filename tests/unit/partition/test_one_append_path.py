@@ -136,18 +136,21 @@ def test_a_stray_append_is_reported(tmp_path: Path) -> None:
     ]
 
 
-#: Where a ``Partition`` may be made, relative to trio_broker/, and in which function:
-#: the coordinators' lookup (``coordinator_partition``) and the catalogue's
-#: (``Topic.leading``, which the guard and the marker writer call).
-PARTITION_MAKERS = {
+#: The one place a ``Partition`` is constructed, relative to trio_broker/, and the
+#: function doing it.
+PARTITION_CONSTRUCTOR = ("partition/partition.py", "take_partition")
+#: Where that constructor may be called, and in which function: the catalogue's lookup
+#: (``Topic.leading``, which the guard and the marker writer call, and which keeps the
+#: Partition it makes) and the coordinators' (``coordinator_partition``).
+PARTITION_TAKERS = {
     "partition/partition.py": {"coordinator_partition"},
     "services/topics.py": {"leading"},
 }
 
 
 def _imports_partition(tree: ast.Module) -> bool:
-    """Whether ``tree`` imports the data path's ``Partition`` (its module, or the class
-    by name): a response message's ``Partition`` class is another."""
+    """Whether ``tree`` imports the data path's ``Partition`` module or a name of it
+    (a response message's ``Partition`` class is another)."""
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue
@@ -159,9 +162,10 @@ def _imports_partition(tree: ast.Module) -> bool:
     return False
 
 
-def partitions_made(source: str, *, defines: bool = False) -> list[tuple[int, str]]:
-    """(line, enclosing function) of every ``Partition(...)`` call in ``source`` that
-    makes the data path's (the module imports it, or ``defines`` it)."""
+def calls_named(source: str, callee: str, *, defines: bool = False) -> list[tuple[int, str]]:
+    """(line, enclosing function) of every call of ``callee`` (by its last name) in
+    ``source``, if the module imports the data path's Partition module (or ``defines``
+    it)."""
     found: list[tuple[int, str]] = []
     tree = ast.parse(source)
     if not defines and not _imports_partition(tree):
@@ -172,7 +176,7 @@ def partitions_made(source: str, *, defines: bool = False) -> list[tuple[int, st
             inner = function
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
                 inner = child.name
-            if isinstance(child, ast.Call) and _terminal_name(child.func) == "Partition":
+            if isinstance(child, ast.Call) and _terminal_name(child.func) == callee:
                 found.append((child.lineno, inner))
             visit(child, inner)
 
@@ -180,52 +184,101 @@ def partitions_made(source: str, *, defines: bool = False) -> list[tuple[int, st
     return found
 
 
+def partitions_made(source: str, *, defines: bool = False) -> list[tuple[int, str]]:
+    """(line, enclosing function) of every ``Partition(...)`` call of the data path's."""
+    return calls_named(source, "Partition", defines=defines)
+
+
 def stray_partitions(package: Path) -> list[str]:
-    """``Partition(...)`` made outside :data:`PARTITION_MAKERS`, as "file:line: in f"."""
+    """``Partition(...)`` outside :data:`PARTITION_CONSTRUCTOR`, and ``take_partition(...)``
+    outside :data:`PARTITION_TAKERS`, as "file:line: in f"."""
     stray = []
+    home, constructor = PARTITION_CONSTRUCTOR
     for path in sorted(package.rglob("*.py")):
         relative = path.relative_to(package).as_posix()
         source = path.read_text(encoding="utf-8")
-        defines = relative == "partition/partition.py"
+        defines = relative == home
         for line, function in partitions_made(source, defines=defines):
-            if function not in PARTITION_MAKERS.get(relative, set()):
+            if (relative, function) != PARTITION_CONSTRUCTOR:
                 stray.append(f"trio_broker/{relative}:{line}: in {function or 'the module'}")
-    return stray
+        for line, function in calls_named(source, constructor, defines=defines):
+            if function not in PARTITION_TAKERS.get(relative, set()):
+                stray.append(
+                    f"trio_broker/{relative}:{line}: {constructor} in {function or 'the module'}"
+                )
+    return sorted(stray, key=lambda found: (found.split(":")[0], int(found.split(":")[1])))
 
 
-def test_a_partition_is_made_only_by_its_two_lookups() -> None:
+def test_a_partition_is_constructed_in_one_place_called_by_its_two_lookups() -> None:
     stray = stray_partitions(PACKAGE)
     assert not stray, (
-        "a Partition (a log paired with a term) is made outside Topic.leading and "
-        "partition/partition.py's coordinator_partition:\n" + "\n".join(stray)
+        "a Partition (a log paired with a term) is constructed outside "
+        "partition/partition.py's take_partition, or taken outside Topic.leading and "
+        "coordinator_partition:\n" + "\n".join(stray)
     )
-    # Guards the check: both makers are seen.
+    # Guards the check: the constructor and both callers are seen.
+    home, constructor = PARTITION_CONSTRUCTOR
+    made = partitions_made((PACKAGE / home).read_text(), defines=True)
+    assert [function for _, function in made] == [constructor]
     seen = {
         relative: {
             f
-            for _, f in partitions_made(
-                (PACKAGE / relative).read_text(), defines=relative == "partition/partition.py"
+            for _, f in calls_named(
+                (PACKAGE / relative).read_text(), constructor, defines=relative == home
             )
         }
-        for relative in PARTITION_MAKERS
+        for relative in PARTITION_TAKERS
     }
-    assert seen == PARTITION_MAKERS
+    assert seen == PARTITION_TAKERS
+
+
+def test_the_catalogue_keeps_one_partition_per_log() -> None:
+    """``Topic.leading`` is a lookup: the same log gives the same Partition whatever
+    the term (it holds the newest), a new log a new one."""
+    from trio_broker.services.local_replication import LocalReplication
+    from trio_broker.services.producers import ProducerStateRegistry
+    from trio_broker.services.topics import TopicManager
+    from trio_broker.storage.log import LogConfig
+
+    topics = TopicManager(None, LogConfig(), lambda: 0)
+    topic = topics.create("t", 1)
+    leaders, producers = LocalReplication.over(topics), ProducerStateRegistry(None, lambda: 0)
+    term = leaders.leader_term("t", 0)
+    assert term is not None
+    first = topic.leading(0, term, producers)
+    assert topic.leading(0, term, producers) is first
+    next_term = LocalReplication.over(topics).leader_term("t", 0)  # another term object
+    assert next_term is not None and next_term is not term
+    assert topic.leading(0, next_term, producers) is first and first.term is next_term
+    topics.delete("t")
+    again = topics.create("t", 1).leading(0, next_term, producers)
+    assert again is not first and again.log is topics.log("t", 0)
 
 
 def test_a_stray_partition_is_reported(tmp_path: Path) -> None:
     package = tmp_path / "trio_broker"
     (package / "services").mkdir(parents=True)
-    imports = "from trio_broker.partition.partition import Partition\n"
+    (package / "partition").mkdir()
+    (package / "partition" / "partition.py").write_text(
+        "def take_partition():\n    return Partition(1)\n"
+        "def coordinator_partition():\n    return take_partition()\n"
+        "def elsewhere():\n    return Partition(3)\n"
+    )
+    imports = "from trio_broker.partition.partition import Partition, take_partition\n"
     (package / "services" / "topics.py").write_text(
-        imports + "def leading():\n    return Partition(1)\ndef other():\n    return Partition(2)\n"
+        imports + "def leading():\n    return take_partition(1)\n"
+        "def other():\n    return take_partition(2)\n"
+        "def direct():\n    return Partition(2)\n"
     )
     (package / "services" / "txn_markers.py").write_text(
-        "from trio_broker.partition import partition as p\nled = p.Partition(t, i, log, term, x)\n"
+        "from trio_broker.partition import partition as p\nled = p.Partition(t, i, log, x, term)\n"
     )
     # A response message's Partition class is not the data path's.
     (package / "services" / "answers.py").write_text("part = Partition(error_code=0)\n")
     assert stray_partitions(package) == [
-        "trio_broker/services/topics.py:5: in other",
+        "trio_broker/partition/partition.py:6: in elsewhere",
+        "trio_broker/services/topics.py:5: take_partition in other",
+        "trio_broker/services/topics.py:7: in direct",
         "trio_broker/services/txn_markers.py:2: in the module",
     ]
 

@@ -53,14 +53,19 @@ class LeaderTerm:
         self.replicated = True
 
 
+def entry(producers: Any, topic: str) -> Any:
+    """The partition's own producer state: its entry in a registry, or none."""
+    return producers.entry(topic, 0) if isinstance(producers, ProducerStateRegistry) else producers
+
+
 def local(log: MemoryLog, producers: Any = NO_PRODUCERS, topic: str = "t") -> Partition:
     """``log`` as a node alone leads it: the local term (no epoch stamped)."""
-    return Partition(topic, 0, log, LocalTerm(0, log), producers)
+    return Partition(topic, 0, log, entry(producers, topic), LocalTerm(0, log))
 
 
 def led(log: MemoryLog, leader_epoch: int, producers: Any = NO_PRODUCERS) -> Partition:
     """``log`` as a cluster's leader leads it in ``leader_epoch``."""
-    return Partition("t", 0, log, LeaderTerm(leader_epoch), producers)  # type: ignore[arg-type]
+    return Partition("t", 0, log, entry(producers, "t"), LeaderTerm(leader_epoch))  # type: ignore[arg-type]
 
 
 class Flusher:
@@ -157,8 +162,8 @@ def test_a_coordinator_partition_has_no_producer_state_to_write_a_client_batch_o
     # Its own records go in; a consumer reading it would see everything committed.
     append(own, build_batch([(b"k", b"v")]), origin=Origin.COORDINATOR, now_ms=T0,
            durability=None)  # fmt: skip
-    assert own.producers.last_stable_offset("t", 0, log, 1) == 1
-    assert own.producers.aborted_between("t", 0, log, 0, 1) == ()
+    assert own.producers.last_stable_offset(log, 1) == 1
+    assert own.producers.aborted_between(log, 0, 1) == ()
 
 
 def test_the_term_a_partition_is_written_in() -> None:

@@ -13,11 +13,13 @@ import attrs
 
 from trio_broker.partition.append import Origin, append
 from trio_broker.partition.partition import Partition
-from trio_broker.partition.read import Isolation, read
+from trio_broker.partition.read import Isolation, ReplicaRead, read, read_by_replica
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch, build_control_batch, iter_batches
-from trio_broker.services.local_replication import LocalTerm
+from trio_broker.services.local_replication import LocalReplication, LocalTerm
 from trio_broker.services.producers import ProducerStateRegistry
+from trio_broker.services.topics import TopicManager
+from trio_broker.storage.log import LogConfig
 from trio_broker.storage.memory import MemoryLog
 
 T0 = 10_000
@@ -45,7 +47,9 @@ def read_into(
     log: MemoryLog, term: Any, producers: ProducerStateRegistry, *args: Any, **kwargs: Any
 ) -> tuple[Answer, Any, Any]:
     answer = Answer()
-    regions, aborted = read(answer, Partition("t", 0, log, term, producers), *args, **kwargs)
+    regions, aborted = read(
+        answer, Partition("t", 0, log, producers.entry("t", 0), term), *args, **kwargs
+    )
     return answer, regions, aborted
 
 
@@ -54,7 +58,7 @@ def partition() -> tuple[MemoryLog, ProducerStateRegistry]:
     open transaction, 9-10 plain: the LSO is 7."""
     log, producers = MemoryLog(), ProducerStateRegistry(None, lambda: T0)
     kwargs: Any = dict(origin=Origin.CLIENT, now_ms=T0, durability=None)
-    alone = Partition("t", 0, log, LocalTerm(0, log), producers)
+    alone = Partition("t", 0, log, producers.entry("t", 0), LocalTerm(0, log))
 
     def txn(epoch: int) -> bytearray:
         records = [(None, b"t%d" % i) for i in range(2)]
@@ -116,3 +120,45 @@ def test_reads_that_fail_answer_no_offsets() -> None:
         log, term, producers, 0, 1 << 20, Isolation.HIGH_WATERMARK, min_one=True
     )
     assert below_start == Answer(ErrorCode.OFFSET_OUT_OF_RANGE, -1, -1, -1)
+
+
+class Progress(LocalReplication):
+    """A node alone's replication that keeps what a replica's read reported to it."""
+
+    reported: list[tuple[str, int, bool, object]]
+
+    def progressed(self, topic: str, partition: int, term: Any, moved: bool, proposal: Any) -> None:
+        self.reported.append((topic, partition, moved, proposal))
+
+
+def test_a_replicas_read_of_a_node_alone_records_nothing_by_the_same_rules() -> None:
+    """A node alone's term (a replica set of one) takes a replica's read as a cluster's
+    does, with no branch on its type: no follower of it, so nothing moves, no ISR
+    change, nothing reported; the read itself goes to the log end."""
+    topics = TopicManager(None, LogConfig(), lambda: T0)
+    topics.create("t", 1)
+    followers = Progress.over(topics)
+    followers.reported = []
+    log = topics.log("t", 0)
+    assert log is not None
+    term = followers.leader_term("t", 0)
+    assert term is not None
+    producers = ProducerStateRegistry(None, lambda: T0)
+    alone = Partition("t", 0, log, producers.entry("t", 0), term)
+    for value in (b"a", b"b"):
+        append(
+            alone, build_batch([(None, value)], base_timestamp=T0), origin=Origin.CLIENT,
+            now_ms=T0, durability=None,
+        )  # fmt: skip
+    answer = Answer()
+    regions, _ = read_by_replica(
+        answer, alone, 1, 1 << 20, ReplicaRead(7, T0, followers), 0, min_one=True
+    )
+    assert offsets_read(regions) == [1]
+    assert (answer.error_code, answer.high_watermark) == (0, 2)
+    assert followers.reported == []
+    # Past the log end: refused as a cluster's leader refuses it, nothing recorded.
+    answer = Answer()
+    read_by_replica(answer, alone, 3, 1 << 20, ReplicaRead(7, T0, followers), 0, min_one=True)
+    assert answer.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert followers.reported == []

@@ -23,6 +23,13 @@ PATTERN = re.compile(r"(replication|term) is (not )?None|\bin_cluster\b")
 #: Counted outside :data:`WIRING`, where choosing by it is the point.
 MODE_PATTERN = re.compile(r"zookeeper_connect is (not )?None")
 WIRING = ("trio_broker/config.py", "trio_broker/cluster/")
+#: An ``isinstance`` on a leader term's type: telling a cluster's term
+#: (``LeaderPartition``) from a node alone's (``LocalTerm``) is the same branch by
+#: another name (``partition/read.py``'s ``record_progress`` had one). Both are one
+#: ``Term`` to the data path; only :data:`TERM_HOMES`, where the types are defined
+#: and their rules written, may look at the type.
+TERM_TYPE_PATTERN = re.compile(r"isinstance\([^)]*\b(LeaderPartition|LocalTerm|Term|LeaderTerm)\b")
+TERM_HOMES = ("trio_broker/partition/", "trio_broker/replication/")
 
 #: The count left by the wiring slice of issue 29 (70 in 29 files before the data-path
 #: slice, 50 after it, 39 after the metadata-view slice, 20 after the admin slice, 13
@@ -102,8 +109,13 @@ def branch_lines(root: Path) -> Counter[str]:
     for path in sorted((root / "trio_broker").rglob("*.py")):
         name = path.relative_to(root).as_posix()
         wiring = name.startswith(WIRING)
+        term_home = name.startswith(TERM_HOMES)
         for line in path.read_text(encoding="utf-8").splitlines():
-            if PATTERN.search(line) or (not wiring and MODE_PATTERN.search(line)):
+            if (
+                PATTERN.search(line)
+                or (not wiring and MODE_PATTERN.search(line))
+                or (not term_home and TERM_TYPE_PATTERN.search(line))
+            ):
                 counts[name] += 1
     return counts
 
@@ -156,6 +168,35 @@ def test_the_pattern_finds_what_it_counts(tmp_path: Path) -> None:
         "assert config.zookeeper_connect is not None\n"
     )
     (tmp_path / "trio_broker" / "config.py").write_text("if self.zookeeper_connect is not None:\n")
-    assert branch_lines(tmp_path) == Counter(
-        {"trio_broker/handlers/a.py": 3, "trio_broker/handlers/b.py": 2}
+    (tmp_path / "trio_broker" / "services").mkdir()
+    (tmp_path / "trio_broker" / "services" / "d.py").write_text(
+        "if not isinstance(term, LeaderPartition):\n    return\n"
+        "alone = isinstance(led.term, (LocalTerm, int))\n"
+        "if isinstance(exc, OffsetOutOfRange):\n    pass\n"  # not a term type
     )
+    (tmp_path / "trio_broker" / "replication").mkdir()
+    (tmp_path / "trio_broker" / "replication" / "e.py").write_text(
+        "assert isinstance(term, LeaderPartition)\n"  # where the term types live
+    )
+    assert branch_lines(tmp_path) == Counter(
+        {
+            "trio_broker/handlers/a.py": 3,
+            "trio_broker/handlers/b.py": 2,
+            "trio_broker/services/d.py": 2,
+        }
+    )
+
+
+def test_the_data_path_asks_no_term_its_type() -> None:
+    """A term's type is asked nowhere outside its homes (issue 29: a node alone's term
+    takes a replica's fetch by the cluster's rules, so the data path never tells them
+    apart); inside partition/ not either, where the one such branch was."""
+    counts = Counter[str]()
+    for path in sorted((ROOT / "trio_broker").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        if name.startswith("trio_broker/replication/"):
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if TERM_TYPE_PATTERN.search(line):
+                counts[name] += 1
+    assert counts == Counter()
