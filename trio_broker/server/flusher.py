@@ -27,7 +27,7 @@ import attrs
 import trio
 
 from trio_broker.server.histogram import FSYNC_BOUNDS, LatencyHistogram
-from trio_broker.server.sync_thread import PipeReportingThreads
+from trio_broker.server.sync_thread import InlineCalls, PipeReportingThreads
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.group_commit import DurabilityTracker, FlushPolicy, FlushStatistics
 from trio_broker.storage.log import PartitionLog
@@ -112,7 +112,10 @@ class Flusher:
         *,
         clock_ms: Callable[[], int] = _trio_clock_ms,
         threads: int = FLUSH_THREADS,
+        inline: bool = False,
     ) -> None:
+        """``inline``: syncs run on the event loop, not in worker threads (the simulator
+        and mock-clock tests: what Trio does not schedule must not decide when a sync ends)."""
         self.policy = policy or FlushPolicy()
         self.threads = max(1, threads)
         self._clock_ms = clock_ms
@@ -138,7 +141,9 @@ class Flusher:
         self.background: trio.Nursery | None = None
         #: Seconds of each successful log sync (/metrics trio_broker_fsync_duration_seconds).
         self.fsync_durations = LatencyHistogram(FSYNC_BOUNDS)
-        self._threads = PipeReportingThreads()
+        self._threads: PipeReportingThreads | InlineCalls = (
+            InlineCalls() if inline else PipeReportingThreads()
+        )
 
     def _entry(self, log: FlushableLog) -> _Entry:
         entry = self._entries.get(id(log))
