@@ -244,3 +244,49 @@ async def test_a_failed_read_as_the_controller_starts_is_retried() -> None:
         assert coord.epoch_reads >= 3, "the duties read the epoch again"
         assert view.controller_id == 1 and view.controller_epoch == 1
         nursery.cancel_scope.cancel()
+
+
+class _RegistersAgainWhenLetGo:
+    """Broker 1's coordination client, whose registrations after the first wait for
+    ``let_go``: the window between a session expiry and the broker's registering again."""
+
+    def __init__(self, inner: MemoryCoordination) -> None:
+        self.inner, self.registrations, self.let_go = inner, 0, trio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
+        if path == f"{BROKER_IDS}/1":
+            self.registrations += 1
+            if self.registrations > 1:
+                await self.let_go.wait()
+        await self.inner.create(path, data, ephemeral=ephemeral)
+
+
+async def test_a_broker_not_registered_again_yet_tells_clients_the_brokers_it_knew() -> None:
+    """After its session expired, until it has registered again, ZooKeeper lists the
+    broker as gone; Metadata must still name it and the brokers it knew (issue 30: an
+    empty list made librdkafka drop every broker, and a consumer group stalled)."""
+    server = MemoryZooKeeper()
+    one = _RegistersAgainWhenLetGo(MemoryCoordination(server))
+    two = MemoryCoordination(server)
+    views = {b: ClusterView(b) for b in (1, 2)}
+
+    def told(b: int) -> list[int]:
+        return [info.broker_id for info, _, _ in views[b].brokers_on(None)]
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_membership, one, registration(1), views[1])
+        await nursery.start(run_membership, two, registration(2), views[2])
+        await eventually(lambda: set(views[1].brokers) == {1, 2}, "1 lists 1 and 2")
+        one.expire_session()
+        await eventually(lambda: set(views[1].brokers) == {2}, "ZooKeeper lists 2 alone")
+        assert told(1) == [1, 2]
+        assert told(2) == [2]  # registered: it tells what ZooKeeper lists
+        one.let_go.set()
+        await eventually(lambda: set(views[1].brokers) == {1, 2}, "1 registered again")
+        await two.stop()  # while broker 1 is registered, a broker that goes is dropped
+        await eventually(lambda: set(views[1].brokers) == {1}, "2 gone")
+        assert told(1) == [1]
+        nursery.cancel_scope.cancel()

@@ -186,6 +186,8 @@ async def _follow_brokers(
             await trio.sleep(RETRY_S)
             continue
         view.brokers = brokers
+        if view.broker_id in brokers:
+            view.last_listing_self = brokers  # what clients are told while it is not
         on_change()
         if first:
             first = False

@@ -372,6 +372,7 @@ class GroupCoordinator:
         if loaded_shares and self.on_share_groups_loaded is not None:
             self.on_share_groups_loaded(loaded_shares)
         led.loaded.set()
+        self._poke()  # the restored members' sessions end before the timer's next wake-up
         log.info("coordinating the %d groups of %s-%d (epoch %d)", len(store.group_ids()),
                  CONSUMER_OFFSETS, led.partition, led.leader_epoch)  # fmt: skip
 

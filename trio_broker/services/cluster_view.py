@@ -74,6 +74,9 @@ class ClusterView:
     controller_epoch: int = 0
     #: Every topic of the cluster with its partitions' replicas, leaders and ISRs.
     topics: dict[str, TopicInfo] = attrs.field(factory=dict)
+    #: The last ``brokers`` that listed this broker: what clients are told while it is
+    #: not listed (:meth:`brokers_on`). Set by the membership task as it reads the list.
+    last_listing_self: dict[int, BrokerInfo] = attrs.field(factory=dict)
 
     @property
     def is_controller(self) -> bool:
@@ -81,8 +84,20 @@ class ClusterView:
 
     def brokers_on(self, listener: str | None) -> list[tuple[BrokerInfo, str, int]]:
         """Live brokers by id with their address on ``listener`` (the one a client
-        connected to: Kafka answers each client with that listener's endpoints)."""
-        return brokers_on(self.brokers, listener)
+        connected to: Kafka answers each client with that listener's endpoints).
+
+        While this broker is not among ``brokers`` -- its ZooKeeper session expired and
+        it has not registered again, so ZooKeeper lists it (and every broker not back
+        yet) as gone -- clients are told the last list that named it. A Kafka broker
+        answers from its metadata cache then, which a lost session does not clear. A
+        list without the broker answering makes librdkafka drop every broker it does not
+        name, its connections and the group coordinator's with them (an empty one: all
+        of them, until it bootstraps again), which stalled a consumer group for a minute
+        after ZooKeeper came back with the sessions expired (issue 30).
+        """
+        if self.broker_id in self.brokers or not self.last_listing_self:
+            return brokers_on(self.brokers, listener)
+        return brokers_on(self.last_listing_self, listener)
 
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
         return next((t for t in self.topics.values() if t.topic_id == topic_id), None)

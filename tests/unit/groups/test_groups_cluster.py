@@ -537,3 +537,30 @@ async def test_an_election_that_ends_after_the_coordinator_stopped_is_dropped() 
     lead(broker, coordinator, 2, 5, log)
     assert 2 not in coordinator.led
     assert coordinator.coordinator_error(group_in(2)) is ErrorCode.NOT_COORDINATOR
+
+
+async def test_a_restored_member_that_never_comes_back_leaves_after_its_session(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A new coordinator times the restored members' sessions from its load (Kafka
+    schedules their expiry as it loads): one that never heartbeats leaves once its
+    session is over, though no request comes in meanwhile."""
+    autojump_clock.autojump_threshold = 0.05  # the flusher and the load use worker threads
+    mine = group_in(2)
+    log = MemoryLog()
+    async with trio.open_nursery() as nursery:
+        broker, coordinator = await start(nursery)
+        lead(broker, coordinator, 2, 1, log)
+        await coordinator.led[2].loaded.wait()
+        _, outcome = await stable_group_in(coordinator, mine)
+        assert isinstance(outcome, Waiter)
+        await outcome.wait()
+        coordinator.resigned(2)
+
+        other_broker, successor = await start(nursery)
+        lead(other_broker, successor, 2, 2, log)
+        await successor.led[2].loaded.wait()
+        assert successor.groups[mine].members
+        await trio.sleep(11)  # past the member's 10 s session, no request in between
+        assert not successor.groups[mine].members
+        nursery.cancel_scope.cancel()
