@@ -94,6 +94,10 @@ PRODUCER_ID_MACHINE = "statemachine/test_producer_id_machine.py"
 MEMORY_BUDGET_MACHINE = "statemachine/test_memory_budget_machine.py"
 #: The share coordinator's fencing (groups/share_coordinator.py) against a dict.
 SHARE_COORDINATOR_MACHINE = "statemachine/test_share_coordinator_machine.py"
+#: A cluster's transaction markers (cluster/txn_marker_channel.py), thirteenth round.
+TXN_MARKER_MACHINE = "statemachine/test_txn_marker_machine.py"
+#: Classic groups through the real group coordinator (groups/coordinator.py).
+CLASSIC_GROUP_MACHINE = "statemachine/test_classic_group_coordinator_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
 #: The whole-broker machine's crashing variant alone (restarts and kills; the seven
 #: tests together take 500-760 s on the loaded machine).
@@ -1699,7 +1703,7 @@ THIRTEENTH = (
         "a transaction's partition that has no leader at the moment (an election under "
         "way) is treated as gone: its marker is never written and the transaction stays "
         "open there, holding the last stable offset back",
-        (TXN_COORDINATOR_MACHINE, SIMULATOR),
+        (TXN_MARKER_MACHINE, TXN_COORDINATOR_MACHINE, SIMULATOR),
         ("tests/unit/transactions/test_txn_cluster.py",),
     ),
     Bug(
@@ -1710,7 +1714,7 @@ THIRTEENTH = (
         "",
         "a cluster's transaction end sends no marker to the __consumer_offsets partition "
         "of the groups it committed offsets for: the transaction's offsets stay pending",
-        (TXN_COORDINATOR_MACHINE, PARTITION_TXN_MACHINE, SIMULATOR),
+        (TXN_MARKER_MACHINE, TXN_COORDINATOR_MACHINE, PARTITION_TXN_MACHINE, SIMULATOR),
         ("tests/unit/transactions/test_txn_cluster.py",),
     ),
     Bug(
@@ -1720,7 +1724,7 @@ THIRTEENTH = (
         "            pass\n",
         "a classic group that every member left is not stored as empty: a new coordinator "
         "(a restart) brings back its last generation's members and assignment",
-        (GROUP_MACHINE, OFFSET_EXPIRY_MACHINE, CRASHING_BROKER),
+        (CLASSIC_GROUP_MACHINE, GROUP_MACHINE, OFFSET_EXPIRY_MACHINE, CRASHING_BROKER),
         ("tests/unit/groups",),
     ),
     Bug(
@@ -1730,7 +1734,7 @@ THIRTEENTH = (
         "            if group.is_empty() and not store.has_offsets(group_id):\n",
         "the offset cleanup forgets an empty classic group that a member is joining (KIP-394: "
         "told its member id, about to join again): the join with that id is refused",
-        (OFFSET_EXPIRY_MACHINE, GROUP_MACHINE, CRASHING_BROKER),
+        (CLASSIC_GROUP_MACHINE, OFFSET_EXPIRY_MACHINE, GROUP_MACHINE, CRASHING_BROKER),
         ("tests/unit/groups",),
     ),
     Bug(
