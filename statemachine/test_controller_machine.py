@@ -11,7 +11,9 @@ the loop keeps no state of its own, so a pass is the whole of it.
 What is checked after every pass (Kafka's controller rules, over every partition):
 
 1. a partition created with some replicas down starts at epoch 0 with its live replicas
-   as the ISR and the first of them leading (none alive: no leader; see below);
+   as the ISR and the first of them leading; with none alive it has no state until one
+   returns, and then the same rule applies (Kafka's controller leaves a new partition
+   with no live replica new, whichever replica comes back first leads it);
 2. a leader is alive and in the ISR; a leaderless partition has no live ISR member;
 3. the ISR is within the replicas and never empty; a dead broker stays in it only as its
    last member (the partition is then offline, as Kafka keeps the last ISR member);
@@ -132,7 +134,10 @@ class ControllerMachine(RuleBasedStateMachine):
         states = {}
         for key in self.replicas:
             znode = await self.admin.get(partition_state_path(*key))
-            assert znode is not None, f"{key}: no state after a controller pass"
+            if znode is None:  # 1: only a new partition none of whose replicas is alive
+                alive = sorted(set(self.replicas[key]) & self._live())
+                assert not alive, f"{key}: no state after a pass with {alive} alive"
+                continue
             states[key] = PartitionState.decode(znode.data, f"{key[0]}-{key[1]}")
         return states
 
@@ -168,15 +173,11 @@ class ControllerMachine(RuleBasedStateMachine):
             assert state.controller_epoch == CONTROLLER_EPOCH_NOW
             if old is None:  # 1
                 alive = tuple(r for r in replicas if r in live)
-                if not alive:
-                    # Found by this machine, left as it is (docs/verification.md): the
-                    # first round writes (no leader, epoch 0, every replica), the next
-                    # round's loss rule keeps the last one alone in the ISR, epoch 1, so
-                    # only that broker's return brings the empty partition online. Kafka
-                    # writes no state until a replica is alive, and then its live ones.
-                    event("a topic created with every replica down")
-                    assert state.leader == NO_LEADER, f"{key}: {state}"
-                    continue
+                # Found by this machine (the twelfth round): a partition created with
+                # every replica down got (no leader, epoch 0, every replica), then its
+                # last replica alone in the ISR, so only that broker's return brought it
+                # online. Kafka writes no state until a replica is alive.
+                assert alive, f"{key}: a state written with none of {replicas} alive: {state}"
                 assert (state.leader, state.leader_epoch, state.isr) == (alive[0], 0, alive), (
                     f"{key} created on {replicas} with {sorted(live)} alive: {state}"
                 )
@@ -216,6 +217,34 @@ class ControllerMachine(RuleBasedStateMachine):
         trio.run(self._register, broker)
         note(f"broker {broker} returns")
         self._controller_passes()
+
+    @rule(
+        replicas=st.lists(st.sampled_from(BROKERS), min_size=1, max_size=3, unique=True),
+        first_back=st.integers(0, 2),
+    )
+    def topic_created_while_its_replicas_are_down(
+        self, replicas: list[int], first_back: int
+    ) -> None:
+        """The case the random rules seldom build: every replica of a new topic down,
+        then one of them (any, not only the last listed) back first: it must lead, alone
+        in the ISR, at epoch 0."""
+        for broker in replicas:
+            session = self.sessions.pop(broker, None)
+            if session is not None:
+                self.server.expire(session.session)
+        note(f"brokers {replicas} die")
+        self._controller_passes()
+        trio.run(self._create_topic, [replicas])
+        key = (f"t{self.topics - 1}", 0)
+        self._controller_passes()
+        assert key not in self.states
+        back = replicas[first_back % len(replicas)]
+        trio.run(self._register, back)
+        note(f"broker {back} returns")
+        event("a topic created with every replica down")
+        self._controller_passes()
+        state = self.states[key]
+        assert (state.leader, state.leader_epoch, state.isr) == (back, 0, (back,)), state
 
     @rule(broker=st.sampled_from(BROKERS))
     def broker_restarts_unseen(self, broker: int) -> None:

@@ -39,7 +39,7 @@ def test_decide_new_lost_and_returning() -> None:
     new = PartitionInfo((2, 3, 1), NO_LEADER, -1, ())
     assert decide(new, ALL) == LeaderAndIsr(2, 0, (2, 3, 1))
     assert decide(new, frozenset({1})) == LeaderAndIsr(1, 0, (1,))
-    assert decide(new, frozenset()) == LeaderAndIsr(NO_LEADER, 0, (2, 3, 1))
+    assert decide(new, frozenset()) is None  # no state until a replica is alive
     settled = PartitionInfo((2, 3, 1), 2, 0, (2, 3, 1))
     assert decide(settled, ALL) is None
     assert decide(settled, frozenset({1, 3})) == LeaderAndIsr(3, 1, (3, 1))

@@ -87,7 +87,14 @@ def decide(
     :func:`restarted_leader`)."""
     replicas = info.replicas
     if info.leader_epoch < 0:  # no state yet: a new partition
-        in_sync = tuple(r for r in replicas if r in live) or replicas
+        in_sync = tuple(r for r in replicas if r in live)
+        if not in_sync:
+            # Kafka's controller leaves a new partition without a state while none of
+            # its replicas is alive, and gives it its live replicas once one returns
+            # (whichever comes back first leads). Writing every replica as the ISR now
+            # would let the next round's loss rule keep only the last one, so that only
+            # that broker's return brought the partition online.
+            return None
         return LeaderAndIsr(elect_leader(replicas, in_sync, live), 0, in_sync)
     state = LeaderAndIsr(info.leader, info.leader_epoch, info.isr)
     if leader_restarted and info.leader in live:
