@@ -22,6 +22,7 @@ from trio_broker.cluster.coordination import (
 from trio_broker.config import BrokerConfig
 from trio_broker.handlers.base import ClientInfo
 from trio_broker.server.broker import Broker
+from trio_broker.server.sync_thread import InlineCalls
 from trio_broker.server.transport import open_connection
 from trio_broker.storage.epoch_cache import LeaderEpochCache
 from trio_broker.storage.memory import MemoryLog
@@ -126,28 +127,13 @@ class SimCoordination(MemoryCoordination):
         await super().delete(path, version)
 
 
-class InlineThreads:
-    """Stands in for the flusher's worker threads: the call runs on the event loop, so
-    nothing outside the Trio run decides when it finishes (determinism)."""
-
-    async def run_sync(self, fn: Callable[..., Any], *args: object) -> Any:
-        await trio.lowlevel.checkpoint()
-        return fn(*args)
-
-    def reopen(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 #: Told of every call run_inline makes, after it returns (the simulation watches log
 #: truncations here: a moment for a fault to strike).
 inline_call_observers: list[Callable[[Callable[..., Any], tuple[object, ...]], None]] = []
 
 
 async def run_inline(fn: Callable[..., Any], *args: object, **_kwargs: object) -> Any:
-    """Replaces ``trio.to_thread.run_sync`` for the simulation (see InlineThreads)."""
+    """Replaces ``trio.to_thread.run_sync`` for the simulation (see trio_broker.server.sync_thread.InlineCalls)."""
     await trio.lowlevel.checkpoint()
     result = fn(*args)
     for observer in inline_call_observers:
@@ -203,7 +189,7 @@ class SimBroker:
 
     async def start(self, nursery: trio.Nursery) -> None:
         broker = Broker(self.config(), now_ms=self.now_ms)
-        broker.flusher._threads = InlineThreads()  # type: ignore[assignment]
+        broker.flusher._threads = InlineCalls()
         self._restore(broker)
         zk = self.zk
 
