@@ -38,11 +38,10 @@ import trio.testing
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from tests.lone_coordinator import Clocks, start_lone_coordinator
 from trio_broker.config import BrokerConfig
 from trio_broker.groups.coordinator import GroupCoordinator, Waiter
-from trio_broker.groups.own_offsets import coordinator_alone
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.server.flusher import Flusher
 from trio_broker.state.group import JoinRequest, JoinResult, SyncResult
 from trio_broker.storage.memory import MemoryLog
 
@@ -65,22 +64,6 @@ steps = st.lists(
     ),
     max_size=14,
 )
-
-
-@attrs.define
-class Clocks:
-    wall_ms: int = 1_700_000_000_000
-    monotonic_ms: int = 0
-
-
-@attrs.define
-class Broker:
-    clocks: Clocks
-    config: BrokerConfig = CONFIG
-    flusher: Flusher = attrs.field(factory=Flusher)
-
-    def now_ms(self) -> int:
-        return self.clocks.wall_ms
 
 
 @attrs.define
@@ -132,22 +115,7 @@ class Machine:
         self.model = Model()
 
     async def start(self, nursery: trio.Nursery) -> tuple[GroupCoordinator, trio.CancelScope]:
-        broker = Broker(self.clocks)
-        coordinator, own = coordinator_alone(
-            broker, lambda: self.log, clock_ms=lambda: self.clocks.monotonic_ms
-        )
-        scope = trio.CancelScope()
-
-        async def services(task_status: trio.TaskStatus[None]) -> None:
-            with scope:
-                async with trio.open_nursery() as inner:
-                    await inner.start(broker.flusher.run)
-                    await inner.start(coordinator.run)
-                    await inner.start(own.run)
-                    task_status.started()
-
-        await nursery.start(services)
-        return coordinator, scope
+        return await start_lone_coordinator(nursery, self.clocks, self.log, CONFIG)
 
     async def run(self, script: list[Step]) -> None:
         async with trio.open_nursery() as nursery:

@@ -25,7 +25,6 @@ retention, the cleanup runs as the coordinator's timer runs it, and the broker r
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -34,13 +33,11 @@ import trio.testing
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from tests.lone_coordinator import Clocks, start_lone_coordinator
 from trio_broker.config import BrokerConfig
 from trio_broker.groups.coordinator import GroupCoordinator
 from trio_broker.groups.offsets_store import OffsetAndMetadata, OffsetKey
-from trio_broker.groups.own_offsets import coordinator_alone
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.server.flusher import Flusher
-from trio_broker.services.own_partition import OwnPartition
 from trio_broker.storage.memory import MemoryLog
 
 GROUP = "g"
@@ -54,27 +51,6 @@ CONFIG = BrokerConfig(
 )  # fmt: skip
 
 Partition = tuple[str, int]
-
-
-@attrs.define
-class Clocks:
-    """The broker's wall clock (commit timestamps, expiry) and its monotonic one
-    (timers), moved only by the machine."""
-
-    wall_ms: int = 1_700_000_000_000
-    monotonic_ms: int = 0
-
-
-@attrs.define
-class Broker:
-    """What a node alone's group coordinator uses of its broker."""
-
-    clocks: Clocks
-    config: BrokerConfig = CONFIG
-    flusher: Flusher = attrs.field(factory=Flusher)
-
-    def now_ms(self) -> int:
-        return self.clocks.wall_ms
 
 
 @attrs.frozen
@@ -136,24 +112,7 @@ class Machine:
         self.writes = itertools.count()
 
     async def start(self, nursery: trio.Nursery) -> tuple[GroupCoordinator, trio.CancelScope]:
-        """A node alone's coordinator over the machine's log, as the broker starts it:
-        the flusher, the coordinator, then the leadership that loads its table."""
-        broker = Broker(self.clocks)
-        coordinator, own = coordinator_alone(
-            broker, lambda: self.log, clock_ms=lambda: self.clocks.monotonic_ms
-        )
-        scope = trio.CancelScope()
-
-        async def services(task_status: trio.TaskStatus[None]) -> None:
-            with scope:
-                async with trio.open_nursery() as inner:
-                    await inner.start(broker.flusher.run)
-                    await inner.start(coordinator.run)
-                    await inner.start(own_run(own))
-                    task_status.started()
-
-        await nursery.start(services)
-        return coordinator, scope
+        return await start_lone_coordinator(nursery, self.clocks, self.log, CONFIG)
 
     async def run(self, script: list[Step]) -> None:
         async with trio.open_nursery() as nursery:
@@ -244,15 +203,6 @@ class Machine:
                 f"{partition}: held by an open transaction: {held}, "
                 f"the model says {self.model.pending}"
             )
-
-
-def own_run(own: OwnPartition) -> Callable[..., Any]:
-    """The leadership's run as a nursery task (the broker runs it as a service)."""
-
-    async def run(task_status: trio.TaskStatus[None]) -> None:
-        await own.run(task_status)
-
-    return run
 
 
 @settings(max_examples=60, deadline=None)
