@@ -41,6 +41,8 @@ EVERY: tuple[PlantedBug, ...] = (
     *_tool.EIGHTH,
     *_tool.NINTH,
     *_tool.TENTH,
+    *_tool.ELEVENTH,
+    *_tool.THIRTEENTH,
 )
 
 
