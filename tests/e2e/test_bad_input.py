@@ -376,6 +376,66 @@ def test_garbage_frames_get_ordered_answers_or_a_close(
     bp.assert_serving()
 
 
+LONGEST_GROUP_ID = "g" * 0x7FFF  # an offsets-log key's int16-length string, full
+
+
+def _commit(conn: Any, group_id: str, topic: str, offset: int) -> list[int]:
+    Topic = m.OffsetCommitRequest.OffsetCommitRequestTopic
+    body = m.OffsetCommitRequest(
+        group_id=group_id, generation_id_or_member_epoch=-1, member_id="",
+        group_instance_id=None, retention_time_ms=-1,
+        topics=[Topic(name=topic, partitions=[Topic.OffsetCommitRequestPartition(
+            partition_index=0, committed_offset=offset, committed_leader_epoch=-1,
+            committed_metadata="",
+        )])],
+    )  # fmt: skip
+    answer = conn.request(m.ApiKey.OFFSET_COMMIT, 8, body)
+    return [p.error_code for t in answer.topics for p in t.partitions]
+
+
+def test_a_group_id_too_long_for_the_offsets_log_gets_invalid_group_id(
+    shared_broker_process: BrokerProcess,
+) -> None:
+    """Flexible requests carry compact strings, so a group id may be longer than the
+    int16-length string an offsets-log key holds (Kafka's keys too). Such a group can
+    never be stored: every group request about it answers INVALID_GROUP_ID, on a
+    connection that stays open, where a write of it closed the connection before."""
+    too_long = "g" * 0x8000
+    topic = "long-group-ids"
+    with shared_broker_process.connect() as conn:
+        conn.metadata([topic])  # created on first use
+        assert _commit(conn, too_long, topic, 5) == [ErrorCode.INVALID_GROUP_ID]
+        Protocol = m.JoinGroupRequest.JoinGroupRequestProtocol
+        join = m.JoinGroupRequest(
+            group_id=too_long, session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+            member_id="", group_instance_id=None, protocol_type="consumer",
+            protocols=[Protocol(name="range", metadata=b"")], reason=None,
+        )  # fmt: skip
+        assert conn.request(m.ApiKey.JOIN_GROUP, 9, join).error_code == ErrorCode.INVALID_GROUP_ID
+        sync = m.SyncGroupRequest(
+            group_id=too_long, generation_id=1, member_id="m", group_instance_id=None,
+            protocol_type="consumer", protocol_name="range", assignments=[],
+        )  # fmt: skip
+        assert conn.request(m.ApiKey.SYNC_GROUP, 5, sync).error_code == ErrorCode.INVALID_GROUP_ID
+        heartbeat = m.ConsumerGroupHeartbeatRequest(
+            group_id=too_long, member_id="m" * 22, member_epoch=0, instance_id=None,
+            rack_id=None, rebalance_timeout_ms=10_000, subscribed_topic_names=[topic],
+            subscribed_topic_regex=None, server_assignor=None, topic_partitions=[],
+        )  # fmt: skip
+        answer = conn.request(m.ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, heartbeat)
+        assert answer.error_code == ErrorCode.INVALID_GROUP_ID
+        # The longest id a key holds is a group like any other, stored and read back.
+        assert _commit(conn, LONGEST_GROUP_ID, topic, 7) == [ErrorCode.NONE]
+        Fetch = m.OffsetFetchRequest.OffsetFetchRequestTopic
+        fetch = m.OffsetFetchRequest(
+            group_id=LONGEST_GROUP_ID, topics=[Fetch(name=topic, partition_indexes=[0])],
+            require_stable=False,
+        )  # fmt: skip
+        fetched = conn.request(m.ApiKey.OFFSET_FETCH, 7, fetch)
+        assert [p.committed_offset for t in fetched.topics for p in t.partitions] == [7]
+    shared_broker_process.assert_serving()
+
+
 def test_broker_still_serves_a_real_client_at_the_end(shared_broker_process: BrokerProcess) -> None:
     """After everything above, a real client produces and reads back on the same broker."""
     from kafka import KafkaConsumer, TopicPartition

@@ -58,6 +58,7 @@ from trio_broker.groups.offsets_store import (
     StoreRecord,
     TxnOffset,
     group_of,
+    storable_group_id,
 )
 from trio_broker.groups.share_records import (
     RecordKey,
@@ -318,8 +319,12 @@ class GroupCoordinator:
 
     def coordinator_error(self, group_id: str) -> ErrorCode:
         """NONE when this broker coordinates the group now; else what to answer:
-        NOT_COORDINATOR (another broker leads its partition) or
-        COORDINATOR_LOAD_IN_PROGRESS (the partition's table is still loading)."""
+        NOT_COORDINATOR (another broker leads its partition),
+        COORDINATOR_LOAD_IN_PROGRESS (the partition's table is still loading) or
+        INVALID_GROUP_ID (an id too long for the offsets log's keys: no broker can store
+        the group, so none coordinates it; Kafka's own key serializer fails on it too)."""
+        if not storable_group_id(group_id):
+            return ErrorCode.INVALID_GROUP_ID
         partition = self.partition_of(group_id)
         led = self.led.get(partition)
         if led is None:

@@ -193,6 +193,20 @@ def _get_str(buf: bytes, pos: int, width: struct.Struct) -> tuple[str, int]:
     return buf[pos : pos + size].decode(), pos + size
 
 
+#: The longest group id a key of the offsets log holds: its group id is an int16-length
+#: string, as in Kafka's keys. A flexible request's compact string can carry a longer one.
+MAX_GROUP_ID_BYTES = 0x7FFF
+
+
+def storable_group_id(group_id: str) -> bool:
+    """Whether the offsets log can key a record by ``group_id`` (its UTF-8 fits an
+    int16-length string). Called per group request: a short id (at most 4 bytes a
+    character) is not encoded to find out."""
+    if len(group_id) * 4 <= MAX_GROUP_ID_BYTES:
+        return True
+    return len(group_id.encode()) <= MAX_GROUP_ID_BYTES
+
+
 def encode_key(key: OffsetKey) -> bytes:
     out = bytearray(_I16.pack(KEY_VERSION))
     _put_str(out, key.group_id, _I16)
