@@ -112,7 +112,10 @@ class FakeBroker:
     """What the coordinator and the group handlers use of a Broker in a cluster."""
 
     config: BrokerConfig = attrs.field(factory=lambda: CONFIG)
-    flusher: Flusher = attrs.field(factory=Flusher)
+    #: Syncs on the event loop (as in test_group_state.py): several tests run on an
+    #: autojumping mock clock, which jumps while a sync runs in a worker thread, so a
+    #: session could end "during" a write that took a few real milliseconds.
+    flusher: Flusher = attrs.field(factory=lambda: Flusher(inline=True))
     log_defaults: LogConfig = attrs.field(factory=LogConfig)
     replication: Replication = attrs.field(factory=Replication)
     leadership_listeners: dict[str, Any] = attrs.field(factory=dict)
@@ -280,8 +283,7 @@ async def test_a_commit_not_replicated_in_time_is_coordinator_not_available(
         with pytest.raises(NotCommitted) as info:
             await coordinator.wait_offsets_durable(write)
         assert info.value.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
-        # offsets.commit.timeout.ms (5 s) runs from the write's fsync, whose worker thread
-        # may let the mock clock jump first: at least the timeout, never less.
+        # offsets.commit.timeout.ms (5 s) runs from the write's fsync: never less.
         assert trio.current_time() - started >= 5.0
         assert coordinator.committed(mine, "t", 0) is None
         nursery.cancel_scope.cancel()
@@ -486,23 +488,35 @@ async def stable_group_in(coordinator: GroupCoordinator, group: str) -> tuple[st
     return result.member_id, outcome
 
 
+async def moved_stable_group(
+    nursery: trio.Nursery, mine: str
+) -> tuple[str, SyncResult, GroupCoordinator]:
+    """A group made Stable by partition 2's leader, which then resigns, and the next
+    leader of the same replica, loaded: (the member id, the leader's SyncGroup answer,
+    the successor)."""
+    log = MemoryLog()
+    broker, coordinator = await start(nursery)
+    lead(broker, coordinator, 2, 1, log)
+    await coordinator.led[2].loaded.wait()
+    member_id, outcome = await stable_group_in(coordinator, mine)
+    assert isinstance(outcome, Waiter)
+    synced = await outcome.wait()
+    assert isinstance(synced, SyncResult)
+    coordinator.resigned(2)
+
+    other_broker, successor = await start(nursery)
+    lead(other_broker, successor, 2, 2, log)  # the same replica, a new leader
+    await successor.led[2].loaded.wait()
+    return member_id, synced, successor
+
+
 async def test_an_elected_partition_restores_its_stable_groups() -> None:
     """The leader's SyncGroup is answered once the generation counts (below the HW);
     the partition's next leader loads the group Stable, with its member."""
     mine = group_in(2)
-    log = MemoryLog()
     async with trio.open_nursery() as nursery:
-        broker, coordinator = await start(nursery)
-        lead(broker, coordinator, 2, 1, log)
-        await coordinator.led[2].loaded.wait()
-        member_id, outcome = await stable_group_in(coordinator, mine)
-        assert isinstance(outcome, Waiter)
-        assert await outcome.wait() == SyncResult(ErrorCode.NONE, "consumer", "range", b"p0")
-        coordinator.resigned(2)
-
-        other_broker, successor = await start(nursery)
-        lead(other_broker, successor, 2, 2, log)  # the same replica, a new leader
-        await successor.led[2].loaded.wait()
+        member_id, synced, successor = await moved_stable_group(nursery, mine)
+        assert synced == SyncResult(ErrorCode.NONE, "consumer", "range", b"p0")
         group = successor.groups[mine]
         assert group.state is GroupState.STABLE and group.generation_id == 1
         assert successor.heartbeat(mine, member_id, None, 1) is ErrorCode.NONE
@@ -545,21 +559,12 @@ async def test_a_restored_member_that_never_comes_back_leaves_after_its_session(
     """A new coordinator times the restored members' sessions from its load (Kafka
     schedules their expiry as it loads): one that never heartbeats leaves once its
     session is over, though no request comes in meanwhile."""
-    autojump_clock.autojump_threshold = 0.05  # the flusher and the load use worker threads
+    # The successor's load reads the log in a worker thread; the clock must not jump
+    # while it runs (the session would be timed from a later load).
+    autojump_clock.autojump_threshold = 0.05
     mine = group_in(2)
-    log = MemoryLog()
     async with trio.open_nursery() as nursery:
-        broker, coordinator = await start(nursery)
-        lead(broker, coordinator, 2, 1, log)
-        await coordinator.led[2].loaded.wait()
-        _, outcome = await stable_group_in(coordinator, mine)
-        assert isinstance(outcome, Waiter)
-        await outcome.wait()
-        coordinator.resigned(2)
-
-        other_broker, successor = await start(nursery)
-        lead(other_broker, successor, 2, 2, log)
-        await successor.led[2].loaded.wait()
+        _, _, successor = await moved_stable_group(nursery, mine)
         assert successor.groups[mine].members
         await trio.sleep(11)  # past the member's 10 s session, no request in between
         assert not successor.groups[mine].members
