@@ -45,6 +45,9 @@ class BrokerClient:
             raise BrokerConnectionError(f"{self.host}:{self.port}: {exc}") from None
 
     async def close(self) -> None:
+        # What was read of an unfinished answer belongs to this connection alone: kept,
+        # it would be taken for the start of the next connection's first answer.
+        self._buffer.clear()
         if self._stream is not None:
             stream, self._stream = self._stream, None
             with trio.CancelScope(shield=True):
