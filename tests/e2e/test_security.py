@@ -20,7 +20,6 @@ User:alice-cert only: a write there proves the principal came from the certifica
 from __future__ import annotations
 
 import gc
-import logging
 import re
 import subprocess
 import time
@@ -329,26 +328,30 @@ def test_kcat_sasl_ssl_scram_sha_256(secure_broker: SecureBroker, pki: dict[str,
 
 
 def test_wrong_password_is_rejected_and_others_are_served(
-    secure_broker: SecureBroker, pki: dict[str, Path], caplog: pytest.LogCaptureFixture
+    secure_broker: SecureBroker, pki: dict[str, Path]
 ) -> None:
     conf = confluent_conf(secure_broker, pki, "SASL_PLAINTEXT", "SCRAM-SHA-512", BAD_PASSWORD)
     delivery, errors = refused(conf)
     assert delivery is not None and delivery.code() == KafkaError._PURGE_QUEUE
     assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
     assert any("invalid credentials" in e.str() for e in errors), errors
-    caplog.set_level(logging.WARNING, logger="kafka")
-    # kafka-python retries the bootstrap until its timeout; the broker's error 58 is what
-    # it logs. On a loaded machine an attempt can time out before any answer (seen in
-    # CI), so up to three attempts: the error must show in one of them.
-    for _attempt in range(3):
-        with pytest.raises(KafkaPythonError):
-            KafkaProducer(bootstrap_servers=listener(secure_broker, "SASL_PLAINTEXT"),
-                          security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
-                          sasl_plain_username=USER, sasl_plain_password=BAD_PASSWORD,
-                          bootstrap_timeout_ms=10_000)  # fmt: skip
-        if "SaslAuthenticationFailedError" in caplog.text:
-            break
-    assert "SaslAuthenticationFailedError" in caplog.text
+    # kafka-python is refused too, and the broker answers its PLAIN login with error 58
+    # before it closes: the close's reason is logged only once that answer is out
+    # (connection.py, _answered). Whether kafka-python then logs
+    # SaslAuthenticationFailedError is up to its reading: it drops an answer that comes
+    # in one read with the close after it (kafka/net/transport.py: _sock_recv returns the
+    # bytes with the error, and abort discards them), which a loaded machine makes
+    # common (a busy CI run: 24 refused connections, none logged). Kafka closes the same
+    # way; tests/integration/test_sasl.py reads error 58 itself.
+    with pytest.raises(KafkaPythonError):
+        KafkaProducer(bootstrap_servers=listener(secure_broker, "SASL_PLAINTEXT"),
+                      security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                      sasl_plain_username=USER, sasl_plain_password=BAD_PASSWORD,
+                      bootstrap_timeout_ms=10_000)  # fmt: skip
+    answered_then_closed = re.compile(
+        r"closing connection \d+ from \S+: SASL authentication failed: PLAIN: "
+    )
+    assert answered_then_closed.search(secure_broker.log_text()), secure_broker.log_tail()
     assert secure_broker.running
     topic = "after-bad-logins"
     good = confluent_conf(secure_broker, pki, "SASL_PLAINTEXT", "SCRAM-SHA-256")
