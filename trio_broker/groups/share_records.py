@@ -33,7 +33,11 @@ from trio_broker.groups.offsets_store import (
 from trio_broker.state.share_group import Assignment, ShareGroup, ShareMember
 
 METADATA_VALUE_VERSION = 1
+#: Version 1 has the initialized and the deleting topics; version 2 adds the
+#: initializing ones after them, and is written only when there are some (so a
+#: broker that reads version 1 only still reads the common case).
 PARTITIONS_VALUE_VERSION = 1
+PARTITIONS_WITH_INITIALIZING_VERSION = 2
 MEMBER_VALUE_VERSION = 1
 TARGET_METADATA_VALUE_VERSION = 1
 TARGET_MEMBER_VALUE_VERSION = 1
@@ -92,9 +96,9 @@ class StoredShareGroup:
 
     #: The group epoch (ShareGroupMetadata).
     epoch: int = 0
-    #: Topic id -> the topic and its partitions whose share state the group has, or may
-    #: have (assigned to a member, or reset by AlterShareGroupOffsets): Kafka's
-    #: InitializedTopics. A share partition is recorded before it is first written.
+    #: Topic id -> the topic and its partitions whose share state is durable at their
+    #: share coordinators (initialized on assignment, or reset by
+    #: AlterShareGroupOffsets): Kafka's InitializedTopics. Only these are assigned.
     initialized: Mapping[uuid.UUID, StoredTopic] = attrs.field(factory=dict)
     #: Topic id -> name of the topics whose share state is being deleted (Kafka's
     #: DeletingTopics). Read, and written as read: this coordinator keeps a deleted
@@ -107,6 +111,11 @@ class StoredShareGroup:
     metadata: Mapping[str, int] = attrs.field(factory=dict)
     #: Member id -> the member, as stored.
     members: Mapping[str, StoredMember] = attrs.field(factory=dict)
+    #: Topic id -> the topic and its partitions whose share state is being initialized
+    #: (Kafka's InitializingTopics): recorded before the share coordinators are asked,
+    #: so that a coordinator that restarts meanwhile knows to try again, and a deletion
+    #: reaches state that may have been written. Not assignable until initialized.
+    initializing: Mapping[uuid.UUID, StoredTopic] = attrs.field(factory=dict)
 
     def with_membership(self, group: ShareGroup) -> StoredShareGroup:
         """Its epoch, target and members as ``group`` has them now."""
@@ -119,20 +128,39 @@ class StoredShareGroup:
         )
 
     def partitions(self) -> set[tuple[uuid.UUID, int]]:
-        """(topic id, partition) of every share partition initialized."""
-        return {(t, p) for t, topic in self.initialized.items() for p in topic.partitions}
+        """(topic id, partition) of every share partition initialized or being
+        initialized (either may have share state at its coordinator)."""
+        return {(t, p) for t, topic in self.recorded_topics().items() for p in topic.partitions}
+
+    def recorded_topics(self) -> dict[uuid.UUID, StoredTopic]:
+        """The initialized and the initializing topics, their partitions merged."""
+        merged = dict(self.initialized)
+        for topic_id, topic in self.initializing.items():
+            known = merged.get(topic_id, StoredTopic(topic.name))
+            merged[topic_id] = StoredTopic(known.name, known.partitions | topic.partitions)
+        return merged
 
     def with_partitions(
         self, added: Iterable[tuple[uuid.UUID, str, int]], epoch: int | None = None
     ) -> StoredShareGroup:
-        """Also the (topic id, name, partition)s ``added``, at ``epoch`` if given."""
-        initialized = dict(self.initialized)
-        for topic_id, name, partition in added:
-            known = initialized.get(topic_id, StoredTopic(name))
-            initialized[topic_id] = StoredTopic(known.name, known.partitions | {partition})
+        """Also the (topic id, name, partition)s ``added`` initialized (no longer
+        initializing), at ``epoch`` if given."""
+        added = list(added)
         return attrs.evolve(
-            self, epoch=self.epoch if epoch is None else epoch, initialized=initialized
+            self,
+            epoch=self.epoch if epoch is None else epoch,
+            initialized=_with(self.initialized, added),
+            initializing=_without(self.initializing, added),
         )
+
+    def with_initializing(self, added: Iterable[tuple[uuid.UUID, str, int]]) -> StoredShareGroup:
+        """Also the (topic id, name, partition)s ``added`` being initialized."""
+        return attrs.evolve(self, initializing=_with(self.initializing, added))
+
+    def without_initializing(self, gone: Iterable[tuple[uuid.UUID, str, int]]) -> StoredShareGroup:
+        """The (topic id, name, partition)s ``gone`` no longer being initialized (their
+        initialization failed: a later heartbeat tries again)."""
+        return attrs.evolve(self, initializing=_without(self.initializing, gone))
 
     def without_topics(self, topic_ids: Iterable[uuid.UUID]) -> StoredShareGroup:
         """The topics' share state gone (deleted offsets, a topic deleted and told)."""
@@ -141,7 +169,33 @@ class StoredShareGroup:
             self,
             initialized={t: v for t, v in self.initialized.items() if t not in gone},
             deleting={t: v for t, v in self.deleting.items() if t not in gone},
+            initializing={t: v for t, v in self.initializing.items() if t not in gone},
         )
+
+
+def _with(
+    topics: Mapping[uuid.UUID, StoredTopic], added: Iterable[tuple[uuid.UUID, str, int]]
+) -> dict[uuid.UUID, StoredTopic]:
+    out = dict(topics)
+    for topic_id, name, partition in added:
+        known = out.get(topic_id, StoredTopic(name))
+        out[topic_id] = StoredTopic(known.name, known.partitions | {partition})
+    return out
+
+
+def _without(
+    topics: Mapping[uuid.UUID, StoredTopic], gone: Iterable[tuple[uuid.UUID, str, int]]
+) -> dict[uuid.UUID, StoredTopic]:
+    out = dict(topics)
+    for topic_id, _, partition in gone:
+        known = out.get(topic_id)
+        if known is not None:
+            left = known.partitions - {partition}
+            if left:
+                out[topic_id] = StoredTopic(known.name, left)
+            else:
+                del out[topic_id]
+    return out
 
 
 # ------------------------------------------------------------------------- layout
@@ -184,43 +238,61 @@ def _get_count(buf: bytes, pos: int) -> tuple[int, int]:
     return count, pos + _I32.size
 
 
-def encode_partitions(stored: StoredShareGroup) -> bytes:
-    out = bytearray(_I16.pack(PARTITIONS_VALUE_VERSION))
-    out += _I32.pack(len(stored.initialized))
-    for topic_id, topic in sorted(stored.initialized.items()):
+def _put_topics(out: bytearray, topics: Mapping[uuid.UUID, StoredTopic]) -> None:
+    out += _I32.pack(len(topics))
+    for topic_id, topic in sorted(topics.items()):
         out += topic_id.bytes
         _put_str(out, topic.name)
         out += _I32.pack(len(topic.partitions))
         for partition in sorted(topic.partitions):
             out += _I32.pack(partition)
-    out += _I32.pack(len(stored.deleting))
-    for topic_id, name in sorted(stored.deleting.items()):
-        out += topic_id.bytes
-        _put_str(out, name)
-    return bytes(out)
 
 
-def decode_partitions(
-    buf: bytes,
-) -> tuple[dict[uuid.UUID, StoredTopic], dict[uuid.UUID, str]]:
-    (version,) = _I16.unpack_from(buf, 0)
-    if version != PARTITIONS_VALUE_VERSION:
-        raise ValueError(f"unknown share group partitions value version {version}")
-    initialized: dict[uuid.UUID, StoredTopic] = {}
-    count, pos = _get_count(buf, _I16.size)
+def _get_topics(buf: bytes, pos: int) -> tuple[dict[uuid.UUID, StoredTopic], int]:
+    topics: dict[uuid.UUID, StoredTopic] = {}
+    count, pos = _get_count(buf, pos)
     for _ in range(count):
         topic_id = uuid.UUID(bytes=bytes(buf[pos : pos + 16]))
         name, pos = _get_str(buf, pos + 16)
         n, pos = _get_count(buf, pos)
         partitions = frozenset(_I32.unpack_from(buf, pos + 4 * i)[0] for i in range(n))
         pos += 4 * n
-        initialized[topic_id] = StoredTopic(name, partitions)
+        topics[topic_id] = StoredTopic(name, partitions)
+    return topics, pos
+
+
+def encode_partitions(stored: StoredShareGroup) -> bytes:
+    version = (
+        PARTITIONS_WITH_INITIALIZING_VERSION if stored.initializing else PARTITIONS_VALUE_VERSION
+    )
+    out = bytearray(_I16.pack(version))
+    _put_topics(out, stored.initialized)
+    out += _I32.pack(len(stored.deleting))
+    for topic_id, name in sorted(stored.deleting.items()):
+        out += topic_id.bytes
+        _put_str(out, name)
+    if stored.initializing:
+        _put_topics(out, stored.initializing)
+    return bytes(out)
+
+
+def decode_partitions(
+    buf: bytes,
+) -> tuple[dict[uuid.UUID, StoredTopic], dict[uuid.UUID, str], dict[uuid.UUID, StoredTopic]]:
+    """(initialized, deleting, initializing) topics."""
+    (version,) = _I16.unpack_from(buf, 0)
+    if version not in (PARTITIONS_VALUE_VERSION, PARTITIONS_WITH_INITIALIZING_VERSION):
+        raise ValueError(f"unknown share group partitions value version {version}")
+    initialized, pos = _get_topics(buf, _I16.size)
     deleting: dict[uuid.UUID, str] = {}
     count, pos = _get_count(buf, pos)
     for _ in range(count):
         topic_id = uuid.UUID(bytes=bytes(buf[pos : pos + 16]))
         deleting[topic_id], pos = _get_str(buf, pos + 16)
-    return initialized, deleting
+    initializing: dict[uuid.UUID, StoredTopic] = {}
+    if version == PARTITIONS_WITH_INITIALIZING_VERSION:
+        initializing, pos = _get_topics(buf, pos)
+    return initialized, deleting, initializing
 
 
 def _put_strings(out: bytearray, texts: Iterable[str]) -> None:
@@ -400,8 +472,9 @@ def decode_group(values: Mapping[RecordKey, bytes]) -> StoredShareGroup | None:
             (epoch,) = _I32.unpack_from(metadata, pos)
         initialized: dict[uuid.UUID, StoredTopic] = {}
         deleting: dict[uuid.UUID, str] = {}
+        initializing: dict[uuid.UUID, StoredTopic] = {}
         if partitions is not None:
-            initialized, deleting = decode_partitions(partitions)
+            initialized, deleting, initializing = decode_partitions(partitions)
         target_metadata = values.get((SHARE_GROUP_TARGET_METADATA_KEY_VERSION, ""))
         topics = {} if target_metadata is None else decode_target_metadata(target_metadata)
     except struct.error as exc:
@@ -420,4 +493,4 @@ def decode_group(values: Mapping[RecordKey, bytes]) -> StoredShareGroup | None:
             member = None  # unreadable (a newer layout, damage): this member rejoins
         if member is not None:
             members[member_id] = member
-    return StoredShareGroup(epoch, initialized, deleting, topics, members)
+    return StoredShareGroup(epoch, initialized, deleting, topics, members, initializing)
