@@ -18,7 +18,14 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import RequestContext, handles
 from trio_broker.handlers.consumer_group_heartbeat import as_topic_partitions, topic_table
 from trio_broker.handlers.list_offsets import offset_for_reset
-from trio_broker.handlers.share_persist import ensure_loaded, leader_epoch_here, persist
+from trio_broker.handlers.share_admin import partition_bounds
+from trio_broker.handlers.share_persist import (
+    ensure_loaded,
+    initialize_state,
+    leader_epoch_here,
+    persist,
+    read_state,
+)
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
@@ -228,9 +235,7 @@ async def _make_durable(
     """(initialized, failed) of ``wanted``. A partition led here is made at its start (by
     the group's share.auto.offset.reset), read from its share coordinator (stored state
     wins: the group had it before) and written there, as a leader writes it. One led
-    elsewhere is left to its leader, which makes it where share.auto.offset.reset says
-    at its first ShareFetch and writes it with its first acknowledgement (Kafka's group
-    coordinator initializes it at its share coordinator: not here yet)."""
+    elsewhere is initialized at its share coordinator (:func:`_initialize_elsewhere`)."""
     shares = ctx.services.shares
     led = [(t, n, p) for t, n, p in wanted if leader_epoch_here(ctx, t, p) is not None]
     made = []
@@ -248,7 +253,46 @@ async def _make_durable(
     for topic_id, _, partition in failed:
         if (topic_id, partition) in made:  # made for this attempt: the next starts afresh
             shares.forget(ShareKey(group_id, topic_id, partition))
+    elsewhere = [w for w in wanted if w not in led]
+    if elsewhere:
+        failed += await _initialize_elsewhere(ctx, group_id, elsewhere)
     return [w for w in wanted if w not in failed], failed
+
+
+async def _initialize_elsewhere(
+    ctx: RequestContext, group_id: str, wanted: list[Named]
+) -> list[Named]:
+    """Initialize share partitions led by other brokers at their share coordinators, as
+    Kafka's group coordinator does (InitializeShareGroupState): one with stored state
+    keeps it (a summary read finds it); the others are written at their start, the
+    partition's log start (``earliest``) or high watermark (``latest``), asked of its
+    leader (ListOffsets), in state epoch 1. Their leaders read that at their first
+    ShareFetch. A group starting ``by_duration`` has its leader find the start at its
+    first ShareFetch instead (no lookup by time across brokers here): nothing is
+    written for it. The partitions that failed."""
+    reset = ctx.services.shares.auto_offset_reset(group_id)
+    failed: list[Named] = []
+    starts: dict[tuple[uuid.UUID, int], int] = {}
+    for topic_id, name, partition in wanted:
+        error, stored = await read_state(ctx, ShareKey(group_id, topic_id, partition))
+        if error is not ErrorCode.NONE:
+            failed.append((topic_id, name, partition))
+        elif stored is None and reset.kind != "by_duration":
+            error, log_start, high_watermark = await partition_bounds(ctx, name, partition)
+            if error is not ErrorCode.NONE:
+                failed.append((topic_id, name, partition))
+            else:
+                starts[topic_id, partition] = (
+                    log_start if reset.kind == "earliest" else high_watermark
+                )
+    if starts:
+        answers = await initialize_state(ctx.services, group_id, starts)
+        failed += [
+            (t, n, p)
+            for t, n, p in wanted
+            if answers.get((t, p), ErrorCode.NONE) is not ErrorCode.NONE
+        ]
+    return failed
 
 
 async def _store(ctx: RequestContext, group_id: str, new: StoredShareGroup | None) -> ErrorCode:

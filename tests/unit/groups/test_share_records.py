@@ -31,6 +31,7 @@ from trio_broker.groups.share_records import (
     StoredShareGroup,
     StoredTopic,
     decode_group,
+    record_values,
     records_of,
 )
 from trio_broker.protocol.error_codes import ErrorCode
@@ -66,6 +67,7 @@ groups = st.builds(
     st.dictionaries(st.uuids(), st.text(max_size=20), max_size=3),
     st.dictionaries(names, st.integers(0, 2**31 - 1), max_size=3),
     st.dictionaries(st.text(min_size=1, max_size=12), members, max_size=3),
+    topics,
 )
 
 
@@ -87,6 +89,28 @@ def test_records_round_trip_through_the_offsets_log(group_id: str, group: Stored
     encoded = [encode_record(r) for r in records_of(group_id, group)]
     assert [decode_record(k, v) for k, v in encoded] == records_of(group_id, group)
     assert stored(group_id, replayed(encoded)) == group
+
+
+def test_the_partitions_value_is_version_1_without_initializing_topics() -> None:
+    """Version 1 (initialized and deleting topics) is what a group without partitions
+    being initialized writes, byte for byte as before initializing topics were kept, so
+    a broker reading version 1 only still reads it; version 2 appends them."""
+    settled = StoredShareGroup(initialized={T1: StoredTopic("t", frozenset({0, 1}))})
+    value = record_values(settled)[SHARE_GROUP_PARTITIONS_KEY_VERSION, ""]
+    assert value[:2] == b"\x00\x01"
+    assert decode_group({(SHARE_GROUP_PARTITIONS_KEY_VERSION, ""): value}) == settled
+    initializing = settled.with_initializing([(T2, "u", 3)])
+    value = record_values(initializing)[SHARE_GROUP_PARTITIONS_KEY_VERSION, ""]
+    assert value[:2] == b"\x00\x02"
+    assert decode_group({(SHARE_GROUP_PARTITIONS_KEY_VERSION, ""): value}) == initializing
+    # Initialized at last: out of the initializing topics, and version 1 again.
+    done = initializing.with_partitions([(T2, "u", 3)])
+    assert done.initializing == {}
+    assert done.initialized[T2] == StoredTopic("u", frozenset({3}))
+    assert record_values(done)[SHARE_GROUP_PARTITIONS_KEY_VERSION, ""][:2] == b"\x00\x01"
+    # A failed initialization leaves neither.
+    assert initializing.without_initializing([(T2, "u", 3)]) == settled
+    assert initializing.partitions() == {(T1, 0), (T1, 1), (T2, 3)}
 
 
 def test_the_latest_record_wins_and_tombstones_remove_the_group() -> None:

@@ -230,3 +230,47 @@ async def test_a_partition_left_initializing_by_a_restart_is_initialized_again_l
         assert records is not None
         assert (set(records.initialized), records.initializing) == ({topic_id}, {})
         nursery.cancel_scope.cancel()
+
+
+@attrs.define
+class OtherLeader:
+    """The data partition's leader, another broker, as the share coordinator's channel
+    reaches it: ListOffsets answers its log start and high watermark, or an error."""
+
+    bounds: tuple[ErrorCode, int, int]
+    asked: list[tuple[int, str, int]] = attrs.field(factory=list)
+
+    async def partition_offsets(
+        self, leader: int, topic: str, partition: int
+    ) -> tuple[ErrorCode, int, int]:
+        await trio.lowlevel.checkpoint()
+        self.asked.append((leader, topic, partition))
+        return self.bounds
+
+
+async def test_a_partition_led_elsewhere_is_initialized_at_its_share_coordinator() -> None:
+    async with trio.open_nursery() as nursery:
+        broker, topic_id = await start(nursery)
+        broker.share_coordinator.load_pending()
+        # Broker 2 leads t-0 now; this one coordinates the group and the share state.
+        del broker.replication.terms[TOPIC, 0]
+        broker.replication.view.topics[TOPIC].partitions[0] = PartitionInfo((2,), 2, 1, (2,))
+        leader = OtherLeader((ErrorCode.LEADER_NOT_AVAILABLE, -1, -1))
+        broker.share_coordinator.remote = leader  # type: ignore[assignment]
+        # Its leader cannot be asked where the partition ends: not initialized, not
+        # assigned (before, it was assigned with nothing written).
+        joined = await heartbeat(broker, 0)
+        assert assigned(joined) == []
+        assert leader.asked == [(2, TOPIC, 0)]
+        assert stored_state(broker, topic_id) is None
+        records = broker.groups.share_group(GROUP)
+        assert records is not None and (records.initialized, records.initializing) == ({}, {})
+        # Asked again at the next heartbeat: written at its high watermark (the group
+        # starts at the latest offset), in state epoch 1, and assigned.
+        leader.bounds = (ErrorCode.NONE, 1, 7)
+        later = await heartbeat(broker, joined.member_epoch)
+        assert assigned(later) == [(topic_id, [0])]
+        assert stored_state(broker, topic_id) == 7
+        table = broker.share_coordinator.tables[0]
+        assert table.store.snapshots[ShareKey(GROUP, topic_id, 0)].state_epoch == 1
+        nursery.cancel_scope.cancel()
