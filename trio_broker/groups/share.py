@@ -122,12 +122,19 @@ class ShareGroups:
             if not group.members:
                 group.group_epoch = max(group.group_epoch, epochs.get(group_id, 0))
 
-    def restore_members(self, stored: Mapping[str, StoredShareGroup], now_ms: int) -> None:
+    def restore_members(
+        self,
+        stored: Mapping[str, StoredShareGroup],
+        now_ms: int,
+        topic_ids: Mapping[str, uuid.UUID] | None = None,
+    ) -> None:
         """The groups' members as their coordinator's records say, in the groups that
         have none here (this broker just took the groups over, or restarted): at their
         stored epochs and assignments, the group at its stored epoch, target and
         metadata, so that a member heartbeating with the epoch it holds goes on without
-        rejoining. Their sessions start afresh (Kafka's rule at a load)."""
+        rejoining. Their sessions start afresh (Kafka's rule at a load). Partitions of a
+        topic whose id is not the stored one (``topic_ids``: each existing topic's id)
+        are left out of both: that topic was deleted, perhaps created again."""
         for group_id, group_stored in stored.items():
             group = self.groups.get(group_id)
             if group is None or group.members or not group_stored.members:
@@ -136,11 +143,12 @@ class ShareGroups:
             group.metadata = dict(group_stored.metadata)
             deadline_ms = now_ms + group.session_timeout_ms
             group.members = {
-                member_id: member.restored(member_id, deadline_ms)
+                member_id: member.restored(member_id, deadline_ms, topic_ids)
                 for member_id, member in group_stored.members.items()
             }
             group.target = {
-                member_id: member.target for member_id, member in group_stored.members.items()
+                member_id: member.same_topics(member.target, topic_ids)
+                for member_id, member in group_stored.members.items()
             }
 
     def restore(self, snapshots: Mapping[ShareKey, ShareSnapshot]) -> None:

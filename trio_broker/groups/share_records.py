@@ -40,8 +40,14 @@ PARTITIONS_VALUE_VERSION = 1
 PARTITIONS_WITH_INITIALIZING_VERSION = 2
 MEMBER_VALUE_VERSION = 1
 TARGET_METADATA_VALUE_VERSION = 1
-TARGET_MEMBER_VALUE_VERSION = 1
-CURRENT_MEMBER_VALUE_VERSION = 1
+#: Version 1 names each assigned partition by topic name; version 2 adds the topic's
+#: id (Kafka's records carry ids), so that after a load a partition of a topic deleted
+#: and created again under its name is not taken for the new topic's. Both are read.
+TARGET_MEMBER_VALUE_VERSION = 2
+CURRENT_MEMBER_VALUE_VERSION = 2
+NAMES_ONLY_VALUE_VERSION = 1
+#: What version 2 stores for a topic whose id was not known when it was written.
+NO_TOPIC_ID = uuid.UUID(int=0)
 
 #: A stored record's key within its group: (key version, member id, "" for the group's).
 RecordKey = tuple[int, str]
@@ -74,19 +80,45 @@ class StoredMember:
     previous_epoch: int
     assignment: Assignment
     target: Assignment = frozenset()
+    #: The ids of the topics ``assignment`` and ``target`` name, when they were stored
+    #: (a topic missing: not known then, or read from a version 1 record).
+    topic_ids: Mapping[str, uuid.UUID] = attrs.field(factory=dict)
 
     @classmethod
-    def of(cls, member: ShareMember, target: Assignment) -> StoredMember:
+    def of(
+        cls, member: ShareMember, target: Assignment, topic_ids: Mapping[str, uuid.UUID]
+    ) -> StoredMember:
+        named = {t for t, _ in member.assignment | target}
         return cls(
             member.rack_id, member.client_id, member.client_host, member.subscribed,
             member.member_epoch, member.previous_epoch, member.assignment, target,
+            {t: topic_ids[t] for t in named if t in topic_ids},
         )  # fmt: skip
 
-    def restored(self, member_id: str, deadline_ms: int) -> ShareMember:
-        """The member in memory again, its session running until ``deadline_ms``."""
+    def same_topics(
+        self, assignment: Assignment, topic_ids: Mapping[str, uuid.UUID] | None
+    ) -> Assignment:
+        """``assignment`` without the partitions of topics whose id is not the one the
+        name has now (``topic_ids``; None: keep all): a topic deleted since, perhaps
+        created again under its name, which is another topic."""
+        if topic_ids is None:
+            return assignment
+        return frozenset(
+            (t, p)
+            for t, p in assignment
+            if t not in self.topic_ids or topic_ids.get(t) == self.topic_ids[t]
+        )
+
+    def restored(
+        self, member_id: str, deadline_ms: int, topic_ids: Mapping[str, uuid.UUID] | None = None
+    ) -> ShareMember:
+        """The member in memory again, its session running until ``deadline_ms``; what
+        it was told keeps only the partitions of topics that are still the same topic
+        (``topic_ids``: each existing topic's id now)."""
         return ShareMember(
             member_id, self.member_epoch, self.rack_id, self.client_id, self.client_host,
-            self.subscribed, self.assignment, deadline_ms, self.previous_epoch,
+            self.subscribed, self.same_topics(self.assignment, topic_ids), deadline_ms,
+            self.previous_epoch,
         )  # fmt: skip
 
 
@@ -117,10 +149,14 @@ class StoredShareGroup:
     #: reaches state that may have been written. Not assignable until initialized.
     initializing: Mapping[uuid.UUID, StoredTopic] = attrs.field(factory=dict)
 
-    def with_membership(self, group: ShareGroup) -> StoredShareGroup:
-        """Its epoch, target and members as ``group`` has them now."""
+    def with_membership(
+        self, group: ShareGroup, topic_ids: Mapping[str, uuid.UUID] | None = None
+    ) -> StoredShareGroup:
+        """Its epoch, target and members as ``group`` has them now; ``topic_ids``: each
+        existing topic's id, stored with the partitions assigned."""
+        ids = topic_ids or {}
         members = {
-            member_id: StoredMember.of(member, group.target.get(member_id, frozenset()))
+            member_id: StoredMember.of(member, group.target.get(member_id, frozenset()), ids)
             for member_id, member in group.members.items()
         }
         return attrs.evolve(
@@ -311,14 +347,21 @@ def _get_strings(buf: bytes, pos: int) -> tuple[tuple[str, ...], int]:
     return tuple(texts), pos
 
 
-def _put_assignment(out: bytearray, assignment: Assignment) -> None:
+def _put_assignment(
+    out: bytearray, assignment: Assignment, topic_ids: Mapping[str, uuid.UUID]
+) -> None:
+    """Version 2: each partition's topic name, partition and topic id."""
     out += _I32.pack(len(assignment))
     for topic, partition in sorted(assignment):
         _put_text(out, topic)
         out += _I32.pack(partition)
+        out += topic_ids.get(topic, NO_TOPIC_ID).bytes
 
 
-def _get_assignment(buf: bytes, pos: int) -> tuple[Assignment, int]:
+def _get_assignment(
+    buf: bytes, pos: int, version: int, topic_ids: dict[str, uuid.UUID]
+) -> tuple[Assignment, int]:
+    """An assignment of ``version`` (1: names only); the ids read go to ``topic_ids``."""
     count, pos = _get_count(buf, pos)
     got = []
     for _ in range(count):
@@ -326,6 +369,13 @@ def _get_assignment(buf: bytes, pos: int) -> tuple[Assignment, int]:
         (partition,) = _I32.unpack_from(buf, pos)
         got.append((topic, partition))
         pos += _I32.size
+        if version != NAMES_ONLY_VALUE_VERSION:
+            if pos + 16 > len(buf):
+                raise ValueError("topic id runs past the record")
+            topic_id = uuid.UUID(bytes=bytes(buf[pos : pos + 16]))
+            pos += 16
+            if topic_id != NO_TOPIC_ID:
+                topic_ids[topic] = topic_id
     return frozenset(got), pos
 
 
@@ -334,6 +384,14 @@ def _check_version(buf: bytes, expected: int, what: str) -> int:
     if version != expected:
         raise ValueError(f"unknown share group {what} value version {version}")
     return _I16.size
+
+
+def _assignment_version(buf: bytes, what: str) -> tuple[int, int]:
+    """(version, position after it) of a target or current assignment value: 1 or 2."""
+    (version,) = _I16.unpack_from(buf, 0)
+    if version not in (NAMES_ONLY_VALUE_VERSION, TARGET_MEMBER_VALUE_VERSION):
+        raise ValueError(f"unknown share group {what} value version {version}")
+    return version, _I16.size
 
 
 def encode_member(member: StoredMember) -> bytes:
@@ -361,7 +419,7 @@ def encode_target_metadata(stored: StoredShareGroup) -> bytes:
 
 def encode_target_member(member: StoredMember) -> bytes:
     out = bytearray(_I16.pack(TARGET_MEMBER_VALUE_VERSION))
-    _put_assignment(out, member.target)
+    _put_assignment(out, member.target, member.topic_ids)
     return bytes(out)
 
 
@@ -369,7 +427,7 @@ def encode_current_member(member: StoredMember) -> bytes:
     out = bytearray(_I16.pack(CURRENT_MEMBER_VALUE_VERSION))
     out += _I32.pack(member.member_epoch)
     out += _I32.pack(member.previous_epoch)
-    _put_assignment(out, member.assignment)
+    _put_assignment(out, member.assignment, member.topic_ids)
     return bytes(out)
 
 
@@ -432,16 +490,17 @@ def decode_member(
     client_id, pos = _get_text(member, pos)
     client_host, pos = _get_text(member, pos)
     subscribed, _ = _get_strings(member, pos)
-    pos = _check_version(current, CURRENT_MEMBER_VALUE_VERSION, "current assignment")
+    topic_ids: dict[str, uuid.UUID] = {}
+    version, pos = _assignment_version(current, "current assignment")
     member_epoch, previous_epoch = struct.unpack_from(">ii", current, pos)
-    assignment, _ = _get_assignment(current, pos + 8)
+    assignment, _ = _get_assignment(current, pos + 8, version, topic_ids)
     goal: Assignment = frozenset()
     if target is not None:
-        pos = _check_version(target, TARGET_MEMBER_VALUE_VERSION, "target assignment")
-        goal, _ = _get_assignment(target, pos)
+        version, pos = _assignment_version(target, "target assignment")
+        goal, _ = _get_assignment(target, pos, version, topic_ids)
     return StoredMember(
         rack_id, client_id, client_host, subscribed, member_epoch, previous_epoch,
-        assignment, goal,
+        assignment, goal, topic_ids,
     )  # fmt: skip
 
 

@@ -158,7 +158,9 @@ async def store_group(ctx: RequestContext, group_id: str) -> ErrorCode:
         ]
         new = base.with_partitions(
             (t, info.name, p) for t, p, info in named if info is not None
-        ).with_membership(group)
+        ).with_membership(
+            group, {name: topic_id for name, (topic_id, _) in topic_table(ctx).items()}
+        )
     # A storage error or a lost leadership: NOT_COORDINATOR (the client finds the
     # coordinator again); anything else it retries.
     return await _store(ctx, group_id, new)
