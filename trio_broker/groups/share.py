@@ -269,6 +269,8 @@ class ShareGroups:
             del self.partitions[group_id, topic_id, partition]
         for key in [k for k in self.sessions if k[0] == group_id]:
             del self.sessions[key]
+        for share_key in [k for k in self.initializing_since if k.group_id == group_id]:
+            del self.initializing_since[share_key]
         self.groups.pop(group_id, None)
         return gone
 
