@@ -152,7 +152,8 @@ def test_kafka_share_groups_reaches_the_share_coordinator(
         assert find_group_coordinator(conn, group) == coordinator
         join_group(conn, group, "m1", TOPIC)
     with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
-        # The leader starts the share partition at the log end, 0, as it first serves it.
+        # The share partition starts at the log end, 0: the group's coordinator
+        # initialized it there when m1 joined, and the leader reads it as it first serves it.
         assert open_session(conn, group, "m1", topic_id) == []
         producer = Producer({"bootstrap.servers": servers(cluster), "acks": "all"})
         for i in range(5):
@@ -172,9 +173,11 @@ def test_kafka_share_groups_reaches_the_share_coordinator(
     reset = share_groups(tools_classpath, bootstrap, "--reset-offsets", "--group", group,
                          "--topic", f"{TOPIC}:0", "--to-offset", "1", "--execute")  # fmt: skip
     assert "NEW-OFFSET" in reset, reset
-    # Held at the share coordinator, in a new state epoch (read from a third broker).
+    # Held at the share coordinator, in a new state epoch (read from a third broker):
+    # 2, above the 1 the group's coordinator initialized the partition in when m1 joined
+    # (InitializeShareGroupState, as Kafka's, the partition being led elsewhere).
     with RawConnection(port_of(cluster[share_coordinator]), timeout=30) as conn:
-        assert summary(conn, group, topic_id) == (ErrorCode.NONE, 1, 1)
+        assert summary(conn, group, topic_id) == (ErrorCode.NONE, 2, 1)
     described = share_groups(tools_classpath, bootstrap, "--describe", "--group", group)
     assert start_and_lag(described, group) == {0: (1, 4)}, described
     # The data partition's leader, which held the share partition at 3, reads it again

@@ -23,6 +23,7 @@ from trio_broker.groups.share_records import StoredShareGroup
 from trio_broker.groups.share_state import ShareKey, ShareSnapshot, restore
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.share_group import (
+    Assignable,
     ShareGroup,
     ShareHeartbeat,
     ShareHeartbeatResult,
@@ -41,6 +42,13 @@ SHARE_PROTOCOL_TYPE = "share"
 OPEN_SESSION = 0
 CLOSE_SESSION = -1
 INT32_MAX = 2**31 - 1
+
+
+#: How long a share partition recorded as initializing is left to the initialization
+#: under way before a heartbeat tries it again (Kafka's
+#: group.share.initialize.retry.interval.ms default): what makes a coordinator that
+#: restarted mid-initialization, or whose failure could not be recorded, initialize it.
+INITIALIZE_RETRY_INTERVAL_MS = 30_000
 
 
 def next_epoch(epoch: int) -> int:
@@ -91,6 +99,15 @@ class ShareGroups:
         #: (handlers/share_persist.py).
         self.loaded: dict[ShareKey, int] = {}
         self.written: dict[ShareKey, ShareSnapshot] = {}
+        #: When this broker, as the group's coordinator, began initializing each share
+        #: partition its records call initializing (or first saw it so, after a load).
+        self.initializing_since: dict[ShareKey, int] = {}
+
+    def initializing_fresh(self, key: ShareKey, now_ms: int) -> bool:
+        """Whether the share partition, recorded as initializing, is still left to the
+        initialization under way (else a heartbeat initializes it again)."""
+        since = self.initializing_since.setdefault(key, now_ms)
+        return now_ms - since < INITIALIZE_RETRY_INTERVAL_MS
 
     def recall_groups(self, group_ids: Iterable[str], epochs: Mapping[str, int] = {}) -> None:
         """Groups with stored share state, or stored by their group coordinator: those
@@ -105,12 +122,19 @@ class ShareGroups:
             if not group.members:
                 group.group_epoch = max(group.group_epoch, epochs.get(group_id, 0))
 
-    def restore_members(self, stored: Mapping[str, StoredShareGroup], now_ms: int) -> None:
+    def restore_members(
+        self,
+        stored: Mapping[str, StoredShareGroup],
+        now_ms: int,
+        topic_ids: Mapping[str, uuid.UUID] | None = None,
+    ) -> None:
         """The groups' members as their coordinator's records say, in the groups that
         have none here (this broker just took the groups over, or restarted): at their
         stored epochs and assignments, the group at its stored epoch, target and
         metadata, so that a member heartbeating with the epoch it holds goes on without
-        rejoining. Their sessions start afresh (Kafka's rule at a load)."""
+        rejoining. Their sessions start afresh (Kafka's rule at a load). Partitions of a
+        topic whose id is not the stored one (``topic_ids``: each existing topic's id)
+        are left out of both: that topic was deleted, perhaps created again."""
         for group_id, group_stored in stored.items():
             group = self.groups.get(group_id)
             if group is None or group.members or not group_stored.members:
@@ -119,11 +143,12 @@ class ShareGroups:
             group.metadata = dict(group_stored.metadata)
             deadline_ms = now_ms + group.session_timeout_ms
             group.members = {
-                member_id: member.restored(member_id, deadline_ms)
+                member_id: member.restored(member_id, deadline_ms, topic_ids)
                 for member_id, member in group_stored.members.items()
             }
             group.target = {
-                member_id: member.target for member_id, member in group_stored.members.items()
+                member_id: member.same_topics(member.target, topic_ids)
+                for member_id, member in group_stored.members.items()
             }
 
     def restore(self, snapshots: Mapping[ShareKey, ShareSnapshot]) -> None:
@@ -244,6 +269,8 @@ class ShareGroups:
             del self.partitions[group_id, topic_id, partition]
         for key in [k for k in self.sessions if k[0] == group_id]:
             del self.sessions[key]
+        for share_key in [k for k in self.initializing_since if k.group_id == group_id]:
+            del self.initializing_since[share_key]
         self.groups.pop(group_id, None)
         return gone
 
@@ -285,10 +312,13 @@ class ShareGroups:
         metadata: Mapping[str, tuple[uuid.UUID, int]],
         start_offset: Callable[[str, int, AutoOffsetReset], int],
         now_ms: int,
+        assignable: Assignable = None,
     ) -> ShareHeartbeatResult:
         """``metadata``: id and partition count of each existing topic, by name;
         ``start_offset(topic, partition, reset)``: where a newly assigned share partition
-        starts, by the group's ``share.auto.offset.reset`` (the log end by default)."""
+        starts, by the group's ``share.auto.offset.reset`` (the log end by default);
+        ``assignable``: the partitions whose share state is initialized, by topic name
+        (None: every partition, for callers that keep no records)."""
         group = self.group(group_id, now_ms)
         if group is None:
             group = self.groups[group_id] = self._new_group(group_id)
@@ -300,15 +330,49 @@ class ShareGroups:
         # sessions are apart): a client sends its leave and its session's last
         # acknowledgements at once (librdkafka on two connections), and those must
         # still land. The session ends with its epoch -1 request or its connection.
-        result = group.heartbeat(hb, relevant, now_ms)
+        if assignable is not None:
+            assignable = {t: ps for t, ps in assignable.items() if t in wanted}
+        result = group.heartbeat(hb, relevant, now_ms, assignable)
+        self._make_assigned(group_id, result, metadata, start_offset)
+        if not group.members and not any(k[0] == group_id for k in self.partitions):
+            del self.groups[group_id]
+        return result
+
+    def catch_up(
+        self,
+        group_id: str,
+        member_id: str,
+        metadata: Mapping[str, tuple[uuid.UUID, int]],
+        start_offset: Callable[[str, int, AutoOffsetReset], int],
+        assignable: Mapping[str, frozenset[int]],
+    ) -> ShareHeartbeatResult | None:
+        """The member's answer again, after partitions became assignable during its
+        heartbeat (their share state was initialized): the group's target takes them and
+        the member moves to it. None: the group or the member is gone."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return None
+        wanted = group.subscribed_topics()
+        relevant = {t: n for t, (_, n) in metadata.items() if t in wanted}
+        result = group.catch_up(
+            member_id, relevant, {t: ps for t, ps in assignable.items() if t in wanted}
+        )
+        if result is not None:
+            self._make_assigned(group_id, result, metadata, start_offset)
+        return result
+
+    def _make_assigned(
+        self,
+        group_id: str,
+        result: ShareHeartbeatResult,
+        metadata: Mapping[str, tuple[uuid.UUID, int]],
+        start_offset: Callable[[str, int, AutoOffsetReset], int],
+    ) -> None:
         for topic, partition in result.assignment or ():
             known = metadata.get(topic)
             if known is not None and (group_id, known[0], partition) not in self.partitions:
                 start = start_offset(topic, partition, self.auto_offset_reset(group_id))
                 self.ensure_partition(group_id, known[0], partition, start)
-        if not group.members and not any(k[0] == group_id for k in self.partitions):
-            del self.groups[group_id]
-        return result
 
     def partition(
         self, group_id: str, topic_id: uuid.UUID, partition: int

@@ -33,11 +33,21 @@ from trio_broker.groups.offsets_store import (
 from trio_broker.state.share_group import Assignment, ShareGroup, ShareMember
 
 METADATA_VALUE_VERSION = 1
+#: Version 1 has the initialized and the deleting topics; version 2 adds the
+#: initializing ones after them, and is written only when there are some (so a
+#: broker that reads version 1 only still reads the common case).
 PARTITIONS_VALUE_VERSION = 1
+PARTITIONS_WITH_INITIALIZING_VERSION = 2
 MEMBER_VALUE_VERSION = 1
 TARGET_METADATA_VALUE_VERSION = 1
-TARGET_MEMBER_VALUE_VERSION = 1
-CURRENT_MEMBER_VALUE_VERSION = 1
+#: Version 1 names each assigned partition by topic name; version 2 adds the topic's
+#: id (Kafka's records carry ids), so that after a load a partition of a topic deleted
+#: and created again under its name is not taken for the new topic's. Both are read.
+TARGET_MEMBER_VALUE_VERSION = 2
+CURRENT_MEMBER_VALUE_VERSION = 2
+NAMES_ONLY_VALUE_VERSION = 1
+#: What version 2 stores for a topic whose id was not known when it was written.
+NO_TOPIC_ID = uuid.UUID(int=0)
 
 #: A stored record's key within its group: (key version, member id, "" for the group's).
 RecordKey = tuple[int, str]
@@ -70,19 +80,45 @@ class StoredMember:
     previous_epoch: int
     assignment: Assignment
     target: Assignment = frozenset()
+    #: The ids of the topics ``assignment`` and ``target`` name, when they were stored
+    #: (a topic missing: not known then, or read from a version 1 record).
+    topic_ids: Mapping[str, uuid.UUID] = attrs.field(factory=dict)
 
     @classmethod
-    def of(cls, member: ShareMember, target: Assignment) -> StoredMember:
+    def of(
+        cls, member: ShareMember, target: Assignment, topic_ids: Mapping[str, uuid.UUID]
+    ) -> StoredMember:
+        named = {t for t, _ in member.assignment | target}
         return cls(
             member.rack_id, member.client_id, member.client_host, member.subscribed,
             member.member_epoch, member.previous_epoch, member.assignment, target,
+            {t: topic_ids[t] for t in named if t in topic_ids},
         )  # fmt: skip
 
-    def restored(self, member_id: str, deadline_ms: int) -> ShareMember:
-        """The member in memory again, its session running until ``deadline_ms``."""
+    def same_topics(
+        self, assignment: Assignment, topic_ids: Mapping[str, uuid.UUID] | None
+    ) -> Assignment:
+        """``assignment`` without the partitions of topics whose id is not the one the
+        name has now (``topic_ids``; None: keep all): a topic deleted since, perhaps
+        created again under its name, which is another topic."""
+        if topic_ids is None:
+            return assignment
+        return frozenset(
+            (t, p)
+            for t, p in assignment
+            if t not in self.topic_ids or topic_ids.get(t) == self.topic_ids[t]
+        )
+
+    def restored(
+        self, member_id: str, deadline_ms: int, topic_ids: Mapping[str, uuid.UUID] | None = None
+    ) -> ShareMember:
+        """The member in memory again, its session running until ``deadline_ms``; what
+        it was told keeps only the partitions of topics that are still the same topic
+        (``topic_ids``: each existing topic's id now)."""
         return ShareMember(
             member_id, self.member_epoch, self.rack_id, self.client_id, self.client_host,
-            self.subscribed, self.assignment, deadline_ms, self.previous_epoch,
+            self.subscribed, self.same_topics(self.assignment, topic_ids), deadline_ms,
+            self.previous_epoch,
         )  # fmt: skip
 
 
@@ -92,9 +128,9 @@ class StoredShareGroup:
 
     #: The group epoch (ShareGroupMetadata).
     epoch: int = 0
-    #: Topic id -> the topic and its partitions whose share state the group has, or may
-    #: have (assigned to a member, or reset by AlterShareGroupOffsets): Kafka's
-    #: InitializedTopics. A share partition is recorded before it is first written.
+    #: Topic id -> the topic and its partitions whose share state is durable at their
+    #: share coordinators (initialized on assignment, or reset by
+    #: AlterShareGroupOffsets): Kafka's InitializedTopics. Only these are assigned.
     initialized: Mapping[uuid.UUID, StoredTopic] = attrs.field(factory=dict)
     #: Topic id -> name of the topics whose share state is being deleted (Kafka's
     #: DeletingTopics). Read, and written as read: this coordinator keeps a deleted
@@ -107,11 +143,20 @@ class StoredShareGroup:
     metadata: Mapping[str, int] = attrs.field(factory=dict)
     #: Member id -> the member, as stored.
     members: Mapping[str, StoredMember] = attrs.field(factory=dict)
+    #: Topic id -> the topic and its partitions whose share state is being initialized
+    #: (Kafka's InitializingTopics): recorded before the share coordinators are asked,
+    #: so that a coordinator that restarts meanwhile knows to try again, and a deletion
+    #: reaches state that may have been written. Not assignable until initialized.
+    initializing: Mapping[uuid.UUID, StoredTopic] = attrs.field(factory=dict)
 
-    def with_membership(self, group: ShareGroup) -> StoredShareGroup:
-        """Its epoch, target and members as ``group`` has them now."""
+    def with_membership(
+        self, group: ShareGroup, topic_ids: Mapping[str, uuid.UUID] | None = None
+    ) -> StoredShareGroup:
+        """Its epoch, target and members as ``group`` has them now; ``topic_ids``: each
+        existing topic's id, stored with the partitions assigned."""
+        ids = topic_ids or {}
         members = {
-            member_id: StoredMember.of(member, group.target.get(member_id, frozenset()))
+            member_id: StoredMember.of(member, group.target.get(member_id, frozenset()), ids)
             for member_id, member in group.members.items()
         }
         return attrs.evolve(
@@ -119,20 +164,39 @@ class StoredShareGroup:
         )
 
     def partitions(self) -> set[tuple[uuid.UUID, int]]:
-        """(topic id, partition) of every share partition initialized."""
-        return {(t, p) for t, topic in self.initialized.items() for p in topic.partitions}
+        """(topic id, partition) of every share partition initialized or being
+        initialized (either may have share state at its coordinator)."""
+        return {(t, p) for t, topic in self.recorded_topics().items() for p in topic.partitions}
+
+    def recorded_topics(self) -> dict[uuid.UUID, StoredTopic]:
+        """The initialized and the initializing topics, their partitions merged."""
+        merged = dict(self.initialized)
+        for topic_id, topic in self.initializing.items():
+            known = merged.get(topic_id, StoredTopic(topic.name))
+            merged[topic_id] = StoredTopic(known.name, known.partitions | topic.partitions)
+        return merged
 
     def with_partitions(
         self, added: Iterable[tuple[uuid.UUID, str, int]], epoch: int | None = None
     ) -> StoredShareGroup:
-        """Also the (topic id, name, partition)s ``added``, at ``epoch`` if given."""
-        initialized = dict(self.initialized)
-        for topic_id, name, partition in added:
-            known = initialized.get(topic_id, StoredTopic(name))
-            initialized[topic_id] = StoredTopic(known.name, known.partitions | {partition})
+        """Also the (topic id, name, partition)s ``added`` initialized (no longer
+        initializing), at ``epoch`` if given."""
+        added = list(added)
         return attrs.evolve(
-            self, epoch=self.epoch if epoch is None else epoch, initialized=initialized
+            self,
+            epoch=self.epoch if epoch is None else epoch,
+            initialized=_with(self.initialized, added),
+            initializing=_without(self.initializing, added),
         )
+
+    def with_initializing(self, added: Iterable[tuple[uuid.UUID, str, int]]) -> StoredShareGroup:
+        """Also the (topic id, name, partition)s ``added`` being initialized."""
+        return attrs.evolve(self, initializing=_with(self.initializing, added))
+
+    def without_initializing(self, gone: Iterable[tuple[uuid.UUID, str, int]]) -> StoredShareGroup:
+        """The (topic id, name, partition)s ``gone`` no longer being initialized (their
+        initialization failed: a later heartbeat tries again)."""
+        return attrs.evolve(self, initializing=_without(self.initializing, gone))
 
     def without_topics(self, topic_ids: Iterable[uuid.UUID]) -> StoredShareGroup:
         """The topics' share state gone (deleted offsets, a topic deleted and told)."""
@@ -141,7 +205,33 @@ class StoredShareGroup:
             self,
             initialized={t: v for t, v in self.initialized.items() if t not in gone},
             deleting={t: v for t, v in self.deleting.items() if t not in gone},
+            initializing={t: v for t, v in self.initializing.items() if t not in gone},
         )
+
+
+def _with(
+    topics: Mapping[uuid.UUID, StoredTopic], added: Iterable[tuple[uuid.UUID, str, int]]
+) -> dict[uuid.UUID, StoredTopic]:
+    out = dict(topics)
+    for topic_id, name, partition in added:
+        known = out.get(topic_id, StoredTopic(name))
+        out[topic_id] = StoredTopic(known.name, known.partitions | {partition})
+    return out
+
+
+def _without(
+    topics: Mapping[uuid.UUID, StoredTopic], gone: Iterable[tuple[uuid.UUID, str, int]]
+) -> dict[uuid.UUID, StoredTopic]:
+    out = dict(topics)
+    for topic_id, _, partition in gone:
+        known = out.get(topic_id)
+        if known is not None:
+            left = known.partitions - {partition}
+            if left:
+                out[topic_id] = StoredTopic(known.name, left)
+            else:
+                del out[topic_id]
+    return out
 
 
 # ------------------------------------------------------------------------- layout
@@ -184,43 +274,61 @@ def _get_count(buf: bytes, pos: int) -> tuple[int, int]:
     return count, pos + _I32.size
 
 
-def encode_partitions(stored: StoredShareGroup) -> bytes:
-    out = bytearray(_I16.pack(PARTITIONS_VALUE_VERSION))
-    out += _I32.pack(len(stored.initialized))
-    for topic_id, topic in sorted(stored.initialized.items()):
+def _put_topics(out: bytearray, topics: Mapping[uuid.UUID, StoredTopic]) -> None:
+    out += _I32.pack(len(topics))
+    for topic_id, topic in sorted(topics.items()):
         out += topic_id.bytes
         _put_str(out, topic.name)
         out += _I32.pack(len(topic.partitions))
         for partition in sorted(topic.partitions):
             out += _I32.pack(partition)
-    out += _I32.pack(len(stored.deleting))
-    for topic_id, name in sorted(stored.deleting.items()):
-        out += topic_id.bytes
-        _put_str(out, name)
-    return bytes(out)
 
 
-def decode_partitions(
-    buf: bytes,
-) -> tuple[dict[uuid.UUID, StoredTopic], dict[uuid.UUID, str]]:
-    (version,) = _I16.unpack_from(buf, 0)
-    if version != PARTITIONS_VALUE_VERSION:
-        raise ValueError(f"unknown share group partitions value version {version}")
-    initialized: dict[uuid.UUID, StoredTopic] = {}
-    count, pos = _get_count(buf, _I16.size)
+def _get_topics(buf: bytes, pos: int) -> tuple[dict[uuid.UUID, StoredTopic], int]:
+    topics: dict[uuid.UUID, StoredTopic] = {}
+    count, pos = _get_count(buf, pos)
     for _ in range(count):
         topic_id = uuid.UUID(bytes=bytes(buf[pos : pos + 16]))
         name, pos = _get_str(buf, pos + 16)
         n, pos = _get_count(buf, pos)
         partitions = frozenset(_I32.unpack_from(buf, pos + 4 * i)[0] for i in range(n))
         pos += 4 * n
-        initialized[topic_id] = StoredTopic(name, partitions)
+        topics[topic_id] = StoredTopic(name, partitions)
+    return topics, pos
+
+
+def encode_partitions(stored: StoredShareGroup) -> bytes:
+    version = (
+        PARTITIONS_WITH_INITIALIZING_VERSION if stored.initializing else PARTITIONS_VALUE_VERSION
+    )
+    out = bytearray(_I16.pack(version))
+    _put_topics(out, stored.initialized)
+    out += _I32.pack(len(stored.deleting))
+    for topic_id, name in sorted(stored.deleting.items()):
+        out += topic_id.bytes
+        _put_str(out, name)
+    if stored.initializing:
+        _put_topics(out, stored.initializing)
+    return bytes(out)
+
+
+def decode_partitions(
+    buf: bytes,
+) -> tuple[dict[uuid.UUID, StoredTopic], dict[uuid.UUID, str], dict[uuid.UUID, StoredTopic]]:
+    """(initialized, deleting, initializing) topics."""
+    (version,) = _I16.unpack_from(buf, 0)
+    if version not in (PARTITIONS_VALUE_VERSION, PARTITIONS_WITH_INITIALIZING_VERSION):
+        raise ValueError(f"unknown share group partitions value version {version}")
+    initialized, pos = _get_topics(buf, _I16.size)
     deleting: dict[uuid.UUID, str] = {}
     count, pos = _get_count(buf, pos)
     for _ in range(count):
         topic_id = uuid.UUID(bytes=bytes(buf[pos : pos + 16]))
         deleting[topic_id], pos = _get_str(buf, pos + 16)
-    return initialized, deleting
+    initializing: dict[uuid.UUID, StoredTopic] = {}
+    if version == PARTITIONS_WITH_INITIALIZING_VERSION:
+        initializing, pos = _get_topics(buf, pos)
+    return initialized, deleting, initializing
 
 
 def _put_strings(out: bytearray, texts: Iterable[str]) -> None:
@@ -239,14 +347,21 @@ def _get_strings(buf: bytes, pos: int) -> tuple[tuple[str, ...], int]:
     return tuple(texts), pos
 
 
-def _put_assignment(out: bytearray, assignment: Assignment) -> None:
+def _put_assignment(
+    out: bytearray, assignment: Assignment, topic_ids: Mapping[str, uuid.UUID]
+) -> None:
+    """Version 2: each partition's topic name, partition and topic id."""
     out += _I32.pack(len(assignment))
     for topic, partition in sorted(assignment):
         _put_text(out, topic)
         out += _I32.pack(partition)
+        out += topic_ids.get(topic, NO_TOPIC_ID).bytes
 
 
-def _get_assignment(buf: bytes, pos: int) -> tuple[Assignment, int]:
+def _get_assignment(
+    buf: bytes, pos: int, version: int, topic_ids: dict[str, uuid.UUID]
+) -> tuple[Assignment, int]:
+    """An assignment of ``version`` (1: names only); the ids read go to ``topic_ids``."""
     count, pos = _get_count(buf, pos)
     got = []
     for _ in range(count):
@@ -254,6 +369,13 @@ def _get_assignment(buf: bytes, pos: int) -> tuple[Assignment, int]:
         (partition,) = _I32.unpack_from(buf, pos)
         got.append((topic, partition))
         pos += _I32.size
+        if version != NAMES_ONLY_VALUE_VERSION:
+            if pos + 16 > len(buf):
+                raise ValueError("topic id runs past the record")
+            topic_id = uuid.UUID(bytes=bytes(buf[pos : pos + 16]))
+            pos += 16
+            if topic_id != NO_TOPIC_ID:
+                topic_ids[topic] = topic_id
     return frozenset(got), pos
 
 
@@ -262,6 +384,14 @@ def _check_version(buf: bytes, expected: int, what: str) -> int:
     if version != expected:
         raise ValueError(f"unknown share group {what} value version {version}")
     return _I16.size
+
+
+def _assignment_version(buf: bytes, what: str) -> tuple[int, int]:
+    """(version, position after it) of a target or current assignment value: 1 or 2."""
+    (version,) = _I16.unpack_from(buf, 0)
+    if version not in (NAMES_ONLY_VALUE_VERSION, TARGET_MEMBER_VALUE_VERSION):
+        raise ValueError(f"unknown share group {what} value version {version}")
+    return version, _I16.size
 
 
 def encode_member(member: StoredMember) -> bytes:
@@ -289,7 +419,7 @@ def encode_target_metadata(stored: StoredShareGroup) -> bytes:
 
 def encode_target_member(member: StoredMember) -> bytes:
     out = bytearray(_I16.pack(TARGET_MEMBER_VALUE_VERSION))
-    _put_assignment(out, member.target)
+    _put_assignment(out, member.target, member.topic_ids)
     return bytes(out)
 
 
@@ -297,7 +427,7 @@ def encode_current_member(member: StoredMember) -> bytes:
     out = bytearray(_I16.pack(CURRENT_MEMBER_VALUE_VERSION))
     out += _I32.pack(member.member_epoch)
     out += _I32.pack(member.previous_epoch)
-    _put_assignment(out, member.assignment)
+    _put_assignment(out, member.assignment, member.topic_ids)
     return bytes(out)
 
 
@@ -360,16 +490,17 @@ def decode_member(
     client_id, pos = _get_text(member, pos)
     client_host, pos = _get_text(member, pos)
     subscribed, _ = _get_strings(member, pos)
-    pos = _check_version(current, CURRENT_MEMBER_VALUE_VERSION, "current assignment")
+    topic_ids: dict[str, uuid.UUID] = {}
+    version, pos = _assignment_version(current, "current assignment")
     member_epoch, previous_epoch = struct.unpack_from(">ii", current, pos)
-    assignment, _ = _get_assignment(current, pos + 8)
+    assignment, _ = _get_assignment(current, pos + 8, version, topic_ids)
     goal: Assignment = frozenset()
     if target is not None:
-        pos = _check_version(target, TARGET_MEMBER_VALUE_VERSION, "target assignment")
-        goal, _ = _get_assignment(target, pos)
+        version, pos = _assignment_version(target, "target assignment")
+        goal, _ = _get_assignment(target, pos, version, topic_ids)
     return StoredMember(
         rack_id, client_id, client_host, subscribed, member_epoch, previous_epoch,
-        assignment, goal,
+        assignment, goal, topic_ids,
     )  # fmt: skip
 
 
@@ -400,8 +531,9 @@ def decode_group(values: Mapping[RecordKey, bytes]) -> StoredShareGroup | None:
             (epoch,) = _I32.unpack_from(metadata, pos)
         initialized: dict[uuid.UUID, StoredTopic] = {}
         deleting: dict[uuid.UUID, str] = {}
+        initializing: dict[uuid.UUID, StoredTopic] = {}
         if partitions is not None:
-            initialized, deleting = decode_partitions(partitions)
+            initialized, deleting, initializing = decode_partitions(partitions)
         target_metadata = values.get((SHARE_GROUP_TARGET_METADATA_KEY_VERSION, ""))
         topics = {} if target_metadata is None else decode_target_metadata(target_metadata)
     except struct.error as exc:
@@ -420,4 +552,4 @@ def decode_group(values: Mapping[RecordKey, bytes]) -> StoredShareGroup | None:
             member = None  # unreadable (a newer layout, damage): this member rejoins
         if member is not None:
             members[member_id] = member
-    return StoredShareGroup(epoch, initialized, deleting, topics, members)
+    return StoredShareGroup(epoch, initialized, deleting, topics, members, initializing)

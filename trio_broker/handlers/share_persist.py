@@ -90,6 +90,11 @@ def _leader_epoch(ctx: RequestContext, topic_id: uuid.UUID, partition: int) -> i
     return term.leader_epoch if term else None
 
 
+def leader_epoch_here(ctx: RequestContext, topic_id: uuid.UUID, partition: int) -> int | None:
+    """This broker's leader epoch of the data partition, None when it does not lead it."""
+    return _leader_epoch(ctx, topic_id, partition)
+
+
 def _coordinator_of(services: Any, key: ShareKey) -> int | ErrorCode:
     """The broker leading the key's ``__share_group_state`` partition (made on first use)."""
     coordinator = services.share_coordinator
@@ -341,7 +346,7 @@ def deleted_topics_of_groups(services: Any) -> dict[str, set[uuid.UUID]]:
     existing = {topic.topic_id for topic in services.leaders.view.topics.values()}
     gone: dict[str, set[uuid.UUID]] = {}
     for group_id, stored in list(groups.share_groups.items()):
-        missing = {t for t in stored.initialized if t not in existing}
+        missing = {t for t in stored.recorded_topics() if t not in existing}
         if missing and groups.coordinator_error(group_id) is ErrorCode.NONE:
             gone[group_id] = missing
     return gone
@@ -360,11 +365,12 @@ async def delete_deleted_topics_state(
     stored = groups.share_group(group_id)
     if stored is None:
         return ErrorCode.NONE
+    recorded = stored.recorded_topics()
     keys = [
         ShareKey(group_id, topic_id, partition)
         for topic_id in topic_ids
-        if topic_id in stored.initialized
-        for partition in sorted(stored.initialized[topic_id].partitions)
+        if topic_id in recorded
+        for partition in sorted(recorded[topic_id].partitions)
     ]
     answers = await delete_state(services, keys)
     if failed := {k: e for k, e in answers.items() if e is not ErrorCode.NONE}:

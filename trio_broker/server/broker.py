@@ -354,8 +354,13 @@ class Broker:
         stored epochs, with their stored members (who go on with the epochs they hold;
         their sessions start afresh)."""
         self.shares.recall_groups(stored, {g: s.epoch for g, s in stored.items()})
-        self.shares.restore_members(stored, self.now_ms())
+        self.shares.restore_members(stored, self.now_ms(), self._topic_ids())
         self._sweep_deleted_share_topics()  # deleted while another broker coordinated them
+
+    def _topic_ids(self) -> dict[str, uuid.UUID]:
+        """Each topic's id by name, as the cluster's view has them (a share group's
+        coordinator may hold no replica of its topics)."""
+        return {name: info.topic_id for name, info in self.leaders.view.topics.items()}
 
     def _unload_share_groups(self, partition: int) -> None:
         """Another broker coordinates the groups of ``__consumer_offsets-<partition>``
@@ -710,7 +715,9 @@ class Broker:
                 if self.groups.coordinator_error(group_id) is not ErrorCode.NONE:
                     continue  # a data partition's leader's copy, or moving
                 try:
-                    write = self.groups.store_share_group(group_id, known.with_membership(group))
+                    write = self.groups.store_share_group(
+                        group_id, known.with_membership(group, self._topic_ids())
+                    )
                     if write is not None:
                         await self.groups.wait_offsets_durable(write)
                 except KafkaError as exc:

@@ -25,6 +25,9 @@ LEAVE_EPOCH = -1
 
 #: topic name -> partition count, of the topics that exist.
 Metadata = Mapping[str, int]
+#: topic name -> the partitions that may be assigned: those whose share state is
+#: durably initialized (Kafka's assignable partitions of a share group). None: all.
+Assignable = Mapping[str, frozenset[int]] | None
 Assignment = frozenset[tuple[str, int]]
 
 
@@ -101,12 +104,37 @@ class ShareGroup:
         for mid in gone:
             del self.members[mid]
         if gone:
-            self._reassign(self.metadata)
+            # What was assignable is what the target holds (every assignable partition
+            # of a subscribed topic has a member).
+            self._reassign(self.metadata, self.assigned_partitions())
         return gone
 
+    def assigned_partitions(self) -> dict[str, frozenset[int]]:
+        """topic -> the partitions of it the target assignment gives to some member."""
+        out: dict[str, set[int]] = {}
+        for assignment in self.target.values():
+            for topic, partition in assignment:
+                out.setdefault(topic, set()).add(partition)
+        return {topic: frozenset(partitions) for topic, partitions in out.items()}
+
+    def assignment_pending(self, assignable: Assignable) -> bool:
+        """Whether the target misses partitions that became assignable, or holds some that
+        are no longer (Kafka's initializedAssignmentPending, which also catches a topic
+        created again under its name: its partitions are not assignable until the new
+        topic's are initialized)."""
+        if assignable is None or not self.members:
+            return False
+        assigned = self.assigned_partitions()
+        return any(
+            assignable.get(topic, frozenset()) != assigned.get(topic, frozenset())
+            for topic in self.subscribed_topics()
+        )
+
     def heartbeat(
-        self, hb: ShareHeartbeat, metadata: Metadata, now_ms: int
+        self, hb: ShareHeartbeat, metadata: Metadata, now_ms: int, assignable: Assignable = None
     ) -> ShareHeartbeatResult:
+        """``assignable``: the partitions that may be assigned (None: every partition of
+        ``metadata``); the target moves when they change, as when the metadata does."""
         if (why := validate(hb)) is not None:
             return ShareHeartbeatResult(ErrorCode.INVALID_REQUEST, why)
         member = self.members.get(hb.member_id)
@@ -116,7 +144,7 @@ class ShareGroup:
                     ErrorCode.UNKNOWN_MEMBER_ID, member_id=hb.member_id, member_epoch=LEAVE_EPOCH
                 )
             del self.members[hb.member_id]
-            self._reassign(metadata)
+            self._reassign(metadata, assignable)
             return ShareHeartbeatResult(
                 ErrorCode.NONE, member_id=hb.member_id, member_epoch=LEAVE_EPOCH
             )
@@ -145,8 +173,29 @@ class ShareGroup:
         if hb.subscribed is not None and tuple(sorted(set(hb.subscribed))) != member.subscribed:
             member.subscribed = tuple(sorted(set(hb.subscribed)))
             changed = True
-        if changed or dict(metadata) != self.metadata or member.member_epoch == 0:
-            self._reassign(metadata)
+        if (
+            changed
+            or dict(metadata) != self.metadata
+            or member.member_epoch == 0
+            or self.assignment_pending(assignable)
+        ):
+            self._reassign(metadata, assignable)
+        return self._answer(member)
+
+    def catch_up(
+        self, member_id: str, metadata: Metadata, assignable: Assignable
+    ) -> ShareHeartbeatResult | None:
+        """After the member's heartbeat was taken: partitions became assignable since
+        (their share state was initialized meanwhile), so the target moves and the member
+        with it, in the answer to that heartbeat. None: the member is gone."""
+        member = self.members.get(member_id)
+        if member is None:
+            return None
+        if self.assignment_pending(assignable):
+            self._reassign(metadata, assignable)
+        return self._answer(member)
+
+    def _answer(self, member: ShareMember) -> ShareHeartbeatResult:
         if member.member_epoch != self.group_epoch:
             # Only the member's own heartbeat moves it to the target (Kafka's rule):
             # raising every member's epoch when another joined would fence each of
@@ -162,11 +211,11 @@ class ShareGroup:
             assignment=member.assignment,
         )
 
-    def _reassign(self, metadata: Metadata) -> None:
+    def _reassign(self, metadata: Metadata, assignable: Assignable = None) -> None:
         self.group_epoch += 1
         self.metadata = dict(metadata)
         self.target = simple_assignment(
-            {mid: m.subscribed for mid, m in self.members.items()}, self.metadata
+            {mid: m.subscribed for mid, m in self.members.items()}, self.metadata, assignable
         )
 
 
@@ -184,22 +233,29 @@ def spread(
 
 
 def simple_assignment(
-    subscriptions: Mapping[str, tuple[str, ...]], metadata: Metadata
+    subscriptions: Mapping[str, tuple[str, ...]], metadata: Metadata, assignable: Assignable = None
 ) -> dict[str, Assignment]:
     """Kafka's ``simple`` share assignor, without its stickiness: balanced over the members
     when they all subscribe to the same topics, else balanced topic by topic among that
-    topic's subscribers. Every partition of a subscribed topic has a member, and every
-    member subscribed to an existing topic has a partition."""
+    topic's subscribers. Every assignable partition of a subscribed topic has a member,
+    and every member subscribed to a topic with one has a partition."""
+
+    def of(topic: str) -> list[int]:
+        count = metadata.get(topic, 0)
+        if assignable is None:
+            return list(range(count))
+        return sorted(p for p in assignable.get(topic, frozenset()) if p < count)
+
     members = sorted(subscriptions)
     out: dict[str, set[tuple[str, int]]] = {m: set() for m in members}
     if len({subscriptions[m] for m in members}) <= 1:
         topics = subscriptions[members[0]] if members else ()
-        partitions = [(t, p) for t in sorted(topics) for p in range(metadata.get(t, 0))]
+        partitions = [(t, p) for t in sorted(topics) for p in of(t)]
         out.update(spread(members, partitions))
     else:
         for topic in sorted({t for m in members for t in subscriptions[m]}):
             readers = [m for m in members if topic in subscriptions[m]]
-            partitions = [(topic, p) for p in range(metadata.get(topic, 0))]
+            partitions = [(topic, p) for p in of(topic)]
             for member, got in spread(readers, partitions).items():
                 out[member] |= got
     return {m: frozenset(got) for m, got in out.items()}

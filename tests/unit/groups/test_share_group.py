@@ -123,3 +123,32 @@ def test_a_leave_keeps_the_share_session_and_its_connection_ends_it() -> None:
     assert shares.session("g", "a") is None
     again = share_partition.acquire("b", 3, 5, 3)
     assert [(r.first_offset, r.last_offset, r.delivery_count) for r in again] == [(0, 2, 2)]
+
+
+def test_only_assignable_partitions_are_assigned_and_the_target_follows_them() -> None:
+    """Kafka assigns a share group's partitions whose share state is initialized only;
+    when more become assignable (or fewer: a topic created again under its name), the
+    group epoch rises and the target follows, at the member's next heartbeat."""
+    group = ShareGroup("g")
+    none_yet: dict[str, frozenset[int]] = {}
+    joined = group.heartbeat(ShareHeartbeat("a", 0, None, ("t",)), META, 0, none_yet)
+    assert (joined.error, joined.assignment) == (ErrorCode.NONE, frozenset())
+    # Nothing changed: the same epoch.
+    again = group.heartbeat(ShareHeartbeat("a", joined.member_epoch, None, None), META, 1, none_yet)
+    assert again.member_epoch == joined.member_epoch
+    one = {"t": frozenset({1})}
+    got = group.heartbeat(ShareHeartbeat("a", joined.member_epoch, None, None), META, 2, one)
+    assert got.member_epoch > joined.member_epoch
+    assert got.assignment == frozenset({("t", 1)})
+    # A second member while only t-1 is assignable shares it; when t-0 becomes
+    # assignable too (its initialization finished during b's heartbeat), b catches up.
+    b = group.heartbeat(ShareHeartbeat("b", 0, None, ("t",)), META, 3, one)
+    assert b.assignment == frozenset({("t", 1)})
+    caught_up = group.catch_up("b", META, {"t": frozenset({0, 1})})
+    assert caught_up is not None and caught_up.member_epoch > b.member_epoch
+    assert caught_up.assignment is not None and len(caught_up.assignment) == 1
+    assert group.assigned_partitions() == {"t": frozenset({0, 1})}
+    # No longer assignable (the topic was created again: a new id, nothing initialized).
+    gone = group.heartbeat(ShareHeartbeat("a", got.member_epoch, None, None), META, 4, none_yet)
+    assert gone.assignment == frozenset()
+    assert group.catch_up("nobody", META, none_yet) is None

@@ -5,6 +5,7 @@ and a group's members brought back by the replay."""
 
 from __future__ import annotations
 
+import struct
 import uuid
 
 import attrs
@@ -26,11 +27,15 @@ from trio_broker.groups.offsets_store import (
     decode_record,
     encode_record,
 )
+from trio_broker.groups.share import ShareGroups, ShareGroupsConfig
 from trio_broker.groups.share_records import (
     StoredMember,
     StoredShareGroup,
     StoredTopic,
     decode_group,
+    decode_member,
+    encode_member,
+    record_values,
     records_of,
 )
 from trio_broker.protocol.error_codes import ErrorCode
@@ -66,6 +71,7 @@ groups = st.builds(
     st.dictionaries(st.uuids(), st.text(max_size=20), max_size=3),
     st.dictionaries(names, st.integers(0, 2**31 - 1), max_size=3),
     st.dictionaries(st.text(min_size=1, max_size=12), members, max_size=3),
+    topics,
 )
 
 
@@ -87,6 +93,28 @@ def test_records_round_trip_through_the_offsets_log(group_id: str, group: Stored
     encoded = [encode_record(r) for r in records_of(group_id, group)]
     assert [decode_record(k, v) for k, v in encoded] == records_of(group_id, group)
     assert stored(group_id, replayed(encoded)) == group
+
+
+def test_the_partitions_value_is_version_1_without_initializing_topics() -> None:
+    """Version 1 (initialized and deleting topics) is what a group without partitions
+    being initialized writes, byte for byte as before initializing topics were kept, so
+    a broker reading version 1 only still reads it; version 2 appends them."""
+    settled = StoredShareGroup(initialized={T1: StoredTopic("t", frozenset({0, 1}))})
+    value = record_values(settled)[SHARE_GROUP_PARTITIONS_KEY_VERSION, ""]
+    assert value[:2] == b"\x00\x01"
+    assert decode_group({(SHARE_GROUP_PARTITIONS_KEY_VERSION, ""): value}) == settled
+    initializing = settled.with_initializing([(T2, "u", 3)])
+    value = record_values(initializing)[SHARE_GROUP_PARTITIONS_KEY_VERSION, ""]
+    assert value[:2] == b"\x00\x02"
+    assert decode_group({(SHARE_GROUP_PARTITIONS_KEY_VERSION, ""): value}) == initializing
+    # Initialized at last: out of the initializing topics, and version 1 again.
+    done = initializing.with_partitions([(T2, "u", 3)])
+    assert done.initializing == {}
+    assert done.initialized[T2] == StoredTopic("u", frozenset({3}))
+    assert record_values(done)[SHARE_GROUP_PARTITIONS_KEY_VERSION, ""][:2] == b"\x00\x01"
+    # A failed initialization leaves neither.
+    assert initializing.without_initializing([(T2, "u", 3)]) == settled
+    assert initializing.partitions() == {(T1, 0), (T1, 1), (T2, 3)}
 
 
 def test_the_latest_record_wins_and_tombstones_remove_the_group() -> None:
@@ -225,3 +253,36 @@ def test_a_member_and_rack_id_past_32_kib_round_trip() -> None:
     now = StoredShareGroup().with_membership(group)
     back = stored("g", replayed([encode_record(r) for r in records_of("g", now)]))
     assert back == now and back.members[long_id].rack_id == long_rack
+
+
+def test_assignments_carry_topic_ids_and_a_recreated_topics_are_dropped_at_a_load() -> None:
+    """The members' assignments are stored with their topics' ids (value version 2); a
+    load leaves out the partitions of a topic whose id is not the stored one (deleted,
+    perhaps created again under its name: another topic), from what the member was told
+    and from its target. A version 1 value (names only) still reads, and keeps all."""
+    group = ShareGroup("g")
+    result = group.heartbeat(ShareHeartbeat("m1", 0, None, ("t", "u")), {"t": 1, "u": 1}, 0)
+    assert result.assignment == frozenset({("t", 0), ("u", 0)})
+    ids = {"t": T1, "u": T2}
+    back = stored("g", replayed([encode_record(r) for r in records_of(
+        "g", StoredShareGroup().with_membership(group, ids))]))  # fmt: skip
+    assert back is not None and back.members["m1"].topic_ids == ids
+    # "t" was deleted and created again (a new id); "u" is the same topic.
+    now = {"t": uuid.UUID(int=3), "u": T2}
+    shares = ShareGroups(ShareGroupsConfig())
+    shares.recall_groups(["g"])
+    shares.restore_members({"g": back}, now_ms=0, topic_ids=now)
+    restored = shares.groups["g"]
+    assert restored.members["m1"].assignment == frozenset({("u", 0)})
+    assert restored.target["m1"] == frozenset({("u", 0)})
+    # Without the ids now (a caller that has none), or from version 1, nothing is left out.
+    shares = ShareGroups(ShareGroupsConfig())
+    shares.recall_groups(["g"])
+    shares.restore_members({"g": back}, now_ms=0)
+    assert shares.groups["g"].members["m1"].assignment == result.assignment
+    current_v1 = b"\x00\x01" + struct.pack(">iii", 1, 0, 1) + struct.pack(">i", 1) + b"t"
+    current_v1 += struct.pack(">i", 0)
+    member = encode_member(back.members["m1"])
+    old = decode_member(member, None, current_v1)
+    assert old is not None and old.assignment == frozenset({("t", 0)}) and old.topic_ids == {}
+    assert old.same_topics(old.assignment, now) == old.assignment
