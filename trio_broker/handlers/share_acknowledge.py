@@ -10,8 +10,8 @@ import uuid
 from trio_broker.groups.share import CLOSE_SESSION, OPEN_SESSION, next_epoch
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
-from trio_broker.handlers.share_fetch import acknowledge, request_error
-from trio_broker.handlers.share_persist import ensure_loaded, persist
+from trio_broker.handlers.share_fetch import Pending, acknowledge, request_error, settle
+from trio_broker.handlers.share_persist import ensure_loaded, persist_each
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
@@ -49,6 +49,7 @@ async def handle_share_acknowledge(ctx: RequestContext, request: m.ShareAcknowle
         session.epoch = next_epoch(session.epoch)
     per_topic: dict[uuid.UUID, list[PartResp]] = {}
     touched: set[tuple[uuid.UUID, int]] = set()
+    pending: Pending = {}
     # In a cluster, share state not read in this leader epoch yet is read first.
     unread = await ensure_loaded(ctx, group_id, {
         (t.topic_id, p.partition_index) for t in request.topics for p in t.partitions
@@ -57,7 +58,7 @@ async def handle_share_acknowledge(ctx: RequestContext, request: m.ShareAcknowle
         for p in topic.partitions:
             code = unread.get((topic.topic_id, p.partition_index)) or acknowledge(
                 ctx, group_id, member_id, topic.topic_id, p.partition_index,
-                p.acknowledgement_batches, touched,
+                p.acknowledgement_batches, touched, pending,
             )  # fmt: skip
             per_topic.setdefault(topic.topic_id, []).append(PartResp(
                 partition_index=p.partition_index, error_code=code,
@@ -67,12 +68,16 @@ async def handle_share_acknowledge(ctx: RequestContext, request: m.ShareAcknowle
             ))  # fmt: skip
     if epoch == CLOSE_SESSION:
         shares.close_session(group_id, member_id)
-    # Answered once the acknowledgements are durable: a restart does not deliver them again.
-    if (stored := await persist(ctx, group_id, only=touched)) is not ErrorCode.NONE:
-        for parts in per_topic.values():
-            for part in parts:
-                if part.error_code == ErrorCode.NONE:
-                    part.error_code = stored
+    # Answered once the acknowledgements are durable: a restart does not deliver them
+    # again. A partition whose write failed answers why, its acknowledgements undone
+    # (still acquired by the member: its retry finds them), as Kafka's.
+    stored = await persist_each(ctx, group_id, touched)
+    settle(ctx, group_id, member_id, pending, stored)
+    for topic_id, parts in per_topic.items():
+        for part in parts:
+            code = stored.get((topic_id, part.partition_index), ErrorCode.NONE)
+            if part.error_code == ErrorCode.NONE and code is not ErrorCode.NONE:
+                part.error_code = code
     return Resp(
         throttle_time_ms=0, error_code=ErrorCode.NONE,
         # (Version 2's field, KIP-1222; not offered: version 1 carries none.)

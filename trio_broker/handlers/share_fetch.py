@@ -15,7 +15,7 @@ coordinator (handlers/share_persist.py; docs/share-groups.md).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -25,13 +25,13 @@ from trio_broker.groups.share import next_epoch
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import Deferred, RequestContext, handles
 from trio_broker.handlers.list_offsets import offset_for_reset
-from trio_broker.handlers.share_persist import ensure_loaded, persist
+from trio_broker.handlers.share_persist import ensure_loaded, persist_each
 from trio_broker.protocol import batch_header
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.codec import RecordsChunks
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.partition_txns import AbortedTxn
-from trio_broker.state.share_partition import Acquired
+from trio_broker.state.share_partition import Acquired, SharePartition
 
 Resp = m.ShareFetchResponse
 TopicResp = Resp.ShareFetchableTopicResponse
@@ -39,6 +39,9 @@ PartResp = TopicResp.PartitionData
 #: A member that asks for no limit (MaxRecords <= 0) gets at most this many a fetch.
 DEFAULT_MAX_RECORDS = 500
 INT32_MAX = 2**31 - 1
+#: A request's acknowledgements applied but not yet stored, by (topic id, partition):
+#: the share partition and each range acknowledged (settled by :func:`settle`).
+Pending = dict[tuple[uuid.UUID, int], list[tuple[SharePartition, int, int]]]
 
 
 def resolve(ctx: RequestContext, topic_id: uuid.UUID, partition: int) -> tuple[ErrorCode, Any]:
@@ -57,26 +60,51 @@ def resolve(ctx: RequestContext, topic_id: uuid.UUID, partition: int) -> tuple[E
 
 def acknowledge(
     ctx: RequestContext, group_id: str, member_id: str, topic_id: uuid.UUID, partition: int,
-    batches: Sequence[Any], touched: set[tuple[uuid.UUID, int]],
+    batches: Sequence[Any], touched: set[tuple[uuid.UUID, int]], pending: Pending,
 ) -> ErrorCode:  # fmt: skip
     """Apply one partition's acknowledgement batches; the first error, if any. The
-    partition goes into ``touched`` (its share state may have changed)."""
+    partition goes into ``touched`` (its share state may have changed), each batch
+    applied into ``pending``: the caller writes the touched partitions, then
+    :func:`settle` keeps or undoes what is pending by how each write went."""
     error, _ = resolve(ctx, topic_id, partition)
     if error is not ErrorCode.NONE:
         return error
-    touched.add((topic_id, partition))
     share_partition = ctx.services.shares.partition(group_id, topic_id, partition)
+    if share_partition is None:
+        return ErrorCode.INVALID_RECORD_STATE if batches else ErrorCode.NONE
+    touched.add((topic_id, partition))
     result = ErrorCode.NONE
     for batch in batches:
-        if share_partition is None:
-            return ErrorCode.INVALID_RECORD_STATE
         code = share_partition.acknowledge(
             member_id, batch.first_offset, batch.last_offset, batch.acknowledge_types,
-            ctx.now_ms(),
+            ctx.now_ms(), pending=True,
         )  # fmt: skip
+        if code is ErrorCode.NONE:
+            pending.setdefault((topic_id, partition), []).append(
+                (share_partition, batch.first_offset, batch.last_offset)
+            )
         if result is ErrorCode.NONE:
             result = code
     return result
+
+
+def settle(
+    ctx: RequestContext, group_id: str, member_id: str, pending: Pending,
+    stored: Mapping[tuple[uuid.UUID, int], ErrorCode],
+) -> None:  # fmt: skip
+    """Keep the acknowledgements whose partition's write counted (``stored``: each
+    partition's error), undo the others, as Kafka's share partition does: their records
+    are acquired by the member again, their locks running, so that the member's retry
+    finds them, and nothing unstored counts as done. A member whose session ended with
+    this request gets them back at once (Kafka releases a closing session's records
+    once its acknowledgements complete, whatever their outcome)."""
+    closed = ctx.services.shares.session(group_id, member_id) is None
+    for key, applied in pending.items():
+        kept = stored.get(key, ErrorCode.NONE) is ErrorCode.NONE
+        for share_partition, first, last in applied:
+            share_partition.settle(first, last, kept)
+            if not kept and closed:
+                share_partition.release_member(member_id)
 
 
 def request_error(group_id: str | None, member_id: str | None) -> str | None:
@@ -166,6 +194,8 @@ class Fetch:
         self.parts: dict[tuple[uuid.UUID, int], PartResp] = {}
         #: (topic id, partition)s whose share state this request may have changed.
         self.touched: set[tuple[uuid.UUID, int]] = set()
+        #: Its acknowledgements applied, until their write settles them.
+        self.pending: Pending = {}
 
     def part(self, topic_id: uuid.UUID, partition: int) -> PartResp:
         key = (topic_id, partition)
@@ -278,14 +308,15 @@ class Fetch:
 
     async def stored(self) -> None:
         """Write the share state and wait until it is durable, so the acknowledgements
-        answered are never delivered again after a restart (else their partitions
-        answer why). Acquisitions alone are not written (as in Kafka): a leader lost
-        before the next write costs a delivery count, never a record."""
-        acked = [p for p in self.parts.values() if p.acknowledge_error_code == ErrorCode.NONE]
-        if (
-            code := await persist(self.ctx, self.group_id, only=self.touched)
-        ) is not ErrorCode.NONE:
-            for part in acked:
+        answered are never delivered again after a restart; a partition whose write
+        failed answers why, its acknowledgements undone (:func:`settle`). Acquisitions
+        alone are not written (as in Kafka): a leader lost before the next write costs a
+        delivery count, never a record."""
+        errors = await persist_each(self.ctx, self.group_id, self.touched)
+        settle(self.ctx, self.group_id, self.member_id, self.pending, errors)
+        for key, part in self.parts.items():
+            code = errors.get(key, ErrorCode.NONE)
+            if part.acknowledge_error_code == ErrorCode.NONE and code is not ErrorCode.NONE:
                 part.acknowledge_error_code = code
 
     def response(self) -> Resp:
@@ -359,7 +390,7 @@ async def handle_share_fetch(ctx: RequestContext, request: m.ShareFetchRequest) 
             if p.acknowledgement_batches:
                 fetch.part(topic.topic_id, p.partition_index).acknowledge_error_code = acknowledge(
                     ctx, group_id, member_id, topic.topic_id, p.partition_index,
-                    p.acknowledgement_batches, fetch.touched,
+                    p.acknowledgement_batches, fetch.touched, fetch.pending,
                 )  # fmt: skip
     if epoch == -1:  # the last request of the session: acknowledgements only
         shares.close_session(group_id, member_id)

@@ -62,7 +62,22 @@ async def persist(
         answers = await delete_state(ctx.services, gone)
         result = next((e for e in answers.values() if e is not ErrorCode.NONE), result)
     written = await _write_changes(ctx, group_id, only)
-    return error_for_client(written if result is ErrorCode.NONE else result)
+    first_error = next((e for e in written.values() if e is not ErrorCode.NONE), ErrorCode.NONE)
+    return error_for_client(first_error if result is ErrorCode.NONE else result)
+
+
+async def persist_each(
+    ctx: RequestContext, group_id: str, partitions: Collection[Partition]
+) -> dict[Partition, ErrorCode]:
+    """Write the group's ``partitions`` whose durable state moved, as :func:`persist`:
+    each partition's error for a client, NONE once its state counts at its coordinator
+    (or nothing of it moved). What an acknowledgement is answered, and what settles it
+    (kept, or undone: ``SharePartition.settle``). A partition not led here in the leader
+    epoch it was read in is not written: NOT_LEADER_OR_FOLLOWER."""
+    written = await _write_changes(ctx, group_id, partitions)
+    return {
+        p: error_for_client(written.get(p, ErrorCode.NOT_LEADER_OR_FOLLOWER)) for p in partitions
+    }
 
 
 #: What a leader answers for a share partition whose coordinator cannot answer now
@@ -195,9 +210,11 @@ async def ensure_loaded(
 
 async def _write_changes(
     ctx: RequestContext, group_id: str, only: Collection[Partition] | None
-) -> ErrorCode:
+) -> dict[Partition, ErrorCode]:
     """Send the snapshots of the group's share partitions led and read here whose state
-    moved to their share coordinators; NONE once each counts there, else the error.
+    moved to their share coordinators; each partition's error (as the coordinator
+    answered it), NONE once its snapshot counts there or when nothing of it moved. A
+    share partition not this broker's to write is left out.
 
     Each coordinator's snapshots are taken right before they are handed to it (appended
     there, or queued on its connection), with no wait in between: two requests' writes
@@ -207,7 +224,7 @@ async def _write_changes(
     coordinator = services.share_coordinator
     shares = services.shares
     by_coordinator: dict[int, list[tuple[ShareKey, int]]] = {}
-    result = ErrorCode.NONE
+    results: dict[Partition, ErrorCode] = {}
     for topic_id, partition, _ in shares.partitions_of(group_id):
         if only is not None and (topic_id, partition) not in only:
             continue
@@ -217,39 +234,41 @@ async def _write_changes(
             continue  # not this broker's to write (a coordinator's copy, a stale one)
         leader = _coordinator_of(services, key)
         if isinstance(leader, ErrorCode):
-            result = leader
+            results[topic_id, partition] = leader
             continue
         by_coordinator.setdefault(leader, []).append((key, epoch))
-    answers: dict[ShareKey, ErrorCode] = {}
     for leader, keys in by_coordinator.items():
         writes = []
         for key, epoch in keys:
             share_partition = shares.partition(key.group_id, key.topic_id, key.partition)
+            # NONE unless written below and refused: nothing of it moved, or it was
+            # dropped (its state deleted) while an earlier coordinator's write was waited for.
+            results[key.topic_id, key.partition] = ErrorCode.NONE
             if share_partition is None:
-                continue  # dropped while an earlier coordinator's write was waited for
+                continue
             fresh = snapshot_of(share_partition)
             known = shares.written.get(key)
             if known is None or not known.same_state(fresh):
                 writes.append(StateWrite(key, fresh, epoch))
         if not writes:
             continue
+        answers: dict[ShareKey, ErrorCode]
         if leader == services.config.node_id:
-            answers.update(await write_local(services, writes, ctx.now_ms()))
+            answers = await write_local(services, writes, ctx.now_ms())
         elif coordinator.remote is None:
-            answers.update((w.key, ErrorCode.COORDINATOR_NOT_AVAILABLE) for w in writes)
+            answers = {w.key: ErrorCode.COORDINATOR_NOT_AVAILABLE for w in writes}
         else:
-            answers.update(await coordinator.remote.write(leader, group_id, writes))
+            answers = await coordinator.remote.write(leader, group_id, writes)
         for write in writes:
-            if answers.get(write.key) is ErrorCode.NONE:
+            error = answers.get(write.key, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            results[write.key.topic_id, write.key.partition] = error
+            if error is ErrorCode.NONE:
                 shares.written[write.key] = write.snapshot
-            elif answers.get(write.key) is ErrorCode.FENCED_STATE_EPOCH:
+            elif error is ErrorCode.FENCED_STATE_EPOCH:
                 # Reset at the coordinator since this broker read it (AlterShareGroupOffsets):
                 # the next request reads it again, as Kafka's leader does.
                 shares.unload(write.key)
-    for error in answers.values():
-        if error is not ErrorCode.NONE and result is ErrorCode.NONE:
-            result = error
-    return error_for_client(result)
+    return results
 
 
 async def delete_state(services: Any, keys: Sequence[ShareKey]) -> dict[ShareKey, ErrorCode]:

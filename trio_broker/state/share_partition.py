@@ -13,6 +13,15 @@ state of each offset in [start, end) that is not; offsets from ``end`` up to the
 readable end have never been acquired. The start moves up over finished offsets as
 soon as they are finished, so ``records`` only holds what is in flight.
 
+An acknowledgement may be *pending* (Kafka's state transition in progress): applied,
+its records in their new state and written with it, but not yet known to be stored at
+the share coordinator. Until :meth:`SharePartition.settle` says whether the write
+counted, its records take no other transition (they are not acquired, not acquired
+again when released, and the start offset does not pass them); a write that failed
+puts them back as they were, acquired by the member with their lock running, so the
+member's retry of the acknowledgement finds them (Kafka's
+``rollbackOrProcessStateUpdates``).
+
 Pure and synchronous: the caller passes the time (ms) and the log's bounds.
 """
 
@@ -82,6 +91,9 @@ class SharePartition:
     #: (Kafka's leader loads a share partition's state on the first fetch naming it).
     #: Not share state: left out of comparisons and snapshots.
     loaded: bool = attrs.field(default=False, eq=False)
+    #: Offsets of pending acknowledgements -> the record as it was before: restored if
+    #: the write of the acknowledgement fails (:meth:`settle`).
+    pending: dict[int, InFlight] = attrs.field(factory=dict, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if self.end_offset < self.start_offset:
@@ -103,7 +115,7 @@ class SharePartition:
         """Where the next acquisition starts reading the log (Kafka's nextFetchOffset):
         the lowest record given back, else the first offset never acquired."""
         self.expire_locks(now_ms)
-        given_back = [o for o, r in self.records.items() if r.state is RecordState.AVAILABLE]
+        given_back = [o for o, r in self.records.items() if self._acquirable(o, r)]
         return min(given_back, default=self.end_offset)
 
     def next_lock_deadline(self) -> int | None:
@@ -119,6 +131,7 @@ class SharePartition:
             return
         for offset in [o for o in self.records if o < log_start_offset]:
             del self.records[offset]
+            self.pending.pop(offset, None)  # finished whatever its write does
         self.start_offset = log_start_offset
         self.end_offset = max(self.end_offset, log_start_offset)
         self._advance()
@@ -149,7 +162,7 @@ class SharePartition:
         for offset in sorted(self.records):
             if len(chosen) >= max_records or offset >= readable_end:
                 break
-            if self.records[offset].state is RecordState.AVAILABLE:
+            if self._acquirable(offset, self.records[offset]):
                 chosen.append(offset)
         room = self.start_offset + self.max_in_flight - self.end_offset
         fresh = max(0, min(max_records - len(chosen), readable_end - self.end_offset, room))
@@ -185,11 +198,13 @@ class SharePartition:
         return runs
 
     def acknowledge(
-        self, member_id: str, first: int, last: int, types: Sequence[int], now_ms: int
-    ) -> ErrorCode:
+        self, member_id: str, first: int, last: int, types: Sequence[int], now_ms: int,
+        *, pending: bool = False,
+    ) -> ErrorCode:  # fmt: skip
         """Acknowledge [first, last]: one type for all of them or one per offset. All or
         nothing: INVALID_RECORD_STATE unless every offset is acquired by ``member_id``
-        (its lock may have run out and the record gone to someone else)."""
+        (its lock may have run out and the record gone to someone else). ``pending``:
+        until :meth:`settle`, the acknowledgement may yet be undone (its write failed)."""
         count = last - first + 1
         if count <= 0 or len(types) not in (1, count):
             return ErrorCode.INVALID_REQUEST
@@ -209,6 +224,8 @@ class SharePartition:
         for i, offset in enumerate(range(first, last + 1)):
             kind = kinds[0] if len(kinds) == 1 else kinds[i]
             record = self.records[offset]
+            if pending:
+                self.pending[offset] = attrs.evolve(record)
             if kind is AckType.ACCEPT:
                 record.state, record.member_id = RecordState.ACKNOWLEDGED, None
             elif kind is AckType.RELEASE:
@@ -218,12 +235,27 @@ class SharePartition:
         self._advance()
         return ErrorCode.NONE
 
+    def settle(self, first: int, last: int, stored: bool) -> None:
+        """The write of the pending acknowledgement of [first, last] counted (``stored``)
+        or failed: its records keep their new state, or go back to what they were
+        (acquired by the member; a lock that ran out meanwhile gives them back at their
+        next use, as Kafka's rollback of a transition whose lock expired)."""
+        for offset in range(first, last + 1):
+            before = self.pending.pop(offset, None)
+            if before is not None and not stored and offset in self.records:
+                self.records[offset] = before
+        self._advance()
+
     def release_member(self, member_id: str) -> None:
         """A member left or closed its share session: its records go back."""
         for record in self.records.values():
             if record.state is RecordState.ACQUIRED and record.member_id == member_id:
                 self._give_back(record)
         self._advance()
+
+    def _acquirable(self, offset: int, record: InFlight) -> bool:
+        # A release whose write is pending is not offered yet: it may be undone.
+        return record.state is RecordState.AVAILABLE and offset not in self.pending
 
     def _give_back(self, record: InFlight) -> None:
         # The last allowed delivery is spent: archive rather than offer it again.
@@ -234,7 +266,9 @@ class SharePartition:
     def _advance(self) -> None:
         while self.start_offset < self.end_offset:
             record = self.records.get(self.start_offset)
-            if record is not None and record.state not in FINISHED:
+            if record is not None and (
+                record.state not in FINISHED or self.start_offset in self.pending
+            ):
                 break
             self.records.pop(self.start_offset, None)
             self.start_offset += 1

@@ -46,6 +46,8 @@ CONFIG = BrokerConfig(
 class Term:
     leader_epoch: int
     replicated: bool = True
+    #: Nothing is ever readable here (the tests acquire in the share partition itself).
+    high_watermark: int = 0
 
 
 @attrs.define(eq=False)
@@ -55,6 +57,10 @@ class Replication:
     view: ClusterView = attrs.field(factory=lambda: ClusterView(ME))
     terms: dict[tuple[str, int], Term] = attrs.field(factory=dict)
     created: list[tuple[str, int, int, dict[str, str]]] = attrs.field(factory=list)
+    #: How many of the next writes never reach the high watermark (as a state partition
+    #: whose ISR still names a dead follower): each ends NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    #: which the share coordinator answers COORDINATOR_NOT_AVAILABLE.
+    uncommitted_writes: int = 0
 
     def leader_term(self, topic: str, partition: int) -> Term | None:
         return self.terms.get((topic, partition))
@@ -65,6 +71,9 @@ class Replication:
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         await trio.lowlevel.checkpoint()
+        if self.uncommitted_writes > 0:
+            self.uncommitted_writes -= 1
+            return AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND
         return AckState.DONE
 
     def ensure_internal_topic_soon(
@@ -82,6 +91,8 @@ class FakeBroker:
     shares: ShareGroups = attrs.field(factory=lambda: ShareGroups(ShareGroupsConfig()))
     #: None: every request is allowed (handlers/authorization.py).
     authorizer: Any = None
+    #: Asked by a ShareFetch's acquisition in a read_committed group only.
+    producers: Any = None
     share_coordinator: PartitionedShareCoordinator = attrs.field(
         default=attrs.Factory(
             lambda self: PartitionedShareCoordinator(STATE_PARTITIONS, self.replication),
