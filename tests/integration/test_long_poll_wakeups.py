@@ -147,12 +147,15 @@ async def test_a_woken_fetch_reads_again_only_the_partition_that_changed(
         await wait_until(lambda: waiting(broker), "the fetch to wait")
         assert reads == [(A, B)]
         await trio.to_thread.run_sync(produce, bootstrap, A)
-        await wait_until(lambda: len(reads) == 2, "the fetch to look at A")
-        assert reads[1] == (A,) and not answers  # one small record: not enough yet
+        await wait_until(lambda: len(reads) >= 2, "the fetch to look at A")
+        # A alone looked at (its append, and its sync, which moves a node alone's high
+        # watermark: one look or two); one small record: not enough yet.
+        assert set(reads[1:]) == {(A,)} and not answers
         await trio.to_thread.run_sync(produce, bootstrap, B, 4000)
         await wait_until(lambda: bool(answers), "the fetch's answer")
-    # B alone looked at, then one read of both to answer.
-    assert reads[2:] == [(B,), (A, B)]
+    # Each look read only the partition that changed (B's, and A's sync if it came
+    # late), then one read of both to answer.
+    assert reads[-1] == (A, B) and set(reads[1:-1]) <= {(A,), (B,)}
     (answer,) = answers
     assert [bool(p.records) for p in answer.responses[0].partitions] == [True, True]
 

@@ -175,6 +175,11 @@ class ReplicaManager:
         role = self.terms.get(key) or self.following.get(key)  # it leads, or it follows
         return None if role is None else role.high_watermark
 
+    def log_synced(self, log: object) -> None:
+        """The flusher synced a log. Nothing here: a leader's own sync is taken into
+        its term when the term is refreshed (a follower's fetch, an acks=-1 write's
+        wait, the lag loop), as before."""
+
     # A follower's read records its progress in partition/read.py (Kafka's
     # Partition.updateFollowerFetchState, by the rules of replication/replica_rules.py):
     # the follower's log end and last caught-up time, an ISR expansion, a high watermark
