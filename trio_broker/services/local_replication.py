@@ -417,9 +417,12 @@ class OwnLog:
     def __init__(self, broker_id: int, log: Log) -> None:
         self.broker_id = broker_id
         self.log = log
+        #: Its one term (the log is fixed): a coordinator's write finds its partition's
+        #: term unchanged (``partition.coordinator_partition``).
+        self._term = LocalTerm(broker_id, log)
 
     def leader_term(self, topic: str, partition: int) -> LocalTerm:
-        return LocalTerm(self.broker_id, self.log)
+        return self._term
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         return AckState.DONE
