@@ -144,7 +144,8 @@ class Flusher:
         self._threads: PipeReportingThreads | InlineCalls = (
             InlineCalls() if inline else PipeReportingThreads()
         )
-        #: Told of each log a sync made durable further (appends covered): a partition's high watermark may be its durable end (the broker's replication,
+        #: Told of each log a sync made durable further (appends covered): a partition's
+        #: high watermark may be its durable end (the broker's replication,
         #: ``log_synced``, wakes its long polls). None: nobody is told.
         self.on_synced: Callable[[FlushableLog], None] | None = None
 

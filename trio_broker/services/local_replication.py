@@ -7,10 +7,11 @@ leader and ISR are this broker, the leader epoch is 0 (what its Metadata, ListOf
 and OffsetForLeaderEpoch have always answered), and the high watermark is what its only
 replica counts, by a cluster's leader's rule (``leader_synced``): its durable end with
 ``acks.all.fsync`` and eager syncs (the defaults), so that no consumer reads a record a
-power cut then loses; its log end otherwise (page cache, as Kafka; docs/reliability.md). The flusher syncs every appended
-record soon (its group commit), and a sync wakes the partition's long polls
-(:meth:`LocalReplication.log_synced`). Its :class:`LocalView` is the metadata
-of that cluster of one: this broker, its own controller, leading its own topics.
+power cut then loses; its log end otherwise (page cache, as Kafka; docs/reliability.md).
+The flusher syncs every appended record soon (its group commit), and a sync wakes the
+partition's long polls (:meth:`LocalReplication.log_synced`). Its :class:`LocalView` is
+the metadata of that cluster of one: this broker, its own controller, leading its own
+topics.
 
 The term is not ``replicated`` (``partition/append.py``'s ``Term``): a node alone keeps
 the few things it does differently from a cluster's leader, unchanged by this slice —
@@ -139,8 +140,8 @@ LOCAL_LEADER_EPOCH = 0
 class LocalTerm:
     """A node alone's term of one partition: it leads, alone in the ISR; the high
     watermark is what the replica counts of its log (read when asked: the log moves on
-    under the term): its durable end when ``counts_synced_only`` (``acks.all.fsync``, as
-    a cluster's leader counts its own log), else its log end.
+    under the term): its durable end when ``counts_synced_only`` (as a cluster's leader
+    counts its own log), else its log end.
 
     A replica set of one under the same progress rules as a cluster's term
     (``replication/replica_rules.py``'s ``LeaderTerm``): its log is its progress (read
@@ -321,9 +322,10 @@ class LocalReplication(_NoFollowers):
 
     ``view``: the metadata of this cluster of one (:class:`LocalView`).
     ``counts_synced_only``: whether the high watermark is the durable end
-    (:class:`LocalTerm`; ``acks.all.fsync`` and no lazy log.flush.interval.*). ``on_partition_changed``: what wakes a
-    partition's long polls (the broker's fetch purgatory), told when a sync moved a
-    partition's durable end, and so its high watermark (:meth:`log_synced`)."""
+    (:class:`LocalTerm`; ``acks.all.fsync`` and no lazy log.flush.interval.*).
+    ``on_partition_changed``: what wakes a partition's long polls (the broker's fetch
+    purgatory), told when a sync moved a partition's durable end, and so its high
+    watermark (:meth:`log_synced`)."""
 
     def __init__(
         self,
