@@ -7,6 +7,11 @@ Fetch is not answered it, nor a high watermark past it, while it is not synced: 
 cut then would lose it. A long poll waiting for it is answered once the sync comes,
 woken by the sync itself (``Flusher.on_synced`` -> ``LocalReplication.log_synced``), not
 at its max wait (two minutes, past this test's deadline).
+
+A cluster's leader alone in its ISR counts its log the same way (``leader_synced``): its
+term takes a sync when the flusher reports it (``ReplicaManager.log_synced``), so an
+acks=1 record reaches a consumer's long poll then, not at the next refresh of the term
+(the lag loop, every replica.lag.time.max.ms / 4, which the stand-in does not even run).
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from typing import Any
 import trio
 
 from tests.integration.raw_client import RawClient
+from tests.integration.stand_in import stand_in_replica_manager
 from tests.integration.test_long_poll_wakeups import wait_until, waiting
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch, iter_batches
 from trio_broker.server.broker import Broker
 from trio_broker.server.flusher import flush_log
+from trio_broker.services.cluster_view import PartitionInfo, TopicInfo
 
 TOPIC = "held"
 #: A long poll's max wait that only a wake-up beats within the test's deadline.
@@ -113,5 +120,38 @@ async def test_a_consumer_of_a_node_alone_reads_only_what_is_synced(
             assert (part.error_code, part.high_watermark, offsets(part)) == (0, 2, [1])
     finally:
         gate.set()  # never leave the flusher's thread waiting
+        await client.stream.aclose()
+        await poller.aclose()
+
+
+async def test_a_cluster_leader_alone_in_its_isr_shows_a_record_once_synced(
+    broker: Broker,
+) -> None:
+    me = broker.config.node_id
+    topic = broker.topics.create(TOPIC, 1)
+    manager = stand_in_replica_manager(broker)
+    info = PartitionInfo((me,), me, 1, (me,))
+    assert topic.topic_id is not None
+    manager.view.topics[TOPIC] = TopicInfo(TOPIC, topic.topic_id, {0: info})
+    await manager._become_leader(TOPIC, 0, info)
+    broker.replication = manager  # as broker_node.py's joined() would
+    host, port = broker.bound[0]
+    client = RawClient(await trio.open_tcp_stream(host, port), "hw")
+    poller = await trio.open_tcp_stream(host, port)
+    answers: list[Any] = []
+    try:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+
+                async def poll() -> None:
+                    answers.append(await long_poll(poller, 0))
+
+                nursery.start_soon(poll)
+                await wait_until(lambda: waiting(broker), "the long poll to wait")
+                part = await produce(client, b"acks=1", acks=1)
+                assert (part.error_code, part.base_offset) == (0, 0)
+            (part,) = answers
+            assert (part.error_code, part.high_watermark, offsets(part)) == (0, 1, [0])
+    finally:
         await client.stream.aclose()
         await poller.aclose()
