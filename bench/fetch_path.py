@@ -348,6 +348,7 @@ def read(partitions: int, calls: int, isolation: int) -> dict[str, Any]:
                 led = topic.leading(p, term_of(p), broker.producers)
                 append(led, build_batch([(b"k", PAD)]), origin=Origin.CLIENT, now_ms=0,
                        durability=None)  # fmt: skip
+                led.log.flush()  # the group commit's sync (a node alone's HW: durable end)
             header = RequestHeader(m.ApiKey.FETCH, 12, 1, "bench")
             ctx = RequestContext(header=header, services=broker, client=ClientInfo(1, "x", 1))
             for _ in range(100):  # warm-up

@@ -53,6 +53,7 @@ def main() -> None:
     appended = time.thread_time()
     one = small.leading(0, leaders.leader_term("r", 0), producers)
     append(one, batches[0], origin=Origin.CLIENT, now_ms=0, durability=None)
+    one.log.flush()  # the group commit's sync: a node alone's high watermark is the durable end
     answer = Answer()
     began_reads = time.thread_time()
     for _ in range(count if mode != "append" else 0):

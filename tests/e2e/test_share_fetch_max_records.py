@@ -24,10 +24,12 @@ Topic = m.ProduceRequest.TopicProduceData
 
 
 def produce_batch(conn: Any, topic: str, count: int) -> int:
-    """One batch of ``count`` records to partition 0; its base offset."""
+    """One batch of ``count`` records to partition 0; its base offset. acks=all: answered
+    once synced, so below the high watermark (a node alone's is its durable end) and
+    acquirable by the next share fetch."""
     batch = build_batch([(None, b"v%d" % i) for i in range(count)])
     answer = conn.request(m.ApiKey.PRODUCE, 9, m.ProduceRequest(
-        acks=1, timeout_ms=10_000, topic_data=[Topic(name=topic, partition_data=[
+        acks=-1, timeout_ms=10_000, topic_data=[Topic(name=topic, partition_data=[
             Topic.PartitionProduceData(index=0, records=bytes(batch))])]))  # fmt: skip
     part = answer.responses[0].partition_responses[0]
     assert part.error_code == ErrorCode.NONE, part

@@ -147,12 +147,19 @@ async def test_a_woken_fetch_reads_again_only_the_partition_that_changed(
         await wait_until(lambda: waiting(broker), "the fetch to wait")
         assert reads == [(A, B)]
         await trio.to_thread.run_sync(produce, bootstrap, A)
-        await wait_until(lambda: len(reads) == 2, "the fetch to look at A")
-        assert reads[1] == (A,) and not answers  # one small record: not enough yet
+        await wait_until(lambda: len(reads) >= 2, "the fetch to look at A")
+        # A alone looked at (its append, and its sync, which moves a node alone's high
+        # watermark: one look or two); one small record: not enough yet.
+        assert set(reads[1:]) == {(A,)} and not answers
+        # A's record synced, so below the HW: the answer holds it.
+        log_a = broker.topics.log(TOPIC, A)
+        assert log_a is not None
+        await wait_until(lambda: log_a.durable_end_offset >= 1, "A's record to be synced")
         await trio.to_thread.run_sync(produce, bootstrap, B, 4000)
         await wait_until(lambda: bool(answers), "the fetch's answer")
-    # B alone looked at, then one read of both to answer.
-    assert reads[2:] == [(B,), (A, B)]
+    # Each look read only the partition that changed (B's, and A's sync if it came
+    # late), then one read of both to answer.
+    assert reads[-1] == (A, B) and set(reads[1:-1]) <= {(A,), (B,)}
     (answer,) = answers
     assert [bool(p.records) for p in answer.responses[0].partitions] == [True, True]
 
@@ -293,11 +300,14 @@ async def test_a_throttled_follower_pays_for_what_it_is_sent_not_for_its_looks(
         nursery.start_soon(long_poll)
         await wait_until(lambda: waiting(broker), "the follower's fetch to wait")
         await produce_raw(host, port, B, 2000)
-        await wait_until(lambda: len(reads) == 2, "the fetch to look at B")
+        await wait_until(lambda: len(reads) >= 2, "the fetch to look at B")
         assert not answers
         await produce_raw(host, port, B, 2000)
         await wait_until(lambda: bool(answers), "the fetch's answer")
-    assert reads == [(A, B), (B,), (B,), (A, B)]
+    # Looks at B alone, after each record (and after the leader's sync of it, which
+    # moves the HW of a leader alone in its ISR: one look or two each), then the answer.
+    assert reads[0] == reads[-1] == (A, B) and set(reads[1:-1]) == {(B,)}
+    assert len(reads) >= 4
     (answer,) = answers
     sent = answer.responses[0].partitions[1].records
     assert sent is not None and len(sent) > 4000  # both records

@@ -2,7 +2,8 @@
 (services/local_replication.py) and answers as a single node always has.
 
 Over a real socket against the in-process broker: the leader epoch is 0 wherever it
-is shown, the high watermark is the log end, a batch keeps the producer's
+is shown, the high watermark is the durable end (here the log end: an acks=-1 produce
+is synced when answered), a batch keeps the producer's
 partitionLeaderEpoch (no epoch cache entry), and Fetch checks no current leader epoch
 while ListOffsets and OffsetForLeaderEpoch do (Kafka's rule: only -1 skips it).
 """
@@ -57,7 +58,7 @@ async def test_a_node_alone_answers_as_the_leader_of_a_cluster_of_one(
     assert await raw.produce("solo", 0, batch_at(1, 2, 3)) == 0  # acks=-1: synced, done
 
     # Fetch: any current leader epoch is taken (as a node alone always has); the high
-    # watermark and the LSO are the log end.
+    # watermark and the LSO are the durable end, the log end once synced.
     for current in (-1, 0, 3):
         part = await fetch(raw, "solo", current)
         assert (part.error_code, part.high_watermark, part.last_stable_offset) == (0, 3, 3)

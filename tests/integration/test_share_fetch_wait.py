@@ -56,8 +56,10 @@ async def test_a_long_poll_ends_when_a_lock_runs_out(broker: Broker) -> None:
             joined = await raw.call(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, m.ShareGroupHeartbeatRequest(
                 group_id="g", member_id=member, member_epoch=0, subscribed_topic_names=["jobs"]))  # fmt: skip
             assert joined.error_code == ErrorCode.NONE
+        # acks=all: answered once synced, so below the high watermark (a node alone's
+        # is its durable end) and acquirable by the next share fetch.
         produced = await raw.call(m.ApiKey.PRODUCE, 9, m.ProduceRequest(
-            transactional_id=None, acks=1, timeout_ms=5000, topic_data=[
+            transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
                 m.ProduceRequest.TopicProduceData(name="jobs", partition_data=[
                     m.ProduceRequest.TopicProduceData.PartitionProduceData(
                         index=0, records=bytes(build_batch([(None, b"job")])))])]))  # fmt: skip

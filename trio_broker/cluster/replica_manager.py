@@ -112,6 +112,10 @@ class ReplicaManager:
         self.inter_broker_listener = inter_broker_listener
         #: (topic, partition) -> this broker's leader term.
         self.terms: dict[Key, LeaderPartition] = {}
+        #: id(log) -> the partition this broker leads on it (:meth:`log_synced`), and
+        #: back; dropped when the term ends.
+        self._led_logs: dict[int, Key] = {}
+        self._led_log_ids: dict[Key, int] = {}
         #: (topic, partition) -> what this broker follows.
         self.following: dict[Key, FollowerRole] = {}
         self._view_changed = trio.Event()
@@ -174,6 +178,21 @@ class ReplicaManager:
         key = (topic, partition)
         role = self.terms.get(key) or self.following.get(key)  # it leads, or it follows
         return None if role is None else role.high_watermark
+
+    def log_synced(self, log: object) -> None:
+        """The flusher synced a log. A log this broker leads counts toward its term's
+        high watermark once synced (``sync_before_counting``, a leader's
+        ``leader_synced``): the term takes the sync at once, and if the HW moved the
+        partition's waiters look (a consumer's long poll, an acks=-1 write). Before,
+        the sync was seen only at the next refresh (a follower's fetch, an acks=-1
+        write's wait, the lag loop every replica.lag.time.max.ms / 4): with no
+        follower in the ISR, an acks=1 record reached consumers that late."""
+        key = self._led_logs.get(id(log))
+        if key is None or self.topics.log(*key) is not log:
+            return
+        led = self.terms.get(key)
+        if led is not None and self._refresh(key, led):
+            self.wake(key)
 
     # A follower's read records its progress in partition/read.py (Kafka's
     # Partition.updateFollowerFetchState, by the rules of replication/replica_rules.py):
@@ -479,6 +498,7 @@ class ReplicaManager:
             min_insync_replicas=self.configs.min_insync(self.configs.local_configs(name)),
             replica_lag_time_max_ms=self.replica_lag_time_max_ms,
         )
+        self._led_logs[id(log_)], self._led_log_ids[key] = key, id(log_)
         self.wake(key)
         log.info("leading %s-%d in epoch %d, ISR %s", name, partition, info.leader_epoch,
                  sorted(info.isr))  # fmt: skip
@@ -492,6 +512,7 @@ class ReplicaManager:
         term = self.terms.pop(key, None)
         if term is None:
             return
+        self._led_logs.pop(self._led_log_ids.pop(key, -1), None)
         self.hw_floors.term_ended(key, term.high_watermark)
         self.wake(key)
         listener = self.leadership_listeners.get(key[0])

@@ -32,7 +32,7 @@ the replica manager (docs/cluster.md, "Consumer groups in a cluster"); a node al
 cluster of one whose offsets topic has one partition, kept in ``<data_dir>/__consumer_offsets-0``
 and led from the start (``groups/own_offsets.py``). Each led partition's table is replayed
 from its log in the background, and its writes count once synced and below the
-partition's high watermark (alone, the log end), within ``offsets.commit.timeout.ms``.
+partition's high watermark (alone, the durable end), within ``offsets.commit.timeout.ms``.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def request_error(group_id: str | None, member_id: str | None) -> str | None:
 
 
 def readable_end(ctx: RequestContext, topic: str, partition: int, log: Any) -> int:
-    # Alone the term's high watermark is the log end (services/local_replication.py).
+    # Alone the term's high watermark is the durable end (services/local_replication.py).
     term = ctx.services.leaders.leader_term(topic, partition)
     return int(term.high_watermark) if term else log.log_end_offset
 

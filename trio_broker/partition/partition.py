@@ -17,8 +17,12 @@ A :class:`Partition` is constructed in one place, :func:`take_partition`
 - :func:`coordinator_partition`, for the log a coordinator was elected with (a
   cluster's ``__consumer_offsets``/``__transaction_state``/``__share_group_state``
   partition, or a node alone's own log outside the catalogue, led by an ``OwnLog``):
-  the term its leadership gives, no producer state. Still one per write (what is left
-  of issue 29 here: the coordinators hold logs, not partitions).
+  the term its leadership gives, no producer state. One :class:`Partition` per log for
+  the log's life (kept by the log, weakly: a closed log's goes with it), made by its
+  first write; each write looks up the term again (a term ends between two writes)
+  and puts a new one in place of the old. What is left of issue 29 here: the
+  coordinators hold logs, and their writes look the partition up, where Kafka's
+  coordinators hold the partition the replica manager made when it took it.
 
 Produce, the coordinators and the marker writer append to it
 (``partition/append.py``'s ``append`` takes one) and Fetch reads it
@@ -38,6 +42,7 @@ Sans-I/O: no trio.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -142,10 +147,25 @@ def take_partition(
     return Partition(topic, index, log, producers, term)
 
 
+#: The coordinators' partitions by their log (:func:`coordinator_partition`): weak keys,
+#: so that a log closed and dropped (a resignation, a deleted topic) takes its
+#: Partition with it, and two brokers in one process (the simulator) never share one.
+_COORDINATOR_PARTITIONS: weakref.WeakKeyDictionary[Log, Partition] = weakref.WeakKeyDictionary()
+
+
 def coordinator_partition(leadership: Replication, topic: str, index: int, log: Log) -> Partition:
     """The partition a coordinator writes: ``log`` (the one it was elected with) in this
     broker's term of ``topic``-``index`` (:func:`led_term`), with no producer state.
-    One lookup per write: a term ends between two writes. Raises
+
+    A lookup: the one :class:`Partition` of ``log``, made by its first write; the term
+    is looked up on each write (a term ends between two writes) and replaces the one
+    the partition held if it is another. Raises
     :class:`~trio_broker.partition.append.NotLeader` (the coordinator answers
     NOT_COORDINATOR)."""
-    return take_partition(topic, index, log, NO_PRODUCERS, led_term(leadership, topic, index))
+    term = led_term(leadership, topic, index)
+    held = _COORDINATOR_PARTITIONS.get(log)
+    if held is None or held.topic != topic or held.index != index:
+        held = _COORDINATOR_PARTITIONS[log] = take_partition(topic, index, log, NO_PRODUCERS, term)
+    elif held.term is not term:
+        held.term = term
+    return held

@@ -207,7 +207,7 @@ def read(
         # read checks it against the log end; a consumer's is checked against its end).
         into.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
         return _NOTHING
-    # Alone, the high watermark is the log end (services/local_replication.py).
+    # Alone, the high watermark is the durable end (services/local_replication.py).
     high_watermark = into.high_watermark = partition.term.high_watermark
     # The LSO: Kafka fills it for read_uncommitted fetches and followers too.
     producers = partition.producers

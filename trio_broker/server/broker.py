@@ -323,8 +323,18 @@ class Broker:
             view = LocalView(
                 config.node_id, config.broker_rack, self.topics, self.advertised_endpoints
             )
-            self._out_of_cluster = (LocalReplication(view), LocalAdmin(view))
+            alone = LocalReplication(
+                view,
+                # Synced records only, where acks=all waits for the sync and every
+                # append is synced at once (docs/reliability.md: else the operator chose
+                # the page cache for acks=0/1 records, and the HW is the log end).
+                counts_synced_only=config.acks_all_fsync and self.flusher.policy.syncs_every_append,
+                on_partition_changed=self.appends.notify,
+            )
+            self._out_of_cluster = (alone, LocalAdmin(view))
         self.replication, self.topic_admin = self._out_of_cluster
+        # A sync moves a node alone's high watermark (its durable end): its long polls look.
+        self.flusher.on_synced = self._log_synced
         #: The deterministic simulation (sim/) runs brokers in one process and sets these
         #: to its in-memory ZooKeeper and network; None: kazoo and TCP.
         self.open_coordination: Callable[[], Any] | None = None
@@ -336,6 +346,11 @@ class Broker:
 
             self.metrics = MetricsService(self, config.metrics_listener)
             self.services.append(self.metrics)
+
+    def _log_synced(self, log: object) -> None:
+        """``Flusher.on_synced``: told to the replication of the moment (it changes
+        when a clustered broker joins and leaves)."""
+        self.replication.log_synced(log)
 
     def _recall_share_groups(self, table: ShareCoordinatorTable) -> None:
         """A share coordinator's table is loaded: the groups with state in it for topics

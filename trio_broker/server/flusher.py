@@ -144,6 +144,10 @@ class Flusher:
         self._threads: PipeReportingThreads | InlineCalls = (
             InlineCalls() if inline else PipeReportingThreads()
         )
+        #: Told of each log a sync made durable further (appends covered): a partition's
+        #: high watermark may be its durable end (the broker's replication,
+        #: ``log_synced``, wakes its long polls). None: nobody is told.
+        self.on_synced: Callable[[FlushableLog], None] | None = None
 
     def _entry(self, log: FlushableLog) -> _Entry:
         entry = self._entries.get(id(log))
@@ -359,6 +363,7 @@ class Flusher:
         results = await self._threads.run_sync(
             _flush_all, [e.log for e in due], self.sync, durations
         )
+        on_synced = self.on_synced
         for entry, count, result, seconds in zip(due, covered, results, durations, strict=True):
             if isinstance(result, BaseException):
                 if isinstance(entry.log, PartitionLog):
@@ -374,5 +379,7 @@ class Flusher:
             else:
                 released = entry.tracker.end_flush(result, count)
                 self.fsync_durations.observe(0, seconds)
+                if on_synced is not None and count:
+                    on_synced(entry.log)
             for event in released:
                 event.set()

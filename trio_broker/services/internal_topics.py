@@ -149,9 +149,9 @@ def append_as_leader(
     request order now and wait later: the partition's append as a coordinator
     (``partition/append.py``: a cluster's leader epoch, the log marked dirty for the
     flusher), to the :class:`~trio_broker.partition.partition.Partition` that
-    ``replication`` gives ``log`` (``coordinator_partition``: its term, looked up once
-    per write). Raises :class:`NotCommitted` (nothing was appended); the caller waits
-    with :func:`wait_counted`."""
+    ``replication`` gives ``log`` (``coordinator_partition``: the log's one Partition,
+    its term looked up on each write). Raises :class:`NotCommitted` (nothing was
+    appended); the caller waits with :func:`wait_counted`."""
     try:
         led = coordinator_partition(replication, topic, partition, log)
     except NotLeader as exc:

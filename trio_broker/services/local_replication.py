@@ -4,9 +4,14 @@ The handlers read a partition's leadership from ``services.leaders`` whether the
 runs alone or in a cluster: the replica manager in a cluster, :class:`LocalReplication`
 alone. A node alone leads every partition it holds, in one term that never ends:
 leader and ISR are this broker, the leader epoch is 0 (what its Metadata, ListOffsets
-and OffsetForLeaderEpoch have always answered), and the high watermark is the log end,
-as its Fetch and ListOffsets have always shown. Its :class:`LocalView` is the metadata
-of that cluster of one: this broker, its own controller, leading its own topics.
+and OffsetForLeaderEpoch have always answered), and the high watermark is what its only
+replica counts, by a cluster's leader's rule (``leader_synced``): its durable end with
+``acks.all.fsync`` and eager syncs (the defaults), so that no consumer reads a record a
+power cut then loses; its log end otherwise (page cache, as Kafka; docs/reliability.md).
+The flusher syncs every appended record soon (its group commit), and a sync wakes the
+partition's long polls (:meth:`LocalReplication.log_synced`). Its :class:`LocalView` is
+the metadata of that cluster of one: this broker, its own controller, leading its own
+topics.
 
 The term is not ``replicated`` (``partition/append.py``'s ``Term``): a node alone keeps
 the few things it does differently from a cluster's leader, unchanged by this slice —
@@ -121,6 +126,11 @@ class BrokerReplication(DataReplication, Protocol):
         what is below it is committed and never truncated (the cleaner stops there)."""
         ...
 
+    def log_synced(self, log: object) -> None:
+        """The flusher synced ``log`` (``Flusher.on_synced``): the durable end of a
+        partition it holds may have moved."""
+        ...
+
 
 #: The leader epoch of every partition of a node alone (Kafka's first epoch).
 LOCAL_LEADER_EPOCH = 0
@@ -129,7 +139,9 @@ LOCAL_LEADER_EPOCH = 0
 @attrs.frozen(slots=True)
 class LocalTerm:
     """A node alone's term of one partition: it leads, alone in the ISR; the high
-    watermark is the log end (read when asked: the log moves on under the term).
+    watermark is what the replica counts of its log (read when asked: the log moves on
+    under the term): its durable end when ``counts_synced_only`` (as a cluster's leader
+    counts its own log), else its log end.
 
     A replica set of one under the same progress rules as a cluster's term
     (``replication/replica_rules.py``'s ``LeaderTerm``): its log is its progress (read
@@ -138,6 +150,9 @@ class LocalTerm:
 
     broker_id: int
     log: Log
+    #: The high watermark is the durable end (what survives a power cut), not the log
+    #: end: acks.all.fsync with every append synced at once (the broker's choice).
+    counts_synced_only: bool = True
 
     @property
     def leader_epoch(self) -> int:
@@ -158,7 +173,8 @@ class LocalTerm:
 
     @property
     def high_watermark(self) -> int:
-        return self.log.log_end_offset
+        log = self.log
+        return log.durable_end_offset if self.counts_synced_only else log.log_end_offset
 
     @property
     def replicated(self) -> bool:
@@ -166,7 +182,7 @@ class LocalTerm:
 
     def visible_high_watermark(self) -> int | None:
         # One term since the start: nothing from a predecessor to wait for (KIP-207).
-        return self.log.log_end_offset
+        return self.high_watermark
 
     # The progress rules' side (replica_rules.LeaderTerm): the log is the state.
 
@@ -182,7 +198,9 @@ class LocalTerm:
         """Nothing to record: the log end is read from the log."""
 
     def leader_synced(self, durable_end_offset: int) -> bool:
-        # The high watermark is the log end, which a sync does not move.
+        # Nothing to record: the high watermark is read from the log. Nor anyone to
+        # tell here: the flusher's sync wakes the partition's waiters
+        # (LocalReplication.log_synced).
         return False
 
     def follower_fetched(
@@ -302,15 +320,33 @@ class _NoFollowers:
 class LocalReplication(_NoFollowers):
     """The data path's replication of a node alone (module docstring).
 
-    ``view``: the metadata of this cluster of one (:class:`LocalView`)."""
+    ``view``: the metadata of this cluster of one (:class:`LocalView`).
+    ``counts_synced_only``: whether the high watermark is the durable end
+    (:class:`LocalTerm`; ``acks.all.fsync`` and no lazy log.flush.interval.*).
+    ``on_partition_changed``: what wakes a partition's long polls (the broker's fetch
+    purgatory), told when a sync moved a partition's durable end, and so its high
+    watermark (:meth:`log_synced`)."""
 
-    def __init__(self, view: LocalView) -> None:
+    def __init__(
+        self,
+        view: LocalView,
+        *,
+        counts_synced_only: bool = True,
+        on_partition_changed: Callable[[str, int], None] | None = None,
+    ) -> None:
         self.broker_id = view.broker_id
         self.view = view
         self._topics = view.topic_manager
+        self._counts_synced_only = counts_synced_only
+        self.on_partition_changed = on_partition_changed
         #: (topic, partition) -> its term: one per log, not one per lookup (a Fetch
         #: looks up each of its partitions; the guard keeps its Partition per term).
         self._terms: dict[tuple[str, int], LocalTerm] = {}
+        #: id(log) -> the (topic, partition) of the term made on it, and the log (an id
+        #: is reused once its log is gone): a sync of a log (:meth:`log_synced`) names
+        #: the partition to wake. Every log appended to by a client or a marker has a
+        #: term here: the append looked it up first.
+        self._partition_of_log: dict[int, tuple[tuple[str, int], Log]] = {}
         #: How many terms there may be before those of deleted logs are dropped
         #: (twice what was left last time: amortized, no walk per lookup).
         self._prune_at = 1024
@@ -331,9 +367,28 @@ class LocalReplication(_NoFollowers):
             return cached
         if len(self._terms) >= self._prune_at:  # the terms of deleted topics' logs go
             self._terms = {k: t for k, t in self._terms.items() if self._topics.log(*k) is t.log}
+            self._partition_of_log = {id(t.log): (k, t.log) for k, t in self._terms.items()}
             self._prune_at = max(1024, 2 * len(self._terms))
-        made = self._terms[key] = LocalTerm(self.broker_id, log)
+        made = self._terms[key] = LocalTerm(self.broker_id, log, self._counts_synced_only)
+        self._partition_of_log[id(log)] = (key, log)
         return made
+
+    @property
+    def counts_synced_only(self) -> bool:
+        return self._counts_synced_only
+
+    def log_synced(self, log: object) -> None:
+        """The flusher synced ``log``: its durable end moved, and with it (when it
+        counts, ``counts_synced_only``) the high watermark of its partition, whose long
+        polls look again. Kafka's single broker moves its HW on the append; ours moves
+        it on the sync, so without this a consumer's long poll would wait out its
+        ``max_wait_ms`` for a record appended while it waited."""
+        found = self._partition_of_log.get(id(log))
+        if found is None or self.on_partition_changed is None:
+            return
+        key, held = found
+        if held is log:  # not an id another log had
+            self.on_partition_changed(*key)
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         # The ISR is this broker: a write is committed once in its log.
@@ -349,7 +404,9 @@ class LocalReplication(_NoFollowers):
 
     def replica_high_watermark(self, topic: str, partition: int) -> int | None:
         log = self._topics.log(topic, partition)
-        return None if log is None else log.log_end_offset
+        if log is None:
+            return None
+        return LocalTerm(self.broker_id, log, self._counts_synced_only).high_watermark
 
 
 class OwnLog:
@@ -362,9 +419,12 @@ class OwnLog:
     def __init__(self, broker_id: int, log: Log) -> None:
         self.broker_id = broker_id
         self.log = log
+        #: Its one term (the log is fixed): a coordinator's write finds its partition's
+        #: term unchanged (``partition.coordinator_partition``).
+        self._term = LocalTerm(broker_id, log)
 
     def leader_term(self, topic: str, partition: int) -> LocalTerm:
-        return LocalTerm(self.broker_id, self.log)
+        return self._term
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
         return AckState.DONE
@@ -372,6 +432,9 @@ class OwnLog:
 
 class LeadsNothing(_NoFollowers):
     """A clustered broker's data-path replication while it has no replica manager."""
+
+    def log_synced(self, log: object) -> None:
+        """Nothing it leads: nobody to wake."""
 
     def __init__(self, broker_id: int) -> None:
         self.view = ClusterView(broker_id)

@@ -10,7 +10,7 @@ coordinator through the same entry a cluster's replica manager calls (``elected`
 ``LeadershipListener``), then reports started once the coordinator's table is loaded,
 so that clients see the coordinator only after. Writes go through it as through a
 cluster's leadership: the log's ``OwnLog`` (the term is this broker's, the high
-watermark the log end, a write counts once synced). The coordinators ask it, as they
+watermark the durable end, a write counts once synced). The coordinators ask it, as they
 ask a cluster's replica manager, who leads the partition (this broker) and whether a
 leadership is on its way (never: it was there from the start).
 

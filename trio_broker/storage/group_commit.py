@@ -32,6 +32,13 @@ class FlushPolicy:
     flush_ms: int | None = None
     sync_acks_all: bool = True
 
+    @property
+    def syncs_every_append(self) -> bool:
+        """Whether every append is synced as soon as the flusher is free (neither
+        flush.messages nor flush.ms makes the syncs lazy): then a node alone's high
+        watermark may be its durable end at the price of one fsync's latency."""
+        return self.flush_messages is None and self.flush_ms is None
+
     def requires_sync(self, acks: int) -> bool:
         """Whether a produce with this acks value must wait for durability."""
         return self.sync_acks_all and acks == -1

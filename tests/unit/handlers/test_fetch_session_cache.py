@@ -74,10 +74,13 @@ async def answer(services: Services, request: Any, version: int = 12) -> Any:
 
 
 async def produce(services: Services, topic: str, partition: int = 0) -> None:
+    """An acks=1 produce, and the group commit's sync after it (the high watermark of
+    a node alone is its durable end)."""
     request = produce_request(topic, 30_000)
     request.acks = 1
     request.topic_data[0].partition_data[0].index = partition
     await _run_deferred_or_value(services, request)
+    services.sync(topic, partition)
 
 
 async def _run_deferred_or_value(services: Services, request: Any) -> None:

@@ -76,6 +76,15 @@ class Services:
             LocalView(0, None, self.topics, lambda: [("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)])
         )
 
+    def sync(self, topic: str, partition: int) -> None:
+        """The flusher's sync of a partition, which ``durability`` leaves to the test:
+        its log durable to its end, which a node alone's high watermark is, and the
+        partition's long polls woken (the broker's ``Flusher.on_synced``)."""
+        log = self.topics.log(topic, partition)
+        assert log is not None
+        log.flush()
+        self.appends.notify(topic, partition)
+
     def now_ms(self) -> int:
         return int(trio.current_time() * 1000)
 
@@ -161,7 +170,7 @@ def fetch_request(topic: str, max_wait_ms: int) -> Any:
                forgotten_topics_data=[], rack_id="")  # fmt: skip
 
 
-async def test_a_long_poll_ends_at_max_wait_or_at_an_append(
+async def test_a_long_poll_ends_at_max_wait_or_at_a_synced_append(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     services = Services()
@@ -184,6 +193,8 @@ async def test_a_long_poll_ends_at_max_wait_or_at_an_append(
                 context(services, m.ApiKey.PRODUCE, 9), produce_request("t", 30_000)
             )
             assert isinstance(produced, Deferred)  # acks=all waits; the data is in the log
+            # Its sync moves the high watermark (a node alone's is the durable end).
+            services.sync("t", 0)
 
         nursery.start_soon(produce_later)
         started = trio.current_time()

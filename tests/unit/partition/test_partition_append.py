@@ -184,6 +184,43 @@ def test_the_term_a_partition_is_written_in() -> None:
         coordinator_partition(LeadsNothing(0), "t", 0, log)
 
 
+def test_a_coordinators_partition_is_looked_up_not_made_per_write() -> None:
+    """One Partition per coordinator log (issue 29): every write finds the same object,
+    in the term the leadership gives now (a new term replaces the old one in it); another
+    log, or the same log written as another partition, has its own."""
+
+    class Terms:
+        """A cluster's leadership whose term of the partition the test replaces."""
+
+        def __init__(self) -> None:
+            self.term = LeaderTerm(3)
+
+        def leader_term(self, topic: str, partition: int) -> Any:
+            return self.term
+
+    log = MemoryLog()
+    leadership = Terms()
+    first = coordinator_partition(leadership, "__consumer_offsets", 0, log)  # type: ignore[arg-type]
+    again = coordinator_partition(leadership, "__consumer_offsets", 0, log)  # type: ignore[arg-type]
+    assert again is first and first.term is leadership.term
+    leadership.term = LeaderTerm(4)  # the leadership moved away and back: a new term
+    moved = coordinator_partition(leadership, "__consumer_offsets", 0, log)  # type: ignore[arg-type]
+    assert moved is first and first.term.leader_epoch == 4
+    written = append(moved, build_batch([(b"k", b"v")]), origin=Origin.COORDINATOR,
+                     now_ms=T0, durability=None)  # fmt: skip
+    assert written.replicated and log.epoch_cache.entries[-1].epoch == 4
+    other = MemoryLog()
+    assert coordinator_partition(leadership, "__consumer_offsets", 0, other) is not first  # type: ignore[arg-type]
+    renamed = coordinator_partition(leadership, "__transaction_state", 0, log)  # type: ignore[arg-type]
+    assert renamed is not first and renamed.topic == "__transaction_state"
+    # A node alone's own log: one term, so one partition in it for every write.
+    own_log = MemoryLog()
+    own = OwnLog(0, own_log)
+    alone = coordinator_partition(own, "__consumer_offsets", 0, own_log)
+    assert coordinator_partition(own, "__consumer_offsets", 0, own_log) is alone
+    assert alone.term is own.leader_term("__consumer_offsets", 0)
+
+
 async def test_what_each_acks_waits_for() -> None:
     log, flusher = MemoryLog(), Flusher()
     producers = ProducerStateRegistry(None, lambda: T0)

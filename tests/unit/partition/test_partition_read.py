@@ -150,6 +150,7 @@ def test_a_replicas_read_of_a_node_alone_records_nothing_by_the_same_rules() -> 
             alone, build_batch([(None, value)], base_timestamp=T0), origin=Origin.CLIENT,
             now_ms=T0, durability=None,
         )  # fmt: skip
+    log.flush()  # the high watermark of a node alone is its durable end
     answer = Answer()
     regions, _ = read_by_replica(
         answer, alone, 1, 1 << 20, ReplicaRead(7, T0, followers), 0, min_one=True
@@ -162,3 +163,55 @@ def test_a_replicas_read_of_a_node_alone_records_nothing_by_the_same_rules() -> 
     read_by_replica(answer, alone, 3, 1 << 20, ReplicaRead(7, T0, followers), 0, min_one=True)
     assert answer.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
     assert followers.reported == []
+
+
+def test_a_consumer_of_a_node_alone_reads_up_to_the_durable_end() -> None:
+    """A node alone is a cluster of one whose high watermark is what its only replica
+    counts: with acks.all.fsync (the default) the durable end, as a cluster's leader
+    counts its own log, so that no consumer reads a record a power cut would lose; a
+    sync moves it and names the partition whose long polls look again. Without
+    acks.all.fsync it is the log end (page cache, as Kafka)."""
+    topics = TopicManager(None, LogConfig(), lambda: T0)
+    topics.create("t", 1)
+    topics.create("u", 1)
+    changed: list[tuple[str, int]] = []
+    alone = LocalReplication(
+        LocalReplication.over(topics).view, on_partition_changed=lambda *key: changed.append(key)
+    )
+    log = topics.log("t", 0)
+    term = alone.leader_term("t", 0)
+    assert log is not None and term is not None
+    producers = ProducerStateRegistry(None, lambda: T0)
+    led = Partition("t", 0, log, producers.entry("t", 0), term)
+    for value in (b"a", b"b"):
+        append(
+            led, build_batch([(None, value)], base_timestamp=T0), origin=Origin.CLIENT,
+            now_ms=T0, durability=None,
+        )  # fmt: skip
+    answer = Answer()
+    regions, _ = read(answer, led, 0, 1 << 20, Isolation.HIGH_WATERMARK, min_one=True)
+    assert (answer.high_watermark, offsets_read(regions)) == (0, [])
+    assert term.visible_high_watermark() == 0 and alone.replica_high_watermark("t", 0) == 0
+    # A follower's read (were there one) still copies up to the log end.
+    regions, _ = read(Answer(), led, 0, 1 << 20, Isolation.LOG_END, min_one=True)
+    assert offsets_read(regions) == [0, 1]
+    log.flush()
+    alone.log_synced(log)
+    assert changed == [("t", 0)]
+    answer = Answer()
+    regions, _ = read(answer, led, 0, 1 << 20, Isolation.HIGH_WATERMARK, min_one=True)
+    assert (answer.high_watermark, offsets_read(regions)) == (2, [0, 1])
+    # A log with no term here (nobody appended to it through one) wakes nobody.
+    other = topics.log("u", 0)
+    alone.log_synced(other)
+    assert changed == [("t", 0)]
+    # acks.all.fsync=false: the log end counts, synced or not.
+    page_cache = LocalReplication(LocalReplication.over(topics).view, counts_synced_only=False)
+    unsynced = page_cache.leader_term("u", 0)
+    assert other is not None and unsynced is not None
+    append(
+        Partition("u", 0, other, producers.entry("u", 0), unsynced),
+        build_batch([(None, b"c")], base_timestamp=T0), origin=Origin.CLIENT, now_ms=T0,
+        durability=None,
+    )  # fmt: skip
+    assert (other.durable_end_offset, unsynced.high_watermark) == (0, 1)
