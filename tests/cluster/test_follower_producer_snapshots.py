@@ -40,8 +40,10 @@ FILLER = 5  # producer-less batches after them, offsets 5-9
 DELETE_BELOW = 8
 #: A producer-less batch written after the follower's restart (offset 10).
 MARKER = b"written after the follower's restart"
-#: A broker that has not yet begun the term Metadata already names.
-NOT_YET = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE)
+#: Answers of a broker that has not yet taken what ZooKeeper says: not yet the leader,
+#: or (under load, seen in a busy CI run) not yet aware of the new topic at all.
+NOT_YET = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE,
+           ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)  # fmt: skip
 
 
 @pytest.fixture
