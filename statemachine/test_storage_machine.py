@@ -64,6 +64,7 @@ from tests.powerloss import PowerCut
 from trio_broker.protocol.records import build_batch
 from trio_broker.storage.errors import OffsetOutOfRange
 from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.memory import MemoryLog
 from trio_broker.storage.swap import CLEANER_CHECKPOINT, write_cleaner_checkpoint
 
 EXAMPLES = int(os.environ.get("STORAGE_MACHINE_EXAMPLES", "200"))
@@ -408,6 +409,21 @@ class StorageMachine(RuleBasedStateMachine):
         #: changed one of them: what a cut after that many syncs must preserve.
         self.promises: list[tuple[int, int, int, Timeline]] = [(0, 0, 0, self.model.stored)]
         self.open_log()
+        self.twin = MemoryLog(config, now_ms=self.now)
+
+    def _rebuild_twin(self) -> None:
+        """A reopen (or a crash) of the disk log: the memory twin, which has no disk,
+        starts again from what the disk log now serves (its offsets, batches, start)."""
+        assert self.log is not None
+        twin = MemoryLog(self.config, now_ms=self.now)
+        data = read_all(self.log)
+        served = split_batches(data)
+        first = served[0][0] if served else self.log.log_start_offset
+        if first > 0:
+            twin.truncate_fully_and_start_at(first)
+        twin.append_replicated_batches(data, now_ms=self.clock)
+        twin.delete_records(self.log.log_start_offset)
+        self.twin = twin
 
     def teardown(self) -> None:
         if self.log is not None:
@@ -439,6 +455,10 @@ class StorageMachine(RuleBasedStateMachine):
             epoch = self.epoch
         for records, value_size, advance, skew, log_append_time in batches:
             batch = self._new_batch(records, value_size, advance, skew)
+            self.twin.append(
+                bytearray(batch), now_ms=self.clock, log_append_time=log_append_time,
+                leader_epoch=epoch,
+            )  # fmt: skip
             want = self.model.append(bytes(batch), records, self.clock, log_append_time, epoch)
             got = self.log.append(
                 batch, now_ms=self.clock, log_append_time=log_append_time, leader_epoch=epoch
@@ -490,10 +510,12 @@ class StorageMachine(RuleBasedStateMachine):
             # A fetch response's records, maybe ending in a batch max_bytes cut short.
             tail = self._new_batch(1, 100, 0, 0)[:partial_tail]
             got = self.log.append_replicated_batches(blob + tail, now_ms=self.clock)
+            self.twin.append_replicated_batches(blob + tail, now_ms=self.clock)
         else:
             got, pos = [], 0
             for want in wants:
                 got.append(self.log.append_replicated(blob[pos : pos + want[4]], now_ms=self.clock))
+                self.twin.append_replicated(blob[pos : pos + want[4]], now_ms=self.clock)
                 pos += want[4]
         assert [
             (r.base_offset, r.last_offset, r.log_append_time, r.position, r.size) for r in got
@@ -511,8 +533,11 @@ class StorageMachine(RuleBasedStateMachine):
         if want is None:
             with pytest.raises(OffsetOutOfRange):
                 self.log.truncate_to(target)
+            with pytest.raises(OffsetOutOfRange):
+                self.twin.truncate_to(target)
         else:
             assert self.log.truncate_to(target) == want
+            assert self.twin.truncate_to(target) == want, "the memory log cut elsewhere"
             event("truncation cut", want < end)
             # The cleaner's first dirty offset is lowered to the cut: appends after it
             # are not clean (Kafka's maybeTruncateCheckpoint).
@@ -679,6 +704,8 @@ class StorageMachine(RuleBasedStateMachine):
         snapshots_before = self._snapshot_offsets()
         doomed = [s.base for s in self.model.retention(self.clock)]
         deleted = self.log.apply_retention(self.clock)
+        if self.model.log_start > self.twin.log_start_offset:
+            self.twin.delete_records(self.model.log_start)  # its segments are not the disk's
         # Retention drops the producer snapshots below the new log start and no other:
         # the one at it (a segment roll's, at the first kept segment's base) is where a
         # restart loads the producers whose batches retention just deleted.
@@ -710,6 +737,7 @@ class StorageMachine(RuleBasedStateMachine):
         if at_boundary:  # exactly the end of a segment: the edge of the log-start rule
             target = min(b for b in [*(s.base for s in self.model.segments), end] if b >= target)
         assert self.log.delete_records(target) == self.model.delete_records(target)
+        self.twin.delete_records(target)
 
     @rule()
     def close_and_reopen(self) -> None:
@@ -718,6 +746,7 @@ class StorageMachine(RuleBasedStateMachine):
         self.model.flush()  # close flushes
         self.model.empty_keeps_epoch = False
         assert self.open_log().recovery.clean
+        self._rebuild_twin()
 
     @rule(data=st.data())
     def crash(self, data: st.DataObject) -> None:
@@ -806,6 +835,7 @@ class StorageMachine(RuleBasedStateMachine):
         event("cut lost undurable offsets", end < model.log_end)
         event("cut brought back deleted segments", bases[0] < model.segments[0].base)
         model.after_cut(bases, start, end, matched)
+        self._rebuild_twin()
         # A cut during this recovery must keep what the cut before it did.
         self.promises = [(0, start, durable_end, model.stored)]
 
@@ -928,6 +958,21 @@ class StorageMachine(RuleBasedStateMachine):
             return
         got = [(e.epoch, e.start_offset) for e in self.log.epoch_cache.entries]
         assert got == self.model.epochs()
+
+    @invariant()
+    def memory_twin_agrees(self) -> None:
+        """The replicas of the simulator and a node without a disk keep a ``MemoryLog``:
+        after the same appends, truncations and log start moves, its offsets and its
+        leader-epoch cache are the disk log's (the model's): after a cut, its epochs end
+        at its log end."""
+        if self.log is None:
+            return
+        twin = self.twin
+        assert (twin.log_start_offset, twin.log_end_offset) == (
+            self.model.log_start, self.model.log_end,
+        ), "the memory log's offsets are not the disk log's"  # fmt: skip
+        got = [(e.epoch, e.start_offset) for e in twin.epoch_cache.entries]
+        assert got == self.model.epochs(), f"the memory log's epochs: {got}"
 
     @invariant()
     def same_content(self) -> None:

@@ -100,6 +100,9 @@ TXN_MARKER_MACHINE = "statemachine/test_txn_marker_machine.py"
 #: Classic groups through the real group coordinator (groups/coordinator.py).
 CLASSIC_GROUP_MACHINE = "statemachine/test_classic_group_coordinator_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
+#: The whole-broker machine over a pipelined in-process broker (a second client leaving
+#: with an answer unsent, the memory budget read after it).
+PIPELINED_BROKER = "statemachine/test_broker_machine.py -k TestPipelinedBroker"
 #: The whole-broker machine's crashing variant alone (restarts and kills; the seven
 #: tests together take 500-760 s on the loaded machine).
 CRASHING_BROKER = "statemachine/test_broker_machine.py -k PipelinedCrashing"
@@ -1772,7 +1775,7 @@ THIRTEENTH = (
         "                self.durable_end_offset = min(self.durable_end_offset, new_end)\n",
         "a memory log cut inside its batches keeps the leader epochs that began past the "
         "new end: OffsetForLeaderEpoch answers from epochs the log no longer holds",
-        (SIMULATOR, REPLICATION_MACHINE),
+        (STORAGE_MACHINE, SIMULATOR, REPLICATION_MACHINE),
         ("tests/unit/storage",),
     ),
     Bug(
@@ -1823,7 +1826,7 @@ THIRTEENTH = (
         "",
         "a handled request's bytes are released from the memory budget again when its "
         "connection closes with the answer unsent: the budget counts less than is queued",
-        (TIGHT_MEMORY_BROKER, MEMORY_BUDGET_MACHINE, CRASHING_BROKER),
+        (PIPELINED_BROKER, TIGHT_MEMORY_BROKER, MEMORY_BUDGET_MACHINE, CRASHING_BROKER),
         ("tests/integration/test_mute_wiring.py",),
     ),
     Bug(
