@@ -323,6 +323,17 @@ class CleanerMachine(RuleBasedStateMachine):
             event("retention emptied a compact,delete log", len(before) > 1)
         self._forget_below_start()
 
+    @rule()
+    def segments_outlive_retention(self) -> None:
+        """Rule 5's shape, which random steps seldom build: a sealed segment, then
+        retention.ms and one more, then the retention pass."""
+        assert self.log is not None
+        self.write([(b"", b"x")], -1)
+        self.log.roll(self.now_ms)
+        self.flush()
+        self.now_ms += RETENTION_MS + 1
+        self.retention_pass()
+
     def _forget_below_start(self) -> None:
         """What retention deleted is no longer promised (rules 1 and 2 read the rest)."""
         assert self.log is not None
