@@ -101,6 +101,8 @@ TXN_MARKER_MACHINE = "statemachine/test_txn_marker_machine.py"
 #: Classic groups through the real group coordinator (groups/coordinator.py).
 CLASSIC_GROUP_MACHINE = "statemachine/test_classic_group_coordinator_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
+#: The topic catalogue (storage/catalogue.py) under crashed deletes and recreated names.
+CATALOGUE_MACHINE = "statemachine/test_catalogue_machine.py"
 #: The whole-broker machine over a pipelined in-process broker (a second client leaving
 #: with an answer unsent, the memory budget read after it).
 PIPELINED_BROKER = "statemachine/test_broker_machine.py -k TestPipelinedBroker"
@@ -1807,7 +1809,7 @@ THIRTEENTH = (
         "        self._save({**self._topics, name: info})\n",
         "a topic created under the name of one whose delete crashed before removing its "
         "directories inherits the old partitions' records",
-        (STORAGE_MACHINE,),
+        (CATALOGUE_MACHINE, STORAGE_MACHINE),
         ("tests/unit/storage",),
     ),
     Bug(
