@@ -554,7 +554,9 @@ class StorageMachine(RuleBasedStateMachine):
         """A cleaning pass's last step (storage/cleaner.py): the offset below which the
         log is clean, never past what is durable (it cleans sealed, synced segments)."""
         start, durable = self.model.log_start, self.model.durable_end
-        offset = start + int((durable - start) * where)
+        # DeleteRecords may move the log start past the durable end: the pass cleans
+        # nothing then, and its checkpoint stays at most the durable end.
+        offset = min(start + int((durable - start) * where), durable)
         note(f"the cleaner cleaned below {offset}")
         write_cleaner_checkpoint(self.directory, offset)
 
