@@ -260,6 +260,14 @@ class Client:
         self.sock.close()
 
 
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    """Poll ``condition`` (a broker thread's state) until it holds; fail after the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.005)
+
+
 # ------------------------------------------------------------------------- machine
 
 
@@ -512,11 +520,19 @@ class BrokerMachine(RuleBasedStateMachine):
 
     def fetch_at(self, topic: str, index: int, offset: int) -> Any:
         """One partition's Fetch answer from ``offset`` (up to 1 MiB, no waiting)."""
+        body = self.fetch_request(topic, index, offset)
+        answer = self.client.call(m.ApiKey.FETCH, V_FETCH, body)
+        return answer.responses[0].partitions[0]
+
+    @staticmethod
+    def fetch_request(
+        topic: str, index: int, offset: int, max_wait_ms: int = 0, min_bytes: int = 0
+    ) -> Any:
         Req = m.FetchRequest
-        body = Req(
+        return Req(
             replica_id=-1,
-            max_wait_ms=0,
-            min_bytes=0,
+            max_wait_ms=max_wait_ms,
+            min_bytes=min_bytes,
             max_bytes=1 << 20,
             isolation_level=0,
             session_id=0,
@@ -539,8 +555,6 @@ class BrokerMachine(RuleBasedStateMachine):
             forgotten_topics_data=[],
             rack_id="",
         )
-        answer = self.client.call(m.ApiKey.FETCH, V_FETCH, body)
-        return answer.responses[0].partitions[0]
 
     @rule(
         topic=st.sampled_from(TOPICS),
@@ -1193,6 +1207,40 @@ SETTINGS = settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=N
 
 class PipelinedBrokerMachine(BrokerMachine):
     processing_model = "pipelined"
+
+    @rule(topic=st.sampled_from(TOPICS))
+    def client_leaves_with_an_answer_unsent(self, topic: str) -> None:
+        """A second client sends a long-poll Fetch and then a Metadata request, and goes
+        once the Metadata is handled: its answer waits behind the fetch's (answers go out
+        in order) when the connection closes. The memory budget
+        (``queued.max.request.bytes``) counts a request's bytes from its read until it
+        is handled, or until its connection closes unhandled: once this connection is
+        gone, the bytes in use are back to what they were (none: the machine's own
+        client has nothing in flight), never below."""
+        part = self.model.partition(topic, 0)
+        if part is None:
+            return
+        assert isinstance(self.server, BrokerThread)
+        budget = self.server.broker.memory
+        self.metadata()  # any acks=0 produce of the machine's client is handled by now
+        assert budget.in_use == 0, f"{budget.in_use} bytes in use with nothing in flight"
+        fetch = m.encode_request(
+            m.ApiKey.FETCH, V_FETCH, 1, "spec",
+            self.fetch_request(topic, 0, part.high_watermark, max_wait_ms=30_000, min_bytes=1),
+        )  # fmt: skip
+        metadata = m.encode_request(
+            m.ApiKey.METADATA, V_METADATA, 2, "spec",
+            m.MetadataRequest(topics=None, allow_auto_topic_creation=False),
+        )  # fmt: skip
+        fetch_size = len(fetch) - 4  # the budget counts a frame without its size field
+        other = Client(self.server.port)
+        try:
+            other.sock.sendall(fetch + metadata)
+            wait_for(lambda: budget.in_use == fetch_size, "the Metadata request handled")
+        finally:
+            other.close()
+        wait_for(lambda: budget.in_use <= 0, "the closed connection's bytes released")
+        assert budget.in_use == 0, f"the budget counts {budget.in_use} bytes after the close"
 
 
 class SerialBrokerMachine(BrokerMachine):

@@ -22,7 +22,11 @@ compaction guarantees against the records it wrote:
 4. ``max.compaction.lag.ms`` (KIP-354): once every closed segment is older than
    ``min.compaction.lag.ms`` and the oldest record of the dirty part (past the
    cleaner's checkpoint, in a closed segment) is older than ``max.compaction.lag.ms``,
-   a pass is due whatever ``min.cleanable.dirty.ratio`` says.
+   a pass is due whatever ``min.cleanable.dirty.ratio`` says;
+5. ``cleanup.policy=compact,delete`` (the topic's configs, read as the broker reads
+   them: ``storage/topic_configs.log_config``): a retention pass deletes by time as a
+   delete-only topic does, every sealed segment once all its records are older than
+   ``retention.ms``; ``compact`` alone: a retention pass deletes nothing by age.
 """
 
 from __future__ import annotations
@@ -43,12 +47,16 @@ from trio_broker.server.log_cleaner import LogCleaner
 from trio_broker.storage.cleaner import clean_log, plan_for
 from trio_broker.storage.log import LogConfig, PartitionLog
 from trio_broker.storage.swap import read_cleaner_checkpoint
+from trio_broker.storage.topic_configs import log_config
 
 T0 = 1_700_000_000_000
 #: tmpfs where there is one: every pass and flush fsyncs, and what is under test is the
 #: rules, not the disk (the storage machine checks durability).
 SCRATCH = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 DELETE_RETENTION_MS = 1000
+#: retention.ms of the topic: with cleanup.policy=compact,delete, segments older than
+#: this go by retention too (compact alone: never by age).
+RETENTION_MS = 3000
 #: The steps of a pass's swap (storage/swap.py), each a point where the broker may die.
 CLEANER_STEPS = (
     "cleaned-written", "checkpoint-written", "swap-committed", "old-deleted",
@@ -93,13 +101,22 @@ class CleanerMachine(RuleBasedStateMachine):
         dirty_ratio=st.sampled_from((0.5, 0.9, 1.0)),
         min_lag=st.sampled_from((0, 0, 400)),
         max_lag=st.sampled_from((2000, 5000)),
+        policy=st.sampled_from(("compact", "compact", "compact,delete")),
     )
-    def open_log(self, segment_bytes: int, dirty_ratio: float, min_lag: int, max_lag: int) -> None:
-        self.config = LogConfig(
-            segment_bytes=segment_bytes, index_interval_bytes=64, retention_ms=None,
-            compact=True, delete=False, delete_retention_ms=DELETE_RETENTION_MS,
-            min_cleanable_dirty_ratio=dirty_ratio, min_compaction_lag_ms=min_lag,
-            max_compaction_lag_ms=max_lag,
+    def open_log(
+        self, segment_bytes: int, dirty_ratio: float, min_lag: int, max_lag: int, policy: str
+    ) -> None:
+        # The topic's configs, as CreateTopics or AlterConfigs leave them.
+        self.policy = policy
+        self.config = log_config(
+            {
+                "cleanup.policy": policy, "segment.bytes": str(segment_bytes),
+                "retention.ms": str(RETENTION_MS),
+                "delete.retention.ms": str(DELETE_RETENTION_MS),
+                "min.cleanable.dirty.ratio": str(dirty_ratio),
+                "min.compaction.lag.ms": str(min_lag), "max.compaction.lag.ms": str(max_lag),
+            },
+            LogConfig(index_interval_bytes=64),
         )  # fmt: skip
         note(f"{self.config}")
         self.log = PartitionLog.open(self.directory, self.config, now_ms=lambda: self.now_ms)
@@ -212,6 +229,7 @@ class CleanerMachine(RuleBasedStateMachine):
             self.all_synced = True  # the roll's flush: every sealed segment is synced
         overdue = self._overdue_record(self.log.log_end_offset if rolls else None)
         result = trio.run(self.cleaner.clean_once)
+        self._forget_below_start()  # a pass ends with a retention pass (compact,delete)
         rolled = self.log.active_segment() is not active
         assert rolled == rolls, (
             f"the cleaner {'rolled' if rolled else 'kept'} an active segment idle for"
@@ -284,6 +302,43 @@ class CleanerMachine(RuleBasedStateMachine):
         self.cleaner_pass()
         self.now_ms += DELETE_RETENTION_MS + 1
         self.cleaner_pass()
+
+    @rule()
+    def retention_pass(self) -> None:
+        """The broker's retention task over the log (a node alone: all is committed).
+        Rule 5: with the delete policy, once every record is older than retention.ms,
+        no sealed segment is left; with compact alone, the pass deletes no segment."""
+        assert self.log is not None
+        before = self.log.segment_base_offsets()
+        all_expired = all(self.now_ms - w.timestamp > RETENTION_MS for w in self.written.values())
+        self.log.apply_retention(self.now_ms)
+        after = self.log.segment_base_offsets()
+        if "delete" not in self.policy.split(","):
+            assert after == before, f"cleanup.policy={self.policy}: retention deleted segments"
+        elif all_expired:
+            assert len(after) == 1, (
+                f"cleanup.policy={self.policy}: segments {after[:-1]} older than retention.ms"
+                f" {RETENTION_MS} at {self.now_ms} were kept"
+            )
+            event("retention emptied a compact,delete log", len(before) > 1)
+        self._forget_below_start()
+
+    @rule()
+    def segments_outlive_retention(self) -> None:
+        """Rule 5's shape, which random steps seldom build: a sealed segment, then
+        retention.ms and one more, then the retention pass."""
+        assert self.log is not None
+        self.write([(b"", b"x")], -1)
+        self.log.roll(self.now_ms)
+        self.flush()
+        self.now_ms += RETENTION_MS + 1
+        self.retention_pass()
+
+    def _forget_below_start(self) -> None:
+        """What retention deleted is no longer promised (rules 1 and 2 read the rest)."""
+        assert self.log is not None
+        start = self.log.log_start_offset
+        self.written = {o: w for o, w in self.written.items() if o >= start}
 
     # ------------------------------------------------------------------ the guarantees
 

@@ -65,9 +65,10 @@ class SteppedZooKeeper:
 
     async def set(self, path: str, data: bytes, version: int) -> int:
         await _Pause()
-        if self.node is None or self.node.version != version:
+        # ZooKeeper's rule: version -1 matches any (an unconditional write).
+        if self.node is None or version not in (-1, self.node.version):
             raise BadVersion(path)
-        self.node = Znode(data, version + 1)
+        self.node = Znode(data, self.node.version + 1)
         return self.node.version
 
 

@@ -208,6 +208,10 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.consumed: dict[int, tuple[Record, int]] = {}
         self.unclean = False  # the topic's unclean.leader.election.enable
         self.unclean_elections = 0
+        #: (leader, epoch) -> the leader's log end when the term began (its epoch's start)
+        self.term_starts: dict[tuple[int, int], int] = {}
+        #: (leader, epoch) -> follower -> the log start its last fetch in the term told
+        self.reported_starts: dict[tuple[int, int], dict[int, int]] = {}
         self._start_term(1)
         for broker in BROKERS:
             if broker != 1:
@@ -242,6 +246,8 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.catch_up[(broker, c.leader_epoch)] = {
             b: CatchUp(self.now_ms, previous_fetch_ms=self.now_ms) for b in BROKERS if b != broker
         }
+        self.term_starts[(broker, c.leader_epoch)] = len(replica.log)
+        self.reported_starts[(broker, c.leader_epoch)] = {}
         note(f"broker {broker} leads epoch {c.leader_epoch}, ISR {sorted(c.isr)}")
 
     def _live(self) -> frozenset[int]:
@@ -411,7 +417,21 @@ class ReplicationMachine(RuleBasedStateMachine):
         self.catch_up[(leader.broker_id, term.leader_epoch)][broker].fetched(
             fetch_offset, len(leader.log), self.now_ms
         )
+        joining = broker not in term.maximal_isr
         _, proposal = term.follower_fetched(broker, fetch_offset, self.now_ms)
+        # Its log start goes with the fetch (as record_follower_fetch tells the term).
+        term.follower_log_start(broker, follower.log_start)
+        self.reported_starts[(leader.broker_id, term.leader_epoch)][broker] = follower.log_start
+        if joining and proposal is not None and broker in proposal.isr:
+            # KAFKA-7128: a follower joins only once it holds everything before the
+            # leader's epoch began; below that, the HW (which may lag a new leader's log
+            # end) could count records of an older epoch it never copied.
+            epoch_start = self.term_starts[(leader.broker_id, term.leader_epoch)]
+            assert fetch_offset >= epoch_start, (
+                f"broker {broker} joins the ISR at {fetch_offset}, before the epoch's "
+                f"start {epoch_start}"
+            )
+            event("a follower joined the ISR")
         leader.high_watermark = term.high_watermark
         # The sentence holds at every instant, also before the answer reaches the follower.
         self.every_isr_member_counted_holds_the_log_below_the_hw()
@@ -960,6 +980,25 @@ class ReplicationMachine(RuleBasedStateMachine):
             got = [(o, record, told) for o, (record, told) in self.consumed.items()]
             problems = consumed_records_missing(got, leader.log)
             assert not problems, problems
+
+    @invariant()
+    def low_watermark_counts_every_live_replica(self) -> None:
+        """DeleteRecords' low watermark (Kafka's lowWatermarkIfLeader): the lowest log
+        start over the leader and every follower on a live broker, in the ISR or not, as
+        its last fetch in this term told (-1 before one); a dead broker's is left out."""
+        live = self._live()
+        for replica in self.replicas.values():
+            term = replica.leading
+            if not replica.alive or term is None:
+                continue
+            told = self.reported_starts.get((replica.broker_id, term.leader_epoch), {})
+            followers = [told.get(b, -1) for b in BROKERS if b != replica.broker_id and b in live]
+            expected = min([replica.log_start, *followers])
+            got = term.low_watermark(replica.log_start, live)
+            assert got == expected, (
+                f"broker {replica.broker_id}: low watermark {got}, expected {expected} "
+                f"(told {told}, live {sorted(live)}, ISR {sorted(term.isr)})"
+            )
 
     @invariant()
     def one_writer_per_epoch(self) -> None:

@@ -19,6 +19,7 @@ models miss, the module's own unit tests:
     python tools/planted_bugs.py --tenth          # the tenth set (TENTH)
     python tools/planted_bugs.py --eleventh       # the eleventh set (ELEVENTH)
     python tools/planted_bugs.py --thirteenth     # the thirteenth set (THIRTEENTH)
+    python tools/planted_bugs.py --fourteenth     # the fourteenth set (FOURTEENTH)
     python tools/planted_bugs.py --check-baseline --thirteenth  # checks run unplanted first
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
@@ -100,6 +101,11 @@ TXN_MARKER_MACHINE = "statemachine/test_txn_marker_machine.py"
 #: Classic groups through the real group coordinator (groups/coordinator.py).
 CLASSIC_GROUP_MACHINE = "statemachine/test_classic_group_coordinator_machine.py"
 REPLICATION_UNIT = "tests/unit/replication/test_replication_rules.py tests/unit/replication/test_replication_rule_properties.py"
+#: The topic catalogue (storage/catalogue.py) under crashed deletes and recreated names.
+CATALOGUE_MACHINE = "statemachine/test_catalogue_machine.py"
+#: The whole-broker machine over a pipelined in-process broker (a second client leaving
+#: with an answer unsent, the memory budget read after it).
+PIPELINED_BROKER = "statemachine/test_broker_machine.py -k TestPipelinedBroker"
 #: The whole-broker machine's crashing variant alone (restarts and kills; the seven
 #: tests together take 500-760 s on the loaded machine).
 CRASHING_BROKER = "statemachine/test_broker_machine.py -k PipelinedCrashing"
@@ -1772,7 +1778,7 @@ THIRTEENTH = (
         "                self.durable_end_offset = min(self.durable_end_offset, new_end)\n",
         "a memory log cut inside its batches keeps the leader epochs that began past the "
         "new end: OffsetForLeaderEpoch answers from epochs the log no longer holds",
-        (SIMULATOR, REPLICATION_MACHINE),
+        (STORAGE_MACHINE, SIMULATOR, REPLICATION_MACHINE),
         ("tests/unit/storage",),
     ),
     Bug(
@@ -1803,7 +1809,7 @@ THIRTEENTH = (
         "        self._save({**self._topics, name: info})\n",
         "a topic created under the name of one whose delete crashed before removing its "
         "directories inherits the old partitions' records",
-        (STORAGE_MACHINE,),
+        (CATALOGUE_MACHINE, STORAGE_MACHINE),
         ("tests/unit/storage",),
     ),
     Bug(
@@ -1823,7 +1829,7 @@ THIRTEENTH = (
         "",
         "a handled request's bytes are released from the memory budget again when its "
         "connection closes with the answer unsent: the budget counts less than is queued",
-        (TIGHT_MEMORY_BROKER, MEMORY_BUDGET_MACHINE, CRASHING_BROKER),
+        (PIPELINED_BROKER, TIGHT_MEMORY_BROKER, MEMORY_BUDGET_MACHINE, CRASHING_BROKER),
         ("tests/integration/test_mute_wiring.py",),
     ),
     Bug(
@@ -1859,6 +1865,182 @@ THIRTEENTH = (
         "sequence",
         (SIMULATOR, REPLICATION_MACHINE),
         ("tests/unit/cluster tests/unit/state",),
+    ),
+)
+
+
+#: The fourteenth set (issue 31, session 47): fresh slips in paths no earlier set touched
+#: (the transaction coordinator's replay and its partitions' loading, the offsets store's
+#: tombstones and transaction ends, the group coordinator's expiry and its TxnOffsetCommit
+#: fence, ZooKeeper's conditional writes of producer id blocks and the controller epoch,
+#: a follower's copy of a grown topic, the flusher's fast path, the transaction timers'
+#: retries, the replication throttle's burst, a new term's HW floor, a roll after an
+#: offset hole, JBOD moves' recovery). Committed before its one scoring run.
+FOURTEENTH = (
+    Bug(
+        "txn-load-ignores-tombstones",
+        "trio_broker/transactions/coordinator.py",
+        "            if key is None:\n                continue\n"
+        "            try:\n                transactional_id = decode_key(key)\n",
+        "            if key is None or value is None:\n                continue\n"
+        "            try:\n                transactional_id = decode_key(key)\n",
+        "the coordinator's replay of __transaction_state skips tombstones: an id expired "
+        "(transactional.id.expiration.ms) comes back after a restart or a move of its "
+        "partition, with its old producer id and epoch",
+        (TXN_COORDINATOR_MACHINE, CRASHING_BROKER),
+        ("tests/unit/transactions",),
+    ),
+    Bug(
+        "txn-resign-keeps-loading",
+        "trio_broker/transactions/partitioned.py",
+        "    def resigned(self, partition: int) -> None:\n        self.loading.pop(partition, None)\n",
+        "    def resigned(self, partition: int) -> None:\n",
+        "a __transaction_state partition that loses its leadership before its table is "
+        "loaded is loaded anyway: the broker answers as its coordinator (and finishes its "
+        "transactions) while another broker leads it",
+        (TXN_COORDINATOR_MACHINE, TXN_MARKER_MACHINE, SIMULATOR),
+        ("tests/unit/transactions",),
+    ),
+    Bug(
+        "offset-tombstone-keeps-staged",
+        "trio_broker/groups/offsets_store.py",
+        "            if record[1] is None:\n                self._drop_pending(record[0], log_offset)\n",
+        "",
+        "an offset tombstone (DeleteGroups, OffsetDelete, expiry) no longer drops a "
+        "transaction's staged offset of that partition: the transaction's commit brings "
+        "the deleted offset back",
+        (OFFSETS_STORE_MACHINE, OFFSET_EXPIRY_MACHINE, PARTITION_TXN_MACHINE),
+        ("tests/unit/groups",),
+    ),
+    Bug(
+        "txn-end-takes-next-transactions-offsets",
+        "trio_broker/groups/offsets_store.py",
+        "            if staged_at > log_offset:\n"
+        "                continue  # staged by the producer's next transaction\n",
+        "",
+        "a transaction's end marker also settles the offsets the producer's next "
+        "transaction staged after it (read back from the log): an abort drops them, a "
+        "commit makes them visible before that transaction commits",
+        (OFFSETS_STORE_MACHINE, PARTITION_TXN_MACHINE),
+        ("tests/unit/groups",),
+    ),
+    Bug(
+        "empty-group-offsets-expire-by-age",
+        "trio_broker/groups/coordinator.py",
+        "            if group.protocol_type is None or now_ms - group.state_since_ms >= retention:\n",
+        "            if group.protocol_type is None or group.is_empty():\n",
+        "a consumer group's offsets expire by their commit age as soon as it is empty "
+        "(before KIP-211), not once it has been empty for offsets.retention.minutes: a "
+        "group back after a short pause finds its old commits gone",
+        (OFFSET_EXPIRY_MACHINE, CLASSIC_GROUP_MACHINE, GROUP_MACHINE),
+        ("tests/unit/groups",),
+    ),
+    Bug(
+        "txn-offset-commit-skips-epoch-fence",
+        "trio_broker/groups/coordinator.py",
+        "        if producer_epoch < self.store_for(group_id).producer_epoch(producer_id):\n"
+        "            return ErrorCode.INVALID_PRODUCER_EPOCH  # a zombie of a fenced producer\n",
+        "",
+        "TxnOffsetCommit no longer refuses a producer epoch older than the group's records "
+        "of that producer: a fenced zombie stages offsets again",
+        (OFFSETS_STORE_MACHINE, OFFSET_EXPIRY_MACHINE, PARTITION_TXN_MACHINE),
+        ("tests/unit/groups",),
+    ),
+    Bug(
+        "producer-id-block-unconditional",
+        "trio_broker/cluster/producer_id_blocks.py",
+        "                await coord.set(PRODUCER_ID_BLOCK, data, node.version)\n",
+        "                await coord.set(PRODUCER_ID_BLOCK, data, -1)\n",
+        "a broker claims the next producer id block with an unconditional write: two "
+        "brokers reading the same latest block both claim the next one and hand out the "
+        "same producer ids",
+        (PRODUCER_ID_MACHINE, SIMULATOR),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "controller-epoch-unconditional",
+        "trio_broker/cluster/membership.py",
+        "            await coord.set(CONTROLLER_EPOCH, encode_controller_epoch(epoch), znode.version)\n",
+        "            await coord.set(CONTROLLER_EPOCH, encode_controller_epoch(epoch), -1)\n",
+        "a new controller bumps /controller_epoch with an unconditional write: two "
+        "controllers in quick succession may both take the same epoch",
+        (CONTROLLER_MACHINE, SIMULATOR),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "follower-copy-not-grown",
+        "trio_broker/cluster/local_copies.py",
+        "        elif len(local.logs) < partitions:\n"
+        "            local = topics.add_partitions(name, partitions)\n",
+        "",
+        "a broker's copy of a cluster topic is not grown when the topic gains partitions: "
+        "it cannot lead or follow the new ones",
+        (SIMULATOR, REASSIGNMENT_MACHINE),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "acks-durable-one-early",
+        "trio_broker/server/flusher.py",
+        "        if log.durable_end_offset > offset:\n"
+        "            await trio.lowlevel.checkpoint()\n            return\n",
+        "        if log.durable_end_offset >= offset:\n"
+        "            await trio.lowlevel.checkpoint()\n            return\n",
+        "the flusher's fast path returns once the durable end reaches a write's last "
+        "offset, one short: an acks=all write is answered with its last record unsynced",
+        (GROUP_COMMIT_MACHINE, CRASHING_BROKER),
+        ("tests/unit/server",),
+    ),
+    Bug(
+        "timers-never-retry-ends",
+        "trio_broker/server/transaction_timers.py",
+        "            await self.coordinator.abort_timed_out()\n"
+        "            await self.coordinator.recover()\n",
+        "            await self.coordinator.abort_timed_out()\n",
+        "the transaction timers no longer retry a commit or abort whose markers could not "
+        "be written: the transaction stays in its Prepare state until a restart",
+        (TXN_COORDINATOR_MACHINE, CRASHING_BROKER),
+        ("tests/unit/transactions tests/unit/server",),
+    ),
+    Bug(
+        "throttle-budget-uncapped",
+        "trio_broker/replication/throttle.py",
+        "        self._available = min(self._available, float(self.rate))\n",
+        "",
+        "the replication throttle's byte budget is not capped at one second's rate: after "
+        "an idle spell a throttled replica reads everything it saved up at once",
+        (REPLICATION_THROTTLE_MACHINE, SIMULATOR),
+        ("tests/unit/replication",),
+    ),
+    Bug(
+        "new-term-hw-forgets-ended-terms",
+        "trio_broker/replication/replica_rules.py",
+        "        return min(max(0, *known, self._reached.get(key, 0)), log_end_offset)\n",
+        "        return min(max(0, *known), log_end_offset)\n",
+        "a new leader term's HW starts from what this replica's roles knew, not from the HW "
+        "an earlier term of this broker reached: consumers see the HW go back",
+        (SIMULATOR, REPLICATION_MACHINE),
+        ("tests/unit/replication tests/unit/cluster",),
+    ),
+    Bug(
+        "roll-after-hole-named-by-log-end",
+        "trio_broker/storage/log.py",
+        "            segment = self._roll(now_ms, base)\n",
+        "            segment = self._roll(now_ms)\n",
+        "a follower's segment rolled for a batch after an offset hole (a compacted "
+        "leader's) is named after the log end, not the batch: its relative offsets and "
+        "index start below its first batch",
+        (STORAGE_MACHINE, CLEANER_MACHINE),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "jbod-incomplete-move-trusted",
+        "trio_broker/storage/log_dirs.py",
+        '            if match["stage"] == "move":\n',
+        '            if match["stage"] == "future":\n',
+        "recovery of a partition move between log dirs takes the copy a crash left "
+        "half-made as the partition and deletes the finished one",
+        (STORAGE_MACHINE, PIPELINED_BROKER),
+        ("tests/unit/storage",),
     ),
 )
 
@@ -1963,6 +2145,9 @@ def main() -> int:
         "--thirteenth", action="store_true", help="the thirteenth set (THIRTEENTH) only"
     )
     parser.add_argument(
+        "--fourteenth", action="store_true", help="the fourteenth set (FOURTEENTH) only"
+    )
+    parser.add_argument(
         "--check-baseline", action="store_true",
         help="first run every chosen check unplanted; stop (exit 3) if one fails already",
     )  # fmt: skip
@@ -1970,9 +2155,11 @@ def main() -> int:
     args = parser.parse_args()
     every = (
         *BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH, *EIGHTH, *NINTH, *TENTH, *ELEVENTH,
-        *THIRTEENTH,
+        *THIRTEENTH, *FOURTEENTH,
     )  # fmt: skip
-    if args.thirteenth:
+    if args.fourteenth:
+        chosen = list(FOURTEENTH)
+    elif args.thirteenth:
         chosen = list(THIRTEENTH)
     elif args.eleventh:
         chosen = list(ELEVENTH)

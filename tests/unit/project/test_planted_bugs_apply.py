@@ -43,6 +43,7 @@ EVERY: tuple[PlantedBug, ...] = (
     *_tool.TENTH,
     *_tool.ELEVENTH,
     *_tool.THIRTEENTH,
+    *_tool.FOURTEENTH,
 )
 
 
