@@ -473,13 +473,16 @@ def _verify_facts(
         )).collect():  # fmt: skip
             row = r.asDict()
             undecodable[row.pop("cap")].append(_plain(readable.row(row)))
-    for name, view in VIEWS.items():
-        spark.sql(sql(view)).createOrReplaceTempView(name)
     # The checks read ``acked`` five times and ``fetched`` four: cached, each is computed
     # once (inlined, every reference was its own join or aggregation, with its shuffles).
+    # Each is kept as soon as its view is made, so the views after it read the kept table
+    # (a repartitioned one is a plan of its own, which no later view would match).
     counted: dict[str, list[int]] = {}
-    for name in MATERIALIZED:
-        table = spark.table(name)
+    for name, view in VIEWS.items():
+        table = spark.sql(sql(view))
+        if name not in MATERIALIZED:
+            table.createOrReplaceTempView(name)
+            continue
         if name in CO_PARTITIONED:
             # As the facts: joins with them and windows over (topic, partition, ...) then
             # reuse this partitioning instead of shuffling.

@@ -11,6 +11,7 @@ from trio_broker.verify.checks import (
     CHECKS,
     MATERIALIZED,
     NEEDS,
+    VIEWS,
     all_checks_sql,
     checks_to_run,
     sql,
@@ -66,3 +67,7 @@ def test_gates_say_whether_the_job_holds_a_kind_or_view() -> None:
     # A check whose gated parts are off still reads as SQL with every placeholder filled.
     for name, (_, check) in CHECKS.items():
         assert "{" not in sql(check, set()), name
+
+
+def test_materialized_views_come_in_the_order_they_are_made() -> None:
+    assert [name for name in VIEWS if name in MATERIALIZED] == list(MATERIALIZED)
