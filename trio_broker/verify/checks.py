@@ -13,11 +13,14 @@ from trio_broker.verify.compact import KIND_CODE
 
 __all__ = [
     "CHECKS",
+    "CO_PARTITIONED",
     "EXAMPLES",
     "MATERIALIZED",
+    "NEEDS",
     "VIEWS",
     "all_checks_sql",
     "captures_view_sql",
+    "checks_to_run",
     "named_view_sql",
     "run_brokers_view_sql",
     "sql",
@@ -33,6 +36,15 @@ EXAMPLES = 5
 VIEWS: dict[str, str] = {
     # ``named`` (the facts with topic ids resolved to names, ``tname``) comes first: see
     # named_view_sql.
+    # The facts of every kind but the six a capture holds by the million (a Produce's
+    # batches and answers, a Fetch's), in one table cached before the checks: they read
+    # these kinds in about twenty places, and each read of ``named`` scanned all of the
+    # facts for a few rows (0.5 CPU s at 1M frames against 0.2 here, warm).
+    "sparse": """
+        SELECT * FROM named
+        WHERE kind NOT IN ({produce_batch}, {produce_ack}, {fetch_part}, {fetch_batch},
+                           {fetch_request}, {fetch_isolation})
+    """,
     # Acknowledged produce batches: request batch joined to its response partition.
     "acked": """
         SELECT b.cap, b.run, b.conn, b.corr, b.tname AS topic, b.partition,
@@ -59,11 +71,53 @@ VIEWS: dict[str, str] = {
         SELECT cap, run, conn, corr, min(ts) AS req_ts FROM named
         WHERE kind = {fetch_request} GROUP BY cap, run, conn, corr
     """,
+    # Fetch response partitions (every error: each check picks its own), each with the
+    # time its request arrived. Cached, and hash-partitioned by (topic, partition) as the
+    # facts are (see job.CO_PARTITIONED): three checks read it, each of which joined the
+    # fetch facts with the requests again (a scan, an aggregation and two shuffles each),
+    # and their windows over (topic, partition, ...) then sort it without a shuffle.
+    "fetch_parts": """
+        SELECT p.cap, p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.error,
+               p.offset AS hw, p.last_offset AS lso, p.ts AS resp_ts, r.req_ts
+        FROM named p JOIN fetch_requests r
+          ON p.cap = r.cap AND p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
+        WHERE p.kind = {fetch_part}
+    """,
+    # Per fetch (error NONE), the highest high watermark and last stable offset that
+    # fetches completed before its request was sent had shown, by the same broker run:
+    # one window (one sort of the fetches) for high_watermark_monotonic and
+    # last_stable_offset, which sorted them each. Each fetch is two events: its response
+    # (ord 1, what it showed) and its request (ord 0, judged: only those rows are kept).
+    # A negative LSO (none given) counts as none.
+    "fetch_seen": """
+        WITH parts AS (
+          SELECT cap, run, conn, corr, topic, partition, resp_ts, req_ts, hw,
+                 CASE WHEN lso >= 0 THEN lso END AS lso
+          FROM fetch_parts WHERE error = 0
+        ),
+        events AS (
+          SELECT cap, run, topic, partition, resp_ts AS t, 1 AS ord, hw, lso,
+                 CAST(NULL AS BIGINT) AS conn, CAST(NULL AS INT) AS corr,
+                 CAST(NULL AS BIGINT) AS own_hw, CAST(NULL AS BIGINT) AS own_lso
+          FROM parts
+          UNION ALL
+          SELECT cap, run, topic, partition, req_ts, 0, NULL, NULL, conn, corr, hw, lso
+          FROM parts
+        )
+        SELECT cap, run, topic, partition, t, ord, conn, corr, own_hw, own_lso,
+               max_hw_before, max_lso_before
+        FROM (
+          SELECT *, max(hw) OVER w AS max_hw_before, max(lso) OVER w AS max_lso_before
+          FROM events
+          WINDOW w AS (PARTITION BY cap, run, topic, partition ORDER BY t, ord
+                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+        ) WHERE ord = 0
+    """,
     # Transactions ended by their producer: EndTxn requests answered with error NONE.
     "txn_ends": """
         SELECT r.cap, r.run, r.conn, r.corr, r.producer_id, r.producer_epoch, r.committed,
                r.note AS transactional_id, r.ts AS end_ts
-        FROM named r JOIN named a
+        FROM sparse r JOIN sparse a
           ON r.kind = {end_txn} AND a.kind = {end_txn_ack} AND a.error = 0
          AND a.cap = r.cap AND a.run = r.run AND a.conn = r.conn AND a.corr = r.corr
     """,
@@ -124,7 +178,7 @@ VIEWS: dict[str, str] = {
         entry AS (
           SELECT b.cap, b.run, b.conn, b.corr, b.topic, b.partition, b.base_offset,
                  max(a.offset) AS first_offset
-          FROM b JOIN named a
+          FROM b JOIN sparse a
             ON a.kind = {fetch_aborted} AND a.cap = b.cap AND a.run = b.run
            AND a.conn = b.conn AND a.corr = b.corr AND a.tname = b.topic
            AND a.partition = b.partition AND a.producer_id = b.producer_id
@@ -152,8 +206,20 @@ VIEWS: dict[str, str] = {
     """,
 }
 
-#: Views cached before the checks run (each is read by several checks).
-MATERIALIZED = ("acked", "fetched", "txn_batches", "rc_batches")
+#: Views cached before the checks run (each is read by several checks), in the order of
+#: :data:`VIEWS`: each is kept as it is made, and the views after it read the kept table.
+MATERIALIZED = (
+    "sparse",
+    "acked",
+    "fetched",
+    "fetch_parts",
+    "fetch_seen",
+    "txn_batches",
+    "rc_batches",
+)
+#: Materialized views hash-partitioned by (topic, partition) before they are cached, as
+#: the facts are (a view that is a join on other keys would otherwise keep those).
+CO_PARTITIONED = ("fetch_parts",)
 
 #: Each check once: name -> (what a violation means, SQL returning one row per violation
 #: with a ``violation`` kind column and the ``cap`` it was found in).
@@ -237,23 +303,14 @@ CHECKS: dict[str, tuple[str, str]] = {
         "across brokers and runs, in the same leader epoch",
         """
         WITH parts AS (
-          SELECT p.cap, p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.offset AS hw,
-                 p.ts AS resp_ts, r.req_ts
-          FROM named p JOIN fetch_requests r
-            ON p.cap = r.cap AND p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
-          WHERE p.kind = {fetch_part} AND p.error = 0
+          SELECT cap, run, conn, corr, topic, partition, hw, resp_ts, req_ts
+          FROM fetch_parts WHERE error = 0
         ),
-        events AS (
-          SELECT cap, run, topic, partition, resp_ts AS t, 1 AS ord, hw, NULL AS conn,
-                 NULL AS corr, NULL AS own_hw FROM parts
-          UNION ALL
-          SELECT cap, run, topic, partition, req_ts AS t, 0 AS ord, NULL AS hw, conn, corr,
-                 hw AS own_hw FROM parts
-        ),
+        -- Each fetch's request (ord 0) with the highest HW shown before it (fetch_seen).
         seen AS (
-          SELECT *, max(hw) OVER (PARTITION BY cap, run, topic, partition ORDER BY t, ord
-                                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS max_before
-          FROM events
+          SELECT cap, run, topic, partition, t, ord, conn, corr, own_hw,
+                 max_hw_before AS max_before
+          FROM fetch_seen
         ),
         -- The epoch a fetch was answered in: the last one its broker's own Metadata answers
         -- (same run) named it leader in before the request. A broker's view of its epoch
@@ -261,7 +318,7 @@ CHECKS: dict[str, tuple[str, str]] = {
         terms AS (
           SELECT l.cap, l.run, l.tname AS topic, l.partition, l.ts AS t, 0 AS ord,
                  l.leader_epoch AS epoch, NULL AS conn, NULL AS corr
-          FROM named l JOIN run_brokers b
+          FROM sparse l JOIN run_brokers b
             ON b.cap = l.cap AND b.run = l.run AND b.broker_id = l.leader_id
           WHERE l.kind = {partition_leader}
           UNION ALL
@@ -342,7 +399,7 @@ CHECKS: dict[str, tuple[str, str]] = {
         -- only when that broker's own Metadata answers named it leader in that epoch.
         claimed AS (
           SELECT DISTINCT l.cap, l.tname AS topic, l.partition, l.leader_epoch, l.leader_id
-          FROM named l JOIN run_brokers r
+          FROM sparse l JOIN run_brokers r
             ON r.cap = l.cap AND r.run = l.run AND r.broker_id = l.leader_id
           WHERE l.kind = {partition_leader}
         ),
@@ -363,7 +420,7 @@ CHECKS: dict[str, tuple[str, str]] = {
         ),
         named_leaders AS (
           SELECT DISTINCT cap, tname AS topic, partition, leader_epoch, leader_id
-          FROM named WHERE kind = {partition_leader}
+          FROM sparse WHERE kind = {partition_leader}
         )
         SELECT cap, 'two_brokers_acked_in_epoch' AS violation, topic, partition, leader_epoch,
                sort_array(collect_list(broker_id)) AS brokers,
@@ -477,7 +534,7 @@ CHECKS: dict[str, tuple[str, str]] = {
         WITH c AS (
           SELECT r.cap, r.group_id, r.tname AS topic, r.partition, r.offset, r.ts AS req_ts,
                  a.ts AS ack_ts, a.error AS ack_error
-          FROM named r LEFT JOIN named a
+          FROM sparse r LEFT JOIN sparse a
             ON a.kind = {commit_ack} AND a.cap = r.cap AND a.run = r.run AND a.conn = r.conn
            AND a.corr = r.corr AND a.tname = r.tname AND a.partition = r.partition
           WHERE r.kind = {commit_request}
@@ -485,7 +542,7 @@ CHECKS: dict[str, tuple[str, str]] = {
         f AS (
           SELECT a.cap, a.run, a.conn, a.corr, coalesce(a.group_id, r.group_id) AS group_id,
                  a.tname AS topic, a.partition, a.offset, r.ts AS req_ts, a.ts AS resp_ts
-          FROM named a JOIN named r
+          FROM sparse a JOIN sparse r
             ON a.kind = {offset_fetch_answer} AND r.kind = {offset_fetch_request}
            AND r.cap = a.cap AND r.run = a.run AND r.conn = a.conn AND r.corr = a.corr
            AND (a.group_id IS NULL OR a.group_id = r.group_id)
@@ -497,7 +554,7 @@ CHECKS: dict[str, tuple[str, str]] = {
         coord AS (
           SELECT a.cap, coalesce(a.group_id, r.group_id) AS group_id,
                  a.leader_id AS coordinator, a.ts
-          FROM named a LEFT JOIN named r
+          FROM sparse a LEFT JOIN sparse r
             ON r.kind = {coordinator_request} AND r.cap = a.cap AND r.run = a.run
            AND r.conn = a.conn AND r.corr = a.corr
           WHERE a.kind = {coordinator_named}
@@ -599,7 +656,7 @@ CHECKS: dict[str, tuple[str, str]] = {
         """
         WITH a AS (
           SELECT r.cap, r.run, r.group_id, r.generation, r.member_id, s.topic, s.partition
-          FROM named s JOIN named r
+          FROM sparse s JOIN sparse r
             ON s.kind = {sync_assign} AND r.kind = {sync_request}
            AND s.cap = r.cap AND s.run = r.run AND s.conn = r.conn AND s.corr = r.corr
         )
@@ -664,24 +721,14 @@ CHECKS: dict[str, tuple[str, str]] = {
         "still open (no EndTxn received yet, and no marker fetched below it)",
         """
         WITH parts AS (
-          SELECT p.cap, p.run, p.conn, p.corr, p.tname AS topic, p.partition, p.offset AS hw,
-                 p.last_offset AS lso, p.ts AS resp_ts, r.req_ts
-          FROM named p JOIN fetch_requests r
-            ON p.cap = r.cap AND p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
-          WHERE p.kind = {fetch_part} AND p.error = 0 AND p.last_offset >= 0
+          SELECT cap, run, conn, corr, topic, partition, hw, lso, resp_ts, req_ts
+          FROM fetch_parts WHERE error = 0 AND lso >= 0
         ),
-        events AS (
-          SELECT cap, run, topic, partition, resp_ts AS t, 1 AS ord, lso, NULL AS conn,
-                 NULL AS corr, NULL AS own_lso FROM parts
-          UNION ALL
-          SELECT cap, run, topic, partition, req_ts AS t, 0 AS ord, NULL AS lso, conn, corr,
-                 lso AS own_lso FROM parts
-        ),
+        -- Each fetch's request (ord 0) with the highest LSO shown before it (fetch_seen).
         seen AS (
-          SELECT *, max(lso) OVER (PARTITION BY cap, run, topic, partition ORDER BY t, ord
-                                   ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-                    AS max_before
-          FROM events
+          SELECT cap, run, topic, partition, t, ord, conn, corr, own_lso,
+                 max_lso_before AS max_before
+          FROM fetch_seen WHERE own_lso IS NOT NULL
         ),
         -- The responses of partitions (and runs) with transactional batches: only they can
         -- pass an open transaction (a capture without transactions sorts none below).
@@ -690,6 +737,9 @@ CHECKS: dict[str, tuple[str, str]] = {
             SELECT DISTINCT cap, run, topic, partition FROM txn_batches
           ) k ON k.cap = p.cap AND k.run = p.run AND k.topic = p.topic
              AND k.partition = p.partition
+          -- (Each read of txn_batches or the markers below is gated by has_txn_batches:
+          -- without transactional batches the optimizer drops this whole part.)
+          WHERE {has_txn_batches}
         ),
         -- At a response (ord 1): the lowest batch of a transaction whose EndTxn came after
         -- it (ord -1: one ended at the response's time was not open then). Backwards in
@@ -705,12 +755,13 @@ CHECKS: dict[str, tuple[str, str]] = {
             FROM txn_parts
             UNION ALL
             SELECT cap, run, NULL, NULL, topic, partition, NULL, end_ts, -1, base_offset
-            FROM txn_batches WHERE end_ts IS NOT NULL
+            FROM txn_batches WHERE end_ts IS NOT NULL AND {has_txn_batches}
           )
         ),
         markers AS (
           SELECT DISTINCT cap, tname AS topic, partition, producer_id, offset AS marker_offset
-          FROM named WHERE kind = {fetch_batch} AND (attributes & 32) <> 0
+          FROM named
+          WHERE kind = {fetch_batch} AND (attributes & 32) <> 0 AND {has_txn_batches}
         ),
         -- Transactional batches with no EndTxn in the capture, each with its producer's
         -- first marker fetched above it (NULL: none). Such a batch is open to an LSO in
@@ -725,7 +776,7 @@ CHECKS: dict[str, tuple[str, str]] = {
             FROM (
               SELECT cap, run, topic, partition, producer_id, base_offset, 1 AS ord,
                      CAST(NULL AS BIGINT) AS marker_offset
-              FROM txn_batches WHERE end_ts IS NULL
+              FROM txn_batches WHERE end_ts IS NULL AND {has_txn_batches}
               UNION ALL
               SELECT cap, NULL, topic, partition, producer_id, marker_offset, 0,
                      marker_offset
@@ -799,7 +850,7 @@ CHECKS: dict[str, tuple[str, str]] = {
         "one broker alone, unknown): unless a DeleteTopics request named the topic",
         """
         WITH deleted AS (
-          SELECT DISTINCT cap, tname AS topic FROM named WHERE kind = {delete_topic}
+          SELECT DISTINCT cap, tname AS topic FROM sparse WHERE kind = {delete_topic}
         ),
         -- One capture directory: one broker, whose Fetch answers and Metadata must know
         -- what it acknowledged. In a cluster a new leader's Fetch HW may lag and a broker
@@ -817,19 +868,17 @@ CHECKS: dict[str, tuple[str, str]] = {
         shown AS (
           SELECT r.cap, 'list_offsets' AS answer, r.run, r.conn, r.corr, r.tname AS topic,
                  r.partition, r.ts AS t, a.offset AS log_end
-          FROM named r JOIN named a
+          FROM sparse r JOIN sparse a
             ON r.kind = {list_offsets_request} AND a.kind = {list_offsets_answer}
            AND a.cap = r.cap AND a.run = r.run AND a.conn = r.conn AND a.corr = r.corr
            AND a.tname = r.tname AND a.partition = r.partition
           WHERE r.offset = -1 AND coalesce(r.isolation_level, 0) = 0 AND a.error = 0
             AND a.offset >= 0
           UNION ALL
-          SELECT p.cap, 'fetch', p.run, p.conn, p.corr, p.tname, p.partition, r.req_ts,
-                 CASE WHEN p.error = 0 THEN p.offset ELSE 0 END
-          FROM named p JOIN fetch_requests r
-            ON p.cap = r.cap AND p.run = r.run AND p.conn = r.conn AND p.corr = r.corr
-          LEFT SEMI JOIN single s ON s.cap = p.cap
-          WHERE p.kind = {fetch_part} AND p.error IN (0, 3, 100)
+          SELECT p.cap, 'fetch', p.run, p.conn, p.corr, p.topic, p.partition, p.req_ts,
+                 CASE WHEN p.error = 0 THEN p.hw ELSE 0 END
+          FROM fetch_parts p LEFT SEMI JOIN single s ON s.cap = p.cap
+          WHERE p.error IN (0, 3, 100)
         ),
         ev AS (
           SELECT cap, topic, partition, ack_ts AS t, 1 AS ord,
@@ -849,7 +898,7 @@ CHECKS: dict[str, tuple[str, str]] = {
         ids AS (
           SELECT cap, run, conn, corr, tname AS topic, note AS topic_id,
                  lag(note) OVER (PARTITION BY cap, tname ORDER BY ts) AS previous_id
-          FROM named WHERE kind = {topic_id}
+          FROM sparse WHERE kind = {topic_id} AND {has_topic_id}
         ),
         gone AS (
           SELECT cap, 'topic_id_changed' AS violation, run, conn, corr, topic, previous_id,
@@ -857,9 +906,11 @@ CHECKS: dict[str, tuple[str, str]] = {
           FROM ids WHERE previous_id IS NOT NULL AND previous_id <> topic_id
           UNION ALL
           SELECT u.cap, 'topic_unknown', u.run, u.conn, u.corr, u.tname, NULL, NULL
-          FROM named u LEFT SEMI JOIN single s ON s.cap = u.cap
-          WHERE u.kind = {topic_unknown}
+          FROM sparse u LEFT SEMI JOIN single s ON s.cap = u.cap
+          WHERE u.kind = {topic_unknown} AND {has_topic_unknown}
         ),
+        -- (With neither kind in the job, the has_topic_id and has_topic_unknown gates let
+        -- the optimizer drop this part, and its scan of the capture rows, while planning.)
         -- Dated by their Metadata request (the answer may be captured after acks of
         -- writes the broker handled later).
         gone_at AS (
@@ -890,9 +941,46 @@ CHECKS: dict[str, tuple[str, str]] = {
 }
 
 
-def sql(text: str) -> str:
-    """``text`` with each ``{kind}`` placeholder replaced by that fact kind's code."""
-    return text.format_map(KIND_CODE)
+#: What each check's violations are made of: it can report one only where the job holds
+#: facts of each of these kinds and rows of each of these materialized views (in any of
+#: its captures). :func:`all_checks_sql` leaves out a check whose needs are not met:
+#: Spark cannot know while planning that the cached facts hold none of a kind, and such
+#: an empty check still cost 4-6 CPU s at 1M frames (every scan of the facts, its
+#: shuffles, sorts and generated code). Every violation row of a check comes from an
+#: inner join (or a semi join) with each table named here.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "acked_produce_fetched": ("acked", "fetched"),
+    "fetched_batches_agree": ("fetched",),
+    "fetch_response_contiguous": ("fetch_batch",),
+    "high_watermark_monotonic": ("fetch_seen",),
+    "one_leader_per_epoch": (),
+    "producer_sequences": ("acked",),
+    "offset_fetch_current": (
+        "offset_fetch_request",
+        "offset_fetch_answer",
+        "commit_request",
+        "commit_ack",
+    ),
+    "group_assignment_exclusive": ("sync_request", "sync_assign"),
+    "read_committed_no_aborted": ("rc_batches",),
+    "committed_transaction_atomic": ("txn_batches", "rc_batches"),
+    "last_stable_offset": ("fetch_parts",),
+    "acked_topic_kept": ("acked",),
+}
+
+
+def sql(text: str, present: set[str] | None = None) -> str:
+    """``text`` with each ``{kind}`` placeholder replaced by that fact kind's code, and
+    each ``{has_<kind or view>}`` by whether ``present`` (the fact kinds and materialized
+    views the job holds rows of; None: all) has it, ``true`` or ``false``: a part of a
+    check that reads nothing but an empty kind can be gated by it in its WHERE, and the
+    optimizer then drops the part while planning, where the cached table's emptiness is
+    known only once each of its stages has run."""
+    gates = {
+        f"has_{name}": "true" if present is None or name in present else "false"
+        for name in (*KIND_CODE, *MATERIALIZED)
+    }
+    return text.format_map({**KIND_CODE, **gates})
 
 
 def run_brokers_view_sql(brokers: list[tuple[int, int, int]]) -> str:
@@ -939,16 +1027,28 @@ def named_view_sql(topic_ids: list[tuple[int, int, int]], run_caps: list[int]) -
     """
 
 
-def all_checks_sql() -> str:
+def checks_to_run(present: set[str] | None = None) -> list[str]:
+    """The checks whose :data:`NEEDS` are all in ``present`` (the fact kinds and the
+    materialized views the job holds rows of; None: every check)."""
+    return [name for name in CHECKS if present is None or all(n in present for n in NEEDS[name])]
+
+
+def all_checks_sql(present: set[str] | None = None) -> str:
     """Every check in one query (one Spark job): per capture and violation kind, its count
     and examples (the first by their JSON text). One window over the union of the checks'
     violations, not one per check: each window is a shuffle stage, and stages cost time
-    even empty."""
+    even empty. Only the checks that can find a violation with the fact kinds and views
+    in ``present`` (:func:`checks_to_run`): the others have none to report."""
     parts = [
         f"SELECT cap, '{name}' AS check_name, violation, to_json(struct(*)) AS example "
-        f"FROM ({sql(check)})"
-        for name, (_, check) in CHECKS.items()
+        f"FROM ({sql(CHECKS[name][1], present)})"
+        for name in checks_to_run(present)
     ]
+    if not parts:
+        return (
+            "SELECT CAST(NULL AS INT) AS cap, '' AS check_name, '' AS violation, "
+            "CAST(0 AS BIGINT) AS n, '' AS example WHERE false"
+        )
     union = "\nUNION ALL\n".join(parts)
     return f"""
         SELECT cap, check_name, violation, n, example FROM (

@@ -26,11 +26,13 @@ from trio_broker.protocol.messages import ApiKey
 from trio_broker.protocol.schema import TOPIC_ID_VERSIONS
 from trio_broker.verify.checks import (
     CHECKS,
+    CO_PARTITIONED,
     EXAMPLES,
     MATERIALIZED,
     VIEWS,
     all_checks_sql,
     captures_view_sql,
+    checks_to_run,
     named_view_sql,
     run_brokers_view_sql,
     sql,
@@ -350,9 +352,20 @@ def verify_many(spark: Any, captures: Sequence[CaptureDirs]) -> list[dict[str, A
         part = part.withColumn("run", F.lit(index)).withColumn("cap", F.lit(cap))
         raw = part if raw is None else raw.unionByName(part)
     assert raw is not None
-    fetchers = raw.where(F.col("client_id").startswith(REPLICA_FETCHER_CLIENT_ID))
-    fetchers = fetchers.select("run", "connection_id").distinct()
-    raw = raw.join(F.broadcast(fetchers), ["run", "connection_id"], "left_anti")
+    # The replica fetchers' connections, found once (a few per cluster run) and left out
+    # of every later read as a literal: as a lazy anti join each read of ``raw`` (the
+    # decoding pass, the fetch requests, the statistics' five queries) scanned every
+    # run's client ids again to find them; one broker alone has none, and no join.
+    fetchers = (
+        raw.where(F.col("client_id").startswith(REPLICA_FETCHER_CLIENT_ID))
+        .select("run", "connection_id")
+        .distinct()
+        .collect()
+    )
+    if fetchers:
+        pairs = [(r["run"], r["connection_id"]) for r in fetchers]
+        known = spark.createDataFrame(pairs, "run INT, connection_id LONG")
+        raw = raw.join(F.broadcast(known), ["run", "connection_id"], "left_anti")
     raw.drop("frame").createOrReplaceTempView("frames")
     decode_input = raw.select(
         F.col("run").cast("string").alias("run"), "connection_id", "monotonic_ns",
@@ -387,7 +400,8 @@ def verify_many(spark: Any, captures: Sequence[CaptureDirs]) -> list[dict[str, A
         kept_frames.createOrReplaceTempView("frames")
         cached.append(kept_frames)
     try:
-        return _verify_facts(spark, cached, parts, [name for _, name, _ in runs], started)
+        runs_named = [name for _, name, _ in runs]
+        return _verify_facts(spark, cached, parts, runs_named, started, parts_n)
     finally:
         for frame in cached:
             release(frame, frames)
@@ -426,10 +440,12 @@ def _verify_facts(
     parts: list[tuple[list[Path], Capture]],
     runs: list[str],
     started: float,
+    partitions: int,
 ) -> list[dict[str, Any]]:
-    """The checks and statistics over the cached facts (``cached[0]``) of the captures
-    ``parts`` (their directories and files), one report each; appends what else it
-    caches to ``cached`` for the caller to release."""
+    """The checks and statistics over the cached facts (``cached[0]``, in ``partitions``
+    hash partitions by topic and partition) of the captures ``parts`` (their directories
+    and files), one report each; appends what else it caches to ``cached`` for the caller
+    to release."""
 
     facts = cached[0]
     facts.createOrReplaceTempView("facts")
@@ -457,19 +473,36 @@ def _verify_facts(
         )).collect():  # fmt: skip
             row = r.asDict()
             undecodable[row.pop("cap")].append(_plain(readable.row(row)))
-    for name, view in VIEWS.items():
-        spark.sql(sql(view)).createOrReplaceTempView(name)
     # The checks read ``acked`` five times and ``fetched`` four: cached, each is computed
     # once (inlined, every reference was its own join or aggregation, with its shuffles).
+    # Each is kept as soon as its view is made, so the views after it read the kept table
+    # (a repartitioned one is a plan of its own, which no later view would match).
     counted: dict[str, list[int]] = {}
-    for name in MATERIALIZED:
-        kept = keep(spark.table(name), spark, frames)
+    for name, view in VIEWS.items():
+        table = spark.sql(sql(view))
+        if name not in MATERIALIZED:
+            table.createOrReplaceTempView(name)
+            continue
+        if name in CO_PARTITIONED:
+            # As the facts: joins with them and windows over (topic, partition, ...) then
+            # reuse this partitioning instead of shuffling.
+            table = table.repartition(partitions, "topic", "partition")
+        kept = keep(table, spark, frames)
         kept.createOrReplaceTempView(name)  # the checkpoint, when one
         cached.append(kept)
         counted[name] = [0] * len(parts)
         for r in kept.groupBy("cap").count().collect():
             counted[name][r["cap"]] = r["count"]
-    _log(f"running {len(CHECKS)} checks: {', '.join(CHECKS)}")
+    # The fact kinds and views the job holds rows of: a check that needs one it lacks can
+    # find no violation and is left out of the query (see checks.NEEDS).
+    present = {kind for kind, n in total.items() if n} | {
+        name for name, n in counted.items() if any(n)
+    }
+    running = checks_to_run(present)
+    left_out = [name for name in CHECKS if name not in running]
+    _log(f"running {len(running)} checks: {', '.join(running)}")
+    if left_out:
+        _log(f"left out, no facts to find a violation in: {', '.join(left_out)}")
     results: list[dict[str, Any]] = [
         {
             name: {"meaning": meaning, "violations": 0, "by_kind": {}, "examples": []}
@@ -477,7 +510,7 @@ def _verify_facts(
         }
         for _ in parts
     ]
-    for row in spark.sql(all_checks_sql()).collect():
+    for row in spark.sql(all_checks_sql(present)).collect():
         check = results[row["cap"]][row["check_name"]]
         if row["violation"] not in check["by_kind"]:
             check["by_kind"][row["violation"]] = row["n"]
