@@ -95,6 +95,10 @@ async def test_a_refused_truncation_is_retried_without_a_view_change(
         assert leader_log is not None
         batch = build_batch([(None, b"%d" % i) for i in range(RECORDS)])
         leader_log.append(batch, now_ms=leader.now_ms())
+        # Appended past the produce path: its sync is asked for here, as produce asks
+        # it (a node alone's high watermark, which bounds what it serves, is its
+        # durable end).
+        leader.flusher.mark_dirty(leader_log)
         await eventually(
             lambda: follower_log.log_end_offset >= RECORDS,
             "the follower never asked again",
@@ -124,6 +128,7 @@ async def test_a_fetcher_with_nothing_to_fetch_waits_for_roles_rather_than_endin
         leader_log.append(
             build_batch([(None, b"%d" % i) for i in range(RECORDS)]), now_ms=leader.now_ms()
         )
+        leader.flusher.mark_dirty(leader_log)  # synced, as produce would ask (see above)
         key = (TOPIC, 0)
         manager = stand_in_manager(follower, leader, {})  # nothing follows this leader yet
         nursery.start_soon(_fetcher, manager, LEADER_ID, trio.CancelScope())

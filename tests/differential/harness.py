@@ -59,6 +59,9 @@ REBALANCE_TIMEOUT_MS = 500
 #: answers to be comparable (each one's clock starts when it completed the rebalance,
 #: apart by their own latencies, which load stretches).
 TIMER_MARGIN_S = 0.3
+#: How long a high watermark read after an acks=0 produce must stay put to count as
+#: settled (Produce.run): well above a group commit's fsync on a loaded machine.
+SETTLE_S = 0.2
 #: A topic id neither broker gave out.
 UNKNOWN_TOPIC_ID = uuid.UUID("6b1f9a0e-0000-4000-8000-00000000d1ff")
 CODECS = {"none": Compression.NONE, "gzip": Compression.GZIP, "snappy": Compression.SNAPPY,
@@ -204,8 +207,12 @@ class Produce(Op):
     """A plain (non-idempotent) batch of ``records`` records, compressed with ``codec``.
 
     With acks=0 no answer comes; the normalised answer is then what a ListOffsets (LATEST)
-    on the same connection finds after it -- or that the broker closed the connection,
-    which is how Kafka reports an acks=0 produce it refused.
+    on the same connection finds after it, once it stops moving -- or that the broker
+    closed the connection, which is how Kafka reports an acks=0 produce it refused.
+    LATEST is the high watermark: Kafka's single node moves it at the append (its log
+    end), trio-broker's at the append's fsync (a node alone's HW is its durable end,
+    docs/reliability.md), which the group commit does moments later, so the first
+    answer may still be below the record.
     """
 
     topic: str
@@ -222,9 +229,15 @@ class Produce(Op):
         batch = session.current_plan
         if self.acks == 0:
             session.produce(broker, self.topic, self.partition, 0, batch)
-            error, offset, _ = session.list_offset(
-                broker, session.name(self.topic), self.partition, LATEST
-            )
+            name = session.name(self.topic)
+            error, offset, _ = session.list_offset(broker, name, self.partition, LATEST)
+            deadline = time.monotonic() + WAIT_S
+            while error == 0 and time.monotonic() < deadline:
+                time.sleep(SETTLE_S)  # poll step: the HW may move at the record's sync
+                again = session.list_offset(broker, name, self.partition, LATEST)
+                if again[:2] == (error, offset):
+                    break
+                error, offset, _ = again
             return ("acks=0 then latest", "error", error, "offset", offset)
         part = session.produce(broker, self.topic, self.partition, self.acks, batch)
         return ("error", part.error_code, "base_offset", part.base_offset,
