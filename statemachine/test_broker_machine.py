@@ -71,6 +71,7 @@ from hypothesis.stateful import (
 
 from spec.broker_model import EARLIEST, LATEST, BrokerModel
 from tests.faultfs import MODES, FaultFS, fuse_available
+from tests.waits import wait_until
 from trio_broker.cluster.child_process import die_with_parent
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
@@ -258,14 +259,6 @@ class Client:
 
     def close(self) -> None:
         self.sock.close()
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
-    """Poll ``condition`` (a broker thread's state) until it holds; fail after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
-        time.sleep(0.005)
 
 
 # ------------------------------------------------------------------------- machine
@@ -1236,10 +1229,10 @@ class PipelinedBrokerMachine(BrokerMachine):
         other = Client(self.server.port)
         try:
             other.sock.sendall(fetch + metadata)
-            wait_for(lambda: budget.in_use == fetch_size, "the Metadata request handled")
+            wait_until(lambda: budget.in_use == fetch_size, "the Metadata request handled")
         finally:
             other.close()
-        wait_for(lambda: budget.in_use <= 0, "the closed connection's bytes released")
+        wait_until(lambda: budget.in_use <= 0, "the closed connection's bytes released")
         assert budget.in_use == 0, f"the budget counts {budget.in_use} bytes after the close"
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 
 import pytest
 import trio
 
+from tests.waits import eventually
 from trio_broker.cluster.controller import ControllerActions, Rebalance
 from trio_broker.cluster.coordination import (
     Coordination,
@@ -58,14 +59,6 @@ class Clients:
 
 def registration(broker_id: int) -> BrokerRegistration:
     return BrokerRegistration(broker_id, "127.0.0.1", 19000 + broker_id, rack=f"r{broker_id}")
-
-
-async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    with trio.move_on_after(timeout_s):
-        while not condition():  # noqa: ASYNC110 - a plain-data condition, no event to wait on
-            await trio.sleep(0.02)
-        return
-    raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
 class Member:

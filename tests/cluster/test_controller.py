@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from harness import Clients, cluster, eventually
+from harness import Clients, cluster
 
+from tests.waits import eventually
 from trio_broker.cluster.controller import (
     NotController,
     Rebalance,

@@ -12,8 +12,9 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
-from harness import eventually, registration
+from harness import registration
 
+from tests.waits import eventually
 from trio_broker.cluster.coordination import (
     MemoryCoordination,
     MemoryZooKeeper,

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 import trio
-from harness import Clients, Member, cluster, eventually, registration
+from harness import Clients, Member, cluster, registration
 
+from tests.waits import eventually
 from trio_broker.cluster.coordination import (
     MemoryCoordination,
     MemoryZooKeeper,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import uuid
 
-from harness import Clients, cluster, eventually
+from harness import Clients, cluster
 
+from tests.waits import eventually
 from trio_broker.cluster.controller import ControllerActions
 from trio_broker.cluster.zk_layout import (
     PartitionState,

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from harness import eventually
 
+from tests.waits import eventually
 from trio_broker.cluster.replica_fetcher import FollowerRole, _fetcher
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol.records import build_batch

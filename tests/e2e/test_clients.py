@@ -37,6 +37,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as CTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.waits import wait_until
 from trio_broker.protocol import messages as m
 
 if TYPE_CHECKING:
@@ -96,14 +97,6 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
         [NewTopic(topic, num_partitions=partitions, replication_factor=1)], operation_timeout=10
     )
     futures[topic].result(timeout=60)
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``condition`` (which may itself block briefly) until truthy; bounded."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-    return value
 
 
 def _none_if_plain(codec: str) -> str | None:
@@ -510,7 +503,7 @@ def test_long_poll_fetch_wakes_on_produce(
         def poll_for_it() -> tuple[int, bytes] | None:
             return next((r for r in poll() if r[0] == offset), None)
 
-        return wait_until(poll_for_it, 60, f"offset {offset}")
+        return wait_until(poll_for_it, f"offset {offset}")
 
     try:
         # Warm up: the consumer has fetched once, so its next fetch is a long poll.

@@ -20,20 +20,13 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.conftest import BrokerProcess
+from tests.waits import wait_until
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
 PARTITIONS = 4
 WAIT_S = 60
 HB = m.ConsumerGroupHeartbeatRequest
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if condition():
-            return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def make_topic(bootstrap: str, name: str, records: int) -> None:
@@ -87,16 +80,16 @@ def test_librdkafka_members_share_move_and_leave(
     make_topic(bootstrap, topic, 40)
     a, b = Member(bootstrap, group, topic, "a"), Member(bootstrap, group, topic, "b")
     try:
-        wait_for(shared([a, b], 2), "a and b to own two partitions each")
-        wait_for(lambda: _steps([a, b]) or len(a.read) + len(b.read) >= 40, "40 records")
+        wait_until(shared([a, b], 2), "a and b to own two partitions each")
+        wait_until(lambda: _steps([a, b]) or len(a.read) + len(b.read) >= 40, "40 records")
         c = Member(bootstrap, group, topic, "c")
-        wait_for(_three_way([a, b, c]), "a, b and c to share the partitions")
+        wait_until(_three_way([a, b, c]), "a, b and c to share the partitions")
         make_topic_more(bootstrap, topic, 40, 40)
-        wait_for(lambda: _steps([a, b, c]) or sum(len(x.read) for x in (a, b, c)) >= 80, "80")
+        wait_until(lambda: _steps([a, b, c]) or sum(len(x.read) for x in (a, b, c)) >= 80, "80")
         c.consumer.close()
         make_topic_more(bootstrap, topic, 80, 40)
-        wait_for(shared([a, b], 2), "a and b to take c's partitions")
-        wait_for(lambda: _steps([a, b]) or len(a.read) + len(b.read) + len(c.read) >= 120, "120")
+        wait_until(shared([a, b], 2), "a and b to take c's partitions")
+        wait_until(lambda: _steps([a, b]) or len(a.read) + len(b.read) + len(c.read) >= 120, "120")
         everything = a.read + b.read + c.read
         assert len(everything) == 120, "a record was read twice"
         assert set(everything) == {f"r{i}" for i in range(120)}
@@ -255,9 +248,9 @@ def test_librdkafka_subscribes_by_regex(fast_heartbeat_broker: BrokerProcess) ->
     make_topic(bootstrap, f"other-{prefix}", 4)  # does not match
     member = Member(bootstrap, f"re-{prefix}", f"^{prefix}-.*", "regex")
     try:
-        wait_for(lambda: _steps([member]) or len(member.read) >= 8, "the first topic's records")
+        wait_until(lambda: _steps([member]) or len(member.read) >= 8, "the first topic's records")
         make_topic(bootstrap, f"{prefix}-two", 8)
-        wait_for(lambda: _steps([member]) or len(member.read) >= 16, "the second topic's too")
+        wait_until(lambda: _steps([member]) or len(member.read) >= 16, "the second topic's too")
         assert len(member.read) == 16
         topics = {tp.topic for tp in member.consumer.assignment()}
         assert topics == {f"{prefix}-one", f"{prefix}-two"}

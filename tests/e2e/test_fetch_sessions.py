@@ -13,9 +13,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -24,6 +23,7 @@ from kafka import KafkaConsumer
 from tests.e2e.conftest import BrokerProcess
 from tests.e2e.test_clients import create_topic
 from tests.kafka_python_groups import knows_its_topics
+from tests.waits import wait_until
 
 TOPIC, PARTITIONS, GROUP = "sessions", 4, "session-readers"
 PER_ROUND = 120
@@ -55,16 +55,6 @@ def running_metrics_broker(directory: Path, toml: str) -> Iterator[MetricsBroker
     finally:
         if process.running:
             assert process.stop() == 0, process.log_tail()
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
@@ -134,7 +124,7 @@ def test_kafka_python_reads_through_sessions_across_a_rebalance_and_a_restart(
     first = Member(broker.bootstrap, "member-1")
     members = [first]
     try:
-        wait_until(lambda: first.committed == PER_ROUND, WAIT_S, "member-1 to read round 1")
+        wait_until(lambda: first.committed == PER_ROUND, "member-1 to read round 1")
         # The broker took incremental fetches: one session, continued.
         assert broker.metric("trio_broker_fetch_sessions") >= 1
         incremental = broker.metric("trio_broker_incremental_fetches_total")
@@ -143,25 +133,19 @@ def test_kafka_python_reads_through_sessions_across_a_rebalance_and_a_restart(
         # Rebalance: a second member joins; each then holds part of the topic.
         second = Member(broker.bootstrap, "member-2")
         members.append(second)
-        wait_until(
-            lambda: first.assigned and second.assigned
+        wait_until(lambda: first.assigned and second.assigned
             and first.assigned | second.assigned == set(range(PARTITIONS))
-            and not first.assigned & second.assigned,
-            WAIT_S, "the two members to share the partitions",
-        )  # fmt: skip
+            and not first.assigned & second.assigned, "the two members to share the partitions")  # fmt: skip
         produced += produce(broker.bootstrap, PER_ROUND, PER_ROUND)
-        wait_until(lambda: first.committed + second.committed == 2 * PER_ROUND, WAIT_S, "round 2")
+        wait_until(lambda: first.committed + second.committed == 2 * PER_ROUND, "round 2")
         assert broker.metric("trio_broker_incremental_fetches_total") > incremental
         assert broker.metric("trio_broker_fetch_sessions") >= 2
 
         # Restart: the new process knows no sessions; the members open new ones.
         broker.restart()
         produced += produce(broker.bootstrap, 2 * PER_ROUND, PER_ROUND)
-        wait_until(lambda: first.committed + second.committed == 3 * PER_ROUND, WAIT_S, "round 3")
-        wait_until(
-            lambda: broker.metric("trio_broker_incremental_fetches_total") > 0,
-            WAIT_S, "incremental fetches after the restart",
-        )  # fmt: skip
+        wait_until(lambda: first.committed + second.committed == 3 * PER_ROUND, "round 3")
+        wait_until(lambda: broker.metric("trio_broker_incremental_fetches_total") > 0, "incremental fetches after the restart")  # fmt: skip
         not_found = broker.metric(
             "trio_broker_fetch_session_errors_total", 'error="FETCH_SESSION_ID_NOT_FOUND"'
         )

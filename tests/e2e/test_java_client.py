@@ -54,6 +54,7 @@ from tests.e2e.test_security import SecureBroker
 from tests.kafka_python_groups import knows_its_topics
 from tests.kafka_tools.classpath import maven_env
 from tests.leak_check import kill_tree
+from tests.waits import wait_until
 
 JVM_MODULE = Path(__file__).resolve().parents[1] / "jvm"
 #: The first run downloads kafka-clients, JUnit and the plugins from Maven Central.
@@ -282,13 +283,6 @@ def mixed_topic(bootstrap: str) -> str:
     return topic
 
 
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def run_maven(properties: dict[str, Any]) -> dict[str, int]:
     """``mvn test`` with ``-Dkey=value`` properties; the Surefire totals."""
     mvn = shutil.which("mvn")
@@ -361,7 +355,9 @@ def test_the_java_client_end_to_end(
     ]
     try:
         half = MIXED_PARTITIONS // 2
-        wait_for(lambda: all(len(m.current) == half for m in members), "the Python members")
+        wait_until(
+            lambda: all(len(m.current) == half for m in members), "the Python members", WAIT_S
+        )
         totals = run_maven({
             "bootstrap": bootstrap,
             "bootstrap.sasl": f"127.0.0.1:{ports['SASL_PLAINTEXT']}",
@@ -375,7 +371,9 @@ def test_the_java_client_end_to_end(
             "mixed.clients": ",".join(PYTHON_CLIENT_IDS),
         })  # fmt: skip
         # When the Java member left, the Python members took its partitions back.
-        wait_for(lambda: all(len(m.current) == half for m in members), "the group without Java")
+        wait_until(
+            lambda: all(len(m.current) == half for m in members), "the group without Java", WAIT_S
+        )
     finally:
         for member in members:
             member.stop()

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import METRICS_LINE
-from tests.e2e.test_fetch_sessions import MetricsBroker, running_metrics_broker, wait_until
+from tests.e2e.test_fetch_sessions import MetricsBroker, running_metrics_broker
 from tests.e2e.test_java_client import MAVEN_TIMEOUT_S, run_maven
+from tests.waits import wait_until
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def broker(tmp_path: Path) -> Iterator[MetricsBroker]:
 
 @pytest.mark.timeout(MAVEN_TIMEOUT_S + 60)
 def test_the_java_consumer_reads_through_fetch_sessions(broker: MetricsBroker) -> None:
-    port = wait_until(lambda: METRICS_LINE.findall(broker.current_log()), 60, "metrics port")[-1]
+    port = wait_until(lambda: METRICS_LINE.findall(broker.current_log()), "metrics port")[-1]
     totals = run_maven({
         "test": "FetchSessionTest",
         "bootstrap": broker.bootstrap,

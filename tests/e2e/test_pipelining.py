@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pytest
 
-from tests.e2e.test_clients import wait_until
+from tests.waits import wait_until
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch, iter_batches
 
@@ -164,7 +164,7 @@ def run_pipeline(bp: BrokerProcess, topic: str, with_acks0: bool) -> None:
         check_answer(s, response, topic, produced, serial)
     with bp.connect() as conn:
         # Every record, once synced (a node alone's high watermark is its durable end).
-        wait_until(lambda: conn.end_offset(topic) == produced, 60, "every record synced")
+        wait_until(lambda: conn.end_offset(topic) == produced, "every record synced")
     print(f"{bp.processing_model}: {len(expected)} answers in {elapsed * 1000:.0f} ms")
 
 

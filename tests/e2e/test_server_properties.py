@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from confluent_kafka.admin import (
 )
 
 from tests.e2e.conftest import BROKER_EXE, BrokerProcess
+from tests.waits import wait_until
 from trio_broker.protocol import messages as m
 from trio_broker.storage.broker_configs import DYNAMIC_BROKER_KEYS
 
@@ -106,16 +107,6 @@ def kafka_file_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prop
         yield broker
     finally:
         _stop(broker)
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def partitions_of(bootstrap: str, topic: str) -> int:
@@ -317,7 +308,7 @@ def test_auto_create_off_and_deletion_on(tmp_path: Path) -> None:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         admin.create_topics([_new_topic("props-doomed")])["props-doomed"].result(timeout=WAIT_S)
         admin.delete_topics(["props-doomed"])["props-doomed"].result(timeout=WAIT_S)
-        wait_for(lambda: partitions_of(broker.bootstrap, "props-doomed") == 0, "the deletion")
+        wait_until(lambda: partitions_of(broker.bootstrap, "props-doomed") == 0, "the deletion")
     finally:
         _stop(broker)
 

@@ -25,7 +25,8 @@ import trio
 
 from tests.integration.raw_client import RawClient
 from tests.integration.stand_in import stand_in_replica_manager
-from tests.integration.test_long_poll_wakeups import wait_until, waiting
+from tests.integration.test_long_poll_wakeups import waiting
+from tests.waits import eventually
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch, iter_batches
 from trio_broker.server.broker import Broker
@@ -114,7 +115,7 @@ async def test_a_consumer_of_a_node_alone_reads_only_what_is_synced(
                     answers.append(await long_poll(poller, 1))
 
                 nursery.start_soon(poll)
-                await wait_until(lambda: waiting(broker), "the long poll to wait")
+                await eventually(lambda: waiting(broker), "the long poll to wait")
                 gate.set()  # the sync of offset 1 goes through
             (part,) = answers
             assert (part.error_code, part.high_watermark, offsets(part)) == (0, 2, [1])
@@ -147,7 +148,7 @@ async def test_a_cluster_leader_alone_in_its_isr_shows_a_record_once_synced(
                     answers.append(await long_poll(poller, 0))
 
                 nursery.start_soon(poll)
-                await wait_until(lambda: waiting(broker), "the long poll to wait")
+                await eventually(lambda: waiting(broker), "the long poll to wait")
                 part = await produce(client, b"acks=1", acks=1)
                 assert (part.error_code, part.base_offset) == (0, 0)
             (part,) = answers

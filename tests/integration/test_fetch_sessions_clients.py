@@ -13,12 +13,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import trio
 from confluent_kafka import Producer
 from kafka import KafkaConsumer, TopicPartition
 
+from tests.waits import eventually
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.server.broker import Broker
 
@@ -61,15 +62,6 @@ class Reader:
         self.consumer.close()
 
 
-async def wait_until(condition: Callable[[], Any], what: str) -> None:
-    with trio.move_on_after(WAIT_S):
-        # Polling: the state lives in the client's thread and the broker, no event to wait on.
-        while not condition():  # noqa: ASYNC110
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
-
-
 async def test_a_lost_or_stale_session_makes_kafka_python_start_a_new_one(
     broker: Broker, bootstrap: str
 ) -> None:
@@ -80,23 +72,23 @@ async def test_a_lost_or_stale_session_makes_kafka_python_start_a_new_one(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(in_thread, reader.run)
         try:
-            await wait_until(lambda: len(reader.read) == PER_ROUND, "round 1")
-            await wait_until(lambda: sessions.incremental_fetches > 0, "incremental fetches")
+            await eventually(lambda: len(reader.read) == PER_ROUND, "round 1")
+            await eventually(lambda: sessions.incremental_fetches > 0, "incremental fetches")
             (first,) = sessions.sessions
 
             # Lost: as after an eviction. The next incremental fetch is not found.
             sessions.remove(first)
             produced += await in_thread(lambda: produce(bootstrap, PER_ROUND))
-            await wait_until(lambda: len(reader.read) == 2 * PER_ROUND, "round 2")
+            await eventually(lambda: len(reader.read) == 2 * PER_ROUND, "round 2")
             # Round 2 may have come in the answer to a long poll under the lost session
             # (started before it was removed): then the refusal comes with the client's
             # next incremental fetch, after round 2 is read, and the full fetch after it
             # opens the new session when it answers, up to fetch.max.wait.ms later.
-            await wait_until(
+            await eventually(
                 lambda: sessions.errors.get(ErrorCode.FETCH_SESSION_ID_NOT_FOUND, 0) >= 1,
                 "the lost session's refusal",
             )
-            await wait_until(lambda: len(sessions.sessions) == 1, "a new session")
+            await eventually(lambda: len(sessions.sessions) == 1, "a new session")
             (second,) = sessions.sessions
             assert second != first
 
@@ -105,14 +97,14 @@ async def test_a_lost_or_stale_session_makes_kafka_python_start_a_new_one(
             sessions.sessions[second].epoch += 5
             taken = sessions.incremental_fetches
             produced += await in_thread(lambda: produce(bootstrap, 2 * PER_ROUND))
-            await wait_until(lambda: len(reader.read) == 3 * PER_ROUND, "round 3")
+            await eventually(lambda: len(reader.read) == 3 * PER_ROUND, "round 3")
             # The same order as round 2's: round 3 may come under the stale session.
-            await wait_until(
+            await eventually(
                 lambda: sessions.errors.get(ErrorCode.INVALID_FETCH_SESSION_EPOCH, 0) >= 1,
                 "the stale session's refusal",
             )
             # The client closed the stale session with a full fetch and opened a third.
-            await wait_until(lambda: sessions.incremental_fetches > taken, "a new session")
+            await eventually(lambda: sessions.incremental_fetches > taken, "a new session")
             (third,) = sessions.sessions
             assert third not in (first, second)
         finally:

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import trio
 
-from tests.integration.test_groups_clients import TOPIC, Consumed, in_thread, produce, wait_until
+from tests.integration.test_groups_clients import TOPIC, Consumed, in_thread, produce
 from tests.ports import free_port
+from tests.waits import eventually
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.server.broker import Broker
@@ -104,7 +105,7 @@ async def test_members_keep_their_generation_across_a_restart(tmp_path: Path) ->
                         and all(m.seen() and m.seen()[-1].startswith("assign") for m in members)
                     )  # fmt: skip
 
-                await wait_until(settled, 60, "a Stable group of two that committed everything")
+                await eventually(settled, "a Stable group of two that committed everything")
                 group = broker.groups.groups[GROUP]
                 generation, member_ids = group.generation_id, set(group.members)
                 assignments = {mid: m.assignment for mid, m in group.members.items()}
@@ -119,18 +120,17 @@ async def test_members_keep_their_generation_across_a_restart(tmp_path: Path) ->
                 assert {mid: m.assignment for mid, m in group.members.items()} == assignments
                 delivered_before = {name: consumed.count(name) for name in ("a", "b")}
                 await in_thread(lambda: produce(bootstrap, TOPIC, second, PARTITIONS))
-                await wait_until(lambda: set(second) <= consumed.all(), 60, "records after restart")
-                await wait_until(
-                    lambda: committed_total(broker) == len(first) + len(second), 60, "the commits"
+                await eventually(lambda: set(second) <= consumed.all(), "records after restart")
+                await eventually(
+                    lambda: committed_total(broker) == len(first) + len(second), "the commits"
                 )
                 # A few more heartbeats (300 ms apart) from every member on the restored group.
                 beats = broker.handler_pool.latency.count(m.ApiKey.HEARTBEAT)
-                await wait_until(
+                await eventually(
                     lambda: (
                         broker.handler_pool.latency.count(m.ApiKey.HEARTBEAT)
                         >= beats + 3 * len(member_ids)
                     ),
-                    60,
                     "more heartbeats",
                 )
                 group = broker.groups.groups[GROUP]
@@ -142,9 +142,7 @@ async def test_members_keep_their_generation_across_a_restart(tmp_path: Path) ->
                 described = await in_thread(lambda: describe(bootstrap))
                 assert described == ("STABLE", member_ids)
                 stop.set()
-                await wait_until(
-                    lambda: not broker.groups.groups[GROUP].members, 60, "members leave"
-                )
+                await eventually(lambda: not broker.groups.groups[GROUP].members, "members leave")
                 running.cancel_scope.cancel()
         finally:
             stop.set()  # (on failure too: the client threads end)

@@ -25,6 +25,7 @@ import trio
 
 from tests.integration.raw_client import RawClient
 from tests.kafka_python_groups import knows_its_topics
+from tests.waits import eventually
 from trio_broker.config import BrokerConfig
 from trio_broker.groups.coordinator import StableGeneration
 from trio_broker.protocol import messages as m
@@ -102,15 +103,6 @@ async def stopping(*stops: threading.Event) -> AsyncIterator[None]:
     finally:
         for stop in stops:
             stop.set()
-
-
-async def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    with trio.move_on_after(seconds):
-        # Polling: the state lives in client threads and the broker, with no event to wait on.
-        while not condition():  # noqa: ASYNC110
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # ----------------------------------------------------------------------------- consumers
@@ -226,26 +218,26 @@ async def test_three_client_libraries_share_a_group(broker: Broker, bootstrap: s
     stop_all, stop_kp = threading.Event(), threading.Event()
     async with trio.open_nursery() as nursery, stopping(stop_all, stop_kp):
         nursery.start_soon(in_thread, lambda: run_confluent(bootstrap, "mixed", consumed, stop_all))
-        await wait_until(lambda: members_now() == 1, 60, "confluent-kafka alone")
+        await eventually(lambda: members_now() == 1, "confluent-kafka alone")
         nursery.start_soon(
             in_thread, lambda: run_kafka_python(bootstrap, "mixed", consumed, stop_kp)
         )
-        await wait_until(lambda: members_now() == 2, 60, "kafka-python to join")
+        await eventually(lambda: members_now() == 2, "kafka-python to join")
         nursery.start_soon(in_thread, lambda: run_aiokafka(bootstrap, "mixed", consumed, stop_all))
-        await wait_until(lambda: members_now() == 3, 60, "aiokafka to join")
+        await eventually(lambda: members_now() == 3, "aiokafka to join")
         # aiokafka only speaks roundrobin: the one protocol every member supports.
         assert stable[-1].protocol_name == "roundrobin"
         three_members = stable[-1]
         more = [f"second-{i}" for i in range(120)]
         await in_thread(lambda: produce(bootstrap, TOPIC, more))
         produced += more
-        await wait_until(lambda: set(produced) <= consumed.all(), 60, "three members to consume")
+        await eventually(lambda: set(produced) <= consumed.all(), "three members to consume")
         stop_kp.set()  # kafka-python leaves; its partitions move to the others
-        await wait_until(lambda: members_now() == 2, 60, "kafka-python to leave")
+        await eventually(lambda: members_now() == 2, "kafka-python to leave")
         last = [f"third-{i}" for i in range(120)]
         await in_thread(lambda: produce(bootstrap, TOPIC, last))
         produced += last
-        await wait_until(lambda: set(produced) <= consumed.all(), 60, "every record")
+        await eventually(lambda: set(produced) <= consumed.all(), "every record")
         stop_all.set()
     check_generations(stable)
     covered = {tp for a in three_members.assignments.values() for tp in assigned(a)}
@@ -253,7 +245,7 @@ async def test_three_client_libraries_share_a_group(broker: Broker, bootstrap: s
     assert all(consumed.count(c) > 0 for c in ("confluent", "kafka-python", "aiokafka"))
     # Everyone left: the group is Empty, its offsets cover everything produced.
     group = broker.groups.groups["mixed"]
-    await wait_until(lambda: group.is_empty(), 60, "the group to empty")
+    await eventually(lambda: group.is_empty(), "the group to empty")
     committed = broker.groups.committed_for_group("mixed")
     assert sum(v.offset for v in committed.values()) == len(produced)
 
@@ -272,10 +264,8 @@ async def test_committed_offsets_survive_a_restart(tmp_path: Path) -> None:
             clients.start_soon(
                 in_thread, lambda: run_confluent(bootstrap, "resume", consumed, stop)
             )
-            await wait_until(
-                lambda: sum(v.offset for v in broker.groups.committed_for_group("resume").values())
-                == len(first), 60, "the first records to be committed",
-            )  # fmt: skip
+            await eventually(lambda: sum(v.offset for v in broker.groups.committed_for_group("resume").values())
+                == len(first), "the first records to be committed")  # fmt: skip
             stop.set()
         nursery.cancel_scope.cancel()  # stop the broker
 
@@ -295,7 +285,7 @@ async def test_committed_offsets_survive_a_restart(tmp_path: Path) -> None:
             clients.start_soon(
                 in_thread, lambda: run_kafka_python(bootstrap, "resume", consumed, stop)
             )
-            await wait_until(lambda: set(second) <= consumed.all(), 60, "records after restart")
+            await eventually(lambda: set(second) <= consumed.all(), "records after restart")
             stop.set()
         nursery.cancel_scope.cancel()
     assert not consumed.all() & set(first), "resumed from before the committed offsets"
@@ -338,8 +328,8 @@ async def test_static_member_restart_keeps_its_assignment(broker: Broker, bootst
         nursery.start_soon(member_a)
         nursery.start_soon(in_thread, lambda: run_confluent(
             bootstrap, "static", consumed, stop_b, static_b, "b"))  # fmt: skip
-        await wait_until(
-            lambda: bool(stable) and len(stable[-1].assignments) == 2, 60, "two static members"
+        await eventually(
+            lambda: bool(stable) and len(stable[-1].assignments) == 2, "two static members"
         )
         group = broker.groups.groups["static"]
         generation = group.generation_id
@@ -351,7 +341,7 @@ async def test_static_member_restart_keeps_its_assignment(broker: Broker, bootst
         restarted = threading.Event()
         nursery.start_soon(in_thread, lambda: run_confluent(
             bootstrap, "static", consumed, restarted, static_a, "a2"))  # fmt: skip
-        await wait_until(lambda: group.static_members["instance-a"] != old_id, 60, "a restart")
+        await eventually(lambda: group.static_members["instance-a"] != old_id, "a restart")
         # ...and comes back within its session: same generation, same partitions.
         new_id = group.static_members["instance-a"]
         assert group.generation_id == generation and group.members[new_id].assignment == (
@@ -621,29 +611,28 @@ async def test_a_killed_member_is_expired_and_its_partitions_move(
     reader.start()
     consumed, stop = Consumed(), threading.Event()
     try:
-        await wait_until(lambda: bool(stable) and len(stable[-1].assignments) == 1, 60, "victim")
+        await eventually(lambda: bool(stable) and len(stable[-1].assignments) == 1, "victim")
         async with trio.open_nursery() as nursery, stopping(stop):
             nursery.start_soon(
                 in_thread, lambda: run_confluent(bootstrap, "killed", consumed, stop)
             )
-            await wait_until(lambda: len(stable[-1].assignments) == 2, 60, "two members")
+            await eventually(lambda: len(stable[-1].assignments) == 2, "two members")
             two_members = stable[-1]
             victim.kill()  # no LeaveGroup: only the session timeout can notice
             victim.wait(10)
-            await wait_until(
+            await eventually(
                 lambda: (
                     stable[-1].generation_id > two_members.generation_id
                     and len(stable[-1].assignments) == 1
                 ),
-                60,
                 "the killed member's session to expire",
             )
             after = [f"after-kill-{i}" for i in range(120)]
             await in_thread(lambda: produce(bootstrap, TOPIC, after))
-            await wait_until(lambda: set(after) <= consumed.all(), 60, "records after the kill")
+            await eventually(lambda: set(after) <= consumed.all(), "records after the kill")
             # Whatever the victim did not commit before dying is read by the survivor.
-            await wait_until(
-                lambda: set(before) <= consumed.all() | set(victim_values), 60, "every record"
+            await eventually(
+                lambda: set(before) <= consumed.all() | set(victim_values), "every record"
             )
             stop.set()
     finally:

@@ -29,6 +29,7 @@ from confluent_kafka.admin import AdminClient
 
 from tests.integration.raw_client import RawClient
 from tests.integration.stand_in import stand_in_replica_manager
+from tests.waits import eventually
 from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.handlers import fetch
 from trio_broker.protocol import messages as m
@@ -63,15 +64,6 @@ def produce(bootstrap: str, partition: int, size: int = 0) -> None:
     value = f"to {partition}".encode() + b"x" * size
     producer.produce(TOPIC, value=value, partition=partition)
     assert producer.flush(WAIT_S) == 0
-
-
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    with trio.move_on_after(WAIT_S):
-        # The count changes in the broker's tasks, which set no event a test could await.
-        while not condition():  # noqa: ASYNC110
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
 
 
 def waiting(broker: Broker) -> bool:
@@ -117,14 +109,14 @@ async def test_a_produce_to_another_partition_does_not_wake_a_long_poll(
             answers.append(await RawClient(stream).call(m.ApiKey.FETCH, 12, fetch_b(20_000)))
 
         nursery.start_soon(long_poll)
-        await wait_until(lambda: waiting(broker), "the fetch to wait")
+        await eventually(lambda: waiting(broker), "the fetch to wait")
         assert reads_of_b() == 1  # the handler's read is the long poll's first
         await trio.to_thread.run_sync(produce, bootstrap, A)
         # The produce was answered after its append notified A, and the answer went
         # through the client's thread: a fetch woken by it would have read B by now.
         assert reads_of_b() == 1 and not answers
         await trio.to_thread.run_sync(produce, bootstrap, B)
-        await wait_until(lambda: bool(answers), "the fetch's answer")
+        await eventually(lambda: bool(answers), "the fetch's answer")
     (answer,) = answers
     assert answer.responses[0].partitions[0].records  # B's record
     # Answered: its watch is gone from the purgatory (nothing left registered).
@@ -144,19 +136,19 @@ async def test_a_woken_fetch_reads_again_only_the_partition_that_changed(
             answers.append(await RawClient(stream).call(m.ApiKey.FETCH, 12, request))
 
         nursery.start_soon(long_poll)
-        await wait_until(lambda: waiting(broker), "the fetch to wait")
+        await eventually(lambda: waiting(broker), "the fetch to wait")
         assert reads == [(A, B)]
         await trio.to_thread.run_sync(produce, bootstrap, A)
-        await wait_until(lambda: len(reads) >= 2, "the fetch to look at A")
+        await eventually(lambda: len(reads) >= 2, "the fetch to look at A")
         # A alone looked at (its append, and its sync, which moves a node alone's high
         # watermark: one look or two); one small record: not enough yet.
         assert set(reads[1:]) == {(A,)} and not answers
         # A's record synced, so below the HW: the answer holds it.
         log_a = broker.topics.log(TOPIC, A)
         assert log_a is not None
-        await wait_until(lambda: log_a.durable_end_offset >= 1, "A's record to be synced")
+        await eventually(lambda: log_a.durable_end_offset >= 1, "A's record to be synced")
         await trio.to_thread.run_sync(produce, bootstrap, B, 4000)
-        await wait_until(lambda: bool(answers), "the fetch's answer")
+        await eventually(lambda: bool(answers), "the fetch's answer")
     # Each look read only the partition that changed (B's, and A's sync if it came
     # late), then one read of both to answer.
     assert reads[-1] == (A, B) and set(reads[1:-1]) <= {(A,), (B,)}
@@ -181,7 +173,7 @@ async def test_deleting_the_topic_answers_a_long_poll_on_it(broker: Broker, boot
             answers.append(await RawClient(stream).call(m.ApiKey.FETCH, 12, fetch_b(60_000)))
 
         nursery.start_soon(long_poll)
-        await wait_until(lambda: waiting(broker), "the fetch to wait")
+        await eventually(lambda: waiting(broker), "the fetch to wait")
         await trio.to_thread.run_sync(delete_topic, bootstrap)
     (answer,) = answers
     assert answer.responses[0].partitions[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -255,13 +247,13 @@ async def test_a_woken_follower_fetch_reads_again_only_the_partition_that_change
             answers.append(await RawClient(stream).call(m.ApiKey.FETCH, 12, request))
 
         nursery.start_soon(long_poll)
-        await wait_until(lambda: waiting(broker), "the follower's fetch to wait")
+        await eventually(lambda: waiting(broker), "the follower's fetch to wait")
         assert reads == [(A, B)]
         broker.appends.notify(TOPIC, A)
-        await wait_until(lambda: len(reads) == 2, "the fetch to look at A")
+        await eventually(lambda: len(reads) == 2, "the fetch to look at A")
         assert reads[1] == (A,) and not answers
         await produce_raw(host, port, B)
-        await wait_until(lambda: bool(answers), "the fetch's answer")
+        await eventually(lambda: bool(answers), "the fetch's answer")
     assert reads[2:] == [(B,), (A, B)]
     (answer,) = answers
     assert [bool(p.records) for p in answer.responses[0].partitions] == [False, True]
@@ -298,12 +290,12 @@ async def test_a_throttled_follower_pays_for_what_it_is_sent_not_for_its_looks(
             answers.append(await RawClient(stream).call(m.ApiKey.FETCH, 12, request))
 
         nursery.start_soon(long_poll)
-        await wait_until(lambda: waiting(broker), "the follower's fetch to wait")
+        await eventually(lambda: waiting(broker), "the follower's fetch to wait")
         await produce_raw(host, port, B, 2000)
-        await wait_until(lambda: len(reads) >= 2, "the fetch to look at B")
+        await eventually(lambda: len(reads) >= 2, "the fetch to look at B")
         assert not answers
         await produce_raw(host, port, B, 2000)
-        await wait_until(lambda: bool(answers), "the fetch's answer")
+        await eventually(lambda: bool(answers), "the fetch's answer")
     # Looks at B alone, after each record (and after the leader's sync of it, which
     # moves the HW of a leader alone in its ISR: one look or two each), then the answer.
     assert reads[0] == reads[-1] == (A, B) and set(reads[1:-1]) == {(B,)}

@@ -20,7 +20,7 @@ import trio
 from confluent_kafka import Producer
 
 from tests.integration.raw_client import RawClient
-from tests.integration.test_long_poll_wakeups import wait_until
+from tests.waits import eventually
 from trio_broker.config import BrokerConfig, ConfigError, load_config
 from trio_broker.protocol import messages as m
 from trio_broker.server.broker import Broker
@@ -264,16 +264,14 @@ async def test_connections_beyond_the_cap_are_refused_at_once(broker: Broker) ->
     assert broker.metrics.bound is not None
     idle = [socket.create_connection(broker.metrics.bound) for _ in range(MAX_CONNECTIONS)]
     try:
-        await wait_until(  # each idle connection holds a slot once accepted
-            lambda: broker.metrics.connections >= MAX_CONNECTIONS, "every slot taken"
-        )
+        await eventually(lambda: broker.metrics.connections >= MAX_CONNECTIONS, "every slot taken")
         refused = await trio.to_thread.run_sync(closed_unanswered, broker.metrics.bound)
         assert refused
         assert broker.metrics.refused == 1
     finally:
         for sock in idle:
             sock.close()
-    await wait_until(lambda: not broker.metrics.connections, "the idle connections to go")
+    await eventually(lambda: not broker.metrics.connections, "the idle connections to go")
     status, _, body = await trio.to_thread.run_sync(http_get, broker.metrics.bound, "/health")
     assert (status, body) == (200, "ok")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 
 from tests.integration.raw_client import create_topics_request
-from tests.integration.test_long_poll_wakeups import wait_until
+from tests.waits import eventually
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch
 from trio_broker.server.broker import Broker
@@ -65,7 +65,7 @@ async def test_acks0_produces_sent_just_before_a_close_are_all_written(broker: B
     await stream.send_all(b"".join(produce_request("sent-then-closed", 0, i) for i in range(count)))
     await stream.aclose()
     log = broker.topics.get("sent-then-closed").logs[0]
-    await wait_until(lambda: log.log_end_offset >= count, "every produce written")
+    await eventually(lambda: log.log_end_offset >= count, "every produce written")
     assert log.log_end_offset == count
 
 
@@ -82,7 +82,7 @@ async def test_any_request_sent_just_before_a_close_is_handled(broker: Broker) -
         for i, name in enumerate(names)
     ))  # fmt: skip
     await stream.aclose()
-    await wait_until(
+    await eventually(
         lambda: all(broker.topics.get(name) is not None for name in names), "every topic created"
     )
     assert [name for name in names if broker.topics.get(name) is None] == []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_acl_clients import connect
-from tests.integration.test_long_poll_wakeups import wait_until
+from tests.waits import eventually
 from trio_broker.config import BrokerConfig
 from trio_broker.groups.offsets_store import SHARE_GROUP_MEMBER_KEY_VERSIONS
 from trio_broker.protocol import messages as m
@@ -50,7 +50,7 @@ async def test_an_expired_members_records_are_tombstoned(broker: Broker) -> None
     known = broker.groups.share_group("g")
     assert known is not None and set(known.members) == {"m1"}
     # No request of the group from here on: the member's session runs out.
-    await wait_until(lambda: not stored_members(broker, "g"), "m1's records tombstoned")
+    await eventually(lambda: not stored_members(broker, "g"), "m1's records tombstoned")
     known = broker.groups.share_group("g")
     assert known is not None and known.members == {}
     group = broker.shares.groups.get("g")

@@ -28,7 +28,7 @@ import pytest
 import trio
 
 from tests.integration.raw_client import RawClient
-from tests.integration.test_groups_clients import wait_until
+from tests.waits import eventually
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -133,10 +133,10 @@ async def second_generation(broker: Broker, nursery: trio.Nursery) -> tuple[Memb
     assert (await a.sync({a.member_id: b"a-alone"})).error_code == ErrorCode.NONE
     joined_b = await in_background(nursery, b.join)
     group = broker.groups.groups[GROUP]
-    await wait_until(lambda: group.state is GroupState.PREPARING_REBALANCE, 60, "b's join")
+    await eventually(lambda: group.state is GroupState.PREPARING_REBALANCE, "b's join")
     assert await a.heartbeat() == ErrorCode.REBALANCE_IN_PROGRESS
     joined_a = await a.join()
-    await wait_until(lambda: bool(joined_b), 60, "b's JoinGroup answer")
+    await eventually(lambda: bool(joined_b), "b's JoinGroup answer")
     assert joined_a.leader == a.member_id and a.generation == b.generation == 2
     return a, b
 
@@ -151,9 +151,8 @@ async def sync_both_while_held(
         await held.reached.wait()  # the generation's write is appended, its fsync held
     synced_b = await in_background(nursery, lambda: b.sync({}))
     group = broker.groups.groups[GROUP]
-    await wait_until(
+    await eventually(
         lambda: bool(synced_b) or group.members[b.member_id].awaiting_sync,
-        60,
         "the broker to take b's SyncGroup",
     )
     assert not synced_b, f"the follower was answered before its generation was durable: {synced_b}"
@@ -171,7 +170,7 @@ async def test_a_late_follower_is_answered_with_the_leader_once_durable(
         synced_a, synced_b = await sync_both_while_held(broker, nursery, a, b, held)
     finally:
         held.release()
-    await wait_until(lambda: bool(synced_a and synced_b), 60, "both SyncGroup answers")
+    await eventually(lambda: bool(synced_a and synced_b), "both SyncGroup answers")
     assert [(r.error_code, bytes(r.assignment)) for r in synced_a + synced_b] == [
         (ErrorCode.NONE, b"A"), (ErrorCode.NONE, b"B"),
     ]  # fmt: skip
@@ -194,7 +193,7 @@ async def test_a_failed_write_answers_leader_and_follower_and_rebalances(
         synced_a, synced_b = await sync_both_while_held(broker, nursery, a, b, held)
     finally:
         held.release(fail=True)
-    await wait_until(lambda: bool(synced_a and synced_b), 60, "both SyncGroup answers")
+    await eventually(lambda: bool(synced_a and synced_b), "both SyncGroup answers")
     assert [r.error_code for r in synced_a + synced_b] == [ErrorCode.NOT_COORDINATOR] * 2
     group = broker.groups.groups[GROUP]
     assert group.state is GroupState.PREPARING_REBALANCE and group.generation_id == 2
@@ -234,7 +233,7 @@ async def test_an_offset_commit_whose_write_fails_is_answered_not_coordinator(
             await held.reached.wait()  # appended, its fsync held
     finally:
         held.release(fail=True)
-    await wait_until(lambda: bool(answered), 60, "the OffsetCommit answer")
+    await eventually(lambda: bool(answered), "the OffsetCommit answer")
     assert answered == [[ErrorCode.NOT_COORDINATOR]]
     assert broker.groups.committed("simple", "t", 0) is None
     assert await commit(6) == [ErrorCode.NOT_COORDINATOR]

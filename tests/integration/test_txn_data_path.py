@@ -26,7 +26,7 @@ import trio
 
 from tests.e2e.conftest import BrokerProcess
 from tests.integration.raw_client import RawClient, file_broker_and_client
-from tests.integration.test_long_poll_wakeups import wait_until
+from tests.waits import eventually
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import build_batch, build_control_batch
@@ -309,7 +309,7 @@ async def test_read_committed_long_poll_wakes_when_a_marker_moves_the_lso(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(waiting_fetch)
             # Registered as waiting: the broker read the partition and held the answer.
-            await wait_until(lambda: broker.appends.statistics().waiters == 1, "the long poll")
+            await eventually(lambda: broker.appends.statistics().waiters == 1, "the long poll")
             assert not answered, "a read_committed fetch at the LSO must wait"
             started = trio.current_time()
             await marker(broker, 102, committed=True)

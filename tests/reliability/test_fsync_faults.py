@@ -23,7 +23,7 @@ import pytest
 import trio
 
 from tests.integration.raw_client import RawClient
-from tests.integration.test_long_poll_wakeups import wait_until
+from tests.waits import eventually
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -103,7 +103,7 @@ async def test_slow_fsync_times_out_acks_all_produce(nursery: trio.Nursery, tmp_
         # (a node alone's high watermark is its durable end).
         slow = broker.topics.log("slow", 0)
         assert slow is not None
-        await wait_until(lambda: slow.durable_end_offset >= 2, "the late record's sync")
+        await eventually(lambda: slow.durable_end_offset >= 2, "the late record's sync")
         assert list((await read_all(client, "slow")).values()) == [b"before", b"late"]
         assert (await produce(client, "slow", b"after")).error_code == 0
 
@@ -142,7 +142,7 @@ async def test_fsync_eio_is_a_storage_error_and_loses_nothing(
         await trio.sleep(1.2)
         probe_from = time.monotonic()
         assert (await produce(client, "victim", b"still")).error_code == 56
-        await wait_until(lambda: any(t >= probe_from for t in failed_at), "the recovery probe")
+        await eventually(lambda: any(t >= probe_from for t in failed_at), "the recovery probe")
         # fsync works again: the partition comes back without a restart.
         failing[0] = False
         recovered = None

@@ -16,10 +16,10 @@ import trio
 
 pytest.importorskip("pyarrow", reason="the verify extra (pyarrow) is not installed")
 
-from tests.integration.test_long_poll_wakeups import wait_until
 from tests.integration.test_metrics_topics import fetch_request
 from tests.integration.test_produce_acks0 import read_frame
 from tests.verify.helpers import read_capture
+from tests.waits import eventually
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import build_batch
@@ -69,11 +69,11 @@ async def test_a_response_cut_off_by_a_reset_is_not_captured(tmp_path: Path) -> 
             # Ask for everything and read nothing: the broker's send blocks part-way.
             await stream.send_all(_big_fetch(100))
             (connection,) = broker.connections.values()
-            await wait_until(lambda: connection.send_progress is not None, "the blocked send")
+            await eventually(lambda: connection.send_progress is not None, "the blocked send")
             # A reset (linger 0) cuts the send off: the broker's send fails.
             stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             await stream.aclose()
-            await wait_until(lambda: not broker.connections, "the broker to drop the connection")
+            await eventually(lambda: not broker.connections, "the broker to drop the connection")
         nursery.cancel_scope.cancel()  # the broker stops: the tap writes what it holds
     rows = read_capture(capture_dir).to_pylist()
     fetches = [(r["direction"], r["correlation_id"]) for r in rows if r["api_key"] == 1]

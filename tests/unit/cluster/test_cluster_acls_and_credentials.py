@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
 
+from tests.waits import eventually
 from trio_broker.cluster.coordination import (
     BadVersion,
     MemoryCoordination,
@@ -75,14 +76,6 @@ async def broker(
         nursery.start_soon(security.follow)
         yield security
         nursery.cancel_scope.cancel()
-
-
-async def eventually(condition: Callable[[], bool], what: str) -> None:
-    with trio.move_on_after(5):
-        while not condition():  # noqa: ASYNC110 - polling plain data
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"not within 5 s: {what}")
 
 
 def may_write(security: ClusterSecurity, topic: str, principal: str = "User:alice") -> bool:

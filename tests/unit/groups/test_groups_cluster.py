@@ -19,10 +19,10 @@ import pytest
 import trio
 import trio.testing
 
+from tests.clustered_broker import ME, ClusteredBroker, Term
 from trio_broker.config import BrokerConfig
 from trio_broker.groups import GroupCoordinator, OffsetAndMetadata, OffsetKey, OffsetsStore
 from trio_broker.groups.coordinator import Waiter
-from trio_broker.groups.share import ShareGroups, ShareGroupsConfig
 from trio_broker.handlers.base import ClientInfo, RequestContext
 from trio_broker.handlers.find_coordinator import handle_find_coordinator
 from trio_broker.handlers.groups import (
@@ -38,15 +38,12 @@ from trio_broker.protocol.errors import KafkaError
 from trio_broker.protocol.messages import RequestHeader
 from trio_broker.replication.leader import AckState
 from trio_broker.server.flusher import Flusher
-from trio_broker.services.cluster_view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
+from trio_broker.services.cluster_view import BrokerInfo, PartitionInfo, TopicInfo
 from trio_broker.services.internal_topics import CONSUMER_OFFSETS, NotCommitted, partition_for
-from trio_broker.services.topics import TopicManager
 from trio_broker.state.group import GroupState, JoinRequest, JoinResult, SyncResult
-from trio_broker.storage.log import LogConfig
 from trio_broker.storage.memory import MemoryLog
 
 PARTITIONS = 4
-ME = 1
 CONFIG = BrokerConfig(
     storage="memory", zookeeper_connect="127.0.0.1:1/unused",
     offsets_topic_num_partitions=PARTITIONS, group_initial_rebalance_delay_ms=0,
@@ -62,94 +59,16 @@ def group_in(partition: int, prefix: str = "g") -> str:
     )
 
 
-@attrs.define
-class Term:
-    leader_epoch: int
-    replicated: bool = True  # a cluster's term (partition/append.py's Term)
+def make_broker(config: BrokerConfig = CONFIG) -> ClusteredBroker:
+    """What the coordinator and the group handlers use of a Broker in a cluster; this
+    broker holds no replica of any topic (the cluster's view knows them), and its flusher
+    syncs on the event loop (as in test_group_state.py): several tests run on an
+    autojumping mock clock, which jumps while a sync runs in a worker thread, so a
+    session could end "during" a write that took a few real milliseconds."""
+    return ClusteredBroker(config, flusher=Flusher(inline=True))
 
 
-@attrs.define(eq=False)
-class Replication:
-    """The replica manager as the coordinator sees it: terms, the HW wait, the view."""
-
-    view: ClusterView = attrs.field(factory=lambda: ClusterView(ME))
-    terms: dict[int, Term] = attrs.field(factory=dict)
-    #: What wait_committed answers; None: never (the followers do not fetch).
-    ack: AckState | None = AckState.DONE
-    created: list[tuple[str, int, int, dict[str, str]]] = attrs.field(factory=list)
-
-    def leader_term(self, topic: str, partition: int) -> Term | None:
-        assert topic == CONSUMER_OFFSETS
-        return self.terms.get(partition)
-
-    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
-        """As the replica manager: the view's."""
-        info = self.view.topics.get(topic)
-        return None if info is None else info.partitions.get(partition)
-
-    def about_to_lead(self, topic: str, partition: int) -> bool:
-        """As the replica manager: the view names this broker, its term is not begun."""
-        info = self.view.topics.get(topic)
-        held = info.partitions.get(partition) if info is not None else None
-        return (held is not None and held.leader == self.view.broker_id
-                and self.leader_term(topic, partition) is None)  # fmt: skip
-
-    async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
-        if self.ack is None:
-            await trio.sleep_forever()
-        await trio.lowlevel.checkpoint()
-        assert self.ack is not None
-        return self.ack
-
-    def ensure_internal_topic_soon(
-        self, name: str, partitions: int, rf: int, configs: dict[str, str]
-    ) -> None:
-        self.created.append((name, partitions, rf, configs))
-
-
-@attrs.define
-class FakeBroker:
-    """What the coordinator and the group handlers use of a Broker in a cluster."""
-
-    config: BrokerConfig = attrs.field(factory=lambda: CONFIG)
-    #: Syncs on the event loop (as in test_group_state.py): several tests run on an
-    #: autojumping mock clock, which jumps while a sync runs in a worker thread, so a
-    #: session could end "during" a write that took a few real milliseconds.
-    flusher: Flusher = attrs.field(factory=lambda: Flusher(inline=True))
-    log_defaults: LogConfig = attrs.field(factory=LogConfig)
-    replication: Replication = attrs.field(factory=Replication)
-    leadership_listeners: dict[str, Any] = attrs.field(factory=dict)
-    authorizer: Any = None
-    #: This broker holds no replica of any topic: the cluster's view knows them.
-    topics: TopicManager = attrs.field(factory=lambda: TopicManager(None, LogConfig(), lambda: 0))
-    groups: Any = None
-    #: No share groups: the group handlers list and delete them beside the others.
-    shares: ShareGroups = attrs.field(factory=lambda: ShareGroups(ShareGroupsConfig()))
-    #: The share coordinator, for the tests that delete share groups (else never asked).
-    share_coordinator: Any = None
-
-    @property
-    def leaders(self) -> Replication:
-        """Services.leaders: in a cluster, the replica manager."""
-        return self.replication
-
-    @property
-    def admin(self) -> Replication:
-        """Services.admin: in a cluster, the replica manager's (internal topics)."""
-        return self.replication
-
-    @staticmethod
-    def now_ms() -> int:
-        return int(trio.current_time() * 1000)
-
-    def advertised_for(self, connection_id: int | None) -> tuple[str, int]:
-        return ("127.0.0.1", 9092)
-
-    def listener_name_for(self, connection_id: int | None) -> str:
-        return "PLAINTEXT"
-
-
-def in_cluster(broker: FakeBroker) -> GroupCoordinator:
+def in_cluster(broker: ClusteredBroker) -> GroupCoordinator:
     """As the broker's wiring in a cluster: the replica manager leads the partitions
     and tells the coordinator (a leadership listener)."""
     coordinator = GroupCoordinator(
@@ -160,17 +79,17 @@ def in_cluster(broker: FakeBroker) -> GroupCoordinator:
     return coordinator
 
 
-async def start(nursery: trio.Nursery) -> tuple[FakeBroker, GroupCoordinator]:
-    broker = FakeBroker()
+async def start(nursery: trio.Nursery) -> tuple[ClusteredBroker, GroupCoordinator]:
+    broker = make_broker()
     await nursery.start(broker.flusher.run)
     coordinator = broker.groups = in_cluster(broker)
     await nursery.start(coordinator.run)
     return broker, coordinator
 
 
-def lead(broker: FakeBroker, coordinator: GroupCoordinator, partition: int, epoch: int,
+def lead(broker: ClusteredBroker, coordinator: GroupCoordinator, partition: int, epoch: int,
          log: MemoryLog) -> None:  # fmt: skip
-    broker.replication.terms[partition] = Term(epoch)
+    broker.replication.terms[CONSUMER_OFFSETS, partition] = Term(epoch)
     coordinator.elected(partition, epoch, log)
 
 
@@ -262,7 +181,7 @@ async def test_a_commit_carries_the_leader_epoch_and_counts_below_the_hw() -> No
         assert info.value.error_code == ErrorCode.NOT_COORDINATOR
         assert coordinator.committed(mine, "t", 0) == OffsetAndMetadata(12)
         # The replica manager no longer holds a term: the append itself is refused.
-        del broker.replication.terms[2]
+        del broker.replication.terms[CONSUMER_OFFSETS, 2]
         with pytest.raises(NotCommitted) as info:
             coordinator.append_offsets([(OffsetKey(mine, "t", 0), OffsetAndMetadata(14))])
         assert info.value.error_code == ErrorCode.NOT_COORDINATOR
@@ -323,7 +242,7 @@ async def test_a_transaction_marker_ends_the_staged_offsets_of_its_partition() -
 # ------------------------------------------------------------------------- the handlers
 
 
-def context(broker: FakeBroker, api_key: m.ApiKey, version: int) -> RequestContext:
+def context(broker: ClusteredBroker, api_key: m.ApiKey, version: int) -> RequestContext:
     header = RequestHeader(api_key, version, 1, "routing")
     return RequestContext(header=header, services=broker, client=ClientInfo(1, "127.0.0.1", 1))  # type: ignore[arg-type]
 
@@ -468,7 +387,7 @@ async def test_delete_groups_writes_once_per_offsets_partition() -> None:
 async def test_in_a_cluster_the_single_node_offsets_log_is_not_opened(tmp_path: Path) -> None:
     # <data_dir>/__consumer_offsets-0 is partition 0's replica in a cluster: the topic
     # manager owns it, the coordinator only reads it once it leads the partition.
-    broker = FakeBroker(config=attrs.evolve(CONFIG, storage="file", data_dir=tmp_path))
+    broker = make_broker(attrs.evolve(CONFIG, storage="file", data_dir=tmp_path))
     async with trio.open_nursery() as nursery:
         await nursery.start(broker.flusher.run)
         coordinator = in_cluster(broker)

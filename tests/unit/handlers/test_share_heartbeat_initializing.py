@@ -13,12 +13,12 @@ handler runs as a request would run it.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import attrs
 import trio
 import trio.testing
 
+from tests.clustered_broker import ME, ClusteredBroker, Term
 from trio_broker.config import BrokerConfig
 from trio_broker.groups import GroupCoordinator
 from trio_broker.groups.share import INITIALIZE_RETRY_INTERVAL_MS, ShareGroups, ShareGroupsConfig
@@ -31,15 +31,11 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.messages import RequestHeader
 from trio_broker.protocol.records import build_batch
-from trio_broker.replication.leader import AckState
-from trio_broker.server.flusher import Flusher
-from trio_broker.services.cluster_view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
+from trio_broker.services.cluster_view import BrokerInfo, PartitionInfo, TopicInfo
 from trio_broker.services.internal_topics import CONSUMER_OFFSETS
-from trio_broker.services.topics import TopicManager
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.memory import MemoryLog
 
-ME = 1
 GROUP, MEMBER, TOPIC = "workers", "m1", "t"
 CONFIG = BrokerConfig(
     storage="memory", zookeeper_connect="127.0.0.1:1/unused", node_id=ME,
@@ -48,81 +44,19 @@ CONFIG = BrokerConfig(
 )  # fmt: skip
 
 
-@attrs.define
-class Term:
-    leader_epoch: int
-    replicated: bool = True
-
-
-@attrs.define(eq=False)
-class Replication:
-    """The replica manager as the group coordinator, the share coordinator and the
-    data partition's leader see it: this broker leads all three partitions."""
-
-    view: ClusterView = attrs.field(factory=lambda: ClusterView(ME))
-    terms: dict[tuple[str, int], Term] = attrs.field(factory=dict)
-
-    def leader_term(self, topic: str, partition: int) -> Term | None:
-        return self.terms.get((topic, partition))
-
-    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
-        info = self.view.topics.get(topic)
-        return None if info is None else info.partitions.get(partition)
-
-    def about_to_lead(self, topic: str, partition: int) -> bool:
-        return False
-
-    async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
-        await trio.lowlevel.checkpoint()
-        return AckState.DONE
-
-    def ensure_internal_topic_soon(
-        self, name: str, partitions: int, rf: int, configs: dict[str, str]
-    ) -> None:
-        raise AssertionError("the state topic exists")
-
-
-@attrs.define
-class FakeBroker:
-    config: BrokerConfig = attrs.field(factory=lambda: CONFIG)
-    flusher: Flusher = attrs.field(factory=Flusher)
-    log_defaults: LogConfig = attrs.field(factory=LogConfig)
-    replication: Replication = attrs.field(factory=Replication)
-    leadership_listeners: dict[str, Any] = attrs.field(factory=dict)
-    authorizer: Any = None
-    topics: TopicManager = attrs.field(factory=lambda: TopicManager(None, LogConfig(), lambda: 0))
-    shares: ShareGroups = attrs.field(factory=lambda: ShareGroups(ShareGroupsConfig()))
-    groups: Any = None
-    share_coordinator: PartitionedShareCoordinator = attrs.field(
-        default=attrs.Factory(
-            lambda self: PartitionedShareCoordinator(1, self.replication), takes_self=True
-        )
-    )
-
-    @property
-    def leaders(self) -> Replication:
-        return self.replication
-
-    @property
-    def admin(self) -> Replication:
-        return self.replication
-
-    @property
-    def durability(self) -> Flusher:
-        return self.flusher
-
-    @staticmethod
-    def now_ms() -> int:
-        return int(trio.current_time() * 1000)
+def make_broker() -> ClusteredBroker:
+    broker = ClusteredBroker(CONFIG)
+    broker.share_coordinator = PartitionedShareCoordinator(1, broker.replication)
+    return broker
 
 
 async def start(
     nursery: trio.Nursery, offsets_log: MemoryLog | None = None
-) -> tuple[FakeBroker, uuid.UUID]:
+) -> tuple[ClusteredBroker, uuid.UUID]:
     """The broker, leading t-0 (three records in it), __consumer_offsets-0 (loaded from
     ``offsets_log``) and __share_group_state-0, whose table is not loaded: the share
     coordinator answers COORDINATOR_LOAD_IN_PROGRESS until the test loads it."""
-    broker = FakeBroker()
+    broker = make_broker()
     await nursery.start(broker.flusher.run)
     topic = broker.topics.create(TOPIC, 1)
     log = broker.topics.log(TOPIC, 0)
@@ -144,7 +78,7 @@ async def start(
     return broker, topic.topic_id
 
 
-async def heartbeat(broker: FakeBroker, epoch: int) -> m.ShareGroupHeartbeatResponse:
+async def heartbeat(broker: ClusteredBroker, epoch: int) -> m.ShareGroupHeartbeatResponse:
     header = RequestHeader(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, 1, "client")
     ctx = RequestContext(header=header, services=broker, client=ClientInfo(1, "127.0.0.1", 1))  # type: ignore[arg-type]
     request = m.ShareGroupHeartbeatRequest(
@@ -162,7 +96,7 @@ def assigned(answer: m.ShareGroupHeartbeatResponse) -> list[tuple[uuid.UUID, lis
     return [(t.topic_id, list(t.partitions)) for t in answer.assignment.topic_partitions]
 
 
-def stored_state(broker: FakeBroker, topic_id: uuid.UUID) -> int | None:
+def stored_state(broker: ClusteredBroker, topic_id: uuid.UUID) -> int | None:
     """The start offset the share coordinator holds for the group's t-0 (None: none)."""
     table = broker.share_coordinator.tables.get(0)
     snapshot = None if table is None else table.store.snapshots.get(ShareKey(GROUP, topic_id, 0))

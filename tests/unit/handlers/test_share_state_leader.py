@@ -13,11 +13,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import attrs
 import trio
 
+from tests.clustered_broker import ME, ClusteredBroker, Term
 from trio_broker.config import BrokerConfig
-from trio_broker.groups.share import ShareGroups, ShareGroupsConfig
 from trio_broker.groups.share_coordinator import PartitionedShareCoordinator
 from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareKey, ShareSnapshot, StateBatch
 from trio_broker.handlers.base import ClientInfo, RequestContext
@@ -25,15 +24,11 @@ from trio_broker.handlers.share_persist import ensure_loaded, persist
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.messages import RequestHeader
-from trio_broker.replication.leader import AckState
-from trio_broker.server.flusher import Flusher
-from trio_broker.services.cluster_view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
-from trio_broker.services.topics import TopicManager
+from trio_broker.services.cluster_view import BrokerInfo, PartitionInfo, TopicInfo
 from trio_broker.state.share_partition import RecordState
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.memory import MemoryLog
 
-ME = 1
 STATE_PARTITIONS = 1  # every key in state partition 0
 GROUP = "workers"
 CONFIG = BrokerConfig(
@@ -42,84 +37,15 @@ CONFIG = BrokerConfig(
 )  # fmt: skip
 
 
-@attrs.define
-class Term:
-    leader_epoch: int
-    replicated: bool = True
-    #: Nothing is ever readable here (the tests acquire in the share partition itself).
-    high_watermark: int = 0
+def make_broker() -> ClusteredBroker:
+    broker = ClusteredBroker(CONFIG)
+    broker.share_coordinator = PartitionedShareCoordinator(STATE_PARTITIONS, broker.replication)
+    return broker
 
 
-@attrs.define(eq=False)
-class Replication:
-    """The replica manager as the leader and the coordinator see it."""
-
-    view: ClusterView = attrs.field(factory=lambda: ClusterView(ME))
-    terms: dict[tuple[str, int], Term] = attrs.field(factory=dict)
-    created: list[tuple[str, int, int, dict[str, str]]] = attrs.field(factory=list)
-    #: How many of the next writes never reach the high watermark (as a state partition
-    #: whose ISR still names a dead follower): each ends NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-    #: which the share coordinator answers COORDINATOR_NOT_AVAILABLE.
-    uncommitted_writes: int = 0
-
-    def leader_term(self, topic: str, partition: int) -> Term | None:
-        return self.terms.get((topic, partition))
-
-    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
-        info = self.view.topics.get(topic)
-        return None if info is None else info.partitions.get(partition)
-
-    async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
-        await trio.lowlevel.checkpoint()
-        if self.uncommitted_writes > 0:
-            self.uncommitted_writes -= 1
-            return AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND
-        return AckState.DONE
-
-    def ensure_internal_topic_soon(
-        self, name: str, partitions: int, rf: int, configs: dict[str, str]
-    ) -> None:
-        self.created.append((name, partitions, rf, configs))
-
-
-@attrs.define
-class FakeBroker:
-    config: BrokerConfig = attrs.field(factory=lambda: CONFIG)
-    flusher: Flusher = attrs.field(factory=Flusher)
-    replication: Replication = attrs.field(factory=Replication)
-    topics: TopicManager = attrs.field(factory=lambda: TopicManager(None, LogConfig(), lambda: 0))
-    shares: ShareGroups = attrs.field(factory=lambda: ShareGroups(ShareGroupsConfig()))
-    #: None: every request is allowed (handlers/authorization.py).
-    authorizer: Any = None
-    #: Asked by a ShareFetch's acquisition in a read_committed group only.
-    producers: Any = None
-    share_coordinator: PartitionedShareCoordinator = attrs.field(
-        default=attrs.Factory(
-            lambda self: PartitionedShareCoordinator(STATE_PARTITIONS, self.replication),
-            takes_self=True,
-        )
-    )
-
-    @property
-    def leaders(self) -> Replication:
-        return self.replication
-
-    @property
-    def admin(self) -> Replication:
-        return self.replication
-
-    @property
-    def durability(self) -> Flusher:
-        return self.flusher
-
-    @staticmethod
-    def now_ms() -> int:
-        return int(trio.current_time() * 1000)
-
-
-async def start(nursery: trio.Nursery) -> tuple[FakeBroker, Any, RequestContext]:
+async def start(nursery: trio.Nursery) -> tuple[ClusteredBroker, Any, RequestContext]:
     """A broker leading data partition t-0 (epoch 3) and __share_group_state-0 (epoch 0)."""
-    broker = FakeBroker()
+    broker = make_broker()
     await nursery.start(broker.flusher.run)
     topic = broker.topics.create("t", 1)
     view = broker.replication.view

@@ -26,6 +26,7 @@ import pytest
 import trio
 import trio.testing
 
+from tests.clustered_broker import Replication, Term
 from tests.unit.transactions.test_txn_coordinator import Services, append_marker, call, markers
 from trio_broker.cluster.txn_marker_channel import TxnMarkerChannel, marker_targets, route_markers
 from trio_broker.config import BrokerConfig
@@ -35,7 +36,6 @@ from trio_broker.handlers.write_txn_markers import handle_write_txn_markers
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.records import iter_batches
-from trio_broker.replication.leader import AckState
 from trio_broker.services.cluster_view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
 from trio_broker.services.internal_topics import (
     CONSUMER_OFFSETS,
@@ -49,51 +49,6 @@ from trio_broker.transactions.partitioned import PartitionedTransactionCoordinat
 from trio_broker.transactions.state import TxnMetadata, TxnState
 
 PARTITIONS = 3
-
-
-@attrs.frozen
-class Term:
-    leader_epoch: int
-    replicated: bool = True  # a cluster's term (partition/append.py's Term)
-
-
-@attrs.define
-class Replication:
-    """The replica manager as the coordinator uses it: terms and commits."""
-
-    view: ClusterView = attrs.Factory(lambda: ClusterView(1))
-    terms: dict[tuple[str, int], Term] = attrs.Factory(dict)
-    #: While set, wait_committed waits for it (a write in flight).
-    hold: trio.Event | None = None
-    ensured: list[str] = attrs.Factory(list)
-
-    def leader_term(self, topic: str, partition: int) -> Term | None:
-        return self.terms.get((topic, partition))
-
-    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
-        """As the replica manager: the partition as its view has it."""
-        info = self.view.topics.get(topic)
-        return None if info is None else info.partitions.get(partition)
-
-    def about_to_lead(self, topic: str, partition: int) -> bool:
-        """As the replica manager: the view names this broker, its term is not begun."""
-        info = self.view.topics.get(topic)
-        held = info.partitions.get(partition) if info is not None else None
-        return (held is not None and held.leader == self.view.broker_id
-                and self.leader_term(topic, partition) is None)  # fmt: skip
-
-    async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
-        if self.hold is not None:
-            await self.hold.wait()
-        await trio.lowlevel.checkpoint()
-        if (topic, partition) not in self.terms:
-            return AckState.LEADERSHIP_LOST
-        return AckState.DONE
-
-    def ensure_internal_topic_soon(
-        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
-    ) -> None:
-        self.ensured.append(name)
 
 
 @attrs.define
@@ -352,7 +307,7 @@ async def test_find_coordinator_answers_the_partitions_leader(
 
     first = await find()
     assert first.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
-    assert replication.ensured == [TRANSACTION_STATE]  # made on first use
+    assert [name for name, *_ in replication.created] == [TRANSACTION_STATE]  # made on first use
     view = replication.view
     view.brokers = {b: BrokerInfo(b, "127.0.0.1", 9000 + b) for b in (1, 2, 3)}
     led = partition_for("x", PARTITIONS)
