@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,25 @@ async def long_poll(stream: trio.SocketStream, fetch_offset: int) -> Any:
     return response.responses[0].partitions[0]
 
 
+async def answer_once_waiting(
+    broker: Broker, poller: trio.SocketStream, fetch_offset: int,
+    meanwhile: Callable[[], Awaitable[None]],
+) -> Any:  # fmt: skip
+    """A long poll's answer: the poll is sent, and once the broker holds it waiting,
+    ``meanwhile`` runs (what should wake it)."""
+    answers: list[Any] = []
+    async with trio.open_nursery() as nursery:
+
+        async def poll() -> None:
+            answers.append(await long_poll(poller, fetch_offset))
+
+        nursery.start_soon(poll)
+        await eventually(lambda: waiting(broker), "the long poll to wait")
+        await meanwhile()
+    (part,) = answers
+    return part
+
+
 def offsets(part: Any) -> list[int]:
     return [
         batch.offset_of(record)
@@ -98,7 +118,6 @@ async def test_a_consumer_of_a_node_alone_reads_only_what_is_synced(
     host, port = broker.bound[0]
     client = RawClient(await trio.open_tcp_stream(host, port), "hw")
     poller = await trio.open_tcp_stream(host, port)
-    answers: list[Any] = []
     try:
         with trio.fail_after(60):
             assert (await produce(client, b"synced", acks=-1)).error_code == 0
@@ -109,15 +128,10 @@ async def test_a_consumer_of_a_node_alone_reads_only_what_is_synced(
             part = answer.partitions[0]
             assert (part.error_code, part.high_watermark, offsets(part)) == (0, 1, [0])
 
-            async with trio.open_nursery() as nursery:
+            async def let_the_sync_through() -> None:  # the sync of offset 1
+                gate.set()
 
-                async def poll() -> None:
-                    answers.append(await long_poll(poller, 1))
-
-                nursery.start_soon(poll)
-                await eventually(lambda: waiting(broker), "the long poll to wait")
-                gate.set()  # the sync of offset 1 goes through
-            (part,) = answers
+            part = await answer_once_waiting(broker, poller, 1, let_the_sync_through)
             assert (part.error_code, part.high_watermark, offsets(part)) == (0, 2, [1])
     finally:
         gate.set()  # never leave the flusher's thread waiting
@@ -139,19 +153,14 @@ async def test_a_cluster_leader_alone_in_its_isr_shows_a_record_once_synced(
     host, port = broker.bound[0]
     client = RawClient(await trio.open_tcp_stream(host, port), "hw")
     poller = await trio.open_tcp_stream(host, port)
-    answers: list[Any] = []
     try:
         with trio.fail_after(60):
-            async with trio.open_nursery() as nursery:
 
-                async def poll() -> None:
-                    answers.append(await long_poll(poller, 0))
-
-                nursery.start_soon(poll)
-                await eventually(lambda: waiting(broker), "the long poll to wait")
+            async def produce_acks_1() -> None:
                 part = await produce(client, b"acks=1", acks=1)
                 assert (part.error_code, part.base_offset) == (0, 0)
-            (part,) = answers
+
+            part = await answer_once_waiting(broker, poller, 0, produce_acks_1)
             assert (part.error_code, part.high_watermark, offsets(part)) == (0, 1, [0])
     finally:
         await client.stream.aclose()
