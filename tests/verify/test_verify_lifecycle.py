@@ -249,16 +249,20 @@ def _deleted(runs: Runs, target: Path) -> Path:
 
     files = sorted(runs.forgotten.glob("*.parquet"))
     first = min(path.name.rsplit("-", 1)[0] for path in files)
+    # The request goes into one file: the first run's last (a loaded machine's capture
+    # rolls into several files; a copy in each would be several DeleteTopics).
+    first_run = [path for path in files if path.name.rsplit("-", 1)[0] == first]
+    first_rows = [row for path in first_run for row in pq.read_table(path).to_pylist()]
     target.mkdir()
     for path in files:
         table = pq.read_table(path)
-        if path.name.startswith(first):
+        if path == first_run[-1]:
             rows = table.to_pylist()
             body = m.DeleteTopicsRequest(topics=[], topic_names=[TOPIC], timeout_ms=1000)
             frame = encode_request(20, 4, 1, "admin", body)[4:]
-            last = max(r["monotonic_ns"] for r in rows)
+            last = max(r["monotonic_ns"] for r in first_rows)
             rows.append({
-                **rows[0], "connection_id": max(r["connection_id"] for r in rows) + 1,
+                **rows[0], "connection_id": max(r["connection_id"] for r in first_rows) + 1,
                 "client_id": "admin", "direction": "request", "api_key": 20, "api_version": 4,
                 "correlation_id": 1, "monotonic_ns": last + 1, "wall_ns": rows[0]["wall_ns"],
                 "frame": frame, "frame_length": len(frame),
