@@ -35,15 +35,17 @@ UNRESOLVED = ("Could not resolve dependencies", "Could not transfer artifact",
               "or one of its dependencies could not be resolved")  # fmt: skip
 
 
-def test_java_consumers_go_on_after_a_kill_9_of_their_coordinator(cluster: Cluster) -> None:
+def run_java_cluster_test(cluster: Cluster, properties: dict[str, object]) -> list[int]:
+    """Runs one of ``tests/jvm``'s cluster tests with Maven, told the brokers (as
+    ``bootstrap`` and ``bootstrap.cluster``) and each broker's PID (the
+    Java test kills the ones it means to); asserts the Java test passed. Skips when Maven
+    cannot resolve the module's artifacts. Returns the brokers the test killed."""
     if shutil.which("java") is None or shutil.which("mvn") is None:
         pytest.skip("the Java client needs Java 17 and Maven (scripts/install-system-deps.sh)")
-    every_broker_lists(cluster)  # a CreateTopics on any broker can place three replicas
     pids = {b: broker.proc.pid for b, broker in cluster.items() if broker.proc is not None}
     try:
         totals = run_maven({
-            "test": "ConsumerProtocolClusterTest",
-            "bootstrap.cluster": servers(cluster),
+            **properties, "bootstrap": servers(cluster), "bootstrap.cluster": servers(cluster),
             "cluster.pids": ",".join(f"{b}:{pid}" for b, pid in sorted(pids.items())),
         })  # fmt: skip
     except AssertionError as failed:
@@ -55,4 +57,10 @@ def test_java_consumers_go_on_after_a_kill_9_of_their_coordinator(cluster: Clust
         cluster[b].down_on_purpose = True
     logs = "\n".join(broker.log_tail() for broker in cluster.values())
     assert totals == {"tests": 1, "failures": 0, "errors": 0, "skipped": 0}, (totals, logs)
-    assert len(killed) == 1, (killed, logs)
+    return killed
+
+
+def test_java_consumers_go_on_after_a_kill_9_of_their_coordinator(cluster: Cluster) -> None:
+    every_broker_lists(cluster)  # a CreateTopics on any broker can place three replicas
+    killed = run_java_cluster_test(cluster, {"test": "ConsumerProtocolClusterTest"})
+    assert len(killed) == 1, killed

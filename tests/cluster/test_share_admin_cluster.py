@@ -22,9 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.cluster.test_cluster_e2e import eventually
 from tests.cluster.test_cluster_faults import (
@@ -103,6 +104,38 @@ def find_group_coordinator(conn: RawConnection, group: str) -> int:
     return found[0]
 
 
+@attrs.frozen
+class ShareRoles:
+    """Which broker does what for a topic's share groups once the internal topics exist:
+    the leaders of ``__consumer_offsets`` (group coordinators) and of
+    ``__share_group_state`` (share coordinators), by partition."""
+
+    topic_id: uuid.UUID
+    offsets_leaders: dict[int, int]
+    state_leaders: dict[int, int]
+
+    def coordinator(self, group: str) -> int:
+        """The group's coordinator."""
+        return self.offsets_leaders[partition_for(group, OFFSETS_PARTITIONS)]
+
+    def share_coordinator(self, group: str, partition: int = 0) -> int:
+        """The share coordinator of the group's share partition ``partition``."""
+        key = coordinator_key(ShareKey(group, self.topic_id, partition))
+        return self.state_leaders[partition_for(key, STATE_PARTITIONS)]
+
+
+def share_roles(cluster: Cluster, admin: AdminClient, topic: str, via: int) -> ShareRoles:
+    """Makes the state and offsets topics through broker ``via`` (a probe's share session
+    and FindCoordinator), waits for their full ISRs, and says who leads what."""
+    with RawConnection(port_of(cluster[via]), timeout=30) as conn:
+        topic_id = known_topic_id(conn, topic)
+        assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
+        find_group_coordinator(conn, "probe")  # makes the offsets topic
+    full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
+    full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
+    return ShareRoles(topic_id, leaders(admin, CONSUMER_OFFSETS), leaders(admin, SHARE_GROUP_STATE))
+
+
 def summary(conn: RawConnection, group: str, topic_id: uuid.UUID) -> tuple[int, int, int]:
     """A summary read (leader epoch -1) at the share coordinator, broker to broker:
     (error, state epoch, start offset) of partition 0's share state."""
@@ -125,22 +158,12 @@ def test_kafka_share_groups_reaches_the_share_coordinator(
 ) -> None:
     admin = create_topic(cluster, TOPIC, 1)
     leader = leaders(admin, TOPIC)[0]
-    with RawConnection(port_of(cluster[leader]), timeout=30) as conn:
-        topic_id = known_topic_id(conn, TOPIC)
-        assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
-        find_group_coordinator(conn, "probe")  # makes the offsets topic
-    full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
-    full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
-    state_leaders = leaders(admin, SHARE_GROUP_STATE)
-    offsets_leaders = leaders(admin, CONSUMER_OFFSETS)
+    found = share_roles(cluster, admin, TOPIC, leader)
+    topic_id = found.topic_id
 
     def roles(group: str) -> tuple[int, int]:
         """(the group's coordinator, its share partition's share coordinator)."""
-        key = coordinator_key(ShareKey(group, topic_id, 0))
-        return (
-            offsets_leaders[partition_for(group, OFFSETS_PARTITIONS)],
-            state_leaders[partition_for(key, STATE_PARTITIONS)],
-        )
+        return found.coordinator(group), found.share_coordinator(group)
 
     # Three brokers, three roles: nothing the admin APIs do is a local call.
     group = next(
@@ -236,12 +259,7 @@ def test_a_coordinator_without_a_replica_of_the_topic_describes_resets_and_delet
     cluster: Cluster,
 ) -> None:
     admin = create_topic(cluster, TOPIC, 1)  # the state and offsets topics, as above
-    with RawConnection(port_of(cluster[leaders(admin, TOPIC)[0]]), timeout=30) as conn:
-        assert open_session(conn, "probe", "p1", known_topic_id(conn, TOPIC)) == []
-        find_group_coordinator(conn, "probe")
-    full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
-    full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
-    offsets_leaders = leaders(admin, CONSUMER_OFFSETS)
+    offsets_leaders = share_roles(cluster, admin, TOPIC, leaders(admin, TOPIC)[0]).offsets_leaders
     # One replica, on a broker that coordinates the group chosen below.
     holder = offsets_leaders[0]
     solo = "solo"

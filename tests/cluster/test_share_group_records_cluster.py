@@ -34,7 +34,6 @@ from tests.cluster.test_cluster_e2e import eventually
 from tests.cluster.test_cluster_faults import (
     admin_of,
     create_topic,
-    full_isr,
     leaders,
     servers,
     three_brokers,
@@ -44,6 +43,7 @@ from tests.cluster.test_share_admin_cluster import (
     find_group_coordinator,
     leave,
     share_groups,
+    share_roles,
 )
 from tests.cluster.test_share_state_cluster import (
     ACCEPT,
@@ -54,8 +54,6 @@ from tests.cluster.test_share_state_cluster import (
     STATE_PARTITIONS,
     Cluster,
     join_group,
-    known_topic_id,
-    open_session,
     port_of,
 )
 from tests.e2e.conftest import RawConnection
@@ -64,7 +62,7 @@ from trio_broker.groups.share_coordinator import coordinator_key
 from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareKey
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.services.internal_topics import CONSUMER_OFFSETS, partition_for
+from trio_broker.services.internal_topics import partition_for
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -163,18 +161,9 @@ def test_a_new_group_coordinator_knows_every_share_partition(
 ) -> None:
     admin = create_topic(cluster, TOPIC, PARTITIONS)
     data_leaders = leaders(admin, TOPIC)
-    with RawConnection(port_of(cluster[data_leaders[0]]), timeout=30) as conn:
-        topic_id = known_topic_id(conn, TOPIC)
-        assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
-        find_group_coordinator(conn, "probe")  # makes the offsets topic
-    full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
-    full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
-    state_leaders = leaders(admin, SHARE_GROUP_STATE)
-    offsets_leaders = leaders(admin, CONSUMER_OFFSETS)
-
-    def share_coordinator(group: str, partition: int) -> int:
-        key = coordinator_key(ShareKey(group, topic_id, partition))
-        return state_leaders[partition_for(key, STATE_PARTITIONS)]
+    roles = share_roles(cluster, admin, TOPIC, data_leaders[0])
+    topic_id, offsets_leaders = roles.topic_id, roles.offsets_leaders
+    share_coordinator = roles.share_coordinator
 
     def plan(group: str) -> tuple[int, dict[int, int]] | None:
         """(the group's coordinator, survivor -> a partition it leads and is the share
@@ -239,22 +228,12 @@ def test_a_deleted_topics_share_state_goes_where_no_replica_was(cluster: Cluster
     [created] = admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[holder]])]).values()
     created.result(timeout=60)
     eventually(lambda: leaders(admin, TOPIC)[0] == holder, f"{TOPIC} led by {holder}")
-    with RawConnection(port_of(cluster[holder]), timeout=30) as conn:
-        topic_id = known_topic_id(conn, TOPIC)
-        assert open_session(conn, "probe", "p1", topic_id) == []  # makes the state topic
-        find_group_coordinator(conn, "probe")  # makes the offsets topic
-    full_isr(admin, SHARE_GROUP_STATE, STATE_PARTITIONS)
-    full_isr(admin, CONSUMER_OFFSETS, OFFSETS_PARTITIONS)
-    state_leaders = leaders(admin, SHARE_GROUP_STATE)
-    offsets_leaders = leaders(admin, CONSUMER_OFFSETS)
+    found = share_roles(cluster, admin, TOPIC, holder)
+    topic_id = found.topic_id
 
     def roles(group: str) -> tuple[int, int]:
         """(the group's coordinator, its share partition's share coordinator)."""
-        key = coordinator_key(ShareKey(group, topic_id, 0))
-        return (
-            offsets_leaders[partition_for(group, OFFSETS_PARTITIONS)],
-            state_leaders[partition_for(key, STATE_PARTITIONS)],
-        )
+        return found.coordinator(group), found.share_coordinator(group)
 
     group = next(g for g in (f"sg-{i}" for i in range(2000)) if holder not in roles(g))
     coordinator, share_coordinator = roles(group)
