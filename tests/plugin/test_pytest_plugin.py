@@ -138,6 +138,18 @@ def test_three_clients_in_a_users_suite(pytester: pytest.Pytester, results: Path
     assert json.loads(line)["bootstrap"].startswith("127.0.0.1:")
 
 
+def test_installing_the_package_registers_the_plugin() -> None:
+    """Issue 32: installing trio-broker registers the plugin (entry point ``pytest11``,
+    name ``trio_broker``). The runs below fall back to ``-p`` for an install that
+    predates it, so without this check a lost entry point would go unnoticed."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["entry-points"]["pytest11"] == {"trio_broker": PLUGIN}
+    [installed] = entry_points(group="pytest11", name="trio_broker")
+    assert installed.value == PLUGIN
+
+
 #: docs/pytest-plugin.md's worked examples: under each client's heading, an ``# app.py``
 #: block and a ``# test_app.py`` block.
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "pytest-plugin.md"
