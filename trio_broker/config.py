@@ -125,6 +125,9 @@ class BrokerConfig:
     group_share_record_lock_duration_ms: int = 30_000
     group_share_delivery_count_limit: int = 5
     group_share_partition_max_record_locks: int = 2_000
+    #: How long a share partition recorded as initializing is left to that initialization
+    #: before a heartbeat starts it again (at least offsets.commit.timeout.ms, as Kafka).
+    group_share_initialize_retry_interval_ms: int = 30_000
     #: False: DeleteTopics answers TOPIC_DELETION_DISABLED (INVALID_REQUEST before v3).
     delete_topic_enable: bool = True
     #: Fetch sessions (KIP-227) the broker keeps; 0: every fetch is answered in full.
@@ -264,7 +267,8 @@ class BrokerConfig:
                      "share_coordinator_state_topic_num_partitions",
                      "share_coordinator_state_topic_replication_factor",
                      "share_coordinator_state_topic_min_isr",
-                     "share_coordinator_state_topic_segment_bytes"):  # fmt: skip
+                     "share_coordinator_state_topic_segment_bytes",
+                     "group_share_initialize_retry_interval_ms"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KEY_FOR_FIELD.get(name, name)}: must be positive")
         for name in ("offsets_topic_num_partitions", "offsets_topic_replication_factor",

@@ -70,7 +70,8 @@ class BrokerKey:
     field: str | None = None
     #: The key's unit in the field's unit: log.retention.hours sets retention_ms * 3600000.
     scale: int = 1
-    #: "kafka", "authorizer" (Kafka's StandardAuthorizer) or "ours".
+    #: "kafka", "kafka-internal" (an internal key of Kafka's, accepted by its brokers
+    #: but not documented), "authorizer" (Kafka's StandardAuthorizer) or "ours".
     origin: str = "kafka"
 
     @property
@@ -499,6 +500,11 @@ _OTHER_KEYS = [
     # false: acks=all counts a write once every ISR member has it in page cache, without
     # an fsync first (Kafka's durability); docs/cluster.md, "Durability stays explicit".
     _key("acks.all.fsync", BOOLEAN, "true", APPLIED, "acks_all_fsync", origin="ours"),
+    # Kafka's, but internal (defineInternal: not in its documentation): how long a share
+    # partition recorded as initializing is left to that initialization before a
+    # heartbeat starts it again; Kafka uses offsets.commit.timeout.ms if that is more.
+    _key("group.share.initialize.retry.interval.ms", INT, "30000", APPLIED,
+         "group_share_initialize_retry_interval_ms", origin="kafka-internal"),
 ]
 # fmt: on
 

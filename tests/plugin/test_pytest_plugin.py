@@ -138,6 +138,55 @@ def test_three_clients_in_a_users_suite(pytester: pytest.Pytester, results: Path
     assert json.loads(line)["bootstrap"].startswith("127.0.0.1:")
 
 
+def test_installing_the_package_registers_the_plugin() -> None:
+    """Issue 32: installing trio-broker registers the plugin (entry point ``pytest11``,
+    name ``trio_broker``). The runs below fall back to ``-p`` for an install that
+    predates it, so without this check a lost entry point would go unnoticed."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["entry-points"]["pytest11"] == {"trio_broker": PLUGIN}
+    [installed] = entry_points(group="pytest11", name="trio_broker")
+    assert installed.value == PLUGIN
+
+
+#: docs/pytest-plugin.md's worked examples: under each client's heading, an ``# app.py``
+#: block and a ``# test_app.py`` block.
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "pytest-plugin.md"
+EXAMPLES = ("confluent-kafka", "aiokafka", "kafka-python")
+
+
+def worked_examples() -> dict[str, dict[str, str]]:
+    """Client -> {"app.py": code, "test_app.py": code}, as the guide prints them."""
+    text = GUIDE.read_text()
+    found: dict[str, dict[str, str]] = {}
+    for client in EXAMPLES:
+        section = text.split(f"\n### {client}\n", 1)[1].split("\n##", 1)[0]
+        blocks = section.split("```python\n")[1:]
+        files = {}
+        for block in blocks:
+            code = block.split("```", 1)[0]
+            name = code.splitlines()[0].removeprefix("# ")
+            files[name] = code
+        assert set(files) == {"app.py", "test_app.py"}, (client, sorted(files))
+        found[client] = files
+    return found
+
+
+def test_the_guides_worked_examples_pass_as_printed(pytester: pytest.Pytester) -> None:
+    """A new user copies an example of docs/pytest-plugin.md: it passes. The three share
+    one run (one broker); each app module gets the client's name so that each test
+    imports its own (``from app import`` becomes ``from app_<client> import``)."""
+    for client, files in worked_examples().items():
+        module = "app_" + client.replace("-", "_")
+        pytester.makepyfile(**{
+            module: files["app.py"],
+            f"test_{module}": files["test_app.py"].replace("from app import", f"from {module} import"),
+        })  # fmt: skip
+    result = run_user_suite(pytester, "-p", "no:xdist")
+    result.assert_outcomes(passed=len(EXAMPLES))
+
+
 def test_disk_storage_and_a_failing_test_shows_the_broker_log(
     pytester: pytest.Pytester, results: Path
 ) -> None:

@@ -44,13 +44,6 @@ CLOSE_SESSION = -1
 INT32_MAX = 2**31 - 1
 
 
-#: How long a share partition recorded as initializing is left to the initialization
-#: under way before a heartbeat tries it again (Kafka's
-#: group.share.initialize.retry.interval.ms default): what makes a coordinator that
-#: restarted mid-initialization, or whose failure could not be recorded, initialize it.
-INITIALIZE_RETRY_INTERVAL_MS = 30_000
-
-
 def next_epoch(epoch: int) -> int:
     return 1 if epoch >= INT32_MAX else epoch + 1
 
@@ -73,6 +66,11 @@ class ShareGroupsConfig:
     record_lock_duration_ms: int = 30_000
     delivery_count_limit: int = 5
     partition_max_record_locks: int = 2_000
+    #: How long a share partition recorded as initializing is left to the initialization
+    #: under way before a heartbeat tries it again (Kafka's
+    #: group.share.initialize.retry.interval.ms): what makes a coordinator that restarted
+    #: mid-initialization, or whose failure could not be recorded, initialize it.
+    initialize_retry_interval_ms: int = 30_000
 
 
 class PartitionSettings(TypedDict):
@@ -107,7 +105,7 @@ class ShareGroups:
         """Whether the share partition, recorded as initializing, is still left to the
         initialization under way (else a heartbeat initializes it again)."""
         since = self.initializing_since.setdefault(key, now_ms)
-        return now_ms - since < INITIALIZE_RETRY_INTERVAL_MS
+        return now_ms - since < self.config.initialize_retry_interval_ms
 
     def recall_groups(self, group_ids: Iterable[str], epochs: Mapping[str, int] = {}) -> None:
         """Groups with stored share state, or stored by their group coordinator: those

@@ -62,8 +62,11 @@ def acknowledge(
     ctx: RequestContext, group_id: str, member_id: str, topic_id: uuid.UUID, partition: int,
     batches: Sequence[Any], touched: set[tuple[uuid.UUID, int]], pending: Pending,
 ) -> ErrorCode:  # fmt: skip
-    """Apply one partition's acknowledgement batches; the first error, if any. The
-    partition goes into ``touched`` (its share state may have changed), each batch
+    """Apply one partition's acknowledgement batches, all or none: the first batch
+    that cannot be applied ends them and undoes those of this request applied before
+    it, and its error is the partition's (Kafka's share partition rolls back every
+    state change of the request's batches for the partition, and writes none). Else
+    the partition goes into ``touched`` (its share state may have changed), the batches
     applied into ``pending``: the caller writes the touched partitions, then
     :func:`settle` keeps or undoes what is pending by how each write went."""
     error, _ = resolve(ctx, topic_id, partition)
@@ -72,20 +75,21 @@ def acknowledge(
     share_partition = ctx.services.shares.partition(group_id, topic_id, partition)
     if share_partition is None:
         return ErrorCode.INVALID_RECORD_STATE if batches else ErrorCode.NONE
-    touched.add((topic_id, partition))
-    result = ErrorCode.NONE
+    applied: list[tuple[SharePartition, int, int]] = []
     for batch in batches:
         code = share_partition.acknowledge(
             member_id, batch.first_offset, batch.last_offset, batch.acknowledge_types,
             ctx.now_ms(), pending=True,
         )  # fmt: skip
-        if code is ErrorCode.NONE:
-            pending.setdefault((topic_id, partition), []).append(
-                (share_partition, batch.first_offset, batch.last_offset)
-            )
-        if result is ErrorCode.NONE:
-            result = code
-    return result
+        if code is not ErrorCode.NONE:
+            for _, first, last in reversed(applied):
+                share_partition.settle(first, last, stored=False)
+            return code
+        applied.append((share_partition, batch.first_offset, batch.last_offset))
+    touched.add((topic_id, partition))
+    if applied:
+        pending.setdefault((topic_id, partition), []).extend(applied)
+    return ErrorCode.NONE
 
 
 def settle(

@@ -268,6 +268,9 @@ class Broker:
             record_lock_duration_ms=config.group_share_record_lock_duration_ms,
             delivery_count_limit=config.group_share_delivery_count_limit,
             partition_max_record_locks=config.group_share_partition_max_record_locks,
+            # Kafka's GroupCoordinatorConfig: never below offsets.commit.timeout.ms.
+            initialize_retry_interval_ms=max(config.group_share_initialize_retry_interval_ms,
+                                             config.offsets_commit_timeout_ms),
         ), GroupConfigStore(data_dir))  # fmt: skip
         #: Their durable state is the share coordinator's: one table per led
         #: __share_group_state partition (groups/share_coordinator.py), loaded by its

@@ -284,3 +284,27 @@ def test_producer_id_expiration_reaches_the_producer_state(tmp_path: Path) -> No
     path.write_text("producer.id.expiration.ms=0\n")
     with pytest.raises(ConfigError, match=r"producer\.id\.expiration\.ms: must be positive"):
         load_config(path)
+
+
+def test_share_initialize_retry_interval_reaches_the_share_groups(tmp_path: Path) -> None:
+    """group.share.initialize.retry.interval.ms (internal in Kafka 4.4, default 30 s) was
+    a constant; as Kafka's GroupCoordinatorConfig, never below offsets.commit.timeout.ms."""
+    from trio_broker.server.broker import Broker
+
+    def retry_interval(text: str, data: str) -> int:
+        path = tmp_path / "server.properties"
+        path.write_text(f"{text}\nlog.dirs={tmp_path / data}\n")
+        return Broker(load_config(path)).shares.config.initialize_retry_interval_ms
+
+    assert retry_interval("group.share.initialize.retry.interval.ms=7000", "a") == 7000
+    assert retry_interval("", "b") == 30_000
+    assert retry_interval("group.share.initialize.retry.interval.ms=1000", "c") == 5000
+    assert (
+        retry_interval(
+            "group.share.initialize.retry.interval.ms=1000\noffsets.commit.timeout.ms=800", "d"
+        )
+        == 1000
+    )
+    (tmp_path / "server.properties").write_text("group.share.initialize.retry.interval.ms=0\n")
+    with pytest.raises(ConfigError, match=r"initialize\.retry\.interval\.ms: must be positive"):
+        load_config(tmp_path / "server.properties")

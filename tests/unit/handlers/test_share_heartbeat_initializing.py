@@ -21,7 +21,7 @@ import trio.testing
 from tests.clustered_broker import ME, ClusteredBroker, Term
 from trio_broker.config import BrokerConfig
 from trio_broker.groups import GroupCoordinator
-from trio_broker.groups.share import INITIALIZE_RETRY_INTERVAL_MS, ShareGroups, ShareGroupsConfig
+from trio_broker.groups.share import ShareGroups, ShareGroupsConfig
 from trio_broker.groups.share_coordinator import PartitionedShareCoordinator
 from trio_broker.groups.share_records import StoredShareGroup, StoredTopic
 from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareKey
@@ -145,19 +145,23 @@ async def test_a_partition_left_initializing_by_a_restart_is_initialized_again_l
         assert write is not None
         await broker.groups.wait_offsets_durable(write)
         broker.groups.resigned(0)
-        broker.shares = ShareGroups(ShareGroupsConfig())
+        # group.share.initialize.retry.interval.ms, here 7 s (Kafka's default: 30 s).
+        broker.shares = ShareGroups(ShareGroupsConfig(initialize_retry_interval_ms=7_000))
         broker.replication.terms[CONSUMER_OFFSETS, 0] = Term(1)
         broker.groups.elected(0, 1, offsets_log)
         await broker.groups.led[0].loaded.wait()
         assert broker.groups.share_group(GROUP) == left
         broker.share_coordinator.load_pending()
-        # Left to the initialization under way for a while, as Kafka leaves it ...
+        # Left to the initialization under way for the retry interval, as Kafka leaves it ...
         joined = await heartbeat(broker, 0)
         assert assigned(joined) == []
+        mock_clock.jump(6.999)
+        still = await heartbeat(broker, joined.member_epoch)
+        assert assigned(still) == []
         assert stored_state(broker, topic_id) is None
         # ... then tried again by a heartbeat, and assigned once it succeeded.
-        mock_clock.jump(INITIALIZE_RETRY_INTERVAL_MS / 1000)
-        later = await heartbeat(broker, joined.member_epoch)
+        mock_clock.jump(0.001)
+        later = await heartbeat(broker, still.member_epoch)
         assert assigned(later) == [(topic_id, [0])]
         assert stored_state(broker, topic_id) == 3
         records = broker.groups.share_group(GROUP)

@@ -1,0 +1,117 @@
+"""Kafka's ``kafka-consumer-groups`` (ConsumerGroupCommand of kafka-tools 4.4.0) against a
+broker process, on a group of the consumer protocol (KIP-848): two confluent-kafka
+members with ``group.protocol=consumer`` read and commit a topic, and the tool lists the
+group as a Consumer group (ListGroups with types), describes its members with their
+epochs and assignments and its state and assignor (ConsumerGroupDescribe) and its
+offsets and lag (OffsetFetch, ListOffsets); once the members are gone it resets the
+group's offsets to the earliest (OffsetCommit as an admin) and deletes the group
+(DeleteGroups). Issue 32 asks that Kafka's tool describe such groups.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_consumer_protocol import (
+    PARTITIONS,
+    FastHeartbeatBroker,
+    Member,
+    make_topic,
+    shared,
+    wait_for,
+)
+from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
+
+pytestmark = pytest.mark.timeout(600)
+TOOL = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
+RECORDS = 20
+
+
+@pytest.fixture(scope="module")
+def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[FastHeartbeatBroker]:
+    process = FastHeartbeatBroker(tmp_path / "data")
+    process.start()
+    try:
+        yield process
+    finally:
+        if process.running:
+            assert process.stop() == 0, process.log_tail()
+
+
+def consumer_groups(classpath: str, broker: FastHeartbeatBroker, *args: str) -> str:
+    done = subprocess.run(
+        ["java", *TOOL_JVM, "-cp", classpath, TOOL, "--bootstrap-server", broker.bootstrap,
+         *args],
+        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    # Without a logging binding slf4j says so on stderr: not the tool's output.
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("SLF4J:")]
+    output = "\n".join([done.stdout, *errors])
+    assert done.returncode == 0, output
+    return output
+
+
+def rows(output: str, group: str) -> list[list[str]]:
+    return [line.split() for line in output.splitlines() if line.split()[:1] == [group]]
+
+
+def test_kafka_consumer_groups_describes_a_consumer_protocol_group(
+    broker: FastHeartbeatBroker, tools_classpath: str
+) -> None:
+    topic, group = f"cg-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    make_topic(broker.bootstrap, topic, RECORDS)
+    a, b = Member(broker.bootstrap, group, topic, "a"), Member(broker.bootstrap, group, topic, "b")
+    try:
+        wait_for(shared([a, b], PARTITIONS // 2), "a and b to own two partitions each")
+        wait_for(lambda: [m.step() for m in (a, b)] and len(a.read) + len(b.read) >= RECORDS,
+                 f"{RECORDS} records")  # fmt: skip
+        member_ids = {a.consumer.memberid(), b.consumer.memberid()}
+
+        listed = consumer_groups(tools_classpath, broker, "--list", "--type")
+        assert rows(listed, group) == [[group, "Consumer"]], listed
+
+        state = consumer_groups(tools_classpath, broker, "--describe", "--group", group, "--state")
+        [[_, _host, _id, assignor, group_state, count]] = rows(state, group)
+        assert (assignor, group_state, count) == ("uniform", "Stable", "2"), state
+
+        members = consumer_groups(tools_classpath, broker, "--describe", "--group", group,
+                                  "--members", "--verbose")  # fmt: skip
+        described = rows(members, group)
+        assert {row[1] for row in described} == member_ids, members
+        # GROUP CONSUMER-ID HOST CLIENT-ID #PARTITIONS CURRENT-EPOCH CURRENT-ASSIGNMENT
+        # TARGET-EPOCH TARGET-ASSIGNMENT: two partitions each, at the target epoch.
+        assert sorted(row[3] for row in described) == ["a", "b"], members
+        for row in described:
+            assert row[4] == "2" and row[5] == row[-2], members
+
+        lags = consumer_groups(tools_classpath, broker, "--describe", "--group", group)
+        offsets = {int(row[2]): row for row in rows(lags, group)}
+        assert sorted(offsets) == list(range(PARTITIONS)), lags
+        per_partition = RECORDS // PARTITIONS
+        for row in offsets.values():
+            # TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG CONSUMER-ID ...
+            assert row[1] == topic and row[3:6] == [str(per_partition), str(per_partition), "0"]
+            assert row[6] in member_ids, lags
+    finally:
+        a.consumer.close()
+        b.consumer.close()
+
+    reset = consumer_groups(tools_classpath, broker, "--reset-offsets", "--group", group,
+                            "--topic", topic, "--to-earliest", "--execute")  # fmt: skip
+    assert {row[3] for row in rows(reset, group)} == {"0"}, reset
+    lags = consumer_groups(tools_classpath, broker, "--describe", "--group", group)
+    assert {row[5] for row in rows(lags, group)} == {str(RECORDS // PARTITIONS)}, lags
+
+    deleted = consumer_groups(tools_classpath, broker, "--delete", "--group", group)
+    assert "successful" in deleted, deleted
+    assert rows(consumer_groups(tools_classpath, broker, "--list", "--type"), group) == []
