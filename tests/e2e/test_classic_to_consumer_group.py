@@ -30,8 +30,8 @@ from tests.e2e.test_consumer_protocol import (
     Member,
     make_topic,
     make_topic_more,
-    wait_for,
 )
+from tests.waits import wait_until
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
@@ -90,7 +90,7 @@ def test_an_empty_classic_group_becomes_a_consumer_group_with_its_offsets(
                 classic.commit(message=msg, asynchronous=False)
             return len(read) >= BEFORE
 
-        wait_for(classic_reads, f"the classic member to read {BEFORE} records")
+        wait_until(classic_reads, f"the classic member to read {BEFORE} records")
         with broker_process.connect() as conn:
             refused = consumer_heartbeat(conn, group, topic)
         assert refused.error_code == ErrorCode.GROUP_ID_NOT_FOUND, refused
@@ -100,7 +100,7 @@ def test_an_empty_classic_group_becomes_a_consumer_group_with_its_offsets(
     make_topic_more(bootstrap, topic, BEFORE, AFTER)
     modern = Member(bootstrap, group, topic, "modern")
     try:
-        wait_for(lambda: modern.step() or len(modern.read) >= AFTER, f"{AFTER} more records")
+        wait_until(lambda: modern.step() or len(modern.read) >= AFTER, f"{AFTER} more records")
         # From the classic group's commits: only the records produced after them.
         assert sorted(modern.read) == sorted(f"r{i}" for i in range(BEFORE, BEFORE + AFTER))
         committed = modern.consumer.committed(

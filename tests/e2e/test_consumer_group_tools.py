@@ -23,9 +23,9 @@ from tests.e2e.test_consumer_protocol import (
     Member,
     make_topic,
     shared,
-    wait_for,
 )
 from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 TOOL = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
@@ -72,8 +72,8 @@ def test_kafka_consumer_groups_describes_a_consumer_protocol_group(
     make_topic(broker.bootstrap, topic, RECORDS)
     a, b = Member(broker.bootstrap, group, topic, "a"), Member(broker.bootstrap, group, topic, "b")
     try:
-        wait_for(shared([a, b], PARTITIONS // 2), "a and b to own two partitions each")
-        wait_for(lambda: [m.step() for m in (a, b)] and len(a.read) + len(b.read) >= RECORDS,
+        wait_until(shared([a, b], PARTITIONS // 2), "a and b to own two partitions each")
+        wait_until(lambda: [m.step() for m in (a, b)] and len(a.read) + len(b.read) >= RECORDS,
                  f"{RECORDS} records")  # fmt: skip
         member_ids = {a.consumer.memberid(), b.consumer.memberid()}
 
