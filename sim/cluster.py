@@ -5,6 +5,7 @@ and the in-memory ZooKeeper, that can crash, lose power, restart and lose their 
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,8 @@ log = logging.getLogger("sim")
 #: (every other duration of a schedule is a multiple of the session timeout).
 SESSION_TIMEOUT_MS = 1000
 REPLICA_LAG_TIME_MAX_MS = 1500
+#: Flusher lanes per simulated broker: the run's topic has two partitions.
+FLUSH_LANES = 2
 
 
 def node_name(broker_id: int) -> str:
@@ -190,6 +193,13 @@ class SimBroker:
     async def start(self, nursery: trio.Nursery) -> None:
         broker = Broker(self.config(), now_ms=self.now_ms)
         broker.flusher._threads = InlineCalls()
+        # One flusher lane per partition of the run: the logs take lanes in turn, so with
+        # the default eight the other six were idle tasks started and cancelled each life.
+        broker.flusher.threads = FLUSH_LANES
+        # The loop watchdog measures how late a sleep wakes on the wall clock; on the
+        # mock clock that is no lag at all, and its 20 wakes a second per broker were
+        # about half of a run's distinct virtual times (each a scheduler pass).
+        broker.loop_watchdog.interval_s = math.inf
         self._restore(broker)
         zk = self.zk
 

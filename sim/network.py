@@ -54,7 +54,9 @@ class _Pipe:
     Delivery is the receiver's work: a reader moves the chunks that are due (on a link
     that is not cut) and otherwise sleeps until the first one is due or the pipe
     changes. No task of the network's own wakes for every chunk, which keeps a
-    simulated second cheap."""
+    simulated second cheap. A reader that waits on an empty pipe is not woken by a send:
+    the send moves its wait's deadline to the chunk's due time, so each delivery is one
+    wake of the reader, not two (one to learn the due time, one when it comes)."""
 
     def __init__(self, network: Network, src: str, dst: str) -> None:
         self.network, self.src, self.dst = network, src, dst
@@ -62,7 +64,9 @@ class _Pipe:
         self.arrived = bytearray()
         self.eof_sent = False  # the sender closed: EOF after the bytes in flight
         self.reset = False
-        self.changed = trio.Event()  # bytes sent to an idle pipe, EOF, reset or a heal
+        self.changed = trio.Event()  # EOF, reset or a heal
+        #: The reader's wait while it waits (its deadline: when the next chunk is due).
+        self.waiting: trio.CancelScope | None = None
 
     def wake(self) -> None:
         self.changed.set()
@@ -75,9 +79,11 @@ class _Pipe:
         if self.in_flight:  # TCP keeps order: never before the previous chunk
             due = max(due, self.in_flight[-1][0])
             self.in_flight.append((due, bytes(data)))
-        else:  # a reader may be waiting with no deadline: give it one
+        else:  # a reader may be waiting with no deadline: give it this one
             self.in_flight.append((due, bytes(data)))
-            self.wake()
+            waiting = self.waiting
+            if waiting is not None and due < waiting.deadline:
+                waiting.deadline = due
 
     def _next_due(self) -> float:
         """Move the chunks due by now; when the next one is due (inf: none, or cut)."""
@@ -104,12 +110,11 @@ class _Pipe:
                 return chunk
             if self.at_eof:
                 return b""
-            changed = self.changed
-            if next_due == math.inf:
-                await changed.wait()
-            else:
-                with trio.move_on_at(next_due):
-                    await changed.wait()
+            with trio.CancelScope(deadline=next_due) as self.waiting:
+                try:
+                    await self.changed.wait()
+                finally:
+                    self.waiting = None
 
 
 class _Connection:
