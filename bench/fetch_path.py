@@ -341,11 +341,8 @@ def read(partitions: int, calls: int, isolation: int) -> dict[str, Any]:
             broker = Broker(BrokerConfig(port=0, data_dir=Path(tmp)))
             topic = broker.topics.create("read", partitions)
 
-            def term_of(p: int) -> Any:
-                return broker.replication.leader_term("read", p)
-
             for p in range(partitions):
-                led = topic.leading(p, term_of(p), broker.producers)
+                led = topic.leading(p)
                 append(led, build_batch([(b"k", PAD)]), origin=Origin.CLIENT, now_ms=0,
                        durability=None)  # fmt: skip
                 led.log.flush()  # the group commit's sync (a node alone's HW: durable end)

@@ -38,8 +38,8 @@ def main() -> None:
     mode = sys.argv[2] if len(sys.argv) > 2 else "both"
     topics = TopicManager(None, LogConfig(), lambda: 0)
     written, small = topics.create("t", 1), topics.create("r", 1)
-    leaders = LocalReplication.over(topics)
     producers = ProducerStateRegistry(None, lambda: 0)
+    leaders = LocalReplication.over(topics, producers=producers)
     batches = [
         build_batch([(b"k", b"v" * 90)], producer_id=5, producer_epoch=0, base_sequence=i,
                     base_timestamp=0)
@@ -48,16 +48,18 @@ def main() -> None:
 
     began = time.thread_time()
     for batch in batches if mode != "read" else ():
-        led = written.leading(0, leaders.leader_term("t", 0), producers)
+        leaders.leader_term("t", 0)  # as the guard: the term, then its Partition
+        led = written.leading(0)
         append(led, batch, origin=Origin.CLIENT, now_ms=0, durability=None)
     appended = time.thread_time()
-    one = small.leading(0, leaders.leader_term("r", 0), producers)
+    one = small.leading(0)
     append(one, batches[0], origin=Origin.CLIENT, now_ms=0, durability=None)
     one.log.flush()  # the group commit's sync: a node alone's high watermark is the durable end
     answer = Answer()
     began_reads = time.thread_time()
     for _ in range(count if mode != "append" else 0):
-        led = small.leading(0, leaders.leader_term("r", 0), producers)
+        leaders.leader_term("r", 0)
+        led = small.leading(0)
         read(answer, led, 0, 1 << 16, Isolation.TXN_COMMITTED, min_one=True)
     done = time.thread_time()
     print(

@@ -95,9 +95,8 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         self.dir = Path(tempfile.mkdtemp(prefix="txn-machine-"))
         self.clock = T0
         self.topics = TopicManager(self.dir, LogConfig(), self.now)
-        self.leaders = LocalReplication.over(self.topics)  # a node alone leads them
         self.topics.create(TOPIC, 1)
-        self.registry = self._registry()
+        self._start_registry()
         self.model = ModelLog()
         self.producers = [Producer(1000 + i) for i in range(PRODUCERS)]
         self.values = 0
@@ -110,8 +109,12 @@ class PartitionTxnMachine(RuleBasedStateMachine):
     def now(self) -> int:
         return self.clock
 
-    def _registry(self) -> ProducerStateRegistry:
-        return ProducerStateRegistry(self.dir, self.now, expiration_ms=EXPIRATION_MS)
+    def _start_registry(self) -> None:
+        """A (re)start: the producer state registry, and the node alone's replication
+        that takes its partitions with entries of it (the Partition keeps the producer
+        state)."""
+        self.registry = ProducerStateRegistry(self.dir, self.now, expiration_ms=EXPIRATION_MS)
+        self.leaders = LocalReplication.over(self.topics, producers=self.registry)
 
     def teardown(self) -> None:
         self.topics.close()
@@ -339,7 +342,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
     def clean_restart(self) -> None:
         note("clean restart (snapshot)")
         self.registry.close()
-        self.registry = self._registry()
+        self._start_registry()
 
     def _delete_snapshots(self) -> None:
         for path in (self.dir / f"{TOPIC}-0").glob("*.snapshot"):
@@ -356,7 +359,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         # LSO go back, in a sequence no disk produces.
         self.saved_snapshot = None
         self._forget_below_the_log_start()
-        self.registry = self._registry()
+        self._start_registry()
 
     @rule()
     def remember_snapshot(self) -> None:
@@ -364,7 +367,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         path = latest_snapshot(self.dir / f"{TOPIC}-0")
         assert path is not None
         self.saved_snapshot = (path.name, path.read_bytes())
-        self.registry = self._registry()
+        self._start_registry()
 
     @precondition(lambda self: self.saved_snapshot is not None)
     @rule()
@@ -375,7 +378,7 @@ class PartitionTxnMachine(RuleBasedStateMachine):
         name, data = self.saved_snapshot
         (self.dir / f"{TOPIC}-0" / name).write_bytes(data)
         self._forget_below_the_log_start()  # if that snapshot is below it, it is not used
-        self.registry = self._registry()
+        self._start_registry()
 
     # ------------------------------------------------------------------ invariants
 

@@ -62,7 +62,7 @@ from trio_broker.services.cluster_view import ClusterView, PartitionInfo
 from trio_broker.services.internal_topics import LeadershipListener
 from trio_broker.services.local_replication import DataReplication
 from trio_broker.services.producers import ProducerStateRegistry
-from trio_broker.services.topics import TopicManager
+from trio_broker.services.topics import Topic, TopicManager
 
 __all__ = ["ReplicaManager"]
 
@@ -90,12 +90,19 @@ class ReplicaManager:
         self.view = view
         self.coord = coord
         self.topics = topics
+        # A moved log this broker leads is taken again at once (_partition_opened).
+        topics.on_partition_opened = self._partition_opened
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
         self.now_ms = now_ms
         self.durability = durability
         #: Idempotent producers' state (services/producers.py): rebuilt from the log when a
         #: replica becomes leader; its id allocator takes blocks from ZooKeeper.
         self.producers = producers
+        #: The registry whose entries the Partitions it takes hold (``producers``, or a
+        #: registry of its own in memory for a manager made without one: a test's).
+        self._producer_state = (
+            producers if producers is not None else ProducerStateRegistry(None, now_ms)
+        )
         #: A partition's log end, HW or leadership changed: the long-poll fetches watching
         #: it (server/fetch_waits.py) read it again.
         self.on_partition_changed = on_partition_changed
@@ -499,12 +506,34 @@ class ReplicaManager:
             replica_lag_time_max_ms=self.replica_lag_time_max_ms,
         )
         self._led_logs[id(log_)], self._led_log_ids[key] = key, id(log_)
+        self._take(key)
         self.wake(key)
         log.info("leading %s-%d in epoch %d, ISR %s", name, partition, info.leader_epoch,
                  sorted(info.isr))  # fmt: skip
         listener = self.leadership_listeners.get(name)
         if listener is not None:
             listener.elected(partition, info.leader_epoch, log_)
+
+    def _take(self, key: Key) -> None:
+        """Take ``key``'s Partition in this broker's term of it (``Topic.make_leader``): made
+        when the term begins, never on a lookup; the same object, in the new term, when
+        this broker led it before on the same log."""
+        topic = self.topics.get(key[0])
+        term = self.terms.get(key)
+        if topic is None or term is None or not 0 <= key[1] < len(topic.logs):
+            return
+        topic.make_leader(key[1], term, self._producer_state.entry(*key))
+
+    def _partition_opened(self, topic: Topic, index: int) -> None:
+        """``TopicManager.on_partition_opened``: a log put in place of one this broker
+        leads (a move to another log dir) is led in the term it had (a new copy, created
+        or grown, is taken only when its term begins: ``_become_leader``)."""
+        key = (topic.name, index)
+        if key in self.terms:
+            log_ = topic.logs[index]
+            self._led_logs.pop(self._led_log_ids.pop(key, -1), None)
+            self._led_logs[id(log_)], self._led_log_ids[key] = key, id(log_)
+            self._take(key)
 
     def _end_term(self, key: Key) -> None:
         """This broker stops leading ``key`` (if it did): acks=all waiters learn it
@@ -513,6 +542,9 @@ class ReplicaManager:
         if term is None:
             return
         self._led_logs.pop(self._led_log_ids.pop(key, -1), None)
+        topic = self.topics.get(key[0])
+        if topic is not None:
+            topic.drop_partition(key[1])  # the data path's lookup finds it led no more
         self.hw_floors.term_ended(key, term.high_watermark)
         self.wake(key)
         listener = self.leadership_listeners.get(key[0])

@@ -69,14 +69,14 @@ def leading_partition(
     term = check_leader(ctx, topic.name, partition, current_leader_epoch, fence_alone=fence_alone)
     if isinstance(term, ErrorCode):
         return term
-    # The topic's Partition, read here first: the hot path (a Fetch of many partitions)
-    # saves a call per partition when the term and the log are the ones it holds (a
-    # broker's registry is one for its life; Topic.leading also checks it); otherwise
-    # Topic.leading replaces its term, or makes it.
+    # The Partition the replication took with this term (Topic.take): a plain lookup.
+    # None, or another term's, only if the term and the Partition ever parted (they are
+    # replaced together): not led here, as Kafka answers for a partition it has no
+    # leader Partition of.
     led = topic.partitions.get(partition)
-    if led is not None and led.term is term and led.log is topic.logs[partition]:
-        return led
-    return topic.leading(partition, term, ctx.services.producers)
+    if led is None or led.term is not term:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    return led
 
 
 @attrs.frozen

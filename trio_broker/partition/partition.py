@@ -3,17 +3,19 @@
 high watermark), held together by one long-lived object.
 
 A :class:`Partition` is constructed in one place, :func:`take_partition`
-(``tests/unit/partition/test_one_append_path.py`` holds it), called by two lookups:
+(``tests/unit/partition/test_one_append_path.py`` holds it), called by two:
 
-- ``services/topics.py``'s ``Topic.leading``, for a partition of the topic catalogue:
-  the per-partition guard (``handlers/topic_lookup.leading_partition``) and the
-  marker writer (``services/txn_markers.py``) call it with this broker's term. The
-  topic keeps one :class:`Partition` per partition for the life of its log
-  (``Topic.partitions``), with the partition's own entry of the producer state
-  (``services/producers.py``'s ``PartitionProducerState``); a new term (the
-  leadership changed) replaces the one it holds, a new log (the topic made again, the
-  partition moved to another log dir) makes a new one, and the topic's deletion drops
-  it;
+- ``services/topics.py``'s ``Topic.make_leader``, for a partition of the topic
+  catalogue, called where this broker takes the partition to lead and nowhere else (a
+  node alone's ``LocalReplication.take`` when it opens the log; a cluster's
+  ``ReplicaManager._become_leader``). The topic keeps one :class:`Partition` per
+  partition for the life of its log (``Topic.partitions``), with the partition's own
+  entry of the producer state (``services/producers.py``'s ``PartitionProducerState``);
+  a new term on the same log replaces the one it holds (the same object), a new log
+  (the topic made again, the partition moved to another log dir) gets a new one, and
+  the term's end and the topic's deletion drop it. The per-partition guard
+  (``handlers/topic_lookup.leading_partition``) and the marker writer
+  (``services/txn_markers.py``) only look it up (``Topic.leading``);
 - :func:`coordinator_partition`, for the log a coordinator was elected with (a
   cluster's ``__consumer_offsets``/``__transaction_state``/``__share_group_state``
   partition, or a node alone's own log outside the catalogue, led by an ``OwnLog``):
@@ -80,8 +82,9 @@ class PartitionProducers(Producers, Protocol):
 class Partition:
     """A partition of this broker's, led here in :attr:`term` (module docstring).
 
-    Not frozen: the term is replaced when the leadership changes (``Topic.leading``),
-    the rest is fixed for the object's life."""
+    Not frozen: the term (and the producer state's entry with it) is replaced when the
+    leadership changes (``Topic.make_leader``), the rest is fixed for the object's
+    life."""
 
     #: The topic's name and the partition's index in it.
     topic: str
@@ -90,7 +93,7 @@ class Partition:
     log: Log
     #: The producer and transaction state of this partition (its entry in the registry).
     producers: PartitionProducers
-    #: This broker's leader term of the partition, as the last lookup found it: leader
+    #: This broker's leader term of the partition, as the replication took it: leader
     #: epoch, ISR, high watermark.
     term: Term
 

@@ -328,6 +328,9 @@ class Broker:
             )
             alone = LocalReplication(
                 view,
+                # It takes every partition the catalogue loaded, now, and each one
+                # opened later: the registry its Partitions hold entries of is made first.
+                producers=self.producers,
                 # Synced records only, where acks=all waits for the sync and every
                 # append is synced at once (docs/reliability.md: else the operator chose
                 # the page cache for acks=0/1 records, and the HW is the log end).

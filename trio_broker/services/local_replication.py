@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import attrs
 
@@ -47,11 +47,12 @@ from trio_broker.services.cluster_view import (
     TopicInfo,
     brokers_on,
 )
+from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.storage.log_protocol import Log
 
 if TYPE_CHECKING:
     from trio_broker.replication.leader import IsrProposal
-    from trio_broker.services.topics import TopicManager
+    from trio_broker.services.topics import Topic, TopicManager
 
 __all__ = [
     "LOCAL_LEADER_EPOCH",
@@ -321,57 +322,79 @@ class LocalReplication(_NoFollowers):
     """The data path's replication of a node alone (module docstring).
 
     ``view``: the metadata of this cluster of one (:class:`LocalView`).
+    ``producers``: the broker's producer state registry, whose entries the partitions
+    it takes hold (a registry of its own, in memory, when none is given: a tool's).
     ``counts_synced_only``: whether the high watermark is the durable end
     (:class:`LocalTerm`; ``acks.all.fsync`` and no lazy log.flush.interval.*).
     ``on_partition_changed``: what wakes a partition's long polls (the broker's fetch
     purgatory), told when a sync moved a partition's durable end, and so its high
-    watermark (:meth:`log_synced`)."""
+    watermark (:meth:`log_synced`).
+
+    A node alone leads every partition it holds from the moment it opens its log: made
+    over the topic manager, it takes every partition the catalogue loaded, and then
+    each one the manager opens (a topic created, partitions added, a log moved to
+    another log dir: ``TopicManager.on_partition_opened``) in a :class:`LocalTerm` of
+    its log (``Topic.make_leader``). Its term of a partition is that Partition's."""
 
     def __init__(
         self,
         view: LocalView,
         *,
+        producers: ProducerStateRegistry | None = None,
         counts_synced_only: bool = True,
         on_partition_changed: Callable[[str, int], None] | None = None,
     ) -> None:
         self.broker_id = view.broker_id
         self.view = view
         self._topics = view.topic_manager
+        if producers is None:
+            producers = ProducerStateRegistry(None, self._topics.now_ms)
+        self.producers = producers
         self._counts_synced_only = counts_synced_only
         self.on_partition_changed = on_partition_changed
-        #: (topic, partition) -> its term: one per log, not one per lookup (a Fetch
-        #: looks up each of its partitions; the guard keeps its Partition per term).
-        self._terms: dict[tuple[str, int], LocalTerm] = {}
         #: id(log) -> the (topic, partition) of the term made on it, and the log (an id
         #: is reused once its log is gone): a sync of a log (:meth:`log_synced`) names
-        #: the partition to wake. Every log appended to by a client or a marker has a
-        #: term here: the append looked it up first.
+        #: the partition to wake. Every log this broker holds has a term here (taken
+        #: when opened).
         self._partition_of_log: dict[int, tuple[tuple[str, int], Log]] = {}
-        #: How many terms there may be before those of deleted logs are dropped
-        #: (twice what was left last time: amortized, no walk per lookup).
+        #: How many entries there may be before those of deleted logs are dropped
+        #: (twice what was left last time: amortized, no walk per take).
         self._prune_at = 1024
+        for topic in list(self._topics.topics.values()):  # the catalogue, loaded
+            for index in range(len(topic.logs)):
+                self.take(topic, index)
+        self._topics.on_partition_opened = self.take
 
     @classmethod
-    def over(cls, topics: TopicManager, broker_id: int = 0) -> LocalReplication:
+    def over(
+        cls, topics: TopicManager, broker_id: int = 0, *,
+        producers: ProducerStateRegistry | None = None,
+    ) -> LocalReplication:  # fmt: skip
         """A node alone's replication of ``topics`` without listeners: what a tool or a
         test that writes partitions without a broker leads them in."""
-        return cls(LocalView(broker_id, None, topics, list))
+        return cls(LocalView(broker_id, None, topics, list), producers=producers)
+
+    def take(self, topic: Topic, index: int) -> None:
+        """Lead partition ``index`` of ``topic`` (its log just opened) in a term of its
+        own log, with its entry of the producer state."""
+        log = topic.logs[index]
+        term = LocalTerm(self.broker_id, log, self._counts_synced_only)
+        topic.make_leader(index, term, self.producers.entry(topic.name, index))
+        if len(self._partition_of_log) >= self._prune_at:  # deleted topics' logs go
+            self._partition_of_log = {
+                id(held): ((t.name, i), held)
+                for t in self._topics.topics.values()
+                for i, held in enumerate(t.logs)
+            }
+            self._prune_at = max(1024, 2 * len(self._partition_of_log))
+        self._partition_of_log[id(log)] = ((topic.name, index), log)
 
     def leader_term(self, topic: str, partition: int) -> LocalTerm | None:
-        log = self._topics.log(topic, partition)
-        if log is None:
+        found = self._topics.topics.get(topic)
+        led = None if found is None else found.partitions.get(partition)
+        if led is None:
             return None
-        key = (topic, partition)
-        cached = self._terms.get(key)
-        if cached is not None and cached.log is log:
-            return cached
-        if len(self._terms) >= self._prune_at:  # the terms of deleted topics' logs go
-            self._terms = {k: t for k, t in self._terms.items() if self._topics.log(*k) is t.log}
-            self._partition_of_log = {id(t.log): (k, t.log) for k, t in self._terms.items()}
-            self._prune_at = max(1024, 2 * len(self._terms))
-        made = self._terms[key] = LocalTerm(self.broker_id, log, self._counts_synced_only)
-        self._partition_of_log[id(log)] = (key, log)
-        return made
+        return cast(LocalTerm, led.term)  # every term taken here is (take)
 
     @property
     def counts_synced_only(self) -> bool:

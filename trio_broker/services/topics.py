@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from trio_broker.partition.partition import Partition, take_partition
+from trio_broker.partition.append import NotLeader
+from trio_broker.partition.partition import Partition, PartitionProducers, take_partition
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.storage.broker_configs import BrokerConfigStore
@@ -33,7 +34,6 @@ from trio_broker.storage.topic_configs import log_config as topic_log_config
 
 if TYPE_CHECKING:
     from trio_broker.partition.append import Term
-    from trio_broker.services.producers import ProducerStateRegistry
 
 
 class TopicError(KafkaError):
@@ -62,42 +62,49 @@ def validate_topic_name(name: str) -> None:
 class Topic:
     info: TopicInfo
     logs: list[Log]  # one per partition
-    #: This broker's :class:`Partition` of each partition it has led (index -> it): made
-    #: by the first lookup that finds it led here, kept for the life of its log, its
-    #: term replaced when the leadership changes (:meth:`leading`). Dropped with the
-    #: topic (a deletion, the cluster moving the topic away from this broker).
+    #: This broker's :class:`Partition` of each partition it leads (index -> it): made
+    #: when the broker takes the partition (:meth:`make_leader`: a node alone when it
+    #: opens the log, a cluster's replica manager when it becomes leader), kept for the
+    #: life of its log, its term replaced when the leadership changes; dropped when the
+    #: term ends (:meth:`drop_partition`) and with the topic (a deletion, the cluster
+    #: moving the topic away from this broker). :meth:`leading` only looks it up.
     partitions: dict[int, Partition] = attrs.field(factory=dict, eq=False, repr=False)
-    #: The producer state registry :attr:`partitions` hold entries of.
-    producer_registry: object = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def name(self) -> str:
         return self.info.name
 
-    def leading(self, index: int, term: Term, producers: ProducerStateRegistry) -> Partition:
-        """Partition ``index`` (in range) as this broker leads it in ``term``: the one
-        lookup of a catalogue partition to write or read (``partition/partition.py``),
-        called by the per-partition guard and by the marker writer with the term the
-        replication gave. The :class:`Partition` kept in :attr:`partitions`, its term
-        replaced by ``term`` if the leadership changed since; one is made
-        (``take_partition``) the first time, and again for a log put in another's place
-        (a replica re-created, a partition moved to another log dir) or another
-        registry (a tool's restart): the producer state is its log's."""
+    def make_leader(self, index: int, term: Term, producers: PartitionProducers) -> Partition:
+        """This broker takes partition ``index`` (in range) to lead in ``term``, with its
+        entry of the producer state: the one caller of ``take_partition``
+        (``partition/partition.py``), called by the replication when it takes the
+        partition (``LocalReplication`` for a node alone, ``ReplicaManager._become_leader``
+        in a cluster), never on a lookup. The :class:`Partition` it held on the same log
+        stays, in ``term`` (Kafka's makeLeader on an existing Partition); a log put in
+        another's place gets a new one."""
         log = self.logs[index]
-        if producers is not self.producer_registry:  # the first lookup, or a tool's restart
-            self.partitions, self.producer_registry = {}, producers
         led = self.partitions.get(index)
         if led is None or led.log is not log:
-            entry = producers.entry(self.name, index)
-            led = self.partitions[index] = take_partition(self.name, index, log, entry, term)
-        elif led.term is not term:
-            led.term = term  # a new term of the same partition: the leadership changed
+            led = self.partitions[index] = take_partition(self.name, index, log, producers, term)
+        else:  # a new term of the same partition: the leadership changed
+            led.term, led.producers = term, producers
+        return led
+
+    def leading(self, index: int) -> Partition:
+        """Partition ``index`` as this broker leads it: the one lookup of a catalogue
+        partition to write or read (``partition/partition.py``), called by the
+        per-partition guard and by the marker writer. Raises
+        :class:`~trio_broker.partition.append.NotLeader` when this broker has not taken it
+        (it leads elsewhere or nowhere)."""
+        led = self.partitions.get(index)
+        if led is None:
+            raise NotLeader(f"not the leader of {self.name}-{index}")
         return led
 
     def drop_partition(self, index: int) -> None:
-        """This broker no longer holds partition ``index`` as it was (the cluster moved
-        it away, or its log was put in another's place): its :class:`Partition` goes, a
-        later lead here makes another."""
+        """This broker no longer leads partition ``index`` as it was (its term ended, the
+        cluster moved it away, or its log was put in another's place): its
+        :class:`Partition` goes, a later lead here takes another."""
         self.partitions.pop(index, None)
 
     @property
@@ -145,6 +152,13 @@ class TopicManager:
         #: Called with the id of each deleted topic, once its logs are closed (the share
         #: groups drop their state of it).
         self.on_topic_deleted: Callable[[uuid.UUID], None] | None = None
+        #: Called with (topic, index) for each partition log put in place after this
+        #: manager was made: a topic created, a partition added, a log moved to another
+        #: log dir. The replication takes the partitions it leads there (a node alone
+        #: all of them; a cluster's leader a moved log it leads): no lookup takes one.
+        #: The catalogue's topics, opened here before anyone could be told, are taken
+        #: by the replication when it is made over this manager.
+        self.on_partition_opened: Callable[[Topic, int], None] | None = None
         self.by_id: dict[uuid.UUID, Topic] = {}
         if self.catalogue is not None:
             for info in self.catalogue.topics():
@@ -201,6 +215,7 @@ class TopicManager:
             topic.drop_partition(partition)  # it held the closed log
             self.dir_counts[source] -= 1
             self.dir_counts[where] += 1
+            self._opened(topic, range(partition, partition + 1))
         return new
 
     def _open(self, info: TopicInfo) -> Topic:
@@ -209,7 +224,14 @@ class TopicManager:
         topic = Topic(info, logs)
         self.topics[info.name] = topic
         self.by_id[info.topic_id] = topic
+        self._opened(topic, range(len(logs)))
         return topic
+
+    def _opened(self, topic: Topic, indexes: range) -> None:
+        """Tell :attr:`on_partition_opened` of the logs just put at ``indexes``."""
+        if self.on_partition_opened is not None:
+            for index in indexes:
+                self.on_partition_opened(topic, index)
 
     def get(self, name: str) -> Topic | None:
         return self.topics.get(name)
@@ -318,8 +340,10 @@ class TopicManager:
             for log in opened:
                 log.abort()  # empty, and maybe already discarded: nothing to flush
             raise
+        grown = range(len(topic.logs), total)
         topic.logs = [*topic.logs, *opened]
         topic.info = info
+        self._opened(topic, grown)
         return topic
 
     def set_configs(self, name: str, configs: dict[str, str]) -> Topic:

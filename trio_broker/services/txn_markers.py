@@ -79,7 +79,9 @@ def append_txn_marker(
         raise MarkerRejected(
             ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no partition {topic}-{partition}"
         )
-    led = _led(topics, producers, leaders, topic, partition)
+    # The marker's checks and record go to the producer state the Partition holds (the
+    # entry the replication took it with: the broker's registry, ``producers``).
+    led = _led(topics, leaders, topic, partition)
     if isinstance(led, ErrorCode):
         raise MarkerRejected(led, f"cannot write a marker to {topic}-{partition}")
     appended = _append_marker(
@@ -90,13 +92,12 @@ def append_txn_marker(
 
 
 def _led(
-    topics: TopicManager, producers: ProducerStateRegistry, leaders: Replication, topic: str,
-    partition: int,
+    topics: TopicManager, leaders: Replication, topic: str, partition: int,
 ) -> Partition | ErrorCode:  # fmt: skip
-    """The partition a marker goes to, found as the guard finds one (``Topic.leading``
-    in this broker's term: one lookup), or why not: NOT_LEADER_OR_FOLLOWER (no term
-    here: the coordinator looks the leader up again and retries), then
-    UNKNOWN_TOPIC_OR_PARTITION (led, but no such partition here)."""
+    """The partition a marker goes to, found as the guard finds one (``Topic.leading``,
+    the Partition taken in this broker's term: a lookup), or why not:
+    NOT_LEADER_OR_FOLLOWER (no term here: the coordinator looks the leader up again
+    and retries), then UNKNOWN_TOPIC_OR_PARTITION (led, but no such partition here)."""
     try:
         term = led_term(leaders, topic, partition)
     except NotLeader:
@@ -104,7 +105,13 @@ def _led(
     found = topics.get(topic)
     if found is None or not 0 <= partition < len(found.logs):
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-    return found.leading(partition, term, producers)
+    try:
+        led = found.leading(partition)
+    except NotLeader:  # the term and the Partition are replaced together: never apart
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    if led.term is not term:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    return led
 
 
 def _append_marker(
@@ -136,7 +143,7 @@ def append_marker_as_leader(
     """A partition's leader appends a marker in its leader epoch: the write, or the
     partition's error (:func:`_led`'s; the marker's epochs' and the log's). ``services``
     gives ``topics``, ``producers``, ``durability``, ``appends`` and ``leaders``."""
-    led = _led(services.topics, services.producers, services.leaders, topic, partition)
+    led = _led(services.topics, services.leaders, topic, partition)
     if isinstance(led, ErrorCode):
         return led
     try:

@@ -21,7 +21,6 @@ from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.partition.read import Isolation, ReplicaRead, read, read_by_replica
 from trio_broker.protocol.records import build_batch
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo, TopicInfo
-from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.log import LogConfig
 
@@ -38,7 +37,7 @@ def follower_fetch(manager: ReplicaManager, replica: int, offset: int) -> Answer
     fetch handler reads it: the guard's Partition, a first read that records progress."""
     topic = manager.topics.get("t")
     assert topic is not None
-    partition = topic.leading(0, manager.terms[KEY], ProducerStateRegistry(None, lambda: 0))
+    partition = topic.leading(0)
     answer = Answer()
     read_by_replica(
         answer, partition, offset, 1 << 20, ReplicaRead(replica, 0, manager), 0, min_one=True
@@ -100,6 +99,6 @@ async def test_a_consumers_read_records_no_progress() -> None:
     manager = await _leader_of(staying)
     topic = manager.topics.get("t")
     assert topic is not None
-    partition = topic.leading(0, manager.terms[KEY], ProducerStateRegistry(None, lambda: 0))
+    partition = topic.leading(0)
     read(Answer(), partition, 5, 1 << 20, Isolation.HIGH_WATERMARK, min_one=True)
     assert manager.terms[KEY].pending is None  # nobody proposed into the ISR

@@ -68,13 +68,18 @@ class Services:
     shutting_down: bool = False
     replication: Any = None  # alone: no cluster
     transactions: Any = None  # no transaction coordinator
+    #: The node alone's replication, made on first use (after the test set its fields).
+    alone: LocalReplication | None = None
 
     @property
     def leaders(self) -> LocalReplication:
-        """Services.leaders: alone, a cluster of one."""
-        return LocalReplication(
-            LocalView(0, None, self.topics, lambda: [("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)])
-        )
+        """Services.leaders: alone, a cluster of one, which takes the partitions with
+        entries of this registry (one for the services' life, as a broker's)."""
+        if self.alone is None:
+            endpoints = [("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)]
+            view = LocalView(0, None, self.topics, lambda: endpoints)
+            self.alone = LocalReplication(view, producers=self.producers)
+        return self.alone
 
     def sync(self, topic: str, partition: int) -> None:
         """The flusher's sync of a partition, which ``durability`` leaves to the test:

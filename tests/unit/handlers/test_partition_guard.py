@@ -34,7 +34,7 @@ from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.messages import RequestHeader
 from trio_broker.services.cluster_view import ClusterView, PartitionInfo, TopicInfo
-from trio_broker.services.local_replication import LocalReplication, LocalView
+from trio_broker.services.local_replication import LocalReplication, LocalTerm, LocalView
 from trio_broker.services.producers import PartitionProducerState, ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.log import LogConfig
@@ -59,12 +59,14 @@ class FollowingEverything:
         return None
 
 
-def context(leaders: Any, topics: TopicManager, api_key: int = m.ApiKey.LIST_OFFSETS) -> Any:
+def context(
+    leaders: Any, topics: TopicManager, api_key: int = m.ApiKey.LIST_OFFSETS,
+    producers: ProducerStateRegistry | None = None,
+) -> Any:  # fmt: skip
+    # The producers' registry: the replication took its partitions with its entries.
+    registry = producers if producers is not None else ProducerStateRegistry(None, lambda: 0)
     return SimpleNamespace(
-        # The producers' registry: the guard hands the partition its entry.
-        services=SimpleNamespace(
-            leaders=leaders, topics=topics, producers=ProducerStateRegistry(None, lambda: 0)
-        ),
+        services=SimpleNamespace(leaders=leaders, topics=topics, producers=registry),
         header=RequestHeader(api_key, 7, 1, "guard"),
         api_version=7,
     )
@@ -74,7 +76,9 @@ def alone_with(topic: str, partitions: int) -> Any:
     topics = TopicManager(None, LogConfig(), lambda: 0)
     topics.create(topic, partitions)
     endpoints = [("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)]
-    return context(LocalReplication(LocalView(1, None, topics, lambda: endpoints)), topics)
+    producers = ProducerStateRegistry(None, lambda: 0)
+    leaders = LocalReplication(LocalView(1, None, topics, lambda: endpoints), producers=producers)
+    return context(leaders, topics, producers=producers)
 
 
 def cluster(held: dict[str, int], cluster_has: dict[str, int], leader: int = 2) -> Any:
@@ -160,10 +164,11 @@ def test_other_errors_and_a_single_broker_are_unchanged() -> None:
 
 
 def test_one_partition_per_log_its_term_replaced() -> None:
-    """The topic keeps one Partition per partition: the guard finds the same object
-    for the same log (a Fetch of many partitions allocates none per partition), with
-    the term replaced when the leadership changed; a log put in another's place (the
-    topic made again) gives a new one, never the old log's."""
+    """The topic keeps one Partition per partition, taken by the replication: the
+    guard finds the same object for the same log (a Fetch of many partitions allocates
+    none per partition) and never takes one; a new term taken on the same log keeps
+    the object; a log put in another's place (the topic made again) gives a new one,
+    never the old log's."""
     ctx = alone_with("solo", 2)
     first = guard(ctx, "solo", 0)
     assert not isinstance(first, ErrorCode)
@@ -171,13 +176,17 @@ def test_one_partition_per_log_its_term_replaced() -> None:
     assert first.term is ctx.services.leaders.leader_term("solo", 0)  # one term per log
     other = guard(ctx, "solo", 1)
     assert not isinstance(other, ErrorCode) and other is not first and other.index == 1
-    # A new term on the same log (a cluster's next leader epoch): the same Partition,
-    # holding the term the leadership gives now.
+    # A new term taken on the same log (a cluster's next leader epoch): the same
+    # Partition, holding the new term, which the guard finds.
     topic, _, _ = find_topic(ctx, "solo", None)
     assert topic is not None and topic.partitions[0] is first
-    current = first.term
-    first.term = SimpleNamespace()  # type: ignore[assignment]  # as an ended term
-    assert guard(ctx, "solo", 0) is first and first.term is current
+    taken = LocalTerm(1, first.log)
+    assert topic.make_leader(0, taken, first.producers) is first and first.term is taken
+    assert guard(ctx, "solo", 0) is first
+    # Its term ended (the Partition dropped): not led here, and the guard takes none.
+    topic.drop_partition(0)
+    assert guard(ctx, "solo", 0) == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert 0 not in topic.partitions
     old_log = first.log
     topics = ctx.services.topics
     topics.delete("solo")

@@ -1,8 +1,9 @@
 """One append path (issue 29): a leader's log is written only through
 ``trio_broker/partition/append.py``, a follower's only by the replica fetcher; and that
 append takes a ``Partition`` (log, term, producer state found by one lookup), made only
-by ``partition/partition.py`` and ``Topic.leading``, so that nothing outside
-``partition/`` pairs a log with a term for a write.
+by ``partition/partition.py`` and ``Topic.make_leader``, so that nothing outside
+``partition/`` pairs a log with a term for a write; and ``Topic.make_leader`` is called
+only where the broker takes a partition (the replication), never on a lookup.
 
 Read from the source (``ast``, nothing imported), as tests/unit/project/test_import_cycles.py
 reads imports. A call counts as a log append when its method is ``append`` or
@@ -139,12 +140,19 @@ def test_a_stray_append_is_reported(tmp_path: Path) -> None:
 #: The one place a ``Partition`` is constructed, relative to trio_broker/, and the
 #: function doing it.
 PARTITION_CONSTRUCTOR = ("partition/partition.py", "take_partition")
-#: Where that constructor may be called, and in which function: the catalogue's lookup
-#: (``Topic.leading``, which the guard and the marker writer call, and which keeps the
-#: Partition it makes) and the coordinators' (``coordinator_partition``).
+#: Where that constructor may be called, and in which function: the catalogue's
+#: ``Topic.make_leader`` (which keeps the Partition it makes) and the coordinators'
+#: lookup (``coordinator_partition``).
 PARTITION_TAKERS = {
     "partition/partition.py": {"coordinator_partition"},
-    "services/topics.py": {"leading"},
+    "services/topics.py": {"make_leader"},
+}
+#: Where ``Topic.make_leader`` may be called: where the broker takes a partition to lead
+#: (a node alone when a log is opened, a cluster's replica manager when a term begins or
+#: a led log is moved), never on a lookup (the guard, the marker writer, ``leading``).
+LEADER_MAKERS = {
+    "services/local_replication.py": {"take"},
+    "cluster/replica_manager.py": {"_take"},
 }
 
 
@@ -209,11 +217,11 @@ def stray_partitions(package: Path) -> list[str]:
     return sorted(stray, key=lambda found: (found.split(":")[0], int(found.split(":")[1])))
 
 
-def test_a_partition_is_constructed_in_one_place_called_by_its_two_lookups() -> None:
+def test_a_partition_is_constructed_in_one_place_called_by_its_two_takers() -> None:
     stray = stray_partitions(PACKAGE)
     assert not stray, (
         "a Partition (a log paired with a term) is constructed outside "
-        "partition/partition.py's take_partition, or taken outside Topic.leading and "
+        "partition/partition.py's take_partition, or taken outside Topic.make_leader and "
         "coordinator_partition:\n" + "\n".join(stray)
     )
     # Guards the check: the constructor and both callers are seen.
@@ -232,27 +240,98 @@ def test_a_partition_is_constructed_in_one_place_called_by_its_two_lookups() -> 
     assert seen == PARTITION_TAKERS
 
 
-def test_the_catalogue_keeps_one_partition_per_log() -> None:
-    """``Topic.leading`` is a lookup: the same log gives the same Partition whatever
-    the term (it holds the newest), a new log a new one."""
+def method_calls(source: str, method: str) -> list[tuple[int, str]]:
+    """(line, enclosing function) of every call ``<x>.<method>(...)`` in ``source``."""
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = function
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                inner = child.name
+            if (
+                isinstance(child, ast.Call)
+                and isinstance(child.func, ast.Attribute)
+                and child.func.attr == method
+            ):
+                found.append((child.lineno, inner))
+            visit(child, inner)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def stray_leader_makers(package: Path) -> list[str]:
+    """``.make_leader(...)`` calls outside :data:`LEADER_MAKERS`, as "file:line: in f"."""
+    stray = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        for line, function in method_calls(path.read_text(encoding="utf-8"), "make_leader"):
+            if function not in LEADER_MAKERS.get(relative, set()):
+                stray.append(f"trio_broker/{relative}:{line}: in {function or 'the module'}")
+    return stray
+
+
+def test_a_partition_is_taken_where_the_broker_takes_it_never_on_a_lookup() -> None:
+    stray = stray_leader_makers(PACKAGE)
+    assert not stray, (
+        "Topic.make_leader (a Partition taken to lead) is called outside the "
+        "replication's take (LocalReplication.take, ReplicaManager._take):\n" + "\n".join(stray)
+    )
+    seen = {
+        relative: {f for _, f in method_calls((PACKAGE / relative).read_text(), "make_leader")}
+        for relative in LEADER_MAKERS
+    }
+    assert seen == LEADER_MAKERS  # guards the check: both takers are seen
+
+
+def test_a_stray_leader_maker_is_reported(tmp_path: Path) -> None:
+    package = tmp_path / "trio_broker"
+    (package / "handlers").mkdir(parents=True)
+    (package / "services").mkdir()
+    (package / "handlers" / "topic_lookup.py").write_text(
+        "def leading_partition(topic):\n    return topic.make_leader(0, t, p)\n"
+    )
+    (package / "services" / "local_replication.py").write_text(
+        "class L:\n    def take(self, topic):\n        topic.make_leader(0, t, p)\n"
+    )
+    assert stray_leader_makers(package) == [
+        "trio_broker/handlers/topic_lookup.py:2: in leading_partition"
+    ]
+
+
+def test_the_catalogue_partition_is_made_when_taken_and_only_looked_up() -> None:
+    """A node alone takes every partition when it opens its log (the catalogue's at
+    start, a created topic's, partitions added); ``Topic.leading`` returns the one it
+    took, the same object each time; a recreated topic gets a fresh one."""
+    from trio_broker.partition.append import NotLeader
     from trio_broker.services.local_replication import LocalReplication
     from trio_broker.services.producers import ProducerStateRegistry
     from trio_broker.services.topics import TopicManager
     from trio_broker.storage.log import LogConfig
 
     topics = TopicManager(None, LogConfig(), lambda: 0)
+    loaded = topics.create("loaded", 1)  # before the replication: as the catalogue's
+    assert loaded.partitions == {}
+    producers = ProducerStateRegistry(None, lambda: 0)
+    leaders = LocalReplication.over(topics, producers=producers)
+    assert loaded.leading(0).term is leaders.leader_term("loaded", 0)
     topic = topics.create("t", 1)
-    leaders, producers = LocalReplication.over(topics), ProducerStateRegistry(None, lambda: 0)
-    term = leaders.leader_term("t", 0)
-    assert term is not None
-    first = topic.leading(0, term, producers)
-    assert topic.leading(0, term, producers) is first
-    next_term = LocalReplication.over(topics).leader_term("t", 0)  # another term object
-    assert next_term is not None and next_term is not term
-    assert topic.leading(0, next_term, producers) is first and first.term is next_term
+    first = topic.leading(0)
+    assert topic.leading(0) is first and first.log is topics.log("t", 0)
+    assert leaders.leader_term("t", 0) is first.term
+    topics.add_partitions("t", 2)
+    assert topic.leading(1).log is topics.log("t", 1) and topic.leading(0) is first
     topics.delete("t")
-    again = topics.create("t", 1).leading(0, next_term, producers)
+    again = topics.create("t", 1).leading(0)
     assert again is not first and again.log is topics.log("t", 0)
+    topic.drop_partition(0)
+    try:
+        topic.leading(0)
+    except NotLeader:
+        pass
+    else:
+        raise AssertionError("a partition not taken is not led here")
 
 
 def test_a_stray_partition_is_reported(tmp_path: Path) -> None:
@@ -266,7 +345,7 @@ def test_a_stray_partition_is_reported(tmp_path: Path) -> None:
     )
     imports = "from trio_broker.partition.partition import Partition, take_partition\n"
     (package / "services" / "topics.py").write_text(
-        imports + "def leading():\n    return take_partition(1)\n"
+        imports + "def make_leader():\n    return take_partition(1)\n"
         "def other():\n    return take_partition(2)\n"
         "def direct():\n    return Partition(2)\n"
     )

@@ -201,10 +201,10 @@ def test_a_consumer_of_a_node_alone_reads_up_to_the_durable_end() -> None:
     answer = Answer()
     regions, _ = read(answer, led, 0, 1 << 20, Isolation.HIGH_WATERMARK, min_one=True)
     assert (answer.high_watermark, offsets_read(regions)) == (2, [0, 1])
-    # A log with no term here (nobody appended to it through one) wakes nobody.
-    other = topics.log("u", 0)
-    alone.log_synced(other)
+    # A log it holds no term of (outside its topics) wakes nobody.
+    alone.log_synced(MemoryLog(LogConfig()))
     assert changed == [("t", 0)]
+    other = topics.log("u", 0)
     # acks.all.fsync=false: the log end counts, synced or not.
     page_cache = LocalReplication(LocalReplication.over(topics).view, counts_synced_only=False)
     unsynced = page_cache.leader_term("u", 0)

@@ -231,7 +231,7 @@ def test_append_txn_marker_ends_the_transaction_and_checks_epochs() -> None:
     first = append(registry, log, data(5, 2, 0, count=2))
     durability, appends = Recorder(), Recorder()
     args = (topics, registry, durability, appends, "t", 0, 5)
-    alone = LocalReplication.over(topics)
+    alone = LocalReplication.over(topics, producers=registry)
     with pytest.raises(MarkerRejected) as refused:
         append_txn_marker(*args, 1, False, 0, T0, leaders=alone)
     assert refused.value.error_code == ErrorCode.INVALID_PRODUCER_EPOCH

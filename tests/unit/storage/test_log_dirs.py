@@ -75,23 +75,21 @@ def test_a_moved_partition_keeps_its_records_and_takes_appends(tmp_path: Path) -
 
 def test_a_moved_partition_is_taken_again_on_its_new_log(tmp_path: Path) -> None:
     """The topic's Partition of a moved partition held the closed log: it goes with
-    the move, and the next lookup makes one on the log in its new place."""
+    the move, and the replication takes one on the log in its new place at once (no
+    lookup makes one)."""
     from trio_broker.services.local_replication import LocalReplication
     from trio_broker.services.producers import ProducerStateRegistry
 
     a, b = tmp_path / "a", tmp_path / "b"
     tm = manager([a, b])
     topic = tm.create("t", 1)
-    leaders, producers = LocalReplication.over(tm), ProducerStateRegistry(None, lambda: 0)
-    term = leaders.leader_term("t", 0)
-    assert term is not None
-    before = topic.leading(0, term, producers)
+    producers = ProducerStateRegistry(None, lambda: 0)
+    leaders = LocalReplication.over(tm, producers=producers)
+    before = topic.leading(0)
     moved = tm.move_partition("t", 0, b)
-    assert 0 not in topic.partitions
-    term = leaders.leader_term("t", 0)
-    assert term is not None
-    after = topic.leading(0, term, producers)
+    after = topic.leading(0)
     assert after is not before and after.log is moved and after.term.high_watermark == 0
+    assert leaders.leader_term("t", 0) is after.term
     tm.close()
 
 

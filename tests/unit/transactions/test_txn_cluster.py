@@ -19,7 +19,7 @@ logs, producer state and handlers are real. What is checked:
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import pytest
@@ -102,6 +102,18 @@ def clustered() -> tuple[Services, Replication, Sent]:
     services.transactions = coordinator
     services.replication = replication
     return services, replication, sent
+
+
+def lead(
+    services: Services, replication: Replication, topic: str, partition: int, epoch: int
+) -> None:
+    """As the replica manager's ``_become_leader``: this broker's term of a data
+    partition, and its Partition taken in that term (the marker writer only looks it
+    up)."""
+    term = replication.terms[topic, partition] = Term(epoch)
+    held = services.topics.get(topic)
+    assert held is not None
+    held.make_leader(partition, cast(Any, term), services.producers.entry(topic, partition))
 
 
 def elect(services: Services, replication: Replication, partition: int, epoch: int) -> None:
@@ -276,7 +288,7 @@ async def test_write_txn_markers_on_a_cluster_leader(
     clustered: tuple[Services, Replication, Sent],
 ) -> None:
     services, replication, _ = clustered
-    replication.terms["a", 0] = Term(5)
+    lead(services, replication, "a", 0, 5)
     errors = await write_markers(services, marker_request(2, ("a", 0), ("a", 1), ("zz", 0)))
     # No replica of zz-0 here: UNKNOWN_TOPIC_OR_PARTITION, as Kafka's (and as a node
     # alone answers); the coordinator routes it again or, once gone, needs no marker.
@@ -399,7 +411,7 @@ async def test_the_channel_retries_until_each_leader_has_its_marker(
     view.brokers = {1: BrokerInfo(1, "127.0.0.1", 9001), 2: BrokerInfo(2, "127.0.0.1", 1)}
     view.topics = {"a": topic_led_by("a", [1, 2])}
     replication.terms[TRANSACTION_STATE, 0] = Term(4)
-    replication.terms["a", 0] = Term(7)
+    lead(services, replication, "a", 0, 7)
     channel = TxnMarkerChannel(services, replication, offsets_partitions=3)
     meta = TxnMetadata("t", 11, producer_epoch=0, state=TxnState.PREPARE_ABORT,
                        partitions=frozenset({("a", 0), ("a", 1), ("gone", 0)}))  # fmt: skip
@@ -412,7 +424,7 @@ async def test_the_channel_retries_until_each_leader_has_its_marker(
         assert markers(services, "a", 0) == [(11, 0, False)]
         assert markers(services, "a", 1) == []
         view.topics = {"a": topic_led_by("a", [1, 1])}  # broker 1 (this one) took over
-        replication.terms["a", 1] = Term(8)
+        lead(services, replication, "a", 1, 8)
     assert markers(services, "a", 1) == [(11, 0, False)]
     await channel.close()
 

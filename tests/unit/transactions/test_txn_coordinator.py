@@ -118,6 +118,8 @@ class Services:
     replication: Any = None
     transactions: Any = None
     txn_log: MemoryLog = attrs.Factory(lambda: MemoryLog(LogConfig()))
+    #: The node alone's replication, made on first use (``leaders``).
+    alone: LocalReplication | None = None
 
     def __attrs_post_init__(self) -> None:
         self.transactions = self.open_coordinator()
@@ -153,13 +155,13 @@ class Services:
     @property
     def leaders(self) -> Any:
         """Services.leaders: the cluster's replication, or a node alone's."""
-        if self.replication is None:
-            return LocalReplication(
-                LocalView(
-                    0, None, self.topics, lambda: [("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)]
-                )
-            )
-        return self.replication
+        if self.replication is not None:
+            return self.replication
+        if self.alone is None:  # one for the services' life, taking this registry's entries
+            endpoints = [("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 9092)]
+            view = LocalView(0, None, self.topics, lambda: endpoints)
+            self.alone = LocalReplication(view, producers=self.producers)
+        return self.alone
 
     @property
     def admin(self) -> Any:
