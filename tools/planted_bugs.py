@@ -20,12 +20,15 @@ models miss, the module's own unit tests:
     python tools/planted_bugs.py --eleventh       # the eleventh set (ELEVENTH)
     python tools/planted_bugs.py --thirteenth     # the thirteenth set (THIRTEENTH)
     python tools/planted_bugs.py --fourteenth     # the fourteenth set (FOURTEENTH)
+    python tools/planted_bugs.py --fifteenth      # the fifteenth set (FIFTEENTH)
     python tools/planted_bugs.py --check-baseline --thirteenth  # checks run unplanted first
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
 
 A check counts as catching the bug when it fails; every check ran green on the unplanted
-tree first (``--baseline`` runs them so). Hypothesis runs with ``HYPOTHESIS_SEED``
+tree first (``--baseline`` runs them so). A check stopped by a time limit (the tool's
+``--timeout``, or pytest-timeout's per-test guard) is "timed out": neither a catch nor a
+pass, counted apart in the summary, and a baseline failure under ``--check-baseline``. Hypothesis runs with ``HYPOTHESIS_SEED``
 (default 1), so a score replays. The fetcher's bugs are planted in
 ``replication/fetcher_rules.py``, the decisions ``cluster/replica_fetcher.py`` calls and
 the replication machine drives; scores: docs/verification.md.
@@ -2070,23 +2073,33 @@ PYTEST_TIMEOUTS = ("s) from pytest-timeout", "+++++ Timeout +++++")
 HARNESS_FAILURES = ("did not start",)
 
 
-def run_check(tree: Path, check: str, timeout_s: float) -> tuple[bool, float]:
-    """(failed?, seconds) for one pytest target line run in ``tree``. A failure of the
-    harness (``HARNESS_FAILURES``) is run again once; a second one counts as passed, and
-    is reported: it says nothing of the slip."""
-    failed, took, harness = _run_check_once(tree, check, timeout_s)
+#: A check's verdict: it failed (a catch, or for a baseline a broken check), it passed,
+#: or a time limit stopped it (the tool's ``--timeout`` or pytest-timeout's per-test
+#: guard), which says nothing either way: a stand-in that loops hangs as long as a slip
+#: that does, and a guard stopping a machine mid-shrink may have stopped a catch.
+FAILED = "failed"
+PASSED = "passed"
+TIMED_OUT = "timed out"
+
+
+def run_check(tree: Path, check: str, timeout_s: float) -> tuple[str, float]:
+    """(verdict, seconds) for one pytest target line run in ``tree``: ``FAILED``,
+    ``PASSED`` or ``TIMED_OUT``. A failure of the harness (``HARNESS_FAILURES``) is run
+    again once; a second one counts as passed, and is reported: it says nothing of the
+    slip."""
+    verdict, took, harness = _run_check_once(tree, check, timeout_s)
     if harness:
         print(f"  [{check}] the harness failed, not a property: run again", file=sys.stderr)
-        failed, again, harness = _run_check_once(tree, check, timeout_s)
+        verdict, again, harness = _run_check_once(tree, check, timeout_s)
         took += again
         if harness:
             print(f"  [{check}] the harness failed twice: not counted", file=sys.stderr)
-            failed = False
-    return failed, took
+            verdict = PASSED
+    return verdict, took
 
 
-def _run_check_once(tree: Path, check: str, timeout_s: float) -> tuple[bool, float, bool]:
-    """(failed?, seconds, the harness failed?) for one run of ``check``."""
+def _run_check_once(tree: Path, check: str, timeout_s: float) -> tuple[str, float, bool]:
+    """(verdict, seconds, the harness failed?) for one run of ``check``."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     env.setdefault("HYPOTHESIS_SEED", "1")
     started = time.monotonic()
@@ -2100,30 +2113,59 @@ def _run_check_once(tree: Path, check: str, timeout_s: float) -> tuple[bool, flo
             command,
             cwd=tree, env=env, capture_output=True, timeout=timeout_s,
         )  # fmt: skip
-        failed = run.returncode not in (0, 5)
-        output = run.stdout.decode()
-        if failed and any(banner in output for banner in PYTEST_TIMEOUTS):
-            # pytest-timeout's guard (300 s a test) ran out: on a loaded machine a slow
-            # check, not a catch (the eleventh round counted the replication machine's
-            # 364 s as one). Reported, and counted as passed.
-            print(f"  [{check}] stopped by pytest's timeout: not counted", file=sys.stderr)
-            return False, time.monotonic() - started, False
-        # The error lines alone: a traceback also lists source lines, which may name the
-        # harness's message without having raised it.
-        errors = [line for line in output.splitlines() if line.startswith(("E ", "FAILED"))]
-        if failed and any(sign in line for line in errors for sign in HARNESS_FAILURES):
-            return True, time.monotonic() - started, True
-        if run.returncode not in (0, 1, 5):
-            print(run.stdout.decode()[-2000:], run.stderr.decode()[-2000:], file=sys.stderr)
-        elif failed:
-            # What failed, so a catch can be told from a check failing for another
-            # reason (the eleventh round met three such, on the loaded machine).
-            summary = [line for line in output.splitlines()
-                       if line.startswith(("FAILED", "ERROR", "E   ", "seed "))]  # fmt: skip
-            print(f"  [{check}] " + "\n  ".join(summary[-12:]), file=sys.stderr)
     except subprocess.TimeoutExpired:
-        failed = True  # a hang is caught too (the check never ends green)
-    return failed, time.monotonic() - started, False
+        # The tool's own limit: neither a catch nor a pass (the fourteenth round counted a
+        # stand-in's endless retry as a catch).
+        print(f"  [{check}] stopped by the tool's {timeout_s:.0f} s limit", file=sys.stderr)
+        return TIMED_OUT, time.monotonic() - started, False
+    took = time.monotonic() - started
+    failed = run.returncode not in (0, 5)
+    output = run.stdout.decode()
+    if failed and any(banner in output for banner in PYTEST_TIMEOUTS):
+        # pytest-timeout's guard (300 s a test by default) ran out: on a loaded machine a
+        # slow check, or a machine stopped mid-shrink of a real failure (the fourteenth
+        # round's storage and coordinator machines); not a catch and not a pass.
+        print(f"  [{check}] stopped by pytest's timeout", file=sys.stderr)
+        return TIMED_OUT, took, False
+    # The error lines alone: a traceback also lists source lines, which may name the
+    # harness's message without having raised it.
+    errors = [line for line in output.splitlines() if line.startswith(("E ", "FAILED"))]
+    if failed and any(sign in line for line in errors for sign in HARNESS_FAILURES):
+        return FAILED, took, True
+    if run.returncode not in (0, 1, 5):
+        print(run.stdout.decode()[-2000:], run.stderr.decode()[-2000:], file=sys.stderr)
+    elif failed:
+        # What failed, so a catch can be told from a check failing for another reason
+        # (the eleventh round met three such, on the loaded machine).
+        summary = [line for line in output.splitlines()
+                   if line.startswith(("FAILED", "ERROR", "E   ", "seed "))]  # fmt: skip
+        print(f"  [{check}] " + "\n  ".join(summary[-12:]), file=sys.stderr)
+    return (FAILED if failed else PASSED), took, False
+
+
+#: How a check's verdict reads in a bug's lines of the table.
+SCORED = {FAILED: "caught", PASSED: "missed", TIMED_OUT: "timed out"}
+
+
+def score_bug(tree: Path, bug: Bug, no_unit: bool, timeout_s: float) -> tuple[str, list[str]]:
+    """The bug's verdict over its checks (``FAILED``: a model caught it; ``TIMED_OUT``:
+    none caught it and at least one model was stopped by a time limit; ``PASSED``: every
+    model ran green) and one line a check. The unit tests run only for a bug the models
+    did not catch, and never change its verdict."""
+    lines = []
+    verdict = PASSED
+    for check in bug.models:
+        outcome, took = run_check(tree, check, timeout_s)
+        lines.append(f"{check}: {SCORED[outcome]} ({took:.0f} s)")
+        if outcome == FAILED:
+            return FAILED, lines  # one model catching it is enough
+        if outcome == TIMED_OUT:
+            verdict = TIMED_OUT
+    if not no_unit:
+        for check in bug.unit:
+            outcome, took = run_check(tree, check, timeout_s)
+            lines.append(f"{check}: {SCORED[outcome]} ({took:.0f} s)")
+    return verdict, lines
 
 
 def main() -> int:
@@ -2191,8 +2233,9 @@ def main() -> int:
         if args.baseline:
             checks = sorted({c for b in chosen for c in (*b.models, *b.unit)})
             for check in checks:
-                failed, took = run_check(tree, check, args.timeout)
-                print(f"baseline {check}: {'FAILED' if failed else 'ok'} ({took:.0f} s)")
+                outcome, took = run_check(tree, check, args.timeout)
+                shown = {FAILED: "FAILED", PASSED: "ok", TIMED_OUT: "TIMED OUT"}[outcome]
+                print(f"baseline {check}: {shown} ({took:.0f} s)")
             return 0
         if args.check_baseline:
             # A check that fails unplanted "catches" every slip it runs for (the thirteenth
@@ -2200,12 +2243,18 @@ def main() -> int:
             checks = sorted(
                 {c for b in chosen for c in (*b.models, *(() if args.no_unit else b.unit))}
             )
-            broken = [check for check in checks if run_check(tree, check, args.timeout)[0]]
+            # A check a time limit stops unplanted is as broken: planted, its verdict would
+            # say nothing of the slip.
+            outcomes = {check: run_check(tree, check, args.timeout)[0] for check in checks}
+            broken = [check for check, outcome in outcomes.items() if outcome != PASSED]
             if broken:
-                print("unplanted, these checks fail already: " + ", ".join(broken))
+                print(
+                    "unplanted, these checks fail or time out already: "
+                    + ", ".join(f"{check} ({outcomes[check]})" for check in broken)
+                )
                 return 3
             print(f"baseline: all {len(checks)} checks pass unplanted")
-        caught_by_models = 0
+        caught_by_models = timed_out = 0
         for bug in chosen:
             source = tree / bug.path
             original = source.read_text()
@@ -2214,27 +2263,19 @@ def main() -> int:
                 return 2
             source.write_text(original.replace(bug.old, bug.new))
             try:
-                verdicts = []
-                by_models = False
-                for check in bug.models:
-                    failed, took = run_check(tree, check, args.timeout)
-                    verdicts.append(f"{check}: {'caught' if failed else 'missed'} ({took:.0f} s)")
-                    if failed:
-                        by_models = True
-                        break  # one model catching it is enough
-                if not by_models and not args.no_unit:
-                    for check in bug.unit:
-                        failed, took = run_check(tree, check, args.timeout)
-                        verdicts.append(
-                            f"{check}: {'caught' if failed else 'missed'} ({took:.0f} s)"
-                        )
+                verdict, lines = score_bug(tree, bug, args.no_unit, args.timeout)
             finally:
                 source.write_text(original)
-            caught_by_models += by_models
-            print(f"{bug.name}: {'CAUGHT by models' if by_models else 'MISSED by models'}")
-            for verdict in verdicts:
-                print(f"  {verdict}", flush=True)
-        print(f"models and simulator caught {caught_by_models} of {len(chosen)}")
+            caught_by_models += verdict == FAILED
+            timed_out += verdict == TIMED_OUT
+            shown = {FAILED: "CAUGHT", PASSED: "MISSED", TIMED_OUT: "TIMED OUT"}[verdict]
+            print(f"{bug.name}: {shown} by models")
+            for line in lines:
+                print(f"  {line}", flush=True)
+        print(
+            f"models and simulator caught {caught_by_models} of {len(chosen)}; "
+            f"{timed_out} timed out (neither caught nor passed)"
+        )
         print(f"HYPOTHESIS_SEED={os.environ.get('HYPOTHESIS_SEED', '1')}")
     return 0
 
