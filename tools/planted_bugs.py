@@ -2048,6 +2048,183 @@ FOURTEENTH = (
 )
 
 
+#: The fifteenth set (session 48): paths no earlier set planted in, committed before its
+#: one scoring run. Three modules no set had planted in (cluster/replication_throttles.py,
+#: cluster/config_watch.py, server/log_cleaner.py) and lines no set had changed in planted
+#: ones (controller_rules.py's ElectLeaders, move end and rack rules, the retention policy
+#: gate and HW floor, the epoch cache's assign, the transaction log's groups and table
+#: update, DeleteGroups, a transaction end's wait for its staging); none in h-partition's
+#: files this session (trio_broker/partition among them).
+FIFTEENTH = (
+    Bug(
+        "unclean-election-keeps-dead-isr",
+        "trio_broker/replication/controller_rules.py",
+        "    isr = tuple(b for b in state.isr if b in live)\n"
+        "    leader = elect_leader(replicas, isr, live)\n",
+        "    isr = state.isr\n    leader = elect_leader(replicas, isr, live)\n",
+        "an unclean ElectLeaders that finds a live in-sync replica keeps the dead brokers in "
+        "the new ISR: acks=all writes wait on replicas that are gone, and a dead one may be "
+        "elected again when it returns though it missed the new term's writes",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/replication",),
+    ),
+    Bug(
+        "move-end-keeps-dead-leader",
+        "trio_broker/replication/controller_rules.py",
+        "    if leader not in replicas or leader not in live:\n",
+        "    if leader not in replicas:\n",
+        "a reassignment's end keeps a dead leader that stays in the replicas: the partition "
+        "stays leaderless though a live in-sync replica could lead",
+        (REASSIGNMENT_MACHINE, SIMULATOR),
+        ("tests/unit/replication",),
+    ),
+    Bug(
+        "replicas-ignore-racks",
+        "trio_broker/replication/controller_rules.py",
+        "            if candidate in replicas or (rack in used_racks and len(used_racks) < all_racks):\n",
+        "            if candidate in replicas:\n",
+        "replica placement no longer skips a broker whose rack already holds a replica: "
+        "from the second round of partitions on, two replicas of a partition may share a "
+        "rack while another rack holds none",
+        (CONTROLLER_MACHINE, SIMULATOR),
+        ("tests/unit/replication",),
+    ),
+    Bug(
+        "compact-log-trimmed-by-size",
+        "trio_broker/storage/log_retention.py",
+        "                retention_bytes=self.config.retention_bytes if by_policy else None,\n",
+        "                retention_bytes=self.config.retention_bytes,\n",
+        "a compact-only log loses old segments by retention.bytes: the latest value of a "
+        "key goes with its segment",
+        (CLEANER_MACHINE, STORAGE_MACHINE),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "retention-deletes-segment-at-hw",
+        "trio_broker/storage/segment.py",
+        "        if high_watermark is not None and next_offsets[count] > high_watermark:\n",
+        "        if high_watermark is not None and next_offsets[count] - 1 > high_watermark:\n",
+        "a leader's retention deletes a segment whose last record sits at the high "
+        "watermark, one record not yet committed (its followers may not have it)",
+        (STORAGE_MACHINE, REPLICATION_MACHINE),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "epoch-assign-keeps-empty-epoch",
+        "trio_broker/storage/epoch_cache.py",
+        "        while kept and entries[kept - 1].start_offset >= start_offset:\n",
+        "        while kept and entries[kept - 1].start_offset > start_offset:\n",
+        "an epoch that began at an offset and never wrote there is kept when a newer "
+        "epoch starts at the same offset: two entries share a start, and OffsetForLeaderEpoch "
+        "for the empty epoch answers its start, not where the newer one begins",
+        (REPLICATION_MACHINE, STORAGE_MACHINE, SIMULATOR),
+        ("tests/unit/storage tests/unit/replication",),
+    ),
+    Bug(
+        "txn-log-drops-groups",
+        "trio_broker/transactions/log_format.py",
+        "    out += _I32.pack(len(meta.groups))\n"
+        "    for group in sorted(meta.groups):\n        _string(out, group)\n",
+        "    out += _I32.pack(0)\n",
+        "the transaction log value's trailing groups array is written empty: a commit "
+        "recovered after a restart or a coordinator move no longer completes the offsets "
+        "its AddOffsetsToTxn staged",
+        (TXN_COORDINATOR_MACHINE, CRASHING_BROKER),
+        ("tests/unit/transactions",),
+    ),
+    Bug(
+        "txn-table-set-before-commit",
+        "trio_broker/transactions/coordinator.py",
+        "        batch = build_batch([(encode_key(transactional_id), value)], base_timestamp=now)\n"
+        "        try:\n",
+        "        batch = build_batch([(encode_key(transactional_id), value)], base_timestamp=now)\n"
+        "        self._set(transactional_id, meta)\n        try:\n",
+        "the coordinator's table takes a transaction's new state before its record in "
+        "__transaction_state is committed: a write that fails (answered "
+        "COORDINATOR_NOT_AVAILABLE, to be retried) leaves the table ahead of the log, and "
+        "a restart or a move of the partition forgets what the table answered with",
+        (TXN_COORDINATOR_MACHINE, CRASHING_BROKER),
+        ("tests/unit/transactions",),
+    ),
+    Bug(
+        "throttle-rate-change-ignored",
+        "trio_broker/cluster/replication_throttles.py",
+        "        elif self._leader_budget is None or self._leader_budget.rate != max(1, rate):\n",
+        "        elif self._leader_budget is None:\n",
+        "a new leader.replication.throttled.rate (AlterConfigs on the broker) is ignored "
+        "once a budget exists: the leader throttles at the first rate it saw",
+        (REPLICATION_THROTTLE_MACHINE, SIMULATOR),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "leader-throttle-reads-view-isr",
+        "trio_broker/cluster/replication_throttles.py",
+        "        isr = term.isr if term is not None else frozenset(info.isr)\n",
+        "        isr = frozenset(info.isr)\n",
+        "the leader decides which replicas to throttle from the cluster view's ISR, not its "
+        "own term's: a replica the leader just took into (or out of) the ISR is throttled "
+        "(or not) by a stale list",
+        (REPLICATION_THROTTLE_MACHINE, SIMULATOR),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "min-insync-change-wakes-nobody",
+        "trio_broker/cluster/config_watch.py",
+        "                self._host.wake(key)  # acks=all waiters see the new rule\n",
+        "",
+        "a changed min.insync.replicas does not wake the partition's acks=all waiters: a "
+        "write that the lowered value lets through waits for its timeout",
+        (SIMULATOR,),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "delete-groups-takes-live-classic-group",
+        "trio_broker/groups/coordinator.py",
+        "            elif group is not None and not group.is_empty():\n"
+        "                results[group_id] = ErrorCode.NON_EMPTY_GROUP\n",
+        "",
+        "DeleteGroups deletes a classic group with members (NON_EMPTY_GROUP no longer "
+        "answered): its offsets are tombstoned under consumers still using them",
+        (CLASSIC_GROUP_MACHINE, OFFSET_EXPIRY_MACHINE),
+        ("tests/unit/groups",),
+    ),
+    Bug(
+        "txn-end-overtakes-staging",
+        "trio_broker/groups/coordinator.py",
+        "        while waiting := self._staging.get((group_id, producer_id)):\n"
+        "            await self.wait_offsets_durable(waiting[0])\n",
+        "",
+        "a transaction's end does not wait for its TxnOffsetCommit writes still on their "
+        "way: an offset staged before EndTxn lands after the end marker and stays pending "
+        "(or is settled by the producer's next transaction)",
+        (OFFSET_EXPIRY_MACHINE, TXN_COORDINATOR_MACHINE, PARTITION_TXN_MACHINE),
+        ("tests/unit/groups",),
+    ),
+    Bug(
+        "cleaner-tombstones-due-at-first-pass",
+        "trio_broker/server/log_cleaner.py",
+        "            due = horizon is not None and now >= horizon\n",
+        "            due = horizon is None or now >= horizon\n",
+        "the cleaner task treats a log it never cleaned as past its tombstone horizon: the "
+        "first pass removes tombstones at once, before delete.retention.ms, and a consumer "
+        "reading behind never sees the deletes",
+        (CLEANER_MACHINE,),
+        ("tests/unit/server tests/unit/storage",),
+    ),
+    Bug(
+        "cleaner-roll-ignores-compaction-lag",
+        "trio_broker/server/log_cleaner.py",
+        "            if active.size > 0 and idle_ms > min(config.segment_ms, config.max_compaction_lag_ms):\n",
+        "            if active.size > 0 and idle_ms > config.segment_ms:\n",
+        "the cleaner task rolls an idle active segment by segment.ms alone: a key that "
+        "max.compaction.lag.ms says must be compacted waits in the active segment for "
+        "segment.ms (7 days by default)",
+        (CLEANER_MACHINE,),
+        ("tests/unit/server tests/unit/storage",),
+    ),
+)
+
+
 def copy_tree(dest: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".",
@@ -2190,6 +2367,9 @@ def main() -> int:
         "--fourteenth", action="store_true", help="the fourteenth set (FOURTEENTH) only"
     )
     parser.add_argument(
+        "--fifteenth", action="store_true", help="the fifteenth set (FIFTEENTH) only"
+    )
+    parser.add_argument(
         "--check-baseline", action="store_true",
         help="first run every chosen check unplanted; stop (exit 3) if one fails already",
     )  # fmt: skip
@@ -2197,9 +2377,11 @@ def main() -> int:
     args = parser.parse_args()
     every = (
         *BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH, *EIGHTH, *NINTH, *TENTH, *ELEVENTH,
-        *THIRTEENTH, *FOURTEENTH,
+        *THIRTEENTH, *FOURTEENTH, *FIFTEENTH,
     )  # fmt: skip
-    if args.fourteenth:
+    if args.fifteenth:
+        chosen = list(FIFTEENTH)
+    elif args.fourteenth:
         chosen = list(FOURTEENTH)
     elif args.thirteenth:
         chosen = list(THIRTEENTH)
