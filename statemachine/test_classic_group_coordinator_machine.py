@@ -24,7 +24,11 @@ Kafka's rules (its GroupCoordinator and GroupMetadataManager), checked after eac
 3. a member heartbeats with NONE in its generation until its session lapses or it
    leaves; then UNKNOWN_MEMBER_ID;
 4. a member id handed out with MEMBER_ID_REQUIRED is accepted when its client comes
-   back within the session timeout, whatever the cleanup did meanwhile.
+   back within the session timeout, whatever the cleanup did meanwhile;
+5. (KIP-211) a consumer group's committed offsets do not expire while it has members,
+   nor once it is empty until it has been empty for ``offsets.retention.minutes``,
+   however old the commit; then they expire (the commit as old), and the empty group
+   with them. A step builds this shape (random steps never commit).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from hypothesis import strategies as st
 from tests.lone_coordinator import Clocks, start_lone_coordinator
 from trio_broker.config import BrokerConfig
 from trio_broker.groups.coordinator import GroupCoordinator, Waiter
+from trio_broker.groups.offsets_store import OffsetAndMetadata, OffsetKey
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.group import JoinRequest, JoinResult, SyncResult
 from trio_broker.storage.memory import MemoryLog
@@ -48,7 +53,12 @@ from trio_broker.storage.memory import MemoryLog
 GROUP = "cg"
 NAMES = ("A", "B")
 SESSION_MS = 10_000
-CONFIG = BrokerConfig(storage="memory", group_initial_rebalance_delay_ms=0)
+RETENTION_MINUTES = 1
+RETENTION_MS = RETENTION_MINUTES * 60_000
+CONFIG = BrokerConfig(
+    storage="memory", group_initial_rebalance_delay_ms=0,
+    offsets_retention_minutes=RETENTION_MINUTES,
+)  # fmt: skip
 
 Step = tuple[Any, ...]
 
@@ -61,6 +71,7 @@ steps = st.lists(
         st.just(("cleanup",)),
         st.just(("restart",)),
         st.just(("take_an_id_then_cleanup",)),
+        st.just(("old_commit_then_empty",)),
     ),
     max_size=14,
 )
@@ -197,8 +208,46 @@ class Machine:
             coordinator.cleanup(clocks.monotonic_ms)
             await self.rebalance(coordinator, "C", member_id=first.member_id)
             await self.do(coordinator, ("leave", "C"))
+        elif step[0] == "old_commit_then_empty":
+            await self.old_commit_then_empty(coordinator)
         else:  # pragma: no cover
             raise AssertionError(step)
+
+    async def old_commit_then_empty(self, coordinator: GroupCoordinator) -> None:
+        """Rule 5's shape: a member commits, the commit grows as old as the retention
+        (the wall clock alone moves: no session lapses), every member leaves, and the
+        cleanup runs at once (kept), then once the group was empty for the retention
+        (expired, and the group deleted)."""
+        model, clocks = self.model, self.clocks
+        if not model.members:
+            await self.rebalance(coordinator, "A")
+        member_id = next(iter(model.members.values()))
+        error = coordinator.validate_offset_commit(GROUP, member_id, None, model.generation)
+        assert error is ErrorCode.NONE, f"a member's commit: {error}"
+        key = OffsetKey(GROUP, "t", 0)
+        write = coordinator.append_offsets(
+            [(key, OffsetAndMetadata(5, commit_timestamp_ms=clocks.wall_ms))]
+        )
+        await coordinator.wait_offsets_durable(write)
+        clocks.wall_ms += RETENTION_MS
+        coordinator.cleanup(clocks.monotonic_ms)
+        assert coordinator.committed(GROUP, "t", 0) is not None, (
+            "a group with members lost its offsets to the cleanup"
+        )
+        for name in list(model.members):
+            await self.do(coordinator, ("leave", name))
+        coordinator.cleanup(clocks.monotonic_ms)
+        assert coordinator.committed(GROUP, "t", 0) is not None, (
+            f"offsets committed {RETENTION_MS} ms ago expired as the group went empty: "
+            "it has been empty for 0 ms, less than offsets.retention.minutes (KIP-211)"
+        )
+        clocks.monotonic_ms += RETENTION_MS
+        clocks.wall_ms += RETENTION_MS
+        coordinator.cleanup(clocks.monotonic_ms)
+        assert coordinator.committed(GROUP, "t", 0) is None, (
+            "offsets of a group empty for the retention, committed as long ago, remain"
+        )
+        model.generation = 0  # empty, its offsets gone: the group is deleted (rule 2)
 
     async def rebalance(
         self, coordinator: GroupCoordinator, new: str | None, *, member_id: str | None = None

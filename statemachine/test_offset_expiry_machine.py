@@ -19,7 +19,11 @@ retention, the cleanup runs as the coordinator's timer runs it, and the broker r
    partition later in the log set another, and it expires by its own commit timestamp;
    an aborted one counts for nothing;
 3. what the coordinator answers (committed offsets, and which partitions an open
-   transaction holds: OffsetFetch's require_stable) is what a restart replays.
+   transaction holds: OffsetFetch's require_stable) is what a restart replays;
+4. once a producer's offsets were written with a newer epoch (its transactional id
+   re-initialised: the coordinator aborts the open transaction with the bumped epoch),
+   TxnOffsetCommit with an older epoch is refused INVALID_PRODUCER_EPOCH (a zombie),
+   before and after a restart. A step builds the fence.
 """
 
 from __future__ import annotations
@@ -68,6 +72,10 @@ class Model:
     committed: dict[Partition, Offset] = attrs.field(factory=dict)
     #: producer -> partition -> its staged offset
     pending: dict[int, dict[Partition, Offset]] = attrs.field(factory=dict)
+    #: producer -> its epoch now (rule 4): its records carry it once it wrote one.
+    epochs: dict[int, int] = attrs.field(factory=dict)
+    #: producer -> the newest epoch of a record it wrote.
+    written_epochs: dict[int, int] = attrs.field(factory=dict)
 
     def held_by_a_transaction(self, partition: Partition) -> bool:
         return any(partition in staged for staged in self.pending.values())
@@ -98,6 +106,7 @@ steps = st.lists(
         st.just(("cleanup",)),
         st.just(("restart",)),
         st.tuples(st.just("old_offset_under_a_transaction"), st.sampled_from(PRODUCERS)),
+        st.tuples(st.just("fence"), st.sampled_from(PRODUCERS), st.sampled_from(PARTITIONS)),
     ),
     max_size=30,
 )
@@ -139,17 +148,22 @@ class Machine:
             model.committed[partition] = offset
         elif step[0] == "stage":
             producer, partition = step[1], step[2]
-            error = coordinator.validate_txn_offset_commit(GROUP, producer, 0, "", None, -1)
+            epoch = model.epochs.get(producer, 0)
+            error = coordinator.validate_txn_offset_commit(GROUP, producer, epoch, "", None, -1)
             assert error is ErrorCode.NONE, error
             offset = Offset(next(self.values), clocks.wall_ms, next(self.writes))
             write = coordinator.stage_txn_offsets(
-                producer, 0, [(self.key(partition), self.value(offset))]
+                producer, epoch, [(self.key(partition), self.value(offset))]
             )
             await coordinator.wait_offsets_durable(write)
             model.pending.setdefault(producer, {})[partition] = offset
+            model.written_epochs[producer] = epoch
         elif step[0] == "end":
             producer, committed = step[1], step[2]
-            await coordinator.complete_transaction(GROUP, producer, 0, committed)
+            epoch = model.epochs.get(producer, 0)
+            await coordinator.complete_transaction(GROUP, producer, epoch, committed)
+            if model.pending.get(producer):  # an end is written only over staged offsets
+                model.written_epochs[producer] = epoch
             for partition, offset in model.pending.pop(producer, {}).items():
                 current = model.committed.get(partition)
                 if committed and (current is None or current.at < offset.at):
@@ -174,6 +188,14 @@ class Machine:
             for part in parts:
                 await self.do(coordinator, part)
                 self.check(coordinator)
+        elif step[0] == "fence":
+            # Rule 4's shape: InitProducerId bumps the producer's epoch, the coordinator
+            # aborts its open transaction with the new epoch, and the producer's next
+            # transaction stages an offset with it (so a record carries the new epoch).
+            producer, partition = step[1], step[2]
+            model.epochs[producer] = model.epochs.get(producer, 0) + 1
+            await self.do(coordinator, ("end", producer, False))
+            await self.do(coordinator, ("stage", producer, partition))
         elif step[0] == "cleanup":
             coordinator.cleanup(clocks.monotonic_ms)
             expired = model.expire(clocks.wall_ms)
@@ -203,6 +225,15 @@ class Machine:
                 f"{partition}: held by an open transaction: {held}, "
                 f"the model says {self.model.pending}"
             )
+        for producer, written in self.model.written_epochs.items():
+            if written > 0:  # rule 4: a zombie of the fenced epoch
+                error = coordinator.validate_txn_offset_commit(
+                    GROUP, producer, written - 1, "", None, -1
+                )
+                assert error is ErrorCode.INVALID_PRODUCER_EPOCH, (
+                    f"producer {producer} wrote offsets with epoch {written}; TxnOffsetCommit "
+                    f"with epoch {written - 1} answers {error.name}, not INVALID_PRODUCER_EPOCH"
+                )
 
 
 @settings(max_examples=60, deadline=None)

@@ -12,7 +12,17 @@ of the log:
    transactional offset counts from its own record, not its marker: a plain commit
    written between them wins); a pending or aborted transaction's offsets count for
    nothing;
-2. a store replayed from the same log (a coordinator move, a restart) answers the same.
+2. a store replayed from the same log (a coordinator move, a restart) answers the same;
+3. an offset tombstone (DeleteGroups, OffsetDelete, expiry) deletes the partition's
+   offset and drops every transaction's offset of that partition staged before it: a
+   later commit of that transaction does not bring the deleted offset back;
+4. a transaction's end settles only the offsets staged before it in the log: the
+   producer's next transaction may stage offsets whose write the coordinator's waiter
+   applies (``apply_counted``, once durable) before the end's waiter does, and those
+   stay pending until their own end. (This shape found a broker bug: the next
+   staging replaced the ended transaction's staged offset of the same partition, and
+   the live table then differed from a replay; ``apply_counted`` now applies every
+   earlier write first.)
 """
 
 from __future__ import annotations
@@ -48,10 +58,16 @@ class OffsetsStoreMachine(RuleBasedStateMachine):
         self.committed: dict[tuple[str, int], tuple[int, int]] = {}
         #: producer -> (topic, partition) -> (its record's log offset, offset value)
         self.pending: dict[int, dict[tuple[str, int], tuple[int, int]]] = {}
+        #: Writes appended and not yet applied (rule 4's shape): the store is compared
+        #: with the model only once every write is applied.
+        self.unapplied: list = []  # type: ignore[type-arg]
 
-    def _write(self, entries: list) -> int:  # type: ignore[type-arg]
+    def _write(self, entries: list, *, deferred: bool = False) -> int:  # type: ignore[type-arg]
         write = self.store.append(entries, self.now_ms)
-        self.store.apply(write)
+        if deferred:
+            self.unapplied.append(write)
+        else:
+            self.store.apply(write)
         self.now_ms += 1
         return write.base_offset
 
@@ -91,6 +107,42 @@ class OffsetsStoreMachine(RuleBasedStateMachine):
         self.plain_commit(partition)
         self.transaction_ends(producer, committed=True)
 
+    @rule(partition=st.sampled_from(PARTITIONS))
+    def offset_tombstone(self, partition: tuple[str, int]) -> None:
+        """Rule 3: the partition's offset deleted, with every offset staged before."""
+        at = self._write([(OffsetKey(GROUP, *partition), None)])
+        self.committed.pop(partition, None)
+        for staged in self.pending.values():
+            if partition in staged and staged[partition][0] < at:
+                del staged[partition]
+        note(f"tombstone {partition} at {at}")
+
+    @rule(
+        producer=st.sampled_from(PRODUCERS),
+        committed=st.booleans(),
+        partition=st.sampled_from(PARTITIONS),
+    )
+    def next_transaction_applied_before_the_end(
+        self, producer: int, committed: bool, partition: tuple[str, int]
+    ) -> None:
+        """Rule 4's shape, built on purpose: the producer's end is appended, its next
+        transaction stages an offset right after, and the coordinator applies the
+        staging write (durable first) before the end's."""
+        records = self.store.end_records(GROUP, producer, 0, committed)
+        self._write(records, deferred=True)
+        for staged_partition, (at, value) in self.pending.pop(producer, {}).items():
+            if committed and at > self.committed.get(staged_partition, (-1, 0))[0]:
+                self.committed[staged_partition] = (at, value)
+        value = self._value()
+        key = OffsetKey(GROUP, *partition)
+        at = self._write([TxnOffset(producer, 0, key, value)], deferred=True)
+        self.pending.setdefault(producer, {})[partition] = (at, value.offset)
+        for write in reversed(self.unapplied):  # as the coordinator's waiters may resume
+            self.store.apply_counted(write)
+        self.unapplied.clear()
+        note(f"{producer} {'commits' if committed else 'aborts'}, stages {partition} = "
+             f"{value.offset} at {at} (applied first)")  # fmt: skip
+
     @invariant()
     def committed_offsets_follow_kafkas_rule(self) -> None:
         replayed = OffsetsStore(self.store.log)
@@ -101,6 +153,12 @@ class OffsetsStoreMachine(RuleBasedStateMachine):
                 expected = self.committed.get(partition)
                 assert (got.offset if got else None) == (expected[1] if expected else None), (
                     f"{name}: {partition} committed at {got}, Kafka's rule says {expected}"
+                )
+                held = store.has_pending(GROUP, *partition)
+                staged = {p: s[partition] for p, s in self.pending.items() if partition in s}
+                assert held == bool(staged), (
+                    f"{name}: {partition} held by an open transaction: {held}, "
+                    f"the model's staged offsets: {staged}"
                 )
 
 

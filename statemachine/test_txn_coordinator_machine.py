@@ -450,10 +450,15 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         assert not self.coordinator.loading, "a current table reloaded"
         assert self.coordinator.all() == before
 
-    @rule(tid=st.sampled_from(IDS), about_to_lead=st.booleans())
-    def leadership_lost_and_won_back(self, tid: str, about_to_lead: bool) -> None:
+    @rule(tid=st.sampled_from(IDS), about_to_lead=st.booleans(), lost_loading=st.booleans())
+    def leadership_lost_and_won_back(
+        self, tid: str, about_to_lead: bool, lost_loading: bool
+    ) -> None:
         """Another broker leads the partition for a while (writing nothing), then this
-        one is elected again: its rounds in flight are lost with the leadership."""
+        one is elected again: its rounds in flight are lost with the leadership.
+        ``lost_loading``: the leadership is lost again before the table loads, and won
+        back later: nothing loads while another broker leads (Kafka's
+        removeTransactionsForTxnTopicPartition drops a pending load)."""
         for call in self.in_flight.values():
             call.close()  # the writes of a resigned table fail NOT_COORDINATOR
         self.in_flight.clear()
@@ -470,6 +475,15 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         LEADER_EPOCH[0] += 1
         self.coordinator.elected(0, LEADER_EPOCH[0], self.txn_log)
         self._answers_only(tid, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        if lost_loading:
+            self.coordinator.resigned(0)
+            loaded = self.coordinator.load_pending()
+            assert loaded == [], (
+                f"a partition resigned before its table loaded was loaded: {len(loaded)} table"
+            )
+            self._answers_only(tid, ErrorCode.NOT_COORDINATOR)
+            LEADER_EPOCH[0] += 1
+            self.coordinator.elected(0, LEADER_EPOCH[0], self.txn_log)
         assert len(self.coordinator.load_pending()) == 1
         after = sorted(self.coordinator.all(), key=lambda meta: meta.transactional_id)
         assert after == before

@@ -20,12 +20,15 @@ models miss, the module's own unit tests:
     python tools/planted_bugs.py --eleventh       # the eleventh set (ELEVENTH)
     python tools/planted_bugs.py --thirteenth     # the thirteenth set (THIRTEENTH)
     python tools/planted_bugs.py --fourteenth     # the fourteenth set (FOURTEENTH)
+    python tools/planted_bugs.py --fifteenth      # the fifteenth set (FIFTEENTH)
     python tools/planted_bugs.py --check-baseline --thirteenth  # checks run unplanted first
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
 
 A check counts as catching the bug when it fails; every check ran green on the unplanted
-tree first (``--baseline`` runs them so). Hypothesis runs with ``HYPOTHESIS_SEED``
+tree first (``--baseline`` runs them so). A check stopped by a time limit (the tool's
+``--timeout``, or pytest-timeout's per-test guard) is "timed out": neither a catch nor a
+pass, counted apart in the summary, and a baseline failure under ``--check-baseline``. Hypothesis runs with ``HYPOTHESIS_SEED``
 (default 1), so a score replays. The fetcher's bugs are planted in
 ``replication/fetcher_rules.py``, the decisions ``cluster/replica_fetcher.py`` calls and
 the replication machine drives; scores: docs/verification.md.
@@ -2045,6 +2048,183 @@ FOURTEENTH = (
 )
 
 
+#: The fifteenth set (session 48): paths no earlier set planted in, committed before its
+#: one scoring run. Three modules no set had planted in (cluster/replication_throttles.py,
+#: cluster/config_watch.py, server/log_cleaner.py) and lines no set had changed in planted
+#: ones (controller_rules.py's ElectLeaders, move end and rack rules, the retention policy
+#: gate and HW floor, the epoch cache's assign, the transaction log's groups and table
+#: update, DeleteGroups, a transaction end's wait for its staging); none in h-partition's
+#: files this session (trio_broker/partition among them).
+FIFTEENTH = (
+    Bug(
+        "unclean-election-keeps-dead-isr",
+        "trio_broker/replication/controller_rules.py",
+        "    isr = tuple(b for b in state.isr if b in live)\n"
+        "    leader = elect_leader(replicas, isr, live)\n",
+        "    isr = state.isr\n    leader = elect_leader(replicas, isr, live)\n",
+        "an unclean ElectLeaders that finds a live in-sync replica keeps the dead brokers in "
+        "the new ISR: acks=all writes wait on replicas that are gone, and a dead one may be "
+        "elected again when it returns though it missed the new term's writes",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/replication",),
+    ),
+    Bug(
+        "move-end-keeps-dead-leader",
+        "trio_broker/replication/controller_rules.py",
+        "    if leader not in replicas or leader not in live:\n",
+        "    if leader not in replicas:\n",
+        "a reassignment's end keeps a dead leader that stays in the replicas: the partition "
+        "stays leaderless though a live in-sync replica could lead",
+        (REASSIGNMENT_MACHINE, SIMULATOR),
+        ("tests/unit/replication",),
+    ),
+    Bug(
+        "replicas-ignore-racks",
+        "trio_broker/replication/controller_rules.py",
+        "            if candidate in replicas or (rack in used_racks and len(used_racks) < all_racks):\n",
+        "            if candidate in replicas:\n",
+        "replica placement no longer skips a broker whose rack already holds a replica: "
+        "from the second round of partitions on, two replicas of a partition may share a "
+        "rack while another rack holds none",
+        (CONTROLLER_MACHINE, SIMULATOR),
+        ("tests/unit/replication",),
+    ),
+    Bug(
+        "compact-log-trimmed-by-size",
+        "trio_broker/storage/log_retention.py",
+        "                retention_bytes=self.config.retention_bytes if by_policy else None,\n",
+        "                retention_bytes=self.config.retention_bytes,\n",
+        "a compact-only log loses old segments by retention.bytes: the latest value of a "
+        "key goes with its segment",
+        (CLEANER_MACHINE, STORAGE_MACHINE),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "retention-deletes-segment-at-hw",
+        "trio_broker/storage/segment.py",
+        "        if high_watermark is not None and next_offsets[count] > high_watermark:\n",
+        "        if high_watermark is not None and next_offsets[count] - 1 > high_watermark:\n",
+        "a leader's retention deletes a segment whose last record sits at the high "
+        "watermark, one record not yet committed (its followers may not have it)",
+        (STORAGE_MACHINE, REPLICATION_MACHINE),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "epoch-assign-keeps-empty-epoch",
+        "trio_broker/storage/epoch_cache.py",
+        "        while kept and entries[kept - 1].start_offset >= start_offset:\n",
+        "        while kept and entries[kept - 1].start_offset > start_offset:\n",
+        "an epoch that began at an offset and never wrote there is kept when a newer "
+        "epoch starts at the same offset: two entries share a start, and OffsetForLeaderEpoch "
+        "for the empty epoch answers its start, not where the newer one begins",
+        (REPLICATION_MACHINE, STORAGE_MACHINE, SIMULATOR),
+        ("tests/unit/storage tests/unit/replication",),
+    ),
+    Bug(
+        "txn-log-drops-groups",
+        "trio_broker/transactions/log_format.py",
+        "    out += _I32.pack(len(meta.groups))\n"
+        "    for group in sorted(meta.groups):\n        _string(out, group)\n",
+        "    out += _I32.pack(0)\n",
+        "the transaction log value's trailing groups array is written empty: a commit "
+        "recovered after a restart or a coordinator move no longer completes the offsets "
+        "its AddOffsetsToTxn staged",
+        (TXN_COORDINATOR_MACHINE, CRASHING_BROKER),
+        ("tests/unit/transactions",),
+    ),
+    Bug(
+        "txn-table-set-before-commit",
+        "trio_broker/transactions/coordinator.py",
+        "        batch = build_batch([(encode_key(transactional_id), value)], base_timestamp=now)\n"
+        "        try:\n",
+        "        batch = build_batch([(encode_key(transactional_id), value)], base_timestamp=now)\n"
+        "        self._set(transactional_id, meta)\n        try:\n",
+        "the coordinator's table takes a transaction's new state before its record in "
+        "__transaction_state is committed: a write that fails (answered "
+        "COORDINATOR_NOT_AVAILABLE, to be retried) leaves the table ahead of the log, and "
+        "a restart or a move of the partition forgets what the table answered with",
+        (TXN_COORDINATOR_MACHINE, CRASHING_BROKER),
+        ("tests/unit/transactions",),
+    ),
+    Bug(
+        "throttle-rate-change-ignored",
+        "trio_broker/cluster/replication_throttles.py",
+        "        elif self._leader_budget is None or self._leader_budget.rate != max(1, rate):\n",
+        "        elif self._leader_budget is None:\n",
+        "a new leader.replication.throttled.rate (AlterConfigs on the broker) is ignored "
+        "once a budget exists: the leader throttles at the first rate it saw",
+        (REPLICATION_THROTTLE_MACHINE, SIMULATOR),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "leader-throttle-reads-view-isr",
+        "trio_broker/cluster/replication_throttles.py",
+        "        isr = term.isr if term is not None else frozenset(info.isr)\n",
+        "        isr = frozenset(info.isr)\n",
+        "the leader decides which replicas to throttle from the cluster view's ISR, not its "
+        "own term's: a replica the leader just took into (or out of) the ISR is throttled "
+        "(or not) by a stale list",
+        (REPLICATION_THROTTLE_MACHINE, SIMULATOR),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "min-insync-change-wakes-nobody",
+        "trio_broker/cluster/config_watch.py",
+        "                self._host.wake(key)  # acks=all waiters see the new rule\n",
+        "",
+        "a changed min.insync.replicas does not wake the partition's acks=all waiters: a "
+        "write that the lowered value lets through waits for its timeout",
+        (SIMULATOR,),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "delete-groups-takes-live-classic-group",
+        "trio_broker/groups/coordinator.py",
+        "            elif group is not None and not group.is_empty():\n"
+        "                results[group_id] = ErrorCode.NON_EMPTY_GROUP\n",
+        "",
+        "DeleteGroups deletes a classic group with members (NON_EMPTY_GROUP no longer "
+        "answered): its offsets are tombstoned under consumers still using them",
+        (CLASSIC_GROUP_MACHINE, OFFSET_EXPIRY_MACHINE),
+        ("tests/unit/groups",),
+    ),
+    Bug(
+        "txn-end-overtakes-staging",
+        "trio_broker/groups/coordinator.py",
+        "        while waiting := self._staging.get((group_id, producer_id)):\n"
+        "            await self.wait_offsets_durable(waiting[0])\n",
+        "",
+        "a transaction's end does not wait for its TxnOffsetCommit writes still on their "
+        "way: an offset staged before EndTxn lands after the end marker and stays pending "
+        "(or is settled by the producer's next transaction)",
+        (OFFSET_EXPIRY_MACHINE, TXN_COORDINATOR_MACHINE, PARTITION_TXN_MACHINE),
+        ("tests/unit/groups",),
+    ),
+    Bug(
+        "cleaner-tombstones-due-at-first-pass",
+        "trio_broker/server/log_cleaner.py",
+        "            due = horizon is not None and now >= horizon\n",
+        "            due = horizon is None or now >= horizon\n",
+        "the cleaner task treats a log it never cleaned as past its tombstone horizon: the "
+        "first pass removes tombstones at once, before delete.retention.ms, and a consumer "
+        "reading behind never sees the deletes",
+        (CLEANER_MACHINE,),
+        ("tests/unit/server tests/unit/storage",),
+    ),
+    Bug(
+        "cleaner-roll-ignores-compaction-lag",
+        "trio_broker/server/log_cleaner.py",
+        "            if active.size > 0 and idle_ms > min(config.segment_ms, config.max_compaction_lag_ms):\n",
+        "            if active.size > 0 and idle_ms > config.segment_ms:\n",
+        "the cleaner task rolls an idle active segment by segment.ms alone: a key that "
+        "max.compaction.lag.ms says must be compacted waits in the active segment for "
+        "segment.ms (7 days by default)",
+        (CLEANER_MACHINE,),
+        ("tests/unit/server tests/unit/storage",),
+    ),
+)
+
+
 def copy_tree(dest: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".",
@@ -2070,23 +2250,33 @@ PYTEST_TIMEOUTS = ("s) from pytest-timeout", "+++++ Timeout +++++")
 HARNESS_FAILURES = ("did not start",)
 
 
-def run_check(tree: Path, check: str, timeout_s: float) -> tuple[bool, float]:
-    """(failed?, seconds) for one pytest target line run in ``tree``. A failure of the
-    harness (``HARNESS_FAILURES``) is run again once; a second one counts as passed, and
-    is reported: it says nothing of the slip."""
-    failed, took, harness = _run_check_once(tree, check, timeout_s)
+#: A check's verdict: it failed (a catch, or for a baseline a broken check), it passed,
+#: or a time limit stopped it (the tool's ``--timeout`` or pytest-timeout's per-test
+#: guard), which says nothing either way: a stand-in that loops hangs as long as a slip
+#: that does, and a guard stopping a machine mid-shrink may have stopped a catch.
+FAILED = "failed"
+PASSED = "passed"
+TIMED_OUT = "timed out"
+
+
+def run_check(tree: Path, check: str, timeout_s: float) -> tuple[str, float]:
+    """(verdict, seconds) for one pytest target line run in ``tree``: ``FAILED``,
+    ``PASSED`` or ``TIMED_OUT``. A failure of the harness (``HARNESS_FAILURES``) is run
+    again once; a second one counts as passed, and is reported: it says nothing of the
+    slip."""
+    verdict, took, harness = _run_check_once(tree, check, timeout_s)
     if harness:
         print(f"  [{check}] the harness failed, not a property: run again", file=sys.stderr)
-        failed, again, harness = _run_check_once(tree, check, timeout_s)
+        verdict, again, harness = _run_check_once(tree, check, timeout_s)
         took += again
         if harness:
             print(f"  [{check}] the harness failed twice: not counted", file=sys.stderr)
-            failed = False
-    return failed, took
+            verdict = PASSED
+    return verdict, took
 
 
-def _run_check_once(tree: Path, check: str, timeout_s: float) -> tuple[bool, float, bool]:
-    """(failed?, seconds, the harness failed?) for one run of ``check``."""
+def _run_check_once(tree: Path, check: str, timeout_s: float) -> tuple[str, float, bool]:
+    """(verdict, seconds, the harness failed?) for one run of ``check``."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     env.setdefault("HYPOTHESIS_SEED", "1")
     started = time.monotonic()
@@ -2100,30 +2290,59 @@ def _run_check_once(tree: Path, check: str, timeout_s: float) -> tuple[bool, flo
             command,
             cwd=tree, env=env, capture_output=True, timeout=timeout_s,
         )  # fmt: skip
-        failed = run.returncode not in (0, 5)
-        output = run.stdout.decode()
-        if failed and any(banner in output for banner in PYTEST_TIMEOUTS):
-            # pytest-timeout's guard (300 s a test) ran out: on a loaded machine a slow
-            # check, not a catch (the eleventh round counted the replication machine's
-            # 364 s as one). Reported, and counted as passed.
-            print(f"  [{check}] stopped by pytest's timeout: not counted", file=sys.stderr)
-            return False, time.monotonic() - started, False
-        # The error lines alone: a traceback also lists source lines, which may name the
-        # harness's message without having raised it.
-        errors = [line for line in output.splitlines() if line.startswith(("E ", "FAILED"))]
-        if failed and any(sign in line for line in errors for sign in HARNESS_FAILURES):
-            return True, time.monotonic() - started, True
-        if run.returncode not in (0, 1, 5):
-            print(run.stdout.decode()[-2000:], run.stderr.decode()[-2000:], file=sys.stderr)
-        elif failed:
-            # What failed, so a catch can be told from a check failing for another
-            # reason (the eleventh round met three such, on the loaded machine).
-            summary = [line for line in output.splitlines()
-                       if line.startswith(("FAILED", "ERROR", "E   ", "seed "))]  # fmt: skip
-            print(f"  [{check}] " + "\n  ".join(summary[-12:]), file=sys.stderr)
     except subprocess.TimeoutExpired:
-        failed = True  # a hang is caught too (the check never ends green)
-    return failed, time.monotonic() - started, False
+        # The tool's own limit: neither a catch nor a pass (the fourteenth round counted a
+        # stand-in's endless retry as a catch).
+        print(f"  [{check}] stopped by the tool's {timeout_s:.0f} s limit", file=sys.stderr)
+        return TIMED_OUT, time.monotonic() - started, False
+    took = time.monotonic() - started
+    failed = run.returncode not in (0, 5)
+    output = run.stdout.decode()
+    if failed and any(banner in output for banner in PYTEST_TIMEOUTS):
+        # pytest-timeout's guard (300 s a test by default) ran out: on a loaded machine a
+        # slow check, or a machine stopped mid-shrink of a real failure (the fourteenth
+        # round's storage and coordinator machines); not a catch and not a pass.
+        print(f"  [{check}] stopped by pytest's timeout", file=sys.stderr)
+        return TIMED_OUT, took, False
+    # The error lines alone: a traceback also lists source lines, which may name the
+    # harness's message without having raised it.
+    errors = [line for line in output.splitlines() if line.startswith(("E ", "FAILED"))]
+    if failed and any(sign in line for line in errors for sign in HARNESS_FAILURES):
+        return FAILED, took, True
+    if run.returncode not in (0, 1, 5):
+        print(run.stdout.decode()[-2000:], run.stderr.decode()[-2000:], file=sys.stderr)
+    elif failed:
+        # What failed, so a catch can be told from a check failing for another reason
+        # (the eleventh round met three such, on the loaded machine).
+        summary = [line for line in output.splitlines()
+                   if line.startswith(("FAILED", "ERROR", "E   ", "seed "))]  # fmt: skip
+        print(f"  [{check}] " + "\n  ".join(summary[-12:]), file=sys.stderr)
+    return (FAILED if failed else PASSED), took, False
+
+
+#: How a check's verdict reads in a bug's lines of the table.
+SCORED = {FAILED: "caught", PASSED: "missed", TIMED_OUT: "timed out"}
+
+
+def score_bug(tree: Path, bug: Bug, no_unit: bool, timeout_s: float) -> tuple[str, list[str]]:
+    """The bug's verdict over its checks (``FAILED``: a model caught it; ``TIMED_OUT``:
+    none caught it and at least one model was stopped by a time limit; ``PASSED``: every
+    model ran green) and one line a check. The unit tests run only for a bug the models
+    did not catch, and never change its verdict."""
+    lines = []
+    verdict = PASSED
+    for check in bug.models:
+        outcome, took = run_check(tree, check, timeout_s)
+        lines.append(f"{check}: {SCORED[outcome]} ({took:.0f} s)")
+        if outcome == FAILED:
+            return FAILED, lines  # one model catching it is enough
+        if outcome == TIMED_OUT:
+            verdict = TIMED_OUT
+    if not no_unit:
+        for check in bug.unit:
+            outcome, took = run_check(tree, check, timeout_s)
+            lines.append(f"{check}: {SCORED[outcome]} ({took:.0f} s)")
+    return verdict, lines
 
 
 def main() -> int:
@@ -2148,6 +2367,9 @@ def main() -> int:
         "--fourteenth", action="store_true", help="the fourteenth set (FOURTEENTH) only"
     )
     parser.add_argument(
+        "--fifteenth", action="store_true", help="the fifteenth set (FIFTEENTH) only"
+    )
+    parser.add_argument(
         "--check-baseline", action="store_true",
         help="first run every chosen check unplanted; stop (exit 3) if one fails already",
     )  # fmt: skip
@@ -2155,9 +2377,11 @@ def main() -> int:
     args = parser.parse_args()
     every = (
         *BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH, *EIGHTH, *NINTH, *TENTH, *ELEVENTH,
-        *THIRTEENTH, *FOURTEENTH,
+        *THIRTEENTH, *FOURTEENTH, *FIFTEENTH,
     )  # fmt: skip
-    if args.fourteenth:
+    if args.fifteenth:
+        chosen = list(FIFTEENTH)
+    elif args.fourteenth:
         chosen = list(FOURTEENTH)
     elif args.thirteenth:
         chosen = list(THIRTEENTH)
@@ -2191,8 +2415,9 @@ def main() -> int:
         if args.baseline:
             checks = sorted({c for b in chosen for c in (*b.models, *b.unit)})
             for check in checks:
-                failed, took = run_check(tree, check, args.timeout)
-                print(f"baseline {check}: {'FAILED' if failed else 'ok'} ({took:.0f} s)")
+                outcome, took = run_check(tree, check, args.timeout)
+                shown = {FAILED: "FAILED", PASSED: "ok", TIMED_OUT: "TIMED OUT"}[outcome]
+                print(f"baseline {check}: {shown} ({took:.0f} s)")
             return 0
         if args.check_baseline:
             # A check that fails unplanted "catches" every slip it runs for (the thirteenth
@@ -2200,12 +2425,18 @@ def main() -> int:
             checks = sorted(
                 {c for b in chosen for c in (*b.models, *(() if args.no_unit else b.unit))}
             )
-            broken = [check for check in checks if run_check(tree, check, args.timeout)[0]]
+            # A check a time limit stops unplanted is as broken: planted, its verdict would
+            # say nothing of the slip.
+            outcomes = {check: run_check(tree, check, args.timeout)[0] for check in checks}
+            broken = [check for check, outcome in outcomes.items() if outcome != PASSED]
             if broken:
-                print("unplanted, these checks fail already: " + ", ".join(broken))
+                print(
+                    "unplanted, these checks fail or time out already: "
+                    + ", ".join(f"{check} ({outcomes[check]})" for check in broken)
+                )
                 return 3
             print(f"baseline: all {len(checks)} checks pass unplanted")
-        caught_by_models = 0
+        caught_by_models = timed_out = 0
         for bug in chosen:
             source = tree / bug.path
             original = source.read_text()
@@ -2214,27 +2445,19 @@ def main() -> int:
                 return 2
             source.write_text(original.replace(bug.old, bug.new))
             try:
-                verdicts = []
-                by_models = False
-                for check in bug.models:
-                    failed, took = run_check(tree, check, args.timeout)
-                    verdicts.append(f"{check}: {'caught' if failed else 'missed'} ({took:.0f} s)")
-                    if failed:
-                        by_models = True
-                        break  # one model catching it is enough
-                if not by_models and not args.no_unit:
-                    for check in bug.unit:
-                        failed, took = run_check(tree, check, args.timeout)
-                        verdicts.append(
-                            f"{check}: {'caught' if failed else 'missed'} ({took:.0f} s)"
-                        )
+                verdict, lines = score_bug(tree, bug, args.no_unit, args.timeout)
             finally:
                 source.write_text(original)
-            caught_by_models += by_models
-            print(f"{bug.name}: {'CAUGHT by models' if by_models else 'MISSED by models'}")
-            for verdict in verdicts:
-                print(f"  {verdict}", flush=True)
-        print(f"models and simulator caught {caught_by_models} of {len(chosen)}")
+            caught_by_models += verdict == FAILED
+            timed_out += verdict == TIMED_OUT
+            shown = {FAILED: "CAUGHT", PASSED: "MISSED", TIMED_OUT: "TIMED OUT"}[verdict]
+            print(f"{bug.name}: {shown} by models")
+            for line in lines:
+                print(f"  {line}", flush=True)
+        print(
+            f"models and simulator caught {caught_by_models} of {len(chosen)}; "
+            f"{timed_out} timed out (neither caught nor passed)"
+        )
         print(f"HYPOTHESIS_SEED={os.environ.get('HYPOTHESIS_SEED', '1')}")
     return 0
 

@@ -992,7 +992,7 @@ class GroupCoordinator:
         store = write.store if write.store is not None else self.store
         try:
             await self._wait_counted(store, write.last_offset)
-            store.apply(write)
+            store.apply_counted(write)
         finally:
             self._forget_staging(write)
         # Cleanup may have forgotten an empty group while its first commit was on its

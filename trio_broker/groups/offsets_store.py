@@ -530,6 +530,17 @@ class OffsetsStore:
         for i, entry in enumerate(write.entries):
             self._apply_record(entry, write.base_offset + i)
 
+    def apply_counted(self, write: PendingWrite) -> None:
+        """Apply ``write`` once it counts (durable; in a cluster below the high
+        watermark): so does every write before it in the log, and those are applied
+        first, in log order. The coordinator's waiters resume in any order; a producer's
+        next transaction staging an offset of a partition was applied before the end of
+        its previous one (appended earlier), replaced that transaction's staged offset,
+        and the end then settled nothing: the live table and a replay of the same log
+        answered differently (statemachine/test_offsets_store_machine.py found it)."""
+        self.apply_through(write.last_offset)
+        self.apply(write)
+
     def apply_through(self, last_offset: int) -> None:
         """Apply, in log order, every write up to ``last_offset`` (the caller knows it durable)."""
         for write in sorted(self._unapplied, key=lambda w: w.base_offset):

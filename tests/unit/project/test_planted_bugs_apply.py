@@ -44,6 +44,7 @@ EVERY: tuple[PlantedBug, ...] = (
     *_tool.ELEVENTH,
     *_tool.THIRTEENTH,
     *_tool.FOURTEENTH,
+    *_tool.FIFTEENTH,
 )
 
 

@@ -188,6 +188,32 @@ def test_a_tombstone_drops_pending_offsets_too(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_counted_write_applies_the_earlier_ones_first(tmp_path: Path) -> None:
+    """A producer's end is appended, its next transaction stages the same partition
+    right after, and the staging write's waiter resumes first (both counted by one
+    sync). The end must still settle the first transaction's offset by its own place:
+    OTHER's later staged offset then wins, live as after a restart. Applying the
+    staging alone first replaced the ended transaction's staged offset, the end
+    settled nothing, and the live table answered 1 where a replay answers 2 (the
+    offsets store machine found it)."""
+    store = OffsetsStore.open(tmp_path, LogConfig())
+    write_durably(store, staged(1))
+    write_durably(store, staged(2, producer=OTHER))
+    ending = store.append(store.end_records("g", PRODUCER, 0, committed=True), now_ms=1)
+    next_staging = store.append([staged(3)], now_ms=2)
+    store.log.flush()
+    store.apply_counted(next_staging)  # its waiter resumes first
+    store.apply_counted(ending)
+    assert store.get("g", "t", 0) == OffsetAndMetadata(1)
+    assert store.pending_offsets("g", PRODUCER) == {("t", 0): OffsetAndMetadata(3)}
+    write_durably(store, *store.end_records("g", OTHER, 0, committed=True))
+    assert store.get("g", "t", 0) == OffsetAndMetadata(2)
+    store = reopen(store, tmp_path)
+    assert store.get("g", "t", 0) == OffsetAndMetadata(2)
+    assert store.pending_offsets("g", PRODUCER) == {("t", 0): OffsetAndMetadata(3)}
+    store.close()
+
+
 def test_a_write_applies_once_and_a_late_apply_does_not_resurrect(tmp_path: Path) -> None:
     store = OffsetsStore.open(tmp_path, LogConfig())
     stage = store.append([staged(10)], now_ms=1)
