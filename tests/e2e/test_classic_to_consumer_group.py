@@ -16,13 +16,11 @@ real confluent-kafka members against a broker process:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from tests.e2e import test_consumer_protocol as consumer_protocol
 from tests.e2e.test_consumer_protocol import (
     HB,
     PARTITIONS,
@@ -39,16 +37,8 @@ from trio_broker.protocol.error_codes import ErrorCode
 BEFORE, AFTER = 20, 20
 
 
-@pytest.fixture
-def broker_process(tmp_path: Path) -> Iterator[FastHeartbeatBroker]:
-    """Heartbeats every second: the consumer member gets its partitions in one or two."""
-    process = FastHeartbeatBroker(tmp_path / "data")
-    process.start()
-    try:
-        yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log_tail()
+#: A broker whose members heartbeat every second (test_consumer_protocol.py's).
+broker_process = consumer_protocol.fast_heartbeat_broker
 
 
 def consumer_heartbeat(conn: Any, group: str, topic: str) -> m.ConsumerGroupHeartbeatResponse:

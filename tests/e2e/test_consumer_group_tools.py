@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from tests.e2e import test_consumer_protocol as consumer_protocol
 from tests.e2e.test_consumer_protocol import (
     PARTITIONS,
     FastHeartbeatBroker,
@@ -37,15 +36,8 @@ def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
     return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[FastHeartbeatBroker]:
-    process = FastHeartbeatBroker(tmp_path / "data")
-    process.start()
-    try:
-        yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log_tail()
+#: A broker whose members heartbeat every second (test_consumer_protocol.py's).
+broker = consumer_protocol.fast_heartbeat_broker
 
 
 def consumer_groups(classpath: str, broker: FastHeartbeatBroker, *args: str) -> str:
