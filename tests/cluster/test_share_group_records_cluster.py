@@ -30,7 +30,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
-from tests.cluster.test_cluster_e2e import eventually
+from tests.cluster.test_cluster_e2e import eventually, every_broker_lists
 from tests.cluster.test_cluster_faults import (
     admin_of,
     create_topic,
@@ -225,6 +225,7 @@ def test_a_new_group_coordinator_knows_every_share_partition(
 def test_a_deleted_topics_share_state_goes_where_no_replica_was(cluster: Cluster) -> None:
     holder = 1  # the topic's one replica
     admin = admin_of(cluster)
+    every_broker_lists(cluster)  # the broker that takes the CreateTopics sees broker 1 live
     [created] = admin.create_topics([NewTopic(TOPIC, 1, replica_assignment=[[holder]])]).values()
     created.result(timeout=60)
     eventually(lambda: leaders(admin, TOPIC)[0] == holder, f"{TOPIC} led by {holder}")
