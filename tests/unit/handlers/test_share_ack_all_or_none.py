@@ -18,9 +18,9 @@ import trio
 from tests.unit.handlers.test_share_ack_write_fails import (
     ACCEPT,
     RELEASE,
-    SA,
-    SF,
+    acknowledgement,
     assert_still_held_by_m1,
+    fetch_with_acks,
     holding_six,
 )
 from tests.unit.handlers.test_share_state_leader import GROUP
@@ -36,30 +36,6 @@ from trio_broker.state.share_partition import RecordState
 WITH_A_BAD_BATCH = [(0, 1, ACCEPT), (9, 9, ACCEPT), (2, 3, ACCEPT), (4, 4, RELEASE)]
 #: The same without the bad batch.
 RETRY = [(0, 1, ACCEPT), (2, 3, ACCEPT), (4, 4, RELEASE)]
-
-
-def acknowledgement(topic_id: uuid.UUID, epoch: int, batches: list[tuple[int, int, int]]) -> SA:
-    Part = SA.AcknowledgeTopic.AcknowledgePartition
-    return SA(
-        group_id=GROUP, member_id="m1", share_session_epoch=epoch,
-        topics=[SA.AcknowledgeTopic(topic_id=topic_id, partitions=[Part(
-            partition_index=0, acknowledgement_batches=[
-                Part.AcknowledgementBatch(first_offset=f, last_offset=la, acknowledge_types=[t])
-                for f, la, t in batches])])],
-    )  # fmt: skip
-
-
-def fetch_with_acks(topic_id: uuid.UUID, epoch: int, batches: list[tuple[int, int, int]]) -> SF:
-    Part = SF.FetchTopic.FetchPartition
-    return SF(
-        group_id=GROUP, member_id="m1", share_session_epoch=epoch, max_wait_ms=0,
-        min_bytes=1, max_bytes=1 << 20, max_records=100, batch_size=100,
-        topics=[SF.FetchTopic(topic_id=topic_id, partitions=[Part(
-            partition_index=0, acknowledgement_batches=[
-                Part.AcknowledgementBatch(first_offset=f, last_offset=la, acknowledge_types=[t])
-                for f, la, t in batches])])],
-        forgotten_topics_data=[],
-    )  # fmt: skip
 
 
 def stored_batches(

@@ -47,18 +47,22 @@ async def holding_six(
     return broker, topic_id, ctx, held
 
 
-def acknowledgement(topic_id: uuid.UUID, epoch: int) -> SA:
+def acknowledgement(
+    topic_id: uuid.UUID, epoch: int, batches: list[tuple[int, int, int]] = BATCHES
+) -> SA:
     Part = SA.AcknowledgeTopic.AcknowledgePartition
     return SA(
         group_id=GROUP, member_id="m1", share_session_epoch=epoch,
         topics=[SA.AcknowledgeTopic(topic_id=topic_id, partitions=[Part(
             partition_index=0, acknowledgement_batches=[
                 Part.AcknowledgementBatch(first_offset=f, last_offset=la, acknowledge_types=[t])
-                for f, la, t in BATCHES])])],
+                for f, la, t in batches])])],
     )  # fmt: skip
 
 
-def fetch_with_acks(topic_id: uuid.UUID, epoch: int) -> SF:
+def fetch_with_acks(
+    topic_id: uuid.UUID, epoch: int, batches: list[tuple[int, int, int]] = BATCHES
+) -> SF:
     Part = SF.FetchTopic.FetchPartition
     return SF(
         group_id=GROUP, member_id="m1", share_session_epoch=epoch, max_wait_ms=0,
@@ -66,7 +70,7 @@ def fetch_with_acks(topic_id: uuid.UUID, epoch: int) -> SF:
         topics=[SF.FetchTopic(topic_id=topic_id, partitions=[Part(
             partition_index=0, acknowledgement_batches=[
                 Part.AcknowledgementBatch(first_offset=f, last_offset=la, acknowledge_types=[t])
-                for f, la, t in BATCHES])])],
+                for f, la, t in batches])])],
         forgotten_topics_data=[],
     )  # fmt: skip
 
