@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +39,8 @@ from tests.cluster.test_cluster_faults import (
     producer,
     servers,
 )
-from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
+from tests.kafka_tools import tool
+from tests.kafka_tools.classpath import kafka_tools_classpath
 from trio_broker.protocol import messages as m
 
 pytestmark = pytest.mark.timeout(300)
@@ -71,14 +71,8 @@ def brokers(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
 
 
 def reassign(classpath: str, cluster: Cluster, *args: str) -> str:
-    run = subprocess.run(
-        ["java", *TOOL_JVM, "-cp", classpath,
-         "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
-         "--bootstrap-server", servers(cluster), *args],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    assert run.returncode == 0, f"{args}: exit {run.returncode}\n{run.stdout}\n{run.stderr}"
-    return run.stdout
+    return tool.run_tool(classpath, "reassign.ReassignPartitionsCommand", "--bootstrap-server",
+                         servers(cluster), *args).stdout  # fmt: skip
 
 
 def described(admin: AdminClient, kind: ResourceType, name: str) -> dict[str, ConfigEntry]:

@@ -16,7 +16,6 @@ alone in DeleteGroups (NOT_COORDINATOR).
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,8 +48,8 @@ from tests.cluster.test_share_state_cluster import (
     port_of,
 )
 from tests.e2e.conftest import RawConnection
-from tests.e2e.test_share_group_tools import TOOL
-from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
+from tests.kafka_tools import tool
+from tests.kafka_tools.tool import share_groups
 from trio_broker.groups.share_coordinator import coordinator_key
 from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareKey
 from trio_broker.protocol import messages as m
@@ -69,18 +68,7 @@ def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
         yield brokers
 
 
-@pytest.fixture(scope="module")
-def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
-
-
-def share_groups(classpath: str, bootstrap: str, *args: str) -> str:
-    done = subprocess.run(
-        ["java", *TOOL_JVM, "-cp", classpath, TOOL, "--bootstrap-server", bootstrap, *args],
-        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    errors = [line for line in done.stderr.splitlines() if not line.startswith("SLF4J:")]
-    return "\n".join([done.stdout, *errors])
+tools_classpath = tool.tools_classpath
 
 
 def start_and_lag(output: str, group: str) -> dict[int, tuple[int, int]]:

@@ -42,7 +42,6 @@ from tests.cluster.test_share_admin_cluster import (
     OFFSETS_PARTITIONS,
     find_group_coordinator,
     leave,
-    share_groups,
     share_roles,
 )
 from tests.cluster.test_share_state_cluster import (
@@ -57,7 +56,8 @@ from tests.cluster.test_share_state_cluster import (
     port_of,
 )
 from tests.e2e.conftest import RawConnection
-from tests.kafka_tools.classpath import kafka_tools_classpath
+from tests.kafka_tools import tool
+from tests.kafka_tools.tool import share_groups
 from trio_broker.groups.share_coordinator import coordinator_key
 from trio_broker.groups.share_state import SHARE_GROUP_STATE, ShareKey
 from trio_broker.protocol import messages as m
@@ -77,9 +77,7 @@ def cluster(tmp_path: Path, zookeeper: str) -> Iterator[Cluster]:
         yield brokers
 
 
-@pytest.fixture(scope="module")
-def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
+tools_classpath = tool.tools_classpath
 
 
 def share_fetch(

@@ -10,7 +10,6 @@ group's offsets to the earliest (OffsetCommit as an admin) and deletes the group
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 
 import pytest
@@ -23,34 +22,19 @@ from tests.e2e.test_consumer_protocol import (
     make_topic,
     shared,
 )
-from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
+from tests.kafka_tools import tool
+from tests.kafka_tools.tool import consumer_groups
 from tests.waits import wait_until
 
 pytestmark = pytest.mark.timeout(600)
-TOOL = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
 RECORDS = 20
 
 
-@pytest.fixture(scope="module")
-def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
+tools_classpath = tool.tools_classpath
 
 
 #: A broker whose members heartbeat every second (test_consumer_protocol.py's).
 broker = consumer_protocol.fast_heartbeat_broker
-
-
-def consumer_groups(classpath: str, broker: FastHeartbeatBroker, *args: str) -> str:
-    done = subprocess.run(
-        ["java", *TOOL_JVM, "-cp", classpath, TOOL, "--bootstrap-server", broker.bootstrap,
-         *args],
-        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    # Without a logging binding slf4j says so on stderr: not the tool's output.
-    errors = [line for line in done.stderr.splitlines() if not line.startswith("SLF4J:")]
-    output = "\n".join([done.stdout, *errors])
-    assert done.returncode == 0, output
-    return output
 
 
 def rows(output: str, group: str) -> list[list[str]]:
@@ -69,14 +53,16 @@ def test_kafka_consumer_groups_describes_a_consumer_protocol_group(
                  f"{RECORDS} records")  # fmt: skip
         member_ids = {a.consumer.memberid(), b.consumer.memberid()}
 
-        listed = consumer_groups(tools_classpath, broker, "--list", "--type")
+        listed = consumer_groups(tools_classpath, broker.bootstrap, "--list", "--type")
         assert rows(listed, group) == [[group, "Consumer"]], listed
 
-        state = consumer_groups(tools_classpath, broker, "--describe", "--group", group, "--state")
+        state = consumer_groups(
+            tools_classpath, broker.bootstrap, "--describe", "--group", group, "--state"
+        )
         [[_, _host, _id, assignor, group_state, count]] = rows(state, group)
         assert (assignor, group_state, count) == ("uniform", "Stable", "2"), state
 
-        members = consumer_groups(tools_classpath, broker, "--describe", "--group", group,
+        members = consumer_groups(tools_classpath, broker.bootstrap, "--describe", "--group", group,
                                   "--members", "--verbose")  # fmt: skip
         described = rows(members, group)
         assert {row[1] for row in described} == member_ids, members
@@ -86,7 +72,7 @@ def test_kafka_consumer_groups_describes_a_consumer_protocol_group(
         for row in described:
             assert row[4] == "2" and row[5] == row[-2], members
 
-        lags = consumer_groups(tools_classpath, broker, "--describe", "--group", group)
+        lags = consumer_groups(tools_classpath, broker.bootstrap, "--describe", "--group", group)
         offsets = {int(row[2]): row for row in rows(lags, group)}
         assert sorted(offsets) == list(range(PARTITIONS)), lags
         per_partition = RECORDS // PARTITIONS
@@ -98,12 +84,12 @@ def test_kafka_consumer_groups_describes_a_consumer_protocol_group(
         a.consumer.close()
         b.consumer.close()
 
-    reset = consumer_groups(tools_classpath, broker, "--reset-offsets", "--group", group,
+    reset = consumer_groups(tools_classpath, broker.bootstrap, "--reset-offsets", "--group", group,
                             "--topic", topic, "--to-earliest", "--execute")  # fmt: skip
     assert {row[3] for row in rows(reset, group)} == {"0"}, reset
-    lags = consumer_groups(tools_classpath, broker, "--describe", "--group", group)
+    lags = consumer_groups(tools_classpath, broker.bootstrap, "--describe", "--group", group)
     assert {row[5] for row in rows(lags, group)} == {str(RECORDS // PARTITIONS)}, lags
 
-    deleted = consumer_groups(tools_classpath, broker, "--delete", "--group", group)
+    deleted = consumer_groups(tools_classpath, broker.bootstrap, "--delete", "--group", group)
     assert "successful" in deleted, deleted
-    assert rows(consumer_groups(tools_classpath, broker, "--list", "--type"), group) == []
+    assert rows(consumer_groups(tools_classpath, broker.bootstrap, "--list", "--type"), group) == []

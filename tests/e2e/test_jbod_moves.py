@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -162,7 +161,8 @@ def test_kafka_reassign_partitions_moves_a_partition_between_log_dirs(
 ) -> None:
     if shutil.which("java") is None or shutil.which("mvn") is None:
         pytest.skip("Kafka's reassignment tool needs Java 17 and Maven")
-    from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
+    from tests.kafka_tools import tool
+    from tests.kafka_tools.classpath import kafka_tools_classpath
 
     classpath = kafka_tools_classpath(tmp_path / "kafka-tools")
     b = str(tmp_path / "b")
@@ -173,14 +173,9 @@ def test_kafka_reassign_partitions_moves_a_partition_between_log_dirs(
     with KeepProducing(broker.bootstrap) as producing:
         producing.wait_for(100)
         for action in ("--execute", "--verify"):
-            run = subprocess.run(
-                ["java", *TOOL_JVM, "-cp", classpath,
-                 "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
-                 "--bootstrap-server", broker.bootstrap,
-                 "--reassignment-json-file", str(plan), action],
-                capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
-            assert run.returncode == 0, f"{action}\n{run.stdout}\n{run.stderr}"
+            run = tool.run_tool(classpath, "reassign.ReassignPartitionsCommand",
+                                "--bootstrap-server", broker.bootstrap,
+                                "--reassignment-json-file", str(plan), action)  # fmt: skip
         producing.wait_for(len(producing.acked) + 100)
     assert "is completed" in run.stdout, run.stdout
     assert producing.failed == []

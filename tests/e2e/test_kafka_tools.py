@@ -22,19 +22,13 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.conftest import BrokerProcess, running_broker
-from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
+from tests.kafka_tools import tool as kafka_tool
+from tests.kafka_tools.tool import tool_argv as tool
 
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """kafka-tools and its dependencies, resolved by Maven (cached in ~/.m2)."""
-    return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
-
-
-def tool(classpath: str, main: str, *args: str) -> list[str]:
-    return ["java", *TOOL_JVM, "-cp", classpath, f"org.apache.kafka.tools.{main}", *args]
+tools_classpath = kafka_tool.tools_classpath
 
 
 class JsonLines:

@@ -8,7 +8,6 @@ a member, resets a partition once it is empty (AlterShareGroupOffsets) — a res
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,17 +19,15 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from tests.e2e.conftest import BrokerProcess, running_broker
 from tests.e2e.test_consumer_protocol import topic_id_of
 from tests.e2e.test_share_state_restart import acquire, join
-from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
+from tests.kafka_tools import tool
+from tests.kafka_tools.tool import share_groups
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 
 pytestmark = pytest.mark.timeout(600)
-TOOL = "org.apache.kafka.tools.consumer.group.ShareGroupCommand"
 
 
-@pytest.fixture(scope="module")
-def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
+tools_classpath = tool.tools_classpath
 
 
 @pytest.fixture
@@ -38,17 +35,6 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     process: BrokerProcess
     with running_broker(tmp_path / "data") as process:
         yield process
-
-
-def share_groups(classpath: str, broker: BrokerProcess, *args: str) -> str:
-    done = subprocess.run(
-        ["java", *TOOL_JVM, "-cp", classpath, TOOL, "--bootstrap-server", broker.bootstrap,
-         *args],
-        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    # Without a logging binding slf4j says so on stderr: not the tool's output.
-    errors = [line for line in done.stderr.splitlines() if not line.startswith("SLF4J:")]
-    return "\n".join([done.stdout, *errors])
 
 
 def offsets(output: str) -> dict[int, tuple[int, int]]:
@@ -81,13 +67,13 @@ def test_kafka_share_groups_lists_describes_resets_and_deletes(
                                               acknowledge_types=[1])])])]))  # fmt: skip
         assert acked.responses[0].partitions[0].error_code == ErrorCode.NONE
 
-        listed = share_groups(tools_classpath, broker, "--list")
+        listed = share_groups(tools_classpath, broker.bootstrap, "--list")
         assert listed.split() == ["sg"], listed
         # Partition 0: 0-2 accepted, 3-4 given back when the session closed.
-        described = share_groups(tools_classpath, broker, "--describe", "--group", "sg")
+        described = share_groups(tools_classpath, broker.bootstrap, "--describe", "--group", "sg")
         assert offsets(described) == {0: (3, 2), 1: (0, 5)}, described
 
-        refused = share_groups(tools_classpath, broker, "--reset-offsets", "--group", "sg",
+        refused = share_groups(tools_classpath, broker.bootstrap, "--reset-offsets", "--group", "sg",
                                "--topic", f"{topic}:1", "--to-offset", "4", "--execute")  # fmt: skip
         assert "Share group 'sg' is not empty." in refused, refused  # checked by the tool
         # ... and by the broker, for a client that does not look first.
@@ -104,20 +90,20 @@ def test_kafka_share_groups_lists_describes_resets_and_deletes(
         left = conn.request(m.ApiKey.SHARE_GROUP_HEARTBEAT, 1, m.ShareGroupHeartbeatRequest(
             group_id="sg", member_id="m1", member_epoch=-1))  # fmt: skip
         assert left.error_code == ErrorCode.NONE
-    reset = share_groups(tools_classpath, broker, "--reset-offsets", "--group", "sg",
+    reset = share_groups(tools_classpath, broker.bootstrap, "--reset-offsets", "--group", "sg",
                          "--topic", f"{topic}:1", "--to-offset", "4", "--execute")  # fmt: skip
     assert "NEW-OFFSET" in reset, reset
     broker.kill9()
     broker.start()
-    described = share_groups(tools_classpath, broker, "--describe", "--group", "sg")
+    described = share_groups(tools_classpath, broker.bootstrap, "--describe", "--group", "sg")
     assert offsets(described) == {0: (3, 2), 1: (4, 1)}, described
 
-    deleted = share_groups(tools_classpath, broker, "--delete-offsets", "--group", "sg",
+    deleted = share_groups(tools_classpath, broker.bootstrap, "--delete-offsets", "--group", "sg",
                            "--topic", topic)  # fmt: skip
     assert "Successful" in deleted, deleted
     assert "no offset information" in share_groups(
-        tools_classpath, broker, "--describe", "--group", "sg"
+        tools_classpath, broker.bootstrap, "--describe", "--group", "sg"
     )
-    gone = share_groups(tools_classpath, broker, "--delete", "--group", "sg")
+    gone = share_groups(tools_classpath, broker.bootstrap, "--delete", "--group", "sg")
     assert "was successful" in gone, gone
-    assert share_groups(tools_classpath, broker, "--list").split() == []
+    assert share_groups(tools_classpath, broker.bootstrap, "--list").split() == []

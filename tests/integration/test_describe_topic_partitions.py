@@ -9,7 +9,6 @@ does kafka-python's describe_topic_partitions.
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import trio
 from kafka.admin import KafkaAdminClient
 
 from tests.integration.raw_client import RawClient
-from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
+from tests.kafka_tools import tool
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -190,17 +189,11 @@ class TestAuthorization:
 # ------------------------------------------------------------------ Kafka's kafka-topics.sh
 
 
-@pytest.fixture(scope="module")
-def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """kafka-tools and its dependencies, resolved by Maven (cached in ~/.m2)."""
-    return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
+tools_classpath = tool.tools_classpath
 
 
 def topic_command(classpath: str, bootstrap: str, *args: str) -> list[str]:
-    argv = ["java", *TOOL_JVM, "-cp", classpath, "org.apache.kafka.tools.TopicCommand",
-            "--bootstrap-server", bootstrap, *args]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = tool.run_tool(classpath, "TopicCommand", "--bootstrap-server", bootstrap, *args)
     return done.stdout.splitlines()
 
 

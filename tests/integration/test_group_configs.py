@@ -4,7 +4,6 @@ share settings in force, ListConfigResources, and Kafka 4.4's kafka-configs
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 import trio
 
 from tests.integration.raw_client import RawClient
-from tests.kafka_tools.classpath import kafka_tools_classpath
+from tests.kafka_tools import tool
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -166,10 +165,7 @@ class TestAuthorization:
 # ------------------------------------------------------------------ Kafka's kafka-configs
 
 
-@pytest.fixture(scope="module")
-def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """kafka-tools and its dependencies, resolved by Maven (cached in ~/.m2)."""
-    return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
+tools_classpath = tool.tools_classpath
 
 
 @pytest.mark.timeout(300)
@@ -179,12 +175,9 @@ async def test_kafka_configs_entity_type_groups(
     """kafka-configs --alter then --describe --entity-type groups (Kafka 4.4's tool)."""
 
     def run(*args: str) -> str:
-        argv = ["java", "-Xmx256m", "-cp", tools_classpath,
-                "org.apache.kafka.tools.ConfigCommand", "--bootstrap-server", bootstrap,
-                "--entity-type", "groups", "--entity-name", "tool-group", *args]  # fmt: skip
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
+        return tool.run_tool(tools_classpath, "ConfigCommand", "--bootstrap-server", bootstrap,
+                             "--entity-type", "groups", "--entity-name", "tool-group",
+                             *args).stdout  # fmt: skip
 
     await trio.to_thread.run_sync(
         run, "--alter", "--add-config", "share.auto.offset.reset=earliest"

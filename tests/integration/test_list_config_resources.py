@@ -8,7 +8,6 @@ client-metrics resources through this API before describing them.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 import trio
 
 from tests.integration.raw_client import RawClient
-from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
+from tests.kafka_tools import tool
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -98,10 +97,7 @@ class TestAuthorization:
 # ------------------------------------------------------------------ Kafka's kafka-configs
 
 
-@pytest.fixture(scope="module")
-def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """kafka-tools and its dependencies, resolved by Maven (cached in ~/.m2)."""
-    return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
+tools_classpath = tool.tools_classpath
 
 
 @pytest.mark.timeout(300)
@@ -110,11 +106,8 @@ async def test_kafka_configs_lists_client_metrics(
 ) -> None:
     """kafka-configs --describe --entity-type client-metrics (no name) lists the
     resources with this API; a broker without it fails the command."""
-    argv = ["java", *TOOL_JVM, "-cp", tools_classpath, "org.apache.kafka.tools.ConfigCommand",
-            "--bootstrap-server", bootstrap, "--describe", "--entity-type", "client-metrics"]  # fmt: skip
-    done = await trio.to_thread.run_sync(
-        lambda: subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = await trio.to_thread.run_sync(lambda: tool.run_tool(
+        tools_classpath, "ConfigCommand", "--bootstrap-server", bootstrap, "--describe",
+        "--entity-type", "client-metrics"))  # fmt: skip
     assert done.stdout.strip() == ""  # no client-metrics resources to describe
     assert broker.handler_pool.latency.count(API) == 1

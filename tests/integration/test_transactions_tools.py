@@ -7,31 +7,24 @@ confluent-kafka producer holds a transaction open and after it commits.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import trio
 from confluent_kafka import Producer
 
-from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
+from tests.kafka_tools import tool
 from trio_broker.server.broker import Broker
 
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """kafka-tools and its dependencies, resolved by Maven (cached in ~/.m2)."""
-    return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
+tools_classpath = tool.tools_classpath
 
 
 def transactions_command(classpath: str, bootstrap: str, *args: str) -> list[list[str]]:
     """Run kafka-transactions.sh; its table's rows, split on whitespace (header first)."""
-    argv = ["java", *TOOL_JVM, "-cp", classpath, "org.apache.kafka.tools.TransactionsCommand",
-            "--bootstrap-server", bootstrap, *args]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = tool.run_tool(classpath, "TransactionsCommand", "--bootstrap-server", bootstrap, *args)
     return [line.split() for line in done.stdout.splitlines() if line.strip()]
 
 
