@@ -508,11 +508,40 @@ class DroppingProxy:
                 yield bytes(buffer[:end])
                 del buffer[:end]
 
-    async def handle(self, client: trio.SocketStream) -> None:
+    async def open_upstream(self, client: trio.SocketStream) -> trio.SocketStream | None:
+        """A connection to the broker for ``client``'s; None (``client`` closed) if refused."""
         try:
-            upstream = await trio.open_tcp_stream("127.0.0.1", self.target_port)
+            return await trio.open_tcp_stream("127.0.0.1", self.target_port)
         except OSError:
             await client.aclose()
+            return None
+
+    @staticmethod
+    async def relay(
+        client: trio.SocketStream,
+        upstream: trio.SocketStream,
+        *pumps: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Run ``pumps`` (the requests' and the responses' way) until either ends, then
+        close both connections: either side ending ends the connection."""
+        async with trio.open_nursery() as nursery:
+
+            async def run(pump: Callable[[], Awaitable[None]]) -> None:
+                try:
+                    await pump()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                nursery.cancel_scope.cancel()
+
+            for pump in pumps:
+                nursery.start_soon(run, pump)
+        for stream in (client, upstream):
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def handle(self, client: trio.SocketStream) -> None:
+        upstream = await self.open_upstream(client)
+        if upstream is None:
             return
         produce_ids: set[int] = set()  # correlation ids of Produce requests in flight
 
@@ -534,20 +563,7 @@ class DroppingProxy:
                         return
                 await client.send_all(frame)
 
-        async with trio.open_nursery() as nursery:
-
-            async def run(pump: Callable[[], Awaitable[None]]) -> None:
-                try:
-                    await pump()
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
-                nursery.cancel_scope.cancel()  # either side ending ends the connection
-
-            nursery.start_soon(run, requests)
-            nursery.start_soon(run, responses)
-        for stream in (client, upstream):
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+        await self.relay(client, upstream, requests, responses)
 
 
 def confluent_lossy(bootstrap: str, tag: str) -> int:

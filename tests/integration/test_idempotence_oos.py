@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +70,8 @@ class ReorderingProxy(DroppingProxy):
         self.error_codes: list[int] = []
 
     async def handle(self, client: trio.SocketStream) -> None:
-        try:
-            upstream = await trio.open_tcp_stream("127.0.0.1", self.target_port)
-        except OSError:
-            await client.aclose()
+        upstream = await self.open_upstream(client)
+        if upstream is None:
             return
         versions: dict[int, int] = {}  # correlation id -> version of Produce in flight
         lock = trio.Lock()
@@ -89,25 +86,27 @@ class ReorderingProxy(DroppingProxy):
                     await upstream.send_all(frame)
 
         async def requests() -> None:
-            async for frame in self.frames(client):
-                api_key, version, correlation_id = struct.unpack_from(">hhi", frame, 4)
-                async with lock:
-                    if api_key != m.ApiKey.PRODUCE:
-                        await upstream.send_all(frame)
-                        continue
-                    versions[correlation_id] = version
-                    self.produces_seen += 1
-                    if held:
-                        await upstream.send_all(frame)  # the later one first ...
-                        await upstream.send_all(held.pop())  # ... then the held one
-                        self.swapped += 1
-                    elif self.swaps_left and self.produces_seen > self.skip:
-                        self.swaps_left -= 1
-                        self.skip = self.produces_seen + 20  # spread the swaps out
-                        held.append(frame)
-                        nursery.start_soon(release_later, frame)
-                    else:
-                        await upstream.send_all(frame)
+            # A held request is released by a task of its own (release_later).
+            async with trio.open_nursery() as nursery:
+                async for frame in self.frames(client):
+                    api_key, version, correlation_id = struct.unpack_from(">hhi", frame, 4)
+                    async with lock:
+                        if api_key != m.ApiKey.PRODUCE:
+                            await upstream.send_all(frame)
+                            continue
+                        versions[correlation_id] = version
+                        self.produces_seen += 1
+                        if held:
+                            await upstream.send_all(frame)  # the later one first ...
+                            await upstream.send_all(held.pop())  # ... then the held one
+                            self.swapped += 1
+                        elif self.swaps_left and self.produces_seen > self.skip:
+                            self.swaps_left -= 1
+                            self.skip = self.produces_seen + 20  # spread the swaps out
+                            held.append(frame)
+                            nursery.start_soon(release_later, frame)
+                        else:
+                            await upstream.send_all(frame)
 
         async def responses() -> None:
             async for frame in self.frames(upstream):
@@ -122,20 +121,7 @@ class ReorderingProxy(DroppingProxy):
                                 self.oos_answers += 1
                 await client.send_all(frame)
 
-        async with trio.open_nursery() as nursery:
-
-            async def run(pump: Callable[[], Awaitable[None]]) -> None:
-                try:
-                    await pump()
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(run, requests)
-            nursery.start_soon(run, responses)
-        for stream in (client, upstream):
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+        await self.relay(client, upstream, requests, responses)
 
 
 def produce(bootstrap: str, values: list[bytes]) -> dict[str, Any]:

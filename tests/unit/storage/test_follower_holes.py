@@ -8,13 +8,19 @@ must treat the hole as the leader's log does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.unit.storage import test_follower_storage as follower_storage
 from tests.unit.storage.test_cleaner import read_all as records_of
-from tests.unit.storage.test_follower_storage import bases_and_ends, epochs_of, fetched, read_all
+from tests.unit.storage.test_follower_storage import (
+    SMALL,
+    bases_and_ends,
+    epochs_of,
+    fetched,
+    read_all,
+)
 from trio_broker.protocol import batch_header
 from trio_broker.protocol.compression import Compression
 from trio_broker.protocol.records import Record, build_batch
@@ -24,7 +30,6 @@ from trio_broker.storage.log import LogConfig, PartitionLog
 from trio_broker.storage.memory import MemoryLog
 from trio_broker.storage.swap import REPLICA_GAPS_CHECKPOINT, read_replica_gaps_checkpoint
 
-SMALL = LogConfig(segment_bytes=400, index_interval_bytes=64, retention_ms=None)
 T0 = 1_700_000_000_000
 COMPACT = LogConfig(
     segment_bytes=600,
@@ -36,23 +41,8 @@ COMPACT = LogConfig(
 )
 
 AnyLog = PartitionLog | MemoryLog
-
-
-@pytest.fixture(params=["disk", "memory"])
-def make_log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[type]:
-    logs: list[AnyLog] = []
-
-    def make(config: LogConfig = SMALL) -> AnyLog:
-        if request.param == "disk":
-            log: AnyLog = PartitionLog.open(tmp_path / f"t-{len(logs)}", config)
-        else:
-            log = MemoryLog(config)
-        logs.append(log)
-        return log
-
-    yield make  # type: ignore[misc]
-    for log in logs:
-        log.abort()
+#: A disk log and a memory log, each test run on both.
+make_log = follower_storage.make_log
 
 
 def reopen_after_crash(log: PartitionLog) -> PartitionLog:
