@@ -221,11 +221,11 @@ class FaultFS:
             "dir_survival": dir_survival,
         }
         try:
-            answer = request(self.state_dir, msg, timeout=120.0 + self.cut_timeout * 3)
+            answer = request(self.state_dir, msg, timeout=120.0 + self.cut_timeout * 8)
         except OSError as e:
             raise FaultFSError(f"power cut failed: {e}\n{self.log_tail()}") from e
         if not answer.get("ok"):
-            raise FaultFSError(f"power cut failed: {answer.get('error')}\n{self.log_tail()}")
+            raise FaultFSError(f"power cut failed: {answer.get('error')}\n{self.log_tail(80)}")
         report = CutReport.from_dict(answer["report"])
         if not self.is_mounted():
             raise FaultFSError(f"not mounted again after the power cut:\n{self.log_tail()}")

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import faulthandler
 import json
 import logging
 import os
@@ -1346,7 +1347,10 @@ class Daemon:
         if not req.exited.wait(self.cut_timeout):
             # Something still holds a file or directory on the mount: end the session anyway.
             busy = device is not None and abort_connection(device)
-            if not req.exited.wait(self.cut_timeout):
+            # A loaded machine may take long to wind the session's threads down; a hang
+            # leaves every thread's stack in the log (the error shows its tail).
+            if not req.exited.wait(self.cut_timeout * 3):
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 return {"ok": False, "error": "the FUSE session did not end after the unmount"}
         if not req.done.wait(max(60.0, self.cut_timeout * 6)):
             return {"ok": False, "error": "rebuild and remount did not finish in time"}
