@@ -45,6 +45,8 @@ from trio_broker.transactions.partitioned import PartitionedTransactionCoordinat
 __all__ = ["ClusterHost", "run_cluster_node"]
 
 log = logging.getLogger(__name__)
+#: How long a stopping broker waits for its connections to other brokers to close.
+CLOSE_PEERS_S = 5.0
 
 
 class ClusterHost(Protocol):
@@ -155,6 +157,9 @@ async def run_cluster_node(
     config = host.config
     if coord is None:
         coord = await join_coordination(host)
+    # The channels to other brokers (markers, share state): their connections close
+    # when the broker stops, not at the process's exit.
+    peer_channels: list[TxnMarkerChannel | ShareStateChannel] = []
     try:
         view = ClusterView(config.node_id)
         manager = ReplicaManager(
@@ -207,7 +212,8 @@ async def run_cluster_node(
         # The share coordinator of the __share_group_state partitions led here; share
         # partitions led here read and write their state at their coordinators.
         host.share_coordinator.replication = manager
-        host.share_coordinator.remote = ShareStateChannel(manager)
+        host.share_coordinator.remote = share_channel = ShareStateChannel(manager)
+        peer_channels += [channel, share_channel]
         async with trio.open_nursery() as nursery:
             if isinstance(host.shared_security, ClusterSecurity):
                 nursery.start_soon(host.shared_security.follow)
@@ -247,6 +253,9 @@ async def run_cluster_node(
     finally:
         host.left()
         await coord.stop()
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_PEERS_S):
+            for peer_channel in peer_channels:
+                await peer_channel.close()
 
 
 async def _fence_while_cut_off(
