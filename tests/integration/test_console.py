@@ -23,7 +23,12 @@ import trio
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.e2e.conftest import RawConnection
+from tests.e2e.test_consumer_protocol import topic_id_of
+from tests.e2e.test_share_state_restart import acquire, join
 from trio_broker.config import BrokerConfig
+from trio_broker.protocol import messages as m
+from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.security.acl import AclBinding, Operation, PatternType, Permission
 from trio_broker.security.acl import ResourceType as RT
 from trio_broker.server.broker import Broker
@@ -292,3 +297,39 @@ async def test_bad_requests_get_4xx_and_the_listener_lives_on(broker: Broker) ->
     assert (await call(broker, "GET", "/api/nothing")).status == 404
     assert (await call(broker, "POST", "/")).status == 405
     assert (await call(broker, "GET", "/health")).status == 200
+
+
+def share_group_with_acknowledgements(bootstrap: str) -> None:
+    """Share group "queue" on a 2-partition topic of 5 records each: partition 0's
+    records 0-2 accepted and 3-4 released (the session closed), partition 1 untouched;
+    kafka-share-groups describes it as start offsets 3 and 0, lags 2 and 5
+    (tests/e2e/test_share_group_tools.py)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("jobs", 2, 1)])["jobs"].result(timeout=60)
+    with RawConnection(int(bootstrap.rsplit(":", 1)[1])) as conn:
+        join(conn, "queue", "m1", "jobs")
+        producer = Producer({"bootstrap.servers": bootstrap})
+        for i in range(10):
+            producer.produce("jobs", value=b"job %d" % i, partition=i % 2)
+        assert producer.flush(30) == 0
+        topic_id = topic_id_of(conn, "jobs")
+        assert acquire(conn, "queue", "m1", topic_id) == [(0, 4, 1)]  # partition 0
+        Ack = m.ShareAcknowledgeRequest.AcknowledgeTopic
+        acked = conn.request(m.ApiKey.SHARE_ACKNOWLEDGE, 1, m.ShareAcknowledgeRequest(
+            group_id="queue", member_id="m1", share_session_epoch=-1,
+            topics=[Ack(topic_id=topic_id, partitions=[Ack.AcknowledgePartition(
+                partition_index=0, acknowledgement_batches=[
+                    Ack.AcknowledgePartition.AcknowledgementBatch(
+                        first_offset=0, last_offset=2, acknowledge_types=[1])])])]))  # fmt: skip
+        assert acked.responses[0].partitions[0].error_code == ErrorCode.NONE
+
+
+async def test_a_share_groups_start_offsets_and_lag(broker: Broker, bootstrap: str) -> None:
+    await trio.to_thread.run_sync(share_group_with_acknowledgements, bootstrap)
+    groups = (await call(broker, "GET", "/api/groups")).json()["groups"]
+    [listed] = [g for g in groups if g["group_id"] == "queue"]
+    assert (listed["type"], listed["partitions"], listed["lag"]) == ("share", 2, 7)
+    group = (await call(broker, "GET", "/api/groups/queue")).json()
+    assert group["error"] is None and group["protocol_type"] == "share"
+    rows = {p["partition"]: (p["committed"], p["end"], p["lag"]) for p in group["partitions"]}
+    assert rows == {0: (3, 5, 2), 1: (0, 5, 5)}, group

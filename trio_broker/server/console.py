@@ -447,7 +447,7 @@ class Console:
         ordered = sorted(listed.groups, key=lambda g: g.group_id)
         rows = []
         for g in ordered[offset : offset + limit]:
-            lag = await self._lag(principal, g.group_id)
+            lag = await self._lag(principal, g.group_id, share=g.group_type == "share")
             rows.append({"group_id": g.group_id, "state": g.group_state, "type": g.group_type,
                          "protocol_type": g.protocol_type,
                          "lag": sum(p["lag"] or 0 for p in lag),
@@ -455,6 +455,16 @@ class Console:
         return {"total": len(ordered), "offset": offset, "limit": limit, "groups": rows}
 
     async def group(self, principal: str, group_id: str) -> dict[str, Any]:
+        share = await self._call(m.ApiKey.SHARE_GROUP_DESCRIBE, m.ShareGroupDescribeRequest(
+            group_ids=[group_id], include_authorized_operations=False), principal)  # fmt: skip
+        [s] = share.groups
+        if s.error_code == ErrorCode.NONE:
+            members = [{"member_id": mb.member_id, "client_id": mb.client_id,
+                        "client_host": mb.client_host, "instance_id": None}
+                       for mb in s.members]  # fmt: skip
+            return {"group_id": group_id, "state": s.group_state, "protocol_type": "share",
+                    "protocol": s.assignor_name, "members": members, "error": None,
+                    "partitions": await self._lag(principal, group_id, share=True)}  # fmt: skip
         lag = await self._lag(principal, group_id)
         # A KIP-848 consumer group answers ConsumerGroupDescribe; a classic one does not.
         modern = await self._call(m.ApiKey.CONSUMER_GROUP_DESCRIBE, m.ConsumerGroupDescribeRequest(
@@ -478,28 +488,58 @@ class Console:
                 "error": ErrorCode(g.error_code).name if g.error_code else None,
                 "partitions": lag}  # fmt: skip
 
-    async def _lag(self, principal: str, group_id: str) -> list[dict[str, Any]]:
-        """Per partition: committed offset, end offset (the high watermark), and lag."""
-        Req = m.OffsetFetchRequest
-        fetched = await self._call(m.ApiKey.OFFSET_FETCH, Req(
-            groups=[Req.OffsetFetchRequestGroup(group_id=group_id, topics=None)],
-            require_stable=False), principal)  # fmt: skip
-        committed: dict[tuple[str, int], int] = {}
-        for g in fetched.groups:
-            for t in g.topics:
-                for p in t.partitions[:MAX_PARTITIONS]:
-                    if p.error_code == ErrorCode.NONE and p.committed_offset >= 0:
-                        committed[(t.name, p.partition_index)] = p.committed_offset
+    async def _lag(
+        self, principal: str, group_id: str, share: bool = False
+    ) -> list[dict[str, Any]]:
+        """Per partition: committed offset, end offset (the high watermark), and lag. A
+        share group's "committed" is its share-partition start offset (every record
+        below it is acknowledged), and its lag is DescribeShareGroupOffsets' (Kafka's
+        kafka-share-groups shows the same two)."""
+        committed = await (self._share_starts if share else self._committed)(principal, group_id)
         wanted: dict[str, list[int]] = {}
         for name, index in committed:
             wanted.setdefault(name, []).append(index)
         ends = await self._end_offsets(principal, wanted)
         rows = []
-        for (name, index), at in sorted(committed.items()):
+        for (name, index), (at, share_lag) in sorted(committed.items()):
             end = ends.get((name, index))
+            lag = share_lag if share_lag is not None else None if end is None else max(0, end - at)
             rows.append({"topic": name, "partition": index, "committed": at, "end": end,
-                         "lag": None if end is None else max(0, end - at)})  # fmt: skip
+                         "lag": lag})  # fmt: skip
         return rows
+
+    async def _committed(
+        self, principal: str, group_id: str
+    ) -> dict[tuple[str, int], tuple[int, int | None]]:
+        """A consumer group's committed offsets (its lag is counted from the end)."""
+        Req = m.OffsetFetchRequest
+        fetched = await self._call(m.ApiKey.OFFSET_FETCH, Req(
+            groups=[Req.OffsetFetchRequestGroup(group_id=group_id, topics=None)],
+            require_stable=False), principal)  # fmt: skip
+        committed: dict[tuple[str, int], tuple[int, int | None]] = {}
+        for g in fetched.groups:
+            for t in g.topics:
+                for p in t.partitions[:MAX_PARTITIONS]:
+                    if p.error_code == ErrorCode.NONE and p.committed_offset >= 0:
+                        committed[(t.name, p.partition_index)] = (p.committed_offset, None)
+        return committed
+
+    async def _share_starts(
+        self, principal: str, group_id: str
+    ) -> dict[tuple[str, int], tuple[int, int | None]]:
+        """A share group's start offsets and lags, as DescribeShareGroupOffsets answers."""
+        Req = m.DescribeShareGroupOffsetsRequest
+        described = await self._call(m.ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, Req(
+            groups=[Req.DescribeShareGroupOffsetsRequestGroup(group_id=group_id, topics=None)]),
+            principal)  # fmt: skip
+        starts: dict[tuple[str, int], tuple[int, int | None]] = {}
+        for g in described.groups:
+            for t in g.topics:
+                for p in t.partitions[:MAX_PARTITIONS]:
+                    if p.error_code == ErrorCode.NONE and p.start_offset >= 0:
+                        lag = p.lag if p.lag >= 0 else None
+                        starts[(t.topic_name, p.partition_index)] = (p.start_offset, lag)
+        return starts
 
     # ------------------------------------------------------------------ writes
 

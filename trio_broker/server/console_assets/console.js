@@ -226,6 +226,8 @@ async function showGroups(offset) {
 async function showGroup(id) {
   const g = await api(`groups/${encodeURIComponent(id)}`);
   const members = g.members.map((mb) => [td(mb.member_id), td(mb.client_id), td(mb.client_host)]);
+  // A share group has no committed offsets: its position is the share-partition start offset.
+  const position = g.protocol_type === "share" ? "start offset" : "committed";
   const rows = g.partitions.map((p) => [
     td(p.topic), num(p.partition), num(p.committed), num(p.end),
     `<td class="num${p.lag ? " lag" : ""}">${p.lag ?? "–"}</td>`,
@@ -233,7 +235,7 @@ async function showGroup(id) {
   main.innerHTML = `<h2>Group ${esc(g.group_id)}</h2>
     <p class="muted">${esc(g.state)} · ${esc(g.protocol_type)} ${esc(g.protocol)}</p>
     <h2>Members</h2>${table(["member", "client id", "host"], members, "members")}
-    <h2>Lag</h2>${table(["topic", "partition", "committed", "end", "lag"], rows, "lag")}`;
+    <h2>Lag</h2>${table(["topic", "partition", position, "end", "lag"], rows, "lag")}`;
 }
 
 async function route() {
