@@ -394,7 +394,7 @@ class LocalReplication(_NoFollowers):
         led = None if found is None else found.partitions.get(partition)
         if led is None:
             return None
-        return cast(LocalTerm, led.term)  # every term taken here is (take)
+        return cast(LocalTerm | None, led.leader_term)  # every term taken here is (take)
 
     @property
     def counts_synced_only(self) -> bool:

@@ -226,6 +226,14 @@ class PartitionProducerState:
         manager = self.registry.manager(self.topic, self.index, log_)
         return manager.txns.aborted_between(from_offset, upper)
 
+    # A follower's (``Partition.replica_appended``, ``Partition.truncate_to``).
+
+    def replica_appended(self, log_: Log, base_offsets: Sequence[int]) -> None:
+        self.registry.replica_appended(self.topic, self.index, log_, base_offsets)
+
+    def truncated(self, log_: Log) -> None:
+        self.registry.discard_snapshot(self.topic, self.index, log_)
+
 
 class ProducerStateRegistry:
     """One :class:`ProducerStateManager` per partition log, plus the producer id allocator.

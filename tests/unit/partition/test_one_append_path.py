@@ -1,5 +1,6 @@
 """One append path (issue 29): a leader's log is written only through
-``trio_broker/partition/append.py``, a follower's only by the replica fetcher; and that
+``trio_broker/partition/append.py``, a follower's only through its ``Partition``
+(``partition/partition.py``'s ``append_as_follower``, the replica fetcher's); and that
 append takes a ``Partition`` (log, term, producer state found by one lookup), made only
 by ``partition/partition.py`` and ``Topic.make_leader``, so that nothing outside
 ``partition/`` pairs a log with a term for a write; and ``Topic.make_leader`` is called
@@ -30,9 +31,10 @@ PACKAGE = ROOT / "trio_broker"
 ALLOWED = {
     # The leader's write path: produce, coordinators, markers.
     "append": {"partition/append.py"},
-    # The follower's: batches copied from the leader.
-    "append_replicated": {"cluster/replica_fetcher.py"},
-    "append_replicated_batches": {"cluster/replica_fetcher.py"},
+    # The follower's: batches copied from the leader, through the follower's Partition
+    # (``Partition.append_as_follower``, which the replica fetcher calls).
+    "append_replicated": {"partition/partition.py"},
+    "append_replicated_batches": {"partition/partition.py"},
 }
 #: The logs themselves (one log's method may call another's); not callers.
 LOG_IMPLEMENTATIONS = {"storage/log.py", "storage/memory.py"}
@@ -86,7 +88,7 @@ def test_logs_are_appended_to_only_through_the_partition_write_path() -> None:
     stray = stray_appends(PACKAGE)
     assert not stray, (
         "a log is appended to outside trio_broker/partition/append.py (the leader's one "
-        "write path) and the replica fetcher (the follower's):\n" + "\n".join(stray)
+        "write path) and partition/partition.py (the follower's):\n" + "\n".join(stray)
     )
 
 
@@ -94,8 +96,8 @@ def test_the_write_path_itself_is_seen() -> None:
     # Guards the check: if it found nothing at all it would pass on any tree.
     source = (PACKAGE / "partition" / "append.py").read_text(encoding="utf-8")
     assert [method for _, method, _ in log_appends(source)] == ["append", "append"]
-    fetcher = (PACKAGE / "cluster" / "replica_fetcher.py").read_text(encoding="utf-8")
-    assert "append_replicated_batches" in [method for _, method, _ in log_appends(fetcher)]
+    follower = (PACKAGE / "partition" / "partition.py").read_text(encoding="utf-8")
+    assert "append_replicated_batches" in [method for _, method, _ in log_appends(follower)]
 
 
 def test_what_counts_as_a_log_append() -> None:
@@ -141,11 +143,11 @@ def test_a_stray_append_is_reported(tmp_path: Path) -> None:
 #: function doing it.
 PARTITION_CONSTRUCTOR = ("partition/partition.py", "take_partition")
 #: Where that constructor may be called, and in which function: the catalogue's
-#: ``Topic.make_leader`` (which keeps the Partition it makes) and the coordinators'
-#: lookup (``coordinator_partition``).
+#: ``Topic.make_leader`` and ``Topic.make_follower`` (which keep the Partition they make)
+#: and the coordinators' lookup (``coordinator_partition``).
 PARTITION_TAKERS = {
     "partition/partition.py": {"coordinator_partition"},
-    "services/topics.py": {"make_leader"},
+    "services/topics.py": {"make_leader", "make_follower"},
 }
 #: Where ``Topic.make_leader`` may be called: where the broker takes a partition to lead
 #: (a node alone when a log is opened, a cluster's replica manager when a term begins or
@@ -154,6 +156,10 @@ LEADER_MAKERS = {
     "services/local_replication.py": {"take"},
     "cluster/replica_manager.py": {"_take"},
 }
+#: Where ``Topic.make_follower`` may be called: where a cluster's replica manager takes
+#: a partition to follow (a new follower's role, a followed log moved), never on a
+#: lookup (the replica fetcher only looks it up: ``Topic.replica``).
+FOLLOWER_MAKERS = {"cluster/replica_manager.py": {"_follow"}}
 
 
 def _imports_partition(tree: ast.Module) -> bool:
@@ -261,13 +267,16 @@ def method_calls(source: str, method: str) -> list[tuple[int, str]]:
     return found
 
 
-def stray_leader_makers(package: Path) -> list[str]:
-    """``.make_leader(...)`` calls outside :data:`LEADER_MAKERS`, as "file:line: in f"."""
+def stray_leader_makers(
+    package: Path, method: str = "make_leader", makers: dict[str, set[str]] = LEADER_MAKERS
+) -> list[str]:
+    """``.make_leader(...)`` (or ``method``) calls outside :data:`LEADER_MAKERS` (or
+    ``makers``), as "file:line: in f"."""
     stray = []
     for path in sorted(package.rglob("*.py")):
         relative = path.relative_to(package).as_posix()
-        for line, function in method_calls(path.read_text(encoding="utf-8"), "make_leader"):
-            if function not in LEADER_MAKERS.get(relative, set()):
+        for line, function in method_calls(path.read_text(encoding="utf-8"), method):
+            if function not in makers.get(relative, set()):
                 stray.append(f"trio_broker/{relative}:{line}: in {function or 'the module'}")
     return stray
 
@@ -283,6 +292,19 @@ def test_a_partition_is_taken_where_the_broker_takes_it_never_on_a_lookup() -> N
         for relative in LEADER_MAKERS
     }
     assert seen == LEADER_MAKERS  # guards the check: both takers are seen
+
+
+def test_a_partition_is_followed_where_the_broker_follows_it_never_on_a_lookup() -> None:
+    stray = stray_leader_makers(PACKAGE, "make_follower", FOLLOWER_MAKERS)
+    assert not stray, (
+        "Topic.make_follower (a Partition taken to follow) is called outside the replica "
+        "manager's _follow:\n" + "\n".join(stray)
+    )
+    seen = {
+        relative: {f for _, f in method_calls((PACKAGE / relative).read_text(), "make_follower")}
+        for relative in FOLLOWER_MAKERS
+    }
+    assert seen == FOLLOWER_MAKERS  # guards the check: the taker is seen
 
 
 def test_a_stray_leader_maker_is_reported(tmp_path: Path) -> None:
