@@ -2,9 +2,13 @@
 ``trio_broker/partition/append.py``, a follower's only through its ``Partition``
 (``partition/partition.py``'s ``append_as_follower``, the replica fetcher's); and that
 append takes a ``Partition`` (log, term, producer state found by one lookup), made only
-by ``partition/partition.py`` and ``Topic.make_leader``, so that nothing outside
-``partition/`` pairs a log with a term for a write; and ``Topic.make_leader`` is called
-only where the broker takes a partition (the replication), never on a lookup.
+by ``partition/partition.py`` and ``Topic.make_leader``/``make_follower``, so that
+nothing outside ``partition/`` pairs a log with a term for a write; ``Topic.make_leader``
+and ``make_follower`` are called only where the broker takes a partition (the
+replication), never on a lookup; and a log is truncated only through the follower's
+``Partition`` (``truncate_to``, ``truncate_fully_and_start_at``: they keep its producer
+state with the cut), which only the replica fetcher calls (the storage layer itself is
+the listed exception, :data:`LOG_TRUNCATORS`).
 
 Read from the source (``ast``, nothing imported), as tests/unit/project/test_import_cycles.py
 reads imports. A call counts as a log append when its method is ``append`` or
@@ -136,6 +140,109 @@ def test_a_stray_append_is_reported(tmp_path: Path) -> None:
     assert stray_appends(package) == [
         "trio_broker/handlers/fetch.py:1: log.append_replicated_batches(...)",
         "trio_broker/handlers/produce.py:2: log.append(...)",
+    ]
+
+
+#: A log's truncations: a follower agreeing with its leader (``truncate_to``) or emptied
+#: below its leader's log start (``truncate_fully_and_start_at``).
+TRUNCATIONS = ("truncate_to", "truncate_fully_and_start_at")
+#: Where a log's truncation may be named (called, or handed to a worker thread), relative
+#: to trio_broker/, each with its reason. Recovery (``storage/recovery.py``,
+#: ``storage/loader.py``) cuts a torn tail in its files before a log object exists and
+#: the cleaner swaps segments (``storage/log_cleaning.py``): neither truncates through
+#: the log's API, so neither is listed.
+LOG_TRUNCATORS = {
+    # The follower's Partition: the log cut, then the producer state of what was cut
+    # dropped with it (Partition.truncate_to, Partition.truncate_fully_and_start_at).
+    "partition/partition.py": "the follower's Partition keeps its producer state with the cut",
+    # The storage layer itself: a backend's method may call another of its own.
+    "storage/log.py": "the file log itself",
+    "storage/log_truncation.py": "the file log's truncation itself",
+    "storage/memory.py": "the memory log itself",
+}
+#: Where a Partition's truncation (its receiver named as a partition) may be called: the
+#: replica fetcher, the follower's copy of its leader (Kafka's fetcher thread calling
+#: Partition.truncateTo / truncateFullyAndStartAt).
+PARTITION_TRUNCATORS = {"cluster/replica_fetcher.py"}
+
+_PARTITION_NAME = re.compile(r"(^|_)partition_?$")
+
+
+def truncations(source: str) -> list[tuple[int, str, str, bool]]:
+    """(line, method, receiver, a Partition's) of every truncation in ``source``: a call
+    ``x.truncate_to(...)``, or the method handed to a worker thread (the first argument
+    of a ``run_sync(...)``); an attribute of that name read otherwise is data (a
+    truncation plan's offset, ``step.truncate_to``). A receiver named as a partition
+    (``partition``, ``partition_``, ``follower_partition``) counts as a Partition's; any
+    other as a log's."""
+    named: list[ast.Attribute] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Attribute) and node.func.attr in TRUNCATIONS:
+            named.append(node.func)
+        if _terminal_name(node.func) == "run_sync" and node.args:
+            handed = node.args[0]
+            if isinstance(handed, ast.Attribute) and handed.attr in TRUNCATIONS:
+                named.append(handed)
+    return sorted(
+        (
+            attribute.lineno,
+            attribute.attr,
+            ast.unparse(attribute.value),
+            bool(_PARTITION_NAME.search(_terminal_name(attribute.value))),
+        )
+        for attribute in named
+    )
+
+
+def stray_truncations(package: Path) -> list[str]:
+    """A log's truncation outside :data:`LOG_TRUNCATORS`, a Partition's outside
+    :data:`PARTITION_TRUNCATORS`, as "file:line: receiver.method"."""
+    stray = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        for line, method, receiver, partition in truncations(path.read_text(encoding="utf-8")):
+            allowed = PARTITION_TRUNCATORS if partition else LOG_TRUNCATORS
+            if relative not in allowed:
+                stray.append(f"trio_broker/{relative}:{line}: {receiver}.{method}")
+    return stray
+
+
+def test_logs_are_truncated_only_through_the_followers_partition() -> None:
+    stray = stray_truncations(PACKAGE)
+    assert not stray, (
+        "a log is truncated outside partition/partition.py (the follower's Partition) and "
+        "the storage layer, or a Partition outside the replica fetcher:\n" + "\n".join(stray)
+    )
+    # Guards the check: the Partition's two truncations of its log, and the fetcher's
+    # two of its Partition, are seen.
+    follower = truncations((PACKAGE / "partition" / "partition.py").read_text())
+    assert [(m, r, p) for _, m, r, p in follower] == [
+        ("truncate_to", "self.log", False),
+        ("truncate_fully_and_start_at", "self.log", False),
+    ]
+    fetcher = truncations((PACKAGE / "cluster" / "replica_fetcher.py").read_text())
+    assert sorted(m for _, m, _, p in fetcher if p) == list(sorted(TRUNCATIONS))
+
+
+def test_what_counts_as_a_log_truncation(tmp_path: Path) -> None:
+    package = tmp_path / "trio_broker"
+    (package / "cluster").mkdir(parents=True)
+    (package / "partition").mkdir()
+    (package / "partition" / "partition.py").write_text("self.log.truncate_to(3)\n")
+    (package / "cluster" / "replica_fetcher.py").write_text(
+        "await trio.to_thread.run_sync(partition_.truncate_to, step.truncate_to)\n"
+        "await trio.to_thread.run_sync(log_.truncate_fully_and_start_at, 9)\n"
+        "if step.truncate_to < log_.log_end_offset:\n    pass\n"
+    )
+    (package / "cluster" / "replica_manager.py").write_text(
+        "topic.logs[0].truncate_to(1)\npartition.truncate_fully_and_start_at(2)\n"
+    )
+    assert stray_truncations(package) == [
+        "trio_broker/cluster/replica_fetcher.py:2: log_.truncate_fully_and_start_at",
+        "trio_broker/cluster/replica_manager.py:1: topic.logs[0].truncate_to",
+        "trio_broker/cluster/replica_manager.py:2: partition.truncate_fully_and_start_at",
     ]
 
 
