@@ -74,7 +74,7 @@ def leading_partition(
     # Partition ever parted (they are replaced together): not led here, as Kafka
     # answers for a partition it has no leader Partition of.
     led = topic.partitions.get(partition)
-    if led is None or led.leader_term is not term:
+    if led is None or led.term is not term:
         return ErrorCode.NOT_LEADER_OR_FOLLOWER
     return led
 

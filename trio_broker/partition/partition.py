@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import attrs
 
@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from trio_broker.storage.log_types import AppendResult
 
 __all__ = [
+    "NOT_LED",
     "NO_PRODUCERS",
     "Follows",
     "Partition",
@@ -102,6 +103,30 @@ class PartitionProducers(Producers, Protocol):
     def replica_appended(self, log_: Log, base_offsets: Sequence[int]) -> None: ...
 
     def truncated(self, log_: Log) -> None: ...
+
+
+class _NotLed:
+    """The term of a :class:`Partition` this broker does not lead (a follower's, or one
+    whose term ended): reading anything of it raises
+    :class:`~trio_broker.partition.append.NotLeader`, as Kafka's ``leaderLogIfLocal``
+    refuses a follower's ``appendRecordsToLeader``. A null term rather than None, so
+    that the leader's path (``append``, ``read``) reads the partition's term in one
+    attribute read, with no check: the guard hands on only a partition led in the term
+    it checked (``Partition.term is term``, which this never is)."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> object:
+        raise NotLeader(
+            "this broker does not lead the partition (it follows it, or its term ended)"
+        )
+
+    def __repr__(self) -> str:
+        return "NOT_LED"
+
+
+#: The term of every Partition this broker does not lead (:class:`_NotLed`).
+NOT_LED: Term = cast("Term", _NotLed())
 
 
 @attrs.frozen(slots=True)
@@ -130,25 +155,17 @@ class Partition:
     #: The producer and transaction state of this partition (its entry in the registry).
     producers: PartitionProducers
     #: This broker's leader term of the partition, as the replication took it: leader
-    #: epoch, ISR, high watermark. None while it does not lead it (a follower's, or
-    #: one whose term ended): :attr:`term` then raises ``NotLeader``.
-    leader_term: Term | None
+    #: epoch, ISR, high watermark; :data:`NOT_LED` while it does not lead it (a
+    #: follower's, or one whose term ended), whose every read raises ``NotLeader``.
+    term: Term
     #: The follower's role while it follows (:class:`Follows`), else None.
     follows: Follows | None = None
 
     @property
-    def term(self) -> Term:
-        """The leader term; :class:`~trio_broker.partition.append.NotLeader` when this
-        broker does not lead the partition (Kafka's ``leaderLogIfLocal`` refusing a
-        follower's ``appendRecordsToLeader``). The guard hands on only a partition led
-        in the term it checked, so the leader's write and read never raise here."""
-        return _term_or_not_leader(self.leader_term, self.topic, self.index)
-
-    def led(self) -> Partition:
-        """This partition, led here; :class:`~trio_broker.partition.append.NotLeader`
-        when it holds no term (a follower's, or one whose term ended)."""
-        _term_or_not_leader(self.leader_term, self.topic, self.index)
-        return self
+    def leader_term(self) -> Term | None:
+        """The leader term, or None when this broker does not lead the partition."""
+        term = self.term
+        return None if term is NOT_LED else term
 
     # -- the follower's side (Kafka's ``Partition.appendRecordsToFollowerOrFutureReplica``
     # and ``truncateTo``/``truncateFullyAndStartAt``): the replica fetcher's only way
@@ -229,26 +246,19 @@ def led_term(leadership: Replication, topic: str, index: int) -> Term:
     Raises :class:`~trio_broker.partition.append.NotLeader` when this broker has no term
     there: it leads elsewhere or nowhere (a cluster's fact, as Kafka's
     ``NotLeaderOrFollowerException``, not a mode)."""
-    return _term_or_not_leader(leadership.leader_term(topic, index), topic, index)
-
-
-def _term_or_not_leader(term: Term | None, topic: str, index: int) -> Term:
-    """``term``, or :class:`~trio_broker.partition.append.NotLeader` when there is none:
-    this broker does not lead ``topic``-``index`` (a fact of the cluster, not a mode;
-    the one place the data path tells it, for :func:`led_term` and a
-    :class:`Partition`'s own term)."""
+    term = leadership.leader_term(topic, index)
     if term is None:
         raise NotLeader(f"not the leader of {topic}-{index}")
     return term
 
 
 def take_partition(
-    topic: str, index: int, log: Log, producers: PartitionProducers, term: Term | None,
+    topic: str, index: int, log: Log, producers: PartitionProducers, term: Term,
     follows: Follows | None = None,
 ) -> Partition:  # fmt: skip
     """The one place a :class:`Partition` is made: ``topic``-``index`` on ``log``, with
-    its producer state, led here in ``term`` or followed (``term`` None, ``follows``
-    its role). Called where this broker takes a partition to lead or to follow (module
+    its producer state, led here in ``term`` or followed (``term`` :data:`NOT_LED`,
+    ``follows`` its role). Called where this broker takes a partition to lead or to follow (module
     docstring), nowhere else."""
     return Partition(topic, index, log, producers, term, follows)
 
@@ -272,6 +282,6 @@ def coordinator_partition(leadership: Replication, topic: str, index: int, log: 
     held = _COORDINATOR_PARTITIONS.get(log)
     if held is None or held.topic != topic or held.index != index:
         held = _COORDINATOR_PARTITIONS[log] = take_partition(topic, index, log, NO_PRODUCERS, term)
-    elif held.leader_term is not term:
-        held.leader_term = term
+    elif held.term is not term:
+        held.term = term
     return held

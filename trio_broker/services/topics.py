@@ -18,6 +18,7 @@ import attrs
 
 from trio_broker.partition.append import NotLeader
 from trio_broker.partition.partition import (
+    NOT_LED,
     Follows,
     Partition,
     PartitionProducers,
@@ -105,7 +106,7 @@ class Topic:
             held = take_partition(self.name, index, self.logs[index], producers, term)
             self.partitions[index] = held
         else:  # a new term of the same partition, or a follower promoted
-            held.leader_term, held.follows = term, None
+            held.term, held.follows = term, None
         return held
 
     def make_follower(
@@ -120,10 +121,10 @@ class Topic:
         ``truncate_to``, ``truncate_fully_and_start_at``)."""
         held = self._held(index, producers)
         if held is None:
-            held = take_partition(self.name, index, self.logs[index], producers, None, follows)
+            held = take_partition(self.name, index, self.logs[index], producers, NOT_LED, follows)
             self.partitions[index] = held
         else:
-            held.leader_term, held.follows = None, follows
+            held.term, held.follows = NOT_LED, follows
         return held
 
     def stop_leading(self, index: int) -> None:
@@ -132,7 +133,7 @@ class Topic:
         so that :meth:`leading` finds it led no more."""
         held = self.partitions.get(index)
         if held is not None:
-            held.leader_term = None
+            held.term = NOT_LED
 
     def leading(self, index: int) -> Partition:
         """Partition ``index`` as this broker leads it: the one lookup of a catalogue
@@ -140,10 +141,10 @@ class Topic:
         per-partition guard and by the marker writer. Raises
         :class:`~trio_broker.partition.append.NotLeader` when this broker has not taken it
         to lead (it leads elsewhere or nowhere: it follows, or holds no role)."""
-        held = self.partitions.get(index)
-        if held is None:
+        led = self.partitions.get(index)
+        if led is None or led.term is NOT_LED:  # none, or a follower's
             raise NotLeader(f"not the leader of {self.name}-{index}")
-        return held.led()  # NotLeader too when it holds no term (a follower's)
+        return led
 
     def replica(self, index: int) -> Partition | None:
         """Partition ``index`` as this broker holds it, led or followed (Kafka's

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trio_broker.partition.append import Origin, append
-from trio_broker.partition.partition import Follows, Partition
+from trio_broker.partition.partition import NOT_LED, Follows, Partition
 from trio_broker.protocol.records import RecordBatchView, build_batch
 from trio_broker.services.local_replication import LocalTerm
 from trio_broker.services.producers import ProducerStateRegistry
@@ -58,7 +58,7 @@ def test_a_leader_become_follower_drops_the_producer_state_of_the_records_it_cut
     assert log.log_end_offset == 6
     # A follower of a new leader whose log ends at 2: the same Partition, demoted, and
     # the fetcher's _truncate.
-    led.leader_term, led.follows = None, Follows(1, 1)
+    led.term, led.follows = NOT_LED, Follows(1, 1)
     assert led.truncate_to(2) == 2
     retry = registry.check("t", 0, log, RecordBatchView(leader_batch(0, 2)))
     assert isinstance(retry, Append), retry  # not a duplicate of records that are gone
