@@ -18,7 +18,8 @@ A :class:`Partition` is constructed in one place, :func:`take_partition`
   producer state (``services/producers.py``'s ``PartitionProducerState``): a new term
   on the same log, or a follower elected, puts the term in the object it holds (Kafka's
   makeLeader on an existing Partition); a term's end drops the term and keeps the
-  object (``Topic.stop_leading``), which a follower's role takes next; a new log (the
+  object (``Topic.stop_leading``: its term :data:`NOT_LED`), which a follower's role
+  takes next; a new log (the
   topic made again, the partition moved to another log dir) gets a new one in the role
   the old one had, and the cluster moving the partition away and the topic's deletion
   drop it. The per-partition guard (``handlers/topic_lookup.leading_partition``) and
