@@ -388,8 +388,10 @@ async def _fetch_once(
                 if results:
                     durability.mark_dirty(log_, len(results))
                     # At a segment roll, a producer snapshot: it replays a segment's
-                    # headers, so off the event loop (this fetcher alone writes the log).
-                    await trio.to_thread.run_sync(partition_.replica_appended, results)
+                    # headers, so off the event loop (this fetcher alone writes the log);
+                    # only then (a worker thread's hop per fetch was half its CPU).
+                    if partition_.rolled(results):
+                        await trio.to_thread.run_sync(partition_.replica_appended, results)
                 if key in throttled:
                     throttled_bytes += len(data)
             high_watermark = high_watermark_after_fetch(

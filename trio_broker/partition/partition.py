@@ -103,6 +103,8 @@ class PartitionProducers(Producers, Protocol):
 
     def replica_appended(self, log_: Log, base_offsets: Sequence[int]) -> None: ...
 
+    def replica_rolled(self, log_: Log, base_offsets: Sequence[int]) -> bool: ...
+
     def truncated(self, log_: Log) -> None: ...
 
 
@@ -182,10 +184,18 @@ class Partition:
         producer state: a follower keeps none between rolls (:meth:`replica_appended`)."""
         return self.log.append_replicated_batches(records, now_ms=now_ms)
 
+    def rolled(self, appended: Sequence[AppendResult]) -> bool:
+        """Whether :meth:`append_as_follower` began a segment with one of ``appended``:
+        :meth:`replica_appended` then has a producer snapshot to stage. Cheap: the
+        fetcher asks on the event loop and hands the snapshot to a worker thread only
+        then."""
+        return self.producers.replica_rolled(self.log, [result.base_offset for result in appended])
+
     def replica_appended(self, appended: Sequence[AppendResult]) -> None:
         """After :meth:`append_as_follower`: a batch that began a segment snapshots the
         producer state below it, as a leader's roll does. Blocking (it may read a
-        segment's batch headers): the fetcher calls it off the event loop."""
+        segment's batch headers): the fetcher calls it off the event loop, when
+        :meth:`rolled`."""
         self.producers.replica_appended(self.log, [result.base_offset for result in appended])
 
     def truncate_to(self, offset: int) -> int:
@@ -230,6 +240,9 @@ class _NoProducers:
 
     def replica_appended(self, log_: Log, base_offsets: Sequence[int]) -> None:
         """Nothing to snapshot: a coordinator's own log holds no producer's batch."""
+
+    def replica_rolled(self, log_: Log, base_offsets: Sequence[int]) -> bool:
+        return False
 
     def truncated(self, log_: Log) -> None:
         """Nothing to drop."""

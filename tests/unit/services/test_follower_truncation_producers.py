@@ -87,10 +87,13 @@ def test_a_truncating_follower_drops_the_snapshots_of_the_cut_records(
 
 
 def _copy_sequences_0_to_5(follower: Partition) -> None:
-    """Three of the leader's batches, as the fetcher copies them (a roll at each)."""
+    """Three of the leader's batches, as the fetcher copies them (a roll at each: the
+    fetcher stages a snapshot, in a worker thread, only when the append rolled)."""
     for base_offset, base_sequence in ((0, 0), (2, 2), (4, 4)):
         results = follower.append_as_follower(leader_batch(base_offset, base_sequence), now_ms=T0)
-        follower.replica_appended(results)
+        assert follower.rolled(results) == (base_offset > 0)  # the first segment is no roll
+        if follower.rolled(results):
+            follower.replica_appended(results)
     follower.log.flush()  # the staged snapshot (at the roll at 4) is written
     directory = follower.log.directory  # type: ignore[attr-defined]
     assert sorted(p.name for p in directory.glob("*.snapshot")) == ["00000000000000000004.snapshot"]
@@ -116,4 +119,19 @@ def test_a_follower_emptied_below_its_leaders_log_start_drops_its_producer_state
     # The snapshot below the new log start went when the state was rebuilt (the load
     # deletes one it cannot use).
     assert not list((data_dir / "t-0").glob("*.snapshot"))
+    log.close()
+
+
+def test_a_follower_append_within_a_segment_is_no_roll(tmp_path: Path) -> None:
+    """Batches appended inside the active segment stage no snapshot: the fetcher then
+    hands nothing to a worker thread."""
+    log = PartitionLog.open(tmp_path / "data" / "t-0", LogConfig())
+    registry = ProducerStateRegistry(tmp_path / "data", lambda: T0)
+    follower = Partition("t", 0, log, registry.entry("t", 0), NOT_LED, Follows(1, 0))
+    for base_offset in (0, 2, 4):
+        results = follower.append_as_follower(leader_batch(base_offset, base_offset), now_ms=T0)
+        assert not follower.rolled(results)
+    log.roll()
+    results = follower.append_as_follower(leader_batch(6, 6), now_ms=T0)
+    assert follower.rolled(results)
     log.close()
