@@ -334,8 +334,10 @@ async def _apply_fault(
         truncated = trio.Event()
 
         def observe(fn: Callable[..., Any], args: tuple[object, ...]) -> None:
+            # The fetcher truncates through the follower's Partition, which holds the log.
+            owner = getattr(fn, "__self__", 0)
             if getattr(fn, "__name__", "") == "truncate_to" and any(
-                s.broker is not None and s.broker.topics.log(*key) is getattr(fn, "__self__", 0)
+                s.broker is not None and s.broker.topics.log(*key) is getattr(owner, "log", owner)
                 for s in brokers.values()
             ):
                 truncated.set()

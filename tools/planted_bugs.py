@@ -1858,11 +1858,9 @@ THIRTEENTH = (
     ),
     Bug(
         "follower-truncation-keeps-producer-snapshot",
-        "trio_broker/cluster/replica_fetcher.py",
-        "            await trio.to_thread.run_sync(log_.truncate_to, step.truncate_to)\n"
-        "            if manager.producers is not None:\n"
-        "                manager.producers.discard_snapshot(*key, log_)\n",
-        "            await trio.to_thread.run_sync(log_.truncate_to, step.truncate_to)\n",
+        "trio_broker/partition/partition.py",
+        "        end = self.log.truncate_to(offset)\n        self.producers.truncated(self.log)\n",
+        "        end = self.log.truncate_to(offset)\n",
         "a follower truncating for a new leader keeps its producer state of the cut "
         "records: as leader it takes a retried batch as a duplicate, or refuses the next "
         "sequence",

@@ -1,19 +1,24 @@
 """Followers copy their leaders' logs: one fetcher task per leader broker.
 
 A fetcher serves every partition this broker follows from one leader, over one
-connection:
+connection, and writes each through the partition's :class:`Partition` (``Topic.replica``:
+the replica manager took it as a follower), never the log's append or truncation itself
+(``tests/unit/partition/test_one_append_path.py``):
 
 1. **Truncate** a partition whose leader changed: OffsetForLeaderEpoch rounds
    (``replication/truncation.py``) find where this log stops agreeing with the leader's,
-   and the log is cut there (``PartitionLog.truncate_to``).
+   and the partition is cut there (``Partition.truncate_to``: the log, its epoch cache
+   and the producer state of the cut records).
 2. **Fetch** with this broker's replica id, from each log's end. Before asking for more,
    what was fetched is synced (the flusher's group commit): the leader counts a fetch
    at offset X as "the follower holds everything below X", and by default that means
    on disk (docs/cluster.md, "Durability stays explicit").
-3. **Append** the batches as they are (``append_replicated_batches``), keep the
+3. **Append** the batches as they are (``Partition.append_as_follower``, then its
+   ``replica_appended``: a producer snapshot at a segment roll), keep the
    leader's high watermark, and move the log start up to the leader's (DeleteRecords,
    retention there; ``follower_log_start``). Out of range below the leader's log start
-   empties the log and starts it there (``out_of_range_reset``).
+   empties the log and starts it there (``out_of_range_reset``,
+   ``Partition.truncate_fully_and_start_at``).
 4. **Throttle** the partitions this broker throttles its own fetching of
    (``FetcherHost.follower_throttled``: the topic's
    ``follower.replication.throttled.replicas`` names this replica and it is out of the
@@ -44,6 +49,7 @@ import trio
 from trio_broker.cluster.broker_client import BrokerClient, BrokerConnectionError
 from trio_broker.cluster.waiting import RETRY_S, wait_any
 from trio_broker.partition.append import Durability
+from trio_broker.partition.partition import Partition
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.fetcher_rules import (
@@ -62,7 +68,6 @@ from trio_broker.replication.follower import (
 )
 from trio_broker.replication.truncation import plan_truncation
 from trio_broker.services.cluster_view import ClusterView
-from trio_broker.services.producers import ProducerStateRegistry
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.errors import LogError, StorageError
 
@@ -108,8 +113,6 @@ class FetcherHost(Protocol):
     topics: TopicManager
     #: The flusher's durability service (``wait_durable``, ``mark_dirty``).
     durability: Durability
-    #: Idempotent producers' state (``discard_snapshot`` after a truncation), or None.
-    producers: ProducerStateRegistry | None
     sync_before_counting: bool
     #: (topic, partition) -> what this broker follows, set by the manager.
     following: dict[Key, FollowerRole]
@@ -209,12 +212,23 @@ async def connect_to_broker(manager: FetcherHost, broker_id: int, client_id: str
     return client
 
 
+def _replica(manager: FetcherHost, key: Key) -> Partition | None:
+    """The :class:`Partition` this broker follows ``key`` in (``Topic.replica``: the
+    replica manager took it, ``_become_follower``), the fetcher's only way into its
+    log; None when there is none (the topic deleted, the partition moved away)."""
+    topic = manager.topics.get(key[0])
+    if topic is None or not 0 <= key[1] < len(topic.logs):
+        return None
+    return topic.replica(key[1])
+
+
 async def _truncate(
     manager: FetcherHost, client: BrokerClient, key: Key, role: FollowerRole
 ) -> None:
-    log_ = manager.topics.log(*key)
-    if log_ is None:
+    partition_ = _replica(manager, key)
+    if partition_ is None:
         return
+    log_ = partition_.log
     Req = m.OffsetForLeaderEpochRequest
     epoch = log_.epoch_cache.latest_epoch
     for _ in range(MAX_TRUNCATION_ROUNDS):
@@ -240,9 +254,8 @@ async def _truncate(
         )  # fmt: skip
         if step.truncate_to < log_.log_end_offset:
             before = log_.log_end_offset
-            await trio.to_thread.run_sync(log_.truncate_to, step.truncate_to)
-            if manager.producers is not None:
-                manager.producers.discard_snapshot(*key, log_)
+            # The producer state of the cut records goes with them (Partition.truncate_to).
+            await trio.to_thread.run_sync(partition_.truncate_to, step.truncate_to)
             log.info("%s-%d: truncated from %d to %d (leader epoch %d ends at %d)", *key,
                      before, log_.log_end_offset, answer.leader_epoch, answer.end_offset)  # fmt: skip
         if step.done:
@@ -271,9 +284,10 @@ async def _reset_out_of_range(
         m.ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, request, REQUEST_TIMEOUT_S
     )
     answer = response.topics[0].partitions[0]
-    log_ = manager.topics.log(*key)
-    if log_ is None or manager.following.get(key) is not role:
+    partition_ = _replica(manager, key)
+    if partition_ is None or manager.following.get(key) is not role:
         return  # the role changed while the request was out
+    log_ = partition_.log
     if answer.error_code != ErrorCode.NONE:
         # The leader moved on (not leader, fenced): truncating asks it again, and waits.
         role.needs_truncation = True
@@ -283,9 +297,7 @@ async def _reset_out_of_range(
         role.needs_truncation = True
         return
     before = log_.log_end_offset
-    await trio.to_thread.run_sync(log_.truncate_fully_and_start_at, reset.offset)
-    if manager.producers is not None:
-        manager.producers.discard_snapshot(*key, log_)
+    await trio.to_thread.run_sync(partition_.truncate_fully_and_start_at, reset.offset)
     # Nothing below the new start is here; the HW is at least where the log starts.
     role.high_watermark = log_.log_start_offset
     manager.partition_changed(*key)
@@ -299,20 +311,21 @@ async def _fetch_once(
     Req = m.FetchRequest
     durability = manager.durability
     topics: dict[str, list[m.FetchRequest.FetchTopic.FetchPartition]] = {}
-    logs = {}
+    replicas: dict[Key, Partition] = {}
     sent: dict[Key, FetchPosition] = {}
     throttled: set[Key] = set()
     for key, role in ready.items():
-        log_ = manager.topics.log(*key)
-        if log_ is None:
+        partition_ = _replica(manager, key)
+        if partition_ is None:
             continue
+        log_ = partition_.log
         # Sync what was fetched before: the next fetch offset promises it is durable
         # (unless acks.all.fsync=false: then it promises what is in page cache).
         if sync_before_fetch(
             manager.sync_before_counting, log_.durable_end_offset, log_.log_end_offset
         ):
             await durability.wait_durable(log_, log_.log_end_offset - 1)
-        logs[key] = log_
+        replicas[key] = partition_
         sent[key] = FetchPosition(role.leader, role.leader_epoch, log_.log_end_offset)
         max_bytes = PARTITION_MAX_BYTES
         if manager.follower_throttled(*key):
@@ -328,7 +341,7 @@ async def _fetch_once(
                 partition_max_bytes=max_bytes,
             )
         )
-    if not logs:
+    if not replicas:
         await trio.sleep(RETRY_S)
         return
     request = Req(
@@ -345,9 +358,10 @@ async def _fetch_once(
     for topic in response.responses:
         for part in topic.partitions:
             key = (topic.topic, part.partition_index)
-            current, log_ = manager.following.get(key), logs.get(key)
-            if log_ is None or key not in sent:
+            current, partition_ = manager.following.get(key), replicas.get(key)
+            if partition_ is None or key not in sent:
                 continue  # not asked for
+            log_ = partition_.log
             now = None
             if current is not None and not current.needs_truncation:
                 # A new leader or epoch is a new FollowerRole, which truncates first.
@@ -366,20 +380,18 @@ async def _fetch_once(
             if records:
                 data = records if isinstance(records, (bytes, bytearray, memoryview)) else b""
                 try:
-                    results = log_.append_replicated_batches(data, now_ms=manager.now_ms())
+                    results = partition_.append_as_follower(data, now_ms=manager.now_ms())
                 except (StorageError, ValueError) as exc:
                     log.warning("%s-%d: fetched batches refused (%s); truncating again", *key, exc)
                     role.needs_truncation = True
                     continue
                 if results:
                     durability.mark_dirty(log_, len(results))
-                    if manager.producers is not None:
-                        # At a segment roll, a producer snapshot: it replays a segment's
-                        # headers, so off the event loop (this fetcher alone writes the log).
-                        bases = [r.base_offset for r in results]
-                        await trio.to_thread.run_sync(
-                            manager.producers.replica_appended, *key, log_, bases
-                        )
+                    # At a segment roll, a producer snapshot: it replays a segment's
+                    # headers, so off the event loop (this fetcher alone writes the log);
+                    # only then (a worker thread's hop per fetch was half its CPU).
+                    if partition_.rolled(results):
+                        await trio.to_thread.run_sync(partition_.replica_appended, results)
                 if key in throttled:
                     throttled_bytes += len(data)
             high_watermark = high_watermark_after_fetch(

@@ -47,6 +47,7 @@ from trio_broker.cluster.replication_throttles import ReplicationThrottles
 from trio_broker.cluster.topic_admin import ZooKeeperAdmin
 from trio_broker.cluster.waiting import wait_any
 from trio_broker.partition.append import Durability, Term
+from trio_broker.partition.partition import Follows
 from trio_broker.replication.controller_rules import (
     NO_LEADER,
 )
@@ -424,13 +425,10 @@ class ReplicaManager:
                         info.leader,
                         info.leader_epoch,
                     ):
-                        hw = role.high_watermark if role is not None else 0
-                        hw = self.hw_floors.follower_start(key, hw)
-                        self.following[key] = FollowerRole(info.leader, info.leader_epoch,
-                                                           high_watermark=hw)  # fmt: skip
+                        self._become_follower(key, info, role)
                         roles_changed = True
-                        log.info("following broker %d for %s-%d in epoch %d",
-                                 info.leader, name, p, info.leader_epoch)  # fmt: skip
+                    elif not self._holds(key):
+                        self._follow(key)  # its log was put in another's place meanwhile
         for key in [*self.following, *self.terms]:
             topic_info = self.view.topics.get(key[0])
             held = topic_info.partitions.get(key[1]) if topic_info is not None else None
@@ -514,6 +512,41 @@ class ReplicaManager:
         if listener is not None:
             listener.elected(partition, info.leader_epoch, log_)
 
+    def _become_follower(
+        self, key: Key, info: PartitionInfo, previous: FollowerRole | None
+    ) -> None:
+        """This broker follows ``info.leader`` for ``key`` in ``info.leader_epoch``
+        (Kafka's makeFollower; its term, if it led, ended first: ``_end_term``): the
+        fetcher of that leader takes the partition (truncating first), and the
+        partition's :class:`Partition` takes the follower's role (:meth:`_follow`)."""
+        hw = previous.high_watermark if previous is not None else 0
+        hw = self.hw_floors.follower_start(key, hw)
+        self.following[key] = FollowerRole(info.leader, info.leader_epoch, high_watermark=hw)
+        self._follow(key)
+        log.info("following broker %d for %s-%d in epoch %d",
+                 info.leader, key[0], key[1], info.leader_epoch)  # fmt: skip
+
+    def _holds(self, key: Key) -> bool:
+        """Whether ``key``'s Partition is held on its current log (``Topic.replica``)."""
+        topic = self.topics.get(key[0])
+        return (
+            topic is not None
+            and 0 <= key[1] < len(topic.logs)
+            and (topic.replica(key[1]) is not None)
+        )
+
+    def _follow(self, key: Key) -> None:
+        """Take ``key``'s Partition as this broker's role in it is (``Topic.
+        make_follower``): made when it becomes a follower, never on a lookup; the same
+        object when it held one on the same log (a leader demoted, a new leader)."""
+        topic = self.topics.get(key[0])
+        role = self.following.get(key)
+        if topic is None or role is None or not 0 <= key[1] < len(topic.logs):
+            return
+        topic.make_follower(
+            key[1], Follows(role.leader, role.leader_epoch), self._producer_state.entry(*key)
+        )
+
     def _take(self, key: Key) -> None:
         """Take ``key``'s Partition in this broker's term of it (``Topic.make_leader``): made
         when the term begins, never on a lookup; the same object, in the new term, when
@@ -526,14 +559,17 @@ class ReplicaManager:
 
     def _partition_opened(self, topic: Topic, index: int) -> None:
         """``TopicManager.on_partition_opened``: a log put in place of one this broker
-        leads (a move to another log dir) is led in the term it had (a new copy, created
-        or grown, is taken only when its term begins: ``_become_leader``)."""
+        leads (a move to another log dir) is led in the term it had, and one it follows
+        is followed in its role (a new copy, created or grown, is taken only when its
+        role begins: ``_become_leader``, ``_become_follower``)."""
         key = (topic.name, index)
         if key in self.terms:
             log_ = topic.logs[index]
             self._led_logs.pop(self._led_log_ids.pop(key, -1), None)
             self._led_logs[id(log_)], self._led_log_ids[key] = key, id(log_)
             self._take(key)
+        elif key in self.following:
+            self._follow(key)
 
     def _end_term(self, key: Key) -> None:
         """This broker stops leading ``key`` (if it did): acks=all waiters learn it
@@ -544,7 +580,9 @@ class ReplicaManager:
         self._led_logs.pop(self._led_log_ids.pop(key, -1), None)
         topic = self.topics.get(key[0])
         if topic is not None:
-            topic.drop_partition(key[1])  # the data path's lookup finds it led no more
+            # The data path's lookup finds it led no more; the Partition stays, for the
+            # role that comes next (a follower's: _become_follower), as Kafka's does.
+            topic.stop_leading(key[1])
         self.hw_floors.term_ended(key, term.high_watermark)
         self.wake(key)
         listener = self.leadership_listeners.get(key[0])

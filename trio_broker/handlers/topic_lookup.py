@@ -69,10 +69,10 @@ def leading_partition(
     term = check_leader(ctx, topic.name, partition, current_leader_epoch, fence_alone=fence_alone)
     if isinstance(term, ErrorCode):
         return term
-    # The Partition the replication took with this term (Topic.take): a plain lookup.
-    # None, or another term's, only if the term and the Partition ever parted (they are
-    # replaced together): not led here, as Kafka answers for a partition it has no
-    # leader Partition of.
+    # The Partition the replication took with this term (Topic.make_leader): a plain
+    # lookup. None, a follower's (no term), or another term's, only if the term and the
+    # Partition ever parted (they are replaced together): not led here, as Kafka
+    # answers for a partition it has no leader Partition of.
     led = topic.partitions.get(partition)
     if led is None or led.term is not term:
         return ErrorCode.NOT_LEADER_OR_FOLLOWER

@@ -14,8 +14,8 @@ halves as a pipelined produce needs them (append now, in request order; wait lat
   acks=-1 needs the fsync covering the write (the flusher's ``wait_durable``) and the
   high watermark past it (``wait_committed``; a node alone's is its durable end).
 
-The other way into a log, a follower's copy of its leader's batches, is
-``append_replicated_batches`` in ``cluster/replica_fetcher.py``.
+The other way into a log, a follower's copy of its leader's batches, is the follower's
+``Partition.append_as_follower`` (``partition/partition.py``; the replica fetcher calls it).
 ``tests/unit/partition/test_one_append_path.py`` keeps every other ``log.append(`` out.
 
 Errors are left to the caller to name, since they differ by API (a produce answers
@@ -54,7 +54,8 @@ __all__ = [
 
 
 class Origin(enum.Enum):
-    """Who writes (Kafka's ``AppendOrigin``; a follower's ``Replication`` has its own path)."""
+    """Who writes (Kafka's ``AppendOrigin``; a follower's ``Replication`` has its own
+    path, ``Partition.append_as_follower``)."""
 
     #: A producer's batch: its sequence and epoch are checked, a retry is not written twice.
     CLIENT = "client"

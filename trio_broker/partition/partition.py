@@ -1,21 +1,31 @@
-"""One partition this broker leads, as the data path takes it (issue 29; Kafka's
-``Partition``): its log, its producer and transaction state, and its leader term (ISR,
-high watermark), held together by one long-lived object.
+"""One partition this broker leads or follows, as the data path takes it (issue 29;
+Kafka's ``Partition``, which every replica holds): its log, its producer and
+transaction state, and its role: a leader term (ISR, high watermark) while it leads, a
+follower's role (:class:`Follows`: the leader and leader epoch) while it follows, held
+together by one long-lived object that goes from role to role.
 
 A :class:`Partition` is constructed in one place, :func:`take_partition`
-(``tests/unit/partition/test_one_append_path.py`` holds it), called by two:
+(``tests/unit/partition/test_one_append_path.py`` holds it), called by three:
 
 - ``services/topics.py``'s ``Topic.make_leader``, for a partition of the topic
   catalogue, called where this broker takes the partition to lead and nowhere else (a
   node alone's ``LocalReplication.take`` when it opens the log; a cluster's
-  ``ReplicaManager._become_leader``). The topic keeps one :class:`Partition` per
-  partition for the life of its log (``Topic.partitions``), with the partition's own
-  entry of the producer state (``services/producers.py``'s ``PartitionProducerState``);
-  a new term on the same log replaces the one it holds (the same object), a new log
-  (the topic made again, the partition moved to another log dir) gets a new one, and
-  the term's end and the topic's deletion drop it. The per-partition guard
-  (``handlers/topic_lookup.leading_partition``) and the marker writer
-  (``services/txn_markers.py``) only look it up (``Topic.leading``);
+  ``ReplicaManager._become_leader``);
+- ``Topic.make_follower``, called where a cluster's replica manager takes the
+  partition to follow (``ReplicaManager._become_follower``, Kafka's makeFollower).
+  The topic keeps one :class:`Partition` per partition for the life of its log
+  (``Topic.partitions``), across roles, with the partition's own entry of the
+  producer state (``services/producers.py``'s ``PartitionProducerState``): a new term
+  on the same log, or a follower elected, puts the term in the object it holds (Kafka's
+  makeLeader on an existing Partition); a term's end drops the term and keeps the
+  object (``Topic.stop_leading``: its term :data:`NOT_LED`), which a follower's role
+  takes next; a new log (the
+  topic made again, the partition moved to another log dir) gets a new one in the role
+  the old one had, and the cluster moving the partition away and the topic's deletion
+  drop it. The per-partition guard (``handlers/topic_lookup.leading_partition``) and
+  the marker writer (``services/txn_markers.py``) only look up a led one
+  (``Topic.leading``: one without a term is not led), the replica fetcher the one it
+  copies into (``Topic.replica``);
 - :func:`coordinator_partition`, for the log a coordinator was elected with (a
   cluster's ``__consumer_offsets``/``__transaction_state``/``__share_group_state``
   partition, or a node alone's own log outside the catalogue, led by an ``OwnLog``):
@@ -25,6 +35,14 @@ A :class:`Partition` is constructed in one place, :func:`take_partition`
   and puts a new one in place of the old. What is left of issue 29 here: the
   coordinators hold logs, and their writes look the partition up, where Kafka's
   coordinators hold the partition the replica manager made when it took it.
+
+A follower's log is written only through its :class:`Partition` too (Kafka's
+``appendRecordsToFollowerOrFutureReplica``, ``truncateTo``,
+``truncateFullyAndStartAt``): the replica fetcher calls :meth:`Partition.
+append_as_follower`, :meth:`Partition.replica_appended`, :meth:`Partition.truncate_to`
+and :meth:`Partition.truncate_fully_and_start_at`, which keep the partition's producer
+state with the log (a snapshot at a roll, the state of cut records dropped); the log
+keeps its leader epoch cache with its batches.
 
 Produce, the coordinators and the marker writer append to it
 (``partition/append.py``'s ``append`` takes one) and Fetch reads it
@@ -46,7 +64,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import attrs
 
@@ -57,9 +75,12 @@ if TYPE_CHECKING:
     from trio_broker.partition.append import Replication, Term
     from trio_broker.state.partition_txns import AbortedTxn
     from trio_broker.storage.log_protocol import Log
+    from trio_broker.storage.log_types import AppendResult
 
 __all__ = [
+    "NOT_LED",
     "NO_PRODUCERS",
+    "Follows",
     "Partition",
     "PartitionProducers",
     "coordinator_partition",
@@ -77,14 +98,57 @@ class PartitionProducers(Producers, Protocol):
 
     def aborted_between(self, log_: Log, from_offset: int, upper: int) -> Sequence[AbortedTxn]: ...
 
+    # A follower's: the state follows the log it copies (``Partition.replica_appended``,
+    # ``Partition.truncate_to``).
+
+    def replica_appended(self, log_: Log, base_offsets: Sequence[int]) -> None: ...
+
+    def replica_rolled(self, log_: Log, base_offsets: Sequence[int]) -> bool: ...
+
+    def truncated(self, log_: Log) -> None: ...
+
+
+class _NotLed:
+    """The term of a :class:`Partition` this broker does not lead (a follower's, or one
+    whose term ended): reading anything of it raises
+    :class:`~trio_broker.partition.append.NotLeader`, as Kafka's ``leaderLogIfLocal``
+    refuses a follower's ``appendRecordsToLeader``. A null term rather than None, so
+    that the leader's path (``append``, ``read``) reads the partition's term in one
+    attribute read, with no check: the guard hands on only a partition led in the term
+    it checked (``Partition.term is term``, which this never is)."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> object:
+        raise NotLeader(
+            "this broker does not lead the partition (it follows it, or its term ended)"
+        )
+
+    def __repr__(self) -> str:
+        return "NOT_LED"
+
+
+#: The term of every Partition this broker does not lead (:class:`_NotLed`).
+NOT_LED: Term = cast("Term", _NotLed())
+
+
+@attrs.frozen(slots=True)
+class Follows:
+    """A follower's role (Kafka's ``makeFollower``): the broker it copies the partition
+    from and the leader epoch it follows in, as the cluster's state named them."""
+
+    leader: int
+    leader_epoch: int
+
 
 @attrs.define(eq=False, slots=True)
 class Partition:
-    """A partition of this broker's, led here in :attr:`term` (module docstring).
+    """A partition of this broker's, led here in :attr:`term` or followed (module
+    docstring).
 
-    Not frozen: the term (and the producer state's entry with it) is replaced when the
-    leadership changes (``Topic.make_leader``), the rest is fixed for the object's
-    life."""
+    Not frozen: the role changes over the object's life (``Topic.make_leader`` puts a
+    leader term in place, ``Topic.make_follower`` a follower's role, ``Topic.
+    stop_leading`` drops the term); its topic, index and log are fixed."""
 
     #: The topic's name and the partition's index in it.
     topic: str
@@ -94,8 +158,60 @@ class Partition:
     #: The producer and transaction state of this partition (its entry in the registry).
     producers: PartitionProducers
     #: This broker's leader term of the partition, as the replication took it: leader
-    #: epoch, ISR, high watermark.
+    #: epoch, ISR, high watermark; :data:`NOT_LED` while it does not lead it (a
+    #: follower's, or one whose term ended), whose every read raises ``NotLeader``.
     term: Term
+    #: The follower's role while it follows (:class:`Follows`), else None.
+    follows: Follows | None = None
+
+    @property
+    def leader_term(self) -> Term | None:
+        """The leader term, or None when this broker does not lead the partition."""
+        term = self.term
+        return None if term is NOT_LED else term
+
+    # -- the follower's side (Kafka's ``Partition.appendRecordsToFollowerOrFutureReplica``
+    # and ``truncateTo``/``truncateFullyAndStartAt``): the replica fetcher's only way
+    # into the log. Each keeps the log's leader epoch cache (the log's own) and the
+    # partition's producer state with it.
+
+    def append_as_follower(
+        self, records: bytes | bytearray | memoryview, *, now_ms: int
+    ) -> list[AppendResult]:
+        """A follower's copy of its leader's batches (a fetch answer's records, every
+        whole batch checked before any is stored, offsets and leader epochs as the
+        leader wrote them: the epoch cache follows them). Not checked against the
+        producer state: a follower keeps none between rolls (:meth:`replica_appended`)."""
+        return self.log.append_replicated_batches(records, now_ms=now_ms)
+
+    def rolled(self, appended: Sequence[AppendResult]) -> bool:
+        """Whether :meth:`append_as_follower` began a segment with one of ``appended``:
+        :meth:`replica_appended` then has a producer snapshot to stage. Cheap: the
+        fetcher asks on the event loop and hands the snapshot to a worker thread only
+        then."""
+        return self.producers.replica_rolled(self.log, [result.base_offset for result in appended])
+
+    def replica_appended(self, appended: Sequence[AppendResult]) -> None:
+        """After :meth:`append_as_follower`: a batch that began a segment snapshots the
+        producer state below it, as a leader's roll does. Blocking (it may read a
+        segment's batch headers): the fetcher calls it off the event loop, when
+        :meth:`rolled`."""
+        self.producers.replica_appended(self.log, [result.base_offset for result in appended])
+
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log to end at ``offset`` (agreeing with a new leader: the epoch cache
+        is cut with it), and drop the producer state of what was cut (Kafka's
+        ``truncateAndReload``: the snapshots past the new end go, the state is rebuilt
+        from what is left). Returns the new log end. Blocking (files): off the loop."""
+        end = self.log.truncate_to(offset)
+        self.producers.truncated(self.log)
+        return end
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Empty the log and start it at ``offset`` (the follower fell below its
+        leader's log start); its producer state goes with what it held. Blocking."""
+        self.log.truncate_fully_and_start_at(offset)
+        self.producers.truncated(self.log)
 
 
 class _NoProducers:
@@ -122,6 +238,15 @@ class _NoProducers:
     def aborted_between(self, log_: Log, from_offset: int, upper: int) -> Sequence[AbortedTxn]:
         return ()
 
+    def replica_appended(self, log_: Log, base_offsets: Sequence[int]) -> None:
+        """Nothing to snapshot: a coordinator's own log holds no producer's batch."""
+
+    def replica_rolled(self, log_: Log, base_offsets: Sequence[int]) -> bool:
+        return False
+
+    def truncated(self, log_: Log) -> None:
+        """Nothing to drop."""
+
 
 #: The producer state of every coordinator's own partition (:class:`_NoProducers`).
 NO_PRODUCERS: PartitionProducers = _NoProducers()
@@ -142,12 +267,14 @@ def led_term(leadership: Replication, topic: str, index: int) -> Term:
 
 
 def take_partition(
-    topic: str, index: int, log: Log, producers: PartitionProducers, term: Term
-) -> Partition:
+    topic: str, index: int, log: Log, producers: PartitionProducers, term: Term,
+    follows: Follows | None = None,
+) -> Partition:  # fmt: skip
     """The one place a :class:`Partition` is made: ``topic``-``index`` on ``log``, with
-    its producer state, led here in ``term``. Called where this broker takes a
-    partition to lead (module docstring), nowhere else."""
-    return Partition(topic, index, log, producers, term)
+    its producer state, led here in ``term`` or followed (``term`` :data:`NOT_LED`,
+    ``follows`` its role). Called where this broker takes a partition to lead or to follow (module
+    docstring), nowhere else."""
+    return Partition(topic, index, log, producers, term, follows)
 
 
 #: The coordinators' partitions by their log (:func:`coordinator_partition`): weak keys,

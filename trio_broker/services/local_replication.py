@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 import attrs
 
 from trio_broker.partition.append import Replication, Term
+from trio_broker.partition.partition import NOT_LED
 from trio_broker.partition.read import Followers
 from trio_broker.replication.leader import AckState, NotAReplica
 from trio_broker.services.cluster_view import (
@@ -394,7 +395,8 @@ class LocalReplication(_NoFollowers):
         led = None if found is None else found.partitions.get(partition)
         if led is None:
             return None
-        return cast(LocalTerm, led.term)  # every term taken here is (take)
+        term = led.term  # every term taken here is a LocalTerm (take); none is ever dropped
+        return None if term is NOT_LED else cast(LocalTerm, term)
 
     @property
     def counts_synced_only(self) -> bool:

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from trio_broker.partition.append import NotLeader
-from trio_broker.partition.partition import Partition, PartitionProducers, take_partition
+from trio_broker.partition.partition import (
+    NOT_LED,
+    Follows,
+    Partition,
+    PartitionProducers,
+    take_partition,
+)
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.errors import KafkaError
 from trio_broker.storage.broker_configs import BrokerConfigStore
@@ -62,49 +68,97 @@ def validate_topic_name(name: str) -> None:
 class Topic:
     info: TopicInfo
     logs: list[Log]  # one per partition
-    #: This broker's :class:`Partition` of each partition it leads (index -> it): made
-    #: when the broker takes the partition (:meth:`make_leader`: a node alone when it
-    #: opens the log, a cluster's replica manager when it becomes leader), kept for the
-    #: life of its log, its term replaced when the leadership changes; dropped when the
-    #: term ends (:meth:`drop_partition`) and with the topic (a deletion, the cluster
-    #: moving the topic away from this broker). :meth:`leading` only looks it up.
+    #: This broker's :class:`Partition` of each partition it leads or follows (index ->
+    #: it): made when the broker takes the partition (:meth:`make_leader`: a node alone
+    #: when it opens the log, a cluster's replica manager when it becomes leader;
+    #: :meth:`make_follower`: a cluster's replica manager when it becomes a follower),
+    #: kept for the life of its log across roles (the same object takes a leader term,
+    #: loses it, follows), dropped when the broker holds no role in it any more
+    #: (:meth:`drop_partition`: the cluster moving the partition away, a log put in
+    #: another's place) and with the topic (a deletion). :meth:`leading` and
+    #: :meth:`replica` only look it up.
     partitions: dict[int, Partition] = attrs.field(factory=dict, eq=False, repr=False)
 
     @property
     def name(self) -> str:
         return self.info.name
 
+    def _held(self, index: int, producers: PartitionProducers) -> Partition | None:
+        """The :class:`Partition` held on partition ``index``'s current log (its
+        producer state entry replaced by ``producers``), or None: none yet, or the one
+        held is on a log put in another's place since (a log-dir move)."""
+        held = self.partitions.get(index)
+        if held is None or held.log is not self.logs[index]:
+            return None
+        held.producers = producers
+        return held
+
     def make_leader(self, index: int, term: Term, producers: PartitionProducers) -> Partition:
         """This broker takes partition ``index`` (in range) to lead in ``term``, with its
-        entry of the producer state: the one caller of ``take_partition``
+        entry of the producer state: a caller of ``take_partition``
         (``partition/partition.py``), called by the replication when it takes the
         partition (``LocalReplication`` for a node alone, ``ReplicaManager._become_leader``
-        in a cluster), never on a lookup. The :class:`Partition` it held on the same log
-        stays, in ``term`` (Kafka's makeLeader on an existing Partition); a log put in
-        another's place gets a new one."""
-        log = self.logs[index]
-        led = self.partitions.get(index)
-        if led is None or led.log is not log:
-            led = self.partitions[index] = take_partition(self.name, index, log, producers, term)
-        else:  # a new term of the same partition: the leadership changed
-            led.term, led.producers = term, producers
-        return led
+        in a cluster), never on a lookup. The :class:`Partition` it held on the same log,
+        as leader or follower, stays, in ``term`` (Kafka's makeLeader on an existing
+        Partition); a log put in another's place gets a new one."""
+        held = self._held(index, producers)
+        if held is None:
+            held = take_partition(self.name, index, self.logs[index], producers, term)
+            self.partitions[index] = held
+        else:  # a new term of the same partition, or a follower promoted
+            held.term, held.follows = term, None
+        return held
+
+    def make_follower(
+        self, index: int, follows: Follows, producers: PartitionProducers
+    ) -> Partition:
+        """This broker takes partition ``index`` (in range) to follow ``follows.leader``
+        in ``follows.leader_epoch`` (Kafka's makeFollower): the other caller of
+        ``take_partition``, called by a cluster's replica manager when it becomes a
+        follower. The :class:`Partition` it held on the same log stays, with no term
+        (a leader demoted); a log put in another's place gets a new one. The replica
+        fetcher writes and truncates the log through it (``Partition.append_as_follower``,
+        ``truncate_to``, ``truncate_fully_and_start_at``)."""
+        held = self._held(index, producers)
+        if held is None:
+            held = take_partition(self.name, index, self.logs[index], producers, NOT_LED, follows)
+            self.partitions[index] = held
+        else:
+            held.term, held.follows = NOT_LED, follows
+        return held
+
+    def stop_leading(self, index: int) -> None:
+        """This broker's term of partition ``index`` ended: its :class:`Partition` stays
+        (a follower next, or without a role until the cluster names one) with no term,
+        so that :meth:`leading` finds it led no more."""
+        held = self.partitions.get(index)
+        if held is not None:
+            held.term = NOT_LED
 
     def leading(self, index: int) -> Partition:
         """Partition ``index`` as this broker leads it: the one lookup of a catalogue
         partition to write or read (``partition/partition.py``), called by the
         per-partition guard and by the marker writer. Raises
         :class:`~trio_broker.partition.append.NotLeader` when this broker has not taken it
-        (it leads elsewhere or nowhere)."""
+        to lead (it leads elsewhere or nowhere: it follows, or holds no role)."""
         led = self.partitions.get(index)
-        if led is None:
+        if led is None or led.term is NOT_LED:  # none, or a follower's
             raise NotLeader(f"not the leader of {self.name}-{index}")
         return led
 
+    def replica(self, index: int) -> Partition | None:
+        """Partition ``index`` as this broker holds it, led or followed (Kafka's
+        ``getPartition``): the replica fetcher's lookup of the partition it copies
+        into. None when this broker has taken no role in it on its current log."""
+        held = self.partitions.get(index)
+        if held is None or held.log is not self.logs[index]:
+            return None
+        return held
+
     def drop_partition(self, index: int) -> None:
-        """This broker no longer leads partition ``index`` as it was (its term ended, the
-        cluster moved it away, or its log was put in another's place): its
-        :class:`Partition` goes, a later lead here takes another."""
+        """This broker holds partition ``index`` no more as it was (the cluster moved it
+        away, or its log was put in another's place): its :class:`Partition` goes, a
+        later role here takes another."""
         self.partitions.pop(index, None)
 
     @property

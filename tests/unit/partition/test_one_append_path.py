@@ -1,9 +1,14 @@
 """One append path (issue 29): a leader's log is written only through
-``trio_broker/partition/append.py``, a follower's only by the replica fetcher; and that
+``trio_broker/partition/append.py``, a follower's only through its ``Partition``
+(``partition/partition.py``'s ``append_as_follower``, the replica fetcher's); and that
 append takes a ``Partition`` (log, term, producer state found by one lookup), made only
-by ``partition/partition.py`` and ``Topic.make_leader``, so that nothing outside
-``partition/`` pairs a log with a term for a write; and ``Topic.make_leader`` is called
-only where the broker takes a partition (the replication), never on a lookup.
+by ``partition/partition.py`` and ``Topic.make_leader``/``make_follower``, so that
+nothing outside ``partition/`` pairs a log with a term for a write; ``Topic.make_leader``
+and ``make_follower`` are called only where the broker takes a partition (the
+replication), never on a lookup; and a log is truncated only through the follower's
+``Partition`` (``truncate_to``, ``truncate_fully_and_start_at``: they keep its producer
+state with the cut), which only the replica fetcher calls (the storage layer itself is
+the listed exception, :data:`LOG_TRUNCATORS`).
 
 Read from the source (``ast``, nothing imported), as tests/unit/project/test_import_cycles.py
 reads imports. A call counts as a log append when its method is ``append`` or
@@ -30,9 +35,10 @@ PACKAGE = ROOT / "trio_broker"
 ALLOWED = {
     # The leader's write path: produce, coordinators, markers.
     "append": {"partition/append.py"},
-    # The follower's: batches copied from the leader.
-    "append_replicated": {"cluster/replica_fetcher.py"},
-    "append_replicated_batches": {"cluster/replica_fetcher.py"},
+    # The follower's: batches copied from the leader, through the follower's Partition
+    # (``Partition.append_as_follower``, which the replica fetcher calls).
+    "append_replicated": {"partition/partition.py"},
+    "append_replicated_batches": {"partition/partition.py"},
 }
 #: The logs themselves (one log's method may call another's); not callers.
 LOG_IMPLEMENTATIONS = {"storage/log.py", "storage/memory.py"}
@@ -86,7 +92,7 @@ def test_logs_are_appended_to_only_through_the_partition_write_path() -> None:
     stray = stray_appends(PACKAGE)
     assert not stray, (
         "a log is appended to outside trio_broker/partition/append.py (the leader's one "
-        "write path) and the replica fetcher (the follower's):\n" + "\n".join(stray)
+        "write path) and partition/partition.py (the follower's):\n" + "\n".join(stray)
     )
 
 
@@ -94,8 +100,8 @@ def test_the_write_path_itself_is_seen() -> None:
     # Guards the check: if it found nothing at all it would pass on any tree.
     source = (PACKAGE / "partition" / "append.py").read_text(encoding="utf-8")
     assert [method for _, method, _ in log_appends(source)] == ["append", "append"]
-    fetcher = (PACKAGE / "cluster" / "replica_fetcher.py").read_text(encoding="utf-8")
-    assert "append_replicated_batches" in [method for _, method, _ in log_appends(fetcher)]
+    follower = (PACKAGE / "partition" / "partition.py").read_text(encoding="utf-8")
+    assert "append_replicated_batches" in [method for _, method, _ in log_appends(follower)]
 
 
 def test_what_counts_as_a_log_append() -> None:
@@ -137,15 +143,118 @@ def test_a_stray_append_is_reported(tmp_path: Path) -> None:
     ]
 
 
+#: A log's truncations: a follower agreeing with its leader (``truncate_to``) or emptied
+#: below its leader's log start (``truncate_fully_and_start_at``).
+TRUNCATIONS = ("truncate_to", "truncate_fully_and_start_at")
+#: Where a log's truncation may be named (called, or handed to a worker thread), relative
+#: to trio_broker/, each with its reason. Recovery (``storage/recovery.py``,
+#: ``storage/loader.py``) cuts a torn tail in its files before a log object exists and
+#: the cleaner swaps segments (``storage/log_cleaning.py``): neither truncates through
+#: the log's API, so neither is listed.
+LOG_TRUNCATORS = {
+    # The follower's Partition: the log cut, then the producer state of what was cut
+    # dropped with it (Partition.truncate_to, Partition.truncate_fully_and_start_at).
+    "partition/partition.py": "the follower's Partition keeps its producer state with the cut",
+    # The storage layer itself: a backend's method may call another of its own.
+    "storage/log.py": "the file log itself",
+    "storage/log_truncation.py": "the file log's truncation itself",
+    "storage/memory.py": "the memory log itself",
+}
+#: Where a Partition's truncation (its receiver named as a partition) may be called: the
+#: replica fetcher, the follower's copy of its leader (Kafka's fetcher thread calling
+#: Partition.truncateTo / truncateFullyAndStartAt).
+PARTITION_TRUNCATORS = {"cluster/replica_fetcher.py"}
+
+_PARTITION_NAME = re.compile(r"(^|_)partition_?$")
+
+
+def truncations(source: str) -> list[tuple[int, str, str, bool]]:
+    """(line, method, receiver, a Partition's) of every truncation in ``source``: a call
+    ``x.truncate_to(...)``, or the method handed to a worker thread (the first argument
+    of a ``run_sync(...)``); an attribute of that name read otherwise is data (a
+    truncation plan's offset, ``step.truncate_to``). A receiver named as a partition
+    (``partition``, ``partition_``, ``follower_partition``) counts as a Partition's; any
+    other as a log's."""
+    named: list[ast.Attribute] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Attribute) and node.func.attr in TRUNCATIONS:
+            named.append(node.func)
+        if _terminal_name(node.func) == "run_sync" and node.args:
+            handed = node.args[0]
+            if isinstance(handed, ast.Attribute) and handed.attr in TRUNCATIONS:
+                named.append(handed)
+    return sorted(
+        (
+            attribute.lineno,
+            attribute.attr,
+            ast.unparse(attribute.value),
+            bool(_PARTITION_NAME.search(_terminal_name(attribute.value))),
+        )
+        for attribute in named
+    )
+
+
+def stray_truncations(package: Path) -> list[str]:
+    """A log's truncation outside :data:`LOG_TRUNCATORS`, a Partition's outside
+    :data:`PARTITION_TRUNCATORS`, as "file:line: receiver.method"."""
+    stray = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        for line, method, receiver, partition in truncations(path.read_text(encoding="utf-8")):
+            allowed = PARTITION_TRUNCATORS if partition else LOG_TRUNCATORS
+            if relative not in allowed:
+                stray.append(f"trio_broker/{relative}:{line}: {receiver}.{method}")
+    return stray
+
+
+def test_logs_are_truncated_only_through_the_followers_partition() -> None:
+    stray = stray_truncations(PACKAGE)
+    assert not stray, (
+        "a log is truncated outside partition/partition.py (the follower's Partition) and "
+        "the storage layer, or a Partition outside the replica fetcher:\n" + "\n".join(stray)
+    )
+    # Guards the check: the Partition's two truncations of its log, and the fetcher's
+    # two of its Partition, are seen.
+    follower = truncations((PACKAGE / "partition" / "partition.py").read_text())
+    assert [(m, r, p) for _, m, r, p in follower] == [
+        ("truncate_to", "self.log", False),
+        ("truncate_fully_and_start_at", "self.log", False),
+    ]
+    fetcher = truncations((PACKAGE / "cluster" / "replica_fetcher.py").read_text())
+    assert sorted(m for _, m, _, p in fetcher if p) == list(sorted(TRUNCATIONS))
+
+
+def test_what_counts_as_a_log_truncation(tmp_path: Path) -> None:
+    package = tmp_path / "trio_broker"
+    (package / "cluster").mkdir(parents=True)
+    (package / "partition").mkdir()
+    (package / "partition" / "partition.py").write_text("self.log.truncate_to(3)\n")
+    (package / "cluster" / "replica_fetcher.py").write_text(
+        "await trio.to_thread.run_sync(partition_.truncate_to, step.truncate_to)\n"
+        "await trio.to_thread.run_sync(log_.truncate_fully_and_start_at, 9)\n"
+        "if step.truncate_to < log_.log_end_offset:\n    pass\n"
+    )
+    (package / "cluster" / "replica_manager.py").write_text(
+        "topic.logs[0].truncate_to(1)\npartition.truncate_fully_and_start_at(2)\n"
+    )
+    assert stray_truncations(package) == [
+        "trio_broker/cluster/replica_fetcher.py:2: log_.truncate_fully_and_start_at",
+        "trio_broker/cluster/replica_manager.py:1: topic.logs[0].truncate_to",
+        "trio_broker/cluster/replica_manager.py:2: partition.truncate_fully_and_start_at",
+    ]
+
+
 #: The one place a ``Partition`` is constructed, relative to trio_broker/, and the
 #: function doing it.
 PARTITION_CONSTRUCTOR = ("partition/partition.py", "take_partition")
 #: Where that constructor may be called, and in which function: the catalogue's
-#: ``Topic.make_leader`` (which keeps the Partition it makes) and the coordinators'
-#: lookup (``coordinator_partition``).
+#: ``Topic.make_leader`` and ``Topic.make_follower`` (which keep the Partition they make)
+#: and the coordinators' lookup (``coordinator_partition``).
 PARTITION_TAKERS = {
     "partition/partition.py": {"coordinator_partition"},
-    "services/topics.py": {"make_leader"},
+    "services/topics.py": {"make_leader", "make_follower"},
 }
 #: Where ``Topic.make_leader`` may be called: where the broker takes a partition to lead
 #: (a node alone when a log is opened, a cluster's replica manager when a term begins or
@@ -154,6 +263,10 @@ LEADER_MAKERS = {
     "services/local_replication.py": {"take"},
     "cluster/replica_manager.py": {"_take"},
 }
+#: Where ``Topic.make_follower`` may be called: where a cluster's replica manager takes
+#: a partition to follow (a new follower's role, a followed log moved), never on a
+#: lookup (the replica fetcher only looks it up: ``Topic.replica``).
+FOLLOWER_MAKERS = {"cluster/replica_manager.py": {"_follow"}}
 
 
 def _imports_partition(tree: ast.Module) -> bool:
@@ -261,13 +374,16 @@ def method_calls(source: str, method: str) -> list[tuple[int, str]]:
     return found
 
 
-def stray_leader_makers(package: Path) -> list[str]:
-    """``.make_leader(...)`` calls outside :data:`LEADER_MAKERS`, as "file:line: in f"."""
+def stray_leader_makers(
+    package: Path, method: str = "make_leader", makers: dict[str, set[str]] = LEADER_MAKERS
+) -> list[str]:
+    """``.make_leader(...)`` (or ``method``) calls outside :data:`LEADER_MAKERS` (or
+    ``makers``), as "file:line: in f"."""
     stray = []
     for path in sorted(package.rglob("*.py")):
         relative = path.relative_to(package).as_posix()
-        for line, function in method_calls(path.read_text(encoding="utf-8"), "make_leader"):
-            if function not in LEADER_MAKERS.get(relative, set()):
+        for line, function in method_calls(path.read_text(encoding="utf-8"), method):
+            if function not in makers.get(relative, set()):
                 stray.append(f"trio_broker/{relative}:{line}: in {function or 'the module'}")
     return stray
 
@@ -283,6 +399,19 @@ def test_a_partition_is_taken_where_the_broker_takes_it_never_on_a_lookup() -> N
         for relative in LEADER_MAKERS
     }
     assert seen == LEADER_MAKERS  # guards the check: both takers are seen
+
+
+def test_a_partition_is_followed_where_the_broker_follows_it_never_on_a_lookup() -> None:
+    stray = stray_leader_makers(PACKAGE, "make_follower", FOLLOWER_MAKERS)
+    assert not stray, (
+        "Topic.make_follower (a Partition taken to follow) is called outside the replica "
+        "manager's _follow:\n" + "\n".join(stray)
+    )
+    seen = {
+        relative: {f for _, f in method_calls((PACKAGE / relative).read_text(), "make_follower")}
+        for relative in FOLLOWER_MAKERS
+    }
+    assert seen == FOLLOWER_MAKERS  # guards the check: the taker is seen
 
 
 def test_a_stray_leader_maker_is_reported(tmp_path: Path) -> None:
