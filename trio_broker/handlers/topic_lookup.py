@@ -60,12 +60,13 @@ def _own_internal_topic(
     ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None
 ) -> Topic | None:
     """A node alone's internal topic (services/own_partition.py) of that name or id, to
-    read. Never to Produce to: its log is its coordinator's alone (Kafka lets its own
+    read, once Metadata lists it (before its first record it does not exist yet, as in
+    Kafka). Never to Produce to: its log is its coordinator's alone (Kafka lets its own
     admin client append to an internal topic; here the coordinator would not see it)."""
     if ctx.header.api_key == ApiKey.PRODUCE:
         return None
     for own in ctx.services.own_internal_topics.values():
-        if own.topic == name or (name is None and topic_id == own.topic_id):
+        if (own.topic == name or (name is None and topic_id == own.topic_id)) and own.listed():
             return own.as_topic()
     return None
 
