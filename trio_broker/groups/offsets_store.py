@@ -5,12 +5,27 @@ Every commit (and every deletion, as a tombstone) is one record in the log of a
 partition's log (:meth:`OffsetsStore.over`): a cluster's replica, or a broker alone's
 only partition, ``<data_dir>/__consumer_offsets-0`` (a ``MemoryLog`` with ``--storage
 memory``, :func:`open_offsets_log`).
-A record's key is (group, topic, partition) and its value the offset, leader
-epoch, metadata and commit time -- in our own small binary format, versioned so
-it can grow. A group's completed generation (members, assignment) is one more
-record keyed by the group alone (:class:`GroupMetadata`), so a new coordinator
-restores the group without a rebalance; a broker that predates it skips it. On startup the log is replayed into the table; the last record for
-a key wins, exactly as log compaction would keep it.
+Records are laid out as Kafka 4.4 lays out the records it has (its group
+coordinator's ``common/message`` schemas; the key's int16 version is the record type),
+so that Kafka's ``OffsetsMessageFormatter`` and ``GroupMetadataMessageFormatter`` and
+tools like Burrow read the topic: a committed offset is Kafka's OffsetCommit (key type
+1: group, topic, partition; value OffsetCommitValue version 4, the one Kafka 4.4
+writes), a classic group's completed generation (members, assignment) Kafka's
+GroupMetadata (key type 2: the group; value GroupMetadataValue version 3), so a new
+coordinator restores the group without a rebalance. Our records Kafka lays out another
+way or not at all (a transaction's staged offsets and its end, where Kafka writes
+OffsetCommit records in a transactional batch and a control marker; a KIP-848 group's
+snapshot; a share group's records) carry key types from :data:`OWN_RECORD_BASE` on,
+which Kafka's deserializer does not know and its formatters skip.
+
+Data dirs written before (main's numbering, key versions 1-11, our own values) load
+unchanged: every record tells its layout by itself, without a marker that compaction
+or a truncation could take away (:func:`decode_record`): a plain offset's value by its
+version (ours was 1, Kafka's is 3 or 4), key type 2 by its key's length (a group alone
+is Kafka's GroupMetadata, more is our old staged offset), and key types 3-11 are only
+ever old records (we write none of Kafka's types 3-16 yet). On startup the log is
+replayed into the table; the last record for a key wins, exactly as log compaction
+would keep it.
 
 The table changes only when a write is *durable* (:meth:`OffsetsStore.apply`
 after the flusher's fsync), so an OffsetFetch never returns an offset a crash
@@ -48,15 +63,22 @@ log = logging.getLogger("trio_broker.groups")
 
 #: Directory of the internal log under the data dir (Kafka's topic name, partition 0).
 OFFSETS_LOG_NAME = "__consumer_offsets-0"
+#: Kafka's record types (the key's version): OffsetCommit and GroupMetadata.
 KEY_VERSION = 1
-#: Key versions of the transactional records; a broker that predates them skips them.
+GROUP_METADATA_RECORD_TYPE = 2
+#: The OffsetCommitValue and GroupMetadataValue versions Kafka 4.4 writes.
+OFFSET_VALUE_VERSION = 4
+GROUP_METADATA_VALUE_VERSION = 3
+#: Our own records' kinds. They were their key versions until Kafka's layout (main's
+#: numbering, still read); now a record of kind ``n`` is written with key type
+#: ``OWN_RECORD_BASE + n``, a type Kafka's deserializer does not know.
 TXN_OFFSET_KEY_VERSION = 2
 TXN_END_KEY_VERSION = 3
-#: Key version of a group's metadata (Kafka's key version 2, numbered our own way).
+#: Main's key version of a classic group's metadata (now Kafka's type 2).
 GROUP_METADATA_KEY_VERSION = 4
-#: Key version of a KIP-848 group's snapshot (state/consumer_group.py encodes the value).
+#: Kind of a KIP-848 group's snapshot (state/consumer_group.py encodes the value).
 CONSUMER_GROUP_KEY_VERSION = 5
-#: Key versions of a share group's records, Kafka's ShareGroupMetadata and
+#: Kinds of a share group's records, Kafka's ShareGroupMetadata and
 #: ShareGroupStatePartitionMetadata (groups/share_records.py encodes their values).
 SHARE_GROUP_METADATA_KEY_VERSION = 6
 SHARE_GROUP_PARTITIONS_KEY_VERSION = 7
@@ -79,17 +101,21 @@ SHARE_GROUP_KEY_VERSIONS = (
     SHARE_GROUP_TARGET_METADATA_KEY_VERSION,
     *SHARE_GROUP_MEMBER_KEY_VERSIONS,
 )
-VALUE_VERSION = 1
+#: Key types from here on are ours (Kafka 4.4's go up to 23): ``OWN_RECORD_BASE + kind``.
+OWN_RECORD_BASE = 32000
+#: Main's value versions: its offset value (also inside a staged offset) and group value.
+OLD_VALUE_VERSION = 1
+OLD_GROUP_METADATA_VALUE_VERSION = 1
 #: The broker of a store used on its own (a tool, a test): a cluster of one of no
 #: broker in particular, whose write keeps its batch's epoch.
 NO_BROKER = -1
 TXN_END_VALUE_VERSION = 1
-GROUP_METADATA_VALUE_VERSION = 1
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
-_VALUE_HEAD = struct.Struct(">hqiq")  # version, offset, leader epoch, commit timestamp
+_OLD_VALUE_HEAD = struct.Struct(">hqiq")  # version, offset, leader epoch, commit timestamp
+_OFFSET_VALUE_HEAD = struct.Struct(">hqi")  # version, offset, leader epoch
 _TXN_END_VALUE = struct.Struct(">hhb")  # version, producer epoch, committed
 
 
@@ -225,22 +251,62 @@ def decode_key(buf: bytes) -> OffsetKey:
     return OffsetKey(group_id, topic, partition)
 
 
+def _put_uvarint(out: bytearray, n: int) -> None:
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _get_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 28:
+            raise ValueError("bad varint")
+        byte = buf[pos]
+        pos += 1
+        n |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return n, pos
+        shift += 7
+
+
 def encode_value(value: OffsetAndMetadata) -> bytes:
-    out = bytearray(
-        _VALUE_HEAD.pack(VALUE_VERSION, value.offset, value.leader_epoch, value.commit_timestamp_ms)
-    )
-    # int32 length: metadata is bounded by offset.metadata.max.bytes, not by int16.
-    _put_str(out, value.metadata, _I32)
+    """Kafka's OffsetCommitValue v4 (flexible): offset, leader epoch, metadata (a compact
+    string), commit timestamp, no tagged fields."""
+    out = bytearray(_OFFSET_VALUE_HEAD.pack(OFFSET_VALUE_VERSION, value.offset, value.leader_epoch))
+    raw = value.metadata.encode()
+    _put_uvarint(out, len(raw) + 1)
+    out += raw
+    out += _I64.pack(value.commit_timestamp_ms)
+    out.append(0)  # no tagged fields (Kafka's topic id is one, left out)
     return bytes(out)
 
 
 def decode_value(buf: bytes) -> OffsetAndMetadata:
-    version, offset, epoch, timestamp = _VALUE_HEAD.unpack_from(buf, 0)
-    if version < VALUE_VERSION:
-        raise ValueError(f"unknown offset value version {version}")
-    # Later versions only append fields: read what we know.
-    metadata, _ = _get_str(buf, _VALUE_HEAD.size, _I32)
-    return OffsetAndMetadata(offset, epoch, metadata, timestamp)
+    """An offset's value: Kafka's OffsetCommitValue v3 or v4, or main's own (version 1:
+    offset, leader epoch, commit timestamp, metadata with an int32 length). Kafka's v1
+    is never written by us, and version 1 is read as ours."""
+    (version,) = _I16.unpack_from(buf, 0)
+    if version == OLD_VALUE_VERSION:
+        _, offset, epoch, timestamp = _OLD_VALUE_HEAD.unpack_from(buf, 0)
+        metadata, _ = _get_str(buf, _OLD_VALUE_HEAD.size, _I32)
+        return OffsetAndMetadata(offset, epoch, metadata, timestamp)
+    if version == 3:
+        _, offset, epoch = _OFFSET_VALUE_HEAD.unpack_from(buf, 0)
+        metadata, pos = _get_str(buf, _OFFSET_VALUE_HEAD.size, _I16)
+        (timestamp,) = _I64.unpack_from(buf, pos)
+        return OffsetAndMetadata(offset, epoch, metadata, timestamp)
+    if version == OFFSET_VALUE_VERSION:
+        _, offset, epoch = _OFFSET_VALUE_HEAD.unpack_from(buf, 0)
+        size, pos = _get_uvarint(buf, _OFFSET_VALUE_HEAD.size)
+        if size == 0 or pos + size - 1 > len(buf):
+            raise ValueError("bad metadata string")
+        metadata = buf[pos : pos + size - 1].decode()
+        (timestamp,) = _I64.unpack_from(buf, pos + size - 1)
+        # Tagged fields after it (Kafka's topic id): nothing we keep.
+        return OffsetAndMetadata(offset, epoch, metadata, timestamp)
+    raise ValueError(f"unknown offset value version {version}")
 
 
 def _put_nullable(out: bytearray, text: str | None) -> None:
@@ -271,13 +337,21 @@ def _get_bytes(buf: bytes, pos: int) -> tuple[bytes, int]:
 
 
 def encode_group_value(value: GroupRecord) -> bytes:
+    """Kafka's GroupMetadataValue v3: a group without a protocol type has "" (Kafka's
+    rule, read back as none), no state timestamp kept (-1, Kafka's default)."""
     out = bytearray(_I16.pack(GROUP_METADATA_VALUE_VERSION))
-    _put_nullable(out, value.protocol_type)
+    _put_str(out, value.protocol_type or "", _I16)
     out += _I32.pack(value.generation_id)
     _put_nullable(out, value.protocol_name)
     _put_nullable(out, value.leader_id)
-    out += _I32.pack(len(value.members))
-    for member in value.members:
+    out += _I64.pack(-1)  # currentStateTimestamp
+    _put_members(out, value.members)
+    return bytes(out)
+
+
+def _put_members(out: bytearray, members: Sequence[MemberRecord]) -> None:
+    out += _I32.pack(len(members))
+    for member in members:
         _put_str(out, member.member_id, _I16)
         _put_nullable(out, member.group_instance_id)
         _put_str(out, member.client_id, _I16)
@@ -286,19 +360,29 @@ def encode_group_value(value: GroupRecord) -> bytes:
         out += _I32.pack(member.session_timeout_ms)
         _put_bytes(out, member.subscription)
         _put_bytes(out, member.assignment)
-    return bytes(out)
 
 
 def decode_group_value(buf: bytes) -> GroupRecord:
+    """Kafka's GroupMetadataValue v3, or main's own (version 1: a nullable protocol type,
+    no state timestamp, the members as Kafka's v3 lays them out)."""
     (version,) = _I16.unpack_from(buf, 0)
-    if version != GROUP_METADATA_VALUE_VERSION:
-        # Members are laid out one after another, so a newer layout cannot be read in
+    if version == GROUP_METADATA_VALUE_VERSION:
+        protocol_type: str | None
+        protocol_type, pos = _get_str(buf, 2, _I16)
+        protocol_type = protocol_type or None
+        (generation,) = _I32.unpack_from(buf, pos)
+        protocol_name, pos = _get_nullable(buf, pos + _I32.size)
+        leader_id, pos = _get_nullable(buf, pos)
+        pos += _I64.size  # currentStateTimestamp
+    elif version == OLD_GROUP_METADATA_VALUE_VERSION:
+        protocol_type, pos = _get_nullable(buf, 2)
+        (generation,) = _I32.unpack_from(buf, pos)
+        protocol_name, pos = _get_nullable(buf, pos + _I32.size)
+        leader_id, pos = _get_nullable(buf, pos)
+    else:
+        # Members are laid out one after another, so another layout cannot be read in
         # part: the record is skipped and the group's members rejoin (one rebalance).
         raise ValueError(f"unknown group metadata value version {version}")
-    protocol_type, pos = _get_nullable(buf, 2)
-    (generation,) = _I32.unpack_from(buf, pos)
-    protocol_name, pos = _get_nullable(buf, pos + _I32.size)
-    leader_id, pos = _get_nullable(buf, pos)
     (count,) = _I32.unpack_from(buf, pos)
     pos += _I32.size
     if count < 0 or count > len(buf):
@@ -321,22 +405,22 @@ def decode_group_value(buf: bytes) -> GroupRecord:
 
 def encode_record(record: StoreRecord) -> tuple[bytes, bytes | None]:
     if isinstance(record, ShareGroupRecord):
-        out = bytearray(_I16.pack(record.key_version))
+        out = bytearray(_I16.pack(OWN_RECORD_BASE + record.key_version))
         _put_str(out, record.group_id, _I16)
         if record.key_version in SHARE_GROUP_MEMBER_KEY_VERSIONS:
             # 32 bits: a member id is the client's, of any length (a compact string).
             _put_str(out, record.member_id, _I32)
         return bytes(out), record.value
     if isinstance(record, ConsumerGroupSnapshot):
-        out = bytearray(_I16.pack(CONSUMER_GROUP_KEY_VERSION))
+        out = bytearray(_I16.pack(OWN_RECORD_BASE + CONSUMER_GROUP_KEY_VERSION))
         _put_str(out, record.group_id, _I16)
         return bytes(out), record.value
     if isinstance(record, GroupMetadata):
-        out = bytearray(_I16.pack(GROUP_METADATA_KEY_VERSION))
+        out = bytearray(_I16.pack(GROUP_METADATA_RECORD_TYPE))
         _put_str(out, record.group_id, _I16)
         return bytes(out), None if record.value is None else encode_group_value(record.value)
     if isinstance(record, TxnOffset):
-        out = bytearray(_I16.pack(TXN_OFFSET_KEY_VERSION))
+        out = bytearray(_I16.pack(OWN_RECORD_BASE + TXN_OFFSET_KEY_VERSION))
         _put_str(out, record.key.group_id, _I16)
         _put_str(out, record.key.topic, _I16)
         out += _I32.pack(record.key.partition)
@@ -344,7 +428,7 @@ def encode_record(record: StoreRecord) -> tuple[bytes, bytes | None]:
         out += _I16.pack(record.producer_epoch)
         return bytes(out), None if record.value is None else encode_value(record.value)
     if isinstance(record, TxnEnd):
-        out = bytearray(_I16.pack(TXN_END_KEY_VERSION))
+        out = bytearray(_I16.pack(OWN_RECORD_BASE + TXN_END_KEY_VERSION))
         _put_str(out, record.group_id, _I16)
         out += _I64.pack(record.producer_id)
         end = _TXN_END_VALUE.pack(TXN_END_VALUE_VERSION, record.producer_epoch, record.committed)
@@ -354,10 +438,29 @@ def encode_record(record: StoreRecord) -> tuple[bytes, bytes | None]:
 
 
 def decode_record(key: bytes, value: bytes | None) -> StoreRecord:
+    """A record of either numbering (module docstring): Kafka's types 1 and 2 and ours
+    from :data:`OWN_RECORD_BASE`, or main's key versions 1-11."""
     (version,) = _I16.unpack_from(key, 0)
-    if version == KEY_VERSION:
+    if version == KEY_VERSION:  # one key layout in both; the value tells (decode_value)
         return decode_key(key), None if value is None else decode_value(value)
-    if version == TXN_OFFSET_KEY_VERSION:
+    if version == GROUP_METADATA_RECORD_TYPE:
+        group_id, pos = _get_str(key, 2, _I16)
+        if pos == len(key):  # Kafka's GroupMetadata: the group alone
+            return GroupMetadata(group_id, None if value is None else decode_group_value(value))
+        return _decode_own(TXN_OFFSET_KEY_VERSION, key, value)  # main's staged offset
+    if version > OWN_RECORD_BASE:
+        return _decode_own(version - OWN_RECORD_BASE, key, value)
+    if version == GROUP_METADATA_KEY_VERSION:  # main's: the group, and our old value
+        group_id, _ = _get_str(key, 2, _I16)
+        return GroupMetadata(group_id, None if value is None else decode_group_value(value))
+    if version in (TXN_END_KEY_VERSION, CONSUMER_GROUP_KEY_VERSION, *SHARE_GROUP_KEY_VERSIONS):
+        return _decode_own(version, key, value)  # main's numbering: kind = key version
+    raise ValueError(f"unknown offset key version {version}")
+
+
+def _decode_own(kind: int, key: bytes, value: bytes | None) -> StoreRecord:
+    """One of our own records of ``kind``; its key's fields start after the version."""
+    if kind == TXN_OFFSET_KEY_VERSION:
         group_id, pos = _get_str(key, 2, _I16)
         topic, pos = _get_str(key, pos, _I16)
         (partition,) = _I32.unpack_from(key, pos)
@@ -365,7 +468,7 @@ def decode_record(key: bytes, value: bytes | None) -> StoreRecord:
         (epoch,) = _I16.unpack_from(key, pos + _I32.size + _I64.size)
         where = OffsetKey(group_id, topic, partition)
         return TxnOffset(producer_id, epoch, where, None if value is None else decode_value(value))
-    if version == TXN_END_KEY_VERSION:
+    if kind == TXN_END_KEY_VERSION:
         group_id, pos = _get_str(key, 2, _I16)
         (producer_id,) = _I64.unpack_from(key, pos)
         if value is None:
@@ -374,20 +477,17 @@ def decode_record(key: bytes, value: bytes | None) -> StoreRecord:
         if value_version < TXN_END_VALUE_VERSION:
             raise ValueError(f"unknown transaction end value version {value_version}")
         return TxnEnd(group_id, producer_id, epoch, bool(committed))
-    if version == GROUP_METADATA_KEY_VERSION:
-        group_id, _ = _get_str(key, 2, _I16)
-        return GroupMetadata(group_id, None if value is None else decode_group_value(value))
-    if version == CONSUMER_GROUP_KEY_VERSION:
+    if kind == CONSUMER_GROUP_KEY_VERSION:
         group_id, _ = _get_str(key, 2, _I16)
         return ConsumerGroupSnapshot(group_id, None if value is None else bytes(value))
-    if version in SHARE_GROUP_KEY_VERSIONS:
+    if kind in SHARE_GROUP_KEY_VERSIONS:
         group_id, pos = _get_str(key, 2, _I16)
         member_id = ""
-        if version in SHARE_GROUP_MEMBER_KEY_VERSIONS:
+        if kind in SHARE_GROUP_MEMBER_KEY_VERSIONS:
             member_id, _ = _get_str(key, pos, _I32)
         value = None if value is None else bytes(value)
-        return ShareGroupRecord(version, group_id, value, member_id)
-    raise ValueError(f"unknown offset key version {version}")
+        return ShareGroupRecord(kind, group_id, value, member_id)
+    raise ValueError(f"unknown record kind {OWN_RECORD_BASE + kind}")
 
 
 # ------------------------------------------------------------------------- the store

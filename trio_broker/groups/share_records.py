@@ -7,7 +7,8 @@ ShareGroupTargetAssignmentMetadata (the target's epoch), and per member its
 ShareGroupMemberMetadata (subscriptions, client), ShareGroupTargetAssignmentMember (its
 target) and ShareGroupCurrentMemberAssignment (its epochs and what it was told). This
 coordinator writes the same records, in our own binary layout (versioned like the
-offsets log's other values), and only those whose value changed: after it restarts or
+offsets log's other values, under record types of our own that Kafka's formatters skip:
+``offsets_store.OWN_RECORD_BASE`` + the record's kind), and only those whose value changed: after it restarts or
 the group moves to another broker, the group's share partitions are found (describe
 without topics, DeleteGroups, a topic's deletion) and its members go on heartbeating
 with the epochs they hold, as docs/share-groups.md says. No I/O, no Trio.
@@ -49,7 +50,8 @@ NAMES_ONLY_VALUE_VERSION = 1
 #: What version 2 stores for a topic whose id was not known when it was written.
 NO_TOPIC_ID = uuid.UUID(int=0)
 
-#: A stored record's key within its group: (key version, member id, "" for the group's).
+#: A stored record's key within its group: (its kind, ``offsets_store``'s
+#: ``SHARE_GROUP_*_KEY_VERSION``; member id, "" for the group's).
 RecordKey = tuple[int, str]
 
 _I16 = struct.Struct(">h")

@@ -20,7 +20,7 @@ above it (docs/architecture.md).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from trio_broker.security.credentials import CredentialStore
     from trio_broker.security.sasl import SaslSession
     from trio_broker.security.shared_store import SharedSecurity
+    from trio_broker.services.own_partition import OwnPartition
     from trio_broker.services.producers import ProducerStateRegistry
     from trio_broker.services.quotas import QuotaService
     from trio_broker.services.stats import BrokerStats
@@ -128,6 +129,13 @@ class Services(Protocol):
     def share_coordinator(self) -> PartitionedShareCoordinator:
         """The share coordinator of the ``__share_group_state`` partitions this broker
         leads (alone its one partition), and the way to the others'."""
+        ...
+
+    @property
+    def own_internal_topics(self) -> Mapping[str, OwnPartition]:
+        """Alone, the internal topics' one partition each, kept by this broker for its
+        coordinators (services/own_partition.py), which clients read as topics; in a
+        cluster none (they are the topic manager's)."""
         ...
 
     @property

@@ -331,6 +331,9 @@ def _describe(
         if not authorized(ctx, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, name):
             return [], ErrorCode.TOPIC_AUTHORIZATION_FAILED, "DESCRIBE_CONFIGS refused"
         topic = services.topics.get(name)
+        own = services.own_internal_topics.get(name)
+        if topic is None and own is not None and own.listed():  # a node alone's (Metadata)
+            topic = own.as_topic()
         configs = topic.info.configs if topic is not None else from_cluster.get(name)
         if isinstance(configs, TopicError):
             return [], configs.error_code, str(configs)

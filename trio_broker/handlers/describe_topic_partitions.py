@@ -53,8 +53,9 @@ def describe(
     cursor = request.cursor
     after = cursor.topic_name if cursor is not None else ""
     every_topic = not request.topics
+    listed = {*ctx.services.leaders.view.topics, *_own_listed(ctx)}
     if every_topic:
-        names = {name for name in ctx.services.leaders.view.topics if name >= after}
+        names = {name for name in listed if name >= after}
     else:
         names = {t.name for t in request.topics if t.name >= after}
         if cursor is not None and cursor.topic_name not in names:
@@ -77,7 +78,7 @@ def describe(
         if remaining == 0:  # the page is full at a topic's end: go on at the next one
             response.next_cursor = Resp.Cursor(topic_name=name, partition_index=0)
             break
-        if name not in ctx.services.leaders.view.topics:
+        if name not in listed:
             if not every_topic:
                 response.topics.append(_missing(name))
             continue
@@ -90,6 +91,11 @@ def describe(
         remaining -= len(topic.partitions)
     response.topics.extend(refused)
     return response
+
+
+def _own_listed(ctx: RequestContext) -> list[str]:
+    """A node alone's internal topics Metadata lists (handlers/metadata.py)."""
+    return [name for name, own in ctx.services.own_internal_topics.items() if own.listed()]
 
 
 def _page(ctx: RequestContext, name: str, start: int, count: int) -> tuple[Topic, int | None]:

@@ -5,10 +5,12 @@ answer comes from the cluster view (ZooKeeper's state as this broker last read i
 every live broker, each partition's leader, leader epoch, replicas, ISR and offline
 replicas, LEADER_NOT_AVAILABLE for a partition without a leader.
 
-``__consumer_offsets`` and ``__transaction_state`` are listed with ``is_internal``
-true, as Kafka does (pattern-subscribing clients skip internal topics). A broker
-alone keeps its group offsets and transaction state in private files, not topics, and
-lists neither (services/topics.py RESERVED_TOPICS).
+``__consumer_offsets`` and ``__transaction_state`` (and ``__share_group_state``) are
+listed with ``is_internal`` true, as Kafka does (pattern-subscribing clients skip
+internal topics unless told not to). A cluster's are the topic manager's; a node
+alone keeps each in its own file, one partition led by this broker from its start
+(services/own_partition.py), listed once it holds a record: Kafka makes an internal
+topic on its first use, not before.
 """
 
 from __future__ import annotations
@@ -25,9 +27,36 @@ from trio_broker.handlers.authorization import (
 from trio_broker.handlers.base import Deferred, RequestContext, handles, when_applied
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.services.local_replication import LOCAL_LEADER_EPOCH
+from trio_broker.services.own_partition import OwnPartition
 from trio_broker.services.topics import RESERVED_TOPICS, TopicError, validate_topic_name
 
 Resp = m.MetadataResponse
+
+
+def listed_own_topic(
+    ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None = None
+) -> OwnPartition | None:
+    """A node alone's internal topic of that name (or id), once Metadata lists it
+    (``OwnPartition.listed``); None otherwise, and always in a cluster."""
+    for own in ctx.services.own_internal_topics.values():
+        if (own.topic == name or (name is None and own.topic_id == topic_id)) and own.listed():
+            return own
+    return None
+
+
+def _own_topic_metadata(own: OwnPartition) -> Resp.MetadataResponseTopic:
+    """A node alone's internal topic: one partition, led here in the local epoch."""
+    me = [own.broker_id]
+    partition = Resp.MetadataResponseTopic.MetadataResponsePartition(
+        error_code=ErrorCode.NONE, partition_index=0, leader_id=own.broker_id,
+        leader_epoch=LOCAL_LEADER_EPOCH, replica_nodes=me, isr_nodes=list(me),
+        offline_replicas=[],
+    )  # fmt: skip
+    return Resp.MetadataResponseTopic(
+        error_code=ErrorCode.NONE, name=own.topic, topic_id=own.topic_id, is_internal=True,
+        partitions=[partition], topic_authorized_operations=-2147483648,
+    )  # fmt: skip
 
 
 def topic_metadata(
@@ -40,12 +69,18 @@ def topic_metadata(
     if name is None:
         assert topic_id is not None, "a topic is asked for by name or by id"
         info = view.topic_by_id(topic_id)
+        own = None if info is not None else listed_own_topic(ctx, None, topic_id)
+        if own is not None:
+            return _own_topic_metadata(own)
         if info is None:  # by id, as Kafka: the id echoed, no name
             return Resp.MetadataResponseTopic(
                 error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None, topic_id=topic_id, partitions=[]
             )
     else:
         info = view.topics.get(name)
+        own = None if info is not None else listed_own_topic(ctx, name)
+        if own is not None:
+            return _own_topic_metadata(own)
         if info is None:
             return Resp.MetadataResponseTopic(
                 error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if name
@@ -138,9 +173,13 @@ def describe(
     topics: list[Resp.MetadataResponseTopic] = []
     cluster_operations = -2147483648  # "not provided"
     if request.topics is None or (ctx.api_version == 0 and not request.topics):
+        internal = [
+            name for name, partition in ctx.services.own_internal_topics.items()
+            if name not in view.topics and partition.listed()
+        ]  # fmt: skip
         topics = [
             topic_metadata(ctx, name, None)
-            for name in sorted(view.topics)
+            for name in sorted([*view.topics, *internal])
             if authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name)  # hide the rest
         ]
     else:
@@ -154,8 +193,10 @@ def describe(
                 name = None
             if name is None:
                 known = view.topic_by_id(wanted.topic_id)
-                if known is not None and not authorized(
-                    ctx, Operation.DESCRIBE, ResourceType.TOPIC, known.name
+                by_id = None if known is not None else listed_own_topic(ctx, None, wanted.topic_id)
+                known_name = known.name if known is not None else by_id.topic if by_id else None
+                if known_name is not None and not authorized(
+                    ctx, Operation.DESCRIBE, ResourceType.TOPIC, known_name
                 ):
                     topics.append(
                         Resp.MetadataResponseTopic(
@@ -166,7 +207,7 @@ def describe(
                     continue
                 topics.append(topic_metadata(ctx, None, wanted.topic_id))
                 continue
-            exists = name in view.topics
+            exists = name in view.topics or listed_own_topic(ctx, name) is not None
             if not authorized(ctx, Operation.DESCRIBE, ResourceType.TOPIC, name) or (
                 not exists and auto and not may_create_topic(ctx, name)
             ):

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING
 import attrs
 
 from trio_broker.handlers.base import RequestContext
-from trio_broker.handlers.leadership import check_leader, missing_partition_error
+from trio_broker.handlers.leadership import check_leader, epoch_error, missing_partition_error
 from trio_broker.partition.partition import Partition
 from trio_broker.protocol.error_codes import ErrorCode
+from trio_broker.protocol.messages import ApiKey
 from trio_broker.protocol.schema import uses_topic_ids
+from trio_broker.services.topics import RESERVED_TOPICS
 
 if TYPE_CHECKING:
     from trio_broker.services.topics import Topic
@@ -44,11 +46,29 @@ def find_topic(
         missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     if topic is not None:
         return topic, topic.name, missing
+    own = _own_internal_topic(ctx, None if by_id else name, topic_id if by_id else None)
+    if own is not None:
+        return own, own.name, missing
     if by_id and topic_id is not None:
         held = ctx.services.leaders.view.topic_by_id(topic_id)
         if held is not None:  # a node alone holds every topic it has: only in a cluster
             return None, held.name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     return None, name or "", missing
+
+
+def _own_internal_topic(
+    ctx: RequestContext, name: str | None, topic_id: uuid.UUID | None
+) -> Topic | None:
+    """A node alone's internal topic (services/own_partition.py) of that name or id, to
+    read, once Metadata lists it (before its first record it does not exist yet, as in
+    Kafka). Never to Produce to: its log is its coordinator's alone (Kafka lets its own
+    admin client append to an internal topic; here the coordinator would not see it)."""
+    if ctx.header.api_key == ApiKey.PRODUCE:
+        return None
+    for own in ctx.services.own_internal_topics.values():
+        if (own.topic == name or (name is None and topic_id == own.topic_id)) and own.listed():
+            return own.as_topic()
+    return None
 
 
 def leading_partition(
@@ -66,6 +86,18 @@ def leading_partition(
     leader epoch that differs, then not the leader."""
     if topic is None or not 0 <= partition < len(topic.logs):
         return missing_partition_error(ctx, name, partition, missing)
+    own = (
+        ctx.services.own_internal_topics.get(topic.name) if topic.name in RESERVED_TOPICS else None
+    )
+    if own is not None and own.as_topic() is topic:
+        # A node alone's internal partition, led by its OwnPartition from start to end,
+        # not by the data path's replication: its own term, fenced as a node alone's.
+        own_led = topic.partitions[partition]
+        if current_leader_epoch != -1 and fence_alone:
+            fenced = epoch_error(current_leader_epoch, own_led.term.leader_epoch)
+            if fenced is not None:
+                return fenced
+        return own_led
     term = check_leader(ctx, topic.name, partition, current_leader_epoch, fence_alone=fence_alone)
     if isinstance(term, ErrorCode):
         return term

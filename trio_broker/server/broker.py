@@ -233,6 +233,10 @@ class Broker:
         #: for its table before clients come.
         self.groups: GroupCoordinator
         self.transactions: PartitionedTransactionCoordinator
+        #: Alone, those partitions by topic, which clients see as the topics' one
+        #: partition (services/own_partition.py); in a cluster the topics are the topic
+        #: manager's, and this stays empty.
+        self.own_internal_topics: dict[str, OwnPartition] = {}
         if clustered:
             self.groups = GroupCoordinator(
                 self, offsets_partitions=config.offsets_topic_num_partitions,
@@ -261,6 +265,8 @@ class Broker:
             own_transactions.elect = self.transactions.elected
             own_transactions.wait_loaded = partial(timers.wait_loaded, 0)
             self.services += [self.groups, own_offsets, timers, own_transactions]
+            self.own_internal_topics[CONSUMER_OFFSETS] = own_offsets
+            self.own_internal_topics[TRANSACTION_STATE] = own_transactions
         #: Share groups (KIP-932): membership, share partitions, share sessions.
         self.shares = ShareGroups(ShareGroupsConfig(
             session_timeout_ms=config.group_share_session_timeout_ms,
@@ -297,6 +303,7 @@ class Broker:
             own_shares.elect = self.share_coordinator.elected
             own_shares.wait_loaded = partial(share_loader.wait_loaded, 0)
             self.services += [share_loader, own_shares]
+            self.own_internal_topics[SHARE_GROUP_STATE] = own_shares
         self.share_coordinator.on_loaded = self._recall_share_groups
         #: Share groups whose deleted topics' share state is being deleted now.
         self._deleting_share_topics: set[str] = set()

@@ -14,18 +14,29 @@ watermark the durable end, a write counts once synced). The coordinators ask it,
 ask a cluster's replica manager, who leads the partition (this broker) and whether a
 leadership is on its way (never: it was there from the start).
 
+Clients see the partition as Kafka's single broker shows its internal topics
+(:meth:`OwnPartition.as_topic`): Metadata lists the topic with ``is_internal`` true once
+it holds a record (Kafka makes the topic on first use), and Fetch, ListOffsets and
+OffsetForLeaderEpoch read it as any partition this broker leads (a consumer may read
+``__consumer_offsets``: Kafka's ``OffsetsMessageFormatter`` does). Writes stay the
+coordinator's: Produce refuses an internal topic (handlers/produce.py).
+
 Sans-I/O: no trio. Opening the log is a file operation the shell runs off the event
 loop (``run_off_loop``), and the shell's task status is told when the table is loaded.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
+from trio_broker.partition.partition import coordinator_partition
 from trio_broker.replication.leader import AckState
 from trio_broker.services.cluster_view import PartitionInfo
 from trio_broker.services.local_replication import LOCAL_LEADER_EPOCH, LocalTerm, OwnLog
+from trio_broker.services.topics import Topic
+from trio_broker.storage.catalogue import TopicInfo
 from trio_broker.storage.log_protocol import Log
 
 if TYPE_CHECKING:
@@ -36,6 +47,14 @@ __all__ = ["OwnPartition"]
 #: A node alone's coordinator topics have one partition: every group, every
 #: transactional id is in it.
 OWN_PARTITIONS = 1
+#: The namespace of a node alone's internal topic ids: the id is derived from the name,
+#: so that it stays the same across restarts (no catalogue entry keeps it), as a
+#: cluster's stays in ZooKeeper.
+_INTERNAL_TOPIC_IDS = uuid.UUID("5f0c4a52-7a5e-4c55-9d2e-1b1c1f0a3e10")
+
+
+def internal_topic_id(topic: str) -> uuid.UUID:
+    return uuid.uuid5(_INTERNAL_TOPIC_IDS, topic)
 
 
 class Started(Protocol):
@@ -72,6 +91,9 @@ class OwnPartition:
         self._own: OwnLog | None = None
         me = (broker_id,)
         self._info = PartitionInfo(me, broker_id, LOCAL_LEADER_EPOCH, me)
+        self.topic_id = internal_topic_id(topic)
+        #: The partition as clients read it (:meth:`as_topic`), made once it is led.
+        self._topic: Topic | None = None
 
     @property
     def log(self) -> Log | None:
@@ -98,6 +120,29 @@ class OwnPartition:
         if self._own is not None:
             self._own.log.close()
             self._own = None
+            self._topic = None
+
+    def as_topic(self) -> Topic | None:
+        """The topic of one partition clients read, led here (the coordinator's own
+        :class:`~trio_broker.partition.partition.Partition` of the log, in this broker's
+        term); None before the log is open or after it is closed."""
+        own = self._own
+        if own is None:
+            return None
+        if self._topic is None or self._topic.logs[0] is not own.log:
+            info = TopicInfo(
+                name=self.topic, topic_id=self.topic_id, partitions=OWN_PARTITIONS,
+                configs={"cleanup.policy": "compact"},
+            )  # fmt: skip
+            led = coordinator_partition(self, self.topic, 0, own.log)
+            self._topic = Topic(info, [own.log], {0: led})
+        return self._topic
+
+    def listed(self) -> bool:
+        """Whether Metadata lists the topic: Kafka makes an internal topic on its first
+        use, so a coordinator's partition that never held a record is not there yet."""
+        own = self._own
+        return own is not None and own.log.log_end_offset > 0
 
     # What a coordinator asks its partitions' leadership (a cluster's replica manager).
 

@@ -23,7 +23,7 @@ from tests.unit.groups.test_group_state import (
 from trio_broker.config import BrokerConfig
 from trio_broker.groups.coordinator import GroupCoordinator, Waiter, store_error
 from trio_broker.groups.offsets_store import (
-    GROUP_METADATA_KEY_VERSION,
+    GROUP_METADATA_RECORD_TYPE,
     GroupMetadata,
     OffsetAndMetadata,
     OffsetKey,
@@ -68,7 +68,7 @@ RECORD = GroupRecord("consumer", 7, "range", "m1", MEMBERS)
 )
 def test_group_metadata_round_trips(record: GroupMetadata) -> None:
     key, value = encode_record(record)
-    assert int.from_bytes(key[:2], "big") == GROUP_METADATA_KEY_VERSION
+    assert int.from_bytes(key[:2], "big") == GROUP_METADATA_RECORD_TYPE  # Kafka's
     assert (value is None) == (record.value is None)
     assert decode_record(key, value) == record
 

@@ -39,6 +39,8 @@ class Services:
     topics: TopicManager
     config: BrokerConfig = attrs.Factory(lambda: BrokerConfig(node_id=1))
     authorizer: Any = None
+    #: A node alone's internal topics clients read: none here.
+    own_internal_topics: dict[str, Any] = attrs.Factory(dict)
 
     def monotonic_ms(self) -> float:
         return trio.current_time() * 1000

@@ -65,6 +65,8 @@ class Services:
     appends: FetchWaits = attrs.Factory(FetchWaits)
     stats: BrokerStats = attrs.Factory(BrokerStats)
     fetch_sessions: FetchSessionCache[Any, Any] = attrs.Factory(FetchSessionCache)
+    #: A node alone's internal topics clients read: none here.
+    own_internal_topics: dict[str, Any] = attrs.Factory(dict)
     shutting_down: bool = False
     replication: Any = None  # alone: no cluster
     transactions: Any = None  # no transaction coordinator

@@ -53,6 +53,8 @@ class Services:
     topics: TopicManager = attrs.Factory(lambda: TopicManager(None, LogConfig(), lambda: 0))
     authorizer: Any = None
     admin: Any = None
+    #: A node alone's internal topics clients read: none here.
+    own_internal_topics: dict[str, Any] = attrs.Factory(dict)
 
     def listener_name_for(self, connection_id: int | None) -> str:
         return "PLAINTEXT"

@@ -66,7 +66,9 @@ def context(
     # The producers' registry: the replication took its partitions with its entries.
     registry = producers if producers is not None else ProducerStateRegistry(None, lambda: 0)
     return SimpleNamespace(
-        services=SimpleNamespace(leaders=leaders, topics=topics, producers=registry),
+        services=SimpleNamespace(
+            leaders=leaders, topics=topics, producers=registry, own_internal_topics={}
+        ),
         header=RequestHeader(api_key, 7, 1, "guard"),
         api_version=7,
     )

@@ -114,6 +114,8 @@ class Services:
     durability: Immediate = attrs.Factory(Immediate)
     appends: FetchWaits = attrs.Factory(FetchWaits)
     stats: Any = None
+    #: A node alone's internal topics clients read: none here.
+    own_internal_topics: dict[str, Any] = attrs.Factory(dict)
     shutting_down: bool = False
     replication: Any = None
     transactions: Any = None
