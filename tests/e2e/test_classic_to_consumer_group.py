@@ -94,6 +94,23 @@ def group_type(conn: Any, group: str) -> str | None:
     return next((g.group_type for g in listed.groups if g.group_id == group), None)
 
 
+def described_members(conn: Any, group: str) -> dict[str, tuple[int, int, int]]:
+    """member id -> (type: 0 classic, 1 consumer; member epoch; partitions held), from
+    ConsumerGroupDescribe v1."""
+    answer = conn.request(m.ApiKey.CONSUMER_GROUP_DESCRIBE, 1,
+                          m.ConsumerGroupDescribeRequest(group_ids=[group]))  # fmt: skip
+    [described] = answer.groups
+    assert described.error_code == ErrorCode.NONE, described
+    return {
+        x.member_id: (
+            x.member_type,
+            x.member_epoch,
+            sum(len(t.partitions) for t in x.assignment.topic_partitions),
+        )
+        for x in described.members
+    }
+
+
 def each_owns(members: list[Member], count: int) -> Callable[[], bool]:
     """Every member owns ``count`` partitions, none two members at once (reading on)."""
 
@@ -127,6 +144,15 @@ def test_a_classic_member_shares_a_consumer_group(broker_process: FastHeartbeatB
         wait_until(each_owns([modern, classic], 2), "two partitions each")
         with broker_process.connect() as conn:
             assert group_type(conn, group) == "consumer"
+            before = described_members(conn, group)
+        # One classic member, one consumer-protocol member, two partitions each.
+        assert sorted((kind, held) for kind, _, held in before.values()) == [(0, 2), (1, 2)]
+        # Stored: a restarted broker has the same members, types, epochs and partitions,
+        # and they read on without a rebalance.
+        assert broker_process.stop() == 0
+        broker_process.start()
+        with broker_process.connect() as conn:
+            assert described_members(conn, group) == before
         wait_until(read_all([modern, classic], 40), "40 records")
         assert classic.read, "the classic member read nothing"
     finally:

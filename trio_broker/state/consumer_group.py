@@ -823,13 +823,19 @@ class ConsumerGroup:
         """KIP-848's upgrade of a live classic group whose protocol type is ``consumer``:
         its members become classic members of a consumer group at its generation, each
         keeping its assignment (the target assignment, until the next epoch). Raises
-        ValueError when a member's subscription or assignment does not decode."""
-        if group.protocol_type != CONSUMER_PROTOCOL_TYPE or group.protocol_name is None:
+        ValueError when a member's subscription or assignment does not decode.
+
+        A group rebalancing (its first join phase has no protocol yet; a member that
+        joined since may not support the last one) is converted too: such a member is
+        subscribed as its first protocol says, with nothing assigned, and rejoins."""
+        if group.protocol_type != CONSUMER_PROTOCOL_TYPE:
             raise ValueError(f"group {group.group_id!r} does not use the consumer protocol")
         generation = group.generation_id
         out = cls(group.group_id, config, group_epoch=generation, assignment_epoch=generation)
         for old in group.members.values():
-            subscription = decode_subscription(old.metadata_for(group.protocol_name))
+            protocols = dict(old.protocols)
+            metadata = protocols.get(group.protocol_name or "", old.protocols[0][1])
+            subscription = decode_subscription(metadata)
             assigned = decode_assignment(old.assignment)
             member = Member(
                 old.member_id, old.group_instance_id, subscription.rack_id, old.client_id,

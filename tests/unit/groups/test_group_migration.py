@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import attrs
 import trio
 import trio.testing
 
@@ -178,4 +179,28 @@ async def test_a_fenced_consumer_member_downgrades_the_group(
             assert error in (ErrorCode.NONE, ErrorCode.REBALANCE_IN_PROGRESS)
         assert "g" in coordinator.groups and "g" not in coordinator.consumer_groups
         assert list(coordinator.groups["g"].members) == [member]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_classic_group_in_its_first_join_phase_upgrades_too(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No generation yet, so no protocol chosen: the member is subscribed as its first
+    protocol says, its parked JoinGroup told to rejoin (a librdkafka member would take
+    GROUP_ID_NOT_FOUND for the consumer-protocol one as fatal)."""
+    async with trio.open_nursery() as nursery:
+        coordinator = await start(nursery)
+        coordinator.group_config = attrs.evolve(
+            coordinator.group_config, initial_rebalance_delay_ms=3000
+        )
+        parked = coordinator.join_group("g", join_request())
+        assert isinstance(parked, Waiter)  # the initial delay holds it
+        consumer_join(coordinator)
+        answered = await parked.wait()
+        assert isinstance(answered, JoinResult)
+        assert answered.error is ErrorCode.REBALANCE_IN_PROGRESS
+        group = coordinator.consumer_groups["g"]
+        rejoined = coordinator.join_group("g", join_request(answered.member_id), lambda: TOPICS)
+        assert isinstance(rejoined, JoinResult) and rejoined.error is ErrorCode.NONE
+        assert group.members[answered.member_id].subscribed == ("t",)
         nursery.cancel_scope.cancel()
