@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from tests.e2e import test_consumer_protocol as consumer_protocol
 from tests.e2e.test_consumer_protocol import (
@@ -77,6 +77,21 @@ class ClassicMember(Member):
         })  # fmt: skip
         self.consumer.subscribe([topic])
         self.read: list[str] = []
+
+    def step(self) -> None:
+        msg = self.consumer.poll(0.1)
+        if msg is None:
+            return
+        error = msg.error()
+        if error is not None:
+            # librdkafka reports a JoinGroup answered REBALANCE_IN_PROGRESS (a group that
+            # was upgraded while the join waited, as Kafka answers it) and rejoins.
+            assert not error.fatal() and error.code() == KafkaError.REBALANCE_IN_PROGRESS, error
+            return
+        value = msg.value()
+        assert value is not None
+        self.read.append(value.decode())
+        self.consumer.commit(message=msg, asynchronous=False)
 
 
 def consumer_heartbeat(conn: Any, group: str, topic: str) -> m.ConsumerGroupHeartbeatResponse:
