@@ -116,6 +116,10 @@ class BrokerConfig:
     group_consumer_session_timeout_ms: int = 45_000
     group_consumer_heartbeat_interval_ms: int = 5_000
     group_consumer_assignors: tuple[str, ...] = ("uniform", "range")
+    #: group.consumer.migration.policy (Kafka's values, lower case): whether a classic
+    #: group with members becomes a consumer group when a consumer-protocol member joins
+    #: (upgrade) and back when the last one leaves (downgrade).
+    group_consumer_migration_policy: str = "bidirectional"
     #: Share groups (KIP-932, docs/share-groups.md): a member's session and heartbeat
     #: interval, how long a delivered record stays locked to its consumer, how many
     #: deliveries a record gets before it is archived, and the in-flight records a share
@@ -443,6 +447,8 @@ def _apply_keys(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
             value = dirs[0] if dirs else value
         if field == "group_consumer_assignors":
             value = _assignors(key, value)
+        if field == "group_consumer_migration_policy":
+            value = _migration_policy(key, value)
         values[field] = value
     values.update(_listeners(typed))
     return values, static
@@ -456,6 +462,17 @@ def _assignors(key: str, value: Any) -> tuple[str, ...]:
     if not names or unknown:
         raise ConfigError(f"{key}: {value!r}: the assignors are uniform and range")
     return tuple(names)
+
+
+MIGRATION_POLICIES = ("bidirectional", "upgrade", "downgrade", "disabled")
+
+
+def _migration_policy(key: str, value: Any) -> str:
+    """group.consumer.migration.policy: one of Kafka's values, any case (as Kafka)."""
+    policy = str(value).strip().lower()
+    if policy not in MIGRATION_POLICIES:
+        raise ConfigError(f"{key}: {value!r}: one of {', '.join(MIGRATION_POLICIES)}")
+    return policy
 
 
 def _precedence(key: str) -> int:

@@ -149,7 +149,7 @@ _KAFKA_KEYS = [
     _key("group.consumer.max.heartbeat.interval.ms", INT, "15000"),
     _key("group.consumer.max.session.timeout.ms", INT, "60000"),
     _key("group.consumer.max.size", INT, "2147483647"),
-    _key("group.consumer.migration.policy", STRING, "bidirectional"),
+    _key("group.consumer.migration.policy", STRING, "bidirectional", APPLIED, "group_consumer_migration_policy"),
     _key("group.consumer.min.assignment.interval.ms", INT, "0"),
     _key("group.consumer.min.heartbeat.interval.ms", INT, "5000"),
     _key("group.consumer.min.session.timeout.ms", INT, "45000"),
@@ -569,7 +569,7 @@ _INERT_REASONS: tuple[tuple[tuple[str, ...], str], ...] = (
     (
         ("group.consumer.", "group.coordinator.rebalance.protocols"),
         "the classic and consumer (KIP-848) protocols are both on; KIP-848 groups have no "
-        "size or interval bounds and no migration yet (docs/consumer-groups.md)",
+        "size or interval bounds (docs/consumer-groups.md)",
     ),
     (("log.cleaner.",), "one cleaner thread whose key map is a dict (docs/compaction.md)"),
     (

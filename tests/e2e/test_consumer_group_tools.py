@@ -5,7 +5,9 @@ group as a Consumer group (ListGroups with types), describes its members with th
 epochs and assignments and its state and assignor (ConsumerGroupDescribe) and its
 offsets and lag (OffsetFetch, ListOffsets); once the members are gone it resets the
 group's offsets to the earliest (OffsetCommit as an admin) and deletes the group
-(DeleteGroups). Issue 32 asks that Kafka's tool describe such groups.
+(DeleteGroups). Issue 32 asks that Kafka's tool describe such groups; a mixed group (a
+classic member in it, KIP-848's migration) is described with each member's type
+(ConsumerGroupDescribe v1's MemberType: the tool's UPGRADED column).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import uuid
 import pytest
 
 from tests.e2e import test_consumer_protocol as consumer_protocol
+from tests.e2e.test_classic_to_consumer_group import ClassicMember, each_owns
 from tests.e2e.test_consumer_protocol import (
     PARTITIONS,
     FastHeartbeatBroker,
@@ -93,3 +96,27 @@ def test_kafka_consumer_groups_describes_a_consumer_protocol_group(
     deleted = consumer_groups(tools_classpath, broker.bootstrap, "--delete", "--group", group)
     assert "successful" in deleted, deleted
     assert rows(consumer_groups(tools_classpath, broker.bootstrap, "--list", "--type"), group) == []
+
+
+def test_kafka_consumer_groups_tells_classic_members_from_consumer_ones(
+    broker: FastHeartbeatBroker, tools_classpath: str
+) -> None:
+    topic, group = f"cg-mixed-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    make_topic(broker.bootstrap, topic, RECORDS)
+    modern = Member(broker.bootstrap, group, topic, "modern")
+    classic: ClassicMember | None = None
+    try:
+        wait_until(lambda: modern.step() or len(modern.owned()) == PARTITIONS, "modern's four")
+        classic = ClassicMember(broker.bootstrap, group, topic, "classic")
+        wait_until(each_owns([modern, classic], PARTITIONS // 2), "two partitions each")
+        members = consumer_groups(tools_classpath, broker.bootstrap, "--describe", "--group", group,
+                                  "--members", "--verbose")  # fmt: skip
+        header = next(line.split() for line in members.splitlines() if "UPGRADED" in line)
+        upgraded = header.index("UPGRADED")
+        types = {row[header.index("CLIENT-ID")]: row[upgraded] for row in rows(members, group)}
+        # The consumer-protocol member is "upgraded", the classic one is not.
+        assert types == {"modern": "true", "classic": "false"}, members
+    finally:
+        modern.consumer.close()
+        if classic is not None:
+            classic.consumer.close()

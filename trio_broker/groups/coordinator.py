@@ -83,6 +83,7 @@ from trio_broker.state.consumer_group import (
     JOIN_EPOCH,
     LEAVE_EPOCH,
     STATIC_LEAVE_EPOCH,
+    ClassicJoin,
     ConsumerGroup,
     ConsumerGroupConfig,
     Heartbeat,
@@ -235,6 +236,11 @@ class GroupCoordinator:
         #: Called with a partition this broker stopped leading, after its groups went
         #: (the broker drops its share groups' membership too).
         self.on_partition_resigned: Callable[[int], None] | None = None
+        #: group.consumer.migration.policy: may a live classic group become a consumer
+        #: group (upgrade) and back (downgrade)? Empty groups always may.
+        policy = config.group_consumer_migration_policy
+        self.upgrade_enabled: bool = policy in ("bidirectional", "upgrade")
+        self.downgrade_enabled: bool = policy in ("bidirectional", "downgrade")
         self.consumer_group_config = ConsumerGroupConfig(
             session_timeout_ms=config.group_consumer_session_timeout_ms,
             heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
@@ -475,10 +481,12 @@ class GroupCoordinator:
         for consumer_group in list(self.consumer_groups.values()):
             deadline = consumer_group.next_deadline()
             if deadline is not None and deadline <= now_ms:
+                view = self._migration_view(consumer_group)
                 for member_id in consumer_group.advance_to(now_ms):
                     log.info("group %r: member %s fenced (session or rebalance timeout)",
                              consumer_group.group_id, member_id)  # fmt: skip
-                if self.coordinator_error(consumer_group.group_id) is ErrorCode.NONE:
+                led_here = self.coordinator_error(consumer_group.group_id) is ErrorCode.NONE
+                if led_here and not self._maybe_downgrade(consumer_group, view):
                     self._store_consumer_group(consumer_group)
 
     def cleanup(self, now_ms: int) -> None:
@@ -619,18 +627,20 @@ class GroupCoordinator:
         if self._stored_snapshots.pop(group_id, None) is not None:
             self._store_nowait(ConsumerGroupSnapshot(group_id, None))
 
-    def _store_nowait(self, record: GroupMetadata | ConsumerGroupSnapshot) -> None:
-        """Write a group's metadata without waiting (an Empty group, a tombstone): a lost
+    def _store_nowait(self, *records: GroupMetadata | ConsumerGroupSnapshot) -> None:
+        """Write a group's metadata without waiting (an Empty group, a tombstone; a
+        migration's tombstone of one form and the other form, in one batch): a lost
         write only means the group loads as it was before, and its members rejoin. A
         LeaveGroup that emptied the group waits for it (:meth:`wait_group_stored`)."""
+        group_id = records[0].group_id
         try:
-            write = self.append_offsets([record])
+            write = self.append_offsets(list(records))
         except KafkaError as exc:  # the disk failed, or leadership just moved
-            log.warning("could not store group %r: %s", record.group_id, exc)
+            log.warning("could not store group %r: %s", group_id, exc)
             return
         assert write.store is not None
         write.store.apply(write)
-        self._group_writes[record.group_id] = write
+        self._group_writes[group_id] = write
 
     def group_write_pending(self, group_id: str) -> bool:
         return group_id in self._group_writes
@@ -716,14 +726,20 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ group membership
 
-    def join_group(self, group_id: str, request: JoinRequest) -> JoinResult | Waiter:
-        """The answer now, or a waiter that gets it when the join phase ends."""
+    def join_group(
+        self, group_id: str, request: JoinRequest,
+        metadata: Callable[[], Mapping[str, int]] = dict,
+    ) -> JoinResult | Waiter:  # fmt: skip
+        """The answer now, or a waiter that gets it when the join phase ends.
+
+        A consumer-protocol group with members takes the member in as a classic member
+        (KIP-848's migration; ``metadata`` gives every topic's partition count, for its
+        subscription); the answer waits for the group's write (:meth:`wait_group_stored`).
+        An empty one makes way for a classic group (its offsets kept), as in Kafka."""
         consumer_group = self.consumer_groups.get(group_id)
         if consumer_group is not None:
-            if not consumer_group.is_empty():  # no classic members in KIP-848 groups yet
-                return JoinResult(
-                    ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=request.member_id
-                )
+            if not consumer_group.is_empty():
+                return self._classic_join_to_consumer_group(consumer_group, request, metadata())
             self._forget_consumer_group(group_id)
         group = self.groups.get(group_id)
         if group is None:
@@ -738,10 +754,40 @@ class GroupCoordinator:
         self._dispatch(group, outcome.replies, before)
         return self._settled(waiter, outcome.result)
 
+    def _classic_join_to_consumer_group(
+        self, group: ConsumerGroup, request: JoinRequest, metadata: Mapping[str, int]
+    ) -> JoinResult:
+        join = ClassicJoin(
+            member_id=request.member_id, instance_id=request.group_instance_id,
+            protocol_type=request.protocol_type, protocols=request.protocols,
+            session_timeout_ms=request.session_timeout_ms,
+            rebalance_timeout_ms=request.rebalance_timeout_ms, client_id=request.client_id,
+            client_host=request.client_host,
+            require_known_member_id=(
+                request.require_known_member_id and not request.member_id
+                and request.group_instance_id is None
+            ),
+        )  # fmt: skip
+        bounds = self.group_config
+        timeout = join.session_timeout_ms
+        if not bounds.min_session_timeout_ms <= timeout <= bounds.max_session_timeout_ms:
+            return JoinResult(ErrorCode.INVALID_SESSION_TIMEOUT, member_id=request.member_id)
+        result = group.classic_join(join, self.clock_ms(), metadata, str(uuid.uuid4()))
+        if result.error is ErrorCode.NONE:
+            self._store_consumer_group(group)
+            self._poke()  # its sync deadline may come first
+        return result
+
     def sync_group(
         self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int,
         protocol_type: str | None, protocol_name: str | None, assignments: Mapping[str, bytes],
     ) -> SyncResult | Waiter:  # fmt: skip
+        consumer_group = self.consumer_groups.get(group_id)
+        if consumer_group is not None:  # a classic member of a consumer-protocol group
+            return consumer_group.classic_sync(
+                member_id, group_instance_id, generation_id, protocol_type, protocol_name,
+                self.clock_ms(),
+            )  # fmt: skip
         group = self.groups.get(group_id)
         if group is None:
             return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)
@@ -759,6 +805,14 @@ class GroupCoordinator:
     def heartbeat(
         self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int
     ) -> ErrorCode:
+        consumer_group = self.consumer_groups.get(group_id)
+        if consumer_group is not None:  # a classic member of a consumer-protocol group
+            error = consumer_group.classic_heartbeat(
+                member_id, group_instance_id, generation_id, self.clock_ms()
+            )
+            if error is ErrorCode.REBALANCE_IN_PROGRESS:
+                self._poke()  # its join deadline may come first
+            return error
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
@@ -770,6 +824,12 @@ class GroupCoordinator:
         self, group_id: str, members: Sequence[tuple[str, str | None]]
     ) -> list[ErrorCode]:
         """One error per (member id, group instance id)."""
+        consumer_group = self.consumer_groups.get(group_id)
+        if consumer_group is not None:  # classic members of a consumer-protocol group
+            results = [consumer_group.classic_leave(m, i) for m, i in members]
+            if ErrorCode.NONE in results:
+                self._store_consumer_group(consumer_group)
+            return results
         group = self.groups.get(group_id)
         if group is None:
             return [ErrorCode.UNKNOWN_MEMBER_ID] * len(members)
@@ -817,10 +877,18 @@ class GroupCoordinator:
         if group is None:
             classic = self.groups.get(group_id)
             if classic is not None:
-                if request.member_epoch != JOIN_EPOCH or not classic.is_empty():
+                if request.member_epoch != JOIN_EPOCH:
                     return HeartbeatResult(
                         ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group"
                     )
+                if not classic.is_empty():
+                    upgraded = self._upgrade(classic)
+                    if upgraded is None:
+                        return HeartbeatResult(
+                            ErrorCode.GROUP_ID_NOT_FOUND,
+                            f"Group {group_id} is not a consumer group",
+                        )
+                    return self._consumer_heartbeat(upgraded, request, metadata, describable)
                 # An empty classic group makes way (its committed offsets stay).
                 classic.delete(self.clock_ms())
                 del self.groups[group_id]
@@ -838,8 +906,19 @@ class GroupCoordinator:
             group = self.consumer_groups[group_id] = ConsumerGroup(
                 group_id, self.consumer_group_config
             )
+        return self._consumer_heartbeat(group, request, metadata, describable)
+
+    def _consumer_heartbeat(
+        self,
+        group: ConsumerGroup,
+        request: Heartbeat,
+        metadata: Mapping[str, int],
+        describable: Callable[[str], bool] | None,
+    ) -> HeartbeatResult:
+        view = self._migration_view(group)
         result = group.heartbeat(request, self.clock_ms(), metadata, str(uuid.uuid4()), describable)
-        self._store_consumer_group(group)
+        if not self._maybe_downgrade(group, view):
+            self._store_consumer_group(group)
         member = group.members.get(result.member_id or "")
         if request.member_epoch == JOIN_EPOCH or (
             member is not None and member.state is MemberState.UNREVOKED_PARTITIONS
@@ -849,6 +928,75 @@ class GroupCoordinator:
 
     def consumer_group(self, group_id: str) -> ConsumerGroup | None:
         return self.consumer_groups.get(group_id)
+
+    # ------------------------------------------------------------------ migration (KIP-848)
+
+    def _upgrade(self, classic: Group) -> ConsumerGroup | None:
+        """A ConsumerGroupHeartbeat joins a classic group with members: when the policy
+        allows and the group uses the consumer protocol, it becomes a consumer group
+        whose classic members keep their partitions (Kafka's online upgrade). Its
+        parked JoinGroup/SyncGroup requests are answered REBALANCE_IN_PROGRESS (their
+        members rejoin the new group); the classic record gets its tombstone with the
+        new group's first snapshot. None: the group stays classic."""
+        group_id = classic.group_id
+        if not self.upgrade_enabled:
+            log.info("group %r: online upgrade to a consumer group disabled by "
+                     "group.consumer.migration.policy", group_id)  # fmt: skip
+            return None
+        try:
+            group = ConsumerGroup.from_classic(classic, self.consumer_group_config, self.clock_ms())
+        except ValueError as exc:
+            log.info("group %r: not upgraded to a consumer group: %s", group_id, exc)
+            return None
+        for member in classic.members.values():
+            for waiter in member.join_waiters:
+                assert isinstance(waiter, Waiter)
+                waiter.set(JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, member_id=member.member_id))
+            for waiter in member.sync_waiters:
+                assert isinstance(waiter, Waiter)
+                waiter.set(SyncResult(ErrorCode.REBALANCE_IN_PROGRESS))
+            member.join_waiters, member.sync_waiters = [], []
+        del self.groups[group_id]
+        self._group_writes.pop(group_id, None)
+        self.consumer_groups[group_id] = group
+        raw = group.encode()
+        self._stored_snapshots[group_id] = raw
+        self._store_nowait(GroupMetadata(group_id, None), ConsumerGroupSnapshot(group_id, raw))
+        log.info("group %r: classic group of generation %d upgraded to a consumer group",
+                 group_id, classic.generation_id)  # fmt: skip
+        return group
+
+    @staticmethod
+    def _migration_view(group: ConsumerGroup) -> tuple[bool, int]:
+        """Before a step that may remove members: (does a consumer-protocol member
+        remain, the group epoch) -- what :meth:`_maybe_downgrade` compares with."""
+        return any(m.classic is None for m in group.members.values()), group.group_epoch
+
+    def _maybe_downgrade(self, group: ConsumerGroup, view: tuple[bool, int]) -> bool:
+        """The last consumer-protocol member left (or was fenced) and classic members
+        remain: when the policy allows, the group becomes a classic group again at the
+        epoch it had before they went (the generation its reconciled members hold), each
+        member assigned its target, and rebalances (Kafka's online downgrade). Its
+        snapshot gets a tombstone with the classic record. True if it did."""
+        had_consumer_members, epoch_before = view
+        if not (had_consumer_members and group.all_classic() and self.downgrade_enabled):
+            return False
+        group_id = group.group_id
+        now = self.clock_ms()
+        try:
+            record = group.classic_record(epoch_before)
+            classic = Group.restore(group_id, record, self.group_config, now)
+        except ValueError as exc:
+            log.warning("group %r: not downgraded to a classic group: %s", group_id, exc)
+            return False
+        del self.consumer_groups[group_id]
+        self._stored_snapshots.pop(group_id, None)
+        self.groups[group_id] = classic
+        self._store_nowait(ConsumerGroupSnapshot(group_id, None), GroupMetadata(group_id, record))
+        self._dispatch(classic, classic.rebalance(now), GroupState.STABLE)
+        log.info("group %r: downgraded to a classic group (generation %d), rebalancing",
+                 group_id, record.generation_id)  # fmt: skip
+        return True
 
     def commit_partition_error(
         self, group_id: str, member_id: str, epoch: int, topic: str, partition: int
@@ -1002,8 +1150,9 @@ class GroupCoordinator:
             led = self.led.get(store.partition)
             if led is None or led.store is not store:
                 break  # leadership moved meanwhile: the new leader has the groups
-            if group_id not in self.groups and store.has_offsets(group_id):
-                self._group(group_id)
+            known = group_id in self.groups or group_id in self.consumer_groups
+            if not known and store.has_offsets(group_id):
+                self._group(group_id)  # (a group id is in one table at most)
 
     # ------------------------------------------------------------------ transactions
 

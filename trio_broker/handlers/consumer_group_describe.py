@@ -18,6 +18,8 @@ from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.state.consumer_group import Assignment
 
 Resp = m.ConsumerGroupDescribeResponse
+#: ConsumerGroupDescribe v1's MemberType (v0 leaves it out; -1 is "unknown").
+CLASSIC_MEMBER, CONSUMER_MEMBER = 0, 1
 Group = Resp.DescribedGroup
 
 
@@ -78,6 +80,8 @@ async def handle_consumer_group_describe(
                 subscribed_topic_regex=member.regex,
                 assignment=assignment(member.assigned),
                 target_assignment=assignment(group.target.get(member.member_id, frozenset())),
+                # v1 (KIP-1099): 0 a classic member (KIP-848's migration), 1 a consumer one.
+                member_type=CLASSIC_MEMBER if member.classic is not None else CONSUMER_MEMBER,
             )
             for member in group.members.values()
         ]

@@ -26,6 +26,7 @@ from trio_broker.handlers.authorization import (
     authorized_operations,
 )
 from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.handlers.consumer_group_heartbeat import topic_table
 from trio_broker.handlers.share_persist import persist
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
@@ -105,9 +106,26 @@ async def handle_join_group(
         require_known_member_id=version >= 4,
         supports_skip_assignment=version >= 9,
     )
-    outcome = coordinator(ctx).join_group(request.group_id, join)
+    groups = coordinator(ctx)
+
+    def partition_counts() -> dict[str, int]:
+        # Only asked for a classic member of a consumer-protocol group (its subscription).
+        return {name: count for name, (_, count) in topic_table(ctx).items()}
+
+    outcome = groups.join_group(request.group_id, join, partition_counts)
     if isinstance(outcome, JoinResult):
-        return join_response(version, outcome)
+        consumer_group = groups.consumer_group(request.group_id)
+        if consumer_group is None or not groups.group_write_pending(request.group_id):
+            return join_response(version, outcome)
+        joined = outcome
+
+        async def when_stored() -> m.JoinGroupResponse:
+            # A classic member of a consumer-protocol group: answered once the group's
+            # new epoch and assignment are stored, as a ConsumerGroupHeartbeat is.
+            await groups.wait_group_stored(request.group_id)
+            return join_response(version, joined)
+
+        return Deferred(when_stored)
     waiter: Waiter = outcome
 
     async def when_joined() -> m.JoinGroupResponse:

@@ -707,6 +707,7 @@ if TYPE_CHECKING:
                 subscribed_topic_regex: str | None
                 assignment: Assignment
                 target_assignment: Assignment
+                member_type: int
 
                 def __init__(
                     self,
@@ -721,6 +722,7 @@ if TYPE_CHECKING:
                     subscribed_topic_regex: str | None = ...,
                     assignment: Assignment = ...,
                     target_assignment: Assignment = ...,
+                    member_type: int = ...,
                 ) -> None: ...
 
             error_code: int

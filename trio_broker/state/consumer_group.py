@@ -31,8 +31,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
+from trio_broker.protocol.consumer_protocol import (
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    metadata_version,
+)
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.protocol.patterns import InvalidPattern, Pattern, compile_pattern
+from trio_broker.state.group import (
+    Group,
+    GroupRecord,
+    JoinResult,
+    MemberRecord,
+    SyncResult,
+)
 
 TopicPartition = tuple[str, int]
 Assignment = frozenset[TopicPartition]
@@ -125,6 +138,40 @@ class HeartbeatResult:
     assignment: Assignment | None = None
 
 
+@attrs.frozen
+class ClassicMetadata:
+    """What a classic member (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) of a
+    consumer-protocol group sent in its JoinGroup (Kafka's ClassicMemberMetadata)."""
+
+    session_timeout_ms: int
+    #: (name, metadata) in the member's order of preference. The first is the protocol
+    #: its JoinGroup is answered with, and its metadata the subscription.
+    protocols: tuple[tuple[str, bytes], ...]
+
+    @property
+    def protocol_name(self) -> str:
+        return self.protocols[0][0]
+
+    def metadata_for(self, name: str) -> bytes:
+        return next((meta for n, meta in self.protocols if n == name), b"")
+
+
+@attrs.frozen
+class ClassicJoin:
+    """One JoinGroup to a consumer-protocol group with members."""
+
+    member_id: str
+    instance_id: str | None
+    protocol_type: str
+    protocols: tuple[tuple[str, bytes], ...]
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    client_id: str = ""
+    client_host: str = ""
+    #: JoinGroup v4+ from a dynamic member without an id: answered MEMBER_ID_REQUIRED.
+    require_known_member_id: bool = False
+
+
 @attrs.define(eq=False)
 class Member:
     member_id: str
@@ -152,6 +199,12 @@ class Member:
     #: topics it matched at the member's last heartbeat that it may describe.
     regex: str | None = None
     resolved: tuple[str, ...] = ()
+    #: Set for a member that speaks the classic protocol (KIP-848's migration): its
+    #: session is its JoinGroup's, its partitions reach it through SyncGroup.
+    classic: ClassicMetadata | None = None
+    #: A classic member asked to rejoin (or to send SyncGroup after its JoinGroup) is
+    #: fenced if it has not by then (Kafka's join and sync timeouts). Not stored.
+    classic_deadline_ms: int | None = None
 
     def topics(self) -> tuple[str, ...]:
         """The topics the member subscribes to: by name, and by its regex."""
@@ -320,6 +373,14 @@ class ConsumerGroup:
     def is_empty(self) -> bool:
         return not self.members
 
+    def classic_members(self) -> list[Member]:
+        return [m for m in self.members.values() if m.classic is not None]
+
+    def all_classic(self) -> bool:
+        """Every member (at least one) speaks the classic protocol: the group may go
+        back to a classic group (KIP-848's downgrade)."""
+        return bool(self.members) and all(m.classic is not None for m in self.members.values())
+
     def static_member(self, instance_id: str) -> Member | None:
         return next((m for m in self.members.values() if m.instance_id == instance_id), None)
 
@@ -339,6 +400,11 @@ class ConsumerGroup:
             m.rebalance_deadline_ms
             for m in self.members.values()
             if m.rebalance_deadline_ms is not None
+        ]
+        deadlines += [
+            m.classic_deadline_ms
+            for m in self.members.values()
+            if m.classic_deadline_ms is not None
         ]
         return min(deadlines, default=None)
 
@@ -408,6 +474,8 @@ class ConsumerGroup:
         if request.instance_id is not None:
             member.instance_id = request.instance_id
         member.client_id, member.client_host = request.client_id, request.client_host
+        # A member that heartbeats speaks the consumer protocol now.
+        member.classic, member.classic_deadline_ms = None, None
         self.members[member.member_id] = member
 
         bump = is_new or member.subscribed != before[0] or member.regex != before[2]
@@ -574,6 +642,251 @@ class ConsumerGroup:
             assert holder == member.member_id, f"{tp} given to {member.member_id}, held by {holder}"
         member.assigned, member.pending_revocation = assigned, pending
 
+    # -------------------------------------------------------------- classic members
+
+    def supports_classic_protocols(self, protocol_type: str, names: Iterable[str]) -> bool:
+        """A classic member may join with protocol type ``consumer`` and a protocol
+        every classic member already in the group supports (Kafka's rule)."""
+        names = set(names)
+        if protocol_type != CONSUMER_PROTOCOL_TYPE or not names:
+            return False
+        classic = self.classic_members()
+        return any(all(n in dict(m.classic.protocols) for m in classic if m.classic) for n in names)
+
+    def classic_join(
+        self, request: ClassicJoin, now_ms: int, metadata: Mapping[str, int], new_member_id: str
+    ) -> JoinResult:
+        """A JoinGroup: the member joins (or rejoins) as a classic member, subscribed to
+        what its first protocol's metadata names, and moves one step towards its target
+        assignment with the partitions it says it still owns. Answered with its member
+        epoch as the generation, its first protocol, and no leader: the coordinator
+        assigns, so no member runs an assignor."""
+        member_id = request.member_id or new_member_id
+        if not self.supports_classic_protocols(
+            request.protocol_type, (name for name, _ in request.protocols)
+        ):
+            return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=request.member_id)
+        if request.require_known_member_id:
+            # Kafka keeps no pending ids here: the member comes back with this one.
+            return JoinResult(ErrorCode.MEMBER_ID_REQUIRED, member_id=member_id)
+        try:
+            subscription = decode_subscription(request.protocols[0][1])
+        except ValueError:
+            return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=request.member_id)
+        try:
+            member = self._classic_member_for(request, member_id)
+        except Refused as refused:
+            return JoinResult(refused.code, member_id=request.member_id)
+        is_new = member.member_id not in self.members
+        before = member.subscribed
+        member.subscribed = tuple(sorted(set(subscription.topics)))
+        member.regex, member.resolved = None, ()
+        member.rebalance_timeout_ms = request.rebalance_timeout_ms
+        if subscription.rack_id is not None:
+            member.rack_id = subscription.rack_id
+        if request.instance_id is not None:
+            member.instance_id = request.instance_id
+        member.client_id, member.client_host = request.client_id, request.client_host
+        member.classic = ClassicMetadata(request.session_timeout_ms, request.protocols)
+        self.members[member.member_id] = member
+
+        bump = is_new or member.subscribed != before
+        wanted = {t for m in self.members.values() for t in m.topics()}
+        fresh = {t: n for t in sorted(wanted) if (n := metadata.get(t, 0)) > 0}
+        if fresh != self.subscription_metadata:
+            self.subscription_metadata = fresh
+            bump = True
+        if bump:
+            self.group_epoch += 1
+        if self.group_epoch > self.assignment_epoch:
+            self._compute_target()
+        # Its subscription's owned partitions (none before v1: an eager consumer gave
+        # everything up before rejoining) say what it has released.
+        self._reconcile(member, subscription.owned, now_ms)
+        member.session_deadline_ms = now_ms + request.session_timeout_ms
+        # It must send SyncGroup within its rebalance timeout (Kafka's sync timeout).
+        member.classic_deadline_ms = now_ms + member.rebalance_timeout_ms
+        return JoinResult(
+            ErrorCode.NONE, generation_id=member.epoch, protocol_type=CONSUMER_PROTOCOL_TYPE,
+            protocol_name=member.classic.protocol_name, leader_id="", member_id=member.member_id,
+        )  # fmt: skip
+
+    def _classic_member_for(self, request: ClassicJoin, member_id: str) -> Member:
+        instance_id = request.instance_id
+        if instance_id is None:
+            # Any id joins, as Kafka: the one MEMBER_ID_REQUIRED handed out (no pending
+            # ids are kept), or one from before a restart.
+            return self.members.get(member_id) or Member(member_id)
+        static = self.static_member(instance_id)
+        if static is None:
+            return self.members.get(member_id) or Member(member_id, instance_id)
+        if static.member_id == member_id:
+            return static
+        if request.member_id:
+            raise Refused(ErrorCode.FENCED_INSTANCE_ID, f"Instance {instance_id} is fenced.")
+        return self._replace(static, member_id)  # the instance is back under a new id
+
+    def _classic_member(
+        self, member_id: str, instance_id: str | None, generation_id: int | None
+    ) -> Member:
+        """The classic member a SyncGroup/Heartbeat/LeaveGroup is from; raises Refused."""
+        if instance_id is None:
+            member = self.members.get(member_id)
+        else:
+            member = self.static_member(instance_id)
+            if member is not None and member_id and member.member_id != member_id:
+                raise Refused(ErrorCode.FENCED_INSTANCE_ID, f"Instance {instance_id} is fenced.")
+        if member is None or member.classic is None:
+            raise Refused(
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                f"Member {member_id} is not a classic member of group {self.group_id}.",
+            )
+        if generation_id is not None and generation_id != member.epoch:
+            raise Refused(ErrorCode.ILLEGAL_GENERATION, f"Generation {generation_id} is stale.")
+        return member
+
+    def _must_rejoin(self, member: Member, now_ms: int) -> bool:
+        """Kafka's rule for a classic member: rejoin when the group epoch moved past its
+        own, when it must give partitions up, or when partitions held back from it are
+        free now. Asking starts its join timeout (its rebalance timeout)."""
+        if not (
+            member.epoch < self.group_epoch
+            or member.state is MemberState.UNREVOKED_PARTITIONS
+            or (
+                member.state is MemberState.UNRELEASED_PARTITIONS
+                and not self._waiting_on_unreleased(member)
+            )
+        ):
+            return False
+        if member.classic_deadline_ms is None:
+            member.classic_deadline_ms = now_ms + member.rebalance_timeout_ms
+        return True
+
+    def _waiting_on_unreleased(self, member: Member) -> bool:
+        held_back = self.target.get(member.member_id, EMPTY) - member.assigned
+        return any(self.owners.get(tp, member.member_id) != member.member_id for tp in held_back)
+
+    def classic_sync(
+        self, member_id: str, instance_id: str | None, generation_id: int,
+        protocol_type: str | None, protocol_name: str | None, now_ms: int,
+    ) -> SyncResult:  # fmt: skip
+        """A classic member's SyncGroup: its current assignment, as
+        ConsumerProtocolAssignment in the version of its subscription."""
+        try:
+            member = self._classic_member(member_id, instance_id, generation_id)
+        except Refused as refused:
+            return SyncResult(refused.code)
+        assert member.classic is not None
+        name = member.classic.protocol_name
+        if (protocol_type is not None and protocol_type != CONSUMER_PROTOCOL_TYPE) or (
+            protocol_name is not None and protocol_name != name
+        ):
+            return SyncResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+        if self.group_epoch > member.epoch and member.state is not MemberState.UNREVOKED_PARTITIONS:
+            if member.classic_deadline_ms is None:
+                member.classic_deadline_ms = now_ms + member.rebalance_timeout_ms
+            return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)
+        member.classic_deadline_ms = None
+        member.session_deadline_ms = now_ms + member.classic.session_timeout_ms
+        version = metadata_version(member.classic.protocols[0][1])
+        return SyncResult(
+            ErrorCode.NONE, CONSUMER_PROTOCOL_TYPE, name,
+            encode_assignment(member.assigned, version),
+        )  # fmt: skip
+
+    def classic_heartbeat(
+        self, member_id: str, instance_id: str | None, generation_id: int, now_ms: int
+    ) -> ErrorCode:
+        try:
+            member = self._classic_member(member_id, instance_id, generation_id)
+        except Refused as refused:
+            return refused.code
+        assert member.classic is not None
+        member.session_deadline_ms = now_ms + member.classic.session_timeout_ms
+        if self._must_rejoin(member, now_ms):
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    def classic_leave(self, member_id: str, instance_id: str | None) -> ErrorCode:
+        """One member of a LeaveGroup (a static one may leave by instance id alone)."""
+        try:
+            member = self._classic_member(member_id, instance_id, None)
+        except Refused as refused:
+            return refused.code
+        self.remove_member(member.member_id)
+        return ErrorCode.NONE
+
+    # -------------------------------------------------------------- migration
+
+    @classmethod
+    def from_classic(cls, group: Group, config: ConsumerGroupConfig, now_ms: int) -> ConsumerGroup:
+        """KIP-848's upgrade of a live classic group whose protocol type is ``consumer``:
+        its members become classic members of a consumer group at its generation, each
+        keeping its assignment (the target assignment, until the next epoch). Raises
+        ValueError when a member's subscription or assignment does not decode.
+
+        A group rebalancing (its first join phase has no protocol yet; a member that
+        joined since may not support the last one) is converted too: such a member is
+        subscribed as its first protocol says, with nothing assigned, and rejoins."""
+        if group.protocol_type != CONSUMER_PROTOCOL_TYPE:
+            raise ValueError(f"group {group.group_id!r} does not use the consumer protocol")
+        generation = group.generation_id
+        out = cls(group.group_id, config, group_epoch=generation, assignment_epoch=generation)
+        for old in group.members.values():
+            protocols = dict(old.protocols)
+            metadata = protocols.get(group.protocol_name or "", old.protocols[0][1])
+            subscription = decode_subscription(metadata)
+            assigned = decode_assignment(old.assignment)
+            member = Member(
+                old.member_id, old.group_instance_id, subscription.rack_id, old.client_id,
+                old.client_host, old.rebalance_timeout_ms,
+                tuple(sorted(set(subscription.topics))), epoch=generation,
+                previous_epoch=generation,
+                classic=ClassicMetadata(old.session_timeout_ms, old.protocols),
+                session_deadline_ms=now_ms + old.session_timeout_ms,
+            )  # fmt: skip
+            if assigned & out.owners.keys():
+                raise ValueError(f"group {group.group_id!r}: a partition assigned twice")
+            out.members[member.member_id] = member
+            out._set_holdings(member, assigned, EMPTY)
+            member.assigned_at = dict.fromkeys(assigned, generation)
+            out.target[member.member_id] = assigned
+        # The topics as the assignment saw them: a new member's join compares against it.
+        out.subscription_metadata = {}
+        return out
+
+    def classic_protocol(self) -> str:
+        """The protocol a downgraded group's generation runs: among those every member
+        supports, the one most members prefer (ties: the first member's preference)."""
+        members = [m.classic for m in self.members.values() if m.classic is not None]
+        common = set.intersection(*({n for n, _ in c.protocols} for c in members))
+        if not common:
+            raise ValueError(f"group {self.group_id!r}: no protocol every member supports")
+        votes: dict[str, int] = {}
+        for c in members:
+            choice = next(n for n, _ in c.protocols if n in common)
+            votes[choice] = votes.get(choice, 0) + 1
+        first = [n for n, _ in members[0].protocols if n in common]
+        return max(first, key=lambda n: (votes.get(n, 0), -first.index(n)))
+
+    def classic_record(self, generation: int) -> GroupRecord:
+        """KIP-848's downgrade: the group as a classic ``generation``, every
+        member assigned its target assignment in its own subscription's version, the
+        first member leading. Call when :meth:`all_classic`; raises ValueError."""
+        protocol = self.classic_protocol()
+        members = []
+        for m in self.members.values():
+            assert m.classic is not None
+            metadata = m.classic.metadata_for(protocol)
+            assignment = self.target.get(m.member_id, m.assigned)
+            members.append(MemberRecord(
+                m.member_id, m.instance_id, m.client_id, m.client_host,
+                m.rebalance_timeout_ms, m.classic.session_timeout_ms, metadata,
+                encode_assignment(assignment, metadata_version(metadata)),
+            ))  # fmt: skip
+        leader = members[0].member_id if members else None
+        return GroupRecord(CONSUMER_PROTOCOL_TYPE, generation, protocol, leader, tuple(members))
+
     # -------------------------------------------------------------- leaving, fencing
 
     def _leave(self, request: Heartbeat, now_ms: int) -> HeartbeatResult:
@@ -632,6 +945,7 @@ class ConsumerGroup:
             for m in self.members.values()
             if m.session_deadline_ms <= now_ms
             or (m.rebalance_deadline_ms is not None and m.rebalance_deadline_ms <= now_ms)
+            or (m.classic_deadline_ms is not None and m.classic_deadline_ms <= now_ms)
         ]
         for member_id in fenced:
             self.remove_member(member_id)
@@ -671,6 +985,20 @@ class ConsumerGroup:
                         "assigned": tps(m.assigned),
                         "assigned_at": [[t, p, e] for (t, p), e in sorted(m.assigned_at.items())],
                         "revoking": tps(m.pending_revocation),
+                        # Only for a classic member (KIP-848's migration): its JoinGroup's
+                        # session timeout and protocols (metadata hex-encoded).
+                        **(
+                            {}
+                            if m.classic is None
+                            else {
+                                "classic": {
+                                    "session_timeout_ms": m.classic.session_timeout_ms,
+                                    "protocols": [
+                                        [n, meta.hex()] for n, meta in m.classic.protocols
+                                    ],
+                                }
+                            }
+                        ),
                     }
                     for m in self.members.values()
                 ],
@@ -708,6 +1036,14 @@ class ConsumerGroup:
                     session_deadline_ms=now_ms + config.session_timeout_ms,
                     regex=d.get("regex"), resolved=tuple(d.get("resolved", ())),
                 )  # fmt: skip
+                if (classic := d.get("classic")) is not None:
+                    member.classic = ClassicMetadata(
+                        int(classic["session_timeout_ms"]),
+                        tuple((str(n), bytes.fromhex(meta)) for n, meta in classic["protocols"]),
+                    )
+                    if not member.classic.protocols:
+                        raise ValueError(f"classic member {member.member_id} without protocols")
+                    member.session_deadline_ms = now_ms + member.classic.session_timeout_ms
                 holds = tps(d["assigned"]) | tps(d["revoking"])
                 if member.member_id in group.members or holds & group.owners.keys():
                     raise ValueError(f"member {member.member_id} contradicts the others")
@@ -734,6 +1070,14 @@ class ConsumerGroup:
                 ErrorCode.UNKNOWN_MEMBER_ID,
                 f"Member {member_id} is not a member of group {self.group_id}.",
             )
+        if member.classic is not None:
+            # A classic member commits with its generation, any version (Kafka's rule).
+            if member_epoch != member.epoch:
+                raise Refused(
+                    ErrorCode.ILLEGAL_GENERATION,
+                    f"The generation {member_epoch} is not the member's epoch {member.epoch}.",
+                )
+            return
         if api_version < 9:
             raise Refused(
                 ErrorCode.UNSUPPORTED_VERSION,
@@ -766,6 +1110,11 @@ class ConsumerGroup:
             raise Refused(
                 ErrorCode.UNKNOWN_MEMBER_ID,
                 f"Member {member_id} is not a member of group {self.group_id}.",
+            )
+        if member.classic is not None and member_epoch != member.epoch:
+            raise Refused(
+                ErrorCode.ILLEGAL_GENERATION,
+                f"The generation {member_epoch} is not the member's epoch {member.epoch}.",
             )
         _check_member_epoch(member_epoch, member.epoch)
 

@@ -689,6 +689,13 @@ class Group:
 
     # ------------------------------------------------------------------ rebalance phases
 
+    def rebalance(self, now_ms: int) -> list[Reply]:
+        """Start a rebalance of a Stable group: its members are told to rejoin at their
+        next heartbeat (a consumer-protocol group just downgraded to this one)."""
+        if self._state is not GroupState.STABLE:
+            return []
+        return self._prepare_rebalance(now_ms)
+
     def _rebalance_timeout_ms(self) -> int:
         return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
 
