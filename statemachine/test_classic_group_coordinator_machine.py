@@ -184,8 +184,10 @@ class Machine:
             clocks.monotonic_ms += step[1]
             clocks.wall_ms += step[1]
             coordinator.fire_due_timers(clocks.monotonic_ms)
+            # A session lapses at its deadline (Kafka's heartbeat timer fires when the
+            # clock reaches last heartbeat + session timeout), not a millisecond after.
             lapsed = [n for n in model.members
-                      if clocks.monotonic_ms - model.seen_ms[n] > SESSION_MS]  # fmt: skip
+                      if clocks.monotonic_ms - model.seen_ms[n] >= SESSION_MS]  # fmt: skip
             for name in lapsed:
                 model.gone.add(model.members.pop(name))
             if lapsed:
