@@ -61,6 +61,10 @@ class GroupConfigWatch:
     async def apply_all(self, changed: trio.Event) -> None:
         """Read every group's configs (watching them and the list into ``changed``) and
         apply those that differ from this broker's."""
+        # What this broker held before the reads: a group whose configs changed here
+        # meanwhile (an alter taken by this broker applies its write at once) may have
+        # been read before that write, and must not be set back to the older value.
+        held_before = {g: dict(c) for g, c in self.holder.group_configs.groups.items()}
         names, _ = await self.coord.children_and_watch(GROUP_CONFIGS, into=changed)
         stored: dict[str, dict[str, str]] = {}
         for name in names:
@@ -71,6 +75,9 @@ class GroupConfigWatch:
         held = self.holder.group_configs.groups
         for group_id in sorted(set(held) | set(stored)):
             configs = stored.get(group_id, {})
+            if held.get(group_id) != held_before.get(group_id):
+                changed.set()  # read it again, after the change made here
+                continue
             if held.get(group_id, {}) != configs:
                 try:
                     self.holder.set_group_configs(group_id, configs)
