@@ -30,6 +30,7 @@ drawn as slow, whose coroutine the machine holds until ``markers_become_durable`
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from collections.abc import Coroutine
@@ -104,11 +105,16 @@ class Instant:
     def __init__(self, txn_log: Any) -> None:
         self.txn_log = txn_log
         self.slow = False
+        #: The transaction log's next sync fails (the machine's ``txn_log_write_fails``).
+        self.txn_log_fails = False
 
     def mark_dirty(self, log: Any, messages: int = 1) -> None:
         pass
 
     async def wait_durable(self, log: Any, offset: int) -> None:
+        if self.txn_log_fails and log is self.txn_log:
+            self.txn_log_fails = False
+            raise OSError("the transaction log's sync failed (the machine's fault)")
         if self.slow and log is not self.txn_log:
             self.slow = False  # the first marker's wait stands for the whole round
             await _Suspend()
@@ -257,6 +263,48 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         note(f"add {tid} ({pid}, {epoch}) {sorted(partitions)} {groups} -> {error!r}")
         assert error == self.model.add(tid, pid, epoch, partitions, groups, self.now)
 
+    @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3),
+          partitions=st.sets(st.sampled_from(PARTITIONS), min_size=1),
+          group=st.none() | st.sampled_from(GROUPS))  # fmt: skip
+    def txn_log_write_fails(
+        self, tid: str, which: int, partitions: set[tuple[str, int]], group: str | None
+    ) -> None:
+        """AddPartitionsToTxn/AddOffsetsToTxn whose ``__transaction_state`` record is
+        appended but never counts (its sync fails; a crash would lose it): the request
+        answers NOT_COORDINATOR (the client looks the coordinator up and retries) and the
+        table keeps the state it had, as the log that counts does. The record is then
+        dropped, as a crash before its sync would (the replay sees only what counted)."""
+        before = copy.deepcopy(self.model)
+        end = self.txn_log.log_end_offset
+        pid, epoch = self._instance(tid, which)
+        groups = set() if group is None else {group}
+        self.durability.txn_log_fails = True
+        try:
+            error = run(self.coordinator.add_to_transaction(
+                tid, pid, epoch, partitions, groups, ErrorCode.PRODUCER_FENCED))  # fmt: skip
+        finally:
+            wrote = not self.durability.txn_log_fails
+            self.durability.txn_log_fails = False
+        expected = self.model.add(tid, pid, epoch, partitions, groups, self.now)
+        note(f"add {tid} ({pid}, {epoch}) {sorted(partitions)} {groups}, its write fails"
+             f" -> {error!r}")  # fmt: skip
+        if not wrote:  # decided without a write: the model's answer
+            assert error == expected, (error, expected)
+            return
+        event("a transaction log write failed")
+        assert expected == ErrorCode.NONE, f"a write for a request the model refuses: {expected}"
+        assert error == ErrorCode.NOT_COORDINATOR, f"a failed transaction log write: {error!r}"
+        self.model = before
+        self.txn_log.truncate_to(end)
+        meta = self.coordinator.get(tid)
+        txn = self.model.txns.get(tid)
+        assert (
+            meta is None
+            or txn is None
+            or (_STATUS[meta.state], meta.partitions, meta.groups)
+            == (txn.status, frozenset(txn.partitions), frozenset(txn.groups))
+        ), f"{tid}'s record did not count, yet the table says {meta}"
+
     @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3))
     def adds_while_the_clock_runs(self, tid: str, which: int) -> None:
         """A producer adds one partition or group every 500 ms (5 in all, past a 2 s
@@ -338,6 +386,26 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.time_passes(5_001)
         self.init(tid, timeout_ms)
         self.partition_refuses(last, refuses=False)
+        self.recovery_pass()
+
+    @rule(tid=st.sampled_from(IDS), committed=st.booleans(), group=st.sampled_from(GROUPS))
+    def ended_with_offsets_then_restart(self, tid: str, committed: bool, group: str) -> None:
+        """The shape random steps seldom build: a transaction with a partition and a
+        group (AddOffsetsToTxn) ends while the partition refuses its marker, so it stays
+        prepared with its groups in ``__transaction_state``; the broker restarts (the
+        table replayed from the log) and the recovery pass finishes it: its groups'
+        offsets commit or abort with it (the group outcomes the model expects)."""
+        self.init(tid, 5_000)
+        newest = len(self.instances[tid]) - 1
+        if newest < 0:
+            return
+        partition = PARTITIONS[-1]
+        self.add(tid, newest, {partition}, group)
+        self.partition_refuses(partition, refuses=True)
+        self.end(tid, newest, committed)
+        event("ended with offsets, then a restart", str(self.model.txns[tid].status))
+        self.restart()
+        self.partition_refuses(partition, refuses=False)
         self.recovery_pass()
 
     @rule()
@@ -438,7 +506,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         before = sorted(self.coordinator.all(), key=lambda meta: meta.transactional_id)
         self.coordinator = self._open()
         after = sorted(self.coordinator.all(), key=lambda meta: meta.transactional_id)
-        assert after == before
+        assert after == before, f"a restart replayed the table as {after}; it was {before}"
 
     @rule()
     def leader_epoch_bumps(self) -> None:
