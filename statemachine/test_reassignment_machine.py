@@ -185,6 +185,33 @@ class ReassignmentMachine(RuleBasedStateMachine):
                 f"a move that only removes replicas did not end: {moving}, {self.state}"
             )
 
+    @precondition(lambda self: reassignment_done(self.state, self.moving))
+    @rule()
+    def leader_dies_as_the_move_ends(self) -> None:
+        """Rule 7's order: the leader (a target replica) dies, and the controller's pass
+        ends the move before it handles the loss; then the loss pass."""
+        leader = self.state.leader
+        if leader == NO_LEADER or leader not in self.target or len(self._live()) == 1:
+            return
+        self.brokers[leader].alive = False
+        del self.registered[leader]
+        note(f"leader {leader} dies; the move's end comes first")
+        self.controller_finishes_moves()
+        others = [
+            b for b in self.target if b != leader and b in self.state.isr and b in self._live()
+        ]
+        if self.moving.replicas == self.target:  # the move ended
+            event("a move ended with its leader dead", bool(others))
+            assert not others or self.state.leader in self._live(), (
+                f"the move to {self.target} ended with dead leader {self.state.leader} kept,"
+                f" though in-sync {others} are alive: {self.state}"
+            )
+        new = self._controller_decides()
+        if new is not None:
+            self._store(new)
+        else:
+            self._start_term()
+
     @rule(broker=st.sampled_from(BROKERS))
     def broker_dies(self, broker: int) -> None:
         if not self.brokers[broker].alive or len(self._live()) == 1:
