@@ -2065,7 +2065,7 @@ FIFTEENTH = (
         "an unclean ElectLeaders that finds a live in-sync replica keeps the dead brokers in "
         "the new ISR: acks=all writes wait on replicas that are gone, and a dead one may be "
         "elected again when it returns though it missed the new term's writes",
-        (REPLICATION_MACHINE, SIMULATOR),
+        (REASSIGNMENT_MACHINE, REPLICATION_MACHINE, SIMULATOR),
         ("tests/unit/replication",),
     ),
     Bug(
