@@ -2405,6 +2405,8 @@ def main() -> int:
         chosen = list(FRESH)
     else:
         chosen = [b for b in every if b.name in args.bugs] if args.bugs else list(BUGS)
+    if args.bugs:  # names narrow a set too (``--fifteenth NAME`` ran the whole set)
+        chosen = [b for b in chosen if b.name in args.bugs]
     if args.list:
         for bug in chosen:
             print(f"{bug.name}: {bug.path}: {bug.what}")
