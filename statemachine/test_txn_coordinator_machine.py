@@ -33,11 +33,14 @@ from __future__ import annotations
 import copy
 import os
 import sys
+import types
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 from hypothesis import event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -50,6 +53,7 @@ from trio_broker.protocol.records import (
     iter_batches,
     read_control_marker,
 )
+from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.services.local_replication import OwnLog
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.log import LogConfig
@@ -407,6 +411,48 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.restart()
         self.partition_refuses(partition, refuses=False)
         self.recovery_pass()
+
+    @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3), committed=st.booleans())
+    def timers_retry_an_unfinished_end(self, tid: str, which: int, committed: bool) -> None:
+        """The broker's timers (server/transaction_timers.py) over a stuck end: the last
+        partition refuses its marker, so the EndTxn leaves the transaction prepared and
+        the timers' first recovery fails too; the partition heals, and the timers' next
+        round (transaction.abort.timed.out.transaction.cleanup.interval.ms on, a mock
+        clock) must finish it (P3), as the machine's ``recovery_pass`` would."""
+        txn = self.model.txns.get(tid)
+        if txn is None or txn.status != "ongoing" or not txn.partitions:
+            return
+        last = max(txn.partitions)
+        self.partition_refuses(last, refuses=True)
+        self.end(tid, which, committed)
+        if self.model.txns[tid].status not in ("prepare_commit", "prepare_abort"):
+            self.partition_refuses(last, refuses=False)
+            return
+        config = types.SimpleNamespace(
+            transaction_abort_timed_out_transaction_cleanup_interval_ms=1_000,
+            transaction_remove_expired_transaction_cleanup_interval_ms=3_600_000,
+        )
+        timers = TransactionTimers(self.coordinator, config)
+        order = [meta.transactional_id for meta in self.coordinator.all()]
+
+        async def one_round() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(timers._timers)
+                await trio.testing.wait_all_tasks_blocked()  # its first recovery: refused
+                REFUSING.clear()  # every partition takes markers again
+                self.model.refusing.clear()
+                await trio.sleep(1.5)  # one round of the timers
+                nursery.cancel_scope.cancel()
+
+        trio.run(one_round, clock=trio.testing.MockClock(autojump_threshold=0))
+        event("the timers retried an unfinished end")
+        self.model.expire_timed_out(self.now)
+        self.model.recover(order)
+        assert self.coordinator.get(tid) is not None
+        status = _STATUS[self.coordinator.get(tid).state]  # type: ignore[union-attr]
+        assert status in ("committed", "aborted"), (
+            f"{tid} is still {status} after the timers' round with its partition healed"
+        )
 
     @rule()
     def recovery_pass(self) -> None:
