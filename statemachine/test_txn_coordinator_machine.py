@@ -441,18 +441,25 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
                 await trio.testing.wait_all_tasks_blocked()  # its first recovery: refused
                 REFUSING.clear()  # every partition takes markers again
                 self.model.refusing.clear()
-                await trio.sleep(1.5)  # one round of the timers
+                # The next round comes a mock second on; a few rounds' deadline.
+                with trio.move_on_after(5):
+                    while self._unfinished(tid):  # noqa: ASYNC110 - the table is plain data, no event to wait on
+                        await trio.sleep(0.1)
                 nursery.cancel_scope.cancel()
 
         trio.run(one_round, clock=trio.testing.MockClock(autojump_threshold=0))
         event("the timers retried an unfinished end")
         self.model.expire_timed_out(self.now)
         self.model.recover(order)
-        assert self.coordinator.get(tid) is not None
-        status = _STATUS[self.coordinator.get(tid).state]  # type: ignore[union-attr]
-        assert status in ("committed", "aborted"), (
-            f"{tid} is still {status} after the timers' round with its partition healed"
+        meta = self.coordinator.get(tid)
+        assert meta is not None and not self._unfinished(tid), (
+            f"{tid} is still {meta and _STATUS[meta.state]} after the timers' rounds of 5 s"
+            " with its partitions healed"
         )
+
+    def _unfinished(self, tid: str) -> bool:
+        meta = self.coordinator.get(tid)
+        return meta is not None and meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
 
     @rule()
     def recovery_pass(self) -> None:
