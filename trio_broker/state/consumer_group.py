@@ -491,15 +491,7 @@ class ConsumerGroup:
             if matched != member.resolved:
                 member.resolved = matched
                 bump = True
-        wanted = {t for m in self.members.values() for t in m.topics()}
-        fresh = {t: n for t in sorted(wanted) if (n := metadata.get(t, 0)) > 0}
-        if fresh != self.subscription_metadata:
-            self.subscription_metadata = fresh
-            bump = True
-        if bump:
-            self.group_epoch += 1
-        if self.group_epoch > self.assignment_epoch:
-            self._compute_target()
+        self._refresh_target(bump, metadata)
 
         self._reconcile(member, request.owned, now_ms)
         member.session_deadline_ms = now_ms + self.config.session_timeout_ms
@@ -588,6 +580,19 @@ class ConsumerGroup:
             self.target[member_id] = self.target.pop(old.member_id)
         self.members[member_id] = new
         return new
+
+    def _refresh_target(self, bump: bool, metadata: Mapping[str, int]) -> None:
+        """The group's epoch moves on when a subscription changed (``bump``) or a
+        subscribed topic's partition count did; a new epoch gets a new target assignment."""
+        wanted = {t for m in self.members.values() for t in m.topics()}
+        fresh = {t: n for t in sorted(wanted) if (n := metadata.get(t, 0)) > 0}
+        if fresh != self.subscription_metadata:
+            self.subscription_metadata = fresh
+            bump = True
+        if bump:
+            self.group_epoch += 1
+        if self.group_epoch > self.assignment_epoch:
+            self._compute_target()
 
     def _compute_target(self) -> None:
         name = self.preferred_assignor()
@@ -691,15 +696,7 @@ class ConsumerGroup:
         self.members[member.member_id] = member
 
         bump = is_new or member.subscribed != before
-        wanted = {t for m in self.members.values() for t in m.topics()}
-        fresh = {t: n for t in sorted(wanted) if (n := metadata.get(t, 0)) > 0}
-        if fresh != self.subscription_metadata:
-            self.subscription_metadata = fresh
-            bump = True
-        if bump:
-            self.group_epoch += 1
-        if self.group_epoch > self.assignment_epoch:
-            self._compute_target()
+        self._refresh_target(bump, metadata)
         # Its subscription's owned partitions (none before v1: an eager consumer gave
         # everything up before rejoining) say what it has released.
         self._reconcile(member, subscription.owned, now_ms)
