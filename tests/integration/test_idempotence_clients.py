@@ -527,9 +527,11 @@ class DroppingProxy:
         async with trio.open_nursery() as nursery:
 
             async def run(pump: Callable[[], Awaitable[None]]) -> None:
+                # except*: a pump with a nursery of its own (ReorderingProxy's) raises
+                # a reset connection inside an ExceptionGroup.
                 try:
                     await pump()
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                except* (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
                 nursery.cancel_scope.cancel()
 
