@@ -49,7 +49,6 @@ import attrs
 from trio_broker.partition.append import Appended, Origin
 from trio_broker.partition.append import append as partition_append
 from trio_broker.partition.partition import coordinator_partition
-from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import build_batch
 from trio_broker.services.internal_topics import CONSUMER_OFFSETS
 from trio_broker.services.local_replication import OwnLog
@@ -57,7 +56,7 @@ from trio_broker.state.group import GroupRecord, MemberRecord
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.own_log import open_compacted_log
-from trio_broker.storage.replay import iter_log_records
+from trio_broker.storage.replay import replay_table
 
 log = logging.getLogger("trio_broker.groups")
 
@@ -575,19 +574,7 @@ class OffsetsStore:
 
     def load(self) -> int:
         """Replay the log into the table; returns how many records were read."""
-        count = 0
-        for offset, key, value in iter_log_records(self.log):
-            count += 1
-            if key is None:
-                continue
-            try:
-                record = decode_record(key, value)
-            except (ValueError, UnicodeDecodeError, struct.error, ProtocolError) as exc:
-                # A record from a newer broker, or damage the CRC did not catch.
-                log.warning("skipping unreadable offset record at %d: %s", offset, exc)
-                continue
-            self._apply_record(record, offset)
-        return count
+        return replay_table(self.log, decode_record, self._apply_record, log, "offset")
 
     # ------------------------------------------------------------------ writes
 

@@ -29,13 +29,12 @@ from pathlib import Path
 
 import attrs
 
-from trio_broker.protocol.errors import ProtocolError
 from trio_broker.protocol.records import build_batch
 from trio_broker.state.share_partition import FINISHED, InFlight, RecordState, SharePartition
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.own_log import open_compacted_log
-from trio_broker.storage.replay import iter_log_records
+from trio_broker.storage.replay import replay_table
 
 log = logging.getLogger("trio_broker.groups")
 
@@ -231,19 +230,14 @@ class ShareStateStore:
 
     def load(self) -> int:
         """Replay the log into the table; returns how many records were read."""
-        count = 0
-        for offset, key, value in iter_log_records(self.log):
-            count += 1
-            if key is None:
-                continue
-            try:
-                share_key = decode_key(key)
-                snapshot = None if value is None else decode_value(value)
-            except (ValueError, UnicodeDecodeError, struct.error, ProtocolError) as exc:
-                log.warning("skipping unreadable share state record at %d: %s", offset, exc)
-                continue
-            self._set(share_key, snapshot)
-        return count
+
+        def decode(key: bytes, value: bytes | None) -> tuple[ShareKey, ShareSnapshot | None]:
+            return decode_key(key), None if value is None else decode_value(value)
+
+        def apply(entry: tuple[ShareKey, ShareSnapshot | None], _offset: int) -> None:
+            self._set(*entry)
+
+        return replay_table(self.log, decode, apply, log, "share state")
 
     def _set(self, key: ShareKey, snapshot: ShareSnapshot | None) -> None:
         if snapshot is None:

@@ -31,7 +31,6 @@ timer that calls :meth:`abort_timed_out`, :meth:`expire_ids` and :meth:`recover`
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,13 +39,13 @@ import attrs
 
 from trio_broker.partition.append import Replication
 from trio_broker.protocol.error_codes import ErrorCode
-from trio_broker.protocol.errors import KafkaError, ProtocolError
+from trio_broker.protocol.errors import KafkaError
 from trio_broker.protocol.records import build_batch
 from trio_broker.services.internal_topics import TRANSACTION_STATE, NotCommitted, append_committed
 from trio_broker.storage.log import LogConfig
 from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.own_log import open_compacted_log
-from trio_broker.storage.replay import iter_log_records
+from trio_broker.storage.replay import replay_table
 from trio_broker.transactions import state as st
 from trio_broker.transactions.log_format import (
     decode_key,
@@ -187,19 +186,17 @@ class TransactionCoordinator:
 
     def load(self) -> int:
         """Replay the log into the table; returns how many records were read."""
-        count = 0
-        for offset, key, value in iter_log_records(self.log):
-            count += 1
-            if key is None:
-                continue
-            try:
-                transactional_id = decode_key(key)
-                meta = None if value is None else decode_value(transactional_id, value)
-            except (ValueError, UnicodeDecodeError, struct.error, ProtocolError) as exc:
-                log.warning("skipping unreadable transaction record at %d: %s", offset, exc)
-                continue
-            self._set(transactional_id, meta)
-        return count
+
+        def decode(key: bytes, value: bytes | None) -> tuple[str, TxnMetadata | None]:
+            transactional_id = decode_key(key)
+            return transactional_id, (
+                None if value is None else decode_value(transactional_id, value)
+            )
+
+        def apply(entry: tuple[str, TxnMetadata | None], _offset: int) -> None:
+            self._set(*entry)
+
+        return replay_table(self.log, decode, apply, log, "transaction")
 
     # ------------------------------------------------------------------ queries
 
