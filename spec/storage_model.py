@@ -165,6 +165,7 @@ def retention(
     now_ms: int,
     retention_ms: int,
     retention_bytes: int,
+    high_watermark: int | None = None,
 ) -> int:
     """How many of the oldest segments a retention pass deletes (docs/storage.md).
 
@@ -172,23 +173,32 @@ def retention(
     (:func:`retention_allows`): so every segment before the first one no rule
     allows goes, and nothing from that one on. ``timestamps[i]`` is segment i's
     largest record timestamp; ``retention_ms`` / ``retention_bytes`` < 0 mean unlimited.
+    With ``high_watermark`` (a leader's), a segment goes only once it lies wholly below
+    it (its next offset at most the HW: Kafka's ``deletableSegments``), whatever the
+    rules say: a segment whose last record sits at the HW holds a record not yet
+    committed. None: the whole log is committed (a node alone).
 
     pre: len(sizes) == len(next_offsets) == len(timestamps) >= 1
     pre: all(s >= 0 for s in sizes)
     post: 0 <= __return__ < len(sizes)
     post: all(next_offsets[i] <= log_start_offset or (retention_ms >= 0 and now_ms - timestamps[i] > retention_ms) or (retention_bytes >= 0 and sum(sizes[i + 1 :]) >= retention_bytes) for i in range(__return__))
-    post: __return__ == len(sizes) - 1 or not (next_offsets[__return__] <= log_start_offset or (retention_ms >= 0 and now_ms - timestamps[__return__] > retention_ms) or (retention_bytes >= 0 and sum(sizes[__return__ + 1 :]) >= retention_bytes))
+    post: high_watermark is None or __return__ == 0 or next_offsets[__return__ - 1] <= high_watermark
+    post: __return__ == len(sizes) - 1 or (high_watermark is not None and next_offsets[__return__] > high_watermark) or not (next_offsets[__return__] <= log_start_offset or (retention_ms >= 0 and now_ms - timestamps[__return__] > retention_ms) or (retention_bytes >= 0 and sum(sizes[__return__ + 1 :]) >= retention_bytes))
     """
     count = 0
-    while count < len(sizes) - 1 and retention_allows(
-        count,
-        sizes,
-        next_offsets,
-        timestamps,
-        log_start_offset,
-        now_ms,
-        retention_ms,
-        retention_bytes,
+    while (
+        count < len(sizes) - 1
+        and (high_watermark is None or next_offsets[count] <= high_watermark)
+        and retention_allows(
+            count,
+            sizes,
+            next_offsets,
+            timestamps,
+            log_start_offset,
+            now_ms,
+            retention_ms,
+            retention_bytes,
+        )
     ):
         count += 1
     return count

@@ -26,7 +26,15 @@ compaction guarantees against the records it wrote:
 5. ``cleanup.policy=compact,delete`` (the topic's configs, read as the broker reads
    them: ``storage/topic_configs.log_config``): a retention pass deletes by time as a
    delete-only topic does, every sealed segment once all its records are older than
-   ``retention.ms``; ``compact`` alone: a retention pass deletes nothing by age.
+   ``retention.ms``; ``compact`` alone: a retention pass deletes nothing by age, nor
+   by size whatever ``retention.bytes`` says (the topic's configs draw one, or none);
+6. the cleaner task runs a pass only when one is due: the log's dirty ratio reaches
+   ``min.cleanable.dirty.ratio``, ``max.compaction.lag.ms`` forces it, or the delete
+   horizon of a tombstone its own last pass kept has passed (KIP-534). A task that never
+   cleaned the log (a restart, a new log) knows no horizon, and the tombstones' horizons
+   a pass stamps count from that pass: a first pass is no reason of its own. The
+   machine asks ``plan_for`` with the horizon it tracks from the task's results (checked
+   on turns with no idle roll, which changes the log before the plan).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import tempfile
 from pathlib import Path
 
 import attrs
+import pytest
 import trio
 from hypothesis import event, note, settings
 from hypothesis import strategies as st
@@ -102,16 +111,23 @@ class CleanerMachine(RuleBasedStateMachine):
         min_lag=st.sampled_from((0, 0, 400)),
         max_lag=st.sampled_from((2000, 5000)),
         policy=st.sampled_from(("compact", "compact", "compact,delete")),
+        retention_bytes=st.sampled_from((-1, 600)),
     )
     def open_log(
-        self, segment_bytes: int, dirty_ratio: float, min_lag: int, max_lag: int, policy: str
+        self,
+        segment_bytes: int,
+        dirty_ratio: float,
+        min_lag: int,
+        max_lag: int,
+        policy: str,
+        retention_bytes: int,
     ) -> None:
         # The topic's configs, as CreateTopics or AlterConfigs leave them.
         self.policy = policy
         self.config = log_config(
             {
                 "cleanup.policy": policy, "segment.bytes": str(segment_bytes),
-                "retention.ms": str(RETENTION_MS),
+                "retention.ms": str(RETENTION_MS), "retention.bytes": str(retention_bytes),
                 "delete.retention.ms": str(DELETE_RETENTION_MS),
                 "min.cleanable.dirty.ratio": str(dirty_ratio),
                 "min.compaction.lag.ms": str(min_lag), "max.compaction.lag.ms": str(max_lag),
@@ -228,7 +244,14 @@ class CleanerMachine(RuleBasedStateMachine):
         if rolls:
             self.all_synced = True  # the roll's flush: every sealed segment is synced
         overdue = self._overdue_record(self.log.log_end_offset if rolls else None)
+        tombstones_due = self.horizon is not None and self.now_ms >= self.horizon
+        due = None if rolls else plan_for(self.log, self.now_ms, tombstones_due=tombstones_due)
         result = trio.run(self.cleaner.clean_once)
+        assert rolls or result is None or due is not None, (  # 6
+            f"a pass at {self.now_ms} that was not due (dirty ratio below"
+            f" {self.config.min_cleanable_dirty_ratio}, nothing past max.compaction.lag.ms,"
+            f" the task's last horizon {self.horizon}): {result}"
+        )
         self._forget_below_start()  # a pass ends with a retention pass (compact,delete)
         rolled = self.log.active_segment() is not active
         assert rolled == rolls, (
@@ -314,7 +337,10 @@ class CleanerMachine(RuleBasedStateMachine):
         self.log.apply_retention(self.now_ms)
         after = self.log.segment_base_offsets()
         if "delete" not in self.policy.split(","):
-            assert after == before, f"cleanup.policy={self.policy}: retention deleted segments"
+            assert after == before, (
+                f"cleanup.policy={self.policy}: retention deleted segments {before[:-1]} by"
+                f" age or size (retention.bytes {self.config.retention_bytes})"
+            )
         elif all_expired:
             assert len(after) == 1, (
                 f"cleanup.policy={self.policy}: segments {after[:-1]} older than retention.ms"
@@ -435,5 +461,8 @@ class CleanerMachine(RuleBasedStateMachine):
                 )
 
 
+#: pytest-timeout's guard against a hang, not a budget: planted slips at load 15-18
+#: were stopped by the 300 s default while the failure shrank (the sixteenth round).
+pytestmark = pytest.mark.timeout(1200)
 TestCleanerMachine = CleanerMachine.TestCase
 TestCleanerMachine.settings = settings(max_examples=80, stateful_step_count=30, deadline=None)

@@ -23,7 +23,11 @@ retention, the cleanup runs as the coordinator's timer runs it, and the broker r
 4. once a producer's offsets were written with a newer epoch (its transactional id
    re-initialised: the coordinator aborts the open transaction with the bumped epoch),
    TxnOffsetCommit with an older epoch is refused INVALID_PRODUCER_EPOCH (a zombie),
-   before and after a restart. A step builds the fence.
+   before and after a restart. A step builds the fence;
+5. a transaction's end settles every offset staged before it, a TxnOffsetCommit whose
+   write is still on its way (appended, not yet durable) included: the end waits for
+   it, and the staged offset commits (or is dropped) with the transaction, never left
+   pending. A step builds it (random steps await each write before the next).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import itertools
 from typing import Any
 
 import attrs
+import pytest
 import trio
 import trio.testing
 from hypothesis import given, note, settings
@@ -107,6 +112,12 @@ steps = st.lists(
         st.just(("restart",)),
         st.tuples(st.just("old_offset_under_a_transaction"), st.sampled_from(PRODUCERS)),
         st.tuples(st.just("fence"), st.sampled_from(PRODUCERS), st.sampled_from(PARTITIONS)),
+        st.tuples(
+            st.just("end_overtakes_staging"),
+            st.sampled_from(PRODUCERS),
+            st.sampled_from(PARTITIONS),
+            st.booleans(),
+        ),
     ),
     max_size=30,
 )
@@ -196,6 +207,27 @@ class Machine:
             model.epochs[producer] = model.epochs.get(producer, 0) + 1
             await self.do(coordinator, ("end", producer, False))
             await self.do(coordinator, ("stage", producer, partition))
+        elif step[0] == "end_overtakes_staging":
+            # Rule 5's shape: the staging's write is appended, and the end is asked
+            # before the write's waiter ran (both then run side by side).
+            producer, partition, committed = step[1], step[2], step[3]
+            epoch = model.epochs.get(producer, 0)
+            error = coordinator.validate_txn_offset_commit(GROUP, producer, epoch, "", None, -1)
+            assert error is ErrorCode.NONE, error
+            offset = Offset(next(self.values), clocks.wall_ms, next(self.writes))
+            write = coordinator.stage_txn_offsets(
+                producer, epoch, [(self.key(partition), self.value(offset))]
+            )
+            model.pending.setdefault(producer, {})[partition] = offset
+            model.written_epochs[producer] = epoch
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(coordinator.complete_transaction, GROUP, producer, epoch,
+                                   committed)  # fmt: skip
+                nursery.start_soon(coordinator.wait_offsets_durable, write)
+            for partition, offset in model.pending.pop(producer, {}).items():
+                current = model.committed.get(partition)
+                if committed and (current is None or current.at < offset.at):
+                    model.committed[partition] = offset
         elif step[0] == "cleanup":
             coordinator.cleanup(clocks.monotonic_ms)
             expired = model.expire(clocks.wall_ms)
@@ -234,6 +266,11 @@ class Machine:
                     f"producer {producer} wrote offsets with epoch {written}; TxnOffsetCommit "
                     f"with epoch {written - 1} answers {error.name}, not INVALID_PRODUCER_EPOCH"
                 )
+
+
+#: pytest-timeout's guard against a hang, not a budget: planted slips at load 15-18
+#: were stopped by the 300 s default while the failure shrank (the sixteenth round).
+pytestmark = pytest.mark.timeout(1200)
 
 
 @settings(max_examples=60, deadline=None)

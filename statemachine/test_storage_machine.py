@@ -269,7 +269,7 @@ class Model:
     def headers(self) -> list[tuple[int, bytes]]:
         return [(b.base, b.data[:HEADER_SIZE]) for b in self.live()]
 
-    def retention(self, now: int) -> list[Seg]:
+    def retention(self, now: int, high_watermark: int | None = None) -> list[Seg]:
         """The segments a retention pass deletes (the rules: spec/storage_model.py)."""
         segments = self.segments
         config = self.config
@@ -281,6 +281,7 @@ class Model:
             now,
             -1 if config.retention_ms is None else config.retention_ms,
             -1 if config.retention_bytes is None else config.retention_bytes,
+            high_watermark,
         )
         doomed, self.segments = segments[:count], segments[count:]
         self._move_start(self.segments[0].base)
@@ -684,11 +685,20 @@ class StorageMachine(RuleBasedStateMachine):
         assert self.log.last_batches(n) == want[-n:]
         assert [(o, bytes(h)) for o, h in self.log.iter_batch_headers()] == want
 
-    @rule(advance=st.integers(0, 400), at_age=st.none() | st.sampled_from([-1, 0, 1]))
-    def retention(self, advance: int, at_age: int | None = None) -> None:
+    @rule(
+        advance=st.integers(0, 400),
+        at_age=st.none() | st.sampled_from([-1, 0, 1]),
+        at_hw=st.none() | st.tuples(st.integers(0, 3), st.sampled_from([-1, 0])),
+    )
+    def retention(
+        self, advance: int, at_age: int | None = None, at_hw: tuple[int, int] | None = None
+    ) -> None:
         """A retention pass ``advance`` ms on; with ``at_age``, when a closed segment's
         newest record is retention.ms old to the ms (or one either side) if one can
-        be: Kafka deletes a segment only once it is older."""
+        be: Kafka deletes a segment only once it is older. With ``at_hw`` = (i, d), a
+        leader's pass: its high watermark is the i-th sealed segment's next offset
+        plus d (-1: the segment's last record sits at the HW, not yet committed, and
+        the segment must stay)."""
         assert self.log is not None
         retention_ms = self.model.config.retention_ms
         if at_age is not None and retention_ms is not None:
@@ -702,10 +712,17 @@ class StorageMachine(RuleBasedStateMachine):
                 event("retention at the exact age", at_age)
                 advance = times[0] - self.clock
         self.clock += advance
+        high_watermark = None
+        sealed = self.model.segments[:-1]
+        if at_hw is not None and sealed:
+            index, delta = at_hw
+            ends = [s.base for s in self.model.segments[1:]]
+            high_watermark = max(self.model.log_start, ends[index % len(sealed)] + delta)
+            event("retention with a high watermark", delta)
         before = self.log.segment_base_offsets()
         snapshots_before = self._snapshot_offsets()
-        doomed = [s.base for s in self.model.retention(self.clock)]
-        deleted = self.log.apply_retention(self.clock)
+        doomed = [s.base for s in self.model.retention(self.clock, high_watermark)]
+        deleted = self.log.apply_retention(self.clock, high_watermark)
         if self.model.log_start > self.twin.log_start_offset:
             self.twin.delete_records(self.model.log_start)  # its segments are not the disk's
         # Retention drops the producer snapshots below the new log start and no other:
@@ -722,7 +739,8 @@ class StorageMachine(RuleBasedStateMachine):
         still_there = [b for b in doomed if b in kept or segment_file(b) in files]
         wrongly = [b for b in before if b not in doomed and b not in kept]
         assert not still_there and not wrongly and deleted == len(doomed), (
-            f"retention at {self.clock}: eligible {doomed}, reported {deleted} deleted;"
+            f"retention at {self.clock} (high watermark {high_watermark}): eligible {doomed},"
+            f" reported {deleted} deleted;"
             f" eligible but not deleted {still_there}, deleted but not eligible {wrongly}"
         )
         assert kept == [s.base for s in self.model.segments]

@@ -30,13 +30,17 @@ drawn as slow, whose coroutine the machine holds until ``markers_become_durable`
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
+import types
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 from hypothesis import event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -49,6 +53,7 @@ from trio_broker.protocol.records import (
     iter_batches,
     read_control_marker,
 )
+from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.services.local_replication import OwnLog
 from trio_broker.services.topics import TopicManager
 from trio_broker.storage.log import LogConfig
@@ -104,11 +109,16 @@ class Instant:
     def __init__(self, txn_log: Any) -> None:
         self.txn_log = txn_log
         self.slow = False
+        #: The transaction log's next sync fails (the machine's ``txn_log_write_fails``).
+        self.txn_log_fails = False
 
     def mark_dirty(self, log: Any, messages: int = 1) -> None:
         pass
 
     async def wait_durable(self, log: Any, offset: int) -> None:
+        if self.txn_log_fails and log is self.txn_log:
+            self.txn_log_fails = False
+            raise OSError("the transaction log's sync failed (the machine's fault)")
         if self.slow and log is not self.txn_log:
             self.slow = False  # the first marker's wait stands for the whole round
             await _Suspend()
@@ -257,6 +267,48 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         note(f"add {tid} ({pid}, {epoch}) {sorted(partitions)} {groups} -> {error!r}")
         assert error == self.model.add(tid, pid, epoch, partitions, groups, self.now)
 
+    @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3),
+          partitions=st.sets(st.sampled_from(PARTITIONS), min_size=1),
+          group=st.none() | st.sampled_from(GROUPS))  # fmt: skip
+    def txn_log_write_fails(
+        self, tid: str, which: int, partitions: set[tuple[str, int]], group: str | None
+    ) -> None:
+        """AddPartitionsToTxn/AddOffsetsToTxn whose ``__transaction_state`` record is
+        appended but never counts (its sync fails; a crash would lose it): the request
+        answers NOT_COORDINATOR (the client looks the coordinator up and retries) and the
+        table keeps the state it had, as the log that counts does. The record is then
+        dropped, as a crash before its sync would (the replay sees only what counted)."""
+        before = copy.deepcopy(self.model)
+        end = self.txn_log.log_end_offset
+        pid, epoch = self._instance(tid, which)
+        groups = set() if group is None else {group}
+        self.durability.txn_log_fails = True
+        try:
+            error = run(self.coordinator.add_to_transaction(
+                tid, pid, epoch, partitions, groups, ErrorCode.PRODUCER_FENCED))  # fmt: skip
+        finally:
+            wrote = not self.durability.txn_log_fails
+            self.durability.txn_log_fails = False
+        expected = self.model.add(tid, pid, epoch, partitions, groups, self.now)
+        note(f"add {tid} ({pid}, {epoch}) {sorted(partitions)} {groups}, its write fails"
+             f" -> {error!r}")  # fmt: skip
+        if not wrote:  # decided without a write: the model's answer
+            assert error == expected, (error, expected)
+            return
+        event("a transaction log write failed")
+        assert expected == ErrorCode.NONE, f"a write for a request the model refuses: {expected}"
+        assert error == ErrorCode.NOT_COORDINATOR, f"a failed transaction log write: {error!r}"
+        self.model = before
+        self.txn_log.truncate_to(end)
+        meta = self.coordinator.get(tid)
+        txn = self.model.txns.get(tid)
+        assert (
+            meta is None
+            or txn is None
+            or (_STATUS[meta.state], meta.partitions, meta.groups)
+            == (txn.status, frozenset(txn.partitions), frozenset(txn.groups))
+        ), f"{tid}'s record did not count, yet the table says {meta}"
+
     @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3))
     def adds_while_the_clock_runs(self, tid: str, which: int) -> None:
         """A producer adds one partition or group every 500 ms (5 in all, past a 2 s
@@ -339,6 +391,75 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.init(tid, timeout_ms)
         self.partition_refuses(last, refuses=False)
         self.recovery_pass()
+
+    @rule(tid=st.sampled_from(IDS), committed=st.booleans(), group=st.sampled_from(GROUPS))
+    def ended_with_offsets_then_restart(self, tid: str, committed: bool, group: str) -> None:
+        """The shape random steps seldom build: a transaction with a partition and a
+        group (AddOffsetsToTxn) ends while the partition refuses its marker, so it stays
+        prepared with its groups in ``__transaction_state``; the broker restarts (the
+        table replayed from the log) and the recovery pass finishes it: its groups'
+        offsets commit or abort with it (the group outcomes the model expects)."""
+        self.init(tid, 5_000)
+        newest = len(self.instances[tid]) - 1
+        if newest < 0:
+            return
+        partition = PARTITIONS[-1]
+        self.add(tid, newest, {partition}, group)
+        self.partition_refuses(partition, refuses=True)
+        self.end(tid, newest, committed)
+        event("ended with offsets, then a restart", str(self.model.txns[tid].status))
+        self.restart()
+        self.partition_refuses(partition, refuses=False)
+        self.recovery_pass()
+
+    @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3), committed=st.booleans())
+    def timers_retry_an_unfinished_end(self, tid: str, which: int, committed: bool) -> None:
+        """The broker's timers (server/transaction_timers.py) over a stuck end: the last
+        partition refuses its marker, so the EndTxn leaves the transaction prepared and
+        the timers' first recovery fails too; the partition heals, and the timers' next
+        round (transaction.abort.timed.out.transaction.cleanup.interval.ms on, a mock
+        clock) must finish it (P3), as the machine's ``recovery_pass`` would."""
+        txn = self.model.txns.get(tid)
+        if txn is None or txn.status != "ongoing" or not txn.partitions:
+            return
+        last = max(txn.partitions)
+        self.partition_refuses(last, refuses=True)
+        self.end(tid, which, committed)
+        if self.model.txns[tid].status not in ("prepare_commit", "prepare_abort"):
+            self.partition_refuses(last, refuses=False)
+            return
+        config = types.SimpleNamespace(
+            transaction_abort_timed_out_transaction_cleanup_interval_ms=1_000,
+            transaction_remove_expired_transaction_cleanup_interval_ms=3_600_000,
+        )
+        timers = TransactionTimers(self.coordinator, config)
+        order = [meta.transactional_id for meta in self.coordinator.all()]
+
+        async def one_round() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(timers._timers)
+                await trio.testing.wait_all_tasks_blocked()  # its first recovery: refused
+                REFUSING.clear()  # every partition takes markers again
+                self.model.refusing.clear()
+                # The next round comes a mock second on; a few rounds' deadline.
+                with trio.move_on_after(5):
+                    while self._unfinished(tid):  # noqa: ASYNC110 - the table is plain data, no event to wait on
+                        await trio.sleep(0.1)
+                nursery.cancel_scope.cancel()
+
+        trio.run(one_round, clock=trio.testing.MockClock(autojump_threshold=0))
+        event("the timers retried an unfinished end")
+        self.model.expire_timed_out(self.now)
+        self.model.recover(order)
+        meta = self.coordinator.get(tid)
+        assert meta is not None and not self._unfinished(tid), (
+            f"{tid} is still {meta and _STATUS[meta.state]} after the timers' rounds of 5 s"
+            " with its partitions healed"
+        )
+
+    def _unfinished(self, tid: str) -> bool:
+        meta = self.coordinator.get(tid)
+        return meta is not None and meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
 
     @rule()
     def recovery_pass(self) -> None:
@@ -438,7 +559,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         before = sorted(self.coordinator.all(), key=lambda meta: meta.transactional_id)
         self.coordinator = self._open()
         after = sorted(self.coordinator.all(), key=lambda meta: meta.transactional_id)
-        assert after == before
+        assert after == before, f"a restart replayed the table as {after}; it was {before}"
 
     @rule()
     def leader_epoch_bumps(self) -> None:

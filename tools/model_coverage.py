@@ -50,6 +50,7 @@ RULE_FILES = (
     "server/memory_budget.py",
     "server/quotas.py",
     "server/fetch_waits.py",
+    "server/flusher.py",
     "server/transaction_timers.py",
     "server/log_cleaner.py",
     "server/share_coordinator_loader.py",

@@ -430,8 +430,10 @@ async def _finish_move(
         return
     target = moving.target
     after = leave_replicas(state, target, live)
-    if after is None and state.leader not in target:
-        return  # no target replica can lead yet: wait for one
+    if after is None and (state.leader not in target or state.leader not in live):
+        # No target replica can lead yet (a dead leader among them included: ending the
+        # move now would keep the leaving replicas in the ISR): wait for one.
+        return
     path = partition_state_path(topic, partition)
     if after is not None:
         await coord.set_fenced(path, PartitionState.of(after, view.controller_epoch).encode(),
