@@ -1881,10 +1881,11 @@ FOURTEENTH = (
     Bug(
         "txn-load-ignores-tombstones",
         "trio_broker/transactions/coordinator.py",
-        "            if key is None:\n                continue\n"
-        "            try:\n                transactional_id = decode_key(key)\n",
-        "            if key is None or value is None:\n                continue\n"
-        "            try:\n                transactional_id = decode_key(key)\n",
+        "        def apply(entry: tuple[str, TxnMetadata | None], _offset: int) -> None:\n"
+        "            self._set(*entry)\n",
+        "        def apply(entry: tuple[str, TxnMetadata | None], _offset: int) -> None:\n"
+        "            if entry[1] is not None:\n"
+        "                self._set(*entry)\n",
         "the coordinator's replay of __transaction_state skips tombstones: an id expired "
         "(transactional.id.expiration.ms) comes back after a restart or a move of its "
         "partition, with its old producer id and epoch",
