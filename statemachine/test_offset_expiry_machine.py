@@ -45,7 +45,7 @@ from hypothesis import strategies as st
 from tests.lone_coordinator import Clocks, start_lone_coordinator
 from trio_broker.config import BrokerConfig
 from trio_broker.groups.coordinator import GroupCoordinator
-from trio_broker.groups.offsets_store import OffsetAndMetadata, OffsetKey
+from trio_broker.groups.offsets_store import OffsetAndMetadata, OffsetKey, PendingWrite
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.storage.memory import MemoryLog
 
@@ -158,27 +158,15 @@ class Machine:
             await coordinator.wait_offsets_durable(write)
             model.committed[partition] = offset
         elif step[0] == "stage":
-            producer, partition = step[1], step[2]
-            epoch = model.epochs.get(producer, 0)
-            error = coordinator.validate_txn_offset_commit(GROUP, producer, epoch, "", None, -1)
-            assert error is ErrorCode.NONE, error
-            offset = Offset(next(self.values), clocks.wall_ms, next(self.writes))
-            write = coordinator.stage_txn_offsets(
-                producer, epoch, [(self.key(partition), self.value(offset))]
-            )
+            write = self.stage(coordinator, producer=step[1], partition=step[2])
             await coordinator.wait_offsets_durable(write)
-            model.pending.setdefault(producer, {})[partition] = offset
-            model.written_epochs[producer] = epoch
         elif step[0] == "end":
             producer, committed = step[1], step[2]
             epoch = model.epochs.get(producer, 0)
             await coordinator.complete_transaction(GROUP, producer, epoch, committed)
             if model.pending.get(producer):  # an end is written only over staged offsets
                 model.written_epochs[producer] = epoch
-            for partition, offset in model.pending.pop(producer, {}).items():
-                current = model.committed.get(partition)
-                if committed and (current is None or current.at < offset.at):
-                    model.committed[partition] = offset
+            self.model_ends(producer, committed)
         elif step[0] == "advance":
             # The timer runs the cleanup every few minutes: once the clocks moved.
             clocks.wall_ms += step[1]
@@ -212,22 +200,12 @@ class Machine:
             # before the write's waiter ran (both then run side by side).
             producer, partition, committed = step[1], step[2], step[3]
             epoch = model.epochs.get(producer, 0)
-            error = coordinator.validate_txn_offset_commit(GROUP, producer, epoch, "", None, -1)
-            assert error is ErrorCode.NONE, error
-            offset = Offset(next(self.values), clocks.wall_ms, next(self.writes))
-            write = coordinator.stage_txn_offsets(
-                producer, epoch, [(self.key(partition), self.value(offset))]
-            )
-            model.pending.setdefault(producer, {})[partition] = offset
-            model.written_epochs[producer] = epoch
+            write = self.stage(coordinator, producer, partition)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(coordinator.complete_transaction, GROUP, producer, epoch,
                                    committed)  # fmt: skip
                 nursery.start_soon(coordinator.wait_offsets_durable, write)
-            for partition, offset in model.pending.pop(producer, {}).items():
-                current = model.committed.get(partition)
-                if committed and (current is None or current.at < offset.at):
-                    model.committed[partition] = offset
+            self.model_ends(producer, committed)
         elif step[0] == "cleanup":
             coordinator.cleanup(clocks.monotonic_ms)
             expired = model.expire(clocks.wall_ms)
@@ -236,6 +214,31 @@ class Machine:
             note(f"expired (Kafka's rule): {expired}")
         else:  # pragma: no cover
             raise AssertionError(step)
+
+    def stage(
+        self, coordinator: GroupCoordinator, producer: int, partition: Partition
+    ) -> PendingWrite:
+        """TxnOffsetCommit of a new offset for ``partition`` in ``producer``'s open
+        transaction (validated, then staged: its write, not yet durable, is returned);
+        the model stages it too."""
+        epoch = self.model.epochs.get(producer, 0)
+        error = coordinator.validate_txn_offset_commit(GROUP, producer, epoch, "", None, -1)
+        assert error is ErrorCode.NONE, error
+        offset = Offset(next(self.values), self.clocks.wall_ms, next(self.writes))
+        write = coordinator.stage_txn_offsets(
+            producer, epoch, [(self.key(partition), self.value(offset))]
+        )
+        self.model.pending.setdefault(producer, {})[partition] = offset
+        self.model.written_epochs[producer] = epoch
+        return write
+
+    def model_ends(self, producer: int, committed: bool) -> None:
+        """The model's end of ``producer``'s transaction: a commit applies each staged
+        offset newer than the committed one; an abort drops them."""
+        for partition, offset in self.model.pending.pop(producer, {}).items():
+            current = self.model.committed.get(partition)
+            if committed and (current is None or current.at < offset.at):
+                self.model.committed[partition] = offset
 
     @staticmethod
     def key(partition: Partition) -> OffsetKey:

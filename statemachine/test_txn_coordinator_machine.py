@@ -75,6 +75,14 @@ IDS = ("app-a", "app-b")
 OLD_ID = "app-old"
 PARTITIONS = [("t", 0), ("t", 1), ("u", 0)]
 GROUPS = ("g1", "g2")
+#: What AddPartitionsToTxn/AddOffsetsToTxn rules draw: an id, one of its instances, the
+#: partitions and maybe a group.
+ADD_ARGUMENTS = {
+    "tid": st.sampled_from(IDS),
+    "which": st.integers(0, 3),
+    "partitions": st.sets(st.sampled_from(PARTITIONS), min_size=1),
+    "group": st.none() | st.sampled_from(GROUPS),
+}
 MAX_TIMEOUT_MS = 10_000
 #: transactional.id.expiration.ms here: two long ticks of an idle id.
 EXPIRATION_MS = 7_000
@@ -254,9 +262,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         if error == ErrorCode.NONE:
             self.instances[tid].append((got_pid, got_epoch))
 
-    @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3),
-          partitions=st.sets(st.sampled_from(PARTITIONS), min_size=1),
-          group=st.none() | st.sampled_from(GROUPS))  # fmt: skip
+    @rule(**ADD_ARGUMENTS)
     def add(
         self, tid: str, which: int, partitions: set[tuple[str, int]], group: str | None
     ) -> None:
@@ -267,9 +273,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         note(f"add {tid} ({pid}, {epoch}) {sorted(partitions)} {groups} -> {error!r}")
         assert error == self.model.add(tid, pid, epoch, partitions, groups, self.now)
 
-    @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3),
-          partitions=st.sets(st.sampled_from(PARTITIONS), min_size=1),
-          group=st.none() | st.sampled_from(GROUPS))  # fmt: skip
+    @rule(**ADD_ARGUMENTS)
     def txn_log_write_fails(
         self, tid: str, which: int, partitions: set[tuple[str, int]], group: str | None
     ) -> None:
@@ -376,12 +380,9 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         leaves it prepared (earlier partitions marked), and every request of the id
         meets the prepared state (P1, P2) until the partition heals and recovery
         finishes it (P3)."""
-        txn = self.model.txns.get(tid)
-        if txn is None or txn.status != "ongoing" or not txn.partitions:
+        last = self._end_with_the_last_partition_refusing(tid, which, committed)
+        if last is None:
             return
-        last = max(txn.partitions)
-        self.partition_refuses(last, refuses=True)
-        self.end(tid, which, committed)
         event("end stuck", str(self.model.txns[tid].status))
         self.add(tid, which, {PARTITIONS[0]}, GROUPS[0])
         self.end(tid, which, committed)
@@ -391,6 +392,20 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.init(tid, timeout_ms)
         self.partition_refuses(last, refuses=False)
         self.recovery_pass()
+
+    def _end_with_the_last_partition_refusing(
+        self, tid: str, which: int, committed: bool
+    ) -> tuple[str, int] | None:
+        """EndTxn of ``tid``'s open transaction while its last partition refuses its
+        marker (it still refuses after); that partition, or None (no open transaction
+        with partitions: nothing done)."""
+        txn = self.model.txns.get(tid)
+        if txn is None or txn.status != "ongoing" or not txn.partitions:
+            return None
+        last = max(txn.partitions)
+        self.partition_refuses(last, refuses=True)
+        self.end(tid, which, committed)
+        return last
 
     @rule(tid=st.sampled_from(IDS), committed=st.booleans(), group=st.sampled_from(GROUPS))
     def ended_with_offsets_then_restart(self, tid: str, committed: bool, group: str) -> None:
@@ -419,12 +434,9 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         the timers' first recovery fails too; the partition heals, and the timers' next
         round (transaction.abort.timed.out.transaction.cleanup.interval.ms on, a mock
         clock) must finish it (P3), as the machine's ``recovery_pass`` would."""
-        txn = self.model.txns.get(tid)
-        if txn is None or txn.status != "ongoing" or not txn.partitions:
+        last = self._end_with_the_last_partition_refusing(tid, which, committed)
+        if last is None:
             return
-        last = max(txn.partitions)
-        self.partition_refuses(last, refuses=True)
-        self.end(tid, which, committed)
         if self.model.txns[tid].status not in ("prepare_commit", "prepare_abort"):
             self.partition_refuses(last, refuses=False)
             return
