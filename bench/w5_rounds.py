@@ -1,7 +1,8 @@
 """W5 rounds, interleaved between broker trees, with where each produce's time went.
 
     .venv/bin/python bench/w5_rounds.py --rounds 3 --trees base=0652f29 new=HEAD \\
-        [--consumers 20] [--client-processes 4] [--client-stats] [--quick] [--json out.json]
+        [--consumers 20] [--client-processes 4] [--client-stats] [--quick] [--json out.json] \\
+        [--storage memory]
 
 A tree is a commit (``git archive``d into a temporary directory and run by this venv's
 interpreter, its editable install's finder dropped so that the tree's own ``trio_broker``
@@ -87,6 +88,10 @@ def main() -> None:
     parser.add_argument("--client-stats", action="store_true")
     parser.add_argument("--quick", action="store_true", help="W5's quick sizes")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--storage", choices=["file", "memory"], default="file",
+        help="memory: no fsync, so the disk's latency does not hide the broker's own",
+    )  # fmt: skip
     args = parser.parse_args()
     sizes = (QUICK if args.quick else FULL)["w5"]
     scratch = Path(tempfile.mkdtemp(prefix="w5-trees-"))
@@ -98,6 +103,12 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def start_with(storage: str) -> workloads.StartBroker:
+    """The pipelined broker with a /metrics listener (W5's default), on ``storage``."""
+    extra = ["--metrics-listen", "127.0.0.1:0"]
+    return lambda: workloads.BrokerProcess("pipelined", storage=storage, extra=extra)
+
+
 def run_rounds(args: argparse.Namespace, sizes: Any, trees: list[tuple[str, Path]]) -> None:
     runs: list[dict[str, Any]] = []
     for round_no in range(args.rounds):
@@ -106,7 +117,8 @@ def run_rounds(args: argparse.Namespace, sizes: Any, trees: list[tuple[str, Path
             load = os.getloadavg()
             r = workloads.w5(*sizes, consumers=args.consumers,
                              client_processes=args.client_processes,
-                             client_stats=args.client_stats)  # fmt: skip
+                             client_stats=args.client_stats,
+                             start=start_with(args.storage))  # fmt: skip
             r.pop("cdf_ms", None)
             runs.append({"round": round_no, "tree": name, "loadavg": load, **r})
             print(f"round {round_no} " + line(name, r, load), flush=True)
