@@ -68,7 +68,13 @@ class _Conn:
         self.lock = trio.Lock()
 
     async def call(self, api_key: int, version: int, request: Any) -> Any:
-        async with self.lock:
+        # A free lock is taken without the scheduler pass trio.Lock's acquire makes
+        # (send_all makes one anyway).
+        try:
+            self.lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self.lock.acquire()
+        try:
             correlation_id = next(self.correlation)
             frame = m.encode_request(api_key, version, correlation_id, self.client_id, request)
             await self.stream.send_all(frame)
@@ -87,6 +93,8 @@ class _Conn:
             if got != correlation_id:
                 raise OSError(f"correlation id {got}, expected {correlation_id}")
             return response
+        finally:
+            self.lock.release()
 
 
 class _Client:

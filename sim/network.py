@@ -181,7 +181,10 @@ class SimSocket:
         return len(chunk)
 
     async def sendmsg(self, buffers: list[Any]) -> int:
-        await trio.lowlevel.checkpoint()
+        # As the broker's writer on a kernel socket (os.writev, server/connection.py):
+        # no scheduler pass for a send that does not block, which an in-memory one never
+        # does; only cancellation is checked.
+        await trio.lowlevel.checkpoint_if_cancelled()
         data = b"".join(bytes(b) for b in buffers)
         self._connection.to_client.send(data)
         return len(data)

@@ -57,6 +57,7 @@ from sim.cluster import (
     SimCluster,
     inline_call_observers,
     run_inline,
+    virtual_clock,
 )
 from sim.faults import Fault, make_schedule
 from sim.network import Network
@@ -515,7 +516,7 @@ def simulate(
         span_s = round(rng.uniform(*FAULT_SPAN_S), 3)
     drawn = make_schedule(rng, span_s, faults)
     result = SimResult(seed, drawn if schedule is None else schedule, span_s=span_s)
-    clock = trio.testing.MockClock(autojump_threshold=0)
+    clock = virtual_clock()
     planted = PLANTED_BUGS[bug]() if bug is not None else contextlib.nullcontext()
     with _deterministic(seed), planted:
         trio.run(_main, rng, result, span_s, clock=clock)
@@ -605,6 +606,16 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
         nursery.cancel_scope.cancel()
 
 
+class _SchedulerRandom(random.Random):
+    """Trio's scheduler shuffles every batch of runnable tasks under deterministic
+    scheduling; most batches of a run hold one task, whose shuffle draws nothing. The
+    same draws as ``random.Random``, without the call for those."""
+
+    def shuffle(self, x: Any) -> None:
+        if len(x) > 1:
+            super().shuffle(x)
+
+
 class _deterministic:
     """Seed Trio's scheduler and ``random``; run worker-thread calls inline."""
 
@@ -617,13 +628,13 @@ class _deterministic:
 
         self.saved = [
             trio_run._ALLOW_DETERMINISTIC_SCHEDULING,
-            trio_run._r.getstate(),
+            trio_run._r,
             random.getstate(),
             trio.to_thread.run_sync,
             logging.getLogger("trio_broker").level,
         ]
         trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
-        trio_run._r.seed(self.seed)
+        trio_run._r = _SchedulerRandom(self.seed)  # type: ignore[misc]
         random.seed(self.seed)
         trio.to_thread.run_sync = run_inline  # type: ignore[assignment]
         logging.getLogger("trio_broker").setLevel(logging.CRITICAL)
@@ -631,9 +642,9 @@ class _deterministic:
     def __exit__(self, *exc: object) -> None:
         import trio._core._run as trio_run
 
-        allow, state, random_state, run_sync, level = self.saved
+        allow, scheduler_random, random_state, run_sync, level = self.saved
         trio_run._ALLOW_DETERMINISTIC_SCHEDULING = allow  # type: ignore[misc]
-        trio_run._r.setstate(state)
+        trio_run._r = scheduler_random  # type: ignore[misc]
         random.setstate(random_state)
         trio.to_thread.run_sync = run_sync
         logging.getLogger("trio_broker").setLevel(level)
