@@ -345,10 +345,6 @@ def produce_target(
     led = leading_partition(ctx, topic, name, data.index, missing)
     if isinstance(led, ErrorCode):
         part.error_code = led
-        if led == ErrorCode.KAFKA_STORAGE_ERROR and topic is not None:
-            # Its log dir is offline: the disk may work again, probe it in the
-            # background (1 s back-off per dir); this produce still fails.
-            ctx.services.durability.recover_soon(topic.logs[data.index])
         return None
     assert topic is not None  # leading_partition found its log
     if acks == -1:

@@ -88,7 +88,11 @@ def leading_partition(
     differs, then not the leader."""
     if topic is None or not 0 <= partition < len(topic.logs):
         return missing_partition_error(ctx, name, partition, missing)
-    if topic.logs[partition].offline:
+    log = topic.logs[partition]
+    if log.offline:
+        # The disk may work again: probe the dir in the background (the flusher's
+        # back-off, once a second per dir); this request still gets the error.
+        ctx.services.durability.recover_soon(log)
         return ErrorCode.KAFKA_STORAGE_ERROR
     own = (
         ctx.services.own_internal_topics.get(topic.name) if topic.name in RESERVED_TOPICS else None

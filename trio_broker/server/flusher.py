@@ -36,7 +36,7 @@ from trio_broker.storage.log_reload import probe_disk
 
 _logger = logging.getLogger("trio_broker.flusher")
 
-#: An offline log dir is probed again at most this often (on produce, see recover_soon).
+#: An offline log dir is probed again at most this often (on a request, see recover_soon).
 RECOVERY_BACKOFF_S = 1.0
 
 
