@@ -6,9 +6,11 @@ worker thread); these tests replace it for one partition's directory:
 - a **slow** fsync: produce with acks=all answers REQUEST_TIMED_OUT (7) once the
   request's ``timeout_ms`` passes, and the data stays in the log (as Kafka);
 - an fsync that fails with **EIO**: the produce gets KAFKA_STORAGE_ERROR (56), the
-  partition goes offline, reads and other partitions keep working, nothing
-  acknowledged is lost (read back after a restart), and once fsync works again
-  the partition comes back without a restart (probed on produce, 1 s back-off).
+  partition's log dir goes offline (its reads answer 56 too, as Kafka's), a partition
+  in the broker's other log dir keeps working, nothing acknowledged is lost (read back
+  after a restart), and once fsync works again the dir comes back without a restart
+  (probed on produce, 1 s back-off). tests/integration/test_log_dir_failure.py has the
+  rest of the per-dir rule.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ async def produce(client: RawClient, topic: str, value: bytes, timeout_ms: int =
     return response.responses[0].partition_responses[0]
 
 
-async def read_all(client: RawClient, topic: str) -> dict[int, bytes]:
+async def fetch(client: RawClient, topic: str) -> Any:
     F = m.FetchRequest
     body = F(
         replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=64 << 20, isolation_level=0,
@@ -59,7 +61,11 @@ async def read_all(client: RawClient, topic: str) -> dict[int, bytes]:
                                         partition_max_bytes=64 << 20)])],
     )  # fmt: skip
     response = await client.call(m.ApiKey.FETCH, 11, body)
-    part = response.responses[0].partitions[0]
+    return response.responses[0].partitions[0]
+
+
+async def read_all(client: RawClient, topic: str) -> dict[int, bytes]:
+    part = await fetch(client, topic)
     assert part.error_code == 0, part.error_code
     return {
         batch.offset_of(record): bytes(record.value or b"")
@@ -68,8 +74,10 @@ async def read_all(client: RawClient, topic: str) -> dict[int, bytes]:
     }
 
 
-async def start(nursery: trio.Nursery, data_dir: Path) -> tuple[Broker, RawClient]:
-    config = BrokerConfig(port=0, data_dir=data_dir, storage="file")
+async def start(
+    nursery: trio.Nursery, data_dir: Path, *extra_log_dirs: Path
+) -> tuple[Broker, RawClient]:
+    config = BrokerConfig(port=0, data_dir=data_dir, extra_log_dirs=extra_log_dirs, storage="file")
     broker: Broker = await nursery.start(Broker(config).run)
     host, port = broker.bound[0]
     return broker, RawClient(await trio.open_tcp_stream(host, port), "faults")
@@ -111,10 +119,14 @@ async def test_slow_fsync_times_out_acks_all_produce(nursery: trio.Nursery, tmp_
 async def test_fsync_eio_is_a_storage_error_and_loses_nothing(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    data_dir = tmp_path / "data"
-    broker, client = await start(nursery, data_dir)
-    broker.topics.create("victim", 1)
-    broker.topics.create("other", 1)
+    # Two log dirs: the failing fsync takes the victim's whole dir offline (Kafka's
+    # rule), the other dir's partition keeps serving.
+    data_dir, other_dir = tmp_path / "data", tmp_path / "other"
+    broker, client = await start(nursery, data_dir, other_dir)
+    broker.topics.create("victim", 1)  # the first dir
+    broker.topics.create("other", 1)  # the dir with fewer partitions
+    other_log = broker.topics.log("other", 0)
+    assert other_log is not None and broker.topics.log_dir_of(other_log) == other_dir
     failing = [True]
     failed_at: list[float] = []  # when each fsync was refused (in a worker thread)
 
@@ -132,9 +144,9 @@ async def test_fsync_eio_is_a_storage_error_and_loses_nothing(
         inject(broker, data_dir / "victim-0", eio)
         errors = [(await produce(client, "victim", b"doomed-%d" % i)).error_code for i in range(3)]
         assert errors == [ErrorCode.KAFKA_STORAGE_ERROR] * 3
-        # Reads of the acknowledged records and other partitions keep working.
-        stored = await read_all(client, "victim")
-        assert {o: stored.get(o) for o in acked} == acked
+        # Its dir is offline: reads answer 56 too (as Kafka's; before the per-dir rule
+        # they went on), the other dir's partition keeps working.
+        assert (await fetch(client, "victim")).error_code == ErrorCode.KAFKA_STORAGE_ERROR
         assert (await produce(client, "other", b"fine")).error_code == 0
         # Still failing: the recovery probe (after the 1 s back-off) fails too. The
         # back-off is the broker's clock, so a fixed 1.2 s passes it on any machine; the
@@ -159,7 +171,7 @@ async def test_fsync_eio_is_a_storage_error_and_loses_nothing(
         assert stored[recovered] == b"recovered"
         await broker.shutdown()
     # After a restart every acknowledged record is still there.
-    broker, client = await start(nursery, data_dir)
+    broker, client = await start(nursery, data_dir, other_dir)
     with trio.fail_after(60):
         stored = await read_all(client, "victim")
         assert {o: stored.get(o) for o in acked} == acked

@@ -222,11 +222,27 @@ def _replica(manager: FetcherHost, key: Key) -> Partition | None:
     return topic.replica(key[1])
 
 
+def _offline(manager: FetcherHost, partition_: Partition) -> bool:
+    """Whether the replica's log is offline (a disk error took its log dir offline:
+    storage/log_dir_state.py). Then it is neither truncated nor fetched for, as Kafka
+    removes the fetchers of a failed dir's partitions; the dir is probed in the
+    background (the flusher's back-off), and the replica fetched for again once the
+    whole dir is back."""
+    if not partition_.log.offline:
+        return False
+    # getattr: the flusher probes (Flusher.recover_soon); a stand-in durability of the
+    # tests may have no probe, and no disk to fail.
+    recover_soon = getattr(manager.durability, "recover_soon", None)
+    if recover_soon is not None:
+        recover_soon(partition_.log)
+    return True
+
+
 async def _truncate(
     manager: FetcherHost, client: BrokerClient, key: Key, role: FollowerRole
 ) -> None:
     partition_ = _replica(manager, key)
-    if partition_ is None:
+    if partition_ is None or _offline(manager, partition_):
         return
     log_ = partition_.log
     Req = m.OffsetForLeaderEpochRequest
@@ -317,6 +333,9 @@ async def _fetch_once(
     for key, role in ready.items():
         partition_ = _replica(manager, key)
         if partition_ is None:
+            continue
+        if _offline(manager, partition_):
+            role.needs_truncation = True  # back online, its log may end elsewhere
             continue
         log_ = partition_.log
         # Sync what was fetched before: the next fetch offset promises it is durable

@@ -4,8 +4,9 @@ Each asked-for partition moves to the named dir, one of ``log.dirs`` given by it
 absolute path. Per partition, as Kafka answers: LOG_DIR_NOT_FOUND for a dir that is
 not one of the broker's; UNKNOWN_TOPIC_OR_PARTITION for a partition nobody has;
 REPLICA_NOT_AVAILABLE for one the cluster has but this broker holds no log of (Kafka
-keeps NotLeaderOrFollower's old name here); KAFKA_STORAGE_ERROR when the partition or
-the move fails on disk. A partition already in that dir answers NONE with nothing to
+keeps NotLeaderOrFollower's old name here); KAFKA_STORAGE_ERROR when the destination dir
+is offline (a disk error took it offline: storage/log_dir_state.py), the partition's own
+dir is, or the move fails on disk. A partition already in that dir answers NONE with nothing to
 do. Without ALTER on the cluster every partition gets CLUSTER_AUTHORIZATION_FAILED.
 
 Kafka copies into a "future" log in the background while the current one serves, then
@@ -82,6 +83,8 @@ async def handle_alter_replica_log_dirs(
             code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
         elif target not in log_dirs:
             code = ErrorCode.LOG_DIR_NOT_FOUND
+        elif not ctx.services.topics.dir_states.is_online(target):
+            code = ErrorCode.KAFKA_STORAGE_ERROR  # as Kafka: never into an offline dir
         else:
             code = await _move(ctx, topic, partition, target)
         results.setdefault(topic, []).append(

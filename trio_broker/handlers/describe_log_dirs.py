@@ -1,8 +1,10 @@
 """DescribeLogDirs: the broker's log directories, their partitions and their sizes.
 
 One entry per log dir (``log.dirs``; one with ``--data-dir``), its absolute path as
-Kafka gives it, with each asked-for partition that dir holds: its size (the bytes of its segment files), offset lag 0 and
-``is_future_key`` false (no replica is being moved between directories), and
+Kafka gives it. A dir a disk error took offline (storage/log_dir_state.py) answers
+KAFKA_STORAGE_ERROR with no partitions and unknown sizes, as Kafka's; an online one
+lists each asked-for partition it holds: its size (the bytes of its segment files),
+offset lag 0 and ``is_future_key`` false (no replica is being moved between directories), and
 from v4 the file system's total and usable bytes. A null topic list asks for
 every partition, the internal ``__consumer_offsets`` and ``__transaction_state`` ones
 included, as in Kafka; partitions the broker does not hold are left out. DESCRIBE on the cluster is
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import RequestContext, handles
@@ -82,6 +85,10 @@ def _log_dir_result(
     )  # fmt: skip
     if data_dir is not None:
         result.log_dir = data_dir
+        if not ctx.services.topics.dir_states.is_online(Path(data_dir)):
+            # A disk error took the dir offline: as Kafka, its error and no partitions.
+            result.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+            return result
         try:
             fs = os.statvfs(data_dir)
         except OSError:

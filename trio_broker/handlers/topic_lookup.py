@@ -82,10 +82,18 @@ def leading_partition(
     needs of it: the :class:`Partition` (its log, this broker's term, its producer
     state) when this broker holds the partition and leads it (in
     ``current_leader_epoch``: :func:`check_leader`), else the error to answer, in
-    Kafka's order: the partition unknown here (:func:`missing_partition_error`), then a
-    leader epoch that differs, then not the leader."""
+    Kafka's order: the partition unknown here (:func:`missing_partition_error`), then its
+    log offline (KAFKA_STORAGE_ERROR: a disk error took its log dir offline, Kafka's
+    ``HostedPartition.Offline``; storage/log_dir_state.py), then a leader epoch that
+    differs, then not the leader."""
     if topic is None or not 0 <= partition < len(topic.logs):
         return missing_partition_error(ctx, name, partition, missing)
+    log = topic.logs[partition]
+    if log.offline:
+        # The disk may work again: probe the dir in the background (the flusher's
+        # back-off, once a second per dir); this request still gets the error.
+        ctx.services.durability.recover_soon(log)
+        return ErrorCode.KAFKA_STORAGE_ERROR
     own = (
         ctx.services.own_internal_topics.get(topic.name) if topic.name in RESERVED_TOPICS else None
     )

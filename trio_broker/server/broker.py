@@ -85,9 +85,10 @@ from trio_broker.state.fetch_sessions import FetchSessionCache
 from trio_broker.storage.cleaner import TransactionFacts
 from trio_broker.storage.data_dir_lock import lock_data_dir
 from trio_broker.storage.durable import make_dirs_durable
+from trio_broker.storage.errors import StorageError
 from trio_broker.storage.group_commit import FlushPolicy
 from trio_broker.storage.group_configs import GroupConfigStore
-from trio_broker.storage.log import LogConfig, wall_clock_ms
+from trio_broker.storage.log import LogConfig, PartitionLog, wall_clock_ms
 from trio_broker.storage.log_protocol import Log
 from trio_broker.transactions.coordinator import TransactionCoordinator, open_transaction_log
 from trio_broker.transactions.partitioned import PartitionedTransactionCoordinator
@@ -251,11 +252,11 @@ class Broker:
             self.services += [self.groups, TransactionTimers(self.transactions, config)]
         else:
             self.groups, own_offsets = coordinator_alone(
-                self, partial(open_offsets_log, data_dir, self.log_defaults)
+                self, self._in_first_log_dir(partial(open_offsets_log, data_dir, self.log_defaults))
             )
             own_transactions = OwnPartition(
                 TRANSACTION_STATE, config.node_id,
-                partial(open_transaction_log, data_dir, self.log_defaults),
+                self._in_first_log_dir(partial(open_transaction_log, data_dir, self.log_defaults)),
                 run_off_loop=self.run_off_loop,
             )  # fmt: skip
             self.transactions = PartitionedTransactionCoordinator(
@@ -295,7 +296,7 @@ class Broker:
         else:
             own_shares = OwnPartition(
                 SHARE_GROUP_STATE, config.node_id,
-                partial(open_share_state_log, data_dir, self.log_defaults),
+                self._in_first_log_dir(partial(open_share_state_log, data_dir, self.log_defaults)),
                 run_off_loop=self.run_off_loop,
             )  # fmt: skip
             self.share_coordinator = PartitionedShareCoordinator(OWN_PARTITIONS, own_shares)
@@ -394,6 +395,20 @@ class Broker:
         """Another broker coordinates the groups of ``__consumer_offsets-<partition>``
         now: their share groups' membership goes from here (groups/share.py)."""
         self.shares.unload_groups(lambda group_id: self.groups.partition_of(group_id) == partition)
+
+    def _in_first_log_dir(self, open_log: Callable[[], Log]) -> Callable[[], Log]:
+        """``open_log`` of a node alone's coordinator log (in the first log dir), whose
+        log then goes offline with that dir, and comes back with it, as a topic
+        partition's there (storage/log_dir_state.py)."""
+        topics = self.topics
+
+        def open_in_dir() -> Log:
+            log = open_log()
+            if isinstance(log, PartitionLog) and topics.log_dirs:
+                log.join_dir(topics.dir_states.state(topics.log_dirs[0]))
+            return log
+
+        return open_in_dir
 
     def _forget_share_state(self, topic_id: uuid.UUID) -> None:
         """A topic is deleted: its share state goes (handlers/share_persist.py), at the
@@ -762,11 +777,14 @@ class Broker:
                     # Only what this replica knows committed (Kafka's deletableSegments):
                     # a leader never deletes records a follower may still need to copy.
                     hw = self.replication.replica_high_watermark(name, partition)
-                    if hw is None:
-                        continue  # neither leader nor follower here now
+                    if hw is None or log_.offline:
+                        # Neither leader nor follower here now, or its log dir is
+                        # offline (as Kafka, whose failed dir's logs leave the log
+                        # manager: nothing is deleted there until it is back).
+                        continue
                     try:
                         log_.apply_retention(now, hw)
-                    except OSError:
+                    except (OSError, StorageError):  # a segment deletion failed
                         log.exception("retention failed")
 
     async def shutdown(self) -> None:

@@ -31,10 +31,12 @@ from trio_broker.server.sync_thread import InlineCalls, PipeReportingThreads
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.group_commit import DurabilityTracker, FlushPolicy, FlushStatistics
 from trio_broker.storage.log import PartitionLog
+from trio_broker.storage.log_dir_state import LogDirState
+from trio_broker.storage.log_reload import probe_disk
 
 _logger = logging.getLogger("trio_broker.flusher")
 
-#: An offline log is probed again at most this often (on produce, see recover_soon).
+#: An offline log dir is probed again at most this often (on a request, see recover_soon).
 RECOVERY_BACKOFF_S = 1.0
 
 
@@ -135,7 +137,7 @@ class Flusher:
         #: How a log is made durable, in the worker thread. Tests replace it to
         #: inject slow or failing fsyncs (tests/reliability/test_fsync_faults.py).
         self.sync: Callable[[FlushableLog], int] = flush_log
-        #: id(log) -> trio time of the next recovery probe of an offline log.
+        #: id(LogDirState) -> trio time of the next recovery probe of an offline log dir.
         self._next_probe: dict[int, float] = {}
         #: Where recovery probes run (the broker's root nursery; set by Broker.run).
         self.background: trio.Nursery | None = None
@@ -219,43 +221,60 @@ class Flusher:
                 event.set()
 
     def recover_soon(self, log: FlushableLog) -> None:
-        """Try to bring an offline log back (disk space returned), at most once per back-off.
+        """Try to bring an offline log's dir back (disk space returned), at most once per
+        back-off per dir.
 
         In the background: the produce that noticed still gets its storage error. Only a
-        disk log goes offline (a memory log's flush cannot fail).
+        disk log goes offline (a memory log's flush cannot fail). The dir comes back
+        whole or not at all (storage/log_dir_state.py): every log in it is reloaded
+        through recovery and synced, and only if all of them are is any adopted.
         """
         if not log.offline or not isinstance(log, PartitionLog):
             return
+        state = log.dir_state
         now = trio.current_time()
-        if now < self._next_probe.get(id(log), -math.inf):
+        if now < self._next_probe.get(id(state), -math.inf):
             return
-        self._next_probe[id(log)] = now + RECOVERY_BACKOFF_S
+        self._next_probe[id(state)] = now + RECOVERY_BACKOFF_S
         assert self.background is not None, "recover_soon before the broker runs"
-        self.background.start_soon(self._recover, log)
+        self.background.start_soon(self._recover, state)
 
-    async def _recover(self, log: PartitionLog) -> None:
-        def probe() -> PartitionLog:
-            fresh = log.reload()
+    async def _recover(self, state: LogDirState) -> None:
+        logs = [m for m in state.members.values() if isinstance(m, PartitionLog)]
+
+        def probe() -> list[PartitionLog]:
+            fresh: list[PartitionLog] = []
+            if not logs:  # its logs closed meanwhile: the dir itself must take a write
+                probe_disk(state.path)
             try:
-                self.sync(fresh)  # the same durability path as every flush
+                for log in logs:
+                    fresh.append(log.reload())
+                    self.sync(fresh[-1])  # the same durability path as every flush
             except BaseException:
-                fresh.abort()
+                for done in fresh:
+                    done.abort()
                 raise
             return fresh
 
         try:
             fresh = await trio.to_thread.run_sync(probe)
         except (OSError, StorageError) as exc:
-            _logger.info("%s still offline: %s", log.directory, exc)
+            _logger.info("log dir %s still offline: %s", state.path, exc)
             return
-        if not log.offline or log.closed:  # recovered or deleted meanwhile
-            fresh.abort()
+        if not state.offline:  # recovered meanwhile
+            for done in fresh:
+                done.abort()
             return
-        log.adopt(fresh)
-        # A fresh tracker: the failed one released its waiters and keeps its error.
-        self._entries.pop(id(log), None)
-        self._next_probe.pop(id(log), None)
-        _logger.warning("%s is back online at offset %d", log.directory, log.log_end_offset)
+        for log, done in zip(logs, fresh, strict=True):
+            if log.closed:  # deleted or moved meanwhile: the reload is not needed
+                done.abort()
+            else:
+                log.adopt(done)
+            # A fresh tracker: the failed one released its waiters and keeps its error.
+            self._entries.pop(id(log), None)
+        state.restore()
+        self._next_probe.pop(id(state), None)
+        _logger.warning("log dir %s is back online (%d partition logs)", state.path, len(logs))
 
     def statistics(self, log: FlushableLog | None = None) -> FlushStatistics:
         if log is not None:
@@ -367,8 +386,9 @@ class Flusher:
         for entry, count, result, seconds in zip(due, covered, results, durations, strict=True):
             if isinstance(result, BaseException):
                 if isinstance(entry.log, PartitionLog):
-                    # After a failed fsync nothing unsynced can be trusted.
-                    entry.log.take_offline()
+                    # After a failed fsync nothing unsynced can be trusted: the log,
+                    # and with it its whole log dir, goes offline.
+                    entry.log.take_offline(f"flush failed: {result}")
                 error = (
                     result
                     if isinstance(result, StorageError)

@@ -31,7 +31,8 @@ from trio_broker.storage.catalogue import Catalogue, TopicInfo
 from trio_broker.storage.catalogue import validate_topic_name as catalogue_rules
 from trio_broker.storage.errors import InvalidConfigError, InvalidTopicError
 from trio_broker.storage.log import LogConfig, PartitionLog
-from trio_broker.storage.log_dirs import choose_log_dir, find_partition_dir, recover_moves
+from trio_broker.storage.log_dir_state import LogDirs
+from trio_broker.storage.log_dirs import find_partition_dir, recover_moves
 from trio_broker.storage.log_dirs import move_partition as move_partition_dir
 from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.memory import MemoryLog
@@ -187,6 +188,9 @@ class TopicManager:
             recover_moves(self.log_dirs)  # before the catalogue and any log looks
         #: Partitions per log dir (placement: the fewest first).
         self.dir_counts: dict[Path, int] = dict.fromkeys(self.log_dirs, 0)
+        #: Whether each log dir is online, shared by the logs in it: a disk error in
+        #: one takes the whole dir offline (storage/log_dir_state.py).
+        self.dir_states = LogDirs(self.log_dirs)
         #: The log defaults of the broker's config file; dynamic broker configs go on top.
         self.static_defaults = defaults
         self.now_ms = now_ms
@@ -227,9 +231,12 @@ class TopicManager:
             return MemoryLog(config)
         dir_name = f"{name}-{partition}"
         log_dir = find_partition_dir(self.log_dirs, dir_name)
-        if log_dir is None:
-            log_dir = choose_log_dir(self.log_dirs, self.dir_counts)
-        log = PartitionLog.open(log_dir / dir_name, config, now_ms=self.now_ms)
+        if log_dir is None:  # a new partition: an online dir (NoOnlineLogDir if none is)
+            log_dir = self.dir_states.choose(self.dir_counts)
+        log = PartitionLog.open(
+            log_dir / dir_name, config, now_ms=self.now_ms,
+            dir_state=self.dir_states.state(log_dir),
+        )  # fmt: skip
         self.dir_counts[log_dir] += 1
         return log
 
@@ -262,7 +269,10 @@ class TopicManager:
             # first as a restart would (a failed copy leaves the source whole).
             recover_moves(self.log_dirs)
             where = find_partition_dir(self.log_dirs, f"{name}-{partition}") or source
-            new = PartitionLog.open(where / f"{name}-{partition}", old.config, now_ms=self.now_ms)
+            new = PartitionLog.open(
+                where / f"{name}-{partition}", old.config, now_ms=self.now_ms,
+                dir_state=self.dir_states.state(where),
+            )  # fmt: skip
             logs = list(topic.logs)  # replaced, not changed: readers may hold the old list
             logs[partition] = new
             topic.logs = logs
@@ -331,6 +341,7 @@ class TopicManager:
             self.check_configs(configs)
         else:
             self.check_new(name, partitions, configs)
+        self.check_room()
         if self.catalogue is not None:
             info = self.catalogue.create_topic(name, partitions, configs, topic_id=topic_id)
         else:
@@ -339,6 +350,15 @@ class TopicManager:
                 configs=configs,
             )  # fmt: skip
         return self._open(info)
+
+    def check_room(self) -> None:
+        """Raise TopicError(KAFKA_STORAGE_ERROR) when every log dir is offline: a new
+        partition has nowhere to go (storage/log_dir_state.py)."""
+        if self.log_dirs and not self.dir_states.online():
+            raise TopicError(
+                ErrorCode.KAFKA_STORAGE_ERROR,
+                "every log dir is offline after a disk error: no partition can be created",
+            )
 
     def check_new_partitions(self, name: str, total: int) -> Topic:
         """Raise TopicError unless topic ``name`` can grow to ``total`` partitions."""
@@ -377,6 +397,7 @@ class TopicManager:
         old list never sees it change.
         """
         topic = self.check_new_partitions(name, total)
+        self.check_room()
         config = self.log_config(topic.info.configs)
         opened: list[Log] = []
 

@@ -58,6 +58,7 @@ from trio_broker.storage.loader import (
     RECOVERY_POINT_CHECKPOINT,
 )
 from trio_broker.storage.log_cleaning import Cleaning
+from trio_broker.storage.log_dir_state import LogDirState
 from trio_broker.storage.log_reload import DISK_PROBE, Reloading
 from trio_broker.storage.log_retention import Retention
 from trio_broker.storage.log_truncation import Truncation
@@ -106,18 +107,26 @@ class PartitionLog(Reloading, Truncation, Retention, Cleaning):
         config: LogConfig | None = None,
         *,
         now_ms: Callable[[], int] = wall_clock_ms,
+        dir_state: LogDirState | None = None,
     ) -> PartitionLog:
-        """Open (recovering if needed) or create the log in ``directory``."""
+        """Open (recovering if needed) or create the log in ``directory``; ``dir_state``:
+        the health of its log dir, shared with the other logs there (storage/log_dir_state.py).
+        A log opened in an offline dir is offline from the start."""
         config = config or LogConfig()
         directory = Path(directory)
         try:
             make_dirs_durable(directory)
             log = cls._load(directory, config, now_ms)
         except OSError as exc:
-            raise StorageError(f"cannot open log {directory}: {exc}") from exc
+            error = StorageError(f"cannot open log {directory}: {exc}")
+            if dir_state is not None:  # as Kafka: a log that cannot be made fails its dir
+                dir_state.fail(str(error))
+            raise error from exc
         # The unlinks of a prune are not synced: a crash can bring back an older
         # snapshot than the newest PRODUCER_SNAPSHOTS_KEPT, so prune again at open.
         log.prune_producer_snapshots()
+        if dir_state is not None:
+            log.join_dir(dir_state)
         return log
 
     # ------------------------------------------------------------------ appends
@@ -348,6 +357,7 @@ class PartitionLog(Reloading, Truncation, Retention, Cleaning):
         The next ``open`` then recovers, exactly as after a crash.
         """
         self._closed = True
+        self.dir_state.leave(self)
         self._close_retired(None)
         for segment in self._segments:
             with contextlib.suppress(OSError):

@@ -1,9 +1,10 @@
 """Several log dirs (``log.dirs``, JBOD): where a partition lives, and moving it.
 
 A partition's directory ``<topic>-<partition>`` is in exactly one of the broker's log
-dirs. A new one goes to the dir holding the fewest partitions (Kafka's rule; ties go to
-the first in config order). A partition found in two dirs at start is refused, as
-Kafka refuses it: the broker cannot tell which copy is current.
+dirs. A new one goes to the online dir holding the fewest partitions (Kafka's rule; ties
+go to the first in config order: ``log_dir_state.LogDirs.choose``, beside each dir's
+health). A partition found in two dirs at start is refused, as Kafka refuses it: the
+broker cannot tell which copy is current.
 
 Moving a partition (AlterReplicaLogDirs) copies its closed log, so nothing appends
 during the copy, and commits in durable renames. Each name says how far it got:
@@ -27,7 +28,7 @@ from __future__ import annotations
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from trio_broker.storage.durable import (
@@ -40,7 +41,6 @@ from trio_broker.storage.errors import StorageError
 
 __all__ = [
     "DuplicateLogDirs",
-    "choose_log_dir",
     "find_partition_dir",
     "move_partition",
     "recover_moves",
@@ -65,11 +65,6 @@ def find_partition_dir(log_dirs: Sequence[Path], name: str) -> Path | None:
             "one that is not current (as Kafka, the broker will not guess)"
         )
     return found[0] if found else None
-
-
-def choose_log_dir(log_dirs: Sequence[Path], counts: Mapping[Path, int]) -> Path:
-    """The dir for a new partition: the one with the fewest partitions, first on a tie."""
-    return min(log_dirs, key=lambda d: counts.get(d, 0))
 
 
 def move_partition(

@@ -3,8 +3,9 @@
 Part of :class:`~trio_broker.storage.log.PartitionLog` (see ``log_state.py``).
 :meth:`Reloading._load` builds the log from what :mod:`~trio_broker.storage.loader`
 found (recovering after a crash) and reads its leader-epoch checkpoint back; after a
-disk error (``take_offline``), ``reload`` probes the disk and loads the directory again,
-and ``adopt`` puts the result in place of the offline log (the flusher does both).
+disk error (``take_offline``, which takes the log's whole dir offline), ``reload`` probes
+the disk and loads the directory again, and ``adopt`` puts the result in place of the
+offline log; the flusher does both for every log of the dir, then restores the dir.
 
 This module never imports trio.
 """
@@ -34,12 +35,29 @@ DISK_PROBE = ".disk-probe.tmp"
 DISK_PROBE_BYTES = 64 * 1024
 
 
+def probe_disk(directory: Path) -> None:
+    """Write and fsync a small file in ``directory``, then remove it: OSError if the disk
+    is still full or failing. Blocking."""
+    probe = directory / DISK_PROBE
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        data = bytes(DISK_PROBE_BYTES)
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.ENOSPC, "disk probe: short write")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+
+
 class Reloading(Reading, Flushing):
     """``_load`` (opening), ``take_offline``, ``reload`` and ``adopt``."""
 
-    def take_offline(self) -> None:
-        """A disk error seen outside the log (the flusher's fsync): stop taking appends."""
-        self.offline = True
+    def take_offline(self, reason: str = "a disk error seen outside the log") -> None:
+        """A disk error seen outside the log (the flusher's fsync): it and every log in
+        its dir stop serving."""
+        self.dir_state.fail(f"{self.directory}: {reason}")
 
     def reload(self) -> Self:
         """For an offline log: probe the disk, then open the directory again through recovery.
@@ -51,17 +69,7 @@ class Reloading(Reading, Flushing):
         """
         if not self.offline or self._closed:
             raise StorageError(f"log {self.directory} is not offline")
-        probe = self.directory / DISK_PROBE
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            data = bytes(DISK_PROBE_BYTES)
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.ENOSPC, "disk probe: short write")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(probe)
+        probe_disk(self.directory)
         return self._load(self.directory, self.config, self._now_ms)
 
     @classmethod
@@ -84,7 +92,7 @@ class Reloading(Reading, Flushing):
         return log
 
     def adopt(self, fresh: Self) -> None:
-        """Take over ``fresh`` (from :meth:`reload`) in place and go back online.
+        """Take over ``fresh`` (from :meth:`reload`) in place; back online with its dir.
 
         In place, so every holder of this object sees the recovered log. The old
         segments' descriptors stay open for ``file.delete.delay.ms``: a sendfile
@@ -105,9 +113,11 @@ class Reloading(Reading, Flushing):
             self.epoch_cache = fresh.epoch_cache
             self._persisted_epochs = fresh._persisted_epochs
             self._replica_gaps_below = fresh._replica_gaps_below
-            self.offline = False
         # The files now belong to this log; the shell object must never close them.
         fresh._segments, fresh._retired, fresh._closed = [], [], True
+        fresh.dir_state.leave(fresh)
+        # Still offline: the dir comes back whole, once every log in it is adopted
+        # (the flusher restores it, ``LogDirState.restore``).
 
     def _load_epochs(self) -> bool:
         """Read the checkpoint, trimmed to the recovered log; True if it had to be rebuilt.

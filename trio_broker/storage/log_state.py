@@ -7,7 +7,8 @@ flushes (``log_flush.py``) and the producer state snapshots they write
 (``log_snapshots.py``), truncation (``log_truncation.py``), retention and
 DeleteRecords (``log_retention.py``), and the cleaner's swap (``log_cleaning.py``).
 What they all use is here: the fields and their locks, the writable check, going
-offline on a disk error, and the log-start and leader-epoch checkpoints.
+offline on a disk error (which takes the log's whole dir offline: ``log_dir_state.py``),
+and the log-start and leader-epoch checkpoints.
 
 This module never imports trio.
 """
@@ -23,6 +24,7 @@ from trio_broker.storage.durable import write_file_atomically
 from trio_broker.storage.epoch_cache import EpochEntry, LeaderEpochCache, format_checkpoint
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.loader import LEADER_EPOCH_CHECKPOINT, LOG_START_CHECKPOINT, RecoveryReport
+from trio_broker.storage.log_dir_state import LogDirState
 from trio_broker.storage.log_types import LogConfig
 from trio_broker.storage.segment import Segment
 
@@ -49,7 +51,10 @@ class LogState:
         self.log_end_offset = segments[-1].next_offset
         #: every offset below this is on stable storage.
         self.durable_end_offset = self.log_end_offset
-        self.offline = False
+        #: The health of the log dir this log is in, shared with the other logs there
+        #: (:meth:`join_dir`); until then one of its own. Its ``offline`` is this log's.
+        self.dir_state = LogDirState(directory.parent)
+        self.dir_state.join(self)
         self.recovery = recovery
         self._closed = False
         self._lock = threading.Lock()
@@ -73,6 +78,18 @@ class LogState:
         #: offset below it durable writes (log_snapshots.py). Under _lock.
         self._staged_snapshots: list[tuple[int, bytes]] = []
 
+    @property
+    def offline(self) -> bool:
+        """A disk error in this log or another in its dir stopped it (until the dir is
+        probed back whole: server/flusher.py)."""
+        return self.dir_state.offline
+
+    def join_dir(self, state: LogDirState) -> None:
+        """This log is in the log dir ``state`` describes: it goes offline with it."""
+        self.dir_state.leave(self)
+        self.dir_state = state
+        state.join(self)
+
     def _check_writable(self) -> None:
         if self._closed:
             raise StorageError(f"log {self.directory} is closed")
@@ -80,8 +97,9 @@ class LogState:
             raise StorageError(f"log {self.directory} is offline after a disk error")
 
     def _go_offline(self, what: str, exc: OSError) -> StorageError:
-        self.offline = True
-        return StorageError(f"{what} failed in {self.directory}: {exc}")
+        error = StorageError(f"{what} failed in {self.directory}: {exc}")
+        self.dir_state.fail(str(error))
+        return error
 
     def _record_epoch(self, epoch: int, start_offset: int) -> bool:
         # Checkpoint first, batch after: the file then names every epoch the log holds.

@@ -6,16 +6,20 @@ import errno
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
+from tests.waits import eventually
 from trio_broker.protocol.records import build_batch
+from trio_broker.server import flusher as flusher_module
 from trio_broker.server.flusher import Flusher
 from trio_broker.storage.errors import StorageError
 from trio_broker.storage.group_commit import DurabilityTracker, FlushPolicy, histogram_bucket
 from trio_broker.storage.log import LogConfig, PartitionLog
+from trio_broker.storage.log_dir_state import LogDirs
 from trio_broker.storage.memory import MemoryLog
 
 
@@ -420,3 +424,49 @@ async def test_a_slow_sync_holds_back_only_the_logs_of_its_lane() -> None:
             stuck.auto = True
             stuck.gate.release()
             nursery.cancel_scope.cancel()
+
+
+async def test_an_offline_dir_comes_back_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe reloads and syncs every log of the dir; one failing keeps all offline."""
+    monkeypatch.setattr(flusher_module, "RECOVERY_BACKOFF_S", 0.0)
+    dirs = LogDirs([tmp_path])
+    state = dirs.state(tmp_path)
+    first, second = (
+        PartitionLog.open(tmp_path / name, LogConfig(), dir_state=state) for name in ("t-0", "t-1")
+    )
+    for log in (first, second):
+        log.append(build_batch([(None, b"kept")], base_timestamp=0), now_ms=0)
+        log.flush()
+    flusher = Flusher()
+    failing = [True]
+    refused: list[Path] = []
+
+    def sync(log: Any) -> int:
+        if failing[0] and log.directory == second.directory:
+            refused.append(log.directory)
+            raise OSError(errno.EIO, "injected EIO")
+        return int(log.flush())
+
+    flusher.sync = sync
+    async with trio.open_nursery() as nursery:
+        flusher.background = nursery
+        await nursery.start(flusher.run)
+        second.take_offline("injected")
+        assert first.offline  # the same dir
+        flusher.recover_soon(first)  # the first's probe syncs the second too: refused
+        await eventually(lambda: refused, "the refused probe")
+        assert first.offline and second.offline and state.offline
+        failing[0] = False
+        flusher.recover_soon(first)
+        await eventually(lambda: not state.offline, "the dir back online")
+        assert not first.offline and not second.offline
+        for log in (first, second):
+            appended = log.append(build_batch([(None, b"after")], base_timestamp=0), now_ms=0)
+            flusher.mark_dirty(log)
+            await flusher.wait_durable(log, appended.last_offset)
+            assert appended.base_offset == 1
+        nursery.cancel_scope.cancel()
+    first.close()
+    second.close()
