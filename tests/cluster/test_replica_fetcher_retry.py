@@ -28,6 +28,7 @@ import trio.testing
 from tests.waits import eventually
 from trio_broker.cluster.replica_fetcher import FollowerRole, _fetcher
 from trio_broker.config import BrokerConfig
+from trio_broker.partition.partition import Follows
 from trio_broker.protocol.records import build_batch
 from trio_broker.server.broker import Broker
 from trio_broker.services.cluster_view import BrokerInfo
@@ -80,7 +81,7 @@ async def test_a_refused_truncation_is_retried_without_a_view_change(
         follower = await start(nursery, tmp_path / "follower")
         follower.topics.create(TOPIC, 1)
         key = (TOPIC, 0)
-        manager = stand_in_manager(follower, leader, {key: FollowerRole(LEADER_ID, leader_epoch=0)})
+        manager = stand_in_manager(follower, leader, {key: FollowerRole(Follows(LEADER_ID, 0))})
         nursery.start_soon(_fetcher, manager, LEADER_ID, trio.CancelScope())
         # The fetcher is refused: the leader has no such topic.
         refused = f"{TOPIC}-0: OffsetForLeaderEpoch answered"
@@ -137,7 +138,7 @@ async def test_a_fetcher_with_nothing_to_fetch_waits_for_roles_rather_than_endin
         await trio.testing.wait_all_tasks_blocked()
         # The partition follows this leader again; run_fetchers, which still counts
         # the fetcher above as running, starts no other.
-        manager.following[key] = FollowerRole(LEADER_ID, leader_epoch=0)
+        manager.following[key] = FollowerRole(Follows(LEADER_ID, 0))
         changed, manager.roles_changed = manager.roles_changed, trio.Event()
         changed.set()
         follower_log = follower.topics.log(*key)

@@ -49,7 +49,7 @@ import trio
 from trio_broker.cluster.broker_client import BrokerClient, BrokerConnectionError
 from trio_broker.cluster.waiting import RETRY_S, wait_any
 from trio_broker.partition.append import Durability
-from trio_broker.partition.partition import Partition
+from trio_broker.partition.partition import Follows, Partition
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.replication.fetcher_rules import (
@@ -91,15 +91,23 @@ Key = tuple[str, int]
 
 @attrs.define
 class FollowerRole:
-    """A partition this broker follows: whom, in which epoch, how far it got. The
-    replica manager sets the leader and epoch; the fetcher keeps the progress."""
+    """A partition this broker follows: whom, in which epoch (the :class:`Follows` its
+    Partition holds too, one object for both), and how far the fetcher got. The replica
+    manager sets whom it follows; the fetcher keeps the progress."""
 
-    leader: int
-    leader_epoch: int
+    follows: Follows
     #: Cut the log to agree with the leader before fetching (after every leader change).
     needs_truncation: bool = True
     #: The leader's high watermark as last fetched, capped at the local log end.
     high_watermark: int = 0
+
+    @property
+    def leader(self) -> int:
+        return self.follows.leader
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.follows.leader_epoch
 
 
 class FetcherHost(Protocol):

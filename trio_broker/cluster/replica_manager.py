@@ -521,7 +521,9 @@ class ReplicaManager:
         partition's :class:`Partition` takes the follower's role (:meth:`_follow`)."""
         hw = previous.high_watermark if previous is not None else 0
         hw = self.hw_floors.follower_start(key, hw)
-        self.following[key] = FollowerRole(info.leader, info.leader_epoch, high_watermark=hw)
+        self.following[key] = FollowerRole(
+            Follows(info.leader, info.leader_epoch), high_watermark=hw
+        )
         self._follow(key)
         log.info("following broker %d for %s-%d in epoch %d",
                  info.leader, key[0], key[1], info.leader_epoch)  # fmt: skip
@@ -543,9 +545,7 @@ class ReplicaManager:
         role = self.following.get(key)
         if topic is None or role is None or not 0 <= key[1] < len(topic.logs):
             return
-        topic.make_follower(
-            key[1], Follows(role.leader, role.leader_epoch), self._producer_state.entry(*key)
-        )
+        topic.make_follower(key[1], role.follows, self._producer_state.entry(*key))
 
     def _take(self, key: Key) -> None:
         """Take ``key``'s Partition in this broker's term of it (``Topic.make_leader``): made

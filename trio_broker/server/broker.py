@@ -690,39 +690,35 @@ class Broker:
         cleaner (else None: the internal logs hold no transactional batches). The
         producer state is loaded in a worker thread if it is not yet (it may replay a
         segment's headers)."""
-        for name, topic in self.topics.topics.items():
-            for partition, candidate in enumerate(topic.logs):
-                if candidate is log_:
-                    # A replica cleans only what is committed (below its HW: alone the
-                    # log end; a partition it neither leads nor follows, nothing), and
-                    # a follower's producer state is rebuilt from what it copied.
-                    replica_hw = self.replication.replica_high_watermark(name, partition)
-                    hw = min(log_.log_end_offset, replica_hw if replica_hw is not None else 0)
-                    if self.replication.leader_term(name, partition) is None:
-                        self.producers.forget(name, partition)
-                    await trio.to_thread.run_sync(self.producers.prepare, name, partition, log_)
-                    if log_ is not self.topics.log(name, partition):
-                        return None  # deleted meanwhile
-                    lso = self.producers.last_stable_offset(name, partition, log_, hw)
-                    aborted = self.producers.aborted_between(
-                        name, partition, log_, log_.log_start_offset, lso
-                    )
-                    return TransactionFacts(
-                        lso,
-                        tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted),
-                        self.producers.active_producers(name, partition, log_),
-                        high_watermark=hw,
-                    )
-        return None
+        key = self.topics.key_of(log_)
+        if key is None:
+            return None
+        name, partition = key
+        # A replica cleans only what is committed (below its HW: alone the log end; a
+        # partition it neither leads nor follows, nothing), and a follower's producer
+        # state is rebuilt from what it copied.
+        replica_hw = self.replication.replica_high_watermark(name, partition)
+        hw = min(log_.log_end_offset, replica_hw if replica_hw is not None else 0)
+        if self.replication.leader_term(name, partition) is None:
+            self.producers.forget(name, partition)
+        await trio.to_thread.run_sync(self.producers.prepare, name, partition, log_)
+        if log_ is not self.topics.log(name, partition):
+            return None  # deleted meanwhile
+        lso = self.producers.last_stable_offset(name, partition, log_, hw)
+        aborted = self.producers.aborted_between(name, partition, log_, log_.log_start_offset, lso)
+        return TransactionFacts(
+            lso,
+            tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted),
+            self.producers.active_producers(name, partition, log_),
+            high_watermark=hw,
+        )
 
     def _forget_aborted(self, log_: Log, gone: list[tuple[int, int]]) -> None:
         """The cleaner removed these aborted transactions' data: read_committed fetches
         stop naming them before their markers go (docs/compaction.md)."""
-        for name, topic in self.topics.topics.items():
-            for partition, candidate in enumerate(topic.logs):
-                if candidate is log_:
-                    self.producers.forget_aborted(name, partition, log_, gone)
-                    return
+        key = self.topics.key_of(log_)
+        if key is not None:
+            self.producers.forget_aborted(*key, log_, gone)
 
     def _compactable_logs(self) -> list[Log]:
         """Every partition log, the committed-offsets log and the transaction log (the

@@ -472,6 +472,16 @@ class TopicManager:
     def all_logs(self) -> list[Log]:
         return [log for topic in self.topics.values() for log in topic.logs]
 
+    def key_of(self, log: Log) -> tuple[str, int] | None:
+        """The (topic, partition) whose log ``log`` is (None: an internal topic's log, or
+        one deleted or moved meanwhile). A walk over every partition: for the cleaner's
+        calls, once per log it cleans, never per request."""
+        for name, topic in self.topics.items():
+            for index, candidate in enumerate(topic.logs):
+                if candidate is log:
+                    return name, index
+        return None
+
     def close(self) -> None:
         for log in self.all_logs():
             log.close()
