@@ -59,7 +59,12 @@ def consumers_read_past_the_high_watermark() -> Iterator[None]:
     is shown records no follower holds yet, which a failover then takes back."""
     saved = partition_read.readable_end
 
-    def readable_end(isolation: Any, log_end_offset: int, high_watermark: int, stable: int) -> int:
+    def readable_end(
+        isolation: partition_read.Isolation,
+        log_end_offset: int,
+        high_watermark: int,
+        last_stable_offset: int,
+    ) -> int:
         return log_end_offset
 
     partition_read.readable_end = readable_end

@@ -28,6 +28,7 @@ from trio_broker.server.broker import Broker
 from trio_broker.server.sync_thread import InlineCalls
 from trio_broker.server.transport import open_connection
 from trio_broker.storage.epoch_cache import LeaderEpochCache
+from trio_broker.storage.log_protocol import Log
 from trio_broker.storage.memory import MemoryLog
 
 __all__ = ["SimBroker", "SimCoordination", "broker_host", "node_name", "virtual_clock"]
@@ -285,7 +286,7 @@ class SimBroker:
                 topic.info,
                 [
                     SavedLog(
-                        list(log_.batches()),
+                        list(_memory(log_).batches()),
                         log_.durable_end_offset if power_cut else log_.log_end_offset,
                         list(log_.epoch_cache.entries),
                     )
@@ -356,3 +357,9 @@ def _node_of(host: str) -> str:
     if not host.startswith(prefix):
         raise OSError(f"unknown host {host}")
     return node_name(int(host[len(prefix) :]))
+
+
+def _memory(log_: Log) -> MemoryLog:
+    """A simulated broker's log: always in memory (the simulation saves and restores them)."""
+    assert isinstance(log_, MemoryLog)
+    return log_

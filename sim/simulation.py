@@ -64,6 +64,7 @@ from sim.network import Network
 from trio_broker.cluster.coordination import MemoryZooKeeper
 from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.cluster.zk_layout import PartitionState, partition_state_path
+from trio_broker.storage.memory import MemoryLog
 
 __all__ = ["SimResult", "simulate"]
 
@@ -229,6 +230,7 @@ class Invariants:
             log_ = leader.topics.log(*key)
             assert log_ is not None
             found: dict[bytes, int] = {}
+            assert isinstance(log_, MemoryLog)  # the simulated brokers keep their logs in memory
             for base, last, data in log_.batches():
                 if last >= term.high_watermark:
                     break
@@ -634,7 +636,7 @@ class _deterministic:
             logging.getLogger("trio_broker").level,
         ]
         trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
-        trio_run._r = _SchedulerRandom(self.seed)  # type: ignore[misc]
+        trio_run._r = _SchedulerRandom(self.seed)
         random.seed(self.seed)
         trio.to_thread.run_sync = run_inline  # type: ignore[assignment]
         logging.getLogger("trio_broker").setLevel(logging.CRITICAL)
@@ -644,7 +646,7 @@ class _deterministic:
 
         allow, scheduler_random, random_state, run_sync, level = self.saved
         trio_run._ALLOW_DETERMINISTIC_SCHEDULING = allow  # type: ignore[misc]
-        trio_run._r = scheduler_random  # type: ignore[misc]
+        trio_run._r = scheduler_random
         random.setstate(random_state)
         trio.to_thread.run_sync = run_sync
         logging.getLogger("trio_broker").setLevel(level)
