@@ -131,7 +131,7 @@ async def _wait_for(
     coord: MemoryCoordination, path: str, ok: Callable[[bytes | None], bool]
 ) -> None:
     """Until the znode at ``path`` (its data, None: absent) satisfies ``ok``."""
-    with trio.fail_after(30):
+    with trio.fail_after(60):
         while True:
             node, changed = await coord.get_and_watch(path)
             if ok(None if node is None else node.data):
@@ -180,7 +180,7 @@ async def test_a_failed_dir_moves_leadership_off_its_replicas(tmp_path: Path) ->
                 1, (str(tmp_path / "a"),), frozenset({("t", 0), ("t", 2)})
             )
             # The notification was written, and the controller deleted it.
-            with trio.fail_after(30):
+            with trio.fail_after(60):
                 while True:
                     names, changed = await admin.children_and_watch(LOG_DIR_EVENTS)
                     if not names and server.sequences.get(LOG_DIR_EVENTS):
