@@ -25,7 +25,13 @@ What is checked after every pass (Kafka's controller rules, over every partition
 7. a topic placed by ``assign_replicas`` (CreateTopics with no assignment, over the live
    brokers and the racks they registered with) spans as many racks as it can in every
    partition: ``min(replication factor, racks)`` (Kafka's rack-aware placement; the
-   brokers' racks are drawn per example, some of them on no rack).
+   brokers' racks are drawn per example, some of them on no rack);
+8. a replica whose broker named it offline (a failed log dir: the broker's
+   ``OfflineReplicas`` znode, with Kafka's log dir event notification) neither leads nor
+   stays in the ISR, except as its last member with no leader; a leaderless partition
+   has no live in-sync replica that is not offline; once the broker names it online again
+   (its dir came back), a partition it was the last ISR member of has it as leader again;
+   the notifications are gone after a pass (the controller deletes them, as Kafka's).
 """
 
 from __future__ import annotations
@@ -44,10 +50,15 @@ from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
 from trio_broker.cluster.zk_layout import (
     BROKER_IDS,
     CONTROLLER_EPOCH,
+    LOG_DIR_EVENT_PREFIX,
+    LOG_DIR_EVENTS,
     BrokerRegistration,
+    LogDirEvent,
+    OfflineReplicas,
     PartitionState,
     TopicAssignment,
     encode_controller_epoch,
+    offline_replicas_path,
     partition_state_path,
     topic_path,
 )
@@ -110,6 +121,9 @@ class ControllerMachine(RuleBasedStateMachine):
         #: The states after the last pass.
         self.states: dict[Key, PartitionState] = {}
         self.topics = 0
+        #: Each live broker's replicas in a failed log dir, as its znode names them (gone
+        #: with its session, as the ephemeral znode).
+        self.offline: dict[int, frozenset[Key]] = {}
         #: Each broker's rack (None: no rack), drawn by ``brokers_have_racks``.
         self.racks: dict[int, str | None] = dict.fromkeys(BROKERS)
         trio.run(self._start)
@@ -125,6 +139,7 @@ class ControllerMachine(RuleBasedStateMachine):
         async def register_all() -> None:
             for broker, session in list(self.sessions.items()):
                 self.server.expire(session.session)
+                self.offline.pop(broker, None)
                 await self._register(broker)
 
         trio.run(register_all)
@@ -182,6 +197,9 @@ class ControllerMachine(RuleBasedStateMachine):
     def _live(self) -> frozenset[int]:
         return frozenset(self.sessions)
 
+    def _offline_of(self, key: Key) -> frozenset[int]:
+        return frozenset(b for b, keys in self.offline.items() if key in keys)
+
     # -- the controller's passes and what they must write --------------------------------
 
     def _controller_passes(self, restarted: frozenset[int] = frozenset()) -> None:
@@ -201,7 +219,7 @@ class ControllerMachine(RuleBasedStateMachine):
             old = before.get(key)
             assert state.controller_epoch == CONTROLLER_EPOCH_NOW
             if old is None:  # 1
-                alive = tuple(r for r in replicas if r in live)
+                alive = tuple(r for r in replicas if r in live - self._offline_of(key))
                 # Found by this machine (the twelfth round): a partition created with
                 # every replica down got (no leader, epoch 0, every replica), then its
                 # last replica alone in the ISR, so only that broker's return brought it
@@ -221,7 +239,7 @@ class ControllerMachine(RuleBasedStateMachine):
                 assert state.leader_epoch > old.leader_epoch, (
                     f"{key}: leader {old.leader} restarted and leads on in {old.leader_epoch}"
                 )
-                if all(b in live for b in old.isr):
+                if all(b in live for b in old.isr) and not self._offline_of(key) & set(old.isr):
                     assert (state.leader, state.isr) == (old.leader, old.isr), (old, state)
         self.states = after
 
@@ -269,9 +287,75 @@ class ControllerMachine(RuleBasedStateMachine):
         trio.run(self._create_topic, placed)
         self._controller_passes()
 
+    @rule(broker=st.sampled_from(BROKERS), picks=st.lists(st.integers(0, 50), max_size=3))
+    def log_dir_fails(self, broker: int, picks: list[int]) -> None:
+        """A live broker's log dir fails: it names the replicas there offline (more, if
+        one failed before) and notifies, as cluster/log_dir_events.py writes them."""
+        session = self.sessions.get(broker)
+        held = sorted(k for k, replicas in self.replicas.items() if broker in replicas)
+        if session is None or not held:
+            return
+        offline = self.offline.get(broker, frozenset()) | {held[i % len(held)] for i in picks}
+        if not offline:
+            return
+        self.offline[broker] = offline
+        note(f"broker {broker}: replicas {sorted(offline)} offline")
+        event("a failed log dir")
+
+        async def publish() -> None:
+            data = OfflineReplicas(broker, ("/data",), offline).encode()
+            path = offline_replicas_path(broker)
+            if await session.get(path) is None:
+                await session.create(path, data, ephemeral=True)
+            else:
+                await session.set(path, data, -1)
+            await session.create_sequential(LOG_DIR_EVENT_PREFIX, LogDirEvent(broker).encode())
+
+        trio.run(publish)
+        self._controller_passes()
+
+    @rule(broker=st.sampled_from(BROKERS))
+    def log_dir_returns(self, broker: int) -> None:
+        """The broker's failed dirs came back whole: its znode goes; a partition it was
+        the last in-sync replica of is led by it again."""
+        session = self.sessions.get(broker)
+        offline = self.offline.pop(broker, None)
+        if session is None or offline is None:
+            return
+        note(f"broker {broker}: replicas {sorted(offline)} back online")
+        trio.run(session.delete, offline_replicas_path(broker))
+        waiting = {
+            key
+            for key in offline
+            if key in self.states
+            and self.states[key].leader == NO_LEADER
+            and self.states[key].isr == (broker,)
+        }
+        self._controller_passes()
+        for key in waiting:
+            event("a partition led again by the replica whose dir came back")
+            assert self.states[key].leader == broker, (key, self.states[key])
+
+    @rule(broker=st.sampled_from(BROKERS))
+    def the_only_in_sync_replica_loses_its_dir(self, broker: int) -> None:
+        """The case the random rules seldom build: a partition whose one replica's dir
+        fails has no leader (its ISR keeps that replica), and leads again once the dir is
+        back."""
+        if broker not in self.sessions:
+            return
+        trio.run(self._create_topic, [[broker]])
+        key = (f"t{self.topics - 1}", 0)
+        self._controller_passes()
+        held = sorted(k for k, replicas in self.replicas.items() if broker in replicas)
+        self.log_dir_fails(broker, [held.index(key)])  # 8
+        assert (self.states[key].leader, self.states[key].isr) == (NO_LEADER, (broker,))
+        self.log_dir_returns(broker)
+        assert (self.states[key].leader, self.states[key].isr) == (broker, (broker,))
+
     @rule(broker=st.sampled_from(BROKERS))
     def broker_dies(self, broker: int) -> None:
         session = self.sessions.pop(broker, None)
+        self.offline.pop(broker, None)
         if session is None:
             return
         self.server.expire(session.session)
@@ -298,6 +382,7 @@ class ControllerMachine(RuleBasedStateMachine):
         in the ISR, at epoch 0."""
         for broker in replicas:
             session = self.sessions.pop(broker, None)
+            self.offline.pop(broker, None)
             if session is not None:
                 self.server.expire(session.session)
         note(f"brokers {replicas} die")
@@ -318,6 +403,7 @@ class ControllerMachine(RuleBasedStateMachine):
     def broker_restarts_unseen(self, broker: int) -> None:
         """Its session expires and a new life registers before any controller pass."""
         session = self.sessions.pop(broker, None)
+        self.offline.pop(broker, None)
         if session is None:
             return
         self.server.expire(session.session)
@@ -328,17 +414,28 @@ class ControllerMachine(RuleBasedStateMachine):
     # -- invariants over the stored states ------------------------------------------------
 
     @invariant()
+    def log_dir_events_are_cleared(self) -> None:  # 8
+        names = trio.run(self.admin.children_and_watch, LOG_DIR_EVENTS)[0]
+        assert not names, f"notifications left after a pass: {names}"
+
+    @invariant()
     def leaders_and_isrs_follow_the_live_brokers(self) -> None:
         live = self._live()
         for key, state in self.states.items():
             replicas = self.replicas[key]
             isr = frozenset(state.isr)
             assert isr and isr <= frozenset(replicas), f"{key}: ISR {state.isr} of {replicas}"
-            if state.leader != NO_LEADER:  # 2
+            offline = self._offline_of(key)
+            if state.leader != NO_LEADER:  # 2, 8
                 assert state.leader in live and state.leader in isr, f"{key}: {state}"
+                assert state.leader not in offline, f"{key}: {state}, {sorted(offline)} offline"
             else:
-                alive = sorted(isr & live)
+                alive = sorted(isr & (live - offline))
                 assert not alive, f"{key}: no leader with ISR members {alive} alive"
+            stale = isr & offline  # 8
+            assert not stale or (len(isr) == 1 and state.leader == NO_LEADER), (
+                f"{key}: offline {sorted(stale)} in ISR {state.isr}"
+            )
             dead = isr - live  # 3
             assert not dead or (len(isr) == 1 and state.leader == NO_LEADER), (
                 f"{key}: dead {sorted(dead)} in ISR {state.isr} ({sorted(live)} alive)"

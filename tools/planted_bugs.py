@@ -1690,7 +1690,7 @@ ELEVENTH = (
     Bug(
         "new-partition-isr-includes-dead",
         "trio_broker/cluster/controller.py",
-        "        in_sync = tuple(r for r in replicas if r in live)\n",
+        "        in_sync = tuple(r for r in replicas if r in usable)\n",
         "        in_sync = replicas\n",
         "a partition created while one of its replicas is down starts with that replica in "
         "its ISR: acks=all waits on it, and it may be elected without the log",

@@ -18,6 +18,7 @@ from trio_broker.cluster.controller import Rebalance
 from trio_broker.cluster.coordination import NodeExists, ZooKeeperCoordination
 from trio_broker.cluster.group_config_watch import GroupConfigWatch
 from trio_broker.cluster.inter_broker_stream import login_opener
+from trio_broker.cluster.log_dir_events import publish_offline_replicas
 from trio_broker.cluster.membership import run_membership, wall_clock_ms
 from trio_broker.cluster.replica_fetcher import connect_to_broker
 from trio_broker.cluster.replica_manager import ReplicaManager
@@ -220,6 +221,8 @@ async def run_cluster_node(
             # Group configs are ZooKeeper's (/config/groups): every broker applies them.
             nursery.start_soon(GroupConfigWatch(coord, host.shares).run)
             await nursery.start(manager.run)
+            # A failed log dir: the controller moves leadership off its replicas.
+            nursery.start_soon(publish_offline_replicas, coord, config.node_id, host.topics)
             if isinstance(coord, ZooKeeperCoordination):  # the simulation's has no socket
                 nursery.start_soon(_fence_while_cut_off, coord, manager,
                                    config.zookeeper_session_timeout_ms / 1000)  # fmt: skip

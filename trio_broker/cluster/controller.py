@@ -13,7 +13,7 @@ version (a deposed controller, still running, cannot overwrite its successor).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import attrs
 import trio
@@ -30,10 +30,15 @@ from trio_broker.cluster.waiting import RETRY_S, wait_any
 from trio_broker.cluster.zk_layout import (
     BROKER_IDS,
     CONTROLLER_EPOCH,
+    LOG_DIR_EVENTS,
+    OFFLINE_REPLICAS,
     CoordinationDataError,
+    LogDirEvent,
+    OfflineReplicas,
     PartitionState,
     TopicAssignment,
     decode_controller_epoch,
+    offline_replicas_path,
     partition_state_path,
     topic_config_path,
     topic_path,
@@ -48,6 +53,7 @@ from trio_broker.replication.controller_rules import (
     after_broker_loss,
     after_broker_return,
     after_leader_restart,
+    after_replicas_offline,
     elect_leader,
     leave_replicas,
     preferred_leader_move,
@@ -63,6 +69,8 @@ __all__ = [
     "Rebalance",
     "decide",
     "imbalanced_moves",
+    "offline_in",
+    "read_offline_replicas",
     "restarted_leader",
     "run_controller",
 ]
@@ -78,16 +86,20 @@ def decide(
     info: PartitionInfo,
     live: frozenset[int],
     *,
+    offline: frozenset[int] = frozenset(),
     unclean: bool = False,
     leader_restarted: bool = False,
 ) -> LeaderAndIsr | None:
     """What a partition's state should become, or None if it is right as it is.
 
-    ``leader_restarted``: the leader's registration is newer than the state (see
-    :func:`restarted_leader`)."""
+    ``offline``: live brokers whose replica of this partition is in a failed log dir
+    (their :class:`OfflineReplicas`): they neither lead nor stay in sync, as if lost for
+    this partition alone. ``leader_restarted``: the leader's registration is newer than
+    the state (see :func:`restarted_leader`)."""
     replicas = info.replicas
+    usable = live - offline
     if info.leader_epoch < 0:  # no state yet: a new partition
-        in_sync = tuple(r for r in replicas if r in live)
+        in_sync = tuple(r for r in replicas if r in usable)
         if not in_sync:
             # Kafka's controller leaves a new partition without a state while none of
             # its replicas is alive, and gives it its live replicas once one returns
@@ -95,16 +107,18 @@ def decide(
             # would let the next round's loss rule keep only the last one, so that only
             # that broker's return brought the partition online.
             return None
-        return LeaderAndIsr(elect_leader(replicas, in_sync, live), 0, in_sync)
+        return LeaderAndIsr(elect_leader(replicas, in_sync, usable), 0, in_sync)
     state = LeaderAndIsr(info.leader, info.leader_epoch, info.isr)
     if leader_restarted and info.leader in live:
         state = after_leader_restart(state)
     for gone in [b for b in (info.leader, *info.isr) if b != NO_LEADER and b not in live]:
-        state = after_broker_loss(state, replicas, gone, live, unclean=unclean) or state
+        state = after_broker_loss(state, replicas, gone, usable, unclean=unclean) or state
+    if offline:
+        state = after_replicas_offline(state, replicas, offline, live, unclean=unclean) or state
     if state.leader == NO_LEADER:
         for back in state.isr:
-            if back in live:
-                state = after_broker_return(state, replicas, back, live) or state
+            if back in usable:
+                state = after_broker_return(state, replicas, back, usable) or state
                 break
     return None if state == LeaderAndIsr(info.leader, info.leader_epoch, info.isr) else state
 
@@ -130,10 +144,14 @@ class Rebalance:
 
 
 def imbalanced_moves(
-    partitions: dict[tuple[str, int], PartitionInfo], live: frozenset[int], percentage: int
+    partitions: dict[tuple[str, int], PartitionInfo],
+    live: frozenset[int],
+    percentage: int,
+    offline: Mapping[tuple[str, int], frozenset[int]] | None = None,
 ) -> dict[tuple[str, int], LeaderAndIsr]:
     """Kafka's rule: per preferred broker, if more than ``percentage`` % of the partitions
-    it should lead are led by others, move back those where it is alive and in sync."""
+    it should lead are led by others, move back those where it is alive and in sync
+    (and its replica not in a failed log dir: ``offline``, per partition)."""
     by_preferred: dict[int, list[tuple[str, int]]] = {}
     for key, info in partitions.items():
         if info.replicas:
@@ -146,7 +164,8 @@ def imbalanced_moves(
         for key in elsewhere:
             info = partitions[key]
             state = LeaderAndIsr(info.leader, info.leader_epoch, info.isr)
-            moved = preferred_leader_move(state, info.replicas, live)
+            usable = live - (offline or {}).get(key, frozenset())
+            moved = preferred_leader_move(state, info.replicas, usable)
             if moved is not None:
                 moves[key] = moved
     return moves
@@ -177,6 +196,9 @@ class ControllerActions:
 
     def __init__(self, coord: Coordination, view: ClusterView, fence: tuple[str, int]) -> None:
         self.coord, self.view, self.fence = coord, view, fence
+        #: Each broker's replicas in failed log dirs, as the last reconciliation round
+        #: read them: elections requested meanwhile pass them over too.
+        self.offline: dict[int, frozenset[tuple[str, int]]] = {}
         #: Held by a reconciliation round and by a topic deletion: half-deleted, a
         #: topic's partitions would look new to the reconciler, which would recreate them.
         self.lock = trio.Lock()
@@ -229,9 +251,8 @@ class ControllerActions:
             if node is None:
                 return ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE, f"{path} is not written yet"
             current = PartitionState.decode(node.data, path).leader_and_isr
-            target = requested_election(
-                current, replicas, frozenset(self.view.brokers), election_type
-            )
+            live = frozenset(self.view.brokers) - offline_in(self.offline, topic, partition)
+            target = requested_election(current, replicas, live, election_type)
             if isinstance(target, ElectionRefused):
                 return _REFUSALS[target], None
             state = PartitionState.of(target, self.view.controller_epoch)
@@ -334,7 +355,7 @@ async def run_controller(
     actions = ControllerActions(coord, view, fence)
     on_active(actions)
     try:
-        await _reconcile(coord, view, fence, unclean, rebalance, actions.lock)
+        await _reconcile(coord, view, fence, unclean, rebalance, actions)
     finally:
         on_active(None)
 
@@ -345,22 +366,28 @@ async def _reconcile(
     fence: tuple[str, int],
     unclean: bool,
     rebalance: Rebalance | None,
-    lock: trio.Lock,
+    actions: ControllerActions,
 ) -> None:
     next_rebalance = trio.current_time() + (rebalance.interval_s if rebalance else 0)
     while True:
         lost = coord.session_lost()
         try:
-            async with lock:  # not while a topic is half deleted
-                changed = trio.Event()  # the broker list's watch and every topic's
+            async with actions.lock:  # not while a topic is half deleted
+                # The broker list's watch, every topic's, the log dir events' and each
+                # broker's offline replicas'.
+                changed = trio.Event()
                 brokers, _ = await coord.children_and_watch(BROKER_IDS, into=changed)
                 live = frozenset(int(b) for b in brokers if b.isdigit())
                 registered = await _registrations(coord, live)
+                events, _ = await coord.children_and_watch(LOG_DIR_EVENTS, into=changed)
+                offline = await read_offline_replicas(coord, live, into=changed)
+                actions.offline = offline
                 topics, versions, _ = await read_topics(coord, into=changed)
                 targets: dict[tuple[str, int], LeaderAndIsr] = {}
                 for topic in topics.values():
                     for partition, info in topic.partitions.items():
                         target = decide(info, live, unclean=unclean,
+                                        offline=offline_in(offline, topic.name, partition),
                                         leader_restarted=restarted_leader(info, registered))  # fmt: skip
                         if target is not None:
                             targets[(topic.name, partition)] = target
@@ -372,7 +399,10 @@ async def _reconcile(
                         for p, info in t.partitions.items()
                         if (t.name, p) not in targets and info.leader_epoch >= 0
                     }
-                    targets.update(imbalanced_moves(settled, live, rebalance.percentage))
+                    offline_of = {key: offline_in(offline, *key) for key in settled}
+                    targets.update(
+                        imbalanced_moves(settled, live, rebalance.percentage, offline_of)
+                    )
                 for (name, partition), target in targets.items():
                     state = PartitionState.of(target, view.controller_epoch)
                     path = partition_state_path(name, partition)
@@ -383,8 +413,10 @@ async def _reconcile(
                     for partition, info in topic.partitions.items():
                         if (topic.name, partition) not in targets:
                             version = versions[(topic.name, partition)]
-                            await _finish_move(coord, view, fence, live, topic.name, partition,
-                                               info, version)  # fmt: skip
+                            usable = live - offline_in(offline, topic.name, partition)
+                            await _finish_move(coord, view, fence, usable, topic.name,
+                                               partition, info, version)  # fmt: skip
+                await _clear_log_dir_events(coord, events)
         except NotController:
             raise
         except CoordinationError as exc:
@@ -404,6 +436,58 @@ async def _registrations(coord: Coordination, live: frozenset[int]) -> dict[int,
         if znode is not None:
             registered[broker] = znode.created
     return registered
+
+
+def offline_in(
+    offline: Mapping[int, frozenset[tuple[str, int]]], topic: str, partition: int
+) -> frozenset[int]:
+    """The brokers whose replica of ``topic``-``partition`` is in a failed log dir."""
+    key = (topic, partition)
+    return frozenset(b for b, partitions in offline.items() if key in partitions)
+
+
+async def read_offline_replicas(
+    coord: Coordination, live: frozenset[int], *, into: trio.Event | None = None
+) -> dict[int, frozenset[tuple[str, int]]]:
+    """Each live broker's replicas in failed log dirs (its ``OfflineReplicas`` znode,
+    written by the broker: cluster/log_dir_events.py), watched into ``into``. A broker
+    not live is left out: all its replicas are lost anyway. An unreadable znode counts
+    as none (logged)."""
+    names, _ = await coord.children_and_watch(OFFLINE_REPLICAS, into=into)
+    offline: dict[int, frozenset[tuple[str, int]]] = {}
+    for name in names:
+        if not name.isdigit() or int(name) not in live:
+            continue
+        broker = int(name)
+        node, _ = await coord.get_and_watch(offline_replicas_path(broker), into=into)
+        if node is None:
+            continue
+        try:
+            partitions = OfflineReplicas.decode(broker, node.data).partitions
+        except CoordinationDataError as exc:
+            log.warning("ignoring %s: %s", offline_replicas_path(broker), exc)
+            continue
+        if partitions:
+            offline[broker] = partitions
+    return offline
+
+
+async def _clear_log_dir_events(coord: Coordination, events: list[str]) -> None:
+    """Delete the log dir event notifications this round acted on, as Kafka's controller
+    does (what failed is in the brokers' offline replicas, read above)."""
+    for name in events:
+        path = f"{LOG_DIR_EVENTS}/{name}"
+        node = await coord.get(path)
+        if node is not None:
+            try:
+                event = LogDirEvent.decode(node.data, path)
+                log.info("broker %d reported a failed log dir (%s)", event.broker_id, name)
+            except CoordinationDataError as exc:
+                log.warning("ignoring %s: %s", path, exc)
+        try:
+            await coord.delete(path)
+        except NoNode:
+            pass
 
 
 def _moving(info: PartitionInfo) -> Reassignment:

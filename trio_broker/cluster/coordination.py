@@ -86,6 +86,10 @@ class Coordination(Protocol):
         """Create ``path`` (and missing parents); NodeExists if it is there. Each znode
         gets the ACL of its path, when the implementation sets ACLs."""
 
+    async def create_sequential(self, prefix: str, data: bytes) -> str:
+        """Create a persistent znode named ``prefix`` plus ZooKeeper's 10-digit sequence
+        number (and missing parents); the path made. Kafka's notification znodes."""
+
     async def get(self, path: str) -> Znode | None: ...
 
     async def owned_by_this_session(self, path: str) -> bool:
@@ -342,13 +346,21 @@ class ZooKeeperCoordination:
             pass  # a watch fired after the program's event loop ended
 
     async def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
+        await self._create(path, data, ephemeral=ephemeral)
+
+    async def create_sequential(self, prefix: str, data: bytes) -> str:
+        return await self._create(prefix, data, sequence=True)
+
+    async def _create(
+        self, path: str, data: bytes, *, ephemeral: bool = False, sequence: bool = False
+    ) -> str:
+        flags = {"ephemeral": ephemeral, "sequence": sequence}
         if not self._set_acl:
-            await self._call(self._client.create, path, data, ephemeral=ephemeral, makepath=True)
-            return
+            return str(await self._call(self._client.create, path, data, makepath=True, **flags))
         # kazoo's makepath would give the parents this znode's ACL: each gets its own.
         try:
-            await self._call(self._client.create, path, data, acl=self.acl(path),
-                             ephemeral=ephemeral)  # fmt: skip
+            return str(await self._call(self._client.create, path, data, acl=self.acl(path),
+                                        **flags))  # fmt: skip
         except NoNode:
             parent = path.rsplit("/", 1)[0] or "/"
             if parent == "/":
@@ -357,8 +369,8 @@ class ZooKeeperCoordination:
                 await self.create(parent, b"")
             except NodeExists:
                 pass
-            await self._call(self._client.create, path, data, acl=self.acl(path),
-                             ephemeral=ephemeral)  # fmt: skip
+            return str(await self._call(self._client.create, path, data, acl=self.acl(path),
+                                        **flags))  # fmt: skip
 
     async def get(self, path: str) -> Znode | None:
         try:
@@ -446,6 +458,8 @@ class MemoryZooKeeper:
     watches: dict[str, list[trio.Event]] = attrs.field(factory=dict)
     child_watches: dict[str, list[trio.Event]] = attrs.field(factory=dict)
     _next_session: int = 1
+    #: Per parent path, the next sequence number of :meth:`MemoryCoordination.create_sequential`.
+    sequences: dict[str, int] = attrs.field(factory=dict)
     #: The last transaction id: every create and set takes the next one, as in ZooKeeper.
     zxid: int = 0
 
@@ -575,6 +589,16 @@ class MemoryCoordination:
         )
         self._server._fire(self._server.watches, path)
         self._server._fire(self._server.child_watches, _parent(path))
+
+    async def create_sequential(self, prefix: str, data: bytes) -> str:
+        # ZooKeeper numbers by the parent's count of child creations; one counter per
+        # parent does the same here (numbers are never reused).
+        parent = _parent(prefix)
+        number = self._server.sequences.get(parent, 0)
+        self._server.sequences[parent] = number + 1
+        path = f"{prefix}{number:010d}"
+        await self.create(path, data)
+        return path
 
     async def get(self, path: str) -> Znode | None:
         await self._connection()

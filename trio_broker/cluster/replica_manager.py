@@ -410,6 +410,12 @@ class ReplicaManager:
                     if term is None or term.leader_epoch != info.leader_epoch:
                         if self._a_previous_life_led(info):
                             continue  # the controller gives this life a new epoch
+                        if self._offline(key):
+                            # Its log dir failed after the controller chose it (Kafka's
+                            # broker answers such a LeaderAndIsr KAFKA_STORAGE_ERROR):
+                            # no term; the controller elects another once it reads this
+                            # broker's offline replicas (cluster/log_dir_events.py).
+                            continue
                         await self._become_leader(name, p, info)
                         roles_changed = True
                     elif term.isr != frozenset(info.isr) and term.pending is None:
@@ -594,6 +600,12 @@ class ReplicaManager:
             await trio.sleep(max(self.replica_lag_time_max_ms / 4000, 0.05))
             now = self.now_ms()
             for (name, partition), term in list(self.terms.items()):
+                if self._offline((name, partition)):
+                    # Its log dir failed: it shrinks no ISR (its followers cannot fetch
+                    # from it, which says nothing of them) and the controller, told by
+                    # cluster/log_dir_events.py, moves the leadership off it, as Kafka
+                    # leaves an offline partition out of its ISR checks.
+                    continue
                 if self._refresh((name, partition), term):
                     self.wake((name, partition))
                 proposal = term.check_lagging(now)
@@ -614,6 +626,11 @@ class ReplicaManager:
             self.wake((name, partition))
 
     # ------------------------------------------------------------------ helpers
+
+    def _offline(self, key: Key) -> bool:
+        """Whether this broker's log of ``key`` is in a failed log dir."""
+        log_ = self.topics.log(*key)
+        return log_ is not None and log_.offline
 
     def _refresh(self, key: Key, term: LeaderPartition) -> bool:
         """``replica_rules.leader_log_progress`` from the partition's log: True if the

@@ -25,17 +25,23 @@ __all__ = [
     "CONTROLLER",
     "CONTROLLER_EPOCH",
     "GROUP_CONFIGS",
+    "LOG_DIR_EVENTS",
+    "LOG_DIR_EVENT_PREFIX",
+    "OFFLINE_REPLICAS",
     "PRODUCER_ID_BLOCK",
     "TOPICS",
     "BrokerRegistration",
     "ControllerClaim",
     "CoordinationDataError",
+    "LogDirEvent",
+    "OfflineReplicas",
     "PartitionState",
     "ProducerIdBlock",
     "TopicAssignment",
     "broker_path",
     "group_config_path",
     "group_of_config_znode",
+    "offline_replicas_path",
     "partition_state_path",
     "topic_config_path",
     "topic_path",
@@ -47,6 +53,14 @@ CONTROLLER = "/controller"
 CONTROLLER_EPOCH = "/controller_epoch"
 CLUSTER_ID = "/cluster/id"
 PRODUCER_ID_BLOCK = "/latest_producer_id_block"
+#: Kafka's log dir event notifications: a broker whose log dir failed creates a
+#: persistent sequential ``log_dir_event_<seq>`` here; the controller reads and deletes them.
+LOG_DIR_EVENTS = "/log_dir_event_notification"
+LOG_DIR_EVENT_PREFIX = f"{LOG_DIR_EVENTS}/log_dir_event_"
+#: Each broker's replicas in failed log dirs, one ephemeral znode per broker that has
+#: any (``OfflineReplicas``): what the controller reads (Kafka's controller asks the
+#: broker over LeaderAndIsr instead; ours reads its state from ZooKeeper only).
+OFFLINE_REPLICAS = "/brokers/offline_replicas"
 #: The cluster-wide default of the dynamic broker configs (Kafka's entity-default znode),
 #: in the topic config znodes' layout.
 BROKER_DEFAULT_CONFIG = "/config/brokers/<default>"
@@ -58,6 +72,10 @@ class CoordinationDataError(ValueError):
 
 def broker_path(broker_id: int) -> str:
     return f"{BROKER_IDS}/{broker_id}"
+
+
+def offline_replicas_path(broker_id: int) -> str:
+    return f"{OFFLINE_REPLICAS}/{broker_id}"
 
 
 def topic_path(topic: str) -> str:
@@ -354,3 +372,56 @@ def _replica_lists(
         if brokers:
             lists[int(name)] = tuple(brokers)
     return lists
+
+
+@attrs.frozen
+class LogDirEvent:
+    """``/log_dir_event_notification/log_dir_event_<seq>``, as Kafka writes it: broker
+    ``broker_id`` had a log dir fail (event 1, Kafka's only kind). A trigger: what
+    failed is in the broker's :class:`OfflineReplicas`."""
+
+    broker_id: int
+    event: int = 1
+
+    def encode(self) -> bytes:
+        return _dump({"version": 1, "broker": self.broker_id, "event": self.event})
+
+    @classmethod
+    def decode(cls, raw: bytes, what: str = "log dir event") -> LogDirEvent:
+        doc = _load(raw, what)
+        return cls(_int(doc, "broker", what), _int(doc, "event", what))
+
+
+@attrs.frozen
+class OfflineReplicas:
+    """``/brokers/offline_replicas/<id>`` (ephemeral, written by that broker): its log
+    dirs that are offline and the partitions whose replica there is offline with them.
+    Absent: none. It goes with the broker's session, as the broker's replicas do."""
+
+    broker_id: int
+    log_dirs: tuple[str, ...]
+    partitions: frozenset[tuple[str, int]]
+
+    def encode(self) -> bytes:
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in sorted(self.partitions):
+            by_topic.setdefault(topic, []).append(partition)
+        return _dump({"version": 1, "log_dirs": list(self.log_dirs), "partitions": by_topic})
+
+    @classmethod
+    def decode(cls, broker_id: int, raw: bytes) -> OfflineReplicas:
+        what = f"broker {broker_id} offline replicas"
+        doc = _load(raw, what)
+        dirs, parts = doc.get("log_dirs", []), doc.get("partitions")
+        if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
+            raise CoordinationDataError(f"{what}: log_dirs must be a list of paths")
+        if not isinstance(parts, dict):
+            raise CoordinationDataError(f"{what}: partitions must be an object")
+        partitions: set[tuple[str, int]] = set()
+        for topic, numbers in parts.items():
+            if not isinstance(numbers, list) or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers
+            ):
+                raise CoordinationDataError(f"{what}: {topic}: bad partition list")
+            partitions.update((topic, n) for n in numbers)
+        return cls(broker_id, tuple(dirs), frozenset(partitions))

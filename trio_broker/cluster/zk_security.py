@@ -21,6 +21,7 @@ SECURE_ROOTS = (
     "/kafka-acl",
     "/kafka-acl-extended",
     "/latest_producer_id_block",
+    "/log_dir_event_notification",
 )
 #: Subtrees only the brokers may read (Kafka's sensitive paths): SCRAM salts and keys,
 #: and per-broker configs, which may hold passwords.

@@ -12,6 +12,9 @@ from ZooKeeper and writes the results back with conditional updates. Kafka's rul
   may an alive replica outside the ISR lead;
 - every leader change bumps the leader epoch; so does the controller's removal of a lost
   broker from the ISR, so that the leader's own ISR updates of the old epoch fail;
+- a replica whose log dir failed on a live broker (Kafka's OfflineReplica) counts as
+  lost for its partition only: out of the ISR unless it is the last member, a new
+  leader if it led; its broker stays alive for every other partition;
 - so does a leader's restart (Kafka's bounced broker): a broker that registered again,
   before the controller saw it gone, must not lead on in the epoch its previous life
   led. Its log may have lost an unsynced tail that followers copied; in the same epoch
@@ -36,6 +39,7 @@ __all__ = [
     "after_broker_loss",
     "after_broker_return",
     "after_leader_restart",
+    "after_replicas_offline",
     "assign_replicas",
     "elect_leader",
     "leave_replicas",
@@ -158,6 +162,32 @@ def after_broker_loss(
     if leader == state.leader and isr == state.isr:
         return None  # already as it should be (an offline partition's last ISR member)
     return LeaderAndIsr(leader, state.leader_epoch + 1, isr)
+
+
+def after_replicas_offline(
+    state: LeaderAndIsr,
+    replicas: Sequence[int],
+    offline: frozenset[int],
+    live: frozenset[int],
+    *,
+    unclean: bool = False,
+) -> LeaderAndIsr | None:
+    """The partition's state once the replicas of brokers ``offline`` can no longer
+    serve it (a disk error took the log dir holding it offline; the brokers stay in
+    ``live`` for their other partitions), or None if none of them leads or is in sync.
+
+    Each goes as :func:`after_broker_loss` takes a lost broker: out of the ISR unless it
+    is its last member, and a new leader from the rest of the ISR (with ``unclean``,
+    any other live replica) if it led; no offline replica is elected. One new leader
+    epoch, however many of the partition's replicas went offline."""
+    usable = live - offline
+    after = state
+    for broker in (state.leader, *state.isr):
+        if broker in offline:
+            after = after_broker_loss(after, replicas, broker, usable, unclean=unclean) or after
+    if (after.leader, after.isr) == (state.leader, state.isr):
+        return None
+    return LeaderAndIsr(after.leader, state.leader_epoch + 1, after.isr)
 
 
 def after_leader_restart(state: LeaderAndIsr) -> LeaderAndIsr:

@@ -18,7 +18,10 @@ The rules, each in one place:
   (StorageError: KAFKA_STORAGE_ERROR);
 * DescribeLogDirs answers an offline dir with KAFKA_STORAGE_ERROR and no partitions,
   AlterReplicaLogDirs refuses to move a partition into one (the handlers ask
-  :meth:`LogDirs.is_online`).
+  :meth:`LogDirs.is_online`);
+* whoever must know (a cluster's broker tells its controller: cluster/log_dir_events.py)
+  hears of every change of a dir's health (:meth:`LogDirs.listen`), from whichever
+  thread saw it.
 
 A log opened without a shared state (a log alone in its directory, as the tests open
 them) gets one of its own: it goes offline and comes back by itself.
@@ -29,7 +32,7 @@ Plain data, no I/O and no trio.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -65,6 +68,9 @@ class LogDirState:
     #: The open logs in this dir, by id (joined at open, left at close): what a probe
     #: of the dir reloads.
     members: dict[int, _Member] = attrs.field(factory=dict, repr=False)
+    #: Called after the dir goes offline or comes back (its :class:`LogDirs` hands the
+    #: change to its listeners), in the thread that saw it.
+    on_change: Callable[[], None] = attrs.field(default=lambda: None, repr=False)
 
     def fail(self, reason: str) -> bool:
         """A disk error in one of its logs: the dir goes offline. True the first time."""
@@ -76,11 +82,15 @@ class LogDirState:
             "is probed back",
             self.path, reason, len(self.members),
         )  # fmt: skip
+        self.on_change()
         return True
 
     def restore(self) -> None:
         """Every log in the dir was reloaded and synced: the dir serves again."""
+        was_offline = self.offline
         self.offline, self.reason = False, None
+        if was_offline:
+            self.on_change()
 
     def join(self, log: _Member) -> None:
         self.members[id(log)] = log
@@ -93,11 +103,27 @@ class LogDirs:
     """The broker's log dirs (``log.dirs``, absolute, in config order) and their states."""
 
     def __init__(self, paths: Iterable[Path]) -> None:
-        self.states: dict[Path, LogDirState] = {Path(p): LogDirState(Path(p)) for p in paths}
+        self.states: dict[Path, LogDirState] = {}
+        self._listeners: list[Callable[[], None]] = []
+        for path in paths:
+            self.state(path)
 
     def state(self, path: Path) -> LogDirState:
         """The state of dir ``path`` (made online on first sight: a dir a test adds)."""
-        return self.states.setdefault(Path(path), LogDirState(Path(path)))
+        state = self.states.get(Path(path))
+        if state is None:
+            state = self.states[Path(path)] = LogDirState(Path(path), on_change=self._changed)
+        return state
+
+    def listen(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` after any dir goes offline or comes back, in the thread that
+        saw it (it must only hand the news over); the returned function stops that."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            listener()
 
     def is_online(self, path: Path) -> bool:
         state = self.states.get(Path(path))
