@@ -26,7 +26,7 @@ from trio_broker.cluster.coordination import (
     NoNode,
 )
 from trio_broker.cluster.topics_watch import read_topics
-from trio_broker.cluster.waiting import RETRY_S, wait_any
+from trio_broker.cluster.waiting import RETRY_S, Signal, wait_any
 from trio_broker.cluster.zk_layout import (
     BROKER_IDS,
     CONTROLLER_EPOCH,
@@ -352,7 +352,7 @@ async def _reconcile(
         lost = coord.session_lost()
         try:
             async with lock:  # not while a topic is half deleted
-                changed = trio.Event()  # the broker list's watch and every topic's
+                changed = Signal()  # the broker list's watch and every topic's
                 brokers, _ = await coord.children_and_watch(BROKER_IDS, into=changed)
                 live = frozenset(int(b) for b in brokers if b.isdigit())
                 registered = await _registrations(coord, live)

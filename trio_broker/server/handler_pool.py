@@ -5,18 +5,32 @@ handler serves them in arrival order: validation and offset assignment of a
 producer's batches happen in sequence even though the connection is pipelined.
 A handler that must wait (fsync, long poll) returns a Deferred, which runs in
 the broker's delayed-operations nursery while the handler takes the next request.
+A :class:`Polled` Deferred (a long poll) takes no task: the handler task polls it
+once, and the pool's one completer task polls it again each time what it waits on
+wakes it, and answers ``on_timeout()`` at its deadline (a heap of deadlines, one
+sleep for all of them).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from trio_broker.handlers.base import CloseConnection, Deferred, HandlerSpec, RequestContext
+from trio_broker.handlers.base import (
+    NOT_READY,
+    CloseConnection,
+    Deferred,
+    HandlerSpec,
+    Polled,
+    RequestContext,
+)
 from trio_broker.protocol.messages import API_KEY_NAMES, RequestHeader
 from trio_broker.protocol.schema import Message
 from trio_broker.server.histogram import LatencyHistogram, RequestStages
@@ -61,9 +75,36 @@ class HandlerRun:
         return (now if self.finished is None else self.finished) - self.started
 
 
+class _Waiting:
+    """A Polled answer the completer task looks after until it is answered."""
+
+    __slots__ = ("conn", "ctx", "deferred", "done", "slot", "times", "unwatch")
+
+    def __init__(
+        self, conn: Connection, slot: int, ctx: RequestContext, deferred: Polled,
+        times: tuple[float, float],
+    ) -> None:  # fmt: skip
+        self.conn = conn
+        self.slot = slot
+        self.ctx = ctx
+        self.deferred = deferred
+        self.times = times
+        self.done = False
+        self.unwatch: Callable[[], None] | None = None
+
+
 class HandlerPool:
     def __init__(self, broker: PoolHost, count: int, queue_size: int = 1024) -> None:
         self.broker = broker
+        #: Polled answers woken since the completer last looked (a dict: in wake order).
+        self._ready: dict[_Waiting, None] = {}
+        #: (trio time, sequence, waiting): each Polled answer's timeout; answered ones
+        #: stay until their time comes (skipped then).
+        self._deadlines: list[tuple[float, int, _Waiting]] = []
+        self._sequence = itertools.count()
+        #: Wakes the completer (a wake, or a deadline before the one it sleeps until).
+        self._completer_wakeup = trio.Event()
+        self._completer_until = math.inf
         channels = [trio.open_memory_channel[WorkItem](queue_size) for _ in range(count)]
         self._senders = [send for send, _ in channels]
         self._receivers = [receive for _, receive in channels]
@@ -126,6 +167,7 @@ class HandlerPool:
         async with trio.open_nursery() as nursery:
             for index, receiver in enumerate(self._receivers):
                 nursery.start_soon(self._worker, index, receiver, name=f"handler-{index}")
+            nursery.start_soon(self._completer, name="deferred-answers")
             task_status.started()
 
     async def _worker(self, index: int, receiver: trio.MemoryReceiveChannel[WorkItem]) -> None:
@@ -182,7 +224,9 @@ class HandlerPool:
             if pending is not None:
                 pending.started = started
                 pending.handled = done
-            if isinstance(result, Deferred):
+            if isinstance(result, Polled):
+                self._start_polled(conn, slot, ctx, result, (started, done))
+            elif isinstance(result, Deferred):
                 broker.root_nursery.start_soon(
                     self._finish, conn, slot, ctx, result, (started, done)
                 )
@@ -213,6 +257,92 @@ class HandlerPool:
             now = time.perf_counter()
             if now - pending.received >= self.slow_s:
                 self._slow(conn, ctx, pending.received, *times, now, response)
+
+    def _start_polled(
+        self, conn: Connection, slot: int, ctx: RequestContext, deferred: Polled,
+        times: tuple[float, float],
+    ) -> None:  # fmt: skip
+        """Poll once now; if it must wait, the completer polls it again when woken."""
+        waiting = _Waiting(conn, slot, ctx, deferred, times)
+        try:
+            waiting.unwatch = deferred.watch(lambda: self._wake(waiting))
+        except Exception:
+            self._failed(waiting)
+            return
+        self._poll(waiting)
+        if waiting.done or deferred.timeout_s is None:
+            return
+        deadline = trio.current_time() + deferred.timeout_s
+        heapq.heappush(self._deadlines, (deadline, next(self._sequence), waiting))
+        if deadline < self._completer_until:
+            self._completer_wakeup.set()
+
+    def _wake(self, waiting: _Waiting) -> None:
+        if not waiting.done and waiting not in self._ready:
+            self._ready[waiting] = None
+            self._completer_wakeup.set()
+
+    def _poll(self, waiting: _Waiting) -> None:
+        try:
+            answer = waiting.deferred.poll()
+        except Exception:
+            self._failed(waiting)
+            return
+        if answer is not NOT_READY:
+            self._answer(waiting, answer)
+
+    def _answer(self, waiting: _Waiting, answer: Any) -> None:
+        waiting.done = True
+        self._ready.pop(waiting, None)
+        if waiting.unwatch is not None:
+            waiting.unwatch()
+        conn, slot = waiting.conn, waiting.slot
+        pending = conn.pending.get(slot)
+        conn.complete(slot, answer)
+        if pending is not None:
+            now = time.perf_counter()
+            if now - pending.received >= self.slow_s:
+                self._slow(conn, waiting.ctx, pending.received, *waiting.times, now, answer)
+
+    def _failed(self, waiting: _Waiting) -> None:
+        waiting.done = True
+        self._ready.pop(waiting, None)
+        log.exception("deferred response for API %d failed", waiting.ctx.header.api_key)
+        if waiting.unwatch is not None:
+            try:
+                waiting.unwatch()
+            except Exception:
+                log.exception("ending a deferred response's wait failed")
+        waiting.conn.close("internal error completing a response")
+
+    async def _completer(self) -> None:
+        """Poll the woken Polled answers; answer those whose timeout came."""
+        deadlines = self._deadlines
+        while True:
+            while self._ready:
+                ready, self._ready = self._ready, {}
+                for waiting in ready:
+                    if not waiting.done:
+                        self._poll(waiting)
+            now = trio.current_time()
+            while deadlines and deadlines[0][0] <= now:
+                waiting = heapq.heappop(deadlines)[2]
+                if waiting.done:
+                    continue
+                assert waiting.deferred.on_timeout is not None, "a timeout needs on_timeout"
+                try:
+                    answer = waiting.deferred.on_timeout()
+                except Exception:
+                    self._failed(waiting)
+                    continue
+                self._answer(waiting, answer)
+            if self._ready:
+                continue
+            self._completer_wakeup = trio.Event()
+            self._completer_until = deadlines[0][0] if deadlines else math.inf
+            with trio.move_on_at(self._completer_until):
+                await self._completer_wakeup.wait()
+            self._completer_until = -math.inf  # awake: a new deadline need not wake it
 
     def _slow(
         self,
@@ -266,11 +396,34 @@ class HandlerPool:
 
 
 async def _run_deferred(deferred: Deferred) -> Any:
-    """Perform a handler's wait; past its ``timeout_s`` answer its ``on_timeout()``."""
+    """Perform a handler's wait; past its ``timeout_s`` answer its ``on_timeout()``.
+
+    A Polled answer is polled on this task (tests; the pool runs them on its completer)."""
+    if isinstance(deferred, Polled):
+        return await _run_polled(deferred)
     if deferred.timeout_s is None:
         return await deferred.finish()
     with trio.move_on_after(deferred.timeout_s):
         return await deferred.finish()
+    assert deferred.on_timeout is not None, "a Deferred with a timeout needs on_timeout"
+    return deferred.on_timeout()
+
+
+async def _run_polled(deferred: Polled) -> Any:
+    woken = [trio.Event()]
+    unwatch = deferred.watch(lambda: woken[0].set())
+    try:
+        timeout = math.inf if deferred.timeout_s is None else deferred.timeout_s
+        with trio.move_on_after(timeout):
+            while True:
+                answer = deferred.poll()
+                if answer is not NOT_READY:
+                    await trio.lowlevel.checkpoint()
+                    return answer
+                await woken[0].wait()
+                woken[0] = trio.Event()
+    finally:
+        unwatch()
     assert deferred.on_timeout is not None, "a Deferred with a timeout needs on_timeout"
     return deferred.on_timeout()
 
