@@ -60,11 +60,25 @@ class ClientInfo:
     port: int
 
 
+class DurableWait(Protocol):
+    """One write's wait for its fsync, from :meth:`Durability.watch_durable`."""
+
+    def check(self) -> bool:
+        """True once durable, False while waiting; raises the sync's error if it failed."""
+        ...
+
+    def cancel(self) -> None: ...
+
+
 class Durability(Protocol):
     """Group commit (the flusher): when appended bytes are on disk."""
 
     def mark_dirty(self, log: Log, messages: int = 1) -> None: ...
     async def wait_durable(self, log: Log, offset: int) -> None: ...
+    def watch_durable(self, log: Log, offset: int, wake: Callable[[], None]) -> DurableWait:
+        """:meth:`wait_durable` without a task: ``wake()`` when it may be done."""
+        ...
+
     def recover_soon(self, log: Log) -> None: ...
 
 
