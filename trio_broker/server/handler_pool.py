@@ -78,7 +78,7 @@ class HandlerRun:
 class _Waiting:
     """A Polled answer the completer task looks after until it is answered."""
 
-    __slots__ = ("conn", "ctx", "deferred", "done", "slot", "times", "unwatch")
+    __slots__ = ("conn", "ctx", "deferred", "done", "slot", "timed", "times", "unwatch")
 
     def __init__(
         self, conn: Connection, slot: int, ctx: RequestContext, deferred: Polled,
@@ -90,6 +90,8 @@ class _Waiting:
         self.deferred = deferred
         self.times = times
         self.done = False
+        #: In the completer's heap of deadlines.
+        self.timed = False
         self.unwatch: Callable[[], None] | None = None
 
 
@@ -99,8 +101,10 @@ class HandlerPool:
         #: Polled answers woken since the completer last looked (a dict: in wake order).
         self._ready: dict[_Waiting, None] = {}
         #: (trio time, sequence, waiting): each Polled answer's timeout; answered ones
-        #: stay until their time comes (skipped then).
+        #: stay until their time comes (skipped then) or until they are half the heap,
+        #: which is then rebuilt without them (an answer keeps its request's objects).
         self._deadlines: list[tuple[float, int, _Waiting]] = []
+        self._answered_in_deadlines = 0
         self._sequence = itertools.count()
         #: Wakes the completer (a wake, or a deadline before the one it sleeps until).
         self._completer_wakeup = trio.Event()
@@ -273,6 +277,11 @@ class HandlerPool:
         if waiting.done or deferred.timeout_s is None:
             return
         deadline = trio.current_time() + deferred.timeout_s
+        if self._answered_in_deadlines > max(64, len(self._deadlines) // 2):
+            self._deadlines[:] = [d for d in self._deadlines if not d[2].done]
+            heapq.heapify(self._deadlines)
+            self._answered_in_deadlines = 0
+        waiting.timed = True
         heapq.heappush(self._deadlines, (deadline, next(self._sequence), waiting))
         if deadline < self._completer_until:
             self._completer_wakeup.set()
@@ -293,6 +302,7 @@ class HandlerPool:
 
     def _answer(self, waiting: _Waiting, answer: Any) -> None:
         waiting.done = True
+        self._answered_in_deadlines += waiting.timed
         self._ready.pop(waiting, None)
         if waiting.unwatch is not None:
             waiting.unwatch()
@@ -306,6 +316,7 @@ class HandlerPool:
 
     def _failed(self, waiting: _Waiting) -> None:
         waiting.done = True
+        self._answered_in_deadlines += waiting.timed
         self._ready.pop(waiting, None)
         log.exception("deferred response for API %d failed", waiting.ctx.header.api_key)
         if waiting.unwatch is not None:
@@ -327,7 +338,9 @@ class HandlerPool:
             now = trio.current_time()
             while deadlines and deadlines[0][0] <= now:
                 waiting = heapq.heappop(deadlines)[2]
+                waiting.timed = False
                 if waiting.done:
+                    self._answered_in_deadlines -= 1
                     continue
                 assert waiting.deferred.on_timeout is not None, "a timeout needs on_timeout"
                 try:
