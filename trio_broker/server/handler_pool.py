@@ -78,7 +78,7 @@ class HandlerRun:
 class _Waiting:
     """A Polled answer the completer task looks after until it is answered."""
 
-    __slots__ = ("conn", "ctx", "deferred", "done", "slot", "timed", "times", "unwatch")
+    __slots__ = ("conn", "ctx", "deferred", "done", "slot", "ticket", "times", "unwatch")
 
     def __init__(
         self, conn: Connection, slot: int, ctx: RequestContext, deferred: Polled,
@@ -90,9 +90,17 @@ class _Waiting:
         self.deferred = deferred
         self.times = times
         self.done = False
-        #: In the completer's heap of deadlines.
-        self.timed = False
+        #: Its entry's handle in the completer's heap of deadlines, emptied when it is
+        #: answered (the heap then holds nothing of the request), or None: no deadline.
+        self.ticket: list[_Waiting | None] | None = None
         self.unwatch: Callable[[], None] | None = None
+
+    def finished(self) -> None:
+        """Answered (or failed): let go of the heap's handle and of the wait."""
+        self.done = True
+        if self.ticket is not None:
+            self.ticket[0] = None
+            self.ticket = None
 
 
 class HandlerPool:
@@ -100,10 +108,10 @@ class HandlerPool:
         self.broker = broker
         #: Polled answers woken since the completer last looked (a dict: in wake order).
         self._ready: dict[_Waiting, None] = {}
-        #: (trio time, sequence, waiting): each Polled answer's timeout; answered ones
-        #: stay until their time comes (skipped then) or until they are half the heap,
-        #: which is then rebuilt without them (an answer keeps its request's objects).
-        self._deadlines: list[tuple[float, int, _Waiting]] = []
+        #: (trio time, sequence, [waiting]): each Polled answer's timeout; an answered
+        #: one's handle is emptied, and its entry stays until its time comes (skipped
+        #: then) or until such entries are half the heap, which is then rebuilt.
+        self._deadlines: list[tuple[float, int, list[_Waiting | None]]] = []
         self._answered_in_deadlines = 0
         self._sequence = itertools.count()
         #: Wakes the completer (a wake, or a deadline before the one it sleeps until).
@@ -278,11 +286,11 @@ class HandlerPool:
             return
         deadline = trio.current_time() + deferred.timeout_s
         if self._answered_in_deadlines > max(64, len(self._deadlines) // 2):
-            self._deadlines[:] = [d for d in self._deadlines if not d[2].done]
+            self._deadlines[:] = [d for d in self._deadlines if d[2][0] is not None]
             heapq.heapify(self._deadlines)
             self._answered_in_deadlines = 0
-        waiting.timed = True
-        heapq.heappush(self._deadlines, (deadline, next(self._sequence), waiting))
+        waiting.ticket = [waiting]
+        heapq.heappush(self._deadlines, (deadline, next(self._sequence), waiting.ticket))
         if deadline < self._completer_until:
             self._completer_wakeup.set()
 
@@ -301,8 +309,8 @@ class HandlerPool:
             self._answer(waiting, answer)
 
     def _answer(self, waiting: _Waiting, answer: Any) -> None:
-        waiting.done = True
-        self._answered_in_deadlines += waiting.timed
+        self._answered_in_deadlines += waiting.ticket is not None
+        waiting.finished()
         self._ready.pop(waiting, None)
         if waiting.unwatch is not None:
             waiting.unwatch()
@@ -315,8 +323,8 @@ class HandlerPool:
                 self._slow(conn, waiting.ctx, pending.received, *waiting.times, now, answer)
 
     def _failed(self, waiting: _Waiting) -> None:
-        waiting.done = True
-        self._answered_in_deadlines += waiting.timed
+        self._answered_in_deadlines += waiting.ticket is not None
+        waiting.finished()
         self._ready.pop(waiting, None)
         log.exception("deferred response for API %d failed", waiting.ctx.header.api_key)
         if waiting.unwatch is not None:
@@ -337,11 +345,12 @@ class HandlerPool:
                         self._poll(waiting)
             now = trio.current_time()
             while deadlines and deadlines[0][0] <= now:
-                waiting = heapq.heappop(deadlines)[2]
-                waiting.timed = False
-                if waiting.done:
+                timed_out = heapq.heappop(deadlines)[2][0]
+                if timed_out is None:
                     self._answered_in_deadlines -= 1
                     continue
+                waiting = timed_out
+                waiting.ticket = None  # popped: its answer empties no handle
                 assert waiting.deferred.on_timeout is not None, "a timeout needs on_timeout"
                 try:
                     answer = waiting.deferred.on_timeout()
