@@ -5,7 +5,7 @@ handler serves them in arrival order: validation and offset assignment of a
 producer's batches happen in sequence even though the connection is pipelined.
 A handler that must wait (fsync, long poll) returns a Deferred, which runs in
 the broker's delayed-operations nursery while the handler takes the next request.
-A :class:`Polled` Deferred (a long poll) takes no task: the handler task polls it
+A :class:`Polled` Deferred (a long poll, a node alone's acks=all produce) takes no task: the handler task polls it
 once, and the pool's one completer task polls it again each time what it waits on
 wakes it, and answers ``on_timeout()`` at its deadline (a heap of deadlines, one
 sleep for all of them).
@@ -312,8 +312,7 @@ class HandlerPool:
         self._answered_in_deadlines += waiting.ticket is not None
         waiting.finished()
         self._ready.pop(waiting, None)
-        if waiting.unwatch is not None:
-            waiting.unwatch()
+        self._unwatch(waiting)
         conn, slot = waiting.conn, waiting.slot
         pending = conn.pending.get(slot)
         conn.complete(slot, answer)
@@ -327,12 +326,18 @@ class HandlerPool:
         waiting.finished()
         self._ready.pop(waiting, None)
         log.exception("deferred response for API %d failed", waiting.ctx.header.api_key)
-        if waiting.unwatch is not None:
+        self._unwatch(waiting)
+        waiting.conn.close("internal error completing a response")
+
+    @staticmethod
+    def _unwatch(waiting: _Waiting) -> None:
+        # The completer task must outlive any one answer's failure.
+        unwatch, waiting.unwatch = waiting.unwatch, None
+        if unwatch is not None:
             try:
-                waiting.unwatch()
+                unwatch()
             except Exception:
                 log.exception("ending a deferred response's wait failed")
-        waiting.conn.close("internal error completing a response")
 
     async def _completer(self) -> None:
         """Poll the woken Polled answers; answer those whose timeout came."""
