@@ -76,3 +76,27 @@ async def test_acks_all_produce_and_long_poll_are_answered_without_a_task(tmp_pa
                 trio.lowlevel.remove_instrument(spawns)
         assert answers[0].responses[0].partitions[0].records
         assert spawns.names == []
+
+
+async def test_an_answered_acks_all_produce_is_freed_without_the_cyclic_gc(
+    tmp_path: Path,
+) -> None:
+    """Its request's objects go when it is answered, by reference counting: a cycle
+    through the group commit's waiter would keep its buffers until a GC pass."""
+    import gc
+
+    from trio_broker.server.handler_pool import _Waiting
+
+    async with file_broker_and_client(tmp_path / "data") as (broker, client):
+        broker.topics.create(TOPIC, 1)
+        await client.call(m.ApiKey.PRODUCE, 9, produce(-1))  # warm-up
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(3):
+                answer = await client.call(m.ApiKey.PRODUCE, 9, produce(-1))
+                assert answer.responses[0].partition_responses[0].error_code == 0
+            left = [o for o in gc.get_objects() if isinstance(o, _Waiting)]
+        finally:
+            gc.enable()
+        assert left == []

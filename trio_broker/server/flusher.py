@@ -89,9 +89,16 @@ class DurableWatch:
 
     def cancel(self) -> None:
         """Stop waiting (the answer went, or timed out)."""
+        # Let go of the callback: it holds the waiting answer, which holds this watch
+        # (a reference cycle would keep the request's buffers until a GC pass).
+        self._wake = _no_wake
         if not self.released and self._entry is not None:
             self.released = True
             self._entry.tracker.discard_waiter(self)
+
+
+def _no_wake() -> None:
+    pass
 
 
 @attrs.define(eq=False)

@@ -341,28 +341,12 @@ class HandlerPool:
 
     async def _completer(self) -> None:
         """Poll the woken Polled answers; answer those whose timeout came."""
+        # The work is in plain methods: no local of this frame holds an answered
+        # request (and its buffers) while the task sleeps.
         deadlines = self._deadlines
         while True:
-            while self._ready:
-                ready, self._ready = self._ready, {}
-                for waiting in ready:
-                    if not waiting.done:
-                        self._poll(waiting)
-            now = trio.current_time()
-            while deadlines and deadlines[0][0] <= now:
-                timed_out = heapq.heappop(deadlines)[2][0]
-                if timed_out is None:
-                    self._answered_in_deadlines -= 1
-                    continue
-                waiting = timed_out
-                waiting.ticket = None  # popped: its answer empties no handle
-                assert waiting.deferred.on_timeout is not None, "a timeout needs on_timeout"
-                try:
-                    answer = waiting.deferred.on_timeout()
-                except Exception:
-                    self._failed(waiting)
-                    continue
-                self._answer(waiting, answer)
+            self._poll_ready()
+            self._time_out(trio.current_time())
             if self._ready:
                 continue
             self._completer_wakeup = trio.Event()
@@ -370,6 +354,29 @@ class HandlerPool:
             with trio.move_on_at(self._completer_until):
                 await self._completer_wakeup.wait()
             self._completer_until = -math.inf  # awake: a new deadline need not wake it
+
+    def _poll_ready(self) -> None:
+        while self._ready:
+            ready, self._ready = self._ready, {}
+            for waiting in ready:
+                if not waiting.done:
+                    self._poll(waiting)
+
+    def _time_out(self, now: float) -> None:
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            waiting = heapq.heappop(deadlines)[2][0]
+            if waiting is None:
+                self._answered_in_deadlines -= 1
+                continue
+            waiting.ticket = None  # popped: its answer empties no handle
+            assert waiting.deferred.on_timeout is not None, "a timeout needs on_timeout"
+            try:
+                answer = waiting.deferred.on_timeout()
+            except Exception:
+                self._failed(waiting)
+                continue
+            self._answer(waiting, answer)
 
     def _slow(
         self,
