@@ -22,6 +22,7 @@ from trio_broker.cluster.coordination import (
     SessionLost,
     Znode,
 )
+from trio_broker.cluster.waiting import Signal, Watch
 from trio_broker.config import BrokerConfig
 from trio_broker.handlers.base import ClientInfo
 from trio_broker.server.broker import Broker
@@ -128,7 +129,7 @@ class SimCoordination(MemoryCoordination):
             self.expired = False
             self.session = self._server.open_session()
             self._lost.set()
-            self._lost = trio.Event()
+            self._lost = Signal()
 
     async def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
         await self._reachable()
@@ -143,14 +144,14 @@ class SimCoordination(MemoryCoordination):
         return await super().owned_by_this_session(path)
 
     async def get_and_watch(
-        self, path: str, *, into: trio.Event | None = None
-    ) -> tuple[Znode | None, trio.Event]:
+        self, path: str, *, into: Watch | None = None
+    ) -> tuple[Znode | None, Watch]:
         await self._reachable()
         return await super().get_and_watch(path, into=into)
 
     async def children_and_watch(
-        self, path: str, *, into: trio.Event | None = None
-    ) -> tuple[list[str], trio.Event]:
+        self, path: str, *, into: Watch | None = None
+    ) -> tuple[list[str], Watch]:
         await self._reachable()
         return await super().children_and_watch(path, into=into)
 

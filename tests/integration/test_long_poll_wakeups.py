@@ -19,7 +19,6 @@ changed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from collections.abc import Set as AbstractSet
 from typing import Any
 
 import pytest
@@ -180,23 +179,27 @@ async def test_deleting_the_topic_answers_a_long_poll_on_it(broker: Broker, boot
 
 
 async def test_an_append_between_the_read_and_the_park_answers_the_long_poll(
-    broker: Broker, bootstrap: str, monkeypatch: pytest.MonkeyPatch
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No lost wake-up: the record reaches B after the handler's read found nothing and
-    before the long poll first waits; the fetch (max wait a minute, longer than the raw
-    client waits for any answer) answers with it."""
-    broker.topics.create(TOPIC, 2)
-    changed = FetchWait.changed
+    before the shell first waits for the long poll (it subscribes to its wake-ups); the
+    fetch (max wait a minute, longer than the raw client waits for any answer) answers
+    with it."""
+    topic = broker.topics.create(TOPIC, 2)
+    subscribe = FetchWait.subscribe
     parked: list[float] = []
 
-    async def append_then_park(self: FetchWait) -> AbstractSet[tuple[str, int]]:
+    def append_then_subscribe(self: FetchWait, wake: Callable[[], None]) -> Callable[[], None]:
         if not parked:
-            # The produce is answered after its append notified B: it has landed.
-            await trio.to_thread.run_sync(produce, bootstrap, B)
+            # As a produce's append would: the record, its sync, the partition's notify.
+            log_b = topic.logs[B]
+            log_b.append(build_batch([(None, b"to 1")]), now_ms=0)
+            broker.flusher.mark_dirty(log_b)
+            broker.appends.notify(TOPIC, B)
             parked.append(trio.current_time())
-        return await changed(self)
+        return subscribe(self, wake)
 
-    monkeypatch.setattr(FetchWait, "changed", append_then_park)
+    monkeypatch.setattr(FetchWait, "subscribe", append_then_subscribe)
     host, port = broker.bound[0]
     async with await trio.open_tcp_stream(host, port) as stream:
         answer = await RawClient(stream).call(m.ApiKey.FETCH, 12, fetch_b(60_000))

@@ -21,7 +21,7 @@ import trio
 
 from trio_broker.cluster.coordination import Coordination, CoordinationError
 from trio_broker.cluster.topic_admin import decode_configs
-from trio_broker.cluster.waiting import RETRY_S, wait_any
+from trio_broker.cluster.waiting import RETRY_S, Watch, wait_any
 from trio_broker.cluster.zk_layout import BROKER_DEFAULT_CONFIG, topic_config_path
 from trio_broker.replication.leader import LeaderPartition
 from trio_broker.services.topics import TopicError, TopicManager
@@ -42,7 +42,7 @@ class ConfigWatchHost(Protocol):
     #: The cluster topics this broker holds a copy of: whose config znodes are watched.
     local_copies: set[str]
 
-    def view_event(self) -> trio.Event:
+    def view_event(self) -> Watch:
         """Set at the next change of the view."""
         ...
 
@@ -99,8 +99,8 @@ class TopicConfigWatch:
     async def run(self) -> None:
         """Follow the config znodes for good (module docstring)."""
         host = self._host
-        watching: dict[str, trio.Event] = {}
-        default_watch: trio.Event | None = None
+        watching: dict[str, Watch] = {}
+        default_watch: Watch | None = None
         while True:
             view_changed = host.view_event()
             if default_watch is None or default_watch.is_set():

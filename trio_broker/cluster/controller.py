@@ -26,7 +26,7 @@ from trio_broker.cluster.coordination import (
     NoNode,
 )
 from trio_broker.cluster.topics_watch import read_topics
-from trio_broker.cluster.waiting import RETRY_S, wait_any
+from trio_broker.cluster.waiting import RETRY_S, Signal, Watch, wait_any
 from trio_broker.cluster.zk_layout import (
     BROKER_IDS,
     CONTROLLER_EPOCH,
@@ -375,7 +375,7 @@ async def _reconcile(
             async with actions.lock:  # not while a topic is half deleted
                 # The broker list's watch, every topic's, the log dir events' and each
                 # broker's offline replicas'.
-                changed = trio.Event()
+                changed = Signal()
                 brokers, _ = await coord.children_and_watch(BROKER_IDS, into=changed)
                 live = frozenset(int(b) for b in brokers if b.isdigit())
                 registered = await _registrations(coord, live)
@@ -447,7 +447,7 @@ def offline_in(
 
 
 async def read_offline_replicas(
-    coord: Coordination, live: frozenset[int], *, into: trio.Event | None = None
+    coord: Coordination, live: frozenset[int], *, into: Watch | None = None
 ) -> dict[int, frozenset[tuple[str, int]]]:
     """Each live broker's replicas in failed log dirs (its ``OfflineReplicas`` znode,
     written by the broker: cluster/log_dir_events.py), watched into ``into``. A broker

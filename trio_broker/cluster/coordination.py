@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from trio_broker.cluster.waiting import Signal, Watch
 from trio_broker.cluster.zk_security import SECURE_ROOTS, sensitive_path
 from trio_broker.security.zookeeper_login import ZooKeeperLogin
 from trio_broker.security.zookeeper_tls import ZooKeeperTls
@@ -98,16 +99,16 @@ class Coordination(Protocol):
         again and finds NodeExists: this tells one's own from another's."""
 
     async def get_and_watch(
-        self, path: str, *, into: trio.Event | None = None
-    ) -> tuple[Znode | None, trio.Event]:
+        self, path: str, *, into: Watch | None = None
+    ) -> tuple[Znode | None, Watch]:
         """The znode now, and an event set on its next change (created, changed, deleted).
 
         ``into``: the event to set, instead of a new one; a task that watches many
         znodes passes one event to all of them and waits for that one."""
 
     async def children_and_watch(
-        self, path: str, *, into: trio.Event | None = None
-    ) -> tuple[list[str], trio.Event]:
+        self, path: str, *, into: Watch | None = None
+    ) -> tuple[list[str], Watch]:
         """Children now (none if ``path`` is missing), and an event set when they change
         (``into``, if given: as for :meth:`get_and_watch`)."""
 
@@ -121,7 +122,7 @@ class Coordination(Protocol):
         version ``fence[1]`` (BadVersion if either moved): a deposed controller's writes
         fail once its successor bumped ``/controller_epoch``."""
 
-    def session_lost(self) -> trio.Event:
+    def session_lost(self) -> Watch:
         """Set when the current session expires (ephemerals gone); a new one follows."""
 
     async def stop(self) -> None:
@@ -167,7 +168,7 @@ class ZooKeeperCoordination:
         # one the storage's fsyncs use, and a cancelled caller abandons its thread.
         self._threads = trio.CapacityLimiter(ZOOKEEPER_THREADS)
         self._token: trio.lowlevel.TrioToken | None = None
-        self._lost = trio.Event()
+        self._lost = Signal()
         self._stopped = False
         #: trio.current_time() when the connection to ZooKeeper dropped; None while
         #: connected. The session may still live (it expires on the server's clock).
@@ -296,7 +297,7 @@ class ZooKeeperCoordination:
 
     def _on_lost(self) -> None:
         self._lost.set()
-        self._lost = trio.Event()  # the next session's
+        self._lost = Signal()  # the next session's
 
     async def stop(self) -> None:
         """Close the session (its ephemeral znodes go at once); runs even when cancelled.
@@ -309,7 +310,7 @@ class ZooKeeperCoordination:
             await self._in_thread(self._client.stop)
             await self._in_thread(self._client.close)
 
-    def session_lost(self) -> trio.Event:
+    def session_lost(self) -> Watch:
         return self._lost
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -333,8 +334,8 @@ class ZooKeeperCoordination:
         except kz.KazooException as exc:
             raise CoordinationError(f"{args[0]}: {type(exc).__name__}: {exc}") from None
 
-    def _watcher(self, into: trio.Event | None) -> tuple[trio.Event, Any]:
-        event = trio.Event() if into is None else into
+    def _watcher(self, into: Watch | None) -> tuple[Watch, Any]:
+        event = Signal() if into is None else into
         return event, lambda _watched_event: self._from_kazoo(event.set)
 
     def _from_kazoo(self, fn: Any) -> None:
@@ -385,8 +386,8 @@ class ZooKeeperCoordination:
         return stat is not None and session is not None and stat.ephemeralOwner == session[0]
 
     async def get_and_watch(
-        self, path: str, *, into: trio.Event | None = None
-    ) -> tuple[Znode | None, trio.Event]:
+        self, path: str, *, into: Watch | None = None
+    ) -> tuple[Znode | None, Watch]:
         event, watch = self._watcher(into)
         # exists() sets a watch whether or not the znode is there (get() would not).
         stat = await self._call(self._client.exists, path, watch=watch)
@@ -399,8 +400,8 @@ class ZooKeeperCoordination:
         return Znode(data, stat.version, stat.czxid, stat.mzxid), event
 
     async def children_and_watch(
-        self, path: str, *, into: trio.Event | None = None
-    ) -> tuple[list[str], trio.Event]:
+        self, path: str, *, into: Watch | None = None
+    ) -> tuple[list[str], Watch]:
         event, watch = self._watcher(into)
         while True:
             try:
@@ -455,8 +456,8 @@ class MemoryZooKeeper:
     """One in-memory ZooKeeper shared by several :class:`MemoryCoordination` clients."""
 
     nodes: dict[str, _Node] = attrs.field(factory=lambda: {"/": _Node(b"")})
-    watches: dict[str, list[trio.Event]] = attrs.field(factory=dict)
-    child_watches: dict[str, list[trio.Event]] = attrs.field(factory=dict)
+    watches: dict[str, list[Watch]] = attrs.field(factory=dict)
+    child_watches: dict[str, list[Watch]] = attrs.field(factory=dict)
     _next_session: int = 1
     #: Per parent path, the next sequence number of :meth:`MemoryCoordination.create_sequential`.
     sequences: dict[str, int] = attrs.field(factory=dict)
@@ -476,7 +477,7 @@ class MemoryZooKeeper:
         for path in [p for p, n in self.nodes.items() if n.owner == session]:
             self._remove(path)
 
-    def _fire(self, table: dict[str, list[trio.Event]], path: str) -> None:
+    def _fire(self, table: dict[str, list[Watch]], path: str) -> None:
         for event in table.pop(path, []):
             event.set()
 
@@ -503,12 +504,12 @@ class MemoryCoordination:
     def __init__(self, server: MemoryZooKeeper) -> None:
         self._server = server
         self.session = server.open_session()
-        self._lost = trio.Event()
+        self._lost = Signal()
         self._connected = trio.Event()
         self._connected.set()
         self._session_expired = False  # by the server, not yet known to this client
         #: Watches this client set and that have not fired yet.
-        self._watches: list[trio.Event] = []
+        self._watches: list[Watch] = []
 
     async def stop(self) -> None:
         """Close the session: its ephemeral znodes go at once, as with a real server."""
@@ -539,17 +540,15 @@ class MemoryCoordination:
         self._fire_own_watches()
         self.session = self._server.open_session()
         self._lost.set()
-        self._lost = trio.Event()
+        self._lost = Signal()
 
     def _fire_own_watches(self) -> None:
         for event in self._watches:
             event.set()
         self._watches.clear()
 
-    def _watch(
-        self, table: dict[str, list[trio.Event]], path: str, into: trio.Event | None
-    ) -> trio.Event:
-        event = trio.Event() if into is None else into
+    def _watch(self, table: dict[str, list[Watch]], path: str, into: Watch | None) -> Watch:
+        event = Signal() if into is None else into
         table.setdefault(path, []).append(event)
         self._watches = [e for e in self._watches if not e.is_set()]
         if event not in self._watches:
@@ -566,7 +565,7 @@ class MemoryCoordination:
         if self.session != session:
             raise SessionLost("session expired while disconnected")
 
-    def session_lost(self) -> trio.Event:
+    def session_lost(self) -> Watch:
         return self._lost
 
     async def create(self, path: str, data: bytes, *, ephemeral: bool = False) -> None:
@@ -611,16 +610,16 @@ class MemoryCoordination:
         return node is not None and node.owner == self.session
 
     async def get_and_watch(
-        self, path: str, *, into: trio.Event | None = None
-    ) -> tuple[Znode | None, trio.Event]:
+        self, path: str, *, into: Watch | None = None
+    ) -> tuple[Znode | None, Watch]:
         await self._connection()
         event = self._watch(self._server.watches, path, into)
         node = self._server.nodes.get(path)
         return (None if node is None else node.znode()), event
 
     async def children_and_watch(
-        self, path: str, *, into: trio.Event | None = None
-    ) -> tuple[list[str], trio.Event]:
+        self, path: str, *, into: Watch | None = None
+    ) -> tuple[list[str], Watch]:
         await self._connection()
         event = self._watch(self._server.child_watches, path, into)
         prefix = path.rstrip("/") + "/"

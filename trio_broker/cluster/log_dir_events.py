@@ -28,7 +28,7 @@ import logging
 import trio
 
 from trio_broker.cluster.coordination import Coordination, CoordinationError, NodeExists, NoNode
-from trio_broker.cluster.waiting import RETRY_S, wait_any
+from trio_broker.cluster.waiting import RETRY_S, Signal, wait_any
 from trio_broker.cluster.zk_layout import (
     LOG_DIR_EVENT_PREFIX,
     LogDirEvent,
@@ -60,7 +60,7 @@ async def publish_offline_replicas(
     """Keep ``/brokers/offline_replicas/<broker_id>`` equal to this broker's offline
     replicas, and notify the controller of each new failure, until cancelled."""
     token = trio.lowlevel.current_trio_token()
-    wake = [trio.Event()]
+    wake = [Signal()]
 
     def dirs_changed() -> None:
         # Any thread (a log's disk error is seen where its I/O ran): hand it over.
@@ -75,7 +75,7 @@ async def publish_offline_replicas(
     announced: frozenset[tuple[str, int]] = frozenset()
     try:
         while True:
-            changed = wake[0] = trio.Event()  # before reading: a change meanwhile wakes it
+            changed = wake[0] = Signal()  # before reading: a change meanwhile wakes it
             lost = coord.session_lost()
             try:
                 current = offline_replicas(broker_id, topics)

@@ -47,7 +47,7 @@ import attrs
 import trio
 
 from trio_broker.cluster.broker_client import BrokerClient, BrokerConnectionError
-from trio_broker.cluster.waiting import RETRY_S, wait_any
+from trio_broker.cluster.waiting import RETRY_S, Signal, Watch, wait_any
 from trio_broker.partition.append import Durability
 from trio_broker.partition.partition import Follows, Partition
 from trio_broker.protocol import messages as m
@@ -125,7 +125,7 @@ class FetcherHost(Protocol):
     #: (topic, partition) -> what this broker follows, set by the manager.
     following: dict[Key, FollowerRole]
     #: Set (and replaced) whenever ``following`` changed.
-    roles_changed: trio.Event
+    roles_changed: Signal
     now_ms: Callable[[], int]
 
     @property
@@ -135,7 +135,7 @@ class FetcherHost(Protocol):
 
     def partition_changed(self, topic: str, partition: int) -> None: ...
 
-    def view_event(self) -> trio.Event:
+    def view_event(self) -> Watch:
         """Set (and replaced) whenever the cluster view changed."""
         ...
 

@@ -45,7 +45,7 @@ from trio_broker.cluster.producer_id_blocks import supply_producer_id_blocks
 from trio_broker.cluster.replica_fetcher import FollowerRole, run_fetchers
 from trio_broker.cluster.replication_throttles import ReplicationThrottles
 from trio_broker.cluster.topic_admin import ZooKeeperAdmin
-from trio_broker.cluster.waiting import wait_any
+from trio_broker.cluster.waiting import Signal, wait_any
 from trio_broker.partition.append import Durability, Term
 from trio_broker.partition.partition import Follows
 from trio_broker.replication.controller_rules import (
@@ -126,12 +126,12 @@ class ReplicaManager:
         self._led_log_ids: dict[Key, int] = {}
         #: (topic, partition) -> what this broker follows.
         self.following: dict[Key, FollowerRole] = {}
-        self._view_changed = trio.Event()
-        self._hw_moved: dict[Key, trio.Event] = {}
+        self._view_changed = Signal()
+        self._hw_moved: dict[Key, Signal] = {}
         #: The HW each ended term of this broker reached: where later roles start.
         self.hw_floors = HighWatermarkFloors()
         #: Roles changed: fetchers re-read ``following`` (set by _apply).
-        self.roles_changed = trio.Event()
+        self.roles_changed = Signal()
         self._nursery: trio.Nursery | None = None
         #: Set while ZooKeeper has been unreachable past the session timeout (fence()).
         self.fenced = False
@@ -345,7 +345,7 @@ class ReplicaManager:
             self._end_term(key)
         self.following.clear()
         self.roles_changed.set()
-        self.roles_changed = trio.Event()
+        self.roles_changed = Signal()
 
     # ------------------------------------------------------------------ tasks
 
@@ -372,9 +372,9 @@ class ReplicaManager:
     def view_changed(self) -> None:
         """Called by the ZooKeeper watch tasks whenever the view was updated."""
         self._view_changed.set()
-        self._view_changed = trio.Event()
+        self._view_changed = Signal()
 
-    def view_event(self) -> trio.Event:
+    def view_event(self) -> Signal:
         return self._view_changed
 
     async def _apply_loop(self) -> None:
@@ -448,7 +448,7 @@ class ReplicaManager:
         await self.copies.drop_deleted_topics()
         if roles_changed:
             self.roles_changed.set()
-            self.roles_changed = trio.Event()
+            self.roles_changed = Signal()
 
     def _a_previous_life_led(self, info: PartitionInfo) -> bool:
         """Was this state, naming this broker leader, written before its registration?
@@ -641,10 +641,10 @@ class ReplicaManager:
         counted = log_.durable_end_offset if self.sync_before_counting else log_.log_end_offset
         return leader_log_progress(term, log_.log_end_offset, counted)
 
-    def _hw_event(self, key: Key) -> trio.Event:
+    def _hw_event(self, key: Key) -> Signal:
         event = self._hw_moved.get(key)
         if event is None:
-            event = self._hw_moved[key] = trio.Event()
+            event = self._hw_moved[key] = Signal()
         return event
 
     def partition_changed(self, topic: str, partition: int) -> None:

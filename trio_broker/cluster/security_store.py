@@ -50,7 +50,7 @@ from trio_broker.cluster.security_znodes import (
     user_of_path,
     user_path,
 )
-from trio_broker.cluster.waiting import RETRY_S, wait_any
+from trio_broker.cluster.waiting import RETRY_S, Watch, wait_any
 from trio_broker.cluster.zk_layout import CoordinationDataError
 from trio_broker.security.acl import AclBinding, AclFilter, Operation, Permission
 from trio_broker.security.acl_store import ACL_FILE, AclStore
@@ -109,10 +109,10 @@ class _Follower(Generic[T]):
     #: path -> (znode version, decoded value), for the znodes that decoded.
     values: dict[str, tuple[int, T]] = attrs.field(factory=dict)
     _names: dict[str, list[str]] = attrs.field(factory=dict)
-    _children: dict[str, trio.Event] = attrs.field(factory=dict)
-    _data: dict[str, trio.Event] = attrs.field(factory=dict)
+    _children: dict[str, Watch] = attrs.field(factory=dict)
+    _data: dict[str, Watch] = attrs.field(factory=dict)
 
-    def watches(self) -> list[trio.Event]:
+    def watches(self) -> list[Watch]:
         return [*self._children.values(), *self._data.values()]
 
     def forget_watches(self) -> None:

@@ -36,6 +36,7 @@ from trio_broker.cluster.coordination import (
     NodeExists,
     NoNode,
 )
+from trio_broker.cluster.waiting import Watch
 from trio_broker.cluster.zk_layout import (
     BROKER_DEFAULT_CONFIG,
     CoordinationDataError,
@@ -79,7 +80,7 @@ class AdminHost(Protocol):
     #: The cluster topics this broker holds a copy of.
     local_copies: set[str]
 
-    def view_event(self) -> trio.Event:
+    def view_event(self) -> Watch:
         """Set at the next change of the view."""
         ...
 
@@ -141,7 +142,7 @@ class ZooKeeperAdmin:
             group_config_path(group_id), change, f"configs of group {group_id}"
         )
 
-    def view_event(self) -> trio.Event:
+    def view_event(self) -> Watch:
         return self._host.view_event()
 
     def _has_leaders(self, name: str, partitions: int) -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import trio
 
 from trio_broker.cluster.coordination import Coordination, CoordinationError
-from trio_broker.cluster.waiting import RETRY_S, wait_any
+from trio_broker.cluster.waiting import RETRY_S, Signal, Watch, wait_any
 from trio_broker.cluster.zk_layout import (
     TOPICS,
     CoordinationDataError,
@@ -32,13 +32,13 @@ log = logging.getLogger(__name__)
 
 
 async def read_topics(
-    coord: Coordination, *, into: trio.Event | None = None
-) -> tuple[dict[str, TopicInfo], dict[tuple[str, int], int], list[trio.Event]]:
+    coord: Coordination, *, into: Watch | None = None
+) -> tuple[dict[str, TopicInfo], dict[tuple[str, int], int], list[Watch]]:
     """All topics as the view holds them, each partition state's znode version (-1 if
     missing), and the watches set while reading: one event for all of them (``into``, if
     given), as a change to any means reading again, and one event is cheaper to wait
     for than hundreds."""
-    changed = trio.Event() if into is None else into
+    changed = Signal() if into is None else into
     names, _ = await coord.children_and_watch(TOPICS, into=changed)
     topics: dict[str, TopicInfo] = {}
     versions: dict[tuple[str, int], int] = {}

@@ -60,11 +60,25 @@ class ClientInfo:
     port: int
 
 
+class DurableWait(Protocol):
+    """One write's wait for its fsync, from :meth:`Durability.watch_durable`."""
+
+    def check(self) -> bool:
+        """True once durable, False while waiting; raises the sync's error if it failed."""
+        ...
+
+    def cancel(self) -> None: ...
+
+
 class Durability(Protocol):
     """Group commit (the flusher): when appended bytes are on disk."""
 
     def mark_dirty(self, log: Log, messages: int = 1) -> None: ...
     async def wait_durable(self, log: Log, offset: int) -> None: ...
+    def watch_durable(self, log: Log, offset: int, wake: Callable[[], None]) -> DurableWait:
+        """:meth:`wait_durable` without a task: ``wake()`` when it may be done."""
+        ...
+
     def recover_soon(self, log: Log) -> None: ...
 
 
@@ -81,6 +95,14 @@ class FetchWait(Protocol):
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None: ...
     async def changed(self) -> AbstractSet[tuple[str, int]]:
         """Wait for a change to a watched partition; the partitions that changed."""
+        ...
+
+    def take(self) -> AbstractSet[tuple[str, int]]:
+        """The watched partitions that changed since the last look (empty: none)."""
+        ...
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """``wake`` on each change, until the returned function ends the watch."""
         ...
 
 
@@ -259,6 +281,49 @@ class Deferred:
         self.finish = finish
         self.timeout_s = timeout_s
         self.on_timeout = on_timeout
+
+
+class NotReady:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_READY"
+
+
+#: What :attr:`Polled.poll` returns while its answer must wait.
+NOT_READY = NotReady()
+
+
+class Polled(Deferred):
+    """A Deferred the shell completes without a task of its own: it calls ``poll()``
+    when the handler returns and again each time the callback it gave ``watch`` is
+    called, until ``poll()`` returns the answer instead of :data:`NOT_READY`; past
+    ``timeout_s`` it answers ``on_timeout()``.
+
+    ``watch(wake)`` registers ``wake`` with whatever the answer waits on (a long poll's
+    partitions) and returns the function that unregisters it, which the shell calls
+    once the request is answered, timed out or failed. ``wake`` may be called from any
+    task at any time, as often as the waited-on parties like: the shell only notes
+    it and calls ``poll`` later, from its own task, never inside the caller's change.
+    """
+
+    __slots__ = ("poll", "watch")
+
+    def __init__(
+        self,
+        poll: Callable[[], Message | NotReady | None],
+        watch: Callable[[Callable[[], None]], Callable[[], None]],
+        *,
+        timeout_s: float | None = None,
+        on_timeout: Callable[[], Message | None] | None = None,
+    ) -> None:
+        super().__init__(_polled_by_the_shell, timeout_s=timeout_s, on_timeout=on_timeout)
+        self.poll = poll
+        self.watch = watch
+
+
+async def _polled_by_the_shell() -> Message | None:
+    raise TypeError("a Polled answer is run by the shell (handler_pool._run_deferred)")
 
 
 AnyMessage = TypeVar("AnyMessage", bound=Message)

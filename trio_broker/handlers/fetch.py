@@ -21,7 +21,7 @@ from collections.abc import Set as AbstractSet
 import attrs
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
-from trio_broker.handlers.base import Deferred, RequestContext, handles
+from trio_broker.handlers.base import NOT_READY, Deferred, NotReady, Polled, RequestContext, handles
 from trio_broker.handlers.leadership import fetch_leader_hints
 from trio_broker.handlers.producer_state import prepare_producer_states
 from trio_broker.handlers.topic_lookup import find_topic, leading_partition
@@ -430,25 +430,30 @@ async def handle_fetch(ctx: RequestContext, request: m.FetchRequest) -> m.FetchR
     # change before the long poll runs is kept for it. A change elsewhere never wakes it.
     waiter = ctx.services.appends.watch(poll.watched)
 
-    async def long_poll() -> m.FetchResponse:
-        response: Resp | None = None
-        total = 0
-        with waiter:
-            while not poll.complete and not ctx.services.shutting_down:
-                changed = await waiter.changed()
-                if not changed >= poll.watched:  # read only what changed
-                    again = poll.only(changed)
-                    looked = read_partitions(ctx, request, [t for _, t in again], look=True)
-                    poll.update(again, looked[0])
-                    response = None
-                else:
-                    response, total = read_partitions(ctx, request, plan.topics)
-                    poll.read_all(response)
-        if response is None:
-            response, total = read_partitions(ctx, request, plan.topics)
-        return answer(response, total)
+    response_now: Resp | None = None
+    total_now = 0
+
+    def long_poll() -> m.FetchResponse | NotReady:
+        # Called by the shell now and whenever a watched partition changed (Polled).
+        nonlocal response_now, total_now
+        while not poll.complete and not ctx.services.shutting_down:
+            changed = waiter.take()
+            if not changed:
+                return NOT_READY
+            if not changed >= poll.watched:  # read only what changed
+                again = poll.only(changed)
+                looked = read_partitions(ctx, request, [t for _, t in again], look=True)
+                poll.update(again, looked[0])
+                response_now = None
+            else:
+                response_now, total_now = read_partitions(ctx, request, plan.topics)
+                poll.read_all(response_now)
+        if response_now is None:
+            response_now, total_now = read_partitions(ctx, request, plan.topics)
+        return answer(response_now, total_now)
 
     def waited_long_enough() -> m.FetchResponse:
         return answer(*read_partitions(ctx, request, plan.topics))
 
-    return Deferred(long_poll, timeout_s=request.max_wait_ms / 1000, on_timeout=waited_long_enough)
+    return Polled(long_poll, waiter.subscribe, timeout_s=request.max_wait_ms / 1000,
+                  on_timeout=waited_long_enough)  # fmt: skip

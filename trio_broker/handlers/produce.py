@@ -10,13 +10,18 @@ reorders or double-appends a producer's batches.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trio_broker.handlers.authorization import Operation, ResourceType, authorized
 from trio_broker.handlers.base import (
+    NOT_READY,
     CloseConnection,
     Deferred,
+    DurableWait,
     LoopBudget,
+    NotReady,
+    Polled,
     RequestContext,
     Response,
     Services,
@@ -439,6 +444,9 @@ def answer_when_acked(
     if all(acked_at_once(a, acks, fsync=sync_first) for a, _ in appends_to_ack):
         return response
 
+    if sync_first and acks == -1 and not any(a.replicated for a, _ in appends_to_ack):
+        return _when_synced(services, request, response, appends_to_ack)
+
     async def when_durable() -> m.ProduceResponse:
         for appended, part in appends_to_ack:
             acked = await wait_acked(
@@ -464,6 +472,65 @@ def answer_when_acked(
                 part.error_message = "leadership moved before the write was committed"
         return response
 
+    return Deferred(
+        when_durable,
+        timeout_s=max(request.timeout_ms, 0) / 1000,
+        on_timeout=_timed_out(services, request, response, appends_to_ack),
+    )
+
+
+def _when_synced(
+    services: Services, request: m.ProduceRequest, response: m.ProduceResponse,
+    appends_to_ack: list[tuple[Appended, PartResp]],
+) -> Polled:  # fmt: skip
+    """acks=all on a node alone (no write replicated): the answer once each write's
+    group commit covered it, polled by the shell without a task of its own; the
+    flusher's release of a write (synced, or failed) wakes it. A failed sync answers
+    that partition with its error, as ``wait_acked`` would."""
+    pending: list[tuple[DurableWait, PartResp]] = []
+
+    def watch(wake: Callable[[], None]) -> Callable[[], None]:
+        for appended, part in appends_to_ack:
+            durable = services.durability.watch_durable(appended.log, appended.last_offset, wake)
+            pending.append((durable, part))
+
+        def unwatch() -> None:
+            for durable, _ in pending:
+                durable.cancel()
+
+        return unwatch
+
+    def poll() -> m.ProduceResponse | NotReady:
+        still: list[tuple[DurableWait, PartResp]] = []
+        for durable, part in pending:
+            try:
+                if not durable.check():
+                    still.append((durable, part))
+            except (KafkaError, OSError) as error:
+                part.base_offset = -1
+                part.error_code = (
+                    error.error_code
+                    if isinstance(error, KafkaError)
+                    else ErrorCode.KAFKA_STORAGE_ERROR
+                )
+                part.error_message = str(error)
+        pending[:] = still
+        return NOT_READY if still else response
+
+    return Polled(
+        poll,
+        watch,
+        timeout_s=max(request.timeout_ms, 0) / 1000,
+        on_timeout=_timed_out(services, request, response, appends_to_ack),
+    )
+
+
+def _timed_out(
+    services: Services, request: m.ProduceRequest, response: m.ProduceResponse,
+    appends_to_ack: list[tuple[Appended, PartResp]],
+) -> Callable[[], m.ProduceResponse]:  # fmt: skip
+    sync_first = services.config.acks_all_fsync
+
     def timed_out() -> m.ProduceResponse:
         for appended, part in appends_to_ack:
             if part.error_code != 0:
@@ -481,7 +548,7 @@ def answer_when_acked(
             part.base_offset = -1
         return response
 
-    return Deferred(when_durable, timeout_s=max(request.timeout_ms, 0) / 1000, on_timeout=timed_out)
+    return timed_out
 
 
 def acks_all_isr(ctx: RequestContext, topic: str, partition: int, term: Term) -> frozenset[int]:

@@ -10,7 +10,7 @@ whom).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
+from collections.abc import Callable, Iterable, Set
 from types import TracebackType
 
 import trio
@@ -27,6 +27,8 @@ class FetchWait:
     def __init__(self, watch: PartitionWatch[Key, FetchWait], keys: Iterable[Key]) -> None:
         self._watch = watch
         self._event = trio.Event()
+        #: Called on each wake (a Polled long poll's shell callback, :meth:`subscribe`).
+        self._on_wake: Callable[[], None] | None = None
         watch.watch(self, keys)
 
     def __enter__(self) -> FetchWait:
@@ -39,6 +41,23 @@ class FetchWait:
 
     def wake(self) -> None:
         self._event.set()
+        if self._on_wake is not None:
+            self._on_wake()
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` whenever a watched partition changes, until the returned
+        function is called, which also ends the registration (as leaving ``with``)."""
+        self._on_wake = wake
+
+        def leave() -> None:
+            self._on_wake = None
+            self._watch.forget(self)
+
+        return leave
+
+    def take(self) -> Set[Key]:
+        """The watched partitions that changed since the last look (empty: none)."""
+        return self._watch.take(self)
 
     async def changed(self) -> Set[Key]:
         """Wait until one of the watched partitions changed; return those that did."""

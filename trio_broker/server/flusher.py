@@ -52,10 +52,59 @@ class FlushableLog(Protocol):
     def flush(self) -> int: ...
 
 
+class DurableWatch:
+    """One write's wait for its covering fsync without a task (:meth:`Flusher.watch_durable`):
+    the flusher calls ``wake`` when it releases the write (synced, or failed), and
+    :meth:`check` says which."""
+
+    __slots__ = ("_entry", "_flusher", "_log", "_offset", "_wake", "released")
+
+    def __init__(
+        self, flusher: Flusher, entry: _Entry | None, log: FlushableLog, offset: int,
+        wake: Callable[[], None],
+    ) -> None:  # fmt: skip
+        self._flusher = flusher
+        self._entry = entry
+        self._log = log
+        self._offset = offset
+        self._wake = wake
+        #: No longer among the tracker's waiters (released, or never added).
+        self.released = entry is None
+
+    def set(self) -> None:
+        """The tracker released it (the same call as a waiting task's event)."""
+        self.released = True
+        self._wake()
+
+    def check(self) -> bool:
+        """True once durable; False while waiting; StorageError if its flush failed."""
+        if self._log.durable_end_offset > self._offset:
+            return True
+        if self._entry is None:
+            return True  # durable when watched
+        if not self.released:
+            return False
+        self._flusher._raise_if_failed(self._entry)
+        raise StorageError("flusher released a waiter that is not durable")  # pragma: no cover
+
+    def cancel(self) -> None:
+        """Stop waiting (the answer went, or timed out)."""
+        # Let go of the callback: it holds the waiting answer, which holds this watch
+        # (a reference cycle would keep the request's buffers until a GC pass).
+        self._wake = _no_wake
+        if not self.released and self._entry is not None:
+            self.released = True
+            self._entry.tracker.discard_waiter(self)
+
+
+def _no_wake() -> None:
+    pass
+
+
 @attrs.define(eq=False)
 class _Entry:
     log: FlushableLog
-    tracker: DurabilityTracker[trio.Event]
+    tracker: DurabilityTracker[trio.Event | DurableWatch]
     #: The lane (Flusher._lane_busy) that syncs this log; fixed for the log's life.
     lane: int = 0
     #: set when a flush of this log failed; the log is offline from then on.
@@ -203,6 +252,26 @@ class Flusher:
             return
         self._raise_if_failed(entry)
         raise StorageError("flusher released a waiter that is not durable")  # pragma: no cover
+
+    def watch_durable(
+        self, log: FlushableLog, offset: int, wake: Callable[[], None]
+    ) -> DurableWatch:
+        """:meth:`wait_durable` without a task: ``wake()`` once the flusher released the
+        write (made it durable, or failed); then ``check()`` answers (or raises)."""
+        if log.durable_end_offset > offset:
+            return DurableWatch(self, None, log, offset, wake)
+        if offset >= log.log_end_offset:
+            raise ValueError(f"offset {offset} has not been appended (end {log.log_end_offset})")
+        entry = self._entry(log)
+        watch = DurableWatch(self, entry, log, offset, wake)
+        try:
+            self._raise_if_failed(entry)
+        except StorageError:
+            watch.released = True  # check() raises it
+            return watch
+        entry.tracker.add_waiter(offset, watch)
+        self._wakeup.set()
+        return watch
 
     def _raise_if_failed(self, entry: _Entry) -> None:
         if entry.error is not None:

@@ -5,18 +5,32 @@ handler serves them in arrival order: validation and offset assignment of a
 producer's batches happen in sequence even though the connection is pipelined.
 A handler that must wait (fsync, long poll) returns a Deferred, which runs in
 the broker's delayed-operations nursery while the handler takes the next request.
+A :class:`Polled` Deferred (a long poll, a node alone's acks=all produce) takes no task: the handler task polls it
+once, and the pool's one completer task polls it again each time what it waits on
+wakes it, and answers ``on_timeout()`` at its deadline (a heap of deadlines, one
+sleep for all of them).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from trio_broker.handlers.base import CloseConnection, Deferred, HandlerSpec, RequestContext
+from trio_broker.handlers.base import (
+    NOT_READY,
+    CloseConnection,
+    Deferred,
+    HandlerSpec,
+    Polled,
+    RequestContext,
+)
 from trio_broker.protocol.messages import API_KEY_NAMES, RequestHeader
 from trio_broker.protocol.schema import Message
 from trio_broker.server.histogram import LatencyHistogram, RequestStages
@@ -61,9 +75,48 @@ class HandlerRun:
         return (now if self.finished is None else self.finished) - self.started
 
 
+class _Waiting:
+    """A Polled answer the completer task looks after until it is answered."""
+
+    __slots__ = ("conn", "ctx", "deferred", "done", "slot", "ticket", "times", "unwatch")
+
+    def __init__(
+        self, conn: Connection, slot: int, ctx: RequestContext, deferred: Polled,
+        times: tuple[float, float],
+    ) -> None:  # fmt: skip
+        self.conn = conn
+        self.slot = slot
+        self.ctx = ctx
+        self.deferred = deferred
+        self.times = times
+        self.done = False
+        #: Its entry's handle in the completer's heap of deadlines, emptied when it is
+        #: answered (the heap then holds nothing of the request), or None: no deadline.
+        self.ticket: list[_Waiting | None] | None = None
+        self.unwatch: Callable[[], None] | None = None
+
+    def finished(self) -> None:
+        """Answered (or failed): let go of the heap's handle and of the wait."""
+        self.done = True
+        if self.ticket is not None:
+            self.ticket[0] = None
+            self.ticket = None
+
+
 class HandlerPool:
     def __init__(self, broker: PoolHost, count: int, queue_size: int = 1024) -> None:
         self.broker = broker
+        #: Polled answers woken since the completer last looked (a dict: in wake order).
+        self._ready: dict[_Waiting, None] = {}
+        #: (trio time, sequence, [waiting]): each Polled answer's timeout; an answered
+        #: one's handle is emptied, and its entry stays until its time comes (skipped
+        #: then) or until such entries are half the heap, which is then rebuilt.
+        self._deadlines: list[tuple[float, int, list[_Waiting | None]]] = []
+        self._answered_in_deadlines = 0
+        self._sequence = itertools.count()
+        #: Wakes the completer (a wake, or a deadline before the one it sleeps until).
+        self._completer_wakeup = trio.Event()
+        self._completer_until = math.inf
         channels = [trio.open_memory_channel[WorkItem](queue_size) for _ in range(count)]
         self._senders = [send for send, _ in channels]
         self._receivers = [receive for _, receive in channels]
@@ -126,6 +179,7 @@ class HandlerPool:
         async with trio.open_nursery() as nursery:
             for index, receiver in enumerate(self._receivers):
                 nursery.start_soon(self._worker, index, receiver, name=f"handler-{index}")
+            nursery.start_soon(self._completer, name="deferred-answers")
             task_status.started()
 
     async def _worker(self, index: int, receiver: trio.MemoryReceiveChannel[WorkItem]) -> None:
@@ -182,7 +236,9 @@ class HandlerPool:
             if pending is not None:
                 pending.started = started
                 pending.handled = done
-            if isinstance(result, Deferred):
+            if isinstance(result, Polled):
+                self._start_polled(conn, slot, ctx, result, (started, done))
+            elif isinstance(result, Deferred):
                 broker.root_nursery.start_soon(
                     self._finish, conn, slot, ctx, result, (started, done)
                 )
@@ -213,6 +269,114 @@ class HandlerPool:
             now = time.perf_counter()
             if now - pending.received >= self.slow_s:
                 self._slow(conn, ctx, pending.received, *times, now, response)
+
+    def _start_polled(
+        self, conn: Connection, slot: int, ctx: RequestContext, deferred: Polled,
+        times: tuple[float, float],
+    ) -> None:  # fmt: skip
+        """Poll once now; if it must wait, the completer polls it again when woken."""
+        waiting = _Waiting(conn, slot, ctx, deferred, times)
+        try:
+            waiting.unwatch = deferred.watch(lambda: self._wake(waiting))
+        except Exception:
+            self._failed(waiting)
+            return
+        self._poll(waiting)
+        if waiting.done or deferred.timeout_s is None:
+            return
+        deadline = trio.current_time() + deferred.timeout_s
+        if self._answered_in_deadlines > max(64, len(self._deadlines) // 2):
+            self._deadlines[:] = [d for d in self._deadlines if d[2][0] is not None]
+            heapq.heapify(self._deadlines)
+            self._answered_in_deadlines = 0
+        waiting.ticket = [waiting]
+        heapq.heappush(self._deadlines, (deadline, next(self._sequence), waiting.ticket))
+        if deadline < self._completer_until:
+            self._completer_wakeup.set()
+
+    def _wake(self, waiting: _Waiting) -> None:
+        if not waiting.done and waiting not in self._ready:
+            self._ready[waiting] = None
+            self._completer_wakeup.set()
+
+    def _poll(self, waiting: _Waiting) -> None:
+        try:
+            answer = waiting.deferred.poll()
+        except Exception:
+            self._failed(waiting)
+            return
+        if answer is not NOT_READY:
+            self._answer(waiting, answer)
+
+    def _answer(self, waiting: _Waiting, answer: Any) -> None:
+        self._answered_in_deadlines += waiting.ticket is not None
+        waiting.finished()
+        self._ready.pop(waiting, None)
+        self._unwatch(waiting)
+        conn, slot = waiting.conn, waiting.slot
+        pending = conn.pending.get(slot)
+        conn.complete(slot, answer)
+        if pending is not None:
+            now = time.perf_counter()
+            if now - pending.received >= self.slow_s:
+                self._slow(conn, waiting.ctx, pending.received, *waiting.times, now, answer)
+
+    def _failed(self, waiting: _Waiting) -> None:
+        self._answered_in_deadlines += waiting.ticket is not None
+        waiting.finished()
+        self._ready.pop(waiting, None)
+        log.exception("deferred response for API %d failed", waiting.ctx.header.api_key)
+        self._unwatch(waiting)
+        waiting.conn.close("internal error completing a response")
+
+    @staticmethod
+    def _unwatch(waiting: _Waiting) -> None:
+        # The completer task must outlive any one answer's failure.
+        unwatch, waiting.unwatch = waiting.unwatch, None
+        if unwatch is not None:
+            try:
+                unwatch()
+            except Exception:
+                log.exception("ending a deferred response's wait failed")
+
+    async def _completer(self) -> None:
+        """Poll the woken Polled answers; answer those whose timeout came."""
+        # The work is in plain methods: no local of this frame holds an answered
+        # request (and its buffers) while the task sleeps.
+        deadlines = self._deadlines
+        while True:
+            self._poll_ready()
+            self._time_out(trio.current_time())
+            if self._ready:
+                continue
+            self._completer_wakeup = trio.Event()
+            self._completer_until = deadlines[0][0] if deadlines else math.inf
+            with trio.move_on_at(self._completer_until):
+                await self._completer_wakeup.wait()
+            self._completer_until = -math.inf  # awake: a new deadline need not wake it
+
+    def _poll_ready(self) -> None:
+        while self._ready:
+            ready, self._ready = self._ready, {}
+            for waiting in ready:
+                if not waiting.done:
+                    self._poll(waiting)
+
+    def _time_out(self, now: float) -> None:
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            waiting = heapq.heappop(deadlines)[2][0]
+            if waiting is None:
+                self._answered_in_deadlines -= 1
+                continue
+            waiting.ticket = None  # popped: its answer empties no handle
+            assert waiting.deferred.on_timeout is not None, "a timeout needs on_timeout"
+            try:
+                answer = waiting.deferred.on_timeout()
+            except Exception:
+                self._failed(waiting)
+                continue
+            self._answer(waiting, answer)
 
     def _slow(
         self,
@@ -266,11 +430,34 @@ class HandlerPool:
 
 
 async def _run_deferred(deferred: Deferred) -> Any:
-    """Perform a handler's wait; past its ``timeout_s`` answer its ``on_timeout()``."""
+    """Perform a handler's wait; past its ``timeout_s`` answer its ``on_timeout()``.
+
+    A Polled answer is polled on this task (tests; the pool runs them on its completer)."""
+    if isinstance(deferred, Polled):
+        return await _run_polled(deferred)
     if deferred.timeout_s is None:
         return await deferred.finish()
     with trio.move_on_after(deferred.timeout_s):
         return await deferred.finish()
+    assert deferred.on_timeout is not None, "a Deferred with a timeout needs on_timeout"
+    return deferred.on_timeout()
+
+
+async def _run_polled(deferred: Polled) -> Any:
+    woken = [trio.Event()]
+    unwatch = deferred.watch(lambda: woken[0].set())
+    try:
+        timeout = math.inf if deferred.timeout_s is None else deferred.timeout_s
+        with trio.move_on_after(timeout):
+            while True:
+                answer = deferred.poll()
+                if answer is not NOT_READY:
+                    await trio.lowlevel.checkpoint()
+                    return answer
+                await woken[0].wait()
+                woken[0] = trio.Event()
+    finally:
+        unwatch()
     assert deferred.on_timeout is not None, "a Deferred with a timeout needs on_timeout"
     return deferred.on_timeout()
 

@@ -36,16 +36,35 @@ from trio_broker.storage.log import LogConfig
 
 
 class GroupCommit:
-    """Durability whose fsync completes only when the test says so."""
+    """Durability whose fsync completes only when the test says so (:meth:`sync`)."""
 
     def __init__(self) -> None:
         self.synced = trio.Event()
+        self._wakes: list[Callable[[], None]] = []
+
+    def sync(self) -> None:
+        self.synced.set()
+        for wake in self._wakes:
+            wake()
 
     def mark_dirty(self, log: Any, messages: int = 1) -> None:
         pass
 
     async def wait_durable(self, log: Any, offset: int) -> None:
         await self.synced.wait()
+
+    def watch_durable(self, log: Any, offset: int, wake: Callable[[], None]) -> Any:
+        self._wakes.append(wake)
+        group_commit = self
+
+        class Watch:
+            def check(self) -> bool:
+                return group_commit.synced.is_set()
+
+            def cancel(self) -> None:
+                pass
+
+        return Watch()
 
     def recover_soon(self, log: Any) -> None:
         pass
@@ -156,7 +175,7 @@ async def test_acks_all_answers_once_the_group_commit_covers_it(
 
         async def fsync_after_a_while() -> None:
             await trio.sleep(2)
-            services.durability.synced.set()
+            services.durability.sync()
 
         nursery.start_soon(fsync_after_a_while)
         started = trio.current_time()
