@@ -102,7 +102,7 @@ def common_prefix(a: Sequence[Record], b: Sequence[Record]) -> int:
 
 
 def acked_writes_missing(
-    acked: dict[int, Record], logs_of_isr: dict[int, Sequence[Record]]
+    acked: dict[int, Record], logs_of_isr: Mapping[int, Sequence[Record]]
 ) -> list[str]:
     """Sentence 1: every acknowledged write, at its offset, in every ISR member's log."""
     problems = []
@@ -115,7 +115,7 @@ def acked_writes_missing(
 
 
 def disagreements_below_hw(
-    leader_log: Sequence[Record], replicas: dict[int, tuple[Sequence[Record], int]]
+    leader_log: Sequence[Record], replicas: Mapping[int, tuple[Sequence[Record], int]]
 ) -> list[str]:
     """Sentence 2: each replica's log below its HW equals the leader's."""
     problems = []
@@ -130,7 +130,7 @@ def disagreements_below_hw(
 
 
 def isr_members_short_of_hw(
-    leader_log: Sequence[Record], high_watermark: int, logs_of_isr: dict[int, Sequence[Record]]
+    leader_log: Sequence[Record], high_watermark: int, logs_of_isr: Mapping[int, Sequence[Record]]
 ) -> list[str]:
     """Sentence 1, second half: the HW never counts a record an ISR member lacks."""
     expected = list(leader_log[:high_watermark])

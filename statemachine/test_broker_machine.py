@@ -123,7 +123,7 @@ class BrokerThread:
     def __init__(
         self, data_dir: Path, processing_model: str, queued_max_request_bytes: int | None = None
     ) -> None:
-        budget = (
+        budget: dict[str, Any] = (
             {}
             if queued_max_request_bytes is None
             else {"queued_max_request_bytes": queued_max_request_bytes}

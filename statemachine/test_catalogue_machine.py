@@ -134,7 +134,7 @@ class CatalogueMachine(RuleBasedStateMachine):
             def dies(*_args: object) -> None:
                 raise Crash
 
-            self.catalogue._discard_dirs = dies  # type: ignore[method-assign]
+            self.catalogue._discard_dirs = dies  # type: ignore[method-assign, assignment]
             try:
                 self.catalogue.delete_topic(name)
             except Crash:

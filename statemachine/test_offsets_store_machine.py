@@ -60,9 +60,9 @@ class OffsetsStoreMachine(RuleBasedStateMachine):
         self.pending: dict[int, dict[tuple[str, int], tuple[int, int]]] = {}
         #: Writes appended and not yet applied (rule 4's shape): the store is compared
         #: with the model only once every write is applied.
-        self.unapplied: list = []  # type: ignore[type-arg]
+        self.unapplied: list = []
 
-    def _write(self, entries: list, *, deferred: bool = False) -> int:  # type: ignore[type-arg]
+    def _write(self, entries: list, *, deferred: bool = False) -> int:
         write = self.store.append(entries, self.now_ms)
         if deferred:
             self.unapplied.append(write)
@@ -130,9 +130,9 @@ class OffsetsStoreMachine(RuleBasedStateMachine):
         staging write (durable first) before the end's."""
         records = self.store.end_records(GROUP, producer, 0, committed)
         self._write(records, deferred=True)
-        for staged_partition, (at, value) in self.pending.pop(producer, {}).items():
+        for staged_partition, (at, staged) in self.pending.pop(producer, {}).items():
             if committed and at > self.committed.get(staged_partition, (-1, 0))[0]:
-                self.committed[staged_partition] = (at, value)
+                self.committed[staged_partition] = (at, staged)
         value = self._value()
         key = OffsetKey(GROUP, *partition)
         at = self._write([TxnOffset(producer, 0, key, value)], deferred=True)

@@ -1024,6 +1024,6 @@ class ReplicationMachine(RuleBasedStateMachine):
 #: round's scoring run (364 s), which counted that stop as a catch.
 pytestmark = pytest.mark.timeout(1200)
 ReplicationMachine.TestCase.settings = settings(
-    max_examples=max(1000, settings.default.max_examples), stateful_step_count=50
+    max_examples=max(1000, settings().max_examples), stateful_step_count=50
 )
 TestReplication = ReplicationMachine.TestCase

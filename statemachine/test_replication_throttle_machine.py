@@ -122,7 +122,8 @@ class ReplicationThrottleMachine(RuleBasedStateMachine):
         self.manager = ReplicaManager(
             ClusterView(ME), MemoryCoordination(MemoryZooKeeper()), self.topics,
             min_insync_replicas=1, replica_lag_time_max_ms=1000, now_ms=lambda: self.now_ms,
-            durability=None, leader_throttle_rate=leader_rate,
+            durability=None,  # type: ignore[arg-type]  # nothing here waits for a sync
+            leader_throttle_rate=leader_rate,
             follower_throttle_rate=follower_rate,
         )  # fmt: skip
         topic = self.topics.create(TOPIC, len(PARTITIONS))

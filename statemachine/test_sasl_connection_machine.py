@@ -154,7 +154,7 @@ class BrokerHost:
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
         finally:
-            trio.to_thread.run_sync = real_run_sync  # type: ignore[assignment]
+            trio.to_thread.run_sync = real_run_sync
 
     def _recording(self, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def recorded(ctx: Any, request: Any) -> Any:

@@ -77,7 +77,7 @@ PARTITIONS = [("t", 0), ("t", 1), ("u", 0)]
 GROUPS = ("g1", "g2")
 #: What AddPartitionsToTxn/AddOffsetsToTxn rules draw: an id, one of its instances, the
 #: partitions and maybe a group.
-ADD_ARGUMENTS = {
+ADD_ARGUMENTS: dict[str, Any] = {
     "tid": st.sampled_from(IDS),
     "which": st.integers(0, 3),
     "partitions": st.sets(st.sampled_from(PARTITIONS), min_size=1),
@@ -667,6 +667,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
     def same_markers_and_groups(self) -> None:
         for topic, partition in PARTITIONS:
             log = self.topics.log(topic, partition)
+            assert log is not None
             written = [
                 (batch.producer_id, batch.producer_epoch, read_control_marker(batch).committed)
                 for region in log.read(0, 1 << 20, log.log_end_offset)

@@ -35,6 +35,7 @@ Kafka's rules (its TransactionMarkerChannelManager), checked after every send:
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -133,7 +134,7 @@ class Cluster:
                 for (t, p), leader in self.leaders.items()
                 if t == topic
             }
-            topics[topic] = TopicInfo(topic, None, partitions)
+            topics[topic] = TopicInfo(topic, uuid.uuid5(uuid.NAMESPACE_URL, topic), partitions)
         self.view.topics = topics
 
     def disrupt(self) -> None:
@@ -265,7 +266,7 @@ def local_writes(cluster: Cluster) -> Iterator[None]:
                               coordinator_epoch)  # fmt: skip
 
     real = txn_marker_channel.write_marker_as_leader
-    txn_marker_channel.write_marker_as_leader = write_here  # type: ignore[assignment]
+    txn_marker_channel.write_marker_as_leader = write_here
     try:
         yield
     finally:

@@ -13,7 +13,7 @@ The rules are data (:data:`RULES`, one per event); :func:`next_reasons` applies 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 import attrs
@@ -255,13 +255,19 @@ def _check_reachable(
         raise ValueError(f"{value!r} is not a reachable set of mute reasons")
 
 
+def _as_reasons(value: Iterable[MuteReason]) -> frozenset[MuteReason]:
+    # A typed converter: attrs' ``converter=frozenset`` left the constructor's argument
+    # a generic Iterable mypy could not match.
+    return frozenset(value)
+
+
 @attrs.define(eq=False)
 class ChannelMute:
     """One connection's mute state. Drive it with :meth:`handle`; read :attr:`readable`."""
 
     # Private so that every change goes through handle() and its rules.
     _reasons: frozenset[MuteReason] = attrs.field(
-        default=_NO_REASONS, converter=frozenset, validator=_check_reachable
+        default=_NO_REASONS, converter=_as_reasons, validator=_check_reachable
     )
     _events_handled: int = attrs.field(default=0, init=False)
     _times_set: dict[MuteReason, int] = attrs.field(
