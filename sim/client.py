@@ -240,6 +240,8 @@ class Consumer(_Client):
         self.received: list[Received] = []
         #: Records given at or above the HW (read_committed: the LSO) of their answer.
         self.above_high_watermark: list[Received] = []
+        #: Answers whose last stable offset lies above their HW: (partition, leader, LSO, HW).
+        self.stable_above_high_watermark: list[tuple[int, int, int, int]] = []
 
     async def fetch_once(self, partition: int) -> None:
         leader = await self.leader_of(partition)
@@ -271,6 +273,10 @@ class Consumer(_Client):
             await self.forget_leader(partition)
             return
         bound = answer.high_watermark
+        if answer.last_stable_offset > bound:  # Kafka's LSO is at most the HW
+            self.stable_above_high_watermark.append(
+                (partition, leader, answer.last_stable_offset, bound)
+            )
         if self.isolation_level == 1:
             bound = min(bound, answer.last_stable_offset)
         for batch in split_batches(bytes(answer.records or b""))[0]:

@@ -30,7 +30,8 @@ Invariants (checked every ``CHECK_EVERY_S`` and at the end):
    two consumers, one plain and one read_committed, long-poll each partition's leader
    throughout; every record one is given is below the HW (read_committed: the LSO)
    told in the same answer, and at the end is in the leader's log below its HW at the
-   same offset; once the cluster settled, both reach every partition's HW.
+   same offset; once the cluster settled, both reach every partition's HW. An answer's
+   LSO is never above its HW (Kafka's LSO is bounded by the HW).
 
 The ``stale_fetch_answer`` fault (sim/faults.py) holds a leader's answers to one
 follower until the partition's leader epoch moved on, so that the follower's fetcher
@@ -206,12 +207,18 @@ class Invariants:
                 )
 
     def shown_above_high_watermark(self, consumer: Consumer) -> None:
-        """6a. a record given at or above the HW (read_committed: LSO) of its answer."""
+        """6a. a record given at or above the HW (read_committed: LSO) of its answer, or
+        an answer whose LSO lies above its HW."""
         kind = "read_committed consumer" if consumer.isolation_level else "consumer"
         for got in consumer.above_high_watermark:
             self.violation(
                 f"{(TOPIC, got.partition)}: broker {got.leader} gave a {kind} offset "
                 f"{got.offset} with HW {got.high_watermark}, bound {got.bound}"
+            )
+        for partition, leader, stable, hw in consumer.stable_above_high_watermark:
+            self.violation(
+                f"{(TOPIC, partition)}: broker {leader} answered a {kind}'s Fetch with "
+                f"last stable offset {stable} above its HW {hw}"
             )
 
     def final(self, producer: Producer, consumers: list[Consumer]) -> None:

@@ -212,7 +212,13 @@ class ModelCoordinator:
     def expire_timed_out(self, now_ms: int) -> None:
         # The coordinator aborts the oldest transaction first, ties by transactional id.
         for _, txn in sorted(self.txns.items(), key=lambda item: (item[1].started_ms, item[0])):
-            if txn.status == "ongoing" and txn.started_ms + txn.timeout_ms < now_ms:
+            # A pending transition (a write on its way) is left alone, as Kafka's
+            # abortTimedOutTransactions skips it: the write lands first.
+            if (
+                txn.status == "ongoing"
+                and not txn.pending
+                and txn.started_ms + txn.timeout_ms < now_ms
+            ):
                 self._fence(txn)
                 self._prepare(txn, committed=False)
                 if self._write_markers(txn):

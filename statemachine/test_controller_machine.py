@@ -31,7 +31,11 @@ What is checked after every pass (Kafka's controller rules, over every partition
    stays in the ISR, except as its last member with no leader; a leaderless partition
    has no live in-sync replica that is not offline; once the broker names it online again
    (its dir came back), a partition it was the last ISR member of has it as leader again;
-   the notifications are gone after a pass (the controller deletes them, as Kafka's).
+   the notifications are gone after a pass (the controller deletes them, as Kafka's);
+9. (a leader's ISR write brings a caught-up replica back, ``follower_rejoins_the_isr``);
+10. a round that both elects (a non-preferred leader died) and rebalances leadership
+    (auto.leader.rebalance.enable, its interval come round) writes states that keep 2
+    and 3: the rebalance leaves the partitions the election decided alone.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from hypothesis import event, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from trio_broker.cluster.controller import run_controller
+from trio_broker.cluster.controller import Rebalance, run_controller
 from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
 from trio_broker.cluster.zk_layout import (
     BROKER_IDS,
@@ -84,6 +88,10 @@ Key = tuple[str, int]
 #: rightly writes 20 states (seed 2882179025 once counted that as a livelock).
 WRITES_PER_PARTITION = 3
 
+#: leader.imbalance.check.interval.seconds in ``leader_dies_as_the_rebalance_is_due``
+#: (a mock clock jumps it).
+REBALANCE_INTERVAL_S = 300.0
+
 
 class NeverSettles(AssertionError):
     pass
@@ -93,6 +101,13 @@ class CountedCoordination(MemoryCoordination):
     """The controller's session, counting its writes so a livelock fails the step."""
 
     writes = 0
+    #: The controller's fenced writes (path, data), as the machine last cleared them.
+    written: list[tuple[str, bytes]]
+
+    def __init__(self, server: MemoryZooKeeper) -> None:
+        super().__init__(server)
+        self.written = []
+
     #: Set before each pass: ``WRITES_PER_PARTITION`` times the partitions there are.
     write_limit = WRITES_PER_PARTITION
 
@@ -102,6 +117,7 @@ class CountedCoordination(MemoryCoordination):
 
     async def set_fenced(self, path: str, data: bytes, version: int, fence: tuple[str, int]) -> int:
         self._count(path)
+        self.written.append((path, data))
         return await super().set_fenced(path, data, version, fence)
 
     def _count(self, path: str) -> None:
@@ -410,6 +426,131 @@ class ControllerMachine(RuleBasedStateMachine):
         trio.run(self._register, broker)
         note(f"broker {broker} restarts unseen")
         self._controller_passes(restarted=frozenset({broker}))
+
+    @rule(data=st.data())
+    def follower_rejoins_the_isr(self, data: st.DataObject) -> None:
+        """A live replica outside the ISR catches up: its partition's leader stores the
+        ISR with it (the leader's conditional write, same leader and epoch, as
+        ``cluster/isr_store.py`` writes it). The controller's passes take that as it is."""
+        live = self._live()
+        candidates = sorted(
+            (key, broker)
+            for key, state in self.states.items()
+            if state.leader != NO_LEADER
+            for broker in self.replicas[key]
+            if broker in live and broker not in state.isr
+        )
+        if not candidates:
+            return
+        key, broker = data.draw(st.sampled_from(candidates))
+        self._rejoin(key, broker)
+
+    def _rejoin(self, key: Key, broker: int) -> None:
+        state = self.states[key]
+        grown = PartitionState(
+            state.leader, state.leader_epoch, tuple(sorted((*state.isr, broker))),
+            state.controller_epoch,
+        )  # fmt: skip
+
+        async def store() -> None:
+            path = partition_state_path(*key)
+            znode = await self.admin.get(path)
+            assert znode is not None
+            await self.admin.set(path, grown.encode(), znode.version)
+
+        trio.run(store)
+        note(f"{key}: broker {broker} back in the ISR {grown.isr}")
+        # The leader's write, not the controller's: the same epoch (4 is the controller's).
+        self.states = {**self.states, key: grown}
+        self._controller_passes()
+
+    @rule(data=st.data())
+    def leader_dies_as_the_rebalance_is_due(self, data: st.DataObject) -> None:
+        """9 (built): a leader that is not its partition's preferred replica dies at the
+        moment leader.imbalance.check.interval.seconds comes round, the preferred
+        replica alive and in sync: one controller round both elects a new leader for
+        the partition (the dead one leaves the ISR) and runs the rebalance
+        (``imbalanced_moves``, percentage 0). The rebalance moves only partitions the
+        round's election left alone (Kafka's controller skips partitions with an
+        election under way): its move, built from the state read before the election,
+        would keep the dead leader in the ISR. Checked on the states that round wrote,
+        before any later pass repairs them."""
+        leaders = self._non_preferred_leaders()
+        if not leaders:
+            # Built: a preferred leader with another live ISR member dies (leadership
+            # moves on), returns and catches up (its leader stores it in the ISR).
+            live = self._live()
+            keys = sorted(
+                key
+                for key, state in self.states.items()
+                if state.leader == self.replicas[key][0]
+                and len([b for b in state.isr if b in live]) >= 2
+            )
+            if not keys:
+                return
+            key = data.draw(st.sampled_from(keys))
+            preferred = self.replicas[key][0]
+            self.broker_dies(preferred)
+            self.broker_returns(preferred)
+            if self.states[key].leader not in (NO_LEADER, preferred):
+                self._rejoin(key, preferred)
+            leaders = self._non_preferred_leaders()
+            if not leaders:
+                return
+        broker = data.draw(st.sampled_from(leaders))
+        session = self.sessions.pop(broker)
+        note(f"broker {broker} dies as the rebalance is due")
+        event("a leader dies as the rebalance is due")
+        trio.run(self._pass_as_the_rebalance_comes, session, clock=trio.testing.MockClock())
+        live = self._live()
+        for path, data in self.admin.written:  # every state the round wrote, in order
+            state = PartitionState.decode(data, path)
+            dead = sorted(set(state.isr) - live)
+            assert state.leader == NO_LEADER or state.leader in live, (
+                f"{path}: written with dead leader {state.leader} ({sorted(live)} alive)"
+            )
+            assert not dead or (len(state.isr) == 1 and state.leader == NO_LEADER), (
+                f"{path}: written as leader {state.leader} epoch {state.leader_epoch} ISR"
+                f" {state.isr} with dead {dead} in the ISR, in the round broker {broker}"
+                " died and the leadership rebalance came round"
+            )
+        self._controller_passes()
+
+    def _non_preferred_leaders(self) -> list[int]:
+        """Live leaders of partitions whose preferred replica is alive and in sync."""
+        live = self._live()
+        return sorted(
+            {
+                state.leader
+                for key, state in self.states.items()
+                if state.leader in live
+                and state.leader != self.replicas[key][0]
+                and self.replicas[key][0] in live
+                and self.replicas[key][0] in state.isr
+            }
+        )
+
+    async def _pass_as_the_rebalance_comes(self, dying: MemoryCoordination) -> None:
+        """One controller with leadership rebalancing on: it settles, then ``dying``'s
+        session expires at the moment its imbalance check is due, and it settles again."""
+        view = ClusterView(0, controller_id=0, controller_epoch=CONTROLLER_EPOCH_NOW)
+        self.admin.writes = 0
+        self.admin.write_limit = WRITES_PER_PARTITION * max(1, len(self.replicas))
+        rebalance = Rebalance(interval_s=REBALANCE_INTERVAL_S, percentage=0)
+        clock = trio.lowlevel.current_clock()
+        assert isinstance(clock, trio.testing.MockClock)
+
+        async def controller() -> None:
+            await run_controller(self.admin, view, rebalance=rebalance)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(controller)
+            await trio.testing.wait_all_tasks_blocked()
+            self.admin.written.clear()  # from here on, the writes after the death
+            self.server.expire(dying.session)  # the broker dies ...
+            clock.jump(REBALANCE_INTERVAL_S)  # ... as the imbalance check comes round
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
 
     # -- invariants over the stored states ------------------------------------------------
 

@@ -33,7 +33,11 @@ What is checked, the machine keeping its own record of which replicas each move 
 6. the rebalance pass (``imbalanced_moves``) moves leadership back to the preferred
    replica exactly when more than leader.imbalance.per.broker.percentage % of the
    partitions that broker prefers are led elsewhere and it is alive and in the ISR, in a
-   new epoch with the same ISR; partitions it leads already never move.
+   new epoch with the same ISR; partitions it leads already never move;
+7. a leader's ISR write that fails in ZooKeeper (``store_isr``, its session lost at the
+   write) leaves its term as before the proposal: the ISR it had, nothing pending;
+8. an acks=all write is taken exactly when the ISR holds min.insync.replicas members,
+   capped at the replica count (Kafka's effectiveMinIsr), as moves change that count.
 
 A cancel, or a new target, is a move from the current replicas (``reassign``): a
 replica the abandoned move added stays until the new move ends, so 3 holds too in the
@@ -52,7 +56,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from trio_broker.cluster.controller import decide, imbalanced_moves, restarted_leader
-from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper
+from trio_broker.cluster.coordination import MemoryCoordination, MemoryZooKeeper, SessionLost
 from trio_broker.cluster.isr_store import store_isr
 from trio_broker.cluster.zk_layout import PartitionState, partition_state_path
 from trio_broker.replication.controller_rules import (
@@ -75,6 +79,13 @@ LAG_MAX_MS = 100
 
 #: A move's target: one to four brokers in some order (the first is preferred).
 TARGETS = st.lists(st.sampled_from(BROKERS), min_size=1, max_size=4, unique=True)
+
+
+class _SessionLostAtWrite(MemoryCoordination):
+    """A ZooKeeper client whose session is lost when it writes (kazoo's LOST)."""
+
+    async def set(self, path: str, data: bytes, version: int) -> int:
+        raise SessionLost(f"session lost writing {path}")
 
 
 @attrs.define
@@ -100,6 +111,8 @@ class ReassignmentMachine(RuleBasedStateMachine):
         self.zxid = 1
         self.state_zxid = 1
         self.registered = dict.fromkeys(BROKERS, 1)
+        #: The topic's min.insync.replicas (``min_insync_changes``), each term's too.
+        self.min_insync = 1
         self._start_term()
 
     # -- the controller ------------------------------------------------------------
@@ -121,7 +134,7 @@ class ReassignmentMachine(RuleBasedStateMachine):
             log_end_offset=self.brokers[leader].log_end,
             high_watermark=self._high_watermark_floor(),
             now_ms=self.now_ms,
-            min_insync_replicas=1,
+            min_insync_replicas=self.min_insync,
             replica_lag_time_max_ms=LAG_MAX_MS,
         )
 
@@ -470,6 +483,77 @@ class ReassignmentMachine(RuleBasedStateMachine):
             return  # the controller changed nothing
         event("an ISR write overtaken by the controller")
         self._store_proposal(proposal, term)
+
+    @rule(joining=st.booleans())
+    def isr_write_meets_a_zookeeper_failure(self, joining: bool) -> None:
+        """7: the current leader proposes an ISR change (a lagging follower out, or
+        ``joining``: a caught-up one in) and its write fails in ZooKeeper (the session
+        lost mid-write): ``store_isr`` must drop the proposal, leaving the term as it
+        was before it (Kafka's ZooKeeper-mode leader skips the ISR update when its
+        conditional write fails, and proposes again at its next check). A term left with
+        the proposal pending proposes nothing again, takes none of the controller's ISR
+        changes, and its HW goes on counting a joiner that was never stored."""
+        term = self.term
+        if term is None or term.pending is not None:
+            return
+        proposal = None
+        if joining:
+            leader_end = self.brokers[term.broker_id].log_end
+            for broker in sorted(set(self.moving.replicas) - term.isr):
+                if self.brokers[broker].alive and broker in term.replicas:
+                    self.brokers[broker].log_end = leader_end
+                    _, proposal = record_follower_fetch(
+                        term, broker, leader_end, 0, self.now_ms, may_join=True
+                    )
+                    if proposal is not None:
+                        break
+        else:
+            self.now_ms += LAG_MAX_MS + 1  # every follower that has not fetched since lags
+            proposal = term.check_lagging(self.now_ms)
+        if proposal is None:
+            return
+        isr_before = term.isr
+        trio.run(self._isr_write_fails, term, proposal)
+        event("an ISR write failed in ZooKeeper")
+        assert term.pending is None and term.isr == isr_before, (
+            f"broker {term.broker_id}'s ISR write {sorted(proposal.isr)} failed in ZooKeeper,"
+            f" yet its term holds ISR {sorted(term.isr)} with {term.pending} pending"
+        )
+
+    async def _isr_write_fails(self, term: LeaderPartition, proposal: IsrProposal) -> None:
+        """``store_isr`` against a ZooKeeper holding the current state, whose session is
+        lost at the write."""
+        coord = _SessionLostAtWrite(MemoryZooKeeper())
+        await coord.create(
+            partition_state_path(TOPIC, 0), PartitionState.of(self.state, 1).encode()
+        )
+        await store_isr(coord, term.broker_id, TOPIC, 0, term, proposal)
+
+    @rule(value=st.integers(1, 5))
+    def min_insync_changes(self, value: int) -> None:
+        """AlterConfigs of min.insync.replicas: the config watch sets it on the term
+        (``TopicConfigWatch.apply_min_insync``), and new terms start with it."""
+        self.min_insync = value
+        if self.term is not None:
+            self.term.min_insync_replicas = value
+        self.acks_all_write_arrives()  # the next write meets the new setting
+
+    @rule()
+    def acks_all_write_arrives(self) -> None:
+        """8: an acks=all write is taken exactly when the ISR holds min.insync.replicas
+        members, the setting capped at the partition's replica count (Kafka's
+        effectiveMinIsr: a setting above it means every replica). Moves change the
+        replica count under a fixed setting."""
+        term = self.term
+        if term is None:
+            return
+        needed = min(self.min_insync, len(term.replicas))
+        taken = term.can_accept_acks_all()
+        assert taken == (len(term.isr) >= needed), (
+            f"min.insync.replicas {self.min_insync} over replicas {term.replicas}, ISR"
+            f" {sorted(term.isr)}: acks=all {'taken' if taken else 'refused'}; Kafka's"
+            f" effectiveMinIsr is {needed}"
+        )
 
     @rule(records=st.integers(1, 3))
     def produce(self, records: int) -> None:

@@ -638,7 +638,16 @@ class StorageMachine(RuleBasedStateMachine):
         max_offset = start + past
         regions = self.log.read(start, max_bytes, max_offset, min_one=min_one)
         got = b"".join(r.read_bytes() for r in regions)
-        assert got == self.model.read(start, max_bytes, max_offset, min_one)
+        expected = self.model.read(start, max_bytes, max_offset, min_one)
+        assert got == expected
+        # The memory twin (the simulator's replicas, a node without a disk) serves Fetch
+        # by the same rules: whole batches, max_bytes kept but for min_one's first batch.
+        twin = b"".join(r.read_bytes() for r in self.twin.read(start, max_bytes, max_offset,
+                                                               min_one=min_one))  # fmt: skip
+        assert twin == expected, (
+            f"the memory log's read from {start} (max_bytes {max_bytes}, bound {max_offset},"
+            f" min_one {min_one}) returned {len(twin)} bytes; the disk log's rule, {len(expected)}"
+        )
 
     @rule(which=st.floats(0, 1), min_one=st.booleans())
     def read_bounded_below_indexed_batches(self, which: float, min_one: bool) -> None:

@@ -53,6 +53,7 @@ from trio_broker.protocol.records import (
     iter_batches,
     read_control_marker,
 )
+from trio_broker.replication.leader import LeaderPartition
 from trio_broker.server.transaction_timers import TransactionTimers
 from trio_broker.services.local_replication import OwnLog
 from trio_broker.services.topics import TopicManager
@@ -119,6 +120,8 @@ class Instant:
         self.slow = False
         #: The transaction log's next sync fails (the machine's ``txn_log_write_fails``).
         self.txn_log_fails = False
+        #: The transaction log's next sync waits for the machine (``timeout_pass_during_an_add``).
+        self.txn_log_slow = False
 
     def mark_dirty(self, log: Any, messages: int = 1) -> None:
         pass
@@ -127,6 +130,9 @@ class Instant:
         if self.txn_log_fails and log is self.txn_log:
             self.txn_log_fails = False
             raise OSError("the transaction log's sync failed (the machine's fault)")
+        if self.txn_log_slow and log is self.txn_log:
+            self.txn_log_slow = False  # this write waits for the machine
+            await _Suspend()
         if self.slow and log is not self.txn_log:
             self.slow = False  # the first marker's wait stands for the whole round
             await _Suspend()
@@ -159,11 +165,34 @@ UNAWAITED: dict[tuple[int, int], int] = {}
 
 class TxnLogLeadership(OwnLog):
     """What the tables write through and the routing asks (``Leaders``): the one log,
-    and whether this broker was just elected to lead it, its coordinator not told yet."""
+    and whether this broker was just elected to lead it, its coordinator not told yet.
+
+    Each election is a new term, as a cluster's replica manager makes one
+    (``LeaderPartition``, a replica set of one here), which stamps its leader epoch on
+    the coordinator's writes; none while another broker leads. ``epoch_starts``: where
+    each term began in the log, and its epoch."""
 
     def __init__(self, log: Log) -> None:
         super().__init__(0, log)
         self.coming = False
+        self.term: LeaderPartition | None = None
+        self.epoch_starts: list[tuple[int, int]] = []
+
+    def elect(self, leader_epoch: int) -> None:
+        """A term begins (``ReplicaManager._become_leader``): the log begins its epoch."""
+        end = self.log.log_end_offset
+        self.log.begin_epoch(leader_epoch)
+        self.term = LeaderPartition.become_leader(
+            broker_id=0, leader_epoch=leader_epoch, replicas=(0,), isr=frozenset({0}),
+            log_end_offset=end, high_watermark=end, now_ms=0,
+        )  # fmt: skip
+        self.epoch_starts.append((end, leader_epoch))
+
+    def resign(self) -> None:
+        self.term = None
+
+    def leader_term(self, topic: str, partition: int) -> Any:
+        return self.term
 
     def partition(self, topic: str, partition: int) -> None:
         return None
@@ -237,6 +266,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         """A process start: a fresh coordinator, elected and loaded (a node alone's
         ``OwnPartition`` elects it before clients come)."""
         coordinator = PartitionedTransactionCoordinator(1, self._table, self.leadership)
+        self.leadership.elect(LEADER_EPOCH[0])  # a new life: a new term
         coordinator.elected(0, LEADER_EPOCH[0], self.txn_log)
         assert len(coordinator.load_pending()) == 1
         return coordinator
@@ -533,7 +563,8 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         meta = TxnMetadata(OLD_ID, self._allocate(), producer_epoch=epoch, timeout_ms=2_000,
                            last_update_ms=self.now)  # fmt: skip
         batch = build_batch([(encode_key(OLD_ID), encode_value(meta))], base_timestamp=self.now)
-        self.txn_log.append(batch, now_ms=self.now)
+        # Written by this leadership's term (its epoch on the record), as a coordinator would.
+        self.txn_log.append(batch, now_ms=self.now, leader_epoch=LEADER_EPOCH[0])
         for call in self.in_flight.values():
             call.close()  # the restart that loads it
         self.in_flight.clear()
@@ -549,6 +580,61 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             self.init(OLD_ID, 2_000)  # fenced: the epoch goes past the limit
         self.init(OLD_ID, 2_000)
         event("epoch ran out", str(self.model.txns[OLD_ID].epoch))
+
+    @rule(tid=st.sampled_from(IDS), which=st.integers(0, 3), partition=st.sampled_from(PARTITIONS))
+    def timeout_pass_during_an_add(self, tid: str, which: int, partition: tuple[str, int]) -> None:
+        """An open transaction past its timeout while its AddPartitionsToTxn write is on
+        its way (appended, its sync not yet done): the timeout pass leaves it alone, as
+        Kafka's ``abortTimedOutTransactions`` skips an id with a pending transition; the
+        write then lands, and a later pass aborts the transaction. A pass that aborted
+        it meanwhile would be overwritten by the landing write: the fenced epoch's
+        transaction back open, its abort markers written."""
+        txn = self.model.txns.get(tid)
+        pid, epoch = self._instance(tid, which)
+        if (
+            txn is None
+            or txn.status != "ongoing"
+            or txn.pending
+            or partition in txn.partitions
+            or (pid, epoch) != (txn.producer_id, txn.epoch)
+        ):
+            return
+        call = self.coordinator.add_to_transaction(tid, pid, epoch, {partition}, set(),
+                                                   ErrorCode.PRODUCER_FENCED)  # fmt: skip
+        self.durability.txn_log_slow = True
+        try:
+            call.send(None)
+        except StopIteration as done:
+            raise AssertionError(f"adding {partition} to {tid}'s transaction wrote nothing: "
+                                 f"{done.value!r}") from None  # fmt: skip
+        finally:
+            self.durability.txn_log_slow = False
+        event("a timeout pass during an add's write")
+        before = self.coordinator.get(tid)
+        assert before is not None
+        txn.pending = True  # the model's pending transition (its timeout pass skips it)
+        past = txn.started_ms + txn.timeout_ms + 1
+        note(f"add {tid} ({pid}, {epoch}) {partition}: its write in flight; the clock to {past}")
+        self.time_passes(max(1, past - self.now))
+        meta = self.coordinator.get(tid)
+        assert (
+            meta is not None
+            and meta.state == TxnState.ONGOING
+            and meta.producer_epoch == before.producer_epoch
+        ), (
+            f"the timeout pass took {tid} while its AddPartitionsToTxn write was in flight:"
+            f" the table says {meta}"
+        )
+        txn.pending = False
+        try:
+            call.send(None)
+        except StopIteration as done:
+            error = done.value
+        else:
+            call.close()
+            raise AssertionError("the add waited again")
+        note(f"add {tid} ({pid}, {epoch}) {partition} landed -> {error!r}")
+        assert error == self.model.add(tid, pid, epoch, {partition}, set(), self.now)
 
     @rule(ms=st.sampled_from([500, 2_001, 5_001]))
     def time_passes(self, ms: int) -> None:
@@ -579,6 +665,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         the table stays, rounds in flight go on, markers carry the new epoch."""
         before = self.coordinator.all()
         LEADER_EPOCH[0] += 1
+        self.leadership.elect(LEADER_EPOCH[0])
         self.coordinator.elected(0, LEADER_EPOCH[0], self.txn_log)
         assert not self.coordinator.loading, "a current table reloaded"
         assert self.coordinator.all() == before
@@ -598,6 +685,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         UNAWAITED.clear()
         self.model.restart()
         before = sorted(self.coordinator.all(), key=lambda meta: meta.transactional_id)
+        self.leadership.resign()
         self.coordinator.resigned(0)
         self.leadership.coming = about_to_lead
         away = (
@@ -606,9 +694,11 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self._answers_only(tid, away)
         self.leadership.coming = False
         LEADER_EPOCH[0] += 1
+        self.leadership.elect(LEADER_EPOCH[0])
         self.coordinator.elected(0, LEADER_EPOCH[0], self.txn_log)
         self._answers_only(tid, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
         if lost_loading:
+            self.leadership.resign()
             self.coordinator.resigned(0)
             loaded = self.coordinator.load_pending()
             assert loaded == [], (
@@ -616,6 +706,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             )
             self._answers_only(tid, ErrorCode.NOT_COORDINATOR)
             LEADER_EPOCH[0] += 1
+            self.leadership.elect(LEADER_EPOCH[0])
             self.coordinator.elected(0, LEADER_EPOCH[0], self.txn_log)
         assert len(self.coordinator.load_pending()) == 1
         after = sorted(self.coordinator.all(), key=lambda meta: meta.transactional_id)
@@ -661,6 +752,23 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
                 assert not owed, (
                     f"{meta.transactional_id} is {meta.state.name} with its markers at "
                     f"{owed} not awaited durable"
+                )
+
+    @invariant()
+    def txn_log_records_carry_their_terms_epochs(self) -> None:
+        """Every ``__transaction_state`` record carries the leader epoch of the term
+        that wrote it (a term per election, ``TxnLogLeadership``): a coordinator's
+        partition takes each new term (``partition.coordinator_partition``), or its
+        writes after a leadership won back claim the old epoch, and a follower's
+        truncation by OffsetForLeaderEpoch reads the log wrong."""
+        starts = self.leadership.epoch_starts
+        for region in self.txn_log.read(0, 1 << 30, self.txn_log.log_end_offset):
+            for batch in iter_batches(region.read_bytes()):
+                epochs = [epoch for start, epoch in starts if start <= batch.base_offset]
+                assert batch.partition_leader_epoch == epochs[-1], (
+                    f"the __transaction_state record at {batch.base_offset} carries leader"
+                    f" epoch {batch.partition_leader_epoch}; the term that wrote it leads in"
+                    f" epoch {epochs[-1]} (terms began at {starts})"
                 )
 
     @invariant()

@@ -21,6 +21,7 @@ models miss, the module's own unit tests:
     python tools/planted_bugs.py --thirteenth     # the thirteenth set (THIRTEENTH)
     python tools/planted_bugs.py --fourteenth     # the fourteenth set (FOURTEENTH)
     python tools/planted_bugs.py --fifteenth      # the fifteenth set (FIFTEENTH)
+    python tools/planted_bugs.py --sixteenth      # the sixteenth set (SIXTEENTH)
     python tools/planted_bugs.py --check-baseline --thirteenth  # checks run unplanted first
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
@@ -109,6 +110,12 @@ CATALOGUE_MACHINE = "statemachine/test_catalogue_machine.py"
 #: The whole-broker machine over a pipelined in-process broker (a second client leaving
 #: with an answer unsent, the memory budget read after it).
 PIPELINED_BROKER = "statemachine/test_broker_machine.py -k TestPipelinedBroker"
+#: The whole-broker machine over a serial broker (Kafka's one request at a time: the
+#: RESPONSE_PENDING mute).
+SERIAL_BROKER = "statemachine/test_broker_machine.py -k TestSerialBroker"
+#: The simulator's DeleteRecords test: a real cluster's low watermark, answered once every
+#: replica moved its log start (tests/sim, which the scoring's "simulator" includes).
+DELETE_RECORDS_SIM = "tests/sim/test_delete_records_low_watermark.py"
 #: The whole-broker machine's crashing variant alone (restarts and kills; the seven
 #: tests together take 500-760 s on the loaded machine).
 CRASHING_BROKER = "statemachine/test_broker_machine.py -k PipelinedCrashing"
@@ -2224,6 +2231,192 @@ FIFTEENTH = (
 )
 
 
+#: The sixteenth set (session 51): all in the modules issue 31's Ask names for mutation
+#: testing (replication/, storage/, transactions/, cluster/'s rule-bearing files,
+#: partition/, and server/connection.py's mute wiring), none in a line an earlier set
+#: changed, at most three a file.
+#: Scored once at 770c9ce (5 of 15); four listings were then completed with the machines
+#: that drive the slip's module and that the scoring missed listing (marker-not-recorded:
+#: the partition transaction machine; acks-zero-never-answered: the serial broker
+#: machine; the two DeleteRecords slips: tests/sim's DeleteRecords test), and
+#: min-insync-uncapped lists the reassignment machine's new rule 8 (docs/verification.md).
+SIXTEENTH = (
+    Bug(
+        "lso-bound-by-log-end",
+        "trio_broker/partition/read.py",
+        "    stable = producers.last_stable_offset(log, high_watermark)\n",
+        "    stable = producers.last_stable_offset(log, log_end_offset)\n",
+        "a Fetch answer's last stable offset is bounded by the log end instead of the high "
+        "watermark: with no open transaction (or one begun past the HW) the LSO answered "
+        "lies above the HW, which Kafka never answers (LSO <= HW); the read itself still "
+        "stops at min(HW, LSO), so the slip shows in the answered LSO (a read_committed "
+        "client's end of partition and lag)",
+        (SIMULATOR, PIPELINED_BROKER),
+        ("tests/unit/partition",),
+    ),
+    Bug(
+        "coordinator-partition-keeps-old-term",
+        "trio_broker/partition/partition.py",
+        "    elif held.term is not term:\n        held.term = term\n",
+        "",
+        "a coordinator's partition keeps the term of its first write: after the broker "
+        "loses and wins back the leadership of an internal partition on the same log, its "
+        "writes are stamped with the old leader epoch, which the log refuses (an epoch "
+        "going back), so offset commits and transaction state writes fail for good",
+        (TXN_COORDINATOR_MACHINE, SIMULATOR),
+        ("tests/unit/partition",),
+    ),
+    Bug(
+        "marker-not-recorded",
+        "trio_broker/partition/append.py",
+        "    if producers is not None:\n",
+        "    if origin is _CLIENT:\n",
+        "a transaction marker appended to a partition is not recorded in its producer "
+        "state (only a client's batch is): the transaction stays open there, the last "
+        "stable offset stays at its first offset and read_committed consumers stop",
+        (PARTITION_TXN_MACHINE, TXN_MARKER_MACHINE, SIMULATOR),
+        ("tests/unit/partition",),
+    ),
+    Bug(
+        "follower-fetch-omits-log-start",
+        "trio_broker/cluster/replica_fetcher.py",
+        "                log_start_offset=log_.log_start_offset,\n",
+        "                log_start_offset=-1,\n",
+        "the replica fetcher's Fetch leaves its log start unknown (-1, a consumer's value): "
+        "the leader never learns where its followers' logs start, so DeleteRecords, which "
+        "waits until every live replica's log starts at the offset, never completes",
+        (DELETE_RECORDS_SIM, SIMULATOR),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "min-insync-uncapped",
+        "trio_broker/replication/leader.py",
+        "        return min(self.min_insync_replicas, len(self.replicas))\n",
+        "        return self.min_insync_replicas\n",
+        "min.insync.replicas is not capped at the partition's replica count (Kafka's "
+        "effectiveMinIsr): a topic with fewer replicas than the setting (a broker default "
+        "of 2 on a replication factor 1 topic) refuses every acks=all write with "
+        "NOT_ENOUGH_REPLICAS, where Kafka takes 'all replicas'",
+        (REASSIGNMENT_MACHINE, REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/replication",),
+    ),
+    Bug(
+        "delete-records-waits-past-offset",
+        "trio_broker/cluster/replica_manager.py",
+        "            if low is None or low >= offset:\n",
+        "            if low is None or low > offset:\n",
+        "DeleteRecords waits until every replica's log starts past the offset, not at it: "
+        "a deletion every replica has done is answered only when its timeout runs out "
+        "(REQUEST_TIMED_OUT), or when a later deletion moves the log start further",
+        (DELETE_RECORDS_SIM, SIMULATOR, REASSIGNMENT_MACHINE),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "isr-refusal-keeps-pending",
+        "trio_broker/cluster/isr_store.py",
+        "        if term.pending == proposal:\n            term.isr_refused()\n        return False\n",
+        "        return False\n",
+        "a leader's ISR write refused by ZooKeeper (a lost connection, a version moved) "
+        "leaves the proposal pending: the term proposes no ISR change again and takes none "
+        "of the controller's, and the HW keeps counting a joiner that was never stored",
+        (REASSIGNMENT_MACHINE, SIMULATOR),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "rebalance-overrides-election",
+        "trio_broker/cluster/controller.py",
+        "                        if (t.name, p) not in targets and info.leader_epoch >= 0\n",
+        "                        if info.leader_epoch >= 0\n",
+        "the preferred-leader rebalance also takes partitions the same round's election "
+        "just decided: its move, built from the state read before the election, replaces "
+        "the election's (a dead leader kept in the ISR, the election's ISR change lost)",
+        (CONTROLLER_MACHINE, SIMULATOR),
+        ("tests/unit/cluster tests/unit/replication",),
+    ),
+    Bug(
+        "follower-skips-epoch-zero",
+        "trio_broker/storage/log.py",
+        "        if epoch >= 0 and epoch != self.epoch_cache.latest_epoch:\n",
+        "        if epoch > 0 and epoch != self.epoch_cache.latest_epoch:\n",
+        "a follower's file log records no leader epoch cache entry for epoch 0 (taken as "
+        "'no epoch'): as leader it answers OffsetForLeaderEpoch(0) as unknown, and its "
+        "followers truncate by the HW instead of the epoch's end",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "memory-read-ignores-budget",
+        "trio_broker/storage/memory.py",
+        "            if len(batch.data) > budget and not (min_one and not regions):\n",
+        "            if len(batch.data) > budget and not min_one:\n",
+        "a memory log's read with min_one lets every batch past max_bytes, not only the "
+        "first: a Fetch answer (a follower's too, and a throttled replica's) carries the "
+        "whole log up to the bound whatever partition_max_bytes says",
+        (STORAGE_MACHINE, SIMULATOR),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "timed-out-abort-ignores-pending",
+        "trio_broker/transactions/coordinator.py",
+        "            if tid in self._pending or not st.timed_out(meta, self.now_ms()):\n",
+        "            if not st.timed_out(meta, self.now_ms()):\n",
+        "the timeout pass aborts a transaction whose AddPartitionsToTxn or EndTxn write is "
+        "on its way: the in-flight write lands after the abort and puts its own state in "
+        "the table, so the fenced producer's transaction comes back (or both ends run)",
+        (TXN_COORDINATOR_MACHINE,),
+        ("tests/unit/transactions",),
+    ),
+    Bug(
+        "txn-loading-answers-not-coordinator",
+        "trio_broker/transactions/partitioned.py",
+        "        if partition in self.loading:\n            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS\n",
+        "",
+        "a __transaction_state partition elected here and still loading answers "
+        "NOT_COORDINATOR instead of COORDINATOR_LOAD_IN_PROGRESS: clients go back to "
+        "FindCoordinator, which names this broker again, instead of retrying it",
+        (TXN_COORDINATOR_MACHINE,),
+        ("tests/unit/transactions",),
+    ),
+    Bug(
+        "acks-zero-never-answered",
+        "trio_broker/server/connection.py",
+        "                elif not pending.failed_login:\n"
+        "                    answered.append(pending)\n                    continue\n",
+        "                elif not pending.failed_login:\n                    continue\n",
+        "a request with no response (Produce acks=0) is never counted as answered: the "
+        "serial model's RESPONSE_PENDING mute and an in-flight cap's mute reached by such "
+        "requests are never lifted, and the connection reads nothing more",
+        (SERIAL_BROKER, PIPELINED_BROKER, RESPONSE_ORDER_MACHINE),
+        ("tests/unit/server",),
+    ),
+    Bug(
+        "sasl-step-unmutes-only-authenticated",
+        "trio_broker/server/connection.py",
+        "                self.frames.max_frame_size = self.broker.config.socket_request_max_bytes\n"
+        "            self._mute_event(MuteEvent.SASL_REQUEST_HANDLED)\n",
+        "                self.frames.max_frame_size = self.broker.config.socket_request_max_bytes\n"
+        "                self._mute_event(MuteEvent.SASL_REQUEST_HANDLED)\n",
+        "a SASL step unmutes the reader only when it completed the login: after a "
+        "SaslHandshake, or SCRAM's first message, the reader stays muted and the client's "
+        "next step is never read (every login hangs until the client gives up)",
+        (CONNECTION_MACHINES[1],),
+        ("tests/unit/server",),
+    ),
+    Bug(
+        "reassign-forgets-abandoned-joiner",
+        "trio_broker/replication/controller_rules.py",
+        "    joining = tuple(r for r in wanted if r not in original)\n",
+        "    joining = tuple(r for r in wanted if r not in current.replicas)\n",
+        "a new reassignment target while a move is under way counts as joining only the "
+        "replicas outside the current ones: a joiner of the abandoned move that the new "
+        "target keeps is no longer waited for, and the move ends with it out of sync "
+        "(an under-replicated partition the reassignment reports done)",
+        (REASSIGNMENT_MACHINE, CONTROLLER_MACHINE),
+        ("tests/unit/replication",),
+    ),
+)
+
+
 def copy_tree(dest: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".",
@@ -2369,6 +2562,9 @@ def main() -> int:
         "--fifteenth", action="store_true", help="the fifteenth set (FIFTEENTH) only"
     )
     parser.add_argument(
+        "--sixteenth", action="store_true", help="the sixteenth set (SIXTEENTH) only"
+    )
+    parser.add_argument(
         "--check-baseline", action="store_true",
         help="first run every chosen check unplanted; stop (exit 3) if one fails already",
     )  # fmt: skip
@@ -2376,9 +2572,11 @@ def main() -> int:
     args = parser.parse_args()
     every = (
         *BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH, *EIGHTH, *NINTH, *TENTH, *ELEVENTH,
-        *THIRTEENTH, *FOURTEENTH, *FIFTEENTH,
+        *THIRTEENTH, *FOURTEENTH, *FIFTEENTH, *SIXTEENTH,
     )  # fmt: skip
-    if args.fifteenth:
+    if args.sixteenth:
+        chosen = list(SIXTEENTH)
+    elif args.fifteenth:
         chosen = list(FIFTEENTH)
     elif args.fourteenth:
         chosen = list(FOURTEENTH)

@@ -45,6 +45,7 @@ EVERY: tuple[PlantedBug, ...] = (
     *_tool.THIRTEENTH,
     *_tool.FOURTEENTH,
     *_tool.FIFTEENTH,
+    *_tool.SIXTEENTH,
 )
 
 
