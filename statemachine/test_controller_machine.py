@@ -503,8 +503,8 @@ class ControllerMachine(RuleBasedStateMachine):
         event("a leader dies as the rebalance is due")
         trio.run(self._pass_as_the_rebalance_comes, session, clock=trio.testing.MockClock())
         live = self._live()
-        for path, data in self.admin.written:  # every state the round wrote, in order
-            state = PartitionState.decode(data, path)
+        for path, written in self.admin.written:  # every state the round wrote, in order
+            state = PartitionState.decode(written, path)
             dead = sorted(set(state.isr) - live)
             assert state.leader == NO_LEADER or state.leader in live, (
                 f"{path}: written with dead leader {state.leader} ({sorted(live)} alive)"
