@@ -23,7 +23,6 @@ KAFKA_STORAGE_ERROR until its dir comes back: the wait for a new leader times ou
 
 from __future__ import annotations
 
-import errno
 import threading
 import time
 from pathlib import Path
@@ -35,10 +34,10 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as CTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.disk_faults import fail_fsyncs_in
 from tests.waits import WAIT_S, eventually
 from trio_broker.config import BrokerConfig
 from trio_broker.server.broker import Broker
-from trio_broker.server.flusher import flush_log
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -122,17 +121,6 @@ class Traffic:
                         self.consumed.append(int(msg.value()))
         finally:
             consumer.close()
-
-
-def fail_fsyncs_in(broker: Broker, log_dir: Path, failing: list[bool]) -> None:
-    """Every fsync of a log in ``log_dir`` fails with EIO while ``failing[0]``."""
-
-    def sync(log: Any) -> int:
-        if failing[0] and Path(log.directory).parent == log_dir:
-            raise OSError(errno.EIO, "injected EIO")
-        return flush_log(log)
-
-    broker.flusher.sync = sync
 
 
 def partition_of(broker: Broker, topic: str) -> Any:

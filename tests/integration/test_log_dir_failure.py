@@ -18,7 +18,6 @@ durable, replaced for that dir). One failed fsync takes the whole of ``a`` offli
 
 from __future__ import annotations
 
-import errno
 import json
 import shutil
 from collections.abc import Callable
@@ -33,12 +32,12 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from kafka import KafkaAdminClient
 from kafka import errors as kafka_errors
 
+from tests.disk_faults import fail_fsyncs_in
 from tests.integration.raw_client import RawClient
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.server.broker import Broker
-from trio_broker.server.flusher import flush_log
 
 pytestmark = pytest.mark.timeout(300)
 T = TypeVar("T")
@@ -139,17 +138,6 @@ async def fetch_code(broker: Broker, topic: str) -> int:
     async with await trio.open_tcp_stream(host, port) as stream:
         response = await RawClient(stream, "jbod").call(m.ApiKey.FETCH, 11, body)
     return int(response.responses[0].partitions[0].error_code)
-
-
-def fail_fsyncs_in(broker: Broker, log_dir: Path, failing: list[bool]) -> None:
-    """Every fsync of a log in ``log_dir`` fails with EIO while ``failing[0]``."""
-
-    def sync(log: Any) -> int:
-        if failing[0] and Path(log.directory).parent == log_dir:
-            raise OSError(errno.EIO, "injected EIO")
-        return flush_log(log)
-
-    broker.flusher.sync = sync
 
 
 async def test_a_failed_dir_goes_offline_alone_and_comes_back_whole(
