@@ -91,15 +91,21 @@ class Traffic:
                 self.failed.append(str(err))
 
         value = 0
-        while not self.stop_producing.is_set():
-            for _ in range(10):
-                producer.produce(TOPIC, value=str(value).encode(), partition=0,
-                                 on_delivery=delivered)  # fmt: skip
-                value += 1
-            # Backpressure: the next ten once these are answered (a failover holds
-            # them while the client retries).
-            while producer.flush(0.5) and not self.abort.is_set():
-                pass
+        try:
+            while not self.stop_producing.is_set():
+                for _ in range(10):
+                    producer.produce(TOPIC, value=str(value).encode(), partition=0,
+                                     on_delivery=delivered)  # fmt: skip
+                    value += 1
+                # Backpressure: the next ten once these are answered (a failover holds
+                # them while the client retries).
+                while producer.flush(0.5) and not self.abort.is_set():
+                    pass
+        finally:
+            # Every record sent is answered: only now may the consumer's last check
+            # (all acknowledged records read) be final. Told earlier, it could pass
+            # before the last ten were acknowledged, and stop short of them.
+            self.stop_consuming.set()
 
     def consume(self) -> None:
         consumer = Consumer({
@@ -162,8 +168,7 @@ async def test_a_failed_log_dir_on_the_leader_moves_leadership_to_an_in_sync_fol
                 traffic.abort.set()
                 raise
             finally:
-                traffic.stop_producing.set()
-                traffic.stop_consuming.set()
+                traffic.stop_producing.set()  # the producer then tells the consumer
         nursery.cancel_scope.cancel()
 
     assert not traffic.failed, traffic.failed[:5]
