@@ -146,13 +146,13 @@ _KAFKA_KEYS = [
     _key("group.consumer.assignors", LIST, "uniform,range", APPLIED, "group_consumer_assignors"),
     _key("group.consumer.heartbeat.interval.ms", INT, "5000", APPLIED, "group_consumer_heartbeat_interval_ms"),
     _key("group.consumer.max.assignment.interval.ms", INT, "15000"),
-    _key("group.consumer.max.heartbeat.interval.ms", INT, "15000"),
-    _key("group.consumer.max.session.timeout.ms", INT, "60000"),
+    _key("group.consumer.max.heartbeat.interval.ms", INT, "15000", APPLIED),  # a group config's bound
+    _key("group.consumer.max.session.timeout.ms", INT, "60000", APPLIED),  # a group config's bound
     _key("group.consumer.max.size", INT, "2147483647"),
     _key("group.consumer.migration.policy", STRING, "bidirectional", APPLIED, "group_consumer_migration_policy"),
     _key("group.consumer.min.assignment.interval.ms", INT, "0"),
-    _key("group.consumer.min.heartbeat.interval.ms", INT, "5000"),
-    _key("group.consumer.min.session.timeout.ms", INT, "45000"),
+    _key("group.consumer.min.heartbeat.interval.ms", INT, "5000", APPLIED),  # a group config's bound
+    _key("group.consumer.min.session.timeout.ms", INT, "45000", APPLIED),  # a group config's bound
     _key("group.consumer.session.timeout.ms", INT, "45000", APPLIED, "group_consumer_session_timeout_ms"),
     _key("group.coordinator.append.linger.ms", INT, "-1"),
     _key("group.coordinator.background.threads", INT, "2"),
@@ -168,19 +168,19 @@ _KAFKA_KEYS = [
     _key("group.share.delivery.count.limit", INT, "5", APPLIED, "group_share_delivery_count_limit"),
     _key("group.share.heartbeat.interval.ms", INT, "5000", APPLIED, "group_share_heartbeat_interval_ms"),
     _key("group.share.max.assignment.interval.ms", INT, "15000"),
-    _key("group.share.max.delivery.count.limit", INT, "10"),
-    _key("group.share.max.heartbeat.interval.ms", INT, "15000"),
-    _key("group.share.max.partition.max.record.locks", INT, "4000"),
-    _key("group.share.max.record.lock.duration.ms", INT, "60000"),
-    _key("group.share.max.session.timeout.ms", INT, "60000"),
+    _key("group.share.max.delivery.count.limit", INT, "10", APPLIED),  # a group config's bound
+    _key("group.share.max.heartbeat.interval.ms", INT, "15000", APPLIED),  # a group config's bound
+    _key("group.share.max.partition.max.record.locks", INT, "4000", APPLIED),  # a group config's bound
+    _key("group.share.max.record.lock.duration.ms", INT, "60000", APPLIED),  # a group config's bound
+    _key("group.share.max.session.timeout.ms", INT, "60000", APPLIED),  # a group config's bound
     _key("group.share.max.share.sessions", INT, "2000"),
     _key("group.share.max.size", INT, "200"),
     _key("group.share.min.assignment.interval.ms", INT, "0"),
-    _key("group.share.min.delivery.count.limit", INT, "2"),
-    _key("group.share.min.heartbeat.interval.ms", INT, "5000"),
-    _key("group.share.min.partition.max.record.locks", INT, "100"),
-    _key("group.share.min.record.lock.duration.ms", INT, "15000"),
-    _key("group.share.min.session.timeout.ms", INT, "45000"),
+    _key("group.share.min.delivery.count.limit", INT, "2", APPLIED),  # a group config's bound
+    _key("group.share.min.heartbeat.interval.ms", INT, "5000", APPLIED),  # a group config's bound
+    _key("group.share.min.partition.max.record.locks", INT, "100", APPLIED),  # a group config's bound
+    _key("group.share.min.record.lock.duration.ms", INT, "15000", APPLIED),  # a group config's bound
+    _key("group.share.min.session.timeout.ms", INT, "45000", APPLIED),  # a group config's bound
     _key("group.share.partition.max.record.locks", INT, "2000", APPLIED, "group_share_partition_max_record_locks"),
     _key("group.share.record.lock.duration.ms", INT, "30000", APPLIED, "group_share_record_lock_duration_ms"),
     _key("group.share.session.timeout.ms", INT, "45000", APPLIED, "group_share_session_timeout_ms"),

@@ -12,6 +12,7 @@ import pytest
 from tests.kafka_tools.classpath import FAST_START_JVM, kafka_tools_classpath
 from trio_broker.config import BrokerConfig, ConfigError, load_config
 from trio_broker.config_keys import APPLIED, BROKER_KEYS, INERT, SECURITY, SYNONYMS, lookup
+from trio_broker.groups.group_configs import broker_values
 from trio_broker.handlers.describe_configs import (
     DEFAULT_CONFIG,
     STATIC_BROKER_CONFIG,
@@ -19,6 +20,8 @@ from trio_broker.handlers.describe_configs import (
 )
 from trio_broker.security.listeners import INTER_BROKER_KEYS, LISTENER_KEYS, resolve_listeners
 from trio_broker.storage.broker_configs import BrokerConfigStore
+from trio_broker.storage.errors import InvalidConfigError
+from trio_broker.storage.group_configs import check_group_configs
 
 #: A Kafka 4 combined-mode server.properties as Kafka ships it (trimmed), and our additions.
 KAFKA_FILE = """\
@@ -86,6 +89,22 @@ def test_applied_keys_do_not_warn(tmp_path: Path, caplog: pytest.LogCaptureFixtu
     with caplog.at_level(logging.WARNING, logger="trio_broker.config"):
         load_config(write(tmp_path, "num.partitions=2\nlog.retention.ms=5\nnode.id=0\n"))
     assert caplog.records == []
+
+
+def test_a_group_configs_bound_is_applied_without_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """group.share.min.record.lock.duration.ms bounds a share group's
+    share.record.lock.duration.ms (librdkafka's share tests set it to 1000; 2000 here, above the least a group may ever set): applied, so
+    not warned about as having no effect, and a group may then set 3000."""
+    with caplog.at_level(logging.WARNING, logger="trio_broker.config"):
+        config = load_config(
+            write(tmp_path, "group.share.min.record.lock.duration.ms=2000\nnode.id=0\n")
+        )
+    assert caplog.records == []
+    check_group_configs({"share.record.lock.duration.ms": "3000"}, broker_values(config))
+    with pytest.raises(InvalidConfigError, match="must be in the range 2000 to 60000"):
+        check_group_configs({"share.record.lock.duration.ms": "1500"}, broker_values(config))
 
 
 @pytest.mark.parametrize(
