@@ -282,6 +282,33 @@ class Deferred:
         self.timeout_s = timeout_s
         self.on_timeout = on_timeout
 
+    def _map_timeout(
+        self, change: Callable[[Message | None], None]
+    ) -> Callable[[], Message | None] | None:
+        on_timeout = self.on_timeout
+        if on_timeout is None:
+            return None
+
+        def timed_out() -> Message | None:
+            response = on_timeout()
+            change(response)
+            return response
+
+        return timed_out
+
+    def then(self, change: Callable[[Message | None], None]) -> Deferred:
+        """The same answer, with ``change`` applied to it when it comes (a throttle time
+        added), of the same kind and bound: a wrapper that must not know whether the
+        shell awaits this answer or polls it (:class:`Polled`)."""
+        finish = self.finish
+
+        async def finished() -> Message | None:
+            response = await finish()
+            change(response)
+            return response
+
+        return Deferred(finished, timeout_s=self.timeout_s, on_timeout=self._map_timeout(change))
+
 
 class NotReady:
     __slots__ = ()
@@ -320,6 +347,19 @@ class Polled(Deferred):
         super().__init__(_polled_by_the_shell, timeout_s=timeout_s, on_timeout=on_timeout)
         self.poll = poll
         self.watch = watch
+
+    def then(self, change: Callable[[Message | None], None]) -> Polled:
+        poll = self.poll
+
+        def polled() -> Message | NotReady | None:
+            response = poll()
+            if not isinstance(response, NotReady):
+                change(response)
+            return response
+
+        return Polled(
+            polled, self.watch, timeout_s=self.timeout_s, on_timeout=self._map_timeout(change)
+        )
 
 
 async def _polled_by_the_shell() -> Message | None:

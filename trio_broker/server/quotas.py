@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from trio_broker.handlers.base import Deferred, HandlerSpec, NotReady, Polled, RequestContext
+from trio_broker.handlers.base import Deferred, HandlerSpec, RequestContext
 from trio_broker.protocol.schema import Message
 from trio_broker.services.quotas import EXEMPT_APIS
 from trio_broker.state.quota import REQUEST_PERCENTAGE
@@ -40,47 +40,10 @@ def with_request_quota(spec: HandlerSpec) -> HandlerSpec:
         if delay <= 0:
             return result
         if isinstance(result, Deferred):
-            return _throttled(result, delay)
+            # Its wait keeps its kind and bound (a long poll's max_wait_ms, acks=all's
+            # timeout_ms); the throttle goes on the answer when it comes.
+            return result.then(lambda response: _add_throttle(response, delay))
         _add_throttle(result, delay)
         return result
 
     return attrs.evolve(spec, fn=timed)
-
-
-def _throttled(result: Deferred, delay_ms: int) -> Deferred:
-    """``result`` whose answer, whenever it comes, carries ``delay_ms`` of throttle. A
-    :class:`Polled` answer stays one (the shell polls it; its ``finish`` only refuses),
-    a coroutine Deferred stays a coroutine. Either keeps its bound (a long poll's
-    max_wait_ms, acks=all's timeout_ms)."""
-    on_timeout = result.on_timeout
-
-    def timed_out() -> Any:
-        assert on_timeout is not None
-        response = on_timeout()
-        _add_throttle(response, delay_ms)
-        return response
-
-    if isinstance(result, Polled):
-        poll = result.poll
-
-        def polled() -> Any:
-            response = poll()
-            if not isinstance(response, NotReady):
-                _add_throttle(response, delay_ms)
-            return response
-
-        return Polled(
-            polled, result.watch, timeout_s=result.timeout_s,
-            on_timeout=None if on_timeout is None else timed_out,
-        )  # fmt: skip
-    finish = result.finish
-
-    async def finished() -> Any:
-        response = await finish()
-        _add_throttle(response, delay_ms)
-        return response
-
-    return Deferred(
-        finished, timeout_s=result.timeout_s,
-        on_timeout=None if on_timeout is None else timed_out,
-    )  # fmt: skip
