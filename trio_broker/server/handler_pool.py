@@ -263,6 +263,13 @@ class HandlerPool:
             log.exception("deferred response for API %d failed", ctx.header.api_key)
             conn.close("internal error completing a response")
             return
+        self._complete_late(conn, slot, ctx, times, response)
+
+    def _complete_late(
+        self, conn: Connection, slot: int, ctx: RequestContext, times: tuple[float, float],
+        response: Any,
+    ) -> None:  # fmt: skip
+        """Queue a deferred answer (awaited or polled), logging it if it came slowly."""
         pending = conn.pending.get(slot)
         conn.complete(slot, response)
         if pending is not None:
@@ -313,13 +320,7 @@ class HandlerPool:
         waiting.finished()
         self._ready.pop(waiting, None)
         self._unwatch(waiting)
-        conn, slot = waiting.conn, waiting.slot
-        pending = conn.pending.get(slot)
-        conn.complete(slot, answer)
-        if pending is not None:
-            now = time.perf_counter()
-            if now - pending.received >= self.slow_s:
-                self._slow(conn, waiting.ctx, pending.received, *waiting.times, now, answer)
+        self._complete_late(waiting.conn, waiting.slot, waiting.ctx, waiting.times, answer)
 
     def _failed(self, waiting: _Waiting) -> None:
         self._answered_in_deadlines += waiting.ticket is not None
