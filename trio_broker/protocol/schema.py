@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from trio_broker.protocol import _message_code
 from trio_broker.protocol._schemas import MESSAGES, UNBOUNDED
 
 PRIMITIVES = frozenset(
@@ -159,22 +160,29 @@ def _build_fields(raw_fields: tuple[Any, ...], owner: str) -> tuple[Field, ...]:
     return tuple(fields)
 
 
-def _make_class(kafka_name: str, fields: tuple[Field, ...]) -> type[Message]:
-    """Create a slotted class with a generated keyword ``__init__``."""
-    attrs_ = [f.attr for f in fields]
-    cls: type[Message] = type(
-        kafka_name.rsplit(".", 1)[-1],
-        (Message,),
-        {"__slots__": tuple(attrs_), "_fields": fields, "kafka_name": kafka_name},
-    )
+def code_prefix(kafka_name: str) -> str:
+    """The prefix of a class's generated names: 'ProduceRequest.TopicProduceData' ->
+    'ProduceRequest__TopicProduceData' (unique: a class's name is its path)."""
+    return kafka_name.replace(".", "__")
+
+
+def methods_source(kafka_name: str, fields: tuple[Field, ...]) -> tuple[str, dict[str, Any]]:
+    """The source of a class's generated ``__init__`` and ``__eq__`` (named
+    ``<prefix>__init__`` and ``<prefix>__eq__``), and the values it names: its immutable
+    defaults (``<prefix>_d<i>``) and its nested struct classes (``<prefix>_s<i>``).
+
+    tools/gen_message_code.py writes every class's source into ``_message_code.py``,
+    so a process loads them compiled from its bytecode cache; a class missing there
+    (a schema table newer than the generated module) has it compiled here."""
+    p = code_prefix(kafka_name)
     # Defaults that are immutable are keyword defaults, computed once; lists and
     # structs are created fresh per instance, by a literal or the struct's class
     # (as default_value() would: a fetch makes several per partition per read).
-    params, body, namespace = [], [], {}
+    params, body, names = [], [], {}
     for i, f in enumerate(fields):
         if f.default_is_shared:
-            namespace[f"_default{i}"] = f.default_value()
-            params.append(f"{f.attr}=_default{i}")
+            names[f"{p}_d{i}"] = f.default_value()
+            params.append(f"{f.attr}={p}_d{i}")
             body.append(f"    self.{f.attr} = {f.attr}")
             continue
         if f.is_array:
@@ -182,31 +190,56 @@ def _make_class(kafka_name: str, fields: tuple[Field, ...]) -> type[Message]:
         elif f.default == "null":  # a nullable struct absent unless set (a Cursor)
             fresh = "None"
         else:
-            namespace[f"_struct{i}"] = f.struct_class
-            fresh = f"_struct{i}()"
+            names[f"{p}_s{i}"] = f.struct_class
+            fresh = f"{p}_s{i}()"
         params.append(f"{f.attr}=_MISSING")
         body.append(f"    self.{f.attr} = {fresh} if {f.attr} is _MISSING else {f.attr}")
-    namespace["_MISSING"] = _MISSING
-    src = f"def __init__(self, *, {', '.join(params)}):\n" + ("\n".join(body) or "    pass")
-    if not params:
-        src = "def __init__(self):\n    pass"
+    if params:
+        src = f"def {p}__init__(self, *, {', '.join(params)}):\n" + "\n".join(body)
+    else:
+        src = f"def {p}__init__(self):\n    pass"
     # Equality field by field, unrolled (encoders compare tagged struct fields with
     # their defaults for every partition of a response).
-    same = " and ".join(f"self.{a} == other.{a}" for a in attrs_) or "True"
+    same = " and ".join(f"self.{f.attr} == other.{f.attr}" for f in fields) or "True"
     src += (
-        "\ndef __eq__(self, other):\n    if type(other) is not type(self):\n"
+        f"\ndef {p}__eq__(self, other):\n    if type(other) is not type(self):\n"
         f"        return NotImplemented\n    return bool({same})\n"
     )
-    exec(src, namespace)  # generated from the schema table, not from input
-    setattr(cls, "__init__", namespace["__init__"])  # noqa: B010 - generated method
-    setattr(cls, "__eq__", namespace["__eq__"])  # noqa: B010 - generated method
+    return src, names
+
+
+def _methods(kafka_name: str, fields: tuple[Field, ...]) -> tuple[Any, Any]:
+    """A class's ``__init__`` and ``__eq__``: the generated module's if it has them for
+    exactly these fields, else compiled from :func:`methods_source`."""
+    p = code_prefix(kafka_name)
+    src, names = methods_source(kafka_name, fields)
+    if _message_code.ATTRS.get(kafka_name) == tuple(f.attr for f in fields):
+        namespace = vars(_message_code)
+        namespace.update(names)  # the struct classes, bound now that they exist
+    else:
+        namespace = {**names, "_MISSING": _MISSING}
+        exec(src, namespace)  # generated from the schema table, not from input
+    return namespace[f"{p}__init__"], namespace[f"{p}__eq__"]
+
+
+def _make_class(kafka_name: str, fields: tuple[Field, ...]) -> type[Message]:
+    """Create a slotted class with a generated keyword ``__init__``."""
+    name = kafka_name.rsplit(".", 1)[-1]
+    cls: type[Message] = type(
+        name,
+        (Message,),
+        {"__slots__": tuple(f.attr for f in fields), "_fields": fields, "kafka_name": kafka_name},
+    )
+    for method, function in zip(("__init__", "__eq__"), _methods(kafka_name, fields), strict=True):
+        function.__name__, function.__qualname__ = method, f"{name}.{method}"
+        setattr(cls, method, function)
     for f in fields:  # nested struct classes by Kafka's name: ProduceRequest.TopicProduceData
         if f.struct_class is not None:
             setattr(cls, f.type, f.struct_class)
     return cls
 
 
-_MISSING: Any = object()
+_MISSING: Any = _message_code._MISSING
 
 
 @attrs.frozen
