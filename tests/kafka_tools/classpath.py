@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 POM = Path(__file__).resolve().parent / "pom.xml"
@@ -53,6 +55,51 @@ def maven_env() -> dict[str, str]:
 def _cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "trio-broker-tests"
+
+
+#: Class data sharing (AppCDS) for the tools' JVMs: a JVM maps the classes an earlier run
+#: of the same classpath archived, instead of reading and verifying them from the jars
+#: (TopicCommand --list against a local broker: 1.5 -> 0.75 CPU s). Its logging is off:
+#: a tool's stdout is what the tests read, and a stale or unreadable archive is ignored.
+CDS_QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+
+
+def cds_archive(classpath: str) -> Path:
+    """The archive for JVMs of ``classpath`` (and of this ``java``: one per installed JDK)."""
+    java = shutil.which("java") or "java"
+    try:
+        real = Path(java).resolve()
+        stamp = f"{real}:{real.stat().st_mtime_ns}"
+    except OSError:
+        stamp = java
+    digest = hashlib.sha256(f"{stamp}\n{classpath}".encode()).hexdigest()[:16]
+    return _cache_dir() / "cds" / f"{digest}.jsa"
+
+
+def cds_options(classpath: str) -> tuple[tuple[str, ...], Path | None]:
+    """The JVM options that use the classpath's archive, and, while there is none yet, the
+    file this run writes one to at its exit (pass it to :func:`keep_cds_archive`)."""
+    archive = cds_archive(classpath)
+    if archive.is_file():
+        return (*CDS_QUIET, f"-XX:SharedArchiveFile={archive}"), None
+    try:
+        archive.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return (), None
+    pending = archive.with_name(f"{archive.name}.{os.getpid()}-{time.monotonic_ns()}.tmp")
+    return (*CDS_QUIET, f"-XX:ArchiveClassesAtExit={pending}"), pending
+
+
+def keep_cds_archive(classpath: str, pending: Path | None) -> None:
+    """Install the archive a run wrote (whole, by rename: parallel workers see one or none)."""
+    if pending is None:
+        return
+    try:
+        if pending.is_file():
+            os.replace(pending, cds_archive(classpath))
+    except OSError:
+        pass
+    pending.unlink(missing_ok=True)
 
 
 def maven_classpath(pom: Path, work_dir: Path, scope: str | None = None) -> str:

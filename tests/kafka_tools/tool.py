@@ -17,7 +17,12 @@ from typing import NamedTuple
 
 import pytest
 
-from tests.kafka_tools.classpath import TOOL_JVM, kafka_tools_classpath
+from tests.kafka_tools.classpath import (
+    TOOL_JVM,
+    cds_options,
+    kafka_tools_classpath,
+    keep_cds_archive,
+)
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +31,12 @@ def tools_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
     return kafka_tools_classpath(tmp_path_factory.mktemp("kafka-tools"))
 
 
-def tool_argv(classpath: str, main: str, *args: str) -> list[str]:
+def tool_argv(classpath: str, main: str, *args: str, cds: tuple[str, ...] = ()) -> list[str]:
     """The command line of Kafka tool class ``main`` (``org.apache.kafka.tools.`` may be left
-    off) with ``args``."""
+    off) with ``args``; ``cds``: class data sharing options (:func:`cds_options`)."""
     if not main.startswith("org."):
         main = f"org.apache.kafka.tools.{main}"
-    return ["java", *TOOL_JVM, "-cp", classpath, main, *args]
+    return ["java", *TOOL_JVM, *cds, "-cp", classpath, main, *args]
 
 
 class ToolRun(NamedTuple):
@@ -47,10 +52,14 @@ def run_tool(
 ) -> ToolRun:
     """Run Kafka tool class ``main`` with ``args`` to its end. With ``check``, a non-zero
     exit fails the test with the tool's output."""
-    done = subprocess.run(
-        tool_argv(classpath, main, *args),
-        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    cds, pending_archive = cds_options(classpath)
+    try:
+        done = subprocess.run(
+            tool_argv(classpath, main, *args, cds=cds),
+            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        keep_cds_archive(classpath, pending_archive)
     errors = [line for line in done.stderr.splitlines() if not line.startswith("SLF4J:")]
     output = "\n".join([done.stdout, *errors])
     if check:
