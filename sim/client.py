@@ -6,10 +6,12 @@ acknowledged. A timed-out or refused send is retried later with new values (a pl
 non-idempotent producer: a retried write may land twice, which the checks allow; an
 acknowledged one must never go).
 
-The consumer: long-polling Fetch from each partition's leader, as a plain
-(read_uncommitted) consumer does, recording every record it is given with the high
-watermark the same answer told. What a consumer was shown is committed: it must be
-below that HW, and still in the log at that offset at the end (sim/simulation.py).
+The consumer: long-polling Fetch as the Kafka clients do, one Fetch at a time per
+leader carrying every partition it reads from that leader, over the one connection per
+broker; one Metadata refresh for all the partitions whose leader it lost. It records
+every record it is given with the high watermark the same answer told. What a consumer
+was shown is committed: it must be below that HW, and still in the log at that offset
+at the end (sim/simulation.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ REQUEST_TIMEOUT_S = 5.0
 PRODUCE_TIMEOUT_MS = 2000
 #: Pause between sends: a modest rate keeps each run cheap; faults matter, not volume.
 THINK_S = 0.2
+#: The consumer's pause after a failed fetch (doubled after each failure in a row up to
+#: MAX_BACKOFF_S, as the Java client's reconnect.backoff.ms and .max.ms), and between
+#: Metadata refreshes.
+ERROR_BACKOFF_S = 0.05
+MAX_BACKOFF_S = 1.0
+METADATA_BACKOFF_S = 0.1
 
 
 @attrs.frozen
@@ -132,8 +140,14 @@ class _Client:
                 await dropped.stream.aclose()
             return None
 
+    def _least_loaded_first(self) -> list[int]:
+        """The brokers, those with no request in flight first (Kafka's least loaded
+        node): a Metadata refresh does not queue behind a long poll."""
+        busy = [b for b in self.broker_ids if b in self.conns and self.conns[b].lock.locked()]
+        return [b for b in self.broker_ids if b not in busy] + busy
+
     async def refresh_metadata(self) -> None:
-        for broker_id in self.broker_ids:
+        for broker_id in self._least_loaded_first():
             request = m.MetadataRequest(
                 topics=[m.MetadataRequest.MetadataRequestTopic(name=self.topic)],
                 allow_auto_topic_creation=False,
@@ -225,9 +239,14 @@ class Producer(_Client):
 
 
 class Consumer(_Client):
-    """Long-polls each partition's leader, read_uncommitted (isolation 0) or
+    """Long-polls the partitions' leaders, read_uncommitted (isolation 0) or
     read_committed (1): a plain consumer may be given records below the HW, a
-    read_committed one below the LSO (which is at most the HW)."""
+    read_committed one below the LSO (which is at most the HW).
+
+    As the Kafka clients: one fetcher per broker, which sends one Fetch at a time
+    carrying every partition that broker leads (as Metadata last told), and one task
+    that asks Metadata again whenever a partition's leader is unknown (at most every
+    ``METADATA_BACKOFF_S``)."""
 
     client_id = "sim-consumer"
 
@@ -242,36 +261,93 @@ class Consumer(_Client):
         self.above_high_watermark: list[Received] = []
         #: Answers whose last stable offset lies above their HW: (partition, leader, LSO, HW).
         self.stable_above_high_watermark: list[tuple[int, int, int, int]] = []
+        #: Fetches sent, by the number of partitions each carried.
+        self.fetch_sizes: dict[int, int] = {}
+        #: Set (and replaced) whenever ``leaders`` changes.
+        self._leaders_changed = trio.Event()
 
-    async def fetch_once(self, partition: int) -> None:
-        leader = await self.leader_of(partition)
-        if leader is None:
-            return
-        position = self.positions.get(partition, 0)
+    def _changed(self) -> None:
+        self._leaders_changed.set()
+        self._leaders_changed = trio.Event()
+
+    def _forget(self, partition: int, leader: int) -> None:
+        """The partition is no longer fetched from ``leader``: ask Metadata again."""
+        if self.leaders.get(partition) == leader:
+            del self.leaders[partition]
+            self._changed()
+
+    async def run(self, partitions: list[int], until: float) -> None:
+        """Consume ``partitions`` until trio time ``until``."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._find_leaders, partitions, until)
+            for broker_id in self.broker_ids:
+                nursery.start_soon(self._fetcher, broker_id, partitions, until)
+
+    async def _find_leaders(self, partitions: list[int], until: float) -> None:
+        while trio.current_time() < until and not self.stopped:
+            if all(p in self.leaders for p in partitions):
+                await self._leaders_changed.wait()
+                continue
+            known = dict(self.leaders)
+            await self.refresh_metadata()
+            if self.leaders != known:
+                self._changed()
+            await trio.sleep(METADATA_BACKOFF_S)
+
+    async def _fetcher(self, broker_id: int, partitions: list[int], until: float) -> None:
+        backoff = ERROR_BACKOFF_S
+        while trio.current_time() < until and not self.stopped:
+            mine = [p for p in partitions if self.leaders.get(p) == broker_id]
+            if not mine:
+                await self._leaders_changed.wait()
+                continue
+            if await self.fetch_once(broker_id, mine):
+                backoff = ERROR_BACKOFF_S
+            else:  # as the clients' reconnect.backoff.ms, doubling to its max
+                await trio.sleep(backoff)
+                backoff = min(2 * backoff, MAX_BACKOFF_S)
+
+    async def fetch_once(self, leader: int, partitions: list[int]) -> bool:
+        """One Fetch of ``partitions`` from ``leader``; False if it or a partition failed."""
         Req = m.FetchRequest
-        wanted = Req.FetchTopic.FetchPartition(
-            partition=partition, fetch_offset=position, log_start_offset=-1,
-            partition_max_bytes=1 << 20,
-        )  # fmt: skip
+        wanted = [
+            Req.FetchTopic.FetchPartition(
+                partition=p, fetch_offset=self.positions.get(p, 0), log_start_offset=-1,
+                partition_max_bytes=1 << 20,
+            )
+            for p in partitions
+        ]  # fmt: skip
         request = Req(replica_id=-1, max_wait_ms=FETCH_MAX_WAIT_MS, min_bytes=1,
                       max_bytes=1 << 20, isolation_level=self.isolation_level,
                       session_id=0, session_epoch=-1,
-                      topics=[Req.FetchTopic(topic=self.topic, partitions=[wanted])],
+                      topics=[Req.FetchTopic(topic=self.topic, partitions=wanted)],
                       forgotten_topics_data=[], rack_id="")  # fmt: skip
-        response = await self.call_leader(partition, leader, m.ApiKey.FETCH, FETCH_VERSION, request)
+        self.fetch_sizes[len(partitions)] = self.fetch_sizes.get(len(partitions), 0) + 1
+        response = await self._call(leader, m.ApiKey.FETCH, FETCH_VERSION, request)
         if response is None:
-            return
-        answer = response.responses[0].partitions[0]
+            for p in partitions:
+                self._forget(p, leader)
+            return False
+        ok = True
+        for topic in response.responses:
+            for answer in topic.partitions:
+                if answer.partition_index in partitions:
+                    ok = await self._take(leader, answer) and ok
+        return ok
+
+    async def _take(self, leader: int, answer: Any) -> bool:
+        """One partition's part of a Fetch answer; False if it failed."""
+        partition = answer.partition_index
+        position = self.positions.get(partition, 0)
         if answer.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
             # DeleteRecords moved the log start past the position: auto.offset.reset
             # "earliest", as the Kafka clients do.
             self._note("OFFSET_OUT_OF_RANGE")
-            await self._reset_to_log_start(partition, leader, position)
-            return
+            return await self._reset_to_log_start(partition, leader, position)
         if answer.error_code != ErrorCode.NONE:
             self._note(ErrorCode(answer.error_code).name)
-            await self.forget_leader(partition)
-            return
+            self._forget(partition, leader)
+            return False
         bound = answer.high_watermark
         if answer.last_stable_offset > bound:  # Kafka's LSO is at most the HW
             self.stable_above_high_watermark.append(
@@ -291,26 +367,22 @@ class Consumer(_Client):
                     self.above_high_watermark.append(got)
                 position = offset + 1
         self.positions[partition] = position
+        return True
 
-    async def _reset_to_log_start(self, partition: int, leader: int, position: int) -> None:
+    async def _reset_to_log_start(self, partition: int, leader: int, position: int) -> bool:
         Req = m.ListOffsetsRequest
         wanted = Req.ListOffsetsTopic.ListOffsetsPartition(
             partition_index=partition, current_leader_epoch=-1, timestamp=-2
         )
         request = Req(replica_id=-1, isolation_level=self.isolation_level,
                       topics=[Req.ListOffsetsTopic(name=self.topic, partitions=[wanted])])  # fmt: skip
-        response = await self.call_leader(partition, leader, m.ApiKey.LIST_OFFSETS, 4, request)
-        if response is None:
-            return  # call_leader forgot the leader already
-        answer = response.topics[0].partitions[0]
-        if answer.error_code != ErrorCode.NONE:
-            await self.forget_leader(partition)
-        elif int(answer.offset) > position and self.positions.get(partition, 0) == position:
-            self.positions[partition] = int(answer.offset)
-        else:  # past the end of this leader's log: ask who leads, as before
-            await self.forget_leader(partition)
-
-    async def run(self, partition: int, until: float) -> None:
-        """Consume ``partition`` until trio time ``until``."""
-        while trio.current_time() < until and not self.stopped:
-            await self.fetch_once(partition)
+        response = await self._call(leader, m.ApiKey.LIST_OFFSETS, 4, request)
+        if response is not None:
+            answer = response.topics[0].partitions[0]
+            if answer.error_code == ErrorCode.NONE and int(answer.offset) > position:
+                if self.positions.get(partition, 0) == position:
+                    self.positions[partition] = int(answer.offset)
+                return True
+        # Failed, or past the end of this leader's log: ask who leads, as before.
+        self._forget(partition, leader)
+        return False

@@ -27,8 +27,8 @@ Invariants (checked every ``CHECK_EVERY_S`` and at the end):
 5. **liveness**: once the faults healed, the cluster settles (every replica in sync)
    within SETTLE_LIMIT_S, and then acknowledges an acks=all write to each partition;
 6. **consumers see only what is committed** (spec/replication_model.py, sentence 11):
-   two consumers, one plain and one read_committed, long-poll each partition's leader
-   throughout; every record one is given is below the HW (read_committed: the LSO)
+   two consumers, one plain and one read_committed, long-poll the partitions' leaders
+   throughout (one Fetch per leader for all the partitions it leads, as Kafka clients); every record one is given is below the HW (read_committed: the LSO)
    told in the same answer, and at the end is in the leader's log below its HW at the
    same offset; once the cluster settled, both reach every partition's HW. An answer's
    LSO is never above its HW (Kafka's LSO is bounded by the HW).
@@ -98,6 +98,8 @@ class SimResult:
     sent: int = 0
     #: Records the consumer was given.
     consumed: int = 0
+    #: The consumers' Fetch requests, by the number of partitions each carried.
+    consumer_fetch_sizes: dict[int, int] = attrs.field(factory=dict)
     settled: bool = False
     virtual_s: float = 0.0
     trace: list[str] = attrs.field(factory=list)
@@ -564,9 +566,9 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
         async with trio.open_nursery() as work:
             for partition in range(PARTITIONS):
                 work.start_soon(producer.run, partition, until)
-                # Until the final checks: it must also see the writes after the heal.
-                for c in consumers:
-                    nursery.start_soon(c.run, partition, float("inf"))
+            # Until the final checks: they must also see the writes after the heal.
+            for c in consumers:
+                nursery.start_soon(c.run, list(range(PARTITIONS)), float("inf"))
 
             async def run_fault(fault: Fault) -> None:
                 await trio.sleep_until(faulty_from + fault.at)
@@ -607,6 +609,9 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
         result.acked = sum(len(a.values) for a in producer.acks)
         result.sent = producer.sent
         result.consumed = sum(len(c.received) for c in consumers)
+        for c in consumers:
+            for size, count in c.fetch_sizes.items():
+                result.consumer_fetch_sizes[size] = result.consumer_fetch_sizes.get(size, 0) + count
         result.virtual_s = trio.current_time() - start
         trace(f"end: {result.acked} values acknowledged, settled={result.settled}")
         await producer.close()

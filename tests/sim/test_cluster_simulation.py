@@ -12,6 +12,7 @@ import random
 
 import pytest
 
+from sim.faults import Fault
 from sim.simulation import simulate
 
 #: Seeds every run checks (each a different fault schedule; 0.5-2 s each on a busy
@@ -53,6 +54,17 @@ def test_a_seed_replays_event_for_event() -> None:
                                                           second.virtual_s)  # fmt: skip
     other = simulate(8)
     assert other.schedule != first.schedule
+
+
+def test_consumers_fetch_every_partition_of_a_leader_in_one_request() -> None:
+    """As the Kafka clients: one Fetch per leader carrying each partition it leads. While
+    broker 1 (partition 0's first leader) is down, broker 2 leads both partitions (the
+    first of partition 0's replicas in its ISR), and each consumer's Fetch to it carries
+    both."""
+    result = simulate(5, schedule=[Fault(at=0.5, kind="crash", a="b1", duration=2.0)])
+    assert result.ok, result.violations
+    assert result.consumer_fetch_sizes.get(2, 0) > 0, result.consumer_fetch_sizes
+    assert set(result.consumer_fetch_sizes) <= {1, 2}
 
 
 def first_caught(bug: str, seeds: range, known: int) -> tuple[int, list[str]]:

@@ -237,17 +237,20 @@ class ReplicaManager:
         )
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
-        key = (topic, partition)
         while True:
-            term = self.terms.get(key)
-            if term is None:
-                return AckState.LEADERSHIP_LOST
-            if self._refresh(key, term):
-                self.wake(key)
-            state = term.ack_state(last_offset)
+            state = self.commit_state(topic, partition, last_offset)
             if state is not AckState.WAITING:
                 return state
-            await self._hw_event(key).wait()
+            await self._hw_event((topic, partition)).wait()
+
+    def commit_state(self, topic: str, partition: int, last_offset: int) -> AckState:
+        key = (topic, partition)
+        term = self.terms.get(key)
+        if term is None:
+            return AckState.LEADERSHIP_LOST
+        if self._refresh(key, term):
+            self.wake(key)  # the HW event wait_committed waits on, and the partition's notify
+        return term.ack_state(last_offset)
 
     def low_watermark(self, topic: str, partition: int) -> int | None:
         """The lowest log start over this leader and the followers on live (registered)

@@ -17,8 +17,8 @@ from trio_broker.handlers.authorization import Operation, ResourceType, authoriz
 from trio_broker.handlers.base import (
     NOT_READY,
     CloseConnection,
-    Deferred,
     DurableWait,
+    FetchWait,
     LoopBudget,
     NotReady,
     Polled,
@@ -36,7 +36,6 @@ from trio_broker.partition.append import (
     Origin,
     Term,
     acked_at_once,
-    wait_acked,
 )
 from trio_broker.partition.append import append as partition_append
 from trio_broker.partition.partition import Partition
@@ -429,8 +428,8 @@ def answer_when_acked(
     services: Services, request: m.ProduceRequest, response: m.ProduceResponse,
     appends_to_ack: list[tuple[Appended, PartResp]],
 ) -> Response:  # fmt: skip
-    """``response`` now if every write is acknowledged already, else a Deferred that
-    answers once they are (or past the request's timeout_ms).
+    """``response`` now if every write is acknowledged already, else a Polled answer
+    that answers once they are (or past the request's timeout_ms).
 
     The request's timeout_ms bounds the wait for the covering fsync; past it the
     partition answers REQUEST_TIMED_OUT and the data stays in the log (as Kafka).
@@ -444,76 +443,86 @@ def answer_when_acked(
     if all(acked_at_once(a, acks, fsync=sync_first) for a, _ in appends_to_ack):
         return response
 
-    if sync_first and acks == -1 and not any(a.replicated for a, _ in appends_to_ack):
-        return _when_synced(services, request, response, appends_to_ack)
-
-    async def when_durable() -> m.ProduceResponse:
-        for appended, part in appends_to_ack:
-            acked = await wait_acked(
-                appended, acks, durability=services.durability,
-                replication=services.leaders, fsync=sync_first,
-            )  # fmt: skip
-            if acked.ok:
-                continue
-            part.base_offset = -1
-            if acked.sync_error is not None:
-                error = acked.sync_error
-                part.error_code = (
-                    error.error_code
-                    if isinstance(error, KafkaError)
-                    else ErrorCode.KAFKA_STORAGE_ERROR
-                )
-                part.error_message = str(error)
-            elif acked.state is AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
-                part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
-                part.error_message = "the ISR shrank below min.insync.replicas"
-            else:
-                part.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
-                part.error_message = "leadership moved before the write was committed"
-        return response
-
-    return Deferred(
-        when_durable,
-        timeout_s=max(request.timeout_ms, 0) / 1000,
-        on_timeout=_timed_out(services, request, response, appends_to_ack),
-    )
+    return _when_acked(services, request, response, appends_to_ack)
 
 
-def _when_synced(
+def _when_acked(
     services: Services, request: m.ProduceRequest, response: m.ProduceResponse,
     appends_to_ack: list[tuple[Appended, PartResp]],
 ) -> Polled:  # fmt: skip
-    """acks=all on a node alone (no write replicated): the answer once each write's
-    group commit covered it, polled by the shell without a task of its own; the
-    flusher's release of a write (synced, or failed) wakes it. A failed sync answers
-    that partition with its error, as ``wait_acked`` would."""
-    pending: list[tuple[DurableWait, PartResp]] = []
+    """acks=all: the answer once each write is acknowledged, polled by the shell without
+    a task of its own (as ``wait_acked`` waits): first the group commit covering it
+    (acks.all.fsync), whose release of the write (synced, or failed) wakes the answer;
+    then, for a replicated write, the high watermark past it (``commit_state``), whose
+    moves, like the end of the term, notify the partition (``Appends``) as they wake a
+    long poll. A failed sync answers that partition with its error; a write the HW did
+    not commit, NOT_ENOUGH_REPLICAS_AFTER_APPEND or NOT_LEADER_OR_FOLLOWER."""
+    sync_first = services.config.acks_all_fsync
+    #: Per write not acknowledged yet: its wait for the sync (None: synced or none asked).
+    pending: list[tuple[Appended, DurableWait | None, PartResp]] = []
+    durable_waits: list[DurableWait] = []
+    #: The replicated writes' partitions, watched as a long poll watches its own.
+    partitions: list[FetchWait] = []
 
     def watch(wake: Callable[[], None]) -> Callable[[], None]:
         for appended, part in appends_to_ack:
-            durable = services.durability.watch_durable(appended.log, appended.last_offset, wake)
-            pending.append((durable, part))
+            durable = None
+            if sync_first:
+                durable = services.durability.watch_durable(
+                    appended.log, appended.last_offset, wake
+                )
+                durable_waits.append(durable)
+            pending.append((appended, durable, part))
+        replicated = {(a.topic, a.partition) for a, _ in appends_to_ack if a.replicated}
+        leave = None
+        if replicated:
+            partitions.append(services.appends.watch(replicated))
+            leave = partitions[0].subscribe(wake)
 
         def unwatch() -> None:
-            for durable, _ in pending:
+            for durable in durable_waits:
                 durable.cancel()
+            if leave is not None:
+                leave()
 
         return unwatch
 
     def poll() -> m.ProduceResponse | NotReady:
-        still: list[tuple[DurableWait, PartResp]] = []
-        for durable, part in pending:
-            try:
-                if not durable.check():
-                    still.append((durable, part))
-            except (KafkaError, OSError) as error:
+        for waiter in partitions:
+            # What changed is read below; a change from now on wakes the answer again
+            # (a waiter with changes not taken is not woken by more).
+            waiter.take()
+        still: list[tuple[Appended, DurableWait | None, PartResp]] = []
+        for appended, durable, part in pending:
+            if durable is not None:
+                try:
+                    if not durable.check():
+                        still.append((appended, durable, part))
+                        continue
+                except (KafkaError, OSError) as error:
+                    part.base_offset = -1
+                    part.error_code = (
+                        error.error_code
+                        if isinstance(error, KafkaError)
+                        else ErrorCode.KAFKA_STORAGE_ERROR
+                    )
+                    part.error_message = str(error)
+                    continue
+            if not appended.replicated:
+                continue  # a node alone's term: committed once synced
+            state = services.leaders.commit_state(
+                appended.topic, appended.partition, appended.last_offset
+            )
+            if state is AckState.WAITING:
+                still.append((appended, None, part))
+            elif state is not AckState.DONE:
                 part.base_offset = -1
-                part.error_code = (
-                    error.error_code
-                    if isinstance(error, KafkaError)
-                    else ErrorCode.KAFKA_STORAGE_ERROR
-                )
-                part.error_message = str(error)
+                if state is AckState.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+                    part.error_code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+                    part.error_message = "the ISR shrank below min.insync.replicas"
+                else:
+                    part.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    part.error_message = "leadership moved before the write was committed"
         pending[:] = still
         return NOT_READY if still else response
 

@@ -118,6 +118,12 @@ class DataReplication(Followers, Protocol):
         """Wait until the high watermark passes ``last_offset`` (acks=all)."""
         ...
 
+    def commit_state(self, topic: str, partition: int, last_offset: int) -> AckState:
+        """:meth:`wait_committed` without waiting: WAITING until it would answer. What
+        wakes its wait also notifies the partition (``Appends.notify``), so a polled
+        acks=all answer watching the partition looks again then."""
+        ...
+
 
 class BrokerReplication(DataReplication, Protocol):
     """A broker's whole replication (``Broker.replication``): the data path's, and what
@@ -419,6 +425,9 @@ class LocalReplication(_NoFollowers):
         # The ISR is this broker: a write is committed once in its log.
         return AckState.DONE
 
+    def commit_state(self, topic: str, partition: int, last_offset: int) -> AckState:
+        return AckState.DONE
+
     def low_watermark(self, topic: str, partition: int) -> int | None:
         log = self._topics.log(topic, partition)
         return None if log is None else log.log_start_offset
@@ -476,6 +485,9 @@ class LeadsNothing(_NoFollowers):
         return None
 
     async def wait_committed(self, topic: str, partition: int, last_offset: int) -> AckState:
+        return AckState.LEADERSHIP_LOST
+
+    def commit_state(self, topic: str, partition: int, last_offset: int) -> AckState:
         return AckState.LEADERSHIP_LOST
 
     def low_watermark(self, topic: str, partition: int) -> None:
