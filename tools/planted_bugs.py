@@ -22,7 +22,9 @@ models miss, the module's own unit tests:
     python tools/planted_bugs.py --fourteenth     # the fourteenth set (FOURTEENTH)
     python tools/planted_bugs.py --fifteenth      # the fifteenth set (FIFTEENTH)
     python tools/planted_bugs.py --sixteenth      # the sixteenth set (SIXTEENTH)
+    python tools/planted_bugs.py --seventeenth    # the seventeenth set (SEVENTEENTH)
     python tools/planted_bugs.py --check-baseline --thirteenth  # checks run unplanted first
+    python tools/planted_bugs.py --coverage --sixteenth   # listings from coverage (below)
     python tools/planted_bugs.py leader-acks-early truncation-pre-kip-279
     python tools/planted_bugs.py --list
 
@@ -33,16 +35,27 @@ pass, counted apart in the summary, and a baseline failure under ``--check-basel
 (default 1), so a score replays. The fetcher's bugs are planted in
 ``replication/fetcher_rules.py``, the decisions ``cluster/replica_fetcher.py`` calls and
 the replication machine drives; scores: docs/verification.md.
+
+``--coverage`` lists for each bug, beside its hand listing, every model whose run executes
+the planted line: each state machine (the whole-broker machine by its in-process
+variants), tests/sim's files and the simulator's seeds are traced once at the scoring's
+seed (tools/line_trace.py), into a map kept in ~/.cache/trio-broker/planted-coverage/ per
+state of the code; the tool prints which checks came from it. ``--build-coverage`` only
+builds the map and prints the listings.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import attrs
@@ -2417,6 +2430,338 @@ SIXTEENTH = (
 )
 
 
+#: A seventeenth set in the issue's modules (session 52), written before a map listed it.
+SEVENTEENTH = (
+    Bug(
+        "producer-block-end-inclusive",
+        "trio_broker/cluster/producer_id_blocks.py",
+        "        return start, start + size\n",
+        "        return start, start + size + 1\n",
+        "a claimed block of producer ids is taken as one id longer than the znode says "
+        "(its block_end read as exclusive): the block's last id + 1 is also the first id "
+        "of the next broker's block, so two brokers hand the same producer id to two "
+        "transactional or idempotent producers",
+        (PRODUCER_ID_MACHINE, SIMULATOR),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "second-dir-failure-not-announced",
+        "trio_broker/cluster/log_dir_events.py",
+        "                    if not current.partitions <= announced:\n",
+        "                    if not announced:\n",
+        "a broker tells the controller only of its first failed log dir: a second dir "
+        "failing while the first is still offline updates the znode but sends no log dir "
+        "event, so the controller never moves the leadership of the second dir's "
+        "partitions, which stay led by a replica that cannot write",
+        (SIMULATOR,),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "timestamp-lookup-skips-equal",
+        "trio_broker/storage/log_reads.py",
+        "                if batch.max_timestamp >= timestamp_ms and batch.last_offset >= log_start:\n",
+        "                if batch.max_timestamp > timestamp_ms and batch.last_offset >= log_start:\n",
+        "ListOffsets by timestamp skips a batch whose max timestamp equals the target: "
+        "offsetsForTimes(T) answers the batch after the one holding a record at T, and a "
+        "consumer seeking to T misses the records at exactly T",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "acked-at-once-one-unsynced",
+        "trio_broker/partition/append.py",
+        "    return not fsync or appended.log.durable_end_offset > appended.last_offset\n",
+        "    return not fsync or appended.log.durable_end_offset >= appended.last_offset\n",
+        "a node alone answers an acks=all write at once when its log is synced up to the "
+        "write's last offset, exclusive: the last record of the batch is not synced yet, "
+        "and a power cut loses an acknowledged record",
+        (BROKER_MACHINE,),
+        ("tests/unit/partition",),
+    ),
+    Bug(
+        "follower-hw-not-clamped-after-truncation",
+        "trio_broker/cluster/replica_fetcher.py",
+        "            role.high_watermark = high_watermark_after_truncation(\n"
+        "                role.high_watermark, log_.log_end_offset\n            )\n",
+        "",
+        "a follower keeps its HW after truncating below it: its HW lies above its log end "
+        "until the leader's next answer, and if it is elected meanwhile its term starts "
+        "from that HW (a consumer of it is told records exist that it does not hold)",
+        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "moved-away-replica-kept",
+        "trio_broker/cluster/replica_manager.py",
+        "            if held is None or me not in held.replicas:\n",
+        "            if held is None:\n",
+        "a broker a reassignment removed from a partition's replicas keeps its role there: "
+        "it goes on fetching from the leader (or leading its old term) and its copy is "
+        "never dropped, so the partition's data stays on the broker it left",
+        (REASSIGNMENT_MACHINE, SIMULATOR),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "in-flight-cap-one-over",
+        "trio_broker/server/connection.py",
+        "        if self.sequencer.in_flight >= self.max_in_flight:\n",
+        "        if self.sequencer.in_flight > self.max_in_flight:\n",
+        "the reader mutes for the in-flight cap only once the cap is exceeded: a "
+        "connection gets one request more in flight than "
+        "max.in.flight.requests.per.connection allows",
+        (BROKER_MACHINE, MUTE_MACHINE),
+        ("tests/unit/server",),
+    ),
+    Bug(
+        "idle-close-ignores-in-flight",
+        "trio_broker/server/connection.py",
+        "            if self.sequencer.in_flight:\n"
+        "                self.last_active = now  # a request (e.g. a long poll) is still running\n"
+        "                continue\n",
+        "",
+        "a connection whose only activity is a request still running (a long poll longer "
+        "than connections.max.idle.ms) is closed as idle, its answer lost",
+        (BROKER_MACHINE,),
+        ("tests/unit/server",),
+    ),
+    Bug(
+        "txn-timeout-at-max-refused",
+        "trio_broker/transactions/state.py",
+        "    if timeout_ms <= 0 or timeout_ms > max_timeout_ms:\n",
+        "    if timeout_ms <= 0 or timeout_ms >= max_timeout_ms:\n",
+        "InitProducerId refuses a transaction timeout equal to transaction.max.timeout.ms "
+        "(INVALID_TRANSACTION_TIMEOUT), which Kafka takes: a producer configured at the "
+        "broker's maximum cannot start",
+        (TXN_COORDINATOR_MACHINE,),
+        ("tests/unit/transactions",),
+    ),
+    Bug(
+        "verify-partition-ignores-state",
+        "trio_broker/transactions/state.py",
+        "    in_txn = current.state == S.ONGOING and partition in current.partitions\n",
+        "    in_txn = partition in current.partitions\n",
+        "KIP-890's verification takes a partition of the producer's transaction whatever "
+        "the transaction's state: a produce arriving while the transaction is being "
+        "committed or aborted (PREPARE_*) or after it ended (COMPLETE_*, partitions kept) "
+        "is appended, after or racing the marker, into a transaction that is over (a "
+        "hanging transaction, the LSO held back)",
+        (TXN_COORDINATOR_MACHINE,),
+        ("tests/unit/transactions",),
+    ),
+    Bug(
+        "delete-records-at-log-end-refused",
+        "trio_broker/storage/log_retention.py",
+        "            if not 0 <= before_offset <= self.log_end_offset:\n",
+        "            if not 0 <= before_offset < self.log_end_offset:\n",
+        "DeleteRecords up to the log end (every record, the tools' 'all') is refused "
+        "OFFSET_OUT_OF_RANGE on a disk log instead of emptying it",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage",),
+    ),
+    Bug(
+        "topic-config-change-ignored",
+        "trio_broker/cluster/config_watch.py",
+        "                if name in watching and not watching[name].is_set():\n",
+        "                if name in watching:\n",
+        "a topic's config znode is read once: a later change (kafka-configs --alter of "
+        "retention.ms or min.insync.replicas) fires the watch but is never read again, so "
+        "the brokers keep the topic's old configs",
+        (SIMULATOR,),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "reset-keeps-producer-state",
+        "trio_broker/partition/partition.py",
+        "        self.log.truncate_fully_and_start_at(offset)\n        self.producers.truncated(self.log)\n",
+        "        self.log.truncate_fully_and_start_at(offset)\n",
+        "a follower that empties its log to start at the leader's log start keeps the "
+        "producer state of the records it dropped: as leader later it judges producers' "
+        "sequences and open transactions by records it no longer holds (a stale open "
+        "transaction holds the LSO back)",
+        (SIMULATOR,),
+        ("tests/unit/partition",),
+    ),
+    Bug(
+        "rebalance-at-exact-threshold",
+        "trio_broker/cluster/controller.py",
+        "        if len(elsewhere) * 100 <= percentage * len(keys):\n",
+        "        if len(elsewhere) * 100 < percentage * len(keys):\n",
+        "the preferred-leader rebalance runs for a broker whose share of partitions led "
+        "elsewhere equals leader.imbalance.per.broker.percentage, where Kafka waits until "
+        "it is exceeded: leadership moves (clients' metadata refresh, an epoch bump) that "
+        "Kafka would not make",
+        (CONTROLLER_MACHINE,),
+        ("tests/unit/cluster",),
+    ),
+    Bug(
+        "roll-ignores-batch-size",
+        "trio_broker/storage/segment.py",
+        "            self.size + batch_size > segment_bytes\n",
+        "            self.size > segment_bytes\n",
+        "a segment rolls only once it is already past segment.bytes, not when the next "
+        "batch would take it past: every segment ends a batch or more above segment.bytes "
+        "(Kafka's segments stay within it unless one batch is larger)",
+        (STORAGE_MACHINE,),
+        ("tests/unit/storage",),
+    ),
+)
+
+
+#: Where the coverage maps go (``--coverage``): outside the repository, one file per
+#: state of the code the models run (``coverage_key``).
+COVERAGE_CACHE = Path.home() / ".cache" / "trio-broker" / "planted-coverage"
+#: A traced model run's wall-clock bound: one stopped so keeps its hand listings only.
+COVERAGE_TIMEOUT_S = 2400.0
+
+
+def coverage_models(tree: Path) -> list[str]:
+    """The checks a coverage map traces: every state machine file, the whole-broker
+    machine by its in-process variants (its crashing and power-cut ones serve the broker
+    from a subprocess, which the tracer does not see: those keep their hand listing),
+    tests/sim's files but the seed slice (``python -m sim --seeds 0:60``, SIMULATOR,
+    stands for it: the same seeds, as the tool runs them) and the simulator itself."""
+    checks: list[str] = []
+    for path in sorted((tree / "statemachine").glob("test_*.py")):
+        relative = path.relative_to(tree).as_posix()
+        if relative == BROKER_MACHINE:
+            checks += [PIPELINED_BROKER, SERIAL_BROKER, TIGHT_MEMORY_BROKER]
+        else:
+            checks.append(relative)
+    for path in sorted((tree / "tests" / "sim").glob("test_*.py")):
+        if path.name != "test_cluster_simulation.py":
+            checks.append(path.relative_to(tree).as_posix())
+    checks.append(SIMULATOR)
+    # Cheapest first (CI's recorded file durations), so a map stopped early holds most.
+    durations = json.loads((tree / "tests" / "durations.json").read_text())["files"]
+    return sorted(checks, key=lambda check: durations.get(check.split()[0], 60.0))
+
+
+def coverage_key(root: Path) -> str:
+    """The map's key: a digest of the checked-out blobs of every file a model can run
+    (every tracked file but docs/, tools/ and tests/unit/, so that committing a planted
+    set or a unit test keeps the map) and of any uncommitted change to them."""
+    where = ["--", ".", ":!docs", ":!tools", ":!tests/unit"]
+    index = subprocess.run(
+        ["git", "ls-files", "-s", *where], cwd=root, check=True, capture_output=True
+    ).stdout
+    diff = subprocess.run(
+        ["git", "diff", "HEAD", *where], cwd=root, check=True, capture_output=True
+    ).stdout
+    return hashlib.sha256(index + b"\0" + diff).hexdigest()[:20]
+
+
+#: One traced model: its exit status, CPU seconds and the lines it ran, by file.
+CoverageMap = dict[str, dict[str, object]]
+
+
+def load_coverage(path: Path) -> CoverageMap:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def build_coverage(
+    tree: Path, checks: Iterable[str], path: Path, timeout_s: float, jobs: int
+) -> CoverageMap:
+    """Trace every check not yet in the map at ``path`` (``jobs`` side by side), saving
+    the map after each; a check stopped by ``timeout_s`` is recorded with no lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = load_coverage(path)
+    waiting = [check for check in checks if check not in done]
+    tracer = ROOT / "tools" / "line_trace.py"
+    # The tree first, then the caller's path (where coverage.py may be).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p
+    ))  # fmt: skip
+    env.setdefault("HYPOTHESIS_SEED", "1")
+    running: list[tuple[str, Path, float, subprocess.Popen[bytes]]] = []
+    with tempfile.TemporaryDirectory(prefix="planted-coverage.") as scratch:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                check = waiting.pop(0)
+                out = Path(scratch) / f"{len(running)}-{len(waiting)}.json"
+                child_env = env
+                if check.startswith("sim "):
+                    command = ["sim", *check.split()[1:]]
+                    # python -m sim runs itself again unless the hash seed is fixed (its
+                    # seeds replay so): the tracer would see only the exec.
+                    child_env = dict(env, PYTHONHASHSEED="0")
+                else:
+                    command = ["pytest", "-x", "-q", "-p", "no:xdist", "-p", "no:randomly",
+                               "-p", "no:cacheprovider", "--timeout=0", *check.split()]  # fmt: skip
+                print(f"tracing {check}", file=sys.stderr, flush=True)
+                process = subprocess.Popen(
+                    [sys.executable, str(tracer), str(out), str(tree), *command],
+                    cwd=tree, env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
+                running.append((check, out, time.monotonic(), process))
+            time.sleep(1)  # polling child processes, not waiting for a condition
+            for entry in list(running):
+                check, out, started, process = entry
+                took = time.monotonic() - started
+                if process.poll() is None and took < timeout_s:
+                    continue
+                running.remove(entry)
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+                if out.exists():
+                    done[check] = json.loads(out.read_text())
+                    done[check]["wall"] = round(took, 1)
+                    status = done[check]["status"]
+                    print(f"traced {check}: exit {status}, {done[check]['seconds']} s CPU, "
+                          f"{took:.0f} s wall", file=sys.stderr, flush=True)  # fmt: skip
+                else:
+                    done[check] = {"status": "stopped", "seconds": took, "lines": {}}
+                    print(f"traced {check}: stopped after {took:.0f} s, no lines",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                path.write_text(json.dumps(done))
+    return done
+
+
+def planted_lines(source: str, old: str) -> set[int]:
+    """The lines whose execution means a run met the slip: every line of ``old`` in
+    ``source`` (where it occurs once), and the first line of each innermost statement
+    holding one of them (a continuation line of a call may have no line event of its
+    own; an ``else:`` has none)."""
+    start = source.index(old)
+    end = start + max(len(old.rstrip("\n")), 1) - 1
+    first = source.count("\n", 0, start) + 1
+    last = source.count("\n", 0, end) + 1
+    lines = set(range(first, last + 1))
+    statements = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.stmt)]
+    for line in range(first, last + 1):
+        holding = [s for s in statements if s.lineno <= line <= (s.end_lineno or s.lineno)]
+        if holding:
+            lines.add(max(s.lineno for s in holding))
+    return lines
+
+
+def models_running(
+    coverage: Mapping[str, Mapping[str, object]], path: str, lines: set[int]
+) -> list[str]:
+    """The traced checks whose run executed one of ``lines`` of ``path``, quickest (by
+    the traced run's wall-clock seconds, else its CPU seconds) first: the scoring stops
+    at the first catch."""
+    hits = []
+    for check, traced in coverage.items():
+        ran = traced.get("lines")
+        assert isinstance(ran, dict)
+        if lines & set(ran.get(path, ())):
+            seconds = traced.get("wall", traced.get("seconds"))
+            hits.append((seconds if isinstance(seconds, (int, float)) else 0.0, check))
+    return [check for _, check in sorted(hits)]
+
+
+def coverage_listing(
+    coverage: Mapping[str, Mapping[str, object]], bug: Bug, source: str
+) -> tuple[tuple[str, ...], list[str]]:
+    """A bug's checks: the models whose run executes its planted line, then its hand
+    listing's others (a union: the hand listing covers what the tracer cannot see); and
+    which of them came from coverage."""
+    from_coverage = models_running(coverage, bug.path, planted_lines(source, bug.old))
+    rest = [check for check in bug.models if check not in from_coverage]
+    return (*from_coverage, *rest), from_coverage
+
+
 def copy_tree(dest: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".",
@@ -2568,13 +2913,29 @@ def main() -> int:
         "--check-baseline", action="store_true",
         help="first run every chosen check unplanted; stop (exit 3) if one fails already",
     )  # fmt: skip
+    parser.add_argument(
+        "--seventeenth", action="store_true", help="the seventeenth set (SEVENTEENTH) only"
+    )
+    parser.add_argument(
+        "--coverage", action="store_true",
+        help="list for each bug the models whose traced run executes its planted line "
+        "(a map built once per state of the code, in ~/.cache), beside its hand listing",
+    )  # fmt: skip
+    parser.add_argument(
+        "--build-coverage", action="store_true",
+        help="only build (or complete) the coverage map, and print what it lists",
+    )  # fmt: skip
+    parser.add_argument("--coverage-jobs", type=int, default=2)
+    parser.add_argument("--coverage-timeout", type=float, default=COVERAGE_TIMEOUT_S)
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
     every = (
         *BUGS, *FRESH, *FOURTH, *FIFTH, *SIXTH, *SEVENTH, *EIGHTH, *NINTH, *TENTH, *ELEVENTH,
-        *THIRTEENTH, *FOURTEENTH, *FIFTEENTH, *SIXTEENTH,
+        *THIRTEENTH, *FOURTEENTH, *FIFTEENTH, *SIXTEENTH, *SEVENTEENTH,
     )  # fmt: skip
-    if args.sixteenth:
+    if args.seventeenth:
+        chosen = list(SEVENTEENTH)
+    elif args.sixteenth:
         chosen = list(SIXTEENTH)
     elif args.fifteenth:
         chosen = list(FIFTEENTH)
@@ -2611,6 +2972,29 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="planted-bugs.") as scratch:
         tree = Path(scratch)
         copy_tree(tree)
+        if args.coverage or args.build_coverage:
+            cache = COVERAGE_CACHE / f"{coverage_key(ROOT)}.json"
+            started = time.monotonic()
+            if args.build_coverage:
+                coverage = build_coverage(
+                    tree, coverage_models(tree), cache, args.coverage_timeout, args.coverage_jobs
+                )
+                print(f"coverage map {cache} ({time.monotonic() - started:.0f} s to complete)")
+            else:  # the map as built: a model not traced yet lists nothing
+                coverage = load_coverage(cache)
+                untraced = [c for c in coverage_models(tree) if c not in coverage]
+                print(f"coverage map {cache}: {len(coverage)} models traced; not traced "
+                      f"(hand listings only): {', '.join(untraced) or 'none'}")  # fmt: skip
+            listed = {}
+            for bug in chosen:
+                models, traced = coverage_listing(coverage, bug, (tree / bug.path).read_text())
+                listed[bug.name] = models
+                hand_only = [check for check in bug.models if check not in traced]
+                print(f"{bug.name}: from coverage: {', '.join(traced) or 'none'}; "
+                      f"by hand only: {', '.join(hand_only) or 'none'}", flush=True)  # fmt: skip
+            chosen = [attrs.evolve(bug, models=listed[bug.name]) for bug in chosen]
+            if args.build_coverage:
+                return 0
         if args.baseline:
             checks = sorted({c for b in chosen for c in (*b.models, *b.unit)})
             for check in checks:

@@ -46,6 +46,7 @@ EVERY: tuple[PlantedBug, ...] = (
     *_tool.FOURTEENTH,
     *_tool.FIFTEENTH,
     *_tool.SIXTEENTH,
+    *_tool.SEVENTEENTH,
 )
 
 
