@@ -611,9 +611,9 @@ ConsumerGroupDescribeResponse__DescribedGroup__Member_d3 = 0
 ConsumerGroupDescribeResponse__DescribedGroup__Member_d4 = ''
 ConsumerGroupDescribeResponse__DescribedGroup__Member_d5 = ''
 ConsumerGroupDescribeResponse__DescribedGroup__Member_d7 = None
+ConsumerGroupDescribeResponse__DescribedGroup__Member_d10 = -1
 ConsumerGroupDescribeResponse__DescribedGroup__Member_s8 = None
 ConsumerGroupDescribeResponse__DescribedGroup__Member_s9 = None
-ConsumerGroupDescribeResponse__DescribedGroup__Member_d10 = -1
 def ConsumerGroupDescribeResponse__DescribedGroup__Member__init__(self, *, member_id=ConsumerGroupDescribeResponse__DescribedGroup__Member_d0, instance_id=ConsumerGroupDescribeResponse__DescribedGroup__Member_d1, rack_id=ConsumerGroupDescribeResponse__DescribedGroup__Member_d2, member_epoch=ConsumerGroupDescribeResponse__DescribedGroup__Member_d3, client_id=ConsumerGroupDescribeResponse__DescribedGroup__Member_d4, client_host=ConsumerGroupDescribeResponse__DescribedGroup__Member_d5, subscribed_topic_names=_MISSING, subscribed_topic_regex=ConsumerGroupDescribeResponse__DescribedGroup__Member_d7, assignment=_MISSING, target_assignment=_MISSING, member_type=ConsumerGroupDescribeResponse__DescribedGroup__Member_d10):
     self.member_id = member_id
     self.instance_id = instance_id
@@ -1979,7 +1979,6 @@ def EndTxnResponse__eq__(self, other):
 
 FetchRequest_d0 = None
 FetchRequest_d1 = -1
-FetchRequest_s2 = None
 FetchRequest_d3 = 0
 FetchRequest_d4 = 0
 FetchRequest_d5 = 2147483647
@@ -1987,6 +1986,7 @@ FetchRequest_d6 = 0
 FetchRequest_d7 = 0
 FetchRequest_d8 = -1
 FetchRequest_d11 = ''
+FetchRequest_s2 = None
 def FetchRequest__init__(self, *, cluster_id=FetchRequest_d0, replica_id=FetchRequest_d1, replica_state=_MISSING, max_wait_ms=FetchRequest_d3, min_bytes=FetchRequest_d4, max_bytes=FetchRequest_d5, isolation_level=FetchRequest_d6, session_id=FetchRequest_d7, session_epoch=FetchRequest_d8, topics=_MISSING, forgotten_topics_data=_MISSING, rack_id=FetchRequest_d11):
     self.cluster_id = cluster_id
     self.replica_id = replica_id
@@ -2089,11 +2089,11 @@ FetchResponse__FetchableTopicResponse__PartitionData_d1 = 0
 FetchResponse__FetchableTopicResponse__PartitionData_d2 = 0
 FetchResponse__FetchableTopicResponse__PartitionData_d3 = -1
 FetchResponse__FetchableTopicResponse__PartitionData_d4 = -1
+FetchResponse__FetchableTopicResponse__PartitionData_d9 = -1
+FetchResponse__FetchableTopicResponse__PartitionData_d10 = None
 FetchResponse__FetchableTopicResponse__PartitionData_s5 = None
 FetchResponse__FetchableTopicResponse__PartitionData_s6 = None
 FetchResponse__FetchableTopicResponse__PartitionData_s7 = None
-FetchResponse__FetchableTopicResponse__PartitionData_d9 = -1
-FetchResponse__FetchableTopicResponse__PartitionData_d10 = None
 def FetchResponse__FetchableTopicResponse__PartitionData__init__(self, *, partition_index=FetchResponse__FetchableTopicResponse__PartitionData_d0, error_code=FetchResponse__FetchableTopicResponse__PartitionData_d1, high_watermark=FetchResponse__FetchableTopicResponse__PartitionData_d2, last_stable_offset=FetchResponse__FetchableTopicResponse__PartitionData_d3, log_start_offset=FetchResponse__FetchableTopicResponse__PartitionData_d4, diverging_epoch=_MISSING, current_leader=_MISSING, snapshot_id=_MISSING, aborted_transactions=_MISSING, preferred_read_replica=FetchResponse__FetchableTopicResponse__PartitionData_d9, records=FetchResponse__FetchableTopicResponse__PartitionData_d10):
     self.partition_index = partition_index
     self.error_code = error_code
@@ -3547,8 +3547,8 @@ ShareFetchResponse__ShareFetchableTopicResponse__PartitionData_d1 = 0
 ShareFetchResponse__ShareFetchableTopicResponse__PartitionData_d2 = None
 ShareFetchResponse__ShareFetchableTopicResponse__PartitionData_d3 = 0
 ShareFetchResponse__ShareFetchableTopicResponse__PartitionData_d4 = None
-ShareFetchResponse__ShareFetchableTopicResponse__PartitionData_s5 = None
 ShareFetchResponse__ShareFetchableTopicResponse__PartitionData_d6 = None
+ShareFetchResponse__ShareFetchableTopicResponse__PartitionData_s5 = None
 def ShareFetchResponse__ShareFetchableTopicResponse__PartitionData__init__(self, *, partition_index=ShareFetchResponse__ShareFetchableTopicResponse__PartitionData_d0, error_code=ShareFetchResponse__ShareFetchableTopicResponse__PartitionData_d1, error_message=ShareFetchResponse__ShareFetchableTopicResponse__PartitionData_d2, acknowledge_error_code=ShareFetchResponse__ShareFetchableTopicResponse__PartitionData_d3, acknowledge_error_message=ShareFetchResponse__ShareFetchableTopicResponse__PartitionData_d4, current_leader=_MISSING, records=ShareFetchResponse__ShareFetchableTopicResponse__PartitionData_d6, acquired_records=_MISSING):
     self.partition_index = partition_index
     self.error_code = error_code

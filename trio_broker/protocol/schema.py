@@ -166,32 +166,45 @@ def code_prefix(kafka_name: str) -> str:
     return kafka_name.replace(".", "__")
 
 
+def _shared_names(prefix: str, fields: tuple[Field, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The values a class's generated methods name: its immutable defaults
+    (``<prefix>_d<i>``) and the struct classes of its struct fields created fresh per
+    instance (``<prefix>_s<i>``)."""
+    defaults: dict[str, Any] = {}
+    structs: dict[str, Any] = {}
+    for i, f in enumerate(fields):
+        if f.default_is_shared:
+            defaults[f"{prefix}_d{i}"] = f.default_value()
+        elif not f.is_array and f.default != "null":
+            structs[f"{prefix}_s{i}"] = f.struct_class
+    return defaults, structs
+
+
 def methods_source(kafka_name: str, fields: tuple[Field, ...]) -> tuple[str, dict[str, Any]]:
     """The source of a class's generated ``__init__`` and ``__eq__`` (named
-    ``<prefix>__init__`` and ``<prefix>__eq__``), and the values it names: its immutable
-    defaults (``<prefix>_d<i>``) and its nested struct classes (``<prefix>_s<i>``).
+    ``<prefix>__init__`` and ``<prefix>__eq__``), and the values it names
+    (:func:`_shared_names`).
 
     tools/gen_message_code.py writes every class's source into ``_message_code.py``,
     so a process loads them compiled from its bytecode cache; a class missing there
     (a schema table newer than the generated module) has it compiled here."""
     p = code_prefix(kafka_name)
+    defaults, structs = _shared_names(p, fields)
     # Defaults that are immutable are keyword defaults, computed once; lists and
     # structs are created fresh per instance, by a literal or the struct's class
     # (as default_value() would: a fetch makes several per partition per read).
-    params, body, names = [], [], {}
+    params, body = [], []
     for i, f in enumerate(fields):
-        if f.default_is_shared:
-            names[f"{p}_d{i}"] = f.default_value()
+        if f"{p}_d{i}" in defaults:
             params.append(f"{f.attr}={p}_d{i}")
             body.append(f"    self.{f.attr} = {f.attr}")
             continue
-        if f.is_array:
-            fresh = "None" if f.default == "null" else "[]"
-        elif f.default == "null":  # a nullable struct absent unless set (a Cursor)
-            fresh = "None"
-        else:
-            names[f"{p}_s{i}"] = f.struct_class
+        if f"{p}_s{i}" in structs:
             fresh = f"{p}_s{i}()"
+        elif f.is_array:
+            fresh = "None" if f.default == "null" else "[]"
+        else:  # a nullable struct absent unless set (a Cursor)
+            fresh = "None"
         params.append(f"{f.attr}=_MISSING")
         body.append(f"    self.{f.attr} = {fresh} if {f.attr} is _MISSING else {f.attr}")
     if params:
@@ -205,18 +218,19 @@ def methods_source(kafka_name: str, fields: tuple[Field, ...]) -> tuple[str, dic
         f"\ndef {p}__eq__(self, other):\n    if type(other) is not type(self):\n"
         f"        return NotImplemented\n    return bool({same})\n"
     )
-    return src, names
+    return src, {**defaults, **structs}
 
 
 def _methods(kafka_name: str, fields: tuple[Field, ...]) -> tuple[Any, Any]:
     """A class's ``__init__`` and ``__eq__``: the generated module's if it has them for
     exactly these fields, else compiled from :func:`methods_source`."""
     p = code_prefix(kafka_name)
-    src, names = methods_source(kafka_name, fields)
+    namespace: dict[str, Any]
     if _message_code.ATTRS.get(kafka_name) == tuple(f.attr for f in fields):
         namespace = vars(_message_code)
-        namespace.update(names)  # the struct classes, bound now that they exist
+        namespace.update(_shared_names(p, fields)[1])  # its struct classes, built by now
     else:
+        src, names = methods_source(kafka_name, fields)
         namespace = {**names, "_MISSING": _MISSING}
         exec(src, namespace)  # generated from the schema table, not from input
     return namespace[f"{p}__init__"], namespace[f"{p}__eq__"]
