@@ -462,9 +462,10 @@ def _when_acked(
     pending: list[tuple[Appended, DurableWait | None, PartResp]] = []
     durable_waits: list[DurableWait] = []
     #: The replicated writes' partitions, watched as a long poll watches its own.
-    partitions: list[FetchWait] = []
+    partitions: FetchWait | None = None
 
     def watch(wake: Callable[[], None]) -> Callable[[], None]:
+        nonlocal partitions
         for appended, part in appends_to_ack:
             durable = None
             if sync_first:
@@ -476,8 +477,8 @@ def _when_acked(
         replicated = {(a.topic, a.partition) for a, _ in appends_to_ack if a.replicated}
         leave = None
         if replicated:
-            partitions.append(services.appends.watch(replicated))
-            leave = partitions[0].subscribe(wake)
+            partitions = services.appends.watch(replicated)
+            leave = partitions.subscribe(wake)
 
         def unwatch() -> None:
             for durable in durable_waits:
@@ -488,10 +489,10 @@ def _when_acked(
         return unwatch
 
     def poll() -> m.ProduceResponse | NotReady:
-        for waiter in partitions:
+        if partitions is not None:
             # What changed is read below; a change from now on wakes the answer again
             # (a waiter with changes not taken is not woken by more).
-            waiter.take()
+            partitions.take()
         still: list[tuple[Appended, DurableWait | None, PartResp]] = []
         for appended, durable, part in pending:
             if durable is not None:
