@@ -465,15 +465,7 @@ class ReassignmentMachine(RuleBasedStateMachine):
         self.now_ms += LAG_MAX_MS + 1  # every follower that has not fetched since lags
         proposal = term.check_lagging(self.now_ms)
         if proposal is None:
-            leader_end = self.brokers[term.broker_id].log_end
-            for broker in sorted(set(self.moving.replicas) - term.isr):
-                if self.brokers[broker].alive and broker in term.replicas:
-                    self.brokers[broker].log_end = leader_end
-                    _, proposal = record_follower_fetch(
-                        term, broker, leader_end, 0, self.now_ms, may_join=True
-                    )
-                    if proposal is not None:
-                        break
+            proposal = self._catch_up_a_joiner(term)
         if proposal is None:
             return
         dies = data.draw(st.sampled_from(followers))
@@ -483,6 +475,20 @@ class ReassignmentMachine(RuleBasedStateMachine):
             return  # the controller changed nothing
         event("an ISR write overtaken by the controller")
         self._store_proposal(proposal, term)
+
+    def _catch_up_a_joiner(self, term: LeaderPartition) -> IsrProposal | None:
+        """The first live replica of the move outside the ISR fetches up to the leader's
+        log end: the ISR proposal that lets it join (None if none can)."""
+        leader_end = self.brokers[term.broker_id].log_end
+        for broker in sorted(set(self.moving.replicas) - term.isr):
+            if self.brokers[broker].alive and broker in term.replicas:
+                self.brokers[broker].log_end = leader_end
+                _, proposal = record_follower_fetch(
+                    term, broker, leader_end, 0, self.now_ms, may_join=True
+                )
+                if proposal is not None:
+                    return proposal
+        return None
 
     @rule(joining=st.booleans())
     def isr_write_meets_a_zookeeper_failure(self, joining: bool) -> None:
@@ -498,15 +504,7 @@ class ReassignmentMachine(RuleBasedStateMachine):
             return
         proposal = None
         if joining:
-            leader_end = self.brokers[term.broker_id].log_end
-            for broker in sorted(set(self.moving.replicas) - term.isr):
-                if self.brokers[broker].alive and broker in term.replicas:
-                    self.brokers[broker].log_end = leader_end
-                    _, proposal = record_follower_fetch(
-                        term, broker, leader_end, 0, self.now_ms, may_join=True
-                    )
-                    if proposal is not None:
-                        break
+            proposal = self._catch_up_a_joiner(term)
         else:
             self.now_ms += LAG_MAX_MS + 1  # every follower that has not fetched since lags
             proposal = term.check_lagging(self.now_ms)
