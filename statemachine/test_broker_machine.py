@@ -46,7 +46,6 @@ import shutil
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -70,9 +69,9 @@ from hypothesis.stateful import (
 )
 
 from spec.broker_model import EARLIEST, LATEST, BrokerModel
+from tests.broker_fork import start_broker
 from tests.faultfs import MODES, FaultFS, fuse_available
 from tests.waits import wait_until
-from trio_broker.cluster.child_process import die_with_parent
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.compression import Compression
@@ -188,16 +187,16 @@ class ProcessBroker:
         self.log = (aux_dir / f"{data_dir.name}.log").open("ab")
         config = aux_dir / f"{data_dir.name}.toml"
         config.write_text(GROUP_CONFIG + extra_config)
-        self.proc = subprocess.Popen(
+        # Forked from a parent that imported the broker already (tests/broker_fork.py).
+        self.proc = start_broker(
             [str(exe), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
              "--processing-model", processing_model, "--config", str(config)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(),
         )  # fmt: skip
-        assert self.proc.stdout is not None
+        assert self.proc.stderr is not None
         deadline = time.monotonic() + BROKER_START_S
         try:
             while time.monotonic() < deadline:
-                line = self.proc.stdout.readline()
+                line = self.proc.stderr.readline()
                 if not line:
                     break
                 self.log.write(line)
@@ -213,8 +212,8 @@ class ProcessBroker:
             raise
 
     def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
             self.log.write(line)
 
     def stop(self) -> None:

@@ -114,7 +114,8 @@ def kill_tree(pid: int) -> None:
 def _meant_to_live_with_us() -> set[int]:
     """Processes that live exactly as long as this one by design: pyspark's gateway JVM
     (``trio-broker verify`` in-process), which ``SparkSession.stop()`` leaves running for
-    the next session and which exits when this process does (its stdin pipe closes)."""
+    the next session and which exits when this process does (its stdin pipe closes); and
+    the brokers' fork server."""
     exempt: set[int] = set()
     for module in ("pyspark.core.context", "pyspark.context"):
         context = sys.modules.get(module)
@@ -122,6 +123,12 @@ def _meant_to_live_with_us() -> set[int]:
         proc = getattr(gateway, "proc", None)
         if proc is not None and proc.poll() is None:
             exempt.update([proc.pid, *descendants(proc.pid)])
+    # The brokers' fork server (tests/broker_fork.py) ends with this process; the brokers
+    # it forked are its children, and they are not exempt.
+    fork = sys.modules.get("tests.broker_fork")
+    fork_server = getattr(fork, "fork_server_pid", lambda: None)()
+    if fork_server is not None:
+        exempt.add(fork_server)
     return exempt
 
 

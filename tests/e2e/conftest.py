@@ -37,8 +37,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.broker_fork import ForkedProcess, start_broker
 from tests.ports import restartable_port
-from trio_broker.cluster.child_process import die_with_parent
 from trio_broker.protocol import messages as m
 from trio_broker.protocol.records import iter_batches
 
@@ -319,14 +319,14 @@ class BrokerProcess:
             self.properties_path.write_text(properties)
         self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
         self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedProcess | None = None
         self.starts = 0
         #: True between stop()/kill9() and start(): the broker is down on purpose.
         self.down_on_purpose = False
         self._drainer: threading.Thread | None = None
         self._log_lock = threading.Lock()
         #: The process sent SIGTERM by :meth:`terminate`.
-        self._terminated: subprocess.Popen[bytes] | None = None
+        self._terminated: subprocess.Popen[bytes] | ForkedProcess | None = None
         #: Set by the stderr drainer at ``listening on`` (the port in ``_found``) or EOF.
         self._listening = threading.Event()
         self._found: list[int] = []
@@ -367,15 +367,10 @@ class BrokerProcess:
         self.starts += 1
         self.down_on_purpose = False
         self._log(f"===== e2e: start #{self.starts} on port {self.port} =====\n")
-        argv = self.command_line()
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # a Ctrl-C at the terminal is not meant for it
-            preexec_fn=die_with_parent(),  # nor does it outlive a killed pytest
-        )
+        # Forked from a parent that imported the broker already (tests/broker_fork.py):
+        # in its own session (a Ctrl-C at the terminal is not meant for it), and it does
+        # not outlive a killed pytest.
+        proc = start_broker(self.command_line())
         self.proc = proc
         self._listening = threading.Event()
         self._found: list[int] = []
@@ -409,7 +404,10 @@ class BrokerProcess:
             raise
 
     def _drain(
-        self, proc: subprocess.Popen[bytes], listening: threading.Event, found: list[int]
+        self,
+        proc: subprocess.Popen[bytes] | ForkedProcess,
+        listening: threading.Event,
+        found: list[int],
     ) -> None:
         assert proc.stderr is not None
         with open(self.log_path, "ab") as out:

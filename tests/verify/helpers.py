@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trio_broker.cluster.child_process import die_with_parent
+from tests.broker_fork import start_broker
 from trio_broker.protocol import message_types as messages
 from trio_broker.protocol.messages import (
     decode_request,
@@ -45,10 +45,7 @@ class CapturingBroker:
             str(BROKER_EXE), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
             "--capture", str(capture_dir), *(extra or []),
         ]  # fmt: skip
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=die_with_parent(),
-        )  # fmt: skip
+        self.proc = start_broker(argv)  # forked: tests/broker_fork.py
         self.port = 0
         #: The --metrics-listen port, once the broker logged it (0 without the flag).
         self.metrics_port = 0
