@@ -42,7 +42,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FORK_ENV", "ForkedProcess", "fork_server_pid", "start_broker"]
+__all__ = ["FORK_ENV", "ForkedProcess", "fork_server_pid", "forked_cpu", "start_broker"]
 
 FORK_ENV = "TRIO_BROKER_TEST_FORK"
 #: The largest message either side sends (a request carries the environment).
@@ -74,6 +74,13 @@ def fork_server_pid() -> int | None:
     return None if server is None or server.process.poll() is not None else server.process.pid
 
 
+def forked_cpu() -> float:
+    """CPU seconds (user + sys) of the brokers forked for this process that have exited:
+    what ``RUSAGE_CHILDREN`` would have counted of exec'd ones (tools/test_cpu.py adds it)."""
+    return _forked_cpu
+
+
+_forked_cpu = 0.0
 _the_server: _ForkServer | None = None
 _the_server_lock = threading.Lock()
 
@@ -220,6 +227,7 @@ class _ForkServer:
             return None
 
     def _read(self) -> None:
+        global _forked_cpu
         while True:
             try:
                 data, fds, _flags, _address = socket.recv_fds(self._socket, MAX_MESSAGE, 1)
@@ -234,6 +242,7 @@ class _ForkServer:
             with self._changed:
                 if "exited" in message:
                     self._exits[message["exited"]] = message["code"]
+                    _forked_cpu += message["cpu"]
                 else:
                     self._answer = (message, fds)
                 self._changed.notify_all()
@@ -280,12 +289,13 @@ def _serve_forks(channel: socket.socket) -> tuple[dict[str, Any], list[int]] | N
                         pass
                 while True:  # reap every child that exited, and say so
                     try:
-                        pid, status = os.waitpid(-1, os.WNOHANG)
+                        pid, status, usage = os.wait4(-1, os.WNOHANG)
                     except ChildProcessError:
                         break
                     if pid == 0:
                         break
-                    send({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+                    code, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
+                    send({"exited": pid, "code": code, "cpu": cpu})
                 continue
             data, fds, _flags, _address = socket.recv_fds(channel, MAX_MESSAGE, 3)
             if not data:

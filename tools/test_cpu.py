@@ -6,7 +6,8 @@ the figure to cut is CPU seconds, which wall seconds under four workers do not s
 As a pytest plugin it records, for every test (setup, call and teardown), the CPU of the
 worker itself and of the child processes it reaped in that time (brokers, JVMs, CLI calls;
 a child is counted when it is waited for, so a module fixture's broker counts in the test
-that tears the fixture down)::
+that tears the fixture down; a broker forked by tests/broker_fork.py's fork server counts
+when it exits, kill -9 included)::
 
     TEST_CPU_DIR=/tmp/cpu PYTHONPATH=tools CI=true bash scripts/test.sh -p test_cpu
 
@@ -45,7 +46,11 @@ DIR_ENV = "TEST_CPU_DIR"
 def _cpu() -> tuple[float, float]:
     own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, reaped.ru_utime + reaped.ru_stime
+    # Brokers forked by the fork server (tests/broker_fork.py) are its children, not ours:
+    # it reports each one's CPU when it exits.
+    fork = sys.modules.get("tests.broker_fork")
+    forked = fork.forked_cpu() if fork is not None else 0.0
+    return own.ru_utime + own.ru_stime, reaped.ru_utime + reaped.ru_stime + forked
 
 
 @pytest.hookimpl(hookwrapper=True)
