@@ -14,8 +14,6 @@ import pytest
 from tests.broker_fork import FORK_ENV, ForkedProcess, start_broker
 from tests.e2e.conftest import BROKER_EXE, STOP_TIMEOUT_S, BrokerProcess
 
-pytestmark = pytest.mark.timeout(120)
-
 
 def _listening(proc: subprocess.Popen[bytes] | ForkedProcess) -> str:
     assert proc.stderr is not None
