@@ -288,7 +288,9 @@ class KafkaCluster:
             formats = [
                 subprocess.Popen(
                     [
-                        *base,
+                        *base[:1],
+                        *kafka_peer.tool_jvm_options(),
+                        *base[1:],
                         "kafka.tools.StorageTool",
                         "format",
                         "--config",
@@ -311,7 +313,13 @@ class KafkaCluster:
                 self._logs.append(out)
                 self.procs.append(
                     subprocess.Popen(
-                        [java, *kafka_peer.JVM_OPTIONS, *base[1:], "kafka.Kafka", str(config)],
+                        [
+                            java,
+                            *kafka_peer.broker_jvm_options(),
+                            *base[1:],
+                            "kafka.Kafka",
+                            str(config),
+                        ],
                         stdout=out,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
