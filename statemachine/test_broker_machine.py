@@ -360,6 +360,19 @@ class BrokerMachine(RuleBasedStateMachine):
             f"Produce {topic}[{index}] producer={producer} n={len(values)} acks={acks} "
             f"{codec.name}: expected {expected}, got {actual}"
         )
+        if (
+            acks == -1
+            and expected.error == ErrorCode.NONE
+            and isinstance(self.server, BrokerThread)
+        ):
+            # A node alone acknowledges acks=all only once the write is synced (its HW is
+            # its durable end, docs/reliability.md): every record of it, the last too.
+            log_ = self.server.broker.topics.log(topic, index)
+            last = expected.base_offset + len(values) - 1
+            assert log_ is not None and log_.durable_end_offset > last, (
+                f"acks=all Produce {topic}[{index}] answered with offsets up to {last} while "
+                f"the log is durable below {log_ and log_.durable_end_offset}"
+            )
         return int(expected.error)
 
     # ---------------------------------------------------------------- rules

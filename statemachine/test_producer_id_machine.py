@@ -27,7 +27,7 @@ from collections.abc import Coroutine, Generator
 from pathlib import Path
 from typing import Any
 
-from hypothesis import note, settings
+from hypothesis import Phase, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -137,7 +137,10 @@ class ProducerIdMachine(RuleBasedStateMachine):
             broker.claim = None
             note(f"broker {b} claimed [{start}, {end})")
             expected_start = self.claimed[-1][1] if self.claimed else 0
-            assert (start, end) == (expected_start, expected_start + BLOCK)
+            assert (start, end) == (expected_start, expected_start + BLOCK), (
+                f"broker {b} claimed [{start}, {end}): a block is {BLOCK} ids from where the "
+                f"last claimed one ended, {expected_start}"
+            )
             self.claimed.append((start, end))
             broker.allocator.offer_block(start, end)
             if broker.current:
@@ -215,4 +218,10 @@ class ProducerIdMachine(RuleBasedStateMachine):
 
 
 TestProducerIds = ProducerIdMachine.TestCase
-TestProducerIds.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+# No explain phase: on Python 3.11 it re-runs a failure under sys.settrace, and for this
+# machine that took past pytest's 300 s guard (a planted block one id too long: found
+# and shrunk in 1.6 CPU s, then still explaining at 240 s), hiding the catch.
+TestProducerIds.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None,
+    phases=[phase for phase in Phase if phase != Phase.explain],
+)  # fmt: skip

@@ -685,7 +685,16 @@ class StorageMachine(RuleBasedStateMachine):
     def offset_for_timestamp(self, timestamp_skew: int) -> None:
         assert self.log is not None
         target = self.clock + timestamp_skew
-        assert self.log.offset_for_timestamp(target) == self.model.offset_for_timestamp(target)
+        found = self.model.offset_for_timestamp(target)
+        assert self.log.offset_for_timestamp(target) == found
+        if found is not None:
+            # ListOffsets by timestamp answers the first batch whose max timestamp is at
+            # or after the target: asked for that batch's own max timestamp, the same one.
+            at = self.log.offset_for_timestamp(found[1])
+            assert at == found, (
+                f"ListOffsets for timestamp {found[1]} answered {at}; the batch at "
+                f"{found[0]} has that max timestamp, and Kafka takes 'at or after'"
+            )
 
     @rule(n=st.integers(1, 6))
     def headers(self, n: int) -> None:

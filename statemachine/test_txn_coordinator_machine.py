@@ -275,7 +275,8 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         held = self.instances[tid]
         return held[which % len(held)] if held else (-1, -1)
 
-    @rule(tid=st.sampled_from((*IDS, "")), timeout_ms=st.sampled_from([0, 2_000, 5_000, 10_001]),
+    @rule(tid=st.sampled_from((*IDS, "")),
+          timeout_ms=st.sampled_from([0, 2_000, 5_000, MAX_TIMEOUT_MS, 10_001]),
           which=st.none() | st.integers(0, 3))  # fmt: skip
     def init(self, tid: str, timeout_ms: int, which: int | None = None) -> None:
         """A new producer (-1/-1), or (``which``) one of the id's producers naming its
@@ -286,6 +287,11 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
                                                        ErrorCode.PRODUCER_FENCED))  # fmt: skip
         error, got_pid, got_epoch = self.model.init(tid, timeout_ms, expected_new_id, pid, epoch)
         note(f"init {tid!r} ({pid}, {epoch}) {timeout_ms} -> {result}")
+        # transaction.max.timeout.ms bounds the timeout inclusively (Kafka refuses only
+        # a timeout above it, or none).
+        assert result.error != ErrorCode.INVALID_TRANSACTION_TIMEOUT or not (
+            0 < timeout_ms <= MAX_TIMEOUT_MS
+        ), f"a transaction timeout of {timeout_ms} ms refused; the maximum is {MAX_TIMEOUT_MS}"
         assert (result.error, result.producer_id, result.producer_epoch) == (
             error, got_pid, got_epoch,
         )  # fmt: skip
@@ -737,6 +743,15 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             assert meta.partitions == frozenset(txn.partitions)
             assert self.coordinator.is_pending(tid) == txn.pending
             assert meta.groups == frozenset(txn.groups)
+            # KIP-890: a produce's partition is verified in the transaction only while
+            # the transaction is Ongoing with that partition added; one being ended
+            # (Prepare*) or over (Complete*, its partitions still listed) refuses it.
+            for partition in txn.partitions:
+                got = self.coordinator.verify_partition(tid, txn.producer_id, txn.epoch, partition)
+                assert (got == ErrorCode.NONE) == (txn.status == "ongoing"), (
+                    f"verifying {partition} in {tid}'s transaction, {txn.status}, "
+                    f"answered {got.name}: KIP-890 verifies only an Ongoing one"
+                )
             # Epochs never go back (for one producer id: I2's new id starts at 0).
             key = (tid, meta.producer_id)
             assert meta.producer_epoch >= self.epochs_seen.get(key, -1)

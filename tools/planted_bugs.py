@@ -2475,7 +2475,7 @@ SEVENTEENTH = (
         "a node alone answers an acks=all write at once when its log is synced up to the "
         "write's last offset, exclusive: the last record of the batch is not synced yet, "
         "and a power cut loses an acknowledged record",
-        (BROKER_MACHINE,),
+        (PIPELINED_BROKER, BROKER_MACHINE),
         ("tests/unit/partition",),
     ),
     Bug(
@@ -2498,7 +2498,7 @@ SEVENTEENTH = (
         "a broker a reassignment removed from a partition's replicas keeps its role there: "
         "it goes on fetching from the leader (or leading its old term) and its copy is "
         "never dropped, so the partition's data stays on the broker it left",
-        (REASSIGNMENT_MACHINE, SIMULATOR),
+        (REASSIGNMENT_MACHINE, SIMULATOR, "tests/sim/test_reassignment_drops_the_copy.py"),
         ("tests/unit/cluster",),
     ),
     Bug(
@@ -2566,7 +2566,7 @@ SEVENTEENTH = (
         "a topic's config znode is read once: a later change (kafka-configs --alter of "
         "retention.ms or min.insync.replicas) fires the watch but is never read again, so "
         "the brokers keep the topic's old configs",
-        (SIMULATOR,),
+        (SIMULATOR, "tests/sim/test_cluster_default_configs.py"),
         ("tests/unit/cluster",),
     ),
     Bug(

@@ -6,7 +6,10 @@ IncrementalAlterConfigs of the BROKER resource "" (``kafka-configs --entity-type
 term takes it without a restart (stored in ZooKeeper as Kafka's
 ``/config/brokers/<default>``, applied by each broker's config watch), and a broker that
 restarts afterwards has it too. Before, the default stayed in broker 1's data dir and
-brokers 2 and 3 went on with 2.
+brokers 2 and 3 went on with 2. Then the topic's own min.insync.replicas=1 (its config
+znode, ``kafka-configs --entity-type topics --alter``), which overrides the default:
+every leader term takes it too, as Kafka's brokers apply a topic's changed configs
+without a restart.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from sim.simulation import BROKER_IDS, _deterministic
 from trio_broker.protocol import messages as m
 
 TOPIC = "t"
-BROKER_RESOURCE, SET = 4, 0
+TOPIC_RESOURCE, BROKER_RESOURCE, SET = 2, 4, 0
 #: Virtual seconds for the config watches to apply the change (well under one).
 APPLY_S = 10.0
 
@@ -69,6 +72,17 @@ async def scenario(result: dict[str, Any]) -> None:
         result["error"] = response.responses[0].error_code
         await wait_for(lambda: set(min_insync(sims).values()) == {3})
         result["after"] = min_insync(sims)
+        # The topic's own override, changed after its config znode was first read.
+        request = Req(
+            validate_only=False,
+            resources=[Res(resource_type=TOPIC_RESOURCE, resource_name=TOPIC, configs=[
+                Res.AlterableConfig(name="min.insync.replicas", config_operation=SET, value="1")
+            ])],
+        )  # fmt: skip
+        response = await conn.call(m.ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, request)
+        result["topic error"] = response.responses[0].error_code
+        await wait_for(lambda: set(min_insync(sims).values()) == {1})
+        result["topic"] = min_insync(sims)
         # Broker 3 restarts: its config watch reads the default again.
         await sims[2].crash(power_cut=False)
         await trio.sleep(SESSION_TIMEOUT_MS / 1000)
@@ -95,4 +109,8 @@ def test_the_cluster_wide_default_reaches_every_broker_without_a_restart() -> No
     assert result["before"] == {"b1": 2, "b2": 2, "b3": 2}, result  # the config file's
     assert result["error"] == 0, result
     assert result["after"] == {"b1": 3, "b2": 3, "b3": 3}, result
+    assert result["topic error"] == 0, result
+    assert result["topic"] == {"b1": 1, "b2": 1, "b3": 1}, (
+        f"a topic's changed min.insync.replicas did not reach every leader: {result['topic']}"
+    )
     assert result["restarted"], result
