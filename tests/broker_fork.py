@@ -211,6 +211,8 @@ class _ForkServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
+        if self.process.returncode == 0:  # kept when it ended otherwise, to be read
+            self.log.unlink(missing_ok=True)
 
     def exit_status(self, pid: int, timeout: float | None) -> int | None:
         """The exit status (Popen's: -N for signal N) once reported; None if not within
