@@ -425,7 +425,18 @@ class Flusher:
                 await self._flush(due)
             finally:
                 self._lane_busy[lane] = False
-                self._wakeup.set()
+                # The dispatcher looks again only if the lane has work it held back
+                # (appends or waiters that came during the sync, a flush.ms deadline to
+                # time): a sync that covered everything, as a pipelined producer's whole
+                # burst, wakes nobody (it was one task step more per group commit).
+                if self._lane_has_work(lane):
+                    self._wakeup.set()
+
+    def _lane_has_work(self, lane: int) -> bool:
+        return any(
+            e.lane == lane and (e.tracker.dirty or e.tracker.waiters)
+            for e in self._entries.values()
+        )
 
     async def flush_all(self) -> None:
         """Sync every dirty log now (shutdown, tests), independent of the lanes."""
