@@ -400,10 +400,10 @@ class Flusher:
                 for e in self._entries.values()
                 if not busy[e.lane] and (d := e.tracker.deadline_ms()) is not None
             ]
-            wake_at = (
-                trio.current_time() + max(0, min(deadlines) - now) / 1000 if deadlines else math.inf
-            )
-            with trio.move_on_at(wake_at):
+            if not deadlines:  # no flush.ms pending (the default): no timeout's cancel scope
+                await self._wakeup.wait()
+                continue
+            with trio.move_on_at(trio.current_time() + max(0, min(deadlines) - now) / 1000):
                 await self._wakeup.wait()
 
     def _due(self, now: int) -> list[_Entry]:
@@ -420,13 +420,23 @@ class Flusher:
             self._lane_wakeups[lane] = trio.Event()
             due, self._lane_work[lane] = self._lane_work[lane], []
             try:
-                # Shielded: the thread can't be interrupted anyway, and the
-                # waiters of a flush that ran must hear about it.
-                with trio.CancelScope(shield=True):
-                    await self._flush(due)
+                # Not cancellable once begun (its one wait, the worker call's, is
+                # shielded): the waiters of a flush that ran must hear about it.
+                await self._flush(due)
             finally:
                 self._lane_busy[lane] = False
-                self._wakeup.set()
+                # The dispatcher looks again only if the lane has work it held back
+                # (appends or waiters that came during the sync, a flush.ms deadline to
+                # time): a sync that covered everything, as a pipelined producer's whole
+                # burst, wakes nobody (it was one task step more per group commit).
+                if self._lane_has_work(lane):
+                    self._wakeup.set()
+
+    def _lane_has_work(self, lane: int) -> bool:
+        return any(
+            e.lane == lane and (e.tracker.dirty or e.tracker.waiters)
+            for e in self._entries.values()
+        )
 
     async def flush_all(self) -> None:
         """Sync every dirty log now (shutdown, tests), independent of the lanes."""
@@ -446,6 +456,9 @@ class Flusher:
                 nursery.start_soon(self._flush, part)
 
     async def _flush(self, due: list[_Entry]) -> None:
+        # Its only wait is the worker call's, which cancellation does not interrupt
+        # (``run_sync`` of either kind of ``_threads``): appends counted as covered by a
+        # flush are always settled by it, synced or failed.
         covered = [e.tracker.begin_flush() for e in due]
         durations: list[float] = []
         results = await self._threads.run_sync(

@@ -346,15 +346,22 @@ class HandlerPool:
         # request (and its buffers) while the task sleeps.
         deadlines = self._deadlines
         while True:
-            self._poll_ready()
-            self._time_out(trio.current_time())
-            if self._ready:
-                continue
-            self._completer_wakeup = trio.Event()
-            self._completer_until = deadlines[0][0] if deadlines else math.inf
-            with trio.move_on_at(self._completer_until):
-                await self._completer_wakeup.wait()
-            self._completer_until = -math.inf  # awake: a new deadline need not wake it
+            # One cancel scope for many sleeps: its deadline moves to the earliest
+            # answer's (a scope per sleep was one more per group commit); once it
+            # fires, the next sleep takes a new scope.
+            with trio.CancelScope() as sleep:
+                while True:
+                    self._poll_ready()
+                    self._time_out(trio.current_time())
+                    if self._ready:
+                        continue
+                    self._completer_wakeup = trio.Event()
+                    self._completer_until = deadlines[0][0] if deadlines else math.inf
+                    if sleep.deadline != self._completer_until:
+                        sleep.deadline = self._completer_until
+                    await self._completer_wakeup.wait()
+                    self._completer_until = -math.inf  # awake: a new deadline need not wake it
+            self._completer_until = -math.inf
 
     def _poll_ready(self) -> None:
         while self._ready:

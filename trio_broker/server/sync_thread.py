@@ -89,7 +89,8 @@ class InlineCalls:
     the code under test fires early."""
 
     async def run_sync(self, fn: Callable[..., T], *args: object) -> T:
-        await trio.lowlevel.checkpoint()
+        """``fn(*args)`` after a scheduler pass; not cancellable, as a worker call is not."""
+        await trio.lowlevel.cancel_shielded_checkpoint()
         return fn(*args)
 
     def reopen(self) -> None:
