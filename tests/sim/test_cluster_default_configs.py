@@ -60,27 +60,27 @@ async def scenario(result: dict[str, Any]) -> None:
         await wait_for(lambda: None not in min_insync(sims).values())
         result["before"] = min_insync(sims)
         conn = _Conn(await network.connect("client", "b1"), "admin")
-        Req = m.IncrementalAlterConfigsRequest
-        Res = Req.AlterConfigsResource
-        request = Req(
-            validate_only=False,
-            resources=[Res(resource_type=BROKER_RESOURCE, resource_name="", configs=[
-                Res.AlterableConfig(name="min.insync.replicas", config_operation=SET, value="3")
-            ])],
-        )  # fmt: skip
-        response = await conn.call(m.ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, request)
-        result["error"] = response.responses[0].error_code
+
+        async def set_min_insync(resource_type: int, name: str, value: str) -> int:
+            """IncrementalAlterConfigs SET of min.insync.replicas; its error code."""
+            Req = m.IncrementalAlterConfigsRequest
+            Res = Req.AlterConfigsResource
+            request = Req(
+                validate_only=False,
+                resources=[Res(resource_type=resource_type, resource_name=name, configs=[
+                    Res.AlterableConfig(
+                        name="min.insync.replicas", config_operation=SET, value=value
+                    )
+                ])],
+            )  # fmt: skip
+            response = await conn.call(m.ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, request)
+            return int(response.responses[0].error_code)
+
+        result["error"] = await set_min_insync(BROKER_RESOURCE, "", "3")
         await wait_for(lambda: set(min_insync(sims).values()) == {3})
         result["after"] = min_insync(sims)
         # The topic's own override, changed after its config znode was first read.
-        request = Req(
-            validate_only=False,
-            resources=[Res(resource_type=TOPIC_RESOURCE, resource_name=TOPIC, configs=[
-                Res.AlterableConfig(name="min.insync.replicas", config_operation=SET, value="1")
-            ])],
-        )  # fmt: skip
-        response = await conn.call(m.ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, request)
-        result["topic error"] = response.responses[0].error_code
+        result["topic error"] = await set_min_insync(TOPIC_RESOURCE, TOPIC, "1")
         await wait_for(lambda: set(min_insync(sims).values()) == {1})
         result["topic"] = min_insync(sims)
         # Broker 3 restarts: its config watch reads the default again.
