@@ -2488,7 +2488,7 @@ SEVENTEENTH = (
         "a follower keeps its HW after truncating below it: its HW lies above its log end "
         "until the leader's next answer, and if it is elected meanwhile its term starts "
         "from that HW (a consumer of it is told records exist that it does not hold)",
-        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/sim/test_unclean_election_clamps_follower_hw.py", REPLICATION_MACHINE, SIMULATOR),
         ("tests/unit/cluster",),
     ),
     Bug(
