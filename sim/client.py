@@ -17,6 +17,7 @@ at the end (sim/simulation.py).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -32,6 +33,7 @@ from trio_broker.protocol.records import build_batch, split_batches
 __all__ = ["Ack", "Consumer", "Producer", "Received"]
 
 PRODUCE_VERSION = 9
+INIT_PRODUCER_ID_VERSION = 4
 FETCH_VERSION = 12
 FETCH_MAX_WAIT_MS = 500
 METADATA_VERSION = 9
@@ -196,19 +198,63 @@ class _Client:
 class Producer(_Client):
     client_id = "sim-producer"
 
-    def __init__(self, network: Network, topic: str, broker_ids: list[int]) -> None:
+    def __init__(
+        self,
+        network: Network,
+        topic: str,
+        broker_ids: list[int],
+        *,
+        idempotent: bool = False,
+        now_ms: Callable[[], int] | None = None,
+    ) -> None:
         super().__init__(network, topic, broker_ids)
         self.acks: list[Ack] = []
         self.sent = 0
         self._values = itertools.count()
+        #: Idempotent: each batch carries the producer id, epoch and the partition's next
+        #: sequence; after any failed or unanswered write the producer takes a new id
+        #: (the old one's sequence may or may not have moved), so it never retries.
+        self.idempotent = idempotent
+        self.producer_id, self.producer_epoch = -1, -1
+        self.sequences: dict[int, int] = {}
+        #: The batches' timestamp (the cluster's clock; else 0). A producer's state
+        #: expires producer.id.expiration.ms after its last batch's timestamp.
+        self.now_ms = now_ms
+
+    async def init_producer_id(self) -> bool:
+        """A new producer id from any broker (InitProducerId without a transactional id)."""
+        request = m.InitProducerIdRequest(
+            transactional_id=None, transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1
+        )
+        for broker_id in self._least_loaded_first():
+            response = await self._call(
+                broker_id, m.ApiKey.INIT_PRODUCER_ID, INIT_PRODUCER_ID_VERSION, request
+            )
+            if response is None:
+                continue
+            if response.error_code == ErrorCode.NONE:
+                self.producer_id = response.producer_id
+                self.producer_epoch = response.producer_epoch
+                self.sequences.clear()
+                return True
+            self._note(ErrorCode(response.error_code).name)
+        await trio.sleep(0.1)
+        return False
 
     async def produce_once(self, partition: int) -> None:
+        if self.idempotent and self.producer_id < 0 and not await self.init_producer_id():
+            return
         leader = await self.leader_of(partition)
         if leader is None:
             return
         count = 1 + next(self._values) % 3
         values = tuple(f"v{next(self._values)}".encode() for _ in range(count))
-        batch = build_batch([(None, v) for v in values], base_timestamp=0)
+        sequence = self.sequences.get(partition, 0) if self.idempotent else -1
+        batch = build_batch(
+            [(None, v) for v in values], producer_id=self.producer_id,
+            base_timestamp=0 if self.now_ms is None else self.now_ms(),
+            producer_epoch=self.producer_epoch, base_sequence=sequence,
+        )  # fmt: skip
         Req = m.ProduceRequest
         request = Req(
             acks=-1, timeout_ms=PRODUCE_TIMEOUT_MS,
@@ -221,11 +267,15 @@ class Producer(_Client):
             partition, leader, m.ApiKey.PRODUCE, PRODUCE_VERSION, request
         )
         if response is None:
+            self.producer_id = -1
             return
         answer = response.responses[0].partition_responses[0]
         if answer.error_code == ErrorCode.NONE:
             self.acks.append(Ack(partition, answer.base_offset, values, trio.current_time()))
+            if self.idempotent:
+                self.sequences[partition] = sequence + count
             return
+        self.producer_id = -1
         self._note(ErrorCode(answer.error_code).name)
         if answer.error_code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH):
             self.leaders.pop(partition, None)

@@ -213,13 +213,15 @@ class SimBroker:
         self._stopped: trio.Event | None = None
         self.saved: dict[str, SavedTopic] = {}
         self.lives = 0
+        #: BrokerConfig fields a scenario sets over the simulator's (from the next start).
+        self.overrides: dict[str, Any] = {}
 
     @property
     def up(self) -> bool:
         return self.broker is not None
 
     def config(self) -> BrokerConfig:
-        return BrokerConfig(
+        fields: dict[str, Any] = dict(
             host="127.0.0.1", port=0, storage="memory", node_id=self.broker_id,
             advertised_listeners=f"PLAINTEXT://{broker_host(self.broker_id)}:9092",
             zookeeper_connect="sim", zookeeper_session_timeout_ms=SESSION_TIMEOUT_MS,
@@ -227,6 +229,7 @@ class SimBroker:
             replica_lag_time_max_ms=REPLICA_LAG_TIME_MAX_MS, auto_leader_rebalance_enable=False,
             cluster_id="sim-cluster", num_handlers=2,
         )  # fmt: skip
+        return BrokerConfig(**{**fields, **self.overrides})
 
     async def start(self, nursery: trio.Nursery) -> None:
         broker = Broker(self.config(), now_ms=self.now_ms)

@@ -81,7 +81,8 @@ GROUP_MACHINE = "statemachine/test_group_machine.py"
 OFFSET_EXPIRY_MACHINE = "statemachine/test_offset_expiry_machine.py"
 #: KIP-848 consumer groups (state/consumer_group.py) under random heartbeats.
 CONSUMER_GROUP_MACHINE = "statemachine/test_consumer_group_machine.py"
-#: A real connection throttled by quota breaches against a clock the machine moves.
+#: A real connection against a clock the machine moves: throttled by quota breaches,
+#: and (a second machine) its in-flight cap and idle close.
 THROTTLE_MACHINE = "statemachine/test_throttle_machine.py"
 MUTE_MACHINE = "statemachine/test_mute_machine.py"
 FETCH_SESSION_MACHINE = "statemachine/test_fetch_session_machine.py"
@@ -2487,7 +2488,7 @@ SEVENTEENTH = (
         "a follower keeps its HW after truncating below it: its HW lies above its log end "
         "until the leader's next answer, and if it is elected meanwhile its term starts "
         "from that HW (a consumer of it is told records exist that it does not hold)",
-        (REPLICATION_MACHINE, SIMULATOR),
+        ("tests/sim/test_unclean_election_clamps_follower_hw.py", REPLICATION_MACHINE, SIMULATOR),
         ("tests/unit/cluster",),
     ),
     Bug(
@@ -2509,7 +2510,7 @@ SEVENTEENTH = (
         "the reader mutes for the in-flight cap only once the cap is exceeded: a "
         "connection gets one request more in flight than "
         "max.in.flight.requests.per.connection allows",
-        (BROKER_MACHINE, MUTE_MACHINE),
+        (THROTTLE_MACHINE, BROKER_MACHINE, MUTE_MACHINE),
         ("tests/unit/server",),
     ),
     Bug(
@@ -2521,7 +2522,7 @@ SEVENTEENTH = (
         "",
         "a connection whose only activity is a request still running (a long poll longer "
         "than connections.max.idle.ms) is closed as idle, its answer lost",
-        (BROKER_MACHINE,),
+        (THROTTLE_MACHINE, BROKER_MACHINE),
         ("tests/unit/server",),
     ),
     Bug(
@@ -2578,7 +2579,7 @@ SEVENTEENTH = (
         "producer state of the records it dropped: as leader later it judges producers' "
         "sequences and open transactions by records it no longer holds (a stale open "
         "transaction holds the LSO back)",
-        (SIMULATOR,),
+        ("tests/sim/test_follower_below_log_start.py", SIMULATOR),
         ("tests/unit/partition",),
     ),
     Bug(
