@@ -162,7 +162,7 @@ class _ForkServer:
 
         with theirs, self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tests.broker_fork", str(theirs.fileno())],
+                [sys.executable, "-m", "tests.broker_fork", str(theirs.fileno()), str(self.log)],
                 cwd=Path(__file__).resolve().parent.parent, pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
@@ -355,7 +355,10 @@ def _fork_server_main() -> None:
     _preload()
     server_pid = os.getpid()
     forked = _serve_forks(channel)
-    if forked is None:
+    if forked is None:  # the test side closed (an xdist worker ends without atexit hooks)
+        log = Path(sys.argv[2])
+        if log.is_file() and log.stat().st_size == 0:
+            log.unlink(missing_ok=True)
         return
     request, fds = forked
     sys.exit(_become_broker(request, fds, server_pid))
