@@ -89,19 +89,27 @@ async def scenario(
         for _ in range(4):
             await later.produce_once(0)
 
-        def caught_up() -> bool:
-            logs = [v for v in ends(sims).values() if v is not None]
-            return len(logs) == 3 and len(set(logs)) == 1
-
-        with trio.move_on_after(CATCH_UP_S):
-            while not caught_up():  # noqa: ASYNC110 - polling plain data
-                await trio.sleep(0.05)
+        await until_caught_up(sims)
         result.append(ends(sims))
         if states is not None and follower.broker is not None:
             states.append(producer_state(follower))
         await producer.close()
         await later.close()
         nursery.cancel_scope.cancel()
+
+
+def caught_up(sims: list[SimBroker]) -> bool:
+    """Every broker is up and its log of the topic ends where the others' do."""
+    logs = [v for v in ends(sims).values() if v is not None]
+    return len(logs) == 3 and len(set(logs)) == 1
+
+
+async def until_caught_up(sims: list[SimBroker]) -> bool:
+    """Polls (virtual time) until :func:`caught_up`, at most CATCH_UP_S; whether it is."""
+    with trio.move_on_after(CATCH_UP_S):
+        while not caught_up(sims):  # noqa: ASYNC110 - polling plain data
+            await trio.sleep(0.05)
+    return caught_up(sims)
 
 
 async def former_leader(states: list[tuple[Producers, Producers]]) -> None:
@@ -146,14 +154,7 @@ async def former_leader(states: list[tuple[Producers, Producers]]) -> None:
         for _ in range(4):
             await later.produce_once(0)
 
-        def caught_up() -> bool:
-            logs = [v for v in ends(sims).values() if v is not None]
-            return len(logs) == 3 and len(set(logs)) == 1
-
-        with trio.move_on_after(CATCH_UP_S):
-            while not caught_up():  # noqa: ASYNC110 - polling plain data
-                await trio.sleep(0.05)
-        assert caught_up(), ends(sims)
+        assert await until_caught_up(sims), ends(sims)
         states.append(producer_state(former))
         await producer.close()
         await later.close()
