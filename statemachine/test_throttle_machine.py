@@ -108,7 +108,26 @@ class ClockedBroker:
         return found[0] if found else None
 
 
-class ThrottleMachine(RuleBasedStateMachine):
+class _OneConnection(RuleBasedStateMachine):
+    """A machine over one client socket to a :class:`ClockedBroker`: closes both at its
+    end, and reads the broker's trio clock."""
+
+    sock: socket.socket
+    host: ClockedBroker
+
+    def teardown(self) -> None:
+        self.sock.close()
+        self.host.settle()
+
+    def now(self) -> float:
+        async def now() -> float:
+            return trio.current_time()
+
+        result: float = self.host.call(now)
+        return result
+
+
+class ThrottleMachine(_OneConnection):
     host: ClockedBroker  # set by the test function
 
     def __init__(self) -> None:
@@ -127,17 +146,6 @@ class ThrottleMachine(RuleBasedStateMachine):
         self.until = 0.0
         self.sent: list[int] = []
         self.received = bytearray()
-
-    def teardown(self) -> None:
-        self.sock.close()
-        self.host.settle()
-
-    def now(self) -> float:
-        async def now() -> float:
-            return trio.current_time()
-
-        result: float = self.host.call(now)
-        return result
 
     @rule(delay_ms=st.integers(1, 3000))
     def quota_breach(self, delay_ms: int) -> None:
@@ -265,7 +273,7 @@ class Sent:
     answered_at: float | None = None
 
 
-class InFlightIdleMachine(RuleBasedStateMachine):
+class InFlightIdleMachine(_OneConnection):
     """max.in.flight.requests.per.connection and connections.max.idle.ms on one real
     connection, pipelined, whose clock only the machine moves.
 
@@ -298,17 +306,6 @@ class InFlightIdleMachine(RuleBasedStateMachine):
         self.sent: list[Sent] = []
         self.closed_at: float | None = None
         self.received = bytearray()
-
-    def teardown(self) -> None:
-        self.sock.close()
-        self.host.settle()
-
-    def now(self) -> float:
-        async def now() -> float:
-            return trio.current_time()
-
-        result: float = self.host.call(now)
-        return result
 
     def _send(self, api_key: int, version: int, body: Any, wait_ms: int) -> None:
         cid = len(self.sent) + 1
