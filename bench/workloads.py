@@ -174,16 +174,18 @@ def w3(
 
 
 #: The broker's stage histograms (trio_broker/server/histogram.py RequestStages) that
-#: W5 reads for Produce, then the loop's lag and the fsyncs (unlabelled).
+#: W5 reads for Produce, then the loop's lag and the fsyncs (unlabelled), then the garbage
+#: collector's pauses per generation (``gc_pause_gen0`` ...).
 PRODUCE_STAGES = ("request_queue", "request_local", "request_remote", "response_send",
                   "request_total")  # fmt: skip
 UNLABELLED = ("event_loop_lag", "fsync_duration")
 _BUCKET = re.compile(r'^trio_broker_(\w+)_seconds_bucket\{(.*)le="([^"]+)"\} (\S+)$')
+_GENERATION = re.compile(r'generation="(\d+)"')
 
 
 def scrape_histograms(port: int) -> dict[str, list[tuple[float, float]]]:
-    """Produce's stage histograms and the unlabelled ones from a broker's /metrics:
-    name -> [(upper bound, cumulative count)]."""
+    """Produce's stage histograms, the unlabelled ones and the collector's pauses from a
+    broker's /metrics: name -> [(upper bound, cumulative count)]."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
         text = response.read().decode()
     out: dict[str, list[tuple[float, float]]] = {}
@@ -192,10 +194,15 @@ def scrape_histograms(port: int) -> dict[str, list[tuple[float, float]]]:
         if match is None:
             continue
         name, labels, le, count = match.groups()
-        if (name in PRODUCE_STAGES and 'api="produce"' in labels) or (
-            name in UNLABELLED and not labels
+        generation = _GENERATION.search(labels) if name == "gc_pause" else None
+        if generation is not None:
+            name = f"gc_pause_gen{generation.group(1)}"
+        elif not (
+            (name in PRODUCE_STAGES and 'api="produce"' in labels)
+            or (name in UNLABELLED and not labels)
         ):
-            out.setdefault(name, []).append((float(le), float(count)))
+            continue
+        out.setdefault(name, []).append((float(le), float(count)))
     return out
 
 

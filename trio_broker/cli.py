@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -273,6 +274,7 @@ def _serve(args: argparse.Namespace) -> int:
     from trio_broker.cluster.membership import BrokerIdInUse
     from trio_broker.config import load_config
     from trio_broker.server.broker import serve
+    from trio_broker.server.gc_policy import GcPolicyError, apply_gc_policy, gen0_threshold
 
     overrides: dict[str, object] = {
         "data_dir": args.data_dir,
@@ -293,10 +295,13 @@ def _serve(args: argparse.Namespace) -> int:
             host, port = parse_host_port(args.advertised_listener, "--advertised-listener")
             overrides["advertised_host"], overrides["advertised_port"] = host, port
         config = load_config(args.config, **overrides)
-    except ConfigError as exc:
+        threshold = gen0_threshold(os.environ)
+    except (ConfigError, GcPolicyError) as exc:
         say(str(exc))
         return 2
     raise_open_files_limit()
+    # Last before the loop starts: what exists now (modules, the config) is frozen.
+    apply_gc_policy(threshold)
     try:
         capture_full = args.capture_records == "full"
         trio.run(

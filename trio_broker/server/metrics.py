@@ -15,6 +15,7 @@ other paths get 404, other methods 405, malformed or oversized requests 400.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 from collections.abc import Iterable
@@ -25,6 +26,7 @@ import trio
 from trio_broker.config import parse_host_port
 from trio_broker.protocol.messages import API_KEY_NAMES
 from trio_broker.server.console import MAX_BODY_BYTES, Console, HttpRequest, is_console_path
+from trio_broker.server.gc_policy import PAUSES
 from trio_broker.state.mute import MuteReason
 
 #: The Broker: /metrics reads most of its state, so it is typed loosely here rather
@@ -279,6 +281,7 @@ def render_metrics(broker: Broker) -> bytes:
         "time of each successful partition log sync, measured in the flush thread",
         _histogram_samples({}, zip(les, counts), durations.sums.get(0, 0.0)),
     )
+    _gc_families(out)
 
     sizes: list[Sample] = []
     ends: list[Sample] = []
@@ -293,6 +296,43 @@ def render_metrics(broker: Broker) -> bytes:
     groups = len(broker.groups.groups) + len(broker.groups.consumer_groups)  # classic + KIP-848
     out.gauge(p + "groups", "consumer groups known to the coordinator", groups)
     return out.render()
+
+
+def _gc_families(out: Exposition) -> None:
+    """The process's cyclic garbage collector (trio_broker/server/gc_policy.py)."""
+    p = "trio_broker_gc_"
+    generations = range(len(gc.get_threshold()))
+    out.family(
+        p + "collections_total",
+        "counter",
+        "collections of each generation since the process started",
+        [
+            ("", {"generation": str(g)}, stats["collections"])
+            for g, stats in zip(generations, gc.get_stats())
+        ],
+    )
+    pauses = PAUSES.histogram
+    les = [_format_value(b) for b in pauses.bounds] + ["+Inf"]
+    out.family(
+        p + "pause_seconds",
+        "histogram",
+        "how long each collection held the process (the event loop with it)",
+        [
+            sample
+            for g in generations
+            for sample in _histogram_samples(
+                {"generation": str(g)},
+                zip(les, pauses.buckets.get(g, [0] * len(les))),
+                pauses.sums.get(g, 0.0),
+            )
+        ],
+    )
+    out.gauge(
+        p + "frozen_objects", "objects frozen at start, never collected", gc.get_freeze_count()
+    )
+    out.gauge(
+        p + "gen0_threshold", "net allocations between young collections", gc.get_threshold()[0]
+    )
 
 
 def _per_label(label: str, counts: dict[str, int]) -> list[Sample]:
