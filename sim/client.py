@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 import trio
 
+from sim import timers as wakes
 from sim.cluster import broker_host
 from sim.network import Network
 from trio_broker.protocol import messages as m
@@ -171,7 +172,7 @@ class _Client:
         leader = self.leaders.get(partition)
         if leader is None:
             await self.refresh_metadata()
-            await trio.sleep(0.1)
+            await wakes.sleep(0.1)
         return leader
 
     async def call_leader(
@@ -187,7 +188,7 @@ class _Client:
     async def forget_leader(self, partition: int) -> None:
         """Ask Metadata who leads ``partition`` next time, after a pause."""
         self.leaders.pop(partition, None)
-        await trio.sleep(0.05)
+        await wakes.sleep(0.05)
 
     async def close(self) -> None:
         for conn in self.conns.values():
@@ -238,7 +239,7 @@ class Producer(_Client):
                 self.sequences.clear()
                 return True
             self._note(ErrorCode(response.error_code).name)
-        await trio.sleep(0.1)
+        await wakes.sleep(0.1)
         return False
 
     async def produce_once(self, partition: int) -> None:
@@ -279,13 +280,13 @@ class Producer(_Client):
         self._note(ErrorCode(answer.error_code).name)
         if answer.error_code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH):
             self.leaders.pop(partition, None)
-        await trio.sleep(0.05)
+        await wakes.sleep(0.05)
 
     async def run(self, partition: int, until: float) -> None:
         """Produce to ``partition`` until trio time ``until``."""
         while trio.current_time() < until and not self.stopped:
             await self.produce_once(partition)
-            await trio.sleep(THINK_S)
+            await wakes.sleep(THINK_S)
 
 
 class Consumer(_Client):
@@ -342,7 +343,7 @@ class Consumer(_Client):
             await self.refresh_metadata()
             if self.leaders != known:
                 self._changed()
-            await trio.sleep(METADATA_BACKOFF_S)
+            await wakes.sleep(METADATA_BACKOFF_S)
 
     async def _fetcher(self, broker_id: int, partitions: list[int], until: float) -> None:
         backoff = ERROR_BACKOFF_S
@@ -354,7 +355,7 @@ class Consumer(_Client):
             if await self.fetch_once(broker_id, mine):
                 backoff = ERROR_BACKOFF_S
             else:  # as the clients' reconnect.backoff.ms, doubling to its max
-                await trio.sleep(backoff)
+                await wakes.sleep(backoff)
                 backoff = min(2 * backoff, MAX_BACKOFF_S)
 
     async def fetch_once(self, leader: int, partitions: list[int]) -> bool:

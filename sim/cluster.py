@@ -12,10 +12,9 @@ from typing import Any
 
 import attrs
 import trio
-import trio._core._run as trio_run
-import trio.testing
 
 from sim.network import Network, SimSocket
+from sim.timers import virtual_clock
 from trio_broker.cluster.coordination import (
     MemoryCoordination,
     MemoryZooKeeper,
@@ -44,40 +43,6 @@ SESSION_TIMEOUT_MS = 1000
 REPLICA_LAG_TIME_MAX_MS = 1500
 #: Flusher lanes per simulated broker: the run's topic has two partitions.
 FLUSH_LANES = 2
-
-
-def virtual_clock() -> trio.testing.MockClock:
-    """``MockClock(autojump_threshold=0)`` made cheaper to read. The simulation never
-    lets it follow the wall clock (rate 0), so its time is its virtual base, without the
-    ``perf_counter`` call and arithmetic (trio reads the time about 10,000 times a
-    schedule); its autojump takes the next deadline from the run's deadlines instead of
-    assembling ``current_statistics()``, and expires the deadlines it reached at once.
-    The same arithmetic as MockClock's and the same batches of tasks, so the same runs.
-    (MockClock cannot be subclassed: the instance's methods are replaced.)"""
-    clock = trio.testing.MockClock(autojump_threshold=0)
-
-    def current_time() -> float:
-        return clock._virtual_base
-
-    def deadline_to_sleep_time(deadline: float) -> float:
-        return 0 if deadline <= clock._virtual_base else 999999999
-
-    def autojump() -> None:
-        # Called by the run loop when every task waits. Besides jumping, it expires the
-        # deadlines the jump reached, so their tasks run in this pass of the loop; trio
-        # would expire them at the start of the next pass, which does nothing else here
-        # (no I/O): one scheduler pass less per virtual instant, the same tasks in the
-        # same batch.
-        runner = trio_run.GLOBAL_RUN_CONTEXT.runner
-        jump = runner.deadlines.next_deadline() - clock._virtual_base
-        if 0 < jump < math.inf:
-            clock._virtual_base += jump
-            runner.deadlines.expire(clock._virtual_base)
-
-    clock.current_time = current_time  # type: ignore[method-assign]
-    clock.deadline_to_sleep_time = deadline_to_sleep_time  # type: ignore[method-assign]
-    clock._autojump = autojump  # type: ignore[method-assign]
-    return clock
 
 
 def node_name(broker_id: int) -> str:

@@ -36,6 +36,8 @@ from typing import Any
 
 import trio
 
+from sim import timers as wakes
+
 __all__ = ["Network", "SimSocket", "SimStream"]
 
 #: Base one-way latency and jitter of every link (seconds).
@@ -52,23 +54,35 @@ class _Pipe:
     """One direction of a connection: bytes in order, each chunk due at its time.
 
     Delivery is the receiver's work: a reader moves the chunks that are due (on a link
-    that is not cut) and otherwise sleeps until the first one is due or the pipe
+    that is not cut) and otherwise waits until the first one is due or the pipe
     changes. No task of the network's own wakes for every chunk, which keeps a
     simulated second cheap. A reader that waits on an empty pipe is not woken by a send:
-    the send moves its wait's deadline to the chunk's due time, so each delivery is one
-    wake of the reader, not two (one to learn the due time, one when it comes)."""
+    the send sets its wake-up to the chunk's due time, so each delivery is one wake of
+    the reader, not two (one to learn the due time, one when it comes). Under the
+    simulation's clock the reader is parked on its wake-ups (sim/timers.py: no cancel
+    scope per wait, no ``Cancelled`` per delivery); under any other clock (a test's
+    ``MockClock``) it waits in a cancel scope whose deadline is the due time."""
 
     def __init__(self, network: Network, src: str, dst: str) -> None:
         self.network, self.src, self.dst = network, src, dst
+        self.link = frozenset((src, dst))
+        self.direction = (src, dst)
         self.in_flight: deque[tuple[float, bytes]] = deque()  # (due time, chunk), in send order
         self.arrived = bytearray()
         self.eof_sent = False  # the sender closed: EOF after the bytes in flight
         self.reset = False
-        self.changed = trio.Event()  # EOF, reset or a heal
+        #: The simulation clock's wake-ups, or None (then the reader waits in a scope).
+        self.timers = wakes.current_timers()
+        #: The parked reader (simulation clock) and when it wakes at the latest.
+        self.parked: wakes.Parked | None = None
+        self.parked_until = math.inf
+        self.changed = trio.Event()  # EOF, reset or a heal (the scope's wait)
         #: The reader's wait while it waits (its deadline: when the next chunk is due).
         self.waiting: trio.CancelScope | None = None
 
     def wake(self) -> None:
+        if self.parked is not None:
+            wakes.wake(self.parked)
         self.changed.set()
         self.changed = trio.Event()
 
@@ -79,15 +93,20 @@ class _Pipe:
         if self.in_flight:  # TCP keeps order: never before the previous chunk
             due = max(due, self.in_flight[-1][0])
             self.in_flight.append((due, bytes(data)))
-        else:  # a reader may be waiting with no deadline: give it this one
-            self.in_flight.append((due, bytes(data)))
-            waiting = self.waiting
-            if waiting is not None and due < waiting.deadline:
-                waiting.deadline = due
+            return
+        # A reader may be waiting with no wake-up time: give it this one.
+        self.in_flight.append((due, bytes(data)))
+        if self.parked is not None:
+            if due < self.parked_until and self.timers is not None:
+                self.parked_until = due
+                self.timers.add(due, self.parked)
+        elif self.waiting is not None and due < self.waiting.deadline:
+            self.waiting.deadline = due
 
     def _next_due(self) -> float:
         """Move the chunks due by now; when the next one is due (inf: none, or cut)."""
-        if self.network.cut(self.src, self.dst) or (self.src, self.dst) in self.network.held:
+        network = self.network
+        if self.link in network.partitions or self.direction in network.held:
             return math.inf
         now = trio.current_time()
         in_flight = self.in_flight
@@ -110,6 +129,14 @@ class _Pipe:
                 return chunk
             if self.at_eof:
                 return b""
+            if self.timers is not None:
+                self.parked = [trio.lowlevel.current_task()]
+                self.parked_until = next_due
+                try:
+                    await wakes.park(self.timers, next_due, self.parked)
+                finally:
+                    self.parked = None
+                continue
             with trio.CancelScope(deadline=next_due) as self.waiting:
                 try:
                     await self.changed.wait()
@@ -264,9 +291,9 @@ class Network:
     async def connect(self, src: str, dst: str) -> SimStream:
         """A connection from ``src`` to node ``dst``; OSError if it is down or cut off."""
         if self.cut(src, dst):
-            await trio.sleep(CONNECT_TIMEOUT_S)
+            await wakes.sleep(CONNECT_TIMEOUT_S)
             raise OSError(errno.ETIMEDOUT, f"{src} -> {dst}: connection timed out")
-        await trio.sleep(self.latency(src, dst) * 2)  # SYN, SYN-ACK
+        await wakes.sleep(self.latency(src, dst) * 2)  # SYN, SYN-ACK
         accept = self.listeners.get(dst)
         if accept is None or self.cut(src, dst):
             raise OSError(errno.ECONNREFUSED, f"{src} -> {dst}: connection refused")

@@ -50,6 +50,7 @@ import attrs
 import trio
 import trio.testing
 
+from sim import timers as wakes
 from sim.bugs import PLANTED_BUGS
 from sim.client import Consumer, Producer
 from sim.cluster import (
@@ -381,9 +382,9 @@ async def _apply_fault(
             return
         trace(str(fault))
         await sim.crash(power_cut=fault.kind == "power_cut")
-        await trio.sleep(SESSION_TIMEOUT_MS / 1000)
+        await wakes.sleep(SESSION_TIMEOUT_MS / 1000)
         sim.session_expires()
-        await trio.sleep(fault.duration)
+        await wakes.sleep(fault.duration)
         await sim.start(nursery)
         trace(f"restarted {fault.a}")
     elif fault.kind in ("partition", "slow", "lossy"):
@@ -395,7 +396,7 @@ async def _apply_fault(
             network.slow[link] = 0.01 + 0.29 * (fault.duration / (4 * SESSION_TIMEOUT_MS / 1000))
         else:
             network.lossy.add(link)
-        await trio.sleep(fault.duration)
+        await wakes.sleep(fault.duration)
         if fault.kind == "partition":
             network.heal(fault.a, fault.b)
         network.slow.pop(link, None)
@@ -406,7 +407,7 @@ async def _apply_fault(
         others = [n for n in [*brokers, "client"] if n != fault.a]
         for other in others:
             network.partition(fault.a, other)
-        await trio.sleep(fault.duration)
+        await wakes.sleep(fault.duration)
         for other in others:
             network.heal(fault.a, other)
         trace(f"healed {fault.a}")
@@ -421,10 +422,10 @@ async def _apply_fault(
         coord.cut_off = True
         cut_at = trio.current_time()
         with trio.move_on_after(fault.duration):
-            await trio.sleep(SESSION_TIMEOUT_MS / 1000)
+            await wakes.sleep(SESSION_TIMEOUT_MS / 1000)
             coord.server_expires()
             trace(f"{fault.a}'s session expired")
-        await trio.sleep_until(cut_at + fault.duration)
+        await wakes.sleep_until(cut_at + fault.duration)
         coord.reconnect()
         trace(f"{fault.a} reaches ZooKeeper again")
 
@@ -491,7 +492,7 @@ async def _stale_fetch_answer(
         return known >= now.leader_epoch
 
     with trio.move_on_after(fault.duration):
-        await trio.sleep(SESSION_TIMEOUT_MS / 1000)
+        await wakes.sleep(SESSION_TIMEOUT_MS / 1000)
         if fault.b == "leader":
             coord.server_expires()
         else:
@@ -500,7 +501,7 @@ async def _stale_fetch_answer(
             await trio.sleep(0.001)
         trace(f"{key}: epoch moved on; releasing {leader.node} -> {follower.node}")
     network.release(leader.node, follower.node)
-    await trio.sleep_until(started + fault.duration)
+    await wakes.sleep_until(started + fault.duration)
     if fault.b == "leader":
         coord.reconnect()
         trace(f"{leader.node} reaches ZooKeeper again")
@@ -558,7 +559,7 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
                 inv.check()
                 for c in consumers:
                     inv.shown_above_high_watermark(c)
-                await trio.sleep(CHECK_EVERY_S)
+                await wakes.sleep(CHECK_EVERY_S)
 
         nursery.start_soon(checker)
         faulty_from = trio.current_time()
@@ -571,7 +572,7 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
                 nursery.start_soon(c.run, list(range(PARTITIONS)), float("inf"))
 
             async def run_fault(fault: Fault) -> None:
-                await trio.sleep_until(faulty_from + fault.at)
+                await wakes.sleep_until(faulty_from + fault.at)
                 await _apply_fault(fault, by_node, network, nursery, trace, inv)
 
             for fault in result.schedule:

@@ -8,7 +8,18 @@ import pytest
 import trio
 import trio.testing
 
+from sim import timers as wakes
 from sim.network import CONNECT_TIMEOUT_S, Network, SimSocket
+from sim.timers import virtual_clock
+
+
+@pytest.fixture(params=["MockClock", "virtual_clock"])
+def autojump_clock(request: pytest.FixtureRequest) -> trio.testing.MockClock:
+    """Each test under both clocks: a test's MockClock (a reader waits in a cancel
+    scope) and the simulation's (it parks on the clock's wake-ups, sim/timers.py)."""
+    if request.param == "MockClock":
+        return trio.testing.MockClock(autojump_threshold=0)
+    return virtual_clock()
 
 
 async def _network_with_server(
@@ -87,3 +98,46 @@ async def test_a_reset_breaks_both_ends_and_eof_ends_a_read(
         with pytest.raises(OSError):
             await network.connect("client", "b1")
         nursery.cancel_scope.cancel()
+
+
+def test_wake_ups_come_on_time_and_a_cancelled_one_wakes_nothing() -> None:
+    """sim/timers.py on the simulation's clock: a parked sleep ends at its time, with
+    Trio's deadlines in time order; a cancelled one is taken off (its entry is stale:
+    the task, parked again, is not woken early by it)."""
+    woke: list[tuple[str, float]] = []
+
+    async def sleeper(name: str, seconds: float) -> None:
+        await wakes.sleep(seconds)
+        woke.append((name, trio.current_time()))
+
+    async def main() -> None:
+        assert wakes.current_timers() is not None
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sleeper, "park 0.3", 0.3)
+            nursery.start_soon(sleeper, "park 0.1", 0.1)
+
+            async def trio_sleeper() -> None:
+                await trio.sleep(0.2)
+                woke.append(("trio 0.2", trio.current_time()))
+
+            nursery.start_soon(trio_sleeper)
+            with trio.move_on_after(0.05) as cancelled:
+                await wakes.sleep(0.15)  # its entry at +0.15 stays in the heap, stale
+            assert cancelled.cancelled_caught
+            await wakes.sleep(0.25 - 0.05)  # parked again: not woken at +0.15
+            woke.append(("park again 0.25", trio.current_time()))
+        assert [(name, round(t - start, 9)) for name, t in woke] == [
+            ("park 0.1", 0.1), ("trio 0.2", 0.2), ("park again 0.25", 0.25), ("park 0.3", 0.3),
+        ]  # fmt: skip
+
+    trio.run(main, clock=virtual_clock())
+
+    async def under_mock_clock() -> None:
+        # Under another clock the same calls are Trio's own sleeps.
+        assert wakes.current_timers() is None
+        start = trio.current_time()
+        await wakes.sleep(0.1)
+        assert trio.current_time() - start == pytest.approx(0.1)
+
+    trio.run(under_mock_clock, clock=trio.testing.MockClock(autojump_threshold=0))
