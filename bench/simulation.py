@@ -30,6 +30,13 @@ def run_seed(seed: int, bug: str | None) -> tuple[int, list[str], int, float, fl
     return seed, result.violations, result.acked, result.virtual_s, time.process_time() - cpu
 
 
+def _worker_started() -> None:
+    from sim import set_process_gc_policy
+    from sim.simulation import simulate  # noqa: F401  (imported first: then frozen)
+
+    set_process_gc_policy()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=1.0)
@@ -45,7 +52,9 @@ def main() -> int:
     done = failed = acked = 0
     simulated_s = cpu_s = 0.0
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        args.jobs, mp_context=context, initializer=_worker_started
+    ) as pool:
         running = {pool.submit(run_seed, next(seeds), args.bug) for _ in range(args.jobs)}
         while running:
             finished, running = concurrent.futures.wait(

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 
+from sim import set_process_gc_policy
 from sim.bugs import PLANTED_BUGS
 from sim.simulation import SimResult, simulate
 
@@ -29,6 +30,7 @@ def main() -> int:
         help="processes running seeds side by side (each seed is still one replayable run)",
     )  # fmt: skip
     args = parser.parse_args()
+    set_process_gc_policy()  # before the pool forks: its workers inherit it
     if args.seed is not None:
         seeds, verbose = [args.seed], True
     else:
