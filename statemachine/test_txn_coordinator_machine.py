@@ -631,6 +631,18 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             f"the timeout pass took {tid} while its AddPartitionsToTxn write was in flight:"
             f" the table says {meta}"
         )
+        # Kafka's pendingTransitionInProgress: while the id's write is on its way, an
+        # EndTxn (either outcome) is answered CONCURRENT_TRANSACTIONS at once and changes
+        # nothing; the client retries once the write has landed.
+        for committed in (True, False):
+            answer = run(self.coordinator.end_transaction(
+                tid, pid, epoch, committed, ErrorCode.PRODUCER_FENCED))  # fmt: skip
+            assert answer == ErrorCode.CONCURRENT_TRANSACTIONS, (
+                f"EndTxn (commit={committed}) of {tid} while its AddPartitionsToTxn write was"
+                f" in flight answered {answer!r}; a pending transition answers"
+                " CONCURRENT_TRANSACTIONS"
+            )
+            assert self.coordinator.get(tid) == meta and self.coordinator.is_pending(tid)
         txn.pending = False
         try:
             call.send(None)
@@ -752,6 +764,24 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
                     f"verifying {partition} in {tid}'s transaction, {txn.status}, "
                     f"answered {got.name}: KIP-890 verifies only an Ongoing one"
                 )
+                # ... and only for the producer that holds the id now: another producer
+                # id is one the coordinator does not map to it, a fenced epoch never.
+                other = self.coordinator.verify_partition(
+                    tid, txn.producer_id + 1, txn.epoch, partition
+                )
+                assert other == ErrorCode.INVALID_PRODUCER_ID_MAPPING, (
+                    f"verifying {partition} in {tid}'s transaction (producer id"
+                    f" {txn.producer_id}) for producer id {txn.producer_id + 1} answered"
+                    f" {other.name}, not INVALID_PRODUCER_ID_MAPPING"
+                )
+                if txn.epoch > 0:
+                    old = self.coordinator.verify_partition(
+                        tid, txn.producer_id, txn.epoch - 1, partition
+                    )
+                    assert old != ErrorCode.NONE, (
+                        f"{partition} verified in {tid}'s transaction for the fenced epoch"
+                        f" {txn.epoch - 1} (the transaction's is {txn.epoch})"
+                    )
             # Epochs never go back (for one producer id: I2's new id starts at 0).
             key = (tid, meta.producer_id)
             assert meta.producer_epoch >= self.epochs_seen.get(key, -1)
