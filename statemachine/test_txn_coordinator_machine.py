@@ -631,16 +631,25 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             f"the timeout pass took {tid} while its AddPartitionsToTxn write was in flight:"
             f" the table says {meta}"
         )
-        # Kafka's pendingTransitionInProgress: while the id's write is on its way, an
-        # EndTxn (either outcome) is answered CONCURRENT_TRANSACTIONS at once and changes
-        # nothing; the client retries once the write has landed.
-        for committed in (True, False):
-            answer = run(self.coordinator.end_transaction(
-                tid, pid, epoch, committed, ErrorCode.PRODUCER_FENCED))  # fmt: skip
+        # Kafka's pendingTransitionInProgress: while the id's write is on its way, its
+        # producer's EndTxn (either outcome), AddPartitionsToTxn and InitProducerId are
+        # answered CONCURRENT_TRANSACTIONS at once and change nothing; the client retries
+        # once the write has landed.
+        fenced = ErrorCode.PRODUCER_FENCED
+        requests = {
+            "EndTxn commit": lambda: self.coordinator.end_transaction(tid, pid, epoch, True, fenced),
+            "EndTxn abort": lambda: self.coordinator.end_transaction(tid, pid, epoch, False, fenced),
+            "AddPartitionsToTxn": lambda: self.coordinator.add_to_transaction(
+                tid, pid, epoch, {partition}, set(), fenced),
+            "InitProducerId": lambda: self.coordinator.init_producer_id(
+                tid, pid, epoch, 2_000, fenced),
+        }  # fmt: skip
+        for name, request in requests.items():
+            answer = run(request())
+            answer = getattr(answer, "error", answer)
             assert answer == ErrorCode.CONCURRENT_TRANSACTIONS, (
-                f"EndTxn (commit={committed}) of {tid} while its AddPartitionsToTxn write was"
-                f" in flight answered {answer!r}; a pending transition answers"
-                " CONCURRENT_TRANSACTIONS"
+                f"{name} of {tid} while its AddPartitionsToTxn write was in flight answered"
+                f" {answer!r}; a pending transition answers CONCURRENT_TRANSACTIONS"
             )
             assert self.coordinator.get(tid) == meta and self.coordinator.is_pending(tid)
         txn.pending = False
