@@ -304,10 +304,28 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
     ) -> None:
         pid, epoch = self._instance(tid, which)
         groups = set() if group is None else {group}
+        txn = self.model.txns.get(tid)
+        adds_nothing = (
+            txn is not None
+            and txn.status == "ongoing"
+            and partitions <= txn.partitions
+            and groups <= txn.groups
+        )
+        end = self.txn_log.log_end_offset
         error = run(self.coordinator.add_to_transaction(tid, pid, epoch, partitions, groups,
                                                         ErrorCode.PRODUCER_FENCED))  # fmt: skip
         note(f"add {tid} ({pid}, {epoch}) {sorted(partitions)} {groups} -> {error!r}")
         assert error == self.model.add(tid, pid, epoch, partitions, groups, self.now)
+        if error == ErrorCode.NONE:
+            # As Kafka's AddPartitionsToTxn: partitions and groups already in the open
+            # transaction are answered at once, with no __transaction_state write;
+            # anything new (or opening a transaction) is written before the answer.
+            wrote = self.txn_log.log_end_offset != end
+            assert wrote != adds_nothing, (
+                f"adding {sorted(partitions)} {sorted(groups)} to {tid}'s transaction"
+                f" ({'nothing new' if adds_nothing else 'something new'})"
+                f" {'wrote' if wrote else 'wrote no'} __transaction_state record"
+            )
 
     @rule(**ADD_ARGUMENTS)
     def txn_log_write_fails(
