@@ -702,6 +702,16 @@ class StorageMachine(RuleBasedStateMachine):
         want = self.model.headers()
         assert self.log.last_batches(n) == want[-n:]
         assert [(o, bytes(h)) for o, h in self.log.iter_batch_headers()] == want
+        # From an offset (a producer snapshot's, when producer state is rebuilt): the
+        # headers from the batch holding it on, none before it.
+        live = self.model.live()
+        if live:
+            holder = live[-min(n, len(live))]
+            got = [(o, bytes(h)) for o, h in self.log.iter_batch_headers(holder.last)]
+            assert got == [(b.base, b.data[:HEADER_SIZE]) for b in live if b.last >= holder.last], (
+                f"the batch headers from offset {holder.last} start at"
+                f" {got[0][0] if got else None}; the batch holding it is at {holder.base}"
+            )
 
     @rule(
         advance=st.integers(0, 400),

@@ -304,10 +304,28 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
     ) -> None:
         pid, epoch = self._instance(tid, which)
         groups = set() if group is None else {group}
+        txn = self.model.txns.get(tid)
+        adds_nothing = (
+            txn is not None
+            and txn.status == "ongoing"
+            and partitions <= txn.partitions
+            and groups <= txn.groups
+        )
+        end = self.txn_log.log_end_offset
         error = run(self.coordinator.add_to_transaction(tid, pid, epoch, partitions, groups,
                                                         ErrorCode.PRODUCER_FENCED))  # fmt: skip
         note(f"add {tid} ({pid}, {epoch}) {sorted(partitions)} {groups} -> {error!r}")
         assert error == self.model.add(tid, pid, epoch, partitions, groups, self.now)
+        if error == ErrorCode.NONE:
+            # As Kafka's AddPartitionsToTxn: partitions and groups already in the open
+            # transaction are answered at once, with no __transaction_state write;
+            # anything new (or opening a transaction) is written before the answer.
+            wrote = self.txn_log.log_end_offset != end
+            assert wrote != adds_nothing, (
+                f"adding {sorted(partitions)} {sorted(groups)} to {tid}'s transaction"
+                f" ({'nothing new' if adds_nothing else 'something new'})"
+                f" {'wrote' if wrote else 'wrote no'} __transaction_state record"
+            )
 
     @rule(**ADD_ARGUMENTS)
     def txn_log_write_fails(
@@ -631,6 +649,27 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             f"the timeout pass took {tid} while its AddPartitionsToTxn write was in flight:"
             f" the table says {meta}"
         )
+        # Kafka's pendingTransitionInProgress: while the id's write is on its way, its
+        # producer's EndTxn (either outcome), AddPartitionsToTxn and InitProducerId are
+        # answered CONCURRENT_TRANSACTIONS at once and change nothing; the client retries
+        # once the write has landed.
+        fenced = ErrorCode.PRODUCER_FENCED
+        requests = {
+            "EndTxn commit": lambda: self.coordinator.end_transaction(tid, pid, epoch, True, fenced),
+            "EndTxn abort": lambda: self.coordinator.end_transaction(tid, pid, epoch, False, fenced),
+            "AddPartitionsToTxn": lambda: self.coordinator.add_to_transaction(
+                tid, pid, epoch, {partition}, set(), fenced),
+            "InitProducerId": lambda: self.coordinator.init_producer_id(
+                tid, pid, epoch, 2_000, fenced),
+        }  # fmt: skip
+        for name, request in requests.items():
+            answer = run(request())
+            answer = getattr(answer, "error", answer)
+            assert answer == ErrorCode.CONCURRENT_TRANSACTIONS, (
+                f"{name} of {tid} while its AddPartitionsToTxn write was in flight answered"
+                f" {answer!r}; a pending transition answers CONCURRENT_TRANSACTIONS"
+            )
+            assert self.coordinator.get(tid) == meta and self.coordinator.is_pending(tid)
         txn.pending = False
         try:
             call.send(None)
@@ -752,6 +791,24 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
                     f"verifying {partition} in {tid}'s transaction, {txn.status}, "
                     f"answered {got.name}: KIP-890 verifies only an Ongoing one"
                 )
+                # ... and only for the producer that holds the id now: another producer
+                # id is one the coordinator does not map to it, a fenced epoch never.
+                other = self.coordinator.verify_partition(
+                    tid, txn.producer_id + 1, txn.epoch, partition
+                )
+                assert other == ErrorCode.INVALID_PRODUCER_ID_MAPPING, (
+                    f"verifying {partition} in {tid}'s transaction (producer id"
+                    f" {txn.producer_id}) for producer id {txn.producer_id + 1} answered"
+                    f" {other.name}, not INVALID_PRODUCER_ID_MAPPING"
+                )
+                if txn.epoch > 0:
+                    old = self.coordinator.verify_partition(
+                        tid, txn.producer_id, txn.epoch - 1, partition
+                    )
+                    assert old != ErrorCode.NONE, (
+                        f"{partition} verified in {tid}'s transaction for the fenced epoch"
+                        f" {txn.epoch - 1} (the transaction's is {txn.epoch})"
+                    )
             # Epochs never go back (for one producer id: I2's new id starts at 0).
             key = (tid, meta.producer_id)
             assert meta.producer_epoch >= self.epochs_seen.get(key, -1)
