@@ -2,8 +2,10 @@
 
 Not checks (nothing here is a violation): Spark SQL over the ``frames`` view
 (capture rows without the frame bytes), pairing a request with its response on
-(run, connection, correlation id) once, then three small queries, each grouped by
-capture (``cap``: one job may hold several captures, each with its own statistics). Latency is the capture's
+(run, connection, correlation id) once (two small queries read the pairs), then the
+client names with each capture's time span in one scan and the throughput timeline in
+one more: three scans of the capture rows, each grouped by capture (``cap``: one job
+may hold several captures, each with its own statistics). Latency is the capture's
 view: from decoding the request to encoding its response on the broker (for a
 pcap import, first request byte to last response byte).
 """
