@@ -478,8 +478,12 @@ def _verify_facts(
     # Each is kept as soon as its view is made, so the views after it read the kept table
     # (a repartitioned one is a plan of its own, which no later view would match).
     counted: dict[str, list[int]] = {}
+    kinds = {kind for kind, n in total.items() if n}
     for name, view in VIEWS.items():
-        table = spark.sql(sql(view))
+        # Gates (``{has_...}``) on the kinds and on the views made so far; a view not yet
+        # made counts as present.
+        known = kinds | {v for v in MATERIALIZED if v not in counted or any(counted[v])}
+        table = spark.sql(sql(view, known))
         if name not in MATERIALIZED:
             table.createOrReplaceTempView(name)
             continue
@@ -495,9 +499,7 @@ def _verify_facts(
             counted[name][r["cap"]] = r["count"]
     # The fact kinds and views the job holds rows of: a check that needs one it lacks can
     # find no violation and is left out of the query (see checks.NEEDS).
-    present = {kind for kind, n in total.items() if n} | {
-        name for name, n in counted.items() if any(n)
-    }
+    present = kinds | {name for name, n in counted.items() if any(n)}
     running = checks_to_run(present)
     left_out = [name for name in CHECKS if name not in running]
     _log(f"running {len(running)} checks: {', '.join(running)}")

@@ -2,8 +2,10 @@
 
 Not checks (nothing here is a violation): Spark SQL over the ``frames`` view
 (capture rows without the frame bytes), pairing a request with its response on
-(run, connection, correlation id) once, then three small queries, each grouped by
-capture (``cap``: one job may hold several captures, each with its own statistics). Latency is the capture's
+(run, connection, correlation id) once (two small queries read the pairs), then the
+client names with each capture's time span in one scan and the throughput timeline in
+one more: three scans of the capture rows, each grouped by capture (``cap``: one job
+may hold several captures, each with its own statistics). Latency is the capture's
 view: from decoding the request to encoding its response on the broker (for a
 pcap import, first request byte to last response byte).
 """
@@ -30,9 +32,15 @@ def client_key(column: str = "client_id") -> str:
     return f"xxhash64(coalesce({column}, ''))"
 
 
-CLIENT_NAMES = (
-    f"SELECT DISTINCT {client_key()} AS client, coalesce(client_id, '') AS name FROM frames"
-)
+#: Each capture's client ids (their numbers and names) and the first and last wall time
+#: of each: the client names and the timeline's span in one scan of the frames (grouped
+#: by the string itself, whose hash aggregation keeps no string buffer).
+CLIENTS_AND_SPAN = f"""
+    SELECT cap, {client_key()} AS client, coalesce(client_id, '') AS name, t0, t1 FROM (
+      SELECT cap, client_id, min(wall_ns) AS t0, max(wall_ns) AS t1
+      FROM frames GROUP BY cap, client_id
+    )
+"""
 
 #: Requests paired with their responses. One aggregation over the frames instead of a
 #: self-join (which shuffled and sorted both sides): a (run, connection, correlation id,
@@ -86,8 +94,10 @@ LATENCY_HISTOGRAM = f"""
     FROM latency GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
 """
 
+#: ``{span}``: each capture's (cap, first, last wall time), from :data:`CLIENTS_AND_SPAN`
+#: (as literals: the frames are not scanned again to find them).
 TIMELINE = f"""
-    WITH span AS (SELECT cap, min(wall_ns) AS t0, max(wall_ns) AS t1 FROM frames GROUP BY cap),
+    WITH span AS (SELECT * FROM (VALUES {{span}}) AS s(cap, t0, t1)),
     w AS (SELECT cap, t0,
                  CAST(greatest(1, ceil((t1 - t0) / 1e9 / {TIMELINE_BUCKETS})) AS DOUBLE) AS width
           FROM span)
@@ -128,12 +138,17 @@ def traffic_stats(spark: Any, captures: int = 1) -> list[dict[str, Any]]:
     latency.createOrReplaceTempView("latency")
     try:
         groups = spark.sql(LATENCY_GROUPS).collect()
-        clients = {r["client"]: r["name"] for r in spark.sql(CLIENT_NAMES).collect()}
         buckets = spark.sql(LATENCY_HISTOGRAM).collect()
     finally:
         spark.catalog.dropTempView("latency")
         latency.unpersist()
-    timeline = spark.sql(TIMELINE).collect()
+    clients: dict[int, str] = {}
+    span: dict[int, tuple[int | None, int | None]] = {}
+    for r in spark.sql(CLIENTS_AND_SPAN).collect():
+        clients[r["client"]] = r["name"]
+        t0, t1 = span.get(r["cap"], (None, None))
+        span[r["cap"]] = (_extreme(min, t0, r["t0"]), _extreme(max, t1, r["t1"]))
+    timeline = spark.sql(TIMELINE.format(span=_span_rows(span))).collect() if span else []
     return [
         _capture_stats(
             [r for r in groups if r["cap"] == cap],
@@ -143,6 +158,22 @@ def traffic_stats(spark: Any, captures: int = 1) -> list[dict[str, Any]]:
         )
         for cap in range(captures)
     ]
+
+
+def _extreme(pick: Any, a: int | None, b: int | None) -> int | None:
+    """``pick`` (min or max) of two wall times, either of which may be missing (NULL)."""
+    return b if a is None else a if b is None else pick(a, b)
+
+
+def _span_rows(span: dict[int, tuple[int | None, int | None]]) -> str:
+    """The rows of TIMELINE's ``span`` as SQL literals."""
+
+    def literal(value: int | None) -> str:
+        return "CAST(NULL AS BIGINT)" if value is None else f"{value}L"
+
+    return ", ".join(
+        f"({cap}, {literal(t0)}, {literal(t1)})" for cap, (t0, t1) in sorted(span.items())
+    )
 
 
 def _capture_stats(
