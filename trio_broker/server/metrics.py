@@ -27,6 +27,7 @@ from trio_broker.config import parse_host_port
 from trio_broker.protocol.messages import API_KEY_NAMES
 from trio_broker.server.console import MAX_BODY_BYTES, Console, HttpRequest, is_console_path
 from trio_broker.server.gc_policy import PAUSES
+from trio_broker.server.histogram import LatencyHistogram
 from trio_broker.state.mute import MuteReason
 
 #: The Broker: /metrics reads most of its state, so it is typed loosely here rather
@@ -115,6 +116,13 @@ def _histogram_samples(
     return samples
 
 
+def _latency_samples(histogram: LatencyHistogram, key: int, labels: dict[str, str]) -> list[Sample]:
+    """One key's series of a :class:`LatencyHistogram` (all zero when it saw nothing)."""
+    les = [_format_value(b) for b in histogram.bounds] + ["+Inf"]
+    counts = histogram.buckets.get(key, [0] * len(les))
+    return _histogram_samples(labels, zip(les, counts), histogram.sums.get(key, 0.0))
+
+
 def render_metrics(broker: Broker) -> bytes:
     out = Exposition()
     p = "trio_broker_"
@@ -179,7 +187,6 @@ def render_metrics(broker: Broker) -> bytes:
         ("request_total_seconds", stages.total,
          "time from a request read to its response written, per API"),
     ):  # fmt: skip
-        les = [_format_value(b) for b in stage.bounds] + ["+Inf"]
         out.family(
             p + name,
             "histogram",
@@ -187,19 +194,15 @@ def render_metrics(broker: Broker) -> bytes:
             [
                 sample
                 for key in sorted(stage.buckets)
-                for sample in _histogram_samples(
-                    _api_labels(key), zip(les, stage.buckets[key]), stage.sums[key]
-                )
+                for sample in _latency_samples(stage, key, _api_labels(key))
             ],
         )
     watchdog = broker.loop_watchdog
-    lag = watchdog.lag
-    les = [_format_value(b) for b in lag.bounds] + ["+Inf"]
     out.family(
         p + "event_loop_lag_seconds",
         "histogram",
         "how late the loop watchdog's periodic sleep woke (time others held the event loop)",
-        _histogram_samples({}, zip(les, lag.buckets.get(0, [0] * len(les))), lag.sums.get(0, 0.0)),
+        _latency_samples(watchdog.lag, 0, {}),
     )
     out.counter(
         p + "event_loop_stalls_total",
@@ -272,14 +275,11 @@ def render_metrics(broker: Broker) -> bytes:
         "appends covered by each group-commit fsync",
         _histogram_samples({}, [*fsync_buckets, ("+Inf", 0)], flush.appends),
     )
-    durations = broker.flusher.fsync_durations
-    les = [_format_value(b) for b in durations.bounds] + ["+Inf"]
-    counts = durations.buckets.get(0, [0] * len(les))
     out.family(
         p + "fsync_duration_seconds",
         "histogram",
         "time of each successful partition log sync, measured in the flush thread",
-        _histogram_samples({}, zip(les, counts), durations.sums.get(0, 0.0)),
+        _latency_samples(broker.flusher.fsync_durations, 0, {}),
     )
     _gc_families(out)
 
@@ -311,8 +311,6 @@ def _gc_families(out: Exposition) -> None:
             for g, stats in zip(generations, gc.get_stats())
         ],
     )
-    pauses = PAUSES.histogram
-    les = [_format_value(b) for b in pauses.bounds] + ["+Inf"]
     out.family(
         p + "pause_seconds",
         "histogram",
@@ -320,11 +318,7 @@ def _gc_families(out: Exposition) -> None:
         [
             sample
             for g in generations
-            for sample in _histogram_samples(
-                {"generation": str(g)},
-                zip(les, pauses.buckets.get(g, [0] * len(les))),
-                pauses.sums.get(g, 0.0),
-            )
+            for sample in _latency_samples(PAUSES.histogram, g, {"generation": str(g)})
         ],
     )
     out.gauge(
