@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from sim import set_process_gc_policy
 from sim.bugs import PLANTED_BUGS
 from sim.simulation import SimResult, simulate
+from trio_broker.server.gc_policy import GcPolicyError
 
 
 def main() -> int:
@@ -30,7 +31,10 @@ def main() -> int:
         help="processes running seeds side by side (each seed is still one replayable run)",
     )  # fmt: skip
     args = parser.parse_args()
-    set_process_gc_policy()  # before the pool forks: its workers inherit it
+    try:
+        set_process_gc_policy()  # before the pool forks: its workers inherit it
+    except GcPolicyError as exc:
+        parser.error(str(exc))
     if args.seed is not None:
         seeds, verbose = [args.seed], True
     else:
