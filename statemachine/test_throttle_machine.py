@@ -46,6 +46,7 @@ from hypothesis.stateful import (
 
 from trio_broker.config import BrokerConfig
 from trio_broker.protocol import messages as m
+from trio_broker.protocol.records import build_batch
 from trio_broker.server.broker import Broker
 from trio_broker.state.mute import MuteReason
 
@@ -438,3 +439,90 @@ def test_the_in_flight_cap_and_the_idle_close(capped_host: ClockedBroker) -> Non
         InFlightIdleMachine,
         settings=settings(max_examples=40, stateful_step_count=15, deadline=None),
     )
+
+
+def test_a_large_answer_read_slowly_is_not_idleness(tmp_path: Path) -> None:
+    """connections.max.idle.ms counts a send the peer still reads as activity (Kafka's
+    idle expiry counts writes), and closes a send the peer stopped reading as stalled.
+    The answer here (a Fetch of 16 MB) outlasts the socket buffers, so it is written over
+    several seconds of the broker's clock while the client reads 2 MB at a time (enough
+    for the broker's socket to take more: the kernel tells a writer only once its send
+    buffer has drained by a third or so)."""
+    idle_s = 1.0
+    with ClockedBroker(tmp_path, connections_max_idle_ms=int(idle_s * 1000)) as host:
+        assert host.broker is not None
+        port = host.broker.bound[0][1]
+        topic = "read-slowly"
+
+        async def create() -> None:
+            assert host.broker is not None
+            host.broker.topics.create(topic, 1)
+
+        host.call(create)
+        Topic = m.ProduceRequest.TopicProduceData
+        batch = bytes(build_batch([(b"k", b"x" * 100_000)]))
+        produce = m.ProduceRequest(
+            transactional_id=None, acks=1, timeout_ms=10_000,
+            topic_data=[Topic(name=topic, partition_data=[
+                Topic.PartitionProduceData(index=0, records=batch)])],
+        )  # fmt: skip
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as producer:
+            for cid in range(160):  # 16 MB, one 100 kB batch a request, each answered
+                producer.sendall(m.encode_request(m.ApiKey.PRODUCE, 9, cid, "p", produce))
+                (size,) = struct.unpack(">i", _read_exactly(producer, 4))
+                _read_exactly(producer, size)
+        host.settle()
+        slow = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before the handshake
+        slow.settimeout(WAIT_S)
+        slow.connect(("127.0.0.1", port))
+        client_port = slow.getsockname()[1]
+        host.settle()
+        found = host.connection(client_port)
+        assert found is not None
+        conn = found[1]
+        fetch = m.FetchRequest(
+            replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=16 << 20, isolation_level=0,
+            topics=[m.FetchRequest.FetchTopic(topic=topic, partitions=[
+                m.FetchRequest.FetchTopic.FetchPartition(
+                    partition=0, fetch_offset=0, partition_max_bytes=16 << 20)])],
+        )  # fmt: skip
+        try:
+            slow.sendall(m.encode_request(m.ApiKey.FETCH, 4, 1, "slow", fetch))
+            host.settle()
+            assert conn.send_progress is not None, "the answer fitted the socket buffers"
+
+            async def time_passes() -> None:
+                host.clock.jump(idle_s * 0.6)
+
+            # Read 2 MB of the answer every 0.6 s of the broker's clock: 3 s in all,
+            # three times connections.max.idle.ms since the request was read.
+            for _ in range(5):
+                host.call(time_passes)
+                read = 0
+                while read < 2 << 20:
+                    chunk = slow.recv(1 << 20)
+                    assert chunk, "the broker closed the connection"
+                    read += len(chunk)
+                host.settle()
+                assert not conn.closed, (
+                    "a connection whose answer the client is reading was closed "
+                    "(connections.max.idle.ms counts a send that progresses as activity)"
+                )
+            # The client stops reading: the send stalls and the connection closes.
+            host.call(time_passes)
+            host.settle()
+            host.call(time_passes)
+            host.settle()
+            assert conn.closed, "a send stalled for 1.2 s outlived connections.max.idle.ms"
+        finally:
+            slow.close()
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        assert chunk, "the broker closed the connection"
+        data += chunk
+    return bytes(data)

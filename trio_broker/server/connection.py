@@ -171,10 +171,16 @@ class Connection:
             if now < self.last_active + self.max_idle_s:
                 continue  # activity while we slept
             sending = self.send_progress
-            if sending is not None and now - sending >= self.max_idle_s:
-                # The peer has not read for that long: Kafka closes it as idle too.
-                self.close(f"send stalled for more than {self.max_idle_s * 1000:.0f} ms")
-                return
+            if sending is not None:
+                if now - sending >= self.max_idle_s:
+                    # The peer has not read for that long: Kafka closes it as idle too.
+                    self.close(f"send stalled for more than {self.max_idle_s * 1000:.0f} ms")
+                    return
+                # A send the peer still reads is activity (Kafka counts writes too): the
+                # answer being written is no longer in flight, so without this a slow
+                # reader of a large answer was closed as idle while it read.
+                self.last_active = sending
+                continue
             if self.sequencer.in_flight:
                 self.last_active = now  # a request (e.g. a long poll) is still running
                 continue
