@@ -33,13 +33,25 @@ def wait_until(
     return value
 
 
-async def eventually(
-    condition: Callable[[], T], what: str, timeout_s: float = WAIT_S, step_s: float = 0.01
-) -> T:
-    """In Trio (an in-process broker, the cluster harness): the same, polling plain
-    data that the broker's tasks change without setting an event a test could await."""
+async def poll(
+    condition: Callable[[], T], timeout_s: float = WAIT_S, step_s: float = 0.01
+) -> T | None:
+    """In Trio (an in-process broker, the cluster harness, the simulator's virtual
+    clock): call ``condition`` every ``step_s`` of Trio's clock until it returns
+    something true, and return that; None at the deadline (the caller says what
+    failed). For plain data the broker's tasks change without setting an event."""
     with trio.move_on_after(timeout_s):
         while not (value := condition()):  # noqa: ASYNC110 - plain data, no event to await
             await trio.sleep(step_s)
         return value
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    return None
+
+
+async def eventually(
+    condition: Callable[[], T], what: str, timeout_s: float = WAIT_S, step_s: float = 0.01
+) -> T:
+    """:func:`poll`, failing the test at the deadline."""
+    value = await poll(condition, timeout_s, step_s)
+    if value is None:
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    return value

@@ -23,6 +23,7 @@ import trio.testing
 from sim.client import _Conn
 from sim.cluster import SESSION_TIMEOUT_MS, SimBroker, SimCluster
 from sim.simulation import BROKER_IDS, _deterministic
+from tests.waits import poll
 from trio_broker.protocol import messages as m
 
 TOPIC = "t"
@@ -44,9 +45,7 @@ def min_insync(sims: list[SimBroker]) -> dict[str, int | None]:
 
 
 async def wait_for(condition: Any) -> None:
-    with trio.move_on_after(APPLY_S):
-        while not condition():  # noqa: ASYNC110 - polling plain data
-            await trio.sleep(0.05)
+    await poll(condition, APPLY_S, 0.05)
 
 
 async def scenario(result: dict[str, Any]) -> None:

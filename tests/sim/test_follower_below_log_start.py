@@ -28,6 +28,7 @@ from sim.client import Producer
 from sim.cluster import SESSION_TIMEOUT_MS, SimBroker, SimCluster
 from sim.faults import Fault
 from sim.simulation import BROKER_IDS, _deterministic, simulate
+from tests.waits import poll
 from trio_broker.services.producers import ProducerStateRegistry, read_batch_headers
 
 TOPIC = "t"
@@ -106,10 +107,7 @@ def caught_up(sims: list[SimBroker]) -> bool:
 
 async def until_caught_up(sims: list[SimBroker]) -> bool:
     """Polls (virtual time) until :func:`caught_up`, at most CATCH_UP_S; whether it is."""
-    with trio.move_on_after(CATCH_UP_S):
-        while not caught_up(sims):  # noqa: ASYNC110 - polling plain data
-            await trio.sleep(0.05)
-    return caught_up(sims)
+    return bool(await poll(lambda: caught_up(sims), CATCH_UP_S, 0.05))
 
 
 async def former_leader(states: list[tuple[Producers, Producers]]) -> None:

@@ -20,6 +20,7 @@ import trio.testing
 from sim.client import Producer
 from sim.cluster import SimBroker, SimCluster
 from sim.simulation import BROKER_IDS, _deterministic
+from tests.waits import poll
 
 TOPIC = "t"
 KEY = (TOPIC, 0)
@@ -77,9 +78,7 @@ async def scenario(result: dict[str, Any]) -> None:
             held = held_by(sims[0])
             return moved(sims) and not (held["term"] or held["follows"] or held["records"])
 
-        with trio.move_on_after(MOVE_S):
-            while not let_go():  # noqa: ASYNC110 - polling plain data
-                await trio.sleep(0.05)
+        await poll(let_go, MOVE_S, 0.05)
         result["moved"] = moved(sims)
         result["after"] = held_by(sims[0])
         await producer.close()

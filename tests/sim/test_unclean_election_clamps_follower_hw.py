@@ -26,6 +26,7 @@ import trio.testing
 from sim.client import Producer
 from sim.cluster import SESSION_TIMEOUT_MS, SimBroker, SimCluster
 from sim.simulation import BROKER_IDS, _deterministic
+from tests.waits import poll
 
 TOPIC = "t"
 #: Virtual seconds for an election and the follower's catch-up (well under one each).
@@ -50,10 +51,7 @@ def isr_of(sim: SimBroker) -> frozenset[int] | None:
 
 
 async def wait_for(condition: Callable[[], bool], what: str) -> None:
-    with trio.move_on_after(SETTLE_S):
-        while not condition():  # noqa: ASYNC110 - polling plain data
-            await trio.sleep(0.05)
-    assert condition(), f"not within {SETTLE_S} virtual s: {what}"
+    assert await poll(condition, SETTLE_S, 0.05), f"not within {SETTLE_S} virtual s: {what}"
 
 
 def leader_of(sims: list[SimBroker]) -> int | None:
