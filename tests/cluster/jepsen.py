@@ -171,9 +171,12 @@ class GroupReader:
             self.errors["committed: " + exc.args[0].name()] += 1
 
     def stop(self) -> None:
+        """Stop reading and leave the group (idempotent: see BackgroundProducer.abandon)."""
         self.stopping.set()
         self.thread.join(10)
-        self.consumer.close()
+        if hasattr(self, "consumer"):
+            self.consumer.close()
+            del self.consumer
 
 
 def run(
@@ -207,6 +210,8 @@ def run(
     cluster = start_proxied_cluster(work_dir, zookeeper, ids, capture_root=captures)
     figures: dict[str, Any] = {"seed": seed, "duration_s": duration_s,
                                "schedule": [attrs.asdict(f) for f in faults]}  # fmt: skip
+    writers: list[BackgroundProducer] = []
+    reader: GroupReader | None = None
     try:
         create_topic(cluster, TOPIC, PARTITIONS)
         writers = [BackgroundProducer(servers(cluster), TOPIC, start=i * 10_000_000,
@@ -253,6 +258,11 @@ def run(
             "group_offset_fetches": reader.offset_fetches,
         })  # fmt: skip
     finally:
+        # On a failure (a timeout too) the clients go with the cluster, not later.
+        for writer in writers:
+            writer.abandon()
+        if reader is not None:
+            reader.stop()
         stop_cluster(cluster)
     if verify:
         figures.update(run_verify(captures, work_dir / "report", spark))

@@ -206,6 +206,18 @@ class BackgroundProducer:
         assert self.producer.flush(90) == 0, "records still in flight"
         return self.acked
 
+    def abandon(self) -> None:
+        """After a failure (or after :meth:`stop`): drop what is unsent and the client with
+        it. A client left behind by a failed test would retry its stopped cluster, a log
+        line a second, for the rest of the worker's life (the failure's traceback keeps
+        this object alive)."""
+        self.stopping.set()
+        self.thread.join(10)
+        if hasattr(self, "producer"):
+            self.producer.purge()
+            self.producer.flush(0)
+            del self.producer
+
 
 def read_partitions(bootstrap: str, topic: str, count: int) -> dict[int, list[int]]:
     """Every record below each partition's high watermark, per partition, in offset order."""
