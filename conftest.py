@@ -31,8 +31,9 @@ database (``.hypothesis/``) is gitignored.
 
 It also loads tests/leak_check.py: a session whose tests leave a process running (a
 broker, ZooKeeper) fails at its end, naming the process and the test that started it;
-tests/scheduling.py (the xdist schedule); and tests/spark_session.py (the ``spark``
-fixture: one Spark session per test process).
+tests/scheduling.py (the xdist schedule); tests/spark_session.py (the ``spark``
+fixture: one Spark session per test process); and tests/host_speed.py (pytest-timeout's
+limits scaled to the cores' speed, measured once per whole-suite run).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 SEED_ENV = "HYPOTHESIS_SEED"
 
-pytest_plugins = ["tests.leak_check", "tests.scheduling", "tests.spark_session"]
+pytest_plugins = ["tests.leak_check", "tests.scheduling", "tests.spark_session", "tests.host_speed"]
 
 #: Every phase but explain (see above).
 PHASES = tuple(phase for phase in Phase if phase is not Phase.explain)
