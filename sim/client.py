@@ -56,6 +56,8 @@ class Ack:
     base_offset: int
     values: tuple[bytes, ...]
     at: float  # trio time
+    leader: int = -1  # the broker that answered
+    sent_at: float = 0.0  # trio time the request was sent
 
 
 @attrs.frozen
@@ -221,6 +223,8 @@ class Producer(_Client):
         #: The batches' timestamp (the cluster's clock; else 0). A producer's state
         #: expires producer.id.expiration.ms after its last batch's timestamp.
         self.now_ms = now_ms
+        #: Called with each acknowledgement as it arrives (the simulation's invariant 7).
+        self.on_ack: Callable[[Ack], None] | None = None
 
     async def init_producer_id(self) -> bool:
         """A new producer id from any broker (InitProducerId without a transactional id)."""
@@ -264,6 +268,7 @@ class Producer(_Client):
             ])],
         )  # fmt: skip
         self.sent += 1
+        sent_at = trio.current_time()
         response = await self.call_leader(
             partition, leader, m.ApiKey.PRODUCE, PRODUCE_VERSION, request
         )
@@ -272,7 +277,10 @@ class Producer(_Client):
             return
         answer = response.responses[0].partition_responses[0]
         if answer.error_code == ErrorCode.NONE:
-            self.acks.append(Ack(partition, answer.base_offset, values, trio.current_time()))
+            ack = Ack(partition, answer.base_offset, values, trio.current_time(), leader, sent_at)
+            self.acks.append(ack)
+            if self.on_ack is not None:
+                self.on_ack(ack)
             if self.idempotent:
                 self.sequences[partition] = sequence + count
             return

@@ -178,6 +178,8 @@ class SimBroker:
         self._stopped: trio.Event | None = None
         self.saved: dict[str, SavedTopic] = {}
         self.lives = 0
+        #: Trio time of the last start or crash (what a check of its log may trust).
+        self.changed_at = -math.inf
         #: BrokerConfig fields a scenario sets over the simulator's (from the next start).
         self.overrides: dict[str, Any] = {}
 
@@ -232,6 +234,7 @@ class SimBroker:
         await nursery.start(life)
         self.broker = broker
         self.lives += 1
+        self.changed_at = trio.current_time()
         self.network.listeners[self.node] = self._accept
 
     def _accept(self, sock: SimSocket, client: str) -> None:
@@ -269,6 +272,7 @@ class SimBroker:
         self.network.listeners.pop(self.node, None)
         self.network.reset_node(self.node)
         self.broker = None
+        self.changed_at = trio.current_time()
         self._scope.cancel()
         await self._stopped.wait()
 

@@ -32,6 +32,11 @@ Invariants (checked every ``CHECK_EVERY_S`` and at the end):
    told in the same answer, and at the end is in the leader's log below its HW at the
    same offset; once the cluster settled, both reach every partition's HW. An answer's
    LSO is never above its HW (Kafka's LSO is bounded by the HW).
+7. **acks=all waits for min.insync.replicas** (sentence 8): when an acknowledgement
+   arrives, at least ``min.insync.replicas`` replicas hold its records at the offsets it
+   named. A broker that crashed or started since the request was sent counts as holding
+   them (a power cut may take a follower's unsynced copy after the commit), as do
+   offsets DeleteRecords removed.
 
 The ``stale_fetch_answer`` fault (sim/faults.py) holds a leader's answers to one
 follower until the partition's leader epoch moved on, so that the follower's fetcher
@@ -52,7 +57,7 @@ import trio.testing
 
 from sim import timers as wakes
 from sim.bugs import PLANTED_BUGS
-from sim.client import Consumer, Producer
+from sim.client import Ack, Consumer, Producer
 from sim.cluster import (
     SESSION_TIMEOUT_MS,
     SimBroker,
@@ -122,6 +127,9 @@ class Invariants:
         self.committed: dict[Key, dict[int, tuple[int, bytes]]] = {}
         #: Per partition: the offset below which DeleteRecords removed the records.
         self.deleted_below: dict[Key, int] = {}
+        #: min.insync.replicas as configured, capped at the replica count (Kafka's
+        #: effectiveMinIsr); not the leader's own idea of it, which is part of what 7 checks.
+        self.min_insync = min(brokers[0].config().min_insync_replicas, len(brokers))
         self.seen: set[str] = set()
         self.start = trio.current_time()
         #: Decoded partition states by znode path: (version, state), decoded once.
@@ -208,6 +216,27 @@ class Invariants:
                     f"{key}: broker {broker_id} holds a different batch at offset {base} "
                     "below its HW"
                 )
+
+    def acknowledged(self, ack: Ack) -> None:
+        """7. an acks=all acknowledgement arrives only while min.insync.replicas replicas
+        hold its records (Kafka answers NOT_ENOUGH_REPLICAS_AFTER_APPEND otherwise)."""
+        key = (TOPIC, ack.partition)
+        wanted = {ack.base_offset + i: value for i, value in enumerate(ack.values)}
+        holders: list[int] = []
+        for sim in self.brokers:
+            log_ = None if sim.broker is None else sim.broker.topics.log(*key)
+            if sim.broker is None or sim.changed_at >= ack.sent_at:
+                holders.append(sim.broker_id)  # crashed or started since: cannot tell
+            elif log_ is not None and _holds(log_, wanted):
+                holders.append(sim.broker_id)
+        required = self.min_insync
+        if len(holders) < required:
+            last = ack.base_offset + len(ack.values) - 1
+            self.violation(
+                f"{key}: broker {ack.leader} acknowledged offsets {ack.base_offset}-{last} "
+                f"(acks=all) held by broker(s) {holders} only; min.insync.replicas is "
+                f"{required}"
+            )
 
     def shown_above_high_watermark(self, consumer: Consumer) -> None:
         """6a. a record given at or above the HW (read_committed: LSO) of its answer, or
@@ -312,6 +341,23 @@ def _values(base: int, data: bytes) -> list[tuple[int, bytes]]:
 
     view = parse_header(data)
     return [(base + r.offset_delta, bytes(r.value or b"")) for r in view.records()]
+
+
+def _holds(log_: Any, wanted: dict[int, bytes]) -> bool:
+    """Whether ``log_`` holds these values at these offsets (those below its log start,
+    removed by DeleteRecords, count as held)."""
+    first, last = min(wanted), max(wanted)
+    found: dict[int, bytes] = {}
+    for base, batch_last, data in log_.batches():
+        if batch_last < first:
+            continue
+        if base > last:
+            break
+        found.update(_values(base, data))
+    return all(
+        offset < log_.log_start_offset or found.get(offset) == value
+        for offset, value in wanted.items()
+    )
 
 
 def _settled(brokers: list[SimBroker], inv: Invariants) -> bool:
@@ -545,6 +591,7 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
     by_node = {s.node: s for s in sims}
     inv = Invariants(zk, sims, result)
     producer = Producer(network, TOPIC, BROKER_IDS)
+    producer.on_ack = inv.acknowledged
     consumer = Consumer(network, TOPIC, BROKER_IDS)
     committed_reader = Consumer(network, TOPIC, BROKER_IDS, isolation_level=1)
     consumers = [consumer, committed_reader]
