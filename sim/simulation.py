@@ -37,6 +37,8 @@ Invariants (checked every ``CHECK_EVERY_S`` and at the end):
    named. A broker that crashed or started since the request was sent counts as holding
    them (a power cut may take a follower's unsynced copy after the commit), as do
    offsets DeleteRecords removed.
+8. **a replica's HW lies within its log** (sentence 7): every leader's and follower's
+   HW is at least its log start and at most its log end.
 
 The ``stale_fetch_answer`` fault (sim/faults.py) holds a leader's answers to one
 follower until the partition's leader epoch moved on, so that the follower's fetcher
@@ -190,6 +192,7 @@ class Invariants:
                     )
                 self.life_hw[life] = max(before, term.high_watermark)
                 self._agree(key, broker, term.high_watermark, sim.broker_id)
+                self._within_log(key, broker, term.high_watermark, sim.broker_id, "leader")
             for key, role in manager.following.items():
                 # 2c. a leader turned follower keeps the HW its terms reached (it is the
                 # log's, as in Kafka): a truncation that falls back to it cuts no lower.
@@ -200,6 +203,19 @@ class Invariants:
                         f" below the {reached} its own terms reached"
                     )
                 self._agree(key, broker, role.high_watermark, sim.broker_id)
+                self._within_log(key, broker, role.high_watermark, sim.broker_id, "follower")
+
+    def _within_log(self, key: Key, broker: Any, hw: int, broker_id: int, role: str) -> None:
+        """8. a replica's HW counts only records it holds, and its log start never passes
+        its HW (spec sentence 7; Kafka keeps log start <= HW <= log end)."""
+        log_ = broker.topics.log(*key)
+        if log_ is None:
+            return
+        start, end = log_.log_start_offset, log_.log_end_offset
+        if not start <= hw <= end:
+            self.violation(
+                f"{key}: broker {broker_id} ({role}) has HW {hw} outside its log [{start}, {end}]"
+            )
 
     def _agree(self, key: Key, broker: Any, hw: int, broker_id: int) -> None:
         """4. batches below this replica's HW match what every replica had there."""
