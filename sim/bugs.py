@@ -13,6 +13,8 @@ from trio_broker.cluster import replica_fetcher
 from trio_broker.partition import read as partition_read
 from trio_broker.replication.leader import LeaderPartition
 from trio_broker.replication.truncation import TruncationStep
+from trio_broker.storage.epoch_cache import LeaderEpochCache
+from trio_broker.storage.memory import MemoryLog
 
 __all__ = ["PLANTED_BUGS"]
 
@@ -74,8 +76,31 @@ def consumers_read_past_the_high_watermark() -> Iterator[None]:
         partition_read.readable_end = saved
 
 
+@contextmanager
+def follower_forgets_epoch_starts() -> Iterator[None]:
+    """A follower stores its leader's batches without recording in its leader epoch
+    cache where their epochs start: its OffsetForLeaderEpoch answers, and its own
+    truncation when a leader changes, then go by epochs its log does not have."""
+    saved = MemoryLog.append_replicated
+
+    def append_replicated(
+        self: MemoryLog, batch: bytes | bytearray | memoryview, *, now_ms: int
+    ) -> Any:
+        entries = list(self.epoch_cache.entries)
+        result = saved(self, batch, now_ms=now_ms)
+        self.epoch_cache = LeaderEpochCache(entries)
+        return result
+
+    MemoryLog.append_replicated = append_replicated  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        MemoryLog.append_replicated = saved  # type: ignore[method-assign]
+
+
 PLANTED_BUGS: dict[str, Callable[[], Any]] = {
     "truncate-to-hw": truncate_to_high_watermark,
     "hw-ignores-followers": high_watermark_ignores_followers,
     "consumers-past-hw": consumers_read_past_the_high_watermark,
+    "follower-forgets-epochs": follower_forgets_epoch_starts,
 }

@@ -39,6 +39,9 @@ Invariants (checked every ``CHECK_EVERY_S`` and at the end):
    offsets DeleteRecords removed.
 8. **a replica's HW lies within its log** (sentence 7): every leader's and follower's
    HW is at least its log start and at most its log end.
+9. **epoch caches agree with the logs** (sentence 6): in every replica's leader epoch
+   cache, the entry covering a batch's base offset names the epoch the batch was
+   written in (its partitionLeaderEpoch).
 
 The ``stale_fetch_answer`` fault (sim/faults.py) holds a leader's answers to one
 follower until the partition's leader epoch moved on, so that the follower's fetcher
@@ -47,6 +50,7 @@ receives an answer from before the change (sentence 10: it must drop it).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import random
@@ -193,6 +197,7 @@ class Invariants:
                 self.life_hw[life] = max(before, term.high_watermark)
                 self._agree(key, broker, term.high_watermark, sim.broker_id)
                 self._within_log(key, broker, term.high_watermark, sim.broker_id, "leader")
+                self._epochs_match(key, broker, sim.broker_id)
             for key, role in manager.following.items():
                 # 2c. a leader turned follower keeps the HW its terms reached (it is the
                 # log's, as in Kafka): a truncation that falls back to it cuts no lower.
@@ -204,6 +209,7 @@ class Invariants:
                     )
                 self._agree(key, broker, role.high_watermark, sim.broker_id)
                 self._within_log(key, broker, role.high_watermark, sim.broker_id, "follower")
+                self._epochs_match(key, broker, sim.broker_id)
 
     def _within_log(self, key: Key, broker: Any, hw: int, broker_id: int, role: str) -> None:
         """8. a replica's HW counts only records it holds, and its log start never passes
@@ -216,6 +222,26 @@ class Invariants:
             self.violation(
                 f"{key}: broker {broker_id} ({role}) has HW {hw} outside its log [{start}, {end}]"
             )
+
+    def _epochs_match(self, key: Key, broker: Any, broker_id: int) -> None:
+        """9. the leader epoch cache agrees with the log (sentence 6): the entry that
+        covers each batch's base offset names the epoch the batch was written in, so an
+        OffsetForLeaderEpoch answer is where that epoch's records end."""
+        log_ = broker.topics.log(*key)
+        if log_ is None:
+            return
+        entries = log_.epoch_cache.entries
+        starts = [entry.start_offset for entry in entries]
+        for base, _last, data in log_.batches():
+            written_in = int.from_bytes(data[12:16], "big", signed=True)  # partitionLeaderEpoch
+            at = bisect.bisect_right(starts, base) - 1
+            cached = entries[at].epoch if at >= 0 else None
+            if cached != written_in:
+                self.violation(
+                    f"{key}: broker {broker_id}'s epoch cache has epoch {cached} at offset "
+                    f"{base}, whose batch was written in epoch {written_in}"
+                )
+                return
 
     def _agree(self, key: Key, broker: Any, hw: int, broker_id: int) -> None:
         """4. batches below this replica's HW match what every replica had there."""

@@ -98,6 +98,16 @@ def test_an_acks_all_answer_before_a_follower_holds_the_write_is_caught_without_
     assert simulate(0, schedule=[]).ok
 
 
+def test_a_follower_whose_epoch_cache_misses_its_batches_is_caught_without_faults() -> None:
+    """Invariant 9 (sentence 6): a follower that stores its leader's batches without
+    their epochs' starts has an epoch cache that names no epoch (or an older one) for
+    them, caught at the first check after its first fetch."""
+    planted = simulate(0, schedule=[], bug="follower-forgets-epochs")
+    assert any("epoch cache has epoch None at offset 0" in v for v in planted.violations), (
+        planted.violations
+    )
+
+
 def test_kip_101_truncation_to_the_high_watermark_is_caught() -> None:
     """Planted: a follower whose leader changed cuts its log at its own HW (Kafka before
     KIP-101). Its HW lags the leader's by a fetch, so it drops committed records; the
