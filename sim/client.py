@@ -225,6 +225,9 @@ class Producer(_Client):
         self.now_ms = now_ms
         #: Called with each acknowledgement as it arrives (the simulation's invariant 7).
         self.on_ack: Callable[[Ack], None] | None = None
+        #: Called with (partition, values, error code) for each write the leader
+        #: answered with an error (the simulation's invariant 10).
+        self.on_refusal: Callable[[int, tuple[bytes, ...], ErrorCode], None] | None = None
 
     async def init_producer_id(self) -> bool:
         """A new producer id from any broker (InitProducerId without a transactional id)."""
@@ -286,6 +289,8 @@ class Producer(_Client):
             return
         self.producer_id = -1
         self._note(ErrorCode(answer.error_code).name)
+        if self.on_refusal is not None:
+            self.on_refusal(partition, values, ErrorCode(answer.error_code))
         if answer.error_code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH):
             self.leaders.pop(partition, None)
         await wakes.sleep(0.05)

@@ -42,6 +42,11 @@ Invariants (checked every ``CHECK_EVERY_S`` and at the end):
 9. **epoch caches agree with the logs** (sentence 6): in every replica's leader epoch
    cache, the entry covering a batch's base offset names the epoch the batch was
    written in (its partitionLeaderEpoch).
+10. **refused writes are not appended**: a write answered NOT_ENOUGH_REPLICAS (Kafka
+   refuses it before the append) is in no replica's log, when the answer arrives and at
+   the end. Other errors may come after the append (NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+   REQUEST_TIMED_OUT, and NOT_LEADER_OR_FOLLOWER for a leadership lost while waiting),
+   so they promise nothing.
 
 The ``stale_fetch_answer`` fault (sim/faults.py) holds a leader's answers to one
 follower until the partition's leader epoch moved on, so that the follower's fetcher
@@ -77,6 +82,7 @@ from sim.network import Network
 from trio_broker.cluster.coordination import MemoryZooKeeper
 from trio_broker.cluster.replica_manager import ReplicaManager
 from trio_broker.cluster.zk_layout import PartitionState, partition_state_path
+from trio_broker.protocol.error_codes import ErrorCode
 from trio_broker.storage.memory import MemoryLog
 
 __all__ = ["SimResult", "simulate"]
@@ -99,6 +105,8 @@ AFTER_HEAL_WRITE_S = 10.0
 ARMED_FOR_S = 4.0
 
 Key = tuple[str, int]
+#: Produce errors Kafka gives only before it appends (invariant 10).
+REFUSED_BEFORE_APPEND = frozenset({ErrorCode.NOT_ENOUGH_REPLICAS})
 
 
 @attrs.define
@@ -137,6 +145,8 @@ class Invariants:
         #: effectiveMinIsr); not the leader's own idea of it, which is part of what 7 checks.
         self.min_insync = min(brokers[0].config().min_insync_replicas, len(brokers))
         self.seen: set[str] = set()
+        #: Writes refused before the append: (partition, values, error), for 10.
+        self.refusals: list[tuple[Key, tuple[bytes, ...], ErrorCode]] = []
         self.start = trio.current_time()
         #: Decoded partition states by znode path: (version, state), decoded once.
         self._states: dict[str, tuple[int, PartitionState]] = {}
@@ -280,6 +290,31 @@ class Invariants:
                 f"{required}"
             )
 
+    def refused(self, partition: int, values: tuple[bytes, ...], error: ErrorCode) -> None:
+        """10. a write refused before the append is in no replica's log."""
+        if error not in REFUSED_BEFORE_APPEND:
+            return
+        key = (TOPIC, partition)
+        self.refusals.append((key, values, error))
+        self._nowhere(key, values, error)
+
+    def _nowhere(self, key: Key, values: tuple[bytes, ...], error: ErrorCode) -> None:
+        wanted = set(values)
+        for sim in self.brokers:
+            log_ = None if sim.broker is None else sim.broker.topics.log(*key)
+            if log_ is None:
+                continue
+            assert isinstance(log_, MemoryLog)  # the simulated brokers keep their logs in memory
+            for base, _last, data in log_.batches():
+                found = [(o, v) for o, v in _values(base, data) if v in wanted]
+                if found:
+                    offset, value = found[0]
+                    self.violation(
+                        f"{key}: {value!r}, refused with {error.name}, is in broker "
+                        f"{sim.broker_id}'s log at offset {offset}"
+                    )
+                    return
+
     def shown_above_high_watermark(self, consumer: Consumer) -> None:
         """6a. a record given at or above the HW (read_committed: LSO) of its answer, or
         an answer whose LSO lies above its HW."""
@@ -297,7 +332,10 @@ class Invariants:
 
     def final(self, producer: Producer, consumers: list[Consumer]) -> None:
         """1. every acknowledged write is in the leader's log below its HW; 6b. so is
-        every record a consumer was given, at the offset it was given at."""
+        every record a consumer was given, at the offset it was given at; 10. no refused
+        write is in any log."""
+        for key, values, error in self.refusals:
+            self._nowhere(key, values, error)
         for partition in range(PARTITIONS):
             key = (TOPIC, partition)
             state = self.zk_state(key)
@@ -634,6 +672,7 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
     inv = Invariants(zk, sims, result)
     producer = Producer(network, TOPIC, BROKER_IDS)
     producer.on_ack = inv.acknowledged
+    producer.on_refusal = inv.refused
     consumer = Consumer(network, TOPIC, BROKER_IDS)
     committed_reader = Consumer(network, TOPIC, BROKER_IDS, isolation_level=1)
     consumers = [consumer, committed_reader]
