@@ -646,7 +646,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     if report.failed:
         funcargs = getattr(item, "funcargs", {})
-        for value in funcargs.values():
-            if isinstance(value, BrokerProcess):
-                report.sections.append((f"broker log {value!r}", value.log_tail()))
+        try:
+            for value in funcargs.values():
+                if isinstance(value, BrokerProcess):
+                    report.sections.append((f"broker log {value!r}", value.log_tail()))
+        except Exception as exc:  # an extra of the report must not end the whole run
+            report.sections.append(("broker logs", f"not collected: {exc!r}"))
     return report
