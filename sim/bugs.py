@@ -98,9 +98,33 @@ def follower_forgets_epoch_starts() -> Iterator[None]:
         MemoryLog.append_replicated = saved  # type: ignore[method-assign]
 
 
+@contextmanager
+def epoch_ends_where_it_starts() -> Iterator[None]:
+    """OffsetForLeaderEpoch answers an older epoch with where that epoch starts, not
+    where the next one does (an off-by-one in the leader's epoch cache): a follower
+    asking after a leader change cuts its log short, below records already committed."""
+    saved = LeaderEpochCache.end_offset_for
+
+    def end_offset_for(
+        self: LeaderEpochCache, requested_epoch: int, log_end_offset: int
+    ) -> tuple[int, int]:
+        epoch, end = saved(self, requested_epoch, log_end_offset)
+        if end < 0 or requested_epoch == self.latest_epoch:
+            return epoch, end
+        starts = [e.start_offset for e in self.entries if e.epoch <= requested_epoch]
+        return epoch, starts[-1] if starts else end
+
+    LeaderEpochCache.end_offset_for = end_offset_for  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        LeaderEpochCache.end_offset_for = saved  # type: ignore[method-assign]
+
+
 PLANTED_BUGS: dict[str, Callable[[], Any]] = {
     "truncate-to-hw": truncate_to_high_watermark,
     "hw-ignores-followers": high_watermark_ignores_followers,
     "consumers-past-hw": consumers_read_past_the_high_watermark,
     "follower-forgets-epochs": follower_forgets_epoch_starts,
+    "epoch-ends-at-its-start": epoch_ends_where_it_starts,
 }

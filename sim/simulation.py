@@ -47,6 +47,9 @@ Invariants (checked every ``CHECK_EVERY_S`` and at the end):
    the end. Other errors may come after the append (NOT_ENOUGH_REPLICAS_AFTER_APPEND,
    REQUEST_TIMED_OUT, and NOT_LEADER_OR_FOLLOWER for a leadership lost while waiting),
    so they promise nothing.
+11. **a follower never truncates below its HW** (sentence 5): every cut a follower makes
+   after a leader change (``Partition.truncate_to``) ends at or above the HW it holds
+   then; with clean elections the new leader holds everything committed.
 
 The ``stale_fetch_answer`` fault (sim/faults.py) holds a leader's answers to one
 follower until the partition's leader epoch moved on, so that the follower's fetcher
@@ -242,14 +245,18 @@ class Invariants:
             return
         entries = log_.epoch_cache.entries
         starts = [entry.start_offset for entry in entries]
-        for base, _last, data in log_.batches():
+        log_start = log_.log_start_offset
+        for base, last, data in log_.batches():
+            if last < log_start:
+                continue  # deleted (DeleteRecords), though still stored; the cache starts later
+            first = max(base, log_start)
             written_in = int.from_bytes(data[12:16], "big", signed=True)  # partitionLeaderEpoch
-            at = bisect.bisect_right(starts, base) - 1
+            at = bisect.bisect_right(starts, first) - 1
             cached = entries[at].epoch if at >= 0 else None
             if cached != written_in:
                 self.violation(
                     f"{key}: broker {broker_id}'s epoch cache has epoch {cached} at offset "
-                    f"{base}, whose batch was written in epoch {written_in}"
+                    f"{first}, whose batch was written in epoch {written_in}"
                 )
                 return
 
@@ -289,6 +296,25 @@ class Invariants:
                 f"(acks=all) held by broker(s) {holders} only; min.insync.replicas is "
                 f"{required}"
             )
+
+    def truncated(self, fn: Callable[..., Any], args: tuple[object, ...]) -> None:
+        """11. (an inline call observer) a follower's cut ends at or above its HW."""
+        if getattr(fn, "__name__", "") != "truncate_to" or not args:
+            return
+        offset = args[0]
+        assert isinstance(offset, int)
+        owner = getattr(fn, "__self__", None)
+        cut_log = getattr(owner, "log", owner)
+        for sim in self.brokers:
+            manager = _manager(sim.broker)
+            if manager is None or sim.broker is None:
+                continue
+            for key, role in manager.following.items():
+                if sim.broker.topics.log(*key) is cut_log and offset < role.high_watermark:
+                    self.violation(
+                        f"{key}: broker {sim.broker_id} cut its log to {offset}, below its "
+                        f"HW {role.high_watermark}"
+                    )
 
     def refused(self, partition: int, values: tuple[bytes, ...], error: ErrorCode) -> None:
         """10. a write refused before the append is in no replica's log."""
@@ -668,7 +694,6 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
     def trace(text: str) -> None:
         result.trace.append(f"{trio.current_time() - start:9.3f} {text}")
 
-    by_node = {s.node: s for s in sims}
     inv = Invariants(zk, sims, result)
     producer = Producer(network, TOPIC, BROKER_IDS)
     producer.on_ack = inv.acknowledged
@@ -676,6 +701,19 @@ async def _main(rng: random.Random, result: SimResult, span_s: float) -> None:
     consumer = Consumer(network, TOPIC, BROKER_IDS)
     committed_reader = Consumer(network, TOPIC, BROKER_IDS, isolation_level=1)
     consumers = [consumer, committed_reader]
+    inline_call_observers.append(inv.truncated)
+    try:
+        await _run(cluster, inv, producer, consumers, result, span_s, trace)
+    finally:
+        inline_call_observers.remove(inv.truncated)
+
+
+async def _run(
+    cluster: SimCluster, inv: Invariants, producer: Producer, consumers: list[Consumer],
+    result: SimResult, span_s: float, trace: Callable[[str], None],
+) -> None:  # fmt: skip
+    network, sims, start = cluster.network, cluster.sims, cluster.started_at
+    by_node = {s.node: s for s in sims}
     async with trio.open_nursery() as nursery:
         first = await cluster.start(nursery)
         assignment = {p: [BROKER_IDS[(p + i) % 3] for i in range(3)] for p in range(PARTITIONS)}

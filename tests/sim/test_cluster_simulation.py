@@ -108,6 +108,15 @@ def test_a_follower_whose_epoch_cache_misses_its_batches_is_caught_without_fault
     )
 
 
+def test_a_follower_cut_below_its_high_watermark_is_caught() -> None:
+    """Invariant 11 (sentence 5): planted, the leader answers OffsetForLeaderEpoch for an
+    older epoch with where that epoch starts, so a follower asking after a leader change
+    cuts committed records off its log, below its HW."""
+    seed, violations = first_caught("epoch-ends-at-its-start", range(10), known=2)
+    assert any("below its HW" in v for v in violations), violations
+    assert simulate(seed).ok
+
+
 def test_kip_101_truncation_to_the_high_watermark_is_caught() -> None:
     """Planted: a follower whose leader changed cuts its log at its own HW (Kafka before
     KIP-101). Its HW lags the leader's by a fetch, so it drops committed records; the
