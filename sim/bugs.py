@@ -1,12 +1,13 @@
 """Bugs planted on purpose, to show that the simulation can fail (tests/sim).
 
-Each is a context manager that patches one rule of the broker for the length of a run.
+Each is a context manager that patches one rule of the broker for the length of a run
+(:func:`_patched`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from trio_broker.cluster import replica_fetcher
@@ -20,7 +21,17 @@ __all__ = ["PLANTED_BUGS"]
 
 
 @contextmanager
-def truncate_to_high_watermark() -> Iterator[None]:
+def _patched(owner: object, name: str, replacement: object) -> Iterator[None]:
+    """``owner.name`` is ``replacement`` for the length of the block."""
+    saved = getattr(owner, name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, saved)
+
+
+def truncate_to_high_watermark() -> AbstractContextManager[None]:
     """KIP-101's bug: a follower whose leader changed cuts its log at its own HW, not
     where the leader's epoch ends (Kafka before 0.11). Its HW lags the leader's by a
     fetch, so it drops committed records; if it then leads, they are gone."""
@@ -28,19 +39,12 @@ def truncate_to_high_watermark() -> Iterator[None]:
     def plan(cache: Any, log_end: int, hw: int, epoch: int, end: int) -> TruncationStep:
         return TruncationStep(min(hw, log_end), done=True)
 
-    saved = replica_fetcher.plan_truncation
-    replica_fetcher.plan_truncation = plan  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        replica_fetcher.plan_truncation = saved
+    return _patched(replica_fetcher, "plan_truncation", plan)
 
 
-@contextmanager
-def high_watermark_ignores_followers() -> Iterator[None]:
+def high_watermark_ignores_followers() -> AbstractContextManager[None]:
     """The leader moves its HW to its own synced end, as if the ISR were itself alone:
     acks=all is answered before any follower has the write."""
-    saved = LeaderPartition._advance_high_watermark
 
     def advance(self: LeaderPartition) -> bool:
         if self.durable_end_offset > self.high_watermark:
@@ -48,18 +52,12 @@ def high_watermark_ignores_followers() -> Iterator[None]:
             return True
         return False
 
-    LeaderPartition._advance_high_watermark = advance  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        LeaderPartition._advance_high_watermark = saved  # type: ignore[method-assign]
+    return _patched(LeaderPartition, "_advance_high_watermark", advance)
 
 
-@contextmanager
-def consumers_read_past_the_high_watermark() -> Iterator[None]:
+def consumers_read_past_the_high_watermark() -> AbstractContextManager[None]:
     """A leader serves consumers up to its log end, as it serves followers: a consumer
     is shown records no follower holds yet, which a failover then takes back."""
-    saved = partition_read.readable_end
 
     def readable_end(
         isolation: partition_read.Isolation,
@@ -69,15 +67,10 @@ def consumers_read_past_the_high_watermark() -> Iterator[None]:
     ) -> int:
         return log_end_offset
 
-    partition_read.readable_end = readable_end
-    try:
-        yield
-    finally:
-        partition_read.readable_end = saved
+    return _patched(partition_read, "readable_end", readable_end)
 
 
-@contextmanager
-def follower_forgets_epoch_starts() -> Iterator[None]:
+def follower_forgets_epoch_starts() -> AbstractContextManager[None]:
     """A follower stores its leader's batches without recording in its leader epoch
     cache where their epochs start: its OffsetForLeaderEpoch answers, and its own
     truncation when a leader changes, then go by epochs its log does not have."""
@@ -91,15 +84,10 @@ def follower_forgets_epoch_starts() -> Iterator[None]:
         self.epoch_cache = LeaderEpochCache(entries)
         return result
 
-    MemoryLog.append_replicated = append_replicated  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        MemoryLog.append_replicated = saved  # type: ignore[method-assign]
+    return _patched(MemoryLog, "append_replicated", append_replicated)
 
 
-@contextmanager
-def epoch_ends_where_it_starts() -> Iterator[None]:
+def epoch_ends_where_it_starts() -> AbstractContextManager[None]:
     """OffsetForLeaderEpoch answers an older epoch with where that epoch starts, not
     where the next one does (an off-by-one in the leader's epoch cache): a follower
     asking after a leader change cuts its log short, below records already committed."""
@@ -114,14 +102,10 @@ def epoch_ends_where_it_starts() -> Iterator[None]:
         starts = [e.start_offset for e in self.entries if e.epoch <= requested_epoch]
         return epoch, starts[-1] if starts else end
 
-    LeaderEpochCache.end_offset_for = end_offset_for  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        LeaderEpochCache.end_offset_for = saved  # type: ignore[method-assign]
+    return _patched(LeaderEpochCache, "end_offset_for", end_offset_for)
 
 
-PLANTED_BUGS: dict[str, Callable[[], Any]] = {
+PLANTED_BUGS: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "truncate-to-hw": truncate_to_high_watermark,
     "hw-ignores-followers": high_watermark_ignores_followers,
     "consumers-past-hw": consumers_read_past_the_high_watermark,
