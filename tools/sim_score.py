@@ -1,6 +1,7 @@
 """The simulator alone against the planted bugs that list it, for one or more sim/ trees.
 
     python tools/sim_score.py --seeds 0:30 --jobs 2 before=/tmp/sim-before now=.
+    python tools/sim_score.py --first-decides now=. before=/tmp/sim-before
 
 Every bug of tools/planted_bugs.py whose listing names the simulator is planted in a copy
 of this tree's ``trio_broker/`` (its ``old`` text replaced by its ``new``), and each
@@ -68,6 +69,11 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument(
+        "--first-decides", action="store_true",
+        help="run the other trees only where the first caught the bug: for trees whose "
+        "runs are the same and differ only in checks added to the first",
+    )  # fmt: skip
+    parser.add_argument(
         "--bugs", nargs="*", help="names (default: every bug listing the simulator)"
     )
     args = parser.parse_args()
@@ -86,8 +92,10 @@ def main() -> int:
                 print(f"{bug.name}: does not apply to this tree", flush=True)
                 continue
             scored += 1
-            verdicts = []
+            verdicts: list[str] = []
             for name, tree in trees:
+                if args.first_decides and verdicts and "caught" not in verdicts[0]:
+                    break
                 started = time.monotonic()
                 verdict = caught(work, tree, args.seeds, args.jobs, args.timeout)
                 totals[name] += verdict.startswith("caught")
