@@ -39,6 +39,7 @@ from the checks at that election; every other sentence is checked as in a clean 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -1023,7 +1024,10 @@ class ReplicationMachine(RuleBasedStateMachine):
 #: hog on the loaded machine, near the 300 s default that stopped it in the eleventh
 #: round's scoring run (364 s), which counted that stop as a catch.
 pytestmark = pytest.mark.timeout(1200)
+# tools/mutation.sh sets MUTATION_EXAMPLES to run fewer examples per mutant.
 ReplicationMachine.TestCase.settings = settings(
-    max_examples=max(1000, settings().max_examples), stateful_step_count=50
+    max_examples=int(os.environ.get("MUTATION_EXAMPLES", "0"))
+    or max(1000, settings().max_examples),
+    stateful_step_count=50,
 )
 TestReplication = ReplicationMachine.TestCase
