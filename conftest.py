@@ -67,6 +67,13 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
     phases=PHASES,
 )
+#: tools/mutation.sh: a mutant is killed by the first failure, so it is not shrunk (a
+#: planted slip's shrinking took minutes on the loaded machine, for steps nobody reads).
+settings.register_profile(
+    "mutation",
+    parent=settings.get_profile("ci"),
+    phases=tuple(phase for phase in PHASES if phase is not Phase.shrink),
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

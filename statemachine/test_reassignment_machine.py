@@ -48,6 +48,8 @@ until an original replica has caught up from it).
 
 from __future__ import annotations
 
+import os
+
 import attrs
 import pytest
 import trio
@@ -705,4 +707,9 @@ class ReassignmentMachine(RuleBasedStateMachine):
 #: were stopped by the 300 s default while the failure shrank (the sixteenth round).
 pytestmark = pytest.mark.timeout(1200)
 TestReassignmentMachine = ReassignmentMachine.TestCase
-TestReassignmentMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+# tools/mutation.sh sets MUTATION_EXAMPLES to run fewer examples per mutant.
+TestReassignmentMachine.settings = settings(
+    max_examples=int(os.environ.get("MUTATION_EXAMPLES", "150")),
+    stateful_step_count=40,
+    deadline=None,
+)

@@ -39,6 +39,7 @@ from the checks at that election; every other sentence is checked as in a clean 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -81,7 +82,7 @@ from trio_broker.replication.follower import (
 )
 from trio_broker.replication.leader import AckState, LeaderPartition
 from trio_broker.replication.truncation import plan_truncation
-from trio_broker.storage.epoch_cache import LeaderEpochCache
+from trio_broker.storage.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_OFFSET, LeaderEpochCache
 from trio_broker.storage.segment import segments_to_delete
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -463,10 +464,23 @@ class ReplicationMachine(RuleBasedStateMachine):
             and fetching_from is not None
         ):
             now = FetchPosition(*fetching_from, len(follower.log))
+        # Sentence 10, both ways: an answer is taken exactly when the follower still fetches
+        # from the leader and epoch it asked, at the offset it asked (Kafka's fetcher drops
+        # it when the partition's fetch state changed, and only then).
+        still_asked = now is not None and (now.leader, now.leader_epoch, now.fetch_offset) == (
+            answer.sent.leader,
+            answer.sent.leader_epoch,
+            answer.sent.fetch_offset,
+        )
         if not answer_applies(answer.sent, now):
+            assert not still_asked, (
+                f"broker {broker} dropped the answer to its current fetch {answer.sent}"
+            )
             event("a stale fetch answer was dropped")
             return
+        assert still_asked, f"broker {broker} took an answer to {answer.sent}, fetching at {now}"
         action = answer_action(answer.error_code)
+        start_before = follower.log_start
         if action is AnswerAction.RESET:
             # The fetcher asks where the leader's log starts now (ListOffsets).
             leader = self._leader()
@@ -476,7 +490,19 @@ class ReplicationMachine(RuleBasedStateMachine):
                 follower.needs_truncation = True
             else:
                 self._start_at(follower, leader, reset.offset)
+        if answer.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            # Below the leader's log start: it agrees with the leader again, or starts over.
+            assert follower.needs_truncation or follower.log_start != start_before, (
+                f"broker {broker} kept fetching at {answer.sent.fetch_offset} after "
+                "OFFSET_OUT_OF_RANGE"
+            )
         if action is not AnswerAction.APPEND:
+            # An answer to the current fetch without an error is appended: else nothing
+            # would ever replicate, which no safety invariant notices.
+            assert answer.error_code != ErrorCode.NONE, (
+                f"broker {broker} did not append the answer to its fetch at "
+                f"{answer.sent.fetch_offset}"
+            )
             return
         for record in answer.records:
             follower.append(record)  # in page cache: synced before the next fetch
@@ -515,8 +541,13 @@ class ReplicationMachine(RuleBasedStateMachine):
             return
         before = list(follower.log)
         epoch = follower.cache.latest_epoch
+        # KIP-101/279: the HW is the fallback only when there is no epoch to agree on (the
+        # follower has none, or the leader knows no end for the one asked).
+        fell_back_to_hw = epoch == UNDEFINED_EPOCH
         for _round in range(len(BROKERS) * 10):
             answer = leader.cache.end_offset_for(epoch, len(leader.log))
+            if epoch != UNDEFINED_EPOCH and answer[1] == UNDEFINED_OFFSET:
+                fell_back_to_hw = True
             step = plan_truncation(
                 follower.cache, len(follower.log), follower.high_watermark, *answer
             )
@@ -536,6 +567,13 @@ class ReplicationMachine(RuleBasedStateMachine):
             raise AssertionError("truncation did not converge")
         assert follower.log == leader.log[: len(follower.log)], "not a prefix of the leader's"
         assert len(follower.log) <= common_prefix(before, leader.log)
+        # Agreeing on epochs cuts exactly the divergent tail: what the follower shares with
+        # the leader stays (cutting it to the HW instead is KIP-101's data loss, when this
+        # follower leads next before fetching it back).
+        assert fell_back_to_hw or len(follower.log) == common_prefix(before, leader.log), (
+            f"broker {broker} truncated {len(before)} -> {len(follower.log)}, below what it "
+            f"shares with the leader ({common_prefix(before, leader.log)} records)"
+        )
         follower.needs_truncation = False
         note(f"broker {broker} truncated {len(before)} -> {len(follower.log)}")
         if len(follower.log) < len(before):
@@ -1023,7 +1061,10 @@ class ReplicationMachine(RuleBasedStateMachine):
 #: hog on the loaded machine, near the 300 s default that stopped it in the eleventh
 #: round's scoring run (364 s), which counted that stop as a catch.
 pytestmark = pytest.mark.timeout(1200)
+# tools/mutation.sh sets MUTATION_EXAMPLES to run fewer examples per mutant.
 ReplicationMachine.TestCase.settings = settings(
-    max_examples=max(1000, settings().max_examples), stateful_step_count=50
+    max_examples=int(os.environ.get("MUTATION_EXAMPLES", "0"))
+    or max(1000, settings().max_examples),
+    stateful_step_count=50,
 )
 TestReplication = ReplicationMachine.TestCase

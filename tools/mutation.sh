@@ -9,6 +9,8 @@
 #   RECHECK=0 JOBS=2 tools/mutation.sh       # skip the slow recheck of survivors; 2 workers
 #   MUTANTS='*_mute_event* *_write_loop*' tools/mutation.sh server/connection  # only these (mutmut globs)
 #   TESTS='tests/integration/test_mute_wiring.py' tools/mutation.sh server/connection  # other tests
+#   MUTATION_EXAMPLES=60 HYPOTHESIS_SEED=1 tools/mutation.sh models/trio_broker/replication/truncation
+#                                           # a "models/" listing: the machines alone, no unit test
 #
 # The connection (server/connection.py) is socket-level: seconds per mutant, so pick its
 # mute wiring with MUTANTS (docs/verification.md names the ones used).
@@ -53,18 +55,33 @@ MODULES=(
   # the machines whose runs execute most of their lines, no unit test.
   "trio_broker/storage/log_reads.py|statemachine/test_storage_machine.py statemachine/test_partition_txn_machine.py"
   "trio_broker/storage/log_retention.py|statemachine/test_storage_machine.py statemachine/test_partition_txn_machine.py statemachine/test_cleaner_machine.py"
+  # The replication rules against the models alone (issue 31, the twentieth round): the
+  # replication machine runs the follower's, the fetcher's, the truncation's and the
+  # leader's rules; the reassignment machine the leader's and two of replica_rules.py's
+  # (the filter "models/" picks these; the first four above list the unit tests).
+  "models/trio_broker/replication/follower.py|statemachine/test_replication_machine.py"
+  "models/trio_broker/replication/truncation.py|statemachine/test_replication_machine.py"
+  "models/trio_broker/replication/fetcher_rules.py|statemachine/test_replication_machine.py"
+  "models/trio_broker/replication/leader.py|statemachine/test_replication_machine.py statemachine/test_reassignment_machine.py"
+  "models/trio_broker/replication/replica_rules.py|statemachine/test_reassignment_machine.py"
 )
 
 "$PY" -c "import mutmut" 2>/dev/null || "$PY" -m pip install -q mutmut
 # Machines that honour it (statemachine/test_group_machine.py) run fewer examples per mutant.
 export MUTATION_EXAMPLES="${MUTATION_EXAMPLES:-60}"
+# conftest.py's profile without shrinking: the first failure kills a mutant.
+export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-mutation}"
 export PATH="$(dirname "$PY"):$PATH"
 
 for entry in "${MODULES[@]}"; do
-  module="${entry%%|*}"
+  label="${entry%%|*}"
+  module="${label#models/}"
   tests="${TESTS:-${entry#*|}}"
-  [[ -n "$FILTER" && "$module" != *"$FILTER"* ]] && continue
+  # A "models/" listing runs only when asked for by name (tools/mutation.sh models/...).
+  [[ "$label" == models/* && "$FILTER" != models/* ]] && continue
+  [[ -n "$FILTER" && "$label" != *"$FILTER"* ]] && continue
   work="$BASE/$(basename "$module" .py)"
+  [[ "$label" == models/* ]] && work="$BASE/models-$(basename "$module" .py)"
   rm -rf "$work" && mkdir -p "$work"
   # bench/ is left out: benchmarks write scratch files there while we copy.
   (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard -- . ':!bench' \
