@@ -27,12 +27,6 @@ sys.path.insert(0, str(REPO / "tools"))
 
 import planted_bugs as pb  # noqa: E402
 
-ALL_BUGS = (
-    *pb.BUGS, *pb.FRESH, *pb.FOURTH, *pb.FIFTH, *pb.SIXTH, *pb.SEVENTH, *pb.EIGHTH, *pb.NINTH,
-    *pb.TENTH, *pb.ELEVENTH, *pb.THIRTEENTH, *pb.FOURTEENTH, *pb.FIFTEENTH, *pb.SIXTEENTH,
-    *pb.SEVENTEENTH,
-)  # fmt: skip
-
 
 def plant(work: Path, path: str, old: str, new: str) -> bool:
     target = work / path
@@ -78,7 +72,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     trees = [(name, Path(d).resolve()) for name, d in (t.split("=", 1) for t in args.trees)]
-    bugs = [b for b in ALL_BUGS if pb.SIMULATOR in b.models]
+    bugs = [b for b in pb.every_bug() if pb.SIMULATOR in b.models]
     if args.bugs:
         bugs = [b for b in bugs if b.name in args.bugs]
     totals = {name: 0 for name, _ in trees}
