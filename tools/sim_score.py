@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,13 +42,20 @@ def caught(work: Path, sim_tree: Path, seeds: str, jobs: int, timeout_s: float) 
     shutil.rmtree(work / "sim", ignore_errors=True)
     shutil.copytree(sim_tree / "sim", work / "sim")
     env = dict(os.environ, PYTHONPATH=str(work))
-    try:
-        run = subprocess.run(
-            [sys.executable, "-m", "sim", "--seeds", seeds, "--jobs", str(jobs)],
-            cwd=work, env=env, capture_output=True, text=True, timeout=timeout_s,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return "timeout"
+    # Its own session, so that a hang is stopped with its --jobs workers (subprocess.run's
+    # timeout kills only the parent: the workers of a hung seed ran on for 45 minutes).
+    with subprocess.Popen(
+        [sys.executable, "-m", "sim", "--seeds", seeds, "--jobs", str(jobs)],
+        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    ) as proc:  # fmt: skip
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return "timeout"
+    run = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     last = run.stdout.strip().splitlines()[-1:] or [run.stderr.strip()[-200:]]
     if run.returncode == 0:
         return "missed"
