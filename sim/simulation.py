@@ -208,9 +208,7 @@ class Invariants:
                         f"{term.high_watermark} in its term of epoch {term.leader_epoch}"
                     )
                 self.life_hw[life] = max(before, term.high_watermark)
-                self._agree(key, broker, term.high_watermark, sim.broker_id)
-                self._within_log(key, broker, term.high_watermark, sim.broker_id, "leader")
-                self._epochs_match(key, broker, sim.broker_id)
+                self._replica(key, broker, term.high_watermark, sim.broker_id, "leader")
             for key, role in manager.following.items():
                 # 2c. a leader turned follower keeps the HW its terms reached (it is the
                 # log's, as in Kafka): a truncation that falls back to it cuts no lower.
@@ -220,29 +218,30 @@ class Invariants:
                         f"{key}: broker {sim.broker_id} follows with HW {role.high_watermark}"
                         f" below the {reached} its own terms reached"
                     )
-                self._agree(key, broker, role.high_watermark, sim.broker_id)
-                self._within_log(key, broker, role.high_watermark, sim.broker_id, "follower")
-                self._epochs_match(key, broker, sim.broker_id)
+                self._replica(key, broker, role.high_watermark, sim.broker_id, "follower")
 
-    def _within_log(self, key: Key, broker: Any, hw: int, broker_id: int, role: str) -> None:
-        """8. a replica's HW counts only records it holds, and its log start never passes
-        its HW (spec sentence 7; Kafka keeps log start <= HW <= log end)."""
+    def _replica(self, key: Key, broker: Any, hw: int, broker_id: int, role: str) -> None:
+        """Invariants 4, 8 and 9 on one replica's log, as it stands at this check."""
         log_ = broker.topics.log(*key)
         if log_ is None:
             return
+        self._agree(key, log_, hw, broker_id)
+        self._within_log(key, log_, hw, broker_id, role)
+        self._epochs_match(key, log_, broker_id)
+
+    def _within_log(self, key: Key, log_: Any, hw: int, broker_id: int, role: str) -> None:
+        """8. a replica's HW counts only records it holds, and its log start never passes
+        its HW (spec sentence 7; Kafka keeps log start <= HW <= log end)."""
         start, end = log_.log_start_offset, log_.log_end_offset
         if not start <= hw <= end:
             self.violation(
                 f"{key}: broker {broker_id} ({role}) has HW {hw} outside its log [{start}, {end}]"
             )
 
-    def _epochs_match(self, key: Key, broker: Any, broker_id: int) -> None:
+    def _epochs_match(self, key: Key, log_: Any, broker_id: int) -> None:
         """9. the leader epoch cache agrees with the log (sentence 6): the entry that
         covers each batch's base offset names the epoch the batch was written in, so an
         OffsetForLeaderEpoch answer is where that epoch's records end."""
-        log_ = broker.topics.log(*key)
-        if log_ is None:
-            return
         entries = log_.epoch_cache.entries
         starts = [entry.start_offset for entry in entries]
         log_start = log_.log_start_offset
@@ -260,11 +259,8 @@ class Invariants:
                 )
                 return
 
-    def _agree(self, key: Key, broker: Any, hw: int, broker_id: int) -> None:
+    def _agree(self, key: Key, log_: Any, hw: int, broker_id: int) -> None:
         """4. batches below this replica's HW match what every replica had there."""
-        log_ = broker.topics.log(*key)
-        if log_ is None:
-            return
         seen = self.committed.setdefault(key, {})
         for base, last, data in log_.batches():
             if last >= hw:
@@ -281,20 +277,24 @@ class Invariants:
         hold its records (Kafka answers NOT_ENOUGH_REPLICAS_AFTER_APPEND otherwise)."""
         key = (TOPIC, ack.partition)
         wanted = {ack.base_offset + i: value for i, value in enumerate(ack.values)}
+        first, last = ack.base_offset, ack.base_offset + len(ack.values) - 1
         holders: list[int] = []
         for sim in self.brokers:
-            log_ = None if sim.broker is None else sim.broker.topics.log(*key)
             if sim.broker is None or sim.changed_at >= ack.sent_at:
                 holders.append(sim.broker_id)  # crashed or started since: cannot tell
-            elif log_ is not None and _holds(log_, wanted):
+                continue
+            log_ = sim.broker.topics.log(*key)
+            held = {} if log_ is None else _log_values(log_, first, last)
+            # Offsets below the log start were removed by DeleteRecords: held.
+            if log_ is not None and all(
+                o < log_.log_start_offset or held.get(o) == v for o, v in wanted.items()
+            ):
                 holders.append(sim.broker_id)
-        required = self.min_insync
-        if len(holders) < required:
-            last = ack.base_offset + len(ack.values) - 1
+        if len(holders) < self.min_insync:
             self.violation(
-                f"{key}: broker {ack.leader} acknowledged offsets {ack.base_offset}-{last} "
+                f"{key}: broker {ack.leader} acknowledged offsets {first}-{last} "
                 f"(acks=all) held by broker(s) {holders} only; min.insync.replicas is "
-                f"{required}"
+                f"{self.min_insync}"
             )
 
     def truncated(self, fn: Callable[..., Any], args: tuple[object, ...]) -> None:
@@ -330,16 +330,14 @@ class Invariants:
             log_ = None if sim.broker is None else sim.broker.topics.log(*key)
             if log_ is None:
                 continue
-            assert isinstance(log_, MemoryLog)  # the simulated brokers keep their logs in memory
-            for base, _last, data in log_.batches():
-                found = [(o, v) for o, v in _values(base, data) if v in wanted]
-                if found:
-                    offset, value = found[0]
-                    self.violation(
-                        f"{key}: {value!r}, refused with {error.name}, is in broker "
-                        f"{sim.broker_id}'s log at offset {offset}"
-                    )
-                    return
+            found = [(o, v) for o, v in _log_values(log_).items() if v in wanted]
+            if found:
+                offset, value = found[0]
+                self.violation(
+                    f"{key}: {value!r}, refused with {error.name}, is in broker "
+                    f"{sim.broker_id}'s log at offset {offset}"
+                )
+                return
 
     def shown_above_high_watermark(self, consumer: Consumer) -> None:
         """6a. a record given at or above the HW (read_committed: LSO) of its answer, or
@@ -449,10 +447,9 @@ def _values(base: int, data: bytes) -> list[tuple[int, bytes]]:
     return [(base + r.offset_delta, bytes(r.value or b"")) for r in view.records()]
 
 
-def _holds(log_: Any, wanted: dict[int, bytes]) -> bool:
-    """Whether ``log_`` holds these values at these offsets (those below its log start,
-    removed by DeleteRecords, count as held)."""
-    first, last = min(wanted), max(wanted)
+def _log_values(log_: Any, first: int = 0, last: float = float("inf")) -> dict[int, bytes]:
+    """Offset -> value of the records ``log_`` stores in the batches that overlap
+    ``first``..``last`` (every batch by default)."""
     found: dict[int, bytes] = {}
     for base, batch_last, data in log_.batches():
         if batch_last < first:
@@ -460,10 +457,7 @@ def _holds(log_: Any, wanted: dict[int, bytes]) -> bool:
         if base > last:
             break
         found.update(_values(base, data))
-    return all(
-        offset < log_.log_start_offset or found.get(offset) == value
-        for offset, value in wanted.items()
-    )
+    return found
 
 
 def _settled(brokers: list[SimBroker], inv: Invariants) -> bool:
